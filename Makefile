@@ -1,0 +1,31 @@
+# Set-up is two commands on a fresh machine: `make demo` and `make test`; each installs what it needs.
+# TORCH picks the torch build for the local venv: the CPU wheel by default (small and fast to
+# install); `make TORCH=torch test` takes whatever the index resolves (a CUDA build on GPU boxes).
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: install demo test bench clean
+
+$(BIN)/torchdiag: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	@touch $@
+
+install: $(BIN)/torchdiag
+
+demo: install
+	$(BIN)/torchdiag summary sample_models/transformer_lm.py:build
+	$(BIN)/torchdiag flops sample_models/resnet.py:resnet50 -i 1x3x224x224 --device meta
+
+test: install
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,82 @@
+"""Shared test helpers: run the CLI in-process, load sample models, check models are untouched."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_models"
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+def sample(name: str) -> str:
+    """'cnn.py:build' → absolute MODEL_SPEC."""
+    return f"{SAMPLES}/{name}"
+
+
+class CliResult:
+    def __init__(self, code, stdout, stderr):
+        self.code, self.stdout, self.stderr = code, stdout, stderr
+
+    @property
+    def json(self):
+        return json.loads(self.stdout)
+
+
+@pytest.fixture
+def cli():
+    """cli('summary', spec, '-i', ...) → CliResult(code, stdout, stderr), in-process."""
+    from typer.testing import CliRunner
+
+    from torchdiag.cli.app import app
+
+    runner = CliRunner()
+
+    def run(*args):
+        r = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+        return CliResult(r.exit_code, r.stdout, r.stderr)
+
+    return run
+
+
+def load(name: str, *arg_pairs, device="cpu", inputs=None):
+    """(model, ModelInputs) for a sample model, as the CLI would build them."""
+    import torch
+
+    from torchdiag.core.inputs import resolve_inputs
+    from torchdiag.core.loading import load_model
+
+    dev = torch.device(device)
+    loaded = load_model(sample(name), list(arg_pairs), dev)
+    return loaded.model, resolve_inputs(inputs or [], loaded, dev, seed=0)
+
+
+@pytest.fixture
+def untouched():
+    """with untouched(model): ... asserts the model and global state are as they were."""
+    import contextlib
+
+    from torchdiag.core.guard import differences, fingerprint
+
+    @contextlib.contextmanager
+    def check(model):
+        before = fingerprint(model)
+        yield
+        changed = differences(before, fingerprint(model))
+        assert not changed, f"diagnostic changed the model or global state: {changed}"
+
+    return check

@@ -1,0 +1,123 @@
+"""Options every command shares, and the one error boundary that turns errors into exit codes."""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Callable, Optional
+
+import typer
+
+from ..errors import DiagError, ExitCode, ModelError, one_line
+
+Spec = Annotated[str, typer.Argument(metavar="MODEL_SPEC", show_default=False,
+                                     help="path/to/file.py:factory or dotted.module:factory (split on the last ':').")]
+Args = Annotated[Optional[list[str]], typer.Option("--arg", "-a", metavar="KEY=VALUE", show_default=False,
+                                                   help="Keyword argument for the factory; value parsed as a Python literal, else a string. Repeatable.")]
+Inputs = Annotated[Optional[list[str]], typer.Option("--input", "-i", metavar="SHAPE[:DTYPE]", show_default=False,
+                                                     help="Positional input, e.g. 8x3x32x32, 2x128:int64[0,30000), 4x16:bool. Repeatable. "
+                                                          "Default: example_inputs() in the model's module, else model.example_input_array.")]
+Device = Annotated[str, typer.Option("--device", "-d", help="auto|cpu|cuda|cuda:N|mps|meta (auto = cuda when available).")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed for random inputs and targets.")]
+Json = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")]
+Tb = Annotated[Optional[Path], typer.Option("--tb", metavar="DIR", help="Also write TensorBoard event files under DIR/<command>/.")]
+Debug = Annotated[bool, typer.Option("--debug", help="Show full tracebacks.")]
+Depth = Annotated[int, typer.Option("--depth", min=0, help="Module nesting depth shown in tables.")]
+# Loss/targets, for commands that run backward.
+Loss = Annotated[str, typer.Option("--loss", help="auto|cross_entropy|mse|sum|PATH:fn (fn(output, target) -> scalar).")]
+Batch = Annotated[Optional[str], typer.Option("--batch", metavar="PATH:fn", help="Function returning (inputs, target); replaces -i.")]
+
+
+@dataclass
+class CommonOptions:
+    command: str
+    spec: str
+    args: list[str] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)
+    device: str = "auto"
+    seed: int = 0
+    json: bool = False
+    tb: Optional[Path] = None
+    debug: bool = False
+    loss: str = "auto"
+    batch: Optional[str] = None
+    needs_inputs: bool = True
+
+
+def err(line: str) -> None:
+    sys.stderr.write(line + "\n")
+
+
+def progress(message: str, json_mode: bool):
+    """A spinner on stderr when it is a terminal; silent otherwise (CI logs, --json)."""
+    import contextlib
+
+    if json_mode or not sys.stderr.isatty():
+        return contextlib.nullcontext()
+    from rich.console import Console
+
+    return Console(stderr=True).status(message)
+
+
+def execute(opts: CommonOptions, run: Callable, *, render_extra: Callable | None = None) -> None:
+    """Load the model and inputs, run the diagnostic, render, exit with its code.
+
+    `run(target) -> Result`. Every DiagError becomes `error:`/`hint:` lines and its exit code;
+    anything else is a torchdiag bug (exit 4)."""
+    code = ExitCode.OK
+    target = None
+    try:
+        with progress(f"torchdiag {opts.command}: loading {opts.spec}", opts.json):
+            from ..core.target import prepare
+
+            target = prepare(opts)
+            result = run(target)
+        target.finish(result)
+        from ..render import render
+
+        render(result, opts)
+        if render_extra:
+            render_extra(result)
+        code = result.exit_code
+    except DiagError as e:
+        code = e.code
+        partial = getattr(e, "partial", None)
+        if partial is not None and not opts.json:
+            from ..render.console import print_result
+
+            if target is not None:
+                target.finish(partial)
+            print_result(partial)
+        _report(e.message, e.hint, code, opts)
+        if opts.debug:
+            traceback.print_exc()
+    except KeyboardInterrupt:
+        code = ExitCode.INTERRUPTED
+        _report("interrupted", None, code, opts)
+    except typer.Exit:
+        raise
+    except Exception as e:  # a bug of ours
+        code = ExitCode.INTERNAL
+        _report(f"internal error in torchdiag: {one_line(e)}",
+                "this is a bug in torchdiag: run again with --debug and please report the traceback", code, opts)
+        if opts.debug:
+            traceback.print_exc()
+    raise typer.Exit(int(code))
+
+
+def _report(message: str, hint: str | None, code: ExitCode, opts: CommonOptions) -> None:
+    err(f"error: {message}")
+    if hint:
+        err(f"hint: {hint}")
+    if opts.json:
+        import json
+
+        doc = {"schema_version": 1, "command": opts.command, "error": {"message": message, "hint": hint},
+               "exit_code": int(code)}
+        sys.stdout.write(json.dumps(doc) + "\n")
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")

@@ -1,0 +1,101 @@
+"""Diagnostics leave no trace: flags, grads, hooks and global state restored on exit."""
+from __future__ import annotations
+
+import contextlib
+
+
+def _hook_count(model) -> int:
+    n = 0
+    for m in model.modules():
+        for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+                     "_state_dict_hooks", "_load_state_dict_pre_hooks"):
+            n += len(getattr(m, attr, {}) or {})
+    for p in model.parameters():
+        n += len(getattr(p, "_backward_hooks", None) or {})
+    return n
+
+
+@contextlib.contextmanager
+def leave_no_trace(model):
+    """Run a diagnostic on `model` in place and put back everything it may touch: training
+    flags, requires_grad flags, .grad tensors, RNG state, grad mode, anomaly mode, default
+    dtype and MHA fast-path setting. Parameters and buffers themselves must not be written by
+    the diagnostic (commands that train work on a copy); tests check that bit for bit."""
+    import torch
+
+    training = [(m, m.training) for m in model.modules()]
+    params = list({id(p): p for p in model.parameters()}.values())
+    requires = [(p, p.requires_grad) for p in params]
+    grads = [(p, p.grad) for p in params]
+    cpu_rng = torch.random.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    grad_enabled = torch.is_grad_enabled()
+    anomaly = torch.is_anomaly_enabled()
+    dtype = torch.get_default_dtype()
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    try:
+        yield
+    finally:
+        for m, flag in training:
+            m.training = flag
+        for p, flag in requires:
+            p.requires_grad_(flag)
+        for p, g in grads:
+            p.grad = g
+        torch.random.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        torch.set_grad_enabled(grad_enabled)
+        torch.autograd.set_detect_anomaly(anomaly)
+        torch.set_default_dtype(dtype)
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+
+
+def fingerprint(model) -> dict:
+    """Everything a diagnostic must leave as it was, for tests: state bytes, flags, grads, hooks."""
+    import torch
+
+    state = {}
+    for k, v in model.state_dict(keep_vars=True).items():
+        t = v.detach()
+        state[k] = (t.device.type, t.dtype, tuple(t.shape),
+                    None if t.device.type == "meta" else t.cpu().clone())
+    return {
+        "state": state,
+        "training": [m.training for m in model.modules()],
+        "requires_grad": [p.requires_grad for p in model.parameters()],
+        "grads": [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()],
+        "hooks": _hook_count(model),
+        "rng": torch.random.get_rng_state().clone(),
+        "grad_enabled": torch.is_grad_enabled(),
+        "anomaly": torch.is_anomaly_enabled(),
+        "default_dtype": torch.get_default_dtype(),
+    }
+
+
+def differences(before: dict, after: dict) -> list[str]:
+    """What changed between two fingerprints ([] when nothing did)."""
+    import torch
+
+    out = []
+    if before["state"].keys() != after["state"].keys():
+        out.append("state_dict keys changed")
+    for k, (dev, dt, shape, val) in before["state"].items():
+        if k not in after["state"]:
+            continue
+        dev2, dt2, shape2, val2 = after["state"][k]
+        if (dev, dt, shape) != (dev2, dt2, shape2):
+            out.append(f"{k}: device/dtype/shape changed")
+        elif val is not None and not torch.equal(val.view(-1).view(torch.uint8) if val.numel() and val.dtype != torch.bool else val,
+                                                   val2.view(-1).view(torch.uint8) if val2.numel() and val2.dtype != torch.bool else val2):
+            out.append(f"{k}: values changed")
+    for key in ("training", "requires_grad", "hooks", "grad_enabled", "anomaly", "default_dtype"):
+        if before[key] != after[key]:
+            out.append(f"{key} changed")
+    if len(before["grads"]) != len(after["grads"]) or any(
+            (a is None) != (b is None) or (a is not None and not torch.equal(a, b))
+            for a, b in zip(before["grads"], after["grads"])):
+        out.append(".grad changed")
+    if not torch.equal(before["rng"], after["rng"]):
+        out.append("global RNG state changed")
+    return out

@@ -1,0 +1,152 @@
+"""MODEL_SPEC (`path/to/file.py:factory` or `dotted.module:factory`) → an nn.Module."""
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from ..errors import ModelError, UsageError, one_line
+
+SPEC_FORMS = "path/to/file.py:factory or dotted.module:factory"
+
+
+@dataclass
+class LoadedModel:
+    model: Any               # nn.Module
+    spec: str
+    module: ModuleType       # the user's module (example_inputs, batch functions live here)
+    factory: str
+    kwargs: dict[str, Any]
+    built_on: str = ""       # how a meta model was built, for the header
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """Split on the LAST colon (so `C:/x/model.py:build` style paths keep theirs)."""
+    if ":" not in spec:
+        raise UsageError(f"MODEL_SPEC '{spec}' has no ':factory' part", hint=f"write it as {SPEC_FORMS}")
+    where, _, name = spec.rpartition(":")
+    if not where or not name:
+        raise UsageError(f"MODEL_SPEC '{spec}' is incomplete", hint=f"write it as {SPEC_FORMS}")
+    return where, name
+
+
+def parse_args(pairs: list[str] | None) -> dict[str, Any]:
+    """`--arg key=value`: the value as a Python literal when it parses, else the string."""
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise UsageError(f"malformed --arg '{pair}'", hint="write --arg key=value, e.g. --arg depth=50")
+        try:
+            out[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            out[key] = raw
+    return out
+
+
+def _is_path(where: str) -> bool:
+    return where.endswith(".py") or os.sep in where or "/" in where
+
+
+def import_module(where: str) -> ModuleType:
+    """Import a file path or a dotted module; the user's import errors exit 3, missing ones 2."""
+    if _is_path(where):
+        path = os.path.abspath(where)
+        if not os.path.isfile(path):
+            raise UsageError(f"model file not found: {where}", hint="check the path before the ':'")
+        name = "_torchdiag_user_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
+        folder = os.path.dirname(path)
+        if folder not in sys.path:  # sibling imports inside the user's file keep working
+            sys.path.insert(0, folder)
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            sys.modules.pop(name, None)
+            raise ModelError(f"importing {where} raised {one_line(exc)}",
+                             hint="run `python " + where + "` to see the full error") from exc
+        return module
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(where)
+    except ModuleNotFoundError as exc:
+        if exc.name and (where == exc.name or where.startswith(exc.name + ".")):
+            raise UsageError(f"module '{where}' not found", hint="check the name, or give a file path like models/net.py:build") from exc
+        raise ModelError(f"importing {where} raised {one_line(exc)}") from exc
+    except Exception as exc:
+        raise ModelError(f"importing {where} raised {one_line(exc)}") from exc
+
+
+def find_factory(module: ModuleType, name: str, where: str):
+    obj: Any = module
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            candidates = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n, None))]
+            close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.5)
+            hint = f"did you mean {', '.join(close)}?" if close else (
+                f"callables there: {', '.join(sorted(candidates)[:8])}" if candidates else None)
+            raise UsageError(f"'{where}' has no factory named '{name}'", hint=hint)
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise UsageError(f"'{where}:{name}' is a {type(obj).__name__}, not a function or class",
+                         hint="point the spec at a function or class that returns an nn.Module")
+    return obj
+
+
+def load_model(spec: str, arg_pairs: list[str] | None = None, device=None) -> LoadedModel:
+    """Import, call the factory (on meta when device is meta), check it made an nn.Module."""
+    from torch import nn
+
+    from .meta import build_on_meta
+
+    where, name = split_spec(spec)
+    kwargs = parse_args(arg_pairs)
+    module = import_module(where)
+    factory = find_factory(module, name, where)
+    built_on = ""
+    try:
+        if device is not None and device.type == "meta":
+            model, built_on = build_on_meta(factory, kwargs)
+        else:
+            model = factory(**kwargs)
+    except TypeError as exc:
+        if _is_call_mismatch(factory, kwargs):
+            raise UsageError(f"{name}() does not accept these --arg values: {one_line(exc)}",
+                             hint=f"its signature is {name}{_signature(factory)}") from exc
+        raise ModelError(f"{name}() raised {one_line(exc)}") from exc
+    except Exception as exc:
+        raise ModelError(f"{name}() raised {one_line(exc)}", hint="the factory itself failed; run it in Python to see the traceback") from exc
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"{name}() returned {type(model).__name__}, not a torch.nn.Module",
+                         hint="the factory must return the model (an nn.Module instance)")
+    if device is not None and device.type != "meta":
+        model = model.to(device)
+    return LoadedModel(model, spec, module, name, kwargs, built_on)
+
+
+def _signature(fn) -> str:
+    try:
+        return str(inspect.signature(fn))
+    except (TypeError, ValueError):
+        return "(…)"
+
+
+def _is_call_mismatch(fn, kwargs) -> bool:
+    try:
+        inspect.signature(fn).bind(**kwargs)
+        return False
+    except TypeError:
+        return True
+    except ValueError:
+        return False

@@ -1,0 +1,151 @@
+"""Targets and loss for commands that run backward (DESIGN.md "Targets and loss").
+
+auto: the model's own `loss` (dict key) or a scalar output is used as is; an (N, C) float output
+gets cross-entropy against random class targets; anything else mean-squared error against a
+random target of the same shape. With --batch the function's target is used. The choice is
+always described, for the header and JSON."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ModelError, UsageError, one_line
+
+LOSS_CHOICES = "auto|cross_entropy|mse|sum|PATH:fn"
+
+
+def primary_output(out) -> tuple[Any, str]:
+    """The tensor a loss applies to, and how it was picked."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out, "output"
+    if isinstance(out, dict) or hasattr(out, "keys"):
+        if "loss" in out and isinstance(out["loss"], torch.Tensor):
+            return out["loss"], "output['loss']"
+        for k, v in out.items():
+            if isinstance(v, torch.Tensor) and v.is_floating_point():
+                return v, f"output['{k}']"
+    if isinstance(out, (tuple, list)):
+        for i, v in enumerate(out):
+            if isinstance(v, torch.Tensor) and v.is_floating_point():
+                return v, f"output[{i}]"
+    raise UsageError(f"cannot pick a tensor to compute a loss from a {type(out).__name__} output",
+                     hint="pass --loss PATH:fn with fn(output, target) -> scalar tensor")
+
+
+@dataclass
+class Loss:
+    kind: str                     # requested: auto, cross_entropy, mse, sum, custom
+    seed: int = 0
+    target: Any = None            # fixed once made, so every step sees the same batch
+    custom: Any = None
+    chosen: str = ""              # what auto resolved to, filled on first call
+    picked: str = ""              # which output it applies to
+
+    def describe(self) -> str:
+        return f"{self.chosen or self.kind} on {self.picked or 'output'}"
+
+    def __call__(self, out):
+        import torch
+        import torch.nn.functional as F
+
+        if self.custom is not None:
+            self.chosen, self.picked = self.custom_name, "output"
+            try:
+                value = self.custom(out, self.target)
+            except Exception as exc:
+                raise ModelError(f"loss function {self.custom_name} raised {one_line(exc)}") from exc
+            return _scalar(value, self.custom_name)
+        y, self.picked = primary_output(out)
+        kind = self.kind
+        if kind == "auto":
+            kind = self._auto(y)
+        self.chosen = kind
+        if kind == "model":
+            return _scalar(y, self.picked)
+        if kind == "sum":
+            return y.float().sum()
+        if kind == "cross_entropy":
+            if self.target is None:
+                if y.dim() < 2:
+                    raise UsageError(f"cross_entropy needs an (N, C) output; got shape {tuple(y.shape)}")
+                g = torch.Generator().manual_seed(self.seed)
+                shape = (y.shape[0],) + tuple(y.shape[2:])
+                self.target = torch.randint(0, y.shape[1], shape, generator=g).to(y.device)
+            return F.cross_entropy(y.float(), self.target.to(y.device))
+        if kind == "mse":
+            if self.target is None:
+                g = torch.Generator().manual_seed(self.seed)
+                self.target = torch.randn(tuple(y.shape), generator=g).to(y.device, y.dtype)
+            if self.target.shape != y.shape:
+                raise UsageError(f"mse: target shape {tuple(self.target.shape)} differs from output shape {tuple(y.shape)}")
+            return F.mse_loss(y.float(), self.target.to(y.device).float())
+        raise UsageError(f"unknown loss '{self.kind}'", hint=f"choose {LOSS_CHOICES}")
+
+    def _auto(self, y) -> str:
+        if y.dim() == 0 or self.picked == "output['loss']":
+            return "model"
+        if self.target is not None:
+            t = self.target
+            if not t.is_floating_point() and y.dim() >= 2 and t.shape[0] == y.shape[0]:
+                return "cross_entropy"
+            return "mse"
+        if y.dim() == 2 and y.is_floating_point() and y.shape[1] > 1:
+            return "cross_entropy"
+        return "mse"
+
+    @property
+    def is_classification(self) -> bool:
+        return self.chosen == "cross_entropy"
+
+
+def _scalar(value, what):
+    import torch
+
+    if not isinstance(value, torch.Tensor) or value.numel() != 1:
+        raise UsageError(f"{what} did not give a scalar tensor (got {type(value).__name__})")
+    return value.reshape(())
+
+
+def resolve_loss(text: str, loaded, batch_target, seed: int) -> Loss:
+    text = (text or "auto").strip()
+    if ":" in text:
+        from .loading import find_factory, import_module, split_spec
+
+        where, name = split_spec(text)
+        module = loaded.module if where in ("", ".") else import_module(where)
+        loss = Loss("custom", seed, batch_target, custom=find_factory(module, name, where))
+        loss.custom_name = f"{name}()"
+        return loss
+    name = text.lower().replace("-", "_")
+    if name not in ("auto", "cross_entropy", "mse", "sum"):
+        raise UsageError(f"unknown loss '{text}'", hint=f"choose {LOSS_CHOICES}")
+    return Loss(name, seed, batch_target)
+
+
+def load_batch(spec: str, device, seed: int):
+    """`--batch PATH:fn`: fn() returns (inputs, target); inputs a tensor, tuple or dict."""
+    import torch
+
+    from .inputs import ModelInputs, _normalise
+    from .loading import find_factory, import_module, split_spec
+
+    where, name = split_spec(spec)
+    fn = find_factory(import_module(where), name, where)
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        value = fn()
+    except Exception as exc:
+        raise ModelError(f"batch function {name}() raised {one_line(exc)}") from exc
+    finally:
+        torch.random.set_rng_state(state)
+    if not (isinstance(value, (tuple, list)) and len(value) == 2):
+        raise UsageError(f"batch function {name}() must return (inputs, target); got {type(value).__name__}")
+    raw_inputs, target = value
+    args, kwargs = _normalise(raw_inputs, f"{name}()")
+    inputs = ModelInputs(args, kwargs, f"--batch {spec}").to(device)
+    if isinstance(target, torch.Tensor):
+        target = target.to(device)
+    return inputs, target

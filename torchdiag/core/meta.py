@@ -1,0 +1,51 @@
+"""Build a model without allocating its weights (the `meta` device)."""
+from __future__ import annotations
+
+import contextlib
+
+
+@contextlib.contextmanager
+def params_on_meta():
+    """Let the constructor run on the CPU but turn every parameter into a meta tensor as it is
+    registered. Constructors that compute with tensors (and fail under torch.device("meta"))
+    still build, while weights never take real memory: at most one parameter at a time does."""
+    import torch
+    from torch import nn
+
+    original = nn.Module.register_parameter
+
+    def register_parameter(self, name, param):
+        if param is not None and param.device.type != "meta":
+            kwargs = dict(param.__dict__)
+            param = type(param)(param.to("meta"), requires_grad=param.requires_grad)
+            param.__dict__.update(kwargs)
+        original(self, name, param)
+
+    nn.Module.register_parameter = register_parameter
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original
+
+
+def build_on_meta(factory, kwargs):
+    """Call factory(**kwargs) so its parameters and buffers live on meta.
+
+    First under torch.device("meta") (nothing allocated at all); when the constructor
+    needs real tensor values ("Cannot copy out of meta tensor", `.item()` on meta …),
+    again with parameters moved to meta as they are registered."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            model = factory(**kwargs)
+        return model, "torch.device('meta')"
+    except (NotImplementedError, RuntimeError) as first:
+        try:
+            with params_on_meta():
+                model = factory(**kwargs)
+        except Exception:
+            raise first from None
+        if hasattr(model, "to"):
+            model = model.to("meta")
+        return model, "parameters moved to meta as registered"

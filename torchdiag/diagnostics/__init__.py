@@ -1,0 +1,1 @@
+"""One module per diagnostic: `Options` + `run(model, inputs, opts) -> Result`. Never prints."""

@@ -1,0 +1,178 @@
+"""summary: layers, output shapes, parameters (trainable, frozen, shared), sizes.
+
+Per-module parameter counts come from torchinfo's layer listing; the totals are ours, because
+torchinfo 1.8.0 counts a tensor shared by two modules (tied embeddings) once per module. The
+forward pass runs with torchdiag's own hooks (eval mode, no grad): they give full module
+paths, outputs of any structure (dicts, tuples), modules that never ran, and name the module
+that raised."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from ..core.guard import leave_no_trace
+from ..core.tracking import ModuleTracker, describe, forward_error
+from ..results import Column, Result, Table
+
+CONTAINERS = ("ModuleList", "ModuleDict", "ParameterList", "ParameterDict")
+
+
+@dataclass
+class Options:
+    depth: int = 3
+
+
+def unique_params(model):
+    return list({id(p): p for p in model.parameters()}.values())
+
+
+def shared_groups(model) -> list[list[str]]:
+    """Names of each parameter tensor registered under more than one name (ties)."""
+    groups: dict[int, list[str]] = defaultdict(list)
+    for name, p in model.named_parameters(remove_duplicate=False):
+        groups[id(p)].append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def dtype_bytes(model) -> list[dict]:
+    rows: dict[str, dict] = {}
+    for kind, tensors in (("param", unique_params(model)),
+                          ("buffer", list({id(b): b for b in model.buffers()}.values()))):
+        for t in tensors:
+            key = str(t.dtype).replace("torch.", "")
+            row = rows.setdefault(key, {"dtype": key, "params": 0, "param_bytes": 0, "buffers": 0, "buffer_bytes": 0})
+            row[f"{kind}s"] += t.numel()
+            row[f"{kind}_bytes"] += t.numel() * t.element_size()
+    return sorted(rows.values(), key=lambda r: -(r["param_bytes"] + r["buffer_bytes"]))
+
+
+def torchinfo_listing(model):
+    """torchinfo's static layer list (no forward): {module id: LayerInfo}, and its total."""
+    import torchinfo
+
+    stats = torchinfo.summary(model, depth=10_000, verbose=0)
+    by_id = {}
+    for info in stats.summary_list:
+        by_id.setdefault(id(info.module), info)
+    return by_id, int(stats.total_params)
+
+
+def _subtree_params(module) -> tuple[int, str]:
+    ps = list({id(p): p for p in module.parameters()}.values())
+    n = sum(p.numel() for p in ps)
+    t = sum(p.numel() for p in ps if p.requires_grad)
+    return n, ("—" if n == 0 else "yes" if t == n else "no" if t == 0 else "partial")
+
+
+def _rows(model, tracker, depth: int, listing) -> tuple[list[dict], list[str]]:
+    first = {}
+    count: dict[str, int] = defaultdict(int)
+    for call in tracker.calls:
+        first.setdefault(call.name, call)
+        count[call.name] += 1
+    called = set(first)
+    rows, uncalled = [], []
+    for name, mod in model.named_modules():
+        if not name:
+            continue
+        kind = type(mod).__name__
+        ran = name in called or (kind in CONTAINERS and any(c.startswith(name + ".") for c in called))
+        if not ran:
+            uncalled.append(name)
+        d = name.count(".") + 1
+        if d > depth:
+            continue
+        info = listing.get(id(mod)) if listing else None
+        if info is not None:
+            params, trainable = int(info.num_params), info.trainable
+            trainable = {"True": "yes", "False": "no", "--": "—", "Partial": "partial"}.get(trainable, trainable)
+        else:
+            params, trainable = _subtree_params(mod)
+        call = first.get(name)
+        rows.append({
+            "name": name, "type": kind, "depth": d,
+            "output_shape": (call.output if call and call.done else "(raised)" if call
+                             else "(container)" if ran else "(not called)"),
+            "params": params, "trainable": trainable, "calls": count.get(name, 0),
+            "_style": None if ran else "dim",
+        })
+    return rows, uncalled
+
+
+def run(model, inputs, opts: Options | None = None) -> Result:
+    import torch
+
+    opts = opts or Options()
+    result = Result("summary", header={"mode": "eval, no grad (one forward pass)"})
+    listing, torchinfo_total = torchinfo_listing(model)
+    tracker = ModuleTracker(model)
+    with leave_no_trace(model):
+        model.eval()
+        with torch.no_grad(), tracker:
+            try:
+                output = inputs.call(model)
+            except Exception as exc:
+                rows, _ = _rows(model, tracker, opts.depth, listing)
+                partial = Result("summary", header=result.header)
+                partial.tables.append(_layer_table([r for r in rows if r["calls"]], opts.depth,
+                                                   "Modules that ran before the error"))
+                raise forward_error(exc, tracker, partial=partial) from exc
+
+    rows, uncalled = _rows(model, tracker, opts.depth, listing)
+    params = unique_params(model)
+    total = sum(p.numel() for p in params)
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    by_dtype = dtype_bytes(model)
+    shared = shared_groups(model)
+    param_bytes = sum(r["param_bytes"] for r in by_dtype)
+    buffer_bytes = sum(r["buffer_bytes"] for r in by_dtype)
+    
+    result.data.update({
+        "total_params": total, "trainable_params": trainable, "frozen_params": total - trainable,
+        "param_bytes": param_bytes, "buffer_bytes": buffer_bytes, "output_shape": describe(output),
+        "shared": shared, "uncalled": uncalled, "torchinfo_total_params": torchinfo_total,
+    })
+    result.tables.append(_layer_table(rows, opts.depth, "Layers"))
+    result.tables.append(Table("bytes_by_dtype", "Parameter and buffer memory by dtype", [
+        Column("dtype", "dtype"), Column("params", "params", "count"), Column("param_bytes", "param bytes", "bytes"),
+        Column("buffers", "buffer elems", "count"), Column("buffer_bytes", "buffer bytes", "bytes")], by_dtype))
+    if shared:
+        tie_rows = [{"tensor": g[0], "shared_with": g[1:], "params": _numel(model, g[0])} for g in shared]
+        result.tables.append(Table("ties", "Shared parameters (counted once)", [
+            Column("tensor", "parameter"), Column("shared_with", "also registered as"), Column("params", "params", "count")],
+            tie_rows, show=True))
+    result.summary += [
+        ("Total params", f"{total:,}"), ("Trainable params", f"{trainable:,}"),
+        ("Frozen params", f"{total - trainable:,}"),
+        ("Param memory", _hb(param_bytes)), ("Buffer memory", _hb(buffer_bytes)),
+        ("Model output", describe(output)),
+    ]
+    if torchinfo_total != total:
+        result.notes.append(
+            f"torchinfo 1.8.0 reports {torchinfo_total:,} params: it counts each of {len(shared)} shared "
+            f"tensor(s) once per module using it; torchdiag counts each tensor once ({total:,}).")
+    if uncalled:
+        top = [n for n in uncalled if not any(n.startswith(u + ".") for u in uncalled)]
+        result.notes.append(f"{len(uncalled)} module(s) never ran in forward: " + ", ".join(top[:10]) +
+                            (" …" if len(top) > 10 else "") + " (their parameters are still counted)")
+    return result
+
+
+def _layer_table(rows, depth, title) -> Table:
+    for r in rows:
+        r["_label"] = "  " * (r["depth"] - 1) + r["name"].rsplit(".", 1)[-1] if r["depth"] > 1 else r["name"]
+    cols = [Column("_label", "module"), Column("type", "type"), Column("output_shape", "output shape"),
+            Column("params", "params", "count"), Column("trainable", "trainable")]
+    note = f"depth ≤ {depth}; params of a module include its submodules; dim rows never ran in forward"
+    table = Table("layers", title, cols, rows, note=note)
+    return table
+
+
+def _numel(model, name: str) -> int:
+    return model.get_parameter(name).numel()
+
+
+def _hb(n) -> str:
+    from ..render.fmt import human_bytes
+
+    return f"{human_bytes(n)} ({n:,} bytes)"

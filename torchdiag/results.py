@@ -1,0 +1,87 @@
+"""What a diagnostic returns: findings, tables, series. Stdlib only; renderers read these."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ExitCode
+
+SCHEMA_VERSION = 1
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclass
+class Finding:
+    code: str            # stable kebab-case, e.g. "non-finite-output"
+    severity: str        # error | warning | info
+    where: str           # module path or parameter name ("" for the whole model)
+    message: str
+    hint: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"code": self.code, "severity": self.severity, "where": self.where, "message": self.message}
+        if self.hint:
+            d["hint"] = self.hint
+        return d
+
+
+@dataclass
+class Column:
+    key: str             # key in each row dict (and in JSON)
+    title: str
+    kind: str = "text"   # text | int | count | bytes | flops | float | pct | bar
+    unit: str = ""
+
+
+@dataclass
+class Table:
+    key: str                                # the JSON key the rows appear under
+    title: str
+    columns: list[Column]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    note: str | None = None                 # one line shown under the table
+    show: bool = True                       # False: JSON-only data (e.g. full lists)
+
+
+@dataclass
+class Result:
+    command: str
+    header: dict[str, Any] = field(default_factory=dict)    # choices made for the user
+    data: dict[str, Any] = field(default_factory=dict)      # top-level JSON scalars/lists
+    tables: list[Table] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    series: dict[str, list[float]] = field(default_factory=dict)  # e.g. loss per step
+    notes: list[str] = field(default_factory=list)
+    summary: list[tuple[str, str]] = field(default_factory=list)  # (label, value) lines for people
+    verdict: str | None = None                              # one line, e.g. "PASS: ..."
+    # Not in JSON: payloads only the TensorBoard/plot renderers use.
+    histograms: dict[str, Any] = field(default_factory=dict)  # tag -> 1-D array
+    images: dict[str, Any] = field(default_factory=dict)      # tag -> HxWx3 uint8 array
+    text: dict[str, str] = field(default_factory=dict)        # tag -> markdown
+    failed: bool | None = None    # override: a command may fail without an error finding
+
+    def add(self, code: str, severity: str, where: str, message: str, hint: str | None = None) -> Finding:
+        f = Finding(code, severity, where, message, hint)
+        self.findings.append(f)
+        return f
+
+    def table(self, key: str) -> Table | None:
+        return next((t for t in self.tables if t.key == key), None)
+
+    @property
+    def exit_code(self) -> ExitCode:
+        failed = self.failed if self.failed is not None else any(f.severity == "error" for f in self.findings)
+        return ExitCode.CHECK_FAILED if failed else ExitCode.OK
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "command": self.command}
+        doc.update(self.header)
+        doc.update(self.data)
+        for t in self.tables:  # keys starting with "_" are for display only
+            doc[t.key] = [{k: v for k, v in r.items() if not k.startswith("_")} for r in t.rows]
+        for name, values in self.series.items():
+            doc.setdefault(name, values)
+        doc["findings"] = [f.to_dict() for f in self.findings]
+        doc["notes"] = list(self.notes)
+        doc["exit_code"] = int(self.exit_code)
+        return doc
