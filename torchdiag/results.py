@@ -41,6 +41,7 @@ class Table:
     rows: list[dict[str, Any]] = field(default_factory=list)
     note: str | None = None                 # one line shown under the table
     show: bool = True                       # False: JSON-only data (e.g. full lists)
+    limit: int | None = None                # console shows at most this many rows (JSON has all)
 
 
 @dataclass

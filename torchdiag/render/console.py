@@ -42,10 +42,13 @@ def print_result(result, console=None) -> None:
             title = f"{c.title} ({c.unit})" if c.unit else c.title
             justify = "left" if c.kind in ("text", "bar") else "right"
             table.add_column(title, justify=justify, overflow="fold")
-        for row in t.rows:
+        shown = t.rows if t.limit is None else t.rows[: t.limit]
+        for row in shown:
             style = row.get("_style")
             table.add_row(*[cell(row.get(c.key), c.kind) for c in t.columns], style=style)
         con.print(table)
+        if len(shown) < len(t.rows):
+            con.print(f"  … {len(t.rows) - len(shown)} more row(s) in --json", style="dim")
         if t.note:
             con.print(f"  {t.note}", style="dim")
 

@@ -1,0 +1,122 @@
+"""MODEL_SPEC, --arg, inputs and devices: every path works or fails with one line and its exit code."""
+import pytest
+import torch
+
+from conftest import SAMPLES, load, sample
+
+from torchdiag.core.inputs import parse_input_spec
+from torchdiag.core.loading import parse_args, split_spec
+from torchdiag.errors import UsageError
+
+
+def _error_line(res):
+    lines = [l for l in res.stderr.splitlines() if l.strip()]
+    assert lines and lines[0].startswith("error: "), res.stderr
+    assert "Traceback" not in res.stderr and "Traceback" not in res.stdout
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (["summary", "sample_models/mlp.py"], 2, "no ':factory'"),
+    (["summary", "sample_models/nothere.py:build"], 2, "not found"),
+    (["summary", "no_such_pkg.models:build"], 2, "module 'no_such_pkg.models' not found"),
+    (["summary", sample("mlp.py:buidl")], 2, "no factory named 'buidl'"),
+    (["summary", sample("broken_factory.py:not_a_module")], 2, "returned dict, not a torch.nn.Module"),
+    (["summary", sample("broken_factory.py:raises")], 3, "ValueError: config key 'depth' missing"),
+    (["summary", sample("bad_import.py:build")], 3, "importing"),
+    (["summary", sample("mlp.py:build"), "-i", "16xabc"], 2, "bad input shape"),
+    (["summary", sample("mlp.py:build"), "-i", "16x0"], 2, "every dimension"),
+    (["summary", sample("mlp.py:build"), "-i", "16x784:float99"], 2, "unknown dtype 'float99'"),
+    (["summary", sample("mlp.py:build"), "-i", "16x784:int64[5,1)"], 2, "empty value range"),
+    (["summary", sample("two_input.py:build")], 2, "no inputs for the model"),
+    (["summary", sample("mlp.py:build"), "--device", "cuda"], 2, "device 'cuda' is not available"),
+    (["summary", sample("mlp.py:build"), "--device", "cuda:3"], 2, "not available"),
+    (["summary", sample("mlp.py:build"), "--device", "tpu"], 2, "unknown device 'tpu'"),
+    (["summary", sample("mlp.py:build"), "--arg", "hidden"], 2, "malformed --arg 'hidden'"),
+    (["summary", sample("mlp.py:build"), "--arg", "widht=3"], 2, "does not accept these --arg values"),
+    (["summary", sample("broken_shape.py:build")], 3, "forward failed in 2.0 (Linear) with input shapes (4x32)"),
+])
+def test_errors_are_one_line_with_exit_code(cli, args, code, words):
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("machine has CUDA")
+    res = cli(*args)
+    assert res.code == code, (res.code, res.stderr)
+    assert words in _error_line(res)
+
+
+def test_missing_factory_suggests_close_names(cli):
+    res = cli("summary", sample("mlp.py:buidl"))
+    assert "hint: did you mean build?" in res.stderr
+
+
+def test_no_inputs_names_the_three_ways(cli):
+    res = cli("summary", sample("two_input.py:build"))
+    assert "-i/--input" in res.stderr and "example_inputs()" in res.stderr and "example_input_array" in res.stderr
+
+
+def test_json_error_is_one_document(cli):
+    res = cli("summary", sample("mlp.py:nope"), "--json")
+    assert res.code == 2 and res.json["error"]["message"].startswith("'") and res.json["exit_code"] == 2
+
+
+def test_split_on_last_colon_and_args():
+    assert split_spec("C:/models/net.py:build") == ("C:/models/net.py", "build")
+    assert parse_args(["depth=50", "name=resnet", "dims=(1, 2)", "flag=True"]) == {
+        "depth": 50, "name": "resnet", "dims": (1, 2), "flag": True}
+    with pytest.raises(UsageError):
+        parse_args(["=3"])
+
+
+def test_dotted_module_spec(cli, monkeypatch):
+    monkeypatch.chdir(SAMPLES.parent)
+    res = cli("summary", "sample_models.mlp:build", "--json")
+    assert res.code == 0 and res.json["total_params"] == 235_146
+
+
+def test_class_factory_with_args():
+    model, inputs = load("cnn.py:SmallCNN", "classes=3", "width=4", inputs=["2x3x32x32"])
+    assert type(model).__name__ == "SmallCNN" and model.head[1].out_features == 3
+    assert model.features[0].out_channels == 4 and inputs.args[0].shape == (2, 3, 32, 32)
+
+
+def test_input_specs():
+    s = parse_input_spec("2x128:int64[0,30000)")
+    assert s.shape == (2, 128) and s.dtype == "int64" and (s.low, s.high) == (0, 30000)
+    assert parse_input_spec("4x5:int32[1,3]").high == 4  # inclusive bound for integers
+    assert parse_input_spec("2x3:bool").dtype == "bool"
+    assert parse_input_spec("1x3x8x8:bf16").dtype == "bfloat16"
+
+
+def test_int_inputs_default_to_embedding_range_and_respect_ranges():
+    _, inputs = load("rnn.py:build", inputs=["3x7:int64"])
+    (t,) = inputs.args
+    assert t.dtype == torch.int64 and t.shape == (3, 7) and 0 <= t.min() and t.max() < 500
+    assert "smallest nn.Embedding" in inputs.notes[0]
+    _, inputs = load("rnn.py:build", inputs=["64x64:int64[10,12)"])
+    assert set(inputs.args[0].unique().tolist()) <= {10, 11}
+
+
+def test_example_inputs_dict_become_keyword_inputs():
+    _, inputs = load("transformer_lm.py:build")
+    assert inputs.args == () and set(inputs.kwargs) == {"input_ids", "labels"}
+    assert inputs.source == "example_inputs()"
+
+
+def test_example_input_array_is_used():
+    # cnn.py has no example_inputs(); its factory sets example_input_array
+    _, inputs = load("cnn.py:build")
+    assert inputs.source == "example_input_array" and inputs.args[0].shape == (8, 3, 32, 32)
+
+
+def test_meta_device_builds_without_allocating():
+    model, inputs = load("mlp.py:build", device="meta")
+    assert all(p.is_meta for p in model.parameters()) and inputs.args[0].is_meta
+
+
+def test_meta_fallback_for_constructors_that_need_values():
+    from torchdiag.core.loading import load_model
+
+    loaded = load_model(sample("broken_factory.py:needs_values"), [], torch.device("meta"))
+    assert loaded.built_on == "parameters moved to meta as registered"
+    assert all(p.is_meta for p in loaded.model.parameters())
+    assert loaded.model.fc1.out_features == 24

@@ -1,0 +1,302 @@
+"""flops: FLOPs and MACs per module and per operator, forward and (measured) backward.
+
+Default engine: torch's dispatch-level counter (torch.utils.flop_counter), corrected so the
+count does not depend on the device:
+- the CPU attention kernel `_scaled_dot_product_flash_attention_for_cpu` (and its backward)
+  has no formula upstream, so attention counted 0 on CPU; we give it the SDPA formula;
+- the fused nn.MultiheadAttention / TransformerEncoderLayer fast path (`_native_multi_head_attention`,
+  taken under no_grad) hides the projections; we switch the fast path off while counting.
+Every op that ran without a formula is listed with its call count. 1 MAC = 2 FLOPs; every
+formula counted here is a multiply-add kernel, so MACs = FLOPs / 2.
+
+`--engine fvcore` gives fvcore's traced count for comparison (its "flops" are MACs)."""
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from ..core.guard import leave_no_trace
+from ..core.tracking import forward_error
+from ..errors import ModelError, UsageError, one_line
+from ..results import Column, Result, Table
+
+# Ops that only move or view data: no arithmetic to count.
+_MOVEMENT = re.compile(
+    r"^(view|_unsafe_view|reshape|permute|transpose|t|expand|slice|select|unsqueeze|squeeze|cat|stack|clone|"
+    r"copy_?|_to_copy|to|empty.*|zeros.*|ones.*|full.*|fill_?|new_.*|detach|alias|split.*|chunk|unbind|contiguous|"
+    r"index.*|gather|scatter.*|embedding|arange|lift_fresh.*|as_strided.*|flatten|unflatten|_reshape_alias|"
+    r"masked_fill_?|where|roll|flip|narrow|repeat.*|tril|triu|zero_|set_|resize_|lift|_local_scalar_dense|"
+    r"_assert.*|sym_.*|randint|randn|rand|bernoulli_?|native_dropout|dropout|embedding_dense_backward|"
+    r"masked_select|nonzero|item|diagonal|movedim|expand_as|view_as|type_as|select_backward|slice_backward|"
+    r"_softmax_backward_data|detach_|threshold_backward|where\..*|split_with_sizes|constant_pad_nd|pad)$")
+# Compute-heavy ops: missing a formula here makes a total materially low.
+_HEAVY = re.compile(r"(conv|mm|matmul|linear|einsum|attention|lstm|gru|rnn|_cudnn|mkldnn|baddbmm|addbmm|tensordot)")
+
+
+def op_kind(name: str) -> str:
+    base = name.split(".")[0]
+    if _MOVEMENT.match(base):
+        return "data movement"
+    if _HEAVY.search(base):
+        return "COMPUTE: total is low"
+    return "not counted by convention"
+
+
+@dataclass
+class Options:
+    depth: int = 3
+    backward: bool = False
+    engine: str = "torch"   # torch | fvcore
+    top: int = 20
+    loss: object = None     # core.loss.Loss, needed with backward
+
+
+def _extra_formulas():
+    """Formulas torch's counter lacks, so CPU counts equal meta/CUDA counts."""
+    import torch
+    from torch.utils import flop_counter as fc
+
+    aten = torch.ops.aten
+    extra = {}
+
+    def cpu_flash(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        return fc.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+    def cpu_flash_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        return fc.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        extra[aten._scaled_dot_product_flash_attention_for_cpu] = cpu_flash
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
+        extra[aten._scaled_dot_product_flash_attention_for_cpu_backward] = cpu_flash_backward
+    return extra
+
+
+def _counter():
+    """torch's FlopCounterMode that also counts calls of every op it saw (formula or not)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    class CallCountingFlopCounter(FlopCounterMode):
+        def __init__(self):
+            super().__init__(display=False, custom_mapping=_extra_formulas())
+            self.calls: Counter = Counter()
+
+        def _count_flops(self, func_packet, out, args, kwargs):  # private hook, stable since torch 2.1
+            self.calls[func_packet] += 1
+            return super()._count_flops(func_packet, out, args, kwargs)
+
+    return CallCountingFlopCounter()
+
+
+def _op_name(packet) -> str:
+    name = getattr(packet, "__name__", None) or str(packet)
+    return str(packet).replace("aten.", "") if "aten." in str(packet) else name
+
+
+def _module_flops(counts: dict, root_prefix: str) -> dict[str, int]:
+    out = {}
+    for key, ops in counts.items():
+        if key == "Global":
+            continue
+        name = key[len(root_prefix) + 1:] if key.startswith(root_prefix + ".") else ("" if key == root_prefix else key)
+        out[name] = sum(ops.values())
+    return out
+
+
+def _add_containers(model, flops: dict[str, int]) -> None:
+    """ModuleList/ModuleDict never run forward themselves: give them their children's sum."""
+    from .summary import CONTAINERS
+
+    for name, mod in reversed(list(model.named_modules())):
+        if name and type(mod).__name__ in CONTAINERS and name not in flops:
+            flops[name] = sum(flops.get(f"{name}.{child}", 0) for child, _ in mod.named_children())
+
+
+def _snapshot(counter):
+    return {k: dict(v) for k, v in counter.get_flop_counts().items()}, Counter(counter.calls)
+
+
+def run(model, inputs, opts: Options | None = None) -> Result:
+    opts = opts or Options()
+    if opts.engine == "fvcore":
+        return run_fvcore(model, inputs, opts)
+    if opts.engine != "torch":
+        raise UsageError(f"unknown engine '{opts.engine}'", hint="choose torch (default) or fvcore")
+    import torch
+
+    from ..core.tracking import ModuleTracker
+
+    counter = _counter()
+    tracker = ModuleTracker(model, record_shapes=False)
+    result = Result("flops", header={"engine": "torch.utils.flop_counter (dispatch level)",
+                                     "convention": "1 MAC = 2 FLOPs; MACs = FLOPs / 2"})
+    with leave_no_trace(model):
+        model.eval()  # eval: BatchNorm running stats stay as they are, dropout off
+        torch.backends.mha.set_fastpath_enabled(False)  # fused MHA hides its projections from counters
+        grad = opts.backward
+        try:
+            with counter, tracker, torch.set_grad_enabled(grad):
+                out = inputs.call(model)
+                fwd_counts, fwd_calls = _snapshot(counter)
+                if grad:
+                    loss = opts.loss(out)
+                    params = [p for p in model.parameters() if p.requires_grad]
+                    if not params:
+                        raise UsageError("--backward: the model has no trainable parameters")
+                    if not loss.requires_grad:
+                        raise UsageError("--backward: the loss does not depend on any trainable parameter")
+                    torch.autograd.grad(loss, params, allow_unused=True)
+        except (UsageError, ModelError):
+            raise
+        except Exception as exc:
+            phase = "backward" if grad and tracker.failing is None else "forward"
+            raise forward_error(exc, tracker if phase == "forward" else None, phase) from exc
+    total_counts, total_calls = _snapshot(counter)
+    root = type(model).__name__
+    fwd_total = sum(fwd_counts.get("Global", {}).values())
+    all_total = sum(total_counts.get("Global", {}).values())
+    bwd_total = all_total - fwd_total if grad else None
+    if grad:
+        result.header["loss"] = opts.loss.describe()
+
+    # per module, in definition order, to --depth
+    fwd_mod = _module_flops(fwd_counts, root)
+    all_mod = _module_flops(total_counts, root)
+    _add_containers(model, fwd_mod)
+    _add_containers(model, all_mod)
+    rows = []
+    for name, mod in model.named_modules():
+        if not name or name.count(".") + 1 > opts.depth:
+            continue
+        f = fwd_mod.get(name, 0)
+        row = {"name": name, "type": type(mod).__name__, "flops": f, "macs": f // 2,
+               "share": (f / fwd_total) if fwd_total else 0.0,
+               "_label": "  " * name.count(".") + name.rsplit(".", 1)[-1] if "." in name else name}
+        if grad:
+            row["backward_flops"] = all_mod.get(name, 0) - f
+        rows.append(row)
+    mod_cols = [Column("_label", "module"), Column("type", "type"), Column("flops", "forward FLOPs", "flops"),
+                Column("macs", "forward MACs", "flops"), Column("share", "share", "pct")]
+    if grad:
+        mod_cols.append(Column("backward_flops", "backward FLOPs", "flops"))
+    result.tables.append(Table("modules", "FLOPs per module", mod_cols, rows,
+                               note=f"depth ≤ {opts.depth}; a module's count includes its submodules"))
+
+    # per operator
+    fwd_ops = fwd_counts.get("Global", {})
+    all_ops = total_counts.get("Global", {})
+    op_rows = []
+    for packet in set(all_ops) | set(fwd_ops):
+        f = fwd_ops.get(packet, 0)
+        row = {"op": _op_name(packet), "flops": f, "calls": fwd_calls.get(packet, 0)}
+        if grad:
+            row["backward_flops"] = all_ops.get(packet, 0) - f
+            row["backward_calls"] = total_calls.get(packet, 0) - fwd_calls.get(packet, 0)
+        op_rows.append(row)
+    op_rows.sort(key=lambda r: -(r["flops"] + r.get("backward_flops", 0)))
+    op_cols = [Column("op", "operator"), Column("calls", "calls", "count"), Column("flops", "forward FLOPs", "flops")]
+    if grad:
+        op_cols += [Column("backward_calls", "bwd calls", "count"), Column("backward_flops", "backward FLOPs", "flops")]
+    result.tables.append(Table("operators", "FLOPs per operator", op_cols, op_rows))
+
+    # every op that ran without a formula, with its call count
+    registry = counter.flop_registry
+    uncounted = []
+    for packet, calls in total_calls.items():
+        if packet in registry:
+            continue
+        name = _op_name(packet)
+        uncounted.append({"op": name, "calls": calls, "kind": op_kind(name)})
+    uncounted.sort(key=lambda r: (not r["kind"].startswith("COMPUTE"), r["kind"], -r["calls"]))
+    result.tables.append(Table("uncounted_ops", "Ops that ran without a FLOP formula (counted as 0)", [
+        Column("op", "operator"), Column("calls", "calls", "count"), Column("kind", "kind")], uncounted,
+        show=bool(uncounted), limit=12))
+    for r in uncounted:
+        if r["kind"].startswith("COMPUTE"):
+            result.add("unsupported-op", "warning", r["op"],
+                       f"{r['op']} ran {r['calls']}× with no FLOP formula: the total is low by its cost",
+                       hint="please report the op so torchdiag can add a formula")
+
+    result.data.update({
+        "engine": "torch", "forward_flops": fwd_total, "forward_macs": fwd_total // 2,
+        "backward_flops": bwd_total, "backward_macs": None if bwd_total is None else bwd_total // 2,
+        "params": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
+    })
+    result.summary += [("Forward", f"{_si(fwd_total)}FLOPs = {_si(fwd_total // 2)}MACs ({fwd_total:,} FLOPs)")]
+    if grad:
+        result.summary.append(("Backward", f"{_si(bwd_total)}FLOPs ({bwd_total:,}); forward+backward {_si(all_total)}FLOPs"))
+    n_unc = sum(r["calls"] for r in uncounted)
+    result.summary.append(("Not counted", f"{len(uncounted)} op type(s), {n_unc:,} call(s) (table above; "
+                                          "elementwise, normalisation and pooling are not counted by convention)"))
+    result.notes.append("published model tables (e.g. torchvision 'GFLOPS') are MACs of conv/matmul/attention at batch 1")
+    return result
+
+
+def _si(n) -> str:
+    from ..render.fmt import si
+
+    return si(n) + " " if n < 1000 else si(n)
+
+
+def run_fvcore(model, inputs, opts: Options) -> Result:
+    """fvcore's jit-traced count, labelled honestly: fvcore's "flops" are MACs."""
+    import logging
+    import warnings
+
+    import torch
+
+    if inputs.kwargs:
+        raise UsageError("--engine fvcore traces positional inputs only; this model takes keyword inputs",
+                         hint="use the default engine (torch), which handles keyword inputs")
+    if opts.backward:
+        raise UsageError("--engine fvcore counts the forward pass only", hint="drop --backward or use --engine torch")
+    from fvcore.nn import FlopCountAnalysis
+
+    result = Result("flops", header={"engine": "fvcore (torch.jit.trace)",
+                                     "convention": "fvcore counts one multiply-add as one 'flop': its number is MACs; FLOPs = 2 × MACs"})
+    with leave_no_trace(model), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.eval()
+        logging.getLogger("fvcore").setLevel(logging.ERROR)
+        try:
+            with torch.no_grad():
+                analysis = FlopCountAnalysis(model, tuple(inputs.args))
+                analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
+                macs = int(analysis.total())
+                by_module = analysis.by_module()
+                by_op = analysis.by_operator()
+                unsupported = analysis.unsupported_ops()
+        except Exception as exc:
+            raise UsageError(f"fvcore could not trace this model: {one_line(exc)}",
+                             hint="the default engine (torch) counts at dispatch level and handles dict outputs, kwargs and control flow") from exc
+    rows = []
+    for name, mod in model.named_modules():
+        if not name or name.count(".") + 1 > opts.depth:
+            continue
+        m = int(by_module.get(name, 0))
+        rows.append({"name": name, "type": type(mod).__name__, "flops": 2 * m, "macs": m,
+                     "share": m / macs if macs else 0.0,
+                     "_label": "  " * name.count(".") + name.rsplit(".", 1)[-1] if "." in name else name})
+    result.tables.append(Table("modules", "FLOPs per module (fvcore)", [
+        Column("_label", "module"), Column("type", "type"), Column("flops", "forward FLOPs", "flops"),
+        Column("macs", "forward MACs", "flops"), Column("share", "share", "pct")], rows))
+    op_rows = sorted(({"op": k, "flops": 2 * int(v), "macs": int(v), "calls": None} for k, v in by_op.items()),
+                     key=lambda r: -r["flops"])
+    result.tables.append(Table("operators", "FLOPs per operator (fvcore handle names)", [
+        Column("op", "operator"), Column("flops", "forward FLOPs", "flops"), Column("macs", "MACs", "flops")], op_rows))
+    unc = [{"op": k, "calls": int(v), "kind": op_kind(k.replace("aten::", ""))} for k, v in sorted(unsupported.items())]
+    result.tables.append(Table("uncounted_ops", "Ops fvcore skipped (unsupported)", [
+        Column("op", "operator"), Column("calls", "calls", "count"), Column("kind", "kind")], unc, show=bool(unc)))
+    for r in unc:
+        if r["kind"].startswith("COMPUTE"):
+            result.add("unsupported-op", "warning", r["op"], f"fvcore has no handle for {r['op']} ({r['calls']}×): its total is low")
+    deprecations = sorted({str(w.message).splitlines()[0][:120] for w in caught
+                           if issubclass(w.category, (DeprecationWarning, FutureWarning, UserWarning)) and "jit" in str(w.message).lower()})
+    for d in deprecations[:3]:
+        result.notes.append(f"fvcore/torch.jit warned: {d}")
+    result.notes.append("fvcore counts normalisation and pooling layers too, so CNN totals run above published tables")
+    result.data.update({"engine": "fvcore", "forward_flops": 2 * macs, "forward_macs": macs,
+                        "backward_flops": None, "backward_macs": None})
+    result.summary.append(("Forward", f"{_si(2 * macs)}FLOPs = {_si(macs)}MACs (fvcore total {macs:,})"))
+    return result
