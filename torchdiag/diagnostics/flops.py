@@ -4,6 +4,8 @@ Default engine: torch's dispatch-level counter (torch.utils.flop_counter), corre
 count does not depend on the device:
 - the CPU attention kernel `_scaled_dot_product_flash_attention_for_cpu` (and its backward)
   has no formula upstream, so attention counted 0 on CPU; we give it the SDPA formula;
+- attention backward is counted as the math path's four matmuls on every device (the fused
+  kernels' recomputation of the scores, which upstream counts, is not counted);
 - the fused nn.MultiheadAttention / TransformerEncoderLayer fast path (`_native_multi_head_attention`,
   taken under no_grad) hides the projections; we switch the fast path off while counting.
 Every op that ran without a formula is listed with its call count. 1 MAC = 2 FLOPs; every
@@ -63,13 +65,18 @@ def _extra_formulas():
     def cpu_flash(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
         return fc.sdpa_flop_count(query_shape, key_shape, value_shape)
 
-    def cpu_flash_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-        return fc.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+    def attention_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        # The math path's four matmuls (dV, dP, dQ, dK) = 2 × forward. Upstream counts a fifth
+        # for the fused kernels' recomputation of the scores; meta and the math backend do not
+        # recompute, so counting it would make the number depend on the device.
+        return 2 * fc.sdpa_flop_count(query_shape, key_shape, value_shape)
 
     if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
         extra[aten._scaled_dot_product_flash_attention_for_cpu] = cpu_flash
-    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
-        extra[aten._scaled_dot_product_flash_attention_for_cpu_backward] = cpu_flash_backward
+    for name in ("_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_flash_attention_backward",
+                 "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_cudnn_attention_backward"):
+        if hasattr(aten, name):
+            extra[getattr(aten, name)] = attention_backward
     return extra
 
 

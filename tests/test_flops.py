@@ -1,0 +1,155 @@
+"""flops: closed-form counts for Linear, Conv2d, matmul and attention; CPU == meta; published tables."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conftest import load, sample
+
+from torchdiag.core.inputs import ModelInputs
+from torchdiag.core.loss import Loss
+from torchdiag.diagnostics import flops
+
+
+def count(model, *args, backward=False, **kw):
+    opts = flops.Options(backward=backward, loss=Loss("sum") if backward else None, **kw)
+    return flops.run(model, ModelInputs(tuple(args)), opts)
+
+
+def test_linear_closed_form(untouched):
+    model = nn.Sequential(nn.Linear(20, 30), nn.ReLU(), nn.Linear(30, 5))
+    x = torch.randn(8, 20)
+    with untouched(model):
+        r = count(model, x)
+    macs = 8 * (20 * 30 + 30 * 5)
+    assert r.data["forward_macs"] == macs and r.data["forward_flops"] == 2 * macs
+    mods = {row["name"]: row["flops"] for row in r.table("modules").rows}
+    assert mods == {"0": 2 * 8 * 20 * 30, "1": 0, "2": 2 * 8 * 30 * 5}
+
+
+def test_linear_counts_sequence_dimension():
+    # torchinfo 1.8.0 ignores the sequence dim for Linear; the truth includes it
+    r = count(nn.Linear(16, 32), torch.randn(2, 50, 16))
+    assert r.data["forward_macs"] == 2 * 50 * 16 * 32
+
+
+def test_conv2d_closed_form():
+    conv = nn.Conv2d(3, 8, kernel_size=3, stride=2, padding=1)
+    r = count(conv, torch.randn(4, 3, 32, 32))
+    h = w = 16
+    assert r.data["forward_macs"] == 4 * 8 * h * w * 3 * 3 * 3
+
+
+class MatMul(nn.Module):
+    def forward(self, a, b):
+        return torch.matmul(a, b)
+
+
+def test_matmul_closed_form():
+    r = count(MatMul(), torch.randn(3, 7, 11), torch.randn(11, 5))
+    assert r.data["forward_macs"] == 3 * 7 * 11 * 5
+
+
+class SDPA(nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_attention_closed_form_on_cpu_and_meta(device):
+    b, h, l, s, d = 2, 4, 9, 13, 8
+    q, k, v = (torch.randn(b, h, n, d, device=device) for n in (l, s, s))
+    r = count(SDPA(), q, k, v)
+    # QK^T and AV: two batched matmuls of B*H*L*S*d MACs each
+    assert r.data["forward_macs"] == 2 * b * h * l * s * d
+
+
+def test_cpu_equals_meta_for_transformers_including_backward():
+    for name in ("transformer_lm.py:build", "vit.py:build"):
+        results = {}
+        for device in ("cpu", "meta"):
+            model, inputs = load(name, device=device)
+            r = flops.run(model, inputs, flops.Options(backward=True, loss=Loss("sum")))
+            results[device] = (r.data["forward_flops"], r.data["backward_flops"])
+        assert results["cpu"] == results["meta"], name
+        assert results["cpu"][1] > results["cpu"][0]
+
+
+def test_multihead_attention_fast_path_is_counted():
+    dim, heads, b, t = 32, 4, 2, 10
+    mha = nn.MultiheadAttention(dim, heads, batch_first=True).eval()
+
+    class Wrap(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha = mha
+
+        def forward(self, x):
+            return self.mha(x, x, x, need_weights=False)[0]
+
+    r = count(Wrap(), torch.randn(b, t, dim))
+    proj = b * t * dim * 3 * dim + b * t * dim * dim
+    attn = 2 * b * t * t * dim
+    assert r.data["forward_macs"] == proj + attn
+    assert torch.backends.mha.get_fastpath_enabled()  # restored
+
+
+def test_backward_is_measured_twice_forward_for_linear():
+    # dL/dW and dL/dX: two matmuls of the forward's size (the first layer needs no dX)
+    model = nn.Sequential(nn.Linear(10, 20), nn.Linear(20, 3))
+    r = count(model, torch.randn(4, 10), backward=True)
+    assert r.data["backward_macs"] == 4 * 10 * 20 + 2 * 4 * 20 * 3
+
+
+def test_published_tables_resnet50_and_vit_b16():
+    model, _ = load("resnet.py:resnet50", device="meta")
+    r = count(model, torch.empty(1, 3, 224, 224, device="meta"))
+    assert round(r.data["forward_macs"] / 1e9, 3) == 4.089
+    model, _ = load("vit.py:vit_b_16", device="meta")
+    r = count(model, torch.empty(1, 3, 224, 224, device="meta"))
+    assert round(r.data["forward_macs"] / 1e9, 3) == 17.564
+
+
+def test_7b_llama_hand_count_on_meta():
+    model, _ = load("llama.py:build", "size='7b'", device="meta")
+    t, dim, hidden, layers, vocab = 128, 4096, 11008, 32, 32000
+    r = count(model, torch.empty(1, t, dtype=torch.int64, device="meta"))
+    per_token = layers * (4 * dim * dim + 3 * dim * hidden) + dim * vocab
+    attention = layers * 2 * t * t * dim
+    assert r.data["forward_macs"] == t * per_token + attention
+
+
+def test_uncounted_ops_listed_with_calls():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.LayerNorm(4))
+    r = count(model, torch.randn(2, 4))
+    unc = {row["op"].split(".")[0]: row for row in r.table("uncounted_ops").rows}
+    assert unc["relu"]["calls"] == 1 and unc["native_layer_norm"]["calls"] == 1
+    assert unc["relu"]["kind"] == "not counted by convention"
+
+
+def test_fvcore_engine_reports_macs_and_unsupported(cli):
+    res = cli("flops", sample("cnn.py:build"), "-i", "1x3x32x32", "--engine", "fvcore", "--json")
+    assert res.code == 0, res.stderr
+    doc = res.json
+    conv = 16 * 32 * 32 * 3 * 9 + 32 * 16 * 16 * 16 * 9
+    fc = 32 * 8 * 8 * 10
+    assert doc["engine"] == "fvcore" and doc["forward_macs"] == conv + fc
+    assert doc["forward_flops"] == 2 * doc["forward_macs"]
+    torch_doc = cli("flops", sample("cnn.py:build"), "-i", "1x3x32x32", "--json").json
+    assert torch_doc["forward_macs"] == conv + fc
+
+
+def test_fvcore_cannot_trace_dict_kwargs_model(cli):
+    res = cli("flops", sample("transformer_lm.py:build"), "--engine", "fvcore")
+    assert res.code == 2 and "keyword inputs" in res.stderr
+
+
+def test_cli_json_keys(cli):
+    res = cli("flops", sample("mlp.py:build"), "--backward", "--json")
+    assert res.code == 0, res.stderr
+    doc = res.json
+    for key in ("engine", "forward_flops", "forward_macs", "backward_flops", "modules", "operators", "uncounted_ops"):
+        assert key in doc
+    assert doc["loss"].startswith("cross_entropy")
+    assert {"op", "flops", "calls"} <= set(doc["operators"][0])
+    assert cli("flops", sample("mlp.py:build"), "--json").json["backward_flops"] is None

@@ -1,0 +1,118 @@
+"""summary: closed-form parameter counts, ties counted once, uncalled modules listed, model untouched."""
+import torch
+from torch import nn
+
+from conftest import load, sample
+
+from torchdiag.diagnostics import summary
+
+
+def linear_params(i, o, bias=True):
+    return i * o + (o if bias else 0)
+
+
+def lm_params(vocab=1000, dim=64, layers=2, context=64):
+    block = 2 * (2 * dim) + linear_params(dim, 3 * dim) + linear_params(dim, dim) \
+        + linear_params(dim, 4 * dim) + linear_params(4 * dim, dim)
+    return vocab * dim + context * dim + layers * block + 2 * dim  # lm_head is tied to tok
+
+
+def test_mlp_closed_form(untouched):
+    model, inputs = load("mlp.py:build")
+    with untouched(model):
+        r = summary.run(model, inputs)
+    expect = linear_params(784, 256) + linear_params(256, 128) + linear_params(128, 10)
+    assert r.data["total_params"] == expect == 235_146
+    assert r.data["param_bytes"] == 4 * expect
+    rows = {row["name"]: row for row in r.table("layers").rows}
+    assert rows["0"]["output_shape"] == "16x256" and rows["0"]["params"] == linear_params(784, 256)
+    assert rows["4"]["output_shape"] == "16x10" and rows["1"]["params"] == 0
+
+
+def test_tied_embedding_counted_once_and_shown(untouched):
+    model, inputs = load("transformer_lm.py:build")
+    with untouched(model):
+        r = summary.run(model, inputs)
+    assert r.data["total_params"] == lm_params() == 168_192
+    assert r.data["shared"] == [["tok.weight", "lm_head.weight"]]
+    # torchinfo 1.8.0 counts the tie twice; we report its number and correct it
+    assert r.data["torchinfo_total_params"] == lm_params() + 1000 * 64
+    assert any("torchinfo 1.8.0 reports 232,192" in n for n in r.notes)
+    assert r.data["output_shape"] == "{logits: 4x32x1000, loss: scalar}"
+
+
+def test_frozen_and_uncalled(untouched):
+    from torchdiag.core.inputs import resolve_inputs
+    from torchdiag.core.loading import load_model
+
+    loaded = load_model(sample("two_input.py:build"), [], torch.device("cpu"))
+    inputs = resolve_inputs(["4x3x16x16", "4x12"], loaded, torch.device("cpu"))
+    model = loaded.model
+    with untouched(model):
+        r = summary.run(model, inputs, summary.Options(depth=2))
+    frozen = linear_params(12, 8)
+    total = (3 * 8 * 9 + 8) + frozen + linear_params(16, 3) + linear_params(16, 2)
+    assert r.data["total_params"] == total
+    assert r.data["frozen_params"] == frozen and r.data["trainable_params"] == total - frozen
+    assert r.data["uncalled"] == ["aux_head"]
+    rows = {row["name"]: row for row in r.table("layers").rows}
+    assert rows["aux_head"]["output_shape"] == "(not called)" and rows["aux_head"]["params"] == 34
+    assert rows["table"]["trainable"] == "no"
+
+
+def test_batchnorm_stats_and_mode_untouched(untouched):
+    model, inputs = load("resnet.py:build")
+    model.train()
+    with untouched(model):
+        summary.run(model, inputs)
+    assert model.training
+
+
+def test_resnet50_matches_published_count():
+    model, _ = load("resnet.py:resnet50", device="meta")
+    r = summary.run(model, _meta_inputs((1, 3, 224, 224)))
+    assert r.data["total_params"] == 25_557_032
+
+
+def _meta_inputs(shape, dtype=torch.float32):
+    from torchdiag.core.inputs import ModelInputs
+
+    return ModelInputs((torch.empty(shape, dtype=dtype, device="meta"),), {}, "test")
+
+
+def test_buffer_bytes_by_dtype():
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)).to(torch.float64)
+    from torchdiag.core.inputs import ModelInputs
+
+    r = summary.run(model, ModelInputs((torch.randn(2, 3, dtype=torch.float64),)))
+    (row,) = r.table("bytes_by_dtype").rows[:1]
+    assert row["dtype"] == "float64" and row["params"] == 16 + 8 and row["param_bytes"] == 8 * 24
+    # running_mean, running_var (float64) + num_batches_tracked (int64)
+    assert r.data["buffer_bytes"] == 8 * 4 + 8 * 4 + 8
+
+
+def test_7b_llama_on_meta(cli):
+    res = cli("summary", sample("llama.py:build"), "--arg", "size='7b'", "--device", "meta",
+              "-i", "1x64:int64", "--depth", "1", "--json")
+    assert res.code == 0, res.stderr
+    doc = res.json
+    assert doc["total_params"] == 6_738_415_616 and doc["device"] == "meta"
+    assert doc["built_on_meta_via"] == "parameters moved to meta as registered"
+
+
+def test_cli_json_keys_and_table(cli):
+    res = cli("summary", sample("cnn.py:build"), "--json")
+    assert res.code == 0
+    doc = res.json
+    for key in ("total_params", "trainable_params", "frozen_params", "param_bytes", "layers", "shared", "uncalled"):
+        assert key in doc
+    assert {"name", "type", "output_shape", "params"} <= set(doc["layers"][0])
+    text = cli("summary", sample("cnn.py:build"))
+    assert text.code == 0 and "Total params" in text.stdout and "25,578" in text.stdout
+
+
+def test_forward_failure_shows_rows_that_ran(cli):
+    res = cli("summary", sample("broken_shape.py:build"))
+    assert res.code == 3
+    assert "Modules that ran before the error" in res.stdout and "(raised)" in res.stdout
+    assert "forward failed in 2.0 (Linear)" in res.stderr
