@@ -1,0 +1,345 @@
+"""activations: what every module produces in one forward pass (eval mode, no grad).
+
+Per module: output shape, mean, std, min, max, fraction of exact zeros, fraction saturated (for
+bounded activations: Sigmoid/Hardsigmoid within `eps` of 0 or 1, Tanh/Softsign within `eps` of
+±1, Hardtanh/ReLU6 at their clip values; other modules have no saturation and show "—"). A module
+called several times is pooled over its calls. Statistics are computed in float64 inside the
+forward hook, so no output is kept unless a picture of it was asked for.
+
+Pictures (`--layer NAME`, `--images DIR`, `--tb DIR`): a grid of the layer's feature maps for
+sample 0 (one tile per channel, each min-max scaled), and for conv layers a grid of the filters
+(first-layer RGB filters in colour, one tile per output filter; otherwise one gray tile per
+(output, input) channel pair)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..core.guard import leave_no_trace
+from ..core.tracking import ModuleTracker, forward_error
+from ..errors import UsageError
+from ..results import Column, Result, Table
+
+MAX_MAPS = 64          # feature-map tiles per layer
+MAX_FILTER_TILES = 256
+HIST_SAMPLES = 200_000  # values per module kept for TensorBoard histograms
+
+
+@dataclass
+class Options:
+    layers: list[str] = field(default_factory=list)
+    images: str | None = None      # folder for PNGs
+    tb: bool = False               # also fill result.histograms / result.images
+    eps: float = 0.01              # saturation margin
+    depth: int = 100
+
+
+@dataclass
+class Stats:
+    name: str
+    type: str
+    shape: str = ""
+    dtype: str = ""
+    calls: int = 0
+    n: int = 0
+    total: float = 0.0
+    total_sq: float = 0.0
+    lo: float = math.inf
+    hi: float = -math.inf
+    zeros: int = 0
+    saturated: int | None = None
+    nonfinite: int = 0
+    values: list = field(default_factory=list)
+
+
+def saturation_bounds(module, eps: float):
+    """(low, high) thresholds for a bounded activation, or None. A value ≤ low or ≥ high is saturated."""
+    from torch import nn
+
+    if isinstance(module, (nn.Sigmoid, nn.Hardsigmoid)):
+        return eps, 1 - eps
+    if isinstance(module, (nn.Tanh, nn.Softsign)):
+        return -1 + eps, 1 - eps
+    if isinstance(module, nn.ReLU6):
+        return 0.0, 6.0
+    if isinstance(module, nn.Hardtanh):
+        return module.min_val, module.max_val
+    return None
+
+
+def first_tensor(out):
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)):
+        for x in out:
+            t = first_tensor(x)
+            if t is not None:
+                return t
+    if isinstance(out, dict):
+        for x in out.values():
+            t = first_tensor(x)
+            if t is not None:
+                return t
+    return None
+
+
+class Recorder:
+    def __init__(self, model, opts: Options, keep: set[str]):
+        self.model, self.opts, self.keep = model, opts, keep
+        self.stats: dict[str, Stats] = {}
+        self.kept: dict[str, object] = {}   # name -> first output (detached, cpu) for pictures
+        self.order: list[str] = []
+        self._handles = []
+
+    def __enter__(self):
+        seen = set()
+        for name, mod in self.model.named_modules():
+            if id(mod) in seen:
+                continue
+            seen.add(id(mod))
+            self._handles.append(mod.register_forward_hook(self._hook(name or "(model)", mod)))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        return False
+
+    def _hook(self, name, mod):
+        bounds = saturation_bounds(mod, self.opts.eps)
+
+        def hook(module, args, output):
+            import torch
+
+            t = first_tensor(output)
+            if t is None or not t.is_floating_point() or t.device.type == "meta":
+                return
+            s = self.stats.get(name)
+            if s is None:
+                s = self.stats[name] = Stats(name, type(module).__name__, "x".join(map(str, t.shape)),
+                                             str(t.dtype).replace("torch.", ""))
+                self.order.append(name)
+            x = t.detach()
+            s.calls += 1
+            if x.numel() == 0:
+                return
+            finite = torch.isfinite(x)
+            nf = int((~finite).sum())
+            s.nonfinite += nf
+            xf = x[finite].double() if nf else x.double()
+            s.n += xf.numel()
+            if xf.numel():
+                s.total += float(xf.sum())
+                s.total_sq += float((xf * xf).sum())
+                s.lo = min(s.lo, float(xf.min()))
+                s.hi = max(s.hi, float(xf.max()))
+            s.zeros += int((x == 0).sum())
+            if bounds is not None:
+                lo, hi = bounds
+                s.saturated = (s.saturated or 0) + int(((xf <= lo) | (xf >= hi)).sum())
+            if self.opts.tb and len(s.values) == 0 and xf.numel():
+                flat = xf.flatten()
+                step = max(1, flat.numel() // HIST_SAMPLES)
+                s.values.append(flat[::step].float().cpu().numpy())
+            if name in self.keep and name not in self.kept:
+                self.kept[name] = x.float().cpu()
+
+        return hook
+
+
+def _resolve_layers(model, names: list[str]) -> list[str]:
+    import difflib
+
+    known = dict(model.named_modules())
+    out = []
+    for n in names:
+        if n not in known:
+            close = difflib.get_close_matches(n, [k for k in known if k], n=3, cutoff=0.5)
+            raise UsageError(f"no module named '{n}' in the model",
+                             hint=(f"did you mean {', '.join(close)}? " if close else "") +
+                             "module names are the paths printed by `torchdiag summary` (e.g. features.0)")
+        out.append(n)
+    return out
+
+
+def default_layers(model) -> list[str]:
+    from torch import nn
+
+    return [n for n, m in model.named_modules() if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d))][:16]
+
+
+def row_of(s: Stats) -> dict:
+    n = s.n
+    mean = s.total / n if n else None
+    var = max(s.total_sq / n - mean * mean, 0.0) if n else None
+    count = n + s.nonfinite
+    return {
+        "name": s.name, "type": s.type, "shape": s.shape, "dtype": s.dtype, "calls": s.calls,
+        "mean": mean, "std": math.sqrt(var) if var is not None else None,
+        "min": s.lo if n else None, "max": s.hi if n else None,
+        "zero_fraction": s.zeros / count if count else None,
+        "saturated_fraction": (s.saturated / count if count else None) if s.saturated is not None else None,
+        "nonfinite": s.nonfinite, "elements": count,
+    }
+
+
+def feature_map_tiles(t):
+    """The picture of one layer output (sample 0): 4-D → one tile per channel (≤ MAX_MAPS),
+    5-D → middle depth slice per channel, 3-D → one tokens×features heatmap, 2-D → batch×features."""
+    from ..render import images as im
+
+    x = t.numpy()
+    if x.ndim == 5:
+        x = x[:, :, x.shape[2] // 2]
+    if x.ndim == 4:
+        maps = x[0][:MAX_MAPS]
+        h, w = maps.shape[-2:]
+        f = im.scale_for(h, w)
+        return [im.upscale(im.colorize(im.normalize01(m)), f) for m in maps], x.shape[1]
+    if x.ndim == 3:
+        a = x[0]
+    elif x.ndim == 2:
+        a = x
+    elif x.ndim == 1:
+        a = x[None, :]
+    else:
+        return [], 0
+    f = im.scale_for(*a.shape)
+    return [im.upscale(im.colorize(im.normalize01(a)), f)], 1
+
+
+def filter_tiles(weight):
+    """Conv filters as tiles: out×3×k×k → colour tiles (one per output filter, whole-tensor
+    symmetric scaling so colours compare); otherwise gray tiles per (out, in) pair."""
+    from ..render import images as im
+
+    np = __import__("numpy")
+    w = weight.detach().float().cpu().numpy()
+    if w.ndim == 5:
+        w = w[:, :, w.shape[2] // 2]
+    if w.ndim == 3:  # conv1d: out×in×k → out×in×1×k
+        w = w[:, :, None, :]
+    out_c, in_c, kh, kw = w.shape
+    f = im.scale_for(kh, kw, 24)
+    if in_c == 3:
+        m = float(np.abs(w).max()) or 1.0
+        tiles = [im.upscale(im.to_rgb_uint8(w[o].transpose(1, 2, 0) / (2 * m) + 0.5), f) for o in range(min(out_c, MAX_FILTER_TILES))]
+        return tiles, None, "rgb"
+    cols = min(in_c, 16)
+    rows = max(1, min(out_c, MAX_FILTER_TILES // cols))
+    m = float(np.abs(w).max()) or 1.0
+    tiles = [im.upscale(im.gray(w[o, i] / (2 * m) + 0.5), f) for o in range(rows) for i in range(cols)]
+    return tiles, cols, "gray"
+
+
+def run(model, inputs, opts: Options | None = None) -> Result:
+    import torch
+
+    opts = opts or Options()
+    result = Result("activations", header={"mode": "eval, no grad (one forward pass)"})
+    if any(t.device.type == "meta" for _, t in inputs.tensors()) or any(p.device.type == "meta" for p in model.parameters()):
+        raise UsageError("activations needs real values; the meta device has none", hint="use --device cpu or cuda")
+    pictures = bool(opts.images) or opts.tb
+    layers = _resolve_layers(model, opts.layers) if opts.layers else (default_layers(model) if pictures else [])
+    keep = set(layers)
+    tracker = ModuleTracker(model, record_shapes=False)
+    rec = Recorder(model, opts, keep)
+    with leave_no_trace(model):
+        model.eval()
+        with torch.no_grad(), tracker, rec:
+            try:
+                inputs.call(model)
+            except Exception as exc:
+                raise forward_error(exc, tracker) from exc
+
+    rows = [row_of(rec.stats[n]) for n in rec.order]
+    for r in rows:
+        r["_label"] = r["name"]
+        if r["nonfinite"]:
+            r["_style"] = "red"
+    _findings(result, rows, opts)
+    cols = [Column("_label", "module"), Column("type", "type"), Column("shape", "output shape"),
+            Column("mean", "mean", "float"), Column("std", "std", "float"), Column("min", "min", "float"),
+            Column("max", "max", "float"), Column("zero_fraction", "zeros", "pct"),
+            Column("saturated_fraction", "saturated", "pct")]
+    result.tables.append(Table("modules", "Module outputs (execution order)", cols, rows,
+                               note=f"zeros: exact 0.0; saturated: bounded activations within {opts.eps} of their limits "
+                                    "(Sigmoid, Tanh, Softsign, Hardtanh, ReLU6); — = not a bounded activation"))
+    result.data["modules_recorded"] = len(rows)
+    result.data["eps"] = opts.eps
+    if opts.tb:
+        for n in rec.order:
+            vals = rec.stats[n].values
+            if vals:
+                result.histograms[f"activations/{n}"] = vals[0]
+
+    written = []
+    for name in layers if pictures else []:
+        if name not in rec.kept:
+            result.notes.append(f"layer {name} did not run in forward (or gave no float tensor): no picture")
+            continue
+        written += _pictures(model, name, rec.kept[name], opts, result)
+    result.data["layers"] = layers
+    result.data["images"] = written
+    if written:
+        result.summary.append(("Pictures", f"{len(written)} PNG file(s) in {opts.images}"))
+    elif layers and not pictures:
+        result.notes.append("pass --images DIR (or --tb DIR) to write feature-map and filter pictures")
+    result.summary.append(("Modules recorded", str(len(rows))))
+    return result
+
+
+def _pictures(model, name, output, opts, result) -> list[dict]:
+    from pathlib import Path
+
+    from torch import nn
+
+    from ..render import images as im
+
+    out = []
+    tiles, channels = feature_map_tiles(output)
+    if tiles:
+        grid = im.tile(tiles)
+        tag = f"activations/{name}/feature_maps"
+        if opts.tb:
+            result.images[tag] = grid
+        entry = {"layer": name, "kind": "feature_maps", "tiles": len(tiles), "channels": channels,
+                 "height": grid.shape[0], "width": grid.shape[1]}
+        if opts.images:
+            entry["path"] = str(im.save_png(grid, Path(opts.images) / f"{im.safe_name(name)}_features.png"))
+        out.append(entry)
+        if channels > len(tiles) and output.dim() >= 4:
+            result.notes.append(f"{name}: first {len(tiles)} of {channels} channels shown")
+    mod = model.get_submodule(name)
+    if isinstance(mod, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+        ftiles, cols, kind = filter_tiles(mod.weight)
+        grid = im.tile(ftiles, cols)
+        if opts.tb:
+            result.images[f"activations/{name}/filters"] = grid
+        entry = {"layer": name, "kind": f"filters_{kind}", "tiles": len(ftiles),
+                 "height": grid.shape[0], "width": grid.shape[1]}
+        if opts.images:
+            entry["path"] = str(im.save_png(grid, Path(opts.images) / f"{im.safe_name(name)}_filters.png"))
+        out.append(entry)
+    return out
+
+
+def _findings(result, rows, opts) -> None:
+    for r in rows:
+        if r["nonfinite"]:
+            result.add("non-finite-activation", "error", r["name"],
+                       f"{r['nonfinite']:,} of {r['elements']:,} output values are NaN or Inf",
+                       hint="run `torchdiag nancheck` to find the first module that produced them")
+    leafy = [r for r in rows if r["name"] != "(model)"]
+    for r in leafy:
+        if r["zero_fraction"] is not None and r["zero_fraction"] >= 0.99 and r["elements"] >= 16:
+            result.add("dead-activations", "warning", r["name"],
+                       f"{r['zero_fraction']:.1%} of the output values are exactly zero",
+                       hint="dead ReLUs: check the initialisation, learning rate, or use LeakyReLU/GELU")
+        if r["saturated_fraction"] is not None and r["saturated_fraction"] >= 0.5:
+            result.add("saturated-activations", "warning", r["name"],
+                       f"{r['saturated_fraction']:.1%} of the output values are saturated (within {opts.eps} of the limits)",
+                       hint="gradients vanish through saturated units: normalise the inputs or rescale the preceding layer")

@@ -1,0 +1,336 @@
+"""gradcheck: are the analytical gradients of the user's own autograd code right?
+
+TARGET names a `torch.autograd.Function` subclass (checked through `.apply`), an `nn.Module`
+(a class, built with --arg; its parameters are checked too, through torch.func.functional_call)
+or a plain function. Everything runs in float64 on small random inputs.
+
+Two independent checks, both must pass:
+- torch.autograd.gradcheck / gradgradcheck (the reference implementation, its message kept);
+- our own per-input comparison, which tells *where*: the full analytical Jacobian (one backward
+  per output element) against central differences f(x+eps)-f(x-eps) / 2eps, per input; an entry
+  fails when |analytical - numerical| > atol + rtol·|numerical| (torch's rule). The worst entry
+  names the input, its element (index into the input) and the output element.
+Second order (`--second-order`) checks the gradient function g(x) = vjp(f, x, v) (fixed random v,
+create_graph=True) the same way."""
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import ModelError, UsageError, one_line
+from ..results import Column, Result, Table
+
+
+@dataclass
+class Options:
+    second_order: bool = False
+    eps: float = 1e-6
+    atol: float = 1e-5
+    rtol: float = 1e-3
+    params: bool = True         # nn.Module targets: check parameters too
+    max_elements: int = 4096    # inputs+params numel cap (one forward per element, twice)
+
+
+@dataclass
+class Checked:
+    """What gradcheck differentiates: fn(*tensors) with names for every tensor."""
+    fn: Callable
+    tensors: list
+    names: list[str]
+    kind: str
+    label: str
+    extra: dict = field(default_factory=dict)
+
+
+def resolve_target(obj, kwargs: dict, label: str):
+    """(kind, callable or module) for a Function subclass, Module class/instance or function."""
+    import torch
+    from torch import nn
+
+    if inspect.isclass(obj) and issubclass(obj, torch.autograd.Function):
+        if kwargs:
+            raise UsageError(f"{label} is an autograd.Function: --arg does not apply")
+        return "autograd.Function", obj.apply
+    if inspect.isclass(obj) and issubclass(obj, nn.Module):
+        try:
+            return "nn.Module", obj(**kwargs)
+        except TypeError as exc:
+            raise UsageError(f"cannot build {label}: {one_line(exc)}", hint="pass constructor arguments with --arg key=value") from exc
+        except Exception as exc:
+            raise ModelError(f"building {label} raised {one_line(exc)}") from exc
+    if isinstance(obj, nn.Module):
+        return "nn.Module", obj
+    if callable(obj):
+        try:
+            sig = inspect.signature(obj)
+            required = [p for p in sig.parameters.values()
+                        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        except (TypeError, ValueError):
+            required = [None]
+        if not required or kwargs:
+            # a factory: build what it returns
+            try:
+                made = obj(**kwargs)
+            except Exception as exc:
+                raise ModelError(f"{label}() raised {one_line(exc)}") from exc
+            if isinstance(made, nn.Module):
+                return "nn.Module", made
+            if inspect.isclass(made) and issubclass(made, torch.autograd.Function):
+                return "autograd.Function", made.apply
+            raise UsageError(f"{label}() returned {type(made).__name__}; expected an nn.Module")
+        return "function", obj
+    raise UsageError(f"{label} is a {type(obj).__name__}, not an autograd.Function, nn.Module or function")
+
+
+def build(kind: str, target, inputs: list, input_names: list[str], opts: Options, label: str) -> Checked:
+    import torch
+
+    diff = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if kind != "nn.Module":
+        fixed = list(inputs)
+
+        def fn(*ts):
+            args = list(fixed)
+            for i, t in zip(diff, ts):
+                args[i] = t
+            return target(*args)
+
+        return Checked(fn, [inputs[i] for i in diff], [input_names[i] for i in diff], kind, label)
+
+    module = copy.deepcopy(target).double()
+    pnames, pvals = [], []
+    if opts.params:
+        for n, p in module.named_parameters():
+            if p.requires_grad:
+                pnames.append(n)
+                pvals.append(p.detach().clone())
+    fixed = list(inputs)
+    nd = len(diff)
+
+    def fn(*ts):
+        from torch.func import functional_call
+
+        args = list(fixed)
+        for i, t in zip(diff, ts[:nd]):
+            args[i] = t
+        return functional_call(module, dict(zip(pnames, ts[nd:])), tuple(args))
+
+    return Checked(fn, [inputs[i] for i in diff] + pvals, [input_names[i] for i in diff] + pnames, kind, label,
+                   {"parameters": len(pnames)})
+
+
+def _outputs(value) -> list:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [v for v in value if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    if isinstance(value, dict):
+        return [v for v in value.values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    raise UsageError(f"the target returned a {type(value).__name__}; gradcheck needs tensor outputs")
+
+
+def _call(fn, xs, what="forward"):
+    try:
+        return _outputs(fn(*xs))
+    except (UsageError, ModelError):
+        raise
+    except Exception as exc:
+        raise ModelError(f"{what} of the target raised {one_line(exc)}",
+                         hint="the target's own code raised on float64 inputs of the given shapes") from exc
+
+
+def jacobians(fn, xs: list, eps: float):
+    """Per input: (analytical, numerical) Jacobians, each of shape (total output numel, input numel)."""
+    import torch
+
+    xs = [x.detach().clone().requires_grad_(True) for x in xs]
+    outs = _call(fn, xs)
+    n_out = sum(o.numel() for o in outs)
+    analytical = [torch.zeros(n_out, x.numel(), dtype=torch.float64) for x in xs]
+    row = 0
+    for o in outs:
+        flat = o.reshape(-1)
+        for j in range(flat.numel()):
+            if not flat.requires_grad:
+                row += 1
+                continue
+            try:
+                grads = torch.autograd.grad(flat[j], xs, retain_graph=True, allow_unused=True)
+            except Exception as exc:
+                raise ModelError(f"backward of the target raised {one_line(exc)}",
+                                 hint="the analytical gradient (backward) itself failed") from exc
+            for i, g in enumerate(grads):
+                if g is not None:
+                    if g.shape != xs[i].shape:
+                        raise ModelError(f"backward returned a gradient of shape {tuple(g.shape)} for an input "
+                                         f"of shape {tuple(xs[i].shape)}")
+                    analytical[i][row] = g.detach().reshape(-1).double().cpu()
+            row += 1
+    numerical = []
+    with torch.no_grad():
+        base = [x.detach().clone() for x in xs]
+        for i, x in enumerate(base):
+            jac = torch.zeros(n_out, x.numel(), dtype=torch.float64)
+            flat = x.view(-1)
+            for k in range(flat.numel()):
+                orig = flat[k].item()
+                flat[k] = orig + eps
+                plus = torch.cat([o.detach().reshape(-1).double().cpu() for o in _call(fn, base)])
+                flat[k] = orig - eps
+                minus = torch.cat([o.detach().reshape(-1).double().cpu() for o in _call(fn, base)])
+                flat[k] = orig
+                jac[:, k] = (plus - minus) / (2 * eps)
+            numerical.append(jac)
+    out_shapes = [tuple(o.shape) for o in outs]
+    return analytical, numerical, out_shapes
+
+
+def _unravel(index: int, shape: tuple) -> tuple:
+    out = []
+    for d in reversed(shape):
+        out.append(index % d if d else 0)
+        index = index // d if d else 0
+    return tuple(reversed(out))
+
+
+def _out_element(row: int, out_shapes) -> tuple[int, tuple]:
+    import math
+
+    for k, shape in enumerate(out_shapes):
+        n = math.prod(shape)
+        if row < n:
+            return k, _unravel(row, shape)
+        row -= n
+    return len(out_shapes) - 1, ()
+
+
+def compare(names, xs, analytical, numerical, out_shapes, opts: Options, order: int) -> list[dict]:
+    rows = []
+    for name, x, a, n in zip(names, xs, analytical, numerical):
+        diff = (a - n).abs()
+        allowed = opts.atol + opts.rtol * n.abs()
+        excess = diff - allowed
+        rel = diff / n.abs().clamp_min(1e-12)
+        bad = int((excess > 0).sum())
+        row = {"order": order, "input": name, "shape": "x".join(map(str, x.shape)) or "scalar",
+               "max_abs_error": float(diff.max()) if diff.numel() else 0.0,
+               "max_rel_error": float(rel[diff > opts.atol].max()) if bool((diff > opts.atol).any()) else 0.0,
+               "failing_entries": bad, "entries": diff.numel(), "passed": bad == 0}
+        if bad:
+            flat = int(excess.reshape(-1).argmax())
+            r, c = divmod(flat, a.shape[1])
+            k, oel = _out_element(r, out_shapes)
+            row["element"] = list(_unravel(c, tuple(x.shape)))
+            row["output"] = k
+            row["output_element"] = list(oel)
+            row["analytical"] = float(a[r, c])
+            row["numerical"] = float(n[r, c])
+        rows.append(row)
+    return rows
+
+
+def torch_check(fn, xs, opts: Options, second: bool) -> tuple[bool, str]:
+    import torch
+    from torch.autograd.gradcheck import GradcheckError
+
+    xs = [x.detach().clone().requires_grad_(True) for x in xs]
+    check = torch.autograd.gradgradcheck if second else torch.autograd.gradcheck
+    try:
+        ok = check(fn, tuple(xs), eps=opts.eps, atol=opts.atol, rtol=opts.rtol, raise_exception=True)
+        return bool(ok), ""
+    except GradcheckError as exc:
+        return False, one_line(exc, 600)
+    except RuntimeError as exc:
+        return False, one_line(exc, 600)
+
+
+def _second_order_fn(fn, xs):
+    """g(*xs) = d<f(xs), v>/dxs with a fixed random v: its Jacobian is the second derivative."""
+    import torch
+
+    gen = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        outs = _call(fn, [x.detach() for x in xs])
+    vs = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device) for o in outs]
+
+    def g(*ts):
+        with torch.enable_grad():
+            ts = [t if t.requires_grad else t.detach().requires_grad_(True) for t in ts]
+            outs = _outputs(fn(*ts))
+            grads = torch.autograd.grad(outs, ts, vs, create_graph=True, allow_unused=True)
+        return tuple(gr if gr is not None else torch.zeros_like(t) for gr, t in zip(grads, ts))
+
+    return g
+
+
+def run(checked: Checked, opts: Options | None = None) -> Result:
+    import torch
+
+    opts = opts or Options()
+    xs = [x.detach().double() for x in checked.tensors]
+    result = Result("gradcheck", header={"target": checked.label, "kind": checked.kind,
+                                         "precision": "float64", "eps": opts.eps, "atol": opts.atol, "rtol": opts.rtol})
+    if not xs:
+        raise UsageError(f"{checked.label} has no floating-point input to differentiate",
+                         hint="give float inputs with -i, e.g. -i 3x4")
+    total = sum(x.numel() for x in xs)
+    if total > opts.max_elements:
+        raise UsageError(f"{total:,} input elements to check; the numerical gradient needs two forwards per element",
+                         hint=f"use smaller shapes with -i (≤ {opts.max_elements:,} elements in all)")
+    grad_mode = torch.is_grad_enabled()
+    torch.set_grad_enabled(True)
+    try:
+        analytical, numerical, out_shapes = jacobians(checked.fn, xs, opts.eps)
+        rows = compare(checked.names, xs, analytical, numerical, out_shapes, opts, 1)
+        torch_ok, torch_msg = torch_check(checked.fn, xs, opts, False)
+        result.data["torch_gradcheck"] = {"passed": torch_ok, "message": torch_msg}
+        if opts.second_order:
+            g = _second_order_fn(checked.fn, xs)
+            a2, n2, s2 = jacobians(g, xs, opts.eps)
+            rows += compare(checked.names, xs, a2, n2, s2, opts, 2)
+            ok2, msg2 = torch_check(checked.fn, xs, opts, True)
+            result.data["torch_gradgradcheck"] = {"passed": ok2, "message": msg2}
+    finally:
+        torch.set_grad_enabled(grad_mode)
+
+    for r in rows:
+        r["_worst"] = _where(r) if not r["passed"] else ""
+        r["_style"] = None if r["passed"] else "red"
+        r["_verdict"] = "pass" if r["passed"] else "FAIL"
+    ours = all(r["passed"] for r in rows)
+    theirs = result.data["torch_gradcheck"]["passed"] and result.data.get("torch_gradgradcheck", {"passed": True})["passed"]
+    passed = ours and theirs
+    result.data["passed"] = passed
+    result.data["second_order"] = opts.second_order
+    result.data.update(checked.extra)
+    cols = [Column("order", "order", "int"), Column("input", "input"), Column("shape", "shape"),
+            Column("max_abs_error", "max abs err", "float"), Column("max_rel_error", "max rel err", "float"),
+            Column("failing_entries", "bad entries", "count"), Column("_verdict", "result")]
+    result.tables.append(Table("inputs", "Analytical vs numerical gradient, per input", cols, rows,
+                               note=f"entry fails when |analytical − numerical| > {opts.atol:g} + {opts.rtol:g}·|numerical|; "
+                                    f"central differences, eps {opts.eps:g}; order 2 = gradient of the gradient"))
+    for r in rows:
+        if not r["passed"]:
+            what = "second-order gradient" if r["order"] == 2 else "gradient"
+            result.add("wrong-gradient" if r["order"] == 1 else "wrong-second-order-gradient", "error", r["input"],
+                       f"{what} of {r['input']} is wrong at {_where(r)}: analytical {r['analytical']:.6g}, "
+                       f"numerical {r['numerical']:.6g} ({r['failing_entries']} of {r['entries']} Jacobian entries off)",
+                       hint="check the backward() formula for this input")
+    for key, order in (("torch_gradcheck", 1), ("torch_gradgradcheck", 2)):
+        info = result.data.get(key)
+        if info and not info["passed"] and not any(not r["passed"] and r["order"] == order for r in rows):
+            result.add("torch-gradcheck-failed", "error", "", f"torch.autograd.{key[6:]} failed: {info['message']}")
+    result.verdict = ("PASS: analytical gradients match the numerical ones" + (" (first and second order)" if opts.second_order else "")
+                      if passed else "FAIL: analytical and numerical gradients differ")
+    result.failed = not passed
+    return result
+
+
+def _where(r) -> str:
+    el = ", ".join(map(str, r.get("element", [])))
+    oel = ", ".join(map(str, r.get("output_element", [])))
+    return f"element ({el}) of {r['input']}, output[{r.get('output', 0)}] element ({oel})"

@@ -1,0 +1,164 @@
+"""Pictures: grids, heatmaps, overlays and PNG files from numpy arrays.
+
+Every picture is an HxWx3 uint8 array (the same array goes to TensorBoard and to the PNG), so
+sizes are exact and testable. Colour maps, figures with labels and PNG encoding come from
+matplotlib/Pillow, an optional extra (`pip install 'torchdiag[plot]'`): `need_pictures()` turns
+their absence into a usage error (exit 2) before any model runs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import UsageError
+
+PAD = 2            # pixels between tiles of a grid
+PAD_VALUE = 255    # white separators
+
+
+def need_pictures(what: str = "pictures") -> None:
+    """Exit 2 with a clear message when matplotlib or Pillow is missing."""
+    try:
+        import matplotlib  # noqa: F401
+        import PIL  # noqa: F401
+    except ImportError as exc:
+        missing = getattr(exc, "name", None) or "matplotlib"
+        raise UsageError(f"writing {what} needs {missing}, which is not installed",
+                         hint="install the plot extra: pip install 'torchdiag[plot]' (matplotlib and pillow)") from None
+
+
+def _np():
+    import numpy as np
+
+    return np
+
+
+def normalize01(a, lo=None, hi=None):
+    """Min-max scale to [0, 1] (float64); a constant array becomes zeros."""
+    np = _np()
+    a = np.asarray(a, dtype=np.float64)
+    a = np.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
+    lo = float(a.min()) if lo is None else lo
+    hi = float(a.max()) if hi is None else hi
+    if hi - lo <= 0:
+        return np.zeros_like(a)
+    return np.clip((a - lo) / (hi - lo), 0.0, 1.0)
+
+
+def colorize(a01, cmap: str = "viridis"):
+    """[0,1] HxW → HxWx3 uint8 through a matplotlib colour map."""
+    import matplotlib
+
+    np = _np()
+    rgba = matplotlib.colormaps[cmap](np.asarray(a01, dtype=np.float64))
+    return (rgba[..., :3] * 255 + 0.5).astype(np.uint8)
+
+
+def gray(a01):
+    np = _np()
+    g = (np.asarray(a01, dtype=np.float64) * 255 + 0.5).astype(np.uint8)
+    return np.repeat(g[..., None], 3, axis=2)
+
+
+def to_rgb_uint8(a01):
+    """[0,1] HxWx3 float → uint8."""
+    np = _np()
+    return (np.clip(np.asarray(a01, dtype=np.float64), 0, 1) * 255 + 0.5).astype(np.uint8)
+
+
+def upscale(img, factor: int):
+    """Nearest-neighbour enlargement by an integer factor (keeps pixels crisp)."""
+    np = _np()
+    if factor <= 1:
+        return img
+    return np.repeat(np.repeat(img, factor, axis=0), factor, axis=1)
+
+
+def scale_for(h: int, w: int, target: int = 48) -> int:
+    """Integer factor that makes the larger side of an h×w tile at least `target` pixels."""
+    return max(1, -(-target // max(h, w, 1)))
+
+
+def tile(images, cols: int | None = None, pad: int = PAD, pad_value: int = PAD_VALUE):
+    """Same-sized HxWx3 uint8 tiles → one grid; cols defaults to ceil(sqrt(n)).
+    Size: rows*h + (rows-1)*pad by cols*w + (cols-1)*pad."""
+    import math
+
+    np = _np()
+    n = len(images)
+    if n == 0:
+        raise ValueError("no tiles")
+    h, w = images[0].shape[:2]
+    cols = cols or math.ceil(math.sqrt(n))
+    cols = min(cols, n)
+    rows = math.ceil(n / cols)
+    grid = np.full((rows * h + (rows - 1) * pad, cols * w + (cols - 1) * pad, 3), pad_value, dtype=np.uint8)
+    for i, im in enumerate(images):
+        r, c = divmod(i, cols)
+        grid[r * (h + pad): r * (h + pad) + h, c * (w + pad): c * (w + pad) + w] = im
+    return grid
+
+
+def grid_size(n: int, h: int, w: int, cols: int | None = None, pad: int = PAD) -> tuple[int, int]:
+    """(height, width) of `tile()` for n tiles of h×w — documented, and used by tests."""
+    import math
+
+    cols = min(cols or math.ceil(math.sqrt(n)), n)
+    rows = math.ceil(n / cols)
+    return rows * h + (rows - 1) * pad, cols * w + (cols - 1) * pad
+
+
+def overlay(rgb_uint8, heat01, alpha: float = 0.5, cmap: str = "jet"):
+    """Heatmap blended over an image of the same size."""
+    np = _np()
+    heat = colorize(heat01, cmap).astype(np.float64)
+    out = (1 - alpha) * rgb_uint8.astype(np.float64) + alpha * heat
+    return np.clip(out + 0.5, 0, 255).astype(np.uint8)
+
+
+def hstack(images, pad: int = PAD, pad_value: int = PAD_VALUE):
+    return tile(images, cols=len(images), pad=pad, pad_value=pad_value)
+
+
+def figure_to_array(fig):
+    """A matplotlib figure (Agg canvas) → HxWx3 uint8 of exactly figsize*dpi pixels."""
+    np = _np()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    rgba = np.asarray(canvas.buffer_rgba())
+    return rgba[..., :3].copy()
+
+
+def save_png(img, path) -> Path:
+    """Write HxWx3 (or HxW) uint8 as PNG; creates the folder."""
+    from PIL import Image
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(img).save(path, format="PNG")
+    return path
+
+
+def safe_name(name: str) -> str:
+    """A module path as a file name: `features.0` → `features.0`, `` → `model`."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "model"
+
+
+def load_rgb(path, size: tuple[int, int] | None = None):
+    """Read an image file as HxWx3 uint8 RGB, resized (bilinear) to size=(h, w) when given."""
+    from PIL import Image, UnidentifiedImageError
+
+    np = _np()
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"image file not found: {path}", hint="give an existing PNG/JPEG file with --image")
+    try:
+        with Image.open(p) as im:
+            im = im.convert("RGB")
+            if size is not None and (im.height, im.width) != tuple(size):
+                im = im.resize((size[1], size[0]), Image.BILINEAR)
+            return np.asarray(im, dtype=np.uint8).copy()
+    except (UnidentifiedImageError, OSError) as exc:
+        raise UsageError(f"cannot read image {path}: {exc}", hint="give a PNG or JPEG file") from None
