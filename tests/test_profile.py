@@ -1,0 +1,269 @@
+"""`torchdiag profile`: structure and consistency of the profile (never timings).
+
+Truth is computed by hand from the models: an MLP 784→256→128→10 runs 3 aten::addmm and 2 relu per
+forward; in training, backward of the first Linear (input needs no grad) runs 1 aten::mm and the
+other two 2 each; a frozen branch creates no backward nodes, so it gets no backward time."""
+import json
+import math
+
+import pytest
+
+from conftest import load, sample
+
+FAST = dict(wait=0, warmup=1, active=3)
+
+
+def _run(name, *args, inputs=None, **opts):
+    from torchdiag.diagnostics import profiling as P
+
+    model, x = load(name, *args, inputs=inputs)
+    return P.run(model, x, P.Options(**{**FAST, **opts}))
+
+
+def _ops(result):
+    out = {}
+    for r in result.table("operators").rows:
+        out[r["op"]] = out.get(r["op"], 0) + r["calls"]
+    return out
+
+
+def _modules(result):
+    return {r["name"]: r for r in result.table("modules").rows}
+
+
+# ----------------------------------------------------------------------------------------- helpers
+
+def test_percentile_closed_forms():
+    from torchdiag.diagnostics.profiling import percentile, step_stats
+
+    assert percentile([1, 2, 3, 4, 5], 50) == 3
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile(list(range(1, 11)), 90) == pytest.approx(9.1)   # rank 0.9*9 = 8.1 → 9 + 0.1
+    assert percentile([7.0], 90) == 7.0
+    s = step_stats([2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0])
+    assert s["mean"] == 5.0 and s["median"] == 4.5 and s["min"] == 2.0 and s["max"] == 9.0
+    assert s["std"] == pytest.approx(math.sqrt(32 / 7))
+
+
+# ----------------------------------------------------------------------------------------- inference
+
+def test_inference_mlp_counts_and_modules(untouched):
+    from torchdiag.diagnostics import profiling as P
+
+    model, x = load("mlp.py:build")
+    with untouched(model):
+        r = P.run(model, x, P.Options(**FAST, top=0))
+    ops = _ops(r)
+    assert ops["aten::addmm"] == 3 * 3        # 3 Linear per step × 3 active steps
+    assert ops["aten::linear"] == 3 * 3
+    assert ops["aten::relu"] == 2 * 3
+    assert not any(k.startswith(("module::", "ProfilerStep", "torchdiag::")) for k in ops)
+    for row in r.table("operators").rows:
+        assert row["cpu_time_us"] >= row["self_cpu_time_us"] >= 0
+        assert "self_cuda_time_us" not in row
+    assert r.table("operators").rows[0]["op"] == "aten::addmm"   # the matmuls dominate a Linear stack
+
+    mods = _modules(r)
+    assert list(mods) == ["", "0", "1", "2", "3", "4"]
+    assert [mods[n]["type"] for n in ("0", "1", "4")] == ["Linear", "ReLU", "Linear"]
+    assert all(m["calls"] == 3 for m in mods.values())
+    children = sum(mods[n]["cpu_time_us"] for n in "01234")
+    assert mods[""]["cpu_time_us"] >= children
+    assert mods[""]["self_cpu_time_us"] == pytest.approx(mods[""]["cpu_time_us"] - children, abs=0.01)
+    assert "backward_cpu_time_us" not in mods["0"]
+
+    d = r.data
+    assert set(d["step_time_ms"]) == {"mean", "median", "p90"}
+    assert d["step_time_ms"]["p90"] >= d["step_time_ms"]["median"] > 0
+    assert d["batch_size"] == 16
+    assert d["samples_per_s"] == pytest.approx(16 / (d["step_time_ms"]["mean"] / 1e3), rel=1e-3)
+    assert len(r.series["step_times_ms"]) == 0 + 1 + 3
+    assert d["step_phases"] == ["warmup", "active", "active", "active"]
+    assert d["step_time_stats_ms"]["steps"] == 3
+    assert r.table("phases") is None    # phases are a train-mode table
+
+
+def test_top_k_limits_operator_rows():
+    r = _run("mlp.py:build", top=2)
+    assert len(r.table("operators").rows) == 2
+    assert r.data["operators_total"] > 2
+
+
+def test_record_shapes_splits_by_input_shape_and_memory_is_output_bytes():
+    r = _run("mlp.py:build", top=0, record_shapes=True, memory=True)
+    addmm = {tuple(tuple(s) for s in row["input_shapes"][1:3]): row
+             for row in r.table("operators").rows if row["op"] == "aten::addmm"}
+    # addmm(bias, input, weight.t()): one row per Linear layer
+    assert set(addmm) == {((16, 784), (784, 256)), ((16, 256), (256, 128)), ((16, 128), (128, 10))}
+    for (inp, w), row in addmm.items():
+        assert row["calls"] == 3
+        # the output (16 × out) float32 is allocated once per call
+        assert row["cpu_memory_bytes"] == 3 * 16 * w[1] * 4
+    assert all("self_cpu_memory_bytes" in row for row in r.table("operators").rows)
+    assert "cpu_memory_bytes" in _modules(r)["0"]
+
+
+def test_cnn_conv_calls_and_depth():
+    r = _run("cnn.py:build", top=0, depth=1)
+    ops = _ops(r)
+    assert ops["aten::conv2d"] == 2 * 3
+    assert ops["aten::max_pool2d"] == 2 * 3
+    assert ops["aten::addmm"] == 1 * 3
+    assert set(_modules(r)) == {"", "features", "head"}   # depth 1
+
+
+# ----------------------------------------------------------------------------------------- train
+
+def test_train_mlp_forward_backward_counts(untouched):
+    from torchdiag.diagnostics import profiling as P
+    from torchdiag.core.loss import Loss
+
+    model, x = load("mlp.py:build")
+    with untouched(model):
+        r = P.run(model, x, P.Options(**FAST, top=0, mode="train", loss=Loss("auto")))
+    ops = _ops(r)
+    assert ops["aten::addmm"] == 3 * 3
+    assert ops["aten::mm"] == (1 + 2 + 2) * 3     # first layer: weight grad only
+    assert ops["autograd::engine::evaluate_function: AddmmBackward0"] == 3 * 3
+    assert ops["Optimizer.step#Adam.step"] == 3
+    assert r.header["loss"] == "cross_entropy on output"
+    mods = _modules(r)
+    for name in ("0", "2", "4"):
+        assert mods[name]["backward_cpu_time_us"] > 0
+    assert mods[""]["backward_cpu_time_us"] >= sum(mods[n]["backward_cpu_time_us"] for n in "01234") - 0.01
+    phases = {p["phase"] for p in r.table("phases").rows}
+    assert phases == {"forward", "loss", "backward", "optimizer_step"}
+
+
+def test_train_frozen_branch_gets_no_backward_time(untouched):
+    from torchdiag.diagnostics import profiling as P
+    from torchdiag.core.loss import Loss
+
+    model, x = load("two_input.py:build", inputs=["4x3x16x16", "4x12"])
+    with untouched(model):
+        r = P.run(model, x, P.Options(**FAST, mode="train", loss=Loss("auto"), optimizer="sgd"))
+    mods = _modules(r)
+    assert mods["table"]["backward_cpu_time_us"] == 0       # frozen: no backward nodes
+    assert mods["table.0"]["backward_cpu_time_us"] == 0
+    assert mods["image.0"]["backward_cpu_time_us"] > 0
+    assert mods["head"]["backward_cpu_time_us"] > 0
+    assert "aux_head" not in mods                            # never called in forward
+    assert _ops(r)["Optimizer.step#SGD.step"] == 3
+
+
+# ----------------------------------------------------------------------------------------- CLI
+
+def test_cli_json_trace_and_tb(cli, tmp_path):
+    trace = tmp_path / "run.json"
+    res = cli("profile", sample("mlp.py:build"), "--wait", "0", "--warmup", "1", "--active", "2",
+              "--json", "--trace", trace, "--tb", tmp_path / "tb", "--record-shapes", "--memory")
+    assert res.code == 0, res.stderr
+    doc = res.json
+    for key in ("step_time_ms", "operators", "modules", "samples_per_s", "trace", "tb_trace", "exit_code"):
+        assert key in doc
+    op = doc["operators"][0]
+    assert {"op", "calls", "self_cpu_time_us", "cpu_time_us", "input_shapes", "self_cpu_memory_bytes"} <= set(op)
+    assert not any(k.startswith("_") for k in op)
+    assert {"name", "cpu_time_us", "calls", "type"} <= set(doc["modules"][0])
+
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e.get("name") for e in events}
+    assert "aten::addmm" in names and "module::0" in names and "module::(root)" in names
+    steps = {n for n in names if n and n.startswith("ProfilerStep#")}
+    assert len(steps) == 2
+
+    tb = tmp_path / "tb" / "profile"
+    traces = list(tb.glob("*.pt.trace.json"))
+    assert len(traces) == 1 and "traceEvents" in json.loads(traces[0].read_text())
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tb))
+    acc.Reload()
+    assert len(acc.Scalars("profile/step_times_ms")) == 0 + 1 + 2
+
+
+def test_cli_table_output(cli):
+    res = cli("profile", sample("cnn.py:build"), "--wait", "0", "--warmup", "1", "--active", "2", "--mode", "train")
+    assert res.code == 0, res.stderr
+    for text in ("operators by self CPU time", "Time per module", "Where a train step goes", "Step time",
+                 "Throughput", "backward", "optimizer_step", "features"):
+        assert text in res.stdout, text
+
+
+def test_cli_untouched_train(cli, untouched):
+    """Train mode through the public entry: the loaded model object is not modified."""
+    from torchdiag.diagnostics import profiling as P
+    from torchdiag.core.loss import Loss
+
+    model, x = load("cnn.py:build")
+    model.train()
+    with untouched(model):
+        P.run(model, x, P.Options(**FAST, mode="train", loss=Loss("mse")))
+    assert model.training
+
+
+def _one_error(res, code, *fragments):
+    assert res.code == code, (res.code, res.stderr)
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, res.stderr
+    assert "Traceback" not in res.stderr and "Traceback" not in res.stdout
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+def test_bad_input_exit_2(cli):
+    _one_error(cli("profile", sample("mlp.py:build"), "-i", "16xabc"), 2, "bad input shape")
+
+
+def test_bad_options_exit_2(cli, tmp_path):
+    spec = sample("mlp.py:build")
+    _one_error(cli("profile", spec, "--mode", "training"), 2, "unknown mode")
+    _one_error(cli("profile", spec, "--active", "0"), 2, "--active")
+    _one_error(cli("profile", spec, "--trace", tmp_path / "missing" / "t.json"), 2, "does not exist")
+    _one_error(cli("profile", spec, "--device", "meta"), 2, "meta")
+    _one_error(cli("profile", spec, "--optimizer", "lbfgs"), 2, "unknown optimizer")
+
+
+def test_cuda_request_without_cuda_exit_2(cli):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    res = cli("profile", sample("mlp.py:build"), "--device", "cuda")
+    _one_error(res, 2, "cuda", "not available")
+
+
+def test_forward_error_names_module_exit_3(cli):
+    res = cli("profile", sample("broken_shape.py:build"), "--wait", "0", "--warmup", "1", "--active", "1")
+    _one_error(res, 3, "2.0", "Linear")
+
+
+# ----------------------------------------------------------------------------------------- CUDA
+
+@pytest.mark.cuda
+def test_cuda_inference_has_cuda_columns_and_kernels(untouched):
+    from torchdiag.diagnostics import profiling as P
+
+    model, x = load("mlp.py:build", device="cuda")
+    with untouched(model):
+        r = P.run(model, x, P.Options(**FAST, top=0, memory=True))
+    assert r.header["activities"] == "CPU, CUDA"
+    rows = {row["op"]: row for row in r.table("operators").rows}
+    assert rows["aten::addmm"]["calls"] == 3 * 3
+    assert rows["aten::addmm"]["self_cuda_time_us"] > 0
+    assert "self_cuda_memory_bytes" in rows["aten::addmm"]
+    assert r.table("kernels").rows and all(k["cuda_time_us"] >= 0 for k in r.table("kernels").rows)
+    assert _modules(r)["0"]["cuda_time_us"] > 0
+
+
+@pytest.mark.cuda
+def test_cuda_train_backward_cuda_time(untouched):
+    from torchdiag.diagnostics import profiling as P
+    from torchdiag.core.loss import Loss
+
+    model, x = load("mlp.py:build", device="cuda")
+    with untouched(model):
+        r = P.run(model, x, P.Options(**FAST, top=0, mode="train", loss=Loss("auto")))
+    mods = _modules(r)
+    assert mods["0"]["backward_cuda_time_us"] > 0 and mods["0"]["backward_cpu_time_us"] > 0
+    assert _ops(r)["aten::mm"] == 5 * 3

@@ -1,0 +1,57 @@
+"""`torchdiag profile`: where the time goes — step times, top operators, per-module rollup, traces."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from . import common as c
+
+EXAMPLE = """Examples:
+
+  torchdiag profile sample_models/cnn.py:build -i 8x3x32x32
+
+  torchdiag profile model.py:build --device cuda --mode train --trace run.json
+
+  torchdiag profile sample_models/mlp.py:build --record-shapes --memory --top 10 --json
+
+  torchdiag profile sample_models/resnet.py:build --mode train --tb runs/"""
+
+Mode = Annotated[str, typer.Option("--mode", help="inference (eval, no grad) | train (forward + loss + backward + optimizer step, on a copy).")]
+Wait = Annotated[int, typer.Option("--wait", help="Steps run before profiling starts (not recorded).")]
+Warmup = Annotated[int, typer.Option("--warmup", help="Steps profiled and thrown away (profiler warm-up).")]
+Active = Annotated[int, typer.Option("--active", help="Steps recorded: statistics, tables and trace come from these.")]
+Top = Annotated[int, typer.Option("--top", "-k", help="Operators listed, by self time (0 = all).")]
+Shapes = Annotated[bool, typer.Option("--record-shapes", help="Split operators by input shapes (adds an input-shapes column).")]
+Memory = Annotated[bool, typer.Option("--memory", help="Record allocations: memory columns for operators and modules.")]
+Trace = Annotated[Optional[Path], typer.Option("--trace", metavar="FILE.json", help="Write a Chrome/Perfetto trace (open in ui.perfetto.dev or chrome://tracing).")]
+Optim = Annotated[str, typer.Option("--optimizer", help="Train mode optimizer: adam | adamw | sgd (lr 1e-3).")]
+
+
+def register(app) -> None:
+    @app.command("profile", epilog=EXAMPLE, no_args_is_help=True)
+    def profile(spec: c.Spec, arg: c.Args = None, input: c.Inputs = None, device: c.Device = "auto",
+                mode: Mode = "inference", wait: Wait = 1, warmup: Warmup = 2, active: Active = 5,
+                top: Top = 15, record_shapes: Shapes = False, memory: Memory = False, trace: Trace = None,
+                optimizer: Optim = "adam", loss: c.Loss = "auto", batch: c.Batch = None, depth: c.Depth = 3,
+                seed: c.Seed = 0, json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False) -> None:
+        """Where the time goes: step time (mean, median, p90), throughput, top operators by self time,
+        time per module, and a Chrome/Perfetto trace.
+
+        torch.profiler runs with a schedule: --wait steps, then --warmup steps, then --active steps
+        recorded. On CUDA, CUDA activity is recorded too and each step ends with a synchronisation.
+        --tb DIR writes the trace under DIR/profile/ (tensorboard_trace_handler) with the step-time
+        scalars. Train mode works on a copy: the model's parameters are never changed."""
+        from ..diagnostics import profiling as diag
+
+        opts = c.CommonOptions("profile", spec, arg or [], input or [], device, seed, json, tb, debug,
+                               loss=loss, batch=batch)
+
+        def run(t):
+            return diag.run(t.model, t.inputs, diag.Options(
+                mode=mode.strip().lower(), wait=wait, warmup=warmup, active=active, top=top,
+                record_shapes=record_shapes, memory=memory, trace=trace, tb=tb, depth=depth,
+                loss=t.loss() if mode.strip().lower() == "train" else None, optimizer=optimizer.strip().lower()))
+
+        c.execute(opts, run)
