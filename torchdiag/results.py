@@ -60,6 +60,7 @@ class Result:
     images: dict[str, Any] = field(default_factory=dict)      # tag -> HxWx3 uint8 array
     text: dict[str, str] = field(default_factory=dict)        # tag -> markdown
     failed: bool | None = None    # override: a command may fail without an error finding
+    code: int | None = None       # override of the exit code (check: 3 when a model raised)
 
     def add(self, code: str, severity: str, where: str, message: str, hint: str | None = None) -> Finding:
         f = Finding(code, severity, where, message, hint)
@@ -71,6 +72,8 @@ class Result:
 
     @property
     def exit_code(self) -> ExitCode:
+        if self.code is not None:
+            return ExitCode(self.code)
         failed = self.failed if self.failed is not None else any(f.severity == "error" for f in self.findings)
         return ExitCode.CHECK_FAILED if failed else ExitCode.OK
 

@@ -61,20 +61,25 @@ def progress(message: str, json_mode: bool):
     return Console(stderr=True).status(message)
 
 
-def execute(opts: CommonOptions, run: Callable, *, render_extra: Callable | None = None) -> None:
+def execute(opts: CommonOptions, run: Callable | None, *, render_extra: Callable | None = None,
+            produce: Callable | None = None) -> None:
     """Load the model and inputs, run the diagnostic, render, exit with its code.
 
-    `run(target) -> Result`. Every DiagError becomes `error:`/`hint:` lines and its exit code;
-    anything else is a torchdiag bug (exit 4)."""
+    `run(target) -> Result`; or `produce() -> Result` for commands that load models themselves
+    (check). Every DiagError becomes `error:`/`hint:` lines and its exit code; anything else
+    is a torchdiag bug (exit 4)."""
     code = ExitCode.OK
     target = None
     try:
-        with progress(f"torchdiag {opts.command}: loading {opts.spec}", opts.json):
-            from ..core.target import prepare
+        if produce is not None:
+            result = produce()
+        else:
+            with progress(f"torchdiag {opts.command}: loading {opts.spec}", opts.json):
+                from ..core.target import prepare
 
-            target = prepare(opts)
-            result = run(target)
-        target.finish(result)
+                target = prepare(opts)
+                result = run(target)
+            target.finish(result)
         from ..render import render
 
         render(result, opts)
