@@ -1,0 +1,334 @@
+"""attention: the attention weights of every attention layer, per head, for one forward pass.
+
+Three sources, in eval mode under no_grad:
+- every nn.MultiheadAttention: a forward pre-hook asks it for per-head weights
+  (need_weights=True, average_attn_weights=False; the caller still gets what it asked for), and
+  the MHA fast path is switched off so nn.TransformerEncoderLayer really calls it;
+- any other module whose output carries attention weights: a tuple/list element after the first,
+  or a dict value whose key mentions "attn"/"attention", that is a 3-D/4-D non-negative tensor
+  whose last dimension sums to 1;
+- F.scaled_dot_product_attention calls (patched for the run, restored after): the weights
+  softmax(q·kᵀ·scale + mask) are recomputed from q and k and credited to the calling module.
+Per head: mean entropy of a query's distribution (nats, and as a fraction of log(keys)), mean
+max weight, mean weight on the first key (CLS / attention sink) and on the diagonal."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..core.guard import leave_no_trace
+from ..core.tracking import ModuleTracker, forward_error
+from ..errors import UsageError
+from ..results import Column, Result, Table
+
+MAX_HEADS_DRAWN = 16
+HEAD_INCHES = 2.6
+DPI = 100
+
+
+@dataclass
+class Options:
+    tokens: list[str] | None = None
+    images: str | None = None
+    tb: bool = False
+    sample: int = 0
+    sdpa: bool = True
+
+
+@dataclass
+class Capture:
+    name: str
+    type: str
+    source: str
+    weights: object  # N×H×L×S float32 cpu
+
+
+def _looks_like_attention(t) -> bool:
+    import torch
+
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() not in (3, 4) or t.numel() == 0:
+        return False
+    t = t.detach().float()
+    if bool((t < -1e-6).any()):
+        return False
+    return bool(torch.allclose(t.sum(-1), torch.ones(()), atol=1e-3))
+
+
+def sdpa_weights(q, k, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """softmax(q kᵀ · scale + mask) as F.scaled_dot_product_attention defines it (before dropout)."""
+    import torch
+
+    q, k = q.float(), k.float()
+    if enable_gqa and k.shape[-3] != q.shape[-3]:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+    L, S = q.shape[-2], k.shape[-2]
+    s = (1.0 / math.sqrt(q.shape[-1])) if scale is None else scale
+    scores = q @ k.transpose(-2, -1) * s
+    if is_causal:
+        causal = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask.float()
+    return torch.softmax(scores, dim=-1)
+
+
+class Catcher:
+    def __init__(self, model, opts: Options):
+        self.model, self.opts = model, opts
+        self.captures: list[Capture] = []
+        self.stack: list[tuple[str, object]] = []
+        self.pending: dict[int, list] = {}
+        self._handles = []
+        self._orig_sdpa = None
+
+    def __enter__(self):
+        import torch
+        from torch import nn
+
+        names = {}
+        for n, m in self.model.named_modules():
+            names.setdefault(id(m), n or "(model)")
+        self.names = names
+        mha_children = set()
+        for m in self.model.modules():
+            if isinstance(m, nn.MultiheadAttention):
+                mha_children.update(id(c) for c in m.modules())
+        for m in {id(x): x for x in self.model.modules()}.values():
+            name = names[id(m)]
+            self._handles.append(m.register_forward_pre_hook(self._push(name, m), with_kwargs=True))
+            if isinstance(m, nn.MultiheadAttention):
+                self._handles.append(m.register_forward_hook(self._mha_post(name, m)))
+            elif id(m) not in mha_children:
+                self._handles.append(m.register_forward_hook(self._generic_post(name, m)))
+            else:
+                self._handles.append(m.register_forward_hook(self._pop))
+        if self.opts.sdpa:
+            import torch.nn.functional as F
+
+            self._orig_sdpa = F.scaled_dot_product_attention
+            orig = self._orig_sdpa
+            catcher = self
+
+            def patched(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
+                out = orig(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kw)
+                owner = catcher.stack[-1] if catcher.stack else ("(model)", None)
+                if not isinstance(owner[1], nn.MultiheadAttention):
+                    w = sdpa_weights(query.detach(), key.detach(), attn_mask, is_causal, scale, kw.get("enable_gqa", False))
+                    if w.dim() == 3:
+                        w = w.unsqueeze(1)
+                    if w.dim() == 4:
+                        catcher.captures.append(Capture(owner[0], type(owner[1]).__name__ if owner[1] is not None else "",
+                                                        "F.scaled_dot_product_attention", w.cpu()))
+                return out
+
+            F.scaled_dot_product_attention = patched
+        torch.backends.mha.set_fastpath_enabled(False)
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        if self._orig_sdpa is not None:
+            import torch.nn.functional as F
+
+            F.scaled_dot_product_attention = self._orig_sdpa
+            self._orig_sdpa = None
+        return False
+
+    def _push(self, name, mod):
+        from torch import nn
+
+        def pre(module, args, kwargs):
+            self.stack.append((name, module))
+            if isinstance(module, nn.MultiheadAttention):
+                args = list(args)
+                need = kwargs.get("need_weights", args[4] if len(args) > 4 else True)
+                avg = kwargs.get("average_attn_weights", args[6] if len(args) > 6 else True)
+                self.pending.setdefault(id(module), []).append((need, avg))
+                if len(args) > 4:
+                    args[4] = True
+                else:
+                    kwargs["need_weights"] = True
+                if len(args) > 6:
+                    args[6] = False
+                else:
+                    kwargs["average_attn_weights"] = False
+                return tuple(args), kwargs
+            return None
+
+        return pre
+
+    def _pop(self, module, args, output):
+        if self.stack:
+            self.stack.pop()
+
+    def _mha_post(self, name, mod):
+        def post(module, args, output):
+            self._pop(module, args, output)
+            need, avg = self.pending[id(module)].pop()
+            out, w = output
+            if w is not None:
+                w4 = w.detach() if w.dim() == 4 else w.detach().unsqueeze(0)
+                self.captures.append(Capture(name, type(module).__name__, "need_weights=True", w4.float().cpu()))
+                if not need:
+                    return out, None
+                if avg:
+                    return out, w.mean(dim=-3)
+            return output
+
+        return post
+
+    def _generic_post(self, name, mod):
+        def post(module, args, output):
+            self._pop(module, args, output)
+            cands = []
+            if isinstance(output, (tuple, list)):
+                cands = list(output[1:])
+            elif isinstance(output, dict):
+                cands = [v for k, v in output.items() if "attn" in str(k).lower() or "attention" in str(k).lower()]
+            for c in cands:
+                for t in (c if isinstance(c, (tuple, list)) else [c]):
+                    if _looks_like_attention(t):
+                        w = t.detach().float()
+                        self.captures.append(Capture(name, type(module).__name__, "module output",
+                                                     (w if w.dim() == 4 else w.unsqueeze(1)).cpu()))
+                        return None
+            return None
+
+        return post
+
+
+def head_stats(w) -> list[dict]:
+    """w: N×H×L×S. Per head, averaged over batch and queries."""
+    import torch
+
+    p = w.double().clamp_min(0)
+    S = p.shape[-1]
+    ent = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)            # N×H×L
+    rows = []
+    L = p.shape[-2]
+    for h in range(p.shape[1]):
+        ph = p[:, h]
+        diag = (ph.diagonal(dim1=-2, dim2=-1).mean().item() if L == S else None)
+        e = float(ent[:, h].mean())
+        rows.append({"head": h, "entropy": e, "entropy_fraction": e / math.log(S) if S > 1 else 0.0,
+                     "max_weight": float(ph.max(-1).values.mean()), "first_key": float(ph[..., 0].mean()),
+                     "diagonal": diag})
+    return rows
+
+
+def run(model, inputs, opts: Options | None = None) -> Result:
+    import torch
+
+    opts = opts or Options()
+    result = Result("attention", header={"mode": "eval, no grad (one forward pass); MHA fast path off"})
+    catcher = Catcher(model, opts)
+    tracker = ModuleTracker(model, record_shapes=False)
+    with leave_no_trace(model):
+        model.eval()
+        with torch.no_grad():
+            try:
+                with catcher, tracker:
+                    inputs.call(model)
+            except UsageError:
+                raise
+            except Exception as exc:
+                raise forward_error(exc, tracker) from exc
+    if not catcher.captures:
+        raise UsageError("no attention weights found: no nn.MultiheadAttention, no module returning attention weights "
+                         "and no F.scaled_dot_product_attention call ran in forward",
+                         hint="point MODEL_SPEC at a model with attention layers")
+    counts: dict[str, int] = {}
+    layers, heads = [], []
+    for cap in catcher.captures:
+        counts[cap.name] = counts.get(cap.name, 0) + 1
+        key = cap.name if counts[cap.name] == 1 else f"{cap.name}#{counts[cap.name]}"
+        cap.key = key
+        n, h, L, S = cap.weights.shape
+        layers.append({"layer": key, "type": cap.type, "source": cap.source, "heads": h, "queries": L, "keys": S,
+                       "batch": n, "row_sum_error": float((cap.weights.double().sum(-1) - 1).abs().max())})
+        for r in head_stats(cap.weights):
+            heads.append({"layer": key, **r})
+    result.tables.append(Table("layers", "Attention layers", [
+        Column("layer", "layer"), Column("type", "type"), Column("source", "weights from"), Column("heads", "heads", "int"),
+        Column("queries", "queries", "int"), Column("keys", "keys", "int")], layers))
+    result.tables.append(Table("heads", "Per head (mean over batch and queries)", [
+        Column("layer", "layer"), Column("head", "head", "int"), Column("entropy", "entropy (nats)", "float"),
+        Column("entropy_fraction", "entropy / log(keys)", "pct"), Column("max_weight", "max weight", "float"),
+        Column("first_key", "on first key", "float"), Column("diagonal", "on diagonal", "float")], heads,
+        note="entropy near 100% = uniform attention; a high 'on first key' = a CLS/sink head; high 'on diagonal' = attends to itself"))
+    if opts.tokens is not None:
+        first = catcher.captures[0].weights
+        if len(opts.tokens) not in (first.shape[-1], first.shape[-2]):
+            raise UsageError(f"--tokens gave {len(opts.tokens)} labels but the attention has {first.shape[-2]} queries "
+                             f"and {first.shape[-1]} keys", hint="give one label per token position")
+    if opts.sample >= catcher.captures[0].weights.shape[0]:
+        raise UsageError(f"--sample {opts.sample} is out of range: batch size {catcher.captures[0].weights.shape[0]}")
+    written = []
+    if opts.images or opts.tb:
+        for cap in catcher.captures:
+            img = draw(cap.weights[opts.sample], cap.key, opts.tokens)
+            if opts.tb:
+                result.images[f"attention/{cap.key}"] = img
+            entry = {"layer": cap.key, "height": int(img.shape[0]), "width": int(img.shape[1])}
+            if opts.images:
+                from pathlib import Path
+
+                from ..render.images import safe_name, save_png
+
+                entry["path"] = str(save_png(img, Path(opts.images) / f"attention_{safe_name(cap.key)}.png"))
+            written.append(entry)
+    result.data["images"] = written
+    result.data["attention_layers"] = len(layers)
+    result.summary.append(("Attention layers", f"{len(layers)} ({sum(l['heads'] for l in layers)} heads)"))
+    if opts.images:
+        result.summary.append(("Pictures", f"{len(written)} PNG file(s) in {opts.images} (sample {opts.sample})"))
+    result._captures = catcher.captures
+    return result
+
+
+def figure_size(heads: int) -> tuple[int, int]:
+    """(height, width) in pixels of one layer's picture."""
+    shown = min(heads, MAX_HEADS_DRAWN)
+    return int(round(3.0 * DPI)), int(round((HEAD_INCHES * shown + 0.8) * DPI))
+
+
+def draw(w, title: str, tokens=None):
+    """H×L×S weights of one sample → one row of per-head heatmaps (shared 0…max colour scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    from ..render.images import figure_to_array
+
+    heads = min(w.shape[0], MAX_HEADS_DRAWN)
+    h_px, w_px = figure_size(w.shape[0])
+    fig = Figure(figsize=(w_px / DPI, h_px / DPI), dpi=DPI)
+    vmax = float(w[:heads].max()) or 1.0
+    L, S = w.shape[-2], w.shape[-1]
+    axes = fig.subplots(1, heads, squeeze=False)[0]
+    fig.subplots_adjust(left=0.05, right=0.92, top=0.85, bottom=0.12, wspace=0.35)
+    im = None
+    for h, ax in enumerate(axes):
+        im = ax.imshow(w[h].numpy(), cmap="viridis", vmin=0.0, vmax=vmax, interpolation="nearest", aspect="auto")
+        ax.set_title(f"head {h}", fontsize=8)
+        if tokens is not None and max(L, S) <= 64:
+            fs = max(3, min(7, int(160 / max(L, S))))
+            if len(tokens) == S:
+                ax.set_xticks(range(S))
+                ax.set_xticklabels(tokens, rotation=90, fontsize=fs)
+            if len(tokens) == L:
+                ax.set_yticks(range(L))
+                ax.set_yticklabels(tokens if h == 0 else [""] * L, fontsize=fs)
+        else:
+            ax.tick_params(labelsize=6)
+    fig.suptitle(f"{title}  (rows: queries, columns: keys)" + (f"  first {heads} of {w.shape[0]} heads" if w.shape[0] > heads else ""),
+                 fontsize=9)
+    cax = fig.add_axes([0.935, 0.12, 0.012, 0.73])
+    fig.colorbar(im, cax=cax).ax.tick_params(labelsize=6)
+    return figure_to_array(fig)
