@@ -1,0 +1,340 @@
+"""overfit-batch: verdicts on healthy and broken-by-construction models, checked causes, CLI contract."""
+import math
+import sys
+import textwrap
+
+import pytest
+
+from conftest import load, sample
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from torchdiag.core.loss import Loss  # noqa: E402
+from torchdiag.diagnostics import overfit_batch as diag  # noqa: E402
+
+
+def codes(result):
+    return [f.code for f in result.findings]
+
+
+def finding(result, code):
+    return next(f for f in result.findings if f.code == code)
+
+
+def seeded_targets(n, classes, seed=0):
+    """The random class targets core/loss.py makes for an (N, C) output, built independently."""
+    return torch.randint(0, classes, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+# --- healthy models pass with the defaults -----------------------------------------------------
+
+@pytest.mark.parametrize("name,inputs,classification", [
+    ("mlp.py:build", None, True),
+    ("cnn.py:build", ["8x3x32x32"], True),
+    ("resnet.py:build", None, True),
+    ("rnn.py:build", None, True),
+    ("transformer_lm.py:build", None, False),   # its own loss (output['loss'])
+])
+def test_healthy_models_pass_with_defaults(name, inputs, classification, untouched):
+    torch.manual_seed(0)
+    model, x = load(name, inputs=inputs)
+    with untouched(model):
+        r = diag.run(model, x, diag.Options())
+    assert r.data["passed"] is True and r.exit_code == 0, r.verdict
+    assert "cannot-overfit" not in codes(r)
+    losses = r.series["loss"]
+    assert len(losses) == r.data["steps"] + 1 and len(r.series["grad_norm"]) == r.data["steps"]
+    assert r.data["steps"] < 500 and r.data["steps_to_target"] == r.data["steps"]
+    assert losses[-1] <= 0.01 * losses[0] and r.data["final_loss"] == losses[-1]
+    # stopped at the first step that met the target, not later
+    assert all(v > 0.01 * losses[0] or (r.series.get("accuracy") or [0] * len(losses))[i] < 1
+               for i, v in enumerate(losses[:-1]))
+    if classification:
+        assert r.data["final_accuracy"] == 1.0 and r.header["loss_rule"] == "cross_entropy on output"
+    else:
+        assert r.header["loss_rule"] == "model on output['loss']" and r.data["final_accuracy"] is None
+
+
+def test_initial_loss_and_first_grad_norm_match_independent_computation():
+    torch.manual_seed(1)
+    model, x = load("mlp.py:build")
+    r = diag.run(model, x, diag.Options(steps=3, target_ratio=1e-9))
+    out = model(*x.args)                                   # mlp: train == eval (no dropout/BN)
+    ce = F.cross_entropy(out, seeded_targets(16, 10, seed=0))
+    assert r.data["initial_loss"] == pytest.approx(float(ce.detach()), rel=1e-6)
+    ce.backward()
+    norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in model.parameters()))
+    assert r.series["grad_norm"][0] == pytest.approx(norm, rel=1e-5)
+    assert r.series["learning_rate"] == [1e-3] * 3 and r.data["steps"] == 3 and len(r.series["loss"]) == 4
+    assert r.data["passed"] is False and "cannot-overfit" in codes(r)   # budget of 3 steps is too small
+
+
+def test_target_loss_stops_at_first_step_below_it():
+    torch.manual_seed(0)
+    model, x = load("mlp.py:build")
+    r = diag.run(model, x, diag.Options(target_loss=1.0, target_ratio=1e-6))
+    losses = r.series["loss"]
+    assert r.data["passed"] and losses[-1] <= 1.0 and all(v > 1.0 for v in losses[:-1])
+    assert r.data["steps_to_target"] == len(losses) - 1
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adamw"])
+def test_other_optimizers_pass(opt):
+    torch.manual_seed(0)
+    model, x = load("mlp.py:build")
+    r = diag.run(model, x, diag.Options(optimizer=opt))
+    assert r.data["passed"] and r.data["lr"] == diag.DEFAULT_LR[opt]
+    assert r.header["training"].startswith({"sgd": "SGD (momentum 0.9)", "adamw": "AdamW"}[opt])
+
+
+def test_amp_bf16_on_cpu_passes():
+    torch.manual_seed(0)
+    model, x = load("mlp.py:build")
+    r = diag.run(model, x, diag.Options(amp="bf16"))
+    assert r.data["passed"] and r.data["amp"] == "bf16" and "autocast bf16" in r.header["training"]
+
+
+# --- cannot memorise by construction --------------------------------------------------------------
+
+def test_batch_mean_model_cannot_overfit_and_the_culprit_is_named(untouched):
+    torch.manual_seed(0)
+    model, x = load("broken_cannot_overfit.py:build")
+    with untouched(model):
+        r = diag.run(model, x, diag.Options())
+    assert r.data["passed"] is False and r.exit_code == 1 and r.data["steps"] == 500
+    f = finding(r, "cannot-overfit")
+    assert f.severity == "error"
+    same = finding(r, "identical-outputs")
+    assert same.where == "3" and "(BatchMean)" in same.message   # Sequential index 3 is BatchMean
+    # Truth: a batch-constant prediction cannot beat the entropy of the labels (hand-computed).
+    y = seeded_targets(16, 10)
+    counts = torch.bincount(y, minlength=10).double() / 16
+    h = float(-(counts[counts > 0] * counts[counts > 0].log()).sum())
+    assert r.data["best_loss"] >= h - 1e-4
+    assert r.data["final_loss"] == pytest.approx(h, abs=0.02)     # Adam gets to the floor
+    assert r.data["final_accuracy"] == float(counts.max())        # the majority class only
+    assert f"{h:.4g}" in same.message
+
+
+def test_parameters_cut_off_by_no_grad_are_named():
+    torch.manual_seed(0)
+    model, x = load("broken_overfit_nograd.py:build")
+    r = diag.run(model, x, diag.Options(steps=50))
+    body = ["body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias"]
+    nog = finding(r, "no-grad")
+    assert nog.where == "body.0.weight" and all(n in nog.message for n in body) and "4 of 5" in nog.message
+    unch = finding(r, "unchanged-params")
+    assert unch.where == "body.0.weight" and unch.message.split(": ", 1)[1].split(", ") == body  # not `bias`
+    assert "cannot-overfit" in codes(r) and r.exit_code == 1
+
+
+def test_dead_relu_gives_flat_loss_zero_grads_and_identical_outputs():
+    torch.manual_seed(0)
+    model, x = load("broken_overfit_dead.py:build")
+    r = diag.run(model, x, diag.Options(steps=20))
+    # all-zero logits: cross-entropy is exactly ln(10) at every step
+    assert all(v == pytest.approx(math.log(10), rel=1e-6) for v in r.series["loss"])
+    assert {"flat-loss", "zero-grad", "unchanged-params", "identical-outputs", "cannot-overfit"} <= set(codes(r))
+    zero = finding(r, "zero-grad")
+    assert zero.where == "0.weight" and "0.weight, 0.bias, 3.weight" in zero.message
+    assert finding(r, "identical-outputs").where == "2"          # the dead ReLU
+    assert r.series["grad_norm"] == [0.0] * 20
+
+
+def test_non_finite_loss_points_to_nancheck():
+    torch.manual_seed(0)
+    model, x = load("broken_overfit_nan.py:build")
+    r = diag.run(model, x, diag.Options())
+    f = finding(r, "non-finite-loss")
+    assert "step 0" in f.message and "nancheck" in f.hint
+    assert r.data["steps"] == 0 and math.isnan(r.data["initial_loss"]) and r.data["final_accuracy"] is None
+    assert "cannot-overfit" in codes(r)
+
+
+def test_loss_without_graph_is_no_grad(tmp_path):
+    (tmp_path / "m.py").write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 3)
+            def forward(self, x):
+                with torch.no_grad():
+                    return self.fc(x)
+        def build():
+            return M()
+        def example_inputs():
+            return (torch.randn(6, 4),)
+    """))
+    from torchdiag.core.inputs import resolve_inputs
+    from torchdiag.core.loading import load_model
+
+    loaded = load_model(f"{tmp_path}/m.py:build", [], torch.device("cpu"))
+    x = resolve_inputs([], loaded, torch.device("cpu"))
+    r = diag.run(loaded.model, x, diag.Options())
+    f = finding(r, "no-grad")
+    assert f.where == "" and "does not require grad" in f.message
+    assert r.data["steps"] == 0 and "cannot-overfit" in codes(r)
+
+
+def test_on_step_is_called_for_every_evaluation():
+    torch.manual_seed(0)
+    model, x = load("mlp.py:build")
+    seen = []
+    r = diag.run(model, x, diag.Options(on_step=lambda s, v: seen.append((s, v))))
+    assert seen == list(enumerate(r.series["loss"]))
+
+
+# --- CLI ------------------------------------------------------------------------------------------
+
+def test_cli_pass_json_keys_and_exit_0(cli):
+    r = cli("overfit-batch", sample("mlp.py:build"), "--json")
+    assert r.code == 0
+    d = r.json
+    for key in ("passed", "steps", "initial_loss", "final_loss", "best_loss", "loss", "findings",
+                "grad_norm", "learning_rate", "steps_to_target", "loss_rule", "interrupted"):
+        assert key in d, key
+    assert d["passed"] is True and d["exit_code"] == 0 and d["interrupted"] is False
+    assert len(d["loss"]) == d["steps"] + 1 and d["final_loss"] == d["loss"][-1]
+    assert d["best_loss"] == min(d["loss"]) and d["loss_rule"] == "cross_entropy on output"
+
+
+def test_cli_cannot_overfit_exit_1_and_table(cli):
+    r = cli("overfit-batch", sample("broken_cannot_overfit.py:build"), "--steps", "100")
+    assert r.code == 1
+    assert "ERROR   cannot-overfit" in r.stdout and "FAIL: cannot overfit" in r.stdout
+    assert "Loss curve" in r.stdout and "loss rule: cross_entropy on output" in r.stdout
+    j = cli("overfit-batch", sample("broken_cannot_overfit.py:build"), "--steps", "100", "--json").json
+    assert j["passed"] is False and j["exit_code"] == 1
+    assert [f["code"] for f in j["findings"]][-1] == "cannot-overfit"
+
+
+def test_cli_same_seed_same_curve_other_seed_other_curve(cli):
+    args = ("overfit-batch", sample("mlp.py:build"), "--steps", "15", "--target-ratio", "1e-9", "--json")
+    a, b = cli(*args).json, cli(*args).json
+    c = cli(*args, "--seed", "1").json
+    assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"] and len(a["loss"]) == 16
+    assert c["loss"] != a["loss"]
+
+
+def test_cli_batch_function_targets_are_used(cli, tmp_path):
+    (tmp_path / "data.py").write_text(textwrap.dedent("""
+        import torch
+        def one_batch():
+            g = torch.Generator().manual_seed(7)
+            return torch.randn(12, 784, generator=g), torch.arange(12) % 10
+    """))
+    d = cli("overfit-batch", sample("mlp.py:build"), "--batch", f"{tmp_path}/data.py:one_batch",
+            "--steps", "2", "--target-ratio", "1e-9", "--json").json
+    # Truth: rebuild the model as the CLI does (factory seeded with --seed 0) and compute CE by hand.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model, _ = load("mlp.py:build")
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(12, 784, generator=g)
+    assert d["initial_loss"] == pytest.approx(float(F.cross_entropy(model(x), torch.arange(12) % 10)), rel=1e-6)
+    assert d["batch_size"] == 12 and d["inputs"] == ["input[0]: 12x784 float32"]
+
+
+KEYBOARD_LOSS = """
+import torch.nn.functional as F
+calls = []
+def loss(output, target):
+    calls.append(1)
+    if len(calls) == 6:          # the 6th evaluation is step 5
+        raise KeyboardInterrupt
+    return F.mse_loss(output, output.detach() * 0 + 1)
+"""
+
+
+def test_ctrl_c_gives_partial_result_exit_130_and_flushed_tensorboard(cli, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    lossfile = tmp_path / "kb.py"
+    lossfile.write_text(KEYBOARD_LOSS)
+    r = cli("overfit-batch", sample("mlp.py:build"), "--loss", f"{lossfile}:loss", "--tb", tmp_path / "tb", "--json")
+    assert r.code == 130
+    d = r.json
+    assert d["interrupted"] is True and d["exit_code"] == 130 and d["passed"] is False
+    assert d["steps"] == 5 and len(d["loss"]) == 5 and len(d["grad_norm"]) == 5
+    assert "cannot-overfit" not in [f["code"] for f in d["findings"]]
+    acc = EventAccumulator(str(tmp_path / "tb" / "overfit-batch"))
+    acc.Reload()
+    assert [e.value for e in acc.Scalars("overfit-batch/loss")] == pytest.approx(d["loss"])
+    # table mode prints the partial result and says so on stderr
+    lossfile2 = tmp_path / "kb2.py"
+    lossfile2.write_text(KEYBOARD_LOSS)
+    t = cli("overfit-batch", sample("mlp.py:build"), "--loss", f"{lossfile2}:loss")
+    assert t.code == 130 and "INTERRUPTED after 5 step(s)" in t.stdout and "Initial loss" in t.stdout
+    assert "interrupted at step 5" in t.stderr and "Traceback" not in t.stderr
+
+
+def test_tensorboard_series_tags(cli, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    d = cli("overfit-batch", sample("mlp.py:build"), "--tb", tmp_path, "--optimizer", "sgd", "--lr", "0.05",
+            "--json").json
+    acc = EventAccumulator(str(tmp_path / "overfit-batch"))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    for tag in ("overfit-batch/loss", "overfit-batch/grad_norm", "overfit-batch/learning_rate"):
+        assert tag in tags
+    assert [e.value for e in acc.Scalars("overfit-batch/loss")] == pytest.approx(d["loss"])
+    assert [e.value for e in acc.Scalars("overfit-batch/learning_rate")] == pytest.approx([0.05] * d["steps"])
+    assert [e.step for e in acc.Scalars("overfit-batch/grad_norm")] == list(range(d["steps"]))
+
+
+def test_plot_writes_png(cli, tmp_path):
+    out = tmp_path / "curve.png"
+    r = cli("overfit-batch", sample("mlp.py:build"), "--plot", out)
+    assert r.code == 0 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"Loss curve: {out}" in r.stderr
+
+
+def test_plot_without_matplotlib_is_exit_2(cli, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib → ImportError
+    r = cli("overfit-batch", sample("mlp.py:build"), "--plot", tmp_path / "c.png")
+    assert r.code == 2 and r.stderr.startswith("error: --plot needs matplotlib")
+    assert "Traceback" not in r.stderr and not (tmp_path / "c.png").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-i", "8xZ"], "error: bad input shape"),
+    (["--steps", "0"], "error: --steps must be ≥ 1"),
+    (["--optimizer", "rmsprop"], "error: unknown optimizer 'rmsprop'"),
+    (["--amp", "fp8"], "error: unknown --amp 'fp8'"),
+    (["--target-ratio", "2"], "error: --target-ratio must be between 0 and 1"),
+    (["--plot", "curve.txt"], "error: --plot curve.txt: unsupported file type '.txt'"),
+    (["--device", "meta"], "error: overfit-batch trains the model: meta tensors hold no values"),
+    (["--loss", "hinge"], "error: unknown loss 'hinge'"),
+])
+def test_bad_input_is_exit_2_with_one_error_line(cli, args, message):
+    r = cli("overfit-batch", sample("mlp.py:build"), *args)
+    assert r.code == 2, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(message), r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+def test_cuda_on_cpu_only_machine_is_exit_2(cli):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    r = cli("overfit-batch", sample("mlp.py:build"), "--device", "cuda", "--json")
+    assert r.code == 2 and r.stderr.startswith("error: device 'cuda' is not available")
+    assert r.json["exit_code"] == 2
+
+
+def test_model_that_raises_is_exit_3_naming_the_module(cli):
+    r = cli("overfit-batch", sample("broken_shape.py:build"))
+    assert r.code == 3 and "error: forward (step 0) failed in 2.0 (Linear)" in r.stderr
+
+
+@pytest.mark.cuda
+def test_cuda_passes_and_leaves_model_untouched(untouched):
+    torch.manual_seed(0)
+    model, x = load("cnn.py:build", device="cuda", inputs=["8x3x32x32"])
+    with untouched(model):
+        r = diag.run(model, x, diag.Options(amp="fp16"))
+    assert r.data["passed"]
