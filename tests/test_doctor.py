@@ -1,0 +1,258 @@
+"""doctor: each broken sample model is caught by its own check, naming the exact culprit."""
+import pytest
+import torch
+from torch import nn
+
+from conftest import load, sample
+
+DOCTOR = "doctor"
+
+
+def doc(cli, name, *extra):
+    r = cli(DOCTOR, sample(name), "--json", *extra)
+    assert r.stdout.strip(), r.stderr
+    return r, r.json
+
+
+def found(d, code):
+    return [f for f in d["findings"] if f["code"] == code]
+
+
+def row(d, check_id):
+    return next(r for r in d["checks"] if r["id"] == check_id)
+
+
+def run_diag(model, inputs, **kw):
+    from torchdiag.diagnostics import doctor
+
+    return doctor.run(model, inputs, doctor.Options(**kw))
+
+
+# ---------------------------------------------------------------- healthy model: all checks pass
+def test_healthy_mlp_passes_with_true_input_stats(cli):
+    r, d = doc(cli, "mlp.py:build")
+    assert r.code == 0 and d["exit_code"] == 0
+    assert not [f for f in d["findings"] if f["severity"] in ("error", "warning")]
+    assert {x["id"] for x in d["checks"]} == {"device", "inplace", "modes", "batchnorm", "determinism", "update",
+                                              "frozen", "dtype", "inputs", "target"}
+    assert all(x["status"] == "ok" for x in d["checks"]), d["checks"]
+    for key in ("checks", "input_stats", "findings", "notes", "schema_version"):
+        assert key in d
+    # independent truth: example_inputs() is torch.randn(16, 784) under seed 0
+    torch.manual_seed(0)
+    x = torch.randn(16, 784).double()
+    (s,) = d["input_stats"]
+    assert s["input"] == "input[0]" and s["shape"] == "16x784" and s["non_finite"] == 0
+    assert s["min"] == pytest.approx(float(x.min()), abs=1e-6)
+    assert s["max"] == pytest.approx(float(x.max()), abs=1e-6)
+    assert s["mean"] == pytest.approx(float(x.mean()), abs=1e-9)
+    assert s["std"] == pytest.approx(float(x.std()), abs=1e-9)
+    assert "6/6 params change" in row(d, "update")["verdict"]  # 3 Linear layers: 3 weights + 3 biases
+
+
+# ---------------------------------------------------------------- device
+def test_tensor_created_without_device_is_caught_on_cpu_only_machine(cli):
+    model, inputs = load("broken_doctor_device.py:build")
+    inputs.call(model)  # on the CPU the bug is silent: forward works
+    r, d = doc(cli, "broken_doctor_device.py:build")
+    assert r.code == 1
+    (f,) = found(d, "device-mismatch")
+    assert f["severity"] == "error" and f["where"] == "pos" and "LearnedPositions" in f["message"]
+    assert "device=x.device" in f["hint"]
+    assert row(d, "device")["where"] == "pos"
+
+
+class _MatmulCpu(nn.Module):
+    def forward(self, x):
+        return x @ torch.ones(x.shape[-1], 3)   # meta alone lets meta @ cpu through; CUDA would not
+
+
+def test_device_guard_catches_op_meta_itself_allows():
+    model = nn.Sequential(nn.Linear(4, 4), _MatmulCpu())
+    from torchdiag.core.inputs import ModelInputs
+
+    res = run_diag(model, ModelInputs((torch.randn(2, 4),)))
+    (f,) = [f for f in res.findings if f.code == "device-mismatch"]
+    assert f.where == "1" and "aten.mm" in f.message
+
+
+def test_parameters_spread_over_devices():
+    from torchdiag.core.inputs import ModelInputs
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    model[1].to("meta")
+    res = run_diag(model, ModelInputs((torch.randn(2, 4),)))
+    spread = [f for f in res.findings if f.code == "device-mismatch"]
+    assert [f.where for f in spread] == ["1"]
+    assert "weight, bias on meta" in spread[0].message and "cpu: 2" in spread[0].message
+    assert res.exit_code == 1
+
+
+# ---------------------------------------------------------------- in-place
+def test_inplace_edit_names_the_editing_module(cli):
+    r, d = doc(cli, "broken_doctor_inplace.py:build")
+    assert r.code == 1
+    (f,) = found(d, "inplace-autograd")
+    assert f["where"] == "shift" and "InplaceShift" in f["message"]
+    assert "saved for backward by act" in f["message"]   # Sigmoid saved its output
+    assert row(d, "update")["status"] == "skipped"
+
+
+def test_inplace_relu_after_sigmoid_is_named():
+    from torchdiag.core.inputs import ModelInputs
+
+    model = nn.Sequential(nn.Linear(5, 6), nn.Sigmoid(), nn.ReLU(inplace=True), nn.Linear(6, 2))
+    res = run_diag(model, ModelInputs((torch.randn(3, 5),)))
+    (f,) = [f for f in res.findings if f.code == "inplace-autograd"]
+    assert f.where == "2" and "ReLU" in f.message and "saved for backward by 1" in f.message
+
+
+# ---------------------------------------------------------------- modes
+def test_batchnorm_batch_one_fails_in_train_mode(cli):
+    r, d = doc(cli, "broken_doctor_batchnorm.py:build")
+    assert r.code == 1
+    (f,) = found(d, "batchnorm-batch-1")
+    assert f["severity"] == "error" and f["where"] == "bn" and "batch size 1" in f["message"]
+    assert row(d, "inplace")["status"] == "skipped"
+
+
+def test_batchnorm_batch_one_probe_warns_when_batch_is_larger(cli):
+    r, d = doc(cli, "broken_doctor_batchnorm.py:build", "-i", "4x20")
+    assert r.code == 0
+    (f,) = found(d, "batchnorm-batch-1")
+    assert f["severity"] == "warning" and f["where"] == "bn"
+    (m,) = found(d, "mode-dependent")
+    assert m["severity"] == "info" and m["where"] == "bn" and "BatchNorm1d" in m["message"]
+
+
+def test_nondeterministic_eval_names_the_module(cli):
+    r, d = doc(cli, "broken_doctor_nondeterministic.py:build")
+    assert r.code == 1
+    (f,) = found(d, "nondeterministic-eval")
+    assert f["where"] == "noise" and "AlwaysDropout" in f["message"]
+    (m,) = found(d, "mode-dependent")
+    assert m["where"] == "drop" and "Dropout" in m["message"]
+
+
+# ---------------------------------------------------------------- parameters
+def test_params_with_gradient_that_never_update(cli):
+    r, d = doc(cli, "broken_doctor_not_updated.py:build")
+    assert r.code == 1
+    fs = found(d, "param-not-updated")
+    assert {f["where"] for f in fs} == {"gate.scale", "head.bias"}
+    by = {f["where"]: f["message"] for f in fs}
+    assert "writes the old value back" in by["gate.scale"] and "all zeros" in by["head.bias"]
+
+
+def test_frozen_backbone_listed_by_module(cli):
+    r, d = doc(cli, "broken_doctor_frozen.py:build")
+    assert r.code == 0
+    (f,) = found(d, "frozen")
+    assert f["severity"] == "info" and f["where"] == "backbone"
+    assert f"({16 * 32 + 32 + 32 * 32 + 32:,} params)" in f["message"]
+    assert d["frozen_params"] == [{"module": "backbone", "params": 1600, "frozen": "all parameters"}]
+
+
+# ---------------------------------------------------------------- dtypes
+def test_float64_parameter_promotes_output(cli):
+    r, d = doc(cli, "broken_doctor_dtype.py:build")
+    assert r.code == 1
+    (f,) = found(d, "dtype-mismatch")
+    assert f["where"] == "norm.gain" and f["severity"] == "error" and "promotes the output to float64" in f["message"]
+    assert "float32: 136, float64: 8" in f["message"]    # 16*8+8 float32, 8 float64
+
+
+def test_input_dtype_differs_from_parameters(cli):
+    r, d = doc(cli, "mlp.py:build", "-i", "16x784:float64")
+    assert r.code == 1
+    (f,) = found(d, "dtype-mismatch")
+    assert f["where"] == "input[0]" and "float64" in f["message"] and "float32" in f["message"]
+    (ff,) = found(d, "forward-fails")
+    assert ff["where"] == "0"
+
+
+# ---------------------------------------------------------------- inputs and targets
+def test_unnormalised_image_input(cli):
+    r, d = doc(cli, "broken_doctor_unnormalised.py:build")
+    assert r.code == 0
+    (f,) = found(d, "unnormalised-input")
+    assert f["severity"] == "warning" and f["where"] == "input[0]"
+    torch.manual_seed(0)
+    x = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8).double()
+    s = d["input_stats"][0]
+    assert (s["min"], s["max"]) == (float(x.min()), float(x.max()))
+    assert s["mean"] == pytest.approx(float(x.mean()))
+
+
+def test_target_out_of_range_from_batch_function(cli):
+    spec = sample("broken_doctor_target.py:batch")
+    r, d = doc(cli, "broken_doctor_target.py:build", "--batch", spec)
+    assert r.code == 1
+    (f,) = found(d, "target-out-of-range")
+    # labels arange(16) % 10 + 1: values 1..10, only i = 9 gives 10
+    assert f["where"] == "output" and "[1, 10]" in f["message"] and "10 classes" in f["message"]
+    assert "1 of 16 targets" in f["message"] and "subtract 1" in f["hint"]
+    assert row(d, "update")["status"] == "ok"   # training checks still ran, on random targets
+
+
+def test_non_finite_input():
+    from torchdiag.core.inputs import ModelInputs
+
+    x = torch.randn(4, 6)
+    x[0, 1] = float("nan")
+    x[2, 3] = float("inf")
+    res = run_diag(nn.Linear(6, 3), ModelInputs((x,)))
+    (f,) = [f for f in res.findings if f.code == "non-finite-input"]
+    assert f.where == "input[0]" and "2 of 24" in f.message
+
+
+# ---------------------------------------------------------------- contract
+@pytest.mark.parametrize("name", ["broken_doctor_not_updated.py:build", "broken_doctor_batchnorm.py:build",
+                                  "broken_doctor_nondeterministic.py:build", "cnn.py:build",
+                                  "broken_doctor_inplace.py:build"])
+def test_model_untouched(untouched, name):
+    from torchdiag.core.loading import find_factory, load_model
+
+    loaded = load_model(sample(name), [], torch.device("cpu"))
+    model, inputs = load(name)
+    model.train()
+    with untouched(model):
+        run_diag(model, inputs, factory=find_factory(loaded.module, loaded.factory, name))
+
+
+def test_bad_input_is_exit_2_one_line(cli):
+    r = cli(DOCTOR, sample("mlp.py:build"), "-i", "16xabc")
+    assert r.code == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in r.stderr + r.stdout
+
+
+def test_cuda_on_cpu_only_machine_is_exit_2(cli):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    r = cli(DOCTOR, sample("mlp.py:build"), "--device", "cuda")
+    assert r.code == 2 and "error: device 'cuda' is not available" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_model_raising_is_exit_3_naming_module(cli):
+    r = cli(DOCTOR, sample("broken_shape.py:build"))
+    assert r.code == 3 and "2.0 (Linear)" in r.stderr
+
+
+def test_table_and_tensorboard(cli, tmp_path):
+    r = cli(DOCTOR, sample("broken_doctor_inplace.py:build"), "--tb", tmp_path)
+    assert r.code == 1
+    assert "Checklist" in r.stdout and "inplace-autograd" in r.stdout and "shift" in r.stdout
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "doctor"))
+    acc.Reload()
+    tags = acc.Tags()["tensors"]
+    assert any("doctor/checks" in t for t in tags) and any("doctor/findings" in t for t in tags)
+
+
+@pytest.mark.cuda
+def test_device_mismatch_on_real_gpu(cli):
+    r, d = doc(cli, "broken_doctor_device.py:build", "--device", "cuda")
+    assert r.code == 1
+    assert [f["where"] for f in found(d, "device-mismatch")] == ["pos"]

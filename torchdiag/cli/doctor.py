@@ -1,0 +1,44 @@
+"""`torchdiag doctor`: the silent-killer checklist (device, in-place, modes, updates, dtypes, inputs)."""
+from __future__ import annotations
+
+from . import common as c
+
+EXAMPLE = """Examples:
+
+  torchdiag doctor sample_models/cnn.py:build -i 8x3x32x32
+
+  torchdiag doctor sample_models/broken_doctor_device.py:build --json
+
+  torchdiag doctor model.py:build --batch model.py:batch --loss cross_entropy --tb runs/"""
+
+
+def register(app) -> None:
+    @app.command("doctor", epilog=EXAMPLE, no_args_is_help=True)
+    def doctor(spec: c.Spec, arg: c.Args = None, input: c.Inputs = None, device: c.Device = "auto",
+               loss: c.Loss = "auto", batch: c.Batch = None, seed: c.Seed = 0, json: c.Json = False,
+               tb: c.Tb = None, debug: c.Debug = False) -> None:
+        """Run the checklist of bugs that let a model train while quietly doing the wrong thing.
+
+        Each check gives a verdict, the module or parameter concerned, and a hint: tensors created in
+        forward without a device (found on the meta device, no GPU needed) and parameters on several
+        devices (device-mismatch); in-place edits that break backward (inplace-autograd); Dropout/
+        BatchNorm modes (mode-dependent), BatchNorm with batch size 1 (batchnorm-batch-1), eval output
+        that changes between runs (nondeterministic-eval); parameters that get a gradient but do not
+        change after an optimizer step (param-not-updated) and frozen ones (frozen); mixed dtypes
+        (dtype-mismatch); input statistics, raw [0, 255] images (unnormalised-input), and class targets
+        from --batch beyond the output width (target-out-of-range). Everything that runs the model
+        works on a copy. Exit 1 when any check finds an error."""
+        from ..diagnostics import doctor as diag
+
+        opts = c.CommonOptions("doctor", spec, arg or [], input or [], device, seed, json, tb, debug,
+                               loss=loss, batch=batch)
+
+        def run(t):
+            from ..core.loading import find_factory
+
+            factory = find_factory(t.loaded.module, t.loaded.factory, t.loaded.spec)
+            return diag.run(t.model, t.inputs, diag.Options(loss=t.loss(), factory=factory,
+                                                            kwargs=dict(t.loaded.kwargs),
+                                                            batch_target=t.batch_target, seed=seed))
+
+        c.execute(opts, run)
