@@ -1,0 +1,54 @@
+"""`torchdiag embeddings`: a layer's outputs for the batch, written for TensorBoard's projector."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from . import common as c
+
+EXAMPLE = """Examples:
+
+  torchdiag embeddings sample_models/cnn.py:build --layer head.0 --tb runs
+
+  torchdiag embeddings sample_models/vit.py:build --layer ln --reduce first --batch data.py:batch --tb runs --json"""
+
+Layer = Annotated[str, typer.Option("--layer", "-l", metavar="NAME", show_default=False,
+                                    help="Module whose output is the embedding (one vector per sample).")]
+Images = Annotated[Optional[Path], typer.Option("--images", metavar="DIR", show_default=False,
+                                                help="Also write embeddings_<layer>_pca.png (samples on the first two principal components).")]
+Reduce = Annotated[str, typer.Option("--reduce", help="auto|mean|first|flatten: how N×L×D or N×C×H×W outputs become one vector per sample.")]
+
+
+def register(app) -> None:
+    @app.command("embeddings", epilog=EXAMPLE, no_args_is_help=True)
+    def embeddings(spec: c.Spec, layer: Layer = "", reduce: Reduce = "auto", images: Images = None, arg: c.Args = None, input: c.Inputs = None,
+                   batch: c.Batch = None, device: c.Device = "auto", seed: c.Seed = 0, json: c.Json = False,
+                   tb: c.Tb = None, debug: c.Debug = False) -> None:
+        """Write the layer's outputs for the batch for TensorBoard's projector (DIR/embeddings/).
+
+        Labels come from --batch PATH:fn returning (inputs, labels); image inputs become the
+        projector's sprite. Reports the vector size and, with labels, how often a sample's
+        nearest neighbour shares its label."""
+        from ..errors import ExitCode
+
+        opts = c.CommonOptions("embeddings", spec, arg or [], input or [], device, seed, json, None, debug, batch=batch)
+        missing = ("embeddings needs --layer NAME", "the module whose output you want to see, e.g. --layer head.0") if not layer else \
+            ("embeddings needs --tb DIR: the projector data is written for TensorBoard",
+             "e.g. --tb runs, then tensorboard --logdir runs (PROJECTOR tab)") if tb is None else None
+        if missing:
+            c._report(missing[0], missing[1], ExitCode.USAGE, opts)
+            raise typer.Exit(int(ExitCode.USAGE))
+
+        def run(t):
+            from ..diagnostics import embeddings as diag
+
+            if images:
+                from ..render.images import need_pictures
+
+                need_pictures("the PCA preview")
+            return diag.run(t.model, t.inputs, diag.Options(layer=layer, logdir=str(tb), reduce=reduce,
+                                                            labels=t.batch_target, images=str(images) if images else None))
+
+        c.execute(opts, run)
