@@ -66,8 +66,8 @@ class _Act:
     """Running activation statistics of one module over all its calls (tensors, summed lazily)."""
     kind: str                      # relu | saturating | relu+saturating | other
     n: list = field(default_factory=list)
-    s: list = field(default_factory=list)
-    ss: list = field(default_factory=list)
+    s: list = field(default_factory=list)       # per-call sum
+    ss: list = field(default_factory=list)      # per-call L2 norm
     zeros: list = field(default_factory=list)
     dead: list = field(default_factory=list)
     units: int = 0
@@ -129,10 +129,10 @@ class _Recorder:
         act = self.acts.get(name)
         if act is None:
             act = self.acts[name] = _Act(cls, shape=describe(y))
-        yf = y.float()
+        yf = y if y.dtype in (torch.float32, torch.float64) else y.float()
         act.n.append(yf.numel())
         act.s.append(yf.sum())
-        act.ss.append((yf * yf).sum())
+        act.ss.append(torch.linalg.vector_norm(yf))     # sqrt(sum y^2), without a y*y temporary
         if "relu" in cls:
             zero = yf == 0
             act.zeros.append(zero.sum())
@@ -313,19 +313,26 @@ def run(model, inputs, opts: Options | None = None) -> Result:
     # --- per parameter
     rows = []
     stat_vecs = []
+    dense: dict[str, Any] = {}
     for n in names:
         p, g = params[n], grads[n]
-        w = p.detach().float()
-        vec = [w.norm()]
+        w = p.detach()
+        vec = [torch.linalg.vector_norm(w, dtype=torch.float32)]
         if g is not None:
-            if g.is_sparse:
-                g = g.coalesce()._values()
-            gf = g.detach().float()
-            a = gf.abs()
-            vec += [gf.norm(), a.sum(), a.amax() if a.numel() else a.sum(), torch.isnan(gf).sum().float(),
-                    torch.isinf(gf).sum().float(), (gf != 0).sum().float()]
-        stat_vecs.append(torch.stack([v.reshape(()).to(w.device) for v in vec]))
+            g = (g.coalesce()._values() if g.is_sparse else g).detach()
+            dense[n] = g
+            # L2, L1 (sum |g|) and L-inf (max |g|) norms: one reduction each, no temporaries
+            vec += [torch.linalg.vector_norm(g, ord=o, dtype=torch.float32) if g.numel() else w.new_zeros((), dtype=torch.float32)
+                    for o in (2, 1, math.inf)]
+        stat_vecs.append(torch.stack([v.reshape(()).float().to(w.device) for v in vec]))
     values = [v.cpu().tolist() for v in stat_vecs]
+    for n, vals in zip(names, values):
+        # NaN/Inf counts only where a norm is not finite (a finite L1 norm means all values are finite)
+        if n in dense and not all(math.isfinite(v) for v in vals[1:]):
+            g = dense[n]
+            vals += [int(torch.isnan(g).sum()), int(torch.isinf(g).sum())]
+        elif n in dense:
+            vals += [0, 0]
 
     ran = set(rec.order)
     for n, vals in zip(names, values):
@@ -335,12 +342,11 @@ def run(model, inputs, opts: Options | None = None) -> Result:
                "grad_weight_ratio": None, "mean_abs_grad": None, "max_abs_grad": None,
                "nan": 0, "inf": 0, "status": "ok", "reason": None, "allowed": False}
         if grads[n] is not None:
-            gnorm, asum, amax, nan, inf, nonzero = vals[1:]
-            row.update(grad_norm=gnorm, mean_abs_grad=asum / max(p.numel(), 1), max_abs_grad=amax,
-                       nan=int(nan), inf=int(inf))
+            gnorm, asum, amax, nan, inf = vals[1:]
+            row.update(grad_norm=gnorm, mean_abs_grad=asum / max(p.numel(), 1), max_abs_grad=amax, nan=nan, inf=inf)
             if vals[0] > 0 and math.isfinite(gnorm):
                 row["grad_weight_ratio"] = gnorm / vals[0]
-            row["status"] = _status(row, int(nonzero), opts)
+            row["status"] = _status(row, opts)
         elif not p.requires_grad:
             row["status"] = "frozen"
         else:
@@ -442,10 +448,10 @@ def run(model, inputs, opts: Options | None = None) -> Result:
     return result
 
 
-def _status(row, nonzero: int, opts: Options) -> str:
+def _status(row, opts: Options) -> str:
     if row["nan"] or row["inf"]:
         return "non-finite-grad"
-    if nonzero == 0:
+    if row["max_abs_grad"] == 0:
         return "zero-grad"
     ratio = row["grad_weight_ratio"]
     if row["grad_norm"] > opts.exploding or (ratio is not None and ratio > opts.exploding_ratio):
@@ -618,12 +624,12 @@ def _activation_rows(rec: _Recorder, modules, opts: Options, result) -> list[dic
     for name in sorted(rec.acts, key=lambda n: rec.order.get(n, 0)):
         act = rec.acts[name]
         n = sum(act.n)
-        s = float(torch.stack(act.s).double().sum())
-        ss = float(torch.stack(act.ss).double().sum())
-        mean = s / n if n else None
-        var = max(ss / n - mean * mean, 0.0) if n else None
+        sums = torch.stack(act.s).double().cpu().tolist()
+        norms = torch.stack(act.ss).double().cpu().tolist()
+        mean = sum(sums) / n if n else None
+        var = max(sum(x * x for x in norms) / n - mean * mean, 0.0) if n else None
         row = {"module": name, "_label": _label(name), "type": rec.types.get(name, ""), "shape": act.shape,
-               "calls": len(act.n), "mean": mean, "std": math.sqrt(var) if var is not None and n > 1 and math.isfinite(var) else var,
+               "calls": len(act.n), "mean": mean, "std": math.sqrt(var) if var is not None and math.isfinite(var) else var,
                "zero_fraction": None, "dead_fraction": None, "dead_units": None, "units": None,
                "saturated_fraction": None}
         if "relu" in act.kind:

@@ -1,0 +1,55 @@
+"""gradflow cost as ratios against a plain forward+backward of the same model, same process.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_gradflow.py
+
+baseline: grads set to None, forward, loss, backward (train mode).
+gradflow run(): the whole diagnostic — hooks on every module (execution order, output autograd
+nodes, activation statistics), autograd-graph walk, backward, per-parameter statistics, buffer
+snapshot/restore, tables and findings. `+ histograms` also copies every weight and gradient to
+numpy for --tb."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import compare, load  # noqa: E402
+
+
+def main() -> None:
+    import torch
+
+    from torchdiag.core.loss import Loss
+    from torchdiag.diagnostics import gradflow as gf
+
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
+    cases = [("mlp.py:build", ["32x784"], 15), ("cnn.py:build", ["32x3x32x32"], 10),
+             ("resnet.py:build", ["32x3x32x32"], 5), ("transformer_lm.py:build", [], 10),
+             ("vit.py:build", ["8x3x32x32"], 5)]
+    print(f"{'model':26} {'fwd+bwd ms':>10} {'run()':>7} {'+hist':>7}")
+    for spec, shapes, reps in cases:
+        model, inputs = load(spec, *shapes)
+        model.train()
+        loss = Loss("auto", 0)
+
+        def plain():
+            for p in model.parameters():
+                p.grad = None
+            loss(inputs.call(model)).backward()
+            for p in model.parameters():
+                p.grad = None
+
+        def diag():
+            gf.run(model, inputs, gf.Options(loss=loss))
+
+        def diag_hist():
+            gf.run(model, inputs, gf.Options(loss=loss, histograms=True))
+
+        base, rows = compare(plain, {"run": diag, "hist": diag_hist}, repeat=reps)
+        r = dict(rows)
+        print(f"{spec:26} {base * 1000:10.1f} {r['run'] / base:6.2f}x {r['hist'] / base:6.2f}x")
+
+
+if __name__ == "__main__":
+    main()

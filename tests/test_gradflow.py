@@ -1,0 +1,337 @@
+"""gradflow: statuses and culprits on hand-built and broken sample models, numbers against
+closed forms, the CLI contract (exit codes, JSON keys, --plot, --tb), and no trace left."""
+import math
+import sys
+
+import pytest
+from conftest import load, sample
+
+import torch
+from torch import nn
+
+from torchdiag.core.inputs import ModelInputs
+from torchdiag.core.loss import Loss
+from torchdiag.diagnostics import gradflow as gf
+
+
+def run(model, *args, **opts):
+    return gf.run(model, ModelInputs(tuple(args)), gf.Options(**opts))
+
+
+def by(rows, key, value):
+    return next(r for r in rows if r[key] == value)
+
+
+def codes(result_or_doc):
+    fs = result_or_doc["findings"] if isinstance(result_or_doc, dict) else [f.to_dict() for f in result_or_doc.findings]
+    return {(f["code"], f["where"]) for f in fs}
+
+
+# ---------------------------------------------------------------- numbers against closed forms
+
+def test_linear_sum_loss_matches_closed_form():
+    # y = W x + b, loss = sum(y): dL/dW[i, :] = sum_n x_n for every row i, dL/db = N for every entry.
+    lin = nn.Linear(3, 2)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor([[1.0, -2.0, 0.5], [0.0, 3.0, -1.0]]))
+        lin.bias.copy_(torch.tensor([0.25, -0.75]))
+    x = torch.tensor([[1.0, 2.0, -3.0], [0.5, -1.0, 4.0], [2.0, 0.0, 1.0], [-1.5, 1.0, 0.0]])
+    s = x.sum(0)                                   # [2.0, 2.0, 2.0]
+    res = run(lin, x, loss=Loss("sum"), depth=1)
+    w = by(res.table("params").rows, "name", "weight")
+    b = by(res.table("params").rows, "name", "bias")
+    assert w["grad_norm"] == pytest.approx(math.sqrt(2) * float(s.norm()))
+    assert w["weight_norm"] == pytest.approx(math.sqrt(1 + 4 + 0.25 + 9 + 1))
+    assert w["grad_weight_ratio"] == pytest.approx(w["grad_norm"] / w["weight_norm"])
+    assert w["mean_abs_grad"] == pytest.approx(float(s.abs().mean()))
+    assert w["max_abs_grad"] == pytest.approx(float(s.abs().max()))
+    assert b["grad_norm"] == pytest.approx(4 * math.sqrt(2))
+    assert b["mean_abs_grad"] == pytest.approx(4.0) and b["max_abs_grad"] == pytest.approx(4.0)
+    assert w["status"] == b["status"] == "ok" and res.exit_code == 0
+    assert res.data["loss_value"] == pytest.approx(float(lin(x).sum().detach()))
+    layer = res.table("layers").rows[0]   # the root: both tensors aggregated
+    assert layer["grad_norm"] == pytest.approx(math.sqrt(w["grad_norm"] ** 2 + b["grad_norm"] ** 2))
+    assert layer["max_abs_grad"] == pytest.approx(4.0)
+    assert layer["mean_abs_grad"] == pytest.approx((float(s.abs().sum()) * 2 + 8) / 8)
+
+
+def test_activation_health_counts():
+    # fc1 = fc2 = identity: ReLU sees x, Tanh sees relu(x).
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.Tanh())
+    with torch.no_grad():
+        model[0].weight.copy_(torch.eye(4)); model[0].bias.zero_()
+        model[2].weight.copy_(torch.eye(4)); model[2].bias.zero_()
+    x = torch.tensor([[1.0, -1.0, 2.0, -3.0], [-1.0, -2.0, 3.0, 4.0]])
+    res = run(model, x, loss=Loss("sum"), dead=0.2)
+    acts = {r["module"]: r for r in res.table("activations").rows}
+    relu, tanh = acts["1"], acts["3"]
+    assert relu["zero_fraction"] == pytest.approx(4 / 8)          # four negatives
+    assert relu["dead_units"] == 1 and relu["units"] == 4          # column 1 negative in both rows
+    assert relu["mean"] == pytest.approx(10 / 8)
+    r = torch.tensor([1.0, 0, 2, 0, 0, 0, 3, 4])
+    assert relu["std"] == pytest.approx(float(r.std(unbiased=False)))
+    assert tanh["saturated_fraction"] == pytest.approx(2 / 8)     # tanh(3), tanh(4) > 0.99 > tanh(2)
+    assert tanh["zero_fraction"] is None and relu["saturated_fraction"] is None
+    assert ("dead-units", "1") in codes(res)                       # 25% > 20%
+    assert not any(f.code == "saturated" for f in res.findings)    # 25% < 50%
+    assert ("saturated", "3") in codes(run(model, x, loss=Loss("sum"), saturated=0.2))
+    assert res.exit_code == 0                                       # warnings only
+    strict = run(model, x, loss=Loss("sum"), dead=0.2, strict=True)
+    assert strict.exit_code == 1
+
+
+def test_layers_follow_execution_order_and_depth():
+    class Backwards(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.late = nn.Linear(8, 2)                 # registered first, runs last
+            self.early = nn.Sequential(nn.Linear(4, 8), nn.ReLU())
+            self.spare = nn.Linear(2, 2)                # never runs
+            self.gain = nn.Parameter(torch.ones(2))     # the root's own parameter
+
+        def forward(self, x):
+            return self.late(self.early(x)) * self.gain
+
+    model = Backwards()
+    x = torch.randn(3, 4)
+    res = run(model, x, loss=Loss("sum"), depth=1, allow=["spare.*"])
+    assert [r["layer"] for r in res.table("layers").rows] == ["", "early", "late", "spare"]
+    root = res.table("layers").rows[0]
+    assert root["own_only"] and root["tensors"] == 1
+    assert res.table("layers").rows[-1]["ran"] is False
+    res2 = run(model, x, loss=Loss("sum"), depth=2, allow=["spare.*"])
+    assert [r["layer"] for r in res2.table("layers").rows] == ["", "early.0", "late", "spare"]
+    assert res.exit_code == 0 and ("allowed", "") in codes(res)
+
+
+# ---------------------------------------------------------------- culprits on broken samples (CLI)
+
+def test_detached_branch(cli):
+    r = cli("gradflow", sample("broken_detached.py:build"), "--json")
+    assert r.code == 1
+    doc = r.json
+    assert codes(doc) == {("no-grad", "context")}
+    bad = [p for p in doc["params"] if p["status"] == "no-grad"]
+    assert {p["name"] for p in bad} == {"context.0.weight", "context.0.bias", "context.2.weight", "context.2.bias"}
+    assert {p["reason"] for p in bad} == {"detached"}
+    assert "never reached the loss" in doc["findings"][0]["message"]
+    assert by(doc["params"], "name", "trunk.0.weight")["status"] == "ok"
+
+
+def test_branch_under_no_grad(cli):
+    doc = cli("gradflow", sample("broken_detached.py:no_grad"), "--json").json
+    assert doc["exit_code"] == 1 and codes(doc) == {("no-grad", "context")}
+    assert "torch.no_grad()" in doc["findings"][0]["message"]
+    assert {p["reason"] for p in doc["params"] if p["status"] == "no-grad"} == {"detached"}
+
+
+def test_unused_submodule_and_parameter(cli):
+    r = cli("gradflow", sample("broken_unused.py:build"), "--json")
+    assert r.code == 1
+    doc = r.json
+    assert codes(doc) == {("no-grad", "aux_head"), ("no-grad", "block.scale")}
+    aux = by(doc["findings"], "where", "aux_head")
+    assert "never ran in forward" in aux["message"]
+    scale = by(doc["params"], "name", "block.scale")
+    assert scale["reason"] == "unused" and scale["grad_norm"] is None
+    assert by(doc["params"], "name", "block.fc.weight")["status"] == "ok"
+    # --allow accepts the known cases: exit 0, statuses kept, marked allowed
+    ok = cli("gradflow", sample("broken_unused.py:build"), "--allow", "aux_head.*", "--allow", "block.scale", "--json")
+    assert ok.code == 0
+    d2 = ok.json
+    assert {f["code"] for f in d2["findings"]} == {"allowed"}
+    assert by(d2["params"], "name", "aux_head.2.bias")["allowed"] is True
+    assert by(d2["params"], "name", "aux_head.2.bias")["status"] == "no-grad"
+    # a pattern for one case only leaves the other failing
+    assert cli("gradflow", sample("broken_unused.py:build"), "--allow", "aux_head.*", "--json").code == 1
+
+
+def test_frozen_is_info(cli):
+    r = cli("gradflow", sample("broken_frozen.py:build"), "--json")
+    assert r.code == 0
+    doc = r.json
+    assert codes(doc) == {("frozen", "backbone")}
+    assert doc["findings"][0]["severity"] == "info"
+    assert doc["status_counts"] == {"frozen": 4, "ok": 2}
+    assert "912 values" in doc["findings"][0]["message"]           # 12*24+24 + 24*24+24
+
+
+def test_dead_relu_warns_and_strict_fails(cli):
+    r = cli("gradflow", sample("broken_dead_relu.py:build"), "--json")
+    assert r.code == 0
+    doc = r.json
+    assert codes(doc) == {("dead-units", "act1")}
+    act1 = by(doc["activations"], "module", "act1")
+    assert act1["dead_units"] == 48 and act1["units"] == 64 and act1["dead_fraction"] == 0.75
+    assert act1["zero_fraction"] == 0.75
+    assert cli("gradflow", sample("broken_dead_relu.py:build"), "--strict", "--json").code == 1
+    assert cli("gradflow", sample("broken_dead_relu.py:build"), "--strict", "--allow", "act1", "--json").code == 0
+
+
+def test_exploding_initialisation(cli):
+    r = cli("gradflow", sample("broken_exploding.py:build"), "--json")
+    assert r.code == 1
+    doc = r.json
+    where = {f["where"] for f in doc["findings"] if f["code"] == "exploding-grad"}
+    assert {"layers.0", "head.weight"} <= where
+    assert all(f["code"] == "exploding-grad" for f in doc["findings"])
+    # same model with He-like gain: nothing flagged
+    ok = cli("gradflow", sample("broken_exploding.py:build"), "--arg", "gain=1.414", "--json")
+    assert ok.code == 0 and ok.json["findings"] == []
+
+
+def test_zero_grad_through_round(cli):
+    doc = cli("gradflow", sample("broken_grad_zero.py:build"), "--json").json
+    assert doc["exit_code"] == 1 and codes(doc) == {("zero-grad", "encoder")}
+    enc = by(doc["params"], "name", "encoder.0.weight")
+    assert enc["grad_norm"] == 0.0 and enc["max_abs_grad"] == 0.0
+
+
+def test_non_finite_grad_with_finite_forward(cli):
+    doc = cli("gradflow", sample("broken_grad_nonfinite.py:build"), "--json").json
+    assert doc["exit_code"] == 1 and codes(doc) == {("non-finite-grad", "proj")}
+    proj = by(doc["params"], "name", "proj.weight")
+    # the padding row's NaN gradient times its zero input reaches every entry: 12 x 6
+    assert proj["nan"] == 72 and proj["inf"] == 0
+    assert math.isfinite(doc["loss_value"])
+
+
+def test_vanishing_is_a_warning(cli):
+    r = cli("gradflow", sample("broken_grad_vanishing.py:build"), "--json")
+    assert r.code == 0
+    doc = r.json
+    vanishing = [f["where"] for f in doc["findings"] if f["code"] == "vanishing-grad"]
+    assert vanishing[0] == "0" and "30" not in vanishing and "32" not in vanishing
+    ratios = [by(doc["params"], "name", f"{i}.weight")["grad_weight_ratio"] for i in range(0, 32, 2)]
+    assert all(a < b for a, b in zip(ratios, ratios[1:]))           # the gradient shrinks towards the input
+    assert cli("gradflow", sample("broken_grad_vanishing.py:build"), "--strict", "--json").code == 1
+
+
+def test_healthy_models_pass(cli):
+    for spec in ("mlp.py:build", "cnn.py:build", "resnet.py:build"):
+        r = cli("gradflow", sample(spec), "--json")
+        assert r.code == 0, (spec, r.json["findings"])
+        assert set(r.json["status_counts"]) == {"ok"}
+
+
+# ---------------------------------------------------------------- CLI contract
+
+def test_json_keys_and_loss_choice(cli):
+    r = cli("gradflow", sample("mlp.py:build"), "--json")
+    doc = r.json
+    for key in ("schema_version", "command", "model", "device", "loss", "mode", "loss_value", "thresholds",
+                "status_counts", "params", "layers", "activations", "findings", "exit_code"):
+        assert key in doc, key
+    assert doc["command"] == "gradflow" and doc["loss"] == "cross_entropy on output"
+    assert set(doc["params"][0]) >= {"name", "shape", "grad_norm", "weight_norm", "grad_weight_ratio",
+                                     "mean_abs_grad", "max_abs_grad", "status", "reason"}
+    assert doc["params"][0]["shape"] == [256, 784]
+    assert set(doc["layers"][0]) >= {"layer", "type", "params", "grad_norm", "mean_abs_grad", "max_abs_grad", "status"}
+    assert not any(k.startswith("_") for row in doc["params"] + doc["layers"] for k in row)
+    mse = cli("gradflow", sample("mlp.py:build"), "--loss", "mse", "--json").json
+    assert mse["loss"] == "mse on output"
+
+
+def test_table_output(cli):
+    r = cli("gradflow", sample("broken_unused.py:build"))
+    assert r.code == 1
+    assert "Gradient flow by layer" in r.stdout and "aux_head" in r.stdout
+    assert "no-grad" in r.stdout and "FAIL" in r.stdout and "loss: cross_entropy on output" in r.stdout
+
+
+def test_bad_input_is_exit_2(cli):
+    r = cli("gradflow", sample("mlp.py:build"), "-i", "16xfoo")
+    assert r.code == 2
+    lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in r.stderr + r.stdout
+    r = cli("gradflow", sample("mlp.py:build"), "--loss", "hinge")
+    assert r.code == 2 and "unknown loss" in r.stderr
+
+
+def test_meta_and_cuda_devices_are_usage_errors(cli):
+    r = cli("gradflow", sample("mlp.py:build"), "--device", "meta")
+    assert r.code == 2 and "real values" in r.stderr
+    if not torch.cuda.is_available():
+        r = cli("gradflow", sample("mlp.py:build"), "--device", "cuda")
+        assert r.code == 2 and "not available" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_model_error_is_exit_3(cli):
+    r = cli("gradflow", sample("broken_shape.py:build"))
+    assert r.code == 3 and "2.0" in r.stderr
+
+
+@pytest.mark.cuda
+def test_cuda_matches_cpu():
+    model, inputs = load("broken_grad_nonfinite.py:build")
+    cpu = gf.run(model, inputs, gf.Options(loss=Loss("sum")))
+    gpu = gf.run(model.cuda(), inputs.to("cuda"), gf.Options(loss=Loss("sum")))
+    assert codes(gpu) == codes(cpu)
+
+
+def test_plot_writes_png(cli, tmp_path):
+    out = tmp_path / "flow.png"
+    r = cli("gradflow", sample("broken_grad_vanishing.py:build"), "--plot", out, "--json")
+    assert r.code == 0
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    from PIL import Image
+
+    with Image.open(out) as im:
+        im.verify()
+        assert im.size[0] >= 600 and im.size[1] == 450
+
+
+def test_plot_without_matplotlib_is_exit_2(cli, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)     # import matplotlib → ImportError
+    r = cli("gradflow", sample("mlp.py:build"), "--plot", tmp_path / "x.png")
+    assert r.code == 2 and "matplotlib" in r.stderr and "pip install" in r.stderr
+    assert not (tmp_path / "x.png").exists()
+    r = cli("gradflow", sample("mlp.py:build"), "--plot", tmp_path / "no" / "x.png")
+    assert r.code == 2
+
+
+def test_tensorboard_histograms_and_layer_norms(cli, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    r = cli("gradflow", sample("mlp.py:build"), "--tb", tmp_path, "--json")
+    assert r.code == 0
+    doc = r.json
+    acc = EventAccumulator(str(tmp_path / "gradflow"), size_guidance={"histograms": 0, "scalars": 0})
+    acc.Reload()
+    hist = set(acc.Tags()["histograms"])
+    assert {"gradflow/grad/0.weight", "gradflow/weight/0.weight", "gradflow/grad/4.bias"} <= hist
+    h = acc.Histograms("gradflow/grad/4.bias")[0].histogram_value
+    assert h.num == 10
+    grad_b = by(doc["params"], "name", "4.bias")
+    assert max(abs(h.min), abs(h.max)) == pytest.approx(grad_b["max_abs_grad"], rel=1e-5)
+    scalars = acc.Scalars("gradflow/layer_grad_norm/0")
+    assert scalars[0].value == pytest.approx(by(doc["layers"], "layer", "0")["grad_norm"], rel=1e-5)
+    assert len(acc.Scalars("gradflow/grad_norm_by_layer")) == 3
+
+
+# ---------------------------------------------------------------- leaves no trace
+
+def test_model_untouched(untouched):
+    # BatchNorm in train mode updates running stats: they must come back bit for bit;
+    # pre-existing .grad tensors must be the same objects with the same values.
+    model, inputs = load("resnet.py:build")
+    ps = list(model.parameters())
+    for p in ps[:3]:
+        p.grad = torch.full_like(p, 0.5)
+    kept = [p.grad for p in ps]
+    ps[1].requires_grad_(False)
+    model.eval()
+    with untouched(model):
+        res = gf.run(model, inputs, gf.Options(loss=Loss("auto"), histograms=True))
+    assert all(a is b for a, b in zip([p.grad for p in ps], kept))
+    assert not model.training
+    assert res.data["status_counts"]["frozen"] == 1
+
+
+def test_model_untouched_when_forward_raises(untouched):
+    model, inputs = load("broken_shape.py:build")
+    with untouched(model):
+        with pytest.raises(Exception) as exc:
+            gf.run(model, inputs, gf.Options(loss=Loss("auto")))
+    assert getattr(exc.value, "code", None) == 3
