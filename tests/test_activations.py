@@ -1,0 +1,178 @@
+"""activations: statistics against hand-computed values, pictures of exact size and content."""
+import math
+
+import pytest
+
+from conftest import load, sample
+
+CNN = sample("cnn.py:build")
+
+
+def _png(path):
+    from PIL import Image
+
+    with Image.open(path) as im:
+        assert im.format == "PNG"
+        im.load()
+        return im.size, im.mode  # (width, height)
+
+
+def _one_error_line(r):
+    lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_stats_match_hand_computation(untouched):
+    import numpy as np
+    import torch
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.diagnostics import activations as diag
+
+    model = nn.Sequential(nn.ReLU(), nn.Sigmoid(), nn.Tanh())
+    x = torch.tensor([[-10.0, -1.0, 0.0, 1.0, 10.0, 20.0]])
+    with untouched(model):
+        res = diag.run(model, ModelInputs((x,), {}), diag.Options())
+    rows = {r["name"]: r for r in res.table("modules").rows}
+    relu = np.array([0, 0, 0, 1, 10, 20], dtype=float)
+    r = rows["0"]
+    assert r["shape"] == "1x6" and r["type"] == "ReLU"
+    assert r["mean"] == pytest.approx(relu.mean()) and r["std"] == pytest.approx(relu.std())
+    assert (r["min"], r["max"]) == (0.0, 20.0)
+    assert r["zero_fraction"] == pytest.approx(3 / 6) and r["saturated_fraction"] is None
+    sig = 1 / (1 + np.exp(-relu))          # 0.5, 0.5, 0.5, 0.731, 0.99995, 1.0
+    s = rows["1"]
+    assert s["mean"] == pytest.approx(sig.mean()) and s["saturated_fraction"] == pytest.approx(2 / 6)
+    t = rows["2"]                           # tanh of sigmoid outputs: all in (0.46, 0.77) → none saturated
+    assert t["saturated_fraction"] == 0.0 and t["max"] == pytest.approx(math.tanh(sig.max()))
+    assert rows["(model)"]["calls"] == 1
+    assert not res.findings
+
+
+def test_saturated_and_dead_and_nonfinite_findings():
+    import torch
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.diagnostics import activations as diag
+
+    class Log(nn.Module):
+        def forward(self, x):
+            return torch.log(x)
+
+    model = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Sigmoid())
+    with torch.no_grad():
+        model[0].weight.zero_()
+        model[0].bias.fill_(-1.0)   # every ReLU output is 0 → dead
+    res = diag.run(model, ModelInputs((torch.randn(8, 4),), {}), diag.Options())
+    codes = {(f.code, f.where) for f in res.findings}
+    assert ("dead-activations", "1") in codes and res.exit_code == 0
+    model2 = nn.Sequential(nn.Linear(4, 32), nn.Tanh())
+    with torch.no_grad():
+        model2[0].weight.fill_(50.0)
+    res2 = diag.run(model2, ModelInputs((torch.ones(8, 4),), {}), diag.Options())
+    assert ("saturated-activations", "1") in {(f.code, f.where) for f in res2.findings}
+    res3 = diag.run(nn.Sequential(nn.Identity(), Log()), ModelInputs((-torch.ones(2, 3),), {}), diag.Options())
+    f = [f for f in res3.findings if f.code == "non-finite-activation"]
+    assert f and f[0].where == "1" and res3.exit_code == 1
+
+
+def test_cli_json_and_pictures(cli, tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    out = tmp_path / "act"
+    r = cli("activations", CNN, "--layer", "features.0", "--layer", "features.3", "--images", out, "--json")
+    assert r.code == 0, r.stderr
+    doc = r.json
+    for key in ("modules", "layers", "images", "findings", "exit_code", "modules_recorded"):
+        assert key in doc
+    rows = {m["name"]: m for m in doc["modules"]}
+    assert rows["features.0"]["shape"] == "8x16x32x32" and rows["head.1"]["shape"] == "8x10"
+    assert rows["features.1"]["zero_fraction"] > 0.3        # ReLU of a zero-mean conv output
+    # feature maps: 16 channels of 32×32, enlarged ×2 to 64 px, 4×4 grid, 2-px gaps → 262×262
+    assert _png(out / "features.0_features.png") == ((262, 262), "RGB")
+    # first-layer filters: 16 RGB 3×3 filters ×8 → 24 px, 4×4 grid → 102×102
+    assert _png(out / "features.0_filters.png") == ((102, 102), "RGB")
+    # 16→32 conv: 16 rows (256 tiles cap / 16 inputs) × 16 inputs of 24 px → 414×414
+    assert _png(out / "features.3_filters.png") == ((414, 414), "RGB")
+    # 32 channels of 16×16 ×3 = 48 px, 6×6 grid → 6*48+5*2 = 298
+    assert _png(out / "features.3_features.png") == ((298, 298), "RGB")
+
+
+def test_first_layer_filters_in_colour_and_feature_map_content(tmp_path):
+    import numpy as np
+    import torch
+    from matplotlib import colormaps
+    from PIL import Image
+
+    from torchdiag.diagnostics import activations as diag
+
+    model, inputs = load("cnn.py:build")
+    diag.run(model, inputs, diag.Options(layers=["features.0"], images=str(tmp_path)))
+    # tile (o=1) top-left pixel is w[1,:,0,0] mapped from [-max|w|, max|w|] to [0,255], RGB order
+    w = model.features[0].weight.detach().numpy()
+    m = np.abs(w).max()
+    expect = (np.clip(w[1, :, 0, 0] / (2 * m) + 0.5, 0, 1) * 255 + 0.5).astype(np.uint8)
+    grid = np.asarray(Image.open(tmp_path / "features.0_filters.png"))
+    assert list(grid[0, 24 + 2]) == list(expect)
+    # feature-map tile 0 = channel 0 of sample 0, min-max scaled through viridis
+    with torch.no_grad():
+        a = model.features[0](inputs.args[0])[0, 0].numpy().astype(np.float64)
+    i, j = np.unravel_index(a.argmax(), a.shape)
+    maps = np.asarray(Image.open(tmp_path / "features.0_features.png"))
+    top = (np.array(colormaps["viridis"](1.0)[:3]) * 255 + 0.5).astype(np.uint8)
+    assert list(maps[2 * i, 2 * j]) == list(top)
+
+
+def test_tensorboard_histograms_and_images(cli, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    r = cli("activations", CNN, "--tb", tmp_path)
+    assert r.code == 0, r.stderr
+    acc = EventAccumulator(str(tmp_path / "activations"), size_guidance={"histograms": 0, "images": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    assert "activations/features.1" in tags["histograms"] and "activations/head.1" in tags["histograms"]
+    assert {"activations/features.0/feature_maps", "activations/features.0/filters",
+            "activations/features.3/filters"} <= set(tags["images"])
+    img = acc.Images("activations/features.0/feature_maps")[0]
+    assert (img.width, img.height) == (262, 262)
+
+
+def test_model_untouched_by_cli_path(untouched):
+    from torchdiag.diagnostics import activations as diag
+
+    model, inputs = load("cnn.py:build")
+    model.train()
+    with untouched(model):
+        diag.run(model, inputs, diag.Options(layers=["features.0"], tb=True))
+
+
+def test_bad_input_bad_layer_and_cuda_exit_2(cli, tmp_path):
+    r = cli("activations", CNN, "-i", "8xq")
+    assert r.code == 2
+    _one_error_line(r)
+    r = cli("activations", CNN, "--layer", "features.9", "--images", tmp_path)
+    assert r.code == 2 and "features.9" in r.stderr
+    _one_error_line(r)
+    r = cli("activations", CNN, "--device", "cuda")
+    assert r.code == 2 and "not available" in r.stderr
+    _one_error_line(r)
+
+
+def test_missing_matplotlib_is_a_usage_error(cli, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    r = cli("activations", CNN, "--images", tmp_path)
+    assert r.code == 2 and "matplotlib" in r.stderr and "pip install" in r.stderr
+    _one_error_line(r)
+
+
+@pytest.mark.cuda
+def test_cuda_run(cli):
+    r = cli("activations", CNN, "--device", "cuda", "--json")
+    assert r.code == 0 and r.json["device"].startswith("cuda")
