@@ -1,0 +1,83 @@
+"""nancheck cost as ratios against a plain forward+backward of the same model, same process.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_nancheck.py
+
+Columns: plain fwd+bwd (ms, the baseline), checked pass / baseline (hooks + finiteness checks on
+every module output and gradient), full `run()` / baseline (also inputs, parameters, buffers
+snapshot and restore, report), and autograd anomaly mode / baseline for comparison."""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def median_ms(fn, reps: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
+def main() -> None:
+    import torch
+
+    from torchdiag.core.inputs import resolve_inputs
+    from torchdiag.core.loading import load_model
+    from torchdiag.core.loss import Loss
+    from torchdiag.diagnostics import nancheck
+
+    torch.manual_seed(0)
+    cases = [("mlp.py:build", ["32x784"], 30), ("cnn.py:build", ["32x3x32x32"], 20),
+             ("resnet.py:build", ["32x3x32x32"], 8), ("transformer_lm.py:build", [], 15),
+             ("vit.py:build", [], 8)]
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
+    print(f"{'model':26} {'fwd+bwd ms':>10} {'checked':>8} {'run()':>7} {'anomaly':>8}")
+    for spec, shapes, reps in cases:
+        dev = torch.device("cpu")
+        loaded = load_model(str(ROOT / "sample_models" / spec), [], dev)
+        model = loaded.model
+        inputs = resolve_inputs(shapes, loaded, dev, 0)
+        model.train()
+        loss = Loss("auto", 0)
+
+        def plain():
+            for p in model.parameters():
+                p.grad = None
+            loss(inputs.call(model)).backward()
+
+        def checked():
+            for p in model.parameters():
+                p.grad = None
+            nancheck.checked_pass(model, inputs, loss)
+
+        def full():
+            nancheck.run(model, inputs, nancheck.Options(loss=loss))
+
+        def anomaly():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with torch.autograd.detect_anomaly(check_nan=True):
+                    plain()
+
+        # interleave rounds so drift on a shared machine hits every variant alike
+        base, chk, run_, ano = [], [], [], []
+        for _ in range(3):
+            base.append(median_ms(plain, reps))
+            chk.append(median_ms(checked, reps))
+            run_.append(median_ms(full, max(3, reps // 2)))
+            ano.append(median_ms(anomaly, reps))
+        b = min(base)
+        print(f"{spec:26} {b:10.1f} {min(chk) / b:7.2f}x {min(run_) / b:6.2f}x {min(ano) / b:7.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,348 @@
+"""nancheck: the exact culprit for each way numbers go bad, checked against hand-computed truth."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from conftest import load, sample
+
+BAD = ("non-finite-input", "non-finite-param", "non-finite-output", "non-finite-loss", "non-finite-grad",
+       "non-finite-param-grad")
+
+
+def codes(doc):
+    return [(f["code"], f["where"]) for f in doc["findings"]]
+
+
+def write(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def run_diag(name, **kw):
+    from torchdiag.core.loss import Loss
+    from torchdiag.diagnostics import nancheck
+
+    model, inputs = load(name)
+    return model, inputs, nancheck.run(model, inputs, nancheck.Options(loss=kw.pop("loss", Loss("auto", 0)), **kw))
+
+
+# --- healthy models -----------------------------------------------------------------------------
+
+def test_healthy_mlp_passes_with_json_contract(cli):
+    r = cli("nancheck", sample("mlp.py:build"), "--json")
+    assert r.code == 0, r.stderr
+    doc = r.json
+    assert doc["command"] == "nancheck" and doc["schema_version"] == 1 and doc["exit_code"] == 0
+    assert doc["findings"] == []
+    assert doc["loss"] == "cross_entropy on output"          # the choice made is in JSON
+    assert doc["forward"] is None and doc["backward"] is None
+    # 6 module calls: the Sequential root + 5 children (3 Linear, 2 ReLU)
+    assert doc["modules_checked"] == 6
+    assert doc["param_grads_checked"] == 6
+    # the loss is cross-entropy of this model's output against seeded random classes: recompute it
+    model, inputs, res = run_diag("mlp.py:build")
+    with torch.no_grad():
+        out = model(*inputs.args)
+    target = torch.randint(0, 10, (16,), generator=torch.Generator().manual_seed(0))
+    assert res.data["loss_value"] == pytest.approx(float(torch.nn.functional.cross_entropy(out, target)), rel=1e-6)
+
+
+def test_healthy_resnet_with_inplace_relu_and_batchnorm_passes(untouched):
+    from torchdiag.core.loss import Loss
+    from torchdiag.diagnostics import nancheck
+
+    model, inputs = load("resnet.py:build")
+    with untouched(model):   # BatchNorm running stats are restored bit for bit
+        res = nancheck.run(model, inputs, nancheck.Options(loss=Loss("auto", 0)))
+    assert res.findings == [] and res.exit_code == 0
+
+
+# --- forward ------------------------------------------------------------------------------------
+
+def test_nan_forward_names_log_features_with_exact_counts_and_range(cli):
+    r = cli("nancheck", sample("broken_nan_forward.py:build"), "--json")
+    assert r.code == 1
+    doc = r.json
+    # truth: log() of the tanh outputs gives NaN exactly where they are negative
+    model, inputs = load("broken_nan_forward.py:build")
+    with torch.no_grad():
+        h = model.encoder(inputs.args[0])
+    fwd = doc["forward"]
+    assert (fwd["module"], fwd["type"], fwd["output"]) == ("log_features", "LogFeatures", "output")
+    assert fwd["nan"] == int((h < 0).sum()) and fwd["nan"] > 0
+    assert fwd["inf"] == int((h == 0).sum()) == 0
+    assert fwd["input_min"] == pytest.approx(float(h.min())) and fwd["input_max"] == pytest.approx(float(h.max()))
+    assert fwd["later_modules_affected"] == 2      # head and the root carry it on
+    assert codes(doc)[0] == ("non-finite-output", "log_features")
+    assert ("non-finite-loss", "loss") in codes(doc)
+    # every parameter gradient is NaN: reported once, naming the first parameter
+    assert ("non-finite-param-grad", "encoder.0.weight") in codes(doc)
+    assert {r["parameter"] for r in doc["param_grads_non_finite"]} == {
+        "encoder.0.weight", "encoder.0.bias", "head.weight", "head.bias"}
+    # the backward is not blamed for a NaN that came from the forward
+    assert "non-finite-grad" not in [c for c, _ in codes(doc)]
+    rows = doc["forward_non_finite"]
+    assert [x["module"] for x in rows] == ["log_features", "head", "(root)"]
+    assert [x["origin"] for x in rows] == [True, False, False]
+
+
+def test_inf_division_names_pool_with_inf_not_nan(cli):
+    r = cli("nancheck", sample("broken_inf_division.py:build"), "--json")
+    assert r.code == 1
+    fwd = r.json["forward"]
+    model, inputs = load("broken_inf_division.py:build")
+    x, mask = inputs.args
+    with torch.no_grad():
+        num = model.embed(x).sum(dim=1)
+    expected_inf = int((num[2] != 0).sum())          # row 2 has an empty mask: nonzero / 0 = ±Inf
+    assert (fwd["module"], fwd["type"]) == ("pool", "MaskedMeanPool")
+    assert (fwd["nan"], fwd["inf"]) == (int((num[2] == 0).sum()), expected_inf) == (0, 8)
+    assert codes(r.json)[0] == ("non-finite-output", "pool")
+
+
+def test_non_finite_parameter_and_input_are_reported_first(cli, tmp_path):
+    spec = write(tmp_path, "badparam.py", """
+        import torch
+        from torch import nn
+
+        def build():
+            torch.manual_seed(0)
+            m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+            with torch.no_grad():
+                m[2].weight[1, 3] = float("nan")
+            return m
+
+        def example_inputs():
+            return (torch.randn(3, 4),)
+
+        def batch():
+            x = torch.randn(3, 4)
+            x[0, 0] = float("inf")
+            return x, torch.tensor([0, 1, 0])
+        """)
+    r = cli("nancheck", spec + ":build", "--json")
+    assert r.code == 1
+    doc = r.json
+    assert codes(doc)[:2] == [("non-finite-param", "2.weight"), ("non-finite-output", "2")]
+    assert doc["non_finite_tensors"] == [{"tensor": "2.weight", "kind": "parameter", "shape": "2x4", "nan": 1, "inf": 0}]
+    # the NaN weight feeds output column 1 only: 3 rows × 1 column
+    assert (doc["forward"]["nan"], doc["forward"]["inf"]) == (3, 0)
+
+    r = cli("nancheck", spec + ":build", "--batch", spec + ":batch", "--json")
+    assert r.code == 1
+    assert codes(r.json)[0] == ("non-finite-input", "input[0]")
+    assert r.json["non_finite_tensors"][0] == {"tensor": "input[0]", "kind": "input", "shape": "3x4", "nan": 0, "inf": 1}
+
+
+# --- loss ---------------------------------------------------------------------------------------
+
+def test_custom_loss_that_makes_nan_from_finite_output(cli, tmp_path):
+    spec = write(tmp_path, "lossy.py", """
+        import torch
+        from torch import nn
+
+        def build():
+            torch.manual_seed(0)
+            return nn.Linear(3, 2)
+
+        def example_inputs():
+            return (torch.randn(4, 3),)
+
+        def logloss(output, target):
+            return torch.log(output).mean()     # negative outputs -> NaN
+        """)
+    r = cli("nancheck", spec + ":build", "--loss", spec + ":logloss", "--json")
+    assert r.code == 1
+    doc = r.json
+    assert doc["loss"] == "logloss() on output"
+    assert doc["forward"] is None
+    assert codes(doc)[0] == ("non-finite-loss", "loss")
+    assert "loss function itself" in doc["findings"][0]["message"]
+
+
+# --- backward -----------------------------------------------------------------------------------
+
+def test_nan_only_in_backward_names_norm(cli):
+    r = cli("nancheck", sample("broken_nan_backward.py:build"), "--json")
+    assert r.code == 1
+    doc = r.json
+    assert doc["forward"] is None                     # the forward is finite
+    assert doc["backward"] == {"name": "norm", "type": "L2Norm", "via": "inputs", "nan": 8, "inf": 0}
+    assert codes(doc) == [("non-finite-grad", "norm"), ("non-finite-param-grad", "proj.weight")]
+    # truth: sqrt'(0) = inf, times d(x²)/dx = 0 → NaN in the zero row (row 0, 8 features) only;
+    # proj.weight.grad = g^T x with a NaN row in g → every entry NaN; head gets finite gradients
+    assert doc["param_grads_non_finite"] == [{"parameter": "proj.weight", "shape": "8x8", "nan": 64, "inf": 0}]
+    assert doc["param_grads_checked"] == 3
+
+
+def test_backward_nan_in_a_first_layer_is_found_through_its_parameters(cli, tmp_path):
+    spec = write(tmp_path, "gate.py", """
+        import torch
+        from torch import nn
+
+        class SqrtGate(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gain = nn.Parameter(torch.zeros(4))      # sqrt'(0) = inf
+            def forward(self, x):
+                return x * torch.sqrt(self.gain) + x
+
+        def build():
+            torch.manual_seed(0)
+            return nn.Sequential(SqrtGate(), nn.Linear(4, 3))
+
+        def example_inputs():
+            return (torch.randn(5, 4),)
+        """)
+    r = cli("nancheck", spec + ":build", "--json")
+    assert r.code == 1
+    doc = r.json
+    assert doc["backward"]["name"] == "0" and doc["backward"]["via"] == "parameters"
+    assert codes(doc) == [("non-finite-grad", "0"), ("non-finite-param-grad", "0.gain")]
+    # d/dgain of sum(g_out * x * sqrt(gain)) = sum(g_out*x)/(2 sqrt(0)): ±inf per element
+    row = doc["param_grads_non_finite"][0]
+    assert row["nan"] + row["inf"] == 4
+
+
+def test_anomaly_shows_forward_trace_and_restores_mode(cli):
+    assert not torch.is_anomaly_enabled()
+    r = cli("nancheck", sample("broken_nan_backward.py:build"), "--anomaly", "--json")
+    assert r.code == 1
+    a = r.json["anomaly"]
+    assert a["raised"] and a["op"] == "PowBackward0"
+    assert "returned nan values" in a["message"]
+    last = a["user_frames"][-1]
+    assert last["file"].endswith("broken_nan_backward.py") and "torch.sqrt" in last["code"]
+    assert not torch.is_anomaly_enabled()
+    r = cli("nancheck", sample("broken_nan_backward.py:build"), "--anomaly")
+    assert "Anomaly mode: forward call that created PowBackward0" in r.stdout
+
+
+# --- --steps --------------------------------------------------------------------------------------
+
+def _first_bad_step_by_hand(lr: float, steps: int):
+    """SGD on y = xW^T + b with mse, gradients in closed form: the first step whose loss is not finite."""
+    import importlib.util
+
+    from conftest import SAMPLES
+
+    spec = importlib.util.spec_from_file_location("nan_steps_truth", SAMPLES / "broken_nan_after_steps.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    lin = mod.build()[0]
+    (x,), y = mod.batch()
+    w, b = lin.weight.detach().clone(), lin.bias.detach().clone()
+    n = x.shape[0]
+    for step in range(1, steps + 1):
+        r = x @ w.T + b - y
+        loss = (r ** 2).mean()
+        if not torch.isfinite(loss):
+            return step
+        gw, gb = 2.0 / n * r.T @ x, 2.0 / n * r.sum(0)
+        w, b = w - lr * gw, b - lr * gb
+        if not (torch.isfinite(w).all() and torch.isfinite(b).all()):
+            return step
+    return None
+
+
+def test_steps_finds_the_step_where_training_goes_non_finite(cli, untouched):
+    expected = _first_bad_step_by_hand(0.01, 30)
+    assert expected is not None and expected > 3
+    spec = sample("broken_nan_after_steps.py:build")
+    batch = sample("broken_nan_after_steps.py:batch")
+    r = cli("nancheck", spec, "--steps", 30, "--lr", 0.01, "--batch", batch, "--json")
+    assert r.code == 1
+    doc = r.json
+    assert doc["steps"]["first_non_finite_step"] == expected
+    assert doc["steps"]["first"]["phase"] == "loss"
+    assert codes(doc) == [("non-finite-loss", "loss")]
+    assert len(doc["loss_per_step"]) == expected
+    # a smaller learning rate converges: no finding, exit 0
+    assert _first_bad_step_by_hand(0.0005, 30) is None
+    r = cli("nancheck", spec, "--steps", 30, "--lr", 0.0005, "--batch", batch, "--json")
+    assert r.code == 0 and r.json["steps"]["first_non_finite_step"] is None and r.json["steps"]["ran"] == 30
+
+
+def test_steps_reports_the_parameter_that_goes_non_finite_in_the_update(tmp_path, untouched):
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.diagnostics import nancheck
+
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.tensor([1.0, 1.0]))
+            self.huge = torch.nn.Parameter(torch.tensor([3e38]))
+
+        def forward(self, x):
+            return (x * self.w).sum() - self.huge.sum()
+
+    model = Scale()
+    inputs = ModelInputs((torch.tensor([1.0, 1.0]),), {}, "test")
+    # loss = output (a scalar): d/dhuge = -1, so SGD at lr 1e38 makes huge 3e38 + 1e38 > float32 max = Inf,
+    # while w becomes 1 - 1e38 (finite); the forward before the update is finite (2 - 3e38)
+    with untouched(model):
+        res = nancheck.run(model, inputs, nancheck.Options(loss=None, steps=3, lr=1e38))
+    f = [(x.code, x.where) for x in res.findings]
+    assert f == [("non-finite-param", "huge")]
+    assert res.data["steps"]["first"]["phase"] == "update" and res.data["steps"]["first_non_finite_step"] == 1
+
+
+# --- no trace, errors, devices ----------------------------------------------------------------
+
+def test_model_untouched_by_checks_steps_and_anomaly(untouched, tmp_path):
+    from torchdiag.core.loss import Loss
+    from torchdiag.diagnostics import nancheck
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Dropout(0.5),
+                                torch.nn.ReLU(inplace=True), torch.nn.Linear(8, 3))
+    model.eval()
+    model[0].weight.requires_grad_(False)
+    model[4].weight.grad = torch.full_like(model[4].weight, 7.0)   # a stale grad the user had
+    from torchdiag.core.inputs import ModelInputs
+
+    inputs = ModelInputs((torch.randn(5, 6),), {}, "test")
+    with untouched(model):
+        res = nancheck.run(model, inputs, nancheck.Options(loss=Loss("auto", 0), steps=3, lr=0.1, anomaly=True))
+    assert res.exit_code == 0
+    assert len(res.series["loss_per_step"]) == 3
+    model2, inputs2 = load("broken_nan_forward.py:build")
+    with untouched(model2):
+        nancheck.run(model2, inputs2, nancheck.Options(loss=Loss("auto", 0), anomaly=True))
+
+
+def test_bad_input_is_exit_2_one_error_line(cli):
+    r = cli("nancheck", sample("mlp.py:build"), "-i", "16xfoo")
+    assert r.code == 2
+    lines = r.stderr.strip().splitlines()
+    assert lines[0].startswith("error: bad input shape") and len([x for x in lines if x.startswith("error:")]) == 1
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    r = cli("nancheck", sample("mlp.py:build"), "--steps", 2, "--optimizer", "lbfgs")
+    assert r.code == 2 and r.stderr.startswith("error: unknown optimizer 'lbfgs'") and "Traceback" not in r.stderr
+    r = cli("nancheck", sample("mlp.py:build"), "--device", "meta")
+    assert r.code == 2 and r.stderr.startswith("error: nancheck needs real values")
+
+
+def test_model_that_raises_is_exit_3_naming_the_module(cli):
+    r = cli("nancheck", sample("broken_shape.py:build"))
+    assert r.code == 3
+    assert r.stderr.startswith("error: forward failed in 2.0 (Linear)") and "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_cuda_on_cpu_only_machine_is_a_clear_exit_2(cli):
+    r = cli("nancheck", sample("mlp.py:build"), "--device", "cuda")
+    assert r.code == 2
+    assert r.stderr.startswith("error: device 'cuda' is not available") and "Traceback" not in r.stderr
+
+
+@pytest.mark.cuda
+def test_nan_forward_on_cuda(cli):
+    r = cli("nancheck", sample("broken_nan_forward.py:build"), "--device", "cuda", "--json")
+    assert r.code == 1 and r.json["forward"]["module"] == "log_features"
+    r = cli("nancheck", sample("broken_nan_backward.py:build"), "--device", "cuda", "--json")
+    assert r.code == 1 and r.json["backward"]["name"] == "norm"
