@@ -1,0 +1,157 @@
+"""gradcheck: pass on correct autograd code, fail (exit 1) naming input and element on wrong code."""
+import pytest
+
+from conftest import sample
+
+CA = "custom_autograd.py"
+
+
+def _one_error_line(r):
+    lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def _inputs(*shapes, seed=0):
+    """The inputs the CLI makes for -i SHAPE... (float64, same generator)."""
+    import torch
+
+    from torchdiag.core.inputs import make_tensor, parse_input_spec
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for s in shapes:
+        spec = parse_input_spec(s)
+        spec.dtype = "float64"
+        out.append(make_tensor(spec, torch.device("cpu"), g)[0])
+    return out
+
+
+def test_correct_function_passes(cli):
+    r = cli("gradcheck", sample(f"{CA}:MulSquare"), "-i", "3", "-i", "3", "--second-order", "--json")
+    assert r.code == 0, r.stderr
+    doc = r.json
+    assert doc["passed"] is True and doc["kind"] == "autograd.Function" and doc["precision"] == "float64"
+    assert doc["torch_gradcheck"]["passed"] and doc["torch_gradgradcheck"]["passed"]
+    rows = doc["inputs"]
+    assert [(x["order"], x["input"]) for x in rows] == [(1, "input[0]"), (1, "input[1]"), (2, "input[0]"), (2, "input[1]")]
+    assert all(x["max_abs_error"] < 1e-6 and x["passed"] for x in rows)
+    assert doc["findings"] == [] and doc["exit_code"] == 0
+
+
+def test_wrong_function_fails_naming_input_and_element(cli):
+    import torch
+
+    r = cli("gradcheck", sample(f"{CA}:WrongMulSquare"), "-i", "5", "-i", "5", "--json")
+    assert r.code == 1
+    doc = r.json
+    assert doc["passed"] is False and doc["torch_gradcheck"]["passed"] is False
+    ok, bad = doc["inputs"]
+    assert ok["input"] == "input[0]" and ok["passed"]
+    assert bad["input"] == "input[1]" and not bad["passed"]
+    # closed form: d(x·y²)/dy = 2xy, the wrong backward gives xy → error |xy|, worst where |xy| is largest
+    x, y = _inputs("5", "5")
+    j = int((x * y).abs().argmax())
+    assert bad["element"] == [j] and bad["output_element"] == [j]
+    assert bad["numerical"] == pytest.approx(float(2 * x[j] * y[j]), rel=1e-6)
+    assert bad["analytical"] == pytest.approx(float(x[j] * y[j]), rel=1e-12)
+    assert bad["max_abs_error"] == pytest.approx(float((x * y).abs().max()), rel=1e-6)
+    assert bad["max_rel_error"] == pytest.approx(0.5, rel=1e-5)
+    assert bad["failing_entries"] == 5            # only the diagonal of the 5×5 Jacobian
+    f = doc["findings"][0]
+    assert f["code"] == "wrong-gradient" and f["where"] == "input[1]" and f"({j})" in f["message"]
+    # the table view names the same input and element
+    r2 = cli("gradcheck", sample(f"{CA}:WrongMulSquare"), "-i", "5", "-i", "5")
+    assert r2.code == 1 and "input[1]" in r2.stdout and f"element ({j})" in r2.stdout.replace("\n", " ")
+
+
+def test_element_index_in_a_2d_input(untouched):
+    import torch
+
+    from torchdiag.diagnostics import gradcheck as diag
+
+    class OffByOneAt12(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 3
+
+        @staticmethod
+        def backward(ctx, g):
+            wrong = g * 3
+            wrong[1, 2] += g[1, 2]   # d out[1,2] / d x[1,2] comes out 4 instead of 3
+            return wrong
+
+    x = torch.randn(2, 4, dtype=torch.float64)
+    checked = diag.build("autograd.Function", OffByOneAt12.apply, [x], ["input[0]"], diag.Options(), "OffByOneAt12")
+    res = diag.run(checked)
+    row = res.table("inputs").rows[0]
+    assert row["element"] == [1, 2] and row["output_element"] == [1, 2] and row["failing_entries"] == 1
+    assert row["max_abs_error"] == pytest.approx(1.0, abs=1e-6) and res.exit_code == 1
+
+
+def test_second_order_only_failure(cli):
+    r = cli("gradcheck", sample(f"{CA}:DetachedCube"), "-i", "4", "--json")
+    assert r.code == 0 and r.json["passed"]
+    r = cli("gradcheck", sample(f"{CA}:DetachedCube"), "-i", "4", "--second-order", "--json")
+    assert r.code == 1
+    doc = r.json
+    first, second = doc["inputs"]
+    assert first["passed"] and not second["passed"] and second["order"] == 2
+    assert second["analytical"] == 0.0          # the detached x loses d(3x²)/dx entirely
+    assert doc["findings"][0]["code"] == "wrong-second-order-gradient"
+    assert doc["torch_gradgradcheck"]["passed"] is False
+
+
+def test_module_target_checks_parameters_and_is_untouched(untouched):
+    import importlib.util
+
+    import torch
+
+    from torchdiag.diagnostics import gradcheck as diag
+
+    spec = importlib.util.spec_from_file_location("ca", sample(CA))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model = mod.ScaledTanh(3)
+    x = torch.randn(2, 3, dtype=torch.float64)
+    with untouched(model):
+        kind, target = diag.resolve_target(model, {}, "ScaledTanh")
+        res = diag.run(diag.build(kind, target, [x], ["input[0]"], diag.Options(), "ScaledTanh"))
+    names = [r["input"] for r in res.table("inputs").rows]
+    assert names == ["input[0]", "a", "lin.weight", "lin.bias"] and res.data["passed"]
+    assert next(p for p in model.parameters()).dtype == torch.float32   # the check ran on a float64 copy
+
+
+def test_cli_module_class_with_args_and_function(cli):
+    r = cli("gradcheck", sample(f"{CA}:ScaledTanh"), "--arg", "features=2", "-i", "3x2", "--json")
+    assert r.code == 0 and r.json["kind"] == "nn.Module" and r.json["parameters"] == 3
+    r = cli("gradcheck", sample(f"{CA}:softclip"), "-i", "4")
+    assert r.code == 0 and "PASS" in r.stdout
+    r = cli("gradcheck", sample(f"{CA}:MulSquare"), "--json")     # example_inputs() of the module
+    assert r.code == 0 and r.json["input_source"] == "example_inputs()"
+
+
+def test_usage_errors_exit_2(cli):
+    r = cli("gradcheck", sample(f"{CA}:MulSquar"), "-i", "3", "-i", "3")
+    assert r.code == 2 and "MulSquare" in r.stderr          # did-you-mean hint
+    _one_error_line(r)
+    r = cli("gradcheck", sample(f"{CA}:MulSquare"), "-i", "3xz")
+    assert r.code == 2
+    _one_error_line(r)
+    r = cli("gradcheck", sample(f"{CA}:MulSquare"), "-i", "3", "-i", "3", "--device", "cuda")
+    assert r.code == 2 and "not available" in r.stderr
+    _one_error_line(r)
+    r = cli("gradcheck", sample(f"{CA}:MulSquare"), "-i", "3", "-i", "3", "--json", "--device", "cuda")
+    assert r.code == 2 and r.json["exit_code"] == 2
+
+
+def test_target_raising_is_exit_3(cli):
+    r = cli("gradcheck", sample(f"{CA}:MulSquare"), "-i", "3", "-i", "4")     # shapes do not broadcast
+    assert r.code == 3 and "raised" in r.stderr
+    _one_error_line(r)
+
+
+@pytest.mark.cuda
+def test_cuda(cli):
+    r = cli("gradcheck", sample(f"{CA}:MulSquare"), "-i", "3", "-i", "3", "--device", "cuda")
+    assert r.code == 0
