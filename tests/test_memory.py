@@ -1,0 +1,260 @@
+"""`torchdiag memory`: categories against closed forms, estimate vs measured, batch sizes, budget,
+sharding, 7B on meta, CLI contract.
+
+References used here:
+- parameters/gradients/optimizer state: closed forms from the parameter count P and the number of
+  parameter tensors n (fp32 Adam: P*4, P*4, 2*P*4 + 4*n for the step counters; SGD momentum P*4);
+- activations of the MLP and of the CNN's modules: counted by hand from what autograd saves;
+- inference peak of the MLP: parameters + input + the two hidden tensors alive during the first ReLU;
+- the accuracy reference for the fake-tensor estimate is the tensor-level peak measured on real CPU
+  tensors for the same step, and (when importable) torch's own MemTracker on real CPU tensors."""
+import copy
+
+import pytest
+import torch
+
+from conftest import load, sample
+from torchdiag.diagnostics import memory as M
+
+
+def _P(model):
+    ps = list({id(p): p for p in model.parameters()}.values())
+    return sum(p.numel() for p in ps), len(ps)
+
+
+@pytest.fixture(scope="module")
+def mlp_report():
+    model, inputs = load("mlp.py:build")
+    return model, inputs, M.run(model, inputs, M.Options()).to_dict()
+
+
+def test_mlp_adam_closed_forms(mlp_report):
+    model, inputs, d = mlp_report
+    P, n = _P(model)
+    assert d["param_bytes"] == P * 4
+    assert d["grad_bytes"] == P * 4
+    assert d["optimizer_bytes"] == 2 * P * 4 + 4 * n  # exp_avg, exp_avg_sq, one fp32 step scalar per tensor
+    B = 16
+    # relu1 out (saved by ReLU and Linear2), relu2 out, log_softmax out, int64 target, total_weight
+    assert d["activation_bytes"] == B * 256 * 4 + B * 128 * 4 + B * 10 * 4 + B * 8 + 4
+    assert d["peak_bytes"] >= d["param_bytes"] + d["grad_bytes"] + d["optimizer_bytes"]
+    assert d["peak_phase"] in ("forward", "backward", "optimizer")
+    assert d["at_peak"]["parameters"] == P * 4
+
+
+def test_sgd_and_adamw_state():
+    model, inputs = load("mlp.py:build")
+    P, n = _P(model)
+    sgd = M.run(model, inputs, M.Options(optimizer="sgd")).to_dict()
+    assert sgd["optimizer_bytes"] == P * 4  # one momentum buffer
+    adamw = M.run(model, inputs, M.Options(optimizer="adamw")).to_dict()
+    assert adamw["optimizer_bytes"] == 2 * P * 4 + 4 * n
+
+
+def test_inference_mlp_closed_form():
+    model, inputs = load("mlp.py:build")
+    P, _ = _P(model)
+    d = M.run(model, inputs, M.Options(mode="inference")).to_dict()
+    assert d["grad_bytes"] == 0 and d["optimizer_bytes"] == 0 and d["activation_bytes"] == 0
+    B = 16
+    assert d["peak_bytes"] == P * 4 + B * 784 * 4 + 2 * B * 256 * 4
+    assert d["peak_phase"] == "forward" and d["peak_module"] == "1"
+
+
+def test_cnn_per_module_activations(untouched):
+    model, inputs = load("cnn.py:build")  # batch 8, 3x32x32, width 16
+    with untouched(model):
+        d = M.run(model, inputs, M.Options(top=0)).to_dict()
+    mods = {m["name"]: m for m in d["modules"]}
+    B = 8
+    assert mods["features.1"]["activation_bytes"] == B * 16 * 32 * 32 * 4            # ReLU output
+    assert mods["features.2"]["activation_bytes"] == B * 16 * 16 * 16 * (8 + 4)       # int64 indices + output
+    assert mods["features.4"]["activation_bytes"] == B * 32 * 16 * 16 * 4
+    assert mods["features.0"]["activation_bytes"] == 0  # saves the model input (category inputs) and weights
+    assert d["modules"][0]["name"] == "features"  # sorted by activation bytes
+    assert mods["features"]["activation_bytes"] == sum(mods[f"features.{i}"]["activation_bytes"] for i in range(6))
+    assert all(m["bw_peak_bytes"] is not None for m in d["modules"])  # every module's backward ran
+    assert max(max(m["fw_peak_bytes"], m["bw_peak_bytes"]) for m in d["modules"]) <= d["peak_bytes"]
+
+
+@pytest.mark.parametrize("name", ["cnn.py:build", "transformer_lm.py:build", "llama.py:build"])
+def test_estimate_within_10pct_of_measured(name, untouched):
+    model, inputs = load(name)
+    with untouched(model):
+        measured = M.measure(model, inputs, M.Options(), torch.device("cpu"))
+        est = M.estimate(model, inputs, M.Options())
+    assert abs(est.peak - measured.peak) <= 0.10 * measured.peak
+    assert est.param_bytes == measured.param_bytes and est.optimizer_bytes == measured.optimizer_bytes
+    try:
+        from torch.distributed._tools.mem_tracker import MemTracker
+    except Exception:  # private API
+        return
+    from torchdiag.core.loss import Loss
+
+    m = copy.deepcopy(model).train()
+    opt = torch.optim.Adam(m.parameters(), foreach=False)
+    for p in m.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    mt = MemTracker()
+    mt.track_external(m, opt, *inputs.args, *inputs.kwargs.values())
+    rule = Loss("auto")
+    with mt:  # the same step: output and loss alive until after the optimizer step
+        out = inputs.call(m)
+        loss = rule(out)
+        loss.backward()
+        opt.step()
+    ref = mt.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    assert abs(est.peak - ref) <= 0.10 * ref
+    assert abs(measured.peak - ref) <= 0.10 * ref
+
+
+def test_batch_sizes_and_budget(cli):
+    r = cli("memory", sample("mlp.py:build"), "-i", "8x784", "--batch-sizes", "1,8,64", "--budget", "12MB", "--json")
+    assert r.code == 0, r.stderr
+    d = r.json
+    rows = {row["batch_size"]: row for row in d["batch_sizes"]}
+    assert {1, 8, 64} <= set(rows)
+    # the estimate at the measured batch size agrees with the measurement
+    assert abs(rows[8]["peak_bytes"] - d["peak_bytes"]) <= 0.10 * d["peak_bytes"]
+    # an MLP's memory is affine in the batch size: activations and temporaries grow, weights do not
+    assert rows[64]["peak_bytes"] > rows[8]["peak_bytes"] > rows[1]["peak_bytes"]
+    best = d["max_batch_size"]
+    assert d["budget_bytes"] == 12_000_000
+    assert rows[best]["fits"] is True and rows[best]["peak_bytes"] <= 12_000_000
+    assert rows[best + 1]["fits"] is False and rows[best + 1]["peak_bytes"] > 12_000_000
+    # independent check at the boundary: real tensors, measured
+    model, _ = load("mlp.py:build")
+    from torchdiag.core.inputs import ModelInputs
+
+    ins = ModelInputs((torch.randn(best + 1, 784),))
+    real = M.measure(model, ins, M.Options(), torch.device("cpu")).peak
+    assert abs(real - rows[best + 1]["peak_bytes"]) <= 0.10 * real
+
+
+def test_nothing_fits_is_exit_1(cli):
+    r = cli("memory", sample("mlp.py:build"), "--budget", "1MiB", "--json")
+    assert r.code == 1
+    d = r.json
+    assert d["max_batch_size"] == 0
+    assert [f["code"] for f in d["findings"]] == ["no-batch-fits"]
+    assert d["batch_sizes"][0]["batch_size"] == 1 and d["batch_sizes"][0]["fits"] is False
+
+
+def test_shard_zero1_exact(mlp_report):
+    model, inputs, _ = mlp_report
+    d = M.run(model, inputs, M.Options(shard=4)).to_dict()
+    rows = {r["stage"]: r["per_device_peak_bytes"] for r in d["shard"]}
+    P, n = _P(model)
+    o = 2 * P * 4 + 4 * n  # Adam state, closed form
+    assert rows["ddp (no sharding)"] == d["peak_bytes"]
+    expected = 0
+    for ph in d["phases"]:  # ZeRO-1: optimizer state / 4; the step's temporaries per shard too
+        cats = ph["at_peak"]
+        total = sum(cats.values()) - cats.get("optimizer_state", 0) + cats.get("optimizer_state", 0) // 4
+        if ph["phase"] == "optimizer":
+            t = cats.get("temporaries", 0)
+            total += t // 4 - t
+        expected = max(expected, total)
+    assert rows["zero-1"] == expected
+    assert expected <= d["peak_bytes"] - o + o // 4
+    assert rows["zero-2"] <= rows["zero-1"] < rows["ddp (no sharding)"]
+    assert rows["zero-3 / fsdp"] <= rows["ddp (no sharding)"]
+
+
+def test_dtype_and_amp():
+    model, inputs = load("cnn.py:build", inputs=["32x3x32x32"])
+    P, _ = _P(model)
+    fp = M.run(model, inputs, M.Options()).to_dict()
+    bf = M.run(model, inputs, M.Options(dtype="bfloat16")).to_dict()
+    assert bf["param_bytes"] == P * 2 and bf["grad_bytes"] == P * 2
+    assert bf["optimizer_bytes"] < fp["optimizer_bytes"] and bf["activation_bytes"] < fp["activation_bytes"]
+    # ReLU outputs halve; max-pool indices stay int64: features.1 is exactly half
+    bmods = {m["name"]: m["activation_bytes"] for m in bf["modules"]}
+    fmods = {m["name"]: m["activation_bytes"] for m in fp["modules"]}
+    assert bmods["features.1"] * 2 == fmods["features.1"] == 32 * 16 * 32 * 32 * 4
+    amp = M.run(model, inputs, M.Options(amp=True)).to_dict()
+    assert amp["param_bytes"] == P * 4 and amp["grad_bytes"] == P * 4
+    assert amp["activation_bytes"] < fp["activation_bytes"]
+    assert amp["dtype"].startswith("float32 + autocast bfloat16")
+
+
+def test_llama_7b_on_meta(cli):
+    r = cli("memory", sample("llama.py:build"), "--arg", "size='7b'", "-i", "1x32:int64", "--device", "meta",
+            "--json", "--top", "3", "--shard", "8")
+    assert r.code == 0, r.stderr
+    d = r.json
+    P = 6_738_415_616  # Llama-2-7B
+    n = 2 + 32 * 9 + 1  # embedding, output; per layer 7 linears + 2 norms; final norm
+    assert d["param_bytes"] == P * 4 and d["grad_bytes"] == P * 4
+    assert d["optimizer_bytes"] == 2 * P * 4 + 4 * n
+    assert d["peak_bytes"] > 4 * P * 4
+    assert "fake tensors" in d["method"]
+    shard = {r["stage"]: r["per_device_peak_bytes"] for r in d["shard"]}
+    # parameters, gradients and Adam state dominate: FSDP over 8 devices needs well under a third
+    assert shard["zero-3 / fsdp"] < shard["ddp (no sharding)"] / 3
+    assert len(d["modules"]) == 3 and all({"name", "activation_bytes"} <= set(m) for m in d["modules"])
+
+
+def test_json_keys(cli):
+    r = cli("memory", sample("cnn.py:build"), "--json", "--batch-sizes", "2,4")
+    assert r.code == 0, r.stderr
+    d = r.json
+    for key in ("peak_bytes", "param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes", "modules",
+                "batch_sizes", "peak_phase", "at_peak", "estimate_peak_bytes"):
+        assert key in d, key
+    assert set(d["batch_sizes"][0]) == {"batch_size", "peak_bytes", "fits"}
+    assert d["batch_sizes"][0]["fits"] is None  # no budget on CPU
+
+
+def test_model_untouched_transformer(untouched):
+    model, inputs = load("transformer_lm.py:build")
+    with untouched(model):
+        M.run(model, inputs, M.Options(batch_sizes=[2], budget=10**8, shard=2))
+
+
+def test_parse_bytes():
+    assert M.parse_bytes("24GiB") == 24 * 2**30
+    assert M.parse_bytes("512MB") == 512 * 10**6
+    assert M.parse_bytes("1.5kib") == 1536
+    assert M.parse_bytes("1000") == 1000
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--budget", "lots"], "bad memory size 'lots'"),
+    (["--batch-sizes", "1,x"], "bad --batch-sizes"),
+    (["--optimizer", "lion"], "unknown optimizer"),
+    (["--dtype", "int8"], "unknown dtype"),
+    (["--device", "cuda"], "device 'cuda' is not available"),
+    (["--snapshot", "/tmp/x.pickle", "--device", "cpu"], "--snapshot"),
+    (["-i", "8xq"], "bad input shape"),
+    (["--amp", "--dtype", "float16"], "--amp"),
+])
+def test_bad_input_exit_2(cli, args, needle):
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    r = cli("memory", sample("mlp.py:build"), *args)
+    assert r.code == 2, (r.code, r.stderr)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and needle in errors[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_table_output(cli):
+    r = cli("memory", sample("cnn.py:build"), "-i", "4x3x32x32")
+    assert r.code == 0
+    assert "Where the memory goes" in r.stdout and "features.1" in r.stdout and "Peak" in r.stdout
+
+
+@pytest.mark.cuda
+def test_cuda_measured_with_snapshot(cli, tmp_path):
+    snap = tmp_path / "step.pickle"
+    r = cli("memory", sample("cnn.py:build"), "--device", "cuda", "--snapshot", snap, "--json")
+    assert r.code == 0, r.stderr
+    d = r.json
+    assert snap.exists() and snap.stat().st_size > 0
+    cu = d["cuda"]
+    assert cu["peak_reserved_bytes"] >= cu["peak_allocated_bytes"] >= cu["step_peak_allocated_bytes"] > 0
+    # the allocator's step peak and the tensor-level peak (512-byte rounded) agree closely
+    assert abs(cu["step_peak_allocated_bytes"] - d["peak_bytes"]) <= 0.10 * d["peak_bytes"]
