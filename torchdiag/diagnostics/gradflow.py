@@ -395,7 +395,7 @@ def run(model, inputs, opts: Options | None = None) -> Result:
         Column("grad_norm", "grad norm", "float"), Column("mean_abs_grad", "mean |grad|", "float"),
         Column("max_abs_grad", "max |grad|", "float"), Column("_bar", "mean |grad| (log)", "bar"),
         Column("status", "status")], layer_rows,
-        note=f"depth ≤ {opts.depth}; bar: log10 mean |grad| from 1e{lo:.1f} to 1e{hi:.1f}; "
+        note=f"depth ≤ {opts.depth}; bar: mean |grad| on a log scale from {10 ** lo:.1e} to {10 ** hi:.1e}; "
              "dim rows never ran in forward"))
     ptable = Table("params", "Parameters", [
         Column("name", "parameter"), Column("_shape", "shape"), Column("grad_norm", "grad norm", "float"),
@@ -540,7 +540,8 @@ def _param_findings(result, rows, model, opts) -> None:
         status = members[0]["status"]
         sev = STATUS_SEVERITY[status]
         n = len(members)
-        what = f"{n} parameter tensor(s) ({_names(members)})" if n > 1 or where != members[0]["name"] else "this parameter"
+        what = (f"{n} parameter tensor{'s' if n > 1 else ''} ({_names(members)})"
+                if n > 1 or where != members[0]["name"] else "the parameter")
         if status == "no-grad":
             reason, why = members[0]["reason"], members[0]["why"]
             msg = f"{what}: requires grad but got none — {reason}: {why}"
@@ -599,8 +600,7 @@ def _layer_rows(layers, rows, rec: _Recorder, modules) -> list[dict]:
         status = min((m["status"] for m in members), key=STATUS_ORDER.index) if members else "ok"
         if all(m["status"] == "frozen" for m in members):
             status = "frozen"
-        d = path.count(".") + 1 if path else 0
-        label = ("  " * max(d - 1, 0) + (path.rsplit(".", 1)[-1] if d > 1 else _label(path))) + (" (own)" if own_only else "")
+        label = _label(path) + (" (own)" if own_only else "")
         out.append({
             "layer": path, "own_only": own_only, "_label": label, "type": type(modules[path]).__name__,
             "params": sum(m["numel"] for m in members), "tensors": len(members),
@@ -695,7 +695,7 @@ def write_plot(result, path) -> str:
     if not path.parent.exists():
         raise UsageError(f"--plot: directory {path.parent} does not exist")
     rows = [r for r in result.table("layers").rows if r["ran"] and r["status"] != "frozen"]
-    labels = [r["layer"] or "(root)" for r in rows]
+    labels = [r["_label"] for r in rows]
     tiny = 1e-30
 
     def val(x):
@@ -714,6 +714,15 @@ def write_plot(result, path) -> str:
     bad = [i for i, r in enumerate(rows) if r["status"] not in ("ok",)]
     for i in bad:
         ax.axvspan(i - 0.5, i + 0.5, color="r", alpha=0.12)
+    if bad:
+        from matplotlib.patches import Patch
+
+        handles, names = ax.get_legend_handles_labels()
+        handles.append(Patch(color="r", alpha=0.12))
+        names.append("flagged (" + ", ".join(sorted({rows[i]["status"] for i in bad})) + ")")
+        ax.legend(handles, names, loc="upper right", fontsize=8)
+    else:
+        ax.legend(loc="upper right", fontsize=8)
     ax.set_xticks(x)
     ax.set_xticklabels(labels, rotation=90, fontsize=7)
     ax.set_xlim(-0.75, len(rows) - 0.25)
@@ -721,7 +730,6 @@ def write_plot(result, path) -> str:
     ax.set_ylabel("|gradient|")
     ax.set_title(f"Gradient flow — {result.header.get('model', '')}", fontsize=9)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     try:
         fig.savefig(path)
