@@ -116,6 +116,13 @@ def _report(message: str, hint: str | None, code: ExitCode, opts: CommonOptions)
     err(f"error: {message}")
     if hint:
         err(f"hint: {hint}")
+    if opts.tb and code != ExitCode.USAGE:  # the log says what happened, and is flushed
+        try:
+            from ..render.tensorboard import write_error
+
+            write_error(opts.tb, opts.command, message, hint, int(code))
+        except Exception:  # never hide the real error behind a logging failure
+            pass
     if opts.json:
         import json
 

@@ -25,4 +25,10 @@ def register(app) -> None:
         from ..diagnostics import summary as diag
 
         opts = c.CommonOptions("summary", spec, arg or [], input or [], device, seed, json, tb, debug)
-        c.execute(opts, lambda t: diag.run(t.model, t.inputs, diag.Options(depth=depth)))
+        def run(t):
+            result = diag.run(t.model, t.inputs, diag.Options(depth=depth))
+            if tb:
+                result.notes.append(diag.write_graph(t.model, t.inputs, tb))
+            return result
+
+        c.execute(opts, run)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ..core.guard import leave_no_trace
 from ..core.tracking import ModuleTracker, describe, forward_error
+from ..errors import one_line
 from ..results import Column, Result, Table
 
 CONTAINERS = ("ModuleList", "ModuleDict", "ParameterList", "ParameterDict")
@@ -176,3 +177,31 @@ def _hb(n) -> str:
     from ..render.fmt import human_bytes
 
     return f"{human_bytes(n)} ({n:,} bytes)"
+
+
+def write_graph(model, inputs, logdir) -> str:
+    """The model graph for TensorBoard's Graphs tab (torch.jit.trace via add_graph), or a plain
+    sentence saying why it could not be traced. Never fails the command."""
+    import warnings
+
+    import torch
+
+    from ..render.tensorboard import open_writer
+
+    if inputs.kwargs:
+        return "model graph not written: add_graph traces positional inputs only and this model takes keyword inputs"
+    if any(t.is_meta for _, t in inputs.tensors()):
+        return "model graph not written: a meta-device model cannot be traced"
+    writer, _ = open_writer(logdir, "summary")
+    try:
+        with leave_no_trace(model), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.eval()
+            with torch.no_grad():
+                writer.add_graph(model, tuple(inputs.args), use_strict_trace=False)
+        return "model graph written (TensorBoard → Graphs)"
+    except Exception as exc:
+        return ("model graph not written: the tracer could not follow this model "
+                f"(dict outputs and non-tensor values defeat it): {one_line(exc, 160)}")
+    finally:
+        writer.close()

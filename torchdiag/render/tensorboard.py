@@ -53,3 +53,13 @@ def write_result(result, logdir) -> Path:
     finally:
         writer.close()
     return path
+
+
+def write_error(logdir, command: str, message: str, hint: str | None, code: int) -> Path:
+    writer, path = open_writer(logdir, command)
+    try:
+        writer.add_text(f"{command}/error", f"**exit {code}**: {message}" + (f"\n\nhint: {hint}" if hint else ""))
+        writer.flush()
+    finally:
+        writer.close()
+    return path

@@ -1,0 +1,75 @@
+"""`torchdiag check`: the configured diagnostics as one CI gate with thresholds, JUnit and exit codes."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from . import common as c
+
+EXAMPLE = """Examples:
+
+  torchdiag check                      # reads [tool.torchdiag] from ./pyproject.toml
+
+  torchdiag check --config ci/torchdiag.toml --junit reports/torchdiag.xml
+
+  torchdiag check sample_models/cnn.py:build -i 8x3x32x32 --max-params 30000 --nancheck --gradflow"""
+
+
+def register(app) -> None:
+    @app.command("check", epilog=EXAMPLE)
+    def check(spec: Annotated[Optional[str], typer.Argument(metavar="[MODEL_SPEC]", show_default=False,
+                                                             help="Overrides the config's model.")] = None,
+              config: Annotated[Optional[Path], typer.Option("--config", metavar="FILE", help="TOML file with [tool.torchdiag] tables (default: ./pyproject.toml).")] = None,
+              arg: c.Args = None, input: c.Inputs = None,
+              device: Annotated[Optional[str], typer.Option("--device", "-d", help="Overrides the config's device.")] = None,
+              max_params: Annotated[Optional[str], typer.Option("--max-params", help="Limit on parameters, e.g. 25M.")] = None,
+              max_gmacs: Annotated[Optional[float], typer.Option("--max-gmacs", help="Limit on forward GMACs.")] = None,
+              nancheck: Annotated[Optional[bool], typer.Option("--nancheck/--no-nancheck", help="Run nancheck.")] = None,
+              gradflow: Annotated[Optional[bool], typer.Option("--gradflow/--no-gradflow", help="Run gradflow.")] = None,
+              overfit_batch: Annotated[Optional[bool], typer.Option("--overfit-batch/--no-overfit-batch", help="Run overfit-batch.")] = None,
+              doctor: Annotated[Optional[bool], typer.Option("--doctor/--no-doctor", help="Run doctor.")] = None,
+              allow: Annotated[Optional[list[str]], typer.Option("--allow", metavar="GLOB", help="Parameter globs gradflow accepts. Repeatable.")] = None,
+              junit: Annotated[Optional[Path], typer.Option("--junit", metavar="FILE.xml", help="Write a JUnit report (one testcase per check).")] = None,
+              json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False) -> None:
+        """The CI gate: run the configured checks, print pass/fail per check, exit 1 if any fails.
+
+        Config: [tool.torchdiag] (model, inputs, device, args, loss, batch, seed) and
+        [tool.torchdiag.check] (max-params, max-trainable-params, max-gmacs, max-gflops, nancheck,
+        gradflow, overfit-batch, doctor, allow, strict, max-peak-memory); several models with
+        [[tool.torchdiag.models]]. Options given here override the file. With GITHUB_ACTIONS=true,
+        failed checks are also printed as GitHub annotations."""
+        opts = c.CommonOptions("check", spec or "", arg or [], input or [], device or "auto", 0, json, tb, debug)
+
+        def produce():
+            from ..diagnostics import check as diag
+
+            overrides = {"model": spec, "inputs": input, "device": device, "args": arg}
+            check_over = {k: v for k, v in {"max-params": max_params, "max-gmacs": max_gmacs, "nancheck": nancheck,
+                                            "gradflow": gradflow, "overfit-batch": overfit_batch, "doctor": doctor,
+                                            "allow": allow}.items() if v is not None}
+            if spec and config is None and not Path("pyproject.toml").is_file():
+                table, source = {}, "command line"
+            else:
+                table, source = diag.load_config(config)
+            models = diag.models_from_config(table, source, overrides, check_over)
+            return diag.run(models, source)
+
+        def extras(result):
+            if junit:
+                from ..render.ci import write_junit
+
+                path = write_junit(result, junit)
+                if not json:
+                    c.err(f"JUnit report: {path}")
+            if c.env_flag("GITHUB_ACTIONS"):
+                from ..render.ci import github_annotations
+
+                stream = sys.stderr if json else sys.stdout
+                for line in github_annotations(result):
+                    stream.write(line + "\n")
+
+        c.execute(opts, None, produce=produce, render_extra=extras)

@@ -1,0 +1,49 @@
+"""CI outputs of `check`: JUnit XML (one testcase per check) and GitHub Actions annotations."""
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+
+def write_junit(result, path) -> Path:
+    rows = result.table("checks").rows
+    suites = ET.Element("testsuites", name="torchdiag check", tests=str(len(rows)),
+                        failures=str(sum(r["status"] == "FAIL" for r in rows)),
+                        errors=str(sum(r["status"] == "ERROR" for r in rows)))
+    by_model: dict[str, list] = {}
+    for r in rows:
+        by_model.setdefault(r["model"], []).append(r)
+    for model, mrows in by_model.items():
+        suite = ET.SubElement(suites, "testsuite", name=f"torchdiag check {model}", tests=str(len(mrows)),
+                              failures=str(sum(r["status"] == "FAIL" for r in mrows)),
+                              errors=str(sum(r["status"] == "ERROR" for r in mrows)),
+                              time=f"{sum(r['seconds'] for r in mrows):.3f}")
+        for r in mrows:
+            case = ET.SubElement(suite, "testcase", classname=f"torchdiag.{model}", name=r["check"],
+                                 time=f"{r['seconds']:.3f}")
+            text = f"{r['check']}: {r['figure']} (limit {r['limit'] or '-'})"
+            if r["status"] == "FAIL":
+                ET.SubElement(case, "failure", message=r["message"] or "failed").text = text
+            elif r["status"] == "ERROR":
+                ET.SubElement(case, "error", message=r["message"]).text = text
+            else:
+                ET.SubElement(case, "system-out").text = text
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
+    return path
+
+
+def _escape(text: str) -> str:
+    # GitHub workflow-command data escaping
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def github_annotations(result) -> list[str]:
+    """`::error title=…::message` lines for failed checks (GitHub reads them from stdout)."""
+    lines = []
+    for r in result.table("checks").rows:
+        if r["status"] != "PASS":
+            title = _escape(f"torchdiag {r['check']} ({r['model']})").replace(",", "%2C").replace(":", "%3A")
+            lines.append(f"::error title={title}::{_escape(r['message'] or r['status'])}")
+    return lines

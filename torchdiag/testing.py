@@ -1,0 +1,65 @@
+"""Assertions for your own test suite, failing with torchdiag's finding text.
+
+    from torchdiag.testing import assert_finite, assert_gradients_flow, assert_can_overfit
+
+    def test_model_is_healthy():
+        model = build()
+        x = torch.randn(8, 3, 32, 32)
+        assert_finite(model, x)
+        assert_gradients_flow(model, x, allow=["aux_head.*"])
+        assert_can_overfit(model, x, steps=200)
+        assert_params_under(model, 30_000)
+        assert_macs_under(model, x, 5e9)
+"""
+from __future__ import annotations
+
+from . import api
+
+
+def _fail_on_errors(result, what: str, allow=()):
+    import fnmatch
+
+    errors = [f for f in result.findings if f.severity == "error"
+              and not any(fnmatch.fnmatch(f.where, pattern) for pattern in allow)]
+    if errors:
+        lines = [f"{what}: {len(errors)} problem(s)"] + [f"  {f.code} {f.where}: {f.message}" for f in errors]
+        raise AssertionError("\n".join(lines))
+    return result
+
+
+def assert_finite(model, inputs=None, *, loss="auto", target=None, **options):
+    """Inputs, parameters, every module's output, the loss and all gradients are finite."""
+    return _fail_on_errors(api.nancheck(model, inputs, loss=loss, target=target, **options), "non-finite values")
+
+
+def assert_gradients_flow(model, inputs=None, *, allow=(), loss="auto", target=None, **options):
+    """Every trainable parameter gets a finite, non-zero, non-exploding gradient (globs in allow accepted)."""
+    r = api.gradflow(model, inputs, loss=loss, target=target, allow=list(allow), **options)
+    return _fail_on_errors(r, "gradient flow")
+
+
+def assert_can_overfit(model, inputs=None, *, loss="auto", target=None, **options):
+    """A copy of the model memorises one batch (the user's model is not trained)."""
+    r = api.overfit_batch(model, inputs, loss=loss, target=target, **options)
+    if not r.data.get("passed"):
+        d = r.data
+        msg = f"cannot overfit one batch: loss {d.get('initial_loss')} → {d.get('final_loss')} in {d.get('steps')} steps"
+        causes = [f"  {f.code} {f.where}: {f.message}" for f in r.findings if f.severity in ("error", "warning")]
+        raise AssertionError("\n".join([msg, *causes]))
+    return r
+
+
+def assert_params_under(model, limit: float, *, trainable_only: bool = False):
+    params = {id(p): p for p in model.parameters()}.values()
+    n = sum(p.numel() for p in params if p.requires_grad or not trainable_only)
+    if n > limit:
+        raise AssertionError(f"{n:,} parameters > limit {int(limit):,}")
+    return n
+
+
+def assert_macs_under(model, inputs=None, limit: float = float("inf")):
+    r = api.flops(model, inputs)
+    macs = r.data["forward_macs"]
+    if macs > limit:
+        raise AssertionError(f"{macs:,} forward MACs > limit {int(limit):,}")
+    return macs
