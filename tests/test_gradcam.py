@@ -1,0 +1,181 @@
+"""gradcam: closed-form CAM, maximum inside the only region that matters, valid pictures."""
+import pytest
+
+from conftest import load, sample
+
+REGION = sample("gradcam_region.py:build")
+
+
+def _one_error_line(r):
+    lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+@pytest.fixture
+def image(tmp_path):
+    """A 32×32 RGB image, bright and textured everywhere (so every region has content)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    arr = (rng.uniform(0.3, 1.0, (32, 32, 3)) * 255).astype(np.uint8)
+    path = tmp_path / "img.png"
+    Image.fromarray(arr).save(path)
+    return path
+
+
+def _region_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gradcam_region_t", sample("gradcam_region.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_cam_equals_closed_form_for_gap_linear(image, untouched):
+    """With global average pooling then a linear layer, Grad-CAM is CAM: ReLU(Σ_c W[k,c]·A_c)/(h·w)."""
+    import numpy as np
+    import torch
+
+    from torchdiag.diagnostics import gradcam as diag
+    from torchdiag.render.images import load_rgb
+
+    model, _ = load("gradcam_region.py:build")
+    x = diag.image_tensor(load_rgb(image), (0, 0, 0), (1, 1, 1), torch.device("cpu"))
+    with torch.no_grad():
+        a = model.features(model.window(x))[0]            # C×h×w at features.3
+        logits = model(x)[0]
+    for k in (None, 2):
+        with untouched(model):
+            cam, heat, got_logits, used = diag.grad_cam(model, x, "features.3", k)
+        used_expect = int(logits.argmax()) if k is None else k
+        assert used == used_expect
+        w = model.head.weight[used].detach()
+        expect = torch.relu((w[:, None, None] * a).sum(0)) / (a.shape[1] * a.shape[2])
+        assert torch.allclose(cam, expect, atol=1e-6)
+        h = heat.numpy()
+        assert h.min() >= 0.0 and h.max() <= 1.0
+        if expect.max() > 0:
+            assert h.max() == pytest.approx(1.0)
+            assert np.allclose(h, (expect / expect.max()).numpy(), atol=1e-5)
+
+
+def test_maximum_inside_the_only_region_that_matters(image, untouched):
+    from torchdiag.diagnostics import gradcam as diag
+
+    mod = _region_module()
+    rows, cols, reach = mod.REGION[0], mod.REGION[1], mod.REACH
+    model, _ = load("gradcam_region.py:build")
+    import torch
+
+    with untouched(model):
+        res = diag.run(model, torch.device("cpu"), diag.Options(layer="features.3", image=str(image)))
+    h = res._heatmap
+    r, c = res.data["heatmap_peak"]
+    assert rows.start <= r < rows.stop and cols.start <= c < cols.stop
+    outside = h.copy()
+    outside[rows.start - reach:, cols.start - reach:] = 0
+    assert outside.max() == 0.0                   # pixels that cannot matter get no heat
+    inside = h[rows, cols]
+    assert inside.mean() > 0.2 and h.max() == pytest.approx(1.0)
+
+
+def test_cli_writes_valid_png_and_tensorboard(cli, image, tmp_path):
+    import numpy as np
+    from PIL import Image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "cam.png"
+    r = cli("gradcam", REGION, "--layer", "features.3", "--image", image, "--out", out, "--tb", tmp_path / "tb", "--json")
+    assert r.code == 0, r.stderr
+    doc = r.json
+    for key in ("target_class", "score", "probability", "heatmap_peak", "top_classes", "out", "layer", "image_size"):
+        assert key in doc
+    assert doc["heatmap_max"] == pytest.approx(1.0) and doc["heatmap_min"] >= 0.0
+    r0, c0 = doc["heatmap_peak"]
+    assert r0 >= 16 and c0 >= 16
+    with Image.open(out) as im:
+        assert im.format == "PNG" and im.mode == "RGB"
+        # 32 px panels enlarged ×4 to 128; three panels with 2-px gaps: 3*128 + 2*2 = 388 wide
+        assert im.size == (388, 128)
+        arr = np.asarray(im)
+    src = np.asarray(Image.open(image))
+    assert (arr[0:4:4, 0:4:4] == src[0:1, 0:1]).all()       # first panel is the original
+    acc = EventAccumulator(str(tmp_path / "tb" / "gradcam"), size_guidance={"images": 0})
+    acc.Reload()
+    assert {"gradcam/original", "gradcam/heatmap", "gradcam/overlay"} <= set(acc.Tags()["images"])
+
+
+def test_resize_and_normalisation(tmp_path):
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from torchdiag.diagnostics import gradcam as diag
+    from torchdiag.render.images import load_rgb
+
+    arr = np.full((48, 64, 3), 255, dtype=np.uint8)
+    path = tmp_path / "white.png"
+    Image.fromarray(arr).save(path)
+    rgb = load_rgb(path, (32, 32))
+    assert rgb.shape == (32, 32, 3)
+    x = diag.image_tensor(rgb, (0.5, 0.25, 0.0), (0.25, 0.5, 2.0), torch.device("cpu"))
+    assert x.shape == (1, 3, 32, 32)
+    assert torch.allclose(x[0, :, 0, 0], torch.tensor([2.0, 1.5, 0.5]))   # (1 - mean) / std
+
+
+def test_cli_size_option(cli, tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    path = tmp_path / "big.png"
+    Image.fromarray(np.random.default_rng(1).integers(0, 255, (64, 80, 3), dtype=np.uint8)).save(path)
+    r = cli("gradcam", REGION, "--layer", "features.3", "--image", path, "--size", "32", "--mean", "0.5,0.5,0.5",
+            "--std", "0.5", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["image_size"] == "32x32" and "0.5" in r.json["normalisation"]
+
+
+def test_usage_errors(cli, image, tmp_path):
+    r = cli("gradcam", REGION, "--layer", "features.3")
+    assert r.code == 2 and "--image" in r.stderr
+    _one_error_line(r)
+    r = cli("gradcam", REGION, "--layer", "features.3", "--image", tmp_path / "nope.png")
+    assert r.code == 2 and "not found" in r.stderr
+    _one_error_line(r)
+    r = cli("gradcam", REGION, "--layer", "feature.3", "--image", image)
+    assert r.code == 2 and "features.3" in r.stderr
+    _one_error_line(r)
+    r = cli("gradcam", REGION, "--layer", "head", "--image", image)     # 2-D output
+    assert r.code == 2 and "N×C×H×W" in r.stderr
+    _one_error_line(r)
+    r = cli("gradcam", REGION, "--layer", "features.3", "--image", image, "--target-class", "9")
+    assert r.code == 2 and "out of range" in r.stderr
+    r = cli("gradcam", REGION, "--layer", "features.3", "--image", image, "--mean", "1,2")
+    assert r.code == 2
+    _one_error_line(r)
+    r = cli("gradcam", REGION, "--layer", "features.3", "--image", image, "--device", "cuda")
+    assert r.code == 2 and "not available" in r.stderr
+    _one_error_line(r)
+
+
+def test_frozen_model_untouched_and_no_grads(image, untouched):
+    import torch
+
+    from torchdiag.diagnostics import gradcam as diag
+
+    model, _ = load("gradcam_region.py:build")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    with untouched(model):
+        res = diag.run(model, torch.device("cpu"), diag.Options(layer="features.3", image=str(image)))
+    assert res.data["heatmap_max"] == pytest.approx(1.0)
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.cuda
+def test_cuda(cli, image):
+    r = cli("gradcam", REGION, "--layer", "features.3", "--image", image, "--device", "cuda")
+    assert r.code == 0
