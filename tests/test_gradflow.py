@@ -335,3 +335,18 @@ def test_model_untouched_when_forward_raises(untouched):
         with pytest.raises(Exception) as exc:
             gf.run(model, inputs, gf.Options(loss=Loss("auto")))
     assert getattr(exc.value, "code", None) == 3
+
+
+def test_batch_function_and_custom_loss(cli, tmp_path):
+    f = tmp_path / "data.py"
+    f.write_text("import torch\n"
+                 "def batch():\n    return torch.randn(4, 784), torch.randint(0, 10, (4,))\n"
+                 "def total(out, target):\n    return out.sum()\n")
+    doc = cli("gradflow", sample("mlp.py:build"), "--batch", f"{f}:batch", "--json").json
+    assert doc["exit_code"] == 0 and doc["loss"] == "cross_entropy on output"
+    assert doc["inputs"] == ["input[0]: 4x784 float32"]
+    doc = cli("gradflow", sample("mlp.py:build"), "--loss", f"{f}:total", "--json").json
+    assert doc["loss"] == "total() on output"
+    # loss = sum of logits: d loss / d bias of the last Linear is the batch size (16) per class
+    b = by(doc["params"], "name", "4.bias")
+    assert b["max_abs_grad"] == pytest.approx(16.0) and b["mean_abs_grad"] == pytest.approx(16.0)
