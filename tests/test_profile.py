@@ -112,6 +112,16 @@ def test_cnn_conv_calls_and_depth():
     assert set(_modules(r)) == {"", "features", "head"}   # depth 1
 
 
+def test_container_never_called_gets_sum_row():
+    r = _run("transformer_lm.py:build", depth=2)
+    mods = _modules(r)
+    assert mods["blocks"]["type"] == "ModuleList" and mods["blocks"]["calls"] == 0
+    assert mods["blocks"]["cpu_time_us"] == pytest.approx(
+        mods["blocks.0"]["cpu_time_us"] + mods["blocks.1"]["cpu_time_us"], abs=0.01)
+    assert mods["blocks.0"]["calls"] == 3 and mods["blocks.0"]["type"] == "Block"
+    assert _ops(r)["aten::_scaled_dot_product_flash_attention_for_cpu"] == 2 * 3   # one per Block
+
+
 # ----------------------------------------------------------------------------------------- train
 
 def test_train_mlp_forward_backward_counts(untouched):

@@ -355,7 +355,7 @@ def run(model, inputs, opts: Options | None = None) -> Result:
             r["share"] = r["cpu_time_us"] / active_total_us if active_total_us else None
         result.tables.append(Table("phases", "Where a train step goes", [
             Column("phase", "phase"), Column("cpu_time_us", "CPU time", "float", "µs"),
-            Column("share", "share of steps", "pct")] + (
+            Column("share", "% of steps", "pct")] + (
             [Column("cuda_time_us", "CUDA time", "float", "µs")] if on_cuda else []), phases))
 
     for t in result.tables:
@@ -363,6 +363,7 @@ def run(model, inputs, opts: Options | None = None) -> Result:
             for k, v in r.items():
                 if isinstance(v, float) and not k.endswith("share"):
                     r[k] = round(v, 3)
+        _display_in_ms(t)
     result.data["step_time_ms"] = {k: round(v, 4) for k, v in result.data["step_time_ms"].items()}
     result.data["step_time_stats_ms"] = {k: round(v, 4) if isinstance(v, float) else v
                                          for k, v in stats.items()}
@@ -390,6 +391,18 @@ def run(model, inputs, opts: Options | None = None) -> Result:
     if not on_cuda and torch.cuda.is_available():
         result.notes.append("a CUDA GPU is available; profile it with --device cuda")
     return result
+
+
+def _display_in_ms(table: Table) -> None:
+    """JSON keeps microseconds (`*_us`); people read milliseconds (display-only `_` keys)."""
+    for col in table.columns:
+        if col.unit != "µs":
+            continue
+        key = col.key
+        for r in table.rows:
+            v = r.get(key)
+            r["_" + key] = None if v is None else v / 1e3
+        col.key, col.unit = "_" + key, "ms"
 
 
 def _one_step(model, inputs, mode, loss_fn, optimizer, labels, record_function):
@@ -482,10 +495,10 @@ def _operator_table(rows, on_cuda, opts: Options, total: int) -> Table:
     if opts.record_shapes:
         cols.append(Column("_shapes", "input shapes"))
     cols += [Column("calls", "calls", "count"), Column("self_cpu_time_us", "self CPU", "float", "µs"),
-             Column("self_cpu_share", "self CPU %", "pct"), Column("cpu_time_us", "CPU total", "float", "µs")]
+             Column("self_cpu_share", "%", "pct"), Column("cpu_time_us", "total CPU", "float", "µs")]
     if on_cuda:
         cols += [Column("self_cuda_time_us", "self CUDA", "float", "µs"),
-                 Column("cuda_time_us", "CUDA total", "float", "µs")]
+                 Column("cuda_time_us", "total CUDA", "float", "µs")]
     if opts.memory:
         cols += [Column("self_cpu_memory_bytes", "self CPU mem", "bytes"),
                  Column("cpu_memory_bytes", "CPU mem", "bytes")]
@@ -493,7 +506,7 @@ def _operator_table(rows, on_cuda, opts: Options, total: int) -> Table:
             cols.append(Column("self_cuda_memory_bytes", "self CUDA mem", "bytes"))
     by = "self CUDA" if on_cuda else "self CPU"
     title = f"Top {len(rows)} of {total} operators by {by} time" if len(rows) < total else f"Operators by {by} time"
-    note = f"totals over {opts.active} active step(s)"
+    note = f"totals over {opts.active} active step(s); % = share of all operators' self CPU time"
     if opts.memory:
         note += "; memory = bytes allocated minus freed inside the op (negative: freed more than allocated)"
     return Table("operators", title, cols, rows, note=note)
@@ -540,6 +553,22 @@ def module_rows(events, types: dict, on_cuda: bool, train: bool, memory: bool) -
             b["cpu"] += e.cpu_time_total
             if on_cuda:
                 b["cuda"] += e.device_time_total
+    # Containers that are never called themselves (ModuleList, ModuleDict) get a row summing their
+    # direct submodules, so the tree has no holes.
+    missing = set()
+    for name in order:
+        parts = name.split(".") if name else []
+        for i in range(1, len(parts)):
+            parent = ".".join(parts[:i])
+            if parent not in fwd:
+                missing.add(parent)
+    if order and "" not in fwd:
+        missing.add("")
+    for name in sorted(missing, key=lambda n: -(n.count(".") + 1 if n else 0)):
+        kids = [c for c in fwd if _is_child(c, name)]
+        fwd[name] = {"calls": 0, "cpu": sum(fwd[c]["cpu"] for c in kids), "cuda": sum(fwd[c]["cuda"] for c in kids),
+                     "mem": sum(fwd[c]["mem"] for c in kids), "container": True}
+        order.append(name)
     rows = []
     for name in order:
         r = fwd[name]
@@ -557,6 +586,8 @@ def module_rows(events, types: dict, on_cuda: bool, train: bool, memory: bool) -
         if memory:
             row["cpu_memory_bytes"] = int(r["mem"])
         row["depth"] = name.count(".") + 1 if name else 0
+        if r.get("container"):
+            row["_style"] = "dim"
         rows.append(row)
     rank = {name: i for i, name in enumerate(types)}
     rows.sort(key=lambda r: rank.get(r["name"], len(rank)))
@@ -612,16 +643,17 @@ def _module_table(rows, opts: Options, on_cuda: bool) -> Table:
         r["_label"] = ROOT_LABEL if d == 0 else ("  " * (d - 1) + r["name"].rsplit(".", 1)[-1] if d > 1 else r["name"])
     shown = [r for r in rows if r["depth"] <= opts.depth]
     cols = [Column("_label", "module"), Column("type", "type"), Column("calls", "calls", "count"),
-            Column("cpu_time_us", "forward CPU", "float", "µs"), Column("share", "share of steps", "pct"),
-            Column("self_cpu_time_us", "self CPU", "float", "µs")]
+            Column("cpu_time_us", "fwd CPU", "float", "µs"), Column("share", "%", "pct"),
+            Column("self_cpu_time_us", "self", "float", "µs")]
     if on_cuda:
-        cols.append(Column("cuda_time_us", "forward CUDA", "float", "µs"))
+        cols.append(Column("cuda_time_us", "fwd CUDA", "float", "µs"))
     if opts.mode == "train":
-        cols.append(Column("backward_cpu_time_us", "backward CPU", "float", "µs"))
+        cols.append(Column("backward_cpu_time_us", "bwd CPU", "float", "µs"))
         if on_cuda:
-            cols.append(Column("backward_cuda_time_us", "backward CUDA", "float", "µs"))
+            cols.append(Column("backward_cuda_time_us", "bwd CUDA", "float", "µs"))
     if opts.memory:
         cols.append(Column("cpu_memory_bytes", "net CPU alloc", "bytes"))
     return Table("modules", "Time per module", cols, shown,
-                 note=f"depth ≤ {opts.depth}; forward times include submodules, self = minus submodules; "
-                      "totals over the active steps")
+                 note=f"depth ≤ {opts.depth}; fwd includes submodules, self excludes them; % = fwd / summed step time; "
+                      "dim rows: containers never called themselves (sum of their submodules)"
+                      + ("; bwd = backward nodes created in the module's forward" if opts.mode == "train" else ""))
