@@ -1,0 +1,199 @@
+"""attention: captured weights equal softmax(QKᵀ/√d) computed by hand; pictures of exact size."""
+import math
+
+import pytest
+
+from conftest import load, sample
+
+VIT = sample("vit.py:build")
+
+
+def _one_error_line(r):
+    lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def _manual_mha(mha, x):
+    """Per-head weights of a self-attention nn.MultiheadAttention (batch_first) from its in_proj."""
+    import torch
+
+    d, h = mha.embed_dim, mha.num_heads
+    q = x @ mha.in_proj_weight[:d].T + mha.in_proj_bias[:d]
+    k = x @ mha.in_proj_weight[d:2 * d].T + mha.in_proj_bias[d:2 * d]
+    n, L, _ = x.shape
+    q = q.view(n, L, h, d // h).transpose(1, 2)
+    k = k.view(n, L, h, d // h).transpose(1, 2)
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d // h), dim=-1)
+
+
+def test_vit_weights_match_hand_computation(untouched):
+    import torch
+
+    from torchdiag.diagnostics import attention as diag
+
+    model, inputs = load("vit.py:build")
+    seen = {}
+    handle = model.layers[0].self_attention.register_forward_hook(lambda m, a, o: seen.update(x=a[0].detach()))
+    with torch.no_grad():
+        expected_out = model(*inputs.args)
+    handle.remove()
+    with untouched(model):
+        res = diag.run(model, inputs, diag.Options())
+    caps = {c.key: c for c in res._captures}
+    assert list(caps) == ["layers.0.self_attention", "layers.1.self_attention"]
+    with torch.no_grad():
+        expect = _manual_mha(model.layers[0].self_attention, seen["x"])
+    assert caps["layers.0.self_attention"].weights.shape == (2, 4, 17, 17)
+    assert torch.allclose(caps["layers.0.self_attention"].weights, expect, atol=1e-5)
+    layer = res.table("layers").rows[0]
+    assert layer["heads"] == 4 and layer["queries"] == 17 and layer["row_sum_error"] < 1e-5
+    # the model computes the same output as without the diagnostic (need_weights=False honoured)
+    with torch.no_grad():
+        assert torch.allclose(model(*inputs.args), expected_out, atol=1e-5)
+
+
+def test_uniform_attention_closed_form():
+    """Zero query/key projections → every query attends uniformly: entropy = log S, max = 1/S."""
+    import torch
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.diagnostics import attention as diag
+
+    class SelfAttn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha = nn.MultiheadAttention(8, 2, batch_first=True)
+            with torch.no_grad():
+                self.mha.in_proj_weight[:16].zero_()
+                self.mha.in_proj_bias.zero_()
+
+        def forward(self, x):
+            return self.mha(x, x, x)[0]
+
+    S = 5
+    res = diag.run(SelfAttn(), ModelInputs((torch.randn(3, S, 8),), {}), diag.Options())
+    heads = res.table("heads").rows
+    assert len(heads) == 2
+    for h in heads:
+        assert h["entropy"] == pytest.approx(math.log(S)) and h["entropy_fraction"] == pytest.approx(1.0)
+        assert h["max_weight"] == pytest.approx(1 / S) and h["first_key"] == pytest.approx(1 / S)
+        assert h["diagonal"] == pytest.approx(1 / S)
+
+
+def test_encoder_layer_fast_path_and_returned_weights(untouched):
+    import torch
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.diagnostics import attention as diag
+
+    class ReturnsWeights(nn.Module):
+        def forward(self, x):
+            w = torch.softmax(x @ x.transpose(-2, -1), -1)
+            return w @ x, w
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 4, 32, batch_first=True), 2,
+                                             enable_nested_tensor=False)
+            self.mine = ReturnsWeights()
+
+        def forward(self, x):
+            return self.mine(self.enc(x))[0]
+
+    model = Net().eval()
+    x = torch.randn(2, 6, 16)
+    with torch.no_grad():
+        before = model(x)
+    with untouched(model):
+        res = diag.run(model, ModelInputs((x,), {}), diag.Options())
+    rows = {r["layer"]: r for r in res.table("layers").rows}
+    assert set(rows) == {"enc.layers.0.self_attn", "enc.layers.1.self_attn", "mine"}
+    assert rows["mine"]["source"] == "module output" and rows["mine"]["heads"] == 1
+    with torch.no_grad():
+        assert torch.allclose(model(x), before, atol=1e-5)
+        h = model.enc(x)
+        expect = torch.softmax(h @ h.transpose(-2, -1), -1)
+    got = next(c for c in res._captures if c.key == "mine").weights[:, 0]
+    assert torch.allclose(got, expect, atol=1e-5)
+
+
+def test_sdpa_causal_weights_and_patch_restored():
+    import torch
+    import torch.nn.functional as F
+
+    from torchdiag.diagnostics import attention as diag
+
+    original = F.scaled_dot_product_attention
+    model, inputs = load("transformer_lm.py:build", inputs=["1x6:int64"])
+    res = diag.run(model, inputs, diag.Options())
+    assert F.scaled_dot_product_attention is original
+    caps = res._captures
+    assert [c.key for c in caps] == ["blocks.0.attn", "blocks.1.attn"]
+    w = caps[0].weights[0]                         # heads × 6 × 6
+    assert torch.allclose(w.sum(-1), torch.ones(4, 6), atol=1e-5)
+    assert float(w.triu(1).abs().max()) == 0.0      # causal: no weight on future tokens
+    assert torch.allclose(w[:, 0, 0], torch.ones(4))
+    # by hand from the block's qkv projection
+    seen = {}
+    hd = model.blocks[0].attn.qkv.register_forward_hook(lambda m, a, o: seen.update(qkv=o.detach()))
+    with torch.no_grad():
+        inputs.call(model)
+    hd.remove()
+    q, k, _ = seen["qkv"].view(1, 6, 3, 4, 16).permute(2, 0, 3, 1, 4)
+    scores = (q @ k.transpose(-2, -1) / 4.0).masked_fill(~torch.ones(6, 6, dtype=torch.bool).tril(), float("-inf"))
+    assert torch.allclose(caps[0].weights, torch.softmax(scores, -1), atol=1e-5)
+
+
+def test_cli_pictures_tokens_and_json(cli, tmp_path):
+    from PIL import Image
+
+    from torchdiag.diagnostics.attention import figure_size
+
+    out = tmp_path / "attn"
+    tokens = ",".join(f"t{i}" for i in range(17))
+    r = cli("attention", VIT, "--images", out, "--tokens", tokens, "--json")
+    assert r.code == 0, r.stderr
+    doc = r.json
+    for key in ("layers", "heads", "images", "attention_layers", "findings", "exit_code"):
+        assert key in doc
+    assert doc["attention_layers"] == 2 and len(doc["heads"]) == 8
+    for name in ("layers.0.self_attention", "layers.1.self_attention"):
+        with Image.open(out / f"attention_{name}.png") as im:
+            assert im.format == "PNG" and im.mode == "RGB"
+            # 4 heads × 2.6 in + 0.8 in at 100 dpi, 3 in high
+            assert im.size == (1120, 300) and figure_size(4) == (300, 1120)
+
+
+def test_tensorboard_images(cli, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    r = cli("attention", VIT, "--tb", tmp_path)
+    assert r.code == 0, r.stderr
+    acc = EventAccumulator(str(tmp_path / "attention"), size_guidance={"images": 0})
+    acc.Reload()
+    assert {"attention/layers.0.self_attention", "attention/layers.1.self_attention"} <= set(acc.Tags()["images"])
+
+
+def test_usage_errors(cli, tmp_path):
+    r = cli("attention", VIT, "--tokens", "a,b,c")
+    assert r.code == 2 and "3 labels" in r.stderr
+    _one_error_line(r)
+    r = cli("attention", sample("cnn.py:build"))
+    assert r.code == 2 and "no attention weights" in r.stderr
+    _one_error_line(r)
+    r = cli("attention", VIT, "-i", "2x3x32xx")
+    assert r.code == 2
+    _one_error_line(r)
+    r = cli("attention", VIT, "--device", "cuda")
+    assert r.code == 2 and "not available" in r.stderr
+    _one_error_line(r)
+
+
+@pytest.mark.cuda
+def test_cuda(cli):
+    r = cli("attention", VIT, "--device", "cuda")
+    assert r.code == 0
