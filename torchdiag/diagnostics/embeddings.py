@@ -120,7 +120,7 @@ def run(model, inputs, opts: Options) -> Result:
     if not finite:
         result.add("non-finite-embedding", "error", opts.layer, "the layer's output holds NaN or Inf: the projector cannot show it")
     rows = [{"sample": i, "label": labels[i] if labels else None, "norm": float(norms[i])} for i in range(min(n, 1000))]
-    result.tables.append(Table("samples", "Samples (first 1000)", [Column("sample", "sample", "int"),
+    result.tables.append(Table("sample_norms", "Samples (first 1000)", [Column("sample", "sample", "int"),
                                                                   Column("label", "label"), Column("norm", "L2 norm", "float")],
                                rows, show=False))
     if opts.logdir:

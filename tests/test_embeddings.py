@@ -1,0 +1,120 @@
+"""embeddings: projector files hold exactly the layer's outputs and the batch's labels."""
+import pytest
+
+from conftest import load, sample
+
+CNN = sample("cnn.py:build")
+
+BATCH = '''
+import torch
+def batch():
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(12) % 3
+    x = torch.randn(12, 3, 32, 32, generator=g) * 0.2
+    for c in range(3):
+        x[y == c, c] += 2.0
+    return x, y
+'''
+
+
+def _one_error_line(r):
+    lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def _tsv(path):
+    import numpy as np
+
+    return np.loadtxt(path, delimiter="\t", ndmin=2)
+
+
+def test_projector_tensors_equal_layer_output(tmp_path, untouched):
+    import numpy as np
+    import torch
+
+    from torchdiag.diagnostics import embeddings as diag
+
+    model, inputs = load("cnn.py:build")
+    with untouched(model):
+        res = diag.run(model, inputs, diag.Options(layer="head.0", logdir=str(tmp_path)))
+    with torch.no_grad():
+        model.eval()
+        expect = model.features(inputs.args[0]).flatten(1).numpy()
+    run_dir = tmp_path / "embeddings"
+    assert (run_dir / "projector_config.pbtxt").is_file()
+    got = _tsv(run_dir / "00000" / "head.0" / "tensors.tsv")
+    assert got.shape == (8, 2048) and np.allclose(got, expect, atol=1e-4)
+    assert (run_dir / "00000" / "head.0" / "sprite.png").is_file()      # image inputs → sprite
+    assert res.data["samples"] == 8 and res.data["dim"] == 2048 and res.data["labels"] is False
+
+
+def test_cli_labels_from_batch_function(cli, tmp_path):
+    (tmp_path / "data.py").write_text(BATCH)
+    r = cli("embeddings", CNN, "--layer", "features", "--batch", f"{tmp_path}/data.py:batch", "--tb", tmp_path / "tb",
+            "--images", tmp_path / "img", "--json")
+    assert r.code == 0, r.stderr
+    doc = r.json
+    for key in ("layer", "samples", "dim", "reduction", "labels", "projector_dir", "classes", "samples",
+                "nearest_neighbour_same_label", "pca_image", "findings", "exit_code"):
+        assert key in doc
+    assert doc["samples"] == 12 and doc["dim"] == 32 and doc["reduction"].startswith("global average pool")
+    meta = (tmp_path / "tb" / "embeddings" / "00000" / "features" / "metadata.tsv").read_text().split()
+    assert meta == [str(i % 3) for i in range(12)]
+    from PIL import Image
+
+    from torchdiag.diagnostics.embeddings import PCA_SIZE
+
+    with Image.open(doc["pca_image"]) as im:
+        assert im.format == "PNG" and im.size == (PCA_SIZE[1], PCA_SIZE[0]) == (400, 400)
+
+
+def test_nearest_neighbour_agreement_closed_form():
+    import torch
+
+    from torchdiag.diagnostics.embeddings import nn_agreement, pca_2d, vectors
+
+    x = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
+    assert nn_agreement(x, [0, 0, 1, 1]) == 1.0
+    assert nn_agreement(x, [0, 1, 0, 1]) == 0.0
+    assert nn_agreement(x, [0, 0, 1, 2]) == 0.5
+    # reductions of a token output N×L×D
+    t = torch.arange(24.0).view(2, 3, 4)
+    assert torch.equal(vectors(t, "first")[0], t[:, 0])
+    assert torch.equal(vectors(t, "mean")[0], t.mean(1))
+    assert vectors(t, "flatten")[0].shape == (2, 12)
+    # points on a line: PC1 explains everything
+    line = torch.tensor([[0.0, 0.0], [1.0, 2.0], [2.0, 4.0], [3.0, 6.0]])
+    coords, frac = pca_2d(line)
+    assert frac[0] == pytest.approx(1.0) and frac[1] == pytest.approx(0.0, abs=1e-12)
+    assert coords[:, 0].abs().tolist() == pytest.approx([1.5 * 5 ** 0.5, 0.5 * 5 ** 0.5, 0.5 * 5 ** 0.5, 1.5 * 5 ** 0.5])
+
+
+def test_vit_cls_token(cli, tmp_path):
+    r = cli("embeddings", sample("vit.py:build"), "--layer", "ln", "--reduce", "first", "--tb", tmp_path, "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["dim"] == 64 and r.json["layer_output_shape"] == [2, 17, 64]
+
+
+def test_usage_errors(cli, tmp_path):
+    r = cli("embeddings", CNN, "--layer", "head.0")
+    assert r.code == 2 and "--tb" in r.stderr
+    _one_error_line(r)
+    r = cli("embeddings", CNN, "--tb", tmp_path)
+    assert r.code == 2 and "--layer" in r.stderr
+    _one_error_line(r)
+    r = cli("embeddings", CNN, "--layer", "head.9", "--tb", tmp_path)
+    assert r.code == 2 and "head.0" in r.stderr
+    _one_error_line(r)
+    r = cli("embeddings", CNN, "--layer", "head.0", "--tb", tmp_path, "-i", "8x3x32:float99")
+    assert r.code == 2
+    _one_error_line(r)
+    r = cli("embeddings", CNN, "--layer", "head.0", "--tb", tmp_path, "--device", "cuda")
+    assert r.code == 2 and "not available" in r.stderr
+    _one_error_line(r)
+
+
+@pytest.mark.cuda
+def test_cuda(cli, tmp_path):
+    r = cli("embeddings", CNN, "--layer", "head.0", "--tb", tmp_path, "--device", "cuda")
+    assert r.code == 0
