@@ -115,6 +115,7 @@ def test_batch_mean_model_cannot_overfit_and_the_culprit_is_named(untouched):
     assert r.data["final_loss"] == pytest.approx(h, abs=0.02)     # Adam gets to the floor
     assert r.data["final_accuracy"] == float(counts.max())        # the majority class only
     assert f"{h:.4g}" in same.message
+    assert not any("still falling" in n for n in r.notes)        # it sits on the floor
 
 
 def test_parameters_cut_off_by_no_grad_are_named():
@@ -127,6 +128,7 @@ def test_parameters_cut_off_by_no_grad_are_named():
     unch = finding(r, "unchanged-params")
     assert unch.where == "body.0.weight" and unch.message.split(": ", 1)[1].split(", ") == body  # not `bias`
     assert "cannot-overfit" in codes(r) and r.exit_code == 1
+    assert any("still falling at the end" in n for n in r.notes)   # only `bias` learns, slowly
 
 
 def test_dead_relu_gives_flat_loss_zero_grads_and_identical_outputs():
@@ -140,6 +142,7 @@ def test_dead_relu_gives_flat_loss_zero_grads_and_identical_outputs():
     assert zero.where == "0.weight" and "0.weight, 0.bias, 3.weight" in zero.message
     assert finding(r, "identical-outputs").where == "2"          # the dead ReLU
     assert r.series["grad_norm"] == [0.0] * 20
+    assert not any("still falling" in n for n in r.notes)
 
 
 def test_non_finite_loss_points_to_nancheck():

@@ -153,10 +153,12 @@ def execute(opts: c.CommonOptions, settings: dict, plot: Path | None) -> None:
         else:
             with bar:
                 task = bar.add_task("train", total=options.steps, loss="—", rate="—")
-                t0 = time.perf_counter()
+                first: list[float] = []
 
                 def on_step(step: int, loss: float) -> None:
-                    dt = time.perf_counter() - t0
+                    now = time.perf_counter()   # rate from the first evaluation: excludes set-up
+                    first.append(now) if not first else None
+                    dt = now - first[0]
                     bar.update(task, completed=step, loss=f"{loss:.4g}", rate=f"{step / dt:.1f}" if dt > 0 else "—")
 
                 options.on_step = on_step

@@ -506,6 +506,11 @@ def _build(result, opts, loss_fn, lr, opt_desc, device, losses, grad_norms, lrs,
                    hint="look for a mean, pooling or normalisation over the batch dimension (dim 0), "
                    "or a layer that maps every input to the same value (dead ReLU, saturation)")
 
+    if not passed and nonfinite_at is None and steps >= 20 and final is not None:
+        tail = losses[int(0.9 * steps)]
+        if final < 0.999 * tail:
+            result.notes.append(f"the loss was still falling at the end ({100 * (final / tail - 1):.1f}% over the last "
+                                f"10% of steps): more --steps or a larger --lr may reach the target")
     if not passed:
         bits = [f"final loss {fmt(final)}"]
         if initial is not None and initial > 0 and final is not None and math.isfinite(final):
