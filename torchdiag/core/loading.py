@@ -104,8 +104,12 @@ def find_factory(module: ModuleType, name: str, where: str):
     return obj
 
 
-def load_model(spec: str, arg_pairs: list[str] | None = None, device=None) -> LoadedModel:
-    """Import, call the factory (on meta when device is meta), check it made an nn.Module."""
+def load_model(spec: str, arg_pairs: list[str] | None = None, device=None, seed: int | None = 0) -> LoadedModel:
+    """Import, call the factory (on meta when device is meta), check it made an nn.Module.
+
+    The factory runs with the global RNG seeded (and restored afterwards), so the same seed
+    gives the same random weights: runs are reproducible, and a CI gate does not flake."""
+    import torch
     from torch import nn
 
     from .meta import build_on_meta
@@ -116,10 +120,13 @@ def load_model(spec: str, arg_pairs: list[str] | None = None, device=None) -> Lo
     factory = find_factory(module, name, where)
     built_on = ""
     try:
-        if device is not None and device.type == "meta":
-            model, built_on = build_on_meta(factory, kwargs)
-        else:
-            model = factory(**kwargs)
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            if device is not None and device.type == "meta":
+                model, built_on = build_on_meta(factory, kwargs)
+            else:
+                model = factory(**kwargs)
     except TypeError as exc:
         if _is_call_mismatch(factory, kwargs):
             raise UsageError(f"{name}() does not accept these --arg values: {one_line(exc)}",

@@ -42,9 +42,15 @@ class Loss:
     custom: Any = None
     chosen: str = ""              # what auto resolved to, filled on first call
     picked: str = ""              # which output it applies to
+    made_target: bool = False     # the target was made up by torchdiag (not from --batch)
 
     def describe(self) -> str:
-        return f"{self.chosen or self.kind} on {self.picked or 'output'}"
+        if self.chosen == "model":
+            return f"the model's own loss ({self.picked})" if self.picked == "output['loss']" else \
+                f"the scalar output itself ({self.picked})"
+        target = " against random class targets" if self.chosen == "cross_entropy" and self.made_target else \
+            " against a random target" if self.chosen == "mse" and self.made_target else ""
+        return f"{self.chosen or self.kind} on {self.picked or 'output'}{target}"
 
     def __call__(self, out):
         import torch
@@ -73,11 +79,13 @@ class Loss:
                 g = torch.Generator().manual_seed(self.seed)
                 shape = (y.shape[0],) + tuple(y.shape[2:])
                 self.target = torch.randint(0, y.shape[1], shape, generator=g).to(y.device)
+                self.made_target = True
             return F.cross_entropy(y.float(), self.target.to(y.device))
         if kind == "mse":
             if self.target is None:
                 g = torch.Generator().manual_seed(self.seed)
                 self.target = torch.randn(tuple(y.shape), generator=g).to(y.device, y.dtype)
+                self.made_target = True
             if self.target.shape != y.shape:
                 raise UsageError(f"mse: target shape {tuple(self.target.shape)} differs from output shape {tuple(y.shape)}")
             return F.mse_loss(y.float(), self.target.to(y.device).float())

@@ -34,7 +34,7 @@ def prepare(opts) -> Target:
     from .loading import load_model
 
     device = resolve_device(opts.device)
-    loaded = load_model(opts.spec, opts.args, device)
+    loaded = load_model(opts.spec, opts.args, device, opts.seed)
     batch_target = None
     if opts.batch:
         from .loss import load_batch
@@ -44,7 +44,7 @@ def prepare(opts) -> Target:
         inputs = resolve_inputs(opts.inputs, loaded, device, opts.seed)
     else:
         inputs = ModelInputs()
-    header = {"model": opts.spec, "device": str(device)}
+    header = {"model": opts.spec, "device": str(device), "seed": opts.seed}
     if loaded.kwargs:
         header["factory_args"] = {k: repr(v) if not isinstance(v, (int, float, str, bool)) else v
                                   for k, v in loaded.kwargs.items()}
