@@ -2,8 +2,10 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_nancheck.py
 
-Columns: plain fwd+bwd (ms, the baseline), checked pass / baseline (hooks + finiteness checks on
-every module output and gradient), full `run()` / baseline (also inputs, parameters, buffers
+Columns: plain fwd+bwd (ms, the baseline); checked / baseline: the pass nancheck runs on a healthy
+model (forward hooks with a finiteness check on every module output, loss and parameter gradients
+checked); +grad hooks / baseline: the pass it adds only when a gradient is non-finite (tensor
+hooks on every module input/output gradient); full `run()` / baseline (also inputs, parameters, buffers
 snapshot and restore, report), and autograd anomaly mode / baseline for comparison."""
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ def main() -> None:
              ("resnet.py:build", ["32x3x32x32"], 8), ("transformer_lm.py:build", [], 15),
              ("vit.py:build", [], 8)]
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
-    print(f"{'model':26} {'fwd+bwd ms':>10} {'checked':>8} {'run()':>7} {'anomaly':>8}")
+    print(f"{'model':26} {'fwd+bwd ms':>10} {'checked':>8} {'+grad hooks':>10} {'run()':>7} {'anomaly':>8}")
     for spec, shapes, reps in cases:
         dev = torch.device("cpu")
         loaded = load_model(str(ROOT / "sample_models" / spec), [], dev)
@@ -57,7 +59,12 @@ def main() -> None:
         def checked():
             for p in model.parameters():
                 p.grad = None
-            nancheck.checked_pass(model, inputs, loss)
+            nancheck.localized_pass(model, inputs, loss)
+
+        def grad_hooks():
+            for p in model.parameters():
+                p.grad = None
+            nancheck.checked_pass(model, inputs, loss, track_grads=True)
 
         def full():
             nancheck.run(model, inputs, nancheck.Options(loss=loss))
@@ -69,14 +76,15 @@ def main() -> None:
                     plain()
 
         # interleave rounds so drift on a shared machine hits every variant alike
-        base, chk, run_, ano = [], [], [], []
-        for _ in range(3):
+        base, chk, hk, run_, ano = [], [], [], [], []
+        for _ in range(4):
             base.append(median_ms(plain, reps))
             chk.append(median_ms(checked, reps))
+            hk.append(median_ms(grad_hooks, reps))
             run_.append(median_ms(full, max(3, reps // 2)))
             ano.append(median_ms(anomaly, reps))
         b = min(base)
-        print(f"{spec:26} {b:10.1f} {min(chk) / b:7.2f}x {min(run_) / b:6.2f}x {min(ano) / b:7.2f}x")
+        print(f"{spec:26} {b:10.1f} {min(chk) / b:7.2f}x {min(hk) / b:9.2f}x {min(run_) / b:6.2f}x {min(ano) / b:7.2f}x")
 
 
 if __name__ == "__main__":

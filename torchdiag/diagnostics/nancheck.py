@@ -309,14 +309,35 @@ class PassReport:
     grads_checked: int
     backward_ran: bool
     backward_note: str = ""
+    localized: bool = False
 
 
-def checked_pass(model, inputs, loss_fn, *, backward: bool = True) -> PassReport:
-    """One forward (+ loss + backward) with every module hooked; fills .grad of `model`."""
+def localized_pass(model, inputs, loss_fn, reset=None) -> PassReport:
+    """The cheap pass first (forward hooks, parameter gradients checked after backward); only when
+    a gradient is non-finite with a finite forward and loss, the same pass again (same RNG state,
+    buffers reset by `reset`) with gradient hooks on every module to name the backward culprit."""
+    import torch
+
+    rng = torch.random.get_rng_state()
+    rep = checked_pass(model, inputs, loss_fn, track_grads=False)
+    if rep.backward_ran and rep.param_grad_rows and rep.origin is None and not rep.output_bad and rep.loss_finite:
+        for p in model.parameters():
+            p.grad = None
+        if reset is not None:
+            reset()
+        torch.random.set_rng_state(rng)
+        rep = checked_pass(model, inputs, loss_fn, track_grads=True)
+        rep.localized = True
+    return rep
+
+
+def checked_pass(model, inputs, loss_fn, *, backward: bool = True, track_grads: bool = True) -> PassReport:
+    """One forward (+ loss + backward) with every module hooked; fills .grad of `model`.
+    track_grads: also hook every module input/output gradient (backward culprit)."""
     import torch
 
     checker = Checker(model)
-    checker._track_grads = backward and torch.is_grad_enabled()
+    checker._track_grads = backward and track_grads and torch.is_grad_enabled()
     try:
         with checker:
             try:
@@ -343,7 +364,7 @@ def checked_pass(model, inputs, loss_fn, *, backward: bool = True) -> PassReport
 
         backward_ran = False
         note = ""
-        if checker._track_grads and loss.requires_grad:
+        if backward and torch.is_grad_enabled() and loss.requires_grad:
             try:
                 loss.backward()
             except Exception as exc:
@@ -511,7 +532,7 @@ def run(model, inputs, opts: Options | None = None) -> Result:
                 p.grad = None
             model.train()
             torch.set_grad_enabled(True)
-            report = checked_pass(model, inputs, opts.loss)
+            report = localized_pass(model, inputs, opts.loss, reset=lambda: _restore_buffers(saved))
             anomaly = None
             if opts.anomaly:
                 for p in model.parameters():
@@ -768,7 +789,7 @@ def _run_steps(result: Result, model, inputs, opts: Options) -> None:
         for step in range(1, opts.steps + 1):
             opt.zero_grad(set_to_none=True)
             try:
-                rep = checked_pass(work, inputs, opts.loss)
+                rep = localized_pass(work, inputs, opts.loss)
             except ModelError as exc:
                 raise ModelError(f"step {step}: {exc.message}", exc.hint) from exc
             ran = step
