@@ -83,10 +83,13 @@ def test_inference_mlp_counts_and_modules(untouched):
     assert r.table("phases") is None    # phases are a train-mode table
 
 
-def test_top_k_limits_operator_rows():
-    r = _run("mlp.py:build", top=2)
+def test_top_k_limits_operator_rows_and_trace_only(tmp_path):
+    trace = tmp_path / "t.json"
+    r = _run("mlp.py:build", top=2, trace=trace)
     assert len(r.table("operators").rows) == 2
     assert r.data["operators_total"] > 2
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert sum(1 for e in events if e.get("name") == "module::2" and e.get("ph") == "X") == 3   # once per active step
 
 
 def test_record_shapes_splits_by_input_shape_and_memory_is_output_bytes():

@@ -16,7 +16,9 @@ EXAMPLE = """Examples:
 
   torchdiag profile sample_models/mlp.py:build --record-shapes --memory --top 10 --json
 
-  torchdiag profile sample_models/resnet.py:build --mode train --tb runs/"""
+  torchdiag profile sample_models/resnet.py:build --mode train --tb runs/
+
+Exit codes: 0 profiled · 2 usage (bad option or input, --device cuda without a GPU, missing --trace directory) · 3 the model raised (forward, loss, backward, optimizer step) · 4 internal torchdiag error."""
 
 Mode = Annotated[str, typer.Option("--mode", help="inference (eval, no grad) | train (forward + loss + backward + optimizer step, on a copy).")]
 Wait = Annotated[int, typer.Option("--wait", help="Steps run before profiling starts (not recorded).")]

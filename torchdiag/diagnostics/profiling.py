@@ -233,6 +233,8 @@ def run(model, inputs, opts: Options | None = None) -> Result:
         "schedule": f"wait {opts.wait}, warmup {opts.warmup}, active {opts.active} steps",
         "activities": "CPU, CUDA" if on_cuda else "CPU",
     })
+    if on_cuda:
+        result.header["sync"] = "torch.cuda.synchronize() before the first step and after every step"
 
     with leave_no_trace(model):
         if opts.mode == "train":
