@@ -674,9 +674,9 @@ def _report_pass(result: Result, rep: PassReport, model) -> None:
          ("all outputs finite" if not bad else f"first non-finite at {bad[0].name or '(root)'} ({bad[0].type})")),
         ("Loss", f"{rep.loss_value:.6g} ({rep.loss_desc})" if rep.loss_value is not None else "—"),
         ("Backward", "not run" if not rep.backward_ran else
-         ("all gradients finite" if not rep.backward_rows and not rep.output_grad_bad else
-          "non-finite (follows from the forward/loss)" if upstream else
-          f"first non-finite at {rep.backward_origin['name'] or '(root)'}" if rep.backward_origin else "non-finite")),
+         "non-finite (follows from the forward/loss)" if upstream and rep.param_grad_rows else
+         f"first non-finite at {rep.backward_origin['name'] or '(root)'}" if rep.backward_origin else
+         "non-finite" if rep.param_grad_rows or rep.output_grad_bad else "all gradients finite"),
         ("Parameter gradients", f"{rep.grads_checked} checked; " +
          (f"{len(rep.param_grad_rows)} non-finite" if rep.param_grad_rows else "all finite")),
     ]
