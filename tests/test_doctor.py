@@ -76,6 +76,41 @@ def test_device_guard_catches_op_meta_itself_allows():
     assert f.where == "1" and "aten.mm" in f.message
 
 
+class _Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.GRU(4, 8, batch_first=True)
+
+    def forward(self, x):
+        h0 = torch.zeros(1, x.shape[0], 8)       # made here, used (and rejected) inside self.rnn
+        return self.rnn(x, h0)[0]
+
+
+class _PlainAttribute(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mask = torch.ones(4)                # not a buffer: model.to(device) leaves it behind
+
+    def forward(self, x):
+        return x * self.mask
+
+
+def test_device_mismatch_names_the_creator_not_the_consumer():
+    from torchdiag.core.inputs import ModelInputs
+
+    res = run_diag(nn.Sequential(nn.Linear(4, 4), _Encoder()), ModelInputs((torch.randn(2, 3, 4),)))
+    (f,) = [f for f in res.findings if f.code == "device-mismatch"]
+    assert f.where == "1" and "_Encoder" in f.message and "1x2x8" in f.message and "used in 1.rnn (GRU)" in f.message
+
+
+def test_plain_tensor_attribute_left_behind_by_to():
+    from torchdiag.core.inputs import ModelInputs
+
+    res = run_diag(nn.Sequential(nn.Linear(4, 4), _PlainAttribute()), ModelInputs((torch.randn(2, 4),)))
+    (f,) = [f for f in res.findings if f.code == "device-mismatch"]
+    assert f.where == "1" and "plain tensor attribute" in f.message and "register_buffer" in f.hint
+
+
 def test_parameters_spread_over_devices():
     from torchdiag.core.inputs import ModelInputs
 

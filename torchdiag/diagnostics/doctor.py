@@ -345,17 +345,36 @@ def _image_like(t) -> bool:
 # Device check on meta
 # ---------------------------------------------------------------------------------------------
 
-def _device_guard_mode():
-    """A dispatch mode that raises when an op mixes meta tensors with non-scalar CPU tensors.
-    meta itself lets some of these through (meta @ cpu works), CUDA would not."""
+class DeviceMix(RuntimeError):
+    """An op received meta tensors and a non-scalar tensor on another device."""
+
+    def __init__(self, op: str, tensor, creator: str | None, where: str):
+        self.op, self.creator, self.where = op, creator, where
+        self.shape = "x".join(map(str, tensor.shape))
+        self.device = str(tensor.device)
+        super().__init__(f"Tensor on device {self.device} is not on the expected device meta! "
+                         f"(aten.{op} got a {self.device} tensor of shape {self.shape})")
+
+
+def _device_guard_mode(tracker):
+    """A dispatch mode that raises DeviceMix when an op mixes meta tensors with a non-scalar tensor
+    on another device (meta itself lets some through: meta @ cpu works; CUDA would not). It also
+    remembers which module's forward created each off-meta tensor, to name the creator."""
+    import weakref
+
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
     import torch
 
+    # ops that legitimately take CPU tensors next to device tensors (explicit moves, CPU-side indices/lengths)
     allowed = {"copy_", "_to_copy", "to", "index", "index_put", "index_put_", "_index_put_impl_", "lift_fresh",
                "lift_fresh_copy", "_local_scalar_dense", "detach", "alias", "clone", "_has_compatible_shallow_copy_type",
-               "set_"}
+               "set_", "tensor_split", "_pack_padded_sequence", "_pad_packed_sequence"}
+    created: dict[int, tuple] = {}   # id(tensor) -> (weakref, creating module); tensors compare elementwise
+
+    def current() -> str:
+        return tracker._stack[-1][0].name if tracker._stack else ""
 
     class MixedDeviceGuard(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -367,12 +386,36 @@ def _device_guard_mode():
                 if any(a.device.type == "meta" for a in ts):
                     other = [a for a in ts if a.device.type != "meta" and a.dim() > 0]
                     if other:
-                        raise RuntimeError(
-                            f"Tensor on device {other[0].device} is not on the expected device meta! "
-                            f"(aten.{op} got a {'x'.join(map(str, other[0].shape))} {other[0].device} tensor)")
-            return func(*args, **kwargs)
+                        raise DeviceMix(op, other[0], _lookup(created, other[0]), current())
+            out = func(*args, **kwargs)
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    if _lookup(created, t) is None:
+                        created[id(t)] = (weakref.ref(t), current())
+            return out
 
-    return MixedDeviceGuard()
+    mode = MixedDeviceGuard()
+    mode.created = created
+    return mode
+
+
+def _lookup(created: dict, t) -> str | None:
+    entry = created.get(id(t))
+    return entry[1] if entry is not None and entry[0]() is t else None
+
+
+def _creator_of_args(tracker, created) -> tuple[str | None, Any]:
+    """For an error raised outside the guard (a module's own device check): the module that
+    created an off-meta tensor among the failing module's inputs."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    if not tracker._stack:
+        return None, None
+    for a in tree_flatten(list(tracker._stack[-1][1]))[0]:
+        if isinstance(a, torch.Tensor) and a.device.type != "meta" and _lookup(created, a) is not None:
+            return _lookup(created, a), a
+    return None, None
 
 
 def _rebuild_on_meta(model, opts: Options):
@@ -408,27 +451,44 @@ def check_device_meta(model, inputs, opts: Options, ck: Checklist) -> None:
     for mode in ("eval", "train"):
         meta_model.train(mode == "train")
         tracker = ModuleTracker(meta_model)
+        types = {n: type(m).__name__ for n, m in meta_model.named_modules()}
         try:
-            with torch.no_grad(), tracker, _device_guard_mode():
+            guard = _device_guard_mode(tracker)
+            with torch.no_grad(), tracker, guard:
                 meta_inputs.call(meta_model)
         except Exception as exc:
             call = tracker.failing
             where = call.name if call else ""
+            if not isinstance(exc, DeviceMix) and _is_device_error(exc):
+                creator, tensor = _creator_of_args(tracker, guard.created)
+                if creator is not None:
+                    exc = DeviceMix(f"{types.get(where, '?')} input check", tensor, creator, where)
+            if isinstance(exc, DeviceMix) and exc.creator is not None:
+                culprit = exc.creator
+                used = "" if exc.creator == where else f", used in {_name(where)} ({types.get(where, '?')})"
+                ck.find("device", "device-mismatch", "error", _name(culprit),
+                        f"forward ({mode} mode) of {_name(culprit)} ({types.get(culprit, '?')}) creates a "
+                        f"{exc.shape} tensor without device=: it stays on {exc.device} while the model is elsewhere "
+                        f"({exc.op if ' ' in exc.op else 'aten.' + exc.op} mixes it with model tensors{used})",
+                        "create tensors on the input's device: torch.arange(n, device=x.device), "
+                        "x.new_zeros(...), torch.zeros_like(x); or register them as buffers",
+                        verdict=f"a tensor created in {_name(culprit)}'s forward ignores the model's device")
+                return
             if _is_device_error(exc):
                 ck.find("device", "device-mismatch", "error", _name(where),
                         f"forward ({mode} mode) in {_name(where)} ({call.type if call else '?'}) mixes devices: "
-                        f"a tensor made without device= stays on the CPU while the model is elsewhere "
-                        f"({one_line(exc)})",
-                        "create tensors on the input's device: torch.arange(n, device=x.device), "
-                        "x.new_zeros(...), torch.zeros_like(x); or register them as buffers",
-                        verdict=f"a tensor created in {_name(where)}'s forward ignores the model's device")
+                        f"a tensor that .to(device) does not move (made outside forward, most likely a plain tensor "
+                        f"attribute rather than a buffer) stays on the CPU ({one_line(exc)})",
+                        "register constant tensors with self.register_buffer(name, t) so model.to(device) moves "
+                        "them; create tensors in forward with device=x.device",
+                        verdict=f"{_name(where)} uses a tensor that does not follow the model's device")
                 return
             ck.row("device", "skipped", f"forward on meta not possible ({mode} mode, {_name(where)}): "
                    f"{one_line(exc, 120)}", _name(where) if call else "",
                    "data-dependent ops (.item(), nonzero) cannot run on meta; run with --device cuda to check for real")
             return
     if "device" not in ck.rows:
-        ck.row("device", "ok", "no tensor made off-device in forward (train+eval run on meta)")
+        ck.row("device", "ok", "no off-device tensor in forward (meta run)")
         ck.result.data["meta_build"] = how
 
 
@@ -504,6 +564,11 @@ def _max_diff(a, b) -> float | None:
     return m
 
 
+def _scale(obj) -> float:
+    return max((float(t.detach().double().abs().max()) for _, t in _tensors(obj) if t.is_floating_point() and t.numel()),
+               default=0.0)
+
+
 def check_determinism(work, inputs, out1, ck: Checklist) -> None:
     import torch
 
@@ -519,8 +584,7 @@ def check_determinism(work, inputs, out1, ck: Checklist) -> None:
     if diff == 0.0:
         ck.row("determinism", "ok", "two eval runs are bit-identical")
         return
-    scale = max((float(t.detach().double().abs().max()) for _, t in _tensors(outs[0]) if t.is_floating_point() and t.numel()),
-                default=0.0)
+    scale = _scale(outs[0])
     if diff is not None and diff <= 1e-6 * scale + 1e-9:
         ck.row("determinism", "ok", f"two eval forwards agree to {diff:.1e} (floating-point reduction order)")
         return
@@ -679,14 +743,14 @@ def train_checks(work, inputs, opts: Options, loss, eval_out, ck: Checklist, res
         ck.row("modes", "info", f"{len(mods)} module(s) behave differently in train and eval{dtxt}",
                ", ".join(_name(n) for n, _ in mods[:4]) + (" …" if len(mods) > 4 else ""), MODE_TYPES_HINT,
                "mode-dependent")
-    elif diff not in (None, 0.0):
+    elif diff is not None and diff > 1e-5 * _scale(eval_out) + 1e-6:   # beyond kernel-choice rounding
         result.add("mode-dependent", "info", "(root)",
                    f"no Dropout/BatchNorm, yet train and eval outputs differ{dtxt}: forward code reads self.training",
                    MODE_TYPES_HINT)
         ck.row("modes", "info", f"train and eval outputs differ{dtxt} (custom self.training code)", "(root)",
                MODE_TYPES_HINT, "mode-dependent")
     else:
-        ck.row("modes", "ok", "no Dropout/BatchNorm; train and eval outputs agree")
+        ck.row("modes", "ok", "no Dropout/BatchNorm; train = eval output")
 
     # backward
     try:
