@@ -59,6 +59,7 @@ def test_inference_mlp_closed_form():
     B = 16
     assert d["peak_bytes"] == P * 4 + B * 784 * 4 + 2 * B * 256 * 4
     assert d["peak_phase"] == "forward" and d["peak_module"] == "1"
+    assert d["modules"][0]["name"] == "1" and d["modules"][0]["fw_peak_bytes"] == d["peak_bytes"]
 
 
 def test_cnn_per_module_activations(untouched):

@@ -581,15 +581,21 @@ def _fill(result, r: StepReport, opts, device, est_peak, sizes, best, budget, un
     result.tables.append(Table("phases", "Peak per phase", [Column("phase", "phase"),
                                                               Column("peak_bytes", "peak live", "bytes")], phase_rows))
     mods = [m for m in r.modules if m.name != "(root)" and m.name.count(".") + 1 <= opts.depth]
-    mods.sort(key=lambda m: (-m.activation_bytes, -m.fw_peak, m.name))
+    if train:
+        mods.sort(key=lambda m: (-m.activation_bytes, -m.fw_peak, m.name))
+    else:  # nothing is saved for backward: rank by what the forward needs
+        mods.sort(key=lambda m: (-m.fw_peak, -m.fw_delta, m.name))
     top = mods if opts.top == 0 else mods[: opts.top]
     mod_rows = [{"name": m.name, "type": m.type, "calls": m.calls, "activation_bytes": m.activation_bytes,
                  "fw_delta_bytes": m.fw_delta, "fw_peak_bytes": m.fw_peak,
                  "bw_peak_bytes": (m.bw_peak if m.ran_backward else None)} for m in top]
-    result.tables.append(Table("modules", f"Modules by activation memory (top {len(top)} of {len(mods)}, depth ≤ {opts.depth})", [
-        Column("name", "module"), Column("type", "type"), Column("activation_bytes", "saved", "bytes"),
-        Column("fw_delta_bytes", "fwd leaves", "bytes"), Column("fw_peak_bytes", "peak in fwd", "bytes"),
-        Column("bw_peak_bytes", "peak in bwd", "bytes")], mod_rows,
+    cols = [Column("name", "module"), Column("type", "type"), Column("activation_bytes", "saved", "bytes"),
+            Column("fw_delta_bytes", "fwd leaves", "bytes"), Column("fw_peak_bytes", "peak in fwd", "bytes"),
+            Column("bw_peak_bytes", "peak in bwd", "bytes")]
+    if not train:
+        cols = [c for c in cols if c.key not in ("activation_bytes", "bw_peak_bytes")]
+    by = "activation memory" if train else "peak during forward"
+    result.tables.append(Table("modules", f"Modules by {by} (top {len(top)} of {len(mods)}, depth ≤ {opts.depth})", cols, mod_rows,
         note="saved: saved-for-backward bytes the module's forward (submodules included) allocated, alive at the "
              "end of forward; fwd leaves: live bytes after its forward minus before (output included); peaks are "
              "whole-step live totals while the module runs"))
