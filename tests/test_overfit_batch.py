@@ -51,9 +51,9 @@ def test_healthy_models_pass_with_defaults(name, inputs, classification, untouch
     assert all(v > 0.01 * losses[0] or (r.series.get("accuracy") or [0] * len(losses))[i] < 1
                for i, v in enumerate(losses[:-1]))
     if classification:
-        assert r.data["final_accuracy"] == 1.0 and r.header["loss_rule"] == "cross_entropy on output"
+        assert r.data["final_accuracy"] == 1.0 and r.header["loss_rule"].startswith("cross_entropy on output")
     else:
-        assert r.header["loss_rule"] == "model on output['loss']" and r.data["final_accuracy"] is None
+        assert "output['loss']" in r.header["loss_rule"] and r.data["final_accuracy"] is None
 
 
 def test_initial_loss_and_first_grad_norm_match_independent_computation():
@@ -201,7 +201,7 @@ def test_cli_pass_json_keys_and_exit_0(cli):
         assert key in d, key
     assert d["passed"] is True and d["exit_code"] == 0 and d["interrupted"] is False
     assert len(d["loss"]) == d["steps"] + 1 and d["final_loss"] == d["loss"][-1]
-    assert d["best_loss"] == min(d["loss"]) and d["loss_rule"] == "cross_entropy on output"
+    assert d["best_loss"] == min(d["loss"]) and d["loss_rule"].startswith("cross_entropy on output")
 
 
 def test_cli_cannot_overfit_exit_1_and_table(cli):
@@ -237,7 +237,9 @@ def test_cli_batch_function_targets_are_used(cli, tmp_path):
         model, _ = load("mlp.py:build")
     g = torch.Generator().manual_seed(7)
     x = torch.randn(12, 784, generator=g)
-    assert d["initial_loss"] == pytest.approx(float(F.cross_entropy(model(x), torch.arange(12) % 10)), rel=1e-6)
+    with torch.no_grad():
+        truth = float(F.cross_entropy(model(x), torch.arange(12) % 10))
+    assert d["initial_loss"] == pytest.approx(truth, rel=1e-6)
     assert d["batch_size"] == 12 and d["inputs"] == ["input[0]: 12x784 float32"]
 
 

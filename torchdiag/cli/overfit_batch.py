@@ -139,12 +139,7 @@ def execute(opts: c.CommonOptions, settings: dict, plot: Path | None) -> None:
             from ..core.target import prepare
             from ..diagnostics import overfit_batch as diag
 
-            import torch
-
-            # The factory's random init is part of the curve: seed it (and put the RNG back).
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(opts.seed)
-                target = prepare(opts)
+            target = prepare(opts)   # the factory runs seeded with --seed: same seed, same curve
             options = diag.Options(seed=opts.seed, loss=target.loss(), **settings)
             diag._check_options(options)
         bar = _progress_bar(opts.json)
