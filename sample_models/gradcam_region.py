@@ -54,3 +54,15 @@ def build(classes: int = 4) -> nn.Module:
 
 def example_inputs():
     return (torch.rand(1, 3, 32, 32),)
+
+
+def batch(n: int = 64):
+    """(images, labels) for `torchdiag embeddings --batch`: a bright square in one of the four
+    quadrants on a noisy background; the label is the quadrant (0 TL, 1 TR, 2 BL, 3 BR)."""
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(n) % 4
+    x = torch.rand(n, 3, 32, 32, generator=g) * 0.3
+    for i in range(n):
+        r, c = divmod(int(y[i]), 2)
+        x[i, :, 4 + 16 * r: 12 + 16 * r, 4 + 16 * c: 12 + 16 * c] += 0.7
+    return x, y

@@ -126,20 +126,29 @@ class Recorder:
             s.calls += 1
             if x.numel() == 0:
                 return
-            finite = torch.isfinite(x)
-            nf = int((~finite).sum())
+            if bool(torch.isfinite(x).all()):
+                xf, nf = x.double(), 0
+            else:
+                finite = torch.isfinite(x)
+                nf = int((~finite).sum())
+                xf = x[finite].double()
             s.nonfinite += nf
-            xf = x[finite].double() if nf else x.double()
             s.n += xf.numel()
+            parts = [(x == 0).sum().double()]
             if xf.numel():
-                s.total += float(xf.sum())
-                s.total_sq += float((xf * xf).sum())
-                s.lo = min(s.lo, float(xf.min()))
-                s.hi = max(s.hi, float(xf.max()))
-            s.zeros += int((x == 0).sum())
+                parts += [xf.sum(), (xf * xf).sum(), xf.min(), xf.max()]
             if bounds is not None:
                 lo, hi = bounds
-                s.saturated = (s.saturated or 0) + int(((xf <= lo) | (xf >= hi)).sum())
+                parts.append(((xf <= lo) | (xf >= hi)).sum().double())
+            vals = torch.stack(parts).tolist()   # one device→host transfer per call
+            s.zeros += int(vals[0])
+            if xf.numel():
+                s.total += vals[1]
+                s.total_sq += vals[2]
+                s.lo = min(s.lo, vals[3])
+                s.hi = max(s.hi, vals[4])
+            if bounds is not None:
+                s.saturated = (s.saturated or 0) + int(vals[-1])
             if self.opts.tb and len(s.values) == 0 and xf.numel():
                 flat = xf.flatten()
                 step = max(1, flat.numel() // HIST_SAMPLES)

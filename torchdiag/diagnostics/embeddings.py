@@ -160,8 +160,10 @@ def write_projector(x, labels, inputs, logdir, layer):
                 hi = img.amax(dim=(1, 2, 3), keepdim=True)
                 label_img = (img - lo) / (hi - lo).clamp_min(1e-12)
     writer, path = open_writer(logdir, "embeddings")
+    # a new step per run, so a second run into the same DIR adds to the projector instead of overwriting
+    step = sum(1 for p in path.iterdir() if p.is_dir() and p.name.isdigit())
     try:
-        writer.add_embedding(x, metadata=labels, label_img=label_img, global_step=0, tag=layer or "model")
+        writer.add_embedding(x, metadata=labels, label_img=label_img, global_step=step, tag=layer or "model")
         writer.flush()
     finally:
         writer.close()
