@@ -416,7 +416,7 @@ def _build(result, opts, loss_fn, lr, opt_desc, device, losses, grad_norms, lrs,
     # Header keys must not collide with data/series keys ("loss" is the per-step list in JSON).
     result.header.update({
         "loss_rule": loss_fn.describe(),
-        "training": f"{opt_desc}, lr {lr:g}, at most {opts.steps} steps, seed {opts.seed}, train mode, on a copy"
+        "training": f"{opt_desc}, lr {lr:g}, at most {opts.steps} steps, train mode, on a copy"
                     + (f", autocast {opts.amp}" if opts.amp != "none" else ""),
         "target": target_desc,
     })
