@@ -148,7 +148,9 @@ def test_batchnorm_batch_one_fails_in_train_mode(cli):
     assert r.code == 1
     (f,) = found(d, "batchnorm-batch-1")
     assert f["severity"] == "error" and f["where"] == "bn" and "batch size 1" in f["message"]
-    assert row(d, "inplace")["status"] == "skipped"
+    # the other training checks still ran, on a batch of 2; the device check kept its eval-mode run
+    assert row(d, "update")["status"] == "ok" and "batch of 2" in d["notes"][0]
+    assert row(d, "device")["status"] == "ok"
 
 
 def test_batchnorm_batch_one_probe_warns_when_batch_is_larger(cli):

@@ -483,6 +483,10 @@ def check_device_meta(model, inputs, opts: Options, ck: Checklist) -> None:
                         "them; create tensors in forward with device=x.device",
                         verdict=f"{_name(where)} uses a tensor that does not follow the model's device")
                 return
+            if mode == "train":
+                ck.row("device", "ok", f"no off-device tensor in eval-mode forward (meta run; train mode raised "
+                       f"there: {one_line(exc, 80)})")
+                return
             ck.row("device", "skipped", f"forward on meta not possible ({mode} mode, {_name(where)}): "
                    f"{one_line(exc, 120)}", _name(where) if call else "",
                    "data-dependent ops (.item(), nonzero) cannot run on meta; run with --device cuda to check for real")
@@ -724,6 +728,22 @@ def train_checks(work, inputs, opts: Options, loss, eval_out, ck: Checklist, res
                     "train with batches of 2 or more (DataLoader(drop_last=True) avoids a last batch of 1), "
                     "or use GroupNorm/LayerNorm",
                     verdict=f"train-mode forward fails at batch size {batch} in {_name(where)}")
+            batched = [t for _, t in inputs.tensors() if t.dim() and t.shape[0] == 1]
+            if batch == 1 and getattr(loss, "target", None) is None and batched and \
+                    all(t.is_floating_point() for t in batched):
+                # a second, perturbed sample (an exact duplicate would make BatchNorm's variance 0)
+                g = torch.Generator(device=batched[0].device).manual_seed(opts.seed)
+
+                def two(t):
+                    if not (t.dim() and t.shape[0] == 1):
+                        return t
+                    noise = torch.randn(t.shape, generator=g, device=t.device, dtype=t.dtype)
+                    return torch.cat([t, t + noise * (t.detach().float().std().nan_to_num(1.0).clamp_min(1e-3))
+                                      .to(t.dtype)])
+
+                result.notes.append("batch size 1 fails in train mode: the other training checks ran on a batch "
+                                    "of 2 (the sample and a perturbed copy)")
+                return train_checks(work, inputs.map(two), opts, loss, eval_out, ck, result)
         elif _is_inplace_error(exc):
             _report_inplace(ck, where, call.type if call else "?", None, "", exc)
         else:
