@@ -222,7 +222,7 @@ def test_json_keys_and_loss_choice(cli):
     for key in ("schema_version", "command", "model", "device", "loss", "mode", "loss_value", "thresholds",
                 "status_counts", "params", "layers", "activations", "findings", "exit_code"):
         assert key in doc, key
-    assert doc["command"] == "gradflow" and doc["loss"] == "cross_entropy on output"
+    assert doc["command"] == "gradflow" and doc["loss"] == "cross_entropy on output against random class targets"
     assert set(doc["params"][0]) >= {"name", "shape", "grad_norm", "weight_norm", "grad_weight_ratio",
                                      "mean_abs_grad", "max_abs_grad", "status", "reason"}
     assert doc["params"][0]["shape"] == [256, 784]
@@ -343,7 +343,7 @@ def test_batch_function_and_custom_loss(cli, tmp_path):
                  "def batch():\n    return torch.randn(4, 784), torch.randint(0, 10, (4,))\n"
                  "def total(out, target):\n    return out.sum()\n")
     doc = cli("gradflow", sample("mlp.py:build"), "--batch", f"{f}:batch", "--json").json
-    assert doc["exit_code"] == 0 and doc["loss"] == "cross_entropy on output"
+    assert doc["exit_code"] == 0 and doc["loss"] == "cross_entropy on output against random class targets"
     assert doc["inputs"] == ["input[0]: 4x784 float32"]
     doc = cli("gradflow", sample("mlp.py:build"), "--loss", f"{f}:total", "--json").json
     assert doc["loss"] == "total() on output"

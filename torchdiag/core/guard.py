@@ -15,14 +15,33 @@ def _hook_count(model) -> int:
     return n
 
 
-@contextlib.contextmanager
-def leave_no_trace(model):
-    """Run a diagnostic on `model` in place and put back everything it may touch: training
-    flags, requires_grad flags, .grad tensors, RNG state, grad mode, anomaly mode, default
-    dtype and MHA fast-path setting. Parameters and buffers themselves must not be written by
-    the diagnostic (commands that train work on a copy); tests check that bit for bit."""
+def snapshot_buffers(model) -> list:
+    """Copies of every buffer (BatchNorm running stats, counters), to put back with restore_buffers."""
     import torch
 
+    with torch.no_grad():
+        return [(b, b.detach().clone()) for b in {id(b): b for b in model.buffers()}.values()]
+
+
+def restore_buffers(saved) -> None:
+    import torch
+
+    with torch.no_grad():
+        for b, value in saved:
+            b.copy_(value)
+
+
+@contextlib.contextmanager
+def leave_no_trace(model, buffers: bool = False):
+    """Run a diagnostic on `model` in place and put back everything it may touch: training
+    flags, requires_grad flags, .grad tensors, RNG state, grad mode, anomaly mode, default
+    dtype and MHA fast-path setting; with buffers=True also buffer values, for diagnostics that
+    run forward in train mode (BatchNorm updates its running stats there). Parameters
+    themselves must not be written (commands that train work on a copy); tests check that bit
+    for bit."""
+    import torch
+
+    saved_buffers = snapshot_buffers(model) if buffers else None
     training = [(m, m.training) for m in model.modules()]
     params = list({id(p): p for p in model.parameters()}.values())
     requires = [(p, p.requires_grad) for p in params]
@@ -49,6 +68,8 @@ def leave_no_trace(model):
         torch.autograd.set_detect_anomaly(anomaly)
         torch.set_default_dtype(dtype)
         torch.backends.mha.set_fastpath_enabled(fastpath)
+        if saved_buffers is not None:
+            restore_buffers(saved_buffers)
 
 
 def fingerprint(model) -> dict:

@@ -271,44 +271,38 @@ def run(model, inputs, opts: Options | None = None) -> Result:
 
     rec = _Recorder(model, stats_for, opts.saturation_margin)
     tracker = ModuleTracker(model, record_shapes=False)
-    buffers = [(b, b.detach().clone()) for b in {id(b): b for b in model.buffers()}.values()]
     grads: dict[str, Any] = {}
     loss_fn = opts.loss
-    with leave_no_trace(model):
-        try:
-            model.train(not opts.eval_mode)
-            torch.set_grad_enabled(True)
-            for p in params.values():
-                p.grad = None
-            with rec, tracker:
-                try:
-                    output = inputs.call(model)
-                except ModelError:
-                    raise
-                except Exception as exc:
-                    raise forward_error(exc, tracker) from exc
-            if loss_fn is None:
-                from ..core.loss import Loss
+    with leave_no_trace(model, buffers=True):
+        model.train(not opts.eval_mode)
+        torch.set_grad_enabled(True)
+        for p in params.values():
+            p.grad = None
+        with rec, tracker:
+            try:
+                output = inputs.call(model)
+            except ModelError:
+                raise
+            except Exception as exc:
+                raise forward_error(exc, tracker) from exc
+        if loss_fn is None:
+            from ..core.loss import Loss
 
-                loss_fn = Loss("sum")
-            loss = loss_fn(output)
-            result.header["loss"] = loss_fn.describe()
-            loss_value = float(loss.detach().float())
-            reach = _reachable(loss.grad_fn)
-            if loss.requires_grad:
-                try:
-                    loss.backward()
-                except Exception as exc:
-                    raise ModelError(f"backward failed: {one_line(exc)}",
-                                     hint="the model's own code raised in backward") from exc
-            for n, p in params.items():
-                grads[n] = p.grad
-                p.grad = None
-            del loss, output
-        finally:
-            with torch.no_grad():
-                for b, saved in buffers:
-                    b.copy_(saved)
+            loss_fn = Loss("sum")
+        loss = loss_fn(output)
+        result.header["loss"] = loss_fn.describe()
+        loss_value = float(loss.detach().float())
+        reach = _reachable(loss.grad_fn)
+        if loss.requires_grad:
+            try:
+                loss.backward()
+            except Exception as exc:
+                raise ModelError(f"backward failed: {one_line(exc)}",
+                                 hint="the model's own code raised in backward") from exc
+        for n, p in params.items():
+            grads[n] = p.grad
+            p.grad = None
+        del loss, output
 
     # --- per parameter
     rows = []

@@ -26,7 +26,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.guard import leave_no_trace
+from ..core.guard import leave_no_trace, restore_buffers, snapshot_buffers
 from ..core.tracking import Call, forward_error
 from ..errors import ModelError, UsageError, one_line
 from ..results import Column, Result, Table
@@ -470,21 +470,6 @@ def _fmt_range(lo, hi) -> str:
     return f"[{lo:.4g}, {hi:.4g}]"
 
 
-def _snapshot_buffers(model):
-    import torch
-
-    with torch.no_grad():
-        return [(b, b.detach().clone()) for b in {id(b): b for b in model.buffers()}.values()]
-
-
-def _restore_buffers(saved):
-    import torch
-
-    with torch.no_grad():
-        for b, v in saved:
-            b.copy_(v)
-
-
 def run(model, inputs, opts: Options | None = None) -> Result:
     import torch
 
@@ -526,22 +511,22 @@ def run(model, inputs, opts: Options | None = None) -> Result:
     # 3-6. forward, loss, backward, parameter gradients
     rng = torch.random.get_rng_state()
     with leave_no_trace(model):
-        saved = _snapshot_buffers(model)
+        saved = snapshot_buffers(model)
         try:
             for p in model.parameters():
                 p.grad = None
             model.train()
             torch.set_grad_enabled(True)
-            report = localized_pass(model, inputs, opts.loss, reset=lambda: _restore_buffers(saved))
+            report = localized_pass(model, inputs, opts.loss, reset=lambda: restore_buffers(saved))
             anomaly = None
             if opts.anomaly:
                 for p in model.parameters():
                     p.grad = None
-                _restore_buffers(saved)
+                restore_buffers(saved)
                 torch.random.set_rng_state(rng)
                 anomaly = _anomaly_pass(model, inputs, opts.loss)
         finally:
-            _restore_buffers(saved)
+            restore_buffers(saved)
     if report.loss_desc:
         result.header["loss"] = report.loss_desc
     _report_pass(result, report, model)
