@@ -78,7 +78,8 @@ def execute(opts: CommonOptions, run: Callable | None, *, render_extra: Callable
                 from ..core.target import prepare
 
                 target = prepare(opts)
-                result = run(target)
+            # outside the loading spinner: a command may show its own live progress
+            result = run(target)
             target.finish(result)
         from ..render import render
 

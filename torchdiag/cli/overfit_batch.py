@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import sys
-import traceback
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -124,24 +123,16 @@ def _progress_bar(json_mode: bool):
 
 
 def execute(opts: c.CommonOptions, settings: dict, plot: Path | None) -> None:
-    """common.execute's error boundary, with the loading spinner stopped before training so the
-    live progress bar is the only live display (two Rich lives on stderr overwrite each other),
-    and exit 130 with the partial result on Ctrl-C during training."""
+    """Train with a live progress bar (stderr, terminals only), then render; Ctrl-C during
+    training returns the partial result, rendered like any other, with exit 130."""
     import time
 
-    from ..errors import DiagError, ExitCode, one_line
+    from ..diagnostics import overfit_batch as diag
 
-    code = ExitCode.OK
-    target = None
-    try:
+    def run(target):
         _check_plot(plot)
-        with c.progress(f"torchdiag {opts.command}: loading {opts.spec}", opts.json):
-            from ..core.target import prepare
-            from ..diagnostics import overfit_batch as diag
-
-            target = prepare(opts)   # the factory runs seeded with --seed: same seed, same curve
-            options = diag.Options(seed=opts.seed, loss=target.loss(), **settings)
-            diag._check_options(options)
+        options = diag.Options(seed=opts.seed, loss=target.loss(), **settings)
+        diag._check_options(options)
         bar = _progress_bar(opts.json)
         if bar is None:
             result = diag.run(target.model, target.inputs, options)
@@ -158,39 +149,15 @@ def execute(opts: c.CommonOptions, settings: dict, plot: Path | None) -> None:
 
                 options.on_step = on_step
                 result = diag.run(target.model, target.inputs, options)
-        target.finish(result)
         if plot is not None:
             write_plot(result, plot)
             result.data["plot"] = str(plot)
-        from ..render import render
+        return result
 
-        render(result, opts)
+    def after(result):
         if plot is not None and not opts.json:
             c.err(f"Loss curve: {plot}")
-        code = result.exit_code
-        if code == ExitCode.INTERRUPTED:
+        if result.data.get("interrupted"):
             c.err(f"error: interrupted at step {result.data.get('steps')}: partial result shown")
-    except DiagError as e:
-        code = e.code
-        partial = getattr(e, "partial", None)
-        if partial is not None and not opts.json:
-            from ..render.console import print_result
 
-            if target is not None:
-                target.finish(partial)
-            print_result(partial)
-        c._report(e.message, e.hint, code, opts)
-        if opts.debug:
-            traceback.print_exc()
-    except KeyboardInterrupt:
-        code = ExitCode.INTERRUPTED
-        c._report("interrupted", None, code, opts)
-    except typer.Exit:
-        raise
-    except Exception as e:  # a bug of ours
-        code = ExitCode.INTERNAL
-        c._report(f"internal error in torchdiag: {one_line(e)}",
-                  "this is a bug in torchdiag: run again with --debug and please report the traceback", code, opts)
-        if opts.debug:
-            traceback.print_exc()
-    raise typer.Exit(int(code))
+    c.execute(opts, run, render_extra=after)

@@ -45,16 +45,6 @@ class Options:
     max_names: int = 10
 
 
-class OverfitResult(Result):
-    """A Result whose exit code is 130 when the run was interrupted (Ctrl-C)."""
-
-    @property
-    def exit_code(self) -> ExitCode:
-        if self.data.get("interrupted"):
-            return ExitCode.INTERRUPTED
-        return Result.exit_code.fget(self)
-
-
 def _sample_tensor(out, batch: int | None):
     """The first floating tensor of the output whose leading dimension is the batch."""
     import torch
@@ -242,7 +232,7 @@ def run(model, inputs, opts: Options | None = None) -> Result:
     if amp_dtype is torch.float16 and device.type not in ("cuda", "cpu"):
         raise UsageError(f"--amp fp16 needs a CUDA or CPU device (got {device.type})", hint="use --amp bf16")
 
-    result = OverfitResult("overfit-batch")
+    result = Result("overfit-batch")
     with leave_no_trace(model):
         torch.manual_seed(opts.seed)
         if torch.cuda.is_available():
@@ -288,7 +278,7 @@ def run(model, inputs, opts: Options | None = None) -> Result:
             return torch.autocast(device_type=device.type, dtype=amp_dtype)
 
         def partial_result(why: str):
-            p = OverfitResult("overfit-batch")
+            p = Result("overfit-batch")
             p.data.update({"steps": step, "loss": list(losses)})
             if losses:
                 p.summary += [("Loss before the error", f"{losses[0]:.6g} → {losses[-1]:.6g} ({len(losses)} evaluations)")]
@@ -453,6 +443,7 @@ def _build(result, opts, loss_fn, lr, opt_desc, device, losses, grad_norms, lrs,
 
     limit = opts.max_names
     if interrupted:
+        result.code = ExitCode.INTERRUPTED
         result.verdict = f"INTERRUPTED after {steps} step(s): partial result (loss {fmt(initial)} → {fmt(final)})"
         result.notes.append("interrupted with Ctrl-C: no verdict; the numbers above are up to the last step")
         return result
