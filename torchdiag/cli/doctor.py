@@ -34,10 +34,7 @@ def register(app) -> None:
                                loss=loss, batch=batch)
 
         def run(t):
-            from ..core.loading import find_factory
-
-            factory = find_factory(t.loaded.module, t.loaded.factory, t.loaded.spec)
-            return diag.run(t.model, t.inputs, diag.Options(loss=t.loss(), factory=factory,
+            return diag.run(t.model, t.inputs, diag.Options(loss=t.loss(), factory=t.loaded.factory_fn,
                                                             kwargs=dict(t.loaded.kwargs),
                                                             batch_target=t.batch_target, seed=seed))
 

@@ -22,9 +22,10 @@ class LoadedModel:
     model: Any               # nn.Module
     spec: str
     module: ModuleType       # the user's module (example_inputs, batch functions live here)
-    factory: str
+    factory: str             # its name, as written in the spec
     kwargs: dict[str, Any]
     built_on: str = ""       # how a meta model was built, for the header
+    factory_fn: Any = None   # the callable itself (doctor rebuilds the model on meta with it)
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -139,7 +140,7 @@ def load_model(spec: str, arg_pairs: list[str] | None = None, device=None, seed:
                          hint="the factory must return the model (an nn.Module instance)")
     if device is not None and device.type != "meta":
         model = model.to(device)
-    return LoadedModel(model, spec, module, name, kwargs, built_on)
+    return LoadedModel(model, spec, module, name, kwargs, built_on, factory)
 
 
 def _signature(fn) -> str:

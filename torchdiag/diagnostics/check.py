@@ -250,11 +250,9 @@ def run_checks(cfg: ModelConfig) -> list[CheckOutcome]:
 
     if c.get("doctor"):
         from . import doctor
-        from ..core.loading import find_factory
 
         def doc():
-            factory = find_factory(target.loaded.module, target.loaded.factory, target.loaded.spec)
-            r = doctor.run(model, inputs, doctor.Options(loss=target.loss(), factory=factory,
+            r = doctor.run(model, inputs, doctor.Options(loss=target.loss(), factory=target.loaded.factory_fn,
                                                          kwargs=target.loaded.kwargs,
                                                          batch_target=target.batch_target, seed=cfg.seed))
             errs = [f for f in r.findings if f.severity == "error" and not any(fnmatch.fnmatch(f.where, a) for a in allow)]
