@@ -38,10 +38,11 @@ def print_result(result, console=None) -> None:
         if not t.show or not t.rows:
             continue
         table = Table(title=t.title, title_justify="left", title_style="bold", show_lines=False)
-        for c in t.columns:
+        for i, c in enumerate(t.columns):
             title = f"{c.title} ({c.unit})" if c.unit else c.title
             justify = "left" if c.kind in ("text", "bar") else "right"
-            table.add_column(title, justify=justify, overflow="fold")
+            # the first column names the row (module, parameter): never break it mid-name
+            table.add_column(title, justify=justify, overflow="fold", no_wrap=(i == 0))
         shown = t.rows if t.limit is None else t.rows[: t.limit]
         for row in shown:
             style = row.get("_style")
