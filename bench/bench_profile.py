@@ -13,7 +13,7 @@ The last column is torchdiag's measured mean active step over the plain step (in
 import copy
 import statistics
 
-from common import load, median_time
+from common import load
 
 WAIT, WARMUP, ACTIVE = 1, 2, 10
 STEPS = WAIT + WARMUP + ACTIVE
@@ -83,11 +83,29 @@ def bench(spec, *inputs, mode="inference", repeat=5):
         profiled(times=times)
         torch_steps.extend(times[WAIT + WARMUP:])
 
-    base = median_time(plain, repeat)
-    rows = [("torch.profiler", median_time(torch_only, repeat)),
-            ("  + key_averages().table()", median_time(lambda: profiled(True), repeat)),
-            ("torchdiag profile", median_time(ours, repeat))]
-    plain_step = median_time(step, 15)
+    # Round-robin: each repetition runs every variant once, so load drift on a shared machine hits
+    # all of them alike; medians over repetitions.
+    import time
+
+    variants = [("baseline", plain), ("torch.profiler", torch_only),
+                ("  + key_averages().table()", lambda: profiled(True)), ("torchdiag profile", ours)]
+    times = {name: [] for name, _ in variants}
+    for name, fn in variants:   # warm-up
+        fn()
+    ours_steps.clear(), torch_steps.clear()
+    step_times = []
+    for _ in range(repeat):
+        for name, fn in variants:
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+        for _ in range(ACTIVE):
+            t0 = time.perf_counter()
+            step()
+            step_times.append(time.perf_counter() - t0)
+    base = statistics.median(times["baseline"])
+    rows = [(name, statistics.median(times[name])) for name, _ in variants[1:]]
+    plain_step = statistics.median(step_times)
     print(f"\n{spec} {' '.join(inputs)} --mode {mode}  ({STEPS} steps, median of {repeat} runs)")
     print("  end to end, results included")
     print(f"    baseline (plain steps)       {base * 1000:8.1f} ms  1.00x")
