@@ -33,7 +33,7 @@ def test_correct_function_passes(cli):
     doc = r.json
     assert doc["passed"] is True and doc["kind"] == "autograd.Function" and doc["precision"] == "float64"
     assert doc["torch_gradcheck"]["passed"] and doc["torch_gradgradcheck"]["passed"]
-    rows = doc["inputs"]
+    rows = doc["per_input"]
     assert [(x["order"], x["input"]) for x in rows] == [(1, "input[0]"), (1, "input[1]"), (2, "input[0]"), (2, "input[1]")]
     assert all(x["max_abs_error"] < 1e-6 and x["passed"] for x in rows)
     assert doc["findings"] == [] and doc["exit_code"] == 0
@@ -46,7 +46,7 @@ def test_wrong_function_fails_naming_input_and_element(cli):
     assert r.code == 1
     doc = r.json
     assert doc["passed"] is False and doc["torch_gradcheck"]["passed"] is False
-    ok, bad = doc["inputs"]
+    ok, bad = doc["per_input"]
     assert ok["input"] == "input[0]" and ok["passed"]
     assert bad["input"] == "input[1]" and not bad["passed"]
     # closed form: d(x·y²)/dy = 2xy, the wrong backward gives xy → error |xy|, worst where |xy| is largest
@@ -84,7 +84,7 @@ def test_element_index_in_a_2d_input(untouched):
     x = torch.randn(2, 4, dtype=torch.float64)
     checked = diag.build("autograd.Function", OffByOneAt12.apply, [x], ["input[0]"], diag.Options(), "OffByOneAt12")
     res = diag.run(checked)
-    row = res.table("inputs").rows[0]
+    row = res.table("per_input").rows[0]
     assert row["element"] == [1, 2] and row["output_element"] == [1, 2] and row["failing_entries"] == 1
     assert row["max_abs_error"] == pytest.approx(1.0, abs=1e-6) and res.exit_code == 1
 
@@ -95,7 +95,7 @@ def test_second_order_only_failure(cli):
     r = cli("gradcheck", sample(f"{CA}:DetachedCube"), "-i", "4", "--second-order", "--json")
     assert r.code == 1
     doc = r.json
-    first, second = doc["inputs"]
+    first, second = doc["per_input"]
     assert first["passed"] and not second["passed"] and second["order"] == 2
     assert second["analytical"] == 0.0          # the detached x loses d(3x²)/dx entirely
     assert doc["findings"][0]["code"] == "wrong-second-order-gradient"
@@ -117,7 +117,7 @@ def test_module_target_checks_parameters_and_is_untouched(untouched):
     with untouched(model):
         kind, target = diag.resolve_target(model, {}, "ScaledTanh")
         res = diag.run(diag.build(kind, target, [x], ["input[0]"], diag.Options(), "ScaledTanh"))
-    names = [r["input"] for r in res.table("inputs").rows]
+    names = [r["input"] for r in res.table("per_input").rows]
     assert names == ["input[0]", "a", "lin.weight", "lin.bias"] and res.data["passed"]
     assert next(p for p in model.parameters()).dtype == torch.float32   # the check ran on a float64 copy
 

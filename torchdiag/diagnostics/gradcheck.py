@@ -310,7 +310,7 @@ def run(checked: Checked, opts: Options | None = None) -> Result:
     cols = [Column("order", "order", "int"), Column("input", "input"), Column("shape", "shape"),
             Column("max_abs_error", "max abs err", "float"), Column("max_rel_error", "max rel err", "float"),
             Column("failing_entries", "bad entries", "count"), Column("_verdict", "result")]
-    result.tables.append(Table("inputs", "Analytical vs numerical gradient, per input", cols, rows,
+    result.tables.append(Table("per_input", "Analytical vs numerical gradient, per input", cols, rows,
                                note=f"entry fails when |analytical − numerical| > {opts.atol:g} + {opts.rtol:g}·|numerical|; "
                                     f"central differences, eps {opts.eps:g}; order 2 = gradient of the gradient"))
     for r in rows:
