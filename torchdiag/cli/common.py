@@ -62,17 +62,21 @@ def progress(message: str, json_mode: bool):
 
 
 def execute(opts: CommonOptions, run: Callable | None, *, render_extra: Callable | None = None,
-            produce: Callable | None = None) -> None:
+            produce: Callable | None = None, precheck: Callable | None = None) -> None:
     """Load the model and inputs, run the diagnostic, render, exit with its code.
 
-    `run(target) -> Result`; or `produce() -> Result` for commands that load models themselves
-    (check). Every DiagError becomes `error:`/`hint:` lines and its exit code; anything else
-    is a torchdiag bug (exit 4)."""
+    `run(target) -> Result`; or `produce() -> Result` for commands whose target is not one
+    model (check, gradcheck). `precheck()` validates options before anything is loaded. Every
+    DiagError becomes `error:`/`hint:` lines and its exit code; anything else is a torchdiag
+    bug (exit 4)."""
     code = ExitCode.OK
     target = None
     try:
+        if precheck is not None:
+            precheck()
         if produce is not None:
-            result = produce()
+            with progress(f"torchdiag {opts.command}: {opts.spec}", opts.json):
+                result = produce()
         else:
             with progress(f"torchdiag {opts.command}: loading {opts.spec}", opts.json):
                 from ..core.target import prepare

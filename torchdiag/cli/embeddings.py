@@ -31,15 +31,15 @@ def register(app) -> None:
         Labels come from --batch PATH:fn returning (inputs, labels); image inputs become the
         projector's sprite. Reports the vector size and, with labels, how often a sample's
         nearest neighbour shares its label."""
-        from ..errors import ExitCode
-
         opts = c.CommonOptions("embeddings", spec, arg or [], input or [], device, seed, json, None, debug, batch=batch)
-        missing = ("embeddings needs --layer NAME", "the module whose output you want to see, e.g. --layer head.0") if not layer else \
-            ("embeddings needs --tb DIR: the projector data is written for TensorBoard",
-             "e.g. --tb runs, then tensorboard --logdir runs (PROJECTOR tab)") if tb is None else None
-        if missing:
-            c._report(missing[0], missing[1], ExitCode.USAGE, opts)
-            raise typer.Exit(int(ExitCode.USAGE))
+        def required():  # before loading anything
+            from ..errors import UsageError
+
+            if not layer:
+                raise UsageError("embeddings needs --layer NAME", hint="the module whose output you want to see, e.g. --layer head.0")
+            if tb is None:
+                raise UsageError("embeddings needs --tb DIR: the projector data is written for TensorBoard",
+                                 hint="e.g. --tb runs, then tensorboard --logdir runs (PROJECTOR tab)")
 
         def run(t):
             from ..diagnostics import embeddings as diag
@@ -51,4 +51,4 @@ def register(app) -> None:
             return diag.run(t.model, t.inputs, diag.Options(layer=layer, logdir=str(tb), reduce=reduce,
                                                             labels=t.batch_target, images=str(images) if images else None))
 
-        c.execute(opts, run)
+        c.execute(opts, run, precheck=required)

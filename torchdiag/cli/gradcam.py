@@ -72,12 +72,12 @@ def register(app) -> None:
         Writes the original, the heatmap (values in [0,1]) and the overlay side by side (--out) and
         to TensorBoard (--tb). Reports the explained class, the top classes and where the map peaks."""
         opts = c.CommonOptions("gradcam", spec, arg or [], [], device, seed, json, tb, debug, needs_inputs=False)
-        if image is None:  # before loading anything
-            from ..errors import ExitCode
+        def need_image():  # before loading anything
+            from ..errors import UsageError
 
-            c._report("gradcam needs an image: --image FILE",
-                      "a PNG or JPEG; use --size/--mean/--std to match the model's preprocessing", ExitCode.USAGE, opts)
-            raise typer.Exit(int(ExitCode.USAGE))
+            if image is None:
+                raise UsageError("gradcam needs an image: --image FILE",
+                                 hint="a PNG or JPEG; use --size/--mean/--std to match the model's preprocessing")
 
         def run(t):
             from ..diagnostics import gradcam as diag
@@ -89,4 +89,4 @@ def register(app) -> None:
                 std=_triple(std, "--std"), target_class=target_class, out=str(out) if out else None,
                 tb=tb is not None, alpha=alpha))
 
-        c.execute(opts, run)
+        c.execute(opts, run, precheck=need_image)

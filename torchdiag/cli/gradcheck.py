@@ -1,7 +1,6 @@
 """`torchdiag gradcheck`: numerical vs analytical gradients of the user's own autograd code."""
 from __future__ import annotations
 
-import traceback
 from typing import Annotated
 
 import typer
@@ -38,7 +37,7 @@ def register(app) -> None:
         absolute and relative error between analytical and numerical gradients and, when it fails,
         the input element and output element where it is worst. Exit 0 pass, 1 fail."""
         opts = c.CommonOptions("gradcheck", target, arg or [], input or [], device, seed, json, None, debug)
-        _execute(opts, lambda: _run(opts, second_order, eps, atol, rtol, not no_params))
+        c.execute(opts, None, produce=lambda: _run(opts, second_order, eps, atol, rtol, not no_params))
 
 
 def _run(opts, second_order, eps, atol, rtol, params):
@@ -97,32 +96,3 @@ def _run(opts, second_order, eps, atol, rtol, params):
     return result
 
 
-def _execute(opts, make):
-    """The error boundary of common.execute, for a command whose TARGET is not a model."""
-    from ..errors import DiagError, ExitCode, one_line
-
-    code = ExitCode.OK
-    try:
-        with c.progress(f"torchdiag gradcheck: {opts.spec}", opts.json):
-            result = make()
-        from ..render import render
-
-        render(result, opts)
-        code = result.exit_code
-    except DiagError as e:
-        code = e.code
-        c._report(e.message, e.hint, code, opts)
-        if opts.debug:
-            traceback.print_exc()
-    except KeyboardInterrupt:
-        code = ExitCode.INTERRUPTED
-        c._report("interrupted", None, code, opts)
-    except typer.Exit:
-        raise
-    except Exception as e:
-        code = ExitCode.INTERNAL
-        c._report(f"internal error in torchdiag: {one_line(e)}",
-                  "this is a bug in torchdiag: run again with --debug and please report the traceback", code, opts)
-        if opts.debug:
-            traceback.print_exc()
-    raise typer.Exit(int(code))
