@@ -28,6 +28,21 @@ def sample(name: str) -> str:
     return f"{SAMPLES}/{name}"
 
 
+# command -> arguments for a fast run on a small sample model (used by several test files)
+FAST_RUNS = {
+    "summary": [sample("cnn.py:build")],
+    "flops": [sample("cnn.py:build"), "--backward"],
+    "nancheck": [sample("mlp.py:build")],
+    "gradflow": [sample("mlp.py:build")],
+    "overfit-batch": [sample("mlp.py:build"), "--steps", "30"],
+    "profile": [sample("mlp.py:build"), "--active", "2", "--warmup", "1", "--wait", "0"],
+    "memory": [sample("mlp.py:build")],
+    "doctor": [sample("mlp.py:build")],
+    "activations": [sample("cnn.py:build")],
+    "attention": [sample("vit.py:build")],
+}
+
+
 class CliResult:
     def __init__(self, code, stdout, stderr):
         self.code, self.stdout, self.stderr = code, stdout, stderr

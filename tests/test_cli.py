@@ -2,7 +2,11 @@
 import subprocess
 import sys
 
-from conftest import ROOT
+import json
+
+import pytest
+
+from conftest import FAST_RUNS, ROOT
 
 PROBE = """
 import sys
@@ -46,3 +50,12 @@ def test_command_help_does_not_import_torch_and_shows_example():
 def test_python_m_entry_point():
     out = subprocess.run([sys.executable, "-m", "torchdiag", "--version"], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.startswith("torchdiag ")
+
+
+@pytest.mark.parametrize("command", sorted(FAST_RUNS))
+def test_every_command_prints_exactly_one_json_document(cli, command):
+    res = cli(command, *FAST_RUNS[command], "--json")
+    assert res.code in (0, 1), res.stderr
+    doc = json.loads(res.stdout)  # the whole stdout is one document
+    assert doc["schema_version"] == 1 and doc["command"] == command and doc["exit_code"] == res.code
+    assert isinstance(doc["findings"], list)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import sample
+from conftest import FAST_RUNS as COMMANDS, sample
 
 
 def events(run_dir: Path):
@@ -23,21 +23,6 @@ def events(run_dir: Path):
 
 def text_of(acc, tag) -> str:
     return acc.Tensors(tag)[0].tensor_proto.string_val[0].decode()
-
-
-# command -> arguments for a fast run on a small sample model
-COMMANDS = {
-    "summary": [sample("cnn.py:build")],
-    "flops": [sample("cnn.py:build"), "--backward"],
-    "nancheck": [sample("mlp.py:build")],
-    "gradflow": [sample("mlp.py:build")],
-    "overfit-batch": [sample("mlp.py:build"), "--steps", "30"],
-    "profile": [sample("mlp.py:build"), "--active", "2", "--warmup", "1", "--wait", "0"],
-    "memory": [sample("mlp.py:build")],
-    "doctor": [sample("mlp.py:build")],
-    "activations": [sample("cnn.py:build")],
-    "attention": [sample("vit.py:build")],
-}
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

@@ -79,12 +79,22 @@ class Result:
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "command": self.command}
-        doc.update(self.header)
-        doc.update(self.data)
+
+        def put(key, value, source):
+            # header, data, tables and series share one namespace: a clash would silently drop a value
+            # (the same value twice is fine, e.g. the seed in the header and in a command's data)
+            if key in doc and source != "series" and doc[key] != value:
+                raise ValueError(f"{self.command}: JSON key '{key}' from {source} clashes with an earlier one")
+            doc.setdefault(key, value)
+
+        for k, v in self.header.items():
+            put(k, v, "header")
+        for k, v in self.data.items():
+            put(k, v, "data")
         for t in self.tables:  # keys starting with "_" are for display only
-            doc[t.key] = [{k: v for k, v in r.items() if not k.startswith("_")} for r in t.rows]
+            put(t.key, [{k: v for k, v in r.items() if not k.startswith("_")} for r in t.rows], "tables")
         for name, values in self.series.items():
-            doc.setdefault(name, values)
+            put(name, values, "series")
         doc["findings"] = [f.to_dict() for f in self.findings]
         doc["notes"] = list(self.notes)
         doc["exit_code"] = int(self.exit_code)

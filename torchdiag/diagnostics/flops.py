@@ -136,7 +136,7 @@ def run(model, inputs, opts: Options | None = None) -> Result:
 
     counter = _counter()
     tracker = ModuleTracker(model, record_shapes=False)
-    result = Result("flops", header={"engine": "torch.utils.flop_counter (dispatch level)",
+    result = Result("flops", header={"counter": "torch.utils.flop_counter (dispatch level)",
                                      "convention": "1 MAC = 2 FLOPs; MACs = FLOPs / 2"})
     with leave_no_trace(model):
         model.eval()  # eval: BatchNorm running stats stay as they are, dropout off
@@ -260,7 +260,7 @@ def run_fvcore(model, inputs, opts: Options) -> Result:
         raise UsageError("--engine fvcore counts the forward pass only", hint="drop --backward or use --engine torch")
     from fvcore.nn import FlopCountAnalysis
 
-    result = Result("flops", header={"engine": "fvcore (torch.jit.trace)",
+    result = Result("flops", header={"counter": "fvcore (torch.jit.trace)",
                                      "convention": "fvcore counts one multiply-add as one 'flop': its number is MACs; FLOPs = 2 × MACs"})
     with leave_no_trace(model), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

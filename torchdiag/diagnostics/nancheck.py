@@ -484,7 +484,7 @@ def run(model, inputs, opts: Options | None = None) -> Result:
     if opts.anomaly:
         result.header["anomaly_mode"] = "also run under torch.autograd.detect_anomaly(check_nan=True)"
     if opts.steps:
-        result.header["steps"] = f"{opts.steps} × {opts.optimizer.lower()} (lr={opts.lr:g}) on a copy, same batch"
+        result.header["training"] = f"{opts.steps} × {opts.optimizer.lower()} (lr={opts.lr:g}) on a copy, same batch"
 
     # 1. inputs
     input_rows = []

@@ -8,9 +8,14 @@ _HEADER_SKIP = {"inputs", "input_notes"}
 
 
 def _console():
+    import os
+    import sys
+
     from rich.console import Console
 
-    return Console(highlight=False, soft_wrap=False)
+    # Piped into a file or a CI log Rich would assume 80 columns and fold every table.
+    width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120
+    return Console(highlight=False, soft_wrap=False, width=width)
 
 
 def print_result(result, console=None) -> None:
