@@ -1,7 +1,7 @@
 """Forward hooks that record which module ran, with what shapes — and which one raised."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ModelError, one_line
@@ -40,23 +40,37 @@ class Call:
     done: bool = False
 
 
-@dataclass
-class ModuleTracker:
-    """Install with `with ModuleTracker(model) as tr:`; calls are in execution (pre-hook) order."""
+def module_names(model) -> dict[int, str]:
+    """id(module) -> its path in `model` ("" is the root); a module reachable by two paths keeps the first."""
+    names: dict[int, str] = {}
+    for name, mod in model.named_modules():
+        names.setdefault(id(mod), name)
+    return names
 
-    model: Any
-    record_shapes: bool = True
-    calls: list[Call] = field(default_factory=list)
-    names: dict[int, str] = field(default_factory=dict)
-    _stack: list = field(default_factory=list)
-    _handles: list = field(default_factory=list)
+
+class ForwardHooks:
+    """`self._pre` as forward pre-hook and `self._post` as forward hook on every module of `model`
+    while the `with` block runs, plus `self.names` (id(module) -> path).
+
+    Several diagnostics watch each module call the same way; this is that mechanism written once.
+    A subclass defines `_pre(mod, args)` (or `_pre(mod, args, kwargs)` with `pre_kwargs = True`) and
+    `_post(mod, args, output)`; setting either to None registers no hook of that kind."""
+
+    pre_kwargs = False
+    _pre = None
+    _post = None
+
+    def __init__(self, model):
+        self.model = model
+        self.names = module_names(model)
+        self._handles: list = []
 
     def __enter__(self):
-        for name, mod in self.model.named_modules():
-            self.names.setdefault(id(mod), name)
         for mod in {id(m): m for m in self.model.modules()}.values():
-            self._handles.append(mod.register_forward_pre_hook(self._pre, with_kwargs=True))
-            self._handles.append(mod.register_forward_hook(self._post))
+            if self._pre is not None:
+                self._handles.append(mod.register_forward_pre_hook(self._pre, with_kwargs=self.pre_kwargs))
+            if self._post is not None:
+                self._handles.append(mod.register_forward_hook(self._post))
         return self
 
     def __exit__(self, *exc):
@@ -64,6 +78,18 @@ class ModuleTracker:
             h.remove()
         self._handles.clear()
         return False
+
+
+class ModuleTracker(ForwardHooks):
+    """Install with `with ModuleTracker(model) as tr:`; calls are in execution (pre-hook) order."""
+
+    pre_kwargs = True
+
+    def __init__(self, model, record_shapes: bool = True):
+        super().__init__(model)
+        self.record_shapes = record_shapes
+        self.calls: list[Call] = []
+        self._stack: list = []
 
     def _pre(self, mod, args, kwargs):
         name = self.names.get(id(mod), "?")

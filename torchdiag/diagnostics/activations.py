@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..core.guard import leave_no_trace
-from ..core.tracking import ModuleTracker, forward_error
+from ..core.tracking import ForwardHooks, ModuleTracker, forward_error
 from ..errors import UsageError
 from ..results import Column, Result, Table
 
@@ -85,78 +85,69 @@ def first_tensor(out):
     return None
 
 
-class Recorder:
+class Recorder(ForwardHooks):
+    """A forward hook on every module: running statistics of its first floating output."""
+
+    _pre = None
+
     def __init__(self, model, opts: Options, keep: set[str]):
-        self.model, self.opts, self.keep = model, opts, keep
+        super().__init__(model)
+        self.opts, self.keep = opts, keep
         self.stats: dict[str, Stats] = {}
         self.kept: dict[str, object] = {}   # name -> first output (detached, cpu) for pictures
         self.order: list[str] = []
-        self._handles = []
+        self._bounds: dict[int, tuple | None] = {}
 
     def __enter__(self):
-        seen = set()
-        for name, mod in self.model.named_modules():
-            if id(mod) in seen:
-                continue
-            seen.add(id(mod))
-            self._handles.append(mod.register_forward_hook(self._hook(name or "(model)", mod)))
-        return self
+        self._bounds = {id(m): saturation_bounds(m, self.opts.eps) for m in self.model.modules()}
+        return super().__enter__()
 
-    def __exit__(self, *exc):
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-        return False
+    def _post(self, module, args, output):
+        import torch
 
-    def _hook(self, name, mod):
-        bounds = saturation_bounds(mod, self.opts.eps)
-
-        def hook(module, args, output):
-            import torch
-
-            t = first_tensor(output)
-            if t is None or not t.is_floating_point() or t.device.type == "meta":
-                return
-            s = self.stats.get(name)
-            if s is None:
-                s = self.stats[name] = Stats(name, type(module).__name__, "x".join(map(str, t.shape)),
-                                             str(t.dtype).replace("torch.", ""))
-                self.order.append(name)
-            x = t.detach()
-            s.calls += 1
-            if x.numel() == 0:
-                return
-            if bool(torch.isfinite(x).all()):
-                xf, nf = x.double(), 0
-            else:
-                finite = torch.isfinite(x)
-                nf = int((~finite).sum())
-                xf = x[finite].double()
-            s.nonfinite += nf
-            s.n += xf.numel()
-            parts = [(x == 0).sum().double()]
-            if xf.numel():
-                parts += [xf.sum(), (xf * xf).sum(), xf.min(), xf.max()]
-            if bounds is not None:
-                lo, hi = bounds
-                parts.append(((xf <= lo) | (xf >= hi)).sum().double())
-            vals = torch.stack(parts).tolist()   # one device→host transfer per call
-            s.zeros += int(vals[0])
-            if xf.numel():
-                s.total += vals[1]
-                s.total_sq += vals[2]
-                s.lo = min(s.lo, vals[3])
-                s.hi = max(s.hi, vals[4])
-            if bounds is not None:
-                s.saturated = (s.saturated or 0) + int(vals[-1])
-            if self.opts.tb and len(s.values) == 0 and xf.numel():
-                flat = xf.flatten()
-                step = max(1, flat.numel() // HIST_SAMPLES)
-                s.values.append(flat[::step].float().cpu().numpy())
-            if name in self.keep and name not in self.kept:
-                self.kept[name] = x.float().cpu()
-
-        return hook
+        name = self.names.get(id(module)) or "(model)"
+        bounds = self._bounds.get(id(module))
+        t = first_tensor(output)
+        if t is None or not t.is_floating_point() or t.device.type == "meta":
+            return
+        s = self.stats.get(name)
+        if s is None:
+            s = self.stats[name] = Stats(name, type(module).__name__, "x".join(map(str, t.shape)),
+                                         str(t.dtype).replace("torch.", ""))
+            self.order.append(name)
+        x = t.detach()
+        s.calls += 1
+        if x.numel() == 0:
+            return
+        if bool(torch.isfinite(x).all()):
+            xf, nf = x.double(), 0
+        else:
+            finite = torch.isfinite(x)
+            nf = int((~finite).sum())
+            xf = x[finite].double()
+        s.nonfinite += nf
+        s.n += xf.numel()
+        parts = [(x == 0).sum().double()]
+        if xf.numel():
+            parts += [xf.sum(), (xf * xf).sum(), xf.min(), xf.max()]
+        if bounds is not None:
+            lo, hi = bounds
+            parts.append(((xf <= lo) | (xf >= hi)).sum().double())
+        vals = torch.stack(parts).tolist()   # one device→host transfer per call
+        s.zeros += int(vals[0])
+        if xf.numel():
+            s.total += vals[1]
+            s.total_sq += vals[2]
+            s.lo = min(s.lo, vals[3])
+            s.hi = max(s.hi, vals[4])
+        if bounds is not None:
+            s.saturated = (s.saturated or 0) + int(vals[-1])
+        if self.opts.tb and len(s.values) == 0 and xf.numel():
+            flat = xf.flatten()
+            step = max(1, flat.numel() // HIST_SAMPLES)
+            s.values.append(flat[::step].float().cpu().numpy())
+        if name in self.keep and name not in self.kept:
+            self.kept[name] = x.float().cpu()
 
 
 def _resolve_layers(model, names: list[str]) -> list[str]:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.guard import leave_no_trace
-from ..core.tracking import ModuleTracker, describe, forward_error
+from ..core.tracking import ForwardHooks, ModuleTracker, describe, forward_error
 from ..errors import ModelError, one_line
 from ..results import Column, Result, Table
 
@@ -524,26 +524,13 @@ def _same_fp(a: list[float], b: list[float]) -> bool:
     return True
 
 
-class CallRecorder:
+class CallRecorder(ForwardHooks):
+    pre_kwargs = True
+
     def __init__(self, model):
-        self.model = model
-        self.names = {}
-        for n, m in model.named_modules():
-            self.names.setdefault(id(m), n)
+        super().__init__(model)
         self.done: list[tuple[str, str, list, list]] = []   # completion order
         self._stack: list = []
-        self._handles: list = []
-
-    def __enter__(self):
-        for mod in {id(m): m for m in self.model.modules()}.values():
-            self._handles.append(mod.register_forward_pre_hook(self._pre, with_kwargs=True))
-            self._handles.append(mod.register_forward_hook(self._post))
-        return self
-
-    def __exit__(self, *exc):
-        for h in self._handles:
-            h.remove()
-        return False
 
     def _pre(self, mod, args, kwargs):
         self._stack.append(_fingerprint((args, kwargs)))
@@ -614,19 +601,15 @@ def check_determinism(work, inputs, out1, ck: Checklist) -> None:
 # In-place edits that break autograd
 # ---------------------------------------------------------------------------------------------
 
-class InplaceLocator:
+class InplaceLocator(ForwardHooks):
     """Forward hooks + saved-tensor hooks: a tensor saved for backward whose version counter
     moved between two hook events was edited in place by the module running in between."""
 
     def __init__(self, model):
-        self.model = model
-        self.names = {}
-        for n, m in model.named_modules():
-            self.names.setdefault(id(m), n)
+        super().__init__(model)
         self.stack: list[tuple[str, str]] = []
         self.saved: dict[int, tuple] = {}
         self.found: list[tuple[str, str, str, str]] = []  # (culprit, type, saved by, shape)
-        self._handles: list = []
         self._ctx = None
 
     def _scan(self):
@@ -656,17 +639,14 @@ class InplaceLocator:
     def __enter__(self):
         import torch
 
-        for mod in {id(m): m for m in self.model.modules()}.values():
-            self._handles.append(mod.register_forward_pre_hook(self._pre))
-            self._handles.append(mod.register_forward_hook(self._post))
+        super().__enter__()
         self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._ctx.__enter__()
         return self
 
     def __exit__(self, *exc):
         self._ctx.__exit__(*exc)
-        for h in self._handles:
-            h.remove()
+        super().__exit__(*exc)
         self._scan()
         return False
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.guard import leave_no_trace
-from ..core.tracking import ModuleTracker, describe, forward_error
+from ..core.tracking import ForwardHooks, ModuleTracker, describe, forward_error
 from ..errors import ModelError, UsageError, one_line
 from ..results import Column, Result, Table
 
@@ -75,14 +75,11 @@ class _Act:
     shape: str = ""
 
 
-class _Recorder:
+class _Recorder(ForwardHooks):
     """Forward hooks: execution order, grad mode, output autograd nodes, activation statistics."""
 
     def __init__(self, model, stats_for: set[str], margin: float):
-        self.model = model
-        self.names = {}
-        for name, mod in model.named_modules():
-            self.names.setdefault(id(mod), name)
+        super().__init__(model)
         self.stats_for = stats_for
         self.margin = margin
         self.order: dict[str, int] = {}
@@ -90,19 +87,6 @@ class _Recorder:
         self.nodes: dict[str, list] = defaultdict(list)        # module → grad_fn of each output tensor (None: no graph)
         self.grad_enabled: dict[str, bool] = {}
         self.acts: dict[str, _Act] = {}
-        self.handles = []
-
-    def __enter__(self):
-        for mod in {id(m): m for m in self.model.modules()}.values():
-            self.handles.append(mod.register_forward_pre_hook(self._pre))
-            self.handles.append(mod.register_forward_hook(self._post))
-        return self
-
-    def __exit__(self, *exc):
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
-        return False
 
     def _pre(self, mod, args):
         name = self.names.get(id(mod), "?")

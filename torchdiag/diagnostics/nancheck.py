@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.guard import leave_no_trace, restore_buffers, snapshot_buffers
-from ..core.tracking import Call, forward_error
+from ..core.tracking import Call, ForwardHooks, forward_error
 from ..errors import ModelError, UsageError, one_line
 from ..results import Column, Result, Table
 
@@ -143,7 +143,7 @@ class CallRecord:
     input_note: str = ""
 
 
-class Checker:
+class Checker(ForwardHooks):
     """Forward hooks on every module: finiteness of inputs and outputs; tensor hooks on every
     module input/output that needs a gradient: finiteness of the gradients in backward order."""
 
@@ -153,13 +153,9 @@ class Checker:
         global _Tensor
         _Tensor = torch.Tensor
         _init_dtypes()
-        self.model = model
-        self.names = {}
-        for name, mod in model.named_modules():
-            self.names.setdefault(id(mod), name)
+        super().__init__(model)
         self.calls: list[CallRecord] = []
         self._stack: list[CallRecord] = []
-        self._handles: list = []
         self._tensor_handles: list = []
         self._seen: dict[int, tuple] = {}        # id -> (weakref, version, finite)
         self._grad_keys: dict[tuple, int] = {}   # (id, version) -> slot
@@ -167,18 +163,7 @@ class Checker:
         self._order = 0
         self.completed = 0
 
-    # -- forward --------------------------------------------------------------------------
-    def __enter__(self):
-        for mod in {id(m): m for m in self.model.modules()}.values():
-            self._handles.append(mod.register_forward_pre_hook(self._pre, with_kwargs=True))
-            self._handles.append(mod.register_forward_hook(self._post))
-        return self
-
-    def __exit__(self, *exc):
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-        return False
+    pre_kwargs = True
 
     def remove_tensor_hooks(self):
         for h in self._tensor_handles:

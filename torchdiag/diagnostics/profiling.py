@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..core.guard import leave_no_trace
-from ..core.tracking import describe
+from ..core.tracking import ForwardHooks, describe
 from ..errors import ModelError, UsageError, one_line
 from ..results import Column, Result, Table
 
@@ -75,19 +75,15 @@ def step_stats(times_ms) -> dict:
 
 # ----------------------------------------------------------------------------------------- labelling
 
-class ModuleLabels:
+class ModuleLabels(ForwardHooks):
     """Forward pre/post hooks that open and close `record_function("module::<path>")` ranges.
     Keeps the open calls on a stack, so a failure names the innermost module and the ranges
     left open by the exception can be closed."""
 
     def __init__(self, model):
-        self.model = model
-        self.names = {}
-        for name, mod in model.named_modules():
-            self.names.setdefault(id(mod), name)
+        super().__init__(model)
         self.types = {name: type(mod).__name__ for name, mod in model.named_modules()}
         self.stack: list = []
-        self.handles: list = []
 
     def __enter__(self):
         # torch's _RecordFunctionFast (what torch.compile uses for its own annotations) opens the same
@@ -100,17 +96,11 @@ class ModuleLabels:
         if fast is None:
             from torch.autograd.profiler import record_function as fast
         self._rf = fast
-        for mod in {id(m): m for m in self.model.modules()}.values():
-            self.handles.append(mod.register_forward_pre_hook(self._pre))
-            self.handles.append(mod.register_forward_hook(self._post))
-        return self
+        return super().__enter__()
 
     def __exit__(self, *exc):
         self.close_open()
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
-        return False
+        return super().__exit__(*exc)
 
     def _pre(self, mod, args):
         name = self.names.get(id(mod), "?")
