@@ -1,6 +1,6 @@
 """nancheck cost as ratios against a plain forward+backward of the same model, same process.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_nancheck.py
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_nancheck.py [--large]
 
 Columns: plain fwd+bwd (ms, the baseline); checked / baseline: the pass nancheck runs on a healthy
 model (forward hooks with a finiteness check on every module output, loss and parameter gradients
@@ -41,6 +41,8 @@ def main() -> None:
     cases = [("mlp.py:build", ["32x784"], 30), ("cnn.py:build", ["32x3x32x32"], 20),
              ("resnet.py:build", ["32x3x32x32"], 8), ("transformer_lm.py:build", [], 15),
              ("vit.py:build", [], 8)]
+    if "--large" in sys.argv:  # the issue's reference sizes (slow: minutes on 2 cores)
+        cases = [("resnet.py:resnet50", ["4x3x224x224"], 2), ("bert.py:build", ["4x128:int64"], 2)]
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     print(f"{'model':26} {'fwd+bwd ms':>10} {'checked':>8} {'+grad hooks':>10} {'run()':>7} {'anomaly':>8}")
     for spec, shapes, reps in cases:
@@ -77,7 +79,7 @@ def main() -> None:
 
         # interleave rounds so drift on a shared machine hits every variant alike
         base, chk, hk, run_, ano = [], [], [], [], []
-        for _ in range(4):
+        for _ in range(2 if "--large" in sys.argv else 4):
             base.append(median_ms(plain, reps))
             chk.append(median_ms(checked, reps))
             hk.append(median_ms(grad_hooks, reps))
