@@ -72,6 +72,7 @@ def execute(opts: CommonOptions, run: Callable | None, *, render_extra: Callable
     code = ExitCode.OK
     target = None
     try:
+        output_dir(opts.tb, "--tb")
         if precheck is not None:
             precheck()
         if produce is not None:
@@ -87,9 +88,9 @@ def execute(opts: CommonOptions, run: Callable | None, *, render_extra: Callable
             target.finish(result)
         from ..render import render
 
-        render(result, opts)
-        if render_extra:
+        if render_extra:  # write files first: a failure then cannot follow a printed JSON document
             render_extra(result)
+        render(result, opts)
         code = result.exit_code
     except DiagError as e:
         code = e.code
@@ -106,6 +107,10 @@ def execute(opts: CommonOptions, run: Callable | None, *, render_extra: Callable
     except KeyboardInterrupt:
         code = ExitCode.INTERRUPTED
         _report("interrupted", None, code, opts)
+    except SystemExit as e:  # only the user's code calls sys.exit in here
+        code = ExitCode.MODEL
+        _report(f"the model's own code called sys.exit({e.code!r})",
+                "torchdiag runs your module's code; keep sys.exit out of import time, factories and forward", code, opts)
     except typer.Exit:
         raise
     except Exception as e:  # a bug of ours
@@ -138,3 +143,43 @@ def _report(message: str, hint: str | None, code: ExitCode, opts: CommonOptions)
 
 def env_flag(name: str) -> bool:
     return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+
+def output_file(path: Optional[Path], option: str, suffixes: tuple[str, ...] = ()) -> Optional[Path]:
+    """Check a file the command will write, before any work: not a directory, its folder exists
+    and is writable, its suffix is one we write. Raises UsageError (exit 2)."""
+    from ..errors import UsageError
+
+    if path is None:
+        return None
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{option} {path}: is a directory", hint="give a file name")
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise UsageError(f"{option} {path}: unsupported file type '{path.suffix or '(none)'}'",
+                         hint="use a name ending in " + " or ".join(suffixes))
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"{option} {path}: folder {parent} does not exist", hint="create it first")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{option} {path}: not writable")
+    return path
+
+
+def output_dir(path: Optional[Path], option: str) -> Optional[Path]:
+    """Check a folder the command will write into (created if missing). Raises UsageError (exit 2)."""
+    from ..errors import UsageError
+
+    if path is None:
+        return None
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option} {path}: is a file, not a folder", hint="give a folder name")
+    probe = path
+    while not probe.exists():
+        probe = probe.parent if probe.parent != probe else probe
+        if probe == probe.parent:
+            break
+    if probe.exists() and not os.access(probe, os.W_OK):
+        raise UsageError(f"{option} {path}: not writable")
+    return path

@@ -3,6 +3,12 @@ from __future__ import annotations
 
 
 def render(result, opts) -> None:
+    """TensorBoard first, then stdout: nothing may fail after the JSON document is printed."""
+    path = None
+    if opts.tb:
+        from .tensorboard import write_result
+
+        path = write_result(result, opts.tb)
     if opts.json:
         from .jsondoc import print_json
 
@@ -11,11 +17,7 @@ def render(result, opts) -> None:
         from .console import print_result
 
         print_result(result)
-    if opts.tb:
-        from .tensorboard import write_result
-
-        path = write_result(result, opts.tb)
-        if not opts.json:
+        if path is not None:
             import sys
 
             sys.stderr.write(f"TensorBoard logs: {path}  (tensorboard --logdir {opts.tb})\n")
