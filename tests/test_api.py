@@ -54,6 +54,9 @@ def test_assertions_fail_with_finding_text():
     with pytest.raises(AssertionError, match="no-grad aux_head"):
         testing.assert_gradients_flow(model, x)
     testing.assert_gradients_flow(model, x, allow=["aux_head.*"])
+    testing.assert_gradients_flow(model, x, allow="aux_head.*")  # one glob as a string
+    with pytest.raises(AssertionError, match="no-grad aux_head"):
+        testing.assert_gradients_flow(model, x, allow="nothing.*")
     with pytest.raises(AssertionError, match="parameters > limit"):
         testing.assert_params_under(model, 100)
     broken, binputs = load("broken_nan_forward.py:build")

@@ -109,3 +109,48 @@ def test_no_config_is_usage_error(cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     res = cli("check")
     assert res.code == 2 and res.stderr.startswith("error: no pyproject.toml")
+
+
+@pytest.mark.parametrize("line, words", [
+    ('allow = 7', "must be a list of parameter globs"),
+    ('nancheck = "no"', "must be true or false"),
+    ('max-gmacs = "5G"', "must be a number of GMACS"),
+    ('max-params = -5', "must be > 0"),
+    ('overfit-batch = "yes"', "must be true, false or a table"),
+])
+def test_config_values_are_type_checked(cli, tmp_path, line, words):
+    cfg = write(tmp_path, f'model = "{sample("mlp.py:build")}"\n[check]\n{line}\n', name="c.toml")
+    res = cli("check", "--config", cfg)
+    assert res.code == 2 and words in res.stderr, res.stderr
+
+
+def test_allow_as_a_string_is_one_glob_not_characters(cli, tmp_path):
+    cfg = write(tmp_path, f'model = "{sample("broken_detached.py:build")}"\n[check]\ngradflow = true\n'
+                          'allow = "unrelated_head.*"\n', name="c.toml")
+    assert cli("check", "--config", cfg).code == 1
+    cfg.write_text(cfg.read_text().replace("unrelated_head.*", "context.*"))
+    assert cli("check", "--config", cfg).code == 0
+
+
+def test_junit_path_checked_before_running(cli, tmp_path):
+    (tmp_path / "afile").write_text("")
+    res = cli("check", sample("mlp.py:build"), "--max-params", "1M", "--junit", tmp_path / "afile" / "j.xml")
+    assert res.code == 2 and "does not exist" in res.stderr and "PASS" not in res.stdout
+    res = cli("check", sample("mlp.py:build"), "--max-params", "1M", "--junit", tmp_path)
+    assert res.code == 2 and "is a directory" in res.stderr
+
+
+def test_spec_on_command_line_replaces_a_model_list(cli, tmp_path, monkeypatch):
+    write(tmp_path, f"""
+[tool.torchdiag.check]
+max-params = 1000000
+[[tool.torchdiag.models]]
+model = "{sample('cnn.py:build')}"
+inputs = ["8x3x32x32"]
+[[tool.torchdiag.models]]
+model = "{sample('transformer_lm.py:build')}"
+""")
+    monkeypatch.chdir(tmp_path)
+    res = cli("check", sample("mlp.py:build"), "--json")
+    assert res.code == 0, res.stderr
+    assert [r["model"].rsplit("/", 1)[-1] for r in res.json["checks"]] == ["mlp.py:build"]

@@ -59,3 +59,13 @@ def test_every_command_prints_exactly_one_json_document(cli, command):
     doc = json.loads(res.stdout)  # the whole stdout is one document
     assert doc["schema_version"] == 1 and doc["command"] == command and doc["exit_code"] == res.code
     assert isinstance(doc["findings"], list)
+
+
+def test_option_errors_are_one_error_line_and_json_document():
+    out = subprocess.run([sys.executable, "-m", "torchdiag", "summary", "sample_models/mlp.py:build", "--depth", "-1",
+                          "--json"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: Invalid value for '--depth'") and "Traceback" not in out.stderr
+    assert json.loads(out.stdout)["exit_code"] == 2
+    out = subprocess.run([sys.executable, "-m", "torchdiag", "flops", "--bogus"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2 and out.stderr.splitlines()[0].startswith("error: No such option: --bogus")

@@ -153,3 +153,8 @@ def test_cli_json_keys(cli):
     assert doc["loss"].startswith("cross_entropy")
     assert {"op", "flops", "calls"} <= set(doc["operators"][0])
     assert cli("flops", sample("mlp.py:build"), "--json").json["backward_flops"] is None
+
+
+def test_fvcore_on_a_model_that_raises_is_exit_3(cli):
+    res = cli("flops", sample("broken_shape.py:build"), "--engine", "fvcore")
+    assert res.code == 3 and "forward failed in 2.0 (Linear)" in res.stderr

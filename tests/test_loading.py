@@ -120,3 +120,25 @@ def test_meta_fallback_for_constructors_that_need_values():
     assert loaded.built_on == "parameters moved to meta as registered"
     assert all(p.is_meta for p in loaded.model.parameters())
     assert loaded.model.fc1.out_features == 24
+
+
+@pytest.mark.parametrize("args, words", [
+    (["-i", "2x4:int8[0,30000)"], "does not fit int8"),
+    (["-i", "100000x100000x1000"], "would take"),
+])
+def test_inputs_that_cannot_be_made(cli, args, words):
+    res = cli("summary", sample("mlp.py:build"), *args)
+    assert res.code == 2 and words in _error_line(res)
+
+
+def test_sys_exit_in_user_code_is_exit_3(cli, tmp_path):
+    (tmp_path / "m.py").write_text("import sys\nfrom torch import nn\n\ndef build():\n    sys.exit(5)\n")
+    res = cli("summary", f"{tmp_path}/m.py:build", "-i", "2x4")
+    assert res.code == 3 and "called sys.exit(5)" in _error_line(res)
+
+
+def test_tb_pointing_at_a_file_is_a_usage_error(cli, tmp_path):
+    (tmp_path / "afile").write_text("")
+    res = cli("summary", sample("mlp.py:build"), "--tb", tmp_path / "afile", "--json")
+    assert res.code == 2 and "is a file, not a folder" in _error_line(res)
+    assert res.json["exit_code"] == 2  # exactly one JSON document, the error

@@ -34,7 +34,8 @@ def assert_finite(model, inputs=None, *, loss="auto", target=None, **options):
 
 def assert_gradients_flow(model, inputs=None, *, allow=(), loss="auto", target=None, **options):
     """Every trainable parameter gets a finite, non-zero, non-exploding gradient (globs in allow accepted)."""
-    r = api.gradflow(model, inputs, loss=loss, target=target, allow=list(allow), **options)
+    allow = [allow] if isinstance(allow, str) else list(allow)  # one glob, not its characters
+    r = api.gradflow(model, inputs, loss=loss, target=target, allow=allow, **options)
     return _fail_on_errors(r, "gradient flow")
 
 

@@ -46,4 +46,31 @@ for _name in COMMANDS:
 
 
 def main() -> None:
-    app()
+    """Entry point. Option errors Click catches (unknown option, bad value) get the same
+    `error:`/`hint:` lines, exit code 2 and --json error document as every other usage error."""
+    import sys
+
+    try:  # typer ≥ 0.20 vendors click; older typer uses the click package
+        from typer._click import exceptions as cx
+    except ImportError:
+        from click import exceptions as cx
+
+    try:
+        code = app(standalone_mode=False)
+    except cx.NoArgsIsHelpError as e:
+        sys.stdout.write((e.ctx.get_help() if e.ctx else "") + "\n")
+        code = 0
+    except cx.UsageError as e:
+        command = e.ctx.command_path if e.ctx else "torchdiag"
+        sys.stderr.write(f"error: {e.format_message()}\nhint: see `{command} --help`\n")
+        if "--json" in sys.argv[1:]:
+            import json
+
+            name = e.ctx.command.name if e.ctx and e.ctx.command else None
+            sys.stdout.write(json.dumps({"schema_version": 1, "command": name, "exit_code": 2,
+                                         "error": {"message": e.format_message(), "hint": f"see `{command} --help`"}}) + "\n")
+        code = 2
+    except (cx.Abort, KeyboardInterrupt):
+        sys.stderr.write("error: interrupted\n")
+        code = 130
+    sys.exit(code or 0)

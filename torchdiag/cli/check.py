@@ -72,4 +72,5 @@ def register(app) -> None:
                 for line in github_annotations(result):
                     stream.write(line + "\n")
 
-        c.execute(opts, None, produce=produce, render_extra=extras)
+        c.execute(opts, None, produce=produce, render_extra=extras,
+                  precheck=lambda: c.output_file(junit, "--junit", (".xml",)))

@@ -76,8 +76,12 @@ def fingerprint(model) -> dict:
     """Everything a diagnostic must leave as it was, for tests: state bytes, flags, grads, hooks."""
     import torch
 
+    import torch.nn.functional as F
+
     state = {}
-    for k, v in model.state_dict(keep_vars=True).items():
+    # named_parameters/named_buffers, not state_dict: non-persistent buffers count too
+    tensors = list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False))
+    for k, v in tensors:
         t = v.detach()
         state[k] = (t.device.type, t.dtype, tuple(t.shape),
                     None if t.device.type == "meta" else t.cpu().clone())
@@ -91,6 +95,8 @@ def fingerprint(model) -> dict:
         "grad_enabled": torch.is_grad_enabled(),
         "anomaly": torch.is_anomaly_enabled(),
         "default_dtype": torch.get_default_dtype(),
+        "mha_fastpath": torch.backends.mha.get_fastpath_enabled(),
+        "patched": (F.scaled_dot_product_attention, torch.nn.Module.__call__, torch.nn.Module.register_parameter),
     }
 
 
@@ -110,7 +116,7 @@ def differences(before: dict, after: dict) -> list[str]:
         elif val is not None and not torch.equal(val.view(-1).view(torch.uint8) if val.numel() and val.dtype != torch.bool else val,
                                                    val2.view(-1).view(torch.uint8) if val2.numel() and val2.dtype != torch.bool else val2):
             out.append(f"{k}: values changed")
-    for key in ("training", "requires_grad", "hooks", "grad_enabled", "anomaly", "default_dtype"):
+    for key in ("training", "requires_grad", "hooks", "grad_enabled", "anomaly", "default_dtype", "mha_fastpath", "patched"):
         if before[key] != after[key]:
             out.append(f"{key} changed")
     if len(before["grads"]) != len(after["grads"]) or any(

@@ -1,6 +1,7 @@
 """Model inputs: `-i SHAPE[:DTYPE[RANGE]]`, else `example_inputs()`, else `example_input_array`."""
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ DTYPES = {
     "int16": "int16", "int8": "int8", "uint8": "uint8", "bool": "bool",
 }
 _SPEC = re.compile(r"^(?P<shape>[^:]+)(?::(?P<dtype>[a-z0-9]+)(?P<range>[\[(].*)?)?$")
+MAX_INPUT_BYTES = 16 * 2**30  # a random input larger than this is a typo, not a test batch
 _RANGE = re.compile(r"^\[\s*(-?[\d.e+]+)\s*,\s*(-?[\d.e+]+)\s*([)\]])$")
 
 
@@ -61,6 +63,12 @@ def parse_input_spec(text: str) -> InputSpec:
             spec.high += 1  # inclusive upper bound for integers
         if spec.high <= spec.low:
             raise UsageError(f"empty value range in '{text}'")
+        if spec.is_int:
+            import torch
+
+            info = torch.iinfo(getattr(torch, spec.dtype))
+            if spec.low < info.min or spec.high - 1 > info.max:
+                raise UsageError(f"value range in '{text}' does not fit {spec.dtype} ({info.min} … {info.max})")
     return spec
 
 
@@ -189,8 +197,15 @@ def resolve_inputs(specs: list[str] | None, loaded, device, seed: int = 0) -> Mo
     if specs:
         parsed = [parse_input_spec(s) for s in specs]
         tensors, notes = [], []
-        for p in parsed:
-            t, note = make_tensor(p, device, gen, loaded.model)
+        for text, p in zip(specs, parsed):
+            nbytes = math.prod(p.shape) * torch.empty((), dtype=getattr(torch, p.dtype)).element_size()
+            if device.type != "meta" and nbytes > MAX_INPUT_BYTES:
+                raise UsageError(f"input '{text}' would take {nbytes / 2**30:.1f} GiB",
+                                 hint="use a smaller shape, or --device meta to count without allocating")
+            try:
+                t, note = make_tensor(p, device, gen, loaded.model)
+            except (RuntimeError, MemoryError) as exc:
+                raise UsageError(f"cannot allocate input '{text}': {one_line(exc)}") from exc
             tensors.append(t)
             if note:
                 notes.append(note)

@@ -57,11 +57,44 @@ def _unknown(keys, allowed, where: str):
                                   f"known keys: {', '.join(sorted(allowed))}")
 
 
+BOOL_KEYS = {"nancheck", "gradflow", "doctor", "strict"}
+
+
+def validate_check(check: dict, where: str) -> dict:
+    """Types of a check table: a typo or a wrong type must never switch a check off (or on)."""
+    out = dict(check)
+    for key, value in check.items():
+        if key in BOOL_KEYS and not isinstance(value, bool):
+            raise UsageError(f"{key} = {value!r} in {where} must be true or false")
+        if key == "overfit-batch" and not isinstance(value, (bool, dict)):
+            raise UsageError(f"overfit-batch = {value!r} in {where} must be true, false or a table",
+                             hint="e.g. overfit-batch = {steps = 200, target-ratio = 0.05}")
+        if key == "allow":
+            if isinstance(value, str):
+                value = [value]  # one glob; a string is not split into characters
+            if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+                raise UsageError(f"allow = {value!r} in {where} must be a list of parameter globs",
+                                 hint='e.g. allow = ["aux_head.*"]')
+            out[key] = value
+        if key in ("max-params", "max-trainable-params"):
+            out[key] = parse_count(value, key)
+        if key in ("max-gmacs", "max-gflops"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise UsageError(f"{key} = {value!r} in {where} must be a number of G{key[5:].upper()}",
+                                 hint=f"e.g. {key} = 5.0 (the unit is already giga)")
+            if value <= 0:
+                raise UsageError(f"{key} = {value!r} in {where} must be > 0")
+            out[key] = float(value)
+    return out
+
+
 def parse_count(value, key: str) -> float:
-    """30000, "25M", "1.5G", "800k" → a number."""
+    """30000, "25M", "1.5G", "800k" → a positive number."""
     if isinstance(value, bool):
         raise UsageError(f"{key} must be a number, got {value!r}")
     if isinstance(value, (int, float)):
+        if value <= 0:
+            raise UsageError(f"{key} = {value!r} must be > 0")
         return float(value)
     m = re.fullmatch(r"\s*([\d.]+)\s*([kKmMgGtT]?)\s*", str(value))
     if not m:
@@ -107,6 +140,8 @@ def models_from_config(table: dict, source: str, overrides: dict, check_override
     _unknown(table, ROOT_KEYS, f"[tool.torchdiag] of {source}")
     base_check = table.get("check", {})
     entries = table.get("models")
+    if entries is not None and overrides.get("model"):
+        entries = None  # MODEL_SPEC given: check that one model, with the top-level settings
     if entries is None:
         entries = [{k: v for k, v in table.items() if k in MODEL_KEYS}]
     elif not isinstance(entries, list):
@@ -122,6 +157,7 @@ def models_from_config(table: dict, source: str, overrides: dict, check_override
         check.update(entry.get("check", {}))
         check.update(check_overrides or {})
         _unknown(check, CHECK_KEYS, f"the check table of {where}")
+        check = validate_check(check, where)
         ov = check.get("overfit-batch")
         if isinstance(ov, dict):
             _unknown(ov, OVERFIT_KEYS, f"overfit-batch in {where}")
@@ -185,7 +221,7 @@ def run_checks(cfg: ModelConfig) -> list[CheckOutcome]:
 
     for key, trainable_only in (("max-params", False), ("max-trainable-params", True)):
         if key in c:
-            limit = parse_count(c[key], key)
+            limit = c[key]
 
             def params(limit=limit, trainable_only=trainable_only):
                 ps = {id(p): p for p in model.parameters()}.values()
@@ -202,7 +238,7 @@ def run_checks(cfg: ModelConfig) -> list[CheckOutcome]:
         cache: dict = {}
         for key, idx, unit in (("max-gmacs", 0, "GMACs"), ("max-gflops", 1, "GFLOPs")):
             if key in c:
-                limit = parse_count(c[key], key)
+                limit = c[key]
 
                 def check_flops(limit=limit, idx=idx, unit=unit):
                     if "v" not in cache:

@@ -275,6 +275,10 @@ def run_fvcore(model, inputs, opts: Options) -> Result:
                 by_op = analysis.by_operator()
                 unsupported = analysis.unsupported_ops()
         except Exception as exc:
+            from ..core.tracking import run_forward
+
+            with torch.no_grad():
+                run_forward(model, inputs)  # the model's own error → exit 3, naming the module
             raise UsageError(f"fvcore could not trace this model: {one_line(exc)}",
                              hint="the default engine (torch) counts at dispatch level and handles dict outputs, kwargs and control flow") from exc
     rows = []
