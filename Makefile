@@ -18,7 +18,7 @@ $(BIN)/torchdiag: pyproject.toml
 install: $(BIN)/torchdiag
 
 demo: install
-	$(BIN)/torchdiag summary sample_models/transformer_lm.py:build
+	$(BIN)/torchdiag summary sample_models/transformer_lm.py:build --depth 2
 	$(BIN)/torchdiag flops sample_models/resnet.py:resnet50 -i 1x3x224x224 --device meta
 
 test: install
