@@ -52,10 +52,18 @@ def test_python_m_entry_point():
     assert out.returncode == 0 and out.stdout.startswith("torchdiag ")
 
 
-@pytest.mark.parametrize("command", sorted(FAST_RUNS))
-def test_every_command_prints_exactly_one_json_document(cli, command):
-    res = cli(command, *FAST_RUNS[command], "--json")
-    assert res.code in (0, 1), res.stderr
+JSON_RUNS = {**FAST_RUNS,
+             "gradcam": [f"{ROOT}/sample_models/gradcam_region.py:build", "--layer", "features.3",
+                         "--image", f"{ROOT}/docs/images/sample_input.png"],
+             "gradcheck": [f"{ROOT}/sample_models/custom_autograd.py:MulSquare", "-i", "3", "-i", "3"],
+             "check": [f"{ROOT}/sample_models/mlp.py:build", "--max-params", "1M", "--nancheck"]}
+
+
+@pytest.mark.parametrize("command", sorted(JSON_RUNS))
+def test_every_command_prints_exactly_one_json_document(cli, command, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # check must not find the project's pyproject.toml
+    res = cli(command, *JSON_RUNS[command], "--json")
+    assert res.code == 0, res.stderr  # healthy sample models
     doc = json.loads(res.stdout)  # the whole stdout is one document
     assert doc["schema_version"] == 1 and doc["command"] == command and doc["exit_code"] == res.code
     assert isinstance(doc["findings"], list)
@@ -69,3 +77,8 @@ def test_option_errors_are_one_error_line_and_json_document():
     assert json.loads(out.stdout)["exit_code"] == 2
     out = subprocess.run([sys.executable, "-m", "torchdiag", "flops", "--bogus"], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2 and out.stderr.splitlines()[0].startswith("error: No such option: --bogus")
+
+
+def test_embeddings_json_with_its_required_tb(cli, tmp_path):
+    res = cli("embeddings", f"{ROOT}/sample_models/cnn.py:build", "--layer", "head.0", "--tb", tmp_path, "--json")
+    assert res.code == 0 and json.loads(res.stdout)["command"] == "embeddings"

@@ -32,7 +32,7 @@ def test_every_command_writes_readable_events(cli, tmp_path, command):
     if command not in [c.name for c in app.registered_commands]:
         pytest.fail(f"{command} is not registered")
     res = cli(command, *COMMANDS[command], "--tb", tmp_path)
-    assert res.code in (0, 1), res.stderr
+    assert res.code == 0, res.stderr  # healthy sample models
     run_dir = tmp_path / command
     assert list(run_dir.glob("events.out.tfevents.*")), f"no event file in {run_dir}"
     acc = events(run_dir)
@@ -90,7 +90,7 @@ def _free_port() -> int:
 
 def test_real_tensorboard_server_lists_runs_and_tags(cli, tmp_path):
     assert cli("flops", sample("mlp.py:build"), "--tb", tmp_path).code == 0
-    assert cli("overfit-batch", sample("mlp.py:build"), "--steps", "20", "--tb", tmp_path).code in (0, 1)
+    assert cli("overfit-batch", sample("mlp.py:build"), "--steps", "20", "--tb", tmp_path).code == 0
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(tmp_path), "--port", str(port),
                              "--host", "127.0.0.1", "--reload_interval", "1"],
