@@ -293,3 +293,95 @@ def test_device_mismatch_on_real_gpu(cli):
     r, d = doc(cli, "broken_doctor_device.py:build", "--device", "cuda")
     assert r.code == 1
     assert [f["where"] for f in found(d, "device-mismatch")] == ["pos"]
+
+
+# ---------------------------------------------------------------- every forward is behind the error boundary
+FLAKY = '''
+import torch
+from torch import nn
+
+
+class Flaky(nn.Module):
+    """Raises on its `raise_on`-th call; with inplace=True it also edits a tensor saved for backward."""
+
+    def __init__(self, raise_on, inplace):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.raise_on, self.inplace, self.calls = raise_on, inplace, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == self.raise_on:
+            raise RuntimeError(f"flaky on call {self.calls}")
+        y = torch.sigmoid(self.lin(x))
+        if self.inplace:
+            y.add_(1.0)          # sigmoid saved its output: backward fails
+        return y
+
+
+def build(raise_on=0, inplace=False):
+    return nn.Sequential(nn.Linear(4, 4), Flaky(raise_on, inplace))
+
+
+def empty():
+    return nn.Sequential()
+
+
+def frozen():
+    return nn.Sequential(nn.Linear(4, 3)).requires_grad_(False)
+
+
+def example_inputs():
+    return (torch.randn(8, 4),)
+'''
+
+
+def _one_error_line(r):
+    lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    return lines[0]
+
+
+@pytest.fixture
+def flaky(tmp_path):
+    path = tmp_path / "flaky.py"
+    path.write_text(FLAKY)
+    return str(path)
+
+
+# doctor's forwards on the working copy, in order: eval (1), determinism (2, 3), train (4), then the
+# forward after the optimizer step (5) — or, when backward fails in place, the locating forward (5)
+@pytest.mark.parametrize("raise_on,inplace", [(2, False), (3, False), (4, False), (5, False), (5, True)])
+def test_model_raising_on_a_later_forward_is_exit_3_naming_the_module(cli, flaky, raise_on, inplace):
+    args = ["--arg", f"raise_on={raise_on}"] + (["--arg", "inplace=True"] if inplace else [])
+    r = cli(DOCTOR, f"{flaky}:build", *args)
+    assert r.code == 3, r.stderr
+    line = _one_error_line(r)
+    assert "failed in 1 (Flaky)" in line and f"flaky on call {raise_on}" in line, line
+    r = cli(DOCTOR, f"{flaky}:build", *args, "--json")
+    assert r.code == 3 and r.json["exit_code"] == 3 and "1 (Flaky)" in r.json["error"]["message"]
+
+
+def test_inplace_sample_still_located_through_the_boundary(cli, flaky):
+    r, d = doc(cli, "broken_doctor_inplace.py:build")
+    assert r.code == 1 and found(d, "inplace-autograd")
+    r = cli(DOCTOR, f"{flaky}:build", "--arg", "inplace=True", "--json")
+    assert r.code == 1
+    (f,) = found(r.json, "inplace-autograd")
+    assert f["where"] == "1"
+
+
+@pytest.mark.parametrize("factory", ["empty", "frozen"])
+def test_no_trainable_parameters_skips_backward_checks(cli, flaky, factory):
+    r = cli(DOCTOR, f"{flaky}:{factory}", "--json")
+    assert r.code == 0, r.stderr
+    d = r.json
+    for check in ("inplace", "update"):
+        assert row(d, check)["status"] == "skipped" and row(d, check)["verdict"] == "no trainable parameters"
+    assert not [f for f in d["findings"] if f["severity"] == "error"]
+    assert row(d, "determinism")["status"] == "ok"
+    if factory == "frozen":
+        assert found(d, "frozen")[0]["severity"] == "warning"      # the other findings still decide
+    r = cli(DOCTOR, f"{flaky}:{factory}")
+    assert r.code == 0 and "no trainable parameters" in r.stdout and "error:" not in r.stderr

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.guard import leave_no_trace
-from ..core.tracking import ForwardHooks, ModuleTracker, describe, forward_error
+from ..core.tracking import ForwardHooks, ModuleTracker, describe, forward_error, run_forward
 from ..errors import ModelError, one_line
 from ..results import Column, Result, Table
 
@@ -569,7 +569,7 @@ def check_determinism(work, inputs, out1, ck: Checklist) -> None:
     for _ in range(2):
         rec = CallRecorder(work)
         with torch.no_grad(), rec:
-            outs.append(inputs.call(work))
+            outs.append(run_forward(work, inputs, phase="forward (eval mode, determinism check)"))
         runs.append(rec.done)
     diff = _max_diff(outs[0], outs[1])
     if diff == 0.0:
@@ -757,6 +757,15 @@ def train_checks(work, inputs, opts: Options, loss, eval_out, ck: Checklist, res
         value = loss(out)
     except ModelError:
         raise
+    if not getattr(value, "requires_grad", False):
+        # no graph to run backward through: nothing trainable reached the loss
+        trainable = any(p.requires_grad for p in work.parameters())
+        why = ("no trainable parameters" if not trainable else
+               "the loss does not depend on any trainable parameter (no grad_fn)")
+        hint = "" if not trainable else "see torchdiag gradflow for where the graph is cut (detached output)"
+        ck.row("inplace", "skipped", why, hint=hint)
+        ck.row("update", "skipped", why, hint=hint)
+        return
     try:
         value.backward()
         backward_error = None
@@ -779,11 +788,8 @@ def locate_inplace(work, inputs, ck: Checklist, exc) -> None:
 
     work.train()
     loc = InplaceLocator(work)
-    try:
-        with torch.enable_grad(), loc:
-            inputs.call(work)
-    except Exception:
-        pass
+    with torch.enable_grad(), loc:
+        run_forward(work, inputs, phase="forward in train mode (locating the in-place edit)")
     if loc.found:
         culprit, kind, saver, shape = loc.found[0]
         _report_inplace(ck, culprit, kind, saver, shape, exc)
@@ -807,10 +813,7 @@ def update_check(work, inputs, opts: Options, ck: Checklist, result: Result) -> 
     opt.step()
     after_step = {n: p.detach().clone() for n, p in with_grad}
     with torch.no_grad():
-        try:
-            inputs.call(work)
-        except Exception:
-            pass
+        run_forward(work, inputs, phase="forward after one optimizer step")
     current = dict(work.named_parameters())
     bad = []
     for n, p in with_grad:
