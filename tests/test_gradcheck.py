@@ -155,3 +155,71 @@ def test_target_raising_is_exit_3(cli):
 def test_cuda(cli):
     r = cli("gradcheck", sample(f"{CA}:MulSquare"), "-i", "3", "-i", "3", "--device", "cuda")
     assert r.code == 0
+
+
+ARITY = '''
+import torch
+from torch import nn
+
+
+class NewStyle(torch.autograd.Function):
+    """forward without ctx (setup_context saves what backward needs): takes 2 inputs."""
+
+    @staticmethod
+    def forward(x, y):
+        return x * y
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, y = ctx.saved_tensors
+        return grad * y, grad * x
+
+
+def scale(x, factor=None):
+    return x * 2 if factor is None else x * factor
+
+
+def anything(x, *more):
+    return x + sum(more)
+
+
+class Pair(nn.Module):
+    def forward(self, x, y):
+        return x * y
+'''
+
+
+@pytest.mark.parametrize("name,args,message", [
+    (f"{CA}:WrongMulSquare", ["-i", "3"], "WrongMulSquare takes 2 inputs, got 1"),
+    (f"{CA}:MulSquare", ["-i", "3"] * 3, "MulSquare takes 2 inputs, got 3"),
+    (f"{CA}:ScaledTanh", ["-i", "3", "-i", "3"], "ScaledTanh takes 1 input, got 2"),
+    (f"{CA}:softclip", ["-i", "3", "-i", "3"], "softclip takes 1 input, got 2"),
+    (f"{CA}:DetachedCube", [], "DetachedCube takes 1 input, got 2 from example_inputs()"),
+])
+def test_wrong_number_of_inputs_is_exit_2_before_running(cli, name, args, message):
+    r = cli("gradcheck", sample(name), *args)
+    assert r.code == 2, r.stderr
+    _one_error_line(r)
+    assert r.stderr.startswith(f"error: {message}\n"), r.stderr
+    r = cli("gradcheck", sample(name), *args, "--json")
+    assert r.code == 2 and r.json["error"]["message"] == message
+
+
+def test_arity_from_signature_kinds(cli, tmp_path):
+    path = tmp_path / "arity.py"
+    path.write_text(ARITY)
+    r = cli("gradcheck", f"{path}:NewStyle", "-i", "3")     # no ctx in forward: 2 inputs, not 1
+    assert r.code == 2 and "NewStyle takes 2 inputs, got 1" in r.stderr
+    _one_error_line(r)
+    assert cli("gradcheck", f"{path}:NewStyle", "-i", "3", "-i", "3").code == 0
+    assert cli("gradcheck", f"{path}:scale", "-i", "3").code == 0
+    r = cli("gradcheck", f"{path}:scale", "-i", "3", "-i", "3", "-i", "3")
+    assert r.code == 2 and "scale takes 1 to 2 inputs, got 3" in r.stderr
+    assert cli("gradcheck", f"{path}:anything", "-i", "3", "-i", "3", "-i", "3").code == 0
+    r = cli("gradcheck", f"{path}:Pair", "-i", "3")                # Module.forward(self, x, y)
+    assert r.code == 2 and "Pair takes 2 inputs, got 1" in r.stderr
+    assert cli("gradcheck", f"{path}:Pair", "-i", "3", "-i", "3").code == 0

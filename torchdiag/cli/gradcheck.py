@@ -87,6 +87,7 @@ def _run(opts, second_order, eps, atol, rtol, params):
         tensors = [t.to(device, torch.float64) if isinstance(t, torch.Tensor) and t.is_floating_point()
                    else (t.to(device) if isinstance(t, torch.Tensor) else t) for t in args]
         source = "example_inputs()"
+    diag.check_arity(kind, target, len(tensors), name, "" if source == "--input" else source)
     names = [f"input[{i}]" for i in range(len(tensors))]
     checked = diag.build(kind, target, tensors, names, diag.Options(params=params), name)
     result = diag.run(checked, diag.Options(second_order=second_order, eps=eps, atol=atol, rtol=rtol, params=params))

@@ -84,6 +84,51 @@ def resolve_target(obj, kwargs: dict, label: str):
     raise UsageError(f"{label} is a {type(obj).__name__}, not an autograd.Function, nn.Module or function")
 
 
+def arity(kind: str, target) -> tuple[int, int | None] | None:
+    """(fewest, most) positional inputs the target takes (most None: *args), from its signature:
+    Function.forward(ctx, ...) (no ctx with setup_context), Module.forward(self, ...), a plain
+    function. None when the signature cannot be read."""
+    import torch
+
+    try:
+        if kind == "autograd.Function":
+            cls = getattr(target, "__self__", None)
+            if not (inspect.isclass(cls) and issubclass(cls, torch.autograd.Function)):
+                return None
+            params = list(inspect.signature(cls.forward).parameters.values())
+            if cls.setup_context is torch.autograd.Function.setup_context:
+                params = params[1:]             # forward(ctx, ...)
+        elif kind == "nn.Module":
+            params = list(inspect.signature(target.forward).parameters.values())   # bound: no self
+        else:
+            params = list(inspect.signature(target).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    fewest = sum(1 for p in positional if p.default is p.empty)
+    most = None if any(p.kind == p.VAR_POSITIONAL for p in params) else len(positional)
+    return fewest, most
+
+
+def check_arity(kind: str, target, given: int, label: str, source: str = "") -> None:
+    """UsageError (exit 2) when the number of inputs cannot match the target's signature."""
+    span = arity(kind, target)
+    if span is None:
+        return
+    fewest, most = span
+    if fewest <= given and (most is None or given <= most):
+        return
+    if most == fewest:
+        takes = f"{fewest} input{'s' if fewest != 1 else ''}"
+    elif most is None:
+        takes = f"at least {fewest} input{'s' if fewest != 1 else ''}"
+    else:
+        takes = f"{fewest} to {most} inputs"
+    n = fewest if given < fewest else most
+    raise UsageError(f"{label} takes {takes}, got {given}" + (f" from {source}" if source else ""),
+                     hint="give one -i per input, e.g. " + (" ".join(["-i 3"] * n) if n else "no -i"))
+
+
 def build(kind: str, target, inputs: list, input_names: list[str], opts: Options, label: str) -> Checked:
     import torch
 
