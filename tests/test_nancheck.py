@@ -346,3 +346,28 @@ def test_nan_forward_on_cuda(cli):
     assert r.code == 1 and r.json["forward"]["module"] == "log_features"
     r = cli("nancheck", sample("broken_nan_backward.py:build"), "--device", "cuda", "--json")
     assert r.code == 1 and r.json["backward"]["name"] == "norm"
+
+
+def test_json_keys_are_stable_on_a_clean_run(cli):
+    """Every table key is present (empty list) and optional parts are null when not requested."""
+    r = cli("nancheck", sample("mlp.py:build"), "--json")
+    assert r.code == 0, r.stderr
+    doc = r.json
+    for key in ("forward_non_finite", "backward_non_finite", "param_grads_non_finite", "non_finite_tensors"):
+        assert doc[key] == [], key
+    for key in ("steps", "loss_per_step", "anomaly"):
+        assert key in doc and doc[key] is None, key
+    # the console still shows no empty table
+    r = cli("nancheck", sample("mlp.py:build"))
+    assert r.code == 0 and "Non-finite" not in r.stdout and "Backward: modules" not in r.stdout
+    # requested: present with values
+    r = cli("nancheck", sample("mlp.py:build"), "--steps", "2", "--anomaly", "--json")
+    doc = r.json
+    assert r.code == 0 and doc["steps"]["ran"] == 2 and len(doc["loss_per_step"]) == 2
+    assert doc["anomaly"]["raised"] is False
+    # same keys on a failing run, where the tables have rows
+    r = cli("nancheck", sample("broken_nan_forward.py:build"), "--steps", "3", "--json")
+    doc = r.json
+    assert r.code == 1 and doc["forward_non_finite"] and doc["param_grads_non_finite"]
+    assert doc["non_finite_tensors"] == [] and doc["anomaly"] is None
+    assert doc["steps"]["ran"] == 0 and doc["loss_per_step"] == []

@@ -488,10 +488,11 @@ def run(model, inputs, opts: Options | None = None) -> Result:
         result.add("non-finite-param", "error", r["tensor"],
                    f"{r['kind']} {r['tensor']} ({r['shape']}) already holds {_fmt_counts(r['nan'], r['inf'])}",
                    hint="check the initialisation or the checkpoint that was loaded")
-    if input_rows or state_rows:
-        result.tables.append(Table("non_finite_tensors", "Non-finite inputs, parameters and buffers", [
-            Column("tensor", "tensor"), Column("kind", "kind"), Column("shape", "shape"),
-            Column("nan", "NaN", "count"), Column("inf", "Inf", "count")], input_rows + state_rows))
+    # JSON keys are stable: every table is present (empty lists on a clean run; the console and
+    # TensorBoard skip empty tables), and optional parts are null when not requested
+    result.tables.append(Table("non_finite_tensors", "Non-finite inputs, parameters and buffers", [
+        Column("tensor", "tensor"), Column("kind", "kind"), Column("shape", "shape"),
+        Column("nan", "NaN", "count"), Column("inf", "Inf", "count")], input_rows + state_rows))
 
     # 3-6. forward, loss, backward, parameter gradients
     rng = torch.random.get_rng_state()
@@ -517,14 +518,20 @@ def run(model, inputs, opts: Options | None = None) -> Result:
     _report_pass(result, report, model)
     if anomaly is not None:
         _report_anomaly(result, anomaly)
+    else:
+        result.data["anomaly"] = None
 
     # --steps on a copy
     if opts.steps:
         if any(f.severity == "error" for f in result.findings):
             result.notes.append("--steps skipped: values are already non-finite before any optimizer step")
             result.data["steps"] = {"requested": opts.steps, "ran": 0, "first_non_finite_step": None}
+            result.series["loss_per_step"] = []
         else:
             _run_steps(result, model, inputs, opts)
+    else:
+        result.data["steps"] = None
+        result.data["loss_per_step"] = None
 
     failed = [f for f in result.findings if f.severity == "error"]
     if failed:
@@ -575,14 +582,15 @@ def _report_pass(result: Result, rep: PassReport, model) -> None:
                      "nan": sum(b[1] for b in c.bad_outputs), "inf": sum(b[2] for b in c.bad_outputs),
                      "inputs_finite": c.inputs_finite, "origin": c is origin,
                      "_style": "bold red" if c is origin else "dim"})
+    note = None
     if rows:
         note = f"{len(bad)} module call(s) with non-finite outputs, in completion order (innermost first)"
         if len(bad) > MAX_ROWS:
             note += f"; first {MAX_ROWS} shown"
-        result.tables.append(Table("forward_non_finite", "Forward: modules whose output is non-finite", [
-            Column("order", "#", "int"), Column("module", "module"), Column("type", "type"),
-            Column("output", "output"), Column("nan", "NaN", "count"), Column("inf", "Inf", "count"),
-            Column("inputs_finite", "inputs finite", "int"), Column("origin", "origin", "int")], rows, note=note))
+    result.tables.append(Table("forward_non_finite", "Forward: modules whose output is non-finite", [
+        Column("order", "#", "int"), Column("module", "module"), Column("type", "type"),
+        Column("output", "output"), Column("nan", "NaN", "count"), Column("inf", "Inf", "count"),
+        Column("inputs_finite", "inputs finite", "int"), Column("origin", "origin", "int")], rows, note=note))
 
     # loss
     forward_bad = bool(rep.output_bad)
@@ -595,6 +603,7 @@ def _report_pass(result: Result, rep: PassReport, model) -> None:
     # backward
     result.data["backward"] = rep.backward_origin
     upstream = forward_bad or not rep.loss_finite or bool(result.findings)
+    backward_rows = []
     if rep.backward_ran:
         if rep.backward_origin and not upstream:
             b = rep.backward_origin
@@ -614,17 +623,18 @@ def _report_pass(result: Result, rep: PassReport, model) -> None:
             for r in shown:
                 r["origin"] = bool(rep.backward_origin) and r["module"] == (rep.backward_origin["name"] or "(root)")
                 r["_style"] = "bold red" if r["origin"] else "dim"
-            result.tables.append(Table("backward_non_finite", "Backward: modules whose input gradient is non-finite", show=not upstream, columns=[
-                Column("order", "#", "float"), Column("module", "module"), Column("type", "type"),
-                Column("via", "w.r.t."), Column("grad_out_finite", "grad at output finite", "int"),
-                Column("nan", "NaN", "count"), Column("inf", "Inf", "count")], rows=shown,
-                note="in backward order; the origin is the first whose output gradient was finite"))
+            backward_rows = shown
     elif rep.backward_note:
         result.notes.append(rep.backward_note)
+    result.tables.append(Table("backward_non_finite", "Backward: modules whose input gradient is non-finite", show=not upstream, columns=[
+        Column("order", "#", "float"), Column("module", "module"), Column("type", "type"),
+        Column("via", "w.r.t."), Column("grad_out_finite", "grad at output finite", "int"),
+        Column("nan", "NaN", "count"), Column("inf", "Inf", "count")], rows=backward_rows,
+        note="in backward order; the origin is the first whose output gradient was finite"))
     # parameter gradients
     result.data["param_grads_checked"] = rep.grads_checked
-    if rep.param_grad_rows:
-        rows = rep.param_grad_rows
+    rows = rep.param_grad_rows
+    if rows:
         first = rows[0]
         others = ", ".join(r["parameter"] for r in rows[1:6]) + (" …" if len(rows) > 6 else "")
         cause = (" (follows from the non-finite forward/loss)" if upstream else
@@ -632,9 +642,9 @@ def _report_pass(result: Result, rep: PassReport, model) -> None:
         result.add("non-finite-param-grad", "error", first["parameter"],
                    f"{len(rows)} of {rep.grads_checked} parameter gradient(s) are non-finite{cause}; first "
                    f"{first['parameter']} ({_fmt_counts(first['nan'], first['inf'])})" + (f"; also {others}" if others else ""))
-        result.tables.append(Table("param_grads_non_finite", "Parameter gradients with NaN/Inf", [
-            Column("parameter", "parameter"), Column("shape", "shape"), Column("nan", "NaN", "count"),
-            Column("inf", "Inf", "count")], rows[:MAX_ROWS]))
+    result.tables.append(Table("param_grads_non_finite", "Parameter gradients with NaN/Inf", [
+        Column("parameter", "parameter"), Column("shape", "shape"), Column("nan", "NaN", "count"),
+        Column("inf", "Inf", "count")], list(rows[:MAX_ROWS])))
 
     ok = "finite"
     result.summary += [
