@@ -118,3 +118,11 @@ def test_usage_errors(cli, tmp_path):
 def test_cuda(cli, tmp_path):
     r = cli("embeddings", CNN, "--layer", "head.0", "--tb", tmp_path, "--device", "cuda")
     assert r.code == 0
+
+
+def test_meta_device_needs_real_values(cli, tmp_path):
+    r = cli("embeddings", CNN, "--layer", "head.0", "--tb", tmp_path, "--device", "meta")
+    assert r.code == 2, r.stderr
+    _one_error_line(r)
+    assert "needs real values" in r.stderr and "--device cpu" in r.stderr
+    assert not (tmp_path / "embeddings").exists()

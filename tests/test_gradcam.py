@@ -179,3 +179,12 @@ def test_frozen_model_untouched_and_no_grads(image, untouched):
 def test_cuda(cli, image):
     r = cli("gradcam", REGION, "--layer", "features.3", "--image", image, "--device", "cuda")
     assert r.code == 0
+
+
+def test_meta_device_needs_real_values(cli, image, tmp_path):
+    r = cli("gradcam", REGION, "--layer", "features.3", "--image", image, "--device", "meta",
+            "--out", tmp_path / "cam.png")
+    assert r.code == 2, r.stderr
+    _one_error_line(r)
+    assert "needs real values" in r.stderr and "--device cpu" in r.stderr
+    assert not (tmp_path / "cam.png").exists()

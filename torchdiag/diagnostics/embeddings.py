@@ -64,6 +64,9 @@ def run(model, inputs, opts: Options) -> Result:
 
     if opts.reduce not in REDUCTIONS:
         raise UsageError(f"unknown --reduce '{opts.reduce}'", hint=f"choose {'|'.join(REDUCTIONS)}")
+    if any(t.device.type == "meta" for _, t in inputs.tensors()) or \
+            any(t.device.type == "meta" for t in list(model.parameters()) + list(model.buffers())):
+        raise UsageError("embeddings needs real values; the meta device has none", hint="use --device cpu or cuda")
     names = dict(model.named_modules())
     if opts.layer not in names:
         import difflib

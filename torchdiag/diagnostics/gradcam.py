@@ -108,6 +108,9 @@ def run(model, device, opts: Options) -> Result:
 
     if not opts.layer:
         raise UsageError("gradcam needs --layer NAME", hint="the last convolutional layer, e.g. --layer features.3")
+    if getattr(device, "type", device) == "meta" or \
+            any(t.device.type == "meta" for t in list(model.parameters()) + list(model.buffers())):
+        raise UsageError("gradcam needs real values; the meta device has none", hint="use --device cpu or cuda")
     names = dict(model.named_modules())
     if opts.layer not in names:
         import difflib
