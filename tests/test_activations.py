@@ -176,3 +176,14 @@ def test_missing_matplotlib_is_a_usage_error(cli, tmp_path, monkeypatch):
 def test_cuda_run(cli):
     r = cli("activations", CNN, "--device", "cuda", "--json")
     assert r.code == 0 and r.json["device"].startswith("cuda")
+
+
+def test_images_path_that_is_a_file_is_exit_2_before_loading(cli, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    for spec in (CNN, sample("broken_factory.py:raises")):     # the factory raises: exit 3 if loaded
+        r = cli("activations", spec, "--images", afile)
+        assert r.code == 2, r.stderr
+        _one_error_line(r)
+        assert r.stderr.startswith(f"error: --images {afile}: is a file"), r.stderr
+    assert afile.read_text() == "mine"

@@ -197,3 +197,14 @@ def test_usage_errors(cli, tmp_path):
 def test_cuda(cli):
     r = cli("attention", VIT, "--device", "cuda")
     assert r.code == 0
+
+
+def test_images_path_that_is_a_file_is_exit_2_before_loading(cli, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    for spec in (VIT, sample("broken_factory.py:raises")):     # the factory raises: exit 3 if loaded
+        r = cli("attention", spec, "--images", afile)
+        assert r.code == 2, r.stderr
+        _one_error_line(r)
+        assert r.stderr.startswith(f"error: --images {afile}: is a file"), r.stderr
+    assert afile.read_text() == "mine"

@@ -120,6 +120,21 @@ def test_cuda(cli, tmp_path):
     assert r.code == 0
 
 
+def test_output_folders_checked_before_loading(cli, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    for spec in (CNN, sample("broken_factory.py:raises")):     # the factory raises: exit 3 if loaded
+        r = cli("embeddings", spec, "--layer", "head.0", "--tb", tmp_path / "runs", "--images", afile)
+        assert r.code == 2, r.stderr
+        _one_error_line(r)
+        assert r.stderr.startswith(f"error: --images {afile}: is a file"), r.stderr
+        r = cli("embeddings", spec, "--layer", "head.0", "--tb", afile)
+        assert r.code == 2, r.stderr
+        _one_error_line(r)
+        assert r.stderr.startswith(f"error: --tb {afile}: is a file"), r.stderr
+    assert afile.read_text() == "mine" and not (tmp_path / "runs").exists()
+
+
 def test_meta_device_needs_real_values(cli, tmp_path):
     r = cli("embeddings", CNN, "--layer", "head.0", "--tb", tmp_path, "--device", "meta")
     assert r.code == 2, r.stderr

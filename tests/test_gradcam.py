@@ -181,6 +181,23 @@ def test_cuda(cli, image):
     assert r.code == 0
 
 
+@pytest.mark.parametrize("name,message", [
+    ("cam.jpg", "unsupported file type '.jpg'"),     # only PNG is written (was PNG bytes named .jpg)
+    ("cam", "unsupported file type '(none)'"),
+    ("adir", "is a directory"),
+    ("missing/cam.png", "does not exist"),            # was created
+])
+def test_out_path_is_checked_before_loading(cli, image, tmp_path, name, message):
+    (tmp_path / "adir").mkdir()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    r = cli("gradcam", sample("broken_factory.py:raises"), "--layer", "features.3", "--image", image,
+            "--out", tmp_path / name)                 # the factory raises: exit 3 if it were loaded
+    assert r.code == 2, r.stderr
+    _one_error_line(r)
+    assert r.stderr.startswith("error: --out") and message in r.stderr.splitlines()[0], r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
 def test_meta_device_needs_real_values(cli, image, tmp_path):
     r = cli("gradcam", REGION, "--layer", "features.3", "--image", image, "--device", "meta",
             "--out", tmp_path / "cam.png")

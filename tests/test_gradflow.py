@@ -350,3 +350,33 @@ def test_batch_function_and_custom_loss(cli, tmp_path):
     # loss = sum of logits: d loss / d bias of the last Linear is the batch size (16) per class
     b = by(doc["params"], "name", "4.bias")
     assert b["max_abs_grad"] == pytest.approx(16.0) and b["mean_abs_grad"] == pytest.approx(16.0)
+
+
+# --plot is checked before the model is loaded: a factory that raises would be exit 3 otherwise
+@pytest.mark.parametrize("name,message", [
+    ("noext", "unsupported file type '(none)'"),       # was silently written as noext.png
+    ("flow.txt", "unsupported file type '.txt'"),
+    ("adir", "is a directory"),                        # was silently written as adir.png
+    ("adir.png", "is a directory"),
+    ("missing/flow.png", "does not exist"),
+])
+def test_plot_path_is_checked_before_loading(cli, tmp_path, name, message):
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "adir.png").mkdir()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    r = cli("gradflow", sample("broken_factory.py:raises"), "--plot", tmp_path / name)
+    assert r.code == 2, r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and "--plot" in lines[0] and message in lines[0], r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == before           # nothing written
+
+
+def test_plot_svg_and_overwrite(cli, tmp_path):
+    out = tmp_path / "flow.svg"
+    r = cli("gradflow", sample("mlp.py:build"), "--plot", out)
+    assert r.code == 0 and b"<svg" in out.read_bytes()[:500]
+    png = tmp_path / "flow.png"
+    png.write_bytes(b"old")                             # the user's own file, named: overwritten
+    r = cli("gradflow", sample("mlp.py:build"), "--plot", png)
+    assert r.code == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

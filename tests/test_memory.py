@@ -259,3 +259,14 @@ def test_cuda_measured_with_snapshot(cli, tmp_path):
     assert cu["peak_reserved_bytes"] >= cu["peak_allocated_bytes"] >= cu["step_peak_allocated_bytes"] > 0
     # the allocator's step peak and the tensor-level peak (512-byte rounded) agree closely
     assert abs(cu["step_peak_allocated_bytes"] - d["peak_bytes"]) <= 0.10 * d["peak_bytes"]
+
+
+def test_snapshot_path_is_checked_before_loading(cli, tmp_path):
+    for spec in (sample("mlp.py:build"), sample("broken_factory.py:raises")):   # the factory raises: exit 3 if loaded
+        for path, needle in ((tmp_path, "is a directory"), (tmp_path / "missing" / "s.pickle", "does not exist")):
+            r = cli("memory", spec, "--snapshot", path)
+            assert r.code == 2, r.stderr
+            errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+            assert len(errors) == 1 and errors[0].startswith("error: --snapshot") and needle in errors[0], r.stderr
+            assert "Traceback" not in r.stderr
+    assert not (tmp_path / "missing").exists()

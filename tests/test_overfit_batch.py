@@ -343,3 +343,20 @@ def test_cuda_passes_and_leaves_model_untouched(untouched):
     with untouched(model):
         r = diag.run(model, x, diag.Options(amp="fp16"))
     assert r.data["passed"]
+
+
+@pytest.mark.parametrize("name,message", [
+    ("adir", "is a directory"),
+    ("adir.png", "is a directory"),
+    ("loss.txt", "unsupported file type '.txt'"),
+    ("missing/loss.png", "does not exist"),
+])
+def test_plot_path_is_checked_before_loading(cli, tmp_path, name, message):
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "adir.png").mkdir()
+    r = cli("overfit-batch", sample("broken_factory.py:raises"), "--plot", tmp_path / name)   # factory raises: exit 3 if loaded
+    assert r.code == 2, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--plot" in errors[0] and message in errors[0], r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert not (tmp_path / "missing").exists()

@@ -280,3 +280,34 @@ def test_cuda_train_backward_cuda_time(untouched):
     mods = _modules(r)
     assert mods["0"]["backward_cuda_time_us"] > 0 and mods["0"]["backward_cpu_time_us"] > 0
     assert _ops(r)["aten::mm"] == 5 * 3
+
+
+def test_trace_directory_is_exit_2_before_loading(cli, tmp_path):
+    full, empty = tmp_path / "full", tmp_path / "empty"
+    full.mkdir()
+    (full / "keep.txt").write_text("x")
+    empty.mkdir()
+    for d in (full, empty):     # an empty folder used to be deleted and replaced by the trace file
+        for spec in (sample("mlp.py:build"), sample("broken_factory.py:raises")):
+            _one_error(cli("profile", spec, "--active", "1", "--warmup", "1", "--wait", "0", "--trace", d),
+                       2, "--trace", "is a directory")
+        assert d.is_dir()
+    assert (full / "keep.txt").read_text() == "x" and list(empty.iterdir()) == []
+
+
+def test_trace_not_written_is_a_clear_error(cli, tmp_path, monkeypatch):
+    """The profiler only logs a failed write: the file is checked after the export."""
+    from torch.profiler import profile
+
+    monkeypatch.setattr(profile, "export_chrome_trace", lambda self, path: None)   # writes nothing
+    out = tmp_path / "t.json"
+    args = ("--active", "1", "--warmup", "1", "--wait", "0", "--trace", out)
+    _one_error(cli("profile", sample("mlp.py:build"), *args), 2, "--trace", "could not be written")
+    out.write_text("{}")       # an old file of the same name does not count as written
+    _one_error(cli("profile", sample("mlp.py:build"), *args), 2, "--trace", "could not be written")
+    r = cli("profile", sample("mlp.py:build"), *args, "--json")
+    assert r.code == 2 and r.json["exit_code"] == 2 and "could not be written" in r.json["error"]["message"]
+    monkeypatch.undo()
+    r = cli("profile", sample("mlp.py:build"), *args, "--json")     # overwriting the named file is fine
+    assert r.code == 0, r.stderr
+    assert r.json["trace"] == str(out) and "traceEvents" in json.loads(out.read_text())

@@ -46,4 +46,4 @@ def register(app) -> None:
             return diag.run(t.model, t.inputs, diag.Options(layers=layer or [], images=str(images) if images else None,
                                                             tb=tb is not None, eps=eps))
 
-        c.execute(opts, run)
+        c.execute(opts, run, precheck=lambda: c.output_dir(images, "--images"))

@@ -59,4 +59,4 @@ def register(app) -> None:
             return diag.run(t.model, t.inputs, diag.Options(tokens=_tokens(tokens), images=str(images) if images else None,
                                                             tb=tb is not None, sample=sample))
 
-        c.execute(opts, run)
+        c.execute(opts, run, precheck=lambda: c.output_dir(images, "--images"))

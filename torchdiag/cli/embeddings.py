@@ -40,6 +40,8 @@ def register(app) -> None:
             if tb is None:
                 raise UsageError("embeddings needs --tb DIR: the projector data is written for TensorBoard",
                                  hint="e.g. --tb runs, then tensorboard --logdir runs (PROJECTOR tab)")
+            c.output_dir(tb, "--tb")   # the projector's folder: not in opts, so execute() does not check it
+            c.output_dir(images, "--images")
 
         def run(t):
             from ..diagnostics import embeddings as diag

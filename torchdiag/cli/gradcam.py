@@ -78,6 +78,7 @@ def register(app) -> None:
             if image is None:
                 raise UsageError("gradcam needs an image: --image FILE",
                                  hint="a PNG or JPEG; use --size/--mean/--std to match the model's preprocessing")
+            c.output_file(out, "--out", (".png",))   # only PNG is written
 
         def run(t):
             from ..diagnostics import gradcam as diag

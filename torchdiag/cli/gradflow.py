@@ -35,7 +35,7 @@ def register(app) -> None:
         allow: Annotated[Optional[list[str]], typer.Option("--allow", metavar="PATTERN", show_default=False, help="Glob on parameter names (module paths for activation warnings) accepted as intentional, e.g. 'aux_head.*'. Repeatable.")] = None,
         strict: Annotated[bool, typer.Option("--strict", help="Warnings (vanishing-grad, dead-units, saturated) also fail (exit 1).")] = False,
         eval_mode: Annotated[bool, typer.Option("--eval", help="Run the forward in eval mode (default: train mode, as in training).")] = False,
-        plot: Annotated[Optional[Path], typer.Option("--plot", metavar="FILE.png", help="Write the gradient-flow figure (max and mean |grad| per layer); needs matplotlib.")] = None,
+        plot: Annotated[Optional[Path], typer.Option("--plot", metavar="FILE.png", help="Write the gradient-flow figure (max and mean |grad| per layer; .png, .svg or .pdf); needs matplotlib.")] = None,
         json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False,
     ) -> None:
         """Does the gradient reach every parameter, and in what shape? One forward + backward.
@@ -48,11 +48,16 @@ def register(app) -> None:
         opts = c.CommonOptions("gradflow", spec, arg or [], input or [], device, seed, json, tb, debug,
                                loss=loss, batch=batch)
 
+        def precheck():  # before loading anything
+            if plot is not None:
+                from ..diagnostics import gradflow as diag
+
+                c.output_file(plot, "--plot", diag.PLOT_SUFFIXES)
+                diag.check_plot_backend(plot)
+
         def run(t):
             from ..diagnostics import gradflow as diag
 
-            if plot is not None:
-                diag.check_plot_backend(plot)
             return diag.run(t.model, t.inputs, diag.Options(
                 loss=t.loss(), depth=depth, vanishing=vanishing, exploding=exploding,
                 exploding_ratio=exploding_ratio, dead=dead, saturated=saturated, allow=list(allow or []),
@@ -68,4 +73,4 @@ def register(app) -> None:
                 if not json:
                     c.err(f"gradient-flow plot: {written}")
 
-        c.execute(opts, run, render_extra=extra)
+        c.execute(opts, run, render_extra=extra, precheck=precheck)

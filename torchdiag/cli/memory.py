@@ -51,4 +51,4 @@ def register(app) -> None:
                 o.budget = diag.parse_bytes(budget)
             return diag.run(t.model, t.inputs, o, device=t.device)
 
-        c.execute(opts, run)
+        c.execute(opts, run, precheck=lambda: c.output_file(snapshot, "--snapshot"))

@@ -60,15 +60,12 @@ def register(app) -> None:
 
 
 def _check_plot(plot: Path | None) -> None:
+    """--plot before any work: a writable file name with a suffix we write, and matplotlib."""
     from ..errors import UsageError
 
     if plot is None:
         return
-    if plot.suffix.lower() not in PLOT_SUFFIXES:
-        raise UsageError(f"--plot {plot}: unsupported file type '{plot.suffix or '(none)'}'",
-                         hint="use a .png, .svg or .pdf file name")
-    if not plot.parent.exists():
-        raise UsageError(f"--plot {plot}: directory {plot.parent} does not exist")
+    c.output_file(plot, "--plot", PLOT_SUFFIXES)
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -130,7 +127,6 @@ def execute(opts: c.CommonOptions, settings: dict, plot: Path | None) -> None:
     from ..diagnostics import overfit_batch as diag
 
     def run(target):
-        _check_plot(plot)
         options = diag.Options(seed=opts.seed, loss=target.loss(), **settings)
         diag._check_options(options)
         bar = _progress_bar(opts.json)
@@ -160,4 +156,4 @@ def execute(opts: c.CommonOptions, settings: dict, plot: Path | None) -> None:
         if result.data.get("interrupted"):
             c.err(f"error: interrupted at step {result.data.get('steps')}: partial result shown")
 
-    c.execute(opts, run, render_extra=after)
+    c.execute(opts, run, render_extra=after, precheck=lambda: _check_plot(plot))

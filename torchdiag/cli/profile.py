@@ -56,4 +56,4 @@ def register(app) -> None:
                 record_shapes=record_shapes, memory=memory, trace=trace, tb=tb, depth=depth,
                 loss=t.loss() if mode.strip().lower() == "train" else None, optimizer=optimizer.strip().lower()))
 
-        c.execute(opts, run)
+        c.execute(opts, run, precheck=lambda: c.output_file(trace, "--trace"))

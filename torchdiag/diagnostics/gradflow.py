@@ -645,6 +645,9 @@ def _act_finding(result, opts, code, where, message, hint):
 
 # --------------------------------------------------------------------------- outputs beyond the result
 
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")   # --plot: what the figure is written as (by the name's suffix)
+
+
 def check_plot_backend(path=None) -> None:
     """--plot needs matplotlib (the optional `plot` extra) and a directory to write to: usage
     errors, before any work."""

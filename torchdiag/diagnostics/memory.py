@@ -283,7 +283,11 @@ def measure(model, inputs, opts: Options, device) -> StepReport:
                 "memory_summary": torch.cuda.memory_summary(device, abbreviated=True),
             }
             if snap:
-                torch.cuda.memory._dump_snapshot(snap)
+                try:
+                    torch.cuda.memory._dump_snapshot(snap)
+                except OSError as exc:
+                    raise UsageError(f"--snapshot {snap}: cannot write it: {one_line(exc)}",
+                                     hint="give a file in a writable folder, e.g. --snapshot mem.pickle") from exc
                 report.cuda["snapshot"] = snap
         del work, ins
         return report

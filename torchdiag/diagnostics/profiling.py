@@ -187,10 +187,23 @@ def _check(opts: Options, device) -> None:
         raise UsageError("profile needs a device that runs kernels; meta tensors have no timing",
                          hint="use --device cpu or --device cuda")
     if opts.trace is not None:
+        if Path(opts.trace).expanduser().is_dir():
+            raise UsageError(f"--trace {opts.trace}: is a directory", hint="give a file name, e.g. --trace run.json")
         parent = Path(opts.trace).expanduser().resolve().parent
         if not parent.is_dir():
             raise UsageError(f"--trace {opts.trace}: directory {parent} does not exist",
                              hint="create the directory first or pick another path")
+
+
+def _stat(path) -> tuple | None:
+    """What tells a rewritten file from the old one (None: no such file)."""
+    if path is None:
+        return None
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _make_optimizer(name: str, params, lr: float):
@@ -268,6 +281,8 @@ def run(model, inputs, opts: Options | None = None) -> Result:
 
             tb_handler = tensorboard_trace_handler(str(tb_dir))
         ready = []
+        trace_before = _stat(opts.trace)
+        trace_error: list[str] = []
 
         def on_ready(prof):
             # kineto saves a trace once ("Trace is already saved"): with both --tb and --trace, the
@@ -280,7 +295,10 @@ def run(model, inputs, opts: Options | None = None) -> Result:
 
                     new = sorted(set(tb_dir.glob("*.pt.trace.json*")) - tb_before, key=lambda p: p.stat().st_mtime)
                     if new:
-                        shutil.copyfile(new[-1], opts.trace)
+                        try:
+                            shutil.copyfile(new[-1], opts.trace)
+                        except OSError as exc:
+                            trace_error.append(one_line(exc))
             elif opts.trace is not None:
                 prof.export_chrome_trace(str(opts.trace))
 
@@ -315,6 +333,14 @@ def run(model, inputs, opts: Options | None = None) -> Result:
         if not ready:  # not expected with repeat=1; keeps the contract if torch changes
             raise RuntimeError("torch.profiler did not deliver a trace")
 
+        if opts.trace is not None:
+            # kineto reports a failed write only in its own log (and replaces an empty folder by the
+            # file): the trace is there and new, or the command fails
+            after = _stat(opts.trace)
+            if after is None or after == trace_before or not Path(opts.trace).is_file():
+                why = trace_error[0] if trace_error else "the profiler did not write it (it reports that only in its own log)"
+                raise UsageError(f"--trace {opts.trace}: the trace could not be written: {why}",
+                                 hint="give a file in a writable folder, e.g. --trace run.json")
         events = prof.events()
         averages = prof.key_averages(group_by_input_shape=opts.record_shapes)
 
