@@ -205,3 +205,55 @@ def test_meta_device_needs_real_values(cli, image, tmp_path):
     _one_error_line(r)
     assert "needs real values" in r.stderr and "--device cpu" in r.stderr
     assert not (tmp_path / "cam.png").exists()
+
+
+def test_inplace_relu_after_the_layer(untouched):
+    """Conv → ReLU(inplace=True) (torchvision VGG/ResNet) with --layer on the conv: was exit 3
+    ('a leaf Variable that requires grad is being used in an in-place operation'). Closed form for
+    conv → ReLU → global average pool → linear: ∂y_k/∂A_c(i,j) = W[k,c]·[A_c(i,j) > 0]/(h·w)."""
+    import torch
+    from torch import nn
+
+    from torchdiag.diagnostics import gradcam as diag
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(inplace=True),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 3))
+    x = torch.rand(1, 3, 8, 8)
+    with torch.no_grad():
+        a = model[0](x)[0]                                   # C×h×w, before the in-place ReLU
+        k = int(model(x)[0].argmax())
+    # α_c = mean over h×w of W[k,c]·[A_c > 0]/(h·w)
+    alpha = model[4].weight[k].detach() * (a > 0).float().mean(dim=(1, 2)) / (a.shape[1] * a.shape[2])
+    expect = torch.relu((alpha[:, None, None] * a).sum(0))
+    info = {}
+    with untouched(model):
+        cam, heat, _, used = diag.grad_cam(model, x, "0", None, info)
+    assert used == k and info["calls"] == 1
+    assert torch.allclose(cam, expect, atol=1e-6)           # A itself was not changed by the in-place ReLU
+    assert heat.min() >= 0 and heat.max() <= 1
+
+
+def test_resnet_bn1_before_inplace_relu_cli(cli, image):
+    r = cli("gradcam", sample("resnet.py:build"), "--layer", "bn1", "--image", image, "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["heatmap_max"] == pytest.approx(1.0) and r.json["layer_calls"] == 1
+
+
+def test_layer_called_twice_is_noted(image):
+    import torch
+    from torch import nn
+
+    from torchdiag.diagnostics import gradcam as diag
+
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 3, 3, padding=1)
+            self.head = nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.head(self.conv(self.conv(x)).mean(dim=(2, 3)))
+
+    res = diag.run(Twice(), torch.device("cpu"), diag.Options(layer="conv", image=str(image)))
+    assert res.data["layer_calls"] == 2 and any("2 times" in n for n in res.notes)

@@ -5,7 +5,9 @@ weights α_c = mean over h×w of ∂y_k/∂A_c; map = ReLU(Σ_c α_c A_c), bilin
 input size and divided by its maximum (values in [0, 1]; an all-zero map stays zero and is
 reported). The gradient is taken with torch.autograd.grad with respect to A only: the layer's
 output is re-entered as a leaf in a forward hook, so no parameter .grad is written and frozen
-models work. The image is read, resized (`size`) and normalised ((x/255 − mean)/std) as asked."""
+models work; the model continues on a copy of that leaf, so in-place ops after the layer
+(ReLU(inplace=True)) neither fail nor change A. A layer called several times is explained at its
+last call. The image is read, resized (`size`) and normalised ((x/255 − mean)/std) as asked."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -44,9 +46,10 @@ def image_tensor(rgb, mean, std, device):
     return ((x - m) / s).unsqueeze(0).to(device)
 
 
-def grad_cam(model, x, layer: str, target_class: int | None):
+def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None = None):
     """(cam h×w at layer resolution (≥0, unnormalised), cam resized to x (normalised to [0,1]),
-    logits, class used). Runs with the caller's guard around it."""
+    logits, class used). Runs with the caller's guard around it. `info` (optional) gets
+    "calls": how often the layer ran (the last call is explained)."""
     import torch
     import torch.nn.functional as F
 
@@ -58,7 +61,10 @@ def grad_cam(model, x, layer: str, target_class: int | None):
             raise UsageError(f"layer {layer} returns a {type(output).__name__}; Grad-CAM needs a tensor output")
         leaf = output.detach().requires_grad_(True)
         captured["a"] = leaf
-        return leaf
+        captured["calls"] = captured.get("calls", 0) + 1
+        # the model continues on a non-leaf copy: an in-place op after the layer (ReLU(inplace=True)
+        # in torchvision's VGG/ResNet) would fail on a leaf, and must not change A itself
+        return leaf.clone()
 
     handle = module.register_forward_hook(hook)
     tracker = ModuleTracker(model, record_shapes=False)
@@ -98,6 +104,8 @@ def grad_cam(model, x, layer: str, target_class: int | None):
     up = up.clamp_min(0)
     peak = float(up.max())
     norm = up / peak if peak > 0 else up
+    if info is not None:
+        info["calls"] = captured["calls"]
     return cam.detach().cpu(), norm.detach().cpu(), logits.detach().cpu(), k
 
 
@@ -128,7 +136,8 @@ def run(model, device, opts: Options) -> Result:
                                        "mode": "eval; gradient of the class logit w.r.t. the layer output"})
     with leave_no_trace(model):
         model.eval()
-        cam, heat, logits, k = grad_cam(model, x, opts.layer, opts.target_class)
+        info: dict = {}
+        cam, heat, logits, k = grad_cam(model, x, opts.layer, opts.target_class, info)
     probs = torch.softmax(logits[0].double(), 0)
     top = torch.topk(probs, min(opts.topk, probs.numel()))
     rows = [{"class": int(c), "logit": float(logits[0, c]), "probability": float(p),
@@ -144,6 +153,9 @@ def run(model, device, opts: Options) -> Result:
         "heatmap_peak": list(peak), "heatmap_mean": float(hm.mean()), "heatmap_max": float(hm.max()),
         "heatmap_min": float(hm.min()),
     })
+    result.data["layer_calls"] = info["calls"]
+    if info["calls"] > 1:
+        result.notes.append(f"layer {opts.layer} ran {info['calls']} times in forward; the map explains its last call")
     result.tables.append(Table("top_classes", "Top classes", [
         Column("class", "class", "int"), Column("logit", "logit", "float"), Column("probability", "probability", "pct"),
         Column("_mark", "")], rows))
