@@ -187,3 +187,39 @@ def test_images_path_that_is_a_file_is_exit_2_before_loading(cli, tmp_path):
         _one_error_line(r)
         assert r.stderr.startswith(f"error: --images {afile}: is a file"), r.stderr
     assert afile.read_text() == "mine"
+
+
+def test_grayscale_and_depthwise_filters_in_a_square_grid(tmp_path):
+    """One input channel (MNIST-style first layer, depthwise conv): one tile per filter in a
+    ceil(sqrt(n)) grid (was a single column 862 px tall)."""
+    import numpy as np
+    import torch
+    from PIL import Image
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.diagnostics import activations as diag
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 32, 5), nn.ReLU(), nn.Conv2d(32, 32, 3, groups=32))
+    res = diag.run(model, ModelInputs((torch.randn(2, 1, 28, 28),), {}),
+                   diag.Options(layers=["0", "2"], images=str(tmp_path)))
+    # 32 tiles of 5×5 ×5 = 25 px in a 6×6 grid: 6*25 + 5*2 = 160; depthwise 3×3 ×8 = 24 px: 6*24 + 5*2 = 154
+    assert _png(tmp_path / "0_filters.png") == ((160, 160), "RGB")
+    assert _png(tmp_path / "2_filters.png") == ((154, 154), "RGB")
+    w = model[0].weight.detach().numpy()
+    m = np.abs(w).max()
+    grid = np.asarray(Image.open(tmp_path / "0_filters.png"))
+    # tile 7 sits at row 1, column 1 of the grid; its top-left pixel is w[7, 0, 0, 0] in gray
+    expect = int(np.clip(w[7, 0, 0, 0] / (2 * m) + 0.5, 0, 1) * 255 + 0.5)
+    assert list(grid[27, 27]) == [expect] * 3
+    assert not any("filters of the first" in n for n in res.notes)
+
+
+def test_filter_truncation_is_noted(tmp_path):
+    from torchdiag.diagnostics import activations as diag
+
+    model, inputs = load("cnn.py:build")
+    res = diag.run(model, inputs, diag.Options(layers=["features.3"], images=str(tmp_path)))
+    # 16→32 conv: 256 tiles = 16 output filters × 16 input channels
+    assert "features.3: filters of the first 16 of 32 output channels shown" in res.notes

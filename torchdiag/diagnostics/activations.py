@@ -213,7 +213,9 @@ def feature_map_tiles(t):
 
 def filter_tiles(weight):
     """Conv filters as tiles: out×3×k×k → colour tiles (one per output filter, whole-tensor
-    symmetric scaling so colours compare); otherwise gray tiles per (out, in) pair."""
+    symmetric scaling so colours compare); out×1×k×k (grayscale input, depthwise) → one gray tile
+    per filter in a square grid; otherwise gray tiles per (out, in) pair, one row per output
+    filter (≤ 16 input channels, ≤ 256 tiles)."""
     from ..render import images as im
 
     np = __import__("numpy")
@@ -228,9 +230,12 @@ def filter_tiles(weight):
         m = float(np.abs(w).max()) or 1.0
         tiles = [im.upscale(im.to_rgb_uint8(w[o].transpose(1, 2, 0) / (2 * m) + 0.5), f) for o in range(min(out_c, MAX_FILTER_TILES))]
         return tiles, None, "rgb"
+    m = float(np.abs(w).max()) or 1.0
+    if in_c == 1:  # grayscale first layer or depthwise conv: one tile per filter, square grid
+        tiles = [im.upscale(im.gray(w[o, 0] / (2 * m) + 0.5), f) for o in range(min(out_c, MAX_FILTER_TILES))]
+        return tiles, None, "gray"
     cols = min(in_c, 16)
     rows = max(1, min(out_c, MAX_FILTER_TILES // cols))
-    m = float(np.abs(w).max()) or 1.0
     tiles = [im.upscale(im.gray(w[o, i] / (2 * m) + 0.5), f) for o in range(rows) for i in range(cols)]
     return tiles, cols, "gray"
 
@@ -321,6 +326,11 @@ def _pictures(model, name, output, opts, result) -> list[dict]:
             result.images[f"activations/{name}/filters"] = grid
         entry = {"layer": name, "kind": f"filters_{kind}", "tiles": len(ftiles),
                  "height": grid.shape[0], "width": grid.shape[1]}
+        out_c, in_c = mod.weight.shape[:2]
+        shown_out, shown_in = (len(ftiles), in_c) if cols is None else (len(ftiles) // cols, cols)
+        if shown_out < out_c or shown_in < in_c:
+            result.notes.append(f"{name}: filters of the first {shown_out} of {out_c} output channels"
+                                + (f" × first {shown_in} of {in_c} input channels" if shown_in < in_c else "") + " shown")
         if opts.images:
             entry["path"] = str(im.save_png(grid, Path(opts.images) / f"{im.safe_name(name)}_filters.png"))
         out.append(entry)
