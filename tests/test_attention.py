@@ -208,3 +208,37 @@ def test_images_path_that_is_a_file_is_exit_2_before_loading(cli, tmp_path):
         _one_error_line(r)
         assert r.stderr.startswith(f"error: --images {afile}: is a file"), r.stderr
     assert afile.read_text() == "mine"
+
+
+def test_entropy_fraction_counts_only_visible_keys():
+    """Causal uniform attention is 100% of its possible entropy (was log(i+1)/log(S) averaged: 63.7% for
+    8 tokens); a query seeing one key is left out of the fraction, not of the entropy."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.diagnostics import attention as diag
+
+    class CausalZero(nn.Module):
+        def forward(self, x):                     # q = k = 0 → every visible key gets the same weight
+            z = torch.zeros(x.shape[0], 2, 8, 4)
+            return F.scaled_dot_product_attention(z, z, z, is_causal=True) + x.mean()
+
+    res = diag.run(CausalZero(), ModelInputs((torch.randn(1, 3),), {}), diag.Options())
+    for h in res.table("heads").rows:
+        assert h["entropy_fraction"] == pytest.approx(1.0)
+        assert h["entropy"] == pytest.approx(sum(math.log(i + 1) for i in range(8)) / 8)
+        assert h["first_key"] == pytest.approx(sum(1 / (i + 1) for i in range(8)) / 8)
+
+    W = torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.5, 0.25, 0.25]])
+
+    class Given(nn.Module):
+        def forward(self, x):
+            return x, W.expand(x.shape[0], 3, 3)
+
+    res = diag.run(Given(), ModelInputs((torch.randn(1, 3),), {}), diag.Options())
+    (h,) = res.table("heads").rows
+    third = (0.5 * math.log(2) + 2 * 0.25 * math.log(4)) / math.log(3)
+    assert h["entropy_fraction"] == pytest.approx((1.0 + third) / 2)
+    assert h["entropy"] == pytest.approx((0 + math.log(2) + 1.5 * math.log(2)) / 3)

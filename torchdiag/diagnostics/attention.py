@@ -9,7 +9,8 @@ Three sources, in eval mode under no_grad:
   whose last dimension sums to 1;
 - F.scaled_dot_product_attention calls (patched for the run, restored after): the weights
   softmax(q·kᵀ·scale + mask) are recomputed from q and k and credited to the calling module.
-Per head: mean entropy of a query's distribution (nats, and as a fraction of log(keys)), mean
+Per head: mean entropy of a query's distribution (nats, and as a fraction of log(keys the query
+can see), keys with exactly zero weight being masked; queries seeing one key are left out), mean
 max weight, mean weight on the first key (CLS / attention sink) and on the diagonal."""
 from __future__ import annotations
 
@@ -209,13 +210,20 @@ def head_stats(w) -> list[dict]:
     p = w.double().clamp_min(0)
     S = p.shape[-1]
     ent = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)            # N×H×L
+    # a query's largest possible entropy is log(keys it can see): masked keys (causal, padding)
+    # get exactly 0 weight, so a uniform causal head reads 100%, not log(i+1)/log(S)
+    visible = (p > 0).sum(-1)                                        # N×H×L
+    frac = ent / torch.log(visible.clamp_min(2).double())
+    counted = visible >= 2
     rows = []
     L = p.shape[-2]
     for h in range(p.shape[1]):
         ph = p[:, h]
         diag = (ph.diagonal(dim1=-2, dim2=-1).mean().item() if L == S else None)
         e = float(ent[:, h].mean())
-        rows.append({"head": h, "entropy": e, "entropy_fraction": e / math.log(S) if S > 1 else 0.0,
+        ch = counted[:, h]
+        ef = float(frac[:, h][ch].mean()) if bool(ch.any()) else 0.0
+        rows.append({"head": h, "entropy": e, "entropy_fraction": ef,
                      "max_weight": float(ph.max(-1).values.mean()), "first_key": float(ph[..., 0].mean()),
                      "diagonal": diag})
     return rows
@@ -258,9 +266,9 @@ def run(model, inputs, opts: Options | None = None) -> Result:
         Column("queries", "queries", "int"), Column("keys", "keys", "int")], layers))
     result.tables.append(Table("heads", "Per head (mean over batch and queries)", [
         Column("layer", "layer"), Column("head", "head", "int"), Column("entropy", "entropy (nats)", "float"),
-        Column("entropy_fraction", "entropy / log(keys)", "pct"), Column("max_weight", "max weight", "float"),
+        Column("entropy_fraction", "entropy / log(visible keys)", "pct"), Column("max_weight", "max weight", "float"),
         Column("first_key", "on first key", "float"), Column("diagonal", "on diagonal", "float")], heads,
-        note="entropy near 100% = uniform attention; a high 'on first key' = a CLS/sink head; high 'on diagonal' = attends to itself"))
+        note="entropy near 100% = uniform over the keys a query can see (masked keys excluded); a high 'on first key' = a CLS/sink head; high 'on diagonal' = attends to itself"))
     if opts.tokens is not None:
         first = catcher.captures[0].weights
         if len(opts.tokens) not in (first.shape[-1], first.shape[-2]):
