@@ -154,3 +154,105 @@ model = "{sample('transformer_lm.py:build')}"
     res = cli("check", sample("mlp.py:build"), "--json")
     assert res.code == 0, res.stderr
     assert [r["model"].rsplit("/", 1)[-1] for r in res.json["checks"]] == ["mlp.py:build"]
+
+
+@pytest.mark.parametrize("text, words", [
+    ('model = 5\n[check]\nnancheck = true', "model = 5 in [tool.torchdiag] of c.toml must be a string"),
+    ('model = "{m}"\ninputs = 5\n[check]\nnancheck = true', "inputs = 5 in [tool.torchdiag] of c.toml must be a list"),
+    ('model = "{m}"\nseed = "x"\n[check]\nnancheck = true', "seed = 'x' in [tool.torchdiag] of c.toml must be an integer"),
+    ('model = "{m}"\nargs = 5\n[check]\nnancheck = true', "args = 5 in [tool.torchdiag] of c.toml must be a table"),
+    ('model = "{m}"\ncheck = 5', "check = 5 in [tool.torchdiag] of c.toml must be a table"),
+    ('models = [5]', "models must be an array of tables"),
+    ('models = []', "models is empty"),
+    ('model = "{m}"\n[check]\noverfit-batch = {{steps = "many"}}', "overfit-batch steps = 'many'"),
+    ('model = "{m}"\n[check]\noverfit-batch = {{target-ratio = -1}}', "overfit-batch target-ratio = -1"),
+    ('model = "{m}"\n[check]\noverfit-batch = {{optimizer = "lion"}}', "must be adam, adamw or sgd"),
+    ('model = "{m}"\n[check]\nmax-params = inf', "must be > 0 and finite"),
+    ('model = "{m}"\n[check]\nmax-params = "1.2.3M"', "is not a number"),
+    ('model = "{m}"\n[check]\nmax-params = "0k"', "must be > 0"),
+    ('model = "{m}"\n[check]\nnancheck = true\nmax-peak-memory = "lots"', "bad memory size 'lots'"),
+])
+def test_config_of_the_wrong_type_is_a_usage_error_not_a_crash(cli, tmp_path, monkeypatch, text, words):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, text.format(m=sample("mlp.py:build")), name="c.toml")
+    res = cli("check", "--config", "c.toml", "--json")
+    assert res.code == 2, res.stderr
+    assert words in res.stderr and "internal error" not in res.stderr, res.stderr
+    assert res.json["exit_code"] == 2   # the one JSON document is the error document
+
+
+def test_typos_are_reported_even_where_the_command_line_overrides(cli, tmp_path):
+    cfg = write(tmp_path, f'model = "{sample("mlp.py:build")}"\n[check]\nnancheck = true\n'
+                          'overfit-batch = {stepz = 3}\n', name="c.toml")
+    res = cli("check", "--config", cfg, "--no-overfit-batch")
+    assert res.code == 2 and "unknown key 'stepz'" in res.stderr
+    cfg = write(tmp_path, f"""
+[tool.torchdiag.check]
+nancheck = true
+[[tool.torchdiag.models]]
+model = "{sample('cnn.py:build')}"
+inptus = ["8x3x32x32"]
+""", name="c.toml")
+    res = cli("check", sample("mlp.py:build"), "--config", cfg)   # MODEL_SPEC replaces the list, still checked
+    assert res.code == 2 and "unknown key 'inptus'" in res.stderr and "did you mean 'inputs'" in res.stderr
+
+
+def test_junit_folder_is_created_as_in_a_fresh_ci_checkout(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = cli("check", sample("mlp.py:build"), "--max-params", "1M", "--junit", "reports/ci/torchdiag.xml")
+    assert res.code == 0, res.stderr
+    root = ET.parse(tmp_path / "reports" / "ci" / "torchdiag.xml").getroot()
+    assert [c.get("name") for c in root.iter("testcase")] == ["max-params"]
+    (tmp_path / "afile").write_text("")
+    res = cli("check", sample("mlp.py:build"), "--max-params", "1M", "--junit", "afile/sub/j.xml")
+    assert res.code == 2 and "cannot create folder" in res.stderr and "PASS" not in res.stdout
+
+
+def _result(rows):
+    from torchdiag.results import Column, Result, Table
+
+    r = Result("check")
+    r.tables.append(Table("checks", "checks", [Column("check", "check")], rows))
+    return r
+
+
+def _row(check, status, message="", model="m.py:build"):
+    return {"model": model, "check": check, "figure": "f", "limit": "", "status": status, "passed": status == "PASS",
+            "message": message, "seconds": 0.5}
+
+
+def test_junit_is_well_formed_with_any_message(tmp_path):
+    """JUnit's shape (testsuites > testsuite > testcase, failure/error with message) and counts; control
+    characters and ANSI colours from a model's message must not make the file unreadable."""
+    from torchdiag.render.ci import write_junit
+
+    nasty = "forward failed\x00 in \x1b[31mhead\x1b[0m: <bad> & \"quoted\"\x08\nsecond line"
+    rows = [_row("max-params", "PASS"), _row("nancheck", "FAIL", "non-finite-output head: NaN"),
+            _row("gradflow", "ERROR", nasty), _row("max-params", "PASS", model="other.py:build")]
+    path = write_junit(_result(rows), tmp_path / "j.xml")
+    root = ET.parse(path).getroot()          # raises on malformed XML
+    assert root.tag == "testsuites" and (root.get("tests"), root.get("failures"), root.get("errors")) == ("4", "1", "1")
+    suites = root.findall("testsuite")
+    assert [(s.get("tests"), s.get("failures"), s.get("errors"), s.get("time")) for s in suites] == \
+        [("3", "1", "1", "1.500"), ("1", "0", "0", "0.500")]
+    cases = suites[0].findall("testcase")
+    assert [c.get("name") for c in cases] == ["max-params", "nancheck", "gradflow"]
+    assert cases[0].find("failure") is None and cases[0].find("error") is None
+    assert cases[1].find("failure").get("message") == "non-finite-output head: NaN"
+    assert cases[2].find("error").get("message") == "forward failed in head: <bad> & \"quoted\"\nsecond line"
+
+
+def test_github_annotations_format_and_json_stays_pure(cli, tmp_path, monkeypatch):
+    from torchdiag.render.ci import github_annotations
+
+    lines = github_annotations(_result([_row("max-params", "PASS"),
+                                        _row("nancheck", "FAIL", "100% bad\nnext", model="a/b.py:build")]))
+    # workflow-command syntax: '::error title=T::M'; % CR LF escaped everywhere, ':' and ',' in properties
+    assert lines == ["::error title=torchdiag nancheck (a/b.py%3Abuild)::100%25 bad%0Anext"]
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    res = cli("check", sample("mlp.py:build"), "--max-params", "1k", "--json")
+    assert res.code == 1 and res.json["passed"] is False        # stdout is still exactly one JSON document
+    assert "::error title=torchdiag max-params" in res.stderr
+    monkeypatch.setenv("GITHUB_ACTIONS", "false")
+    res = cli("check", sample("mlp.py:build"), "--max-params", "1k")
+    assert res.code == 1 and "::error" not in res.stdout + res.stderr

@@ -72,5 +72,22 @@ def register(app) -> None:
                 for line in github_annotations(result):
                     stream.write(line + "\n")
 
-        c.execute(opts, None, produce=produce, render_extra=extras,
-                  precheck=lambda: c.output_file(junit, "--junit", (".xml",)))
+        c.execute(opts, None, produce=produce, render_extra=extras, precheck=lambda: junit_path(junit))
+
+
+def junit_path(path: Optional[Path]) -> Optional[Path]:
+    """--junit FILE.xml checked before any work; its folder is created (a fresh CI checkout has no reports/)."""
+    from ..errors import UsageError
+
+    if path is None:
+        return None
+    path = Path(path)
+    if path.is_dir() or path.suffix.lower() != ".xml":
+        return c.output_file(path, "--junit", (".xml",))  # the usual one-line error
+    parent = path.parent
+    if not parent.exists():
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"--junit {path}: cannot create folder {parent}: {exc.strerror or exc}") from None
+    return c.output_file(path, "--junit", (".xml",))

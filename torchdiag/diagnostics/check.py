@@ -82,24 +82,68 @@ def validate_check(check: dict, where: str) -> dict:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise UsageError(f"{key} = {value!r} in {where} must be a number of G{key[5:].upper()}",
                                  hint=f"e.g. {key} = 5.0 (the unit is already giga)")
-            if value <= 0:
-                raise UsageError(f"{key} = {value!r} in {where} must be > 0")
+            if not 0 < value < float("inf"):
+                raise UsageError(f"{key} = {value!r} in {where} must be > 0 and finite")
             out[key] = float(value)
     return out
 
 
 def parse_count(value, key: str) -> float:
     """30000, "25M", "1.5G", "800k" → a positive number."""
-    if isinstance(value, bool):
-        raise UsageError(f"{key} must be a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise UsageError(f"{key} must be a number, got {value!r}", hint="write an integer or a string like \"25M\"")
     if isinstance(value, (int, float)):
-        if value <= 0:
-            raise UsageError(f"{key} = {value!r} must be > 0")
+        if not 0 < value < float("inf"):
+            raise UsageError(f"{key} = {value!r} must be > 0 and finite")
         return float(value)
-    m = re.fullmatch(r"\s*([\d.]+)\s*([kKmMgGtT]?)\s*", str(value))
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kKmMgGtT]?)\s*", value)
     if not m:
         raise UsageError(f"{key} = {value!r} is not a number", hint="write an integer or a string like \"25M\"")
-    return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2).lower()]
+    n = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2).lower()]
+    if n <= 0:
+        raise UsageError(f"{key} = {value!r} must be > 0")
+    return n
+
+
+def _type_error(key, value, where, expected, example):
+    return UsageError(f"{key} = {value!r} in {where} must be {expected}", hint=f"e.g. {example}")
+
+
+def validate_model_entry(entry: dict, where: str) -> None:
+    """Types of the model keys (model, inputs, device, args, loss, batch, seed, name, check)."""
+    for key, value in entry.items():
+        if key in ("model", "device", "loss", "batch", "name") and not isinstance(value, str):
+            raise _type_error(key, value, where, "a string", {"model": 'model = "models/net.py:build"',
+                                                              "device": 'device = "cpu"', "loss": 'loss = "auto"',
+                                                              "batch": 'batch = "data.py:one_batch"',
+                                                              "name": 'name = "small"'}[key])
+        if key == "inputs" and not (isinstance(value, str) or
+                                    (isinstance(value, list) and all(isinstance(v, str) for v in value))):
+            raise _type_error(key, value, where, "a list of SHAPE[:DTYPE] strings", 'inputs = ["8x3x32x32"]')
+        if key == "args" and not (isinstance(value, dict) or
+                                  (isinstance(value, list) and all(isinstance(v, str) for v in value))):
+            raise _type_error(key, value, where, "a table or a list of KEY=VALUE strings",
+                              'args = {width = 16} or args = ["width=16"]')
+        if key == "seed" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise _type_error(key, value, where, "an integer", "seed = 0")
+        if key == "check" and not isinstance(value, dict):
+            raise _type_error(key, value, where, "a table", "check = {max-params = 30000}")
+
+
+def validate_overfit(ov: dict, where: str) -> None:
+    for key, value in ov.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if key in ("steps", "seed") and (isinstance(value, bool) or not isinstance(value, int) or
+                                         (key == "steps" and value < 1) or value < 0):
+            raise _type_error(f"overfit-batch {key}", value, where, "a positive integer" if key == "steps"
+                              else "an integer ≥ 0", "overfit-batch = {steps = 200}")
+        if key in ("target-ratio", "target-loss", "lr") and value is not None and (not number or not value >= 0 or
+                                                                                  (key != "target-loss" and value == 0)):
+            raise _type_error(f"overfit-batch {key}", value, where,
+                              "a number ≥ 0" if key == "target-loss" else "a number > 0",
+                              "overfit-batch = {target-ratio = 0.05}")
+        if key == "optimizer" and value not in ("adam", "adamw", "sgd"):
+            raise _type_error("overfit-batch optimizer", value, where, "adam, adamw or sgd", 'overfit-batch = {optimizer = "sgd"}')
 
 
 def parse_bytes(value, key: str) -> int:
@@ -138,29 +182,33 @@ def load_config(path: Path | None) -> tuple[dict, str]:
 
 def models_from_config(table: dict, source: str, overrides: dict, check_overrides: dict | None = None) -> list[ModelConfig]:
     _unknown(table, ROOT_KEYS, f"[tool.torchdiag] of {source}")
+    validate_model_entry(table, f"[tool.torchdiag] of {source}")
     base_check = table.get("check", {})
     entries = table.get("models")
-    if entries is not None and overrides.get("model"):
-        entries = None  # MODEL_SPEC given: check that one model, with the top-level settings
-    if entries is None:
-        entries = [{k: v for k, v in table.items() if k in MODEL_KEYS}]
-    elif not isinstance(entries, list):
+    if entries is not None and not (isinstance(entries, list) and all(isinstance(e, dict) for e in entries)):
         raise UsageError(f"[tool.torchdiag] models must be an array of tables ([[tool.torchdiag.models]]) in {source}")
-    out = []
-    for i, entry in enumerate(entries):
-        where = f"[[tool.torchdiag.models]] #{i + 1} of {source}" if "models" in table else f"[tool.torchdiag] of {source}"
+    if entries is not None and not entries:
+        raise UsageError(f"[tool.torchdiag] models is empty in {source}", hint="add [[tool.torchdiag.models]] entries")
+    # Everything in the file is checked first, even what the command line replaces: a typo is never hidden.
+    file_entries = entries if entries is not None else [{k: v for k, v in table.items() if k in MODEL_KEYS}]
+    file_checks = []
+    for i, entry in enumerate(file_entries):
+        where = f"[[tool.torchdiag.models]] #{i + 1} of {source}" if entries is not None else f"[tool.torchdiag] of {source}"
         _unknown(entry, MODEL_KEYS, where)
+        validate_model_entry(entry, where)
+        check = dict(base_check)
+        check.update(entry.get("check", {}))
+        file_checks.append((entry, where, _validated_checks(check, f"the check table of {where}", where)))
+    cli_check = _validated_checks(dict(check_overrides or {}), "the command line", "the command line")
+    if entries is not None and overrides.get("model"):
+        # MODEL_SPEC given: check that one model, with the top-level settings
+        file_checks = [({}, "the command line", _validated_checks(dict(base_check), "[tool.torchdiag.check]", source))]
+    out = []
+    for entry, where, check in file_checks:
         merged = {k: v for k, v in table.items() if k in MODEL_KEYS - {"check", "name"}}
         merged.update(entry)
         merged.update({k: v for k, v in overrides.items() if v not in (None, [], ())})
-        check = dict(base_check)
-        check.update(entry.get("check", {}))
-        check.update(check_overrides or {})
-        _unknown(check, CHECK_KEYS, f"the check table of {where}")
-        check = validate_check(check, where)
-        ov = check.get("overfit-batch")
-        if isinstance(ov, dict):
-            _unknown(ov, OVERFIT_KEYS, f"overfit-batch in {where}")
+        check = {**check, **cli_check}
         if not merged.get("model"):
             raise UsageError(f"no model in {where}", hint='set model = "path/to/model.py:build" or give MODEL_SPEC')
         args = merged.get("args", [])
@@ -174,6 +222,18 @@ def models_from_config(table: dict, source: str, overrides: dict, check_override
                                loss=merged.get("loss", "auto"), batch=merged.get("batch"),
                                seed=int(merged.get("seed", 0)), check=check))
     return out
+
+
+def _validated_checks(check: dict, table_where: str, where: str) -> dict:
+    _unknown(check, CHECK_KEYS, table_where)
+    check = validate_check(check, where)
+    ov = check.get("overfit-batch")
+    if isinstance(ov, dict):
+        _unknown(ov, OVERFIT_KEYS, f"overfit-batch in {where}")
+        validate_overfit(ov, where)
+    if "max-peak-memory" in check:
+        parse_bytes(check["max-peak-memory"], "max-peak-memory")  # a bad size is reported before any model runs
+    return check
 
 
 def _prepare(cfg: ModelConfig):

@@ -1,8 +1,18 @@
 """CI outputs of `check`: JUnit XML (one testcase per check) and GitHub Actions annotations."""
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+# Characters XML 1.0 forbids (ElementTree writes them as they are, and reporters then reject the file);
+# ANSI colour codes from a model's own messages go too.
+_NOT_XML = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml(text) -> str:
+    return _NOT_XML.sub("", str(text))
+
 
 
 def write_junit(result, path) -> Path:
@@ -14,18 +24,18 @@ def write_junit(result, path) -> Path:
     for r in rows:
         by_model.setdefault(r["model"], []).append(r)
     for model, mrows in by_model.items():
-        suite = ET.SubElement(suites, "testsuite", name=f"torchdiag check {model}", tests=str(len(mrows)),
+        suite = ET.SubElement(suites, "testsuite", name=_xml(f"torchdiag check {model}"), tests=str(len(mrows)),
                               failures=str(sum(r["status"] == "FAIL" for r in mrows)),
                               errors=str(sum(r["status"] == "ERROR" for r in mrows)),
                               time=f"{sum(r['seconds'] for r in mrows):.3f}")
         for r in mrows:
-            case = ET.SubElement(suite, "testcase", classname=f"torchdiag.{model}", name=r["check"],
+            case = ET.SubElement(suite, "testcase", classname=_xml(f"torchdiag.{model}"), name=r["check"],
                                  time=f"{r['seconds']:.3f}")
-            text = f"{r['check']}: {r['figure']} (limit {r['limit'] or '-'})"
+            text = _xml(f"{r['check']}: {r['figure']} (limit {r['limit'] or '-'})")
             if r["status"] == "FAIL":
-                ET.SubElement(case, "failure", message=r["message"] or "failed").text = text
+                ET.SubElement(case, "failure", message=_xml(r["message"] or "failed"), type=r["check"]).text = text
             elif r["status"] == "ERROR":
-                ET.SubElement(case, "error", message=r["message"]).text = text
+                ET.SubElement(case, "error", message=_xml(r["message"] or "error"), type="model-error").text = text
             else:
                 ET.SubElement(case, "system-out").text = text
     path = Path(path)
