@@ -7,13 +7,17 @@ count does not depend on the device:
 - attention backward is counted as the math path's four matmuls on every device (the fused
   kernels' recomputation of the scores, which upstream counts, is not counted);
 - the fused nn.MultiheadAttention / TransformerEncoderLayer fast path (`_native_multi_head_attention`,
-  taken under no_grad) hides the projections; we switch the fast path off while counting.
+  taken under no_grad) hides the projections; we switch the fast path off while counting;
+- nn.LSTM/GRU/RNN on CPU run as one oneDNN kernel (`mkldnn_rnn_layer`, no formula: an LSTM counted
+  ~0), on CUDA as one cuDNN kernel (`_cudnn_rnn`, likewise); for models holding an RNN we switch
+  those backends off while counting, so the recurrence runs as the per-step matmuls meta counts.
 Every op that ran without a formula is listed with its call count. 1 MAC = 2 FLOPs; every
 formula counted here is a multiply-add kernel, so MACs = FLOPs / 2.
 
 `--engine fvcore` gives fvcore's traced count for comparison (its "flops" are MACs)."""
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -120,6 +124,28 @@ def _add_containers(model, flops: dict[str, int]) -> None:
             flops[name] = sum(flops.get(f"{name}.{child}", 0) for child, _ in mod.named_children())
 
 
+@contextlib.contextmanager
+def _rnn_unfused(model):
+    """Run nn.RNNBase modules as their per-step matmuls (what meta does) instead of one fused
+    oneDNN/cuDNN kernel that has no FLOP formula. Only the `enabled` switches are touched, and
+    only for models that hold an RNN (convolutions keep their fast kernels otherwise)."""
+    import torch
+    from torch import nn
+
+    C = torch._C
+    if not any(isinstance(m, nn.RNNBase) for m in model.modules()) or not hasattr(C, "_set_mkldnn_enabled"):
+        yield
+        return
+    mkldnn, cudnn = C._get_mkldnn_enabled(), C._get_cudnn_enabled()
+    C._set_mkldnn_enabled(False)
+    C._set_cudnn_enabled(False)
+    try:
+        yield
+    finally:
+        C._set_mkldnn_enabled(mkldnn)
+        C._set_cudnn_enabled(cudnn)
+
+
 def _snapshot(counter):
     return {k: dict(v) for k, v in counter.get_flop_counts().items()}, Counter(counter.calls)
 
@@ -143,7 +169,7 @@ def run(model, inputs, opts: Options | None = None) -> Result:
         torch.backends.mha.set_fastpath_enabled(False)  # fused MHA hides its projections from counters
         grad = opts.backward
         try:
-            with counter, tracker, torch.set_grad_enabled(grad):
+            with _rnn_unfused(model), counter, tracker, torch.set_grad_enabled(grad):
                 out = inputs.call(model)
                 fwd_counts, fwd_calls = _snapshot(counter)
                 if grad:
