@@ -257,3 +257,66 @@ def test_layer_called_twice_is_noted(image):
 
     res = diag.run(Twice(), torch.device("cpu"), diag.Options(layer="conv", image=str(image)))
     assert res.data["layer_calls"] == 2 and any("2 times" in n for n in res.notes)
+
+
+GRAY = '''
+import torch
+from torch import nn
+
+
+def build():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 6, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 10))
+'''
+
+
+def test_grayscale_model_with_channels_1(cli, tmp_path, untouched):
+    """--channels 1: the image is read as grayscale, normalised with one mean/std; a 1-channel model
+    gave exit 3 with a hint about -i, which gradcam does not have."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from torchdiag.diagnostics import gradcam as diag
+
+    (tmp_path / "gray.py").write_text(GRAY)
+    arr = np.random.default_rng(2).integers(0, 256, (16, 16), dtype=np.uint8)
+    Image.fromarray(arr).save(tmp_path / "digit.png")
+    spec = f"{tmp_path}/gray.py:build"
+    r = cli("gradcam", spec, "--layer", "0", "--image", tmp_path / "digit.png")          # RGB into a 1-channel conv
+    assert r.code == 3 and "--channels 1" in r.stderr and "1x3x16x16" in r.stderr, r.stderr
+    _one_error_line(r)
+    r = cli("gradcam", spec, "--layer", "0", "--image", tmp_path / "digit.png", "--channels", "1",
+            "--mean", "0.1307", "--std", "0.3081", "--out", tmp_path / "cam.png", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["channels"] == "grayscale" and "[0.1307]" in r.json["normalisation"]
+    with Image.open(tmp_path / "cam.png") as im:        # 16 px ×8 = 128 per panel, pictures in RGB
+        assert im.size == (3 * 128 + 2 * 2, 128) and im.mode == "RGB"
+    # closed form (conv → GAP → linear): CAM = ReLU(Σ_c W[k,c]·A_c)/(h·w), input (x/255 − m)/s
+    ns = {}
+    exec(GRAY, ns)
+    model = ns["build"]()                                # the same weights (seeded) as the CLI's
+    x = ((torch.from_numpy(arr).double() / 255 - 0.1307) / 0.3081).float()[None, None]
+    with torch.no_grad():
+        a = model[0](x)[0]
+        k = int(model(x)[0].argmax())
+    expect = torch.relu((model[3].weight[k].detach()[:, None, None] * a).sum(0)) / 256
+    with untouched(model):
+        res = diag.run(model, torch.device("cpu"), diag.Options(layer="0", image=str(tmp_path / "digit.png"),
+                                                                channels=1, mean=(0.1307,), std=(0.3081,)))
+    assert res.data["target_class"] == k
+    assert np.allclose(res._heatmap, (expect / expect.max()).numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--channels", "1", "--mean", "0.5,0.5,0.5"], "need 1 number (grayscale), got 3"),
+    (["--mean", "0.5,0.5"], "need 3 numbers (R,G,B), got 2"),
+    (["--channels", "2"], "--channels 2"),
+    (["--std", "0.5,0,0.5"], "divides by zero"),
+    (["--size", "0x4"], "bad --size"),
+])
+def test_preprocessing_options_checked_before_loading(cli, image, args, message):
+    r = cli("gradcam", sample("broken_factory.py:raises"), "--layer", "x", "--image", image, *args)
+    assert r.code == 2, r.stderr                  # the factory raises: exit 3 if it were loaded
+    _one_error_line(r)
+    assert message in r.stderr.splitlines()[0], r.stderr

@@ -28,6 +28,7 @@ class Options:
     size: tuple[int, int] | None = None      # (h, w); None keeps the file's size
     mean: tuple[float, ...] = (0.0, 0.0, 0.0)
     std: tuple[float, ...] = (1.0, 1.0, 1.0)
+    channels: int = 3                        # 3: RGB; 1: grayscale (one mean/std)
     target_class: int | None = None
     out: str | None = None
     tb: bool = False
@@ -37,7 +38,7 @@ class Options:
 
 
 def image_tensor(rgb, mean, std, device):
-    """HxWx3 uint8 → 1×3×H×W float32: (x/255 − mean)/std."""
+    """HxWxC uint8 → 1×C×H×W float32: (x/255 − mean)/std, one mean/std per channel."""
     import torch
 
     x = torch.from_numpy(rgb).permute(2, 0, 1).float().div(255.0)
@@ -75,7 +76,10 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
             except UsageError:
                 raise
             except Exception as exc:
-                raise forward_error(exc, tracker) from exc
+                err = forward_error(exc, tracker)
+                err.hint = (f"the image goes in as {'x'.join(map(str, x.shape))} {str(x.dtype).replace('torch.', '')}; "
+                            "match the model's input with --size H[xW], --channels 1|3, --mean/--std")
+                raise err from exc
     finally:
         handle.remove()
     if "a" not in captured:
@@ -126,13 +130,21 @@ def run(model, device, opts: Options) -> Result:
         close = difflib.get_close_matches(opts.layer, [n for n in names if n], n=3, cutoff=0.5)
         raise UsageError(f"no module named '{opts.layer}' in the model",
                          hint=(f"did you mean {', '.join(close)}?" if close else "module paths are listed by `torchdiag summary`"))
-    if len(opts.mean) != 3 or len(opts.std) != 3 or any(s == 0 for s in opts.std):
-        raise UsageError("--mean and --std take three numbers (R,G,B); std must not be 0")
-    rgb = im.load_rgb(opts.image, opts.size)
-    x = image_tensor(rgb, opts.mean, opts.std, device)
+    c = opts.channels
+    if c not in (1, 3):
+        raise UsageError(f"--channels {c}: an image has 3 (RGB) or 1 (grayscale)")
+    mean = tuple(opts.mean) * c if len(opts.mean) == 1 else tuple(opts.mean)
+    std = tuple(opts.std) * c if len(opts.std) == 1 else tuple(opts.std)
+    if len(mean) != c or len(std) != c or any(s == 0 for s in std):
+        raise UsageError(f"--mean and --std take {'three numbers (R,G,B)' if c == 3 else 'one number (grayscale)'}; "
+                         "std must not be 0")
+    pixels = im.load_rgb(opts.image, opts.size, c)
+    x = image_tensor(pixels, mean, std, device)
+    rgb = pixels if c == 3 else pixels.repeat(3, axis=2)       # pictures are always RGB
     result = Result("gradcam", header={"layer": opts.layer, "image": opts.image,
                                        "image_size": f"{rgb.shape[0]}x{rgb.shape[1]}",
-                                       "normalisation": f"(x/255 - {list(opts.mean)}) / {list(opts.std)}",
+                                       "channels": "RGB" if c == 3 else "grayscale",
+                                       "normalisation": f"(x/255 - {list(mean)}) / {list(std)}",
                                        "mode": "eval; gradient of the class logit w.r.t. the layer output"})
     with leave_no_trace(model):
         model.eval()

@@ -146,8 +146,9 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "model"
 
 
-def load_rgb(path, size: tuple[int, int] | None = None):
-    """Read an image file as HxWx3 uint8 RGB, resized (bilinear) to size=(h, w) when given."""
+def load_rgb(path, size: tuple[int, int] | None = None, channels: int = 3):
+    """Read an image file as HxWx3 uint8 RGB (channels=1: HxWx1 grayscale, PIL's "L"), resized
+    (bilinear) to size=(h, w) when given."""
     from PIL import Image, UnidentifiedImageError
 
     np = _np()
@@ -156,9 +157,10 @@ def load_rgb(path, size: tuple[int, int] | None = None):
         raise UsageError(f"image file not found: {path}", hint="give an existing PNG/JPEG file with --image")
     try:
         with Image.open(p) as im:
-            im = im.convert("RGB")
+            im = im.convert("L" if channels == 1 else "RGB")
             if size is not None and (im.height, im.width) != tuple(size):
                 im = im.resize((size[1], size[0]), Image.BILINEAR)
-            return np.asarray(im, dtype=np.uint8).copy()
+            arr = np.asarray(im, dtype=np.uint8).copy()
+            return arr[..., None] if arr.ndim == 2 else arr
     except (UnidentifiedImageError, OSError) as exc:
         raise UsageError(f"cannot read image {path}: {exc}", hint="give a PNG or JPEG file") from None
