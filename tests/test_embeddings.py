@@ -141,3 +141,18 @@ def test_meta_device_needs_real_values(cli, tmp_path):
     _one_error_line(r)
     assert "needs real values" in r.stderr and "--device cpu" in r.stderr
     assert not (tmp_path / "embeddings").exists()
+
+
+def test_readme_picture_is_what_the_code_draws(cli, tmp_path):
+    """docs/images/embeddings_pca.png is the README command's output (docs/images/regenerate.sh)."""
+    import numpy as np
+    from PIL import Image
+
+    from conftest import ROOT
+
+    r = cli("embeddings", CNN, "--layer", "head.0", "--batch", sample("gradcam_region.py:batch"),
+            "--tb", tmp_path / "runs", "--images", tmp_path / "emb")
+    assert r.code == 0, r.stderr
+    a = np.asarray(Image.open(ROOT / "docs" / "images" / "embeddings_pca.png").convert("RGB"))
+    b = np.asarray(Image.open(tmp_path / "emb" / "embeddings_head.0_pca.png").convert("RGB"))
+    assert a.shape == b.shape and (a == b).all(), "docs/images/embeddings_pca.png is stale: run sh docs/images/regenerate.sh"
