@@ -257,3 +257,13 @@ def test_readme_picture_is_what_the_code_draws(cli, tmp_path):
     a = np.asarray(Image.open(ROOT / "docs" / "images" / "attention.png").convert("RGB"))
     b = np.asarray(Image.open(tmp_path / "attention_blocks.0.attn.png").convert("RGB"))
     assert a.shape == b.shape and (a == b).all(), "docs/images/attention.png is stale: run sh docs/images/regenerate.sh"
+
+
+def test_tokens_on_a_long_sequence_are_noted(tmp_path):
+    from torchdiag.diagnostics import attention as diag
+
+    model, inputs = load("transformer_lm.py:build", "context=80", inputs=["1x65:int64"])
+    res = diag.run(model, inputs, diag.Options(tokens=[f"t{i}" for i in range(65)], images=str(tmp_path)))
+    assert any("up to 64 tokens" in n and "blocks.0.attn" in n for n in res.notes)
+    res = diag.run(model, inputs, diag.Options(tokens=[f"t{i}" for i in range(65)]))   # no pictures: nothing to say
+    assert not any("up to 64" in n for n in res.notes)

@@ -23,6 +23,7 @@ from ..errors import UsageError
 from ..results import Column, Result, Table
 
 MAX_HEADS_DRAWN = 16
+MAX_LABELLED = 64      # longest sequence whose axes get --tokens labels (more would not be legible)
 HEAD_INCHES = 2.6
 DPI = 100
 
@@ -277,6 +278,10 @@ def run(model, inputs, opts: Options | None = None) -> Result:
     if opts.sample >= catcher.captures[0].weights.shape[0]:
         raise UsageError(f"--sample {opts.sample} is out of range: batch size {catcher.captures[0].weights.shape[0]}")
     written = []
+    if opts.tokens is not None and (opts.images or opts.tb):
+        long = [c.key for c in catcher.captures if max(c.weights.shape[-2:]) > MAX_LABELLED]
+        if long:
+            result.notes.append(f"token labels are drawn up to {MAX_LABELLED} tokens; unlabelled: {', '.join(long)}")
     if opts.images or opts.tb:
         for cap in catcher.captures:
             img = draw(cap.weights[opts.sample], cap.key, opts.tokens)
@@ -325,7 +330,7 @@ def draw(w, title: str, tokens=None):
     for h, ax in enumerate(axes):
         im = ax.imshow(w[h].numpy(), cmap="viridis", vmin=0.0, vmax=vmax, interpolation="nearest", aspect="auto")
         ax.set_title(f"head {h}", fontsize=8)
-        if tokens is not None and max(L, S) <= 64:
+        if tokens is not None and max(L, S) <= MAX_LABELLED:
             fs = max(3, min(7, int(160 / max(L, S))))
             if len(tokens) == S:
                 ax.set_xticks(range(S))
