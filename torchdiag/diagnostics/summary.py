@@ -192,16 +192,24 @@ def write_graph(model, inputs, logdir) -> str:
         return "model graph not written: add_graph traces positional inputs only and this model takes keyword inputs"
     if any(t.is_meta for _, t in inputs.tensors()):
         return "model graph not written: a meta-device model cannot be traced"
+    import contextlib
+    import io
+
     writer, _ = open_writer(logdir, "summary")
     try:
-        with leave_no_trace(model), warnings.catch_warnings():
+        # add_graph print()s the tracer's error (with tensor values) to stdout: that would break --json
+        with leave_no_trace(model), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             model.eval()
             with torch.no_grad():
                 writer.add_graph(model, tuple(inputs.args), use_strict_trace=False)
         return "model graph written (TensorBoard → Graphs)"
     except Exception as exc:
+        # "Tracer cannot infer type of {<values>}\n:Dictionary inputs ... Found Tensor and str": the
+        # last line says why; the first holds tensor values
+        lines = [ln.strip(" :") for ln in str(exc).splitlines() if ln.strip(" :")]
+        why = lines[-1] if lines and lines[0].startswith("Tracer cannot infer type") else one_line(exc, 160)
         return ("model graph not written: the tracer could not follow this model "
-                f"(dict outputs and non-tensor values defeat it): {one_line(exc, 160)}")
+                f"(dict outputs and non-tensor values defeat it): {why[:160]}")
     finally:
         writer.close()
