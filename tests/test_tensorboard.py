@@ -25,19 +25,45 @@ def text_of(acc, tag) -> str:
     return acc.Tensors(tag)[0].tensor_proto.string_val[0].decode()
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_every_command_writes_readable_events(cli, tmp_path, command):
-    from torchdiag.cli.app import app
+# the commands FAST_RUNS does not cover; together: every command of the app
+MORE_RUNS = {
+    "gradcam": [sample("gradcam_region.py:build"), "--layer", "features.0", "--image", "{image}"],
+    "embeddings": [sample("cnn.py:build"), "--layer", "head.0"],
+    "gradcheck": [sample("custom_autograd.py:MulSquare"), "-i", "3", "-i", "3"],
+    "check": [sample("mlp.py:build"), "--max-params", "1M", "--nancheck"],
+}
 
-    if command not in [c.name for c in app.registered_commands]:
-        pytest.fail(f"{command} is not registered")
-    res = cli(command, *COMMANDS[command], "--tb", tmp_path)
+
+def test_every_command_has_a_tb_run_here():
+    from torchdiag.cli.app import COMMANDS as APP_COMMANDS, app
+
+    assert sorted({**COMMANDS, **MORE_RUNS}) == sorted(APP_COMMANDS)
+    assert sorted(c.name for c in app.registered_commands) == sorted(APP_COMMANDS)
+
+
+@pytest.mark.parametrize("command", sorted({**COMMANDS, **MORE_RUNS}))
+def test_every_command_writes_readable_events(cli, tmp_path, monkeypatch, command):
+    import numpy as np
+
+    from torchdiag.render.images import save_png
+
+    monkeypatch.chdir(tmp_path)   # check: no pyproject.toml here
+    image = save_png(np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8), tmp_path / "img.png")
+    args = [str(a).replace("{image}", str(image)) for a in {**COMMANDS, **MORE_RUNS}[command]]
+    res = cli(command, *args, "--tb", tmp_path / "tb")
     assert res.code == 0, res.stderr  # healthy sample models
-    run_dir = tmp_path / command
+    run_dir = tmp_path / "tb" / command
     assert list(run_dir.glob("events.out.tfevents.*")), f"no event file in {run_dir}"
+    assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == [command]   # DIR/<command>/ only
     acc = events(run_dir)
     tags = acc.Tags()
-    assert any(tags[k] for k in ("scalars", "tensors", "histograms", "images")), tags
+    assert text_of(acc, f"{command}/header/text_summary")
+    if command == "embeddings":   # the projector's files, read by TensorBoard's PROJECTOR tab
+        assert (run_dir / "projector_config.pbtxt").is_file()
+        assert len(next(run_dir.rglob("tensors.tsv")).read_text().splitlines()) == 8
+    else:
+        assert any(tags[k] for k in ("scalars", "histograms", "images")) or \
+            any(t.endswith(("/text_summary",)) and "/header/" not in t for t in tags["tensors"]), tags
 
 
 def test_summary_events_hold_tables_and_graph(cli, tmp_path):
@@ -66,6 +92,25 @@ def test_summary_graph_says_plainly_when_it_cannot_trace(tmp_path):
 
     note = write_graph(DictOut(), ModelInputs((torch.randn(2, 3),)), tmp_path)
     assert note.startswith("model graph not written: the tracer could not follow this model")
+
+
+def test_summary_tb_on_untraceable_model_keeps_json_pure_and_says_why(cli, tmp_path):
+    """add_graph print()s the tracer's failure to stdout; --json must still be one document."""
+    (tmp_path / "dictout.py").write_text(
+        "import torch\nfrom torch import nn\n"
+        "class M(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(3, 2)\n"
+        "    def forward(self, x):\n        return {'logits': self.fc(x), 'note': 'text', 'n': 3}\n"
+        "def build():\n    return M()\n")
+    res = cli("summary", f"{tmp_path}/dictout.py:build", "-i", "2x3", "--tb", tmp_path / "tb", "--json")
+    assert res.code == 0, res.stderr
+    doc = res.json                                      # stdout is exactly one JSON document
+    assert doc["total_params"] == 3 * 2 + 2
+    [note] = [n for n in doc["notes"] if n.startswith("model graph not written")]
+    assert "Found Tensor and str" in note and "tensor(" not in note
+    acc = events(tmp_path / "tb" / "summary")
+    assert acc.Scalars("summary/total_params")[0].value == 8
+    assert not acc.Tags()["graph"]
 
 
 def test_flops_scalars(cli, tmp_path):
@@ -111,3 +156,66 @@ def test_real_tensorboard_server_lists_runs_and_tags(cli, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+SLOW_MODEL = '''
+import os, time
+import torch
+from torch import nn
+
+class Slow(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls >= int(os.environ["SLOW_AFTER"]):
+            open(os.environ["SLOW_MARKER"], "w").close()      # the test sends Ctrl-C now
+            deadline = time.time() + 120
+            while time.time() < deadline:
+                time.sleep(0.02)
+        return self.fc(x)
+
+def build():
+    return Slow()
+'''
+
+
+def test_ctrl_c_flushes_the_events(tmp_path):
+    """A real SIGINT while the model runs: exit 130, and the events already written are on disk and
+    readable (summary: the error text; overfit-batch: the partial loss curve)."""
+    import os
+    import signal
+
+    from conftest import ROOT
+
+    (tmp_path / "slow.py").write_text(SLOW_MODEL)
+    runs = {"summary": ([], 1), "overfit-batch": (["--steps", "100000"], 6)}
+    procs = {}
+    for command, (extra, after) in runs.items():
+        env = dict(os.environ, SLOW_AFTER=str(after), SLOW_MARKER=str(tmp_path / f"{command}.ready"))
+        procs[command] = subprocess.Popen(
+            [sys.executable, "-m", "torchdiag", command, f"{tmp_path}/slow.py:build", "-i", "8x4", *extra,
+             "--tb", str(tmp_path / "tb")], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for command, proc in procs.items():
+            marker, deadline = tmp_path / f"{command}.ready", time.time() + 120
+            while not marker.exists() and proc.poll() is None and time.time() < deadline:
+                time.sleep(0.05)
+            assert marker.exists(), proc.communicate()[1]
+            proc.send_signal(signal.SIGINT)
+        outs = {command: proc.communicate(timeout=120) for command, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    for command, proc in procs.items():
+        assert proc.returncode == 130, outs[command][1]
+        assert "Traceback" not in outs[command][1], outs[command][1]
+    acc = events(tmp_path / "tb" / "summary")
+    assert "**exit 130**: interrupted" in text_of(acc, "summary/error/text_summary")
+    acc = events(tmp_path / "tb" / "overfit-batch")
+    losses = acc.Scalars("overfit-batch/loss")
+    assert len(losses) >= 4 and [e.step for e in losses] == list(range(len(losses)))

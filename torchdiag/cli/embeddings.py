@@ -31,7 +31,8 @@ def register(app) -> None:
         Labels come from --batch PATH:fn returning (inputs, labels); image inputs become the
         projector's sprite. Reports the vector size and, with labels, how often a sample's
         nearest neighbour shares its label."""
-        opts = c.CommonOptions("embeddings", spec, arg or [], input or [], device, seed, json, None, debug, batch=batch)
+        # tb in opts: the result's tables/scalars (and an error) land in DIR/embeddings/ beside the projector data
+        opts = c.CommonOptions("embeddings", spec, arg or [], input or [], device, seed, json, tb, debug, batch=batch)
         def required():  # before loading anything
             from ..errors import UsageError
 
@@ -40,7 +41,6 @@ def register(app) -> None:
             if tb is None:
                 raise UsageError("embeddings needs --tb DIR: the projector data is written for TensorBoard",
                                  hint="e.g. --tb runs, then tensorboard --logdir runs (PROJECTOR tab)")
-            c.output_dir(tb, "--tb")   # the projector's folder: not in opts, so execute() does not check it
             c.output_dir(images, "--images")
 
         def run(t):
