@@ -65,12 +65,80 @@ def test_assertions_fail_with_finding_text():
 
 
 def test_custom_loss_callable():
-    model = nn.Linear(3, 1)
+    with torch.random.fork_rng():   # seeded: with some draws the unscaled gradient trips exploding-grad
+        torch.manual_seed(0)
+        model = nn.Linear(3, 1)
     calls = []
 
     def my_loss(out, target):
         calls.append(target)
         return (out - 1).pow(2).mean()
 
-    r = torchdiag.gradflow(model, torch.randn(5, 3), loss=my_loss)
+    r = torchdiag.gradflow(model, torch.randn(5, 3, generator=torch.Generator().manual_seed(0)), loss=my_loss)
     assert calls and r.exit_code == 0
+
+
+def test_api_result_is_the_one_the_cli_renders(cli):
+    """The same Result: the CLI's JSON equals the API result's to_dict() on the same model and inputs."""
+    import json
+
+    from conftest import sample
+
+    model, inputs = load("cnn.py:build")
+    doc = torchdiag.flops(model, inputs.args[0]).to_dict()
+    cli_doc = cli("flops", sample("cnn.py:build"), "--json").json
+    # conv 3→16 and 16→32 (3×3, padding 1) on 32×32 then 16×16 after pooling, linear 2048→10; batch 8
+    assert doc["forward_macs"] == cli_doc["forward_macs"] == 8 * (32 * 32 * 16 * 27 + 16 * 16 * 32 * 144 + 2048 * 10)
+    assert json.loads(json.dumps(doc["modules"], default=str)) == cli_doc["modules"]
+
+
+def test_gradcheck_from_python():
+    import importlib.util
+
+    from conftest import sample
+
+    spec = importlib.util.spec_from_file_location("custom_autograd_t", sample("custom_autograd.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    x, y = torch.randn(3), torch.randn(3)
+    assert torchdiag.gradcheck(mod.MulSquare, x, y).exit_code == 0
+    bad = torchdiag.gradcheck(mod.WrongMulSquare, x, y)
+    assert bad.exit_code == 1 and any(f.where.startswith("input[1]") for f in bad.findings if f.severity == "error")
+    assert torchdiag.gradcheck(lambda a: (a ** 3).sum(), torch.randn(4)).exit_code == 0
+    with pytest.raises(torchdiag.UsageError, match="takes 2 inputs, got 1"):
+        torchdiag.gradcheck(mod.MulSquare, x)
+
+
+def test_gradcam_and_embeddings_from_python(tmp_path, untouched):
+    import numpy as np
+
+    from torchdiag.render.images import save_png
+
+    model, _ = load("gradcam_region.py:build")
+    image = save_png((np.random.default_rng(0).uniform(0.3, 1, (32, 32, 3)) * 255).astype(np.uint8), tmp_path / "i.png")
+    with untouched(model):
+        r = torchdiag.gradcam(model, image, layer="features.3", mean=[0, 0, 0])
+    heat = r._heatmap
+    # only rows/cols 16..31 reach the output; two 3×3 convs see 2 pixels further
+    assert heat[:14, :].max() == 0 and heat[:, :14].max() == 0 
+    assert all(i >= 14 for i in np.unravel_index(heat.argmax(), heat.shape))
+    model, inputs = load("cnn.py:build")
+    e = torchdiag.embeddings(model, inputs.args[0], layer="head.0", logdir=tmp_path / "tb")
+    assert e.data["samples"] == 8 and e.data["dim"] == 2048 and (tmp_path / "tb" / "embeddings").is_dir()
+
+
+def test_overfit_and_macs_assertions_fail_with_finding_text(untouched):
+    model = nn.Sequential(nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10))
+    broken, binputs = load("broken_cannot_overfit.py:build", inputs=["16x784"])
+    with untouched(broken), pytest.raises(AssertionError, match=r"cannot overfit one batch: loss .* in 60 steps") as e:
+        testing.assert_can_overfit(broken, binputs.args, steps=60)
+    # the findings, with the culprit: BatchMean (module "3") makes every sample's output the same
+    assert "\n  identical-outputs 3: every sample of the batch gets the same output" in str(e.value)
+    assert "\n  cannot-overfit" in str(e.value)
+    x = torch.randn(4, 784)
+    macs = 4 * (784 * 64 + 64 * 10)
+    assert testing.assert_macs_under(model, x, macs) == macs
+    with pytest.raises(AssertionError, match=f"{macs:,} forward MACs > limit {macs - 1:,}"):
+        testing.assert_macs_under(model, x, macs - 1)
+    with pytest.raises(TypeError, match="give the limit"):
+        testing.assert_macs_under(model, x)

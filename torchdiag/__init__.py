@@ -8,8 +8,8 @@ Every function returns the Result the CLI renders (`.data`, `.tables`, `.finding
 __version__ = "0.1.0"
 
 from .api import (  # noqa: E402  (stdlib-only module; heavy imports happen inside each function)
-    activations, as_inputs, attention, doctor, flops, gradflow, make_loss, memory, nancheck, overfit_batch,
-    profile, summary,
+    activations, as_inputs, attention, doctor, embeddings, flops, gradcam, gradcheck, gradflow, make_loss, memory,
+    nancheck, overfit_batch, profile, summary,
 )
 from .errors import DiagError, ExitCode, ModelError, UsageError  # noqa: E402
 from .results import Finding, Result, Table  # noqa: E402

@@ -118,5 +118,47 @@ def attention(model, inputs=None, **options):
     return d.run(model, as_inputs(model, inputs), _options(d, **options))
 
 
+def embeddings(model, inputs=None, *, layer: str, logdir=None, labels=None, **options):
+    """The layer's output per sample; with logdir, TensorBoard projector data under logdir/embeddings/."""
+    from .diagnostics import embeddings as d
+
+    return d.run(model, as_inputs(model, inputs),
+                 _options(d, layer=layer, logdir=None if logdir is None else str(logdir), labels=labels, **options))
+
+
+def gradcam(model, image, *, layer: str, **options):
+    """Grad-CAM of `layer` for one image file (PNG/JPEG, read as RGB); the model's own device is used.
+    The heatmap (H×W in [0, 1]) is `result._heatmap`; options as `torchdiag gradcam` (size, mean, std,
+    target_class, out, alpha, topk)."""
+    from .diagnostics import gradcam as d
+
+    tensors = list(model.parameters()) + list(model.buffers())
+    device = tensors[0].device if tensors else "cpu"
+    for key in ("mean", "std", "size"):
+        if isinstance(options.get(key), list):
+            options[key] = tuple(options[key])
+    return d.run(model, device, _options(d, layer=layer, image=str(image), **options))
+
+
+def gradcheck(target, *inputs, **options):
+    """Analytical vs numerical gradients (float64) of an autograd.Function subclass, an nn.Module or a
+    function, at the given input tensors: `torchdiag.gradcheck(MyFn, torch.randn(3), torch.randn(3))`.
+    Options: second_order, eps, atol, rtol, params (nn.Module parameters too), max_elements."""
+    import torch
+
+    from .diagnostics import gradcheck as d
+    from .errors import UsageError
+
+    opts = _options(d, **options)
+    label = getattr(target, "__qualname__", None) or type(target).__name__
+    kind, fn = d.resolve_target(target, {}, label)
+    if not inputs:
+        raise UsageError(f"gradcheck needs inputs: torchdiag.gradcheck({label}, torch.randn(3), ...)")
+    tensors = [t.detach().double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
+    d.check_arity(kind, fn, len(tensors), label)
+    checked = d.build(kind, fn, tensors, [f"input[{i}]" for i in range(len(tensors))], opts, label)
+    return d.run(checked, opts)
+
+
 __all__ = ["summary", "flops", "nancheck", "gradflow", "overfit_batch", "profile", "memory", "doctor",
-           "activations", "attention", "as_inputs", "make_loss"]
+           "activations", "attention", "embeddings", "gradcam", "gradcheck", "as_inputs", "make_loss"]

@@ -58,7 +58,10 @@ def assert_params_under(model, limit: float, *, trainable_only: bool = False):
     return n
 
 
-def assert_macs_under(model, inputs=None, limit: float = float("inf")):
+def assert_macs_under(model, inputs=None, limit: float | None = None):
+    """Forward multiply-adds (1 MAC = 2 FLOPs) at these inputs ≤ limit."""
+    if limit is None:
+        raise TypeError("assert_macs_under(model, inputs, limit): give the limit in MACs, e.g. 5e9")
     r = api.flops(model, inputs)
     macs = r.data["forward_macs"]
     if macs > limit:
