@@ -256,3 +256,27 @@ def test_github_annotations_format_and_json_stays_pure(cli, tmp_path, monkeypatc
     monkeypatch.setenv("GITHUB_ACTIONS", "false")
     res = cli("check", sample("mlp.py:build"), "--max-params", "1k")
     assert res.code == 1 and "::error" not in res.stdout + res.stderr
+
+
+def test_readme_ci_commands_work_in_a_fresh_checkout(cli, tmp_path, monkeypatch):
+    """The `torchdiag check …` lines of README's GitHub Actions workflow and Makefile, run as written
+    in a folder holding only pyproject.toml (no reports/ yet)."""
+    import re
+    import shlex
+
+    from conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## check: the CI gate"):readme.index("## Python API")]
+    commands = sorted(set(re.findall(r"^\s*(?:- run: |\t)(torchdiag check[^\n#]*)", section, re.M)))
+    assert commands, "no torchdiag check command in README's CI section"
+    write(tmp_path, CONFIG.format(model=sample("cnn.py:build"), max_params=30000)
+          .replace("overfit-batch = {steps = 200, target-ratio = 0.05}", ""))
+    monkeypatch.chdir(tmp_path)
+    for line in commands:
+        args = shlex.split(line)[2:]
+        res = cli("check", *args)
+        assert res.code == 0, (line, res.stderr)
+        junit = [a for a in args if a.endswith(".xml")]
+        if junit:
+            assert ET.parse(tmp_path / junit[0]).getroot().get("tests") == "4"
