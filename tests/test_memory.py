@@ -122,7 +122,7 @@ def test_batch_sizes_and_budget(cli):
     # an MLP's memory is affine in the batch size: activations and temporaries grow, weights do not
     assert rows[64]["peak_bytes"] > rows[8]["peak_bytes"] > rows[1]["peak_bytes"]
     best = d["max_batch_size"]
-    assert d["budget_bytes"] == 12_000_000
+    assert d["budget_bytes"] == 12_000_000 and d["max_batch_size_capped"] is False
     assert rows[best]["fits"] is True and rows[best]["peak_bytes"] <= 12_000_000
     assert rows[best + 1]["fits"] is False and rows[best + 1]["peak_bytes"] > 12_000_000
     # independent check at the boundary: real tensors, measured
@@ -132,6 +132,18 @@ def test_batch_sizes_and_budget(cli):
     ins = ModelInputs((torch.randn(best + 1, 784),))
     real = M.measure(model, ins, M.Options(), torch.device("cpu")).peak
     assert abs(real - rows[best + 1]["peak_bytes"]) <= 0.10 * real
+
+
+def test_budget_beyond_search_limit_says_so(cli):
+    # 1 TiB holds far more than 2**20 MLP samples (input alone: 784 * 4 bytes each, ~3 GiB at 2**20)
+    r = cli("memory", sample("mlp.py:build"), "--budget", "1TiB", "--json")
+    assert r.code == 0, r.stderr
+    d = r.json
+    assert d["max_batch_size"] == 2**20 and d["max_batch_size_capped"] is True
+    assert [row["batch_size"] for row in d["batch_sizes"]] == [2**20] and d["batch_sizes"][0]["fits"] is True
+    assert 2**20 * 784 * 4 < d["batch_sizes"][0]["peak_bytes"] <= 2**40
+    r = cli("memory", sample("mlp.py:build"), "--budget", "1TiB")
+    assert "larger ones may too" in r.stdout
 
 
 def test_nothing_fits_is_exit_1(cli):
@@ -225,6 +237,7 @@ def test_parse_bytes():
 @pytest.mark.parametrize("args,needle", [
     (["--budget", "lots"], "bad memory size 'lots'"),
     (["--batch-sizes", "1,x"], "bad --batch-sizes"),
+    (["--batch-sizes", "8," + "9" * 20], "too large"),
     (["--optimizer", "lion"], "unknown optimizer"),
     (["--dtype", "int8"], "unknown dtype"),
     (["--device", "cuda"], "device 'cuda' is not available"),

@@ -25,6 +25,7 @@ from ..results import Column, Result, Table
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 DTYPES = ("float32", "bfloat16", "float16")
+MAX_BATCH = 1 << 20                 # --batch-sizes and the --budget search stop here
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -64,6 +65,9 @@ def parse_batch_sizes(text: str) -> list[int]:
         raise UsageError(f"bad --batch-sizes '{text}'", hint="comma-separated positive integers, e.g. 1,8,32") from None
     if not sizes or any(s < 1 for s in sizes):
         raise UsageError(f"bad --batch-sizes '{text}'", hint="comma-separated positive integers, e.g. 1,8,32")
+    if max(sizes) > MAX_BATCH:
+        raise UsageError(f"--batch-sizes {max(sizes)} is too large: batch sizes up to {MAX_BATCH:,} are estimated",
+                         hint=f"give sizes from 1 to {MAX_BATCH}")
     return sorted(set(sizes))
 
 
@@ -384,7 +388,7 @@ def _peak_at(model, inputs, opts, bs, emulate, cache) -> int:
     return cache[bs]
 
 
-def largest_fitting(model, inputs, opts: Options, emulate, cache, limit: int = 1 << 20) -> int:
+def largest_fitting(model, inputs, opts: Options, emulate, cache, limit: int = MAX_BATCH) -> int:
     """Largest batch size whose estimated peak ≤ budget (0 if even 1 does not fit). Peak memory
     is close to affine in the batch size, so a line through sizes 1 and 2 proposes a size and
     estimates at and around it confirm it; a bisection over estimates settles anything else."""
@@ -523,7 +527,7 @@ def run(model, inputs, opts: Options | None = None, device=None) -> Result:
         best = largest_fitting(model, inputs, sweep_opts, emulate, cache) if opts.budget else None
         wanted = set(opts.batch_sizes)
         if best is not None:  # the boundary the search found: the largest size that fits and the next one
-            wanted |= {max(best, 1), best + 1}
+            wanted |= {max(best, 1)} | ({best + 1} if best < MAX_BATCH else set())
         sizes = sweep(model, inputs, sweep_opts, sorted(wanted), emulate, cache) if wanted else []
         unit, unit_name = fsdp_unit_bytes(model) if opts.shard > 1 else (0, "")
         if unit and opts.dtype:
@@ -618,6 +622,7 @@ def _fill(result, r: StepReport, opts, device, est_peak, sizes, best, budget, un
     if opts.budget is not None:
         result.data["budget_bytes"] = opts.budget
         result.data["max_batch_size"] = best
+        result.data["max_batch_size_capped"] = best >= MAX_BATCH  # the search stopped: larger sizes may fit too
         if best == 0:
             result.add("no-batch-fits", "error", "", f"even batch size 1 does not fit in {human_bytes(opts.budget)}: "
                        f"estimated peak {human_bytes(sizes[0]['peak_bytes'])}",
@@ -636,7 +641,11 @@ def _fill(result, r: StepReport, opts, device, est_peak, sizes, best, budget, un
         if r.cuda.get("snapshot"):
             result.summary.append(("Snapshot", f"{r.cuda['snapshot']} (open at https://pytorch.org/memory_viz)"))
     if opts.budget is not None:
-        result.summary.append(("Budget", f"{human_bytes(opts.budget)}: largest batch size that fits ≈ {best} (estimated)"))
+        if best >= MAX_BATCH:
+            result.summary.append(("Budget", f"{human_bytes(opts.budget)}: batch size {best} (where the search stops) "
+                                   f"fits; larger ones may too (estimated)"))
+        else:
+            result.summary.append(("Budget", f"{human_bytes(opts.budget)}: largest batch size that fits ≈ {best} (estimated)"))
     if device.type == "meta":
         result.notes.append("estimated on fake tensors: the step ran with shapes only, nothing was allocated; "
                             "optimizer uses torch's CUDA default (foreach), so its temporaries are counted as on a GPU")
