@@ -385,3 +385,25 @@ def test_no_trainable_parameters_skips_backward_checks(cli, flaky, factory):
         assert found(d, "frozen")[0]["severity"] == "warning"      # the other findings still decide
     r = cli(DOCTOR, f"{flaky}:{factory}")
     assert r.code == 0 and "no trainable parameters" in r.stdout and "error:" not in r.stderr
+
+
+class _NoisyEval(nn.Module):
+    """No Dropout/BatchNorm, no self.training: adds fresh noise on every call, in both modes."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.lin(x + torch.randn(x.shape))
+
+
+def test_random_forward_is_not_blamed_on_self_training():
+    from torchdiag.core.inputs import ModelInputs
+
+    res = run_diag(nn.Sequential(_NoisyEval()), ModelInputs((torch.randn(5, 4),)))
+    (f,) = [f for f in res.findings if f.code == "nondeterministic-eval"]
+    assert f.where == "0"
+    assert not [f for f in res.findings if f.code == "mode-dependent"]   # the code never reads self.training
+    modes = next(r for r in res.tables[0].rows if r["id"] == "modes")
+    assert modes["status"] == "skipped" and "random" in modes["verdict"]
