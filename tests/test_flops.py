@@ -197,3 +197,13 @@ def test_rnn_backward_same_on_cpu_and_meta():
         r = flops.run(model, inputs, flops.Options(backward=True, loss=Loss("sum")))
         results[device] = (r.data["forward_flops"], r.data["backward_flops"])
     assert results["cpu"] == results["meta"] and results["cpu"][1] > results["cpu"][0]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--engine", "bogus"], "unknown engine 'bogus'"),
+    (["--engine", "fvcore", "--backward"], "--engine fvcore counts the forward pass only"),
+])
+def test_engine_option_errors_come_before_loading(cli, args, words):
+    # the spec does not exist: the option error must be reported first, without importing anything
+    res = cli("flops", sample("nothere.py:build"), *args)
+    assert res.code == 2 and res.stderr.startswith(f"error: {words}")

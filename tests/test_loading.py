@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import SAMPLES, load, sample
+from conftest import ROOT, SAMPLES, load, sample
 
 from torchdiag.core.inputs import parse_input_spec
 from torchdiag.core.loading import parse_args, split_spec
@@ -19,6 +19,9 @@ def _error_line(res):
 @pytest.mark.parametrize("args, code, words", [
     (["summary", "sample_models/mlp.py"], 2, "no ':factory'"),
     (["summary", "sample_models/nothere.py:build"], 2, "not found"),
+    (["summary", f"{ROOT}/README.md:build"], 2, "README.md' is not a Python file"),
+    (["summary", f"{SAMPLES}:build"], 2, "sample_models' is a folder, not a Python file"),
+    (["summary", f"{SAMPLES}/:build"], 2, "is a folder, not a Python file"),
     (["summary", "no_such_pkg.models:build"], 2, "module 'no_such_pkg.models' not found"),
     (["summary", sample("mlp.py:buidl")], 2, "no factory named 'buidl'"),
     (["summary", sample("broken_factory.py:not_a_module")], 2, "returned dict, not a torch.nn.Module"),
@@ -142,3 +145,15 @@ def test_tb_pointing_at_a_file_is_a_usage_error(cli, tmp_path):
     res = cli("summary", sample("mlp.py:build"), "--tb", tmp_path / "afile", "--json")
     assert res.code == 2 and "is a file, not a folder" in _error_line(res)
     assert res.json["exit_code"] == 2  # exactly one JSON document, the error
+
+
+@pytest.mark.parametrize("body", ["if x.sum().item() > 0:\n            x = x + 1", "x = x[x.nonzero(as_tuple=True)].view(2, 4)"])
+def test_meta_forward_that_reads_values_says_use_cpu(cli, tmp_path, body):
+    (tmp_path / "m.py").write_text(
+        "from torch import nn\n\nclass M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = nn.Linear(4, 4)\n\n    def forward(self, x):\n        " + body + "\n        return self.fc(x)\n\n"
+        "def build():\n    return M()\n")
+    res = cli("flops", f"{tmp_path}/m.py:build", "-i", "2x4", "--device", "meta")
+    assert res.code == 3 and "forward failed in (root) (M)" in _error_line(res)
+    assert "run it with --device cpu" in res.stderr
+    assert cli("flops", f"{tmp_path}/m.py:build", "-i", "2x4", "--device", "cpu").code == 0

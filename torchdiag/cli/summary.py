@@ -9,7 +9,7 @@ EXAMPLE = """Examples:
 
   torchdiag summary sample_models/transformer_lm.py:build --depth 1 --json
 
-  torchdiag summary sample_models/llama.py:build --arg size="'7b'" --device meta"""
+  torchdiag summary sample_models/llama.py:build --arg size=7b --device meta"""
 
 
 def register(app) -> None:

@@ -59,6 +59,13 @@ def _is_path(where: str) -> bool:
 
 def import_module(where: str) -> ModuleType:
     """Import a file path or a dotted module; the user's import errors exit 3, missing ones 2."""
+    if os.path.isdir(where) and not os.path.isfile(os.path.join(where, "__init__.py")) or (
+            _is_path(where) and os.path.isdir(where)):
+        raise UsageError(f"'{where}' is a folder, not a Python file",
+                         hint="name the file that defines the factory, e.g. models/net.py:build")
+    if os.path.isfile(where) and not where.endswith(".py"):
+        raise UsageError(f"'{where}' is not a Python file",
+                         hint="MODEL_SPEC names a .py file (or a dotted module) and the factory in it, e.g. models/net.py:build")
     if _is_path(where):
         path = os.path.abspath(where)
         if not os.path.isfile(path):

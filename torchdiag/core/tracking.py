@@ -1,6 +1,7 @@
 """Forward hooks that record which module ran, with what shapes — and which one raised."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,7 +128,11 @@ def forward_error(exc: BaseException, tracker: ModuleTracker | None, phase: str 
         msg = f"{phase} failed in {where} ({call.type}) with input shapes {call.inputs or '()'}: {one_line(exc)}"
     else:
         msg = f"{phase} failed: {one_line(exc)}"
-    err = ModelError(msg, hint="the model's own code raised; fix it or the inputs (-i) and run again", partial=partial)
+    hint = "the model's own code raised; fix it or the inputs (-i) and run again"
+    if re.search(r"(?<![a-z])meta(?![a-z])", str(exc).lower()):
+        hint = ("on --device meta tensors have no values, and this model's code reads them "
+                "(.item(), if on a tensor, nonzero …): run it with --device cpu")
+    err = ModelError(msg, hint=hint, partial=partial)
     err.where = call.name if call else ""
     return err
 
