@@ -283,3 +283,27 @@ def test_snapshot_path_is_checked_before_loading(cli, tmp_path):
             assert len(errors) == 1 and errors[0].startswith("error: --snapshot") and needle in errors[0], r.stderr
             assert "Traceback" not in r.stderr
     assert not (tmp_path / "missing").exists()
+
+
+class _ReadsValues(torch.nn.Module):
+    """Branches on a tensor value (.item()): runs for real, cannot run on fake tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y.sum() if y.max().item() > -1e9 else y.mean()
+
+
+def test_data_dependent_model_is_measured_on_cpu_and_refused_for_estimates():
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.errors import UsageError
+
+    model, ins = _ReadsValues(), ModelInputs((torch.randn(4, 8),))
+    d = M.run(model, ins, M.Options()).to_dict()   # measured; only the comparison estimate is left out
+    assert d["param_bytes"] == (64 + 8) * 4 and d["optimizer_bytes"] == 2 * (64 + 8) * 4 + 4 * 2
+    assert "estimate_peak_bytes" not in d and any("measured only" in n for n in d["notes"])
+    with pytest.raises(UsageError, match="cannot estimate without allocating"):
+        M.run(model, ins, M.Options(batch_sizes=[2]))
