@@ -207,3 +207,16 @@ def test_engine_option_errors_come_before_loading(cli, args, words):
     # the spec does not exist: the option error must be reported first, without importing anything
     res = cli("flops", sample("nothere.py:build"), *args)
     assert res.code == 2 and res.stderr.startswith(f"error: {words}")
+
+
+def test_transformer_encoder_layer_fast_path_is_counted_on_cpu():
+    # eval + no_grad: nn.TransformerEncoderLayer would run as one fused kernel
+    # (_transformer_encoder_layer_fwd) that hides every matmul from the counter
+    dim, heads, ffn, b, t = 32, 4, 64, 2, 10
+    layer = nn.TransformerEncoderLayer(dim, heads, ffn, batch_first=True).eval()
+    r = count(layer, torch.randn(b, t, dim))
+    proj = b * t * (3 * dim * dim + dim * dim)
+    attn = 2 * b * t * t * dim
+    mlp = b * t * 2 * dim * ffn
+    assert r.data["forward_macs"] == proj + attn + mlp
+    assert torch.backends.mha.get_fastpath_enabled()  # restored
