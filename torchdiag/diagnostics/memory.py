@@ -264,6 +264,10 @@ def measure(model, inputs, opts: Options, device) -> StepReport:
     cuda = device.type == "cuda"
     snap = None
     if cuda:
+        with torch.cuda.device(device):
+            # the cuBLAS handle and its workspace (allocator memory, kept for the process) exist
+            # before `base`, so a first matmul in the step does not count them as step memory
+            torch.cuda.current_blas_handle()
         torch.cuda.synchronize(device)
         if opts.snapshot:
             torch.cuda.memory._record_memory_history(max_entries=200_000)
