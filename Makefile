@@ -1,6 +1,8 @@
 # Set-up is two commands on a fresh machine: `make demo` and `make test`; each installs what it needs.
-# TORCH picks the torch build for the local venv: the CPU wheel by default (small and fast to
-# install); `make TORCH=torch test` takes whatever the index resolves (a CUDA build on GPU boxes).
+# TORCH picks the torch for the local venv: by default the version this project is tested with
+# (torch==2.13.0; pip takes a local CPU wheel of it when one is on its find-links, otherwise your
+# index's build of that version); `make TORCH=torch test` takes whatever the index resolves
+# within pyproject's range (a CUDA build on GPU boxes).
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV ?= .venv
