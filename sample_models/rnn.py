@@ -1,4 +1,5 @@
-"""Sequence models: an LSTM classifier (`build`) and a GRU tagger (`gru`). Input: -i 4x20:int64."""
+"""Sequence models: an LSTM classifier (`build`, input -i 4x20:int64; example_inputs() gives it) and
+a bidirectional GRU tagger (`gru`, float features: -i 4x20x16)."""
 import torch
 from torch import nn
 
