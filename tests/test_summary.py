@@ -116,3 +116,15 @@ def test_forward_failure_shows_rows_that_ran(cli):
     assert res.code == 3
     assert "Modules that ran before the error" in res.stdout and "(raised)" in res.stdout
     assert "forward failed in 2.0 (Linear)" in res.stderr
+
+
+def test_lazy_modules_rows_count_the_parameters_forward_created():
+    # nn.LazyLinear has its parameters only after the first forward: rows and totals must agree
+    from torchdiag.core.inputs import ModelInputs
+
+    model = nn.Sequential(nn.LazyLinear(8), nn.ReLU(), nn.LazyLinear(2))
+    r = summary.run(model, ModelInputs((torch.randn(3, 5),)))
+    rows = {row["name"]: row["params"] for row in r.table("layers").rows}
+    assert rows == {"0": linear_params(5, 8), "1": 0, "2": linear_params(8, 2)}
+    assert r.data["total_params"] == linear_params(5, 8) + linear_params(8, 2)
+    assert not any("torchinfo" in n for n in r.notes)

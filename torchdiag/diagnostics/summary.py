@@ -51,7 +51,10 @@ def torchinfo_listing(model):
     """torchinfo's static layer list (no forward): {module id: LayerInfo}, and its total."""
     import torchinfo
 
-    stats = torchinfo.summary(model, depth=10_000, verbose=0)
+    try:
+        stats = torchinfo.summary(model, depth=10_000, verbose=0)
+    except Exception:  # torchinfo is a helper here: without it, rows use torchdiag's own counts
+        return {}, None
     by_id = {}
     for info in stats.summary_list:
         by_id.setdefault(id(info.module), info)
@@ -105,7 +108,6 @@ def run(model, inputs, opts: Options | None = None) -> Result:
 
     opts = opts or Options()
     result = Result("summary", header={"mode": "eval, no grad (one forward pass)"})
-    listing, torchinfo_total = torchinfo_listing(model)
     tracker = ModuleTracker(model)
     with leave_no_trace(model):
         model.eval()
@@ -113,12 +115,14 @@ def run(model, inputs, opts: Options | None = None) -> Result:
             try:
                 output = inputs.call(model)
             except Exception as exc:
-                rows, _ = _rows(model, tracker, opts.depth, listing)
+                rows, _ = _rows(model, tracker, opts.depth, torchinfo_listing(model)[0])
                 partial = Result("summary", header=result.header)
                 partial.tables.append(_layer_table([r for r in rows if r["calls"]], opts.depth,
                                                    "Modules that ran before the error"))
                 raise forward_error(exc, tracker, partial=partial) from exc
 
+    # after the forward: lazy modules (nn.LazyLinear …) only have their parameters from then on
+    listing, torchinfo_total = torchinfo_listing(model)
     rows, uncalled = _rows(model, tracker, opts.depth, listing)
     params = unique_params(model)
     total = sum(p.numel() for p in params)
@@ -148,10 +152,10 @@ def run(model, inputs, opts: Options | None = None) -> Result:
         ("Param memory", _hb(param_bytes)), ("Buffer memory", _hb(buffer_bytes)),
         ("Model output", describe(output)),
     ]
-    if torchinfo_total != total:
-        result.notes.append(
-            f"torchinfo 1.8.0 reports {torchinfo_total:,} params: it counts each of {len(shared)} shared "
-            f"tensor(s) once per module using it; torchdiag counts each tensor once ({total:,}).")
+    if torchinfo_total is not None and torchinfo_total != total:
+        why = (f"it counts each of {len(shared)} shared tensor(s) once per module using it; " if shared else "")
+        result.notes.append(f"torchinfo 1.8.0 reports {torchinfo_total:,} params: {why}"
+                            f"torchdiag counts each tensor once ({total:,}).")
     if uncalled:
         top = [n for n in uncalled if not any(n.startswith(u + ".") for u in uncalled)]
         result.notes.append(f"{len(uncalled)} module(s) never ran in forward: " + ", ".join(top[:10]) +
