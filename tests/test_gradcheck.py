@@ -223,3 +223,45 @@ def test_arity_from_signature_kinds(cli, tmp_path):
     r = cli("gradcheck", f"{path}:Pair", "-i", "3")                # Module.forward(self, x, y)
     assert r.code == 2 and "Pair takes 2 inputs, got 1" in r.stderr
     assert cli("gradcheck", f"{path}:Pair", "-i", "3", "-i", "3").code == 0
+
+
+RANDOM = '''
+import torch
+from torch import nn
+
+
+class Drop(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.lin(x))
+
+
+def noisy(x):
+    return x * 2 + torch.rand_like(x)
+
+
+def sign(x):
+    return (x > 0).long()
+'''
+
+
+def test_random_targets_and_integer_outputs(cli, tmp_path):
+    """Dropout in training mode made finite differences random: a FAIL blaming backward (exit 1).
+    Now an nn.Module is checked in eval mode with a note; a random function is exit 2; so is a
+    target with no floating-point output (was a vacuous PASS)."""
+    (tmp_path / "rnd.py").write_text(RANDOM)
+    r = cli("gradcheck", f"{tmp_path}/rnd.py:Drop", "-i", "2x3", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["passed"] and r.json["mode"] == "eval" and any("eval mode" in n for n in r.json["notes"])
+    r = cli("gradcheck", f"{tmp_path}/rnd.py:noisy", "-i", "3")
+    assert r.code == 2 and "different outputs for the same input" in r.stderr
+    _one_error_line(r)
+    r = cli("gradcheck", f"{tmp_path}/rnd.py:sign", "-i", "3")
+    assert r.code == 2 and "no floating-point output (int64)" in r.stderr
+    _one_error_line(r)
+    r = cli("gradcheck", sample(f"{CA}:ScaledTanh"), "-i", "2x3", "--json")     # deterministic: stays in train mode
+    assert r.code == 0 and r.json["mode"] == "train" and r.json["notes"] == []

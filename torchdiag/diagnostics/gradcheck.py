@@ -42,6 +42,7 @@ class Checked:
     kind: str
     label: str
     extra: dict = field(default_factory=dict)
+    module: Any = None          # the float64 copy an nn.Module target runs on
 
 
 def resolve_target(obj, kwargs: dict, label: str):
@@ -163,7 +164,7 @@ def build(kind: str, target, inputs: list, input_names: list[str], opts: Options
         return functional_call(module, dict(zip(pnames, ts[nd:])), tuple(args))
 
     return Checked(fn, [inputs[i] for i in diff] + pvals, [input_names[i] for i in diff] + pnames, kind, label,
-                   {"parameters": len(pnames)})
+                   {"parameters": len(pnames)}, module)
 
 
 def _outputs(value) -> list:
@@ -326,6 +327,7 @@ def run(checked: Checked, opts: Options | None = None) -> Result:
     if total > opts.max_elements:
         raise UsageError(f"{total:,} input elements to check; the numerical gradient needs two forwards per element",
                          hint=f"use smaller shapes with -i (≤ {opts.max_elements:,} elements in all)")
+    _deterministic(checked, xs, result)
     grad_mode = torch.is_grad_enabled()
     torch.set_grad_enabled(True)
     try:
@@ -373,6 +375,39 @@ def run(checked: Checked, opts: Options | None = None) -> Result:
                       if passed else "FAIL: analytical and numerical gradients differ")
     result.failed = not passed
     return result
+
+
+def _same(a, b) -> bool:
+    import torch
+
+    return all(x.shape == y.shape and bool(torch.equal(torch.nan_to_num(x), torch.nan_to_num(y))) for x, y in zip(a, b))
+
+
+def _deterministic(checked: Checked, xs, result) -> None:
+    """Finite differences need f to give the same output for the same input, and a float output.
+    An nn.Module that is random in training mode (Dropout) is checked in eval mode, with a note;
+    anything else random is a usage error (it would read as a wrong backward)."""
+    import torch
+
+    with torch.no_grad():
+        first = _call(checked.fn, xs)
+        if not any(o.is_floating_point() or o.is_complex() for o in first):
+            raise UsageError(f"{checked.label} returns no floating-point output "
+                             f"({', '.join(str(o.dtype).replace('torch.', '') for o in first) or 'nothing'}): "
+                             "there is no gradient to check")
+        if _same(first, _call(checked.fn, xs)):
+            result.data["mode"] = "train" if checked.module is not None and checked.module.training else None
+            return
+        if checked.module is not None and checked.module.training:
+            checked.module.eval()
+            if _same(_call(checked.fn, xs), _call(checked.fn, xs)):
+                result.data["mode"] = "eval"
+                result.notes.append(f"{checked.label} gives different outputs for the same input in training mode "
+                                    "(Dropout or other random ops): checked in eval mode")
+                return
+    raise UsageError(f"{checked.label} gives different outputs for the same input: numerical gradients of a random "
+                     "function are meaningless", hint="make it deterministic for the check (no dropout/sampling), "
+                                                      "or seed the randomness inside it")
 
 
 def _where(r) -> str:
