@@ -125,6 +125,33 @@ def test_branch_under_no_grad(cli):
     assert {p["reason"] for p in doc["params"] if p["status"] == "no-grad"} == {"detached"}
 
 
+def test_integer_output_is_named_as_the_cut():
+    class Picker(nn.Module):                      # returns class indices: no gradient flows back through it
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(5, 4)
+
+        def forward(self, x):
+            return self.lin(x).argmax(-1)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pick = Picker()
+            self.emb = nn.Embedding(4, 3)
+
+        def forward(self, x):
+            return self.emb(self.pick(x))
+
+    torch.manual_seed(0)
+    res = run(Model(), torch.randn(6, 5), loss=Loss("sum"))
+    assert codes(res) == {("no-grad", "pick")}
+    lin = by(res.table("params").rows, "name", "pick.lin.weight")
+    assert lin["status"] == "no-grad" and lin["reason"] == "detached"
+    assert "pick (Picker) ran but returned no floating-point tensor" in res.findings[0].message
+    assert by(res.table("params").rows, "name", "emb.weight")["status"] == "ok"
+
+
 def test_unused_submodule_and_parameter(cli):
     r = cli("gradflow", sample("broken_unused.py:build"), "--json")
     assert r.code == 1
@@ -343,7 +370,7 @@ def test_batch_function_and_custom_loss(cli, tmp_path):
                  "def batch():\n    return torch.randn(4, 784), torch.randint(0, 10, (4,))\n"
                  "def total(out, target):\n    return out.sum()\n")
     doc = cli("gradflow", sample("mlp.py:build"), "--batch", f"{f}:batch", "--json").json
-    assert doc["exit_code"] == 0 and doc["loss"] == "cross_entropy on output"
+    assert doc["exit_code"] == 0 and doc["loss"] == "cross_entropy on output against the given target"
     assert doc["inputs"] == ["input[0]: 4x784 float32"]
     doc = cli("gradflow", sample("mlp.py:build"), "--loss", f"{f}:total", "--json").json
     assert doc["loss"] == "total() on output"

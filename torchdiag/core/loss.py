@@ -49,7 +49,8 @@ class Loss:
             return f"the model's own loss ({self.picked})" if self.picked == "output['loss']" else \
                 f"the scalar output itself ({self.picked})"
         target = " against random class targets" if self.chosen == "cross_entropy" and self.made_target else \
-            " against a random target" if self.chosen == "mse" and self.made_target else ""
+            " against a random target" if self.chosen == "mse" and self.made_target else \
+            " against the given target" if self.chosen in ("cross_entropy", "mse") and self.target is not None else ""
         return f"{self.chosen or self.kind} on {self.picked or 'output'}{target}"
 
     def __call__(self, out):
@@ -73,14 +74,22 @@ class Loss:
         if kind == "sum":
             return y.float().sum()
         if kind == "cross_entropy":
+            if y.dim() < 2 or y.shape[1] < 2:
+                raise UsageError(f"cross_entropy needs an (N, C) output with C ≥ 2 classes; got shape {tuple(y.shape)}",
+                                 hint="use --loss mse or sum, or a --loss PATH:fn of your own")
             if self.target is None:
-                if y.dim() < 2:
-                    raise UsageError(f"cross_entropy needs an (N, C) output; got shape {tuple(y.shape)}")
                 g = torch.Generator().manual_seed(self.seed)
                 shape = (y.shape[0],) + tuple(y.shape[2:])
                 self.target = torch.randint(0, y.shape[1], shape, generator=g).to(y.device)
                 self.made_target = True
-            return F.cross_entropy(y.float(), self.target.to(y.device))
+            elif not self.target.is_floating_point():   # checked here: on CUDA a bad index is a device assert
+                valid = self.target[self.target != -100]
+                if valid.numel() and (int(valid.min()) < 0 or int(valid.max()) >= y.shape[1]):
+                    bad = int(valid.min()) if int(valid.min()) < 0 else int(valid.max())
+                    raise UsageError(f"cross_entropy: the target holds class {bad}, outside [0, {y.shape[1]}) for an "
+                                     f"output of shape {tuple(y.shape)}",
+                                     hint="the model's class dimension (dim 1) must cover every target class")
+            return _checked(F.cross_entropy, y.float(), self.target.to(y.device), "cross_entropy")
         if kind == "mse":
             if self.target is None:
                 g = torch.Generator().manual_seed(self.seed)
@@ -88,7 +97,7 @@ class Loss:
                 self.made_target = True
             if self.target.shape != y.shape:
                 raise UsageError(f"mse: target shape {tuple(self.target.shape)} differs from output shape {tuple(y.shape)}")
-            return F.mse_loss(y.float(), self.target.to(y.device).float())
+            return _checked(F.mse_loss, y.float(), self.target.to(y.device).float(), "mse")
         raise UsageError(f"unknown loss '{self.kind}'", hint=f"choose {LOSS_CHOICES}")
 
     def _auto(self, y) -> str:
@@ -96,7 +105,8 @@ class Loss:
             return "model"
         if self.target is not None:
             t = self.target
-            if not t.is_floating_point() and y.dim() >= 2 and t.shape[0] == y.shape[0]:
+            # integer targets are class indices unless they have the output's own shape (counts)
+            if not t.is_floating_point() and y.dim() >= 2 and tuple(t.shape) != tuple(y.shape):
                 return "cross_entropy"
             return "mse"
         if y.dim() == 2 and y.is_floating_point() and y.shape[1] > 1:
@@ -106,6 +116,17 @@ class Loss:
     @property
     def is_classification(self) -> bool:
         return self.chosen == "cross_entropy"
+
+
+def _checked(fn, y, target, name):
+    """The loss itself; a target that does not fit the output is a usage error, not a crash."""
+    try:
+        return fn(y, target)
+    except (RuntimeError, IndexError, ValueError) as exc:
+        raise UsageError(f"{name}: the target does not fit the output (output {tuple(y.shape)} {y.dtype}, target "
+                         f"{tuple(target.shape)} {target.dtype}): {one_line(exc)}",
+                         hint="cross_entropy wants class indices in [0, C) of shape (N, ...) or probabilities of the "
+                              "output's shape; mse wants the output's shape") from None
 
 
 def _scalar(value, what):

@@ -464,6 +464,9 @@ def _why(name, rec: _Recorder, reach: set[int], ran: set[str], modules) -> tuple
     if cut is not None:
         nodes = rec.nodes.get(cut, [])
         ckind = rec.types.get(cut, "")
+        if not nodes:
+            return "detached", (f"module {_label(cut)} ({ckind}) ran but returned no floating-point tensor "
+                                "(argmax, a cast to int, a comparison): no gradient flows through an integer output")
         if all(n is None for n in nodes):
             if not rec.grad_enabled.get(cut, True):
                 return "detached", f"module {_label(cut)} ({ckind}) ran under torch.no_grad()"

@@ -1,0 +1,107 @@
+"""The shared loss/target rule (DESIGN.md "Targets and loss"): what `auto` picks, the values it
+computes (against torch.nn.functional called by hand), how the choice is described, and that a
+target that does not fit the output is a usage error (exit 2), never a crash (exit 4)."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import sample
+from torchdiag.core.loss import Loss
+from torchdiag.errors import UsageError
+
+
+def seeded_classes(n, c, seed=0, extra=()):
+    return torch.randint(0, c, (n, *extra), generator=torch.Generator().manual_seed(seed))
+
+
+def test_auto_on_logits_is_cross_entropy_against_seeded_random_classes():
+    y = torch.randn(6, 4)
+    loss = Loss("auto", seed=3)
+    value = loss(y)
+    assert float(value) == pytest.approx(float(F.cross_entropy(y, seeded_classes(6, 4, 3))))
+    assert loss.chosen == "cross_entropy" and loss.describe() == "cross_entropy on output against random class targets"
+    # the same target on every call (steps train against one batch)
+    assert torch.equal(loss.target, seeded_classes(6, 4, 3)) and float(loss(y)) == float(value)
+
+
+def test_auto_on_other_outputs():
+    scalar = torch.tensor(2.5)
+    loss = Loss("auto")
+    assert float(loss(scalar)) == 2.5 and loss.describe() == "the scalar output itself (output)"
+
+    out = {"ids": torch.arange(3), "loss": torch.tensor(0.75)}
+    loss = Loss("auto")
+    assert float(loss(out)) == 0.75 and loss.describe() == "the model's own loss (output['loss'])"
+
+    seq = torch.randn(2, 5, 7)                    # (N, L, V): not (N, C), so mean-squared error
+    loss = Loss("auto", seed=1)
+    target = torch.randn((2, 5, 7), generator=torch.Generator().manual_seed(1))
+    assert float(loss((torch.arange(2), seq))) == pytest.approx(float(F.mse_loss(seq, target)))
+    assert loss.describe() == "mse on output[1] against a random target"
+
+    single = torch.randn(4, 1)                   # one column is a regression output, not one class
+    loss = Loss("auto")
+    loss(single)
+    assert loss.chosen == "mse"
+
+
+def test_auto_with_a_given_target():
+    y = torch.randn(5, 3)
+    classes = torch.tensor([0, 2, 1, 1, 0])
+    loss = Loss("auto", target=classes)
+    assert float(loss(y)) == pytest.approx(float(F.cross_entropy(y, classes)))
+    assert loss.describe() == "cross_entropy on output against the given target"
+
+    counts = torch.tensor([[1, 0, 3]] * 5)      # integer, but the output's own shape: regression on counts
+    loss = Loss("auto", target=counts)
+    assert float(loss(y)) == pytest.approx(float(F.mse_loss(y, counts.float())))
+    assert loss.describe() == "mse on output against the given target"
+
+
+@pytest.mark.parametrize("kind,y,target,message", [
+    ("auto", torch.randn(5, 3), torch.tensor([0, 1, 2, 7, 0]), "holds class 7, outside [0, 3)"),
+    ("cross_entropy", torch.randn(5, 3), torch.tensor([0, -2, 1, 1, 0]), "holds class -2"),
+    ("auto", torch.randn(5, 3), torch.zeros(7, dtype=torch.long), "target does not fit the output"),
+    ("cross_entropy", torch.randn(5, 1), None, "C ≥ 2 classes"),
+    ("cross_entropy", torch.randn(5, 1), torch.rand(5, 1), "C ≥ 2 classes"),  # a 1-class softmax: loss ≡ 0
+    ("cross_entropy", torch.randn(5), None, "C ≥ 2 classes"),
+    ("mse", torch.randn(5, 3), torch.randn(5), "differs from output shape"),
+])
+def test_targets_that_do_not_fit_are_usage_errors(kind, y, target, message):
+    with pytest.raises(UsageError) as exc:
+        Loss(kind, target=target)(y)
+    assert message in exc.value.message and exc.value.code == 2
+
+
+def test_ignore_index_is_not_out_of_range():
+    y = torch.randn(4, 3)
+    target = torch.tensor([0, -100, 2, 1])
+    assert float(Loss("cross_entropy", target=target)(y)) == pytest.approx(float(F.cross_entropy(y, target)))
+
+
+def test_cli_bad_batch_target_is_exit_2_and_choice_is_printed(cli, tmp_path):
+    path = tmp_path / "data.py"
+    path.write_text(textwrap.dedent("""
+        import torch
+
+        def out_of_range():
+            return torch.randn(16, 784), torch.full((16,), 10)
+
+        def wrong_batch():
+            return torch.randn(16, 784), torch.zeros(9, dtype=torch.long)
+
+        def good():
+            return torch.randn(16, 784), torch.arange(16) % 10
+        """))
+    for command in ("nancheck", "gradflow"):
+        for fn, message in (("out_of_range", "holds class 10, outside [0, 10)"),
+                            ("wrong_batch", "target does not fit the output")):
+            r = cli(command, sample("mlp.py:build"), "--batch", f"{path}:{fn}")
+            assert r.code == 2, (command, fn, r.stderr)
+            assert r.stderr.startswith("error: cross_entropy") and message in r.stderr and "Traceback" not in r.stderr
+        r = cli(command, sample("mlp.py:build"), "--batch", f"{path}:good")
+        assert r.code == 0 and "loss: cross_entropy on output against the given target" in r.stdout
