@@ -224,8 +224,9 @@ def test_anomaly_shows_forward_trace_and_restores_mode(cli):
 
 # --- --steps --------------------------------------------------------------------------------------
 
-def _first_bad_step_by_hand(lr: float, steps: int):
-    """SGD on y = xW^T + b with mse, gradients in closed form: the first step whose loss is not finite."""
+def _first_bad_step_by_hand(lr: float, steps: int, weights: bool = False):
+    """SGD on y = xW^T + b with mse, gradients in closed form: the first step whose loss is not finite
+    (with weights=True also the initial and the current W, b at that step)."""
     import importlib.util
 
     from conftest import SAMPLES
@@ -236,12 +237,13 @@ def _first_bad_step_by_hand(lr: float, steps: int):
     lin = mod.build()[0]
     (x,), y = mod.batch()
     w, b = lin.weight.detach().clone(), lin.bias.detach().clone()
+    w0, b0 = w.clone(), b.clone()
     n = x.shape[0]
     for step in range(1, steps + 1):
         r = x @ w.T + b - y
         loss = (r ** 2).mean()
         if not torch.isfinite(loss):
-            return step
+            return (step, (w0, b0), (w, b)) if weights else step
         gw, gb = 2.0 / n * r.T @ x, 2.0 / n * r.sum(0)
         w, b = w - lr * gw, b - lr * gb
         if not (torch.isfinite(w).all() and torch.isfinite(b).all()):
@@ -261,6 +263,15 @@ def test_steps_finds_the_step_where_training_goes_non_finite(cli, untouched):
     assert doc["steps"]["first"]["phase"] == "loss"
     assert codes(doc) == [("non-finite-loss", "loss")]
     assert len(doc["loss_per_step"]) == expected
+    # every parameter is still finite when the loss overflows: the one whose norm grew most is named,
+    # with its norms before training and at the failing step (closed-form SGD above)
+    _, (w0, b0), (w, b) = _first_bad_step_by_hand(0.01, 30, weights=True)
+    assert float(w.norm() / w0.norm()) > float(b.norm() / b0.norm())
+    grew = doc["steps"]["first"]["grew_most"]
+    assert grew["parameter"] == "0.weight"
+    assert grew["norm_start"] == pytest.approx(float(w0.norm()), rel=1e-5)
+    assert grew["norm_now"] == pytest.approx(float(w.norm()), rel=1e-3)
+    assert "grew most in 0.weight" in doc["findings"][0]["message"]
     # a smaller learning rate converges: no finding, exit 0
     assert _first_bad_step_by_hand(0.0005, 30) is None
     r = cli("nancheck", spec, "--steps", 30, "--lr", 0.0005, "--batch", batch, "--json")
@@ -371,3 +382,120 @@ def test_json_keys_are_stable_on_a_clean_run(cli):
     assert r.code == 1 and doc["forward_non_finite"] and doc["param_grads_non_finite"]
     assert doc["non_finite_tensors"] == [] and doc["anomaly"] is None
     assert doc["steps"]["ran"] == 0 and doc["loss_per_step"] == []
+
+
+# --- a NaN made in a module's own code, between its submodule calls --------------------------------
+
+FUNCTIONAL = """
+    import torch
+    from torch import nn
+
+    class Between(nn.Module):            # log() in forward, between two submodule calls
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.b(torch.log(self.a(x)))
+
+    class After(nn.Module):              # log() after the last submodule call
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.log(self.a(x))
+
+    class Outer(nn.Module):              # the culprit is a nested container, not the root
+        def __init__(self):
+            super().__init__()
+            self.pre = nn.Linear(4, 4)
+            self.block = Between()
+            self.post = nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.post(self.block(self.pre(x)))
+
+    def between():
+        torch.manual_seed(0)
+        return Between()
+
+    def after():
+        torch.manual_seed(0)
+        return After()
+
+    def outer():
+        torch.manual_seed(0)
+        return Outer()
+
+    def example_inputs():
+        return (torch.randn(5, 4),)
+    """
+
+
+def test_nan_in_a_modules_own_code_names_the_calls_around_it(cli, tmp_path):
+    spec = write(tmp_path, "functional.py", FUNCTIONAL)
+    r = cli("nancheck", spec + ":between", "--json")
+    assert r.code == 1
+    fwd = r.json["forward"]
+    # truth: log of a(x) is NaN where a(x) < 0; b mixes each row, so a row with one NaN is all NaN
+    import importlib.util
+
+    mspec = importlib.util.spec_from_file_location("functional_truth", spec)
+    mod = importlib.util.module_from_spec(mspec)
+    mspec.loader.exec_module(mod)
+    torch.manual_seed(0)                          # the CLI's --seed 0 before example_inputs()
+    (x,) = mod.example_inputs()
+    with torch.no_grad():
+        h = mod.between().a(x)
+    assert (fwd["module"], fwd["type"]) == ("(root)", "Between")
+    assert fwd["nan"] == int((h < 0).any(dim=1).sum()) * 3 and fwd["nan"] > 0
+    assert fwd["own_code"] == {"after": "a", "after_type": "Linear", "first_consumer": "b", "first_consumer_type": "Linear"}
+    msg = r.json["findings"][0]["message"]
+    assert "between a (Linear) returning finite values and b (Linear) receiving it" in msg
+    assert "1 other module call(s) downstream" in msg           # b, which finished before the root
+    assert r.json["forward_non_finite"][0]["module"] == "b"     # innermost first; the origin is marked
+    assert [x["origin"] for x in r.json["forward_non_finite"]] == [False, True]
+
+    fwd = cli("nancheck", spec + ":after", "--json").json["forward"]
+    assert fwd["module"] == "(root)" and fwd["own_code"]["after"] == "a" and fwd["own_code"]["first_consumer"] is None
+
+    doc = cli("nancheck", spec + ":outer", "--json").json
+    fwd = doc["forward"]
+    assert (fwd["module"], fwd["type"]) == ("block", "Between")
+    assert fwd["own_code"]["after"] == "block.a" and fwd["own_code"]["first_consumer"] == "block.b"
+    r = cli("nancheck", spec + ":outer")
+    assert "first non-finite at block (Between)" in r.stdout     # the summary names the origin too
+
+
+def test_anomaly_note_and_frames_outside_user_code():
+    from torchdiag.diagnostics import nancheck
+
+    trace = [
+        '  File "/home/u/.venv/bin/torchdiag", line 8, in <module>',
+        "    sys.exit(main())",
+        '  File "/home/u/.venv/lib/python3.11/site-packages/torchdiag/cli/app.py", line 59, in main',
+        "    code = app(standalone_mode=False)",
+        '  File "/home/u/proj/model.py", line 12, in forward',
+        "    return torch.log(x)",
+        '  File "C:\\venv\\Scripts\\torchdiag.exe", line 3, in <module>',
+        "    main()",
+    ]
+    frames = nancheck.parse_frames(trace)
+    assert [f["user"] for f in frames] == [False, False, True, False]
+    assert frames[2]["code"] == "return torch.log(x)" and frames[2]["line"] == 12
+    # whoever called torchdiag (a test, a script using the API) is above its first frame: not user code
+    caller = ['  File "/home/u/proj/train.py", line 3, in <module>', "    torchdiag.nancheck(model)",
+              '  File "/home/u/src/torchdiag/api.py", line 85, in nancheck', "    return _with_loss()"]
+    assert [f["user"] for f in nancheck.parse_frames(caller + trace[4:6])] == [False, False, True]
+
+
+def test_anomaly_on_a_forward_nan_says_it_only_sees_backward(cli):
+    r = cli("nancheck", sample("broken_nan_forward.py:build"), "--anomaly", "--json")
+    assert r.code == 1
+    assert r.json["anomaly"]["raised"] and r.json["anomaly"]["user_frames"] == []   # the NaN reached backward in the loss
+    r = cli("nancheck", sample("broken_nan_forward.py:build"), "--anomaly")
+    out = " ".join(r.stdout.split())
+    assert "where the forward NaN/Inf from log_features entered the backward" in out
+    assert "created by the loss" in out

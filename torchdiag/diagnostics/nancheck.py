@@ -440,6 +440,24 @@ def _nonfinite_state(model) -> list[dict]:
     return rows
 
 
+def _own_code(origin, done) -> dict | None:
+    """When the origin called submodules, where in its own code the values went bad: after which
+    nested call (the last to finish before) and before which (the first to receive a non-finite
+    input). None when the origin called no submodule (the culprit is already as narrow as it gets).
+    A call c is nested in the origin when it started after it (index) and finished before it (done)."""
+    nested = [c for c in done if c.index > origin.index and c.done < origin.done]
+    if not nested:
+        return None
+    consumers = [c for c in nested if not c.inputs_finite]
+    consumer = min(consumers, key=lambda c: c.index) if consumers else None
+    # calls that finished before the consumer started (not its ancestors, which were still open)
+    before = [c for c in nested if consumer is None or (c.index < consumer.index and c.done < consumer.done)]
+    after = max(before, key=lambda c: c.done) if before else None
+    return {"after": (after.name or "(root)") if after else None, "after_type": after.type if after else None,
+            "first_consumer": (consumer.name or "(root)") if consumer else None,
+            "first_consumer_type": consumer.type if consumer else None}
+
+
 def _fmt_counts(nan: int, inf: int) -> str:
     parts = []
     if nan:
@@ -558,15 +576,24 @@ def _report_pass(result: Result, rep: PassReport, model) -> None:
         tot_inf = sum(b[2] for b in origin.bad_outputs)
         lo, hi = origin.input_range
         where = origin.name or "(root)"
+        own = _own_code(origin, done)
         forward = {"module": where, "type": origin.type, "output": label, "nan": tot_nan, "inf": tot_inf,
                    "outputs": [{"output": lb, "nan": n, "inf": i} for lb, n, i in origin.bad_outputs],
-                   "input_min": lo, "input_max": hi, "later_modules_affected": len(bad) - 1}
+                   "input_min": lo, "input_max": hi, "later_modules_affected": len(bad) - 1, "own_code": own}
         msg = (f"{where} ({origin.type}) produced {_fmt_counts(tot_nan, tot_inf)} in {label} from finite inputs "
                f"(input range {_fmt_range(lo, hi)})")
         if origin.input_note:
             msg += f"; {origin.input_note}"
+        if own and own["first_consumer"]:
+            consumer = f"{own['first_consumer']} ({own['first_consumer_type']})"
+            msg += (f"; it arose in {where}'s own forward code, not in a submodule: "
+                    + (f"between {own['after']} ({own['after_type']}) returning finite values and {consumer} "
+                       "receiving it" if own["after"] else f"before its first submodule call, {consumer}, received it"))
+        elif own:
+            msg += (f"; every submodule it called returned finite values: it arose in {where}'s own forward code "
+                    f"after its last submodule call, {own['after']} ({own['after_type']})")
         if len(bad) > 1:
-            msg += f"; {len(bad) - 1} later module call(s) carry it on"
+            msg += f"; {len(bad) - 1} other module call(s) downstream carry it on"
         result.add("non-finite-output", "error", where, msg,
                    hint="look at the operations in this module's forward (log/sqrt/division/exp/pow) for these inputs")
     elif bad:
@@ -651,7 +678,9 @@ def _report_pass(result: Result, rep: PassReport, model) -> None:
         ("Inputs", ok if not any(f.code == "non-finite-input" for f in result.findings) else "NON-FINITE"),
         ("Parameters and buffers", ok if not any(f.code == "non-finite-param" for f in result.findings) else "NON-FINITE"),
         ("Forward", f"{len(calls)} module calls checked; " +
-         ("all outputs finite" if not bad else f"first non-finite at {bad[0].name or '(root)'} ({bad[0].type})")),
+         ("all outputs finite" if not bad else
+          f"first non-finite at {origin.name or '(root)'} ({origin.type})" if origin is not None else
+          f"first non-finite at {bad[0].name or '(root)'} ({bad[0].type})")),
         ("Loss", f"{rep.loss_value:.6g} ({rep.loss_desc})" if rep.loss_value is not None else "—"),
         ("Backward", "not run" if not rep.backward_ran else
          "non-finite (follows from the forward/loss)" if upstream and rep.param_grad_rows else
@@ -706,10 +735,19 @@ def _report_anomaly(result: Result, a: dict) -> None:
         return
     result.text["nancheck/anomaly"] = "```\n" + "\n".join(a["forward_trace"]) + "\n```"
     result.notes.append(f"anomaly mode stopped at {a['op'] or 'a backward function'}: {a['message']}")
+    forward = result.data.get("forward")
+    if forward or any(f.code in ("non-finite-input", "non-finite-param", "non-finite-loss") for f in result.findings):
+        what = f"the forward NaN/Inf from {forward['module']}" if forward else "the non-finite values found above"
+        result.notes.append(f"anomaly mode checks backward functions only: {a['op'] or 'the op it names'} is where "
+                            f"{what} entered the backward, not where it was made")
     rows = [{"frame": f"{f['file']}:{f['line']} in {f['function']}", "code": f["code"]} for f in (user or frames[-3:])]
+    note = "frames outside torch and torchdiag; the full trace is in JSON anomaly.forward_trace"
+    if not user:
+        in_loss = any(f["file"].replace("\\", "/").endswith("/torchdiag/core/loss.py") for f in frames)
+        note = ("no frame in your code: the op was created " + ("by the loss (--loss)" if in_loss else "inside torch")
+                + "; last frames shown; the full trace is in JSON anomaly.forward_trace")
     result.tables.append(Table("anomaly_frames", f"Anomaly mode: forward call that created {a['op'] or 'the failing op'}",
-                               [Column("frame", "where (outermost first)"), Column("code", "code")], rows,
-                               note="frames outside torch and torchdiag; the full trace is in JSON anomaly.forward_trace"))
+                               [Column("frame", "where (outermost first)"), Column("code", "code")], rows, note=note))
 
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>.+)$')
@@ -724,10 +762,17 @@ def parse_frames(lines: list[str]) -> list[dict]:
             continue
         code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) else ""
         path = m.group("file")
-        internal = ("site-packages" in path or "dist-packages" in path or path.startswith("<")
-                    or "/torchdiag/" in path or "/torch/" in path)
+        norm = path.replace("\\", "/")
+        internal = ("site-packages" in norm or "dist-packages" in norm or norm.startswith("<")
+                    or "/torchdiag/" in norm or "/torch/" in norm or norm.endswith("/runpy.py")
+                    or re.search(r"/(bin|Scripts)/torchdiag(\.exe|-script\.py)?$", norm) is not None)
         frames.append({"file": path, "line": int(m.group("line")), "function": m.group("fn"), "code": code,
                        "user": not internal})
+    # frames above torchdiag's first frame are whoever called torchdiag (console script, a test, an
+    # API user's script), not the code that created the op
+    first = next((i for i, f in enumerate(frames) if "/torchdiag/" in f["file"].replace("\\", "/")), 0)
+    for f in frames[:first]:
+        f["user"] = False
     return frames
 
 
@@ -744,6 +789,29 @@ def _make_optimizer(params, name: str, lr: float):
     if name == "adam":
         return torch.optim.Adam(params, lr=lr)
     return torch.optim.AdamW(params, lr=lr)
+
+
+def _norm(p) -> float:
+    import torch
+
+    return float(torch.linalg.vector_norm(p.detach(), dtype=torch.float64))
+
+
+def _grew_most(work, start: dict) -> dict | None:
+    """The trainable parameter whose norm grew most since step 1 (relative; absolute from zero):
+    the weights to look at when the forward, loss or backward goes non-finite while every
+    parameter is still finite."""
+    best, key = None, None
+    for n, p in work.named_parameters():
+        if n not in start:
+            continue
+        now = _norm(p)
+        k = (now / start[n], 0.0) if start[n] > 0 else (math.inf if now > 0 else 1.0, now)
+        if key is None or k > key:
+            best, key = {"parameter": n, "norm_start": start[n], "norm_now": now}, k
+    if best is not None and best["norm_now"] <= best["norm_start"]:
+        return None       # nothing grew: the weights are not the story
+    return best
 
 
 def _run_steps(result: Result, model, inputs, opts: Options) -> None:
@@ -763,6 +831,7 @@ def _run_steps(result: Result, model, inputs, opts: Options) -> None:
             result.notes.append("--steps skipped: the model has no trainable parameters")
             return
         opt = _make_optimizer(params, opts.optimizer, opts.lr)
+        start = {n: _norm(p) for n, p in work.named_parameters() if p.requires_grad}
         losses: list = []
         first = None
         ran = 0
@@ -801,6 +870,8 @@ def _run_steps(result: Result, model, inputs, opts: Options) -> None:
                 first = {"step": step, "phase": "update", "where": name, "nan": nan, "inf": inf,
                          "parameters": [n for n, _ in bad]}
                 break
+        if first is not None and first["phase"] != "update":
+            first["grew_most"] = _grew_most(work, start)
         del work, opt
     finally:
         torch.random.set_rng_state(rng)
@@ -822,6 +893,9 @@ def _run_steps(result: Result, model, inputs, opts: Options) -> None:
     after = (f"by the update of step {step} ({cfg})" if phase == "update" else
              f"in step {step}, after {step - 1} update(s) ({cfg})")
     hint = "lower the learning rate, clip gradients, or look for an op that overflows as weights grow"
+    grew = first.get("grew_most")
+    grown = (f"; the weights grew most in {grew['parameter']} (norm {grew['norm_start']:.4g} → {grew['norm_now']:.4g})"
+             if grew else "")
     if phase == "update":
         more = len(first["parameters"]) - 1
         result.add("non-finite-param", "error", first["where"],
@@ -831,17 +905,18 @@ def _run_steps(result: Result, model, inputs, opts: Options) -> None:
         result.add("non-finite-output", "error", first["where"],
                    f"{first['where']} ({first['type']}) produced {_fmt_counts(first['nan'], first['inf'])} from finite "
                    f"inputs (range {_fmt_range(first['input_min'], first['input_max'])}) in the forward {after}; "
-                   f"all parameters were still finite", hint=hint)
+                   f"all parameters were still finite{grown}", hint=hint)
     elif phase == "loss":
         result.add("non-finite-loss", "error", "loss",
-                   f"the loss became {first['value']} {after} while the model output was finite", hint=hint)
+                   f"the loss became {first['value']} {after} while the model output and all parameters were "
+                   f"finite{grown}", hint=hint)
     else:
         params = first["parameters"]
         if first["where"] != "loss" and first["type"]:
             result.add("non-finite-grad", "error", first["where"],
-                       f"{first['where']} ({first['type']}) produced a non-finite gradient in the backward {after}",
+                       f"{first['where']} ({first['type']}) produced a non-finite gradient in the backward {after}{grown}",
                        hint=hint)
         if params:
             result.add("non-finite-param-grad", "error", params[0],
-                       f"{len(params)} parameter gradient(s) non-finite in the backward {after}; first {params[0]}",
-                       hint=hint)
+                       f"{len(params)} parameter gradient(s) non-finite in the backward {after}; first {params[0]}"
+                       + ("" if first["where"] != "loss" and first["type"] else grown), hint=hint)
