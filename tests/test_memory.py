@@ -308,3 +308,20 @@ def test_data_dependent_model_is_measured_on_cpu_and_refused_for_estimates():
     assert "estimate_peak_bytes" not in d and any("measured only" in n for n in d["notes"])
     with pytest.raises(UsageError, match="cannot estimate without allocating"):
         M.run(model, ins, M.Options(batch_sizes=[2]))
+
+
+@pytest.mark.parametrize("fmt", [[], ["--json"]])
+def test_stdout_closed_by_reader_keeps_exit_code_and_is_quiet(fmt):
+    """`torchdiag memory ... | head`: the reader leaves early. Was exit 3 'the model's own code called
+    sys.exit(1)' (Rich's broken-pipe exit) or, with --json, an internal-error traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    p = subprocess.Popen([sys.executable, "-m", "torchdiag", "memory", sample("mlp.py:build"), "--mode", "inference",
+                          *fmt], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root, text=True)
+    p.stdout.close()   # nobody reads: the first write to stdout fails with a broken pipe
+    err = p.stderr.read()
+    assert p.wait() == 0, err
+    assert "error:" not in err and "Traceback" not in err and "Exception ignored" not in err, err

@@ -70,7 +70,7 @@ def main() -> None:
             sys.stdout.write(json.dumps({"schema_version": 1, "command": name, "exit_code": 2,
                                          "error": {"message": e.format_message(), "hint": f"see `{command} --help`"}}) + "\n")
         code = 2
-    except (cx.Abort, KeyboardInterrupt):
+    except (getattr(cx, "Abort", KeyboardInterrupt), KeyboardInterrupt):  # vendored click has no Abort
         sys.stderr.write("error: interrupted\n")
         code = 130
     sys.exit(code or 0)

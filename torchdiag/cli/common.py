@@ -90,7 +90,10 @@ def execute(opts: CommonOptions, run: Callable | None, *, render_extra: Callable
 
         if render_extra:  # write files first: a failure then cannot follow a printed JSON document
             render_extra(result)
-        render(result, opts)
+        try:
+            render(result, opts)
+        except (BrokenPipeError, SystemExit):  # stdout closed by its reader (| head); Rich raises SystemExit(1)
+            _stdout_closed()
         code = result.exit_code
     except DiagError as e:
         code = e.code
@@ -120,6 +123,16 @@ def execute(opts: CommonOptions, run: Callable | None, *, render_extra: Callable
         if opts.debug:
             traceback.print_exc()
     raise typer.Exit(int(code))
+
+
+def _stdout_closed() -> None:
+    """The reader of stdout went away: send the rest of our output (and the final flush) to
+    /dev/null, so exit keeps the diagnostic's code and no BrokenPipeError follows."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (tests capture stdout)
+        pass
 
 
 def _report(message: str, hint: str | None, code: ExitCode, opts: CommonOptions) -> None:
