@@ -145,6 +145,38 @@ def test_dead_relu_gives_flat_loss_zero_grads_and_identical_outputs():
     assert not any("still falling" in n for n in r.notes)
 
 
+def test_softmax_before_cross_entropy_is_bounded_output_with_the_exact_floor(untouched):
+    torch.manual_seed(0)
+    model, x = load("broken_overfit_softmax.py:build")
+    with untouched(model):
+        r = diag.run(model, x, diag.Options(steps=20))
+    # Truth by hand: logits in [0, 1], 10 classes -> best case true class 1, others 0:
+    # -log(e / (e + 9)) = log(1 + 9/e)
+    floor = -math.log(math.e / (math.e + 9))
+    f = finding(r, "bounded-output")
+    assert "[0, 1]" in f.message and "10 classes" in f.message and f"{floor:.4g}" in f.message
+    assert r.data["best_loss"] >= floor - 1e-5 and "cannot-overfit" in codes(r)
+    assert finding(r, "cannot-overfit").hint is None          # a cause was found, no "try more steps"
+
+
+def test_tanh_output_floor_and_no_finding_when_the_target_is_reachable():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Tanh())
+    from torchdiag.core.inputs import ModelInputs
+
+    x = ModelInputs((torch.randn(6, 8),), {}, "test")
+    r = diag.run(model, x, diag.Options(steps=5))
+    floor = math.log(1 + 3 * math.exp(-2))                    # logits in [-1, 1], 4 classes
+    assert f"{floor:.4g}" in finding(r, "bounded-output").message and "[-1, 1]" in finding(r, "bounded-output").message
+    # an absolute target above the floor is reachable in principle: no bounded-output
+    r2 = diag.run(model, x, diag.Options(steps=5, target_loss=floor + 0.05))
+    assert "bounded-output" not in codes(r2)
+    # unbounded logits never get it
+    torch.manual_seed(0)
+    mlp, xm = load("mlp.py:build")
+    assert "bounded-output" not in codes(diag.run(mlp, xm, diag.Options(steps=3)))
+
+
 def test_non_finite_loss_points_to_nancheck():
     torch.manual_seed(0)
     model, x = load("broken_overfit_nan.py:build")
@@ -274,6 +306,59 @@ def test_ctrl_c_gives_partial_result_exit_130_and_flushed_tensorboard(cli, tmp_p
     t = cli("overfit-batch", sample("mlp.py:build"), "--loss", f"{lossfile2}:loss")
     assert t.code == 130 and "INTERRUPTED after 5 step(s)" in t.stdout and "Initial loss" in t.stdout
     assert "interrupted at step 5" in t.stderr and "Traceback" not in t.stderr
+
+
+MARKER_LOSS = """
+import pathlib
+import torch.nn.functional as F
+calls = []
+def loss(output, target):
+    calls.append(1)
+    if len(calls) == 3:          # training is under way: tell the test to press Ctrl-C
+        pathlib.Path(__file__).with_suffix(".started").write_text("1")
+    return F.mse_loss(output, output.detach() * 0 + 1)
+"""
+
+
+def test_real_sigint_in_a_subprocess_exit_130_partial_json_and_flushed_tensorboard(tmp_path):
+    """What a person does: start a long run, press Ctrl-C (SIGINT to the process) mid-training."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from conftest import ROOT
+
+    lossfile = tmp_path / "marker.py"
+    lossfile.write_text(MARKER_LOSS)
+    started = tmp_path / "marker.started"
+    proc = subprocess.Popen([sys.executable, "-m", "torchdiag", "overfit-batch", sample("mlp.py:build"),
+                             "--loss", f"{lossfile}:loss", "--steps", "1000000", "--target-ratio", "1e-30",
+                             "--tb", str(tmp_path / "tb"), "--json"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), proc.communicate(timeout=30)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    d = json.loads(out)
+    assert d["interrupted"] is True and d["passed"] is False and d["exit_code"] == 130
+    assert d["steps"] >= 2 and len(d["loss"]) in (d["steps"] + 1, d["steps"])
+    assert "cannot-overfit" not in [f["code"] for f in d["findings"]]
+    assert "Traceback" not in err and "interrupted at step" in err
+    acc = EventAccumulator(str(tmp_path / "tb" / "overfit-batch"))
+    acc.Reload()
+    assert [e.value for e in acc.Scalars("overfit-batch/loss")] == pytest.approx(d["loss"])
 
 
 def test_tensorboard_series_tags(cli, tmp_path):

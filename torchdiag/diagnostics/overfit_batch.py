@@ -9,7 +9,9 @@ the last update; ``grad_norm``/``learning_rate`` have one entry per update.
 Pass: ``final ≤ target_ratio × initial`` (and batch accuracy 100% when the loss is cross-entropy),
 or ``final ≤ target_loss``. On failure the likely causes are checked on the trained copy:
 non-finite loss, parameters without gradients, parameters that never changed, a loss flat from the
-start, outputs identical across the samples of the batch (and the first module that makes them so).
+start, outputs identical across the samples of the batch (and the first module that makes them so),
+outputs squashed into [0, 1] or [-1, 1] where cross-entropy needs logits (the target then lies below
+the lowest reachable loss).
 Ctrl-C inside the loop returns the partial result with ``interrupted: true`` (exit 130).
 """
 from __future__ import annotations
@@ -102,6 +104,39 @@ def entropy_floor(target) -> float:
         counts[v] = counts.get(v, 0) + 1
     n = sum(counts.values())
     return -sum(c / n * math.log(c / n) for c in counts.values())
+
+
+def output_box(out, loss) -> tuple[float, float] | None:
+    """For cross-entropy with class-index targets: the interval every logit lies in, when the output
+    is squashed to [0, 1] (sigmoid, softmax) or [-1, 1] (tanh); None otherwise."""
+    import torch
+
+    if getattr(loss, "chosen", "") != "cross_entropy" or loss.target is None or loss.target.is_floating_point():
+        return None
+    from ..core.loss import primary_output
+
+    try:
+        y, _ = primary_output(out)
+    except Exception:
+        return None
+    if not isinstance(y, torch.Tensor) or y.dim() < 2 or y.shape[1] < 2 or not y.is_floating_point():
+        return None
+    y = y.detach().float()
+    if not bool(torch.isfinite(y).all()):
+        return None
+    lo, hi = float(y.amin()), float(y.amax())
+    eps = 1e-6
+    if lo >= -eps and hi <= 1 + eps:
+        return 0.0, 1.0
+    if lo >= -1 - eps and hi <= 1 + eps:
+        return -1.0, 1.0
+    return None
+
+
+def bounded_floor(classes: int, box: tuple[float, float]) -> float:
+    """Lowest cross-entropy reachable when every logit lies in `box`: the true class at the top of
+    the box and every other class at the bottom, log(1 + (C - 1) e^-(hi - lo))."""
+    return math.log1p((classes - 1) * math.exp(-(box[1] - box[0])))
 
 
 def make_optimizer(name: str, params, lr: float):
@@ -267,6 +302,7 @@ def run(model, inputs, opts: Options | None = None) -> Result:
         reached_at = None
         interrupted = False
         first_same = None
+        first_box = None
         step = 0
         t0 = time.perf_counter()
 
@@ -308,6 +344,7 @@ def run(model, inputs, opts: Options | None = None) -> Result:
                     accs.append(acc)
                 if step == 0:
                     first_same = same_across_samples(_sample_tensor(out, batch.batch_size))[0]
+                    first_box = output_box(out, loss_fn)
                     if lv < 0 and opts.target_loss is None and math.isfinite(lv):
                         raise UsageError(f"the initial loss is {lv:.6g} (< 0): a ratio to it says nothing",
                                          hint="give an absolute target with --target-loss, or a loss ≥ 0 (--loss)")
@@ -361,11 +398,22 @@ def run(model, inputs, opts: Options | None = None) -> Result:
         zero = [n for n, _ in trainable if step > 0 and not ever_nonzero[n] and n not in missing]
         collapse = None
         final_same = False
+        bounded = None
         if not interrupted and not no_graph and nonfinite_at is None and reached_at is None and losses:
             with torch.no_grad(), autocast():
                 try:
                     final_out = batch.call(work)
                     final_same, _ = same_across_samples(_sample_tensor(final_out, batch.batch_size))
+                    box = output_box(final_out, loss_fn)
+                    if box is not None and box == first_box:
+                        from ..core.loss import primary_output
+
+                        classes = int(primary_output(final_out)[0].shape[1])
+                        floor_ce = bounded_floor(classes, box)
+                        needed = max(opts.target_ratio * losses[0],
+                                     opts.target_loss if opts.target_loss is not None else -math.inf)
+                        if needed < floor_ce:
+                            bounded = {"box": box, "classes": classes, "floor": floor_ce, "needed": needed}
                 except Exception:
                     final_same = False
             if final_same:
@@ -377,7 +425,7 @@ def run(model, inputs, opts: Options | None = None) -> Result:
 
     return _build(result, opts, loss_fn, lr, opt_desc, device, losses, grad_norms, lrs, accs, step, seconds,
                   reached_at, nonfinite_at, interrupted, no_graph, missing, zero, unchanged, trainable, frozen,
-                  first_same, final_same, collapse, floor, batch)
+                  first_same, final_same, collapse, floor, batch, bounded)
 
 
 def _reached(lv: float, initial: float, acc: float | None, opts: Options) -> bool:
@@ -390,7 +438,7 @@ def _reached(lv: float, initial: float, acc: float | None, opts: Options) -> boo
 
 def _build(result, opts, loss_fn, lr, opt_desc, device, losses, grad_norms, lrs, accs, steps, seconds,
            reached_at, nonfinite_at, interrupted, no_graph, missing, zero, unchanged, trainable, frozen,
-           first_same, final_same, collapse, floor, batch) -> Result:
+           first_same, final_same, collapse, floor, batch, bounded=None) -> Result:
     from ..render.fmt import sparkline
 
     initial = losses[0] if losses else None
@@ -497,6 +545,15 @@ def _build(result, opts, loss_fn, lr, opt_desc, device, losses, grad_norms, lrs,
                    hint="look for a mean, pooling or normalisation over the batch dimension (dim 0), "
                    "or a layer that maps every input to the same value (dead ReLU, saturation)")
 
+    if bounded:
+        causes += 1
+        lo, hi = bounded["box"]
+        result.add("bounded-output", "warning", "",
+                   f"every output value stays within [{lo:g}, {hi:g}] (a {'sigmoid or softmax' if lo == 0 else 'tanh'} "
+                   f"at the end?): with {bounded['classes']} classes cross-entropy cannot go below "
+                   f"{bounded['floor']:.4g}, and the target needs {bounded['needed']:.4g}",
+                   hint="cross-entropy expects unbounded logits: drop the final squashing (the loss applies "
+                        "log-softmax itself), or pick a loss that fits the output (--loss mse, --loss PATH:fn, --batch)")
     if not passed and nonfinite_at is None and steps >= 20 and final is not None:
         tail = losses[int(0.9 * steps)]
         if final < 0.999 * tail:
