@@ -104,6 +104,9 @@ def test_record_shapes_splits_by_input_shape_and_memory_is_output_bytes():
         assert row["cpu_memory_bytes"] == 3 * 16 * w[1] * 4
     assert all("self_cpu_memory_bytes" in row for row in r.table("operators").rows)
     assert "cpu_memory_bytes" in _modules(r)["0"]
+    # display: shapes of tensor arguments only, no trailing dots for scalar arguments
+    shown = {row["_shapes"] for row in r.table("operators").rows if row["op"] == "aten::addmm"}
+    assert shown == {"256, 16x784, 784x256", "128, 16x256, 256x128", "10, 16x128, 128x10"}
 
 
 def test_cnn_conv_calls_and_depth():

@@ -502,7 +502,10 @@ def operator_rows(averages, on_cuda: bool, shapes: bool, memory: bool) -> list[d
             r["cuda_time_us"] = float(e.device_time_total)
         if shapes:
             r["input_shapes"] = [list(s) if isinstance(s, (list, tuple)) else s for s in (e.input_shapes or [])]
-            r["_shapes"] = ", ".join("x".join(str(d) for d in s) if s else "·" for s in r["input_shapes"])
+            shown = list(r["input_shapes"])
+            while shown and not shown[-1]:      # trailing non-tensor arguments (stride, padding, flags)
+                shown.pop()
+            r["_shapes"] = ", ".join("x".join(str(d) for d in s) if s else "·" for s in shown) or "·"
         if memory:
             r["self_cpu_memory_bytes"] = int(e.self_cpu_memory_usage)
             r["cpu_memory_bytes"] = int(e.cpu_memory_usage)
