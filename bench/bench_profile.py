@@ -9,7 +9,9 @@ Each row runs wait+warmup+active steps (1+2+10) and is timed end to end, results
   torchdiag profile            diagnostics.profiling.run: module hooks + record_function ranges,
                                our own operator/module tables, step statistics
 Issue 5 target: torchdiag near torch.profiler alone (~1.1x), well under the .table() path (1.6-1.8x).
-The last column is torchdiag's measured mean active step over the plain step (in-loop overhead)."""
+The last column is torchdiag's measured mean active step over the plain step (in-loop overhead).
+torch runs on one thread here: on a shared 2-core machine two spinning OpenMP threads turn a
+sub-millisecond step into tens of milliseconds of scheduler noise, and the ratios become meaningless."""
 import copy
 import statistics
 
@@ -59,8 +61,8 @@ def bench(spec, *inputs, mode="inference", repeat=5):
     def profiled(table=False, times=None):
         import time
 
-        with profile(activities=[ProfilerActivity.CPU],
-                     schedule=schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE, repeat=1)) as prof:
+        with P.quiet_kineto(), profile(activities=[ProfilerActivity.CPU],   # quiet: kineto's start/stop lines
+                                       schedule=schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE, repeat=1)) as prof:
             for _ in range(STEPS):
                 t0 = time.perf_counter()
                 step()
@@ -121,6 +123,7 @@ def bench(spec, *inputs, mode="inference", repeat=5):
 if __name__ == "__main__":
     import torch
 
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     bench("mlp.py:build", "64x784")
     bench("resnet.py:build", "16x3x32x32")
