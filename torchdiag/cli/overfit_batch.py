@@ -154,6 +154,6 @@ def execute(opts: c.CommonOptions, settings: dict, plot: Path | None) -> None:
         if plot is not None and not opts.json:
             c.err(f"Loss curve: {plot}")
         if result.data.get("interrupted"):
-            c.err(f"error: interrupted at step {result.data.get('steps')}: partial result shown")
+            c.err(f"error: interrupted at step {result.data.get('steps')}: partial result, no verdict")
 
     c.execute(opts, run, render_extra=after, precheck=lambda: _check_plot(plot))
