@@ -9,9 +9,7 @@ hooks on every module input/output gradient); full `run()` / baseline (also inpu
 snapshot and restore, report), and autograd anomaly mode / baseline for comparison."""
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -19,14 +17,25 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def median_ms(fn, reps: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
+def ratios(baseline, candidates: dict, repeat: int) -> tuple[float, dict]:
+    """Baseline median time and, per candidate, the median over rounds of (candidate / baseline in the
+    same round): every variant runs once per round, back to back, so load that drifts between rounds
+    on a shared machine cancels in each round's ratio."""
+    import statistics
+    import time
+
+    fns = {"__baseline__": baseline, **candidates}
+    for fn in fns.values():  # warm-up
         fn()
-        times.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(times)
+    times = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    base = times.pop("__baseline__")
+    return statistics.median(base), {name: statistics.median(t / b for t, b in zip(ts, base))
+                                     for name, ts in times.items()}
 
 
 def main() -> None:
@@ -38,11 +47,11 @@ def main() -> None:
     from torchdiag.diagnostics import nancheck
 
     torch.manual_seed(0)
-    cases = [("mlp.py:build", ["32x784"], 30), ("cnn.py:build", ["32x3x32x32"], 20),
-             ("resnet.py:build", ["32x3x32x32"], 8), ("transformer_lm.py:build", [], 15),
-             ("vit.py:build", [], 8)]
+    cases = [("mlp.py:build", ["32x784"], 60), ("cnn.py:build", ["32x3x32x32"], 30),
+             ("resnet.py:build", ["32x3x32x32"], 15), ("transformer_lm.py:build", [], 40),
+             ("vit.py:build", [], 40)]
     if "--large" in sys.argv:  # the issue's reference sizes (slow: minutes on 2 cores)
-        cases = [("resnet.py:resnet50", ["4x3x224x224"], 2), ("bert.py:build", ["4x128:int64"], 2)]
+        cases = [("resnet.py:resnet50", ["4x3x224x224"], 3), ("bert.py:build", ["4x128:int64"], 3)]
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     print(f"{'model':26} {'fwd+bwd ms':>10} {'checked':>8} {'+grad hooks':>10} {'run()':>7} {'anomaly':>8}")
     for spec, shapes, reps in cases:
@@ -77,16 +86,9 @@ def main() -> None:
                 with torch.autograd.detect_anomaly(check_nan=True):
                     plain()
 
-        # interleave rounds so drift on a shared machine hits every variant alike
-        base, chk, hk, run_, ano = [], [], [], [], []
-        for _ in range(2 if "--large" in sys.argv else 4):
-            base.append(median_ms(plain, reps))
-            chk.append(median_ms(checked, reps))
-            hk.append(median_ms(grad_hooks, reps))
-            run_.append(median_ms(full, max(3, reps // 2)))
-            ano.append(median_ms(anomaly, reps))
-        b = min(base)
-        print(f"{spec:26} {b:10.1f} {min(chk) / b:7.2f}x {min(hk) / b:9.2f}x {min(run_) / b:6.2f}x {min(ano) / b:7.2f}x")
+        b, r = ratios(plain, {"checked": checked, "hooks": grad_hooks, "run": full, "anomaly": anomaly}, reps)
+        print(f"{spec:26} {b * 1000:10.1f} {r['checked']:7.2f}x {r['hooks']:9.2f}x {r['run']:6.2f}x "
+              f"{r['anomaly']:7.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ EXAMPLE = """Examples:
 
   torchdiag gradflow sample_models/cnn.py:build --depth 2 --plot gradflow.png --tb runs
 
-  torchdiag gradflow model.py:build --allow 'aux_head.*' --strict --json
+  torchdiag gradflow sample_models/broken_unused.py:build --allow 'aux_head.*' --allow block.scale --strict --json
 
 Status per parameter: ok · frozen (info) · no-grad (unused | detached: error) · zero-grad (error) ·
 exploding-grad (error) · vanishing-grad (warning) · non-finite-grad (error). Activation warnings:
