@@ -499,3 +499,26 @@ def test_anomaly_on_a_forward_nan_says_it_only_sees_backward(cli):
     out = " ".join(r.stdout.split())
     assert "where the forward NaN/Inf from log_features entered the backward" in out
     assert "created by the loss" in out
+
+
+def test_all_finite_one_sync_is_never_wrong():
+    """The batched check must agree with an element-wise isfinite on every tricky case."""
+    import torch
+
+    from torchdiag.diagnostics.nancheck import all_finite
+
+    big = torch.full((4,), 3e38)                      # finite, but its float32 sum overflows to inf
+    cases = {
+        "healthy": ([torch.ones(3), torch.zeros(2, 2)], True),
+        "nan in one": ([torch.ones(3), torch.tensor([1.0, float("nan")])], False),
+        "+inf and -inf in two tensors": ([torch.tensor([float("inf")]), torch.tensor([-float("inf")])], False),
+        "huge but finite": ([big, big.double() * 1e10], True),
+        "float16": ([torch.full((3,), 60000.0, dtype=torch.float16)], True),
+        "complex nan": ([torch.tensor([1 + 1j, complex(float("nan"), 0)])], False),
+        "empty": ([torch.empty(0), torch.empty(0, 3)], True),
+        "nothing": ([], True),
+    }
+    for label, (tensors, want) in cases.items():
+        truth = all(bool(torch.isfinite(t).all()) for t in tensors)
+        assert truth == want, label
+        assert all_finite(tensors) is want, label

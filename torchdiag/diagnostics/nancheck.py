@@ -83,6 +83,22 @@ def finite(t) -> bool:
     return bool(torch.isfinite(d).all())  # a huge finite sum can overflow: decide exactly
 
 
+def all_finite(tensors) -> bool:
+    """True when every element of every tensor is finite, with ONE host sync for the lot (a sum of
+    per-tensor float32 sums: NaN/Inf anywhere survives it). On suspicion (or mixed devices, complex
+    values) each tensor is decided exactly by `finite`, so the answer is never wrong, only slower."""
+    import torch
+
+    ts = [t.detach() for t in tensors if t.numel()]
+    if not ts:
+        return True
+    if len({t.device for t in ts}) == 1 and not any(t.is_complex() for t in ts):
+        total = torch.stack([t.sum(dtype=torch.float32) for t in ts]).sum()
+        if math.isfinite(total.item()):
+            return True
+    return all(finite(t) for t in ts)
+
+
 def counts(t) -> tuple[int, int]:
     """(NaN count, Inf count)."""
     import torch
@@ -369,16 +385,10 @@ def checked_pass(model, inputs, loss_fn, *, backward: bool = True, track_grads: 
 
     # backward culprit: non-finite gradient w.r.t. inputs while the gradient at outputs was finite
     backward_rows, candidates = [], []
-    owner = {}
-    for name, mod in model.named_modules():
-        for pname, p in mod.named_parameters(recurse=False):
-            owner.setdefault(id(p), (name, f"{name}.{pname}" if name else pname))
     param_rows = []
-    checked = 0
-    for name, p in model.named_parameters():
-        if p.grad is None:
-            continue
-        checked += 1
+    grads = [(name, p) for name, p in model.named_parameters() if p.grad is not None]
+    checked = len(grads)
+    for name, p in ([] if all_finite(p.grad for _, p in grads) else grads):  # one sync when healthy
         if not finite(p.grad):
             nan, inf = counts(p.grad)
             param_rows.append({"parameter": name, "shape": "x".join(map(str, p.shape)) or "scalar",
@@ -429,14 +439,16 @@ def checked_pass(model, inputs, loss_fn, *, backward: bool = True, track_grads: 
 
 def _nonfinite_state(model) -> list[dict]:
     rows = []
-    for kind, items in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
-        for name, t in items:
-            if t.device.type == "meta":
-                raise UsageError("nancheck needs real values; --device meta has none", hint="use --device cpu or cuda")
-            if _is_float(t) and not finite(t):
-                nan, inf = counts(t)
-                rows.append({"tensor": name, "kind": kind, "shape": "x".join(map(str, t.shape)) or "scalar",
-                             "nan": nan, "inf": inf})
+    state = [(kind, name, t) for kind, items in (("parameter", model.named_parameters()),
+                                                  ("buffer", model.named_buffers())) for name, t in items]
+    if any(t.device.type == "meta" for _, _, t in state):
+        raise UsageError("nancheck needs real values; --device meta has none", hint="use --device cpu or cuda")
+    floats = [(kind, name, t) for kind, name, t in state if _is_float(t)]
+    for kind, name, t in ([] if all_finite(t for _, _, t in floats) else floats):  # one sync when healthy
+        if not finite(t):
+            nan, inf = counts(t)
+            rows.append({"tensor": name, "kind": kind, "shape": "x".join(map(str, t.shape)) or "scalar",
+                         "nan": nan, "inf": inf})
     return rows
 
 
@@ -863,7 +875,8 @@ def _run_steps(result: Result, model, inputs, opts: Options) -> None:
                 opt.step()
             except Exception as exc:
                 raise ModelError(f"optimizer step {step} raised {one_line(exc)}") from exc
-            bad = [(n, p) for n, p in work.named_parameters() if not finite(p.detach())]
+            params = list(work.named_parameters())
+            bad = [] if all_finite(p for _, p in params) else [(n, p) for n, p in params if not finite(p.detach())]
             if bad:
                 name, p = bad[0]
                 nan, inf = counts(p)
