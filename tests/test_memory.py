@@ -325,3 +325,53 @@ def test_stdout_closed_by_reader_keeps_exit_code_and_is_quiet(fmt):
     err = p.stderr.read()
     assert p.wait() == 0, err
     assert "error:" not in err and "Traceback" not in err and "Exception ignored" not in err, err
+
+
+def test_shard_every_stage_exact_on_a_hand_built_model():
+    """Two bias-free 512x512 Linears, SGD with momentum: P = 2 * 512 * 512 * 4 bytes, momentum P,
+    one FSDP unit = one Linear (512 * 512 * 4). Each stage's per-device peak follows the documented
+    rules from the category bytes at each phase's peak: ZeRO-1 divides optimizer state by n, ZeRO-2
+    also gradients, ZeRO-3/FSDP also parameters plus one gathered and one prefetched unit (and in
+    backward one unit's full gradient before reduce-scatter)."""
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(512, 512, bias=False)
+            self.b = nn.Linear(512, 512, bias=False)
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    torch.manual_seed(0)
+    model, n = Two(), 4
+    d = M.run(model, ModelInputs((torch.randn(1, 512),)), M.Options(shard=n, optimizer="sgd")).to_dict()
+    P, unit = 2 * 512 * 512 * 4, 512 * 512 * 4
+    assert d["param_bytes"] == P and d["grad_bytes"] == P and d["optimizer_bytes"] == P  # momentum buffer
+    rows = {r["stage"]: r["per_device_peak_bytes"] for r in d["shard"]}
+    want = {"ddp (no sharding)": 0, "zero-1": 0, "zero-2": 0, "zero-3 / fsdp": 0}
+    for ph in d["phases"]:
+        c = dict(ph["at_peak"])
+        p, g, o = c.pop("parameters", 0), c.pop("gradients", 0), c.pop("optimizer_state", 0)
+        rest = sum(c.values())
+        if ph["phase"] == "optimizer":
+            t = c.get("temporaries", 0)
+            sharded_rest = rest - t + t // n
+        else:
+            sharded_rest = rest
+        gather = 0
+        if ph["phase"] != "optimizer":
+            gather = min(2 * unit, p - p // n) + (min(unit, g - g // n) if ph["phase"] == "backward" else 0)
+        for stage, total in (("ddp (no sharding)", p + g + o + rest),
+                             ("zero-1", p + g + o // n + sharded_rest),
+                             ("zero-2", p + g // n + o // n + sharded_rest),
+                             ("zero-3 / fsdp", p // n + g // n + o // n + sharded_rest + gather)):
+            want[stage] = max(want[stage], total)
+    assert rows == want
+    assert rows["ddp (no sharding)"] == d["peak_bytes"]
+    assert rows["zero-2"] < rows["zero-1"] < rows["ddp (no sharding)"]
+    # with only two units, gathering one plus a prefetched one is the whole model: no gain over ZeRO-2
+    assert rows["zero-3 / fsdp"] > rows["zero-2"]
