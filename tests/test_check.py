@@ -135,7 +135,7 @@ def test_allow_as_a_string_is_one_glob_not_characters(cli, tmp_path):
 def test_junit_path_checked_before_running(cli, tmp_path):
     (tmp_path / "afile").write_text("")
     res = cli("check", sample("mlp.py:build"), "--max-params", "1M", "--junit", tmp_path / "afile" / "j.xml")
-    assert res.code == 2 and "does not exist" in res.stderr and "PASS" not in res.stdout
+    assert res.code == 2 and "is a file, not a folder" in res.stderr and "PASS" not in res.stdout
     res = cli("check", sample("mlp.py:build"), "--max-params", "1M", "--junit", tmp_path)
     assert res.code == 2 and "is a directory" in res.stderr
 

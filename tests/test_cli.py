@@ -82,3 +82,11 @@ def test_option_errors_are_one_error_line_and_json_document():
 def test_embeddings_json_with_its_required_tb(cli, tmp_path):
     res = cli("embeddings", f"{ROOT}/sample_models/cnn.py:build", "--layer", "head.0", "--tb", tmp_path, "--json")
     assert res.code == 0 and json.loads(res.stdout)["command"] == "embeddings"
+
+
+def test_output_file_under_a_file_says_so(cli, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    r = cli("gradflow", f"{ROOT}/sample_models/mlp.py:build", "--plot", str(afile / "flow.png"))
+    assert r.code == 2 and "is a file, not a folder" in r.stderr and "Traceback" not in r.stderr
+    assert afile.read_text() == "keep me"

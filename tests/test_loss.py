@@ -105,3 +105,6 @@ def test_cli_bad_batch_target_is_exit_2_and_choice_is_printed(cli, tmp_path):
             assert r.stderr.startswith("error: cross_entropy") and message in r.stderr and "Traceback" not in r.stderr
         r = cli(command, sample("mlp.py:build"), "--batch", f"{path}:good")
         assert r.code == 0 and "loss: cross_entropy on output against the given target" in r.stdout
+        # -i beside --batch would be silently ignored: a usage error naming both
+        r = cli(command, sample("mlp.py:build"), "--batch", f"{path}:good", "-i", "4x784")
+        assert r.code == 2 and "both give the inputs" in r.stderr and "Traceback" not in r.stderr

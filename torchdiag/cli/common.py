@@ -172,6 +172,8 @@ def output_file(path: Optional[Path], option: str, suffixes: tuple[str, ...] = (
         raise UsageError(f"{option} {path}: unsupported file type '{path.suffix or '(none)'}'",
                          hint="use a name ending in " + " or ".join(suffixes))
     parent = path.parent if str(path.parent) else Path(".")
+    if parent.exists() and not parent.is_dir():
+        raise UsageError(f"{option} {path}: {parent} is a file, not a folder", hint="give a path inside a folder")
     if not parent.is_dir():
         raise UsageError(f"{option} {path}: folder {parent} does not exist", hint="create it first")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):

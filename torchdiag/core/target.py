@@ -33,6 +33,11 @@ def prepare(opts) -> Target:
     from .inputs import ModelInputs, resolve_inputs
     from .loading import load_model
 
+    if opts.batch and opts.inputs:  # one would be silently ignored
+        from ..errors import UsageError
+
+        raise UsageError(f"--batch {opts.batch} and -i {' -i '.join(opts.inputs)} both give the inputs",
+                         hint="--batch returns (inputs, target): drop -i, or drop --batch")
     device = resolve_device(opts.device)
     loaded = load_model(opts.spec, opts.args, device, opts.seed)
     batch_target = None
