@@ -27,7 +27,7 @@ Debug = Annotated[bool, typer.Option("--debug", help="Show full tracebacks.")]
 Depth = Annotated[int, typer.Option("--depth", min=0, help="Module nesting depth shown in tables.")]
 # Loss/targets, for commands that run backward.
 Loss = Annotated[str, typer.Option("--loss", help="auto|cross_entropy|mse|sum|PATH:fn (fn(output, target) -> scalar).")]
-Batch = Annotated[Optional[str], typer.Option("--batch", metavar="PATH:fn", help="Function returning (inputs, target); replaces -i.")]
+Batch = Annotated[Optional[str], typer.Option("--batch", metavar="PATH:fn", help="Function returning (inputs, target); gives the inputs, so not together with -i.")]
 
 
 @dataclass
