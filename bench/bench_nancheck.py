@@ -11,31 +11,8 @@ from __future__ import annotations
 
 import sys
 import warnings
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-
-def ratios(baseline, candidates: dict, repeat: int) -> tuple[float, dict]:
-    """Baseline median time and, per candidate, the median over rounds of (candidate / baseline in the
-    same round): every variant runs once per round, back to back, so load that drifts between rounds
-    on a shared machine cancels in each round's ratio."""
-    import statistics
-    import time
-
-    fns = {"__baseline__": baseline, **candidates}
-    for fn in fns.values():  # warm-up
-        fn()
-    times = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    base = times.pop("__baseline__")
-    return statistics.median(base), {name: statistics.median(t / b for t, b in zip(ts, base))
-                                     for name, ts in times.items()}
+from common import ROOT, round_ratios  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
 def main() -> None:
@@ -86,7 +63,7 @@ def main() -> None:
                 with torch.autograd.detect_anomaly(check_nan=True):
                     plain()
 
-        b, r = ratios(plain, {"checked": checked, "hooks": grad_hooks, "run": full, "anomaly": anomaly}, reps)
+        b, r = round_ratios(plain, {"checked": checked, "hooks": grad_hooks, "run": full, "anomaly": anomaly}, reps)
         print(f"{spec:26} {b * 1000:10.1f} {r['checked']:7.2f}x {r['hooks']:9.2f}x {r['run']:6.2f}x "
               f"{r['anomaly']:7.2f}x", flush=True)
 

@@ -22,9 +22,9 @@ def median_time(fn, repeat: int = 5, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
-def compare(baseline, candidates: dict, repeat: int = 5) -> tuple[float, list[tuple[str, float]]]:
-    """Median times of baseline and each candidate, run interleaved round by round so that
-    load on the machine hits all of them alike; ratios are what to read."""
+def _rounds(baseline, candidates: dict, repeat: int) -> dict[str, list[float]]:
+    """Times per round: every function runs once per round, back to back (after one warm-up each),
+    so load on the machine hits all of them alike. Key "__baseline__" holds the baseline's times."""
     fns = {"__baseline__": baseline, **candidates}
     for fn in fns.values():  # warm-up
         fn()
@@ -34,8 +34,23 @@ def compare(baseline, candidates: dict, repeat: int = 5) -> tuple[float, list[tu
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
-    med = {name: statistics.median(ts) for name, ts in times.items()}
+    return times
+
+
+def compare(baseline, candidates: dict, repeat: int = 5) -> tuple[float, list[tuple[str, float]]]:
+    """Median times of baseline and each candidate, run interleaved round by round; ratios are
+    what to read."""
+    med = {name: statistics.median(ts) for name, ts in _rounds(baseline, candidates, repeat).items()}
     return med.pop("__baseline__"), list(med.items())
+
+
+def round_ratios(baseline, candidates: dict, repeat: int) -> tuple[float, dict[str, float]]:
+    """Baseline median time and, per candidate, the median over rounds of (candidate / baseline of the
+    same round): load that drifts between rounds cancels in each round's ratio."""
+    times = _rounds(baseline, candidates, repeat)
+    base = times.pop("__baseline__")
+    return statistics.median(base), {name: statistics.median(t / b for t, b in zip(ts, base))
+                                     for name, ts in times.items()}
 
 
 def load(spec: str, *inputs: str, args=()):
