@@ -2,7 +2,8 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_nancheck.py [--large]
 
-Columns: plain fwd+bwd (ms, the baseline); checked / baseline: the pass nancheck runs on a healthy
+Columns: plain fwd+bwd (ms, the baseline); no-op hooks / baseline: a pre- and post-hook doing
+nothing on every module (the floor of any per-module check); checked / baseline: the pass nancheck runs on a healthy
 model (forward hooks with a finiteness check on every module output, loss and parameter gradients
 checked); +grad hooks / baseline: the pass it adds only when a gradient is non-finite (tensor
 hooks on every module input/output gradient); full `run()` / baseline (also inputs, parameters, buffers
@@ -30,7 +31,7 @@ def main() -> None:
     if "--large" in sys.argv:  # the reference sizes (slow: minutes on 2 cores)
         cases = [("resnet.py:resnet50", ["4x3x224x224"], 3), ("bert.py:build", ["4x128:int64"], 3)]
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
-    print(f"{'model':26} {'fwd+bwd ms':>10} {'checked':>8} {'+grad hooks':>10} {'run()':>7} {'anomaly':>8}")
+    print(f"{'model':26} {'fwd+bwd ms':>10} {'no-op hooks':>11} {'checked':>8} {'+grad hooks':>10} {'run()':>7} {'anomaly':>8}")
     for spec, shapes, reps in cases:
         dev = torch.device("cpu")
         loaded = load_model(str(ROOT / "sample_models" / spec), [], dev)
@@ -43,6 +44,15 @@ def main() -> None:
             for p in model.parameters():
                 p.grad = None
             loss(inputs.call(model)).backward()
+
+        def noop_hooks():  # the floor of any per-module hook check: torch's hook path, nothing else
+            handles = []
+            for m in model.modules():
+                handles.append(m.register_forward_pre_hook(lambda *a, **k: None, with_kwargs=True))
+                handles.append(m.register_forward_hook(lambda *a: None))
+            plain()
+            for h in handles:
+                h.remove()
 
         def checked():
             for p in model.parameters():
@@ -63,8 +73,8 @@ def main() -> None:
                 with torch.autograd.detect_anomaly(check_nan=True):
                     plain()
 
-        b, r = round_ratios(plain, {"checked": checked, "hooks": grad_hooks, "run": full, "anomaly": anomaly}, reps)
-        print(f"{spec:26} {b * 1000:10.1f} {r['checked']:7.2f}x {r['hooks']:9.2f}x {r['run']:6.2f}x "
+        b, r = round_ratios(plain, {"noop": noop_hooks, "checked": checked, "hooks": grad_hooks, "run": full, "anomaly": anomaly}, reps)
+        print(f"{spec:26} {b * 1000:10.1f} {r['noop']:10.2f}x {r['checked']:7.2f}x {r['hooks']:9.2f}x {r['run']:6.2f}x "
               f"{r['anomaly']:7.2f}x", flush=True)
 
 
