@@ -116,6 +116,14 @@ def test_forward_failure_shows_rows_that_ran(cli):
     assert res.code == 3
     assert "Modules that ran before the error" in res.stdout and "(raised)" in res.stdout
     assert "forward failed in 2.0 (Linear)" in res.stderr
+    # --json: one document with the error and the rows that ran
+    import json
+
+    res = cli("summary", sample("broken_shape.py:build"), "--json")
+    doc = json.loads(res.stdout)
+    assert res.code == 3 and doc["exit_code"] == 3 and "2.0 (Linear)" in doc["error"]["message"]
+    rows = {row["name"]: row["output_shape"] for row in doc["partial"]["layers"]}
+    assert rows["0"] == "4x32" and rows["2.0"] == "(raised)"
 
 
 def test_lazy_modules_rows_count_the_parameters_forward_created():

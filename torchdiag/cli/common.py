@@ -98,13 +98,14 @@ def execute(opts: CommonOptions, run: Callable | None, *, render_extra: Callable
     except DiagError as e:
         code = e.code
         partial = getattr(e, "partial", None)
-        if partial is not None and not opts.json:
-            from ..render.console import print_result
-
+        if partial is not None:  # what ran before the failure: on the console, or in the JSON document
             if target is not None:
                 target.finish(partial)
-            print_result(partial)
-        _report(e.message, e.hint, code, opts)
+            if not opts.json:
+                from ..render.console import print_result
+
+                print_result(partial)
+        _report(e.message, e.hint, code, opts, partial)
         if opts.debug:
             traceback.print_exc()
     except KeyboardInterrupt:
@@ -135,7 +136,7 @@ def _stdout_closed() -> None:
         pass
 
 
-def _report(message: str, hint: str | None, code: ExitCode, opts: CommonOptions) -> None:
+def _report(message: str, hint: str | None, code: ExitCode, opts: CommonOptions, partial=None) -> None:
     err(f"error: {message}")
     if hint:
         err(f"hint: {hint}")
@@ -151,6 +152,11 @@ def _report(message: str, hint: str | None, code: ExitCode, opts: CommonOptions)
 
         doc = {"schema_version": 1, "command": opts.command, "error": {"message": message, "hint": hint},
                "exit_code": int(code)}
+        if partial is not None:
+            try:
+                doc["partial"] = partial.to_dict()
+            except Exception:  # never hide the real error behind a rendering failure
+                pass
         sys.stdout.write(json.dumps(doc) + "\n")
 
 
