@@ -219,3 +219,31 @@ def test_ctrl_c_flushes_the_events(tmp_path):
     acc = events(tmp_path / "tb" / "overfit-batch")
     losses = acc.Scalars("overfit-batch/loss")
     assert len(losses) >= 4 and [e.step for e in losses] == list(range(len(losses)))
+
+
+def test_per_layer_figures_as_scalars(cli, tmp_path):
+    """flops writes per-module MACs as scalars; the values are the closed-form MACs of the MLP
+    (batch x in x out of every Linear, read off the built model)."""
+    import torch
+
+    from conftest import load
+
+    model, inputs = load("mlp.py:build")
+    batch = inputs.args[0].shape[0]
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert len(linears) >= 2
+    r = cli("flops", sample("mlp.py:build"), "--tb", tmp_path)
+    assert r.code == 0, r.stderr
+    acc = events(tmp_path / "flops")
+    tags = set(acc.Tags()["scalars"])
+    for name, lin in linears.items():
+        (ev,) = acc.Scalars(f"flops/modules/macs/{name}")
+        assert ev.value == batch * lin.in_features * lin.out_features
+    by_row = [e.value for e in acc.Scalars("flops/modules/macs_by_row")]
+    assert sorted(by_row) == sorted(e.value for t in tags if t.startswith("flops/modules/macs/")
+                                    for e in acc.Scalars(t))
+    # memory: per-module bytes the same way
+    r = cli("memory", sample("mlp.py:build"), "--tb", tmp_path)
+    assert r.code == 0, r.stderr
+    mtags = set(events(tmp_path / "memory").Tags()["scalars"])
+    assert any(t.startswith("memory/modules/activation_bytes/") for t in mtags)

@@ -42,6 +42,7 @@ class Table:
     note: str | None = None                 # one line shown under the table
     show: bool = True                       # False: JSON-only data (e.g. full lists)
     limit: int | None = None                # console shows at most this many rows (JSON has all)
+    tb_scalars: tuple[str, ...] = ()        # numeric columns TensorBoard also gets per row (by row["name"])
 
 
 @dataclass

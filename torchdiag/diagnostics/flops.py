@@ -214,7 +214,8 @@ def run(model, inputs, opts: Options | None = None) -> Result:
     if grad:
         mod_cols.append(Column("backward_flops", "backward FLOPs", "flops"))
     result.tables.append(Table("modules", "FLOPs per module", mod_cols, rows,
-                               note=f"depth ≤ {opts.depth}; a module's count includes its submodules"))
+                               note=f"depth ≤ {opts.depth}; a module's count includes its submodules",
+                               tb_scalars=("macs", "backward_flops") if grad else ("macs",)))
 
     # per operator
     fwd_ops = fwd_counts.get("Global", {})
@@ -317,7 +318,7 @@ def run_fvcore(model, inputs, opts: Options) -> Result:
                      "_label": "  " * name.count(".") + name.rsplit(".", 1)[-1] if "." in name else name})
     result.tables.append(Table("modules", "FLOPs per module (fvcore)", [
         Column("_label", "module"), Column("type", "type"), Column("flops", "forward FLOPs", "flops"),
-        Column("macs", "forward MACs", "flops"), Column("share", "share", "pct")], rows))
+        Column("macs", "forward MACs", "flops"), Column("share", "share", "pct")], rows, tb_scalars=("macs",)))
     op_rows = sorted(({"op": k, "flops": 2 * int(v), "macs": int(v), "calls": None} for k, v in by_op.items()),
                      key=lambda r: -r["flops"])
     result.tables.append(Table("operators", "FLOPs per operator (fvcore handle names)", [

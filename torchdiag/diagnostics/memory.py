@@ -616,7 +616,8 @@ def _fill(result, r: StepReport, opts, device, est_peak, sizes, best, budget, un
     result.tables.append(Table("modules", f"Modules by {by} (top {len(top)} of {len(mods)}, depth ≤ {opts.depth})", cols, mod_rows,
         note="saved: saved-for-backward bytes the module's forward (submodules included) allocated, alive at the "
              "end of forward; fwd leaves: live bytes after its forward minus before (output included); peaks are "
-             "whole-step live totals while the module runs"))
+             "whole-step live totals while the module runs",
+        tb_scalars=tuple(c.key for c in cols if c.kind == "bytes")))
     if sizes:
         result.tables.append(Table("batch_sizes", "Estimated peak per batch size", [
             Column("batch_size", "batch size", "int"), Column("peak_bytes", "peak", "bytes"), Column("fits", "fits")], sizes,

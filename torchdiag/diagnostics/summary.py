@@ -169,7 +169,7 @@ def _layer_table(rows, depth, title) -> Table:
     cols = [Column("_label", "module"), Column("type", "type"), Column("output_shape", "output shape"),
             Column("params", "params", "count"), Column("trainable", "trainable")]
     note = f"depth ≤ {depth}; params of a module include its submodules; dim rows never ran in forward"
-    table = Table("layers", title, cols, rows, note=note)
+    table = Table("layers", title, cols, rows, note=note, tb_scalars=("params",))
     return table
 
 

@@ -15,6 +15,17 @@ def table_markdown(t) -> str:
     return "\n".join([head, sep, *rows])
 
 
+def write_row_scalars(writer, command: str, t) -> None:
+    """Per-layer figures as scalars: `<command>/<table>/<column>/<row name>` at step 0, and
+    `<command>/<table>/<column>_by_row` with the row's position as the step (the figure as a curve)."""
+    for key in t.tb_scalars:
+        for i, row in enumerate(t.rows):
+            value = row.get(key)
+            if isinstance(value, numbers.Number) and not isinstance(value, bool):
+                writer.add_scalar(f"{command}/{t.key}/{key}/{row.get('name') or 'root'}", value, 0)
+                writer.add_scalar(f"{command}/{t.key}/{key}_by_row", value, i)
+
+
 def open_writer(logdir, command: str):
     """A SummaryWriter for DIR/<command>/; callers must close() it."""
     from torch.utils.tensorboard import SummaryWriter
@@ -32,6 +43,7 @@ def write_result(result, logdir) -> Path:
         for t in result.tables:
             if t.rows:
                 writer.add_text(f"{result.command}/{t.key}", table_markdown(t))
+            write_row_scalars(writer, result.command, t)
         if result.findings:
             writer.add_text(f"{result.command}/findings", "\n".join(
                 f"- **{f.severity}** `{f.code}` {f.where}: {f.message}" for f in result.findings))
