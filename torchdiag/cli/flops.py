@@ -31,14 +31,6 @@ def register(app) -> None:
         from ..diagnostics import flops as diag
 
         opts = c.CommonOptions("flops", spec, arg or [], input or [], device, seed, json, tb, debug, loss, batch)
-
-        def precheck():  # option mistakes are exit 2 before the model is even imported
-            from ..errors import UsageError
-
-            if engine not in ("torch", "fvcore"):
-                raise UsageError(f"unknown engine '{engine}'", hint="choose torch (default) or fvcore")
-            if engine == "fvcore" and backward:
-                raise UsageError("--engine fvcore counts the forward pass only", hint="drop --backward or use --engine torch")
-
         c.execute(opts, lambda t: diag.run(t.model, t.inputs, diag.Options(
-            depth=depth, backward=backward, engine=engine, loss=t.loss() if backward else None)), precheck=precheck)
+            depth=depth, backward=backward, engine=engine, loss=t.loss() if backward else None)),
+            precheck=lambda: diag.check_options(diag.Options(backward=backward, engine=engine)))  # before loading

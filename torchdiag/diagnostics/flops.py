@@ -150,12 +150,19 @@ def _snapshot(counter):
     return {k: dict(v) for k, v in counter.get_flop_counts().items()}, Counter(counter.calls)
 
 
+def check_options(opts: Options) -> None:
+    """Option mistakes (exit 2), checked before anything runs; the CLI calls it before loading."""
+    if opts.engine not in ("torch", "fvcore"):
+        raise UsageError(f"unknown engine '{opts.engine}'", hint="choose torch (default) or fvcore")
+    if opts.engine == "fvcore" and opts.backward:
+        raise UsageError("--engine fvcore counts the forward pass only", hint="drop --backward or use --engine torch")
+
+
 def run(model, inputs, opts: Options | None = None) -> Result:
     opts = opts or Options()
+    check_options(opts)
     if opts.engine == "fvcore":
         return run_fvcore(model, inputs, opts)
-    if opts.engine != "torch":
-        raise UsageError(f"unknown engine '{opts.engine}'", hint="choose torch (default) or fvcore")
     import torch
 
     from ..core.tracking import ModuleTracker
@@ -283,8 +290,6 @@ def run_fvcore(model, inputs, opts: Options) -> Result:
     if inputs.kwargs:
         raise UsageError("--engine fvcore traces positional inputs only; this model takes keyword inputs",
                          hint="use the default engine (torch), which handles keyword inputs")
-    if opts.backward:
-        raise UsageError("--engine fvcore counts the forward pass only", hint="drop --backward or use --engine torch")
     from fvcore.nn import FlopCountAnalysis
 
     result = Result("flops", header={"counter": "fvcore (torch.jit.trace)",
