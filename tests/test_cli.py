@@ -90,3 +90,19 @@ def test_output_file_under_a_file_says_so(cli, tmp_path):
     r = cli("gradflow", f"{ROOT}/sample_models/mlp.py:build", "--plot", str(afile / "flow.png"))
     assert r.code == 2 and "is a file, not a folder" in r.stderr and "Traceback" not in r.stderr
     assert afile.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("args, code", [
+    (["summary", "sample_models/broken_shape.py:build"], 3),             # the rows that ran, then the error
+    (["summary", "sample_models/broken_shape.py:build", "--json"], 3),   # the error document with 'partial'
+    (["summary", "sample_models/mlp.py:build", "--bogus", "--json"], 2),  # click's usage error, as JSON
+])
+def test_stdout_closed_by_reader_on_an_error_keeps_exit_code(args, code):
+    """`torchdiag … | head` where the reader leaves early: the error path writes to stdout too. Was
+    exit 1 (click's broken-pipe exit, Rich's SystemExit) or a BrokenPipeError traceback."""
+    p = subprocess.Popen([sys.executable, "-m", "torchdiag", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         cwd=ROOT, text=True)
+    p.stdout.close()   # nobody reads: the first write to stdout fails with a broken pipe
+    err = p.stderr.read()
+    assert p.wait() == code, err
+    assert err.startswith("error: ") and "Traceback" not in err and "Exception ignored" not in err, err

@@ -67,8 +67,11 @@ def main() -> None:
             import json
 
             name = e.ctx.command.name if e.ctx and e.ctx.command else None
-            sys.stdout.write(json.dumps({"schema_version": 1, "command": name, "exit_code": 2,
-                                         "error": {"message": e.format_message(), "hint": f"see `{command} --help`"}}) + "\n")
+            from .common import to_stdout
+
+            to_stdout(lambda: sys.stdout.write(json.dumps({
+                "schema_version": 1, "command": name, "exit_code": 2,
+                "error": {"message": e.format_message(), "hint": f"see `{command} --help`"}}) + "\n"))
         code = 2
     except (getattr(cx, "Abort", KeyboardInterrupt), KeyboardInterrupt):  # vendored click has no Abort
         sys.stderr.write("error: interrupted\n")

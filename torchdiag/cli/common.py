@@ -90,10 +90,7 @@ def execute(opts: CommonOptions, run: Callable | None, *, render_extra: Callable
 
         if render_extra:  # write files first: a failure then cannot follow a printed JSON document
             render_extra(result)
-        try:
-            render(result, opts)
-        except (BrokenPipeError, SystemExit):  # stdout closed by its reader (| head); Rich raises SystemExit(1)
-            _stdout_closed()
+        to_stdout(lambda: render(result, opts))
         code = result.exit_code
     except DiagError as e:
         code = e.code
@@ -104,7 +101,7 @@ def execute(opts: CommonOptions, run: Callable | None, *, render_extra: Callable
             if not opts.json:
                 from ..render.console import print_result
 
-                print_result(partial)
+                to_stdout(lambda: print_result(partial))
         _report(e.message, e.hint, code, opts, partial)
         if opts.debug:
             traceback.print_exc()
@@ -126,14 +123,19 @@ def execute(opts: CommonOptions, run: Callable | None, *, render_extra: Callable
     raise typer.Exit(int(code))
 
 
-def _stdout_closed() -> None:
-    """The reader of stdout went away: send the rest of our output (and the final flush) to
-    /dev/null, so exit keeps the diagnostic's code and no BrokenPipeError follows."""
+def to_stdout(write: Callable[[], object]) -> None:
+    """Run `write` (output on stdout) and flush. When the reader of stdout went away (| head, | true)
+    the rest of our output and the final flush go to /dev/null, so exit keeps the command's own
+    code and no BrokenPipeError or traceback follows (Rich turns a broken pipe into SystemExit(1))."""
     try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):  # no real file descriptor (tests capture stdout)
-        pass
+        write()
+        sys.stdout.flush()
+    except (BrokenPipeError, SystemExit):
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):  # no real file descriptor (tests capture stdout)
+            pass
 
 
 def _report(message: str, hint: str | None, code: ExitCode, opts: CommonOptions, partial=None) -> None:
@@ -157,7 +159,7 @@ def _report(message: str, hint: str | None, code: ExitCode, opts: CommonOptions,
                 doc["partial"] = partial.to_dict()
             except Exception:  # never hide the real error behind a rendering failure
                 pass
-        sys.stdout.write(json.dumps(doc) + "\n")
+        to_stdout(lambda: sys.stdout.write(json.dumps(doc) + "\n"))
 
 
 def env_flag(name: str) -> bool:
