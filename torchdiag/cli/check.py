@@ -79,15 +79,9 @@ def junit_path(path: Optional[Path]) -> Optional[Path]:
     """--junit FILE.xml checked before any work; its folder is created (a fresh CI checkout has no reports/)."""
     from ..errors import UsageError
 
-    if path is None:
-        return None
-    path = Path(path)
-    if path.is_dir() or path.suffix.lower() != ".xml":
-        return c.output_file(path, "--junit", (".xml",))  # the usual one-line error
-    parent = path.parent
-    if not parent.exists():
+    if path is not None and Path(path).suffix.lower() == ".xml" and not Path(path).parent.exists():
         try:
-            parent.mkdir(parents=True, exist_ok=True)
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise UsageError(f"--junit {path}: cannot create folder {parent}: {exc.strerror or exc}") from None
-    return c.output_file(path, "--junit", (".xml",))
+            raise UsageError(f"--junit {path}: cannot create folder {Path(path).parent}: {exc.strerror or exc}") from None
+    return c.output_file(path, "--junit", (".xml",))  # the usual checks and one-line errors
