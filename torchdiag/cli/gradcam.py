@@ -17,7 +17,7 @@ EXAMPLE = """Examples:
 Layer = Annotated[str, typer.Option("--layer", "-l", metavar="NAME", show_default=False,
                                     help="Module whose output is explained (usually the last conv layer).")]
 Image = Annotated[Optional[Path], typer.Option("--image", metavar="FILE", show_default=False,
-                                               help="Input image (PNG/JPEG), read as RGB.")]
+                                               help="Input image (PNG/JPEG), read as RGB (grayscale with --channels 1).")]
 TargetClass = Annotated[Optional[int], typer.Option("--target-class", "-k", metavar="N", show_default=False,
                                                     help="Class to explain (default: the predicted class).")]
 Out = Annotated[Optional[Path], typer.Option("--out", "-o", metavar="FILE.png", show_default=False,
