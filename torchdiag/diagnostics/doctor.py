@@ -743,16 +743,17 @@ def train_checks(work, inputs, opts: Options, loss, eval_out, ck: Checklist, res
         ck.row("modes", "info", f"{len(mods)} module(s) behave differently in train and eval{dtxt}",
                ", ".join(_name(n) for n, _ in mods[:4]) + (" …" if len(mods) > 4 else ""), MODE_TYPES_HINT,
                "mode-dependent")
-    elif diff is not None and diff > 1e-5 * _scale(eval_out) + 1e-6 and ck.has_error("determinism"):
-        # eval differs from itself: a train/eval difference says nothing about self.training
-        ck.row("modes", "skipped", "no Dropout/BatchNorm; train and eval outputs cannot be compared: the eval "
-               "output is random (see eval determinism)")
     elif diff is not None and diff > 1e-5 * _scale(eval_out) + 1e-6:   # beyond kernel-choice rounding
-        result.add("mode-dependent", "info", "(root)",
-                   f"no Dropout/BatchNorm, yet train and eval outputs differ{dtxt}: forward code reads self.training",
-                   MODE_TYPES_HINT)
-        ck.row("modes", "info", f"train and eval outputs differ{dtxt} (custom self.training code)", "(root)",
-               MODE_TYPES_HINT, "mode-dependent")
+        if ck.has_error("determinism"):
+            # eval differs from itself: a train/eval difference says nothing about self.training
+            ck.row("modes", "skipped", "no Dropout/BatchNorm; train and eval outputs cannot be compared: the eval "
+                   "output is random (see eval determinism)")
+        else:
+            result.add("mode-dependent", "info", "(root)",
+                       f"no Dropout/BatchNorm, yet train and eval outputs differ{dtxt}: forward code reads self.training",
+                       MODE_TYPES_HINT)
+            ck.row("modes", "info", f"train and eval outputs differ{dtxt} (custom self.training code)", "(root)",
+                   MODE_TYPES_HINT, "mode-dependent")
     else:
         ck.row("modes", "ok", "no Dropout/BatchNorm; train = eval output")
 
