@@ -95,3 +95,19 @@ def untouched():
         assert not changed, f"diagnostic changed the model or global state: {changed}"
 
     return check
+
+
+def assert_readme_picture(doc: str, made) -> None:
+    """docs/images/<doc> is what the code draws now (docs/images/regenerate.sh rebuilds them).
+    Same size, and the same picture up to anti-aliasing and font rendering, which change with the
+    matplotlib/freetype a fresh install brings: at most 0.5% of pixels off by more than 40 levels and
+    a mean difference under 2 levels. A stale picture (other weights, layout or colours) fails both."""
+    import numpy as np
+    from PIL import Image
+
+    a = np.asarray(Image.open(ROOT / "docs" / "images" / doc).convert("RGB")).astype(np.int16)
+    b = np.asarray(Image.open(made).convert("RGB")).astype(np.int16)
+    stale = f"docs/images/{doc} is stale: run sh docs/images/regenerate.sh"
+    assert a.shape == b.shape, stale
+    diff = np.abs(a - b)
+    assert (diff.max(axis=2) > 40).mean() <= 0.005 and diff.mean() < 2.0, stale

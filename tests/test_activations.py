@@ -227,15 +227,10 @@ def test_filter_truncation_is_noted(tmp_path):
 
 def test_readme_pictures_are_what_the_code_draws(cli, tmp_path):
     """docs/images/activations_*.png are the README command's output (docs/images/regenerate.sh)."""
-    import numpy as np
-    from PIL import Image
-
-    from conftest import ROOT
+    from conftest import assert_readme_picture
 
     r = cli("activations", CNN, "--layer", "features.0", "--images", tmp_path)
     assert r.code == 0, r.stderr
     for doc, made in (("activations_features.png", "features.0_features.png"),
                       ("activations_filters.png", "features.0_filters.png")):
-        a = np.asarray(Image.open(ROOT / "docs" / "images" / doc).convert("RGB"))
-        b = np.asarray(Image.open(tmp_path / made).convert("RGB"))
-        assert a.shape == b.shape and (a == b).all(), f"docs/images/{doc} is stale: run sh docs/images/regenerate.sh"
+        assert_readme_picture(doc, tmp_path / made)

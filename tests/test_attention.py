@@ -246,17 +246,12 @@ def test_entropy_fraction_counts_only_visible_keys():
 
 def test_readme_picture_is_what_the_code_draws(cli, tmp_path):
     """docs/images/attention.png is the README command's output (docs/images/regenerate.sh)."""
-    import numpy as np
-    from PIL import Image
-
-    from conftest import ROOT
+    from conftest import assert_readme_picture
 
     r = cli("attention", sample("transformer_lm.py:build"), "-i", "1x8:int64",
             "--tokens", "the,cat,sat,on,the,mat,.,EOS", "--images", tmp_path)
     assert r.code == 0, r.stderr
-    a = np.asarray(Image.open(ROOT / "docs" / "images" / "attention.png").convert("RGB"))
-    b = np.asarray(Image.open(tmp_path / "attention_blocks.0.attn.png").convert("RGB"))
-    assert a.shape == b.shape and (a == b).all(), "docs/images/attention.png is stale: run sh docs/images/regenerate.sh"
+    assert_readme_picture("attention.png", tmp_path / "attention_blocks.0.attn.png")
 
 
 def test_tokens_on_a_long_sequence_are_noted(tmp_path):

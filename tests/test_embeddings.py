@@ -145,14 +145,9 @@ def test_meta_device_needs_real_values(cli, tmp_path):
 
 def test_readme_picture_is_what_the_code_draws(cli, tmp_path):
     """docs/images/embeddings_pca.png is the README command's output (docs/images/regenerate.sh)."""
-    import numpy as np
-    from PIL import Image
-
-    from conftest import ROOT
+    from conftest import assert_readme_picture
 
     r = cli("embeddings", CNN, "--layer", "head.0", "--batch", sample("gradcam_region.py:batch"),
             "--tb", tmp_path / "runs", "--images", tmp_path / "emb")
     assert r.code == 0, r.stderr
-    a = np.asarray(Image.open(ROOT / "docs" / "images" / "embeddings_pca.png").convert("RGB"))
-    b = np.asarray(Image.open(tmp_path / "emb" / "embeddings_head.0_pca.png").convert("RGB"))
-    assert a.shape == b.shape and (a == b).all(), "docs/images/embeddings_pca.png is stale: run sh docs/images/regenerate.sh"
+    assert_readme_picture("embeddings_pca.png", tmp_path / "emb" / "embeddings_head.0_pca.png")

@@ -324,15 +324,10 @@ def test_preprocessing_options_checked_before_loading(cli, image, args, message)
 
 def test_readme_picture_is_what_the_code_draws(cli, tmp_path):
     """docs/images/gradcam.png is the README command's output (docs/images/regenerate.sh)."""
-    import numpy as np
-    from PIL import Image
-
-    from conftest import ROOT
+    from conftest import ROOT, assert_readme_picture
 
     out = tmp_path / "cam.png"
     r = cli("gradcam", REGION, "--layer", "features.3", "--image", ROOT / "docs" / "images" / "sample_input.png",
             "--out", out)
     assert r.code == 0, r.stderr
-    a = np.asarray(Image.open(ROOT / "docs" / "images" / "gradcam.png").convert("RGB"))
-    b = np.asarray(Image.open(out).convert("RGB"))
-    assert a.shape == b.shape and (a == b).all(), "docs/images/gradcam.png is stale: run sh docs/images/regenerate.sh"
+    assert_readme_picture("gradcam.png", out)
