@@ -265,3 +265,25 @@ def test_random_targets_and_integer_outputs(cli, tmp_path):
     _one_error_line(r)
     r = cli("gradcheck", sample(f"{CA}:ScaledTanh"), "-i", "2x3", "--json")     # deterministic: stays in train mode
     assert r.code == 0 and r.json["mode"] == "train" and r.json["notes"] == []
+
+
+def test_nan_gradient_fails_and_bad_tolerances_are_usage_errors(cli, tmp_path):
+    """A backward that returns NaN must not read as 'pass' (NaN compares false with every bound),
+    and --eps ≤ 0 (numerical gradient 0/0 or sign-flipped) or a negative/NaN tolerance is exit 2."""
+    path = tmp_path / "nan_fn.py"
+    path.write_text(
+        "import torch\n\n"
+        "class NanGrad(torch.autograd.Function):\n"
+        "    @staticmethod\n"
+        "    def forward(ctx, x):\n"
+        "        return x * 2\n\n"
+        "    @staticmethod\n"
+        "    def backward(ctx, g):\n"
+        "        return g * float('nan')\n")
+    r = cli("gradcheck", f"{path}:NanGrad", "-i", "3", "--json")
+    assert r.code == 1, r.stderr
+    (row,) = r.json["per_input"]
+    assert row["passed"] is False and row["failing_entries"] == 9
+    for option, value in (("--eps", "0"), ("--eps", "-1"), ("--atol", "-1"), ("--rtol", "nan")):
+        r = cli("gradcheck", sample(f"{CA}:MulSquare"), "-i", "3", "-i", "3", option, value)
+        assert r.code == 2 and r.stderr.startswith(f"error: {option}") and "Traceback" not in r.stderr

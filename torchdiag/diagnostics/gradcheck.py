@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -261,7 +262,7 @@ def compare(names, xs, analytical, numerical, out_shapes, opts: Options, order: 
         allowed = opts.atol + opts.rtol * n.abs()
         excess = diff - allowed
         rel = diff / n.abs().clamp_min(1e-12)
-        bad = int((excess > 0).sum())
+        bad = int((~(excess <= 0)).sum())  # a NaN difference is a failure, not a pass
         row = {"order": order, "input": name, "shape": "x".join(map(str, x.shape)) or "scalar",
                "max_abs_error": float(diff.max()) if diff.numel() else 0.0,
                "max_rel_error": float(rel[diff > opts.atol].max()) if bool((diff > opts.atol).any()) else 0.0,
@@ -317,6 +318,10 @@ def run(checked: Checked, opts: Options | None = None) -> Result:
     import torch
 
     opts = opts or Options()
+    for option, value in (("--eps", opts.eps), ("--atol", opts.atol), ("--rtol", opts.rtol)):
+        if not math.isfinite(value) or value < 0 or (option == "--eps" and value == 0):
+            raise UsageError(f"{option} {value:g}: must be a finite number " + ("> 0" if option == "--eps" else "≥ 0"),
+                             hint="defaults: --eps 1e-6 --atol 1e-5 --rtol 1e-3")
     xs = [x.detach().double() for x in checked.tensors]
     result = Result("gradcheck", header={"target": checked.label, "kind": checked.kind,
                                          "precision": "float64", "eps": opts.eps, "atol": opts.atol, "rtol": opts.rtol})
