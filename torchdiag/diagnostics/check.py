@@ -394,7 +394,7 @@ def run(models: list[ModelConfig], source: str) -> Result:
     multi = len(models) > 1
     cols = ([Column("model", "model")] if multi else []) + [
         Column("check", "check"), Column("figure", "figure"), Column("limit", "limit"), Column("status", "result")]
-    result.tables.append(Table("checks", "torchdiag check", cols, rows))
+    result.tables.append(Table("checks", "Checks", cols, rows))
     n_fail = sum(1 for o in outcomes if not o.passed)
     result.data.update({"passed": n_fail == 0, "failed": n_fail, "total": len(outcomes)})
     codes = [o.code for o in outcomes]
