@@ -5,12 +5,17 @@
     r.data["forward_macs"], r.findings, r.to_dict()
 
 `inputs` may be a tensor, a tuple/list (positional), a dict (keyword) or None (the model's
-`example_input_array`). `loss` is a rule name (auto, cross_entropy, mse, sum) or a callable
-fn(output, target) -> scalar; `target` a fixed target tensor. Nothing heavy is imported until
-a function is called, so `import torchdiag` stays fast."""
+`example_input_array`). Run-wide keywords, the same on every function that uses them: `loss` (a rule
+name: auto, cross_entropy, mse, sum; or a callable fn(output, target) -> scalar), `target` (a fixed
+target tensor), `seed`, `optimizer`/`lr`/`momentum` (commands that take steps), `dtype`, `amp`. Every
+other keyword is the diagnostic's own option, named as on the command line with `_` for `-`. The
+model's own device is used. Nothing heavy is imported until a function is called."""
 from __future__ import annotations
 
 from typing import Any
+
+RUN_KEYS = ("seed", "dtype", "amp")
+OPTIMIZER_KEYS = {"optimizer": "name", "lr": "lr", "momentum": "momentum"}
 
 
 def as_inputs(model, inputs=None):
@@ -36,13 +41,10 @@ def as_inputs(model, inputs=None):
 
 
 def make_loss(loss: Any = "auto", target=None, seed: int = 0):
-    from .core.loss import Loss, resolve_loss
+    """The loss rule object the diagnostics use (a rule name or a callable fn(output, target))."""
+    from .core.context import loss_rule
 
-    if callable(loss) and not isinstance(loss, str):
-        rule = Loss("custom", seed, target, custom=loss)
-        rule.custom_name = getattr(loss, "__name__", "loss") + "()"
-        return rule
-    return resolve_loss(str(loss), None, target, seed)
+    return loss_rule(loss, None, target, seed)
 
 
 def _options(module, **kw):
@@ -59,106 +61,90 @@ def _options(module, **kw):
     return module.Options(**kw)
 
 
+def run_spec(command: str, diagnostic=None, *, loss: Any = "auto", **kw):
+    """The RunSpec of a Python call: run-wide keywords are taken out of `kw` (the rest are Options)."""
+    from .core.run import RunSpec, optimizer_spec
+
+    given = {field: kw.pop(key) for key, field in OPTIMIZER_KEYS.items() if key in kw}
+    optimizer = optimizer_spec(getattr(diagnostic, "OPTIMIZER", None), **given)
+    run = {k: kw.pop(k) for k in RUN_KEYS if k in kw}
+    return RunSpec(command, loss=loss if isinstance(loss, str) else "auto", optimizer=optimizer,
+                   caller="python", **run)
+
+
+def run(command: str, model, inputs=None, *, loss: Any = "auto", target=None, **options):
+    """Any diagnostic by its command name: `torchdiag.api.run("gradflow", model, x, strict=True)`."""
+    from .core.context import context_for
+    from .diagnostics import invoke, module
+
+    d = module(command)
+    spec = run_spec(command, d, loss=loss, **options)   # pops the run-wide keywords from options
+    for key in (*RUN_KEYS, *OPTIMIZER_KEYS):
+        options.pop(key, None)
+    opts = _options(d, **options)
+    ctx = context_for(model, spec, loss=loss, target=target)
+    return invoke(d, model, as_inputs(model, inputs) if getattr(d, "TAKES_INPUTS", True) else None, opts, ctx)
+
+
 def summary(model, inputs=None, **options):
-    from .diagnostics import summary as d
-
-    return d.run(model, as_inputs(model, inputs), _options(d, **options))
+    return run("summary", model, inputs, **options)
 
 
-def flops(model, inputs=None, *, loss="auto", target=None, **options):
-    from .diagnostics import flops as d
-
-    if options.get("backward"):
-        options["loss"] = make_loss(loss, target)
-    return d.run(model, as_inputs(model, inputs), _options(d, **options))
+def flops(model, inputs=None, **options):
+    return run("flops", model, inputs, **options)
 
 
-def _with_loss(name, model, inputs, loss, target, options, *, loss_factory=False):
-    import importlib
-
-    d = importlib.import_module(f"torchdiag.diagnostics.{name}")
-    rule = (lambda: make_loss(loss, target)) if loss_factory else make_loss(loss, target)
-    return d.run(model, as_inputs(model, inputs), _options(d, loss=rule, **options))
+def nancheck(model, inputs=None, **options):
+    return run("nancheck", model, inputs, **options)
 
 
-def nancheck(model, inputs=None, *, loss="auto", target=None, **options):
-    return _with_loss("nancheck", model, inputs, loss, target, options)
+def gradflow(model, inputs=None, **options):
+    return run("gradflow", model, inputs, **options)
 
 
-def gradflow(model, inputs=None, *, loss="auto", target=None, **options):
-    return _with_loss("gradflow", model, inputs, loss, target, options)
+def overfit_batch(model, inputs=None, **options):
+    return run("overfit-batch", model, inputs, **options)
 
 
-def overfit_batch(model, inputs=None, *, loss="auto", target=None, **options):
-    return _with_loss("overfit_batch", model, inputs, loss, target, options)
+def profile(model, inputs=None, **options):
+    return run("profile", model, inputs, **options)
 
 
-def profile(model, inputs=None, *, loss="auto", target=None, **options):
-    return _with_loss("profiling", model, inputs, loss, target, options)
+def memory(model, inputs=None, **options):
+    return run("memory", model, inputs, **options)
 
 
-def memory(model, inputs=None, *, loss="auto", target=None, **options):
-    return _with_loss("memory", model, inputs, loss, target, options, loss_factory=True)
-
-
-def doctor(model, inputs=None, *, loss="auto", target=None, **options):
-    options.setdefault("batch_target", target)
-    return _with_loss("doctor", model, inputs, loss, target, options)
+def doctor(model, inputs=None, **options):
+    return run("doctor", model, inputs, **options)
 
 
 def activations(model, inputs=None, **options):
-    from .diagnostics import activations as d
-
-    return d.run(model, as_inputs(model, inputs), _options(d, **options))
+    return run("activations", model, inputs, **options)
 
 
 def attention(model, inputs=None, **options):
-    from .diagnostics import attention as d
-
-    return d.run(model, as_inputs(model, inputs), _options(d, **options))
+    return run("attention", model, inputs, **options)
 
 
-def embeddings(model, inputs=None, *, layer: str, logdir=None, labels=None, **options):
-    """The layer's output per sample; with logdir, TensorBoard projector data under logdir/embeddings/."""
-    from .diagnostics import embeddings as d
-
-    return d.run(model, as_inputs(model, inputs),
-                 _options(d, layer=layer, logdir=None if logdir is None else str(logdir), labels=labels, **options))
+def embeddings(model, inputs=None, *, layer: str, labels=None, **options):
+    """The layer's output per sample; TensorBoard projector data is written by the renderer (--tb)."""
+    return run("embeddings", model, inputs, layer=layer, labels=labels, **options)
 
 
 def gradcam(model, image, *, layer: str, **options):
-    """Grad-CAM of `layer` for one image file (PNG/JPEG, read as RGB); the model's own device is used.
-    The heatmap (H×W in [0, 1]) is `result._heatmap`; options as `torchdiag gradcam` (size, mean, std,
-    target_class, out, alpha, topk)."""
-    from .diagnostics import gradcam as d
-
-    tensors = list(model.parameters()) + list(model.buffers())
-    device = tensors[0].device if tensors else "cpu"
-    for key in ("mean", "std", "size"):
-        if isinstance(options.get(key), list):
-            options[key] = tuple(options[key])
-    return d.run(model, device, _options(d, layer=layer, image=str(image), **options))
+    """Grad-CAM of `layer` for one image file (PNG/JPEG); options as `torchdiag gradcam` (size, mean,
+    std, channels, target_class, alpha, topk). The heatmap (H×W in [0, 1]) is in the result's data."""
+    return run("gradcam", model, None, layer=layer, image=str(image), **options)
 
 
 def gradcheck(target, *inputs, **options):
     """Analytical vs numerical gradients (float64) of an autograd.Function subclass, an nn.Module or a
     function, at the given input tensors: `torchdiag.gradcheck(MyFn, torch.randn(3), torch.randn(3))`.
     Options: second_order, eps, atol, rtol, params (nn.Module parameters too), max_elements."""
-    import torch
-
     from .diagnostics import gradcheck as d
-    from .errors import UsageError
 
-    opts = _options(d, **options)
-    label = getattr(target, "__qualname__", None) or type(target).__name__
-    kind, fn = d.resolve_target(target, {}, label)
-    if not inputs:
-        raise UsageError(f"gradcheck needs inputs: torchdiag.gradcheck({label}, torch.randn(3), ...)")
-    tensors = [t.detach().double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
-    d.check_arity(kind, fn, len(tensors), label)
-    checked = d.build(kind, fn, tensors, [f"input[{i}]" for i in range(len(tensors))], opts, label)
-    return d.run(checked, opts)
+    return d.check_callable(target, inputs, _options(d, **options))
 
 
 __all__ = ["summary", "flops", "nancheck", "gradflow", "overfit_batch", "profile", "memory", "doctor",
-           "activations", "attention", "embeddings", "gradcam", "gradcheck", "as_inputs", "make_loss"]
+           "activations", "attention", "embeddings", "gradcam", "gradcheck", "as_inputs", "make_loss", "run"]

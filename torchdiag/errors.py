@@ -46,3 +46,34 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     first = text[0] if text else ""
     out = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
     return out if len(out) <= limit else out[: limit - 1] + "…"
+
+
+CALLERS = ("cli", "python", "config")
+
+
+def option_name(field: str, caller: str = "python") -> str:
+    """An option in the caller's own terms: `--target-ratio` on the command line, `target_ratio` in
+    Python, `target-ratio` in pyproject.toml."""
+    if caller == "cli":
+        return "--" + field.replace("_", "-")
+    if caller == "config":
+        return field.replace("_", "-")
+    return field
+
+
+class OptionError(UsageError):
+    """A bad option value, found when Options are built (before any model is loaded). The message
+    names the option for the caller: `name_for("cli")` renames it before it is shown."""
+
+    def __init__(self, field: str, problem: str, hint: str | None = None, flag: str | None = None):
+        self.field, self.problem, self.flag = field, problem, flag
+        super().__init__(self._text("python"), hint)
+
+    def _text(self, caller: str) -> str:
+        name = self.flag if caller == "cli" and self.flag else option_name(self.field, caller)
+        return f"{name}: {self.problem}"
+
+    def name_for(self, caller: str) -> "OptionError":
+        self.message = self._text(caller)
+        self.args = (self.message,)
+        return self

@@ -10,7 +10,7 @@ from typing import Annotated, Callable, Optional
 
 import typer
 
-from ..errors import DiagError, ExitCode, ModelError, one_line
+from ..errors import DiagError, ExitCode, OptionError, one_line
 
 Spec = Annotated[str, typer.Argument(metavar="MODEL_SPEC", show_default=False,
                                      help="path/to/file.py:factory or dotted.module:factory (split on the last ':').")]
@@ -32,6 +32,8 @@ Batch = Annotated[Optional[str], typer.Option("--batch", metavar="PATH:fn", help
 
 @dataclass
 class CommonOptions:
+    """The CLI's own bag of shared options; lower layers get the RunSpec and RenderSpec built from it."""
+
     command: str
     spec: str
     args: list[str] = field(default_factory=list)
@@ -44,6 +46,22 @@ class CommonOptions:
     loss: str = "auto"
     batch: Optional[str] = None
     needs_inputs: bool = True
+    optimizer: Optional[dict] = None     # OptimizerSpec fields given (name, lr, momentum), for commands that step
+    dtype: Optional[str] = None
+    amp: Optional[str] = None
+
+    def run_spec(self, diagnostic=None):
+        """The RunSpec; the optimizer is the diagnostic's default (its OPTIMIZER) with what was given."""
+        from ..core.run import RunSpec, optimizer_spec
+
+        optimizer = optimizer_spec(getattr(diagnostic, "OPTIMIZER", None), **(self.optimizer or {}))
+        return RunSpec(self.command, self.spec, tuple(self.args), tuple(self.inputs), self.batch, self.device,
+                       self.dtype, self.amp, self.seed, self.loss, optimizer, self.needs_inputs, caller="cli")
+
+    def render_spec(self):
+        from ..render import RenderSpec
+
+        return RenderSpec(self.command, self.json, None if self.tb is None else str(self.tb))
 
 
 def err(line: str) -> None:
@@ -61,18 +79,22 @@ def progress(message: str, json_mode: bool):
     return Console(stderr=True).status(message)
 
 
-def execute(opts: CommonOptions, run: Callable | None, *, render_extra: Callable | None = None,
-            produce: Callable | None = None, precheck: Callable | None = None) -> None:
-    """Load the model and inputs, run the diagnostic, render, exit with its code.
+def execute(opts: CommonOptions, diagnostic=None, options: Callable | None = None, *, run: Callable | None = None,
+            render_extra: Callable | None = None, produce: Callable | None = None,
+            precheck: Callable | None = None) -> None:
+    """Check the options, load the model and inputs, run the diagnostic, render, exit with its code.
 
-    `run(target) -> Result`; or `produce() -> Result` for commands whose target is not one
-    model (check, gradcheck). `precheck()` validates options before anything is loaded. Every
-    DiagError becomes `error:`/`hint:` lines and its exit code; anything else is a torchdiag
-    bug (exit 4)."""
+    `diagnostic` is the diagnostics module (its `run(model, inputs, opts, ctx)` and `NEEDS_VALUES`);
+    `options()` builds its Options, validated before anything is loaded; `run(model, inputs, o, ctx)`
+    replaces the module's run when the command needs more (live progress). `produce() -> Result` is
+    for commands whose target is not one model (check, gradcheck). Every DiagError becomes
+    `error:`/`hint:` lines and its exit code; anything else is a torchdiag bug (exit 4)."""
     code = ExitCode.OK
-    target = None
+    ctx = None
     try:
         output_dir(opts.tb, "--tb")
+        spec = opts.run_spec(diagnostic)
+        o = options() if options is not None else None
         if precheck is not None:
             precheck()
         if produce is not None:
@@ -80,24 +102,26 @@ def execute(opts: CommonOptions, run: Callable | None, *, render_extra: Callable
                 result = produce()
         else:
             with progress(f"torchdiag {opts.command}: loading {opts.spec}", opts.json):
-                from ..core.target import prepare
+                from ..core.context import prepare
 
-                target = prepare(opts)
+                model, inputs, ctx = prepare(spec, needs_values=getattr(diagnostic, "NEEDS_VALUES", False))
             # outside the loading spinner: a command may show its own live progress
-            result = run(target)
-            target.finish(result)
+            result = (run or diagnostic.run)(model, inputs, o, ctx)
+            ctx.finish(result)
         from ..render import render
 
         if render_extra:  # write files first: a failure then cannot follow a printed JSON document
             render_extra(result)
-        to_stdout(lambda: render(result, opts))
+        to_stdout(lambda: render(result, opts.render_spec()))
         code = result.exit_code
     except DiagError as e:
+        if isinstance(e, OptionError):
+            e.name_for("cli")
         code = e.code
         partial = getattr(e, "partial", None)
         if partial is not None:  # what ran before the failure: on the console, or in the JSON document
-            if target is not None:
-                target.finish(partial)
+            if ctx is not None:
+                ctx.finish(partial)
             if not opts.json:
                 from ..render.console import print_result
 

@@ -1,15 +1,26 @@
-"""Renderers read Result objects; they never run models."""
+"""Renderers read Result objects; they never run models. Every file torchdiag writes is written here."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 
-def render(result, opts) -> None:
+
+@dataclass(frozen=True)
+class RenderSpec:
+    """How to show a result: torch-free, built by the CLI (or `check`) from its own options."""
+
+    command: str
+    json: bool = False
+    tb: str | None = None        # TensorBoard folder
+
+
+def render(result, out: RenderSpec) -> None:
     """TensorBoard first, then stdout: nothing may fail after the JSON document is printed."""
     path = None
-    if opts.tb:
+    if out.tb:
         from .tensorboard import write_result
 
-        path = write_result(result, opts.tb)
-    if opts.json:
+        path = write_result(result, out.tb)
+    if out.json:
         from .jsondoc import print_json
 
         print_json(result)
@@ -20,4 +31,4 @@ def render(result, opts) -> None:
         if path is not None:
             import sys
 
-            sys.stderr.write(f"TensorBoard logs: {path}  (tensorboard --logdir {opts.tb})\n")
+            sys.stderr.write(f"TensorBoard logs: {path}  (tensorboard --logdir {out.tb})\n")

@@ -1,0 +1,141 @@
+"""A run's context: the RunSpec turned into torch objects once (device, loss rule, optimizer factory,
+batch target, model factory), handed to every diagnostic as `run(model, inputs, opts, ctx)`.
+
+The CLI and `check` get one from `prepare(spec)` (which also loads the model and its inputs); the
+Python API from `context_for(model, spec)`, which takes the device from the model it was given."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import UsageError, option_name
+from . import train
+from .run import RunSpec
+
+META_HINT = "use --device cpu or cuda (meta has shapes only: summary, flops and memory work there)"
+
+
+@dataclass
+class Context:
+    spec: RunSpec
+    device: Any                          # torch.device, resolved once
+    loaded: Any = None                   # core.loading.LoadedModel (CLI/check); None from the Python API
+    batch_target: Any = None             # the target from --batch (or target= in Python)
+    custom_loss: Any = None              # a Python callable fn(output, target) -> scalar
+    header: dict[str, Any] = field(default_factory=dict)   # choices made for the user
+
+    @property
+    def seed(self) -> int:
+        return self.spec.seed
+
+    @property
+    def on_meta(self) -> bool:
+        return self.device.type == "meta"
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def factory(self):
+        """(factory, kwargs) that built the model, or None when the caller passed the model itself."""
+        return None if self.loaded is None else (self.loaded.factory_fn, self.loaded.kwargs)
+
+    def option(self, name: str) -> str:
+        """An option as the caller writes it (--flag, keyword, or pyproject key)."""
+        return option_name(name, self.spec.caller)
+
+    def require_values(self) -> None:
+        """The one refusal of the meta device for diagnostics that need real values."""
+        if self.on_meta:
+            raise_meta(self.spec.command)
+
+    def loss(self):
+        """A fresh loss rule (DESIGN.md "Targets and loss"): it fixes its random target on first use."""
+        return loss_rule(self.custom_loss or self.spec.loss, self.loaded, self.batch_target, self.seed)
+
+    def optimizer(self, params, spec=None, *, foreach: bool | None = None):
+        return train.make_optimizer(params, spec or self.spec.optimizer, foreach=foreach)
+
+    def seeded(self):
+        """`with ctx.seeded():` the global RNG seeded with the run's seed, restored afterwards."""
+        return train.seeded(self.seed)
+
+    def train_copy(self, model, why: str = "to train it"):
+        return train.train_copy(model, why)
+
+    def finish(self, result) -> None:
+        """Put the choices made for the user in front of the diagnostic's own header."""
+        header = dict(self.header)
+        header.update(result.header)
+        result.header = header
+
+
+def loss_rule(rule, loaded=None, target=None, seed: int = 0):
+    """A core.loss.Loss from a rule name / PATH:fn (resolved in the user's module) or a Python callable."""
+    from .loss import Loss, resolve_loss
+
+    if callable(rule) and not isinstance(rule, str):
+        loss = Loss("custom", seed, target, custom=rule)
+        loss.custom_name = getattr(rule, "__name__", "loss") + "()"
+        return loss
+    return resolve_loss(str(rule), loaded, target, seed)
+
+
+def raise_meta(command: str):
+    raise UsageError(f"{command} needs real values; the meta device has none", hint=META_HINT)
+
+
+def prepare(spec: RunSpec, *, needs_values: bool = False):
+    """Device, model, inputs (or --batch) and the context, for the CLI and `check`: (model, inputs, ctx)."""
+    from .device import resolve_device
+    from .inputs import ModelInputs, resolve_inputs
+    from .loading import load_model
+
+    device = resolve_device(spec.device)
+    if needs_values and device.type == "meta":  # refused before the model is built
+        raise_meta(spec.command)
+    loaded = load_model(spec.model, list(spec.args), device, spec.seed)
+    batch_target = None
+    if spec.batch:
+        from .loss import load_batch
+
+        inputs, batch_target = load_batch(spec.batch, device, spec.seed)
+    elif spec.needs_inputs:
+        inputs = resolve_inputs(list(spec.inputs), loaded, device, spec.seed)
+    else:
+        inputs = ModelInputs()
+    ctx = Context(spec, device, loaded, batch_target, header=_header(spec, device, loaded, inputs))
+    return loaded.model, inputs, ctx
+
+
+def _header(spec: RunSpec, device, loaded, inputs) -> dict[str, Any]:
+    header: dict[str, Any] = {"model": spec.model, "device": str(device), "seed": spec.seed}
+    if loaded.kwargs:
+        header["factory_args"] = {k: repr(v) if not isinstance(v, (int, float, str, bool)) else v
+                                  for k, v in loaded.kwargs.items()}
+    if loaded.built_on:
+        header["built_on_meta_via"] = loaded.built_on
+    if spec.needs_inputs:
+        header["inputs"] = inputs.describe()
+        header["input_source"] = inputs.source
+        if inputs.notes:
+            header["input_notes"] = inputs.notes
+    return header
+
+
+def model_device(model):
+    """The device of a model a Python caller hands us (its first parameter or buffer; cpu if none)."""
+    import torch
+
+    for t in model.parameters():
+        return t.device
+    for t in model.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
+def context_for(model, spec: RunSpec, *, loss=None, target=None) -> Context:
+    """The Python API's context: the device is the model's own; `loss` may be a callable."""
+    custom = loss if callable(loss) and not isinstance(loss, str) else None
+    return Context(spec, model_device(model), None, target, custom)

@@ -1,0 +1,108 @@
+"""The run contract: one torch-free description of a run, built alike by the CLI, the Python API and
+`check`, and validated when it is built (before any model is loaded).
+
+A concern that every command shares (device, precision, seed, loss rule, optimizer, inputs) is a
+field here; `core.context.Context` turns it into torch objects once. A new cross-cutting option is a
+field here, a line in `Context`, and the docs (docs/DEVELOPING.md)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..errors import CALLERS, OptionError
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
+DEFAULT_LR = {"adam": 1e-3, "adamw": 1e-3, "sgd": 1e-2}
+DTYPES = ("float32", "bfloat16", "float16")
+AMPS = ("bf16", "fp16", "auto")      # auto: bfloat16 on CPU, float16 on CUDA
+SEED_RANGE = (0, 2**64)              # what torch.manual_seed accepts
+
+
+def choice(name: str, value, choices, flag: str | None = None) -> str:
+    """`value` lower-cased if it is one of `choices`, else an OptionError naming the option."""
+    text = str(value).strip().lower()
+    if text not in choices:
+        raise OptionError(name, f"'{value}' is not one of {', '.join(choices)}", flag=flag)
+    return text
+
+
+def number(name: str, value, *, low: float | None = None, high: float | None = None, low_open: bool = False,
+           high_open: bool = False, integer: bool = False, flag: str | None = None):
+    """A finite number within bounds (inclusive unless *_open), else an OptionError naming the option."""
+    kind = "an integer" if integer else "a number"
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok_type or (not integer and not math.isfinite(value)):
+        raise OptionError(name, f"{value!r} is not {kind}", flag=flag)
+    def show(bound):
+        return str(bound) if integer else f"{bound:g}"
+
+    if low is not None and (value < low or (low_open and value == low)):
+        raise OptionError(name, f"must be {'>' if low_open else '≥'} {show(low)}, got {value!r}", flag=flag)
+    if high is not None and (value > high or (high_open and value == high)):
+        raise OptionError(name, f"must be {'<' if high_open else '≤'} {show(high)}, got {value!r}", flag=flag)
+    return value
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """The optimizer of commands that take steps. One factory builds it (core.train.make_optimizer)."""
+
+    name: str = "adam"
+    lr: float | None = None          # None: DEFAULT_LR[name]
+    momentum: float = 0.9            # sgd only
+
+    def __post_init__(self):
+        object.__setattr__(self, "name", choice("optimizer", self.name, OPTIMIZERS))
+        if self.lr is not None:
+            number("lr", self.lr, low=0, low_open=True)
+        number("momentum", self.momentum, low=0, high=1, high_open=True)
+
+    @property
+    def learning_rate(self) -> float:
+        return DEFAULT_LR[self.name] if self.lr is None else float(self.lr)
+
+    def describe(self) -> str:
+        extra = f", momentum {self.momentum:g}" if self.name == "sgd" and self.momentum else ""
+        return f"{self.name} (lr {self.learning_rate:g}{extra})"
+
+
+def optimizer_spec(base: OptimizerSpec | None = None, **given) -> OptimizerSpec:
+    """`base` (a command's default optimizer) with the fields the caller gave (None = not given)."""
+    import dataclasses
+
+    fields = {k: v for k, v in given.items() if v is not None}
+    return dataclasses.replace(base or OptimizerSpec(), **fields)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What one run asks for. Strings and numbers only: it can be built, checked and printed without torch."""
+
+    command: str
+    model: str = ""                          # MODEL_SPEC; "" when a Python caller passes the model itself
+    args: tuple[str, ...] = ()               # factory KEY=VALUE
+    inputs: tuple[str, ...] = ()             # -i SHAPE[:DTYPE]
+    batch: str | None = None                 # PATH:fn returning (inputs, target)
+    device: str = "auto"
+    dtype: str | None = None                 # float32|bfloat16|float16: cast parameters and float inputs
+    amp: str | None = None                   # bf16|fp16|auto: autocast, weights stay float32
+    seed: int = 0
+    loss: str = "auto"                       # auto|cross_entropy|mse|sum|PATH:fn
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    needs_inputs: bool = True
+    caller: str = "cli"                      # cli|python|config: how options are named in messages
+
+    def __post_init__(self):
+        if self.caller not in CALLERS:
+            raise ValueError(f"caller must be one of {CALLERS}")
+        object.__setattr__(self, "args", tuple(self.args or ()))
+        object.__setattr__(self, "inputs", tuple(self.inputs or ()))
+        number("seed", self.seed, low=SEED_RANGE[0], high=SEED_RANGE[1], high_open=True, integer=True)
+        if self.dtype is not None:
+            object.__setattr__(self, "dtype", choice("dtype", self.dtype, DTYPES))
+        if self.amp is not None:
+            amp = choice("amp", self.amp, AMPS + ("none",))
+            object.__setattr__(self, "amp", None if amp == "none" else amp)
+        if self.batch and self.inputs:  # one would be silently ignored
+            raise OptionError("batch", f"{self.batch} and inputs {', '.join(self.inputs)} both give the inputs",
+                              hint="the batch function returns (inputs, target): drop the inputs, or the batch")

@@ -1,0 +1,86 @@
+"""The mechanics every training-like diagnostic shares, in one place each: the optimizer, backward
+from a loss, a seeded call to the user's code, and a copy of the model to train."""
+from __future__ import annotations
+
+import contextlib
+
+from ..errors import ModelError, one_line
+
+
+def make_optimizer(params, spec, *, foreach: bool | None = None):
+    """The optimizer `spec` (core.run.OptimizerSpec) names, over `params`. `foreach=None` is torch's
+    own per-device default; memory estimates pass it explicitly to model CUDA's choice on meta."""
+    import torch
+
+    lr = spec.learning_rate
+    if spec.name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=spec.momentum, foreach=foreach)
+    cls = torch.optim.AdamW if spec.name == "adamw" else torch.optim.Adam
+    return cls(params, lr=lr, foreach=foreach)
+
+
+def backward(loss, hint: str = "the model's own code raised in backward") -> bool:
+    """loss.backward(); False when the loss has no gradient path (nothing trainable reached it). A
+    failure is the user's (exit 3), named as a backward failure."""
+    if not loss.requires_grad:
+        return False
+    try:
+        loss.backward()
+    except Exception as exc:
+        raise ModelError(f"backward failed: {one_line(exc)}", hint=hint) from exc
+    return True
+
+
+def step(optimizer) -> None:
+    """optimizer.step(); a failure is the user's (exit 3)."""
+    try:
+        optimizer.step()
+    except Exception as exc:
+        raise ModelError(f"optimizer step failed: {one_line(exc)}") from exc
+
+
+@contextlib.contextmanager
+def seeded(seed: int):
+    """The global RNG (CPU, and CUDA when in use) seeded for the block and restored afterwards, so a
+    diagnostic is reproducible and leaves the caller's random stream where it was."""
+    import torch
+
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def seeded_call(seed: int, fn, *args, **kwargs):
+    """fn(*args, **kwargs) under `seeded(seed)`."""
+    with seeded(seed):
+        return fn(*args, **kwargs)
+
+
+def train_copy(model, why: str = "to train it"):
+    """A deep copy of the user's model in train mode, with .grad cleared and the hooks registered on
+    parameters (deepcopy drops them) put back, so a hook that masks a gradient acts on the copy too."""
+    import copy
+
+    try:
+        work = copy.deepcopy(model)
+    except Exception as exc:
+        raise ModelError(f"cannot copy the model {why} (copy.deepcopy raised {one_line(exc)})",
+                         hint="torchdiag never trains your model itself; make it deep-copyable "
+                              "(no open files, locks or generators as attributes)") from exc
+    copy_param_hooks(model, work)
+    for p in work.parameters():
+        p.grad = None
+    return work.train()
+
+
+def copy_param_hooks(model, work) -> None:
+    originals = dict(model.named_parameters())
+    for name, q in work.named_parameters():
+        p = originals.get(name)
+        if p is None:
+            continue
+        for hook in list((getattr(p, "_backward_hooks", None) or {}).values()):
+            q.register_hook(hook)
+        for hook in list((getattr(p, "_post_accumulate_grad_hooks", None) or {}).values()):
+            q.register_post_accumulate_grad_hook(hook)
