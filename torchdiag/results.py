@@ -60,6 +60,7 @@ class Result:
     histograms: dict[str, Any] = field(default_factory=dict)  # tag -> 1-D array
     images: dict[str, Any] = field(default_factory=dict)      # tag -> HxWx3 uint8 array
     text: dict[str, str] = field(default_factory=dict)        # tag -> markdown
+    artefacts: dict[str, Any] = field(default_factory=dict)   # what file writers need (figure data, trace bytes)
     failed: bool | None = None    # override: a command may fail without an error finding
     code: int | None = None       # override of the exit code (check: 3 when a model raised)
 

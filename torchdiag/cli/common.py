@@ -49,6 +49,7 @@ class CommonOptions:
     optimizer: Optional[dict] = None     # OptimizerSpec fields given (name, lr, momentum), for commands that step
     dtype: Optional[str] = None
     amp: Optional[str] = None
+    outputs: dict = field(default_factory=dict)   # kind -> path of the files asked for (--plot, --trace, ...)
 
     def run_spec(self, diagnostic=None):
         """The RunSpec; the optimizer is the diagnostic's default (its OPTIMIZER) with what was given."""
@@ -61,7 +62,8 @@ class CommonOptions:
     def render_spec(self):
         from ..render import RenderSpec
 
-        return RenderSpec(self.command, self.json, None if self.tb is None else str(self.tb))
+        outputs = {k: str(v) for k, v in self.outputs.items() if v is not None}
+        return RenderSpec(self.command, self.json, None if self.tb is None else str(self.tb), outputs)
 
 
 def err(line: str) -> None:
@@ -108,10 +110,12 @@ def execute(opts: CommonOptions, diagnostic=None, options: Callable | None = Non
             # outside the loading spinner: a command may show its own live progress
             result = (run or diagnostic.run)(model, inputs, o, ctx)
             ctx.finish(result)
-        from ..render import render
+        from ..render import render, write_outputs
 
-        if render_extra:  # write files first: a failure then cannot follow a printed JSON document
-            render_extra(result)
+        # files first: a failure then cannot follow a printed JSON document
+        written = write_outputs(result, opts.render_spec())
+        if render_extra:
+            render_extra(result, written)
         to_stdout(lambda: render(result, opts.render_spec()))
         code = result.exit_code
     except DiagError as e:

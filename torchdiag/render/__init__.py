@@ -1,7 +1,7 @@
 """Renderers read Result objects; they never run models. Every file torchdiag writes is written here."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -11,6 +11,21 @@ class RenderSpec:
     command: str
     json: bool = False
     tb: str | None = None        # TensorBoard folder
+    outputs: dict[str, str] = field(default_factory=dict)   # kind (plot, trace, images, ...) -> path asked for
+
+
+def write_outputs(result, out: RenderSpec) -> dict[str, str]:
+    """Every file the user asked for besides TensorBoard: kind K of command C is written by
+    `render/<C>.py: write_K(result, path) -> str` (through render/output.py). Returns kind -> path written."""
+    import importlib
+
+    written = {}
+    for kind, path in out.outputs.items():
+        if path is None:
+            continue
+        writer = importlib.import_module(f"{__name__}.{out.command.replace('-', '_')}")
+        written[kind] = getattr(writer, f"write_{kind}")(result, path)
+    return written
 
 
 def render(result, out: RenderSpec) -> None:
