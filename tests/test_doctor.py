@@ -264,9 +264,8 @@ def test_bad_input_is_exit_2_one_line(cli):
     assert len(lines) == 1 and "Traceback" not in r.stderr + r.stdout
 
 
-def test_cuda_on_cpu_only_machine_is_exit_2(cli):
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present")
+def test_cuda_on_cpu_only_machine_is_exit_2(cli, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # a CPU-only machine, even on a GPU box
     r = cli(DOCTOR, sample("mlp.py:build"), "--device", "cuda")
     assert r.code == 2 and "error: device 'cuda' is not available" in r.stderr and "Traceback" not in r.stderr
 

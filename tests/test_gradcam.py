@@ -138,7 +138,7 @@ def test_cli_size_option(cli, tmp_path):
     assert r.json["image_size"] == "32x32" and "0.5" in r.json["normalisation"]
 
 
-def test_usage_errors(cli, image, tmp_path):
+def test_usage_errors(cli, image, tmp_path, monkeypatch):
     r = cli("gradcam", REGION, "--layer", "features.3")
     assert r.code == 2 and "--image" in r.stderr
     _one_error_line(r)
@@ -156,6 +156,7 @@ def test_usage_errors(cli, image, tmp_path):
     r = cli("gradcam", REGION, "--layer", "features.3", "--image", image, "--mean", "1,2")
     assert r.code == 2
     _one_error_line(r)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # a CPU-only machine, even on a GPU box
     r = cli("gradcam", REGION, "--layer", "features.3", "--image", image, "--device", "cuda")
     assert r.code == 2 and "not available" in r.stderr
     _one_error_line(r)

@@ -344,8 +344,8 @@ def test_model_that_raises_is_exit_3_naming_the_module(cli):
     assert r.stderr.startswith("error: forward failed in 2.0 (Linear)") and "Traceback" not in r.stderr
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
-def test_cuda_on_cpu_only_machine_is_a_clear_exit_2(cli):
+def test_cuda_on_cpu_only_machine_is_a_clear_exit_2(cli, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # a CPU-only machine, even on a GPU box
     r = cli("nancheck", sample("mlp.py:build"), "--device", "cuda")
     assert r.code == 2
     assert r.stderr.startswith("error: device 'cuda' is not available") and "Traceback" not in r.stderr

@@ -408,9 +408,8 @@ def test_bad_input_is_exit_2_with_one_error_line(cli, args, message):
     assert "Traceback" not in r.stderr and r.stdout == ""
 
 
-def test_cuda_on_cpu_only_machine_is_exit_2(cli):
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
+def test_cuda_on_cpu_only_machine_is_exit_2(cli, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # a CPU-only machine, even on a GPU box
     r = cli("overfit-batch", sample("mlp.py:build"), "--device", "cuda", "--json")
     assert r.code == 2 and r.stderr.startswith("error: device 'cuda' is not available")
     assert r.json["exit_code"] == 2
