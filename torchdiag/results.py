@@ -101,3 +101,15 @@ class Result:
         doc["notes"] = list(self.notes)
         doc["exit_code"] = int(self.exit_code)
         return doc
+
+
+def error_document(command: str | None, message: str, hint: str | None, code: int, partial: Result | None = None) -> dict:
+    """The one JSON document of a run that failed (usage error, model error, interrupt)."""
+    doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "command": command,
+                           "error": {"message": message, "hint": hint}, "exit_code": int(code)}
+    if partial is not None:
+        try:
+            doc["partial"] = partial.to_dict()
+        except Exception:  # never hide the real error behind a rendering failure
+            pass
+    return doc

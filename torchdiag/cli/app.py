@@ -69,9 +69,10 @@ def main() -> None:
             name = e.ctx.command.name if e.ctx and e.ctx.command else None
             from .common import to_stdout
 
-            to_stdout(lambda: sys.stdout.write(json.dumps({
-                "schema_version": 1, "command": name, "exit_code": 2,
-                "error": {"message": e.format_message(), "hint": f"see `{command} --help`"}}) + "\n"))
+            from ..results import error_document
+
+            doc = error_document(name, e.format_message(), f"see `{command} --help`", 2)
+            to_stdout(lambda: sys.stdout.write(json.dumps(doc) + "\n"))
         code = 2
     except (getattr(cx, "Abort", KeyboardInterrupt), KeyboardInterrupt):  # vendored click has no Abort
         sys.stderr.write("error: interrupted\n")

@@ -42,7 +42,8 @@ def register(app) -> None:
         gradflow, overfit-batch, doctor, allow, strict, max-peak-memory); several models with
         [[tool.torchdiag.models]]. Options given here override the file. With GITHUB_ACTIONS=true,
         failed checks are also printed as GitHub annotations."""
-        opts = c.CommonOptions("check", spec or "", arg or [], input or [], device or "auto", 0, json, tb, debug)
+        opts = c.CommonOptions("check", spec or "", arg or [], input or [], device or "auto", 0, json, tb, debug,
+                               outputs={"junit": junit})
 
         def produce():
             from ..diagnostics import check as diag
@@ -58,13 +59,9 @@ def register(app) -> None:
             models = diag.models_from_config(table, source, overrides, check_over)
             return diag.run(models, source)
 
-        def extras(result):
-            if junit:
-                from ..render.ci import write_junit
-
-                path = write_junit(result, junit)
-                if not json:
-                    c.err(f"JUnit report: {path}")
+        def extras(result, written):
+            if "junit" in written and not json:
+                c.err(f"JUnit report: {written['junit']}")
             if c.env_flag("GITHUB_ACTIONS"):
                 from ..render.ci import github_annotations
 
@@ -72,7 +69,7 @@ def register(app) -> None:
                 for line in github_annotations(result):
                     stream.write(line + "\n")
 
-        c.execute(opts, None, produce=produce, render_extra=extras, precheck=lambda: junit_path(junit))
+        c.execute(opts, produce=produce, render_extra=extras, precheck=lambda: junit_path(junit))
 
 
 def junit_path(path: Optional[Path]) -> Optional[Path]:

@@ -180,13 +180,9 @@ def _report(message: str, hint: str | None, code: ExitCode, opts: CommonOptions,
     if opts.json:
         import json
 
-        doc = {"schema_version": 1, "command": opts.command, "error": {"message": message, "hint": hint},
-               "exit_code": int(code)}
-        if partial is not None:
-            try:
-                doc["partial"] = partial.to_dict()
-            except Exception:  # never hide the real error behind a rendering failure
-                pass
+        from ..results import error_document
+
+        doc = error_document(opts.command, message, hint, code, partial)
         to_stdout(lambda: sys.stdout.write(json.dumps(doc) + "\n"))
 
 

@@ -26,26 +26,24 @@ ROOT_KEYS = MODEL_KEYS | {"models"}
 @dataclass
 class ModelConfig:
     name: str
-    model: str
-    inputs: list[str] = field(default_factory=list)
-    device: str = "auto"
-    args: list[str] = field(default_factory=list)
-    loss: str = "auto"
-    batch: str | None = None
-    seed: int = 0
+    spec: Any                    # core.run.RunSpec of this model (caller "config")
     check: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model(self) -> str:
+        return self.spec.model
 
 
 @dataclass
 class CheckOutcome:
     model: str
     check: str
-    passed: bool | None          # None: could not run (the model raised)
+    passed: bool | None          # None: could not run (the model raised, or Ctrl-C)
     figure: str
     limit: str
     message: str = ""
     seconds: float = 0.0
-    code: int = 0                # exit code this outcome implies (0, 1, 3)
+    code: int = 0                # exit code this outcome implies (0, 1, 3, 130)
 
 
 def _unknown(keys, allowed, where: str):
@@ -130,20 +128,26 @@ def validate_model_entry(entry: dict, where: str) -> None:
             raise _type_error(key, value, where, "a table", "check = {max-params = 30000}")
 
 
-def validate_overfit(ov: dict, where: str) -> None:
-    for key, value in ov.items():
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if key in ("steps", "seed") and (isinstance(value, bool) or not isinstance(value, int) or
-                                         (key == "steps" and value < 1) or value < 0):
-            raise _type_error(f"overfit-batch {key}", value, where, "a positive integer" if key == "steps"
-                              else "an integer ≥ 0", "overfit-batch = {steps = 200}")
-        if key in ("target-ratio", "target-loss", "lr") and value is not None and (not number or not value >= 0 or
-                                                                                  (key != "target-loss" and value == 0)):
-            raise _type_error(f"overfit-batch {key}", value, where,
-                              "a number ≥ 0" if key == "target-loss" else "a number > 0",
-                              "overfit-batch = {target-ratio = 0.05}")
-        if key == "optimizer" and value not in ("adam", "adamw", "sgd"):
-            raise _type_error("overfit-batch optimizer", value, where, "adam, adamw or sgd", 'overfit-batch = {optimizer = "sgd"}')
+def overfit_settings(ov: dict, spec, where: str):
+    """The overfit-batch table → (Options, RunSpec): validated by overfit-batch's own Options (the same
+    rules as on the command line), so a bad value is reported before any model loads."""
+    import dataclasses
+
+    from ..core.run import optimizer_spec
+    from ..errors import OptionError
+    from . import overfit_batch
+
+    kw = {k.replace("-", "_"): v for k, v in ov.items()}
+    run_kw = {k: kw.pop(k) for k in ("optimizer", "lr", "seed") if k in kw}
+    try:
+        opts = overfit_batch.Options(**kw)
+        optimizer = optimizer_spec(overfit_batch.OPTIMIZER, name=run_kw.get("optimizer"), lr=run_kw.get("lr"))
+        spec = dataclasses.replace(spec, optimizer=optimizer, seed=run_kw.get("seed", spec.seed))
+    except OptionError as exc:
+        exc.name_for("config")
+        raise UsageError(f"overfit-batch {exc.message} in {where}",
+                         hint=exc.hint or "e.g. overfit-batch = {steps = 200, target-ratio = 0.05}") from None
+    return opts, spec
 
 
 def parse_bytes(value, key: str) -> int:
@@ -217,11 +221,27 @@ def models_from_config(table: dict, source: str, overrides: dict, check_override
         inputs = merged.get("inputs", [])
         if isinstance(inputs, str):
             inputs = [inputs]
-        out.append(ModelConfig(name=entry.get("name") or merged["model"], model=merged["model"],
-                               inputs=list(inputs), device=merged.get("device", "auto"), args=list(args),
-                               loss=merged.get("loss", "auto"), batch=merged.get("batch"),
-                               seed=int(merged.get("seed", 0)), check=check))
+        out.append(_model_config(entry.get("name") or merged["model"], merged, list(inputs), list(args), check, where))
     return out
+
+
+def _model_config(name: str, merged: dict, inputs: list, args: list, check: dict, where: str) -> ModelConfig:
+    """One model's RunSpec (validated here, named as pyproject keys) and its check table; the
+    overfit-batch settings become overfit-batch's own Options now, before any model loads."""
+    from ..core.run import RunSpec
+    from ..errors import OptionError
+
+    try:
+        spec = RunSpec("check", merged["model"], tuple(args), tuple(inputs), merged.get("batch"),
+                       merged.get("device", "auto"), seed=int(merged.get("seed", 0)), loss=merged.get("loss", "auto"),
+                       caller="config")
+    except OptionError as exc:
+        raise UsageError(f"{exc.name_for('config').message} in {where}", hint=exc.hint) from None
+    check = dict(check)
+    if check.get("overfit-batch"):
+        ov = check["overfit-batch"] if isinstance(check["overfit-batch"], dict) else {}
+        check["_overfit"] = overfit_settings(ov, spec, where)
+    return ModelConfig(name, spec, check)
 
 
 def _validated_checks(check: dict, table_where: str, where: str) -> dict:
@@ -230,22 +250,14 @@ def _validated_checks(check: dict, table_where: str, where: str) -> dict:
     ov = check.get("overfit-batch")
     if isinstance(ov, dict):
         _unknown(ov, OVERFIT_KEYS, f"overfit-batch in {where}")
-        validate_overfit(ov, where)
-    if "max-peak-memory" in check:
-        parse_bytes(check["max-peak-memory"], "max-peak-memory")  # a bad size is reported before any model runs
+    if "max-peak-memory" in check:  # a bad size is reported before any model runs
+        check["max-peak-memory"] = parse_bytes(check["max-peak-memory"], "max-peak-memory")
     return check
 
 
-def _prepare(cfg: ModelConfig):
-    from ..cli.common import CommonOptions
-    from ..core.target import prepare
-
-    opts = CommonOptions("check", cfg.model, cfg.args, cfg.inputs, cfg.device, cfg.seed, loss=cfg.loss, batch=cfg.batch)
-    return prepare(opts)
-
-
-def _first_error(result) -> str:
-    errors = [f for f in result.findings if f.severity == "error"]
+def _first_error(result, allow=()) -> str:
+    errors = [f for f in result.findings if f.severity == "error"
+              and not any(fnmatch.fnmatch(f.where, a) for a in allow)]
     if not errors:
         return ""
     f = errors[0]
@@ -253,127 +265,127 @@ def _first_error(result) -> str:
     return f"{f.code} {f.where}: {f.message}{more}"
 
 
-def run_checks(cfg: ModelConfig) -> list[CheckOutcome]:
-    """All checks configured for one model; a model that raises fails its checks with exit 3."""
-    c = cfg.check
-    outcomes: list[CheckOutcome] = []
+class _Interrupted(Exception):
+    """Ctrl-C or SIGTERM while a check ran: that check is recorded as interrupted and check stops."""
 
-    def record(check, fn, limit=""):
+
+class _Recorder:
+    """Runs one check after another and records each outcome, timed."""
+
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+        self.outcomes: list[CheckOutcome] = []
+
+    def __call__(self, check: str, fn, limit: str = "") -> None:
         t0 = time.perf_counter()
         try:
             passed, figure, message = fn()
             code = 0 if passed else 1
+        except KeyboardInterrupt:
+            self.outcomes.append(CheckOutcome(self.model_name, check, None, "interrupted", limit,
+                                              "interrupted before it finished", time.perf_counter() - t0,
+                                              int(ExitCode.INTERRUPTED)))
+            raise _Interrupted() from None
         except DiagError as exc:
             if exc.code == ExitCode.USAGE:
                 raise
             passed, figure, message, code = None, "error", exc.message, int(exc.code)
-        outcomes.append(CheckOutcome(cfg.name, check, passed, figure, limit, message, time.perf_counter() - t0, code))
+        self.outcomes.append(CheckOutcome(self.model_name, check, passed, figure, limit, message,
+                                          time.perf_counter() - t0, code))
 
+
+def run_checks(cfg: ModelConfig) -> list[CheckOutcome]:
+    """All checks configured for one model; a model that raises fails its checks with exit 3."""
+    from ..core.context import prepare
+
+    record = _Recorder(cfg.name)
     try:
-        target = _prepare(cfg)
+        model, inputs, ctx = prepare(cfg.spec)
     except DiagError as exc:
         if exc.code == ExitCode.USAGE:
             raise
-        outcomes.append(CheckOutcome(cfg.name, "load", None, "error", "", exc.message, 0.0, int(exc.code)))
-        return outcomes
-    model, inputs = target.model, target.inputs
-    allow = list(c.get("allow", []))
+        record.outcomes.append(CheckOutcome(cfg.name, "load", None, "error", "", exc.message, 0.0, int(exc.code)))
+        return record.outcomes
+    try:
+        _size_checks(cfg.check, model, inputs, ctx, record)
+        _diagnostic_checks(cfg.check, model, inputs, ctx, record)
+    except _Interrupted:
+        return record.outcomes
+    if not record.outcomes:
+        raise UsageError(f"no checks configured for {cfg.name}",
+                         hint="add [tool.torchdiag.check] with e.g. max-params, max-gmacs, nancheck, gradflow, overfit-batch")
+    return record.outcomes
+
+
+def _size_checks(c: dict, model, inputs, ctx, record) -> None:
+    """max-params, max-trainable-params, max-gmacs, max-gflops."""
+    from . import flops, invoke
 
     for key, trainable_only in (("max-params", False), ("max-trainable-params", True)):
         if key in c:
-            limit = c[key]
-
-            def params(limit=limit, trainable_only=trainable_only):
+            def params(limit=c[key], trainable_only=trainable_only):
                 ps = {id(p): p for p in model.parameters()}.values()
                 n = sum(p.numel() for p in ps if p.requires_grad or not trainable_only)
                 return n <= limit, f"{n:,}", "" if n <= limit else f"{n:,} parameters > limit {int(limit):,}"
-            record(key, params, f"{int(limit):,}")
+            record(key, params, f"{int(c[key]):,}")
+    cache: dict = {}
+    for key, data_key, unit in (("max-gmacs", "forward_macs", "GMACs"), ("max-gflops", "forward_flops", "GFLOPs")):
+        if key in c:
+            def check_flops(limit=c[key], data_key=data_key, unit=unit):
+                if "r" not in cache:
+                    cache["r"] = invoke(flops, model, inputs, flops.Options(depth=0), ctx)
+                g = cache["r"].data[data_key] / 1e9
+                return g <= limit, f"{g:.3f} {unit}", "" if g <= limit else f"{g:.3f} {unit} > limit {limit:g}"
+            record(key, check_flops, f"{c[key]:g} {unit}")
 
-    if "max-gmacs" in c or "max-gflops" in c:
-        from . import flops
 
-        def compute():
-            r = flops.run(model, inputs, flops.Options(depth=0))
-            return r.data["forward_macs"], r.data["forward_flops"]
-        cache: dict = {}
-        for key, idx, unit in (("max-gmacs", 0, "GMACs"), ("max-gflops", 1, "GFLOPs")):
-            if key in c:
-                limit = c[key]
+def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
+    """nancheck, gradflow, overfit-batch, doctor, max-peak-memory: each through its diagnostic."""
+    import dataclasses
 
-                def check_flops(limit=limit, idx=idx, unit=unit):
-                    if "v" not in cache:
-                        cache["v"] = compute()
-                    g = cache["v"][idx] / 1e9
-                    return g <= limit, f"{g:.3f} {unit}", "" if g <= limit else f"{g:.3f} {unit} > limit {limit:g}"
-                record(key, check_flops, f"{limit:g} {unit}")
+    from . import doctor, gradflow, invoke, memory, nancheck, overfit_batch
 
+    allow = list(c.get("allow", []))
     if c.get("nancheck"):
-        from . import nancheck
-
         def nan():
-            r = nancheck.run(model, inputs, nancheck.Options(loss=target.loss(), seed=cfg.seed))
-            bad = _first_error(r)
+            bad = _first_error(invoke(nancheck, model, inputs, nancheck.Options(), ctx))
             return not bad, "all finite" if not bad else bad.split(":")[0], bad
         record("nancheck", nan)
-
     if c.get("gradflow"):
-        from . import gradflow
-
         def grads():
-            r = gradflow.run(model, inputs, gradflow.Options(loss=target.loss(), allow=allow,
-                                                             strict=bool(c.get("strict", False))))
+            r = invoke(gradflow, model, inputs, gradflow.Options(allow=allow, strict=bool(c.get("strict", False))), ctx)
             bad = _first_error(r) or ("" if r.exit_code == 0 else "warnings fail under strict")
             n = len([f for f in r.findings if f.severity == "error"])
             return not bad, ("all parameters get gradients" if not bad else f"{n} problem(s)"), bad
         record("gradflow", grads, f"allow {allow}" if allow else "")
-
     if c.get("overfit-batch"):
-        from . import overfit_batch
-
-        ov = c["overfit-batch"] if isinstance(c["overfit-batch"], dict) else {}
-        kw = {k.replace("-", "_"): v for k, v in ov.items()}
-        kw.setdefault("seed", cfg.seed)
+        opts, spec = c["_overfit"]
 
         def overfit():
-            r = overfit_batch.run(model, inputs, overfit_batch.Options(loss=target.loss(), **kw))
+            r = invoke(overfit_batch, model, inputs, opts, dataclasses.replace(ctx, spec=spec))
             d = r.data
+            if d.get("interrupted"):  # overfit-batch keeps its partial curve on Ctrl-C; check records it as such
+                raise KeyboardInterrupt
             figure = f"loss {d.get('initial_loss', float('nan')):.4g} → {d.get('final_loss', float('nan')):.4g}"
             return bool(d.get("passed")), figure, "" if d.get("passed") else (_first_error(r) or "cannot overfit")
-        limit = f"≤ {ov.get('target-ratio', overfit_batch.Options.target_ratio)} × initial"
-        if "target-loss" in ov:
-            limit = f"≤ {ov['target-loss']}"
+        limit = f"≤ {opts.target_ratio} × initial" if opts.target_loss is None else f"≤ {opts.target_loss}"
         record("overfit-batch", overfit, limit)
-
     if c.get("doctor"):
-        from . import doctor
-
         def doc():
-            r = doctor.run(model, inputs, doctor.Options(loss=target.loss(), factory=target.loaded.factory_fn,
-                                                         kwargs=target.loaded.kwargs,
-                                                         batch_target=target.batch_target, seed=cfg.seed))
-            errs = [f for f in r.findings if f.severity == "error" and not any(fnmatch.fnmatch(f.where, a) for a in allow)]
-            bad = "" if not errs else f"{errs[0].code} {errs[0].where}: {errs[0].message}"
-            return not errs, "clean" if not errs else f"{len(errs)} error finding(s)", bad
+            r = invoke(doctor, model, inputs, doctor.Options(), ctx)
+            n = sum(1 for f in r.findings if f.severity == "error" and not any(fnmatch.fnmatch(f.where, a) for a in allow))
+            bad = _first_error(r, allow).split(" (+")[0]
+            return not bad, "clean" if not bad else f"{n} error finding(s)", bad
         record("doctor", doc)
-
     if "max-peak-memory" in c:
-        from . import memory
+        from ..render.fmt import human_bytes
 
-        limit = parse_bytes(c["max-peak-memory"], "max-peak-memory")
+        limit = c["max-peak-memory"]
 
         def mem():
-            from ..render.fmt import human_bytes
-
-            r = memory.run(model, inputs, memory.Options(loss=target.loss), device=target.device)
-            peak = int(r.data["peak_bytes"])
+            peak = int(invoke(memory, model, inputs, memory.Options(), ctx).data["peak_bytes"])
             return peak <= limit, human_bytes(peak), "" if peak <= limit else f"peak {human_bytes(peak)} > {human_bytes(limit)}"
-        from ..render.fmt import human_bytes
         record("max-peak-memory", mem, human_bytes(limit))
-
-    if len(outcomes) == 0:
-        raise UsageError(f"no checks configured for {cfg.name}",
-                         hint="add [tool.torchdiag.check] with e.g. max-params, max-gmacs, nancheck, gradflow, overfit-batch")
-    return outcomes
 
 
 def run(models: list[ModelConfig], source: str) -> Result:
@@ -381,25 +393,39 @@ def run(models: list[ModelConfig], source: str) -> Result:
     outcomes: list[CheckOutcome] = []
     for cfg in models:
         outcomes.extend(run_checks(cfg))
-    rows = []
+        if outcomes and outcomes[-1].code == ExitCode.INTERRUPTED:
+            break
+    result.tables.append(_table(outcomes, multi=len(models) > 1))
     for o in outcomes:
-        status = "PASS" if o.passed else ("FAIL" if o.passed is False else "ERROR")
-        rows.append({"model": o.model, "check": o.check, "figure": o.figure, "limit": o.limit, "status": status,
-                     "passed": bool(o.passed), "message": o.message, "seconds": round(o.seconds, 3),
-                     "_style": None if o.passed else "red"})
-        if o.passed is False:
-            result.add(f"check-failed", "error", f"{o.model}::{o.check}", o.message or "failed")
+        if o.code == ExitCode.INTERRUPTED:
+            result.add("check-interrupted", "warning", f"{o.model}::{o.check}", o.message)
+        elif o.passed is False:
+            result.add("check-failed", "error", f"{o.model}::{o.check}", o.message or "failed")
         elif o.passed is None:
             result.add("check-error", "error", f"{o.model}::{o.check}", o.message)
-    multi = len(models) > 1
-    cols = ([Column("model", "model")] if multi else []) + [
-        Column("check", "check"), Column("figure", "figure"), Column("limit", "limit"), Column("status", "result")]
-    result.tables.append(Table("checks", "Checks", cols, rows))
     n_fail = sum(1 for o in outcomes if not o.passed)
     result.data.update({"passed": n_fail == 0, "failed": n_fail, "total": len(outcomes)})
-    codes = [o.code for o in outcomes]
-    if 3 in codes:
-        result.code = 3
-    result.verdict = (f"PASS: {len(outcomes)} check(s) passed" if n_fail == 0 else
+    codes = {o.code for o in outcomes}
+    interrupted = ExitCode.INTERRUPTED in codes
+    result.code = int(ExitCode.INTERRUPTED) if interrupted else 3 if 3 in codes else None
+    result.data["interrupted"] = interrupted
+    result.verdict = (f"INTERRUPTED: {outcomes[-1].check} did not finish; {len(outcomes) - 1} check(s) ran before it"
+                      if interrupted else f"PASS: {len(outcomes)} check(s) passed" if n_fail == 0 else
                       f"FAIL: {n_fail} of {len(outcomes)} check(s) failed")
     return result
+
+
+def _status(o: CheckOutcome) -> str:
+    if o.code == ExitCode.INTERRUPTED:
+        return "INTERRUPTED"
+    return "PASS" if o.passed else ("FAIL" if o.passed is False else "ERROR")
+
+
+def _table(outcomes: list[CheckOutcome], multi: bool) -> Table:
+    rows = [{"model": o.model, "check": o.check, "figure": o.figure, "limit": o.limit, "status": _status(o),
+             "passed": bool(o.passed), "message": o.message, "seconds": round(o.seconds, 3),
+             "_style": None if o.passed else "yellow" if o.code == ExitCode.INTERRUPTED else "red"}
+            for o in outcomes]
+    cols = ([Column("model", "model")] if multi else []) + [
+        Column("check", "check"), Column("figure", "figure"), Column("limit", "limit"), Column("status", "result")]
+    return Table("checks", "Checks", cols, rows)
