@@ -24,6 +24,7 @@ demo: install
 	$(BIN)/torchdiag flops sample_models/resnet.py:resnet50 -i 1x3x224x224 --device meta
 
 test: install
+	$(BIN)/python -m ruff check .
 	$(BIN)/python -m pytest -q
 
 bench: install
