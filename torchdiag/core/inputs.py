@@ -99,6 +99,8 @@ class ModelInputs:
     @property
     def batch_size(self) -> int | None:
         ts = self.tensors()
+        if ts and getattr(ts[0][1], "is_nested", False):
+            return int(ts[0][1].size(0))
         return int(ts[0][1].shape[0]) if ts and ts[0][1].dim() else None
 
     def map(self, fn) -> "ModelInputs":
@@ -139,11 +141,16 @@ def _map(obj, fn):
 
 
 def shape_str(t) -> str:
+    if getattr(t, "is_nested", False):
+        from .tracking import nested_shape
+
+        return nested_shape(t)
     return "x".join(str(d) for d in t.shape) if t.dim() else "scalar"
 
 
 def default_int_high(model) -> tuple[int, str]:
-    """Token ids must index every embedding: use the smallest vocabulary in the model."""
+    """A range that indexes every embedding: the smallest vocabulary in the model. Only the starting
+    point: `realistic_inputs` widens it to the embedding that consumes each input."""
     from torch import nn
 
     sizes = [(m.num_embeddings, n) for n, m in model.named_modules() if isinstance(m, nn.Embedding)]
@@ -189,6 +196,143 @@ def _normalise(value, what: str) -> tuple[tuple, dict]:
     raise UsageError(f"{what} gave a {type(value).__name__}; expected a tensor, a tuple (positional) or a dict (keyword)")
 
 
+# ---- default inputs that look like real data --------------------------------------------------------
+# -i gives shapes and dtypes only. Values: token ids in the range of the embedding that consumes them
+# (found by a probe forward that stops as soon as every id input has reached an nn.Embedding), masks
+# named like HF `attention_mask` all ones (attend everywhere) and PyTorch `*padding_mask` all False
+# (nothing padded), and an encoder-decoder forward (`decoder_input_ids` not given) gets decoder ids.
+
+
+class _ProbeDone(Exception):
+    pass
+
+
+def forward_parameters(model) -> list:
+    """The named parameters of model.forward (no *args/**kwargs), in order; [] if unknown."""
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def _same_data(x, t) -> bool:
+    """x is t, a view of t, or t itself reached through a no-op .to()/.long()."""
+    seen = 0
+    y = x
+    while y is not None and seen < 8:
+        if y is t:
+            return True
+        y, seen = getattr(y, "_base", None), seen + 1
+    if x.device.type == "meta" or t.device.type == "meta" or x.is_nested or t.is_nested:
+        return False
+    try:
+        return x.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() and x.dtype == t.dtype
+    except Exception:   # tensor subclasses without storage
+        return False
+
+
+def embedding_consumers(model, inputs: ModelInputs, wanted: list[str]) -> dict[str, tuple[str, int]]:
+    """name of an integer input -> (path, num_embeddings) of the first nn.Embedding/EmbeddingBag it
+    reaches. One forward under no_grad that stops once every wanted input has been mapped; buffers
+    (BatchNorm statistics, caches) and the RNG are restored afterwards, so the probe leaves no trace."""
+    import torch
+    from torch import nn
+
+    embeddings = [(n, m) for n, m in model.named_modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
+    named = dict(inputs.tensors())
+    targets = {k: named[k] for k in wanted if k in named}
+    if not embeddings or not targets:
+        return {}
+    found: dict[str, tuple[str, int]] = {}
+
+    def hook(mod, args, kwargs):
+        x = args[0] if args else kwargs.get("input")
+        if isinstance(x, torch.Tensor):
+            for key, t in targets.items():
+                if key not in found and _same_data(x, t):
+                    found[key] = (path[id(mod)], int(mod.num_embeddings))
+        if len(found) == len(targets):
+            raise _ProbeDone
+
+    path = {id(m): n for n, m in embeddings}
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for _, m in embeddings]
+    saved = {n: b.detach().clone() for n, b in model.named_buffers()}
+    devices = sorted({t.device.index or 0 for t in saved.values() if t.device.type == "cuda"})
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            try:
+                inputs.call(model)
+            except _ProbeDone:
+                pass
+            except Exception:   # the real run reports the model's own errors, with their module
+                pass
+    finally:
+        for h in handles:
+            h.remove()
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                if n in saved and b.shape == saved[n].shape:
+                    b.copy_(saved[n])
+    return found
+
+
+def realistic_inputs(model, tensors: list, specs: list[InputSpec], notes: list, device, seed: int) -> ModelInputs:
+    """Inputs of -i specs with values that look like real data (see the comment above)."""
+    import torch
+
+    params = forward_parameters(model) if model is not None else []
+    names = [p.name for p in params]
+    label = {i: (names[i] if i < len(names) else f"input[{i}]") for i in range(len(tensors))}
+    kwargs: dict[str, Any] = {}
+    out_notes: list[str] = []
+    meta = device.type == "meta"
+    ids: list[int] = []   # positions whose range is still the safe default
+    for i, (t, spec) in enumerate(zip(tensors, specs)):
+        name = label[i]
+        if meta or spec.low is not None:
+            continue
+        if "attention_mask" in name and spec.dtype != "bool":
+            tensors[i] = torch.ones(spec.shape, dtype=t.dtype, device=t.device)
+            notes[i] = f"{name}: all ones (attend to every position)"
+        elif "padding_mask" in name and spec.dtype == "bool":
+            tensors[i] = torch.zeros(spec.shape, dtype=torch.bool, device=t.device)
+            notes[i] = f"{name}: all False (nothing padded)"
+        elif spec.is_int:
+            ids.append(i)
+    # an encoder-decoder forward whose decoder ids were not given gets them, shaped like the first ids
+    given = set(names[:len(tensors)])
+    if "decoder_input_ids" in names and "decoder_input_ids" not in given and ids and not meta:
+        first = tensors[ids[0]]
+        g = torch.Generator().manual_seed(seed + 1)
+        high = default_int_high(model)[0]
+        kwargs["decoder_input_ids"] = torch.randint(0, high, tuple(first.shape), generator=g,
+                                                    dtype=first.dtype).to(first.device)
+        out_notes.append(f"decoder_input_ids: {shape_str(first)} added (the model is an encoder-decoder: "
+                         "its forward takes decoder_input_ids)")
+    inputs = ModelInputs(tuple(tensors), kwargs, "--input")
+    wanted = [f"input[{i}]" for i in ids] + (["decoder_input_ids"] if "decoder_input_ids" in kwargs else [])
+    found = embedding_consumers(model, inputs, wanted) if wanted and model is not None else {}
+    for key in wanted:
+        if key not in found:
+            continue
+        where, size = found[key]
+        if key == "decoder_input_ids":
+            t = kwargs[key]
+            g = torch.Generator().manual_seed(seed + 1)
+            kwargs[key] = torch.randint(0, size, tuple(t.shape), generator=g, dtype=t.dtype).to(t.device)
+            out_notes[-1] += f"; values in [0, {size}) ({where})"
+            continue
+        i = int(key[6:-1])
+        t = tensors[i]
+        g = torch.Generator().manual_seed(seed + 100 + i)
+        tensors[i] = torch.randint(0, size, tuple(t.shape), generator=g, dtype=t.dtype).to(t.device)
+        notes[i] = f"{label[i]}: integer values in [0, {size}) (the nn.Embedding that consumes it: {where})"
+    return ModelInputs(tuple(tensors), kwargs, "--input", [n for n in notes if n] + out_notes)
+
+
 def resolve_inputs(specs: list[str] | None, loaded, device, seed: int = 0) -> ModelInputs:
     """First that applies: -i specs, example_inputs() in the module, model.example_input_array."""
     import torch
@@ -207,9 +351,8 @@ def resolve_inputs(specs: list[str] | None, loaded, device, seed: int = 0) -> Mo
             except (RuntimeError, MemoryError) as exc:
                 raise UsageError(f"cannot allocate input '{text}': {one_line(exc)}") from exc
             tensors.append(t)
-            if note:
-                notes.append(note)
-        return ModelInputs(tuple(tensors), {}, "--input", notes)
+            notes.append(note)
+        return realistic_inputs(loaded.model, tensors, parsed, notes, device, seed)
     fn = getattr(loaded.module, "example_inputs", None)
     if callable(fn):
         state = torch.random.get_rng_state()

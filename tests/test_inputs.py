@@ -1,0 +1,172 @@
+"""Default inputs that look like real data (issue 14): token ids in the range of the embedding that
+consumes them, masks of ones, decoder ids for encoder-decoder forwards, a missing input named in the
+error; the probe that finds the embeddings leaves no trace."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from torchdiag.core.inputs import embedding_consumers, ModelInputs, realistic_inputs, parse_input_spec
+from torchdiag.core.tracking import run_forward
+from torchdiag.errors import ModelError
+
+
+class TinyBert(nn.Module):
+    """BERT's embedding layout: a 1000-word vocabulary, 2 segments, 128 positions."""
+
+    def __init__(self):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(1000, 8)
+        self.token_type_embeddings = nn.Embedding(2, 8)
+        self.position_embeddings = nn.Embedding(128, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        if attention_mask is not None and not bool((attention_mask == 1).all()):
+            raise ValueError("padding is not expected in this test")
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        pos = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+        x = self.word_embeddings(input_ids.view(-1, input_ids.shape[-1]))  # a view, as GPT-2 does
+        x = x + self.token_type_embeddings(token_type_ids) + self.position_embeddings(pos)
+        return self.head(x[:, 0])
+
+
+class TinySeq2Seq(nn.Module):
+    """T5's contract: the decoder needs its own ids (no default), a shared embedding."""
+
+    def __init__(self, vocab=300):
+        super().__init__()
+        self.shared = nn.Embedding(vocab, 8)
+        self.lm_head = nn.Linear(8, vocab)
+
+    def decode(self, input_ids=None, inputs_embeds=None):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        return self.shared(input_ids)
+
+    def forward(self, input_ids, decoder_input_ids=None):
+        enc = self.shared(input_ids).mean(1, keepdim=True)
+        return self.lm_head(self.decoder(input_ids=decoder_input_ids) + enc)
+
+
+class Decoder(nn.Module):
+    def __init__(self, parent_shared):
+        super().__init__()
+        self.parent_shared = [parent_shared]
+
+    def forward(self, input_ids=None, inputs_embeds=None):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        return self.parent_shared[0](input_ids)
+
+
+def seq2seq(vocab=300):
+    m = TinySeq2Seq(vocab)
+    m.decoder = Decoder(m.shared)
+    return m
+
+
+def make(model, *specs, seed=0):
+    parsed = [parse_input_spec(s) for s in specs]
+    from torchdiag.core.inputs import make_tensor
+
+    gen = torch.Generator().manual_seed(seed)
+    tensors, notes = [], []
+    for p in parsed:
+        t, note = make_tensor(p, torch.device("cpu"), gen, model)
+        tensors.append(t)
+        notes.append(note)
+    return realistic_inputs(model, tensors, parsed, notes, torch.device("cpu"), seed)
+
+
+def test_token_ids_span_the_embedding_that_consumes_them_not_the_smallest():
+    model = TinyBert()
+    ids, mask, segments = make(model, "2x64:int64", "2x64:int64", "2x64:int64").args
+    # word ids over the vocabulary: with 128 draws from [0, 1000) the largest is far above 2
+    assert 100 < int(ids.max()) < 1000 and int(ids.min()) >= 0
+    assert torch.equal(mask, torch.ones(2, 64, dtype=torch.int64))   # attention_mask: attend everywhere
+    assert set(segments.unique().tolist()) == {0, 1}                  # token_type_ids: their own 2 rows
+    notes = make(model, "2x64:int64", "2x64:int64", "2x64:int64").notes
+    assert notes[0] == "input_ids: integer values in [0, 1000) (the nn.Embedding that consumes it: word_embeddings)"
+    assert notes[1] == "attention_mask: all ones (attend to every position)"
+    assert "token_type_embeddings" in notes[2]
+    model(ids, mask, segments)   # and the model accepts them
+
+
+def test_an_explicit_range_is_kept_and_unconsumed_ints_keep_the_safe_range():
+    model = TinyBert()
+    (ids,) = make(model, "4x16:int64[5,7)").args
+    assert set(ids.unique().tolist()) <= {5, 6}
+
+    class Labels(nn.Module):   # the int input reaches no embedding: the smallest vocabulary is kept
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(7, 4)
+
+        def forward(self, labels):
+            return self.emb.weight.sum() * labels.float().mean()
+
+    inputs = make(Labels(), "3x50:int64")
+    assert int(inputs.args[0].max()) < 7 and "smallest nn.Embedding" in inputs.notes[0]
+
+
+def test_encoder_decoder_gets_decoder_ids_in_the_shared_vocabulary():
+    model = seq2seq(300)
+    inputs = make(model, "2x40:int64")
+    assert set(inputs.kwargs) == {"decoder_input_ids"}
+    dec = inputs.kwargs["decoder_input_ids"]
+    assert dec.shape == (2, 40) and dec.dtype == torch.int64 and 7 < int(dec.max()) < 300
+    assert any("decoder_input_ids" in n and "[0, 300)" in n for n in inputs.notes)
+    assert inputs.call(model).shape == (2, 40, 300)
+
+
+def test_a_missing_decoder_input_is_named_in_the_error():
+    model = seq2seq()
+    with pytest.raises(ModelError) as exc:
+        run_forward(model, ModelInputs((torch.randint(0, 300, (2, 5)),)))
+    err = exc.value
+    assert "not given decoder_input_ids" in err.message and "decoder received input_ids=None" in err.message
+    assert "decoder_input_ids" in err.hint and err.where == "decoder"
+
+
+def test_the_probe_stops_early_and_leaves_no_trace():
+    calls = []
+
+    class BNAfter(nn.Module):   # a BatchNorm that runs only if the probe does not stop
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(50, 4)
+            self.bn = nn.BatchNorm1d(4)
+
+        def forward(self, ids, other):
+            x = self.emb(ids).mean(1)
+            calls.append(1)
+            return self.bn(x + other.float().mean())
+
+    model = BNAfter().train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    inputs = ModelInputs((torch.randint(0, 5, (4, 6)), torch.randint(0, 5, (4, 1))))
+    rng = torch.random.get_rng_state()
+    found = embedding_consumers(model, inputs, ["input[0]"])
+    assert found == {"input[0]": ("emb", 50)} and calls == []           # stopped at the embedding
+    found = embedding_consumers(model, inputs, ["input[0]", "input[1]"])  # input[1] reaches none: full run
+    assert found == {"input[0]": ("emb", 50)} and calls == [1]
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)        # BatchNorm statistics restored
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    assert not any(m._forward_pre_hooks for m in model.modules())
+
+
+def test_a_bool_padding_mask_is_nothing_padded():
+    class Enc(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(20, 8)
+
+        def forward(self, input_ids, src_key_padding_mask):
+            return self.emb(input_ids).masked_fill(src_key_padding_mask[..., None], 0)
+
+    ids, mask = make(Enc(), "2x9:int64", "2x9:bool").args
+    assert mask.dtype == torch.bool and not bool(mask.any())
