@@ -13,6 +13,8 @@ def describe(obj: Any, limit: int = 4) -> str:
     import torch
 
     if isinstance(obj, torch.Tensor):
+        if getattr(obj, "is_nested", False):
+            return nested_shape(obj, limit)
         shape = "x".join(str(d) for d in obj.shape) if obj.dim() else "scalar"
         return shape if obj.is_floating_point() else f"{shape} {str(obj.dtype).replace('torch.', '')}"
     if isinstance(obj, (tuple, list)):
@@ -29,6 +31,19 @@ def describe(obj: Any, limit: int = 4) -> str:
     if hasattr(obj, "__dataclass_fields__") or hasattr(obj, "_fields"):
         return type(obj).__name__
     return type(obj).__name__
+
+
+def nested_shape(t, limit: int = 4) -> str:
+    """A nested tensor (PyTorch's fast paths return them, e.g. nn.TransformerEncoder in eval with a
+    padding mask): `.shape`/`.size()` raise on it, so describe it by its per-sample shapes:
+    `nested(2: 5x16, 3x16)`."""
+    try:
+        parts = ["x".join(str(d) for d in x.shape) or "scalar" for x in t.unbind()]
+    except Exception:   # a layout whose components cannot be listed
+        return f"nested({t.dim()}-d)"
+    dtype = "" if t.is_floating_point() else f" {str(t.dtype).replace('torch.', '')}"
+    shown = ", ".join(parts[:limit]) + (", …" if len(parts) > limit else "")
+    return f"nested({len(parts)}: {shown}){dtype}"
 
 
 @dataclass
@@ -91,17 +106,21 @@ class ModuleTracker(ForwardHooks):
         self.record_shapes = record_shapes
         self.calls: list[Call] = []
         self._stack: list = []
+        self.none_kwargs: list[str] = []   # of the failing call: keyword arguments it received as None
+        self.root_given: tuple[int, set] | None = None   # (number of positional, keyword names) of the root call
 
     def _pre(self, mod, args, kwargs):
         name = self.names.get(id(mod), "?")
         call = Call(name, type(mod).__name__, name.count(".") + 1 if name else 0)
         self.calls.append(call)
+        if mod is self.model and self.root_given is None:
+            self.root_given = (len(args), set(kwargs))
         # Inputs are only described if this call fails: describing every call costs time.
-        self._stack.append((call, tuple(args) + tuple(kwargs.values())))
+        self._stack.append((call, tuple(args) + tuple(kwargs.values()), kwargs))
 
     def _post(self, mod, args, output):
         if self._stack:
-            call, _ = self._stack.pop()
+            call = self._stack.pop()[0]
             call.done = True
             if self.record_shapes:
                 call.output = describe(output)
@@ -111,10 +130,24 @@ class ModuleTracker(ForwardHooks):
         """The innermost module still open after an exception: the one that raised."""
         if not self._stack:
             return None
-        call, args = self._stack[-1]
+        call, args, kwargs = self._stack[-1]
         if not call.inputs:
             call.inputs = describe(args)
+            self.none_kwargs = [k for k, v in kwargs.items() if v is None]
         return call
+
+    def missing_inputs(self) -> list[str]:
+        """Optional inputs of the model's forward that were not given and whose absence the failing
+        module saw as a None keyword (T5's decoder gets input_ids=None when decoder_input_ids is
+        missing): the names an error should give."""
+        if self.failing is None or self.root_given is None or not self.none_kwargs:
+            return []
+        from .inputs import forward_parameters
+
+        n_args, given = self.root_given
+        params = forward_parameters(self.model)
+        free = [p.name for i, p in enumerate(params) if i >= n_args and p.name not in given]
+        return [p for p in free if any(p == k or p.endswith("_" + k) for k in self.none_kwargs)]
 
     def called(self) -> set[str]:
         return {c.name for c in self.calls}
@@ -129,6 +162,12 @@ def forward_error(exc: BaseException, tracker: ModuleTracker | None, phase: str 
     else:
         msg = f"{phase} failed: {one_line(exc)}"
     hint = "the model's own code raised; fix it or the inputs (-i) and run again"
+    missing = tracker.missing_inputs() if isinstance(tracker, ModuleTracker) else []
+    if missing and call is not None:
+        got = ", ".join(f"{k}=None" for k in tracker.none_kwargs)
+        msg += f" — the model's forward was not given {' or '.join(missing)} ({call.name or '(root)'} received {got})"
+        hint = (f"pass {missing[0]} as a keyword input: an example_inputs() function in the model's module "
+                "returning a dict, or inputs={...} in Python")
     if re.search(r"(?<![a-z])meta(?![a-z])", str(exc).lower()):
         hint = ("on --device meta tensors have no values, and this model's code reads them "
                 "(.item(), if on a tensor, nonzero …): run it with --device cpu")
