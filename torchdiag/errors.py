@@ -10,7 +10,19 @@ class ExitCode(enum.IntEnum):
     USAGE = 2         # bad option, spec, input shape, missing file, unavailable device
     MODEL = 3         # the user's model raised (import, factory, forward, backward, step)
     INTERNAL = 4      # a bug in torchdiag
-    INTERRUPTED = 130
+    INTERRUPTED = 130  # Ctrl-C
+    TERMINATED = 143   # SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C would be: code that keeps a partial result on Ctrl-C keeps it here too."""
+
+    code = ExitCode.TERMINATED
+
+
+def interrupt_code(exc: BaseException) -> ExitCode:
+    """130 for Ctrl-C, 143 for SIGTERM."""
+    return getattr(exc, "code", ExitCode.INTERRUPTED) if isinstance(exc, Terminated) else ExitCode.INTERRUPTED
 
 
 class DiagError(Exception):
@@ -41,8 +53,11 @@ class ModelError(DiagError):
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:
-    """`TypeName: first line of the message`, cut to `limit` characters."""
-    text = str(exc).strip().splitlines()
+    """`TypeName: first line of the message`, cut to `limit` characters (even when str(exc) raises)."""
+    try:
+        text = str(exc).strip().splitlines()
+    except Exception:
+        text = ["(its message could not be printed)"]
     first = text[0] if text else ""
     out = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
     return out if len(out) <= limit else out[: limit - 1] + "…"

@@ -45,10 +45,29 @@ for _name in COMMANDS:
         importlib.import_module(_module).register(app)
 
 
+def _usable_streams() -> None:
+    """A closed stdout/stderr (`>&-`) becomes /dev/null, and a character the terminal's encoding lacks
+    (PYTHONIOENCODING=ascii and our "—") is replaced instead of raising."""
+    import os
+    import sys
+
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is None:
+            setattr(sys, name, open(os.devnull, "w"))
+        else:
+            try:
+                stream.reconfigure(errors="replace")
+            except (AttributeError, ValueError):
+                pass
+
+
 def main() -> None:
     """Entry point. Option errors Click catches (unknown option, bad value) get the same
     `error:`/`hint:` lines, exit code 2 and --json error document as every other usage error."""
     import sys
+
+    _usable_streams()
 
     try:  # typer ≥ 0.20 vendors click; older typer uses the click package
         from typer._click import exceptions as cx

@@ -10,7 +10,8 @@ from typing import Annotated, Callable, Optional
 
 import typer
 
-from ..errors import DiagError, ExitCode, OptionError, one_line
+from ..errors import DiagError, ExitCode, OptionError, interrupt_code, one_line
+from .isolation import UserExit, isolated
 
 Spec = Annotated[str, typer.Argument(metavar="MODEL_SPEC", show_default=False,
                                      help="path/to/file.py:factory or dotted.module:factory (split on the last ':').")]
@@ -99,23 +100,24 @@ def execute(opts: CommonOptions, diagnostic=None, options: Callable | None = Non
         o = options() if options is not None else None
         if precheck is not None:
             precheck()
-        if produce is not None:
-            with progress(f"torchdiag {opts.command}: {opts.spec}", opts.json):
-                result = produce()
-        else:
-            with progress(f"torchdiag {opts.command}: loading {opts.spec}", opts.json):
-                from ..core.context import prepare
+        with isolated(opts.json):  # the user's code runs in here
+            if produce is not None:
+                with progress(f"torchdiag {opts.command}: {opts.spec}", opts.json):
+                    result = produce()
+            else:
+                with progress(f"torchdiag {opts.command}: loading {opts.spec}", opts.json):
+                    from ..core.context import prepare
 
-                model, inputs, ctx = prepare(spec, needs_values=getattr(diagnostic, "NEEDS_VALUES", False))
-            # outside the loading spinner: a command may show its own live progress
-            result = (run or diagnostic.run)(model, inputs, o, ctx)
-            ctx.finish(result)
-        from ..render import render, write_outputs
+                    model, inputs, ctx = prepare(spec, needs_values=getattr(diagnostic, "NEEDS_VALUES", False))
+                # outside the loading spinner: a command may show its own live progress
+                result = (run or diagnostic.run)(model, inputs, o, ctx)
+                ctx.finish(result)
+            from ..render import render, write_outputs
 
-        # files first: a failure then cannot follow a printed JSON document
-        written = write_outputs(result, opts.render_spec())
-        if render_extra:
-            render_extra(result, written)
+            # files first: a failure then cannot follow a printed JSON document
+            written = write_outputs(result, opts.render_spec())
+            if render_extra:
+                render_extra(result, written)
         to_stdout(lambda: render(result, opts.render_spec()))
         code = result.exit_code
     except DiagError as e:
@@ -133,9 +135,13 @@ def execute(opts: CommonOptions, diagnostic=None, options: Callable | None = Non
         _report(e.message, e.hint, code, opts, partial)
         if opts.debug:
             traceback.print_exc()
-    except KeyboardInterrupt:
-        code = ExitCode.INTERRUPTED
-        _report("interrupted", None, code, opts)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated)
+        code = interrupt_code(e)
+        _report("interrupted" if code == ExitCode.INTERRUPTED else "terminated (SIGTERM)", None, code, opts)
+    except UserExit as e:
+        code = ExitCode.MODEL
+        _report(f"the model's own code called {e.code}",
+                "torchdiag runs your module's code; keep os._exit out of import time, factories and forward", code, opts)
     except SystemExit as e:  # only the user's code calls sys.exit in here
         code = ExitCode.MODEL
         _report(f"the model's own code called sys.exit({e.code!r})",
@@ -146,6 +152,12 @@ def execute(opts: CommonOptions, diagnostic=None, options: Callable | None = Non
         code = ExitCode.INTERNAL
         _report(f"internal error in torchdiag: {one_line(e)}",
                 "this is a bug in torchdiag: run again with --debug and please report the traceback", code, opts)
+        if opts.debug:
+            traceback.print_exc()
+    except BaseException as e:  # only the user's code raises other BaseException subclasses
+        code = ExitCode.MODEL
+        _report(f"the model's own code raised {one_line(e)}",
+                "a BaseException that is not an Exception stops any program; raise an Exception subclass", code, opts)
         if opts.debug:
             traceback.print_exc()
     raise typer.Exit(int(code))

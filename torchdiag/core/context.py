@@ -137,5 +137,8 @@ def model_device(model):
 
 def context_for(model, spec: RunSpec, *, loss=None, target=None) -> Context:
     """The Python API's context: the device is the model's own; `loss` may be a callable."""
+    from .loading import refuse_scripted
+
+    refuse_scripted(model, "the model given")
     custom = loss if callable(loss) and not isinstance(loss, str) else None
     return Context(spec, model_device(model), None, target, custom)

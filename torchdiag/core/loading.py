@@ -48,7 +48,7 @@ def parse_args(pairs: list[str] | None) -> dict[str, Any]:
             raise UsageError(f"malformed --arg '{pair}'", hint="write --arg key=value, e.g. --arg depth=50")
         try:
             out[key] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):  # deep nesting: a string too
             out[key] = raw
     return out
 
@@ -145,9 +145,20 @@ def load_model(spec: str, arg_pairs: list[str] | None = None, device=None, seed:
     if not isinstance(model, nn.Module):
         raise UsageError(f"{name}() returned {type(model).__name__}, not a torch.nn.Module",
                          hint="the factory must return the model (an nn.Module instance)")
+    refuse_scripted(model, f"{name}()")
     if device is not None and device.type != "meta":
         model = model.to(device)
     return LoadedModel(model, spec, module, name, kwargs, built_on, factory)
+
+
+def refuse_scripted(model, what: str) -> None:
+    """TorchScript modules take no hooks, and every diagnostic hooks modules: a usage error, not a crash."""
+    import torch
+
+    if isinstance(model, torch.jit.ScriptModule) or any(isinstance(m, torch.jit.ScriptModule) for m in model.modules()):
+        raise UsageError(f"{what} returned a TorchScript module (torch.jit.script or trace); torchdiag needs the eager "
+                         "nn.Module, because it hooks every module",
+                         hint="return the model before torch.jit.script/trace from the factory")
 
 
 def _signature(fn) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import DiagError, ExitCode, UsageError, one_line
+from ..errors import DiagError, ExitCode, Terminated, UsageError, interrupt_code, one_line
 from ..results import Column, Result, Table
 
 MODEL_KEYS = {"model", "inputs", "device", "args", "loss", "batch", "seed", "name", "check"}
@@ -21,6 +21,7 @@ CHECK_KEYS = {"max-params", "max-trainable-params", "max-gmacs", "max-gflops", "
               "overfit-batch", "doctor", "allow", "strict", "max-peak-memory"}
 OVERFIT_KEYS = {"steps", "target-ratio", "target-loss", "lr", "optimizer", "seed"}
 ROOT_KEYS = MODEL_KEYS | {"models"}
+INTERRUPTS = {int(ExitCode.INTERRUPTED), int(ExitCode.TERMINATED)}
 
 
 @dataclass
@@ -172,7 +173,12 @@ def load_config(path: Path | None) -> tuple[dict, str]:
     elif not path.is_file():
         raise UsageError(f"config file not found: {path}")
     try:
-        doc = tomllib.loads(path.read_text())
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path} is not UTF-8 text (byte {exc.start}): TOML files must be UTF-8",
+                         hint="save the file as UTF-8") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path} is not valid TOML: {exc}") from exc
     table = doc.get("tool", {}).get("torchdiag")
@@ -281,10 +287,10 @@ class _Recorder:
         try:
             passed, figure, message = fn()
             code = 0 if passed else 1
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:  # Ctrl-C (130) or SIGTERM (143)
             self.outcomes.append(CheckOutcome(self.model_name, check, None, "interrupted", limit,
                                               "interrupted before it finished", time.perf_counter() - t0,
-                                              int(ExitCode.INTERRUPTED)))
+                                              int(interrupt_code(exc))))
             raise _Interrupted() from None
         except DiagError as exc:
             if exc.code == ExitCode.USAGE:
@@ -365,7 +371,7 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             r = invoke(overfit_batch, model, inputs, opts, dataclasses.replace(ctx, spec=spec))
             d = r.data
             if d.get("interrupted"):  # overfit-batch keeps its partial curve on Ctrl-C; check records it as such
-                raise KeyboardInterrupt
+                raise Terminated() if r.exit_code == ExitCode.TERMINATED else KeyboardInterrupt()
             figure = f"loss {d.get('initial_loss', float('nan')):.4g} → {d.get('final_loss', float('nan')):.4g}"
             return bool(d.get("passed")), figure, "" if d.get("passed") else (_first_error(r) or "cannot overfit")
         limit = f"≤ {opts.target_ratio} × initial" if opts.target_loss is None else f"≤ {opts.target_loss}"
@@ -393,11 +399,11 @@ def run(models: list[ModelConfig], source: str) -> Result:
     outcomes: list[CheckOutcome] = []
     for cfg in models:
         outcomes.extend(run_checks(cfg))
-        if outcomes and outcomes[-1].code == ExitCode.INTERRUPTED:
+        if outcomes and outcomes[-1].code in INTERRUPTS:
             break
     result.tables.append(_table(outcomes, multi=len(models) > 1))
     for o in outcomes:
-        if o.code == ExitCode.INTERRUPTED:
+        if o.code in INTERRUPTS:
             result.add("check-interrupted", "warning", f"{o.model}::{o.check}", o.message)
         elif o.passed is False:
             result.add("check-failed", "error", f"{o.model}::{o.check}", o.message or "failed")
@@ -406,8 +412,8 @@ def run(models: list[ModelConfig], source: str) -> Result:
     n_fail = sum(1 for o in outcomes if not o.passed)
     result.data.update({"passed": n_fail == 0, "failed": n_fail, "total": len(outcomes)})
     codes = {o.code for o in outcomes}
-    interrupted = ExitCode.INTERRUPTED in codes
-    result.code = int(ExitCode.INTERRUPTED) if interrupted else 3 if 3 in codes else None
+    interrupted = bool(codes & INTERRUPTS)
+    result.code = max(codes & INTERRUPTS) if interrupted else 3 if 3 in codes else None
     result.data["interrupted"] = interrupted
     result.verdict = (f"INTERRUPTED: {outcomes[-1].check} did not finish; {len(outcomes) - 1} check(s) ran before it"
                       if interrupted else f"PASS: {len(outcomes)} check(s) passed" if n_fail == 0 else
@@ -416,7 +422,7 @@ def run(models: list[ModelConfig], source: str) -> Result:
 
 
 def _status(o: CheckOutcome) -> str:
-    if o.code == ExitCode.INTERRUPTED:
+    if o.code in INTERRUPTS:
         return "INTERRUPTED"
     return "PASS" if o.passed else ("FAIL" if o.passed is False else "ERROR")
 
@@ -424,7 +430,7 @@ def _status(o: CheckOutcome) -> str:
 def _table(outcomes: list[CheckOutcome], multi: bool) -> Table:
     rows = [{"model": o.model, "check": o.check, "figure": o.figure, "limit": o.limit, "status": _status(o),
              "passed": bool(o.passed), "message": o.message, "seconds": round(o.seconds, 3),
-             "_style": None if o.passed else "yellow" if o.code == ExitCode.INTERRUPTED else "red"}
+             "_style": None if o.passed else "yellow" if o.code in INTERRUPTS else "red"}
             for o in outcomes]
     cols = ([Column("model", "model")] if multi else []) + [
         Column("check", "check"), Column("figure", "figure"), Column("limit", "limit"), Column("status", "result")]

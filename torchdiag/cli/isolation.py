@@ -1,0 +1,115 @@
+"""While torchdiag runs the user's code: stdout kept for our one JSON document, no terminal input,
+os._exit turned into an error, SIGTERM handled like Ctrl-C. Torch-free (on the --help path)."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+
+from ..errors import Terminated
+
+
+class _NoInput:
+    """sys.stdin while the model runs: input() fails at once instead of waiting for a terminal."""
+
+    def readline(self, *args):
+        raise EOFError("torchdiag runs your code without a terminal: input() has nothing to read")
+
+    read = readlines = readline
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self):
+        raise OSError("stdin is closed while torchdiag runs your model")
+
+
+class UserExit(SystemExit):
+    """os._exit called by the user's code: reported as the model's failure (exit 3), never a silent exit."""
+
+
+@contextlib.contextmanager
+def isolated(json_mode: bool):
+    """The guards around everything that runs the user's code (import, factory, forward, writers)."""
+    # What we render with is imported before the user's folder goes on sys.path: a `rich.py` next to
+    # the model file then cannot shadow the library.
+    import rich.console  # noqa: F401
+    import rich.progress  # noqa: F401
+    import rich.table  # noqa: F401
+    import rich.text  # noqa: F401
+
+    with _stdin_closed(), _exit_guarded(), _sigterm_as_interrupt():
+        if json_mode:
+            with _stdout_to_stderr():
+                yield
+        else:
+            yield
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Python prints and C-level writes to fd 1 go to stderr, so stdout holds only the JSON document."""
+    saved_fd = None
+    sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+        saved_fd = os.dup(fd)
+        os.dup2(sys.stderr.fileno(), fd)
+    except (OSError, ValueError, AttributeError):  # no real descriptor (tests capture stdout)
+        fd = None
+    saved = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        sys.stdout = saved
+        if saved_fd is not None:
+            os.dup2(saved_fd, fd)
+            os.close(saved_fd)
+
+
+@contextlib.contextmanager
+def _stdin_closed():
+    saved = sys.stdin
+    sys.stdin = _NoInput()
+    try:
+        yield
+    finally:
+        sys.stdin = saved
+
+
+@contextlib.contextmanager
+def _exit_guarded():
+    """os._exit in this process raises instead (a forked worker, e.g. a DataLoader's, still exits)."""
+    real, pid = os._exit, os.getpid()
+
+    def guarded(code):
+        if os.getpid() != pid:
+            real(code)
+        raise UserExit(f"os._exit({code!r})")
+
+    os._exit = guarded
+    try:
+        yield
+    finally:
+        os._exit = real
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (CI timeouts, job schedulers) raises Terminated, a KeyboardInterrupt: what Ctrl-C
+    leaves (partial result, flushed logs, JSON) SIGTERM leaves too, with exit 143."""
+    def handler(signum, frame):
+        raise Terminated()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except (ValueError, OSError):  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
