@@ -152,13 +152,13 @@ def test_model_untouched_by_cli_path(untouched):
 
 
 def test_bad_input_bad_layer_and_cuda_exit_2(cli, tmp_path, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # CPU-only machine for every case, even on a GPU box
     r = cli("activations", CNN, "-i", "8xq")
     assert r.code == 2
     _one_error_line(r)
     r = cli("activations", CNN, "--layer", "features.9", "--images", tmp_path)
     assert r.code == 2 and "features.9" in r.stderr
     _one_error_line(r)
-    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # a CPU-only machine, even on a GPU box
     r = cli("activations", CNN, "--device", "cuda")
     assert r.code == 2 and "not available" in r.stderr
     _one_error_line(r)

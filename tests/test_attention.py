@@ -179,6 +179,7 @@ def test_tensorboard_images(cli, tmp_path):
 
 
 def test_usage_errors(cli, tmp_path, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # CPU-only machine for every case, even on a GPU box
     r = cli("attention", VIT, "--tokens", "a,b,c")
     assert r.code == 2 and "3 labels" in r.stderr
     _one_error_line(r)
@@ -188,7 +189,6 @@ def test_usage_errors(cli, tmp_path, monkeypatch):
     r = cli("attention", VIT, "-i", "2x3x32xx")
     assert r.code == 2
     _one_error_line(r)
-    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # a CPU-only machine, even on a GPU box
     r = cli("attention", VIT, "--device", "cuda")
     assert r.code == 2 and "not available" in r.stderr
     _one_error_line(r)

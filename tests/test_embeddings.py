@@ -97,6 +97,7 @@ def test_vit_cls_token(cli, tmp_path):
 
 
 def test_usage_errors(cli, tmp_path, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # CPU-only machine for every case, even on a GPU box
     r = cli("embeddings", CNN, "--layer", "head.0")
     assert r.code == 2 and "--tb" in r.stderr
     _one_error_line(r)
@@ -109,7 +110,6 @@ def test_usage_errors(cli, tmp_path, monkeypatch):
     r = cli("embeddings", CNN, "--layer", "head.0", "--tb", tmp_path, "-i", "8x3x32:float99")
     assert r.code == 2
     _one_error_line(r)
-    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # a CPU-only machine, even on a GPU box
     r = cli("embeddings", CNN, "--layer", "head.0", "--tb", tmp_path, "--device", "cuda")
     assert r.code == 2 and "not available" in r.stderr
     _one_error_line(r)

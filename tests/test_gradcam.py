@@ -139,6 +139,7 @@ def test_cli_size_option(cli, tmp_path):
 
 
 def test_usage_errors(cli, image, tmp_path, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # CPU-only machine for every case, even on a GPU box
     r = cli("gradcam", REGION, "--layer", "features.3")
     assert r.code == 2 and "--image" in r.stderr
     _one_error_line(r)
@@ -156,7 +157,6 @@ def test_usage_errors(cli, image, tmp_path, monkeypatch):
     r = cli("gradcam", REGION, "--layer", "features.3", "--image", image, "--mean", "1,2")
     assert r.code == 2
     _one_error_line(r)
-    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # a CPU-only machine, even on a GPU box
     r = cli("gradcam", REGION, "--layer", "features.3", "--image", image, "--device", "cuda")
     assert r.code == 2 and "not available" in r.stderr
     _one_error_line(r)

@@ -132,13 +132,13 @@ def test_cli_module_class_with_args_and_function(cli):
 
 
 def test_usage_errors_exit_2(cli, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # CPU-only machine for every case, even on a GPU box
     r = cli("gradcheck", sample(f"{CA}:MulSquar"), "-i", "3", "-i", "3")
     assert r.code == 2 and "MulSquare" in r.stderr          # did-you-mean hint
     _one_error_line(r)
     r = cli("gradcheck", sample(f"{CA}:MulSquare"), "-i", "3xz")
     assert r.code == 2
     _one_error_line(r)
-    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # a CPU-only machine, even on a GPU box
     r = cli("gradcheck", sample(f"{CA}:MulSquare"), "-i", "3", "-i", "3", "--device", "cuda")
     assert r.code == 2 and "not available" in r.stderr
     _one_error_line(r)
