@@ -108,3 +108,69 @@ def test_cli_bad_batch_target_is_exit_2_and_choice_is_printed(cli, tmp_path):
         # -i beside --batch would be silently ignored: a usage error naming both
         r = cli(command, sample("mlp.py:build"), "--batch", f"{path}:good", "-i", "4x784")
         assert r.code == 2 and "both give the inputs" in r.stderr and "Traceback" not in r.stderr
+
+
+class AuxNet(torch.nn.Module):
+    """Inception's contract in train mode: (logits, aux_logits), the aux head on its own branch."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(6, 6)
+        self.fc = torch.nn.Linear(6, 4)
+        self.aux = torch.nn.Linear(6, 4)
+        self.extra = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.body(x)
+        return self.fc(h), self.aux(h), {"side": self.extra(h)}
+
+
+def test_auto_covers_every_output_with_a_gradient_path():
+    torch.manual_seed(0)
+    model, x = AuxNet(), torch.randn(5, 6)
+    loss = Loss("auto", seed=2)
+    logits, aux, side = model(x)
+    value = loss((logits, aux, side))
+    classes = seeded_classes(5, 4, 2)
+    side_target = torch.randn((5, 3), generator=torch.Generator().manual_seed(2 + 2))
+    expected = F.cross_entropy(logits, classes) + F.cross_entropy(aux, classes) + F.mse_loss(side["side"], side_target)
+    assert float(value) == pytest.approx(float(expected))
+    value.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())   # the aux heads too
+    assert loss.describe() == ("cross_entropy on output[0] against random class targets"
+                               " + cross_entropy on output[1] against the same target"
+                               " + mse on output[2]['side'] against a random target")
+    assert loss.covered == ["output[0]", "output[1]", "output[2]['side']"]
+    # the same targets on the next step
+    assert float(loss(model(x))) == pytest.approx(float(expected))
+
+
+def test_auxiliary_scalar_losses_are_added_and_a_model_loss_key_stays_alone():
+    y = torch.randn(3, 4, requires_grad=True)
+    aux_loss = (y ** 2).mean()
+    loss = Loss("auto")
+    value = loss((y, aux_loss))
+    assert float(value) == pytest.approx(float(F.cross_entropy(y, seeded_classes(3, 4)) + aux_loss))
+    assert loss.describe().endswith(" + output[1] itself")
+    out = {"loss": aux_loss, "logits": y}
+    loss = Loss("auto")
+    assert float(loss(out)) == float(aux_loss) and loss.describe() == "the model's own loss (output['loss'])"
+
+
+def test_a_named_rule_says_which_outputs_it_left_out():
+    model = AuxNet()
+    loss = Loss("cross_entropy")
+    logits, aux, side = model(torch.randn(5, 6))
+    assert float(loss((logits, aux, side))) == pytest.approx(float(F.cross_entropy(logits, seeded_classes(5, 4))))
+    assert loss.describe() == ("cross_entropy on output[0] against random class targets; left out: output[1], "
+                               "output[2]['side'] (--loss auto covers every output, or give --loss PATH:fn)")
+
+
+def test_namedtuple_outputs_are_labelled_by_field():
+    from collections import namedtuple
+
+    Out = namedtuple("InceptionOutputs", ["logits", "aux_logits"])
+    y, aux = torch.randn(2, 5, requires_grad=True), torch.randn(2, 5, requires_grad=True)
+    loss = Loss("auto")
+    loss(Out(y, aux))
+    assert "cross_entropy on output[1] (aux_logits) against the same target" in loss.describe()

@@ -3,7 +3,15 @@
 auto: the model's own `loss` (dict key) or a scalar output is used as is; an (N, C) float output
 gets cross-entropy against random class targets; anything else mean-squared error against a
 random target of the same shape. With --batch the function's target is used. The choice is
-always described, for the header and JSON."""
+always described, for the header and JSON.
+
+Several outputs (auxiliary heads, tuples, dicts, HF ModelOutput without `loss`): `auto` covers every
+floating-point output that carries a gradient path, not only the first, so a parameter that feeds
+only an auxiliary output (Inception's AuxLogits, BERT's pooler) gets a gradient. The rule above
+applies to the first output; each other output is added: a scalar as it is (a model's auxiliary
+loss), an output shaped like the first with the first's rule and target (an auxiliary classifier),
+anything else mean-squared error against its own random target. A named rule (cross_entropy, mse,
+sum) applies to the first output only, and `describe()` names the outputs it left out."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,6 +42,36 @@ def primary_output(out) -> tuple[Any, str]:
                      hint="pass --loss PATH:fn with fn(output, target) -> scalar tensor")
 
 
+def float_outputs(out, label: str = "output", found: list | None = None, seen: set | None = None) -> list:
+    """(label, tensor) of every floating-point, non-nested tensor in a model output, in order
+    (tuples, lists, dicts, namedtuples and HF ModelOutput, nested ones included; each tensor once)."""
+    import torch
+
+    found = [] if found is None else found
+    seen = set() if seen is None else seen
+    if isinstance(out, torch.Tensor):
+        if out.is_floating_point() and not out.is_nested and id(out) not in seen:
+            seen.add(id(out))
+            found.append((label, out))
+    elif isinstance(out, dict) or (hasattr(out, "keys") and hasattr(out, "items")):
+        for k, v in out.items():
+            float_outputs(v, f"{label}['{k}']", found, seen)
+    elif isinstance(out, (tuple, list)):
+        names = getattr(out, "_fields", None)
+        for i, v in enumerate(out):
+            float_outputs(v, f"{label}[{i}]" + (f" ({names[i]})" if names else ""), found, seen)
+    return found
+
+
+def gradient_outputs(out, primary) -> list:
+    """The floating-point outputs other than `primary` that carry a gradient path (under no_grad,
+    where that cannot be told, every floating-point output)."""
+    import torch
+
+    grad = torch.is_grad_enabled()
+    return [(k, t) for k, t in float_outputs(out) if t is not primary and (t.requires_grad or not grad)]
+
+
 @dataclass
 class Loss:
     kind: str                     # requested: auto, cross_entropy, mse, sum, custom
@@ -43,15 +81,32 @@ class Loss:
     chosen: str = ""              # what auto resolved to, filled on first call
     picked: str = ""              # which output it applies to
     made_target: bool = False     # the target was made up by torchdiag (not from --batch)
+    extra: list = None            # auto: [(label, rule, target)] for the other outputs it covers
+    left_out: list = None         # a named rule: labels of outputs with a gradient path it did not cover
 
     def describe(self) -> str:
         if self.chosen == "model":
-            return f"the model's own loss ({self.picked})" if self.picked == "output['loss']" else \
+            text = f"the model's own loss ({self.picked})" if self.picked == "output['loss']" else \
                 f"the scalar output itself ({self.picked})"
-        target = " against random class targets" if self.chosen == "cross_entropy" and self.made_target else \
-            " against a random target" if self.chosen == "mse" and self.made_target else \
-            " against the given target" if self.chosen in ("cross_entropy", "mse") and self.target is not None else ""
-        return f"{self.chosen or self.kind} on {self.picked or 'output'}{target}"
+        else:
+            target = " against random class targets" if self.chosen == "cross_entropy" and self.made_target else \
+                " against a random target" if self.chosen == "mse" and self.made_target else \
+                " against the given target" if self.chosen in ("cross_entropy", "mse") and self.target is not None \
+                else ""
+            text = f"{self.chosen or self.kind} on {self.picked or 'output'}{target}"
+        for label, rule, _ in self.extra or ():
+            text += f" + {label} itself" if rule == "model" else \
+                f" + {self.chosen} on {label} against the same target" if rule == "same" else \
+                f" + mse on {label} against a random target"
+        if self.left_out:
+            text += (f"; left out: {', '.join(self.left_out)} (--loss auto covers every output, or give "
+                     "--loss PATH:fn)")
+        return text
+
+    @property
+    def covered(self) -> list[str]:
+        """The outputs the loss was computed from (filled on call)."""
+        return [self.picked] + [label for label, _, _ in self.extra or ()] if self.picked else []
 
     def __call__(self, out):
         import torch
@@ -69,6 +124,42 @@ class Loss:
         if kind == "auto":
             kind = self._auto(y)
         self.chosen = kind
+        value = self._primary(kind, y)
+        if self.kind != "auto" or kind == "model" and self.picked == "output['loss']":
+            if self.kind != "auto":
+                self.left_out = [k for k, _ in gradient_outputs(out, y)] or None
+            return value
+        return self._cover_rest(out, y, kind, value)
+
+    def _cover_rest(self, out, y, kind, value):
+        """auto: add the other outputs with a gradient path (see the module docstring)."""
+        import torch
+        import torch.nn.functional as F
+
+        known = {label: (rule, t) for label, rule, t in self.extra or ()}
+        extra = []
+        for k, (label, t) in enumerate(gradient_outputs(out, y), start=1):
+            if t.dim() == 0:
+                rule, target = "model", None
+                value = value + t.float()
+            elif kind in ("cross_entropy", "mse") and tuple(t.shape) == tuple(y.shape):
+                rule, target = "same", None
+                value = value + (F.cross_entropy(t.float(), self.target.to(t.device)) if kind == "cross_entropy"
+                                 else F.mse_loss(t.float(), self.target.to(t.device).float()))
+            else:
+                rule, target = "mse", known.get(label, (None, None))[1]
+                if target is None or tuple(target.shape) != tuple(t.shape):
+                    g = torch.Generator().manual_seed(self.seed + k)
+                    target = torch.randn(tuple(t.shape), generator=g).to(t.device, torch.float32)
+                value = value + F.mse_loss(t.float(), target.to(t.device))
+            extra.append((label, rule, target))
+        self.extra = extra or None
+        return value
+
+    def _primary(self, kind, y):
+        import torch
+        import torch.nn.functional as F
+
         if kind == "model":
             return _scalar(y, self.picked)
         if kind == "sum":
