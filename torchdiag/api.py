@@ -86,44 +86,26 @@ def run(command: str, model, inputs=None, *, loss: Any = "auto", target=None, **
     return invoke(d, model, as_inputs(model, inputs) if getattr(d, "TAKES_INPUTS", True) else None, opts, ctx)
 
 
-def summary(model, inputs=None, **options):
-    return run("summary", model, inputs, **options)
+def _command(command: str, doc: str):
+    """torchdiag.<command>(model, inputs=None, **options): `run(command, ...)` under the command's own name."""
+    def call(model, inputs=None, **options):
+        return run(command, model, inputs, **options)
+
+    call.__name__ = call.__qualname__ = command.replace("-", "_")
+    call.__doc__ = doc
+    return call
 
 
-def flops(model, inputs=None, **options):
-    return run("flops", model, inputs, **options)
-
-
-def nancheck(model, inputs=None, **options):
-    return run("nancheck", model, inputs, **options)
-
-
-def gradflow(model, inputs=None, **options):
-    return run("gradflow", model, inputs, **options)
-
-
-def overfit_batch(model, inputs=None, **options):
-    return run("overfit-batch", model, inputs, **options)
-
-
-def profile(model, inputs=None, **options):
-    return run("profile", model, inputs, **options)
-
-
-def memory(model, inputs=None, **options):
-    return run("memory", model, inputs, **options)
-
-
-def doctor(model, inputs=None, **options):
-    return run("doctor", model, inputs, **options)
-
-
-def activations(model, inputs=None, **options):
-    return run("activations", model, inputs, **options)
-
-
-def attention(model, inputs=None, **options):
-    return run("attention", model, inputs, **options)
+summary = _command("summary", "Parameters, buffers, shapes and dtypes per module (options: depth).")
+flops = _command("flops", "FLOPs and MACs per module and op (options: depth, backward, engine, top).")
+nancheck = _command("nancheck", "Where NaN/Inf first appear: inputs, parameters, forward, loss, backward (steps, anomaly).")
+gradflow = _command("gradflow", "Does the gradient reach every parameter, with healthy magnitudes (strict, allow, ...).")
+overfit_batch = _command("overfit-batch", "Can the model memorise one batch (steps, target_ratio, target_loss, ...).")
+profile = _command("profile", "Where the time goes: operators, kernels, modules, phases (mode, active, trace, ...).")
+memory = _command("memory", "Where the memory of a step goes (mode, batch_sizes, budget, shard, ...).")
+doctor = _command("doctor", "A checklist of common training bugs on one model.")
+activations = _command("activations", "Activation statistics per layer (layers, eps, depth).")
+attention = _command("attention", "Attention maps and per-head statistics (tokens, sample, sdpa).")
 
 
 def embeddings(model, inputs=None, *, layer: str, labels=None, **options):
