@@ -115,8 +115,8 @@ def find_factory(module: ModuleType, name: str, where: str):
 def load_model(spec: str, arg_pairs: list[str] | None = None, device=None, seed: int | None = 0) -> LoadedModel:
     """Import, call the factory (on meta when device is meta), check it made an nn.Module.
 
-    The factory runs with the global RNG seeded (and restored afterwards), so the same seed
-    gives the same random weights: runs are reproducible, and a CI gate does not flake."""
+    The factory runs with the global RNG seeded, so the same seed gives the same random weights:
+    runs are reproducible, and a CI gate does not flake."""
     import torch
     from torch import nn
 
@@ -128,13 +128,14 @@ def load_model(spec: str, arg_pairs: list[str] | None = None, device=None, seed:
     factory = find_factory(module, name, where)
     built_on = ""
     try:
-        with torch.random.fork_rng(devices=[]):
-            if seed is not None:
-                torch.manual_seed(seed)
-            if device is not None and device.type == "meta":
-                model, built_on = build_on_meta(factory, kwargs)
-            else:
-                model = factory(**kwargs)
+        # As a script would: `torch.manual_seed(seed); model = build()`. The RNG stays where the
+        # factory left it (diagnostics restore it to that point), so the same seed gives the same weights.
+        if seed is not None:
+            torch.manual_seed(seed)
+        if device is not None and device.type == "meta":
+            model, built_on = build_on_meta(factory, kwargs)
+        else:
+            model = factory(**kwargs)
     except TypeError as exc:
         if _is_call_mismatch(factory, kwargs):
             raise UsageError(f"{name}() does not accept these --arg values: {one_line(exc)}",
