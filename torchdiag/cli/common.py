@@ -203,42 +203,14 @@ def env_flag(name: str) -> bool:
 
 
 def output_file(path: Optional[Path], option: str, suffixes: tuple[str, ...] = ()) -> Optional[Path]:
-    """Check a file the command will write, before any work: not a directory, its folder exists
-    and is writable, its suffix is one we write. Raises UsageError (exit 2)."""
-    from ..errors import UsageError
+    """render.output.check_file: a file the command will write, checked before any work (exit 2)."""
+    from ..render.output import check_file
 
-    if path is None:
-        return None
-    path = Path(path)
-    if path.is_dir():
-        raise UsageError(f"{option} {path}: is a directory", hint="give a file name")
-    if suffixes and path.suffix.lower() not in suffixes:
-        raise UsageError(f"{option} {path}: unsupported file type '{path.suffix or '(none)'}'",
-                         hint="use a name ending in " + " or ".join(suffixes))
-    parent = path.parent if str(path.parent) else Path(".")
-    if parent.exists() and not parent.is_dir():
-        raise UsageError(f"{option} {path}: {parent} is a file, not a folder", hint="give a path inside a folder")
-    if not parent.is_dir():
-        raise UsageError(f"{option} {path}: folder {parent} does not exist", hint="create it first")
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise UsageError(f"{option} {path}: not writable")
-    return path
+    return check_file(path, option, suffixes)
 
 
 def output_dir(path: Optional[Path], option: str) -> Optional[Path]:
-    """Check a folder the command will write into (created if missing). Raises UsageError (exit 2)."""
-    from ..errors import UsageError
+    """render.output.check_dir: a folder the command will write into, checked before any work (exit 2)."""
+    from ..render.output import check_dir
 
-    if path is None:
-        return None
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"{option} {path}: is a file, not a folder", hint="give a folder name")
-    probe = path
-    while not probe.exists():
-        probe = probe.parent if probe.parent != probe else probe
-        if probe == probe.parent:
-            break
-    if probe.exists() and not os.access(probe, os.W_OK):
-        raise UsageError(f"{option} {path}: not writable")
-    return path
+    return check_dir(path, option)

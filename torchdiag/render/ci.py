@@ -15,7 +15,7 @@ def _xml(text) -> str:
 
 
 
-def write_junit(result, path) -> Path:
+def write_junit(result, path, option: str = "--junit") -> Path:
     rows = result.table("checks").rows
     suites = ET.Element("testsuites", name="torchdiag check", tests=str(len(rows)),
                         failures=str(sum(r["status"] == "FAIL" for r in rows)),
@@ -38,10 +38,14 @@ def write_junit(result, path) -> Path:
                 ET.SubElement(case, "error", message=_xml(r["message"] or "error"), type="model-error").text = text
             else:
                 ET.SubElement(case, "system-out").text = text
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
-    return path
+    import io
+
+    from .output import atomic_write
+
+    buf = io.BytesIO()
+    ET.ElementTree(suites).write(buf, encoding="utf-8", xml_declaration=True)
+    # the old report stays whole until the new one is on disk (a full disk once left 4 KiB of broken XML)
+    return atomic_write(path, buf.getvalue(), option)
 
 
 def _escape(text: str) -> str:

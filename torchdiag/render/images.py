@@ -129,14 +129,22 @@ def figure_to_array(fig):
     return rgba[..., :3].copy()
 
 
-def save_png(img, path) -> Path:
-    """Write HxWx3 (or HxW) uint8 as PNG; creates the folder."""
+def png_bytes(img) -> bytes:
+    """HxWx3 (or HxW) uint8 → PNG file contents."""
+    import io
+
     from PIL import Image
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(img).save(path, format="PNG")
-    return path
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def save_png(img, path, option: str = "--images") -> Path:
+    """Write HxWx3 (or HxW) uint8 as PNG (atomically, through render.output); creates the folder."""
+    from .output import atomic_write
+
+    return atomic_write(path, png_bytes(img), option)
 
 
 def safe_name(name: str) -> str:

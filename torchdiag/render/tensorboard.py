@@ -1,10 +1,13 @@
 """`--tb DIR`: the result as TensorBoard events under DIR/<command>/ (flushed and closed)."""
 from __future__ import annotations
 
+import contextlib
 import numbers
 from pathlib import Path
 
+from ..errors import UsageError
 from .fmt import cell
+from .output import write_error as output_error
 
 
 def table_markdown(t) -> str:
@@ -27,17 +30,63 @@ def write_row_scalars(writer, command: str, t) -> None:
 
 
 def open_writer(logdir, command: str):
-    """A SummaryWriter for DIR/<command>/; callers must close() it."""
+    """A SummaryWriter for DIR/<command>/; callers must close() it (inside `guarded`)."""
     from torch.utils.tensorboard import SummaryWriter
 
     path = Path(logdir) / command
-    path.mkdir(parents=True, exist_ok=True)
-    return SummaryWriter(log_dir=str(path), flush_secs=5), path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        return SummaryWriter(log_dir=str(path), flush_secs=5), path
+    except FileExistsError:
+        raise UsageError(f"--tb {logdir}: {path} is a file, not a folder", hint="give a folder name") from None
+    except OSError as exc:
+        raise output_error(path, "--tb", exc) from None
+
+
+def _event_file(writer) -> str | None:
+    return getattr(getattr(getattr(writer, "file_writer", None), "event_writer", None), "_file_name", None)
+
+
+@contextlib.contextmanager
+def guarded(writer, path, option: str = "--tb", extra=()):
+    """Write through `writer` and close it. A failed write (full disk, read-only folder) is one line,
+    exit 2: the writer thread's own traceback is kept off stderr, and the event file (and any `extra`
+    paths) this write created are removed, so no partial or empty file is left."""
+    import shutil
+    import threading
+
+    failures = []
+    previous = threading.excepthook
+
+    def quiet(args):   # TensorBoard's writer thread re-raises what it could not write; we report it once
+        if isinstance(args.exc_value, OSError):
+            failures.append(args.exc_value)
+            return
+        previous(args)
+
+    threading.excepthook = quiet
+    try:
+        try:
+            yield writer
+        finally:
+            writer.close()
+    except OSError as exc:
+        for name in (_event_file(writer), *extra):
+            if name:
+                shutil.rmtree(name, ignore_errors=True) if Path(name).is_dir() else _unlink(name)
+        raise output_error(path, option, exc) from None
+    finally:
+        threading.excepthook = previous
+
+
+def _unlink(name) -> None:
+    with contextlib.suppress(OSError):
+        Path(name).unlink()
 
 
 def write_result(result, logdir) -> Path:
     writer, path = open_writer(logdir, result.command)
-    try:
+    with guarded(writer, path):
         header = "\n".join(f"- **{k}**: {v}" for k, v in result.header.items())
         writer.add_text(f"{result.command}/header", header or "-")
         for t in result.tables:
@@ -61,17 +110,16 @@ def write_result(result, logdir) -> Path:
             writer.add_image(tag, image, 0, dataformats="HWC")
         for tag, text in result.text.items():
             writer.add_text(tag, text)
+        graph = result.artefacts.get("tb_graph")
+        if graph is not None:   # (GraphDef, RunMetadata) a diagnostic traced: the Graphs tab
+            writer._get_file_writer().add_graph(graph)
         writer.flush()
-    finally:
-        writer.close()
     return path
 
 
 def write_error(logdir, command: str, message: str, hint: str | None, code: int) -> Path:
     writer, path = open_writer(logdir, command)
-    try:
+    with guarded(writer, path):
         writer.add_text(f"{command}/error", f"**exit {code}**: {message}" + (f"\n\nhint: {hint}" if hint else ""))
         writer.flush()
-    finally:
-        writer.close()
     return path
