@@ -4,6 +4,7 @@ from torch import nn
 
 from conftest import load, sample
 
+from torchdiag.api import run
 from torchdiag.diagnostics import summary
 
 
@@ -20,7 +21,7 @@ def lm_params(vocab=1000, dim=64, layers=2, context=64):
 def test_mlp_closed_form(untouched):
     model, inputs = load("mlp.py:build")
     with untouched(model):
-        r = summary.run(model, inputs)
+        r = run("summary", model, inputs)
     expect = linear_params(784, 256) + linear_params(256, 128) + linear_params(128, 10)
     assert r.data["total_params"] == expect == 235_146
     assert r.data["param_bytes"] == 4 * expect
@@ -32,7 +33,7 @@ def test_mlp_closed_form(untouched):
 def test_tied_embedding_counted_once_and_shown(untouched):
     model, inputs = load("transformer_lm.py:build")
     with untouched(model):
-        r = summary.run(model, inputs)
+        r = run("summary", model, inputs)
     assert r.data["total_params"] == lm_params() == 168_192
     assert r.data["shared"] == [["tok.weight", "lm_head.weight"]]
     # torchinfo 1.8.0 counts the tie twice; we report its number and correct it
@@ -49,7 +50,7 @@ def test_frozen_and_uncalled(untouched):
     inputs = resolve_inputs(["4x3x16x16", "4x12"], loaded, torch.device("cpu"))
     model = loaded.model
     with untouched(model):
-        r = summary.run(model, inputs, summary.Options(depth=2))
+        r = run("summary", model, inputs, depth=2)
     frozen = linear_params(12, 8)
     total = (3 * 8 * 9 + 8) + frozen + linear_params(16, 3) + linear_params(16, 2)
     assert r.data["total_params"] == total
@@ -64,13 +65,13 @@ def test_batchnorm_stats_and_mode_untouched(untouched):
     model, inputs = load("resnet.py:build")
     model.train()
     with untouched(model):
-        summary.run(model, inputs)
+        run("summary", model, inputs)
     assert model.training
 
 
 def test_resnet50_matches_published_count():
     model, _ = load("resnet.py:resnet50", device="meta")
-    r = summary.run(model, _meta_inputs((1, 3, 224, 224)))
+    r = run("summary", model, _meta_inputs((1, 3, 224, 224)))
     assert r.data["total_params"] == 25_557_032
 
 
@@ -84,7 +85,7 @@ def test_buffer_bytes_by_dtype():
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)).to(torch.float64)
     from torchdiag.core.inputs import ModelInputs
 
-    r = summary.run(model, ModelInputs((torch.randn(2, 3, dtype=torch.float64),)))
+    r = run("summary", model, ModelInputs((torch.randn(2, 3, dtype=torch.float64),)))
     (row,) = r.table("bytes_by_dtype").rows[:1]
     assert row["dtype"] == "float64" and row["params"] == 16 + 8 and row["param_bytes"] == 8 * 24
     # running_mean, running_var (float64) + num_batches_tracked (int64)
@@ -131,8 +132,44 @@ def test_lazy_modules_rows_count_the_parameters_forward_created():
     from torchdiag.core.inputs import ModelInputs
 
     model = nn.Sequential(nn.LazyLinear(8), nn.ReLU(), nn.LazyLinear(2))
-    r = summary.run(model, ModelInputs((torch.randn(3, 5),)))
+    r = run("summary", model, ModelInputs((torch.randn(3, 5),)))
     rows = {row["name"]: row["params"] for row in r.table("layers").rows}
     assert rows == {"0": linear_params(5, 8), "1": 0, "2": linear_params(8, 2)}
     assert r.data["total_params"] == linear_params(5, 8) + linear_params(8, 2)
     assert not any("torchinfo" in n for n in r.notes)
+
+
+def test_bad_depth_is_exit_2_before_loading_and_named_per_caller(cli):
+    import pytest
+
+    from torchdiag.errors import OptionError
+
+    r = cli("summary", sample("broken_factory.py:raises"), "--depth", "-1")   # the factory raises: exit 3 if loaded
+    assert r.code == 2 and "--depth" in r.stderr and "Traceback" not in r.stderr
+    with pytest.raises(OptionError, match=r"^depth: must be ≥ 0, got -1"):
+        run("summary", nn.Linear(2, 2), torch.randn(1, 2), depth=-1)
+    with pytest.raises(OptionError, match=r"^depth: 1.5 is not an integer"):
+        summary.Options(depth=1.5)
+
+
+def test_graph_is_data_and_says_plainly_when_it_cannot_trace():
+    """The graph is traced into result.artefacts (render/tensorboard.py writes it); an untraceable
+    model gets a plain note instead."""
+    from torchdiag.core.inputs import ModelInputs
+
+    class DictOut(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, x):
+            return {"logits": self.fc(x), "note": "not a tensor", "n": 3}
+
+    r = run("summary", DictOut(), ModelInputs((torch.randn(2, 3),)), graph=True)
+    assert "tb_graph" not in r.artefacts
+    assert any(n.startswith("model graph not written: the tracer could not follow this model") for n in r.notes)
+    r = run("summary", nn.Sequential(nn.Linear(3, 2), nn.ReLU()), torch.randn(2, 3), graph=True)
+    graph_def, _ = r.artefacts["tb_graph"]
+    assert any("Linear" in node.op or "linear" in node.op for node in graph_def.node)
+    assert "model graph written (TensorBoard → Graphs)" in r.notes
+    assert "tb_graph" not in run("summary", nn.Linear(3, 2), torch.randn(2, 3)).artefacts

@@ -25,10 +25,5 @@ def register(app) -> None:
         from ..diagnostics import summary as diag
 
         opts = c.CommonOptions("summary", spec, arg or [], input or [], device, seed, json, tb, debug)
-        def run(t):
-            result = diag.run(t.model, t.inputs, diag.Options(depth=depth))
-            if tb:
-                result.notes.append(diag.write_graph(t.model, t.inputs, tb))
-            return result
-
-        c.execute(opts, run)
+        # --tb: the graph is traced as data; render/tensorboard.py writes it with the other events
+        c.execute(opts, diag, lambda: diag.Options(depth=depth, graph=tb is not None))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ..core.guard import leave_no_trace
 from ..core.tracking import ModuleTracker, describe, forward_error
+from ..core.run import number
 from ..errors import one_line
 from ..results import Column, Result, Table
 
@@ -21,6 +22,10 @@ CONTAINERS = ("ModuleList", "ModuleDict", "ParameterList", "ParameterDict")
 @dataclass
 class Options:
     depth: int = 3
+    graph: bool = False     # also trace the model graph for TensorBoard (artefacts["tb_graph"])
+
+    def __post_init__(self):
+        number("depth", self.depth, low=0, integer=True)
 
 
 def unique_params(model):
@@ -103,10 +108,9 @@ def _rows(model, tracker, depth: int, listing) -> tuple[list[dict], list[str]]:
     return rows, uncalled
 
 
-def run(model, inputs, opts: Options | None = None) -> Result:
+def run(model, inputs, opts: Options, ctx) -> Result:
     import torch
 
-    opts = opts or Options()
     result = Result("summary", header={"mode": "eval, no grad (one forward pass)"})
     tracker = ModuleTracker(model)
     with leave_no_trace(model):
@@ -152,6 +156,11 @@ def run(model, inputs, opts: Options | None = None) -> Result:
         ("Param memory", _hb(param_bytes)), ("Buffer memory", _hb(buffer_bytes)),
         ("Model output", describe(output)),
     ]
+    if opts.graph:
+        graph, note = model_graph(model, inputs)
+        if graph is not None:
+            result.artefacts["tb_graph"] = graph
+        result.notes.append(note)
     if torchinfo_total is not None and torchinfo_total != total:
         why = (f"it counts each of {len(shared)} shared tensor(s) once per module using it; " if shared else "")
         result.notes.append(f"torchinfo 1.8.0 reports {torchinfo_total:,} params: {why}"
@@ -183,37 +192,34 @@ def _hb(n) -> str:
     return f"{human_bytes(n)} ({n:,} bytes)"
 
 
-def write_graph(model, inputs, logdir) -> str:
-    """The model graph for TensorBoard's Graphs tab (torch.jit.trace via add_graph), or a plain
-    sentence saying why it could not be traced. Never fails the command."""
+def model_graph(model, inputs):
+    """(the model graph for TensorBoard's Graphs tab as (GraphDef, RunMetadata), a sentence for the
+    notes). torch.jit.trace as SummaryWriter.add_graph does it; render/tensorboard.py writes it.
+    Never fails the command: an untraceable model gets (None, a plain sentence saying why)."""
+    import contextlib
+    import io
     import warnings
 
     import torch
 
-    from ..render.tensorboard import open_writer
-
     if inputs.kwargs:
-        return "model graph not written: add_graph traces positional inputs only and this model takes keyword inputs"
+        return None, "model graph not written: add_graph traces positional inputs only and this model takes keyword inputs"
     if any(t.is_meta for _, t in inputs.tensors()):
-        return "model graph not written: a meta-device model cannot be traced"
-    import contextlib
-    import io
+        return None, "model graph not written: a meta-device model cannot be traced"
+    from torch.utils.tensorboard._pytorch_graph import graph
 
-    writer, _ = open_writer(logdir, "summary")
     try:
-        # add_graph print()s the tracer's error (with tensor values) to stdout: that would break --json
+        # the tracer print()s its error (with tensor values) to stdout: that would break --json
         with leave_no_trace(model), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             model.eval()
             with torch.no_grad():
-                writer.add_graph(model, tuple(inputs.args), use_strict_trace=False)
-        return "model graph written (TensorBoard → Graphs)"
+                traced = graph(model, tuple(inputs.args), False, False)
+        return traced, "model graph written (TensorBoard → Graphs)"
     except Exception as exc:
         # "Tracer cannot infer type of {<values>}\n:Dictionary inputs ... Found Tensor and str": the
         # last line says why; the first holds tensor values
         lines = [ln.strip(" :") for ln in str(exc).splitlines() if ln.strip(" :")]
         why = lines[-1] if lines and lines[0].startswith("Tracer cannot infer type") else one_line(exc, 160)
-        return ("model graph not written: the tracer could not follow this model "
-                f"(dict outputs and non-tensor values defeat it): {why[:160]}")
-    finally:
-        writer.close()
+        return None, ("model graph not written: the tracer could not follow this model "
+                      f"(dict outputs and non-tensor values defeat it): {why[:160]}")
