@@ -15,9 +15,10 @@ relies on CUDA being absent either gets past device resolution and fails when th
 skips itself; both count as failures here. Tests that simulate a CPU-only machine or pin ``--device cpu``
 pass unchanged.
 
-Which tests are device-dependent: every test function (not marked ``cuda``) of tests/test_*.py whose code
-or parametrisation holds the string "cuda"/"cuda:N" or the argument pair "--device", "cpu", found by
-reading the source; KNOWN below must be among them (and is run even if it no longer is). What this cannot catch: a new test that runs with the
+Which tests are device-dependent: every test function (not marked ``cuda``) of tests/test_*.py that runs
+the CLI in-process (the ``cli`` fixture: a patch cannot reach a subprocess) and whose code or
+parametrisation holds the string "cuda"/"cuda:N" or the argument pair "--device", "cpu", found by reading
+the source; KNOWN below must be among them (and is run even if it no longer is). What this cannot catch: a new test that runs with the
 default ``--device auto`` and asserts CPU-only output without saying "cpu" anywhere; only a run on a GPU
 machine finds those (the ``cuda``-marked tests are the place for GPU behaviour).
 """
@@ -123,7 +124,7 @@ def device_dependent_tests() -> list[str]:
             continue
         for func in ast.parse(path.read_text()).body:
             if (isinstance(func, ast.FunctionDef) and func.name.startswith("test_")
-                    and not _marked_cuda(func) and _pins_a_device(func)):
+                    and "cli" in [a.arg for a in func.args.args] and not _marked_cuda(func) and _pins_a_device(func)):
                 found.append(f"{path.name}::{func.name}")
     return found
 
