@@ -5,6 +5,9 @@ import pytest
 
 from conftest import load, sample
 
+from torchdiag.api import run
+from torchdiag.render.activations import write_images
+
 CNN = sample("cnn.py:build")
 
 
@@ -29,12 +32,10 @@ def test_stats_match_hand_computation(untouched):
     from torch import nn
 
     from torchdiag.core.inputs import ModelInputs
-    from torchdiag.diagnostics import activations as diag
-
     model = nn.Sequential(nn.ReLU(), nn.Sigmoid(), nn.Tanh())
     x = torch.tensor([[-10.0, -1.0, 0.0, 1.0, 10.0, 20.0]])
     with untouched(model):
-        res = diag.run(model, ModelInputs((x,), {}), diag.Options())
+        res = run("activations", model, ModelInputs((x,), {}))
     rows = {r["name"]: r for r in res.table("modules").rows}
     relu = np.array([0, 0, 0, 1, 10, 20], dtype=float)
     r = rows["0"]
@@ -56,8 +57,6 @@ def test_saturated_and_dead_and_nonfinite_findings():
     from torch import nn
 
     from torchdiag.core.inputs import ModelInputs
-    from torchdiag.diagnostics import activations as diag
-
     class Log(nn.Module):
         def forward(self, x):
             return torch.log(x)
@@ -66,15 +65,15 @@ def test_saturated_and_dead_and_nonfinite_findings():
     with torch.no_grad():
         model[0].weight.zero_()
         model[0].bias.fill_(-1.0)   # every ReLU output is 0 → dead
-    res = diag.run(model, ModelInputs((torch.randn(8, 4),), {}), diag.Options())
+    res = run("activations", model, ModelInputs((torch.randn(8, 4),), {}))
     codes = {(f.code, f.where) for f in res.findings}
     assert ("dead-activations", "1") in codes and res.exit_code == 0
     model2 = nn.Sequential(nn.Linear(4, 32), nn.Tanh())
     with torch.no_grad():
         model2[0].weight.fill_(50.0)
-    res2 = diag.run(model2, ModelInputs((torch.ones(8, 4),), {}), diag.Options())
+    res2 = run("activations", model2, ModelInputs((torch.ones(8, 4),), {}))
     assert ("saturated-activations", "1") in {(f.code, f.where) for f in res2.findings}
-    res3 = diag.run(nn.Sequential(nn.Identity(), Log()), ModelInputs((-torch.ones(2, 3),), {}), diag.Options())
+    res3 = run("activations", nn.Sequential(nn.Identity(), Log()), ModelInputs((-torch.ones(2, 3),), {}))
     f = [f for f in res3.findings if f.code == "non-finite-activation"]
     assert f and f[0].where == "1" and res3.exit_code == 1
 
@@ -108,10 +107,8 @@ def test_first_layer_filters_in_colour_and_feature_map_content(tmp_path):
     from matplotlib import colormaps
     from PIL import Image
 
-    from torchdiag.diagnostics import activations as diag
-
     model, inputs = load("cnn.py:build")
-    diag.run(model, inputs, diag.Options(layers=["features.0"], images=str(tmp_path)))
+    write_images(run("activations", model, inputs, layers=["features.0"], images=True), tmp_path)
     # tile (o=1) top-left pixel is w[1,:,0,0] mapped from [-max|w|, max|w|] to [0,255], RGB order
     w = model.features[0].weight.detach().numpy()
     m = np.abs(w).max()
@@ -143,12 +140,10 @@ def test_tensorboard_histograms_and_images(cli, tmp_path):
 
 
 def test_model_untouched_by_cli_path(untouched):
-    from torchdiag.diagnostics import activations as diag
-
     model, inputs = load("cnn.py:build")
     model.train()
     with untouched(model):
-        diag.run(model, inputs, diag.Options(layers=["features.0"], tb=True))
+        run("activations", model, inputs, layers=["features.0"], tb=True)
 
 
 def test_bad_input_bad_layer_and_cuda_exit_2(cli, tmp_path, monkeypatch):
@@ -199,12 +194,10 @@ def test_grayscale_and_depthwise_filters_in_a_square_grid(tmp_path):
     from torch import nn
 
     from torchdiag.core.inputs import ModelInputs
-    from torchdiag.diagnostics import activations as diag
-
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(1, 32, 5), nn.ReLU(), nn.Conv2d(32, 32, 3, groups=32))
-    res = diag.run(model, ModelInputs((torch.randn(2, 1, 28, 28),), {}),
-                   diag.Options(layers=["0", "2"], images=str(tmp_path)))
+    res = run("activations", model, ModelInputs((torch.randn(2, 1, 28, 28),), {}), layers=["0", "2"], images=True)
+    write_images(res, tmp_path)
     # 32 tiles of 5×5 ×5 = 25 px in a 6×6 grid: 6*25 + 5*2 = 160; depthwise 3×3 ×8 = 24 px: 6*24 + 5*2 = 154
     assert _png(tmp_path / "0_filters.png") == ((160, 160), "RGB")
     assert _png(tmp_path / "2_filters.png") == ((154, 154), "RGB")
@@ -218,10 +211,8 @@ def test_grayscale_and_depthwise_filters_in_a_square_grid(tmp_path):
 
 
 def test_filter_truncation_is_noted(tmp_path):
-    from torchdiag.diagnostics import activations as diag
-
     model, inputs = load("cnn.py:build")
-    res = diag.run(model, inputs, diag.Options(layers=["features.3"], images=str(tmp_path)))
+    res = run("activations", model, inputs, layers=["features.3"], images=True)
     # 16→32 conv: 256 tiles = 16 output filters × 16 input channels
     assert "features.3: filters of the first 16 of 32 output channels shown" in res.notes
 
@@ -235,3 +226,30 @@ def test_readme_pictures_are_what_the_code_draws(cli, tmp_path):
     for doc, made in (("activations_features.png", "features.0_features.png"),
                       ("activations_filters.png", "features.0_filters.png")):
         assert_readme_picture(doc, tmp_path / made)
+
+
+def test_bad_options_exit_2_before_loading_and_named_per_caller(cli, tmp_path):
+    import torch
+    from torch import nn
+
+    from torchdiag.errors import OptionError
+
+    r = cli("activations", sample("broken_factory.py:raises"), "--eps", "0.9")   # exit 3 if it were loaded
+    assert r.code == 2 and "--eps" in r.stderr and "Traceback" not in r.stderr   # typer's range check
+    model, x = nn.Sequential(nn.ReLU()), torch.randn(2, 3)
+    with pytest.raises(OptionError, match=r"^eps: must be ≤ 0.5, got 0.9"):
+        run("activations", model, x, eps=0.9)
+    # images once took a folder: files are written by the renderer now, and the error says so
+    with pytest.raises(OptionError, match=r"^images: takes True or False") as e:
+        run("activations", model, x, images=str(tmp_path))
+    assert "torchdiag.render.activations.write_images" in e.value.hint
+
+
+def test_cli_json_gives_the_paths_written(cli, tmp_path):
+    r = cli("activations", CNN, "--layer", "features.0", "--images", tmp_path / "act", "--json")
+    assert r.code == 0, r.stderr
+    paths = [e["path"] for e in r.json["images"]]
+    assert paths == [str(tmp_path / "act" / "features.0_features.png"), str(tmp_path / "act" / "features.0_filters.png")]
+    assert sorted(p.name for p in (tmp_path / "act").iterdir()) == ["features.0_features.png", "features.0_filters.png"]
+    text = cli("activations", CNN, "--layer", "features.0", "--images", tmp_path / "act")
+    assert f"2 PNG file(s) in {tmp_path / 'act'}" in text.stdout

@@ -34,16 +34,18 @@ def register(app) -> None:
         With --layer/--images: a grid of the layer's feature maps and of its filters (first-layer
         RGB filters in colour). With --tb: activation histograms of every module and the same images.
         Exit 1 when an output holds NaN/Inf."""
-        opts = c.CommonOptions("activations", spec, arg or [], input or [], device, seed, json, tb, debug)
+        from ..diagnostics import activations as diag
+        from ..render.activations import record
 
-        def run(t):
-            from ..diagnostics import activations as diag
+        opts = c.CommonOptions("activations", spec, arg or [], input or [], device, seed, json, tb, debug,
+                               outputs={"images": images})
 
+        def precheck():   # before loading anything
+            c.output_dir(images, "--images")
             if images or tb:
                 from ..render.images import need_pictures
 
                 need_pictures("activation pictures")
-            return diag.run(t.model, t.inputs, diag.Options(layers=layer or [], images=str(images) if images else None,
-                                                            tb=tb is not None, eps=eps))
 
-        c.execute(opts, run, precheck=lambda: c.output_dir(images, "--images"))
+        c.execute(opts, diag, lambda: diag.Options(layers=layer or [], images=images is not None, tb=tb is not None,
+                                                   eps=eps), render_extra=record, precheck=precheck)

@@ -9,29 +9,47 @@ forward hook, so no output is kept unless a picture of it was asked for.
 Pictures (`--layer NAME`, `--images DIR`, `--tb DIR`): a grid of the layer's feature maps for
 sample 0 (one tile per channel, each min-max scaled), and for conv layers a grid of the filters
 (first-layer RGB filters in colour, one tile per output filter; otherwise one gray tile per
-(output, input) channel pair)."""
+(output, input) channel pair). They are data: `result.artefacts["pictures"]` holds (file name,
+HxWx3 uint8) pairs in the order of `result.data["images"]`; render/activations.py writes them."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
 from ..core.guard import leave_no_trace
+from ..core.run import number
 from ..core.tracking import ForwardHooks, ModuleTracker, forward_error
-from ..errors import UsageError
+from ..errors import OptionError, UsageError
 from ..results import Column, Result, Table
 
 MAX_MAPS = 64          # feature-map tiles per layer
 MAX_FILTER_TILES = 256
 HIST_SAMPLES = 200_000  # values per module kept for TensorBoard histograms
+NEEDS_VALUES = True
+
+
+def flag(name: str, value, writer: str) -> bool:
+    """A yes/no option that once took a folder: say where files are written now."""
+    if not isinstance(value, bool):
+        raise OptionError(name, f"takes True or False, not {value!r}",
+                          hint=f"files are written by {writer}(result, PATH) (the CLI does it for you)")
+    return value
 
 
 @dataclass
 class Options:
     layers: list[str] = field(default_factory=list)
-    images: str | None = None      # folder for PNGs
+    images: bool = False           # draw the pictures for PNG files (result.artefacts["pictures"])
     tb: bool = False               # also fill result.histograms / result.images
     eps: float = 0.01              # saturation margin
     depth: int = 100
+
+    def __post_init__(self):
+        self.layers = [self.layers] if isinstance(self.layers, str) else list(self.layers or [])
+        flag("images", self.images, "torchdiag.render.activations.write_images")
+        flag("tb", self.tb, "torchdiag.render.tensorboard.write_result")
+        number("eps", self.eps, low=0, high=0.5)
+        number("depth", self.depth, low=0, integer=True)
 
 
 @dataclass
@@ -240,14 +258,11 @@ def filter_tiles(weight):
     return tiles, cols, "gray"
 
 
-def run(model, inputs, opts: Options | None = None) -> Result:
+def run(model, inputs, opts: Options, ctx) -> Result:
     import torch
 
-    opts = opts or Options()
     result = Result("activations", header={"mode": "eval, no grad (one forward pass)"})
-    if any(t.device.type == "meta" for _, t in inputs.tensors()) or any(p.device.type == "meta" for p in model.parameters()):
-        raise UsageError("activations needs real values; the meta device has none", hint="use --device cpu or cuda")
-    pictures = bool(opts.images) or opts.tb
+    pictures = opts.images or opts.tb
     layers = _resolve_layers(model, opts.layers) if opts.layers else (default_layers(model) if pictures else [])
     keep = set(layers)
     tracker = ModuleTracker(model, record_shapes=False)
@@ -281,25 +296,32 @@ def run(model, inputs, opts: Options | None = None) -> Result:
             if vals:
                 result.histograms[f"activations/{n}"] = vals[0]
 
-    written = []
+    drawn = []
     for name in layers if pictures else []:
         if name not in rec.kept:
             result.notes.append(f"layer {name} did not run in forward (or gave no float tensor): no picture")
             continue
-        written += _pictures(model, name, rec.kept[name], opts, result)
+        drawn += _pictures(model, name, rec.kept[name], opts, result)
     result.data["layers"] = layers
-    result.data["images"] = written
-    if written:
-        result.summary.append(("Pictures", f"{len(written)} PNG file(s) in {opts.images}"))
-    elif layers and not pictures:
-        result.notes.append("pass --images DIR (or --tb DIR) to write feature-map and filter pictures")
+    result.data["images"] = drawn
+    if layers and not pictures:
+        result.notes.append("pass --images DIR (or --tb DIR) to write feature-map and filter pictures"
+                            if ctx.spec.caller == "cli" else
+                            "pass images=True (or tb=True) to draw feature-map and filter pictures")
     result.summary.append(("Modules recorded", str(len(rows))))
     return result
 
 
-def _pictures(model, name, output, opts, result) -> list[dict]:
-    from pathlib import Path
+def _keep(result, opts, tag: str, file: str, grid, entry: dict) -> dict:
+    """A drawn picture: for TensorBoard (result.images) and/or a PNG file (result.artefacts)."""
+    if opts.tb:
+        result.images[tag] = grid
+    if opts.images:
+        result.artefacts.setdefault("pictures", []).append((file, grid))
+    return entry
 
+
+def _pictures(model, name, output, opts, result) -> list[dict]:
     from torch import nn
 
     from ..render import images as im
@@ -308,22 +330,16 @@ def _pictures(model, name, output, opts, result) -> list[dict]:
     tiles, channels = feature_map_tiles(output)
     if tiles:
         grid = im.tile(tiles)
-        tag = f"activations/{name}/feature_maps"
-        if opts.tb:
-            result.images[tag] = grid
         entry = {"layer": name, "kind": "feature_maps", "tiles": len(tiles), "channels": channels,
                  "height": grid.shape[0], "width": grid.shape[1]}
-        if opts.images:
-            entry["path"] = str(im.save_png(grid, Path(opts.images) / f"{im.safe_name(name)}_features.png"))
-        out.append(entry)
+        out.append(_keep(result, opts, f"activations/{name}/feature_maps", f"{im.safe_name(name)}_features.png",
+                         grid, entry))
         if channels > len(tiles) and output.dim() >= 4:
             result.notes.append(f"{name}: first {len(tiles)} of {channels} channels shown")
     mod = model.get_submodule(name)
     if isinstance(mod, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
         ftiles, cols, kind = filter_tiles(mod.weight)
         grid = im.tile(ftiles, cols)
-        if opts.tb:
-            result.images[f"activations/{name}/filters"] = grid
         entry = {"layer": name, "kind": f"filters_{kind}", "tiles": len(ftiles),
                  "height": grid.shape[0], "width": grid.shape[1]}
         out_c, in_c = mod.weight.shape[:2]
@@ -331,9 +347,7 @@ def _pictures(model, name, output, opts, result) -> list[dict]:
         if shown_out < out_c or shown_in < in_c:
             result.notes.append(f"{name}: filters of the first {shown_out} of {out_c} output channels"
                                 + (f" × first {shown_in} of {in_c} input channels" if shown_in < in_c else "") + " shown")
-        if opts.images:
-            entry["path"] = str(im.save_png(grid, Path(opts.images) / f"{im.safe_name(name)}_filters.png"))
-        out.append(entry)
+        out.append(_keep(result, opts, f"activations/{name}/filters", f"{im.safe_name(name)}_filters.png", grid, entry))
     return out
 
 

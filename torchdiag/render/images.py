@@ -172,3 +172,25 @@ def load_rgb(path, size: tuple[int, int] | None = None, channels: int = 3):
             return arr[..., None] if arr.ndim == 2 else arr
     except (UnidentifiedImageError, OSError) as exc:
         raise UsageError(f"cannot read image {path}: {exc}", hint="give a PNG or JPEG file") from None
+
+
+def write_pictures(result, folder, option: str = "--images") -> str:
+    """Every (file name, HxWx3 uint8) pair in result.artefacts["pictures"] as a PNG in `folder`
+    (created if missing), each written atomically. Returns the folder."""
+    folder = Path(folder)
+    for name, img in result.artefacts.get("pictures", []):
+        save_png(img, folder / name, option)
+    return str(folder)
+
+
+def record_pictures(result, folder, at: int | None = None, what: str = "") -> None:
+    """After write_pictures: each entry of result.data["images"] gets its file's "path", and the
+    summary says where they went (inserted at `at`, appended when None)."""
+    if folder is None:
+        return
+    entries = result.data.get("images") or []
+    for entry, (name, _) in zip(entries, result.artefacts.get("pictures", [])):
+        entry["path"] = str(Path(folder) / name)
+    if entries:
+        line = ("Pictures", f"{len(entries)} PNG file(s) in {folder}{what}")
+        result.summary.insert(len(result.summary) if at is None else at, line)
