@@ -5,6 +5,9 @@ import pytest
 
 from conftest import load, sample
 
+from torchdiag.api import run
+from torchdiag.render.attention import write_images
+
 VIT = sample("vit.py:build")
 
 
@@ -30,8 +33,6 @@ def _manual_mha(mha, x):
 def test_vit_weights_match_hand_computation(untouched):
     import torch
 
-    from torchdiag.diagnostics import attention as diag
-
     model, inputs = load("vit.py:build")
     seen = {}
     handle = model.layers[0].self_attention.register_forward_hook(lambda m, a, o: seen.update(x=a[0].detach()))
@@ -39,8 +40,8 @@ def test_vit_weights_match_hand_computation(untouched):
         expected_out = model(*inputs.args)
     handle.remove()
     with untouched(model):
-        res = diag.run(model, inputs, diag.Options())
-    caps = {c.key: c for c in res._captures}
+        res = run("attention", model, inputs)
+    caps = {c.key: c for c in res.artefacts["captures"]}
     assert list(caps) == ["layers.0.self_attention", "layers.1.self_attention"]
     with torch.no_grad():
         expect = _manual_mha(model.layers[0].self_attention, seen["x"])
@@ -59,8 +60,6 @@ def test_uniform_attention_closed_form():
     from torch import nn
 
     from torchdiag.core.inputs import ModelInputs
-    from torchdiag.diagnostics import attention as diag
-
     class SelfAttn(nn.Module):
         def __init__(self):
             super().__init__()
@@ -73,7 +72,7 @@ def test_uniform_attention_closed_form():
             return self.mha(x, x, x)[0]
 
     S = 5
-    res = diag.run(SelfAttn(), ModelInputs((torch.randn(3, S, 8),), {}), diag.Options())
+    res = run("attention", SelfAttn(), ModelInputs((torch.randn(3, S, 8),), {}))
     heads = res.table("heads").rows
     assert len(heads) == 2
     for h in heads:
@@ -87,8 +86,6 @@ def test_encoder_layer_fast_path_and_returned_weights(untouched):
     from torch import nn
 
     from torchdiag.core.inputs import ModelInputs
-    from torchdiag.diagnostics import attention as diag
-
     class ReturnsWeights(nn.Module):
         def forward(self, x):
             w = torch.softmax(x @ x.transpose(-2, -1), -1)
@@ -109,7 +106,7 @@ def test_encoder_layer_fast_path_and_returned_weights(untouched):
     with torch.no_grad():
         before = model(x)
     with untouched(model):
-        res = diag.run(model, ModelInputs((x,), {}), diag.Options())
+        res = run("attention", model, ModelInputs((x,), {}))
     rows = {r["layer"]: r for r in res.table("layers").rows}
     assert set(rows) == {"enc.layers.0.self_attn", "enc.layers.1.self_attn", "mine"}
     assert rows["mine"]["source"] == "module output" and rows["mine"]["heads"] == 1
@@ -117,7 +114,7 @@ def test_encoder_layer_fast_path_and_returned_weights(untouched):
         assert torch.allclose(model(x), before, atol=1e-5)
         h = model.enc(x)
         expect = torch.softmax(h @ h.transpose(-2, -1), -1)
-    got = next(c for c in res._captures if c.key == "mine").weights[:, 0]
+    got = next(c for c in res.artefacts["captures"] if c.key == "mine").weights[:, 0]
     assert torch.allclose(got, expect, atol=1e-5)
 
 
@@ -125,13 +122,11 @@ def test_sdpa_causal_weights_and_patch_restored():
     import torch
     import torch.nn.functional as F
 
-    from torchdiag.diagnostics import attention as diag
-
     original = F.scaled_dot_product_attention
     model, inputs = load("transformer_lm.py:build", inputs=["1x6:int64"])
-    res = diag.run(model, inputs, diag.Options())
+    res = run("attention", model, inputs)
     assert F.scaled_dot_product_attention is original
-    caps = res._captures
+    caps = res.artefacts["captures"]
     assert [c.key for c in caps] == ["blocks.0.attn", "blocks.1.attn"]
     w = caps[0].weights[0]                         # heads × 6 × 6
     assert torch.allclose(w.sum(-1), torch.ones(4, 6), atol=1e-5)
@@ -219,14 +214,12 @@ def test_entropy_fraction_counts_only_visible_keys():
     from torch import nn
 
     from torchdiag.core.inputs import ModelInputs
-    from torchdiag.diagnostics import attention as diag
-
     class CausalZero(nn.Module):
         def forward(self, x):                     # q = k = 0 → every visible key gets the same weight
             z = torch.zeros(x.shape[0], 2, 8, 4)
             return F.scaled_dot_product_attention(z, z, z, is_causal=True) + x.mean()
 
-    res = diag.run(CausalZero(), ModelInputs((torch.randn(1, 3),), {}), diag.Options())
+    res = run("attention", CausalZero(), ModelInputs((torch.randn(1, 3),), {}))
     for h in res.table("heads").rows:
         assert h["entropy_fraction"] == pytest.approx(1.0)
         assert h["entropy"] == pytest.approx(sum(math.log(i + 1) for i in range(8)) / 8)
@@ -238,7 +231,7 @@ def test_entropy_fraction_counts_only_visible_keys():
         def forward(self, x):
             return x, W.expand(x.shape[0], 3, 3)
 
-    res = diag.run(Given(), ModelInputs((torch.randn(1, 3),), {}), diag.Options())
+    res = run("attention", Given(), ModelInputs((torch.randn(1, 3),), {}))
     (h,) = res.table("heads").rows
     third = (0.5 * math.log(2) + 2 * 0.25 * math.log(4)) / math.log(3)
     assert h["entropy_fraction"] == pytest.approx((1.0 + third) / 2)
@@ -256,10 +249,42 @@ def test_readme_picture_is_what_the_code_draws(cli, tmp_path):
 
 
 def test_tokens_on_a_long_sequence_are_noted(tmp_path):
-    from torchdiag.diagnostics import attention as diag
-
     model, inputs = load("transformer_lm.py:build", "context=80", inputs=["1x65:int64"])
-    res = diag.run(model, inputs, diag.Options(tokens=[f"t{i}" for i in range(65)], images=str(tmp_path)))
+    res = run("attention", model, inputs, tokens=[f"t{i}" for i in range(65)], images=True)
     assert any("up to 64 tokens" in n and "blocks.0.attn" in n for n in res.notes)
-    res = diag.run(model, inputs, diag.Options(tokens=[f"t{i}" for i in range(65)]))   # no pictures: nothing to say
+    res = run("attention", model, inputs, tokens=[f"t{i}" for i in range(65)])   # no pictures: nothing to say
     assert not any("up to 64" in n for n in res.notes)
+
+
+def test_bad_options_exit_2_before_loading_and_named_per_caller(cli, tmp_path):
+    import torch
+
+    from torchdiag.errors import OptionError
+
+    r = cli("attention", sample("broken_factory.py:raises"), "--sample", "-1")   # exit 3 if it were loaded
+    assert r.code == 2 and "--sample" in r.stderr and "Traceback" not in r.stderr
+    model, inputs = load("vit.py:build")
+    with pytest.raises(OptionError, match=r"^sample: must be ≥ 0, got -1"):
+        run("attention", model, inputs, sample=-1)
+    with pytest.raises(OptionError, match=r"^sample: 2 is out of range: batch size 2"):
+        run("attention", model, inputs, sample=2)              # known only after the forward pass
+    r = cli("attention", VIT, "--sample", "2")
+    assert r.code == 2 and r.stderr.startswith("error: --sample: 2 is out of range"), r.stderr
+    with pytest.raises(OptionError, match=r"^images: takes True or False") as e:
+        run("attention", model, inputs, images=str(tmp_path))
+    assert "torchdiag.render.attention.write_images" in e.value.hint
+
+
+def test_pictures_from_python_and_paths_in_json(cli, tmp_path):
+    model, inputs = load("vit.py:build")
+    res = run("attention", model, inputs, images=True)
+    assert [e["layer"] for e in res.data["images"]] == ["layers.0.self_attention", "layers.1.self_attention"]
+    assert write_images(res, tmp_path / "py") == str(tmp_path / "py")
+    assert sorted(p.name for p in (tmp_path / "py").iterdir()) == [
+        "attention_layers.0.self_attention.png", "attention_layers.1.self_attention.png"]
+    r = cli("attention", VIT, "--images", tmp_path / "cli", "--json")
+    assert [e["path"] for e in r.json["images"]] == [
+        str(tmp_path / "cli" / "attention_layers.0.self_attention.png"),
+        str(tmp_path / "cli" / "attention_layers.1.self_attention.png")]
+    for name in ("attention_layers.0.self_attention.png", "attention_layers.1.self_attention.png"):
+        assert (tmp_path / "cli" / name).read_bytes() == (tmp_path / "py" / name).read_bytes()

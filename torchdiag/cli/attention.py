@@ -47,16 +47,19 @@ def register(app) -> None:
         Per head: entropy, mean max weight, weight on the first key and on the diagonal. With
         --images/--tb: a heatmap per layer with one panel per head (queries × keys), labelled with
         --tokens when given."""
-        opts = c.CommonOptions("attention", spec, arg or [], input or [], device, seed, json, tb, debug)
+        from ..diagnostics import attention as diag
+        from ..render.attention import record
 
-        def run(t):
-            from ..diagnostics import attention as diag
+        opts = c.CommonOptions("attention", spec, arg or [], input or [], device, seed, json, tb, debug,
+                               outputs={"images": images})
 
+        def precheck():   # before loading anything
+            c.output_dir(images, "--images")
             if images or tb:
                 from ..render.images import need_pictures
 
                 need_pictures("attention pictures")
-            return diag.run(t.model, t.inputs, diag.Options(tokens=_tokens(tokens), images=str(images) if images else None,
-                                                            tb=tb is not None, sample=sample))
 
-        c.execute(opts, run, precheck=lambda: c.output_dir(images, "--images"))
+        c.execute(opts, diag, lambda: diag.Options(tokens=_tokens(tokens), images=images is not None,
+                                                   tb=tb is not None, sample=sample),
+                  render_extra=record, precheck=precheck)

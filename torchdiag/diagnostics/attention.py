@@ -11,30 +11,44 @@ Three sources, in eval mode under no_grad:
   softmax(q·kᵀ·scale + mask) are recomputed from q and k and credited to the calling module.
 Per head: mean entropy of a query's distribution (nats, and as a fraction of log(keys the query
 can see), keys with exactly zero weight being masked; queries seeing one key are left out), mean
-max weight, mean weight on the first key (CLS / attention sink) and on the diagonal."""
+max weight, mean weight on the first key (CLS / attention sink) and on the diagonal. Pictures are data
+(`result.artefacts["pictures"]`, written by render/attention.py); the captured weights are in
+`result.artefacts["captures"]`."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
 from ..core.guard import leave_no_trace
+from ..core.run import number
 from ..core.tracking import ModuleTracker, forward_error
-from ..errors import UsageError
+from ..errors import OptionError, UsageError
+from .activations import flag
 from ..results import Column, Result, Table
 
 MAX_HEADS_DRAWN = 16
 MAX_LABELLED = 64      # longest sequence whose axes get --tokens labels (more would not be legible)
 HEAD_INCHES = 2.6
 DPI = 100
+NEEDS_VALUES = True
 
 
 @dataclass
 class Options:
     tokens: list[str] | None = None
-    images: str | None = None
+    images: bool = False           # draw the pictures for PNG files (result.artefacts["pictures"])
     tb: bool = False
     sample: int = 0
     sdpa: bool = True
+
+    def __post_init__(self):
+        if self.tokens is not None:
+            if isinstance(self.tokens, str):
+                raise OptionError("tokens", "takes a list of labels, one per token position")
+            self.tokens = [str(t) for t in self.tokens]
+        flag("images", self.images, "torchdiag.render.attention.write_images")
+        flag("tb", self.tb, "torchdiag.render.tensorboard.write_result")
+        number("sample", self.sample, low=0, integer=True)
 
 
 @dataclass
@@ -230,10 +244,9 @@ def head_stats(w) -> list[dict]:
     return rows
 
 
-def run(model, inputs, opts: Options | None = None) -> Result:
+def run(model, inputs, opts: Options, ctx) -> Result:
     import torch
 
-    opts = opts or Options()
     result = Result("attention", header={"mode": "eval, no grad (one forward pass); MHA fast path off"})
     catcher = Catcher(model, opts)
     tracker = ModuleTracker(model, record_shapes=False)
@@ -270,38 +283,44 @@ def run(model, inputs, opts: Options | None = None) -> Result:
         Column("entropy_fraction", "entropy / log(visible keys)", "pct"), Column("max_weight", "max weight", "float"),
         Column("first_key", "on first key", "float"), Column("diagonal", "on diagonal", "float")], heads,
         note="entropy near 100% = uniform over the keys a query can see (masked keys excluded); a high 'on first key' = a CLS/sink head; high 'on diagonal' = attends to itself"))
-    if opts.tokens is not None:
-        first = catcher.captures[0].weights
-        if len(opts.tokens) not in (first.shape[-1], first.shape[-2]):
-            raise UsageError(f"--tokens gave {len(opts.tokens)} labels but the attention has {first.shape[-2]} queries "
-                             f"and {first.shape[-1]} keys", hint="give one label per token position")
-    if opts.sample >= catcher.captures[0].weights.shape[0]:
-        raise UsageError(f"--sample {opts.sample} is out of range: batch size {catcher.captures[0].weights.shape[0]}")
-    written = []
-    if opts.tokens is not None and (opts.images or opts.tb):
-        long = [c.key for c in catcher.captures if max(c.weights.shape[-2:]) > MAX_LABELLED]
-        if long:
-            result.notes.append(f"token labels are drawn up to {MAX_LABELLED} tokens; unlabelled: {', '.join(long)}")
-    if opts.images or opts.tb:
-        for cap in catcher.captures:
-            img = draw(cap.weights[opts.sample], cap.key, opts.tokens)
-            if opts.tb:
-                result.images[f"attention/{cap.key}"] = img
-            entry = {"layer": cap.key, "height": int(img.shape[0]), "width": int(img.shape[1])}
-            if opts.images:
-                from pathlib import Path
-
-                from ..render.images import safe_name, save_png
-
-                entry["path"] = str(save_png(img, Path(opts.images) / f"attention_{safe_name(cap.key)}.png"))
-            written.append(entry)
-    result.data["images"] = written
+    _check_against(catcher.captures, opts)
+    result.data["images"] = _pictures(result, catcher.captures, opts)
     result.data["attention_layers"] = len(layers)
     result.summary.append(("Attention layers", f"{len(layers)} ({sum(l['heads'] for l in layers)} heads)"))
-    if opts.images:
-        result.summary.append(("Pictures", f"{len(written)} PNG file(s) in {opts.images} (sample {opts.sample})"))
-    result._captures = catcher.captures
+    result.artefacts["captures"] = catcher.captures
+    result.artefacts["sample"] = opts.sample
     return result
+
+
+def _check_against(captures, opts: Options) -> None:
+    """--tokens and --sample against the shapes the forward pass gave."""
+    first = captures[0].weights
+    if opts.tokens is not None and len(opts.tokens) not in (first.shape[-1], first.shape[-2]):
+        raise OptionError("tokens", f"gave {len(opts.tokens)} labels but the attention has {first.shape[-2]} queries "
+                          f"and {first.shape[-1]} keys", hint="give one label per token position")
+    if opts.sample >= first.shape[0]:
+        raise OptionError("sample", f"{opts.sample} is out of range: batch size {first.shape[0]}")
+
+
+def _pictures(result, captures, opts: Options) -> list[dict]:
+    """One heatmap per layer for TensorBoard (result.images) and/or PNG files (result.artefacts)."""
+    if not (opts.images or opts.tb):
+        return []
+    from ..render.images import safe_name
+
+    if opts.tokens is not None:
+        long = [c.key for c in captures if max(c.weights.shape[-2:]) > MAX_LABELLED]
+        if long:
+            result.notes.append(f"token labels are drawn up to {MAX_LABELLED} tokens; unlabelled: {', '.join(long)}")
+    drawn = []
+    for cap in captures:
+        img = draw(cap.weights[opts.sample], cap.key, opts.tokens)
+        if opts.tb:
+            result.images[f"attention/{cap.key}"] = img
+        if opts.images:
+            result.artefacts.setdefault("pictures", []).append((f"attention_{safe_name(cap.key)}.png", img))
+        drawn.append({"layer": cap.key, "height": int(img.shape[0]), "width": int(img.shape[1])})
+    return drawn
 
 
 def figure_size(heads: int) -> tuple[int, int]:

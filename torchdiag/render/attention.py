@@ -1,0 +1,14 @@
+"""Files of `attention`: one heatmap per layer (`--images DIR`)."""
+from __future__ import annotations
+
+from .images import record_pictures, write_pictures
+
+
+def write_images(result, path) -> str:
+    """attention_<layer>.png in folder `path`; returns the folder."""
+    return write_pictures(result, path, "--images")
+
+
+def record(result, written: dict) -> None:
+    """The CLI's render_extra: the paths written go into the JSON entries and the summary."""
+    record_pictures(result, written.get("images"), what=f" (sample {result.artefacts.get('sample', 0)})")
