@@ -18,6 +18,13 @@ def _console():
     return Console(highlight=False, soft_wrap=False, width=width)
 
 
+def _text(value, style: str = "") -> "Text":
+    """Our strings hold the user's names and messages: never Rich markup (`dict[str, int]`, `[/x]`)."""
+    from rich.text import Text
+
+    return Text(str(value), style=style)
+
+
 def print_result(result, console=None) -> None:
     from rich.table import Table
     from rich.text import Text
@@ -31,45 +38,55 @@ def print_result(result, console=None) -> None:
         line.append(f"  on {head['device']}")
     con.print(line)
     if head.get("inputs"):
-        con.print(f"  inputs ({head.get('input_source', '')}): " + "; ".join(head["inputs"]))
+        con.print(_text(f"  inputs ({head.get('input_source', '')}): " + "; ".join(head["inputs"])))
     for note in head.get("input_notes", []):
-        con.print(f"  input note: {note}")
+        con.print(_text(f"  input note: {note}"))
     for key, value in head.items():
         if key in ("model", "device", "input_source") or key in _HEADER_SKIP:
             continue
-        con.print(f"  {key.replace('_', ' ')}: {value}")
+        con.print(_text(f"  {key.replace('_', ' ')}: {value}"))
 
     for t in result.tables:
-        if not t.show or not t.rows:
-            continue
-        table = Table(title=t.title, title_justify="left", title_style="bold", show_lines=False)
-        for i, c in enumerate(t.columns):
-            title = f"{c.title} ({c.unit})" if c.unit else c.title
-            justify = "left" if c.kind in ("text", "bar") else "right"
-            # the first column names the row (module, parameter): never break it mid-name
-            table.add_column(title, justify=justify, overflow="fold", no_wrap=(i == 0))
-        shown = t.rows if t.limit is None else t.rows[: t.limit]
-        for row in shown:
-            style = row.get("_style")
-            table.add_row(*[cell(row.get(c.key), c.kind) for c in t.columns], style=style)
-        con.print(table)
-        if len(shown) < len(t.rows):
-            con.print(f"  … {len(t.rows) - len(shown)} more row(s) in --json", style="dim")
-        if t.note:
-            con.print(f"  {t.note}", style="dim")
+        if t.show and t.rows:
+            _print_table(con, t)
 
     if result.summary:
         width = max(len(k) for k, _ in result.summary)
         for label, value in result.summary:
-            con.print(f"{label.ljust(width)}  {value}")
+            con.print(_text(f"{label.ljust(width)}  {value}"))
     for note in result.notes:
-        con.print(f"note: {note}", style="dim")
+        con.print(_text(f"note: {note}", "dim"))
     for f in result.findings:
         where = f" {f.where}" if f.where else ""
         con.print(Text(f"{f.severity.upper():7} {f.code}{where}: ", style=_SEVERITY_STYLE.get(f.severity, "")) +
                   Text(f.message))
         if f.hint:
-            con.print(f"        hint: {f.hint}", style="dim")
+            con.print(_text(f"        hint: {f.hint}", "dim"))
     if result.verdict:
-        style = "bold red" if result.exit_code else "bold green"
-        con.print(result.verdict, style=style)
+        con.print(_text(result.verdict, "bold red" if result.exit_code else "bold green"))
+
+
+def _print_table(con, t) -> None:
+    """Numbers and bars are never split across lines; text columns wrap, and the first (the row's name)
+    takes at most half the width so the others keep room."""
+    from rich.table import Table
+
+    table = Table(title=t.title, title_justify="left", title_style="bold", show_lines=False)
+    shown = t.rows if t.limit is None else t.rows[: t.limit]
+    cells = [[cell(row.get(c.key), c.kind) for c in t.columns] for row in shown]
+    half = max(24, con.width // 2)
+    for i, c in enumerate(t.columns):
+        title = f"{c.title} ({c.unit})" if c.unit else c.title
+        longest = max((len(r[i]) for r in cells), default=0)
+        # numbers, sizes and bars are one piece each; so is a row name that fits in half the width
+        atomic = c.kind != "text" or (i == 0 and longest <= half)
+        table.add_column(_text(title), justify="left" if c.kind in ("text", "bar") else "right",
+                         no_wrap=atomic, overflow="fold", min_width=longest if atomic else None,
+                         max_width=half if i == 0 else None)
+    for row, values in zip(shown, cells):
+        table.add_row(*[_text(v) for v in values], style=row.get("_style"))
+    con.print(table)
+    if len(shown) < len(t.rows):
+        con.print(_text(f"  … {len(t.rows) - len(shown)} more row(s) in --json", "dim"))
+    if t.note:
+        con.print(_text(f"  {t.note}", "dim"))
