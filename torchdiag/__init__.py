@@ -4,12 +4,25 @@
     result = torchdiag.summary(model, torch.randn(8, 3, 32, 32))
 
 Every function returns the Result the CLI renders (`.data`, `.tables`, `.findings`, `.to_dict()`).
-`import torchdiag` stays light: torch is imported only when a diagnostic runs."""
+`import torchdiag` stays light: names are loaded on first use (PEP 562), and torch only when a
+diagnostic runs, so `torchdiag --help` pays for neither."""
 __version__ = "0.1.0"
 
-from .api import (  # noqa: E402  (stdlib-only module; heavy imports happen inside each function)
-    activations, as_inputs, attention, doctor, embeddings, flops, gradcam, gradcheck, gradflow, make_loss, memory,
-    nancheck, overfit_batch, profile, summary,
-)
-from .errors import DiagError, ExitCode, ModelError, UsageError  # noqa: E402
-from .results import Finding, Result, Table  # noqa: E402
+_API = ("activations", "as_inputs", "attention", "doctor", "embeddings", "flops", "gradcam", "gradcheck", "gradflow",
+        "make_loss", "memory", "nancheck", "overfit_batch", "profile", "run", "summary")
+_ERRORS = ("DiagError", "ExitCode", "ModelError", "UsageError", "OptionError")
+_RESULTS = ("Finding", "Result", "Table")
+__all__ = [*_API, *_ERRORS, *_RESULTS, "__version__"]
+
+
+def __getattr__(name: str):
+    import importlib
+
+    for module, names in (("api", _API), ("errors", _ERRORS), ("results", _RESULTS)):
+        if name in names:
+            return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    raise AttributeError(f"module 'torchdiag' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)
