@@ -3,6 +3,9 @@ import pytest
 
 from conftest import load, sample
 
+from torchdiag.api import run
+from torchdiag.render.embeddings import write_projector
+
 CNN = sample("cnn.py:build")
 
 BATCH = '''
@@ -33,11 +36,11 @@ def test_projector_tensors_equal_layer_output(tmp_path, untouched):
     import numpy as np
     import torch
 
-    from torchdiag.diagnostics import embeddings as diag
-
     model, inputs = load("cnn.py:build")
     with untouched(model):
-        res = diag.run(model, inputs, diag.Options(layer="head.0", logdir=str(tmp_path)))
+        res = run("embeddings", model, inputs, layer="head.0")
+    assert not list(tmp_path.iterdir())                   # data only: the renderer writes the files
+    assert write_projector(res, tmp_path) == str(tmp_path / "embeddings")
     with torch.no_grad():
         model.eval()
         expect = model.features(inputs.args[0]).flatten(1).numpy()
@@ -152,3 +155,38 @@ def test_readme_picture_is_what_the_code_draws(cli, tmp_path):
             "--tb", tmp_path / "runs", "--images", tmp_path / "emb")
     assert r.code == 0, r.stderr
     assert_readme_picture("embeddings_pca.png", tmp_path / "emb" / "embeddings_head.0_pca.png")
+
+
+def test_bad_options_exit_2_before_loading_and_named_per_caller(cli, tmp_path):
+    import torch
+    from torch import nn
+
+    from torchdiag.errors import OptionError
+
+    r = cli("embeddings", sample("broken_factory.py:raises"), "--layer", "x", "--reduce", "max", "--tb", tmp_path)
+    assert r.code == 2 and r.stderr.startswith("error: --reduce: 'max' is not one of auto, mean, first, flatten"), r.stderr
+    _one_error_line(r)                                         # the factory raises: exit 3 if it were loaded
+    model, x = nn.Sequential(nn.Linear(3, 2)), torch.randn(4, 3)
+    with pytest.raises(OptionError, match=r"^reduce: 'max' is not one of"):
+        run("embeddings", model, x, layer="0", reduce="max")
+    with pytest.raises(OptionError, match=r"^layer: embeddings needs the module"):
+        run("embeddings", model, x, layer="")
+    with pytest.raises(OptionError, match=r"^logdir: is not an option any more") as e:
+        run("embeddings", model, x, layer="0", logdir=tmp_path)
+    assert "torchdiag.render.embeddings.write_projector(result, DIR)" in e.value.hint
+    with pytest.raises(OptionError, match=r"^reduce: first applies to N×L×D token outputs"):
+        run("embeddings", nn.Sequential(nn.Conv2d(3, 2, 1)), torch.randn(2, 3, 4, 4), layer="0", reduce="first")
+
+
+def test_labels_from_python_and_the_batch_target(tmp_path):
+    import torch
+
+    model, inputs = load("cnn.py:build")
+    res = run("embeddings", model, inputs, layer="head.0", labels=torch.arange(8) % 2)
+    assert res.data["labels"] is True and res.data["classes"] == 2 and res.artefacts["labels"] == [0, 1] * 4
+    write_projector(res, tmp_path)
+    assert (tmp_path / "embeddings" / "00000" / "head.0" / "metadata.tsv").read_text().split() == ["0", "1"] * 4
+    write_projector(res, tmp_path)                             # a second run adds a step
+    assert (tmp_path / "embeddings" / "00001" / "head.0" / "tensors.tsv").is_file()
+    res = run("embeddings", model, inputs, layer="head.0", target=torch.arange(8) % 4)
+    assert res.data["classes"] == 4

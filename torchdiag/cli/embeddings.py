@@ -31,26 +31,25 @@ def register(app) -> None:
         Labels come from --batch PATH:fn returning (inputs, labels); image inputs become the
         projector's sprite. Reports the vector size and, with labels, how often a sample's
         nearest neighbour shares its label."""
+        from ..diagnostics import embeddings as diag
+        from ..render.embeddings import record
+
         # tb in opts: the result's tables/scalars (and an error) land in DIR/embeddings/ beside the projector data
-        opts = c.CommonOptions("embeddings", spec, arg or [], input or [], device, seed, json, tb, debug, batch=batch)
-        def required():  # before loading anything
+        opts = c.CommonOptions("embeddings", spec, arg or [], input or [], device, seed, json, tb, debug, batch=batch,
+                               outputs={"projector": tb, "images": images})
+
+        def precheck():  # before loading anything
             from ..errors import UsageError
 
-            if not layer:
-                raise UsageError("embeddings needs --layer NAME", hint="the module whose output you want to see, e.g. --layer head.0")
             if tb is None:
                 raise UsageError("embeddings needs --tb DIR: the projector data is written for TensorBoard",
                                  hint="e.g. --tb runs, then tensorboard --logdir runs (PROJECTOR tab)")
             c.output_dir(images, "--images")
-
-        def run(t):
-            from ..diagnostics import embeddings as diag
-
             if images:
                 from ..render.images import need_pictures
 
                 need_pictures("the PCA preview")
-            return diag.run(t.model, t.inputs, diag.Options(layer=layer, logdir=str(tb), reduce=reduce,
-                                                            labels=t.batch_target, images=str(images) if images else None))
 
-        c.execute(opts, run, precheck=required)
+        # labels: the --batch target (ctx.batch_target)
+        c.execute(opts, diag, lambda: diag.Options(layer=layer, reduce=reduce, images=images is not None),
+                  render_extra=record, precheck=precheck)

@@ -3,30 +3,49 @@
 One forward pass (eval, no grad); a forward hook keeps the layer's first tensor output. Each
 sample becomes one vector: N×D as is; N×L×D (tokens) reduced over L (`mean`, `first` = CLS
 token, or `flatten`); N×C×H×W reduced by global average pooling (`mean`) or `flatten`.
-Written with SummaryWriter.add_embedding under DIR/embeddings/ (tensors.tsv, metadata.tsv when
-labels exist, a sprite of the input images when the inputs are N×{1,3}×H×W, and
-projector_config.pbtxt). Labels come from the target of a --batch function. With labels, the
+The vectors, labels and sprite (the input images when the inputs are N×{1,3}×H×W) are data in
+`result.artefacts`; render/embeddings.py writes them with SummaryWriter.add_embedding under
+DIR/embeddings/ (tensors.tsv, metadata.tsv when labels exist, sprite.png, projector_config.pbtxt).
+Labels come from the target of a --batch function (`labels=` in Python). With labels, the
 fraction of samples whose nearest neighbour (cosine) has the same label is reported."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..core.guard import leave_no_trace
+from ..core.run import choice
 from ..core.tracking import ModuleTracker, forward_error
-from ..errors import UsageError
+from ..errors import OptionError, UsageError
 from ..results import Column, Result, Table
+from .activations import flag
 
 REDUCTIONS = ("auto", "mean", "first", "flatten")
+NEEDS_VALUES = True
 
 
 @dataclass
 class Options:
     layer: str = ""
-    logdir: str | None = None
     reduce: str = "auto"
-    labels: object = None        # 1-D tensor/list of N labels, or None
+    labels: object = None        # N labels (a list; a tensor/array is taken as .tolist()), or None: the batch target
     sprite: bool = True
-    images: str | None = None    # folder for a PCA preview (embeddings_pca.png)
+    images: bool = False         # draw the PCA preview (result.artefacts["pca"])
+    logdir: None = None          # gone: the projector files are written by render/embeddings.py
+
+    def __post_init__(self):
+        if not self.layer or not isinstance(self.layer, str):
+            raise OptionError("layer", "embeddings needs the module whose output is the embedding",
+                              hint="the module whose output you want to see, e.g. head.0 (paths: `torchdiag summary`)")
+        self.reduce = choice("reduce", self.reduce, REDUCTIONS)
+        if hasattr(self.labels, "tolist"):     # a tensor or array, kept torch-free
+            self.labels = self.labels.tolist()
+        if self.labels is not None and not isinstance(self.labels, (list, tuple)):
+            raise OptionError("labels", f"takes one label per sample (a list or tensor), not {type(self.labels).__name__}")
+        flag("images", self.images, "torchdiag.render.embeddings.write_images")
+        flag("sprite", self.sprite, "torchdiag.render.embeddings.write_projector")
+        if self.logdir is not None:
+            raise OptionError("logdir", "is not an option any more: the diagnostic returns data",
+                              hint="write the projector files with torchdiag.render.embeddings.write_projector(result, DIR)")
 
 
 def vectors(t, how: str):
@@ -44,7 +63,7 @@ def vectors(t, how: str):
             return t[:, 0].float(), "first token (N×L×D → N×D)"
         return t.float().mean(1), "mean over tokens (N×L×D → N×D)"
     if how == "first":
-        raise UsageError("--reduce first applies to N×L×D token outputs")
+        raise OptionError("reduce", "first applies to N×L×D token outputs")
     return t.float().flatten(2).mean(-1), "global average pool (N×C×… → N×C)"
 
 
@@ -59,23 +78,25 @@ def nn_agreement(x, labels) -> float:
     return float((lab[nn] == lab).double().mean())
 
 
-def run(model, inputs, opts: Options) -> Result:
-    import torch
-
-    if opts.reduce not in REDUCTIONS:
-        raise UsageError(f"unknown --reduce '{opts.reduce}'", hint=f"choose {'|'.join(REDUCTIONS)}")
-    if any(t.device.type == "meta" for _, t in inputs.tensors()) or \
-            any(t.device.type == "meta" for t in list(model.parameters()) + list(model.buffers())):
-        raise UsageError("embeddings needs real values; the meta device has none", hint="use --device cpu or cuda")
+def module_named(model, name: str):
+    """The submodule at path `name`, or a usage error with the closest names."""
     names = dict(model.named_modules())
-    if opts.layer not in names:
+    if name not in names:
         import difflib
 
-        close = difflib.get_close_matches(opts.layer, [n for n in names if n], n=3, cutoff=0.5)
-        raise UsageError(f"no module named '{opts.layer}' in the model",
+        close = difflib.get_close_matches(name, [n for n in names if n], n=3, cutoff=0.5)
+        raise UsageError(f"no module named '{name}' in the model",
                          hint=(f"did you mean {', '.join(close)}?" if close else "module paths are listed by `torchdiag summary`"))
+    return names[name]
+
+
+def layer_output(model, inputs, layer: str):
+    """The first tensor the layer outputs in one forward pass (eval, no grad), on the CPU."""
+    import torch
+
     from .activations import first_tensor
 
+    module = module_named(model, layer)
     kept = {}
 
     def hook(mod, args, out):
@@ -86,7 +107,7 @@ def run(model, inputs, opts: Options) -> Result:
     tracker = ModuleTracker(model, record_shapes=False)
     with leave_no_trace(model):
         model.eval()
-        handle = names[opts.layer].register_forward_hook(hook)
+        handle = module.register_forward_hook(hook)
         try:
             with torch.no_grad(), tracker:
                 try:
@@ -96,16 +117,24 @@ def run(model, inputs, opts: Options) -> Result:
         finally:
             handle.remove()
     if "x" not in kept:
-        raise UsageError(f"layer {opts.layer} did not run in forward (or returned no tensor)")
+        raise UsageError(f"layer {layer} did not run in forward (or returned no tensor)")
     raw = kept["x"]
     if not raw.is_floating_point():
-        raise UsageError(f"layer {opts.layer} returns {raw.dtype} values, not embeddings")
+        raise UsageError(f"layer {layer} returns {raw.dtype} values, not embeddings")
+    return raw
+
+
+def run(model, inputs, opts: Options, ctx) -> Result:
+    import torch
+
+    raw = layer_output(model, inputs, opts.layer)
     x, how = vectors(raw, opts.reduce)
     n, d = x.shape
     result = Result("embeddings", header={"layer": opts.layer, "mode": "eval, no grad (one forward pass)"})
     labels = None
-    if opts.labels is not None:
-        lab = torch.as_tensor(opts.labels).detach().cpu()
+    given = opts.labels if opts.labels is not None else ctx.batch_target
+    if given is not None:
+        lab = torch.as_tensor(given).detach().cpu()
         if lab.dim() == 2 and lab.shape[0] == n and lab.is_floating_point():
             lab = lab.argmax(1)  # one-hot / scores
         if lab.dim() != 1 or lab.shape[0] != n:
@@ -126,52 +155,32 @@ def run(model, inputs, opts: Options) -> Result:
     result.tables.append(Table("sample_norms", "Samples (first 1000)", [Column("sample", "sample", "int"),
                                                                   Column("label", "label"), Column("norm", "L2 norm", "float")],
                                rows, show=False))
-    if opts.logdir:
-        path = write_projector(x, labels, inputs if opts.sprite else None, opts.logdir, opts.layer)
-        result.data["projector_dir"] = str(path)
-        result.summary.append(("Projector", f"{path}  (tensorboard --logdir {opts.logdir}, PROJECTOR tab)"))
+    # for the projector (render/embeddings.py)
+    result.artefacts.update(vectors=x, labels=labels, tag=opts.layer or "model",
+                            sprite=sprite(inputs, n) if opts.sprite else None)
     if opts.images:
-        from pathlib import Path
-
-        from ..render.images import safe_name, save_png
-
         img, explained = pca_picture(x, labels, opts.layer)
-        path = save_png(img, Path(opts.images) / f"embeddings_{safe_name(opts.layer)}_pca.png")
-        result.data["pca_image"] = str(path)
+        result.artefacts["pca"] = img
         result.data["pca_explained_variance"] = explained
-        result.summary.append(("PCA preview", f"{path} (PC1+PC2 explain {sum(explained):.1%} of the variance)"))
     result.summary += [("Vectors", f"{n} × {d} ({how})"),
                        ("Labels", f"{len(set(labels))} classes from the batch target" if labels else "none (give --batch PATH:fn returning (inputs, labels))")]
     if "nearest_neighbour_same_label" in result.data:
         result.summary.append(("Nearest neighbour has same label", f"{result.data['nearest_neighbour_same_label']:.1%}"))
-    result._vectors = x
     return result
 
 
-def write_projector(x, labels, inputs, logdir, layer):
-    import torch
-
-    from ..render.tensorboard import open_writer
-
-    label_img = None
-    if inputs is not None:
-        ts = inputs.tensors()
-        if ts:
-            img = ts[0][1].detach().float().cpu()
-            if img.dim() == 4 and img.shape[1] in (1, 3) and img.shape[0] == x.shape[0]:
-                lo = img.amin(dim=(1, 2, 3), keepdim=True)
-                hi = img.amax(dim=(1, 2, 3), keepdim=True)
-                label_img = (img - lo) / (hi - lo).clamp_min(1e-12)
-    writer, path = open_writer(logdir, "embeddings")
-    # a new step per run, so a second run into the same DIR adds to the projector instead of overwriting
-    step = sum(1 for p in path.iterdir() if p.is_dir() and p.name.isdigit())
-    try:
-        writer.add_embedding(x, metadata=labels, label_img=label_img, global_step=step, tag=layer or "model")
-        writer.flush()
-    finally:
-        writer.close()
-    del torch
-    return path
+def sprite(inputs, n: int):
+    """The projector's sprite: image inputs (N×{1,3}×H×W, one per sample) scaled to [0, 1] per
+    sample; None for other inputs."""
+    ts = inputs.tensors()
+    if not ts:
+        return None
+    img = ts[0][1].detach().float().cpu()
+    if img.dim() == 4 and img.shape[1] in (1, 3) and img.shape[0] == n:
+        lo = img.amin(dim=(1, 2, 3), keepdim=True)
+        hi = img.amax(dim=(1, 2, 3), keepdim=True)
+        return (img - lo) / (hi - lo).clamp_min(1e-12)
+    return None
 
 
 PCA_SIZE = (400, 400)   # pixels (height, width) of the preview

@@ -1,0 +1,46 @@
+"""Files of `embeddings`: the TensorBoard projector data (`--tb DIR`) and the PCA preview (`--images DIR`).
+
+From Python: `r = torchdiag.embeddings(model, x, layer="head.0")`, then
+`torchdiag.render.embeddings.write_projector(r, "runs")` (and `tensorboard --logdir runs`)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def write_projector(result, path) -> str:
+    """The layer's vectors (labels, sprite) with SummaryWriter.add_embedding under PATH/embeddings/;
+    each run is a new step, so a second run into the same folder adds to the projector instead of
+    overwriting it. Returns PATH/embeddings."""
+    from .tensorboard import guarded, open_writer
+
+    a = result.artefacts
+    writer, run_dir = open_writer(path, "embeddings")
+    step = sum(1 for p in run_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    # a failed write removes the step's folder: no partial tensors.tsv is left for the projector to read
+    with guarded(writer, run_dir, "--tb", extra=(run_dir / f"{step:05d}",)):
+        writer.add_embedding(a["vectors"], metadata=a.get("labels"), label_img=a.get("sprite"),
+                             global_step=step, tag=a.get("tag") or "model")
+        writer.flush()
+    return str(run_dir)
+
+
+def write_images(result, path) -> str:
+    """embeddings_<layer>_pca.png (samples on PC1/PC2) in folder `path`; returns the file written."""
+    from .images import safe_name, save_png
+
+    name = f"embeddings_{safe_name(result.artefacts.get('tag') or 'model')}_pca.png"
+    return str(save_png(result.artefacts["pca"], Path(path) / name, "--images"))
+
+
+def record(result, written: dict) -> None:
+    """The CLI's render_extra: where the files went, in the JSON document and the summary."""
+    at = 0
+    if written.get("projector"):
+        result.data["projector_dir"] = written["projector"]
+        logdir = Path(written["projector"]).parent
+        result.summary.insert(at, ("Projector", f"{written['projector']}  (tensorboard --logdir {logdir}, PROJECTOR tab)"))
+        at += 1
+    if written.get("images"):
+        result.data["pca_image"] = written["images"]
+        explained = sum(result.data.get("pca_explained_variance") or [0.0])
+        result.summary.insert(at, ("PCA preview", f"{written['images']} (PC1+PC2 explain {explained:.1%} of the variance)"))
