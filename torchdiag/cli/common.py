@@ -123,6 +123,8 @@ def execute(opts: CommonOptions, diagnostic=None, options: Callable | None = Non
     except DiagError as e:
         if isinstance(e, OptionError):
             e.name_for("cli")
+        if ctx is not None:
+            ctx.explain(e)
         code = e.code
         partial = getattr(e, "partial", None)
         if partial is not None:  # what ran before the failure: on the console, or in the JSON document

@@ -8,11 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import UsageError, option_name
+from ..errors import ExitCode, UsageError, option_name
 from . import train
 from .run import RunSpec
 
 META_HINT = "use --device cpu or cuda (meta has shapes only: summary, flops and memory work there)"
+META_FAILED_HINT = ("on --device meta tensors have shapes but no values: if the model's code reads values "
+                    "(.item(), `if` on a tensor, nonzero …) it fails there; run it with --device cpu")
 
 
 @dataclass
@@ -63,6 +65,11 @@ class Context:
 
     def train_copy(self, model, why: str = "to train it"):
         return train.train_copy(model, why)
+
+    def explain(self, error) -> None:
+        """A model error on the meta device: say so (a fact we know), whatever the error's text says."""
+        if self.on_meta and getattr(error, "code", None) == ExitCode.MODEL:
+            error.hint = META_FAILED_HINT
 
     def finish(self, result) -> None:
         """Put the choices made for the user in front of the diagnostic's own header."""

@@ -1,7 +1,6 @@
 """Forward hooks that record which module ran, with what shapes — and which one raised."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,9 +167,6 @@ def forward_error(exc: BaseException, tracker: ModuleTracker | None, phase: str 
         msg += f" — the model's forward was not given {' or '.join(missing)} ({call.name or '(root)'} received {got})"
         hint = (f"pass {missing[0]} as a keyword input: an example_inputs() function in the model's module "
                 "returning a dict, or inputs={...} in Python")
-    if re.search(r"(?<![a-z])meta(?![a-z])", str(exc).lower()):
-        hint = ("on --device meta tensors have no values, and this model's code reads them "
-                "(.item(), if on a tensor, nonzero …): run it with --device cpu")
     err = ModelError(msg, hint=hint, partial=partial)
     err.where = call.name if call else ""
     return err

@@ -20,6 +20,10 @@ def module(command: str):
 def invoke(diagnostic, model, inputs, opts, ctx):
     if getattr(diagnostic, "NEEDS_VALUES", False):
         ctx.require_values()
-    result = diagnostic.run(model, inputs, opts, ctx)
+    try:
+        result = diagnostic.run(model, inputs, opts, ctx)
+    except Exception as exc:
+        ctx.explain(exc)
+        raise
     ctx.finish(result)
     return result
