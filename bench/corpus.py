@@ -1,0 +1,232 @@
+"""Corpus run (issue 14): public architectures with random init through summary, flops, nancheck,
+gradflow and doctor at batch 2 on CPU, recording per model and command the exit code, the error-level
+findings (code, where, message), the warnings and internal errors. Writes a markdown table (and JSON).
+
+    .venv-corpus/bin/python bench/corpus.py                       # everything (see bench/README.md)
+    .venv-corpus/bin/python bench/corpus.py --fast                 # the small slice
+    .venv-corpus/bin/python bench/corpus.py --models tv_resnet50,timm_convnext_tiny --commands gradflow,doctor
+    .venv-corpus/bin/python bench/corpus.py --list
+
+Each model runs in its own subprocess (a crash or a timeout is recorded, not fatal). Budget: models with
+more than --max-params parameters run summary and flops only (the backward commands would take minutes
+each on 2 cores); --timeout bounds one model. Exit code of the run: 0 when no healthy model got an
+error-level finding or an internal error, else 1."""
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+COMMANDS = ("summary", "flops", "nancheck", "gradflow", "doctor")
+BACKWARD = {"nancheck", "gradflow", "doctor"}
+
+
+def make_inputs(entry, model, seed: int = 0):
+    """The entry's -i specs through torchdiag's own default-input rules, on CPU."""
+    import torch
+
+    from torchdiag.core.inputs import resolve_inputs
+
+    loaded = SimpleNamespace(model=model, module=None)
+    return resolve_inputs(list(entry.inputs), loaded, torch.device("cpu"), seed)
+
+
+def call(command: str, model, inputs):
+    """One diagnostic through the Python API. While commands move to the run contract (run(model,
+    inputs, opts, ctx)), a diagnostic still on the old signature is called directly with the auto loss."""
+    import dataclasses
+    import importlib
+
+    import torchdiag
+    from torchdiag.core.loss import Loss
+
+    mod = importlib.import_module(f"torchdiag.diagnostics.{command.replace('-', '_')}")
+    if len(inspect.signature(mod.run).parameters) >= 4:
+        return getattr(torchdiag, command.replace("-", "_"))(model, inputs)
+    names = {f.name for f in dataclasses.fields(mod.Options)}
+    return mod.run(model, inputs, mod.Options(**({"loss": Loss("auto", seed=0)} if "loss" in names else {})))
+
+
+def run_command(command: str, model, inputs) -> dict:
+    from torchdiag.errors import DiagError
+
+    t0 = time.perf_counter()
+    rec: dict = {"command": command}
+    try:
+        result = call(command, model, inputs)
+        rec["exit"] = int(result.exit_code)
+        rec["errors"] = [f.to_dict() for f in result.findings if f.severity == "error"]
+        rec["warnings"] = [f.to_dict() for f in result.findings if f.severity == "warning"]
+        loss = (getattr(result, "header", None) or {}).get("loss")
+        if loss:
+            rec["loss"] = loss
+    except DiagError as exc:
+        rec["exit"] = int(exc.code)
+        rec["raised"] = f"{type(exc).__name__}: {exc.message}"
+        if int(exc.code) == 4:
+            rec["internal"] = traceback.format_exc(limit=-4)
+    except Exception as exc:   # noqa: BLE001 - an exception escaping the API is an internal error
+        rec["exit"] = 4
+        rec["raised"] = f"{type(exc).__name__}: {exc}"
+        rec["internal"] = traceback.format_exc(limit=-4)
+    rec["seconds"] = round(time.perf_counter() - t0, 2)
+    return rec
+
+
+def run_model(entry, commands, max_params: int) -> dict:
+    import torch
+
+    torch.manual_seed(0)
+    out = {"model": entry.name, "family": entry.family, "why": entry.why, "inputs": entry.inputs, "commands": []}
+    t0 = time.perf_counter()
+    try:
+        model = entry.factory()
+    except Exception as exc:  # noqa: BLE001
+        out["build_error"] = f"{type(exc).__name__}: {exc}"
+        return out
+    out["build_seconds"] = round(time.perf_counter() - t0, 2)
+    out["params"] = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    try:
+        inputs = make_inputs(entry, model)
+    except Exception as exc:  # noqa: BLE001
+        out["input_error"] = f"{type(exc).__name__}: {exc}"
+        return out
+    out["input_notes"] = inputs.notes
+    out["input_kwargs"] = sorted(inputs.kwargs)
+    for command in commands:
+        if command in BACKWARD and max_params and out["params"] > max_params:
+            out["commands"].append({"command": command, "skipped": f"over the size budget ({max_params:,} params)"})
+            continue
+        out["commands"].append(run_command(command, model, inputs))
+    return out
+
+
+# ---------------------------------------------------------------------------------------- driver
+
+def cell(rec: dict) -> str:
+    if "skipped" in rec:
+        return "skip"
+    if rec.get("timeout"):
+        return "timeout"
+    text = str(rec["exit"])
+    errs = _counts(rec.get("errors", []))
+    warns = _counts(rec.get("warnings", []))
+    if rec.get("raised"):
+        text += " " + rec["raised"].split(":")[0]
+    if errs:
+        text += " E: " + errs
+    if warns:
+        text += " W: " + warns
+    return text
+
+
+def _counts(findings: list[dict]) -> str:
+    counts: dict[str, int] = {}
+    for f in findings:
+        counts[f["code"]] = counts.get(f["code"], 0) + 1
+    return ", ".join(f"{k}×{v}" if v > 1 else k for k, v in counts.items())
+
+
+def markdown(results: list[dict], commands) -> str:
+    lines = ["| model | params | " + " | ".join(commands) + " |", "|---|---:|" + "---|" * len(commands)]
+    for r in results:
+        by = {c["command"]: c for c in r.get("commands", [])}
+        if r.get("build_error") or r.get("input_error") or r.get("timeout"):
+            what = r.get("build_error") or r.get("input_error") or f"timeout after {r['timeout']} s"
+            lines.append(f"| {r['model']} | | {what[:120]} |" + " |" * (len(commands) - 1))
+            continue
+        cells = [cell(by[c]) if c in by else "" for c in commands]
+        lines.append(f"| {r['model']} | {r.get('params', 0) / 1e6:.1f} M | " + " | ".join(cells) + " |")
+    n_err = sum(1 for r in results for c in r.get("commands", []) if c.get("errors"))
+    n_int = sum(1 for r in results for c in r.get("commands", []) if c.get("internal"))
+    n_warn = sum(1 for r in results for c in r.get("commands", []) if c.get("warnings"))
+    lines += ["", f"{len(results)} models; runs with error-level findings: {n_err}; with warnings: {n_warn}; "
+              f"internal errors: {n_int}. Cell: exit code, E: error codes, W: warning codes (×count)."]
+    details = []
+    for r in results:
+        for c in r.get("commands", []):
+            for f in c.get("errors", []) + c.get("warnings", []) + (
+                    [{"severity": "raised", "code": "", "where": "", "message": c["raised"]}] if c.get("raised") else []):
+                details.append(f"- {r['model']} {c['command']}: {f['severity']} `{f['code']}` {f['where']}: "
+                               f"{f['message'][:200]}")
+    if details:
+        lines += ["", "<details><summary>every finding</summary>", "", *details, "", "</details>"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", help="comma-separated names (see --list); a name ending in * is a prefix")
+    ap.add_argument("--commands", default=",".join(COMMANDS))
+    ap.add_argument("--fast", action="store_true", help="only the small slice (a few tiny models)")
+    ap.add_argument("--max-params", type=int, default=150_000_000,
+                    help="models above this run summary and flops only (0: no limit)")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per model")
+    ap.add_argument("--out", default=str(HERE / "corpus-results.md"))
+    ap.add_argument("--json-out", default=str(HERE / "corpus-results.json"))
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    commands = [c.strip() for c in args.commands.split(",") if c.strip()]
+    bad = set(commands) - set(COMMANDS)
+    if bad:
+        ap.error(f"unknown command(s) {sorted(bad)}; choose from {', '.join(COMMANDS)}")
+
+    from corpus_models import entries
+
+    if args.worker:   # one model, in this process; JSON on stdout
+        entry = next(e for e in entries(args.worker) if e.name == args.worker)
+        import torch
+
+        torch.set_num_threads(int(os.environ.get("CORPUS_THREADS", "2")))
+        print("\n@@RESULT@@" + json.dumps(run_model(entry, commands, args.max_params)))
+        return 0
+    chosen = entries()
+    if args.fast:
+        chosen = [e for e in chosen if "fast" in e.tags]
+    if args.models:
+        wanted = [w.strip() for w in args.models.split(",") if w.strip()]
+        chosen = [e for e in chosen if any(e.name == w or (w.endswith("*") and e.name.startswith(w[:-1]))
+                                           for w in wanted)]
+        missing = [w for w in wanted if not w.endswith("*") and w not in {e.name for e in chosen}]
+        if missing:
+            ap.error(f"unknown model(s) {missing} (or their package is not installed); see --list")
+    if args.list:
+        for e in chosen:
+            print(f"{e.name:40s} {e.family:12s} {' '.join(e.inputs):16s} {e.why}")
+        return 0
+    results = []
+    for i, e in enumerate(chosen, 1):
+        t0 = time.perf_counter()
+        cmd = [sys.executable, __file__, "--worker", e.name, "--commands", ",".join(commands),
+               "--max-params", str(args.max_params)]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            text = p.stdout.rsplit("@@RESULT@@", 1)
+            r = json.loads(text[1]) if len(text) == 2 else {
+                "model": e.name, "build_error": f"worker died (exit {p.returncode}): {p.stderr.strip()[-300:]}"}
+        except subprocess.TimeoutExpired:
+            r = {"model": e.name, "timeout": args.timeout}
+        results.append(r)
+        print(f"[{i}/{len(chosen)}] {e.name}: {time.perf_counter() - t0:.0f} s  "
+              + "  ".join(f"{c['command']}={cell(c)}" for c in r.get("commands", [])), file=sys.stderr, flush=True)
+        Path(args.json_out).write_text(json.dumps(results, indent=1))
+        Path(args.out).write_text(markdown(results, commands))
+    bad = [r for r in results if r.get("timeout") or r.get("build_error")
+           or any(c.get("errors") or c.get("internal") for c in r.get("commands", []))]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
