@@ -1,7 +1,11 @@
 """gradcam: closed-form CAM, maximum inside the only region that matters, valid pictures."""
+import re
+
 import pytest
 
 from conftest import load, sample
+
+from torchdiag.api import run
 
 REGION = sample("gradcam_region.py:build")
 
@@ -71,8 +75,8 @@ def test_maximum_inside_the_only_region_that_matters(image, untouched):
     import torch
 
     with untouched(model):
-        res = diag.run(model, torch.device("cpu"), diag.Options(layer="features.3", image=str(image)))
-    h = res._heatmap
+        res = run("gradcam", model, None, layer="features.3", image=str(image))
+    h = res.artefacts["heatmap"]
     r, c = res.data["heatmap_peak"]
     assert rows.start <= r < rows.stop and cols.start <= c < cols.stop
     outside = h.copy()
@@ -171,7 +175,7 @@ def test_frozen_model_untouched_and_no_grads(image, untouched):
     for p in model.parameters():
         p.requires_grad_(False)
     with untouched(model):
-        res = diag.run(model, torch.device("cpu"), diag.Options(layer="features.3", image=str(image)))
+        res = run("gradcam", model, None, layer="features.3", image=str(image))
     assert res.data["heatmap_max"] == pytest.approx(1.0)
     assert all(p.grad is None for p in model.parameters())
 
@@ -256,7 +260,7 @@ def test_layer_called_twice_is_noted(image):
         def forward(self, x):
             return self.head(self.conv(self.conv(x)).mean(dim=(2, 3)))
 
-    res = diag.run(Twice(), torch.device("cpu"), diag.Options(layer="conv", image=str(image)))
+    res = run("gradcam", Twice(), None, layer="conv", image=str(image))
     assert res.data["layer_calls"] == 2 and any("2 times" in n for n in res.notes)
 
 
@@ -303,18 +307,18 @@ def test_grayscale_model_with_channels_1(cli, tmp_path, untouched):
         k = int(model(x)[0].argmax())
     expect = torch.relu((model[3].weight[k].detach()[:, None, None] * a).sum(0)) / 256
     with untouched(model):
-        res = diag.run(model, torch.device("cpu"), diag.Options(layer="0", image=str(tmp_path / "digit.png"),
-                                                                channels=1, mean=(0.1307,), std=(0.3081,)))
+        res = run("gradcam", model, None, layer="0", image=str(tmp_path / "digit.png"),
+                  channels=1, mean=(0.1307,), std=(0.3081,))
     assert res.data["target_class"] == k
-    assert np.allclose(res._heatmap, (expect / expect.max()).numpy(), atol=1e-5)
+    assert np.allclose(res.artefacts["heatmap"], (expect / expect.max()).numpy(), atol=1e-5)
 
 
 @pytest.mark.parametrize("args,message", [
     (["--channels", "1", "--mean", "0.5,0.5,0.5"], "need 1 number (grayscale), got 3"),
     (["--mean", "0.5,0.5"], "need 3 numbers (R,G,B), got 2"),
-    (["--channels", "2"], "--channels 2"),
+    (["--channels", "2"], "--channels: 2 is not 3 (RGB) or 1 (grayscale)"),
     (["--std", "0.5,0,0.5"], "divides by zero"),
-    (["--size", "0x4"], "bad --size"),
+    (["--size", "0x4"], "--size: '0x4' is not H or HxW"),
 ])
 def test_preprocessing_options_checked_before_loading(cli, image, args, message):
     r = cli("gradcam", sample("broken_factory.py:raises"), "--layer", "x", "--image", image, *args)
@@ -332,3 +336,82 @@ def test_readme_picture_is_what_the_code_draws(cli, tmp_path):
             "--out", out)
     assert r.code == 0, r.stderr
     assert_readme_picture("gradcam.png", out)
+
+
+def _png_header_only(path, width, height):
+    """A valid PNG header claiming width×height (8-bit RGB) with one tiny IDAT: a decompression bomb
+    as far as the header goes, a few dozen bytes on disk."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 16))
+                     + chunk(b"IEND", b""))
+    return path
+
+
+@pytest.mark.parametrize("width,height", [(30000, 30000), (12000, 12000)])   # beyond PIL's guard; within it, beyond ours
+def test_decompression_bomb_is_image_too_large_before_loading(cli, tmp_path, monkeypatch, width, height):
+    import torchdiag.diagnostics.gradcam as diag
+
+    monkeypatch.setattr(diag, "memory_limit", lambda: 2 * 2**30)     # the same answer on any machine
+    bomb = _png_header_only(tmp_path / "bomb.png", width, height)
+    r = cli("gradcam", sample("broken_factory.py:raises"), "--layer", "x", "--image", bomb)   # exit 3 if loaded
+    assert r.code == 2, r.stderr
+    _one_error_line(r)
+    assert "image too large" in r.stderr.splitlines()[0] and "Traceback" not in r.stderr
+
+
+def test_size_is_checked_against_memory_before_loading(cli, image, monkeypatch):
+    from torchdiag.errors import OptionError
+
+    r = cli("gradcam", sample("broken_factory.py:raises"), "--layer", "x", "--image", image, "--size", "100000")
+    assert r.code == 2, r.stderr
+    _one_error_line(r)
+    assert r.stderr.startswith("error: --size: 100000x100000 pixels would take about"), r.stderr
+    with pytest.raises(OptionError, match=r"^size: 100000x100000 pixels"):
+        run("gradcam", None, None, layer="x", image=image, size=100000)
+
+
+def test_preprocessing_is_one_validation_for_every_caller(image, tmp_path):
+    """cli/gradcam.py and run() checked channels/mean/std twice and the API reshaped them a third time:
+    now Options does it once, for text (the CLI), lists and tuples alike, naming the option per caller."""
+    from torchdiag.diagnostics.gradcam import Options
+    from torchdiag.errors import OptionError, UsageError
+
+    for mean in ("0.5,0.25,0", [0.5, 0.25, 0], (0.5, 0.25, 0.0)):
+        assert Options(layer="l", image=str(image), mean=mean).mean == (0.5, 0.25, 0.0)
+    assert Options(layer="l", image=str(image), std=2).std == (2.0, 2.0, 2.0)
+    assert Options(layer="l", image=str(image), channels=1, mean=[0.1307]).mean == (0.1307,)
+    assert Options(layer="l", image=str(image), size="32x48").size == (32, 48)
+    assert Options(layer="l", image=str(image), size=(32, 48)).size == (32, 48)
+    for kw, message in (({"mean": [1, 2]}, "mean: '1,2': need 3 numbers (R,G,B), got 2"),
+                        ({"std": (0.5, 0, 0.5)}, "std: 0.5,0,0.5: a standard deviation of 0 divides by zero"),
+                        ({"channels": 2}, "channels: 2 is not 3 (RGB) or 1 (grayscale)"),
+                        ({"mean": "a,b"}, "mean: 'a,b' is not 3 numbers (R,G,B)"),
+                        ({"size": "0x4"}, "size: '0x4' is not H or HxW"),
+                        ({"target_class": -1}, "target_class: must be ≥ 0"),
+                        ({"image": str(tmp_path / "nope.png")}, "image file not found")):
+        with pytest.raises(UsageError, match="^" + re.escape(message)):    # OptionError is a UsageError
+            Options(**({"layer": "l", "image": str(image)} | kw))
+    with pytest.raises(OptionError, match="^out: takes True or False") as e:
+        Options(layer="l", image=str(image), out=str(tmp_path / "cam.png"))
+    assert "torchdiag.render.gradcam.write_out" in e.value.hint
+
+
+def test_heatmap_in_artefacts_and_out_written_by_the_renderer(image, tmp_path):
+    from PIL import Image
+
+    from torchdiag.render.gradcam import write_out
+
+    model, _ = load("gradcam_region.py:build")
+    res = run("gradcam", model, None, layer="features.3", image=image, out=True)
+    assert not list(tmp_path.glob("*.png"))[1:]                 # only the input image: nothing written yet
+    heat = res.artefacts["heatmap"]
+    assert heat.shape == (32, 32) and heat.max() == pytest.approx(1.0)
+    assert write_out(res, tmp_path / "cam.png") == str(tmp_path / "cam.png")
+    with Image.open(tmp_path / "cam.png") as im:
+        assert im.size == (388, 128) and [res.data["out_size"][1], res.data["out_size"][0]] == [388, 128]

@@ -30,41 +30,6 @@ Channels = Annotated[int, typer.Option("--channels", metavar="3|1", help="3: RGB
 Alpha = Annotated[float, typer.Option("--alpha", min=0.0, max=1.0, help="Heatmap opacity in the overlay.")]
 
 
-def _triple(text: str, what: str, channels: int = 3):
-    """One number per channel (one number is used for every channel)."""
-    from ..errors import UsageError
-
-    example = "0.485,0.456,0.406" if channels == 3 else "0.1307"
-    try:
-        vals = tuple(float(v) for v in text.replace(" ", "").split(","))
-    except ValueError:
-        raise UsageError(f"bad {what} '{text}'", hint=f"write {'three numbers' if channels == 3 else 'a number'}, "
-                                                      f"e.g. {what} {example}") from None
-    if len(vals) == 1:
-        vals = vals * channels
-    if len(vals) != channels:
-        raise UsageError(f"bad {what} '{text}': need {channels} number{'s (R,G,B)' if channels == 3 else ' (grayscale)'}, "
-                         f"got {len(vals)}", hint=f"e.g. {what} {example}")
-    return vals
-
-
-def _size(text):
-    from ..errors import UsageError
-
-    if text is None:
-        return None
-    parts = text.lower().split("x")
-    try:
-        dims = [int(p) for p in parts]
-    except ValueError:
-        raise UsageError(f"bad --size '{text}'", hint="write H or HxW, e.g. --size 224 or --size 32x48") from None
-    if len(dims) == 1:
-        dims = dims * 2
-    if len(dims) != 2 or min(dims) < 1:
-        raise UsageError(f"bad --size '{text}'", hint="write H or HxW with positive integers")
-    return tuple(dims)
-
-
 def register(app) -> None:
     @app.command("gradcam", epilog=EXAMPLE, no_args_is_help=True)
     def gradcam(spec: c.Spec, layer: Layer = "", image: Image = None, target_class: TargetClass = None,
@@ -78,30 +43,19 @@ def register(app) -> None:
         normalised ((x - mean)/std).
         Writes the original, the heatmap (values in [0,1]) and the overlay side by side (--out) and
         to TensorBoard (--tb). Reports the explained class, the top classes and where the map peaks."""
-        opts = c.CommonOptions("gradcam", spec, arg or [], [], device, seed, json, tb, debug, needs_inputs=False)
-        parsed = {}
+        from ..diagnostics import gradcam as diag
+        from ..render.gradcam import record
 
-        def need_image():  # before loading anything
-            from ..errors import UsageError
+        opts = c.CommonOptions("gradcam", spec, arg or [], [], device, seed, json, tb, debug, needs_inputs=False,
+                               outputs={"out": out})
 
-            if image is None:
-                raise UsageError("gradcam needs an image: --image FILE",
-                                 hint="a PNG or JPEG; use --size/--mean/--std/--channels to match the model's preprocessing")
-            if channels not in (1, 3):
-                raise UsageError(f"--channels {channels}: an image has 3 (RGB) or 1 (grayscale) channels")
-            parsed.update(size=_size(size), mean=_triple(mean, "--mean", channels), std=_triple(std, "--std", channels))
-            if any(v == 0 for v in parsed["std"]):
-                raise UsageError(f"--std {std}: a standard deviation of 0 divides by zero")
+        def precheck():  # before loading anything; the preprocessing options are checked by diag.Options
             c.output_file(out, "--out", (".png",))   # only PNG is written
-
-        def run(t):
-            from ..diagnostics import gradcam as diag
             from ..render.images import need_pictures
 
             need_pictures("Grad-CAM pictures")
-            return diag.run(t.model, t.device, diag.Options(
-                layer=layer, image=str(image), size=parsed["size"], mean=parsed["mean"], std=parsed["std"],
-                channels=channels, target_class=target_class, out=str(out) if out else None,
-                tb=tb is not None, alpha=alpha))
 
-        c.execute(opts, run, precheck=need_image)
+        c.execute(opts, diag, lambda: diag.Options(
+            layer=layer, image=str(image) if image is not None else "", size=size, mean=mean, std=std,
+            channels=channels, target_class=target_class, out=out is not None, tb=tb is not None, alpha=alpha),
+            render_extra=record, precheck=precheck)

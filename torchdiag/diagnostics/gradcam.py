@@ -10,31 +10,145 @@ models work; the model continues on a copy of that leaf, so in-place ops after t
 last call. The image is read, resized (`size`) and normalised ((x/255 − mean)/std) as asked."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from ..core.guard import leave_no_trace
+from ..core.run import number
 from ..core.tracking import ModuleTracker, forward_error
-from ..errors import ModelError, UsageError
+from ..errors import ModelError, OptionError, UsageError
 from ..results import Column, Result, Table
-
+from .activations import flag
 
 PICTURE_MIN = 128
+NEEDS_VALUES = True
+TAKES_INPUTS = False          # the input is the image file
+MAX_WORK_BYTES = 16 * 2**30   # as core.inputs.MAX_INPUT_BYTES: more is a typo, not an image to explain
+BYTES_PER_PIXEL = 200         # what one pixel of the (resized) image costs here: tensors, heatmap, pictures
 
 
 @dataclass
 class Options:
     layer: str = ""
     image: str = ""
-    size: tuple[int, int] | None = None      # (h, w); None keeps the file's size
-    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
-    std: tuple[float, ...] = (1.0, 1.0, 1.0)
+    size: object = None                      # H, (H, W), "H" or "HxW"; becomes (h, w), None keeps the file's size
+    mean: object = (0.0,)                    # one number per channel, one for all, or "0.485,0.456,0.406"
+    std: object = (1.0,)
     channels: int = 3                        # 3: RGB; 1: grayscale (one mean/std)
     target_class: int | None = None
-    out: str | None = None
+    out: bool = False                        # draw original | heatmap | overlay (result.artefacts["panel"])
     tb: bool = False
     alpha: float = 0.5
     topk: int = 5
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        """The one check of the preprocessing options (CLI, Python and check alike), before the model loads."""
+        if not self.layer or not isinstance(self.layer, str):
+            raise OptionError("layer", "gradcam needs the layer to explain",
+                              hint="the last convolutional layer, e.g. features.3 (paths: `torchdiag summary`)")
+        if not self.image:
+            raise OptionError("image", "gradcam needs an image file",
+                              hint="a PNG or JPEG; match the model's preprocessing with size, mean, std and channels")
+        self.image = str(self.image)
+        if self.channels not in (1, 3) or isinstance(self.channels, bool):
+            raise OptionError("channels", f"{self.channels!r} is not 3 (RGB) or 1 (grayscale)")
+        self.size = _size(self.size)
+        self.mean = _per_channel("mean", self.mean, self.channels)
+        self.std = _per_channel("std", self.std, self.channels)
+        if any(v == 0 for v in self.std):
+            raise OptionError("std", f"{_text(self.std)}: a standard deviation of 0 divides by zero")
+        if self.target_class is not None:
+            number("target_class", self.target_class, low=0, integer=True)
+        number("alpha", self.alpha, low=0, high=1)
+        number("topk", self.topk, low=1, integer=True)
+        flag("out", self.out, "torchdiag.render.gradcam.write_out")
+        flag("tb", self.tb, "torchdiag.render.tensorboard.write_result")
+        self._check_memory()
+
+    def _check_memory(self) -> None:
+        """--size and the image file against the machine's memory, before any pixel is allocated."""
+        from ..render.images import image_size, need_pictures
+
+        need_pictures("Grad-CAM pictures")     # PIL reads the image, matplotlib colours the map
+        limit = memory_limit()
+        if self.size is not None:
+            _fits("size", self.size, limit)
+        h, w = image_size(self.image, limit)             # header only; a decompression bomb stops here
+        if self.size is None:
+            _fits("image", (h, w), limit)
+
+
+def _text(values) -> str:
+    return ",".join(f"{v:g}" for v in values)
+
+
+def _size(value):
+    """(h, w) from H, (H, W), "H" or "HxW" (positive integers); None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            dims = [int(p) for p in value.lower().split("x")]
+        except ValueError:
+            dims = []
+    elif isinstance(value, int) and not isinstance(value, bool):
+        dims = [value]
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        dims = list(value)
+    else:
+        dims = []
+    dims = dims * 2 if len(dims) == 1 else dims
+    if len(dims) != 2 or min(dims) < 1:
+        raise OptionError("size", f"'{value}' is not H or HxW with positive integers", hint="e.g. 224 or 32x48")
+    return tuple(dims)
+
+
+def _per_channel(name: str, value, channels: int) -> tuple[float, ...]:
+    """One number per channel from a list/tuple, a number or "a,b,c" text; one number is every channel's."""
+    example = "0.485,0.456,0.406" if channels == 3 else "0.1307"
+    need = "3 numbers (R,G,B)" if channels == 3 else "1 number (grayscale)"
+    try:
+        if isinstance(value, str):
+            vals = tuple(float(v) for v in value.replace(" ", "").split(","))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            vals = (float(value),)
+        else:
+            vals = tuple(float(v) for v in value)
+    except (TypeError, ValueError):
+        raise OptionError(name, f"'{value}' is not {need}", hint=f"e.g. {example}") from None
+    for v in vals:
+        number(name, v)
+    if len(vals) == 1:
+        vals = vals * channels
+    if len(vals) != channels:
+        raise OptionError(name, f"'{value if isinstance(value, str) else _text(vals)}': need {need}, got {len(vals)}",
+                          hint=f"e.g. {example}")
+    return vals
+
+
+def memory_limit() -> int:
+    """Bytes gradcam may use for its pictures: MAX_WORK_BYTES, or less when the machine has less free."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return min(MAX_WORK_BYTES, int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return min(MAX_WORK_BYTES, os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return MAX_WORK_BYTES
+
+
+def _fits(name: str, size, limit: int) -> None:
+    h, w = size
+    need = h * w * BYTES_PER_PIXEL
+    if need > limit:
+        what = "image too large: " if name == "image" else ""
+        raise OptionError(name, f"{what}{h}x{w} pixels would take about {need / 2**30:.1f} GiB "
+                          f"({limit / 2**30:.1f} GiB available)", hint="use a smaller size (size 224 is typical)")
 
 
 def image_tensor(rgb, mean, std, device):
@@ -95,7 +209,7 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
                          hint="choose a convolutional layer (the last conv block usually works best)")
     k = int(logits[0].argmax()) if target_class is None else target_class
     if not 0 <= k < logits.shape[1]:
-        raise UsageError(f"--target-class {k} is out of range: the model has {logits.shape[1]} classes")
+        raise OptionError("target_class", f"{k} is out of range: the model has {logits.shape[1]} classes")
     try:
         (grad,) = torch.autograd.grad(logits[0, k], a, allow_unused=True)
     except Exception as exc:
@@ -113,33 +227,16 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
     return cam.detach().cpu(), norm.detach().cpu(), logits.detach().cpu(), k
 
 
-def run(model, device, opts: Options) -> Result:
+def run(model, inputs, opts: Options, ctx) -> Result:
     import torch
 
     from ..render import images as im
+    from .embeddings import module_named
 
-    if not opts.layer:
-        raise UsageError("gradcam needs --layer NAME", hint="the last convolutional layer, e.g. --layer features.3")
-    if getattr(device, "type", device) == "meta" or \
-            any(t.device.type == "meta" for t in list(model.parameters()) + list(model.buffers())):
-        raise UsageError("gradcam needs real values; the meta device has none", hint="use --device cpu or cuda")
-    names = dict(model.named_modules())
-    if opts.layer not in names:
-        import difflib
-
-        close = difflib.get_close_matches(opts.layer, [n for n in names if n], n=3, cutoff=0.5)
-        raise UsageError(f"no module named '{opts.layer}' in the model",
-                         hint=(f"did you mean {', '.join(close)}?" if close else "module paths are listed by `torchdiag summary`"))
-    c = opts.channels
-    if c not in (1, 3):
-        raise UsageError(f"--channels {c}: an image has 3 (RGB) or 1 (grayscale)")
-    mean = tuple(opts.mean) * c if len(opts.mean) == 1 else tuple(opts.mean)
-    std = tuple(opts.std) * c if len(opts.std) == 1 else tuple(opts.std)
-    if len(mean) != c or len(std) != c or any(s == 0 for s in std):
-        raise UsageError(f"--mean and --std take {'three numbers (R,G,B)' if c == 3 else 'one number (grayscale)'}; "
-                         "std must not be 0")
+    module_named(model, opts.layer)
+    c, mean, std = opts.channels, opts.mean, opts.std
     pixels = im.load_rgb(opts.image, opts.size, c)
-    x = image_tensor(pixels, mean, std, device)
+    x = image_tensor(pixels, mean, std, ctx.device)
     rgb = pixels if c == 3 else pixels.repeat(3, axis=2)       # pictures are always RGB
     result = Result("gradcam", header={"layer": opts.layer, "image": opts.image,
                                        "image_size": f"{rgb.shape[0]}x{rgb.shape[1]}",
@@ -183,14 +280,12 @@ def run(model, device, opts: Options) -> Result:
     result.data["picture_scale"] = f
     if opts.tb:
         result.images.update({"gradcam/original": original, "gradcam/heatmap": heat_rgb, "gradcam/overlay": blended})
-    if opts.out:
+    if opts.out:   # written by render/gradcam.py
         panel = im.hstack([original, heat_rgb, blended])
-        path = im.save_png(panel, opts.out)
-        result.data["out"] = str(path)
+        result.artefacts["panel"] = panel
         result.data["out_size"] = [int(panel.shape[0]), int(panel.shape[1])]
-        result.summary.append(("Picture", f"{path} (original | heatmap | overlay, {panel.shape[1]}x{panel.shape[0]} px)"))
     result.summary += [("Explained class", f"{k} (logit {float(logits[0, k]):.4g}, p={float(probs[k]):.3f})"),
                        ("Heatmap peak", f"row {peak[0]}, col {peak[1]} of {hm.shape[0]}x{hm.shape[1]}"),
                        ("Layer map", f"{cam_np.shape[0]}x{cam_np.shape[1]}, peak at {cam_peak}")]
-    result._heatmap = hm  # for tests and callers in-process
+    result.artefacts["heatmap"] = hm  # H×W in [0, 1], for Python callers
     return result
