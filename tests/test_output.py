@@ -1,0 +1,243 @@
+"""render/output.py: a write never destroys what was at the path (issue 15: full disk, devices,
+symlinks, read-only folders), and every failure is one line, exit 2."""
+import contextlib
+import errno
+import os
+import stat
+import subprocess
+import threading
+
+import pytest
+
+from conftest import sample
+
+from torchdiag.errors import ExitCode, UsageError
+from torchdiag.render import output
+from torchdiag.render.output import atomic_path, atomic_write, check_dir, check_file
+
+CONFIG = """
+[tool.torchdiag]
+model = "{model}"
+inputs = ["8x3x32x32"]
+device = "cpu"
+[tool.torchdiag.check]
+max-params = 30000
+nancheck = false
+gradflow = false
+overfit-batch = false
+"""
+
+
+def _one_error_line(r):
+    lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def _leftovers(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(".") or p.name.endswith(".tmp"))
+
+
+@contextlib.contextmanager
+def tiny_tmpfs(path, size="64k"):
+    """A tmpfs of `size` at `path`, or skip the test where mounting is not permitted."""
+    path.mkdir()
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                              capture_output=True, text=True)
+    except OSError:
+        pytest.skip("no mount command")
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+@pytest.fixture
+def enospc(monkeypatch):
+    """Every os.write in render/output.py fails as on a full disk (always runs, no rights needed)."""
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(output.os, "write", full)
+
+
+def test_existing_file_is_replaced_atomically(tmp_path):
+    target = tmp_path / "report.xml"
+    target.write_text("old")
+    os.chmod(target, 0o640)
+    inode = target.stat().st_ino
+    assert atomic_write(target, "new", "--junit") == target
+    assert target.read_text() == "new"
+    assert target.stat().st_ino != inode                      # a new file renamed over the old one
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640        # its permissions kept
+    assert _leftovers(tmp_path) == []
+    atomic_write(tmp_path / "sub" / "new.png", b"\x89PNG", "--images")   # missing folders are created
+    assert (tmp_path / "sub" / "new.png").read_bytes() == b"\x89PNG"
+
+
+def test_symlink_is_followed_and_stays_a_link(tmp_path):
+    real = tmp_path / "real.png"
+    real.write_bytes(b"old")
+    link = tmp_path / "link.png"
+    link.symlink_to(real)
+    atomic_write(link, b"new", "--out")
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert real.read_bytes() == b"new"
+    with atomic_path(link, "--out") as tmp:
+        with open(tmp, "wb") as f:
+            f.write(b"newer")
+    assert link.is_symlink() and real.read_bytes() == b"newer"
+    assert _leftovers(tmp_path) == []
+
+
+def test_fifo_is_written_in_place_not_replaced(tmp_path):
+    """A FIFO stands for every non-regular target (/dev/null, /dev/full, a pipe): it is opened and
+    written, never replaced by a regular file. (No real device is ever written by this test.)"""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()))
+    reader.start()
+    atomic_write(fifo, b"through the pipe", "--out")
+    reader.join(timeout=60)
+    assert got == [b"through the pipe"]
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()))
+    reader.start()
+    with atomic_path(fifo, "--trace") as tmp:
+        with open(tmp, "wb") as f:
+            f.write(b"from a library")
+    reader.join(timeout=60)
+    assert got[1] == b"from a library" and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert _leftovers(tmp_path) == []
+    assert output._kind(output._target("/dev/null")) == "special"    # what /dev/null and /dev/full take
+
+
+def test_directory_target_is_refused(tmp_path):
+    (tmp_path / "adir").mkdir()
+    for write in (lambda: atomic_write(tmp_path / "adir", b"x", "--out"),
+                  lambda: atomic_path(tmp_path / "adir", "--out").__enter__(),
+                  lambda: check_file(tmp_path / "adir", "--out")):
+        with pytest.raises(UsageError, match=r"--out .*adir: is a directory") as e:
+            write()
+        assert e.value.code == ExitCode.USAGE
+    assert (tmp_path / "adir").is_dir() and list((tmp_path / "adir").iterdir()) == []
+
+
+def test_simulated_full_disk_keeps_the_old_file(tmp_path, enospc):
+    target = tmp_path / "report.xml"
+    target.write_bytes(b"<old report/>")
+    with pytest.raises(UsageError) as e:
+        atomic_write(target, b"<new report/>" * 1000, "--junit")
+    assert e.value.message == f"no space left on device writing {target}" and e.value.code == ExitCode.USAGE
+    assert target.read_bytes() == b"<old report/>"
+    assert _leftovers(tmp_path) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["report.xml"]
+    with pytest.raises(UsageError, match="no space left on device writing"):
+        atomic_write(tmp_path / "new.png", b"png", "--out")
+    assert not (tmp_path / "new.png").exists() and _leftovers(tmp_path) == []   # no 0-byte file
+
+
+def test_atomic_path_failure_leaves_nothing(tmp_path):
+    target = tmp_path / "trace.json"
+    target.write_text("old")
+    with pytest.raises(UsageError, match=f"no space left on device writing {target}"):
+        with atomic_path(target, "--trace") as tmp:
+            assert tmp.endswith(".json") and os.path.dirname(tmp) == str(tmp_path)   # same folder, same suffix
+            open(tmp, "w").write("partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(RuntimeError):   # a library's own bug is not hidden, but leaves nothing either
+        with atomic_path(target, "--trace") as tmp:
+            raise RuntimeError("boom")
+    assert target.read_text() == "old" and _leftovers(tmp_path) == []
+
+
+def test_real_full_disk_on_a_tiny_tmpfs(tmp_path):
+    with tiny_tmpfs(tmp_path / "disk") as disk:
+        target = disk / "report.xml"
+        target.write_bytes(b"<old/>")
+        with pytest.raises(UsageError) as e:
+            atomic_write(target, os.urandom(256 * 1024), "--junit")
+        assert e.value.message == f"no space left on device writing {target}"
+        assert target.read_bytes() == b"<old/>" and sorted(p.name for p in disk.iterdir()) == ["report.xml"]
+
+
+def test_read_only_folder(tmp_path):
+    if os.geteuid() == 0:   # root ignores permission bits: a read-only mount is the same failure
+        with tiny_tmpfs(tmp_path / "ro") as folder:
+            (folder / "old.png").write_bytes(b"old")
+            done = subprocess.run(["mount", "-o", "remount,ro", str(folder)], capture_output=True)
+            if done.returncode != 0:
+                pytest.skip("cannot remount read-only")
+            _assert_read_only(folder)
+    else:
+        folder = tmp_path / "ro"
+        folder.mkdir()
+        (folder / "old.png").write_bytes(b"old")
+        folder.chmod(0o555)
+        try:
+            _assert_read_only(folder)
+        finally:
+            folder.chmod(0o755)
+
+
+def _assert_read_only(folder):
+    with pytest.raises(UsageError, match="not writable") as e:
+        atomic_write(folder / "old.png", b"new", "--images")
+    assert e.value.code == ExitCode.USAGE and (folder / "old.png").read_bytes() == b"old"
+    with pytest.raises(UsageError, match="not writable"):
+        check_file(folder / "old.png", "--out")
+    with pytest.raises(UsageError, match="not writable"):
+        check_dir(folder / "sub", "--images")
+
+
+def test_check_junit_on_a_full_disk_is_exit_2_and_keeps_the_old_report(cli, tmp_path, monkeypatch, enospc):
+    (tmp_path / "pyproject.toml").write_text(CONFIG.format(model=sample("cnn.py:build")))
+    monkeypatch.chdir(tmp_path)
+    report = tmp_path / "r.xml"
+    report.write_bytes(b"<old report/>")
+    r = cli("check", "--junit", report)
+    assert r.code == 2, r.stderr
+    _one_error_line(r)
+    assert r.stderr.startswith(f"error: no space left on device writing {report}\n"), r.stderr
+    assert report.read_bytes() == b"<old report/>" and _leftovers(tmp_path) == []
+
+
+def test_picture_options_on_a_full_disk_are_exit_2(cli, tmp_path, enospc):
+    import numpy as np
+    from PIL import Image
+
+    image = tmp_path / "img.png"
+    Image.fromarray(np.full((32, 32, 3), 200, dtype=np.uint8)).save(image)
+    out = tmp_path / "cam.png"
+    out.write_bytes(b"old picture")
+    r = cli("gradcam", sample("gradcam_region.py:build"), "--layer", "features.3", "--image", image, "--out", out,
+            "--json")
+    assert r.code == 2, r.stderr
+    _one_error_line(r)
+    assert r.stderr.startswith(f"error: no space left on device writing {out}\n"), r.stderr
+    assert out.read_bytes() == b"old picture" and _leftovers(tmp_path) == []
+    assert r.json["exit_code"] == 2                          # one JSON document: the error, not the result
+    r = cli("activations", sample("cnn.py:build"), "--layer", "features.0", "--images", tmp_path / "act")
+    assert r.code == 2 and "no space left on device writing" in r.stderr
+    _one_error_line(r)
+    assert list((tmp_path / "act").iterdir()) == []
+
+
+def test_tensorboard_on_a_full_or_read_only_disk_is_one_line(cli, tmp_path):
+    with tiny_tmpfs(tmp_path / "disk", "16k") as disk:
+        r = cli("activations", sample("cnn.py:build"), "--tb", disk)
+        assert r.code == 2, r.stderr
+        _one_error_line(r)
+        assert r.stderr.startswith(f"error: no space left on device writing {disk / 'activations'}"), r.stderr
+        assert [p.stat().st_size for p in (disk / "activations").iterdir()] == []   # no partial event file
+    if os.geteuid() == 0:
+        with tiny_tmpfs(tmp_path / "ro") as folder:
+            (folder / "summary").mkdir()
+            if subprocess.run(["mount", "-o", "remount,ro", str(folder)], capture_output=True).returncode:
+                pytest.skip("cannot remount read-only")
+            r = cli("summary", sample("cnn.py:build"), "--tb", folder)
+            assert r.code == 2 and "not writable" in r.stderr, r.stderr
+            _one_error_line(r)
