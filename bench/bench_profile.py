@@ -45,10 +45,9 @@ def make_step(model, x, mode):
 
 
 def bench(spec, *inputs, mode="inference", repeat=5):
-    import torch
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from torchdiag.core.loss import Loss
+    from torchdiag.api import run
     from torchdiag.diagnostics import profiling as P
 
     model, x = load(spec, *inputs)
@@ -76,8 +75,7 @@ def bench(spec, *inputs, mode="inference", repeat=5):
     ours_steps, torch_steps = [], []
 
     def ours():
-        r = P.run(model, x, P.Options(mode=mode, wait=WAIT, warmup=WARMUP, active=ACTIVE,
-                                      loss=Loss("auto") if mode == "train" else None))
+        r = run("profile", model, x, mode=mode, wait=WAIT, warmup=WARMUP, active=ACTIVE, loss="auto")
         ours_steps.extend(t / 1e3 for t in r.series["step_times_ms"][WAIT + WARMUP:])
 
     def torch_only():

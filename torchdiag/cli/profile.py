@@ -46,14 +46,13 @@ def register(app) -> None:
         --tb DIR writes the trace under DIR/profile/ (tensorboard_trace_handler) with the step-time
         scalars. Train mode works on a copy: the model's parameters are never changed."""
         from ..diagnostics import profiling as diag
+        from ..render.output import check_file
+        from ..render.profile import record
 
         opts = c.CommonOptions("profile", spec, arg or [], input or [], device, seed, json, tb, debug,
-                               loss=loss, batch=batch)
-
-        def run(t):
-            return diag.run(t.model, t.inputs, diag.Options(
-                mode=mode.strip().lower(), wait=wait, warmup=warmup, active=active, top=top,
-                record_shapes=record_shapes, memory=memory, trace=trace, tb=tb, depth=depth,
-                loss=t.loss() if mode.strip().lower() == "train" else None, optimizer=optimizer.strip().lower()))
-
-        c.execute(opts, run, precheck=lambda: c.output_file(trace, "--trace"))
+                               loss=loss, batch=batch, optimizer=dict(name=optimizer),
+                               outputs={"trace": trace, "tb_trace": tb})
+        c.execute(opts, diag, lambda: diag.Options(
+            mode=mode, wait=wait, warmup=warmup, active=active, top=top, record_shapes=record_shapes,
+            memory=memory, trace=trace is not None or tb is not None, depth=depth),
+            render_extra=record, precheck=lambda: check_file(trace, "--trace"))

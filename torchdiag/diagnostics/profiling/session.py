@@ -1,0 +1,232 @@
+"""The profiled run: the steps under torch.profiler's schedule, then the result built from its events."""
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+
+from ...core.guard import leave_no_trace
+from ...core.tracking import forward_error
+from ...core.train import backward, step
+from ...errors import ModelError, UsageError
+from ...results import Result
+from .labels import PHASE_PREFIX, ModuleLabels
+from .options import Options
+from .rows import (kernel_rows, kernel_table, module_rows, module_table, operator_rows, operator_table, phase_rows,
+                   phase_table, round_and_display)
+from .stats import step_stats
+
+_KINETO_NOISE = re.compile(r"^(USDT|STAGE):\S+ \S+ \d+:\d+ \w+\.cpp:\d+\] ")
+# kineto asks the CUDA runtime for its devices when it builds a trace; on a machine without a usable
+# driver it logs this as an ERROR line although only CPU activity was requested (issue 15 point 10)
+_NO_GPU_PROBE = re.compile(r"gpuGetDeviceCount failed with code \d+")
+
+
+@contextlib.contextmanager
+def quiet_kineto(cpu_only: bool = False):
+    """Kineto writes `USDT:… profiler_start` / `STAGE:…` lines straight to file descriptor 2 when the
+    profiler starts and stops. Around those calls only, send fd 2 to a temporary file and pass on
+    every other line (warnings, the user's own prints) unchanged. `cpu_only`: also drop kineto's
+    failed GPU probe, which says nothing about a CPU profile."""
+    import os
+    import sys
+    import tempfile
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            try:
+                sys.stderr.flush()
+            except ValueError:
+                pass
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [line for line in tmp.read().decode("utf-8", "replace").splitlines(keepends=True)
+                    if not _KINETO_NOISE.match(line) and not (cpu_only and _NO_GPU_PROBE.search(line))]
+            if kept:
+                sys.stderr.write("".join(kept))
+
+
+def run(model, inputs, opts: Options | None, ctx) -> Result:
+    import torch
+
+    opts = opts or Options()
+    result = _header(opts, ctx)
+    with leave_no_trace(model):
+        work, optimizer, loss_fn = _workload(model, opts, ctx)
+        labels = ModuleLabels(work)
+        prof, step_ms, trace = _profile(work, inputs, opts, ctx, labels, optimizer, loss_fn)
+        events = prof.events()
+        averages = prof.key_averages(group_by_input_shape=opts.record_shapes)
+    if opts.trace:
+        result.artefacts["trace"] = trace    # None: the profiler wrote nothing (render/profile.py says so)
+    if loss_fn is not None:
+        result.header["loss"] = loss_fn.describe()
+    active_total_us = _timing(result, step_ms, opts, inputs)
+    _tables(result, averages, events, labels.types, opts, ctx.on_cuda, active_total_us)
+    result.notes.append(f"operator and module times are totals over the {opts.active} active step(s); "
+                        "profiled steps include the overhead of the profiler and of the module labels")
+    if not ctx.on_cuda and torch.cuda.is_available():
+        result.notes.append(f"a CUDA GPU is available; profile it with {ctx.option('device')} cuda")
+    return result
+
+
+def _header(opts: Options, ctx) -> Result:
+    result = Result("profile", header={
+        "mode": ("inference (eval mode, no grad)" if opts.mode == "inference" else
+                 f"train (forward + loss + backward + {ctx.spec.optimizer.name} step, on a copy of the model)"),
+        "schedule": f"wait {opts.wait}, warmup {opts.warmup}, active {opts.active} steps",
+        "activities": "CPU, CUDA" if ctx.on_cuda else "CPU",
+    })
+    if ctx.on_cuda:
+        result.header["sync"] = "torch.cuda.synchronize() before the first step and after every step"
+    return result
+
+
+def _workload(model, opts: Options, ctx):
+    """(module to run, optimizer, loss rule): the model itself in eval mode for inference; a train
+    copy with the run's optimizer and loss rule for train mode."""
+    if opts.mode == "inference":
+        model.eval()
+        return model, None, None
+    work = ctx.train_copy(model, f"to profile {ctx.option('mode')} train on it")
+    params = [p for p in work.parameters() if p.requires_grad]
+    if not params:
+        raise UsageError(f"{ctx.option('mode')} train: the model has no trainable parameters (all requires_grad=False)",
+                         hint=f"use {ctx.option('mode')} inference")
+    return work, ctx.optimizer(params), ctx.loss()
+
+
+def _profile(work, inputs, opts: Options, ctx, labels: ModuleLabels, optimizer, loss_fn):
+    """Run the scheduled steps under torch.profiler: (profiler, step times in ms, trace bytes or None)."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.on_cuda else [])
+    quiet = lambda: quiet_kineto(cpu_only=not ctx.on_cuda)   # noqa: E731
+    sync = (lambda: torch.cuda.synchronize(ctx.device)) if ctx.on_cuda else (lambda: None)
+    step_ms: list[float] = []
+    ready: list[bool] = []
+    with tempfile.TemporaryDirectory(prefix="torchdiag-profile-") as tmp:
+        trace_file = Path(tmp) / "trace.json"
+
+        def on_ready(prof):
+            # kineto saves a trace once: exported here, in a private folder; render/ writes the user's files
+            ready.append(True)
+            if opts.trace:
+                prof.export_chrome_trace(str(trace_file))
+
+        prof = profile(activities=activities,
+                       schedule=schedule(wait=opts.wait, warmup=opts.warmup, active=opts.active, repeat=1),
+                       on_trace_ready=on_ready, record_shapes=opts.record_shapes,
+                       profile_memory=opts.memory, with_stack=False)
+        grad_ctx = torch.no_grad if opts.mode == "inference" else torch.enable_grad
+        with labels, grad_ctx():
+            with quiet():
+                prof.__enter__()
+            try:
+                sync()
+                for _ in range(opts.total_steps):
+                    t0 = time.perf_counter()
+                    _one_step(work, inputs, opts.mode, loss_fn, optimizer, labels)
+                    sync()
+                    step_ms.append((time.perf_counter() - t0) * 1e3)
+                    with quiet():
+                        prof.step()
+            finally:
+                with quiet():
+                    prof.__exit__(None, None, None)
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+        if not ready:  # not expected with repeat=1; keeps the contract if torch changes
+            raise RuntimeError("torch.profiler did not deliver a trace")
+        # kineto reports a failed export only in its own log: no file (or an empty one) is no trace
+        trace = trace_file.read_bytes() if opts.trace and trace_file.is_file() else None
+    return prof, step_ms, trace or None
+
+
+def _one_step(model, inputs, mode, loss_fn, optimizer, labels: ModuleLabels):
+    from torch.autograd.profiler import record_function
+
+    if mode == "inference":
+        _forward(model, inputs, labels)
+        return
+    with record_function(PHASE_PREFIX + "forward"):
+        out = _forward(model, inputs, labels)
+    with record_function(PHASE_PREFIX + "loss"):
+        loss = loss_fn(out)
+    with record_function(PHASE_PREFIX + "backward"):
+        if not backward(loss, "the model's backward raised; check custom autograd functions and in-place ops"):
+            raise ModelError("backward failed: the loss does not require grad (no trainable parameter reaches it)")
+    with record_function(PHASE_PREFIX + "optimizer_step"):
+        step(optimizer)
+        optimizer.zero_grad(set_to_none=True)
+
+
+def _forward(model, inputs, labels: ModuleLabels):
+    try:
+        return inputs.call(model)
+    except ModelError:
+        raise
+    except Exception as exc:
+        err = forward_error(exc, labels)   # names the innermost open module
+        labels.close_open()
+        raise err from exc
+
+
+def _timing(result: Result, step_ms: list[float], opts: Options, inputs) -> float:
+    """Step-time data, series and summary lines; returns the summed active step time in µs."""
+    active_ms = step_ms[opts.wait + opts.warmup:]
+    stats = step_stats(active_ms)
+    batch = inputs.batch_size
+    per_s = (batch / (stats["mean"] / 1e3)) if batch and stats["mean"] > 0 else None
+    result.data["step_time_ms"] = {k: round(stats[k], 4) for k in ("mean", "median", "p90")}
+    result.data["step_time_stats_ms"] = {k: round(v, 4) if isinstance(v, float) else v for k, v in stats.items()}
+    result.data["batch_size"] = batch
+    result.data["samples_per_s"] = None if per_s is None else round(per_s, 2)
+    result.data["active_steps"] = opts.active
+    result.data["step_phases"] = ["wait"] * opts.wait + ["warmup"] * opts.warmup + ["active"] * opts.active
+    result.series["step_times_ms"] = [round(v, 4) for v in step_ms]
+    result.summary.append(
+        ("Step time", f"mean {stats['mean']:.3f} ms · median {stats['median']:.3f} ms · p90 {stats['p90']:.3f} ms "
+                      f"(over {opts.active} active step{'s' if opts.active != 1 else ''})"))
+    if per_s is not None:
+        result.summary.append(("Throughput", f"{round(per_s, 2):,.1f} samples/s (batch {batch})"))
+    return sum(active_ms) * 1e3
+
+
+def _tables(result: Result, averages, events, types: dict, opts: Options, on_cuda: bool, active_total_us: float):
+    ops = operator_rows(averages, on_cuda, opts.record_shapes, opts.memory)
+    total_self_cpu = sum(r["self_cpu_time_us"] for r in ops) or 1.0
+    key = "self_cuda_time_us" if on_cuda else "self_cpu_time_us"
+    ops.sort(key=lambda r: (-r[key], -r["self_cpu_time_us"], r["op"]))
+    for r in ops:
+        r["self_cpu_share"] = r["self_cpu_time_us"] / total_self_cpu
+    result.data["operators_total"] = len(ops)
+    result.tables.append(operator_table(ops if opts.top == 0 else ops[: opts.top], on_cuda, opts, len(ops)))
+    if on_cuda:
+        kernels = kernel_rows(averages)
+        result.tables.append(kernel_table(kernels if opts.top == 0 else kernels[: opts.top]))
+    mods = module_rows(events, types, on_cuda, opts.mode == "train", opts.memory)
+    for r in mods:
+        r["share"] = r["cpu_time_us"] / active_total_us if active_total_us else None
+    result.tables.append(module_table(mods, opts, on_cuda))
+    phases = phase_rows(events)
+    if phases:
+        for r in phases:
+            r["share"] = r["cpu_time_us"] / active_total_us if active_total_us else None
+        result.tables.append(phase_table(phases, on_cuda))
+    for t in result.tables:
+        round_and_display(t)

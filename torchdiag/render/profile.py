@@ -1,0 +1,52 @@
+"""Files of `profile`: the Chrome/Perfetto trace (`--trace FILE`) and the profiler's own TensorBoard
+trace (`--tb DIR`, under DIR/profile/), both from `result.artefacts["trace"]` (Chrome trace JSON bytes)."""
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+from ..errors import UsageError
+from .output import atomic_write
+
+VIEWER = "open in https://ui.perfetto.dev or chrome://tracing"
+
+
+def _trace_bytes(result, option: str, path) -> bytes:
+    data = result.artefacts.get("trace")
+    if not data:
+        raise UsageError(f"{option} {path}: the trace could not be written: the profiler did not write it "
+                         "(it reports that only in its own log)",
+                         hint="give a file in a writable folder, e.g. --trace run.json")
+    return data
+
+
+def write_trace(result, path) -> str:
+    """The trace at `path` (gzip-compressed when the name ends in .gz, as torch.profiler does)."""
+    data = _trace_bytes(result, "--trace", path)
+    if str(path).endswith(".gz"):
+        data = gzip.compress(data)
+    atomic_write(path, data, "--trace")
+    return str(path)
+
+
+def write_tb_trace(result, path) -> str:
+    """DIR/profile/<host>_<pid>.<ns>.pt.trace.json: the name torch's tensorboard_trace_handler gives,
+    which TensorBoard's profiler plugin looks for."""
+    import os
+    import socket
+    import time
+
+    data = _trace_bytes(result, "--tb", path)
+    out = Path(path) / "profile" / f"{socket.gethostname()}_{os.getpid()}.{time.time_ns()}.pt.trace.json"
+    atomic_write(out, data, "--tb")
+    return str(out)
+
+
+def record(result, written: dict) -> None:
+    """The CLI's render_extra: the paths written go into the JSON document and the summary."""
+    if "trace" in written:
+        result.data["trace"] = written["trace"]
+        result.summary.append(("Trace", f"{written['trace']}  ({VIEWER})"))
+    if "tb_trace" in written:
+        result.data["tb_trace"] = written["tb_trace"]
+        result.summary.append(("TB trace", written["tb_trace"]))
