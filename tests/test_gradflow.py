@@ -9,13 +9,11 @@ from conftest import load, sample
 import torch
 from torch import nn
 
-from torchdiag.core.inputs import ModelInputs
-from torchdiag.core.loss import Loss
-from torchdiag.diagnostics import gradflow as gf
+from torchdiag.api import run as api_run
 
 
 def run(model, *args, **opts):
-    return gf.run(model, ModelInputs(tuple(args)), gf.Options(**opts))
+    return api_run("gradflow", model, tuple(args), **opts)
 
 
 def by(rows, key, value):
@@ -37,7 +35,7 @@ def test_linear_sum_loss_matches_closed_form():
         lin.bias.copy_(torch.tensor([0.25, -0.75]))
     x = torch.tensor([[1.0, 2.0, -3.0], [0.5, -1.0, 4.0], [2.0, 0.0, 1.0], [-1.5, 1.0, 0.0]])
     s = x.sum(0)                                   # [2.0, 2.0, 2.0]
-    res = run(lin, x, loss=Loss("sum"), depth=1)
+    res = run(lin, x, loss="sum", depth=1)
     w = by(res.table("params").rows, "name", "weight")
     b = by(res.table("params").rows, "name", "bias")
     assert w["grad_norm"] == pytest.approx(math.sqrt(2) * float(s.norm()))
@@ -59,10 +57,11 @@ def test_activation_health_counts():
     # fc1 = fc2 = identity: ReLU sees x, Tanh sees relu(x).
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.Tanh())
     with torch.no_grad():
-        model[0].weight.copy_(torch.eye(4)); model[0].bias.zero_()
-        model[2].weight.copy_(torch.eye(4)); model[2].bias.zero_()
+        for i in (0, 2):
+            model[i].weight.copy_(torch.eye(4))
+            model[i].bias.zero_()
     x = torch.tensor([[1.0, -1.0, 2.0, -3.0], [-1.0, -2.0, 3.0, 4.0]])
-    res = run(model, x, loss=Loss("sum"), dead=0.2)
+    res = run(model, x, loss="sum", dead=0.2)
     acts = {r["module"]: r for r in res.table("activations").rows}
     relu, tanh = acts["1"], acts["3"]
     assert relu["zero_fraction"] == pytest.approx(4 / 8)          # four negatives
@@ -74,9 +73,9 @@ def test_activation_health_counts():
     assert tanh["zero_fraction"] is None and relu["saturated_fraction"] is None
     assert ("dead-units", "1") in codes(res)                       # 25% > 20%
     assert not any(f.code == "saturated" for f in res.findings)    # 25% < 50%
-    assert ("saturated", "3") in codes(run(model, x, loss=Loss("sum"), saturated=0.2))
+    assert ("saturated", "3") in codes(run(model, x, loss="sum", saturated=0.2))
     assert res.exit_code == 0                                       # warnings only
-    strict = run(model, x, loss=Loss("sum"), dead=0.2, strict=True)
+    strict = run(model, x, loss="sum", dead=0.2, strict=True)
     assert strict.exit_code == 1
 
 
@@ -94,12 +93,12 @@ def test_layers_follow_execution_order_and_depth():
 
     model = Backwards()
     x = torch.randn(3, 4)
-    res = run(model, x, loss=Loss("sum"), depth=1, allow=["spare.*"])
+    res = run(model, x, loss="sum", depth=1, allow=["spare.*"])
     assert [r["layer"] for r in res.table("layers").rows] == ["", "early", "late", "spare"]
     root = res.table("layers").rows[0]
     assert root["own_only"] and root["tensors"] == 1
     assert res.table("layers").rows[-1]["ran"] is False
-    res2 = run(model, x, loss=Loss("sum"), depth=2, allow=["spare.*"])
+    res2 = run(model, x, loss="sum", depth=2, allow=["spare.*"])
     assert [r["layer"] for r in res2.table("layers").rows] == ["", "early.0", "late", "spare"]
     assert res.exit_code == 0 and ("allowed", "") in codes(res)
 
@@ -144,7 +143,7 @@ def test_integer_output_is_named_as_the_cut():
             return self.emb(self.pick(x))
 
     torch.manual_seed(0)
-    res = run(Model(), torch.randn(6, 5), loss=Loss("sum"))
+    res = run(Model(), torch.randn(6, 5), loss="sum")
     assert codes(res) == {("no-grad", "pick")}
     lin = by(res.table("params").rows, "name", "pick.lin.weight")
     assert lin["status"] == "no-grad" and lin["reason"] == "detached"
@@ -269,7 +268,7 @@ def test_table_output(cli):
 def test_bad_input_is_exit_2(cli):
     r = cli("gradflow", sample("mlp.py:build"), "-i", "16xfoo")
     assert r.code == 2
-    lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in r.stderr + r.stdout
     r = cli("gradflow", sample("mlp.py:build"), "--loss", "hinge")
     assert r.code == 2 and "unknown loss" in r.stderr
@@ -291,8 +290,8 @@ def test_model_error_is_exit_3(cli):
 @pytest.mark.cuda
 def test_cuda_matches_cpu():
     model, inputs = load("broken_grad_nonfinite.py:build")
-    cpu = gf.run(model, inputs, gf.Options(loss=Loss("sum")))
-    gpu = gf.run(model.cuda(), inputs.to("cuda"), gf.Options(loss=Loss("sum")))
+    cpu = api_run("gradflow", model, inputs, loss="sum")
+    gpu = api_run("gradflow", model.cuda(), inputs.to("cuda"), loss="sum")
     assert codes(gpu) == codes(cpu)
 
 
@@ -350,7 +349,7 @@ def test_model_untouched(untouched):
     ps[1].requires_grad_(False)
     model.eval()
     with untouched(model):
-        res = gf.run(model, inputs, gf.Options(loss=Loss("auto"), histograms=True))
+        res = api_run("gradflow", model, inputs, histograms=True)
     assert all(a is b for a, b in zip([p.grad for p in ps], kept))
     assert not model.training
     assert res.data["status_counts"]["frozen"] == 1
@@ -360,7 +359,7 @@ def test_model_untouched_when_forward_raises(untouched):
     model, inputs = load("broken_shape.py:build")
     with untouched(model):
         with pytest.raises(Exception) as exc:
-            gf.run(model, inputs, gf.Options(loss=Loss("auto")))
+            api_run("gradflow", model, inputs)
     assert getattr(exc.value, "code", None) == 3
 
 
@@ -393,7 +392,7 @@ def test_plot_path_is_checked_before_loading(cli, tmp_path, name, message):
     before = sorted(p.name for p in tmp_path.iterdir())
     r = cli("gradflow", sample("broken_factory.py:raises"), "--plot", tmp_path / name)
     assert r.code == 2, r.stderr
-    lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "--plot" in lines[0] and message in lines[0], r.stderr
     assert "Traceback" not in r.stderr + r.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == before           # nothing written

@@ -27,11 +27,11 @@ def register(app) -> None:
     def gradflow(
         spec: c.Spec, arg: c.Args = None, input: c.Inputs = None, device: c.Device = "auto",
         loss: c.Loss = "auto", batch: c.Batch = None, depth: c.Depth = 3, seed: c.Seed = 0,
-        vanishing: Annotated[float, typer.Option("--vanishing", min=0.0, help="grad/weight norm ratio below this is vanishing-grad (grad norm when the weight is all zeros).")] = 1e-7,
-        exploding: Annotated[float, typer.Option("--exploding", min=0.0, help="grad norm above this is exploding-grad.")] = 1e3,
-        exploding_ratio: Annotated[float, typer.Option("--exploding-ratio", min=0.0, help="grad/weight norm ratio above this is exploding-grad.")] = 1e2,
-        dead: Annotated[float, typer.Option("--dead", min=0.0, max=1.0, help="Fraction of dead units after a ReLU-family module that warns.")] = 0.5,
-        saturated: Annotated[float, typer.Option("--saturated", min=0.0, max=1.0, help="Fraction of saturated tanh/sigmoid outputs that warns.")] = 0.5,
+        vanishing: Annotated[float, typer.Option("--vanishing", help="grad/weight norm ratio below this is vanishing-grad (grad norm when the weight is all zeros); ≥ 0.")] = 1e-7,
+        exploding: Annotated[float, typer.Option("--exploding", help="grad norm above this is exploding-grad; ≥ 0.")] = 1e3,
+        exploding_ratio: Annotated[float, typer.Option("--exploding-ratio", help="grad/weight norm ratio above this is exploding-grad; ≥ 0.")] = 1e2,
+        dead: Annotated[float, typer.Option("--dead", help="Fraction of dead units after a ReLU-family module that warns (0 to 1).")] = 0.5,
+        saturated: Annotated[float, typer.Option("--saturated", help="Fraction of saturated tanh/sigmoid outputs that warns (0 to 1).")] = 0.5,
         allow: Annotated[Optional[list[str]], typer.Option("--allow", metavar="PATTERN", show_default=False, help="Glob on parameter names (module paths for activation warnings) accepted as intentional, e.g. 'aux_head.*'. Repeatable.")] = None,
         strict: Annotated[bool, typer.Option("--strict", help="Warnings (vanishing-grad, dead-units, saturated) also fail (exit 1).")] = False,
         eval_mode: Annotated[bool, typer.Option("--eval", help="Run the forward in eval mode (default: train mode, as in training).")] = False,
@@ -45,32 +45,24 @@ def register(app) -> None:
         detached (its module ran but its output never reached the loss). Per layer, in execution order,
         a log-scale bar of mean |grad|. Activation health from the same pass: dead ReLU units and
         saturated tanh/sigmoid outputs. The model is left as it was (grads, buffers, flags)."""
+        from ..diagnostics import gradflow as diag
+
+        # --tb: the per-layer norms are one more TensorBoard writer of render/gradflow.py
         opts = c.CommonOptions("gradflow", spec, arg or [], input or [], device, seed, json, tb, debug,
-                               loss=loss, batch=batch)
+                               loss=loss, batch=batch, outputs={"plot": plot, "tb_layers": tb})
 
         def precheck():  # before loading anything
             if plot is not None:
-                from ..diagnostics import gradflow as diag
+                from ..render import gradflow as draw
 
-                c.output_file(plot, "--plot", diag.PLOT_SUFFIXES)
-                diag.check_plot_backend(plot)
+                c.output_file(plot, "--plot", draw.PLOT_SUFFIXES)
+                draw.check_plot_backend()
 
-        def run(t):
-            from ..diagnostics import gradflow as diag
+        def extra(result, written):
+            if "plot" in written and not json:
+                c.err(f"gradient-flow plot: {written['plot']}")
 
-            return diag.run(t.model, t.inputs, diag.Options(
-                loss=t.loss(), depth=depth, vanishing=vanishing, exploding=exploding,
-                exploding_ratio=exploding_ratio, dead=dead, saturated=saturated, allow=list(allow or []),
-                strict=strict, eval_mode=eval_mode, histograms=tb is not None))
-
-        def extra(result):
-            from ..diagnostics import gradflow as diag
-
-            if tb is not None:
-                diag.write_tb_layers(result, tb)
-            if plot is not None:
-                written = diag.write_plot(result, plot)
-                if not json:
-                    c.err(f"gradient-flow plot: {written}")
-
-        c.execute(opts, run, render_extra=extra, precheck=precheck)
+        c.execute(opts, diag, lambda: diag.Options(
+            depth=depth, vanishing=vanishing, exploding=exploding, exploding_ratio=exploding_ratio, dead=dead,
+            saturated=saturated, allow=list(allow or []), strict=strict, eval_mode=eval_mode,
+            histograms=tb is not None), render_extra=extra, precheck=precheck)

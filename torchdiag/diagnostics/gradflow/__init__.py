@@ -1,0 +1,77 @@
+"""gradflow: does the gradient reach every parameter, and in what shape?
+
+One forward+backward (train mode unless `eval_mode`) on the user's model in place, leaving no
+trace (record.py). Per parameter: shape, grad norm, weight norm, grad/weight ratio, mean and max
+|grad| and a status (params.py); why a parameter got no gradient is worked out from the recorded
+forward and the autograd graph (causes.py). Per layer, in execution order (layers.py), and
+activation health from the same forward (activations.py). Statistics stay on the device and are
+read back once (stats.py): a healthy pass makes the same few host syncs at any depth."""
+from __future__ import annotations
+
+import math
+
+from ...results import Result
+from . import display
+from .activations import activation_rows
+from .findings import param_findings, status_counts, verdict
+from .layers import bar_scale, frontier, layer_rows
+from .options import STATUS_ORDER, STATUS_SEVERITY, Options
+from .params import param_rows
+from .record import record_pass
+from .stats import read_stats
+
+NEEDS_VALUES = True
+
+__all__ = ["NEEDS_VALUES", "Options", "STATUS_ORDER", "STATUS_SEVERITY", "frontier", "run"]
+
+
+def run(model, inputs, opts: Options, ctx) -> Result:
+    result = Result("gradflow")
+    result.header["mode"] = ("eval" if opts.eval_mode else "train") + " mode, one forward + backward"
+    params = dict(model.named_parameters())          # unique tensors (ties once)
+    modules = dict(model.named_modules())
+    pas = record_pass(model, inputs, opts, ctx)
+    result.header["loss"] = pas.loss_text
+    stats = read_stats(pas, params, ctx.device)
+
+    allow = ctx.option("allow")
+    rows = param_rows(params, pas, stats, modules, opts)
+    param_findings(result, rows, model, opts, allow)
+    if not math.isfinite(stats.loss):
+        result.add("non-finite-loss", "error", "", f"the loss is {stats.loss} before backward; every gradient "
+                   "downstream of it is non-finite", hint="run `torchdiag nancheck` to find where it first goes bad")
+    layers = layer_rows(frontier(model, opts.depth), rows, pas.rec.order, modules)
+    scale = bar_scale(layers)
+    acts = activation_rows(pas.rec, stats, opts, result, allow)
+
+    result.data.update({
+        "loss_value": stats.loss,
+        "thresholds": {"vanishing_ratio": opts.vanishing, "exploding_norm": opts.exploding,
+                       "exploding_ratio": opts.exploding_ratio, "dead_fraction": opts.dead,
+                       "saturated_fraction": opts.saturated, "saturation_margin": opts.saturation_margin},
+        "allow": list(opts.allow), "strict": opts.strict,
+        "status_counts": status_counts(rows),
+    })
+    display.decorate(rows, layers, acts, scale, result.findings)
+    display.tables(result, rows, layers, acts, scale, opts)
+    if opts.histograms:
+        _histograms(result, params, pas.grads)
+    verdict(result, rows, opts, stats.loss, ctx.option("strict"))
+    return result
+
+
+def _histograms(result, params, grads) -> None:
+    """Weights and gradients as arrays for TensorBoard (--tb): one copy to the host per tensor,
+    non-finite values dropped there."""
+    import numpy as np
+
+    from .stats import grad_values
+
+    def host(t):
+        a = t.detach().float().flatten().cpu().numpy()
+        return a[np.isfinite(a)]
+
+    for n, p in params.items():
+        result.histograms[f"gradflow/weight/{n}"] = host(p)
+        if grads[n] is not None:
+            result.histograms[f"gradflow/grad/{n}"] = host(grad_values(grads[n]))

@@ -1,0 +1,126 @@
+"""Findings on parameters, grouped under the highest module whose parameters share the problem,
+and the verdict."""
+from __future__ import annotations
+
+from .names import ancestors, owner
+from .options import STATUS_ORDER, STATUS_SEVERITY
+
+
+def groups(rows, model, key) -> list[tuple[str, list[dict]]]:
+    """Group flagged parameters under the highest module all of whose parameters share `key`."""
+    keyed = {r["name"]: key(r) for r in rows}
+    by_name = {r["name"]: r for r in rows}
+    module_names = {n: [pn for pn, _ in m.named_parameters(prefix=n)] for n, m in model.named_modules()}
+    used: set[str] = set()
+    out = []
+    for r in rows:
+        k = keyed[r["name"]]
+        if k is None or r["name"] in used:
+            continue
+        best = None
+        for a in ancestors(owner(r["name"])):
+            members = module_names.get(a, [])
+            if members and all(keyed.get(m) == k for m in members):
+                best = a
+            else:
+                break
+        if best is None:
+            members, where = [r["name"]], r["name"]
+        else:
+            members, where = module_names[best], best or "(root)"
+        used.update(members)
+        out.append((where, [by_name[m] for m in members]))
+    return out
+
+
+def _names(members) -> str:
+    ns = [m["name"] for m in members]
+    return ", ".join(ns[:6]) + (f" … (+{len(ns) - 6})" if len(ns) > 6 else "")
+
+
+def param_findings(result, rows, model, opts, allow_name: str = "--allow") -> None:
+    def key(r):
+        if r["status"] == "ok" or r["allowed"]:
+            return None
+        return (r["status"], r.get("reason"), r.get("why"))
+
+    for where, members in groups(rows, model, key):
+        status = members[0]["status"]
+        n = len(members)
+        what = (f"{n} parameter tensor{'s' if n > 1 else ''} ({_names(members)})"
+                if n > 1 or where != members[0]["name"] else "the parameter")
+        msg, hint = _message(status, what, where, members, opts, allow_name)
+        result.add(status, STATUS_SEVERITY[status], where, msg, hint)
+    allowed = [r for r in rows if r["allowed"]]
+    if allowed:
+        result.add("allowed", "info", "", f"{len(allowed)} flagged parameter(s) accepted by {allow_name}: "
+                   + ", ".join(f"{r['name']} ({r['status']})" for r in allowed[:8]) + (" …" if len(allowed) > 8 else ""))
+
+
+def _message(status, what, where, members, opts, allow_name) -> tuple[str, str | None]:
+    from ...render.fmt import number
+
+    first = members[0]
+    if status == "no-grad":
+        reason, why = first["reason"], first["why"]
+        if reason == "unused":
+            pattern = f"{where}.*" if where != first["name"] else where
+            return (f"{what}: requires grad but got none — {reason}: {why}",
+                    f"remove the module or freeze it; {allow_name} '{pattern}' accepts it as intentional")
+        return (f"{what}: requires grad but got none — {reason}: {why}",
+                "remove the .detach()/torch.no_grad() if this branch should learn, or freeze it")
+    if status == "frozen":
+        total = sum(m["numel"] for m in members)
+        return f"{what} frozen (requires_grad=False): {total:,} values not trained", None
+    if status == "zero-grad":
+        return (f"{what}: gradient is exactly zero everywhere",
+                "a zero-derivative op (round, sign, argmax, comparison) or dead units sit between it and the loss")
+    if status == "non-finite-grad":
+        nan = sum(m["nan"] for m in members)
+        inf = sum(m["inf"] for m in members)
+        return (f"{what}: gradient holds {nan:,} NaN and {inf:,} Inf value(s)",
+                "run `torchdiag nancheck` to find the op that first produces them")
+    if status == "exploding-grad":
+        worst = max(members, key=lambda m: m["grad_norm"] or 0)
+        return (f"{what}: grad norm up to {number(worst['grad_norm'])} (grad/weight "
+                f"{number(worst['grad_weight_ratio'])}); thresholds: norm > {opts.exploding:g} or ratio > {opts.exploding_ratio:g}",
+                "check initialisation scale, normalisation layers, learning rate; clip gradients")
+    # vanishing
+    def ratio(m):
+        return m["grad_weight_ratio"] if m["grad_weight_ratio"] is not None else m["grad_norm"]
+
+    r = ratio(min(members, key=lambda m: ratio(m) or 0))
+    return (f"{what}: grad/weight ratio down to {number(r)} (threshold {opts.vanishing:g})",
+            "saturating activations, depth without residuals/normalisation, or tiny initialisation")
+
+
+def status_counts(rows) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    return counts
+
+
+def verdict(result, rows, opts, loss_value: float, strict_name: str = "--strict") -> None:
+    """Summary lines, the verdict, and whether warnings fail (strict)."""
+    counts = status_counts(rows)
+    errors = [f for f in result.findings if f.severity == "error"]
+    warnings = [f for f in result.findings if f.severity == "warning"]
+    trainable = sum(1 for r in rows if r["requires_grad"])
+    reached = sum(1 for r in rows if r["status"] in ("ok", "vanishing-grad", "exploding-grad", "zero-grad",
+                                                       "non-finite-grad") and r["requires_grad"])
+    result.summary += [
+        ("Loss", f"{loss_value:.6g} ({result.header['loss']})"),
+        ("Trainable parameters reached", f"{reached} of {trainable} tensors"),
+        ("Status", ", ".join(f"{k} {counts[k]}" for k in STATUS_ORDER if counts.get(k))),
+    ]
+    if opts.strict:
+        result.failed = bool(errors or warnings)
+    if errors or (opts.strict and warnings):
+        bad = errors + (warnings if opts.strict else [])
+        result.verdict = f"FAIL: {len(bad)} problem(s): " + ", ".join(sorted({f.code for f in bad}))
+    elif warnings:
+        result.verdict = (f"PASS with {len(warnings)} warning(s): " + ", ".join(sorted({f.code for f in warnings}))
+                          + f" ({strict_name} makes warnings fail)")
+    else:
+        result.verdict = "PASS: gradients reach every trainable parameter with healthy magnitudes"

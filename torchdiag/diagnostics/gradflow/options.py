@@ -1,0 +1,47 @@
+"""gradflow's options (torch-free, validated when built) and its status vocabulary."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...core.run import number
+from ...errors import OptionError
+
+# status → severity when flagged (errors fail; warnings fail only with strict)
+STATUS_SEVERITY = {
+    "non-finite-grad": "error", "no-grad": "error", "zero-grad": "error", "exploding-grad": "error",
+    "vanishing-grad": "warning", "frozen": "info", "ok": None,
+}
+# the worst status first: a layer shows the worst of its parameters
+STATUS_ORDER = ["non-finite-grad", "no-grad", "zero-grad", "exploding-grad", "vanishing-grad", "ok", "frozen"]
+
+
+@dataclass
+class Options:
+    depth: int = 3
+    vanishing: float = 1e-7          # grad/weight ratio (grad norm when the weight is all zeros) below → vanishing
+    exploding: float = 1e3           # grad norm above → exploding
+    exploding_ratio: float = 1e2     # grad/weight ratio above → exploding
+    dead: float = 0.5                # fraction of dead units after a ReLU-family module → warning
+    saturated: float = 0.5           # fraction of saturated outputs after tanh/sigmoid → warning
+    saturation_margin: float = 0.01  # tanh |y| > 1 - m, sigmoid y < m or y > 1 - m
+    allow: list[str] = field(default_factory=list)
+    strict: bool = False
+    eval_mode: bool = False
+    histograms: bool = False         # fill result.histograms (for --tb)
+
+    def __post_init__(self):
+        number("depth", self.depth, low=0, integer=True)
+        for name in ("vanishing", "exploding", "exploding_ratio"):
+            number(name, getattr(self, name), low=0)
+        for name in ("dead", "saturated"):
+            number(name, getattr(self, name), low=0, high=1)
+        number("saturation_margin", self.saturation_margin, low=0, high=0.5)
+        if isinstance(self.allow, str):   # one pattern given as a string, not its characters
+            self.allow = [self.allow]
+        self.allow = list(self.allow or [])
+        if not all(isinstance(p, str) for p in self.allow):
+            raise OptionError("allow", f"{self.allow!r} is not a list of glob patterns",
+                              hint="e.g. allow=['aux_head.*', 'block.scale']")
+        for name, flag in (("strict", None), ("eval_mode", "--eval"), ("histograms", "--tb")):
+            if not isinstance(getattr(self, name), bool):
+                raise OptionError(name, f"{getattr(self, name)!r} is not true or false", flag=flag)
