@@ -23,11 +23,10 @@ def write(tmp_path, name, body):
 
 
 def run_diag(name, **kw):
-    from torchdiag.core.loss import Loss
-    from torchdiag.diagnostics import nancheck
+    import torchdiag.api
 
     model, inputs = load(name)
-    return model, inputs, nancheck.run(model, inputs, nancheck.Options(loss=kw.pop("loss", Loss("auto", 0)), **kw))
+    return model, inputs, torchdiag.api.run("nancheck", model, inputs, loss=kw.pop("loss", "auto"), **kw)
 
 
 # --- healthy models -----------------------------------------------------------------------------
@@ -52,13 +51,13 @@ def test_healthy_mlp_passes_with_json_contract(cli):
 
 
 def test_healthy_resnet_with_inplace_relu_and_batchnorm_passes(untouched):
-    from torchdiag.core.loss import Loss
-    from torchdiag.diagnostics import nancheck
+    import torchdiag.api
 
     model, inputs = load("resnet.py:build")
     with untouched(model):   # BatchNorm running stats are restored bit for bit
-        res = nancheck.run(model, inputs, nancheck.Options(loss=Loss("auto", 0)))
+        res = torchdiag.api.run("nancheck", model, inputs, loss="auto")
     assert res.findings == [] and res.exit_code == 0
+    assert exact == [1]        # the suspicion was decided by the exact pass (forward only: no grad hooks)
 
 
 # --- forward ------------------------------------------------------------------------------------
@@ -279,8 +278,8 @@ def test_steps_finds_the_step_where_training_goes_non_finite(cli, untouched):
 
 
 def test_steps_reports_the_parameter_that_goes_non_finite_in_the_update(tmp_path, untouched):
+    import torchdiag.api
     from torchdiag.core.inputs import ModelInputs
-    from torchdiag.diagnostics import nancheck
 
     class Scale(torch.nn.Module):
         def __init__(self):
@@ -296,7 +295,7 @@ def test_steps_reports_the_parameter_that_goes_non_finite_in_the_update(tmp_path
     # loss = output (a scalar): d/dhuge = -1, so SGD at lr 1e38 makes huge 3e38 + 1e38 > float32 max = Inf,
     # while w becomes 1 - 1e38 (finite); the forward before the update is finite (2 - 3e38)
     with untouched(model):
-        res = nancheck.run(model, inputs, nancheck.Options(loss=None, steps=3, lr=1e38))
+        res = torchdiag.api.run("nancheck", model, inputs, steps=3, lr=1e38)   # loss auto: the scalar output
     f = [(x.code, x.where) for x in res.findings]
     assert f == [("non-finite-param", "huge")]
     assert res.data["steps"]["first"]["phase"] == "update" and res.data["steps"]["first_non_finite_step"] == 1
@@ -305,8 +304,7 @@ def test_steps_reports_the_parameter_that_goes_non_finite_in_the_update(tmp_path
 # --- no trace, errors, devices ----------------------------------------------------------------
 
 def test_model_untouched_by_checks_steps_and_anomaly(untouched, tmp_path):
-    from torchdiag.core.loss import Loss
-    from torchdiag.diagnostics import nancheck
+    import torchdiag.api
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Dropout(0.5),
@@ -318,12 +316,12 @@ def test_model_untouched_by_checks_steps_and_anomaly(untouched, tmp_path):
 
     inputs = ModelInputs((torch.randn(5, 6),), {}, "test")
     with untouched(model):
-        res = nancheck.run(model, inputs, nancheck.Options(loss=Loss("auto", 0), steps=3, lr=0.1, anomaly=True))
+        res = torchdiag.api.run("nancheck", model, inputs, loss="auto", steps=3, lr=0.1, anomaly=True)
     assert res.exit_code == 0
     assert len(res.series["loss_per_step"]) == 3
     model2, inputs2 = load("broken_nan_forward.py:build")
     with untouched(model2):
-        nancheck.run(model2, inputs2, nancheck.Options(loss=Loss("auto", 0), anomaly=True))
+        torchdiag.api.run("nancheck", model2, inputs2, loss="auto", anomaly=True)
 
 
 def test_bad_input_is_exit_2_one_error_line(cli):
@@ -333,7 +331,8 @@ def test_bad_input_is_exit_2_one_error_line(cli):
     assert lines[0].startswith("error: bad input shape") and len([x for x in lines if x.startswith("error:")]) == 1
     assert "Traceback" not in r.stderr and r.stdout == ""
     r = cli("nancheck", sample("mlp.py:build"), "--steps", 2, "--optimizer", "lbfgs")
-    assert r.code == 2 and r.stderr.startswith("error: unknown optimizer 'lbfgs'") and "Traceback" not in r.stderr
+    assert r.code == 2 and r.stderr.startswith("error: --optimizer: 'lbfgs' is not one of adam, adamw, sgd")
+    assert "Traceback" not in r.stderr
     r = cli("nancheck", sample("mlp.py:build"), "--device", "meta")
     assert r.code == 2 and r.stderr.startswith("error: nancheck needs real values")
 
@@ -522,3 +521,87 @@ def test_all_finite_one_sync_is_never_wrong():
         truth = all(bool(torch.isfinite(t).all()) for t in tensors)
         assert truth == want, label
         assert all_finite(tensors) is want, label
+
+
+# --- options: validated once, before the model loads; named in the caller's terms -----------------
+
+def test_bad_option_values_are_exit_2_before_the_model_loads(cli, tmp_path):
+    spec = write(tmp_path, "raises.py", """
+        def build():
+            raise RuntimeError("the factory must not be called")
+        """)
+    for args, flag in ((["--optimizer", "lbfgs"], "--optimizer"), (["--lr", "-1", "--steps", "2"], "--lr"),
+                       (["--lr", "nan"], "--lr")):
+        r = cli("nancheck", spec + ":build", *args)
+        assert r.code == 2, (args, r.stderr)
+        assert r.stderr.startswith(f"error: {flag}: ") and "factory" not in r.stderr and "Traceback" not in r.stderr
+        r = cli("nancheck", str(tmp_path / "missing.py") + ":build", *args, "--json")
+        assert r.code == 2 and r.json["error"]["message"].startswith(f"{flag}: ")
+    r = cli("nancheck", spec + ":build", "--steps", "-1")
+    assert r.code == 2 and "--steps" in r.stderr and "factory" not in r.stderr
+
+
+def test_bad_option_values_name_the_python_keyword():
+    import torchdiag
+    from torchdiag.errors import OptionError
+
+    model, x = torch.nn.Linear(3, 2), torch.randn(4, 3)
+    for kw, name in (({"steps": -1}, "steps"), ({"steps": 1.5}, "steps"), ({"optimizer": "lbfgs"}, "optimizer"),
+                     ({"lr": 0}, "lr"), ({"anomaly": "yes"}, "anomaly")):
+        with pytest.raises(OptionError) as e:
+            torchdiag.nancheck(model, x, **kw)
+        assert e.value.message.startswith(f"{name}: "), (kw, e.value.message)
+
+
+def test_optimizer_default_is_plain_sgd_lr_001():
+    """Today's --steps optimizer, kept by the contract: SGD without momentum, lr 0.01."""
+    from torchdiag.core.train import make_optimizer
+    from torchdiag.diagnostics import nancheck
+
+    opt = make_optimizer([torch.nn.Parameter(torch.ones(2))], nancheck.OPTIMIZER)
+    assert type(opt) is torch.optim.SGD
+    assert opt.defaults["lr"] == 0.01 and opt.defaults["momentum"] == 0.0
+
+
+# --- the healthy path defers every check; the exact pass runs only on suspicion -------------------
+
+def test_healthy_model_never_runs_the_exact_pass(monkeypatch):
+    import torchdiag.api
+    from torchdiag.diagnostics.nancheck import flags
+
+    def refuse(*a, **k):
+        raise AssertionError("the exact pass ran on a healthy model")
+
+    monkeypatch.setattr(flags, "checked_pass", refuse)
+    model, inputs = load("cnn.py:build")
+    res = torchdiag.api.run("nancheck", model, inputs, steps=2)
+    assert res.exit_code == 0 and res.data["modules_checked"] == 11 and res.data["steps"]["ran"] == 2
+    # a broken model does reach it (that is where the culprit is named)
+    model, inputs = load("broken_nan_forward.py:build")
+    with pytest.raises(AssertionError, match="exact pass ran"):
+        torchdiag.api.run("nancheck", model, inputs)
+
+
+def test_huge_but_finite_values_are_a_suspicion_not_a_finding(monkeypatch):
+    """Outputs near float32 max overflow their sum (the device-side flag): the exact pass then
+    decides, and finds everything finite."""
+    import torchdiag.api
+    from torchdiag.diagnostics.nancheck import flags
+
+    exact = []
+    real = flags.checked_pass
+    monkeypatch.setattr(flags, "checked_pass", lambda *a, **k: exact.append(1) or real(*a, **k))
+
+    class Huge(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(4))
+
+        def forward(self, x):
+            return x * self.w * 3e38          # each element finite, their sum is not
+
+    x = torch.ones(2, 4)
+    assert torch.isfinite(Huge()(x)).all() and not torch.isfinite(Huge()(x).sum())
+    res = torchdiag.api.run("nancheck", Huge(), x, loss=lambda out, target: (out / 3e38).mean())
+    assert res.findings == [] and res.exit_code == 0
+    assert exact == [1]        # the suspicion was decided by the exact pass (forward only: no grad hooks)

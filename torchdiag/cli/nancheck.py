@@ -40,10 +40,5 @@ def register(app) -> None:
         from ..diagnostics import nancheck as diag
 
         opts = c.CommonOptions("nancheck", spec, arg or [], input or [], device, seed, json, tb, debug,
-                               loss=loss, batch=batch)
-
-        def run(t):
-            return diag.run(t.model, t.inputs, diag.Options(loss=t.loss(), steps=steps, lr=lr, optimizer=optimizer,
-                                                            anomaly=anomaly, seed=seed))
-
-        c.execute(opts, run)
+                               loss=loss, batch=batch, optimizer=dict(name=optimizer, lr=lr))
+        c.execute(opts, diag, lambda: diag.Options(steps=steps, anomaly=anomaly))

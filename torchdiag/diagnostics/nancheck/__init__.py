@@ -1,0 +1,126 @@
+"""nancheck: where numbers first go non-finite (NaN/Inf) — inputs, parameters, forward, loss, backward.
+
+One forward+backward on the user's model (train mode, buffers restored afterwards), checked in order:
+model inputs; parameters and buffers; the output of every module in execution order (forward
+hooks); the loss; gradients in backward order; parameter gradients.
+
+A healthy model costs a constant number of host syncs however deep it is: finiteness is kept on the
+device and read back once (flags.py); only when something is non-finite does the exact pass
+(checked.py) run to name the first module whose output is non-finite while its inputs were finite,
+and the first whose input gradient turns non-finite while the gradient at its output was finite.
+
+`--steps N` trains a copy (never the user's model) on the same batch (steps.py); `--anomaly` repeats
+the pass under autograd anomaly detection and captures the forward trace of the failing backward op
+(anomaly.py). Findings and tables are built in report.py."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...core.guard import leave_no_trace, restore_buffers, snapshot_buffers
+from ...core.run import OptimizerSpec, number
+from ...errors import OptionError
+from ...results import Result
+from .anomaly import anomaly_pass, parse_frames, report_anomaly
+from .checked import Checker, PassReport, checked_pass
+from .finite import all_finite, counts, finite, flatten, is_float, shape_text
+from .flags import flagged_pass, localized_pass, rng_state, set_rng_state
+from .report import report_pass, report_tensors
+from .steps import report_steps, train_until_non_finite
+
+NEEDS_VALUES = True
+OPTIMIZER = OptimizerSpec("sgd", lr=0.01, momentum=0.0)   # --steps: plain SGD, no momentum
+
+__all__ = ["Options", "run", "NEEDS_VALUES", "OPTIMIZER", "all_finite", "finite", "counts", "flatten",
+           "parse_frames", "checked_pass", "flagged_pass", "localized_pass", "Checker", "PassReport"]
+
+
+@dataclass(frozen=True)
+class Options:
+    steps: int = 0           # optimizer steps on a copy (optimizer and lr come from the run spec)
+    anomaly: bool = False
+
+    def __post_init__(self):
+        number("steps", self.steps, low=0, integer=True)
+        if not isinstance(self.anomaly, bool):
+            raise OptionError("anomaly", f"{self.anomaly!r} is not true or false")
+
+
+def nonfinite_tensors(model, inputs) -> tuple[list, list]:
+    """Rows of non-finite model inputs and of non-finite parameters/buffers: one sync when all are finite."""
+    named_inputs = [(name, t) for name, t in inputs.tensors() if is_float(t)]
+    state = [(kind, name, t) for kind, items in (("parameter", model.named_parameters()),
+                                                  ("buffer", model.named_buffers())) for name, t in items if is_float(t)]
+    if all_finite([t for _, t in named_inputs] + [t for _, _, t in state]):
+        return [], []
+
+    def row(name, kind, t):
+        nan, inf = counts(t)
+        return {"tensor": name, "kind": kind, "shape": shape_text(t), "nan": nan, "inf": inf}
+
+    return ([row(name, "input", t) for name, t in named_inputs if not finite(t)],
+            [row(name, kind, t) for kind, name, t in state if not finite(t)])
+
+
+def _passes(model, inputs, loss_fn, opts: Options, ctx):
+    """The pass on the user's model in train mode (buffers, grads, flags, RNG put back), and the
+    anomaly pass from the same RNG state when asked: (PassReport, anomaly dict or None)."""
+    import torch
+
+    state = rng_state(ctx.device)
+    with leave_no_trace(model):
+        saved = snapshot_buffers(model)
+        try:
+            for p in model.parameters():
+                p.grad = None
+            model.train()
+            torch.set_grad_enabled(True)
+            report = localized_pass(model, inputs, loss_fn, reset=lambda: restore_buffers(saved), device=ctx.device)
+            anomaly = None
+            if opts.anomaly:
+                for p in model.parameters():
+                    p.grad = None
+                restore_buffers(saved)
+                set_rng_state(state, ctx.device)
+                anomaly = anomaly_pass(model, inputs, loss_fn)
+        finally:
+            restore_buffers(saved)
+    return report, anomaly
+
+
+def run(model, inputs, opts: Options, ctx) -> Result:
+    optimizer = ctx.spec.optimizer
+    result = Result("nancheck", header={"mode": "train mode, one forward+backward (buffers restored)"})
+    if opts.anomaly:
+        result.header["anomaly_mode"] = "also run under torch.autograd.detect_anomaly(check_nan=True)"
+    if opts.steps:
+        result.header["training"] = (f"{opts.steps} × {optimizer.name} (lr={optimizer.learning_rate:g}) "
+                                     "on a copy, same batch")
+    loss_fn = ctx.loss()   # one rule for every pass: its random target is drawn once
+    report_tensors(result, *nonfinite_tensors(model, inputs))
+    report, anomaly = _passes(model, inputs, loss_fn, opts, ctx)
+    if report.loss_desc:
+        result.header["loss"] = report.loss_desc
+    report_pass(result, report)
+    if anomaly is not None:
+        report_anomaly(result, anomaly)
+    else:
+        result.data["anomaly"] = None
+
+    if not opts.steps:
+        result.data["steps"] = None
+        result.data["loss_per_step"] = None
+    elif any(f.severity == "error" for f in result.findings):
+        result.notes.append("--steps skipped: values are already non-finite before any optimizer step")
+        result.data["steps"] = {"requested": opts.steps, "ran": 0, "first_non_finite_step": None}
+        result.series["loss_per_step"] = []
+    else:
+        report_steps(result, train_until_non_finite(model, inputs, loss_fn, ctx, opts.steps), opts.steps, optimizer)
+
+    failed = [f for f in result.findings if f.severity == "error"]
+    if failed:
+        result.verdict = f"FAIL: {failed[0].code} at {failed[0].where or '(model)'}"
+    else:
+        result.verdict = "PASS: no NaN or Inf in inputs, parameters, forward outputs, loss or gradients"
+        if opts.steps:
+            result.verdict += f" (and none in {opts.steps} optimizer steps)"
+    return result
