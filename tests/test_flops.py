@@ -6,14 +6,12 @@ from torch import nn
 
 from conftest import load, sample
 
+from torchdiag.api import run as api_run
 from torchdiag.core.inputs import ModelInputs
-from torchdiag.core.loss import Loss
-from torchdiag.diagnostics import flops
 
 
 def count(model, *args, backward=False, **kw):
-    opts = flops.Options(backward=backward, loss=Loss("sum") if backward else None, **kw)
-    return flops.run(model, ModelInputs(tuple(args)), opts)
+    return api_run("flops", model, ModelInputs(tuple(args)), backward=backward, loss="sum", **kw)
 
 
 def test_linear_closed_form(untouched):
@@ -57,11 +55,11 @@ class SDPA(nn.Module):
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])
 def test_attention_closed_form_on_cpu_and_meta(device):
-    b, h, l, s, d = 2, 4, 9, 13, 8
-    q, k, v = (torch.randn(b, h, n, d, device=device) for n in (l, s, s))
+    b, h, length, s, d = 2, 4, 9, 13, 8
+    q, k, v = (torch.randn(b, h, n, d, device=device) for n in (length, s, s))
     r = count(SDPA(), q, k, v)
     # QK^T and AV: two batched matmuls of B*H*L*S*d MACs each
-    assert r.data["forward_macs"] == 2 * b * h * l * s * d
+    assert r.data["forward_macs"] == 2 * b * h * length * s * d
 
 
 def test_cpu_equals_meta_for_transformers_including_backward():
@@ -69,7 +67,7 @@ def test_cpu_equals_meta_for_transformers_including_backward():
         results = {}
         for device in ("cpu", "meta"):
             model, inputs = load(name, device=device)
-            r = flops.run(model, inputs, flops.Options(backward=True, loss=Loss("sum")))
+            r = api_run("flops", model, inputs, backward=True, loss="sum")
             results[device] = (r.data["forward_flops"], r.data["backward_flops"])
         assert results["cpu"] == results["meta"], name
         assert results["cpu"][1] > results["cpu"][0]
@@ -194,14 +192,14 @@ def test_rnn_backward_same_on_cpu_and_meta():
     results = {}
     for device in ("cpu", "meta"):
         model, inputs = load("rnn.py:build", device=device)
-        r = flops.run(model, inputs, flops.Options(backward=True, loss=Loss("sum")))
+        r = api_run("flops", model, inputs, backward=True, loss="sum")
         results[device] = (r.data["forward_flops"], r.data["backward_flops"])
     assert results["cpu"] == results["meta"] and results["cpu"][1] > results["cpu"][0]
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--engine", "bogus"], "unknown engine 'bogus'"),
-    (["--engine", "fvcore", "--backward"], "--engine fvcore counts the forward pass only"),
+    (["--engine", "bogus"], "--engine: 'bogus' is not one of torch, fvcore"),
+    (["--engine", "fvcore", "--backward"], "--engine: fvcore counts the forward pass only"),
 ])
 def test_engine_option_errors_come_before_loading(cli, args, words):
     # the spec does not exist: the option error must be reported first, without importing anything
@@ -220,3 +218,22 @@ def test_transformer_encoder_layer_fast_path_is_counted_on_cpu():
     mlp = b * t * 2 * dim * ffn
     assert r.data["forward_macs"] == proj + attn + mlp
     assert torch.backends.mha.get_fastpath_enabled()  # restored
+
+
+@pytest.mark.parametrize("kw, name, words", [
+    (dict(engine="bogus"), "engine", "'bogus' is not one of torch, fvcore"),
+    (dict(engine="fvcore", backward=True), "engine", "fvcore counts the forward pass only"),
+    (dict(depth=-1), "depth", "must be ≥ 0, got -1"),
+])
+def test_option_errors_from_python_name_the_keyword_before_counting(kw, name, words):
+    from torchdiag.errors import OptionError
+
+    with pytest.raises(OptionError) as e:
+        api_run("flops", nn.Linear(3, 2), torch.randn(2, 3), **kw)
+    assert e.value.message == f"{name}: {words}" and e.value.code == 2
+
+
+def test_engine_option_error_is_exit_2_even_when_the_factory_raises(cli):
+    res = cli("flops", sample("broken_factory.py:raises"), "--engine", "fvcore", "--backward", "--json")
+    assert res.code == 2 and res.stderr.startswith("error: --engine: fvcore counts the forward pass only")
+    assert res.json["exit_code"] == 2 and "Traceback" not in res.stderr

@@ -31,6 +31,5 @@ def register(app) -> None:
         from ..diagnostics import flops as diag
 
         opts = c.CommonOptions("flops", spec, arg or [], input or [], device, seed, json, tb, debug, loss, batch)
-        c.execute(opts, lambda t: diag.run(t.model, t.inputs, diag.Options(
-            depth=depth, backward=backward, engine=engine, loss=t.loss() if backward else None)),
-            precheck=lambda: diag.check_options(diag.Options(backward=backward, engine=engine)))  # before loading
+        # Options check engine/backward before anything loads (one check, for every caller)
+        c.execute(opts, diag, lambda: diag.Options(depth=depth, backward=backward, engine=engine))

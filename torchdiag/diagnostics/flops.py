@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass
 
 from ..core.guard import leave_no_trace
 from ..core.tracking import forward_error
-from ..errors import ModelError, UsageError, one_line
+from ..core.run import choice, number
+from ..errors import ModelError, OptionError, UsageError, one_line
 from ..results import Column, Result, Table
 
 # Ops that only move or view data: no arithmetic to count.
@@ -49,13 +50,25 @@ def op_kind(name: str) -> str:
     return "not counted by convention"
 
 
+ENGINES = ("torch", "fvcore")
+
+
 @dataclass
 class Options:
+    """flops' own options, validated here (before any model is loaded) for every caller."""
+
     depth: int = 3
-    backward: bool = False
-    engine: str = "torch"   # torch | fvcore
+    backward: bool = False      # the loss comes from the run spec (ctx.loss())
+    engine: str = "torch"       # torch | fvcore
     top: int = 20
-    loss: object = None     # core.loss.Loss, needed with backward
+
+    def __post_init__(self):
+        number("depth", self.depth, low=0, integer=True)
+        number("top", self.top, low=1, integer=True)
+        self.engine = choice("engine", self.engine, ENGINES)
+        if self.engine == "fvcore" and self.backward:
+            raise OptionError("engine", "fvcore counts the forward pass only",
+                              hint="count backward FLOPs with the torch engine, or drop backward")
 
 
 def _extra_formulas():
@@ -150,42 +163,76 @@ def _snapshot(counter):
     return {k: dict(v) for k, v in counter.get_flop_counts().items()}, Counter(counter.calls)
 
 
-def check_options(opts: Options) -> None:
-    """Option mistakes (exit 2), checked before anything runs; the CLI calls it before loading."""
-    if opts.engine not in ("torch", "fvcore"):
-        raise UsageError(f"unknown engine '{opts.engine}'", hint="choose torch (default) or fvcore")
-    if opts.engine == "fvcore" and opts.backward:
-        raise UsageError("--engine fvcore counts the forward pass only", hint="drop --backward or use --engine torch")
+NEEDS_VALUES = False   # counts on meta too: shapes are all it needs
 
 
-def run(model, inputs, opts: Options | None = None) -> Result:
+@dataclass
+class _Counts:
+    """What one counted pass saw: FLOPs per module scope and op, call counts, forward part apart."""
+
+    fwd: dict
+    fwd_calls: Counter
+    total: dict
+    total_calls: Counter
+    registry: dict
+    loss: str | None = None
+
+
+def run(model, inputs, opts: Options | None, ctx) -> Result:
     opts = opts or Options()
-    check_options(opts)
     if opts.engine == "fvcore":
-        return run_fvcore(model, inputs, opts)
+        return run_fvcore(model, inputs, opts, ctx)
+    counts = _count(model, inputs, opts, ctx)
+    grad = opts.backward
+    result = Result("flops", header={"counter": "torch.utils.flop_counter (dispatch level)",
+                                     "convention": "1 MAC = 2 FLOPs; MACs = FLOPs / 2"})
+    fwd_total = sum(counts.fwd.get("Global", {}).values())
+    all_total = sum(counts.total.get("Global", {}).values())
+    bwd_total = all_total - fwd_total if grad else None
+    if grad:
+        result.header["loss"] = counts.loss
+    _module_table(result, model, counts, opts, fwd_total)
+    _operator_table(result, counts, grad)
+    uncounted = _uncounted_table(result, counts)
+    result.data.update({
+        "engine": "torch", "forward_flops": fwd_total, "forward_macs": fwd_total // 2,
+        "backward_flops": bwd_total, "backward_macs": None if bwd_total is None else bwd_total // 2,
+        "params": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
+    })
+    result.summary += [("Forward", f"{_si(fwd_total)}FLOPs = {_si(fwd_total // 2)}MACs ({fwd_total:,} FLOPs)")]
+    if grad:
+        result.summary.append(("Backward", f"{_si(bwd_total)}FLOPs ({bwd_total:,}); forward+backward {_si(all_total)}FLOPs"))
+    n_unc = sum(r["calls"] for r in uncounted)
+    result.summary.append(("Not counted", f"{len(uncounted)} op type(s), {n_unc:,} call(s) (table above; "
+                                          "elementwise, normalisation and pooling are not counted by convention)"))
+    result.notes.append("published model tables (e.g. torchvision 'GFLOPS') are MACs of conv/matmul/attention at batch 1")
+    return result
+
+
+def _count(model, inputs, opts: Options, ctx) -> _Counts:
+    """One forward (and with `backward` one backward of ctx.loss()) under the counter, in eval mode."""
     import torch
 
     from ..core.tracking import ModuleTracker
 
     counter = _counter()
     tracker = ModuleTracker(model, record_shapes=False)
-    result = Result("flops", header={"counter": "torch.utils.flop_counter (dispatch level)",
-                                     "convention": "1 MAC = 2 FLOPs; MACs = FLOPs / 2"})
+    grad = opts.backward
+    loss_rule = ctx.loss() if grad else None
     with leave_no_trace(model):
         model.eval()  # eval: BatchNorm running stats stay as they are, dropout off
         torch.backends.mha.set_fastpath_enabled(False)  # fused MHA hides its projections from counters
-        grad = opts.backward
         try:
             with _rnn_unfused(model), counter, tracker, torch.set_grad_enabled(grad):
                 out = inputs.call(model)
                 fwd_counts, fwd_calls = _snapshot(counter)
                 if grad:
-                    loss = opts.loss(out)
+                    loss = loss_rule(out)
                     params = [p for p in model.parameters() if p.requires_grad]
                     if not params:
-                        raise UsageError("--backward: the model has no trainable parameters")
+                        raise UsageError(f"{ctx.option('backward')}: the model has no trainable parameters")
                     if not loss.requires_grad:
-                        raise UsageError("--backward: the loss does not depend on any trainable parameter")
+                        raise UsageError(f"{ctx.option('backward')}: the loss does not depend on any trainable parameter")
                     torch.autograd.grad(loss, params, allow_unused=True)
         except (UsageError, ModelError):
             raise
@@ -193,16 +240,16 @@ def run(model, inputs, opts: Options | None = None) -> Result:
             phase = "backward" if grad and tracker.failing is None else "forward"
             raise forward_error(exc, tracker if phase == "forward" else None, phase) from exc
     total_counts, total_calls = _snapshot(counter)
-    root = type(model).__name__
-    fwd_total = sum(fwd_counts.get("Global", {}).values())
-    all_total = sum(total_counts.get("Global", {}).values())
-    bwd_total = all_total - fwd_total if grad else None
-    if grad:
-        result.header["loss"] = opts.loss.describe()
+    return _Counts(fwd_counts, fwd_calls, total_counts, total_calls, counter.flop_registry,
+                   loss_rule.describe() if grad else None)
 
-    # per module, in definition order, to --depth
-    fwd_mod = _module_flops(fwd_counts, root)
-    all_mod = _module_flops(total_counts, root)
+
+def _module_table(result, model, counts: _Counts, opts: Options, fwd_total: int) -> None:
+    """Per module, in definition order, to `depth`."""
+    grad = opts.backward
+    root = type(model).__name__
+    fwd_mod = _module_flops(counts.fwd, root)
+    all_mod = _module_flops(counts.total, root)
     _add_containers(model, fwd_mod)
     _add_containers(model, all_mod)
     rows = []
@@ -224,16 +271,17 @@ def run(model, inputs, opts: Options | None = None) -> Result:
                                note=f"depth ≤ {opts.depth}; a module's count includes its submodules",
                                tb_scalars=("macs", "backward_flops") if grad else ("macs",)))
 
-    # per operator
-    fwd_ops = fwd_counts.get("Global", {})
-    all_ops = total_counts.get("Global", {})
+
+def _operator_table(result, counts: _Counts, grad: bool) -> None:
+    fwd_ops = counts.fwd.get("Global", {})
+    all_ops = counts.total.get("Global", {})
     op_rows = []
     for packet in set(all_ops) | set(fwd_ops):
         f = fwd_ops.get(packet, 0)
-        row = {"op": _op_name(packet), "flops": f, "calls": fwd_calls.get(packet, 0)}
+        row = {"op": _op_name(packet), "flops": f, "calls": counts.fwd_calls.get(packet, 0)}
         if grad:
             row["backward_flops"] = all_ops.get(packet, 0) - f
-            row["backward_calls"] = total_calls.get(packet, 0) - fwd_calls.get(packet, 0)
+            row["backward_calls"] = counts.total_calls.get(packet, 0) - counts.fwd_calls.get(packet, 0)
         op_rows.append(row)
     op_rows.sort(key=lambda r: -(r["flops"] + r.get("backward_flops", 0)))
     op_cols = [Column("op", "operator"), Column("calls", "calls", "count"), Column("flops", "forward FLOPs", "flops")]
@@ -241,11 +289,12 @@ def run(model, inputs, opts: Options | None = None) -> Result:
         op_cols += [Column("backward_calls", "bwd calls", "count"), Column("backward_flops", "backward FLOPs", "flops")]
     result.tables.append(Table("operators", "FLOPs per operator", op_cols, op_rows))
 
-    # every op that ran without a formula, with its call count
-    registry = counter.flop_registry
+
+def _uncounted_table(result, counts: _Counts) -> list[dict]:
+    """Every op that ran without a formula, with its call count; compute-heavy ones are findings."""
     uncounted = []
-    for packet, calls in total_calls.items():
-        if packet in registry:
+    for packet, calls in counts.total_calls.items():
+        if packet in counts.registry:
             continue
         name = _op_name(packet)
         uncounted.append({"op": name, "calls": calls, "kind": op_kind(name)})
@@ -258,20 +307,7 @@ def run(model, inputs, opts: Options | None = None) -> Result:
             result.add("unsupported-op", "warning", r["op"],
                        f"{r['op']} ran {r['calls']}× with no FLOP formula: the total is low by its cost",
                        hint="please report the op so torchdiag can add a formula")
-
-    result.data.update({
-        "engine": "torch", "forward_flops": fwd_total, "forward_macs": fwd_total // 2,
-        "backward_flops": bwd_total, "backward_macs": None if bwd_total is None else bwd_total // 2,
-        "params": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
-    })
-    result.summary += [("Forward", f"{_si(fwd_total)}FLOPs = {_si(fwd_total // 2)}MACs ({fwd_total:,} FLOPs)")]
-    if grad:
-        result.summary.append(("Backward", f"{_si(bwd_total)}FLOPs ({bwd_total:,}); forward+backward {_si(all_total)}FLOPs"))
-    n_unc = sum(r["calls"] for r in uncounted)
-    result.summary.append(("Not counted", f"{len(uncounted)} op type(s), {n_unc:,} call(s) (table above; "
-                                          "elementwise, normalisation and pooling are not counted by convention)"))
-    result.notes.append("published model tables (e.g. torchvision 'GFLOPS') are MACs of conv/matmul/attention at batch 1")
-    return result
+    return uncounted
 
 
 def _si(n) -> str:
@@ -280,7 +316,7 @@ def _si(n) -> str:
     return si(n) + " " if n < 1000 else si(n)
 
 
-def run_fvcore(model, inputs, opts: Options) -> Result:
+def run_fvcore(model, inputs, opts: Options, ctx) -> Result:
     """fvcore's jit-traced count, labelled honestly: fvcore's "flops" are MACs."""
     import logging
     import warnings
@@ -288,7 +324,7 @@ def run_fvcore(model, inputs, opts: Options) -> Result:
     import torch
 
     if inputs.kwargs:
-        raise UsageError("--engine fvcore traces positional inputs only; this model takes keyword inputs",
+        raise UsageError(f"{ctx.option('engine')} fvcore traces positional inputs only; this model takes keyword inputs",
                          hint="use the default engine (torch), which handles keyword inputs")
     from fvcore.nn import FlopCountAnalysis
 
