@@ -41,11 +41,9 @@ def register(app) -> None:
                                outputs={"images": images})
 
         def precheck():   # before loading anything
-            c.output_dir(images, "--images")
-            if images or tb:
-                from ..render.images import need_pictures
+            from ..render.images import check_pictures
 
-                need_pictures("activation pictures")
+            check_pictures(images, tb is not None, "activation pictures")
 
         c.execute(opts, diag, lambda: diag.Options(layers=layer or [], images=images is not None, tb=tb is not None,
                                                    eps=eps), render_extra=record, precheck=precheck)

@@ -54,11 +54,9 @@ def register(app) -> None:
                                outputs={"images": images})
 
         def precheck():   # before loading anything
-            c.output_dir(images, "--images")
-            if images or tb:
-                from ..render.images import need_pictures
+            from ..render.images import check_pictures
 
-                need_pictures("attention pictures")
+            check_pictures(images, tb is not None, "attention pictures")
 
         c.execute(opts, diag, lambda: diag.Options(tokens=_tokens(tokens), images=images is not None,
                                                    tb=tb is not None, sample=sample),

@@ -44,11 +44,9 @@ def register(app) -> None:
             if tb is None:
                 raise UsageError("embeddings needs --tb DIR: the projector data is written for TensorBoard",
                                  hint="e.g. --tb runs, then tensorboard --logdir runs (PROJECTOR tab)")
-            c.output_dir(images, "--images")
-            if images:
-                from ..render.images import need_pictures
+            from ..render.images import check_pictures
 
-                need_pictures("the PCA preview")
+            check_pictures(images, False, "the PCA preview")
 
         # labels: the --batch target (ctx.batch_target)
         c.execute(opts, diag, lambda: diag.Options(layer=layer, reduce=reduce, images=images is not None),

@@ -25,6 +25,16 @@ def need_pictures(what: str = "pictures") -> None:
                          hint="install the plot extra: pip install 'torchdiag[plot]' (matplotlib and pillow)") from None
 
 
+def check_pictures(folder, tb: bool, what: str) -> None:
+    """The CLI's checks before loading, for commands that draw: the --images folder, and the
+    plotting libraries when pictures are asked for (--images or --tb)."""
+    from .output import check_dir
+
+    check_dir(folder, "--images")
+    if folder is not None or tb:
+        need_pictures(what)
+
+
 def _np():
     import numpy as np
 

@@ -141,20 +141,27 @@ def atomic_write(path, data: bytes | str, option: str) -> Path:
         _in_place(target, data, path, option)
         return Path(path)
     fd, tmp = _temp(target, path, option)
-    try:
+    with _removed_on_failure(tmp, path, option):
         try:
             _write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
+    _replace(tmp, target, path, option)
+    return Path(path)
+
+
+@contextlib.contextmanager
+def _removed_on_failure(tmp: str, path, option: str):
+    """The temporary file goes on any failure; an OSError becomes the one-line UsageError."""
+    try:
+        yield
     except OSError as exc:
         _remove(tmp)
         raise write_error(path, option, exc) from None
     except BaseException:
         _remove(tmp)
         raise
-    _replace(tmp, target, path, option)
-    return Path(path)
 
 
 @contextlib.contextmanager
@@ -169,15 +176,9 @@ def atomic_path(path, option: str) -> Iterator[str]:
         _refuse_directory(path, option)
     fd, tmp = _temp(target, path, option, Path(path).suffix)
     os.close(fd)
-    try:
+    with _removed_on_failure(tmp, path, option):
         yield tmp
         _fsync_file(tmp)
-    except OSError as exc:
-        _remove(tmp)
-        raise write_error(path, option, exc) from None
-    except BaseException:
-        _remove(tmp)
-        raise
     if kind == "special":
         try:
             data = Path(tmp).read_bytes()
