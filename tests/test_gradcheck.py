@@ -7,7 +7,7 @@ CA = "custom_autograd.py"
 
 
 def _one_error_line(r):
-    lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, r.stderr
     assert "Traceback" not in r.stderr + r.stdout
 
@@ -40,8 +40,6 @@ def test_correct_function_passes(cli):
 
 
 def test_wrong_function_fails_naming_input_and_element(cli):
-    import torch
-
     r = cli("gradcheck", sample(f"{CA}:WrongMulSquare"), "-i", "5", "-i", "5", "--json")
     assert r.code == 1
     doc = r.json
@@ -288,3 +286,37 @@ def test_nan_gradient_fails_and_bad_tolerances_are_usage_errors(cli, tmp_path):
     for option, value in (("--eps", "0"), ("--eps", "-1"), ("--atol", "-1"), ("--rtol", "nan")):
         r = cli("gradcheck", sample(f"{CA}:MulSquare"), "-i", "3", "-i", "3", option, value)
         assert r.code == 2 and r.stderr.startswith(f"error: {option}") and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("option,value", [("--eps", "0"), ("--atol", "-1"), ("--rtol", "nan")])
+def test_bad_option_is_exit_2_before_the_target_is_imported(cli, tmp_path, option, value):
+    boom = tmp_path / "boom.py"
+    boom.write_text("raise RuntimeError('imported')\n")           # importing it would be exit 3
+    r = cli("gradcheck", f"{boom}:f", "-i", "3", option, value, "--json")
+    assert r.code == 2 and r.stderr.startswith(f"error: {option}: ")
+    assert r.json["exit_code"] == 2 and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("kw,name", [(dict(eps=0), "eps"), (dict(atol=-1), "atol"), (dict(rtol=float("nan")), "rtol"),
+                                     (dict(max_elements=0), "max_elements")])
+def test_bad_option_from_python_names_the_keyword(kw, name):
+    import torch
+
+    import torchdiag
+    from torchdiag.errors import OptionError
+
+    with pytest.raises(OptionError) as e:
+        torchdiag.gradcheck(lambda a: (a ** 3).sum(), torch.randn(4), **kw)
+    assert e.value.message.startswith(f"{name}: ") and e.value.code == 2
+
+
+def test_cli_inputs_are_cores_doubled(cli):
+    """-i inputs come from core's input preparation (same generator as every command), in float64."""
+    import torch
+
+    from torchdiag.core.inputs import ModelInputs
+
+    r = cli("gradcheck", sample(f"{CA}:MulSquare"), "-i", "3", "-i", "2x3", "--json")
+    assert r.code == 0 and r.json["input_source"] == "--input"
+    assert r.json["inputs"] == ModelInputs(tuple(_inputs("3", "2x3")), {}, "").describe()
+    assert all(t.dtype == torch.float64 for t in _inputs("3", "2x3"))

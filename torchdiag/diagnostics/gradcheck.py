@@ -11,27 +11,48 @@ Two independent checks, both must pass:
   fails when |analytical - numerical| > atol + rtol·|numerical| (torch's rule). The worst entry
   names the input, its element (index into the input) and the output element.
 Second order (`--second-order`) checks the gradient function g(x) = vjp(f, x, v) (fixed random v,
-create_graph=True) the same way."""
+create_graph=True) the same way.
+
+Entry points: `check_spec(spec, opts)` for the CLI (TARGET loaded from the run spec, inputs made by
+core's input preparation), `check_callable(target, inputs, opts)` for the Python API, and
+`run(checked, opts)` on what `build` made. gradcheck's target is not a model, so it is not run
+through `diagnostics.invoke`."""
 from __future__ import annotations
 
 import copy
 import inspect
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..errors import ModelError, UsageError, one_line
+from ..core.run import number
+from ..errors import ModelError, OptionError, UsageError, one_line
 from ..results import Column, Result, Table
+
+NEEDS_VALUES = True
+TOLERANCE_HINT = "defaults: eps 1e-6, atol 1e-5, rtol 1e-3"
 
 
 @dataclass
 class Options:
+    """gradcheck's options, validated here for every caller (CLI, Python) before anything runs."""
+
     second_order: bool = False
     eps: float = 1e-6
     atol: float = 1e-5
     rtol: float = 1e-3
     params: bool = True         # nn.Module targets: check parameters too
     max_elements: int = 4096    # inputs+params numel cap (one forward per element, twice)
+
+    def __post_init__(self):
+        # eps 0 makes every numerical gradient 0/0, a negative one flips its sign; a NaN tolerance passes nothing
+        try:
+            number("eps", self.eps, low=0, low_open=True)
+            number("atol", self.atol, low=0)
+            number("rtol", self.rtol, low=0)
+        except OptionError as exc:
+            exc.hint = TOLERANCE_HINT
+            raise
+        number("max_elements", self.max_elements, low=1, integer=True)
 
 
 @dataclass
@@ -318,10 +339,6 @@ def run(checked: Checked, opts: Options | None = None) -> Result:
     import torch
 
     opts = opts or Options()
-    for option, value in (("--eps", opts.eps), ("--atol", opts.atol), ("--rtol", opts.rtol)):
-        if not math.isfinite(value) or value < 0 or (option == "--eps" and value == 0):
-            raise UsageError(f"{option} {value:g}: must be a finite number " + ("> 0" if option == "--eps" else "≥ 0"),
-                             hint="defaults: --eps 1e-6 --atol 1e-5 --rtol 1e-3")
     xs = [x.detach().double() for x in checked.tensors]
     result = Result("gradcheck", header={"target": checked.label, "kind": checked.kind,
                                          "precision": "float64", "eps": opts.eps, "atol": opts.atol, "rtol": opts.rtol})
@@ -419,3 +436,68 @@ def _where(r) -> str:
     el = ", ".join(map(str, r.get("element", [])))
     oel = ", ".join(map(str, r.get("output_element", [])))
     return f"element ({el}) of {r['input']}, output[{r.get('output', 0)}] element ({oel})"
+
+
+def check_callable(target, inputs, opts: Options | None = None) -> Result:
+    """The Python API: `target` (Function subclass, module or function) at the given tensors (float
+    ones doubled), e.g. check_callable(MyFn, (torch.randn(3), torch.randn(3)), Options())."""
+    import torch
+
+    opts = opts or Options()
+    label = getattr(target, "__qualname__", None) or type(target).__name__
+    kind, fn = resolve_target(target, {}, label)
+    if not inputs:
+        raise UsageError(f"gradcheck needs inputs: torchdiag.gradcheck({label}, torch.randn(3), ...)")
+    tensors = [t.detach().double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
+    check_arity(kind, fn, len(tensors), label)
+    checked = build(kind, fn, tensors, [f"input[{i}]" for i in range(len(tensors))], opts, label)
+    return run(checked, opts)
+
+
+def check_spec(spec, opts: Options | None = None) -> Result:
+    """The CLI: TARGET (`spec.model`, built with `spec.args` when it is a class or factory) at the
+    inputs of `spec.inputs` or the module's example_inputs(), float ones in float64."""
+    from ..core.context import Context
+    from ..core.device import resolve_device
+    from ..core.inputs import ModelInputs
+    from ..core.loading import find_factory, import_module, parse_args, split_spec
+
+    opts = opts or Options()
+    device = resolve_device(spec.device)
+    Context(spec, device).require_values()     # the one meta refusal, before the target is imported
+    where, name = split_spec(spec.model)
+    module = import_module(where)
+    kind, target = resolve_target(find_factory(module, name, where), parse_args(list(spec.args)), name)
+    if kind == "nn.Module":
+        target = target.to(device)
+    tensors, source = _inputs(spec, module, target if kind == "nn.Module" else None, device)
+    check_arity(kind, target, len(tensors), name, "" if source == "--input" else source)
+    names = [f"input[{i}]" for i in range(len(tensors))]
+    result = run(build(kind, target, tensors, names, opts, name), opts)
+    shown = ModelInputs(tuple(tensors), {}, source)
+    result.header = {"model": spec.model, "device": str(device), "inputs": shown.describe(), "input_source": source,
+                     **result.header}
+    return result
+
+
+def _inputs(spec, module, model, device) -> tuple[list, str]:
+    """(tensors, source) from core's input preparation (-i specs, else example_inputs(), seeded and
+    RNG-restored there); floating tensors become float64, the precision gradcheck works in."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from ..core.inputs import resolve_inputs
+
+    if not spec.inputs and not callable(getattr(module, "example_inputs", None)):
+        raise UsageError("no inputs for gradcheck", hint="give small shapes with -i, e.g. -i 3x4 -i 3x4 (one per input), "
+                                                         "or an example_inputs() function in the target's module")
+    # resolve_inputs wants what core.loading returns: the module (example_inputs) and a model (integer ranges)
+    inputs = resolve_inputs(list(spec.inputs), SimpleNamespace(model=model, module=module), device, spec.seed)
+    if inputs.kwargs:
+        raise UsageError(f"gradcheck takes positional inputs; {inputs.source} gave keyword inputs "
+                         f"({', '.join(inputs.kwargs)})", hint="use -i")
+    tensors = [t.to(torch.float64) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+               for t in inputs.args]
+    return tensors, inputs.source
+
