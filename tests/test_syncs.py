@@ -1,0 +1,124 @@
+"""core.syncs.SyncCounter counts exactly the calls that force a host sync, on CPU; nancheck's
+healthy pass makes as many at depth 64 as at depth 4, and few."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchdiag.core.syncs import SyncCounter
+
+
+def test_counts_exactly_the_syncs_of_a_hand_written_function():
+    t = torch.randn(6)
+
+    def work():
+        a = t.sum().item()                  # 1
+        b = t.max().item()                  # 2
+        c = t.min().item()                  # 3
+        y = t * 2 + a + b + c               # no sync: stays on the device
+        if bool(y.sum() > -1e9):            # 4
+            pass
+        return t.nonzero()                  # 5
+
+    with SyncCounter() as s:
+        work()
+    assert s.total == 5
+    assert s.counts == {"aten::_local_scalar_dense": 4, "aten::nonzero": 1}
+
+
+def test_other_sync_forms_and_non_syncs():
+    t = torch.randn(6)
+    original = torch.Tensor.tolist
+    with SyncCounter() as s:
+        t.tolist()                          # reads the data without dispatching an op: wrapped
+        float(t[0]), int(t[1]), repr(t)     # 2 item-like, repr goes through tolist
+        t[t > 0]                            # boolean-mask indexing
+        torch.where(t > 0)                  # nonzero
+        torch.unique(t)
+        torch.repeat_interleave(torch.tensor([1, 2]))
+    assert s.counts == {"Tensor.tolist": 2, "aten::_local_scalar_dense": 2, "aten::index": 1,
+                        "aten::nonzero": 1, "aten::_unique2": 1, "aten::repeat_interleave": 1}
+    with SyncCounter() as s:                # none of these waits for a device
+        u = t.clone()
+        u.add_(1).mul(2).sum()
+        torch.isfinite(t).all()
+        t[torch.tensor([0, 2])]             # integer indexing: the output size is known
+        t.repeat_interleave(2)
+        t.cpu()                             # a no-op on a CPU tensor (invisible on CPU-only runs)
+    assert s.total == 0
+    assert torch.Tensor.tolist is original     # the wrapper is gone on exit
+
+
+def test_device_to_cpu_copies_are_counted():
+    """Seen with a non-CPU source (meta stands in for a GPU here: the copy is counted, then fails)."""
+    with SyncCounter() as s:
+        with pytest.raises((NotImplementedError, RuntimeError)):
+            torch.empty(3, device="meta").cpu()
+    assert s.counts == {"aten::_to_copy": 1}
+
+
+def test_frames_name_the_line_that_forced_it():
+    t = torch.ones(3)
+    with SyncCounter(frames=True) as s:
+        t.sum().item(); line = _line()      # noqa: E702  (same line on purpose)
+    (event,) = s.events
+    file, lineno, function = event.site()
+    assert file == __file__ and lineno == line and function == "test_frames_name_the_line_that_forced_it"
+    assert s.by_site() == {("aten::_local_scalar_dense", f"{__file__}:{line}"): 1}
+    with SyncCounter() as s:                # frames are optional (off by default: cheaper)
+        t.sum().item()
+    assert s.events[0].frames == ()
+
+
+def test_counters_nest():
+    t = torch.ones(3)
+    with SyncCounter() as outer:
+        t.tolist()
+        with SyncCounter() as inner:
+            t.tolist()
+            t.sum().item()
+    assert (outer.total, inner.total) == (3, 2)
+
+
+def _line() -> int:
+    import sys
+
+    return sys._getframe(1).f_lineno
+
+
+# --- nancheck: a healthy pass costs the same at depth 4 and 64 ----------------------------------
+
+def mlp(depth: int):
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(16, 16), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(16, 4))
+
+
+def nancheck_syncs(depth: int, steps: int = 0) -> SyncCounter:
+    import torchdiag.api
+
+    model, x = mlp(depth), torch.randn(8, 16)
+    with SyncCounter(frames=True) as s:
+        res = torchdiag.api.run("nancheck", model, x, steps=steps)
+    assert res.exit_code == 0 and res.data["modules_checked"] == 2 * depth + 2
+    return s
+
+
+def own(s: SyncCounter) -> int:
+    """Syncs made by nancheck itself (not by the loss rule in core/loss.py)."""
+    return sum(1 for e in s.events if not e.site()[0].replace("\\", "/").endswith("torchdiag/core/loss.py"))
+
+
+@pytest.mark.parametrize("steps", [0, 3])
+def test_healthy_nancheck_syncs_do_not_grow_with_depth(steps):
+    shallow, deep = nancheck_syncs(4, steps), nancheck_syncs(64, steps)
+    assert deep.counts == shallow.counts          # equal, op by op
+    # nancheck's own: one read-back for inputs+parameters+buffers, one per pass (loss, every module
+    # output's flag and every parameter gradient together), and per step one more for the updated
+    # parameters: 2 + 2 * steps (today's per-module check made 13 at depth 4 and 133 at depth 64)
+    assert own(deep) == own(shallow) == 2 + 2 * steps
+    # the rest is the cross-entropy rule re-checking its held target's classes on each later call
+    # (3 syncs: a boolean mask and two .item()), at most once per step
+    assert deep.total <= 2 + 2 * steps + 3 * steps
