@@ -79,8 +79,6 @@ def test_saturated_and_dead_and_nonfinite_findings():
 
 
 def test_cli_json_and_pictures(cli, tmp_path):
-    import numpy as np
-    from PIL import Image
 
     out = tmp_path / "act"
     r = cli("activations", CNN, "--layer", "features.0", "--layer", "features.3", "--images", out, "--json")

@@ -257,7 +257,6 @@ def test_tokens_on_a_long_sequence_are_noted(tmp_path):
 
 
 def test_bad_options_exit_2_before_loading_and_named_per_caller(cli, tmp_path):
-    import torch
 
     from torchdiag.errors import OptionError
 

@@ -67,12 +67,10 @@ def test_cam_equals_closed_form_for_gap_linear(image, untouched):
 
 
 def test_maximum_inside_the_only_region_that_matters(image, untouched):
-    from torchdiag.diagnostics import gradcam as diag
 
     mod = _region_module()
     rows, cols, reach = mod.REGION[0], mod.REGION[1], mod.REACH
     model, _ = load("gradcam_region.py:build")
-    import torch
 
     with untouched(model):
         res = run("gradcam", model, None, layer="features.3", image=str(image))
@@ -167,9 +165,7 @@ def test_usage_errors(cli, image, tmp_path, monkeypatch):
 
 
 def test_frozen_model_untouched_and_no_grads(image, untouched):
-    import torch
 
-    from torchdiag.diagnostics import gradcam as diag
 
     model, _ = load("gradcam_region.py:build")
     for p in model.parameters():
@@ -246,10 +242,8 @@ def test_resnet_bn1_before_inplace_relu_cli(cli, image):
 
 
 def test_layer_called_twice_is_noted(image):
-    import torch
     from torch import nn
 
-    from torchdiag.diagnostics import gradcam as diag
 
     class Twice(nn.Module):
         def __init__(self):
@@ -282,7 +276,6 @@ def test_grayscale_model_with_channels_1(cli, tmp_path, untouched):
     import torch
     from PIL import Image
 
-    from torchdiag.diagnostics import gradcam as diag
 
     (tmp_path / "gray.py").write_text(GRAY)
     arr = np.random.default_rng(2).integers(0, 256, (16, 16), dtype=np.uint8)

@@ -29,7 +29,7 @@ overfit-batch = false
 
 
 def _one_error_line(r):
-    lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, r.stderr
     assert "Traceback" not in r.stderr + r.stdout
 

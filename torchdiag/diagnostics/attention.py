@@ -17,7 +17,7 @@ max weight, mean weight on the first key (CLS / attention sink) and on the diago
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..core.guard import leave_no_trace
 from ..core.run import number
@@ -286,7 +286,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     _check_against(catcher.captures, opts)
     result.data["images"] = _pictures(result, catcher.captures, opts)
     result.data["attention_layers"] = len(layers)
-    result.summary.append(("Attention layers", f"{len(layers)} ({sum(l['heads'] for l in layers)} heads)"))
+    result.summary.append(("Attention layers", f"{len(layers)} ({sum(row['heads'] for row in layers)} heads)"))
     result.artefacts["captures"] = catcher.captures
     result.artefacts["sample"] = opts.sample
     return result

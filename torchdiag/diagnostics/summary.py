@@ -135,7 +135,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     shared = shared_groups(model)
     param_bytes = sum(r["param_bytes"] for r in by_dtype)
     buffer_bytes = sum(r["buffer_bytes"] for r in by_dtype)
-    
+
     result.data.update({
         "total_params": total, "trainable_params": trainable, "frozen_params": total - trainable,
         "param_bytes": param_bytes, "buffer_bytes": buffer_bytes, "output_shape": describe(output),
