@@ -16,8 +16,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 import torch  # noqa: E402
 
 from conftest import load  # noqa: E402
+from torchdiag.api import run as api_run  # noqa: E402
 from torchdiag.core.loss import Loss  # noqa: E402
-from torchdiag.diagnostics import overfit_batch as diag  # noqa: E402
 
 STEPS = 60
 REPEATS = 5
@@ -41,7 +41,7 @@ def baseline(model, x, steps):
 
 def ours(model, x, steps):
     # target unreachable: exactly `steps` updates; time measured inside run() (the loop only)
-    r = diag.run(model, x, diag.Options(steps=steps, target_ratio=1e-12, loss=Loss("auto", 0)))
+    r = api_run("overfit-batch", model, x, steps=steps, target_ratio=1e-12, loss="auto", seed=0)
     assert r.data["steps"] == steps
     return r.data["seconds"]
 

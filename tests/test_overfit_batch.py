@@ -10,8 +10,13 @@ from conftest import load, sample
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
-from torchdiag.core.loss import Loss  # noqa: E402
-from torchdiag.diagnostics import overfit_batch as diag  # noqa: E402
+from torchdiag.api import run as api_run  # noqa: E402
+from torchdiag.core.run import DEFAULT_LR  # noqa: E402
+
+
+def overfit(model, x, **options):
+    """overfit-batch through the Python API (the run contract: loss, seed, optimizer, amp from the RunSpec)."""
+    return api_run("overfit-batch", model, x, **options)
 
 
 def codes(result):
@@ -40,7 +45,7 @@ def test_healthy_models_pass_with_defaults(name, inputs, classification, untouch
     torch.manual_seed(0)
     model, x = load(name, inputs=inputs)
     with untouched(model):
-        r = diag.run(model, x, diag.Options())
+        r = overfit(model, x)
     assert r.data["passed"] is True and r.exit_code == 0, r.verdict
     assert "cannot-overfit" not in codes(r)
     losses = r.series["loss"]
@@ -59,7 +64,7 @@ def test_healthy_models_pass_with_defaults(name, inputs, classification, untouch
 def test_initial_loss_and_first_grad_norm_match_independent_computation():
     torch.manual_seed(1)
     model, x = load("mlp.py:build")
-    r = diag.run(model, x, diag.Options(steps=3, target_ratio=1e-9))
+    r = overfit(model, x, steps=3, target_ratio=1e-9)
     out = model(*x.args)                                   # mlp: train == eval (no dropout/BN)
     ce = F.cross_entropy(out, seeded_targets(16, 10, seed=0))
     assert r.data["initial_loss"] == pytest.approx(float(ce.detach()), rel=1e-6)
@@ -73,7 +78,7 @@ def test_initial_loss_and_first_grad_norm_match_independent_computation():
 def test_target_loss_stops_at_first_step_below_it():
     torch.manual_seed(0)
     model, x = load("mlp.py:build")
-    r = diag.run(model, x, diag.Options(target_loss=1.0, target_ratio=1e-6))
+    r = overfit(model, x, target_loss=1.0, target_ratio=1e-6)
     losses = r.series["loss"]
     assert r.data["passed"] and losses[-1] <= 1.0 and all(v > 1.0 for v in losses[:-1])
     assert r.data["steps_to_target"] == len(losses) - 1
@@ -83,15 +88,15 @@ def test_target_loss_stops_at_first_step_below_it():
 def test_other_optimizers_pass(opt):
     torch.manual_seed(0)
     model, x = load("mlp.py:build")
-    r = diag.run(model, x, diag.Options(optimizer=opt))
-    assert r.data["passed"] and r.data["lr"] == diag.DEFAULT_LR[opt]
+    r = overfit(model, x, optimizer=opt)
+    assert r.data["passed"] and r.data["lr"] == DEFAULT_LR[opt]
     assert r.header["training"].startswith({"sgd": "SGD (momentum 0.9)", "adamw": "AdamW"}[opt])
 
 
 def test_amp_bf16_on_cpu_passes():
     torch.manual_seed(0)
     model, x = load("mlp.py:build")
-    r = diag.run(model, x, diag.Options(amp="bf16"))
+    r = overfit(model, x, amp="bf16")
     assert r.data["passed"] and r.data["amp"] == "bf16" and "autocast bf16" in r.header["training"]
 
 
@@ -101,7 +106,7 @@ def test_batch_mean_model_cannot_overfit_and_the_culprit_is_named(untouched):
     torch.manual_seed(0)
     model, x = load("broken_cannot_overfit.py:build")
     with untouched(model):
-        r = diag.run(model, x, diag.Options())
+        r = overfit(model, x)
     assert r.data["passed"] is False and r.exit_code == 1 and r.data["steps"] == 500
     f = finding(r, "cannot-overfit")
     assert f.severity == "error"
@@ -121,7 +126,7 @@ def test_batch_mean_model_cannot_overfit_and_the_culprit_is_named(untouched):
 def test_parameters_cut_off_by_no_grad_are_named():
     torch.manual_seed(0)
     model, x = load("broken_overfit_nograd.py:build")
-    r = diag.run(model, x, diag.Options(steps=50))
+    r = overfit(model, x, steps=50)
     body = ["body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias"]
     nog = finding(r, "no-grad")
     assert nog.where == "body.0.weight" and all(n in nog.message for n in body) and "4 of 5" in nog.message
@@ -134,7 +139,7 @@ def test_parameters_cut_off_by_no_grad_are_named():
 def test_dead_relu_gives_flat_loss_zero_grads_and_identical_outputs():
     torch.manual_seed(0)
     model, x = load("broken_overfit_dead.py:build")
-    r = diag.run(model, x, diag.Options(steps=20))
+    r = overfit(model, x, steps=20)
     # all-zero logits: cross-entropy is exactly ln(10) at every step
     assert all(v == pytest.approx(math.log(10), rel=1e-6) for v in r.series["loss"])
     assert {"flat-loss", "zero-grad", "unchanged-params", "identical-outputs", "cannot-overfit"} <= set(codes(r))
@@ -149,7 +154,7 @@ def test_softmax_before_cross_entropy_is_bounded_output_with_the_exact_floor(unt
     torch.manual_seed(0)
     model, x = load("broken_overfit_softmax.py:build")
     with untouched(model):
-        r = diag.run(model, x, diag.Options(steps=20))
+        r = overfit(model, x, steps=20)
     # Truth by hand: logits in [0, 1], 10 classes -> best case true class 1, others 0:
     # -log(e / (e + 9)) = log(1 + 9/e)
     floor = -math.log(math.e / (math.e + 9))
@@ -165,22 +170,22 @@ def test_tanh_output_floor_and_no_finding_when_the_target_is_reachable():
     from torchdiag.core.inputs import ModelInputs
 
     x = ModelInputs((torch.randn(6, 8),), {}, "test")
-    r = diag.run(model, x, diag.Options(steps=5))
+    r = overfit(model, x, steps=5)
     floor = math.log(1 + 3 * math.exp(-2))                    # logits in [-1, 1], 4 classes
     assert f"{floor:.4g}" in finding(r, "bounded-output").message and "[-1, 1]" in finding(r, "bounded-output").message
     # an absolute target above the floor is reachable in principle: no bounded-output
-    r2 = diag.run(model, x, diag.Options(steps=5, target_loss=floor + 0.05))
+    r2 = overfit(model, x, steps=5, target_loss=floor + 0.05)
     assert "bounded-output" not in codes(r2)
     # unbounded logits never get it
     torch.manual_seed(0)
     mlp, xm = load("mlp.py:build")
-    assert "bounded-output" not in codes(diag.run(mlp, xm, diag.Options(steps=3)))
+    assert "bounded-output" not in codes(overfit(mlp, xm, steps=3))
 
 
 def test_non_finite_loss_points_to_nancheck():
     torch.manual_seed(0)
     model, x = load("broken_overfit_nan.py:build")
-    r = diag.run(model, x, diag.Options())
+    r = overfit(model, x)
     f = finding(r, "non-finite-loss")
     assert "step 0" in f.message and "nancheck" in f.hint
     assert r.data["steps"] == 0 and math.isnan(r.data["initial_loss"]) and r.data["final_accuracy"] is None
@@ -208,7 +213,7 @@ def test_loss_without_graph_is_no_grad(tmp_path):
 
     loaded = load_model(f"{tmp_path}/m.py:build", [], torch.device("cpu"))
     x = resolve_inputs([], loaded, torch.device("cpu"))
-    r = diag.run(loaded.model, x, diag.Options())
+    r = overfit(loaded.model, x)
     f = finding(r, "no-grad")
     assert f.where == "" and "does not require grad" in f.message
     assert r.data["steps"] == 0 and "cannot-overfit" in codes(r)
@@ -218,7 +223,7 @@ def test_on_step_is_called_for_every_evaluation():
     torch.manual_seed(0)
     model, x = load("mlp.py:build")
     seen = []
-    r = diag.run(model, x, diag.Options(on_step=lambda s, v: seen.append((s, v))))
+    r = overfit(model, x, on_step=lambda s, v: seen.append((s, v)))
     assert seen == list(enumerate(r.series["loss"]))
 
 
@@ -392,12 +397,12 @@ def test_plot_without_matplotlib_is_exit_2(cli, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("args,message", [
     (["-i", "8xZ"], "error: bad input shape"),
-    (["--steps", "0"], "error: --steps must be ≥ 1"),
-    (["--optimizer", "rmsprop"], "error: unknown optimizer 'rmsprop'"),
-    (["--amp", "fp8"], "error: unknown --amp 'fp8'"),
-    (["--target-ratio", "2"], "error: --target-ratio must be between 0 and 1"),
+    (["--steps", "0"], "error: --steps: must be ≥ 1"),
+    (["--optimizer", "rmsprop"], "error: --optimizer: 'rmsprop' is not one of adam, adamw, sgd"),
+    (["--amp", "fp8"], "error: --amp: 'fp8' is not one of"),
+    (["--target-ratio", "2"], "error: --target-ratio: must be between 0 and 1"),
     (["--plot", "curve.txt"], "error: --plot curve.txt: unsupported file type '.txt'"),
-    (["--device", "meta"], "error: overfit-batch trains the model: meta tensors hold no values"),
+    (["--device", "meta"], "error: overfit-batch needs real values; the meta device has none"),
     (["--loss", "hinge"], "error: unknown loss 'hinge'"),
 ])
 def test_bad_input_is_exit_2_with_one_error_line(cli, args, message):
@@ -425,7 +430,7 @@ def test_cuda_passes_and_leaves_model_untouched(untouched):
     torch.manual_seed(0)
     model, x = load("cnn.py:build", device="cuda", inputs=["8x3x32x32"])
     with untouched(model):
-        r = diag.run(model, x, diag.Options(amp="fp16"))
+        r = overfit(model, x, amp="fp16")
     assert r.data["passed"]
 
 
@@ -444,3 +449,82 @@ def test_plot_path_is_checked_before_loading(cli, tmp_path, name, message):
     assert len(errors) == 1 and "--plot" in errors[0] and message in errors[0], r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
     assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["--steps", "0"], "--steps"),
+    (["--target-ratio", "1.5"], "--target-ratio"),
+    (["--target-ratio", "0"], "--target-ratio"),
+    (["--lr", "-1"], "--lr"),
+    (["--optimizer", "lion"], "--optimizer"),
+    (["--amp", "fp8"], "--amp"),
+])
+def test_bad_option_is_exit_2_before_the_model_loads(cli, args, flag):
+    r = cli("overfit-batch", sample("broken_factory.py:raises"), *args)   # factory raises: exit 3 if loaded
+    assert r.code == 2, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {flag}: "), r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+@pytest.mark.parametrize("kw,name", [
+    (dict(steps=0), "steps"), (dict(target_ratio=1.5), "target_ratio"), (dict(target_loss=float("nan")), "target_loss"),
+    (dict(optimizer="lion"), "optimizer"), (dict(lr=0), "lr"), (dict(amp="fp8"), "amp"),
+])
+def test_bad_option_from_python_names_the_keyword_before_training(kw, name):
+    from torchdiag.errors import OptionError
+
+    model = torch.nn.Linear(4, 3)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(OptionError) as e:
+        overfit(model, torch.randn(6, 4), **kw)
+    assert str(e.value).startswith(f"{name}: ") and e.value.code == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_options_hold_every_rule_and_take_the_config_keys():
+    """check builds Options from its [overfit-batch] table (keys with - → _): every rule is here."""
+    from torchdiag.diagnostics.overfit_batch import Options
+    from torchdiag.errors import OptionError
+
+    assert Options(steps=200, target_ratio=0.05, target_loss=0.1).steps == 200
+    for bad in (dict(target_ratio=1.5), dict(target_ratio=-1), dict(steps="many"), dict(steps=2.5),
+                dict(target_loss="low"), dict(max_names=0)):
+        with pytest.raises(OptionError):
+            Options(**bad)
+    assert OptionError("target_ratio", "x").name_for("config").message.startswith("target-ratio: ")
+
+
+def test_optimizer_defaults_match_the_contract():
+    from torchdiag.diagnostics.overfit_batch import OPTIMIZER
+
+    assert OPTIMIZER.name == "adam" and OPTIMIZER.learning_rate == 1e-3 and OPTIMIZER.momentum == 0.9
+    torch.manual_seed(0)
+    model, x = load("mlp.py:build")
+    r = overfit(model, x, optimizer="sgd", steps=2, target_ratio=1e-9)
+    assert r.data["lr"] == 1e-2 and r.series["learning_rate"] == [1e-2, 1e-2]
+    assert r.header["training"].startswith("SGD (momentum 0.9), lr 0.01")
+
+
+def test_undeepcopyable_model_is_exit_3_and_untouched():
+    import threading
+
+    class Locked(torch.nn.Linear):
+        def __init__(self):
+            super().__init__(4, 3)
+            self.lock = threading.Lock()      # deepcopy cannot copy a lock
+
+    from torchdiag.errors import ModelError
+
+    with pytest.raises(ModelError) as e:
+        overfit(Locked(), torch.randn(6, 4), steps=2)
+    assert "cannot copy the model" in e.value.message and "deepcopy" in e.value.message and e.value.code == 3
+
+
+def test_fp16_autocast_on_cpu_uses_a_grad_scaler_and_passes():
+    torch.manual_seed(0)
+    model, x = load("mlp.py:build")
+    r = overfit(model, x, amp="fp16", steps=300)
+    assert r.data["amp"] == "fp16" and "autocast fp16" in r.header["training"]
+    assert len(r.series["loss"]) == r.data["steps"] + 1 and all(math.isfinite(v) for v in r.series["grad_norm"])
+

@@ -34,9 +34,6 @@ Amp = Annotated[str, typer.Option("--amp", help="none|bf16|fp16: train under tor
 Plot = Annotated[Optional[Path], typer.Option("--plot", metavar="FILE.png", show_default=False,
                                               help="Save the loss curve (matplotlib; .png, .svg or .pdf).")]
 
-PLOT_SUFFIXES = (".png", ".svg", ".pdf")
-
-
 def register(app) -> None:
     @app.command("overfit-batch", epilog=EXAMPLE, no_args_is_help=True)
     def overfit_batch(spec: c.Spec, arg: c.Args = None, input: c.Inputs = None, batch: c.Batch = None,
@@ -52,59 +49,15 @@ def register(app) -> None:
         × initial (and 100% batch accuracy for cross-entropy), or ≤ --target-loss. On failure the
         likely causes are checked: non-finite loss, missing or zero gradients, parameters that never
         changed, a flat loss, outputs identical across samples. Your model is not modified."""
+        from ..diagnostics import overfit_batch as diag
+        from ..render.overfit_batch import check_plot
+
         opts = c.CommonOptions("overfit-batch", spec, arg or [], input or [], device, seed, json, tb, debug,
-                               loss=loss, batch=batch)
-        settings = dict(steps=steps, optimizer=optimizer.strip().lower(), lr=lr, target_ratio=target_ratio,
-                        target_loss=target_loss, amp=amp.strip().lower())
-        execute(opts, settings, plot)
-
-
-def _check_plot(plot: Path | None) -> None:
-    """--plot before any work: a writable file name with a suffix we write, and matplotlib."""
-    from ..errors import UsageError
-
-    if plot is None:
-        return
-    c.output_file(plot, "--plot", PLOT_SUFFIXES)
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise UsageError("--plot needs matplotlib, which is not installed",
-                         hint="pip install matplotlib, or drop --plot") from None
-
-
-def write_plot(result, path: Path) -> None:
-    """The loss curve (and the pass threshold) as an image."""
-    import math
-
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    losses = result.series.get("loss", [])
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    try:
-        ax.plot(range(len(losses)), losses, lw=1.5, label="loss")
-        finite = [v for v in losses if math.isfinite(v)]
-        if finite and min(finite) > 0:
-            ax.set_yscale("log")
-        initial = result.data.get("initial_loss")
-        if initial is not None and math.isfinite(initial) and initial > 0:
-            ax.axhline(result.data["target_ratio"] * initial, color="tab:green", ls="--", lw=1,
-                       label=f"target {result.data['target_ratio']:g} × initial")
-        if result.data.get("target_loss") is not None:
-            ax.axhline(result.data["target_loss"], color="tab:olive", ls=":", lw=1, label="--target-loss")
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss")
-        verdict = "interrupted" if result.data.get("interrupted") else "PASS" if result.data.get("passed") else "FAIL"
-        ax.set_title(f"overfit-batch {result.header.get('model', '')}: {verdict}", fontsize=9)
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(path)
-    finally:
-        plt.close(fig)
+                               loss=loss, batch=batch, optimizer=dict(name=optimizer, lr=lr), amp=amp,
+                               outputs={"plot": plot})
+        c.execute(opts, diag, lambda: diag.Options(steps=steps, target_ratio=target_ratio, target_loss=target_loss),
+                  run=_with_progress(diag, opts.json), render_extra=_after(opts.json),
+                  precheck=lambda: check_plot(plot))   # before loading
 
 
 def _progress_bar(json_mode: bool):
@@ -119,41 +72,38 @@ def _progress_bar(json_mode: bool):
                     TimeElapsedColumn(), console=Console(stderr=True), transient=True)
 
 
-def execute(opts: c.CommonOptions, settings: dict, plot: Path | None) -> None:
-    """Train with a live progress bar (stderr, terminals only), then render; Ctrl-C during
-    training returns the partial result, rendered like any other, with exit 130."""
+def _with_progress(diag, json_mode: bool):
+    """diag.run with a live progress bar (stderr, terminals only). Ctrl-C during training returns
+    the partial result (exit 130), rendered like any other."""
+    import dataclasses
     import time
 
-    from ..diagnostics import overfit_batch as diag
-
-    def run(target):
-        options = diag.Options(seed=opts.seed, loss=target.loss(), **settings)
-        diag._check_options(options)
-        bar = _progress_bar(opts.json)
+    def run(model, inputs, options, ctx):
+        bar = _progress_bar(json_mode)
         if bar is None:
-            result = diag.run(target.model, target.inputs, options)
-        else:
-            with bar:
-                task = bar.add_task("train", total=options.steps, loss="—", rate="—")
-                first: list[float] = []
+            return diag.run(model, inputs, options, ctx)
+        with bar:
+            task = bar.add_task("train", total=options.steps, loss="—", rate="—")
+            first: list[float] = []
 
-                def on_step(step: int, loss: float) -> None:
-                    now = time.perf_counter()   # rate from the first evaluation: excludes set-up
-                    first.append(now) if not first else None
-                    dt = now - first[0]
-                    bar.update(task, completed=step, loss=f"{loss:.4g}", rate=f"{step / dt:.1f}" if dt > 0 else "—")
+            def on_step(step: int, loss: float) -> None:
+                now = time.perf_counter()   # rate from the first evaluation: excludes set-up
+                first.append(now) if not first else None
+                dt = now - first[0]
+                bar.update(task, completed=step, loss=f"{loss:.4g}", rate=f"{step / dt:.1f}" if dt > 0 else "—")
 
-                options.on_step = on_step
-                result = diag.run(target.model, target.inputs, options)
-        if plot is not None:
-            write_plot(result, plot)
-            result.data["plot"] = str(plot)
-        return result
+            return diag.run(model, inputs, dataclasses.replace(options, on_step=on_step), ctx)
 
-    def after(result):
-        if plot is not None and not opts.json:
-            c.err(f"Loss curve: {plot}")
+    return run
+
+
+def _after(json_mode: bool):
+    def after(result, written: dict) -> None:
+        if "plot" in written:
+            result.data["plot"] = written["plot"]
+            if not json_mode:
+                c.err(f"Loss curve: {written['plot']}")
         if result.data.get("interrupted"):
             c.err(f"error: interrupted at step {result.data.get('steps')}: partial result, no verdict")
 
-    c.execute(opts, run, render_extra=after, precheck=lambda: _check_plot(plot))
+    return after

@@ -1,0 +1,215 @@
+"""Why a model could not memorise its batch, checked on the trained copy: parameters that never
+changed or only ever got zero gradients, outputs identical across the samples (and the module that
+makes them so), outputs squashed into a box where cross-entropy needs logits."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+SAME_REL = 1e-6          # samples whose outputs differ by less than this (relative) are "identical"
+
+
+@dataclass
+class Causes:
+    unchanged: list[str]
+    zero: list[str]
+    final_same: bool = False
+    collapse: dict | None = None     # find_collapse()
+    floor: float | None = None       # label entropy, when a batch-constant prediction is the best possible
+    bounded: dict | None = None      # {box, classes, floor, needed}
+
+
+def sample_tensor(out, batch: int | None):
+    """The first floating tensor of the output whose leading dimension is the batch."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out if out.is_floating_point() and out.dim() >= 1 and (batch is None or out.shape[0] == batch) else None
+    items = out.values() if isinstance(out, dict) or hasattr(out, "keys") else out if isinstance(out, (tuple, list)) else ()
+    for v in items:
+        t = sample_tensor(v, batch)
+        if t is not None:
+            return t
+    return None
+
+
+def same_across_samples(t) -> tuple[bool, float]:
+    """(every sample along dim 0 equals the first, max absolute difference)."""
+    import torch
+
+    if t is None or t.dim() == 0 or t.shape[0] < 2:
+        return False, float("nan")
+    t = t.detach()
+    if not t.is_floating_point():
+        return bool(torch.equal(t, t[:1].expand_as(t))), 0.0
+    t = t.float()
+    diff = float((t - t[:1]).abs().amax())
+    scale = float(t.abs().amax())
+    return diff <= SAME_REL * scale + 1e-30, diff
+
+
+def accuracy(out, loss) -> float | None:
+    """Batch accuracy for cross-entropy losses (argmax over dim 1; ignore_index -100 skipped)."""
+    import torch
+
+    if getattr(loss, "chosen", "") != "cross_entropy" or loss.target is None:
+        return None
+    from ...core.loss import primary_output
+
+    y, _ = primary_output(out)
+    target = loss.target.to(y.device)
+    with torch.no_grad():
+        pred = y.detach().argmax(1)
+        if target.is_floating_point():   # class probabilities
+            target = target.argmax(1)
+        keep = target != -100
+        n = int(keep.sum())
+        if n == 0:
+            return None
+        return float(((pred == target) & keep).sum()) / n
+
+
+def entropy_floor(target) -> float:
+    """Lowest cross-entropy any batch-constant prediction can reach: the entropy of the labels."""
+    counts: dict[int, int] = {}
+    for v in target.reshape(-1).tolist():
+        counts[v] = counts.get(v, 0) + 1
+    n = sum(counts.values())
+    return -sum(c / n * math.log(c / n) for c in counts.values())
+
+
+def output_box(out, loss) -> tuple[float, float] | None:
+    """For cross-entropy with class-index targets: the interval every logit lies in, when the output
+    is squashed to [0, 1] (sigmoid, softmax) or [-1, 1] (tanh); None otherwise."""
+    import torch
+
+    if getattr(loss, "chosen", "") != "cross_entropy" or loss.target is None or loss.target.is_floating_point():
+        return None
+    from ...core.loss import primary_output
+
+    try:
+        y, _ = primary_output(out)
+    except Exception:
+        return None
+    if not isinstance(y, torch.Tensor) or y.dim() < 2 or y.shape[1] < 2 or not y.is_floating_point():
+        return None
+    y = y.detach().float()
+    if not bool(torch.isfinite(y).all()):
+        return None
+    lo, hi = float(y.amin()), float(y.amax())
+    eps = 1e-6
+    if lo >= -eps and hi <= 1 + eps:
+        return 0.0, 1.0
+    if lo >= -1 - eps and hi <= 1 + eps:
+        return -1.0, 1.0
+    return None
+
+
+def bounded_floor(classes: int, box: tuple[float, float]) -> float:
+    """Lowest cross-entropy reachable when every logit lies in `box`: the true class at the top of
+    the box and every other class at the bottom, log(1 + (C - 1) e^-(hi - lo))."""
+    return math.log1p((classes - 1) * math.exp(-(box[1] - box[0])))
+
+
+def find_collapse(work, batch) -> dict | None:
+    """Forward hooks on every module: the first module (in completion order) whose input
+    differs across the samples of the batch while its output is the same for every sample.
+    Returns {"module", "type"} or {"inputs_identical": True} or None."""
+    import torch
+
+    bsz = batch.batch_size
+    if not bsz or bsz < 2:
+        return None
+    names = {id(m): n for n, m in work.named_modules()}
+    found: list[dict] = []
+    root_inputs_same = []
+
+    def varies(obj) -> bool | None:
+        ts = []
+        _tensors(obj, ts)
+        ts = [t for t in ts if t.dim() >= 1 and t.shape[0] == bsz]
+        if not ts:
+            return None
+        return any(not same_across_samples(t)[0] for t in ts)
+
+    def hook(mod, args, kwargs, output):
+        if found:
+            return
+        name = names.get(id(mod), "?")
+        v_in = varies((args, kwargs))
+        out = sample_tensor(output, bsz)
+        if name == "":
+            root_inputs_same.append(v_in is False)
+        if v_in and out is not None and same_across_samples(out)[0]:
+            found.append({"module": name or "(root)", "type": type(mod).__name__})
+
+    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in {id(m): m for m in work.modules()}.values()]
+    try:
+        with torch.no_grad():
+            batch.call(work)
+    except Exception:
+        return None
+    finally:
+        for h in handles:
+            h.remove()
+    if found:
+        return found[0]
+    if root_inputs_same and root_inputs_same[0]:
+        return {"inputs_identical": True}
+    return None
+
+
+def _tensors(obj, out):
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _tensors(x, out)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            _tensors(x, out)
+
+
+def diagnose(trainer, curve, opts) -> Causes:
+    """The causes the report can name, from the trained copy (`trainer.work`) and its curve."""
+    import torch
+
+    step = curve.step
+    causes = Causes(
+        unchanged=[n for n, p in trainer.trainable if step > 0 and torch.equal(p.detach(), trainer.start[n])],
+        zero=[n for n, _ in trainer.trainable if step > 0 and not trainer.ever_nonzero[n] and n not in curve.missing])
+    failed_plainly = not curve.interrupted and not curve.no_graph and curve.nonfinite_at is None \
+        and curve.reached_at is None and curve.losses
+    if failed_plainly:
+        _final_output(trainer, curve, opts, causes)
+        if causes.final_same:
+            causes.collapse = find_collapse(trainer.work, trainer.batch)
+    target = trainer.loss_fn.target
+    if causes.collapse and getattr(trainer.loss_fn, "chosen", "") == "cross_entropy" and target is not None \
+            and not target.is_floating_point() and target.dim() == 1:
+        causes.floor = entropy_floor(target.cpu())
+    return causes
+
+
+def _final_output(trainer, curve, opts, causes: Causes) -> None:
+    """One more forward of the trained copy: identical outputs across samples, a bounded output."""
+    import torch
+
+    from ...core.loss import primary_output
+
+    with torch.no_grad(), trainer.autocast():
+        try:
+            out = trainer.batch.call(trainer.work)
+            causes.final_same, _ = same_across_samples(sample_tensor(out, trainer.batch.batch_size))
+            box = output_box(out, trainer.loss_fn)
+            if box is not None and box == curve.first_box:
+                classes = int(primary_output(out)[0].shape[1])
+                floor = bounded_floor(classes, box)
+                needed = max(opts.target_ratio * curve.losses[0],
+                             opts.target_loss if opts.target_loss is not None else -math.inf)
+                if needed < floor:
+                    causes.bounded = {"box": box, "classes": classes, "floor": floor, "needed": needed}
+        except Exception:
+            causes.final_same = False

@@ -1,0 +1,203 @@
+"""The overfit-batch Result: header, data and series, summary lines, the cause findings and the verdict."""
+from __future__ import annotations
+
+import math
+
+from ...errors import ExitCode
+from ...results import Result
+
+FLAT_REL = 1e-3          # best loss within 0.1% of the initial loss: "flat from the start"
+
+
+def describe_optimizer(spec) -> str:
+    """How the header has always named the optimizer (torch's class, and what differs from its defaults)."""
+    if spec.name == "sgd":
+        return f"SGD (momentum {spec.momentum:g})" if spec.momentum else "SGD"
+    return "AdamW (weight_decay 0.01)" if spec.name == "adamw" else "Adam"
+
+
+def _fmt(v) -> str:
+    return "—" if v is None else f"{v:.6g}"
+
+
+def _names(names: list[str], limit: int) -> str:
+    return ", ".join(names[:limit]) + (f" … (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+def build(trainer, curve, causes, opts, ctx) -> Result:
+    result = Result("overfit-batch")
+    _header_and_data(result, trainer, curve, opts, ctx)
+    _summary(result, curve, opts)
+    if curve.interrupted:
+        result.code = ExitCode.INTERRUPTED
+        result.verdict = (f"INTERRUPTED after {curve.step} step(s): partial result "
+                          f"(loss {_fmt(result.data['initial_loss'])} → {_fmt(result.data['final_loss'])})")
+        result.notes.append("interrupted with Ctrl-C: no verdict; the numbers above are up to the last step")
+        return result
+    found = _cause_findings(result, trainer, curve, causes, opts)
+    _verdict(result, trainer, curve, opts, ctx, found)
+    return result
+
+
+def _header_and_data(result, trainer, curve, opts, ctx) -> None:
+    losses = curve.losses
+    optimizer = ctx.spec.optimizer
+    lr = optimizer.learning_rate
+    initial, final = (losses[0], losses[-1]) if losses else (None, None)
+    finite = [v for v in losses if math.isfinite(v)]
+    final_acc = curve.accs[-1] if curve.accs and final is not None and math.isfinite(final) else None
+    target = f"loss ≤ {opts.target_ratio:g} × initial" + (" and batch accuracy 100%" if curve.accs else "")
+    if opts.target_loss is not None:
+        target += f", or loss ≤ {opts.target_loss:g}"
+    # Header keys must not collide with data/series keys ("loss" is the per-step list in JSON).
+    result.header.update({
+        "loss_rule": trainer.loss_fn.describe(),
+        "training": f"{describe_optimizer(optimizer)}, lr {lr:g}, at most {opts.steps} steps, train mode, on a copy"
+                    + (f", autocast {trainer.amp}" if trainer.amp else ""),
+        "target": target,
+    })
+    steps, seconds = curve.step, curve.seconds
+    result.data.update({
+        "passed": curve.reached_at is not None, "interrupted": curve.interrupted, "steps": steps,
+        "max_steps": opts.steps, "initial_loss": initial, "final_loss": final,
+        "best_loss": min(finite) if finite else None, "steps_to_target": curve.reached_at,
+        "target_ratio": opts.target_ratio, "target_loss": opts.target_loss, "final_accuracy": final_acc,
+        "optimizer": optimizer.name, "lr": lr, "amp": trainer.amp or "none", "seed": ctx.seed,
+        "seconds": round(seconds, 3), "steps_per_second": round(steps / seconds, 2) if seconds > 0 else None,
+        "batch_size": trainer.batch.batch_size, "trainable_tensors": len(trainer.trainable),
+        "frozen_tensors": trainer.frozen,
+    })
+    result.series["loss"] = losses
+    result.series["grad_norm"] = curve.grad_norms
+    result.series["learning_rate"] = curve.lrs
+    if curve.accs:
+        result.series["accuracy"] = curve.accs
+
+
+def _summary(result, curve, opts) -> None:
+    from ...render.fmt import sparkline
+
+    d = result.data
+    initial, final, steps, seconds = d["initial_loss"], d["final_loss"], curve.step, curve.seconds
+    result.summary += [
+        ("Initial loss", _fmt(initial)),
+        ("Final loss", _fmt(final) + (f"  ({final / initial:.3g} × initial)" if initial and final is not None
+                                      and initial > 0 and math.isfinite(final) else "")),
+        ("Best loss", _fmt(d["best_loss"])),
+    ]
+    if d["final_accuracy"] is not None:
+        result.summary.append(("Batch accuracy", f"{100 * d['final_accuracy']:.1f}%"))
+    result.summary += [
+        ("Steps", f"{steps} of {opts.steps}" + (f" (target reached at step {curve.reached_at})" if d["passed"] else "")),
+        ("Time", f"{seconds:.2f} s ({steps / seconds:.1f} steps/s)" if seconds > 0 else "—"),
+        ("Loss curve", sparkline(_thin(curve.losses, 60)) or "—"),
+    ]
+
+
+def _cause_findings(result, trainer, curve, causes, opts) -> int:
+    """Warnings that explain a failure (cannot-overfit decides); returns how many causes were found."""
+    limit, steps, n_trainable = opts.max_names, curve.step, len(trainer.trainable)
+    initial, best, final = result.data["initial_loss"], result.data["best_loss"], result.data["final_loss"]
+    found = 0
+    if curve.nonfinite_at is not None:
+        found += 1
+        result.add("non-finite-loss", "warning", "", f"the loss became {final} at step {curve.nonfinite_at}"
+                   + (" (the very first forward)" if curve.nonfinite_at == 0 else ""),
+                   hint="run `torchdiag nancheck` on this model to find the first module with a non-finite value")
+    if curve.no_graph:
+        found += 1
+        result.add("no-grad", "warning", "", "the loss does not require grad: no trainable parameter is connected to it "
+                   "(forward under torch.no_grad(), detach(), or outputs built from non-trainable tensors)",
+                   hint="run `torchdiag gradflow` on this model")
+    elif curve.missing:
+        found += 1
+        result.add("no-grad", "warning", curve.missing[0],
+                   f"{len(curve.missing)} of {n_trainable} trainable parameter tensor(s) got no gradient: "
+                   f"{_names(curve.missing, limit)}",
+                   hint="they are not connected to the loss (unused, detached, or under no_grad); run `torchdiag gradflow`")
+    if causes.zero:
+        found += 1
+        result.add("zero-grad", "warning", causes.zero[0],
+                   f"{len(causes.zero)} parameter tensor(s) had a gradient of exactly zero at every step: "
+                   f"{_names(causes.zero, limit)}", hint="dead activations or a saturated path upstream; run `torchdiag gradflow`")
+    if causes.unchanged:
+        found += 1
+        result.add("unchanged-params", "warning", causes.unchanged[0],
+                   f"{len(causes.unchanged)} of {n_trainable} trainable parameter tensor(s) never changed in {steps} "
+                   f"step(s): {_names(causes.unchanged, limit)}")
+    if steps >= 2 and initial is not None and best is not None and initial != 0 and \
+            (initial - best) <= FLAT_REL * abs(initial) and curve.nonfinite_at is None:
+        found += 1
+        result.add("flat-loss", "warning", "", f"the loss is flat from the start: best {best:.6g} vs initial {initial:.6g} "
+                   f"over {steps} steps", hint="gradients vanish or the output ignores the parameters; try `torchdiag gradflow`")
+    if causes.final_same:
+        found += 1
+        _identical_outputs(result, curve, causes)
+    if causes.bounded:
+        found += 1
+        _bounded_output(result, causes.bounded, trainer.ctx)
+    return found
+
+
+def _identical_outputs(result, curve, causes) -> None:
+    where, what, collapse = "", "every sample of the batch gets the same output", causes.collapse
+    if collapse and collapse.get("module"):
+        where = collapse["module"] if collapse["module"] != "(root)" else ""
+        what += (f"; {collapse['module']} ({collapse['type']}) is the first module whose inputs differ across "
+                 "samples but whose output does not")
+    elif collapse and collapse.get("inputs_identical"):
+        what += "; the inputs themselves are identical across samples"
+    if curve.first_same:
+        what += " (already before training)"
+    if causes.floor is not None:
+        what += f"; a batch-constant prediction cannot go below the label entropy {causes.floor:.4g}"
+    result.add("identical-outputs", "warning", where, what,
+               hint="look for a mean, pooling or normalisation over the batch dimension (dim 0), "
+               "or a layer that maps every input to the same value (dead ReLU, saturation)")
+
+
+def _bounded_output(result, bounded: dict, ctx) -> None:
+    lo, hi = bounded["box"]
+    loss, batch = ctx.option("loss"), ctx.option("batch")
+    result.add("bounded-output", "warning", "",
+               f"every output value stays within [{lo:g}, {hi:g}] (a {'sigmoid or softmax' if lo == 0 else 'tanh'} "
+               f"at the end?): with {bounded['classes']} classes cross-entropy cannot go below "
+               f"{bounded['floor']:.4g}, and the target needs {bounded['needed']:.4g}",
+               hint="cross-entropy expects unbounded logits: drop the final squashing (the loss applies "
+                    f"log-softmax itself), or pick a loss that fits the output ({loss} mse, {loss} PATH:fn, {batch})")
+
+
+def _verdict(result, trainer, curve, opts, ctx, found: int) -> None:
+    d, steps, losses = result.data, curve.step, curve.losses
+    initial, final, final_acc = d["initial_loss"], d["final_loss"], d["final_accuracy"]
+    if not d["passed"] and curve.nonfinite_at is None and steps >= 20 and final is not None:
+        tail = losses[int(0.9 * steps)]
+        if final < 0.999 * tail:
+            result.notes.append(f"the loss was still falling at the end ({100 * (final / tail - 1):.1f}% over the last "
+                                f"10% of steps): more {ctx.option('steps')} or a larger {ctx.option('lr')} may reach the target")
+    if d["passed"]:
+        result.verdict = (f"PASS: loss {_fmt(initial)} → {_fmt(final)} in {curve.reached_at} step(s)"
+                          + (f", batch accuracy {100 * final_acc:.0f}%" if final_acc is not None else ""))
+        return
+    bits = [f"final loss {_fmt(final)}"]
+    if initial is not None and initial > 0 and final is not None and math.isfinite(final):
+        bits.append(f"{final / initial:.3g} × initial (target {opts.target_ratio:g})")
+    if final_acc is not None and final_acc < 1:
+        bits.append(f"batch accuracy {100 * final_acc:.1f}%")
+    hint = None if found else (f"no mechanical cause found: try more {ctx.option('steps')} (now {opts.steps}) "
+                               f"or another {ctx.option('lr')} (now {d['lr']:g})")
+    result.add("cannot-overfit", "error", "", f"could not memorise one batch of {trainer.batch.batch_size} in "
+               f"{steps} step(s): " + ", ".join(bits), hint=hint)
+    result.verdict = f"FAIL: cannot overfit one batch ({', '.join(bits)})"
+
+
+def _thin(values: list[float], width: int) -> list[float]:
+    """At most `width` points for the sparkline: the minimum of each bucket (keeps drops visible)."""
+    if len(values) <= width:
+        return values
+    out = []
+    for i in range(width):
+        lo, hi = i * len(values) // width, (i + 1) * len(values) // width
+        chunk = [v for v in values[lo:hi] if math.isfinite(v)]
+        out.append(min(chunk) if chunk else float("nan"))
+    return out

@@ -1,0 +1,55 @@
+"""Files of `overfit-batch`: the loss curve (`--plot FILE.png|.svg|.pdf`)."""
+from __future__ import annotations
+
+from ..errors import UsageError
+from .output import atomic_path, check_file
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def check_plot(path, option: str = "--plot") -> None:
+    """Before any work: a writable file name with a suffix we write, and matplotlib installed."""
+    if path is None:
+        return
+    check_file(path, option, PLOT_SUFFIXES)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError(f"{option} needs matplotlib, which is not installed",
+                         hint=f"pip install matplotlib, or drop {option}") from None
+
+
+def write_plot(result, path) -> str:
+    """The loss curve (and the pass threshold) as an image; returns the path written."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    losses = result.series.get("loss", [])
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    try:
+        ax.plot(range(len(losses)), losses, lw=1.5, label="loss")
+        finite = [v for v in losses if math.isfinite(v)]
+        if finite and min(finite) > 0:
+            ax.set_yscale("log")
+        initial = result.data.get("initial_loss")
+        if initial is not None and math.isfinite(initial) and initial > 0:
+            ax.axhline(result.data["target_ratio"] * initial, color="tab:green", ls="--", lw=1,
+                       label=f"target {result.data['target_ratio']:g} × initial")
+        if result.data.get("target_loss") is not None:
+            ax.axhline(result.data["target_loss"], color="tab:olive", ls=":", lw=1, label="--target-loss")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        verdict = "interrupted" if result.data.get("interrupted") else "PASS" if result.data.get("passed") else "FAIL"
+        ax.set_title(f"overfit-batch {result.header.get('model', '')}: {verdict}", fontsize=9)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        with atomic_path(path, "--plot") as tmp:
+            fig.savefig(tmp)
+    finally:
+        plt.close(fig)
+    return str(path)
