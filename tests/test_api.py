@@ -118,9 +118,9 @@ def test_gradcam_and_embeddings_from_python(tmp_path, untouched):
     image = save_png((np.random.default_rng(0).uniform(0.3, 1, (32, 32, 3)) * 255).astype(np.uint8), tmp_path / "i.png")
     with untouched(model):
         r = torchdiag.gradcam(model, image, layer="features.3", mean=[0, 0, 0])
-    heat = r._heatmap
+    heat = r.artefacts["heatmap"]
     # only rows/cols 16..31 reach the output; two 3×3 convs see 2 pixels further
-    assert heat[:14, :].max() == 0 and heat[:, :14].max() == 0 
+    assert heat[:14, :].max() == 0 and heat[:, :14].max() == 0
     assert all(i >= 14 for i in np.unravel_index(heat.argmax(), heat.shape))
     model, inputs = load("cnn.py:build")
     e = torchdiag.embeddings(model, inputs.args[0], layer="head.0", logdir=tmp_path / "tb")

@@ -75,25 +75,6 @@ def test_summary_events_hold_tables_and_graph(cli, tmp_path):
     assert acc.Graph() is not None
 
 
-def test_summary_graph_says_plainly_when_it_cannot_trace(tmp_path):
-    import torch
-    from torch import nn
-
-    from torchdiag.core.inputs import ModelInputs
-    from torchdiag.diagnostics.summary import write_graph
-
-    class DictOut(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(3, 2)
-
-        def forward(self, x):
-            return {"logits": self.fc(x), "note": "not a tensor", "n": 3}
-
-    note = write_graph(DictOut(), ModelInputs((torch.randn(2, 3),)), tmp_path)
-    assert note.startswith("model graph not written: the tracer could not follow this model")
-
-
 def test_summary_tb_on_untraceable_model_keeps_json_pure_and_says_why(cli, tmp_path):
     """add_graph print()s the tracer's failure to stdout; --json must still be one document."""
     (tmp_path / "dictout.py").write_text(

@@ -108,14 +108,20 @@ activations = _command("activations", "Activation statistics per layer (layers, 
 attention = _command("attention", "Attention maps and per-head statistics (tokens, sample, sdpa).")
 
 
-def embeddings(model, inputs=None, *, layer: str, labels=None, **options):
-    """The layer's output per sample; TensorBoard projector data is written by the renderer (--tb)."""
-    return run("embeddings", model, inputs, layer=layer, labels=labels, **options)
+def embeddings(model, inputs=None, *, layer: str, logdir=None, labels=None, **options):
+    """The layer's output per sample; with `logdir`, the TensorBoard projector data is written under
+    logdir/embeddings/ (by torchdiag.render.embeddings.write_projector, which you may also call yourself)."""
+    result = run("embeddings", model, inputs, layer=layer, labels=labels, **options)
+    if logdir is not None:
+        from .render.embeddings import write_projector
+
+        result.data["projector_dir"] = write_projector(result, logdir)
+    return result
 
 
 def gradcam(model, image, *, layer: str, **options):
     """Grad-CAM of `layer` for one image file (PNG/JPEG); options as `torchdiag gradcam` (size, mean,
-    std, channels, target_class, alpha, topk). The heatmap (H×W in [0, 1]) is in the result's data."""
+    std, channels, target_class, alpha, topk). The heatmap (H×W in [0, 1]) is result.artefacts["heatmap"]."""
     return run("gradcam", model, None, layer=layer, image=str(image), **options)
 
 

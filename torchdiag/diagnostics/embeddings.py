@@ -30,7 +30,6 @@ class Options:
     labels: object = None        # N labels (a list; a tensor/array is taken as .tolist()), or None: the batch target
     sprite: bool = True
     images: bool = False         # draw the PCA preview (result.artefacts["pca"])
-    logdir: None = None          # gone: the projector files are written by render/embeddings.py
 
     def __post_init__(self):
         if not self.layer or not isinstance(self.layer, str):
@@ -43,9 +42,6 @@ class Options:
             raise OptionError("labels", f"takes one label per sample (a list or tensor), not {type(self.labels).__name__}")
         flag("images", self.images, "torchdiag.render.embeddings.write_images")
         flag("sprite", self.sprite, "torchdiag.render.embeddings.write_projector")
-        if self.logdir is not None:
-            raise OptionError("logdir", "is not an option any more: the diagnostic returns data",
-                              hint="write the projector files with torchdiag.render.embeddings.write_projector(result, DIR)")
 
 
 def vectors(t, how: str):

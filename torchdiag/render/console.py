@@ -18,7 +18,7 @@ def _console():
     return Console(highlight=False, soft_wrap=False, width=width)
 
 
-def _text(value, style: str = "") -> "Text":
+def _text(value, style: str = ""):
     """Our strings hold the user's names and messages: never Rich markup (`dict[str, int]`, `[/x]`)."""
     from rich.text import Text
 
@@ -26,7 +26,6 @@ def _text(value, style: str = "") -> "Text":
 
 
 def print_result(result, console=None) -> None:
-    from rich.table import Table
     from rich.text import Text
 
     con = console or _console()
