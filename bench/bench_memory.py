@@ -20,10 +20,17 @@ import torch  # noqa: E402
 
 from conftest import load  # noqa: E402
 from torchdiag.core.loss import Loss  # noqa: E402
+from torchdiag.api import run  # noqa: E402
+from torchdiag.core.context import context_for  # noqa: E402
+from torchdiag.core.run import RunSpec  # noqa: E402
 from torchdiag.diagnostics import memory as M  # noqa: E402
 
 MODELS = [("mlp.py:build", None), ("cnn.py:build", ["32x3x32x32"]), ("transformer_lm.py:build", None),
           ("llama.py:build", None), ("vit.py:build", None)]
+
+
+def _ctx(model, **spec):
+    return context_for(model, RunSpec("memory", optimizer=M.OPTIMIZER, caller="python", **spec))
 
 
 def _median(fn, reps=5):
@@ -71,11 +78,12 @@ def main():
     for name, ins in MODELS:
         model, inputs = load(name, inputs=ins)
         base = _median(lambda: plain_step(model, inputs))
-        t_meas = _median(lambda: M.measure(model, inputs, M.Options(), torch.device("cpu")))
-        t_est = _median(lambda: M.estimate(model, inputs, M.Options()))
-        t_run = _median(lambda: M.run(model, inputs, M.Options()), reps=3)
-        measured = M.measure(model, inputs, M.Options(), torch.device("cpu")).peak
-        est = M.estimate(model, inputs, M.Options()).peak
+        ctx = _ctx(model)
+        t_meas = _median(lambda: M.measure(model, inputs, M.Options(), ctx))
+        t_est = _median(lambda: M.estimate(model, inputs, M.Options(), ctx))
+        t_run = _median(lambda: run("memory", model, inputs), reps=3)
+        measured = M.measure(model, inputs, M.Options(), ctx).peak
+        est = M.estimate(model, inputs, M.Options(), ctx).peak
         ref = memtracker_peak(model, inputs)
         ref_s = f"{(measured - ref) / ref:+.2%}" if ref else "n/a"
         print(f"{name:26} {base * 1e3:8.1f}ms {t_meas / base:7.2f}x {t_est / base:7.2f}x {t_run / base:6.2f}x  "
@@ -87,10 +95,10 @@ def main():
     model, inputs = load("llama.py:build", "size='7b'", device="meta", inputs=["1x2048:int64"])
     t_build = time.perf_counter() - t0
     t0 = time.perf_counter()
-    r = M.estimate(model, inputs, M.Options(), emulate="cuda")
+    r = M.estimate(model, inputs, M.Options(), _ctx(model), emulate="cuda")
     t_est = time.perf_counter() - t0
     t0 = time.perf_counter()
-    rb = M.estimate(model, inputs, M.Options(dtype="bfloat16"), emulate="cuda")
+    rb = M.estimate(model, inputs, M.Options(), _ctx(model, dtype="bfloat16"), emulate="cuda")
     t_bf = time.perf_counter() - t0
     print(f"Llama-7B on meta, 1x2048, Adam fp32: build {t_build:.1f}s, estimate {t_est:.1f}s "
           f"({t_est / t_build:.1f}x the meta build), peak {r.peak / 2**30:.1f} GiB in {r.peak_phase}; "

@@ -14,7 +14,16 @@ import pytest
 import torch
 
 from conftest import load, sample
+from torchdiag.api import run
 from torchdiag.diagnostics import memory as M
+
+
+def _ctx(model, **spec):
+    """The context a Python caller gets (the model's own device; memory's default optimizer)."""
+    from torchdiag.core.context import context_for
+    from torchdiag.core.run import RunSpec
+
+    return context_for(model, RunSpec("memory", optimizer=M.OPTIMIZER, caller="python", **spec))
 
 
 def _P(model):
@@ -25,7 +34,7 @@ def _P(model):
 @pytest.fixture(scope="module")
 def mlp_report():
     model, inputs = load("mlp.py:build")
-    return model, inputs, M.run(model, inputs, M.Options()).to_dict()
+    return model, inputs, run("memory", model, inputs).to_dict()
 
 
 def test_mlp_adam_closed_forms(mlp_report):
@@ -45,16 +54,16 @@ def test_mlp_adam_closed_forms(mlp_report):
 def test_sgd_and_adamw_state():
     model, inputs = load("mlp.py:build")
     P, n = _P(model)
-    sgd = M.run(model, inputs, M.Options(optimizer="sgd")).to_dict()
+    sgd = run("memory", model, inputs, optimizer="sgd").to_dict()
     assert sgd["optimizer_bytes"] == P * 4  # one momentum buffer
-    adamw = M.run(model, inputs, M.Options(optimizer="adamw")).to_dict()
+    adamw = run("memory", model, inputs, optimizer="adamw").to_dict()
     assert adamw["optimizer_bytes"] == 2 * P * 4 + 4 * n
 
 
 def test_inference_mlp_closed_form():
     model, inputs = load("mlp.py:build")
     P, _ = _P(model)
-    d = M.run(model, inputs, M.Options(mode="inference")).to_dict()
+    d = run("memory", model, inputs, mode="inference").to_dict()
     assert d["grad_bytes"] == 0 and d["optimizer_bytes"] == 0 and d["activation_bytes"] == 0
     B = 16
     assert d["peak_bytes"] == P * 4 + B * 784 * 4 + 2 * B * 256 * 4
@@ -65,7 +74,7 @@ def test_inference_mlp_closed_form():
 def test_cnn_per_module_activations(untouched):
     model, inputs = load("cnn.py:build")  # batch 8, 3x32x32, width 16
     with untouched(model):
-        d = M.run(model, inputs, M.Options(top=0)).to_dict()
+        d = run("memory", model, inputs, top=0).to_dict()
     mods = {m["name"]: m for m in d["modules"]}
     B = 8
     assert mods["features.1"]["activation_bytes"] == B * 16 * 32 * 32 * 4            # ReLU output
@@ -82,8 +91,8 @@ def test_cnn_per_module_activations(untouched):
 def test_estimate_within_10pct_of_measured(name, untouched):
     model, inputs = load(name)
     with untouched(model):
-        measured = M.measure(model, inputs, M.Options(), torch.device("cpu"))
-        est = M.estimate(model, inputs, M.Options())
+        measured = M.measure(model, inputs, M.Options(), _ctx(model))
+        est = M.estimate(model, inputs, M.Options(), _ctx(model))
     assert abs(est.peak - measured.peak) <= 0.10 * measured.peak
     assert est.param_bytes == measured.param_bytes and est.optimizer_bytes == measured.optimizer_bytes
     try:
@@ -130,7 +139,7 @@ def test_batch_sizes_and_budget(cli):
     from torchdiag.core.inputs import ModelInputs
 
     ins = ModelInputs((torch.randn(best + 1, 784),))
-    real = M.measure(model, ins, M.Options(), torch.device("cpu")).peak
+    real = M.measure(model, ins, M.Options(), _ctx(model)).peak
     assert abs(real - rows[best + 1]["peak_bytes"]) <= 0.10 * real
 
 
@@ -157,7 +166,7 @@ def test_nothing_fits_is_exit_1(cli):
 
 def test_shard_zero1_exact(mlp_report):
     model, inputs, _ = mlp_report
-    d = M.run(model, inputs, M.Options(shard=4)).to_dict()
+    d = run("memory", model, inputs, shard=4).to_dict()
     rows = {r["stage"]: r["per_device_peak_bytes"] for r in d["shard"]}
     P, n = _P(model)
     o = 2 * P * 4 + 4 * n  # Adam state, closed form
@@ -179,15 +188,15 @@ def test_shard_zero1_exact(mlp_report):
 def test_dtype_and_amp():
     model, inputs = load("cnn.py:build", inputs=["32x3x32x32"])
     P, _ = _P(model)
-    fp = M.run(model, inputs, M.Options()).to_dict()
-    bf = M.run(model, inputs, M.Options(dtype="bfloat16")).to_dict()
+    fp = run("memory", model, inputs).to_dict()
+    bf = run("memory", model, inputs, dtype="bfloat16").to_dict()
     assert bf["param_bytes"] == P * 2 and bf["grad_bytes"] == P * 2
     assert bf["optimizer_bytes"] < fp["optimizer_bytes"] and bf["activation_bytes"] < fp["activation_bytes"]
     # ReLU outputs halve; max-pool indices stay int64: features.1 is exactly half
     bmods = {m["name"]: m["activation_bytes"] for m in bf["modules"]}
     fmods = {m["name"]: m["activation_bytes"] for m in fp["modules"]}
     assert bmods["features.1"] * 2 == fmods["features.1"] == 32 * 16 * 32 * 32 * 4
-    amp = M.run(model, inputs, M.Options(amp=True)).to_dict()
+    amp = run("memory", model, inputs, amp="auto").to_dict()   # the CLI's --amp
     assert amp["param_bytes"] == P * 4 and amp["grad_bytes"] == P * 4
     assert amp["activation_bytes"] < fp["activation_bytes"]
     assert amp["dtype"].startswith("float32 + autocast bfloat16")
@@ -225,7 +234,7 @@ def test_json_keys(cli):
 def test_model_untouched_transformer(untouched):
     model, inputs = load("transformer_lm.py:build")
     with untouched(model):
-        M.run(model, inputs, M.Options(batch_sizes=[2], budget=10**8, shard=2))
+        run("memory", model, inputs, batch_sizes=[2], budget=10**8, shard=2)
 
 
 def test_parse_bytes():
@@ -237,10 +246,10 @@ def test_parse_bytes():
 
 @pytest.mark.parametrize("args,needle", [
     (["--budget", "lots"], "bad memory size 'lots'"),
-    (["--batch-sizes", "1,x"], "bad --batch-sizes"),
+    (["--batch-sizes", "1,x"], "--batch-sizes: bad batch sizes '1,x'"),
     (["--batch-sizes", "8," + "9" * 20], "too large"),
-    (["--optimizer", "lion"], "unknown optimizer"),
-    (["--dtype", "int8"], "unknown dtype"),
+    (["--optimizer", "lion"], "--optimizer: 'lion' is not one of adam, adamw, sgd"),
+    (["--dtype", "int8"], "--dtype: 'int8' is not one of float32, bfloat16, float16"),
     (["--device", "cuda"], "device 'cuda' is not available"),
     (["--snapshot", "/tmp/x.pickle", "--device", "cpu"], "--snapshot"),
     (["-i", "8xq"], "bad input shape"),
@@ -303,11 +312,11 @@ def test_data_dependent_model_is_measured_on_cpu_and_refused_for_estimates():
     from torchdiag.errors import UsageError
 
     model, ins = _ReadsValues(), ModelInputs((torch.randn(4, 8),))
-    d = M.run(model, ins, M.Options()).to_dict()   # measured; only the comparison estimate is left out
+    d = run("memory", model, ins).to_dict()   # measured; only the comparison estimate is left out
     assert d["param_bytes"] == (64 + 8) * 4 and d["optimizer_bytes"] == 2 * (64 + 8) * 4 + 4 * 2
     assert "estimate_peak_bytes" not in d and any("measured only" in n for n in d["notes"])
     with pytest.raises(UsageError, match="cannot estimate without allocating"):
-        M.run(model, ins, M.Options(batch_sizes=[2]))
+        run("memory", model, ins, batch_sizes=[2])
 
 
 @pytest.mark.parametrize("fmt", [[], ["--json"]])
@@ -348,7 +357,7 @@ def test_shard_every_stage_exact_on_a_hand_built_model():
 
     torch.manual_seed(0)
     model, n = Two(), 4
-    d = M.run(model, ModelInputs((torch.randn(1, 512),)), M.Options(shard=n, optimizer="sgd")).to_dict()
+    d = run("memory", model, ModelInputs((torch.randn(1, 512),)), shard=n, optimizer="sgd").to_dict()
     P, unit = 2 * 512 * 512 * 4, 512 * 512 * 4
     assert d["param_bytes"] == P and d["grad_bytes"] == P and d["optimizer_bytes"] == P  # momentum buffer
     rows = {r["stage"]: r["per_device_peak_bytes"] for r in d["shard"]}
@@ -375,3 +384,71 @@ def test_shard_every_stage_exact_on_a_hand_built_model():
     assert rows["zero-2"] < rows["zero-1"] < rows["ddp (no sharding)"]
     # with only two units, gathering one plus a prefetched one is the whole model: no gain over ZeRO-2
     assert rows["zero-3 / fsdp"] > rows["zero-2"]
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["--budget", "lots"], "--budget"), (["--batch-sizes", "0,2"], "--batch-sizes"), (["--shard", "0"], "--shard"),
+    (["--top", "-1"], "--top"), (["--mode", "eval"], "--mode"), (["--amp", "--dtype", "bfloat16"], "--amp"),
+    (["--optimizer", "lion"], "--optimizer"), (["--dtype", "int8"], "--dtype"),
+])
+def test_bad_option_is_exit_2_before_loading(cli, args, flag):
+    """The factory raises (exit 3 if it were called): options are checked before the model loads."""
+    r = cli("memory", sample("broken_factory.py:raises"), *args)
+    assert r.code == 2, (r.code, r.stderr)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {flag}:"), r.stderr
+
+
+def test_bad_option_names_the_python_keyword():
+    from torchdiag.errors import OptionError
+
+    model, inputs = load("mlp.py:build")
+    for kw, pattern in ((dict(budget="lots"), r"^budget: bad memory size 'lots'"),
+                        (dict(batch_sizes=[0]), r"^batch_sizes: bad batch sizes"),
+                        (dict(shard=0), r"^shard: must be ≥ 1"),
+                        (dict(snapshot="mem.pickle"), r"^snapshot: is yes/no"),
+                        (dict(amp="auto", dtype="float16"), r"^amp: keeps float32 weights")):
+        with pytest.raises(OptionError, match=pattern):
+            run("memory", model, inputs, **kw)
+
+
+def test_parse_bytes_is_importable_without_torch():
+    """`check` reads max-peak-memory with it before any model (or torch) is loaded."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from torchdiag.diagnostics.memory import parse_bytes, parse_batch_sizes; "
+            "assert parse_bytes('2KiB') == 2048 and parse_batch_sizes('8,1,8') == [1, 8]; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_snapshot_is_written_by_the_renderer(tmp_path):
+    """The CUDA allocator history is data (artefacts['snapshot']); render/memory.py writes it and puts
+    its path in the JSON document and the summary, after the allocator line."""
+    import pickle
+
+    from torchdiag.render.memory import record, write_snapshot
+    from torchdiag.results import Result
+
+    r = Result("memory")
+    r.data["cuda"] = {"peak_allocated_bytes": 1}
+    r.summary += [("Peak", "1 B"), ("CUDA allocator", "peak allocated 1 B"), ("Budget", "…")]
+    r.artefacts["snapshot"] = pickle.dumps({"segments": []})
+    path = tmp_path / "step.pickle"
+    written = write_snapshot(r, path)
+    record(r, {"snapshot": written})
+    assert pickle.loads(path.read_bytes()) == {"segments": []}
+    assert r.data["cuda"]["snapshot"] == str(path)
+    assert [label for label, _ in r.summary] == ["Peak", "CUDA allocator", "Snapshot", "Budget"]
+
+
+def test_value_reading_model_on_meta_is_a_usage_error():
+    """On fake tensors .item() raises DataDependentOutputException: told apart by its type."""
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.errors import UsageError
+
+    model = _ReadsValues().to("meta")
+    with pytest.raises(UsageError, match="cannot estimate without allocating"):
+        run("memory", model, ModelInputs((torch.empty(4, 8, device="meta"),)))

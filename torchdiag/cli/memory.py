@@ -37,18 +37,19 @@ def register(app) -> None:
         On cpu/cuda the step is measured on a copy of the model (tensor by tensor; on CUDA also the
         allocator's peak allocated/reserved). With --device meta, and for --batch-sizes and --budget,
         it is estimated on fake tensors: nothing is allocated, so a 7B model runs in seconds."""
-        opts = c.CommonOptions("memory", spec, arg or [], input or [], device, seed, json, tb, debug, loss, batch)
+        from ..diagnostics import memory as diag
+        from ..render.memory import record
+        from ..render.output import check_file
 
-        def run(t):
-            from ..diagnostics import memory as diag
+        precision = dict(dtype=dtype, amp="auto" if amp else None)
+        opts = c.CommonOptions("memory", spec, arg or [], input or [], device, seed, json, tb, debug, loss, batch,
+                               optimizer=dict(name=optimizer), outputs={"snapshot": snapshot}, **precision)
 
-            o = diag.Options(mode=mode.lower(), optimizer=optimizer.lower(), dtype=dtype.lower() if dtype else None,
-                             amp=amp, top=top, depth=depth, shard=shard,
-                             snapshot=str(snapshot) if snapshot else None, loss=t.loss)
-            if batch_sizes:
-                o.batch_sizes = diag.parse_batch_sizes(batch_sizes)
-            if budget:
-                o.budget = diag.parse_bytes(budget)
-            return diag.run(t.model, t.inputs, o, device=t.device)
+        def precheck():   # before loading anything
+            check_file(snapshot, "--snapshot")
+            run = opts.run_spec(diag)
+            diag.check_precision(run.dtype, run.amp)
 
-        c.execute(opts, run, precheck=lambda: c.output_file(snapshot, "--snapshot"))
+        c.execute(opts, diag, lambda: diag.Options(mode=mode, batch_sizes=batch_sizes or (), budget=budget, top=top,
+                                                   depth=depth, shard=shard, snapshot=snapshot is not None),
+                  render_extra=record, precheck=precheck)

@@ -1,0 +1,92 @@
+"""The step estimated on fake tensors (torch's FakeTensorMode, fake CPU tensors): shapes and dtypes
+propagate, nothing is allocated. Used for --device meta, every --batch-sizes entry and the --budget search."""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ...errors import ModelError, UsageError
+from .step import StepReport, run_step, unique
+
+
+def _fake_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def _fake_copy(model, dtype):
+    """A copy of `model` whose parameters and buffers are fake CPU tensors (call inside the fake
+    mode). Nothing is copied from the original: ties between parameters are kept."""
+    import torch
+    from torch import nn
+
+    memo: dict[int, Any] = {}
+    for p in unique(model.parameters()):
+        dt = dtype if (dtype is not None and p.is_floating_point()) else p.dtype
+        memo[id(p)] = nn.Parameter(torch.empty(tuple(p.shape), dtype=dt, device="cpu"), requires_grad=p.requires_grad)
+    others = list(model.buffers())
+    for mod in model.modules():  # plain tensor attributes (masks, example_input_array …)
+        others += [v for v in vars(mod).values() if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter)]
+    for b in unique(others):
+        if id(b) in memo:
+            continue
+        dt = dtype if (dtype is not None and b.is_floating_point()) else b.dtype
+        memo[id(b)] = torch.empty(tuple(b.shape), dtype=dt, device="cpu")
+    return copy.deepcopy(model, memo)
+
+
+def _fake_inputs(inputs, batch_size, dtype):
+    import torch
+
+    old = inputs.batch_size
+
+    def make(t):
+        shape = tuple(t.shape)
+        if batch_size is not None and old is not None and shape and shape[0] == old:
+            shape = (batch_size,) + shape[1:]
+        dt = dtype if (dtype is not None and t.is_floating_point()) else t.dtype
+        return torch.zeros(shape, dtype=dt, device="cpu")
+
+    return inputs.map(make)
+
+
+def estimate(model, inputs, opts, ctx, batch_size: int | None = None, emulate: str = "cpu", *,
+             ran_for_real: bool = False) -> StepReport:
+    """The step on fake tensors. `ran_for_real`: the same step (same shapes) was just measured, so a
+    failure here comes from fake tensors themselves."""
+    import torch
+
+    dtype = getattr(torch, ctx.spec.dtype) if ctx.spec.dtype else None
+    with _fake_mode():
+        work = _fake_copy(model, dtype)
+        ins = _fake_inputs(inputs, batch_size, dtype)
+        try:
+            return run_step(work, ins, opts, ctx, emulate=emulate, method="estimated on fake tensors (nothing allocated)")
+        except (ModelError, *_value_reading_errors()) as exc:
+            if not (ran_for_real or _reads_values(exc)):
+                raise
+            what = exc.message if isinstance(exc, ModelError) else f"{type(exc).__name__}: {exc}"
+            raise UsageError(f"cannot estimate without allocating: the model's code reads tensor values ({what})",
+                             hint=f"measure it on a real device instead ({ctx.option('device')} cpu or cuda, without "
+                                  f"{ctx.option('batch_sizes')}/{ctx.option('budget')})") from exc
+
+
+def _value_reading_errors() -> tuple[type, ...]:
+    """What fake tensors raise for an op whose result depends on values (.item(), nonzero, ...)."""
+    from torch._subclasses import fake_tensor as ft
+
+    return (ft.DataDependentOutputException, ft.DynamicOutputShapeException, ft.UnsupportedOperatorException,
+            ft.UnsupportedFakeTensorException)
+
+
+def _reads_values(exc) -> bool:
+    """The failure, or what caused it, is fake tensors refusing a value-dependent op."""
+    kinds = _value_reading_errors()
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kinds):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False

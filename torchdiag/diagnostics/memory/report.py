@@ -1,0 +1,223 @@
+"""memory's run: the step measured (or, on meta, estimated), the batch-size sweep and budget search,
+sharding; then the Result (data rows, and the sentences people read, built here and only here)."""
+from __future__ import annotations
+
+from ...core.guard import leave_no_trace
+from ...errors import OptionError, UsageError
+from ...results import Column, Result, Table
+from .batch import Peaks, largest_fitting, sweep
+from .estimated import estimate
+from .measured import measure
+from .options import MAX_BATCH, Options, check_precision
+from .shard import fsdp_unit_bytes, shard_rows
+from .step import StepReport, autocast_dtype
+
+CATEGORIES = ("parameters", "buffers", "inputs", "gradients", "optimizer_state", "activations", "temporaries", "other")
+
+
+def run(model, inputs, opts: Options | None, ctx) -> Result:
+    opts = opts or Options()
+    check_precision(ctx.spec.dtype, ctx.spec.amp)
+    if opts.snapshot and not ctx.on_cuda:
+        raise OptionError("snapshot", "records the CUDA allocator's history; it needs a CUDA device",
+                          hint="without a GPU, use the tensor-level table (and the JSON document) instead")
+    if (opts.batch_sizes or opts.budget) and inputs.batch_size is None:
+        raise UsageError(f"{ctx.option('batch_sizes')}/{ctx.option('budget')} need a tensor input with a batch "
+                         "dimension", hint="give an input with -i, e.g. -i 8x3x32x32")
+    emulate = "cuda" if ctx.device.type in ("cuda", "meta") else "cpu"
+    result = _header(model, opts, ctx)
+    with leave_no_trace(model):
+        report, est_peak = _step(result, model, inputs, opts, ctx, emulate)
+        peaks = Peaks(model, inputs, opts, ctx, emulate,
+                      {inputs.batch_size: report.peak} if ctx.on_meta and inputs.batch_size is not None else None)
+        budget = opts.budget if opts.budget is not None else (report.cuda or {}).get("total_bytes")
+        best = largest_fitting(peaks, opts.budget) if opts.budget else None
+        wanted = set(opts.batch_sizes)
+        if best is not None:  # the boundary the search found: the largest size that fits and the next one
+            wanted |= {max(best, 1)} | ({best + 1} if best < MAX_BATCH else set())
+        sizes = sweep(peaks, sorted(wanted), budget) if wanted else []
+        unit, unit_name = _unit(model, opts, ctx)
+    if report.snapshot is not None:
+        result.artefacts["snapshot"] = report.snapshot    # written by render/memory.py
+    _fill(result, report, opts, ctx, est_peak, inputs)
+    _batch_tables(result, report, opts, ctx, sizes, best, budget, (unit, unit_name), inputs)
+    _summary(result, report, opts, ctx, est_peak, best)
+    return result
+
+
+def _header(model, opts: Options, ctx) -> Result:
+    train = opts.mode == "train"
+    result = Result("memory", header={
+        "mode": "training step (forward, backward, optimizer step)" if train else "inference (forward, no grad)",
+    })
+    optimizer = ctx.spec.optimizer
+    if train:
+        result.header["optimizer"] = optimizer.name + (f" (momentum {optimizer.momentum:g})"
+                                                       if optimizer.name == "sgd" else "")
+    amp = autocast_dtype(ctx.spec.amp, ctx.on_cuda)
+    result.header["dtype"] = (ctx.spec.dtype or _param_dtype(model)) + (f" + autocast {amp}" if amp else "")
+    return result
+
+
+def _param_dtype(model) -> str:
+    for p in model.parameters():
+        return str(p.dtype).replace("torch.", "")
+    return "float32"
+
+
+def _step(result, model, inputs, opts: Options, ctx, emulate: str) -> tuple[StepReport, int | None]:
+    """The step (estimated on meta, measured elsewhere) and, when measured, the estimate of the same
+    step for comparison (None when it cannot be estimated: a note says so)."""
+    if ctx.on_meta:
+        return estimate(model, inputs, opts, ctx, None, emulate), None
+    report = measure(model, inputs, opts, ctx)
+    try:
+        est = estimate(model, inputs, opts, ctx, None, "cpu" if ctx.device.type == "cpu" else emulate,
+                       ran_for_real=True)
+    except UsageError as exc:   # ran_for_real: a failure on fake tensors is a UsageError
+        if opts.batch_sizes or opts.budget:
+            raise
+        result.notes.append(f"measured only: {exc.message}")
+        return report, None
+    return report, est.peak
+
+
+def _unit(model, opts: Options, ctx) -> tuple[int, str]:
+    """The largest FSDP wrapping unit's parameter bytes (in the step's dtype) and its name."""
+    if opts.shard <= 1:
+        return 0, ""
+    unit, name = fsdp_unit_bytes(model)
+    if unit and ctx.spec.dtype:
+        import torch
+
+        unit = unit * getattr(torch, ctx.spec.dtype).itemsize // 4
+    return unit, name
+
+
+def _fill(result: Result, r: StepReport, opts: Options, ctx, est_peak, inputs) -> None:
+    """The step's data and its tables: categories, phases, modules."""
+    result.header["method"] = r.method
+    result.data.update({
+        "peak_bytes": r.peak, "peak_phase": r.peak_phase,
+        "peak_module": (r.peak_modules[-1] if r.peak_modules else None),
+        "param_bytes": r.param_bytes, "buffer_bytes": r.buffer_bytes, "input_bytes": r.input_bytes,
+        "grad_bytes": r.grad_bytes, "optimizer_bytes": r.optimizer_bytes, "activation_bytes": r.activation_bytes,
+        "temporary_bytes_at_peak": r.at_peak.get("temporaries", 0),
+        "at_peak": {k: r.at_peak.get(k, 0) for k in CATEGORIES},
+        "phase_peaks": r.phase_peaks, "batch_size": inputs.batch_size,
+    })
+    if est_peak is not None:
+        result.data["estimate_peak_bytes"] = est_peak
+        result.data["estimate_error"] = (est_peak - r.peak) / r.peak if r.peak else 0.0
+    if r.cuda:
+        cuda = dict(r.cuda)
+        summary = cuda.pop("memory_summary")
+        result.data["cuda"] = cuda
+        result.text["memory/cuda_memory_summary"] = "```\n" + summary + "\n```"
+    result.tables.append(_category_table(r, opts.mode == "train"))
+    phase_rows = [{"phase": ph, "peak_bytes": r.phase_peaks[ph],
+                   "at_peak": {k: int(v) for k, v in r.phase_at_peak.get(ph, {}).items() if v}}
+                  for ph in ("forward", "backward", "optimizer") if ph in r.phase_peaks]
+    result.tables.append(Table("phases", "Peak per phase", [Column("phase", "phase"),
+                                                              Column("peak_bytes", "peak live", "bytes")], phase_rows))
+    result.tables.append(_module_table(r, opts))
+
+
+def _category_table(r: StepReport, train: bool) -> Table:
+    cats = [("parameters", r.param_bytes, r.at_peak.get("parameters", 0)),
+            ("buffers", r.buffer_bytes, r.at_peak.get("buffers", 0)),
+            ("inputs", r.input_bytes, r.at_peak.get("inputs", 0))]
+    if train:
+        cats += [("gradients", r.grad_bytes, r.at_peak.get("gradients", 0)),
+                 ("optimizer state", r.optimizer_bytes, r.at_peak.get("optimizer_state", 0)),
+                 ("activations (saved for backward)", r.activation_bytes, r.at_peak.get("activations", 0))]
+    cats += [("temporaries", None, r.at_peak.get("temporaries", 0))]
+    if r.at_peak.get("other"):
+        cats.append(("other (pre-existing tensors)", None, r.at_peak["other"]))
+    rows = [{"category": c, "total_bytes": t, "at_peak_bytes": a, "share_of_peak": (a / r.peak if r.peak else 0.0)}
+            for c, t, a in cats]
+    return Table("categories", "Where the memory goes", [
+        Column("category", "category"), Column("total_bytes", "size", "bytes"),
+        Column("at_peak_bytes", "alive at peak", "bytes"), Column("share_of_peak", "of peak", "pct")], rows,
+        note="size: parameters/buffers/inputs as held; gradients after backward; optimizer state after the step; "
+             "activations alive at the end of forward + loss")
+
+
+def _module_table(r: StepReport, opts: Options) -> Table:
+    train = opts.mode == "train"
+    mods = [m for m in r.modules if m.name != "(root)" and m.name.count(".") + 1 <= opts.depth]
+    if train:
+        mods.sort(key=lambda m: (-m.activation_bytes, -m.fw_peak, m.name))
+    else:  # nothing is saved for backward: rank by what the forward needs
+        mods.sort(key=lambda m: (-m.fw_peak, -m.fw_delta, m.name))
+    top = mods if opts.top == 0 else mods[: opts.top]
+    rows = [{"name": m.name, "type": m.type, "calls": m.calls, "activation_bytes": m.activation_bytes,
+             "fw_delta_bytes": m.fw_delta, "fw_peak_bytes": m.fw_peak,
+             "bw_peak_bytes": (m.bw_peak if m.ran_backward else None)} for m in top]
+    cols = [Column("name", "module"), Column("type", "type"), Column("activation_bytes", "saved", "bytes"),
+            Column("fw_delta_bytes", "fwd leaves", "bytes"), Column("fw_peak_bytes", "peak in fwd", "bytes"),
+            Column("bw_peak_bytes", "peak in bwd", "bytes")]
+    if not train:
+        cols = [c for c in cols if c.key not in ("activation_bytes", "bw_peak_bytes")]
+    by = "activation memory" if train else "peak during forward"
+    return Table("modules", f"Modules by {by} (top {len(top)} of {len(mods)}, depth ≤ {opts.depth})", cols, rows,
+                 note="saved: saved-for-backward bytes the module's forward (submodules included) allocated, alive at "
+                      "the end of forward; fwd leaves: live bytes after its forward minus before (output included); "
+                      "peaks are whole-step live totals while the module runs",
+                 tb_scalars=tuple(c.key for c in cols if c.kind == "bytes"))
+
+
+def _batch_tables(result: Result, r: StepReport, opts: Options, ctx, sizes, best, budget, fsdp_unit, inputs) -> None:
+    """Batch sizes, sharding, and the budget's data and findings."""
+    from ...render.fmt import human_bytes
+
+    unit, unit_name = fsdp_unit
+    o = ctx.option
+
+    if sizes:
+        result.tables.append(Table("batch_sizes", "Estimated peak per batch size", [
+            Column("batch_size", "batch size", "int"), Column("peak_bytes", "peak", "bytes"), Column("fits", "fits")],
+            sizes, note=None if budget is None else f"fits: peak ≤ {human_bytes(budget)}"))
+    if opts.shard > 1:
+        result.tables.append(Table("shard", f"Per-device peak sharded over {opts.shard} devices", [
+            Column("stage", "stage"), Column("per_device_peak_bytes", "per-device peak", "bytes"),
+            Column("phase", "at")], shard_rows(r, opts.shard, unit, opts.mode == "train"),
+            note=f"ZeRO-1: optimizer state /N; ZeRO-2: + gradients /N; ZeRO-3/FSDP: + parameters /N, one unit "
+                 f"({unit_name or '—'}, {human_bytes(unit)}) gathered plus one prefetched, and its full gradient in "
+                 f"backward; each device runs the batch given; communication buffers not counted"))
+    if opts.budget is None:
+        return
+    result.data["budget_bytes"] = opts.budget
+    result.data["max_batch_size"] = best
+    result.data["max_batch_size_capped"] = best >= MAX_BATCH  # the search stopped: larger sizes may fit too
+    if best == 0:
+        result.add("no-batch-fits", "error", "", f"even batch size 1 does not fit in {human_bytes(opts.budget)}: "
+                   f"estimated peak {human_bytes(sizes[0]['peak_bytes'])}",
+                   hint=f"try {o('dtype')} bfloat16, {o('amp')}, {o('optimizer')} sgd, or {o('shard')} N")
+    elif r.peak > opts.budget:
+        result.add("over-budget", "warning", "", f"batch size {inputs.batch_size} peaks at {human_bytes(r.peak)}, "
+                   f"above the budget of {human_bytes(opts.budget)}; the largest batch size that fits is {best}")
+
+
+def _summary(result: Result, r: StepReport, opts: Options, ctx, est_peak, best) -> None:
+    from ...render.fmt import human_bytes
+
+    result.summary.append(("Peak", f"{human_bytes(r.peak)} ({r.peak:,} bytes) during {r.peak_phase}"
+                           + (f", in {r.peak_modules[-1]}" if r.peak_modules else "")))
+    if est_peak is not None:
+        result.summary.append(("Estimate (fake tensors)", f"{human_bytes(est_peak)} "
+                               f"({100 * result.data['estimate_error']:+.1f}% vs measured)"))
+    if r.cuda:
+        result.summary.append(("CUDA allocator", f"peak allocated {human_bytes(r.cuda['peak_allocated_bytes'])}, "
+                               f"reserved {human_bytes(r.cuda['peak_reserved_bytes'])} (whole process)"))
+    if opts.budget is not None:
+        if best >= MAX_BATCH:
+            result.summary.append(("Budget", f"{human_bytes(opts.budget)}: batch size {best} (where the search stops) "
+                                   f"fits; larger ones may too (estimated)"))
+        else:
+            result.summary.append(("Budget", f"{human_bytes(opts.budget)}: largest batch size that fits ≈ {best} (estimated)"))
+    if ctx.on_meta:
+        result.notes.append("estimated on fake tensors: the step ran with shapes only, nothing was allocated; "
+                            "optimizer uses torch's CUDA default (foreach), so its temporaries are counted as on a GPU")
+    result.notes.append("tensor-level bytes (what tensors hold); a CUDA caching allocator reserves more "
+                        "(block rounding, fragmentation), and the CUDA context itself takes several hundred MiB")
