@@ -103,6 +103,101 @@ def test_layers_follow_execution_order_and_depth():
     assert res.exit_code == 0 and ("allowed", "") in codes(res)
 
 
+def test_float64_model_keeps_its_precision():
+    # norms were asked in float32, which torch refuses for float64 tensors: a float64 model was exit 4
+    lin = nn.Linear(3, 2).double()
+    x = torch.randn(4, 3, dtype=torch.float64)
+    res = run(lin, x, loss="sum")
+    w = by(res.table("params").rows, "name", "weight")
+    s = x.sum(0)
+    assert w["grad_norm"] == pytest.approx(math.sqrt(2) * float(s.norm()), rel=1e-12)
+    assert w["max_abs_grad"] == pytest.approx(float(s.abs().max()), rel=1e-12)
+    assert res.exit_code == 0
+
+
+def test_loss_defaults_to_auto():
+    # Options(loss=None) used to mean sum in run() while the CLI and API said auto: now always ctx.loss()
+    model = nn.Sequential(nn.Linear(4, 3))
+    x = torch.randn(5, 4)
+    assert run(model, x).header["loss"] == "cross_entropy on output against random class targets"
+    assert run(model, x, loss="sum").header["loss"].startswith("sum")
+
+
+# ---------------------------------------------------------------- host syncs (issue 16)
+
+class SyncCount:
+    """Host-sync calls inside the block: `aten::_local_scalar_dense` (.item(), float(), bool(), ...)
+    and the data-dependent ops (nonzero, boolean-mask indexing) at the dispatch level, plus Tensor.tolist, which reads the data without
+    dispatching an op. (torchdiag/core/syncs.py, being written, had not landed when this was written.)"""
+
+    OPS = {"_local_scalar_dense", "nonzero", "masked_select"}
+
+    def __enter__(self):
+        from torch.overrides import TorchFunctionMode
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        calls = self.calls = []
+
+        class Ops(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = func.overloadpacket.__name__
+                masked = name == "index" and any(getattr(i, "dtype", None) == torch.bool for i in args[1])
+                if name in SyncCount.OPS or masked:   # t[mask]: the output size is read from the mask
+                    calls.append(str(func))
+                return func(*args, **(kwargs or {}))
+
+        class ToList(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                if getattr(func, "__name__", "") in ("tolist", "numpy", "cpu", "item"):
+                    calls.append(func.__name__)
+                return func(*args, **(kwargs or {}))
+
+        self._modes = [Ops(), ToList()]
+        for m in self._modes:
+            m.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        for m in reversed(self._modes):
+            m.__exit__(*exc)
+
+
+def residual_mlp(blocks: int, width: int = 32) -> nn.Module:
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(width, width)
+            self.act = nn.ReLU()
+
+        def forward(self, x):
+            return x + 0.1 * self.act(self.fc(x))
+
+    return nn.Sequential(nn.Linear(16, width), *[Block() for _ in range(blocks)], nn.Linear(width, 10))
+
+
+def test_host_syncs_do_not_grow_with_depth():
+    counts = {}
+    for layers in (4, 64):
+        torch.manual_seed(0)
+        model, x = residual_mlp(layers - 2), torch.randn(8, 16)
+        with SyncCount() as syncs:
+            res = run(model, x)
+        assert res.exit_code == 0 and res.findings == [], [f.message for f in res.findings]   # a healthy pass
+        assert len(res.table("activations").rows) >= layers   # the statistics were taken
+        counts[layers] = syncs.calls
+    # one read of the loss, every norm and every activation statistic; was 50 (4 layers) and 1010 (64)
+    assert counts[4] == counts[64] == ["tolist"]
+
+
+def test_host_syncs_counter_sees_item_and_tolist():
+    with SyncCount() as syncs:
+        t = torch.ones(3)
+        float(t.sum())
+        t.tolist()
+        t[t > 0]
+    assert len(syncs.calls) == 3, syncs.calls
+
+
 # ---------------------------------------------------------------- culprits on broken samples (CLI)
 
 def test_detached_branch(cli):
@@ -272,6 +367,34 @@ def test_bad_input_is_exit_2(cli):
     assert len(lines) == 1 and "Traceback" not in r.stderr + r.stdout
     r = cli("gradflow", sample("mlp.py:build"), "--loss", "hinge")
     assert r.code == 2 and "unknown loss" in r.stderr
+
+
+@pytest.mark.parametrize("flag,value,problem", [
+    ("--dead", "1.5", "must be ≤ 1"), ("--saturated", "-0.1", "must be ≥ 0"),
+    ("--exploding", "-1", "must be ≥ 0"), ("--vanishing", "nan", "is not a number"),
+    ("--exploding-ratio", "inf", "is not a number"),
+])
+def test_bad_option_is_exit_2_before_loading(cli, flag, value, problem):
+    # the factory raises (exit 3) if it is ever called: the option is refused first
+    r = cli("gradflow", sample("broken_factory.py:raises"), flag, value)
+    assert r.code == 2, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {flag}: ") and problem in lines[0], r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_bad_option_names_the_python_keyword():
+    import torchdiag
+    from torchdiag.errors import OptionError
+
+    model, x = nn.Linear(3, 2), torch.randn(4, 3)
+    for kw, start in ((dict(dead=1.5), "dead: must be ≤ 1"), (dict(exploding_ratio=-2.0), "exploding_ratio: "),
+                      (dict(eval_mode="yes"), "eval_mode: "), (dict(allow=[3]), "allow: "), (dict(depth=-1), "depth: ")):
+        with pytest.raises(OptionError) as exc:
+            torchdiag.gradflow(model, x, **kw)
+        assert str(exc.value).startswith(start) and exc.value.code == 2, str(exc.value)
+    # one pattern as a string is one pattern, not its characters
+    assert torchdiag.gradflow(model, x, allow="weight").data["allow"] == ["weight"]
 
 
 def test_meta_and_cuda_devices_are_usage_errors(cli, monkeypatch):
