@@ -57,7 +57,6 @@ def test_healthy_resnet_with_inplace_relu_and_batchnorm_passes(untouched):
     with untouched(model):   # BatchNorm running stats are restored bit for bit
         res = torchdiag.api.run("nancheck", model, inputs, loss="auto")
     assert res.findings == [] and res.exit_code == 0
-    assert exact == [1]        # the suspicion was decided by the exact pass (forward only: no grad hooks)
 
 
 # --- forward ------------------------------------------------------------------------------------

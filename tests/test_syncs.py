@@ -24,6 +24,7 @@ def test_counts_exactly_the_syncs_of_a_hand_written_function():
         work()
     assert s.total == 5
     assert s.counts == {"aten::_local_scalar_dense": 4, "aten::nonzero": 1}
+    assert {e.device for e in s.events} == {"cpu"}
 
 
 def test_other_sync_forms_and_non_syncs():
@@ -54,7 +55,7 @@ def test_device_to_cpu_copies_are_counted():
     with SyncCounter() as s:
         with pytest.raises((NotImplementedError, RuntimeError)):
             torch.empty(3, device="meta").cpu()
-    assert s.counts == {"aten::_to_copy": 1}
+    assert s.counts == {"aten::_to_copy": 1} and s.events[0].device == "meta"
 
 
 def test_frames_name_the_line_that_forced_it():

@@ -22,7 +22,9 @@ and is otherwise invisible, and in CI:
   an op, so it is counted by wrapping the Python method while the counter is active.
 
 On CUDA, `torch.cuda.set_sync_debug_mode` is the ground truth; this counter reports the same places
-without a GPU."""
+without a GPU. On a CPU-only run every tensor is on the CPU, so it also counts reads of tensors that
+stay on the CPU in a GPU run too (an optimizer's `step` counters): each event records the device of
+the tensor read, so a GPU run can keep only `device != "cpu"`."""
 from __future__ import annotations
 
 import sys
@@ -39,6 +41,7 @@ _original_tolist = None
 @dataclass(frozen=True)
 class SyncEvent:
     op: str                  # "aten::_local_scalar_dense", "Tensor.tolist", ...
+    device: str = "cpu"      # the device of the tensor whose values the host waited for
     frames: tuple = ()       # ((file, line, function), ...), outermost first; empty unless frames=True
 
     def site(self, skip=("/torch/", "/torchdiag/core/syncs.py")) -> tuple | None:
@@ -89,9 +92,18 @@ def _frames(depth: int) -> tuple:
     return tuple(reversed(out))
 
 
+def _device(args) -> str:
+    import torch
+
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return str(a.device)
+    return "cpu"
+
+
 def _counting_tolist(self, *args, **kwargs):
     for counter in list(_active):
-        counter._record(TOLIST, 3)
+        counter._record(TOLIST, str(self.device), 3)
     return _original_tolist(self, *args, **kwargs)
 
 
@@ -120,8 +132,8 @@ class SyncCounter:
             out[(e.op, f"{s[0]}:{s[1]}" if s else "?")] += 1
         return out
 
-    def _record(self, op: str, depth: int) -> None:
-        self.events.append(SyncEvent(op, _frames(depth + 1) if self.frames else ()))
+    def _record(self, op: str, device: str, depth: int) -> None:
+        self.events.append(SyncEvent(op, device, _frames(depth + 1) if self.frames else ()))
 
     def __enter__(self):
         global _original_tolist
@@ -134,7 +146,8 @@ class SyncCounter:
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
                 if forces_sync(func, args, kwargs):
-                    counter._record(f"aten::{func.overloadpacket.__name__}", 2)
+                    src = args[1:2] if func.overloadpacket.__name__ == "copy_" else args
+                    counter._record(f"aten::{func.overloadpacket.__name__}", _device(src), 2)
                 return func(*args, **kwargs)
 
         if not _active:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
 
 from ...core import train
 from ...core.tracking import Call, ForwardHooks, describe, forward_error

@@ -16,12 +16,19 @@ from .checked import PassReport, checked_pass, forward_loss_backward
 from .finite import device_sum, flatten, floating_inputs, is_float, read_back, scalar_totals, totals
 
 
+_Tensor = None
+
+
 class FlagChecker(ForwardHooks):
     """A forward hook on every module that queues one device-side sum per floating output (no sync)."""
 
     pre_kwargs = True
 
     def __init__(self, model):
+        import torch
+
+        global _Tensor
+        _Tensor = torch.Tensor
         super().__init__(model)
         self.sums: list = []      # 0-dim tensors, in completion order
         self.calls = 0
@@ -35,8 +42,11 @@ class FlagChecker(ForwardHooks):
     def _post(self, mod, args, output):
         if self._open:
             self._open.pop()
-        for _, t in flatten(output, "output", []):
-            self.add(t)
+        if type(output) is _Tensor:   # the common case, fast
+            self.add(output)
+        else:
+            for _, t in flatten(output, "output", []):
+                self.add(t)
 
     def add(self, t) -> None:
         if not is_float(t):
