@@ -118,7 +118,7 @@ def test_healthy_nancheck_syncs_do_not_grow_with_depth(steps):
     assert deep.counts == shallow.counts          # equal, op by op
     # nancheck's own: one read-back for inputs+parameters+buffers, one per pass (loss, every module
     # output's flag and every parameter gradient together), and per step one more for the updated
-    # parameters: 2 + 2 * steps (today's per-module check made 13 at depth 4 and 133 at depth 64)
+    # parameters: 2 + 2 * steps (the per-module check before made 15 at depth 4 and 135 at depth 64)
     assert own(deep) == own(shallow) == 2 + 2 * steps
     # the rest is the cross-entropy rule re-checking its held target's classes on each later call
     # (3 syncs: a boolean mask and two .item()), at most once per step
