@@ -406,7 +406,7 @@ def test_bad_option_names_the_python_keyword():
     for kw, pattern in ((dict(budget="lots"), r"^budget: bad memory size 'lots'"),
                         (dict(batch_sizes=[0]), r"^batch_sizes: bad batch sizes"),
                         (dict(shard=0), r"^shard: must be ≥ 1"),
-                        (dict(snapshot="mem.pickle"), r"^snapshot: is yes/no"),
+                        (dict(snapshot="mem.pickle"), r"^snapshot: takes True or False, not 'mem.pickle'"),
                         (dict(amp="auto", dtype="float16"), r"^amp: keeps float32 weights")):
         with pytest.raises(OptionError, match=pattern):
             run("memory", model, inputs, **kw)

@@ -327,7 +327,7 @@ def test_bad_option_is_exit_2_before_loading_and_named_per_caller(cli):
     model, x = load("mlp.py:build")
     with pytest.raises(OptionError, match=r"^active: must be ≥ 1, got 0"):
         run("profile", model, x, active=0)
-    with pytest.raises(OptionError, match=r"^trace: is yes/no"):   # files are render/'s: trace=True keeps the bytes
+    with pytest.raises(OptionError, match=r"^trace: takes True or False, not 'run.json'"):   # files are render/'s: trace=True keeps the bytes
         run("profile", model, x, trace="run.json")
 
 

@@ -16,7 +16,8 @@ def _trace_bytes(result, option: str, path) -> bytes:
     if not data:
         raise UsageError(f"{option} {path}: the trace could not be written: the profiler did not write it "
                          "(it reports that only in its own log)",
-                         hint="give a file in a writable folder, e.g. --trace run.json")
+                         hint="give a file in a writable folder, e.g. --trace run.json" if option == "--trace"
+                         else "give a writable folder, e.g. --tb runs/")
     return data
 
 

@@ -86,7 +86,7 @@ class Options:
         number("top", self.top, low=0, integer=True)
         number("depth", self.depth, low=0, integer=True)
         number("shard", self.shard, low=1, integer=True)
-        if not isinstance(self.snapshot, bool):   # a path: files are the renderer's (render/memory.py)
-            raise OptionError("snapshot", f"is yes/no (got {self.snapshot!r})",
-                              hint="snapshot=True keeps the pickle in result.artefacts['snapshot']; write it with "
-                                   "torchdiag.render.memory.write_snapshot(result, path)")
+        if not isinstance(self.snapshot, bool):   # it once took a path: files are render/'s now
+            raise OptionError("snapshot", f"takes True or False, not {self.snapshot!r}",
+                              hint="files are written by torchdiag.render.memory.write_snapshot(result, PATH) "
+                                   "(the CLI does it for you)")

@@ -25,15 +25,12 @@ class Options:
 
     def __post_init__(self):
         self.mode = choice("mode", self.mode, MODES)
-        number("wait", self.wait, low=0, integer=True)
-        number("warmup", self.warmup, low=0, integer=True)
-        number("active", self.active, low=1, integer=True)
-        number("top", self.top, low=0, integer=True)
-        number("depth", self.depth, low=0, integer=True)
-        if not isinstance(self.trace, bool):   # a path: files are the renderer's (render/profile.py)
-            raise OptionError("trace", f"is yes/no (got {self.trace!r})",
-                              hint="trace=True keeps the trace in result.artefacts['trace']; write it with "
-                                   "torchdiag.render.profile.write_trace(result, path)")
+        for name, low in (("wait", 0), ("warmup", 0), ("active", 1), ("top", 0), ("depth", 0)):
+            number(name, getattr(self, name), low=low, integer=True)
+        if not isinstance(self.trace, bool):   # it once took a path: files are render/'s now
+            raise OptionError("trace", f"takes True or False, not {self.trace!r}",
+                              hint="files are written by torchdiag.render.profile.write_trace(result, PATH) "
+                                   "(the CLI does it for you)")
 
     @property
     def total_steps(self) -> int:
