@@ -7,8 +7,7 @@ baseline: grads set to None, forward, loss, backward (train mode).
 gradflow run(): the whole diagnostic — hooks on every module (execution order, output autograd
 nodes, activation statistics), autograd-graph walk, backward, per-parameter statistics, buffer
 snapshot/restore, tables and findings. `+ histograms` also copies every weight and gradient to
-numpy for --tb. `syncs`: host-sync calls of one run() (torchdiag.core.syncs.SyncCounter; "-" when
-that module is not there)."""
+numpy for --tb. `syncs`: host-sync calls of one run() (torchdiag.core.syncs.SyncCounter)."""
 from __future__ import annotations
 
 import sys
@@ -19,14 +18,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import compare, load  # noqa: E402
 
 
-def sync_count(fn) -> str:
-    try:
-        from torchdiag.core.syncs import SyncCounter
-    except ImportError:
-        return "-"
+def sync_count(fn) -> int:
+    from torchdiag.core.syncs import SyncCounter
+
     with SyncCounter() as s:
         fn()
-    return str(s.total)
+    return s.total
 
 
 def main() -> None:
