@@ -23,9 +23,9 @@ def row(d, check_id):
 
 
 def run_diag(model, inputs, **kw):
-    from torchdiag.diagnostics import doctor
+    from torchdiag.api import run
 
-    return doctor.run(model, inputs, doctor.Options(**kw))
+    return run(DOCTOR, model, inputs, **kw)
 
 
 # ---------------------------------------------------------------- healthy model: all checks pass
@@ -248,13 +248,16 @@ def test_non_finite_input():
                                   "broken_doctor_nondeterministic.py:build", "cnn.py:build",
                                   "broken_doctor_inplace.py:build"])
 def test_model_untouched(untouched, name):
-    from torchdiag.core.loading import find_factory, load_model
+    from torchdiag.core.context import prepare
+    from torchdiag.core.run import RunSpec
+    from torchdiag.diagnostics import doctor, invoke
 
-    loaded = load_model(sample(name), [], torch.device("cpu"))
-    model, inputs = load(name)
+    # as the CLI runs it: the context carries the factory, so the device check rebuilds it on meta
+    model, inputs, ctx = prepare(RunSpec(DOCTOR, model=sample(name), device="cpu", caller="python"))
+    assert ctx.factory is not None
     model.train()
     with untouched(model):
-        run_diag(model, inputs, factory=find_factory(loaded.module, loaded.factory, name))
+        invoke(doctor, model, inputs, doctor.Options(), ctx)
 
 
 def test_bad_input_is_exit_2_one_line(cli):
@@ -336,7 +339,7 @@ def example_inputs():
 
 
 def _one_error_line(r):
-    lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1, r.stderr
     assert "Traceback" not in r.stderr + r.stdout
     return lines[0]

@@ -32,10 +32,6 @@ def register(app) -> None:
 
         opts = c.CommonOptions("doctor", spec, arg or [], input or [], device, seed, json, tb, debug,
                                loss=loss, batch=batch)
-
-        def run(t):
-            return diag.run(t.model, t.inputs, diag.Options(loss=t.loss(), factory=t.loaded.factory_fn,
-                                                            kwargs=dict(t.loaded.kwargs),
-                                                            batch_target=t.batch_target, seed=seed))
-
-        c.execute(opts, run)
+        # the factory (meta rebuild), --batch target, loss, seed and the update check's optimizer
+        # (doctor.OPTIMIZER) reach doctor through the run context
+        c.execute(opts, diag, diag.Options)

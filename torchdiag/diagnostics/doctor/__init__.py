@@ -1,0 +1,161 @@
+"""doctor: the silent-killer checklist — bugs that let a model train while doing the wrong thing.
+
+Independent checks, one module each, every one ending in a row of the checklist (check, result,
+verdict, where, hint) and, when something is wrong, a finding with a stable code naming the module
+or parameter:
+
+  device_spread, device_meta  device-mismatch   parameters/buffers on several devices; a tensor made in
+                                                forward without a device (found on meta, no GPU needed)
+  inplace       inplace-autograd   backward fails because a tensor saved for backward was edited in place
+  modes         mode-dependent     Dropout/BatchNorm-family modules make train and eval outputs differ
+  batchnorm     batchnorm-batch-1  BatchNorm in train mode with a batch of 1 raises
+  determinism   nondeterministic-eval  two eval forwards on the same input differ
+  update        param-not-updated  a parameter has .grad but one optimizer step leaves it unchanged
+  frozen        frozen             requires_grad=False parameters, listed by module (info)
+  dtypes        dtype-mismatch     parameters of mixed floating dtypes; float inputs of another dtype
+  input_stats   non-finite-input, unnormalised-input (image-like float input in [0, 255])
+  target        target-out-of-range (class targets vs the output width)
+
+`checklist` holds the row/finding bookkeeping, `training` the train-mode pass, `shared` the helpers.
+Everything that runs the model works on a copy; the user's model is only read. On meta (or a model
+partly on meta) the static checks and the device check run, the checks that need values are skipped."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...core.context import loss_rule
+from ...core.guard import leave_no_trace
+from ...core.run import OptimizerSpec
+from ...core.tracking import ModuleTracker, describe, forward_error
+from ...errors import ModelError, one_line
+from ...results import Column, Result, Table
+from .batchnorm import bn_batch1_probe
+from .checklist import VALUE_CHECKS, Checklist, verdict
+from .determinism import check_determinism
+from .device_meta import check_device_meta
+from .device_spread import check_device_spread
+from .dtypes import check_dtypes, check_promotion
+from .frozen import check_frozen, frozen_groups
+from .input_stats import input_stats
+from .modes import mode_modules
+from .shared import failing_call, mixes_devices_or_dtypes, name, workspace
+from .target import check_target
+from .training import train_checks
+
+NEEDS_VALUES = False   # partly useful on meta: the value checks skip themselves there
+OPTIMIZER = OptimizerSpec("adam", lr=1e-3)   # the one-step update check
+
+__all__ = ["Options", "NEEDS_VALUES", "OPTIMIZER", "run", "frozen_groups", "mode_modules"]
+
+
+@dataclass
+class Options:
+    """doctor has no settings of its own: loss, target, seed and the optimizer of the one-step update
+    check come from the run (ctx)."""
+
+
+def run(model, inputs, opts: Options | None, ctx) -> Result:
+    result = Result("doctor")
+    ck = Checklist(result)
+    loss = ctx.loss()
+    try:
+        with leave_no_trace(model):
+            _run(model, inputs, ctx, loss, ck, result)
+    except ModelError as exc:
+        if result.tables and result.tables[0].key == "checks":
+            result.tables[0] = ck.table()
+        else:
+            result.tables.insert(0, ck.table())
+        exc.partial = exc.partial or result
+        raise
+    return result
+
+
+def _run(model, inputs, ctx, loss, ck: Checklist, result: Result) -> None:
+    check_device_spread(model, ck)
+    main_dtype = check_dtypes(model, inputs, ck)
+    frozen_rows = check_frozen(model, ck)
+    stats = input_stats(inputs, ck)
+    check_device_meta(model, inputs, ctx.factory, ck, _real_device_hint(ctx))
+
+    result.tables.append(ck.table())  # replaced at the end; keeps the slot first
+    result.tables.append(Table("input_stats", "Inputs", [
+        Column("input", "input"), Column("shape", "shape"), Column("dtype", "dtype"), Column("min", "min", "float"),
+        Column("max", "max", "float"), Column("mean", "mean", "float"), Column("std", "std", "float"),
+        Column("non_finite", "non-finite", "count")], stats))
+    if frozen_rows:
+        result.tables.append(Table("frozen_params", "Frozen parameters by module", [
+            Column("module", "module"), Column("params", "params", "count"), Column("frozen", "frozen")],
+            frozen_rows))
+    if _has_values(model, inputs, ctx):
+        with workspace(model) as work:
+            _value_checks(work, inputs, ctx, loss, main_dtype, ck, result)
+    else:
+        ck.skip(VALUE_CHECKS, "model or inputs on meta: no values to run")
+    result.tables[0] = ck.table()
+    result.verdict = verdict(result)
+
+
+def _has_values(model, inputs, ctx) -> bool:
+    """Not on meta: neither the run's device nor any parameter, buffer or input (a model the Python
+    API hands us may be partly on meta while its first parameter is not)."""
+    if ctx.on_meta:
+        return False
+    held = [*model.parameters(), *model.buffers(), *(t for _, t in inputs.tensors())]
+    return not any(t.device.type == "meta" for t in held)
+
+
+def _value_checks(work, inputs, ctx, loss, main_dtype, ck: Checklist, result: Result) -> None:
+    ran, eval_out = _eval_forward(work, inputs, ck, result)
+    if not ran:
+        return
+    check_promotion(eval_out, main_dtype, ck)
+    result.data["output"] = describe(eval_out)
+    check_determinism(work, inputs, ck)
+    target = ctx.batch_target if ctx.batch_target is not None else loss.target
+    train_loss = loss
+    if check_target(eval_out, loss, target, ck):
+        train_loss = loss_rule("auto", seed=ctx.seed)
+        result.notes.append("training checks used random class targets: the given targets are out of range")
+    train_checks(work, inputs, ctx, train_loss, eval_out, ck, result)
+    if train_loss.chosen:
+        result.header["loss"] = train_loss.describe()
+    bn_batch1_probe(work, inputs, ck)
+
+
+def _eval_forward(work, inputs, ck: Checklist, result: Result):
+    """(True, output) of the eval forward; (False, None) when it fails as the device/dtype checks predict."""
+    import torch
+
+    work.eval()
+    tracker = ModuleTracker(work, record_shapes=True)
+    try:
+        with torch.no_grad(), tracker:
+            return True, inputs.call(work)
+    except Exception as exc:
+        call, module, args = failing_call(tracker, work)
+        if not _predicted(ck, call, module, args):
+            result.tables[0] = ck.table()
+            raise forward_error(exc, tracker, "forward (eval mode)", partial=result) from exc
+        result.add("forward-fails", "error", name(call.name if call else ""),
+                   f"the forward pass fails as the checks above predict: {one_line(exc, 200)}",
+                   "fix the findings above")
+        ck.skip(VALUE_CHECKS, "forward fails (see device/dtype findings)")
+        return False, None
+
+
+def _predicted(ck: Checklist, call, module, args) -> bool:
+    """The device/dtype checks found an error, and the forward failed where they point: in a module
+    they blame (or inside one), or in a call whose tensors span several devices or dtypes."""
+    if not ck.has_error("device", "dtype"):
+        return False
+    where = call.name if call else None
+    blamed = where is not None and any(s == "" or where == s or where.startswith(s + ".") for s in ck.suspects)
+    return blamed or mixes_devices_or_dtypes(module, args)
+
+
+def _real_device_hint(ctx) -> str:
+    """How to run for real values, in the caller's terms (the Python API uses the model's own device)."""
+    if ctx.spec.caller == "python":
+        return "move the model to cuda"
+    return f"run with {ctx.option('device')} cuda"

@@ -1,0 +1,173 @@
+"""device-mismatch (meta run): the model is rebuilt with its weights on `meta` and run WITHOUT a
+default-device context, so a tensor made in forward without a device (torch.arange(n),
+torch.zeros(...)) lands on the CPU, and an op mixing it with meta tensors is caught (a dispatch mode
+also checks ops meta itself would let through, such as matmul). No GPU needed."""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ...core.tracking import ModuleTracker
+from ...errors import one_line
+from .checklist import Checklist
+from .shared import failing_call, name
+
+# ops that legitimately take CPU tensors next to device tensors (explicit moves, CPU-side indices/lengths)
+ALLOWED_OPS = {"copy_", "_to_copy", "to", "index", "index_put", "index_put_", "_index_put_impl_", "lift_fresh",
+               "lift_fresh_copy", "_local_scalar_dense", "detach", "alias", "clone", "_has_compatible_shallow_copy_type",
+               "set_", "tensor_split", "_pack_padded_sequence", "_pad_packed_sequence"}
+
+
+class DeviceMix(RuntimeError):
+    """An op received meta tensors and a non-scalar tensor on another device."""
+
+    def __init__(self, op: str, tensor, creator: str | None, where: str):
+        self.op, self.creator, self.where = op, creator, where
+        self.shape = "x".join(map(str, tensor.shape))
+        self.device = str(tensor.device)
+        super().__init__(f"Tensor on device {self.device} is not on the expected device meta! "
+                         f"(aten.{op} got a {self.device} tensor of shape {self.shape})")
+
+
+def _device_guard_mode(tracker):
+    """A dispatch mode that raises DeviceMix when an op mixes meta tensors with a non-scalar tensor
+    on another device (meta itself lets some through: meta @ cpu works; CUDA would not). It also
+    remembers which module's forward created each off-meta tensor, to name the creator."""
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    created: dict[int, tuple] = {}   # id(tensor) -> (weakref, creating module); tensors compare elementwise
+
+    def current() -> str:
+        return tracker._stack[-1][0].name if tracker._stack else ""
+
+    class MixedDeviceGuard(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            op = func.overloadpacket.__name__
+            if op not in ALLOWED_OPS:
+                ts = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+                if any(a.device.type == "meta" for a in ts):
+                    other = [a for a in ts if a.device.type != "meta" and a.dim() > 0]
+                    if other:
+                        raise DeviceMix(op, other[0], _lookup(created, other[0]), current())
+            out = func(*args, **kwargs)
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.device.type != "meta" and _lookup(created, t) is None:
+                    created[id(t)] = (weakref.ref(t), current())
+            return out
+
+    mode = MixedDeviceGuard()
+    mode.created = created
+    return mode
+
+
+def _lookup(created: dict, t) -> str | None:
+    entry = created.get(id(t))
+    return entry[1] if entry is not None and entry[0]() is t else None
+
+
+def _off_meta_args(args) -> list:
+    """The non-scalar tensors a call received that are not on meta."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    return [a for a in tree_flatten(list(args))[0]
+            if isinstance(a, torch.Tensor) and a.device.type != "meta" and a.dim() > 0]
+
+
+def _creator_of_args(args, created) -> tuple[str | None, Any]:
+    """For an error raised outside the guard (a module's own device check): the module that
+    created an off-meta tensor among the failing module's inputs."""
+    for a in _off_meta_args(args):
+        if _lookup(created, a) is not None:
+            return _lookup(created, a), a
+    return None, None
+
+
+def rebuild_on_meta(model, factory):
+    """The model with its weights on meta: from the factory (the constructor runs normally with
+    parameters turned to meta as registered, then .to('meta') — so a plain tensor attribute that
+    .to() does not move stays on the CPU, as it would when moving to a GPU); else a copy."""
+    from ...core.meta import build_on_meta, params_on_meta
+
+    if factory is not None:
+        fn, kwargs = factory
+        try:
+            with params_on_meta():
+                m = fn(**kwargs)
+            return m.to("meta"), "factory rebuilt with parameters on meta"
+        except Exception:
+            try:
+                m, how = build_on_meta(fn, kwargs)
+                return m, f"factory rebuilt under {how}"
+            except Exception:
+                pass
+    return copy.deepcopy(model).to("meta"), "copy of the model moved to meta"
+
+
+def check_device_meta(model, inputs, factory, ck: Checklist, real_device_hint: str) -> None:
+    """`factory` is ctx.factory ((fn, kwargs) or None); `real_device_hint` says how to run for real."""
+    import torch
+
+    try:
+        meta_model, how = rebuild_on_meta(model, factory)
+    except Exception as exc:
+        ck.row("device", "skipped", f"could not build the model on meta: {one_line(exc)}")
+        return
+    meta_inputs = inputs.map(lambda t: torch.empty_like(t, device="meta"))
+    for mode in ("eval", "train"):
+        meta_model.train(mode == "train")
+        tracker = ModuleTracker(meta_model)
+        guard = _device_guard_mode(tracker)
+        try:
+            with torch.no_grad(), tracker, guard:
+                meta_inputs.call(meta_model)
+        except Exception as exc:
+            _meta_failure(meta_model, exc, tracker, guard.created, mode, ck, real_device_hint)
+            return
+    if "device" not in ck.rows:
+        ck.row("device", "ok", "no off-device tensor in forward (meta run)")
+        ck.result.data["meta_build"] = how
+
+
+def _meta_failure(meta_model, exc, tracker, created, mode: str, ck: Checklist, real_device_hint: str) -> None:
+    """Why the meta forward failed, from what is known: the guard's DeviceMix, or the off-meta tensors
+    the failing module received (and which forward made them). Anything else is not a device fact."""
+    types = {n: type(m).__name__ for n, m in meta_model.named_modules()}
+    call, _module, args = failing_call(tracker, meta_model)
+    where = call.name if call else ""
+    if not isinstance(exc, DeviceMix):   # e.g. a module's own device check (GRU: input vs hidden)
+        creator, tensor = _creator_of_args(args, created)
+        if creator is not None:
+            exc = DeviceMix(f"{types.get(where, '?')} input check", tensor, creator, where)
+    if isinstance(exc, DeviceMix) and exc.creator is not None:
+        culprit = exc.creator
+        used = "" if culprit == where else f", used in {name(where)} ({types.get(where, '?')})"
+        ck.suspects.update({culprit, where})
+        ck.find("device", "device-mismatch", "error", name(culprit),
+                f"forward ({mode} mode) of {name(culprit)} ({types.get(culprit, '?')}) creates a "
+                f"{exc.shape} tensor without device=: it stays on {exc.device} while the model is elsewhere "
+                f"({exc.op if ' ' in exc.op else 'aten.' + exc.op} mixes it with model tensors{used})",
+                "create tensors on the input's device: torch.arange(n, device=x.device), "
+                "x.new_zeros(...), torch.zeros_like(x); or register them as buffers",
+                verdict=f"a tensor created in {name(culprit)}'s forward ignores the model's device")
+    elif isinstance(exc, DeviceMix) or _off_meta_args(args):   # made outside any forward
+        ck.suspects.add(where)
+        ck.find("device", "device-mismatch", "error", name(where),
+                f"forward ({mode} mode) in {name(where)} ({call.type if call else '?'}) mixes devices: "
+                f"a tensor that .to(device) does not move (made outside forward, most likely a plain tensor "
+                f"attribute rather than a buffer) stays on the CPU ({one_line(exc)})",
+                "register constant tensors with self.register_buffer(name, t) so model.to(device) moves "
+                "them; create tensors in forward with device=x.device",
+                verdict=f"{name(where)} uses a tensor that does not follow the model's device")
+    elif mode == "train":
+        ck.row("device", "ok", f"no off-device tensor in eval-mode forward (meta run; train mode raised "
+               f"there: {one_line(exc, 80)})")
+    else:
+        ck.row("device", "skipped", f"forward on meta not possible ({mode} mode, {name(where)}): "
+               f"{one_line(exc, 120)}", name(where) if call else "",
+               f"data-dependent ops (.item(), nonzero) cannot run on meta; {real_device_hint} to check for real")

@@ -1,0 +1,52 @@
+"""mode-dependent: Dropout/BatchNorm-family modules (or forward code reading self.training) make the
+train and eval outputs differ (info)."""
+from __future__ import annotations
+
+from ...results import Result
+from .checklist import Checklist
+from .shared import max_diff, name, scale
+
+MODE_TYPES_HINT = "call model.eval() before validation/inference and model.train() before training steps"
+
+
+def mode_modules(model) -> list[tuple[str, str]]:
+    from torch import nn
+    from torch.nn.modules.batchnorm import _BatchNorm
+    from torch.nn.modules.dropout import _DropoutNd
+    from torch.nn.modules.instancenorm import _InstanceNorm
+
+    out = []
+    for n, m in model.named_modules():
+        if isinstance(m, (_DropoutNd, nn.AlphaDropout, nn.FeatureAlphaDropout)) and getattr(m, "p", 0) > 0:
+            out.append((n, type(m).__name__))
+        elif isinstance(m, _BatchNorm) or (isinstance(m, _InstanceNorm) and m.track_running_stats):
+            out.append((n, type(m).__name__))
+        elif isinstance(m, nn.MultiheadAttention) and m.dropout > 0:
+            out.append((n, type(m).__name__))
+    return out
+
+
+def check_modes(mods, eval_out, train_out, ck: Checklist, result: Result) -> None:
+    """`mods`: mode_modules of the model; the outputs of one eval and one train forward."""
+    diff = max_diff(eval_out, train_out)
+    dtxt = "" if diff is None else f" (max |train − eval| output difference {diff:.4g})"
+    if mods:
+        names = ", ".join(f"{name(n)} ({t})" for n, t in mods[:6]) + (" …" if len(mods) > 6 else "")
+        result.add("mode-dependent", "info", ", ".join(name(n) for n, _ in mods[:6]),
+                   f"outputs differ between train and eval mode because of {names}{dtxt}", MODE_TYPES_HINT)
+        ck.row("modes", "info", f"{len(mods)} module(s) behave differently in train and eval{dtxt}",
+               ", ".join(name(n) for n, _ in mods[:4]) + (" …" if len(mods) > 4 else ""), MODE_TYPES_HINT,
+               "mode-dependent")
+    elif diff is not None and diff > 1e-5 * scale(eval_out) + 1e-6:   # beyond kernel-choice rounding
+        if ck.has_error("determinism"):
+            # eval differs from itself: a train/eval difference says nothing about self.training
+            ck.row("modes", "skipped", "no Dropout/BatchNorm; train and eval outputs cannot be compared: the eval "
+                   "output is random (see eval determinism)")
+        else:
+            result.add("mode-dependent", "info", "(root)",
+                       f"no Dropout/BatchNorm, yet train and eval outputs differ{dtxt}: forward code reads self.training",
+                       MODE_TYPES_HINT)
+            ck.row("modes", "info", f"train and eval outputs differ{dtxt} (custom self.training code)", "(root)",
+                   MODE_TYPES_HINT, "mode-dependent")
+    else:
+        ck.row("modes", "ok", "no Dropout/BatchNorm; train = eval output")

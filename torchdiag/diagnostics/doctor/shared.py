@@ -1,0 +1,100 @@
+"""Helpers the checks share: names, output tensors and their differences, the working copy, the
+module a failing forward stopped in."""
+from __future__ import annotations
+
+import contextlib
+
+from ...core.train import train_copy
+from ...errors import ModelError
+
+
+def name(n: str) -> str:
+    return n or "(root)"
+
+
+def module_of(param_name: str) -> str:
+    return param_name.rpartition(".")[0]
+
+
+def short_dtype(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def tensors(obj, prefix="output") -> list:
+    """(label, tensor) for every tensor in a forward output (nested tuples, lists and dicts)."""
+    from ...core.inputs import _collect
+
+    out: list = []
+    _collect(prefix, obj, out)
+    return out
+
+
+def max_diff(a, b) -> float | None:
+    """The largest absolute difference between two outputs (inf for differing integer tensors);
+    None when their structure or shapes differ."""
+    ta, tb = tensors(a), tensors(b)
+    if len(ta) != len(tb):
+        return None
+    m = 0.0
+    for (_, x), (_, y) in zip(ta, tb):
+        if x.shape != y.shape:
+            return None
+        if x.is_floating_point():
+            m = max(m, float((x.detach().double() - y.detach().double()).abs().nan_to_num(0.0).max()) if x.numel() else 0.0)
+        elif not (x == y).all():
+            m = max(m, float("inf"))
+    return m
+
+
+def scale(obj) -> float:
+    """The largest absolute value among an output's float tensors (for relative tolerances)."""
+    return max((float(t.detach().double().abs().max()) for _, t in tensors(obj) if t.is_floating_point() and t.numel()),
+               default=0.0)
+
+
+def batch_one(inputs, batch: int):
+    return inputs.map(lambda t: t[:1] if t.dim() and t.shape[0] == batch else t)
+
+
+@contextlib.contextmanager
+def workspace(model):
+    """A copy to run (and train) on (core.train.train_copy); if the model cannot be copied, the model
+    itself with its parameters and buffers restored bit for bit afterwards (doctor still runs)."""
+    import torch
+
+    try:
+        work = train_copy(model, "to run the checks on")
+    except ModelError:   # deepcopy refused: fall back to the model itself, restored below
+        work = None
+    if work is not None:
+        yield work
+        return
+    saved = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
+    try:
+        yield model
+    finally:
+        with torch.no_grad():
+            for k, v in model.state_dict(keep_vars=True).items():
+                if k in saved:
+                    v.copy_(saved[k])
+
+
+def failing_call(tracker, model):
+    """(Call, module, positional args) of the module a failed forward stopped in; (None, None, ())."""
+    call = tracker.failing
+    if call is None:
+        return None, None, ()
+    module = dict(model.named_modules()).get(call.name)
+    return call, module, tracker._stack[-1][1]
+
+
+def mixes_devices_or_dtypes(module, args) -> bool:
+    """Fact about a failing call: the tensors it received and its own parameters and buffers span
+    more than one device, or more than one floating dtype."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    ts = [a for a in tree_flatten(list(args))[0] if isinstance(a, torch.Tensor)]
+    if module is not None:
+        ts += list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
+    return len({t.device for t in ts}) > 1 or len({t.dtype for t in ts if t.is_floating_point()}) > 1

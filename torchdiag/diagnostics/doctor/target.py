@@ -1,0 +1,51 @@
+"""target-out-of-range: class targets (from --batch, or target= in Python) against the output width."""
+from __future__ import annotations
+
+from ...core.tracking import describe
+from .checklist import Checklist
+
+
+def check_target(eval_out, loss, target, ck: Checklist) -> bool:
+    """True when the class targets cannot be used with this output (training then uses random targets)."""
+    import torch
+
+    from ...core.loss import primary_output
+
+    if target is None or not isinstance(target, torch.Tensor):
+        ck.row("target", "ok" if target is None else "skipped",
+               "no targets given (random valid ones used)" if target is None
+               else f"target is a {type(target).__name__}")
+        return False
+    if target.is_floating_point() or target.dtype == torch.bool:
+        ck.row("target", "ok", f"{str(target.dtype).replace('torch.', '')} target (not class indices)")
+        return False
+    if loss is not None and loss.kind not in ("auto", "cross_entropy"):
+        ck.row("target", "skipped", f"loss '{loss.kind}' does not take class indices")
+        return False
+    try:
+        y, picked = primary_output(eval_out)
+    except Exception:   # no tensor in the output: nothing to compare with
+        ck.row("target", "skipped", "no tensor output to compare targets with")
+        return False
+    if y.dim() < 2:
+        ck.row("target", "skipped", f"output {describe(y)} has no class dimension")
+        return False
+    classes = int(y.shape[1])
+    t = target.detach()
+    valid = t[t != -100]
+    if valid.numel() == 0:
+        ck.row("target", "ok", "all targets are ignore_index (-100)")
+        return False
+    lo, hi = int(valid.min()), int(valid.max())
+    bad = int(((valid < 0) | (valid >= classes)).sum())
+    if bad:
+        ck.find("target", "target-out-of-range", "error", picked,
+                f"class targets span [{lo}, {hi}] but {picked} has {classes} classes (valid 0…{classes - 1}); "
+                f"{bad:,} of {valid.numel():,} targets are out of range",
+                ("labels look 1-based: subtract 1" if lo >= 1 and hi == classes else
+                 f"make labels 0…{classes - 1}, or give the last layer {hi + 1} outputs"),
+                verdict=f"targets reach {hi} but the output has {classes} classes" if hi >= classes
+                else f"negative targets ({lo})")
+        return True
+    ck.row("target", "ok", f"class targets in [{lo}, {hi}], output has {classes} classes")
+    return False

@@ -1,0 +1,82 @@
+"""The train-mode pass: one forward (train/eval modes, BatchNorm at this batch size, in-place on a leaf),
+backward (in-place edits of saved tensors), one optimizer step (parameters update)."""
+from __future__ import annotations
+
+from ...core import train
+from ...core.tracking import ModuleTracker, forward_error
+from ...errors import ModelError
+from ...results import Result
+from .batchnorm import one_value_per_channel, report_train_failure, two_samples
+from .checklist import Checklist
+from .inplace import leaf_inplace_watch, locate_inplace, report_inplace
+from .modes import check_modes, mode_modules
+from .shared import failing_call, name
+from .update import update_check
+
+BACKWARD_HINT = "the model's own code raised in backward; run with --debug for the traceback"
+
+
+def train_checks(work, inputs, ctx, loss, eval_out, ck: Checklist, result: Result) -> None:
+    import torch
+
+    work.train()
+    for p in work.parameters():
+        p.grad = None
+    tracker = ModuleTracker(work, record_shapes=False)
+    watch = leaf_inplace_watch()
+    try:
+        with torch.enable_grad(), tracker, watch:
+            out = inputs.call(work)
+    except Exception as exc:
+        retry = _forward_failed(work, inputs, ctx, loss, exc, tracker, watch, ck, result)
+        if retry is not None:   # a batch of 1 BatchNorm refuses: the other checks run on a batch of 2
+            train_checks(work, retry, ctx, loss, eval_out, ck, result)
+        return
+    check_modes(mode_modules(work), eval_out, out, ck, result)
+    if _backward(work, inputs, loss, out, ck):
+        ck.row("inplace", "ok", "backward runs")
+        update_check(work, inputs, ctx, ck, result)
+
+
+def _forward_failed(work, inputs, ctx, loss, exc, tracker, watch, ck: Checklist, result: Result):
+    """Classify a failed train-mode forward by what is known about it (the failing module and what it
+    received; the in-place op the watch saw raise). Returns inputs to retry with, or None."""
+    call, module, args = failing_call(tracker, work)
+    where = call.name if call else ""
+    batch = inputs.batch_size
+    if one_value_per_channel(module, args):
+        report_train_failure(ck, call, batch)
+        doubled = two_samples(inputs, ctx.seed) if batch == 1 and getattr(loss, "target", None) is None else None
+        if doubled is not None:
+            result.notes.append("batch size 1 fails in train mode: the other training checks ran on a batch "
+                                "of 2 (the sample and a perturbed copy)")
+            return doubled
+    elif watch.refused is exc:
+        report_inplace(ck, where, call.type if call else "?", None, "", exc)
+    else:
+        raise forward_error(exc, tracker, "forward in train mode") from exc
+    ck.skip(("modes", "inplace", "update"), f"train-mode forward fails ({name(where)})")
+    return None
+
+
+def _backward(work, inputs, loss, out, ck: Checklist) -> bool:
+    """Backward from the loss; True when it ran. A failure whose cause a watching forward finds (a
+    saved tensor edited in place) is the in-place finding; any other is the model's error (exit 3)."""
+    value = loss(out)
+    if not getattr(value, "requires_grad", False):
+        # no graph to run backward through: nothing trainable reached the loss
+        trainable = any(p.requires_grad for p in work.parameters())
+        why = ("no trainable parameters" if not trainable else
+               "the loss does not depend on any trainable parameter (no grad_fn)")
+        hint = "" if not trainable else "see torchdiag gradflow for where the graph is cut (detached output)"
+        ck.row("inplace", "skipped", why, hint=hint)
+        ck.row("update", "skipped", why, hint=hint)
+        return False
+    try:
+        train.backward(value, hint=BACKWARD_HINT)
+    except ModelError as err:
+        if not locate_inplace(work, inputs, ck, err.__cause__ or err):
+            raise
+        ck.row("update", "skipped", "backward fails (see in-place check)")
+        return False
+    return True
