@@ -182,8 +182,9 @@ def test_closed_stdout_keeps_the_exit_code(tmp_path):
 def test_rng_state_at_exit_is_where_the_factory_left_it(tmp_path):
     """Through the CLI as through the API: diagnostics put the global RNG back where build() left it."""
     out = tmp_path / "rng.txt"
-    factory = (f"import atexit; torch.randn(3); after = torch.random.get_rng_state().clone(); "
-               f"atexit.register(lambda: open({str(out)!r}, 'w').write(str(torch.equal(after, torch.random.get_rng_state()))))")
+    factory = (f"import atexit; net = Net(); torch.randn(3); after = torch.random.get_rng_state().clone(); "
+               f"atexit.register(lambda: open({str(out)!r}, 'w').write(str(torch.equal(after, torch.random.get_rng_state())))); "
+               f"return net")
     spec = write_model(tmp_path, factory=factory)
     for command in ("summary", "nancheck", "gradflow"):
         r = torchdiag(command, spec, "--device", "cpu")
