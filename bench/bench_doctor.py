@@ -12,9 +12,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 import torch  # noqa: E402
 
-from conftest import load, sample  # noqa: E402
-from torchdiag.core.loading import find_factory, load_model  # noqa: E402
+from conftest import sample  # noqa: E402
+from torchdiag.core.context import prepare  # noqa: E402
+from torchdiag.core.run import RunSpec  # noqa: E402
 from torchdiag.diagnostics import doctor  # noqa: E402
+from torchdiag.diagnostics.doctor.shared import tensors  # noqa: E402
 
 
 def best(fn, n=5):
@@ -29,10 +31,9 @@ def best(fn, n=5):
 def main():
     torch.set_num_threads(1)
     for name in ("mlp.py:build", "cnn.py:build", "resnet.py:build", "transformer_lm.py:build"):
-        loaded = load_model(sample(name), [], torch.device("cpu"))
-        factory = find_factory(loaded.module, loaded.factory, name)
-        model, inputs = load(name)
-        loss = lambda out: doctor._tensors(out)[0][1].float().pow(2).mean()  # noqa: E731
+        # as the CLI runs it: the context carries the factory (for the meta rebuild)
+        model, inputs, ctx = prepare(RunSpec("doctor", model=sample(name), device="cpu", caller="python"))
+        loss = lambda out: tensors(out)[0][1].float().pow(2).mean()  # noqa: E731
 
         def fwd_bwd():
             model.zero_grad(set_to_none=True)
@@ -47,9 +48,9 @@ def main():
         base_f = best(fwd)
         model.zero_grad(set_to_none=True)
         t = time.perf_counter()
-        doctor.run(model, inputs, doctor.Options(factory=factory))
+        doctor.run(model, inputs, doctor.Options(), ctx)
         first = time.perf_counter() - t
-        run = best(lambda: doctor.run(model, inputs, doctor.Options(factory=factory)), n=3)
+        run = best(lambda: doctor.run(model, inputs, doctor.Options(), ctx), n=3)
         print(f"{name:26s} forward+backward {base * 1e3:8.2f} ms   forward {base_f * 1e3:8.2f} ms   "
               f"doctor {run * 1e3:8.1f} ms (first call {first * 1e3:7.1f} ms)   = {run / base:5.1f}x fwd+bwd, "
               f"{run / base_f:5.1f}x forward")

@@ -409,3 +409,153 @@ def test_random_forward_is_not_blamed_on_self_training():
     assert not [f for f in res.findings if f.code == "mode-dependent"]   # the code never reads self.training
     modes = next(r for r in res.tables[0].rows if r["id"] == "modes")
     assert modes["status"] == "skipped" and "random" in modes["verdict"]
+
+
+# ---------------------------------------------------------------- run contract: options, Python API
+def test_bad_run_option_is_exit_2_before_the_model_loads(cli, tmp_path):
+    raising = tmp_path / "raising.py"
+    raising.write_text("def build():\n    raise RuntimeError('the factory ran')\n")
+    for spec in (f"{raising}:build", str(tmp_path / "missing.py") + ":build"):
+        r = cli(DOCTOR, spec, "--seed", "-1")
+        assert r.code == 2, r.stderr
+        assert _one_error_line(r).startswith("error: --seed:") and "factory ran" not in r.stderr
+        assert "not found" not in r.stderr
+
+
+def test_python_keywords_named_in_python_terms():
+    import torchdiag
+    from torchdiag.errors import OptionError, UsageError
+
+    model, x = nn.Linear(4, 2), torch.randn(3, 4)
+    with pytest.raises(OptionError) as e:
+        torchdiag.doctor(model, x, lr=-1.0)
+    assert e.value.message.startswith("lr:")
+    with pytest.raises(OptionError) as e:
+        torchdiag.doctor(model, x, seed=-1)
+    assert e.value.message.startswith("seed:")
+    with pytest.raises(UsageError) as e:
+        torchdiag.doctor(model, x, steps=3)
+    assert "steps" in e.value.message
+
+
+def test_python_api_target_and_optimizer_come_from_the_run(untouched):
+    import torchdiag
+
+    model = nn.Sequential(nn.Linear(6, 5))
+    x = torch.randn(8, 6)
+    with untouched(model):
+        r = torchdiag.doctor(model, x, target=torch.arange(8) % 5 + 1, optimizer="sgd", lr=0.1)
+    (f,) = [f for f in r.findings if f.code == "target-out-of-range"]
+    assert "[1, 5]" in f.message and "5 classes" in f.message
+    update = next(row for row in r.tables[0].rows if row["id"] == "update")
+    assert update["verdict"] == "2/2 params change after 1 SGD step"
+    assert r.exit_code == 1
+
+
+def test_default_optimizer_is_adam_lr_1e3():
+    from torchdiag.core.run import OptimizerSpec
+    from torchdiag.diagnostics import doctor
+
+    assert doctor.OPTIMIZER == OptimizerSpec("adam", lr=1e-3) and doctor.NEEDS_VALUES is False
+
+
+def test_meta_device_runs_the_static_checks_and_skips_the_rest(cli):
+    r, d = doc(cli, "broken_doctor_device.py:build", "--device", "meta")
+    assert r.code == 1
+    assert [f["where"] for f in found(d, "device-mismatch")] == ["pos"]
+    for check in ("inplace", "modes", "batchnorm", "determinism", "update", "target"):
+        assert row(d, check)["status"] == "skipped" and "meta" in row(d, check)["verdict"]
+
+
+# ---------------------------------------------------------------- classifications come from facts
+class _EditsItsWeight(nn.Module):
+    """Edits its own parameter in forward: fine under no_grad (eval), refused by autograd in train."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4))
+        self.how = how
+
+    def forward(self, x):
+        if torch.is_grad_enabled():
+            if self.how == "iadd":
+                self.w += 0.0
+            elif self.how == "setitem":
+                self.w[0] = 1.0
+            else:
+                torch.nn.functional.relu(self.w, inplace=True)
+        return x * self.w
+
+
+@pytest.mark.parametrize("how", ["iadd", "setitem", "functional"])
+def test_inplace_on_a_leaf_in_train_forward_is_named(how):
+    res = run_diag(nn.Sequential(nn.Linear(4, 4), _EditsItsWeight(how)), torch.randn(3, 4))
+    (f,) = [f for f in res.findings if f.code == "inplace-autograd"]
+    assert f.where == "1" and "_EditsItsWeight" in f.message
+    assert next(r for r in res.tables[0].rows if r["id"] == "update")["status"] == "skipped"
+
+
+class _SaysBatchNorm(nn.Module):
+    """Not a BatchNorm, but raises BatchNorm's words in train mode: its own bug, not batchnorm-batch-1."""
+
+    def forward(self, x):
+        if self.training:
+            raise ValueError("Expected more than 1 value per channel when training, got input size [1, 4]")
+        return x
+
+
+def test_error_text_alone_does_not_make_a_batchnorm_finding():
+    from torchdiag.errors import ModelError
+
+    with pytest.raises(ModelError) as e:
+        run_diag(nn.Sequential(nn.Linear(4, 4), _SaysBatchNorm()), torch.randn(1, 4))
+    assert "forward in train mode failed in 1 (_SaysBatchNorm)" in e.value.message
+
+
+class _BackwardRaises(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        raise RuntimeError("one of the variables needed for gradient computation has been modified by an "
+                           "inplace operation (not really)")
+
+
+class _CustomBackward(nn.Module):
+    def forward(self, x):
+        return _BackwardRaises.apply(x)
+
+
+def test_backward_failure_without_an_inplace_edit_is_the_models_error():
+    from torchdiag.errors import ModelError
+
+    with pytest.raises(ModelError) as e:
+        run_diag(nn.Sequential(nn.Linear(4, 4), _CustomBackward()), torch.randn(3, 4))
+    assert e.value.message.startswith("backward failed:")
+    checks = {r["id"]: r for r in e.value.partial.tables[0].rows}
+    assert checks["inplace"]["verdict"] == "not run"
+
+
+class _ToDouble(nn.Module):
+    def forward(self, x):
+        return x.double()
+
+
+class _RaisesAboutDevices(nn.Module):
+    def forward(self, x):
+        raise RuntimeError("Expected all tensors to be on the same device, but found cpu and meta (dtype float64)")
+
+
+def test_forward_failure_elsewhere_is_not_blamed_on_the_dtype_finding():
+    from torchdiag.errors import ModelError
+
+    # float64 parameters, a float32 input: a dtype-mismatch error. The input is cast before it meets
+    # them, and the forward then fails for its own reason (whatever its message says)
+    model = nn.Sequential(_ToDouble(), _RaisesAboutDevices(), nn.Linear(4, 2).double())
+    with pytest.raises(ModelError) as e:
+        run_diag(model, torch.randn(3, 4))
+    assert "forward (eval mode) failed in 1 (_RaisesAboutDevices)" in e.value.message
+    (f,) = [f for f in e.value.partial.findings if f.code == "dtype-mismatch"]
+    assert f.severity == "error" and f.where == "input[0]"
