@@ -328,7 +328,7 @@ def test_bad_input_is_exit_2(cli):
 @pytest.mark.parametrize("flag,value,problem", [
     ("--dead", "1.5", "must be ≤ 1"), ("--saturated", "-0.1", "must be ≥ 0"),
     ("--exploding", "-1", "must be ≥ 0"), ("--vanishing", "nan", "is not a number"),
-    ("--exploding-ratio", "inf", "is not a number"),
+    ("--exploding-ratio", "nan", "is not a number"),
 ])
 def test_bad_option_is_exit_2_before_loading(cli, flag, value, problem):
     # the factory raises (exit 3) if it is ever called: the option is refused first
@@ -351,6 +351,8 @@ def test_bad_option_names_the_python_keyword():
         assert str(exc.value).startswith(start) and exc.value.code == 2, str(exc.value)
     # one pattern as a string is one pattern, not its characters
     assert torchdiag.gradflow(model, x, allow="weight").data["allow"] == ["weight"]
+    # an infinite threshold turns its check off, as on the command line before
+    assert torchdiag.gradflow(model, x, exploding=math.inf, exploding_ratio=math.inf).exit_code == 0
 
 
 def test_meta_and_cuda_devices_are_usage_errors(cli, monkeypatch):

@@ -1,6 +1,7 @@
 """gradflow's options (torch-free, validated when built) and its status vocabulary."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ...core.run import number
@@ -32,7 +33,9 @@ class Options:
     def __post_init__(self):
         number("depth", self.depth, low=0, integer=True)
         for name in ("vanishing", "exploding", "exploding_ratio"):
-            number(name, getattr(self, name), low=0)
+            value = getattr(self, name)
+            if not (isinstance(value, float) and value == math.inf):   # inf: the check is off
+                number(name, value, low=0)
         for name in ("dead", "saturated"):
             number(name, getattr(self, name), low=0, high=1)
         number("saturation_margin", self.saturation_margin, low=0, high=0.5)
