@@ -1,4 +1,6 @@
 """check: config from pyproject.toml / --config, thresholds, unknown keys, JUnit, annotations, exit codes."""
+import json
+import sys
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -164,9 +166,11 @@ model = "{sample('transformer_lm.py:build')}"
     ('model = "{m}"\ncheck = 5', "check = 5 in [tool.torchdiag] of c.toml must be a table"),
     ('models = [5]', "models must be an array of tables"),
     ('models = []', "models is empty"),
-    ('model = "{m}"\n[check]\noverfit-batch = {{steps = "many"}}', "overfit-batch steps = 'many'"),
-    ('model = "{m}"\n[check]\noverfit-batch = {{target-ratio = -1}}', "overfit-batch target-ratio = -1"),
-    ('model = "{m}"\n[check]\noverfit-batch = {{optimizer = "lion"}}', "must be adam, adamw or sgd"),
+    ('model = "{m}"\n[check]\noverfit-batch = {{steps = "many"}}', "overfit-batch steps: 'many' is not an integer in [tool.torchdiag] of c.toml"),
+    ('model = "{m}"\n[check]\noverfit-batch = {{target-ratio = -1}}', "overfit-batch target-ratio: must be between 0 and 1, got -1 in"),
+    ('model = "{m}"\n[check]\noverfit-batch = {{target-ratio = 1.5}}', "overfit-batch target-ratio: must be between 0 and 1, got 1.5"),
+    ('model = "{m}"\n[check]\noverfit-batch = {{optimizer = "lion"}}', "overfit-batch optimizer: 'lion' is not one of adam, adamw, sgd"),
+    ('model = "{m}"\nseed = -1\n[check]\nnancheck = true', "seed: must be ≥ 0, got -1 in [tool.torchdiag] of c.toml"),
     ('model = "{m}"\n[check]\nmax-params = inf', "must be > 0 and finite"),
     ('model = "{m}"\n[check]\nmax-params = "1.2.3M"', "is not a number"),
     ('model = "{m}"\n[check]\nmax-params = "0k"', "must be > 0"),
@@ -280,3 +284,65 @@ def test_readme_ci_commands_work_in_a_fresh_checkout(cli, tmp_path, monkeypatch)
         junit = [a for a in args if a.endswith(".xml")]
         if junit:
             assert ET.parse(tmp_path / junit[0]).getroot().get("tests") == "4"
+
+
+MARKER_LOSS = """
+import pathlib
+import torch.nn.functional as F
+
+calls = []
+
+def loss(output, target):
+    calls.append(1)
+    if len(calls) == 3:          # overfit-batch is training: tell the test to send the signal
+        pathlib.Path(__file__).with_suffix(".started").write_text("1")
+    return F.mse_loss(output, output.detach() * 0 + 1)
+"""
+
+
+def test_a_signal_during_check_records_the_check_as_interrupted_not_failed(tmp_path):
+    """Ctrl-C (SIGINT) exits 130 and SIGTERM 143; the running overfit-batch is INTERRUPTED in the JSON and a
+    skipped testcase in JUnit, never FAIL 'cannot overfit'. Both runs share one wait."""
+    import signal
+    import subprocess
+    import time
+    import xml.etree.ElementTree as ET
+
+    from conftest import ROOT
+
+    procs = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        folder = tmp_path / sig.name
+        folder.mkdir()
+        (folder / "marker.py").write_text(MARKER_LOSS)
+        write(folder, f'model = "{sample("mlp.py:build")}"\ninputs = ["16x784"]\nloss = "{folder}/marker.py:loss"\n'
+                      '[check]\nmax-params = "10M"\noverfit-batch = {steps = 1000000, target-ratio = 1e-30}\n',
+              name="c.toml")
+        procs[sig] = subprocess.Popen([sys.executable, "-m", "torchdiag", "check", "--config", str(folder / "c.toml"),
+                                       "--junit", str(folder / "j.xml"), "--json"], cwd=ROOT, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    outs = {}
+    try:
+        for sig, proc in procs.items():
+            started = tmp_path / sig.name / "marker.started"
+            guard = time.monotonic() + 1800      # follows the subprocess's progress; only stops a hang
+            while not started.exists() and proc.poll() is None and time.monotonic() < guard:
+                time.sleep(0.05)
+            assert started.exists(), proc.communicate(timeout=60)
+            proc.send_signal(sig)
+        outs = {sig: proc.communicate(timeout=1800) for sig, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        out, err = outs[sig]
+        assert procs[sig].returncode == code, err
+        assert "Traceback" not in err
+        doc = json.loads(out)
+        rows = {r["check"]: r["status"] for r in doc["checks"]}
+        assert rows == {"max-params": "PASS", "overfit-batch": "INTERRUPTED"}, doc
+        assert doc["exit_code"] == code and doc["interrupted"] is True
+        assert "check-failed" not in [f["code"] for f in doc["findings"]]
+        case = ET.parse(tmp_path / sig.name / "j.xml").getroot().find(".//testcase[@name='overfit-batch']")
+        assert case.find("skipped") is not None and case.find("failure") is None

@@ -108,6 +108,9 @@ def test_model_error_is_logged_and_flushed(cli, tmp_path):
     assert "forward failed in 2.0 (Linear)" in text_of(acc, "summary/error/text_summary")
 
 
+HANG_GUARD = 1800  # seconds: stops a hung test only; no assertion depends on how fast anything is
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -122,8 +125,8 @@ def test_real_tensorboard_server_lists_runs_and_tags(cli, tmp_path):
                              "--host", "127.0.0.1", "--reload_interval", "1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline, tags = time.time() + 90, {}
-        while time.time() < deadline:
+        guard, tags = time.time() + HANG_GUARD, {}   # until the server lists both runs; only a hang guard
+        while time.time() < guard:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/scalars/tags", timeout=5) as r:
                     tags = json.load(r)
@@ -154,8 +157,7 @@ class Slow(nn.Module):
         self.calls += 1
         if self.calls >= int(os.environ["SLOW_AFTER"]):
             open(os.environ["SLOW_MARKER"], "w").close()      # the test sends Ctrl-C now
-            deadline = time.time() + 120
-            while time.time() < deadline:
+            while True:                                        # until the signal arrives
                 time.sleep(0.02)
         return self.fc(x)
 
@@ -182,12 +184,13 @@ def test_ctrl_c_flushes_the_events(tmp_path):
              "--tb", str(tmp_path / "tb")], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for command, proc in procs.items():
-            marker, deadline = tmp_path / f"{command}.ready", time.time() + 120
-            while not marker.exists() and proc.poll() is None and time.time() < deadline:
+            # follow each subprocess's progress to its marker; the guard only stops a hung test
+            marker, guard = tmp_path / f"{command}.ready", time.time() + HANG_GUARD
+            while not marker.exists() and proc.poll() is None and time.time() < guard:
                 time.sleep(0.05)
             assert marker.exists(), proc.communicate()[1]
             proc.send_signal(signal.SIGINT)
-        outs = {command: proc.communicate(timeout=120) for command, proc in procs.items()}
+        outs = {command: proc.communicate(timeout=HANG_GUARD) for command, proc in procs.items()}
     finally:
         for proc in procs.values():
             if proc.poll() is None:

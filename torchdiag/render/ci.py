@@ -36,6 +36,8 @@ def write_junit(result, path, option: str = "--junit") -> Path:
                 ET.SubElement(case, "failure", message=_xml(r["message"] or "failed"), type=r["check"]).text = text
             elif r["status"] == "ERROR":
                 ET.SubElement(case, "error", message=_xml(r["message"] or "error"), type="model-error").text = text
+            elif r["status"] == "INTERRUPTED":  # neither passed nor failed: it did not finish
+                ET.SubElement(case, "skipped", message=_xml(r["message"] or "interrupted")).text = text
             else:
                 ET.SubElement(case, "system-out").text = text
     import io

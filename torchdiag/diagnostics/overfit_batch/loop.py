@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from ...core import train
-from ...errors import DiagError, ModelError, UsageError, one_line
+from ...errors import DiagError, ModelError, UsageError, interrupt_code, one_line
 from ...results import Result
 from .causes import accuracy, output_box, same_across_samples, sample_tensor
 
@@ -27,7 +27,7 @@ class Curve:
     no_graph: bool = False
     nonfinite_at: int | None = None
     reached_at: int | None = None
-    interrupted: bool = False
+    interrupted: int = 0                    # 0, or the exit code of the interrupt (130 Ctrl-C, 143 SIGTERM)
     first_same: bool | None = None
     first_box: tuple | None = None
     seconds: float = 0.0
@@ -118,8 +118,8 @@ class Trainer:
                     break
                 self._update(value, c.step)
                 c.step += 1
-        except KeyboardInterrupt:
-            c.interrupted = True
+        except KeyboardInterrupt as exc:   # Ctrl-C, or SIGTERM (Terminated): keep the partial curve
+            c.interrupted = interrupt_code(exc)
         c.seconds = time.perf_counter() - t0
         return c
 

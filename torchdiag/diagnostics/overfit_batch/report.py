@@ -29,10 +29,11 @@ def build(trainer, curve, causes, opts, ctx) -> Result:
     _header_and_data(result, trainer, curve, opts, ctx)
     _summary(result, curve, opts)
     if curve.interrupted:
-        result.code = ExitCode.INTERRUPTED
+        result.code = int(curve.interrupted)   # 130 (Ctrl-C) or 143 (SIGTERM)
         result.verdict = (f"INTERRUPTED after {curve.step} step(s): partial result "
                           f"(loss {_fmt(result.data['initial_loss'])} → {_fmt(result.data['final_loss'])})")
-        result.notes.append("interrupted with Ctrl-C: no verdict; the numbers above are up to the last step")
+        how = "SIGTERM" if curve.interrupted == ExitCode.TERMINATED else "Ctrl-C"
+        result.notes.append(f"interrupted with {how}: no verdict; the numbers above are up to the last step")
         return result
     found = _cause_findings(result, trainer, curve, causes, opts)
     _verdict(result, trainer, curve, opts, ctx, found)
@@ -58,7 +59,7 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
     })
     steps, seconds = curve.step, curve.seconds
     result.data.update({
-        "passed": curve.reached_at is not None, "interrupted": curve.interrupted, "steps": steps,
+        "passed": curve.reached_at is not None, "interrupted": bool(curve.interrupted), "steps": steps,
         "max_steps": opts.steps, "initial_loss": initial, "final_loss": final,
         "best_loss": min(finite) if finite else None, "steps_to_target": curve.reached_at,
         "target_ratio": opts.target_ratio, "target_loss": opts.target_loss, "final_accuracy": final_acc,
