@@ -6,6 +6,9 @@ from ...core.tracking import ForwardHooks, run_forward
 from .checklist import Checklist
 from .shared import max_diff, name, scale, tensors
 
+RANDOM_EVAL_HINT = ("randomness in eval: use self.training to gate it (F.dropout(x, p, training=self.training)), "
+                    "no torch.rand/randn in forward outside training")
+
 
 def _fingerprint(obj) -> list[float]:
     import torch
@@ -70,9 +73,7 @@ def check_determinism(work, inputs, ck: Checklist) -> None:
             culprit, kind = n1, t1
             break
     what = "different outputs" + (f" (max abs difference {diff:.4g})" if diff not in (None, float("inf")) else "")
-    ck.find("determinism", "nondeterministic-eval", "error", name(culprit),
-            f"in eval mode the same input gives {what}; {name(culprit)} ({kind or '?'}) is the first module whose "
-            f"output changes while its input does not",
-            "randomness in eval: use self.training to gate it (F.dropout(x, p, training=self.training)), "
-            "no torch.rand/randn in forward outside training",
+    message = (f"in eval mode the same input gives {what}; {name(culprit)} ({kind or '?'}) is the first module "
+               f"whose output changes while its input does not")
+    ck.find("determinism", "nondeterministic-eval", "error", name(culprit), message, RANDOM_EVAL_HINT,
             verdict=f"eval output changes between two runs: {name(culprit)}")
