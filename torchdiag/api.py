@@ -68,6 +68,8 @@ def run_spec(command: str, diagnostic=None, *, loss: Any = "auto", **kw):
     given = {field: kw.pop(key) for key, field in OPTIMIZER_KEYS.items() if key in kw}
     optimizer = optimizer_spec(getattr(diagnostic, "OPTIMIZER", None), **given)
     run = {k: kw.pop(k) for k in RUN_KEYS if k in kw}
+    if isinstance(run.get("amp"), bool):  # memory's amp=True: autocast in the device's own low precision
+        run["amp"] = "auto" if run["amp"] else None
     return RunSpec(command, loss=loss if isinstance(loss, str) else "auto", optimizer=optimizer,
                    caller="python", **run)
 

@@ -1,7 +1,6 @@
 """`torchdiag check`: the configured diagnostics as one CI gate with thresholds, JUnit and exit codes."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional

@@ -45,11 +45,6 @@ def register(app) -> None:
         opts = c.CommonOptions("memory", spec, arg or [], input or [], device, seed, json, tb, debug, loss, batch,
                                optimizer=dict(name=optimizer), outputs={"snapshot": snapshot}, **precision)
 
-        def precheck():   # before loading anything
-            check_file(snapshot, "--snapshot")
-            run = opts.run_spec(diag)
-            diag.check_precision(run.dtype, run.amp)
-
         c.execute(opts, diag, lambda: diag.Options(mode=mode, batch_sizes=batch_sizes or (), budget=budget, top=top,
                                                    depth=depth, shard=shard, snapshot=snapshot is not None),
-                  render_extra=record, precheck=precheck)
+                  render_extra=record, precheck=lambda: check_file(snapshot, "--snapshot"))

@@ -43,6 +43,13 @@ class Context:
         """(factory, kwargs) that built the model, or None when the caller passed the model itself."""
         return None if self.loaded is None else (self.loaded.factory_fn, self.loaded.kwargs)
 
+    @property
+    def autocast_dtype(self) -> str | None:
+        """bfloat16/float16 when the run autocasts (the spec's amp resolved for this device), else None."""
+        from .run import autocast_dtype
+
+        return autocast_dtype(self.spec.amp, self.device.type)
+
     def option(self, name: str) -> str:
         """An option as the caller writes it (--flag, keyword, or pyproject key)."""
         return option_name(name, self.spec.caller)

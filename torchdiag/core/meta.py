@@ -9,7 +9,6 @@ def params_on_meta():
     """Let the constructor run on the CPU but turn every parameter into a meta tensor as it is
     registered. Constructors that compute with tensors (and fail under torch.device("meta"))
     still build, while weights never take real memory: at most one parameter at a time does."""
-    import torch
     from torch import nn
 
     original = nn.Module.register_parameter

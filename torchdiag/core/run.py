@@ -43,6 +43,23 @@ def number(name: str, value, *, low: float | None = None, high: float | None = N
     return value
 
 
+def autocast_dtype(amp: str | None, device_type: str) -> str | None:
+    """The dtype autocast runs in for `amp` on a device type: `auto` is float16 on CUDA, bfloat16 elsewhere."""
+    if not amp:
+        return None
+    if amp == "auto":
+        return "float16" if device_type == "cuda" else "bfloat16"
+    return {"bf16": "bfloat16", "fp16": "float16"}[amp]
+
+
+def flag(name: str, value, writer: str | None = None) -> bool:
+    """A yes/no option; `writer` names the renderer for options that once took a path to write."""
+    if not isinstance(value, bool):
+        hint = f"files are written by {writer}(result, PATH) (the CLI does it for you)" if writer else None
+        raise OptionError(name, f"takes True or False, not {value!r}", hint=hint)
+    return value
+
+
 @dataclass(frozen=True)
 class OptimizerSpec:
     """The optimizer of commands that take steps. One factory builds it (core.train.make_optimizer)."""
@@ -103,6 +120,9 @@ class RunSpec:
         if self.amp is not None:
             amp = choice("amp", self.amp, AMPS + ("none",))
             object.__setattr__(self, "amp", None if amp == "none" else amp)
+        if self.amp and self.dtype not in (None, "float32"):  # autocast keeps float32 weights
+            raise OptionError("amp", f"keeps float32 weights and autocasts ops; it cannot be combined with dtype {self.dtype}",
+                              hint="use amp alone (mixed precision) or dtype alone (everything in that dtype)")
         if self.batch and self.inputs:  # one would be silently ignored
             raise OptionError("batch", f"{self.batch} and inputs {', '.join(self.inputs)} both give the inputs",
                               hint="the batch function returns (inputs, target): drop the inputs, or the batch")

@@ -17,23 +17,15 @@ import math
 from dataclasses import dataclass, field
 
 from ..core.guard import leave_no_trace
-from ..core.run import number
+from ..core.run import flag, number
 from ..core.tracking import ForwardHooks, ModuleTracker, forward_error
-from ..errors import OptionError, UsageError
+from ..errors import UsageError
 from ..results import Column, Result, Table
 
 MAX_MAPS = 64          # feature-map tiles per layer
 MAX_FILTER_TILES = 256
 HIST_SAMPLES = 200_000  # values per module kept for TensorBoard histograms
 NEEDS_VALUES = True
-
-
-def flag(name: str, value, writer: str) -> bool:
-    """A yes/no option that once took a folder: say where files are written now."""
-    if not isinstance(value, bool):
-        raise OptionError(name, f"takes True or False, not {value!r}",
-                          hint=f"files are written by {writer}(result, PATH) (the CLI does it for you)")
-    return value
 
 
 @dataclass

@@ -23,7 +23,7 @@ from ..core.guard import leave_no_trace
 from ..core.run import number
 from ..core.tracking import ModuleTracker, forward_error
 from ..errors import OptionError, UsageError
-from .activations import flag
+from ..core.run import flag
 from ..results import Column, Result, Table
 
 MAX_HEADS_DRAWN = 16

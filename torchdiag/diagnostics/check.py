@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import DiagError, ExitCode, Terminated, UsageError, interrupt_code, one_line
+from ..errors import DiagError, ExitCode, Terminated, UsageError, interrupt_code
 from ..results import Column, Result, Table
 
 MODEL_KEYS = {"model", "inputs", "device", "args", "loss", "batch", "seed", "name", "check"}
@@ -345,6 +345,14 @@ def _size_checks(c: dict, model, inputs, ctx, record) -> None:
             record(key, check_flops, f"{c[key]:g} {unit}")
 
 
+def _own(diagnostic, ctx):
+    """The model's context with the diagnostic's own default optimizer (as on its command line)."""
+    import dataclasses
+
+    optimizer = getattr(diagnostic, "OPTIMIZER", None)
+    return ctx if optimizer is None else dataclasses.replace(ctx, spec=dataclasses.replace(ctx.spec, optimizer=optimizer))
+
+
 def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
     """nancheck, gradflow, overfit-batch, doctor, max-peak-memory: each through its diagnostic."""
     import dataclasses
@@ -354,7 +362,7 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
     allow = list(c.get("allow", []))
     if c.get("nancheck"):
         def nan():
-            bad = _first_error(invoke(nancheck, model, inputs, nancheck.Options(), ctx))
+            bad = _first_error(invoke(nancheck, model, inputs, nancheck.Options(), _own(nancheck, ctx)))
             return not bad, "all finite" if not bad else bad.split(":")[0], bad
         record("nancheck", nan)
     if c.get("gradflow"):
@@ -378,7 +386,7 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
         record("overfit-batch", overfit, limit)
     if c.get("doctor"):
         def doc():
-            r = invoke(doctor, model, inputs, doctor.Options(), ctx)
+            r = invoke(doctor, model, inputs, doctor.Options(), _own(doctor, ctx))
             n = sum(1 for f in r.findings if f.severity == "error" and not any(fnmatch.fnmatch(f.where, a) for a in allow))
             bad = _first_error(r, allow).split(" (+")[0]
             return not bad, "clean" if not bad else f"{n} error finding(s)", bad
@@ -389,7 +397,7 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
         limit = c["max-peak-memory"]
 
         def mem():
-            peak = int(invoke(memory, model, inputs, memory.Options(), ctx).data["peak_bytes"])
+            peak = int(invoke(memory, model, inputs, memory.Options(), _own(memory, ctx)).data["peak_bytes"])
             return peak <= limit, human_bytes(peak), "" if peak <= limit else f"peak {human_bytes(peak)} > {human_bytes(limit)}"
         record("max-peak-memory", mem, human_bytes(limit))
 

@@ -17,7 +17,7 @@ from ..core.run import choice
 from ..core.tracking import ModuleTracker, forward_error
 from ..errors import OptionError, UsageError
 from ..results import Column, Result, Table
-from .activations import flag
+from ..core.run import flag
 
 REDUCTIONS = ("auto", "mean", "first", "flatten")
 NEEDS_VALUES = True

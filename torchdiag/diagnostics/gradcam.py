@@ -18,7 +18,7 @@ from ..core.run import number
 from ..core.tracking import ModuleTracker, forward_error
 from ..errors import ModelError, OptionError, UsageError
 from ..results import Column, Result, Table
-from .activations import flag
+from ..core.run import flag
 
 PICTURE_MIN = 128
 NEEDS_VALUES = True

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.run import OptimizerSpec, choice, number
+from ...core.run import OptimizerSpec, choice, flag, number
 from ...errors import OptionError, UsageError
 
 MODES = ("train", "inference")
@@ -48,13 +48,6 @@ def _checked_sizes(sizes, text) -> list[int]:
     return sorted(set(sizes))
 
 
-def check_precision(dtype: str | None, amp: str | None) -> None:
-    """Autocast keeps float32 weights: it does not go with a dtype that casts them."""
-    if amp and dtype not in (None, "float32"):
-        raise OptionError("amp", f"keeps float32 weights and autocasts ops; it cannot be combined with dtype {dtype}",
-                          hint="use amp alone (mixed precision) or dtype alone (everything in that dtype)")
-
-
 @dataclass
 class Options:
     mode: str = "train"                 # train | inference
@@ -86,7 +79,4 @@ class Options:
         number("top", self.top, low=0, integer=True)
         number("depth", self.depth, low=0, integer=True)
         number("shard", self.shard, low=1, integer=True)
-        if not isinstance(self.snapshot, bool):   # it once took a path: files are render/'s now
-            raise OptionError("snapshot", f"takes True or False, not {self.snapshot!r}",
-                              hint="files are written by torchdiag.render.memory.write_snapshot(result, PATH) "
-                                   "(the CLI does it for you)")
+        flag("snapshot", self.snapshot, "torchdiag.render.memory.write_snapshot")  # it once took a path

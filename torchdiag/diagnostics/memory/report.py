@@ -8,16 +8,15 @@ from ...results import Column, Result, Table
 from .batch import Peaks, largest_fitting, sweep
 from .estimated import estimate
 from .measured import measure
-from .options import MAX_BATCH, Options, check_precision
+from .options import MAX_BATCH, Options
 from .shard import fsdp_unit_bytes, shard_rows
-from .step import StepReport, autocast_dtype
+from .step import StepReport
 
 CATEGORIES = ("parameters", "buffers", "inputs", "gradients", "optimizer_state", "activations", "temporaries", "other")
 
 
 def run(model, inputs, opts: Options | None, ctx) -> Result:
     opts = opts or Options()
-    check_precision(ctx.spec.dtype, ctx.spec.amp)
     if opts.snapshot and not ctx.on_cuda:
         raise OptionError("snapshot", "records the CUDA allocator's history; it needs a CUDA device",
                           hint="without a GPU, use the tensor-level table (and the JSON document) instead")
@@ -54,7 +53,7 @@ def _header(model, opts: Options, ctx) -> Result:
     if train:
         result.header["optimizer"] = optimizer.name + (f" (momentum {optimizer.momentum:g})"
                                                        if optimizer.name == "sgd" else "")
-    amp = autocast_dtype(ctx.spec.amp, ctx.on_cuda)
+    amp = ctx.autocast_dtype
     result.header["dtype"] = (ctx.spec.dtype or _param_dtype(model)) + (f" + autocast {amp}" if amp else "")
     return result
 

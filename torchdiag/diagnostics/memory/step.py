@@ -6,6 +6,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
+from ...core.run import autocast_dtype
 from ...core.train import backward, step
 from ...errors import ModelError, UsageError
 
@@ -48,15 +49,6 @@ def nbytes(tensors) -> int:
         for st in storages(t):
             seen[st._cdata] = int(st.nbytes())
     return sum(seen.values())
-
-
-def autocast_dtype(amp: str | None, on_cuda: bool) -> str | None:
-    """The dtype autocast runs in: 'auto' is float16 on CUDA, bfloat16 elsewhere (CPU and estimates)."""
-    if not amp:
-        return None
-    if amp == "auto":
-        return "float16" if on_cuda else "bfloat16"
-    return {"bf16": "bfloat16", "fp16": "float16"}[amp]
 
 
 def _steady_optimizer(trainable, ctx, emulate: str):
@@ -159,7 +151,7 @@ def _tracked(model, inputs, tracker, names, amp_ctx, loss_rule, opt, trainable, 
 def _amp(amp: str | None, on_cuda: bool):
     import torch
 
-    dtype = autocast_dtype(amp, on_cuda)
+    dtype = autocast_dtype(amp, "cuda" if on_cuda else "cpu")
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type="cuda" if on_cuda else "cpu", dtype=getattr(torch, dtype))

@@ -11,7 +11,6 @@ from ...errors import DiagError, ModelError, UsageError, interrupt_code, one_lin
 from ...results import Result
 from .causes import accuracy, output_box, same_across_samples, sample_tensor
 
-AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 @dataclass
@@ -31,15 +30,6 @@ class Curve:
     first_same: bool | None = None
     first_box: tuple | None = None
     seconds: float = 0.0
-
-
-def amp_name(ctx) -> str | None:
-    """The run's autocast as bf16/fp16 (None: off). `auto` is the contract's: bfloat16 on CPU, float16
-    on CUDA (bfloat16 elsewhere)."""
-    amp = ctx.spec.amp
-    if amp == "auto":
-        return "fp16" if ctx.on_cuda else "bf16"
-    return amp
 
 
 class _Scaled:
@@ -65,8 +55,9 @@ class Trainer:
         if not self.trainable:
             raise UsageError("the model has no trainable parameters (requires_grad is False everywhere)",
                              hint="nothing can be trained: unfreeze some parameters")
-        self.amp = amp_name(ctx)
-        self.amp_dtype = getattr(torch, AMP_DTYPES[self.amp]) if self.amp else None
+        dtype = ctx.autocast_dtype
+        self.amp = {"bfloat16": "bf16", "float16": "fp16"}.get(dtype)
+        self.amp_dtype = getattr(torch, dtype) if dtype else None
         if self.amp == "fp16" and ctx.device.type not in ("cuda", "cpu"):
             raise UsageError(f"{ctx.option('amp')} fp16 needs a CUDA or CPU device (got {ctx.device.type})",
                              hint=f"use {ctx.option('amp')} bf16")

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...core.run import OptimizerSpec, choice, number
-from ...errors import OptionError
+from ...core.run import OptimizerSpec, choice, flag, number
 
 MODES = ("inference", "train")
 NEEDS_VALUES = True                               # meta tensors have no timing: core refuses meta once
@@ -27,10 +26,7 @@ class Options:
         self.mode = choice("mode", self.mode, MODES)
         for name, low in (("wait", 0), ("warmup", 0), ("active", 1), ("top", 0), ("depth", 0)):
             number(name, getattr(self, name), low=low, integer=True)
-        if not isinstance(self.trace, bool):   # it once took a path: files are render/'s now
-            raise OptionError("trace", f"takes True or False, not {self.trace!r}",
-                              hint="files are written by torchdiag.render.profile.write_trace(result, PATH) "
-                                   "(the CLI does it for you)")
+        flag("trace", self.trace, "torchdiag.render.profile.write_trace")  # it once took a path
 
     @property
     def total_steps(self) -> int:
