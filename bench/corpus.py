@@ -14,7 +14,6 @@ error-level finding or an internal error, else 1."""
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import subprocess
@@ -43,19 +42,10 @@ def make_inputs(entry, model, seed: int = 0):
 
 
 def call(command: str, model, inputs):
-    """One diagnostic through the Python API. While commands move to the run contract (run(model,
-    inputs, opts, ctx)), a diagnostic still on the old signature is called directly with the auto loss."""
-    import dataclasses
-    import importlib
-
+    """One diagnostic through the Python API (the auto loss, seed 0)."""
     import torchdiag
-    from torchdiag.core.loss import Loss
 
-    mod = importlib.import_module(f"torchdiag.diagnostics.{command.replace('-', '_')}")
-    if len(inspect.signature(mod.run).parameters) >= 4:
-        return getattr(torchdiag, command.replace("-", "_"))(model, inputs)
-    names = {f.name for f in dataclasses.fields(mod.Options)}
-    return mod.run(model, inputs, mod.Options(**({"loss": Loss("auto", seed=0)} if "loss" in names else {})))
+    return torchdiag.api.run(command, model, inputs)
 
 
 def run_command(command: str, model, inputs) -> dict:

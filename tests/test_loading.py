@@ -10,7 +10,7 @@ from torchdiag.errors import UsageError
 
 
 def _error_line(res):
-    lines = [l for l in res.stderr.splitlines() if l.strip()]
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert lines and lines[0].startswith("error: "), res.stderr
     assert "Traceback" not in res.stderr and "Traceback" not in res.stdout
     return lines[0]
@@ -93,7 +93,7 @@ def test_int_inputs_default_to_embedding_range_and_respect_ranges():
     _, inputs = load("rnn.py:build", inputs=["3x7:int64"])
     (t,) = inputs.args
     assert t.dtype == torch.int64 and t.shape == (3, 7) and 0 <= t.min() and t.max() < 500
-    assert "smallest nn.Embedding" in inputs.notes[0]
+    assert "the nn.Embedding that consumes it: embed" in inputs.notes[0]
     _, inputs = load("rnn.py:build", inputs=["64x64:int64[10,12)"])
     assert set(inputs.args[0].unique().tolist()) <= {10, 11}
 

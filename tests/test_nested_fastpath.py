@@ -3,7 +3,6 @@ no_grad, with a padding mask runs its layers on a nested tensor, whose .shape ra
 by their per-sample shapes and never crash summary."""
 from __future__ import annotations
 
-import inspect
 
 import torch
 
@@ -27,13 +26,9 @@ def test_describe_shows_per_sample_shapes():
 
 
 def run_summary(model, inputs):
-    """summary through the Python API (the diagnostic's run() while commands move to the run contract)."""
     import torchdiag
-    from torchdiag.diagnostics import summary
 
-    if len(inspect.signature(summary.run).parameters) >= 4:
-        return torchdiag.summary(model, inputs)
-    return summary.run(model, ModelInputs((), inputs) if isinstance(inputs, dict) else inputs, summary.Options())
+    return torchdiag.summary(model, inputs)
 
 
 def test_summary_of_an_encoder_on_the_fast_path():
