@@ -367,3 +367,112 @@ def test_trace_gz_is_gzipped_and_python_gets_the_bytes(cli, tmp_path):
     r = run("profile", model, x, **FAST, trace=True)
     assert "traceEvents" in json.loads(r.artefacts["trace"])
     assert "trace" not in run("profile", model, x, **FAST).artefacts    # nothing kept unless asked
+
+
+# ----------------------------------------------------------------------------------------- --syncs (issue 16)
+
+def _marked_syncs(name: str) -> set:
+    """(file, line, op) of each line of a sample marked `# host sync: <op>`: read from the file, not hard-coded."""
+    import os
+
+    from conftest import SAMPLES
+
+    path = os.path.join(SAMPLES, name)
+    with open(path) as f:
+        return {(path, i, line.split("# host sync:")[1].strip())
+                for i, line in enumerate(f, start=1) if "# host sync:" in line}
+
+
+def _sync_rows(result) -> set:
+    return {(r["file"], r["line"], r["op"]) for r in result.table("syncs").rows}
+
+
+@pytest.mark.parametrize("mode", ["inference", "train"])
+def test_syncs_found_at_the_marked_lines_of_the_sample(untouched, mode):
+    expected = _marked_syncs("syncs.py")
+    assert len(expected) == 2 and {op for *_, op in expected} == {".item()", "boolean-mask indexing"}
+    model, x = load("syncs.py:build")
+    with untouched(model):
+        r = _run_model(model, x, mode=mode, syncs=True)
+    assert _sync_rows(r) == expected
+    rows = r.table("syncs").rows
+    assert all(row["count"] == 1 and row["function"] == "forward" for row in rows)   # one each per step
+    assert [row["line"] for row in rows] == sorted(line for _, line, _ in expected)
+    assert all("# host sync:" in row["code"] for row in rows)
+    assert {row["detected_op"] for row in rows} == {"aten::_local_scalar_dense", "aten::index"}
+    assert r.data["syncs_per_step"] == 2 and r.data["sync_detection"] == "dispatch-level counter"
+    found = [f for f in r.findings if f.code == "host-sync"]
+    assert sorted(f.where for f in found) == sorted(row["site"] for row in rows)
+    assert all(f.severity == "warning" for f in found) and r.exit_code == 0
+    if mode == "train":     # torchdiag's loss rule and the optimizer sync too: counted apart, not listed
+        assert r.data["syncs_outside_user_code"] > 0
+
+
+@pytest.mark.parametrize("mode", ["inference", "train"])
+def test_syncs_healthy_mlp_reports_none(mode):
+    model, x = load("mlp.py:build")
+    r = _run_model(model, x, mode=mode, syncs=True)
+    assert r.table("syncs").rows == [] and r.data["syncs_per_step"] == 0
+    assert not [f for f in r.findings if f.code == "host-sync"]
+    assert ("Host syncs", "none in your code") in r.summary
+
+
+def test_syncs_off_by_default_and_a_yes_no_option():
+    from torchdiag.api import run
+    from torchdiag.errors import OptionError
+
+    model, x = load("syncs.py:build")
+    r = run("profile", model, x, **FAST)
+    assert r.table("syncs") is None and "syncs_per_step" not in r.data
+    with pytest.raises(OptionError, match=r"^syncs: takes True or False"):
+        run("profile", model, x, syncs="yes")
+
+
+def test_syncs_in_a_user_loss_are_listed_and_torchdiag_frames_are_not(tmp_path):
+    """A loss function in the user's file that calls .item() is the user's code: listed at its line;
+    the frames of torchdiag (the step, the loss wrapper) and of torch never are."""
+    import torch
+
+    from torchdiag.api import run
+
+    loss_file = tmp_path / "myloss.py"
+    loss_file.write_text("import torch\n\n\ndef loss(out, target):\n    if out.sum() > 1e9:\n"
+                         "        return out.sum() * 0\n    return out.pow(2).mean()\n")
+    model, x = load("mlp.py:build")
+    r = run("profile", model, x, **FAST, mode="train", loss=f"{loss_file}:loss", syncs=True)
+    assert _sync_rows(r) == {(str(loss_file), 5, "bool()")}
+    assert all("/torchdiag/" not in row["file"] and row["file"] != torch.__file__ for row in r.table("syncs").rows)
+
+
+def test_cli_syncs_table_and_json(cli):
+    spec = sample("syncs.py:build")
+    args = ("--device", "cpu", "--wait", "0", "--warmup", "1", "--active", "1", "--syncs")
+    res = cli("profile", spec, *args)
+    assert res.code == 0, res.stderr
+    for text in ("Host syncs in your code", "syncs.py:", ".item()", "boolean-mask indexing", "host-sync"):
+        assert text in res.stdout + res.stderr, text
+    res = cli("profile", spec, *args, "--json")
+    assert res.code == 0, res.stderr
+    doc = res.json
+    assert {"syncs", "syncs_per_step", "syncs_outside_user_code", "sync_detection"} <= set(doc)
+    assert {(row["line"], row["op"]) for row in doc["syncs"]} == {(line, op) for _, line, op in _marked_syncs("syncs.py")}
+    assert set(doc["syncs"][0]) == {"site", "file", "line", "function", "op", "detected_op", "count", "code"}
+
+
+@pytest.mark.cuda
+def test_cuda_syncs_use_sync_debug_mode_and_restore_it(untouched):
+    import torch
+
+    model, x = load("syncs.py:build", device="cuda")
+    before = torch.cuda.get_sync_debug_mode()
+    with untouched(model):
+        r = _run_model(model, x, mode="train", syncs=True)
+    assert torch.cuda.get_sync_debug_mode() == before
+    assert "set_sync_debug_mode" in r.data["sync_detection"]
+    assert {(f, line) for f, line, _ in _sync_rows(r)} == {(f, line) for f, line, _ in _marked_syncs("syncs.py")}
+
+
+def _run_model(model, x, **opts):
+    from torchdiag.api import run
+
+    return run("profile", model, x, **{**FAST, **opts})

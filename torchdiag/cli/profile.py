@@ -18,6 +18,8 @@ EXAMPLE = """Examples:
 
   torchdiag profile sample_models/resnet.py:build --mode train --tb runs/
 
+  torchdiag profile sample_models/syncs.py:build --syncs --mode train
+
 Exit codes: 0 profiled · 2 usage (bad option or input, --device cuda without a GPU, missing --trace directory) · 3 the model raised (forward, loss, backward, optimizer step) · 4 internal torchdiag error."""
 
 Mode = Annotated[str, typer.Option("--mode", help="inference (eval, no grad) | train (forward + loss + backward + optimizer step, on a copy).")]
@@ -28,6 +30,7 @@ Top = Annotated[int, typer.Option("--top", "-k", help="Operators listed, by self
 Shapes = Annotated[bool, typer.Option("--record-shapes", help="Split operators by input shapes (adds an input-shapes column).")]
 Memory = Annotated[bool, typer.Option("--memory", help="Record allocations: memory columns for operators and modules.")]
 Trace = Annotated[Optional[Path], typer.Option("--trace", metavar="FILE.json", help="Write a Chrome/Perfetto trace (open in ui.perfetto.dev or chrome://tracing).")]
+Syncs = Annotated[bool, typer.Option("--syncs", help="Also run one step with host-sync detection and list each line of your code that made the host wait for the device (.item(), if tensor:, .cpu(), nonzero, boolean-mask indexing, print(tensor)), with counts per step.")]
 Optim = Annotated[str, typer.Option("--optimizer", help="Train mode optimizer: adam | adamw | sgd (lr 1e-3).")]
 
 
@@ -36,7 +39,7 @@ def register(app) -> None:
     def profile(spec: c.Spec, arg: c.Args = None, input: c.Inputs = None, device: c.Device = "auto",
                 mode: Mode = "inference", wait: Wait = 1, warmup: Warmup = 2, active: Active = 5,
                 top: Top = 15, record_shapes: Shapes = False, memory: Memory = False, trace: Trace = None,
-                optimizer: Optim = "adam", loss: c.Loss = "auto", batch: c.Batch = None, depth: c.Depth = 3,
+                syncs: Syncs = False, optimizer: Optim = "adam", loss: c.Loss = "auto", batch: c.Batch = None, depth: c.Depth = 3,
                 seed: c.Seed = 0, json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False) -> None:
         """Where the time goes: step time (mean, median, p90), throughput, top operators by self time,
         time per module, and a Chrome/Perfetto trace.
@@ -44,7 +47,9 @@ def register(app) -> None:
         torch.profiler runs with a schedule: --wait steps, then --warmup steps, then --active steps
         recorded. On CUDA, CUDA activity is recorded too and each step ends with a synchronisation.
         --tb DIR writes the trace under DIR/profile/ (tensorboard_trace_handler) with the step-time
-        scalars. Train mode works on a copy: the model's parameters are never changed."""
+        scalars. Train mode works on a copy: the model's parameters are never changed.
+        --syncs runs one more step under host-sync detection (dispatch level; on CUDA also
+        torch.cuda.set_sync_debug_mode) and lists each place in your code that forced a sync."""
         from ..diagnostics import profiling as diag
         from ..render.output import check_file
         from ..render.profile import record
@@ -54,5 +59,5 @@ def register(app) -> None:
                                outputs={"trace": trace, "tb_trace": tb})
         c.execute(opts, diag, lambda: diag.Options(
             mode=mode, wait=wait, warmup=warmup, active=active, top=top, record_shapes=record_shapes,
-            memory=memory, trace=trace is not None or tb is not None, depth=depth),
+            memory=memory, trace=trace is not None or tb is not None, depth=depth, syncs=syncs),
             render_extra=record, precheck=lambda: check_file(trace, "--trace"))

@@ -5,6 +5,7 @@
     s.total, s.counts            # {"aten::_local_scalar_dense": 3, "aten::nonzero": 1, ...}
     with SyncCounter(frames=True) as s: ...
     s.events[0].frames           # ((file, line, function), ...) innermost last
+    s.events[0].via              # ".item()", "bool()", "print(tensor)", ... (the Python call that led to it)
 
 Counted at the dispatch level (a TorchDispatchMode), so it works on CPU where a sync costs nothing
 and is otherwise invisible, and in CI:
@@ -17,9 +18,16 @@ and is otherwise invisible, and in CI:
 - `aten::equal` (returns a Python bool);
 - device→CPU copies: `aten::_to_copy` to the CPU / `aten::copy_` into a CPU tensor from a non-CPU
   source (`.cpu()`, `.to("cpu")`, `.numpy()` after `.cpu()`). On a CPU-only run these are invisible:
-  `.cpu()` of a CPU tensor is a no-op that dispatches nothing;
+  `.cpu()` of a CPU tensor is a no-op that dispatches nothing. `host_copies=True` counts them anyway
+  (`Tensor.cpu` / `Tensor.to` events on a CPU tensor: "would sync if this tensor lived on a GPU");
 - `Tensor.tolist` (also what `print(tensor)` uses): it reads the data directly, without dispatching
   an op, so it is counted by wrapping the Python method while the counter is active.
+
+While a counter is open, the Python entry points that read values (`item`, `__bool__`, `__float__`,
+`__int__`, `__index__`, `tolist`, `__repr__`, `__format__`, `cpu`, `to`) are wrapped so each event
+also says which call led to it (`SyncEvent.via`, the outermost such call): the op alone cannot tell
+`.item()` from `if t:`. The wrappers add no events of their own (except `tolist`, and `cpu`/`to`
+with `host_copies`).
 
 On CUDA, `torch.cuda.set_sync_debug_mode` is the ground truth; this counter reports the same places
 without a GPU. On a CPU-only run every tensor is on the CPU, so it also counts reads of tensors that
@@ -27,6 +35,7 @@ stay on the CPU in a GPU run too (an optimizer's `step` counters): each event re
 the tensor read, so a GPU run can keep only `device != "cpu"`."""
 from __future__ import annotations
 
+import os
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -34,8 +43,13 @@ from dataclasses import dataclass
 TOLIST = "Tensor.tolist"
 _DATA_DEPENDENT = {"nonzero", "masked_select", "_unique", "_unique2", "unique_dim", "unique_consecutive",
                    "unique_dim_consecutive", "equal", "_local_scalar_dense"}
+# Python entry points wrapped while a counter is open -> how the call is named in SyncEvent.via
+CALLS = {"item": ".item()", "__bool__": "bool()", "__float__": "float()", "__int__": "int()",
+         "__index__": "int()", "tolist": ".tolist()", "__repr__": "print(tensor)",
+         "__format__": "format(tensor)", "cpu": ".cpu()", "to": '.to("cpu")'}
 _active: list = []          # counters currently open (they nest)
-_original_tolist = None
+_originals: dict = {}       # name -> what torch.Tensor.__dict__ held (None: the attribute was inherited)
+_via: list[str] = []        # the wrapped calls currently running, outermost first
 
 
 @dataclass(frozen=True)
@@ -43,6 +57,7 @@ class SyncEvent:
     op: str                  # "aten::_local_scalar_dense", "Tensor.tolist", ...
     device: str = "cpu"      # the device of the tensor whose values the host waited for
     frames: tuple = ()       # ((file, line, function), ...), outermost first; empty unless frames=True
+    via: str | None = None   # the Python call that led to it (CALLS values), None: an op called directly
 
     def site(self, skip=("/torch/", "/torchdiag/core/syncs.py")) -> tuple | None:
         """The innermost frame whose file contains none of `skip` (where the caller's code forced it)."""
@@ -50,6 +65,33 @@ class SyncEvent:
             if not any(s in f[0].replace("\\", "/") for s in skip):
                 return f
         return None
+
+
+def library_dirs() -> tuple[str, ...]:
+    """Folders whose code is not the user's: torch, torchdiag, the standard library."""
+    import sysconfig
+
+    import torch
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    dirs = [os.path.dirname(os.path.abspath(torch.__file__)), here, sysconfig.get_paths()["stdlib"]]
+    return tuple(os.path.join(os.path.normcase(d), "") for d in dirs)
+
+
+def user_site(frames, libraries: tuple[str, ...]) -> tuple | None:
+    """The innermost frame in the user's code: outside `libraries` and outside installed packages;
+    failing that (a model that is itself an installed package: timm, transformers), outside
+    `libraries` only. None: only library code ran (torchdiag's own loss rule, the optimizer)."""
+    def inside(f, dirs) -> bool:
+        path = os.path.normcase(os.path.abspath(f[0])) if not f[0].startswith("<") else f[0]
+        return path.startswith(dirs) or f[0].startswith("<frozen")
+
+    outside = [f for f in frames if not inside(f, libraries)]
+    for f in reversed(outside):
+        norm = f[0].replace("\\", "/")
+        if "/site-packages/" not in norm and "/dist-packages/" not in norm:
+            return f
+    return outside[-1] if outside else None
 
 
 def _bool_index(indices) -> bool:
@@ -83,7 +125,9 @@ def forces_sync(func, args, kwargs) -> bool:
     return _is_device_to_cpu(name, args, kwargs)
 
 
-def _frames(depth: int) -> tuple:
+def python_stack(depth: int = 1) -> tuple:
+    """((file, line, function), ...) of the calling thread, outermost first, from `depth` frames up
+    (0: this function, 1: its caller)."""
     f = sys._getframe(depth)
     out = []
     while f is not None:
@@ -101,18 +145,69 @@ def _device(args) -> str:
     return "cpu"
 
 
-def _counting_tolist(self, *args, **kwargs):
-    for counter in list(_active):
-        counter._record(TOLIST, str(self.device), 3)
-    return _original_tolist(self, *args, **kwargs)
+def _to_cpu_of_cpu(name: str, tensor, args, kwargs) -> bool:
+    """`.cpu()` / `.to(<cpu>)` of a CPU tensor: no op runs, but on a GPU tensor it is a copy that syncs."""
+    import torch
+
+    if tensor.device.type != "cpu":
+        return False                  # a real copy: the dispatch mode sees its _to_copy
+    if name == "cpu":
+        return True
+    try:
+        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+    except Exception:
+        return False
+    return device is not None and device.type == "cpu"
+
+
+def _wrap(name: str, original):
+    label = CALLS[name]
+
+    def wrapper(self, *args, **kwargs):
+        if name == "tolist" or (name in ("cpu", "to") and any(c.host_copies for c in _active)
+                                and _to_cpu_of_cpu(name, self, args, kwargs)):
+            op = TOLIST if name == "tolist" else f"Tensor.{name}"
+            for counter in list(_active):
+                if name == "tolist" or counter.host_copies:
+                    counter._record(op, str(self.device), 2)
+        _via.append(label)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _via.pop()
+
+    wrapper.__name__ = getattr(original, "__name__", name)
+    wrapper.__doc__ = getattr(original, "__doc__", None)
+    return wrapper
+
+
+def _patch() -> None:
+    import torch
+
+    for name in CALLS:
+        _originals[name] = torch.Tensor.__dict__.get(name)
+        setattr(torch.Tensor, name, _wrap(name, getattr(torch.Tensor, name)))
+
+
+def _unpatch() -> None:
+    import torch
+
+    for name, original in _originals.items():
+        if original is None:
+            delattr(torch.Tensor, name)       # inherited from the C base class: uncover it again
+        else:
+            setattr(torch.Tensor, name, original)
+    _originals.clear()
 
 
 class SyncCounter:
     """A context manager counting host-sync calls made inside it (see the module doc).
-    `frames=True` also keeps the Python stack of each one (slower)."""
+    `frames=True` also keeps the Python stack of each one (slower); `host_copies=True` also counts
+    `.cpu()` / `.to("cpu")` of CPU tensors (syncs once the tensor lives on a GPU)."""
 
-    def __init__(self, frames: bool = False):
+    def __init__(self, frames: bool = False, host_copies: bool = False):
         self.frames = frames
+        self.host_copies = host_copies
         self.events: list[SyncEvent] = []
         self._mode = None
 
@@ -133,11 +228,10 @@ class SyncCounter:
         return out
 
     def _record(self, op: str, device: str, depth: int) -> None:
-        self.events.append(SyncEvent(op, device, _frames(depth + 1) if self.frames else ()))
+        self.events.append(SyncEvent(op, device, python_stack(depth + 1) if self.frames else (),
+                                     _via[0] if _via else None))
 
     def __enter__(self):
-        global _original_tolist
-        import torch
         from torch.utils._python_dispatch import TorchDispatchMode
 
         counter = self
@@ -151,18 +245,15 @@ class SyncCounter:
                 return func(*args, **kwargs)
 
         if not _active:
-            _original_tolist = torch.Tensor.tolist
-            torch.Tensor.tolist = _counting_tolist
+            _patch()
         _active.append(self)
         self._mode = _Mode()
         self._mode.__enter__()
         return self
 
     def __exit__(self, *exc):
-        import torch
-
         self._mode.__exit__(*exc)
         _active.remove(self)
         if not _active:
-            torch.Tensor.tolist = _original_tolist
+            _unpatch()
         return False

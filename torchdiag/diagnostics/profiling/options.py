@@ -21,12 +21,14 @@ class Options:
     memory: bool = False
     trace: bool = False           # keep the Chrome trace in result.artefacts["trace"] (--trace, --tb)
     depth: int = 3
+    syncs: bool = False           # one more step under host-sync detection: the `syncs` table (profiling/syncs.py)
 
     def __post_init__(self):
         self.mode = choice("mode", self.mode, MODES)
         for name, low in (("wait", 0), ("warmup", 0), ("active", 1), ("top", 0), ("depth", 0)):
             number(name, getattr(self, name), low=low, integer=True)
         flag("trace", self.trace, "torchdiag.render.profile.write_trace")  # it once took a path
+        flag("syncs", self.syncs)
 
     @property
     def total_steps(self) -> int:

@@ -10,6 +10,7 @@ from ...core.tracking import forward_error
 from ...core.train import backward, step
 from ...errors import ModelError, UsageError
 from ...results import Result
+from . import syncs
 from .labels import PHASE_PREFIX, ModuleLabels
 from .options import Options
 from .rows import (kernel_rows, kernel_table, module_rows, module_table, operator_rows, operator_table, phase_rows,
@@ -67,12 +68,15 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
         prof, step_ms, trace = _profile(work, inputs, opts, ctx, labels, optimizer, loss_fn)
         events = prof.events()
         averages = prof.key_averages(group_by_input_shape=opts.record_shapes)
+        found = _syncs(work, inputs, opts, ctx, labels, optimizer, loss_fn) if opts.syncs else None
     if opts.trace:
         result.artefacts["trace"] = trace    # None: the profiler wrote nothing (render/profile.py says so)
     if loss_fn is not None:
         result.header["loss"] = loss_fn.describe()
     active_total_us = _timing(result, step_ms, opts, inputs)
     _tables(result, averages, events, labels.types, opts, ctx.on_cuda, active_total_us)
+    if found is not None:
+        syncs.report(result, found, opts)
     result.notes.append(f"operator and module times are totals over the {opts.active} active step(s); "
                         "profiled steps include the overhead of the profiler and of the module labels")
     if not ctx.on_cuda and torch.cuda.is_available():
@@ -155,6 +159,15 @@ def _profile(work, inputs, opts: Options, ctx, labels: ModuleLabels, optimizer, 
         # kineto reports a failed export only in its own log: no file (or an empty one) is no trace
         trace = trace_file.read_bytes() if opts.trace and trace_file.is_file() else None
     return prof, step_ms, trace or None
+
+
+def _syncs(work, inputs, opts: Options, ctx, labels: ModuleLabels, optimizer, loss_fn) -> dict:
+    """One more step (not profiled) under host-sync detection (profiling/syncs.py)."""
+    import torch
+
+    grad_ctx = torch.no_grad if opts.mode == "inference" else torch.enable_grad
+    with labels, grad_ctx():
+        return syncs.detect(lambda: _one_step(work, inputs, opts.mode, loss_fn, optimizer, labels), ctx)
 
 
 def _one_step(model, inputs, mode, loss_fn, optimizer, labels: ModuleLabels):
