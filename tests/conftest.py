@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -41,6 +39,13 @@ FAST_RUNS = {
     "activations": [sample("cnn.py:build")],
     "attention": [sample("vit.py:build")],
 }
+
+
+def one_error_line(r) -> None:
+    """A usage or model error: exactly one `error:` line on stderr, no traceback anywhere."""
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
 
 
 class CliResult:

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from conftest import load, sample
+from conftest import load, sample, one_error_line
 
 from torchdiag.api import run
 from torchdiag.render.activations import write_images
@@ -18,12 +18,6 @@ def _png(path):
         assert im.format == "PNG"
         im.load()
         return im.size, im.mode  # (width, height)
-
-
-def _one_error_line(r):
-    lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
-    assert len(lines) == 1, r.stderr
-    assert "Traceback" not in r.stderr + r.stdout
 
 
 def test_stats_match_hand_computation(untouched):
@@ -148,13 +142,13 @@ def test_bad_input_bad_layer_and_cuda_exit_2(cli, tmp_path, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # CPU-only machine for every case, even on a GPU box
     r = cli("activations", CNN, "-i", "8xq")
     assert r.code == 2
-    _one_error_line(r)
+    one_error_line(r)
     r = cli("activations", CNN, "--layer", "features.9", "--images", tmp_path)
     assert r.code == 2 and "features.9" in r.stderr
-    _one_error_line(r)
+    one_error_line(r)
     r = cli("activations", CNN, "--device", "cuda")
     assert r.code == 2 and "not available" in r.stderr
-    _one_error_line(r)
+    one_error_line(r)
 
 
 def test_missing_matplotlib_is_a_usage_error(cli, tmp_path, monkeypatch):
@@ -163,7 +157,7 @@ def test_missing_matplotlib_is_a_usage_error(cli, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     r = cli("activations", CNN, "--images", tmp_path)
     assert r.code == 2 and "matplotlib" in r.stderr and "pip install" in r.stderr
-    _one_error_line(r)
+    one_error_line(r)
 
 
 @pytest.mark.cuda
@@ -178,7 +172,7 @@ def test_images_path_that_is_a_file_is_exit_2_before_loading(cli, tmp_path):
     for spec in (CNN, sample("broken_factory.py:raises")):     # the factory raises: exit 3 if loaded
         r = cli("activations", spec, "--images", afile)
         assert r.code == 2, r.stderr
-        _one_error_line(r)
+        one_error_line(r)
         assert r.stderr.startswith(f"error: --images {afile}: is a file"), r.stderr
     assert afile.read_text() == "mine"
 

@@ -3,18 +3,12 @@ import math
 
 import pytest
 
-from conftest import load, sample
+from conftest import load, sample, one_error_line
 
 from torchdiag.api import run
 from torchdiag.render.attention import write_images
 
 VIT = sample("vit.py:build")
-
-
-def _one_error_line(r):
-    lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
-    assert len(lines) == 1, r.stderr
-    assert "Traceback" not in r.stderr + r.stdout
 
 
 def _manual_mha(mha, x):
@@ -177,16 +171,16 @@ def test_usage_errors(cli, tmp_path, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # CPU-only machine for every case, even on a GPU box
     r = cli("attention", VIT, "--tokens", "a,b,c")
     assert r.code == 2 and "3 labels" in r.stderr
-    _one_error_line(r)
+    one_error_line(r)
     r = cli("attention", sample("cnn.py:build"))
     assert r.code == 2 and "no attention weights" in r.stderr
-    _one_error_line(r)
+    one_error_line(r)
     r = cli("attention", VIT, "-i", "2x3x32xx")
     assert r.code == 2
-    _one_error_line(r)
+    one_error_line(r)
     r = cli("attention", VIT, "--device", "cuda")
     assert r.code == 2 and "not available" in r.stderr
-    _one_error_line(r)
+    one_error_line(r)
 
 
 @pytest.mark.cuda
@@ -201,7 +195,7 @@ def test_images_path_that_is_a_file_is_exit_2_before_loading(cli, tmp_path):
     for spec in (VIT, sample("broken_factory.py:raises")):     # the factory raises: exit 3 if loaded
         r = cli("attention", spec, "--images", afile)
         assert r.code == 2, r.stderr
-        _one_error_line(r)
+        one_error_line(r)
         assert r.stderr.startswith(f"error: --images {afile}: is a file"), r.stderr
     assert afile.read_text() == "mine"
 

@@ -37,7 +37,7 @@ def test_version_does_not_import_torch():
 
 
 def test_command_help_does_not_import_torch_and_shows_example():
-    from torchdiag.cli.app import COMMANDS, app
+    from torchdiag.cli.app import app
 
     registered = [c.name for c in app.registered_commands]
     assert registered, "no commands registered"

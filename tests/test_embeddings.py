@@ -1,7 +1,7 @@
 """embeddings: projector files hold exactly the layer's outputs and the batch's labels."""
 import pytest
 
-from conftest import load, sample
+from conftest import load, sample, one_error_line
 
 from torchdiag.api import run
 from torchdiag.render.embeddings import write_projector
@@ -18,12 +18,6 @@ def batch():
         x[y == c, c] += 2.0
     return x, y
 '''
-
-
-def _one_error_line(r):
-    lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
-    assert len(lines) == 1, r.stderr
-    assert "Traceback" not in r.stderr + r.stdout
 
 
 def _tsv(path):
@@ -103,19 +97,19 @@ def test_usage_errors(cli, tmp_path, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # CPU-only machine for every case, even on a GPU box
     r = cli("embeddings", CNN, "--layer", "head.0")
     assert r.code == 2 and "--tb" in r.stderr
-    _one_error_line(r)
+    one_error_line(r)
     r = cli("embeddings", CNN, "--tb", tmp_path)
     assert r.code == 2 and "--layer" in r.stderr
-    _one_error_line(r)
+    one_error_line(r)
     r = cli("embeddings", CNN, "--layer", "head.9", "--tb", tmp_path)
     assert r.code == 2 and "head.0" in r.stderr
-    _one_error_line(r)
+    one_error_line(r)
     r = cli("embeddings", CNN, "--layer", "head.0", "--tb", tmp_path, "-i", "8x3x32:float99")
     assert r.code == 2
-    _one_error_line(r)
+    one_error_line(r)
     r = cli("embeddings", CNN, "--layer", "head.0", "--tb", tmp_path, "--device", "cuda")
     assert r.code == 2 and "not available" in r.stderr
-    _one_error_line(r)
+    one_error_line(r)
 
 
 @pytest.mark.cuda
@@ -130,11 +124,11 @@ def test_output_folders_checked_before_loading(cli, tmp_path):
     for spec in (CNN, sample("broken_factory.py:raises")):     # the factory raises: exit 3 if loaded
         r = cli("embeddings", spec, "--layer", "head.0", "--tb", tmp_path / "runs", "--images", afile)
         assert r.code == 2, r.stderr
-        _one_error_line(r)
+        one_error_line(r)
         assert r.stderr.startswith(f"error: --images {afile}: is a file"), r.stderr
         r = cli("embeddings", spec, "--layer", "head.0", "--tb", afile)
         assert r.code == 2, r.stderr
-        _one_error_line(r)
+        one_error_line(r)
         assert r.stderr.startswith(f"error: --tb {afile}: is a file"), r.stderr
     assert afile.read_text() == "mine" and not (tmp_path / "runs").exists()
 
@@ -142,7 +136,7 @@ def test_output_folders_checked_before_loading(cli, tmp_path):
 def test_meta_device_needs_real_values(cli, tmp_path):
     r = cli("embeddings", CNN, "--layer", "head.0", "--tb", tmp_path, "--device", "meta")
     assert r.code == 2, r.stderr
-    _one_error_line(r)
+    one_error_line(r)
     assert "needs real values" in r.stderr and "--device cpu" in r.stderr
     assert not (tmp_path / "embeddings").exists()
 
@@ -165,7 +159,7 @@ def test_bad_options_exit_2_before_loading_and_named_per_caller(cli, tmp_path):
 
     r = cli("embeddings", sample("broken_factory.py:raises"), "--layer", "x", "--reduce", "max", "--tb", tmp_path)
     assert r.code == 2 and r.stderr.startswith("error: --reduce: 'max' is not one of auto, mean, first, flatten"), r.stderr
-    _one_error_line(r)                                         # the factory raises: exit 3 if it were loaded
+    one_error_line(r)                                         # the factory raises: exit 3 if it were loaded
     model, x = nn.Sequential(nn.Linear(3, 2)), torch.randn(4, 3)
     with pytest.raises(OptionError, match=r"^reduce: 'max' is not one of"):
         run("embeddings", model, x, layer="0", reduce="max")

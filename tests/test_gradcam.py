@@ -3,17 +3,11 @@ import re
 
 import pytest
 
-from conftest import load, sample
+from conftest import load, sample, one_error_line
 
 from torchdiag.api import run
 
 REGION = sample("gradcam_region.py:build")
-
-
-def _one_error_line(r):
-    lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
-    assert len(lines) == 1, r.stderr
-    assert "Traceback" not in r.stderr + r.stdout
 
 
 @pytest.fixture
@@ -144,24 +138,24 @@ def test_usage_errors(cli, image, tmp_path, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # CPU-only machine for every case, even on a GPU box
     r = cli("gradcam", REGION, "--layer", "features.3")
     assert r.code == 2 and "--image" in r.stderr
-    _one_error_line(r)
+    one_error_line(r)
     r = cli("gradcam", REGION, "--layer", "features.3", "--image", tmp_path / "nope.png")
     assert r.code == 2 and "not found" in r.stderr
-    _one_error_line(r)
+    one_error_line(r)
     r = cli("gradcam", REGION, "--layer", "feature.3", "--image", image)
     assert r.code == 2 and "features.3" in r.stderr
-    _one_error_line(r)
+    one_error_line(r)
     r = cli("gradcam", REGION, "--layer", "head", "--image", image)     # 2-D output
     assert r.code == 2 and "N×C×H×W" in r.stderr
-    _one_error_line(r)
+    one_error_line(r)
     r = cli("gradcam", REGION, "--layer", "features.3", "--image", image, "--target-class", "9")
     assert r.code == 2 and "out of range" in r.stderr
     r = cli("gradcam", REGION, "--layer", "features.3", "--image", image, "--mean", "1,2")
     assert r.code == 2
-    _one_error_line(r)
+    one_error_line(r)
     r = cli("gradcam", REGION, "--layer", "features.3", "--image", image, "--device", "cuda")
     assert r.code == 2 and "not available" in r.stderr
-    _one_error_line(r)
+    one_error_line(r)
 
 
 def test_frozen_model_untouched_and_no_grads(image, untouched):
@@ -194,7 +188,7 @@ def test_out_path_is_checked_before_loading(cli, image, tmp_path, name, message)
     r = cli("gradcam", sample("broken_factory.py:raises"), "--layer", "features.3", "--image", image,
             "--out", tmp_path / name)                 # the factory raises: exit 3 if it were loaded
     assert r.code == 2, r.stderr
-    _one_error_line(r)
+    one_error_line(r)
     assert r.stderr.startswith("error: --out") and message in r.stderr.splitlines()[0], r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
@@ -203,7 +197,7 @@ def test_meta_device_needs_real_values(cli, image, tmp_path):
     r = cli("gradcam", REGION, "--layer", "features.3", "--image", image, "--device", "meta",
             "--out", tmp_path / "cam.png")
     assert r.code == 2, r.stderr
-    _one_error_line(r)
+    one_error_line(r)
     assert "needs real values" in r.stderr and "--device cpu" in r.stderr
     assert not (tmp_path / "cam.png").exists()
 
@@ -283,7 +277,7 @@ def test_grayscale_model_with_channels_1(cli, tmp_path, untouched):
     spec = f"{tmp_path}/gray.py:build"
     r = cli("gradcam", spec, "--layer", "0", "--image", tmp_path / "digit.png")          # RGB into a 1-channel conv
     assert r.code == 3 and "--channels 1" in r.stderr and "1x3x16x16" in r.stderr, r.stderr
-    _one_error_line(r)
+    one_error_line(r)
     r = cli("gradcam", spec, "--layer", "0", "--image", tmp_path / "digit.png", "--channels", "1",
             "--mean", "0.1307", "--std", "0.3081", "--out", tmp_path / "cam.png", "--json")
     assert r.code == 0, r.stderr
@@ -316,7 +310,7 @@ def test_grayscale_model_with_channels_1(cli, tmp_path, untouched):
 def test_preprocessing_options_checked_before_loading(cli, image, args, message):
     r = cli("gradcam", sample("broken_factory.py:raises"), "--layer", "x", "--image", image, *args)
     assert r.code == 2, r.stderr                  # the factory raises: exit 3 if it were loaded
-    _one_error_line(r)
+    one_error_line(r)
     assert message in r.stderr.splitlines()[0], r.stderr
 
 
@@ -354,7 +348,7 @@ def test_decompression_bomb_is_image_too_large_before_loading(cli, tmp_path, mon
     bomb = _png_header_only(tmp_path / "bomb.png", width, height)
     r = cli("gradcam", sample("broken_factory.py:raises"), "--layer", "x", "--image", bomb)   # exit 3 if loaded
     assert r.code == 2, r.stderr
-    _one_error_line(r)
+    one_error_line(r)
     assert "image too large" in r.stderr.splitlines()[0] and "Traceback" not in r.stderr
 
 
@@ -363,7 +357,7 @@ def test_size_is_checked_against_memory_before_loading(cli, image, monkeypatch):
 
     r = cli("gradcam", sample("broken_factory.py:raises"), "--layer", "x", "--image", image, "--size", "100000")
     assert r.code == 2, r.stderr
-    _one_error_line(r)
+    one_error_line(r)
     assert r.stderr.startswith("error: --size: 100000x100000 pixels would take about"), r.stderr
     with pytest.raises(OptionError, match=r"^size: 100000x100000 pixels"):
         run("gradcam", None, None, layer="x", image=image, size=100000)

@@ -1,15 +1,9 @@
 """gradcheck: pass on correct autograd code, fail (exit 1) naming input and element on wrong code."""
 import pytest
 
-from conftest import sample
+from conftest import sample, one_error_line
 
 CA = "custom_autograd.py"
-
-
-def _one_error_line(r):
-    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, r.stderr
-    assert "Traceback" not in r.stderr + r.stdout
 
 
 def _inputs(*shapes, seed=0):
@@ -133,13 +127,13 @@ def test_usage_errors_exit_2(cli, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # CPU-only machine for every case, even on a GPU box
     r = cli("gradcheck", sample(f"{CA}:MulSquar"), "-i", "3", "-i", "3")
     assert r.code == 2 and "MulSquare" in r.stderr          # did-you-mean hint
-    _one_error_line(r)
+    one_error_line(r)
     r = cli("gradcheck", sample(f"{CA}:MulSquare"), "-i", "3xz")
     assert r.code == 2
-    _one_error_line(r)
+    one_error_line(r)
     r = cli("gradcheck", sample(f"{CA}:MulSquare"), "-i", "3", "-i", "3", "--device", "cuda")
     assert r.code == 2 and "not available" in r.stderr
-    _one_error_line(r)
+    one_error_line(r)
     r = cli("gradcheck", sample(f"{CA}:MulSquare"), "-i", "3", "-i", "3", "--json", "--device", "cuda")
     assert r.code == 2 and r.json["exit_code"] == 2
 
@@ -147,7 +141,7 @@ def test_usage_errors_exit_2(cli, monkeypatch):
 def test_target_raising_is_exit_3(cli):
     r = cli("gradcheck", sample(f"{CA}:MulSquare"), "-i", "3", "-i", "4")     # shapes do not broadcast
     assert r.code == 3 and "raised" in r.stderr
-    _one_error_line(r)
+    one_error_line(r)
 
 
 @pytest.mark.cuda
@@ -202,7 +196,7 @@ class Pair(nn.Module):
 def test_wrong_number_of_inputs_is_exit_2_before_running(cli, name, args, message):
     r = cli("gradcheck", sample(name), *args)
     assert r.code == 2, r.stderr
-    _one_error_line(r)
+    one_error_line(r)
     assert r.stderr.startswith(f"error: {message}\n"), r.stderr
     r = cli("gradcheck", sample(name), *args, "--json")
     assert r.code == 2 and r.json["error"]["message"] == message
@@ -213,7 +207,7 @@ def test_arity_from_signature_kinds(cli, tmp_path):
     path.write_text(ARITY)
     r = cli("gradcheck", f"{path}:NewStyle", "-i", "3")     # no ctx in forward: 2 inputs, not 1
     assert r.code == 2 and "NewStyle takes 2 inputs, got 1" in r.stderr
-    _one_error_line(r)
+    one_error_line(r)
     assert cli("gradcheck", f"{path}:NewStyle", "-i", "3", "-i", "3").code == 0
     assert cli("gradcheck", f"{path}:scale", "-i", "3").code == 0
     r = cli("gradcheck", f"{path}:scale", "-i", "3", "-i", "3", "-i", "3")
@@ -258,10 +252,10 @@ def test_random_targets_and_integer_outputs(cli, tmp_path):
     assert r.json["passed"] and r.json["mode"] == "eval" and any("eval mode" in n for n in r.json["notes"])
     r = cli("gradcheck", f"{tmp_path}/rnd.py:noisy", "-i", "3")
     assert r.code == 2 and "different outputs for the same input" in r.stderr
-    _one_error_line(r)
+    one_error_line(r)
     r = cli("gradcheck", f"{tmp_path}/rnd.py:sign", "-i", "3")
     assert r.code == 2 and "no floating-point output (int64)" in r.stderr
-    _one_error_line(r)
+    one_error_line(r)
     r = cli("gradcheck", sample(f"{CA}:ScaledTanh"), "-i", "2x3", "--json")     # deterministic: stays in train mode
     assert r.code == 0 and r.json["mode"] == "train" and r.json["notes"] == []
 

@@ -12,7 +12,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
 
 HANG_GUARD = 600  # seconds: only stops a hung test; no assertion depends on how fast anything is
 

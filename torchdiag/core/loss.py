@@ -83,6 +83,7 @@ class Loss:
     made_target: bool = False     # the target was made up by torchdiag (not from --batch)
     extra: list = None            # auto: [(label, rule, target)] for the other outputs it covers
     left_out: list = None         # a named rule: labels of outputs with a gradient path it did not cover
+    checked_classes: int = 0      # the class count a given integer target was checked against (checked once)
 
     def describe(self) -> str:
         if self.chosen == "model":
@@ -109,9 +110,6 @@ class Loss:
         return [self.picked] + [label for label, _, _ in self.extra or ()] if self.picked else []
 
     def __call__(self, out):
-        import torch
-        import torch.nn.functional as F
-
         if self.custom is not None:
             self.chosen, self.picked = self.custom_name, "output"
             try:
@@ -173,13 +171,9 @@ class Loss:
                 shape = (y.shape[0],) + tuple(y.shape[2:])
                 self.target = torch.randint(0, y.shape[1], shape, generator=g).to(y.device)
                 self.made_target = True
-            elif not self.target.is_floating_point():   # checked here: on CUDA a bad index is a device assert
-                valid = self.target[self.target != -100]
-                if valid.numel() and (int(valid.min()) < 0 or int(valid.max()) >= y.shape[1]):
-                    bad = int(valid.min()) if int(valid.min()) < 0 else int(valid.max())
-                    raise UsageError(f"cross_entropy: the target holds class {bad}, outside [0, {y.shape[1]}) for an "
-                                     f"output of shape {tuple(y.shape)}",
-                                     hint="the model's class dimension (dim 1) must cover every target class")
+            elif not self.target.is_floating_point() and self.checked_classes != y.shape[1]:
+                _check_classes(self.target, y)   # once: on CUDA a bad index is a device assert
+                self.checked_classes = y.shape[1]
             return _checked(F.cross_entropy, y.float(), self.target.to(y.device), "cross_entropy")
         if kind == "mse":
             if self.target is None:
@@ -207,6 +201,22 @@ class Loss:
     @property
     def is_classification(self) -> bool:
         return self.chosen == "cross_entropy"
+
+
+def _check_classes(target, y) -> None:
+    """Class indices within [0, C) (ignore_index -100 aside), read back with one host sync."""
+    import torch
+
+    keep = target != -100
+    lo = torch.where(keep, target, torch.iinfo(target.dtype).max).min()
+    hi = torch.where(keep, target, -1).max()
+    lo, hi = torch.stack([lo, hi]).tolist()
+    if hi < 0:   # every entry ignored
+        return
+    if lo < 0 or hi >= y.shape[1]:
+        raise UsageError(f"cross_entropy: the target holds class {lo if lo < 0 else hi}, outside [0, {y.shape[1]}) "
+                         f"for an output of shape {tuple(y.shape)}",
+                         hint="the model's class dimension (dim 1) must cover every target class")
 
 
 def _checked(fn, y, target, name):
