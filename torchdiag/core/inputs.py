@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ModelError, UsageError, one_line
+from .resources import memory_limit
 
 INPUT_WAYS = ("-i/--input SHAPE[:DTYPE] (e.g. -i 8x3x32x32 or -i 2x128:int64[0,30000)), "
               "an example_inputs() function in the model's module, "
@@ -21,7 +22,6 @@ DTYPES = {
     "int16": "int16", "int8": "int8", "uint8": "uint8", "bool": "bool",
 }
 _SPEC = re.compile(r"^(?P<shape>[^:]+)(?::(?P<dtype>[a-z0-9]+)(?P<range>[\[(].*)?)?$")
-MAX_INPUT_BYTES = 16 * 2**30  # a random input larger than this is a typo, not a test batch
 _RANGE = re.compile(r"^\[\s*(-?[\d.e+]+)\s*,\s*(-?[\d.e+]+)\s*([)\]])$")
 
 
@@ -343,7 +343,7 @@ def resolve_inputs(specs: list[str] | None, loaded, device, seed: int = 0) -> Mo
         tensors, notes = [], []
         for text, p in zip(specs, parsed):
             nbytes = math.prod(p.shape) * torch.empty((), dtype=getattr(torch, p.dtype)).element_size()
-            if device.type != "meta" and nbytes > MAX_INPUT_BYTES:
+            if device.type != "meta" and nbytes > memory_limit():
                 raise UsageError(f"input '{text}' would take {nbytes / 2**30:.1f} GiB",
                                  hint="use a smaller shape, or --device meta to count without allocating")
             try:

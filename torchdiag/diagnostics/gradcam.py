@@ -10,20 +10,18 @@ models work; the model continues on a copy of that leaf, so in-place ops after t
 last call. The image is read, resized (`size`) and normalised ((x/255 − mean)/std) as asked."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from ..core.guard import leave_no_trace
-from ..core.run import number
+from ..core.resources import memory_limit
+from ..core.run import flag, number
 from ..core.tracking import ModuleTracker, forward_error
 from ..errors import ModelError, OptionError, UsageError
 from ..results import Column, Result, Table
-from ..core.run import flag
 
 PICTURE_MIN = 128
 NEEDS_VALUES = True
 TAKES_INPUTS = False          # the input is the image file
-MAX_WORK_BYTES = 16 * 2**30   # as core.inputs.MAX_INPUT_BYTES: more is a typo, not an image to explain
 BYTES_PER_PIXEL = 200         # what one pixel of the (resized) image costs here: tensors, heatmap, pictures
 
 
@@ -125,21 +123,6 @@ def _per_channel(name: str, value, channels: int) -> tuple[float, ...]:
         raise OptionError(name, f"'{value if isinstance(value, str) else _text(vals)}': need {need}, got {len(vals)}",
                           hint=f"e.g. {example}")
     return vals
-
-
-def memory_limit() -> int:
-    """Bytes gradcam may use for its pictures: MAX_WORK_BYTES, or less when the machine has less free."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return min(MAX_WORK_BYTES, int(line.split()[1]) * 1024)
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return min(MAX_WORK_BYTES, os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return MAX_WORK_BYTES
 
 
 def _fits(name: str, size, limit: int) -> None:
