@@ -49,11 +49,8 @@ def register(app) -> None:
         opts = c.CommonOptions("gradcam", spec, arg or [], [], device, seed, json, tb, debug, needs_inputs=False,
                                outputs={"out": out})
 
-        def precheck():  # before loading anything; the preprocessing options are checked by diag.Options
+        def precheck():  # before loading anything; the image and pictures libraries are checked by diag.Options
             c.output_file(out, "--out", (".png",))   # only PNG is written
-            from ..render.images import need_pictures
-
-            need_pictures("Grad-CAM pictures")
 
         c.execute(opts, diag, lambda: diag.Options(
             layer=layer, image=str(image) if image is not None else "", size=size, mean=mean, std=std,

@@ -68,7 +68,7 @@ class Options:
         """--size and the image file against the machine's memory, before any pixel is allocated."""
         from ..render.images import image_size, need_pictures
 
-        need_pictures("Grad-CAM pictures")     # PIL reads the image, matplotlib colours the map
+        need_pictures("writing Grad-CAM pictures")     # PIL reads the image, matplotlib colours the map
         limit = memory_limit()
         if self.size is not None:
             _fits("size", self.size, limit)

@@ -5,17 +5,14 @@ from __future__ import annotations
 import math
 
 from ..errors import UsageError, one_line
+from .images import need_pictures
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")   # --plot: what the figure is written as (by the name's suffix)
 
 
 def check_plot_backend() -> None:
     """--plot needs matplotlib (the optional `plot` extra): a usage error, before any work."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise UsageError("--plot needs matplotlib, which is not installed",
-                         hint="pip install 'torchdiag[plot]' (or pip install matplotlib)") from None
+    need_pictures("--plot", ("matplotlib",))
 
 
 def plot_rows(result) -> list[dict]:

@@ -1,7 +1,7 @@
 """Files of `overfit-batch`: the loss curve (`--plot FILE.png|.svg|.pdf`)."""
 from __future__ import annotations
 
-from ..errors import UsageError
+from .images import need_pictures
 from .output import atomic_path, check_file
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -12,11 +12,7 @@ def check_plot(path, option: str = "--plot") -> None:
     if path is None:
         return
     check_file(path, option, PLOT_SUFFIXES)
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise UsageError(f"{option} needs matplotlib, which is not installed",
-                         hint=f"pip install matplotlib, or drop {option}") from None
+    need_pictures(option, ("matplotlib",))
 
 
 def write_plot(result, path) -> str:

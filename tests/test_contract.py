@@ -1,0 +1,120 @@
+"""The run contract (issue 13): torch-free Options validated before loading, one meta refusal, options named
+in the caller's terms, layers that import one way, diagnostics that return data only."""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, sample
+
+COMMANDS = ["summary", "flops", "nancheck", "gradflow", "overfit-batch", "profile", "memory", "doctor",
+            "activations", "gradcam", "attention", "embeddings", "gradcheck"]
+REQUIRED = {"gradcam": {"layer": "x", "image": str(ROOT / "docs/images/sample_input.png")}, "embeddings": {"layer": "x"}}
+PACKAGE = ROOT / "torchdiag"
+
+
+def test_every_options_is_built_and_validated_without_torch():
+    code = f"""
+import sys
+from torchdiag.diagnostics import module
+for command in {COMMANDS!r}:
+    module(command).Options(**{REQUIRED!r}.get(command, {{}}))
+print(sorted(m for m in ("torch", "numpy", "torchinfo", "fvcore", "tensorboard") if m in sys.modules))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]", r.stdout
+
+
+def _modules(folder: Path):
+    for path in sorted(folder.rglob("*.py")):
+        yield path, ast.parse(path.read_text(), filename=str(path))
+
+
+def _imported(tree) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            names.add("." * node.level + (node.module or ""))
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return names
+
+
+@pytest.mark.parametrize("layer", ["core", "diagnostics", "render"])
+def test_nothing_below_cli_imports_cli(layer):
+    offenders = [f"{path.relative_to(ROOT)}: {name}" for path, tree in _modules(PACKAGE / layer)
+                 for name in _imported(tree) if name.endswith(".cli") or ".cli." in name or name.startswith("torchdiag.cli")]
+    assert not offenders, offenders
+
+
+def test_core_imports_no_diagnostics_or_render():
+    offenders = [f"{path.relative_to(ROOT)}: {name}" for path, tree in _modules(PACKAGE / "core")
+                 for name in _imported(tree) if "diagnostics" in name or "render" in name]
+    assert not offenders, offenders
+
+
+WRITERS = {"savefig", "write_text", "write_bytes", "SummaryWriter", "atomic_write", "atomic_path", "add_embedding",
+           "add_scalar", "dump"}
+
+
+def test_diagnostics_write_no_files():
+    """Every file is written by render/ from the Result; a diagnostic returns data (profile exports its trace
+    into a private temporary folder and reads it back: that is the one open-for-write allowed, and only there)."""
+    offenders = []
+    for path, tree in _modules(PACKAGE / "diagnostics"):
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name in WRITERS:
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}()")
+            if name == "open" and any(isinstance(a, ast.Constant) and isinstance(a.value, str) and set(a.value) & set("wax")
+                                      for a in node.args[1:2]):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} open(..., 'w')")
+    assert not offenders, offenders
+
+
+NEEDS_VALUES = ["nancheck", "gradflow", "overfit-batch", "profile", "activations", "attention", "embeddings"]
+
+
+@pytest.mark.parametrize("command", NEEDS_VALUES)
+def test_meta_is_refused_once_in_one_wording_before_the_model_is_built(cli, command, tmp_path):
+    extra = ["--layer", "0", "--tb", str(tmp_path)] if command == "embeddings" else []
+    r = cli(command, sample("broken_factory.py:raises"), "--device", "meta", *extra, "--json")
+    assert r.code == 2, r.stderr            # the factory raises: exit 3 had the model been built
+    assert r.stderr.startswith(f"error: {command} needs real values; the meta device has none\n"), r.stderr
+    assert r.json["exit_code"] == 2
+
+
+def test_an_option_is_named_in_each_callers_terms(cli, tmp_path):
+    """The same rule, written once in overfit-batch's Options: --target-ratio on the command line,
+    target_ratio in Python, target-ratio in pyproject.toml; always before any model is loaded."""
+    import torch
+    from torch import nn
+
+    import torchdiag
+    from torchdiag.errors import OptionError
+
+    r = cli("overfit-batch", sample("broken_factory.py:raises"), "--target-ratio", "1.5")
+    assert r.code == 2 and r.stderr.startswith("error: --target-ratio: must be between 0 and 1, got 1.5"), r.stderr
+    with pytest.raises(OptionError, match=r"^target_ratio: must be between 0 and 1, got 1.5"):
+        torchdiag.overfit_batch(nn.Linear(2, 2), torch.randn(2, 2), target_ratio=1.5)
+    (tmp_path / "c.toml").write_text(f'model = "{sample("broken_factory.py:raises")}"\n'
+                                     "[check]\noverfit-batch = {target-ratio = 1.5}\n")
+    r = cli("check", "--config", str(tmp_path / "c.toml"))
+    assert r.code == 2 and "overfit-batch target-ratio: must be between 0 and 1, got 1.5" in r.stderr, r.stderr
+
+
+def test_json_error_document_has_the_schema_version_of_results():
+    from torchdiag.results import SCHEMA_VERSION
+
+    r = subprocess.run([sys.executable, "-m", "torchdiag", "summary", "nope.py:build", "--json"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 2
+    assert json.loads(r.stdout)["schema_version"] == SCHEMA_VERSION
