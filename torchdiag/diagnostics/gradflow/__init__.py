@@ -5,7 +5,12 @@ trace (record.py). Per parameter: shape, grad norm, weight norm, grad/weight rat
 |grad| and a status (params.py); why a parameter got no gradient is worked out from the recorded
 forward and the autograd graph (causes.py). Per layer, in execution order (layers.py), and
 activation health from the same forward (activations.py). Statistics stay on the device and are
-read back once (stats.py): a healthy pass makes the same few host syncs at any depth."""
+read back once (stats.py): a healthy pass makes the same few host syncs at any depth.
+
+Broken or built that way (design.py, recheck.py): stochastic depth is off for the judged pass; a
+tiny-by-construction parameter is judged by its gradient, a weight feeding a batch-statistics norm by
+grad/weight with a wider threshold; exact zeros behind a zero-initialised parameter and biases a
+normalisation cancels are re-checked on a copy (a step, a shift) and reported as info with the cause."""
 from __future__ import annotations
 
 import math
@@ -13,10 +18,12 @@ import math
 from ...results import Result
 from . import display
 from .activations import activation_rows
+from .design import layer_scaled
 from .findings import param_findings, status_counts, verdict
 from .layers import bar_scale, frontier, layer_rows
 from .options import STATUS_ORDER, STATUS_SEVERITY, Options
 from .params import param_rows
+from .recheck import recheck
 from .record import record_pass
 from .stats import read_stats
 
@@ -32,10 +39,14 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     modules = dict(model.named_modules())
     pas = record_pass(model, inputs, opts, ctx)
     result.header["loss"] = pas.loss_text
+    if pas.stochastic:
+        result.header["mode"] += f"; stochastic depth off for the judged pass ({len(pas.stochastic)} module(s))"
     stats = read_stats(pas, params, ctx.device)
 
     allow = ctx.option("allow")
-    rows = param_rows(params, pas, stats, modules, opts)
+    rows = param_rows(params, pas, stats, modules, opts, ctx.spec.optimizer.learning_rate)
+    recheck(model, inputs, pas, rows, opts, ctx, result)    # only when a candidate exists
+    layer_scaled(rows, opts)
     param_findings(result, rows, model, opts, allow)
     if not math.isfinite(stats.loss):
         result.add("non-finite-loss", "error", "", f"the loss is {stats.loss} before backward; every gradient "

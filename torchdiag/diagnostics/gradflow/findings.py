@@ -3,7 +3,7 @@ and the verdict."""
 from __future__ import annotations
 
 from .names import ancestors, owner
-from .options import STATUS_ORDER, STATUS_SEVERITY
+from .options import BY_DESIGN, STATUS_ORDER, STATUS_SEVERITY
 
 
 def groups(rows, model, key) -> list[tuple[str, list[dict]]]:
@@ -40,9 +40,9 @@ def _names(members) -> str:
 
 def param_findings(result, rows, model, opts, allow_name: str = "--allow") -> None:
     def key(r):
-        if r["status"] == "ok" or r["allowed"]:
+        if r["status"] in ("ok", *BY_DESIGN) or r["allowed"]:
             return None
-        return (r["status"], r.get("reason"), r.get("why"))
+        return (r["status"], r.get("reason"), r.get("why"), r.get("rechecked"))
 
     for where, members in groups(rows, model, key):
         status = members[0]["status"]
@@ -51,6 +51,7 @@ def param_findings(result, rows, model, opts, allow_name: str = "--allow") -> No
                 if n > 1 or where != members[0]["name"] else "the parameter")
         msg, hint = _message(status, what, where, members, opts, allow_name)
         result.add(status, STATUS_SEVERITY[status], where, msg, hint)
+    design_findings(result, rows)
     allowed = [r for r in rows if r["allowed"]]
     if allowed:
         result.add("allowed", "info", "", f"{len(allowed)} flagged parameter(s) accepted by {allow_name}: "
@@ -73,7 +74,8 @@ def _message(status, what, where, members, opts, allow_name) -> tuple[str, str |
         total = sum(m["numel"] for m in members)
         return f"{what} frozen (requires_grad=False): {total:,} values not trained", None
     if status == "zero-grad":
-        return (f"{what}: gradient is exactly zero everywhere",
+        again = " (still, after one optimizer step on a copy)" if first.get("rechecked") else ""
+        return (f"{what}: gradient is exactly zero everywhere{again}",
                 "a zero-derivative op (round, sign, argmax, comparison) or dead units sit between it and the loss")
     if status == "non-finite-grad":
         nan = sum(m["nan"] for m in members)
@@ -94,6 +96,49 @@ def _message(status, what, where, members, opts, allow_name) -> tuple[str, str |
             "saturating activations, depth without residuals/normalisation, or tiny initialisation")
 
 
+DESIGN_TITLES = {
+    "zero-init": "get exactly zero gradients at initialisation, by design",
+    "invariant": "get only rounding noise as gradient, by design: the loss does not depend on them",
+    "layer-scaled": "get small gradients at initialisation, by design: a layer scale shrinks them",
+    "tiny-by-construction": "have a huge grad/weight ratio only because their value is tiny by construction",
+    "scale-invariant": "have large gradients only because a normalisation follows (scale-invariant)",
+}
+
+
+def design_findings(result, rows) -> None:
+    """One info finding per cause of a "by design at initialisation" verdict (the zero-initialised
+    module, the layer scale, or the kind), naming the parameters and why."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        d = r.get("design")
+        if d:
+            cause = r["reason"] if d["kind"] in ("zero-init", "layer-scaled") else None
+            groups.setdefault((d["kind"], cause), []).append(r)
+    for (kind, cause), members in groups.items():
+        n = len(members)
+        what = f"{n} parameter tensor{'s' if n > 1 else ''} ({_names(members)})"
+        where = cause or (members[0]["name"] if n == 1 else _common(members))
+        why = members[0]["design"]["why"] if n == 1 or cause else _why(kind, cause)
+        result.add(kind, "info", where, f"{what} {DESIGN_TITLES[kind]}: {why}")
+
+
+def _why(kind, cause) -> str:
+    return {"invariant": "shifting them (random values, float64 copy) leaves the loss unchanged (a following batch-statistics "
+                         "normalisation or softmax cancels it)",
+            "tiny-by-construction": "judged by the gradient itself (its norm, and the largest change one plain "
+                                    "gradient step at the run's learning rate makes), not by grad/weight",
+            "scale-invariant": "each feeds a batch-statistics normalisation, so its gradient grows as 1/|w|; "
+                               "judged by grad/weight against a 10× wider threshold, not by its norm"}.get(kind, "")
+
+
+def _common(members) -> str:
+    from os.path import commonprefix
+
+    parts = [m["name"].split(".") for m in members]
+    common = ".".join(commonprefix(parts)) if parts else ""
+    return common or "(root)"
+
+
 def status_counts(rows) -> dict[str, int]:
     counts: dict[str, int] = {}
     for r in rows:
@@ -108,7 +153,7 @@ def verdict(result, rows, opts, loss_value: float, strict_name: str = "--strict"
     warnings = [f for f in result.findings if f.severity == "warning"]
     trainable = sum(1 for r in rows if r["requires_grad"])
     reached = sum(1 for r in rows if r["status"] in ("ok", "vanishing-grad", "exploding-grad", "zero-grad",
-                                                       "non-finite-grad") and r["requires_grad"])
+                                                       "non-finite-grad", *BY_DESIGN) and r["requires_grad"])
     result.summary += [
         ("Loss", f"{loss_value:.6g} ({result.header['loss']})"),
         ("Trainable parameters reached", f"{reached} of {trainable} tensors"),
@@ -124,3 +169,7 @@ def verdict(result, rows, opts, loss_value: float, strict_name: str = "--strict"
                           + f" ({strict_name} makes warnings fail)")
     else:
         result.verdict = "PASS: gradients reach every trainable parameter with healthy magnitudes"
+    designed = sum(1 for r in rows if r.get("design"))
+    if designed and not result.verdict.startswith("FAIL"):
+        result.verdict += (f" ({designed} parameter tensor(s) judged by how they are built at initialisation: "
+                           "see the info findings)")

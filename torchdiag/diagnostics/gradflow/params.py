@@ -6,18 +6,21 @@ import fnmatch
 import math
 
 from .causes import why
+from .design import INVARIANT_RATIO_FACTOR, is_tiny, rms
 from .names import owner
 from .stats import L1, L2, LINF, WEIGHT
 
 
-def param_rows(params: dict, pas, stats, modules, opts) -> list[dict]:
+def param_rows(params: dict, pas, stats, modules, opts, lr: float = 1e-3) -> list[dict]:
+    """`lr`: the run's learning rate, for the update size of a tiny-by-construction parameter."""
     rows = []
     for n, p in params.items():
         vals = stats.params[n]
         row = {"name": n, "module": owner(n), "shape": list(p.shape), "numel": p.numel(),
                "requires_grad": p.requires_grad, "weight_norm": vals[WEIGHT], "grad_norm": None,
                "grad_weight_ratio": None, "mean_abs_grad": None, "max_abs_grad": None,
-               "nan": 0, "inf": 0, "status": "ok", "reason": None, "allowed": False}
+               "nan": 0, "inf": 0, "status": "ok", "reason": None, "allowed": False, "design": None, "rechecked": False,
+               "scale_invariant": pas.rec.feeds_norm(owner(n))}
         if pas.grads[n] is not None:
             nan, inf = stats.nonfinite.get(n, (0, 0))
             gnorm = vals[L2]
@@ -25,7 +28,8 @@ def param_rows(params: dict, pas, stats, modules, opts) -> list[dict]:
                        nan=nan, inf=inf)
             if vals[WEIGHT] > 0 and math.isfinite(gnorm):
                 row["grad_weight_ratio"] = gnorm / vals[WEIGHT]
-            row["status"] = status(row, opts)
+            row["status"] = status(row, opts, lr)
+            row["design"] = design_note(row, opts, lr)
         elif not p.requires_grad:
             row["status"] = "frozen"
         else:
@@ -36,14 +40,46 @@ def param_rows(params: dict, pas, stats, modules, opts) -> list[dict]:
     return rows
 
 
-def status(row, opts) -> str:
+def status(row, opts, lr: float = 1e-3) -> str:
+    """The status of a parameter that got a gradient. How big is too big depends on how the
+    parameter is built (design.py): a tiny-by-construction value is judged by its gradient alone
+    (grad/weight of a 1e-6 layer scale is huge for any ordinary gradient): its norm, and the update
+    size, lr × max |grad|, which must stay below 1 (an ordinary weight's scale); a weight feeding a
+    batch-statistics normalisation is scale-invariant, so its gradient norm is 1/|w| and only the
+    ratio counts, against a wider threshold."""
     if row["nan"] or row["inf"]:
         return "non-finite-grad"
     if row["max_abs_grad"] == 0:
         return "zero-grad"
-    ratio = row["grad_weight_ratio"]
-    if row["grad_norm"] > opts.exploding or (ratio is not None and ratio > opts.exploding_ratio):
+    ratio = None if is_tiny(row) else row["grad_weight_ratio"]
+    norm_limit, ratio_limit = opts.exploding, opts.exploding_ratio
+    if row["scale_invariant"] and ratio is not None:
+        norm_limit, ratio_limit = float("inf"), opts.exploding_ratio * INVARIANT_RATIO_FACTOR
+    if row["grad_norm"] > norm_limit or (ratio is not None and ratio > ratio_limit):
+        return "exploding-grad"
+    if is_tiny(row) and lr * row["max_abs_grad"] > 1:
         return "exploding-grad"
     if (ratio if ratio is not None else row["grad_norm"]) < opts.vanishing:
         return "vanishing-grad"
     return "ok"
+
+
+def design_note(row, opts, lr: float = 1e-3) -> dict | None:
+    """{kind, why} for a parameter the plain thresholds would have called exploding but whose
+    construction explains the number (it stays `ok`; an info finding says why)."""
+    raw = row["grad_weight_ratio"]
+    if row["status"] != "ok" or raw is None:
+        return None
+    if is_tiny(row) and raw > opts.exploding_ratio:
+        return _note("tiny-by-construction", f"value tiny by construction (RMS {rms(row):.1e}): judged by its gradient "
+                f"(norm {row['grad_norm']:.3g} ≤ {opts.exploding:g}; one step at lr {lr:g} moves it by at most "
+                f"{lr * row['max_abs_grad']:.2g}); grad/weight {raw:.3g} says nothing about it")
+    if row["scale_invariant"] and (row["grad_norm"] > opts.exploding or raw > opts.exploding_ratio):
+        return _note("scale-invariant", f"feeds a batch-statistics normalisation, so the loss ignores its scale and its "
+                f"gradient grows as 1/|w|: judged by grad/weight {raw:.3g} against "
+                f"{opts.exploding_ratio * INVARIANT_RATIO_FACTOR:g}, not by its norm {row['grad_norm']:.3g}")
+    return None
+
+
+def _note(kind: str, why: str) -> dict:
+    return {"kind": kind, "why": why}

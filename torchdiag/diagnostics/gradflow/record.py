@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...core.tracking import ForwardHooks, describe
+from .design import is_batch_norm_like, stochastic_depth_off
 
 
 @dataclass
@@ -36,11 +37,21 @@ class Recorder(ForwardHooks):
         self.nodes: dict[str, list] = defaultdict(list)        # module → grad_fn of each output tensor (None: no graph)
         self.grad_enabled: dict[str, bool] = {}
         self.acts: dict[str, Act] = {}
+        self.norm_inputs: dict[int, Any] = {}   # id(grad_fn) → grad_fn of what batch-stat norms received
 
     def _pre(self, mod, args):
         name = self.names.get(id(mod), "?")
         self.order.setdefault(name, len(self.order))
         self.types[name] = type(mod).__name__
+        if is_batch_norm_like(mod):
+            for t in float_tensors(args):
+                if t.grad_fn is not None:
+                    self.norm_inputs[id(t.grad_fn)] = t.grad_fn     # kept alive: ids stay unique
+
+    def feeds_norm(self, name: str) -> bool:
+        """Every output of module `name` goes straight into a batch-statistics normalisation."""
+        nodes = self.nodes.get(name)
+        return bool(nodes) and all(n is not None and id(n) in self.norm_inputs for n in nodes)
 
     def _post(self, mod, args, output):
         import torch
@@ -150,10 +161,11 @@ class Pass:
     grads: dict[str, Any]            # parameter name → its .grad after backward (None: got none)
     loss: Any                        # the loss, detached (read back with the other statistics)
     loss_text: str                   # how the loss was made
+    stochastic: list = field(default_factory=list)   # stochastic-depth modules switched off for the pass
 
 
 def record_pass(model, inputs, opts, ctx) -> Pass:
-    """Forward (train mode unless opts.eval_mode) + loss + backward. `.grad` tensors are set aside
+    """Forward (train mode unless opts.eval_mode; stochastic depth off) + loss + backward. `.grad` tensors are set aside
     before and put back after, buffers a train-mode forward updates are copied back bit for bit."""
     import torch
 
@@ -167,6 +179,8 @@ def record_pass(model, inputs, opts, ctx) -> Pass:
     loss_fn = ctx.loss()
     with leave_no_trace(model, buffers=True):
         model.train(not opts.eval_mode)
+        # a random whole-branch drop would make the verdict depend on the draw (design.py)
+        stochastic = stochastic_depth_off(model)
         torch.set_grad_enabled(True)
         for p in params.values():
             p.grad = None
@@ -178,4 +192,4 @@ def record_pass(model, inputs, opts, ctx) -> Pass:
         grads = {n: p.grad for n, p in params.items()}
         for p in params.values():
             p.grad = None
-    return Pass(rec, reach, grads, loss.detach(), loss_fn.describe())
+    return Pass(rec, reach, grads, loss.detach(), loss_fn.describe(), stochastic)
