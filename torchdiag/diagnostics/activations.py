@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ..core.guard import leave_no_trace
 from ..core.run import flag, number
-from ..core.tracking import ForwardHooks, ModuleTracker, forward_error
+from ..core.tracking import ForwardHooks, ModuleTracker, forward_error, nested_shape
 from ..errors import UsageError
 from ..results import Column, Result, Table
 
@@ -120,12 +120,16 @@ class Recorder(ForwardHooks):
         t = first_tensor(output)
         if t is None or not t.is_floating_point() or t.device.type == "meta":
             return
+        nested = getattr(t, "is_nested", False)   # a fast-path output: no single shape, statistics of its values
         s = self.stats.get(name)
         if s is None:
-            s = self.stats[name] = Stats(name, type(module).__name__, "x".join(map(str, t.shape)),
-                                         str(t.dtype).replace("torch.", ""))
+            shape = nested_shape(t) if nested else "x".join(map(str, t.shape))
+            s = self.stats[name] = Stats(name, type(module).__name__, shape, str(t.dtype).replace("torch.", ""))
             self.order.append(name)
         x = t.detach()
+        if nested:
+            parts = [c.reshape(-1) for c in x.unbind()]
+            x = torch.cat(parts) if parts else x.new_zeros(0)
         s.calls += 1
         if x.numel() == 0:
             return
@@ -156,7 +160,7 @@ class Recorder(ForwardHooks):
             flat = xf.flatten()
             step = max(1, flat.numel() // HIST_SAMPLES)
             s.values.append(flat[::step].float().cpu().numpy())
-        if name in self.keep and name not in self.kept:
+        if name in self.keep and name not in self.kept and not nested:
             self.kept[name] = x.float().cpu()
 
 

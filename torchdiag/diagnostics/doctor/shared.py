@@ -21,12 +21,24 @@ def short_dtype(dtype) -> str:
 
 
 def tensors(obj, prefix="output") -> list:
-    """(label, tensor) for every tensor in a forward output (nested tuples, lists and dicts)."""
+    """(label, tensor) for every tensor in a forward output (nested tuples, lists and dicts). A nested
+    tensor (PyTorch's fast paths return one) comes back as its components' values, flattened and
+    concatenated: it has no single shape, and most ops (nansum, abs().max()) refuse it."""
     from ...core.inputs import _collect
 
     out: list = []
     _collect(prefix, obj, out)
-    return out
+    return [(label, flat_values(t)) for label, t in out]
+
+
+def flat_values(t):
+    """A nested tensor's values as one flat dense tensor; any other tensor unchanged."""
+    import torch
+
+    if not getattr(t, "is_nested", False):
+        return t
+    parts = [c.reshape(-1) for c in t.unbind()]
+    return torch.cat(parts) if parts else t.new_zeros(0)
 
 
 def max_diff(a, b) -> float | None:

@@ -1,11 +1,13 @@
-"""The train-mode pass: one forward (train/eval modes, BatchNorm at this batch size, in-place on a leaf),
-backward (in-place edits of saved tensors), one optimizer step (parameters update)."""
+"""The train-mode pass (stochastic depth off, as in gradflow's judged pass): one forward (train/eval
+modes, BatchNorm at this batch size, in-place on a leaf), backward (in-place edits of saved tensors),
+one optimizer step (parameters update)."""
 from __future__ import annotations
 
 from ...core import train
 from ...core.tracking import ModuleTracker, forward_error
 from ...errors import ModelError
 from ...results import Result
+from ..gradflow.design import stochastic_depth_off
 from .batchnorm import one_value_per_channel, report_train_failure, two_samples
 from .checklist import Checklist
 from .inplace import leaf_inplace_watch, locate_inplace, report_inplace
@@ -20,6 +22,11 @@ def train_checks(work, inputs, ctx, loss, eval_out, ck: Checklist, result: Resul
     import torch
 
     work.train()
+    # a random whole-branch drop would make the gradient checks depend on the draw (gradflow's rule)
+    dropped = stochastic_depth_off(work)
+    note = f"stochastic depth off for the training checks ({len(dropped)} module(s))"
+    if dropped and note not in result.notes:
+        result.notes.append(note)
     for p in work.parameters():
         p.grad = None
     tracker = ModuleTracker(work, record_shapes=False)

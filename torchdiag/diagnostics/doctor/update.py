@@ -1,11 +1,18 @@
 """param-not-updated: a parameter has .grad but one optimizer step leaves it unchanged (an all-zero
-gradient, or the optimizer does not hold it), or the next forward writes it back."""
+gradient, or the optimizer does not hold it), or the next forward writes it back.
+
+An all-zero gradient is by design when it comes from a zero-initialised parameter downstream (a
+classifier head or residual BatchNorm scale set to 0): re-checked after the step (the working copy's
+forward + backward once more, only when such a parameter exists), those zeros are gone and the
+parameter is reported as info `zero-init` naming the zero-initialised module; a real break (a hook or
+mask multiplying by 0) stays zero and stays an error."""
 from __future__ import annotations
 
 from ...core import train
 from ...core.tracking import run_forward
 from ...results import Result
 from .checklist import Checklist
+from .shared import module_of, name
 
 OPTIMIZER_NAMES = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
 
@@ -23,14 +30,19 @@ def update_check(work, inputs, ctx, ck: Checklist, result: Result) -> None:
         return
     before = {n: p.detach().clone() for n, p in with_grad}
     zero = {n for n, p in with_grad if not bool(p.grad.detach().ne(0).any())}
+    # exactly zero with a non-zero gradient: a zero-initialised parameter (a candidate cause)
+    sources = [n for n, p in with_grad if zero and n not in zero and not bool(before[n].ne(0).any())]
     train.step(ctx.optimizer([p for _, p in with_grad]))
     after_step = {n: p.detach().clone() for n, p in with_grad}
     with torch.no_grad():
         run_forward(work, inputs, phase="forward after one optimizer step")
     current = dict(work.named_parameters())
+    by_design = _zero_init(work, inputs, ctx, zero, sources) if sources else {}
     bad = []
     for n, p in with_grad:
         now = current.get(n, p).detach()
+        if n in by_design:
+            continue
         if n in zero:
             bad.append((n, "receives a gradient, but it is all zeros (a hook, mask or multiplication by 0 "
                            "wipes it), so the optimizer step leaves it unchanged",
@@ -55,4 +67,44 @@ def update_check(work, inputs, ctx, ck: Checklist, result: Result) -> None:
         extra = f"; {len(no_grad)} trainable parameter(s) got no gradient (see torchdiag gradflow)" if no_grad else ""
         step = OPTIMIZER_NAMES[ctx.spec.optimizer.name]
         ck.row("update", "ok", f"{len(with_grad)}/{len(with_grad)} params change after 1 {step} step{extra}")
+    _report_zero_init(by_design, ck, result)
     result.data["params_without_grad"] = no_grad
+
+
+def _zero_init(work, inputs, ctx, zero, sources) -> dict[str, str]:
+    """{parameter: zero-initialised module} for the all-zero gradients that are non-zero after the step:
+    one more forward + backward on the working copy (stochastic depth off, as in the judged pass)."""
+    import torch
+
+    for p in work.parameters():
+        p.grad = None
+    with torch.enable_grad():
+        with ctx.seeded():
+            out = run_forward(work, inputs, phase="forward after one optimizer step (zero-gradient re-check)")
+        train.backward(ctx.loss()(out), hint="the model's own code raised in backward")
+    grads = {n: p.grad for n, p in work.named_parameters()}
+    order = {n: i for i, (n, _) in enumerate(work.named_modules())}   # registration order ~ data flow
+    src_mods = sorted({module_of(n) for n in sources}, key=lambda m: order.get(m, 0))
+    out = {}
+    for n in sorted(zero, key=lambda n: order.get(module_of(n), 0)):
+        g = grads.get(n)
+        if g is not None and bool(g.detach().ne(0).any()):
+            at = order.get(module_of(n), 0)
+            out[n] = next((m for m in src_mods if order.get(m, 0) > at), src_mods[-1])
+    return out
+
+
+def _report_zero_init(by_design: dict[str, str], ck: Checklist, result: Result) -> None:
+    if not by_design:
+        return
+    for src in sorted(set(by_design.values())):
+        names = [n for n, s in by_design.items() if s == src]
+        shown = ", ".join(names[:6]) + (f" … (+{len(names) - 6})" if len(names) > 6 else "")
+        result.add("zero-init", "info", name(src),
+                   f"{len(names)} parameter(s) ({shown}) get an all-zero gradient at initialisation, by design: they "
+                   f"sit upstream of {name(src)}, initialised to exactly zero; after one optimizer step their "
+                   "gradients are non-zero (re-checked on the working copy)")
+    srcs = sorted(set(by_design.values()))
+    ck.row("update", "info", f"every parameter changes or is zero-gradient by design: {len(by_design)} sit upstream "
+           f"of zero-initialised {', '.join(name(s) for s in srcs[:3])}{' …' if len(srcs) > 3 else ''} (non-zero "
+           "gradient after one step)", name(srcs[0]), "", "zero-init")
