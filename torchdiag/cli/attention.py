@@ -40,7 +40,7 @@ def register(app) -> None:
     @app.command("attention", epilog=EXAMPLE, no_args_is_help=True)
     def attention(spec: c.Spec, tokens: Tokens = None, images: Images = None, sample: Sample = 0,
                   arg: c.Args = None, input: c.Inputs = None, device: c.Device = "auto", seed: c.Seed = 0,
-                  json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False) -> None:
+                  json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True) -> None:
         """Attention weights of every nn.MultiheadAttention (and of modules that return attention
         weights, and of F.scaled_dot_product_attention calls) for one forward pass.
 
@@ -51,7 +51,7 @@ def register(app) -> None:
         from ..render.attention import record
 
         opts = c.CommonOptions("attention", spec, arg or [], input or [], device, seed, json, tb, debug,
-                               outputs={"images": images})
+                               outputs={"images": images}, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint)
 
         def precheck():   # before loading anything
             from ..render.images import check_pictures

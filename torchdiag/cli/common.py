@@ -28,6 +28,14 @@ Debug = Annotated[bool, typer.Option("--debug", help="Show full tracebacks.")]
 Depth = Annotated[int, typer.Option("--depth", min=0, help="Module nesting depth shown in tables.")]
 # Loss/targets, for commands that run backward.
 Loss = Annotated[str, typer.Option("--loss", help="auto|cross_entropy|mse|sum|PATH:fn (fn(output, target) -> scalar).")]
+# Weights for the model built from MODEL_SPEC (core.checkpoint): never unpickled beyond tensors.
+Checkpoint = Annotated[Optional[Path], typer.Option("--checkpoint", metavar="FILE", show_default=False,
+                                                    help="Weights to load: .safetensors, *.safetensors.index.json (sharded), .pt/.pth/.bin "
+                                                         "(torch.load weights_only=True), Lightning .ckpt. Never runs code from the file.")]
+# not --strict: gradflow's --strict (warnings fail) and check's `strict` already mean something else
+StrictCheckpoint = Annotated[bool, typer.Option("--strict-checkpoint/--no-strict-checkpoint",
+                                      help="On: a checkpoint key that is missing, unexpected or of another shape stops the run (exit 2). "
+                                           "Off: load what fits, report each other key as a finding (exit 1).")]
 Batch = Annotated[Optional[str], typer.Option("--batch", metavar="PATH:fn", help="Function returning (inputs, target); gives the inputs, so not together with -i.")]
 
 
@@ -51,6 +59,8 @@ class CommonOptions:
     dtype: Optional[str] = None
     amp: Optional[str] = None
     outputs: dict = field(default_factory=dict)   # kind -> path of the files asked for (--plot, --trace, ...)
+    checkpoint: Optional[Path] = None    # --checkpoint FILE
+    strict_checkpoint: bool = True       # --strict-checkpoint/--no-strict-checkpoint
 
     def run_spec(self, diagnostic=None):
         """The RunSpec; the optimizer is the diagnostic's default (its OPTIMIZER) with what was given."""
@@ -58,7 +68,8 @@ class CommonOptions:
 
         optimizer = optimizer_spec(getattr(diagnostic, "OPTIMIZER", None), **(self.optimizer or {}))
         return RunSpec(self.command, self.spec, tuple(self.args), tuple(self.inputs), self.batch, self.device,
-                       self.dtype, self.amp, self.seed, self.loss, optimizer, self.needs_inputs, caller="cli")
+                       self.dtype, self.amp, self.seed, self.loss, optimizer, self.needs_inputs, caller="cli",
+                       checkpoint=None if self.checkpoint is None else str(self.checkpoint), strict_checkpoint=self.strict_checkpoint)
 
     def render_spec(self):
         from ..render import RenderSpec

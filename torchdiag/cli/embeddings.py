@@ -25,7 +25,7 @@ def register(app) -> None:
     @app.command("embeddings", epilog=EXAMPLE, no_args_is_help=True)
     def embeddings(spec: c.Spec, layer: Layer = "", reduce: Reduce = "auto", images: Images = None, arg: c.Args = None, input: c.Inputs = None,
                    batch: c.Batch = None, device: c.Device = "auto", seed: c.Seed = 0, json: c.Json = False,
-                   tb: c.Tb = None, debug: c.Debug = False) -> None:
+                   tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True) -> None:
         """Write the layer's outputs for the batch for TensorBoard's projector (DIR/embeddings/).
 
         Labels come from --batch PATH:fn returning (inputs, labels); image inputs become the
@@ -36,7 +36,7 @@ def register(app) -> None:
 
         # tb in opts: the result's tables/scalars (and an error) land in DIR/embeddings/ beside the projector data
         opts = c.CommonOptions("embeddings", spec, arg or [], input or [], device, seed, json, tb, debug, batch=batch,
-                               outputs={"projector": tb, "images": images})
+                               outputs={"projector": tb, "images": images}, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint)
 
         def precheck():  # before loading anything
             from ..errors import UsageError

@@ -30,7 +30,7 @@ def register(app) -> None:
                snapshot: Annotated[Optional[Path], typer.Option("--snapshot", metavar="FILE.pickle", help="CUDA only: record allocation history for PyTorch's memory viewer.")] = None,
                top: Annotated[int, typer.Option("--top", help="Modules shown, by activation memory (0 = all).")] = 10,
                depth: c.Depth = 3, loss: c.Loss = "auto", batch: c.Batch = None, seed: c.Seed = 0,
-               json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False) -> None:
+               json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True) -> None:
         """Where the memory goes in a training step: parameters, gradients, optimizer state, activations
         (saved for backward), temporaries; the peak and when it happens; per-module activation memory.
 
@@ -43,7 +43,7 @@ def register(app) -> None:
 
         precision = dict(dtype=dtype, amp="auto" if amp else None)
         opts = c.CommonOptions("memory", spec, arg or [], input or [], device, seed, json, tb, debug, loss, batch,
-                               optimizer=dict(name=optimizer), outputs={"snapshot": snapshot}, **precision)
+                               optimizer=dict(name=optimizer), outputs={"snapshot": snapshot}, **precision, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint)
 
         c.execute(opts, diag, lambda: diag.Options(mode=mode, batch_sizes=batch_sizes or (), budget=budget, top=top,
                                                    depth=depth, shard=shard, snapshot=snapshot is not None),

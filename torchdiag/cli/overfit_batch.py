@@ -40,7 +40,7 @@ def register(app) -> None:
                       loss: c.Loss = "auto", steps: Steps = 500, optimizer: Optimizer = "adam", lr: Lr = None,
                       target_ratio: Ratio = 0.01, target_loss: TargetLoss = None, amp: Amp = "none",
                       device: c.Device = "auto", seed: c.Seed = 0, plot: Plot = None, json: c.Json = False,
-                      tb: c.Tb = None, debug: c.Debug = False) -> None:
+                      tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True) -> None:
         """Can this model memorise one batch? Trains a copy on one fixed batch and gives a verdict.
 
         The classic sanity test before a long run: a correct model, loss and optimizer drive the loss
@@ -54,7 +54,7 @@ def register(app) -> None:
 
         opts = c.CommonOptions("overfit-batch", spec, arg or [], input or [], device, seed, json, tb, debug,
                                loss=loss, batch=batch, optimizer=dict(name=optimizer, lr=lr), amp=amp,
-                               outputs={"plot": plot})
+                               outputs={"plot": plot}, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint)
         c.execute(opts, diag, lambda: diag.Options(steps=steps, target_ratio=target_ratio, target_loss=target_loss),
                   run=_with_progress(diag, opts.json), render_extra=_after(opts.json),
                   precheck=lambda: check_plot(plot))   # before loading

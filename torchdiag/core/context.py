@@ -25,6 +25,7 @@ class Context:
     batch_target: Any = None             # the target from --batch (or target= in Python)
     custom_loss: Any = None              # a Python callable fn(output, target) -> scalar
     header: dict[str, Any] = field(default_factory=dict)   # choices made for the user
+    checkpoints: list = field(default_factory=list)        # core.checkpoint.Report of each file loaded
 
     @property
     def seed(self) -> int:
@@ -83,6 +84,8 @@ class Context:
         header = dict(self.header)
         header.update(result.header)
         result.header = header
+        for report in self.checkpoints:   # keys that did not fit (--no-strict): findings of every command
+            report.add_findings(result)
 
 
 def loss_rule(rule, loaded=None, target=None, seed: int = 0):
@@ -110,6 +113,7 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
     if needs_values and device.type == "meta":  # refused before the model is built
         raise_meta(spec.command)
     loaded = load_model(spec.model, list(spec.args), device, spec.seed)
+    checkpoints = load_checkpoints(spec, loaded, device)
     batch_target = None
     if spec.batch:
         from .loss import load_batch
@@ -119,12 +123,24 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
         inputs = resolve_inputs(list(spec.inputs), loaded, device, spec.seed)
     else:
         inputs = ModelInputs()
-    ctx = Context(spec, device, loaded, batch_target, header=_header(spec, device, loaded, inputs))
+    ctx = Context(spec, device, loaded, batch_target, header=_header(spec, device, loaded, inputs), checkpoints=checkpoints)
+    if checkpoints:
+        ctx.header["checkpoint"] = [r.describe() for r in checkpoints]
     return loaded.model, inputs, ctx
+
+
+def load_checkpoints(spec: RunSpec, loaded, device) -> list:
+    """--checkpoint, else the weights that came with the spec (hf: *.safetensors), into the built model."""
+    from .checkpoint import load
+
+    files = [spec.checkpoint] if spec.checkpoint else list(loaded.weights)
+    off = {"cli": "--no-strict-checkpoint", "python": "strict_checkpoint=False"}.get(spec.caller, "strict-checkpoint = false")
+    return [load(loaded.model, f, device, spec.strict_checkpoint, off) for f in files]
 
 
 def _header(spec: RunSpec, device, loaded, inputs) -> dict[str, Any]:
     header: dict[str, Any] = {"model": spec.model, "device": str(device), "seed": spec.seed}
+    header.update(loaded.header)
     if loaded.kwargs:
         header["factory_args"] = {k: repr(v) if not isinstance(v, (int, float, str, bool)) else v
                                   for k, v in loaded.kwargs.items()}

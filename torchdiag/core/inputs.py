@@ -1,4 +1,5 @@
-"""Model inputs: `-i SHAPE[:DTYPE[RANGE]]`, else `example_inputs()`, else `example_input_array`."""
+"""Model inputs: `-i SHAPE[:DTYPE[RANGE]]`, else `example_inputs()`, else a source form's default
+(torchvision:, timm:, hf:), else `example_input_array`."""
 from __future__ import annotations
 
 import math
@@ -333,6 +334,22 @@ def realistic_inputs(model, tensors: list, specs: list[InputSpec], notes: list, 
     return ModelInputs(tuple(tensors), kwargs, "--input", [n for n in notes if n] + out_notes)
 
 
+def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
+    """The default inputs of `torchvision:`/`timm:`/`hf:` models: their -i specs, with the same
+    realistic values (token ids in the vocabulary of the embedding that reads them, decoder ids for an
+    encoder-decoder). On meta, where no probe runs, an encoder-decoder still gets its decoder ids."""
+    import torch
+
+    inputs = resolve_inputs(list(loaded.default_inputs), loaded, device, seed)
+    inputs.source = loaded.input_source
+    names = [p.name for p in forward_parameters(loaded.model)]
+    if device.type == "meta" and "decoder_input_ids" in names[len(inputs.args):] and inputs.args:
+        first = inputs.args[0]
+        inputs.kwargs["decoder_input_ids"] = torch.empty(first.shape, dtype=first.dtype, device="meta")
+        inputs.notes.append(f"decoder_input_ids: {shape_str(first)} added (the model is an encoder-decoder)")
+    return inputs
+
+
 def resolve_inputs(specs: list[str] | None, loaded, device, seed: int = 0) -> ModelInputs:
     """First that applies: -i specs, example_inputs() in the module, model.example_input_array."""
     import torch
@@ -365,6 +382,8 @@ def resolve_inputs(specs: list[str] | None, loaded, device, seed: int = 0) -> Mo
             torch.random.set_rng_state(state)
         args, kwargs = _normalise(value, "example_inputs()")
         return ModelInputs(args, kwargs, "example_inputs()").to(device)
+    if getattr(loaded, "default_inputs", ()):
+        return source_inputs(loaded, device, seed)
     value = getattr(loaded.model, "example_input_array", None)
     if value is not None:
         args, kwargs = _normalise(value, "example_input_array")

@@ -8,13 +8,14 @@ import importlib.util
 import inspect
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 from ..errors import ModelError, UsageError, one_line
+from . import sources
 
-SPEC_FORMS = "path/to/file.py:factory or dotted.module:factory"
+SPEC_FORMS = "path/to/file.py:factory, dotted.module:factory, torchvision:NAME, timm:NAME or hf:PATH"
 
 
 @dataclass
@@ -26,6 +27,10 @@ class LoadedModel:
     kwargs: dict[str, Any]
     built_on: str = ""       # how a meta model was built, for the header
     factory_fn: Any = None   # the callable itself (doctor rebuilds the model on meta with it)
+    default_inputs: tuple[str, ...] = ()   # -i specs a source form (torchvision:, timm:, hf:) takes by default
+    input_source: str = ""                 # how those were chosen, for the header
+    weights: tuple[str, ...] = ()          # checkpoint files found with the spec (hf: *.safetensors)
+    header: dict[str, Any] = field(default_factory=dict)
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -122,8 +127,10 @@ def load_model(spec: str, arg_pairs: list[str] | None = None, device=None, seed:
 
     from .meta import build_on_meta
 
-    where, name = split_spec(spec)
     kwargs = parse_args(arg_pairs)
+    if sources.is_source(spec):
+        return _load_source(spec, kwargs, device, seed)
+    where, name = split_spec(spec)
     module = import_module(where)
     factory = find_factory(module, name, where)
     built_on = ""
@@ -150,6 +157,16 @@ def load_model(spec: str, arg_pairs: list[str] | None = None, device=None, seed:
     if device is not None and device.type != "meta":
         model = model.to(device)
     return LoadedModel(model, spec, module, name, kwargs, built_on, factory)
+
+
+def _load_source(spec: str, kwargs: dict[str, Any], device, seed: int | None) -> LoadedModel:
+    """`torchvision:NAME`, `timm:NAME`, `hf:PATH` (core.sources)."""
+    source = sources.resolve(spec, kwargs)
+    model, built_on = sources.build(source, device, seed)
+    if device is not None and device.type != "meta":
+        model = model.to(device)
+    return LoadedModel(model, spec, sources.example_module(spec, source), source.label, source.kwargs, built_on,
+                       source.build, source.inputs, source.input_source, tuple(source.weights), dict(source.header))
 
 
 def refuse_scripted(model, what: str) -> None:

@@ -108,12 +108,17 @@ class RunSpec:
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     needs_inputs: bool = True
     caller: str = "cli"                      # cli|python|config: how options are named in messages
+    checkpoint: str | None = None            # weights file loaded into the built model (core.checkpoint)
+    strict_checkpoint: bool = True           # a checkpoint key that does not fit stops the run (else: findings)
 
     def __post_init__(self):
         if self.caller not in CALLERS:
             raise ValueError(f"caller must be one of {CALLERS}")
         object.__setattr__(self, "args", tuple(self.args or ()))
         object.__setattr__(self, "inputs", tuple(self.inputs or ()))
+        flag("strict_checkpoint", self.strict_checkpoint)
+        if self.checkpoint is not None and not isinstance(self.checkpoint, str):
+            object.__setattr__(self, "checkpoint", str(self.checkpoint))   # a Path
         number("seed", self.seed, low=SEED_RANGE[0], high=SEED_RANGE[1], high_open=True, integer=True)
         if self.dtype is not None:
             object.__setattr__(self, "dtype", choice("dtype", self.dtype, DTYPES))

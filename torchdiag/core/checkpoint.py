@@ -1,0 +1,308 @@
+"""`--checkpoint FILE`: weights into the model torchdiag built, without ever running code from the file.
+
+- `.safetensors` through the safetensors library; a `*.safetensors.index.json` (sharded) through its shards;
+- `.pt/.pth/.bin/.ckpt` through `torch.load(weights_only=True)` only: a file that needs arbitrary
+  unpickling is refused (unpickling can run code) and never executed;
+- a Lightning `.ckpt` (or any dict with a `state_dict`/`model_state_dict`/`model` entry): that entry,
+  with a prefix the model does not have (`model.`, `module.`, `_orig_mod.`) stripped;
+- on `--device meta` a safetensors file is read up to its header only (shapes and dtypes): the data
+  section of a 70B model is never touched.
+
+Keys that do not fit (missing, unexpected, other shape): `strict` stops the run (exit 2, one line);
+not strict loads what fits and reports each of the rest as a finding (exit 1)."""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import UsageError, one_line
+
+TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+NESTED_KEYS = ("state_dict", "model_state_dict", "model")   # Lightning, common training loops
+STRIP_PREFIXES = ("model.", "module.", "_orig_mod.", "net.")
+SAFETENSORS_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
+    "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+}
+MAX_HEADER = 100 * 2**20       # safetensors' own limit on the JSON header
+SHOW_KEYS = 6                   # keys named in the one-line strict error
+
+
+@dataclass
+class Report:
+    """What loading a checkpoint did; findings for the keys that did not fit (not strict)."""
+
+    path: str
+    loaded: int = 0
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    mismatched: list[tuple[str, tuple, tuple]] = field(default_factory=list)   # key, checkpoint shape, model shape
+    stripped: str = ""
+    header_only: bool = False
+
+    @property
+    def fits(self) -> bool:
+        return not (self.missing or self.unexpected or self.mismatched)
+
+    def describe(self) -> str:
+        parts = [f"{self.path}: {self.loaded} tensors loaded"]
+        if self.stripped:
+            parts.append(f"prefix '{self.stripped}' stripped")
+        if self.header_only:
+            parts.append("header only (meta: shapes and dtypes, no data read)")
+        if not self.fits:
+            parts.append(self.mismatch_summary())
+        return ", ".join(parts)
+
+    def mismatch_summary(self, limit: int | None = None) -> str:
+        def names(keys):
+            shown = keys if limit is None else keys[:limit]
+            more = len(keys) - len(shown)
+            return ", ".join(shown) + (f" and {more} more" if more else "")
+
+        parts = []
+        if self.missing:
+            parts.append(f"{len(self.missing)} missing ({names(self.missing)})")
+        if self.unexpected:
+            parts.append(f"{len(self.unexpected)} unexpected ({names(self.unexpected)})")
+        if self.mismatched:
+            parts.append(f"{len(self.mismatched)} of another shape ("
+                         + names([f"{k}: checkpoint {_shape(a)}, model {_shape(b)}" for k, a, b in self.mismatched]) + ")")
+        return "; ".join(parts)
+
+    def add_findings(self, result) -> None:
+        """Each key that did not fit, as an error finding (the run went on with --no-strict)."""
+        for key in self.missing:
+            result.add("checkpoint-missing-key", "error", key, f"{key} is not in {self.path}: it keeps its random initialisation",
+                       hint="the checkpoint is for another model or another version of it")
+        for key in self.unexpected:
+            result.add("checkpoint-unexpected-key", "error", key, f"{self.path} holds {key}, which the model does not have",
+                       hint="the checkpoint is for another model or another version of it")
+        for key, theirs, ours in self.mismatched:
+            result.add("checkpoint-shape-mismatch", "error", key,
+                       f"{key} is {_shape(theirs)} in {self.path} but {_shape(ours)} in the model: not loaded",
+                       hint="the model was built with other sizes (--arg) than the checkpoint's")
+        if not self.fits and getattr(result, "failed", None) is False:
+            result.failed = True
+
+
+def _shape(shape) -> str:
+    return "x".join(str(d) for d in shape) if len(shape) else "scalar"
+
+
+# ---- reading -----------------------------------------------------------------------------------------
+
+def read_state(path: str, device) -> tuple[dict[str, Any], bool]:
+    """(state dict, header_only). On meta a safetensors file gives meta tensors from its header."""
+    if not os.path.exists(path):
+        raise UsageError(f"checkpoint not found: {path}", hint="check the path given to --checkpoint")
+    if os.path.isdir(path):
+        raise UsageError(f"--checkpoint {path} is a folder",
+                         hint="name the file: model.safetensors, model.safetensors.index.json, weights.pt, last.ckpt")
+    meta = device is not None and device.type == "meta"
+    if path.endswith(".index.json"):
+        return _read_index(path, meta), meta
+    if path.endswith(".safetensors"):
+        return (_read_header(path) if meta else _read_safetensors(path)), meta
+    if path.endswith(TORCH_SUFFIXES):
+        return _unwrap(_torch_load(path, meta), path), False
+    raise UsageError(f"--checkpoint {path}: unknown kind of file",
+                     hint="torchdiag reads .safetensors, .safetensors.index.json, .pt, .pth, .bin and Lightning .ckpt")
+
+
+def header(path: str) -> dict[str, Any]:
+    """The JSON header of a safetensors file: 8 bytes of length, then that many bytes. Nothing else is read."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) < 8:
+                raise ValueError("shorter than its 8-byte header length")
+            (size,) = struct.unpack("<Q", raw)
+            if size > MAX_HEADER:
+                raise ValueError(f"header length {size} is not plausible")
+            text = f.read(size)
+        if len(text) < size:
+            raise ValueError("the header is cut short")
+        doc = json.loads(text)
+        if not isinstance(doc, dict):
+            raise ValueError("the header is not a JSON object")
+        return doc
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path} is not a safetensors file: {one_line(exc)}",
+                         hint="safetensors files are written by safetensors.torch.save_file or save_pretrained") from exc
+
+
+def _read_header(path: str) -> dict[str, Any]:
+    import torch
+
+    state = {}
+    for key, entry in header(path).items():
+        if key == "__metadata__":
+            continue
+        try:
+            dtype = getattr(torch, SAFETENSORS_DTYPES[entry["dtype"]])
+            state[key] = torch.empty(tuple(entry["shape"]), dtype=dtype, device="meta")
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise UsageError(f"{path}: header entry {key} is not understood ({one_line(exc)})",
+                             hint="the file may be damaged; check it with safetensors.safe_open") from exc
+    return state
+
+
+def _read_safetensors(path: str) -> dict[str, Any]:
+    try:
+        from safetensors.torch import load_file
+    except ModuleNotFoundError as exc:
+        raise UsageError("safetensors is not installed: pip install safetensors",
+                         hint="it reads .safetensors checkpoints; .pt files work without it") from exc
+    try:
+        return load_file(path, device="cpu")
+    except Exception as exc:  # SafetensorError, OSError: a damaged or truncated file
+        raise UsageError(f"cannot read {path}: {one_line(exc)}", hint="the file may be damaged or cut short") from exc
+
+
+def _read_index(path: str, meta: bool) -> dict[str, Any]:
+    """A sharded checkpoint: `weight_map` names the shard of every key."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UsageError(f"{path} is not a safetensors index: {one_line(exc)}",
+                         hint="an index is a JSON object with a weight_map of key → shard file") from exc
+    folder = os.path.dirname(path)
+    state: dict[str, Any] = {}
+    for shard in shards:
+        file = os.path.join(folder, shard)
+        if not os.path.isfile(file):
+            raise UsageError(f"{path} names shard {shard}, which is not in {folder or '.'}",
+                             hint="torchdiag never downloads: put every shard next to the index")
+        state.update(_read_header(file) if meta else _read_safetensors(file))
+    return state
+
+
+def _torch_load(path: str, meta: bool):
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, map_location="meta" if meta else "cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = unsafe_globals(path)
+        what = f" (it stores {', '.join(found[:3])})" if found else ""
+        raise UsageError(f"{path} needs arbitrary unpickling{what}, which could run code, so torchdiag will not load it",
+                         hint="if you trust the file, convert it once in Python: "
+                              f"obj = torch.load('{path}', weights_only=False); "
+                              "torch.save(obj['state_dict'] if 'state_dict' in obj else obj.state_dict(), 'weights.pt') "
+                              "and pass --checkpoint weights.pt") from exc
+    except Exception as exc:  # not a torch file, truncated, ...
+        raise UsageError(f"cannot read {path}: {one_line(exc)}",
+                         hint="torchdiag reads files written by torch.save (or a Lightning .ckpt)") from exc
+
+
+def unsafe_globals(path: str) -> list[str]:
+    """The classes/functions a torch.save file's pickle would import, other than torch's own and the
+    few containers weights_only allows. Found by reading the opcodes (pickletools), never by unpickling."""
+    import pickletools
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            name = next(n for n in z.namelist() if n.endswith("data.pkl"))
+            data = z.read(name)
+    except Exception:
+        try:
+            with open(path, "rb") as f:
+                data = f.read(MAX_HEADER)
+        except OSError:
+            return []
+    found, strings = [], []
+    try:
+        for op, arg, _ in pickletools.genops(data):
+            if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+                strings.append(arg)
+            elif op.name == "GLOBAL":
+                found.append(arg.replace(" ", "."))
+            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                found.append(f"{strings[-2]}.{strings[-1]}")
+    except Exception:  # a damaged stream: what was found so far
+        pass
+    safe = ("torch.", "collections.OrderedDict", "builtins.set", "builtins.frozenset", "_codecs.encode")
+    return list(dict.fromkeys(g for g in found if not g.startswith(safe)))
+
+
+def _unwrap(obj, path: str) -> dict[str, Any]:
+    import torch
+
+    for _ in range(2):   # a Lightning/trainer dict around the state dict
+        if isinstance(obj, dict) and not _is_state(obj):
+            inner = next((obj[k] for k in NESTED_KEYS if isinstance(obj.get(k), dict)), None)
+            if inner is None:
+                break
+            obj = inner
+    if not isinstance(obj, dict) or not _is_state(obj):
+        keys = ", ".join(map(str, list(obj)[:6])) if isinstance(obj, dict) else type(obj).__name__
+        raise UsageError(f"{path} holds no state dict (found: {keys})",
+                         hint="save one with torch.save(model.state_dict(), 'weights.pt')")
+    return {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+
+
+def _is_state(obj: dict) -> bool:
+    import torch
+
+    return bool(obj) and all(isinstance(k, str) for k in obj) and any(isinstance(v, torch.Tensor) for v in obj.values())
+
+
+# ---- loading -----------------------------------------------------------------------------------------
+
+def strip_prefix(state: dict[str, Any], model_keys: set[str]) -> tuple[dict[str, Any], str]:
+    """Strip a prefix the model's keys do not have (`model.` of a LightningModule, `module.` of DDP,
+    `_orig_mod.` of torch.compile, or any first name all keys share) when that makes more keys fit."""
+    best, best_hits = "", len(model_keys & state.keys())
+    firsts = {k.split(".", 1)[0] + "." for k in state if "." in k}
+    candidates = list(STRIP_PREFIXES) + sorted(firsts - set(STRIP_PREFIXES))
+    for prefix in candidates:
+        for twice in (prefix, prefix * 2):
+            stripped = {k[len(twice):] if k.startswith(twice) else k: v for k, v in state.items()}
+            hits = len(model_keys & stripped.keys())
+            if hits > best_hits:
+                best, best_hits = twice, hits
+    if not best:
+        return state, ""
+    return {k[len(best):] if k.startswith(best) else k: v for k, v in state.items()}, best
+
+
+def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-checkpoint") -> Report:
+    """Read `path` and load what fits into `model` (in place: torchdiag built it). `off` is how the
+    caller turns strictness off (the flag, or strict_checkpoint=False)."""
+    state, header_only = read_state(path, device)
+    ours = model.state_dict(keep_vars=True)
+    state, stripped = strip_prefix(state, set(ours))
+    report = Report(path, stripped=stripped, header_only=header_only)
+    fitting = {}
+    for key, t in state.items():
+        if key not in ours:
+            report.unexpected.append(key)
+        elif tuple(t.shape) != tuple(ours[key].shape):
+            report.mismatched.append((key, tuple(t.shape), tuple(ours[key].shape)))
+        else:
+            fitting[key] = t
+    report.missing = _missing(ours, state, fitting)
+    if strict and not report.fits:
+        raise UsageError(f"checkpoint {path} does not fit the model: {report.mismatch_summary(SHOW_KEYS)}",
+                         hint=f"{off} loads the tensors that fit and reports each other key as a finding (exit 1)")
+    meta = device is not None and device.type == "meta"
+    # on meta the checkpoint's tensors replace the model's (its dtypes count); elsewhere values are copied in
+    model.load_state_dict(fitting, strict=False, assign=meta)
+    report.loaded = len(fitting)
+    return report
+
+
+def _missing(ours: dict[str, Any], state: dict[str, Any], fitting: dict[str, Any]) -> list[str]:
+    """Model keys the checkpoint does not have (a key of another shape is reported as that); a key tied to a loaded one (the same tensor, e.g. an
+    output layer sharing the embedding, which save_pretrained writes once) is filled by it."""
+    loaded_ids = {id(ours[k]) for k in fitting}
+    return [k for k, t in ours.items() if k not in state and id(t) not in loaded_ids]

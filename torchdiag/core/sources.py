@@ -1,0 +1,308 @@
+"""Models as people have them: `torchvision:NAME`, `timm:NAME`, `hf:PATH` (a local folder with config.json).
+
+Each builds the model with random weights (weights come from `--checkpoint`, or for `hf:` from the
+`*.safetensors` beside config.json) and says what inputs the model takes by default. Nothing here
+downloads anything: zoo models are built with `weights=None` / `pretrained=False`, Hugging Face
+configs are read from disk with the Hub switched offline."""
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import ModelError, UsageError, one_line
+
+PREFIXES = ("torchvision:", "timm:", "hf:")
+NO_NETWORK = "torchdiag never downloads (no network access is attempted)"
+# --arg task=... for hf: the head on top of the base model
+HF_TASKS = {
+    "base": "AutoModel",
+    "causal-lm": "AutoModelForCausalLM",
+    "masked-lm": "AutoModelForMaskedLM",
+    "seq2seq": "AutoModelForSeq2SeqLM",
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "image-classification": "AutoModelForImageClassification",
+}
+TEXT_LENGTH = 128          # default sequence length of a text model (capped by its position table)
+VIDEO_FRAMES = 16          # torchvision video models: (N, C, T, H, W)
+
+
+@dataclass
+class Source:
+    """What a source form built: everything core.loading.LoadedModel needs besides the model."""
+
+    build: Callable[..., Any]              # build(**kwargs) -> nn.Module (random weights)
+    kwargs: dict[str, Any]
+    label: str                             # "torchvision resnet50", for the header
+    inputs: tuple[str, ...] = ()           # default -i specs
+    input_source: str = ""
+    example_inputs: Callable | None = None  # when -i specs cannot say it (a list of images)
+    weights: list[str] = field(default_factory=list)  # checkpoint files found beside the spec
+    header: dict[str, Any] = field(default_factory=dict)
+
+
+def is_source(spec: str) -> bool:
+    return spec.startswith(PREFIXES)
+
+
+def resolve(spec: str, kwargs: dict[str, Any]) -> Source:
+    prefix, _, rest = spec.partition(":")
+    if not rest:
+        raise UsageError(f"MODEL_SPEC '{spec}' names no model",
+                         hint="write torchvision:resnet50, timm:resnet18 or hf:path/to/folder-with-config.json")
+    return {"torchvision": torchvision_source, "timm": timm_source, "hf": hf_source}[prefix](rest, kwargs)
+
+
+def require(package: str, extra: str | None = None):
+    """Import an optional library; missing → one line with the install command (exit 2)."""
+    import importlib
+
+    try:
+        return importlib.import_module(package)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] == package.split(".")[0]:
+            install = f"pip install {package.split('.')[0]}" + (f"  (or pip install 'torchdiag[{extra}]')" if extra else "")
+            raise UsageError(f"{package.split('.')[0]} is not installed: {install}",
+                             hint=f"{package.split('.')[0]} models need the library; the rest of torchdiag works without it") from exc
+        raise UsageError(f"{package} cannot be imported: {one_line(exc)}",
+                         hint="install its missing dependency, or a version built for your torch") from exc
+    except Exception as exc:  # e.g. a torchvision built for another torch ('operator torchvision::nms does not exist')
+        import torch
+
+        raise UsageError(f"{package} cannot be imported with torch {torch.__version__}: {one_line(exc)}",
+                         hint=f"install the {package.split('.')[0]} release built for torch {torch.__version__.split('+')[0]}") from exc
+
+
+def unknown_name(kind: str, name: str, known: list[str]) -> UsageError:
+    close = difflib.get_close_matches(name, known, n=4, cutoff=0.5)
+    if not close:  # a prefix or a substring is often what was meant (resnet → resnet18, resnet34, ...)
+        close = [k for k in known if k.startswith(name) or name in k][:4]
+    hint = f"did you mean {', '.join(close)}?" if close else f"list them with: python -c \"{_LISTERS[kind]}\""
+    return UsageError(f"{kind} has no model named '{name}'", hint=hint)
+
+
+_LISTERS = {"torchvision": "import torchvision; print(torchvision.models.list_models())",
+            "timm": "import timm; print(timm.list_models())"}
+
+
+# ---- torchvision -----------------------------------------------------------------------------------
+
+def torchvision_source(name: str, kwargs: dict[str, Any]) -> Source:
+    require("torchvision")
+    models = require("torchvision.models")
+    known = models.list_models()
+    if name not in known:
+        raise unknown_name("torchvision", name, known)
+    kwargs = dict(kwargs)
+    if kwargs.get("weights") not in (None, "None"):
+        raise UsageError(f"torchvision:{name} is built with random weights; --arg weights=... would download them",
+                         hint=f"{NO_NETWORK}: save the weights once (torch.save(model.state_dict(), 'w.pt')) and pass --checkpoint w.pt")
+    kwargs.pop("weights", None)
+
+    def build(**kw):
+        return models.get_model(name, weights=None, **kw)
+
+    source = Source(build, kwargs, f"torchvision {name}", header={"source": f"torchvision:{name} (random weights)"})
+    _torchvision_inputs(models, name, source)
+    return source
+
+
+def _torchvision_inputs(models, name: str, source: Source) -> None:
+    """The default input from the weights enum's transforms: crop size (classification, video),
+    resize size (segmentation), a list of images (detection), two frames (optical flow)."""
+    try:
+        weights = models.get_model_weights(name).DEFAULT
+        transform = weights.transforms()
+    except Exception:  # no weights enum: the ImageNet size
+        weights, transform = None, None
+    kind = type(transform).__name__ if transform is not None else "ImageClassification"
+    size = getattr(transform, "crop_size", None) or getattr(transform, "resize_size", None) or [224]
+    h, w = (size[0], size[-1])
+    if transform is None:
+        why = "no weights enum: the ImageNet size"
+    else:
+        why = f"{weights}.transforms() {'crop_size' if getattr(transform, 'crop_size', None) else 'resize_size'} {h}x{w}"
+    if kind == "VideoClassification":
+        source.inputs = (f"1x3x{VIDEO_FRAMES}x{h}x{w}",)
+        why += f", {VIDEO_FRAMES} frames"
+    elif kind == "OpticalFlow":
+        source.inputs = ("1x3x224x224", "1x3x224x224")
+        why = "two 224x224 frames (optical flow)"
+    elif kind == "ObjectDetection" or name in models.list_models(module=models.detection):
+        source.example_inputs = _one_image
+        why = "a list of one 3x320x320 image (detection models resize it themselves)"
+    else:
+        source.inputs = (f"1x3x{h}x{w}",)
+    source.input_source = f"torchvision:{name} default ({why})"
+
+
+def _one_image():
+    import torch
+
+    return ([torch.rand(3, 320, 320)],)
+
+
+# ---- timm --------------------------------------------------------------------------------------------
+
+def timm_source(name: str, kwargs: dict[str, Any]) -> Source:
+    timm = require("timm", extra="zoo")
+    known = timm.list_models()
+    if name not in known:
+        raise unknown_name("timm", name, known)
+    kwargs = dict(kwargs)
+    if kwargs.pop("pretrained", False):
+        raise UsageError(f"timm:{name} is built with random weights; --arg pretrained=True would download them",
+                         hint=f"{NO_NETWORK}: pass the weights as --checkpoint FILE")
+
+    def build(**kw):
+        return timm.create_model(name, pretrained=False, **kw)
+
+    source = Source(build, kwargs, f"timm {name}", header={"source": f"timm:{name} (random weights)"})
+    try:
+        cfg = timm.models.get_pretrained_cfg(name) if hasattr(timm.models, "get_pretrained_cfg") else None
+        size = tuple((cfg.input_size if cfg is not None else None) or (3, 224, 224))
+    except Exception:
+        size = (3, 224, 224)
+    source.inputs = ("1x" + "x".join(str(d) for d in size),)
+    source.input_source = f"timm:{name} default (its pretrained_cfg input_size {'x'.join(str(d) for d in size)})"
+    return source
+
+
+# ---- Hugging Face ------------------------------------------------------------------------------------
+
+def hf_source(path: str, kwargs: dict[str, Any]) -> Source:
+    folder, config_file = _hf_paths(path)
+    try:
+        with open(config_file, encoding="utf-8") as f:
+            config_dict = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"cannot read {config_file}: {one_line(exc)}", hint="config.json must be the JSON file save_pretrained writes") from exc
+    if not isinstance(config_dict, dict):
+        raise UsageError(f"{config_file} is not a JSON object", hint="config.json must be the JSON file save_pretrained writes")
+    if config_dict.get("auto_map"):
+        raise UsageError(f"{config_file} asks for custom model code (auto_map); torchdiag never runs code from a model folder",
+                         hint="write a factory in a .py file you trust that builds the model, and point torchdiag at file.py:factory")
+    require("transformers", extra="hf")
+    kwargs = dict(kwargs)
+    task = kwargs.pop("task", None)
+    config = _hf_config(config_dict, config_file, kwargs)
+    cls, how = _hf_class(config, task)
+
+    def build(**overrides):
+        c = _hf_config(config_dict, config_file, overrides)
+        return cls.from_config(c) if hasattr(cls, "from_config") else cls._from_config(c)
+
+    source = Source(build, kwargs, f"hf {path}", header={"source": f"hf:{path} ({how})"})
+    source.weights = _hf_weights(folder)
+    if not source.weights:
+        source.header["source"] += f"; no *.safetensors in {folder}: random weights"
+    _hf_inputs(config, path, source)
+    return source
+
+
+def _hf_paths(path: str) -> tuple[str, str]:
+    hint = (f"{NO_NETWORK}: give a local folder with config.json (save_pretrained writes one; "
+            "`huggingface-cli download NAME --local-dir DIR` fetches one)")
+    if os.path.isfile(path):
+        return os.path.dirname(os.path.abspath(path)), path
+    if not os.path.isdir(path):
+        raise UsageError(f"hf:{path}: no such folder or file", hint=hint)
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        raise UsageError(f"hf:{path}: the folder has no config.json", hint=hint)
+    return path, config_file
+
+
+def _hf_config(config_dict: dict, config_file: str, overrides: dict):
+    """The config from the JSON (no Hub lookup), with --arg overrides (e.g. num_hidden_layers=2)."""
+    from transformers import AutoConfig
+
+    model_type = config_dict.get("model_type")
+    if not model_type:
+        raise UsageError(f"{config_file} has no model_type", hint="config.json written by save_pretrained names it, e.g. \"model_type\": \"gpt2\"")
+    values = {k: v for k, v in config_dict.items() if k != "model_type"}
+    values.update(overrides)
+    try:
+        return AutoConfig.for_model(model_type, **values)
+    except ValueError as exc:
+        import transformers
+
+        raise UsageError(f"transformers {transformers.__version__} does not know model_type '{model_type}' ({config_file})",
+                         hint="a newer transformers may: pip install -U transformers") from exc
+
+
+def _hf_class(config, task: str | None):
+    """(class, how it was chosen): --arg task=... picks an Auto class; else the config's architectures[0]."""
+    import transformers
+
+    if task is not None:
+        if task not in HF_TASKS:
+            raise UsageError(f"--arg task={task} is not one of {', '.join(HF_TASKS)}",
+                             hint="task picks the head: causal-lm for a decoder LM, seq2seq for an encoder-decoder, base for the bare model")
+        return getattr(transformers, HF_TASKS[task]), f"{HF_TASKS[task]} for task {task}"
+    for arch in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, arch, None)
+        if isinstance(cls, type):
+            return cls, f"{arch} from config.architectures"
+    return transformers.AutoModel, "AutoModel (config.json names no known architecture; --arg task=... picks a head)"
+
+
+def _hf_weights(folder: str) -> list[str]:
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        return [index]
+    return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".safetensors"))
+
+
+def _hf_inputs(config, path: str, source: Source) -> None:
+    """Pixels for a vision config (image_size), else token ids (their range comes from the embedding
+    that reads them, i.e. the config's vocabulary; an encoder-decoder gets decoder ids as well)."""
+    image = getattr(config, "image_size", None)
+    if image and not getattr(config, "vocab_size", None):
+        h, w = (image, image) if isinstance(image, int) else tuple(image)[:2]
+        source.inputs = (f"1x{getattr(config, 'num_channels', 3)}x{h}x{w}",)
+        source.input_source = f"hf:{path} default (config image_size {h}x{w})"
+        return
+    limit = [getattr(config, k, None) for k in ("max_position_embeddings", "n_positions", "max_seq_len")]
+    limit = [v for v in limit if isinstance(v, int) and v > 0]
+    length = min([TEXT_LENGTH] + limit)
+    source.inputs = (f"1x{length}:int64",)
+    vocab = getattr(config, "vocab_size", None)
+    source.input_source = f"hf:{path} default (token ids, length {length}" + (f", vocab {vocab})" if vocab else ")")
+
+
+def example_module(spec: str, source: Source) -> types.ModuleType:
+    """A stand-in for the user's module (inputs and loss rules look there for example_inputs)."""
+    module = types.ModuleType(spec)
+    if source.example_inputs is not None:
+        module.example_inputs = source.example_inputs
+    return module
+
+
+def build(source: Source, device, seed: int | None):
+    """Call the source's builder as load_model calls a factory: seeded, on meta when asked."""
+    import torch
+
+    from .meta import build_on_meta
+
+    built_on = ""
+    try:
+        if seed is not None:
+            torch.manual_seed(seed)
+        if device is not None and device.type == "meta":
+            model, built_on = build_on_meta(source.build, source.kwargs)
+        else:
+            model = source.build(**source.kwargs)
+    except TypeError as exc:
+        raise UsageError(f"{source.label} does not accept these --arg values: {one_line(exc)}",
+                         hint="--arg values go to the model's constructor (hf: to its config)") from exc
+    except UsageError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"building {source.label} raised {one_line(exc)}") from exc
+    return model, built_on
