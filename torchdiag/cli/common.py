@@ -132,22 +132,7 @@ def execute(opts: CommonOptions, diagnostic=None, options: Callable | None = Non
         to_stdout(lambda: render(result, opts.render_spec()))
         code = result.exit_code
     except DiagError as e:
-        if isinstance(e, OptionError):
-            e.name_for("cli")
-        if ctx is not None:
-            ctx.explain(e)
-        code = e.code
-        partial = getattr(e, "partial", None)
-        if partial is not None:  # what ran before the failure: on the console, or in the JSON document
-            if ctx is not None:
-                ctx.finish(partial)
-            if not opts.json:
-                from ..render.console import print_result
-
-                to_stdout(lambda: print_result(partial))
-        _report(e.message, e.hint, code, opts, partial)
-        if opts.debug:
-            traceback.print_exc()
+        code = _diag_error(e, opts, ctx)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated)
         code = interrupt_code(e)
         _report("interrupted" if code == ExitCode.INTERRUPTED else "terminated (SIGTERM)", None, code, opts)
@@ -174,6 +159,26 @@ def execute(opts: CommonOptions, diagnostic=None, options: Callable | None = Non
         if opts.debug:
             traceback.print_exc()
     raise typer.Exit(int(code))
+
+
+def _diag_error(e: DiagError, opts: CommonOptions, ctx) -> ExitCode:
+    """An error we can explain: named for the command line, with what ran before it (partial result)."""
+    if isinstance(e, OptionError):
+        e.name_for("cli")
+    if ctx is not None:
+        ctx.explain(e)
+    partial = getattr(e, "partial", None)
+    if partial is not None:  # what ran before the failure: on the console, or in the JSON document
+        if ctx is not None:
+            ctx.finish(partial)
+        if not opts.json:
+            from ..render.console import print_result
+
+            to_stdout(lambda: print_result(partial))
+    _report(e.message, e.hint, e.code, opts, partial)
+    if opts.debug:
+        traceback.print_exc()
+    return e.code
 
 
 def to_stdout(write: Callable[[], object]) -> None:

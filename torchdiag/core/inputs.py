@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ModelError, UsageError, one_line
+from ..errors import UsageError, one_line
 from .resources import memory_limit
 
 INPUT_WAYS = ("-i/--input SHAPE[:DTYPE] (e.g. -i 8x3x32x32 or -i 2x128:int64[0,30000)), "
@@ -372,14 +372,9 @@ def resolve_inputs(specs: list[str] | None, loaded, device, seed: int = 0) -> Mo
         return realistic_inputs(loaded.model, tensors, parsed, notes, device, seed)
     fn = getattr(loaded.module, "example_inputs", None)
     if callable(fn):
-        state = torch.random.get_rng_state()
-        torch.manual_seed(seed)
-        try:
-            value = fn()
-        except Exception as exc:
-            raise ModelError(f"example_inputs() raised {one_line(exc)}") from exc
-        finally:
-            torch.random.set_rng_state(state)
+        from .train import user_call
+
+        value = user_call(seed, fn, "example_inputs()")
         args, kwargs = _normalise(value, "example_inputs()")
         return ModelInputs(args, kwargs, "example_inputs()").to(device)
     if getattr(loaded, "default_inputs", ()):

@@ -260,17 +260,11 @@ def load_batch(spec: str, device, seed: int):
 
     from .inputs import ModelInputs, _normalise
     from .loading import find_factory, import_module, split_spec
+    from .train import user_call
 
     where, name = split_spec(spec)
     fn = find_factory(import_module(where), name, where)
-    state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        value = fn()
-    except Exception as exc:
-        raise ModelError(f"batch function {name}() raised {one_line(exc)}") from exc
-    finally:
-        torch.random.set_rng_state(state)
+    value = user_call(seed, fn, f"batch function {name}()")
     if not (isinstance(value, (tuple, list)) and len(value) == 2):
         raise UsageError(f"batch function {name}() must return (inputs, target); got {type(value).__name__}")
     raw_inputs, target = value

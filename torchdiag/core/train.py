@@ -57,6 +57,16 @@ def seeded_call(seed: int, fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
+def user_call(seed: int, fn, what: str):
+    """The user's fn() (example_inputs, a --batch function) under `seeded(seed)`; what it raises is the
+    user's (exit 3), named as `what`."""
+    with seeded(seed):
+        try:
+            return fn()
+        except Exception as exc:
+            raise ModelError(f"{what} raised {one_line(exc)}") from exc
+
+
 def train_copy(model, why: str = "to train it"):
     """A deep copy of the user's model in train mode, with .grad cleared and the hooks registered on
     parameters (deepcopy drops them) put back, so a hook that masks a gradient acts on the copy too."""
