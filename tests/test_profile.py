@@ -383,6 +383,13 @@ def _marked_syncs(name: str) -> set:
                 for i, line in enumerate(f, start=1) if "# host sync:" in line}
 
 
+def _marked_code(name: str) -> list:
+    from conftest import SAMPLES
+
+    with open(SAMPLES / name) as f:
+        return [(name, i, line.split("#")[0].strip()) for i, line in enumerate(f, start=1) if "# host sync:" in line]
+
+
 def _sync_rows(result) -> set:
     return {(r["file"], r["line"], r["op"]) for r in result.table("syncs").rows}
 
@@ -398,7 +405,8 @@ def test_syncs_found_at_the_marked_lines_of_the_sample(untouched, mode):
     rows = r.table("syncs").rows
     assert all(row["count"] == 1 and row["function"] == "forward" for row in rows)   # one each per step
     assert [row["line"] for row in rows] == sorted(line for _, line, _ in expected)
-    assert all("# host sync:" in row["code"] for row in rows)
+    source = {line: text for _, line, text in _marked_code("syncs.py")}
+    assert all(row["code"] == source[row["line"]] for row in rows)      # the line's code, its comment left out
     assert {row["detected_op"] for row in rows} == {"aten::_local_scalar_dense", "aten::index"}
     assert r.data["syncs_per_step"] == 2 and r.data["sync_detection"] == "dispatch-level counter"
     found = [f for f in r.findings if f.code == "host-sync"]

@@ -123,7 +123,23 @@ def _row(file: str, line: int, function: str, k: str, op: str, count: int) -> di
     except ValueError:                       # another drive (Windows)
         shown = file
     return {"site": f"{shown}:{line}", "file": file, "line": line, "function": function, "op": k,
-            "detected_op": op, "count": count, "code": linecache.getline(file, line).strip() or None}
+            "detected_op": op, "count": count, "code": code_text(file, line)}
+
+
+def code_text(file: str, line: int) -> str | None:
+    """The source line, without its trailing comment (None when the source is not readable)."""
+    import io
+    import tokenize
+
+    text = linecache.getline(file, line)
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.COMMENT:
+                text = text[: tok.start[1]]
+                break
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        pass                                  # a line inside a multi-line statement: kept whole
+    return text.strip() or None
 
 
 def report(result, found: dict, opts) -> None:
