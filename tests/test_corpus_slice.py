@@ -72,10 +72,9 @@ class ZeroInitResidual(nn.Module):
         return self.head(x.mean((2, 3)))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14, next wave: gradflow still calls the gradients behind a "
-                                       "zero-initialised BatchNorm scale zero-grad (bench/corpus-findings.md)")
 def test_zero_init_residual_is_not_an_error():
     from corpus_models import Entry
 
-    r = corpus.run_model(Entry("zero_init_residual", "plain", ZeroInitResidual, ["2x3x8x8"]), ["gradflow"], 0)
-    assert r["commands"][0]["errors"] == []
+    r = corpus.run_model(Entry("zero_init_residual", "plain", ZeroInitResidual, ["2x3x8x8"]), ["gradflow", "doctor"], 0)
+    for c in r["commands"]:
+        assert c["errors"] == [] and c["exit"] == 0, c

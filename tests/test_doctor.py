@@ -559,3 +559,52 @@ def test_forward_failure_elsewhere_is_not_blamed_on_the_dtype_finding():
     assert "forward (eval mode) failed in 1 (_RaisesAboutDevices)" in e.value.message
     (f,) = [f for f in e.value.partial.findings if f.code == "dtype-mismatch"]
     assert f.severity == "error" and f.where == "input[0]"
+
+
+# ---------------------------------------------------------------- by design at initialisation (issue 14)
+def _by_design(factory: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("by_design", sample("by_design.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return getattr(mod, factory)()
+
+
+@pytest.mark.parametrize("factory, shape, sources", [
+    ("zero_head", (2, 8), {"head"}),
+    ("zero_residual", (2, 3, 8, 8), {"blocks.0.4", "blocks.1.4"}),
+])
+def test_zero_initialised_parameter_is_not_param_not_updated(factory, shape, sources, untouched):
+    import torchdiag.api
+
+    model, x = _by_design(factory), torch.randn(*shape)
+    with untouched(model):
+        res = torchdiag.api.run("doctor", model, (x,))
+    assert res.exit_code == 0 and not [f for f in res.findings if f.severity == "error"]
+    zi = [f for f in res.findings if f.code == "zero-init"]
+    assert {f.where for f in zi} == sources and all(f.severity == "info" for f in zi)
+    assert all("initialised to exactly zero" in f.message for f in zi)
+    row = next(r for r in res.table("checks").rows if r["id"] == "update")
+    assert row["status"] == "info" and row["code"] == "zero-init"
+
+
+def test_stochastic_depth_off_for_the_training_checks():
+    import torchdiag.api
+
+    res = torchdiag.api.run("doctor", _by_design("drop_path"), (torch.randn(2, 8),))
+    assert res.exit_code == 0 and "stochastic depth off for the training checks (6 module(s))" in res.notes
+    assert not [f for f in res.findings if f.code == "param-not-updated"]
+
+
+def test_nested_fast_path_output_does_not_crash(cli):
+    # nn.TransformerEncoder in eval with a padding mask: nested tensors inside (and out of) the model
+    for spec in ("nested_fastpath.py:nested_output", "nested_fastpath.py:build"):
+        r = cli("doctor", sample(spec), "--json")
+        assert r.code == 0, (spec, r.stdout[-500:], r.stderr[-500:])
+    from torchdiag.diagnostics.doctor.determinism import _fingerprint
+    from torchdiag.diagnostics.doctor.shared import max_diff, scale
+
+    nested = torch.nested.nested_tensor([torch.ones(3, 2), -2 * torch.ones(1, 2)])
+    assert _fingerprint(nested) == [6.0 - 4.0, 6.0 + 4.0]       # sum and sum of |x| over its values
+    assert max_diff(nested, nested) == 0.0 and scale({"h": nested}) == 2.0

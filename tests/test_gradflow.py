@@ -487,3 +487,144 @@ def test_plot_svg_and_overwrite(cli, tmp_path):
     png.write_bytes(b"old")                             # the user's own file, named: overwritten
     r = cli("gradflow", sample("mlp.py:build"), "--plot", png)
     assert r.code == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------- broken, or built that way (issue 14)
+# Plain-torch mimics of real architectures (sample_models/by_design.py): each looks broken at
+# initialisation by the plain thresholds and is not; the verdict says "by design" with the cause.
+
+def by_design(factory: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("by_design", sample("by_design.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return getattr(mod, factory)()
+
+
+def statuses(res):
+    return {r["name"]: r["status"] for r in res.table("params").rows}
+
+
+def severities(res):
+    return {f.severity for f in res.findings}
+
+
+def test_zero_initialised_head_is_by_design(untouched):
+    model = by_design("zero_head")
+    x = torch.randn(2, 8)
+    with untouched(model):
+        res = run(model, x)
+    assert res.exit_code == 0 and "error" not in severities(res) and "warning" not in severities(res)
+    st = statuses(res)
+    assert {st[n] for n in ("body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias")} == {"zero-init"}
+    assert st["head.weight"] == st["head.bias"] == "ok"
+    (f,) = [f for f in res.findings if f.code == "zero-init"]
+    assert f.severity == "info" and f.where == "head" and "initialised to exactly zero" in f.message
+    assert "after one optimizer step" in f.message
+    # the user's model is not stepped: its head is still exactly zero
+    assert model.head.weight.abs().max().item() == 0
+
+
+def test_zero_initialised_residual_scale_names_each_block():
+    res = run(by_design("zero_residual"), torch.randn(2, 3, 8, 8))
+    assert res.exit_code == 0 and "error" not in severities(res)
+    where = {f.where for f in res.findings if f.code == "zero-init"}
+    assert where == {"blocks.0.4", "blocks.1.4"}              # the zero-initialised BatchNorm of each branch
+    st = statuses(res)
+    assert st["blocks.0.0.weight"] == st["blocks.1.3.weight"] == "zero-init"
+    assert st["stem.0.weight"] == "ok"                         # reached through the identity path
+
+
+def test_a_real_break_behind_a_zero_initialised_head_stays_an_error():
+    class Quantised(nn.Module):                                # broken_grad_zero with a zero-initialised head
+        def __init__(self):
+            super().__init__()
+            self.encoder = nn.Sequential(nn.Linear(8, 16), nn.Tanh())
+            self.head = nn.Linear(16, 3)
+            nn.init.zeros_(self.head.weight)
+
+        def forward(self, x):
+            return self.head(torch.round(self.encoder(x) * 4) / 4)
+
+    torch.manual_seed(0)
+    res = run(Quantised(), torch.randn(8, 8))
+    assert res.exit_code == 1 and codes(res) == {("zero-grad", "encoder")}
+    assert "still, after one optimizer step on a copy" in res.findings[0].message
+    assert set(statuses(res)[n] for n in ("encoder.0.weight", "encoder.0.bias")) == {"zero-grad"}
+
+
+def test_layer_scale_and_cls_token_are_judged_by_their_gradient():
+    res = run(by_design("layer_scale"), torch.randn(2, 6, 8))
+    assert res.exit_code == 0 and severities(res) == {"info"}, [f.message for f in res.findings]
+    st = statuses(res)
+    assert st["cls_token"] == st["blocks.0.gamma"] == "ok"     # grad/weight ~1e5, an ordinary gradient
+    (tiny,) = [f for f in res.findings if f.code == "tiny-by-construction"]
+    assert "cls_token" in tiny.message and "blocks.0.gamma" in tiny.message
+    scaled = {f.where for f in res.findings if f.code == "layer-scaled"}
+    assert scaled <= {"blocks.0.gamma", "blocks.1.gamma", "blocks.2.gamma"} and scaled
+    assert st["blocks.0.norm.weight"] == "layer-scaled"
+
+
+def test_a_tiny_parameter_with_a_huge_gradient_still_explodes():
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.full((4,), 1e-6))
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.fc(x * self.scale * 1e7)              # d loss / d scale ~ 1e7 × x
+
+    torch.manual_seed(0)
+    res = run(Tiny(), torch.randn(8, 4), loss="sum")
+    assert ("exploding-grad", "scale") in codes(res)
+
+
+def test_stochastic_depth_is_off_for_the_judged_pass(untouched):
+    model = by_design("drop_path")
+    x = torch.randn(2, 8)
+    norms = []
+    with untouched(model):
+        for seed in (0, 1, 2):
+            res = run(model, x, seed=seed, loss="sum")   # the seed only moves the RNG
+            assert res.exit_code == 0 and res.findings == [], [f.message for f in res.findings]
+            norms.append([r["grad_norm"] for r in res.table("params").rows])
+    assert "stochastic depth off for the judged pass (6 module(s))" in res.header["mode"]
+    assert norms[0] == norms[1] == norms[2]                  # no branch dropped at random
+    assert all(m.training for m in model.drops)               # its modes are put back
+
+
+def test_bias_cancelled_by_batch_norm_is_recognised():
+    res = run(by_design("bias_before_bn"), torch.randn(2, 3, 8, 8))
+    assert res.exit_code == 0 and severities(res) == {"info"}
+    st = statuses(res)
+    assert st["conv.bias"] == st["fc.bias"] == "invariant"
+    # the head's bias: softmax ignores one constant added to every logit, not a bias; not cancelled
+    assert st["head.bias"] == "ok" and st["bn.bias"] == "ok"
+    (f,) = [f for f in res.findings if f.code == "invariant"]
+    assert "conv.bias" in f.message and "fc.bias" in f.message
+
+
+def test_first_conv_before_batch_norm_is_scale_invariant():
+    res = run(by_design("deep_bn"), torch.randn(2, 3, 32, 32))
+    row = by(res.table("params").rows, "name", "conv1.weight")
+    assert row["scale_invariant"] and row["status"] == "ok"
+    assert row["grad_weight_ratio"] > 100                      # over the plain threshold
+    assert res.exit_code == 0 and codes(res) == {("scale-invariant", "conv1.weight")}
+    # the same weight with no normalisation after it is judged by the plain thresholds
+    model = by_design("deep_bn")
+    model.bn1 = nn.Identity()
+    plain = by(run(model, torch.randn(2, 3, 32, 32)).table("params").rows, "name", "conv1.weight")
+    assert not plain["scale_invariant"]
+
+
+def test_nested_fast_path_outputs_do_not_crash(cli):
+    # nn.TransformerEncoder in eval with a padding mask returns a nested tensor (no .shape)
+    r = cli("gradflow", sample("nested_fastpath.py:nested_output"), "--eval", "--json")
+    assert r.code == 0, r.json
+    # activations shared gradflow's crash on nested outputs: shown by their per-sample shapes
+    a = cli("activations", sample("nested_fastpath.py:nested_output"), "--json")
+    assert a.code == 0, a.json
+    shapes = [row["shape"] for row in a.json["modules"]]
+    assert any(s.startswith("nested(2: 12x32, 7x32)") for s in shapes), shapes
