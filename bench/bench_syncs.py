@@ -5,7 +5,10 @@
 A sync is free on CPU but drains the GPU queue: a diagnostic whose count grows with depth costs a
 multiple of a training step on a GPU. Each row: a Linear+ReLU MLP of that depth, batch 8, the
 command through the Python API; counts per op, and where (file:line) the most frequent ones are.
-Commands not migrated yet, or missing, are skipped with the reason."""
+Syncs made inside torch.optim (torch's single-tensor Adam reads each parameter's `step` counter, a
+CPU tensor even on a GPU) are the optimizer's, not the command's: counted apart in the `optimizer`
+column, with a plain loop of the same optimizer and steps for comparison. Commands that fail (doctor
+is being restructured) are skipped with the reason."""
 from __future__ import annotations
 
 from common import ROOT  # noqa: F401,E402  (puts the repository on sys.path)
@@ -24,7 +27,12 @@ def mlp(depth: int):
     return torch.nn.Sequential(*layers, torch.nn.Linear(16, 4))
 
 
+def in_optimizer(event) -> bool:
+    return any("/torch/optim/" in f[0].replace("\\", "/") for f in event.frames)
+
+
 def count(command: str, depth: int, options: dict):
+    """(the command's own sync events, the optimizer's)."""
     import torch
 
     import torchdiag.api
@@ -33,25 +41,47 @@ def count(command: str, depth: int, options: dict):
     model, x = mlp(depth), torch.randn(8, 16)
     with SyncCounter(frames=True) as s:
         torchdiag.api.run(command, model, x, **options)
-    return s
+    optimizer = [e for e in s.events if in_optimizer(e)]
+    return [e for e in s.events if not in_optimizer(e)], optimizer
+
+
+def plain_adam(depth: int, steps: int) -> int:
+    """Syncs of a plain loop of torch's Adam (lr 1e-3) for `steps` steps: what the optimizer alone makes."""
+    import torch
+
+    from torchdiag.core.syncs import SyncCounter
+
+    model, x = mlp(depth), torch.randn(8, 16)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with SyncCounter() as s:
+        for _ in range(steps):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+    return s.total
 
 
 def main() -> None:
     import torch
 
     print(f"torch {torch.__version__}")
-    print(f"{'command':28} {'depth 4':>8} {'depth 64':>9}  ops (depth 64)")
+    print(f"{'command':28} {'depth 4':>8} {'depth 64':>9} {'optimizer 4/64':>15}  ops (depth 64, command's own)")
     for command, options in RUNS:
         label = command + "".join(f" --{k} {v}" for k, v in options.items())
         try:
-            shallow, deep = count(command, 4, options), count(command, 64, options)
+            (shallow, opt4), (deep, opt64) = count(command, 4, options), count(command, 64, options)
         except Exception as exc:  # a command mid-migration, or not there: say so and go on
             print(f"{label:28} skipped: {type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}")
             continue
-        ops = ", ".join(f"{op} {n}" for op, n in deep.counts.most_common())
-        print(f"{label:28} {shallow.total:8d} {deep.total:9d}  {ops}")
-        for (op, site), n in deep.by_site().most_common(3):
-            print(f"{'':28} {'':8} {n:9d}  {op} at {site.replace(str(ROOT) + '/', '')}")
+        from collections import Counter
+
+        ops = ", ".join(f"{op} {n}" for op, n in Counter(e.op for e in deep).most_common())
+        print(f"{label:28} {len(shallow):8d} {len(deep):9d} {f'{len(opt4)}/{len(opt64)}':>15}  {ops}")
+        sites = Counter((e.op, "{}:{}".format(*e.site()[:2]) if e.site() else "?") for e in deep)
+        for (op, site), n in sites.most_common(3):
+            print(f"{'':28} {'':8} {n:9d} {'':15}  {op} at {site.replace(str(ROOT) + '/', '')}")
+    print(f"{'plain Adam loop, 3 steps':28} {plain_adam(4, 3):8d} {plain_adam(64, 3):9d}  "
+          "(the optimizer alone: compare the optimizer column)")
 
 
 if __name__ == "__main__":

@@ -81,6 +81,37 @@ def test_counters_nest():
     assert (outer.total, inner.total) == (3, 2)
 
 
+def test_via_names_the_python_call_and_host_copies_are_opt_in():
+    t = torch.randn(5)
+    original = {n: torch.Tensor.__dict__.get(n) for n in ("item", "__bool__", "__repr__", "cpu")}
+    with SyncCounter() as s:
+        t.sum().item()
+        if t.sum() > 0:
+            pass
+        float(t[0]), repr(t), t.tolist(), t[t > 0], t.cpu()
+    assert [(e.op, e.via) for e in s.events] == [
+        ("aten::_local_scalar_dense", ".item()"), ("aten::_local_scalar_dense", "bool()"),
+        ("aten::_local_scalar_dense", "float()"), ("Tensor.tolist", "print(tensor)"),
+        ("Tensor.tolist", None), ("aten::index", None)]          # .cpu() of a CPU tensor: not by default
+    with SyncCounter(host_copies=True) as s:
+        t.cpu(), t.to("cpu"), t.to(torch.float64), t.to(device="cpu", dtype=torch.float64)
+    assert s.counts == {"Tensor.cpu": 1, "Tensor.to": 2}
+    assert {n: torch.Tensor.__dict__.get(n) for n in original} == original    # every wrapper removed
+
+
+def test_user_site_skips_library_frames():
+    from torchdiag.core.syncs import library_dirs, user_site
+
+    libs = library_dirs()
+    torch_file = torch.__file__
+    user, pkg = "/home/u/proj/model.py", "/venv/lib/python3.12/site-packages/timm/layers.py"
+    here = (user, 3, "forward")
+    assert user_site([here, (pkg, 9, "f"), (torch_file, 1, "g")], libs) == here      # innermost user frame
+    assert user_site([(pkg, 9, "f"), (torch_file, 1, "g")], libs) == (pkg, 9, "f")   # else an installed package
+    import torchdiag.core.loss as ours
+    assert user_site([(ours.__file__, 5, "__call__"), (torch_file, 1, "g")], libs) is None   # torchdiag's own
+
+
 def _line() -> int:
     import sys
 
@@ -123,3 +154,52 @@ def test_healthy_nancheck_syncs_do_not_grow_with_depth(steps):
     # the rest is the cross-entropy rule re-checking its held target's classes on each later call
     # (3 syncs: a boolean mask and two .item()), at most once per step
     assert deep.total <= 2 + 2 * steps + 3 * steps
+
+
+# --- overfit-batch: its per-step checks cost the same at depth 4 and 64 --------------------------
+
+class Residual(torch.nn.Module):
+    """x + relu(Wx): deep without collapsing the samples onto one output (a plain 64-layer stack
+    does, and then the failure analysis runs on one model and not the other)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return x + torch.relu(self.fc(x))
+
+
+def residual_mlp(depth: int):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[Residual() for _ in range(depth)], torch.nn.Linear(16, 4))
+
+
+def overfit_syncs(depth: int, steps: int):
+    import torchdiag.api
+
+    model, x = residual_mlp(depth), torch.randn(8, 16)
+    with SyncCounter(frames=True) as s:
+        res = torchdiag.api.run("overfit-batch", model, x, steps=steps)
+    assert res.data["steps"] == steps and not res.data["passed"]     # too few steps: every check runs
+    assert res.data["trainable_tensors"] == 2 * depth + 2
+    optimizer = [e for e in s.events if any("/torch/optim/" in f[0].replace("\\", "/") for f in e.frames)]
+    ours = [e for e in s.events if e not in optimizer]
+    return ours, optimizer
+
+
+def test_overfit_batch_syncs_do_not_grow_with_depth():
+    steps = 3
+    (shallow, opt_shallow), (deep, opt_deep) = overfit_syncs(4, steps), overfit_syncs(64, steps)
+    site = lambda e: (e.op, e.site()[0], e.site()[2])       # noqa: E731  (line numbers aside)
+    assert sorted(map(site, deep)) == sorted(map(site, shallow))     # equal, op by op and place by place
+    # ours: one read per loss evaluation (loss + accuracy counts + the previous update's grad norm +
+    # "every gradient non-zero yet": steps + 1), the first output's facts (identical samples, bounded
+    # box: 2), after the run the parameter facts (changed, ever non-zero: 1) and the final output's
+    # facts (2), and the loss rule checking its target's classes once (1): steps + 7. Before: 84 at
+    # depth 4 and 817 at depth 64 in bench_syncs (per-parameter .any()/torch.equal reads)
+    assert len(deep) == len(shallow) == steps + 7
+    assert sum(1 for e in deep if e.site()[0].replace("\\", "/").endswith("torchdiag/core/loss.py")) == 1
+    # torch's own single-tensor Adam reads each parameter's `step` counter (a CPU tensor: no GPU sync
+    # with the default capturable=False on CUDA): the optimizer's, proportional to the parameters
+    assert len(opt_deep) > len(opt_shallow)

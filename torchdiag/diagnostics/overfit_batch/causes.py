@@ -33,23 +33,35 @@ def sample_tensor(out, batch: int | None):
     return None
 
 
-def same_across_samples(t) -> tuple[bool, float]:
-    """(every sample along dim 0 equals the first, max absolute difference)."""
+def same_flag(t):
+    """On the device, nothing read back: (a bool tensor "every sample along dim 0 equals the first",
+    the max absolute difference as a float tensor); None when `t` has fewer than two samples."""
     import torch
 
     if t is None or t.dim() == 0 or t.shape[0] < 2:
-        return False, float("nan")
+        return None
     t = t.detach()
     if not t.is_floating_point():
-        return bool(torch.equal(t, t[:1].expand_as(t))), 0.0
+        return (t == t[:1]).all(), torch.zeros((), device=t.device)
     t = t.float()
-    diff = float((t - t[:1]).abs().amax())
-    scale = float(t.abs().amax())
-    return diff <= SAME_REL * scale + 1e-30, diff
+    diff = (t - t[:1]).abs().amax()
+    return diff <= SAME_REL * t.abs().amax() + 1e-30, diff
 
 
-def accuracy(out, loss) -> float | None:
-    """Batch accuracy for cross-entropy losses (argmax over dim 1; ignore_index -100 skipped)."""
+def same_across_samples(t) -> tuple[bool, float]:
+    """(every sample along dim 0 equals the first, max absolute difference): one read."""
+    import torch
+
+    flag = same_flag(t)
+    if flag is None:
+        return False, float("nan")
+    same, diff = torch.stack([flag[0].float(), flag[1].float()]).tolist()
+    return same == 1.0, diff
+
+
+def accuracy_counts(out, loss):
+    """(correct, counted) as tensors on the device, for cross-entropy losses (argmax over dim 1;
+    ignore_index -100 skipped); None for other losses. Nothing is read back here."""
     import torch
 
     if getattr(loss, "chosen", "") != "cross_entropy" or loss.target is None:
@@ -63,10 +75,18 @@ def accuracy(out, loss) -> float | None:
         if target.is_floating_point():   # class probabilities
             target = target.argmax(1)
         keep = target != -100
-        n = int(keep.sum())
-        if n == 0:
-            return None
-        return float(((pred == target) & keep).sum()) / n
+        return ((pred == target) & keep).sum(), keep.sum()
+
+
+def accuracy(out, loss) -> float | None:
+    """Batch accuracy for cross-entropy losses (None when nothing is counted, or another loss)."""
+    import torch
+
+    counts = accuracy_counts(out, loss)
+    if counts is None:
+        return None
+    correct, n = torch.stack(counts).tolist()
+    return correct / n if n else None
 
 
 def entropy_floor(target) -> float:
@@ -94,9 +114,9 @@ def output_box(out, loss) -> tuple[float, float] | None:
     if not isinstance(y, torch.Tensor) or y.dim() < 2 or y.shape[1] < 2 or not y.is_floating_point():
         return None
     y = y.detach().float()
-    if not bool(torch.isfinite(y).all()):
+    finite, lo, hi = torch.stack([torch.isfinite(y).all().float(), y.amin(), y.amax()]).tolist()   # one read
+    if finite != 1.0:
         return None
-    lo, hi = float(y.amin()), float(y.amax())
     eps = 1e-6
     if lo >= -eps and hi <= 1 + eps:
         return 0.0, 1.0
@@ -114,34 +134,25 @@ def bounded_floor(classes: int, box: tuple[float, float]) -> float:
 def find_collapse(work, batch) -> dict | None:
     """Forward hooks on every module: the first module (in completion order) whose input
     differs across the samples of the batch while its output is the same for every sample.
-    Returns {"module", "type"} or {"inputs_identical": True} or None."""
+    Returns {"module", "type"} or {"inputs_identical": True} or None. The per-call flags stay on
+    the device and are read back once, after the forward (one host sync at any depth)."""
     import torch
 
     bsz = batch.batch_size
     if not bsz or bsz < 2:
         return None
     names = {id(m): n for n, m in work.named_modules()}
-    found: list[dict] = []
-    root_inputs_same = []
+    calls: list[tuple] = []           # (name, type, inputs vary: tensor | None, output same: tensor | None)
 
-    def varies(obj) -> bool | None:
+    def varies(obj):
         ts = []
         _tensors(obj, ts)
-        ts = [t for t in ts if t.dim() >= 1 and t.shape[0] == bsz]
-        if not ts:
-            return None
-        return any(not same_across_samples(t)[0] for t in ts)
+        flags = [same_flag(t) for t in ts if t.dim() >= 1 and t.shape[0] == bsz]
+        return torch.stack([~f[0] for f in flags]).any() if flags else None
 
     def hook(mod, args, kwargs, output):
-        if found:
-            return
-        name = names.get(id(mod), "?")
-        v_in = varies((args, kwargs))
-        out = sample_tensor(output, bsz)
-        if name == "":
-            root_inputs_same.append(v_in is False)
-        if v_in and out is not None and same_across_samples(out)[0]:
-            found.append({"module": name or "(root)", "type": type(mod).__name__})
+        out = same_flag(sample_tensor(output, bsz))
+        calls.append((names.get(id(mod), "?"), type(mod).__name__, varies((args, kwargs)), out and out[0]))
 
     handles = [m.register_forward_hook(hook, with_kwargs=True) for m in {id(m): m for m in work.modules()}.values()]
     try:
@@ -152,11 +163,22 @@ def find_collapse(work, batch) -> dict | None:
     finally:
         for h in handles:
             h.remove()
-    if found:
-        return found[0]
-    if root_inputs_same and root_inputs_same[0]:
-        return {"inputs_identical": True}
-    return None
+    return _first_collapse(calls)
+
+
+def _first_collapse(calls: list[tuple]) -> dict | None:
+    """The verdict of find_collapse from its recorded flags (one read for all of them)."""
+    import torch
+
+    flags = [f for _, _, v_in, out in calls for f in (v_in, out) if f is not None]
+    read = iter(torch.stack([f.to(flags[0].device) for f in flags]).tolist() if flags else [])
+    values = [(name, kind, None if v_in is None else bool(next(read)), None if out is None else bool(next(read)))
+              for name, kind, v_in, out in calls]
+    for name, kind, v_in, same in values:
+        if v_in and same:
+            return {"module": name or "(root)", "type": kind}
+    root = next((v_in for name, _, v_in, _ in values if name == ""), None)
+    return {"inputs_identical": True} if root is False else None
 
 
 def _tensors(obj, out):
@@ -174,12 +196,13 @@ def _tensors(obj, out):
 
 def diagnose(trainer, curve, opts) -> Causes:
     """The causes the report can name, from the trained copy (`trainer.work`) and its curve."""
-    import torch
 
     step = curve.step
+    changed, ever_nonzero = trainer.final_flags() if step > 0 else ([], [])
+    names = [n for n, _ in trainer.trainable]
     causes = Causes(
-        unchanged=[n for n, p in trainer.trainable if step > 0 and torch.equal(p.detach(), trainer.start[n])],
-        zero=[n for n, _ in trainer.trainable if step > 0 and not trainer.ever_nonzero[n] and n not in curve.missing])
+        unchanged=[n for n, moved in zip(names, changed) if not moved],
+        zero=[n for n, nonzero in zip(names, ever_nonzero) if not nonzero and n not in curve.missing])
     failed_plainly = not curve.interrupted and not curve.no_graph and curve.nonfinite_at is None \
         and curve.reached_at is None and curve.losses
     if failed_plainly:

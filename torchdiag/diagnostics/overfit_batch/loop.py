@@ -1,4 +1,10 @@
-"""The training loop of overfit-batch: evaluate, stop or step, and record the curve."""
+"""The training loop of overfit-batch: evaluate, stop or step, and record the curve.
+
+Host syncs: one per step whatever the depth (issue 16). The loss, the batch accuracy's counts, the
+previous update's gradient norm (one `_foreach_norm` over every gradient) and "has every gradient
+been non-zero at least once" are read back together, once per evaluation; per-parameter facts stay
+on the device until the run ends (Trainer.final_flags: one read). The optimizer's own syncs (torch's
+single-tensor Adam reads each parameter's `step`) and the loss rule's are not the loop's."""
 from __future__ import annotations
 
 import contextlib
@@ -9,7 +15,7 @@ from dataclasses import dataclass, field
 from ...core import train
 from ...errors import DiagError, ModelError, UsageError, interrupt_code, one_line
 from ...results import Result
-from .causes import accuracy, output_box, same_across_samples, sample_tensor
+from .causes import accuracy_counts, output_box, same_across_samples, sample_tensor
 
 
 
@@ -65,7 +71,9 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(ctx.device.type) if self.amp == "fp16" else None
         self.stepper = _Scaled(self.scaler, self.optimizer) if self.scaler else self.optimizer
         self.start = {n: p.detach().clone() for n, p in self.trainable}
-        self.ever_nonzero = {n: False for n, _ in self.trainable}
+        self.ever_nonzero = None          # bool per trainable tensor, on the device (first update on)
+        self._all_nonzero = False         # read back: every gradient was non-zero once, stop checking
+        self._pending_norm = None         # the last update's gradient norm, read with the next loss
         self.curve = Curve()
 
     def autocast(self):
@@ -111,6 +119,7 @@ class Trainer:
                 c.step += 1
         except KeyboardInterrupt as exc:   # Ctrl-C, or SIGTERM (Terminated): keep the partial curve
             c.interrupted = interrupt_code(exc)
+        self._read()                        # a norm still pending (interrupted between update and loss)
         c.seconds = time.perf_counter() - t0
         return c
 
@@ -130,9 +139,8 @@ class Trainer:
         except Exception as exc:
             raise ModelError(f"loss (step {step}) failed: {one_line(exc)}",
                              hint=f"check the loss/target: {self.ctx.option('loss')}, {self.ctx.option('batch')}") from exc
-        lv = float(value.detach().float())
+        lv, acc = self._read(value, accuracy_counts(out, self.loss_fn))
         c.losses.append(lv)
-        acc = accuracy(out, self.loss_fn)
         if acc is not None:
             c.accs.append(acc)
         if step == 0:
@@ -143,6 +151,71 @@ class Trainer:
                                  hint=f"give an absolute target with {self.ctx.option('target_loss')}, "
                                       f"or a loss ≥ 0 ({self.ctx.option('loss')})")
         return value, lv, acc
+
+    def _read(self, value=None, counts=None):
+        """The one host read of a step: (loss, batch accuracy or None). Also records the previous
+        update's gradient norm and whether every gradient has been non-zero at least once."""
+        import torch
+
+        vals = [] if value is None else [value.detach().float().reshape(())]
+        if counts is not None:
+            vals += [counts[0].float(), counts[1].float()]
+        pending = self._pending_norm
+        if pending is not None:
+            vals.append(pending)
+        check = self.ever_nonzero is not None and not self._all_nonzero
+        if check:
+            vals.append(self.ever_nonzero.all().float())
+        if not vals:
+            return None, None
+        read = torch.stack([v.to(vals[0].device) for v in vals]).tolist()
+        lv = read.pop(0) if value is not None else None
+        acc = None
+        if counts is not None:
+            correct, n = read.pop(0), read.pop(0)
+            acc = correct / n if n else None
+        if pending is not None:
+            self.curve.grad_norms.append(read.pop(0))
+            self._pending_norm = None
+        if check:
+            self._all_nonzero = read.pop(0) == 1.0
+        return lv, acc
+
+    def final_flags(self) -> tuple[list[bool], list[bool]]:
+        """(changed since the start, ever non-zero gradient) per trainable tensor: one read."""
+        import torch
+
+        changed = [(p.detach() != self.start[n]).any() for n, p in self.trainable]
+        ever = self.ever_nonzero if self.ever_nonzero is not None else torch.zeros(len(self.trainable), dtype=torch.bool)
+        flags = torch.cat([torch.stack(changed).to(ever.device), ever]).tolist()
+        k = len(self.trainable)
+        return flags[:k], flags[k:]
+
+    def _grad_facts(self, step: int) -> None:
+        """Gradient norm of this update (kept on the device until the next read) and the non-zero
+        flags, both batched over every gradient: no host sync here."""
+        import torch
+
+        c = self.curve
+        if step == 0:
+            c.missing = [n for n, p in self.trainable if p.grad is None]
+        have = [i for i, (_, p) in enumerate(self.trainable) if p.grad is not None]
+        grads = [self.trainable[i][1].grad.detach() for i in have]
+        if not grads:
+            c.grad_norms.append(0.0)
+            return
+        self._pending_norm = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).norm()
+        if self._all_nonzero:
+            return
+        # max |g| (the inf-norm) is 0 exactly when every element is 0 (NaN counts as non-zero, as g != 0 does)
+        flags = torch.stack(torch._foreach_norm(grads, float("inf"))) != 0
+        if self.ever_nonzero is None:
+            self.ever_nonzero = torch.zeros(len(self.trainable), dtype=torch.bool, device=flags.device)
+        if len(have) == len(self.trainable):
+            self.ever_nonzero |= flags
+        else:
+            index = torch.as_tensor(have).to(flags.device, non_blocking=True)
+            self.ever_nonzero[index] |= flags
 
     def _forward(self, step: int):
         """One forward; a failure becomes a ModelError naming the module (re-run under a tracker)."""
@@ -164,7 +237,6 @@ class Trainer:
 
     def _update(self, value, step: int) -> None:
         """Backward (scaled under fp16), record the gradient facts, one optimizer step."""
-        import torch
 
         c = self.curve
         try:
@@ -176,16 +248,7 @@ class Trainer:
             raise
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        if step == 0:
-            c.missing = [n for n, p in self.trainable if p.grad is None]
-        norms = []
-        for n, p in self.trainable:
-            if p.grad is not None:
-                g = p.grad.detach()
-                norms.append(g.float().norm())
-                if not self.ever_nonzero[n] and bool((g != 0).any()):
-                    self.ever_nonzero[n] = True
-        c.grad_norms.append(float(torch.stack(norms).norm()) if norms else 0.0)
+        self._grad_facts(step)
         c.lrs.append(float(self.optimizer.param_groups[0]["lr"]))
         try:
             train.step(self.stepper)
