@@ -157,6 +157,7 @@ def _read_safetensors(path: str) -> dict[str, Any]:
     except ModuleNotFoundError as exc:
         raise UsageError("safetensors is not installed: pip install safetensors",
                          hint="it reads .safetensors checkpoints; .pt files work without it") from exc
+    header(path)   # a file that is not safetensors at all: said so before the library's own words
     try:
         return load_file(path, device="cpu")
     except Exception as exc:  # SafetensorError, OSError: a damaged or truncated file
@@ -192,8 +193,11 @@ def _torch_load(path: str, meta: bool):
         return torch.load(path, map_location="meta" if meta else "cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         found = unsafe_globals(path)
-        what = f" (it stores {', '.join(found[:3])})" if found else ""
-        raise UsageError(f"{path} needs arbitrary unpickling{what}, which could run code, so torchdiag will not load it",
+        if not found:   # no importable object in the stream: a damaged or foreign file, not a dangerous one
+            raise UsageError(f"cannot read {path}: {one_line(exc, 120)}",
+                             hint="torchdiag reads files written by torch.save (or a Lightning .ckpt)") from exc
+        raise UsageError(f"{path} needs arbitrary unpickling (it stores {', '.join(found[:3])}), which could run code, "
+                         "so torchdiag will not load it",
                          hint="if you trust the file, convert it once in Python: "
                               f"obj = torch.load('{path}', weights_only=False); "
                               "torch.save(obj['state_dict'] if 'state_dict' in obj else obj.state_dict(), 'weights.pt') "

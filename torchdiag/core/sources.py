@@ -6,6 +6,7 @@ downloads anything: zoo models are built with `weights=None` / `pretrained=False
 configs are read from disk with the Hub switched offline."""
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
@@ -103,6 +104,13 @@ def torchvision_source(name: str, kwargs: dict[str, Any]) -> Source:
         raise UsageError(f"torchvision:{name} is built with random weights; --arg weights=... would download them",
                          hint=f"{NO_NETWORK}: save the weights once (torch.save(model.state_dict(), 'w.pt')) and pass --checkpoint w.pt")
     kwargs.pop("weights", None)
+    import inspect
+
+    if "weights_backbone" in inspect.signature(models.get_model_builder(name)).parameters:
+        if kwargs.pop("weights_backbone", None) not in (None, "None"):
+            raise UsageError(f"torchvision:{name}: --arg weights_backbone=... would download them",
+                             hint=f"{NO_NETWORK}: pass the weights as --checkpoint FILE")
+        kwargs["weights_backbone"] = None   # detection/segmentation builders download a backbone by default
 
     def build(**kw):
         return models.get_model(name, weights=None, **kw)
@@ -285,19 +293,10 @@ def example_module(spec: str, source: Source) -> types.ModuleType:
 
 
 def build(source: Source, device, seed: int | None):
-    """Call the source's builder as load_model calls a factory: seeded, on meta when asked."""
-    import torch
-
-    from .meta import build_on_meta
-
-    built_on = ""
+    """Call the source's builder as load_model calls a factory: seeded, on meta when asked, no downloads."""
     try:
-        if seed is not None:
-            torch.manual_seed(seed)
-        if device is not None and device.type == "meta":
-            model, built_on = build_on_meta(source.build, source.kwargs)
-        else:
-            model = source.build(**source.kwargs)
+        with no_downloads(source.label):
+            model, built_on = _build(source, device, seed)
     except TypeError as exc:
         raise UsageError(f"{source.label} does not accept these --arg values: {one_line(exc)}",
                          hint="--arg values go to the model's constructor (hf: to its config)") from exc
@@ -306,3 +305,42 @@ def build(source: Source, device, seed: int | None):
     except Exception as exc:
         raise ModelError(f"building {source.label} raised {one_line(exc)}") from exc
     return model, built_on
+
+
+def _build(source: Source, device, seed: int | None):
+    import torch
+
+    from .meta import build_on_meta
+
+    built_on = ""
+    if seed is not None:
+        torch.manual_seed(seed)
+    if device is not None and device.type == "meta":
+        return build_on_meta(source.build, source.kwargs)
+    return source.build(**source.kwargs), built_on
+
+
+@contextlib.contextmanager
+def no_downloads(label: str):
+    """While a model is built: torch.hub downloads raise, and the Hugging Face Hub is offline."""
+    import torch.hub
+
+    def refuse(url, *args, **kwargs):
+        raise UsageError(f"building {label} tried to download {url}; {NO_NETWORK}",
+                         hint="pass the weights as --checkpoint FILE; --arg values that ask for pretrained weights are refused")
+
+    saved = {n: getattr(torch.hub, n) for n in ("load_state_dict_from_url", "download_url_to_file")}
+    env = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    os.environ.update({k: "1" for k in env})
+    for n in saved:
+        setattr(torch.hub, n, refuse)
+    try:
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(torch.hub, n, f)
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

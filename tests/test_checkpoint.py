@@ -1,0 +1,287 @@
+"""--checkpoint FILE (core.checkpoint): safe formats only, keys that do not fit, meta reads headers only."""
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import one_error_line
+
+MODEL = """
+import torch
+from torch import nn
+
+def build(width=8):
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 2))
+
+def example_inputs():
+    return (torch.randn(3, 4),)
+"""
+
+
+def net(width=8):
+    return nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 2))
+
+
+@pytest.fixture
+def spec(tmp_path):
+    (tmp_path / "net.py").write_text(MODEL)
+    return f"{tmp_path}/net.py:build"
+
+
+def trained():
+    """Weights unlike the factory's (seeded 1): a loaded checkpoint is visible in the numbers."""
+    torch.manual_seed(123)
+    m = net()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.fill_(0.5)
+    return m.state_dict()
+
+
+def findings(doc):
+    return [(f["code"], f["where"]) for f in doc["findings"]]
+
+
+def loaded_model(spec, path, **kw):
+    from torchdiag.core.context import prepare
+    from torchdiag.core.run import RunSpec
+
+    model, _, ctx = prepare(RunSpec("summary", spec, checkpoint=str(path), **kw))
+    return model, ctx
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".pth", ".bin"])
+def test_torch_file_loads_its_values(spec, tmp_path, suffix):
+    path = tmp_path / f"w{suffix}"
+    torch.save(trained(), path)
+    model, ctx = loaded_model(spec, path)
+    assert all(torch.equal(p, torch.full_like(p, 0.5)) for p in model.parameters())
+    assert ctx.header["checkpoint"] == [f"{path}: 4 tensors loaded"]
+
+
+def test_safetensors_loads_its_values(spec, tmp_path):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "w.safetensors"
+    save_file(trained(), str(path))
+    model, _ = loaded_model(spec, path)
+    assert all(torch.equal(p, torch.full_like(p, 0.5)) for p in model.parameters())
+
+
+def test_lightning_ckpt_state_dict_with_prefix_stripped(spec, tmp_path, cli):
+    path = tmp_path / "last.ckpt"
+    torch.save({"epoch": 3, "global_step": 10, "state_dict": {"model." + k: v for k, v in trained().items()}}, path)
+    model, ctx = loaded_model(spec, path)
+    assert all(torch.equal(p, torch.full_like(p, 0.5)) for p in model.parameters())
+    r = cli("summary", spec, "--checkpoint", path, "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["checkpoint"] == [f"{path}: 4 tensors loaded, prefix 'model.' stripped"]
+
+
+def test_pickle_that_would_run_code_is_refused_and_never_executed(spec, tmp_path, cli):
+    marker = tmp_path / "PWNED"
+    (tmp_path / "evil.py").write_text(
+        "import os\n"
+        "class Evil:\n"
+        f"    def __reduce__(self):\n        return (os.system, ('touch {marker}',))\n")
+    import importlib.util
+
+    mod_spec = importlib.util.spec_from_file_location("evil_for_test", tmp_path / "evil.py")
+    evil = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(evil)
+    for name in ("evil.ckpt", "evil.pt"):
+        path = tmp_path / name
+        torch.save({"state_dict": trained(), "hyper_parameters": evil.Evil()}, path)
+        assert not marker.exists()   # saving does not run __reduce__'s result
+        r = cli("summary", spec, "--checkpoint", path)
+        assert r.code == 2
+        one_error_line(r)
+        assert "could run code" in r.stderr and "system" in r.stderr     # why, and what it would call
+        assert "weights_only=False" in r.stderr and "--checkpoint weights.pt" in r.stderr   # how to convert
+        assert not marker.exists()
+        r = cli("summary", spec, "--checkpoint", path, "--json")
+        assert r.code == 2 and "could run code" in r.json["error"]["message"]
+        assert not marker.exists()
+
+
+def test_strict_mismatch_is_one_line_naming_every_kind_of_key(spec, tmp_path, cli):
+    state = net(16).state_dict()
+    del state["2.bias"]
+    state["head.weight"] = torch.zeros(1)
+    path = tmp_path / "w16.pt"
+    torch.save(state, path)
+    r = cli("summary", spec, "--checkpoint", path)
+    assert r.code == 2
+    one_error_line(r)
+    err = r.stderr
+    assert "1 missing (2.bias)" in err and "1 unexpected (head.weight)" in err
+    assert "0.weight: checkpoint 16x4, model 8x4" in err and "2.weight: checkpoint 2x16, model 2x8" in err
+    assert "--no-strict-checkpoint" in err
+    r = cli("summary", spec, "--checkpoint", path, "--json")
+    assert r.code == 2 and "does not fit the model" in r.json["error"]["message"]
+
+
+def test_no_strict_loads_what_fits_and_reports_each_key(spec, tmp_path, cli):
+    state = trained()
+    state["0.weight"] = torch.zeros(16, 4)
+    del state["2.bias"]
+    state["extra.bias"] = torch.zeros(3)
+    path = tmp_path / "w.pt"
+    torch.save(state, path)
+    r = cli("summary", spec, "--checkpoint", path, "--no-strict-checkpoint", "--json")
+    assert r.code == 1, r.stderr
+    assert sorted(findings(r.json)) == [("checkpoint-missing-key", "2.bias"), ("checkpoint-shape-mismatch", "0.weight"),
+                                        ("checkpoint-unexpected-key", "extra.bias")]
+    model, _ = loaded_model(spec, path, strict_checkpoint=False)
+    assert torch.equal(model[2].weight, torch.full((2, 8), 0.5))      # what fits was loaded
+    assert not torch.equal(model[0].weight, torch.zeros(8, 4))           # the mismatched key was not
+
+
+def test_tied_parameter_saved_once_is_not_missing(tmp_path):
+    from torchdiag.core.checkpoint import load
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 4)
+            self.out = nn.Linear(4, 10, bias=False)
+            self.out.weight = self.emb.weight
+
+    state = {"emb.weight": torch.ones(10, 4)}   # save_pretrained writes a tied tensor once
+    torch.save(state, tmp_path / "t.pt")
+    m = Tied()
+    report = load(m, str(tmp_path / "t.pt"), torch.device("cpu"), strict=True)
+    assert report.fits and torch.equal(m.out.weight, torch.ones(10, 4))
+
+
+def test_nancheck_names_the_non_finite_key(spec, tmp_path, cli):
+    state = trained()
+    state["2.weight"][1, 3] = float("nan")
+    path = tmp_path / "nan.safetensors"
+    from safetensors.torch import save_file
+
+    save_file(state, str(path))
+    r = cli("nancheck", spec, "--checkpoint", path, "--json")
+    assert r.code == 1
+    assert ("non-finite-param", "2.weight") in findings(r.json)
+    assert not any(where == "0.weight" for code, where in findings(r.json) if code == "non-finite-param")
+
+
+def write_safetensors_header(path, tensors: dict, data_bytes: bytes):
+    head = json.dumps({k: {"dtype": d, "shape": s, "data_offsets": o} for k, (d, s, o) in tensors.items()}).encode()
+    path.write_bytes(struct.pack("<Q", len(head)) + head + data_bytes)
+
+
+def test_meta_reads_only_the_header(tmp_path, cli):
+    """The data section is cut off (a real read fails); on meta the header alone gives shapes and dtypes."""
+    (tmp_path / "big.py").write_text("from torch import nn\n\ndef build():\n    return nn.Linear(4096, 4096)\n")
+    n = 4096 * 4096 * 2
+    path = tmp_path / "big.safetensors"
+    write_safetensors_header(path, {"weight": ("BF16", [4096, 4096], [0, n]), "bias": ("BF16", [4096], [n, n + 8192])},
+                             b"\x00" * 16)   # 16 bytes of a 33 MB data section
+    spec = f"{tmp_path}/big.py:build"
+    r = cli("summary", spec, "--checkpoint", path, "--device", "meta", "-i", "1x4096", "--json")
+    assert r.code == 0, r.stderr
+    assert "header only" in r.json["checkpoint"][0]
+    assert [row["dtype"] for row in r.json["bytes_by_dtype"]] == ["bfloat16"]   # the checkpoint's dtype counts
+    r = cli("summary", spec, "--checkpoint", path, "--device", "cpu", "-i", "1x4096")
+    assert r.code == 2    # the same file on a real device needs its data, and it is not there
+    one_error_line(r)
+
+
+def test_meta_header_read_counts_bytes(tmp_path, monkeypatch):
+    """Reading a header touches 8 + header-length bytes, however large the data section is."""
+    import builtins
+
+    from torchdiag.core import checkpoint
+
+    path = tmp_path / "w.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(256, 256)}, str(path))
+    read = []
+    real_open = builtins.open
+
+    class Counting:
+        def __init__(self, f):
+            self.f = f
+
+        def read(self, n=-1):
+            data = self.f.read(n)
+            read.append(len(data))
+            return data
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            self.f.close()
+
+    monkeypatch.setattr(builtins, "open", lambda p, *a, **k: Counting(real_open(p, *a, **k)) if str(p) == str(path) else real_open(p, *a, **k))
+    state, header_only = checkpoint.read_state(str(path), torch.device("meta"))
+    monkeypatch.setattr(builtins, "open", real_open)
+    assert header_only and state["w"].shape == (256, 256) and state["w"].device.type == "meta"
+    assert sum(read) < 200 < path.stat().st_size - 256 * 256 * 4 + 200
+
+
+def test_sharded_index_on_meta(tmp_path, cli):
+    (tmp_path / "net.py").write_text(MODEL)
+    write_safetensors_header(tmp_path / "model-00001-of-00002.safetensors", {"0.weight": ("F32", [8, 4], [0, 128]),
+                                                                             "0.bias": ("F32", [8], [128, 160])}, b"")
+    write_safetensors_header(tmp_path / "model-00002-of-00002.safetensors", {"2.weight": ("F16", [2, 8], [0, 32]),
+                                                                             "2.bias": ("F16", [2], [32, 36])}, b"")
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"0.weight": "model-00001-of-00002.safetensors", "0.bias": "model-00001-of-00002.safetensors",
+                                                "2.weight": "model-00002-of-00002.safetensors", "2.bias": "model-00002-of-00002.safetensors"}}))
+    r = cli("summary", f"{tmp_path}/net.py:build", "--checkpoint", index, "--device", "meta", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["checkpoint"][0].startswith(f"{index}: 4 tensors loaded")
+    assert sorted(row["dtype"] for row in r.json["bytes_by_dtype"]) == ["float16", "float32"]
+    (tmp_path / "model-00002-of-00002.safetensors").unlink()
+    r = cli("summary", f"{tmp_path}/net.py:build", "--checkpoint", index, "--device", "meta")
+    assert r.code == 2 and "never downloads" in r.stderr
+    one_error_line(r)
+
+
+@pytest.mark.parametrize("name, content, words", [
+    ("missing.pt", None, "checkpoint not found"),
+    ("junk.pt", b"not a torch file", "cannot read"),
+    ("w.npz", b"x", "unknown kind of file"),
+    ("junk.safetensors", b"\x01", "not a safetensors file"),
+    ("list.pt", "list", "holds no state dict"),
+])
+def test_bad_files_are_one_line_exit_2(spec, tmp_path, cli, name, content, words):
+    path = tmp_path / name
+    if content == "list":
+        torch.save([1, 2], path)
+    elif content is not None:
+        path.write_bytes(content)
+    r = cli("summary", spec, "--checkpoint", path)
+    assert r.code == 2, r.stderr
+    one_error_line(r)
+    assert words in r.stderr
+
+
+def test_every_model_command_has_the_options():
+    from typer.main import get_command
+
+    from torchdiag.cli.app import app
+
+    group = get_command(app)
+    for name in ("summary", "flops", "nancheck", "gradflow", "overfit-batch", "profile", "memory", "doctor",
+                 "activations", "gradcam", "attention", "embeddings"):
+        opts = {o for p in group.commands[name].params for o in p.opts + p.secondary_opts}
+        assert {"--checkpoint", "--strict-checkpoint", "--no-strict-checkpoint"} <= opts, name
+
+
+def test_strict_checkpoint_must_be_a_bool():
+    from torchdiag.core.run import RunSpec
+    from torchdiag.errors import OptionError
+
+    with pytest.raises(OptionError, match="strict_checkpoint"):
+        RunSpec("summary", "x.py:build", strict_checkpoint="yes", caller="python")

@@ -1,0 +1,197 @@
+"""MODEL_SPEC forms beside file.py:factory: hf:PATH (a local config.json), torchvision:NAME, timm:NAME.
+
+The zoo tests (`-k zoo`) need torchvision/timm built for the installed torch; they skip cleanly when
+those cannot be imported (the project venv), and run in .venv-corpus:
+`.venv-corpus/bin/python -m pytest tests/test_sources.py -k zoo`."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from conftest import one_error_line
+
+transformers = pytest.importorskip("transformers")
+
+
+def importable(name):
+    """The module, or a clean skip (also when it is installed but built for another torch)."""
+    try:
+        return __import__(name)
+    except Exception as exc:  # e.g. "operator torchvision::nms does not exist"
+        pytest.skip(f"{name} cannot be imported here: {type(exc).__name__}")
+
+
+def gpt2_dir(tmp_path, **extra):
+    folder = tmp_path / "gpt2-config"
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=500, n_positions=64,
+                                  bos_token_id=0, eos_token_id=0, **extra)
+    cfg.architectures = ["GPT2LMHeadModel"]
+    cfg.save_pretrained(folder)
+    return folder
+
+
+def test_hf_config_builds_with_default_token_inputs(tmp_path, cli):
+    folder = gpt2_dir(tmp_path)
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    doc = r.json
+    assert doc["inputs"] == ["input[0]: 1x64 int64"]             # length capped by n_positions
+    assert "vocab 500" in doc["input_source"]
+    assert any("[0, 500)" in n and "transformer.wte" in n for n in doc["input_notes"])
+    assert "GPT2LMHeadModel from config.architectures" in doc["source"] and "random weights" in doc["source"]
+    # closed form: wte 500*32 + wpe 64*32 + 2 blocks + final LayerNorm (lm_head tied to wte)
+    block = 2 * 2 * 32 + (32 * 96 + 96) + (32 * 32 + 32) + (32 * 128 + 128) + (128 * 32 + 32)
+    assert doc["total_params"] == 500 * 32 + 64 * 32 + 2 * block + 2 * 32
+
+
+def test_hf_config_file_itself_and_arg_overrides(tmp_path, cli):
+    folder = gpt2_dir(tmp_path)
+    one = cli("summary", f"hf:{folder}/config.json", "--arg", "n_layer=1", "--json")
+    two = cli("summary", f"hf:{folder}/config.json", "--json")
+    assert one.code == two.code == 0, one.stderr + two.stderr
+    assert one.json["total_params"] < two.json["total_params"]
+
+
+def test_hf_weights_from_safetensors_in_the_folder(tmp_path, cli):
+    from safetensors.torch import save_file
+
+    from torchdiag.core.context import prepare
+    from torchdiag.core.run import RunSpec
+
+    folder = gpt2_dir(tmp_path)
+    model = transformers.GPT2LMHeadModel(transformers.AutoConfig.from_pretrained(folder))
+    state = {k: torch.full_like(v, 0.25) for k, v in model.state_dict().items() if k != "lm_head.weight"}  # tied: saved once
+    save_file(state, str(folder / "model.safetensors"))
+    built, _, ctx = prepare(RunSpec("summary", f"hf:{folder}"))
+    assert torch.equal(built.transformer.h[1].mlp.c_fc.weight, torch.full((32, 128), 0.25))
+    assert torch.equal(built.lm_head.weight, torch.full((500, 32), 0.25))
+    assert "model.safetensors: " in ctx.header["checkpoint"][0]
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0 and "random weights" not in r.json["source"]
+
+
+def test_hf_seq2seq_gets_decoder_inputs_on_cpu_and_meta(tmp_path, cli):
+    folder = tmp_path / "t5"
+    cfg = transformers.T5Config(vocab_size=300, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4,
+                                decoder_start_token_id=0)
+    cfg.architectures = ["T5ForConditionalGeneration"]
+    cfg.save_pretrained(folder)
+    for device in ("cpu", "meta"):
+        r = cli("summary", f"hf:{folder}", "--device", device, "--json")
+        assert r.code == 0, (device, r.stderr)
+        assert any(i.startswith("decoder_input_ids: 1x128 int64") for i in r.json["inputs"]), r.json["inputs"]
+
+
+def test_hf_task_picks_the_head(tmp_path, cli):
+    folder = tmp_path / "bert"
+    transformers.BertConfig(vocab_size=200, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                            intermediate_size=64, max_position_embeddings=40).save_pretrained(folder)
+    base = cli("summary", f"hf:{folder}", "--json")
+    mlm = cli("summary", f"hf:{folder}", "--arg", "task=masked-lm", "--json")
+    assert base.code == mlm.code == 0, base.stderr + mlm.stderr
+    assert "AutoModel (" in base.json["source"] and "AutoModelForMaskedLM for task masked-lm" in mlm.json["source"]
+    assert base.json["inputs"] == ["input[0]: 1x40 int64"]
+    r = cli("summary", f"hf:{folder}", "--arg", "task=translate")
+    assert r.code == 2 and "causal-lm" in r.stderr
+    one_error_line(r)
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda p: p.mkdir(), "has no config.json"),
+    (lambda p: None, "no such folder or file"),
+])
+def test_hf_missing_config_is_one_line_exit_2_with_no_network(tmp_path, cli, make, words):
+    folder = tmp_path / "model"
+    make(folder)
+    r = cli("summary", f"hf:{folder}")
+    assert r.code == 2
+    one_error_line(r)
+    assert words in r.stderr and "never downloads" in r.stderr
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 2 and words in r.json["error"]["message"] and "never downloads" in r.json["error"]["hint"]
+
+
+def test_hf_custom_code_is_refused(tmp_path, cli):
+    folder = gpt2_dir(tmp_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["auto_map"] = {"AutoModel": "modeling_evil.EvilModel"}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    r = cli("summary", f"hf:{folder}")
+    assert r.code == 2 and "custom model code" in r.stderr
+    one_error_line(r)
+
+
+@pytest.mark.parametrize("spec, package", [("torchvision:resnet18", "torchvision"), ("timm:resnet18", "timm"),
+                                           ("hf:.", "transformers")])
+def test_missing_library_is_one_line_with_install_command(tmp_path, cli, monkeypatch, spec, package):
+    if package == "transformers":
+        gpt2_dir(tmp_path)
+        spec = f"hf:{tmp_path}/gpt2-config"
+    monkeypatch.setitem(sys.modules, package, None)   # `import package` now fails as if it were absent
+    r = cli("summary", spec)
+    assert r.code == 2
+    one_error_line(r)
+    assert f"error: {package} is not installed: pip install {package}" in r.stderr
+
+
+def test_empty_source_name(cli):
+    r = cli("summary", "torchvision:")
+    assert r.code == 2 and "names no model" in r.stderr
+
+
+# ---- zoo: needs torchvision / timm for this torch (.venv-corpus) --------------------------------------
+
+def test_zoo_torchvision_default_input_from_weights_transforms(cli):
+    importable("torchvision")
+    r = cli("summary", "torchvision:resnet18", "--depth", "0", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 1x3x224x224 float32"]
+    assert "IMAGENET1K_V1.transforms() crop_size 224x224" in r.json["input_source"]
+    assert r.json["total_params"] == 11_689_512      # torchvision's published count for resnet18
+    r = cli("summary", "torchvision:inception_v3", "--device", "meta", "--depth", "0", "--json")
+    assert r.code == 0 and r.json["inputs"] == ["input[0]: 1x3x299x299 float32"]
+
+
+def test_zoo_torchvision_args_and_checkpoint(tmp_path, cli):
+    tv = importable("torchvision")
+    model = tv.models.resnet18(num_classes=10)
+    torch.save(model.state_dict(), tmp_path / "r18.pt")
+    r = cli("summary", "torchvision:resnet18", "--arg", "num_classes=10", "--checkpoint", tmp_path / "r18.pt", "--json")
+    assert r.code == 0, r.stderr
+    r = cli("summary", "torchvision:resnet18", "--checkpoint", tmp_path / "r18.pt")
+    assert r.code == 2 and "fc.weight: checkpoint 10x512, model 1000x512" in r.stderr
+
+
+def test_zoo_torchvision_unknown_name_nearest(cli):
+    importable("torchvision")
+    r = cli("summary", "torchvision:resnet5", "--json")
+    assert r.code == 2
+    assert r.json["error"]["message"] == "torchvision has no model named 'resnet5'"
+    assert "resnet50" in r.json["error"]["hint"]
+
+
+def test_zoo_torchvision_detection_never_downloads_a_backbone(cli, monkeypatch):
+    importable("torchvision")
+    import urllib.request
+
+    def no_network(*a, **k):
+        raise AssertionError("a download was attempted")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    r = cli("summary", "torchvision:fasterrcnn_mobilenet_v3_large_320_fpn", "--depth", "0", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0][0]: 3x320x320 float32"]
+    r = cli("summary", "torchvision:resnet18", "--arg", "weights=DEFAULT")
+    assert r.code == 2 and "download" in r.stderr
+
+
+def test_zoo_timm_model_and_nearest_name(cli):
+    importable("timm")
+    r = cli("summary", "timm:resnet18", "--depth", "0", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 1x3x224x224 float32"] and "pretrained_cfg" in r.json["input_source"]
+    r = cli("summary", "timm:resnet18x")
+    assert r.code == 2 and "did you mean" in r.stderr and "resnet18" in r.stderr
