@@ -37,11 +37,9 @@ def test_version_does_not_import_torch():
 
 
 def test_command_help_does_not_import_torch_and_shows_example():
-    from torchdiag.cli.app import app
+    from torchdiag.cli.app import COMMANDS
 
-    registered = [c.name for c in app.registered_commands]
-    assert registered, "no commands registered"
-    for name in registered:
+    for name in COMMANDS:
         out = _probe([name, "--help"])
         assert "HEAVY=\n" in out, f"{name} --help imported {out.splitlines()[-1]}"
         assert f"torchdiag {name} " in out, f"{name} --help has no example"
@@ -106,3 +104,25 @@ def test_stdout_closed_by_reader_on_an_error_keeps_exit_code(args, code):
     err = p.stderr.read()
     assert p.wait() == code, err
     assert err.startswith("error: ") and "Traceback" not in err and "Exception ignored" not in err, err
+
+
+def test_the_command_list_is_each_commands_own_summary_and_imports_no_command():
+    """`torchdiag --help` lists commands from app.SUMMARIES without importing cli/<command>.py; each entry
+    must stay the first paragraph of that command's docstring (what click would have shown)."""
+    import subprocess
+
+    from torchdiag.cli.app import COMMANDS, SUMMARIES, load_command
+
+    assert list(SUMMARIES) == COMMANDS
+    for name in COMMANDS:
+        first = " ".join((load_command(name).help or "").split("\n\n")[0].split())
+        assert SUMMARIES[name] == first, name
+    code = ("import sys; sys.argv = ['torchdiag', '--help']\n"
+            "from torchdiag.cli.app import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print('LOADED=' + ','.join(sorted(m for m in sys.modules if m.startswith('torchdiag.cli.') and "
+            "m.rsplit('.', 1)[1] not in ('app', 'common', 'isolation'))))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("LOADED="), r.stdout.splitlines()[-1]
+    for name in COMMANDS:
+        assert name in r.stdout

@@ -1,17 +1,100 @@
-"""The `torchdiag` command: global options, command registration, entry point."""
+"""The `torchdiag` command: global options, command registration, entry point.
+
+Commands are loaded when one runs: `torchdiag nancheck ...` imports cli/nancheck.py only, and
+`torchdiag --help` lists the commands from SUMMARIES without importing any of them (start-up time)."""
 from __future__ import annotations
 
+import functools
 import importlib
-import importlib.util
+from collections.abc import Mapping
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from .. import __version__
 
-EXIT_CODES = """Exit codes: 0 ran, nothing failed · 1 a check failed · 2 usage error (option, spec, shape, file, device) · 3 the model's own code raised · 4 internal torchdiag error · 130 interrupted."""
+EXIT_CODES = """Exit codes: 0 ran, nothing failed · 1 a check failed · 2 usage error (option, spec, shape, file, device) · 3 the model's own code raised · 4 internal torchdiag error · 130 interrupted (Ctrl-C) · 143 terminated (SIGTERM)."""
+
+# One name through every layer: command `overfit-batch` lives in cli/overfit_batch.py.
+COMMANDS = ["summary", "flops", "nancheck", "gradflow", "overfit-batch", "profile", "memory", "doctor",
+            "activations", "gradcam", "attention", "embeddings", "gradcheck", "check"]
+
+# The first paragraph of each command's docstring, for the command list of `torchdiag --help`
+# (tests/test_cli.py keeps them equal to the docstrings).
+SUMMARIES = {
+    'summary': 'What is in this model: layers, output shapes, parameters (trainable, frozen, '
+               'shared), sizes.',
+    'flops': 'How much compute: FLOPs and MACs per module and per operator (1 MAC = 2 FLOPs).',
+    'nancheck': 'Where do NaN or Inf come from? Checks, in order: model inputs, parameters and '
+                'buffers, the output of every module in execution order, the loss, gradients in '
+                'backward order, parameter gradients.',
+    'gradflow': 'Does the gradient reach every parameter, and in what shape? One forward + backward.',
+    'overfit-batch': 'Can this model memorise one batch? Trains a copy on one fixed batch and '
+                     'gives a verdict.',
+    'profile': 'Where the time goes: step time (mean, median, p90), throughput, top operators by '
+               'self time, time per module, and a Chrome/Perfetto trace.',
+    'memory': 'Where the memory goes in a training step: parameters, gradients, optimizer state, '
+              'activations (saved for backward), temporaries; the peak and when it happens; per-'
+              'module activation memory.',
+    'doctor': 'Run the checklist of bugs that let a model train while quietly doing the wrong thing.',
+    'activations': 'What each module produces: output shape, mean, std, min, max, fraction of '
+                   'zeros and of saturated values, for one forward pass (eval mode, no grad).',
+    'gradcam': "Grad-CAM: which part of the image drives a classifier's score for a class.",
+    'attention': 'Attention weights of every nn.MultiheadAttention (and of modules that return '
+                 'attention weights, and of F.scaled_dot_product_attention calls) for one forward'
+                 ' pass.',
+    'embeddings': "Write the layer's outputs for the batch for TensorBoard's projector "
+                  '(DIR/embeddings/).',
+    'gradcheck': 'Check the gradients of your own autograd code against numerical ones, in float64.',
+    'check': 'The CI gate: run the configured checks, print pass/fail per check, exit 1 if any fails.',
+}
+
+
+@functools.cache
+def load_command(name: str):
+    """The click command of `name`, built from cli/<name>.py on first use."""
+    sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+    importlib.import_module(f"{__package__}.{name.replace('-', '_')}").register(sub)
+    return typer.main.get_command(sub)
+
+
+class _Commands(Mapping):
+    """Group.commands, filled on demand."""
+
+    def __getitem__(self, name):
+        if name not in COMMANDS:
+            raise KeyError(name)
+        return load_command(name)
+
+    def __iter__(self):
+        return iter(COMMANDS)
+
+    def __len__(self) -> int:
+        return len(COMMANDS)
+
+
+class LazyGroup(TyperGroup):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.commands = _Commands()
+
+    def list_commands(self, ctx) -> list[str]:
+        return list(COMMANDS)
+
+    def format_commands(self, ctx, formatter) -> None:
+        """As click lays it out, from SUMMARIES: listing the commands imports none of them."""
+        try:  # typer ≥ 0.20 vendors click; older typer uses the click package
+            from typer._click.utils import make_default_short_help
+        except ImportError:
+            from click.utils import make_default_short_help
+        limit = formatter.width - 6 - max(len(name) for name in COMMANDS)
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, make_default_short_help(SUMMARIES[name], limit)) for name in COMMANDS])
+
 
 app = typer.Typer(
+    cls=LazyGroup,
     name="torchdiag",
     help="Diagnostics for PyTorch models: point it at MODEL_SPEC (file.py:factory or module:factory).",
     epilog=EXIT_CODES,
@@ -21,11 +104,6 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
     rich_markup_mode=None,
 )
-
-# One name through every layer: command `overfit-batch` lives in cli/overfit_batch.py.
-COMMANDS = ["summary", "flops", "nancheck", "gradflow", "overfit-batch", "profile", "memory", "doctor",
-            "activations", "gradcam", "attention", "embeddings", "gradcheck", "check"]
-
 
 def _version(value: bool) -> None:
     if value:
@@ -37,12 +115,6 @@ def _version(value: bool) -> None:
 def _root(version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
                                                          help="Show the version and exit.")] = None) -> None:
     """Diagnostics for PyTorch models."""
-
-
-for _name in COMMANDS:
-    _module = f"{__package__}.{_name.replace('-', '_')}"
-    if importlib.util.find_spec(_module) is not None:
-        importlib.import_module(_module).register(app)
 
 
 def _usable_streams() -> None:
