@@ -91,6 +91,7 @@ def test_layers_follow_execution_order_and_depth():
         def forward(self, x):
             return self.late(self.early(x)) * self.gain
 
+    torch.manual_seed(0)                            # unseeded, 5 in 400 inits had a tiny late.bias (ratio > 100)
     model = Backwards()
     x = torch.randn(3, 4)
     res = run(model, x, loss="sum", depth=1, allow=["spare.*"])
