@@ -346,3 +346,30 @@ def test_a_signal_during_check_records_the_check_as_interrupted_not_failed(tmp_p
         assert "check-failed" not in [f["code"] for f in doc["findings"]]
         case = ET.parse(tmp_path / sig.name / "j.xml").getroot().find(".//testcase[@name='overfit-batch']")
         assert case.find("skipped") is not None and case.find("failure") is None
+
+
+def test_checkpoint_from_the_config_is_loaded_and_judged(cli, tmp_path):
+    """checkpoint / strict-checkpoint are model keys like on every command: a NaN saved in a weight is found
+    by nancheck at its key; a checkpoint of another shape stops check with exit 2 naming the key."""
+    import torch
+
+    from conftest import load
+
+    model, _ = load("mlp.py:build")
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    name = next(iter(state))
+    state[name].view(-1)[0] = float("nan")
+    torch.save(state, tmp_path / "nan.pt")
+    base = f'model = "{sample("mlp.py:build")}"\ninputs = ["4x784"]\n'
+    write(tmp_path, base + f'checkpoint = "{tmp_path / "nan.pt"}"\n[check]\nnancheck = true\n', name="c.toml")
+    res = cli("check", "--config", str(tmp_path / "c.toml"), "--json")
+    assert res.code == 1, res.stderr
+    row = res.json["checks"][0]
+    assert row["status"] == "FAIL" and "non-finite-param" in row["message"] and name in row["message"], row
+    state[name] = torch.zeros(3, 3)
+    torch.save(state, tmp_path / "shape.pt")
+    write(tmp_path, base + f'checkpoint = "{tmp_path / "shape.pt"}"\n[check]\nnancheck = true\n', name="c.toml")
+    res = cli("check", "--config", str(tmp_path / "c.toml"))
+    assert res.code == 2 and name in res.stderr, res.stderr
+    res = cli("check", "--config", str(tmp_path / "c.toml"), "--checkpoint", str(tmp_path / "nan.pt"))
+    assert res.code == 1, res.stderr       # the command line overrides the file

@@ -64,7 +64,12 @@ def _options(module, **kw):
 def run_spec(command: str, diagnostic=None, *, loss: Any = "auto", **kw):
     """The RunSpec of a Python call: run-wide keywords are taken out of `kw` (the rest are Options)."""
     from .core.run import RunSpec, optimizer_spec
+    from .errors import OptionError
 
+    if "checkpoint" in kw:   # the model is the caller's own: torchdiag never changes it
+        raise OptionError("checkpoint", "is for models torchdiag builds (the command line, check); in Python, load the "
+                          "weights into your model first", hint="model.load_state_dict(safetensors.torch.load_file(path)) "
+                          "or torch.load(path, weights_only=True), then call torchdiag")
     given = {field: kw.pop(key) for key, field in OPTIMIZER_KEYS.items() if key in kw}
     optimizer = optimizer_spec(getattr(diagnostic, "OPTIMIZER", None), **given)
     run = {k: kw.pop(k) for k in RUN_KEYS if k in kw}

@@ -23,7 +23,7 @@ def register(app) -> None:
     def check(spec: Annotated[Optional[str], typer.Argument(metavar="[MODEL_SPEC]", show_default=False,
                                                              help="Overrides the config's model.")] = None,
               config: Annotated[Optional[Path], typer.Option("--config", metavar="FILE", help="TOML file with [tool.torchdiag] tables (default: ./pyproject.toml).")] = None,
-              arg: c.Args = None, input: c.Inputs = None,
+              arg: c.Args = None, input: c.Inputs = None, checkpoint: c.Checkpoint = None,
               device: Annotated[Optional[str], typer.Option("--device", "-d", help="Overrides the config's device.")] = None,
               max_params: Annotated[Optional[str], typer.Option("--max-params", help="Limit on parameters, e.g. 25M.")] = None,
               max_gmacs: Annotated[Optional[float], typer.Option("--max-gmacs", help="Limit on forward GMACs.")] = None,
@@ -36,7 +36,8 @@ def register(app) -> None:
               json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False) -> None:
         """The CI gate: run the configured checks, print pass/fail per check, exit 1 if any fails.
 
-        Config: [tool.torchdiag] (model, inputs, device, args, loss, batch, seed) and
+        Config: [tool.torchdiag] (model, inputs, device, args, loss, batch, seed, checkpoint,
+        strict-checkpoint) and
         [tool.torchdiag.check] (max-params, max-trainable-params, max-gmacs, max-gflops, nancheck,
         gradflow, overfit-batch, doctor, allow, strict, max-peak-memory); several models with
         [[tool.torchdiag.models]]. Options given here override the file. With GITHUB_ACTIONS=true,
@@ -47,7 +48,8 @@ def register(app) -> None:
         def produce():
             from ..diagnostics import check as diag
 
-            overrides = {"model": spec, "inputs": input, "device": device, "args": arg}
+            overrides = {"model": spec, "inputs": input, "device": device, "args": arg,
+                         "checkpoint": None if checkpoint is None else str(checkpoint)}
             check_over = {k: v for k, v in {"max-params": max_params, "max-gmacs": max_gmacs, "nancheck": nancheck,
                                             "gradflow": gradflow, "overfit-batch": overfit_batch, "doctor": doctor,
                                             "allow": allow}.items() if v is not None}
