@@ -29,7 +29,9 @@ def best(fn, n=5):
 
 def main():
     torch.set_num_threads(1)
-    from torchdiag.diagnostics import activations, attention, embeddings, gradcam, gradcheck
+    from torchdiag.api import run
+    from torchdiag.diagnostics import gradcheck
+    from torchdiag.render import activations as r_act, attention as r_att, embeddings as r_emb, gradcam as r_cam
 
     tmp = tempfile.mkdtemp()
     print(f"{'model':28} {'command':34} {'ratio':>8}  baseline")
@@ -43,13 +45,15 @@ def main():
 
         fwd()
         base = best(fwd)
-        rows = [("activations (stats)", lambda: activations.run(model, inputs, activations.Options())),
-                ("activations (+pictures, tb)", lambda: activations.run(model, inputs, activations.Options(images=tmp, tb=True)))]
+        # "+pictures" variants include writing the files (render/), as the CLI does
+        rows = [("activations (stats)", lambda: run("activations", model, inputs)),
+                ("activations (+pictures, tb)", lambda: r_act.write_images(
+                    run("activations", model, inputs, images=True, tb=True), tmp))]
         if name.startswith("vit"):
-            rows.append(("attention (weights)", lambda: attention.run(model, inputs, attention.Options())))
-            rows.append(("attention (+pictures)", lambda: attention.run(model, inputs, attention.Options(images=tmp))))
+            rows.append(("attention (weights)", lambda: run("attention", model, inputs)))
+            rows.append(("attention (+pictures)", lambda: r_att.write_images(run("attention", model, inputs, images=True), tmp)))
         layer = {"cnn.py:build": "head.0", "resnet.py:build": "avgpool", "vit.py:build": "ln"}[name]
-        rows.append(("embeddings (projector)", lambda: embeddings.run(model, inputs, embeddings.Options(layer=layer, logdir=tmp))))
+        rows.append(("embeddings (projector)", lambda: r_emb.write_projector(run("embeddings", model, inputs, layer=layer), tmp)))
         for label, fn in rows:
             fn()
             print(f"{name:28} {label:34} {best(fn) / base:8.2f}x  forward {base * 1e3:.1f} ms")
@@ -69,9 +73,10 @@ def main():
 
     fb()
     base = best(fb)
-    for label, opts in (("gradcam (map only)", gradcam.Options(layer="features.3", image=img)),
-                        ("gradcam (+PNG)", gradcam.Options(layer="features.3", image=img, out=os.path.join(tmp, "c.png")))):
-        fn = lambda: gradcam.run(model, torch.device("cpu"), opts)  # noqa: E731
+    out = os.path.join(tmp, "c.png")
+    for label, fn in (("gradcam (map only)", lambda: run("gradcam", model, None, layer="features.3", image=img)),
+                      ("gradcam (+PNG)", lambda: r_cam.write_out(
+                          run("gradcam", model, None, layer="features.3", image=img, out=True), out))):
         fn()
         print(f"{'gradcam_region.py:build':28} {label:34} {best(fn) / base:8.2f}x  fwd+bwd {base * 1e3:.2f} ms")
 
@@ -90,8 +95,7 @@ def main():
     fb2()
     base = best(fb2)
     for label, second in (("gradcheck", False), ("gradcheck --second-order", True)):
-        checked = gradcheck.build("autograd.Function", mod.MulSquare.apply, xs, ["input[0]", "input[1]"], gradcheck.Options(), "MulSquare")
-        fn = lambda: gradcheck.run(checked, gradcheck.Options(second_order=second))  # noqa: E731
+        fn = lambda: gradcheck.check_callable(mod.MulSquare, xs, gradcheck.Options(second_order=second))  # noqa: E731
         fn()
         print(f"{'custom_autograd:MulSquare':28} {label:34} {best(fn) / base:8.1f}x  fwd+bwd {base * 1e3:.3f} ms")
 

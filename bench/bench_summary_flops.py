@@ -7,7 +7,7 @@ from common import compare, load, report
 def bench(spec, *inputs, fvcore=True, repeat=5):
     import torch
 
-    from torchdiag.diagnostics import flops, summary
+    from torchdiag.api import run
 
     model, x = load(spec, *inputs)
     model.eval()
@@ -16,9 +16,9 @@ def bench(spec, *inputs, fvcore=True, repeat=5):
         with torch.no_grad():
             x.call(model)
 
-    candidates = {"summary": lambda: summary.run(model, x), "flops (torch engine)": lambda: flops.run(model, x)}
+    candidates = {"summary": lambda: run("summary", model, x), "flops (torch engine)": lambda: run("flops", model, x)}
     if fvcore:
-        candidates["flops --engine fvcore"] = lambda: flops.run(model, x, flops.Options(engine="fvcore"))
+        candidates["flops --engine fvcore"] = lambda: run("flops", model, x, engine="fvcore")
     base, rows = compare(plain, candidates, repeat)
     report(f"{spec} {' '.join(inputs)}", base, rows)
 
