@@ -15,6 +15,8 @@ from torchdiag.errors import ExitCode, UsageError
 from torchdiag.render import output
 from torchdiag.render.output import atomic_path, atomic_write, check_dir, check_file
 
+HANG_GUARD = 600  # seconds: only stops a hung test (a FIFO reader that never gets its data)
+
 CONFIG = """
 [tool.torchdiag]
 model = "{model}"
@@ -99,18 +101,18 @@ def test_fifo_is_written_in_place_not_replaced(tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     got = []
-    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()))
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()), daemon=True)
     reader.start()
     atomic_write(fifo, b"through the pipe", "--out")
-    reader.join(timeout=60)
+    reader.join(timeout=HANG_GUARD)
     assert got == [b"through the pipe"]
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
-    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()))
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()), daemon=True)
     reader.start()
     with atomic_path(fifo, "--trace") as tmp:
         with open(tmp, "wb") as f:
             f.write(b"from a library")
-    reader.join(timeout=60)
+    reader.join(timeout=HANG_GUARD)
     assert got[1] == b"from a library" and stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert _leftovers(tmp_path) == []
     assert output._kind(output._target("/dev/null")) == "special"    # what /dev/null and /dev/full take
@@ -241,3 +243,56 @@ def test_tensorboard_on_a_full_or_read_only_disk_is_one_line(cli, tmp_path):
             r = cli("summary", sample("cnn.py:build"), "--tb", folder)
             assert r.code == 2 and "not writable" in r.stderr, r.stderr
             _one_error_line(r)
+
+
+FILE_OPTIONS = {   # command line (the file last) of each option that writes one file
+    "--plot gradflow": ["gradflow", sample("mlp.py:build"), "--device", "cpu", "--plot"],
+    "--plot overfit-batch": ["overfit-batch", sample("mlp.py:build"), "--device", "cpu", "--steps", "3", "--plot"],
+    "--trace": ["profile", sample("mlp.py:build"), "--device", "cpu", "--active", "1", "--trace"],
+}
+
+
+@pytest.fixture
+def full_disk(monkeypatch, enospc):
+    """As `enospc`, and a library writing a temporary path itself (savefig) learns it at fsync."""
+    def full(name):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(output, "_fsync_file", full)
+
+
+@pytest.mark.parametrize("way", ["simulated", "tmpfs"])
+@pytest.mark.parametrize("what", list(FILE_OPTIONS))
+def test_plot_and_trace_on_a_full_disk_keep_the_old_file(cli, tmp_path, request, what, way):
+    """Issue 15 cases 2 and 9: ENOSPC on --plot/--trace is one line, exit 2; the old file stays, no .tmp."""
+    suffix = ".json" if what == "--trace" else ".png"
+    if way == "simulated":
+        request.getfixturevalue("full_disk")
+        folder = tmp_path
+        stack = contextlib.nullcontext()
+    else:
+        stack = tiny_tmpfs(tmp_path / "disk", "8k")   # two pages: the old file and less than any new one
+        folder = tmp_path / "disk"
+    with stack:
+        target = folder / f"old{suffix}"
+        target.write_bytes(b"old")
+        r = cli(*FILE_OPTIONS[what], target, "--json")
+        assert r.code == 2, r.stderr
+        _one_error_line(r)
+        assert r.stderr.startswith(f"error: no space left on device writing {target}\n"), r.stderr
+        assert r.json["exit_code"] == 2
+        assert target.read_bytes() == b"old" and _leftovers(folder) == []
+
+
+def test_snapshot_on_a_full_disk_keeps_the_old_file(tmp_path, enospc):
+    """--snapshot needs CUDA to record; its writer is tested directly (the same atomic_write)."""
+    from torchdiag.render.memory import write_snapshot
+    from torchdiag.results import Result
+
+    target = tmp_path / "s.pickle"
+    target.write_bytes(b"old")
+    result = Result("memory")
+    result.artefacts["snapshot"] = b"new" * 1000
+    with pytest.raises(UsageError, match=f"no space left on device writing {target}"):
+        write_snapshot(result, target)
+    assert target.read_bytes() == b"old" and _leftovers(tmp_path) == []
