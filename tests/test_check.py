@@ -328,7 +328,7 @@ def test_a_signal_during_check_records_the_check_as_interrupted_not_failed(tmp_p
             guard = time.monotonic() + 1800      # follows the subprocess's progress; only stops a hang
             while not started.exists() and proc.poll() is None and time.monotonic() < guard:
                 time.sleep(0.05)
-            assert started.exists(), proc.communicate(timeout=60)
+            assert started.exists(), proc.communicate(timeout=1800)
             proc.send_signal(sig)
         outs = {sig: proc.communicate(timeout=1800) for sig, proc in procs.items()}
     finally:

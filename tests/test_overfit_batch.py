@@ -351,7 +351,7 @@ def test_real_sigint_in_a_subprocess_exit_130_partial_json_and_flushed_tensorboa
         guard = time.monotonic() + 1800
         while not started.exists() and proc.poll() is None and time.monotonic() < guard:
             time.sleep(0.05)
-        assert started.exists(), proc.communicate(timeout=60)
+        assert started.exists(), proc.communicate(timeout=1800)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=1800)
     finally:

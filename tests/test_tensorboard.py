@@ -130,7 +130,7 @@ def test_real_tensorboard_server_lists_runs_and_tags(cli, tmp_path):
         guard, tags = time.time() + HANG_GUARD, {}   # until the server lists both runs; only a hang guard
         while time.time() < guard:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/scalars/tags", timeout=5) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/scalars/tags", timeout=HANG_GUARD) as r:
                     tags = json.load(r)
                 if "flops" in tags and "overfit-batch" in tags:
                     break
@@ -141,7 +141,10 @@ def test_real_tensorboard_server_lists_runs_and_tags(cli, tmp_path):
         assert tags.get("overfit-batch"), tags
     finally:
         proc.terminate()
-        proc.wait(timeout=20)
+        try:
+            proc.wait(timeout=HANG_GUARD)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 SLOW_MODEL = '''
