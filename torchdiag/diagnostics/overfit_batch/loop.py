@@ -204,7 +204,7 @@ class Trainer:
         if not grads:
             c.grad_norms.append(0.0)
             return
-        self._pending_norm = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).norm()
+        self._pending_norm = grad_norm(grads)
         if self._all_nonzero:
             return
         # max |g| (the inf-norm) is 0 exactly when every element is 0 (NaN counts as non-zero, as g != 0 does)
@@ -255,6 +255,18 @@ class Trainer:
         except ModelError as e:
             e.partial = self.partial(f"the optimizer failed at step {step}")
             raise
+
+
+def grad_norm(grads):
+    """The total L2 norm of `grads` in float32, on the device: one `_foreach_norm` per kind (real
+    gradients upcast inside the norm; complex ones give their modulus norm, then float32)."""
+    import torch
+
+    real = [g for g in grads if not g.is_complex()]
+    cplx = [g for g in grads if g.is_complex()]
+    norms = list(torch._foreach_norm(real, 2, dtype=torch.float32)) if real else []
+    norms += [n.float() for n in torch._foreach_norm(cplx, 2)] if cplx else []
+    return torch.stack(norms).norm()
 
 
 def reached(lv: float, initial: float, acc: float | None, opts) -> bool:
