@@ -361,3 +361,76 @@ def test_closed_stdout_with_json_keeps_the_exit_code(tmp_path):
                            text=True, timeout=HANG_GUARD)
         assert r.returncode == code, r.stderr
         assert "Traceback" not in r.stderr
+
+
+RSS_PROBE = """
+import json, resource, sys
+from torchdiag.cli.app import main
+sys.argv = ["torchdiag", *sys.argv[1:]]
+try:
+    main()
+except SystemExit:
+    pass
+sys.stderr.write("\\nmax-rss-bytes %d\\n" % (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+"""
+
+WIDE_MODEL = """
+import torch
+from torch import nn
+
+def build():
+    return nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+
+def example_inputs():
+    return torch.randn(1, 1024)
+"""
+
+
+def test_batch_sizes_and_budget_allocate_nothing(tmp_path):
+    """Resource guards: memory's --batch-sizes and --budget are estimated on fake tensors (nothing is
+    allocated), so a batch size whose step would take gigabytes costs the process nothing."""
+    if sys.platform != "linux":
+        pytest.skip("ru_maxrss is in KiB on Linux only")
+    (tmp_path / "wide.py").write_text(WIDE_MODEL)
+    (tmp_path / "probe.py").write_text(RSS_PROBE)
+    r = subprocess.run([sys.executable, str(tmp_path / "probe.py"), "memory", f"{tmp_path}/wide.py:build", "--device",
+                        "cpu", "--batch-sizes", "262144", "--budget", "64G", "--json"], capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL, timeout=HANG_GUARD)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    peak = next(row["peak_bytes"] for row in doc["batch_sizes"] if row["batch_size"] == 262144)
+    rss = int(r.stderr.rsplit("max-rss-bytes", 1)[1])
+    assert peak > 4 * 2**30 and rss < peak / 4, (peak, rss)
+
+
+TOKENS_UTF8 = pytest.mark.xfail(
+    strict=True, reason="cli/attention.py _tokens reads @FILE with read_text() and no decode error handling "
+                        "(exit 4); fix in issue 15's report")
+
+
+@TOKENS_UTF8
+def test_tokens_file_that_is_not_utf8_is_a_usage_error(tmp_path):
+    (tmp_path / "tokens.txt").write_bytes(b"the\ncat\n\xff\xfe\n")
+    r = torchdiag("attention", str(Path(__file__).resolve().parent.parent / "sample_models" / "vit.py:build"),
+                  "--device", "cpu", "--tokens", f"@{tmp_path / 'tokens.txt'}")
+    assert r.returncode == 2, r.stderr
+    one_line_error(r.stderr)
+    assert "UTF-8" in r.stderr
+
+
+def test_os_exit_in_a_thread_or_an_atexit_handler_cannot_pass_a_failed_run(tmp_path):
+    """Case 5, the two ways round the guard: os._exit from a thread of the model (was a traceback,
+    then exit 0 with the full result), and an atexit handler of the model's module calling
+    os._exit(0) after a failed run (the JSON said exit 3, the process exited 0)."""
+    spec = write_model(tmp_path, forward="import threading; t = threading.Thread(target=os._exit, args=(0,)); "
+                                         "t.start(); t.join()")
+    r = torchdiag("summary", spec, "--json")
+    assert r.returncode == 3, r.stderr
+    one_line_error(r.stderr)
+    assert "os._exit(0) in a thread" in r.stderr and json.loads(r.stdout)["exit_code"] == 3
+    spec = write_model(tmp_path, factory='raise ValueError("no model today")',
+                       top="import atexit, os\natexit.register(lambda: os._exit(0))\n")
+    r = torchdiag("summary", spec, "--json")
+    assert r.returncode == 3, r.stderr
+    one_line_error(r.stderr)
+    assert json.loads(r.stdout)["exit_code"] == 3 and "os._exit(0) at exit; ignored" in r.stderr

@@ -296,3 +296,24 @@ def test_snapshot_on_a_full_disk_keeps_the_old_file(tmp_path, enospc):
     with pytest.raises(UsageError, match=f"no space left on device writing {target}"):
         write_snapshot(result, target)
     assert target.read_bytes() == b"old" and _leftovers(tmp_path) == []
+
+
+def test_an_interrupt_during_the_write_leaves_the_old_file_and_no_temp(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM (a KeyboardInterrupt) at any point up to the rename: the old file stays, no .tmp."""
+    target = tmp_path / "plot.png"
+    target.write_bytes(b"old")
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    for where in ("write", "replace"):
+        with monkeypatch.context() as m:
+            m.setattr(output.os, where, interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                atomic_write(target, b"new", "--plot")
+            with pytest.raises(KeyboardInterrupt):
+                with atomic_path(target, "--plot") as tmp:
+                    open(tmp, "wb").write(b"new")
+                    if where == "write":
+                        raise KeyboardInterrupt
+        assert target.read_bytes() == b"old" and _leftovers(tmp_path) == [], where

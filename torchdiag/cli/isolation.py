@@ -2,12 +2,16 @@
 os._exit turned into an error, SIGTERM handled like Ctrl-C. Torch-free (on the --help path)."""
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
 import sys
+import threading
 
 from ..errors import Terminated
+
+_REAL_EXIT = os._exit   # taken when torchdiag starts, before any user code could replace it
 
 
 class _NoInput:
@@ -82,12 +86,18 @@ def _stdin_closed():
 
 @contextlib.contextmanager
 def _exit_guarded():
-    """os._exit in this process raises instead (a forked worker, e.g. a DataLoader's, still exits)."""
+    """os._exit in this process raises instead (a forked worker, e.g. a DataLoader's, still exits).
+    Called from another thread, it ends that thread and the run then fails the same way."""
     real, pid = os._exit, os.getpid()
+    main = threading.current_thread()
+    from_thread: list[str] = []
 
     def guarded(code):
         if os.getpid() != pid:
             real(code)
+        if threading.current_thread() is not main:
+            from_thread.append(f"os._exit({code!r}) in a thread")
+            raise SystemExit(code)   # ends the thread; threading ignores a plain SystemExit silently
         raise UserExit(f"os._exit({code!r})")
 
     os._exit = guarded
@@ -95,6 +105,31 @@ def _exit_guarded():
         yield
     finally:
         os._exit = real
+        _guard_exit_handlers()
+    if from_thread:
+        raise UserExit(from_thread[0])
+
+
+_exit_handlers_guarded = False
+
+
+def _guard_exit_handlers() -> None:
+    """An atexit handler of the user's module calling os._exit(0) would replace torchdiag's exit code
+    (a CI gate would pass on a failed run). Registered after the user's code ran, this runs before
+    their handlers (last in, first out) and makes os._exit in them a warning: the code stays ours."""
+    global _exit_handlers_guarded
+    if _exit_handlers_guarded:
+        return
+    _exit_handlers_guarded = True
+    pid = os.getpid()
+
+    def late(code):
+        if os.getpid() != pid:
+            _REAL_EXIT(code)
+        sys.stderr.write(f"warning: the model's code called os._exit({code!r}) at exit; ignored, so the "
+                         "exit code stays torchdiag's\n")
+
+    atexit.register(lambda: setattr(os, "_exit", late))
 
 
 @contextlib.contextmanager

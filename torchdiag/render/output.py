@@ -141,13 +141,13 @@ def atomic_write(path, data: bytes | str, option: str) -> Path:
         _in_place(target, data, path, option)
         return Path(path)
     fd, tmp = _temp(target, path, option)
-    with _removed_on_failure(tmp, path, option):
+    with _removed_on_failure(tmp, path, option):   # also a Ctrl-C/SIGTERM up to the rename
         try:
             _write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
-    _replace(tmp, target, path, option)
+        _replace(tmp, target, path, option)
     return Path(path)
 
 
@@ -176,17 +176,15 @@ def atomic_path(path, option: str) -> Iterator[str]:
         _refuse_directory(path, option)
     fd, tmp = _temp(target, path, option, Path(path).suffix)
     os.close(fd)
-    with _removed_on_failure(tmp, path, option):
+    with _removed_on_failure(tmp, path, option):   # also a Ctrl-C/SIGTERM up to the rename
         yield tmp
         _fsync_file(tmp)
-    if kind == "special":
-        try:
-            data = Path(tmp).read_bytes()
-        finally:
-            _remove(tmp)
-        _in_place(target, data, path, option)
-        return
-    _replace(tmp, target, path, option)
+        if kind != "special":
+            _replace(tmp, target, path, option)
+            return
+        data = Path(tmp).read_bytes()
+    _remove(tmp)
+    _in_place(target, data, path, option)
 
 
 def _fsync_file(name: str) -> None:
