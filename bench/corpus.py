@@ -43,7 +43,7 @@ def make_inputs(entry, model, seed: int = 0):
 
 def call(command: str, model, inputs):
     """One diagnostic through the Python API (the auto loss, seed 0)."""
-    import torchdiag
+    import torchdiag.api
 
     return torchdiag.api.run(command, model, inputs)
 

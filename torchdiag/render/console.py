@@ -65,6 +65,12 @@ def print_result(result, console=None) -> None:
         con.print(_text(result.verdict, "bold red" if result.exit_code else "bold green"))
 
 
+def _wrapped(title: str, width: int) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(title, width, break_long_words=True, break_on_hyphens=False)) or title
+
+
 def _print_table(con, t) -> None:
     """Numbers and bars are never split across lines; text columns wrap, and the first (the row's name)
     takes at most half the width so the others keep room."""
@@ -74,13 +80,21 @@ def _print_table(con, t) -> None:
     shown = t.rows if t.limit is None else t.rows[: t.limit]
     cells = [[cell(row.get(c.key), c.kind) for c in t.columns] for row in shown]
     half = max(24, con.width // 2)
+    titles = [f"{c.title} ({c.unit})" if c.unit else c.title for c in t.columns]
+    longest = [max((len(r[i]) for r in cells), default=0) for i in range(len(titles))]
+    words = [max((len(w) for r in cells for w in r[i].split()), default=0) for i in range(len(titles))]
+    # numbers, sizes and bars are one piece each; so is a row name that fits in half the width.
+    # Other text wraps between words, never inside one (`no-grad`, `32x20`).
+    atomics = [c.kind != "text" or (i == 0 and longest[i] <= half) for i, c in enumerate(t.columns)]
+    narrowest = [max(len(h), n) if a else max(w, *(len(x) for x in h.split()))
+                 for h, n, w, a in zip(titles, longest, words, atomics)]
+    too_wide = sum(n + 3 for n in narrowest) + 1 > con.width
     for i, c in enumerate(t.columns):
-        title = f"{c.title} ({c.unit})" if c.unit else c.title
-        longest = max((len(r[i]) for r in cells), default=0)
-        # numbers, sizes and bars are one piece each; so is a row name that fits in half the width
-        atomic = c.kind != "text" or (i == 0 and longest <= half)
+        atomic, word, title = atomics[i], words[i], titles[i]
+        if too_wide and atomic:  # its header gives way (it cannot wrap by itself), not the other columns
+            title = _wrapped(title, max(longest[i], 4))
         table.add_column(_text(title), justify="left" if c.kind in ("text", "bar") else "right",
-                         no_wrap=atomic, overflow="fold", min_width=longest if atomic else None,
+                         no_wrap=atomic, overflow="fold", min_width=longest[i] if atomic else word or None,
                          max_width=half if i == 0 else None)
     for row, values in zip(shown, cells):
         table.add_row(*[_text(v) for v in values], style=row.get("_style"))
