@@ -142,3 +142,14 @@ def test_overfit_and_macs_assertions_fail_with_finding_text(untouched):
         testing.assert_macs_under(model, x, macs - 1)
     with pytest.raises(TypeError, match="give the limit"):
         testing.assert_macs_under(model, x)
+
+
+def test_the_package_is_lazy_but_complete():
+    """`import torchdiag` loads nothing heavy, yet every public name and submodule is reachable from it."""
+    import subprocess
+
+    code = ("import sys, torchdiag\nassert 'torchdiag.api' not in sys.modules and 'torch' not in sys.modules\n"
+            "names = [torchdiag.summary, torchdiag.api.run, torchdiag.testing.assert_finite, torchdiag.UsageError, "
+            "torchdiag.Result, torchdiag.render.RenderSpec]\nprint(len(names))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip() == "6", r.stderr

@@ -12,12 +12,15 @@ _API = ("activations", "as_inputs", "attention", "doctor", "embeddings", "flops"
         "make_loss", "memory", "nancheck", "overfit_batch", "profile", "run", "summary")
 _ERRORS = ("DiagError", "ExitCode", "ModelError", "UsageError", "OptionError")
 _RESULTS = ("Finding", "Result", "Table")
+_SUBMODULES = ("api", "errors", "results", "testing", "core", "diagnostics", "render", "cli")
 __all__ = [*_API, *_ERRORS, *_RESULTS, "__version__"]
 
 
 def __getattr__(name: str):
     import importlib
 
+    if name in _SUBMODULES:   # `import torchdiag; torchdiag.api.run(...)`
+        return importlib.import_module(f"{__name__}.{name}")
     for module, names in (("api", _API), ("errors", _ERRORS), ("results", _RESULTS)):
         if name in names:
             return getattr(importlib.import_module(f"{__name__}.{module}"), name)
