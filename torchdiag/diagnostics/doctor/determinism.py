@@ -10,7 +10,8 @@ RANDOM_EVAL_HINT = ("randomness in eval: use self.training to gate it (F.dropout
                     "no torch.rand/randn in forward outside training")
 
 
-def _fingerprint(obj) -> list[float]:
+def _fingerprint(obj) -> list:
+    """(sum, sum |x|) per tensor, kept on the device: read back only when a culprit is searched."""
     import torch
 
     vals = []
@@ -18,8 +19,24 @@ def _fingerprint(obj) -> list[float]:
         if t.numel() == 0 or t.dtype == torch.bool:
             continue
         x = t.detach().double()
-        vals.append(torch.stack([x.nansum(), x.abs().nansum()]))
-    return torch.cat(vals).tolist() if vals else []
+        vals += [x.nansum(), x.abs().nansum()]
+    return vals
+
+
+def _read(runs) -> list:
+    """Both runs' call records with their fingerprints as floats: one host read per device."""
+    from ...core.readback import read_back
+
+    flat = [v for run in runs for (_, _, fin, fout) in run for v in (*fin, *fout)]
+    values, out, i = read_back(flat), [], 0
+    for run in runs:
+        rows = []
+        for n, t, fin, fout in run:
+            a, b = values[i:i + len(fin)], values[i + len(fin):i + len(fin) + len(fout)]
+            i += len(fin) + len(fout)
+            rows.append((n, t, a, b))
+        out.append(rows)
+    return out
 
 
 def _same_fp(a: list[float], b: list[float]) -> bool:
@@ -68,7 +85,7 @@ def check_determinism(work, inputs, ck: Checklist) -> None:
         ck.row("determinism", "ok", f"two eval forwards agree to {diff:.1e} (floating-point reduction order)")
         return
     culprit, kind = "", ""
-    for (n1, t1, in1, o1), (n2, _t2, in2, o2) in zip(*runs):
+    for (n1, t1, in1, o1), (n2, _t2, in2, o2) in zip(*_read(runs)):
         if n1 != n2 or (_same_fp(in1, in2) and not _same_fp(o1, o2)):
             culprit, kind = n1, t1
             break

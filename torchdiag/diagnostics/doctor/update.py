@@ -29,18 +29,19 @@ def update_check(work, inputs, ctx, ck: Checklist, result: Result) -> None:
         ck.row("update", "skipped", "no parameter received a gradient")
         return
     before = {n: p.detach().clone() for n, p in with_grad}
-    zero = {n for n, p in with_grad if not bool(p.grad.detach().ne(0).any())}
+    grad_nonzero, value_nonzero = _any_nonzero(with_grad, before)
+    zero = {n for n, _ in with_grad if not grad_nonzero[n]}
     # exactly zero with a non-zero gradient: a zero-initialised parameter (a candidate cause)
-    sources = [n for n, p in with_grad if zero and n not in zero and not bool(before[n].ne(0).any())]
+    sources = [n for n, _ in with_grad if zero and n not in zero and not value_nonzero[n]]
     train.step(ctx.optimizer([p for _, p in with_grad]))
     after_step = {n: p.detach().clone() for n, p in with_grad}
     with torch.no_grad():
         run_forward(work, inputs, phase="forward after one optimizer step")
-    current = dict(work.named_parameters())
+    current = {n: p.detach() for n, p in work.named_parameters()}
+    moved, kept, reset_to = _changes(with_grad, before, after_step, current)
     by_design = _zero_init(work, inputs, ctx, zero, sources) if sources else {}
     bad = []
     for n, p in with_grad:
-        now = current.get(n, p).detach()
         if n in by_design:
             continue
         if n in zero:
@@ -48,13 +49,12 @@ def update_check(work, inputs, ctx, ck: Checklist, result: Result) -> None:
                            "wipes it), so the optimizer step leaves it unchanged",
                         "find what zeroes the gradient (p.register_hook, grad masks, * 0); freeze it on purpose "
                         "with requires_grad_(False) if it is not meant to train"))
-        elif torch.equal(after_step[n], before[n]):
+        elif not moved[n]:
             bad.append((n, "receives a nonzero gradient but the optimizer step does not change it",
                         "check that the optimizer holds this parameter (re-created parameters are not in it)"))
-        elif now.shape != after_step[n].shape or not torch.equal(now, after_step[n]):
-            reset = now.shape == before[n].shape and torch.equal(now, before[n])
+        elif not kept[n]:
             bad.append((n, "changes after the optimizer step, but the next forward " +
-                        ("writes the old value back" if reset else "overwrites it") +
+                        ("writes the old value back" if reset_to[n] else "overwrites it") +
                         " (the forward assigns to the parameter)",
                         "do not assign to parameters in forward (.data =, .copy_, fill_); compute a new tensor "
                         "from the parameter instead"))
@@ -69,6 +69,39 @@ def update_check(work, inputs, ctx, ck: Checklist, result: Result) -> None:
         ck.row("update", "ok", f"{len(with_grad)}/{len(with_grad)} params change after 1 {step} step{extra}")
     _report_zero_init(by_design, ck, result)
     result.data["params_without_grad"] = no_grad
+
+
+def _any_nonzero(with_grad, before) -> tuple[dict, dict]:
+    """Per parameter: does its gradient, and does its value, hold a non-zero? Read back together."""
+    from ...core.readback import read_back
+
+    flags = read_back([p.grad.detach().ne(0).any() for _, p in with_grad] +
+                      [before[n].ne(0).any() for n, _ in with_grad])
+    k = len(with_grad)
+    return ({n: bool(f) for (n, _), f in zip(with_grad, flags[:k])},
+            {n: bool(f) for (n, _), f in zip(with_grad, flags[k:])})
+
+
+def _changes(with_grad, before, after_step, current) -> tuple[dict, dict, dict]:
+    """Per parameter: the step moved it; the next forward kept the stepped value; or reset it to the
+    old one. Compared on the device (as torch.equal: same shape, every element equal) and read back
+    together: one host sync per device, not three per parameter."""
+    from ...core.readback import read_back
+
+    def equal(a, b):
+        return (a == b).all() if a.shape == b.shape else None
+
+    checks = []
+    for n, p in with_grad:
+        now = current.get(n, p.detach())
+        checks += [equal(after_step[n], before[n]), equal(now, after_step[n]), equal(now, before[n])]
+    on_device = [c for c in checks if c is not None]
+    values = iter(read_back(on_device))
+    flags = [False if c is None else bool(next(values)) for c in checks]
+    moved, kept, reset_to = {}, {}, {}
+    for i, (n, _) in enumerate(with_grad):
+        moved[n], kept[n], reset_to[n] = not flags[3 * i], flags[3 * i + 1], flags[3 * i + 2]
+    return moved, kept, reset_to
 
 
 def _zero_init(work, inputs, ctx, zero, sources) -> dict[str, str]:

@@ -8,6 +8,8 @@
   but finite tensor can overflow its sum: that is only a suspicion, decided exactly afterwards."""
 from __future__ import annotations
 
+from ...core.readback import read_back
+
 import math
 
 _FULL: tuple = ()
@@ -92,21 +94,6 @@ def _sum(scalars):
     import torch
 
     return torch.stack([s.to(torch.float64) for s in scalars]).sum()
-
-
-def read_back(scalars) -> list[float]:
-    """The values of 0-dim tensors, one host sync per device (one on a single-device model)."""
-    import torch
-
-    by_device: dict = {}
-    for i, s in enumerate(scalars):
-        by_device.setdefault(s.device, []).append(i)
-    out = [0.0] * len(scalars)
-    for idx in by_device.values():
-        values = torch.stack([scalars[i].detach().reshape(()).to(torch.float64) for i in idx]).tolist()
-        for i, v in zip(idx, values):
-            out[i] = v
-    return out
 
 
 def all_finite(tensors) -> bool:

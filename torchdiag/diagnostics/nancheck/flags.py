@@ -13,7 +13,8 @@ import math
 
 from ...core.tracking import Call, ForwardHooks, describe
 from .checked import PassReport, checked_pass, forward_loss_backward
-from .finite import device_sum, flatten, floating_inputs, is_float, read_back, scalar_totals, totals
+from ...core.readback import read_back
+from .finite import device_sum, flatten, floating_inputs, is_float, scalar_totals, totals
 
 
 _Tensor = None

@@ -11,7 +11,8 @@ from ...core.guard import restore_buffers, snapshot_buffers
 from ...errors import ModelError
 from ...results import Result
 from .checked import PassReport
-from .finite import all_finite, counts, finite, read_back
+from ...core.readback import read_back
+from .finite import all_finite, counts, finite
 from .flags import localized_pass
 from .report import fmt_counts, fmt_range, steps_summary
 

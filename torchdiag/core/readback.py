@@ -1,0 +1,18 @@
+"""Values computed on the device, read back to the host together: one sync per device, not one per
+tensor (a per-module `.item()` drains the GPU queue after every module)."""
+from __future__ import annotations
+
+
+def read_back(scalars) -> list[float]:
+    """The values of 0-dim tensors, one host sync per device (one on a single-device model)."""
+    import torch
+
+    by_device: dict = {}
+    for i, s in enumerate(scalars):
+        by_device.setdefault(s.device, []).append(i)
+    out = [0.0] * len(scalars)
+    for idx in by_device.values():
+        values = torch.stack([scalars[i].detach().reshape(()).to(torch.float64) for i in idx]).tolist()
+        for i, v in zip(idx, values):
+            out[i] = v
+    return out
