@@ -163,15 +163,10 @@ def test_users_rich_py_does_not_shadow_the_library(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
-GRADCHECK_SCRIPTED = pytest.mark.xfail(
-    strict=True, reason="diagnostics/gradcheck.py check_spec does not refuse a TorchScript module: "
-                        "functional_call fails and the target is blamed (exit 3); fix in issue 15's report")
-
-
 @pytest.mark.parametrize("command, device", [("summary", "cpu"), ("gradflow", "cpu"), ("doctor", "cpu"),
                                              ("summary", "meta"), ("flops", "meta"), ("memory", "meta"),
                                              ("doctor", "meta"), ("nancheck", "cpu"), ("overfit-batch", "cpu"),
-                                             pytest.param("gradcheck", "cpu", marks=GRADCHECK_SCRIPTED)])
+                                             ("gradcheck", "cpu")])
 def test_torchscript_model_is_a_usage_error(tmp_path, command, device):
     """Case 9: exit 4 in summary, gradflow and on meta; doctor said exit 3 and blamed the user's code."""
     spec = write_model(tmp_path).replace(":build", ":scripted")
@@ -404,12 +399,6 @@ def test_batch_sizes_and_budget_allocate_nothing(tmp_path):
     assert peak > 4 * 2**30 and rss < peak / 4, (peak, rss)
 
 
-TOKENS_UTF8 = pytest.mark.xfail(
-    strict=True, reason="cli/attention.py _tokens reads @FILE with read_text() and no decode error handling "
-                        "(exit 4); fix in issue 15's report")
-
-
-@TOKENS_UTF8
 def test_tokens_file_that_is_not_utf8_is_a_usage_error(tmp_path):
     (tmp_path / "tokens.txt").write_bytes(b"the\ncat\n\xff\xfe\n")
     r = torchdiag("attention", str(Path(__file__).resolve().parent.parent / "sample_models" / "vit.py:build"),

@@ -32,7 +32,13 @@ def _tokens(text):
         p = Path(text[1:])
         if not p.is_file():
             raise UsageError(f"tokens file not found: {p}")
-        return [line.rstrip("\n") for line in p.read_text().splitlines()]
+        try:
+            return [line.rstrip("\n") for line in p.read_text(encoding="utf-8").splitlines()]
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"--tokens {p}: not UTF-8 text (byte {exc.start})",
+                             hint="save the token file as UTF-8, one token per line") from None
+        except OSError as exc:
+            raise UsageError(f"--tokens {p}: cannot read it: {exc.strerror or exc}") from None
     return [t.strip() for t in text.split(",")]
 
 

@@ -68,7 +68,17 @@ class Checked:
 
 
 def resolve_target(obj, kwargs: dict, label: str):
-    """(kind, callable or module) for a Function subclass, Module class/instance or function."""
+    """(kind, callable or module) for a Function subclass, Module class/instance or function; a
+    TorchScript module is a usage error (as on every command), not a failure of the target."""
+    from ..core.loading import refuse_scripted
+
+    kind, target = _resolve(obj, kwargs, label)
+    if kind == "nn.Module":
+        refuse_scripted(target, label)
+    return kind, target
+
+
+def _resolve(obj, kwargs: dict, label: str):
     import torch
     from torch import nn
 
