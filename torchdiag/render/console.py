@@ -86,7 +86,7 @@ def _print_table(con, t) -> None:
     # numbers, sizes and bars are one piece each; so is a row name that fits in half the width.
     # Other text wraps between words, never inside one (`no-grad`, `32x20`).
     atomics = [c.kind != "text" or (i == 0 and longest[i] <= half) for i, c in enumerate(t.columns)]
-    narrowest = [max(len(h), n) if a else max(w, *(len(x) for x in h.split()))
+    narrowest = [max(len(h), n) if a else max([w, *(len(x) for x in h.split())])
                  for h, n, w, a in zip(titles, longest, words, atomics)]
     too_wide = sum(n + 3 for n in narrowest) + 1 > con.width
     for i, c in enumerate(t.columns):
