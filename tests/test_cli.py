@@ -68,11 +68,13 @@ def test_every_command_prints_exactly_one_json_document(cli, command, tmp_path, 
 
 
 def test_option_errors_are_one_error_line_and_json_document():
-    out = subprocess.run([sys.executable, "-m", "torchdiag", "summary", "sample_models/mlp.py:build", "--depth", "-1",
-                          "--json"], capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 2
-    assert out.stderr.startswith("error: Invalid value for '--depth'") and "Traceback" not in out.stderr
-    assert json.loads(out.stdout)["exit_code"] == 2
+    # click's own check (not an integer) and the Options' check (out of range): the same shape of error
+    for value, words in (("x", "error: Invalid value for '--depth'"), ("-1", "error: --depth: must be ≥ 0, got -1")):
+        out = subprocess.run([sys.executable, "-m", "torchdiag", "summary", "sample_models/mlp.py:build", "--depth",
+                              value, "--json"], capture_output=True, text=True, cwd=ROOT)
+        assert out.returncode == 2
+        assert out.stderr.startswith(words) and "Traceback" not in out.stderr, out.stderr
+        assert json.loads(out.stdout)["exit_code"] == 2
     out = subprocess.run([sys.executable, "-m", "torchdiag", "flops", "--bogus"], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2 and out.stderr.splitlines()[0].startswith("error: No such option: --bogus")
 

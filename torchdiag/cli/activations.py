@@ -20,7 +20,7 @@ Layer = Annotated[Optional[list[str]], typer.Option("--layer", "-l", metavar="NA
                                                     help="Module path to picture (repeatable). Default with --images/--tb: every conv layer.")]
 Images = Annotated[Optional[Path], typer.Option("--images", metavar="DIR", show_default=False,
                                                 help="Write <layer>_features.png (feature maps of sample 0) and <layer>_filters.png (conv filters) into DIR.")]
-Eps = Annotated[float, typer.Option("--eps", min=0.0, max=0.5, help="Saturation margin for bounded activations (Sigmoid, Tanh, ...).")]
+Eps = Annotated[float, typer.Option("--eps", help="Saturation margin for bounded activations (Sigmoid, Tanh, ...), 0 to 0.5.")]
 
 
 def register(app) -> None:

@@ -20,7 +20,7 @@ Tokens = Annotated[Optional[str], typer.Option("--tokens", metavar="A,B,…|@FIL
                                                help="Token labels for the axes: comma-separated, or @FILE with one per line.")]
 Images = Annotated[Optional[Path], typer.Option("--images", metavar="DIR", show_default=False,
                                                 help="Write attention_<layer>.png (one heatmap per head) into DIR.")]
-Sample = Annotated[int, typer.Option("--sample", min=0, help="Which batch element to draw.")]
+Sample = Annotated[int, typer.Option("--sample", help="Which batch element to draw (0 = the first).")]
 
 
 def _tokens(text):

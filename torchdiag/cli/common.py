@@ -25,7 +25,7 @@ Seed = Annotated[int, typer.Option("--seed", help="Seed for random inputs and ta
 Json = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")]
 Tb = Annotated[Optional[Path], typer.Option("--tb", metavar="DIR", help="Also write TensorBoard event files under DIR/<command>/.")]
 Debug = Annotated[bool, typer.Option("--debug", help="Show full tracebacks.")]
-Depth = Annotated[int, typer.Option("--depth", min=0, help="Module nesting depth shown in tables.")]
+Depth = Annotated[int, typer.Option("--depth", help="Module nesting depth shown in tables (≥ 0).")]
 # Loss/targets, for commands that run backward.
 Loss = Annotated[str, typer.Option("--loss", help="auto|cross_entropy|mse|sum|PATH:fn (fn(output, target) -> scalar).")]
 # Weights for the model built from MODEL_SPEC (core.checkpoint): never unpickled beyond tensors.

@@ -27,7 +27,7 @@ Size = Annotated[Optional[str], typer.Option("--size", metavar="H[xW]", show_def
 Mean = Annotated[str, typer.Option("--mean", metavar="R,G,B", help="Normalisation mean (pixels scaled to [0,1] first); one number = every channel.")]
 Std = Annotated[str, typer.Option("--std", metavar="R,G,B", help="Normalisation std; one number = every channel.")]
 Channels = Annotated[int, typer.Option("--channels", metavar="3|1", help="3: RGB input; 1: grayscale input (e.g. MNIST), one --mean/--std.")]
-Alpha = Annotated[float, typer.Option("--alpha", min=0.0, max=1.0, help="Heatmap opacity in the overlay.")]
+Alpha = Annotated[float, typer.Option("--alpha", help="Heatmap opacity in the overlay, 0 to 1.")]
 
 
 def register(app) -> None:

@@ -24,7 +24,7 @@ def register(app) -> None:
     @app.command("nancheck", epilog=EXAMPLE, no_args_is_help=True)
     def nancheck(spec: c.Spec, arg: c.Args = None, input: c.Inputs = None, device: c.Device = "auto",
                  loss: c.Loss = "auto", batch: c.Batch = None,
-                 steps: Annotated[int, typer.Option("--steps", min=0, help="Also run N optimizer steps on a copy of the model, same batch, and report where values first go non-finite.")] = 0,
+                 steps: Annotated[int, typer.Option("--steps", help="Also run N ≥ 0 optimizer steps on a copy of the model, same batch, and report where values first go non-finite.")] = 0,
                  lr: Annotated[float, typer.Option("--lr", help="Learning rate for --steps.")] = 0.01,
                  optimizer: Annotated[str, typer.Option("--optimizer", help="sgd|adam|adamw, for --steps.")] = "sgd",
                  anomaly: Annotated[bool, typer.Option("--anomaly", help="Also run under autograd anomaly detection and show the forward trace of the failing op (anomaly mode costs 1.2-1.5x a forward+backward at real model sizes, more on tiny models).")] = False,
