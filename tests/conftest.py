@@ -73,6 +73,13 @@ def cli():
     return run
 
 
+def load_module(name: str):
+    """A sample model file as a module (its classes and factories)."""
+    from torchdiag.core.loading import import_module
+
+    return import_module(str(SAMPLES / name))
+
+
 def load(name: str, *arg_pairs, device="cpu", inputs=None):
     """(model, ModelInputs) for a sample model, as the CLI would build them."""
     import torch

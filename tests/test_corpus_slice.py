@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
@@ -51,30 +49,13 @@ def test_the_auxiliary_head_is_in_the_loss(runs):
     assert not any(f["code"] in ("no-grad", "param-not-updated") for f in grad["errors"] + grad["warnings"])
 
 
-class ZeroInitResidual(nn.Module):
-    """timm's zero_init_last: the last BatchNorm scale of every residual branch starts at 0 (healthy)."""
-
-    def __init__(self, width=8, blocks=2, classes=5):
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
-        self.blocks = nn.ModuleList()
-        for _ in range(blocks):
-            bn = nn.BatchNorm2d(width)
-            nn.init.zeros_(bn.weight)
-            self.blocks.append(nn.Sequential(nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width),
-                                             nn.ReLU(), nn.Conv2d(width, width, 3, padding=1, bias=False), bn))
-        self.head = nn.Linear(width, classes)
-
-    def forward(self, x):
-        x = self.stem(x)
-        for b in self.blocks:
-            x = torch.relu(x + b(x))
-        return self.head(x.mean((2, 3)))
-
-
 def test_zero_init_residual_is_not_an_error():
     from corpus_models import Entry
 
-    r = corpus.run_model(Entry("zero_init_residual", "plain", ZeroInitResidual, ["2x3x8x8"]), ["gradflow", "doctor"], 0)
+    from conftest import load_module
+
+    # timm's zero_init_last: the last BatchNorm scale of every residual branch starts at 0 (healthy)
+    zero_init_residual = load_module("by_design.py").ZeroInitResidual
+    r = corpus.run_model(Entry("zero_init_residual", "plain", zero_init_residual, ["2x3x8x8"]), ["gradflow", "doctor"], 0)
     for c in r["commands"]:
         assert c["errors"] == [] and c["exit"] == 0, c
