@@ -7,24 +7,24 @@ multiple of a training step on a GPU. Each row: a Linear+ReLU MLP of that depth,
 command through the Python API; counts per op, and where (file:line) the most frequent ones are.
 Syncs made inside torch.optim (torch's single-tensor Adam reads each parameter's `step` counter, a
 CPU tensor even on a GPU) are the optimizer's, not the command's: counted apart in the `optimizer`
-column, with a plain loop of the same optimizer and steps for comparison. Commands that fail (doctor
-is being restructured) are skipped with the reason."""
+column, with a plain loop of the same optimizer and steps for comparison. A command that fails is
+skipped with the reason."""
 from __future__ import annotations
 
-from common import ROOT  # noqa: F401,E402  (puts the repository on sys.path)
+from common import ROOT  # noqa: E402  (also puts the repository on sys.path)
 
 RUNS = [("nancheck", {}), ("nancheck", {"steps": 3}), ("gradflow", {}), ("overfit-batch", {"steps": 3}),
         ("doctor", {})]
 
 
 def mlp(depth: int):
+    """sample_models/mlp.py:deep, seeded."""
     import torch
 
+    from torchdiag.core.loading import import_module
+
     torch.manual_seed(0)
-    layers = []
-    for _ in range(depth):
-        layers += [torch.nn.Linear(16, 16), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers, torch.nn.Linear(16, 4))
+    return import_module(str(ROOT / "sample_models" / "mlp.py")).deep(depth)
 
 
 def in_optimizer(event) -> bool:

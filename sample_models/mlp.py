@@ -14,3 +14,12 @@ def example_inputs():
     import torch
 
     return (torch.randn(16, 784),)
+
+
+def deep(depth: int = 4, width: int = 16, classes: int = 4) -> nn.Module:
+    """`depth` Linear+ReLU layers of `width` (input: N x width): the same model at any depth, to show a
+    cost does (or does not) grow with it (bench/bench_syncs.py, tests/test_syncs.py)."""
+    layers = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, classes))

@@ -121,11 +121,10 @@ def _line() -> int:
 # --- nancheck: a healthy pass costs the same at depth 4 and 64 ----------------------------------
 
 def mlp(depth: int):
+    from conftest import load_module
+
     torch.manual_seed(0)
-    layers = []
-    for _ in range(depth):
-        layers += [torch.nn.Linear(16, 16), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers, torch.nn.Linear(16, 4))
+    return load_module("mlp.py").deep(depth)
 
 
 def nancheck_syncs(depth: int, steps: int = 0) -> SyncCounter:
