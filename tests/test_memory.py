@@ -253,7 +253,7 @@ def test_parse_bytes():
     (["--device", "cuda"], "device 'cuda' is not available"),
     (["--snapshot", "/tmp/x.pickle", "--device", "cpu"], "--snapshot"),
     (["-i", "8xq"], "bad input shape"),
-    (["--amp", "--dtype", "float16"], "--amp"),
+    (["--amp", "fp16", "--dtype", "float16"], "--amp"),
 ])
 def test_bad_input_exit_2(cli, args, needle, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # a CPU-only machine, even on a GPU box
@@ -388,7 +388,7 @@ def test_shard_every_stage_exact_on_a_hand_built_model():
 
 @pytest.mark.parametrize("args,flag", [
     (["--budget", "lots"], "--budget"), (["--batch-sizes", "0,2"], "--batch-sizes"), (["--shard", "0"], "--shard"),
-    (["--top", "-1"], "--top"), (["--mode", "eval"], "--mode"), (["--amp", "--dtype", "bfloat16"], "--amp"),
+    (["--top", "-1"], "--top"), (["--mode", "eval"], "--mode"), (["--amp", "bf16", "--dtype", "bfloat16"], "--amp"),
     (["--optimizer", "lion"], "--optimizer"), (["--dtype", "int8"], "--dtype"),
 ])
 def test_bad_option_is_exit_2_before_loading(cli, args, flag):

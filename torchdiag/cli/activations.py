@@ -27,7 +27,7 @@ def register(app) -> None:
     @app.command("activations", epilog=EXAMPLE, no_args_is_help=True)
     def activations(spec: c.Spec, layer: Layer = None, images: Images = None, eps: Eps = 0.01,
                     arg: c.Args = None, input: c.Inputs = None, device: c.Device = "auto", seed: c.Seed = 0,
-                    json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True) -> None:
+                    json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True, dtype: c.Dtype = None, amp: c.Amp = None) -> None:
         """What each module produces: output shape, mean, std, min, max, fraction of zeros and of
         saturated values, for one forward pass (eval mode, no grad).
 
@@ -38,7 +38,7 @@ def register(app) -> None:
         from ..render.activations import record
 
         opts = c.CommonOptions("activations", spec, arg or [], input or [], device, seed, json, tb, debug,
-                               outputs={"images": images}, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint)
+                               outputs={"images": images}, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint, dtype=dtype, amp=amp)
 
         def precheck():   # before loading anything
             from ..render.images import check_pictures

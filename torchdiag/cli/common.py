@@ -36,6 +36,14 @@ Checkpoint = Annotated[Optional[Path], typer.Option("--checkpoint", metavar="FIL
 StrictCheckpoint = Annotated[bool, typer.Option("--strict-checkpoint/--no-strict-checkpoint",
                                       help="On: a checkpoint key that is missing, unexpected or of another shape stops the run (exit 2). "
                                            "Off: load what fits, report each other key as a finding (exit 1).")]
+# Precision (core.run DTYPES/AMPS): one vocabulary on every command that runs the model.
+Dtype = Annotated[Optional[str], typer.Option("--dtype", metavar="float32|bfloat16|float16", show_default=False,
+                                              help="Cast parameters and float inputs to this dtype (pure reduced precision).")]
+Amp = Annotated[Optional[str], typer.Option("--amp", metavar="bf16|fp16", show_default=False,
+                                            help="Mixed precision: float32 weights, ops under torch.autocast in this dtype (fp16 with a GradScaler where a step runs).")]
+# Under torchrun (core.distributed): how each rank wraps the model.
+Wrap = Annotated[str, typer.Option("--wrap", metavar="none|ddp|fsdp",
+                                   help="Under torchrun: wrap the model in DistributedDataParallel or FSDP (fully_shard) on each rank.")]
 Batch = Annotated[Optional[str], typer.Option("--batch", metavar="PATH:fn", help="Function returning (inputs, target); gives the inputs, so not together with -i.")]
 
 
@@ -61,6 +69,7 @@ class CommonOptions:
     outputs: dict = field(default_factory=dict)   # kind -> path of the files asked for (--plot, --trace, ...)
     checkpoint: Optional[Path] = None    # --checkpoint FILE
     strict_checkpoint: bool = True       # --strict-checkpoint/--no-strict-checkpoint
+    wrap: str = "none"                   # --wrap none|ddp|fsdp (under torchrun)
 
     def run_spec(self, diagnostic=None):
         """The RunSpec; the optimizer is the diagnostic's default (its OPTIMIZER) with what was given."""
@@ -69,7 +78,8 @@ class CommonOptions:
         optimizer = optimizer_spec(getattr(diagnostic, "OPTIMIZER", None), **(self.optimizer or {}))
         return RunSpec(self.command, self.spec, tuple(self.args), tuple(self.inputs), self.batch, self.device,
                        self.dtype, self.amp, self.seed, self.loss, optimizer, self.needs_inputs, caller="cli",
-                       checkpoint=None if self.checkpoint is None else str(self.checkpoint), strict_checkpoint=self.strict_checkpoint)
+                       checkpoint=None if self.checkpoint is None else str(self.checkpoint), strict_checkpoint=self.strict_checkpoint,
+                       wrap=self.wrap)
 
     def render_spec(self):
         from ..render import RenderSpec

@@ -16,7 +16,7 @@ def register(app) -> None:
     @app.command("doctor", epilog=EXAMPLE, no_args_is_help=True)
     def doctor(spec: c.Spec, arg: c.Args = None, input: c.Inputs = None, device: c.Device = "auto",
                loss: c.Loss = "auto", batch: c.Batch = None, seed: c.Seed = 0, json: c.Json = False,
-               tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True) -> None:
+               tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True, dtype: c.Dtype = None, amp: c.Amp = None, wrap: c.Wrap = "none") -> None:
         """Run the checklist of bugs that let a model train while quietly doing the wrong thing.
 
         Each check gives a verdict, the module or parameter concerned, and a hint: tensors created in
@@ -31,7 +31,7 @@ def register(app) -> None:
         from ..diagnostics import doctor as diag
 
         opts = c.CommonOptions("doctor", spec, arg or [], input or [], device, seed, json, tb, debug,
-                               loss=loss, batch=batch, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint)
+                               loss=loss, batch=batch, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint, dtype=dtype, amp=amp, wrap=wrap)
         # the factory (meta rebuild), --batch target, loss, seed and the update check's optimizer
         # (doctor.OPTIMIZER) reach doctor through the run context
         c.execute(opts, diag, diag.Options)

@@ -36,7 +36,7 @@ def register(app) -> None:
         strict: Annotated[bool, typer.Option("--strict", help="Warnings (vanishing-grad, dead-units, saturated) also fail (exit 1).")] = False,
         eval_mode: Annotated[bool, typer.Option("--eval", help="Run the forward in eval mode (default: train mode, as in training).")] = False,
         plot: Annotated[Optional[Path], typer.Option("--plot", metavar="FILE.png", help="Write the gradient-flow figure (max and mean |grad| per layer; .png, .svg or .pdf); needs matplotlib.")] = None,
-        json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True,
+        json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True, dtype: c.Dtype = None, amp: c.Amp = None, wrap: c.Wrap = "none",
     ) -> None:
         """Does the gradient reach every parameter, and in what shape? One forward + backward.
 
@@ -49,7 +49,7 @@ def register(app) -> None:
 
         # --tb: the per-layer norms are one more TensorBoard writer of render/gradflow.py
         opts = c.CommonOptions("gradflow", spec, arg or [], input or [], device, seed, json, tb, debug,
-                               loss=loss, batch=batch, outputs={"plot": plot, "tb_layers": tb}, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint)
+                               loss=loss, batch=batch, outputs={"plot": plot, "tb_layers": tb}, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint, dtype=dtype, amp=amp, wrap=wrap)
 
         def precheck():  # before loading anything
             if plot is not None:

@@ -22,15 +22,13 @@ def register(app) -> None:
     def memory(spec: c.Spec, arg: c.Args = None, input: c.Inputs = None, device: c.Device = "auto",
                mode: Annotated[str, typer.Option("--mode", help="train (forward, backward, optimizer step) or inference (forward, no grad).")] = "train",
                optimizer: Annotated[str, typer.Option("--optimizer", help="adam|adamw|sgd (sgd with momentum 0.9).")] = "adam",
-               dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32|bfloat16|float16: cast parameters and float inputs.")] = None,
-               amp: Annotated[bool, typer.Option("--amp", help="Autocast (bfloat16 on CPU/estimates, float16 on CUDA); weights stay float32.")] = False,
                batch_sizes: Annotated[Optional[str], typer.Option("--batch-sizes", metavar="N,N,...", help="Estimate the peak for each batch size, e.g. 1,8,32.")] = None,
                budget: Annotated[Optional[str], typer.Option("--budget", metavar="SIZE", help="Memory per device, e.g. 24GiB, 512MB: the largest batch size that fits (estimated).")] = None,
                shard: Annotated[int, typer.Option("--shard", metavar="N", help="Per-device estimate with parameters/gradients/optimizer state sharded over N devices (ZeRO-1/2/3, FSDP).")] = 1,
                snapshot: Annotated[Optional[Path], typer.Option("--snapshot", metavar="FILE.pickle", help="CUDA only: record allocation history for PyTorch's memory viewer.")] = None,
                top: Annotated[int, typer.Option("--top", help="Modules shown, by activation memory (0 = all).")] = 10,
                depth: c.Depth = 3, loss: c.Loss = "auto", batch: c.Batch = None, seed: c.Seed = 0,
-               json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True) -> None:
+               json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True, dtype: c.Dtype = None, amp: c.Amp = None, wrap: c.Wrap = "none") -> None:
         """Where the memory goes in a training step: parameters, gradients, optimizer state, activations
         (saved for backward), temporaries; the peak and when it happens; per-module activation memory.
 
@@ -41,9 +39,8 @@ def register(app) -> None:
         from ..render.memory import record
         from ..render.output import check_file
 
-        precision = dict(dtype=dtype, amp="auto" if amp else None)
         opts = c.CommonOptions("memory", spec, arg or [], input or [], device, seed, json, tb, debug, loss, batch,
-                               optimizer=dict(name=optimizer), outputs={"snapshot": snapshot}, **precision, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint)
+                               optimizer=dict(name=optimizer), outputs={"snapshot": snapshot}, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint, dtype=dtype, amp=amp, wrap=wrap)
 
         c.execute(opts, diag, lambda: diag.Options(mode=mode, batch_sizes=batch_sizes or (), budget=budget, top=top,
                                                    depth=depth, shard=shard, snapshot=snapshot is not None),

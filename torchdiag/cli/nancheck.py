@@ -28,7 +28,7 @@ def register(app) -> None:
                  lr: Annotated[float, typer.Option("--lr", help="Learning rate for --steps.")] = 0.01,
                  optimizer: Annotated[str, typer.Option("--optimizer", help="sgd|adam|adamw, for --steps.")] = "sgd",
                  anomaly: Annotated[bool, typer.Option("--anomaly", help="Also run under autograd anomaly detection and show the forward trace of the failing op (anomaly mode costs 1.2-1.5x a forward+backward at real model sizes, more on tiny models).")] = False,
-                 seed: c.Seed = 0, json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True) -> None:
+                 seed: c.Seed = 0, json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True, dtype: c.Dtype = None, amp: c.Amp = None, wrap: c.Wrap = "none") -> None:
         """Where do NaN or Inf come from? Checks, in order: model inputs, parameters and buffers, the
         output of every module in execution order, the loss, gradients in backward order, parameter
         gradients.
@@ -40,5 +40,5 @@ def register(app) -> None:
         from ..diagnostics import nancheck as diag
 
         opts = c.CommonOptions("nancheck", spec, arg or [], input or [], device, seed, json, tb, debug,
-                               loss=loss, batch=batch, optimizer=dict(name=optimizer, lr=lr), checkpoint=checkpoint, strict_checkpoint=strict_checkpoint)
+                               loss=loss, batch=batch, optimizer=dict(name=optimizer, lr=lr), checkpoint=checkpoint, strict_checkpoint=strict_checkpoint, dtype=dtype, amp=amp, wrap=wrap)
         c.execute(opts, diag, lambda: diag.Options(steps=steps, anomaly=anomaly))

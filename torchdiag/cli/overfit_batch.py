@@ -30,7 +30,6 @@ Ratio = Annotated[float, typer.Option("--target-ratio", help="Pass when the loss
                                                             "(and, for cross-entropy, batch accuracy is 100%).")]
 TargetLoss = Annotated[Optional[float], typer.Option("--target-loss", show_default=False,
                                                      help="Also pass when the loss falls to this absolute value.")]
-Amp = Annotated[str, typer.Option("--amp", help="none|bf16|fp16: train under torch.autocast (fp16 with a GradScaler).")]
 Plot = Annotated[Optional[Path], typer.Option("--plot", metavar="FILE.png", show_default=False,
                                               help="Save the loss curve (matplotlib; .png, .svg or .pdf).")]
 
@@ -38,9 +37,9 @@ def register(app) -> None:
     @app.command("overfit-batch", epilog=EXAMPLE, no_args_is_help=True)
     def overfit_batch(spec: c.Spec, arg: c.Args = None, input: c.Inputs = None, batch: c.Batch = None,
                       loss: c.Loss = "auto", steps: Steps = 500, optimizer: Optimizer = "adam", lr: Lr = None,
-                      target_ratio: Ratio = 0.01, target_loss: TargetLoss = None, amp: Amp = "none",
+                      target_ratio: Ratio = 0.01, target_loss: TargetLoss = None,
                       device: c.Device = "auto", seed: c.Seed = 0, plot: Plot = None, json: c.Json = False,
-                      tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True) -> None:
+                      tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True, dtype: c.Dtype = None, amp: c.Amp = None, wrap: c.Wrap = "none") -> None:
         """Can this model memorise one batch? Trains a copy on one fixed batch and gives a verdict.
 
         The classic sanity test before a long run: a correct model, loss and optimizer drive the loss
@@ -53,8 +52,8 @@ def register(app) -> None:
         from ..render.overfit_batch import check_plot
 
         opts = c.CommonOptions("overfit-batch", spec, arg or [], input or [], device, seed, json, tb, debug,
-                               loss=loss, batch=batch, optimizer=dict(name=optimizer, lr=lr), amp=amp,
-                               outputs={"plot": plot}, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint)
+                               loss=loss, batch=batch, optimizer=dict(name=optimizer, lr=lr),
+                               outputs={"plot": plot}, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint, dtype=dtype, amp=amp, wrap=wrap)
         c.execute(opts, diag, lambda: diag.Options(steps=steps, target_ratio=target_ratio, target_loss=target_loss),
                   run=_with_progress(diag, opts.json), render_extra=_after(opts.json),
                   precheck=lambda: check_plot(plot))   # before loading

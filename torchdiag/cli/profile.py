@@ -40,7 +40,7 @@ def register(app) -> None:
                 mode: Mode = "inference", wait: Wait = 1, warmup: Warmup = 2, active: Active = 5,
                 top: Top = 15, record_shapes: Shapes = False, memory: Memory = False, trace: Trace = None,
                 syncs: Syncs = False, optimizer: Optim = "adam", loss: c.Loss = "auto", batch: c.Batch = None, depth: c.Depth = 3,
-                seed: c.Seed = 0, json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True) -> None:
+                seed: c.Seed = 0, json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True, dtype: c.Dtype = None, amp: c.Amp = None, wrap: c.Wrap = "none") -> None:
         """Where the time goes: step time (mean, median, p90), throughput, top operators by self time,
         time per module, and a Chrome/Perfetto trace.
 
@@ -56,7 +56,7 @@ def register(app) -> None:
 
         opts = c.CommonOptions("profile", spec, arg or [], input or [], device, seed, json, tb, debug,
                                loss=loss, batch=batch, optimizer=dict(name=optimizer),
-                               outputs={"trace": trace, "tb_trace": tb}, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint)
+                               outputs={"trace": trace, "tb_trace": tb}, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint, dtype=dtype, amp=amp, wrap=wrap)
         c.execute(opts, diag, lambda: diag.Options(
             mode=mode, wait=wait, warmup=warmup, active=active, top=top, record_shapes=record_shapes,
             memory=memory, trace=trace is not None or tb is not None, depth=depth, syncs=syncs),

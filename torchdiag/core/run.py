@@ -15,6 +15,7 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 DEFAULT_LR = {"adam": 1e-3, "adamw": 1e-3, "sgd": 1e-2}
 DTYPES = ("float32", "bfloat16", "float16")
 AMPS = ("bf16", "fp16", "auto")      # auto: bfloat16 on CPU, float16 on CUDA
+WRAPS = ("none", "ddp", "fsdp")      # how each rank wraps the model under torchrun
 SEED_RANGE = (0, 2**64)              # what torch.manual_seed accepts
 
 
@@ -110,6 +111,7 @@ class RunSpec:
     caller: str = "cli"                      # cli|python|config: how options are named in messages
     checkpoint: str | None = None            # weights file loaded into the built model (core.checkpoint)
     strict_checkpoint: bool = True           # a checkpoint key that does not fit stops the run (else: findings)
+    wrap: str = "none"                       # none|ddp|fsdp: the model's wrapper on each rank (core.distributed)
 
     def __post_init__(self):
         if self.caller not in CALLERS:
@@ -119,6 +121,7 @@ class RunSpec:
         flag("strict_checkpoint", self.strict_checkpoint)
         if self.checkpoint is not None and not isinstance(self.checkpoint, str):
             object.__setattr__(self, "checkpoint", str(self.checkpoint))   # a Path
+        object.__setattr__(self, "wrap", choice("wrap", self.wrap, WRAPS))
         number("seed", self.seed, low=SEED_RANGE[0], high=SEED_RANGE[1], high_open=True, integer=True)
         if self.dtype is not None:
             object.__setattr__(self, "dtype", choice("dtype", self.dtype, DTYPES))

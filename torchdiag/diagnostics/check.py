@@ -17,7 +17,7 @@ from ..errors import DiagError, ExitCode, Terminated, UsageError, interrupt_code
 from ..results import Column, Result, Table
 
 MODEL_KEYS = {"model", "inputs", "device", "args", "loss", "batch", "seed", "name", "check", "checkpoint",
-              "strict-checkpoint"}
+              "strict-checkpoint", "dtype", "amp"}
 CHECK_KEYS = {"max-params", "max-trainable-params", "max-gmacs", "max-gflops", "nancheck", "gradflow",
               "overfit-batch", "doctor", "allow", "strict", "max-peak-memory"}
 OVERFIT_KEYS = {"steps", "target-ratio", "target-loss", "lr", "optimizer", "seed"}
@@ -112,12 +112,13 @@ def _type_error(key, value, where, expected, example):
 def validate_model_entry(entry: dict, where: str) -> None:
     """Types of the model keys (model, inputs, device, args, loss, batch, seed, name, check)."""
     for key, value in entry.items():
-        if key in ("model", "device", "loss", "batch", "name", "checkpoint") and not isinstance(value, str):
+        if key in ("model", "device", "loss", "batch", "name", "checkpoint", "dtype", "amp") and not isinstance(value, str):
             raise _type_error(key, value, where, "a string", {"model": 'model = "models/net.py:build"',
                                                               "device": 'device = "cpu"', "loss": 'loss = "auto"',
                                                               "batch": 'batch = "data.py:one_batch"',
                                                               "name": 'name = "small"',
-                                                              "checkpoint": 'checkpoint = "weights.safetensors"'}[key])
+                                                              "checkpoint": 'checkpoint = "weights.safetensors"',
+                                                              "dtype": 'dtype = "bfloat16"', "amp": 'amp = "bf16"'}[key])
         if key == "strict-checkpoint" and not isinstance(value, bool):
             raise _type_error(key, value, where, "true or false", "strict-checkpoint = false")
         if key == "inputs" and not (isinstance(value, str) or
@@ -245,7 +246,7 @@ def _model_config(name: str, merged: dict, inputs: list, args: list, check: dict
         spec = RunSpec("check", merged["model"], tuple(args), tuple(inputs), merged.get("batch"),
                        merged.get("device", "auto"), seed=int(merged.get("seed", 0)), loss=merged.get("loss", "auto"),
                        checkpoint=merged.get("checkpoint"), strict_checkpoint=merged.get("strict-checkpoint", True),
-                       caller="config")
+                       dtype=merged.get("dtype"), amp=merged.get("amp"), caller="config")
     except OptionError as exc:
         raise UsageError(f"{exc.name_for('config').message} in {where}", hint=exc.hint) from None
     check = dict(check)
