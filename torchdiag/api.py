@@ -7,7 +7,9 @@
 `inputs` may be a tensor, a tuple/list (positional), a dict (keyword) or None (the model's
 `example_input_array`). Run-wide keywords, the same on every function that uses them: `loss` (a rule
 name: auto, cross_entropy, mse, sum; or a callable fn(output, target) -> scalar), `target` (a fixed
-target tensor), `seed`, `optimizer`/`lr`/`momentum` (commands that take steps), `dtype`, `amp`. Every
+target tensor), `seed`, `optimizer`/`lr`/`momentum` (commands that take steps), `dtype` ("float32",
+"bfloat16", "float16": the diagnostic runs on a cast copy), `amp` ("bf16", "fp16"; True = the device's
+own: fp16 on CUDA, bf16 elsewhere). Every
 other keyword is the diagnostic's own option, named as on the command line with `_` for `-`. The
 model's own device is used. Nothing heavy is imported until a function is called."""
 from __future__ import annotations
@@ -82,6 +84,7 @@ def run_spec(command: str, diagnostic=None, *, loss: Any = "auto", **kw):
 def run(command: str, model, inputs=None, *, loss: Any = "auto", target=None, **options):
     """Any diagnostic by its command name: `torchdiag.api.run("gradflow", model, x, strict=True)`."""
     from .core.context import context_for
+    from .core.precision import cast_copy, cast_inputs
     from .diagnostics import invoke, module
 
     d = module(command)
@@ -90,7 +93,10 @@ def run(command: str, model, inputs=None, *, loss: Any = "auto", target=None, **
         options.pop(key, None)
     opts = _options(d, **options)
     ctx = context_for(model, spec, loss=loss, target=target)
-    return invoke(d, model, as_inputs(model, inputs) if getattr(d, "TAKES_INPUTS", True) else None, opts, ctx)
+    # dtype=: the diagnostic gets a cast copy and cast float inputs; the caller's model is never changed
+    work = cast_copy(model, spec.dtype)
+    given = cast_inputs(as_inputs(model, inputs), spec.dtype) if getattr(d, "TAKES_INPUTS", True) else None
+    return invoke(d, work, given, opts, ctx)
 
 
 def _command(command: str, doc: str):

@@ -47,9 +47,26 @@ class Context:
     @property
     def autocast_dtype(self) -> str | None:
         """bfloat16/float16 when the run autocasts (the spec's amp resolved for this device), else None."""
-        from .run import autocast_dtype
+        return self.precision.amp
 
-        return autocast_dtype(self.spec.amp, self.device.type)
+    @property
+    def precision(self):
+        """core.precision.Precision: --dtype and --amp resolved for this device (compute dtype, facts)."""
+        from .precision import precision_of
+
+        return precision_of(self.spec, self.device.type)
+
+    def autocast(self):
+        """`with ctx.autocast():` torch.autocast in the run's amp dtype, or nothing without --amp."""
+        from .precision import autocast
+
+        return autocast(self.precision, self.device)
+
+    def grad_scaler(self):
+        """A fresh torch.amp.GradScaler for fp16 autocast (where a step runs), else None."""
+        from .precision import grad_scaler
+
+        return grad_scaler(self.precision, self.device)
 
     def option(self, name: str) -> str:
         """An option as the caller writes it (--flag, keyword, or pyproject key)."""
@@ -109,11 +126,15 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
     from .inputs import ModelInputs, resolve_inputs
     from .loading import load_model
 
+    from .precision import cast_inputs, cast_model, check_supported
+
     device = resolve_device(spec.device)
     if needs_values and device.type == "meta":  # refused before the model is built
         raise_meta(spec.command)
+    check_supported(spec, device)
     loaded = load_model(spec.model, list(spec.args), device, spec.seed)
     checkpoints = load_checkpoints(spec, loaded, device)
+    cast_model(loaded.model, spec.dtype)   # --dtype, once, after the weights: the CLI's model is ours
     batch_target = None
     if spec.batch:
         from .loss import load_batch
@@ -123,10 +144,18 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
         inputs = resolve_inputs(list(spec.inputs), loaded, device, spec.seed)
     else:
         inputs = ModelInputs()
+    inputs = cast_inputs(inputs, spec.dtype)
     ctx = Context(spec, device, loaded, batch_target, header=_header(spec, device, loaded, inputs), checkpoints=checkpoints)
     if checkpoints:
         ctx.header["checkpoint"] = [r.describe() for r in checkpoints]
+    precision_header(ctx)
     return loaded.model, inputs, ctx
+
+
+def precision_header(ctx: Context) -> None:
+    """The precision in the header when the run asked for one (float32 runs keep their header as it was)."""
+    if ctx.spec.dtype or ctx.spec.amp:
+        ctx.header["precision"] = ctx.precision.describe()
 
 
 def load_checkpoints(spec: RunSpec, loaded, device) -> list:
@@ -169,6 +198,11 @@ def context_for(model, spec: RunSpec, *, loss=None, target=None) -> Context:
     """The Python API's context: the device is the model's own; `loss` may be a callable."""
     from .loading import refuse_scripted
 
+    from .precision import check_supported
+
     refuse_scripted(model, "the model given")
     custom = loss if callable(loss) and not isinstance(loss, str) else None
-    return Context(spec, model_device(model), None, target, custom)
+    ctx = Context(spec, model_device(model), None, target, custom)
+    check_supported(spec, ctx.device)
+    precision_header(ctx)
+    return ctx
