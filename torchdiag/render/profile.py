@@ -21,9 +21,30 @@ def _trace_bytes(result, option: str, path) -> bytes:
     return data
 
 
+def rank_path(path, rank: int | None) -> str:
+    """Under torchrun each rank writes its own trace: run.json -> run.rank0.json, run.json.gz ->
+    run.rank0.json.gz, run -> run.rank0. No rank (plain run): the path as given."""
+    if rank is None:
+        return str(path)
+    p = Path(path)
+    gz = p.name.endswith(".gz")
+    stem = p.name[:-3] if gz else p.name
+    base, dot, ext = stem.rpartition(".")
+    name = f"{base}.rank{rank}.{ext}" if dot and base else f"{stem}.rank{rank}"
+    return str(p.with_name(name + (".gz" if gz else "")))
+
+
+def _rank(result) -> int | None:
+    """This process's rank under torchrun (set by the CLI on each rank's result), else None."""
+    rank = result.artefacts.get("rank")
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+
+
 def write_trace(result, path) -> str:
-    """The trace at `path` (gzip-compressed when the name ends in .gz, as torch.profiler does)."""
+    """The trace at `path` (gzip-compressed when the name ends in .gz, as torch.profiler does); under
+    torchrun, this rank's own file (rank_path)."""
     data = _trace_bytes(result, "--trace", path)
+    path = rank_path(path, _rank(result))
     if str(path).endswith(".gz"):
         data = gzip.compress(data)
     atomic_write(path, data, "--trace")

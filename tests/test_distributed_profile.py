@@ -1,0 +1,160 @@
+"""profile and memory under torchrun (issue 19, part B): the per-rank merges on hand-built per-rank
+documents (exact numbers), and one real 2-process gloo launch each for profile and memory."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from torchdiag.diagnostics.memory import ranks as mem_ranks
+from torchdiag.diagnostics.profiling import ranks as prof_ranks
+from torchdiag.render.profile import rank_path
+from torchdiag.results import Result
+
+
+def _prof_doc(rank, step_ms, collective_ms_per_step, active=5, trace=None):
+    doc = {"rank": rank, "step_time_ms": {"mean": step_ms, "median": step_ms, "p90": step_ms},
+           "active_steps": active, "collectives": {"time_us": collective_ms_per_step * 1e3 * active, "ops": []}}
+    if trace:
+        doc["trace"] = trace
+    return doc
+
+
+# ------------------------------------------------------------------------------------ profile, pure
+
+def test_union_counts_overlaps_once():
+    assert prof_ranks.union_us([]) == 0
+    assert prof_ranks.union_us([(20, 25), (0, 10), (5, 15)]) == 20       # [0,15] + [20,25]
+    assert prof_ranks.union_us([(0, 30), (5, 10), (29, 31)]) == 31       # nested, then touching the end
+    assert prof_ranks.union_us([(0, 10), (10, 12)]) == 12
+
+
+@pytest.mark.parametrize("name", ["gloo:all_reduce", "gloo:broadcast", "c10d::allreduce_", "nccl:all_reduce",
+                                  "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "record_param_comms"])
+def test_collective_names(name):
+    assert prof_ranks.is_collective(name)
+
+
+@pytest.mark.parametrize("name", ["aten::add", "DistributedDataParallel.forward", "ProfilerStep#3",
+                                  "torch.distributed.ddp.reducer::copy_bucket_to_grad", "module::fc1"])
+def test_not_collective(name):
+    assert not prof_ranks.is_collective(name)
+
+
+def test_collectives_from_events():
+    def ev(name, start, end):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end))
+
+    events = [ev("aten::mm", 0, 100), ev("c10d::allreduce_", 10, 12), ev("gloo:all_reduce", 11, 61),
+              ev("gloo:all_reduce", 200, 230), ev("aten::add_", 220, 300)]
+    got = prof_ranks.collectives(events)
+    assert got["time_us"] == 2 + 49 + 30                    # [10,61] and [200,230]
+    assert got["ops"] == [{"op": "gloo:all_reduce", "calls": 2, "time_us": 80.0},
+                          {"op": "c10d::allreduce_", "calls": 1, "time_us": 2.0}]
+
+
+def test_straggler_under_ddp_is_the_rank_the_others_wait_for():
+    # every step takes 60 ms on each rank (DDP's allreduce evens them out); the fast ranks wait
+    docs = [_prof_doc(0, 60.0, 50.0), _prof_doc(1, 60.0, 1.0), _prof_doc(2, 60.0, 45.0), _prof_doc(3, 60.0, 48.0)]
+    merged = Result("profile")
+    prof_ranks.merge_ranks(docs, merged)
+    s = merged.data["straggler"]
+    assert s["rank"] == 1 and s["fastest_rank"] == 0
+    assert s["compute_ms"] == pytest.approx(59.0)
+    assert s["lag_ms"] == pytest.approx(49.0)                 # 59 - 10
+    assert s["lag_pct"] == pytest.approx(4.9)                 # 49 / 10
+    assert s["median_compute_ms"] == pytest.approx(13.5)      # compute 10, 59, 15, 12 -> (12 + 15) / 2
+    assert s["lag_vs_median_ms"] == pytest.approx(45.5)
+    assert s["lag_vs_median_pct"] == pytest.approx(45.5 / 13.5, rel=1e-3)
+    rows = {r["rank"]: r for r in merged.table("rank_times").rows}
+    assert [rows[r]["compute_ms"] for r in range(4)] == pytest.approx([10.0, 59.0, 15.0, 12.0])
+    assert [rows[r]["lag_ms"] for r in range(4)] == pytest.approx([0.0, 49.0, 5.0, 2.0])
+    assert rows[0]["collective_share"] == pytest.approx(50 / 60, abs=1e-4)
+    assert [f.code for f in merged.findings] == ["straggler"] and merged.findings[0].where == "rank 1"
+    assert merged.findings[0].severity == "warning"
+    line = dict(merged.summary)["Straggler"]
+    assert "rank 1" in line and "+49.00 ms (+490%)" in line and "+45.50 ms (+337%)" in line
+
+
+def test_straggler_without_collectives_is_the_slowest_step():
+    docs = [_prof_doc(0, 20.0, 0.0, trace="run.rank0.json"), _prof_doc(1, 30.0, 0.0, trace="run.rank1.json")]
+    docs[0].pop("collectives")                                # --wrap none: no collective ever ran
+    merged = Result("profile")
+    prof_ranks.merge_ranks(docs, merged)
+    s = merged.data["straggler"]
+    assert (s["rank"], s["lag_ms"], s["lag_pct"]) == (1, 10.0, 0.5)
+    assert s["lag_vs_median_ms"] == 5.0 and s["lag_vs_median_pct"] == pytest.approx(0.2)
+    assert [r["trace"] for r in merged.table("rank_times").rows] == ["run.rank0.json", "run.rank1.json"]
+    assert [f.code for f in merged.findings] == ["straggler"]
+
+
+def test_even_ranks_name_no_straggler_finding():
+    docs = [_prof_doc(0, 10.0, 2.0), _prof_doc(1, 10.0, 2.0)]
+    merged = Result("profile")
+    prof_ranks.merge_ranks(docs, merged)
+    s = merged.data["straggler"]
+    assert s["rank"] == 0 and s["lag_ms"] == 0 and s["lag_pct"] == 0
+    assert merged.findings == []
+    assert "_style" not in merged.table("rank_times").rows[0]
+
+
+def test_small_lag_is_not_a_finding():
+    # 10% above the median (below the 20% rule), and 0.3 ms (below the 1 ms floor): no warning
+    for a, b in ((10.0, 12.2), (1.0, 1.7)):
+        merged = Result("profile")
+        prof_ranks.merge_ranks([_prof_doc(0, a, 0.0), _prof_doc(1, b, 0.0)], merged)
+        assert merged.data["straggler"]["rank"] == 1 and merged.findings == []
+
+
+@pytest.mark.parametrize("path,rank,want", [
+    ("run.json", 0, "run.rank0.json"), ("out/run.json", 3, "out/run.rank3.json"),
+    ("run.json.gz", 1, "run.rank1.json.gz"), ("trace", 2, "trace.rank2"), ("a.pt.trace.json", 1, "a.pt.trace.rank1.json"),
+    (".hidden", 0, ".hidden.rank0"), ("run.json", None, "run.json")])
+def test_rank_trace_names(path, rank, want):
+    assert rank_path(path, rank) == want
+
+
+# ------------------------------------------------------------------------------------- memory, pure
+
+def _mem_doc(rank, peak, fsdp_est=None, world=2):
+    doc = {"rank": rank, "peak_bytes": peak, "peak_phase": "backward"}
+    if fsdp_est is not None:
+        doc["shard"] = [{"stage": "ddp (no sharding)", "devices": world, "per_device_peak_bytes": 10 * peak},
+                        {"stage": "zero-3 / fsdp", "devices": world, "per_device_peak_bytes": fsdp_est}]
+    return doc
+
+
+def test_memory_peak_per_rank():
+    merged = Result("memory")
+    mem_ranks.merge_ranks([_mem_doc(0, 1000), _mem_doc(1, 5096), _mem_doc(2, 3000)], merged)
+    assert merged.data["peak_bytes_per_rank"] == [1000, 5096, 3000]
+    assert merged.data["max_peak_rank"] == 1 and merged.data["peak_spread_bytes"] == 4096
+    rows = merged.table("rank_memory").rows
+    assert [r["peak_bytes"] for r in rows] == [1000, 5096, 3000] and "estimate_bytes" not in rows[0]
+    assert "rank 1 4.98 KiB" in dict(merged.summary)["Peak per rank"]
+    assert "FSDP estimate" not in dict(merged.summary)
+
+
+def test_memory_fsdp_estimate_against_each_rank():
+    merged = Result("memory", header={"wrap": "fsdp"})
+    mem_ranks.merge_ranks([_mem_doc(0, 1000, 900), _mem_doc(1, 2000, 2500)], merged)
+    rows = merged.table("rank_memory").rows
+    assert [(r["estimate_bytes"], r["estimate_error_bytes"]) for r in rows] == [(900, -100), (2500, 500)]
+    assert [r["estimate_error"] for r in rows] == pytest.approx([-0.1, 0.25])
+    assert rows[1]["estimate_devices"] == 2
+    line = dict(merged.summary)["FSDP estimate"]
+    assert "2.44 KiB per device (--shard 2) vs 1.95 KiB measured on rank 1: +500 B (+25.0%)" in line
+    assert "over all ranks -10.0% to +25.0%" in line
+
+
+def test_memory_fsdp_without_a_shard_row_says_so():
+    merged = Result("memory", header={"wrap": "fsdp"})
+    mem_ranks.merge_ranks([_mem_doc(0, 1000), _mem_doc(1, 2000)], merged)
+    assert "FSDP estimate" not in dict(merged.summary)
+    assert any("no sharding estimate" in n for n in merged.notes)
+
+
+def test_memory_estimate_ignored_without_fsdp():
+    merged = Result("memory", header={"wrap": "ddp"})
+    mem_ranks.merge_ranks([_mem_doc(0, 1000, 900), _mem_doc(1, 2000, 2500)], merged)
+    assert "estimate_bytes" not in merged.table("rank_memory").rows[0]

@@ -1,0 +1,94 @@
+"""memory under torchrun: the measured peak per rank, and with `--wrap fsdp` the sharding estimate
+(`--shard` = world size, the ZeRO-3 / FSDP row) checked against what each rank measured.
+
+`merge_ranks(results, merged)` runs on rank 0 over every rank's JSON document (stdlib only). Each
+rank measured its own step on its own shard of the batch, so peaks may differ by rank (uneven data,
+a rank that does extra work); the estimate comes from each rank's own step as well."""
+from __future__ import annotations
+
+from ...render.fmt import human_bytes
+from ...results import Column, Table
+
+FSDP_STAGE = "zero-3 / fsdp"      # the row of memory/shard.py's table that FSDP's fully_shard is
+
+
+def fsdp_estimate(doc: dict) -> tuple[int, int] | None:
+    """(per-device peak estimated for ZeRO-3/FSDP, devices) from a rank's `shard` rows, None without them."""
+    for row in doc.get("shard") or []:
+        if row.get("stage") == FSDP_STAGE:
+            return int(row["per_device_peak_bytes"]), int(row["devices"])
+    return None
+
+
+def rank_rows(results: list[dict], fsdp: bool) -> list[dict]:
+    """One row per rank: measured peak (and the CUDA allocator's), the estimate and its error when `fsdp`."""
+    rows = []
+    for rank, doc in enumerate(results):
+        peak = int(doc["peak_bytes"])
+        row = {"rank": doc.get("rank", rank), "peak_bytes": peak, "peak_phase": doc.get("peak_phase")}
+        cuda = doc.get("cuda") or {}
+        if "peak_allocated_bytes" in cuda:
+            row["cuda_peak_allocated_bytes"] = int(cuda["peak_allocated_bytes"])
+        est = fsdp_estimate(doc) if fsdp else None
+        if est is not None:
+            row["estimate_bytes"], row["estimate_devices"] = est
+            row["estimate_error_bytes"] = est[0] - peak
+            row["estimate_error"] = (est[0] - peak) / peak if peak else None
+        rows.append(row)
+    return rows
+
+
+def merge_ranks(results: list[dict], merged) -> None:
+    """rank 0's hook: the per-rank peak table and summary lines; with --wrap fsdp, the estimate against
+    each rank's measured peak (or a note saying why there is none)."""
+    fsdp = _wrap(merged, results) == "fsdp"
+    rows = rank_rows(results, fsdp)
+    peaks = [r["peak_bytes"] for r in rows]
+    top = max(rows, key=lambda r: (r["peak_bytes"], -r["rank"]))
+    merged.data["peak_bytes_per_rank"] = peaks
+    merged.data["max_peak_rank"] = top["rank"]
+    merged.data["peak_spread_bytes"] = max(peaks) - min(peaks)
+    merged.tables.append(_table(rows))
+    merged.summary.append(("Peak per rank", " · ".join(f"rank {r['rank']} {human_bytes(r['peak_bytes'])}" for r in rows)
+                           + f" (largest: rank {top['rank']}, {human_bytes(max(peaks) - min(peaks))} above the smallest)"))
+    if not fsdp:
+        return
+    if any("estimate_bytes" not in r for r in rows):
+        merged.notes.append("--wrap fsdp: no sharding estimate to check (the ranks' results have no ZeRO-3/FSDP row)")
+        return
+    merged.summary.append(("FSDP estimate", estimate_line(rows)))
+
+
+def estimate_line(rows: list[dict]) -> str:
+    """The estimate against the largest measured peak, and the range of the error over ranks."""
+    top = max(rows, key=lambda r: (r["peak_bytes"], -r["rank"]))
+    errs = [r["estimate_error"] for r in rows if r["estimate_error"] is not None]
+    diff = top["estimate_error_bytes"]
+    line = (f"{human_bytes(top['estimate_bytes'])} per device (--shard {top['estimate_devices']}) vs "
+            f"{human_bytes(top['peak_bytes'])} measured on rank {top['rank']}: "
+            f"{'+' if diff >= 0 else '-'}{human_bytes(abs(diff))}")
+    if top["estimate_error"] is not None:
+        line += f" ({100 * top['estimate_error']:+.1f}%)"
+    if len(errs) > 1:
+        line += f"; over all ranks {100 * min(errs):+.1f}% to {100 * max(errs):+.1f}%"
+    return line
+
+
+def _wrap(merged, results) -> str | None:
+    """The ranks' wrapper, as the run recorded it (header or data)."""
+    for where in (merged.header, merged.data, results[0] if results else {}):
+        if where.get("wrap"):
+            return str(where["wrap"]).split()[0]
+    return None
+
+
+def _table(rows: list[dict]) -> Table:
+    cols = [Column("rank", "rank", "int"), Column("peak_bytes", "peak", "bytes"), Column("peak_phase", "at")]
+    if any("cuda_peak_allocated_bytes" in r for r in rows):
+        cols.append(Column("cuda_peak_allocated_bytes", "CUDA peak allocated", "bytes"))
+    note = "peak: tensor-level bytes live at the peak of each rank's own step (on its shard of the batch)"
+    if any("estimate_bytes" in r for r in rows):
+        cols += [Column("estimate_bytes", "FSDP estimate", "bytes"), Column("estimate_error_bytes", "estimate - peak", "bytes"),
+                 Column("estimate_error", "error", "pct")]
+        note += "; FSDP estimate: memory's ZeRO-3/FSDP row for --shard = world size"
+    return Table("rank_memory", "Peak memory per rank", cols, rows, note=note)

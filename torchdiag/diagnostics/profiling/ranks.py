@@ -1,0 +1,141 @@
+"""profile under torchrun: time in collectives vs compute per rank, and the straggler.
+
+What the numbers mean (per rank, per active step, averaged over the active steps):
+- step time: wall-clock time of one step on that rank (what profile measures without torchrun);
+- collective time: wall-clock time during which at least one collective was in flight on that rank
+  (the union of the profiler's collective ranges on every thread and stream: gloo runs its collectives
+  on its own threads, NCCL on its own kernels), waiting for the other ranks included;
+- compute time: step time minus collective time (compute that overlaps a collective counts as
+  collective time, so this is a lower bound of the rank's own work).
+
+Under DDP a slow rank does not have the longest step: the others wait for it inside the gradient
+allreduce, so every rank's step time is about the same and the wait shows as collective time on the
+fast ranks. So the straggler is the rank with the most compute time (the one the others wait for),
+and its lag is its compute time minus the fastest rank's (and minus the median). Without collectives
+(`--wrap none`), compute time is the step time and the same definition holds.
+
+Two halves: `collectives(events)` runs on each rank from its profiler events (data only, in
+`result.data["collectives"]`); `merge_ranks(results, merged)` runs on rank 0 over every rank's JSON
+document (stdlib only)."""
+from __future__ import annotations
+
+from ...results import Column, Table
+from .stats import percentile
+
+# the profiler's names for collective work: gloo's and NCCL's own ranges, c10d's ops, NCCL kernels
+_PREFIXES = ("gloo:", "nccl:", "c10d::", "ncclkernel", "nccldevkernel", "record_param_comms")
+STRAGGLER_PCT = 0.2        # a warning when the slowest rank's compute is 20% above the median's
+STRAGGLER_MIN_MS = 1.0     # ... and at least 1 ms: a few µs on a tiny model is noise
+
+
+def is_collective(name: str) -> bool:
+    return name.lower().startswith(_PREFIXES)
+
+
+def collectives(events) -> dict:
+    """From one rank's profiler events (active steps only): {"time_us": wall time with a collective
+    in flight, "ops": [{"op", "calls", "time_us"}] (each op's own summed duration, longest first)}."""
+    spans, ops = [], {}
+    for e in events:
+        if not is_collective(e.name):
+            continue
+        start, end = float(e.time_range.start), float(e.time_range.end)
+        spans.append((start, end))
+        op = ops.setdefault(e.name, {"op": e.name, "calls": 0, "time_us": 0.0})
+        op["calls"] += 1
+        op["time_us"] += end - start
+    rows = sorted(ops.values(), key=lambda r: (-r["time_us"], r["op"]))
+    for r in rows:
+        r["time_us"] = round(r["time_us"], 3)
+    return {"time_us": round(union_us(spans), 3), "ops": rows}
+
+
+def union_us(spans) -> float:
+    """Total length covered by the intervals (overlaps counted once)."""
+    total, end = 0.0, None
+    for s, e in sorted(spans):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def rank_times(doc: dict) -> dict:
+    """One rank's step, collective and compute time per active step (ms) from its JSON document."""
+    step = float(doc["step_time_ms"]["mean"])
+    steps = int(doc.get("active_steps") or 1)
+    coll = float((doc.get("collectives") or {}).get("time_us", 0.0)) / 1e3 / steps
+    coll = min(coll, step)     # the union is inside the active steps; rounding must not make compute < 0
+    return {"step_ms": step, "collective_ms": coll, "compute_ms": step - coll,
+            "collective_share": coll / step if step > 0 else 0.0}
+
+
+def straggler(rows: list[dict]) -> dict:
+    """The rank with the most compute time per step, and its lag behind the fastest rank and the median
+    (rows: {"rank", "compute_ms"}; ties go to the lowest rank)."""
+    slow = max(rows, key=lambda r: (r["compute_ms"], -r["rank"]))
+    fast = min(rows, key=lambda r: (r["compute_ms"], r["rank"]))
+    median = percentile([r["compute_ms"] for r in rows], 50)
+    lag, lag_med = slow["compute_ms"] - fast["compute_ms"], slow["compute_ms"] - median
+    return {"rank": slow["rank"], "compute_ms": slow["compute_ms"], "fastest_rank": fast["rank"],
+            "fastest_compute_ms": fast["compute_ms"], "median_compute_ms": median,
+            "lag_ms": lag, "lag_pct": lag / fast["compute_ms"] if fast["compute_ms"] > 0 else None,
+            "lag_vs_median_ms": lag_med, "lag_vs_median_pct": lag_med / median if median > 0 else None}
+
+
+def merge_ranks(results: list[dict], merged) -> None:
+    """rank 0's hook: the per-rank timing table, the straggler (data, summary line, a warning when it
+    holds the others back), and each rank's trace file."""
+    rows = []
+    for rank, doc in enumerate(results):
+        row = {"rank": doc.get("rank", rank), **rank_times(doc)}
+        if doc.get("trace"):
+            row["trace"] = doc["trace"]
+        rows.append(row)
+    slow = straggler(rows)
+    for r in rows:
+        r["lag_ms"] = r["compute_ms"] - slow["fastest_compute_ms"]
+        if r["rank"] == slow["rank"] and _holds_back(slow):
+            r["_style"] = "bold"
+    merged.data["straggler"] = _rounded(slow)
+    merged.tables.append(_table(rows))
+    merged.summary.append(("Straggler", straggler_line(slow)))
+    if _holds_back(slow):
+        merged.add("straggler", "warning", f"rank {slow['rank']}", straggler_line(slow),
+                   hint="the other ranks wait for it in every collective: look at its trace and its shard of "
+                        "the data (sizes, workers), or at what else runs on its device")
+
+
+def _holds_back(s: dict) -> bool:
+    pct = s["lag_vs_median_pct"]
+    return pct is not None and pct >= STRAGGLER_PCT and s["lag_vs_median_ms"] >= STRAGGLER_MIN_MS
+
+
+def straggler_line(s: dict) -> str:
+    def pct(v):
+        return "" if v is None else f" ({100 * v:+.0f}%)"
+
+    return (f"rank {s['rank']}: {s['compute_ms']:.2f} ms of compute per step, {s['lag_ms']:+.2f} ms{pct(s['lag_pct'])} "
+            f"vs the fastest (rank {s['fastest_rank']}), {s['lag_vs_median_ms']:+.2f} ms"
+            f"{pct(s['lag_vs_median_pct'])} vs the median")
+
+
+def _rounded(d: dict) -> dict:
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()}
+
+
+def _table(rows: list[dict]) -> Table:
+    for r in rows:
+        for k in ("step_ms", "collective_ms", "compute_ms", "lag_ms", "collective_share"):
+            r[k] = round(r[k], 4)
+    cols = [Column("rank", "rank", "int"), Column("step_ms", "step", "float", "ms"),
+            Column("compute_ms", "compute", "float", "ms"), Column("collective_ms", "in collectives", "float", "ms"),
+            Column("collective_share", "%", "pct"), Column("lag_ms", "lag", "float", "ms")]
+    if any("trace" in r for r in rows):
+        cols.append(Column("trace", "trace"))
+    return Table("rank_times", "Time per rank (per active step)", cols, rows,
+                 note="step: wall clock; in collectives: time with a collective in flight (waiting for other ranks "
+                      "included); compute: step minus that; lag: compute minus the fastest rank's")
