@@ -158,3 +158,16 @@ def test_memory_estimate_ignored_without_fsdp():
     merged = Result("memory", header={"wrap": "ddp"})
     mem_ranks.merge_ranks([_mem_doc(0, 1000, 900), _mem_doc(1, 2000, 2500)], merged)
     assert "estimate_bytes" not in merged.table("rank_memory").rows[0]
+
+
+def test_merges_take_gathered_records_and_skip_failed_ranks():
+    records = [{"rank": 0, "result": _prof_doc(None, 20.0, 0.0)}, {"rank": 1, "result": None, "error": {"message": "x"}},
+               {"rank": 2, "result": _prof_doc(None, 50.0, 0.0)}]
+    merged = Result("profile")
+    prof_ranks.merge_ranks(records, merged)
+    assert [r["rank"] for r in merged.table("rank_times").rows] == [0, 2]
+    assert merged.data["straggler"]["rank"] == 2 and merged.data["straggler"]["lag_ms"] == 30.0
+    records = [{"rank": 0, "result": _mem_doc(None, 10)}, {"rank": 1, "result": None}]
+    merged = Result("memory")
+    mem_ranks.merge_ranks(records, merged)
+    assert merged.data["peak_bytes_per_rank"] == [10] and merged.table("rank_memory").rows[0]["rank"] == 0

@@ -12,6 +12,13 @@ from ...results import Column, Table
 FSDP_STAGE = "zero-3 / fsdp"      # the row of memory/shard.py's table that FSDP's fully_shard is
 
 
+def rank_docs(results: list[dict]) -> list[dict]:
+    """Each rank's JSON document with its "rank" (from gathered records {"rank", "result": doc} or from
+    documents); a rank that failed (no document) is left out. Same rule as profiling/ranks.py."""
+    return [{**doc, "rank": r.get("rank", i)} for i, r in enumerate(results)
+            if (doc := (r.get("result") if "result" in r else r))]
+
+
 def fsdp_estimate(doc: dict) -> tuple[int, int] | None:
     """(per-device peak estimated for ZeRO-3/FSDP, devices) from a rank's `shard` rows, None without them."""
     for row in doc.get("shard") or []:
@@ -23,9 +30,9 @@ def fsdp_estimate(doc: dict) -> tuple[int, int] | None:
 def rank_rows(results: list[dict], fsdp: bool) -> list[dict]:
     """One row per rank: measured peak (and the CUDA allocator's), the estimate and its error when `fsdp`."""
     rows = []
-    for rank, doc in enumerate(results):
+    for doc in rank_docs(results):
         peak = int(doc["peak_bytes"])
-        row = {"rank": doc.get("rank", rank), "peak_bytes": peak, "peak_phase": doc.get("peak_phase")}
+        row = {"rank": doc["rank"], "peak_bytes": peak, "peak_phase": doc.get("peak_phase")}
         cuda = doc.get("cuda") or {}
         if "peak_allocated_bytes" in cuda:
             row["cuda_peak_allocated_bytes"] = int(cuda["peak_allocated_bytes"])
@@ -43,6 +50,8 @@ def merge_ranks(results: list[dict], merged) -> None:
     each rank's measured peak (or a note saying why there is none)."""
     fsdp = _wrap(merged, results) == "fsdp"
     rows = rank_rows(results, fsdp)
+    if not rows:
+        return
     peaks = [r["peak_bytes"] for r in rows]
     top = max(rows, key=lambda r: (r["peak_bytes"], -r["rank"]))
     merged.data["peak_bytes_per_rank"] = peaks

@@ -86,15 +86,28 @@ def straggler(rows: list[dict]) -> dict:
             "lag_vs_median_ms": lag_med, "lag_vs_median_pct": lag_med / median if median > 0 else None}
 
 
+def rank_docs(results: list[dict]) -> list[dict]:
+    """Each rank's JSON document with its "rank": from the gathered records ({"rank", "result": doc,
+    ...}) or from documents themselves; a rank that failed (no document) is left out."""
+    out = []
+    for i, r in enumerate(results):
+        doc = r.get("result") if "result" in r else r
+        if doc:
+            out.append({**doc, "rank": r.get("rank", i)})
+    return out
+
+
 def merge_ranks(results: list[dict], merged) -> None:
     """rank 0's hook: the per-rank timing table, the straggler (data, summary line, a warning when it
     holds the others back), and each rank's trace file."""
     rows = []
-    for rank, doc in enumerate(results):
-        row = {"rank": doc.get("rank", rank), **rank_times(doc)}
+    for doc in rank_docs(results):
+        row = {"rank": doc["rank"], **rank_times(doc)}
         if doc.get("trace"):
             row["trace"] = doc["trace"]
         rows.append(row)
+    if not rows:
+        return
     slow = straggler(rows)
     for r in rows:
         r["lag_ms"] = r["compute_ms"] - slow["fastest_compute_ms"]
