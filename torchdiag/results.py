@@ -17,11 +17,14 @@ class Finding:
     where: str           # module path or parameter name ("" for the whole model)
     message: str
     hint: str | None = None
+    ranks: list[int] | None = None   # under torchrun: the ranks that reported it (None: one process)
 
     def to_dict(self) -> dict[str, Any]:
         d = {"code": self.code, "severity": self.severity, "where": self.where, "message": self.message}
         if self.hint:
             d["hint"] = self.hint
+        if self.ranks is not None:
+            d["ranks"] = list(self.ranks)
         return d
 
 

@@ -113,11 +113,23 @@ def execute(opts: CommonOptions, diagnostic=None, options: Callable | None = Non
     replaces the module's run when the command needs more (live progress). `produce() -> Result` is
     for commands whose target is not one model (check, gradcheck). Every DiagError becomes
     `error:`/`hint:` lines and its exit code; anything else is a torchdiag bug (exit 4)."""
+    from ..core.distributed import current
+
+    ranks = current()
+    if ranks is not None:  # under torchrun (cli/torchrun.py); returns only for rank 0 of a one-process command
+        from .torchrun import under_torchrun
+
+        under_torchrun(opts, ranks, diagnostic, options, run=run, render_extra=render_extra, precheck=precheck,
+                       produce=produce)
     code = ExitCode.OK
     ctx = None
     try:
         output_dir(opts.tb, "--tb")
         spec = opts.run_spec(diagnostic)
+        if ranks is None:
+            from ..core.distributed import refuse_wrap
+
+            refuse_wrap(spec)
         o = options() if options is not None else None
         if precheck is not None:
             precheck()

@@ -1,0 +1,74 @@
+"""Models for runs under torchrun (tests/test_distributed.py), each built the same on every rank (the
+factory is seeded); what differs by rank comes from torchrun's RANK variable, read in forward.
+
+`healthy`: an MLP; ranks stay identical under DDP.
+`diverging`: `scale` is nudged in place (outside autograd) by 0.01 × rank in every train-mode forward,
+   so under DDP it differs across ranks from step 1; a BatchNorm1d whose running statistics differ
+   across ranks (each rank's own rows: info, not a bug).
+`unused`: `extra` (a Linear) never runs in forward: under DDP, extra.weight and extra.bias get no
+   gradient on any rank.
+`fails_on_rank`: forward raises on rank `rank` only (the others finish).
+Input for all: example_inputs(), 8 × 8."""
+import os
+
+import torch
+from torch import nn
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+class _Drifting(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+        self.scale = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        if self.training:
+            with torch.no_grad():   # the bug: a rank-dependent update autograd (and DDP) never sees
+                self.scale.add_(0.01 * _rank())
+        return self.body(x) * self.scale
+
+
+class _Unused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        self.extra = nn.Linear(8, 4)        # the bug: built, never called
+
+    def forward(self, x):
+        return self.body(x)
+
+
+class _FailsOnRank(nn.Module):
+    def __init__(self, rank: int):
+        super().__init__()
+        self.rank = rank
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+    def forward(self, x):
+        if _rank() == self.rank:
+            raise RuntimeError(f"this model fails on rank {self.rank}")
+        return self.body(x)
+
+
+def healthy() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def diverging() -> nn.Module:
+    return _Drifting()
+
+
+def unused() -> nn.Module:
+    return _Unused()
+
+
+def fails_on_rank(rank: int = 1) -> nn.Module:
+    return _FailsOnRank(rank)
+
+
+def example_inputs():
+    return (torch.randn(8, 8),)

@@ -1,0 +1,205 @@
+"""The CLI under torchrun (core.distributed): each rank runs the diagnostic on its shard with the
+wrapped model; every rank hands rank 0 a record (its Result as data, or its error), so a rank that
+fails never leaves the others waiting at the gather; rank 0 merges and renders once. Other ranks print
+nothing unless they fail (one `error: [rank N] …` line). Torch-free at import (`--help`)."""
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import typer
+
+from ..errors import DiagError, ExitCode, interrupt_code, one_line
+from .isolation import UserExit, isolated
+
+CONSISTENCY = ("doctor", "gradflow")     # commands that also compare ranks after a real step
+# commands that run per rank; the others do not depend on the rank: rank 0 runs them as usual
+COMMANDS = ("profile", "memory", "nancheck", "gradflow", "overfit-batch", "doctor")
+
+
+@dataclass
+class Local:
+    """What one rank built: kept for the checks after the diagnostic."""
+
+    model: Any = None
+    inputs: Any = None
+    ctx: Any = None
+    result: Any = None
+    unused: list | None = None
+    pristine: Any = None      # a copy as built, before the diagnostic or a wrapper touched the model
+
+
+def under_torchrun(opts, ranks, diagnostic=None, options=None, *, run=None, render_extra=None, precheck=None,
+                   produce=None) -> None:
+    """Per-rank commands run on every rank (never returns); any other command runs on rank 0 alone
+    (returns there), the other ranks exit 0 at once."""
+    if opts.command in COMMANDS and produce is None:
+        execute_ranks(opts, ranks, diagnostic, options, run=run, render_extra=render_extra, precheck=precheck)
+    if not ranks.main:
+        raise typer.Exit(0)
+
+
+def execute_ranks(opts, ranks, diagnostic=None, options: Callable | None = None, *, run: Callable | None = None,
+                  render_extra: Callable | None = None, precheck: Callable | None = None) -> None:
+    """common.execute under torchrun. Errors before the process group exists are the same on every
+    rank: rank 0 reports them, the others exit with the same code silently."""
+    from ..core.distributed import session
+    from . import common
+
+    code = ExitCode.OK
+    try:
+        spec = opts.run_spec(diagnostic)
+        o = options() if options is not None else None
+        if precheck is not None:
+            precheck()
+        with session(ranks, spec) as sess:
+            code = _in_session(opts, spec, sess, diagnostic, o, run, render_extra)
+    except DiagError as e:
+        code = common._diag_error(e, opts, None) if ranks.main else e.code
+    except KeyboardInterrupt as e:   # torchrun passes Ctrl-C/SIGTERM to every rank
+        code = interrupt_code(e)
+        if ranks.main:
+            common._report("interrupted" if code == ExitCode.INTERRUPTED else "terminated (SIGTERM)", None, code, opts)
+    except Exception as e:  # a bug of ours
+        code = ExitCode.INTERNAL
+        common._report(f"[rank {ranks.rank}] internal error in torchdiag: {one_line(e)}",
+                       "this is a bug in torchdiag: run again with --debug and please report the traceback", code, opts)
+        if opts.debug:
+            traceback.print_exc()
+    raise typer.Exit(int(code))
+
+
+def _in_session(opts, spec, sess, diagnostic, o, run, render_extra) -> int:
+    local = Local()
+    rec = _run_rank(opts, spec, sess, diagnostic, o, run, local)
+    statuses = sess.all_gather(rec["error"] is None)
+    if all(statuses) and spec.command in CONSISTENCY:
+        rec["consistency"] = _consistency(opts, spec, sess, local)
+    rec["unused"] = local.unused
+    records = sess.gather(rec)
+    if rec["error"]:
+        from .common import err
+
+        err(f"error: [rank {sess.ranks.rank}] {rec['error']['message']}")
+    if not sess.ranks.main:
+        return rec["exit_code"]
+    if all(r["error"] for r in records):
+        return _all_failed(opts, spec, records)
+    return _render(opts, spec, sess, diagnostic, records, local, render_extra)
+
+
+def _run_rank(opts, spec, sess, diagnostic, o, run, local: Local) -> dict:
+    """This rank's record: its Result, or its error with the exit code it would have had alone."""
+    from ..diagnostics.ranks.merge import record
+
+    r = sess.ranks
+    try:
+        with isolated(opts.json):
+            _prepare(spec, sess, diagnostic, local)
+            from ..core.distributed import wrap
+
+            model = wrap(local.model, r, spec.wrap)
+            local.result = (run or diagnostic.run)(model, local.inputs, o, local.ctx)
+            local.ctx.finish(local.result)
+        return record(r.rank, r.device, local.result.exit_code, local.result)
+    except DiagError as e:
+        if local.ctx is not None:
+            local.ctx.explain(e)
+        return _error(r, e.code, e.message, e.hint, local, getattr(e, "partial", None))
+    except UserExit as e:
+        return _error(r, ExitCode.MODEL, f"the model's own code called {e.code}", None, local)
+    except SystemExit as e:
+        return _error(r, ExitCode.MODEL, f"the model's own code called sys.exit({e.code!r})", None, local)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:
+        if opts.debug:
+            traceback.print_exc()
+        return _error(r, ExitCode.INTERNAL, f"internal error in torchdiag: {one_line(e)}",
+                      "this is a bug in torchdiag: run again with --debug and please report the traceback", local)
+    except BaseException as e:
+        return _error(r, ExitCode.MODEL, f"the model's own code raised {one_line(e)}", None, local)
+
+
+def _prepare(spec, sess, diagnostic, local: Local) -> None:
+    """Model, this rank's shard, the context; under DDP, which parameters get no gradient here."""
+    from ..core.context import prepare
+    from ..core.distributed import rank_spec, shard
+
+    r = sess.ranks
+    local.model, inputs, local.ctx = prepare(rank_spec(spec, r), needs_values=getattr(diagnostic, "NEEDS_VALUES", False))
+    local.inputs, local.ctx.batch_target, rows = shard(inputs, local.ctx.batch_target, r)
+    local.ctx.header.update({"rank": r.describe(), "shard": rows, "backend": r.backend, "wrap": spec.wrap})
+    if spec.needs_inputs:
+        local.ctx.header["inputs"] = local.inputs.describe()
+    if spec.command in CONSISTENCY:
+        local.pristine = local.ctx.train_copy(local.model, "to compare ranks after a step")
+    if spec.wrap == "ddp":   # before DDP hooks the parameters: the probe's backward is local
+        from ..diagnostics.ranks.unused import unused_params
+
+        local.unused = unused_params(local.model, local.inputs, local.ctx)
+
+
+def _error(r, code, message, hint, local: Local, partial=None) -> dict:
+    from ..diagnostics.ranks.merge import record
+
+    if partial is not None and local.ctx is not None:
+        local.ctx.finish(partial)
+    header = local.ctx.header if local.ctx is not None else {}
+    doc = partial.to_dict() if partial is not None else None
+    return record(r.rank, r.device, code, None, {"message": message, "hint": hint}, header=header, partial=doc)
+
+
+def _consistency(opts, spec, sess, local: Local) -> dict:
+    """The cross-rank check on every rank (it exchanges checksums); an error in it is reported, not raised."""
+    from ..diagnostics.ranks.consistency import check
+
+    try:
+        with isolated(opts.json):
+            return check(local.pristine, local.inputs, local.ctx, sess, spec.wrap)
+    except DiagError as e:
+        return {"error": f"the cross-rank check could not run: {e.message}"}
+
+
+def _render(opts, spec, sess, diagnostic, records: list[dict], local: Local, render_extra) -> int:
+    """Rank 0: one Result for all ranks, its files, then one report."""
+    from ..diagnostics.ranks.merge import merge
+    from ..diagnostics.ranks.report import add_rank_findings
+    from ..render import render, write_outputs
+    from .common import to_stdout
+
+    merged = merge(records, local.result, spec.command)
+    merged.header.update({"world_size": sess.ranks.world_size, "backend": sess.ranks.backend})
+    add_rank_findings(merged, records, spec.wrap)
+    hook = getattr(diagnostic, "merge_ranks", None)
+    if hook is not None:
+        hook(records, merged)
+    with isolated(opts.json):
+        written = write_outputs(merged, opts.render_spec()) if local.result is not None else {}
+        if render_extra and local.result is not None:
+            render_extra(merged, written)
+    to_stdout(lambda: render(merged, opts.render_spec()))
+    return int(merged.exit_code)
+
+
+def _all_failed(opts, spec, records: list[dict]) -> int:
+    """No rank has a result: the error document (--json) names the first failure and lists every rank."""
+    import json
+    import sys
+
+    from ..diagnostics.ranks.merge import tag
+    from ..results import error_document
+    from .common import err, to_stdout
+
+    first = records[0]["error"]
+    same = [r["rank"] for r in records if r["error"]["message"] == first["message"]]
+    code = max(r["exit_code"] for r in records)
+    if first.get("hint"):
+        err(f"hint: {first['hint']}")
+    if opts.json:
+        doc = error_document(spec.command, f"[{tag(same)}] {first['message']}", first.get("hint"), code)
+        doc["world_size"] = len(records)
+        doc["ranks"] = [{k: v for k, v in r.items() if k != "result"} for r in records]
+        to_stdout(lambda: sys.stdout.write(json.dumps(doc) + "\n"))
+    return code

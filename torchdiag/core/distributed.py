@@ -1,0 +1,228 @@
+"""Under torchrun: which rank this process is, the process groups, this rank's shard of the batch, the
+model wrapped as asked (--wrap none|ddp|fsdp), the gather of the ranks' results to rank 0, teardown.
+
+torchdiag never launches processes itself: torchrun (torch.distributed.run) starts one per rank and
+sets RANK, WORLD_SIZE and LOCAL_RANK. `current()` reads them without importing torch (plain
+`torchdiag` and `--help` stay as they are). Two process groups: the default one (nccl on CUDA, gloo on
+CPU) carries the model's collectives (DDP, FSDP); a second gloo group carries only torchdiag's own
+exchanges (statuses, checksums, the final gather), so a rank that failed can still hand in its error
+while a peer is stuck in (or timed out of) a model collective."""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..errors import ModelError, UsageError, one_line
+
+# Seconds a model collective (DDP allreduce, FSDP all-gather) may wait for a peer before it fails: a
+# rank whose model raised mid-step leaves its peers waiting this long, then they report it.
+TIMEOUT_ENV = "TORCHDIAG_DIST_TIMEOUT"
+DEFAULT_TIMEOUT = 600
+TORCHRUN_HINT = "launch with torchrun, e.g. torchrun --nproc_per_node 2 -m torchdiag COMMAND SPEC --wrap ddp"
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process under torchrun. `backend` and `device` are filled in by `setup()`."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str = ""
+    device: str = ""
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def describe(self) -> str:
+        return f"{self.rank} of {self.world_size}"
+
+
+def current() -> Ranks | None:
+    """This process's rank from torchrun's environment; None outside torchrun or with one process."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ["RANK"])
+    except (KeyError, ValueError):
+        return None
+    if world <= 1:
+        return None
+    return Ranks(rank, world, int(os.environ.get("LOCAL_RANK", rank)))
+
+
+def refuse_wrap(spec) -> None:
+    """--wrap ddp|fsdp outside torchrun: there is no process group to wrap with (exit 2)."""
+    if spec.wrap != "none":
+        from ..errors import option_name
+
+        raise UsageError(f"{option_name('wrap', spec.caller)} {spec.wrap} needs several processes started by torchrun",
+                         hint=TORCHRUN_HINT)
+
+
+def rank_device(ranks: Ranks, text: str):
+    """--device under torchrun: auto/cuda → cuda:LOCAL_RANK (else cpu for auto), cpu; meta, mps and an
+    explicit cuda:N are refused (each rank takes its own GPU)."""
+    import torch
+
+    name = (text or "auto").strip().lower()
+    if name == "meta":
+        raise UsageError("--device meta cannot run under torchrun: ranks exchange real values",
+                         hint="use --device cpu or cuda (or run without torchrun for a meta estimate)")
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if name not in ("auto", "cuda"):
+        raise UsageError(f"--device {text} is not supported under torchrun",
+                         hint="use --device cuda (each rank takes cuda:LOCAL_RANK) or --device cpu")
+    if not torch.cuda.is_available():
+        raise UsageError("--device cuda is not available: no CUDA GPU is visible", hint="use --device cpu (gloo)")
+    if ranks.local_rank >= torch.cuda.device_count():
+        raise UsageError(f"local rank {ranks.local_rank} has no GPU: this node has {torch.cuda.device_count()}",
+                         hint="start at most one process per GPU (--nproc_per_node)")
+    return torch.device("cuda", ranks.local_rank)
+
+
+@dataclass
+class Session:
+    """The live process groups of one run: `group` is torchdiag's own gloo group."""
+
+    ranks: Ranks
+    group: Any
+
+    def gather(self, obj) -> list | None:
+        """Every rank's `obj` on rank 0 (in rank order); None on the other ranks."""
+        import torch.distributed as dist
+
+        out = [None] * self.ranks.world_size if self.ranks.main else None
+        dist.gather_object(obj, out, dst=0, group=self.group)
+        return out
+
+    def all_gather(self, obj) -> list:
+        import torch.distributed as dist
+
+        out = [None] * self.ranks.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+
+@contextlib.contextmanager
+def session(ranks: Ranks, spec):
+    """The process groups for this run, destroyed on the way out whatever happened (error, Ctrl-C)."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    device = rank_device(ranks, spec.device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = _timeout()
+    ranks = replace(ranks, backend=backend, device=str(device))
+    try:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout),
+                                device_id=device if device.type == "cuda" else None)
+        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=max(3600, 3 * timeout)))
+    except Exception as exc:
+        teardown()
+        raise UsageError(f"cannot join the process group ({backend}): {one_line(exc)}",
+                         hint="start with torchrun; every rank must reach the rendezvous") from exc
+    try:
+        yield Session(ranks, group)
+    finally:
+        teardown()
+
+
+def _timeout() -> int:
+    text = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        return max(1, int(text)) if text else DEFAULT_TIMEOUT
+    except ValueError:
+        raise UsageError(f"{TIMEOUT_ENV}={text!r} is not a number of seconds") from None
+
+
+def teardown() -> None:
+    """destroy_process_group if one is up; never raises (it runs on the error path too)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def rank_spec(spec, ranks: Ranks):
+    """The RunSpec one rank runs: the device resolved for this rank."""
+    return replace(spec, device=ranks.device)
+
+
+def shard_bounds(n: int, ranks: Ranks) -> tuple[int, int]:
+    """Rows [start, stop) of a batch of n for this rank: torch.tensor_split's rule, the first n % W
+    ranks take one row more; a batch smaller than the world is refused (a rank would get no row)."""
+    w = ranks.world_size
+    if n < w:
+        raise UsageError(f"a batch of {n} row(s) cannot give each of the {w} ranks a row: the batch is split along dim 0",
+                         hint=f"give a batch of at least {w} rows (the first dimension of -i, or of --batch's inputs)")
+    size, extra = divmod(n, w)
+    start = ranks.rank * size + min(ranks.rank, extra)
+    return start, start + size + (1 if ranks.rank < extra else 0)
+
+
+def shard(inputs, target, ranks: Ranks):
+    """(inputs, target, description) for this rank: every tensor whose dim 0 is the batch (the first
+    input's dim 0) is cut to this rank's rows, the --batch target too; other tensors (a shared mask)
+    go whole to every rank."""
+    n = inputs.batch_size
+    if n is None:
+        raise UsageError("under torchrun each rank takes its rows of the batch (dim 0), but the first input has no dim 0",
+                         hint="give inputs with a batch dimension")
+    start, stop = shard_bounds(n, ranks)
+
+    def cut(t):
+        return t[start:stop] if t.dim() and t.shape[0] == n and not t.is_nested else t
+
+    if target is not None and hasattr(target, "dim"):
+        target = cut(target)
+    even = "" if n % ranks.world_size == 0 else f"; {n} is not divisible by {ranks.world_size}: the first ranks take one row more"
+    return inputs.map(cut), target, f"rows {start}:{stop} of {n}{even}"
+
+
+def wrap(model, ranks: Ranks, how: str):
+    """The model as each rank trains it: as is, in DistributedDataParallel, or sharded in place by
+    torch's own fully_shard (FSDP2) at the root."""
+    if how == "none":
+        return model
+    import torch
+
+    device = torch.device(ranks.device)
+    if how == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not any(p.requires_grad for p in model.parameters()):
+            raise UsageError("--wrap ddp: the model has no trainable parameter, so DDP has nothing to synchronise",
+                             hint="use --wrap none")
+        try:
+            return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        except Exception as exc:
+            raise ModelError(f"DistributedDataParallel refused the model: {one_line(exc)}") from exc
+    return _fully_shard(model, ranks, device)
+
+
+def _fully_shard(model, ranks: Ranks, device):
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+    except ImportError as exc:
+        import torch
+
+        raise UsageError(f"--wrap fsdp needs torch.distributed.fsdp.fully_shard (torch >= 2.6); this is torch {torch.__version__}",
+                         hint="upgrade torch, or use --wrap ddp") from exc
+    mesh = init_device_mesh(device.type, (ranks.world_size,))
+    try:
+        fully_shard(model, mesh=mesh)
+    except Exception as exc:
+        raise ModelError(f"fully_shard refused the model: {one_line(exc)}") from exc
+    return model

@@ -1,0 +1,113 @@
+"""Do the ranks hold the same model? Every parameter and buffer is compared across ranks as built
+(step 0) and, under DDP, after each of STEPS real steps on a train copy; the gradients after DDP's
+reduction must be identical too. A cheap checksum per tensor is computed on the device, read back
+once per comparison and all-gathered; only tensors whose checksums differ are gathered whole for
+the exact difference. Runs on every rank (it exchanges data): the result is the same everywhere."""
+from __future__ import annotations
+
+STEPS = 2
+BN_STATS = ("running_mean", "running_var")
+
+
+def check(model, inputs, ctx, sess, how: str) -> dict:
+    """{compared, steps, differs: [{name, kind, step, max_abs_diff}], grads_differ, unused_stop, notes}.
+    `model` is this rank's unwrapped model; it is only copied."""
+    out = {"compared": 0, "steps": 0, "differs": [], "grads_differ": [], "notes": []}
+    if how == "fsdp":
+        out["notes"].append("under --wrap fsdp each rank holds a shard of every parameter: not compared across ranks")
+        return out
+    work = ctx.train_copy(model, "to compare ranks after a step")
+    tensors = _state(work)
+    out["compared"] = len(tensors)
+    _compare(tensors, 0, "state", sess, out)
+    if how == "none":
+        for d in out["differs"]:
+            d["batchnorm"] = is_bn_stat(work, d["name"])
+        out["notes"].append("--wrap none: each rank trains on its own rows without synchronising, so only the "
+                            "state as built (step 0) is compared")
+        return out
+    _ddp_steps(work, tensors, inputs, ctx, sess, out)
+    for d in out["differs"]:
+        d["batchnorm"] = is_bn_stat(work, d["name"])
+    return out
+
+
+def _state(model) -> list[tuple[str, str, object]]:
+    """(kind, name, tensor): parameters, then buffers (ties once)."""
+    params = [("parameter", n, p) for n, p in model.named_parameters()]
+    return params + [("buffer", n, b) for n, b in model.named_buffers()]
+
+
+def _ddp_steps(work, tensors, inputs, ctx, sess, out) -> None:
+    from ...core.distributed import wrap
+    from ...core.tracking import run_forward
+    from ...core.train import backward, step
+
+    wrapped = wrap(work, sess.ranks, "ddp")     # broadcasts rank 0's state: training starts equal
+    optimizer = ctx.optimizer([p for p in work.parameters() if p.requires_grad])
+    loss_fn = ctx.loss()
+    params = [(n, p) for n, p in work.named_parameters() if p.requires_grad]
+    for k in range(1, STEPS + 1):
+        optimizer.zero_grad(set_to_none=True)
+        backward(loss_fn(run_forward(wrapped, inputs, phase=f"forward (cross-rank step {k})")))
+        missing = sess.all_gather([n for n, p in params if p.grad is None])
+        if any(missing):   # DDP's next forward would raise: unused.py names them
+            out["notes"].append(f"step {k}: some parameters got no gradient (see ddp-unused-parameter); steps stopped")
+            return
+        _compare([("grad", n, p.grad) for n, p in params], k, "grad", sess, out)
+        step(optimizer)
+        out["steps"] = k
+        _compare(tensors, k, "state", sess, out)
+
+
+def _compare(entries, k: int, what: str, sess, out) -> None:
+    """Checksums of `entries` on every rank; the ones that differ (the same list on every rank, since
+    all see the same gathered checksums) gathered whole for the exact difference against rank 0."""
+    import torch
+
+    if not entries:
+        return
+    sums = torch.stack([_checksum(t) for _, _, t in entries]).cpu()     # one read-back
+    everyone = sess.all_gather(sums.view(torch.int64))
+    bad = [i for i in range(len(entries)) if any(not torch.equal(s[i], everyone[0][i]) for s in everyone)]
+    known = {(d["kind"], d["name"]) for d in out["differs"]} | {("grad", d["name"]) for d in out["grads_differ"]}
+    bad = [i for i in bad if (entries[i][0], entries[i][1]) not in known]
+    if not bad:
+        return
+    values = sess.all_gather([entries[i][2].detach().float().cpu() for i in bad])
+    for j, i in enumerate(bad):
+        kind, name, _ = entries[i]
+        diffs = {r: _max_diff(values[0][j], values[r][j]) for r in range(len(values)) if r}
+        row = {"name": name, "kind": kind, "step": k, "max_abs_diff": diffs}
+        (out["grads_differ"] if what == "grad" else out["differs"]).append(row)
+
+
+def _checksum(t):
+    """Two float64 sums, plain and position-weighted (a permutation changes the second), as 2 numbers."""
+    import torch
+
+    x = t.detach().flatten().to(torch.float64)
+    if x.numel() == 0:
+        return torch.zeros(2, dtype=torch.float64, device=x.device)
+    w = torch.linspace(1.0, 2.0, x.numel(), dtype=torch.float64, device=x.device)
+    return torch.stack([x.sum(), (x * w).sum()])
+
+
+def _max_diff(a, b):
+    """max |a - b| as a float (NaN-safe: a NaN on one side only counts as inf); None for other shapes."""
+    import torch
+
+    if a.shape != b.shape:
+        return None
+    same_nan = torch.isnan(a) & torch.isnan(b)
+    d = (a - b).abs().masked_fill(same_nan, 0).nan_to_num(nan=float("inf"))
+    return float(d.max()) if d.numel() else 0.0
+
+
+def is_bn_stat(model, name: str) -> bool:
+    """A BatchNorm running statistic (each rank's own batches update it: differing is expected)."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    mod_name, _, leaf = name.rpartition(".")
+    mod = dict(model.named_modules()).get(mod_name)
+    return leaf in BN_STATS + ("num_batches_tracked",) and isinstance(mod, _BatchNorm)

@@ -1,0 +1,70 @@
+"""The ranks' records (plain dicts, gathered on rank 0) made into one Result: findings are the union
+over ranks, each tagged with the ranks that had it; the exit code is the worst over ranks. Torch-free."""
+from __future__ import annotations
+
+from ...results import Finding, Result
+
+RANK_KEYS = ("rank", "shard")          # per-rank header entries: in the ranks list, not the merged header
+
+
+def record(rank: int, device: str, code: int, result: Result | None = None, error: dict | None = None,
+           header: dict | None = None, **extra) -> dict:
+    """What one rank hands to rank 0: picklable, and small (the command's data, not its tables)."""
+    doc = result.to_dict() if result is not None else None
+    return {"rank": rank, "device": device, "exit_code": int(code),
+            "header": dict(result.header if result is not None else header or {}),
+            "findings": [f.to_dict() for f in result.findings] if result is not None else [],
+            "data": dict(result.data) if result is not None else {},
+            "error": error, "result": doc, **extra}
+
+
+def merge(records: list[dict], base: Result | None, command: str) -> Result:
+    """One Result for all ranks. `base` is rank 0's own Result (its tables and files), when it has one."""
+    merged = base if base is not None else Result(command, header=_header(records))
+    for key in RANK_KEYS:
+        merged.header.pop(key, None)
+    merged.findings = union(records)
+    for r in records:
+        if r["error"]:
+            merged.add("rank-failed", "error", "", f"[rank {r['rank']}] {r['error']['message']}", r["error"].get("hint"))
+            merged.findings[-1].ranks = [r["rank"]]
+    merged.data["world_size"] = len(records)
+    merged.data["ranks"] = [{k: v for k, v in r.items() if k != "result"} for r in records]
+    worst = max(r["exit_code"] for r in records)
+    if worst != int(merged.exit_code):
+        merged.code = worst
+    if any(r["error"] for r in records):
+        failed = [str(r["rank"]) for r in records if r["error"]]
+        merged.verdict = f"FAIL: rank(s) {', '.join(failed)} did not finish" + (f"; {merged.verdict}" if merged.verdict else "")
+    return merged
+
+
+def union(records: list[dict]) -> list[Finding]:
+    """Each distinct finding once, with the ranks that reported it; named by rank in its message when
+    not every rank had it."""
+    seen: dict[tuple, Finding] = {}
+    everyone = [r["rank"] for r in records]
+    for r in records:
+        for f in r["findings"]:
+            key = (f["code"], f["severity"], f["where"], f["message"])
+            if key not in seen:
+                seen[key] = Finding(f["code"], f["severity"], f["where"], f["message"], f.get("hint"))
+                seen[key].ranks = []
+            seen[key].ranks.append(r["rank"])
+    out = list(seen.values())
+    for f in out:
+        if f.ranks != everyone:
+            f.message = f"[{tag(f.ranks)}] {f.message}"
+    return out
+
+
+def tag(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ",".join(map(str, ranks))
+
+
+def _header(records: list[dict]) -> dict:
+    """The merged header when rank 0 has no Result: the first header any rank has."""
+    for r in records:
+        if r["header"]:
+            return {k: v for k, v in r["header"].items() if k not in RANK_KEYS}
+    return {}

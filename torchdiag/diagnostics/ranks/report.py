@@ -1,0 +1,76 @@
+"""Findings only several ranks together can show, added to the merged Result on rank 0: state that
+differs across ranks (consistency.py), gradients that differ after reduction, and parameters DDP
+cannot reduce because a rank gives them no gradient (unused.py). Torch-free."""
+from __future__ import annotations
+
+from .merge import tag
+
+SYNC_BN_HINT = ("to normalise with the statistics of the whole global batch, convert the model with "
+                "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before wrapping it")
+
+
+def add_rank_findings(merged, records: list[dict], wrap: str) -> None:
+    everyone = [r["rank"] for r in records]
+    cons = records[0].get("consistency")
+    if cons:
+        _consistency(merged, cons, wrap, everyone)
+    if wrap == "ddp":
+        _unused(merged, records)
+
+
+def _consistency(merged, cons: dict, wrap: str, everyone: list[int]) -> None:
+    merged.data["consistency"] = cons
+    merged.notes.extend(cons.get("notes", []))
+    if cons.get("error"):
+        merged.add("rank-check-failed", "warning", "", cons["error"])
+        return
+    for d in cons["differs"]:
+        f = _differs(merged, d, wrap)
+        f.ranks = list(everyone)
+    for d in cons["grads_differ"]:
+        f = merged.add("rank-grads-differ", "error", d["name"],
+                       f"the gradient of {d['name']} after DDP's reduction differs across ranks at step {d['step']} "
+                       f"({_diffs(d)})", "a hook or code between backward and the step changes it on some ranks; "
+                       "reduced gradients must be equal on every rank")
+        f.ranks = list(everyone)
+
+
+def _differs(merged, d: dict, wrap: str):
+    what = f"{d['kind']} {d['name']}"
+    if d.get("batchnorm"):
+        return merged.add("batchnorm-stats-differ", "info", d["name"],
+                          f"BatchNorm {what} differs across ranks from step {d['step']}: each rank updates it from "
+                          f"its own rows ({_diffs(d)})", SYNC_BN_HINT)
+    if d["step"] == 0 and wrap == "ddp":
+        return merged.add("rank-init-differs", "info", d["name"],
+                          f"{what} differs across ranks as built ({_diffs(d)}); DDP broadcasts rank 0's value when "
+                          "it wraps the model, so training starts equal",
+                          "seed the RNG the same way on every rank before building the model if ranks must agree without DDP")
+    hint = ("each rank built it differently: seed the RNG the same way on every rank before building, or load one checkpoint"
+            if d["step"] == 0 else
+            "something changes it outside autograd on some ranks (an in-place update under no_grad, code that depends "
+            "on the rank); DDP keeps only the gradients in sync")
+    return merged.add("rank-divergence", "error", d["name"],
+                      f"{what} differs across ranks from step {d['step']} (step 0 = as built; {_diffs(d)})", hint)
+
+
+def _diffs(d: dict) -> str:
+    parts = [f"rank {r}: {v:.3g}" if v is not None else f"rank {r}: other shape"
+             for r, v in sorted(d["max_abs_diff"].items(), key=lambda kv: int(kv[0]))]
+    return "max |Δ| against rank 0: " + ", ".join(parts)
+
+
+def _unused(merged, records: list[dict]) -> None:
+    """One finding per parameter that got no gradient, with the ranks where it did not, and why."""
+    by_name: dict[str, list] = {}
+    for r in records:
+        for u in r.get("unused") or []:
+            by_name.setdefault(u["name"], []).append((r["rank"], u))
+    for name, seen in by_name.items():
+        ranks = [rank for rank, _ in seen]
+        u = seen[0][1]
+        f = merged.add("ddp-unused-parameter", "error", name,
+                       f"[{tag(ranks)}] parameter {name} got no gradient on {tag(ranks)} — {u['reason']}: {u['why']}; "
+                       "DDP (find_unused_parameters=False) cannot finish reducing it and fails at the next iteration",
+                       "pass find_unused_parameters=True to DistributedDataParallel, or remove or freeze the parameter")
+        f.ranks = ranks
