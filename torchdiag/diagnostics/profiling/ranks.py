@@ -152,3 +152,13 @@ def _table(rows: list[dict]) -> Table:
     return Table("rank_times", "Time per rank (per active step)", cols, rows,
                  note="step: wall clock; in collectives: time with a collective in flight (waiting for other ranks "
                       "included); compute: step minus that; lag: compute minus the fastest rank's")
+
+
+def record_collectives(result, events) -> None:
+    """On each rank under torchrun: the time in collectives, from this rank's profiler events, into
+    `result.data["collectives"]` (what merge_ranks reads). Nothing outside a process group, so a plain
+    run's document is unchanged."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        result.data["collectives"] = collectives(events)

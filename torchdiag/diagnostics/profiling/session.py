@@ -13,6 +13,7 @@ from ...results import Result
 from . import syncs
 from .labels import PHASE_PREFIX, ModuleLabels
 from .options import Options
+from .ranks import record_collectives
 from .rows import (kernel_rows, kernel_table, module_rows, module_table, operator_rows, operator_table, phase_rows,
                    phase_table, round_and_display)
 from .stats import step_stats
@@ -69,6 +70,7 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
         events = prof.events()
         averages = prof.key_averages(group_by_input_shape=opts.record_shapes)
         found = _syncs(work, inputs, opts, ctx, labels, optimizer, loss_fn) if opts.syncs else None
+    record_collectives(result, events)       # under torchrun only: profiling/ranks.py
     if opts.trace:
         result.artefacts["trace"] = trace    # None: the profiler wrote nothing (render/profile.py says so)
     if loss_fn is not None:
