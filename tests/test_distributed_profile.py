@@ -171,3 +171,22 @@ def test_merges_take_gathered_records_and_skip_failed_ranks():
     merged = Result("memory")
     mem_ranks.merge_ranks(records, merged)
     assert merged.data["peak_bytes_per_rank"] == [10] and merged.table("rank_memory").rows[0]["rank"] == 0
+
+
+def test_each_rank_writes_its_own_trace(tmp_path):
+    from torchdiag.render import profile as render_profile
+
+    written = {}
+    for rank in (0, 1):
+        res = Result("profile", artefacts={"trace": b'{"traceEvents": [%d]}' % rank})
+        written[rank] = render_profile.write_rank_outputs(res, {"trace": str(tmp_path / "run.json")}, rank)
+    assert written == {r: {"trace": str(tmp_path / f"run.rank{r}.json")} for r in (0, 1)}
+    assert (tmp_path / "run.rank1.json").read_bytes() == b'{"traceEvents": [1]}'
+    assert not (tmp_path / "run.json").exists()
+    assert render_profile.write_rank_outputs(Result("profile"), {"trace": None}, 0) == {}
+    records = [{"rank": r, "result": _prof_doc(None, 10.0 + r, 0.0), "files": written[r]} for r in (0, 1)]
+    merged = Result("profile")
+    prof_ranks.merge_ranks(records, merged)
+    render_profile.record(merged, written[0])
+    assert merged.data["traces"] == [written[0]["trace"], written[1]["trace"]] and "trace" not in merged.data
+    assert "run.rank1.json" in dict(merged.summary)["Traces"]

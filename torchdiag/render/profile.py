@@ -9,6 +9,7 @@ from ..errors import UsageError
 from .output import atomic_write
 
 VIEWER = "open in https://ui.perfetto.dev or chrome://tracing"
+RANK_OUTPUTS = ("trace",)     # under torchrun every rank writes its own (write_rank_outputs), rank 0 none twice
 
 
 def _trace_bytes(result, option: str, path) -> bytes:
@@ -51,6 +52,13 @@ def write_trace(result, path) -> str:
     return str(path)
 
 
+def write_rank_outputs(result, outputs: dict, rank: int) -> dict[str, str]:
+    """Under torchrun, on every rank before the gather (cli/torchrun.py): this rank's own files among
+    RANK_OUTPUTS (`--trace run.json` -> run.rank<N>.json). Returns kind -> path written."""
+    result.artefacts["rank"] = rank
+    return {"trace": write_trace(result, outputs["trace"])} if outputs.get("trace") is not None else {}
+
+
 def write_tb_trace(result, path) -> str:
     """DIR/profile/<host>_<pid>.<ns>.pt.trace.json: the name torch's tensorboard_trace_handler gives,
     which TensorBoard's profiler plugin looks for."""
@@ -65,8 +73,12 @@ def write_tb_trace(result, path) -> str:
 
 
 def record(result, written: dict) -> None:
-    """The CLI's render_extra: the paths written go into the JSON document and the summary."""
-    if "trace" in written:
+    """The CLI's render_extra: the paths written go into the JSON document and the summary (under
+    torchrun every rank's trace: profiling/ranks.py put them in data["traces"])."""
+    traces = result.data.get("traces")
+    if traces:
+        result.summary.append(("Traces", f"{', '.join(traces)}  ({VIEWER})"))
+    elif "trace" in written:
         result.data["trace"] = written["trace"]
         result.summary.append(("Trace", f"{written['trace']}  ({VIEWER})"))
     if "tb_trace" in written:

@@ -87,13 +87,15 @@ def straggler(rows: list[dict]) -> dict:
 
 
 def rank_docs(results: list[dict]) -> list[dict]:
-    """Each rank's JSON document with its "rank": from the gathered records ({"rank", "result": doc,
-    ...}) or from documents themselves; a rank that failed (no document) is left out."""
+    """Each rank's JSON document with its "rank" (and "trace": the file that rank wrote, from its
+    record's "files"): from the gathered records ({"rank", "result": doc, "files"}) or from documents
+    themselves; a rank that failed (no document) is left out."""
     out = []
     for i, r in enumerate(results):
         doc = r.get("result") if "result" in r else r
         if doc:
-            out.append({**doc, "rank": r.get("rank", i)})
+            trace = (r.get("files") or {}).get("trace") or doc.get("trace")
+            out.append({**doc, "rank": r.get("rank", i), **({"trace": trace} if trace else {})})
     return out
 
 
@@ -114,6 +116,8 @@ def merge_ranks(results: list[dict], merged) -> None:
         if r["rank"] == slow["rank"] and _holds_back(slow):
             r["_style"] = "bold"
     merged.data["straggler"] = _rounded(slow)
+    if any("trace" in r for r in rows):
+        merged.data["traces"] = [r.get("trace") for r in rows]
     merged.tables.append(_table(rows))
     merged.summary.append(("Straggler", straggler_line(slow)))
     if _holds_back(slow):
