@@ -1,8 +1,13 @@
 """--checkpoint FILE (core.checkpoint): safe formats only, keys that do not fit, meta reads headers only."""
 from __future__ import annotations
 
+import argparse
+import io
 import json
+import pickle
 import struct
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -83,30 +88,164 @@ def test_lightning_ckpt_state_dict_with_prefix_stripped(spec, tmp_path, cli):
     assert r.json["checkpoint"] == [f"{path}: 4 tensors loaded, prefix 'model.' stripped"]
 
 
-def test_pickle_that_would_run_code_is_refused_and_never_executed(spec, tmp_path, cli):
-    marker = tmp_path / "PWNED"
-    (tmp_path / "evil.py").write_text(
-        "import os\n"
-        "class Evil:\n"
-        f"    def __reduce__(self):\n        return (os.system, ('touch {marker}',))\n")
+def temp_module(tmp_path, name, source):
+    """Import `source` as module `name` from tmp_path; the caller deletes it (file and sys.modules) before
+    loading, so a loader that tried to import it would fail."""
     import importlib.util
 
-    mod_spec = importlib.util.spec_from_file_location("evil_for_test", tmp_path / "evil.py")
-    evil = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(evil)
+    (tmp_path / f"{name}.py").write_text(source)
+    mod_spec = importlib.util.spec_from_file_location(name, tmp_path / f"{name}.py")
+    mod = importlib.util.module_from_spec(mod_spec)
+    sys.modules[name] = mod
+    mod_spec.loader.exec_module(mod)
+    return mod
+
+
+def forget_module(tmp_path, name):
+    sys.modules.pop(name, None)
+    (tmp_path / f"{name}.py").unlink()
+
+
+USER_HPARAMS = """
+import dataclasses
+
+class AttributeDict(dict):          # Lightning's hparams container is a dict subclass like this
+    def __getattr__(self, key):
+        return self[key]
+
+@dataclasses.dataclass
+class Config:
+    lr: float = 0.1
+    widths: tuple = (4, 8)
+
+def __getattr__(name):              # a module-level hook: would fire if anything were looked up here
+    raise AssertionError(f"looked up {name}")
+"""
+
+
+def lightning_checkpoint(path, hparams_module, state):
+    """The layout Lightning's trainer writes: the module's weights under `model.`, hyper_parameters, optimizer
+    states, callbacks and loops state, lr schedulers, versions."""
+    m = net()
+    m.load_state_dict(state)
+    opt = torch.optim.Adam(m.parameters())
+    m(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    m.load_state_dict(state)            # the weights saved are `state`; the optimizer has its moments
+    torch.save({
+        "epoch": 3, "global_step": 30, "pytorch-lightning_version": "2.4.0",
+        "state_dict": {"model." + k: v for k, v in state.items()},
+        "hyper_parameters": {"args": argparse.Namespace(lr=0.1, batch_size=32, data=Path("/data")),
+                             "config": hparams_module.Config(), "extra": hparams_module.AttributeDict(depth=2)},
+        "hparams_type": hparams_module.AttributeDict,
+        "optimizer_states": [opt.state_dict()], "lr_schedulers": [],
+        "callbacks": {"ModelCheckpoint{'monitor': 'val_loss', 'mode': 'min'}": {
+            "best_model_score": torch.tensor(0.25), "best_model_path": "/ckpt/epoch=2.ckpt", "dirpath": "/ckpt"}},
+        "loops": {"fit_loop": {"state_dict": {}, "epoch_progress": {"total": {"ready": 3, "completed": 3}}}},
+    }, path)
+
+
+def random_state():
+    torch.manual_seed(7)
+    return {k: torch.randn_like(v) for k, v in net().state_dict().items()}
+
+
+@pytest.mark.parametrize("name", ["last.ckpt", "trainer.pt"])
+def test_lightning_checkpoint_with_hyper_parameters_loads_exactly(spec, tmp_path, cli, name):
+    """Namespace, a dict subclass and a dataclass of a module that no longer exists, optimizer states, callbacks:
+    weights_only refuses the file, torchdiag reads it through inert stand-ins and takes the state dict, exactly."""
+    hp = temp_module(tmp_path, "hparams_gone_1", USER_HPARAMS)
+    path, state = tmp_path / name, random_state()
+    lightning_checkpoint(path, hp, state)
+    forget_module(tmp_path, "hparams_gone_1")
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(path, weights_only=True)              # what plain weights_only says of this file
+    before = set(torch.serialization.get_safe_globals())
+    model, ctx = loaded_model(spec, path)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+    assert ctx.header["checkpoint"] == [f"{path}: 4 tensors loaded, prefix 'model.' stripped"]
+    assert "hparams_gone_1" not in sys.modules           # nothing was imported from the file's world
+    assert set(torch.serialization.get_safe_globals()) == before   # the stand-ins were for that load only
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(path, weights_only=True)              # and the user's own torch.load is as strict as before
+    r = cli("summary", spec, "--checkpoint", path, "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["checkpoint"] == [f"{path}: 4 tensors loaded, prefix 'model.' stripped"]
+
+
+def evil_module(tmp_path, name, call, marker):
+    """A class whose pickle calls `call` with arguments that would create `marker`."""
+    args = {"os.system": f"('touch {marker}',)", "builtins.exec": f"(\"open({str(marker)!r}, 'w').close()\",)",
+            "subprocess.Popen": f"(['touch', {str(marker)!r}],)"}[call]
+    module = call.split(".")[0]
+    return temp_module(tmp_path, name, f"import {module}\nclass Evil:\n"
+                                       f"    def __reduce__(self):\n        return ({call}, {args})\n")
+
+
+@pytest.mark.parametrize("call", ["os.system", "builtins.exec", "subprocess.Popen"])
+def test_pickle_that_would_run_code_is_refused_and_never_executed(spec, tmp_path, cli, call):
+    from torch import _weights_only_unpickler as wo
+
+    from torchdiag.core import checkpoint
+
+    marker = tmp_path / "PWNED"
+    evil = evil_module(tmp_path, f"evil_{call.replace('.', '_')}", call, marker)
     for name in ("evil.ckpt", "evil.pt"):
         path = tmp_path / name
-        torch.save({"state_dict": trained(), "hyper_parameters": evil.Evil()}, path)
+        torch.save({"state_dict": trained(), "hyper_parameters": {"h": evil.Evil()}}, path)
         assert not marker.exists()   # saving does not run __reduce__'s result
         r = cli("summary", spec, "--checkpoint", path)
         assert r.code == 2
         one_error_line(r)
-        assert "could run code" in r.stderr and "system" in r.stderr     # why, and what it would call
+        assert "could run code" in r.stderr and f".{call.split('.')[1]}" in r.stderr     # why, and what it would call
+        assert call == "os.system" or f"it would call {call}" in r.stderr    # by its Python 3 name (posix.system)
         assert "weights_only=False" in r.stderr and "--checkpoint weights.pt" in r.stderr   # how to convert
-        assert not marker.exists()
         r = cli("summary", spec, "--checkpoint", path, "--json")
         assert r.code == 2 and "could run code" in r.json["error"]["message"]
+        # torch's own allow-list does not let the call through ...
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+        assert len(names) == 1 and names[0] not in wo._get_allowed_globals()
+        with pytest.raises(pickle.UnpicklingError):
+            torch.load(path, weights_only=True)
+        # ... and the stand-ins, even without the refusal, call nothing (torch blocks os/posix outright)
+        try:
+            obj = checkpoint._StandIns(names).load(str(path), {"map_location": "cpu"})
+            assert all(torch.equal(obj["state_dict"][k], v) for k, v in trained().items())
+        except pickle.UnpicklingError:
+            assert call == "os.system"
         assert not marker.exists()
+
+
+def test_tensors_that_need_their_code_are_refused(spec, tmp_path, cli):
+    """A tensor subclass, a tensor in a user's box: the stand-ins cannot give tensors, so the file is refused."""
+    mod = temp_module(tmp_path, "tensors_gone", "import torch\nclass Marked(torch.Tensor):\n    pass\n"
+                                                "class Box:\n    def __init__(self, t):\n        self.t = t\n")
+    state = trained()
+    subclass, boxed = dict(state), dict(state)
+    subclass["0.weight"] = state["0.weight"].as_subclass(mod.Marked)
+    boxed["0.weight"] = mod.Box(state["0.weight"])
+    torch.save(subclass, tmp_path / "subclass.pt")
+    torch.save({"state_dict": boxed}, tmp_path / "boxed.ckpt")
+    forget_module(tmp_path, "tensors_gone")
+    for name, words in (("subclass.pt", "tensors_gone.Marked"), ("boxed.ckpt", "its tensor 0.weight is a tensors_gone.Box")):
+        r = cli("summary", spec, "--checkpoint", tmp_path / name)
+        assert r.code == 2, r.stderr
+        one_error_line(r)
+        assert "needs arbitrary unpickling" in r.stderr and words in r.stderr and "could run code" in r.stderr
+        r = cli("summary", spec, "--checkpoint", tmp_path / name, "--json")
+        assert r.code == 2 and words in r.json["error"]["message"]
+
+
+def test_whole_pickled_model_is_named_not_loaded(spec, tmp_path, cli):
+    mod = temp_module(tmp_path, "model_gone", MODEL)
+    torch.save(mod.build(), tmp_path / "model.pt")
+    torch.save({"epoch": 1, "model": mod.build()}, tmp_path / "wrapped.pt")
+    forget_module(tmp_path, "model_gone")
+    for name in ("model.pt", "wrapped.pt"):
+        r = cli("summary", spec, "--checkpoint", tmp_path / name, "--json")
+        assert r.code == 2
+        assert "holds no state dict (found: a pickled torch.nn.modules.container.Sequential)" in r.json["error"]["message"]
+        assert "model.state_dict()" in r.json["error"]["hint"]
 
 
 def test_strict_mismatch_is_one_line_naming_every_kind_of_key(spec, tmp_path, cli):
@@ -227,6 +366,58 @@ def test_meta_header_read_counts_bytes(tmp_path, monkeypatch):
     monkeypatch.setattr(builtins, "open", real_open)
     assert header_only and state["w"].shape == (256, 256) and state["w"].device.type == "meta"
     assert sum(read) < 200 < path.stat().st_size - 256 * 256 * 4 + 200
+
+
+class CountingFile(io.FileIO):
+    """A file that counts the bytes read through it (torch reads a path through Python's open)."""
+    read_bytes = 0
+
+    def read(self, n=-1):
+        data = super().read(n)
+        CountingFile.read_bytes += len(data)
+        return data
+
+    def readinto(self, b):
+        n = super().readinto(b)
+        CountingFile.read_bytes += n or 0
+        return n
+
+
+@pytest.mark.parametrize("older_torch", [False, True])
+def test_torch_file_on_meta_reads_no_tensor_data(tmp_path, monkeypatch, older_torch):
+    """A 4 MiB .pt on meta: the pickle and the zip directory are read, the data records are not. `older_torch`
+    takes away torch's own meta shortcut (torch < 2.9 read every record for map_location='meta')."""
+    import builtins
+
+    from torchdiag.core import checkpoint
+
+    path = tmp_path / "w.pt"
+    torch.save({"state_dict": {"w": torch.ones(1024, 1024), "b": torch.ones(1024, dtype=torch.float16)}}, path)
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda p, *a, **k: CountingFile(p, "rb") if str(p) == str(path) else real_open(p, *a, **k))
+    if older_torch:
+        monkeypatch.setattr(torch.serialization, "_is_meta_location", lambda _: False, raising=False)
+    CountingFile.read_bytes = 0
+    state, header_only = checkpoint.read_state(str(path), torch.device("meta"))
+    meta_read = CountingFile.read_bytes
+    CountingFile.read_bytes = 0
+    real, _ = checkpoint.read_state(str(path), torch.device("cpu"))
+    monkeypatch.undo()
+    assert CountingFile.read_bytes > 4 * 2**20            # the counter sees the data when it is read ...
+    assert meta_read < 64 * 2**10                          # ... and on meta it was not
+    assert header_only and state["w"].device.type == "meta"
+    assert state["w"].shape == (1024, 1024) and state["b"].dtype == torch.float16
+    assert torch.equal(real["w"], torch.ones(1024, 1024))
+
+
+def test_torch_file_on_meta_says_no_data_read_unless_legacy(spec, tmp_path, cli):
+    """The pre-zip torch.save format has no directory to map: it is read whole, and the header does not claim otherwise."""
+    torch.save(trained(), tmp_path / "w.pt")
+    torch.save(trained(), tmp_path / "old.pt", _use_new_zipfile_serialization=False)
+    for name, said in (("w.pt", ", header only (meta: shapes and dtypes, no data read)"), ("old.pt", "")):
+        r = cli("summary", spec, "--checkpoint", tmp_path / name, "--device", "meta", "--json")
+        assert r.code == 0, r.stderr
+        assert r.json["checkpoint"] == [f"{tmp_path / name}: 4 tensors loaded{said}"]
 
 
 def test_sharded_index_on_meta(tmp_path, cli):

@@ -1,12 +1,15 @@
 """`--checkpoint FILE`: weights into the model torchdiag built, without ever running code from the file.
 
 - `.safetensors` through the safetensors library; a `*.safetensors.index.json` (sharded) through its shards;
-- `.pt/.pth/.bin/.ckpt` through `torch.load(weights_only=True)` only: a file that needs arbitrary
-  unpickling is refused (unpickling can run code) and never executed;
+- `.pt/.pth/.bin/.ckpt` through `torch.load(weights_only=True)` only. Globals beyond its allow-list outside
+  the tensors (a Lightning .ckpt's hyper_parameters: argparse.Namespace, AttributeDict, the user's classes;
+  callbacks, loops) are read as inert stand-ins of ours, so nothing from the file's world is imported or
+  called; a file whose tensors need them, or that names code-running globals (os.system, exec, Popen),
+  is refused with one line that says why and how to convert it, and never executed;
 - a Lightning `.ckpt` (or any dict with a `state_dict`/`model_state_dict`/`model` entry): that entry,
   with a prefix the model does not have (`model.`, `module.`, `_orig_mod.`) stripped;
-- on `--device meta` a safetensors file is read up to its header only (shapes and dtypes): the data
-  section of a 70B model is never touched.
+- on `--device meta` a safetensors file is read up to its header only (shapes and dtypes), a torch.save
+  file up to its pickle and zip directory (mmap, map_location meta): the data of a 70B model is never read.
 
 Keys that do not fit (missing, unexpected, other shape): `strict` stops the run (exit 2, one line);
 not strict loads what fits and reports each of the rest as a finding (exit 1)."""
@@ -29,6 +32,13 @@ SAFETENSORS_DTYPES = {
 }
 MAX_HEADER = 100 * 2**20       # safetensors' own limit on the JSON header
 SHOW_KEYS = 6                   # keys named in the one-line strict error
+# Globals that exist to run code or reach the system. Stand-ins would never call them; a pickle that names
+# one is hostile, not a checkpoint, and is refused saying so (torch itself blocks os, posix, nt and sys).
+HOSTILE_MODULES = {"os", "posix", "nt", "sys", "subprocess", "_posixsubprocess", "shutil", "socket", "pty", "signal",
+                   "importlib", "runpy", "ctypes", "pickle", "_pickle", "marshal", "code", "codeop", "io", "_io",
+                   "webbrowser", "multiprocessing"}
+HOSTILE_BUILTINS = {"exec", "eval", "compile", "__import__", "open", "getattr", "setattr", "delattr", "globals",
+                    "locals", "vars", "breakpoint", "input", "exit", "quit", "help", "__build_class__"}
 
 
 @dataclass
@@ -108,7 +118,8 @@ def read_state(path: str, device) -> tuple[dict[str, Any], bool]:
     if path.endswith(".safetensors"):
         return (_read_header(path) if meta else _read_safetensors(path)), meta
     if path.endswith(TORCH_SUFFIXES):
-        return _unwrap(_torch_load(path, meta), path), False
+        obj, made = _torch_load(path, meta)
+        return _unwrap(obj, path, made), meta and _is_zip(path)
     raise UsageError(f"--checkpoint {path}: unknown kind of file",
                      hint="torchdiag reads .safetensors, .safetensors.index.json, .pt, .pth, .bin and Lightning .ckpt")
 
@@ -184,27 +195,119 @@ def _read_index(path: str, meta: bool) -> dict[str, Any]:
     return state
 
 
-def _torch_load(path: str, meta: bool):
+def _torch_load(path: str, meta: bool) -> tuple[Any, dict]:
+    """(the unpickled object, what stand-ins made). weights_only first; a torch.save file that names
+    other globals is read again with each mapped to an inert stand-in (`_StandIns`), or refused."""
     import pickle
 
     import torch
 
+    zipped = _is_zip(path)
+    # meta: mmap maps the file and nothing touches the data records (torch < 2.9 read them without it)
+    where = {"map_location": "meta" if meta else "cpu", "mmap": meta and zipped}
     try:
-        return torch.load(path, map_location="meta" if meta else "cpu", weights_only=True)
+        return torch.load(path, weights_only=True, **where), {}
     except pickle.UnpicklingError as exc:
-        found = unsafe_globals(path)
-        if not found:   # no importable object in the stream: a damaged or foreign file, not a dangerous one
+        names = _globals_beyond_weights(path) if zipped else []
+        if not names:   # not a torch.save zip, or nothing importable found: foreign, legacy or damaged
+            found = unsafe_globals(path)
+            if found:
+                raise _refusal(path, f"it stores {', '.join(found[:3])}") from exc
             raise UsageError(f"cannot read {path}: {one_line(exc, 120)}",
                              hint="torchdiag reads files written by torch.save (or a Lightning .ckpt)") from exc
-        raise UsageError(f"{path} needs arbitrary unpickling (it stores {', '.join(found[:3])}), which could run code, "
-                         "so torchdiag will not load it",
-                         hint="if you trust the file, convert it once in Python: "
-                              f"obj = torch.load('{path}', weights_only=False); "
-                              "torch.save(obj['state_dict'] if 'state_dict' in obj else obj.state_dict(), 'weights.pt') "
-                              "and pass --checkpoint weights.pt") from exc
     except Exception as exc:  # not a torch file, truncated, ...
         raise UsageError(f"cannot read {path}: {one_line(exc)}",
                          hint="torchdiag reads files written by torch.save (or a Lightning .ckpt)") from exc
+    hostile = [h for h in map(_hostile, names) if h]
+    if hostile:   # stand-ins would never call them, but no checkpoint has a reason to name them: say so
+        raise _refusal(path, f"it would call {', '.join(hostile[:3])}")
+    stand_ins = _StandIns(names)
+    try:
+        return stand_ins.load(path, where), stand_ins.made
+    except Exception as exc:  # torch needed the real class: a tensor subclass, a list subclass, ...
+        raise _refusal(path, f"it stores {', '.join(names[:3])} in a form that needs their code") from exc
+
+
+def _refusal(path: str, why: str) -> UsageError:
+    return UsageError(f"{path} needs arbitrary unpickling ({why}), which could run code, so torchdiag will not load it",
+                      hint="if you trust the file, convert it once in Python: "
+                           f"obj = torch.load('{path}', weights_only=False); "
+                           "torch.save(obj['state_dict'] if 'state_dict' in obj else obj.state_dict(), 'weights.pt') "
+                           "and pass --checkpoint weights.pt")
+
+
+def _is_zip(path: str) -> bool:
+    """A torch.save file of the zip format (every torch since 1.6), the only one mmap and the scan read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
+def _globals_beyond_weights(path: str) -> list[str]:
+    """The globals the pickle names beyond weights_only's allow-list, read statically by torch (nothing is
+    imported). Empty when this torch has no scan or no tuple form of safe_globals (torch < 2.6)."""
+    import torch
+
+    scan = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
+    if scan is None or not hasattr(torch.serialization, "safe_globals"):
+        return []
+    try:
+        return sorted(scan(path))
+    except Exception:  # opcodes the static scan does not know (pickle protocol > 2): refused as before
+        return []
+
+
+def _hostile(name: str) -> str | None:
+    """The code-running global the standard unpickler would import for `name`, else None. Python 2 names
+    are mapped as pickle maps them (`commands.Popen` is subprocess.Popen, `__builtin__.exec` is exec)."""
+    from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING
+
+    module, _, attr = name.rpartition(".")
+    module, attr = NAME_MAPPING.get((module, attr), (IMPORT_MAPPING.get(module, module), attr))
+    if module.split(".")[0] in HOSTILE_MODULES or (module == "builtins" and attr in HOSTILE_BUILTINS):
+        return f"{module}.{attr}"
+    return None
+
+
+class _StandIns:
+    """Inert stand-ins for the globals a checkpoint names beyond tensors: a Lightning .ckpt's
+    hyper_parameters (argparse.Namespace, AttributeDict, the user's own classes), callbacks, loops.
+    Each name maps to a class of ours whose every construction (NEWOBJ, REDUCE) returns a new empty
+    OrderedDict: the one type torch's weights-only unpickler lets both SETITEMS (dict subclasses) and
+    BUILD (an object's state) fill. Nothing from the file's world is imported, nothing it names is called."""
+
+    def __init__(self, names: list[str]):
+        self.made: dict[int, tuple[str, Any]] = {}   # id -> (name stood in for, object), kept alive: ids stay unique
+        self.pairs = [(self._class_for(name), name) for name in names]
+
+    def _class_for(self, name: str) -> type:
+        from collections import OrderedDict
+
+        made = self.made
+
+        def __new__(cls, *args, **kwargs):
+            obj = OrderedDict()
+            made[id(obj)] = (name, obj)
+            return obj
+
+        cls = type(f"StandIn[{name}]", (), {"__new__": __new__, "__module__": __name__})
+        made[id(cls)] = (name, cls)   # the class itself may be a value (Lightning's hparams_type)
+        return cls
+
+    def load(self, path: str, where: dict):
+        import torch
+
+        # registered for this call only and removed on exit: the user's own torch.load never sees them
+        with torch.serialization.safe_globals(self.pairs):
+            return torch.load(path, weights_only=True, **where)
+
+
+def _stood_for(value, made: dict) -> str | None:
+    """The name a value stands in for (made by a stand-in, or a stand-in class), else None."""
+    entry = made.get(id(value))
+    return entry[0] if entry is not None and entry[1] is value else None
 
 
 def unsafe_globals(path: str) -> list[str]:
@@ -238,9 +341,12 @@ def unsafe_globals(path: str) -> list[str]:
     return list(dict.fromkeys(g for g in found if not g.startswith(safe)))
 
 
-def _unwrap(obj, path: str) -> dict[str, Any]:
+def _unwrap(obj, path: str, made: dict | None = None) -> dict[str, Any]:
+    """The state dict in what was unpickled (a Lightning/trainer dict around it is opened); `made` names
+    what stand-ins built: one where a tensor should be means the tensors need arbitrary unpickling."""
     import torch
 
+    made = made or {}
     for _ in range(2):   # a Lightning/trainer dict around the state dict
         if isinstance(obj, dict) and not _is_state(obj):
             inner = next((obj[k] for k in NESTED_KEYS if isinstance(obj.get(k), dict)), None)
@@ -248,10 +354,23 @@ def _unwrap(obj, path: str) -> dict[str, Any]:
                 break
             obj = inner
     if not isinstance(obj, dict) or not _is_state(obj):
-        keys = ", ".join(map(str, list(obj)[:6])) if isinstance(obj, dict) else type(obj).__name__
-        raise UsageError(f"{path} holds no state dict (found: {keys})",
+        raise UsageError(f"{path} holds no state dict (found: {_found(obj, made)})",
                          hint="save one with torch.save(model.state_dict(), 'weights.pt')")
+    foreign = [(k, _stood_for(v, made)) for k, v in obj.items() if _stood_for(v, made)]
+    if foreign:
+        raise _refusal(path, f"its tensor {foreign[0][0]} is a {foreign[0][1]}")
     return {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+
+
+def _found(obj, made: dict) -> str:
+    """What a file holds instead of a state dict, in a few words (a pickled object by its class name)."""
+    name = _stood_for(obj, made)
+    if name:
+        return f"a pickled {name}"
+    if isinstance(obj, dict):
+        return ", ".join(str(k) + (f" (a pickled {_stood_for(v, made)})" if _stood_for(v, made) else "")
+                         for k in list(obj)[:6] for v in [obj[k]]) or "an empty dict"
+    return type(obj).__name__
 
 
 def _is_state(obj: dict) -> bool:
