@@ -265,7 +265,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     rec = Recorder(model, opts, keep)
     with leave_no_trace(model):
         model.eval()
-        with torch.no_grad(), tracker, rec:
+        with torch.no_grad(), ctx.autocast(), tracker, rec:   # --amp: outputs in the dtype training sees
             try:
                 inputs.call(model)
             except Exception as exc:

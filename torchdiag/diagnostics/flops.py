@@ -223,7 +223,8 @@ def _count(model, inputs, opts: Options, ctx) -> _Counts:
         model.eval()  # eval: BatchNorm running stats stay as they are, dropout off
         torch.backends.mha.set_fastpath_enabled(False)  # fused MHA hides its projections from counters
         try:
-            with _rnn_unfused(model), counter, tracker, torch.set_grad_enabled(grad):
+            # --amp: the same matmuls, in the autocast dtype; its casts are listed as uncounted ops
+            with _rnn_unfused(model), ctx.autocast(), counter, tracker, torch.set_grad_enabled(grad):
                 out = inputs.call(model)
                 fwd_counts, fwd_calls = _snapshot(counter)
                 if grad:

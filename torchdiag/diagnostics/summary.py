@@ -115,7 +115,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     tracker = ModuleTracker(model)
     with leave_no_trace(model):
         model.eval()
-        with torch.no_grad(), tracker:
+        with torch.no_grad(), ctx.autocast(), tracker:   # --amp: the forward as it trains
             try:
                 output = inputs.call(model)
             except Exception as exc:

@@ -24,6 +24,8 @@ from .anomaly import anomaly_pass, parse_frames, report_anomaly
 from .checked import Checker, PassReport, checked_pass
 from .finite import all_finite, counts, finite, flatten, is_float, shape_text
 from .flags import flagged_pass, localized_pass, rng_state, set_rng_state
+from .precision import Watch
+from .precision_report import check_precision
 from .report import report_pass, report_tensors
 from .steps import report_steps, train_until_non_finite
 
@@ -61,12 +63,12 @@ def nonfinite_tensors(model, inputs) -> tuple[list, list]:
             [row(name, kind, t) for kind, name, t in state if not finite(t)])
 
 
-def _passes(model, inputs, loss_fn, opts: Options, ctx):
+def _passes(model, inputs, loss_fn, opts: Options, ctx, state, watch=None):
     """The pass on the user's model in train mode (buffers, grads, flags, RNG put back), and the
     anomaly pass from the same RNG state when asked: (PassReport, anomaly dict or None)."""
     import torch
 
-    state = rng_state(ctx.device)
+    amp = ctx.autocast if ctx.precision.amp else None
     with leave_no_trace(model):
         saved = snapshot_buffers(model)
         try:
@@ -74,14 +76,15 @@ def _passes(model, inputs, loss_fn, opts: Options, ctx):
                 p.grad = None
             model.train()
             torch.set_grad_enabled(True)
-            report = localized_pass(model, inputs, loss_fn, reset=lambda: restore_buffers(saved), device=ctx.device)
+            report = localized_pass(model, inputs, loss_fn, reset=lambda: restore_buffers(saved), device=ctx.device,
+                                    autocast=amp, watch=watch)
             anomaly = None
             if opts.anomaly:
                 for p in model.parameters():
                     p.grad = None
                 restore_buffers(saved)
                 set_rng_state(state, ctx.device)
-                anomaly = anomaly_pass(model, inputs, loss_fn)
+                anomaly = anomaly_pass(model, inputs, loss_fn, amp)
         finally:
             restore_buffers(saved)
     return report, anomaly
@@ -97,10 +100,13 @@ def run(model, inputs, opts: Options, ctx) -> Result:
                                      "on a copy, same batch")
     loss_fn = ctx.loss()   # one rule for every pass: its random target is drawn once
     report_tensors(result, *nonfinite_tensors(model, inputs))
-    report, anomaly = _passes(model, inputs, loss_fn, opts, ctx)
+    state = rng_state(ctx.device)
+    watch = Watch() if ctx.precision.reduced else None
+    report, anomaly = _passes(model, inputs, loss_fn, opts, ctx, state, watch)
     if report.loss_desc:
         result.header["loss"] = report.loss_desc
     report_pass(result, report)
+    check_precision(result, model, inputs, loss_fn, ctx, report, watch, state)
     if anomaly is not None:
         report_anomaly(result, anomaly)
     else:

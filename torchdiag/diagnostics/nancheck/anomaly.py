@@ -8,7 +8,8 @@ from ...errors import one_line
 from ...results import Column, Result, Table
 
 
-def anomaly_pass(model, inputs, loss_fn) -> dict:
+def anomaly_pass(model, inputs, loss_fn, autocast=None) -> dict:
+    import contextlib
     import warnings
 
     import torch
@@ -18,7 +19,8 @@ def anomaly_pass(model, inputs, loss_fn) -> dict:
         warnings.simplefilter("always")
         with torch.autograd.detect_anomaly(check_nan=True):
             try:
-                loss = loss_fn(inputs.call(model))
+                with autocast() if autocast is not None else contextlib.nullcontext():
+                    loss = loss_fn(inputs.call(model))
                 if loss.requires_grad:
                     loss.backward()
             except Exception as exc:  # RuntimeError from anomaly mode, or the model's own (the main pass ran it)

@@ -179,19 +179,24 @@ def _input_range(rec: CallRecord) -> None:
     rec.input_range = (lo, hi)
 
 
-def forward_loss_backward(model, inputs, loss_fn, hooks, backward: bool):
+def forward_loss_backward(model, inputs, loss_fn, hooks, backward: bool, autocast=None):
     """The model's forward under `hooks`, the loss and its backward: (output, loss, backward_ran, note).
-    A failure is the model's (exit 3) and names the module that raised."""
+    `autocast()` (--amp) wraps the forward and the loss, not the backward (torch's advice). A failure
+    is the model's (exit 3) and names the module that raised."""
+    import contextlib
+
     import torch
 
-    with hooks:
-        try:
-            output = inputs.call(model)
-        except ModelError:
-            raise
-        except Exception as exc:
-            raise forward_error(exc, hooks) from exc
-    loss = loss_fn(output)
+    amp = autocast() if autocast is not None else contextlib.nullcontext()
+    with amp:
+        with hooks:
+            try:
+                output = inputs.call(model)
+            except ModelError:
+                raise
+            except Exception as exc:
+                raise forward_error(exc, hooks) from exc
+        loss = loss_fn(output)
     if backward and torch.is_grad_enabled() and loss.requires_grad:
         train.backward(loss, BACKWARD_HINT)
         return output, loss, True, ""
@@ -209,14 +214,14 @@ def param_grad_rows(model) -> tuple[int, list]:
     return len(grads), rows
 
 
-def checked_pass(model, inputs, loss_fn, *, backward: bool = True, track_grads: bool = True) -> PassReport:
+def checked_pass(model, inputs, loss_fn, *, backward: bool = True, track_grads: bool = True, autocast=None) -> PassReport:
     """One forward (+ loss + backward) with every module hooked; fills .grad of `model`.
     track_grads: also hook every module input/output gradient (backward culprit)."""
     import torch
 
     checker = Checker(model, backward and track_grads and torch.is_grad_enabled())
     try:
-        output, loss, backward_ran, note = forward_loss_backward(model, inputs, loss_fn, checker, backward)
+        output, loss, backward_ran, note = forward_loss_backward(model, inputs, loss_fn, checker, backward, autocast)
     finally:
         checker.remove_tensor_hooks()
     output_bad = [(label, *counts(t)) for label, t in flatten(output, "output", []) if not finite(t)]

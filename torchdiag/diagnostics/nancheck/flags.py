@@ -69,17 +69,27 @@ class FlagChecker(ForwardHooks):
         return Call(name, type(mod).__name__, name.count(".") + 1 if name else 0, inputs=shapes)
 
 
-def flagged_pass(model, inputs, loss_fn, *, backward: bool = True) -> PassReport | None:
+def flagged_pass(model, inputs, loss_fn, *, backward: bool = True, autocast=None, watch=None) -> PassReport | None:
     """One forward (+ loss + backward), fills .grad of `model`. The report of a healthy pass, or None
-    when anything (a module output, the loss, a parameter gradient) may be non-finite."""
-    checker = FlagChecker(model)
-    output, loss, backward_ran, note = forward_loss_backward(model, inputs, loss_fn, checker, backward)
+    when anything (a module output, the loss, a parameter gradient) may be non-finite.
+    `watch` (precision.Watch, reduced precision only) adds its magnitudes to the same read-back."""
+    checker = FlagChecker(model) if watch is None else watch.checker(model)
+    try:
+        output, loss, backward_ran, note = forward_loss_backward(model, inputs, loss_fn, checker, backward, autocast)
+    finally:
+        if watch is not None:
+            watch.remove_hooks()
     for _, t in flatten(output, "output", []):   # the model output (the root's, summed once)
         checker.add(t)
     if loss.numel() != 1:
         float(loss.detach())   # the same error as the exact pass gives
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    values = read_back([loss.detach(), *scalar_totals(checker.sums), *totals(grads)])   # one sync per device
+    flags = [loss.detach(), *scalar_totals(checker.sums), *totals(grads)]
+    extra = watch.scalars(model) if watch is not None else []
+    values = read_back(flags + extra)   # one sync per device
+    if watch is not None:
+        watch.take(values[len(flags):])
+        values = values[:len(flags)]
     if not all(math.isfinite(v) for v in values):
         return None
     return PassReport(checker.calls, [], None, [], values[0], loss_fn.describe(), True, False, None, [], [],
@@ -103,12 +113,12 @@ def set_rng_state(state, device) -> None:
         torch.cuda.set_rng_state(cuda, device)
 
 
-def localized_pass(model, inputs, loss_fn, reset=None, device=None) -> PassReport:
+def localized_pass(model, inputs, loss_fn, reset=None, device=None, autocast=None, watch=None) -> PassReport:
     """The flagged pass; when it finds anything non-finite, the exact pass again from the same state
     (RNG, buffers via `reset`, no .grad) to name the forward culprit; and when only a gradient is
     non-finite, once more with gradient hooks on every module to name the backward culprit."""
     state = rng_state(device)
-    rep = flagged_pass(model, inputs, loss_fn)
+    rep = flagged_pass(model, inputs, loss_fn, autocast=autocast, watch=watch)
     if rep is not None:
         return rep
 
@@ -120,9 +130,9 @@ def localized_pass(model, inputs, loss_fn, reset=None, device=None) -> PassRepor
         set_rng_state(state, device)
 
     again()
-    rep = checked_pass(model, inputs, loss_fn, track_grads=False)
+    rep = checked_pass(model, inputs, loss_fn, track_grads=False, autocast=autocast)
     if rep.backward_ran and rep.param_grad_rows and rep.origin is None and not rep.output_bad and rep.loss_finite:
         again()
-        rep = checked_pass(model, inputs, loss_fn, track_grads=True)
+        rep = checked_pass(model, inputs, loss_fn, track_grads=True, autocast=autocast)
         rep.localized = True
     return rep

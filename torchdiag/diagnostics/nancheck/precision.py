@@ -1,0 +1,179 @@
+"""nancheck under reduced precision (--dtype bfloat16|float16, --amp bf16|fp16).
+
+- `Watch`: during the same flagged pass, per module call the largest |x| of each floating output and of
+  the gradient arriving at it, and per parameter its gradient's largest |g| and exact zeros; kept on the
+  device and read back with the pass's own flags (no extra host sync).
+- The float32 reference (`reference_pass`): a float32 copy (same weights, upcast exactly; same inputs,
+  RNG state and loss target) run without autocast. It runs only when the reduced pass found a non-finite
+  value (to say why) or a parameter gradient holding exact zeros (underflow can only show as zeros).
+- Underflow, per parameter: among the elements whose float32 gradient is nonzero, the fraction that is
+  exactly zero in the reduced run. Reported per module (its own parameters)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...core.precision import HEADROOM, facts
+from ...core.readback import read_back
+from .finite import flatten
+from .flags import FlagChecker
+
+UNDERFLOW_WARN = 0.01     # a module whose parameter gradients lost ≥ 1% of their nonzero values
+REDUCED_DTYPES = ("torch.float16", "torch.bfloat16")
+
+
+class WatchChecker(FlagChecker):
+    """The flagged pass's checker, also feeding every module output to a Watch."""
+
+    def __init__(self, model, watch: "Watch"):
+        super().__init__(model)
+        self.watch = watch
+
+    def _post(self, mod, args, output):
+        super()._post(mod, args, output)
+        self.watch.record(self.names.get(id(mod), "?"), type(mod).__name__, output)
+
+
+@dataclass
+class Watch:
+    rows: list = field(default_factory=list)        # {call, module, type, kind: output|gradient, dtype, max_abs}
+    params: list = field(default_factory=list)      # {parameter, module, dtype, max_abs, zeros, numel}
+    grads: dict = field(default_factory=dict)       # parameter name -> its gradient (for the underflow compare)
+    _scalars: list = field(default_factory=list)
+    _handles: list = field(default_factory=list)
+    _seen: set = field(default_factory=set)
+    _calls: int = 0
+
+    def checker(self, model):
+        return WatchChecker(model, self)
+
+    def record(self, name: str, type_name: str, output) -> None:
+        self._calls += 1
+        for _, t in flatten(output, "output", []):
+            key = (id(t), t._version)
+            if not t.is_floating_point() or not t.numel() or key in self._seen:
+                continue      # a parent returning its child's tensor is recorded once, at the child
+            self._seen.add(key)
+            base = {"call": self._calls, "module": name or "(root)", "type": type_name, "dtype": str(t.dtype)}
+            self.rows.append(dict(base, kind="output"))
+            self._scalars.append(t.detach().abs().amax())
+            if t.requires_grad:
+                self.rows.append(dict(base, kind="gradient"))
+                self._scalars.append(None)   # filled by the hook when backward reaches it
+                self._handles.append(t.register_hook(self._grad_hook(len(self._scalars) - 1)))
+
+    def _grad_hook(self, slot: int):
+        def hook(grad):
+            if grad is not None and self._scalars[slot] is None:
+                self._scalars[slot] = grad.detach().abs().amax()
+        return hook
+
+    def remove_hooks(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._seen.clear()
+
+    def scalars(self, model) -> list:
+        """The device values to read back with the pass's flags: module magnitudes, then per parameter
+        gradient (largest |g|, exact zeros). Keeps a reference to each gradient for the compare."""
+        import torch
+
+        self.rows = [r for r, s in zip(self.rows, self._scalars) if s is not None]
+        out = [s for s in self._scalars if s is not None]
+        for name, p in model.named_parameters():
+            if p.grad is None or not p.grad.numel():
+                continue
+            g = p.grad.detach()
+            self.grads[name] = g
+            self.params.append({"parameter": name, "module": name.rsplit(".", 1)[0] if "." in name else "(root)",
+                                "dtype": str(g.dtype), "numel": g.numel()})
+            out += [g.abs().amax(), (g == 0).sum()]
+        self._scalars = []
+        return [torch.as_tensor(s) for s in out]
+
+    def take(self, values: list) -> None:
+        n = len(self.rows)
+        for r, v in zip(self.rows, values[:n]):
+            r["max_abs"] = v
+        for i, p in enumerate(self.params):
+            p["max_abs"], p["zeros"] = values[n + 2 * i], int(values[n + 2 * i + 1])
+
+    @property
+    def has_zero_grads(self) -> bool:
+        return any(p["zeros"] for p in self.params)
+
+
+def headroom_rows(watch: Watch) -> list:
+    """Reduced-precision values (outputs, their gradients, parameter gradients) finite but within HEADROOM
+    of their dtype's largest finite value."""
+    import math
+
+    rows = []
+    for r in watch.rows + [dict(p, kind="parameter gradient", type="") for p in watch.params]:
+        if r["dtype"] not in REDUCED_DTYPES or not math.isfinite(r["max_abs"]):
+            continue
+        f = facts(r["dtype"])
+        if r["max_abs"] > f.headroom_limit:
+            rows.append({"module": r.get("parameter") or r["module"], "type": r["type"], "kind": r["kind"],
+                         "dtype": f.name, "max_abs": r["max_abs"], "largest_finite": f.max,
+                         "margin": f.max / r["max_abs"]})
+    return rows
+
+
+def reference_pass(model, inputs, loss_fn, ctx, state):
+    """The float32 reference: a float32 train copy from the same RNG state and loss target, no autocast.
+    (work, PassReport, Watch); the caller's RNG stream is left where it was."""
+    import torch
+
+    from ...core.guard import restore_buffers, snapshot_buffers
+    from ...core.precision import cast_inputs
+    from .flags import localized_pass, set_rng_state
+
+    with torch.random.fork_rng(devices=[ctx.device] if ctx.on_cuda else []), torch.enable_grad():
+        work = ctx.train_copy(model, "to run the float32 reference").to(torch.float32)
+        x = cast_inputs(inputs, "float32") if ctx.spec.dtype else inputs
+        set_rng_state(state, ctx.device)
+        saved = snapshot_buffers(work)
+        watch = Watch()
+        rep = localized_pass(work, x, loss_fn, reset=lambda: restore_buffers(saved), device=ctx.device, watch=watch)
+    return work, rep, watch
+
+
+def underflow_rows(reduced: dict, work) -> list:
+    """Per module: of its parameter-gradient values nonzero in float32, how many are exactly zero in the
+    reduced run. Computed on the device, read back once."""
+    import torch
+
+    names, scalars = [], []
+    for name, p in work.named_parameters():
+        g32, gr = p.grad, reduced.get(name)
+        if g32 is None or gr is None or g32.shape != gr.shape:
+            continue
+        nonzero = g32.detach() != 0
+        names.append(name)
+        scalars += [nonzero.sum(), (nonzero & (gr.to(g32.device) == 0)).sum()]
+    values = read_back([torch.as_tensor(s) for s in scalars])
+    by_module: dict = {}
+    for i, name in enumerate(names):
+        module = name.rsplit(".", 1)[0] if "." in name else "(root)"
+        row = by_module.setdefault(module, {"module": module, "parameters": [], "nonzero_float32": 0, "zero_reduced": 0})
+        row["parameters"].append(name.rsplit(".", 1)[-1])
+        row["nonzero_float32"] += int(values[2 * i])
+        row["zero_reduced"] += int(values[2 * i + 1])
+    rows = [r for r in by_module.values() if r["zero_reduced"]]
+    for r in rows:
+        r["fraction"] = r["zero_reduced"] / r["nonzero_float32"]
+    return sorted(rows, key=lambda r: -r["fraction"])
+
+
+def call_max(watch: Watch, module: str, occurrence: int, kind: str) -> float | None:
+    """The largest |x| (kind output) or |grad| (kind gradient) of the `occurrence`-th call of `module`."""
+    calls = sorted({r["call"] for r in watch.rows if r["module"] == module})
+    if occurrence >= len(calls):
+        return None
+    values = [r["max_abs"] for r in watch.rows if r["call"] == calls[occurrence] and r["kind"] == kind]
+    return max(values) if values else None
+
+
+__all__ = ["Watch", "WatchChecker", "headroom_rows", "reference_pass", "underflow_rows", "call_max", "HEADROOM",
+           "UNDERFLOW_WARN"]
