@@ -82,8 +82,8 @@ def _in_session(opts, spec, sess, diagnostic, o, run, render_extra) -> int:
         from .common import err
 
         err(f"error: [rank {sess.ranks.rank}] {rec['error']['message']}")
-    if not sess.ranks.main:
-        return rec["exit_code"]
+    if not sess.ranks.main:   # rank 0's exit code is the worst over ranks: torchrun reports one failure
+        return ExitCode.OK
     if all(r["error"] for r in records):
         return _all_failed(opts, spec, records)
     return _render(opts, spec, sess, diagnostic, records, local, render_extra)
@@ -169,7 +169,7 @@ def _render(opts, spec, sess, diagnostic, records: list[dict], local: Local, ren
     from ..render import render, write_outputs
     from .common import to_stdout
 
-    merged = merge(records, local.result, spec.command)
+    merged = merge(records, local.result, spec.command, unwrap="module." if spec.wrap == "ddp" else "")
     merged.header.update({"world_size": sess.ranks.world_size, "backend": sess.ranks.backend})
     add_rank_findings(merged, records, spec.wrap)
     hook = getattr(diagnostic, "merge_ranks", None)
@@ -192,13 +192,17 @@ def _all_failed(opts, spec, records: list[dict]) -> int:
     from ..results import error_document
     from .common import err, to_stdout
 
+    from ..diagnostics.ranks.report import unused_hint
+
     first = records[0]["error"]
     same = [r["rank"] for r in records if r["error"]["message"] == first["message"]]
     code = max(r["exit_code"] for r in records)
-    if first.get("hint"):
-        err(f"hint: {first['hint']}")
+    hint = unused_hint(records) if spec.wrap == "ddp" else None
+    hint = hint or first.get("hint")
+    if hint:
+        err(f"hint: {hint}")
     if opts.json:
-        doc = error_document(spec.command, f"[{tag(same)}] {first['message']}", first.get("hint"), code)
+        doc = error_document(spec.command, f"[{tag(same)}] {first['message']}", hint, code)
         doc["world_size"] = len(records)
         doc["ranks"] = [{k: v for k, v in r.items() if k != "result"} for r in records]
         to_stdout(lambda: sys.stdout.write(json.dumps(doc) + "\n"))

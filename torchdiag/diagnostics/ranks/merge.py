@@ -18,12 +18,16 @@ def record(rank: int, device: str, code: int, result: Result | None = None, erro
             "error": error, "result": doc, **extra}
 
 
-def merge(records: list[dict], base: Result | None, command: str) -> Result:
-    """One Result for all ranks. `base` is rank 0's own Result (its tables and files), when it has one."""
+def merge(records: list[dict], base: Result | None, command: str, unwrap: str = "") -> Result:
+    """One Result for all ranks. `base` is rank 0's own Result (its tables and files), when it has one.
+    `unwrap`: the prefix a wrapper puts before the user's names (DDP's "module."), taken off findings."""
     merged = base if base is not None else Result(command, header=_header(records))
     for key in RANK_KEYS:
         merged.header.pop(key, None)
     merged.findings = union(records)
+    if unwrap:
+        for f in merged.findings:
+            _unwrap(f, unwrap)
     for r in records:
         if r["error"]:
             merged.add("rank-failed", "error", "", f"[rank {r['rank']}] {r['error']['message']}", r["error"].get("hint"))
@@ -68,3 +72,13 @@ def _header(records: list[dict]) -> dict:
         if r["header"]:
             return {k: v for k, v in r["header"].items() if k not in RANK_KEYS}
     return {}
+
+
+def _unwrap(f: Finding, prefix: str) -> None:
+    """`module.body.1` → `body.1` in where, and where the message names the same path."""
+    if f.where == prefix.rstrip("."):
+        f.where = "(root)"
+    elif f.where.startswith(prefix):
+        bare = f.where[len(prefix):]
+        f.message = f.message.replace(f.where, bare)
+        f.where = bare

@@ -61,16 +61,50 @@ def _diffs(d: dict) -> str:
 
 
 def _unused(merged, records: list[dict]) -> None:
-    """One finding per parameter that got no gradient, with the ranks where it did not, and why."""
-    by_name: dict[str, list] = {}
+    """One finding per cause (and set of ranks) of parameters that got no gradient, naming them."""
+    for names, ranks, u in unused_groups(records):
+        where = names[0] if len(names) == 1 else _common(names)
+        on = "" if ranks == [r["rank"] for r in records] else f" on {tag(ranks)}"
+        f = merged.add("ddp-unused-parameter", "error", where,
+                       f"{_prefix(ranks, records)}{len(names)} parameter(s) got no gradient{on} ({', '.join(names)}) — "
+                       f"{u['reason']}: {u['why']}; DDP (find_unused_parameters=False) cannot finish reducing them and "
+                       "fails at the next iteration", UNUSED_HINT)
+        f.ranks = ranks
+
+
+def unused_hint(records: list[dict]) -> str | None:
+    """The hint of a run every rank failed, when DDP met parameters without a gradient: their names and why."""
+    groups = unused_groups(records)
+    if not groups:
+        return None
+    parts = [f"{', '.join(names)} ({u['reason']}: {u['why']}{'' if _prefix(ranks, records) == '' else ' on ' + tag(ranks)})"
+             for names, ranks, u in groups]
+    return "parameters that got no gradient under DDP: " + "; ".join(parts) + "; " + UNUSED_HINT
+
+
+UNUSED_HINT = "pass find_unused_parameters=True to DistributedDataParallel, or remove or freeze the parameters"
+
+
+def unused_groups(records: list[dict]) -> list[tuple[list[str], list[int], dict]]:
+    """(names, ranks, first entry) per (reason, why, ranks where the parameter got no gradient)."""
+    ranks_of: dict[str, list[int]] = {}
+    entry: dict[str, dict] = {}
     for r in records:
         for u in r.get("unused") or []:
-            by_name.setdefault(u["name"], []).append((r["rank"], u))
-    for name, seen in by_name.items():
-        ranks = [rank for rank, _ in seen]
-        u = seen[0][1]
-        f = merged.add("ddp-unused-parameter", "error", name,
-                       f"[{tag(ranks)}] parameter {name} got no gradient on {tag(ranks)} — {u['reason']}: {u['why']}; "
-                       "DDP (find_unused_parameters=False) cannot finish reducing it and fails at the next iteration",
-                       "pass find_unused_parameters=True to DistributedDataParallel, or remove or freeze the parameter")
-        f.ranks = ranks
+            ranks_of.setdefault(u["name"], []).append(r["rank"])
+            entry.setdefault(u["name"], u)
+    groups: dict[tuple, list[str]] = {}
+    for name, ranks in ranks_of.items():
+        groups.setdefault((entry[name]["reason"], entry[name]["why"], tuple(ranks)), []).append(name)
+    return [(names, list(key[2]), entry[names[0]]) for key, names in groups.items()]
+
+
+def _prefix(ranks: list[int], records: list[dict]) -> str:
+    return "" if ranks == [r["rank"] for r in records] else f"[{tag(ranks)}] "
+
+
+def _common(names: list[str]) -> str:
+    from os.path import commonprefix
+
+    common = ".".join(commonprefix([n.split(".") for n in names]))
+    return common or "(root)"
