@@ -190,3 +190,12 @@ def test_each_rank_writes_its_own_trace(tmp_path):
     render_profile.record(merged, written[0])
     assert merged.data["traces"] == [written[0]["trace"], written[1]["trace"]] and "trace" not in merged.data
     assert "run.rank1.json" in dict(merged.summary)["Traces"]
+
+
+def test_rank0_lines_are_labelled_as_rank0():
+    merged = Result("memory", summary=[("Peak", "31 KiB"), ("Other", "x")])
+    mem_ranks.merge_ranks([_mem_doc(0, 10), _mem_doc(1, 20)], merged)
+    assert [k for k, _ in merged.summary][:2] == ["Peak (rank 0)", "Other"]
+    merged = Result("profile", summary=[("Step time", "1 ms"), ("Throughput", "2/s")])
+    prof_ranks.merge_ranks([_prof_doc(0, 1.0, 0.0), _prof_doc(1, 1.0, 0.0)], merged)
+    assert [k for k, _ in merged.summary] == ["Step time (rank 0)", "Throughput (rank 0)", "Straggler"]

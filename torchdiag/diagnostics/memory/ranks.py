@@ -58,6 +58,8 @@ def merge_ranks(results: list[dict], merged) -> None:
     merged.data["max_peak_rank"] = top["rank"]
     merged.data["peak_spread_bytes"] = max(peaks) - min(peaks)
     merged.tables.append(_table(rows))
+    # the tables and lines above are rank 0's own step: say so; every rank's peak is in rank_memory
+    merged.summary = [(f"{k} (rank 0)" if k in ("Peak", "Estimate (fake tensors)") else k, v) for k, v in merged.summary]
     merged.summary.append(("Peak per rank", " · ".join(f"rank {r['rank']} {human_bytes(r['peak_bytes'])}" for r in rows)
                            + f" (largest: rank {top['rank']}, {human_bytes(max(peaks) - min(peaks))} above the smallest)"))
     if not fsdp:

@@ -119,7 +119,9 @@ def merge_ranks(results: list[dict], merged) -> None:
     if any("trace" in r for r in rows):
         merged.data["traces"] = [r.get("trace") for r in rows]
     merged.tables.append(_table(rows))
-    merged.summary.append(("Straggler", straggler_line(slow)))
+    # the step-time lines above are rank 0's own: say so; every rank's is in the table
+    merged.summary = [(f"{k} (rank 0)" if k in ("Step time", "Throughput") else k, v) for k, v in merged.summary]
+    merged.summary.append(("Straggler", f"rank {slow['rank']}: {straggler_line(slow)}"))
     if _holds_back(slow):
         merged.add("straggler", "warning", f"rank {slow['rank']}", straggler_line(slow),
                    hint="the other ranks wait for it in every collective: look at its trace and its shard of "
@@ -135,7 +137,7 @@ def straggler_line(s: dict) -> str:
     def pct(v):
         return "" if v is None else f" ({100 * v:+.0f}%)"
 
-    return (f"rank {s['rank']}: {s['compute_ms']:.2f} ms of compute per step, {s['lag_ms']:+.2f} ms{pct(s['lag_pct'])} "
+    return (f"{s['compute_ms']:.2f} ms of compute per step, {s['lag_ms']:+.2f} ms{pct(s['lag_pct'])} "
             f"vs the fastest (rank {s['fastest_rank']}), {s['lag_vs_median_ms']:+.2f} ms"
             f"{pct(s['lag_vs_median_pct'])} vs the median")
 
