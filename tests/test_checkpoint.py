@@ -465,7 +465,7 @@ def test_every_model_command_has_the_options():
 
     group = get_command(app)
     for name in ("summary", "flops", "nancheck", "gradflow", "overfit-batch", "profile", "memory", "doctor",
-                 "activations", "gradcam", "attention", "embeddings"):
+                 "activations", "gradcam", "attention", "embeddings", "gradcheck"):
         opts = {o for p in group.commands[name].params for o in p.opts + p.secondary_opts}
         assert {"--checkpoint", "--strict-checkpoint", "--no-strict-checkpoint"} <= opts, name
 

@@ -314,3 +314,64 @@ def test_cli_inputs_are_cores_doubled(cli):
     assert r.code == 0 and r.json["input_source"] == "--input"
     assert r.json["inputs"] == ModelInputs(tuple(_inputs("3", "2x3")), {}, "").describe()
     assert all(t.dtype == torch.float64 for t in _inputs("3", "2x3"))
+
+
+def _scaled_tanh_state(a: float):
+    """ScaledTanh(features=2) weights with its scale `a`: a NaN one makes every gradient NaN (exit 1)."""
+    import torch
+
+    return {"a": torch.tensor(a), "lin.weight": torch.tensor([[0.3, -0.2], [0.1, 0.4]]), "lin.bias": torch.tensor([0.05, -0.1])}
+
+
+def test_checkpoint_loads_into_a_module_target(cli, tmp_path):
+    """The weights of --checkpoint are the ones checked: a NaN scale in the file fails a target that passes
+    with its own weights; a Lightning-style .ckpt (prefix, hyper_parameters) loads as on every command."""
+    import argparse
+
+    import torch
+
+    target = sample(f"{CA}:ScaledTanh")
+    assert cli("gradcheck", target, "--arg", "features=2", "-i", "3x2").code == 0
+    torch.save(_scaled_tanh_state(float("nan")), tmp_path / "nan.pt")
+    r = cli("gradcheck", target, "--arg", "features=2", "-i", "3x2", "--checkpoint", tmp_path / "nan.pt", "--json")
+    assert r.code == 1, r.stderr
+    assert r.json["checkpoint"] == [f"{tmp_path / 'nan.pt'}: 3 tensors loaded"]
+    assert not r.json["passed"] and {row["input"] for row in r.json["per_input"] if not row["passed"]} >= {"a", "lin.weight"}
+    ckpt = tmp_path / "last.ckpt"
+    torch.save({"state_dict": {"model." + k: v for k, v in _scaled_tanh_state(2.0).items()},
+                "hyper_parameters": {"args": argparse.Namespace(features=2)}, "epoch": 1}, ckpt)
+    r = cli("gradcheck", target, "--arg", "features=2", "-i", "3x2", "--checkpoint", ckpt, "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["passed"] and r.json["checkpoint"] == [f"{ckpt}: 3 tensors loaded, prefix 'model.' stripped"]
+
+
+def test_checkpoint_keys_that_do_not_fit(cli, tmp_path):
+    import torch
+
+    state = _scaled_tanh_state(1.0)
+    state["extra"] = torch.zeros(1)
+    torch.save(state, tmp_path / "w.pt")
+    args = ("gradcheck", sample(f"{CA}:ScaledTanh"), "--arg", "features=2", "-i", "3x2", "--checkpoint", tmp_path / "w.pt")
+    r = cli(*args)
+    assert r.code == 2 and "1 unexpected (extra)" in r.stderr and "--no-strict-checkpoint" in r.stderr
+    one_error_line(r)
+    r = cli(*args, "--no-strict-checkpoint", "--json")
+    assert r.code == 1, r.stderr
+    assert [(f["code"], f["where"]) for f in r.json["findings"]] == [("checkpoint-unexpected-key", "extra")]
+    assert r.json["passed"] is True          # the gradients themselves are right: only the checkpoint failed
+
+
+@pytest.mark.parametrize("name", ["MulSquare", "softclip"])
+def test_checkpoint_on_a_target_without_weights_is_exit_2(cli, tmp_path, name):
+    import torch
+
+    torch.save(_scaled_tanh_state(1.0), tmp_path / "w.pt")
+    kind = {"MulSquare": "an autograd.Function", "softclip": "a function"}[name]
+    inputs = {"MulSquare": ("-i", "3", "-i", "3"), "softclip": ("-i", "3")}[name]
+    r = cli("gradcheck", sample(f"{CA}:{name}"), *inputs, "--checkpoint", tmp_path / "w.pt")
+    assert r.code == 2
+    one_error_line(r)
+    assert f"error: --checkpoint: does not apply to {name}: it is {kind}, which has no weights to load" in r.stderr
+    assert "hint:" in r.stderr
+    r = cli("gradcheck", sample(f"{CA}:{name}"), *inputs, "--checkpoint", tmp_path / "w.pt", "--json")
+    assert r.code == 2 and r.json["error"]["message"].startswith("--checkpoint: does not apply")

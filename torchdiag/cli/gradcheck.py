@@ -30,16 +30,19 @@ def register(app) -> None:
     def gradcheck(target: Target, input: c.Inputs = None, arg: c.Args = None, second_order: Second = False,
                   eps: Eps = 1e-6, atol: Atol = 1e-5, rtol: Rtol = 1e-3, no_params: NoParams = False,
                   device: c.Device = "cpu", seed: c.Seed = 0, json: c.Json = False, tb: c.Tb = None,
-                  debug: c.Debug = False) -> None:
+                  debug: c.Debug = False, checkpoint: c.Checkpoint = None,
+                  strict_checkpoint: c.StrictCheckpoint = True) -> None:
         """Check the gradients of your own autograd code against numerical ones, in float64.
 
         Inputs come from -i (float inputs become float64 and are differentiated; integer inputs are
         passed as they are), else example_inputs() in TARGET's module. Reports per input the max
         absolute and relative error between analytical and numerical gradients and, when it fails,
-        the input element and output element where it is worst. Exit 0 pass, 1 fail."""
+        the input element and output element where it is worst. --checkpoint loads weights into an
+        nn.Module target first (its gradients are checked at those weights). Exit 0 pass, 1 fail."""
         from ..diagnostics import gradcheck as diag
 
-        opts = c.CommonOptions("gradcheck", target, arg or [], input or [], device, seed, json, tb, debug)
+        opts = c.CommonOptions("gradcheck", target, arg or [], input or [], device, seed, json, tb, debug,
+                               checkpoint=checkpoint, strict_checkpoint=strict_checkpoint)
         made = {}
 
         def options():   # validated by execute before the target is imported

@@ -13,8 +13,8 @@ Two independent checks, both must pass:
 Second order (`--second-order`) checks the gradient function g(x) = vjp(f, x, v) (fixed random v,
 create_graph=True) the same way.
 
-Entry points: `check_spec(spec, opts)` for the CLI (TARGET loaded from the run spec, inputs made by
-core's input preparation), `check_callable(target, inputs, opts)` for the Python API, and
+Entry points: `check_spec(spec, opts)` for the CLI (TARGET loaded from the run spec, --checkpoint
+loaded into an nn.Module target as on every command, inputs made by core's input preparation), `check_callable(target, inputs, opts)` for the Python API, and
 `run(checked, opts)` on what `build` made. gradcheck's target is not a model, so it is not run
 through `diagnostics.invoke`."""
 from __future__ import annotations
@@ -480,6 +480,7 @@ def check_spec(spec, opts: Options | None = None) -> Result:
     kind, target = resolve_target(find_factory(module, name, where), parse_args(list(spec.args)), name)
     if kind == "nn.Module":
         target = target.to(device)
+    loaded = _load_checkpoint(spec, kind, target, name, device)
     tensors, source = _inputs(spec, module, target if kind == "nn.Module" else None, device)
     check_arity(kind, target, len(tensors), name, "" if source == "--input" else source)
     names = [f"input[{i}]" for i in range(len(tensors))]
@@ -487,7 +488,27 @@ def check_spec(spec, opts: Options | None = None) -> Result:
     shown = ModelInputs(tuple(tensors), {}, source)
     result.header = {"model": spec.model, "device": str(device), "inputs": shown.describe(), "input_source": source,
                      **result.header}
+    if loaded:
+        result.header["checkpoint"] = [r.describe() for r in loaded]
+        for report in loaded:   # keys that did not fit (--no-strict-checkpoint): findings, exit 1
+            report.add_findings(result)
     return result
+
+
+def _load_checkpoint(spec, kind: str, target, label: str, device) -> list:
+    """--checkpoint into an nn.Module target, as every command loads one (the gradients are then checked
+    at the trained weights); a Function or a plain function has no weights to load."""
+    from types import SimpleNamespace
+
+    from ..core.context import load_checkpoints
+
+    if not spec.checkpoint:
+        return []
+    if kind != "nn.Module":
+        raise OptionError("checkpoint", f"does not apply to {label}: it is {'an' if kind[0] == 'a' else 'a'} {kind}, "
+                                        "which has no weights to load",
+                          hint="--checkpoint loads weights into an nn.Module target (a class, or a factory returning one)")
+    return load_checkpoints(spec, SimpleNamespace(model=target, weights=()), device)
 
 
 def _inputs(spec, module, model, device) -> tuple[list, str]:
