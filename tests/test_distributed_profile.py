@@ -199,3 +199,17 @@ def test_rank0_lines_are_labelled_as_rank0():
     merged = Result("profile", summary=[("Step time", "1 ms"), ("Throughput", "2/s")])
     prof_ranks.merge_ranks([_prof_doc(0, 1.0, 0.0), _prof_doc(1, 1.0, 0.0)], merged)
     assert [k for k, _ in merged.summary] == ["Step time (rank 0)", "Throughput (rank 0)", "Straggler"]
+
+
+def test_fsdp_estimate_uses_the_world_size(monkeypatch):
+    import torch.distributed as dist
+
+    from torchdiag.diagnostics.memory import Options
+
+    ctx = SimpleNamespace(spec=SimpleNamespace(wrap="fsdp"))
+    assert mem_ranks.sharded(Options(), ctx).shard == 1               # no process group: as given
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
+    assert mem_ranks.sharded(Options(), ctx).shard == 4
+    assert mem_ranks.sharded(Options(shard=2), ctx).shard == 2        # the user's --shard wins
+    assert mem_ranks.sharded(Options(), SimpleNamespace(spec=SimpleNamespace(wrap="ddp"))).shard == 1

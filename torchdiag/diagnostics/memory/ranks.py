@@ -12,6 +12,18 @@ from ...results import Column, Table
 FSDP_STAGE = "zero-3 / fsdp"      # the row of memory/shard.py's table that FSDP's fully_shard is
 
 
+def sharded(opts, ctx):
+    """Under torchrun with --wrap fsdp and no --shard of the user's: the estimate to check against the
+    measured peak is the one for this world size (memory/shard.py's ZeRO-3/FSDP row)."""
+    import dataclasses
+
+    import torch.distributed as dist
+
+    if ctx.spec.wrap != "fsdp" or opts.shard != 1 or not (dist.is_available() and dist.is_initialized()):
+        return opts
+    return dataclasses.replace(opts, shard=dist.get_world_size())
+
+
 def rank_docs(results: list[dict]) -> list[dict]:
     """Each rank's JSON document with its "rank" (from gathered records {"rank", "result": doc} or from
     documents); a rank that failed (no document) is left out. Same rule as profiling/ranks.py."""

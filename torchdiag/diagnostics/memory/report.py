@@ -9,6 +9,7 @@ from .batch import Peaks, largest_fitting, sweep
 from .estimated import estimate
 from .measured import measure
 from .options import MAX_BATCH, Options
+from .ranks import sharded
 from .shard import fsdp_unit_bytes, shard_rows
 from .step import StepReport
 
@@ -16,7 +17,7 @@ CATEGORIES = ("parameters", "buffers", "inputs", "gradients", "optimizer_state",
 
 
 def run(model, inputs, opts: Options | None, ctx) -> Result:
-    opts = opts or Options()
+    opts = sharded(opts or Options(), ctx)    # --wrap fsdp under torchrun: --shard = world size
     if opts.snapshot and not ctx.on_cuda:
         raise OptionError("snapshot", "records the CUDA allocator's history; it needs a CUDA device",
                           hint="without a GPU, use the tensor-level table (and the JSON document) instead")
@@ -39,6 +40,10 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
     if report.snapshot is not None:
         result.artefacts["snapshot"] = report.snapshot    # written by render/memory.py
     _fill(result, report, opts, ctx, est_peak, inputs)
+    if report.op_dtypes is not None:
+        from ..profiling import op_dtypes
+
+        op_dtypes.report(result, report.op_dtypes, ctx, "the measured step")
     _batch_tables(result, report, opts, ctx, sizes, best, budget, (unit, unit_name), inputs)
     _summary(result, report, opts, ctx, est_peak, best)
     return result
