@@ -27,6 +27,7 @@ from .flags import flagged_pass, localized_pass, rng_state, set_rng_state
 from .precision import Watch
 from .precision_report import check_precision
 from .report import report_pass, report_tensors
+from .scaled import report_scaled, train_scaled
 from .steps import report_steps, train_until_non_finite
 
 NEEDS_VALUES = True
@@ -97,7 +98,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         result.header["anomaly_mode"] = "also run under torch.autograd.detect_anomaly(check_nan=True)"
     if opts.steps:
         result.header["training"] = (f"{opts.steps} × {optimizer.name} (lr={optimizer.learning_rate:g}) "
-                                     "on a copy, same batch")
+                                     "on a copy, same batch" + (", fp16 autocast with a GradScaler" if ctx.precision.scaled else ""))
     loss_fn = ctx.loss()   # one rule for every pass: its random target is drawn once
     report_tensors(result, *nonfinite_tensors(model, inputs))
     state = rng_state(ctx.device)
@@ -115,6 +116,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     if not opts.steps:
         result.data["steps"] = None
         result.data["loss_per_step"] = None
+    elif ctx.precision.scaled:   # the GradScaler's own story: does it rescue the non-finite steps?
+        report_scaled(result, train_scaled(model, inputs, loss_fn, ctx, opts.steps), opts.steps, optimizer)
     elif any(f.severity == "error" for f in result.findings):
         result.notes.append("--steps skipped: values are already non-finite before any optimizer step")
         result.data["steps"] = {"requested": opts.steps, "ran": 0, "first_non_finite_step": None}

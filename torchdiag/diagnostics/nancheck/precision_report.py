@@ -1,4 +1,4 @@
-"""What the reduced-precision checks found, as findings, tables and data["precision"]: why the first
+"""What the reduced-precision checks found, as findings, tables and data["reduced_precision"]: why the first
 non-finite value appeared (overflow of the dtype, or there in float32 too), headroom warnings and
 gradient underflow. The measuring is in precision.py."""
 from __future__ import annotations
@@ -119,16 +119,21 @@ def report_headroom(result: Result, watch) -> list:
     return rows
 
 
-def report_underflow(result: Result, reduced_grads: dict, ref_work, dtype: str) -> list:
+def report_underflow(result: Result, reduced_grads: dict, ref_work, prec) -> list:
+    """Underflow per module; under --amp fp16 (a GradScaler in training) it is what happens unscaled: info."""
     rows = underflow_rows(reduced_grads, ref_work) if ref_work is not None else []
     bad = [r for r in rows if r["fraction"] >= UNDERFLOW_WARN]
+    dtype = prec.compute
     if bad:
         top = bad[0]
         more = f"; {len(bad) - 1} other module(s) too (table)" if len(bad) > 1 else ""
-        result.add("grad-underflow", "warning", top["module"],
+        unscaled = (" in this unscaled pass; training's GradScaler multiplies the loss by its scale to keep them "
+                    "(--steps shows it)" if prec.scaled else "")
+        result.add("grad-underflow", "info" if prec.scaled else "warning", top["module"],
                    f"{top['module']}: {top['zero_reduced']:,} of {top['nonzero_float32']:,} parameter-gradient values "
                    f"({top['fraction']:.1%}) that are nonzero in float32 are exactly 0 in {dtype} (same weights and "
-                   f"inputs, float32 reference){more}", hint=SCALE_HINT if dtype == "float16" else None)
+                   f"inputs, float32 reference){unscaled}{more}",
+                   hint=SCALE_HINT if dtype == "float16" and not prec.scaled else None)
     for r in rows:
         r["parameters"] = ", ".join(r["parameters"])
     result.tables.append(Table("precision_underflow", f"Gradient underflow: nonzero in float32, 0 in {dtype}", [
@@ -141,8 +146,10 @@ def check_precision(result: Result, model, inputs, loss_fn, ctx, rep, watch, sta
     """Under reduced precision: headroom from the pass's own magnitudes; the float32 reference when the
     pass found a non-finite value (to say why) or zero parameter gradients (to measure underflow)."""
     prec = ctx.precision
-    if not prec.reduced:
-        result.data["precision"] = None
+    if not prec.reduced:   # JSON keys stay stable: the tables are there, empty; the part is null
+        report_headroom(result, None)
+        report_underflow(result, {}, None, prec)
+        result.data["reduced_precision"] = None
         return
     from .precision import reference_pass
 
@@ -157,9 +164,7 @@ def check_precision(result: Result, model, inputs, loss_fn, ctx, rep, watch, sta
                              and not ref_rep.param_grad_rows and not ref_rep.output_grad_bad}
         data["cause"] = forward_cause(rep, ref_rep, ref_watch, prec) or backward_cause(rep, ref_rep, ref_watch, prec)
         explain(result, data["cause"])
-    report_underflow(result, watch.grads if not failed else {}, ref_work if not failed else None, prec.compute)
-    data["headroom"] = list(result.table("precision_headroom").rows)
-    data["underflow"] = list(result.table("precision_underflow").rows)
-    result.data["precision"] = data
+    report_underflow(result, watch.grads if not failed else {}, ref_work if not failed else None, prec)
+    result.data["reduced_precision"] = data
     result.summary.append(("Precision", f"{prec.describe()}; float32 reference: "
                            + (f"run ({why})" if why else "not needed (all finite, no zero gradients)")))

@@ -84,7 +84,8 @@ def train_until_non_finite(model, inputs, loss_fn, ctx, steps: int) -> dict | No
             opt.zero_grad(set_to_none=True)
             saved = snapshot_buffers(work)   # the exact pass, if needed, starts from the same buffers
             try:
-                rep = localized_pass(work, inputs, loss_fn, reset=lambda: restore_buffers(saved), device=ctx.device)
+                rep = localized_pass(work, inputs, loss_fn, reset=lambda: restore_buffers(saved), device=ctx.device,
+                                     autocast=ctx.autocast if ctx.precision.amp else None)
                 ran = step
                 losses.append(rep.loss_value)
                 first = first_bad(step, rep)

@@ -1,0 +1,255 @@
+"""Precision (issue 17, part A): --dtype/--amp applied, checked for support, and nancheck's precision
+localisation, each against numbers known in closed form (sample_models/precision.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import load, one_error_line, sample
+
+F16_MAX = 65504.0                 # float16's largest finite value: (2 - 2**-10) * 2**15
+OVERFLOW = 5 * 2.0**14            # precision.py:overflow, big's output on ones: 81,920
+HEADROOM_OUT = 5 * 2.0**11        # precision.py:headroom: 10,240
+
+
+def nan(name, **kw):
+    import torchdiag
+
+    model, inputs = load(f"precision.py:{name}")
+    return model, torchdiag.api.run("nancheck", model, inputs, **kw)
+
+
+def codes(result):
+    return {(f.code, f.where, f.severity) for f in result.findings}
+
+
+# --- dtype facts ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["float32", "bfloat16", "float16", "float64"])
+def test_dtype_facts_match_torch_finfo(name):
+    from torchdiag.core.precision import facts
+
+    f, fi = facts(name), torch.finfo(getattr(torch, name))
+    assert (f.max, f.smallest_normal, f.eps) == (fi.max, fi.smallest_normal, fi.eps)
+    # the smallest subnormal is one ulp below the smallest normal: smallest_normal * eps
+    assert f.smallest_subnormal == fi.smallest_normal * fi.eps
+    assert f.smallest_subnormal > 0 and torch.tensor(f.smallest_subnormal / 2, dtype=torch.float64).to(getattr(torch, name)) == 0
+
+
+def test_ulp_is_the_gap_to_the_next_representable_value():
+    from torchdiag.core.precision import facts
+
+    f16 = facts("float16")
+    assert f16.ulp(1.0) == 2.0**-10 and f16.ulp(F16_MAX) == 32.0 and f16.ulp(1e-6) == 2.0**-24
+    for x in (1.0, 3.0, 1000.0, 0.1):   # x + ulp is the next float16 after x
+        t = torch.tensor(x, dtype=torch.float16)
+        assert torch.nextafter(t, torch.tensor(float("inf"), dtype=torch.float16)) - t == f16.ulp(float(t))
+
+
+# --- unsupported combinations: one line, exit 2, before the model loads ---------------------------
+
+def test_amp_on_meta_is_one_usage_line(cli):
+    r = cli("summary", sample("mlp.py:build"), "-i", "2x784", "--device", "meta", "--amp", "bf16")
+    assert r.code == 2 and "--amp: torch has no autocast for the meta device" in r.stderr
+    one_error_line(r)
+    r = cli("flops", sample("mlp.py:build"), "-i", "2x784", "--device", "meta", "--amp", "fp16", "--json")
+    assert r.code == 2 and r.json["exit_code"] == 2 and "--dtype" in r.json["error"]["hint"]
+
+
+def test_amp_with_a_reduced_dtype_is_refused(cli):
+    r = cli("nancheck", sample("mlp.py:build"), "--dtype", "float16", "--amp", "fp16")
+    assert r.code == 2 and "--amp" in r.stderr
+    one_error_line(r)
+
+
+def test_dtype_on_meta_works_for_summary_and_flops(cli):
+    r = cli("flops", sample("mlp.py:build"), "-i", "2x784", "--device", "meta", "--dtype", "float16", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["forward_flops"] == 2 * 2 * (784 * 256 + 256 * 128 + 128 * 10)
+
+
+# --- summary / flops under --dtype and --amp ------------------------------------------------------
+
+def test_summary_bytes_of_a_bf16_model_are_half(cli):
+    params = 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10
+    r32 = cli("summary", sample("mlp.py:build"), "-i", "2x784", "--json")
+    r16 = cli("summary", sample("mlp.py:build"), "-i", "2x784", "--dtype", "bfloat16", "--json")
+    assert r32.code == r16.code == 0
+    assert r32.json["param_bytes"] == 4 * params and r16.json["param_bytes"] == 2 * params
+    assert [row["dtype"] for row in r16.json["bytes_by_dtype"]] == ["bfloat16"]
+    assert r16.json["precision"].startswith("bfloat16") and "precision" not in r32.json
+
+
+@pytest.mark.parametrize("extra", [[], ["--dtype", "bfloat16"], ["--dtype", "float16"], ["--amp", "bf16"], ["--amp", "fp16"]])
+def test_flops_unchanged_by_precision(cli, extra):
+    r = cli("flops", sample("mlp.py:build"), "-i", "2x784", "--backward", "--json", *extra)
+    assert r.code == 0, r.stderr
+    fwd = 2 * 2 * (784 * 256 + 256 * 128 + 128 * 10)
+    # backward: weight gradients (= forward) + input gradients of every layer but the first (its input needs none)
+    assert r.json["forward_flops"] == fwd and r.json["backward_flops"] == fwd + fwd - 2 * 2 * 784 * 256
+
+
+def test_amp_runs_the_forward_under_autocast(cli):
+    r = cli("activations", sample("mlp.py:build"), "-i", "2x784", "--amp", "bf16", "--json")
+    assert r.code == 0, r.stderr
+    linear = [row for row in r.json["modules"] if row["type"] == "Linear"]
+    assert linear and {row["dtype"] for row in linear} == {"bfloat16"}
+
+
+# --- the Python API: dtype= runs on a cast copy ---------------------------------------------------
+
+def test_api_dtype_never_casts_the_callers_model(untouched):
+    import torchdiag
+
+    model, inputs = load("precision.py:fine")
+    with untouched(model):
+        r = torchdiag.api.run("nancheck", model, inputs, dtype="float16")
+        s = torchdiag.summary(model, inputs, dtype="bfloat16")
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert r.exit_code == 0 and s.data["param_bytes"] == 2 * sum(p.numel() for p in model.parameters())
+
+
+def test_api_amp_true_is_the_devices_own():
+    import torchdiag
+
+    model, inputs = load("precision.py:fine")
+    r = torchdiag.api.run("nancheck", model, inputs, amp=True)
+    assert r.data["reduced_precision"]["amp"] == "bfloat16"   # CPU: bf16
+
+
+# --- nancheck: fp16 overflow at its module, said in precision terms -------------------------------
+
+@pytest.mark.parametrize("how", [{"dtype": "float16"}, {"amp": "fp16"}])
+def test_fp16_overflow_named_with_its_reason(how, untouched):
+    import torchdiag
+
+    model, inputs = load("precision.py:overflow")
+    with untouched(model):
+        r = torchdiag.api.run("nancheck", model, inputs, **how)
+    assert r.exit_code == 1
+    assert r.data["forward"]["module"] == "big" and r.data["forward"]["inf"] == 6   # 2 rows x 3 outputs
+    cause = r.data["reduced_precision"]["cause"]
+    assert cause == {"phase": "forward", "module": "big", "largest_finite": F16_MAX, "dtype": "float16",
+                     "float32_max_abs": OVERFLOW, "kind": "overflow"}
+    assert r.data["reduced_precision"]["reference"]["finite"] is True
+    msg = next(f.message for f in r.findings if f.code == "non-finite-output")
+    assert "output max |x| 81,920 (float32 reference) exceeds float16's largest finite 65,504" in msg
+
+
+def test_overflow_model_is_fine_in_float32_and_bfloat16():
+    _, r32 = nan("overflow")
+    _, r16 = nan("overflow", dtype="bfloat16")
+    assert r32.exit_code == 0 and r32.data["reduced_precision"] is None
+    assert r16.exit_code == 0 and not r16.findings          # 81,920 is far inside bfloat16's range
+    assert r16.data["reduced_precision"]["reference"] is None
+
+
+def test_a_nan_that_is_there_in_float32_too_is_said_to_be_so():
+    import torchdiag
+
+    model, inputs = load("broken_nan_forward.py:build")
+    r = torchdiag.api.run("nancheck", model, inputs, dtype="bfloat16")
+    assert r.exit_code == 1 and r.data["forward"]["module"] == "log_features"
+    assert r.data["reduced_precision"]["cause"]["kind"] == "also-float32"
+    assert "not a precision problem" in next(f.message for f in r.findings if f.code == "non-finite-output")
+
+
+# --- headroom and underflow -----------------------------------------------------------------------
+
+def test_headroom_warning_with_the_exact_margin():
+    _, r = nan("headroom", dtype="float16")
+    assert r.exit_code == 0 and ("precision-headroom", "big", "warning") in codes(r)
+    rows = [row for row in r.table("precision_headroom").rows if row["kind"] == "output"]
+    assert [(row["module"], row["max_abs"]) for row in rows] == [("big", HEADROOM_OUT)]
+    assert rows[0]["margin"] == pytest.approx(F16_MAX / HEADROOM_OUT)   # 6.397 < 8
+    assert r.data["reduced_precision"]["reference"] is None           # nothing to explain, no zero gradients
+
+
+def test_fp16_gradient_underflow_per_module():
+    _, r = nan("underflow", dtype="float16")
+    assert r.exit_code == 0 and ("grad-underflow", "fc", "warning") in codes(r)
+    rows = r.table("precision_underflow").rows
+    # fc: 4x3 weight + 3 bias = 15 values, all nonzero in float32, all exactly 0 in float16
+    assert rows == [{"module": "fc", "parameters": "weight, bias", "nonzero_float32": 15, "zero_reduced": 15, "fraction": 1.0}]
+    assert r.data["reduced_precision"]["reference"]["why"] == "parameter gradients hold exact zeros"
+
+
+def test_underflow_absent_in_bfloat16_and_informational_under_the_grad_scaler():
+    _, rb = nan("underflow", dtype="bfloat16")
+    assert rb.exit_code == 0 and not rb.findings and rb.table("precision_underflow").rows == []
+    _, ra = nan("underflow", amp="fp16")
+    assert ("grad-underflow", "fc", "info") in codes(ra)
+
+
+@pytest.mark.parametrize("how", [{}, {"dtype": "bfloat16"}, {"dtype": "float16"}, {"amp": "bf16"}, {"amp": "fp16"}])
+def test_fine_model_passes_in_every_precision(how):
+    _, r = nan("fine", **how)
+    assert r.exit_code == 0 and not r.findings, [f.message for f in r.findings]
+    if how:
+        assert r.data["reduced_precision"]["reference"] is None
+
+
+def test_reduced_precision_pass_costs_no_extra_sync():
+    """The Watch's magnitudes ride on the pass's one read-back."""
+    import torchdiag
+    from torchdiag.core.syncs import SyncCounter
+
+    model, inputs = load("precision.py:fine")
+    counts = []
+    for how in ({}, {"dtype": "float16"}):
+        with SyncCounter() as s:
+            torchdiag.api.run("nancheck", model, inputs, **how)
+        counts.append(s.total)
+    assert counts[0] == counts[1]
+
+
+# --- --steps with --amp fp16: the GradScaler ------------------------------------------------------
+
+def test_every_step_skipped_is_an_error_naming_the_module(cli):
+    r = cli("nancheck", sample("precision.py:overflow"), "--amp", "fp16", "--steps", "3", "--json")
+    assert r.code == 1
+    gs = r.json["steps"]["grad_scaler"]
+    # skipped every step: the scale halves each time (GradScaler's backoff 0.5 from 65,536)
+    assert gs["skipped_steps"] == [1, 2, 3] and gs["scale_per_step"] == [65536.0, 32768.0, 16384.0]
+    assert gs["final_scale"] == 8192.0
+    f = next(f for f in r.json["findings"] if f["code"] == "every-step-skipped")
+    assert f["where"] == "big" and f["severity"] == "error"
+
+
+def test_grad_scaler_on_a_healthy_model_skips_nothing(cli):
+    r = cli("nancheck", sample("precision.py:fine"), "--amp", "fp16", "--steps", "3", "--json")
+    assert r.code == 0, r.stderr
+    gs = r.json["steps"]["grad_scaler"]
+    assert gs["skipped"] == 0 and gs["scale_per_step"] == [65536.0] * 3 and gs["final_scale"] == 65536.0
+    assert len(r.json["grad_scale_per_step"]) == 3
+
+
+# --- check's config keys --------------------------------------------------------------------------
+
+def test_check_config_dtype_reaches_nancheck(cli, tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text(f"""
+[tool.torchdiag]
+model = "{sample('precision.py:overflow')}"
+device = "cpu"
+dtype = "float16"
+[tool.torchdiag.check]
+nancheck = true
+""")
+    monkeypatch.chdir(tmp_path)
+    r = cli("check", "--json")
+    assert r.code == 1, r.stderr
+    assert {c["check"]: c["status"] for c in r.json["checks"]} == {"nancheck": "FAIL"}
+    (tmp_path / "pyproject.toml").write_text((tmp_path / "pyproject.toml").read_text().replace('"float16"', '"bfloat16"'))
+    r = cli("check", "--json")
+    assert r.code == 0, r.stderr
+
+
+# --- CUDA -------------------------------------------------------------------------------------------
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("how", [["--dtype", "float16"], ["--amp", "fp16"]])
+def test_fp16_overflow_on_cuda(cli, how):
+    r = cli("nancheck", sample("precision.py:overflow"), "--device", "cuda", "--json", *how)
+    assert r.code == 1 and r.json["forward"]["module"] == "big"
+    assert r.json["reduced_precision"]["cause"]["kind"] == "overflow"
+    assert r.json["reduced_precision"]["cause"]["float32_max_abs"] == OVERFLOW
