@@ -71,7 +71,7 @@ def test_straggler_under_ddp_is_the_rank_the_others_wait_for():
     assert [rows[r]["lag_ms"] for r in range(4)] == pytest.approx([0.0, 49.0, 5.0, 2.0])
     assert rows[0]["collective_share"] == pytest.approx(50 / 60, abs=1e-4)
     assert [f.code for f in merged.findings] == ["straggler"] and merged.findings[0].where == "rank 1"
-    assert merged.findings[0].severity == "warning"
+    assert merged.findings[0].severity == "warning" and merged.findings[0].ranks == [1]
     line = dict(merged.summary)["Straggler"]
     assert "rank 1" in line and "+49.00 ms (+490%)" in line and "+45.50 ms (+337%)" in line
 
