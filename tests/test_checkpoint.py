@@ -199,7 +199,7 @@ def test_pickle_that_would_run_code_is_refused_and_never_executed(spec, tmp_path
         one_error_line(r)
         assert "could run code" in r.stderr and f".{call.split('.')[1]}" in r.stderr     # why, and what it would call
         assert call == "os.system" or f"it would call {call}" in r.stderr    # by its Python 3 name (posix.system)
-        assert "weights_only=False" in r.stderr and "--checkpoint weights.pt" in r.stderr   # how to convert
+        assert f"hint: no checkpoint needs to call {call.replace('os.', 'posix.')}: do not open this file" in r.stderr
         r = cli("summary", spec, "--checkpoint", path, "--json")
         assert r.code == 2 and "could run code" in r.json["error"]["message"]
         # torch's own allow-list does not let the call through ...
@@ -214,6 +214,15 @@ def test_pickle_that_would_run_code_is_refused_and_never_executed(spec, tmp_path
         except pickle.UnpicklingError:
             assert call == "os.system"
         assert not marker.exists()
+    # the pre-zip torch.save format and a plain pickle: no stand-ins (torch cannot scan them), refused the same way
+    torch.save({"state_dict": trained(), "h": evil.Evil()}, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    (tmp_path / "plain.pt").write_bytes(pickle.dumps({"state_dict": {}, "h": evil.Evil()}, protocol=4))
+    for name in ("legacy.pt", "plain.pt"):
+        r = cli("summary", spec, "--checkpoint", tmp_path / name)
+        assert r.code == 2 and "could run code" in r.stderr and "do not open this file" in r.stderr, r.stderr
+        one_error_line(r)
+        assert "Warning" not in r.stderr      # torch's note on pickle protocol 4 is not shown
+        assert not marker.exists()
 
 
 def test_tensors_that_need_their_code_are_refused(spec, tmp_path, cli):
@@ -227,13 +236,16 @@ def test_tensors_that_need_their_code_are_refused(spec, tmp_path, cli):
     torch.save(subclass, tmp_path / "subclass.pt")
     torch.save({"state_dict": boxed}, tmp_path / "boxed.ckpt")
     forget_module(tmp_path, "tensors_gone")
+    before = set(torch.serialization.get_safe_globals())
     for name, words in (("subclass.pt", "tensors_gone.Marked"), ("boxed.ckpt", "its tensor 0.weight is a tensors_gone.Box")):
         r = cli("summary", spec, "--checkpoint", tmp_path / name)
         assert r.code == 2, r.stderr
         one_error_line(r)
         assert "needs arbitrary unpickling" in r.stderr and words in r.stderr and "could run code" in r.stderr
+        assert "weights_only=False" in r.stderr and "--checkpoint weights.pt" in r.stderr   # how to convert, if trusted
         r = cli("summary", spec, "--checkpoint", tmp_path / name, "--json")
         assert r.code == 2 and words in r.json["error"]["message"]
+    assert set(torch.serialization.get_safe_globals()) == before     # removed again after a failed load too
 
 
 def test_whole_pickled_model_is_named_not_loaded(spec, tmp_path, cli):

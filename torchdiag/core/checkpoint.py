@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,44 +197,64 @@ def _read_index(path: str, meta: bool) -> dict[str, Any]:
 
 
 def _torch_load(path: str, meta: bool) -> tuple[Any, dict]:
-    """(the unpickled object, what stand-ins made). weights_only first; a torch.save file that names
-    other globals is read again with each mapped to an inert stand-in (`_StandIns`), or refused."""
-    import pickle
-
-    import torch
-
+    """(the unpickled object, what stand-ins made). A torch.save file whose pickle names globals beyond
+    weights_only's allow-list (found by torch's static scan, before any tensor is read) is read once with
+    each mapped to an inert stand-in (`_StandIns`), or refused; any other file through weights_only alone."""
     zipped = _is_zip(path)
     # meta: mmap maps the file and nothing touches the data records (torch < 2.9 read them without it)
     where = {"map_location": "meta" if meta else "cpu", "mmap": meta and zipped}
-    try:
-        return torch.load(path, weights_only=True, **where), {}
-    except pickle.UnpicklingError as exc:
-        names = _globals_beyond_weights(path) if zipped else []
-        if not names:   # not a torch.save zip, or nothing importable found: foreign, legacy or damaged
-            found = unsafe_globals(path)
-            if found:
-                raise _refusal(path, f"it stores {', '.join(found[:3])}") from exc
-            raise UsageError(f"cannot read {path}: {one_line(exc, 120)}",
-                             hint="torchdiag reads files written by torch.save (or a Lightning .ckpt)") from exc
-    except Exception as exc:  # not a torch file, truncated, ...
-        raise UsageError(f"cannot read {path}: {one_line(exc)}",
-                         hint="torchdiag reads files written by torch.save (or a Lightning .ckpt)") from exc
-    hostile = [h for h in map(_hostile, names) if h]
-    if hostile:   # stand-ins would never call them, but no checkpoint has a reason to name them: say so
-        raise _refusal(path, f"it would call {', '.join(hostile[:3])}")
+    names = _globals_beyond_weights(path) if zipped else []
+    if not names:
+        return _weights_only(path, where), {}
+    hostile = _hostile_refusal(path, names)
+    if hostile:
+        raise hostile
     stand_ins = _StandIns(names)
     try:
         return stand_ins.load(path, where), stand_ins.made
     except Exception as exc:  # torch needed the real class: a tensor subclass, a list subclass, ...
-        raise _refusal(path, f"it stores {', '.join(names[:3])} in a form that needs their code") from exc
+        raise _refusal(path, f"it stores {', '.join(names[:3])}, which only their own code can rebuild") from exc
 
 
-def _refusal(path: str, why: str) -> UsageError:
+def _weights_only(path: str, where: dict):
+    """torch.load(weights_only=True); its refusal said in our words, naming what the pickle would import."""
+    import pickle
+
+    import torch
+
+    try:
+        with warnings.catch_warnings():   # torch's notes on the pickle protocol: not the user's business
+            warnings.simplefilter("ignore")
+            return torch.load(path, weights_only=True, **where)
+    except pickle.UnpicklingError as exc:
+        found = unsafe_globals(path)
+        if found:
+            raise _hostile_refusal(path, found) or _refusal(path, f"it stores {', '.join(found[:3])}") from exc
+        # no importable object in the stream: a damaged or foreign file, not a dangerous one
+        raise UsageError(f"cannot read {path}: {one_line(exc, 120)}",
+                         hint="torchdiag reads files written by torch.save (or a Lightning .ckpt)") from exc
+    except Exception as exc:  # not a torch file, truncated, ...
+        raise UsageError(f"cannot read {path}: {one_line(exc)}",
+                         hint="torchdiag reads files written by torch.save (or a Lightning .ckpt)") from exc
+
+
+def _refusal(path: str, why: str, hint: str | None = None) -> UsageError:
     return UsageError(f"{path} needs arbitrary unpickling ({why}), which could run code, so torchdiag will not load it",
-                      hint="if you trust the file, convert it once in Python: "
-                           f"obj = torch.load('{path}', weights_only=False); "
-                           "torch.save(obj['state_dict'] if 'state_dict' in obj else obj.state_dict(), 'weights.pt') "
-                           "and pass --checkpoint weights.pt")
+                      hint=hint or "if you trust the file, convert it once in Python: "
+                                   f"obj = torch.load('{path}', weights_only=False); "
+                                   "torch.save(obj['state_dict'] if 'state_dict' in obj else obj.state_dict(), 'weights.pt') "
+                                   "and pass --checkpoint weights.pt")
+
+
+def _hostile_refusal(path: str, names: list[str]) -> UsageError | None:
+    """Stand-ins would never call a code-running global, but no checkpoint has a reason to name one: the
+    refusal says so, and its hint does not suggest opening the file with weights_only=False."""
+    hostile = [h for h in map(_hostile, names) if h]
+    if not hostile:
+        return None
+    return _refusal(path, f"it would call {', '.join(hostile[:3])}",
+                    hint=f"no checkpoint needs to call {hostile[0]}: do not open this file with "
+                         "torch.load(weights_only=False); ask its author for .safetensors or a saved state_dict")
 
 
 def _is_zip(path: str) -> bool:
@@ -300,7 +321,8 @@ class _StandIns:
         import torch
 
         # registered for this call only and removed on exit: the user's own torch.load never sees them
-        with torch.serialization.safe_globals(self.pairs):
+        with torch.serialization.safe_globals(self.pairs), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             return torch.load(path, weights_only=True, **where)
 
 
@@ -313,6 +335,7 @@ def _stood_for(value, made: dict) -> str | None:
 def unsafe_globals(path: str) -> list[str]:
     """The classes/functions a torch.save file's pickle would import, other than torch's own and the
     few containers weights_only allows. Found by reading the opcodes (pickletools), never by unpickling."""
+    import io
     import pickletools
     import zipfile
 
@@ -326,17 +349,20 @@ def unsafe_globals(path: str) -> list[str]:
                 data = f.read(MAX_HEADER)
         except OSError:
             return []
-    found, strings = [], []
-    try:
-        for op, arg, _ in pickletools.genops(data):
-            if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
-                strings.append(arg)
-            elif op.name == "GLOBAL":
-                found.append(arg.replace(" ", "."))
-            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
-                found.append(f"{strings[-2]}.{strings[-1]}")
-    except Exception:  # a damaged stream: what was found so far
-        pass
+    found, strings, stream = [], [], io.BytesIO(data)
+    for _ in range(5):   # the legacy torch.save format is pickles in a row: magic, protocol, info, the object
+        try:
+            for op, arg, _ in pickletools.genops(stream):
+                if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+                    strings.append(arg)
+                elif op.name == "GLOBAL":
+                    found.append(arg.replace(" ", "."))
+                elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                    found.append(f"{strings[-2]}.{strings[-1]}")
+        except Exception:  # a damaged stream, or the raw storage bytes after the pickles: what was found so far
+            break
+        if stream.tell() >= len(data):
+            break
     safe = ("torch.", "collections.OrderedDict", "builtins.set", "builtins.frozenset", "_codecs.encode")
     return list(dict.fromkeys(g for g in found if not g.startswith(safe)))
 
