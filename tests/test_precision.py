@@ -253,3 +253,15 @@ def test_fp16_overflow_on_cuda(cli, how):
     assert r.code == 1 and r.json["forward"]["module"] == "big"
     assert r.json["reduced_precision"]["cause"]["kind"] == "overflow"
     assert r.json["reduced_precision"]["cause"]["float32_max_abs"] == OVERFLOW
+
+
+def test_an_op_without_a_reduced_kernel_is_exit_3_with_a_precision_hint(cli, tmp_path):
+    (tmp_path / "inv.py").write_text(
+        "import torch\nfrom torch import nn\n\n\nclass M(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.fc = nn.Linear(3, 3)\n\n    def forward(self, x):\n"
+        "        return torch.linalg.inv(self.fc(x).reshape(-1, 3, 3)).reshape(x.shape[0], -1)\n\n\n"
+        "def build():\n    return M()\n")
+    r = cli("nancheck", f"{tmp_path / 'inv.py'}:build", "-i", "3x3", "--dtype", "float16")
+    assert r.code == 3 and "hint: the model ran in float16 (--dtype float16)" in r.stderr and "--amp" in r.stderr
+    one_error_line(r)
+    assert cli("nancheck", f"{tmp_path / 'inv.py'}:build", "-i", "3x3").code == 0   # float32: fine

@@ -92,9 +92,18 @@ class Context:
         return train.train_copy(model, why)
 
     def explain(self, error) -> None:
-        """A model error on the meta device: say so (a fact we know), whatever the error's text says."""
-        if self.on_meta and getattr(error, "code", None) == ExitCode.MODEL:
+        """A model error on the meta device, or in reduced precision: say so (a fact we know), whatever
+        the error's text says."""
+        if getattr(error, "code", None) != ExitCode.MODEL:
+            return
+        if self.on_meta:
             error.hint = META_FAILED_HINT
+        elif self.precision.reduced:   # replaces the generic "the model raised" hint: this one is a known fact
+            p, amp = self.precision, self.option("amp")
+            given = f"{amp} {self.spec.amp}" if p.amp else f"{self.option('dtype')} {p.dtype}"
+            instead = "without it (float32)" if p.amp else f"with {amp} instead (autocast keeps such ops in float32)"
+            error.hint = (f"the model ran in {p.compute} ({given}); if it runs in float32, an op here has no "
+                          f"{p.compute} kernel on {self.device.type} or needs matching dtypes: try {instead}")
 
     def finish(self, result) -> None:
         """Put the choices made for the user in front of the diagnostic's own header."""
