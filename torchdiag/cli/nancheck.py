@@ -17,6 +17,10 @@ EXAMPLE = """Examples:
 
   torchdiag nancheck sample_models/broken_nan_after_steps.py:build --steps 30 --lr 0.01 --optimizer sgd
 
+  torchdiag nancheck sample_models/precision.py:overflow --dtype float16
+
+  torchdiag nancheck sample_models/precision.py:overflow --amp fp16 --steps 3
+
 Exit codes: 0 all finite · 1 NaN/Inf found · 2 usage error · 3 the model raised · 4 internal error."""
 
 
@@ -36,7 +40,13 @@ def register(app) -> None:
         Names the first module whose output is non-finite while its inputs were finite (NaN/Inf counts,
         input range), and the first module whose input gradient turns non-finite while the gradient at
         its output was finite. One forward+backward in train mode; the model is left as it was
-        (parameters, buffers, grads, flags, RNG). Exit 1 when anything is non-finite."""
+        (parameters, buffers, grads, flags, RNG). Exit 1 when anything is non-finite.
+
+        With --dtype bfloat16|float16 or --amp bf16|fp16 it also says why in precision terms: a float32
+        reference (same weights and inputs) tells an overflow of the dtype from a NaN that is there in
+        float32 too; warnings for values within 8x of the dtype's largest finite value and for gradients
+        that are nonzero in float32 but 0 in the reduced dtype (underflow). --steps with --amp fp16 runs a
+        GradScaler and reports its scale per step and the steps it skipped."""
         from ..diagnostics import nancheck as diag
 
         opts = c.CommonOptions("nancheck", spec, arg or [], input or [], device, seed, json, tb, debug,
