@@ -488,3 +488,19 @@ def test_strict_checkpoint_must_be_a_bool():
 
     with pytest.raises(OptionError, match="strict_checkpoint"):
         RunSpec("summary", "x.py:build", strict_checkpoint="yes", caller="python")
+
+
+def test_instance_attributes_of_an_unpickled_dict_are_not_its_methods(spec, tmp_path):
+    """weights_only lets a file set attributes on an OrderedDict (for `_metadata`): an `items` or `get` there is
+    data, never called in place of dict's own methods."""
+    from collections import OrderedDict
+
+    class Crafted:   # pickles as an OrderedDict whose BUILD state sets the attributes
+        def __reduce__(self):
+            return OrderedDict, (), {"items": set, "values": set, "get": set}, None, iter(random_state().items())
+
+    torch.save({"state_dict": Crafted()}, tmp_path / "w.pt")    # builtins.set: on weights_only's allow-list
+    assert torch.load(tmp_path / "w.pt", weights_only=True)["state_dict"].items is set
+    model, ctx = loaded_model(spec, tmp_path / "w.pt")
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in random_state().items())
+    assert ctx.header["checkpoint"] == [f"{tmp_path / 'w.pt'}: 4 tensors loaded"]

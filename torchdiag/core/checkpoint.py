@@ -375,17 +375,18 @@ def _unwrap(obj, path: str, made: dict | None = None) -> dict[str, Any]:
     made = made or {}
     for _ in range(2):   # a Lightning/trainer dict around the state dict
         if isinstance(obj, dict) and not _is_state(obj):
-            inner = next((obj[k] for k in NESTED_KEYS if isinstance(obj.get(k), dict)), None)
+            inner = next((obj[k] for k in NESTED_KEYS if isinstance(dict.get(obj, k), dict)), None)
             if inner is None:
                 break
             obj = inner
     if not isinstance(obj, dict) or not _is_state(obj):
         raise UsageError(f"{path} holds no state dict (found: {_found(obj, made)})",
                          hint="save one with torch.save(model.state_dict(), 'weights.pt')")
-    foreign = [(k, _stood_for(v, made)) for k, v in obj.items() if _stood_for(v, made)]
+    # dict's own methods: an unpickled OrderedDict may carry instance attributes (`items`) from the file
+    foreign = [(k, _stood_for(v, made)) for k, v in dict.items(obj) if _stood_for(v, made)]
     if foreign:
         raise _refusal(path, f"its tensor {foreign[0][0]} is a {foreign[0][1]}")
-    return {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    return {k: v for k, v in dict.items(obj) if isinstance(v, torch.Tensor)}
 
 
 def _found(obj, made: dict) -> str:
@@ -402,7 +403,7 @@ def _found(obj, made: dict) -> str:
 def _is_state(obj: dict) -> bool:
     import torch
 
-    return bool(obj) and all(isinstance(k, str) for k in obj) and any(isinstance(v, torch.Tensor) for v in obj.values())
+    return bool(obj) and all(isinstance(k, str) for k in obj) and any(isinstance(v, torch.Tensor) for v in dict.values(obj))
 
 
 # ---- loading -----------------------------------------------------------------------------------------
