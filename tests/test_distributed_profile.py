@@ -217,7 +217,7 @@ def test_fsdp_estimate_uses_the_world_size(monkeypatch):
 
 # ------------------------------------------------------------------- real 2-process launches (gloo)
 
-def _torchrun(cwd, *args) -> dict:
+def _torchrun(cwd, *args, device: str = "cpu") -> dict:
     """`torchrun --standalone --nproc_per_node 2 -m torchdiag ARGS --json` (a free port each time): the
     one JSON document rank 0 prints."""
     import json
@@ -226,7 +226,7 @@ def _torchrun(cwd, *args) -> dict:
     import sys
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "torchdiag", *args, "--device", "cpu", "--json"]
+           "-m", "torchdiag", *args, "--device", device, "--json"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHDIAG_DIST_TIMEOUT": "600"}
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=1800)  # a hang guard only
     assert r.returncode == 0, r.stderr[-3000:]
@@ -284,3 +284,19 @@ def test_memory_under_torchrun_peak_per_rank(tmp_path):
     assert [r["rank"] for r in doc["rank_memory"]] == [0, 1]
     # rank 0's own fake-tensor estimate ran on the model inside DDP (DDP's hooks cannot run on fake tensors)
     assert doc["estimate_peak_bytes"] > 0 and not any(n.startswith("measured only") for n in doc["notes"])
+
+
+@pytest.mark.cuda
+def test_profile_on_nccl_names_the_slow_rank(tmp_path):
+    """Two GPUs, NCCL: the same straggler, and the collective time comes from NCCL's ranges/kernels."""
+    import torch
+    from conftest import sample
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA GPUs")
+    doc = _torchrun(tmp_path, "profile", sample("ranks_slow.py:build"), "--arg", "delay=0.3", "--mode", "train",
+                    "--wrap", "ddp", "--wait", "0", "--warmup", "1", "--active", "3", device="cuda")
+    assert doc["backend"] == "nccl" and doc["straggler"]["rank"] == 1
+    for rank in doc["ranks"]:
+        names = {op["op"] for op in rank["data"]["collectives"]["ops"]}
+        assert any(prof_ranks.is_collective(n) and "nccl" in n.lower() for n in names), names
