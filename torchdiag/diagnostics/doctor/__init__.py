@@ -11,13 +11,16 @@ or parameter:
   batchnorm     batchnorm-batch-1  BatchNorm in train mode with a batch of 1 raises
   determinism   nondeterministic-eval  two eval forwards on the same input differ
   update        param-not-updated  a parameter has .grad but one optimizer step leaves it unchanged
+  rounding      update-rounds-away  bf16/fp16 weights whose update rounds away (most elements with a
+                                   non-zero gradient unchanged after the step; warning)
   frozen        frozen             requires_grad=False parameters, listed by module (info)
   dtypes        dtype-mismatch     parameters of mixed floating dtypes; float inputs of another dtype
   input_stats   non-finite-input, unnormalised-input (image-like float input in [0, 255])
   target        target-out-of-range (class targets vs the output width)
 
 `checklist` holds the row/finding bookkeeping, `training` the train-mode pass, `shared` the helpers.
-Everything that runs the model works on a copy; the user's model is only read. On meta (or a model
+Under --amp the forwards and the loss run under autocast (fp16: the backward is scaled and the step
+goes through a GradScaler). Everything that runs the model works on a copy; the user's model is only read. On meta (or a model
 partly on meta) the static checks and the device check run, the checks that need values are skipped."""
 from __future__ import annotations
 
@@ -106,12 +109,13 @@ def _has_values(model, inputs, ctx) -> bool:
 
 
 def _value_checks(work, inputs, ctx, loss, main_dtype, ck: Checklist, result: Result) -> None:
-    ran, eval_out = _eval_forward(work, inputs, ck, result)
+    ran, eval_out = _eval_forward(work, inputs, ctx, ck, result)
     if not ran:
         return
     check_promotion(eval_out, main_dtype, ck)
     result.data["output"] = describe(eval_out)
-    check_determinism(work, inputs, ck)
+    with ctx.autocast():   # both eval forwards as the train-mode pass runs them (modes compares them)
+        check_determinism(work, inputs, ck)
     target = ctx.batch_target if ctx.batch_target is not None else loss.target
     train_loss = loss
     if check_target(eval_out, loss, target, ck):
@@ -123,14 +127,14 @@ def _value_checks(work, inputs, ctx, loss, main_dtype, ck: Checklist, result: Re
     bn_batch1_probe(work, inputs, ck)
 
 
-def _eval_forward(work, inputs, ck: Checklist, result: Result):
+def _eval_forward(work, inputs, ctx, ck: Checklist, result: Result):
     """(True, output) of the eval forward; (False, None) when it fails as the device/dtype checks predict."""
     import torch
 
     work.eval()
     tracker = ModuleTracker(work, record_shapes=True)
     try:
-        with torch.no_grad(), tracker:
+        with torch.no_grad(), tracker, ctx.autocast():
             return True, inputs.call(work)
     except Exception as exc:
         call, module, args = failing_call(tracker, work)

@@ -31,8 +31,9 @@ def train_checks(work, inputs, ctx, loss, eval_out, ck: Checklist, result: Resul
         p.grad = None
     tracker = ModuleTracker(work, record_shapes=False)
     watch = leaf_inplace_watch()
+    scaler = ctx.grad_scaler()    # --amp fp16: the backward is scaled, the step goes through it
     try:
-        with torch.enable_grad(), tracker, watch:
+        with torch.enable_grad(), tracker, watch, ctx.autocast():
             out = inputs.call(work)
     except Exception as exc:
         retry = _forward_failed(work, inputs, ctx, loss, exc, tracker, watch, ck, result)
@@ -40,9 +41,9 @@ def train_checks(work, inputs, ctx, loss, eval_out, ck: Checklist, result: Resul
             train_checks(work, retry, ctx, loss, eval_out, ck, result)
         return
     check_modes(mode_modules(work), eval_out, out, ck, result)
-    if _backward(work, inputs, loss, out, ck):
+    if _backward(work, inputs, loss, out, ck, ctx, scaler):
         ck.row("inplace", "ok", "backward runs")
-        update_check(work, inputs, ctx, ck, result)
+        update_check(work, inputs, ctx, ck, result, scaler)
 
 
 def _forward_failed(work, inputs, ctx, loss, exc, tracker, watch, ck: Checklist, result: Result):
@@ -66,10 +67,12 @@ def _forward_failed(work, inputs, ctx, loss, exc, tracker, watch, ck: Checklist,
     return None
 
 
-def _backward(work, inputs, loss, out, ck: Checklist) -> bool:
-    """Backward from the loss; True when it ran. A failure whose cause a watching forward finds (a
-    saved tensor edited in place) is the in-place finding; any other is the model's error (exit 3)."""
-    value = loss(out)
+def _backward(work, inputs, loss, out, ck: Checklist, ctx, scaler=None) -> bool:
+    """Backward from the loss (scaled under --amp fp16); True when it ran. A failure whose cause a
+    watching forward finds (a saved tensor edited in place) is the in-place finding; any other is the
+    model's error (exit 3)."""
+    with ctx.autocast():
+        value = loss(out)
     if not getattr(value, "requires_grad", False):
         # no graph to run backward through: nothing trainable reached the loss
         trainable = any(p.requires_grad for p in work.parameters())
@@ -80,7 +83,7 @@ def _backward(work, inputs, loss, out, ck: Checklist) -> bool:
         ck.row("update", "skipped", why, hint=hint)
         return False
     try:
-        train.backward(value, hint=BACKWARD_HINT)
+        train.backward(scaler.scale(value) if scaler is not None else value, hint=BACKWARD_HINT)
     except ModelError as err:
         if not locate_inplace(work, inputs, ck, err.__cause__ or err):
             raise

@@ -11,14 +11,18 @@ from __future__ import annotations
 from ...core import train
 from ...core.tracking import run_forward
 from ...results import Result
+from ..overfit_batch.scaling import scale_facts, stepper
 from .checklist import Checklist
-from .shared import module_of, name
+from . import rounding as rounding_rule
+from .rounding import CODE, message, rounded_away, stagnation_counts
+from .shared import module_of, name, short_dtype
 
 OPTIMIZER_NAMES = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
 
 
-def update_check(work, inputs, ctx, ck: Checklist, result: Result) -> None:
-    """After backward on `work`: one step of ctx's optimizer (doctor's default: Adam, lr 1e-3)."""
+def update_check(work, inputs, ctx, ck: Checklist, result: Result, scaler=None) -> None:
+    """After backward on `work`: one step of ctx's optimizer (doctor's default: Adam, lr 1e-3); under
+    --amp fp16 through `scaler` (the backward was scaled)."""
     import torch
 
     named = list({id(p): (n, p) for n, p in work.named_parameters()}.values())
@@ -28,21 +32,51 @@ def update_check(work, inputs, ctx, ck: Checklist, result: Result) -> None:
     if not with_grad:
         ck.row("update", "skipped", "no parameter received a gradient")
         return
+    optimizer = ctx.optimizer([p for _, p in with_grad])
+    found_inf = None
+    if scaler is not None:   # the true gradients, and whether the scaler will skip this step
+        scaler.unscale_(optimizer)
+        scale, found_inf = scale_facts(scaler, optimizer)
     before = {n: p.detach().clone() for n, p in with_grad}
-    grad_nonzero, value_nonzero = _any_nonzero(with_grad, before)
+    grad_nonzero, value_nonzero, skipped = _any_nonzero(with_grad, before, found_inf)
+    if skipped:
+        ck.find("update", "skipped-step", "warning", "", f"the GradScaler skips the step: inf/NaN gradients at loss "
+                f"scale {float(scale):g} (--amp fp16); the update could not be checked",
+                f"run `torchdiag nancheck {ctx.option('amp')} fp16` to find the module")
+        return
     zero = {n for n, _ in with_grad if not grad_nonzero[n]}
     # exactly zero with a non-zero gradient: a zero-initialised parameter (a candidate cause)
     sources = [n for n, _ in with_grad if zero and n not in zero and not value_nonzero[n]]
-    train.step(ctx.optimizer([p for _, p in with_grad]))
+    train.step(stepper(scaler, optimizer))
+    stuck = stagnation_counts(with_grad, before)    # reduced-precision weights only; read with _changes
     after_step = {n: p.detach().clone() for n, p in with_grad}
-    with torch.no_grad():
+    with torch.no_grad(), ctx.autocast():
         run_forward(work, inputs, phase="forward after one optimizer step")
     current = {n: p.detach() for n, p in work.named_parameters()}
-    moved, kept, reset_to = _changes(with_grad, before, after_step, current)
-    by_design = _zero_init(work, inputs, ctx, zero, sources) if sources else {}
+    moved, kept, reset_to, counts = _changes(with_grad, before, after_step, current, [c for _, c in stuck])
+    rounding = rounded_away([n for n, _ in stuck], counts, {n: short_dtype(p.dtype) for n, p in with_grad})
+    by_design = _zero_init(work, inputs, ctx, zero, sources, scaler) if sources else {}
+    skip = set(by_design) | {r["name"] for r in rounding if not moved[r["name"]]}   # said once, by its own check
+    bad = _not_updated(with_grad, skip, zero, moved, kept, reset_to)
+    for n, msg, hint in bad[:50]:
+        ck.find("update", "param-not-updated", "error", n, f"{n} {msg}", hint,
+                verdict=f"{len(bad)} parameter(s) get a gradient but do not change after a step")
+    if len(bad) > 50:
+        result.notes.append(f"{len(bad) - 50} more param-not-updated parameters not listed")
+    step = OPTIMIZER_NAMES[ctx.spec.optimizer.name]
+    if not bad:
+        extra = f"; {len(no_grad)} trainable parameter(s) got no gradient (see torchdiag gradflow)" if no_grad else ""
+        ck.row("update", "ok", f"{len(with_grad)}/{len(with_grad)} params change after 1 {step} step{extra}")
+    _report_rounding(rounding, ctx, step, ck, result)
+    _report_zero_init(by_design, ck, result)
+    result.data["params_without_grad"] = no_grad
+
+
+def _not_updated(with_grad, skip, zero, moved, kept, reset_to) -> list[tuple[str, str, str]]:
+    """(parameter, what happens, hint) for each parameter with a gradient that does not end up changed."""
     bad = []
-    for n, p in with_grad:
-        if n in by_design:
+    for n, _ in with_grad:
+        if n in skip:
             continue
         if n in zero:
             bad.append((n, "receives a gradient, but it is all zeros (a hook, mask or multiplication by 0 "
@@ -58,31 +92,33 @@ def update_check(work, inputs, ctx, ck: Checklist, result: Result) -> None:
                         " (the forward assigns to the parameter)",
                         "do not assign to parameters in forward (.data =, .copy_, fill_); compute a new tensor "
                         "from the parameter instead"))
-    for n, msg, hint in bad[:50]:
-        ck.find("update", "param-not-updated", "error", n, f"{n} {msg}", hint,
-                verdict=f"{len(bad)} parameter(s) get a gradient but do not change after a step")
-    if len(bad) > 50:
-        result.notes.append(f"{len(bad) - 50} more param-not-updated parameters not listed")
-    if not bad:
-        extra = f"; {len(no_grad)} trainable parameter(s) got no gradient (see torchdiag gradflow)" if no_grad else ""
-        step = OPTIMIZER_NAMES[ctx.spec.optimizer.name]
-        ck.row("update", "ok", f"{len(with_grad)}/{len(with_grad)} params change after 1 {step} step{extra}")
-    _report_zero_init(by_design, ck, result)
-    result.data["params_without_grad"] = no_grad
+    return bad
 
 
-def _any_nonzero(with_grad, before) -> tuple[dict, dict]:
-    """Per parameter: does its gradient, and does its value, hold a non-zero? Read back together."""
+def _report_rounding(rounding: list[dict], ctx, step: str, ck: Checklist, result: Result) -> None:
+    """update-rounds-away (warning): reduced-precision weights whose update mostly rounded away."""
+    if not rounding:
+        return
+    lr = ctx.spec.optimizer.learning_rate
+    ck.find("update", CODE, "warning", rounding[0]["name"], message(rounding, lr, f"1 {step} step"), rounding_rule.hint(ctx),
+            verdict=f"{len(rounding)} {rounding[0]['dtype']} parameter(s): the update rounds away")
+    result.data["rounded_away"] = rounding
+
+
+def _any_nonzero(with_grad, before, found_inf=None) -> tuple[dict, dict, bool]:
+    """Per parameter: does its gradient, and does its value, hold a non-zero? And (fp16) will the
+    GradScaler skip the step? Read back together."""
     from ...core.readback import read_back
 
+    extra = [found_inf] if found_inf is not None else []
     flags = read_back([p.grad.detach().ne(0).any() for _, p in with_grad] +
-                      [before[n].ne(0).any() for n, _ in with_grad])
+                      [before[n].ne(0).any() for n, _ in with_grad] + extra)
     k = len(with_grad)
     return ({n: bool(f) for (n, _), f in zip(with_grad, flags[:k])},
-            {n: bool(f) for (n, _), f in zip(with_grad, flags[k:])})
+            {n: bool(f) for (n, _), f in zip(with_grad, flags[k:2 * k])}, bool(extra) and flags[-1] > 0)
 
 
-def _changes(with_grad, before, after_step, current) -> tuple[dict, dict, dict]:
+def _changes(with_grad, before, after_step, current, counts=()) -> tuple[dict, dict, dict, list]:
     """Per parameter: the step moved it; the next forward kept the stepped value; or reset it to the
     old one. Compared on the device (as torch.equal: same shape, every element equal) and read back
     together: one host sync per device, not three per parameter."""
@@ -96,15 +132,17 @@ def _changes(with_grad, before, after_step, current) -> tuple[dict, dict, dict]:
         now = current.get(n, p.detach())
         checks += [equal(after_step[n], before[n]), equal(now, after_step[n]), equal(now, before[n])]
     on_device = [c for c in checks if c is not None]
-    values = iter(read_back(on_device))
+    extra = [c.reshape(-1)[i] for c in counts for i in range(c.numel())]   # rounding counts, same read
+    read = read_back(on_device + extra)
+    values = iter(read[:len(on_device)])
     flags = [False if c is None else bool(next(values)) for c in checks]
     moved, kept, reset_to = {}, {}, {}
     for i, (n, _) in enumerate(with_grad):
         moved[n], kept[n], reset_to[n] = not flags[3 * i], flags[3 * i + 1], flags[3 * i + 2]
-    return moved, kept, reset_to
+    return moved, kept, reset_to, read[len(on_device):]
 
 
-def _zero_init(work, inputs, ctx, zero, sources) -> dict[str, str]:
+def _zero_init(work, inputs, ctx, zero, sources, scaler=None) -> dict[str, str]:
     """{parameter: zero-initialised module} for the all-zero gradients that are non-zero after the step:
     one more forward + backward on the working copy (stochastic depth off, as in the judged pass)."""
     import torch
@@ -112,9 +150,10 @@ def _zero_init(work, inputs, ctx, zero, sources) -> dict[str, str]:
     for p in work.parameters():
         p.grad = None
     with torch.enable_grad():
-        with ctx.seeded():
+        with ctx.seeded(), ctx.autocast():
             out = run_forward(work, inputs, phase="forward after one optimizer step (zero-gradient re-check)")
-        train.backward(ctx.loss()(out), hint="the model's own code raised in backward")
+            value = ctx.loss()(out)
+        train.backward(scaler.scale(value) if scaler is not None else value, hint="the model's own code raised in backward")
     grads = {n: p.grad for n, p in work.named_parameters()}
     order = {n: i for i, (n, _) in enumerate(work.named_modules())}   # registration order ~ data flow
     src_mods = sorted({module_of(n) for n in sources}, key=lambda m: order.get(m, 0))

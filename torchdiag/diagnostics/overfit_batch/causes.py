@@ -17,6 +17,8 @@ class Causes:
     collapse: dict | None = None     # find_collapse()
     floor: float | None = None       # label entropy, when a batch-constant prediction is the best possible
     bounded: dict | None = None      # {box, classes, floor, needed}
+    rounding: list | None = None     # doctor.rounding rows: reduced-precision weights whose first update rounded away
+    skip_culprit: tuple | None = None   # (module, how) of the first non-finite gradient when fp16 skipped every update
 
 
 def sample_tensor(out, batch: int | None):
@@ -200,9 +202,14 @@ def diagnose(trainer, curve, opts) -> Causes:
     step = curve.step
     changed, ever_nonzero = trainer.final_flags() if step > 0 else ([], [])
     names = [n for n, _ in trainer.trainable]
+    rounding = _rounding(trainer) if step > 0 else []
+    stuck = {r["name"] for r in rounding}     # never changed because the update rounds away: said once, there
     causes = Causes(
-        unchanged=[n for n, moved in zip(names, changed) if not moved],
-        zero=[n for n, nonzero in zip(names, ever_nonzero) if not nonzero and n not in curve.missing])
+        unchanged=[n for n, moved in zip(names, changed) if not moved and n not in stuck],
+        zero=[n for n, nonzero in zip(names, ever_nonzero) if not nonzero and n not in curve.missing],
+        rounding=rounding)
+    if curve.skipped and all(curve.skipped) and not curve.interrupted:
+        causes.skip_culprit = _skip_culprit(trainer, curve)
     failed_plainly = not curve.interrupted and not curve.no_graph and curve.nonfinite_at is None \
         and curve.reached_at is None and curve.losses
     if failed_plainly:
@@ -214,6 +221,26 @@ def diagnose(trainer, curve, opts) -> Causes:
             and not target.is_floating_point() and target.dim() == 1:
         causes.floor = entropy_floor(target.cpu())
     return causes
+
+
+def _rounding(trainer) -> list[dict]:
+    """Reduced-precision weights whose first update mostly rounded away (counts read in final_flags)."""
+    from ..doctor.rounding import rounded_away
+
+    names = [n for n, _ in trainer.stagnation]
+    params = dict(trainer.trainable)
+    dtypes = {n: str(params[n].dtype).replace("torch.", "") for n in names}
+    return rounded_away(names, trainer.stagnant_counts, dtypes) if names else []
+
+
+def _skip_culprit(trainer, curve):
+    """Where the first non-finite gradient appears (scaling.find_culprit); None if that pass fails."""
+    from .scaling import find_culprit
+
+    try:
+        return find_culprit(trainer, curve.scales[0])
+    except Exception:   # the training loop ran this model already: a failure here only loses the name
+        return None
 
 
 def _final_output(trainer, curve, opts, causes: Causes) -> None:

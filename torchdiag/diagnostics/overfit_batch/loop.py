@@ -7,7 +7,6 @@ on the device until the run ends (Trainer.final_flags: one read). The optimizer'
 single-tensor Adam reads each parameter's `step`) and the loss rule's are not the loop's."""
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -15,7 +14,9 @@ from dataclasses import dataclass, field
 from ...core import train
 from ...errors import DiagError, ModelError, UsageError, interrupt_code, one_line
 from ...results import Result
+from ..doctor.rounding import stagnation_counts
 from .causes import accuracy_counts, output_box, same_across_samples, sample_tensor
+from .scaling import scale_facts, stepper
 
 
 
@@ -36,25 +37,14 @@ class Curve:
     first_same: bool | None = None
     first_box: tuple | None = None
     seconds: float = 0.0
-
-
-class _Scaled:
-    """scaler.step + update behind an optimizer's step(), so core.train.step reports its failure."""
-
-    def __init__(self, scaler, optimizer):
-        self.scaler, self.optimizer = scaler, optimizer
-
-    def step(self):
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
+    scales: list[float] = field(default_factory=list)     # fp16: the GradScaler's scale each update used
+    skipped: list[bool] = field(default_factory=list)     # fp16: the update was skipped (non-finite gradients)
 
 
 class Trainer:
     """One batch, one copy, one optimizer (ctx.optimizer), optionally under autocast with a GradScaler."""
 
     def __init__(self, work, batch, loss_fn, opts, ctx):
-        import torch
-
         self.work, self.batch, self.loss_fn, self.opts, self.ctx = work, batch, loss_fn, opts, ctx
         self.trainable = [(n, p) for n, p in work.named_parameters() if p.requires_grad]
         self.frozen = sum(1 for _, p in work.named_parameters() if not p.requires_grad)
@@ -63,25 +53,20 @@ class Trainer:
                              hint="nothing can be trained: unfreeze some parameters")
         dtype = ctx.autocast_dtype
         self.amp = {"bfloat16": "bf16", "float16": "fp16"}.get(dtype)
-        self.amp_dtype = getattr(torch, dtype) if dtype else None
-        if self.amp == "fp16" and ctx.device.type not in ("cuda", "cpu"):
-            raise UsageError(f"{ctx.option('amp')} fp16 needs a CUDA or CPU device (got {ctx.device.type})",
-                             hint=f"use {ctx.option('amp')} bf16")
         self.optimizer = ctx.optimizer([p for _, p in self.trainable])
-        self.scaler = torch.amp.GradScaler(ctx.device.type) if self.amp == "fp16" else None
-        self.stepper = _Scaled(self.scaler, self.optimizer) if self.scaler else self.optimizer
+        self.scaler = ctx.grad_scaler()      # fp16 autocast only: the loss is scaled, the step may be skipped
+        self.stepper = stepper(self.scaler, self.optimizer)
         self.start = {n: p.detach().clone() for n, p in self.trainable}
         self.ever_nonzero = None          # bool per trainable tensor, on the device (first update on)
         self._all_nonzero = False         # read back: every gradient was non-zero once, stop checking
         self._pending_norm = None         # the last update's gradient norm, read with the next loss
+        self._pending_scale = None        # the last update's [loss scale, found inf] (fp16), read likewise
+        self.stagnation = []              # reduced-precision weights: doctor.rounding counts of step 0
+        self.stagnant_counts: list[float] = []   # those counts, read back by final_flags
         self.curve = Curve()
 
     def autocast(self):
-        import torch
-
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.ctx.device.type, dtype=self.amp_dtype)
+        return self.ctx.autocast()
 
     def partial(self, why: str) -> Result:
         """What ran before a failure: the curve so far."""
@@ -154,15 +139,18 @@ class Trainer:
 
     def _read(self, value=None, counts=None):
         """The one host read of a step: (loss, batch accuracy or None). Also records the previous
-        update's gradient norm and whether every gradient has been non-zero at least once."""
+        update's gradient norm (and loss scale under fp16) and whether every gradient has been
+        non-zero at least once."""
         import torch
 
         vals = [] if value is None else [value.detach().float().reshape(())]
         if counts is not None:
             vals += [counts[0].float(), counts[1].float()]
-        pending = self._pending_norm
+        pending, scale = self._pending_norm, self._pending_scale
         if pending is not None:
             vals.append(pending)
+        if scale is not None:
+            vals += list(scale)
         check = self.ever_nonzero is not None and not self._all_nonzero
         if check:
             vals.append(self.ever_nonzero.all().float())
@@ -177,19 +165,27 @@ class Trainer:
         if pending is not None:
             self.curve.grad_norms.append(read.pop(0))
             self._pending_norm = None
+        if scale is not None:
+            self.curve.scales.append(read.pop(0))
+            self.curve.skipped.append(read.pop(0) > 0)
+            self._pending_scale = None
         if check:
             self._all_nonzero = read.pop(0) == 1.0
         return lv, acc
 
     def final_flags(self) -> tuple[list[bool], list[bool]]:
-        """(changed since the start, ever non-zero gradient) per trainable tensor: one read."""
+        """(changed since the start, ever non-zero gradient) per trainable tensor: one read (with the
+        first step's rounding counts of reduced-precision weights, kept in self.stagnant_counts)."""
         import torch
 
         changed = [(p.detach() != self.start[n]).any() for n, p in self.trainable]
         ever = self.ever_nonzero if self.ever_nonzero is not None else torch.zeros(len(self.trainable), dtype=torch.bool)
-        flags = torch.cat([torch.stack(changed).to(ever.device), ever]).tolist()
+        parts = [torch.stack(changed).to(ever.device).double(), ever.double()]
+        parts += [c.to(ever.device).double() for _, c in self.stagnation]
+        flags = torch.cat(parts).tolist()
         k = len(self.trainable)
-        return flags[:k], flags[k:]
+        self.stagnant_counts = flags[2 * k:]
+        return [bool(f) for f in flags[:k]], [bool(f) for f in flags[k:2 * k]]
 
     def _grad_facts(self, step: int) -> None:
         """Gradient norm of this update (kept on the device until the next read) and the non-zero
@@ -248,6 +244,7 @@ class Trainer:
             raise
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
+            self._pending_scale = scale_facts(self.scaler, self.optimizer)
         self._grad_facts(step)
         c.lrs.append(float(self.optimizer.param_groups[0]["lr"]))
         try:
@@ -255,6 +252,8 @@ class Trainer:
         except ModelError as e:
             e.partial = self.partial(f"the optimizer failed at step {step}")
             raise
+        if step == 0:   # reduced-precision weights: did the first update round away? (counted on the device)
+            self.stagnation = stagnation_counts(self.trainable, self.start)
 
 
 def grad_norm(grads):

@@ -73,6 +73,10 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
     result.series["learning_rate"] = curve.lrs
     if curve.accs:
         result.series["accuracy"] = curve.accs
+    if trainer.scaler is not None:   # fp16: the GradScaler's scale each update used, and what it skipped
+        result.series["loss_scale"] = curve.scales
+        result.data["skipped_steps"] = sum(curve.skipped)
+        result.data["skipped_at"] = [i for i, s in enumerate(curve.skipped) if s]
 
 
 def _summary(result, curve, opts) -> None:
@@ -93,6 +97,10 @@ def _summary(result, curve, opts) -> None:
         ("Time", f"{seconds:.2f} s ({steps / seconds:.1f} steps/s)" if seconds > 0 else "—"),
         ("Loss curve", sparkline(_thin(curve.losses, 60)) or "—"),
     ]
+    if "loss_scale" in result.series:
+        from .scaling import scale_summary
+
+        result.summary.append(("Loss scale", scale_summary(curve.scales, curve.skipped)))
 
 
 def _cause_findings(result, trainer, curve, causes, opts) -> int:
@@ -137,6 +145,31 @@ def _cause_findings(result, trainer, curve, causes, opts) -> int:
     if causes.bounded:
         found += 1
         _bounded_output(result, causes.bounded, trainer.ctx)
+    return found + _precision_findings(result, trainer, curve, causes)
+
+
+def _precision_findings(result, trainer, curve, causes) -> int:
+    """fp16 loss scaling that skipped every update (error); reduced-precision weights whose update
+    rounds away (warning). Returns how many were found."""
+    from ..doctor.rounding import CODE, hint, message
+
+    found, amp = 0, trainer.ctx.option("amp")
+    if curve.skipped and all(curve.skipped) and not curve.interrupted:
+        found += 1
+        where, how = causes.skip_culprit or ("", "")
+        at = f"; the first non-finite gradient appears at {where}: {how}" if where else ""
+        result.add("every-step-skipped", "error", where,
+                   f"the GradScaler skipped all {len(curve.skipped)} update(s): every step had inf/NaN gradients "
+                   f"(scale {curve.scales[0]:g} → {curve.scales[-1]:g}){at}",
+                   hint=f"an fp16 overflow in backward that loss scaling cannot fix: keep that module in float32 "
+                        f"(autocast(enabled=False)) or use {amp} bf16; `torchdiag nancheck {amp} fp16` shows the values")
+    if causes.rounding:
+        found += 1
+        optimizer = trainer.ctx.spec.optimizer
+        result.add(CODE, "warning", causes.rounding[0]["name"],
+                   message(causes.rounding, optimizer.learning_rate, f"the first {describe_optimizer(optimizer)} step"),
+                   hint=hint(trainer.ctx))
+        result.data["rounded_away"] = causes.rounding
     return found
 
 

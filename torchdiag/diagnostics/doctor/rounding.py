@@ -1,0 +1,63 @@
+"""update-rounds-away: with reduced-precision weights (--dtype bfloat16/float16) an optimizer update
+smaller than half a unit in the last place of a weight rounds back to the weight itself, and the
+parameter silently stops training (bf16 has 8 significant bits: at 1.0, anything below 2^-9 is lost).
+
+Measured, not predicted: after a real step, the fraction of a parameter's elements whose gradient is
+non-zero but whose value did not change. Counted on the device; the caller reads the counts back with
+its own facts. Used by doctor's update check and by overfit-batch (its first step). float32 weights
+are never checked (no counts, no extra syncs)."""
+from __future__ import annotations
+
+STAGNANT_FRACTION = 0.5      # a parameter is reported when at least half its moving elements stand still
+CODE = "update-rounds-away"
+
+
+def hint(ctx) -> str:
+    """The remedies, with the options named as the caller writes them."""
+    amp, dtype, lr = ctx.option("amp"), ctx.option("dtype"), ctx.option("lr")
+    return (f"keep float32 master weights: train with {amp} bf16 (autocast) instead of {dtype} bfloat16; or raise "
+            f"the learning rate ({lr}), or use an optimizer with Kahan summation / stochastic rounding for bf16 weights")
+
+
+def reduced(p) -> bool:
+    import torch
+
+    return p.dtype in (torch.bfloat16, torch.float16)
+
+
+def stagnation_counts(named, before) -> list:
+    """[(name, 2-element device tensor [unchanged-with-nonzero-grad, nonzero-grad])] for the reduced-
+    precision parameters of `named` that have a gradient; `before` holds their values before the step."""
+    import torch
+
+    out = []
+    for n, p in named:
+        if p.grad is None or not reduced(p) or p.grad.is_sparse or p.shape != before[n].shape:
+            continue
+        moving = p.grad.detach() != 0
+        stuck = moving & (p.detach() == before[n])
+        out.append((n, torch.stack([stuck.sum(), moving.sum()])))
+    return out
+
+
+def rounded_away(names: list[str], values: list[float], dtypes: dict[str, str]) -> list[dict]:
+    """The parameters at or over STAGNANT_FRACTION: rows {name, dtype, unchanged, moving, fraction},
+    worst first. `values` holds the read-back counts, two per name."""
+    rows = []
+    for i, n in enumerate(names):
+        stuck, moving = int(values[2 * i]), int(values[2 * i + 1])
+        if moving and stuck / moving >= STAGNANT_FRACTION:
+            rows.append({"name": n, "dtype": dtypes[n], "unchanged": stuck, "moving": moving,
+                         "fraction": stuck / moving})
+    rows.sort(key=lambda r: (-r["fraction"], r["name"]))
+    return rows
+
+
+def message(rows: list[dict], lr: float, step: str, limit: int = 6) -> str:
+    """One finding message naming the parameters and their unchanged fractions."""
+    shown = ", ".join(f"{r['name']} {100 * r['fraction']:.0f}%" for r in rows[:limit])
+    more = f" … (+{len(rows) - limit} more)" if len(rows) > limit else ""
+    dtype = rows[0]["dtype"]
+    return (f"{len(rows)} {dtype} parameter(s) barely move: after {step} (lr {lr:g}) these fractions of their "
+            f"elements with a non-zero gradient are unchanged, the update rounded away below half a {dtype} "
+            f"ulp of the weight: {shown}{more}")
