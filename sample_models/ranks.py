@@ -8,6 +8,7 @@ factory is seeded); what differs by rank comes from torchrun's RANK variable, re
 `unused`: `extra` (a Linear) never runs in forward: under DDP, extra.weight and extra.bias get no
    gradient on any rank.
 `fails_on_rank`: forward raises on rank `rank` only (the others finish).
+`nan_on_rank`: module `poison` turns its output to NaN on rank `rank` only.
 Input for all: example_inputs(), 8 × 8."""
 import os
 
@@ -54,6 +55,15 @@ class _FailsOnRank(nn.Module):
         return self.body(x)
 
 
+class _Poison(nn.Module):
+    def __init__(self, rank: int):
+        super().__init__()
+        self.rank = rank
+
+    def forward(self, x):
+        return x * float("nan") if _rank() == self.rank else x
+
+
 def healthy() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
 
@@ -68,6 +78,10 @@ def unused() -> nn.Module:
 
 def fails_on_rank(rank: int = 1) -> nn.Module:
     return _FailsOnRank(rank)
+
+
+def nan_on_rank(rank: int = 1) -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), _Poison(rank), nn.Linear(16, 4))
 
 
 def example_inputs():

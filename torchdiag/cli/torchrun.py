@@ -16,6 +16,11 @@ from .isolation import UserExit, isolated
 CONSISTENCY = ("doctor", "gradflow")     # commands that also compare ranks after a real step
 # commands that run per rank; the others do not depend on the rank: rank 0 runs them as usual
 COMMANDS = ("profile", "memory", "nancheck", "gradflow", "overfit-batch", "doctor")
+# Commands that get the wrapped model: their steps are the same on every rank whatever the values. The
+# others take extra passes where the values say so (a NaN to locate, a recheck, an early stop): under a
+# wrapper a rank taking a pass its peers do not would wait for them in a collective until the timeout.
+# They run on each rank's own model; the wrapper is checked by the cross-rank step and the unused probe.
+WRAPPED = ("profile", "memory")
 
 
 @dataclass
@@ -99,7 +104,7 @@ def _run_rank(opts, spec, sess, diagnostic, o, run, local: Local) -> dict:
             _prepare(spec, sess, diagnostic, local)
             from ..core.distributed import wrap
 
-            model = wrap(local.model, r, spec.wrap)
+            model = wrap(local.model, r, spec.wrap) if spec.command in WRAPPED else local.model
             local.result = (run or diagnostic.run)(model, local.inputs, o, local.ctx)
             local.ctx.finish(local.result)
         return record(r.rank, r.device, local.result.exit_code, local.result)
@@ -130,7 +135,9 @@ def _prepare(spec, sess, diagnostic, local: Local) -> None:
     r = sess.ranks
     local.model, inputs, local.ctx = prepare(rank_spec(spec, r), needs_values=getattr(diagnostic, "NEEDS_VALUES", False))
     local.inputs, local.ctx.batch_target, rows = shard(inputs, local.ctx.batch_target, r)
-    local.ctx.header.update({"rank": r.describe(), "shard": rows, "backend": r.backend, "wrap": spec.wrap})
+    wrapped = spec.wrap if spec.command in WRAPPED or spec.wrap == "none" else \
+        f"{spec.wrap} (checked by the cross-rank step; {spec.command} itself runs on each rank's own copy)"
+    local.ctx.header.update({"rank": r.describe(), "shard": rows, "backend": r.backend, "wrap": wrapped})
     if spec.needs_inputs:
         local.ctx.header["inputs"] = local.inputs.describe()
     if spec.command in CONSISTENCY:

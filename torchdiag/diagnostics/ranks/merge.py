@@ -37,10 +37,22 @@ def merge(records: list[dict], base: Result | None, command: str, unwrap: str = 
     worst = max(r["exit_code"] for r in records)
     if worst != int(merged.exit_code):
         merged.code = worst
+    if base is not None:
+        merged.notes.append("tables and summary show rank 0; each rank's data and findings are in the ranks list (--json)")
+    _verdict(merged, records)
     if any(r["error"] for r in records):
         failed = [str(r["rank"]) for r in records if r["error"]]
         merged.verdict = f"FAIL: rank(s) {', '.join(failed)} did not finish" + (f"; {merged.verdict}" if merged.verdict else "")
     return merged
+
+
+def _verdict(merged: Result, records: list[dict]) -> None:
+    """Rank 0's PASS does not stand when another rank found an error."""
+    bad = [f for f in merged.findings if f.severity == "error"]
+    if not bad or not (merged.verdict or "").startswith("PASS"):
+        return
+    ranks = sorted({r for f in bad for r in (f.ranks or [])})
+    merged.verdict = f"FAIL on {tag(ranks)}: {', '.join(sorted({f.code for f in bad}))}"
 
 
 def union(records: list[dict]) -> list[Finding]:

@@ -1,0 +1,214 @@
+"""torchdiag under torchrun: real 2-process gloo runs on this CPU machine (torch.distributed.run
+launching `-m torchdiag`), one launch per scenario shared by its assertions, plus the pieces that
+need no launch (torchrun's environment, sharding, merging, refusals)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, one_error_line, sample
+
+HANG_GUARD = 600   # seconds: only so a hang fails the suite instead of blocking it; never asserted on
+
+
+def torchrun(*args, env: dict | None = None):
+    """`torchrun --standalone --nproc_per_node 2 -m torchdiag ARGS --device cpu --json`: (returncode, doc, stderr)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "torchdiag", *map(str, args), "--device", "cpu", "--json"]
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD, env=full_env)
+    return r.returncode, json.loads(r.stdout), r.stderr
+
+
+def by_code(doc, code):
+    return [f for f in doc["findings"] if f["code"] == code]
+
+
+# ---- one launch each -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def diverging():
+    return torchrun("doctor", sample("ranks.py:diverging"), "--wrap", "ddp")
+
+
+@pytest.fixture(scope="module")
+def healthy():
+    return torchrun("gradflow", sample("ranks.py:healthy"), "--wrap", "ddp")
+
+
+@pytest.fixture(scope="module")
+def unused():
+    return torchrun("overfit-batch", sample("ranks.py:unused"), "--wrap", "ddp", "--steps", "5")
+
+
+@pytest.fixture(scope="module")
+def failing():
+    return torchrun("nancheck", sample("ranks.py:fails_on_rank"), "--arg", "rank=1")
+
+
+@pytest.fixture(scope="module")
+def nan_rank():
+    return torchrun("nancheck", sample("ranks.py:nan_on_rank"), "--arg", "rank=1", "--wrap", "ddp")
+
+
+def test_healthy_ddp_ranks_agree(healthy):
+    code, doc, _ = healthy
+    assert code == 0 and doc["exit_code"] == 0
+    assert doc["world_size"] == 2 and [r["rank"] for r in doc["ranks"]] == [0, 1]
+    # the 8 rows of example_inputs split 4 + 4, each rank its own (different losses)
+    assert [r["header"]["shard"] for r in doc["ranks"]] == ["rows 0:4 of 8", "rows 4:8 of 8"]
+    assert doc["ranks"][0]["data"]["loss_value"] != doc["ranks"][1]["data"]["loss_value"]
+    cons = doc["consistency"]
+    # Linear(8,16) + Linear(16,4): 4 parameter tensors, compared as built and after 2 DDP steps
+    assert cons["compared"] == 4 and cons["steps"] == 2
+    assert cons["differs"] == [] and cons["grads_differ"] == []
+    assert doc["ranks"][0]["unused"] == [] and doc["ranks"][1]["unused"] == []
+
+
+def test_divergent_parameter_named_with_its_first_step(diverging):
+    code, doc, _ = diverging
+    assert doc["exit_code"] == 1 and code != 0
+    [f] = by_code(doc, "rank-divergence")
+    assert f["where"] == "scale" and f["severity"] == "error" and "from step 1" in f["message"]
+    [d] = [d for d in doc["consistency"]["differs"] if d["name"] == "scale"]
+    # the model adds 0.01 × RANK to scale in each train forward; the step's update is the same on
+    # both ranks (DDP-averaged gradient), so after step 1 rank 1 is ahead by exactly one nudge
+    assert d["step"] == 1 and d["max_abs_diff"]["1"] == pytest.approx(0.01, abs=1e-6)
+
+
+def test_batchnorm_running_stats_differing_is_info_with_syncbn_hint(diverging):
+    _, doc, _ = diverging
+    found = {f["where"]: f for f in by_code(doc, "batchnorm-stats-differ")}
+    assert set(found) == {"body.1.running_mean", "body.1.running_var"}
+    assert all(f["severity"] == "info" and "SyncBatchNorm" in f["hint"] for f in found.values())
+
+
+def test_ddp_unused_parameters_named(unused):
+    code, doc, _ = unused
+    assert doc["exit_code"] == 1 and code != 0
+    [f] = by_code(doc, "ddp-unused-parameter")
+    # every rank: no "[rank N]" tag; the names, not DDP's indices, with gradflow's cause
+    assert f["ranks"] == [0, 1] and f["where"] == "extra" and f["severity"] == "error"
+    assert "(extra.weight, extra.bias)" in f["message"] and "module extra (Linear) never ran in forward" in f["message"]
+    assert "find_unused_parameters=True" in f["hint"]
+    assert [u["name"] for u in doc["ranks"][1]["unused"]] == ["extra.weight", "extra.bias"]
+
+
+def test_unused_hint_when_every_rank_failed():
+    """When DDP itself raised on every rank ("Expected to have finished reduction … indices"), the
+    error's hint names the parameters and why, per rank where they differ."""
+    from torchdiag.diagnostics.ranks.report import unused_hint
+
+    gone = {"name": "aux.weight", "reason": "unused", "why": "module aux (Linear) never ran in forward"}
+    cut = {"name": "head.bias", "reason": "detached", "why": "module head (Linear) ran under torch.no_grad()"}
+    records = [{"rank": 0, "unused": [gone]}, {"rank": 1, "unused": [gone, cut]}]
+    hint = unused_hint(records)
+    assert "aux.weight (unused: module aux (Linear) never ran in forward)" in hint
+    assert "head.bias (detached: module head (Linear) ran under torch.no_grad() on rank 1)" in hint
+    assert unused_hint([{"rank": 0, "unused": []}, {"rank": 1, "unused": None}]) is None
+
+
+def test_failing_rank_does_not_hold_the_others(failing):
+    code, doc, stderr = failing
+    assert doc["exit_code"] == 3 and code != 0
+    r0, r1 = doc["ranks"]
+    assert r0["exit_code"] == 0 and r0["error"] is None          # rank 0 finished its run
+    assert r1["exit_code"] == 3 and "fails on rank 1" in r1["error"]["message"]
+    [f] = by_code(doc, "rank-failed")
+    assert f["ranks"] == [1] and f["message"].startswith("[rank 1] ")
+    assert "error: [rank 1]" in stderr and "error: [rank 0]" not in stderr
+
+
+def test_nancheck_names_rank_and_module(nan_rank):
+    _, doc, _ = nan_rank
+    assert doc["exit_code"] == 1
+    [f] = by_code(doc, "non-finite-output")
+    assert f["where"] == "2" and f["ranks"] == [1] and f["message"].startswith("[rank 1] ")
+    assert doc["ranks"][0]["findings"] == []      # rank 0's rows are finite
+
+
+# ---- no launch ---------------------------------------------------------------------------------------
+
+def test_current_reads_torchrun_env(monkeypatch):
+    from torchdiag.core.distributed import Ranks, current
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    assert current() is None
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert current() is None
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert current() == Ranks(3, 4, 1)
+
+
+@pytest.mark.parametrize("n,world", [(8, 2), (7, 3), (5, 5), (10, 4)])
+def test_shard_bounds_follow_tensor_split(n, world):
+    import torch
+
+    from torchdiag.core.distributed import Ranks, shard_bounds
+
+    expected = [t.tolist() for t in torch.tensor_split(torch.arange(n), world)]
+    got = [list(range(*shard_bounds(n, Ranks(r, world, r)))) for r in range(world)]
+    assert got == expected
+
+
+def test_shard_smaller_than_world_refused():
+    from torchdiag.core.distributed import Ranks, shard_bounds
+    from torchdiag.errors import UsageError
+
+    with pytest.raises(UsageError, match="cannot give each of the 4 ranks a row"):
+        shard_bounds(3, Ranks(0, 4, 0))
+
+
+def test_shard_cuts_batch_tensors_and_target_only():
+    import torch
+
+    from torchdiag.core.distributed import Ranks, shard
+    from torchdiag.core.inputs import ModelInputs
+
+    x, mask, target = torch.arange(24.).reshape(6, 4), torch.ones(3, 3), torch.arange(6)
+    inputs, tgt, text = shard(ModelInputs((x,), {"mask": mask}), target, Ranks(1, 2, 1))
+    assert torch.equal(inputs.args[0], x[3:6]) and inputs.kwargs["mask"] is mask
+    assert torch.equal(tgt, target[3:6]) and text == "rows 3:6 of 6"
+
+
+def test_merge_tags_ranks_and_takes_the_worst_code():
+    from torchdiag.diagnostics.ranks.merge import merge, record
+    from torchdiag.results import Result
+
+    a, b = Result("nancheck"), Result("nancheck")
+    for res in (a, b):
+        res.add("same", "warning", "fc", "on both")
+    b.add("only-one", "error", "fc", "only on rank 1")
+    a.verdict = "PASS: fine"
+    records = [record(0, "cpu", 0, a), record(1, "cpu", b.exit_code, b),
+               record(2, "cpu", 3, None, {"message": "boom", "hint": None})]
+    merged = merge(records, a, "nancheck")
+    got = {f.code: (f.ranks, f.message) for f in merged.findings}
+    assert got["same"] == ([0, 1], "[ranks 0,1] on both")
+    assert got["only-one"] == ([1], "[rank 1] only on rank 1")
+    assert got["rank-failed"] == ([2], "[rank 2] boom")
+    assert int(merged.exit_code) == 3 and merged.verdict.startswith("FAIL")
+    assert [r["rank"] for r in merged.to_dict()["ranks"]] == [0, 1, 2]
+
+
+def test_wrap_without_torchrun_is_a_usage_error(cli, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    r = cli("gradflow", sample("ranks.py:healthy"), "--wrap", "ddp", "--device", "cpu")
+    assert r.code == 2 and "needs several processes started by torchrun" in r.stderr
+    one_error_line(r)
+
+
+def test_meta_refused_under_torchrun(cli, monkeypatch):
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(k, v)
+    r = cli("nancheck", sample("ranks.py:healthy"), "--device", "meta")
+    assert r.code == 2 and "--device meta cannot run under torchrun" in r.stderr
+    one_error_line(r)
