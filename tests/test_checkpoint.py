@@ -398,7 +398,7 @@ class CountingFile(io.FileIO):
 @pytest.mark.parametrize("older_torch", [False, True])
 def test_torch_file_on_meta_reads_no_tensor_data(tmp_path, monkeypatch, older_torch):
     """A 4 MiB .pt on meta: the pickle and the zip directory are read, the data records are not. `older_torch`
-    takes away torch's own meta shortcut (torch < 2.9 read every record for map_location='meta')."""
+    takes away torch's own meta shortcut (older torch read every record for map_location='meta')."""
     import builtins
 
     from torchdiag.core import checkpoint

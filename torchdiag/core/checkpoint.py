@@ -201,7 +201,7 @@ def _torch_load(path: str, meta: bool) -> tuple[Any, dict]:
     weights_only's allow-list (found by torch's static scan, before any tensor is read) is read once with
     each mapped to an inert stand-in (`_StandIns`), or refused; any other file through weights_only alone."""
     zipped = _is_zip(path)
-    # meta: mmap maps the file and nothing touches the data records (torch < 2.9 read them without it)
+    # meta: mmap maps the file and nothing touches the data records (older torch read them for map_location meta)
     where = {"map_location": "meta" if meta else "cpu", "mmap": meta and zipped}
     names = _globals_beyond_weights(path) if zipped else []
     if not names:
@@ -268,7 +268,7 @@ def _is_zip(path: str) -> bool:
 
 def _globals_beyond_weights(path: str) -> list[str]:
     """The globals the pickle names beyond weights_only's allow-list, read statically by torch (nothing is
-    imported). Empty when this torch has no scan or no tuple form of safe_globals (torch < 2.6)."""
+    imported). Empty when this torch has no such scan (older torch): such files are refused as before."""
     import torch
 
     scan = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
@@ -276,7 +276,7 @@ def _globals_beyond_weights(path: str) -> list[str]:
         return []
     try:
         return sorted(scan(path))
-    except Exception:  # opcodes the static scan does not know (pickle protocol > 2): refused as before
+    except Exception:  # opcodes the static scan does not know (pickle protocol > 2): weights_only decides
         return []
 
 
