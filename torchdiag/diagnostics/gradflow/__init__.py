@@ -53,7 +53,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
                    "downstream of it is non-finite", hint="run `torchdiag nancheck` to find where it first goes bad")
     layers = layer_rows(frontier(model, opts.depth), rows, pas.rec.order, modules)
     scale = bar_scale(layers)
-    acts = activation_rows(pas.rec, stats, opts, result, allow)
+    acts = activation_rows(pas.rec, stats, opts, result, allow, inputs=inputs, ctx=ctx)   # dead units re-judged (dead.py)
 
     result.data.update({
         "loss_value": stats.loss,
