@@ -60,6 +60,7 @@ def test_activation_health_counts():
         for i in (0, 2):
             model[i].weight.copy_(torch.eye(4))
             model[i].bias.zero_()
+        model[0].bias[1] = -1e3    # unit 1 really dead: it stays 0 on the fresh samples of the re-check too
     x = torch.tensor([[1.0, -1.0, 2.0, -3.0], [-1.0, -2.0, 3.0, 4.0]])
     res = run(model, x, loss="sum", dead=0.2)
     acts = {r["module"]: r for r in res.table("activations").rows}
