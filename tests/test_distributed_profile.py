@@ -119,8 +119,7 @@ def test_rank_trace_names(path, rank, want):
 def _mem_doc(rank, peak, fsdp_est=None, world=2):
     doc = {"rank": rank, "peak_bytes": peak, "peak_phase": "backward"}
     if fsdp_est is not None:
-        doc["shard"] = [{"stage": "ddp (no sharding)", "devices": world, "per_device_peak_bytes": 10 * peak},
-                        {"stage": "zero-3 / fsdp", "devices": world, "per_device_peak_bytes": fsdp_est}]
+        doc["fsdp_estimate"] = {"per_device_peak_bytes": fsdp_est, "devices": world, "phase": "backward"}
     return doc
 
 
@@ -143,7 +142,7 @@ def test_memory_fsdp_estimate_against_each_rank():
     assert [r["estimate_error"] for r in rows] == pytest.approx([-0.1, 0.25])
     assert rows[1]["estimate_devices"] == 2
     line = dict(merged.summary)["FSDP estimate"]
-    assert "2.44 KiB per device (--shard 2) vs 1.95 KiB measured on rank 1: +500 B (+25.0%)" in line
+    assert "2.44 KiB per device (2 ranks) vs 1.95 KiB measured on rank 1: +500 B (+25.0%)" in line
     assert "over all ranks -10.0% to +25.0%" in line
 
 
@@ -201,18 +200,32 @@ def test_rank0_lines_are_labelled_as_rank0():
     assert [k for k, _ in merged.summary] == ["Step time (rank 0)", "Throughput (rank 0)", "Straggler"]
 
 
-def test_fsdp_estimate_uses_the_world_size(monkeypatch):
+def test_fsdp_check_estimates_for_the_world_size(monkeypatch):
+    import torch
     import torch.distributed as dist
 
+    from torchdiag import api
+    from torchdiag.core.context import context_for
+    from torchdiag.core.run import RunSpec
     from torchdiag.diagnostics.memory import Options
 
-    ctx = SimpleNamespace(spec=SimpleNamespace(wrap="fsdp"))
-    assert mem_ranks.sharded(Options(), ctx).shard == 1               # no process group: as given
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    inputs = api.as_inputs(model, (torch.randn(8, 64),))
+    ctx = context_for(model, RunSpec("memory", loss="sum", wrap="fsdp", caller="python"))
+    res = Result("memory")
+    mem_ranks.fsdp_check(res, model, inputs, Options(), ctx)
+    assert "fsdp_estimate" not in res.data                    # no process group: nothing to check
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
-    assert mem_ranks.sharded(Options(), ctx).shard == 4
-    assert mem_ranks.sharded(Options(shard=2), ctx).shard == 2        # the user's --shard wins
-    assert mem_ranks.sharded(Options(), SimpleNamespace(spec=SimpleNamespace(wrap="ddp"))).shard == 1
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    mem_ranks.fsdp_check(res, model, inputs, Options(), ctx)
+    est = res.data["fsdp_estimate"]
+    params = 4 * (64 * 32 + 32 + 32 * 4 + 4)                   # float32, every parameter in the root unit
+    assert est["devices"] == 2 and est["unit_bytes"] == params and est["unit"] == "(root)"
+    # a root-only unit gathers every parameter: the per-device peak holds them all, and no more than one process
+    from torchdiag.diagnostics.memory import estimate
+
+    whole = estimate(model, inputs, Options(), ctx).peak       # the same step unsharded
+    assert params <= est["per_device_peak_bytes"] <= whole
 
 
 # ------------------------------------------------------------------- real 2-process launches (gloo)

@@ -1,27 +1,42 @@
 """memory under torchrun: the measured peak per rank, and with `--wrap fsdp` the sharding estimate
-(`--shard` = world size, the ZeRO-3 / FSDP row) checked against what each rank measured.
+(memory/shard.py's ZeRO-3 / FSDP row for the world size) checked against what each rank measured.
 
-`merge_ranks(results, merged)` runs on rank 0 over every rank's JSON document (stdlib only). Each
-rank measured its own step on its own shard of the batch, so peaks may differ by rank (uneven data,
-a rank that does extra work); the estimate comes from each rank's own step as well."""
+`fsdp_check` runs on each rank (the estimate, data only); `merge_ranks(results, merged)` runs on rank
+0 over every rank's JSON document. Each rank measured its own step on its own shard of the batch, so
+peaks may differ by rank (uneven data, a rank that does extra work); the estimate comes from each
+rank's own step as well."""
 from __future__ import annotations
 
+from ...errors import UsageError
 from ...render.fmt import human_bytes
 from ...results import Column, Table
 
-FSDP_STAGE = "zero-3 / fsdp"      # the row of memory/shard.py's table that FSDP's fully_shard is
+FSDP_STAGE = "zero-3 / fsdp"      # the row of memory/shard.py that fully_shard is
 
 
-def sharded(opts, ctx):
-    """Under torchrun with --wrap fsdp and no --shard of the user's: the estimate to check against the
-    measured peak is the one for this world size (memory/shard.py's ZeRO-3/FSDP row)."""
-    import dataclasses
-
+def fsdp_check(result, model, inputs, opts, ctx) -> None:
+    """Under torchrun with --wrap fsdp, on each rank: the per-device peak memory/shard.py predicts for
+    fully_shard over the world size, from this rank's step of the unwrapped `model` on fake tensors, in
+    `result.data["fsdp_estimate"]` (merge_ranks checks it against every rank's measured peak)."""
     import torch.distributed as dist
 
-    if ctx.spec.wrap != "fsdp" or opts.shard != 1 or not (dist.is_available() and dist.is_initialized()):
-        return opts
-    return dataclasses.replace(opts, shard=dist.get_world_size())
+    if ctx.spec.wrap != "fsdp" or not (dist.is_available() and dist.is_initialized()):
+        return
+    from .estimated import estimate
+    from .shard import shard_rows
+    from .step import nbytes, unique
+
+    n = dist.get_world_size()
+    try:
+        est = estimate(model, inputs, opts, ctx, None, "cpu" if ctx.device.type == "cpu" else "cuda", ran_for_real=True)
+    except UsageError as exc:       # the model reads values: fake tensors cannot run it
+        result.notes.append(f"--wrap fsdp: no sharding estimate to check: {exc.message}")
+        return
+    # core/distributed.py calls fully_shard at the root only: one unit holding every parameter
+    unit = nbytes(unique(model.parameters()))
+    row = next(r for r in shard_rows(est, n, unit, opts.mode == "train") if r["stage"] == FSDP_STAGE)
+    result.data["fsdp_estimate"] = {"per_device_peak_bytes": row["per_device_peak_bytes"], "devices": n,
+                                    "phase": row["phase"], "unit": "(root)", "unit_bytes": unit}
 
 
 def unwrapped(model):
@@ -41,11 +56,9 @@ def rank_docs(results: list[dict]) -> list[dict]:
 
 
 def fsdp_estimate(doc: dict) -> tuple[int, int] | None:
-    """(per-device peak estimated for ZeRO-3/FSDP, devices) from a rank's `shard` rows, None without them."""
-    for row in doc.get("shard") or []:
-        if row.get("stage") == FSDP_STAGE:
-            return int(row["per_device_peak_bytes"]), int(row["devices"])
-    return None
+    """(per-device peak estimated for fully_shard, devices) from a rank's document, None without one."""
+    est = doc.get("fsdp_estimate")
+    return (int(est["per_device_peak_bytes"]), int(est["devices"])) if est else None
 
 
 def rank_rows(results: list[dict], fsdp: bool) -> list[dict]:
@@ -86,7 +99,7 @@ def merge_ranks(results: list[dict], merged) -> None:
     if not fsdp:
         return
     if any("estimate_bytes" not in r for r in rows):
-        merged.notes.append("--wrap fsdp: no sharding estimate to check (the ranks' results have no ZeRO-3/FSDP row)")
+        merged.notes.append("--wrap fsdp: no sharding estimate to check (a rank's result has none)")
         return
     merged.summary.append(("FSDP estimate", estimate_line(rows)))
 
@@ -96,7 +109,7 @@ def estimate_line(rows: list[dict]) -> str:
     top = max(rows, key=lambda r: (r["peak_bytes"], -r["rank"]))
     errs = [r["estimate_error"] for r in rows if r["estimate_error"] is not None]
     diff = top["estimate_error_bytes"]
-    line = (f"{human_bytes(top['estimate_bytes'])} per device (--shard {top['estimate_devices']}) vs "
+    line = (f"{human_bytes(top['estimate_bytes'])} per device ({top['estimate_devices']} ranks) vs "
             f"{human_bytes(top['peak_bytes'])} measured on rank {top['rank']}: "
             f"{'+' if diff >= 0 else '-'}{human_bytes(abs(diff))}")
     if top["estimate_error"] is not None:
@@ -122,5 +135,6 @@ def _table(rows: list[dict]) -> Table:
     if any("estimate_bytes" in r for r in rows):
         cols += [Column("estimate_bytes", "FSDP estimate", "bytes"), Column("estimate_error_bytes", "estimate - peak", "bytes"),
                  Column("estimate_error", "error", "pct")]
-        note += "; FSDP estimate: memory's ZeRO-3/FSDP row for --shard = world size"
+        note += ("; FSDP estimate: the ZeRO-3/FSDP row of --shard for the world size, from the unwrapped model's "
+                 "step on fake tensors (FSDP's communication buffers are not in it)")
     return Table("rank_memory", "Peak memory per rank", cols, rows, note=note)

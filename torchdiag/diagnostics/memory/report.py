@@ -9,7 +9,7 @@ from .batch import Peaks, largest_fitting, sweep
 from .estimated import estimate
 from .measured import measure
 from .options import MAX_BATCH, Options
-from .ranks import sharded
+from .ranks import fsdp_check
 from .shard import fsdp_unit_bytes, shard_rows
 from .step import StepReport
 
@@ -17,7 +17,7 @@ CATEGORIES = ("parameters", "buffers", "inputs", "gradients", "optimizer_state",
 
 
 def run(model, inputs, opts: Options | None, ctx) -> Result:
-    opts = sharded(opts or Options(), ctx)    # --wrap fsdp under torchrun: --shard = world size
+    opts = opts or Options()
     if opts.snapshot and not ctx.on_cuda:
         raise OptionError("snapshot", "records the CUDA allocator's history; it needs a CUDA device",
                           hint="without a GPU, use the tensor-level table (and the JSON document) instead")
@@ -42,6 +42,7 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
     _fill(result, report, opts, ctx, est_peak, inputs)
     _batch_tables(result, report, opts, ctx, sizes, best, budget, (unit, unit_name), inputs)
     _summary(result, report, opts, ctx, est_peak, best)
+    fsdp_check(result, model, inputs, opts, ctx)   # under torchrun --wrap fsdp only (memory/ranks.py)
     return result
 
 
