@@ -40,7 +40,7 @@ class Watch:
     grads: dict = field(default_factory=dict)       # parameter name -> its gradient (for the underflow compare)
     _scalars: list = field(default_factory=list)
     _handles: list = field(default_factory=list)
-    _seen: set = field(default_factory=set)
+    _last: tuple | None = None      # (tensor, version) recorded last: a parent returning it is not a new value
     _calls: int = 0
 
     def checker(self, model):
@@ -49,10 +49,10 @@ class Watch:
     def record(self, name: str, type_name: str, output) -> None:
         self._calls += 1
         for _, t in flatten(output, "output", []):
-            key = (id(t), t._version)
-            if not t.is_floating_point() or not t.numel() or key in self._seen:
+            last = self._last
+            if not t.is_floating_point() or not t.numel() or (last and last[0] is t and last[1] == t._version):
                 continue      # a parent returning its child's tensor is recorded once, at the child
-            self._seen.add(key)
+            self._last = (t, t._version)
             base = {"call": self._calls, "module": name or "(root)", "type": type_name, "dtype": str(t.dtype)}
             self.rows.append(dict(base, kind="output"))
             self._scalars.append(t.detach().abs().amax())
@@ -71,7 +71,7 @@ class Watch:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        self._seen.clear()
+        self._last = None
 
     def scalars(self, model) -> list:
         """The device values to read back with the pass's flags: module magnitudes, then per parameter
