@@ -31,14 +31,23 @@ COMMANDS = ("summary", "flops", "nancheck", "gradflow", "doctor")
 BACKWARD = {"nancheck", "gradflow", "doctor"}
 
 
-def make_inputs(entry, model, seed: int = 0):
-    """The entry's -i specs through torchdiag's own default-input rules, on CPU."""
+def make_inputs(entry, model, device: str = "cpu", seed: int = 0):
+    """The entry's -i specs through torchdiag's own default-input rules, on `device`."""
     import torch
 
     from torchdiag.core.inputs import resolve_inputs
 
     loaded = SimpleNamespace(model=model, module=None)
-    return resolve_inputs(list(entry.inputs), loaded, torch.device("cpu"), seed)
+    return resolve_inputs(list(entry.inputs), loaded, torch.device(device), seed)
+
+
+def build_model(entry, device: str):
+    """The entry's model; on meta through torchdiag's own builder (as `--device meta` does)."""
+    if device != "meta":
+        return entry.factory()
+    from torchdiag.core.meta import build_on_meta
+
+    return build_on_meta(lambda: entry.factory(), {})[0]
 
 
 def call(command: str, model, inputs):
@@ -74,21 +83,22 @@ def run_command(command: str, model, inputs) -> dict:
     return rec
 
 
-def run_model(entry, commands, max_params: int) -> dict:
+def run_model(entry, commands, max_params: int, device: str = "cpu") -> dict:
     import torch
 
     torch.manual_seed(0)
-    out = {"model": entry.name, "family": entry.family, "why": entry.why, "inputs": entry.inputs, "commands": []}
+    out = {"model": entry.name, "family": entry.family, "why": entry.why, "inputs": entry.inputs,
+           "device": device, "started": time.strftime("%H:%M:%S"), "commands": []}
     t0 = time.perf_counter()
     try:
-        model = entry.factory()
+        model = build_model(entry, device)
     except Exception as exc:  # noqa: BLE001
         out["build_error"] = f"{type(exc).__name__}: {exc}"
         return out
     out["build_seconds"] = round(time.perf_counter() - t0, 2)
     out["params"] = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     try:
-        inputs = make_inputs(entry, model)
+        inputs = make_inputs(entry, model, device)
     except Exception as exc:  # noqa: BLE001
         out["input_error"] = f"{type(exc).__name__}: {exc}"
         return out
@@ -155,6 +165,19 @@ def markdown(results: list[dict], commands) -> str:
     return "\n".join(lines) + "\n"
 
 
+def isolated(entry, commands, args) -> dict:
+    """run_model in a worker process: a crash or a timeout is a row, not the end of the run."""
+    cmd = [sys.executable, __file__, "--worker", entry.name, "--commands", ",".join(commands),
+           "--max-params", str(args.max_params), "--device", args.device]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"model": entry.name, "timeout": args.timeout}
+    text = p.stdout.rsplit("@@RESULT@@", 1)
+    return json.loads(text[1]) if len(text) == 2 else {
+        "model": entry.name, "build_error": f"worker died (exit {p.returncode}): {p.stderr.strip()[-300:]}"}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", help="comma-separated names (see --list); a name ending in * is a prefix")
@@ -165,6 +188,12 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=int, default=900, help="seconds per model")
     ap.add_argument("--out", default=str(HERE / "corpus-results.md"))
     ap.add_argument("--json-out", default=str(HERE / "corpus-results.json"))
+    ap.add_argument("--device", default="cpu", choices=("cpu", "meta"),
+                    help="meta: build without weights (summary and flops only, seconds per model)")
+    ap.add_argument("--stop-after", type=float, default=0,
+                    help="start no new model after this many seconds (0: no limit); the rest are listed as not run")
+    ap.add_argument("--in-process", action="store_true",
+                    help="run every model in this process (no isolation; saves the per-model start-up, for --device meta)")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -172,6 +201,8 @@ def main(argv=None) -> int:
     bad = set(commands) - set(COMMANDS)
     if bad:
         ap.error(f"unknown command(s) {sorted(bad)}; choose from {', '.join(COMMANDS)}")
+    if args.device == "meta" and set(commands) & BACKWARD:
+        ap.error("--device meta counts without values: use it with --commands summary,flops")
 
     from corpus_models import entries
 
@@ -180,15 +211,16 @@ def main(argv=None) -> int:
         import torch
 
         torch.set_num_threads(int(os.environ.get("CORPUS_THREADS", "2")))
-        print("\n@@RESULT@@" + json.dumps(run_model(entry, commands, args.max_params)))
+        print("\n@@RESULT@@" + json.dumps(run_model(entry, commands, args.max_params, args.device)))
         return 0
     chosen = entries()
     if args.fast:
         chosen = [e for e in chosen if "fast" in e.tags]
     if args.models:
         wanted = [w.strip() for w in args.models.split(",") if w.strip()]
-        chosen = [e for e in chosen if any(e.name == w or (w.endswith("*") and e.name.startswith(w[:-1]))
-                                           for w in wanted)]
+        # in the order asked for (a family pattern: its models in list order)
+        chosen = [e for w in wanted for e in chosen if e.name == w or (w.endswith("*") and e.name.startswith(w[:-1]))]
+        chosen = list({e.name: e for e in chosen}.values())
         missing = [w for w in wanted if not w.endswith("*") and w not in {e.name for e in chosen}]
         if missing:
             ap.error(f"unknown model(s) {missing} (or their package is not installed); see --list")
@@ -196,18 +228,18 @@ def main(argv=None) -> int:
         for e in chosen:
             print(f"{e.name:40s} {e.family:12s} {' '.join(e.inputs):16s} {e.why}")
         return 0
-    results = []
+    if args.in_process:
+        import torch
+
+        torch.set_num_threads(int(os.environ.get("CORPUS_THREADS", "2")))
+    results, start = [], time.perf_counter()
     for i, e in enumerate(chosen, 1):
         t0 = time.perf_counter()
-        cmd = [sys.executable, __file__, "--worker", e.name, "--commands", ",".join(commands),
-               "--max-params", str(args.max_params)]
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-            text = p.stdout.rsplit("@@RESULT@@", 1)
-            r = json.loads(text[1]) if len(text) == 2 else {
-                "model": e.name, "build_error": f"worker died (exit {p.returncode}): {p.stderr.strip()[-300:]}"}
-        except subprocess.TimeoutExpired:
-            r = {"model": e.name, "timeout": args.timeout}
+        if args.stop_after and t0 - start > args.stop_after:
+            print(f"not run (--stop-after {args.stop_after:g} s): {', '.join(x.name for x in chosen[i - 1:])}",
+                  file=sys.stderr)
+            break
+        r = run_model(e, commands, args.max_params, args.device) if args.in_process else isolated(e, commands, args)
         results.append(r)
         print(f"[{i}/{len(chosen)}] {e.name}: {time.perf_counter() - t0:.0f} s  "
               + "  ".join(f"{c['command']}={cell(c)}" for c in r.get("commands", [])), file=sys.stderr, flush=True)
