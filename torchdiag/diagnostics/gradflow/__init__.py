@@ -26,6 +26,7 @@ from .params import param_rows
 from .recheck import recheck
 from .record import record_pass
 from .stats import read_stats
+from .underflow import add_fractions, reduced_dtype, smallest_normal
 
 NEEDS_VALUES = True
 
@@ -41,7 +42,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     result.header["loss"] = pas.loss_text
     if pas.stochastic:
         result.header["mode"] += f"; stochastic depth off for the judged pass ({len(pas.stochastic)} module(s))"
-    stats = read_stats(pas, params, ctx.device)
+    reduced = reduced_dtype(ctx, params)
+    stats = read_stats(pas, params, ctx.device, smallest_normal(reduced) if reduced else None)
 
     allow = ctx.option("allow")
     rows = param_rows(params, pas, stats, modules, opts, ctx.spec.optimizer.learning_rate)
@@ -54,6 +56,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     layers = layer_rows(frontier(model, opts.depth), rows, pas.rec.order, modules)
     scale = bar_scale(layers)
     acts = activation_rows(pas.rec, stats, opts, result, allow, inputs=inputs, ctx=ctx)   # dead units re-judged (dead.py)
+    if reduced:
+        add_fractions(rows, layers, stats.underflow)
 
     result.data.update({
         "loss_value": stats.loss,
@@ -64,7 +68,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         "status_counts": status_counts(rows),
     })
     display.decorate(rows, layers, acts, scale, result.findings)
-    display.tables(result, rows, layers, acts, scale, opts)
+    display.tables(result, rows, layers, acts, scale, opts, reduced)
     if opts.histograms:
         _histograms(result, params, pas.grads)
     verdict(result, rows, opts, stats.loss, ctx.option("strict"))

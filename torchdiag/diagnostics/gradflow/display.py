@@ -7,6 +7,7 @@ import math
 
 from ...results import Column, Table
 from .options import STATUS_SEVERITY
+from .underflow import note as underflow_note
 
 
 def log_bar(value, lo, hi, width=12) -> str:
@@ -40,19 +41,22 @@ def decorate(rows, layer_rows, act_rows, scale, findings) -> None:
         r["_style"] = "yellow" if r["module"] in warned else None
 
 
-def tables(result, rows, layer_rows, act_rows, scale, opts) -> None:
+def tables(result, rows, layer_rows, act_rows, scale, opts, reduced: str | None = None) -> None:
+    """`reduced`: the reduced dtype of the pass (underflow.py), which adds an underflow column."""
     lo, hi = scale
+    under = [Column("underflow", "underflow", "pct")] if reduced else []
+    note = f"; {underflow_note(reduced)}" if reduced else ""
     result.tables.append(Table("layers", "Gradient flow by layer (execution order)", [
         Column("_label", "layer"), Column("type", "type"), Column("params", "params", "count"),
         Column("grad_norm", "grad norm", "float"), Column("mean_abs_grad", "mean |grad|", "float"),
-        Column("max_abs_grad", "max |grad|", "float"), Column("_bar", "mean |grad| (log)", "bar"),
+        Column("max_abs_grad", "max |grad|", "float"), Column("_bar", "mean |grad| (log)", "bar"), *under,
         Column("status", "status")], layer_rows,
         note=f"depth ≤ {opts.depth}; bar: mean |grad| on a log scale from {10 ** lo:.1e} to {10 ** hi:.1e}; "
-             "dim rows never ran in forward"))
+             f"dim rows never ran in forward{note}"))
     ptable = Table("params", "Parameters", [
         Column("name", "parameter"), Column("_shape", "shape"), Column("grad_norm", "grad norm", "float"),
         Column("weight_norm", "weight norm", "float"), Column("grad_weight_ratio", "grad/weight", "float"),
-        Column("mean_abs_grad", "mean |grad|", "float"), Column("max_abs_grad", "max |grad|", "float"),
+        Column("mean_abs_grad", "mean |grad|", "float"), Column("max_abs_grad", "max |grad|", "float"), *under,
         Column("_status", "status")], rows)
     if len(rows) > 40:
         ptable.show = False

@@ -184,9 +184,10 @@ def record_pass(model, inputs, opts, ctx) -> Pass:
         torch.set_grad_enabled(True)
         for p in params.values():
             p.grad = None
-        with rec, tracker:
+        with rec, tracker, ctx.autocast():   # --amp: forward and loss autocast, backward outside
             output = run_forward(model, inputs, tracker)
-        loss = loss_fn(output)
+        with ctx.autocast():
+            loss = loss_fn(output)
         reach = reachable(loss.grad_fn)
         backward(loss)
         grads = {n: p.grad for n, p in params.items()}

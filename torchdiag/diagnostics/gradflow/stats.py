@@ -75,10 +75,12 @@ class Stats:
     params: dict[str, list[float]]                 # name → [weight, l2, l1, linf] ([weight] without a grad)
     acts: dict[str, dict] = field(default_factory=dict)   # module → per-call lists: s, ss, zeros, dead, sat
     nonfinite: dict[str, tuple[int, int]] = field(default_factory=dict)   # name → (NaN, Inf) counts
+    underflow: dict[str, float] = field(default_factory=dict)   # name → values below `tiny` (reduced precision)
 
 
-def read_stats(pas, params: dict, device) -> Stats:
-    """The loss, per-parameter norms and activation statistics of a recorded pass, read back once."""
+def read_stats(pas, params: dict, device, tiny: float | None = None) -> Stats:
+    """The loss, per-parameter norms and activation statistics of a recorded pass, read back once;
+    with `tiny` (reduced precision) also each gradient's count of values below it (underflow.py)."""
     import torch
 
     names = list(params)
@@ -88,6 +90,10 @@ def read_stats(pas, params: dict, device) -> Stats:
     loss_at = slots.add([pas.loss.float().reshape(())])
     w_at = slots.add(norms([params[n].detach() for n in names], 2))
     g_at = [slots.add(norms([dense[n] for n in gnames], o)) for o in (2, 1, math.inf)]
+    if tiny is not None:
+        from .underflow import counts
+
+        u_at = slots.add(counts([dense[n] for n in gnames], tiny))
     act_at = {}
     for name, act in pas.rec.acts.items():
         act_at[name] = {k: slots.add(getattr(act, k)) for k in ("s", "ss", "zeros", "dead", "sat")}
@@ -99,6 +105,8 @@ def read_stats(pas, params: dict, device) -> Stats:
             per_param[n].append(v)
     acts = {name: {k: values[at] for k, at in ats.items()} for name, ats in act_at.items()}
     stats = Stats(values[loss_at][0], per_param, acts)
+    if tiny is not None:
+        stats.underflow = dict(zip(gnames, values[u_at]))
     # NaN/Inf counts only where a norm is not finite (a finite L1 norm means all values are finite)
     suspect = [n for n in gnames if not all(math.isfinite(v) for v in per_param[n][L2:])]
     if suspect:
