@@ -10,7 +10,8 @@ from ...core.tracking import forward_error
 from ...core.train import backward, step
 from ...errors import ModelError, UsageError
 from ...results import Result
-from . import syncs
+from ..overfit_batch.scaling import stepper
+from . import op_dtypes, syncs
 from .labels import PHASE_PREFIX, ModuleLabels
 from .options import Options
 from .ranks import record_collectives
@@ -66,10 +67,12 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
     with leave_no_trace(model):
         work, optimizer, loss_fn = _workload(model, opts, ctx)
         labels = ModuleLabels(work)
-        prof, step_ms, trace = _profile(work, inputs, opts, ctx, labels, optimizer, loss_fn)
+        step_fn = Step(work, inputs, opts.mode, loss_fn, optimizer, labels, ctx)
+        prof, step_ms, trace = _profile(opts, ctx, step_fn)
         events = prof.events()
         averages = prof.key_averages(group_by_input_shape=opts.record_shapes)
-        found = _syncs(work, inputs, opts, ctx, labels, optimizer, loss_fn) if opts.syncs else None
+        found = _syncs(opts, ctx, step_fn) if opts.syncs else None
+        seen = _op_dtypes(opts, step_fn) if ctx.autocast_dtype or ctx.spec.dtype else None
     record_collectives(result, events)       # under torchrun only: profiling/ranks.py
     if opts.trace:
         result.artefacts["trace"] = trace    # None: the profiler wrote nothing (render/profile.py says so)
@@ -79,6 +82,8 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
     _tables(result, averages, events, labels.types, opts, ctx.on_cuda, active_total_us)
     if found is not None:
         syncs.report(result, found, opts)
+    if seen is not None:
+        op_dtypes.report(result, seen, ctx, "one more step, not profiled")
     result.notes.append(f"operator and module times are totals over the {opts.active} active step(s); "
                         "profiled steps include the overhead of the profiler and of the module labels")
     if not ctx.on_cuda and torch.cuda.is_available():
@@ -112,7 +117,7 @@ def _workload(model, opts: Options, ctx):
     return work, ctx.optimizer(params), ctx.loss()
 
 
-def _profile(work, inputs, opts: Options, ctx, labels: ModuleLabels, optimizer, loss_fn):
+def _profile(opts: Options, ctx, step_fn):
     """Run the scheduled steps under torch.profiler: (profiler, step times in ms, trace bytes or None)."""
     import tempfile
     from pathlib import Path
@@ -139,14 +144,14 @@ def _profile(work, inputs, opts: Options, ctx, labels: ModuleLabels, optimizer, 
                        on_trace_ready=on_ready, record_shapes=opts.record_shapes,
                        profile_memory=opts.memory, with_stack=False)
         grad_ctx = torch.no_grad if opts.mode == "inference" else torch.enable_grad
-        with labels, grad_ctx():
+        with step_fn.labels, grad_ctx():
             with quiet():
                 prof.__enter__()
             try:
                 sync()
                 for _ in range(opts.total_steps):
                     t0 = time.perf_counter()
-                    _one_step(work, inputs, opts.mode, loss_fn, optimizer, labels)
+                    step_fn()
                     sync()
                     step_ms.append((time.perf_counter() - t0) * 1e3)
                     with quiet():
@@ -154,8 +159,8 @@ def _profile(work, inputs, opts: Options, ctx, labels: ModuleLabels, optimizer, 
             finally:
                 with quiet():
                     prof.__exit__(None, None, None)
-        if optimizer is not None:
-            optimizer.zero_grad(set_to_none=True)
+        if step_fn.optimizer is not None:
+            step_fn.optimizer.zero_grad(set_to_none=True)
         if not ready:  # not expected with repeat=1; keeps the contract if torch changes
             raise RuntimeError("torch.profiler did not deliver a trace")
         # kineto reports a failed export only in its own log: no file (or an empty one) is no trace
@@ -163,31 +168,52 @@ def _profile(work, inputs, opts: Options, ctx, labels: ModuleLabels, optimizer, 
     return prof, step_ms, trace or None
 
 
-def _syncs(work, inputs, opts: Options, ctx, labels: ModuleLabels, optimizer, loss_fn) -> dict:
+def _syncs(opts: Options, ctx, step_fn) -> dict:
     """One more step (not profiled) under host-sync detection (profiling/syncs.py)."""
     import torch
 
     grad_ctx = torch.no_grad if opts.mode == "inference" else torch.enable_grad
-    with labels, grad_ctx():
-        return syncs.detect(lambda: _one_step(work, inputs, opts.mode, loss_fn, optimizer, labels), ctx)
+    with step_fn.labels, grad_ctx():
+        return syncs.detect(step_fn, ctx)
 
 
-def _one_step(model, inputs, mode, loss_fn, optimizer, labels: ModuleLabels):
-    from torch.autograd.profiler import record_function
+def _op_dtypes(opts: Options, step_fn):
+    """One more step (not profiled) recording the dtype each compute op ran in (op_dtypes.py)."""
+    import torch
 
-    if mode == "inference":
-        _forward(model, inputs, labels)
-        return
-    with record_function(PHASE_PREFIX + "forward"):
-        out = _forward(model, inputs, labels)
-    with record_function(PHASE_PREFIX + "loss"):
-        loss = loss_fn(out)
-    with record_function(PHASE_PREFIX + "backward"):
-        if not backward(loss, "the model's backward raised; check custom autograd functions and in-place ops"):
-            raise ModelError("backward failed: the loss does not require grad (no trainable parameter reaches it)")
-    with record_function(PHASE_PREFIX + "optimizer_step"):
-        step(optimizer)
-        optimizer.zero_grad(set_to_none=True)
+    grad_ctx = torch.no_grad if opts.mode == "inference" else torch.enable_grad
+    with step_fn.labels, grad_ctx(), op_dtypes.OpDtypes(step_fn.model) as rec:
+        step_fn()
+    return rec.seen
+
+
+class Step:
+    """One step: a forward (inference), or forward + loss (under --amp: autocast) + backward (scaled
+    under fp16) + optimizer step (through the GradScaler under fp16)."""
+
+    def __init__(self, model, inputs, mode, loss_fn, optimizer, labels: ModuleLabels, ctx):
+        self.model, self.inputs, self.mode, self.loss_fn = model, inputs, mode, loss_fn
+        self.optimizer, self.labels, self.ctx = optimizer, labels, ctx
+        self.scaler = ctx.grad_scaler() if optimizer is not None else None
+
+    def __call__(self):
+        from torch.autograd.profiler import record_function
+
+        if self.mode == "inference":
+            with self.ctx.autocast():
+                _forward(self.model, self.inputs, self.labels)
+            return
+        with record_function(PHASE_PREFIX + "forward"), self.ctx.autocast():
+            out = _forward(self.model, self.inputs, self.labels)
+        with record_function(PHASE_PREFIX + "loss"), self.ctx.autocast():
+            loss = self.loss_fn(out)
+        with record_function(PHASE_PREFIX + "backward"):
+            scaled = self.scaler.scale(loss) if self.scaler is not None else loss
+            if not backward(scaled, "the model's backward raised; check custom autograd functions and in-place ops"):
+                raise ModelError("backward failed: the loss does not require grad (no trainable parameter reaches it)")
+        with record_function(PHASE_PREFIX + "optimizer_step"):
+            step(stepper(self.scaler, self.optimizer))
+            self.optimizer.zero_grad(set_to_none=True)
 
 
 def _forward(model, inputs, labels: ModuleLabels):
