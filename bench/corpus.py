@@ -67,6 +67,7 @@ def run_command(command: str, model, inputs) -> dict:
         rec["exit"] = int(result.exit_code)
         rec["errors"] = [f.to_dict() for f in result.findings if f.severity == "error"]
         rec["warnings"] = [f.to_dict() for f in result.findings if f.severity == "warning"]
+        rec["info"] = [f.to_dict() for f in result.findings if f.severity == "info"]
         loss = (getattr(result, "header", None) or {}).get("loss")
         if loss:
             rec["loss"] = loss

@@ -59,3 +59,13 @@ def test_zero_init_residual_is_not_an_error():
     r = corpus.run_model(Entry("zero_init_residual", "plain", zero_init_residual, ["2x3x8x8"]), ["gradflow", "doctor"], 0)
     for c in r["commands"]:
         assert c["errors"] == [] and c["exit"] == 0, c
+
+
+def test_dead_units_by_chance_are_not_a_warning(runs):
+    # bench/corpus-findings.md item 6: aux.1 (32 ReLU units on pooled features) had 17 units 0 for both
+    # samples of the batch; re-judged on 16 fresh, different samples they are alive (info, not a warning)
+    grad = {c["command"]: c for c in runs["pt_aux_classifier"]["commands"]}["gradflow"]
+    assert [f["where"] for f in grad["info"] if f["code"] == "dead-units"] == ["aux.1"]
+    assert "by chance" in next(f["message"] for f in grad["info"] if f["code"] == "dead-units")
+    assert not any(f["code"] == "dead-units" for f in grad["warnings"]), grad["warnings"]
+    assert {c["command"]: c["warnings"] for c in runs["pt_aux_classifier"]["commands"]} == {c: [] for c in corpus.COMMANDS}
