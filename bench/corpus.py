@@ -166,17 +166,27 @@ def markdown(results: list[dict], commands) -> str:
     return "\n".join(lines) + "\n"
 
 
-def isolated(entry, commands, args) -> dict:
-    """run_model in a worker process: a crash or a timeout is a row, not the end of the run."""
-    cmd = [sys.executable, __file__, "--worker", entry.name, "--commands", ",".join(commands),
+def isolated(chunk, commands, args) -> list[dict]:
+    """run_model on each entry of `chunk` in one worker process (one start-up for all of them). A crash
+    or a timeout is a row, not the end of the run: after one, the models without a result run again
+    one per worker, so the row names the model that crashed or hung."""
+    cmd = [sys.executable, __file__, "--worker", ",".join(e.name for e in chunk), "--commands", ",".join(commands),
            "--max-params", str(args.max_params), "--device", args.device]
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        return {"model": entry.name, "timeout": args.timeout}
-    text = p.stdout.rsplit("@@RESULT@@", 1)
-    return json.loads(text[1]) if len(text) == 2 else {
-        "model": entry.name, "build_error": f"worker died (exit {p.returncode}): {p.stderr.strip()[-300:]}"}
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout * len(chunk))
+        out, failure = p.stdout, None if p.returncode == 0 else f"worker died (exit {p.returncode}): {p.stderr.strip()[-300:]}"
+    except subprocess.TimeoutExpired as exc:
+        out, failure = exc.stdout or "", "timeout"
+        out = out.decode(errors="replace") if isinstance(out, bytes) else out
+    got = {r["model"]: r for r in (json.loads(t.split("\n", 1)[0]) for t in out.split("@@RESULT@@")[1:])}
+    missing = [e for e in chunk if e.name not in got]
+    if missing and len(chunk) > 1:
+        for e in missing:
+            got[e.name] = isolated([e], commands, args)[0]
+    elif missing:
+        got[chunk[0].name] = ({"model": chunk[0].name, "timeout": args.timeout} if failure == "timeout"
+                              else {"model": chunk[0].name, "build_error": failure or "worker gave no result"})
+    return [got[e.name] for e in chunk]
 
 
 def main(argv=None) -> int:
@@ -193,6 +203,8 @@ def main(argv=None) -> int:
                     help="meta: build without weights (summary and flops only, seconds per model)")
     ap.add_argument("--stop-after", type=float, default=0,
                     help="start no new model after this many seconds (0: no limit); the rest are listed as not run")
+    ap.add_argument("--chunk", type=int, default=1,
+                    help="models per worker process (one start-up for several; a crash re-runs them one by one)")
     ap.add_argument("--in-process", action="store_true",
                     help="run every model in this process (no isolation; saves the per-model start-up, for --device meta)")
     ap.add_argument("--list", action="store_true")
@@ -207,12 +219,13 @@ def main(argv=None) -> int:
 
     from corpus_models import entries
 
-    if args.worker:   # one model, in this process; JSON on stdout
-        entry = next(e for e in entries(args.worker) if e.name == args.worker)
+    if args.worker:   # the models named, in this process; one JSON line each on stdout
         import torch
 
         torch.set_num_threads(int(os.environ.get("CORPUS_THREADS", "2")))
-        print("\n@@RESULT@@" + json.dumps(run_model(entry, commands, args.max_params, args.device)))
+        for name in args.worker.split(","):
+            entry = next(e for e in entries(name) if e.name == name)
+            print("\n@@RESULT@@" + json.dumps(run_model(entry, commands, args.max_params, args.device)), flush=True)
         return 0
     chosen = entries()
     if args.fast:
@@ -234,16 +247,19 @@ def main(argv=None) -> int:
 
         torch.set_num_threads(int(os.environ.get("CORPUS_THREADS", "2")))
     results, start = [], time.perf_counter()
-    for i, e in enumerate(chosen, 1):
-        t0 = time.perf_counter()
+    step = max(args.chunk, 1)
+    for i in range(0, len(chosen), step):
+        chunk, t0 = chosen[i:i + step], time.perf_counter()
         if args.stop_after and t0 - start > args.stop_after:
-            print(f"not run (--stop-after {args.stop_after:g} s): {', '.join(x.name for x in chosen[i - 1:])}",
+            print(f"not run (--stop-after {args.stop_after:g} s): {', '.join(x.name for x in chosen[i:])}",
                   file=sys.stderr)
             break
-        r = run_model(e, commands, args.max_params, args.device) if args.in_process else isolated(e, commands, args)
-        results.append(r)
-        print(f"[{i}/{len(chosen)}] {e.name}: {time.perf_counter() - t0:.0f} s  "
-              + "  ".join(f"{c['command']}={cell(c)}" for c in r.get("commands", [])), file=sys.stderr, flush=True)
+        got = ([run_model(e, commands, args.max_params, args.device) for e in chunk] if args.in_process
+               else isolated(chunk, commands, args))
+        for j, r in enumerate(got, i + 1):
+            results.append(r)
+            print(f"[{j}/{len(chosen)}] {r['model']}: {time.perf_counter() - t0:.0f} s  "
+                  + "  ".join(f"{c['command']}={cell(c)}" for c in r.get("commands", [])), file=sys.stderr, flush=True)
         Path(args.json_out).write_text(json.dumps(results, indent=1))
         Path(args.out).write_text(markdown(results, commands))
     bad = [r for r in results if r.get("timeout") or r.get("build_error")
