@@ -34,7 +34,7 @@ def measure(model, inputs, opts, ctx) -> StepReport:
             work = work.to(dtype)
         ins = cast_inputs(inputs.clone(), dtype)
         report = run_step(work, ins, opts, ctx, emulate=device.type, round_to=512 if cuda else 1,
-                          method=f"measured on {device} (tensor-level{', CUDA allocator' if cuda else ''})")
+                          method=f"measured on {device} (tensor-level{', CUDA allocator' if cuda else ''})", real=True)
         if cuda:
             report.cuda = _allocator(device, base)
             if history:

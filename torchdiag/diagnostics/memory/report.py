@@ -40,6 +40,10 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
     if report.snapshot is not None:
         result.artefacts["snapshot"] = report.snapshot    # written by render/memory.py
     _fill(result, report, opts, ctx, est_peak, inputs)
+    if report.op_dtypes is not None:
+        from ..profiling import op_dtypes
+
+        op_dtypes.report(result, report.op_dtypes, ctx, "the measured step")
     _batch_tables(result, report, opts, ctx, sizes, best, budget, (unit, unit_name), inputs)
     _summary(result, report, opts, ctx, est_peak, best)
     fsdp_check(result, model, inputs, opts, ctx)   # under torchrun --wrap fsdp only (memory/ranks.py)

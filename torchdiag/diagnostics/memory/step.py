@@ -9,6 +9,7 @@ from typing import Any
 from ...core.run import autocast_dtype
 from ...core.train import backward, step
 from ...errors import ModelError, UsageError
+from ..profiling.op_dtypes import OpDtypes
 
 
 @dataclass
@@ -29,6 +30,7 @@ class StepReport:
     modules: list
     cuda: dict[str, Any] | None = None
     snapshot: bytes | None = None       # CUDA allocator history (pickle), when asked
+    op_dtypes: Any = None               # profiling.op_dtypes counts of the step, when asked (--amp/--dtype)
 
 
 def unique(ts):
@@ -64,8 +66,10 @@ def _steady_optimizer(trainable, ctx, emulate: str):
     return opt
 
 
-def run_step(model, inputs, opts, ctx, *, emulate: str, round_to: int = 1, method: str = "") -> StepReport:
-    """One tracked step on `model` (a copy we own, on its final device/dtype) with `inputs`."""
+def run_step(model, inputs, opts, ctx, *, emulate: str, round_to: int = 1, method: str = "",
+             real: bool = False) -> StepReport:
+    """One tracked step on `model` (a copy we own, on its final device/dtype) with `inputs`. `real`:
+    real tensors on the run's device: the run's own autocast, and the dtype each compute op ran in."""
     from ...core.memtrack import make_tracker
     from ...core.tracking import ModuleTracker
 
@@ -99,15 +103,18 @@ def run_step(model, inputs, opts, ctx, *, emulate: str, round_to: int = 1, metho
         tracker.watch_grads(trainable)
     on_cuda = emulate == "cuda" and any(p.is_cuda for p in params[:1])
     loss_rule = _loss_rule(ctx, inputs) if train else None
+    amp_ctx = ctx.autocast() if real else _amp(ctx.spec.amp, on_cuda)
+    dtypes = OpDtypes(model) if real and (ctx.autocast_dtype or ctx.spec.dtype) else contextlib.nullcontext()
     try:
-        _tracked(model, inputs, tracker, names, _amp(ctx.spec.amp, on_cuda), loss_rule, opt, trainable, sizes)
+        with dtypes:
+            _tracked(model, inputs, tracker, names, amp_ctx, loss_rule, opt, trainable, sizes)
     finally:
         tracker.remove_hooks()
     return StepReport(
         method=method, peak=int(tracker.peak), peak_phase=tracker.peak_phase,
         peak_modules=tracker.peak_modules, at_peak={k: int(v) for k, v in tracker.peak_by_cat.items() if v},
         phase_peaks=dict(tracker.phase_peak), phase_at_peak={k: dict(v) for k, v in tracker.phase_peak_by_cat.items()},
-        modules=[m for m in tracker.modules.values() if m.calls], **sizes)
+        modules=[m for m in tracker.modules.values() if m.calls], op_dtypes=getattr(dtypes, "seen", None), **sizes)
 
 
 def _tracked(model, inputs, tracker, names, amp_ctx, loss_rule, opt, trainable, sizes: dict) -> None:
@@ -149,6 +156,7 @@ def _tracked(model, inputs, tracker, names, amp_ctx, loss_rule, opt, trainable, 
 
 
 def _amp(amp: str | None, on_cuda: bool):
+    """Autocast for the estimate's fake CPU tensors (emulating the device: auto is fp16 on CUDA)."""
     import torch
 
     dtype = autocast_dtype(amp, "cuda" if on_cuda else "cpu")
