@@ -9,7 +9,9 @@ EXAMPLE = """Examples:
 
   torchdiag doctor sample_models/broken_doctor_device.py:build --json
 
-  torchdiag doctor model.py:build --batch model.py:batch --loss cross_entropy --tb runs/"""
+  torchdiag doctor model.py:build --batch model.py:batch --loss cross_entropy --tb runs/
+
+  torchdiag doctor sample_models/precision_steps.py:rounds_away --dtype bfloat16 --loss sum"""
 
 
 def register(app) -> None:
@@ -24,10 +26,12 @@ def register(app) -> None:
         devices (device-mismatch); in-place edits that break backward (inplace-autograd); Dropout/
         BatchNorm modes (mode-dependent), BatchNorm with batch size 1 (batchnorm-batch-1), eval output
         that changes between runs (nondeterministic-eval); parameters that get a gradient but do not
-        change after an optimizer step (param-not-updated) and frozen ones (frozen); mixed dtypes
+        change after an optimizer step (param-not-updated), bf16/fp16 weights whose update rounds away
+        (update-rounds-away, with --dtype) and frozen ones (frozen); mixed dtypes
         (dtype-mismatch); input statistics, raw [0, 255] images (unnormalised-input), and class targets
-        from --batch beyond the output width (target-out-of-range). Everything that runs the model
-        works on a copy. Exit 1 when any check finds an error."""
+        from --batch beyond the output width (target-out-of-range). --amp runs the forwards under
+        autocast (fp16: the step through a GradScaler). Everything that runs the model works on a copy.
+        Exit 1 when any check finds an error."""
         from ..diagnostics import doctor as diag
 
         opts = c.CommonOptions("doctor", spec, arg or [], input or [], device, seed, json, tb, debug,

@@ -44,7 +44,9 @@ def register(app) -> None:
         parameter with no gradient is called unused (its module never ran, or it was not used) or
         detached (its module ran but its output never reached the loss). Per layer, in execution order,
         a log-scale bar of mean |grad|. Activation health from the same pass: dead ReLU units and
-        saturated tanh/sigmoid outputs. The model is left as it was (grads, buffers, flags)."""
+        saturated tanh/sigmoid outputs. Under --amp/--dtype bf16/fp16 an underflow column: the share of
+        gradient values below the dtype's smallest normal (no loss scaling in this pass). The model is
+        left as it was (grads, buffers, flags)."""
         from ..diagnostics import gradflow as diag
 
         # --tb: the per-layer norms are one more TensorBoard writer of render/gradflow.py

@@ -34,7 +34,9 @@ def register(app) -> None:
 
         On cpu/cuda the step is measured on a copy of the model (tensor by tensor; on CUDA also the
         allocator's peak allocated/reserved). With --device meta, and for --batch-sizes and --budget,
-        it is estimated on fake tensors: nothing is allocated, so a 7B model runs in seconds."""
+        it is estimated on fake tensors: nothing is allocated, so a 7B model runs in seconds. Under
+        --amp/--dtype the measured step also lists the input dtypes of every matmul/conv and the module
+        it ran in; with --amp a matmul left in float32 is named (autocast-fallback)."""
         from ..diagnostics import memory as diag
         from ..render.memory import record
         from ..render.output import check_file

@@ -19,6 +19,8 @@ EXAMPLE = """Examples:
 
   torchdiag overfit-batch model.py:build --batch data.py:one_batch --loss cross_entropy --target-loss 0.05
 
+  torchdiag overfit-batch sample_models/precision_steps.py:skips_every_step -i 8x8 --amp fp16 --steps 10
+
 Exit codes: 0 memorised the batch · 1 could not (finding cannot-overfit, with checked causes) ·
 2 usage error · 3 the model's own code raised · 4 internal error · 130 interrupted (partial result shown)."""
 
@@ -47,7 +49,10 @@ def register(app) -> None:
         model's inputs with targets chosen by the loss rules (--loss). Pass: final loss ≤ target-ratio
         × initial (and 100% batch accuracy for cross-entropy), or ≤ --target-loss. On failure the
         likely causes are checked: non-finite loss, missing or zero gradients, parameters that never
-        changed, a flat loss, outputs identical across samples. Your model is not modified."""
+        changed, a flat loss, outputs identical across samples. With --amp fp16 the GradScaler's scale
+        per step and the skipped steps are reported (every step skipped: error every-step-skipped,
+        naming the module of the first non-finite gradient); with --dtype bfloat16 weights whose first
+        update rounds away are named (update-rounds-away). Your model is not modified."""
         from ..diagnostics import overfit_batch as diag
         from ..render.overfit_batch import check_plot
 

@@ -49,7 +49,9 @@ def register(app) -> None:
         --tb DIR writes the trace under DIR/profile/ (tensorboard_trace_handler) with the step-time
         scalars. Train mode works on a copy: the model's parameters are never changed.
         --syncs runs one more step under host-sync detection (dispatch level; on CUDA also
-        torch.cuda.set_sync_debug_mode) and lists each place in your code that forced a sync."""
+        torch.cuda.set_sync_debug_mode) and lists each place in your code that forced a sync.
+        Under --amp/--dtype one more step lists the input dtypes of every matmul/conv and the module it
+        ran in; with --amp a matmul left in float32 is named (autocast-fallback)."""
         from ..diagnostics import profiling as diag
         from ..render.output import check_file
         from ..render.profile import record
