@@ -5,6 +5,7 @@ Inputs: each model's `example_input_array` (ones, or a seeded draw), so the numb
     torchdiag nancheck sample_models/precision.py:overflow --amp fp16         # the same under autocast
     torchdiag nancheck sample_models/precision.py:headroom --dtype float16    # big: 10,240, within 8x of 65,504
     torchdiag nancheck sample_models/precision.py:underflow --dtype float16   # fc's gradients all flush to 0
+    torchdiag nancheck sample_models/precision.py:grad_overflow --dtype float16 --loss sum   # backward: 1e6
     torchdiag nancheck sample_models/precision.py:fine --dtype bfloat16       # fine in all three precisions
 """
 import torch
@@ -72,6 +73,28 @@ class Underflow(nn.Module):
 def underflow() -> nn.Module:
     torch.manual_seed(0)
     return Underflow()
+
+
+class GradOverflow(nn.Module):
+    """fc, then shrink (× 1e-6) and amplify (× 1e6): the forward stays near fc's output (about 1, finite in
+    float16), but in backward amplify multiplies the gradient by 1e6. With `--loss sum` (gradient 1 at
+    every output) the gradient leaving amplify is exactly 1e6 in float32, above float16's 65,504: Inf in
+    float16, from a finite forward; fc's gradients follow."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.shrink = Scale(1e-6)
+        self.amplify = Scale(1e6)
+        self.example_input_array = torch.rand(2, 4) + 0.5
+
+    def forward(self, x):
+        return self.amplify(self.shrink(self.fc(x)))
+
+
+def grad_overflow() -> nn.Module:
+    torch.manual_seed(0)
+    return GradOverflow()
 
 
 class Fine(nn.Module):

@@ -265,3 +265,17 @@ def test_an_op_without_a_reduced_kernel_is_exit_3_with_a_precision_hint(cli, tmp
     assert r.code == 3 and "hint: the model ran in float16 (--dtype float16)" in r.stderr and "--amp" in r.stderr
     one_error_line(r)
     assert cli("nancheck", f"{tmp_path / 'inv.py'}:build", "-i", "3x3").code == 0   # float32: fine
+
+
+@pytest.mark.parametrize("how", [{"dtype": "float16"}, {"amp": "fp16"}])
+def test_fp16_gradient_overflow_named_in_backward_with_its_reason(how):
+    _, r = nan("grad_overflow", loss="sum", **how)
+    assert r.exit_code == 1 and r.data["forward"] is None          # the forward is finite
+    assert r.data["backward"]["name"] == "amplify" and r.data["backward"]["inf"] == 6   # its input gradient, 2x3
+    cause = r.data["reduced_precision"]["cause"]
+    # sum loss: gradient 1 at every output; amplify multiplies it by 1e6 (exact in float32) > 65,504
+    assert cause["kind"] == "overflow" and cause["phase"] == "backward"
+    assert cause["float32_max_grad"] == 1e6 and cause["float32_max_grad_at"] == "shrink"
+    assert "max |g| 1e6" in next(f.message for f in r.findings if f.code == "non-finite-grad")
+    _, r32 = nan("grad_overflow", loss="sum")
+    assert r32.exit_code == 0

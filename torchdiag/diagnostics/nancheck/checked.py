@@ -71,7 +71,7 @@ class Checker(ForwardHooks):
         self._stack: list[CallRecord] = []
         self._tensor_handles: list = []
         self._seen: dict[int, tuple] = {}        # id -> (weakref, version, finite)
-        self._grad_keys: dict[tuple, int] = {}   # (id, version) -> slot
+        self._grad_keys: dict[tuple, tuple] = {}   # (id, version) -> (slot, weakref to the tensor)
         self.grad_events: list = []              # slot -> (order, finite, nan, inf) once fired
         self._order = 0
         self.completed = 0
@@ -96,12 +96,14 @@ class Checker(ForwardHooks):
         if not t.requires_grad:
             return None
         key = (id(t), t._version)
-        slot = self._grad_keys.get(key)
-        if slot is None:
-            slot = len(self.grad_events)
-            self.grad_events.append(None)
-            self._grad_keys[key] = slot
-            self._tensor_handles.append(t.register_hook(self._make_grad_hook(slot)))
+        entry = self._grad_keys.get(key)
+        if entry is not None and entry[1]() is t:
+            return entry[0]
+        # new, or a freed tensor's id reused by another (a module's output that nothing saved for backward)
+        slot = len(self.grad_events)
+        self.grad_events.append(None)
+        self._grad_keys[key] = (slot, weakref.ref(t))
+        self._tensor_handles.append(t.register_hook(self._make_grad_hook(slot)))
         return slot
 
     def _make_grad_hook(self, slot):

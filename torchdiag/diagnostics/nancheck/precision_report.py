@@ -10,6 +10,10 @@ from ...results import Column, Result, Table
 from .precision import UNDERFLOW_WARN, call_max, headroom_rows, underflow_rows
 
 MAX_ROWS = 50
+HINTS = {"forward": "keep this op in float32 (autocast does so for listed ops; wrap it in torch.autocast(enabled=False) "
+                      "and .float()), scale its input down, or use bfloat16",
+         "backward": "the gradient outgrows the dtype, not the values: scale the loss or this op's factor down, keep "
+                     "the op in float32, or use bfloat16 (float32's range)"}
 SCALE_HINT = ("float16 without loss scaling: use --amp fp16 (a GradScaler multiplies the loss so small gradients stay "
               "above float16's smallest subnormal), or bfloat16 (float32's range)")
 
@@ -80,8 +84,8 @@ def cause_text(c: dict) -> str:
         return (f"; in the float32 reference this output is finite (max |x| {g(m)}), inside {dt}'s range: {dt} "
                 "rounding or underflow earlier in the forward made it (the float32 run is clean)")
     if c["kind"] == "overflow":
-        return (f"; why: in the float32 reference the gradient reaches max |g| {g(c['float32_max_grad'])} (at "
-                f"{c['float32_max_grad_at']}), above {dt}'s largest finite {lim}: it overflows in {dt}")
+        return (f"; why: in the float32 reference the gradient reaches max |g| {g(c['float32_max_grad'])} (arriving at "
+                f"the output of {c['float32_max_grad_at']}), above {dt}'s largest finite {lim}: it overflows in {dt}")
     return (f"; the float32 reference's backward is finite (largest |g| at a module output {g(c['float32_max_grad'])}): "
             f"a {dt} effect (rounding or underflow), not an overflow")
 
@@ -94,9 +98,8 @@ def explain(result: Result, cause: dict | None) -> None:
     for f in result.findings:
         if f.code in codes and f.severity == "error":
             f.message += cause_text(cause)
-            if cause["kind"] == "overflow" and cause["phase"] == "forward":
-                f.hint = ("keep this op in float32 (autocast does so for listed ops; wrap it in "
-                          "torch.autocast(enabled=False) and .float()), scale its input down, or use bfloat16")
+            if cause["kind"] == "overflow":
+                f.hint = HINTS[cause["phase"]]
             return
 
 
