@@ -279,3 +279,24 @@ def test_fp16_gradient_overflow_named_in_backward_with_its_reason(how):
     assert "max |g| 1e6" in next(f.message for f in r.findings if f.code == "non-finite-grad")
     _, r32 = nan("grad_overflow", loss="sum")
     assert r32.exit_code == 0
+
+
+def test_bfloat16_on_a_gpu_without_it_is_refused(monkeypatch):
+    """Simulated (runs alike with or without a GPU): the check asks torch, before any model is built."""
+    from torchdiag.core.precision import check_supported
+    from torchdiag.core.run import RunSpec
+    from torchdiag.errors import OptionError
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Old GPU")
+    for kw, name in (({"amp": "bf16"}, "--amp"), ({"dtype": "bfloat16"}, "--dtype")):
+        with pytest.raises(OptionError) as e:
+            check_supported(RunSpec("nancheck", **kw), torch.device("cuda"))
+        assert e.value.name_for("cli").message == f"{name}: this GPU (Old GPU) has no bfloat16 support"
+    check_supported(RunSpec("nancheck", amp="fp16"), torch.device("cuda"))    # fp16 is fine there
+    check_supported(RunSpec("memory", amp="bf16"), torch.device("meta"))      # memory models autocast on meta
+
+
+def test_memory_on_meta_with_amp_is_not_refused(cli):
+    r = cli("memory", sample("mlp.py:build"), "-i", "8x784", "--device", "meta", "--amp", "bf16", "--json")
+    assert r.code in (0, 1), r.stderr
