@@ -300,3 +300,17 @@ def test_bfloat16_on_a_gpu_without_it_is_refused(monkeypatch):
 def test_memory_on_meta_with_amp_is_not_refused(cli):
     r = cli("memory", sample("mlp.py:build"), "-i", "8x784", "--device", "meta", "--amp", "bf16", "--json")
     assert r.code in (0, 1), r.stderr
+
+
+def test_grad_scaler_backs_off_until_the_scaled_gradient_fits(cli):
+    """grad_overflow, sum loss: the gradient leaving amplify is 1e6 × scale. It fits float16 (≤ 65,504) once
+    the scale is 2**-4 (62,500), after 20 halvings from 2**16: steps 1-20 skipped, then the scale stays."""
+    r = cli("nancheck", sample("precision.py:grad_overflow"), "--amp", "fp16", "--loss", "sum", "--steps", "24", "--json")
+    gs = r.json["steps"]["grad_scaler"]
+    assert gs["skipped_steps"] == list(range(1, 21))
+    assert gs["scale_per_step"] == [2.0 ** (16 - k) for k in range(20)] + [2.0**-4] * 4
+    assert gs["final_scale"] == 2.0**-4
+    assert "every-step-skipped" not in {f["code"] for f in r.json["findings"]}
+    r = cli("nancheck", sample("precision.py:grad_overflow"), "--amp", "fp16", "--loss", "sum", "--steps", "3", "--json")
+    f = next(f for f in r.json["findings"] if f["code"] == "every-step-skipped")
+    assert f["where"] == "loss" and "scale × d loss / d output" in f["message"]   # 65,536 × 1 is Inf in float16

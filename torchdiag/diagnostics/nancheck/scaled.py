@@ -17,7 +17,8 @@ from .steps import _bad_update, first_bad
 
 HINT_FORWARD = ("a forward overflow no loss scale fixes: keep that op in float32 (torch.autocast(enabled=False) "
                 "and .float()), scale its input down, or use --amp bf16")
-HINT_BACKWARD = "the gradient overflows float16 even unscaled: clip or rescale it, or use --amp bf16"
+HINT_BACKWARD = ("the scaled gradient overflows float16; the scaler halves its scale per skipped step, so more --steps "
+                 "show whether it recovers; else rescale that op or the loss, or use --amp bf16")
 
 
 class ScaledLoss:
@@ -128,12 +129,17 @@ def report_scaled(result: Result, out: dict | None, steps: int, optimizer) -> No
 
 def _every_step_skipped(result: Result, first: dict, ran: int, out: dict) -> None:
     where, phase = first["where"], first["phase"]
-    what = (f"{where} ({first['type']}) produced {fmt_counts(first['nan'], first['inf'])} in the forward"
-            if phase == "forward" else f"the loss was {first.get('value')}" if phase == "loss"
-            else f"the first non-finite gradient came from {where}" + (f" ({first['type']})" if first.get("type") else ""))
+    if phase == "forward":
+        what = f"{where} ({first['type']}) produced {fmt_counts(first['nan'], first['inf'])} in the forward"
+    elif phase == "loss":
+        what = f"the loss was {first.get('value')}"
+    elif where == "loss":
+        what = "the gradient at the model output (scale × d loss / d output) was already non-finite"
+    else:
+        what = f"the first non-finite gradient came from {where}" + (f" ({first['type']})" if first.get("type") else "")
     result.add("every-step-skipped", "error", where,
                f"the GradScaler skipped every one of the {ran} step(s) (scale {out['scales'][0]:g} → "
-               f"{out['final_scale']:g}): the model never trained; in step 1 {what}",
+               f"{out['final_scale']:g}): the model never trained; in step 1 (scale {out['scales'][0]:g}) {what}",
                hint=HINT_FORWARD if phase in ("forward", "loss") else HINT_BACKWARD)
 
 
