@@ -26,6 +26,7 @@ class Context:
     custom_loss: Any = None              # a Python callable fn(output, target) -> scalar
     header: dict[str, Any] = field(default_factory=dict)   # choices made for the user
     checkpoints: list = field(default_factory=list)        # core.checkpoint.Report of each file loaded
+    wrapper: Any = None                  # under torchrun: wraps a train copy (core.distributed.wrap); else None
 
     @property
     def seed(self) -> int:
@@ -89,7 +90,8 @@ class Context:
         return train.seeded(self.seed)
 
     def train_copy(self, model, why: str = "to train it"):
-        return train.train_copy(model, why)
+        work = train.train_copy(model, why)
+        return self.wrapper(work) if self.wrapper is not None else work   # under torchrun: DDP/FSDP the copy
 
     def explain(self, error) -> None:
         """A model error on the meta device, or in reduced precision: say so (a fact we know), whatever
