@@ -20,7 +20,8 @@ class SlowRank(nn.Module):
     def forward(self, x):
         h = torch.relu(self.fc1(x))
         if _rank() == self.slow_rank:
-            time.sleep(self.delay)
+            if self.delay > 0:              # time.sleep(0) still gives up the CPU: a delay of its own
+                time.sleep(self.delay)
             if self.extra_mib:
                 extra = torch.ones(self.extra_mib * (1 << 20) // 4, device=x.device)
                 h = h + (extra.sum() * 0)       # used, so the allocation cannot be skipped

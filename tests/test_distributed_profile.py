@@ -12,9 +12,16 @@ from torchdiag.render.profile import rank_path
 from torchdiag.results import Result
 
 
-def _prof_doc(rank, step_ms, collective_ms_per_step, active=5, trace=None):
-    doc = {"rank": rank, "step_time_ms": {"mean": step_ms, "median": step_ms, "p90": step_ms},
-           "active_steps": active, "collectives": {"time_us": collective_ms_per_step * 1e3 * active, "ops": []}}
+def _prof_doc(rank, step_ms, collective_ms_per_step, active=5, trace=None, steps=None, colls=None):
+    """One rank's document: every active step `step_ms` long with `collective_ms_per_step` in collectives,
+    or the given per-step lists (a wait step of 99 ms first: it must not count)."""
+    steps = steps or [step_ms] * active
+    colls = colls or [collective_ms_per_step] * active
+    active = len(steps)
+    mean = sum(steps) / active
+    doc = {"rank": rank, "step_time_ms": {"mean": mean, "median": mean, "p90": mean}, "active_steps": active,
+           "step_times_ms": [99.0] + list(steps),
+           "collectives": {"time_us": sum(colls) * 1e3, "per_step_us": [c * 1e3 for c in colls], "ops": []}}
     if trace:
         doc["trace"] = trace
     return doc
@@ -45,11 +52,13 @@ def test_collectives_from_events():
     def ev(name, start, end):
         return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end))
 
-    events = [ev("aten::mm", 0, 100), ev("c10d::allreduce_", 10, 12), ev("gloo:all_reduce", 11, 61),
+    events = [ev("ProfilerStep*", 0, 150), ev("aten::mm", 0, 100), ev("c10d::allreduce_", 10, 12),
+              ev("gloo:all_reduce", 11, 61), ev("gloo:all_reduce", 140, 160), ev("ProfilerStep*", 150, 300),
               ev("gloo:all_reduce", 200, 230), ev("aten::add_", 220, 300)]
     got = prof_ranks.collectives(events)
-    assert got["time_us"] == 2 + 49 + 30                    # [10,61] and [200,230]
-    assert got["ops"] == [{"op": "gloo:all_reduce", "calls": 2, "time_us": 80.0},
+    assert got["time_us"] == 51 + 20 + 30                   # [10,61], [140,160] and [200,230]
+    assert got["per_step_us"] == [51 + 10, 10 + 30]         # [140,160] is split at the step boundary
+    assert got["ops"] == [{"op": "gloo:all_reduce", "calls": 3, "time_us": 100.0},
                           {"op": "c10d::allreduce_", "calls": 1, "time_us": 2.0}]
 
 
@@ -74,6 +83,8 @@ def test_straggler_under_ddp_is_the_rank_the_others_wait_for():
     assert merged.findings[0].severity == "warning" and merged.findings[0].ranks == [1]
     line = dict(merged.summary)["Straggler"]
     assert "rank 1" in line and "+49.00 ms (+490%)" in line and "+45.50 ms (+337%)" in line
+    assert line.endswith("the slowest in 5 of 5 steps")
+    assert rows[1]["compute_steps_ms"] == [59.0] * 5
 
 
 def test_straggler_without_collectives_is_the_slowest_step():
@@ -96,6 +107,20 @@ def test_even_ranks_name_no_straggler_finding():
     assert s["rank"] == 0 and s["lag_ms"] == 0 and s["lag_pct"] == 0
     assert merged.findings == []
     assert "_style" not in merged.table("rank_times").rows[0]
+
+
+def test_noise_that_changes_hands_is_not_a_finding():
+    # rank 1 is slower on average (mean compute 16 vs 8 ms) but rank 0 is the slowest in step 3
+    steps = [20.0] * 5
+    docs = [_prof_doc(0, 0, 0, steps=steps, colls=[15.0, 15.0, 0.0, 15.0, 15.0]),
+            _prof_doc(1, 0, 0, steps=steps, colls=[0.0, 0.0, 20.0, 0.0, 0.0])]
+    merged = Result("profile")
+    prof_ranks.merge_ranks(docs, merged)
+    s = merged.data["straggler"]
+    assert s["rank"] == 1 and (s["slowest_steps"], s["steps"]) == (4, 5)
+    assert s["compute_ms"] == pytest.approx(16.0) and s["lag_ms"] == pytest.approx(8.0)
+    assert merged.findings == []
+    assert dict(merged.summary)["Straggler"].endswith("the slowest in 4 of 5 steps")
 
 
 def test_small_lag_is_not_a_finding():

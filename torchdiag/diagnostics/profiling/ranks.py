@@ -34,12 +34,15 @@ def is_collective(name: str) -> bool:
 
 def collectives(events) -> dict:
     """From one rank's profiler events (active steps only): {"time_us": wall time with a collective
-    in flight, "ops": [{"op", "calls", "time_us"}] (each op's own summed duration, longest first)}."""
-    spans, ops = [], {}
+    in flight, "per_step_us": the same inside each profiler step, "ops": [{"op", "calls", "time_us"}]
+    (each op's own summed duration, longest first)}."""
+    spans, ops, steps = [], {}, []
     for e in events:
+        start, end = float(e.time_range.start), float(e.time_range.end)
+        if e.name.startswith("ProfilerStep"):      # "ProfilerStep*" in events() (torch 2.13)
+            steps.append((start, end))
         if not is_collective(e.name):
             continue
-        start, end = float(e.time_range.start), float(e.time_range.end)
         spans.append((start, end))
         op = ops.setdefault(e.name, {"op": e.name, "calls": 0, "time_us": 0.0})
         op["calls"] += 1
@@ -47,7 +50,8 @@ def collectives(events) -> dict:
     rows = sorted(ops.values(), key=lambda r: (-r["time_us"], r["op"]))
     for r in rows:
         r["time_us"] = round(r["time_us"], 3)
-    return {"time_us": round(union_us(spans), 3), "ops": rows}
+    per_step = [round(union_us([(max(a, s), min(b, e)) for a, b in spans if a < e and b > s]), 3) for s, e in sorted(steps)]
+    return {"time_us": round(union_us(spans), 3), "per_step_us": per_step, "ops": rows}
 
 
 def union_us(spans) -> float:
@@ -64,13 +68,30 @@ def union_us(spans) -> float:
 
 
 def rank_times(doc: dict) -> dict:
-    """One rank's step, collective and compute time per active step (ms) from its JSON document."""
+    """One rank's step, collective and compute time per active step (ms, means) from its JSON document,
+    and its compute in each active step when the profiler's steps line up with the timed ones."""
     step = float(doc["step_time_ms"]["mean"])
     steps = int(doc.get("active_steps") or 1)
-    coll = float((doc.get("collectives") or {}).get("time_us", 0.0)) / 1e3 / steps
+    coll_doc = doc.get("collectives") or {}
+    coll = float(coll_doc.get("time_us", 0.0)) / 1e3 / steps
     coll = min(coll, step)     # the union is inside the active steps; rounding must not make compute < 0
-    return {"step_ms": step, "collective_ms": coll, "compute_ms": step - coll,
-            "collective_share": coll / step if step > 0 else 0.0}
+    out = {"step_ms": step, "collective_ms": coll, "compute_ms": step - coll,
+           "collective_share": coll / step if step > 0 else 0.0}
+    timed = (doc.get("step_times_ms") or [])[-steps:]
+    per_step = coll_doc.get("per_step_us", [0.0] * steps if not coll_doc else None)
+    if len(timed) == steps and per_step is not None and len(per_step) == steps:
+        out["compute_steps_ms"] = [max(t - c / 1e3, 0.0) for t, c in zip(timed, per_step)]
+    return out
+
+
+def slowest_in(rows: list[dict], rank: int) -> tuple[int, int] | None:
+    """(steps in which `rank` had the most compute, steps compared), None without per-step times."""
+    series = [r.get("compute_steps_ms") for r in rows]
+    if any(s is None for s in series) or len({len(s) for s in series}) != 1:
+        return None
+    n = len(series[0])
+    wins = sum(1 for i in range(n) if max(rows, key=lambda r: (r["compute_steps_ms"][i], -r["rank"]))["rank"] == rank)
+    return wins, n
 
 
 def straggler(rows: list[dict]) -> dict:
@@ -80,7 +101,9 @@ def straggler(rows: list[dict]) -> dict:
     fast = min(rows, key=lambda r: (r["compute_ms"], r["rank"]))
     median = percentile([r["compute_ms"] for r in rows], 50)
     lag, lag_med = slow["compute_ms"] - fast["compute_ms"], slow["compute_ms"] - median
+    steps = slowest_in(rows, slow["rank"])
     return {"rank": slow["rank"], "compute_ms": slow["compute_ms"], "fastest_rank": fast["rank"],
+            "slowest_steps": steps[0] if steps else None, "steps": steps[1] if steps else None,
             "fastest_compute_ms": fast["compute_ms"], "median_compute_ms": median,
             "lag_ms": lag, "lag_pct": lag / fast["compute_ms"] if fast["compute_ms"] > 0 else None,
             "lag_vs_median_ms": lag_med, "lag_vs_median_pct": lag_med / median if median > 0 else None}
@@ -130,8 +153,10 @@ def merge_ranks(results: list[dict], merged) -> None:
 
 
 def _holds_back(s: dict) -> bool:
+    """Well above the median, and the slowest in every active step (noise changes hands; a straggler does not)."""
     pct = s["lag_vs_median_pct"]
-    return pct is not None and pct >= STRAGGLER_PCT and s["lag_vs_median_ms"] >= STRAGGLER_MIN_MS
+    every = s.get("steps") is None or s["slowest_steps"] == s["steps"]
+    return pct is not None and pct >= STRAGGLER_PCT and s["lag_vs_median_ms"] >= STRAGGLER_MIN_MS and every
 
 
 def straggler_line(s: dict) -> str:
@@ -140,7 +165,8 @@ def straggler_line(s: dict) -> str:
 
     return (f"{s['compute_ms']:.2f} ms of compute per step, {s['lag_ms']:+.2f} ms{pct(s['lag_pct'])} "
             f"vs the fastest (rank {s['fastest_rank']}), {s['lag_vs_median_ms']:+.2f} ms"
-            f"{pct(s['lag_vs_median_pct'])} vs the median")
+            f"{pct(s['lag_vs_median_pct'])} vs the median"
+            + (f"; the slowest in {s['slowest_steps']} of {s['steps']} steps" if s.get("steps") else ""))
 
 
 def _rounded(d: dict) -> dict:
@@ -151,6 +177,8 @@ def _table(rows: list[dict]) -> Table:
     for r in rows:
         for k in ("step_ms", "collective_ms", "compute_ms", "lag_ms", "collective_share"):
             r[k] = round(r[k], 4)
+        if "compute_steps_ms" in r:
+            r["compute_steps_ms"] = [round(v, 4) for v in r["compute_steps_ms"]]
     cols = [Column("rank", "rank", "int"), Column("step_ms", "step", "float", "ms"),
             Column("compute_ms", "compute", "float", "ms"), Column("collective_ms", "in collectives", "float", "ms"),
             Column("collective_share", "%", "pct"), Column("lag_ms", "lag", "float", "ms")]
