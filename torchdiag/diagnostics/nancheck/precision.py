@@ -127,10 +127,12 @@ def reference_pass(model, inputs, loss_fn, ctx, state):
 
     from ...core.guard import restore_buffers, snapshot_buffers
     from ...core.precision import cast_inputs
+    from ...core.train import train_copy
     from .flags import localized_pass, set_rng_state
 
     with torch.random.fork_rng(devices=[ctx.device] if ctx.on_cuda else []), torch.enable_grad():
-        work = ctx.train_copy(model, "to run the float32 reference").to(torch.float32)
+        # a plain copy, never wrapped under torchrun: the reference is a local comparison, no collectives
+        work = train_copy(model, "to run the float32 reference").to(torch.float32)
         x = cast_inputs(inputs, "float32") if ctx.spec.dtype else inputs
         set_rng_state(state, ctx.device)
         saved = snapshot_buffers(work)
