@@ -251,3 +251,19 @@ def test_no_dtype_table_in_float32():
     r = run("profile", M.falls_back(), torch.randn(8, M.IN), wait=0, warmup=1, active=1)
     assert r.table("op_dtypes") is None and "autocast-fallback" not in codes(r)
     assert math.isfinite(r.data["step_time_ms"]["mean"])
+
+
+# --- a healthy model stays healthy in every precision ----------------------------------------------
+
+@pytest.mark.parametrize("precision", [dict(amp="bf16"), dict(amp="fp16"), dict(dtype="bfloat16")])
+@pytest.mark.parametrize("command,options", [("doctor", {}), ("gradflow", {}),
+                                             ("profile", dict(mode="train", wait=0, warmup=1, active=1))])
+def test_healthy_mlp_gets_no_error_in_any_precision(command, options, precision, untouched):
+    model, x = load("mlp.py:build")
+    with untouched(model):
+        r = run(command, model, x, **options, **precision)
+    assert not [f for f in r.findings if f.severity == "error"] and r.exit_code == 0
+    if command == "profile":   # the dtype the Linear layers' addmm ran in (the precision asked for)
+        want = {"bf16": "bfloat16", "fp16": "float16"}.get(precision.get("amp"), precision.get("dtype"))
+        rows = [row for row in r.table("op_dtypes").rows if row["op"] == "aten::addmm"]
+        assert [row["input_dtypes"] for row in rows] == [", ".join([want] * 3)]
