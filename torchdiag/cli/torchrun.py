@@ -20,6 +20,7 @@ COMMANDS = ("profile", "memory", "nancheck", "gradflow", "overfit-batch", "docto
 # others take extra passes where the values say so (a NaN to locate, a recheck, an early stop): under a
 # wrapper a rank taking a pass its peers do not would wait for them in a collective until the timeout.
 # They run on each rank's own model; the wrapper is checked by the cross-rank step and the unused probe.
+# WRAPPED commands get the plain model too: ctx.train_copy wraps the copy they train (FSDP cannot be copied).
 WRAPPED = ("profile", "memory")
 
 
@@ -102,10 +103,7 @@ def _run_rank(opts, spec, sess, diagnostic, o, run, local: Local) -> dict:
     try:
         with isolated(opts.json):
             _prepare(spec, sess, diagnostic, local)
-            from ..core.distributed import wrap
-
-            model = wrap(local.model, r, spec.wrap) if spec.command in WRAPPED else local.model
-            local.result = (run or diagnostic.run)(model, local.inputs, o, local.ctx)
+            local.result = (run or diagnostic.run)(local.model, local.inputs, o, local.ctx)
             local.ctx.finish(local.result)
         return record(r.rank, r.device, local.result.exit_code, local.result)
     except DiagError as e:
@@ -140,8 +138,14 @@ def _prepare(spec, sess, diagnostic, local: Local) -> None:
     local.ctx.header.update({"rank": r.describe(), "shard": rows, "backend": r.backend, "wrap": wrapped})
     if spec.needs_inputs:
         local.ctx.header["inputs"] = local.inputs.describe()
+    if spec.command in WRAPPED and spec.wrap != "none":   # what the command trains is a copy: wrapped as made
+        from ..core.distributed import wrap
+
+        local.ctx.wrapper = lambda work: wrap(work, r, spec.wrap)
     if spec.command in CONSISTENCY:
-        local.pristine = local.ctx.train_copy(local.model, "to compare ranks after a step")
+        from ..core.train import train_copy
+
+        local.pristine = train_copy(local.model, "to compare ranks after a step")
     if spec.wrap == "ddp":   # before DDP hooks the parameters: the probe's backward is local
         from ..diagnostics.ranks.unused import unused_params
 

@@ -16,7 +16,9 @@ def check(model, inputs, ctx, sess, how: str) -> dict:
     if how == "fsdp":
         out["notes"].append("under --wrap fsdp each rank holds a shard of every parameter: not compared across ranks")
         return out
-    work = ctx.train_copy(model, "to compare ranks after a step")
+    from ...core.train import train_copy
+
+    work = train_copy(model, "to compare ranks after a step")
     tensors = _state(work)
     out["compared"] = len(tensors)
     _compare(tensors, 0, "state", sess, out)
