@@ -81,6 +81,7 @@ def test_straggler_under_ddp_is_the_rank_the_others_wait_for():
     assert rows[0]["collective_share"] == pytest.approx(50 / 60, abs=1e-4)
     assert [f.code for f in merged.findings] == ["straggler"] and merged.findings[0].where == "rank 1"
     assert merged.findings[0].severity == "warning" and merged.findings[0].ranks == [1]
+    assert merged.findings[0].hint.startswith("the other ranks wait for it in every collective")
     line = dict(merged.summary)["Straggler"]
     assert "rank 1" in line and "+49.00 ms (+490%)" in line and "+45.50 ms (+337%)" in line
     assert line.endswith("the slowest in 5 of 5 steps")
@@ -97,6 +98,7 @@ def test_straggler_without_collectives_is_the_slowest_step():
     assert s["lag_vs_median_ms"] == 5.0 and s["lag_vs_median_pct"] == pytest.approx(0.2)
     assert [r["trace"] for r in merged.table("rank_times").rows] == ["run.rank0.json", "run.rank1.json"]
     assert [f.code for f in merged.findings] == ["straggler"]
+    assert merged.findings[0].hint.startswith("no collective ran here")
 
 
 def test_even_ranks_name_no_straggler_finding():

@@ -146,9 +146,11 @@ def merge_ranks(results: list[dict], merged) -> None:
     merged.summary = [(f"{k} (rank 0)" if k in ("Step time", "Throughput") else k, v) for k, v in merged.summary]
     merged.summary.append(("Straggler", f"rank {slow['rank']}: {straggler_line(slow)}"))
     if _holds_back(slow):
+        waits = ("the other ranks wait for it in every collective" if any(r["collective_ms"] > 0 for r in rows)
+                 else "no collective ran here, but in data-parallel training the other ranks would wait for it")
         found = merged.add("straggler", "warning", f"rank {slow['rank']}", straggler_line(slow),
-                           hint="the other ranks wait for it in every collective: look at its trace and its shard of "
-                                "the data (sizes, workers), or at what else runs on its device")
+                           hint=f"{waits}: look at its trace and its shard of the data (sizes, workers), or at what "
+                                "else runs on its device")
         found.ranks = [slow["rank"]]
 
 
