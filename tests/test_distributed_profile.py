@@ -312,18 +312,23 @@ def test_profile_writes_one_trace_per_rank(slow_profile):
         doc["traces"] == ["run.rank0.json", "run.rank1.json"]
 
 
-def test_memory_under_torchrun_peak_per_rank(tmp_path):
-    """One launch: rank 1 allocates a 4 MiB temporary in its forward, on a model of a few KiB."""
+def test_memory_under_torchrun_fsdp_peak_per_rank(tmp_path):
+    """One launch under FSDP: rank 1 allocates a 4 MiB temporary in its forward, on a model of a few KiB."""
     from conftest import sample
 
     doc = _torchrun(tmp_path, "memory", sample("ranks_slow.py:build"), "--arg", "delay=0", "--arg", "extra_mib=4",
-                    "--wrap", "ddp")
+                    "--wrap", "fsdp")
+    assert doc["wrap"] == "fsdp"
     peaks = doc["peak_bytes_per_rank"]
     assert peaks[1] >= 4 * 2**20 > peaks[0] > 0
     assert doc["max_peak_rank"] == 1 and doc["peak_spread_bytes"] == peaks[1] - peaks[0]
-    assert [r["rank"] for r in doc["rank_memory"]] == [0, 1]
-    # rank 0's own fake-tensor estimate ran on the model inside DDP (DDP's hooks cannot run on fake tensors)
-    assert doc["estimate_peak_bytes"] > 0 and not any(n.startswith("measured only") for n in doc["notes"])
+    rows = doc["rank_memory"]
+    assert [r["rank"] for r in rows] == [0, 1] and [r["peak_bytes"] for r in rows] == peaks
+    for r in rows:   # each rank's own estimate, checked against its own measured peak
+        assert r["estimate_devices"] == 2
+        assert r["estimate_error_bytes"] == r["estimate_bytes"] - r["peak_bytes"]
+        assert r["estimate_error"] == pytest.approx(r["estimate_error_bytes"] / r["peak_bytes"])
+    assert rows[1]["estimate_bytes"] >= 4 * 2**20 > rows[0]["estimate_bytes"]   # the temporary is in rank 1's step
 
 
 @pytest.mark.cuda

@@ -6,7 +6,6 @@ import copy
 from typing import Any
 
 from ...errors import ModelError, UsageError
-from .ranks import unwrapped
 from .step import StepReport, run_step, unique
 
 
@@ -60,7 +59,7 @@ def estimate(model, inputs, opts, ctx, batch_size: int | None = None, emulate: s
 
     dtype = getattr(torch, ctx.spec.dtype) if ctx.spec.dtype else None
     with _fake_mode():
-        work = _fake_copy(unwrapped(model), dtype)     # under torchrun --wrap ddp: the model inside
+        work = _fake_copy(model, dtype)
         ins = _fake_inputs(inputs, batch_size, dtype)
         try:
             return run_step(work, ins, opts, ctx, emulate=emulate, method="estimated on fake tensors (nothing allocated)")

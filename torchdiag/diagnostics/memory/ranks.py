@@ -39,15 +39,6 @@ def fsdp_check(result, model, inputs, opts, ctx) -> None:
                                     "phase": row["phase"], "unit": "(root)", "unit_bytes": unit}
 
 
-def unwrapped(model):
-    """The user's model inside DistributedDataParallel: the estimate runs on fake tensors, where DDP's
-    gradient hooks cannot run (its allreduce hook returns None there). FSDP's fully_shard changes the
-    model in place: there is nothing to unwrap."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    return model.module if isinstance(model, DistributedDataParallel) else model
-
-
 def rank_docs(results: list[dict]) -> list[dict]:
     """Each rank's JSON document with its "rank" (from gathered records {"rank", "result": doc} or from
     documents); a rank that failed (no document) is left out. Same rule as profiling/ranks.py."""
