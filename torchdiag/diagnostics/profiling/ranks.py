@@ -12,7 +12,9 @@ Under DDP a slow rank does not have the longest step: the others wait for it ins
 allreduce, so every rank's step time is about the same and the wait shows as collective time on the
 fast ranks. So the straggler is the rank with the most compute time (the one the others wait for),
 and its lag is its compute time minus the fastest rank's (and minus the median). Without collectives
-(`--wrap none`), compute time is the step time and the same definition holds.
+(`--wrap none`), compute time is the step time and the same definition holds. It is a warning only when
+it is also the slowest rank in every active step: on a busy machine the OS deschedules one rank or
+another for milliseconds, and that noise changes hands from step to step.
 
 Two halves: `collectives(events)` runs on each rank from its profiler events (data only, in
 `result.data["collectives"]`); `merge_ranks(results, merged)` runs on rank 0 over every rank's JSON
