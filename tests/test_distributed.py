@@ -123,6 +123,19 @@ def test_failing_rank_does_not_hold_the_others(failing):
     assert "error: [rank 1]" in stderr and "error: [rank 0]" not in stderr
 
 
+def test_rank_failing_while_its_peer_waits_in_a_collective():
+    """Rank 1 raises before DDP's first broadcast; rank 0 waits in it until the collective timeout
+    (set low here), then both hand in their errors: the report leads with the first failure."""
+    code, doc, stderr = torchrun("profile", sample("ranks.py:fails_on_rank"), "--arg", "rank=1", "--mode", "train",
+                                 "--wrap", "ddp", "--active", "1", "--warmup", "0", "--wait", "0",
+                                 env={"TORCHDIAG_DIST_TIMEOUT": "10"})
+    assert doc["exit_code"] == 3 and code != 0
+    assert doc["error"]["message"] == "[rank 1] " + doc["ranks"][1]["error"]["message"]
+    assert "fails on rank 1" in doc["error"]["message"]
+    assert all(r["error"] for r in doc["ranks"])        # rank 0 came back from its wait too
+    assert "error: [rank 0]" in stderr and "error: [rank 1]" in stderr
+
+
 def test_nancheck_names_rank_and_module(nan_rank):
     _, doc, _ = nan_rank
     assert doc["exit_code"] == 1
@@ -180,7 +193,7 @@ def test_shard_cuts_batch_tensors_and_target_only():
 
 
 def test_merge_tags_ranks_and_takes_the_worst_code():
-    from torchdiag.diagnostics.ranks.merge import merge, record
+    from torchdiag.diagnostics.ranks.merge import finish, merge, record
     from torchdiag.results import Result
 
     a, b = Result("nancheck"), Result("nancheck")
@@ -191,6 +204,7 @@ def test_merge_tags_ranks_and_takes_the_worst_code():
     records = [record(0, "cpu", 0, a), record(1, "cpu", b.exit_code, b),
                record(2, "cpu", 3, None, {"message": "boom", "hint": None})]
     merged = merge(records, a, "nancheck")
+    finish(merged, records)
     got = {f.code: (f.ranks, f.message) for f in merged.findings}
     assert got["same"] == ([0, 1], "[ranks 0,1] on both")
     assert got["only-one"] == ([1], "[rank 1] only on rank 1")

@@ -159,7 +159,11 @@ def _error(r, code, message, hint, local: Local, partial=None) -> dict:
         local.ctx.finish(partial)
     header = local.ctx.header if local.ctx is not None else {}
     doc = partial.to_dict() if partial is not None else None
-    return record(r.rank, r.device, code, None, {"message": message, "hint": hint}, header=header, partial=doc)
+    # when it failed: a rank whose peer failed first often fails later, waiting in a collective until the timeout
+    import time
+
+    return record(r.rank, r.device, code, None, {"message": message, "hint": hint, "at": time.time()},
+                  header=header, partial=doc)
 
 
 def _consistency(opts, spec, sess, local: Local) -> dict:
@@ -175,7 +179,7 @@ def _consistency(opts, spec, sess, local: Local) -> dict:
 
 def _render(opts, spec, sess, diagnostic, records: list[dict], local: Local, render_extra) -> int:
     """Rank 0: one Result for all ranks, its files, then one report."""
-    from ..diagnostics.ranks.merge import merge
+    from ..diagnostics.ranks.merge import finish, merge
     from ..diagnostics.ranks.report import add_rank_findings
     from ..render import render, write_outputs
     from .common import to_stdout
@@ -186,6 +190,7 @@ def _render(opts, spec, sess, diagnostic, records: list[dict], local: Local, ren
     hook = getattr(diagnostic, "merge_ranks", None)
     if hook is not None:
         hook(records, merged)
+    finish(merged, records)
     with isolated(opts.json):
         written = write_outputs(merged, opts.render_spec()) if local.result is not None else {}
         if render_extra and local.result is not None:
@@ -205,7 +210,7 @@ def _all_failed(opts, spec, records: list[dict]) -> int:
 
     from ..diagnostics.ranks.report import unused_hint
 
-    first = records[0]["error"]
+    first = min((r["error"] for r in records), key=lambda e: e["at"])   # the first failure, not its echoes
     same = [r["rank"] for r in records if r["error"]["message"] == first["message"]]
     code = max(r["exit_code"] for r in records)
     hint = unused_hint(records) if spec.wrap == "ddp" else None

@@ -207,7 +207,7 @@ def wrap(model, ranks: Ranks, how: str):
         try:
             return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
         except Exception as exc:
-            raise ModelError(f"DistributedDataParallel refused the model: {one_line(exc)}") from exc
+            raise ModelError(f"wrapping the model in DistributedDataParallel failed: {one_line(exc)}") from exc
     return _fully_shard(model, ranks, device)
 
 
@@ -224,5 +224,5 @@ def _fully_shard(model, ranks: Ranks, device):
     try:
         fully_shard(model, mesh=mesh)
     except Exception as exc:
-        raise ModelError(f"fully_shard refused the model: {one_line(exc)}") from exc
+        raise ModelError(f"sharding the model with fully_shard failed: {one_line(exc)}") from exc
     return model

@@ -2,7 +2,7 @@
 over ranks, each tagged with the ranks that had it; the exit code is the worst over ranks. Torch-free."""
 from __future__ import annotations
 
-from ...results import Finding, Result
+from ...results import Column, Finding, Result, Table
 
 RANK_KEYS = ("rank", "shard")          # per-rank header entries: in the ranks list, not the merged header
 
@@ -33,17 +33,36 @@ def merge(records: list[dict], base: Result | None, command: str, unwrap: str = 
             merged.add("rank-failed", "error", "", f"[rank {r['rank']}] {r['error']['message']}", r["error"].get("hint"))
             merged.findings[-1].ranks = [r["rank"]]
     merged.data["world_size"] = len(records)
-    merged.data["ranks"] = [{k: v for k, v in r.items() if k != "result"} for r in records]
+    merged.tables.insert(0, rank_table(records))
     worst = max(r["exit_code"] for r in records)
     if worst != int(merged.exit_code):
         merged.code = worst
     if base is not None:
-        merged.notes.append("tables and summary show rank 0; each rank's data and findings are in the ranks list (--json)")
-    _verdict(merged, records)
-    if any(r["error"] for r in records):
-        failed = [str(r["rank"]) for r in records if r["error"]]
-        merged.verdict = f"FAIL: rank(s) {', '.join(failed)} did not finish" + (f"; {merged.verdict}" if merged.verdict else "")
+        merged.notes.append("the tables after Ranks and the summary are rank 0's; --json has every rank's data and "
+                            "findings in `ranks`")
     return merged
+
+
+def rank_table(records: list[dict]) -> Table:
+    """JSON `ranks`: each rank's record (header, findings, data, error); the console shows one line per rank."""
+    rows = []
+    for r in records:
+        row = {k: v for k, v in r.items() if k != "result"}
+        row["_shard"] = r["header"].get("shard", "")
+        row["_findings"] = len(r["findings"])
+        row["_error"] = r["error"]["message"] if r["error"] else ""
+        rows.append(row)
+    return Table("ranks", "Ranks", [Column("rank", "rank", "int"), Column("device", "device"), Column("_shard", "rows"),
+                                    Column("exit_code", "exit", "int"), Column("_findings", "findings", "count"),
+                                    Column("_error", "error")], rows)
+
+
+def finish(merged: Result, records: list[dict]) -> None:
+    """The verdict, once every finding is in (the generic merge, the cross-rank findings, the command's hook)."""
+    _verdict(merged, records)
+    failed = [str(r["rank"]) for r in records if r["error"]]
+    if failed:
+        merged.verdict = f"FAIL: rank(s) {', '.join(failed)} did not finish" + (f"; {merged.verdict}" if merged.verdict else "")
 
 
 def _verdict(merged: Result, records: list[dict]) -> None:
@@ -52,7 +71,8 @@ def _verdict(merged: Result, records: list[dict]) -> None:
     if not bad or not (merged.verdict or "").startswith("PASS"):
         return
     ranks = sorted({r for f in bad for r in (f.ranks or [])})
-    merged.verdict = f"FAIL on {tag(ranks)}: {', '.join(sorted({f.code for f in bad}))}"
+    where = "" if ranks == [r["rank"] for r in records] else f" on {tag(ranks)}"
+    merged.verdict = f"FAIL{where}: {', '.join(sorted({f.code for f in bad}))}"
 
 
 def union(records: list[dict]) -> list[Finding]:
