@@ -66,9 +66,10 @@ def finish(merged: Result, records: list[dict]) -> None:
 
 
 def _verdict(merged: Result, records: list[dict]) -> None:
-    """Rank 0's PASS does not stand when another rank found an error."""
+    """Over every rank: rank 0's own verdict does not stand when another rank (or the cross-rank check)
+    found an error."""
     bad = [f for f in merged.findings if f.severity == "error"]
-    if not bad or not (merged.verdict or "").startswith("PASS"):
+    if not bad:
         return
     ranks = sorted({r for f in bad for r in (f.ranks or [])})
     where = "" if ranks == [r["rank"] for r in records] else f" on {tag(ranks)}"
