@@ -11,10 +11,11 @@ from __future__ import annotations
 from ...core import train
 from ...core.tracking import run_forward
 from ...results import Result
-from ..overfit_batch.scaling import scale_facts, stepper
+from ..overfit_batch.scaling import stepper
 from .checklist import Checklist
 from . import rounding as rounding_rule
 from .rounding import CODE, message, rounded_away, stagnation_counts
+from .scaled import fit_scale
 from .shared import module_of, name, short_dtype
 
 OPTIMIZER_NAMES = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
@@ -22,7 +23,7 @@ OPTIMIZER_NAMES = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
 
 def update_check(work, inputs, ctx, ck: Checklist, result: Result, scaler=None) -> None:
     """After backward on `work`: one step of ctx's optimizer (doctor's default: Adam, lr 1e-3); under
-    --amp fp16 through `scaler` (the backward was scaled)."""
+    --amp fp16 through `scaler` (the backward was scaled; scaled.fit_scale backs off as training would)."""
     import torch
 
     named = list({id(p): (n, p) for n, p in work.named_parameters()}.values())
@@ -33,17 +34,13 @@ def update_check(work, inputs, ctx, ck: Checklist, result: Result, scaler=None) 
         ck.row("update", "skipped", "no parameter received a gradient")
         return
     optimizer = ctx.optimizer([p for _, p in with_grad])
-    found_inf = None
-    if scaler is not None:   # the true gradients, and whether the scaler will skip this step
-        scaler.unscale_(optimizer)
-        scale, found_inf = scale_facts(scaler, optimizer)
-    before = {n: p.detach().clone() for n, p in with_grad}
-    grad_nonzero, value_nonzero, skipped = _any_nonzero(with_grad, before, found_inf)
-    if skipped:
-        ck.find("update", "skipped-step", "warning", "", f"the GradScaler skips the step: inf/NaN gradients at loss "
-                f"scale {float(scale):g} (--amp fp16); the update could not be checked",
-                f"run `torchdiag nancheck {ctx.option('amp')} fp16` to find the module")
+    if scaler is not None and not fit_scale(work, inputs, ctx, scaler, optimizer):   # fp16: a scale that fits
+        ck.find("update", "skipped-step", "warning", "", f"the GradScaler skips the step at every loss scale from "
+                f"65536 down to {scaler.get_scale():g}: the gradients hold inf/NaN (--amp fp16); the update could "
+                "not be checked", f"run `torchdiag nancheck {ctx.option('amp')} fp16` to find the module")
         return
+    before = {n: p.detach().clone() for n, p in with_grad}
+    grad_nonzero, value_nonzero = _any_nonzero(with_grad, before)
     zero = {n for n, _ in with_grad if not grad_nonzero[n]}
     # exactly zero with a non-zero gradient: a zero-initialised parameter (a candidate cause)
     sources = [n for n, _ in with_grad if zero and n not in zero and not value_nonzero[n]]
@@ -105,17 +102,15 @@ def _report_rounding(rounding: list[dict], ctx, step: str, ck: Checklist, result
     result.data["rounded_away"] = rounding
 
 
-def _any_nonzero(with_grad, before, found_inf=None) -> tuple[dict, dict, bool]:
-    """Per parameter: does its gradient, and does its value, hold a non-zero? And (fp16) will the
-    GradScaler skip the step? Read back together."""
+def _any_nonzero(with_grad, before) -> tuple[dict, dict]:
+    """Per parameter: does its gradient, and does its value, hold a non-zero? Read back together."""
     from ...core.readback import read_back
 
-    extra = [found_inf] if found_inf is not None else []
     flags = read_back([p.grad.detach().ne(0).any() for _, p in with_grad] +
-                      [before[n].ne(0).any() for n, _ in with_grad] + extra)
+                      [before[n].ne(0).any() for n, _ in with_grad])
     k = len(with_grad)
     return ({n: bool(f) for (n, _), f in zip(with_grad, flags[:k])},
-            {n: bool(f) for (n, _), f in zip(with_grad, flags[k:2 * k])}, bool(extra) and flags[-1] > 0)
+            {n: bool(f) for (n, _), f in zip(with_grad, flags[k:])})
 
 
 def _changes(with_grad, before, after_step, current, counts=()) -> tuple[dict, dict, dict, list]:
