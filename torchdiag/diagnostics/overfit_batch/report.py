@@ -161,8 +161,9 @@ def _precision_findings(result, trainer, curve, causes) -> int:
         result.add("every-step-skipped", "error", where,
                    f"the GradScaler skipped all {len(curve.skipped)} update(s): every step had inf/NaN gradients "
                    f"(scale {curve.scales[0]:g} → {curve.scales[-1]:g}){at}",
-                   hint=f"an fp16 overflow in backward that loss scaling cannot fix: keep that module in float32 "
-                        f"(autocast(enabled=False)) or use {amp} bf16; `torchdiag nancheck {amp} fp16` shows the values")
+                   hint=f"the gradients overflow float16 in backward even at loss scale {curve.scales[-1]:g}: keep that "
+                        f"module in float32 (autocast(enabled=False)) or use {amp} bf16; `torchdiag nancheck {amp} fp16` "
+                        "shows the values")
     if causes.rounding:
         found += 1
         optimizer = trainer.ctx.spec.optimizer
