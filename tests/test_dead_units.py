@@ -109,3 +109,20 @@ def test_fresh_inputs_keep_ranges_and_differ_per_sample():
     assert float(new.mean()) == pytest.approx(1.0, abs=0.5)
     # the per-sample channel offsets make sample means differ far more than plain noise would
     assert float(new.mean((2, 3)).std()) > 10 * float(img.mean((2, 3)).std())
+
+
+def test_relu6_zero_side_is_not_saturation():
+    # MobileNetV2 (ReLU6 after BatchNorm) warned "saturated" on 11 layers at 50.0-50.6%: the zeros were
+    # counted as saturation. Saturation of ReLU6 is its flat top (y >= 6); its zeros are the dead-unit question.
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU6(), nn.Linear(4, 2))
+    with torch.no_grad():
+        model[0].weight.copy_(torch.eye(4))
+        model[0].bias.zero_()
+    x = torch.tensor([[-1.0, -2.0, 7.0, 1.0], [-3.0, 2.0, -1.0, 9.0], [-2.0, -4.0, 0.5, -1.0]])
+    res = run(model, x)
+    row = by_module(res, "1")
+    y = x.clamp(0, 6)
+    assert row["zero_fraction"] == pytest.approx(float((y == 0).float().mean()))      # 7 of 12
+    assert row["saturated_fraction"] == pytest.approx(float((y >= 6).float().mean()))  # 2 of 12
+    assert findings(res, "saturated") == []
+    assert findings(run(model, x, saturated=0.1), "saturated") == [("warning", "1")]

@@ -48,7 +48,10 @@ def _row(name, rec, stats) -> dict:
         row.update(zero_fraction=int(sum(got["zeros"])) / n if n else None, dead_units=dead, units=units,
                    dead_fraction=dead / units if units else None)
     if "saturating" in act.kind:
-        row["saturated_fraction"] = int(sum(got["sat"])) / n if n else None
+        sat = int(sum(got["sat"]))
+        if "relu" in act.kind:   # ReLU6: its zero side is the dead-unit question, saturation is the flat top (6)
+            sat -= int(sum(got["zeros"]))      # record.py counts y <= 0 | y >= 6; outputs are >= 0
+        row["saturated_fraction"] = sat / n if n else None
     return row
 
 
