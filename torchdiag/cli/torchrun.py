@@ -175,6 +175,8 @@ def _consistency(opts, spec, sess, local: Local) -> dict:
             return check(local.pristine, local.inputs, local.ctx, sess, spec.wrap)
     except DiagError as e:
         return {"error": f"the cross-rank check could not run: {e.message}"}
+    except Exception as e:   # never skip the gather: rank 0 would wait for this rank
+        return {"error": f"the cross-rank check could not run (internal error in torchdiag: {one_line(e)})"}
 
 
 def _render(opts, spec, sess, diagnostic, records: list[dict], local: Local, render_extra) -> int:

@@ -51,7 +51,9 @@ def _ddp_steps(work, tensors, inputs, ctx, sess, out) -> None:
     params = [(n, p) for n, p in work.named_parameters() if p.requires_grad]
     for k in range(1, STEPS + 1):
         optimizer.zero_grad(set_to_none=True)
-        backward(loss_fn(run_forward(wrapped, inputs, phase=f"forward (cross-rank step {k})")))
+        with ctx.autocast():   # --amp: the step the run would take
+            loss = loss_fn(run_forward(wrapped, inputs, phase=f"forward (cross-rank step {k})"))
+        backward(loss)
         missing = sess.all_gather([n for n, p in params if p.grad is None])
         if any(missing):   # DDP's next forward would raise: unused.py names them
             out["notes"].append(f"step {k}: some parameters got no gradient (see ddp-unused-parameter); steps stopped")
