@@ -4,7 +4,9 @@ factory is seeded); what differs by rank comes from torchrun's RANK variable, re
 `healthy`: an MLP; ranks stay identical under DDP.
 `diverging`: `scale` is nudged in place (outside autograd) by 0.01 × rank in every train-mode forward,
    so under DDP it differs across ranks from step 1; a BatchNorm1d whose running statistics differ
-   across ranks (each rank's own rows: info, not a bug).
+   across ranks (each rank's own rows: info, not a bug); `side` is a Linear DDP is told to ignore
+   (the attribute DDP's `_set_params_and_buffers_to_ignore_for_model` sets), so its gradients are
+   never reduced.
 `unused`: `extra` (a Linear) never runs in forward: under DDP, extra.weight and extra.bias get no
    gradient on any rank.
 `fails_on_rank`: forward raises on rank `rank` only (the others finish).
@@ -25,12 +27,15 @@ class _Drifting(nn.Module):
         super().__init__()
         self.body = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
         self.scale = nn.Parameter(torch.ones(4))
+        self.side = nn.Linear(8, 4)
+        # the second bug: DDP leaves these out of its allreduce (each rank keeps its own gradient)
+        self._ddp_params_and_buffers_to_ignore = ["side.weight", "side.bias"]
 
     def forward(self, x):
         if self.training:
             with torch.no_grad():   # the bug: a rank-dependent update autograd (and DDP) never sees
                 self.scale.add_(0.01 * _rank())
-        return self.body(x) * self.scale
+        return self.body(x) * self.scale + self.side(x)
 
 
 class _Unused(nn.Module):

@@ -72,12 +72,26 @@ def test_healthy_ddp_ranks_agree(healthy):
 def test_divergent_parameter_named_with_its_first_step(diverging):
     code, doc, _ = diverging
     assert doc["exit_code"] == 1 and code != 0
-    [f] = by_code(doc, "rank-divergence")
-    assert f["where"] == "scale" and f["severity"] == "error" and "from step 1" in f["message"]
+    found = {f["where"]: f for f in by_code(doc, "rank-divergence")}
+    # scale (nudged by rank) and side.* (gradients DDP ignores, so each rank steps its own way)
+    assert set(found) == {"scale", "side.weight", "side.bias"}
+    assert all(f["severity"] == "error" for f in found.values()) and "from step 1" in found["scale"]["message"]
+    # side.*: gradients differ at step 1, but Adam's first update is lr × sign(grad): a parameter whose
+    # gradient signs agree on both ranks moves alike at step 1 and parts only at step 2
+    assert all(f"from step {d['step']}" in found[d["name"]]["message"] and d["step"] in (1, 2)
+               for d in doc["consistency"]["differs"] if d["name"].startswith("side."))
     [d] = [d for d in doc["consistency"]["differs"] if d["name"] == "scale"]
     # the model adds 0.01 × RANK to scale in each train forward; the step's update is the same on
     # both ranks (DDP-averaged gradient), so after step 1 rank 1 is ahead by exactly one nudge
     assert d["step"] == 1 and d["max_abs_diff"]["1"] == pytest.approx(0.01, abs=1e-6)
+
+
+def test_gradients_not_reduced_are_named(diverging):
+    _, doc, _ = diverging
+    grads = doc["consistency"]["grads_differ"]
+    # each rank's own rows give side.* different gradients; DDP averaged everything else
+    assert {(g["name"], g["step"]) for g in grads} == {("side.weight", 1), ("side.bias", 1)}
+    assert {f["where"] for f in by_code(doc, "rank-grads-differ")} == {"side.weight", "side.bias"}
 
 
 def test_batchnorm_running_stats_differing_is_info_with_syncbn_hint(diverging):
