@@ -92,6 +92,9 @@ def test_gradients_not_reduced_are_named(diverging):
     # each rank's own rows give side.* different gradients; DDP averaged everything else
     assert {(g["name"], g["step"]) for g in grads} == {("side.weight", 1), ("side.bias", 1)}
     assert {f["where"] for f in by_code(doc, "rank-grads-differ")} == {"side.weight", "side.bias"}
+    # the divergence says why: an unreduced gradient for side.*, an update outside autograd for scale
+    hints = {f["where"]: f["hint"] for f in by_code(doc, "rank-divergence")}
+    assert "rank-grads-differ" in hints["side.weight"] and "outside autograd" in hints["scale"]
 
 
 def test_batchnorm_running_stats_differing_is_info_with_syncbn_hint(diverging):

@@ -24,18 +24,19 @@ def _consistency(merged, cons: dict, wrap: str, everyone: list[int]) -> None:
     if cons.get("error"):
         merged.add("rank-check-failed", "warning", "", cons["error"])
         return
+    unreduced = {d["name"] for d in cons["grads_differ"]}
     for d in cons["differs"]:
-        f = _differs(merged, d, wrap)
+        f = _differs(merged, d, wrap, d["name"] in unreduced)
         f.ranks = list(everyone)
     for d in cons["grads_differ"]:
         f = merged.add("rank-grads-differ", "error", d["name"],
                        f"the gradient of {d['name']} after DDP's reduction differs across ranks at step {d['step']} "
-                       f"({_diffs(d)})", "a hook or code between backward and the step changes it on some ranks; "
-                       "reduced gradients must be equal on every rank")
+                       f"({_diffs(d)})", "DDP does not reduce it (a parameter DDP was told to ignore, or one added "
+                       "after wrapping) or a hook changes it after the reduction; reduced gradients must be equal on every rank")
         f.ranks = list(everyone)
 
 
-def _differs(merged, d: dict, wrap: str):
+def _differs(merged, d: dict, wrap: str, unreduced: bool = False):
     what = f"{d['kind']} {d['name']}"
     if d.get("batchnorm"):
         return merged.add("batchnorm-stats-differ", "info", d["name"],
@@ -46,10 +47,13 @@ def _differs(merged, d: dict, wrap: str):
                           f"{what} differs across ranks as built ({_diffs(d)}); DDP broadcasts rank 0's value when "
                           "it wraps the model, so training starts equal",
                           "seed the RNG the same way on every rank before building the model if ranks must agree without DDP")
-    hint = ("each rank built it differently: seed the RNG the same way on every rank before building, or load one checkpoint"
-            if d["step"] == 0 else
-            "something changes it outside autograd on some ranks (an in-place update under no_grad, code that depends "
-            "on the rank); DDP keeps only the gradients in sync")
+    if d["step"] == 0:
+        hint = "each rank built it differently: seed the RNG the same way on every rank before building, or load one checkpoint"
+    elif unreduced:
+        hint = "its gradient is not the same on every rank after DDP's reduction (see rank-grads-differ), so each rank steps it its own way"
+    else:
+        hint = ("something changes it outside autograd on some ranks (an in-place update under no_grad, code that depends "
+                "on the rank); DDP keeps only the gradients in sync")
     return merged.add("rank-divergence", "error", d["name"],
                       f"{what} differs across ranks from step {d['step']} (step 0 = as built; {_diffs(d)})", hint)
 
