@@ -15,10 +15,10 @@ from conftest import ROOT, one_error_line, sample
 HANG_GUARD = 600   # seconds: only so a hang fails the suite instead of blocking it; never asserted on
 
 
-def torchrun(*args, env: dict | None = None):
+def torchrun(*args, env: dict | None = None, device: str = "cpu"):
     """`torchrun --standalone --nproc_per_node 2 -m torchdiag ARGS --device cpu --json`: (returncode, doc, stderr)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "torchdiag", *map(str, args), "--device", "cpu", "--json"]
+           "-m", "torchdiag", *map(str, args), "--device", device, "--json"]
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD, env=full_env)
     return r.returncode, json.loads(r.stdout), r.stderr
@@ -159,6 +159,18 @@ def test_nancheck_names_rank_and_module(nan_rank):
     [f] = by_code(doc, "non-finite-output")
     assert f["where"] == "2" and f["ranks"] == [1] and f["message"].startswith("[rank 1] ")
     assert doc["ranks"][0]["findings"] == []      # rank 0's rows are finite
+
+
+@pytest.mark.cuda
+def test_two_gpus_use_nccl_one_gpu_per_rank():
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs (nccl: one GPU per rank)")
+    code, doc, _ = torchrun("gradflow", sample("ranks.py:healthy"), "--wrap", "ddp", device="cuda")
+    assert code == 0 and doc["backend"] == "nccl"
+    assert [r["device"] for r in doc["ranks"]] == ["cuda:0", "cuda:1"]
+    assert doc["consistency"]["differs"] == [] and doc["consistency"]["grads_differ"] == []
 
 
 # ---- no launch ---------------------------------------------------------------------------------------

@@ -55,6 +55,7 @@ def execute_ranks(opts, ranks, diagnostic=None, options: Callable | None = None,
 
     code = ExitCode.OK
     try:
+        common.output_dir(opts.tb, "--tb")
         spec = opts.run_spec(diagnostic)
         o = options() if options is not None else None
         if precheck is not None:
