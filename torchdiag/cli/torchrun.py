@@ -1,7 +1,8 @@
-"""The CLI under torchrun (core.distributed): each rank runs the diagnostic on its shard with the
-wrapped model; every rank hands rank 0 a record (its Result as data, or its error), so a rank that
-fails never leaves the others waiting at the gather; rank 0 merges and renders once. Other ranks print
-nothing unless they fail (one `error: [rank N] …` line). Torch-free at import (`--help`)."""
+"""The CLI under torchrun (core.distributed): each rank runs the diagnostic on its shard of the batch
+(profile and memory on a copy wrapped per --wrap, see WRAPPED); every rank hands rank 0 a record (its
+Result as data, or its error), so a rank that fails never leaves the others waiting at the gather; rank
+0 merges and renders once. Other ranks print nothing unless they fail (one `error: [rank N] …` line).
+Torch-free at import (`--help`)."""
 from __future__ import annotations
 
 import traceback
@@ -80,8 +81,8 @@ def execute_ranks(opts, ranks, diagnostic=None, options: Callable | None = None,
 def _in_session(opts, spec, sess, diagnostic, o, run, render_extra) -> int:
     local = Local()
     rec = _run_rank(opts, spec, sess, diagnostic, o, run, local)
-    statuses = sess.all_gather(rec["error"] is None)
-    if all(statuses) and spec.command in CONSISTENCY:
+    # the cross-rank step exchanges data: every rank runs it, or none does (a rank that failed cannot)
+    if spec.command in CONSISTENCY and all(sess.all_gather(rec["error"] is None)):
         rec["consistency"] = _consistency(opts, spec, sess, local)
     rec["unused"] = local.unused
     records = sess.gather(rec)
@@ -208,10 +209,9 @@ def _all_failed(opts, spec, records: list[dict]) -> int:
     import sys
 
     from ..diagnostics.ranks.merge import tag
+    from ..diagnostics.ranks.report import unused_hint
     from ..results import error_document
     from .common import err, to_stdout
-
-    from ..diagnostics.ranks.report import unused_hint
 
     first = min((r["error"] for r in records), key=lambda e: e["at"])   # the first failure, not its echoes
     same = [r["rank"] for r in records if r["error"]["message"] == first["message"]]
