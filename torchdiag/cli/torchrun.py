@@ -188,7 +188,9 @@ def _render(opts, spec, sess, diagnostic, records: list[dict], local: Local, ren
     from ..render import render, write_outputs
     from .common import to_stdout
 
-    merged = merge(records, local.result, spec.command, unwrap="module." if spec.wrap == "ddp" else "")
+    # only a command that ran the DDP copy has DDP's "module." before the names (a user's own `module` stays)
+    ddp_names = spec.wrap == "ddp" and spec.command in WRAPPED
+    merged = merge(records, local.result, spec.command, unwrap="module." if ddp_names else "")
     merged.header.update({"world_size": sess.ranks.world_size, "backend": sess.ranks.backend})
     add_rank_findings(merged, records, spec.wrap)
     hook = getattr(diagnostic, "merge_ranks", None)
