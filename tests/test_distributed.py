@@ -242,6 +242,17 @@ def test_merge_tags_ranks_and_takes_the_worst_code():
     assert [r["rank"] for r in merged.to_dict()["ranks"]] == [0, 1, 2]
 
 
+def test_merge_takes_ddps_prefix_off_names():
+    from torchdiag.diagnostics.ranks.merge import merge, record
+    from torchdiag.results import Result
+
+    a = Result("memory")
+    a.add("x", "warning", "module.fc", "module.fc is big")
+    a.add("y", "warning", "module", "the whole model")
+    merged = merge([record(0, "cpu", 0, a), record(1, "cpu", 0, a)], a, "memory", unwrap="module.")
+    assert [(f.where, f.message) for f in merged.findings] == [("fc", "fc is big"), ("(root)", "the whole model")]
+
+
 def test_wrap_without_torchrun_is_a_usage_error(cli, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     r = cli("gradflow", sample("ranks.py:healthy"), "--wrap", "ddp", "--device", "cpu")
