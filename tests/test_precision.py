@@ -314,3 +314,34 @@ def test_grad_scaler_backs_off_until_the_scaled_gradient_fits(cli):
     r = cli("nancheck", sample("precision.py:grad_overflow"), "--amp", "fp16", "--loss", "sum", "--steps", "3", "--json")
     f = next(f for f in r.json["findings"] if f["code"] == "every-step-skipped")
     assert f["where"] == "loss" and "scale × d loss / d output" in f["message"]   # 65,536 × 1 is Inf in float16
+
+
+# --- casting keeps what is not floating -----------------------------------------------------------
+
+class _ComplexModel(torch.nn.Module):
+    """A complex weight (what --dtype cannot express) next to a real Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor([[1 + 2j, 3 - 4j]], dtype=torch.complex64))
+        self.fc = torch.nn.Linear(2, 2)
+        self.register_buffer("steps", torch.tensor(7))
+
+    def forward(self, x):
+        return self.fc((x.to(self.w.dtype) * self.w).abs().to(x.dtype))
+
+
+def test_dtype_casts_floating_tensors_only_and_keeps_complex_parameters(untouched):
+    import warnings
+
+    import torchdiag
+    from torchdiag.core.precision import cast_copy
+
+    model = _ComplexModel()
+    with untouched(model), warnings.catch_warnings():
+        warnings.simplefilter("error")        # Module.to(float16) warns: "discards the imaginary part"
+        work = cast_copy(model, "float16")
+        r = torchdiag.api.run("nancheck", model, (torch.ones(3, 2),), dtype="float16")
+    assert work.w.dtype == torch.complex64 and torch.equal(work.w, model.w)   # |1+2j| = sqrt(5), not 1
+    assert work.fc.weight.dtype == torch.float16 and work.steps.dtype == torch.int64
+    assert r.exit_code == 0, [f.message for f in r.findings]

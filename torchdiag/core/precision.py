@@ -152,13 +152,15 @@ def grad_scaler(precision: Precision, device):
 
 
 def cast_model(model, dtype: str | None):
-    """The model with floating parameters and buffers in `dtype`, IN PLACE (integer buffers kept).
-    Only for a model torchdiag built itself; a caller's model goes through `cast_copy`."""
+    """The model with floating parameters and buffers in `dtype`, IN PLACE (integer, bool and complex
+    ones kept: `Module.to(dtype)` would cast complex parameters to the real dtype, dropping their
+    imaginary part). Only for a model torchdiag built itself; a caller's model goes through `cast_copy`."""
     if dtype is None:
         return model
     import torch
 
-    return model.to(getattr(torch, dtype))
+    target = getattr(torch, dtype)
+    return model._apply(lambda t: t.to(target) if t.is_floating_point() else t)
 
 
 def needs_cast(model, dtype: str | None) -> bool:
