@@ -60,7 +60,7 @@ def test_healthy_ddp_ranks_agree(healthy):
     assert code == 0 and doc["exit_code"] == 0
     assert doc["world_size"] == 2 and [r["rank"] for r in doc["ranks"]] == [0, 1]
     # the 8 rows of example_inputs split 4 + 4, each rank its own (different losses)
-    assert [r["header"]["shard"] for r in doc["ranks"]] == ["rows 0:4 of 8", "rows 4:8 of 8"]
+    assert [r["header"]["batch_shard"] for r in doc["ranks"]] == ["rows 0:4 of 8", "rows 4:8 of 8"]
     assert doc["ranks"][0]["data"]["loss_value"] != doc["ranks"][1]["data"]["loss_value"]
     cons = doc["consistency"]
     # Linear(8,16) + Linear(16,4): 4 parameter tensors, compared as built and after 2 DDP steps

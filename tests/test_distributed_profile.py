@@ -299,8 +299,6 @@ def test_profile_names_the_slow_rank(slow_profile):
         assert "gloo:all_reduce" in {op["op"] for op in rank["data"]["collectives"]["ops"]}
 
 
-@pytest.mark.xfail(strict=True, reason="cli/torchrun.py does not call render/profile.write_rank_outputs yet: "
-                                       "only rank 0 writes its trace, as run.json")
 def test_profile_writes_one_trace_per_rank(slow_profile):
     import json
 
@@ -317,8 +315,9 @@ def test_memory_under_torchrun_fsdp_peak_per_rank(tmp_path):
     from conftest import sample
 
     doc = _torchrun(tmp_path, "memory", sample("ranks_slow.py:build"), "--arg", "delay=0", "--arg", "extra_mib=4",
-                    "--wrap", "fsdp")
+                    "--wrap", "fsdp", "--shard", "2")
     assert doc["wrap"] == "fsdp"
+    assert "shard" in doc and [r["header"]["batch_shard"] for r in doc["ranks"]] == ["rows 0:4 of 8", "rows 4:8 of 8"]
     peaks = doc["peak_bytes_per_rank"]
     assert peaks[1] >= 4 * 2**20 > peaks[0] > 0
     assert doc["max_peak_rank"] == 1 and doc["peak_spread_bytes"] == peaks[1] - peaks[0]

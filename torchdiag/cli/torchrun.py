@@ -107,7 +107,8 @@ def _run_rank(opts, spec, sess, diagnostic, o, run, local: Local) -> dict:
             _prepare(spec, sess, diagnostic, local)
             local.result = (run or diagnostic.run)(local.model, local.inputs, o, local.ctx)
             local.ctx.finish(local.result)
-        return record(r.rank, r.device, local.result.exit_code, local.result)
+            files = _rank_files(opts, local.result, r.rank)   # a failed write is this rank's error (exit 2)
+        return record(r.rank, r.device, local.result.exit_code, local.result, files=files)
     except DiagError as e:
         if local.ctx is not None:
             local.ctx.explain(e)
@@ -127,6 +128,33 @@ def _run_rank(opts, spec, sess, diagnostic, o, run, local: Local) -> dict:
         return _error(r, ExitCode.MODEL, f"the model's own code raised {one_line(e)}", None, local)
 
 
+def _renderer(command: str):
+    import importlib
+
+    return importlib.import_module(f"torchdiag.render.{command.replace('-', '_')}")
+
+
+def _rank_files(opts, result, rank: int) -> dict:
+    """The files each rank writes itself (render/<command>.py: write_rank_outputs, e.g. profile's
+    run.rank<N>.json), before the gather."""
+    try:
+        hook = getattr(_renderer(opts.command), "write_rank_outputs", None)
+    except ImportError:
+        return {}
+    return hook(result, opts.render_spec().outputs, rank) if hook is not None else {}
+
+
+def _rank0_outputs(out, command: str):
+    """Rank 0's render spec without the kinds every rank already wrote (RANK_OUTPUTS)."""
+    import dataclasses
+
+    try:
+        kinds = getattr(_renderer(command), "RANK_OUTPUTS", ())
+    except ImportError:
+        return out
+    return dataclasses.replace(out, outputs={k: v for k, v in out.outputs.items() if k not in kinds})
+
+
 def _prepare(spec, sess, diagnostic, local: Local) -> None:
     """Model, this rank's shard, the context; under DDP, which parameters get no gradient here."""
     from ..core.context import prepare
@@ -137,7 +165,7 @@ def _prepare(spec, sess, diagnostic, local: Local) -> None:
     local.inputs, local.ctx.batch_target, rows = shard(inputs, local.ctx.batch_target, r)
     wrapped = spec.wrap if spec.command in WRAPPED or spec.wrap == "none" else \
         f"{spec.wrap} (checked by the cross-rank step; {spec.command} itself runs on each rank's own copy)"
-    local.ctx.header.update({"rank": r.describe(), "shard": rows, "backend": r.backend, "wrap": wrapped})
+    local.ctx.header.update({"rank": r.describe(), "batch_shard": rows, "backend": r.backend, "wrap": wrapped})
     if spec.needs_inputs:
         local.ctx.header["inputs"] = local.inputs.describe()
     if spec.command in WRAPPED and spec.wrap != "none":   # what the command trains is a copy: wrapped as made
@@ -198,7 +226,9 @@ def _render(opts, spec, sess, diagnostic, records: list[dict], local: Local, ren
         hook(records, merged)
     finish(merged, records)
     with isolated(opts.json):
-        written = write_outputs(merged, opts.render_spec()) if local.result is not None else {}
+        written = dict(records[0].get("files") or {})
+        if local.result is not None:
+            written.update(write_outputs(merged, _rank0_outputs(opts.render_spec(), spec.command)))
         if render_extra and local.result is not None:
             render_extra(merged, written)
     to_stdout(lambda: render(merged, opts.render_spec()))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ...results import Column, Finding, Result, Table
 
-RANK_KEYS = ("rank", "shard")          # per-rank header entries: in the ranks list, not the merged header
+RANK_KEYS = ("rank", "batch_shard")          # per-rank header entries: in the ranks list, not the merged header
 
 
 def record(rank: int, device: str, code: int, result: Result | None = None, error: dict | None = None,
@@ -48,7 +48,7 @@ def rank_table(records: list[dict]) -> Table:
     rows = []
     for r in records:
         row = {k: v for k, v in r.items() if k != "result"}
-        row["_shard"] = r["header"].get("shard", "")
+        row["_shard"] = r["header"].get("batch_shard", "")
         row["_findings"] = len(r["findings"])
         row["_error"] = r["error"]["message"] if r["error"] else ""
         rows.append(row)
