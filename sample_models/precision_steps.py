@@ -10,7 +10,13 @@
   GradScaler (starting at 2**16, halving on each skipped step) skips the first ~40 updates, and doctor's
   back-off (down to 2**-8) never finds a scale that fits.
 - `skips_then_recovers`: the same with a factor of 1e3: about the first 10 updates are skipped (the
-  scale falls to ~64), then training proceeds."""
+  scale falls to ~64), then training proceeds.
+- `adam_nan_fp16`: in float16 (--dtype float16) one Adam step makes weights NaN/Inf. `fc.weight` is
+  [[1, 1]]; input column 0 is 1, column 1 is 0, so with the `sum` loss the gradient is [8, 0]. Adam's
+  second moment (1 - 0.999) * g**2 is 0.064 for g = 8 (fine) and 0 for g = 0; its eps 1e-8 is below
+  half of float16's smallest subnormal (2**-25 ~ 2.98e-8), so it is 0 in float16: the update of the
+  second weight is 0 / (0 + 0) = NaN, while the first moves to 1 - 1e-3 ~ 0.999 (float16 0.99902).
+  In float32 (eps kept) the second weight's update is 0 / 1e-8 = 0: nothing is wrong there."""
 import torch
 from torch import nn
 
@@ -98,3 +104,23 @@ def falls_back() -> nn.Module:
     """Under --amp: `fc` runs in the amp dtype, `router` in float32 (profile/memory name it)."""
     torch.manual_seed(0)
     return Routed()
+
+
+class Gate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(2, 1, bias=False)
+        with torch.no_grad():
+            self.fc.weight.fill_(1.0)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def adam_nan_fp16() -> nn.Module:
+    """Feed it `adam_nan_input()`: column 0 ones, column 1 zeros (gradient [8, 0] under the sum loss)."""
+    return Gate()
+
+
+def adam_nan_input():
+    return torch.cat([torch.ones(BATCH, 1), torch.zeros(BATCH, 1)], dim=1)

@@ -274,3 +274,46 @@ def test_healthy_mlp_gets_no_error_in_any_precision(command, options, precision,
         want = {"bf16": "bfloat16", "fp16": "float16"}.get(precision.get("amp"), precision.get("dtype"))
         rows = [row for row in r.table("op_dtypes").rows if row["op"] == "aten::addmm"]
         assert [row["input_dtypes"] for row in rows] == [", ".join([want] * 3)]
+
+
+# --- float16 weights: Adam's eps and second moment flush to 0 -------------------------------------
+
+def adam_nan_step(dtype):
+    model = M.adam_nan_fp16().to(dtype)
+    return run("doctor", model, M.adam_nan_input().to(dtype), loss="sum")
+
+
+def test_premise_adam_in_float16_makes_the_zero_gradient_weight_nan():
+    """What the sample relies on: gradient [8, 0]; eps 1e-8 is 0 in float16 (half the smallest
+    subnormal is 2**-25 > 1e-8), so the second weight's update is 0 / 0."""
+    assert torch.tensor(1e-8, dtype=torch.float16) == 0 and 1e-8 < 2.0 ** -25
+    model = M.adam_nan_fp16().half()
+    model(M.adam_nan_input().half()).sum().backward()
+    assert model.fc.weight.grad.tolist() == [[8.0, 0.0]]
+    torch.optim.Adam(model.parameters(), lr=1e-3).step()
+    w = model.fc.weight.detach().float()[0]
+    assert w[0].item() == float(torch.tensor(1 - 1e-3).half()) and math.isnan(w[1].item())
+
+
+def test_doctor_says_adam_underflows_in_float16_not_that_the_forward_overwrites():
+    r = adam_nan_step(torch.float16)
+    f = finding(r, "non-finite-update")
+    assert f.severity == "error" and f.where == "fc.weight" and "fc.weight (1 of 2)" in f.message
+    # sqrt(2**-25 / (1 - 0.999)) = 0.0055: below it (1 - beta2) g^2 is 0 in float16
+    assert "eps 1e-08 is 0 in float16" in f.message and "|g| ≤ 0.0055" in f.message
+    assert "amp fp16" in f.hint and "optimizer sgd" in f.hint      # named as the Python caller writes them
+    assert "param-not-updated" not in codes(r)
+
+
+def test_the_same_step_is_fine_in_float32_and_rounds_away_in_bfloat16():
+    assert not [f for f in adam_nan_step(torch.float32).findings if f.severity != "info"]
+    r = adam_nan_step(torch.bfloat16)     # 1 - 1e-3 rounds back to 1 in bfloat16; eps fits bf16's range
+    assert "non-finite-update" not in codes(r) and r.data["rounded_away"][0]["fraction"] == 1.0
+
+
+def test_healthy_mlp_in_float16_is_told_why_adam_fails_there():
+    model, x = load("mlp.py:build")
+    r = run("doctor", model, x, dtype="float16")
+    assert {f.code for f in r.findings if f.severity == "error"} == {"non-finite-update"}
+    r = run("doctor", model, x, dtype="float16", optimizer="sgd")
+    assert not [f for f in r.findings if f.severity == "error"]

@@ -8,6 +8,8 @@ its own facts. Used by doctor's update check and by overfit-batch (its first ste
 are never checked (no counts, no extra syncs)."""
 from __future__ import annotations
 
+import math
+
 STAGNANT_FRACTION = 0.5      # a parameter is reported when at least half its moving elements stand still
 CODE = "update-rounds-away"
 
@@ -61,3 +63,31 @@ def message(rows: list[dict], lr: float, step: str, limit: int = 6) -> str:
     return (f"{len(rows)} {dtype} parameter(s) barely move: after {step} (lr {lr:g}) these fractions of their "
             f"elements with a non-zero gradient are unchanged, the update rounded away below half a {dtype} "
             f"ulp of the weight: {shown}{more}")
+
+
+def adam_underflow(optimizer, dtype: str) -> str:
+    """Why an Adam/AdamW step on `dtype` weights gives Inf/NaN: its eps and its second moment
+    (1 - beta2) * g**2 round to 0 below half the dtype's smallest subnormal, so m / (sqrt(v) + eps)
+    divides by 0 (NaN where g = 0, Inf where g is small). "" when that is not the case (other
+    optimizers, float32, bfloat16's float32 range, or an eps the dtype holds)."""
+    from ...core.precision import facts
+
+    group = optimizer.param_groups[0] if optimizer.param_groups else {}
+    if "betas" not in group or "eps" not in group or dtype not in ("float16", "bfloat16"):
+        return ""
+    f, eps, beta2 = facts(dtype), float(group["eps"]), float(group["betas"][1])
+    flush = f.smallest_subnormal / 2
+    if eps > flush:
+        return ""
+    g_min = math.sqrt(flush / (1 - beta2)) if beta2 < 1 else math.inf
+    return (f"Adam's eps {eps:g} is 0 in {dtype} (at most half its smallest subnormal {f.smallest_subnormal:.3g}) and "
+            f"its second moment (1 - beta2)·g² = {1 - beta2:g}·g² is 0 for |g| ≤ {g_min:.2g}: the update "
+            "m / (√v + eps) divides by 0 (NaN where g = 0, Inf for small g)")
+
+
+def nonfinite_hint(ctx) -> str:
+    """The remedies for adam_underflow, with the options named as the caller writes them."""
+    amp, dtype, opt = ctx.option("amp"), ctx.option("dtype"), ctx.option("optimizer")
+    return (f"keep float32 master weights: train with {amp} fp16 (autocast + GradScaler) or {amp} bf16 instead of "
+            f"{dtype} float16; pure float16 weights need Adam's state and eps in float32 (or an eps ≥ 1e-4), or "
+            f"{opt} sgd (no eps, no second moment)")

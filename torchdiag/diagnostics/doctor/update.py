@@ -50,18 +50,19 @@ def update_check(work, inputs, ctx, ck: Checklist, result: Result, scaler=None) 
     with torch.no_grad(), ctx.autocast():
         run_forward(work, inputs, phase="forward after one optimizer step")
     current = {n: p.detach() for n, p in work.named_parameters()}
-    moved, kept, reset_to, counts = _changes(with_grad, before, after_step, current, [c for _, c in stuck])
+    moved, kept, reset_to, broken, counts = _changes(with_grad, before, after_step, current, [c for _, c in stuck])
     rounding = rounded_away([n for n, _ in stuck], counts, {n: short_dtype(p.dtype) for n, p in with_grad})
     by_design = _zero_init(work, inputs, ctx, zero, sources, scaler) if sources else {}
     skip = set(by_design) | {r["name"] for r in rounding if not moved[r["name"]]}   # said once, by its own check
-    bad = _not_updated(with_grad, skip, zero, moved, kept, reset_to)
+    step = OPTIMIZER_NAMES[ctx.spec.optimizer.name]
+    _report_nonfinite(broken, dict(with_grad), optimizer, ctx, ck, step)
+    bad = _not_updated(with_grad, skip | set(broken), zero, moved, kept, reset_to)
     for n, msg, hint in bad[:50]:
         ck.find("update", "param-not-updated", "error", n, f"{n} {msg}", hint,
                 verdict=f"{len(bad)} parameter(s) get a gradient but do not change after a step")
     if len(bad) > 50:
         result.notes.append(f"{len(bad) - 50} more param-not-updated parameters not listed")
-    step = OPTIMIZER_NAMES[ctx.spec.optimizer.name]
-    if not bad:
+    if not bad and not broken:
         extra = f"; {len(no_grad)} trainable parameter(s) got no gradient (see torchdiag gradflow)" if no_grad else ""
         ck.row("update", "ok", f"{len(with_grad)}/{len(with_grad)} params change after 1 {step} step{extra}")
     _report_rounding(rounding, ctx, step, ck, result)
@@ -92,6 +93,23 @@ def _not_updated(with_grad, skip, zero, moved, kept, reset_to) -> list[tuple[str
     return bad
 
 
+def _report_nonfinite(broken: dict[str, int], params: dict, optimizer, ctx, ck: Checklist, step: str) -> None:
+    """non-finite-update (error): parameters finite before the step and holding Inf/NaN after it."""
+    if not broken:
+        return
+    names = sorted(broken, key=lambda n: -broken[n])
+    shown = ", ".join(f"{n} ({broken[n]:,} of {params[n].numel():,})" for n in names[:6])
+    dtype = short_dtype(params[names[0]].dtype)
+    why = rounding_rule.adam_underflow(optimizer, dtype)
+    lr = ctx.spec.optimizer.learning_rate
+    ck.find("update", "non-finite-update", "error", names[0],
+            f"{len(names)} parameter(s) hold Inf/NaN after 1 {step} step (lr {lr:g}) from finite values: {shown}"
+            + (f" … (+{len(names) - 6} more)" if len(names) > 6 else "") + (f"; why: {why}" if why else ""),
+            rounding_rule.nonfinite_hint(ctx) if why else
+            "the step itself produced Inf/NaN: check the learning rate and the gradients (`torchdiag nancheck`)",
+            verdict=f"{len(names)} parameter(s) become Inf/NaN after one step")
+
+
 def _report_rounding(rounding: list[dict], ctx, step: str, ck: Checklist, result: Result) -> None:
     """update-rounds-away (warning): reduced-precision weights whose update mostly rounded away."""
     if not rounding:
@@ -119,22 +137,26 @@ def _changes(with_grad, before, after_step, current, counts=()) -> tuple[dict, d
     together: one host sync per device, not three per parameter."""
     from ...core.readback import read_back
 
-    def equal(a, b):
-        return (a == b).all() if a.shape == b.shape else None
+    def equal(a, b):   # NaN equals NaN: a NaN the step made is not "overwritten" by the next forward
+        return ((a == b) | (a.isnan() & b.isnan())).all() if a.shape == b.shape else None
 
     checks = []
     for n, p in with_grad:
         now = current.get(n, p.detach())
         checks += [equal(after_step[n], before[n]), equal(now, after_step[n]), equal(now, before[n])]
     on_device = [c for c in checks if c is not None]
+    # elements the step made non-finite (finite before)
+    nonfinite = [(~after_step[n].isfinite() & before[n].isfinite()).sum() for n, _ in with_grad]
     extra = [c.reshape(-1)[i] for c in counts for i in range(c.numel())]   # rounding counts, same read
-    read = read_back(on_device + extra)
+    read = read_back(on_device + nonfinite + extra)
     values = iter(read[:len(on_device)])
     flags = [False if c is None else bool(next(values)) for c in checks]
     moved, kept, reset_to = {}, {}, {}
     for i, (n, _) in enumerate(with_grad):
         moved[n], kept[n], reset_to[n] = not flags[3 * i], flags[3 * i + 1], flags[3 * i + 2]
-    return moved, kept, reset_to, read[len(on_device):]
+    k = len(on_device)
+    broken = {n: int(v) for (n, _), v in zip(with_grad, read[k:k + len(with_grad)]) if v}
+    return moved, kept, reset_to, broken, read[k + len(with_grad):]
 
 
 def _zero_init(work, inputs, ctx, zero, sources, scaler=None) -> dict[str, str]:
