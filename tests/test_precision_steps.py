@@ -317,3 +317,10 @@ def test_healthy_mlp_in_float16_is_told_why_adam_fails_there():
     assert {f.code for f in r.findings if f.severity == "error"} == {"non-finite-update"}
     r = run("doctor", model, x, dtype="float16", optimizer="sgd")
     assert not [f for f in r.findings if f.severity == "error"]
+
+
+def test_overfit_batch_nan_loss_after_a_float16_adam_step_names_the_parameters_and_why():
+    r = run("overfit-batch", M.adam_nan_fp16(), M.adam_nan_input(), loss="sum", steps=3, dtype="float16")
+    f = finding(r, "non-finite-loss")
+    assert "at step 1" in f.message and "made 1 of 1 trainable parameter tensor(s) Inf/NaN (fc.weight)" in f.message
+    assert "eps 1e-08 is 0 in float16" in f.message and "nancheck" not in f.hint and "amp fp16" in f.hint

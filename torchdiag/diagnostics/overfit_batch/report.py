@@ -35,6 +35,8 @@ def build(trainer, curve, causes, opts, ctx) -> Result:
         how = "SIGTERM" if curve.interrupted == ExitCode.TERMINATED else "Ctrl-C"
         result.notes.append(f"interrupted with {how}: no verdict; the numbers above are up to the last step")
         return result
+    if curve.peer_stop:   # under torchrun with a wrapper: the stop is every rank's
+        result.notes.append(curve.peer_stop)
     found = _cause_findings(result, trainer, curve, causes, opts)
     _verdict(result, trainer, curve, opts, ctx, found)
     return result
@@ -103,6 +105,26 @@ def _summary(result, curve, opts) -> None:
         result.summary.append(("Loss scale", scale_summary(curve.scales, curve.skipped)))
 
 
+def _nonfinite_params(trainer) -> tuple[str, str]:
+    """After a loss that went non-finite following an update: (what the steps did to the parameters,
+    a hint), or ("", "") when every parameter is still finite (the forward is then the place to look).
+    One read, on this failure path only."""
+    import torch
+
+    from ..doctor.rounding import adam_underflow, nonfinite_hint
+
+    flags = torch.stack([p.detach().isfinite().all() for _, p in trainer.trainable]).tolist()
+    bad = [(n, p) for (n, p), ok in zip(trainer.trainable, flags) if not ok]
+    if not bad:
+        return "", ""
+    dtype = str(bad[0][1].dtype).replace("torch.", "")
+    why = adam_underflow(trainer.optimizer, dtype)
+    text = (f": the optimizer steps made {len(bad)} of {len(trainer.trainable)} trainable parameter tensor(s) "
+            f"Inf/NaN ({_names([n for n, _ in bad], 6)})" + (f"; why: {why}" if why else ""))
+    return text, (nonfinite_hint(trainer.ctx) if why else
+                  "the update itself is non-finite: lower the learning rate (--lr) or clip the gradients")
+
+
 def _cause_findings(result, trainer, curve, causes, opts) -> int:
     """Warnings that explain a failure (cannot-overfit decides); returns how many causes were found."""
     limit, steps, n_trainable = opts.max_names, curve.step, len(trainer.trainable)
@@ -110,9 +132,10 @@ def _cause_findings(result, trainer, curve, causes, opts) -> int:
     found = 0
     if curve.nonfinite_at is not None:
         found += 1
+        stepped = _nonfinite_params(trainer) if curve.nonfinite_at else ("", "")
         result.add("non-finite-loss", "warning", "", f"the loss became {final} at step {curve.nonfinite_at}"
-                   + (" (the very first forward)" if curve.nonfinite_at == 0 else ""),
-                   hint="run `torchdiag nancheck` on this model to find the first module with a non-finite value")
+                   + (" (the very first forward)" if curve.nonfinite_at == 0 else "") + stepped[0],
+                   hint=stepped[1] or "run `torchdiag nancheck` on this model to find the first module with a non-finite value")
     if curve.no_graph:
         found += 1
         result.add("no-grad", "warning", "", "the loss does not require grad: no trainable parameter is connected to it "
