@@ -42,7 +42,15 @@ def healthy():
 
 @pytest.fixture(scope="module")
 def unused():
-    return torchrun("overfit-batch", sample("ranks.py:unused"), "--wrap", "ddp", "--steps", "5")
+    # nancheck: one pass. overfit-batch trains the DDP copy, and DDP itself raises at its second step
+    # on every rank (the error's hint then names the parameters: test_unused_hint_when_every_rank_failed)
+    return torchrun("nancheck", sample("ranks.py:unused"), "--wrap", "ddp")
+
+
+@pytest.fixture(scope="module")
+def overfit():
+    return torchrun("overfit-batch", sample("ranks.py:healthy"), "--wrap", "ddp", "--steps", "300",
+                    "--target-loss", "0.5")
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +121,19 @@ def test_ddp_unused_parameters_named(unused):
     assert "(extra.weight, extra.bias)" in f["message"] and "module extra (Linear) never ran in forward" in f["message"]
     assert "find_unused_parameters=True" in f["hint"]
     assert [u["name"] for u in doc["ranks"][1]["unused"]] == ["extra.weight", "extra.bias"]
+
+
+def test_overfit_batch_trains_the_ddp_copy_and_ranks_stop_together(overfit):
+    code, doc, _ = overfit
+    assert code == 0 and doc["exit_code"] == 0
+    r0, r1 = (r["data"] for r in doc["ranks"])
+    assert all(r["header"]["wrap"].startswith("ddp (the copy overfit-batch trains;") for r in doc["ranks"])
+    # the stop is agreed across ranks each step: the same number of steps everywhere, and the target
+    # counts when every rank's rows reach it
+    assert r0["passed"] and r1["passed"] and r0["steps"] == r1["steps"] == r0["steps_to_target"] == r1["steps_to_target"]
+    assert r0["final_loss"] <= 0.5 and r1["final_loss"] <= 0.5
+    # rank 0's own loss (the curve in the document) reached 0.5 earlier: it went on until rank 1 did
+    assert min(i for i, v in enumerate(doc["loss"]) if v <= 0.5) < r0["steps"]
 
 
 def test_unused_hint_when_every_rank_failed():

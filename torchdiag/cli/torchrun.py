@@ -1,5 +1,5 @@
 """The CLI under torchrun (core.distributed): each rank runs the diagnostic on its shard of the batch
-(profile and memory on a copy wrapped per --wrap, see WRAPPED); every rank hands rank 0 a record (its
+(profile, memory and, under ddp, overfit-batch on a copy wrapped per --wrap: see wraps()); every rank hands rank 0 a record (its
 Result as data, or its error), so a rank that fails never leaves the others waiting at the gather; rank
 0 merges and renders once. Other ranks print nothing unless they fail (one `error: [rank N] …` line).
 Torch-free at import (`--help`)."""
@@ -23,6 +23,27 @@ COMMANDS = ("profile", "memory", "nancheck", "gradflow", "overfit-batch", "docto
 # They run on each rank's own model; the wrapper is checked by the cross-rank step and the unused probe.
 # WRAPPED commands get the plain model too: ctx.train_copy wraps the copy they train (FSDP cannot be copied).
 WRAPPED = ("profile", "memory")
+# Commands that train the wrapped copy under some wrappers only, with what the header says then. overfit-batch
+# agrees on its stop across ranks each step and checks the causes on a local copy; under fsdp its per-step
+# reads would mix parameter shards (DTensors) with plain tensors, so it runs the plain model there.
+WRAPPED_WHEN = {
+    "overfit-batch": {"ddp": "the copy overfit-batch trains; its stop is agreed across ranks each step, "
+                             "the causes are checked on a local copy"},
+}
+
+
+def wraps(command: str, how: str) -> bool:
+    """Does `command` train a copy wrapped per --wrap `how`?"""
+    return how != "none" and (command in WRAPPED or how in WRAPPED_WHEN.get(command, {}))
+
+
+def wrap_header(command: str, how: str) -> str:
+    if how == "none" or command in WRAPPED:
+        return how
+    said = WRAPPED_WHEN.get(command, {}).get(how)
+    if said:
+        return f"{how} ({said})"
+    return f"{how} (checked by the cross-rank step; {command} itself runs on each rank's own copy)"
 
 
 @dataclass
@@ -163,12 +184,11 @@ def _prepare(spec, sess, diagnostic, local: Local) -> None:
     r = sess.ranks
     local.model, inputs, local.ctx = prepare(rank_spec(spec, r), needs_values=getattr(diagnostic, "NEEDS_VALUES", False))
     local.inputs, local.ctx.batch_target, rows = shard(inputs, local.ctx.batch_target, r)
-    wrapped = spec.wrap if spec.command in WRAPPED or spec.wrap == "none" else \
-        f"{spec.wrap} (checked by the cross-rank step; {spec.command} itself runs on each rank's own copy)"
-    local.ctx.header.update({"rank": r.describe(), "batch_shard": rows, "backend": r.backend, "wrap": wrapped})
+    local.ctx.header.update({"rank": r.describe(), "batch_shard": rows, "backend": r.backend,
+                             "wrap": wrap_header(spec.command, spec.wrap)})
     if spec.needs_inputs:
         local.ctx.header["inputs"] = local.inputs.describe()
-    if spec.command in WRAPPED and spec.wrap != "none":   # what the command trains is a copy: wrapped as made
+    if wraps(spec.command, spec.wrap):   # what the command trains is a copy: wrapped as made
         from ..core.distributed import wrap
 
         local.ctx.wrapper = lambda work: wrap(work, r, spec.wrap)
@@ -217,7 +237,7 @@ def _render(opts, spec, sess, diagnostic, records: list[dict], local: Local, ren
     from .common import to_stdout
 
     # only a command that ran the DDP copy has DDP's "module." before the names (a user's own `module` stays)
-    ddp_names = spec.wrap == "ddp" and spec.command in WRAPPED
+    ddp_names = spec.wrap == "ddp" and wraps(spec.command, "ddp")
     merged = merge(records, local.result, spec.command, unwrap="module." if ddp_names else "")
     merged.header.update({"world_size": sess.ranks.world_size, "backend": sess.ranks.backend})
     add_rank_findings(merged, records, spec.wrap)

@@ -211,6 +211,28 @@ def wrap(model, ranks: Ranks, how: str):
     return _fully_shard(model, ranks, device)
 
 
+def agree(flags: list[bool], device, group=None) -> list[bool]:
+    """Each flag true on any rank: one all_reduce (MAX) over the model's process group (`group`, None
+    for the default one). A value-dependent decision (overfit-batch's stop) taken on the wrapped model
+    must be the same on every rank, or a rank would wait for its peers in the next collective."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([1.0 if f else 0.0 for f in flags], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return [v > 0 for v in t.tolist()]
+
+
+def unwrapped(model, work, why: str):
+    """A plain local copy of `model` holding the state `work` (its DDP-wrapped copy) trained: passes run
+    on it make no collective, so a rank may take them whatever its peers do."""
+    from .train import train_copy
+
+    plain = train_copy(model, why)
+    plain.load_state_dict(getattr(work, "module", work).state_dict())
+    return plain
+
+
 def _fully_shard(model, ranks: Ranks, device):
     try:
         from torch.distributed.device_mesh import init_device_mesh

@@ -72,5 +72,9 @@ def run(model, inputs, opts: Options | None, ctx):
     with leave_no_trace(model), ctx.seeded():
         trainer = Trainer(ctx.train_copy(model), inputs.clone(), ctx.loss(), opts, ctx)
         curve = trainer.train()
+        if ctx.wrapper is not None:   # under torchrun: the causes' extra passes on a local copy (no collective)
+            from ...core.distributed import unwrapped
+
+            trainer.work = unwrapped(model, trainer.work, "to check the causes on this rank")
         found = diagnose(trainer, curve, opts)
     return build(trainer, curve, found, opts, ctx)

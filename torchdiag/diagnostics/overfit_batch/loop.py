@@ -39,6 +39,7 @@ class Curve:
     seconds: float = 0.0
     scales: list[float] = field(default_factory=list)     # fp16: the GradScaler's scale each update used
     skipped: list[bool] = field(default_factory=list)     # fp16: the update was skipped (non-finite gradients)
+    peer_stop: str | None = None            # under a wrapper: another rank's loss stopped the run
 
 
 class Trainer:
@@ -64,6 +65,7 @@ class Trainer:
         self.stagnation = []              # reduced-precision weights: doctor.rounding counts of step 0
         self.stagnant_counts: list[float] = []   # those counts, read back by final_flags
         self.curve = Curve()
+        self.agree = _agreement(work, ctx)   # under a wrapper: the stop decided by every rank
 
     def autocast(self):
         return self.ctx.autocast()
@@ -89,16 +91,7 @@ class Trainer:
                 value, lv, acc = self._evaluate(c.step)
                 if opts.on_step:
                     opts.on_step(c.step, lv)
-                if not math.isfinite(lv):
-                    c.nonfinite_at = c.step
-                    break
-                if reached(lv, c.losses[0], acc, opts):
-                    c.reached_at = c.step
-                    break
-                if c.step >= opts.steps:
-                    break
-                if not value.requires_grad:
-                    c.no_graph = True
+                if self._stop(value, lv, acc):
                     break
                 self._update(value, c.step)
                 c.step += 1
@@ -107,6 +100,33 @@ class Trainer:
         self._read()                        # a norm still pending (interrupted between update and loss)
         c.seconds = time.perf_counter() - t0
         return c
+
+    def _stop(self, value, lv: float, acc: float | None) -> bool:
+        """Stop at a non-finite loss, the target, the budget or no graph. Under a wrapper (self.agree)
+        the decision is every rank's: one all_reduce per step (the loop reads the loss each step
+        anyway), so every rank takes the same number of steps and the same collectives; the target
+        counts as reached when it is reached on every rank's rows."""
+        c, opts = self.curve, self.opts
+        flags = [not math.isfinite(lv), not reached(lv, c.losses[0], acc, opts), not value.requires_grad]
+        bad, short, no_graph = flags if self.agree is None else self.agree(flags)
+        if bad:
+            if flags[0]:
+                c.nonfinite_at = c.step
+            else:
+                c.peer_stop = f"stopped at step {c.step}: the loss on another rank is non-finite"
+            return True
+        if not short:
+            c.reached_at = c.step
+            return True
+        if c.step >= opts.steps:
+            return True
+        if no_graph:
+            if flags[2]:
+                c.no_graph = True
+            else:
+                c.peer_stop = f"stopped at step {c.step}: the loss on another rank has no graph"
+            return True
+        return False
 
     def _evaluate(self, step: int):
         """Forward and loss at `step`; records the loss (and accuracy), and at step 0 the output's shape facts."""
@@ -254,6 +274,17 @@ class Trainer:
             raise
         if step == 0:   # reduced-precision weights: did the first update round away? (counted on the device)
             self.stagnation = stagnation_counts(self.trainable, self.start)
+
+
+def _agreement(work, ctx):
+    """Under torchrun with a wrapper: fn(flags) -> each flag true on any rank (core.distributed.agree,
+    over the wrapped model's process group); else None."""
+    if ctx.wrapper is None:
+        return None
+    from ...core.distributed import agree
+
+    group = getattr(work, "process_group", None)
+    return lambda flags: agree(flags, ctx.device, group)
 
 
 def grad_norm(grads):
