@@ -179,7 +179,11 @@ def test_nancheck_names_rank_and_module(nan_rank):
     assert doc["exit_code"] == 1
     [f] = by_code(doc, "non-finite-output")
     assert f["where"] == "2" and f["ranks"] == [1] and f["message"].startswith("[rank 1] ")
-    assert doc["ranks"][0]["findings"] == []      # rank 0's rows are finite
+    # the main pass ran on the DDP copy: rank 0's rows are finite, its gradients after the reduction are not
+    assert all(r["header"]["wrap"].startswith("ddp (the main pass runs on the DDP copy") for r in doc["ranks"])
+    assert [g["code"] for g in doc["ranks"][0]["findings"]] == ["non-finite-after-reduction"]
+    [g] = by_code(doc, "non-finite-after-reduction")
+    assert g["ranks"] == [0] and "another rank" in g["message"]
 
 
 @pytest.mark.cuda

@@ -30,6 +30,12 @@ WRAPPED_WHEN = {
     "overfit-batch": {"ddp": "the copy overfit-batch trains; its stop is agreed across ranks each step, "
                              "the causes are checked on a local copy"},
 }
+# Commands whose one main forward+backward runs on a wrapped copy (ctx.pass_wrapper, ctx.wrapped_copy):
+# gradients after the wrapper's reduction; every extra pass the values call for runs on the local model.
+PASS_WRAPPED = {
+    "nancheck": {"ddp": "the main pass runs on the DDP copy, gradients after its reduction; locating a "
+                        "non-finite value runs on this rank's own model"},
+}
 
 
 def wraps(command: str, how: str) -> bool:
@@ -40,7 +46,7 @@ def wraps(command: str, how: str) -> bool:
 def wrap_header(command: str, how: str) -> str:
     if how == "none" or command in WRAPPED:
         return how
-    said = WRAPPED_WHEN.get(command, {}).get(how)
+    said = WRAPPED_WHEN.get(command, {}).get(how) or PASS_WRAPPED.get(command, {}).get(how)
     if said:
         return f"{how} ({said})"
     return f"{how} (checked by the cross-rank step; {command} itself runs on each rank's own copy)"
@@ -192,6 +198,10 @@ def _prepare(spec, sess, diagnostic, local: Local) -> None:
         from ..core.distributed import wrap
 
         local.ctx.wrapper = lambda work: wrap(work, r, spec.wrap)
+    if spec.wrap in PASS_WRAPPED.get(spec.command, {}):
+        from ..core.distributed import wrap
+
+        local.ctx.pass_wrapper = lambda work: wrap(work, r, spec.wrap)
     if spec.command in CONSISTENCY:
         from ..core.train import train_copy
 

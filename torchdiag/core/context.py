@@ -27,6 +27,7 @@ class Context:
     header: dict[str, Any] = field(default_factory=dict)   # choices made for the user
     checkpoints: list = field(default_factory=list)        # core.checkpoint.Report of each file loaded
     wrapper: Any = None                  # under torchrun: wraps a train copy (core.distributed.wrap); else None
+    pass_wrapper: Any = None             # under torchrun, nancheck/gradflow --wrap ddp: wraps their main pass's copy
 
     @property
     def seed(self) -> int:
@@ -92,6 +93,13 @@ class Context:
     def train_copy(self, model, why: str = "to train it"):
         work = train.train_copy(model, why)
         return self.wrapper(work) if self.wrapper is not None else work   # under torchrun: DDP/FSDP the copy
+
+    def wrapped_copy(self, model, why: str):
+        """Under torchrun (pass_wrapper set): a train copy, wrapped, for the one pass every rank makes
+        whatever its values; None otherwise (the command runs the model itself)."""
+        if self.pass_wrapper is None:
+            return None
+        return self.pass_wrapper(train.train_copy(model, why))
 
     def explain(self, error) -> None:
         """A model error on the meta device, or in reduced precision: say so (a fact we know), whatever

@@ -29,6 +29,7 @@ from .precision_report import check_precision
 from .report import report_pass, report_tensors
 from .scaled import report_scaled, train_scaled
 from .steps import report_steps, train_until_non_finite
+from .wrapped import report_reduced, wrapped_pass
 
 NEEDS_VALUES = True
 OPTIMIZER = OptimizerSpec("sgd", lr=0.01, momentum=0.0)   # --steps: plain SGD, no momentum
@@ -103,10 +104,16 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     report_tensors(result, *nonfinite_tensors(model, inputs))
     state = rng_state(ctx.device)
     watch = Watch() if ctx.precision.reduced else None
-    report, anomaly = _passes(model, inputs, loss_fn, opts, ctx, state, watch)
+    wrapped, reduced = wrapped_pass(model, inputs, loss_fn, ctx, state)   # under torchrun --wrap ddp only
+    if wrapped and reduced is not None and watch is None and not opts.anomaly:
+        report, anomaly = reduced, None    # healthy after the reduction: no local pass needed
+    else:
+        report, anomaly = _passes(model, inputs, loss_fn, opts, ctx, state, watch)
     if report.loss_desc:
         result.header["loss"] = report.loss_desc
     report_pass(result, report)
+    if wrapped:
+        report_reduced(result, reduced is not None)
     check_precision(result, model, inputs, loss_fn, ctx, report, watch, state)
     if anomaly is not None:
         report_anomaly(result, anomaly)
