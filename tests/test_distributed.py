@@ -70,6 +70,9 @@ def test_healthy_ddp_ranks_agree(healthy):
     # the 8 rows of example_inputs split 4 + 4, each rank its own (different losses)
     assert [r["header"]["batch_shard"] for r in doc["ranks"]] == ["rows 0:4 of 8", "rows 4:8 of 8"]
     assert doc["ranks"][0]["data"]["loss_value"] != doc["ranks"][1]["data"]["loss_value"]
+    # the judged pass ran through the DDP copy: the gradients are the reduced ones, equal on both ranks
+    assert all(r["header"]["wrap"].startswith("ddp (the judged pass runs on the DDP copy") for r in doc["ranks"])
+    assert doc["ranks"][0]["data"]["reduced_grad_norm"] == pytest.approx(doc["ranks"][1]["data"]["reduced_grad_norm"], rel=1e-6)
     cons = doc["consistency"]
     # Linear(8,16) + Linear(16,4): 4 parameter tensors, compared as built and after 2 DDP steps
     assert cons["compared"] == 4 and cons["steps"] == 2

@@ -35,6 +35,8 @@ WRAPPED_WHEN = {
 PASS_WRAPPED = {
     "nancheck": {"ddp": "the main pass runs on the DDP copy, gradients after its reduction; locating a "
                         "non-finite value runs on this rank's own model"},
+    "gradflow": {"ddp": "the judged pass runs on the DDP copy, gradients after its reduction; the re-checks "
+                        "run on this rank's own model"},
 }
 
 

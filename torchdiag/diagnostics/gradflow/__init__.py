@@ -36,9 +36,14 @@ __all__ = ["NEEDS_VALUES", "Options", "STATUS_ORDER", "STATUS_SEVERITY", "fronti
 def run(model, inputs, opts: Options, ctx) -> Result:
     result = Result("gradflow")
     result.header["mode"] = ("eval" if opts.eval_mode else "train") + " mode, one forward + backward"
-    params = dict(model.named_parameters())          # unique tensors (ties once)
-    modules = dict(model.named_modules())
-    pas = record_pass(model, inputs, opts, ctx)
+    # under torchrun --wrap ddp the judged pass runs through the DDP copy (every rank makes it; gradients
+    # after the reduction); the re-checks the values call for run on `model`, this rank's own (no collective)
+    wrapped = ctx.wrapped_copy(model, "to run the pass wrapped")
+    watched = model if wrapped is None else wrapped.module
+    params = dict(watched.named_parameters())          # unique tensors (ties once)
+    modules = dict(watched.named_modules())
+    pas = record_pass(watched, inputs, opts, ctx, call=wrapped)
+    pas.rec.model = model     # dead units are re-judged on this rank's own model
     result.header["loss"] = pas.loss_text
     if pas.stochastic:
         result.header["mode"] += f"; stochastic depth off for the judged pass ({len(pas.stochastic)} module(s))"
@@ -67,6 +72,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         "allow": list(opts.allow), "strict": opts.strict,
         "status_counts": status_counts(rows),
     })
+    if wrapped is not None:   # the total gradient norm after DDP's reduction: the same on every rank
+        result.data["reduced_grad_norm"] = math.sqrt(sum(r["grad_norm"] ** 2 for r in rows if r["grad_norm"] is not None))
     display.decorate(rows, layers, acts, scale, result.findings)
     display.tables(result, rows, layers, acts, scale, opts, reduced)
     if opts.histograms:

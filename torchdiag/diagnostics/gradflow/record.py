@@ -164,9 +164,11 @@ class Pass:
     stochastic: list = field(default_factory=list)   # stochastic-depth modules switched off for the pass
 
 
-def record_pass(model, inputs, opts, ctx) -> Pass:
+def record_pass(model, inputs, opts, ctx, call=None) -> Pass:
     """Forward (train mode unless opts.eval_mode; stochastic depth off) + loss + backward. `.grad` tensors are set aside
-    before and put back after, buffers a train-mode forward updates are copied back bit for bit."""
+    before and put back after, buffers a train-mode forward updates are copied back bit for bit.
+    `call`: what the forward calls when it is not `model` itself (under torchrun, the DDP wrapper around
+    `model`: the hooks watch `model`, the gradients are the ones after DDP's reduction)."""
     import torch
 
     from ...core.guard import leave_no_trace
@@ -185,7 +187,7 @@ def record_pass(model, inputs, opts, ctx) -> Pass:
         for p in params.values():
             p.grad = None
         with rec, tracker, ctx.autocast():   # --amp: forward and loss autocast, backward outside
-            output = run_forward(model, inputs, tracker)
+            output = run_forward(model if call is None else call, inputs, tracker)
         with ctx.autocast():
             loss = loss_fn(output)
         reach = reachable(loss.grad_fn)
