@@ -7,6 +7,7 @@ Inputs: each model's `example_input_array` (ones, or a seeded draw), so the numb
     torchdiag nancheck sample_models/precision.py:underflow --dtype float16   # fc's gradients all flush to 0
     torchdiag nancheck sample_models/precision.py:grad_overflow --dtype float16 --loss sum   # backward: 1e6
     torchdiag nancheck sample_models/precision.py:fine --dtype bfloat16       # fine in all three precisions
+    torchdiag nancheck sample_models/precision.py:attention --dtype float16   # scores 460,800 inside attn
 """
 import torch
 from torch import nn
@@ -112,3 +113,35 @@ class Fine(nn.Module):
 def fine() -> nn.Module:
     torch.manual_seed(0)
     return Fine()
+
+
+class Attention(nn.Module):
+    """Softmax attention over the batch whose scores overflow float16 while its output cannot: `q` is a
+    bias-free Linear(8, 8) with every weight 30, so on ones each q element is 8 x 30 = 240 and each score
+    q_i . q_j = 8 x 240**2 = 460,800 (> 65,504; exact in float32). In float16 the scores are Inf and
+    softmax(Inf - Inf) is NaN; the module's output (softmax rows summed) is exactly 1 in float32."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Linear(8, 8, bias=False)
+        nn.init.constant_(self.q.weight, 30.0)
+
+    def forward(self, x):
+        q = self.q(x)
+        return torch.softmax(q @ q.transpose(-1, -2), dim=-1).sum(-1, keepdim=True)
+
+
+class AttentionModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = Attention()
+        self.head = nn.Linear(1, 3)
+        self.example_input_array = torch.ones(4, 8)
+
+    def forward(self, x):
+        return self.head(self.attn(x))
+
+
+def attention() -> nn.Module:
+    torch.manual_seed(0)
+    return AttentionModel()

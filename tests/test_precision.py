@@ -136,6 +136,23 @@ def test_fp16_overflow_named_with_its_reason(how, untouched):
     assert "output max |x| 81,920 (float32 reference) exceeds float16's largest finite 65,504" in msg
 
 
+@pytest.mark.parametrize("how", [{"dtype": "float16"}, {"amp": "fp16"}])
+def test_an_intermediate_overflow_inside_a_module_is_named_with_the_op_and_value(how):
+    _, r = nan("attention", **how)
+    assert r.exit_code == 1 and r.data["forward"]["module"] == "attn"
+    cause = r.data["reduced_precision"]["cause"]
+    # scores q_i . q_j = 8 * (8 * 30)**2 = 460,800 in float32; the module's output is exactly 1
+    assert cause["kind"] == "inner-overflow" and cause["float32_inner_op"] == "mm"
+    assert cause["float32_inner_max_abs"] == 8 * (8 * 30) ** 2 and cause["float32_max_abs"] == 1.0
+    msg = next(f.message for f in r.findings if f.code == "non-finite-output")
+    assert "mm reaches max |x| 460,800" in msg and "rounding or underflow" not in msg
+
+
+def test_attention_model_is_fine_in_bfloat16():
+    _, r = nan("attention", dtype="bfloat16")
+    assert r.exit_code == 0 and not [f for f in r.findings if f.severity == "error"]
+
+
 def test_overflow_model_is_fine_in_float32_and_bfloat16():
     _, r32 = nan("overflow")
     _, r16 = nan("overflow", dtype="bfloat16")

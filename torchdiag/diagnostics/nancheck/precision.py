@@ -10,6 +10,7 @@
   exactly zero in the reduced run. Reported per module (its own parameters)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ...core.precision import HEADROOM, facts
@@ -141,6 +142,50 @@ def reference_pass(model, inputs, loss_fn, ctx, state):
     return work, rep, watch
 
 
+def inner_max(work, inputs, module: str, ctx, state) -> tuple[str, float] | None:
+    """(op, largest |x|) over the floating outputs of the ops that run inside `module`'s forward (its
+    own code and its submodules) in one more forward of the float32 reference copy `work` (same inputs and
+    RNG state, no grad): the intermediate a module output does not show (q @ k^T before a softmax).
+    Only on a forward failure whose module output is in range in float32. None when nothing ran."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    from ...core.precision import cast_inputs
+    from .flags import set_rng_state
+
+    seen, depth = [], [0]
+
+    class Inner(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if depth[0]:
+                seen.extend((str(func.overloadpacket.__name__), t.detach().abs().amax()) for t in tree_leaves(out)
+                            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel())
+            return out
+
+    target = dict(work.named_modules()).get("" if module == "(root)" else module)
+    if target is None:
+        return None
+    handles = [target.register_forward_pre_hook(lambda *_: depth.__setitem__(0, depth[0] + 1)),
+               target.register_forward_hook(lambda *_: depth.__setitem__(0, depth[0] - 1))]
+    x = cast_inputs(inputs, "float32") if ctx.spec.dtype else inputs
+    try:
+        with torch.random.fork_rng(devices=[ctx.device] if ctx.on_cuda else []), torch.no_grad(), Inner():
+            set_rng_state(state, ctx.device)
+            x.call(work)
+    except Exception:       # the reference forward ran once already; a second failure is not news
+        return None
+    finally:
+        for h in handles:
+            h.remove()
+    if not seen:
+        return None
+    values = read_back([v for _, v in seen])
+    i = max(range(len(values)), key=lambda k: values[k] if math.isfinite(values[k]) else -1.0)
+    return seen[i][0], values[i]
+
+
 def underflow_rows(reduced: dict, work) -> list:
     """Per module: of its parameter-gradient values nonzero in float32, how many are exactly zero in the
     reduced run. Computed on the device, read back once."""
@@ -177,5 +222,5 @@ def call_max(watch: Watch, module: str, occurrence: int, kind: str) -> float | N
     return max(values) if values else None
 
 
-__all__ = ["Watch", "WatchChecker", "headroom_rows", "reference_pass", "underflow_rows", "call_max", "HEADROOM",
+__all__ = ["Watch", "WatchChecker", "headroom_rows", "reference_pass", "inner_max", "underflow_rows", "call_max", "HEADROOM",
            "UNDERFLOW_WARN"]

@@ -69,6 +69,18 @@ def backward_cause(rep, ref_rep, ref_watch, prec) -> dict | None:
     return cause
 
 
+def _inner_overflow(cause, ref_work, inputs, ctx, state) -> None:
+    """A forward cause whose module output is in range in float32: does an op inside the module exceed the
+    dtype (measured on the float32 reference)? Then the kind is `inner-overflow`, with that op and value."""
+    if not cause or cause["phase"] != "forward" or cause["kind"] != "reduced-precision":
+        return
+    from .precision import inner_max
+
+    top = inner_max(ref_work, inputs, cause["module"], ctx, state)
+    if top is not None and top[1] > cause["largest_finite"]:
+        cause.update(kind="inner-overflow", float32_inner_op=top[0], float32_inner_max_abs=top[1])
+
+
 def cause_text(c: dict) -> str:
     """The precision reason, appended to the finding that names the module."""
     dt, lim = c["dtype"], g(c["largest_finite"])
@@ -81,6 +93,10 @@ def cause_text(c: dict) -> str:
         if c["kind"] == "overflow":
             return (f"; why: output max |x| {g(m)} (float32 reference) exceeds {dt}'s largest finite {lim}: "
                     f"it overflows in {dt} and is finite in float32")
+        if c["kind"] == "inner-overflow":
+            return (f"; why: inside its forward, {c['float32_inner_op']} reaches max |x| {g(c['float32_inner_max_abs'])} "
+                    f"in the float32 reference, above {dt}'s largest finite {lim}: that intermediate overflows in {dt} "
+                    f"(the module's output, max |x| {g(m)} in float32, is in range)")
         return (f"; in the float32 reference this output is finite (max |x| {g(m)}), inside {dt}'s range: {dt} "
                 "rounding or underflow earlier in the forward made it (the float32 run is clean)")
     if c["kind"] == "overflow":
@@ -166,6 +182,7 @@ def check_precision(result: Result, model, inputs, loss_fn, ctx, rep, watch, sta
         data["reference"] = {"why": why, "loss": ref_rep.loss_value, "finite": ref_rep.origin is None and ref_rep.loss_finite
                              and not ref_rep.param_grad_rows and not ref_rep.output_grad_bad}
         data["cause"] = forward_cause(rep, ref_rep, ref_watch, prec) or backward_cause(rep, ref_rep, ref_watch, prec)
+        _inner_overflow(data["cause"], ref_work, inputs, ctx, state)
         explain(result, data["cause"])
     report_underflow(result, watch.grads if not failed else {}, ref_work if not failed else None, prec)
     result.data["reduced_precision"] = data
