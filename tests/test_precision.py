@@ -362,3 +362,34 @@ def test_dtype_casts_floating_tensors_only_and_keeps_complex_parameters(untouche
     assert work.w.dtype == torch.complex64 and torch.equal(work.w, model.w)   # |1+2j| = sqrt(5), not 1
     assert work.fc.weight.dtype == torch.float16 and work.steps.dtype == torch.int64
     assert r.exit_code == 0, [f.message for f in r.findings]
+
+
+
+class _GateFlips(torch.nn.Module):
+    """On x = [1, 1]: h0 = x0 + 2**-10, pre = h0 - x1 = 2**-10 > 0 in float32, but in bfloat16 (ulp 2**-7
+    at 1) h0 rounds to 1, so pre = 0 and ReLU's gradient is 0: a.weight's 2 gradient values (nonzero in
+    float32) and head.weight's 3 (ReLU output 0) are exactly 0 in bfloat16, by rounding, not by range."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(2, 1, bias=False)
+        self.head = torch.nn.Linear(1, 3)
+        with torch.no_grad():
+            self.a.weight.copy_(torch.tensor([[1.0, -1.0]]))
+
+    def forward(self, x):
+        h = torch.cat([x[:, :1] + 2.0 ** -10, x[:, 1:]], dim=1)
+        return self.head(torch.relu(self.a(h)))
+
+
+def test_bfloat16_zeros_are_rounding_not_underflow_and_only_info():
+    import torchdiag
+
+    x = torch.ones(2, 2)
+    assert torch.tensor(1 + 2.0 ** -10).bfloat16() == 1
+    r = torchdiag.api.run("nancheck", _GateFlips(), (x,), dtype="bfloat16")
+    f = next(f for f in r.findings if f.code == "grad-underflow")
+    rows = {row["module"]: row for row in r.table("precision_underflow").rows}
+    assert (rows["a"]["nonzero_float32"], rows["a"]["zero_reduced"]) == (2, 2)
+    assert (rows["head"]["nonzero_float32"], rows["head"]["zero_reduced"]) == (6, 3)   # the bias keeps its 3
+    assert f.severity == "info" and "not range underflow" in f.message and r.exit_code == 0

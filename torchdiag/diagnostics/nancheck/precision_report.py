@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ...core.precision import HEADROOM
+from ...core.precision import HEADROOM, facts
 from ...results import Column, Result, Table
 from .precision import UNDERFLOW_WARN, call_max, headroom_rows, underflow_rows
 
@@ -148,7 +148,12 @@ def report_underflow(result: Result, reduced_grads: dict, ref_work, prec) -> lis
         more = f"; {len(bad) - 1} other module(s) too (table)" if len(bad) > 1 else ""
         unscaled = (" in this unscaled pass; training's GradScaler multiplies the loss by its scale to keep them "
                     "(--steps shows it)" if prec.scaled else "")
-        result.add("grad-underflow", "info" if prec.scaled else "warning", top["module"],
+        # bfloat16 has float32's exponent range: its zeros are rounding (a ReLU-like gate that flips at 0, a sum
+        # that cancels), not values below the dtype's range: said so, as info
+        wide = prec.facts.smallest_normal <= 2 * facts("float32").smallest_normal
+        unscaled += (f"; {dtype} has float32's range, so this is not range underflow: {dtype} rounding in the forward "
+                     "turned units off (a ReLU-like gate at 0) or cancelled sums to exactly 0" if wide else "")
+        result.add("grad-underflow", "info" if prec.scaled or wide else "warning", top["module"],
                    f"{top['module']}: {top['zero_reduced']:,} of {top['nonzero_float32']:,} parameter-gradient values "
                    f"({top['fraction']:.1%}) that are nonzero in float32 are exactly 0 in {dtype} (same weights and "
                    f"inputs, float32 reference){unscaled}{more}",
