@@ -144,8 +144,9 @@ def test_an_intermediate_overflow_inside_a_module_is_named_with_the_op_and_value
     # scores q_i . q_j = 8 * (8 * 30)**2 = 460,800 in float32; the module's output is exactly 1
     assert cause["kind"] == "inner-overflow" and cause["float32_inner_op"] == "mm"
     assert cause["float32_inner_max_abs"] == 8 * (8 * 30) ** 2 and cause["float32_max_abs"] == 1.0
-    msg = next(f.message for f in r.findings if f.code == "non-finite-output")
-    assert "mm reaches max |x| 460,800" in msg and "rounding or underflow" not in msg
+    f = next(f for f in r.findings if f.code == "non-finite-output")
+    assert "mm reaches max |x| 460,800" in f.message and "rounding or underflow" not in f.message
+    assert f.hint.startswith("keep this op in float32")       # the precision remedy, not "look at log/sqrt"
 
 
 def test_attention_model_is_fine_in_bfloat16():

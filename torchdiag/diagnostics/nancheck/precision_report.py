@@ -114,7 +114,7 @@ def explain(result: Result, cause: dict | None) -> None:
     for f in result.findings:
         if f.code in codes and f.severity == "error":
             f.message += cause_text(cause)
-            if cause["kind"] == "overflow":
+            if cause["kind"] in ("overflow", "inner-overflow"):
                 f.hint = HINTS[cause["phase"]]
             return
 
