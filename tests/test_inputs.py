@@ -122,6 +122,19 @@ def test_encoder_decoder_gets_decoder_ids_in_the_shared_vocabulary():
     assert inputs.call(model).shape == (2, 40, 300)
 
 
+def test_encoder_decoder_on_meta_gets_meta_decoder_ids():
+    """On meta (summary/flops of a T5) the ids have no values, but the decoder still needs its input."""
+    from torchdiag.core.inputs import realistic_inputs
+
+    model = seq2seq(300).to("meta")
+    spec = parse_input_spec("2x40:int64")
+    ids = torch.empty(2, 40, dtype=torch.int64, device="meta")
+    inputs = realistic_inputs(model, [ids], [spec], [None], torch.device("meta"), 0)
+    dec = inputs.kwargs["decoder_input_ids"]
+    assert dec.device.type == "meta" and dec.shape == (2, 40) and dec.dtype == torch.int64
+    assert inputs.call(model).shape == (2, 40, 300)
+
+
 def test_a_missing_decoder_input_is_named_in_the_error():
     model = seq2seq()
     with pytest.raises(ModelError) as exc:

@@ -293,6 +293,8 @@ def realistic_inputs(model, tensors: list, specs: list[InputSpec], notes: list, 
     ids: list[int] = []   # positions whose range is still the safe default
     for i, (t, spec) in enumerate(zip(tensors, specs)):
         name = label[i]
+        if spec.low is None and spec.is_int and meta:   # no values on meta, but the decoder ids below count them
+            ids.append(i)
         if meta or spec.low is not None:
             continue
         if "attention_mask" in name and spec.dtype != "bool":
@@ -305,16 +307,18 @@ def realistic_inputs(model, tensors: list, specs: list[InputSpec], notes: list, 
             ids.append(i)
     # an encoder-decoder forward whose decoder ids were not given gets them, shaped like the first ids
     given = set(names[:len(tensors)])
-    if "decoder_input_ids" in names and "decoder_input_ids" not in given and ids and not meta:
+    if "decoder_input_ids" in names and "decoder_input_ids" not in given and ids:
         first = tensors[ids[0]]
-        g = torch.Generator().manual_seed(seed + 1)
-        high = default_int_high(model)[0]
-        kwargs["decoder_input_ids"] = torch.randint(0, high, tuple(first.shape), generator=g,
-                                                    dtype=first.dtype).to(first.device)
+        if meta:   # shapes only
+            kwargs["decoder_input_ids"] = torch.empty(tuple(first.shape), dtype=first.dtype, device="meta")
+        else:
+            g = torch.Generator().manual_seed(seed + 1)
+            kwargs["decoder_input_ids"] = torch.randint(0, default_int_high(model)[0], tuple(first.shape), generator=g,
+                                                        dtype=first.dtype).to(first.device)
         out_notes.append(f"decoder_input_ids: {shape_str(first)} added (the model is an encoder-decoder: "
                          "its forward takes decoder_input_ids)")
     inputs = ModelInputs(tuple(tensors), kwargs, "--input")
-    wanted = [f"input[{i}]" for i in ids] + (["decoder_input_ids"] if "decoder_input_ids" in kwargs else [])
+    wanted = [] if meta else [f"input[{i}]" for i in ids] + (["decoder_input_ids"] if "decoder_input_ids" in kwargs else [])
     found = embedding_consumers(model, inputs, wanted) if wanted and model is not None else {}
     for key in wanted:
         if key not in found:
