@@ -36,7 +36,7 @@ def decorate(rows, layer_rows, act_rows, scale, findings) -> None:
     for r in layer_rows:
         r["_bar"] = log_bar(r["mean_abs_grad"], *scale)
         r["_style"] = "dim" if not r["ran"] else style(r["status"])
-    warned = {f.where for f in findings if f.code in ("dead-units", "saturated")}
+    warned = {f.where for f in findings if f.code in ("dead-units", "saturated") and f.severity != "info"}
     for r in act_rows:
         r["_style"] = "yellow" if r["module"] in warned else None
 
@@ -69,5 +69,6 @@ def tables(result, rows, layer_rows, act_rows, scale, opts, reduced: str | None 
         Column("mean", "mean", "float"), Column("std", "std", "float"),
         Column("zero_fraction", "zeros", "pct"), Column("dead_fraction", "dead units", "pct"),
         Column("saturated_fraction", "saturated", "pct")], act_rows,
-        note="dead unit: an output position that is exactly 0 for every sample of the batch; "
+        note="dead unit: an output position that is exactly 0 for every sample of the batch (a flagged module is "
+             "re-judged on 16 fresh samples: dead_confirmed in --json); "
              f"saturated: tanh |y| > {1 - m:g}, sigmoid outside [{m:g}, {1 - m:g}], hardtanh at its bounds"))
