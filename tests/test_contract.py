@@ -118,3 +118,14 @@ def test_json_error_document_has_the_schema_version_of_results():
                        text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 2
     assert json.loads(r.stdout)["schema_version"] == SCHEMA_VERSION
+
+
+@pytest.mark.parametrize("field,value,hint", [("dtype", "half", "did you mean float16?"), ("dtype", "bf16", "did you mean bfloat16?"),
+                                              ("amp", "float16", "did you mean fp16?"), ("dtype", "xyz", None)])
+def test_a_refused_choice_suggests_what_was_meant(field, value, hint):
+    from torchdiag.core.run import RunSpec
+    from torchdiag.errors import OptionError
+
+    with pytest.raises(OptionError) as exc:
+        RunSpec("nancheck", **{field: value})
+    assert exc.value.hint == hint and f"'{value}' is not one of" in exc.value.message

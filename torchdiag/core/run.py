@@ -19,12 +19,26 @@ WRAPS = ("none", "ddp", "fsdp")      # how each rank wraps the model under torch
 SEED_RANGE = (0, 2**64)              # what torch.manual_seed accepts
 
 
+# what people write for a dtype or an autocast precision, for the hint of a refused value
+ALIASES = {"half": "float16", "fp16": "float16", "float": "float32", "fp32": "float32", "bf16": "bfloat16",
+           "float16": "fp16", "bfloat16": "bf16", "torch.float16": "float16", "torch.bfloat16": "bfloat16",
+           "torch.float32": "float32"}
+
+
 def choice(name: str, value, choices, flag: str | None = None) -> str:
     """`value` lower-cased if it is one of `choices`, else an OptionError naming the option."""
     text = str(value).strip().lower()
     if text not in choices:
-        raise OptionError(name, f"'{value}' is not one of {', '.join(choices)}", flag=flag)
+        raise OptionError(name, f"'{value}' is not one of {', '.join(choices)}", hint=_nearest(text, choices), flag=flag)
     return text
+
+
+def _nearest(text: str, choices) -> str | None:
+    import difflib
+
+    alias = ALIASES.get(text)
+    close = [alias] if alias in choices else difflib.get_close_matches(text, list(choices), n=1, cutoff=0.6)
+    return f"did you mean {close[0]}?" if close else None
 
 
 def number(name: str, value, *, low: float | None = None, high: float | None = None, low_open: bool = False,
