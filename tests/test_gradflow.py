@@ -1,5 +1,6 @@
 """gradflow: statuses and culprits on hand-built and broken sample models, numbers against
 closed forms, the CLI contract (exit codes, JSON keys, --plot, --tb), and no trace left."""
+import copy
 import math
 import sys
 
@@ -630,3 +631,26 @@ def test_nested_fast_path_outputs_do_not_crash(cli):
     assert a.code == 0, a.json
     shapes = [row["shape"] for row in a.json["modules"]]
     assert any(s.startswith("nested(2: 12x32, 7x32)") for s in shapes), shapes
+
+
+def test_a_huge_ratio_before_batch_norm_corrects_itself_and_is_not_exploding():
+    """The stem of a deep ResNet at init has grad/weight 1e3–4e3 (torchvision resnet152: 4435). A weight
+    feeding BatchNorm is scale-invariant: its gradient is orthogonal to it (Euler: w·∇L = 0), so a step
+    grows |w| instead of blowing the weight up. Here the conv weight is shrunk 30× (ratio ~900× larger;
+    its output variance stays far above BatchNorm's eps, which would otherwise break the invariance)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 30 * 30, 4))
+    with torch.no_grad():
+        model[0].weight.div_(30)
+    x = torch.randn(2, 3, 32, 32)
+    res = run(model, x)
+    row = by(res.table("params").rows, "name", "0.weight")
+    assert row["scale_invariant"] and row["status"] == "ok" and row["grad_weight_ratio"] > 1e3
+    assert any(f.code == "scale-invariant" and "0.weight" in f.message for f in res.findings)
+    assert res.exit_code == 0
+    # the premise, checked without torchdiag: with BatchNorm's eps ~0 the gradient is orthogonal to the weight
+    probe = copy.deepcopy(model).double()
+    probe[1].eps = 1e-30
+    probe(x.double()).sum().backward()
+    w, g = probe[0].weight.detach(), probe[0].weight.grad
+    assert abs((w * g).sum()) <= 1e-6 * w.norm() * g.norm()

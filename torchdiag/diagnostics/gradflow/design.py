@@ -6,7 +6,9 @@ initialisation (issue 14; bench/corpus-findings.md has the models and numbers be
 - a parameter tiny by construction (layer scale, cls token: per-element RMS < TINY_RMS) is judged by
   its gradient, not by grad/weight;
 - a weight whose output goes straight into a batch-statistics normalisation is scale-invariant: its
-  gradient scales as 1/|w|, so only grad/weight means something, with a wider threshold;
+  gradient is orthogonal to w and scales as 1/|w|, so a step only turns w and grows |w|
+  (grad/weight r becomes r / (1 + (lr·r)²) after one SGD step): a large ratio corrects itself and
+  is not judged exploding (deep ResNets' stem convolution at init: ratio 1e3–4e3);
 - a gradient shrunk by a layer scale of its own block is judged after dividing by that scale.
 
 The checks that run the model again (a step on a copy, a shifted bias) are in recheck.py."""
@@ -15,7 +17,6 @@ from __future__ import annotations
 import contextlib
 
 TINY_RMS = 1e-4                 # per-element RMS below this: tiny by construction (layer scale 1e-6)
-INVARIANT_RATIO_FACTOR = 10     # scale-invariant weights: grad/weight threshold × this, no norm threshold
 
 
 def is_stochastic_depth(mod) -> bool:

@@ -127,8 +127,9 @@ def _why(kind, cause) -> str:
                          "normalisation or softmax cancels it)",
             "tiny-by-construction": "judged by the gradient itself (its norm, and the largest change one plain "
                                     "gradient step at the run's learning rate makes), not by grad/weight",
-            "scale-invariant": "each feeds a batch-statistics normalisation, so its gradient grows as 1/|w|; "
-                               "judged by grad/weight against a 10× wider threshold, not by its norm"}.get(kind, "")
+            "scale-invariant": "each feeds a batch-statistics normalisation, so its gradient is orthogonal to it and "
+                               "grows as 1/|w|: a step grows |w| and the ratio corrects itself, so neither its norm nor "
+                               "grad/weight makes it exploding"}.get(kind, "")
 
 
 def _common(members) -> str:

@@ -6,7 +6,7 @@ import fnmatch
 import math
 
 from .causes import why
-from .design import INVARIANT_RATIO_FACTOR, is_tiny, rms
+from .design import is_tiny, rms
 from .names import owner
 from .stats import L1, L2, LINF, WEIGHT
 
@@ -45,8 +45,8 @@ def status(row, opts, lr: float = 1e-3) -> str:
     parameter is built (design.py): a tiny-by-construction value is judged by its gradient alone
     (grad/weight of a 1e-6 layer scale is huge for any ordinary gradient): its norm, and the update
     size, lr × max |grad|, which must stay below 1 (an ordinary weight's scale); a weight feeding a
-    batch-statistics normalisation is scale-invariant, so its gradient norm is 1/|w| and only the
-    ratio counts, against a wider threshold."""
+    batch-statistics normalisation is scale-invariant: its gradient is orthogonal to w and grows as
+    1/|w|, so a step grows |w| and the ratio corrects itself: neither number makes it exploding."""
     if row["nan"] or row["inf"]:
         return "non-finite-grad"
     if row["max_abs_grad"] == 0:
@@ -54,7 +54,7 @@ def status(row, opts, lr: float = 1e-3) -> str:
     ratio = None if is_tiny(row) else row["grad_weight_ratio"]
     norm_limit, ratio_limit = opts.exploding, opts.exploding_ratio
     if row["scale_invariant"] and ratio is not None:
-        norm_limit, ratio_limit = float("inf"), opts.exploding_ratio * INVARIANT_RATIO_FACTOR
+        norm_limit, ratio_limit = float("inf"), float("inf")
     if row["grad_norm"] > norm_limit or (ratio is not None and ratio > ratio_limit):
         return "exploding-grad"
     if is_tiny(row) and lr * row["max_abs_grad"] > 1:
@@ -75,9 +75,10 @@ def design_note(row, opts, lr: float = 1e-3) -> dict | None:
                 f"(norm {row['grad_norm']:.3g} ≤ {opts.exploding:g}; one step at lr {lr:g} moves it by at most "
                 f"{lr * row['max_abs_grad']:.2g}); grad/weight {raw:.3g} says nothing about it")
     if row["scale_invariant"] and (row["grad_norm"] > opts.exploding or raw > opts.exploding_ratio):
-        return _note("scale-invariant", f"feeds a batch-statistics normalisation, so the loss ignores its scale and its "
-                f"gradient grows as 1/|w|: judged by grad/weight {raw:.3g} against "
-                f"{opts.exploding_ratio * INVARIANT_RATIO_FACTOR:g}, not by its norm {row['grad_norm']:.3g}")
+        after = raw / (1 + (lr * raw) ** 2)
+        return _note("scale-invariant", f"feeds a batch-statistics normalisation, so the loss ignores its scale: its "
+                f"gradient (norm {row['grad_norm']:.3g}, grad/weight {raw:.3g}) is orthogonal to it and grows as 1/|w|; "
+                f"a step grows |w| instead, and one step at lr {lr:g} brings grad/weight to {after:.3g}")
     return None
 
 
