@@ -1,5 +1,5 @@
 """The CLI under torchrun (core.distributed): each rank runs the diagnostic on its shard of the batch
-(profile, memory and, under ddp, overfit-batch on a copy wrapped per --wrap: see wraps()); every rank hands rank 0 a record (its
+(on a copy wrapped per --wrap where its diagnostic declares WRAP); every rank hands rank 0 a record (its
 Result as data, or its error), so a rank that fails never leaves the others waiting at the gather; rank
 0 merges and renders once. Other ranks print nothing unless they fail (one `error: [rank N] …` line).
 Torch-free at import (`--help`)."""
@@ -17,40 +17,26 @@ from .isolation import UserExit, isolated
 CONSISTENCY = ("doctor", "gradflow")     # commands that also compare ranks after a real step
 # commands that run per rank; the others do not depend on the rank: rank 0 runs them as usual
 COMMANDS = ("profile", "memory", "nancheck", "gradflow", "overfit-batch", "doctor")
-# Commands that get the wrapped model: their steps are the same on every rank whatever the values. The
-# others take extra passes where the values say so (a NaN to locate, a recheck, an early stop): under a
-# wrapper a rank taking a pass its peers do not would wait for them in a collective until the timeout.
-# They run on each rank's own model; the wrapper is checked by the cross-rank step and the unused probe.
-# WRAPPED commands get the plain model too: ctx.train_copy wraps the copy they train (FSDP cannot be copied).
-WRAPPED = ("profile", "memory")
-# Commands that train the wrapped copy under some wrappers only, with what the header says then. overfit-batch
-# agrees on its stop across ranks each step and checks the causes on a local copy; under fsdp its per-step
-# reads would mix parameter shards (DTensors) with plain tensors, so it runs the plain model there.
-WRAPPED_WHEN = {
-    "overfit-batch": {"ddp": "the copy overfit-batch trains; its stop is agreed across ranks each step, "
-                             "the causes are checked on a local copy"},
-}
-# Commands whose one main forward+backward runs on a wrapped copy (ctx.pass_wrapper, ctx.wrapped_copy):
-# gradients after the wrapper's reduction; every extra pass the values call for runs on the local model.
-PASS_WRAPPED = {
-    "nancheck": {"ddp": "the main pass runs on the DDP copy, gradients after its reduction; locating a "
-                        "non-finite value runs on this rank's own model"},
-    "gradflow": {"ddp": "the judged pass runs on the DDP copy, gradients after its reduction; the re-checks "
-                        "run on this rank's own model"},
-}
+# How each --wrap reaches a command: its diagnostic declares WRAP = {how: (where, what the header says)}.
+#   "train": every copy the command trains is wrapped as made (ctx.train_copy → ctx.wrapper);
+#   "pass":  its one main forward+backward runs on a wrapped copy (ctx.wrapped_copy → ctx.pass_wrapper),
+#            the extra passes the values call for run on the rank's own model, so no rank waits in a
+#            collective its peers skip.
+# A command without an entry for `how` runs each rank's own model; the cross-rank step checks the wrapper.
 
 
-def wraps(command: str, how: str) -> bool:
-    """Does `command` train a copy wrapped per --wrap `how`?"""
-    return how != "none" and (command in WRAPPED or how in WRAPPED_WHEN.get(command, {}))
+def wrap_mode(diagnostic, how: str) -> str | None:
+    """"train", "pass" or None: how --wrap `how` reaches `diagnostic`."""
+    entry = getattr(diagnostic, "WRAP", {}).get(how) if how != "none" else None
+    return entry[0] if entry else None
 
 
-def wrap_header(command: str, how: str) -> str:
-    if how == "none" or command in WRAPPED:
+def wrap_header(diagnostic, command: str, how: str) -> str:
+    if how == "none":
         return how
-    said = WRAPPED_WHEN.get(command, {}).get(how) or PASS_WRAPPED.get(command, {}).get(how)
-    if said:
-        return f"{how} ({said})"
+    entry = getattr(diagnostic, "WRAP", {}).get(how)
+    if entry:
+        return f"{how} ({entry[1]})" if entry[1] else how
     return f"{how} (checked by the cross-rank step; {command} itself runs on each rank's own copy)"
 
 
@@ -193,17 +179,14 @@ def _prepare(spec, sess, diagnostic, local: Local) -> None:
     local.model, inputs, local.ctx = prepare(rank_spec(spec, r), needs_values=getattr(diagnostic, "NEEDS_VALUES", False))
     local.inputs, local.ctx.batch_target, rows = shard(inputs, local.ctx.batch_target, r)
     local.ctx.header.update({"rank": r.describe(), "batch_shard": rows, "backend": r.backend,
-                             "wrap": wrap_header(spec.command, spec.wrap)})
+                             "wrap": wrap_header(diagnostic, spec.command, spec.wrap)})
     if spec.needs_inputs:
         local.ctx.header["inputs"] = local.inputs.describe()
-    if wraps(spec.command, spec.wrap):   # what the command trains is a copy: wrapped as made
+    mode = wrap_mode(diagnostic, spec.wrap)
+    if mode is not None:
         from ..core.distributed import wrap
 
-        local.ctx.wrapper = lambda work: wrap(work, r, spec.wrap)
-    if spec.wrap in PASS_WRAPPED.get(spec.command, {}):
-        from ..core.distributed import wrap
-
-        local.ctx.pass_wrapper = lambda work: wrap(work, r, spec.wrap)
+        setattr(local.ctx, "wrapper" if mode == "train" else "pass_wrapper", lambda work: wrap(work, r, spec.wrap))
     if spec.command in CONSISTENCY:
         from ..core.train import train_copy
 
@@ -249,7 +232,7 @@ def _render(opts, spec, sess, diagnostic, records: list[dict], local: Local, ren
     from .common import to_stdout
 
     # only a command that ran the DDP copy has DDP's "module." before the names (a user's own `module` stays)
-    ddp_names = spec.wrap == "ddp" and wraps(spec.command, "ddp")
+    ddp_names = spec.wrap == "ddp" and wrap_mode(diagnostic, "ddp") == "train"
     merged = merge(records, local.result, spec.command, unwrap="module." if ddp_names else "")
     merged.header.update({"world_size": sess.ranks.world_size, "backend": sess.ranks.backend})
     add_rank_findings(merged, records, spec.wrap)

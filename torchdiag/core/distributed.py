@@ -223,13 +223,49 @@ def agree(flags: list[bool], device, group=None) -> list[bool]:
     return [v > 0 for v in t.tolist()]
 
 
+def inner(wrapped):
+    """The user's module inside a wrapper: DDP's `.module`; a model fully_shard sharded is its own module
+    (its own attribute named `module`, if any, is the user's)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return wrapped.module if isinstance(wrapped, DistributedDataParallel) else wrapped
+
+
+def local_shard(t):
+    """This rank's part of a DTensor (an FSDP-sharded parameter or gradient), with no collective; any
+    other tensor (or None) as is."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None else t
+
+
+def gathered(named: dict, device) -> dict:
+    """{name: tensor or None} with every DTensor made whole, detached (under --wrap fsdp: parameters and
+    gradients as every rank sees them after the reduce-scatter). One all-gather per DTensor, in the
+    dict's order (the same on every rank); a tensor that is None on any rank is None on all, agreed
+    first, so no rank waits in an all-gather its peers skip. Every rank must call it."""
+    import torch
+
+    names = list(named)
+    missing = agree([named[n] is None for n in names], device) if names else []
+    out = {}
+    with torch.no_grad():
+        for n, gone in zip(names, missing):
+            t = named[n]
+            out[n] = None if gone else (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
+    return out
+
+
 def unwrapped(model, work, why: str):
-    """A plain local copy of `model` holding the state `work` (its DDP-wrapped copy) trained: passes run
-    on it make no collective, so a rank may take them whatever its peers do."""
+    """A plain local copy of `model` holding the state `work` (its DDP-wrapped or FSDP-sharded copy)
+    trained: passes run on it make no collective, so a rank may take them whatever its peers do. Under
+    FSDP the shards are gathered whole first: every rank must call it then."""
     from .train import train_copy
 
     plain = train_copy(model, why)
-    plain.load_state_dict(getattr(work, "module", work).state_dict())
+    state = inner(work).state_dict()
+    if any(hasattr(t, "full_tensor") for t in state.values()):   # sharded: the same structure on every rank
+        state = gathered(state, next(iter(state.values())).device)
+    plain.load_state_dict(state)
     return plain
 
 

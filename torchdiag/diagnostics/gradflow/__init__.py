@@ -29,8 +29,11 @@ from .stats import read_stats
 from .underflow import add_fractions, reduced_dtype, smallest_normal
 
 NEEDS_VALUES = True
+# under torchrun: how each --wrap reaches this command (cli/torchrun.py: wrap_mode)
+WRAP = {"ddp": ("pass", "the judged pass runs on the DDP copy, gradients after its reduction; the re-checks "
+                        "run on this rank's own model")}
 
-__all__ = ["NEEDS_VALUES", "Options", "STATUS_ORDER", "STATUS_SEVERITY", "frontier", "run"]
+__all__ = ["NEEDS_VALUES", "WRAP", "Options", "STATUS_ORDER", "STATUS_SEVERITY", "frontier", "run"]
 
 
 def run(model, inputs, opts: Options, ctx) -> Result:

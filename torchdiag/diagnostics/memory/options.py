@@ -10,6 +10,8 @@ from ...core.run import OptimizerSpec, choice, flag, number
 from ...errors import OptionError, UsageError
 
 MODES = ("train", "inference")
+# under torchrun: how each --wrap reaches this command (cli/torchrun.py: wrap_mode)
+WRAP = {"ddp": ("train", ""), "fsdp": ("train", "")}
 NEEDS_VALUES = False                          # the meta device is the estimate's home
 OPTIMIZER = OptimizerSpec("adam", lr=1e-3)    # sgd with momentum 0.9; lr does not change memory
 MAX_BATCH = 1 << 20                           # --batch-sizes and the --budget search stop here

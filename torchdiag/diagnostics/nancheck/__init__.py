@@ -32,9 +32,12 @@ from .steps import report_steps, train_until_non_finite
 from .wrapped import report_reduced, wrapped_pass
 
 NEEDS_VALUES = True
+# under torchrun: how each --wrap reaches this command (cli/torchrun.py: wrap_mode)
+WRAP = {"ddp": ("pass", "the main pass runs on the DDP copy, gradients after its reduction; locating a "
+                        "non-finite value runs on this rank's own model")}
 OPTIMIZER = OptimizerSpec("sgd", lr=0.01, momentum=0.0)   # --steps: plain SGD, no momentum
 
-__all__ = ["Options", "run", "NEEDS_VALUES", "OPTIMIZER", "all_finite", "finite", "counts", "flatten",
+__all__ = ["Options", "run", "NEEDS_VALUES", "OPTIMIZER", "WRAP", "all_finite", "finite", "counts", "flatten",
            "parse_frames", "checked_pass", "flagged_pass", "localized_pass", "Checker", "PassReport"]
 
 

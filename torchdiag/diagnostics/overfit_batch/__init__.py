@@ -29,10 +29,13 @@ from .causes import (accuracy, bounded_floor, entropy_floor, find_collapse, outp
                      same_across_samples)
 
 NEEDS_VALUES = True
+# under torchrun: how each --wrap reaches this command (cli/torchrun.py: wrap_mode)
+WRAP = {"ddp": ("train", "the copy overfit-batch trains; its stop is agreed across ranks each step, the causes "
+                         "are checked on a local copy")}
 OPTIMIZER = OptimizerSpec("adam")     # lr None: DEFAULT_LR (adam/adamw 1e-3, sgd 1e-2); sgd momentum 0.9
 RATIO_HINT = "e.g. 0.01: pass when the loss falls to 1% of its initial value"
 
-__all__ = ["Options", "run", "NEEDS_VALUES", "OPTIMIZER", "DEFAULT_LR", "same_across_samples", "accuracy",
+__all__ = ["Options", "run", "NEEDS_VALUES", "OPTIMIZER", "WRAP", "DEFAULT_LR", "same_across_samples", "accuracy",
            "entropy_floor", "output_box", "bounded_floor", "find_collapse"]
 
 
