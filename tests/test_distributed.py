@@ -80,6 +80,16 @@ def test_healthy_ddp_ranks_agree(healthy):
     assert doc["ranks"][0]["unused"] == [] and doc["ranks"][1]["unused"] == []
 
 
+def test_random_targets_are_the_single_process_ones_cut_by_rank(healthy, cli):
+    # cross-entropy against random targets, mean over rows: with 4 + 4 rows the single-process loss over
+    # all 8 rows is the mean of the ranks' losses only if each rank took its rows of the same 8 targets
+    # (a draw per rank from the same seed would give both ranks targets 0:4)
+    r = cli("gradflow", sample("ranks.py:healthy"), "--device", "cpu", "--json")
+    whole = json.loads(r.stdout)["loss_value"]
+    ranks = [x["data"]["loss_value"] for x in healthy[1]["ranks"]]
+    assert whole == pytest.approx(sum(ranks) / 2, rel=1e-6)
+
+
 def test_divergent_parameter_named_with_its_first_step(diverging):
     code, doc, _ = diverging
     assert doc["exit_code"] == 1 and code != 0
@@ -187,6 +197,43 @@ def test_nancheck_names_rank_and_module(nan_rank):
     assert [g["code"] for g in doc["ranks"][0]["findings"]] == ["non-finite-after-reduction"]
     [g] = by_code(doc, "non-finite-after-reduction")
     assert g["ranks"] == [0] and "another rank" in g["message"]
+
+
+@pytest.fixture(scope="module")
+def fsdp_grads():
+    return torchrun("gradflow", sample("ranks.py:unused"), "--wrap", "fsdp")
+
+
+@pytest.fixture(scope="module")
+def fsdp_nan():
+    return torchrun("nancheck", sample("ranks.py:nan_on_rank"), "--arg", "rank=1", "--wrap", "fsdp")
+
+
+def test_gradflow_judges_the_fsdp_gradients_made_whole(fsdp_grads, healthy):
+    code, doc, _ = fsdp_grads
+    assert doc["exit_code"] == 1
+    assert all(r["header"]["wrap"].startswith("fsdp (the judged pass runs on the fully_shard copy") for r in doc["ranks"])
+    r0, r1 = (r["data"] for r in doc["ranks"])
+    assert r0["loss_value"] != r1["loss_value"]             # each rank its own rows
+    # the gradients after FSDP's reduce-scatter, gathered whole: the same on both ranks, and the same as DDP's
+    # allreduce gives for `healthy` (its layers are `unused`'s body, built first from the same seed; the same
+    # rows and targets): two different reductions, one number
+    assert r0["reduced_grad_norm"] == pytest.approx(r1["reduced_grad_norm"], rel=1e-6)
+    ddp = healthy[1]["ranks"][0]["data"]["reduced_grad_norm"]
+    assert r0["reduced_grad_norm"] == pytest.approx(ddp, rel=1e-5)
+    # FSDP tolerates a parameter no rank uses (no DDP error); gradflow names it with its cause
+    [f] = by_code(doc, "no-grad")
+    assert f["where"] == "extra" and "never ran in forward" in f["message"] and f["ranks"] == [0, 1]
+
+
+def test_nancheck_under_fsdp_names_rank_and_module(fsdp_nan):
+    _, doc, _ = fsdp_nan
+    assert doc["exit_code"] == 1
+    assert all(r["header"]["wrap"].startswith("fsdp (the main pass runs on the fully_shard copy") for r in doc["ranks"])
+    [f] = by_code(doc, "non-finite-output")
+    assert f["where"] == "2" and f["ranks"] == [1]
+    # rank 0's shard of the reduced gradients may be finite or not: the ranks agree, so rank 0 says where it came from
+    assert [g["code"] for g in doc["ranks"][0]["findings"]] == ["non-finite-after-reduction"]
 
 
 @pytest.mark.cuda

@@ -173,11 +173,12 @@ def _rank0_outputs(out, command: str):
 def _prepare(spec, sess, diagnostic, local: Local) -> None:
     """Model, this rank's shard, the context; under DDP, which parameters get no gradient here."""
     from ..core.context import prepare
-    from ..core.distributed import rank_spec, shard
+    from ..core.distributed import rank_spec, shard, shard_bounds
 
     r = sess.ranks
     local.model, inputs, local.ctx = prepare(rank_spec(spec, r), needs_values=getattr(diagnostic, "NEEDS_VALUES", False))
     local.inputs, local.ctx.batch_target, rows = shard(inputs, local.ctx.batch_target, r)
+    local.ctx.rows = (*shard_bounds(inputs.batch_size, r), inputs.batch_size)   # random targets: cut, not drawn per rank
     local.ctx.header.update({"rank": r.describe(), "batch_shard": rows, "backend": r.backend,
                              "wrap": wrap_header(diagnostic, spec.command, spec.wrap)})
     if spec.needs_inputs:

@@ -23,6 +23,7 @@ class Context:
     device: Any                          # torch.device, resolved once
     loaded: Any = None                   # core.loading.LoadedModel (CLI/check); None from the Python API
     batch_target: Any = None             # the target from --batch (or target= in Python)
+    rows: Any = None                     # under torchrun: (start, stop, n), this rank's rows of the batch
     custom_loss: Any = None              # a Python callable fn(output, target) -> scalar
     header: dict[str, Any] = field(default_factory=dict)   # choices made for the user
     checkpoints: list = field(default_factory=list)        # core.checkpoint.Report of each file loaded
@@ -81,7 +82,9 @@ class Context:
 
     def loss(self):
         """A fresh loss rule (DESIGN.md "Targets and loss"): it fixes its random target on first use."""
-        return loss_rule(self.custom_loss or self.spec.loss, self.loaded, self.batch_target, self.seed)
+        rule = loss_rule(self.custom_loss or self.spec.loss, self.loaded, self.batch_target, self.seed)
+        rule.rows = self.rows
+        return rule
 
     def optimizer(self, params, spec=None, *, foreach: bool | None = None):
         return train.make_optimizer(params, spec or self.spec.optimizer, foreach=foreach)
@@ -100,6 +103,15 @@ class Context:
         if self.pass_wrapper is None:
             return None
         return self.pass_wrapper(train.train_copy(model, why))
+
+    def whole(self, named: dict) -> dict:
+        """{name: tensor or None}; under --wrap fsdp the sharded ones (DTensors) gathered whole, the same on
+        every rank (core.distributed.gathered: every rank calls it, in the same order)."""
+        if self.spec.wrap != "fsdp" or (self.wrapper is None and self.pass_wrapper is None):
+            return named
+        from .distributed import gathered
+
+        return gathered(named, self.device)
 
     def explain(self, error) -> None:
         """A model error on the meta device, or in reduced precision: say so (a fact we know), whatever

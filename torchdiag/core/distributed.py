@@ -251,8 +251,16 @@ def gathered(named: dict, device) -> dict:
     with torch.no_grad():
         for n, gone in zip(names, missing):
             t = named[n]
-            out[n] = None if gone else (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
+            out[n] = None if gone else _whole(t)
     return out
+
+
+def _whole(t):
+    """A DTensor's full value, detached; a trainable parameter's stays marked trainable (what is judged reads it).
+    Any other tensor as is."""
+    if not hasattr(t, "full_tensor"):
+        return t
+    return t.full_tensor().detach().requires_grad_(t.requires_grad)
 
 
 def unwrapped(model, work, why: str):

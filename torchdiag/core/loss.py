@@ -77,6 +77,7 @@ class Loss:
     kind: str                     # requested: auto, cross_entropy, mse, sum, custom
     seed: int = 0
     target: Any = None            # fixed once made, so every step sees the same batch
+    rows: Any = None              # under torchrun: (start, stop, n), this rank's rows of the whole batch
     custom: Any = None
     chosen: str = ""              # what auto resolved to, filled on first call
     picked: str = ""              # which output it applies to
@@ -148,7 +149,7 @@ class Loss:
                 rule, target = "mse", known.get(label, (None, None))[1]
                 if target is None or tuple(target.shape) != tuple(t.shape):
                     g = torch.Generator().manual_seed(self.seed + k)
-                    target = torch.randn(tuple(t.shape), generator=g).to(t.device, torch.float32)
+                    target = self._random(torch.randn, t.shape, g).to(t.device, torch.float32)
                 value = value + F.mse_loss(t.float(), target.to(t.device))
             extra.append((label, rule, target))
         self.extra = extra or None
@@ -169,7 +170,8 @@ class Loss:
             if self.target is None:
                 g = torch.Generator().manual_seed(self.seed)
                 shape = (y.shape[0],) + tuple(y.shape[2:])
-                self.target = torch.randint(0, y.shape[1], shape, generator=g).to(y.device)
+                self.target = self._random(lambda s, generator: torch.randint(0, y.shape[1], s, generator=generator),
+                                           shape, g).to(y.device)
                 self.made_target = True
             elif not self.target.is_floating_point() and self.checked_classes != y.shape[1]:
                 _check_classes(self.target, y)   # once: on CUDA a bad index is a device assert
@@ -178,12 +180,21 @@ class Loss:
         if kind == "mse":
             if self.target is None:
                 g = torch.Generator().manual_seed(self.seed)
-                self.target = torch.randn(tuple(y.shape), generator=g).to(y.device, y.dtype)
+                self.target = self._random(torch.randn, y.shape, g).to(y.device, y.dtype)
                 self.made_target = True
             if self.target.shape != y.shape:
                 raise UsageError(f"mse: target shape {tuple(self.target.shape)} differs from output shape {tuple(y.shape)}")
             return _checked(F.mse_loss, y.float(), self.target.to(y.device).float(), "mse")
         raise UsageError(f"unknown loss '{self.kind}'", hint=f"choose {LOSS_CHOICES}")
+
+    def _random(self, draw, shape, g):
+        """draw(shape, generator=g); under torchrun (self.rows) drawn for the whole batch and cut to this
+        rank's rows, so the ranks together train on the targets a single process would."""
+        shape = tuple(shape)
+        if self.rows is not None and shape and shape[0] == self.rows[1] - self.rows[0]:
+            start, stop, n = self.rows
+            return draw((n,) + shape[1:], generator=g)[start:stop]
+        return draw(shape, generator=g)
 
     def _auto(self, y) -> str:
         if y.dim() == 0 or self.picked == "output['loss']":

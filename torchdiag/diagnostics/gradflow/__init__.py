@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+from ...core.distributed import inner
 from ...results import Result
 from . import display
 from .activations import activation_rows
@@ -31,7 +32,9 @@ from .underflow import add_fractions, reduced_dtype, smallest_normal
 NEEDS_VALUES = True
 # under torchrun: how each --wrap reaches this command (cli/torchrun.py: wrap_mode)
 WRAP = {"ddp": ("pass", "the judged pass runs on the DDP copy, gradients after its reduction; the re-checks "
-                        "run on this rank's own model")}
+                        "run on this rank's own model"),
+        "fsdp": ("pass", "the judged pass runs on the fully_shard copy, gradients after its reduce-scatter, "
+                         "gathered whole; the re-checks run on this rank's own model")}
 
 __all__ = ["NEEDS_VALUES", "WRAP", "Options", "STATUS_ORDER", "STATUS_SEVERITY", "frontier", "run"]
 
@@ -39,13 +42,14 @@ __all__ = ["NEEDS_VALUES", "WRAP", "Options", "STATUS_ORDER", "STATUS_SEVERITY",
 def run(model, inputs, opts: Options, ctx) -> Result:
     result = Result("gradflow")
     result.header["mode"] = ("eval" if opts.eval_mode else "train") + " mode, one forward + backward"
-    # under torchrun --wrap ddp the judged pass runs through the DDP copy (every rank makes it; gradients
-    # after the reduction); the re-checks the values call for run on `model`, this rank's own (no collective)
+    # under torchrun --wrap ddp|fsdp the judged pass runs through the wrapped copy (every rank makes it;
+    # gradients after the reduction); the re-checks the values call for run on `model`, this rank's own
     wrapped = ctx.wrapped_copy(model, "to run the pass wrapped")
-    watched = model if wrapped is None else wrapped.module
+    watched = model if wrapped is None else inner(wrapped)
     params = dict(watched.named_parameters())          # unique tensors (ties once)
     modules = dict(watched.named_modules())
     pas = record_pass(watched, inputs, opts, ctx, call=wrapped)
+    params, pas.grads = ctx.whole(params), ctx.whole(pas.grads)   # fsdp: shards gathered (every rank)
     pas.rec.model = model     # dead units are re-judged on this rank's own model
     result.header["loss"] = pas.loss_text
     if pas.stochastic:
@@ -75,7 +79,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         "allow": list(opts.allow), "strict": opts.strict,
         "status_counts": status_counts(rows),
     })
-    if wrapped is not None:   # the total gradient norm after DDP's reduction: the same on every rank
+    if wrapped is not None:   # the total gradient norm after the wrapper's reduction: the same on every rank
         result.data["reduced_grad_norm"] = math.sqrt(sum(r["grad_norm"] ** 2 for r in rows if r["grad_norm"] is not None))
     display.decorate(rows, layers, acts, scale, result.findings)
     display.tables(result, rows, layers, acts, scale, opts, reduced)

@@ -34,7 +34,10 @@ from .wrapped import report_reduced, wrapped_pass
 NEEDS_VALUES = True
 # under torchrun: how each --wrap reaches this command (cli/torchrun.py: wrap_mode)
 WRAP = {"ddp": ("pass", "the main pass runs on the DDP copy, gradients after its reduction; locating a "
-                        "non-finite value runs on this rank's own model")}
+                        "non-finite value runs on this rank's own model"),
+        "fsdp": ("pass", "the main pass runs on the fully_shard copy, gradients after its reduce-scatter (each "
+                         "rank checks its shard, the ranks agree); locating a non-finite value runs on this "
+                         "rank's own model")}
 OPTIMIZER = OptimizerSpec("sgd", lr=0.01, momentum=0.0)   # --steps: plain SGD, no momentum
 
 __all__ = ["Options", "run", "NEEDS_VALUES", "OPTIMIZER", "WRAP", "all_finite", "finite", "counts", "flatten",

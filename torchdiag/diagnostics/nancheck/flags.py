@@ -13,6 +13,7 @@ import math
 
 from ...core.tracking import Call, ForwardHooks, describe
 from .checked import PassReport, checked_pass, forward_loss_backward
+from ...core.distributed import local_shard
 from ...core.readback import read_back
 from .finite import device_sum, flatten, floating_inputs, is_float, scalar_totals, totals
 
@@ -83,7 +84,7 @@ def flagged_pass(model, inputs, loss_fn, *, backward: bool = True, autocast=None
         checker.add(t)
     if loss.numel() != 1:
         float(loss.detach())   # the same error as the exact pass gives
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    grads = [local_shard(p.grad) for p in model.parameters() if p.grad is not None]   # fsdp: this rank's shard
     flags = [loss.detach(), *scalar_totals(checker.sums), *totals(grads)]
     extra = watch.scalars(model) if watch is not None else []
     values = read_back(flags + extra)   # one sync per device

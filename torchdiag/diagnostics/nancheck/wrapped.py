@@ -1,5 +1,5 @@
-"""nancheck under torchrun with --wrap ddp: the one flagged forward+backward every rank makes runs on
-the DDP copy (ctx.wrapped_copy), so the gradients checked are the ones after DDP's reduction. What the
+"""nancheck under torchrun with --wrap ddp|fsdp: the one flagged forward+backward every rank makes runs on
+the wrapped copy (ctx.wrapped_copy), so the gradients checked are the ones after the reduction. What the
 values call for afterwards (locating a non-finite value, the anomaly pass, the float32 reference, --steps)
 runs on this rank's own model and makes no collective: a rank may take it whatever its peers do.
 
@@ -23,6 +23,10 @@ def wrapped_pass(model, inputs, loss_fn, ctx, state):
         rep = flagged_pass(work, inputs, loss_fn, autocast=amp)
     finally:
         set_rng_state(state, ctx.device)
+    if ctx.spec.wrap == "fsdp":   # each rank read its own shard of the reduced gradients: any rank's NaN counts
+        from ...core.distributed import agree
+
+        rep = None if agree([rep is None], ctx.device)[0] else rep
     return True, rep
 
 
@@ -30,7 +34,7 @@ def report_reduced(result, reduced_finite: bool) -> None:
     """The wrapped pass was non-finite but this rank's own pass found nothing: the reduction brought it."""
     if reduced_finite or any(f.severity == "error" for f in result.findings):
         return
-    result.add("non-finite-after-reduction", "error", "", "the parameter gradients are non-finite after DDP's "
+    result.add("non-finite-after-reduction", "error", "", "the parameter gradients are non-finite after the "
                "reduction, though this rank's own forward and backward are finite: another rank's gradients "
                "carry NaN/Inf into the average",
                hint="look at the findings of the other ranks: they name where the value first went non-finite")
