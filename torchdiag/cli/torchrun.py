@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 import typer
 
-from ..errors import DiagError, ExitCode, interrupt_code, one_line
-from .isolation import UserExit, isolated
+from ..errors import DiagError, ExitCode, Terminated, interrupt_code, one_line
+from .isolation import UserExit, _sigterm_as_interrupt, isolated
 
 CONSISTENCY = ("doctor", "gradflow")     # commands that also compare ranks after a real step
 # commands that run per rank; the others do not depend on the rank: rank 0 runs them as usual
@@ -71,13 +71,16 @@ def execute_ranks(opts, ranks, diagnostic=None, options: Callable | None = None,
 
     code = ExitCode.OK
     try:
-        common.output_dir(opts.tb, "--tb")
-        spec = opts.run_spec(diagnostic)
-        o = options() if options is not None else None
-        if precheck is not None:
-            precheck()
-        with session(ranks, spec) as sess:
-            code = _in_session(opts, spec, sess, diagnostic, o, run, render_extra)
+        # SIGTERM as Terminated over the whole rank, not only where the user's code runs: a rank waiting
+        # in the gather (or in a collective) when torchrun forwards SIGTERM would otherwise die silently
+        with _sigterm_as_interrupt():
+            common.output_dir(opts.tb, "--tb")
+            spec = opts.run_spec(diagnostic)
+            o = options() if options is not None else None
+            if precheck is not None:
+                precheck()
+            with session(ranks, spec) as sess:
+                code = _in_session(opts, spec, sess, diagnostic, o, run, render_extra)
     except DiagError as e:
         code = common._diag_error(e, opts, None) if ranks.main else e.code
     except KeyboardInterrupt as e:   # torchrun passes Ctrl-C/SIGTERM to every rank
@@ -121,6 +124,7 @@ def _run_rank(opts, spec, sess, diagnostic, o, run, local: Local) -> dict:
         with isolated(opts.json):
             _prepare(spec, sess, diagnostic, local)
             local.result = (run or diagnostic.run)(local.model, local.inputs, o, local.ctx)
+            _interrupted(local.result)
             local.ctx.finish(local.result)
             files = _rank_files(opts, local.result, r.rank)   # a failed write is this rank's error (exit 2)
         return record(r.rank, r.device, local.result.exit_code, local.result, files=files)
@@ -141,6 +145,17 @@ def _run_rank(opts, spec, sess, diagnostic, o, run, local: Local) -> dict:
                       "this is a bug in torchdiag: run again with --debug and please report the traceback", local)
     except BaseException as e:
         return _error(r, ExitCode.MODEL, f"the model's own code raised {one_line(e)}", None, local)
+
+
+def _interrupted(result) -> None:
+    """A partial result kept on Ctrl-C/SIGTERM (overfit-batch) ends this rank here, before the gather: a
+    peer may be blocked in a model collective this rank will never join, and a signal acts only between
+    Python bytecodes, so the peer's own interrupt waits until this rank exits (its collective then fails)."""
+    code = int(result.exit_code)
+    if code == ExitCode.TERMINATED:
+        raise Terminated()
+    if code == ExitCode.INTERRUPTED:
+        raise KeyboardInterrupt()
 
 
 def _renderer(command: str):

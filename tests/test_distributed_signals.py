@@ -1,0 +1,136 @@
+"""Ctrl-C and SIGTERM under torchrun (issue 19): real 2-process gloo launches.
+
+Ranks run in sessions of their own (torch's SubprocessHandler: start_new_session), so Ctrl-C in a terminal
+reaches torchrun alone; torchrun's agent turns SIGINT/SIGTERM into SignalException, sends the same signal to
+every rank, waits 30 s, then SIGKILLs what is left, and exits 1 with its own traceback. What torchdiag must
+do: every rank exits on the forwarded signal (none left for the SIGKILL, no wait for the collective timeout),
+rank 0 prints one `error: interrupted` / `error: terminated (SIGTERM)` line, its code is 130/143 (in --json
+the error document). Each launch waits for the marker the model writes when its forward starts
+(sample_models/ranks_signals.py), and where a rank must be blocked in a collective, for the kernel to show
+its main thread waiting on a futex; the guards only stop a hung test."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = str(ROOT / "sample_models" / "ranks_signals.py") + ":build"
+GUARD = 240   # seconds: stops a hung test, never asserted on
+
+
+def _until(ready, proc) -> None:
+    guard = time.monotonic() + GUARD
+    while not ready() and proc.poll() is None and time.monotonic() < guard:
+        time.sleep(0.05)
+
+
+def _blocked(pid: int) -> bool:
+    """The rank's main thread waits on a futex (a collective, the gather): not running Python."""
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+    except OSError:
+        return True
+    return wchan in ("", "0") or "futex" in wchan   # no wchan exposed: nothing to wait for
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def launch(tmp_path, command, hold, send, how, *extra, blocked_rank=None):
+    """Start torchrun in a session of its own, wait for both ranks' forwards (and `blocked_rank` to block),
+    send `send` to torchrun's process group (Ctrl-C) or to torchrun alone (a scheduler)."""
+    marker = tmp_path / "m"
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "torchdiag",
+            command, MODEL, "--arg", f"marker={marker}", "--arg", f"hold={hold}", "--device", "cpu", *extra]
+    env = {**os.environ, "TORCHDIAG_DIST_TIMEOUT": "600", "COLUMNS": "200"}
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    files = [Path(f"{marker}.rank{r}.pid") for r in (0, 1)]
+    try:
+        _until(lambda: all(f.exists() for f in files), proc)
+        assert all(f.exists() for f in files), proc.communicate()[1]
+        pids = [int(f.read_text()) for f in files]
+        if blocked_rank is not None:
+            _until(lambda: _blocked(pids[blocked_rank]), proc)
+        if how == "group":
+            os.killpg(proc.pid, send)
+        else:
+            proc.send_signal(send)
+        out, err = proc.communicate(timeout=GUARD)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return proc.returncode, out, err, pids
+
+
+def _torchdiag_traceback(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.lstrip().startswith('File "') and "/torchdiag/" in line]
+
+
+def _check_ended(code, out, err, pids, line: str) -> None:
+    assert code == 1, err            # torchrun's own: its SignalException, whatever the ranks return
+    assert "SignalException" in err  # torchrun's traceback, documented
+    assert err.splitlines().count(f"error: {line}") == 1, err          # rank 0 alone, once
+    assert "Unable to shutdown process" not in err, err                # no rank was left for SIGKILL
+    assert not _torchdiag_traceback(err), err
+    assert "internal error" not in err, err
+    assert [p for p in pids if _alive(p)] == []
+
+
+@pytest.fixture(scope="module")
+def ctrl_c(tmp_path_factory):
+    """Ctrl-C in a terminal: SIGINT to torchrun's whole process group while both ranks are in forward."""
+    return launch(tmp_path_factory.mktemp("ctrl_c"), "nancheck", "all", signal.SIGINT, "group", "--json")
+
+
+def test_ctrl_c_ends_every_rank_with_one_line(ctrl_c):
+    _check_ended(*ctrl_c, "interrupted")
+
+
+def test_ctrl_c_json_is_the_interrupted_document(ctrl_c):
+    code, out, err, pids = ctrl_c
+    doc = json.loads(out)   # exactly one document: rank 1 prints nothing
+    assert doc["exit_code"] == 130 and doc["error"]["message"] == "interrupted" and doc["command"] == "nancheck"
+
+
+@pytest.fixture(scope="module")
+def sigterm_in_gather(tmp_path_factory):
+    """SIGTERM to torchrun alone (a scheduler, a CI timeout) while rank 1 is in forward and rank 0, done,
+    waits for it in torchdiag's gather (outside the user's code, where SIGTERM used to kill it silently)."""
+    return launch(tmp_path_factory.mktemp("sigterm"), "nancheck", "1", signal.SIGTERM, "torchrun", "--json",
+                  blocked_rank=0)
+
+
+def test_sigterm_while_a_rank_waits_in_the_gather(sigterm_in_gather):
+    _check_ended(*sigterm_in_gather, "terminated (SIGTERM)")
+    doc = json.loads(sigterm_in_gather[1])
+    assert doc["exit_code"] == 143 and doc["error"]["message"] == "terminated (SIGTERM)"
+
+
+@pytest.fixture(scope="module")
+def ctrl_c_in_allreduce(tmp_path_factory):
+    """Ctrl-C mid-training under DDP: rank 1 holds its 21st forward (inside overfit-batch's loop: a tiny lr
+    never reaches the target), rank 0 waits for it in DDP's gradient allreduce. overfit-batch keeps a
+    partial curve on Ctrl-C; a rank that went on to the gather with it left rank 0 in the allreduce until
+    torchrun's SIGKILL (30 s, then an internal error)."""
+    return launch(tmp_path_factory.mktemp("allreduce"), "overfit-batch", "1", signal.SIGINT, "group",
+                  "--wrap", "ddp", "--arg", "start=20", "--lr", "1e-7", "--steps", "500", blocked_rank=0)
+
+
+def test_ctrl_c_while_a_rank_waits_in_ddp_allreduce(ctrl_c_in_allreduce):
+    code, out, err, pids = ctrl_c_in_allreduce
+    _check_ended(code, out, err, pids, "interrupted")
+    assert out == ""   # no partial report under torchrun: the interrupted ranks hand in nothing
