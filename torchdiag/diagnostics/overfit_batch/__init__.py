@@ -31,7 +31,10 @@ from .causes import (accuracy, bounded_floor, entropy_floor, find_collapse, outp
 NEEDS_VALUES = True
 # under torchrun: how each --wrap reaches this command (cli/torchrun.py: wrap_mode)
 WRAP = {"ddp": ("train", "the copy overfit-batch trains; its stop is agreed across ranks each step, the causes "
-                         "are checked on a local copy")}
+                         "are checked on a local copy"),
+        "fsdp": ("train", "the copy overfit-batch trains is sharded by fully_shard; each rank's loss is on its own "
+                          "rows, the stop is agreed across ranks each step, the causes are checked on a local copy "
+                          "of the gathered weights")}
 OPTIMIZER = OptimizerSpec("adam")     # lr None: DEFAULT_LR (adam/adamw 1e-3, sgd 1e-2); sgd momentum 0.9
 RATIO_HINT = "e.g. 0.01: pass when the loss falls to 1% of its initial value"
 
@@ -76,8 +79,8 @@ def run(model, inputs, opts: Options | None, ctx):
         trainer = Trainer(ctx.train_copy(model), inputs.clone(), ctx.loss(), opts, ctx)
         curve = trainer.train()
         if ctx.wrapper is not None:   # under torchrun: the causes' extra passes on a local copy (no collective)
-            from ...core.distributed import unwrapped
+            from .sharded import localise
 
-            trainer.work = unwrapped(model, trainer.work, "to check the causes on this rank")
+            localise(trainer, model, "to check the causes on this rank")
         found = diagnose(trainer, curve, opts)
     return build(trainer, curve, found, opts, ctx)

@@ -12,11 +12,13 @@ import time
 from dataclasses import dataclass, field
 
 from ...core import train
+from ...core.distributed import local_shard
 from ...errors import DiagError, ModelError, UsageError, interrupt_code, one_line
 from ...results import Result
 from ..doctor.rounding import stagnation_counts
 from .causes import accuracy_counts, output_box, same_across_samples, sample_tensor
 from .scaling import scale_facts, stepper
+from .sharded import global_norm, is_sharded, local_view
 
 
 
@@ -65,7 +67,9 @@ class Trainer:
         self.stagnation = []              # reduced-precision weights: doctor.rounding counts of step 0
         self.stagnant_counts: list[float] = []   # those counts, read back by final_flags
         self.curve = Curve()
-        self.agree = _agreement(work, ctx)   # under a wrapper: the stop decided by every rank
+        self.group = getattr(work, "process_group", None)   # DDP's; FSDP (and the agreement) use the default one
+        self.agree = _agreement(ctx, self.group)   # under a wrapper: the stop decided by every rank
+        self.sharded = is_sharded(self.trainable)  # --wrap fsdp: DTensor parameters, read through their shards
 
     def autocast(self):
         return self.ctx.autocast()
@@ -216,12 +220,16 @@ class Trainer:
         if step == 0:
             c.missing = [n for n, p in self.trainable if p.grad is None]
         have = [i for i, (_, p) in enumerate(self.trainable) if p.grad is not None]
-        grads = [self.trainable[i][1].grad.detach() for i in have]
-        if not grads:
+        # under FSDP: this rank's shard of each (averaged) gradient; combined across ranks where needed
+        grads = [local_shard(self.trainable[i][1].grad).detach() for i in have]
+        if not grads:   # under FSDP None on every rank or on none: every rank returns here, or none does
             c.grad_norms.append(0.0)
             return
-        self._pending_norm = grad_norm(grads)
-        if self._all_nonzero:
+        norm = grad_norm(grads)
+        self._pending_norm = global_norm(norm, self.ctx.device, self.group) if self.sharded else norm
+        # an empty tensor (a shard FSDP left empty) has no inf-norm: it never flags, a peer's shard does
+        have, grads = [i for i, g in zip(have, grads) if g.numel()], [g for g in grads if g.numel()]
+        if self._all_nonzero or not grads:
             return
         # max |g| (the inf-norm) is 0 exactly when every element is 0 (NaN counts as non-zero, as g != 0 does)
         flags = torch.stack(torch._foreach_norm(grads, float("inf"))) != 0
@@ -273,17 +281,20 @@ class Trainer:
             e.partial = self.partial(f"the optimizer failed at step {step}")
             raise
         if step == 0:   # reduced-precision weights: did the first update round away? (counted on the device)
-            self.stagnation = stagnation_counts(self.trainable, self.start)
+            if self.sharded:   # counted on this rank's shards, summed across ranks after the loop (sharded.localise)
+                self.stagnation = stagnation_counts([(n, local_view(p)) for n, p in self.trainable],
+                                                    {n: local_shard(t) for n, t in self.start.items()})
+            else:
+                self.stagnation = stagnation_counts(self.trainable, self.start)
 
 
-def _agreement(work, ctx):
+def _agreement(ctx, group):
     """Under torchrun with a wrapper: fn(flags) -> each flag true on any rank (core.distributed.agree,
     over the wrapped model's process group); else None."""
     if ctx.wrapper is None:
         return None
     from ...core.distributed import agree
 
-    group = getattr(work, "process_group", None)
     return lambda flags: agree(flags, ctx.device, group)
 
 
