@@ -1,8 +1,10 @@
 """Do the ranks hold the same model? Every parameter and buffer is compared across ranks as built
-(step 0) and, under DDP, after each of STEPS real steps on a train copy; the gradients after DDP's
-reduction must be identical too. A cheap checksum per tensor is computed on the device, read back
-once per comparison and all-gathered; only tensors whose checksums differ are gathered whole for
-the exact difference. Runs on every rank (it exchanges data): the result is the same everywhere."""
+(step 0) and, under DDP or FSDP, after each of STEPS real steps on a train copy; the gradients after
+the wrapper's reduction must be identical too. A cheap checksum per tensor is computed on the device,
+read back once per comparison and all-gathered; only tensors whose checksums differ are gathered whole
+for the exact difference. Under FSDP the parameters and gradients are DTensor shards: each is made
+whole (full_tensor) only for its checksum, one at a time, so no rank ever holds the whole model twice.
+Runs on every rank (it exchanges data): the result is the same everywhere."""
 from __future__ import annotations
 
 STEPS = 2
@@ -13,9 +15,6 @@ def check(model, inputs, ctx, sess, how: str) -> dict:
     """{compared, steps, differs: [{name, kind, step, max_abs_diff}], grads_differ, unused_stop, notes}.
     `model` is this rank's unwrapped model; it is only copied."""
     out = {"compared": 0, "steps": 0, "differs": [], "grads_differ": [], "notes": []}
-    if how == "fsdp":
-        out["notes"].append("under --wrap fsdp each rank holds a shard of every parameter: not compared across ranks")
-        return out
     from ...core.train import train_copy
 
     work = train_copy(model, "to compare ranks after a step")
@@ -28,7 +27,10 @@ def check(model, inputs, ctx, sess, how: str) -> dict:
         out["notes"].append("--wrap none: each rank trains on its own rows without synchronising, so only the "
                             "state as built (step 0) is compared")
         return out
-    _ddp_steps(work, tensors, inputs, ctx, sess, out)
+    if how == "fsdp":
+        _fsdp_steps(work, inputs, ctx, sess, out)
+    else:
+        _ddp_steps(work, tensors, inputs, ctx, sess, out)
     for d in out["differs"]:
         d["batchnorm"] = is_bn_stat(work, d["name"])
     return out
@@ -64,21 +66,55 @@ def _ddp_steps(work, tensors, inputs, ctx, sess, out) -> None:
         _compare(tensors, k, "state", sess, out)
 
 
-def _compare(entries, k: int, what: str, sess, out) -> None:
+def _fsdp_steps(work, inputs, ctx, sess, out) -> None:
+    """STEPS steps of the copy sharded in place by fully_shard. It broadcasts nothing (each rank keeps
+    its own shard of its own values) and keeps buffers as plain tensors each rank updates from its own
+    rows; parameters and gradients are compared made whole. Every collective here (the forward's
+    all-gathers, the backward's reduce-scatters, full_tensor, agree) is made by every rank in the same
+    order: the lists compared are the same on every rank."""
+    from ...core.distributed import agree, wrap
+    from ...core.tracking import run_forward
+    from ...core.train import backward, step
+
+    wrap(work, sess.ranks, "fsdp")       # in place: the parameters are now DTensors, the buffers as they were
+    tensors = _state(work)
+    optimizer = ctx.optimizer([p for p in work.parameters() if p.requires_grad])
+    loss_fn = ctx.loss()
+    params = [(n, p) for n, p in work.named_parameters() if p.requires_grad]
+    for k in range(1, STEPS + 1):
+        optimizer.zero_grad(set_to_none=True)
+        with ctx.autocast():   # --amp: the step the run would take
+            loss = loss_fn(run_forward(work, inputs, phase=f"forward (cross-rank step {k})"))
+        backward(loss)
+        # a gradient FSDP left None (a parameter no rank used) is left out on every rank: full_tensor is a collective
+        gone = agree([p.grad is None for _, p in params], ctx.device) if params else []
+        _compare([("grad", n, p.grad) for (n, p), g in zip(params, gone) if not g], k, "grad", sess, out, whole)
+        step(optimizer)
+        out["steps"] = k
+        _compare(tensors, k, "state", sess, out, whole)
+
+
+def whole(t):
+    """A DTensor made whole (full_tensor: an all-gather every rank must make), any other tensor as is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _compare(entries, k: int, what: str, sess, out, whole=lambda t: t) -> None:
     """Checksums of `entries` on every rank; the ones that differ (the same list on every rank, since
-    all see the same gathered checksums) gathered whole for the exact difference against rank 0."""
+    all see the same gathered checksums) gathered whole for the exact difference against rank 0.
+    `whole(t)`: the tensor to compare (FSDP: made whole, in the entries' order on every rank)."""
     import torch
 
     if not entries:
         return
-    sums = torch.stack([_checksum(t) for _, _, t in entries]).cpu()     # one read-back
+    sums = torch.stack([_checksum(whole(t)) for _, _, t in entries]).cpu()     # one read-back
     everyone = sess.all_gather(sums.view(torch.int64))
     bad = [i for i in range(len(entries)) if any(not torch.equal(s[i], everyone[0][i]) for s in everyone)]
     known = {(d["kind"], d["name"]) for d in out["differs"]} | {("grad", d["name"]) for d in out["grads_differ"]}
     bad = [i for i in bad if (entries[i][0], entries[i][1]) not in known]
     if not bad:
         return
-    values = sess.all_gather([entries[i][2].detach().float().cpu() for i in bad])
+    values = sess.all_gather([whole(entries[i][2]).detach().float().cpu() for i in bad])
     for j, i in enumerate(bad):
         kind, name, _ = entries[i]
         diffs = {r: _max_diff(values[0][j], values[r][j]) for r in range(len(values)) if r}
