@@ -133,6 +133,52 @@ def test_small_lag_is_not_a_finding():
         assert merged.data["straggler"]["rank"] == 1 and merged.findings == []
 
 
+def _ctx(wrap="none", wrapper=None):
+    from torchdiag.errors import option_name
+
+    spec = SimpleNamespace(wrap=wrap, optimizer=SimpleNamespace(name="adam"), caller="cli")
+    return SimpleNamespace(wrapper=wrapper, spec=spec, on_cuda=False, option=lambda n: option_name(n, "cli"))
+
+
+@pytest.mark.parametrize("wrap, wrapper, given, mode, default", [
+    ("none", None, None, "inference", True),           # plain profile: unchanged
+    ("ddp", object(), None, "train", True),            # under a wrapper: the train step by default
+    ("fsdp", object(), None, "train", True),
+    ("ddp", object(), "inference", "inference", False),  # an explicit mode stands
+    ("none", None, "train", "train", False)])
+def test_profile_mode_default_follows_the_wrapper(wrap, wrapper, given, mode, default):
+    from torchdiag.diagnostics.profiling.options import Options
+    from torchdiag.diagnostics.profiling.session import _header, resolved
+
+    opts, was_default = resolved(Options(mode=given), _ctx(wrap, wrapper))
+    assert (opts.mode, was_default) == (mode, default)
+    header = _header(opts, _ctx(wrap, wrapper), was_default).header["mode"]
+    assert ("the default under --wrap" in header) == (default and wrapper is not None)
+
+
+@pytest.mark.parametrize("wrap, given, coll_us, expected", [
+    ("ddp", "inference", 0.0, True),       # explicit inference through DDP: nothing communicated
+    ("fsdp", "inference", 0.0, True),      # FSDP at the root keeps the parameters whole between forwards
+    ("fsdp", "inference", 12.5, False),    # a collective ran: nothing to say
+    ("ddp", None, 0.0, False),             # the default (train) is never idle-by-choice
+    ("ddp", "train", 0.0, False)])
+def test_idle_wrapper_finding(wrap, given, coll_us, expected):
+    from torchdiag.diagnostics.profiling.options import Options
+    from torchdiag.diagnostics.profiling.session import _idle_wrapper, resolved
+
+    ctx = _ctx(wrap, object())
+    opts, default = resolved(Options(mode=given, active=4), ctx)
+    result = Result("profile", data={"collectives": {"time_us": coll_us}})
+    _idle_wrapper(result, opts, default, ctx)
+    codes = [f.code for f in result.findings]
+    assert codes == (["no-collectives-in-inference"] if expected else [])
+    if expected:
+        f = result.findings[0]
+        assert f.severity == "info" and f"--mode inference under --wrap {wrap}: no collective ran in the 4" in f.message
+    _idle_wrapper(plain := Result("profile"), opts, default, _ctx())   # outside torchrun: never
+    assert plain.findings == []
+
+
 @pytest.mark.parametrize("path,rank,want", [
     ("run.json", 0, "run.rank0.json"), ("out/run.json", 3, "out/run.rank3.json"),
     ("run.json.gz", 1, "run.rank1.json.gz"), ("trace", 2, "trace.rank2"), ("a.pt.trace.json", 1, "a.pt.trace.rank1.json"),
@@ -276,13 +322,39 @@ def _torchrun(cwd, *args, device: str = "cpu") -> dict:
 
 @pytest.fixture(scope="module")
 def slow_profile(tmp_path_factory):
-    """One launch: rank 1 sleeps 0.3 s in every forward; DDP makes rank 0 wait for it in the allreduce."""
+    """One launch: rank 1 sleeps 0.3 s in every forward; DDP makes rank 0 wait for it in the allreduce.
+    No --mode: under --wrap ddp the default is the train step."""
     from conftest import sample
 
     cwd = tmp_path_factory.mktemp("profile")
-    doc = _torchrun(cwd, "profile", sample("ranks_slow.py:build"), "--arg", "delay=0.3", "--mode", "train",
+    doc = _torchrun(cwd, "profile", sample("ranks_slow.py:build"), "--arg", "delay=0.3",
                     "--wrap", "ddp", "--wait", "0", "--warmup", "1", "--active", "3", "--trace", "run.json")
     return cwd, doc
+
+
+def test_profile_under_ddp_defaults_to_the_train_step(slow_profile):
+    _, doc = slow_profile
+    assert doc["mode"].startswith("train (forward + loss + backward + adam step")
+    assert "the default under --wrap ddp: DDP communicates only in backward" in doc["mode"]
+    assert "--mode inference" in doc["mode"]
+    for rank in doc["ranks"]:      # the steps profiled are the wrapper's: its allreduce ran on every rank
+        assert rank["data"]["collectives"]["time_us"] > 0
+    assert "no-collectives-in-inference" not in {f["code"] for f in doc["findings"]}
+
+
+def test_explicit_inference_under_ddp_is_honoured_and_says_the_wrapper_was_idle(tmp_path):
+    """One launch: --mode inference --wrap ddp profiles the forward through DDP, which makes no collective."""
+    from conftest import sample
+
+    doc = _torchrun(tmp_path, "profile", sample("ranks.py:healthy"), "--mode", "inference", "--wrap", "ddp",
+                    "--wait", "0", "--warmup", "1", "--active", "2")
+    assert doc["mode"] == "inference (eval mode, no grad)" and doc["exit_code"] == 0
+    assert [r["data"]["collectives"]["time_us"] for r in doc["ranks"]] == [0.0, 0.0]
+    found = [f for f in doc["findings"] if f["code"] == "no-collectives-in-inference"]
+    assert len(found) == 1 and found[0]["severity"] == "info" and found[0].get("ranks") in (None, [0, 1])
+    assert "no collective ran in the 2 profiled step(s): DDP communicates only in backward" in found[0]["message"]
+    assert "--mode train" in found[0]["hint"]
+    assert "DistributedDataParallel.forward" in {r["op"] for r in doc["operators"]}   # through the wrapper
 
 
 def test_profile_names_the_slow_rank(slow_profile):

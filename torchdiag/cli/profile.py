@@ -22,7 +22,7 @@ EXAMPLE = """Examples:
 
 Exit codes: 0 profiled · 2 usage (bad option or input, --device cuda without a GPU, missing --trace directory) · 3 the model raised (forward, loss, backward, optimizer step) · 4 internal torchdiag error."""
 
-Mode = Annotated[str, typer.Option("--mode", help="inference (eval, no grad) | train (forward + loss + backward + optimizer step, on a copy).")]
+Mode = Annotated[Optional[str], typer.Option("--mode", show_default=False, help="inference (eval, no grad) | train (forward + loss + backward + optimizer step, on a copy). Default: inference; under torchrun with --wrap ddp|fsdp, train (DDP communicates only in backward).")]
 Wait = Annotated[int, typer.Option("--wait", help="Steps run before profiling starts (not recorded).")]
 Warmup = Annotated[int, typer.Option("--warmup", help="Steps profiled and thrown away (profiler warm-up).")]
 Active = Annotated[int, typer.Option("--active", help="Steps recorded: statistics, tables and trace come from these.")]
@@ -37,7 +37,7 @@ Optim = Annotated[str, typer.Option("--optimizer", help="Train mode optimizer: a
 def register(app) -> None:
     @app.command("profile", epilog=EXAMPLE, no_args_is_help=True)
     def profile(spec: c.Spec, arg: c.Args = None, input: c.Inputs = None, device: c.Device = "auto",
-                mode: Mode = "inference", wait: Wait = 1, warmup: Warmup = 2, active: Active = 5,
+                mode: Mode = None, wait: Wait = 1, warmup: Warmup = 2, active: Active = 5,
                 top: Top = 15, record_shapes: Shapes = False, memory: Memory = False, trace: Trace = None,
                 syncs: Syncs = False, optimizer: Optim = "adam", loss: c.Loss = "auto", batch: c.Batch = None, depth: c.Depth = 3,
                 seed: c.Seed = 0, json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True, dtype: c.Dtype = None, amp: c.Amp = None, wrap: c.Wrap = "none") -> None:

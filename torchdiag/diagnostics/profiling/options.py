@@ -14,7 +14,7 @@ OPTIMIZER = OptimizerSpec("adam", lr=1e-3)        # train mode; lr 1e-3 for ever
 
 @dataclass
 class Options:
-    mode: str = "inference"
+    mode: str | None = None       # None: inference, or train under torchrun --wrap ddp|fsdp (session.resolved)
     wait: int = 1
     warmup: int = 2
     active: int = 5
@@ -26,7 +26,8 @@ class Options:
     syncs: bool = False           # one more step under host-sync detection: the `syncs` table (profiling/syncs.py)
 
     def __post_init__(self):
-        self.mode = choice("mode", self.mode, MODES)
+        if self.mode is not None:
+            self.mode = choice("mode", self.mode, MODES)
         for name, low in (("wait", 0), ("warmup", 0), ("active", 1), ("top", 0), ("depth", 0)):
             number(name, getattr(self, name), low=low, integer=True)
         flag("trace", self.trace, "torchdiag.render.profile.write_trace")  # it once took a path

@@ -62,8 +62,8 @@ def quiet_kineto(cpu_only: bool = False):
 def run(model, inputs, opts: Options | None, ctx) -> Result:
     import torch
 
-    opts = opts or Options()
-    result = _header(opts, ctx)
+    opts, default = resolved(opts or Options(), ctx)
+    result = _header(opts, ctx, default)
     with leave_no_trace(model):
         work, optimizer, loss_fn = _workload(model, opts, ctx)
         labels = ModuleLabels(work)
@@ -74,6 +74,7 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
         found = _syncs(opts, ctx, step_fn) if opts.syncs else None
         seen = _op_dtypes(opts, step_fn) if ctx.autocast_dtype or ctx.spec.dtype else None
     record_collectives(result, events)       # under torchrun only: profiling/ranks.py
+    _idle_wrapper(result, opts, default, ctx)
     if opts.trace:
         result.artefacts["trace"] = trace    # None: the profiler wrote nothing (render/profile.py says so)
     if loss_fn is not None:
@@ -91,10 +92,31 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
     return result
 
 
-def _header(opts: Options, ctx) -> Result:
+# what each wrapper communicates, and when (why train is the default under it)
+_WRAPPER_COMMS = {"ddp": "DDP communicates only in backward, in its gradient allreduce",
+                  "fsdp": "FSDP, applied at the root, all-gathers the parameters in the first forward and keeps them "
+                          "whole until a backward reshards them and reduce-scatters the gradients"}
+
+
+def resolved(opts: Options, ctx) -> tuple[Options, bool]:
+    """(opts with its mode, whether the mode was the default): an explicit mode stands; else inference,
+    or train under torchrun's --wrap ddp|fsdp (ctx.wrapper), where an inference profile would leave out
+    what the wrapper does: DDP makes no collective without a backward."""
+    import dataclasses
+
+    if opts.mode is not None:
+        return opts, False
+    return dataclasses.replace(opts, mode="train" if ctx.wrapper is not None else "inference"), True
+
+
+def _header(opts: Options, ctx, default: bool = False) -> Result:
+    mode = ("inference (eval mode, no grad)" if opts.mode == "inference" else
+            f"train (forward + loss + backward + {ctx.spec.optimizer.name} step, on a copy of the model)")
+    if default and ctx.wrapper is not None:
+        mode += (f"; the default under {ctx.option('wrap')} {ctx.spec.wrap}: {_WRAPPER_COMMS[ctx.spec.wrap]} "
+                 f"({ctx.option('mode')} inference profiles the forward alone)")
     result = Result("profile", header={
-        "mode": ("inference (eval mode, no grad)" if opts.mode == "inference" else
-                 f"train (forward + loss + backward + {ctx.spec.optimizer.name} step, on a copy of the model)"),
+        "mode": mode,
         "schedule": f"wait {opts.wait}, warmup {opts.warmup}, active {opts.active} steps",
         "activities": "CPU, CUDA" if ctx.on_cuda else "CPU",
     })
@@ -107,14 +129,31 @@ def _workload(model, opts: Options, ctx):
     """(module to run, optimizer, loss rule): the model itself in eval mode for inference; a train
     copy with the run's optimizer and loss rule for train mode."""
     if opts.mode == "inference":
-        model.eval()
-        return model, None, None
+        if ctx.wrapper is None:
+            model.eval()
+            return model, None, None
+        # under a wrapper: its forward on a wrapped copy (FSDP's all-gathers are in it; DDP's is local)
+        return ctx.train_copy(model, f"to profile {ctx.option('mode')} inference through the wrapper").eval(), None, None
     work = ctx.train_copy(model, f"to profile {ctx.option('mode')} train on it")
     params = [p for p in work.parameters() if p.requires_grad]
     if not params:
         raise UsageError(f"{ctx.option('mode')} train: the model has no trainable parameters (all requires_grad=False)",
                          hint=f"use {ctx.option('mode')} inference")
     return work, ctx.optimizer(params), ctx.loss()
+
+
+def _idle_wrapper(result: Result, opts: Options, default: bool, ctx) -> None:
+    """An explicit inference profile under a wrapper whose steps ran no collective (DDP: it reduces
+    gradients in backward) profiles each rank's own forward: say so, and what shows the wrapper."""
+    coll = result.data.get("collectives")
+    if opts.mode != "inference" or default or ctx.wrapper is None or coll is None or coll["time_us"] > 0:
+        return
+    wrap = ctx.spec.wrap
+    result.add("no-collectives-in-inference", "info", "",
+               f"{ctx.option('mode')} inference under {ctx.option('wrap')} {wrap}: no collective ran in the "
+               f"{opts.active} profiled step(s): {_WRAPPER_COMMS[wrap]}; these times are each rank's own forward",
+               hint=f"{ctx.option('mode')} train (the default under {ctx.option('wrap')} {wrap}) profiles the step "
+                    "with the wrapper's collectives")
 
 
 def _profile(opts: Options, ctx, step_fn):
