@@ -44,11 +44,18 @@ from .modes import mode_modules
 from .shared import failing_call, mixes_devices_or_dtypes, name, workspace
 from .target import check_target
 from .training import train_checks
+from .wrapped import failing, make as make_wrapped, ranks_text
 
 NEEDS_VALUES = False   # partly useful on meta: the value checks skip themselves there
 OPTIMIZER = OptimizerSpec("adam", lr=1e-3)   # the one-step update check
+# under torchrun: how each --wrap reaches doctor (cli/torchrun.py: wrap_mode); see wrapped.py
+WRAP = {"ddp": ("pass", "the training checks (train-mode forward, backward, one optimizer step) run on the DDP "
+                        "copy, gradients after its reduction; the eval checks and re-checks on this rank's own copy"),
+        "fsdp": ("pass", "the training checks (train-mode forward, backward, one optimizer step) run on the "
+                         "fully_shard copy, each parameter judged whole across ranks; the eval checks and re-checks "
+                         "on this rank's own copy")}
 
-__all__ = ["Options", "NEEDS_VALUES", "OPTIMIZER", "run", "frozen_groups", "mode_modules"]
+__all__ = ["Options", "NEEDS_VALUES", "OPTIMIZER", "WRAP", "run", "frozen_groups", "mode_modules"]
 
 
 @dataclass
@@ -109,9 +116,28 @@ def _has_values(model, inputs, ctx) -> bool:
 
 
 def _value_checks(work, inputs, ctx, loss, main_dtype, ck: Checklist, result: Result) -> None:
+    try:
+        ready = _eval_checks(work, inputs, ctx, loss, main_dtype, ck, result)
+    except Exception:
+        _gate(ctx, True, result)   # under torchrun: a peer must not wait for this rank in the wrapped pass
+        raise
+    if _gate(ctx, ready is None, result) or ready is None:
+        if ready is not None:   # a peer stopped before the training checks: this rank runs them unwrapped
+            train_checks(work, inputs, ctx, ready[1], ready[0], ck, result)
+            _after_training(work, inputs, ready[1], ck, result)
+        return
+    eval_out, train_loss = ready
+    wrapped = make_wrapped(work, ctx)
+    train_checks(work, inputs, ctx, train_loss, eval_out, ck, result, wrapped)
+    _after_training(work, inputs, train_loss, ck, result)
+
+
+def _eval_checks(work, inputs, ctx, loss, main_dtype, ck: Checklist, result: Result):
+    """The eval-mode checks (on this rank's own copy under torchrun); (eval output, the loss the training
+    checks use), or None when the eval forward fails as predicted."""
     ran, eval_out = _eval_forward(work, inputs, ctx, ck, result)
     if not ran:
-        return
+        return None
     check_promotion(eval_out, main_dtype, ck)
     result.data["output"] = describe(eval_out)
     with ctx.autocast():   # both eval forwards as the train-mode pass runs them (modes compares them)
@@ -121,10 +147,31 @@ def _value_checks(work, inputs, ctx, loss, main_dtype, ck: Checklist, result: Re
     if check_target(eval_out, loss, target, ck):
         train_loss = loss_rule("auto", seed=ctx.seed)
         result.notes.append("training checks used random class targets: the given targets are out of range")
-    train_checks(work, inputs, ctx, train_loss, eval_out, ck, result)
+    return eval_out, train_loss
+
+
+def _after_training(work, inputs, train_loss, ck: Checklist, result: Result) -> None:
     if train_loss.chosen:
         result.header["loss"] = train_loss.describe()
     bn_batch1_probe(work, inputs, ck)
+
+
+def _gate(ctx, stopped: bool, result: Result) -> bool:
+    """Under torchrun --wrap ddp|fsdp (the training checks run wrapped): did any rank stop before them?
+    One exchange every rank makes at this point, also a rank about to raise (then never raises itself)."""
+    if ctx.pass_wrapper is None:
+        return False
+    try:
+        ranks = failing(ctx.device, stopped)
+    except Exception as exc:   # a peer never came (it failed before doctor ran): no collective after this
+        if not stopped:
+            result.notes.append(f"the training checks ran on this rank's own copy, not the wrapped one: the ranks "
+                                f"could not agree to start them ({one_line(exc, 160)})")
+        return True
+    if ranks and not stopped:
+        result.notes.append(f"the training checks ran on this rank's own copy, not the wrapped one: "
+                            f"{ranks_text(ranks)} stopped before them")
+    return bool(ranks)
 
 
 def _eval_forward(work, inputs, ctx, ck: Checklist, result: Result):

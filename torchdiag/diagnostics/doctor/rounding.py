@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from ...core.distributed import local_shard
+
 STAGNANT_FRACTION = 0.5      # a parameter is reported when at least half its moving elements stand still
 CODE = "update-rounds-away"
 
@@ -29,15 +31,19 @@ def reduced(p) -> bool:
 
 def stagnation_counts(named, before) -> list:
     """[(name, 2-element device tensor [unchanged-with-nonzero-grad, nonzero-grad])] for the reduced-
-    precision parameters of `named` that have a gradient; `before` holds their values before the step."""
+    precision parameters of `named` that have a gradient; `before` holds their values before the step
+    (under FSDP: this rank's shards, whose counts the caller sums over the ranks)."""
     import torch
 
     out = []
     for n, p in named:
-        if p.grad is None or not reduced(p) or p.grad.is_sparse or p.shape != before[n].shape:
+        if p.grad is None or not reduced(p) or p.grad.is_sparse:
             continue
-        moving = p.grad.detach() != 0
-        stuck = moving & (p.detach() == before[n])
+        value, grad = local_shard(p.detach()), local_shard(p.grad.detach())   # FSDP: this rank's shard
+        if value.shape != before[n].shape:
+            continue
+        moving = grad != 0
+        stuck = moving & (value == before[n])
         out.append((n, torch.stack([stuck.sum(), moving.sum()])))
     return out
 

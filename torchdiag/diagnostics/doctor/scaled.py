@@ -13,13 +13,16 @@ from ..overfit_batch.scaling import scale_facts
 MAX_BACKOFFS = 24        # 2**16 → 2**-8: an overflow that survives this is not a scale problem
 
 
-def fit_scale(work, inputs, ctx, scaler, optimizer) -> bool:
+def fit_scale(work, inputs, ctx, scaler, optimizer, agreed=None) -> bool:
     """Unscale the gradients for `optimizer`; while they hold inf/NaN, halve the scale (scaler.update,
     as a skipped step does) and run the forward and backward again. True when they fit (unscaled,
-    ready for scaler.step), False when every scale failed. One host read per try."""
+    ready for scaler.step), False when every scale failed. One host read per try. Under torchrun
+    `agreed` sums the flag over the ranks (each holds its shard, or its DDP-ignored gradients), so every
+    rank retries through the wrapped copy together."""
     for attempt in range(MAX_BACKOFFS + 1):
         scaler.unscale_(optimizer)
-        if not read_back([scale_facts(scaler, optimizer)[1]])[0]:
+        found = [scale_facts(scaler, optimizer)[1]]
+        if not read_back(agreed(found) if agreed is not None else found)[0]:
             return True
         if attempt == MAX_BACKOFFS:
             return False

@@ -1,6 +1,8 @@
 """The train-mode pass (stochastic depth off, as in gradflow's judged pass): one forward (train/eval
 modes, BatchNorm at this batch size, in-place on a leaf), backward (in-place edits of saved tensors),
-one optimizer step (parameters update)."""
+one optimizer step (parameters update). Under torchrun --wrap ddp|fsdp (`wrapped`) the pass runs on the
+wrapped copy when the forward and the backward run on every rank (agreed); otherwise every rank runs it
+on its own copy, as without a wrapper (wrapped.py)."""
 from __future__ import annotations
 
 from ...core import train
@@ -14,19 +16,18 @@ from .inplace import leaf_inplace_watch, locate_inplace, report_inplace
 from .modes import check_modes, mode_modules
 from .shared import failing_call, name
 from .update import update_check
+from .wrapped import ranks_text
 
 BACKWARD_HINT = "the model's own code raised in backward; run with --debug for the traceback"
 
 
-def train_checks(work, inputs, ctx, loss, eval_out, ck: Checklist, result: Result) -> None:
+def train_checks(work, inputs, ctx, loss, eval_out, ck: Checklist, result: Result, wrapped=None) -> None:
     import torch
 
+    if wrapped is not None and _wrapped_checks(wrapped, inputs, ctx, loss, eval_out, ck, result):
+        return
     work.train()
-    # a random whole-branch drop would make the gradient checks depend on the draw (gradflow's rule)
-    dropped = stochastic_depth_off(work)
-    note = f"stochastic depth off for the training checks ({len(dropped)} module(s))"
-    if dropped and note not in result.notes:
-        result.notes.append(note)
+    _depth_off(work, result)
     for p in work.parameters():
         p.grad = None
     tracker = ModuleTracker(work, record_shapes=False)
@@ -44,6 +45,55 @@ def train_checks(work, inputs, ctx, loss, eval_out, ck: Checklist, result: Resul
     if _backward(work, inputs, loss, out, ck, ctx, scaler):
         ck.row("inplace", "ok", "backward runs")
         update_check(work, inputs, ctx, ck, result, scaler)
+
+
+def _depth_off(model, result: Result) -> None:
+    # a random whole-branch drop would make the gradient checks depend on the draw (gradflow's rule)
+    dropped = stochastic_depth_off(model)
+    note = f"stochastic depth off for the training checks ({len(dropped)} module(s))"
+    if dropped and note not in result.notes:
+        result.notes.append(note)
+
+
+def _wrapped_checks(w, inputs, ctx, loss, eval_out, ck: Checklist, result: Result) -> bool:
+    """The train-mode pass on the wrapped copy; True when it ran. False when a rank's forward (or loss)
+    or backward failed: the ranks agree on that after each, so none waits in a collective a peer skips,
+    and the caller runs the checks on each rank's own copy (which classifies the failure)."""
+    import torch
+
+    w.model.train()
+    _depth_off(w.user, result)
+    scaler = ctx.grad_scaler()
+    out = value = None
+    try:
+        with torch.enable_grad(), ctx.autocast():
+            out = inputs.call(w.model)
+            value = loss(out)
+        ready = bool(getattr(value, "requires_grad", False))
+    except Exception:
+        ready = False
+    if _fall_back(w, not ready, "train-mode forward", result):
+        return False
+    try:
+        train.backward(scaler.scale(value) if scaler is not None else value, hint=BACKWARD_HINT)
+        failed = False
+    except ModelError:
+        failed = True
+    if _fall_back(w, failed, "backward", result):
+        return False
+    check_modes(mode_modules(w.user), eval_out, out, ck, result)
+    ck.row("inplace", "ok", "backward runs")
+    update_check(w.user, inputs, ctx, ck, result, scaler, wrapped=w)
+    return True
+
+
+def _fall_back(w, failed: bool, what: str, result: Result) -> bool:
+    """Agree across ranks whether `what` failed anywhere (also when the loss has no graph); a note when so."""
+    ranks = w.failing(failed)
+    if ranks:
+        result.notes.append(f"the training checks ran on this rank's own copy, not the wrapped one: the {what} "
+                            f"failed (or had nothing to train) on {ranks_text(ranks)}")
+    return bool(ranks)
 
 
 def _forward_failed(work, inputs, ctx, loss, exc, tracker, watch, ck: Checklist, result: Result):

@@ -9,8 +9,11 @@ mask multiplying by 0) stays zero and stays an error."""
 from __future__ import annotations
 
 from ...core import train
+from ...core.distributed import local_shard
 from ...core.tracking import run_forward
+from ...errors import ModelError
 from ...results import Result
+from ..gradflow.design import stochastic_depth_off
 from ..overfit_batch.scaling import stepper
 from .checklist import Checklist
 from . import rounding as rounding_rule
@@ -21,11 +24,11 @@ from .shared import module_of, name, short_dtype
 OPTIMIZER_NAMES = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
 
 
-def update_check(work, inputs, ctx, ck: Checklist, result: Result, scaler=None) -> None:
+def update_check(work, inputs, ctx, ck: Checklist, result: Result, scaler=None, wrapped=None) -> None:
     """After backward on `work`: one step of ctx's optimizer (doctor's default: Adam, lr 1e-3); under
-    --amp fp16 through `scaler` (the backward was scaled; scaled.fit_scale backs off as training would)."""
-    import torch
-
+    --amp fp16 through `scaler` (the backward was scaled; scaled.fit_scale backs off as training would).
+    Under torchrun `wrapped` (wrapped.Wrapped) holds the wrapped copy `work` is the user's module of."""
+    w = wrapped
     named = list({id(p): (n, p) for n, p in work.named_parameters()}.values())
     trainable = [(n, p) for n, p in named if p.requires_grad]
     with_grad = [(n, p) for n, p in trainable if p.grad is not None]
@@ -34,25 +37,28 @@ def update_check(work, inputs, ctx, ck: Checklist, result: Result, scaler=None) 
         ck.row("update", "skipped", "no parameter received a gradient")
         return
     optimizer = ctx.optimizer([p for _, p in with_grad])
-    if scaler is not None and not fit_scale(work, inputs, ctx, scaler, optimizer):   # fp16: a scale that fits
+    agreed = (lambda s: w.combine(s, always=True)) if w is not None else None   # every rank backs off alike
+    if scaler is not None and not fit_scale(w.model if w else work, inputs, ctx, scaler, optimizer, agreed):
         ck.find("update", "skipped-step", "warning", "", f"the GradScaler skips the step at every loss scale from "
                 f"65536 down to {scaler.get_scale():g}: the gradients hold inf/NaN (--amp fp16); the update could "
                 "not be checked", f"run `torchdiag nancheck {ctx.option('amp')} fp16` to find the module")
         return
-    before = {n: p.detach().clone() for n, p in with_grad}
-    grad_nonzero, value_nonzero = _any_nonzero(with_grad, before)
+    before = {n: local_shard(p.detach()).clone() for n, p in with_grad}
+    grad_nonzero, value_nonzero = _any_nonzero(with_grad, before, w)
     zero = {n for n, _ in with_grad if not grad_nonzero[n]}
     # exactly zero with a non-zero gradient: a zero-initialised parameter (a candidate cause)
     sources = [n for n, _ in with_grad if zero and n not in zero and not value_nonzero[n]]
     train.step(stepper(scaler, optimizer))
     stuck = stagnation_counts(with_grad, before)    # reduced-precision weights only; read with _changes
-    after_step = {n: p.detach().clone() for n, p in with_grad}
-    with torch.no_grad(), ctx.autocast():
-        run_forward(work, inputs, phase="forward after one optimizer step")
-    current = {n: p.detach() for n, p in work.named_parameters()}
-    moved, kept, reset_to, broken, counts = _changes(with_grad, before, after_step, current, [c for _, c in stuck])
+    after_step = {n: local_shard(p.detach()).clone() for n, p in with_grad}
+    failure = _forward_after_step(work, inputs, ctx, w)
+    current = {n: local_shard(p.detach()) for n, p in work.named_parameters()}
+    moved, kept, reset_to, broken, counts, peer_failed = _changes(
+        with_grad, before, after_step, current, [c for _, c in stuck], w, failure is not None)
+    if failure is not None:
+        raise failure
     rounding = rounded_away([n for n, _ in stuck], counts, {n: short_dtype(p.dtype) for n, p in with_grad})
-    by_design = _zero_init(work, inputs, ctx, zero, sources, scaler) if sources else {}
+    by_design = _recheck(work, inputs, ctx, zero, sources, scaler, w) if sources and not peer_failed else {}
     skip = set(by_design) | {r["name"] for r in rounding if not moved[r["name"]]}   # said once, by its own check
     step = OPTIMIZER_NAMES[ctx.spec.optimizer.name]
     _report_nonfinite(broken, dict(with_grad), optimizer, ctx, ck, step)
@@ -68,6 +74,44 @@ def update_check(work, inputs, ctx, ck: Checklist, result: Result, scaler=None) 
     _report_rounding(rounding, ctx, step, ck, result)
     _report_zero_init(by_design, ck, result)
     result.data["params_without_grad"] = no_grad
+
+
+def _forward_after_step(work, inputs, ctx, w):
+    """The forward after the step (does it write the parameters back?). Under FSDP a failure is returned,
+    not raised, so this rank still takes the exchange its peers make next (update_check raises it after)."""
+    import torch
+
+    try:
+        with torch.no_grad(), ctx.autocast():
+            run_forward(w.forward_model() if w else work, inputs, phase="forward after one optimizer step")
+    except ModelError as exc:
+        if w is None or not w.sharded:
+            raise
+        return exc
+    finally:
+        if w is not None:
+            w.resharded()
+    return None
+
+
+def _recheck(work, inputs, ctx, zero, sources, scaler, w) -> dict[str, str]:
+    """_zero_init on the working copy; under torchrun on a plain local copy of the wrapped one (no
+    collective after it: a rank may take it whatever its peers do; under FSDP the decision is the same
+    on every rank, its counts summed, and every rank gathers)."""
+    if w is None:
+        return _zero_init(work, inputs, ctx, zero, sources, scaler)
+    plain = w.local_copy("to re-check the all-zero gradients on this rank")
+    stochastic_depth_off(plain)
+    return _zero_init(plain, inputs, ctx, zero, sources, scaler)
+
+
+def _summed(w, scalars: list) -> tuple[list, int]:
+    """(scalars, how many ranks' parts each holds): summed over the ranks under FSDP (shards), else as is."""
+    if w is None or not w.sharded:
+        return scalars, 1
+    import torch.distributed as dist
+
+    return w.combine(scalars), dist.get_world_size()
 
 
 def _not_updated(with_grad, skip, zero, moved, kept, reset_to) -> list[tuple[str, str, str]]:
@@ -120,43 +164,53 @@ def _report_rounding(rounding: list[dict], ctx, step: str, ck: Checklist, result
     result.data["rounded_away"] = rounding
 
 
-def _any_nonzero(with_grad, before) -> tuple[dict, dict]:
-    """Per parameter: does its gradient, and does its value, hold a non-zero? Read back together."""
+def _any_nonzero(with_grad, before, w=None) -> tuple[dict, dict]:
+    """Per parameter: does its gradient, and does its value, hold a non-zero? Read back together (under
+    FSDP: per shard, summed over the ranks first, so every rank judges the whole parameter)."""
     from ...core.readback import read_back
 
-    flags = read_back([p.grad.detach().ne(0).any() for _, p in with_grad] +
-                      [before[n].ne(0).any() for n, _ in with_grad])
+    flags, _ = _summed(w, [local_shard(p.grad).detach().ne(0).any() for _, p in with_grad] +
+                       [before[n].ne(0).any() for n, _ in with_grad])
+    flags = read_back(flags)
     k = len(with_grad)
-    return ({n: bool(f) for (n, _), f in zip(with_grad, flags[:k])},
-            {n: bool(f) for (n, _), f in zip(with_grad, flags[k:])})
+    return ({n: f > 0 for (n, _), f in zip(with_grad, flags[:k])},
+            {n: f > 0 for (n, _), f in zip(with_grad, flags[k:])})
 
 
-def _changes(with_grad, before, after_step, current, counts=()) -> tuple[dict, dict, dict, list]:
+def _changes(with_grad, before, after_step, current, counts=(), w=None, failed=False) -> tuple:
     """Per parameter: the step moved it; the next forward kept the stepped value; or reset it to the
     old one. Compared on the device (as torch.equal: same shape, every element equal) and read back
-    together: one host sync per device, not three per parameter."""
+    together: one host sync per device, not three per parameter. Under FSDP each rank compares its
+    shards, and the flags and counts (with `failed`: this rank's forward after the step raised) are
+    summed over the ranks first: a parameter is unchanged when it is on every rank. Returns moved,
+    kept, reset_to, broken, the counts' values, and whether the forward after the step failed on a rank."""
+    import torch
+
     from ...core.readback import read_back
 
     def equal(a, b):   # NaN equals NaN: a NaN the step made is not "overwritten" by the next forward
-        return ((a == b) | (a.isnan() & b.isnan())).all() if a.shape == b.shape else None
+        if a.shape != b.shape:
+            return torch.zeros((), dtype=torch.bool, device=a.device)
+        return ((a == b) | (a.isnan() & b.isnan())).all()
 
     checks = []
     for n, p in with_grad:
-        now = current.get(n, p.detach())
+        now = current.get(n, local_shard(p.detach()))
         checks += [equal(after_step[n], before[n]), equal(now, after_step[n]), equal(now, before[n])]
-    on_device = [c for c in checks if c is not None]
     # elements the step made non-finite (finite before)
     nonfinite = [(~after_step[n].isfinite() & before[n].isfinite()).sum() for n, _ in with_grad]
     extra = [c.reshape(-1)[i] for c in counts for i in range(c.numel())]   # rounding counts, same read
-    read = read_back(on_device + nonfinite + extra)
-    values = iter(read[:len(on_device)])
-    flags = [False if c is None else bool(next(values)) for c in checks]
+    tail = [torch.tensor(float(failed), device=w.device)] if w is not None and w.sharded else []
+    scalars, parts = _summed(w, checks + nonfinite + extra + tail)
+    read = read_back(scalars)
+    flags = [v >= parts for v in read[:len(checks)]]
     moved, kept, reset_to = {}, {}, {}
     for i, (n, _) in enumerate(with_grad):
         moved[n], kept[n], reset_to[n] = not flags[3 * i], flags[3 * i + 1], flags[3 * i + 2]
-    k = len(on_device)
+    k = len(checks)
     broken = {n: int(v) for (n, _), v in zip(with_grad, read[k:k + len(with_grad)]) if v}
-    return moved, kept, reset_to, broken, read[k + len(with_grad):]
+    rest = read[k + len(with_grad):]
+    return moved, kept, reset_to, broken, rest[:len(extra)], bool(tail) and rest[-1] > 0
 
 
 def _zero_init(work, inputs, ctx, zero, sources, scaler=None) -> dict[str, str]:
