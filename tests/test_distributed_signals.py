@@ -134,3 +134,58 @@ def test_ctrl_c_while_a_rank_waits_in_ddp_allreduce(ctrl_c_in_allreduce):
     code, out, err, pids = ctrl_c_in_allreduce
     _check_ended(code, out, err, pids, "interrupted")
     assert out == ""   # no partial report under torchrun: the interrupted ranks hand in nothing
+
+
+# ------------------------------------------- the cross-rank report's wording (torch-free, hand-built dicts)
+
+def _report(differs, grads_differ=(), ignored=None, wrap="ddp"):
+    from torchdiag.diagnostics.ranks.report import add_rank_findings
+    from torchdiag.results import Result
+
+    cons = {"compared": 6, "steps": 2, "differs": list(differs), "grads_differ": list(grads_differ), "notes": []}
+    if ignored is not None:
+        cons["ddp_ignored"] = ignored
+    merged = Result("doctor")
+    add_rank_findings(merged, [{"rank": 0, "consistency": cons}, {"rank": 1}], wrap)
+    return {f.where: f for f in merged.findings}
+
+
+def _diff(name, step=0, kind="parameter", delta=0.5):
+    return {"name": name, "kind": kind, "step": step, "max_abs_diff": {"1": delta}, "batchnorm": False}
+
+
+def test_init_difference_of_a_parameter_ddp_ignores_is_an_error_not_a_broadcast():
+    """DDP's wrap-time broadcast (torch.distributed.utils._sync_module_states) skips the names in
+    _ddp_params_and_buffers_to_ignore: such a tensor differing as built stays different."""
+    found = _report([_diff("side.weight"), _diff("side.count", kind="buffer"), _diff("body.0.weight")],
+                    ignored=["side.weight", "side.bias", "side.count"])
+    for name in ("side.weight", "side.count"):
+        f = found[name]
+        assert (f.code, f.severity) == ("rank-divergence", "error")
+        assert "never broadcasts rank 0's value" in f.message and "broadcasts rank 0's value when" not in f.message
+        assert "max |Δ| against rank 0: rank 1: 0.5" in f.message and "DDP will not" in f.hint
+        assert f.ranks == [0, 1]
+    f = found["body.0.weight"]   # not ignored: DDP does broadcast it, so training starts equal
+    assert (f.code, f.severity) == ("rank-init-differs", "info")
+    assert "DDP broadcasts rank 0's value when it wraps the model" in f.message
+
+
+def test_init_difference_with_an_unreduced_gradient_is_not_called_equal_at_start():
+    """Without the ignore list (a consistency dict that lacks it), a parameter whose reduced gradient differs
+    too is not said to start equal: whatever the broadcast did, the steps part the ranks."""
+    from torchdiag.diagnostics.ranks.report import add_rank_findings
+    from torchdiag.results import Result
+
+    cons = {"compared": 2, "steps": 2, "differs": [_diff("side.weight")],
+            "grads_differ": [_diff("side.weight", step=1)], "notes": []}
+    merged = Result("doctor")
+    add_rank_findings(merged, [{"rank": 0, "consistency": cons}, {"rank": 1}], "ddp")
+    assert [(f.code, f.severity) for f in merged.findings] == [("rank-divergence", "error"), ("rank-grads-differ", "error")]
+    f = merged.findings[0]
+    assert "not the same on every rank after DDP's reduction" in f.message and "training starts equal" not in f.message
+    assert "DDP will not" not in f.hint   # it may have broadcast it: the gradient is what parts the ranks
+
+
+def test_init_difference_without_ddp_is_unchanged():
+    found = _report([_diff("side.weight")], ignored=["side.weight"], wrap="none")
+    assert found["side.weight"].code == "rank-divergence" and "built it differently" in found["side.weight"].hint

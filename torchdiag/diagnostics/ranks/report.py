@@ -25,8 +25,9 @@ def _consistency(merged, cons: dict, wrap: str, everyone: list[int]) -> None:
         merged.add("rank-check-failed", "warning", "", cons["error"])
         return
     unreduced = {d["name"] for d in cons["grads_differ"]}
+    ignored = set(cons.get("ddp_ignored") or ())   # the model's _ddp_params_and_buffers_to_ignore
     for d in cons["differs"]:
-        f = _differs(merged, d, wrap, d["name"] in unreduced)
+        f = _differs(merged, d, wrap, d["name"] in unreduced, d["name"] in ignored)
         f.ranks = list(everyone)
     for d in cons["grads_differ"]:
         f = merged.add("rank-grads-differ", "error", d["name"],
@@ -36,12 +37,14 @@ def _consistency(merged, cons: dict, wrap: str, everyone: list[int]) -> None:
         f.ranks = list(everyone)
 
 
-def _differs(merged, d: dict, wrap: str, unreduced: bool = False):
+def _differs(merged, d: dict, wrap: str, unreduced: bool = False, ignored: bool = False):
     what = f"{d['kind']} {d['name']}"
     if d.get("batchnorm"):
         return merged.add("batchnorm-stats-differ", "info", d["name"],
                           f"BatchNorm {what} differs across ranks from step {d['step']}: each rank updates it from "
                           f"its own rows ({_diffs(d)})", SYNC_BN_HINT)
+    if d["step"] == 0 and wrap == "ddp" and (ignored or unreduced):
+        return _not_broadcast(merged, d, what, ignored)
     if d["step"] == 0 and wrap == "ddp":
         return merged.add("rank-init-differs", "info", d["name"],
                           f"{what} differs across ranks as built ({_diffs(d)}); DDP broadcasts rank 0's value when "
@@ -56,6 +59,22 @@ def _differs(merged, d: dict, wrap: str, unreduced: bool = False):
                 "on the rank); DDP keeps only the gradients in sync")
     return merged.add("rank-divergence", "error", d["name"],
                       f"{what} differs across ranks from step {d['step']} (step 0 = as built; {_diffs(d)})", hint)
+
+
+def _not_broadcast(merged, d: dict, what: str, ignored: bool):
+    """Differs as built, and DDP does not make it equal: DDP broadcasts at wrap time only what it does not
+    ignore (torch.distributed.utils._sync_module_states skips _ddp_params_and_buffers_to_ignore)."""
+    if ignored:
+        why = ("DDP was told to ignore it (_ddp_params_and_buffers_to_ignore), so it never broadcasts rank 0's value "
+               "and each rank trains its own from the start")
+    else:   # its gradient is not reduced either: ignored, or added after wrapping; steps part it anyway
+        why = ("its gradient is not the same on every rank after DDP's reduction either (see rank-grads-differ), so "
+               "whatever DDP did at wrap time each rank steps it its own way")
+    seed = "seed the RNG the same way on every rank before building the model (or load one checkpoint)"
+    hint = (f"{seed}, or broadcast it yourself (torch.distributed.broadcast) before training: DDP will not" if ignored
+            else f"{seed}; the gradient is what parts the ranks during training: see rank-grads-differ")
+    return merged.add("rank-divergence", "error", d["name"],
+                      f"{what} differs across ranks as built (step 0; {_diffs(d)}): {why}", hint)
 
 
 def _diffs(d: dict) -> str:
