@@ -1,0 +1,124 @@
+"""--wrap fsdp under torchrun, real 2-process gloo launches (one per scenario, shared by its assertions):
+overfit-batch trains the fully_shard copy (its curve recomputed here with plain torch from the averaged
+gradient), and the cross-rank consistency check takes its real steps on a fully_shard copy."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import load_module, sample
+from test_distributed import by_code, torchrun
+
+STEPS = 30
+ROWS = [slice(0, 4), slice(4, 8)]       # 8 rows on 2 ranks: rank r takes rows 4r:4r+4
+
+
+@pytest.fixture(scope="module")
+def bounded():
+    """A model that cannot overfit (softmax before cross-entropy), on a fixed batch."""
+    return torchrun("overfit-batch", sample("ranks_fsdp.py:softmax"), "--batch", sample("ranks_fsdp.py:batch"),
+                    "--wrap", "fsdp", "--steps", STEPS)
+
+
+@pytest.fixture(scope="module")
+def healthy():
+    return torchrun("overfit-batch", sample("ranks.py:healthy"), "--wrap", "fsdp", "--steps", "300",
+                    "--target-loss", "0.5")
+
+
+@pytest.fixture(scope="module")
+def counted():
+    return torchrun("gradflow", sample("ranks_fsdp.py:counted"), "--wrap", "fsdp")
+
+
+def _curves(averaged: bool):
+    """Plain torch, no torchdiag: Adam (lr 1e-3) on ranks_fsdp.softmax; each step's gradient is the
+    mean over the two ranks of the gradient of each rank's own mean loss (what FSDP's reduce-scatter
+    gives every rank), or rank 0's own only. Returns (loss per step on each rank's rows, grad norms)."""
+    m = load_module("ranks_fsdp.py")
+    model, (x, y) = m.softmax(), m.batch()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses, norms = [[], []], []
+    for k in range(STEPS + 1):
+        opt.zero_grad()
+        per = [torch.nn.functional.cross_entropy(model(x[r]), y[r]) for r in ROWS]
+        for r in range(2):
+            losses[r].append(per[r].item())
+        if k == STEPS:
+            break
+        ((per[0] + per[1]) / 2 if averaged else per[0]).backward()
+        norms.append(torch.cat([p.grad.flatten() for p in model.parameters()]).norm().item())
+        opt.step()
+    return losses, norms
+
+
+def test_overfit_batch_fsdp_trains_the_averaged_gradient(bounded):
+    code, doc, _ = bounded
+    assert doc["exit_code"] == 1 and code != 0
+    (truth0, truth1), norms = _curves(averaged=True)
+    own0 = _curves(averaged=False)[0][0]
+    assert abs(own0[-1] - truth0[-1]) > 1e-3     # the premise: training on rank 0's rows alone ends elsewhere
+    assert doc["loss"] == pytest.approx(truth0, rel=1e-5, abs=1e-6)          # rank 0's whole curve
+    assert doc["grad_norm"] == pytest.approx(norms, rel=1e-4)                # the whole gradient's norm
+    r0, r1 = (r["data"] for r in doc["ranks"])
+    assert (r1["initial_loss"], r1["final_loss"]) == pytest.approx((truth1[0], truth1[-1]), rel=1e-5)
+    assert r0["steps"] == r1["steps"] == STEPS
+    assert all(r["header"]["wrap"].startswith("fsdp (the copy overfit-batch trains is sharded by fully_shard")
+               for r in doc["ranks"])
+
+
+def test_overfit_batch_fsdp_fails_as_without_torchrun(bounded, cli):
+    """The causes run on a local copy of the gathered weights: the same findings as one process."""
+    _, doc, _ = bounded
+    plain = cli("overfit-batch", sample("ranks_fsdp.py:softmax"), "--batch", sample("ranks_fsdp.py:batch"),
+                "--steps", STEPS, "--device", "cpu", "--json")
+    assert plain.code == 1
+    codes = {f["code"] for f in plain.json["findings"]}
+    assert codes == {"cannot-overfit", "bounded-output"}
+    for r in doc["ranks"]:
+        assert {f["code"] for f in r["findings"]} == codes and r["error"] is None
+    # 4 classes, outputs in [0, 1]: cross-entropy cannot go below log(1 + 3/e)
+    [f] = [f for f in doc["ranks"][1]["findings"] if f["code"] == "bounded-output"]
+    assert f"{torch.log(torch.tensor(1 + 3 / torch.e)).item():.4g}" in f["message"]
+
+
+def test_overfit_batch_fsdp_healthy_passes_with_ranks_in_step(healthy):
+    code, doc, _ = healthy
+    assert code == 0 and doc["exit_code"] == 0
+    r0, r1 = (r["data"] for r in doc["ranks"])
+    assert r0["passed"] and r1["passed"] and r0["steps"] == r1["steps"] == r0["steps_to_target"]
+    assert r0["final_loss"] <= 0.5 and r1["final_loss"] <= 0.5
+    assert all(r["header"]["wrap"].startswith("fsdp (the copy overfit-batch trains is sharded by fully_shard")
+               for r in doc["ranks"])
+
+
+def test_consistency_under_fsdp_compares_after_two_steps(counted):
+    code, doc, _ = counted
+    cons = doc["consistency"]
+    model = load_module("ranks_fsdp.py").counted()
+    assert cons["steps"] == 2 and not cons["notes"]
+    assert cons["compared"] == len(list(model.named_parameters())) + len(list(model.named_buffers()))
+    # parameters and gradients (made whole) are the same on every rank; what FSDP leaves to each rank is not
+    assert cons["grads_differ"] == []
+    assert {d["name"]: d["step"] for d in cons["differs"]} == {"1.running_mean": 1, "1.running_var": 1, "3.count": 1}
+    [count] = by_code(doc, "rank-divergence")
+    assert count["where"] == "3.count" and count["severity"] == "error"
+    # count += 1 + RANK per train-mode forward: after step 1, 1 on rank 0 and 2 on rank 1
+    assert "rank 1: 1" in count["message"] and doc["exit_code"] == 1 and code != 0
+
+
+def test_batchnorm_stats_under_fsdp_are_info_with_the_exact_difference(counted):
+    _, doc, _ = counted
+    found = {f["where"]: f for f in by_code(doc, "batchnorm-stats-differ")}
+    assert set(found) == {"1.running_mean", "1.running_var"}
+    assert all(f["severity"] == "info" and "SyncBatchNorm" in f["hint"] for f in found.values())
+    # step 1's forward uses the weights as built: running stats = 0.9 × initial + 0.1 × the rows' own stats
+    m = load_module("ranks_fsdp.py")
+    lin, x = m.counted()[0], m.example_inputs()[0]
+    with torch.no_grad():
+        h = [lin(x[r]) for r in ROWS]
+    mean = [0.1 * t.mean(0) for t in h]
+    var = [0.9 + 0.1 * t.var(0, unbiased=True) for t in h]
+    diffs = {d["name"]: d["max_abs_diff"]["1"] for d in doc["consistency"]["differs"]}
+    assert diffs["1.running_mean"] == pytest.approx((mean[1] - mean[0]).abs().max().item(), rel=1e-5)
+    assert diffs["1.running_var"] == pytest.approx((var[1] - var[0]).abs().max().item(), rel=1e-5)
