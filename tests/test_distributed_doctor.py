@@ -1,0 +1,86 @@
+"""doctor under torchrun --wrap ddp|fsdp: its training checks run on the wrapped copy. Two real 2-process gloo
+launches (one per wrapper) of sample_models/ranks_doctor.py:masked, whose three hooked branches tell the
+wrapped run from each rank's own: `dead` (gradient zeroed everywhere: a finding whatever runs), `lone`
+(zeroed on rank 1 only: only the reduced gradient is non-zero there) and `split` (zeroed exactly on rank 0's
+FSDP shard: only a whole-parameter judgment sees it change)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+from conftest import ROOT, sample
+from test_distributed import by_code, torchrun
+
+SPEC = "ranks_doctor.py:masked"
+NOT_UPDATED = {"dead.weight", "dead.bias"}
+
+
+@pytest.fixture(scope="module")
+def ddp():
+    return torchrun("doctor", sample(SPEC), "--wrap", "ddp", "--loss", "sum")
+
+
+@pytest.fixture(scope="module")
+def fsdp():
+    return torchrun("doctor", sample(SPEC), "--wrap", "fsdp", "--loss", "sum")
+
+
+def _grads(rank: int) -> dict:
+    """Rank `rank`'s own gradients under --loss sum on its rows (4:8 for rank 1 of 2), by plain torch."""
+    spec = importlib.util.spec_from_file_location("ranks_doctor_truth", ROOT / "sample_models" / "ranks_doctor.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    old = os.environ.get("RANK")
+    os.environ["RANK"] = str(rank)
+    try:
+        model = mod.masked()
+        model(mod.example_inputs()[0][4 * rank:4 * rank + 4]).sum().backward()
+    finally:
+        os.environ.pop("RANK") if old is None else os.environ.__setitem__("RANK", old)
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_premise_own_gradients_by_plain_torch():
+    """What each rank's own rows give, without torchdiag: dead.* zero on both, lone.* zero on rank 1 only
+    (its DDP/FSDP mean is half of rank 0's, non-zero), split's rows 0-1 zero and rows 2-3 not."""
+    g0, g1 = _grads(0), _grads(1)
+    for g in (g0, g1):
+        assert not g["dead.weight"].any() and not g["dead.bias"].any()
+        assert not g["split.weight"][:2].any() and g["split.weight"][2:].ne(0).all()
+    assert g0["lone.weight"].ne(0).all() and not g1["lone.weight"].any()
+    assert ((g0["lone.weight"] + g1["lone.weight"]) / 2).ne(0).all()
+
+
+@pytest.mark.parametrize("how", ["ddp", "fsdp"])
+def test_training_checks_ran_wrapped(how, request):
+    code, doc, _ = request.getfixturevalue(how)
+    assert doc["exit_code"] == 1 and code != 0
+    for r in doc["ranks"]:
+        assert r["error"] is None and r["exit_code"] == 1
+        assert r["header"]["wrap"].startswith(f"{how} (the training checks (train-mode forward, backward, one optimizer step) run on")
+    # no rank fell back to its own copy
+    assert not [n for n in doc["notes"] if "own copy, not the wrapped one" in n]
+
+
+@pytest.mark.parametrize("how", ["ddp", "fsdp"])
+def test_zeroed_gradient_named_on_every_rank(how, request):
+    _, doc, _ = request.getfixturevalue(how)
+    found = {f["where"]: f for f in by_code(doc, "param-not-updated")}
+    # lone.*: rank 1's own gradient is zero, the reduced one is not (it would be named on rank 1 on its own copy)
+    assert set(found) == NOT_UPDATED
+    assert all(f["ranks"] == [0, 1] and f["severity"] == "error" and "all zeros" in f["message"] for f in found.values())
+    for r in doc["ranks"]:
+        assert {f["where"] for f in r["findings"] if f["code"] == "param-not-updated"} == NOT_UPDATED
+    [row] = [c for c in doc["checks"] if c["id"] == "update"]
+    assert row["status"] == "error" and row["verdict"] == "2 parameter(s) get a gradient but do not change after a step"
+
+
+def test_fsdp_judges_whole_parameters(fsdp):
+    """split.weight rows 0-1 (rank 0's shard) get a zero gradient and stay put; rows 2-3 move: whole, it changes,
+    and rank 0 says so too (a shard-by-shard judgment would name split.* there)."""
+    _, doc, _ = fsdp
+    r0 = doc["ranks"][0]
+    assert not [f for f in r0["findings"] if f["where"].startswith("split.")]
+    assert r0["data"]["params_without_grad"] == []
