@@ -13,8 +13,11 @@ allreduce, so every rank's step time is about the same and the wait shows as col
 fast ranks. So the straggler is the rank with the most compute time (the one the others wait for),
 and its lag is its compute time minus the fastest rank's (and minus the median). Without collectives
 (`--wrap none`), compute time is the step time and the same definition holds. It is a warning only when
-it is also the slowest rank in every active step: on a busy machine the OS deschedules one rank or
-another for milliseconds, and that noise changes hands from step to step.
+the lag is consistent and material in every active step, not on average: on a busy machine the OS
+deschedules one rank or another for milliseconds, a few steps at a time, which inflates a mean but leaves
+steps where that rank is not behind. So its smallest lag over the others' median in any active step must
+be at least 1 ms, 20% of the others' compute, 10% of the step time, and more than the others' own
+step-to-step spread (how far a healthy rank's compute wanders by itself).
 
 Two halves: `collectives(events)` runs on each rank from its profiler events (data only, in
 `result.data["collectives"]`); `merge_ranks(results, merged)` runs on rank 0 over every rank's JSON
@@ -28,6 +31,7 @@ from .stats import percentile
 _PREFIXES = ("gloo:", "nccl:", "c10d::", "ncclkernel", "nccldevkernel", "record_param_comms")
 STRAGGLER_PCT = 0.2        # a warning when the slowest rank's compute is 20% above the median's
 STRAGGLER_MIN_MS = 1.0     # ... and at least 1 ms: a few µs on a tiny model is noise
+STRAGGLER_STEP_PCT = 0.1   # ... and, in every step, at least 10% of the median step time
 
 
 def is_collective(name: str) -> bool:
@@ -108,7 +112,23 @@ def straggler(rows: list[dict]) -> dict:
             "slowest_steps": steps[0] if steps else None, "steps": steps[1] if steps else None,
             "fastest_compute_ms": fast["compute_ms"], "median_compute_ms": median,
             "lag_ms": lag, "lag_pct": lag / fast["compute_ms"] if fast["compute_ms"] > 0 else None,
-            "lag_vs_median_ms": lag_med, "lag_vs_median_pct": lag_med / median if median > 0 else None}
+            "lag_vs_median_ms": lag_med, "lag_vs_median_pct": lag_med / median if median > 0 else None,
+            "median_step_ms": percentile([r["step_ms"] for r in rows], 50), **step_lags(rows, slow["rank"])}
+
+
+def step_lags(rows: list[dict], rank: int) -> dict:
+    """Per active step, `rank`'s compute minus the median of the other ranks' compute in that step:
+    {"min_step_lag_ms": the smallest, "others_compute_ms": the others' median compute per step,
+    "others_spread_ms": the median over the other ranks of (max - min) of their own per-step compute}.
+    All None without per-step times (or without another rank)."""
+    mine = next(r for r in rows if r["rank"] == rank).get("compute_steps_ms")
+    others = [r.get("compute_steps_ms") for r in rows if r["rank"] != rank]
+    if not mine or not others or any(o is None or len(o) != len(mine) for o in others):
+        return {"min_step_lag_ms": None, "others_compute_ms": None, "others_spread_ms": None}
+    lags = [mine[i] - percentile([o[i] for o in others], 50) for i in range(len(mine))]
+    return {"min_step_lag_ms": min(lags),
+            "others_compute_ms": percentile([sum(o) / len(o) for o in others], 50),
+            "others_spread_ms": percentile([max(o) - min(o) for o in others], 50)}
 
 
 def rank_docs(results: list[dict]) -> list[dict]:
@@ -157,10 +177,17 @@ def merge_ranks(results: list[dict], merged) -> None:
 
 
 def _holds_back(s: dict) -> bool:
-    """Well above the median, and the slowest in every active step (noise changes hands; a straggler does not)."""
+    """Well above the median on average and, when per-step times exist, behind in every active step by a
+    lag that matters (1 ms, 20% of the others' compute, 10% of the step) and that the others' own
+    step-to-step spread does not explain: descheduling noise comes and goes, a straggler does not."""
     pct = s["lag_vs_median_pct"]
-    every = s.get("steps") is None or s["slowest_steps"] == s["steps"]
-    return pct is not None and pct >= STRAGGLER_PCT and s["lag_vs_median_ms"] >= STRAGGLER_MIN_MS and every
+    if pct is None or pct < STRAGGLER_PCT or s["lag_vs_median_ms"] < STRAGGLER_MIN_MS:
+        return False
+    floor = s.get("min_step_lag_ms")
+    if floor is None:      # no per-step times: the means alone
+        return s.get("steps") is None or s["slowest_steps"] == s["steps"]
+    material = max(STRAGGLER_MIN_MS, STRAGGLER_PCT * s["others_compute_ms"], STRAGGLER_STEP_PCT * s["median_step_ms"])
+    return s["slowest_steps"] == s["steps"] and floor >= material and floor > s["others_spread_ms"]
 
 
 def straggler_line(s: dict) -> str:
@@ -170,7 +197,9 @@ def straggler_line(s: dict) -> str:
     return (f"{s['compute_ms']:.2f} ms of compute per step, {s['lag_ms']:+.2f} ms{pct(s['lag_pct'])} "
             f"vs the fastest (rank {s['fastest_rank']}), {s['lag_vs_median_ms']:+.2f} ms"
             f"{pct(s['lag_vs_median_pct'])} vs the median"
-            + (f"; the slowest in {s['slowest_steps']} of {s['steps']} steps" if s.get("steps") else ""))
+            + (f"; the slowest in {s['slowest_steps']} of {s['steps']} steps" if s.get("steps") else "")
+            + (f"; smallest lag in one step {s['min_step_lag_ms']:+.2f} ms (the others' own compute varies by "
+               f"{s['others_spread_ms']:.2f} ms across steps)" if s.get("min_step_lag_ms") is not None else ""))
 
 
 def _rounded(d: dict) -> dict:
