@@ -142,10 +142,10 @@ def _compute_docs(*computes, step_ms=6.0):
 
 
 def test_descheduling_noise_is_not_a_straggler():
-    """Measured here (a healthy 2-rank DDP profile on a loaded machine): the fast rank's own compute wanders
-    3.5 → 0.5 ms over the steps, the other is descheduled by different amounts in each step. Slowest in every
-    step, 36% and 1.17 ms over the median on average (the old rule warned), but its lag in its best step
-    (1.0 ms) is well inside the fast rank's own spread (3.08 ms): info."""
+    """Modelled on a healthy 2-rank DDP profile measured here: the fast rank's compute as measured (it wanders
+    3.5 → 0.5 ms over the steps by itself); the other rank's made slower by different amounts in each step
+    (descheduling), so that it is the slowest in every step, 36% and 1.17 ms over the median on average (the
+    old rule warned), while its lag in its best step (1.0 ms) is inside the fast rank's own spread (3.08 ms)."""
     fast, noisy = [3.5, 3.55, 2.13, 0.68, 0.47], [4.5, 6.0, 7.06, 2.25, 2.22]
     merged = Result("profile")
     prof_ranks.merge_ranks(_compute_docs(fast, noisy), merged)
