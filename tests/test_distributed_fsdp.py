@@ -122,3 +122,56 @@ def test_batchnorm_stats_under_fsdp_are_info_with_the_exact_difference(counted):
     diffs = {d["name"]: d["max_abs_diff"]["1"] for d in doc["consistency"]["differs"]}
     assert diffs["1.running_mean"] == pytest.approx((mean[1] - mean[0]).abs().max().item(), rel=1e-5)
     assert diffs["1.running_var"] == pytest.approx((var[1] - var[0]).abs().max().item(), rel=1e-5)
+
+
+# ---- no launch: the loop's agreement when a rank's model raises -------------------------------------
+
+class _RaisesAt(torch.nn.Module):
+    """Raises in forward (inside `inner`) from its `at`-th call on."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.at, self.calls = at, 0
+        self.body = torch.nn.Linear(8, 4)
+        self.inner = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        self.calls += 1
+        h = self.body(x)
+        return self.inner(h if self.calls < self.at else h.view(-1))   # (32,) does not fit Linear(4, 4)
+
+
+def _run_as_wrapped(model, agree, monkeypatch, steps=5):
+    """overfit-batch as a rank runs it under a wrapper, without a process group: the wrapper is the
+    identity and the cross-rank agreement is `agree` (flags → flags)."""
+    from torchdiag.api import as_inputs, run_spec
+    from torchdiag.core.context import context_for
+    from torchdiag.diagnostics import overfit_batch
+    from torchdiag.diagnostics.overfit_batch import loop
+
+    ctx = context_for(model, run_spec("overfit-batch", overfit_batch), loss="auto", target=None)
+    ctx.wrapper = lambda work: work
+    monkeypatch.setattr(loop, "_agreement", lambda ctx, group: agree)
+    return overfit_batch.run(model, as_inputs(model, (torch.randn(8, 8),)), overfit_batch.Options(steps=steps), ctx)
+
+
+def test_a_rank_whose_forward_raises_still_makes_the_steps_agreement(monkeypatch):
+    """Its peers are about to make the step's all_reduce: it makes it too, flagged failed, then raises
+    its own error (the module named by a re-run on the plain module, never through the wrapper)."""
+    from torchdiag.errors import ModelError
+
+    calls = []
+    with pytest.raises(ModelError) as info:
+        _run_as_wrapped(_RaisesAt(3), lambda flags: calls.append(list(flags)) or flags, monkeypatch)
+    assert len(calls) == 3 and calls[-1] == [False, False, False, True]
+    assert all(len(c) == 4 and not c[3] for c in calls[:2])
+    assert "inner" in info.value.message and "forward (step 2)" in info.value.message
+
+
+def test_a_peers_failure_stops_this_rank_with_an_error(monkeypatch):
+    from torchdiag.errors import ModelError
+
+    with pytest.raises(ModelError) as info:
+        _run_as_wrapped(torch.nn.Linear(8, 4), lambda flags: flags[:3] + [True], monkeypatch)
+    assert "the model raised on another rank" in info.value.message and info.value.follows_peer
+    assert info.value.partial is not None and info.value.partial.data["steps"] == 0

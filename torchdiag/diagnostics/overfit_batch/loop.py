@@ -7,6 +7,7 @@ on the device until the run ends (Trainer.final_flags: one read). The optimizer'
 single-tensor Adam reads each parameter's `step`) and the loss rule's are not the loop's."""
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -92,7 +93,7 @@ class Trainer:
         try:
             while True:
                 self.optimizer.zero_grad(set_to_none=True)
-                value, lv, acc = self._evaluate(c.step)
+                value, lv, acc = self._evaluated(c.step)
                 if opts.on_step:
                     opts.on_step(c.step, lv)
                 if self._stop(value, lv, acc):
@@ -105,14 +106,32 @@ class Trainer:
         c.seconds = time.perf_counter() - t0
         return c
 
+    def _evaluated(self, step: int):
+        """_evaluate; under a wrapper, a rank whose forward or loss raised still makes the step's
+        agreement (its peers are about to), flagged "failed", so they stop with it at once instead of
+        waiting in their next collective until the timeout."""
+        try:
+            return self._evaluate(step)
+        except DiagError:
+            if self.agree is not None:
+                with contextlib.suppress(Exception):   # a peer already gone: this rank's own error is what counts
+                    self.agree([False, False, False, True])
+            raise
+
     def _stop(self, value, lv: float, acc: float | None) -> bool:
         """Stop at a non-finite loss, the target, the budget or no graph. Under a wrapper (self.agree)
         the decision is every rank's: one all_reduce per step (the loop reads the loss each step
         anyway), so every rank takes the same number of steps and the same collectives; the target
-        counts as reached when it is reached on every rank's rows."""
+        counts as reached when it is reached on every rank's rows. A peer whose forward or loss
+        raised (_evaluated) ends this rank's run too."""
         c, opts = self.curve, self.opts
         flags = [not math.isfinite(lv), not reached(lv, c.losses[0], acc, opts), not value.requires_grad]
-        bad, short, no_graph = flags if self.agree is None else self.agree(flags)
+        bad, short, no_graph, failed = flags + [False] if self.agree is None else self.agree(flags + [False])
+        if failed:
+            err = ModelError(f"stopped at step {c.step}: the model raised on another rank (its error comes first)",
+                             hint="see the other rank's error", partial=self.partial(f"stopped with a peer at step {c.step}"))
+            err.follows_peer = True   # an echo of a peer's failure: not the one to lead the report with
+            raise err
         if bad:
             if flags[0]:
                 c.nonfinite_at = c.step
@@ -250,14 +269,22 @@ class Trainer:
         except DiagError:
             raise
         except Exception as exc:
-            try:
-                run_forward(self.work, self.batch, phase=f"forward (step {step})")
+            try:   # again under a tracker, to name the module; never through a wrapper: its peers would not follow
+                if not self.sharded:   # FSDP's own forward all-gathers; DDP's inner module makes no collective
+                    run_forward(self._plain(), self.batch, phase=f"forward (step {step})")
             except ModelError as named:
                 raise named from exc
             except Exception:
                 pass
             raise ModelError(f"forward (step {step}) failed: {one_line(exc)}",
                              hint="the model's own code raised; fix it or the inputs and run again") from exc
+
+    def _plain(self):
+        if self.ctx.wrapper is None:
+            return self.work
+        from ...core.distributed import inner
+
+        return inner(self.work)
 
     def _update(self, value, step: int) -> None:
         """Backward (scaled under fp16), record the gradient facts, one optimizer step."""
