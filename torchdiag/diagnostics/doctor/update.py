@@ -229,7 +229,9 @@ def _zero_init(work, inputs, ctx, zero, sources, scaler=None) -> dict[str, str]:
     order = {n: i for i, (n, _) in enumerate(work.named_modules())}   # registration order ~ data flow
     src_mods = sorted({module_of(n) for n in sources}, key=lambda m: order.get(m, 0))
     out = {}
-    for n in sorted(zero, key=lambda n: order.get(module_of(n), 0)):
+    # registration order within a module too (a set's order follows the process's string hashing: ranks differ)
+    index = {n: i for i, n in enumerate(grads)}
+    for n in sorted(zero, key=lambda n: (order.get(module_of(n), 0), index.get(n, 0))):
         g = grads.get(n)
         if g is not None and bool(g.detach().ne(0).any()):
             at = order.get(module_of(n), 0)
