@@ -13,6 +13,9 @@ drops their hooks, an activation's hook stays):
     zero gradient, the rest not. Under fully_shard over 2 ranks those rows are rank 0's shard exactly (Shard(0):
     rows 0-1 on rank 0, 2-3 on rank 1): judged shard by shard rank 0 would call split.* not updated; judged
     whole they change.
+and `pre` → `head`, added too: `head` (Linear(8, 4)) is initialised to exactly zero, so pre.weight and pre.bias
+get an all-zero gradient at the start and a non-zero one after a step: zero-init (info), not a bug; doctor
+re-checks them on a plain local copy of the stepped wrapped one (under fully_shard: gathered on every rank).
 Input: example_inputs(), 8 x 8."""
 import os
 
@@ -37,6 +40,10 @@ class _Masked(nn.Module):
         self.dead = nn.Linear(8, 4)
         self.lone = nn.Linear(8, 4)
         self.split = nn.Linear(8, 4)
+        self.pre = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 4)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
 
     def forward(self, x):
         dead = _hook(self.dead(x), torch.zeros_like)
@@ -45,7 +52,7 @@ class _Masked(nn.Module):
             _hook(lone, torch.zeros_like)
         keep = torch.tensor([0.0, 0.0, 1.0, 1.0], device=x.device)
         split = _hook(self.split(x), lambda g: g * keep)
-        return self.body(x) + dead + lone + split
+        return self.body(x) + dead + lone + split + self.head(self.pre(x))
 
 
 def masked() -> nn.Module:

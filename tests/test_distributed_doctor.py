@@ -2,7 +2,8 @@
 launches (one per wrapper) of sample_models/ranks_doctor.py:masked, whose three hooked branches tell the
 wrapped run from each rank's own: `dead` (gradient zeroed everywhere: a finding whatever runs), `lone`
 (zeroed on rank 1 only: only the reduced gradient is non-zero there) and `split` (zeroed exactly on rank 0's
-FSDP shard: only a whole-parameter judgment sees it change)."""
+FSDP shard: only a whole-parameter judgment sees it change), plus `pre` → `head` (zero-initialised): an all-zero
+gradient by design, re-checked on a plain local copy of the stepped wrapped one."""
 from __future__ import annotations
 
 import importlib.util
@@ -27,8 +28,11 @@ def fsdp():
     return torchrun("doctor", sample(SPEC), "--wrap", "fsdp", "--loss", "sum")
 
 
-def _grads(rank: int) -> dict:
-    """Rank `rank`'s own gradients under --loss sum on its rows (4:8 for rank 1 of 2), by plain torch."""
+def _grads(rank: int, steps: int = 0) -> dict:
+    """Rank `rank`'s own gradients under --loss sum on its rows (4:8 for rank 1 of 2), by plain torch; after
+    `steps` Adam steps (lr 1e-3, doctor's) on those gradients."""
+    import torch
+
     spec = importlib.util.spec_from_file_location("ranks_doctor_truth", ROOT / "sample_models" / "ranks_doctor.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -36,7 +40,11 @@ def _grads(rank: int) -> dict:
     os.environ["RANK"] = str(rank)
     try:
         model = mod.masked()
-        model(mod.example_inputs()[0][4 * rank:4 * rank + 4]).sum().backward()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        for _ in range(steps + 1):
+            opt.zero_grad()
+            model(mod.example_inputs()[0][4 * rank:4 * rank + 4]).sum().backward()
+            opt.step()
     finally:
         os.environ.pop("RANK") if old is None else os.environ.__setitem__("RANK", old)
     return {n: p.grad for n, p in model.named_parameters()}
@@ -51,6 +59,10 @@ def test_premise_own_gradients_by_plain_torch():
         assert not g["split.weight"][:2].any() and g["split.weight"][2:].ne(0).all()
     assert g0["lone.weight"].ne(0).all() and not g1["lone.weight"].any()
     assert ((g0["lone.weight"] + g1["lone.weight"]) / 2).ne(0).all()
+    # head is zero: pre.* get no gradient through it until a step has moved head
+    assert not g0["pre.weight"].any() and not g0["pre.bias"].any() and g0["head.weight"].ne(0).any()
+    stepped = _grads(0, steps=1)
+    assert stepped["pre.weight"].ne(0).any() and stepped["pre.bias"].ne(0).any()
 
 
 @pytest.mark.parametrize("how", ["ddp", "fsdp"])
@@ -75,6 +87,14 @@ def test_zeroed_gradient_named_on_every_rank(how, request):
         assert {f["where"] for f in r["findings"] if f["code"] == "param-not-updated"} == NOT_UPDATED
     [row] = [c for c in doc["checks"] if c["id"] == "update"]
     assert row["status"] == "error" and row["verdict"] == "2 parameter(s) get a gradient but do not change after a step"
+
+
+@pytest.mark.parametrize("how", ["ddp", "fsdp"])
+def test_zero_initialised_head_is_info_after_the_recheck(how, request):
+    _, doc, _ = request.getfixturevalue(how)
+    [f] = by_code(doc, "zero-init")
+    assert f["where"] == "head" and f["severity"] == "info" and f["ranks"] == [0, 1]
+    assert "2 parameter(s) (pre.weight, pre.bias) get an all-zero gradient at initialisation" in f["message"]
 
 
 def test_fsdp_judges_whole_parameters(fsdp):
