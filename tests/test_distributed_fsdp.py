@@ -175,3 +175,30 @@ def test_a_peers_failure_stops_this_rank_with_an_error(monkeypatch):
         _run_as_wrapped(torch.nn.Linear(8, 4), lambda flags: flags[:3] + [True], monkeypatch)
     assert "the model raised on another rank" in info.value.message and info.value.follows_peer
     assert info.value.partial is not None and info.value.partial.data["steps"] == 0
+
+
+def test_an_interrupted_rank_makes_no_collective_after_the_loop(monkeypatch):
+    """Ctrl-C reaches every rank, but not at the same step: the partial result is built without
+    gathering the shards (sharded.localise), which a peer already gone would never join."""
+    from torchdiag.diagnostics.overfit_batch import sharded
+
+    def stop(step, loss):
+        if step == 2:
+            raise KeyboardInterrupt
+
+    def never(*a, **k):
+        raise AssertionError("localise gathers across ranks: not after an interrupt")
+
+    monkeypatch.setattr(sharded, "localise", never)
+    from torchdiag.api import as_inputs, run_spec
+    from torchdiag.core.context import context_for
+    from torchdiag.diagnostics import overfit_batch
+    from torchdiag.diagnostics.overfit_batch import loop
+
+    model = torch.nn.Linear(8, 4)
+    ctx = context_for(model, run_spec("overfit-batch", overfit_batch), loss="auto", target=None)
+    ctx.wrapper = lambda work: work
+    monkeypatch.setattr(loop, "_agreement", lambda ctx, group: lambda flags: flags)
+    result = overfit_batch.run(model, as_inputs(model, (torch.randn(8, 8),)),
+                               overfit_batch.Options(steps=5, on_step=stop), ctx)
+    assert result.code == 130 and result.data["interrupted"] and result.data["steps"] == 2

@@ -78,9 +78,14 @@ def run(model, inputs, opts: Options | None, ctx):
     with leave_no_trace(model), ctx.seeded():
         trainer = Trainer(ctx.train_copy(model), inputs.clone(), ctx.loss(), opts, ctx)
         curve = trainer.train()
-        if ctx.wrapper is not None:   # under torchrun: the causes' extra passes on a local copy (no collective)
-            from .sharded import localise
+        if ctx.wrapper is not None and curve.interrupted:   # no verdict, and no collective: a peer may be gone
+            from .causes import Causes
 
-            localise(trainer, model, "to check the causes on this rank")
-        found = diagnose(trainer, curve, opts)
+            found = Causes([], [])
+        else:
+            if ctx.wrapper is not None:   # under torchrun: the causes' extra passes on a local copy (no collective)
+                from .sharded import localise
+
+                localise(trainer, model, "to check the causes on this rank")
+            found = diagnose(trainer, curve, opts)
     return build(trainer, curve, found, opts, ctx)
