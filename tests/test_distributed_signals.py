@@ -7,7 +7,10 @@ do: every rank exits on the forwarded signal (none left for the SIGKILL, no wait
 rank 0 prints one `error: interrupted` / `error: terminated (SIGTERM)` line, its code is 130/143 (in --json
 the error document). Each launch waits for the marker the model writes when its forward starts
 (sample_models/ranks_signals.py), and where a rank must be blocked in a collective, for the kernel to show
-its main thread waiting on a futex; the guards only stop a hung test."""
+its main thread waiting on a futex; the guards only stop a hung test.
+
+At the end, torch-free: the cross-rank report's wording for state that differs as built under DDP
+(diagnostics/ranks/report.py), on hand-built consistency dicts."""
 from __future__ import annotations
 
 import json
