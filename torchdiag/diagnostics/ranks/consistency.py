@@ -88,13 +88,13 @@ def _fsdp_steps(work, inputs, ctx, sess, out) -> None:
         backward(loss)
         # a gradient FSDP left None (a parameter no rank used) is left out on every rank: full_tensor is a collective
         gone = agree([p.grad is None for _, p in params], ctx.device) if params else []
-        _compare([("grad", n, p.grad) for (n, p), g in zip(params, gone) if not g], k, "grad", sess, out, whole)
+        _compare([("grad", n, p.grad) for (n, p), g in zip(params, gone) if not g], k, "grad", sess, out, _whole)
         step(optimizer)
         out["steps"] = k
-        _compare(tensors, k, "state", sess, out, whole)
+        _compare(tensors, k, "state", sess, out, _whole)
 
 
-def whole(t):
+def _whole(t):
     """A DTensor made whole (full_tensor: an all-gather every rank must make), any other tensor as is."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
