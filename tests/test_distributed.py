@@ -145,8 +145,10 @@ def test_overfit_batch_trains_the_ddp_copy_and_ranks_stop_together(overfit):
     # counts when every rank's rows reach it
     assert r0["passed"] and r1["passed"] and r0["steps"] == r1["steps"] == r0["steps_to_target"] == r1["steps_to_target"]
     assert r0["final_loss"] <= 0.5 and r1["final_loss"] <= 0.5
-    # rank 0's own loss (the curve in the document) reached 0.5 earlier: it went on until rank 1 did
-    assert min(i for i, v in enumerate(doc["loss"]) if v <= 0.5) < r0["steps"]
+    # rank 0's own loss (the curve in the document) never stops the run before it reaches the target
+    # (rank 1's rows may reach it later: the stop waits for every rank; tests/test_distributed_fsdp.py checks
+    # the curve against plain torch's averaged-gradient training)
+    assert min(i for i, v in enumerate(doc["loss"]) if v <= 0.5) <= r0["steps"]
 
 
 def test_unused_hint_when_every_rank_failed():
