@@ -120,9 +120,29 @@ def test_gradients_not_reduced_are_named(diverging):
 
 def test_batchnorm_running_stats_differing_is_info_with_syncbn_hint(diverging):
     _, doc, _ = diverging
-    found = {f["where"]: f for f in by_code(doc, "batchnorm-stats-differ")}
-    assert set(found) == {"body.1.running_mean", "body.1.running_var"}
-    assert all(f["severity"] == "info" and "SyncBatchNorm" in f["hint"] for f in found.values())
+    [f] = by_code(doc, "batchnorm-stats-differ")     # one finding for the module's two buffers
+    assert f["where"] == "body.1" and f["severity"] == "info" and "SyncBatchNorm" in f["hint"]
+    assert "in 1 module(s) (body.1)" in f["message"]
+    assert {d["name"] for d in doc["consistency"]["differs"] if d["batchnorm"]} == {"body.1.running_mean", "body.1.running_var"}
+    assert doc["consistency"]["ddp_ignored"] == ["side.bias", "side.weight"]
+
+
+def test_batchnorm_stats_of_many_modules_are_one_finding():
+    from torchdiag.diagnostics.ranks.report import add_rank_findings
+    from torchdiag.results import Result
+
+    def row(name, diff):
+        return {"name": name, "kind": "buffer", "step": 1, "max_abs_diff": {"1": diff}, "batchnorm": True}
+
+    names = [f"layer{i}.bn" for i in range(8)]
+    differs = [row(f"{m}.{s}", 0.01 * i) for i, m in enumerate(names) for s in ("running_mean", "running_var")]
+    merged = Result("gradflow")
+    cons = {"compared": 16, "steps": 2, "differs": differs, "grads_differ": [], "notes": []}
+    add_rank_findings(merged, [{"rank": 0, "consistency": cons}, {"rank": 1}], "ddp")
+    [f] = merged.findings
+    assert f.code == "batchnorm-stats-differ" and f.severity == "info" and f.ranks == [0, 1]
+    assert "in 8 module(s) (layer0.bn, layer1.bn, layer2.bn, layer3.bn, layer4.bn, layer5.bn, … 2 more)" in f.message
+    assert "largest: layer7.bn.running_mean" in f.message and "rank 1: 0.07" in f.message
 
 
 def test_ddp_unused_parameters_named(unused):
@@ -163,6 +183,24 @@ def test_unused_hint_when_every_rank_failed():
     assert "aux.weight (unused: module aux (Linear) never ran in forward)" in hint
     assert "head.bias (detached: module head (Linear) ran under torch.no_grad() on rank 1)" in hint
     assert unused_hint([{"rank": 0, "unused": []}, {"rank": 1, "unused": None}]) is None
+
+
+def test_every_rank_failed_leads_with_the_cause_not_its_echo(capsys):
+    """A rank stopped because its peer failed (its error marked an echo) may fail first by the clock: the
+    report still leads with the peer's own error."""
+    from types import SimpleNamespace
+
+    from torchdiag.cli.torchrun import _all_failed
+
+    def rec(rank, message, at, echo):
+        return {"rank": rank, "exit_code": 3, "error": {"message": message, "hint": None, "at": at, "echo": echo}}
+
+    records = [rec(0, "stopped at step 3: the model raised on another rank", 1.0, True),
+               rec(1, "the model raised in forward: boom", 2.0, False)]
+    opts = SimpleNamespace(json=True)
+    assert _all_failed(opts, SimpleNamespace(wrap="none", command="overfit-batch"), records) == 3
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"]["message"] == "[rank 1] the model raised in forward: boom"
 
 
 def test_failing_rank_does_not_hold_the_others(failing):

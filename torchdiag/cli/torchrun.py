@@ -89,8 +89,11 @@ def execute_ranks(opts, ranks, diagnostic=None, options: Callable | None = None,
             common._report("interrupted" if code == ExitCode.INTERRUPTED else "terminated (SIGTERM)", None, code, opts)
     except Exception as e:  # a bug of ours
         code = ExitCode.INTERNAL
-        common._report(f"[rank {ranks.rank}] internal error in torchdiag: {one_line(e)}",
-                       "this is a bug in torchdiag: run again with --debug and please report the traceback", code, opts)
+        message = f"[rank {ranks.rank}] internal error in torchdiag: {one_line(e)}"
+        if ranks.main:
+            common._report(message, "this is a bug in torchdiag: run again with --debug and please report the traceback", code, opts)
+        else:   # one line: stdout (--json) holds rank 0's document only
+            common.err(f"error: {message}")
         if opts.debug:
             traceback.print_exc()
     raise typer.Exit(int(code))
@@ -131,7 +134,9 @@ def _run_rank(opts, spec, sess, diagnostic, o, run, local: Local) -> dict:
     except DiagError as e:
         if local.ctx is not None:
             local.ctx.explain(e)
-        return _error(r, e.code, e.message, e.hint, local, getattr(e, "partial", None))
+        rec = _error(r, e.code, e.message, e.hint, local, getattr(e, "partial", None))
+        rec["error"]["echo"] = bool(getattr(e, "follows_peer", False))   # a peer's failure seen here: never the lead
+        return rec
     except UserExit as e:
         return _error(r, ExitCode.MODEL, f"the model's own code called {e.code}", None, local)
     except SystemExit as e:
@@ -276,7 +281,8 @@ def _all_failed(opts, spec, records: list[dict]) -> int:
     from ..results import error_document
     from .common import err, to_stdout
 
-    first = min((r["error"] for r in records), key=lambda e: e["at"])   # the first failure, not its echoes
+    # the first failure, not its echoes (a rank stopped by a peer's failure says so; else the earliest)
+    first = min((r["error"] for r in records), key=lambda e: (bool(e.get("echo")), e["at"]))
     same = [r["rank"] for r in records if r["error"]["message"] == first["message"]]
     code = max(r["exit_code"] for r in records)
     hint = unused_hint(records) if spec.wrap == "ddp" else None

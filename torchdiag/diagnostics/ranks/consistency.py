@@ -15,6 +15,8 @@ def check(model, inputs, ctx, sess, how: str) -> dict:
     """{compared, steps, differs: [{name, kind, step, max_abs_diff}], grads_differ, unused_stop, notes}.
     `model` is this rank's unwrapped model; it is only copied."""
     out = {"compared": 0, "steps": 0, "differs": [], "grads_differ": [], "notes": []}
+    if how == "ddp":   # DDP neither broadcasts nor reduces these (report.py says so)
+        out["ddp_ignored"] = sorted(getattr(model, "_ddp_params_and_buffers_to_ignore", None) or ())
     from ...core.train import train_copy
 
     work = train_copy(model, "to compare ranks after a step")

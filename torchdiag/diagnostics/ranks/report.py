@@ -26,23 +26,44 @@ def _consistency(merged, cons: dict, wrap: str, everyone: list[int]) -> None:
         return
     unreduced = {d["name"] for d in cons["grads_differ"]}
     ignored = set(cons.get("ddp_ignored") or ())   # the model's _ddp_params_and_buffers_to_ignore
+    stats = [d for d in cons["differs"] if d.get("batchnorm")]
+    if stats:   # one finding: a healthy ResNet-50 has 106 such buffers, all for the same reason
+        _batchnorm_stats(merged, stats).ranks = list(everyone)
     for d in cons["differs"]:
-        f = _differs(merged, d, wrap, d["name"] in unreduced, d["name"] in ignored)
-        f.ranks = list(everyone)
+        if not d.get("batchnorm"):
+            f = _differs(merged, d, wrap, d["name"] in unreduced, d["name"] in ignored)
+            f.ranks = list(everyone)
+    reduction = REDUCTION.get(wrap, "the reduction")
     for d in cons["grads_differ"]:
         f = merged.add("rank-grads-differ", "error", d["name"],
-                       f"the gradient of {d['name']} after DDP's reduction differs across ranks at step {d['step']} "
-                       f"({_diffs(d)})", "DDP does not reduce it (a parameter DDP was told to ignore, or one added "
-                       "after wrapping) or a hook changes it after the reduction; reduced gradients must be equal on every rank")
+                       f"the gradient of {d['name']} after {reduction} differs across ranks at step {d['step']} "
+                       f"({_diffs(d)})", f"{reduction} does not cover it (a parameter DDP was told to ignore, or one "
+                       "added after wrapping) or a hook changes it after the reduction; reduced gradients must be equal "
+                       "on every rank")
         f.ranks = list(everyone)
+
+
+REDUCTION = {"ddp": "DDP's reduction", "fsdp": "FSDP's reduce-scatter"}
+MAX_NAMED = 6
+
+
+def _batchnorm_stats(merged, stats: list[dict]):
+    """BatchNorm running statistics that differ (each rank updates them from its own rows): one info
+    finding naming the modules, at the module they share."""
+    modules = list(dict.fromkeys(d["name"].rpartition(".")[0] for d in stats))
+    shown = ", ".join(m or "(root)" for m in modules[:MAX_NAMED]) + (f", … {len(modules) - MAX_NAMED} more"
+                                                                     if len(modules) > MAX_NAMED else "")
+    worst = max(stats, key=lambda d: max((v for v in d["max_abs_diff"].values() if v is not None), default=0.0))
+    first = min(d["step"] for d in stats)
+    where = modules[0] if len(modules) == 1 else _common([d["name"] for d in stats])
+    return merged.add("batchnorm-stats-differ", "info", where,
+                      f"BatchNorm running statistics differ across ranks from step {first} in {len(modules)} "
+                      f"module(s) ({shown}): each rank updates them from its own rows (largest: {worst['name']}, "
+                      f"{_diffs(worst)})", SYNC_BN_HINT)
 
 
 def _differs(merged, d: dict, wrap: str, unreduced: bool = False, ignored: bool = False):
     what = f"{d['kind']} {d['name']}"
-    if d.get("batchnorm"):
-        return merged.add("batchnorm-stats-differ", "info", d["name"],
-                          f"BatchNorm {what} differs across ranks from step {d['step']}: each rank updates it from "
-                          f"its own rows ({_diffs(d)})", SYNC_BN_HINT)
     if d["step"] == 0 and wrap == "ddp" and (ignored or unreduced):
         return _not_broadcast(merged, d, what, ignored)
     if d["step"] == 0 and wrap == "ddp":
@@ -53,7 +74,11 @@ def _differs(merged, d: dict, wrap: str, unreduced: bool = False, ignored: bool 
     if d["step"] == 0:
         hint = "each rank built it differently: seed the RNG the same way on every rank before building, or load one checkpoint"
     elif unreduced:
-        hint = "its gradient is not the same on every rank after DDP's reduction (see rank-grads-differ), so each rank steps it its own way"
+        hint = (f"its gradient is not the same on every rank after {REDUCTION.get(wrap, 'the reduction')} (see "
+                "rank-grads-differ), so each rank steps it its own way")
+    elif wrap == "fsdp" and d["kind"] == "buffer":
+        hint = ("each rank updates this buffer from its own rows or code that depends on the rank; FSDP shards and "
+                "synchronises parameters only, never buffers")
     else:
         hint = ("something changes it outside autograd on some ranks (an in-place update under no_grad, code that depends "
                 "on the rank); DDP keeps only the gradients in sync")
