@@ -17,11 +17,13 @@ or parameter:
   dtypes        dtype-mismatch     parameters of mixed floating dtypes; float inputs of another dtype
   input_stats   non-finite-input, unnormalised-input (image-like float input in [0, 255])
   target        target-out-of-range (class targets vs the output width)
+  wrapped       param-hook-dropped  under torchrun --wrap fsdp: gradient hooks on parameters fully_shard drops
 
 `checklist` holds the row/finding bookkeeping, `training` the train-mode pass, `shared` the helpers.
 Under --amp the forwards and the loss run under autocast (fp16: the backward is scaled and the step
 goes through a GradScaler). Everything that runs the model works on a copy; the user's model is only read. On meta (or a model
-partly on meta) the static checks and the device check run, the checks that need values are skipped."""
+partly on meta) the static checks and the device check run, the checks that need values are skipped.
+Under torchrun --wrap ddp|fsdp the training checks run on the wrapped copy (wrapped.py, WRAP below)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -16,7 +16,7 @@ from .inplace import leaf_inplace_watch, locate_inplace, report_inplace
 from .modes import check_modes, mode_modules
 from .shared import failing_call, name
 from .update import update_check
-from .wrapped import ranks_text
+from .wrapped import ranks_text, report_dropped_hooks
 
 BACKWARD_HINT = "the model's own code raised in backward; run with --debug for the traceback"
 
@@ -63,6 +63,7 @@ def _wrapped_checks(w, inputs, ctx, loss, eval_out, ck: Checklist, result: Resul
 
     w.model.train()
     _depth_off(w.user, result)
+    report_dropped_hooks(w, result)
     scaler = ctx.grad_scaler()
     out = value = None
     try:

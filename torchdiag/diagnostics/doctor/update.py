@@ -51,10 +51,9 @@ def update_check(work, inputs, ctx, ck: Checklist, result: Result, scaler=None, 
     train.step(stepper(scaler, optimizer))
     stuck = stagnation_counts(with_grad, before)    # reduced-precision weights only; read with _changes
     after_step = {n: local_shard(p.detach()).clone() for n, p in with_grad}
-    failure = _forward_after_step(work, inputs, ctx, w)
-    current = {n: local_shard(p.detach()) for n, p in work.named_parameters()}
+    failure, forward = _forward_after_step(work, inputs, ctx, w, with_grad, before, after_step)
     moved, kept, reset_to, broken, counts, peer_failed = _changes(
-        with_grad, before, after_step, current, [c for _, c in stuck], w, failure is not None)
+        with_grad, before, after_step, forward, [c for _, c in stuck], w, failure is not None)
     if failure is not None:
         raise failure
     rounding = rounded_away([n for n, _ in stuck], counts, {n: short_dtype(p.dtype) for n, p in with_grad})
@@ -76,22 +75,46 @@ def update_check(work, inputs, ctx, ck: Checklist, result: Result, scaler=None, 
     result.data["params_without_grad"] = no_grad
 
 
-def _forward_after_step(work, inputs, ctx, w):
-    """The forward after the step (does it write the parameters back?). Under FSDP a failure is returned,
-    not raised, so this rank still takes the exchange its peers make next (update_check raises it after)."""
+def _forward_after_step(work, inputs, ctx, w, with_grad, before, after_step) -> tuple:
+    """The forward after the step: does it write the parameters back? (failure, {name: (kept, reset_to)}):
+    device flags, the stepped value still there after it / the old value back. Under FSDP the forward's
+    own parameters are compared on this rank, whole (the all-gathered ones it started from, the ones it
+    left: the root keeps them unsharded), since an edit there never reaches the shards; a failure is
+    returned, not raised, so this rank still takes the exchange its peers make next."""
+    import contextlib
+
     import torch
 
+    seen: dict = {}
     try:
-        with torch.no_grad(), ctx.autocast():
+        with torch.no_grad(), ctx.autocast(), (w.forward_inputs(seen) if w and w.sharded else contextlib.nullcontext()):
             run_forward(w.forward_model() if w else work, inputs, phase="forward after one optimizer step")
+        failure = None
     except ModelError as exc:
         if w is None or not w.sharded:
             raise
-        return exc
-    finally:
-        if w is not None:
-            w.resharded()
-    return None
+        failure = exc
+    now = {n: p.detach() for n, p in work.named_parameters()}
+    flags = {}
+    for n, p in with_grad:
+        t = now.get(n, p.detach())
+        if n in seen and not hasattr(t, "to_local"):
+            flags[n] = (_equal(t, seen[n]), _equal(w.own_chunk(t), before[n]))
+        else:   # this rank's part (unsharded but not seen: a forward that raised before it began)
+            t = local_shard(t) if w is None or hasattr(t, "to_local") or not w.sharded else w.own_chunk(t)
+            flags[n] = (_equal(t, after_step[n]), _equal(t, before[n]))
+    if w is not None:
+        w.resharded()   # after the comparisons: resharding frees the unsharded storage they read
+    return failure, flags
+
+
+def _equal(a, b):
+    """As torch.equal, on the device. NaN equals NaN: a NaN the step made is not "overwritten" by the next forward."""
+    import torch
+
+    if a.shape != b.shape:
+        return torch.zeros((), dtype=torch.bool, device=a.device)
+    return ((a == b) | (a.isnan() & b.isnan())).all()
 
 
 def _recheck(work, inputs, ctx, zero, sources, scaler, w) -> dict[str, str]:
@@ -177,39 +200,31 @@ def _any_nonzero(with_grad, before, w=None) -> tuple[dict, dict]:
             {n: f > 0 for (n, _), f in zip(with_grad, flags[k:])})
 
 
-def _changes(with_grad, before, after_step, current, counts=(), w=None, failed=False) -> tuple:
-    """Per parameter: the step moved it; the next forward kept the stepped value; or reset it to the
-    old one. Compared on the device (as torch.equal: same shape, every element equal) and read back
-    together: one host sync per device, not three per parameter. Under FSDP each rank compares its
-    shards, and the flags and counts (with `failed`: this rank's forward after the step raised) are
-    summed over the ranks first: a parameter is unchanged when it is on every rank. Returns moved,
-    kept, reset_to, broken, the counts' values, and whether the forward after the step failed on a rank."""
+def _changes(with_grad, before, after_step, forward, counts=(), w=None, failed=False) -> tuple:
+    """Per parameter: the step moved it; the next forward kept the stepped value (`forward`'s flags); or
+    reset it to the old one. Compared on the device and read back together: one host sync per device,
+    not three per parameter. Under FSDP "moved" and "reset to" compare this rank's rows, summed over the
+    ranks with the counts (and `failed`: this rank's forward after the step raised) first, so a parameter
+    is unmoved when it is on every rank; "kept" is this rank's own (its forward, whole). Returns moved, kept,
+    reset_to, broken, the counts' values, and whether the forward after the step failed on a rank."""
     import torch
 
     from ...core.readback import read_back
 
-    def equal(a, b):   # NaN equals NaN: a NaN the step made is not "overwritten" by the next forward
-        if a.shape != b.shape:
-            return torch.zeros((), dtype=torch.bool, device=a.device)
-        return ((a == b) | (a.isnan() & b.isnan())).all()
-
-    checks = []
-    for n, p in with_grad:
-        now = current.get(n, local_shard(p.detach()))
-        checks += [equal(after_step[n], before[n]), equal(now, after_step[n]), equal(now, before[n])]
+    steps = [_equal(after_step[n], before[n]) for n, _ in with_grad]
+    resets = [forward[n][1] for n, _ in with_grad]
     # elements the step made non-finite (finite before)
     nonfinite = [(~after_step[n].isfinite() & before[n].isfinite()).sum() for n, _ in with_grad]
     extra = [c.reshape(-1)[i] for c in counts for i in range(c.numel())]   # rounding counts, same read
     tail = [torch.tensor(float(failed), device=w.device)] if w is not None and w.sharded else []
-    scalars, parts = _summed(w, checks + nonfinite + extra + tail)
-    read = read_back(scalars)
-    flags = [v >= parts for v in read[:len(checks)]]
-    moved, kept, reset_to = {}, {}, {}
-    for i, (n, _) in enumerate(with_grad):
-        moved[n], kept[n], reset_to[n] = not flags[3 * i], flags[3 * i + 1], flags[3 * i + 2]
-    k = len(checks)
-    broken = {n: int(v) for (n, _), v in zip(with_grad, read[k:k + len(with_grad)]) if v}
-    rest = read[k + len(with_grad):]
+    scalars, parts = _summed(w, steps + resets + nonfinite + extra + tail)
+    read = read_back(scalars + [forward[n][0] for n, _ in with_grad])
+    k = len(with_grad)
+    moved = {n: read[i] < parts for i, (n, _) in enumerate(with_grad)}
+    reset_to = {n: read[k + i] >= parts for i, (n, _) in enumerate(with_grad)}
+    kept = {n: bool(v) for (n, _), v in zip(with_grad, read[len(scalars):])}
+    broken = {n: int(v) for (n, _), v in zip(with_grad, read[2 * k:3 * k]) if v}
+    rest = read[3 * k:len(scalars)]
     return moved, kept, reset_to, broken, rest[:len(extra)], bool(tail) and rest[-1] > 0
 
 

@@ -12,6 +12,8 @@ whole parameter is judged the same on every rank. The zero-gradient re-check run
 (core.distributed.unwrapped; under FSDP every rank gathers, its decision being already the same everywhere)."""
 from __future__ import annotations
 
+import contextlib
+
 from ...core.distributed import agree, inner, unwrapped
 
 
@@ -56,9 +58,57 @@ class Wrapped:
         if self.sharded and hasattr(self.model, "reshard"):
             self.model.reshard()
 
+    @contextlib.contextmanager
+    def forward_inputs(self, seen: dict):
+        """Around a forward of the fully_shard root: `seen` gets each parameter as the all-gather handed it
+        to this rank's forward, whole (a forward pre-hook, running after fully_shard's own), cloned."""
+        def keep(module, args):
+            seen.update({n: p.detach().clone() for n, p in module.named_parameters()})
+
+        handle = self.model.register_forward_pre_hook(keep)
+        try:
+            yield seen
+        finally:
+            handle.remove()
+
+    def own_chunk(self, t):
+        """This rank's rows of a whole parameter, as fully_shard's Shard(0) cuts it (torch.chunk)."""
+        import torch.distributed as dist
+
+        if not t.dim():
+            return t
+        parts, rank = t.chunk(dist.get_world_size(), 0), dist.get_rank()
+        return parts[rank] if rank < len(parts) else t[:0]
+
     def local_copy(self, why: str):
         """A plain copy holding the wrapped copy's state (under FSDP: gathered, every rank must call it)."""
         return unwrapped(self.plain, self.model, why)
+
+
+HOOK_HINT = ("under fully_shard register it on the sharded parameter, after sharding, with "
+             "p.register_post_accumulate_grad_hook (FSDP2 runs those on the sharded gradient), or change the "
+             "gradient inside forward (a hook on the activation)")
+
+
+def report_dropped_hooks(w: Wrapped, result) -> None:
+    """param-hook-dropped (warning): gradient hooks the user's parameters carry and the fully_shard copy's do
+    not. fully_shard replaces each parameter with a sharded one; a hook registered on the old tensor never
+    runs (the training checks run without it, as FSDP training does)."""
+    if not w.sharded:
+        return
+    lost = [n for n in _hooked(w.plain) if n not in set(_hooked(w.user))]
+    if not lost:
+        return
+    shown = ", ".join(lost[:6]) + (f" … (+{len(lost) - 6} more)" if len(lost) > 6 else "")
+    result.add("param-hook-dropped", "warning", lost[0],
+               f"{len(lost)} parameter(s) carry gradient hooks that never run under fully_shard ({shown}): it replaces "
+               "each parameter with a sharded one and the hooks stay on the old tensor; the training checks ran "
+               "without them, as FSDP training does", HOOK_HINT)
+
+
+def _hooked(model) -> list[str]:
+    return [n for n, p in model.named_parameters()
+            if getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None)]
 
 
 def failing(device, failed: bool) -> list[int]:
