@@ -16,6 +16,12 @@ drops their hooks, an activation's hook stays):
 and `pre` → `head`, added too: `head` (Linear(8, 4)) is initialised to exactly zero, so pre.weight and pre.bias
 get an all-zero gradient at the start and a non-zero one after a step: zero-init (info), not a bug; doctor
 re-checks them on a plain local copy of the stepped wrapped one (under fully_shard: gathered on every rank).
+`gain` (ones, multiplying the output): every forward writes 1 into gain[0:2] (`.data[:2] = 1.0`), over the
+step: param-not-updated ("the next forward overwrites it") on every rank. Under fully_shard the write lands
+on the all-gathered gain the forward uses, never on the shards, and only in rank 0's rows (Shard(0): [0:2]
+on rank 0, [2:4] on rank 1): each rank sees it only by comparing the whole parameter its forward used.
+And body.0.weight carries a gradient hook (a clamp at ±100 these gradients never reach): fully_shard
+drops it (param-hook-dropped, warning under fsdp only).
 Input: example_inputs(), 8 x 8."""
 import os
 
@@ -44,6 +50,7 @@ class _Masked(nn.Module):
         self.head = nn.Linear(8, 4)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
+        self.gain = nn.Parameter(torch.ones(4))
 
     def forward(self, x):
         dead = _hook(self.dead(x), torch.zeros_like)
@@ -52,12 +59,16 @@ class _Masked(nn.Module):
             _hook(lone, torch.zeros_like)
         keep = torch.tensor([0.0, 0.0, 1.0, 1.0], device=x.device)
         split = _hook(self.split(x), lambda g: g * keep)
-        return self.body(x) + dead + lone + split + self.head(self.pre(x))
+        self.gain.data[:2] = 1.0     # the bug: every forward writes over the step (its first two entries)
+        return (self.body(x) + dead + lone + split + self.head(self.pre(x))) * self.gain
 
 
 def masked() -> nn.Module:
     torch.manual_seed(0)
-    return _Masked()
+    model = _Masked()
+    # a hook on a parameter (a clamp these gradients never reach): kept by DDP, dropped by fully_shard
+    model.body[0].weight.register_hook(lambda g: g.clamp(-100.0, 100.0))
+    return model
 
 
 def example_inputs():

@@ -15,7 +15,7 @@ from conftest import ROOT, sample
 from test_distributed import by_code, torchrun
 
 SPEC = "ranks_doctor.py:masked"
-NOT_UPDATED = {"dead.weight", "dead.bias"}
+NOT_UPDATED = {"dead.weight", "dead.bias", "gain"}
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +58,14 @@ def test_premise_own_gradients_by_plain_torch():
         assert not g["dead.weight"].any() and not g["dead.bias"].any()
         assert not g["split.weight"][:2].any() and g["split.weight"][2:].ne(0).all()
     assert g0["lone.weight"].ne(0).all() and not g1["lone.weight"].any()
+    assert g0["gain"].ne(0).all() and g1["gain"].ne(0).all()
     assert ((g0["lone.weight"] + g1["lone.weight"]) / 2).ne(0).all()
     # head is zero: pre.* get no gradient through it until a step has moved head
     assert not g0["pre.weight"].any() and not g0["pre.bias"].any() and g0["head.weight"].ne(0).any()
     stepped = _grads(0, steps=1)
     assert stepped["pre.weight"].ne(0).any() and stepped["pre.bias"].ne(0).any()
+    # the clamp hook on body.0.weight changes nothing here: dropping it changes no verdict
+    assert max(g["body.0.weight"].abs().max() for g in (g0, g1)) < 100
 
 
 @pytest.mark.parametrize("how", ["ddp", "fsdp"])
@@ -82,11 +85,15 @@ def test_zeroed_gradient_named_on_every_rank(how, request):
     found = {f["where"]: f for f in by_code(doc, "param-not-updated")}
     # lone.*: rank 1's own gradient is zero, the reduced one is not (it would be named on rank 1 on its own copy)
     assert set(found) == NOT_UPDATED
-    assert all(f["ranks"] == [0, 1] and f["severity"] == "error" and "all zeros" in f["message"] for f in found.values())
+    assert all(f["ranks"] == [0, 1] and f["severity"] == "error" for f in found.values())
+    assert "all zeros" in found["dead.weight"]["message"] and "all zeros" in found["dead.bias"]["message"]
+    # the forward writes 1 into gain[0:2]; under fsdp into the all-gathered gain it uses (the shards keep the
+    # stepped value), and only in rank 0's rows: rank 1 sees it too, by comparing the whole parameter
+    assert "the next forward overwrites it" in found["gain"]["message"]
     for r in doc["ranks"]:
         assert {f["where"] for f in r["findings"] if f["code"] == "param-not-updated"} == NOT_UPDATED
     [row] = [c for c in doc["checks"] if c["id"] == "update"]
-    assert row["status"] == "error" and row["verdict"] == "2 parameter(s) get a gradient but do not change after a step"
+    assert row["status"] == "error" and row["verdict"] == "3 parameter(s) get a gradient but do not change after a step"
 
 
 @pytest.mark.parametrize("how", ["ddp", "fsdp"])
@@ -95,6 +102,18 @@ def test_zero_initialised_head_is_info_after_the_recheck(how, request):
     [f] = by_code(doc, "zero-init")
     assert f["where"] == "head" and f["severity"] == "info" and f["ranks"] == [0, 1]
     assert "2 parameter(s) (pre.weight, pre.bias) get an all-zero gradient at initialisation" in f["message"]
+
+
+@pytest.mark.parametrize("how", ["ddp", "fsdp"])
+def test_parameter_hook_dropped_by_fully_shard_only(how, request):
+    _, doc, _ = request.getfixturevalue(how)
+    found = by_code(doc, "param-hook-dropped")
+    if how == "ddp":   # DDP keeps the user's parameters and their hooks
+        assert found == []
+        return
+    [f] = found
+    assert f["where"] == "body.0.weight" and f["severity"] == "warning" and f["ranks"] == [0, 1]
+    assert "register_post_accumulate_grad_hook" in f["hint"]
 
 
 def test_fsdp_judges_whole_parameters(fsdp):
