@@ -129,7 +129,7 @@ def _value_checks(work, inputs, ctx, loss, main_dtype, ck: Checklist, result: Re
             _after_training(work, inputs, ready[1], ck, result)
         return
     eval_out, train_loss = ready
-    wrapped = make_wrapped(work, ctx)
+    wrapped = make_wrapped(work, ctx, result)
     train_checks(work, inputs, ctx, train_loss, eval_out, ck, result, wrapped)
     _after_training(work, inputs, train_loss, ck, result)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 
 from ...core.distributed import agree, inner, unwrapped
+from ...errors import ModelError
 
 
 class Wrapped:
@@ -119,11 +120,16 @@ def failing(device, failed: bool) -> list[int]:
     return [i for i, f in enumerate(flags) if f]
 
 
-def make(work, ctx) -> Wrapped | None:
-    """The wrapped copy of `work` (ctx.wrapped_copy); None without a wrapper."""
+def make(work, ctx, result) -> Wrapped | None:
+    """The wrapped copy of `work` (ctx.wrapped_copy); None without a wrapper, or (with a note) when the
+    model cannot be copied or wrapped: a fact of the model, the same on every rank."""
     if ctx.pass_wrapper is None:
         return None
-    model = ctx.wrapped_copy(work, "to run the training checks wrapped")
+    try:
+        model = ctx.wrapped_copy(work, "to run the training checks wrapped")
+    except ModelError as exc:
+        result.notes.append(f"the training checks ran on this rank's own copy, not the wrapped one: {exc.message}")
+        return None
     return Wrapped(model, work, ctx.device)
 
 
