@@ -46,7 +46,7 @@ from .modes import mode_modules
 from .shared import failing_call, mixes_devices_or_dtypes, name, workspace
 from .target import check_target
 from .training import train_checks
-from .wrapped import failing, make as make_wrapped, ranks_text
+from .wrapped import Gate, make as make_wrapped
 
 NEEDS_VALUES = False   # partly useful on meta: the value checks skip themselves there
 OPTIMIZER = OptimizerSpec("adam", lr=1e-3)   # the one-step update check
@@ -70,20 +70,30 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
     result = Result("doctor")
     ck = Checklist(result)
     loss = ctx.loss()
+    # under torchrun --wrap ddp|fsdp: the exchange every rank makes before the wrapped training checks
+    gate = Gate(ctx, result) if ctx.pass_wrapper is not None and _has_values(model, inputs, ctx) else None
     try:
         with leave_no_trace(model):
-            _run(model, inputs, ctx, loss, ck, result)
-    except ModelError as exc:
-        if result.tables and result.tables[0].key == "checks":
-            result.tables[0] = ck.table()
-        else:
-            result.tables.insert(0, ck.table())
-        exc.partial = exc.partial or result
+            _run(model, inputs, ctx, loss, ck, result, gate)
+    except BaseException as exc:   # the model's sys.exit too; Ctrl-C/SIGTERM reach every rank themselves
+        if gate is not None and not isinstance(exc, KeyboardInterrupt):
+            gate.cross(True)   # a peer must not wait for this rank in the wrapped pass (no-op once crossed)
+        if not isinstance(exc, ModelError):
+            raise
+        _partial(exc, ck, result)
         raise
     return result
 
 
-def _run(model, inputs, ctx, loss, ck: Checklist, result: Result) -> None:
+def _partial(exc, ck: Checklist, result: Result) -> None:
+    if result.tables and result.tables[0].key == "checks":
+        result.tables[0] = ck.table()
+    else:
+        result.tables.insert(0, ck.table())
+    exc.partial = exc.partial or result
+
+
+def _run(model, inputs, ctx, loss, ck: Checklist, result: Result, gate=None) -> None:
     check_device_spread(model, ck)
     main_dtype = check_dtypes(model, inputs, ck)
     frozen_rows = check_frozen(model, ck)
@@ -101,7 +111,7 @@ def _run(model, inputs, ctx, loss, ck: Checklist, result: Result) -> None:
             frozen_rows))
     if _has_values(model, inputs, ctx):
         with workspace(model) as work:
-            _value_checks(work, inputs, ctx, loss, main_dtype, ck, result)
+            _value_checks(work, inputs, ctx, loss, main_dtype, ck, result, gate)
     else:
         ck.skip(VALUE_CHECKS, "model or inputs on meta: no values to run")
     result.tables[0] = ck.table()
@@ -117,19 +127,17 @@ def _has_values(model, inputs, ctx) -> bool:
     return not any(t.device.type == "meta" for t in held)
 
 
-def _value_checks(work, inputs, ctx, loss, main_dtype, ck: Checklist, result: Result) -> None:
-    try:
-        ready = _eval_checks(work, inputs, ctx, loss, main_dtype, ck, result)
-    except Exception:
-        _gate(ctx, True, result)   # under torchrun: a peer must not wait for this rank in the wrapped pass
-        raise
-    if _gate(ctx, ready is None, result) or ready is None:
+def _value_checks(work, inputs, ctx, loss, main_dtype, ck: Checklist, result: Result, gate=None) -> None:
+    ready = _eval_checks(work, inputs, ctx, loss, main_dtype, ck, result)
+    if gate is not None and gate.cross(ready is None):
         if ready is not None:   # a peer stopped before the training checks: this rank runs them unwrapped
             train_checks(work, inputs, ctx, ready[1], ready[0], ck, result)
             _after_training(work, inputs, ready[1], ck, result)
         return
+    if ready is None:
+        return
     eval_out, train_loss = ready
-    wrapped = make_wrapped(work, ctx, result)
+    wrapped = make_wrapped(work, ctx, result) if gate is not None else None
     train_checks(work, inputs, ctx, train_loss, eval_out, ck, result, wrapped)
     _after_training(work, inputs, train_loss, ck, result)
 
@@ -156,24 +164,6 @@ def _after_training(work, inputs, train_loss, ck: Checklist, result: Result) -> 
     if train_loss.chosen:
         result.header["loss"] = train_loss.describe()
     bn_batch1_probe(work, inputs, ck)
-
-
-def _gate(ctx, stopped: bool, result: Result) -> bool:
-    """Under torchrun --wrap ddp|fsdp (the training checks run wrapped): did any rank stop before them?
-    One exchange every rank makes at this point, also a rank about to raise (then never raises itself)."""
-    if ctx.pass_wrapper is None:
-        return False
-    try:
-        ranks = failing(ctx.device, stopped)
-    except Exception as exc:   # a peer never came (it failed before doctor ran): no collective after this
-        if not stopped:
-            result.notes.append(f"the training checks ran on this rank's own copy, not the wrapped one: the ranks "
-                                f"could not agree to start them ({one_line(exc, 160)})")
-        return True
-    if ranks and not stopped:
-        result.notes.append(f"the training checks ran on this rank's own copy, not the wrapped one: "
-                            f"{ranks_text(ranks)} stopped before them")
-    return bool(ranks)
 
 
 def _eval_forward(work, inputs, ctx, ck: Checklist, result: Result):

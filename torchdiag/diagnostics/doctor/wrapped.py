@@ -8,14 +8,16 @@ whether it got there (`failing`: a rank that raised or stopped earlier says so b
 wrapped forward and after the wrapped backward the ranks agree whether each ran everywhere, and if not every
 rank runs the checks on its own plain copy instead. Under FSDP parameters and gradients are DTensor shards:
 the update check compares local shards and sums its per-parameter counts over the ranks (`combine`), so a
-whole parameter is judged the same on every rank. The zero-gradient re-check runs on a plain local copy
-(core.distributed.unwrapped; under FSDP every rank gathers, its decision being already the same everywhere)."""
+whole parameter is judged the same on every rank; the forward after the step is judged on the whole
+parameters it used (`forward_inputs`: an edit there never reaches the shards). The zero-gradient re-check
+runs on a plain local copy (core.distributed.unwrapped; under FSDP every rank gathers, its decision being
+already the same everywhere). Hooks on parameters that fully_shard drops are reported (param-hook-dropped)."""
 from __future__ import annotations
 
 import contextlib
 
 from ...core.distributed import agree, inner, unwrapped
-from ...errors import ModelError
+from ...errors import ModelError, one_line
 
 
 class Wrapped:
@@ -112,6 +114,34 @@ def _hooked(model) -> list[str]:
             if getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None)]
 
 
+class Gate:
+    """The exchange every rank makes once before the wrapped training checks: did any rank stop before them
+    (raised, or its eval forward failed as predicted)? A rank that raises anywhere before it still makes it
+    (doctor.run), so its peers do not wait for it in the wrapped copy's collectives."""
+
+    def __init__(self, ctx, result):
+        self.device, self.result = ctx.device, result
+        self.crossed = False
+
+    def cross(self, stopped: bool) -> bool:
+        """True when the wrapped pass must not run: a rank stopped (this one, or a peer: then a note); no-op
+        after the first call."""
+        if self.crossed:
+            return stopped
+        self.crossed = True
+        try:
+            ranks = failing(self.device, stopped)
+        except Exception as exc:   # a peer never came (it failed before doctor ran): no collective after this
+            if not stopped:
+                self.result.notes.append(f"the training checks ran on this rank's own copy, not the wrapped one: "
+                                         f"the ranks could not agree to start them ({one_line(exc, 160)})")
+            return True
+        if ranks and not stopped:
+            self.result.notes.append(f"the training checks ran on this rank's own copy, not the wrapped one: "
+                                     f"{ranks_text(ranks)} stopped before them")
+        return bool(ranks)
+
+
 def failing(device, failed: bool) -> list[int]:
     import torch.distributed as dist
 
@@ -121,10 +151,8 @@ def failing(device, failed: bool) -> list[int]:
 
 
 def make(work, ctx, result) -> Wrapped | None:
-    """The wrapped copy of `work` (ctx.wrapped_copy); None without a wrapper, or (with a note) when the
-    model cannot be copied or wrapped: a fact of the model, the same on every rank."""
-    if ctx.pass_wrapper is None:
-        return None
+    """The wrapped copy of `work` (ctx.wrapped_copy); None (with a note) when the model cannot be copied or
+    wrapped: a fact of the model, the same on every rank."""
     try:
         model = ctx.wrapped_copy(work, "to run the training checks wrapped")
     except ModelError as exc:
