@@ -103,8 +103,12 @@ def _forward_after_step(work, inputs, ctx, w, with_grad, before, after_step) -> 
         else:   # this rank's part (unsharded but not seen: a forward that raised before it began)
             t = local_shard(t) if w is None or hasattr(t, "to_local") or not w.sharded else w.own_chunk(t)
             flags[n] = (_equal(t, after_step[n]), _equal(t, before[n]))
-    if w is not None:
-        w.resharded()   # after the comparisons: resharding frees the unsharded storage they read
+    try:
+        if w is not None:
+            w.resharded()   # after the comparisons: resharding frees the unsharded storage they read
+    except Exception:
+        if failure is None:
+            raise           # else the forward's own error is the one to report, after the exchange
     return failure, flags
 
 
