@@ -3,11 +3,11 @@ launches (one per wrapper) of sample_models/ranks_doctor.py:masked, whose three 
 wrapped run from each rank's own: `dead` (gradient zeroed everywhere: a finding whatever runs), `lone`
 (zeroed on rank 1 only: only the reduced gradient is non-zero there) and `split` (zeroed exactly on rank 0's
 FSDP shard: only a whole-parameter judgment sees it change), plus `pre` → `head` (zero-initialised): an all-zero
-gradient by design, re-checked on a plain local copy of the stepped wrapped one."""
+gradient by design, re-checked on a plain local copy of the stepped wrapped one; `gain`, which the forward writes
+over in rank 0's rows; and a hook on body.0.weight, which fully_shard drops."""
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import pytest
 
@@ -28,7 +28,7 @@ def fsdp():
     return torchrun("doctor", sample(SPEC), "--wrap", "fsdp", "--loss", "sum")
 
 
-def _grads(rank: int, steps: int = 0) -> dict:
+def _grads(monkeypatch, rank: int, steps: int = 0) -> dict:
     """Rank `rank`'s own gradients under --loss sum on its rows (4:8 for rank 1 of 2), by plain torch; after
     `steps` Adam steps (lr 1e-3, doctor's) on those gradients."""
     import torch
@@ -36,24 +36,20 @@ def _grads(rank: int, steps: int = 0) -> dict:
     spec = importlib.util.spec_from_file_location("ranks_doctor_truth", ROOT / "sample_models" / "ranks_doctor.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    old = os.environ.get("RANK")
-    os.environ["RANK"] = str(rank)
-    try:
-        model = mod.masked()
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        for _ in range(steps + 1):
-            opt.zero_grad()
-            model(mod.example_inputs()[0][4 * rank:4 * rank + 4]).sum().backward()
-            opt.step()
-    finally:
-        os.environ.pop("RANK") if old is None else os.environ.__setitem__("RANK", old)
+    monkeypatch.setenv("RANK", str(rank))
+    model = mod.masked()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(steps + 1):
+        opt.zero_grad()
+        model(mod.example_inputs()[0][4 * rank:4 * rank + 4]).sum().backward()
+        opt.step()
     return {n: p.grad for n, p in model.named_parameters()}
 
 
-def test_premise_own_gradients_by_plain_torch():
+def test_premise_own_gradients_by_plain_torch(monkeypatch):
     """What each rank's own rows give, without torchdiag: dead.* zero on both, lone.* zero on rank 1 only
     (its DDP/FSDP mean is half of rank 0's, non-zero), split's rows 0-1 zero and rows 2-3 not."""
-    g0, g1 = _grads(0), _grads(1)
+    g0, g1 = _grads(monkeypatch, 0), _grads(monkeypatch, 1)
     for g in (g0, g1):
         assert not g["dead.weight"].any() and not g["dead.bias"].any()
         assert not g["split.weight"][:2].any() and g["split.weight"][2:].ne(0).all()
@@ -62,7 +58,7 @@ def test_premise_own_gradients_by_plain_torch():
     assert ((g0["lone.weight"] + g1["lone.weight"]) / 2).ne(0).all()
     # head is zero: pre.* get no gradient through it until a step has moved head
     assert not g0["pre.weight"].any() and not g0["pre.bias"].any() and g0["head.weight"].ne(0).any()
-    stepped = _grads(0, steps=1)
+    stepped = _grads(monkeypatch, 0, steps=1)
     assert stepped["pre.weight"].ne(0).any() and stepped["pre.bias"].ne(0).any()
     # the clamp hook on body.0.weight changes nothing here: dropping it changes no verdict
     assert max(g["body.0.weight"].abs().max() for g in (g0, g1)) < 100
