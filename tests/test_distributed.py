@@ -185,6 +185,17 @@ def test_unused_hint_when_every_rank_failed():
     assert unused_hint([{"rank": 0, "unused": []}, {"rank": 1, "unused": None}]) is None
 
 
+@pytest.mark.parametrize("rank, reports", [("0", True), ("1", False)])
+def test_option_error_under_torchrun_is_reported_by_rank_0_only(rank, reports):
+    # click rejects the line before any process group exists; every rank parses the same line
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": rank, "WORLD_SIZE": "2", "LOCAL_RANK": rank}
+    r = subprocess.run([sys.executable, "-m", "torchdiag", "doctor", sample("ranks.py:healthy"), "--lr", "1", "--json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD, env=env)
+    assert r.returncode == 2
+    assert (r.stdout.count('"exit_code": 2') == 1) is reports and ("No such option: --lr" in r.stderr) is reports
+    assert reports or (r.stdout == "" and r.stderr == "")
+
+
 def test_every_rank_failed_leads_with_the_cause_not_its_echo(capsys):
     """A rank stopped because its peer failed (its error marked an echo) may fail first by the clock: the
     report still leads with the peer's own error."""

@@ -134,6 +134,14 @@ def _usable_streams() -> None:
                 pass
 
 
+def _reports() -> bool:
+    """Not a rank other than 0 under torchrun (core.distributed.current(): torch-free)."""
+    from ..core.distributed import current
+
+    ranks = current()
+    return ranks is None or ranks.main
+
+
 def main() -> None:
     """Entry point. Option errors Click catches (unknown option, bad value) get the same
     `error:`/`hint:` lines, exit code 2 and --json error document as every other usage error."""
@@ -153,6 +161,8 @@ def main() -> None:
         code = 0
     except cx.UsageError as e:
         command = e.ctx.command_path if e.ctx else "torchdiag"
+        if not _reports():   # under torchrun every rank parses the same line: rank 0 says it once
+            sys.exit(2)
         sys.stderr.write(f"error: {e.format_message()}\nhint: see `{command} --help`\n")
         if "--json" in sys.argv[1:]:
             import json

@@ -215,7 +215,10 @@ def _prepare(spec, sess, diagnostic, local: Local) -> None:
     if spec.wrap == "ddp":   # before DDP hooks the parameters: the probe's backward is local
         from ..diagnostics.ranks.unused import unused_params
 
-        local.unused = unused_params(local.model, local.inputs, local.ctx)
+        try:
+            local.unused = unused_params(local.model, local.inputs, local.ctx)
+        except Exception:   # the model's own failure: the diagnostic meets it and reports it its own way
+            local.unused = None
 
 
 def _error(r, code, message, hint, local: Local, partial=None) -> dict:

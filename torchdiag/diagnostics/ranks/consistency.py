@@ -46,7 +46,6 @@ def _state(model) -> list[tuple[str, str, object]]:
 
 def _ddp_steps(work, tensors, inputs, ctx, sess, out) -> None:
     from ...core.distributed import wrap
-    from ...core.tracking import run_forward
     from ...core.train import backward, step
 
     wrapped = wrap(work, sess.ranks, "ddp")     # broadcasts rank 0's state: training starts equal
@@ -55,8 +54,9 @@ def _ddp_steps(work, tensors, inputs, ctx, sess, out) -> None:
     params = [(n, p) for n, p in work.named_parameters() if p.requires_grad]
     for k in range(1, STEPS + 1):
         optimizer.zero_grad(set_to_none=True)
-        with ctx.autocast():   # --amp: the step the run would take
-            loss = loss_fn(run_forward(wrapped, inputs, phase=f"forward (cross-rank step {k})"))
+        loss = _agreed_loss(wrapped, inputs, ctx, loss_fn, k, out)
+        if loss is None:
+            return
         backward(loss)
         missing = sess.all_gather([n for n, p in params if p.grad is None])
         if any(missing):   # DDP's next forward would raise: unused.py names them
@@ -75,7 +75,6 @@ def _fsdp_steps(work, inputs, ctx, sess, out) -> None:
     all-gathers, the backward's reduce-scatters, full_tensor, agree) is made by every rank in the same
     order: the lists compared are the same on every rank."""
     from ...core.distributed import agree, wrap
-    from ...core.tracking import run_forward
     from ...core.train import backward, step
 
     wrap(work, sess.ranks, "fsdp")       # in place: the parameters are now DTensors, the buffers as they were
@@ -85,8 +84,9 @@ def _fsdp_steps(work, inputs, ctx, sess, out) -> None:
     params = [(n, p) for n, p in work.named_parameters() if p.requires_grad]
     for k in range(1, STEPS + 1):
         optimizer.zero_grad(set_to_none=True)
-        with ctx.autocast():   # --amp: the step the run would take
-            loss = loss_fn(run_forward(work, inputs, phase=f"forward (cross-rank step {k})"))
+        loss = _agreed_loss(work, inputs, ctx, loss_fn, k, out)
+        if loss is None:
+            return
         backward(loss)
         # a gradient FSDP left None (a parameter no rank used) is left out on every rank: full_tensor is a collective
         gone = agree([p.grad is None for _, p in params], ctx.device) if params else []
@@ -94,6 +94,26 @@ def _fsdp_steps(work, inputs, ctx, sess, out) -> None:
         step(optimizer)
         out["steps"] = k
         _compare(tensors, k, "state", sess, out, _whole)
+
+
+def _agreed_loss(call, inputs, ctx, loss_fn, k: int, out):
+    """Step k's loss (under --amp, autocast as the run steps), or None on every rank when the forward or
+    the loss raised on any rank: that rank would never make the backward's collectives, so no rank
+    starts them (one all_reduce over the model's group)."""
+    from ...core.distributed import agree
+    from ...core.tracking import run_forward
+
+    loss = None
+    try:
+        with ctx.autocast():
+            loss = loss_fn(run_forward(call, inputs, phase=f"forward (cross-rank step {k})"))
+    except Exception:   # the command's own passes report the model's errors; here they only stop the steps
+        pass
+    if agree([loss is None], ctx.device)[0]:
+        out["notes"].append(f"step {k}: the forward or the loss raised on some rank (the per-rank findings say "
+                            "where); cross-rank steps stopped")
+        return None
+    return loss
 
 
 def _whole(t):
