@@ -23,12 +23,12 @@ class Context:
     device: Any                          # torch.device, resolved once
     loaded: Any = None                   # core.loading.LoadedModel (CLI/check); None from the Python API
     batch_target: Any = None             # the target from --batch (or target= in Python)
-    rows: Any = None                     # under torchrun: (start, stop, n), this rank's rows of the batch
     custom_loss: Any = None              # a Python callable fn(output, target) -> scalar
     header: dict[str, Any] = field(default_factory=dict)   # choices made for the user
     checkpoints: list = field(default_factory=list)        # core.checkpoint.Report of each file loaded
     wrapper: Any = None                  # under torchrun: wraps a train copy (core.distributed.wrap); else None
-    pass_wrapper: Any = None             # under torchrun, nancheck/gradflow --wrap ddp: wraps their main pass's copy
+    pass_wrapper: Any = None             # under torchrun (WRAP mode "pass"): wraps the one main pass's copy
+    rows: Any = None                     # under torchrun: (start, stop, n), this rank's rows of the batch
 
     @property
     def seed(self) -> int:
@@ -233,7 +233,7 @@ def context_for(model, spec: RunSpec, *, loss=None, target=None) -> Context:
 
     refuse_scripted(model, "the model given")
     custom = loss if callable(loss) and not isinstance(loss, str) else None
-    ctx = Context(spec, model_device(model), None, target, custom)
+    ctx = Context(spec, model_device(model), None, target, custom_loss=custom)
     check_supported(spec, ctx.device)
     precision_header(ctx)
     return ctx
