@@ -368,6 +368,20 @@ def test_merge_tags_ranks_and_takes_the_worst_code():
     assert [r["rank"] for r in merged.to_dict()["ranks"]] == [0, 1, 2]
 
 
+def test_merge_one_finding_when_ranks_differ_only_in_numbers():
+    from torchdiag.diagnostics.ranks.merge import merge, record
+    from torchdiag.results import Result
+
+    a, b = Result("doctor"), Result("doctor")
+    a.add("mode-dependent", "info", "bn1", "outputs differ (max 0.39)")
+    b.add("mode-dependent", "info", "bn1", "outputs differ (max 0.48)")
+    b.add("mode-dependent", "info", "bn2", "outputs differ (max 0.1)")
+    merged = merge([record(0, "cpu", 0, a), record(1, "cpu", 0, b)], a, "doctor")
+    got = {f.where: (f.ranks, f.message) for f in merged.findings}
+    assert got["bn1"] == ([0, 1], "outputs differ (max 0.39) (rank 0's numbers; each rank's own in --json `ranks`)")
+    assert got["bn2"] == ([1], "[rank 1] outputs differ (max 0.1)")
+
+
 def test_merge_takes_ddps_prefix_off_names():
     from torchdiag.diagnostics.ranks.merge import merge, record
     from torchdiag.results import Result

@@ -77,22 +77,27 @@ def _verdict(merged: Result, records: list[dict]) -> None:
 
 
 def union(records: list[dict]) -> list[Finding]:
-    """Each distinct finding once, with the ranks that reported it; named by rank in its message when
-    not every rank had it."""
+    """Each distinct finding (code, severity, where) once, with the ranks that reported it; named by rank in
+    its message when not every rank had it. Ranks whose messages differ only in their numbers (each its own
+    rows) give one finding with the first rank's message, said so."""
     seen: dict[tuple, Finding] = {}
+    texts: dict[tuple, set] = {}
     everyone = [r["rank"] for r in records]
     for r in records:
         for f in r["findings"]:
-            key = (f["code"], f["severity"], f["where"], f["message"])
+            key = (f["code"], f["severity"], f["where"])
             if key not in seen:
                 seen[key] = Finding(f["code"], f["severity"], f["where"], f["message"], f.get("hint"))
                 seen[key].ranks = []
+                texts[key] = set()
             seen[key].ranks.append(r["rank"])
-    out = list(seen.values())
-    for f in out:
+            texts[key].add(f["message"])
+    for key, f in seen.items():
+        if len(texts[key]) > 1:
+            f.message += f" (rank {f.ranks[0]}'s numbers; each rank's own in --json `ranks`)"
         if f.ranks != everyone:
             f.message = f"[{tag(f.ranks)}] {f.message}"
-    return out
+    return list(seen.values())
 
 
 def tag(ranks: list[int]) -> str:
