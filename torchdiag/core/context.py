@@ -227,11 +227,13 @@ def model_device(model):
 
 def context_for(model, spec: RunSpec, *, loss=None, target=None) -> Context:
     """The Python API's context: the device is the model's own; `loss` may be a callable."""
+    from .distributed import refuse_sharded
     from .loading import refuse_scripted
 
     from .precision import check_supported
 
     refuse_scripted(model, "the model given")
+    refuse_sharded(model, "the model given")
     custom = loss if callable(loss) and not isinstance(loss, str) else None
     ctx = Context(spec, model_device(model), None, target, custom_loss=custom)
     check_supported(spec, ctx.device)

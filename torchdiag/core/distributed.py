@@ -62,6 +62,16 @@ def refuse_wrap(spec) -> None:
                          hint=TORCHRUN_HINT)
 
 
+def refuse_sharded(model, what: str = "the model given") -> None:
+    """A model already sharded by fully_shard (its parameters are DTensors) handed to the Python API: every
+    diagnostic copies and reads plain tensors (exit 2, never a DTensor error from deep inside)."""
+    if any(hasattr(p, "full_tensor") for p in model.parameters()):
+        raise UsageError(f"{what} is sharded by FSDP (fully_shard: its parameters are DTensors); torchdiag runs "
+                         "on the plain model and wraps its own copies",
+                         hint="give the model before fully_shard, and run it under torchrun with --wrap fsdp: torchrun "
+                              "--nproc_per_node N -m torchdiag COMMAND SPEC --wrap fsdp")
+
+
 def rank_device(ranks: Ranks, text: str):
     """--device under torchrun: auto/cuda → cuda:LOCAL_RANK (else cpu for auto), cpu; meta, mps and an
     explicit cuda:N are refused (each rank takes its own GPU)."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import ModelError, UsageError, one_line
 from . import sources
+from .distributed import refuse_sharded
 
 SPEC_FORMS = "path/to/file.py:factory, dotted.module:factory, torchvision:NAME, timm:NAME or hf:PATH"
 
@@ -154,6 +155,7 @@ def load_model(spec: str, arg_pairs: list[str] | None = None, device=None, seed:
         raise UsageError(f"{name}() returned {type(model).__name__}, not a torch.nn.Module",
                          hint="the factory must return the model (an nn.Module instance)")
     refuse_scripted(model, f"{name}()")
+    refuse_sharded(model, f"the model {name}() returned")
     if device is not None and device.type != "meta":
         model = model.to(device)
     return LoadedModel(model, spec, module, name, kwargs, built_on, factory)
