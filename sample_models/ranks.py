@@ -10,6 +10,8 @@ factory is seeded); what differs by rank comes from torchrun's RANK variable, re
 `unused`: `extra` (a Linear) never runs in forward: under DDP, extra.weight and extra.bias get no
    gradient on any rank.
 `fails_on_rank`: forward raises on rank `rank` only (the others finish).
+`branch_on_rank`: `aux` (a Linear) runs in forward on rank 0 only (a data-dependent branch): under DDP
+   the ranks' gradient buckets disagree; under fully_shard the reduce-scatters differ in size.
 `nan_on_rank`: module `poison` turns its output to NaN on rank `rank` only.
 Input for all: example_inputs(), 8 × 8."""
 import os
@@ -60,6 +62,17 @@ class _FailsOnRank(nn.Module):
         return self.body(x)
 
 
+class _Branch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        self.aux = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.body(x)
+        return y + self.aux(x) if _rank() == 0 else y
+
+
 class _Poison(nn.Module):
     def __init__(self, rank: int):
         super().__init__()
@@ -83,6 +96,10 @@ def unused() -> nn.Module:
 
 def fails_on_rank(rank: int = 1) -> nn.Module:
     return _FailsOnRank(rank)
+
+
+def branch_on_rank() -> nn.Module:
+    return _Branch()
 
 
 def nan_on_rank(rank: int = 1) -> nn.Module:

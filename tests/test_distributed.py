@@ -42,9 +42,9 @@ def healthy():
 
 @pytest.fixture(scope="module")
 def unused():
-    # nancheck: one pass. overfit-batch trains the DDP copy, and DDP itself raises at its second step
+    # gradflow: one judged pass. overfit-batch trains the DDP copy, and DDP itself raises at its second step
     # on every rank (the error's hint then names the parameters: test_unused_hint_when_every_rank_failed)
-    return torchrun("nancheck", sample("ranks.py:unused"), "--wrap", "ddp")
+    return torchrun("gradflow", sample("ranks.py:unused"), "--wrap", "ddp")
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +154,8 @@ def test_ddp_unused_parameters_named(unused):
     assert "(extra.weight, extra.bias)" in f["message"] and "module extra (Linear) never ran in forward" in f["message"]
     assert "find_unused_parameters=True" in f["hint"]
     assert [u["name"] for u in doc["ranks"][1]["unused"]] == ["extra.weight", "extra.bias"]
+    # DDP never launched the allreduce of the bucket holding extra.*: the gradients are not all reduced
+    assert [r["data"]["reduced_grad_norm"] for r in doc["ranks"]] == [None, None]
 
 
 def test_overfit_batch_trains_the_ddp_copy_and_ranks_stop_together(overfit):
@@ -285,6 +287,32 @@ def test_nancheck_under_fsdp_names_rank_and_module(fsdp_nan):
     assert f["where"] == "2" and f["ranks"] == [1]
     # rank 0's shard of the reduced gradients may be finite or not: the ranks agree, so rank 0 says where it came from
     assert [g["code"] for g in doc["ranks"][0]["findings"]] == ["non-finite-after-reduction"]
+
+
+@pytest.fixture(scope="module")
+def branch_ddp():
+    # rank 1 fails in DDP's backward while rank 0 waits in the reduction; short timeout: rank 0 waits it out
+    return torchrun("doctor", sample("ranks.py:branch_on_rank"), "--wrap", "ddp", env={"TORCHDIAG_DIST_TIMEOUT": "10"})
+
+
+@pytest.fixture(scope="module")
+def branch_fsdp():
+    return torchrun("gradflow", sample("ranks.py:branch_on_rank"), "--wrap", "fsdp", env={"TORCHDIAG_DIST_TIMEOUT": "10"})
+
+
+def test_a_parameter_unused_on_one_rank_under_ddp_is_named_not_a_crash(branch_ddp):
+    # the failing rank's agreement used to pair with its peer's pending allreduce: gloo aborted (exit 4)
+    code, doc, stderr = branch_ddp
+    assert doc["exit_code"] == 1 and "terminate called" not in stderr and "internal error" not in stderr
+    [f] = by_code(doc, "ddp-unused-parameter")
+    assert f["ranks"] == [1] and "(aux.weight, aux.bias)" in f["message"] and "never ran in forward" in f["message"]
+
+
+def test_a_parameter_unused_on_one_rank_under_fsdp_is_refused_by_name(branch_fsdp):
+    code, doc, stderr = branch_fsdp
+    assert doc["exit_code"] == 3 and "terminate called" not in stderr
+    assert "get a gradient on some ranks only (aux.weight, aux.bias)" in doc["error"]["message"]
+    assert [r["exit_code"] for r in doc["ranks"]] == [3, 3]
 
 
 @pytest.mark.cuda

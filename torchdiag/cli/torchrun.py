@@ -212,13 +212,36 @@ def _prepare(spec, sess, diagnostic, local: Local) -> None:
         from ..core.train import train_copy
 
         local.pristine = train_copy(local.model, "to compare ranks after a step")
-    if spec.wrap == "ddp":   # before DDP hooks the parameters: the probe's backward is local
+    if spec.wrap in ("ddp", "fsdp"):   # before a wrapper hooks the parameters: the probe's backward is local
         from ..diagnostics.ranks.unused import unused_params
 
         try:
             local.unused = unused_params(local.model, local.inputs, local.ctx)
         except Exception:   # the model's own failure: the diagnostic meets it and reports it its own way
             local.unused = None
+    if spec.wrap == "fsdp":
+        _refuse_uneven_grads(local)
+
+
+def _refuse_uneven_grads(local: Local) -> None:
+    """Under fully_shard a parameter with a gradient on some ranks only makes the ranks' reduce-scatters
+    differ in size, and gloo/NCCL abort the process: refuse before wrapping, naming them (every rank
+    decides the same: the flags are agreed)."""
+    from ..core.distributed import agree
+    from ..errors import ModelError
+
+    names = [n for n, p in local.model.named_parameters() if p.requires_grad]
+    mine = {u["name"]: u for u in local.unused or []}
+    missing = agree([n in mine for n in names], local.ctx.device)
+    present = agree([n not in mine for n in names], local.ctx.device)
+    uneven = [n for n, m, p in zip(names, missing, present) if m and p]
+    if uneven:
+        here = [f"{n} ({mine[n]['reason']}: {mine[n]['why']})" for n in uneven if n in mine]
+        raise ModelError(f"--wrap fsdp: {len(uneven)} parameter(s) get a gradient on some ranks only "
+                         f"({', '.join(uneven[:6])}{' …' if len(uneven) > 6 else ''}); FSDP's reduce-scatter needs the "
+                         "same gradients on every rank, and a mismatch aborts the process"
+                         + (f"; here none for {'; '.join(here[:3])}" if here else ""),
+                         hint="make every rank use the same parameters in forward (or freeze the ones some ranks skip)")
 
 
 def _error(r, code, message, hint, local: Local, partial=None) -> dict:

@@ -135,6 +135,9 @@ def session(ranks: Ranks, spec):
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout),
                                 device_id=device if device.type == "cuda" else None)
         group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=max(3600, 3 * timeout)))
+        global _DECISIONS
+        # longer than a model collective's: a rank asks here while its peer may still wait out a reduction
+        _DECISIONS = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=2 * timeout + 30))
     except Exception as exc:
         teardown()
         raise UsageError(f"cannot join the process group ({backend}): {one_line(exc)}",
@@ -155,6 +158,8 @@ def _timeout() -> int:
 
 def teardown() -> None:
     """destroy_process_group if one is up; never raises (it runs on the error path too)."""
+    global _DECISIONS
+    _DECISIONS = None
     try:
         import torch.distributed as dist
 
@@ -221,13 +226,24 @@ def wrap(model, ranks: Ranks, how: str):
     return _fully_shard(model, ranks, device)
 
 
+# Under torchrun: a gloo group for agree() alone (its timeout outlasts a model collective's). Never the model's
+# group: a rank that failed in backward and asks whether anyone failed would pair its all_reduce with a
+# peer's pending DDP/FSDP reduction (gloo aborts the process: "collective mismatch"); here it waits until
+# the peer times out of that reduction and asks too. Not torchdiag's gather group either (a rank that
+# left run() is in the gather, a peer still in an agreement).
+_DECISIONS = None
+
+
 def agree(flags: list[bool], device, group=None) -> list[bool]:
-    """Each flag true on any rank: one all_reduce (MAX) over the model's process group (`group`, None
-    for the default one). A value-dependent decision (overfit-batch's stop) taken on the wrapped model
-    must be the same on every rank, or a rank would wait for its peers in the next collective."""
+    """Each flag true on any rank: one all_reduce (MAX) of Python flags, on the CPU, over the decisions
+    group (else `group` on `device`). A value-dependent decision (overfit-batch's stop, a failed pass)
+    taken around the wrapped model must be the same on every rank, or a rank would wait for its peers in
+    the next collective."""
     import torch
     import torch.distributed as dist
 
+    if _DECISIONS is not None:
+        group, device = _DECISIONS, "cpu"
     t = torch.tensor([1.0 if f else 0.0 for f in flags], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return [v > 0 for v in t.tolist()]

@@ -80,13 +80,23 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         "status_counts": status_counts(rows),
     })
     if wrapped is not None:   # the total gradient norm after the wrapper's reduction: the same on every rank
-        result.data["reduced_grad_norm"] = math.sqrt(sum(r["grad_norm"] ** 2 for r in rows if r["grad_norm"] is not None))
+        result.data["reduced_grad_norm"] = _reduced_norm(rows, params, pas.grads, ctx, result)
     display.decorate(rows, layers, acts, scale, result.findings)
     display.tables(result, rows, layers, acts, scale, opts, reduced)
     if opts.histograms:
         _histograms(result, params, pas.grads)
     verdict(result, rows, opts, stats.loss, ctx.option("strict"))
     return result
+
+
+def _reduced_norm(rows, params, grads, ctx, result) -> float | None:
+    """The total gradient norm after the reduction; None under DDP when a trainable parameter got no
+    gradient: DDP then never launches that bucket's allreduce, so what this rank holds is partly its own."""
+    if ctx.spec.wrap == "ddp" and any(p.requires_grad and grads.get(n) is None for n, p in params.items()):
+        result.notes.append("some parameters got no gradient, so DDP did not finish its reduction: the gradients "
+                            "judged are partly this rank's own (reduced_grad_norm is null)")
+        return None
+    return math.sqrt(sum(r["grad_norm"] ** 2 for r in rows if r["grad_norm"] is not None))
 
 
 def _histograms(result, params, grads) -> None:
