@@ -43,7 +43,7 @@ def isolated(json_mode: bool):
     import rich.table  # noqa: F401
     import rich.text  # noqa: F401
 
-    with _stdin_closed(), _exit_guarded(), _sigterm_as_interrupt():
+    with _stdin_closed(), _exit_guarded(), sigterm_as_interrupt():
         if json_mode:
             with _stdout_to_stderr():
                 yield
@@ -133,7 +133,7 @@ def _guard_exit_handlers() -> None:
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt():
+def sigterm_as_interrupt():
     """SIGTERM (CI timeouts, job schedulers) raises Terminated, a KeyboardInterrupt: what Ctrl-C
     leaves (partial result, flushed logs, JSON) SIGTERM leaves too, with exit 143."""
     def handler(signum, frame):

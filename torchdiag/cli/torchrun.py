@@ -12,7 +12,7 @@ from typing import Any, Callable
 import typer
 
 from ..errors import DiagError, ExitCode, Terminated, interrupt_code, one_line
-from .isolation import UserExit, _sigterm_as_interrupt, isolated
+from .isolation import UserExit, sigterm_as_interrupt, isolated
 
 CONSISTENCY = ("doctor", "gradflow")     # commands that also compare ranks after a real step
 # commands that run per rank; the others do not depend on the rank: rank 0 runs them as usual
@@ -73,7 +73,7 @@ def execute_ranks(opts, ranks, diagnostic=None, options: Callable | None = None,
     try:
         # SIGTERM as Terminated over the whole rank, not only where the user's code runs: a rank waiting
         # in the gather (or in a collective) when torchrun forwards SIGTERM would otherwise die silently
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             common.output_dir(opts.tb, "--tb")
             spec = opts.run_spec(diagnostic)
             o = options() if options is not None else None

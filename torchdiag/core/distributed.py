@@ -62,10 +62,15 @@ def refuse_wrap(spec) -> None:
                          hint=TORCHRUN_HINT)
 
 
+def is_sharded(params) -> bool:
+    """Is any of these parameters a DTensor shard (fully_shard's)? Torch-free: DTensors have full_tensor."""
+    return any(hasattr(p, "full_tensor") for p in params)
+
+
 def refuse_sharded(model, what: str = "the model given") -> None:
     """A model already sharded by fully_shard (its parameters are DTensors) handed to the Python API: every
     diagnostic copies and reads plain tensors (exit 2, never a DTensor error from deep inside)."""
-    if any(hasattr(p, "full_tensor") for p in model.parameters()):
+    if is_sharded(model.parameters()):
         raise UsageError(f"{what} is sharded by FSDP (fully_shard: its parameters are DTensors); torchdiag runs "
                          "on the plain model and wraps its own copies",
                          hint="give the model before fully_shard, and run it under torchrun with --wrap fsdp: torchrun "
@@ -277,13 +282,13 @@ def gathered(named: dict, device) -> dict:
     with torch.no_grad():
         for n, gone in zip(names, missing):
             t = named[n]
-            out[n] = None if gone else _whole(t)
+            out[n] = None if gone else whole(t)
     return out
 
 
-def _whole(t):
-    """A DTensor's full value, detached; a trainable parameter's stays marked trainable (what is judged reads it).
-    Any other tensor as is."""
+def whole(t):
+    """A DTensor's full value (an all-gather every rank must make), detached; a trainable parameter's stays
+    marked trainable (what is judged reads it). Any other tensor as is."""
     if not hasattr(t, "full_tensor"):
         return t
     return t.full_tensor().detach().requires_grad_(t.requires_grad)

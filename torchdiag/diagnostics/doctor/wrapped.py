@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 
-from ...core.distributed import agree, inner, unwrapped
+from ...core.distributed import agree, inner, is_sharded, unwrapped
 from ...errors import ModelError, one_line
 
 
@@ -27,7 +27,7 @@ class Wrapped:
         self.model = model
         self.plain = plain
         self.device = device
-        self.sharded = any(hasattr(p, "to_local") for p in model.parameters())
+        self.sharded = is_sharded(model.parameters())
 
     @property
     def user(self):

@@ -19,7 +19,8 @@ from ...results import Result
 from ..doctor.rounding import stagnation_counts
 from .causes import accuracy_counts, output_box, same_across_samples, sample_tensor
 from .scaling import scale_facts, stepper
-from .sharded import global_norm, is_sharded, local_view
+from ...core.distributed import is_sharded
+from .sharded import global_norm, local_view
 
 
 
@@ -70,7 +71,7 @@ class Trainer:
         self.curve = Curve()
         self.group = getattr(work, "process_group", None)   # DDP's; FSDP (and the agreement) use the default one
         self.agree = _agreement(ctx, self.group)   # under a wrapper: the stop decided by every rank
-        self.sharded = is_sharded(self.trainable)  # --wrap fsdp: DTensor parameters, read through their shards
+        self.sharded = is_sharded(p for _, p in self.trainable)  # --wrap fsdp: DTensor parameters, read through their shards
 
     def autocast(self):
         return self.ctx.autocast()

@@ -7,11 +7,6 @@ rank, `localise` gathers the trained state and sums the per-shard flags and coun
 from __future__ import annotations
 
 
-def is_sharded(named) -> bool:
-    """Any parameter of `named` [(name, p)] a DTensor (fully_shard's)."""
-    return any(hasattr(p, "to_local") for _, p in named)
-
-
 def local_view(p):
     """This rank's shard of `p` as a plain tensor carrying its shard of p.grad (what doctor.rounding's
     counts read); no collective."""

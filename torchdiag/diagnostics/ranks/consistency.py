@@ -46,54 +46,63 @@ def _state(model) -> list[tuple[str, str, object]]:
 
 def _ddp_steps(work, tensors, inputs, ctx, sess, out) -> None:
     from ...core.distributed import wrap
-    from ...core.train import backward, step
 
     wrapped = wrap(work, sess.ranks, "ddp")     # broadcasts rank 0's state: training starts equal
-    optimizer = ctx.optimizer([p for p in work.parameters() if p.requires_grad])
-    loss_fn = ctx.loss()
-    params = [(n, p) for n, p in work.named_parameters() if p.requires_grad]
-    for k in range(1, STEPS + 1):
-        optimizer.zero_grad(set_to_none=True)
-        loss = _agreed_loss(wrapped, inputs, ctx, loss_fn, k, out)
-        if loss is None:
-            return
-        backward(loss)
-        missing = sess.all_gather([n for n, p in params if p.grad is None])
-        if any(missing):   # DDP's next forward would raise: unused.py names them
+    params = _trainable(work)
+
+    def grads(k):
+        if any(sess.all_gather([n for n, p in params if p.grad is None])):   # DDP's next forward would raise
             out["notes"].append(f"step {k}: some parameters got no gradient (see ddp-unused-parameter); steps stopped")
-            return
-        _compare([("grad", n, p.grad) for n, p in params], k, "grad", sess, out)
-        step(optimizer)
-        out["steps"] = k
-        _compare(tensors, k, "state", sess, out)
+            return None
+        return [("grad", n, p.grad) for n, p in params]
+
+    _steps(wrapped, work, tensors, inputs, ctx, sess, out, grads)
 
 
 def _fsdp_steps(work, inputs, ctx, sess, out) -> None:
-    """STEPS steps of the copy sharded in place by fully_shard. It broadcasts nothing (each rank keeps
-    its own shard of its own values) and keeps buffers as plain tensors each rank updates from its own
-    rows; parameters and gradients are compared made whole. Every collective here (the forward's
-    all-gathers, the backward's reduce-scatters, full_tensor, agree) is made by every rank in the same
-    order: the lists compared are the same on every rank."""
+    """The copy sharded in place by fully_shard. It broadcasts nothing (each rank keeps its own shard of
+    its own values) and keeps buffers as plain tensors each rank updates from its own rows; parameters
+    and gradients are compared made whole. Every collective here (the forward's all-gathers, the
+    backward's reduce-scatters, full_tensor, agree) is made by every rank in the same order: the lists
+    compared are the same on every rank."""
     from ...core.distributed import agree, wrap
-    from ...core.train import backward, step
 
     wrap(work, sess.ranks, "fsdp")       # in place: the parameters are now DTensors, the buffers as they were
-    tensors = _state(work)
-    optimizer = ctx.optimizer([p for p in work.parameters() if p.requires_grad])
+    params = _trainable(work)
+
+    def grads(k):
+        # a gradient FSDP left None (a parameter no rank used) is left out on every rank: full_tensor is a collective
+        gone = agree([p.grad is None for _, p in params], ctx.device) if params else []
+        return [("grad", n, p.grad) for (n, p), g in zip(params, gone) if not g]
+
+    _steps(work, work, _state(work), inputs, ctx, sess, out, grads)
+
+
+def _trainable(work) -> list:
+    return [(n, p) for n, p in work.named_parameters() if p.requires_grad]
+
+
+def _steps(call, work, tensors, inputs, ctx, sess, out, grads) -> None:
+    """STEPS real steps through `call` (the wrapped `work`): after each backward the gradients `grads(k)`
+    names (None: stop) and after each step `tensors` compared across ranks, made whole where sharded."""
+    from ...core.distributed import whole
+    from ...core.train import backward, step
+
+    optimizer = ctx.optimizer([p for _, p in _trainable(work)])
     loss_fn = ctx.loss()
-    params = [(n, p) for n, p in work.named_parameters() if p.requires_grad]
     for k in range(1, STEPS + 1):
         optimizer.zero_grad(set_to_none=True)
-        loss = _agreed_loss(work, inputs, ctx, loss_fn, k, out)
+        loss = _agreed_loss(call, inputs, ctx, loss_fn, k, out)
         if loss is None:
             return
         backward(loss)
-        # a gradient FSDP left None (a parameter no rank used) is left out on every rank: full_tensor is a collective
-        gone = agree([p.grad is None for _, p in params], ctx.device) if params else []
-        _compare([("grad", n, p.grad) for (n, p), g in zip(params, gone) if not g], k, "grad", sess, out, _whole)
+        entries = grads(k)
+        if entries is None:
+            return
+        _compare(entries, k, "grad", sess, out, whole)
         step(optimizer)
         out["steps"] = k
-        _compare(tensors, k, "state", sess, out, _whole)
+        _compare(tensors, k, "state", sess, out, whole)
 
 
 def _agreed_loss(call, inputs, ctx, loss_fn, k: int, out):
@@ -114,11 +123,6 @@ def _agreed_loss(call, inputs, ctx, loss_fn, k: int, out):
                             "where); cross-rank steps stopped")
         return None
     return loss
-
-
-def _whole(t):
-    """A DTensor made whole (full_tensor: an all-gather every rank must make), any other tensor as is."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def _compare(entries, k: int, what: str, sess, out, whole=lambda t: t) -> None:
