@@ -6,7 +6,7 @@ Each row runs wait+warmup+active steps (1+2+10) and is timed end to end, results
   torch.profiler               the same steps under torch.profiler with the same schedule, results
                                processed (key_averages), nothing printed
   + key_averages().table()     what most people do: the profiler's default table
-  torchdiag profile            diagnostics.profiling.run: module hooks + record_function ranges,
+  torchdiag profile            diagnostics.profile.run: module hooks + record_function ranges,
                                our own operator/module tables, step statistics
 Issue 5 target: torchdiag near torch.profiler alone (~1.1x), well under the .table() path (1.6-1.8x).
 The last column is torchdiag's measured mean active step over the plain step (in-loop overhead).
@@ -48,7 +48,7 @@ def bench(spec, *inputs, mode="inference", repeat=5):
     from torch.profiler import ProfilerActivity, profile, schedule
 
     from torchdiag.api import run
-    from torchdiag.diagnostics import profiling as P
+    from torchdiag.diagnostics import profile as P
 
     model, x = load(spec, *inputs)
     step = make_step(model, x, mode)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from torchdiag.diagnostics.memory import ranks as mem_ranks
-from torchdiag.diagnostics.profiling import ranks as prof_ranks
+from torchdiag.diagnostics.profile import ranks as prof_ranks
 from torchdiag.render.profile import rank_path
 from torchdiag.results import Result
 
@@ -212,8 +212,8 @@ def _ctx(wrap="none", wrapper=None):
     ("ddp", object(), "inference", "inference", False),  # an explicit mode stands
     ("none", None, "train", "train", False)])
 def test_profile_mode_default_follows_the_wrapper(wrap, wrapper, given, mode, default):
-    from torchdiag.diagnostics.profiling.options import Options
-    from torchdiag.diagnostics.profiling.session import _header, resolved
+    from torchdiag.diagnostics.profile.options import Options
+    from torchdiag.diagnostics.profile.session import _header, resolved
 
     opts, was_default = resolved(Options(mode=given), _ctx(wrap, wrapper))
     assert (opts.mode, was_default) == (mode, default)
@@ -228,8 +228,8 @@ def test_profile_mode_default_follows_the_wrapper(wrap, wrapper, given, mode, de
     ("ddp", None, 0.0, False),             # the default (train) is never idle-by-choice
     ("ddp", "train", 0.0, False)])
 def test_idle_wrapper_finding(wrap, given, coll_us, expected):
-    from torchdiag.diagnostics.profiling.options import Options
-    from torchdiag.diagnostics.profiling.session import _idle_wrapper, resolved
+    from torchdiag.diagnostics.profile.options import Options
+    from torchdiag.diagnostics.profile.session import _idle_wrapper, resolved
 
     ctx = _ctx(wrap, object())
     opts, default = resolved(Options(mode=given, active=4), ctx)

@@ -34,7 +34,7 @@ def _modules(result):
 # ----------------------------------------------------------------------------------------- helpers
 
 def test_percentile_closed_forms():
-    from torchdiag.diagnostics.profiling import percentile, step_stats
+    from torchdiag.diagnostics.profile import percentile, step_stats
 
     assert percentile([1, 2, 3, 4, 5], 50) == 3
     assert percentile([1, 2, 3, 4], 50) == 2.5

@@ -52,7 +52,7 @@ def register(app) -> None:
         torch.cuda.set_sync_debug_mode) and lists each place in your code that forced a sync.
         Under --amp/--dtype one more step lists the input dtypes of every matmul/conv and the module it
         ran in; with --amp a matmul left in float32 is named (autocast-fallback)."""
-        from ..diagnostics import profiling as diag
+        from ..diagnostics import profile as diag
         from ..render.output import check_file
         from ..render.profile import record
 

@@ -13,7 +13,7 @@ import importlib
 
 def module(command: str):
     """The diagnostics module of a command (`overfit-batch` → diagnostics.overfit_batch)."""
-    name = {"profile": "profiling"}.get(command, command.replace("-", "_"))
+    name = command.replace("-", "_")
     return importlib.import_module(f"{__name__}.{name}")
 
 

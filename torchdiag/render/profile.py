@@ -74,7 +74,7 @@ def write_tb_trace(result, path) -> str:
 
 def record(result, written: dict) -> None:
     """The CLI's render_extra: the paths written go into the JSON document and the summary (under
-    torchrun every rank's trace: profiling/ranks.py put them in data["traces"])."""
+    torchrun every rank's trace: profile/ranks.py put them in data["traces"])."""
     traces = result.data.get("traces")
     if traces:
         result.summary.append(("Traces", f"{', '.join(traces)}  ({VIEWER})"))

@@ -41,7 +41,7 @@ def fsdp_check(result, model, inputs, opts, ctx) -> None:
 
 def rank_docs(results: list[dict]) -> list[dict]:
     """Each rank's JSON document with its "rank" (from gathered records {"rank", "result": doc} or from
-    documents); a rank that failed (no document) is left out. Same rule as profiling/ranks.py."""
+    documents); a rank that failed (no document) is left out. Same rule as profile/ranks.py."""
     return [{**doc, "rank": r.get("rank", i)} for i, r in enumerate(results)
             if (doc := (r.get("result") if "result" in r else r))]
 

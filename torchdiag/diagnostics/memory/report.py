@@ -41,7 +41,7 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
         result.artefacts["snapshot"] = report.snapshot    # written by render/memory.py
     _fill(result, report, opts, ctx, est_peak, inputs)
     if report.op_dtypes is not None:
-        from ..profiling import op_dtypes
+        from ..profile import op_dtypes
 
         op_dtypes.report(result, report.op_dtypes, ctx, "the measured step")
     _batch_tables(result, report, opts, ctx, sizes, best, budget, (unit, unit_name), inputs)

@@ -23,7 +23,7 @@ class Options:
     memory: bool = False
     trace: bool = False           # keep the Chrome trace in result.artefacts["trace"] (--trace, --tb)
     depth: int = 3
-    syncs: bool = False           # one more step under host-sync detection: the `syncs` table (profiling/syncs.py)
+    syncs: bool = False           # one more step under host-sync detection: the `syncs` table (profile/syncs.py)
 
     def __post_init__(self):
         if self.mode is not None:

@@ -73,7 +73,7 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
         averages = prof.key_averages(group_by_input_shape=opts.record_shapes)
         found = _syncs(opts, ctx, step_fn) if opts.syncs else None
         seen = _op_dtypes(opts, step_fn) if ctx.autocast_dtype or ctx.spec.dtype else None
-    record_collectives(result, events)       # under torchrun only: profiling/ranks.py
+    record_collectives(result, events)       # under torchrun only: profile/ranks.py
     _idle_wrapper(result, opts, default, ctx)
     if opts.trace:
         result.artefacts["trace"] = trace    # None: the profiler wrote nothing (render/profile.py says so)
@@ -208,7 +208,7 @@ def _profile(opts: Options, ctx, step_fn):
 
 
 def _syncs(opts: Options, ctx, step_fn) -> dict:
-    """One more step (not profiled) under host-sync detection (profiling/syncs.py)."""
+    """One more step (not profiled) under host-sync detection (profile/syncs.py)."""
     import torch
 
     grad_ctx = torch.no_grad if opts.mode == "inference" else torch.enable_grad
