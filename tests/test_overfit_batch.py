@@ -248,7 +248,8 @@ def test_cli_cannot_overfit_exit_1_and_table(cli):
     assert "Loss curve" in r.stdout and "loss rule: cross_entropy on output" in r.stdout
     j = cli("overfit-batch", sample("broken_cannot_overfit.py:build"), "--steps", "100", "--json").json
     assert j["passed"] is False and j["exit_code"] == 1
-    assert [f["code"] for f in j["findings"]][-1] == "cannot-overfit"
+    severities = [f["severity"] for f in j["findings"]]   # most severe first: the error leads
+    assert j["findings"][0]["code"] == "cannot-overfit" and severities == sorted(severities, key=["error", "warning", "info"].index)
 
 
 def test_cli_same_seed_same_curve_other_seed_other_curve(cli):

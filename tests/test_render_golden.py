@@ -200,7 +200,8 @@ def test_console_output_matches_golden(case):
 
 
 def test_every_golden_file_has_a_case():
-    stale = {p.name for p in GOLDEN.glob("console_*.txt")} - {f"console_{c}.txt" for c in CASES}
+    wide = {f"console_{c}_{w}.txt" for c in WIDE_CASES for w in (80, 120)}
+    stale = {p.name for p in GOLDEN.glob("console_*.txt")} - {f"console_{c}.txt" for c in CASES} - wide
     assert not stale, f"golden files without a case (delete them): {sorted(stale)}"
 
 
@@ -262,9 +263,16 @@ def too_wide_table() -> Result:
 
 
 def test_numbers_and_bars_are_never_split_across_lines():
-    lines = render(too_wide_table()).splitlines()
+    """At 140 columns everything fits whole; at 100 the bar (decoration) gives way first and is named as not
+    shown, and every number is still whole."""
+    wide = render(too_wide_table(), width=140).splitlines()
     for text in ("1,234,567", "1.235e+05", "1.00 MiB", "3.00 GiB", "████████████████████"):
+        assert any(text in line for line in wide), text
+    lines = normalise(render(too_wide_table())).splitlines()
+    for text in ("1,234,567", "1.235e+05", "1.00 MiB", "3.00 GiB"):
         assert any(text in line for line in lines), text
+    assert not any("█" in line for line in lines)
+    assert "  not shown at 100 columns: share (a wider terminal or --json has them)" in lines
 
 
 def test_a_long_first_column_leaves_room_for_the_others():
@@ -295,3 +303,61 @@ def test_a_crowded_table_wraps_headers_not_values():
     body = [line for line in lines if "context.0.weight" in line or "trunk.0.weight" in line]
     assert len(body) == 2 and all("32x20" in line for line in body)
     assert "no-grad" in body[0] and "0.01641" in body[1] and "3.339" in body[0]
+
+
+# ------------------------------------------------------------------- the same results at 80 and 120 columns
+
+def checklist() -> Result:
+    """doctor's checklist shape: a status column and a long hint column (a `note`), one failing row."""
+    r = Result("doctor", header={"model": "sample_models/broken_doctor_frozen.py:build", "device": "cpu"})
+    rows = [
+        {"check": "devices", "status": "ok", "verdict": "no off-device tensor in forward (meta run)", "where": "", "hint": ""},
+        {"check": "params update", "status": "error", "verdict": "2 of 6 params never change after 1 Adam step",
+         "where": "encoder.layers.0.self_attn.out_proj", "hint": "register constants as buffers; give every trainable "
+         "parameter to the optimizer"},
+        {"check": "frozen params", "status": "info", "verdict": "1,600 of 1,732 params frozen in 1 module(s)",
+         "where": "backbone", "hint": "intended? unfreeze with requires_grad_(True)"},
+    ]
+    r.tables.append(Table("checks", "Checklist", [
+        Column("check", "check"), Column("status", "result", "status"), Column("verdict", "verdict"),
+        Column("where", "where"), Column("hint", "hint", "note")], rows, note="full hints with each finding below"))
+    r.findings = [Finding("param-not-updated", "error", "encoder.layers.0.self_attn.out_proj",
+                          "2 of 6 parameters never change", "register constants as buffers; give every trainable "
+                          "parameter to the optimizer with model.parameters()")]
+    r.verdict = "FAIL: 1 error(s): param-not-updated"
+    return r
+
+
+def gradient_layers() -> Result:
+    """gradflow's layer table shape: many numeric columns, a bar and a status column."""
+    r = Result("gradflow", header={"model": "sample_models/cnn.py:build", "device": "cpu"})
+    rows = [{"layer": f"features.{i}", "type": "Conv2d", "params": 448 * (i + 1), "grad_norm": 0.4442 / (i + 1),
+             "mean": 0.01642, "max": 0.06929, "bar": "██████████▏", "status": s}
+            for i, s in enumerate(["ok", "vanishing-grad", "no-grad"])]
+    r.tables.append(Table("layers", "Gradient flow by layer (execution order)", [
+        Column("layer", "layer"), Column("type", "type"), Column("params", "params", "count"),
+        Column("grad_norm", "grad norm", "float"), Column("mean", "mean |grad|", "float"),
+        Column("max", "max |grad|", "float"), Column("bar", "mean |grad| (log)", "bar"),
+        Column("status", "status", "status")], rows))
+    return r
+
+
+WIDE_CASES = {f.__name__: f for f in (checklist, gradient_layers)}
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("case", sorted(WIDE_CASES))
+def test_readable_at_80_and_120_columns(case, width):
+    """Golden at both widths; no line wider than the console; status words whole on their row; at 80 the
+    hints go under the table and hidden columns are named."""
+    got = normalise(render(WIDE_CASES[case](), width=width))
+    path = GOLDEN / f"console_{case}_{width}.txt"
+    if UPDATE:
+        path.write_text(got, encoding="utf-8")
+    assert got == path.read_text(encoding="utf-8"), f"regenerate with TORCHDIAG_UPDATE_GOLDEN=1 and read the diff:\n{got}"
+    lines = got.splitlines()
+    assert all(len(line) <= width for line in lines)
+    for row in WIDE_CASES[case]().tables[0].rows:
+        name = row.get("check", row.get("layer"))
+        line = next(ln for ln in lines if f"│ {name} " in ln)
+        assert f" {row['status']} " in line, (name, line)

@@ -32,7 +32,9 @@ class Finding:
 class Column:
     key: str             # key in each row dict (and in JSON)
     title: str
-    kind: str = "text"   # text | int | count | bytes | flops | float | pct | bar
+    kind: str = "text"   # text | int | count | bytes | flops | float | pct | bar | status | note
+    # status: a short verdict word, never cut or hidden; note: long text (a hint) that goes under the table
+    # when the table is too wide for the console
     unit: str = ""
 
 
@@ -66,6 +68,9 @@ class Result:
     artefacts: dict[str, Any] = field(default_factory=dict)   # what file writers need (figure data, trace bytes)
     failed: bool | None = None    # override: a command may fail without an error finding
     code: int | None = None       # override of the exit code (check: 3 when a model raised)
+    # findings already in causal order (nancheck: the order values went bad): kept within a severity
+    # instead of being put in model order
+    ordered: bool = False
 
     def add(self, code: str, severity: str, where: str, message: str, hint: str | None = None) -> Finding:
         f = Finding(code, severity, where, message, hint)

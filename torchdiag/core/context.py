@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import ExitCode, UsageError, option_name
 from . import train
+from .places import model_places
 from .run import RunSpec
 
 META_HINT = "use --device cpu or cuda (meta has shapes only: summary, flops and memory work there)"
@@ -29,6 +30,7 @@ class Context:
     wrapper: Any = None                  # under torchrun: wraps a train copy (core.distributed.wrap); else None
     pass_wrapper: Any = None             # under torchrun (WRAP mode "pass"): wraps the one main pass's copy
     rows: Any = None                     # under torchrun: (start, stop, n), this rank's rows of the batch
+    places: Any = None                   # core.places.model_places of the model: findings in model order
 
     @property
     def seed(self) -> int:
@@ -134,6 +136,9 @@ class Context:
         result.header = header
         for report in self.checkpoints:   # keys that did not fit (--no-strict): findings of every command
             report.add_findings(result)
+        from .places import sort_findings
+
+        result.findings = sort_findings(result.findings, None if result.ordered else self.places)
 
 
 def loss_rule(rule, loaded=None, target=None, seed: int = 0):
@@ -176,7 +181,8 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
     else:
         inputs = ModelInputs()
     inputs = cast_inputs(inputs, spec.dtype)
-    ctx = Context(spec, device, loaded, batch_target, header=_header(spec, device, loaded, inputs), checkpoints=checkpoints)
+    ctx = Context(spec, device, loaded, batch_target, header=_header(spec, device, loaded, inputs), checkpoints=checkpoints,
+                  places=model_places(loaded.model))
     if checkpoints:
         ctx.header["checkpoint"] = [r.describe() for r in checkpoints]
     precision_header(ctx)
@@ -235,7 +241,7 @@ def context_for(model, spec: RunSpec, *, loss=None, target=None) -> Context:
     refuse_scripted(model, "the model given")
     refuse_sharded(model, "the model given")
     custom = loss if callable(loss) and not isinstance(loss, str) else None
-    ctx = Context(spec, model_device(model), None, target, custom_loss=custom)
+    ctx = Context(spec, model_device(model), None, target, custom_loss=custom, places=model_places(model))
     check_supported(spec, ctx.device)
     precision_header(ctx)
     return ctx

@@ -447,5 +447,5 @@ def _table(outcomes: list[CheckOutcome], multi: bool) -> Table:
              "_style": None if o.passed else "yellow" if o.code in INTERRUPTS else "red"}
             for o in outcomes]
     cols = ([Column("model", "model")] if multi else []) + [
-        Column("check", "check"), Column("figure", "figure"), Column("limit", "limit"), Column("status", "result")]
+        Column("check", "check"), Column("figure", "figure"), Column("limit", "limit"), Column("status", "result", "status")]
     return Table("checks", "Checks", cols, rows)

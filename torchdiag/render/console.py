@@ -60,7 +60,7 @@ def print_result(result, console=None) -> None:
         con.print(Text(f"{f.severity.upper():7} {f.code}{where}: ", style=_SEVERITY_STYLE.get(f.severity, "")) +
                   Text(f.message))
         if f.hint:
-            con.print(_text(f"        hint: {f.hint}", "dim"))
+            con.print(_indented(f"hint: {f.hint}", 8, "dim"))
     if result.verdict:
         con.print(_text(result.verdict, "bold red" if result.exit_code else "bold green"))
 
@@ -68,38 +68,119 @@ def print_result(result, console=None) -> None:
 def _wrapped(title: str, width: int) -> str:
     import textwrap
 
-    return "\n".join(textwrap.wrap(title, width, break_long_words=True, break_on_hyphens=False)) or title
+    return "\n".join(textwrap.wrap(title, width, break_long_words=False, break_on_hyphens=False)) or title
 
 
 def _print_table(con, t) -> None:
-    """Numbers and bars are never split across lines; text columns wrap, and the first (the row's name)
-    takes at most half the width so the others keep room."""
+    """Fit the table to the console: numbers, bars and status words are never split across lines; text
+    columns wrap between words, and the first (the row's name) takes at most half the width. When even
+    that is too wide, note columns (long hints) go under the table, then the least needed columns are
+    hidden (named under the table; --json has them): a status is never cut."""
     from rich.table import Table
 
-    table = Table(title=t.title, title_justify="left", title_style="bold", show_lines=False)
     shown = t.rows if t.limit is None else t.rows[: t.limit]
     cells = [[cell(row.get(c.key), c.kind) for c in t.columns] for row in shown]
-    half = max(24, con.width // 2)
-    titles = [f"{c.title} ({c.unit})" if c.unit else c.title for c in t.columns]
-    longest = [max((len(r[i]) for r in cells), default=0) for i in range(len(titles))]
-    words = [max((len(w) for r in cells for w in r[i].split()), default=0) for i in range(len(titles))]
-    # numbers, sizes and bars are one piece each; so is a row name that fits in half the width.
-    # Other text wraps between words, never inside one (`no-grad`, `32x20`).
-    atomics = [c.kind != "text" or (i == 0 and longest[i] <= half) for i, c in enumerate(t.columns)]
-    narrowest = [max(len(h), n) if a else max([w, *(len(x) for x in h.split())])
-                 for h, n, w, a in zip(titles, longest, words, atomics)]
-    too_wide = sum(n + 3 for n in narrowest) + 1 > con.width
-    for i, c in enumerate(t.columns):
-        atomic, word, title = atomics[i], words[i], titles[i]
-        if too_wide and atomic:  # its header gives way (it cannot wrap by itself), not the other columns
-            title = _wrapped(title, max(longest[i], 4))
-        table.add_column(_text(title), justify="left" if c.kind in ("text", "bar") else "right",
-                         no_wrap=atomic, overflow="fold", min_width=longest[i] if atomic else word or None,
-                         max_width=half if i == 0 else None)
+    plan = _Plan(t.columns, cells, max(24, con.width // 2))
+    widths = plan.fit(con.width)
+    table = Table(title=t.title, title_justify="left", title_style="bold", show_lines=False)
+    for i in plan.keep:
+        c, title = t.columns[i], plan.titles[i]
+        if widths and plan.atomic[i]:  # its header gives way between words (its values cannot)
+            title = _wrapped(title, widths[i])
+        table.add_column(_text(title), justify="left" if c.kind in ("text", "bar", "status", "note") else "right",
+                         no_wrap=plan.atomic[i], overflow="fold", width=widths.get(i), min_width=plan.min_widths.get(i),
+                         max_width=plan.half if i == 0 else None)
     for row, values in zip(shown, cells):
-        table.add_row(*[_text(v) for v in values], style=row.get("_style"))
+        table.add_row(*[_text(values[i]) for i in plan.keep], style=row.get("_style"))
     con.print(table)
+    _under(con, t, plan, cells, shown)
+
+
+def _under(con, t, plan, cells, shown) -> None:
+    """What did not fit in the table, then its own lines."""
+    for i in plan.moved:
+        for values in cells:
+            if values[i] and values[i] != "—":
+                con.print(_indented(f"{plan.titles[i]} · {values[0]}: {values[i]}", 2, "dim"))
+    if plan.hidden:
+        names = ", ".join(plan.titles[i] for i in plan.hidden)
+        con.print(_indented(f"not shown at {con.width} columns: {names} (a wider terminal or --json has them)", 2, "dim"))
     if len(shown) < len(t.rows):
         con.print(_text(f"  … {len(t.rows) - len(shown)} more row(s) in --json", "dim"))
     if t.note:
-        con.print(_text(f"  {t.note}", "dim"))
+        con.print(_indented(t.note, 2, "dim"))
+
+
+# Which columns give way first when a table is too wide: decoration, then numbers, then other text, each
+# from the right. The first column (the row's name) and status columns always stay.
+_DROP_ORDER = ("bar", "float", "pct", "int", "count", "bytes", "flops", "text")
+
+
+class _Plan:
+    """Which columns a table shows at a width, and how wide each is."""
+
+    def __init__(self, columns, cells, half: int):
+        self.columns, self.half = columns, half
+        self.titles = [f"{c.title} ({c.unit})" if c.unit else c.title for c in columns]
+        n = len(columns)
+        self.longest = [max((len(r[i]) for r in cells), default=0) for i in range(n)]
+        words = [max((len(w) for r in cells for w in r[i].split()), default=0) for i in range(n)]
+        title_words = [max((len(x) for x in h.split()), default=0) for h in self.titles]
+        # numbers, sizes, bars and status words are one piece each; so is a row name that fits in half the width
+        self.atomic = [c.kind not in ("text", "note") or (i == 0 and self.longest[i] <= half)
+                       for i, c in enumerate(columns)]
+        # narrowest: headers wrapped between words; text at its longest word (a longer one folds)
+        self.narrowest = [max(m, tw) if a else min(max(w, tw), half if i == 0 else 24)
+                          for i, (m, w, tw, a) in enumerate(zip(self.longest, words, title_words, self.atomic))]
+        self.full = [min(max(m, len(h)), half) if i == 0 else max(m, len(h))
+                     for i, (m, h) in enumerate(zip(self.longest, self.titles))]
+        self.keep = list(range(n))
+        self.moved: list[int] = []
+        self.hidden: list[int] = []
+        self.min_widths: dict[int, int] = {}
+
+    def _room(self, width: int) -> int:
+        return width - 3 * len(self.keep) - 1
+
+    def fit(self, width: int) -> dict[int, int]:
+        """{} when every column fits whole; else the width of each kept column, after moving notes under the
+        table and hiding what must give way."""
+        if sum(self.full[i] for i in self.keep) <= self._room(width):
+            return {}
+        comfortable = [self.narrowest[i] if self.atomic[i] else min(self.full[i], max(self.narrowest[i], 24))
+                       for i in range(len(self.columns))]
+        if sum(comfortable[i] for i in self.keep) <= self._room(width):   # text wraps, but reads well: Rich lays it out
+            self.min_widths = {i: comfortable[i] for i in self.keep}
+            return {}
+        for i, c in enumerate(self.columns):          # long hints read better as lines under the table
+            if c.kind == "note" and i:
+                self.keep.remove(i)
+                self.moved.append(i)
+        for kind in _DROP_ORDER:
+            for i in reversed(range(1, len(self.columns))):
+                if sum(self.full[j] for j in self.keep) <= self._room(width):
+                    return {}
+                if sum(self.narrowest[j] for j in self.keep) <= self._room(width):
+                    return self._widths(width)
+                if self.columns[i].kind == kind and i in self.keep:
+                    self.keep.remove(i)
+                    self.hidden.insert(0, i)
+        return self._widths(width)
+
+    def _widths(self, width: int) -> dict[int, int]:
+        """Atomic columns at their narrowest; text columns share the rest by how much more they would take."""
+        widths = {i: self.narrowest[i] for i in self.keep}
+        text = [i for i in self.keep if not self.atomic[i]]
+        spare = self._room(width) - sum(widths.values())
+        want = sum(self.full[i] - self.narrowest[i] for i in text)
+        for i in text:
+            if spare > 0 and want > 0:
+                widths[i] += min(self.full[i] - self.narrowest[i], spare * (self.full[i] - self.narrowest[i]) // want)
+        return widths
+
+
+def _indented(text: str, indent: int, style: str = ""):
+    """A line whose wrapped continuation lines keep its indent."""
+    from rich.padding import Padding
+
+    return Padding(_text(text, style), (0, 0, 0, indent))

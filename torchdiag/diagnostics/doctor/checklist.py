@@ -68,8 +68,8 @@ class Checklist:
             else:
                 rows.append(dict(row, _hint=short_hint(row["hint"]), _style=STYLES.get(row["status"])))
         return Table("checks", "Checklist", [
-            Column("check", "check"), Column("status", "result"), Column("verdict", "verdict"),
-            Column("where", "where"), Column("_hint", "hint")], rows,
+            Column("check", "check"), Column("status", "result", "status"), Column("verdict", "verdict"),
+            Column("where", "where"), Column("_hint", "hint", "note")], rows,
             note="full hints with each finding below; --json has every row")
 
 

@@ -50,14 +50,14 @@ def tables(result, rows, layer_rows, act_rows, scale, opts, reduced: str | None 
         Column("_label", "layer"), Column("type", "type"), Column("params", "params", "count"),
         Column("grad_norm", "grad norm", "float"), Column("mean_abs_grad", "mean |grad|", "float"),
         Column("max_abs_grad", "max |grad|", "float"), Column("_bar", "mean |grad| (log)", "bar"), *under,
-        Column("status", "status")], layer_rows,
+        Column("status", "status", "status")], layer_rows,
         note=f"depth ≤ {opts.depth}; bar: mean |grad| on a log scale from {10 ** lo:.1e} to {10 ** hi:.1e}; "
              f"dim rows never ran in forward{note}"))
     ptable = Table("params", "Parameters", [
         Column("name", "parameter"), Column("_shape", "shape"), Column("grad_norm", "grad norm", "float"),
         Column("weight_norm", "weight norm", "float"), Column("grad_weight_ratio", "grad/weight", "float"),
         Column("mean_abs_grad", "mean |grad|", "float"), Column("max_abs_grad", "max |grad|", "float"), *under,
-        Column("_status", "status")], rows)
+        Column("_status", "status", "status")], rows)
     if len(rows) > 40:
         ptable.show = False
         result.notes.append(f"{len(rows)} parameters: the per-parameter table is in --json (key 'params'); "

@@ -100,7 +100,7 @@ def _passes(model, inputs, loss_fn, opts: Options, ctx, state, watch=None):
 
 def run(model, inputs, opts: Options, ctx) -> Result:
     optimizer = ctx.spec.optimizer
-    result = Result("nancheck", header={"mode": "train mode, one forward+backward (buffers restored)"})
+    result = Result("nancheck", header={"mode": "train mode, one forward+backward (buffers restored)"}, ordered=True)
     if opts.anomaly:
         result.header["anomaly_mode"] = "also run under torch.autograd.detect_anomaly(check_nan=True)"
     if opts.steps:
