@@ -174,3 +174,54 @@ def test_namedtuple_outputs_are_labelled_by_field():
     loss = Loss("auto")
     loss(Out(y, aux))
     assert "cross_entropy on output[1] (aux_logits) against the same target" in loss.describe()
+
+
+# ------------------------------------------------------------- a language model's logits: next-token loss
+
+def test_auto_on_a_language_models_logits_is_next_token_cross_entropy():
+    """Integer ids (N, T) feeding an embedding of V rows, logits (N, T, V): the ids shifted by one are the
+    targets (checked against F.cross_entropy computed here), and the header says so."""
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.core.loss import language_model
+
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gpt_tiny", sample("gpt_tiny.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model, (ids,) = mod.build(), mod.example_inputs()
+    loss = Loss("auto")
+    loss.lm = language_model(model, ModelInputs((ids,)))
+    out = model(ids)
+    want = F.cross_entropy(out[:, :-1].reshape(-1, 64), ids[:, 1:].reshape(-1))
+    assert torch.equal(loss(out), want)
+    assert loss.chosen == "next_token" and loss.describe().startswith("next-token cross_entropy on output against input[0]")
+
+
+def test_what_is_not_a_language_model_keeps_mse():
+    """The same (N, T, V) logits when the ids do not index the embedding (an id ≥ V), when the input is
+    float, or when V is not an embedding's size: mse as before."""
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.core.loss import language_model
+
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10))
+    y = torch.randn(2, 5, 10)
+    assert language_model(model, ModelInputs((torch.full((2, 5), 10),))) is None      # id 10 is out of range
+    assert language_model(model, ModelInputs((torch.zeros(2, 5),))) is None           # float input
+    assert language_model(torch.nn.Linear(3, 3), ModelInputs((torch.zeros(2, 5, dtype=torch.long),))) is None
+    lm = language_model(model, ModelInputs((torch.zeros(2, 5, dtype=torch.long),)))
+    assert lm is not None and not lm.fits(torch.randn(2, 5, 7))                       # V = 7: no such embedding
+    loss = Loss("auto")
+    loss.lm = lm
+    loss(torch.randn(2, 5, 7))
+    assert loss.chosen == "mse"
+    loss = Loss("auto")
+    loss.lm = lm
+    loss(y)
+    assert loss.chosen == "next_token"
+
+
+def test_cli_a_language_model_without_labels_overfits_at_default_settings(cli):
+    """The first-hour report: a GPT-style model returning logits only failed overfit-batch under mse."""
+    j = cli("overfit-batch", sample("gpt_tiny.py:build"), "--arg", "layers=1", "--json").json
+    assert j["exit_code"] == 0 and j["passed"] is True, j["findings"]
+    assert j["loss_rule"].startswith("next-token cross_entropy")

@@ -96,6 +96,7 @@ def run(command: str, model, inputs=None, *, loss: Any = "auto", target=None, **
     # dtype=: the diagnostic gets a cast copy and cast float inputs; the caller's model is never changed
     work = cast_copy(model, spec.dtype)
     given = cast_inputs(as_inputs(model, inputs), spec.dtype) if getattr(d, "TAKES_INPUTS", True) else None
+    ctx.observe(work, given)   # the auto loss sees what the inputs feed (a language model's ids)
     return invoke(d, work, given, opts, ctx)
 
 

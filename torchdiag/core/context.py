@@ -31,6 +31,7 @@ class Context:
     pass_wrapper: Any = None             # under torchrun (WRAP mode "pass"): wraps the one main pass's copy
     rows: Any = None                     # under torchrun: (start, stop, n), this rank's rows of the batch
     places: Any = None                   # core.places.model_places of the model: findings in model order
+    lm: Any = None                       # core.loss.LanguageModel: integer ids feeding an embedding (auto loss)
 
     @property
     def seed(self) -> int:
@@ -86,6 +87,7 @@ class Context:
         """A fresh loss rule (DESIGN.md "Targets and loss"): it fixes its random target on first use."""
         rule = loss_rule(self.custom_loss or self.spec.loss, self.loaded, self.batch_target, self.seed)
         rule.rows = self.rows
+        rule.lm = self.lm
         return rule
 
     def optimizer(self, params, spec=None, *, foreach: bool | None = None):
@@ -128,6 +130,14 @@ class Context:
             instead = "without it (float32)" if p.amp else f"with {amp} instead (autocast keeps such ops in float32)"
             error.hint = (f"the model ran in {p.compute} ({given}); if it runs in float32, an op here has no "
                           f"{p.compute} kernel on {self.device.type} or needs matching dtypes: try {instead}")
+
+    def observe(self, model, inputs) -> None:
+        """What the auto loss learns from the model and its inputs before any forward: integer ids that
+        feed an embedding make (N, T, V) logits a language model's (core.loss.language_model)."""
+        from .loss import language_model
+
+        if self.spec.loss == "auto" and self.batch_target is None and inputs is not None:
+            self.lm = language_model(model, inputs)
 
     def finish(self, result) -> None:
         """Put the choices made for the user in front of the diagnostic's own header."""
@@ -183,6 +193,7 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
     inputs = cast_inputs(inputs, spec.dtype)
     ctx = Context(spec, device, loaded, batch_target, header=_header(spec, device, loaded, inputs), checkpoints=checkpoints,
                   places=model_places(loaded.model))
+    ctx.observe(loaded.model, inputs)
     if checkpoints:
         ctx.header["checkpoint"] = [r.describe() for r in checkpoints]
     precision_header(ctx)

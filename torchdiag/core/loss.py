@@ -1,8 +1,10 @@
 """Targets and loss for commands that run backward (DESIGN.md "Targets and loss").
 
 auto: the model's own `loss` (dict key) or a scalar output is used as is; an (N, C) float output
-gets cross-entropy against random class targets; anything else mean-squared error against a
-random target of the same shape. With --batch the function's target is used. The choice is
+gets cross-entropy against random class targets; logits shaped (N, T, V) for integer ids of shape
+(N, T) that feed an embedding of V rows are a language model's: next-token cross-entropy, the ids
+shifted by one as targets (`language_model`); anything else mean-squared error against a random
+target of the same shape. With --batch the function's target is used. The choice is
 always described, for the header and JSON.
 
 Several outputs (auxiliary heads, tuples, dicts, HF ModelOutput without `loss`): `auto` covers every
@@ -85,6 +87,7 @@ class Loss:
     extra: list = None            # auto: [(label, rule, target)] for the other outputs it covers
     left_out: list = None         # a named rule: labels of outputs with a gradient path it did not cover
     checked_classes: int = 0      # the class count a given integer target was checked against (checked once)
+    lm: Any = None                # LanguageModel: the integer ids and the vocabularies they feed (auto only)
 
     def describe(self) -> str:
         if self.chosen == "model":
@@ -96,6 +99,10 @@ class Loss:
                 " against the given target" if self.chosen in ("cross_entropy", "mse") and self.target is not None \
                 else ""
             text = f"{self.chosen or self.kind} on {self.picked or 'output'}{target}"
+            if self.chosen == "next_token":
+                text = (f"next-token cross_entropy on {self.picked} against {self.lm.name} shifted by one "
+                        f"(a language model: {self.lm.name} feeds an embedding of {self.lm.vocab} rows, the logits' "
+                        "last dimension)")
         for label, rule, _ in self.extra or ():
             text += f" + {label} itself" if rule == "model" else \
                 f" + {self.chosen} on {label} against the same target" if rule == "same" else \
@@ -161,6 +168,9 @@ class Loss:
 
         if kind == "model":
             return _scalar(y, self.picked)
+        if kind == "next_token":
+            ids = self.lm.ids.to(y.device)
+            return F.cross_entropy(y[:, :-1].float().reshape(-1, y.shape[-1]), ids[:, 1:].reshape(-1))
         if kind == "sum":
             return y.float().sum()
         if kind == "cross_entropy":
@@ -207,11 +217,46 @@ class Loss:
             return "mse"
         if y.dim() == 2 and y.is_floating_point() and y.shape[1] > 1:
             return "cross_entropy"
+        if self.lm is not None and self.lm.fits(y):
+            return "next_token"
         return "mse"
 
-    @property
-    def is_classification(self) -> bool:
-        return self.chosen == "cross_entropy"
+
+@dataclass
+class LanguageModel:
+    """Integer ids (N, T) that feed an nn.Embedding of `vocab` rows: logits (N, T, vocab) are next-token
+    predictions of them (a causal language model's output), judged by shapes and by what the ids feed."""
+
+    name: str
+    ids: Any
+    vocabs: tuple          # the sizes of the embeddings every id indexes into
+    vocab: int = 0         # the one the logits match (set by fits)
+
+    def fits(self, y) -> bool:
+        if (y.dim() == 3 and y.is_floating_point() and tuple(y.shape[:2]) == tuple(self.ids.shape)
+                and y.shape[2] in self.vocabs and y.shape[1] > 1):
+            self.vocab = int(y.shape[2])
+            return True
+        return False
+
+
+def language_model(model, inputs) -> LanguageModel | None:
+    """The first integer (N, T) input whose values all index into an nn.Embedding of the model, found by
+    running no code: its shape, its value range and the embeddings' sizes (one host read of the range)."""
+    import torch
+
+    vocabs = sorted({m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding)})
+    if not vocabs:
+        return None
+    for name, t in inputs.tensors():
+        if t.dim() != 2 or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool or t.numel() == 0 \
+                or t.device.type == "meta":
+            continue
+        lo, hi = torch.stack([t.min(), t.max()]).tolist()
+        fed = tuple(v for v in vocabs if lo >= 0 and hi < v)
+        if fed:
+            return LanguageModel(name, t, fed)
+    return None
 
 
 def _check_classes(target, y) -> None:
