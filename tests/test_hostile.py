@@ -424,3 +424,17 @@ def test_os_exit_in_a_thread_or_an_atexit_handler_cannot_pass_a_failed_run(tmp_p
     assert r.returncode == 3, r.stderr
     one_line_error(r.stderr)
     assert json.loads(r.stdout)["exit_code"] == 3 and "os._exit(0) at exit; ignored" in r.stderr
+
+
+@pytest.mark.parametrize("command", ["summary", "nancheck", "gradflow", "doctor"])
+def test_a_float_input_into_an_embedding_says_to_use_integer_ids(cli, tmp_path, command):
+    """The first-hour report: `-i 2x32` into a model whose first layer is an nn.Embedding said only "the
+    model's own code raised"; the tool knows the module is an embedding and says what dtype it wants."""
+    (tmp_path / "emb.py").write_text("from torch import nn\n"
+                                     "def build():\n"
+                                     "    return nn.Sequential(nn.Embedding(100, 8), nn.Flatten(), nn.Linear(8 * 32, 4))\n")
+    r = cli(command, f"{tmp_path}/emb.py:build", "-i", "3x32", "--device", "cpu")
+    assert r.code == 3
+    assert "0 is an nn.Embedding and was given floating-point values" in r.stderr
+    assert "hint: give the input an integer dtype: -i 3x32:int64[0,100)" in r.stderr
+    assert r.stderr.count("\n") == 2 and "Traceback" not in r.stderr

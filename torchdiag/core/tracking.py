@@ -53,6 +53,18 @@ class Call:
     inputs: str = ""
     output: str = ""
     done: bool = False
+    float_ids: tuple | None = None   # an nn.Embedding given floating-point values: (rows, shape) (float_ids())
+
+
+def float_ids(mod, tensors) -> tuple[int, str] | None:
+    """An nn.Embedding called with floating-point values (ids of the wrong dtype): its number of rows and
+    the shape it was given ("2x32")."""
+    import torch
+
+    first = tensors[0] if tensors else None
+    if isinstance(mod, torch.nn.Embedding) and isinstance(first, torch.Tensor) and first.is_floating_point():
+        return mod.num_embeddings, "x".join(str(d) for d in first.shape)
+    return None
 
 
 def module_names(model) -> dict[int, str]:
@@ -115,7 +127,7 @@ class ModuleTracker(ForwardHooks):
         if mod is self.model and self.root_given is None:
             self.root_given = (len(args), set(kwargs))
         # Inputs are only described if this call fails: describing every call costs time.
-        self._stack.append((call, tuple(args) + tuple(kwargs.values()), kwargs))
+        self._stack.append((call, tuple(args) + tuple(kwargs.values()), kwargs, mod))
 
     def _post(self, mod, args, output):
         if self._stack:
@@ -129,9 +141,10 @@ class ModuleTracker(ForwardHooks):
         """The innermost module still open after an exception: the one that raised."""
         if not self._stack:
             return None
-        call, args, kwargs = self._stack[-1]
+        call, args, kwargs, mod = self._stack[-1]
         if not call.inputs:
             call.inputs = describe(args)
+            call.float_ids = float_ids(mod, args)
             self.none_kwargs = [k for k, v in kwargs.items() if v is None]
         return call
 
@@ -167,6 +180,10 @@ def forward_error(exc: BaseException, tracker: ModuleTracker | None, phase: str 
         msg += f" — the model's forward was not given {' or '.join(missing)} ({call.name or '(root)'} received {got})"
         hint = (f"pass {missing[0]} as a keyword input: an example_inputs() function in the model's module "
                 "returning a dict, or inputs={...} in Python")
+    if call is not None and call.float_ids is not None:
+        rows, shape = call.float_ids
+        msg += f" — {call.name or '(root)'} is an nn.Embedding and was given floating-point values, not integer ids"
+        hint = f"give the input an integer dtype: -i {shape}:int64[0,{rows}) on the command line (ids in [0, {rows}))"
     err = ModelError(msg, hint=hint, partial=partial)
     err.where = call.name if call else ""
     return err

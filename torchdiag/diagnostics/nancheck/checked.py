@@ -14,7 +14,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from ...core import train
-from ...core.tracking import Call, ForwardHooks, describe, forward_error
+from ...core.tracking import Call, ForwardHooks, describe, float_ids, forward_error
 from ...errors import ModelError
 from .finite import all_finite, counts, finite, flatten, floating_inputs, shape_text, value_range
 
@@ -158,7 +158,9 @@ class Checker(ForwardHooks):
         if not self._stack:
             return None
         rec = self._stack[-1]
-        return Call(rec.name, rec.type, rec.depth, inputs=describe(tuple(t for _, t, _ in rec.inputs if t is not None)))
+        given = tuple(t for _, t, _ in rec.inputs if t is not None)
+        return Call(rec.name, rec.type, rec.depth, inputs=describe(given),
+                    float_ids=float_ids(self.model.get_submodule(rec.name), given) if rec.name else None)
 
     def release(self):
         """Drop references to tensors (keep the origin's input range only)."""

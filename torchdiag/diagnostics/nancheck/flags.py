@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from ...core.tracking import Call, ForwardHooks, describe
+from ...core.tracking import Call, ForwardHooks, describe, float_ids
 from .checked import PassReport, checked_pass, forward_loss_backward
 from ...core.distributed import local_shard
 from ...core.readback import read_back
@@ -67,7 +67,8 @@ class FlagChecker(ForwardHooks):
         mod, args, kwargs = self._open[-1]
         name = self.names.get(id(mod), "?")
         shapes = describe(tuple(t for _, t in floating_inputs(args, kwargs)))
-        return Call(name, type(mod).__name__, name.count(".") + 1 if name else 0, inputs=shapes)
+        return Call(name, type(mod).__name__, name.count(".") + 1 if name else 0, inputs=shapes,
+                    float_ids=float_ids(mod, args))
 
 
 def flagged_pass(model, inputs, loss_fn, *, backward: bool = True, autocast=None, watch=None) -> PassReport | None:
