@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ast
-import difflib
 import importlib
 import importlib.util
 import inspect
@@ -15,6 +14,7 @@ from typing import Any
 from ..errors import ModelError, UsageError, one_line
 from . import sources
 from .distributed import refuse_sharded
+from .spec_check import file_not_found, no_factory
 
 SPEC_FORMS = "path/to/file.py:factory, dotted.module:factory, torchvision:NAME, timm:NAME or hf:PATH"
 
@@ -75,7 +75,7 @@ def import_module(where: str) -> ModuleType:
     if _is_path(where):
         path = os.path.abspath(where)
         if not os.path.isfile(path):
-            raise UsageError(f"model file not found: {where}", hint="check the path before the ':'")
+            raise file_not_found(where)
         name = "_torchdiag_user_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
         folder = os.path.dirname(path)
         if folder not in sys.path:  # sibling imports inside the user's file keep working
@@ -106,11 +106,8 @@ def find_factory(module: ModuleType, name: str, where: str):
     obj: Any = module
     for part in name.split("."):
         if not hasattr(obj, part):
-            candidates = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n, None))]
-            close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.5)
-            hint = f"did you mean {', '.join(close)}?" if close else (
-                f"callables there: {', '.join(sorted(candidates)[:8])}" if candidates else None)
-            raise UsageError(f"'{where}' has no factory named '{name}'", hint=hint)
+            raise no_factory(where, name, [n for n in dir(module) if not n.startswith("_")
+                                           and callable(getattr(module, n, None))])
         obj = getattr(obj, part)
     if not callable(obj):
         raise UsageError(f"'{where}:{name}' is a {type(obj).__name__}, not a function or class",

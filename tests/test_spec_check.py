@@ -1,0 +1,63 @@
+"""core/spec_check.py: a missing model file or factory is refused before torch is imported, and only when
+the file's top level certainly does not bind the name (read with ast, never run)."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from torchdiag.core.spec_check import precheck, top_level_names
+from torchdiag.errors import UsageError
+
+
+def write(tmp_path, text: str, name: str = "m.py") -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_a_missing_file_and_a_misspelt_factory_are_refused_with_the_loaders_words(tmp_path):
+    path = write(tmp_path, """
+        import torch
+        def build(): return torch.nn.Linear(2, 2)
+        class Net(torch.nn.Module): pass
+    """)
+    with pytest.raises(UsageError, match="model file not found") as e:
+        precheck(f"{tmp_path}/nope.py:build")
+    with pytest.raises(UsageError, match="has no factory named 'biuld'") as e:
+        precheck(f"{path}:biuld")
+    assert e.value.hint == "did you mean build?"
+
+
+@pytest.mark.parametrize("body", [
+    "def build(): pass",
+    "class build: pass",
+    "build = lambda: None",
+    "from os import path as build",
+    "import build",
+    "if True:\n    def build(): pass\nelse:\n    build = None",
+    "try:\n    from fast import build\nexcept ImportError:\n    def build(): pass",
+    "for build in [1]: pass",
+    "with open(__file__) as build: pass",
+])
+def test_every_way_the_top_level_binds_a_name_is_seen(tmp_path, body):
+    precheck(f"{write(tmp_path, body)}:build")   # does not raise
+
+
+@pytest.mark.parametrize("body", [
+    "from os.path import *",
+    "def __getattr__(name): return lambda: None",
+    "globals()['build'] = lambda: None",
+    "exec('def build(): pass')",
+    "def (:",
+])
+def test_a_file_that_can_bind_names_unseen_is_left_to_the_import(tmp_path, body):
+    path = write(tmp_path, body)
+    precheck(f"{path}:build")
+    assert top_level_names(path) is None
+
+
+def test_what_is_not_a_file_spec_is_left_to_the_loader(tmp_path):
+    for spec in ("torchvision:resnet18", "timm:nope", "hf:folder", "os.path:join", "no_colon", "pkg.mod:build",
+                 f"{tmp_path}:build"):   # a folder: the loader says it is one
+        precheck(spec)
