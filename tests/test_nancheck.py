@@ -496,7 +496,7 @@ def test_anomaly_on_a_forward_nan_says_it_only_sees_backward(cli):
     r = cli("nancheck", sample("broken_nan_forward.py:build"), "--anomaly")
     out = " ".join(r.stdout.split())
     assert "where the forward NaN/Inf from log_features entered the backward" in out
-    assert "created by the loss" in out
+    assert "created by torchdiag's loss" in out
 
 
 def test_all_finite_one_sync_is_never_wrong():
