@@ -654,3 +654,15 @@ def test_a_huge_ratio_before_batch_norm_corrects_itself_and_is_not_exploding():
     probe(x.double()).sum().backward()
     w, g = probe[0].weight.detach(), probe[0].weight.grad
     assert abs((w * g).sum()) <= 1e-6 * w.norm() * g.norm()
+
+
+def test_plot_shades_only_warnings_and_errors():
+    """By-design rows (zero-init: info) are not shaded; the layers a warning names are."""
+    from torchdiag.render.gradflow import flagged_layers
+
+    res = run(by_design("zero_head"), torch.randn(2, 8))
+    assert any(r["status"] != "ok" for r in res.table("layers").rows) and flagged_layers(res) == set()
+    model, inputs = load("broken_grad_vanishing.py:build")
+    bad = api_run("gradflow", model, inputs)
+    flagged = flagged_layers(bad)
+    assert flagged and all(r["status"] != "ok" for r in bad.table("layers").rows if r["layer"] in flagged)
