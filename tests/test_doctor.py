@@ -250,7 +250,8 @@ def test_non_finite_input():
 def test_model_untouched(untouched, name):
     from torchdiag.core.context import prepare
     from torchdiag.core.run import RunSpec
-    from torchdiag.diagnostics import doctor, invoke
+    from torchdiag.diagnostics import doctor
+    from torchdiag.runner.local import invoke
 
     # as the CLI runs it: the context carries the factory, so the device check rebuilds it on meta
     model, inputs, ctx = prepare(RunSpec(DOCTOR, model=sample(name), device="cpu", caller="python"))

@@ -15,17 +15,15 @@ class RenderSpec:
 
 
 def write_outputs(result, out: RenderSpec) -> dict[str, str]:
-    """Every file the user asked for besides TensorBoard: kind K of command C is written by
-    `render/<C>.py: write_K(result, path) -> str` (through render/output.py). Returns kind -> path written."""
-    import importlib
+    """Every file the user asked for besides TensorBoard: kind K is written by the command's renderer
+    (commands.py names it), `WRITERS[K](result, path) -> str`, through render/output.py. Returns kind -> path."""
+    from ..commands import get
 
-    written = {}
-    for kind, path in out.outputs.items():
-        if path is None:
-            continue
-        writer = importlib.import_module(f"{__name__}.{out.command.replace('-', '_')}")
-        written[kind] = getattr(writer, f"write_{kind}")(result, path)
-    return written
+    asked = {kind: path for kind, path in out.outputs.items() if path is not None}
+    if not asked:
+        return {}
+    writers = get(out.command).renderer_module().WRITERS
+    return {kind: writers[kind](result, path) for kind, path in asked.items()}
 
 
 def render(result, out: RenderSpec) -> None:

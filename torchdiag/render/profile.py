@@ -84,3 +84,7 @@ def record(result, written: dict) -> None:
     if "tb_trace" in written:
         result.data["tb_trace"] = written["tb_trace"]
         result.summary.append(("TB trace", written["tb_trace"]))
+
+
+# the files this command writes, by the kind its caller asks for (RenderSpec.outputs)
+WRITERS = {"trace": write_trace, "tb_trace": write_tb_trace}
