@@ -73,32 +73,35 @@ def job(name: str, o, *, optimizer: dict | None = None, outputs: dict | None = N
 
 
 def execute(job, render_extra: Callable | None = None) -> None:
-    """Run the job (runner/local.py), show its outcome, exit with its code."""
+    """Run the job (runner/local.py) with `render_extra(result, written)` as its step after the files, show
+    its outcome, exit with its code."""
     from ..runner.local import execute as run
 
+    job.after = render_extra
     outcome = run(job)
-    show(outcome, job, render_extra)
-    raise typer.Exit(int(outcome.code))
+    code = show(outcome, job)
+    raise typer.Exit(int(code))
 
 
-def show(outcome, job, render_extra: Callable | None = None) -> None:
-    """The outcome on stdout/stderr: the result (after the command's own step on the files written), or the
-    error lines, the partial result and, under --json, the error document."""
+def show(outcome, job) -> int:
+    """The outcome on stdout/stderr: the result, or the error lines, the partial result and, under --json,
+    the error document. Returns the exit code (a failure while printing is one more outcome)."""
     for line in outcome.lines:
         err(line)
     if outcome.trace and job.debug and (outcome.lines or outcome.message is None):
         sys.stderr.write(outcome.trace)
     if outcome.quiet:
-        return
+        return outcome.code
     if outcome.message is None:
-        from ..render import render
-        from ..runner.isolation import isolated
+        from ..render import show as print_result
 
-        if render_extra and outcome.extras:
-            with isolated(job.json):
-                render_extra(outcome.result, outcome.written)
-        to_stdout(lambda: render(outcome.result, job.render_spec()))
-        return
+        try:
+            to_stdout(lambda: print_result(outcome.result, job.render_spec(), outcome.logs))
+            return outcome.code
+        except BaseException as exc:   # noqa: B036 — the runner's ladder (outcome.failed) sorts it
+            from ..runner.outcome import failed
+
+            outcome = failed(exc, None, job.caller)
     if outcome.partial is not None and not job.json:   # what ran before the failure
         from ..render.console import print_result
 
@@ -106,6 +109,7 @@ def show(outcome, job, render_extra: Callable | None = None) -> None:
     report(outcome, job)
     if job.debug and outcome.trace:
         sys.stderr.write(outcome.trace)
+    return outcome.code
 
 
 def report(outcome, job) -> None:

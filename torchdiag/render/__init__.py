@@ -28,11 +28,20 @@ def write_outputs(result, out: RenderSpec) -> dict[str, str]:
 
 def render(result, out: RenderSpec) -> None:
     """TensorBoard first, then stdout: nothing may fail after the JSON document is printed."""
-    path = None
-    if out.tb:
-        from .tensorboard import write_result
+    show(result, out, write_tensorboard(result, out))
 
-        path = write_result(result, out.tb)
+
+def write_tensorboard(result, out: RenderSpec) -> str | None:
+    """The result's TensorBoard events under out.tb (None when not asked for); returns the folder written."""
+    if not out.tb:
+        return None
+    from .tensorboard import write_result
+
+    return write_result(result, out.tb)
+
+
+def show(result, out: RenderSpec, logs: str | None = None) -> None:
+    """The result on stdout: one JSON document, or the console report (and where the TensorBoard `logs` went)."""
     if out.json:
         from .jsondoc import print_json
 
@@ -41,7 +50,7 @@ def render(result, out: RenderSpec) -> None:
         from .console import print_result
 
         print_result(result)
-        if path is not None:
+        if logs is not None:
             import sys
 
-            sys.stderr.write(f"TensorBoard logs: {path}  (tensorboard --logdir {out.tb})\n")
+            sys.stderr.write(f"TensorBoard logs: {logs}  (tensorboard --logdir {out.tb})\n")

@@ -15,7 +15,8 @@ class Job:
     value is an outcome like any other. Hooks, all optional:
     `options()` builds the diagnostic's Options (before anything loads); `precheck()` checks files asked for;
     `run(model, inputs, opts, ctx)` replaces the diagnostic's run (live progress); `produce() -> Result` is
-    for targets that are not one model (check, gradcheck); `progress(message)` a context shown while it loads."""
+    for targets that are not one model (check, gradcheck); `after(result, written)` runs once the files are
+    written (the CLI's messages about them); `progress(message)` a context shown while it loads."""
 
     command: Command
     fields: dict = field(default_factory=dict)
@@ -24,6 +25,7 @@ class Job:
     precheck: Optional[Callable] = None
     run: Optional[Callable] = None
     produce: Optional[Callable] = None
+    after: Optional[Callable] = None                 # after(result, written) once the files are written
     progress: Callable[[str], Any] = lambda message: contextlib.nullcontext()
     caller: str = "cli"
 

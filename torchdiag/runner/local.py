@@ -57,7 +57,7 @@ def execute(job: Job) -> Outcome:
             from ..render import write_outputs
 
             # files first: a failure then cannot follow a printed JSON document
-            return produced(result, write_outputs(result, job.render_spec()))
+            return produced(job, result, write_outputs(result, job.render_spec()))
     except BaseException as exc:   # noqa: B036 — the ladder sorts every exception (outcome.failed)
         return failed(exc, ctx, job.caller)
 

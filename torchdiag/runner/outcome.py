@@ -20,6 +20,7 @@ class Outcome:
     code: int = ExitCode.OK
     result: Any = None                     # the Result rendered (merged over ranks under torchrun)
     written: dict = field(default_factory=dict)   # kind -> path of the files written for it
+    logs: Optional[str] = None             # the TensorBoard folder written for it
     message: Optional[str] = None          # the error, None when the run produced its result
     hint: Optional[str] = None
     partial: Any = None                    # what ran before the failure (a Result), shown with the error
@@ -28,7 +29,6 @@ class Outcome:
     said: bool = False                     # the error line itself was already said (each rank said its own)
     quiet: bool = False                    # show nothing: another rank reports (torchrun, ranks other than 0)
     document: dict = field(default_factory=dict)   # more keys for the --json error document
-    extras: bool = True                    # the caller's own after-files step applies (not to rank 0's failure)
 
 
 def failed(exc: BaseException, ctx=None, caller: str = "cli") -> Outcome:
@@ -62,5 +62,12 @@ def failed(exc: BaseException, ctx=None, caller: str = "cli") -> Outcome:
                    trace=traceback.format_exc())
 
 
-def produced(result, written: dict | None = None) -> Outcome:
-    return Outcome(int(result.exit_code), result=result, written=dict(written or {}))
+def produced(job, result, written: dict | None = None, after: bool = True) -> Outcome:
+    """The result's Outcome once its files are written: the caller's step on them (`job.after`, e.g. a
+    path added to the result), then its TensorBoard events; before anything goes to stdout."""
+    from ..render import write_tensorboard
+
+    written = dict(written or {})
+    if job.after is not None and after:
+        job.after(result, written)
+    return Outcome(int(result.exit_code), result=result, written=written, logs=write_tensorboard(result, job.render_spec()))

@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import DiagError, ExitCode, Terminated, one_line
 from .isolation import isolated, sigterm_as_interrupt
 from .job import Job
-from .outcome import Outcome, failed
+from .outcome import Outcome, failed, produced
 
 # How each --wrap reaches a command: its diagnostic declares WRAP = {how: (where, what the header says)}.
 #   "train": every copy the command trains is wrapped as made (ctx.train_copy → ctx.wrapper);
@@ -239,11 +239,11 @@ def _merged(job: Job, spec, sess, diagnostic, records: list[dict], local: Local)
         hook(records, merged)
     finish(merged, records)
     written = dict(records[0].get("files") or {})
-    if local.result is not None:
-        with isolated(job.json):
+    with isolated(job.json):
+        if local.result is not None:
             written.update(write_outputs(merged, _rank0_outputs(job)))
-    # rendered even when rank 0 failed (the other ranks' results); the command's own extras only with rank 0's
-    return Outcome(int(merged.exit_code), result=merged, written=written, extras=local.result is not None)
+        # rendered even when rank 0 failed (the other ranks' results); the caller's own step only with rank 0's
+        return produced(job, merged, written, after=local.result is not None)
 
 
 def all_failed(spec, records: list[dict]) -> Outcome:
