@@ -1,5 +1,5 @@
-"""The run contract (issue 13): torch-free Options validated before loading, one meta refusal, options named
-in the caller's terms, layers that import one way, diagnostics that return data only."""
+"""The run contract: torch-free Options validated before loading, one meta refusal, options named in the
+caller's terms, layers that import one way, diagnostics that return data only, one registry of commands."""
 from __future__ import annotations
 
 import ast

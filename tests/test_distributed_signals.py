@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM under torchrun (issue 19): real 2-process gloo launches.
+"""Ctrl-C and SIGTERM under torchrun, where torchrun forwards them to every rank: real 2-process gloo launches.
 
 Ranks run in sessions of their own (torch's SubprocessHandler: start_new_session), so Ctrl-C in a terminal
 reaches torchrun alone; torchrun's agent turns SIGINT/SIGTERM into SignalException, sends the same signal to

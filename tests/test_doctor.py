@@ -562,7 +562,7 @@ def test_forward_failure_elsewhere_is_not_blamed_on_the_dtype_finding():
     assert f.severity == "error" and f.where == "input[0]"
 
 
-# ---------------------------------------------------------------- by design at initialisation (issue 14)
+# ------------------------------------- by design at initialisation: looks broken at init, is not (info only)
 def _by_design(factory: str):
     import importlib.util
 
