@@ -22,7 +22,7 @@ class RunOption:
     flags: tuple[str, ...]                 # CLI spelling: ("--device", "-d")
     help: str
     default: Any = None
-    type: str = "str"                      # str | int | bool | path | strs (repeatable) | toggle (--x/--no-x)
+    type: str = "str"                      # str | int | float | bool | path | strs (repeatable) | toggle (--x/--no-x)
     metavar: Optional[str] = None
     group: str = "model"
     python: bool = False                   # a keyword of the Python API (api.run)

@@ -14,15 +14,16 @@ import typer
 
 from ..commands import RUN, get
 
-_TYPES = {"str": str, "int": int, "bool": bool, "toggle": bool, "path": Optional[Path], "strs": Optional[list[str]]}
+_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "toggle": bool, "path": Optional[Path],
+          "strs": Optional[list[str]]}
 
 
 def option(name: str, **override):
     """The Typer annotation of run-wide option `name`, as commands.RUN_OPTIONS spells it."""
     o = RUN[name]
     kind = _TYPES[o.type]
-    if o.type == "str" and o.default is None:
-        kind = Optional[str]
+    if o.type in ("str", "int", "float") and o.default is None:
+        kind = Optional[kind]
     kw = {"help": o.help, "metavar": o.metavar, **override}
     if o.metavar is None:
         kw.pop("metavar")
