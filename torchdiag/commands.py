@@ -86,7 +86,10 @@ class Command:
     groups: tuple[str, ...]                 # run-wide option groups it takes (GROUPS)
     diagnostic: Optional[str] = None        # torchdiag.diagnostics.<it>: Options, run, NEEDS_VALUES, ...
     renderer: Optional[str] = None          # torchdiag.render.<it>: WRITERS = {kind: write_kind}
-    target: str = "model"                   # model: a factory spec | callable: gradcheck's TARGET | config: check
+    # what its argument names: model (a factory spec; the runner loads model and inputs) | callable (gradcheck's
+    # TARGET) | config (check). Commands whose target is not a model (a user script for `watch`, a loader spec
+    # for `data`) take a new value here and give the runner a Job.produce() that returns their Result.
+    target: str = "model"
     per_rank: bool = False                  # under torchrun every rank runs it on its shard (runner/ranks.py)
     cross_rank: bool = False                # ... and the ranks are compared after a real step (consistency)
     python: Optional[str] = None            # the torchdiag.<name> function, when the Python API has one
