@@ -12,3 +12,7 @@ def write_images(result, path) -> str:
 def record(result, written: dict) -> None:
     """The CLI's render_extra: the paths written go into the JSON entries and the summary."""
     record_pictures(result, written.get("images"), what=f" (sample {result.artefacts.get('sample', 0)})")
+
+
+# the files this command writes, by the kind its caller asks for (RenderSpec.outputs)
+WRITERS = {"images": write_images}

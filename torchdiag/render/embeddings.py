@@ -44,3 +44,7 @@ def record(result, written: dict) -> None:
         result.data["pca_image"] = written["images"]
         explained = sum(result.data.get("pca_explained_variance") or [0.0])
         result.summary.insert(at, ("PCA preview", f"{written['images']} (PC1+PC2 explain {explained:.1%} of the variance)"))
+
+
+# the files this command writes, by the kind its caller asks for (RenderSpec.outputs)
+WRITERS = {"projector": write_projector, "images": write_images}

@@ -16,3 +16,7 @@ def record(result, written: dict) -> None:
     h, w = result.data["out_size"]
     result.data["out"] = path
     result.summary.insert(0, ("Picture", f"{path} (original | heatmap | overlay, {w}x{h} px)"))
+
+
+# the files this command writes, by the kind its caller asks for (RenderSpec.outputs)
+WRITERS = {"out": write_out}

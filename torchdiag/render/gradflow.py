@@ -106,3 +106,7 @@ def write_tb_layers(result, logdir) -> str:
                 writer.add_scalar(f"gradflow/layer_weight_norm/{tag}", r["weight_norm"], 0)
         writer.flush()
     return str(path)
+
+
+# the files this command writes, by the kind its caller asks for (RenderSpec.outputs)
+WRITERS = {"plot": write_plot, "tb_layers": write_tb_layers}

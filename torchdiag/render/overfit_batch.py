@@ -49,3 +49,7 @@ def write_plot(result, path) -> str:
     finally:
         plt.close(fig)
     return str(path)
+
+
+# the files this command writes, by the kind its caller asks for (RenderSpec.outputs)
+WRITERS = {"plot": write_plot}

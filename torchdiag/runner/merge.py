@@ -2,7 +2,7 @@
 over ranks, each tagged with the ranks that had it; the exit code is the worst over ranks. Torch-free."""
 from __future__ import annotations
 
-from ...results import Column, Finding, Result, Table
+from ..results import Column, Finding, Result, Table
 
 RANK_KEYS = ("rank", "batch_shard")          # per-rank header entries: in the ranks list, not the merged header
 

@@ -17,7 +17,7 @@ def check(model, inputs, ctx, sess, how: str) -> dict:
     out = {"compared": 0, "steps": 0, "differs": [], "grads_differ": [], "notes": []}
     if how == "ddp":   # DDP neither broadcasts nor reduces these (report.py says so)
         out["ddp_ignored"] = sorted(getattr(model, "_ddp_params_and_buffers_to_ignore", None) or ())
-    from ...core.train import train_copy
+    from ..core.train import train_copy
 
     work = train_copy(model, "to compare ranks after a step")
     tensors = _state(work)
@@ -45,7 +45,7 @@ def _state(model) -> list[tuple[str, str, object]]:
 
 
 def _ddp_steps(work, tensors, inputs, ctx, sess, out) -> None:
-    from ...core.distributed import wrap
+    from ..core.distributed import wrap
 
     wrapped = wrap(work, sess.ranks, "ddp")     # broadcasts rank 0's state: training starts equal
     params = _trainable(work)
@@ -65,7 +65,7 @@ def _fsdp_steps(work, inputs, ctx, sess, out) -> None:
     and gradients are compared made whole. Every collective here (the forward's all-gathers, the
     backward's reduce-scatters, full_tensor, agree) is made by every rank in the same order: the lists
     compared are the same on every rank."""
-    from ...core.distributed import agree, wrap
+    from ..core.distributed import agree, wrap
 
     wrap(work, sess.ranks, "fsdp")       # in place: the parameters are now DTensors, the buffers as they were
     params = _trainable(work)
@@ -85,8 +85,8 @@ def _trainable(work) -> list:
 def _steps(call, work, tensors, inputs, ctx, sess, out, grads) -> None:
     """STEPS real steps through `call` (the wrapped `work`): after each backward the gradients `grads(k)`
     names (None: stop) and after each step `tensors` compared across ranks, made whole where sharded."""
-    from ...core.distributed import whole
-    from ...core.train import backward, step
+    from ..core.distributed import whole
+    from ..core.train import backward, step
 
     optimizer = ctx.optimizer([p for _, p in _trainable(work)])
     loss_fn = ctx.loss()
@@ -109,8 +109,8 @@ def _agreed_loss(call, inputs, ctx, loss_fn, k: int, out):
     """Step k's loss (under --amp, autocast as the run steps), or None on every rank when the forward or
     the loss raised on any rank: that rank would never make the backward's collectives, so no rank
     starts them (one all_reduce over the model's group)."""
-    from ...core.distributed import agree
-    from ...core.tracking import run_forward
+    from ..core.distributed import agree
+    from ..core.tracking import run_forward
 
     loss = None
     try:

@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..commands import RUN_OPTIONS
 from ..errors import DiagError, ExitCode, Terminated, UsageError, interrupt_code
 from ..results import Column, Result, Table
 
-MODEL_KEYS = {"model", "inputs", "device", "args", "loss", "batch", "seed", "name", "check", "checkpoint",
-              "strict-checkpoint", "dtype", "amp"}
+# the run-wide options a config takes (commands.RUN_OPTIONS, spelled with '-'), and the entry's own keys
+CONFIG = {o.config_key: o.name for o in RUN_OPTIONS if o.config}
+MODEL_KEYS = set(CONFIG) | {"model", "name", "check"}
 CHECK_KEYS = {"max-params", "max-trainable-params", "max-gmacs", "max-gflops", "nancheck", "gradflow",
               "overfit-batch", "doctor", "allow", "strict", "max-peak-memory"}
 OVERFIT_KEYS = {"steps", "target-ratio", "target-loss", "lr", "optimizer", "seed"}
@@ -141,7 +143,7 @@ def overfit_settings(ov: dict, spec, where: str):
 
     from ..core.run import optimizer_spec
     from ..errors import OptionError
-    from . import overfit_batch
+    from ..diagnostics import overfit_batch
 
     kw = {k.replace("-", "_"): v for k, v in ov.items()}
     run_kw = {k: kw.pop(k) for k in ("optimizer", "lr", "seed") if k in kw}
@@ -157,7 +159,7 @@ def overfit_settings(ov: dict, spec, where: str):
 
 
 def parse_bytes(value, key: str) -> int:
-    from .memory import parse_bytes as parse_size
+    from ..diagnostics.memory import parse_bytes as parse_size
 
     try:
         return int(parse_size(str(value)))
@@ -239,14 +241,13 @@ def models_from_config(table: dict, source: str, overrides: dict, check_override
 def _model_config(name: str, merged: dict, inputs: list, args: list, check: dict, where: str) -> ModelConfig:
     """One model's RunSpec (validated here, named as pyproject keys) and its check table; the
     overfit-batch settings become overfit-batch's own Options now, before any model loads."""
-    from ..core.run import RunSpec
     from ..errors import OptionError
+    from .job import run_spec
 
+    fields = {CONFIG[key]: value for key, value in merged.items() if key in CONFIG}
+    fields.update(args=args, inputs=inputs, seed=int(merged.get("seed", 0)))
     try:
-        spec = RunSpec("check", merged["model"], tuple(args), tuple(inputs), merged.get("batch"),
-                       merged.get("device", "auto"), seed=int(merged.get("seed", 0)), loss=merged.get("loss", "auto"),
-                       checkpoint=merged.get("checkpoint"), strict_checkpoint=merged.get("strict-checkpoint", True),
-                       dtype=merged.get("dtype"), amp=merged.get("amp"), caller="config")
+        spec = run_spec("check", caller="config", model=merged["model"], **fields)
     except OptionError as exc:
         raise UsageError(f"{exc.name_for('config').message} in {where}", hint=exc.hint) from None
     check = dict(check)
@@ -331,7 +332,8 @@ def run_checks(cfg: ModelConfig) -> list[CheckOutcome]:
 
 def _size_checks(c: dict, model, inputs, ctx, record) -> None:
     """max-params, max-trainable-params, max-gmacs, max-gflops."""
-    from . import flops, invoke
+    from ..diagnostics import flops
+    from .local import invoke
 
     for key, trainable_only in (("max-params", False), ("max-trainable-params", True)):
         if key in c:
@@ -363,7 +365,8 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
     """nancheck, gradflow, overfit-batch, doctor, max-peak-memory: each through its diagnostic."""
     import dataclasses
 
-    from . import doctor, gradflow, invoke, memory, nancheck, overfit_batch
+    from ..diagnostics import doctor, gradflow, memory, nancheck, overfit_batch
+    from .local import invoke
 
     allow = list(c.get("allow", []))
     if c.get("nancheck"):

@@ -7,9 +7,9 @@ from __future__ import annotations
 def unused_params(model, inputs, ctx) -> list[dict]:
     """One local forward + backward on this rank's shard (gradflow's recording pass, leaving no trace),
     run before DDP hooks the parameters so no collective starts: [{name, reason, why}]."""
-    from ..gradflow.causes import why
-    from ..gradflow.options import Options
-    from ..gradflow.record import record_pass
+    from ..diagnostics.gradflow.causes import why
+    from ..diagnostics.gradflow.options import Options
+    from ..diagnostics.gradflow.record import record_pass
 
     pas = record_pass(model, inputs, Options(), ctx)
     modules = dict(model.named_modules())
