@@ -1,0 +1,211 @@
+"""Streaming statistics of one field of one split: memory bounded by a batch (plus one hash per sample and
+fixed-size reservoirs), whatever the data set's size."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+RESERVOIR = 4096          # values kept per channel for the histograms
+MAX_FEATURES = 4096       # per-feature statistics for 1-D samples up to this width
+MAX_CLASSES = 100_000     # distinct label values counted
+
+
+def layout(shape: tuple[int, ...]) -> str | None:
+    """Where the channels of one sample are: 'chw' (C in 1/3/4 first, H, W ≥ 4), 'hwc', or None."""
+    if len(shape) == 3 and shape[0] in (1, 3, 4) and min(shape[1:]) >= 4:
+        return "chw"
+    if len(shape) == 3 and shape[-1] in (1, 3, 4) and min(shape[:2]) >= 4:
+        return "hwc"
+    if len(shape) == 2 and min(shape) >= 4:
+        return "hw"   # one grey channel
+    return None
+
+
+@dataclass
+class FieldStats:
+    name: str
+    role: str                                  # input | target | other
+    count: int = 0
+    dtypes: dict[str, int] = field(default_factory=dict)
+    first_shape: tuple | None = None
+    other_shape: tuple | None = None           # the first per-sample shape that differs
+    other_at: int | None = None                # its sample index
+    ragged_at: int | None = None               # a batch whose samples could not be stacked: first index
+    non_finite: int = 0                        # samples holding a NaN/Inf
+    first_non_finite: int | None = None
+    lo: float = float("inf")
+    hi: float = float("-inf")
+    total: float = 0.0
+    total_sq: float = 0.0
+    values: int = 0
+    integral: bool = True                      # every value an integer so far
+    layout: str | None = None
+    ch_sum: Any = None
+    ch_sq: Any = None
+    ch_n: int = 0
+    reservoir: list = field(default_factory=list)   # per channel: values kept for the histograms
+    f_sum: Any = None                          # per feature (1-D samples)
+    f_sq: Any = None
+    f_lo: Any = None
+    f_hi: Any = None
+    classes: dict[int, int] | None = None      # label value -> count (integral targets)
+    first_of_class: dict[int, int] = field(default_factory=dict)
+    seen: int = 0
+
+    def update(self, t: torch.Tensor, indices: list[int]) -> None:
+        t = t.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        if t.dim() == 0:
+            t = t.reshape(1)
+        n = t.shape[0]
+        self.count += n
+        key = str(t.dtype).replace("torch.", "")
+        self.dtypes[key] = self.dtypes.get(key, 0) + n
+        sample = tuple(t.shape[1:])
+        if self.first_shape is None:
+            self.first_shape = sample
+            self.layout = layout(sample)
+        elif sample != self.first_shape and self.other_shape is None:
+            self.other_shape, self.other_at = sample, indices[0]
+        if t.dtype == torch.bool or t.is_complex() or t.numel() == 0:
+            return
+        x = t.to(torch.float64)
+        finite = torch.isfinite(x)
+        if not bool(finite.all()):
+            bad = ~finite.reshape(n, -1).all(dim=1)
+            self.non_finite += int(bad.sum())
+            if self.first_non_finite is None:
+                self.first_non_finite = indices[int(bad.nonzero()[0, 0])]
+            x = torch.where(finite, x, torch.zeros((), dtype=x.dtype))
+            vals = t.to(torch.float64)[finite]
+        else:
+            vals = x.reshape(-1)
+        if vals.numel():
+            self.lo = min(self.lo, float(vals.min()))
+            self.hi = max(self.hi, float(vals.max()))
+            self.total += float(vals.sum())
+            self.total_sq += float((vals * vals).sum())
+            self.values += vals.numel()
+            if self.integral and t.is_floating_point():
+                self.integral = bool((vals == vals.round()).all())
+        if sample == self.first_shape:
+            self._channels(x, sample)
+            self._features(x, sample)
+        if self.role == "target" and self.integral:
+            self._labels(t, indices)
+
+    def _channels(self, x, sample) -> None:
+        if self.layout is None:
+            return
+        per = x.movedim(-1, 1) if self.layout == "hwc" else x.unsqueeze(1) if self.layout == "hw" else x
+        per = per.reshape(per.shape[0], per.shape[1], -1)
+        s, sq = per.sum(dim=(0, 2)), (per * per).sum(dim=(0, 2))
+        self.ch_sum = s if self.ch_sum is None else self.ch_sum + s
+        self.ch_sq = sq if self.ch_sq is None else self.ch_sq + sq
+        self.ch_n += per.shape[0] * per.shape[2]
+        self.seen += 1
+        flat = per.transpose(0, 1).reshape(per.shape[1], -1)
+        g = torch.Generator().manual_seed(self.seen)
+        take = torch.randint(0, flat.shape[1], (min(256, flat.shape[1]),), generator=g)
+        if not self.reservoir:
+            self.reservoir = [[] for _ in range(flat.shape[0])]
+        for c in range(flat.shape[0]):
+            if len(self.reservoir[c]) < RESERVOIR:
+                self.reservoir[c].extend(flat[c, take].tolist())
+
+    def _features(self, x, sample) -> None:
+        if self.layout is not None or len(sample) != 1 or sample[0] > MAX_FEATURES or self.role == "target":
+            return
+        lo, hi = x.min(dim=0).values, x.max(dim=0).values
+        if self.f_sum is None:
+            self.f_sum, self.f_sq, self.f_lo, self.f_hi = x.sum(0), (x * x).sum(0), lo, hi
+        else:
+            self.f_sum += x.sum(0)
+            self.f_sq += (x * x).sum(0)
+            self.f_lo, self.f_hi = torch.minimum(self.f_lo, lo), torch.maximum(self.f_hi, hi)
+
+    def _labels(self, t, indices) -> None:
+        if self.classes is None:
+            self.classes = {}
+        if len(self.classes) > MAX_CLASSES:
+            return
+        flat = t.reshape(t.shape[0], -1)
+        values, counts = torch.unique(flat.to(torch.int64), return_counts=True)
+        for v, c in zip(values.tolist(), counts.tolist()):
+            self.classes[v] = self.classes.get(v, 0) + c
+        if flat.shape[1] == 1:
+            for j, v in enumerate(flat[:, 0].to(torch.int64).tolist()):
+                self.first_of_class.setdefault(v, indices[j])
+
+    # ---- read-outs ----------------------------------------------------------------------------------
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.values if self.values else None
+
+    @property
+    def std(self) -> float | None:
+        if not self.values:
+            return None
+        m = self.total / self.values
+        return max(self.total_sq / self.values - m * m, 0.0) ** 0.5
+
+    def channel_stats(self) -> tuple[list[float], list[float]] | None:
+        if self.ch_sum is None or not self.ch_n:
+            return None
+        m = self.ch_sum / self.ch_n
+        v = (self.ch_sq / self.ch_n - m * m).clamp_min(0)
+        return [float(a) for a in m], [float(a) for a in v.sqrt()]
+
+    def constant_features(self) -> tuple[list[int], int]:
+        """(indices of features that never vary, feature count) for 1-D samples."""
+        if self.f_lo is None:
+            return [], 0
+        same = (self.f_hi - self.f_lo) <= 0
+        return same.nonzero().flatten().tolist(), int(same.numel())
+
+    def summary(self) -> dict:
+        ch = self.channel_stats()
+        d = {"field": self.name, "role": self.role, "samples": self.count,
+             "dtype": ",".join(self.dtypes), "shape": "x".join(map(str, self.first_shape or ())) or "scalar",
+             "min": None if self.lo == float("inf") else self.lo, "max": None if self.hi == float("-inf") else self.hi,
+             "mean": self.mean, "std": self.std, "non_finite_samples": self.non_finite,
+             "first_non_finite": self.first_non_finite, "other_shape": list(self.other_shape) if self.other_shape is not None else None,
+             "other_shape_at": self.other_at, "ragged_at": self.ragged_at}
+        if ch is not None:
+            d.update(channel_mean=ch[0], channel_std=ch[1], layout=self.layout)
+        return d
+
+
+class Hashes:
+    """One 8-byte content hash per sample (input fields only: shape, dtype and bytes): exact duplicates."""
+
+    def __init__(self):
+        self.first: dict[bytes, int] = {}
+        self.duplicates = 0
+        self.pairs: list[tuple[int, int]] = []
+
+    @staticmethod
+    def digests(tensors: list[torch.Tensor]) -> list[bytes]:
+        n = tensors[0].shape[0] if tensors[0].dim() else 1
+        parts = [t.detach().cpu().contiguous().reshape(n, -1) for t in tensors]
+        out = []
+        for j in range(n):
+            h = hashlib.blake2b(digest_size=8)
+            for t in parts:
+                h.update(str(t.dtype).encode() + b"|" + str(tuple(t.shape[1:])).encode())
+                h.update(t[j].numpy().tobytes())
+            out.append(h.digest())
+        return out
+
+    def add(self, digests: list[bytes], indices: list[int]) -> None:
+        for d, i in zip(digests, indices):
+            j = self.first.setdefault(d, i)
+            if j != i:
+                self.duplicates += 1
+                if len(self.pairs) < 20:
+                    self.pairs.append((j, i))
