@@ -23,7 +23,6 @@ import tempfile
 import threading
 import time
 import traceback
-from typing import Any
 
 from ..errors import ModelError, one_line
 
@@ -132,27 +131,24 @@ class Fetcher:
         self.folder, self.label = folder, label
         self.count = 0                      # batches received
         self.samples = 0
-        self._q: queue.Queue = queue.Queue(maxsize=2)
+        self._q: queue.Queue = queue.Queue()
+        self._req: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.iterator = None
 
     def _work(self):
+        """Fetch one batch per request: no read-ahead of our own, so the loader is timed as configured."""
         try:
             self.iterator = iter(self.iterable)
-            while not self._stop.is_set():
+            while self._requested():
                 try:
                     item = (_OK, next(self.iterator))
                 except StopIteration:
                     item = (_END, None)
                 except BaseException as exc:    # handed to the main thread, which decides
                     item = (_ERR, exc)
-                while not self._stop.is_set():
-                    try:
-                        self._q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
+                self._q.put(item)
                 if item[0] != _OK:
                     return
         except BaseException as exc:
@@ -160,11 +156,21 @@ class Fetcher:
         finally:
             self.iterator = None   # the DataLoader's workers shut down with their iterator
 
+    def _requested(self) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._req.get(timeout=0.1)
+                return True
+            except queue.Empty:
+                continue
+        return False
+
     def __iter__(self):
         self._thread = threading.Thread(target=self._work, name="torchdiag-data", daemon=True)
         self._thread.start()
         try:
             while True:
+                self._req.put(1)
                 try:
                     kind, value = self._q.get(timeout=self.timeout)
                 except queue.Empty:
@@ -180,11 +186,6 @@ class Fetcher:
 
     def close(self):
         self._stop.set()
-        while True:   # let a blocked put() go
-            try:
-                self._q.get_nowait()
-            except queue.Empty:
-                break
 
     def _hang(self) -> Hang:
         stacks = []

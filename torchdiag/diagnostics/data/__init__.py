@@ -46,6 +46,7 @@ class State:
     phase: str = "starting"
     first_batch: Any = None
     roles: Any = None                 # core.batches.Roles of the training data
+    model_timed: bool = True
 
 
 def context(device: str = "auto", seed: int = 0, loss: str = "auto", caller: str = "python"):
@@ -180,7 +181,13 @@ def _speed(st: State, loader, roles, ds) -> None:
         if _ragged(st):
             st.skipped.append("throughput: the samples' shapes differ, so the loader fails as configured")
         return
-    step = (lambda: speed.TrainStep(st.model, ctx, roles)) if st.model is not None else None
+    from .findings import labels_outside
+
+    if st.model is not None and labels_outside(st):
+        st.skipped.append("training step not timed: labels outside the model's output size (labels-out-of-range)")
+        st.model_timed = False
+    skip_one = st.batch_of_one is not None
+    step = (lambda: speed.TrainStep(st.model, ctx, roles, skip_one)) if st.model is not None and st.model_timed else None
     if step is not None:
         st.phase = "the training steps against the loader as configured"
         st.training = speed.time_loader(loader, opts, dataset=ds, step=step(), label="the training loader")

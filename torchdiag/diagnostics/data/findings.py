@@ -32,7 +32,8 @@ def add_all(r, st) -> None:
                 _constant(r, f, where)
             if f.role == "target":
                 _labels(r, st, f, where, split)
-        if s.hashes.duplicates:
+        constant = any(f.role == "input" and f.values and f.std == 0 for f in s.fields.values())
+        if s.hashes.duplicates and not constant:   # a constant input repeats by definition
             a, b = s.hashes.pairs[0]
             r.add("duplicate-samples", "warning", f"{split}:{'+'.join(s.roles.inputs)}",
                   f"{s.hashes.duplicates:,} sample(s) repeat an earlier one exactly (first: sample {b} = sample {a})",
@@ -68,9 +69,8 @@ def _non_finite(r, f, where) -> None:
 
 def _shapes(r, f, where) -> None:
     if f.ragged_at is not None:
-        r.add("inconsistent-shapes", "error", where, f"samples in one batch differ in shape from sample {f.ragged_at} "
-              f"on: the collate function cannot stack them (first shape {_shape(f.first_shape)}, then "
-              f"{_shape(f.other_shape)} at sample {f.other_at})",
+        r.add("inconsistent-shapes", "error", where, f"sample {f.ragged_at} has shape {_shape(f.ragged_shape)} where "
+              f"the others have {_shape(f.ragged_ref)}: the loader's collate function cannot stack its batch",
               "resize/crop to one shape in the transform, or pad in a collate_fn")
     elif f.other_shape is not None:
         r.add("inconsistent-shapes", "info", where, f"the per-sample shape varies between batches: "
@@ -136,6 +136,17 @@ def class_count(st) -> int | None:
     return st.opts.num_classes or st.classes
 
 
+def labels_outside(st) -> bool:
+    """Some label of any split is negative (not the ignore index) or past the classes expected."""
+    expected = class_count(st)
+    for s in st.scans.values():
+        for f in s.fields.values():
+            if f.role == "target" and f.classes and f.integral:
+                if any(c != IGNORE_INDEX and (c < 0 or (expected is not None and c >= expected)) for c in f.classes):
+                    return True
+    return False
+
+
 def _labels(r, st, f, where, split) -> None:
     if f.classes is None or not f.integral or not f.classes:
         return
@@ -152,6 +163,7 @@ def _labels(r, st, f, where, split) -> None:
               f"({source}){at}: {sum(counts[c] for c in outside):,} sample(s)" if expected is not None else
               f"negative labels {outside[:10]}{at}",
               "the model's class dimension must cover every label (cross_entropy fails, or a CUDA assert)")
+        return
     if len(counts) == 1 and f.count > 1:
         (only, n), = counts.items()
         r.add("single-class", "error", where, f"every label is {only} ({n:,} samples): nothing to learn",

@@ -34,7 +34,7 @@ def grid(gallery: dict, per_class: int, lo: float, hi: float):
     cols = max(1, min(per_class, max(len(gallery[k]) for k in keys)))
     tiles = []
     for k in keys:
-        row = [upscale(_rgb(x, lo, hi), f) for x in gallery[k][:cols]]
+        row = [upscale(_rgb(x, lo, hi), f) for x in gallery[k] if x.shape == first.shape][:cols]
         row += [blank] * (cols - len(row))
         tiles += row
     return tile(tiles, cols=cols, pad=PAD), [str(k) for k in keys], (h * f, w * f)

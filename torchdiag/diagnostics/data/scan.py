@@ -97,7 +97,7 @@ def scan_into(out: SplitScan, data, opts, roles_hint, against, seed: int) -> Non
             if out.roles is None:
                 out.roles = roles_hint or B.find_roles(parts[0], opts.input_field, opts.target_field, _cli)
             if isinstance(batch, Ragged):
-                _mark_ragged(out, parts[0], idx[0])
+                _mark_ragged(out, parts, idx)
             j = 0
             for p in parts:
                 m = B.batch_size(p)
@@ -150,13 +150,21 @@ def _source(out: SplitScan, data, opts, seed: int):
     return DataLoader(ds, batch_sampler=chunks, collate_fn=SafeCollate(collate), **kw), chunks, ds
 
 
-def _mark_ragged(out: SplitScan, first, index: int) -> None:
-    for name, _ in B.flatten(first):
+def _mark_ragged(out: SplitScan, parts: list, idx: list[int]) -> None:
+    """The fields whose per-sample shape differs inside a batch the collate function could not stack: the
+    first sample (by index) whose shape is not the field's first one."""
+    per = [dict(B.flatten(p)) for p in parts]
+    for name, t in per[0].items():
         st = out.fields.get(name)
-        if st is not None and st.ragged_at is None:
-            st.ragged_at = index
-        elif st is None:
-            out.fields[name] = FieldStats(name, _role(out.roles, name), ragged_at=index)
+        ref = st.first_shape if st is not None and st.first_shape is not None else tuple(t.shape[1:])
+        for d, i in zip(per, idx):
+            shape = tuple(d[name].shape[1:]) if name in d else None
+            if shape != ref:
+                if st is None:
+                    st = out.fields[name] = FieldStats(name, _role(out.roles, name))
+                if st.ragged_at is None:
+                    st.ragged_at, st.ragged_shape, st.ragged_ref = i, shape, ref
+                break
 
 
 def _role(roles, name: str) -> str:

@@ -12,7 +12,7 @@ import torch
 from ...core import batches as B
 from ...core.datasets import rebuild
 from ...core.fetch import guarded
-from ...errors import ModelError, one_line
+from ...errors import DiagError, one_line
 from .scan import Ragged, safe
 
 
@@ -147,19 +147,22 @@ class TrainStep:
     the loss rules' own target when it has none), backward, optimizer step; synchronised on CUDA so the
     time is the step's."""
 
-    def __init__(self, model, ctx, roles):
+    def __init__(self, model, ctx, roles, skip_one: bool = False):
         from ...core.context import loss_rule
 
         self.work = ctx.train_copy(model, "to time its training step")
         self.opt = ctx.optimizer([p for p in self.work.parameters() if p.requires_grad])
         self.ctx, self.roles, self.loss_rule = ctx, roles, loss_rule
         self.non_blocking = ctx.device.type == "cuda"
+        self.skip_one = skip_one      # a batch of one raises in train mode (reported as last-batch-of-one)
 
     def __call__(self, batch) -> None:
         from ...core.tracking import forward_error
         from ...core.train import backward, step
 
         ctx = self.ctx
+        if self.skip_one and B.batch_size(batch) == 1:
+            return
         args, kwargs = B.model_call(batch, self.roles)
         move = lambda t: t.to(ctx.device, non_blocking=self.non_blocking) if isinstance(t, torch.Tensor) else t  # noqa: E731
         args, kwargs = tuple(move(a) for a in args), {k: move(v) for k, v in kwargs.items()}
@@ -170,7 +173,7 @@ class TrainStep:
             with ctx.autocast():
                 out = self.work(*args, **kwargs)
                 loss = rule(out)
-        except ModelError:
+        except DiagError:
             raise
         except Exception as exc:
             raise forward_error(exc, None, "the training step's forward") from exc

@@ -33,7 +33,9 @@ class FieldStats:
     first_shape: tuple | None = None
     other_shape: tuple | None = None           # the first per-sample shape that differs
     other_at: int | None = None                # its sample index
-    ragged_at: int | None = None               # a batch whose samples could not be stacked: first index
+    ragged_at: int | None = None               # in a batch that could not be stacked: the sample that differs
+    ragged_shape: tuple | None = None
+    ragged_ref: tuple | None = None
     non_finite: int = 0                        # samples holding a NaN/Inf
     first_non_finite: int | None = None
     lo: float = float("inf")
