@@ -59,8 +59,8 @@ def kind_of(obj, what: str) -> str:
         return "dataset"
     if not refused and (hasattr(obj, "__iter__") or hasattr(obj, "__next__")):
         return "iterable"
-    got = "None" if obj is None else f"a {type(obj).__module__}.{type(obj).__qualname__}" \
-        if type(obj).__module__ not in ("builtins",) else f"a {type(obj).__name__}"
+    name = type(obj).__name__ if type(obj).__module__ == "builtins" else f"{type(obj).__module__}.{type(obj).__qualname__}"
+    got = "None" if obj is None else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
     shape = f" of shape {tuple(obj.shape)}" if isinstance(obj, torch.Tensor) else ""
     raise UsageError(f"{what} returned {got}{shape}, not {WHAT}",
                      hint="return the Dataset or DataLoader itself (e.g. torch.utils.data.TensorDataset(x, y)); "

@@ -136,6 +136,7 @@ class Fetcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.iterator = None
+        self.dead = ""
 
     def _work(self):
         """Fetch one batch per request: no read-ahead of our own, so the loader is timed as configured."""
@@ -147,6 +148,7 @@ class Fetcher:
                 except StopIteration:
                     item = (_END, None)
                 except BaseException as exc:    # handed to the main thread, which decides
+                    self.dead = dead_workers(self.iterator)   # read before the iterator shuts its workers down
                     item = (_ERR, exc)
                 self._q.put(item)
                 if item[0] != _OK:
@@ -206,7 +208,7 @@ class Fetcher:
         if isinstance(exc, (KeyboardInterrupt, SystemExit)) or getattr(exc, "code", None) is not None and \
                 isinstance(exc, ModelError):
             return exc
-        dead = self._dead_workers()
+        dead = self.dead or self._gone()
         if dead:
             return ModelError(f"{self.label}: {dead} while loading batch {self.count}",
                               hint="a worker process died without a Python error (a crash in native code, os._exit, "
@@ -225,21 +227,21 @@ class Fetcher:
                               hint="each sample loads on its own: collate_fn (or the batch as a whole) failed")
         return ModelError(f"{self.label} raised {_first(exc)} at batch {self.count}")
 
-    def _dead_workers(self) -> str:
-        it = self.iterator
-        procs = getattr(it, "_workers", None) or []
-        dead = []
-        for wid, w in enumerate(procs):
-            code = getattr(w, "exitcode", None)
-            if code not in (None, 0):
-                how = f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.Signals._value2member_map_ \
-                    else f"exit code {code}"
-                dead.append(f"worker {wid} (pid {w.pid}) died with {how}")
-        if not dead and it is None and self.folder:   # the iterator already shut down: ask the pids we know
-            for wid, pid, _ in workers_of(self.folder):
-                if not _alive(pid):
-                    dead.append(f"worker {wid} (pid {pid}) died")
-        return "; ".join(dead)
+    def _gone(self) -> str:
+        """Workers whose pid is gone (when the iterator could not be asked)."""
+        return "; ".join(f"worker {wid} (pid {pid}) died" for wid, pid, _ in workers_of(self.folder) if not _alive(pid))
+
+
+def dead_workers(it) -> str:
+    """'worker 0 (pid 123) died with exit code 7' for each DataLoader worker process that ended badly."""
+    dead = []
+    for wid, w in enumerate(getattr(it, "_workers", None) or []):
+        code = getattr(w, "exitcode", None)
+        if code not in (None, 0):
+            how = f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.Signals._value2member_map_ \
+                else f"exit code {code}"
+            dead.append(f"worker {wid} (pid {w.pid}) died with {how}")
+    return "; ".join(dead)
 
 
 def _alive(pid: int) -> bool:
