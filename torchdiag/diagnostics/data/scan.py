@@ -203,6 +203,9 @@ def _collect(out: SplitScan, x, y, per_class: int) -> None:
     labels = None
     if y is not None and y.dim() >= 1 and y.numel() == y.shape[0] and not y.is_complex():
         labels = y.reshape(-1).tolist()
+    full = [k for k, v in out.gallery.items() if len(v) >= per_class]
+    if labels is not None and full and set(labels) <= set(full) or labels is None and full:
+        return     # nothing of this batch goes into the grid
     for j in range(x.shape[0]):
         key = labels[j] if labels is not None else "all"
         key = int(key) if isinstance(key, float) and key.is_integer() else key

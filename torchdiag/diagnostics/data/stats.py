@@ -140,8 +140,10 @@ class FieldStats:
         for v, c in zip(values.tolist(), counts.tolist()):
             self.classes[v] = self.classes.get(v, 0) + c
         if flat.shape[1] == 1:
-            for j, v in enumerate(flat[:, 0].to(torch.int64).tolist()):
-                self.first_of_class.setdefault(v, indices[j])
+            column = flat[:, 0].to(torch.int64)
+            for v in values.tolist():
+                if v not in self.first_of_class:
+                    self.first_of_class[v] = indices[int((column == v).nonzero()[0, 0])]
 
     # ---- read-outs ----------------------------------------------------------------------------------
 
@@ -195,12 +197,15 @@ class Hashes:
     def digests(tensors: list[torch.Tensor]) -> list[bytes]:
         n = tensors[0].shape[0] if tensors[0].dim() else 1
         parts = [t.detach().cpu().contiguous().reshape(n, -1) for t in tensors]
+        heads = [(str(t.dtype) + "|" + str(tuple(t.shape[1:]))).encode() for t in tensors]
+        arrays = [t.view(torch.uint8) if t.dtype == torch.bfloat16 else t for t in parts]
+        arrays = [a.numpy() for a in arrays]
         out = []
         for j in range(n):
             h = hashlib.blake2b(digest_size=8)
-            for t in parts:
-                h.update(str(t.dtype).encode() + b"|" + str(tuple(t.shape[1:])).encode())
-                h.update(t[j].numpy().tobytes())
+            for head, a in zip(heads, arrays):
+                h.update(head)
+                h.update(a[j].tobytes())
             out.append(h.digest())
         return out
 
