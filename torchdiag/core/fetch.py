@@ -126,8 +126,9 @@ class Fetcher:
     while loading is re-raised here as a ModelError naming the sample (see the module docstring)."""
 
     def __init__(self, iterable, timeout: float, *, dataset=None, recording: Recording | None = None,
-                 folder: str | None = None, label: str = "the loader"):
+                 folder: str | None = None, label: str = "the loader", ahead: int = 0):
         self.iterable, self.timeout, self.dataset, self.recording = iterable, timeout, dataset, recording
+        self.ahead = ahead                  # batches fetched ahead of the consumer (0 when timing the loader)
         self.folder, self.label = folder, label
         self.count = 0                      # batches received
         self.samples = 0
@@ -170,6 +171,8 @@ class Fetcher:
     def __iter__(self):
         self._thread = threading.Thread(target=self._work, name="torchdiag-data", daemon=True)
         self._thread.start()
+        for _ in range(self.ahead):
+            self._req.put(1)
         try:
             while True:
                 self._req.put(1)
@@ -263,7 +266,8 @@ def _first(exc: BaseException) -> str:
     return one_line(exc)
 
 
-def guarded(iterable, timeout: float, dataset=None, label: str = "the loader", changes: dict | None = None):
+def guarded(iterable, timeout: float, dataset=None, label: str = "the loader", changes: dict | None = None,
+            ahead: int = 0):
     """(Fetcher, cleanup): a DataLoader rebuilt with Recording + WorkerInit and `changes` (the user's
     loader untouched); any other iterable as it is. Call cleanup() when done (removes the dump folder)."""
     from torch.utils.data import DataLoader
@@ -271,7 +275,7 @@ def guarded(iterable, timeout: float, dataset=None, label: str = "the loader", c
     from .datasets import rebuild
 
     if not isinstance(iterable, DataLoader):
-        return Fetcher(iterable, timeout, label=label), lambda: None
+        return Fetcher(iterable, timeout, label=label, ahead=ahead), lambda: None
     folder = tempfile.mkdtemp(prefix="torchdiag-workers-") if iterable.num_workers > 0 else None
     changes = dict(changes or {})
     recording = None
@@ -285,5 +289,5 @@ def guarded(iterable, timeout: float, dataset=None, label: str = "the loader", c
     if folder is not None:
         changes["worker_init_fn"] = WorkerInit(folder, iterable.worker_init_fn)
     loader = rebuild(iterable, **changes) if changes else iterable
-    fetcher = Fetcher(loader, timeout, dataset=dataset, recording=recording, folder=folder, label=label)
+    fetcher = Fetcher(loader, timeout, dataset=dataset, recording=recording, folder=folder, label=label, ahead=ahead)
     return fetcher, (lambda: shutil.rmtree(folder, ignore_errors=True)) if folder else (lambda: None)

@@ -32,7 +32,7 @@ def add_all(r, st) -> None:
                 _constant(r, f, where)
             if f.role == "target":
                 _labels(r, st, f, where, split)
-        constant = any(f.role == "input" and f.values and f.std == 0 for f in s.fields.values())
+        constant = any(f.role == "input" and f.constant for f in s.fields.values())
         if s.hashes.duplicates and not constant:   # a constant input repeats by definition
             a, b = s.hashes.pairs[0]
             r.add("duplicate-samples", "warning", f"{split}:{'+'.join(s.roles.inputs)}",
@@ -112,7 +112,7 @@ def _norm_hint(f, scale: float) -> str:
 
 
 def _constant(r, f, where) -> None:
-    if f.std is not None and f.values and f.std == 0:
+    if f.constant:
         r.add("constant-input", "warning", where, f"every value of every sample is {_fmt(f.lo)}: the model sees no "
               "information", "check the transform (a mask, a wrong channel, an image that failed to load)")
         return

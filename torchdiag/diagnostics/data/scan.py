@@ -84,7 +84,8 @@ def scan(data, opts, split: str, roles_hint=None, against: SplitScan | None = No
 
 def scan_into(out: SplitScan, data, opts, roles_hint, against, seed: int) -> None:
     source, chunks, dataset = _source(out, data, opts, seed)
-    fetcher, cleanup = guarded(source, opts.timeout, dataset=dataset, label=f"{out.split} data")
+    # one batch read ahead: loading the next overlaps the checks of this one (nothing is timed here)
+    fetcher, cleanup = guarded(source, opts.timeout, dataset=dataset, label=f"{out.split} data", ahead=1)
     limit = None if chunks is not None else (opts.samples or None)
     max_batches = ITERABLE_BATCHES if chunks is None and limit is None else None
     t0 = time.perf_counter()

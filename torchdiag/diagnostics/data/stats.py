@@ -40,18 +40,16 @@ class FieldStats:
     first_non_finite: int | None = None
     lo: float = float("inf")
     hi: float = float("-inf")
-    total: float = 0.0
-    total_sq: float = 0.0
+    mu: float = 0.0                            # mean and sum of squared deviations (Chan's merge)
+    m2: float = 0.0
     values: int = 0
     integral: bool = True                      # every value an integer so far
     layout: str | None = None
-    ch_sum: Any = None
-    ch_sq: Any = None
+    ch_mu: Any = None                          # per channel: mean, sum of squared deviations
+    ch_m2: Any = None
     ch_n: int = 0
     reservoir: list = field(default_factory=list)   # per channel: values kept for the histograms
-    f_sum: Any = None                          # per feature (1-D samples)
-    f_sq: Any = None
-    f_lo: Any = None
+    f_lo: Any = None                           # per feature (1-D samples): min and max
     f_hi: Any = None
     classes: dict[int, int] | None = None      # label value -> count (integral targets)
     first_of_class: dict[int, int] = field(default_factory=dict)
@@ -75,40 +73,49 @@ class FieldStats:
             self.other_shape, self.other_at = sample, indices[0]
         if t.dtype == torch.bool or t.is_complex() or t.numel() == 0:
             return
-        x = t.to(torch.float64)
-        finite = torch.isfinite(x)
-        if not bool(finite.all()):
+        # float32 work (float64 kept), float64 sums of centred values: no full float64 copy of the batch
+        x = t if t.dtype in (torch.float32, torch.float64) else t.to(torch.float32)
+        finite = torch.isfinite(x) if x.is_floating_point() else None
+        if finite is not None and not bool(finite.all()):
             bad = ~finite.reshape(n, -1).all(dim=1)
             self.non_finite += int(bad.sum())
             if self.first_non_finite is None:
                 self.first_non_finite = indices[int(bad.nonzero()[0, 0])]
+            vals = x[finite]
             x = torch.where(finite, x, torch.zeros((), dtype=x.dtype))
-            vals = t.to(torch.float64)[finite]
         else:
             vals = x.reshape(-1)
+        by_channel = sample == self.first_shape and self.layout is not None and vals.numel() == x.numel()
         if vals.numel():
-            self.lo = min(self.lo, float(vals.min()))
-            self.hi = max(self.hi, float(vals.max()))
-            self.total += float(vals.sum())
-            self.total_sq += float((vals * vals).sum())
-            self.values += vals.numel()
+            lo, hi = torch.aminmax(vals)
+            self.lo, self.hi = min(self.lo, float(lo)), max(self.hi, float(hi))
+            if not by_channel:   # with channels, the overall figures are merged from theirs (one pass less)
+                mean = vals.sum(dtype=torch.float64) / vals.numel()
+                m2 = ((vals - mean.to(vals.dtype)) ** 2).sum(dtype=torch.float64)
+                self.values, self.mu, self.m2 = merge(self.values, self.mu, self.m2, vals.numel(), float(mean), float(m2))
             if self.integral and t.is_floating_point():
                 self.integral = bool((vals == vals.round()).all())
         if sample == self.first_shape:
-            self._channels(x, sample)
+            merged = self._channels(x, sample)
+            if by_channel and merged is not None:
+                self.values, self.mu, self.m2 = merge(self.values, self.mu, self.m2, *merged)
             self._features(x, sample)
         if self.role == "target" and self.integral:
             self._labels(t, indices)
 
-    def _channels(self, x, sample) -> None:
+    def _channels(self, x, sample):
+        """Per-channel merge; returns this batch's overall (count, mean, M2) merged from its channels."""
         if self.layout is None:
-            return
+            return None
         per = x.movedim(-1, 1) if self.layout == "hwc" else x.unsqueeze(1) if self.layout == "hw" else x
         per = per.reshape(per.shape[0], per.shape[1], -1)
-        s, sq = per.sum(dim=(0, 2)), (per * per).sum(dim=(0, 2))
-        self.ch_sum = s if self.ch_sum is None else self.ch_sum + s
-        self.ch_sq = sq if self.ch_sq is None else self.ch_sq + sq
-        self.ch_n += per.shape[0] * per.shape[2]
+        nb = per.shape[0] * per.shape[2]
+        mean = per.sum(dim=(0, 2), dtype=torch.float64) / nb
+        m2 = ((per - mean.to(per.dtype).view(1, -1, 1)) ** 2).sum(dim=(0, 2), dtype=torch.float64)
+        if self.ch_mu is None:
+            self.ch_n, self.ch_mu, self.ch_m2 = nb, mean, m2
+        else:
+            self.ch_n, self.ch_mu, self.ch_m2 = merge(self.ch_n, self.ch_mu, self.ch_m2, nb, mean, m2)
         self.seen += 1
         flat = per.transpose(0, 1).reshape(per.shape[1], -1)
         g = torch.Generator().manual_seed(self.seen)
@@ -118,17 +125,17 @@ class FieldStats:
         for c in range(flat.shape[0]):
             if len(self.reservoir[c]) < RESERVOIR:
                 self.reservoir[c].extend(flat[c, take].tolist())
+        total = (0, 0.0, 0.0)
+        for c in range(mean.shape[0]):
+            total = merge(*total, nb, float(mean[c]), float(m2[c]))
+        return total
 
     def _features(self, x, sample) -> None:
         if self.layout is not None or len(sample) != 1 or sample[0] > MAX_FEATURES or self.role == "target":
             return
         lo, hi = x.min(dim=0).values, x.max(dim=0).values
-        if self.f_sum is None:
-            self.f_sum, self.f_sq, self.f_lo, self.f_hi = x.sum(0), (x * x).sum(0), lo, hi
-        else:
-            self.f_sum += x.sum(0)
-            self.f_sq += (x * x).sum(0)
-            self.f_lo, self.f_hi = torch.minimum(self.f_lo, lo), torch.maximum(self.f_hi, hi)
+        self.f_lo = lo if self.f_lo is None else torch.minimum(self.f_lo, lo)
+        self.f_hi = hi if self.f_hi is None else torch.maximum(self.f_hi, hi)
 
     def _labels(self, t, indices) -> None:
         if self.classes is None:
@@ -149,21 +156,20 @@ class FieldStats:
 
     @property
     def mean(self) -> float | None:
-        return self.total / self.values if self.values else None
+        return self.mu if self.values else None
 
     @property
     def std(self) -> float | None:
-        if not self.values:
-            return None
-        m = self.total / self.values
-        return max(self.total_sq / self.values - m * m, 0.0) ** 0.5
+        return max(self.m2, 0.0) ** 0.5 / self.values ** 0.5 if self.values else None
+
+    @property
+    def constant(self) -> bool:
+        return bool(self.values) and self.lo == self.hi
 
     def channel_stats(self) -> tuple[list[float], list[float]] | None:
-        if self.ch_sum is None or not self.ch_n:
+        if self.ch_mu is None or not self.ch_n:
             return None
-        m = self.ch_sum / self.ch_n
-        v = (self.ch_sq / self.ch_n - m * m).clamp_min(0)
-        return [float(a) for a in m], [float(a) for a in v.sqrt()]
+        return [float(a) for a in self.ch_mu], [float(a) for a in (self.ch_m2 / self.ch_n).sqrt()]
 
     def constant_features(self) -> tuple[list[int], int]:
         """(indices of features that never vary, feature count) for 1-D samples."""
@@ -185,6 +191,15 @@ class FieldStats:
         return d
 
 
+def merge(na, ma, m2a, nb, mb, m2b):
+    """Chan et al.'s pairwise merge of (count, mean, sum of squared deviations): scalars or tensors."""
+    if not na:
+        return nb, mb, m2b
+    n = na + nb
+    delta = mb - ma
+    return n, ma + delta * (nb / n), m2a + m2b + delta * delta * (na * nb / n)
+
+
 class Hashes:
     """One 8-byte content hash per sample (input fields only: shape, dtype and bytes): exact duplicates."""
 
@@ -201,12 +216,12 @@ class Hashes:
         arrays = [t.view(torch.uint8) if t.dtype == torch.bfloat16 else t for t in parts]
         arrays = [a.numpy() for a in arrays]
         out = []
-        for j in range(n):
-            h = hashlib.blake2b(digest_size=8)
+        for j in range(n):   # SHA-256 (hardware-assisted on x86/ARM: faster here than blake2b), 8 bytes kept
+            h = hashlib.sha256()
             for head, a in zip(heads, arrays):
                 h.update(head)
                 h.update(a[j].tobytes())
-            out.append(h.digest())
+            out.append(h.digest()[:8])
         return out
 
     def add(self, digests: list[bytes], indices: list[int]) -> None:
