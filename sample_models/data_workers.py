@@ -58,3 +58,17 @@ def crash():
 
 def pinned():
     return DataLoader(FakeData(256), batch_size=32, shuffle=True, drop_last=True, pin_memory=True)
+
+
+def _slow_init(worker_id):
+    import time
+
+    time.sleep(START_S)      # an expensive worker start (opening files, a connection, loading an index)
+
+
+START_S = 0.8
+
+
+def slow_start():
+    return DataLoader(FakeData(256), batch_size=32, shuffle=True, drop_last=True, num_workers=1,
+                      worker_init_fn=_slow_init)

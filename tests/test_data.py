@@ -353,3 +353,37 @@ def test_module_is_torch_free_options():
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_input_bound_with_measured_workers():
+    r = run("data_speed.py:very_slow", model="data_speed.py:model", sweep=True, workers=(0, 2))
+    f = one(r, "input-bound")
+    t = r.data["throughput"]
+    assert t["training"]["wait_share"] >= 0.05 and f"{100 * t['training']['wait_share']:.1f}%" in f.message
+    assert [s["num_workers"] for s in t["sweep"]] == [0, 2] and t["balanced_workers"] in (0, 2)
+    assert "measured with num_workers=" in f.message
+
+
+def test_no_workers_on_many_cores(monkeypatch):
+    from torchdiag.diagnostics.data import traps
+
+    monkeypatch.setattr(traps, "cpu_count", lambda: 8)
+    assert one(run("data_fake.py:loader"), "no-workers").severity == "info"
+    monkeypatch.setattr(traps, "cpu_count", lambda: 2)
+    assert "no-workers" not in codes(run("data_fake.py:loader"))
+
+
+@pytest.mark.slow
+def test_costly_worker_start_without_persistent_workers():
+    f = one(run("data_workers.py:slow_start"), "workers-restart-each-epoch")
+    assert f.severity == "info" and "persistent_workers=True" in f.hint
+
+
+@pytest.mark.cuda
+def test_pin_memory_swept_on_cuda():
+    data = load_data(f"{SAMPLES}/data_fake.py:loader")
+    r = run_data(data, Options(batches=3, workers=(0, 1)), context("cuda"),
+                 model=load_model(f"{SAMPLES}/data_fake.py:model").model.cuda())
+    sweep = r.data["throughput"]["sweep"]
+    assert len(sweep) == 3 and sweep[-1]["pin_memory"] is True
+    assert "pin-memory-without-cuda" not in codes(r)

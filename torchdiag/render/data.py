@@ -40,7 +40,7 @@ def write_images(result, path) -> str:
             ax.imshow(img, interpolation="nearest")
             ax.set_yticks([i * (h + 2) + h / 2 for i in range(len(rows))])
             ax.set_yticklabels(rows, fontsize=8)
-            ax.set_ylabel(f"class ({g['field']} by target)" if rows != ["all"] else "samples", fontsize=8)
+            ax.set_ylabel(f"class (target {g.get('target')})" if rows != ["all"] else "samples", fontsize=8)
             ax.set_xticks([])
             ax.set_title(f"data {split}: sample inputs ({g['field']}), one row per class", fontsize=9)
             fig.tight_layout()
@@ -75,7 +75,8 @@ def write_plot(result, path) -> str:
             ax.set_xlabel("class")
             ax.set_ylabel("samples")
             ax.set_title("label histogram", fontsize=9)
-            ax.legend(fontsize=7)
+            ax.set_ylim(top=1.3 * max(max(lab["counts"].values()) for lab in labels.values()))   # room for the legend
+            ax.legend(fontsize=7, loc="upper right")
         for name, values in channels.items():
             ax = axes[i][0]
             i += 1

@@ -114,6 +114,7 @@ def _stages(st: State) -> None:
         except Hang as h:
             st.hang, st.hang_phase = h, st.phase
             return
+    _order(st)
     first = st.first_batch
     if st.model is not None and first is not None:
         st.phase = "the model's output size"
@@ -156,10 +157,20 @@ def _probe(st: State, loader):
         from ...errors import UsageError
 
         raise UsageError("the training data gave no batch (it is empty)")
-    counts = None
-    st.order = traps.label_runs(st.probe.labels, counts) if st.train.kind != "dataset" else None
+    st.order = traps.label_runs(st.probe.labels, None) if st.train.kind != "dataset" else None
     st.roles = roles
     return roles
+
+
+def _order(st: State) -> None:
+    """The probe's label runs against what shuffling gives with the whole split's class frequencies."""
+    from . import traps
+
+    scan = st.scans.get("train")
+    target = st.roles.target if st.roles is not None else None
+    f = scan.fields.get(target) if scan is not None and target else None
+    if st.order is not None and f is not None and f.classes and f.integral:
+        st.order = traps.label_runs(st.probe.labels, dict(f.classes))
 
 
 def _last_batch(st: State, loader, roles) -> None:

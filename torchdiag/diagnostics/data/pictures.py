@@ -47,7 +47,7 @@ def add_pictures(r, st) -> None:
         if s.gallery and inputs and inputs[0].values:
             f = inputs[0]
             img, rows, size = grid(s.gallery, st.opts.per_class, f.lo, f.hi)
-            gal[split] = {"grid": img, "rows": rows, "tile": size, "field": f.name}
+            gal[split] = {"grid": img, "rows": rows, "tile": size, "field": f.name, "target": s.roles.target}
             r.images[f"data/{split}/samples_per_class"] = img
         for f in s.fields.values():
             if f.role == "input" and f.reservoir:

@@ -133,4 +133,6 @@ def _summary(r: Result, st) -> None:
     if st.sweep:
         best = F.balanced(st)
         if best is not None:
-            r.summary.append(("Workers", f"num_workers={best} balances the loader (measured)"))
+            what = ("the fewest workers with the training step waiting < 5%" if st.training is not None and
+                    any(t.wait_share is not None for t in st.sweep) else "the fastest loader alone")
+            r.summary.append(("Workers", f"num_workers={best}: {what} (measured)"))
