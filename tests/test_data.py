@@ -318,13 +318,18 @@ def test_options_validated():
     assert Options(workers="0,2").workers == (0, 2)
 
 
+@pytest.mark.slow
 def test_sweep_with_model_and_user_loader_untouched():
     data = load_data(f"{SAMPLES}/data_digits.py:train")
     loader = data.obj
     before = (loader.worker_init_fn, loader.sampler, loader.num_workers, loader.collate_fn)
-    r = run_data(data, Options(batches=3, workers=(0, 1)), context("cpu"),
-                 model=load_model(f"{SAMPLES}/data_digits.py:model").model)
+    model = load_model(f"{SAMPLES}/data_digits.py:model").model
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state(), np.random.get_state()[1].copy()
+    r = run_data(data, Options(batches=3, workers=(0, 1)), context("cpu"), model=model)
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())   # trained on a copy
     assert (loader.worker_init_fn, loader.sampler, loader.num_workers, loader.collate_fn) == before
+    assert torch.equal(torch.get_rng_state(), rng[0]) and (np.random.get_state()[1] == rng[1]).all()
     sweep = r.data["throughput"]["sweep"]
     assert [s["num_workers"] for s in sweep] == [0, 1] and all(s["wait_share"] is not None for s in sweep)
     assert r.data["throughput"]["balanced_workers"] in (0, 1)
@@ -371,6 +376,18 @@ def test_no_workers_on_many_cores(monkeypatch):
     assert one(run("data_fake.py:loader"), "no-workers").severity == "info"
     monkeypatch.setattr(traps, "cpu_count", lambda: 2)
     assert "no-workers" not in codes(run("data_fake.py:loader"))
+
+
+def test_binary_and_one_hot_targets_are_not_class_indices():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 5, generator=g)
+    binary = torch.utils.data.TensorDataset(x, (torch.arange(200) % 2).float().unsqueeze(1))
+    r = run_data(binary, Options(**QUICK, speed=False), context("cpu"), model=torch.nn.Linear(5, 1))   # a BCE logit
+    assert r.data["num_classes"] is None and quiet(r) == []
+    assert r.data["splits"]["train"]["labels"]["counts"] == {"0": 100, "1": 100}
+    one_hot = torch.nn.functional.one_hot(torch.arange(200) % 20, 20).float()
+    r = run_data(torch.utils.data.TensorDataset(x, one_hot), Options(**QUICK), context("cpu"))
+    assert r.data["splits"]["train"]["labels"] is None and quiet(r) == []
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ check; the num_workers sweep, with the model's training step when given. Ctrl-C 
 (exit 130); a sample that raises is exit 3 naming its index, with the partial result."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,7 +76,8 @@ def run_data(train, opts: Options | None = None, ctx=None, val=None, model=None)
     ctx = ctx or context()
     st = State(as_data(train, "the data"), as_data(val, "the validation data"), model, opts, ctx)
     try:
-        _stages(st)
+        with _rng_kept(ctx.seed):   # shuffling draws from the global RNGs: seeded, and restored afterwards
+            _stages(st)
     except KeyboardInterrupt as exc:   # Ctrl-C, or SIGTERM: keep what was measured
         st.interrupted = int(interrupt_code(exc))
     except DiagError as exc:
@@ -86,6 +88,25 @@ def run_data(train, opts: Options | None = None, ctx=None, val=None, model=None)
 
 
 run = run_data
+
+
+@contextlib.contextmanager
+def _rng_kept(seed: int):
+    """torch's RNG seeded for the run and restored (core.train.seeded); Python's and numpy's global RNGs
+    (a dataset may draw from them in this process) restored too."""
+    import random
+
+    import numpy as np
+
+    from ...core.train import seeded
+
+    saved = random.getstate(), np.random.get_state()
+    try:
+        with seeded(seed):
+            yield
+    finally:
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
 
 
 def _stages(st: State) -> None:

@@ -201,7 +201,8 @@ def output_size(model, batch, roles, ctx) -> int | None:
         y, _ = primary_output(out)
     except Exception:
         return None
-    return int(y.shape[1]) if y.dim() >= 2 else None
+    # cross_entropy's convention: (N, C) with C ≥ 2 classes; (N, 1) is a binary logit, not one class
+    return int(y.shape[1]) if y.dim() >= 2 and y.shape[1] >= 2 else None
 
 
 def batch_of_one_fails(model, batch, roles, ctx) -> str | None:

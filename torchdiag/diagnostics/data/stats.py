@@ -100,7 +100,9 @@ class FieldStats:
             if by_channel and merged is not None:
                 self.values, self.mu, self.m2 = merge(self.values, self.mu, self.m2, *merged)
             self._features(x, sample)
-        if self.role == "target" and self.integral:
+        # class labels: one integral value per sample, or integer tensors (masks, token labels); a float
+        # (N, C) target is one-hot / multi-label / soft, not C class indices
+        if self.role == "target" and self.integral and (not t.is_floating_point() or sample in ((), (1,))):
             self._labels(t, indices)
 
     def _channels(self, x, sample):
