@@ -404,3 +404,23 @@ def test_pin_memory_swept_on_cuda():
     sweep = r.data["throughput"]["sweep"]
     assert len(sweep) == 3 and sweep[-1]["pin_memory"] is True
     assert "pin-memory-without-cuda" not in codes(r)
+
+
+def test_samples_bound_reads_a_random_subset():
+    r = run("data_fake.py:dataset", samples=100)
+    tr = r.data["splits"]["train"]
+    assert tr["subset"] and tr["samples"] == 100 and tr["total"] == 512
+    assert sum(tr["labels"]["counts"].values()) == 100
+
+
+def test_tensorboard_gets_the_grid_and_histograms(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from torchdiag.render.tensorboard import write_result
+
+    r = run("data_fake.py:loader")
+    path = write_result(r, tmp_path)
+    acc = EventAccumulator(str(path), size_guidance={"images": 0, "histograms": 0})
+    acc.Reload()
+    assert "data/train/samples_per_class" in acc.Tags()["images"]
+    assert "data/train/[0]/channel_0" in acc.Tags()["histograms"]

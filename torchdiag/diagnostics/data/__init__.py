@@ -222,11 +222,12 @@ def _speed(st: State, loader, roles, ds) -> None:
     step = (lambda: speed.TrainStep(st.model, ctx, roles, skip_one)) if st.model is not None and st.model_timed else None
     if step is not None:
         st.phase = "the training steps against the loader as configured"
-        st.training = speed.time_loader(loader, opts, dataset=ds, step=step(), label="the training loader")
+        st.training = speed.Timing(getattr(loader, "num_workers", None), bool(getattr(loader, "pin_memory", False)))
+        speed.time_loader(loader, opts, dataset=ds, step=step(), label="the training loader", timing=st.training)
     if opts.sweep and ds is not None and hasattr(loader, "collate_fn"):
         st.phase = "the num_workers sweep"
         st.sweep = []
-        for t in speed.sweep(loader, opts, ctx, ds, roles, step):
+        for t in speed.sweep(loader, opts, ctx, ds, step):
             st.sweep.append(t)
     elif opts.sweep:
         st.skipped.append("num_workers sweep: only for a map-style Dataset (an iterable's workers would each "

@@ -52,7 +52,7 @@ class Timing:
                 "wait_share": self.wait_share, "step_s": self.step_s / self.batches if self.batches and self.step_s else None}
 
 
-def time_loader(loader, opts, *, dataset=None, roles=None, step=None, look=None, label="the loader", timing=None,
+def time_loader(loader, opts, *, dataset=None, step=None, look=None, label="the loader", timing=None,
                 limit: int | None = None) -> Timing:
     """Iterate the first `limit` (default opts.batches) + 1 batches (the first, which includes starting
     workers, timed on its own). `step(batch)`: a training step run on each batch (its time is the step, the
@@ -75,8 +75,6 @@ def time_loader(loader, opts, *, dataset=None, roles=None, step=None, look=None,
             parts = batch.parts if isinstance(batch, Ragged) else [batch]
             n = sum(B.batch_size(p) for p in parts)
             t.sizes.append(n)
-            if roles is not None and roles.target is not None and len(t.labels) < 100_000:
-                t.labels.extend(labels_of(parts, roles.target))
             if step is not None and not isinstance(batch, Ragged):
                 step(batch)
             done = time.perf_counter()
@@ -125,21 +123,22 @@ def candidates(opts, current: int | None) -> list[int]:
     return sorted(out)
 
 
-def sweep(loader, opts, ctx, dataset, roles, step_factory=None, label="train data") -> list[Timing]:
-    """The same loader with each num_workers (persistent workers off, so each run pays its start), and with
-    pin_memory on CUDA for the best of them; with a model, the training steps too."""
+def sweep(loader, opts, ctx, dataset, step_factory=None, label="train data"):
+    """Yields a Timing per configuration (so Ctrl-C keeps those done): the same loader with each num_workers
+    (persistent workers off, so each run pays its start), and on CUDA pin_memory flipped for the fastest;
+    with a model, the training steps too."""
     runs = []
     for nw in candidates(opts, loader.num_workers):
         variant = rebuild(loader, num_workers=nw, persistent_workers=False)
         step = step_factory() if step_factory else None
         runs.append(time_loader(variant, opts, dataset=dataset, step=step, label=f"{label} (num_workers={nw})"))
+        yield runs[-1]
     if ctx.device.type == "cuda" and runs:
         best = max(runs, key=lambda r: r.batches_per_s or 0)
         variant = rebuild(loader, num_workers=best.num_workers, persistent_workers=False, pin_memory=not best.pin_memory)
         step = step_factory() if step_factory else None
-        runs.append(time_loader(variant, opts, dataset=dataset, step=step,
-                                label=f"{label} (num_workers={best.num_workers}, pin_memory={not best.pin_memory})"))
-    return runs
+        yield time_loader(variant, opts, dataset=dataset, step=step,
+                          label=f"{label} (num_workers={best.num_workers}, pin_memory={not best.pin_memory})")
 
 
 class TrainStep:
