@@ -117,6 +117,9 @@ def _stages(st: State) -> None:
 
     opts, ctx = st.opts, st.ctx
     loader = loader_for(st.train, opts.batch_size, ctx.seed)
+    if st.train.kind == "iterable" and iter(st.train.obj) is st.train.obj:
+        st.skipped.append("a one-shot iterator (a generator): the content pass goes on where the loader timing "
+                          "stopped; return a re-iterable object (a Dataset, a DataLoader) to read it from the start")
     st.phase = "the first batches of the loader as configured"
     try:
         st.probe = speed.Timing(getattr(loader, "num_workers", None), bool(getattr(loader, "pin_memory", False)))
