@@ -87,9 +87,6 @@ def run_data(train, opts: Options | None = None, ctx=None, val=None, model=None)
     return report.build(st)
 
 
-run = run_data
-
-
 @contextlib.contextmanager
 def _rng_kept(seed: int):
     """torch's RNG seeded for the run and restored (core.train.seeded); Python's and numpy's global RNGs
