@@ -1,0 +1,97 @@
+"""Files of `data`: `--images DIR` (a grid of sample inputs per class for each split, PNG) and
+`--plot FILE` (the label histogram and the per-channel value histograms in one figure)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .images import need_pictures
+from .output import atomic_path, check_file
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def check_plot(path, option: str = "--plot") -> None:
+    """Before any work: a writable file name with a suffix we write, and matplotlib installed."""
+    if path is None:
+        return
+    check_file(path, option, PLOT_SUFFIXES)
+    need_pictures(option, ("matplotlib",))
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_images(result, path) -> str:
+    """samples_<split>.png in folder `path`: one row per class (labelled), sample inputs across; returns the folder."""
+    plt = _plt()
+    folder = Path(path)
+    for split, g in result.artefacts.get("gallery", {}).items():
+        img, rows = g["grid"], g["rows"]
+        h = g["tile"][0]
+        fig_h = max(2.0, img.shape[0] / 60 + 0.8)
+        fig, ax = plt.subplots(figsize=(max(3.0, img.shape[1] / 60 + 1.2), fig_h), dpi=100)
+        try:
+            ax.imshow(img, interpolation="nearest")
+            ax.set_yticks([i * (h + 2) + h / 2 for i in range(len(rows))])
+            ax.set_yticklabels(rows, fontsize=8)
+            ax.set_ylabel(f"class (target {g.get('target')})" if rows != ["all"] else "samples", fontsize=8)
+            ax.set_xticks([])
+            ax.set_title(f"data {split}: sample inputs ({g['field']}), one row per class", fontsize=9)
+            fig.tight_layout()
+            folder.mkdir(parents=True, exist_ok=True)
+            with atomic_path(folder / f"samples_{split}.png", "--images") as tmp:
+                fig.savefig(tmp)
+        finally:
+            plt.close(fig)
+    return str(folder)
+
+
+def write_plot(result, path) -> str:
+    """The label histogram per split and each input field's per-channel value histograms; returns the path."""
+    plt = _plt()
+    splits = result.data.get("splits", {})
+    labels = {s: d["labels"] for s, d in splits.items() if d.get("labels")}
+    channels = result.artefacts.get("channels", {})
+    panels = (1 if labels else 0) + len(channels)
+    fig, axes = plt.subplots(max(panels, 1), 1, figsize=(7, 2.8 * max(panels, 1)), dpi=100, squeeze=False)
+    try:
+        i = 0
+        if labels:
+            ax = axes[i][0]
+            i += 1
+            width = 0.8 / len(labels)
+            for j, (split, lab) in enumerate(labels.items()):
+                keys = list(lab["counts"])
+                xs = [k + j * width for k in range(len(keys))]
+                ax.bar(xs, [lab["counts"][k] for k in keys], width=width, label=f"{split} ({lab['field']})")
+                ax.set_xticks([k + 0.4 - width / 2 for k in range(len(keys))])
+                ax.set_xticklabels(keys, fontsize=7, rotation=90 if len(keys) > 20 else 0)
+            ax.set_xlabel("class")
+            ax.set_ylabel("samples")
+            ax.set_title("label histogram", fontsize=9)
+            ax.set_ylim(top=1.3 * max(max(lab["counts"].values()) for lab in labels.values()))   # room for the legend
+            ax.legend(fontsize=7, loc="upper right")
+        for name, values in channels.items():
+            ax = axes[i][0]
+            i += 1
+            for c, v in enumerate(values):
+                ax.hist(v, bins=50, histtype="step", label=f"channel {c}" if len(values) > 1 else "values")
+            ax.set_xlabel("value")
+            ax.set_ylabel("count (sampled values)")
+            ax.set_title(f"{name}: values per channel", fontsize=9)
+            ax.legend(fontsize=7)
+        if not panels:
+            axes[0][0].text(0.5, 0.5, "no labels and no image-like input to draw", ha="center", va="center")
+            axes[0][0].set_axis_off()
+        fig.tight_layout()
+        with atomic_path(path, "--plot") as tmp:
+            fig.savefig(tmp)
+    finally:
+        plt.close(fig)
+    return str(path)
