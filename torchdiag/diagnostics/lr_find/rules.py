@@ -9,8 +9,9 @@ loss L_k right after it: the pairs (lr_k, L_k) say what each rate did. Two smoot
 - afterwards, for the rules: a centred moving median over [L0, L_0, L_1, …] (half-width steps // 30, at
   least 1). It has no lag, and a median ignores a lone spike (an early spike does not fool the rules).
 
-Noise: σ = 1.4826 × the median |raw − smoothed| (a robust standard deviation) over the curve up to its
-minimum. A change is meaningful when it exceeds tol = max(3σ, 1% of |start|), start = the smoothed L0.
+Noise: σ = 1.4826 × the median |second difference| / √6 of the raw losses up to the last point where the
+smoothed loss is still at or below its start (a robust standard deviation of the scatter around a smooth
+trend; a falling trend barely enters it, the blow-up at the top of the range is left out). A change is meaningful when it exceeds tol = max(3σ, 1% of |start|), start = the smoothed L0.
 
 Per repeat: `fall` = start − the smoothed minimum. The curve is
   ok     — fall > tol (some rate reduced the loss);
@@ -121,9 +122,9 @@ def analyse(lrs: list[float], initial: float, losses: list[float], steps: int, s
         return Analysis("rises" if stopped else "flat", start, [], 0.0, MIN_REL * abs(start), 0.0, 0.0, None,
                         {r: None for r in RULES})
     m = min(range(n), key=lambda i: smooth[i])
-    upto = m + 2   # residuals up to the minimum (+ L0): past it the blow-up's curvature is not noise
-    resid = sorted(abs(a - b) for a, b in zip(ys[:upto], sm[:upto]))
-    sigma = 1.4826 * resid[len(resid) // 2]
+    # over the curve up to where it climbs above its start for good: the blow-up's curvature is not noise
+    last = max([m] + [i for i in range(n) if smooth[i] <= start])
+    sigma = noise(ys[:last + 3])
     tol = max(NOISE_K * sigma, MIN_REL * abs(start), 1e-12)
     fall, rise = start - smooth[m], max(smooth) - start
     if fall > tol:
@@ -141,6 +142,13 @@ def analyse(lrs: list[float], initial: float, losses: list[float], steps: int, s
     return Analysis(status, start, smooth, sigma, tol, fall, rise, m, rules or {r: None for r in RULES}, a,
                     still_falling=status == "ok" and m == n - 1 and stopped is None,
                     falls_at_once=status == "ok" and a == 0)
+
+
+def noise(ys: list[float]) -> float:
+    """σ of the scatter around a smooth trend: 1.4826 × median |second difference| / √6 (white noise of
+    variance σ² gives second differences of variance 6σ²; a smooth trend gives almost none)."""
+    d2 = sorted(abs(ys[i + 1] - 2 * ys[i] + ys[i - 1]) for i in range(1, len(ys) - 1))
+    return 1.4826 * d2[len(d2) // 2] / math.sqrt(6) if d2 else 0.0
 
 
 def steepest(lrs: list[float], smooth: list[float], upto: int) -> int:
