@@ -289,6 +289,11 @@ def test_checked_runs_judged_and_picked_by_hand():
     assert fast.trained and fast.final == 1.0
     assert spiky.unstable and not spiky.diverged          # rose 2.5 after a progress of 3: > 25%
     assert blown.diverged and not blown.trained
+    # a spike past diverge × L0 that comes back down is unstable, not diverged; ending above L0 is diverged
+    back = rules.judge(rules.Check(10.0, 1e-2, [5.0, 25.0, 2.0, 0.5, 0.4]), tol, 4.0)
+    assert back.unstable and not back.diverged and back.trained
+    worse = rules.judge(rules.Check(10.0, 1e-2, [5.0, 4.0, 5.0, 6.0, 7.0]), tol, 4.0)
+    assert worse.diverged and not worse.trained
     assert rules.pick([steady, fast, spiky], tol) is fast       # the suggestion, fastest and stable
     assert rules.pick([steady, fast, blown], tol) is fast
     slow = rules.judge(rules.Check(1.0, 1e-3, [5.0, 4.9, 4.8, 4.7, 4.6]), tol, 4.0)

@@ -232,7 +232,7 @@ def _verdict(result, s, checks, best, opts) -> None:
         result.verdict = ("FAIL: no rate trains" if any(f.severity == "error" for f in result.findings)
                           else f"NO SUGGESTION: the curve is {s.status}")
         return
-    head = f"lr {g(s.lr)} (band {g(s.band[0])}–{g(s.band[1])} over {s.ok} repeat(s))"
+    head = f"lr {g(s.lr)} (band {g(s.band[0])}–{g(s.band[1])}, {s.ok} repeat(s))"
     if not checks:
         result.verdict = f"SUGGESTED {head}, not checked"
         return
@@ -242,4 +242,5 @@ def _verdict(result, s, checks, best, opts) -> None:
     elif best.factor == 1.0:
         result.verdict = f"SUGGESTED {head}; checked: {others}; 1× kept"
     else:
-        result.verdict = f"RECOMMENDED lr {g(best.lr)} ({LABEL[best.factor]} the curve's {head}); checked: {others}"
+        result.verdict = (f"RECOMMENDED lr {g(best.lr)} = {LABEL[best.factor]} the curve's suggestion {g(s.lr)} "
+                          f"(band {g(s.band[0])}–{g(s.band[1])}, {s.ok} repeat(s)); checked: {others}")

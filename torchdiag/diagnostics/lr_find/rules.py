@@ -191,18 +191,19 @@ class Check:
 def judge(c: Check, tol: float, diverge: float) -> Check:
     """What the losses of a checked run did (L0 = losses[0]; final = the mean of the last max(1, n // 10)
     losses, n the number of losses):
-      diverged — a loss is non-finite, or final > L0 (it ended above where it started), or a loss exceeds
-                 `diverge` × L0 (exceeds(): the range test's own rule);
+      diverged — a loss is non-finite, or final > L0 (it ended above where it started);
       unstable — not diverged, and at some step it gave back more than 25% of the progress made so far
                  (the rise above the lowest earlier loss, compared with L0 − that lowest loss) and more
-                 than tol (the range test's noise level);
+                 than tol (the range test's noise level), or a loss exceeded `diverge` × L0 (the range
+                 test's stop rule) before it came back down;
       trained  — not diverged and L0 − final > tol."""
     ls = c.losses
     l0 = ls[0]
     k = max(1, len(ls) // 10)
     finite = all(math.isfinite(v) for v in ls)
     c.final = sum(ls[-k:]) / k if finite else math.nan
-    c.diverged = not finite or c.final > l0 or any(exceeds(v, l0, diverge) for v in ls[1:])
+    c.diverged = not finite or c.final > l0
+    c.unstable = not c.diverged and any(exceeds(v, l0, diverge) for v in ls[1:])
     if not c.diverged:
         low = ls[0]
         for v in ls[1:]:
