@@ -15,6 +15,16 @@ from torchdiag.diagnostics.lr_find import Options, rules  # noqa: E402
 from torchdiag.errors import OptionError, UsageError  # noqa: E402
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Hundreds of tiny steps: on a shared, loaded machine two spinning OpenMP threads make them ~20× slower
+    (measured: 8 s vs 0.4 s for the CNN run below). Restored after this module."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def lr_find(model, x, **options):
     return api_run("lr-find", model, x, **options)
 
@@ -61,7 +71,6 @@ def test_least_squares_suggestion_below_the_closed_form_limit(least_squares, unt
         r = lr_find(model, x, loss="mse", target=y, optimizer="sgd", momentum=0.0, steps=100, repeats=2, check_steps=30)
     assert r.exit_code == 0, r.verdict
     assert r.data["suggestion"] < limit and r.data["recommended"] < limit
-    assert all(v["high"] < limit for k, v in r.data["rules_lr"].items() if k != "min/10") or True
     assert r.data["rules_lr"]["valley"]["high"] < limit and r.data["rules_lr"]["steepest"]["high"] < limit
     # the range crosses 2/L: the divergence finding, and no repeat stopped below the limit (GD shrinks the
     # loss at every rate below 2/L, so it cannot rise there)
@@ -110,7 +119,7 @@ def _ce_targets(n, classes, seed=0):
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_cnn_checked_runs_match_an_independent_sweep(optimizer):
     torch.manual_seed(0)
-    model, x = load("cnn.py:build", inputs=["8x3x32x32"])
+    model, x = load("cnn.py:build", "width=4", inputs=["8x3x32x32"])
     r = lr_find(model, x, optimizer=optimizer, steps=60, repeats=2, check_steps=20)
     assert r.data["suggestion"] is not None and r.exit_code == 0, r.verdict
     targets = _ce_targets(8, 10)
@@ -128,7 +137,6 @@ def test_cnn_checked_runs_match_an_independent_sweep(optimizer):
             finals[lr] = losses[-1]
     best = min(finals, key=finals.get)
     assert best / 10 <= r.data["recommended"] <= best * 10 * 1.0001, (finals, r.data["recommended"])
-    assert r.data["recommended"] in finals or any(abs(math.log10(r.data["recommended"] / lr)) < 1 for lr in finals)
 
 
 def test_transformer_lm_lets_the_checked_runs_decide():
@@ -344,7 +352,9 @@ def test_a_peer_divergence_stops_this_rank_at_the_same_update(monkeypatch):
     rows = r.table("curves").rows
     assert rows[0]["stopped"] == "diverged" and len(r.series["loss_r0"]) == 12
     assert r.data["diverged_at_lr"][0] == pytest.approx(rules.schedule(1e-7, 10, 40)[11])
-    assert len(calls) == 13 + 2 * (1 + 3) + (1 + 3) or len(calls) >= 13   # every evaluation agreed
+    # every evaluation agreed: 13 in the range test (L0 and 12 updates), 1 + 3 per checked run
+    table = r.table("checked")
+    assert len(calls) == 13 + 4 * (len(table.rows) if table else 0)
 
 
 def test_a_peer_failure_makes_this_rank_stop_with_it(monkeypatch):
@@ -499,3 +509,24 @@ def test_under_torchrun_a_rank_that_fails_mid_test_stops_its_peer():
     rc, doc = _torchrun("fails_later", "ddp")
     assert doc["exit_code"] == 3 and "[rank 1]" in doc["error"]["message"] and "fails on rank 1" in doc["error"]["message"]
     assert doc["ranks"][0]["error"]["echo"] is True      # rank 0 stopped with it (no wait in a collective)
+
+
+def test_ctrl_c_keeps_the_curve_so_far_without_a_verdict():
+    torch.manual_seed(0)
+    model, x = load("mlp.py:build")
+
+    def interrupt(done, loss):
+        if done == 15:
+            raise KeyboardInterrupt
+
+    r = lr_find(model, x, steps=40, repeats=2, on_step=interrupt)
+    assert r.exit_code == 130 and r.verdict.startswith("INTERRUPTED") and r.data["status"] == "interrupted"
+    assert len(r.series["loss_r0"]) == 15 and r.data["suggestion"] is None and "loss_r1" not in r.series
+
+
+def test_autocast_and_an_unused_lr_are_stated():
+    torch.manual_seed(0)
+    model, x = load("mlp.py:build")
+    r = lr_find(model, x, amp="bf16", lr=0.5, steps=20, repeats=1, check_steps=3)
+    assert r.data["amp"] == "bfloat16" and "autocast bfloat16" in r.header["training"]
+    assert any("lr 0.5 is not used" in n for n in r.notes)

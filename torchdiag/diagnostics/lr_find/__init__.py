@@ -58,6 +58,8 @@ def run(model, inputs, opts: Options | None, ctx):
             if suggestion.lr is not None and opts.check_steps:
                 for factor in FACTORS:
                     runner.checked(factor, factor * suggestion.lr)
-        except KeyboardInterrupt as exc:   # Ctrl-C, or SIGTERM: keep what ran, no verdict
+        except KeyboardInterrupt as exc:   # Ctrl-C, or SIGTERM: keep what ran (the partial curve too), no verdict
             interrupted = int(interrupt_code(exc))
+            analyses += [analyse(rep.lrs, rep.initial, rep.losses, opts.steps, rep.stopped)
+                         for rep in runner.repeats[len(analyses):]]
     return build(runner, analyses, suggestion, opts, ctx, interrupted)
