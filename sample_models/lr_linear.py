@@ -2,10 +2,10 @@
 
 With the mean-squared error over N rows, loss(w) = ||Xw − y||² / N has the Hessian 2 XᵀX / N; its largest
 eigenvalue L = 2 λ_max(XᵀX) / N bounds plain gradient descent (SGD without momentum): every step at a rate
-below 2/L shrinks the loss, above it the top direction grows by |1 − lr·L| per step.
+below 2/L shrinks the loss, above it the top direction grows by |1 − lr·L| per step. (With heavy-ball
+momentum β the limit is 2(1 + β)/L: the CLI's sgd has β = 0.9; plain SGD is `momentum=0.0` in Python.)
 
-    torchdiag lr-find sample_models/lr_linear.py:build --batch sample_models/lr_linear.py:batch \
-        --loss mse --optimizer sgd --momentum 0"""
+    torchdiag.api.run("lr-find", build(), batch()[0], target=batch()[1], loss="mse", optimizer="sgd", momentum=0.0)"""
 import torch
 from torch import nn
 

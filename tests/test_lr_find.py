@@ -530,3 +530,50 @@ def test_autocast_and_an_unused_lr_are_stated():
     r = lr_find(model, x, amp="bf16", lr=0.5, steps=20, repeats=1, check_steps=3)
     assert r.data["amp"] == "bfloat16" and "autocast bfloat16" in r.header["training"]
     assert any("lr 0.5 is not used" in n for n in r.notes)
+
+
+def test_fp16_autocast_steps_through_a_grad_scaler(monkeypatch):
+    from torchdiag.diagnostics.lr_find import loop
+
+    stepped = []
+    original = loop.ScaledStep.step
+    monkeypatch.setattr(loop.ScaledStep, "step", lambda self: (stepped.append(self.scaler.get_scale()), original(self)))
+    torch.manual_seed(0)
+    model, x = load("mlp.py:build")
+    r = lr_find(model, x, amp="fp16", steps=20, repeats=1, check_steps=3)
+    assert r.data["amp"] == "float16" and len(stepped) == r.data["updates"] > 0
+    assert stepped[0] == 2.0 ** 16            # torch's GradScaler starts at 2^16
+
+
+@pytest.mark.cuda
+def test_on_cuda_with_fp16_the_model_is_untouched(untouched):
+    torch.manual_seed(0)
+    model, x = load("mlp.py:build", device="cuda")
+    with untouched(model):
+        r = lr_find(model, x, amp="fp16", steps=30, repeats=2, check_steps=5)
+    assert r.data["amp"] == "float16" and r.data["updates"] > 0 and r.exit_code in (0, 1)
+    assert r.data["suggestion"] is None or r.data["band"][0] <= r.data["suggestion"] <= r.data["band"][1]
+
+
+def test_docs_picture_is_what_the_code_draws_now(tmp_path):
+    """docs/images/lr_find.png: `lr-find sample_models/transformer_lm.py:build --optimizer adamw` (defaults) on
+    the CLI's path (core.context.prepare → diagnostics.invoke → render.lr_find.write_plot), one thread."""
+    from conftest import ROOT, assert_readme_picture
+    from torchdiag.core.context import prepare
+    from torchdiag.core.run import OptimizerSpec, RunSpec
+    from torchdiag.diagnostics import invoke, module
+    from torchdiag.render.lr_find import write_plot
+
+    d = module("lr-find")
+    spec = RunSpec("lr-find", model="sample_models/transformer_lm.py:build", optimizer=OptimizerSpec("adamw"))
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(ROOT)      # the spec as the docs show it (relative to the repository root)
+    try:
+        model, x, ctx = prepare(spec, needs_values=True)
+        r = invoke(d, model, x, d.Options(), ctx)
+    finally:
+        os.chdir(cwd)
+    write_plot(r, tmp_path / "lr_find.png")
+    assert_readme_picture("lr_find.png", tmp_path / "lr_find.png")
