@@ -168,7 +168,7 @@ def test_model_that_climbs_at_every_rate_is_an_error(untouched):
         r = lr_find(model, model.example_input_array, steps=40, repeats=2)
     assert r.exit_code == 1 and "no-rate-trains" in codes(r)
     assert r.data["suggestion"] is None and r.data["recommended"] is None and r.table("checked") is None
-    assert r.data["status"] == "rises" and r.verdict.startswith("FAIL")
+    assert r.data["status"] == "rises" and r.verdict.startswith("FAIL: no rate in 1e-07–10 reduced the loss")
     # the loss really rose: every recorded loss above the initial one
     init = r.table("curves").rows[0]["initial_loss"]
     assert min(r.series["loss_r0"]) >= init
@@ -577,3 +577,21 @@ def test_docs_picture_is_what_the_code_draws_now(tmp_path):
         os.chdir(cwd)
     write_plot(r, tmp_path / "lr_find.png")
     assert_readme_picture("lr_find.png", tmp_path / "lr_find.png")
+
+
+def test_a_loss_already_nan_is_an_error_not_a_curve():
+    model, x = load("broken_nan_forward.py:build")
+    r = lr_find(model, x, steps=20, repeats=1)
+    assert r.exit_code == 1 and codes(r) == ["non-finite-loss"] and r.data["updates"] == 0
+    assert r.verdict == "FAIL: the loss before any update is nan: nothing to measure"
+
+
+def test_options_import_no_torch():
+    """`torchdiag --help` must not import torch: the package and its Options are torch-free."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from torchdiag.diagnostics.lr_find import Options, options, rules; Options(); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

@@ -229,8 +229,8 @@ def _check_findings(result, s, checks, best, opts) -> None:
 
 def _verdict(result, s, checks, best, opts) -> None:
     if s.lr is None:
-        result.verdict = ("FAIL: no rate trains" if any(f.severity == "error" for f in result.findings)
-                          else f"NO SUGGESTION: the curve is {s.status}")
+        error = next((f for f in result.findings if f.severity == "error"), None)
+        result.verdict = f"FAIL: {error.message}" if error else f"NO SUGGESTION: the curve is {s.status}"
         return
     head = f"lr {g(s.lr)} (band {g(s.band[0])}–{g(s.band[1])}, {s.ok} repeat(s))"
     if not checks:
