@@ -595,3 +595,30 @@ def test_options_import_no_torch():
             "assert 'torch' not in sys.modules, 'torch imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("losses,want,recommended", [
+    # 0.1×, 1×, 10× — the suggestion diverges: lr-too-high, 0.1× recommended
+    (([5, 4, 3, 2], [5, 9, 20, 50], [5, 50, 500, float("nan")]), {"lr-too-high"}, 0.1),
+    # 0.1× clearly faster than a slow suggestion: lr-too-high
+    (([5, 3, 1.5, 1.0], [5, 4.9, 4.8, 4.7], [5, 50, 500, 900]), {"lr-too-high"}, 0.1),
+    # 10× clearly faster and stable: info lr-too-low, 10× recommended
+    (([5, 4.9, 4.8, 4.7], [5, 4.5, 4.0, 3.5], [5, 2.0, 1.0, 0.5]), {"lr-too-low"}, 10.0),
+    # the suggestion spikes back above its start: lr-unstable, the stable 0.1× recommended
+    (([5, 4.5, 4.0, 3.5], [5, 2.0, 6.0, 1.0], [5, 50, 500, 900]), {"lr-unstable"}, 0.1),
+    # nothing trains: the error
+    (([5, 5, 5, 5], [5, 5, 5, 5], [5, 6, 7, 8]), {"no-rate-trains"}, None),
+])
+def test_checked_findings_from_what_the_losses_did(losses, want, recommended):
+    from torchdiag.diagnostics.lr_find.report import _check_findings
+    from torchdiag.results import Result
+
+    s = rules.Suggestion("ok", 1e-3, (1e-3, 1e-3), {}, 1, tol=0.01)
+    checks = [rules.judge(rules.Check(f, f * 1e-3, [float(v) for v in ls]), s.tol, 4.0)
+              for f, ls in zip((0.1, 1.0, 10.0), losses)]
+    best = rules.pick(checks, s.tol)
+    r = Result("lr-find")
+    _check_findings(r, s, checks, best, Options(check_steps=3))
+    assert set(codes(r)) == want
+    assert (best.factor if best else None) == recommended
+    assert r.exit_code == (1 if "no-rate-trains" in want else 0)
