@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ..core.guard import leave_no_trace
 from ..core.run import flag, number
-from ..core.tracking import ForwardHooks, ModuleTracker, forward_error, nested_shape
+from ..core.tracking import ForwardHooks, ModuleTracker, first_tensor, forward_error, nested_shape
 from ..errors import UsageError
 from ..results import Column, Result, Table
 
@@ -74,24 +74,6 @@ def saturation_bounds(module, eps: float):
         return 0.0, 6.0
     if isinstance(module, nn.Hardtanh):
         return module.min_val, module.max_val
-    return None
-
-
-def first_tensor(out):
-    import torch
-
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, (tuple, list)):
-        for x in out:
-            t = first_tensor(x)
-            if t is not None:
-                return t
-    if isinstance(out, dict):
-        for x in out.values():
-            t = first_tensor(x)
-            if t is not None:
-                return t
     return None
 
 

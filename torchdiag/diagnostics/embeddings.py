@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..core.guard import leave_no_trace
 from ..core.run import choice
-from ..core.tracking import ModuleTracker, forward_error
+from ..core.tracking import ModuleTracker, first_tensor, forward_error, module_named
 from ..errors import OptionError, UsageError
 from ..results import Column, Result, Table
 from ..core.run import flag
@@ -74,23 +74,10 @@ def nn_agreement(x, labels) -> float:
     return float((lab[nn] == lab).double().mean())
 
 
-def module_named(model, name: str):
-    """The submodule at path `name`, or a usage error with the closest names."""
-    names = dict(model.named_modules())
-    if name not in names:
-        import difflib
-
-        close = difflib.get_close_matches(name, [n for n in names if n], n=3, cutoff=0.5)
-        raise UsageError(f"no module named '{name}' in the model",
-                         hint=(f"did you mean {', '.join(close)}?" if close else "module paths are listed by `torchdiag summary`"))
-    return names[name]
-
-
 def layer_output(model, inputs, layer: str):
     """The first tensor the layer outputs in one forward pass (eval, no grad), on the CPU."""
     import torch
 
-    from .activations import first_tensor
 
     module = module_named(model, layer)
     kept = {}

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ..core.guard import leave_no_trace
 from ..core.resources import memory_limit
 from ..core.run import flag, number
-from ..core.tracking import ModuleTracker, forward_error
+from ..core.tracking import ModuleTracker, forward_error, module_named
 from ..errors import ModelError, OptionError, UsageError
 from ..results import Column, Result, Table
 
@@ -214,7 +214,6 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     import torch
 
     from ..render import images as im
-    from .embeddings import module_named
 
     module_named(model, opts.layer)
     c, mean, std = opts.channels, opts.mean, opts.std

@@ -6,7 +6,7 @@ import numbers
 from pathlib import Path
 
 from ..errors import UsageError
-from .fmt import cell
+from ..fmt import cell
 from .output import write_error as output_error
 
 

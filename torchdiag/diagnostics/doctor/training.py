@@ -9,7 +9,7 @@ from ...core import train
 from ...core.tracking import ModuleTracker, forward_error
 from ...errors import ModelError
 from ...results import Result
-from ..gradflow.design import stochastic_depth_off
+from ...core.design import stochastic_depth_off
 from .batchnorm import one_value_per_channel, report_train_failure, two_samples
 from .checklist import Checklist
 from .inplace import leaf_inplace_watch, locate_inplace, report_inplace

@@ -13,11 +13,11 @@ from ...core.distributed import local_shard
 from ...core.tracking import run_forward
 from ...errors import ModelError
 from ...results import Result
-from ..gradflow.design import stochastic_depth_off
-from ..overfit_batch.scaling import stepper
+from ...core.design import stochastic_depth_off
+from ...core.scaling import stepper
 from .checklist import Checklist
-from . import rounding as rounding_rule
-from .rounding import CODE, message, rounded_away, stagnation_counts
+from ...core import rounding as rounding_rule
+from ...core.rounding import CODE, message, rounded_away, stagnation_counts
 from .scaled import fit_scale
 from .shared import module_of, name, short_dtype
 

@@ -25,7 +25,7 @@ from .layers import bar_scale, frontier, layer_rows
 from .options import STATUS_ORDER, STATUS_SEVERITY, Options
 from .params import param_rows
 from .recheck import recheck
-from .record import record_pass
+from ...core.recording import record_pass
 from .stats import read_stats
 from .underflow import add_fractions, reduced_dtype, smallest_normal
 

@@ -9,7 +9,7 @@ import fnmatch
 import math
 
 from .dead import RULE, judge
-from .names import label
+from ...core.module_paths import label
 
 
 def activation_rows(rec, stats, opts, result, allow_name: str = "--allow", inputs=None, ctx=None) -> list[dict]:

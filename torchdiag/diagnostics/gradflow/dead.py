@@ -20,7 +20,7 @@ from ...core.guard import leave_no_trace
 from ...core.readback import read_back
 from ...core.tracking import run_forward
 from ...errors import ModelError
-from .design import stochastic_depth_off
+from ...core.design import stochastic_depth_off
 
 MIN_SAMPLES = 16    # fresh samples a flagged module is re-judged on (besides the judged batch)
 MARGIN = 0.5        # × the module's pre-activation std: how far below the zero point a dead unit stays

@@ -9,7 +9,7 @@ from typing import Any
 from ...core.run import autocast_dtype
 from ...core.train import backward, step
 from ...errors import ModelError, UsageError
-from ..profile.op_dtypes import OpDtypes
+from ...core.op_dtypes import OpDtypes
 
 
 @dataclass

@@ -225,7 +225,7 @@ def diagnose(trainer, curve, opts) -> Causes:
 
 def _rounding(trainer) -> list[dict]:
     """Reduced-precision weights whose first update mostly rounded away (counts read in final_flags)."""
-    from ..doctor.rounding import rounded_away
+    from ...core.rounding import rounded_away
 
     names = [n for n, _ in trainer.stagnation]
     params = dict(trainer.trainable)
@@ -235,7 +235,7 @@ def _rounding(trainer) -> list[dict]:
 
 def _skip_culprit(trainer, curve):
     """Where the first non-finite gradient appears (scaling.find_culprit); None if that pass fails."""
-    from .scaling import find_culprit
+    from ...core.scaling import find_culprit
 
     try:
         return find_culprit(trainer, curve.scales[0])

@@ -10,8 +10,9 @@ from ...core.tracking import forward_error
 from ...core.train import backward, step
 from ...errors import ModelError, UsageError
 from ...results import Result
-from ..overfit_batch.scaling import stepper
-from . import op_dtypes, syncs
+from ...core.scaling import stepper
+from ...core import op_dtypes
+from . import syncs
 from .labels import PHASE_PREFIX, ModuleLabels
 from .options import Options
 from .ranks import record_collectives

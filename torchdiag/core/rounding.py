@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from ...core.distributed import local_shard
+from .distributed import local_shard
 
 STAGNANT_FRACTION = 0.5      # a parameter is reported when at least half its moving elements stand still
 CODE = "update-rounds-away"
@@ -76,7 +76,7 @@ def adam_underflow(optimizer, dtype: str) -> str:
     (1 - beta2) * g**2 round to 0 below half the dtype's smallest subnormal, so m / (sqrt(v) + eps)
     divides by 0 (NaN where g = 0, Inf where g is small). "" when that is not the case (other
     optimizers, float32, bfloat16's float32 range, or an eps the dtype holds)."""
-    from ...core.precision import facts
+    from .precision import facts
 
     group = optimizer.param_groups[0] if optimizer.param_groups else {}
     if "betas" not in group or "eps" not in group or dtype not in ("float16", "bfloat16"):
