@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...core.context import loss_rule
 from ...core.guard import leave_no_trace
 from ...core.run import OptimizerSpec
 from ...core.tracking import ModuleTracker, describe, forward_error
@@ -155,7 +154,7 @@ def _eval_checks(work, inputs, ctx, loss, main_dtype, ck: Checklist, result: Res
     target = ctx.batch_target if ctx.batch_target is not None else loss.target
     train_loss = loss
     if check_target(eval_out, loss, target, ck):
-        train_loss = loss_rule("auto", seed=ctx.seed)
+        train_loss = ctx.loss("auto")
         result.notes.append("training checks used random class targets: the given targets are out of range")
     return eval_out, train_loss
 

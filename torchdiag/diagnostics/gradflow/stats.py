@@ -10,6 +10,8 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from ...core.precision import is_reduced
+
 # per-parameter statistics read back: weight norm, then (gradient) L2, L1 and L-inf norms
 WEIGHT, L2, L1, LINF = range(4)
 
@@ -58,7 +60,7 @@ def norms(tensors, ord) -> list:
             groups[(t.device, t.dtype)].append(i)
     for (_, dtype), idx in groups.items():
         # half precision is accumulated in float32; float64 and complex keep their own precision
-        kw = {"dtype": torch.float32} if dtype in (torch.float16, torch.bfloat16) else {}
+        kw = {"dtype": torch.float32} if is_reduced(dtype) else {}
         for i, n in zip(idx, torch._foreach_norm([tensors[i] for i in idx], ord, **kw)):
             out[i] = n
     return out
