@@ -210,10 +210,6 @@ class Loss:
             return "cross_entropy"
         return "mse"
 
-    @property
-    def is_classification(self) -> bool:
-        return self.chosen == "cross_entropy"
-
 
 def _check_classes(target, y) -> None:
     """Class indices within [0, C) (ignore_index -100 aside), read back with one host sync."""

@@ -1,4 +1,4 @@
-"""The dtype each matmul/conv/attention op actually ran in, and in which module (issue 17).
+"""The dtype each matmul/conv/attention op actually ran in, and in which module: what autocast really did.
 
 autocast decides per op (some ops are not on its lists, a region may disable it, an explicit .float()
 inside a disabled region stays float32), so asking for --amp says little about what ran. A

@@ -111,15 +111,6 @@ def tile(images, cols: int | None = None, pad: int = PAD, pad_value: int = PAD_V
     return grid
 
 
-def grid_size(n: int, h: int, w: int, cols: int | None = None, pad: int = PAD) -> tuple[int, int]:
-    """(height, width) of `tile()` for n tiles of h×w — documented, and used by tests."""
-    import math
-
-    cols = min(cols or math.ceil(math.sqrt(n)), n)
-    rows = math.ceil(n / cols)
-    return rows * h + (rows - 1) * pad, cols * w + (cols - 1) * pad
-
-
 def overlay(rgb_uint8, heat01, alpha: float = 0.5, cmap: str = "jet"):
     """Heatmap blended over an image of the same size."""
     np = _np()

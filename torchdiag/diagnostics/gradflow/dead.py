@@ -1,4 +1,4 @@
-"""Dead units judged on enough, different samples (issue 14; bench/corpus-findings.md item 6).
+"""Dead units judged on enough, different samples (bench/corpus-findings.md item 6).
 
 "0 for every sample of the batch" alone is chance when the samples are few or alike: a healthy
 freshly initialised unit whose pre-activation sits just below zero is 0 for both samples of a batch

@@ -1,6 +1,6 @@
 """Statistics stay on the device until every one of them is known, then come back in one read.
 
-A host sync per parameter or per module drains a GPU queue each time (issue 16): per-parameter
+A host sync per parameter or per module drains a GPU queue each time and slows the run: per-parameter
 norms are batched with `torch._foreach_norm`, activation statistics were reduced in the hooks, and
 the loss, the norms and the activation statistics are stacked into one tensor and read back with
 one `.tolist()`. Counting NaN/Inf values is a second read, made only when a norm is not finite."""

@@ -25,8 +25,6 @@ from typing import Callable
 
 from ...core.run import DEFAULT_LR, OptimizerSpec, number
 from ...errors import OptionError
-from .causes import (accuracy, bounded_floor, entropy_floor, find_collapse, output_box,  # noqa: F401
-                     same_across_samples)
 
 NEEDS_VALUES = True
 # under torchrun: how each --wrap reaches this command (cli/torchrun.py: wrap_mode)

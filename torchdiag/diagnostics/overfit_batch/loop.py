@@ -1,6 +1,6 @@
 """The training loop of overfit-batch: evaluate, stop or step, and record the curve.
 
-Host syncs: one per step whatever the depth (issue 16). The loss, the batch accuracy's counts, the
+Host syncs: one per step whatever the depth (each sync drains a GPU queue). The loss, the batch accuracy's counts, the
 previous update's gradient norm (one `_foreach_norm` over every gradient) and "has every gradient
 been non-zero at least once" are read back together, once per evaluation; per-parameter facts stay
 on the device until the run ends (Trainer.final_flags: one read). The optimizer's own syncs (torch's

@@ -22,7 +22,7 @@ from .stats import step_stats
 
 _KINETO_NOISE = re.compile(r"^(USDT|STAGE):\S+ \S+ \d+:\d+ \w+\.cpp:\d+\] ")
 # kineto asks the CUDA runtime for its devices when it builds a trace; on a machine without a usable
-# driver it logs this as an ERROR line although only CPU activity was requested (issue 15 point 10)
+# driver it logs this as an ERROR line although only CPU activity was requested; it is noise, filtered out
 _NO_GPU_PROBE = re.compile(r"gpuGetDeviceCount failed with code \d+")
 
 
