@@ -11,8 +11,8 @@ or parameter:
   batchnorm     batchnorm-batch-1  BatchNorm in train mode with a batch of 1 raises
   determinism   nondeterministic-eval  two eval forwards on the same input differ
   update        param-not-updated  a parameter has .grad but one optimizer step leaves it unchanged
-  rounding      update-rounds-away  bf16/fp16 weights whose update rounds away (most elements with a
-                                   non-zero gradient unchanged after the step; warning)
+  update        update-rounds-away  bf16/fp16 weights whose update rounds away (most elements with a
+                                   non-zero gradient unchanged after the step; warning; core/rounding.py)
   frozen        frozen             requires_grad=False parameters, listed by module (info)
   dtypes        dtype-mismatch     parameters of mixed floating dtypes; float inputs of another dtype
   input_stats   non-finite-input, unnormalised-input (image-like float input in [0, 255])
@@ -23,13 +23,10 @@ or parameter:
 Under --amp the forwards and the loss run under autocast (fp16: the backward is scaled and the step
 goes through a GradScaler). Everything that runs the model works on a copy; the user's model is only read. On meta (or a model
 partly on meta) the static checks and the device check run, the checks that need values are skipped.
-Under torchrun --wrap ddp|fsdp the training checks run on the wrapped copy (wrapped.py, WRAP below)."""
+Under torchrun --wrap ddp|fsdp the training checks run on the wrapped copy (wrapped.py, WRAP in options.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ...core.guard import leave_no_trace
-from ...core.run import OptimizerSpec
 from ...core.tracking import ModuleTracker, describe, forward_error
 from ...errors import ModelError, one_line
 from ...results import Column, Result, Table
@@ -42,27 +39,13 @@ from .dtypes import check_dtypes, check_promotion
 from .frozen import check_frozen, frozen_groups
 from .input_stats import input_stats
 from .modes import mode_modules
+from .options import NEEDS_VALUES, OPTIMIZER, WRAP, Options
 from .shared import failing_call, mixes_devices_or_dtypes, name, workspace
 from .target import check_target
 from .training import train_checks
 from .wrapped import Gate, make as make_wrapped
 
-NEEDS_VALUES = False   # partly useful on meta: the value checks skip themselves there
-OPTIMIZER = OptimizerSpec("adam", lr=1e-3)   # the one-step update check
-# under torchrun: how each --wrap reaches doctor (cli/torchrun.py: wrap_mode); see wrapped.py
-WRAP = {"ddp": ("pass", "the training checks (train-mode forward, backward, one optimizer step) run on the DDP "
-                        "copy, gradients after its reduction; the eval checks and re-checks on this rank's own copy"),
-        "fsdp": ("pass", "the training checks (train-mode forward, backward, one optimizer step) run on the "
-                         "fully_shard copy, each parameter judged whole across ranks; the eval checks and re-checks "
-                         "on this rank's own copy")}
-
 __all__ = ["Options", "NEEDS_VALUES", "OPTIMIZER", "WRAP", "run", "frozen_groups", "mode_modules"]
-
-
-@dataclass
-class Options:
-    """doctor has no settings of its own: loss, target, seed and the optimizer of the one-step update
-    check come from the run (ctx)."""
 
 
 def run(model, inputs, opts: Options | None, ctx) -> Result:

@@ -22,19 +22,12 @@ from .activations import activation_rows
 from .design import layer_scaled
 from .findings import param_findings, status_counts, verdict
 from .layers import bar_scale, frontier, layer_rows
-from .options import STATUS_ORDER, STATUS_SEVERITY, Options
+from .options import NEEDS_VALUES, STATUS_ORDER, STATUS_SEVERITY, WRAP, Options
 from .params import param_rows
 from .recheck import recheck
 from ...core.recording import record_pass
 from .stats import read_stats
 from .underflow import add_fractions, reduced_dtype, smallest_normal
-
-NEEDS_VALUES = True
-# under torchrun: how each --wrap reaches this command (cli/torchrun.py: wrap_mode)
-WRAP = {"ddp": ("pass", "the judged pass runs on the DDP copy, gradients after its reduction; the re-checks "
-                        "run on this rank's own model"),
-        "fsdp": ("pass", "the judged pass runs on the fully_shard copy, gradients after its reduce-scatter, "
-                         "gathered whole; the re-checks run on this rank's own model")}
 
 __all__ = ["NEEDS_VALUES", "WRAP", "Options", "STATUS_ORDER", "STATUS_SEVERITY", "frontier", "run"]
 
