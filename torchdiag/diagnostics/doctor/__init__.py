@@ -40,6 +40,7 @@ from .frozen import check_frozen, frozen_groups
 from .input_stats import input_stats
 from .modes import mode_modules
 from .options import NEEDS_VALUES, OPTIMIZER, WRAP, Options
+from .probe import Probe
 from .shared import failing_call, mixes_devices_or_dtypes, name, workspace
 from .target import check_target
 from .training import train_checks
@@ -113,14 +114,14 @@ def _value_checks(work, inputs, ctx, loss, main_dtype, ck: Checklist, result: Re
     ready = _eval_checks(work, inputs, ctx, loss, main_dtype, ck, result)
     if gate is not None and gate.cross(ready is None):
         if ready is not None:   # a peer stopped before the training checks: this rank runs them unwrapped
-            train_checks(work, inputs, ctx, ready[1], ready[0], ck, result)
+            train_checks(Probe(work, inputs, ctx, ready[1], ck, result, eval_out=ready[0]))
             _after_training(work, inputs, ready[1], ck, result)
         return
     if ready is None:
         return
     eval_out, train_loss = ready
     wrapped = make_wrapped(work, ctx, result) if gate is not None else None
-    train_checks(work, inputs, ctx, train_loss, eval_out, ck, result, wrapped)
+    train_checks(Probe(work, inputs, ctx, train_loss, ck, result, eval_out=eval_out, wrapped=wrapped))
     _after_training(work, inputs, train_loss, ck, result)
 
 
