@@ -140,7 +140,7 @@ def test_sdpa_causal_weights_and_patch_restored():
 def test_cli_pictures_tokens_and_json(cli, tmp_path):
     from PIL import Image
 
-    from torchdiag.diagnostics.attention import figure_size
+    from torchdiag.pictures import attention_size
 
     out = tmp_path / "attn"
     tokens = ",".join(f"t{i}" for i in range(17))
@@ -154,7 +154,7 @@ def test_cli_pictures_tokens_and_json(cli, tmp_path):
         with Image.open(out / f"attention_{name}.png") as im:
             assert im.format == "PNG" and im.mode == "RGB"
             # 4 heads × 2.6 in + 0.8 in at 100 dpi, 3 in high
-            assert im.size == (1120, 300) and figure_size(4) == (300, 1120)
+            assert im.size == (1120, 300) and attention_size(4) == (300, 1120)
 
 
 def test_tensorboard_images(cli, tmp_path):

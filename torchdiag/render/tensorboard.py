@@ -85,6 +85,9 @@ def _unlink(name) -> None:
 
 
 def write_result(result, logdir) -> Path:
+    from .images import drawn
+
+    drawn(result)   # the pictures a diagnostic described (activations, attention, gradcam) go to result.images
     writer, path = open_writer(logdir, result.command)
     with guarded(writer, path):
         header = "\n".join(f"- **{k}**: {v}" for k, v in result.header.items())
