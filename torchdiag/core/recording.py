@@ -1,6 +1,7 @@
 """The recording pass: one forward (hooks on every module) + loss + backward on the user's model in
 place, leaving no trace. Records execution order, grad mode, the autograd node of every output,
-activation statistics (kept on the device, read back later in one go) and every parameter's grad."""
+activation statistics (kept on the device, read back later in one go) and every parameter's grad.
+Used by gradflow (its judged pass) and by the unused-parameter probe under torchrun (ranks/unused.py)."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -183,7 +184,7 @@ def record_pass(model, inputs, opts, ctx, call=None) -> Pass:
     loss_fn = ctx.loss()
     with leave_no_trace(model, buffers=True):
         model.train(opts is None or not opts.eval_mode)
-        # a random whole-branch drop would make the verdict depend on the draw (design.py)
+        # a random whole-branch drop would make the verdict depend on the draw (core/design.py)
         stochastic = stochastic_depth_off(model)
         torch.set_grad_enabled(True)
         for p in params.values():

@@ -4,7 +4,8 @@ when it skipped them all, the module where the first non-finite gradient appears
 torch's rule (torch.amp.GradScaler, defaults): the scale starts at 2**16; an update whose unscaled
 gradients hold an inf/NaN is skipped and the scale is multiplied by 0.5; after 2000 consecutive
 updates without one it is multiplied by 2. Every fact stays on the device and is read with the
-loop's own per-step read (loop.Trainer._read)."""
+caller's own per-step read (overfit-batch: its Trainer._read). The training steps of doctor,
+overfit-batch and profile go through stepper()."""
 from __future__ import annotations
 
 from . import train

@@ -1,13 +1,13 @@
 """gradflow: does the gradient reach every parameter, and in what shape?
 
 One forward+backward (train mode unless `eval_mode`) on the user's model in place, leaving no
-trace (record.py). Per parameter: shape, grad norm, weight norm, grad/weight ratio, mean and max
+trace (core/recording.py). Per parameter: shape, grad norm, weight norm, grad/weight ratio, mean and max
 |grad| and a status (params.py); why a parameter got no gradient is worked out from the recorded
-forward and the autograd graph (causes.py). Per layer, in execution order (layers.py), and
+forward and the autograd graph (core/unreached.py). Per layer, in execution order (layers.py), and
 activation health from the same forward (activations.py). Statistics stay on the device and are
 read back once (stats.py): a healthy pass makes the same few host syncs at any depth.
 
-Broken or built that way (design.py, recheck.py): stochastic depth is off for the judged pass; a
+Broken or built that way (design.py, recheck.py, core/design.py): stochastic depth is off for the judged pass; a
 tiny-by-construction parameter is judged by its gradient, a weight feeding a batch-statistics norm by
 grad/weight with a wider threshold; exact zeros behind a zero-initialised parameter and biases a
 normalisation cancels are re-checked on a copy (a step, a shift) and reported as info with the cause."""

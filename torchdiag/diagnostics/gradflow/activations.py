@@ -50,7 +50,7 @@ def _row(name, rec, stats) -> dict:
     if "saturating" in act.kind:
         sat = int(sum(got["sat"]))
         if "relu" in act.kind:   # ReLU6: its zero side is the dead-unit question, saturation is the flat top (6)
-            sat -= int(sum(got["zeros"]))      # record.py counts y <= 0 | y >= 6; outputs are >= 0
+            sat -= int(sum(got["zeros"]))      # core/recording.py counts y <= 0 | y >= 6; outputs are >= 0
         row["saturated_fraction"] = sat / n if n else None
     return row
 

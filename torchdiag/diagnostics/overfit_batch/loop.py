@@ -66,7 +66,7 @@ class Trainer:
         self._all_nonzero = False         # read back: every gradient was non-zero once, stop checking
         self._pending_norm = None         # the last update's gradient norm, read with the next loss
         self._pending_scale = None        # the last update's [loss scale, found inf] (fp16), read likewise
-        self.stagnation = []              # reduced-precision weights: doctor.rounding counts of step 0
+        self.stagnation = []              # reduced-precision weights: core.rounding counts of step 0
         self.stagnant_counts: list[float] = []   # those counts, read back by final_flags
         self.curve = Curve()
         self.group = getattr(work, "process_group", None)   # DDP's; FSDP (and the agreement) use the default one

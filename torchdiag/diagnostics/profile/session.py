@@ -218,7 +218,7 @@ def _syncs(opts: Options, ctx, step_fn) -> dict:
 
 
 def _op_dtypes(opts: Options, step_fn):
-    """One more step (not profiled) recording the dtype each compute op ran in (op_dtypes.py)."""
+    """One more step (not profiled) recording the dtype each compute op ran in (core/op_dtypes.py)."""
     import torch
 
     grad_ctx = torch.no_grad if opts.mode == "inference" else torch.enable_grad
