@@ -8,6 +8,8 @@ def draw(result) -> None:
     from . import images as im
 
     a = result.artefacts
+    if "image" not in a:    # no pictures were asked for
+        return
     rgb, hm, f = a["image"], a["heatmap"], result.data["picture_scale"]
     original = im.upscale(rgb, f)
     heat_rgb = im.upscale(im.colorize(hm, "jet"), f)

@@ -12,7 +12,6 @@ from pathlib import Path
 from ..pictures import PAD, PAD_VALUE, grid_shape, need_pictures
 
 
-
 def check_pictures(folder, tb: bool, what: str) -> None:
     """The CLI's checks before loading, for commands that draw: the --images folder, and the
     plotting libraries when pictures are asked for (--images or --tb)."""
