@@ -8,8 +8,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from .tracking import ForwardHooks, describe
 from .design import is_batch_norm_like, stochastic_depth_off
+from .tracking import ForwardHooks, describe
 
 
 @dataclass

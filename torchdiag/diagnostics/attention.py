@@ -20,9 +20,8 @@ import math
 from dataclasses import dataclass
 
 from ..core.guard import leave_no_trace
-from ..core.run import number
+from ..core.run import flag, number
 from ..core.tracking import ModuleTracker, forward_error
-from ..core.run import flag
 from ..errors import OptionError, UsageError
 from ..pictures import MAX_LABELLED, attention_size
 from ..results import Column, Result, Table

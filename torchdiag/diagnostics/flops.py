@@ -23,8 +23,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..core.guard import leave_no_trace
-from ..core.tracking import CONTAINERS, forward_error
 from ..core.run import choice, number
+from ..core.tracking import CONTAINERS, forward_error
 from ..errors import ModelError, OptionError, UsageError, one_line
 from ..results import Column, Result, Table
 

@@ -11,11 +11,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..core.guard import leave_no_trace
-from ..core.tracking import CONTAINERS, ModuleTracker, describe, forward_error
 from ..core.run import number
+from ..core.tracking import CONTAINERS, ModuleTracker, describe, forward_error
 from ..errors import one_line
 from ..results import Column, Result, Table
-
 
 
 @dataclass

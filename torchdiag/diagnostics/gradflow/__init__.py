@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from ...core.distributed import inner
+from ...core.recording import record_pass
 from ...results import Result
 from . import display
 from .activations import activation_rows
@@ -25,7 +26,6 @@ from .layers import bar_scale, frontier, layer_rows
 from .options import NEEDS_VALUES, STATUS_ORDER, STATUS_SEVERITY, WRAP, Options
 from .params import param_rows
 from .recheck import recheck
-from ...core.recording import record_pass
 from .stats import read_stats
 from .underflow import add_fractions, reduced_dtype, smallest_normal
 

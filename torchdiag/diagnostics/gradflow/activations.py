@@ -8,8 +8,8 @@ from __future__ import annotations
 import fnmatch
 import math
 
-from .dead import RULE, judge
 from ...core.module_paths import label
+from .dead import RULE, judge
 
 
 def activation_rows(rec, stats, opts, result, allow_name: str = "--allow", inputs=None, ctx=None) -> list[dict]:

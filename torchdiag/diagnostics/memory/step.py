@@ -6,10 +6,10 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
+from ...core.op_dtypes import OpDtypes
 from ...core.run import autocast_dtype
 from ...core.train import backward, step
 from ...errors import ModelError, UsageError
-from ...core.op_dtypes import OpDtypes
 
 
 @dataclass

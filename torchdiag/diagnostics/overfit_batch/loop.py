@@ -13,15 +13,13 @@ import time
 from dataclasses import dataclass, field
 
 from ...core import train
-from ...core.distributed import local_shard
+from ...core.distributed import is_sharded, local_shard
+from ...core.rounding import stagnation_counts
+from ...core.scaling import scale_facts, stepper
 from ...errors import DiagError, ModelError, UsageError, interrupt_code, one_line
 from ...results import Result
-from ...core.rounding import stagnation_counts
 from .causes import accuracy_counts, output_box, same_across_samples, sample_tensor
-from ...core.scaling import scale_facts, stepper
-from ...core.distributed import is_sharded
 from .sharded import global_norm, local_view
-
 
 
 @dataclass

@@ -5,13 +5,13 @@ import contextlib
 import re
 import time
 
+from ...core import op_dtypes
 from ...core.guard import leave_no_trace
+from ...core.scaling import stepper
 from ...core.tracking import forward_error
 from ...core.train import backward, step
 from ...errors import ModelError, UsageError
 from ...results import Result
-from ...core.scaling import stepper
-from ...core import op_dtypes
 from . import syncs
 from .labels import PHASE_PREFIX, ModuleLabels
 from .options import Options
