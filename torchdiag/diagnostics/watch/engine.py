@@ -151,7 +151,7 @@ class Engine:
             if any(id(p) in ids for p in root.parameters()):
                 self._hook_root(root)
         self.seen_roots.clear()
-        if all(any(id(p) in ids for p in r.parameters()) or True for r in self.roots.values()):
+        if self.roots:   # found: no per-module cost from here on (a model first called later is not watched)
             self._discover(False)
         self._name_params()
 

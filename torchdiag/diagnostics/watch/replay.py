@@ -67,7 +67,6 @@ def replay(root, args, kwargs) -> dict:
 
 
 def _localise(model, args, kwargs) -> dict:
-    import torch
 
     names = {id(m): n for n, m in model.named_modules()}
     calls: list = []        # [name, type, input tensors, output tensors, inputs finite]
