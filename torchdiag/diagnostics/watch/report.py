@@ -51,7 +51,25 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
                             "loss findings need w.log('loss', value)")
     _verdict(result, engine, interrupted, failure)
     result.data["final_metrics"] = final_metrics(result)
+    _summary(result, engine)
     return result
+
+
+def _summary(result: Result, engine) -> None:
+    result.summary.append(("steps", f"{engine.step} optimizer steps, {engine.reads} read-backs"
+                                    + (f", epoch {engine.epoch}" if engine.epoch is not None else "")))
+    losses = [v for v in result.series["loss"] if v is not None and math.isfinite(v)]
+    if losses:
+        w = window(len(losses))
+        result.summary.append(("loss", f"{statistics.median(losses[:w]):.4g} → {statistics.median(losses[-w:]):.4g} "
+                                       f"(median of the first and last {w} steps)"))
+    lrs = [v for v in result.series["lr"] if v is not None]
+    if lrs:
+        result.summary.append(("learning rate", f"{lrs[0]:.3g} → {lrs[-1]:.3g} (max {max(lrs):.3g})"))
+    for name, pairs in engine.metrics.items():
+        if pairs:
+            result.summary.append((name, f"{pairs[-1][1]:.4g} at step {pairs[-1][0]} ({len(pairs)} logged)"
+                                   if isinstance(pairs[-1][1], float) else str(pairs[-1][1])))
 
 
 def hparams(engine) -> dict:

@@ -68,7 +68,7 @@ class Track:
             if self.start is None and self.params:
                 self.start = self._norms()
             if sample and self.params:
-                self.queue.append(("weights", (self, step), self._norms()[0]))
+                self.queue.append(("weights", (self, step), self._norms((2,))[0]))
                 self.before = self._samples()
 
     def post_step(self, step: int, carry_probe: bool):
@@ -128,12 +128,13 @@ class Track:
                 out.append(("changed", self, (self._norms() != self.start).any(0).float()))
         return out
 
-    def _norms(self):
+    def _norms(self, orders=(2, 1)):
+        """Per parameter, its norms of these orders (a changed parameter changes its L2 or L1 norm)."""
         import torch
 
         params = [p.detach() for p in self.params]
         return torch.stack([torch.stack([n.float().to(self.device) for n in torch._foreach_norm(params, o)])
-                            for o in (2, 1)])
+                            for o in orders])
 
     def _samples(self) -> list:
         out = []
