@@ -482,3 +482,57 @@ def test_status_line_tensorboard_and_plot(tmp_path):
     quiet = io.StringIO()
     StatusLine(quiet)({"step": 1, "loss": 1.0, "problems": 0})   # not a terminal: nothing drawn
     assert quiet.getvalue() == ""
+
+
+def test_json_mode_keeps_the_status_line_quiet():
+    from torchdiag.render.watch import Live
+
+    stream = io.StringIO()
+    live = Live(status=True, json=True, stream=stream)
+    live.on_read({"step": 50, "loss": 0.5, "problems": 0})
+    live.on_finish(None)
+    assert stream.getvalue() == "" and live.tb is None
+
+
+def test_python_dash_m_module_runs_as_main(tmp_path, monkeypatch, capsys):
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text(PROBE)
+    monkeypatch.chdir(tmp_path)
+    r = run_command(["python", "-m", "mypkg.train", "--steps", "7"], Watch(every=5))
+    assert "ARGV ['--steps', '7'] __main__" in capsys.readouterr().out
+    assert r.data["steps"] == 7 and r.data["reads"] == 2 and hooks_gone()
+
+
+DDP_SCRIPT = textwrap.dedent("""
+    import json, torch, torch.nn as nn, torch.distributed as dist, torch.nn.functional as F
+    from torchdiag.diagnostics.watch import Watch
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
+    head_only = torch.optim.SGD(model.module[0].parameters(), lr=0.05)   # the bug: 2.* not in it
+    with Watch(every=10) as w:
+        for step in range(30):
+            x = torch.randn(8, 8)
+            loss = F.cross_entropy(model(x), (x[:, 0] > 0).long())
+            head_only.zero_grad(); loss.backward(); head_only.step()
+    r = w.result()
+    print("RANK", dist.get_rank(), json.dumps(r.to_dict()), flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def test_each_rank_watches_under_ddp(tmp_path):
+    path = tmp_path / "ddp_train.py"
+    path.write_text(DDP_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(path)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    docs = {int(line.split()[1]): json.loads(line.split(" ", 2)[2]) for line in done.stdout.splitlines()
+            if line.startswith("RANK ")}
+    assert set(docs) == {0, 1}
+    for doc in docs.values():   # the user's names (DDP's "module." prefix dropped), the same finding on each rank
+        assert doc["steps"] == 30
+        assert {f["where"] for f in doc["findings"] if f["code"] == "not-in-optimizer"} == {"2.weight", "2.bias"}

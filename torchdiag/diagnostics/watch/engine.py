@@ -43,8 +43,7 @@ class Engine:
         self.root_names: dict[int, str] = {}
         self.seen_roots: dict[int, object] = {}   # discovery: roots called with grad enabled
         self.last_call = None               # (root, args, kwargs) of the last training forward
-        self.loss_sum = None                # device: the losses backward saw since the last step
-        self.loss_count = 0
+        self._losses: list = []             # device: the (detached) losses backward saw since the last step
         self.loss_seen = False
         self.series = {"loss": [], "grad_norm": [], "lr": []}
         self.metrics: dict[str, list] = {}  # w.log(name, value): [(step, value)]
@@ -64,7 +63,7 @@ class Engine:
         self._eval_forward = False
         self._dead_first: dict[str, object] = {}
         self._window = []                   # (step, lr) of steps since the last read
-        self._loss_window = []              # device 0-dim losses since the last read (None: none seen)
+        self._loss_window = []              # per step since the last read: its losses (device 0-dim; [] none)
         self.closed = False
 
     # ----------------------------------------------------------------- attach / detach
@@ -159,9 +158,7 @@ class Engine:
         names: dict[int, str] = {}
         many = len(self.roots) > 1
         for i, root in enumerate(self.roots.values()):
-            inner = getattr(root, "module", root) if type(root).__name__ == "DistributedDataParallel" else root
-            inner = getattr(inner, "_orig_mod", inner)
-            for n, p in inner.named_parameters():
+            for n, p in inner(root).named_parameters():
                 names.setdefault(id(p), f"{type(root).__name__}#{i}.{n}" if many else n)
         for t in self.tracks.values():
             t.rename(names)
@@ -194,9 +191,7 @@ class Engine:
         if tensor.numel() != 1 or not tensor.requires_grad or not tensor.is_floating_point():
             return
         self.loss_seen = True
-        value = tensor.detach().reshape(()).float()
-        self.loss_sum = value if self.loss_sum is None else self.loss_sum + value.to(self.loss_sum.device)
-        self.loss_count += 1
+        self._losses.append(tensor.detach())   # one op; averaged per step at the read
 
     # ----------------------------------------------------------------- optimizer steps
     def _track(self, opt) -> Track | None:
@@ -226,11 +221,11 @@ class Engine:
             self.step += 1
             if self._eval_forward:
                 self.checks["eval_steps"].append(self.step)
-            loss, self.loss_sum, self.loss_count = (None if self.loss_sum is None else self.loss_sum / self.loss_count), None, 0
-            self._loss_window.append(loss)
+            self._loss_window.append(self._losses)
+            self._losses = []
             self._window.append((self.step, _lr(opt)))
         read_step = self.step % self.opts.every == 0
-        track.pre_step(self.step, read_step and opt is self.clock or self.step == 1)
+        track.pre_step(self.step, read_step or self.step == 1)
         if read_step and opt is self.clock:
             self._read_step_checks()
             self.read()
@@ -254,21 +249,21 @@ class Engine:
         for rid, root in self.roots.items():
             if not root.training:
                 continue
-            for name, m in root.named_modules():
+            for name, m in inner(root).named_modules():
                 if not m.training and isinstance(m, sensitive):
                     self.checks["eval_modules"].setdefault(name, self.step)
-            for name, p in root.named_parameters():
+            for name, p in inner(root).named_parameters():
                 if p.grad is not None and id(p) not in in_opt:
                     self.checks["not_in_optimizer"].setdefault(name, self.step)
         for root in self.roots.values():
-            stats += [(f"{name}.{b}", t) for name, m in root.named_modules() if isinstance(m, sensitive[1])
+            stats += [(f"{name}.{b}", t) for name, m in inner(root).named_modules() if isinstance(m, sensitive[1])
                       for b, t in (("running_mean", m.running_mean), ("running_var", m.running_var)) if t is not None]
         if stats:
             with torch.no_grad():
                 norms = torch.stack([n.float() for n in torch._foreach_norm([t for _, t in stats])])
             self.pending.append(("bn", (self.step, [n for n, _ in stats]), norms))
         if self.on_histograms is not None:
-            named = [(n, p) for root in self.roots.values() for n, p in root.named_parameters()]
+            named = [(n, p) for root in self.roots.values() for n, p in inner(root).named_parameters()]
             with torch.no_grad():
                 self.on_histograms(self.step, named)
 
@@ -278,10 +273,9 @@ class Engine:
         parts, layout = [], []
         window = self._window
         losses = self._loss_window
-        if any(v is not None for v in losses):
-            present = [v for v in losses if v is not None]
-            parts.append(_stack(present))
-            layout.append(("loss", [i for i, v in enumerate(losses) if v is not None]))
+        if any(losses):
+            parts.append(_stack([v for step in losses for v in step]))
+            layout.append(("loss", [len(step) for step in losses]))
         queued = [q for t in self.tracks.values() for q in t.queued(final)]
         for kind, payload, tensor in queued + self.pending:
             parts.append(tensor)
@@ -321,10 +315,12 @@ class Engine:
         loss = [None] * len(steps)
         norms = [0.0] * len(steps)
         for (kind, payload), vals in zip(layout, values):
-            if kind == "loss":
-                for i, v in zip(payload, vals):
-                    loss[i] = v
-            elif kind == "grad_norm" and payload.opt is self.clock:
+            if kind == "loss":   # the mean of each step's losses (micro-batches)
+                pos = 0
+                for i, n in enumerate(payload):
+                    loss[i] = sum(vals[pos:pos + n]) / n if n else None
+                    pos += n
+            elif kind == "grad_norm" and payload[0].opt is self.clock:
                 norms = vals[:len(steps)]
             else:
                 absorb(self, kind, payload, vals)
@@ -373,6 +369,13 @@ class Engine:
         self.metrics.setdefault(name, []).append((self.step if step is None else step, value))
 
 
+def inner(root):
+    """The user's own module under a DDP wrapper or torch.compile (their parameter and module names)."""
+    if type(root).__name__ == "DistributedDataParallel":
+        root = root.module
+    return getattr(root, "_orig_mod", root)
+
+
 def _mode_sensitive() -> tuple:
     """Modules whose forward depends on train/eval mode (dropout, batch norm)."""
     import torch
@@ -394,7 +397,7 @@ def _stack(values):
     import torch
 
     dev = values[0].device
-    return torch.stack([v.to(dev) for v in values])
+    return torch.stack([v.reshape(()).float().to(dev) for v in values])
 
 
 def _batch_size(args, kwargs):

@@ -45,11 +45,13 @@ def replay(root, args, kwargs) -> dict:
 
     import torch
 
-    inner = getattr(root, "module", root) if type(root).__name__ == "DistributedDataParallel" else root
+    from .engine import inner
+
+    module = inner(root)
     cpu = torch.random.get_rng_state()
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     try:
-        model = copy.deepcopy(inner)
+        model = copy.deepcopy(module)
         bad = [n for n, p in model.named_parameters() if not _finite(p)]
         if bad:
             return {"direction": "weights", "module": bad[0].rsplit(".", 1)[0] if "." in bad[0] else "",

@@ -84,6 +84,10 @@ def hparams(engine) -> dict:
                 out[key] = float(v)
         if isinstance(group.get("betas"), tuple):
             out["beta1"], out["beta2"] = (float(b) for b in group["betas"])
+    lrs = [v for v in engine.series.get("lr", []) if v is not None]
+    if lrs:   # the rate the run started with (a schedule changes the group's value)
+        out["lr"] = lrs[0]
+        out["max_lr"] = max(lrs)
     if engine.batch_size is not None:
         out["batch_size"] = engine.batch_size
     out["every"] = engine.opts.every

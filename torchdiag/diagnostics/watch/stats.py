@@ -24,7 +24,10 @@ class Track:
         n = len(self.params)
         self.first_bad_dev = torch.full((n,), -1, dtype=torch.long, device=self.device)
         self.first_bad = None          # host: (step, [names]) once a read saw it
-        self.gn: list = []             # device 0-dim total gradient norms since the last read
+        self.every = opts.every
+        self.blocks: list = []         # device (every, n) buffers of per-step gradient norms
+        self.used = 0                  # rows used in the last block
+        self.steps: list = []          # the step of each row since the last read
         self.seen_grad = [False] * n   # a gradient was present at some read step
         self.start = None              # device (2, n): L2 and L1 norm of each parameter at the first step
         self.changed = None            # host: per parameter, did it change over the run (final read)
@@ -33,7 +36,7 @@ class Track:
         self.before = None
         self.queue: list = []          # (kind, payload, tensor)
         self.probes: list = []
-        self._zero = torch.zeros((), device=self.device)
+        self._zero = torch.zeros((), device=self.device)   # the carry probe's "no gradient"
         self._slices: dict[int, tuple] = {}
         self._index_key = None
         self._index = None
@@ -42,6 +45,8 @@ class Track:
         self.names = [names.get(id(p), self.names[i]) for i, p in enumerate(self.params)]
 
     def pre_step(self, step: int, sample: bool):
+        """Per step: each parameter's gradient norm into the next row of a device buffer (a foreach norm
+        and a stack: two ops). Totals, first non-finite steps and maxima are made from the rows at the read."""
         import torch
 
         self.disarm()
@@ -50,26 +55,43 @@ class Track:
             for i in idx:
                 self.seen_grad[i] = True
         with torch.no_grad():
+            row = self._row(step)
             if idx:
-                norms = torch.stack([n.float().to(self.device) for n in
-                                     torch._foreach_norm([self.params[i].grad for i in idx])])
-                bad = ~torch.isfinite(norms)
-                if len(idx) != len(self.params):
-                    bad = torch.zeros(len(self.params), dtype=torch.bool, device=self.device).index_copy_(
-                        0, self._indices(idx), bad)
-                self.first_bad_dev = torch.where((self.first_bad_dev < 0) & bad, step, self.first_bad_dev)
-                if sample:
-                    full = norms if len(idx) == len(self.params) else torch.zeros(
-                        len(self.params), device=self.device).index_copy_(0, self._indices(idx), norms)
-                    self.queue.append(("grads", (self, step), full))
-                self.gn.append(norms.square().sum().sqrt())
+                norms = torch._foreach_norm([self.params[i].grad for i in idx])
+                if len(idx) == len(self.params) and all(n.dtype == row.dtype and n.device == row.device for n in norms):
+                    torch.stack(norms, out=row)
+                else:
+                    row.zero_().index_copy_(0, self._indices(idx), torch.stack([n.float().to(self.device) for n in norms]))
             else:
-                self.gn.append(self._zero)
+                row.zero_()
             if self.start is None and self.params:
                 self.start = self._norms()
             if sample and self.params:
                 self.queue.append(("weights", (self, step), self._norms((2,))[0]))
                 self.before = self._samples()
+
+    def _row(self, step: int):
+        """The next free row of the per-step buffer (a new block of `every` rows when the last is full)."""
+        import torch
+
+        if not self.blocks or self.used == self.blocks[-1].shape[0]:
+            self.blocks.append(torch.empty((self.every, len(self.params)), device=self.device))
+            self.used = 0
+        self.used += 1
+        self.steps.append(step)
+        return self.blocks[-1][self.used - 1]
+
+    def rows(self):
+        """(steps, the rows written since the last read as one (k, n) tensor); the buffer starts again."""
+        import torch
+
+        if not self.steps:
+            return [], None
+        parts = [b for b in self.blocks[:-1]] + [self.blocks[-1][:self.used]]
+        out = torch.cat(parts) if len(parts) > 1 else parts[0]
+        steps, self.steps = self.steps, []
+        self.blocks, self.used = self.blocks[-1:], 0   # reused: what the read needs is computed from `out` at once
+        return steps, out
 
     def post_step(self, step: int, carry_probe: bool):
         import torch
@@ -114,12 +136,20 @@ class Track:
         self.probes = []
 
     def queued(self, final: bool) -> list:
+        """What this optimizer hands to a read: per step the total gradient norm (k), per parameter the
+        first non-finite step so far and the largest finite gradient norm of these steps (n each)."""
         import torch
 
         out = []
-        if self.gn:
-            out.append(("grad_norm", self, torch.stack([g.to(self.device) for g in self.gn])))
-            self.gn = []
+        steps, rows = self.rows()
+        if rows is not None:
+            with torch.no_grad():
+                bad = ~torch.isfinite(rows)
+                at = torch.tensor(steps, device=self.device)[bad.to(torch.uint8).argmax(0)]
+                hit = bad.any(0) & (self.first_bad_dev < 0)
+                self.first_bad_dev = torch.where(hit, at, self.first_bad_dev)
+                out.append(("grad_norm", (self, steps), rows.double().square().sum(1).sqrt()))
+                out.append(("grads", (self, steps), torch.where(bad, 0.0, rows).amax(0)))
         out.append(("first_bad", self, self.first_bad_dev))
         out.extend(self.queue)
         self.queue = []
@@ -160,7 +190,9 @@ class DeadUnits:
 
     def __init__(self, engine, root):
         self.engine = engine
-        self.root = getattr(root, "module", root) if type(root).__name__ == "DistributedDataParallel" else root
+        from .engine import inner
+
+        self.root = inner(root)
         self.handles: list = []
         self.seen: list = []
 
