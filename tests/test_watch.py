@@ -536,3 +536,32 @@ def test_each_rank_watches_under_ddp(tmp_path):
     for doc in docs.values():   # the user's names (DDP's "module." prefix dropped), the same finding on each rank
         assert doc["steps"] == 30
         assert {f["where"] for f in doc["findings"] if f["code"] == "not-in-optimizer"} == {"2.weight", "2.bias"}
+
+
+def test_hugging_face_trainer_callback(tmp_path):
+    pytest.importorskip("accelerate")
+    transformers = pytest.importorskip("transformers")
+    from torchdiag.diagnostics.watch.callbacks import hf_callback
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=32, n_positions=32, n_embd=32, n_layer=1, n_head=2)
+    model = transformers.GPT2LMHeadModel(config)
+    g = torch.Generator().manual_seed(0)
+
+    def rows(n):
+        pattern = torch.randint(0, 32, (n, 4), generator=g).repeat(1, 4)
+        return [{"input_ids": r, "labels": r} for r in pattern]
+
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), max_steps=40, per_device_train_batch_size=8,
+                                          learning_rate=3e-3, eval_strategy="steps", eval_steps=10, logging_strategy="no",
+                                          save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=0)
+    cb = hf_callback(every=10)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=rows(256), eval_dataset=rows(32), callbacks=[cb])
+    trainer.train()
+    r = cb.result
+    assert r.data["steps"] == 40 and len(r.series["loss"]) == 40 and all(v is not None for v in r.series["loss"])
+    assert [s for s, _ in r.data["metrics"]["eval_loss"]] == [10, 20, 30, 40]
+    assert r.series["loss"][-1] < r.series["loss"][0]
+    assert codes(r) == set(), [f.to_dict() for f in r.findings]
+    assert {row["name"] for row in r.table("layers").rows} >= {"transformer.wte.weight", "transformer.h.0.attn.c_attn.weight"}
+    assert hooks_gone()
