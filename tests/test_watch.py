@@ -565,3 +565,21 @@ def test_hugging_face_trainer_callback(tmp_path):
     assert codes(r) == set(), [f.to_dict() for f in r.findings]
     assert {row["name"] for row in r.table("layers").rows} >= {"transformer.wte.weight", "transformer.h.0.attn.c_attn.weight"}
     assert hooks_gone()
+
+
+def test_script_mode_syncs_once_per_every_steps(tmp_path, capsys):
+    path = tmp_path / "probe.py"
+    path.write_text(PROBE)
+    with SyncCounter() as plain:
+        import runpy
+
+        saved = sys.argv[:]
+        sys.argv = [str(path), "--steps", "60"]
+        try:
+            runpy.run_path(str(path), run_name="__main__")
+        finally:
+            sys.argv = saved
+    with SyncCounter() as watched:
+        r = run_command(["python", str(path), "--steps", "60"], Watch(every=20))
+    assert r.data["reads"] == 60 // 20 + 1
+    assert watched.total - plain.total <= 60 // 20 + 1, (plain.counts, watched.counts)
