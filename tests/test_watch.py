@@ -583,3 +583,37 @@ def test_script_mode_syncs_once_per_every_steps(tmp_path, capsys):
         r = run_command(["python", str(path), "--steps", "60"], Watch(every=20))
     assert r.data["reads"] == 60 // 20 + 1
     assert watched.total - plain.total <= 60 // 20 + 1, (plain.counts, watched.counts)
+
+
+def test_compiled_model_is_watched_and_said_once():
+    model = _mlp()
+    compiled = torch.compile(model, backend="eager")   # eager backend: no C++ toolchain needed in CI
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Watch(compiled, opt, every=10) as w:
+        _loop(compiled, opt, 30, torch.Generator().manual_seed(0))
+    r = w.result()
+    assert codes(r) == set() and r.data["steps"] == 30
+    assert [row["name"] for row in r.table("layers").rows] == ["0.weight", "0.bias", "3.weight", "3.bias"]
+    assert sum("torch.compile" in n for n in r.notes) == 1
+
+
+def test_an_internal_error_never_breaks_the_users_training(monkeypatch):
+    from torchdiag.diagnostics.watch import stats
+
+    calls = []
+
+    def broken(self, step, sample):
+        calls.append(step)
+        if step == 7:
+            raise RuntimeError("boom")
+
+    monkeypatch.setattr(stats.Track, "pre_step", broken)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    before = [p.detach().clone() for p in model.parameters()]
+    with Watch(model, opt, every=5) as w:
+        _loop(model, opt, 20, torch.Generator().manual_seed(0))   # all 20 steps run
+    r = w.result()
+    assert calls == list(range(1, 8)) and r.data["steps"] == 7
+    assert any("watch stopped at step 7" in n and "boom" in n for n in r.notes)
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters())) and hooks_gone()

@@ -21,8 +21,27 @@ from __future__ import annotations
 import contextlib
 import math
 
+import functools
+
+from ...errors import one_line
 from .options import Options
 from .stats import Track, read_parts
+
+
+def _guarded(hook):
+    """A hook of ours that raises must never break the user's training: the engine stops watching
+    (every hook becomes a no-op), and the report says why."""
+    @functools.wraps(hook)
+    def run(self, *args, **kwargs):
+        if self.broken:
+            return None
+        try:
+            return hook(self, *args, **kwargs)
+        except Exception as exc:
+            self.broken = f"watch stopped at step {self.step} after an internal error ({one_line(exc)}); " \
+                          "the report covers the steps before it"
+            return None
+    return run
 
 
 class Engine:
@@ -65,6 +84,7 @@ class Engine:
         self._window = []                   # (step, lr) of steps since the last read
         self._loss_window = []              # per step since the last read: its losses (device 0-dim; [] none)
         self.closed = False
+        self.broken: str | None = None      # an internal error stopped the watching (a note in the report)
 
     # ----------------------------------------------------------------- attach / detach
     def attach(self):
@@ -124,6 +144,7 @@ class Engine:
                 h.remove()
             self._discovery = []
 
+    @_guarded
     def _global_pre(self, module, args):
         import torch
 
@@ -131,6 +152,7 @@ class Engine:
             self.seen_roots[id(module)] = module
         self._depth += 1
 
+    @_guarded
     def _global_post(self, module, args, output):
         self._depth = max(0, self._depth - 1)
 
@@ -141,7 +163,9 @@ class Engine:
         self._root_handles[id(root)] = [root.register_forward_pre_hook(self._root_pre, with_kwargs=True),
                                         root.register_forward_hook(self._root_post, always_call=True)]
         if type(root).__name__ == "OptimizedModule":   # torch.compile: leaf hooks would not fire inside the graph
-            self.checks["unhooked"].append("a torch.compile'd model: dead units are sampled only outside compiled code")
+            self.checks["unhooked"].append("a torch.compile'd model: watch hooks its outer module; the per-layer "
+                                           "probe of read steps (dead units) goes through torch.compile's hook "
+                                           "handling and may recompile there")
 
     def _adopt_roots(self, track: Track):
         """At an optimizer's first step: the roots seen so far that hold its parameters are the trained models."""
@@ -164,6 +188,7 @@ class Engine:
             t.rename(names)
 
     # ----------------------------------------------------------------- the model's forward and backward
+    @_guarded
     def _root_pre(self, module, args, kwargs):
         import torch
 
@@ -181,12 +206,14 @@ class Engine:
             self._root_handles[id(module)].append(probe)
             probe.attach()
 
+    @_guarded
     def _root_post(self, module, args, output):
         for h in list(self._root_handles.get(id(module), [])):
             if hasattr(h, "collect"):
                 h.collect()
                 self._root_handles[id(module)].remove(h)
 
+    @_guarded
     def _saw_loss(self, tensor):
         if tensor.numel() != 1 or not tensor.requires_grad or not tensor.is_floating_point():
             return
@@ -213,6 +240,7 @@ class Engine:
         ids = {id(p) for m in self.explicit_models for p in m.parameters()}
         return any(id(p) in ids for g in opt.param_groups for p in g["params"])
 
+    @_guarded
     def _pre_step(self, opt, args, kwargs):
         track = self._track(opt)
         if track is None:
@@ -231,6 +259,7 @@ class Engine:
             self.read()
         return None
 
+    @_guarded
     def _post_step(self, opt, args, kwargs):
         track = self.tracks.get(id(opt))
         if track is None:
@@ -358,8 +387,10 @@ class Engine:
     def finish(self):
         """The last read (what the steps since the previous read left), then detach."""
         try:
-            if not self.closed and (self._window or self.pending or self.tracks):
+            if not self.closed and not self.broken and (self._window or self.pending or self.tracks):
                 self.read(final=True)
+        except Exception as exc:   # the run itself went well: keep what was read, say why the rest is missing
+            self.broken = f"watch's last read failed ({one_line(exc)}); the report covers the reads before it"
         finally:
             self.close()
 

@@ -44,6 +44,8 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
     _curves(result, engine)
     _layers(result, engine)
     _dead(result, engine)
+    if engine.broken:
+        result.notes.append(engine.broken)
     for note in dict.fromkeys(engine.checks["unhooked"]):
         result.notes.append(note)
     if engine.loss_seen is False:
