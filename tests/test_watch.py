@@ -602,7 +602,7 @@ def test_an_internal_error_never_breaks_the_users_training(monkeypatch):
 
     calls = []
 
-    def broken(self, step, sample):
+    def broken(self, step, *args):
         calls.append(step)
         if step == 7:
             raise RuntimeError("boom")
@@ -617,3 +617,67 @@ def test_an_internal_error_never_breaks_the_users_training(monkeypatch):
     assert calls == list(range(1, 8)) and r.data["steps"] == 7
     assert any("watch stopped at step 7" in n and "boom" in n for n in r.notes)
     assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters())) and hooks_gone()
+
+
+def test_lightning_callback(tmp_path):
+    pl = pytest.importorskip("lightning.pytorch")
+    from torchdiag.diagnostics.watch.callbacks import lightning_callback
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+
+        def training_step(self, batch, _):
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def validation_step(self, batch, _):
+            x, y = batch
+            self.log("val_loss", F.cross_entropy(self.net(x), y))
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+    torch.manual_seed(0)
+    x = torch.randn(320, 8)
+    data = torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long())
+    train = torch.utils.data.DataLoader(data, batch_size=16)
+    val = torch.utils.data.DataLoader(torch.utils.data.Subset(data, range(64)), batch_size=64)
+    cb = lightning_callback(every=10)
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[cb],
+                         default_root_dir=str(tmp_path))
+    trainer.fit(Module(), train, val)
+    r = cb.result
+    assert r.data["steps"] == 40 and r.data["epoch"] == 1
+    assert len(r.data["metrics"]["val_loss"]) == 2 and r.series["loss"][-1] < r.series["loss"][0]
+    assert codes(r) == set(), [f.to_dict() for f in r.findings]
+    assert any("step(closure)" in n for n in r.notes) and hooks_gone()
+    assert {row["name"] for row in r.table("layers").rows} == {"net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"}
+
+
+def test_closure_steps_count_the_gradients_of_their_own_step():
+    """step(closure): the gradients exist only after the closure ran inside step(); the grad norm of each
+    step must be the one of that step's own batch (checked against the loop's own record)."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    record = []
+
+    def closure(x, y):
+        def run():
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            record.append(float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))))
+            return loss
+        return run
+
+    with Watch(model, opt, every=5) as w:
+        for _ in range(20):
+            x = torch.randn(16, 8, generator=g)
+            opt.step(closure(x, (x[:, 0] > 0).long()))
+    r = w.result()
+    assert r.series["grad_norm"] == pytest.approx(record, rel=1e-5)
+    assert codes(r) == set()

@@ -1,5 +1,5 @@
-"""watch inside trainers that own the loop: a Hugging Face `TrainerCallback` (the optional extra:
-transformers, and accelerate which its Trainer needs). Lightning's Callback is not written yet.
+"""watch inside trainers that own the loop: a Hugging Face `TrainerCallback` (the optional extras:
+transformers, and accelerate which its Trainer needs) and a Lightning `Callback` (lightning).
 
     cb = hf_callback(every=50)
     Trainer(model=model, args=args, train_dataset=ds, callbacks=[cb]).train()
@@ -43,6 +43,45 @@ def hf_callback(**options):
                     self.watch.log(key, float(value))
 
         def on_train_end(self, args, state, control, **kwargs):
+            self.close()
+
+        def close(self):
+            if self.watch is not None and self.result is None:
+                self.result = self.watch.finish()
+
+    return TorchdiagWatch()
+
+
+def lightning_callback(**options):
+    """A lightning.pytorch.Callback watching Trainer.fit(): `cb.result` once fit ends (or raised).
+    Lightning steps with `optimizer.step(closure)`: the gradients are made inside step(), so watch reads
+    them after the update (no replay, no update/weight ratio; the report says so)."""
+    from lightning.pytorch.callbacks import Callback
+
+    class TorchdiagWatch(Callback):
+        def __init__(self):
+            self.watch = None
+            self.result = None
+
+        def on_fit_start(self, trainer, pl_module):
+            self.watch = Watch(pl_module, None, **options)
+            self.watch.__enter__()
+
+        def on_train_epoch_start(self, trainer, pl_module):
+            if self.watch is not None:
+                self.watch.set_epoch(trainer.current_epoch)
+
+        def on_validation_epoch_end(self, trainer, pl_module):
+            if self.watch is None or trainer.sanity_checking:
+                return
+            for key, value in trainer.callback_metrics.items():
+                if key.startswith("val"):
+                    self.watch.log(key, float(value))
+
+        def on_fit_end(self, trainer, pl_module):
+            self.close()
+
+        def on_exception(self, trainer, pl_module, exception):
             self.close()
 
         def close(self):

@@ -85,6 +85,8 @@ class Engine:
         self._loss_window = []              # per step since the last read: its losses (device 0-dim; [] none)
         self.closed = False
         self.broken: str | None = None      # an internal error stopped the watching (a note in the report)
+        self._closure_steps: set = set()    # optimizers inside a step(closure) call
+        self._before_update = True          # the read being made sees the weights before this step's update
 
     # ----------------------------------------------------------------- attach / detach
     def attach(self):
@@ -242,9 +244,17 @@ class Engine:
 
     @_guarded
     def _pre_step(self, opt, args, kwargs):
+        if (args[1] if len(args) > 1 else kwargs.get("closure")) is not None:   # args[0] is the optimizer
+            # step(closure): the closure makes the gradients inside step() (Lightning, LBFGS): taken after it
+            self._closure_steps.add(id(opt))
+            return None
+        self._begin(opt, before_update=True)
+        return None
+
+    def _begin(self, opt, before_update: bool):
         track = self._track(opt)
         if track is None:
-            return None
+            return
         if opt is self.clock:
             self.step += 1
             if self._eval_forward:
@@ -253,14 +263,19 @@ class Engine:
             self._losses = []
             self._window.append((self.step, _lr(opt)))
         read_step = self.step % self.opts.every == 0
-        track.pre_step(self.step, read_step or self.step == 1)
+        track.pre_step(self.step, read_step or self.step == 1, before_update)
         if read_step and opt is self.clock:
+            self._before_update = before_update
             self._read_step_checks()
             self.read()
-        return None
 
     @_guarded
     def _post_step(self, opt, args, kwargs):
+        if id(opt) in self._closure_steps:
+            self._closure_steps.discard(id(opt))
+            self.checks["unhooked"].append("optimizer.step(closure): the gradients are made inside step(), so "
+                                           "they are read after the update (no replay, no update/weight ratio)")
+            self._begin(opt, before_update=False)
         track = self.tracks.get(id(opt))
         if track is None:
             return
@@ -374,7 +389,8 @@ class Engine:
         else:
             event = {"kind": "loss", "step": bad_loss, "params": bad_grad[1] if bad_grad and bad_grad[0] == bad_loss else []}
         event["epoch"] = self.epoch
-        if self.opts.replay and event["step"] == self.step and not self.closed and self.last_call is not None:
+        if (self.opts.replay and event["step"] == self.step and self._before_update and not self.closed
+                and self.last_call is not None):
             from .replay import replay
 
             event["replay"] = replay(*self.last_call)

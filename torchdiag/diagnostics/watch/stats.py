@@ -34,6 +34,7 @@ class Track:
         self.weight_norm = None        # host: per parameter, at the last read
         self.grad_max = [0.0] * n      # host: the largest gradient norm each parameter had at a read step
         self.before = None
+        self._probe_next = False       # arm the zero_grad probes after this step (a read step)
         self.queue: list = []          # (kind, payload, tensor)
         self.probes: list = []
         self._zero = torch.zeros((), device=self.device)   # the carry probe's "no gradient"
@@ -44,7 +45,7 @@ class Track:
     def rename(self, names: dict[int, str]):
         self.names = [names.get(id(p), self.names[i]) for i, p in enumerate(self.params)]
 
-    def pre_step(self, step: int, sample: bool):
+    def pre_step(self, step: int, sample: bool, before_update: bool = True):
         """Per step: each parameter's gradient norm into the next row of a device buffer (a foreach norm
         and a stack: two ops). Totals, first non-finite steps and maxima are made from the rows at the read."""
         import torch
@@ -68,7 +69,8 @@ class Track:
                 self.start = self._norms()
             if sample and self.params:
                 self.queue.append(("weights", (self, step), self._norms((2,))[0]))
-                self.before = self._samples()
+                self.before = self._samples() if before_update else None
+                self._probe_next = True
 
     def _row(self, step: int):
         """The next free row of the per-step buffer (a new block of `every` rows when the last is full)."""
@@ -96,6 +98,9 @@ class Track:
     def post_step(self, step: int, carry_probe: bool):
         import torch
 
+        if carry_probe and self._probe_next:
+            self._arm(step)
+        self._probe_next = False
         if self.before is None:
             return
         with torch.no_grad():
@@ -105,8 +110,6 @@ class Track:
             ratio = torch.where(size > 0, moved / size.clamp_min(1e-30), torch.full_like(size, float("nan")))
         self.before = None
         self.queue.append(("ratio", (self, step), ratio))
-        if carry_probe:
-            self._arm(step)
 
     def _arm(self, step: int):
         """A hook on a few parameters that had a gradient: at the next backward it sees the gradient
