@@ -533,8 +533,8 @@ def test_each_rank_watches_under_ddp(tmp_path):
     docs = {int(line.split()[1]): json.loads(line.split(" ", 2)[2]) for line in done.stdout.splitlines()
             if line.startswith("RANK ")}
     assert set(docs) == {0, 1}
-    for doc in docs.values():   # the user's names (DDP's "module." prefix dropped), the same finding on each rank
-        assert doc["steps"] == 30
+    for rank, doc in docs.items():   # the user's names (DDP's "module." prefix dropped), the same finding on each rank
+        assert doc["steps"] == 30 and doc["rank"] == rank
         assert {f["where"] for f in doc["findings"] if f["code"] == "not-in-optimizer"} == {"2.weight", "2.bias"}
 
 

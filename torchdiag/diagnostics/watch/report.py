@@ -5,6 +5,7 @@ step never makes a finding; every threshold is an option (spike, explode, ratio_
 from __future__ import annotations
 
 import math
+import os
 import re
 import statistics
 
@@ -34,6 +35,10 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
     result.data["steps"] = engine.step
     result.data["reads"] = engine.reads
     result.data["epoch"] = engine.epoch
+    rank = os.environ.get("RANK")
+    if rank is not None and rank.isdigit():   # under torchrun each rank watches its own run
+        result.data["rank"] = int(rank)
+        result.header["rank"] = f"{rank} of {os.environ.get('WORLD_SIZE', '?')} (this rank's own run)"
     result.data["metrics"] = {k: [[s, v] for s, v in vals] for k, vals in engine.metrics.items()}
     result.data["hparams"] = hparams(engine)
     for key in ("step", "loss", "grad_norm", "lr"):
