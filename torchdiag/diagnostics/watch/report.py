@@ -38,7 +38,7 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
     rank = os.environ.get("RANK")
     if rank is not None and rank.isdigit():   # under torchrun each rank watches its own run
         result.data["rank"] = int(rank)
-        result.header["rank"] = f"{rank} of {os.environ.get('WORLD_SIZE', '?')} (this rank's own run)"
+        result.header["torchrun"] = f"rank {rank} of {os.environ.get('WORLD_SIZE', '?')} (this rank's own run)"
     result.data["metrics"] = {k: [[s, v] for s, v in vals] for k, vals in engine.metrics.items()}
     result.data["hparams"] = hparams(engine)
     for key in ("step", "loss", "grad_norm", "lr"):
