@@ -162,7 +162,7 @@ def _wiring(result: Result, engine) -> None:
                            "gradient at a read step", "it does not reach the loss (unused, detached, or frozen)")
             elif t.changed is not None and not t.changed[i] and _negligible(t, i):
                 result.add("never-changes", "info", t.names[i], f"{t.names[i]} never changed over {engine.step} steps: "
-                           f"its gradient was zero or negligible at every read step (at most {t.grad_max[i]:.2g})", "the model cancels it (e.g. a bias right "
+                           f"its gradient was zero or negligible at every step (at most {t.grad_max[i]:.2g})", "the model cancels it (e.g. a bias right "
                            "before a BatchNorm, which removes any constant): drop it, or look for what zeroes its gradient")
             elif t.changed is not None and not t.changed[i]:
                 result.add("never-changes", "warning", t.names[i], f"{t.names[i]} got non-zero gradients but its value "
@@ -176,7 +176,7 @@ def _wiring(result: Result, engine) -> None:
 
 
 def _negligible(track, i: int) -> bool:
-    """A gradient at most 1e-6 of the parameter's norm at every read step: rounding noise of a gradient
+    """A gradient at most 1e-6 of the parameter's norm at every step: rounding noise of a gradient
     the model cancels (a bias before BatchNorm gets ~1e-9), too small to move float32 weights."""
     norm = track.weight_norm[i] if track.weight_norm else None
     return track.grad_max[i] == 0 or (norm is not None and math.isfinite(norm) and track.grad_max[i] <= 1e-6 * norm)
