@@ -172,10 +172,10 @@ class Engine:
     def _adopt_roots(self, track: Track):
         """At an optimizer's first step: the roots seen so far that hold its parameters are the trained models."""
         ids = track.ids
-        for key, root in list(self.seen_roots.items()):
+        for key, root in list(self.seen_roots.items()):   # the others stay: a later optimizer may train them
             if any(id(p) in ids for p in root.parameters()):
                 self._hook_root(root)
-        self.seen_roots.clear()
+                del self.seen_roots[key]
         if self.roots:   # found: no per-module cost from here on (a model first called later is not watched)
             self._discover(False)
         self._name_params()

@@ -170,8 +170,8 @@ def _wiring(result: Result, engine) -> None:
                            "zeroed between backward and step()")
     carried = engine.checks["carried"]
     if carried and not engine.opts.accumulate:
-        result.add("grad-carried-over", "error", "", f"gradients from the previous step were still there at the next "
-                   f"backward (read steps {', '.join(map(str, carried[:5]))}): they accumulate over every step",
+        result.add("grad-carried-over", "error", "", f"gradients from the previous step were still there at every backward "
+                   f"before the next step (after read steps {', '.join(map(str, carried[:5]))}): they accumulate over every step",
                    "call optimizer.zero_grad() once per step (or pass accumulate=True if this is on purpose)")
 
 

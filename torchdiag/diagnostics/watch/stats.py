@@ -35,6 +35,8 @@ class Track:
         self.grad_max = [0.0] * n      # host: the largest gradient norm each parameter had at a read step
         self.before = None
         self._probe_next = False       # arm the zero_grad probes after this step (a read step)
+        self.fired: list = []          # the probes' flags since they were armed
+        self.armed_step = 0
         self.queue: list = []          # (kind, payload, tensor)
         self.probes: list = []
         self._zero = torch.zeros((), device=self.device)   # the carry probe's "no gradient"
@@ -112,31 +114,37 @@ class Track:
         self.queue.append(("ratio", (self, step), ratio))
 
     def _arm(self, step: int):
-        """A hook on a few parameters that had a gradient: at the next backward it sees the gradient
-        left from before (a leaf's hooks run before accumulation). Non-zero there: nothing reset it."""
+        """Hooks on a few parameters that had a gradient, until this optimizer's next step: at every
+        backward that reaches one, they look at the gradient already there (a leaf's hooks run before
+        accumulation). Carried over = non-zero at every such backward: nothing reset it before the next
+        step (a GAN's other loss reaching these parameters after their step, then zero_grad, is fine;
+        so is accumulating micro-batches after a zero_grad)."""
         import torch
 
-        fired = []
+        fired = self.fired = []
 
         def probe(p):
             def hook(grad):
-                if fired:
-                    return None
-                fired.append(True)
                 old = p.grad
                 with torch.no_grad():
-                    flag = (old.detach().abs().sum() > 0).float() if old is not None else self._zero
-                self.queue.append(("carry", (self, step), flag))
+                    fired.append((old.detach().abs().sum() > 0).float() if old is not None else self._zero)
                 return None
             return hook
 
+        self.armed_step = step
         chosen = [p for p in self.params if p.grad is not None and p.requires_grad][:CARRY_PROBES]
         self.probes = [p.register_hook(probe(p)) for p in chosen]
 
     def disarm(self):
+        """At the next step (or the end): the probes' verdict, queued for the read."""
+        import torch
+
         for h in self.probes:
             h.remove()
         self.probes = []
+        if self.fired:
+            self.queue.append(("carry", (self, self.armed_step), torch.stack(self.fired).min()))
+        self.fired = []
 
     def queued(self, final: bool) -> list:
         """What this optimizer hands to a read: per step the total gradient norm (k), per parameter the
