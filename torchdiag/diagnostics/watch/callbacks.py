@@ -26,8 +26,7 @@ def hf_callback(**options):
             self.result = None
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
-            accumulate = options.pop("accumulate", None)
-            self.watch = Watch(model, None, accumulate=bool(accumulate), **options)
+            self.watch = Watch(model, None, **options)
             self.watch.__enter__()
 
         def on_epoch_begin(self, args, state, control, **kwargs):
