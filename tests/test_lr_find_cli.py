@@ -142,6 +142,45 @@ def test_model_that_climbs_at_every_rate_exits_1(cli):
     assert min(doc["loss_r0"]) >= doc["curves"][0]["initial_loss"]       # it really only climbed
 
 
+def test_live_progress_follows_every_update_on_a_terminal_only(cli, monkeypatch):
+    import sys
+
+    import torchdiag
+    from torchdiag.cli import lr_find as command
+
+    class Bar:   # records what the live line would show
+        def __init__(self):
+            self.total, self.shown = None, []
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def add_task(self, name, total, **fields):
+            self.total = total
+            return 0
+
+        def update(self, task, completed, loss, rate):
+            self.shown.append((completed, loss))
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    assert command._progress_bar(False) is None and command._progress_bar(True) is None
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    assert command._progress_bar(True) is None and command._progress_bar(False) is not None
+    bar = Bar()
+    monkeypatch.setattr(command, "_progress_bar", lambda json_mode: None if json_mode else bar)
+    assert cli("lr-find", *LSQ).code == 0
+    lin = load_module("lr_linear.py")
+    x, y = lin.batch()
+    r = torchdiag.lr_find(lin.build(), x, target=y, loss="mse", optimizer="sgd", steps=60, repeats=2, check_steps=10)
+    done = [n for n, _ in bar.shown]
+    assert bar.total == 60 * 2 + 3 * 10 and done == sorted(done) and done[-1] == r.data["updates"]
+    assert len(done) == r.data["updates"] - 3 * 10 + 3        # one line per range-test update, one per checked run
+    assert bar.shown[0][1] == f"{r.series['loss_r0'][0]:.4g}"
+
+
 # --- check: the lr-find section -------------------------------------------------------------------------
 
 def _check(cli, tmp_path, model: str, table: str, extra: str = ""):
