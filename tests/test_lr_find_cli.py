@@ -99,8 +99,9 @@ def test_cli_console_plot_and_tensorboard(cli, tmp_path):
     from PIL import Image
 
     plot = tmp_path / "lr.png"
-    r = cli("lr-find", *LSQ, "--plot", plot, "--tb", tmp_path / "tb")
+    r = cli("lr-find", *LSQ, "--plot", plot, "--tb", tmp_path / "tb", "--lr", "0.5")
     assert r.code == 0, r.stderr
+    assert "--lr 0.5 is not used: the range test sets the rate of every update" in " ".join(r.stdout.split())
     assert "Range test: one curve per repeat" in r.stdout and "Checked runs" in r.stdout
     assert f"Curves: {plot}" in r.stderr
     w, h = Image.open(plot).size
@@ -203,6 +204,11 @@ def test_check_section_fails_on_an_error_finding(cli, tmp_path):
     assert r.code == 1, r.stderr
     row = r.json["checks"][0]
     assert row["status"] == "FAIL" and row["figure"] == "no suggestion" and row["message"].startswith("no-rate-trains")
+    # switched on from the command line alone (defaults), and off again
+    r = cli("check", sample("lr_broken.py:ascends"), "--lr-find", "--device", "cpu", "--json")
+    assert r.code == 1 and [c["check"] for c in r.json["checks"]] == ["lr-find"], r.stderr
+    r = cli("check", "--config", tmp_path / "c.toml", "--no-lr-find")
+    assert r.code == 2 and "no checks configured" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("table, words", [
