@@ -225,7 +225,7 @@ def test_check_section_refuses_bad_keys_by_name(cli, tmp_path, table, words):
 # --- the console, pinned ---------------------------------------------------------------------------------
 
 def test_console_rendering_matches_golden():
-    """The least-squares run rendered 120 columns wide, no colour (as tests/test_render_golden.py); no field
+    """The least-squares run rendered 100 columns wide, no colour (as tests/test_render_golden.py); no field
     of lr-find's console output is a timing (seconds are in the JSON only). TORCHDIAG_UPDATE_GOLDEN=1 rewrites it."""
     from io import StringIO
 
@@ -239,7 +239,7 @@ def test_console_rendering_matches_golden():
     r = torchdiag.lr_find(lin.build(), x, target=y, loss="mse", optimizer="sgd", steps=60, repeats=2, check_steps=10)
     r.header["model"] = "sample_models/lr_linear.py:build"
     out = StringIO()
-    print_result(r, console=Console(file=out, width=120, color_system=None, force_terminal=False, highlight=False,
+    print_result(r, console=Console(file=out, width=100, color_system=None, force_terminal=False, highlight=False,
                                     soft_wrap=False, legacy_windows=False, _environ={}))
     got = "\n".join(line.rstrip() for line in out.getvalue().splitlines()).rstrip() + "\n"
     assert "second" not in got and " s " not in got
