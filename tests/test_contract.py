@@ -12,7 +12,7 @@ import pytest
 
 from conftest import ROOT, sample
 
-COMMANDS = ["summary", "flops", "nancheck", "gradflow", "overfit-batch", "profile", "memory", "doctor",
+COMMANDS = ["summary", "flops", "nancheck", "gradflow", "overfit-batch", "lr-find", "profile", "memory", "doctor",
             "activations", "gradcam", "attention", "embeddings", "gradcheck"]   # every command with a diagnostic
 REQUIRED = {"gradcam": {"layer": "x", "image": str(ROOT / "docs/images/sample_input.png")}, "embeddings": {"layer": "x"}}
 PACKAGE = ROOT / "torchdiag"

@@ -133,6 +133,8 @@ COMMANDS: tuple[Command, ...] = (
        _TRAIN, renderer=True, per_rank=True, cross_rank=True),
     _c("overfit-batch", "Can this model memorise one batch? Trains a copy on one fixed batch and gives a verdict.",
        _TRAIN, renderer=True, per_rank=True),
+    _c("lr-find", "Which learning rate? The range test, repeated over seeds, with its suggestion checked by short "
+       "runs at 0.1×, 1× and 10× of it.", _TRAIN, renderer=True, per_rank=True),
     _c("profile", "Where the time goes: step time (mean, median, p90), throughput, top operators by self time, time "
        "per module, and a Chrome/Perfetto trace.", _TRAIN, renderer=True, per_rank=True),
     _c("memory", "Where the memory goes in a training step: parameters, gradients, optimizer state, activations "

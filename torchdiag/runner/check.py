@@ -21,8 +21,12 @@ from ..results import Column, Result, Table
 CONFIG = {o.config_key: o.name for o in RUN_OPTIONS if o.config}
 MODEL_KEYS = set(CONFIG) | {"model", "name", "check"}
 CHECK_KEYS = {"max-params", "max-trainable-params", "max-gmacs", "max-gflops", "nancheck", "gradflow",
-              "overfit-batch", "doctor", "allow", "strict", "max-peak-memory"}
+              "overfit-batch", "lr-find", "doctor", "allow", "strict", "max-peak-memory"}
 OVERFIT_KEYS = {"steps", "target-ratio", "target-loss", "lr", "optimizer", "seed"}
+LR_FIND_KEYS = {"min-lr", "max-lr", "steps", "diverge", "repeats", "check-steps", "optimizer", "seed"}   # no lr: unused
+# the checks that train with settings of their own: true, false or a table of them (keys, an example)
+OWN_TABLES = {"overfit-batch": (OVERFIT_KEYS, "overfit-batch = {steps = 200, target-ratio = 0.05}"),
+              "lr-find": (LR_FIND_KEYS, "lr-find = {steps = 50, repeats = 2, check-steps = 10}")}
 ROOT_KEYS = MODEL_KEYS | {"models"}
 INTERRUPTS = {int(ExitCode.INTERRUPTED), int(ExitCode.TERMINATED)}
 
@@ -68,9 +72,9 @@ def validate_check(check: dict, where: str) -> dict:
     for key, value in check.items():
         if key in BOOL_KEYS and not isinstance(value, bool):
             raise UsageError(f"{key} = {value!r} in {where} must be true or false")
-        if key == "overfit-batch" and not isinstance(value, (bool, dict)):
-            raise UsageError(f"overfit-batch = {value!r} in {where} must be true, false or a table",
-                             hint="e.g. overfit-batch = {steps = 200, target-ratio = 0.05}")
+        if key in OWN_TABLES and not isinstance(value, (bool, dict)):
+            raise UsageError(f"{key} = {value!r} in {where} must be true, false or a table",
+                             hint=f"e.g. {OWN_TABLES[key][1]}")
         if key == "allow":
             if isinstance(value, str):
                 value = [value]  # one glob; a string is not split into characters
@@ -136,25 +140,26 @@ def validate_model_entry(entry: dict, where: str) -> None:
             raise _type_error(key, value, where, "a table", "check = {max-params = 30000}")
 
 
-def overfit_settings(ov: dict, spec, where: str):
-    """The overfit-batch table → (Options, RunSpec): validated by overfit-batch's own Options (the same
-    rules as on the command line), so a bad value is reported before any model loads."""
+def own_settings(command: str, table: dict, spec, where: str):
+    """The table of a check that trains (overfit-batch, lr-find) → (Options, RunSpec): validated by that
+    command's own Options (the same rules as on the command line), so a bad value is reported before any
+    model loads."""
     import dataclasses
 
+    from ..commands import get
     from ..core.run import optimizer_spec
     from ..errors import OptionError
-    from ..diagnostics import overfit_batch
 
-    kw = {k.replace("-", "_"): v for k, v in ov.items()}
+    diagnostic = get(command).diagnostic_module()
+    kw = {k.replace("-", "_"): v for k, v in table.items()}
     run_kw = {k: kw.pop(k) for k in ("optimizer", "lr", "seed") if k in kw}
     try:
-        opts = overfit_batch.Options(**kw)
-        optimizer = optimizer_spec(overfit_batch.OPTIMIZER, name=run_kw.get("optimizer"), lr=run_kw.get("lr"))
+        opts = diagnostic.Options(**kw)
+        optimizer = optimizer_spec(diagnostic.OPTIMIZER, name=run_kw.get("optimizer"), lr=run_kw.get("lr"))
         spec = dataclasses.replace(spec, optimizer=optimizer, seed=run_kw.get("seed", spec.seed))
     except OptionError as exc:
         exc.name_for("config")
-        raise UsageError(f"overfit-batch {exc.message} in {where}",
-                         hint=exc.hint or "e.g. overfit-batch = {steps = 200, target-ratio = 0.05}") from None
+        raise UsageError(f"{command} {exc.message} in {where}", hint=exc.hint or f"e.g. {OWN_TABLES[command][1]}") from None
     return opts, spec
 
 
@@ -251,18 +256,19 @@ def _model_config(name: str, merged: dict, inputs: list, args: list, check: dict
     except OptionError as exc:
         raise UsageError(f"{exc.name_for('config').message} in {where}", hint=exc.hint) from None
     check = dict(check)
-    if check.get("overfit-batch"):
-        ov = check["overfit-batch"] if isinstance(check["overfit-batch"], dict) else {}
-        check["_overfit"] = overfit_settings(ov, spec, where)
+    for command in OWN_TABLES:
+        if check.get(command):
+            own = check[command] if isinstance(check[command], dict) else {}
+            check[f"_{command}"] = own_settings(command, own, spec, where)
     return ModelConfig(name, spec, check)
 
 
 def _validated_checks(check: dict, table_where: str, where: str) -> dict:
     _unknown(check, CHECK_KEYS, table_where)
     check = validate_check(check, where)
-    ov = check.get("overfit-batch")
-    if isinstance(ov, dict):
-        _unknown(ov, OVERFIT_KEYS, f"overfit-batch in {where}")
+    for command, (keys, _) in OWN_TABLES.items():
+        if isinstance(check.get(command), dict):
+            _unknown(check[command], keys, f"{command} in {where}")
     if "max-peak-memory" in check:  # a bad size is reported before any model runs
         check["max-peak-memory"] = parse_bytes(check["max-peak-memory"], "max-peak-memory")
     return check
@@ -326,7 +332,7 @@ def run_checks(cfg: ModelConfig) -> list[CheckOutcome]:
         return record.outcomes
     if not record.outcomes:
         raise UsageError(f"no checks configured for {cfg.name}",
-                         hint="add [tool.torchdiag.check] with e.g. max-params, max-gmacs, nancheck, gradflow, overfit-batch")
+                         hint="add [tool.torchdiag.check] with e.g. max-params, max-gmacs, nancheck, gradflow, overfit-batch, lr-find")
     return record.outcomes
 
 
@@ -382,7 +388,7 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             return not bad, ("all parameters get gradients" if not bad else f"{n} problem(s)"), bad
         record("gradflow", grads, f"allow {allow}" if allow else "")
     if c.get("overfit-batch"):
-        opts, spec = c["_overfit"]
+        opts, spec = c["_overfit-batch"]
 
         def overfit():
             r = invoke(overfit_batch, model, inputs, opts, dataclasses.replace(ctx, spec=spec))
@@ -393,6 +399,8 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             return bool(d.get("passed")), figure, "" if d.get("passed") else (_first_error(r) or "cannot overfit")
         limit = f"≤ {opts.target_ratio} × initial" if opts.target_loss is None else f"≤ {opts.target_loss}"
         record("overfit-batch", overfit, limit)
+    if c.get("lr-find"):
+        _lr_find_check(c["_lr-find"], model, inputs, ctx, record)
     if c.get("doctor"):
         def doc():
             r = invoke(doctor, model, inputs, doctor.Options(), _own(doctor, ctx))
@@ -409,6 +417,28 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             peak = int(invoke(memory, model, inputs, memory.Options(), _own(memory, ctx)).data["peak_bytes"])
             return peak <= limit, human_bytes(peak), "" if peak <= limit else f"peak {human_bytes(peak)} > {human_bytes(limit)}"
         record("max-peak-memory", mem, human_bytes(limit))
+
+
+def _lr_find_check(settings, model, inputs, ctx, record) -> None:
+    """lr-find: fails on an error finding (no rate trains, a non-finite loss); no suggestion is a warning."""
+    import dataclasses
+
+    from ..diagnostics import lr_find
+    from .local import invoke
+
+    opts, spec = settings
+
+    def lrf():
+        r = invoke(lr_find, model, inputs, opts, dataclasses.replace(ctx, spec=spec))
+        d = r.data
+        if d.get("status") == "interrupted":   # the partial curve has no verdict: recorded as interrupted
+            raise Terminated() if r.exit_code == ExitCode.TERMINATED else KeyboardInterrupt()
+        bad = _first_error(r)
+        figure = (f"recommended lr {d['recommended']:.3g}" if d.get("recommended") is not None else
+                  f"suggested lr {d['suggestion']:.3g} (not checked)" if d.get("suggestion") is not None else
+                  "no suggestion")
+        return not bad, figure, bad
+    record("lr-find", lrf, "a rate that trains")
 
 
 def run(models: list[ModelConfig], source: str) -> Result:
