@@ -537,11 +537,11 @@ def test_autocast_and_an_unused_lr_are_stated():
 
 
 def test_fp16_autocast_steps_through_a_grad_scaler(monkeypatch):
-    from torchdiag.diagnostics.lr_find import loop
+    from torchdiag.core.scaling import ScaledStep
 
     stepped = []
-    original = loop.ScaledStep.step
-    monkeypatch.setattr(loop.ScaledStep, "step", lambda self: (stepped.append(self.scaler.get_scale()), original(self)))
+    original = ScaledStep.step
+    monkeypatch.setattr(ScaledStep, "step", lambda self: (stepped.append(self.scaler.get_scale()), original(self)))
     torch.manual_seed(0)
     model, x = load("mlp.py:build")
     r = lr_find(model, x, amp="fp16", steps=20, repeats=1, check_steps=3)
