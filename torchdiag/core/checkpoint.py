@@ -127,8 +127,9 @@ def read_state(path: str, device) -> tuple[dict[str, Any], bool]:
                      hint="torchdiag reads .safetensors, .safetensors.index.json, .pt, .pth, .bin and Lightning .ckpt")
 
 
-def header(path: str) -> dict[str, Any]:
-    """The JSON header of a safetensors file: 8 bytes of length, then that many bytes. Nothing else is read."""
+def header(path: str, data_read: bool = True) -> dict[str, Any]:
+    """The JSON header of a safetensors file: 8 bytes of length, then that many bytes. Nothing else is read.
+    Its entries must lie inside the file when the data will be read (on meta only their shapes count)."""
     regular_file(path, "checkpoint")
     try:
         with open(path, "rb") as f:
@@ -145,7 +146,7 @@ def header(path: str) -> dict[str, Any]:
         doc = json.loads(text)
         if not isinstance(doc, dict):
             raise ValueError("the header is not a JSON object")
-        safetensors_entries(doc, os.path.getsize(path) - 8 - size)
+        safetensors_entries(doc, os.path.getsize(path) - 8 - size if data_read else None)
         return doc
     except (OSError, ValueError, UnicodeDecodeError, UsageError) as exc:
         raise UsageError(f"{path} is not a safetensors file: {exc.message if isinstance(exc, UsageError) else one_line(exc)}",
@@ -156,7 +157,7 @@ def _read_header(path: str) -> dict[str, Any]:
     import torch
 
     state = {}
-    for key, entry in header(path).items():
+    for key, entry in header(path, data_read=False).items():
         if key == "__metadata__":
             continue
         try:

@@ -96,10 +96,15 @@ SAFETENSORS_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32"
                         "U16": 2, "U32": 4, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "C64": 8}
 
 
-def safetensors_entries(doc: dict, data_bytes: int) -> None:
+MAX_TENSOR_BYTES = 2**50   # 1 PiB: past any real tensor, inside what torch's int64 sizes can hold
+
+
+def safetensors_entries(doc: dict, data_bytes: int | None) -> None:
     """Each tensor entry of a safetensors header: a dtype, a shape of non-negative integers and data_offsets
     inside the file whose length is what the shape and dtype need. Raises ValueError naming the entry:
-    a header must not make a reader allocate (or a meta tensor claim) more than the file holds."""
+    a header must not make a reader allocate (or a meta tensor claim) more than the file holds.
+    `data_bytes` None: the data is not read (meta), only each tensor's own size is bounded."""
+    limit = MAX_TENSOR_BYTES if data_bytes is None else data_bytes
     for key, entry in doc.items():
         if key == "__metadata__":
             continue
@@ -108,15 +113,17 @@ def safetensors_entries(doc: dict, data_bytes: int) -> None:
         shape, offsets, dtype = entry.get("shape"), entry.get("data_offsets"), entry.get("dtype")
         if not isinstance(dtype, str):
             raise ValueError(f"entry {key} has no dtype")
-        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
-            raise ValueError(f"entry {key} has shape {str(shape)[:60]}: not a list of non-negative integers")
+        if not (isinstance(shape, list) and all(type(d) is int and 0 <= d <= MAX_TENSOR_BYTES for d in shape)):
+            raise ValueError(f"entry {key} has shape {str(shape)[:60]}: not a list of plausible non-negative integers")
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
-                and 0 <= offsets[0] <= offsets[1] <= data_bytes):
-            raise ValueError(f"entry {key} has data_offsets {str(offsets)[:60]} outside the file's {data_bytes} data bytes")
+                and 0 <= offsets[0] <= offsets[1] and offsets[1] - offsets[0] <= limit
+                and (data_bytes is None or offsets[1] <= data_bytes)):
+            raise ValueError(f"entry {key} has data_offsets {str(offsets)[:60]} outside "
+                             + (f"the file's {data_bytes} data bytes" if data_bytes is not None else "any plausible size"))
         numel = 1
         for d in shape:
             numel *= d
         size = SAFETENSORS_ITEMSIZE.get(dtype)
-        if size is not None and numel * size != offsets[1] - offsets[0]:
+        if numel > MAX_TENSOR_BYTES or size is not None and numel * size != offsets[1] - offsets[0]:
             raise ValueError(f"entry {key} is {dtype} of shape {shape}, {numel * size} bytes, but its data_offsets "
                              f"span {offsets[1] - offsets[0]}")
