@@ -204,6 +204,10 @@ def _prepare(spec, sess, diagnostic, local: Local) -> None:
     if spec.needs_inputs:
         local.ctx.header["inputs"] = local.inputs.describe()
     mode = wrap_mode(diagnostic, spec.wrap)
+    if spec.wrap in ("ddp", "fsdp") and (mode is not None or spec.command in CONSISTENCY):
+        from ..core.distributed import refuse_divergent   # before any wrapper collective: the same parameters
+
+        refuse_divergent(local.model, spec.wrap)
     if mode is not None:
         from ..core.distributed import wrap
 
