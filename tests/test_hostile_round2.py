@@ -589,3 +589,16 @@ def test_ranks_with_different_models_are_refused_by_name_before_wrapping(tmp_pat
     assert "[ranks 0,1]" in message      # every rank refused, each saying the same
     assert "0.weight (rank 0: 4x4 float32, rank 1: 5x4 float32)" in message
     assert "collective mismatch" not in stderr and "Connection closed" not in stderr
+
+
+@pytest.mark.parametrize("precision", [["--dtype", "bfloat16"], ["--dtype", "float16"], ["--amp", "bf16"], ["--amp", "fp16"]])
+def test_gradcam_takes_dtype_and_amp(cli, precision):
+    args = ["gradcam", f"{ROOT}/sample_models/gradcam_region.py:build", "--layer", "features.0",
+            "--image", ROOT / "docs/images/sample_input.png", "--device", "cpu", "--json"]
+    plain, reduced = cli(*args), cli(*args, *precision)
+    assert plain.code == 0 and reduced.code == 0, reduced.stderr
+    assert {"bfloat16": "bfloat16", "float16": "float16", "bf16": "bfloat16", "fp16": "float16"}[precision[1]] \
+        in reduced.json["precision"]
+    assert reduced.json["target_class"] == plain.json["target_class"]
+    # the same region: the peak moves by at most a pixel or two with 8-11 mantissa bits
+    assert all(abs(a - b) <= 2 for a, b in zip(reduced.json["heatmap_peak"], plain.json["heatmap_peak"]))

@@ -36,7 +36,8 @@ def register(app) -> None:
                 out: Out = None, size: Size = None, mean: Mean = "0", std: Std = "1", channels: Channels = 3,
                 alpha: Alpha = 0.5,
                 arg: c.Args = None, device: c.Device = "auto", seed: c.Seed = 0, json: c.Json = False,
-                tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True) -> None:
+                tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True,
+                dtype: c.Dtype = None, amp: c.Amp = None) -> None:
         """Grad-CAM: which part of the image drives a classifier's score for a class.
 
         The image is read as RGB (--channels 1: grayscale), resized (--size), scaled to [0,1] and
@@ -47,7 +48,8 @@ def register(app) -> None:
         from ..render.gradcam import record
 
         opts = c.CommonOptions("gradcam", spec, arg or [], [], device, seed, json, tb, debug, needs_inputs=False,
-                               outputs={"out": out}, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint)
+                               outputs={"out": out}, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint,
+                               dtype=dtype, amp=amp)
 
         def precheck():  # before loading anything; the image and pictures libraries are checked by diag.Options
             c.output_file(out, "--out", (".png",))   # only PNG is written
