@@ -403,13 +403,11 @@ EXTRA_STATE = "_extra_state"   # torch's suffix for get_extra_state(): plain con
 
 
 def _plain_tensor(key: str, t, path: str, meta: bool) -> None:
-    """A dense strided tensor (or an extra state holding none that is not): sparse, quantized, nested
-    tensors, tensor subclasses and meta tensors (on a real device) cannot be copied into a parameter."""
+    """A dense strided tensor: sparse, quantized, nested tensors, tensor subclasses and meta tensors (on a
+    real device) cannot be copied into a parameter or buffer."""
     import torch
 
-    if not isinstance(t, torch.Tensor):
-        for v in (t.values() if isinstance(t, dict) else t if isinstance(t, (list, tuple)) else ()):
-            _plain_tensor(key, v, path, meta)
+    if not isinstance(t, torch.Tensor):   # an extra state: the module's own set_extra_state takes it as it is
         return
     kind = ("sparse" if t.layout != torch.strided else "quantized" if t.is_quantized else "nested" if t.is_nested
             else f"a {type(t).__name__}" if type(t) not in (torch.Tensor, torch.nn.Parameter)
