@@ -260,11 +260,14 @@ def refuse_divergent(model, wrap: str) -> None:
     all_gather over the decisions group; every rank raises the same error, naming the first that differs."""
     import torch.distributed as dist
 
-    from ..errors import ModelError
-
     mine = [(n, tuple(p.shape), str(p.dtype).replace("torch.", "")) for n, p in model.named_parameters()]
     everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine, group=_DECISIONS)
+    try:
+        dist.all_gather_object(everyone, mine, group=_DECISIONS)
+    except Exception as exc:   # a peer failed before it got here (its own error leads the report)
+        err = ModelError(f"--wrap {wrap}: could not compare parameters with the other ranks: {one_line(exc, 160)}")
+        err.follows_peer = True
+        raise err from exc
     if all(theirs == everyone[0] for theirs in everyone):
         return
     tables = [dict((n, (s, d)) for n, s, d in theirs) for theirs in everyone]
