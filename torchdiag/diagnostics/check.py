@@ -176,6 +176,10 @@ def load_config(path: Path | None) -> tuple[dict, str]:
             raise UsageError("no pyproject.toml in the current directory",
                              hint="run check where [tool.torchdiag] is configured, pass --config FILE, or give MODEL_SPEC")
     elif not path.is_file():
+        if path.exists():   # a folder, FIFO, socket or device: said as such, never opened
+            from ..core.limits import regular_file
+
+            regular_file(str(path), "config file")
         raise UsageError(f"config file not found: {path}")
     try:
         doc = tomllib.loads(_bounded_toml(path))
