@@ -145,7 +145,7 @@ COMMANDS: tuple[Command, ...] = (
     _c("activations", "What each module produces: output shape, mean, std, min, max, fraction of zeros and of "
        "saturated values, for one forward pass (eval mode, no grad).", _FORWARD, renderer=True),
     _c("gradcam", "Grad-CAM: which part of the image drives a classifier's score for a class.",
-       ("model", "output"), renderer=True),
+       ("model", "precision", "output"), renderer=True),
     _c("attention", "Attention weights of every nn.MultiheadAttention (and of modules that return attention weights, "
        "and of F.scaled_dot_product_attention calls) for one forward pass.", ("model", "inputs", "output"),
        renderer=True),

@@ -219,6 +219,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     c, mean, std = opts.channels, opts.mean, opts.std
     pixels = load_rgb(opts.image, opts.size, c)
     x = image_tensor(pixels, mean, std, ctx.device)
+    if ctx.spec.dtype:   # --dtype: the model was cast; the image goes in as its float inputs would
+        x = x.to(getattr(torch, ctx.spec.dtype))
     rgb = pixels if c == 3 else pixels.repeat(3, axis=2)       # pictures are always RGB
     result = Result("gradcam", header={"layer": opts.layer, "image": opts.image,
                                        "image_size": f"{rgb.shape[0]}x{rgb.shape[1]}",
@@ -228,7 +230,9 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     with leave_no_trace(model):
         model.eval()
         info: dict = {}
-        cam, heat, logits, k = grad_cam(model, x, opts.layer, opts.target_class, info)
+        with ctx.autocast():   # --amp: the forward as it trains
+            cam, heat, logits, k = grad_cam(model, x, opts.layer, opts.target_class, info)
+    cam, heat, logits = cam.float(), heat.float(), logits.float()   # numpy has no bfloat16
     probs = torch.softmax(logits[0].double(), 0)
     top = torch.topk(probs, min(opts.topk, probs.numel()))
     rows = [{"class": int(c), "logit": float(logits[0, c]), "probability": float(p),

@@ -183,9 +183,13 @@ def load_config(path: Path | None) -> tuple[dict, str]:
             raise UsageError("no pyproject.toml in the current directory",
                              hint="run check where [tool.torchdiag] is configured, pass --config FILE, or give MODEL_SPEC")
     elif not path.is_file():
+        if path.exists():   # a folder, FIFO, socket or device: said as such, never opened
+            from ..core.limits import regular_file
+
+            regular_file(str(path), "config file")
         raise UsageError(f"config file not found: {path}")
     try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+        doc = tomllib.loads(_bounded_toml(path))
     except UnicodeDecodeError as exc:
         raise UsageError(f"{path} is not UTF-8 text (byte {exc.start}): TOML files must be UTF-8",
                          hint="save the file as UTF-8") from None
@@ -193,13 +197,37 @@ def load_config(path: Path | None) -> tuple[dict, str]:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path} is not valid TOML: {exc}") from exc
-    table = doc.get("tool", {}).get("torchdiag")
+    table = _tool_table(doc, path)
     if table is None:
         if path.name == "pyproject.toml" or "tool" in doc:
             table = {}
         else:
             table = doc  # a dedicated file may hold the keys at top level
     return table, str(path)
+
+
+def _bounded_toml(path: Path) -> str:
+    """The file's text, refused before tomllib recurses or reads without end (a FIFO, a 20k-deep array)."""
+    from ..core.limits import read_text, toml_depth
+
+    text = read_text(str(path), "config file")
+    try:
+        toml_depth(text)
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc.message}", hint=exc.hint) from None
+    return text
+
+
+def _tool_table(doc: dict, path: Path):
+    """[tool.torchdiag], None when absent; any other shape (tool = 5, torchdiag = "x", [[tool.torchdiag]]) is refused."""
+    tool = doc.get("tool")
+    if tool is not None and not isinstance(tool, dict):
+        raise UsageError(f"tool = {str(tool)[:40]} in {path} must be a table", hint="write [tool.torchdiag] as a table header")
+    table = (tool or {}).get("torchdiag")
+    if table is not None and not isinstance(table, dict):
+        raise UsageError(f"[tool] torchdiag in {path} is a {type(table).__name__}, not a table",
+                         hint="write [tool.torchdiag] once, as a table (several models: [[tool.torchdiag.models]])")
+    return table
 
 
 def models_from_config(table: dict, source: str, overrides: dict, check_overrides: dict | None = None) -> list[ModelConfig]:
@@ -257,7 +285,7 @@ def _model_config(name: str, merged: dict, inputs: list, args: list, check: dict
         raise UsageError(f"{exc.name_for('config').message} in {where}", hint=exc.hint) from None
     check = dict(check)
     for command in OWN_TABLES:
-        if check.get(command):
+        if check.get(command, False) is not False:   # {} is "run with the defaults", never off
             own = check[command] if isinstance(check[command], dict) else {}
             check[f"_{command}"] = own_settings(command, own, spec, where)
     return ModelConfig(name, spec, check)
@@ -325,15 +353,29 @@ def run_checks(cfg: ModelConfig) -> list[CheckOutcome]:
             raise
         record.outcomes.append(CheckOutcome(cfg.name, "load", None, "error", "", exc.message, 0.0, int(exc.code)))
         return record.outcomes
+    ctx = _checkpoint_outcomes(ctx, record)
+    before = len(record.outcomes)
     try:
         _size_checks(cfg.check, model, inputs, ctx, record)
         _diagnostic_checks(cfg.check, model, inputs, ctx, record)
     except _Interrupted:
         return record.outcomes
-    if not record.outcomes:
+    if len(record.outcomes) == before:   # only the checkpoint's own outcome: no check was configured
         raise UsageError(f"no checks configured for {cfg.name}",
                          hint="add [tool.torchdiag.check] with e.g. max-params, max-gmacs, nancheck, gradflow, overfit-batch, lr-find")
     return record.outcomes
+
+
+def _checkpoint_outcomes(ctx, record):
+    """strict-checkpoint = false: keys that did not fit fail a `checkpoint` outcome of their own (exit 1),
+    and are taken off the context so that no diagnostic's verdict carries them."""
+    import dataclasses
+
+    for report in ctx.checkpoints:
+        if not report.fits:
+            record.outcomes.append(CheckOutcome(record.model_name, "checkpoint", False, "does not fit", "fits the model",
+                                                f"{report.path}: {report.mismatch_summary(6)}", 0.0, 1))
+    return dataclasses.replace(ctx, checkpoints=[]) if ctx.checkpoints else ctx
 
 
 def _size_checks(c: dict, model, inputs, ctx, record) -> None:
@@ -387,7 +429,7 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             n = len([f for f in r.findings if f.severity == "error"])
             return not bad, ("all parameters get gradients" if not bad else f"{n} problem(s)"), bad
         record("gradflow", grads, f"allow {allow}" if allow else "")
-    if c.get("overfit-batch"):
+    if c.get("overfit-batch", False) is not False:
         opts, spec = c["_overfit-batch"]
 
         def overfit():
@@ -399,7 +441,7 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             return bool(d.get("passed")), figure, "" if d.get("passed") else (_first_error(r) or "cannot overfit")
         limit = f"≤ {opts.target_ratio} × initial" if opts.target_loss is None else f"≤ {opts.target_loss}"
         record("overfit-batch", overfit, limit)
-    if c.get("lr-find"):
+    if c.get("lr-find", False) is not False:   # {} runs with the defaults
         _lr_find_check(c["_lr-find"], model, inputs, ctx, record)
     if c.get("doctor"):
         def doc():

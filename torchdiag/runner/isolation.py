@@ -76,12 +76,20 @@ def _stdout_to_stderr():
 
 @contextlib.contextmanager
 def _stdin_closed():
-    saved = sys.stdin
+    import builtins
+
+    saved, saved_input = sys.stdin, builtins.input
     sys.stdin = _NoInput()
+    builtins.input = _no_input   # fails before writing its prompt: no text glued onto our error line
     try:
         yield
     finally:
         sys.stdin = saved
+        builtins.input = saved_input
+
+
+def _no_input(prompt=""):
+    return _NoInput().readline()
 
 
 @contextlib.contextmanager
