@@ -239,3 +239,13 @@ def test_check_data_dataset_raising_is_exit_3(cli, tmp_path):
     assert r.code == 3
     row = json.loads(r.stdout)["checks"][0]
     assert row["status"] == "ERROR" and row["message"].startswith("dataset[57] raised")
+
+
+def test_workers_start_under_the_cli(cli):
+    """The runner's stdin guard (runner/isolation.py) must let a forked DataLoader worker close stdin: every
+    worker died at start through the CLI (AttributeError in multiprocessing's _close_stdin), not in Python."""
+    r = cli("data", sample("data_fake.py:loader"), "--arg", "size=64", "--workers", "0,1", "--batches", "2", "--json")
+    assert r.code == 0, r.stderr
+    sweep = r.json["throughput"]["sweep"]
+    # 64 samples in batches of 32: the first batch timed on its own, one after it, in each configuration
+    assert [s["num_workers"] for s in sweep] == [0, 1] and all(s["batches"] == 64 // 32 - 1 for s in sweep)
