@@ -109,6 +109,19 @@ def test_arg_goes_to_the_data_factories_and_model_arg_to_the_model(cli, tmp_path
         assert found[f"{split}:[1]"]["severity"] == "error" and f": {n} sample(s)" in found[f"{split}:[1]"]["message"]
 
 
+def test_checkpoint_goes_into_the_model(cli, tmp_path):
+    model = load_module("data_digits.py").model()
+    torch.save(model.state_dict(), tmp_path / "w.pt")
+    torch.save({"x": torch.zeros(2)}, tmp_path / "other.pt")
+    args = (sample("data_digits.py:train"), "--model", sample("data_digits.py:model"), "--no-speed", "--samples", "100")
+    r = cli("data", *args, "--checkpoint", tmp_path / "w.pt", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["checkpoint"] == [f"{tmp_path / 'w.pt'}: {len(model.state_dict())} tensors loaded"]
+    r = cli("data", *args, "--checkpoint", tmp_path / "other.pt")
+    assert r.code == 2 and "does not fit the model" in r.stderr
+    one_error_line(r)
+
+
 def test_files_written_and_refused(cli, tmp_path):
     from PIL import Image
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
