@@ -76,6 +76,13 @@ def test_dataset_raising_is_exit_3_naming_the_index(cli):
     assert doc["partial"]["command"] == "data" and doc["partial"]["throughput"]["as_configured"]["batches"] == 2
 
 
+def test_missing_data_file_is_named_as_data(cli, tmp_path):
+    for args in ([tmp_path / "nope.py:train"], [sample("data_digits.py:train"), "--val", tmp_path / "nope.py:val"]):
+        r = cli("data", *args)
+        assert r.code == 2 and r.stderr.startswith(f"error: data file not found: {tmp_path / 'nope.py'}"), r.stderr
+        one_error_line(r)
+
+
 @pytest.mark.parametrize("args, said", [
     (["--batches", "0"], "error: --batches: must be ≥ 1, got 0"),
     (["--workers", "a,b"], "error: --workers: 'a,b' is not a list of worker counts"),
