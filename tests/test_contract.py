@@ -261,3 +261,80 @@ def test_a_refused_choice_suggests_what_was_meant(field, value, hint):
     with pytest.raises(OptionError) as exc:
         RunSpec("nancheck", **{field: value})
     assert exc.value.hint == hint and f"'{value}' is not one of" in exc.value.message
+
+
+def _absolute(path: Path, node) -> list[str]:
+    """The absolute module names an import statement in `path` (a module of the torchdiag package) names:
+    relative imports resolved; `from . import x` names the submodule x as well."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    package = parts[:-1] if parts[-1] != "__init__" else parts[:-1]
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = package[:len(package) - node.level + 1] if node.level else []
+    stem = ".".join(base + ([node.module] if node.module else []))
+    return [stem] + [f"{stem}.{a.name}" for a in node.names]
+
+
+def _diagnostic_of(module: str) -> str | None:
+    """'torchdiag.diagnostics.gradflow.record' → 'gradflow'; None outside the diagnostics."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["torchdiag", "diagnostics"] and len(parts) > 2 else None
+
+
+# not diagnostics: the registry (diagnostics/__init__.py) and `check`, the orchestrator that runs the others
+# (DESIGN.md puts orchestrators in the runner layer)
+NOT_A_DIAGNOSTIC = {"__init__", "check"}
+
+
+def _diagnostic_modules():
+    for path, tree in _modules(PACKAGE / "diagnostics"):
+        own = path.relative_to(PACKAGE / "diagnostics").with_suffix("").parts[0]
+        if own not in NOT_A_DIAGNOSTIC:
+            yield path, tree, own
+
+
+def test_no_diagnostic_imports_another():
+    """What two diagnostics share lives in core/: a diagnostic imports only itself, core and the stdlib-only
+    modules beside results.py."""
+    offenders = []
+    for path, tree, own in _diagnostic_modules():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for name in _absolute(path, node):
+                    other = _diagnostic_of(name)
+                    if other is not None and other != own:
+                        offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    assert not offenders, offenders
+
+
+def test_no_diagnostic_draws():
+    """A diagnostic returns data; every picture is drawn in render/: no matplotlib, no render import."""
+    offenders = []
+    for path, tree, _ in _diagnostic_modules():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for name in _absolute(path, node):
+                    if name.split(".")[0] == "matplotlib" or name.startswith("torchdiag.render"):
+                        offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    assert not offenders, offenders
+
+
+def test_the_import_rules_see_what_they_forbid(tmp_path):
+    """The resolver behind the two rules above, on hand-written imports of a diagnostic module."""
+    path = PACKAGE / "diagnostics" / "doctor" / "update.py"
+    names = lambda src: _absolute(path, ast.parse(src).body[0])   # noqa: E731
+    assert "torchdiag.diagnostics.overfit_batch.scaling" in names("from ..overfit_batch.scaling import stepper")
+    assert "torchdiag.diagnostics.gradflow" in names("from .. import gradflow")
+    assert "torchdiag.render.images" in names("from ...render.images import tile")
+    assert names("import matplotlib.pyplot") == ["matplotlib.pyplot"]
+    assert "torchdiag.core.rounding" in names("from ...core.rounding import CODE")
+    single = PACKAGE / "diagnostics" / "flops.py"
+    assert "torchdiag.diagnostics.summary" in _absolute(single, ast.parse("from .summary import CONTAINERS").body[0])
+    assert _diagnostic_of("torchdiag.diagnostics.summary") == "summary" and _diagnostic_of("torchdiag.core.tracking") is None
+
+
+def test_the_shared_layers_below_the_diagnostics_need_no_torch():
+    """fmt.py and pictures.py (formatting, picture geometry) are read by render/ and the diagnostics alike."""
+    code = "import sys, torchdiag.fmt, torchdiag.pictures; print(sorted(m for m in ('torch', 'numpy', 'matplotlib') if m in sys.modules))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)

@@ -341,7 +341,11 @@ def test_pictures_written(tmp_path):
 
     from torchdiag.render.data import write_images, write_plot
 
+    from torchdiag.render.images import drawn
+
     r = run("data_fake.py:loader", val="data_fake.py:val")
+    assert not r.images                                   # the diagnostic describes, render draws
+    drawn(r)
     grid = r.images["data/train/samples_per_class"]
     assert grid.dtype == np.uint8 and grid.shape[2] == 3
     write_images(r, tmp_path / "img")

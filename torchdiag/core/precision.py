@@ -22,7 +22,12 @@ from ..errors import OptionError, option_name
 HEADROOM = 8.0
 # Commands that model autocast on the meta device rather than run it there (memory's estimate).
 AMP_MODELLED_ON_META = ("memory",)
-REDUCED = ("bfloat16", "float16")
+REDUCED = ("bfloat16", "float16")      # the reduced floating dtypes, by name: the one list
+
+
+def is_reduced(dtype) -> bool:
+    """bfloat16 or float16: a torch dtype, or its name with or without "torch."."""
+    return str(dtype).replace("torch.", "") in REDUCED
 
 
 @dataclass(frozen=True)

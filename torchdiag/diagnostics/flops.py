@@ -23,8 +23,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..core.guard import leave_no_trace
-from ..core.tracking import forward_error
 from ..core.run import choice, number
+from ..core.tracking import CONTAINERS, forward_error
 from ..errors import ModelError, OptionError, UsageError, one_line
 from ..results import Column, Result, Table
 
@@ -133,7 +133,6 @@ def _module_flops(counts: dict, root_prefix: str) -> dict[str, int]:
 
 def _add_containers(model, flops: dict[str, int]) -> None:
     """ModuleList/ModuleDict never run forward themselves: give them their children's sum."""
-    from .summary import CONTAINERS
 
     for name, mod in reversed(list(model.named_modules())):
         if name and type(mod).__name__ in CONTAINERS and name not in flops:
@@ -318,7 +317,7 @@ def _uncounted_table(result, counts: _Counts) -> list[dict]:
 
 
 def _si(n) -> str:
-    from ..render.fmt import si
+    from ..fmt import si
 
     return si(n) + " " if n < 1000 else si(n)
 

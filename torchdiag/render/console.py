@@ -1,7 +1,7 @@
 """Rich tables for people: results on stdout."""
 from __future__ import annotations
 
-from .fmt import cell
+from ..fmt import cell
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _HEADER_SKIP = {"inputs", "input_notes"}

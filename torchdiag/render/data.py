@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .images import need_pictures
+from ..pictures import PAD, layout, need_pictures, scale_for
+from .images import normalize01, tile, upscale
 from .output import atomic_path, check_file
+
+MAX_ROWS = 20     # classes shown in the sample grid
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
@@ -27,8 +30,53 @@ def _plt():
     return plt
 
 
+def _rgb(x, lo: float, hi: float):
+    """One sample (chw, hwc or hw) → HxWx3 uint8, scaled with the field's own range."""
+    import numpy as np
+
+    kind = layout(tuple(x.shape))
+    if kind == "chw":
+        x = np.moveaxis(x, 0, -1)
+    elif kind == "hw":
+        x = x[..., None]
+    x = normalize01(x, lo, hi)
+    if x.shape[-1] == 1:
+        x = np.repeat(x, 3, axis=-1)
+    return (x[..., :3] * 255 + 0.5).astype(np.uint8)
+
+
+def _grid(gallery: dict, per_class: int, lo: float, hi: float):
+    """(HxWx3 uint8 grid, row labels, tile size): a row per class (at most MAX_ROWS), per_class columns."""
+    import numpy as np
+
+    keys = sorted(gallery, key=lambda k: (not isinstance(k, (int, float)), k if isinstance(k, (int, float)) else str(k)))
+    keys = keys[:MAX_ROWS]
+    first = next(iter(gallery[keys[0]]))
+    h, w = _rgb(first, lo, hi).shape[:2]
+    f = scale_for(h, w, 48)
+    blank = np.full((h * f, w * f, 3), 255, dtype=np.uint8)
+    cols = max(1, min(per_class, max(len(gallery[k]) for k in keys)))
+    tiles = []
+    for k in keys:
+        row = [upscale(_rgb(x, lo, hi), f) for x in gallery[k] if x.shape == first.shape][:cols]
+        row += [blank] * (cols - len(row))
+        tiles += row
+    return tile(tiles, cols=cols, pad=PAD), [str(k) for k in keys], (h * f, w * f)
+
+
+def draw(result) -> None:
+    """The sample grid of each split (render.images.drawn calls this once): into the gallery entry (PNG) and
+    result.images (TensorBoard)."""
+    for split, g in result.artefacts.get("gallery", {}).items():
+        g["grid"], g["rows"], g["tile"] = _grid(g["samples"], g["per_class"], *g["range"])
+        result.images[f"data/{split}/samples_per_class"] = g["grid"]
+
+
 def write_images(result, path) -> str:
     """samples_<split>.png in folder `path`: one row per class (labelled), sample inputs across; returns the folder."""
+    from .images import drawn
+
+    drawn(result)
     plt = _plt()
     folder = Path(path)
     for split, g in result.artefacts.get("gallery", {}).items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..errors import UsageError, one_line
-from .images import need_pictures
+from ..pictures import need_pictures
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")   # --plot: what the figure is written as (by the name's suffix)
 

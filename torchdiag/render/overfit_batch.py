@@ -1,7 +1,7 @@
 """Files of `overfit-batch`: the loss curve (`--plot FILE.png|.svg|.pdf`)."""
 from __future__ import annotations
 
-from .images import need_pictures
+from ..pictures import need_pictures
 from .output import atomic_path, check_file
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")

@@ -448,7 +448,7 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             return not bad, "clean" if not bad else f"{n} error finding(s)", bad
         record("doctor", doc)
     if "max-peak-memory" in c:
-        from ..render.fmt import human_bytes
+        from ..fmt import human_bytes
 
         limit = c["max-peak-memory"]
 

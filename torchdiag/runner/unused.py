@@ -5,13 +5,12 @@ from __future__ import annotations
 
 
 def unused_params(model, inputs, ctx) -> list[dict]:
-    """One local forward + backward on this rank's shard (gradflow's recording pass, leaving no trace),
+    """One local forward + backward on this rank's shard (core.recording's pass, gradflow's, leaving no trace),
     run before DDP hooks the parameters so no collective starts: [{name, reason, why}]."""
-    from ..diagnostics.gradflow.causes import why
-    from ..diagnostics.gradflow.options import Options
-    from ..diagnostics.gradflow.record import record_pass
+    from ..core.recording import record_pass
+    from ..core.unreached import why
 
-    pas = record_pass(model, inputs, Options(), ctx)
+    pas = record_pass(model, inputs, None, ctx)
     modules = dict(model.named_modules())
     out = []
     for name, p in model.named_parameters():

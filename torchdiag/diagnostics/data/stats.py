@@ -8,20 +8,11 @@ from typing import Any
 
 import torch
 
+from ...pictures import layout
+
 RESERVOIR = 4096          # values kept per channel for the histograms
 MAX_FEATURES = 4096       # per-feature statistics for 1-D samples up to this width
 MAX_CLASSES = 100_000     # distinct label values counted
-
-
-def layout(shape: tuple[int, ...]) -> str | None:
-    """Where the channels of one sample are: 'chw' (C in 1/3/4 first, H, W ≥ 4), 'hwc', or None."""
-    if len(shape) == 3 and shape[0] in (1, 3, 4) and min(shape[1:]) >= 4:
-        return "chw"
-    if len(shape) == 3 and shape[-1] in (1, 3, 4) and min(shape[:2]) >= 4:
-        return "hwc"
-    if len(shape) == 2 and min(shape) >= 4:
-        return "hw"   # one grey channel
-    return None
 
 
 @dataclass

@@ -4,10 +4,11 @@ when it skipped them all, the module where the first non-finite gradient appears
 torch's rule (torch.amp.GradScaler, defaults): the scale starts at 2**16; an update whose unscaled
 gradients hold an inf/NaN is skipped and the scale is multiplied by 0.5; after 2000 consecutive
 updates without one it is multiplied by 2. Every fact stays on the device and is read with the
-loop's own per-step read (loop.Trainer._read)."""
+caller's own per-step read (overfit-batch: its Trainer._read). The training steps of doctor,
+overfit-batch and profile go through stepper()."""
 from __future__ import annotations
 
-from ...core import train
+from . import train
 
 
 class ScaledStep:
@@ -56,7 +57,7 @@ class GradWatch:
                 lambda g: self.events.append((name, kind, torch.isfinite(g.detach()).all()))))
 
     def __enter__(self):
-        from ...core.tracking import module_names
+        from .tracking import module_names
 
         names = module_names(self.model)
         for mod in {id(m): m for m in self.model.modules()}.values():
@@ -71,7 +72,7 @@ class GradWatch:
 
     def _on_call(self, name: str, kind: str):
         """A forward (pre-)hook watching the call's inputs or outputs; it returns None (changes nothing)."""
-        from ..gradflow.record import float_tensors
+        from .recording import float_tensors
 
         def hook(mod, args, out=None):
             for t in float_tensors(args if kind == "input" else out):
@@ -109,7 +110,7 @@ def culprit(events, flags) -> tuple[str, str] | None:
 def find_culprit(trainer, scale: float) -> tuple[str, str] | None:
     """One more forward + backward of the loss times `scale` (the first update's) on the trained copy,
     with GradWatch hooks; its parameters are the starting ones when every update was skipped."""
-    from ...core.readback import read_back
+    from .readback import read_back
 
     work = trainer.work
     work.zero_grad(set_to_none=True)

@@ -1,4 +1,4 @@
-"""The dtype each matmul/conv/attention op actually ran in, and in which module (issue 17).
+"""The dtype each matmul/conv/attention op actually ran in, and in which module: what autocast really did.
 
 autocast decides per op (some ops are not on its lists, a region may disable it, an explicit .float()
 inside a disabled region stays float32), so asking for --amp says little about what ran. A
@@ -32,7 +32,7 @@ class OpDtypes:
     """`with OpDtypes(model) as rec:` run a step; `rec.seen` counts (op, input dtypes, module) calls."""
 
     def __init__(self, model):
-        from ...core.tracking import module_names
+        from .tracking import module_names
 
         self.model = model
         self.names = module_names(model)
@@ -102,7 +102,7 @@ def fallbacks(seen: Counter, amp_dtype: str) -> list[str]:
 
 def report(result, seen: Counter, ctx, where: str) -> None:
     """The op_dtypes table, and under --amp an info finding naming the modules that fell back to float32."""
-    from ...results import Column, Table
+    from ..results import Column, Table
 
     table = rows(seen)
     amp = ctx.autocast_dtype

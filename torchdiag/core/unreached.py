@@ -3,7 +3,7 @@ its module never ran (unused), ran but none of its outputs reached the loss (det
 an integer output, `torch.no_grad()`), or ran and reached the loss without using it."""
 from __future__ import annotations
 
-from .names import ancestors, label, owner
+from .module_paths import ancestors, label, owner
 
 
 def why(name, rec, reach: set[int], modules) -> tuple[str, str]:

@@ -1,14 +1,15 @@
 """The recording pass: one forward (hooks on every module) + loss + backward on the user's model in
 place, leaving no trace. Records execution order, grad mode, the autograd node of every output,
-activation statistics (kept on the device, read back later in one go) and every parameter's grad."""
+activation statistics (kept on the device, read back later in one go) and every parameter's grad.
+Used by gradflow (its judged pass) and by the unused-parameter probe under torchrun (ranks/unused.py)."""
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...core.tracking import ForwardHooks, describe
 from .design import is_batch_norm_like, stochastic_depth_off
+from .tracking import ForwardHooks, describe
 
 
 @dataclass
@@ -165,23 +166,25 @@ class Pass:
 
 
 def record_pass(model, inputs, opts, ctx, call=None) -> Pass:
-    """Forward (train mode unless opts.eval_mode; stochastic depth off) + loss + backward. `.grad` tensors are set aside
-    before and put back after, buffers a train-mode forward updates are copied back bit for bit.
+    """Forward (train mode unless opts.eval_mode; stochastic depth off) + loss + backward. `opts`: gradflow's
+    (depth, saturation_margin, eval_mode); None: the gradients alone (no activation statistics, train mode).
+    `.grad` tensors are set aside before and put back after, buffers a train-mode forward updates are copied back bit for bit.
     `call`: what the forward calls when it is not `model` itself (under torchrun, the DDP wrapper around
     `model`: the hooks watch `model`, the gradients are the ones after DDP's reduction)."""
     import torch
 
-    from ...core.guard import leave_no_trace
-    from ...core.tracking import ModuleTracker, run_forward
-    from ...core.train import backward
+    from .guard import leave_no_trace
+    from .tracking import ModuleTracker, run_forward
+    from .train import backward
 
     params = dict(model.named_parameters())
-    rec = Recorder(model, stats_modules(model, opts.depth), opts.saturation_margin)
+    stats_for = stats_modules(model, opts.depth) if opts is not None else set()
+    rec = Recorder(model, stats_for, opts.saturation_margin if opts is not None else 0.0)
     tracker = ModuleTracker(model, record_shapes=False)
     loss_fn = ctx.loss()
     with leave_no_trace(model, buffers=True):
-        model.train(not opts.eval_mode)
-        # a random whole-branch drop would make the verdict depend on the draw (design.py)
+        model.train(opts is None or not opts.eval_mode)
+        # a random whole-branch drop would make the verdict depend on the draw (core/design.py)
         stochastic = stochastic_depth_off(model)
         torch.set_grad_enabled(True)
         for p in params.values():

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 
-from ...core.distributed import local_shard
+from .distributed import local_shard
+from .precision import is_reduced
 
 STAGNANT_FRACTION = 0.5      # a parameter is reported when at least half its moving elements stand still
 CODE = "update-rounds-away"
@@ -23,12 +24,6 @@ def hint(ctx) -> str:
             f"the learning rate ({lr}), or use an optimizer with Kahan summation / stochastic rounding for bf16 weights")
 
 
-def reduced(p) -> bool:
-    import torch
-
-    return p.dtype in (torch.bfloat16, torch.float16)
-
-
 def stagnation_counts(named, before) -> list:
     """[(name, 2-element device tensor [unchanged-with-nonzero-grad, nonzero-grad])] for the reduced-
     precision parameters of `named` that have a gradient; `before` holds their values before the step
@@ -37,7 +32,7 @@ def stagnation_counts(named, before) -> list:
 
     out = []
     for n, p in named:
-        if p.grad is None or not reduced(p) or p.grad.is_sparse:
+        if p.grad is None or not is_reduced(p.dtype) or p.grad.is_sparse:
             continue
         value, grad = local_shard(p.detach()), local_shard(p.grad.detach())   # FSDP: this rank's shard
         if value.shape != before[n].shape:
@@ -76,10 +71,10 @@ def adam_underflow(optimizer, dtype: str) -> str:
     (1 - beta2) * g**2 round to 0 below half the dtype's smallest subnormal, so m / (sqrt(v) + eps)
     divides by 0 (NaN where g = 0, Inf where g is small). "" when that is not the case (other
     optimizers, float32, bfloat16's float32 range, or an eps the dtype holds)."""
-    from ...core.precision import facts
+    from .precision import facts
 
     group = optimizer.param_groups[0] if optimizer.param_groups else {}
-    if "betas" not in group or "eps" not in group or dtype not in ("float16", "bfloat16"):
+    if "betas" not in group or "eps" not in group or not is_reduced(dtype):
         return ""
     f, eps, beta2 = facts(dtype), float(group["eps"]), float(group["betas"][1])
     flush = f.smallest_subnormal / 2
