@@ -87,8 +87,8 @@ class Command:
     diagnostic: Optional[str] = None        # torchdiag.diagnostics.<it>: Options, run, NEEDS_VALUES, ...
     renderer: Optional[str] = None          # torchdiag.render.<it>: WRITERS = {kind: write_kind}
     # what its argument names: model (a factory spec; the runner loads model and inputs) | callable (gradcheck's
-    # TARGET) | config (check). Commands whose target is not a model (a user script for `watch`, a loader spec
-    # for `data`) take a new value here and give the runner a Job.produce() that returns their Result.
+    # TARGET) | config (check) | data (a DATA_SPEC: runner.local.run_data_specs). A command whose target is not a
+    # model (a user script for `watch`) takes a new value here and gives the runner a Job.produce() for its Result.
     target: str = "model"
     per_rank: bool = False                  # under torchrun every rank runs it on its shard (runner/ranks.py)
     cross_rank: bool = False                # ... and the ranks are compared after a real step (consistency)
@@ -153,6 +153,9 @@ COMMANDS: tuple[Command, ...] = (
        ("model", "inputs", "batch", "output"), renderer=True),
     _c("gradcheck", "Check the gradients of your own autograd code against numerical ones, in float64.",
        ("model", "inputs", "output"), target="callable", defaults={"device": "cpu"}),
+    _c("data", "What goes in and whether the loader keeps up: value ranges, NaN, labels, duplicates, train/val "
+       "leakage, loader settings, throughput per num_workers, hangs.",
+       ("model", "loss", "precision", "output"), renderer=True, target="data"),
     _c("check", "The CI gate: run the configured checks, print pass/fail per check, exit 1 if any fails.",
        ("model", "inputs", "output"), diagnostic=False, renderer=True, python=False, target="config"),
 )

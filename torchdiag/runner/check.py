@@ -21,12 +21,17 @@ from ..results import Column, Result, Table
 CONFIG = {o.config_key: o.name for o in RUN_OPTIONS if o.config}
 MODEL_KEYS = set(CONFIG) | {"model", "name", "check"}
 CHECK_KEYS = {"max-params", "max-trainable-params", "max-gmacs", "max-gflops", "nancheck", "gradflow",
-              "overfit-batch", "lr-find", "doctor", "allow", "strict", "max-peak-memory"}
+              "overfit-batch", "lr-find", "doctor", "allow", "strict", "max-peak-memory", "data"}
 OVERFIT_KEYS = {"steps", "target-ratio", "target-loss", "lr", "optimizer", "seed"}
 LR_FIND_KEYS = {"min-lr", "max-lr", "steps", "diverge", "repeats", "check-steps", "optimizer", "seed"}   # no lr: unused
 # the checks that train with settings of their own: true, false or a table of them (keys, an example)
 OWN_TABLES = {"overfit-batch": (OVERFIT_KEYS, "overfit-batch = {steps = 200, target-ratio = 0.05}"),
               "lr-find": (LR_FIND_KEYS, "lr-find = {steps = 50, repeats = 2, check-steps = 10}")}
+# the data table: its specs, then `data`'s Options as on its command line (pictures are not drawn in check)
+DATA_OPTIONS = {"batch-size": "batch_size", "samples": "samples", "batches": "batches", "timeout": "timeout",
+                "input-field": "input_field", "target-field": "target_field", "classes": "num_classes",
+                "workers": "workers", "sweep": "sweep", "speed": "speed"}
+DATA_KEYS = {"spec", "val", "args", "with-model"} | set(DATA_OPTIONS)
 ROOT_KEYS = MODEL_KEYS | {"models"}
 INTERRUPTS = {int(ExitCode.INTERRUPTED), int(ExitCode.TERMINATED)}
 
@@ -161,6 +166,46 @@ def own_settings(command: str, table: dict, spec, where: str):
         exc.name_for("config")
         raise UsageError(f"{command} {exc.message} in {where}", hint=exc.hint or f"e.g. {OWN_TABLES[command][1]}") from None
     return opts, spec
+
+
+@dataclass
+class DataCheck:
+    """`data = {spec = ..., ...}` of a check table, validated before any model loads."""
+
+    spec: str
+    val: str | None
+    args: list[str]
+    with_model: bool             # the entry's model as `data --model` (labels vs its output size, its step timed)
+    opts: Any                    # diagnostics.data Options
+
+
+def data_settings(table, where: str) -> DataCheck:
+    """The data table → DataCheck: keys refused by name, types checked, `data`'s Options built (its rules)."""
+    from ..diagnostics.data.options import Options
+    from ..errors import OptionError
+
+    example = 'data = {spec = "data.py:train", val = "data.py:val", samples = 2000}'
+    if not isinstance(table, dict):
+        raise _type_error("data", table, where, "a table", example)
+    _unknown(table, DATA_KEYS, f"data in {where}")
+    for key in ("spec", "val"):
+        if key in table and not isinstance(table[key], str):
+            raise _type_error(f"data {key}", table[key], where, "a string", example)
+    if not table.get("spec"):
+        raise UsageError(f"data in {where} has no spec", hint=f"e.g. {example}")
+    args = table.get("args", [])
+    if isinstance(args, dict):
+        args = [f"{k}={v!r}" for k, v in args.items()]
+    elif not (isinstance(args, list) and all(isinstance(a, str) for a in args)):
+        raise _type_error("data args", args, where, "a table or a list of KEY=VALUE strings", "args = {root = \"/data\"}")
+    if not isinstance(table.get("with-model", False), bool):
+        raise _type_error("data with-model", table["with-model"], where, "true or false", "with-model = true")
+    kw = {field: table[key] for key, field in DATA_OPTIONS.items() if key in table}
+    try:
+        opts = Options(pictures=False, **kw)
+    except OptionError as exc:
+        raise UsageError(f"data {exc.name_for('config').message} in {where}", hint=exc.hint or f"e.g. {example}") from None
+    return DataCheck(table["spec"], table.get("val"), list(args), table.get("with-model", False), opts)
 
 
 def parse_bytes(value, key: str) -> int:
@@ -299,6 +344,8 @@ def _validated_checks(check: dict, table_where: str, where: str) -> dict:
             _unknown(check[command], keys, f"{command} in {where}")
     if "max-peak-memory" in check:  # a bad size is reported before any model runs
         check["max-peak-memory"] = parse_bytes(check["max-peak-memory"], "max-peak-memory")
+    if "data" in check:   # likewise the data table: its keys, types and options
+        check["data"] = data_settings(check["data"], where)
     return check
 
 
@@ -362,7 +409,7 @@ def run_checks(cfg: ModelConfig) -> list[CheckOutcome]:
         return record.outcomes
     if len(record.outcomes) == before:   # only the checkpoint's own outcome: no check was configured
         raise UsageError(f"no checks configured for {cfg.name}",
-                         hint="add [tool.torchdiag.check] with e.g. max-params, max-gmacs, nancheck, gradflow, overfit-batch, lr-find")
+                         hint="add [tool.torchdiag.check] with e.g. max-params, max-gmacs, nancheck, gradflow, overfit-batch, lr-find, data")
     return record.outcomes
 
 
@@ -459,6 +506,26 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             peak = int(invoke(memory, model, inputs, memory.Options(), _own(memory, ctx)).data["peak_bytes"])
             return peak <= limit, human_bytes(peak), "" if peak <= limit else f"peak {human_bytes(peak)} > {human_bytes(limit)}"
         record("max-peak-memory", mem, human_bytes(limit))
+    if "data" in c:
+        _data_check(c["data"], model, ctx, record)
+
+
+def _data_check(dc: DataCheck, model, ctx, record) -> None:
+    """`data` on the configured data (the entry's model too with with-model): an error finding fails it."""
+    from ..core.datasets import load_data
+    from ..diagnostics import data
+
+    def run_data():
+        train = load_data(dc.spec, dc.args, ctx.seed, option="data spec")
+        val = load_data(dc.val, dc.args, ctx.seed, option="data val") if dc.val else None
+        own = ctx if dc.with_model else data.context(str(ctx.device), ctx.seed, ctx.spec.loss, "config")
+        r = data.run_data(train, dc.opts, own, val=val, model=model if dc.with_model else None)
+        if r.data.get("interrupted"):   # run_data keeps its partial result on Ctrl-C; check records it as such
+            raise Terminated() if r.exit_code == ExitCode.TERMINATED else KeyboardInterrupt()
+        bad = _first_error(r)
+        n = sum(1 for f in r.findings if f.severity == "error")
+        return not bad, "clean" if not bad else f"{n} error finding(s)", bad
+    record("data", run_data, dc.spec + (f" + {dc.val}" if dc.val else ""))
 
 
 def _lr_find_check(settings, model, inputs, ctx, record) -> None:

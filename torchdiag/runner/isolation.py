@@ -28,6 +28,10 @@ class _NoInput:
     def fileno(self):
         raise OSError("stdin is closed while torchdiag runs your model")
 
+    def close(self) -> None:
+        """A forked process (a DataLoader worker) closes stdin first (multiprocessing's _close_stdin); without
+        this its start failed with AttributeError and every worker died."""
+
 
 class UserExit(SystemExit):
     """os._exit called by the user's code: reported as the model's failure (exit 3), never a silent exit."""
