@@ -1,4 +1,4 @@
-"""Pictures of `gradcam`: image | heatmap | overlay, drawn from the image and the heatmap the
+"""Pictures of `gradcam`: original | heatmap | overlay, drawn from the image and the heatmap the
 diagnostic returns (result.artefacts), for TensorBoard and as one PNG (`--out FILE.png`).
 
 The PNG (and TensorBoard's gradcam/figure) is one labelled figure: a title naming the command, the
@@ -8,7 +8,7 @@ bar (relative importance, max = 1). TensorBoard also gets the three panels alone
 gradcam/heatmap, gradcam/overlay)."""
 from __future__ import annotations
 
-PANELS = ("image", "Grad-CAM heatmap", "overlay")
+PANELS = ("original", "Grad-CAM heatmap", "overlay")
 
 
 def class_text(data) -> str:
@@ -72,7 +72,7 @@ def record(result, written: dict) -> None:
         return
     h, w = result.data["out_size"]
     result.data["out"] = path
-    result.summary.insert(0, ("Picture", f"{path} (image | heatmap | overlay, {w}x{h} px)"))
+    result.summary.insert(0, ("Picture", f"{path} (original | heatmap | overlay, {w}x{h} px)"))
 
 
 # the files this command writes, by the kind its caller asks for (RenderSpec.outputs)
