@@ -136,7 +136,7 @@ def save_png(img, path, option: str = "--images", text: dict | None = None) -> P
 
 def model_name(result) -> str:
     """The model as the run named it (the spec in the header), for titles."""
-    return str(result.header.get("model") or "a Python model object")
+    return str(result.header.get("model") or "model given from Python")
 
 
 def png_text(result, layer: str, title: str, description: str, **extra) -> dict:
