@@ -62,8 +62,17 @@ def test_cli_labels_from_batch_function(cli, tmp_path):
 
     from torchdiag.pictures import PCA_SIZE
 
+    import numpy as np
+
     with Image.open(doc["pca_image"]) as im:
         assert im.format == "PNG" and im.size == (PCA_SIZE[1], PCA_SIZE[0]) == (400, 400)
+        text, top = dict(im.text), np.asarray(im.convert("L"))[:46]
+    # the command, layer and model: in the PNG's text chunks and drawn in the title band above the plot
+    assert text["Title"] == "embeddings · layer features · PCA"
+    assert (text["Command"], text["Layer"], text["Model"]) == ("embeddings", "features", CNN) and CNN in text["Description"]
+    pcs = doc["pca_explained_variance"]
+    assert f"PC1 {pcs[0]:.1%}, PC2 {pcs[1]:.1%}" in text["Description"] and "12 samples × 32 dims" in text["Description"]
+    assert (top < 100).sum() > 200
 
 
 def test_nearest_neighbour_agreement_closed_form():
