@@ -252,11 +252,13 @@ def test_filter_truncation_is_noted(tmp_path):
     assert "features.3: filters of the first 16 of 32 output channels shown" in res.notes
 
 
-def test_readme_pictures_are_what_the_code_draws(cli, tmp_path):
-    """docs/images/activations_*.png are the README command's output (docs/images/regenerate.sh)."""
-    from conftest import assert_readme_picture
+def test_readme_pictures_are_what_the_code_draws(cli, tmp_path, monkeypatch):
+    """docs/images/activations_*.png are the README command's output (docs/images/regenerate.sh), run as the
+    script runs it: from the repository root, with the model spec the title shows."""
+    from conftest import ROOT, assert_readme_picture
 
-    r = cli("activations", CNN, "--layer", "features.0", "--images", tmp_path)
+    monkeypatch.chdir(ROOT)
+    r = cli("activations", "sample_models/cnn.py:build", "--layer", "features.0", "--images", tmp_path)
     assert r.code == 0, r.stderr
     for doc, made in (("activations_features.png", "features.0_features.png"),
                       ("activations_filters.png", "features.0_filters.png")):

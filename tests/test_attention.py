@@ -248,11 +248,13 @@ def test_entropy_fraction_counts_only_visible_keys():
     assert h["entropy"] == pytest.approx((0 + math.log(2) + 1.5 * math.log(2)) / 3)
 
 
-def test_readme_picture_is_what_the_code_draws(cli, tmp_path):
-    """docs/images/attention.png is the README command's output (docs/images/regenerate.sh)."""
-    from conftest import assert_readme_picture
+def test_readme_picture_is_what_the_code_draws(cli, tmp_path, monkeypatch):
+    """docs/images/attention.png is the README command's output (docs/images/regenerate.sh), run as the
+    script runs it: from the repository root, with the model spec the title shows."""
+    from conftest import ROOT, assert_readme_picture
 
-    r = cli("attention", sample("transformer_lm.py:build"), "-i", "1x8:int64",
+    monkeypatch.chdir(ROOT)
+    r = cli("attention", "sample_models/transformer_lm.py:build", "-i", "1x8:int64",
             "--tokens", "the,cat,sat,on,the,mat,.,EOS", "--images", tmp_path)
     assert r.code == 0, r.stderr
     assert_readme_picture("attention.png", tmp_path / "attention_blocks.0.attn.png")

@@ -150,11 +150,13 @@ def test_meta_device_needs_real_values(cli, tmp_path):
     assert not (tmp_path / "embeddings").exists()
 
 
-def test_readme_picture_is_what_the_code_draws(cli, tmp_path):
-    """docs/images/embeddings_pca.png is the README command's output (docs/images/regenerate.sh)."""
-    from conftest import assert_readme_picture
+def test_readme_picture_is_what_the_code_draws(cli, tmp_path, monkeypatch):
+    """docs/images/embeddings_pca.png is the README command's output (docs/images/regenerate.sh), run as the
+    script runs it: from the repository root, with the model spec the title shows."""
+    from conftest import ROOT, assert_readme_picture
 
-    r = cli("embeddings", CNN, "--layer", "head.0", "--batch", sample("gradcam_region.py:batch"),
+    monkeypatch.chdir(ROOT)
+    r = cli("embeddings", "sample_models/cnn.py:build", "--layer", "head.0", "--batch", "sample_models/gradcam_region.py:batch",
             "--tb", tmp_path / "runs", "--images", tmp_path / "emb")
     assert r.code == 0, r.stderr
     assert_readme_picture("embeddings_pca.png", tmp_path / "emb" / "embeddings_head.0_pca.png")

@@ -364,12 +364,14 @@ def test_preprocessing_options_checked_before_loading(cli, image, args, message)
     assert message in r.stderr.splitlines()[0], r.stderr
 
 
-def test_readme_picture_is_what_the_code_draws(cli, tmp_path):
-    """docs/images/gradcam.png is the README command's output (docs/images/regenerate.sh)."""
+def test_readme_picture_is_what_the_code_draws(cli, tmp_path, monkeypatch):
+    """docs/images/gradcam.png is the README command's output (docs/images/regenerate.sh), run as the
+    script runs it: from the repository root, with the model spec the title shows."""
     from conftest import ROOT, assert_readme_picture
 
+    monkeypatch.chdir(ROOT)
     out = tmp_path / "cam.png"
-    r = cli("gradcam", REGION, "--layer", "features.3", "--image", ROOT / "docs" / "images" / "sample_input.png",
+    r = cli("gradcam", "sample_models/gradcam_region.py:build", "--layer", "features.3", "--image", "docs/images/sample_input.png",
             "--out", out)
     assert r.code == 0, r.stderr
     assert_readme_picture("gradcam.png", out)
