@@ -115,7 +115,7 @@ def test_cli_json_and_pictures(cli, tmp_path):
         assert words["Title"] == f"activations · layer {layer} · {what}"
         assert (words["Command"], words["Layer"], words["Model"]) == ("activations", layer, CNN)
         assert CNN in words["Description"] and words["_title_inked"]
-    assert "16 of 32 filters of 3×3, rows: output filter, columns: input channel" in words["Description"]
+    assert "16 of 32 filters of size 3×3, rows: output filter, columns: input channel" in words["Description"]
 
 
 def test_first_layer_filters_in_colour_and_feature_map_content(tmp_path):
@@ -241,7 +241,7 @@ def test_grayscale_and_depthwise_filters_in_a_square_grid(tmp_path):
     # a gray colour bar for the weight: white (+max|w|) at its top, black (−max|w|) at its bottom
     bar = grid[TITLE + 3:TITLE + 334 - 3, MARGIN + 250 + 12 + 7].astype(int)
     assert bar[0].min() > 240 and bar[-1].max() < 15
-    assert "32 filters of 5×5, one input channel each" in _words(tmp_path / "0_filters.png")["Description"]
+    assert "32 filters of size 5×5, one input channel each" in _words(tmp_path / "0_filters.png")["Description"]
     assert not any("filters of the first" in n for n in res.notes)
 
 
@@ -313,3 +313,28 @@ def test_picture_sizes_are_known_before_drawing_and_drawn_in_render(tmp_path):
     assert [n for n, *_ in res.artefacts["pictures"]] == files
     write_images(res, tmp_path / "again")                            # drawn once: no second set of pictures
     assert len(res.artefacts["pictures"]) == 4
+
+
+def test_non_finite_activations_are_magenta_and_counted(tmp_path):
+    """A NaN in a feature map is drawn magenta (viridis never is) and counted in the words; the finite
+    values keep the shared scale."""
+    import numpy as np
+    import torch
+    from PIL import Image
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+
+    x = torch.randn(1, 2, 8, 8)
+    x[0, 1, 3, 4] = float("nan")
+    res = run("activations", nn.Sequential(nn.Identity()), ModelInputs((x,), {}), layers=["0"], images=True)
+    write_images(res, tmp_path)
+    # 2 tiles of 8×8 ×6 = 48 px (≥ 48 on the larger side) in a 2×1 grid, index strip above the row
+    arr = np.asarray(Image.open(tmp_path / "0_features.png"))
+    y, x0 = TITLE + STRIP + 3 * 6, MARGIN + 48 + 2 + 4 * 6
+    assert (arr[y:y + 6, x0:x0 + 6] == [255, 0, 255]).all()
+    assert not (arr[y:y + 6, x0 + 6:x0 + 12] == [255, 0, 255]).all(axis=2).any()
+    words = _words(tmp_path / "0_features.png")
+    assert "1 NaN/Inf in magenta" in words["Description"] and words["Model"] == "model given from Python"
+    finite = x[torch.isfinite(x)]
+    assert f"shared colour scale {float(finite.min()):.4g} … {float(finite.max()):.4g}" in words["Description"]

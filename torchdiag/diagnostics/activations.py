@@ -335,7 +335,7 @@ def _filter_caption(shape, kind: str, cols, shown_out: int, shown_in: int) -> st
     """What a filter picture shows, in words: how many filters of which size, and how the grid reads."""
     out_c, in_c = shape[:2]
     k = "×".join(map(str, shape[2:]))
-    text = (f"{shown_out} of {out_c}" if shown_out < out_c else f"{out_c}") + f" filters of {k}"
+    text = (f"{shown_out} of {out_c}" if shown_out < out_c else f"{out_c}") + f" filters of size {k}"
     if kind == "rgb":
         return text + ", the 3 input channels as RGB"
     if cols is not None:

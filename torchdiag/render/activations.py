@@ -12,6 +12,7 @@ from . import images as im
 from .images import record_pictures, write_pictures
 
 TEXT = {"fontsize": 8, "color": "#111111"}
+NONFINITE = (255, 0, 255)      # NaN/Inf pixels of a feature map: magenta, a colour viridis never takes
 
 
 def _tiles(d):
@@ -23,13 +24,24 @@ def _tiles(d):
         values = np.concatenate([v.ravel() for v in finite]) if finite else np.zeros(0)
         lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
         tiles = [im.colorize(im.normalize01(p, lo, hi)) for p in planes]
-        bar = {"cmap": "viridis", "vmin": lo, "vmax": hi, "label": "activation (shared scale)"}
+        for t, p in zip(tiles, planes):
+            t[~np.isfinite(p)] = NONFINITE
+        bar = {"cmap": "viridis", "vmin": lo, "vmax": hi, "label": "activation"}
     elif kind == "rgb":
         tiles, bar = [im.to_rgb_uint8(p) for p in planes], None
     else:
         m = d["wmax"]
         tiles, bar = [im.gray(p) for p in planes], {"cmap": "gray", "vmin": -m, "vmax": m, "label": "weight"}
     return [im.upscale(t, d["scale"]) for t in tiles], bar
+
+
+def _scale_words(d) -> str:
+    """Non-finite values, which the colour bar cannot show (magenta in the picture)."""
+    if d["kind"] != "feature_maps":
+        return ""
+    np = __import__("numpy")
+    bad = sum(int((~np.isfinite(p)).sum()) for p in d["planes"])
+    return f" · {bad} NaN/Inf in magenta" if bad else ""
 
 
 def picture(result, d):
@@ -39,7 +51,7 @@ def picture(result, d):
     tiles, bar = _tiles(d)
     what = "feature maps" if d["kind"] == "feature_maps" else "filters"
     title = f"activations · layer {d['layer']} · {what}"
-    subtitle = f"{im.model_name(result)} · {d['caption']}"
+    subtitle = f"{im.model_name(result)} · {d['caption']}{_scale_words(d)}"
     if d["cols"] is None:                  # one tile per channel or filter: its index above it
         grid, texts = im.indexed_grid(tiles, None, d["labels"])
         img = im.framed(grid, title, subtitle, bar, texts=texts)
