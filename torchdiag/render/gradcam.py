@@ -25,7 +25,7 @@ def figure(result, original, heat_rgb, blended):
     d, layer = result.data, result.header.get("layer", "")
     h, w = original.shape[:2]
     title = f"gradcam · layer {layer} · {class_text(d)}"
-    chosen = "argmax" if d.get("target_chosen") == "argmax" else "asked for"
+    chosen = "top class" if d.get("target_chosen") == "argmax" else "class asked for"
     subtitle = (f"{im.model_name(result)} · {chosen}, logit {d['score']:.4g}, p={d['probability']:.3f} · "
                 f"image {result.header.get('image_size', '')} ×{d['picture_scale']}")
     panels = im.hstack([original, heat_rgb, blended], pad=PANEL_GAP)
