@@ -7,7 +7,7 @@ called several times is pooled over its calls. Statistics are computed in float6
 forward hook, so no output is kept unless a picture of it was asked for.
 
 Pictures (`--layer NAME`, `--images DIR`, `--tb DIR`): a grid of the layer's feature maps for
-sample 0 (one tile per channel, each min-max scaled), and for conv layers a grid of the filters
+sample 0 (one tile per channel, on one colour scale), and for conv layers a grid of the filters
 (first-layer RGB filters in colour, one tile per output filter; otherwise one gray tile per
 (output, input) channel pair). They are data: `result.artefacts["drawings"]` holds what each picture
 shows (float planes, the grid, the enlargement) in the order of `result.data["images"]`, whose entries
