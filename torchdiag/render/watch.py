@@ -184,3 +184,9 @@ def write_tb(result, logdir) -> str:
             writer.add_hparams(hp, metrics, run_name="hparams")
         writer.flush()
     return str(path)
+
+
+# the CLI's --tb is written while the run goes (Live): render.write_tensorboard does not write it again;
+# write_tb is for a Result in hand whose run had no feed
+TENSORBOARD_LIVE = True
+WRITERS = {"plot": write_plot, "tb": write_tb}
