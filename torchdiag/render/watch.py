@@ -126,6 +126,11 @@ class Live:
         if self.tb is not None:
             self.tb.close(result)
 
+    def __deepcopy__(self, memo):
+        # the replay deep-copies the model, and with it the engine its hooks are bound to, which holds these
+        # callbacks: the stream and the TensorBoard writer cannot be copied, and the copy must not draw anyway
+        return self
+
     def callbacks(self) -> dict:
         return {"on_read": self.on_read, "on_finish": self.on_finish,
                 "on_histograms": self.tb.on_histograms if self.tb is not None else None}
