@@ -239,12 +239,45 @@ def test_python_api_watch_writes_tensorboard_live(tmp_path):
     assert list((tmp_path / "watch").glob("events.out.tfevents.*"))
 
 
-def test_watch_callback_kinds():
+def test_watch_callback_refuses_an_unknown_kind_and_a_bad_option():
     import torchdiag
-    from torchdiag.errors import UsageError
+    from torchdiag.errors import OptionError, UsageError
 
     with pytest.raises(UsageError, match="kind must be one of hf, lightning"):
         torchdiag.watch_callback("keras")
-    pytest.importorskip("lightning")
-    cb = torchdiag.watch_callback("lightning", every=5)
-    assert cb.result is None and hasattr(cb, "on_fit_start")
+    with pytest.raises(OptionError, match="^every"):
+        torchdiag.watch_callback("lightning", every=0)   # before any trainer runs
+
+
+def test_watch_callback_lightning_fit_with_tensorboard(tmp_path):
+    pl = pytest.importorskip("lightning.pytorch")
+    pytest.importorskip("tensorboard")
+    import torch
+    import torch.nn.functional as F
+
+    import torchdiag
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 2)
+
+        def training_step(self, batch, _):
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    x = torch.randn(96, 4)
+    data = torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long())
+    cb = torchdiag.watch_callback("lightning", every=4, logdir=tmp_path / "tb")
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[cb],
+                         default_root_dir=str(tmp_path))
+    trainer.fit(Module(), torch.utils.data.DataLoader(data, batch_size=16))
+    r = cb.result
+    assert r.command == "watch" and r.data["steps"] == 12 and r.data["epoch"] == 1   # 96/16 = 6 steps per epoch
+    assert len(r.series["loss"]) == 12 and r.exit_code == 0
+    assert list((tmp_path / "tb" / "watch").glob("events.out.tfevents.*"))
