@@ -134,4 +134,4 @@ def test_help_lists_watch_without_importing_torch():
     out = _probe(["--help"])
     assert "\n  watch " in out and "HEAVY=\n" in out
     out = _probe(["watch", "--help"])
-    assert "-- COMMAND..." in out and "stdout goes to stderr" in out and "HEAVY=\n" in out
+    assert "watch [OPTIONS] -- {COMMAND}..." in out and "stdout goes to stderr" in out and "HEAVY=\n" in out

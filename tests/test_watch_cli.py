@@ -281,3 +281,12 @@ def test_watch_callback_lightning_fit_with_tensorboard(tmp_path):
     assert r.command == "watch" and r.data["steps"] == 12 and r.data["epoch"] == 1   # 96/16 = 6 steps per epoch
     assert len(r.series["loss"]) == 12 and r.exit_code == 0
     assert list((tmp_path / "tb" / "watch").glob("events.out.tfevents.*"))
+
+
+def test_options_end_at_the_command_without_dashes(cli, healthy, tmp_path, monkeypatch):
+    """`torchdiag watch --every 4 python train.py --every 3`: the second --every is the script's."""
+    monkeypatch.chdir(tmp_path)
+    r = cli("watch", "--json", "--every", "4", "python", healthy, "--steps", "8", "--every", "3")
+    assert r.code == 0, r.stderr
+    assert r.json["every"] == 4 and r.json["reads"] == 3
+    assert "SCRIPT ['--steps', '8', '--every', '3'] __main__" in r.stderr + r.stdout

@@ -18,9 +18,9 @@ EXAMPLE = """Examples:
 
   torchdiag watch --json -- python -m mypackage.train --config small.yaml"""
 
-Command = Annotated[list[str], typer.Argument(metavar="-- COMMAND...", show_default=False,
-                                              help="python train.py [ARGS...], python -m package.module [ARGS...], "
-                                                   "or train.py [ARGS...] (a .py file or a python #! script).")]
+Command = Annotated[list[str], typer.Argument(metavar="COMMAND", show_default=False,
+                                              help="After --: python train.py [ARGS...], python -m package.module "
+                                                   "[ARGS...], or train.py [ARGS...] (a .py file or a python #! script).")]
 Every = Annotated[int, typer.Option("--every", metavar="N", help="Optimizer steps between read-backs (one host sync "
                                                                  "each on a healthy run); findings are decided there.")]
 Accumulate = Annotated[bool, typer.Option("--accumulate", help="The loop carries gradients over optimizer steps on "
@@ -99,4 +99,4 @@ def run(o) -> None:
 def register(app) -> None:
     # options end at the command: `torchdiag watch --every 5 python train.py --epochs 1` gives --epochs to the script
     c.register(app, "watch", run, OWN, DETAILS, EXAMPLE, target=Command,
-               context_settings={"allow_interspersed_args": False})
+               context_settings={"allow_interspersed_args": False}, options_metavar="[OPTIONS] --")
