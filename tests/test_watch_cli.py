@@ -290,3 +290,28 @@ def test_options_end_at_the_command_without_dashes(cli, healthy, tmp_path, monke
     assert r.code == 0, r.stderr
     assert r.json["every"] == 4 and r.json["reads"] == 3
     assert "SCRIPT ['--steps', '8', '--every', '3'] __main__" in r.stderr + r.stdout
+
+
+RANKED = textwrap.dedent("""
+    import os, torch
+    rank = int(os.environ["RANK"])
+    torch.manual_seed(rank)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(6 + 2 * rank):          # rank 1 takes 2 more steps: each rank watches its own run
+        loss = model(torch.randn(4, 3)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+    print("RANK", rank, "done", flush=True)
+""")
+
+
+def test_under_torchrun_every_rank_runs_the_script_and_rank_0_reports(tmp_path):
+    path = tmp_path / "ranked.py"
+    path.write_text(RANKED)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+                        "torchdiag", "watch", "--json", "--every", "2", "--", "python", str(path)],
+                       capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)              # one document: rank 0's
+    assert doc["steps"] == 6 and doc["torchrun"].startswith("rank 0 of 2")
+    assert "RANK 0 done" in r.stderr and "RANK 1 done" in r.stderr
