@@ -100,6 +100,11 @@ class TensorBoardFeed:
         self.closed = True
         try:
             if result is not None:
+                # the texts every command's events hold (render/tensorboard.write_result): header, findings
+                self.writer.add_text("watch/header", "\n".join(f"- **{k}**: {v}" for k, v in result.header.items()) or "-")
+                if result.findings:
+                    self.writer.add_text("watch/findings", "\n".join(
+                        f"- **{f.severity}** `{f.code}` {f.where}: {f.message}" for f in result.findings))
                 hp = {k: v for k, v in result.data.get("hparams", {}).items() if isinstance(v, (int, float, str, bool))}
                 metrics = {f"final/{k}": v for k, v in result.data.get("final_metrics", {}).items()}
                 if hp and metrics:
