@@ -134,6 +134,8 @@ def test_script_that_raises_exit_3_with_the_report_so_far(cli, monkeypatch, tmp_
     r = cli("watch", "--json", "--every", "5", "--", "python", SAMPLES / "watch_raises.py", "--bad-step", "13")
     doc = r.json
     assert r.code == 3 and doc["exit_code"] == 3 and doc["partial"]["steps"] == 12, doc
+    r = cli("watch", "--debug", "--every", "5", "--", "python", SAMPLES / "watch_raises.py", "--bad-step", "3")
+    assert r.code == 3 and 'raise RuntimeError(f"data loader lost its shard at step {step}")' in r.stderr   # its own
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
