@@ -100,6 +100,11 @@ class TensorBoardFeed:
         self.closed = True
         try:
             if result is not None:
+                # the texts every command's events hold (render/tensorboard.write_result): header, findings
+                self.writer.add_text("watch/header", "\n".join(f"- **{k}**: {v}" for k, v in result.header.items()) or "-")
+                if result.findings:
+                    self.writer.add_text("watch/findings", "\n".join(
+                        f"- **{f.severity}** `{f.code}` {f.where}: {f.message}" for f in result.findings))
                 hp = {k: v for k, v in result.data.get("hparams", {}).items() if isinstance(v, (int, float, str, bool))}
                 metrics = {f"final/{k}": v for k, v in result.data.get("final_metrics", {}).items()}
                 if hp and metrics:
@@ -125,6 +130,11 @@ class Live:
         self.status.close()
         if self.tb is not None:
             self.tb.close(result)
+
+    def __deepcopy__(self, memo):
+        # the replay deep-copies the model, and with it the engine its hooks are bound to, which holds these
+        # callbacks: the stream and the TensorBoard writer cannot be copied, and the copy must not draw anyway
+        return self
 
     def callbacks(self) -> dict:
         return {"on_read": self.on_read, "on_finish": self.on_finish,
@@ -184,3 +194,9 @@ def write_tb(result, logdir) -> str:
             writer.add_hparams(hp, metrics, run_name="hparams")
         writer.flush()
     return str(path)
+
+
+# the CLI's --tb is written while the run goes (Live): render.write_tensorboard does not write it again;
+# write_tb is for a Result in hand whose run had no feed
+TENSORBOARD_LIVE = True
+WRITERS = {"plot": write_plot, "tb": write_tb}

@@ -32,7 +32,7 @@ def execute(job: Job) -> Outcome:
             from .ranks import execute_ranks
 
             return execute_ranks(job, ranks)
-        if not ranks.main:
+        if not ranks.main and job.command.target != "script":   # a script (watch) runs on every rank
             return Outcome(quiet=True)
     ctx = None
     try:
@@ -41,7 +41,7 @@ def execute(job: Job) -> Outcome:
             from ..core.distributed import refuse_wrap
 
             refuse_wrap(spec)
-        with isolated(job.json):  # the user's code runs in here
+        with isolated(job.json, keep_stdin=job.command.target == "script"):  # the user's code runs in here
             if job.produce is not None:
                 with job.progress(f"torchdiag {job.command.name}: {spec.model}"):
                     result = job.produce()
@@ -57,9 +57,13 @@ def execute(job: Job) -> Outcome:
             from ..render import write_outputs
 
             # files first: a failure then cannot follow a printed JSON document
+            if ranks is not None and not ranks.main:   # a script on every rank: rank 0 reports and writes
+                return Outcome(int(result.exit_code), quiet=True)
             return produced(job, result, write_outputs(result, job.render_spec()))
     except BaseException as exc:   # noqa: B036 — the ladder sorts every exception (outcome.failed)
-        return failed(exc, ctx, job.caller)
+        outcome = failed(exc, ctx, job.caller)
+        outcome.quiet = ranks is not None and not ranks.main   # only rank 0 reports (a script on every rank)
+        return outcome
 
 
 def checked(job: Job):
