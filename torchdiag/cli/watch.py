@@ -56,6 +56,7 @@ OWN = {"every": (Every, 50), "accumulate": (Accumulate, False), "status": (Statu
 
 def run(o) -> None:
     from ..diagnostics.watch import Options, script
+    from ..render.plots import check_plot
 
     made = {}
     command = list(o.spec or [])
@@ -68,7 +69,7 @@ def run(o) -> None:
         return made["opts"]
 
     def precheck():   # no such script, not Python: one line, exit 2, before torch is imported
-        c.output_file(o.plot, "--plot", (".png", ".svg", ".pdf"))
+        check_plot(o.plot)
         script.parse_command(command)
 
     def produce():

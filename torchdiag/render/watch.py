@@ -13,9 +13,8 @@ from __future__ import annotations
 import math
 import sys
 
-from .output import atomic_path
+from .plots import pyplot, save
 
-PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
 class StatusLine:
@@ -143,10 +142,7 @@ class Live:
 
 def write_plot(result, path) -> str:
     """Loss and gradient norm per step (log scale where positive), with the steps of error findings."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     steps = result.series.get("step", [])
     fig, (a1, a2) = plt.subplots(2, 1, figsize=(8, 5.5), dpi=110, sharex=True)
@@ -167,11 +163,10 @@ def write_plot(result, path) -> str:
         a2.set_xlabel("optimizer step")
         a1.set_title(f"watch: {result.verdict or ''}", fontsize=9)
         fig.tight_layout()
-        with atomic_path(path, "--plot") as tmp:
-            fig.savefig(tmp)
-    finally:
+    except BaseException:
         plt.close(fig)
-    return str(path)
+        raise
+    return save(fig, path)
 
 
 def write_tb(result, logdir) -> str:
