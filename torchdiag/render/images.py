@@ -242,15 +242,13 @@ def record_pictures(result, folder, at: int | None = None, what: str = "") -> No
 
 def drawn(result) -> None:
     """The pictures a diagnostic described (as data: arrays, sizes) drawn once, by its renderer's
-    draw(result) (render/<command>.py), before they are written to PNG files or TensorBoard."""
-    import importlib
+    draw(result) (its renderer in the registry), before they are written to PNG files or TensorBoard."""
+    from ..commands import BY_NAME
 
     if result.artefacts.get("drawn"):
         return
-    try:
-        module = importlib.import_module(f"{__package__}.{result.command.replace('-', '_')}")
-    except ModuleNotFoundError:
-        module = None
+    command = BY_NAME.get(result.command)
+    module = command.renderer_module() if command is not None else None
     draw = getattr(module, "draw", None)
     if draw is not None:
         draw(result)
