@@ -1,4 +1,4 @@
-"""Models for lr-find under torchrun (tests/test_lr_find.py launches 2 gloo ranks), built the same on every
+"""Models for lr-find under torchrun (tests/test_lr_find.py launches `torchdiag lr-find` on 2 gloo ranks), built the same on every
 rank (the factory is seeded); what differs by rank comes from torchrun's RANK variable, read in forward.
 
 `healthy`: an MLP; every rank runs the same schedule.

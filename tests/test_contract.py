@@ -12,8 +12,8 @@ import pytest
 
 from conftest import ROOT, sample
 
-COMMANDS = ["summary", "flops", "nancheck", "gradflow", "overfit-batch", "profile", "memory", "doctor",
-            "activations", "gradcam", "attention", "embeddings", "gradcheck"]   # every command with a diagnostic
+COMMANDS = ["summary", "flops", "nancheck", "gradflow", "overfit-batch", "lr-find", "profile", "memory", "doctor",
+            "activations", "gradcam", "attention", "embeddings", "gradcheck", "data"]   # every command with a diagnostic
 REQUIRED = {"gradcam": {"layer": "x", "image": str(ROOT / "docs/images/sample_input.png")}, "embeddings": {"layer": "x"}}
 PACKAGE = ROOT / "torchdiag"
 
@@ -212,7 +212,7 @@ def test_diagnostics_write_no_files():
     assert not offenders, offenders
 
 
-NEEDS_VALUES = ["nancheck", "gradflow", "overfit-batch", "profile", "activations", "attention", "embeddings"]
+NEEDS_VALUES = ["nancheck", "gradflow", "overfit-batch", "profile", "activations", "attention", "embeddings", "data"]
 
 
 @pytest.mark.parametrize("command", NEEDS_VALUES)

@@ -470,10 +470,11 @@ def test_tensorboard_gets_the_curves_as_series(small_result, tmp_path):
     assert len(acc.Scalars("lr-find/loss_r0")) == len(small_result.series["loss_r0"])
 
 
-# --- a real launch: 2 gloo ranks through the CLI's per-rank path ----------------------------------------
+# --- real launches: `torchrun --nproc_per_node 2 -m torchdiag lr-find`, 2 gloo ranks ------------------------
 
 def _torchrun(model: str, wrap: str):
-    """tests/lr_find_ranks.py under `torch.distributed.run --standalone --nproc_per_node 2`: (rc, doc)."""
+    """`torch.distributed.run --standalone --nproc_per_node 2 -m torchdiag lr-find ... --device cpu --json`:
+    (rc, doc). The schedule is the one the single-process run below repeats."""
     import json
     import os
     import subprocess
@@ -481,17 +482,18 @@ def _torchrun(model: str, wrap: str):
 
     from conftest import ROOT
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "tests" / "lr_find_ranks.py"), f"sample_models/lr_ranks.py:{model}", wrap]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "torchdiag",
+           "lr-find", f"sample_models/lr_ranks.py:{model}", "--wrap", wrap, "--optimizer", "sgd", "--steps", "30",
+           "--repeats", "2", "--check-steps", "5", "--device", "cpu", "--json"]
     # the timeout only turns a hang into a failure instead of a blocked suite; never asserted on
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     return r.returncode, json.loads(r.stdout)
 
 
-@pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
-def test_under_torchrun_every_rank_reads_the_whole_batch_curve(wrap):
-    rc, doc = _torchrun("healthy", wrap)
+@pytest.mark.slow
+def test_under_torchrun_every_rank_reads_the_whole_batch_curve():
+    rc, doc = _torchrun("healthy", "ddp")
     assert rc == 0 and doc["exit_code"] == 0 and doc["suggestion"] is not None
     ranks = doc["ranks"]
     assert [r["data"]["suggestion"] for r in ranks] == [doc["suggestion"]] * 2
@@ -505,9 +507,11 @@ def test_under_torchrun_every_rank_reads_the_whole_batch_curve(wrap):
     assert doc["suggestion"] == pytest.approx(single.data["suggestion"]) and doc["recommended"] == pytest.approx(single.data["recommended"])
 
 
-def test_under_torchrun_a_rank_that_fails_mid_test_stops_its_peer():
-    rc, doc = _torchrun("fails_later", "ddp")
-    assert doc["exit_code"] == 3 and "[rank 1]" in doc["error"]["message"] and "fails on rank 1" in doc["error"]["message"]
+@pytest.mark.slow
+def test_under_torchrun_fsdp_a_rank_that_fails_mid_test_stops_its_peer():
+    rc, doc = _torchrun("fails_later", "fsdp")
+    assert rc != 0 and doc["exit_code"] == 3     # torchrun itself exits 1 when a rank fails
+    assert "[rank 1]" in doc["error"]["message"] and "fails on rank 1" in doc["error"]["message"]
     assert doc["ranks"][0]["error"]["echo"] is True      # rank 0 stopped with it (no wait in a collective)
 
 
@@ -533,11 +537,11 @@ def test_autocast_and_an_unused_lr_are_stated():
 
 
 def test_fp16_autocast_steps_through_a_grad_scaler(monkeypatch):
-    from torchdiag.diagnostics.lr_find import loop
+    from torchdiag.core.scaling import ScaledStep
 
     stepped = []
-    original = loop.ScaledStep.step
-    monkeypatch.setattr(loop.ScaledStep, "step", lambda self: (stepped.append(self.scaler.get_scale()), original(self)))
+    original = ScaledStep.step
+    monkeypatch.setattr(ScaledStep, "step", lambda self: (stepped.append(self.scaler.get_scale()), original(self)))
     torch.manual_seed(0)
     model, x = load("mlp.py:build")
     r = lr_find(model, x, amp="fp16", steps=20, repeats=1, check_steps=3)
@@ -555,27 +559,15 @@ def test_on_cuda_with_fp16_the_model_is_untouched(untouched):
     assert r.data["suggestion"] is None or r.data["band"][0] <= r.data["suggestion"] <= r.data["band"][1]
 
 
-def test_docs_picture_is_what_the_code_draws_now(tmp_path):
-    """docs/images/lr_find.png: `lr-find sample_models/transformer_lm.py:build --optimizer adamw` (defaults) on
-    the CLI's path (core.context.prepare → diagnostics.invoke → render.lr_find.write_plot), one thread."""
+def test_docs_picture_is_what_the_code_draws_now(cli, tmp_path, monkeypatch):
+    """docs/images/lr_find.png: `torchdiag lr-find sample_models/transformer_lm.py:build --optimizer adamw
+    --plot FILE` (defaults, CPU, one thread), run from the repository root as the docs show it."""
     from conftest import ROOT, assert_readme_picture
-    from torchdiag.core.context import prepare
-    from torchdiag.core.run import OptimizerSpec, RunSpec
-    from torchdiag.diagnostics import invoke, module
-    from torchdiag.render.lr_find import write_plot
 
-    d = module("lr-find")
-    spec = RunSpec("lr-find", model="sample_models/transformer_lm.py:build", optimizer=OptimizerSpec("adamw"))
-    import os
-
-    cwd = os.getcwd()
-    os.chdir(ROOT)      # the spec as the docs show it (relative to the repository root)
-    try:
-        model, x, ctx = prepare(spec, needs_values=True)
-        r = invoke(d, model, x, d.Options(), ctx)
-    finally:
-        os.chdir(cwd)
-    write_plot(r, tmp_path / "lr_find.png")
+    monkeypatch.chdir(ROOT)
+    r = cli("lr-find", "sample_models/transformer_lm.py:build", "--optimizer", "adamw", "--device", "cpu",
+            "--plot", tmp_path / "lr_find.png")
+    assert r.code == 0, r.stderr
     assert_readme_picture("lr_find.png", tmp_path / "lr_find.png")
 
 

@@ -15,7 +15,8 @@ may leave lines out (table borders, rows it does not show; a `…` or `...` line
 line it does show must appear in the output, in the same order, with trailing spaces and colour
 ignored. A command may continue over lines ending in ` \\`. A block with a `$ torchdiag` line and no
 `exit N` in its title fails: every example states its exit code. Commands shown without `$ ` (in
-prose, or alone in a block) are illustrations and are not run.
+prose, or alone in a block) are illustrations and are not run, and so are the pages mkdocs.yml's
+`exclude_docs` keeps out of the site.
 
 Examples run in a scratch folder that links `sample_models/` and `docs/` from the repository, so
 the relative paths they print are the documented ones and the files they write (`--out`, `--images`,
@@ -68,8 +69,16 @@ class Example:
         return f"{self.page.relative_to(ROOT)}:{self.line}"
 
 
+def excluded() -> set[Path]:
+    """Pages mkdocs.yml's `exclude_docs` keeps out of the site (one file name per line): not published,
+    so their examples are not run either."""
+    text = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    block = re.search(r"^exclude_docs: \|\n((?:  .*\n)+)", text, re.M)
+    return {DOCS / line.strip() for line in block.group(1).splitlines()} if block else set()
+
+
 def pages() -> list[Path]:
-    return [README, *sorted(DOCS.rglob("*.md"))]
+    return [README, *sorted(set(DOCS.rglob("*.md")) - excluded())]
 
 
 def examples_in(page: Path) -> list[Example]:

@@ -114,8 +114,8 @@ def _command(command: str, doc: str):
 
 
 # torchdiag.<command>(model, inputs=None, **options) for every command the registry gives a plain Python
-# function; embeddings, gradcam and gradcheck take other arguments and are written out below
-_OWN_SIGNATURE = ("embeddings", "gradcam", "gradcheck")
+# function; embeddings, gradcam, gradcheck and data take other arguments and are written out below
+_OWN_SIGNATURE = ("embeddings", "gradcam", "gradcheck", "data")
 for _c in COMMANDS:
     if _c.python and _c.python not in _OWN_SIGNATURE:
         globals()[_c.python] = _command(_c.name, f"{_c.summary} Options: those of `torchdiag {_c.name}`, with _ for -.")
@@ -145,6 +145,40 @@ def gradcheck(target, *inputs, **options):
     from .diagnostics import gradcheck as d
 
     return d.check_callable(target, inputs, _options(d, **options))
+
+
+def data(dataset_or_loader, val=None, model=None, *, loss: Any = "auto", device=None, **options):
+    """The data and its loader (`torchdiag data`): `dataset_or_loader` (and `val`) a Dataset, a DataLoader, an
+    IterableDataset or any iterable of batches; `model` an nn.Module (never changed: its steps run on a copy).
+    Options as `torchdiag data`, with _ for -: batch_size, samples, batches, timeout, input_field,
+    target_field, classes, workers, sweep (False: --no-sweep), speed (False: --no-speed), per_class,
+    pictures; run-wide: seed, loss, dtype/amp (for the model), device (default: the model's, else auto).
+    A sample that raises is a ModelError naming its index (`.partial`: what was measured)."""
+    from .core.context import context_for
+    from .core.precision import cast_copy
+    from .diagnostics import data as d
+    from .errors import OptionError
+
+    if "classes" in options:   # --classes on the command line; the Options field is num_classes
+        options["num_classes"] = options.pop("classes")
+    spec = run_spec("data", d, loss=loss, **options)   # pops the run-wide keywords from options
+    for key in (*RUN_KEYS, *OPTIMIZER_KEYS):
+        options.pop(key, None)
+    opts = _options(d, **options)
+    if model is None:
+        for name in ("dtype", "amp"):
+            if getattr(spec, name):
+                raise OptionError(name, "applies to the model, and no model is given", hint="pass model=...")
+        ctx = d.context("auto" if device is None else device, spec.seed, loss if isinstance(loss, str) else "auto")
+        work = None
+    else:
+        if device is not None:
+            raise OptionError("device", "is the model's own in Python", hint="move the model: model.to(device)")
+        ctx = context_for(model, spec, loss=loss)
+        work = cast_copy(model, spec.dtype)
+    result = d.run_data(dataset_or_loader, opts, ctx, val=val, model=work)
+    ctx.finish(result)
+    return result
 
 
 __all__ = [*(c.python for c in COMMANDS if c.python), "as_inputs", "make_loss", "run"]

@@ -87,8 +87,8 @@ class Command:
     diagnostic: Optional[str] = None        # torchdiag.diagnostics.<it>: Options, run, NEEDS_VALUES, ...
     renderer: Optional[str] = None          # torchdiag.render.<it>: WRITERS = {kind: write_kind}
     # what its argument names: model (a factory spec; the runner loads model and inputs) | callable (gradcheck's
-    # TARGET) | config (check). Commands whose target is not a model (a user script for `watch`, a loader spec
-    # for `data`) take a new value here and give the runner a Job.produce() that returns their Result.
+    # TARGET) | config (check) | data (a DATA_SPEC: runner.local.run_data_specs). A command whose target is not a
+    # model (a user script for `watch`) takes a new value here and gives the runner a Job.produce() for its Result.
     target: str = "model"
     per_rank: bool = False                  # under torchrun every rank runs it on its shard (runner/ranks.py)
     cross_rank: bool = False                # ... and the ranks are compared after a real step (consistency)
@@ -133,6 +133,8 @@ COMMANDS: tuple[Command, ...] = (
        _TRAIN, renderer=True, per_rank=True, cross_rank=True),
     _c("overfit-batch", "Can this model memorise one batch? Trains a copy on one fixed batch and gives a verdict.",
        _TRAIN, renderer=True, per_rank=True),
+    _c("lr-find", "Which learning rate? The range test, repeated over seeds, with its suggestion checked by short "
+       "runs at 0.1×, 1× and 10× of it.", _TRAIN, renderer=True, per_rank=True),
     _c("profile", "Where the time goes: step time (mean, median, p90), throughput, top operators by self time, time "
        "per module, and a Chrome/Perfetto trace.", _TRAIN, renderer=True, per_rank=True),
     _c("memory", "Where the memory goes in a training step: parameters, gradients, optimizer state, activations "
@@ -143,7 +145,7 @@ COMMANDS: tuple[Command, ...] = (
     _c("activations", "What each module produces: output shape, mean, std, min, max, fraction of zeros and of "
        "saturated values, for one forward pass (eval mode, no grad).", _FORWARD, renderer=True),
     _c("gradcam", "Grad-CAM: which part of the image drives a classifier's score for a class.",
-       ("model", "output"), renderer=True),
+       ("model", "precision", "output"), renderer=True),
     _c("attention", "Attention weights of every nn.MultiheadAttention (and of modules that return attention weights, "
        "and of F.scaled_dot_product_attention calls) for one forward pass.", ("model", "inputs", "output"),
        renderer=True),
@@ -151,6 +153,9 @@ COMMANDS: tuple[Command, ...] = (
        ("model", "inputs", "batch", "output"), renderer=True),
     _c("gradcheck", "Check the gradients of your own autograd code against numerical ones, in float64.",
        ("model", "inputs", "output"), target="callable", defaults={"device": "cpu"}),
+    _c("data", "What goes in and whether the loader keeps up: value ranges, NaN, labels, duplicates, train/val "
+       "leakage, loader settings, throughput per num_workers, hangs.",
+       ("model", "loss", "precision", "output"), renderer=True, target="data"),
     _c("check", "The CI gate: run the configured checks, print pass/fail per check, exit 1 if any fails.",
        ("model", "inputs", "output"), diagnostic=False, renderer=True, python=False, target="config"),
 )

@@ -22,7 +22,7 @@ EXAMPLE = """Examples:
 DETAILS = """Config: [tool.torchdiag] (model, inputs, device, args, loss, batch, seed, checkpoint,
 strict-checkpoint) and
 [tool.torchdiag.check] (max-params, max-trainable-params, max-gmacs, max-gflops, nancheck,
-gradflow, overfit-batch, doctor, allow, strict, max-peak-memory); several models with
+gradflow, overfit-batch, lr-find, doctor, allow, strict, max-peak-memory); several models with
 [[tool.torchdiag.models]]. Options given here override the file. With GITHUB_ACTIONS=true,
 failed checks are also printed as GitHub annotations."""
 
@@ -39,6 +39,7 @@ def register(app) -> None:
               nancheck: Annotated[Optional[bool], typer.Option("--nancheck/--no-nancheck", help="Run nancheck.")] = None,
               gradflow: Annotated[Optional[bool], typer.Option("--gradflow/--no-gradflow", help="Run gradflow.")] = None,
               overfit_batch: Annotated[Optional[bool], typer.Option("--overfit-batch/--no-overfit-batch", help="Run overfit-batch.")] = None,
+              lr_find: Annotated[Optional[bool], typer.Option("--lr-find/--no-lr-find", help="Run lr-find.")] = None,
               doctor: Annotated[Optional[bool], typer.Option("--doctor/--no-doctor", help="Run doctor.")] = None,
               allow: Annotated[Optional[list[str]], typer.Option("--allow", metavar="GLOB", help="Parameter globs gradflow accepts. Repeatable.")] = None,
               junit: Annotated[Optional[Path], typer.Option("--junit", metavar="FILE.xml", help="Write a JUnit report (one testcase per check).")] = None,
@@ -52,7 +53,8 @@ def register(app) -> None:
             overrides = {"model": spec, "inputs": input, "device": device, "args": arg,
                          "checkpoint": None if checkpoint is None else str(checkpoint)}
             check_over = {k: v for k, v in {"max-params": max_params, "max-gmacs": max_gmacs, "nancheck": nancheck,
-                                            "gradflow": gradflow, "overfit-batch": overfit_batch, "doctor": doctor,
+                                            "gradflow": gradflow, "overfit-batch": overfit_batch, "lr-find": lr_find,
+                                            "doctor": doctor,
                                             "allow": allow}.items() if v is not None}
             if spec and config is None and not Path("pyproject.toml").is_file():
                 table, source = {}, "command line"

@@ -11,6 +11,7 @@ from typing import Any
 from ..errors import ExitCode, UsageError, option_name
 from . import train
 from .places import model_places
+from .precision import refuse_scaled_complex
 from .run import RunSpec
 
 META_HINT = "use --device cpu or cuda (meta has shapes only: summary, flops and memory work there)"
@@ -96,6 +97,8 @@ class Context:
         return made
 
     def optimizer(self, params, spec=None, *, foreach: bool | None = None):
+        params = list(params)
+        refuse_scaled_complex(params, self.precision, self.option("amp"))
         return train.make_optimizer(params, spec or self.spec.optimizer, foreach=foreach)
 
     def seeded(self):

@@ -8,6 +8,7 @@ torchvision must be installed, see core.sources.require)."""
 from __future__ import annotations
 
 import inspect
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +81,9 @@ def load_data(spec: str, arg_pairs: list[str] | None = None, seed: int | None = 
         where, name = loading.split_spec(spec)
     except UsageError as exc:
         raise UsageError(exc.message.replace("MODEL_SPEC", option), hint=f"write it as {DATA_FORMS}") from None
+    if (where.endswith(".py") or "/" in where or os.sep in where) and not os.path.exists(where):
+        # said here: the model loader's own line would call it a model file
+        raise UsageError(f"data file not found: {where}", hint="check the path before the ':'")
     module = loading.import_module(where)
     factory = loading.find_factory(module, name, where)
     obj = _call(factory, name, kwargs, seed)

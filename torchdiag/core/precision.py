@@ -147,6 +147,20 @@ def autocast(precision: Precision, device):
     return torch.autocast(device_type=device.type, dtype=getattr(torch, precision.amp))
 
 
+def refuse_scaled_complex(params, precision: Precision, option: str = "--amp") -> None:
+    """fp16 loss scaling has no kernel for complex gradients (GradScaler's unscale raises NotImplementedError):
+    a usage error before any step, naming the parameter count, not a crash in the middle of the run."""
+    if not precision.scaled:
+        return
+    complex_params = [p for p in params if getattr(p, "is_complex", lambda: False)() and p.requires_grad]
+    if complex_params:
+        from ..errors import UsageError
+
+        raise UsageError(f"{option} fp16 needs a GradScaler, which cannot unscale complex gradients "
+                         f"({len(complex_params)} complex parameter(s) train)",
+                         hint="use bf16 (no loss scaling), or run without amp")
+
+
 def grad_scaler(precision: Precision, device):
     """torch.amp.GradScaler for fp16 autocast (CPU has one since torch 2.3), else None."""
     if not precision.scaled:

@@ -17,7 +17,7 @@ from ..core.resources import memory_limit
 from ..core.run import flag, number
 from ..core.tracking import ModuleTracker, forward_error, module_named
 from ..errors import ModelError, OptionError, UsageError
-from ..pictures import PICTURE_MIN, grid_shape, need_pictures
+from ..pictures import PICTURE_MIN, gradcam_size, need_pictures
 from ..results import Column, Result, Table
 
 NEEDS_VALUES = True
@@ -210,6 +210,15 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
     return cam.detach().cpu(), norm.detach().cpu(), logits.detach().cpu(), k
 
 
+def class_name(model, k: int) -> str | None:
+    """The name the model gives class k: its config's id2label (the Hugging Face convention), if any."""
+    labels = getattr(getattr(model, "config", None), "id2label", None)
+    if isinstance(labels, dict):
+        name = labels.get(k, labels.get(str(k)))
+        return str(name) if name is not None else None
+    return None
+
+
 def run(model, inputs, opts: Options, ctx) -> Result:
     import torch
 
@@ -219,6 +228,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     c, mean, std = opts.channels, opts.mean, opts.std
     pixels = load_rgb(opts.image, opts.size, c)
     x = image_tensor(pixels, mean, std, ctx.device)
+    if ctx.spec.dtype:   # --dtype: the model was cast; the image goes in as its float inputs would
+        x = x.to(getattr(torch, ctx.spec.dtype))
     rgb = pixels if c == 3 else pixels.repeat(3, axis=2)       # pictures are always RGB
     result = Result("gradcam", header={"layer": opts.layer, "image": opts.image,
                                        "image_size": f"{rgb.shape[0]}x{rgb.shape[1]}",
@@ -228,7 +239,9 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     with leave_no_trace(model):
         model.eval()
         info: dict = {}
-        cam, heat, logits, k = grad_cam(model, x, opts.layer, opts.target_class, info)
+        with ctx.autocast():   # --amp: the forward as it trains
+            cam, heat, logits, k = grad_cam(model, x, opts.layer, opts.target_class, info)
+    cam, heat, logits = cam.float(), heat.float(), logits.float()   # numpy has no bfloat16
     probs = torch.softmax(logits[0].double(), 0)
     top = torch.topk(probs, min(opts.topk, probs.numel()))
     rows = [{"class": int(c), "logit": float(logits[0, c]), "probability": float(p),
@@ -244,6 +257,9 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         "heatmap_peak": list(peak), "heatmap_mean": float(hm.mean()), "heatmap_max": float(hm.max()),
         "heatmap_min": float(hm.min()),
     })
+    name = class_name(model, k)
+    if name is not None:
+        result.data["class_name"] = name
     result.data["layer_calls"] = info["calls"]
     if info["calls"] > 1:
         result.notes.append(f"layer {opts.layer} ran {info['calls']} times in forward; the map explains its last call")
@@ -261,8 +277,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     if opts.tb or opts.out:
         result.artefacts.update(image=rgb, alpha=opts.alpha, tb=opts.tb, out=opts.out)
     if opts.out:
-        result.data["out_size"] = list(grid_shape(3, rgb.shape[0] * f, rgb.shape[1] * f, cols=3)[2:])
-    result.summary += [("Explained class", f"{k} (logit {float(logits[0, k]):.4g}, p={float(probs[k]):.3f})"),
+        result.data["out_size"] = list(gradcam_size(rgb.shape[0] * f, rgb.shape[1] * f))
+    result.summary += [("Explained class", f"{k}{f' ({name})' if name is not None else ''} (logit {float(logits[0, k]):.4g}, p={float(probs[k]):.3f})"),
                        ("Heatmap peak", f"row {peak[0]}, col {peak[1]} of {hm.shape[0]}x{hm.shape[1]}"),
                        ("Layer map", f"{cam_np.shape[0]}x{cam_np.shape[1]}, peak at {cam_peak}")]
     result.artefacts["heatmap"] = hm  # H×W in [0, 1], for Python callers

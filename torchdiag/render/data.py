@@ -143,3 +143,7 @@ def write_plot(result, path) -> str:
     finally:
         plt.close(fig)
     return str(path)
+
+
+# the files this command writes, by the kind its caller asks for (RenderSpec.outputs)
+WRITERS = {"images": write_images, "plot": write_plot}

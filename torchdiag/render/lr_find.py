@@ -109,3 +109,7 @@ def _checks(ax, checks, recommended) -> None:
     ax.set_title("checked runs (same weights, batch, seed)", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+
+
+# the files this command writes, by the kind its caller asks for (RenderSpec.outputs)
+WRITERS = {"plot": write_plot}

@@ -21,8 +21,17 @@ from ..results import Column, Result, Table
 CONFIG = {o.config_key: o.name for o in RUN_OPTIONS if o.config}
 MODEL_KEYS = set(CONFIG) | {"model", "name", "check"}
 CHECK_KEYS = {"max-params", "max-trainable-params", "max-gmacs", "max-gflops", "nancheck", "gradflow",
-              "overfit-batch", "doctor", "allow", "strict", "max-peak-memory"}
+              "overfit-batch", "lr-find", "doctor", "allow", "strict", "max-peak-memory", "data"}
 OVERFIT_KEYS = {"steps", "target-ratio", "target-loss", "lr", "optimizer", "seed"}
+LR_FIND_KEYS = {"min-lr", "max-lr", "steps", "diverge", "repeats", "check-steps", "optimizer", "seed"}   # no lr: unused
+# the checks that train with settings of their own: true, false or a table of them (keys, an example)
+OWN_TABLES = {"overfit-batch": (OVERFIT_KEYS, "overfit-batch = {steps = 200, target-ratio = 0.05}"),
+              "lr-find": (LR_FIND_KEYS, "lr-find = {steps = 50, repeats = 2, check-steps = 10}")}
+# the data table: its specs, then `data`'s Options as on its command line (pictures are not drawn in check)
+DATA_OPTIONS = {"batch-size": "batch_size", "samples": "samples", "batches": "batches", "timeout": "timeout",
+                "input-field": "input_field", "target-field": "target_field", "classes": "num_classes",
+                "workers": "workers", "sweep": "sweep", "speed": "speed"}
+DATA_KEYS = {"spec", "val", "args", "with-model"} | set(DATA_OPTIONS)
 ROOT_KEYS = MODEL_KEYS | {"models"}
 INTERRUPTS = {int(ExitCode.INTERRUPTED), int(ExitCode.TERMINATED)}
 
@@ -68,9 +77,9 @@ def validate_check(check: dict, where: str) -> dict:
     for key, value in check.items():
         if key in BOOL_KEYS and not isinstance(value, bool):
             raise UsageError(f"{key} = {value!r} in {where} must be true or false")
-        if key == "overfit-batch" and not isinstance(value, (bool, dict)):
-            raise UsageError(f"overfit-batch = {value!r} in {where} must be true, false or a table",
-                             hint="e.g. overfit-batch = {steps = 200, target-ratio = 0.05}")
+        if key in OWN_TABLES and not isinstance(value, (bool, dict)):
+            raise UsageError(f"{key} = {value!r} in {where} must be true, false or a table",
+                             hint=f"e.g. {OWN_TABLES[key][1]}")
         if key == "allow":
             if isinstance(value, str):
                 value = [value]  # one glob; a string is not split into characters
@@ -136,26 +145,67 @@ def validate_model_entry(entry: dict, where: str) -> None:
             raise _type_error(key, value, where, "a table", "check = {max-params = 30000}")
 
 
-def overfit_settings(ov: dict, spec, where: str):
-    """The overfit-batch table → (Options, RunSpec): validated by overfit-batch's own Options (the same
-    rules as on the command line), so a bad value is reported before any model loads."""
+def own_settings(command: str, table: dict, spec, where: str):
+    """The table of a check that trains (overfit-batch, lr-find) → (Options, RunSpec): validated by that
+    command's own Options (the same rules as on the command line), so a bad value is reported before any
+    model loads."""
     import dataclasses
 
+    from ..commands import get
     from ..core.run import optimizer_spec
     from ..errors import OptionError
-    from ..diagnostics import overfit_batch
 
-    kw = {k.replace("-", "_"): v for k, v in ov.items()}
+    diagnostic = get(command).diagnostic_module()
+    kw = {k.replace("-", "_"): v for k, v in table.items()}
     run_kw = {k: kw.pop(k) for k in ("optimizer", "lr", "seed") if k in kw}
     try:
-        opts = overfit_batch.Options(**kw)
-        optimizer = optimizer_spec(overfit_batch.OPTIMIZER, name=run_kw.get("optimizer"), lr=run_kw.get("lr"))
+        opts = diagnostic.Options(**kw)
+        optimizer = optimizer_spec(diagnostic.OPTIMIZER, name=run_kw.get("optimizer"), lr=run_kw.get("lr"))
         spec = dataclasses.replace(spec, optimizer=optimizer, seed=run_kw.get("seed", spec.seed))
     except OptionError as exc:
         exc.name_for("config")
-        raise UsageError(f"overfit-batch {exc.message} in {where}",
-                         hint=exc.hint or "e.g. overfit-batch = {steps = 200, target-ratio = 0.05}") from None
+        raise UsageError(f"{command} {exc.message} in {where}", hint=exc.hint or f"e.g. {OWN_TABLES[command][1]}") from None
     return opts, spec
+
+
+@dataclass
+class DataCheck:
+    """`data = {spec = ..., ...}` of a check table, validated before any model loads."""
+
+    spec: str
+    val: str | None
+    args: list[str]
+    with_model: bool             # the entry's model as `data --model` (labels vs its output size, its step timed)
+    opts: Any                    # diagnostics.data Options
+
+
+def data_settings(table, where: str) -> DataCheck:
+    """The data table → DataCheck: keys refused by name, types checked, `data`'s Options built (its rules)."""
+    from ..diagnostics.data.options import Options
+    from ..errors import OptionError
+
+    example = 'data = {spec = "data.py:train", val = "data.py:val", samples = 2000}'
+    if not isinstance(table, dict):
+        raise _type_error("data", table, where, "a table", example)
+    _unknown(table, DATA_KEYS, f"data in {where}")
+    for key in ("spec", "val"):
+        if key in table and not isinstance(table[key], str):
+            raise _type_error(f"data {key}", table[key], where, "a string", example)
+    if not table.get("spec"):
+        raise UsageError(f"data in {where} has no spec", hint=f"e.g. {example}")
+    args = table.get("args", [])
+    if isinstance(args, dict):
+        args = [f"{k}={v!r}" for k, v in args.items()]
+    elif not (isinstance(args, list) and all(isinstance(a, str) for a in args)):
+        raise _type_error("data args", args, where, "a table or a list of KEY=VALUE strings", "args = {root = \"/data\"}")
+    if not isinstance(table.get("with-model", False), bool):
+        raise _type_error("data with-model", table["with-model"], where, "true or false", "with-model = true")
+    kw = {field: table[key] for key, field in DATA_OPTIONS.items() if key in table}
+    try:
+        opts = Options(pictures=False, **kw)
+    except OptionError as exc:
+        raise UsageError(f"data {exc.name_for('config').message} in {where}", hint=exc.hint or f"e.g. {example}") from None
+    return DataCheck(table["spec"], table.get("val"), list(args), table.get("with-model", False), opts)
 
 
 def parse_bytes(value, key: str) -> int:
@@ -178,9 +228,13 @@ def load_config(path: Path | None) -> tuple[dict, str]:
             raise UsageError("no pyproject.toml in the current directory",
                              hint="run check where [tool.torchdiag] is configured, pass --config FILE, or give MODEL_SPEC")
     elif not path.is_file():
+        if path.exists():   # a folder, FIFO, socket or device: said as such, never opened
+            from ..core.limits import regular_file
+
+            regular_file(str(path), "config file")
         raise UsageError(f"config file not found: {path}")
     try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+        doc = tomllib.loads(_bounded_toml(path))
     except UnicodeDecodeError as exc:
         raise UsageError(f"{path} is not UTF-8 text (byte {exc.start}): TOML files must be UTF-8",
                          hint="save the file as UTF-8") from None
@@ -188,13 +242,37 @@ def load_config(path: Path | None) -> tuple[dict, str]:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path} is not valid TOML: {exc}") from exc
-    table = doc.get("tool", {}).get("torchdiag")
+    table = _tool_table(doc, path)
     if table is None:
         if path.name == "pyproject.toml" or "tool" in doc:
             table = {}
         else:
             table = doc  # a dedicated file may hold the keys at top level
     return table, str(path)
+
+
+def _bounded_toml(path: Path) -> str:
+    """The file's text, refused before tomllib recurses or reads without end (a FIFO, a 20k-deep array)."""
+    from ..core.limits import read_text, toml_depth
+
+    text = read_text(str(path), "config file")
+    try:
+        toml_depth(text)
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc.message}", hint=exc.hint) from None
+    return text
+
+
+def _tool_table(doc: dict, path: Path):
+    """[tool.torchdiag], None when absent; any other shape (tool = 5, torchdiag = "x", [[tool.torchdiag]]) is refused."""
+    tool = doc.get("tool")
+    if tool is not None and not isinstance(tool, dict):
+        raise UsageError(f"tool = {str(tool)[:40]} in {path} must be a table", hint="write [tool.torchdiag] as a table header")
+    table = (tool or {}).get("torchdiag")
+    if table is not None and not isinstance(table, dict):
+        raise UsageError(f"[tool] torchdiag in {path} is a {type(table).__name__}, not a table",
+                         hint="write [tool.torchdiag] once, as a table (several models: [[tool.torchdiag.models]])")
+    return table
 
 
 def models_from_config(table: dict, source: str, overrides: dict, check_overrides: dict | None = None) -> list[ModelConfig]:
@@ -251,20 +329,23 @@ def _model_config(name: str, merged: dict, inputs: list, args: list, check: dict
     except OptionError as exc:
         raise UsageError(f"{exc.name_for('config').message} in {where}", hint=exc.hint) from None
     check = dict(check)
-    if check.get("overfit-batch"):
-        ov = check["overfit-batch"] if isinstance(check["overfit-batch"], dict) else {}
-        check["_overfit"] = overfit_settings(ov, spec, where)
+    for command in OWN_TABLES:
+        if check.get(command, False) is not False:   # {} is "run with the defaults", never off
+            own = check[command] if isinstance(check[command], dict) else {}
+            check[f"_{command}"] = own_settings(command, own, spec, where)
     return ModelConfig(name, spec, check)
 
 
 def _validated_checks(check: dict, table_where: str, where: str) -> dict:
     _unknown(check, CHECK_KEYS, table_where)
     check = validate_check(check, where)
-    ov = check.get("overfit-batch")
-    if isinstance(ov, dict):
-        _unknown(ov, OVERFIT_KEYS, f"overfit-batch in {where}")
+    for command, (keys, _) in OWN_TABLES.items():
+        if isinstance(check.get(command), dict):
+            _unknown(check[command], keys, f"{command} in {where}")
     if "max-peak-memory" in check:  # a bad size is reported before any model runs
         check["max-peak-memory"] = parse_bytes(check["max-peak-memory"], "max-peak-memory")
+    if "data" in check:   # likewise the data table: its keys, types and options
+        check["data"] = data_settings(check["data"], where)
     return check
 
 
@@ -319,15 +400,29 @@ def run_checks(cfg: ModelConfig) -> list[CheckOutcome]:
             raise
         record.outcomes.append(CheckOutcome(cfg.name, "load", None, "error", "", exc.message, 0.0, int(exc.code)))
         return record.outcomes
+    ctx = _checkpoint_outcomes(ctx, record)
+    before = len(record.outcomes)
     try:
         _size_checks(cfg.check, model, inputs, ctx, record)
         _diagnostic_checks(cfg.check, model, inputs, ctx, record)
     except _Interrupted:
         return record.outcomes
-    if not record.outcomes:
+    if len(record.outcomes) == before:   # only the checkpoint's own outcome: no check was configured
         raise UsageError(f"no checks configured for {cfg.name}",
-                         hint="add [tool.torchdiag.check] with e.g. max-params, max-gmacs, nancheck, gradflow, overfit-batch")
+                         hint="add [tool.torchdiag.check] with e.g. max-params, max-gmacs, nancheck, gradflow, overfit-batch, lr-find, data")
     return record.outcomes
+
+
+def _checkpoint_outcomes(ctx, record):
+    """strict-checkpoint = false: keys that did not fit fail a `checkpoint` outcome of their own (exit 1),
+    and are taken off the context so that no diagnostic's verdict carries them."""
+    import dataclasses
+
+    for report in ctx.checkpoints:
+        if not report.fits:
+            record.outcomes.append(CheckOutcome(record.model_name, "checkpoint", False, "does not fit", "fits the model",
+                                                f"{report.path}: {report.mismatch_summary(6)}", 0.0, 1))
+    return dataclasses.replace(ctx, checkpoints=[]) if ctx.checkpoints else ctx
 
 
 def _size_checks(c: dict, model, inputs, ctx, record) -> None:
@@ -381,8 +476,8 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             n = len([f for f in r.findings if f.severity == "error"])
             return not bad, ("all parameters get gradients" if not bad else f"{n} problem(s)"), bad
         record("gradflow", grads, f"allow {allow}" if allow else "")
-    if c.get("overfit-batch"):
-        opts, spec = c["_overfit"]
+    if c.get("overfit-batch", False) is not False:
+        opts, spec = c["_overfit-batch"]
 
         def overfit():
             r = invoke(overfit_batch, model, inputs, opts, dataclasses.replace(ctx, spec=spec))
@@ -393,6 +488,8 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             return bool(d.get("passed")), figure, "" if d.get("passed") else (_first_error(r) or "cannot overfit")
         limit = f"≤ {opts.target_ratio} × initial" if opts.target_loss is None else f"≤ {opts.target_loss}"
         record("overfit-batch", overfit, limit)
+    if c.get("lr-find", False) is not False:   # {} runs with the defaults
+        _lr_find_check(c["_lr-find"], model, inputs, ctx, record)
     if c.get("doctor"):
         def doc():
             r = invoke(doctor, model, inputs, doctor.Options(), _own(doctor, ctx))
@@ -409,6 +506,48 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             peak = int(invoke(memory, model, inputs, memory.Options(), _own(memory, ctx)).data["peak_bytes"])
             return peak <= limit, human_bytes(peak), "" if peak <= limit else f"peak {human_bytes(peak)} > {human_bytes(limit)}"
         record("max-peak-memory", mem, human_bytes(limit))
+    if "data" in c:
+        _data_check(c["data"], model, ctx, record)
+
+
+def _data_check(dc: DataCheck, model, ctx, record) -> None:
+    """`data` on the configured data (the entry's model too with with-model): an error finding fails it."""
+    from ..core.datasets import load_data
+    from ..diagnostics import data
+
+    def run_data():
+        train = load_data(dc.spec, dc.args, ctx.seed, option="data spec")
+        val = load_data(dc.val, dc.args, ctx.seed, option="data val") if dc.val else None
+        own = ctx if dc.with_model else data.context(str(ctx.device), ctx.seed, ctx.spec.loss, "config")
+        r = data.run_data(train, dc.opts, own, val=val, model=model if dc.with_model else None)
+        if r.data.get("interrupted"):   # run_data keeps its partial result on Ctrl-C; check records it as such
+            raise Terminated() if r.exit_code == ExitCode.TERMINATED else KeyboardInterrupt()
+        bad = _first_error(r)
+        n = sum(1 for f in r.findings if f.severity == "error")
+        return not bad, "clean" if not bad else f"{n} error finding(s)", bad
+    record("data", run_data, dc.spec + (f" + {dc.val}" if dc.val else ""))
+
+
+def _lr_find_check(settings, model, inputs, ctx, record) -> None:
+    """lr-find: fails on an error finding (no rate trains, a non-finite loss); no suggestion is a warning."""
+    import dataclasses
+
+    from ..diagnostics import lr_find
+    from .local import invoke
+
+    opts, spec = settings
+
+    def lrf():
+        r = invoke(lr_find, model, inputs, opts, dataclasses.replace(ctx, spec=spec))
+        d = r.data
+        if d.get("status") == "interrupted":   # the partial curve has no verdict: recorded as interrupted
+            raise Terminated() if r.exit_code == ExitCode.TERMINATED else KeyboardInterrupt()
+        bad = _first_error(r)
+        figure = (f"recommended lr {d['recommended']:.3g}" if d.get("recommended") is not None else
+                  f"suggested lr {d['suggestion']:.3g} (not checked)" if d.get("suggestion") is not None else
+                  "no suggestion")
+        return not bad, figure, bad
+    record("lr-find", lrf, "a rate that trains")
 
 
 def run(models: list[ModelConfig], source: str) -> Result:

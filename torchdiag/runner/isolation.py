@@ -28,6 +28,10 @@ class _NoInput:
     def fileno(self):
         raise OSError("stdin is closed while torchdiag runs your model")
 
+    def close(self) -> None:
+        """A forked process (a DataLoader worker) closes stdin first (multiprocessing's _close_stdin); without
+        this its start failed with AttributeError and every worker died."""
+
 
 class UserExit(SystemExit):
     """os._exit called by the user's code: reported as the model's failure (exit 3), never a silent exit."""
@@ -76,12 +80,20 @@ def _stdout_to_stderr():
 
 @contextlib.contextmanager
 def _stdin_closed():
-    saved = sys.stdin
+    import builtins
+
+    saved, saved_input = sys.stdin, builtins.input
     sys.stdin = _NoInput()
+    builtins.input = _no_input   # fails before writing its prompt: no text glued onto our error line
     try:
         yield
     finally:
         sys.stdin = saved
+        builtins.input = saved_input
+
+
+def _no_input(prompt=""):
+    return _NoInput().readline()
 
 
 @contextlib.contextmanager

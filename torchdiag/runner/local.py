@@ -72,3 +72,38 @@ def checked(job: Job):
     if job.precheck is not None:
         job.precheck()
     return spec, o
+
+
+def run_data_specs(spec, opts, val: str | None = None, model: str | None = None, model_args=()):
+    """target="data" (commands.py): `spec` is the run's RunSpec with the DATA_SPEC as its `model` and the data
+    factory's --arg pairs as its `args` (the --val factory gets the same ones); `model` a MODEL_SPEC built with
+    `model_args`, its --checkpoint, --dtype and --amp (those need it). Loads them and runs `data`'s run_data."""
+    import dataclasses
+
+    from ..core.datasets import load_data
+    from ..diagnostics.data import context, run_data
+    from ..errors import UsageError
+
+    if model is None:
+        given = [flag for flag, on in (("--checkpoint", spec.checkpoint), ("--dtype", spec.dtype), ("--amp", spec.amp),
+                                       ("--model-arg", model_args)) if on]
+        if given:
+            raise UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to the model of --model, "
+                             "and no --model is given",
+                             hint="add --model MODEL_SPEC (the model whose training step is timed against the loader)")
+    from ..core.context import prepare, raise_meta
+    from ..core.device import resolve_device
+
+    if resolve_device(spec.device).type == "meta":   # before the user's data is loaded
+        raise_meta("data")
+    train = load_data(spec.model, list(spec.args), spec.seed)
+    val_data = load_data(val, list(spec.args), spec.seed, option="--val") if val else None
+    net = None
+    if model is not None:
+        net, _, ctx = prepare(dataclasses.replace(spec, model=model, args=tuple(model_args), needs_inputs=False),
+                              needs_values=True)
+    else:
+        ctx = context(spec.device, spec.seed, spec.loss, spec.caller)
+    result = run_data(train, opts, ctx, val=val_data, model=net)
+    ctx.finish(result)
+    return result

@@ -157,13 +157,17 @@ def _prepare(spec, sess, diagnostic, local: Local) -> None:
                              "wrap": wrap_header(diagnostic, spec.command, spec.wrap)})
     if spec.needs_inputs:
         local.ctx.header["inputs"] = local.inputs.describe()
+    from ..commands import get
+
     mode = wrap_mode(diagnostic, spec.wrap)
+    if spec.wrap in ("ddp", "fsdp") and (mode is not None or get(spec.command).cross_rank):
+        from ..core.distributed import refuse_divergent   # before any wrapper collective: the same parameters
+
+        refuse_divergent(local.model, spec.wrap)
     if mode is not None:
         from ..core.distributed import wrap
 
         setattr(local.ctx, "wrapper" if mode == "train" else "pass_wrapper", lambda work: wrap(work, r, spec.wrap))
-    from ..commands import get
-
     if get(spec.command).cross_rank:
         from ..core.train import train_copy
 

@@ -35,6 +35,8 @@ def build(st, partial: str | None = None) -> Result:
     if st.interrupted is not None:
         r.code = st.interrupted
         r.verdict = f"INTERRUPTED during {st.phase}: partial result (the numbers above are what was measured)"
+    elif partial:   # shown above the error line: never an "OK" for a run that did not finish
+        r.verdict = f"STOPPED during {st.phase}: partial result (the numbers above are what was measured)"
     else:
         bad = [f for f in r.findings if f.severity == "error"]
         warn = [f for f in r.findings if f.severity == "warning"]

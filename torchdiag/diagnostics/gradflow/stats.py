@@ -56,6 +56,8 @@ def norms(tensors, ord) -> list:
     for i, t in enumerate(tensors):
         if t.numel() == 0:          # no identity for the max norm; every norm of nothing is 0
             out[i] = torch.zeros((), dtype=torch.float32, device=t.device)
+        elif not (t.is_floating_point() or t.is_complex()):   # a frozen int/bool parameter: norms need floats
+            out[i] = torch.linalg.vector_norm(t.double(), ord)
         else:
             groups[(t.device, t.dtype)].append(i)
     for (_, dtype), idx in groups.items():

@@ -25,7 +25,7 @@ from ...core.run import OptimizerSpec
 from .options import Options
 
 NEEDS_VALUES = True
-# under torchrun: how each --wrap reaches this command (cli/torchrun.py: wrap_mode)
+# under torchrun: how each --wrap reaches this command (runner/ranks.py: wrap_mode)
 WRAP = {"ddp": ("train", "every copy lr-find trains (each repeat, each checked run); the early stop is agreed "
                          "across ranks every update and the losses are averaged over the ranks"),
         "fsdp": ("train", "every copy lr-find trains is sharded by fully_shard; the early stop is agreed across "

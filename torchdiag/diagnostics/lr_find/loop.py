@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from ...core import train
+from ...core.scaling import stepper
 from ...errors import DiagError, ModelError, UsageError, one_line
 from .rules import EarlyStop, schedule
 
@@ -37,18 +38,6 @@ class Repeat:
     peer_stop: bool = False         # under a wrapper: another rank's loss stopped it
 
 
-class ScaledStep:
-    """scaler.step + scaler.update behind an optimizer's step(), so core.train.step reports a failure.
-    (The same as overfit_batch/scaling.stepper; one home in core/ is open work.)"""
-
-    def __init__(self, scaler, optimizer):
-        self.scaler, self.optimizer = scaler, optimizer
-
-    def step(self):
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-
-
 class Fresh:
     """One run's copy, optimizer, GradScaler and loss rule (its random targets drawn with `seed`)."""
 
@@ -60,7 +49,7 @@ class Fresh:
                              hint="nothing can be trained: unfreeze some parameters")
         self.optimizer = ctx.optimizer(params)
         self.scaler = ctx.grad_scaler()
-        self.stepper = self.optimizer if self.scaler is None else ScaledStep(self.scaler, self.optimizer)
+        self.stepper = stepper(self.scaler, self.optimizer)
         self.loss_fn = ctx.loss()
         self.loss_fn.seed = seed      # a fresh rule draws its targets on first use, from its seed
         self.group = getattr(self.work, "process_group", None)   # DDP's; fully_shard uses the default one

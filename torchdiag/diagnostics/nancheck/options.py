@@ -7,7 +7,7 @@ from ...core.run import OptimizerSpec, number
 from ...errors import OptionError
 
 NEEDS_VALUES = True
-# under torchrun: how each --wrap reaches this command (cli/torchrun.py: wrap_mode)
+# under torchrun: how each --wrap reaches this command (runner/ranks.py: wrap_mode)
 WRAP = {"ddp": ("pass", "the main pass runs on the DDP copy, gradients after its reduction; locating a "
                         "non-finite value runs on this rank's own model"),
         "fsdp": ("pass", "the main pass runs on the fully_shard copy, gradients after its reduce-scatter (each "

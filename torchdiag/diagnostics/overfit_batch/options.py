@@ -9,7 +9,7 @@ from ...core.run import OptimizerSpec, number
 from ...errors import OptionError
 
 NEEDS_VALUES = True
-# under torchrun: how each --wrap reaches this command (cli/torchrun.py: wrap_mode)
+# under torchrun: how each --wrap reaches this command (runner/ranks.py: wrap_mode)
 WRAP = {"ddp": ("train", "the copy overfit-batch trains; its stop is agreed across ranks each step, the causes "
                          "are checked on a local copy"),
         "fsdp": ("train", "the copy overfit-batch trains is sharded by fully_shard; each rank's loss is on its own "
