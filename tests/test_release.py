@@ -1,16 +1,19 @@
 """The release and the site: the documentation builds with warnings as errors, the built wheel installs
 into a fresh virtualenv and runs, and the CI examples run the command the suite runs.
 
-The wheel test makes its virtualenv with --system-site-packages so that it reuses the torch already
-installed (no download of gigabytes); torchdiag itself comes only from the wheel, installed without
-dependencies resolution from the index, and is imported from outside the source tree, so a file
-missing from the package (package data, a module left out) fails here."""
+The wheel test makes a fresh virtualenv and lets it see the dependencies already installed for the suite
+(torch, typer, rich, ...) through a .pth line naming the suite's site-packages, the same effect as
+`python -m venv --system-site-packages` when those live in the system Python: no download of gigabytes.
+A path added that way is not a site directory, so the suite's own editable torchdiag (a .pth finder
+there) is not activated: torchdiag comes only from the wheel, installed with --no-deps, and is run from
+outside the source tree, so a file missing from the package (package data, a module left out) fails here."""
 from __future__ import annotations
 
 import os
 import shlex
 import subprocess
 import sys
+import sysconfig
 import venv
 from pathlib import Path
 
@@ -49,8 +52,10 @@ def test_built_wheel_installs_and_runs(tmp_path):
     wheels, sdists = list(dist.glob("torchdiag-*.whl")), list(dist.glob("torchdiag-*.tar.gz"))
     assert len(wheels) == 1 and len(sdists) == 1, list(dist.iterdir())
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env_dir)
+    venv.EnvBuilder(with_pip=True).create(env_dir)
     py = env_dir / "bin" / "python"
+    purelib = run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path).stdout.strip()
+    Path(purelib, "_suite_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     r = run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheels[0])], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     outside = tmp_path / "elsewhere"                  # not the source tree: the wheel's files only
