@@ -14,13 +14,15 @@ The excerpt is the lines after the `$ torchdiag` line up to the next `$ ` line o
 may leave lines out (table borders, rows it does not show; a `…` or `...` line marks a cut), so every
 line it does show must appear in the output, in the same order, with trailing spaces and colour
 ignored. A command may continue over lines ending in ` \\`. A block with a `$ torchdiag` line and no
-`exit N` in its title fails: every example states its exit code. Commands shown without `$ ` (in
-prose, or alone in a block) are illustrations and are not run, and so are the pages mkdocs.yml's
-`exclude_docs` keeps out of the site.
+`exit N` in its title fails: every example states its exit code. Not run: a block whose title starts
+with `illustration` (the title says why, e.g. it needs torchvision), commands shown without `$ ` (in
+prose, or alone in a block), and the pages mkdocs.yml's `exclude_docs` keeps out of the site.
 
 Examples run in a scratch folder that links `sample_models/` and `docs/` from the repository, so
 the relative paths they print are the documented ones and the files they write (`--out`, `--images`,
-`--junit`) land in the scratch folder. A `torchdiag check` example reads the first
+`--junit`) land in the scratch folder; the files an example names that the repository does not hold
+(`net.py` and its checkpoints, a Hugging Face config folder) are made there by tests/doc_examples.py.
+A `torchdiag check` example reads the first
 `[tool.torchdiag]` TOML block of its own page as its pyproject.toml. The excerpts were captured on a
 machine without a GPU; the tests simulate one, so they pass on a GPU box too."""
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+import doc_examples
 from conftest import ROOT
 
 README = ROOT / "README.md"
@@ -92,6 +95,9 @@ def examples_in(page: Path) -> list[Example]:
         title = TITLE.search(lines[i])
         end = next((j for j in range(i + 1, len(lines)) if lines[j].lstrip().startswith("```")), len(lines))
         code = columns = None
+        if title and title.group(1).startswith("illustration"):    # shown, not run (says why in its title)
+            i = end + 1
+            continue
         if title:
             m = re.search(r"\bexit (\d+)", title.group(1))
             code = int(m.group(1)) if m else None
@@ -138,6 +144,7 @@ def scratch_folder(tmp_path: Path, ex: Example) -> Path:
     """A working folder where the example's relative paths resolve as in the repository root."""
     for name in ("sample_models", "docs"):
         (tmp_path / name).symlink_to(ROOT / name, target_is_directory=True)
+    doc_examples.make(tmp_path, shlex.split(ex.command))
     if shlex.split(ex.command)[1] == "check":
         text = ex.page.read_text(encoding="utf-8")
         config = re.search(r"```toml\n(\[tool\.torchdiag\].*?)```", text, re.S)
@@ -182,5 +189,6 @@ def test_example_matches_the_real_output(ex, cli, tmp_path, monkeypatch):
     r = cli(*args[1:])
     assert r.code == ex.code, f"{ex.id}: exit {r.code}, documented {ex.code}\n" + r.stdout + r.stderr
     assert_shown(ex, r.stdout + r.stderr)
+    assert not (tmp_path / "PWNED").exists()     # the checkpoint that would run code was never run
     if args[1] == "check" and "--junit" in args:
         assert (tmp_path / args[args.index("--junit") + 1]).is_file()
