@@ -51,33 +51,12 @@ def register(app, name: str, body: Callable, own: dict, details: str, epilog: st
         params.append(inspect.Parameter(param, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default))
 
     def callback(**given) -> None:
-        o = SimpleNamespace(**given)
-        if target is Spec:
-            refused(name, o)   # a missing model file or factory: said before the diagnostic imports torch
-        body(o)
+        body(SimpleNamespace(**given))
 
     callback.__signature__ = inspect.Signature(params)
     callback.__annotations__ = {}
     callback.__name__ = command.module_name
     app.command(name, help=f"{command.summary}\n\n{details}", epilog=epilog, no_args_is_help=True)(callback)
-
-
-def refused(name: str, o) -> None:
-    """core.spec_check on MODEL_SPEC, torch-free: a spec that cannot load ends here, through the runner's
-    one ladder (the same error line, JSON document and exit code as when the loader finds it)."""
-    from ..core.spec_check import precheck
-    from ..errors import UsageError
-
-    try:
-        precheck(o.spec or "")
-        return
-    except UsageError as exc:
-        error = exc
-
-    def fail():
-        raise error
-
-    execute(job(name, o, produce=fail))
 
 
 def job(name: str, o, *, optimizer: dict | None = None, outputs: dict | None = None, needs_inputs: bool = True, **hooks):

@@ -63,12 +63,17 @@ def execute(job: Job) -> Outcome:
 
 
 def checked(job: Job):
-    """Everything checked before anything loads: the --tb folder, the RunSpec, the Options, the files."""
+    """Everything checked before anything loads: the --tb folder, the RunSpec, the Options, the MODEL_SPEC's
+    file and factory (core.spec_check, torch-free), the files."""
     from ..render.output import check_dir
 
     check_dir(job.given("tb"), "--tb")
     spec = job.run_spec()
     o = job.options() if job.options is not None else None
+    if job.command.target == "model":   # a missing file or factory: said before torch is imported
+        from ..core.spec_check import precheck
+
+        precheck(spec.model)
     if job.precheck is not None:
         job.precheck()
     return spec, o
