@@ -75,6 +75,12 @@ def test_built_wheel_installs_and_runs(tmp_path):
     import json
     doc = json.loads(r.stdout)
     assert doc["total_params"] == 4 * 3 + 3 + 3 * 2 + 2     # 23, by hand
+    sample = ROOT / "sample_models" / "mlp.py"                 # and a sample model of the repository
+    r = run([str(exe), "flops", f"{sample}:build", "--json"], outside, env=dict(env, CUDA_VISIBLE_DEVICES=""))
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    batch = doc["inputs"][0].split(":")[1].strip().split("x")[0]       # 'input[0]: 16x784 float32'
+    assert doc["forward_macs"] == int(batch) * (784 * 256 + 256 * 128 + 128 * 10)   # the three Linear layers
 
 
 def ci_command_of_the_docs() -> str:
