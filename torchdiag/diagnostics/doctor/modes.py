@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ...results import Result
 from .checklist import Checklist
-from .shared import max_diff, name, scale
+from .shared import finite, max_diff, name, scale
 
 MODE_TYPES_HINT = "call model.eval() before validation/inference and model.train() before training steps"
 
@@ -28,8 +28,11 @@ def mode_modules(model) -> list[tuple[str, str]]:
 
 def check_modes(mods, eval_out, train_out, ck: Checklist, result: Result) -> None:
     """`mods`: mode_modules of the model; the outputs of one eval and one train forward."""
-    diff = max_diff(eval_out, train_out)
+    bad = [w for w, out in (("eval", eval_out), ("train", train_out)) if not finite(out)]
+    diff = None if bad else max_diff(eval_out, train_out)   # NaN compares unequal: no difference to state
     dtxt = "" if diff is None else f" (max |train − eval| output difference {diff:.4g})"
+    if bad:
+        dtxt = f" (the {' and '.join(bad)} output{'s hold' if len(bad) > 1 else ' holds'} NaN/Inf: not compared)"
     if mods:
         names = ", ".join(f"{name(n)} ({t})" for n, t in mods[:6]) + (" …" if len(mods) > 6 else "")
         result.add("mode-dependent", "info", ", ".join(name(n) for n, _ in mods[:6]),
@@ -48,5 +51,7 @@ def check_modes(mods, eval_out, train_out, ck: Checklist, result: Result) -> Non
                        MODE_TYPES_HINT)
             ck.row("modes", "info", f"train and eval outputs differ{dtxt} (custom self.training code)", "(root)",
                    MODE_TYPES_HINT, "mode-dependent")
+    elif bad:
+        ck.row("modes", "skipped", f"no Dropout/BatchNorm; train and eval outputs not compared{dtxt}")
     else:
         ck.row("modes", "ok", "no Dropout/BatchNorm; train = eval output")

@@ -1,0 +1,127 @@
+"""The first hour (issue 33): one severity per cause in every command, causes told right, defaults that
+fit the model, brief output when healthy."""
+import pytest
+
+from conftest import sample
+
+CUT_CNN = ("features.0.weight", "features.0.bias", "features.2.weight", "features.2.bias",
+           "features.4.weight", "features.4.bias", "features.6.weight", "features.6.bias")
+CUT_MLP = ("context.0.weight", "context.0.bias", "context.2.weight", "context.2.bias")
+
+
+def findings(d, code):
+    return [f for f in d["findings"] if f["code"] == code]
+
+
+def check_row(d, check_id):
+    return next(r for r in d["checks"] if r["id"] == check_id)
+
+
+# ---------------------------------------------------------------- 1. one severity per cause
+@pytest.mark.parametrize("spec, cut, total", [("broken_detached_cnn.py:build", CUT_CNN, 12),
+                                              ("broken_detached.py:build", CUT_MLP, 8)])
+@pytest.mark.parametrize("command, extra", [("doctor", ()), ("gradflow", ()), ("overfit-batch", ("--steps", "5"))])
+def test_detached_trunk_is_the_same_no_grad_error_everywhere(cli, spec, cut, total, command, extra):
+    r = cli(command, sample(spec), "--json", *extra)
+    d = r.json
+    assert r.code == 1 and d["exit_code"] == 1, r.stdout[-2000:]
+    (f,) = findings(d, "no-grad")
+    assert f["severity"] == "error"
+    assert f["where"] == cut[0].split(".")[0]                # the cut module, as gradflow groups it
+    for n in cut[:6]:
+        assert n in f["message"]
+    if command != "gradflow":
+        assert f"{len(cut)} of {total} trainable" in f["message"]
+    if command == "doctor":
+        row = check_row(d, "update")
+        assert row["status"] == "error" and row["code"] == "no-grad"
+    if command == "overfit-batch":
+        codes = [x["code"] for x in d["findings"]]
+        assert codes.index("no-grad") < codes.index("cannot-overfit")   # the cause before its consequence
+        assert not findings(d, "unchanged-params")                      # the same parameters: said once
+
+
+def test_overfit_batch_memorised_without_some_parameters_still_fails(cli):
+    # broken_detached: the head alone can memorise 8 samples; the detached branch is still the error
+    r = cli("overfit-batch", sample("broken_detached.py:build"))
+    assert r.code == 1
+    assert "ERROR   no-grad context: 4 of 8 trainable parameter tensor(s) got no gradient" in r.stdout
+    assert "FAIL: 4 trainable parameter tensor(s) get no gradient (the batch was memorised without them" in r.stdout
+
+
+def test_doctor_loss_without_graph_is_no_grad_error(cli):
+    d = cli("doctor", sample("broken_detached.py:no_grad"), "--json").json
+    # the context branch under no_grad: the trunk and head still train, the branch is no-grad
+    (f,) = findings(d, "no-grad")
+    assert f["severity"] == "error" and f["where"] == "context"
+
+
+def test_doctor_healthy_model_keeps_update_ok(cli):
+    d = cli("doctor", sample("mlp.py:build"), "--json").json
+    assert check_row(d, "update")["status"] == "ok" and not findings(d, "no-grad")
+
+
+# ---------------------------------------------------------------- 2. causes told right
+@pytest.mark.parametrize("fn, kind", [("local_tensor", "tensor with requires_grad=True"), ("local_param", "nn.Parameter")])
+def test_doctor_finds_a_weight_made_in_forward(cli, fn, kind):
+    d = cli("doctor", sample(f"broken_forward_weights.py:{fn}"), "-i", "8x20", "--json").json
+    (f,) = findings(d, "local-weight")
+    assert f["severity"] == "error" and f"a 32x5 float32 {kind}" in f["message"]
+    assert "not parameters of the model" in f["message"]
+    assert not findings(d, "device-mismatch") and not findings(d, "param-not-updated")
+    assert d["local_weights"] == [f"a 32x5 float32 {kind}"]
+
+
+def test_doctor_parameter_recreated_in_forward_is_told_as_such(cli):
+    d = cli("doctor", sample("broken_forward_weights.py:recreated"), "-i", "8x20", "--json").json
+    (f,) = findings(d, "param-recreated")
+    assert f["where"] == "w" and "re-initialised each call" in f["message"]
+    assert not findings(d, "param-not-updated") and not findings(d, "device-mismatch")
+    assert check_row(d, "update")["code"] == "param-recreated"
+
+
+def test_local_leaves_are_found_by_the_graph_not_by_name():
+    import torch
+
+    from torchdiag.core.local_leaves import local_leaves
+
+    lin = torch.nn.Linear(3, 2)
+    x = torch.randn(4, 3, requires_grad=True)          # an input that requires grad: not a weight
+    w = torch.randn(2, 2, requires_grad=True)          # a local weight: found
+    unused = torch.randn(2, requires_grad=True)        # not on the loss's graph: not found
+    loss = (lin(x) @ w).sum() + 0 * unused.detach().sum()
+    assert [id(t) for t in local_leaves(loss, lin, [x])] == [id(w)]
+    assert local_leaves(lin(x).sum(), lin, [x]) == []
+
+
+def test_device_mismatch_names_the_forward_that_made_a_parameter(cli, tmp_path):
+    # nn.Parameter(torch.randn(...)) without device= in forward: a real device bug, made IN forward
+    p = tmp_path / "m.py"
+    p.write_text("import torch\nfrom torch import nn\nclass N(nn.Module):\n    def __init__(self):\n"
+                 "        super().__init__()\n        self.inp = nn.Linear(20, 32)\n    def forward(self, x):\n"
+                 "        w = nn.Parameter(torch.randn(32, 5))\n        return self.inp(x) @ w\n"
+                 "def build():\n    return N()\n")
+    d = cli("doctor", f"{p}:build", "-i", "8x20", "--json").json
+    (f,) = findings(d, "device-mismatch")
+    assert "creates a 32x5 tensor without device=" in f["message"] and "outside forward" not in f["message"]
+    assert findings(d, "local-weight")
+
+
+def test_doctor_nan_forward_is_not_blamed_on_the_optimizer(cli):
+    d = cli("doctor", sample("broken_nan_forward.py:build"), "--json").json
+    (f,) = findings(d, "non-finite-loss")
+    assert f["severity"] == "error" and "output holds NaN/Inf before any optimizer step" in f["message"]
+    assert not findings(d, "non-finite-update")
+    assert check_row(d, "modes")["status"] == "skipped"
+    assert "NaN/Inf: not compared" in check_row(d, "modes")["verdict"]
+
+
+def test_modes_with_dropout_and_nan_output_states_no_difference(cli, tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text("import torch\nfrom torch import nn\nclass N(nn.Module):\n    def __init__(self):\n"
+                 "        super().__init__()\n        self.a = nn.Linear(8, 8)\n        self.drop = nn.Dropout(0.5)\n"
+                 "    def forward(self, x):\n        return self.drop(torch.log(self.a(x)))\n"
+                 "def build():\n    return N()\n")
+    d = cli("doctor", f"{p}:build", "-i", "4x8", "--json").json
+    (m,) = findings(d, "mode-dependent")
+    assert "difference 0" not in m["message"] and "hold NaN/Inf: not compared" in m["message"]
