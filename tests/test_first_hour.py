@@ -125,3 +125,52 @@ def test_modes_with_dropout_and_nan_output_states_no_difference(cli, tmp_path):
     d = cli("doctor", f"{p}:build", "-i", "4x8", "--json").json
     (m,) = findings(d, "mode-dependent")
     assert "difference 0" not in m["message"] and "hold NaN/Inf: not compared" in m["message"]
+
+
+# ---------------------------------------------------------------- 3. defaults that fit the model (hf:)
+def _saved(tmp_path, config):
+    config.architectures = None
+    config.save_pretrained(tmp_path)
+    import json
+
+    assert "architectures" not in json.loads((tmp_path / "config.json").read_text()) or \
+        json.loads((tmp_path / "config.json").read_text())["architectures"] is None
+    return f"hf:{tmp_path}"
+
+
+def test_hf_decoder_config_without_architectures_gets_its_lm_head_and_passes_overfit(cli, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    spec = _saved(tmp_path, transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16,
+                                                    bos_token_id=0, eos_token_id=0))
+    r = cli("overfit-batch", spec, "--json")
+    d = r.json
+    assert r.code == 0 and d["passed"], r.stdout[-1500:]
+    assert d["loss_rule"] == "the model's own loss (output['loss'])"
+    assert "AutoModelForCausalLM: config.json names no architecture and model_type 'gpt2' is decoder-only" in d["source"]
+    assert "input_ids" in str(d["inputs"]) and "labels" in str(d["inputs"])
+
+
+def test_hf_class_is_judged_from_transformers_mappings(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from torchdiag.core.sources import _hf_class
+
+    def built(config, task=None):
+        config.architectures = None
+        return _hf_class(config, task)[0].__name__
+
+    small = dict(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    assert built(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2)) == "AutoModelForCausalLM"
+    assert built(transformers.LlamaConfig(**small)) == "AutoModelForCausalLM"
+    assert built(transformers.BertConfig(**small)) == "AutoModel"          # an encoder: has a masked-LM class
+    assert built(transformers.BartConfig(vocab_size=64, d_model=32)) == "AutoModel"   # encoder-decoder
+    assert built(transformers.BertConfig(**small), "causal-lm") == "AutoModelForCausalLM"
+
+
+def test_hf_task_causal_lm_gives_labels_so_the_model_trains_with_its_own_loss(cli, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    spec = _saved(tmp_path, transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                                                     num_attention_heads=2, intermediate_size=64,
+                                                     max_position_embeddings=16, is_decoder=True))
+    d = cli("doctor", spec, "--arg", "task=causal-lm", "--json").json
+    assert "AutoModelForCausalLM for task causal-lm" in d["source"]
+    assert d["loss"] == "the model's own loss (output['loss'])"

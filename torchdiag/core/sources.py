@@ -209,7 +209,7 @@ def hf_source(path: str, kwargs: dict[str, Any]) -> Source:
     source.weights = _hf_weights(folder)
     if not source.weights:
         source.header["source"] += f"; no *.safetensors in {folder}: random weights"
-    _hf_inputs(config, path, source)
+    _hf_inputs(config, path, source, cls)
     return source
 
 
@@ -257,7 +257,23 @@ def _hf_class(config, task: str | None):
         cls = getattr(transformers, arch, None)
         if isinstance(cls, type):
             return cls, f"{arch} from config.architectures"
+    if _decoder_only(config):   # its own LM head by default: what a decoder-only model is trained with
+        return transformers.AutoModelForCausalLM, (
+            f"AutoModelForCausalLM: config.json names no architecture and model_type '{config.model_type}' is "
+            "decoder-only in transformers' mappings (a causal-LM class, no masked-LM or seq2seq one); "
+            "--arg task=... picks another head")
     return transformers.AutoModel, "AutoModel (config.json names no known architecture; --arg task=... picks a head)"
+
+
+def _decoder_only(config) -> bool:
+    """transformers' own auto mappings say so: a causal-LM class for the model_type, and neither a
+    seq2seq nor a masked-LM one (an encoder with a causal-LM variant, like BERT, has a masked-LM one)."""
+    from transformers.models.auto import modeling_auto as auto
+
+    kind = getattr(config, "model_type", None)
+    return (not getattr(config, "is_encoder_decoder", False) and kind in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+            and kind not in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+            and kind not in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
 
 def _hf_weights(folder: str) -> list[str]:
@@ -267,9 +283,10 @@ def _hf_weights(folder: str) -> list[str]:
     return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".safetensors"))
 
 
-def _hf_inputs(config, path: str, source: Source) -> None:
+def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
     """Pixels for a vision config (image_size), else token ids (their range comes from the embedding
-    that reads them, i.e. the config's vocabulary; an encoder-decoder gets decoder ids as well)."""
+    that reads them, i.e. the config's vocabulary; an encoder-decoder gets decoder ids as well). A
+    causal LM also gets labels = its input ids, so it is trained with its own loss (output['loss'])."""
     image = getattr(config, "image_size", None)
     if image and not getattr(config, "vocab_size", None):
         h, w = (image, image) if isinstance(image, int) else tuple(image)[:2]
@@ -282,6 +299,29 @@ def _hf_inputs(config, path: str, source: Source) -> None:
     source.inputs = (f"1x{length}:int64",)
     vocab = getattr(config, "vocab_size", None)
     source.input_source = f"hf:{path} default (token ids, length {length}" + (f", vocab {vocab})" if vocab else ")")
+    if vocab and _causal_lm(cls):
+        source.example_inputs = _ids_and_labels(source, vocab)
+        source.input_source += "; labels = the input ids (the model's own next-token loss)"
+
+
+def _causal_lm(cls) -> bool:
+    """The class built is a causal-LM head (AutoModelForCausalLM, or a class in its mapping)."""
+    from transformers.models.auto import modeling_auto as auto
+
+    name = getattr(cls, "__name__", "")
+    return name == "AutoModelForCausalLM" or name in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+
+
+def _ids_and_labels(source: Source, vocab: int):
+    """input_ids drawn in [0, vocab) with the default spec's shape, and labels = the same ids."""
+    def example_inputs():
+        import torch
+
+        from .inputs import parse_input_spec
+
+        ids = torch.randint(0, vocab, tuple(parse_input_spec(source.inputs[0]).shape))
+        return {"input_ids": ids, "labels": ids}
+    return example_inputs
 
 
 def example_module(spec: str, source: Source) -> types.ModuleType:
