@@ -147,7 +147,7 @@ def test_hf_decoder_config_without_architectures_gets_its_lm_head_and_passes_ove
     assert r.code == 0 and d["passed"], r.stdout[-1500:]
     assert d["loss_rule"] == "the model's own loss (output['loss'])"
     assert "AutoModelForCausalLM: config.json names no architecture and model_type 'gpt2' is decoder-only" in d["source"]
-    assert "input_ids" in str(d["inputs"]) and "labels" in str(d["inputs"])
+    assert d["inputs"] == ["input[0]: 1x16 int64", "labels: 1x16 int64"]
 
 
 def test_hf_class_is_judged_from_transformers_mappings(tmp_path):

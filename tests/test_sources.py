@@ -38,7 +38,8 @@ def test_hf_config_builds_with_default_token_inputs(tmp_path, cli):
     r = cli("summary", f"hf:{folder}", "--json")
     assert r.code == 0, r.stderr
     doc = r.json
-    assert doc["inputs"] == ["input[0]: 1x64 int64"]             # length capped by n_positions
+    assert doc["inputs"] == ["input[0]: 1x64 int64", "labels: 1x64 int64"]   # length capped by n_positions
+    assert "labels = the input ids" in doc["input_source"]      # a causal LM: its own next-token loss
     assert "vocab 500" in doc["input_source"]
     assert any("[0, 500)" in n and "transformer.wte" in n for n in doc["input_notes"])
     assert "GPT2LMHeadModel from config.architectures" in doc["source"] and "random weights" in doc["source"]

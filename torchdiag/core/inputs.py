@@ -348,6 +348,9 @@ def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
     inputs = resolve_inputs(list(loaded.default_inputs), loaded, device, seed)
     inputs.source = loaded.input_source
     names = [p.name for p in forward_parameters(loaded.model)]
+    if getattr(loaded, "labels_from_ids", False) and inputs.args and "labels" in names:
+        inputs.kwargs["labels"] = inputs.args[0]   # a causal LM shifts them itself: its own next-token loss
+        inputs.notes.append("labels: the input ids (the model's own loss)")
     if device.type == "meta" and "decoder_input_ids" in names[len(inputs.args):] and inputs.args:
         first = inputs.args[0]
         inputs.kwargs["decoder_input_ids"] = torch.empty(first.shape, dtype=first.dtype, device="meta")

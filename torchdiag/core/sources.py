@@ -45,6 +45,7 @@ class Source:
     example_inputs: Callable | None = None  # when -i specs cannot say it (a list of images)
     weights: list[str] = field(default_factory=list)  # checkpoint files found beside the spec
     header: dict[str, Any] = field(default_factory=dict)
+    labels_from_ids: bool = False          # a causal LM: its default inputs pass labels = the input ids
 
 
 def is_source(spec: str) -> bool:
@@ -300,7 +301,7 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
     vocab = getattr(config, "vocab_size", None)
     source.input_source = f"hf:{path} default (token ids, length {length}" + (f", vocab {vocab})" if vocab else ")")
     if vocab and _causal_lm(cls):
-        source.example_inputs = _ids_and_labels(source, vocab)
+        source.labels_from_ids = True
         source.input_source += "; labels = the input ids (the model's own next-token loss)"
 
 
@@ -310,18 +311,6 @@ def _causal_lm(cls) -> bool:
 
     name = getattr(cls, "__name__", "")
     return name == "AutoModelForCausalLM" or name in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
-
-
-def _ids_and_labels(source: Source, vocab: int):
-    """input_ids drawn in [0, vocab) with the default spec's shape, and labels = the same ids."""
-    def example_inputs():
-        import torch
-
-        from .inputs import parse_input_spec
-
-        ids = torch.randint(0, vocab, tuple(parse_input_spec(source.inputs[0]).shape))
-        return {"input_ids": ids, "labels": ids}
-    return example_inputs
 
 
 def example_module(spec: str, source: Source) -> types.ModuleType:
