@@ -174,3 +174,43 @@ def test_hf_task_causal_lm_gives_labels_so_the_model_trains_with_its_own_loss(cl
     d = cli("doctor", spec, "--arg", "task=causal-lm", "--json").json
     assert "AutoModelForCausalLM for task causal-lm" in d["source"]
     assert d["loss"] == "the model's own loss (output['loss'])"
+
+
+# ---------------------------------------------------------------- 4. healthy tiny models pass overfit-batch by default
+def _hf_dir(tmp_path, config, arch):
+    config.architectures = [arch]
+    config.save_pretrained(tmp_path)
+    return f"hf:{tmp_path}"
+
+
+def _bert(transformers):
+    return transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=64, max_position_embeddings=16)
+
+
+def _bart(transformers):
+    return transformers.BartConfig(vocab_size=64, d_model=32, encoder_layers=1, decoder_layers=1,
+                                   encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+                                   decoder_ffn_dim=64, max_position_embeddings=16)
+
+
+@pytest.mark.parametrize("what", ["cnn", "gpt_tiny", "bert-classifier", "bert-masked-lm", "bart"])
+def test_healthy_tiny_model_passes_overfit_batch_at_default_settings(cli, tmp_path, what):
+    if what == "cnn":
+        args, loss = (sample("cnn.py:build"), "-i", "8x3x32x32"), "cross_entropy"
+    elif what == "gpt_tiny":
+        args, loss = (sample("gpt_tiny.py:build"), "--arg", "layers=1"), "next-token cross_entropy"
+    else:
+        transformers = pytest.importorskip("transformers")
+        config, arch, loss = {"bert-classifier": (_bert(transformers), "BertForSequenceClassification", "cross_entropy"),
+                              "bert-masked-lm": (_bert(transformers), "BertForMaskedLM", "next-token cross_entropy"),
+                              "bart": (_bart(transformers), "BartForConditionalGeneration",
+                                       "the model's own loss")}[what]
+        args = (_hf_dir(tmp_path, config, arch),)
+    r = cli("overfit-batch", *args, "--json")
+    d = r.json
+    assert r.code == 0 and d["passed"], (d["loss_rule"], d["final_loss"], d["initial_loss"])
+    assert d["loss_rule"].startswith(loss)
+    assert d["final_loss"] <= 0.01 * d["initial_loss"]
+    if what == "bart":   # labels = input ids, the decoder fed from them by the model itself
+        assert d["inputs"] == ["input[0]: 1x16 int64", "labels: 1x16 int64"]

@@ -300,17 +300,21 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
     source.inputs = (f"1x{length}:int64",)
     vocab = getattr(config, "vocab_size", None)
     source.input_source = f"hf:{path} default (token ids, length {length}" + (f", vocab {vocab})" if vocab else ")")
-    if vocab and _causal_lm(cls):
+    if vocab and _lm_head(cls):
         source.labels_from_ids = True
-        source.input_source += "; labels = the input ids (the model's own next-token loss)"
+        source.input_source += "; labels = the input ids (the model's own loss)"
 
 
-def _causal_lm(cls) -> bool:
-    """The class built is a causal-LM head (AutoModelForCausalLM, or a class in its mapping)."""
+def _lm_head(cls) -> bool:
+    """The class built is a causal-LM or seq2seq-LM head (the Auto class, or a class in its mapping):
+    trained on labels with its own loss (a causal LM shifts them; a seq2seq LM feeds them shifted right
+    to its decoder)."""
     from transformers.models.auto import modeling_auto as auto
 
     name = getattr(cls, "__name__", "")
-    return name == "AutoModelForCausalLM" or name in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+    return name in ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM") or \
+        name in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() or \
+        name in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.values()
 
 
 def example_module(spec: str, source: Source) -> types.ModuleType:
