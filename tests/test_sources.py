@@ -81,9 +81,13 @@ def test_hf_seq2seq_gets_decoder_inputs_on_cpu_and_meta(tmp_path, cli):
     cfg.architectures = ["T5ForConditionalGeneration"]
     cfg.save_pretrained(folder)
     for device in ("cpu", "meta"):
-        r = cli("summary", f"hf:{folder}", "--device", device, "--json")
+        # the bare model: random decoder ids; the LM head: labels = the input ids, its decoder fed from them
+        r = cli("summary", f"hf:{folder}", "--arg", "task=base", "--device", device, "--json")
         assert r.code == 0, (device, r.stderr)
         assert any(i.startswith("decoder_input_ids: 1x128 int64") for i in r.json["inputs"]), r.json["inputs"]
+        r = cli("summary", f"hf:{folder}", "--device", device, "--json")
+        assert r.code == 0, (device, r.stderr)
+        assert r.json["inputs"] == ["input[0]: 1x128 int64", "labels: 1x128 int64"], r.json["inputs"]
 
 
 def test_hf_task_picks_the_head(tmp_path, cli):
