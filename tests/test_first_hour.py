@@ -214,3 +214,39 @@ def test_healthy_tiny_model_passes_overfit_batch_at_default_settings(cli, tmp_pa
     assert d["final_loss"] <= 0.01 * d["initial_loss"]
     if what == "bart":   # labels = input ids, the decoder fed from them by the model itself
         assert d["inputs"] == ["input[0]: 1x16 int64", "labels: 1x16 int64"]
+
+
+# ---------------------------------------------------------------- 5. brief when healthy
+TIED = ("import torch\nfrom torch import nn\nclass LM(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.emb = nn.Embedding(64, 16)\n        self.body = nn.Linear(16, 16)\n"
+        "        self.head = nn.Linear(16, 64, bias=False)\n        self.head.weight = self.emb.weight\n"
+        "    def forward(self, ids):\n        return self.head(torch.tanh(self.body(self.emb(ids))))\n"
+        "def build():\n    return LM()\n")
+
+
+def test_gradflow_is_brief_by_default_and_all_prints_every_parameter(cli):
+    spec = sample("gpt_tiny.py:build")
+    brief, full = cli("gradflow", spec), cli("gradflow", spec, "--all")
+    assert brief.code == full.code == 0
+    assert "blocks.layers.0.linear1.weight" not in brief.stdout and "blocks.layers.0.linear1.weight" in full.stdout
+    assert "--all prints the per-parameter table" in brief.stdout
+    assert len(full.stdout.splitlines()) - len(brief.stdout.splitlines()) >= 29   # one row per parameter tensor
+    d = cli("gradflow", spec, "--json").json
+    assert len(d["params"]) == 29                                                  # always in JSON
+
+
+def test_gradflow_labels_a_tied_head_tied_not_frozen(cli, tmp_path):
+    p = tmp_path / "tied.py"
+    p.write_text(TIED)
+    d = cli("gradflow", f"{p}:build", "-i", "4x8:int64", "--json").json
+    head = next(r for r in d["layers"] if r["layer"] == "head")
+    assert head["status"] == "tied" and head["params"] == 0
+    assert next(r for r in d["layers"] if r["layer"] == "emb")["params"] == 64 * 16
+
+
+def test_doctor_says_the_generic_train_eval_note_once_compactly(cli):
+    d = cli("doctor", sample("resnet.py:build"), "--json").json
+    (m,) = findings(d, "mode-dependent")
+    assert m["message"].startswith("12 BatchNorm2d make train and eval outputs differ") and not m.get("hint")
+    assert m["message"].count("model.eval()") == 1
+    assert check_row(d, "modes")["hint"] == ""
