@@ -250,3 +250,23 @@ def test_doctor_says_the_generic_train_eval_note_once_compactly(cli):
     assert m["message"].startswith("12 BatchNorm2d make train and eval outputs differ") and not m.get("hint")
     assert m["message"].count("model.eval()") == 1
     assert check_row(d, "modes")["hint"] == ""
+
+
+LOCAL_BN = ("import torch\nfrom torch import nn\nclass Net(nn.Module):\n    def __init__(self):\n"
+            "        super().__init__()\n        self.inp = nn.Linear(20, 32)\n        self.bn = nn.BatchNorm1d(32)\n"
+            "    def forward(self, x):\n        w = torch.randn(32, 5, requires_grad=True)\n"
+            "        return torch.relu(self.bn(self.inp(x))) @ w\ndef build():\n    return Net()\n")
+
+
+@pytest.mark.parametrize("command", ["gradflow", "doctor"])
+def test_local_weight_is_an_error_never_an_internal_note(cli, tmp_path, command):
+    # a bias behind BatchNorm made gradflow re-check on a float64 copy, which failed on the float32 local
+    # weight and was shown as a note under a PASS
+    p = tmp_path / "m.py"
+    p.write_text(LOCAL_BN)
+    r = cli(command, f"{p}:build", "-i", "8x20", "--json")
+    d = r.json
+    assert r.code == 1
+    (f,) = findings(d, "local-weight")
+    assert f["severity"] == "error" and "a 32x5 float32 tensor with requires_grad=True" in f["message"]
+    assert not any("re-check" in n or "double" in n for n in d["notes"]), d["notes"]

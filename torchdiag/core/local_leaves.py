@@ -39,7 +39,9 @@ HINT = ("register it in __init__ (self.w = nn.Parameter(...)) so the optimizer h
 
 
 def message(leaves: list, where: str = "") -> str:
-    shown = ", ".join(describe_leaf(t) for t in leaves[:4]) + (f" … (+{len(leaves) - 4})" if len(leaves) > 4 else "")
+    """`leaves`: the tensors, or their describe_leaf texts."""
+    texts = [t if isinstance(t, str) else describe_leaf(t) for t in leaves]
+    shown = ", ".join(texts[:4]) + (f" … (+{len(texts) - 4})" if len(texts) > 4 else "")
     at = f" in {where}'s forward" if where else " in forward"
     return (f"{len(leaves)} weight(s) made{at} receive a gradient but are not parameters of the model ({shown}): "
             "no optimizer built from model.parameters() can see them, and they are made anew every call")
