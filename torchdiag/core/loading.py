@@ -32,6 +32,7 @@ class LoadedModel:
     input_source: str = ""                 # how those were chosen, for the header
     weights: tuple[str, ...] = ()          # checkpoint files found with the spec (hf: *.safetensors)
     header: dict[str, Any] = field(default_factory=dict)
+    labels_from_ids: bool = False          # hf: causal LM: the default inputs pass labels = the input ids
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -166,7 +167,8 @@ def _load_source(spec: str, kwargs: dict[str, Any], device, seed: int | None) ->
     if device is not None and device.type != "meta":
         model = model.to(device)
     return LoadedModel(model, spec, sources.example_module(spec, source), source.label, source.kwargs, built_on,
-                       source.build, source.inputs, source.input_source, tuple(source.weights), dict(source.header))
+                       source.build, source.inputs, source.input_source, tuple(source.weights), dict(source.header),
+                       source.labels_from_ids)
 
 
 def refuse_scripted(model, what: str) -> None:

@@ -16,6 +16,9 @@ from __future__ import annotations
 import math
 
 from ...core.distributed import inner
+from ...core.local_leaves import CODE as LOCAL_CODE
+from ...core.local_leaves import HINT as LOCAL_HINT
+from ...core.local_leaves import message as local_message
 from ...core.recording import record_pass
 from ...results import Result
 from . import display
@@ -52,7 +55,11 @@ def run(model, inputs, opts: Options, ctx) -> Result:
 
     allow = ctx.option("allow")
     rows = param_rows(params, pas, stats, modules, opts, ctx.spec.optimizer.learning_rate)
-    recheck(model, inputs, pas, rows, opts, ctx, result)    # only when a candidate exists
+    if pas.local:   # weights made in forward: a copy re-run (float64, a step) cannot hold them; said as the cause
+        result.add(LOCAL_CODE, "error", "", local_message(pas.local), LOCAL_HINT)
+        result.data["local_weights"] = pas.local
+    else:
+        recheck(model, inputs, pas, rows, opts, ctx, result)    # only when a candidate exists
     layer_scaled(rows, opts)
     param_findings(result, rows, model, opts, allow)
     if not math.isfinite(stats.loss):
