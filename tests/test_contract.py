@@ -148,7 +148,7 @@ def test_the_registry_is_the_one_list_of_commands():
     assert python == set(torchdiag._API) - helpers == set(api.__all__) - helpers
     assert all(callable(getattr(torchdiag, name)) for name in python)
     # one module per command in cli/, diagnostics/ and render/, and no module for a command that is not declared
-    cli_modules = {p.stem for p in (PACKAGE / "cli").glob("*.py")} - {"__init__", "app", "common"}
+    cli_modules = {p.stem for p in (PACKAGE / "cli").glob("*.py")} - {"__init__", "app", "common", "progress"}
     assert cli_modules == {c.module_name for c in REGISTRY}
     diagnostics = {p.stem for p in (PACKAGE / "diagnostics").iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
     assert diagnostics - {"__init__"} == {c.diagnostic for c in REGISTRY if c.diagnostic}
