@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from conftest import load, sample, one_error_line
+from support import load, sample, one_error_line
 
 from torchdiag.api import run
 from torchdiag.render.activations import write_images
@@ -255,7 +255,7 @@ def test_filter_truncation_is_noted(tmp_path):
 def test_readme_pictures_are_what_the_code_draws(cli, tmp_path, monkeypatch):
     """docs/images/activations_*.png are the README command's output (docs/images/regenerate.sh), run as the
     script runs it: from the repository root, with the model spec the title shows."""
-    from conftest import ROOT, assert_readme_picture
+    from support import ROOT, assert_readme_picture
 
     monkeypatch.chdir(ROOT)
     r = cli("activations", "sample_models/cnn.py:build", "--layer", "features.0", "--images", tmp_path)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, sample
+from support import ROOT, sample
 
 COMMANDS = ["summary", "flops", "nancheck", "gradflow", "overfit-batch", "lr-find", "profile", "memory", "doctor",
             "activations", "gradcam", "attention", "embeddings", "gradcheck", "data"]   # every command with a diagnostic
@@ -18,6 +18,8 @@ REQUIRED = {"gradcam": {"layer": "x", "image": str(ROOT / "docs/images/sample_in
 PACKAGE = ROOT / "torchdiag"
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_every_options_is_built_and_validated_without_torch():
     code = f"""
 import sys
@@ -176,6 +178,8 @@ def test_each_command_shows_the_run_wide_options_of_its_groups():
         assert shown == set(c.options()), c.name
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_registry_and_the_runner_are_torch_free():
     code = ("import sys\nimport torchdiag.commands, torchdiag.runner.local, torchdiag.runner.ranks, torchdiag.runner.check, "
             "torchdiag.runner.outcome, torchdiag.api\n"
@@ -243,6 +247,8 @@ def test_an_option_is_named_in_each_callers_terms(cli, tmp_path):
     assert r.code == 2 and "overfit-batch target-ratio: must be between 0 and 1, got 1.5" in r.stderr, r.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_json_error_document_has_the_schema_version_of_results():
     from torchdiag.results import SCHEMA_VERSION
 
@@ -333,6 +339,8 @@ def test_the_import_rules_see_what_they_forbid(tmp_path):
     assert _diagnostic_of("torchdiag.diagnostics.summary") == "summary" and _diagnostic_of("torchdiag.core.tracking") is None
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_shared_layers_below_the_diagnostics_need_no_torch():
     """fmt.py and pictures.py (formatting, picture geometry) are read by render/ and the diagnostics alike."""
     code = "import sys, torchdiag.fmt, torchdiag.pictures; print(sorted(m for m in ('torch', 'numpy', 'matplotlib') if m in sys.modules))"

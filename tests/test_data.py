@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import SAMPLES, load_module
+from support import SAMPLES, load_module
 from torchdiag.core import batches as B
 from torchdiag.core.datasets import load_data
 from torchdiag.core.loading import load_model
@@ -356,6 +356,8 @@ def test_pictures_written(tmp_path):
     assert any(k.endswith("/labels") for k in r.histograms) and any("channel_2" in k for k in r.histograms)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_module_is_torch_free_options():
     code = "import sys, torchdiag.diagnostics.data.options; print('torch' in sys.modules)"
     import subprocess

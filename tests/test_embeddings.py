@@ -1,7 +1,7 @@
 """embeddings: projector files hold exactly the layer's outputs and the batch's labels."""
 import pytest
 
-from conftest import load, sample, one_error_line
+from support import load, sample, one_error_line
 
 from torchdiag.api import run
 from torchdiag.render.embeddings import write_projector
@@ -153,7 +153,7 @@ def test_meta_device_needs_real_values(cli, tmp_path):
 def test_readme_picture_is_what_the_code_draws(cli, tmp_path, monkeypatch):
     """docs/images/embeddings_pca.png is the README command's output (docs/images/regenerate.sh), run as the
     script runs it: from the repository root, with the model spec the title shows."""
-    from conftest import ROOT, assert_readme_picture
+    from support import ROOT, assert_readme_picture
 
     monkeypatch.chdir(ROOT)
     r = cli("embeddings", "sample_models/cnn.py:build", "--layer", "head.0", "--batch", "sample_models/gradcam_region.py:batch",

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import load, sample
+from support import load, sample
 
 from torchdiag.api import run as api_run
 from torchdiag.core.inputs import ModelInputs

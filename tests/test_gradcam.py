@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from conftest import load, sample, one_error_line
+from support import load, sample, one_error_line
 
 from torchdiag.api import run
 
@@ -367,7 +367,7 @@ def test_preprocessing_options_checked_before_loading(cli, image, args, message)
 def test_readme_picture_is_what_the_code_draws(cli, tmp_path, monkeypatch):
     """docs/images/gradcam.png is the README command's output (docs/images/regenerate.sh), run as the
     script runs it: from the repository root, with the model spec the title shows."""
-    from conftest import ROOT, assert_readme_picture
+    from support import ROOT, assert_readme_picture
 
     monkeypatch.chdir(ROOT)
     out = tmp_path / "cam.png"

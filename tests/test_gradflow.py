@@ -5,7 +5,7 @@ import math
 import sys
 
 import pytest
-from conftest import load, sample
+from support import load, sample
 
 import torch
 from torch import nn

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import ROOT, one_error_line
+from support import ROOT, one_error_line
 
 HANG_GUARD = 600   # seconds: only stops a hung test; no assertion depends on how fast anything is
 
@@ -524,6 +524,8 @@ def test_fsdp_refuses_mixed_parameter_dtypes_before_sharding(spec):
             _fully_shard(module.build(dtype), Ranks(0, 2, 0), torch.device("cpu"))
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_input_prompt_is_not_glued_onto_the_error_line(tmp_path):
     (tmp_path / "asks.py").write_text(textwrap.dedent("""
         import torch
@@ -574,6 +576,7 @@ def torchrun(*args):
     return r.returncode, json.loads(r.stdout), r.stderr
 
 
+@pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.parametrize("command,wrap", [("memory", "fsdp"), ("doctor", "ddp")])
 def test_ranks_with_different_models_are_refused_by_name_before_wrapping(tmp_path, command, wrap):

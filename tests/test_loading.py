@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import ROOT, SAMPLES, load, sample
+from support import ROOT, SAMPLES, load, sample
 
 from torchdiag.core.inputs import parse_input_spec
 from torchdiag.core.loading import parse_args, split_spec

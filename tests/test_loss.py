@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import sample
+from support import sample
 from torchdiag.core.loss import Loss
 from torchdiag.errors import UsageError
 

@@ -6,7 +6,7 @@ import textwrap
 import pytest
 import torch
 
-from conftest import load, sample
+from support import load, sample
 
 BAD = ("non-finite-input", "non-finite-param", "non-finite-output", "non-finite-loss", "non-finite-grad",
        "non-finite-param-grad")
@@ -227,7 +227,7 @@ def _first_bad_step_by_hand(lr: float, steps: int, weights: bool = False):
     (with weights=True also the initial and the current W, b at that step)."""
     import importlib.util
 
-    from conftest import SAMPLES
+    from support import SAMPLES
 
     spec = importlib.util.spec_from_file_location("nan_steps_truth", SAMPLES / "broken_nan_after_steps.py")
     mod = importlib.util.module_from_spec(spec)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from conftest import sample
+from support import sample
 from torchdiag.core.inputs import ModelInputs, shape_str
 from torchdiag.core.tracking import describe
 

@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from conftest import load, sample
+from support import load, sample
 
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
@@ -326,6 +326,8 @@ def loss(output, target):
 """
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_real_sigint_in_a_subprocess_exit_130_partial_json_and_flushed_tensorboard(tmp_path):
     """What a person does: start a long run, press Ctrl-C (SIGINT to the process) mid-training."""
     import json
@@ -336,25 +338,25 @@ def test_real_sigint_in_a_subprocess_exit_130_partial_json_and_flushed_tensorboa
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from conftest import ROOT
+    from support import ENDS_WITHIN, HANG_GUARD, ROOT, spawn
 
     lossfile = tmp_path / "marker.py"
     lossfile.write_text(MARKER_LOSS)
     started = tmp_path / "marker.started"
-    proc = subprocess.Popen([sys.executable, "-m", "torchdiag", "overfit-batch", sample("mlp.py:build"),
-                             "--loss", f"{lossfile}:loss", "--steps", "1000000", "--target-ratio", "1e-30",
-                             "--tb", str(tmp_path / "tb"), "--json"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = spawn([sys.executable, "-m", "torchdiag", "overfit-batch", sample("mlp.py:build"),
+                  "--loss", f"{lossfile}:loss", "--steps", "1000000", "--target-ratio", "1e-30",
+                  "--tb", str(tmp_path / "tb"), "--json"],
+                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         # follow the subprocess's progress (a loaded machine may take minutes to import torch); the
         # guard only stops a hung test, no assertion depends on how fast anything is
-        guard = time.monotonic() + 1800
+        guard = time.monotonic() + HANG_GUARD
         while not started.exists() and proc.poll() is None and time.monotonic() < guard:
             time.sleep(0.05)
-        assert started.exists(), proc.communicate(timeout=1800)
+        assert started.exists(), proc.communicate(timeout=ENDS_WITHIN)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=1800)
+        out, err = proc.communicate(timeout=ENDS_WITHIN)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from conftest import load, load_module
+from support import load, load_module
 
 torch = pytest.importorskip("torch")
 
@@ -185,7 +185,7 @@ def test_doctor_under_fp16_backs_off_like_training_then_judges_the_step():
 
 
 def test_cli_shows_the_scale_and_fails(cli):
-    from conftest import sample
+    from support import sample
 
     spec = sample("precision_steps.py:skips_every_step")
     r = cli("overfit-batch", spec, "-i", "8x8", "--amp", "fp16", "--steps", "4")

@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 
 README = ROOT / "README.md"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -2,7 +2,7 @@
 import torch
 from torch import nn
 
-from conftest import load, sample
+from support import load, sample
 
 from torchdiag.api import run
 from torchdiag.diagnostics import summary

@@ -22,7 +22,7 @@ from torchdiag.diagnostics.watch import Options, Watch
 from torchdiag.diagnostics.watch.script import parse_command, run_command
 from torchdiag.errors import ExitCode, ModelError, OptionError, UsageError
 
-from conftest import ROOT, SAMPLES
+from support import ROOT, SAMPLES
 
 
 def script(name, *args, every=10, **options):
@@ -425,6 +425,8 @@ def test_script_sees_its_own_argv_name_and_folder(tmp_path, capsys, monkeypatch)
     assert sys.argv == before and r.data["steps"] == 12 and hooks_gone()
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_script_runner_as_a_subprocess_and_interrupted(tmp_path):
     path = tmp_path / "probe.py"
     path.write_text(PROBE)
@@ -524,6 +526,8 @@ DDP_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_each_rank_watches_under_ddp(tmp_path):
     path = tmp_path / "ddp_train.py"
     path.write_text(DDP_SCRIPT)
