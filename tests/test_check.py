@@ -307,10 +307,9 @@ def test_a_signal_during_check_records_the_check_as_interrupted_not_failed(tmp_p
     skipped testcase in JUnit, never FAIL 'cannot overfit'. Both runs share one wait."""
     import signal
     import subprocess
-    import time
     import xml.etree.ElementTree as ET
 
-    from support import ENDS_WITHIN, HANG_GUARD, ROOT, spawn
+    from support import ENDS_WITHIN, ROOT, spawn, wait_until
 
     procs = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -327,10 +326,8 @@ def test_a_signal_during_check_records_the_check_as_interrupted_not_failed(tmp_p
     try:
         for sig, proc in procs.items():
             started = tmp_path / sig.name / "marker.started"
-            guard = time.monotonic() + HANG_GUARD   # follows the subprocess's progress; only stops a hang
-            while not started.exists() and proc.poll() is None and time.monotonic() < guard:
-                time.sleep(0.05)
-            assert started.exists(), proc.communicate(timeout=ENDS_WITHIN)
+            # follows the subprocess's progress; the guard only stops a hang
+            assert wait_until(started.exists, proc), proc.communicate(timeout=ENDS_WITHIN)
             proc.send_signal(sig)
         outs = {sig: proc.communicate(timeout=ENDS_WITHIN) for sig, proc in procs.items()}
     finally:

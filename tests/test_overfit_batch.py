@@ -334,11 +334,10 @@ def test_real_sigint_in_a_subprocess_exit_130_partial_json_and_flushed_tensorboa
     import os
     import signal
     import subprocess
-    import time
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from support import ENDS_WITHIN, HANG_GUARD, ROOT, spawn
+    from support import ENDS_WITHIN, ROOT, spawn, wait_until
 
     lossfile = tmp_path / "marker.py"
     lossfile.write_text(MARKER_LOSS)
@@ -351,10 +350,7 @@ def test_real_sigint_in_a_subprocess_exit_130_partial_json_and_flushed_tensorboa
     try:
         # follow the subprocess's progress (a loaded machine may take minutes to import torch); the
         # guard only stops a hung test, no assertion depends on how fast anything is
-        guard = time.monotonic() + HANG_GUARD
-        while not started.exists() and proc.poll() is None and time.monotonic() < guard:
-            time.sleep(0.05)
-        assert started.exists(), proc.communicate(timeout=ENDS_WITHIN)
+        assert wait_until(started.exists, proc), proc.communicate(timeout=ENDS_WITHIN)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=ENDS_WITHIN)
     finally:
