@@ -74,6 +74,7 @@ def totals(tensors) -> list:
             groups.setdefault((d.device, low, d.is_complex()), []).append(d)
     parts: dict = {}
     for (device, low, cplx), ts in groups.items():
+        norms: list | tuple   # a list of sums, or _foreach_norm's tuple
         if cplx:
             norms = [t.abs().sum() for t in ts]
         else:
