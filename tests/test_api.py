@@ -40,6 +40,7 @@ def test_dict_inputs_and_unknown_option():
         torchdiag.summary(model, inputs.kwargs, dpeth=2)
 
 
+@pytest.mark.slow
 def test_assertions_pass_on_healthy_model():
     model, inputs = load("cnn.py:build")
     x = inputs.args[0]

@@ -188,6 +188,7 @@ def test_lstm_and_gru_closed_form_on_cpu_and_meta(device):
     assert torch._C._get_mkldnn_enabled() and torch._C._get_cudnn_enabled()  # restored
 
 
+@pytest.mark.slow
 def test_rnn_backward_same_on_cpu_and_meta():
     results = {}
     for device in ("cpu", "meta"):

@@ -149,6 +149,7 @@ def test_check_with_a_fitting_checkpoint_has_no_checkpoint_row(tmp_path, spec, c
     assert [row["check"] for row in r.json["checks"]] == ["max-params"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("beside", ["", "max-params = 1000, "])
 def test_check_overfit_batch_empty_table_runs_with_defaults(tmp_path, spec, cli, beside):
     def rows(value):

@@ -34,6 +34,7 @@ def seeded_targets(n, classes, seed=0):
 
 # --- healthy models pass with the defaults -----------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,inputs,classification", [
     ("mlp.py:build", None, True),
     ("cnn.py:build", ["8x3x32x32"], True),

@@ -149,6 +149,7 @@ def test_scale_follows_the_rule_and_skips_match_a_plain_torch_replay():
             "skipped") in r.summary
 
 
+@pytest.mark.slow
 def test_healthy_fp16_run_keeps_its_scale():
     model, x = load("mlp.py:build")
     r = run("overfit-batch", model, x, amp="fp16", steps=20, target_ratio=1e-9)

@@ -113,6 +113,7 @@ def test_healthy_cnn_script_no_warning_and_its_metrics(capsys):
     assert hooks_gone()
 
 
+@pytest.mark.slow
 def test_healthy_transformer_lm_no_warning():
     r = script("watch_healthy_lm", "--steps", "120", every=20)
     assert codes(r) == set(), [f.to_dict() for f in r.findings]
@@ -290,6 +291,7 @@ def test_units_that_go_dead():
     assert abs(int(f.message.split(" of ")[0]) - dead) <= 6, (f.message, dead)
 
 
+@pytest.mark.slow
 def test_validation_metric_worsens_while_training_loss_falls():
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
