@@ -251,7 +251,7 @@ def jacobians(fn, xs: list, eps: float):
     numerical = []
     with torch.no_grad():
         base = [x.detach().clone() for x in xs]
-        for i, x in enumerate(base):
+        for x in base:
             jac = torch.zeros(n_out, x.numel(), dtype=torch.float64)
             flat = x.view(-1)
             for k in range(flat.numel()):
