@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test bench docs clean
+.PHONY: install demo test test-fast lint typecheck bench docs clean
 
 $(BIN)/torchdiag: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,9 +23,27 @@ demo: install
 	$(BIN)/torchdiag summary sample_models/transformer_lm.py:build --depth 2
 	$(BIN)/torchdiag flops sample_models/resnet.py:resnet50 -i 1x3x224x224 --device meta
 
-test: install
+# PYTEST_WORKERS: pytest-xdist workers (auto = one per core). --dist loadscope keeps a module's tests on one worker,
+# so a module-scoped fixture (one torchrun launch shared by its assertions) runs once.
+PYTEST_WORKERS ?= auto
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadscope
+# pytest's exit code 5 means the selection collected no tests (e.g. `-m` with nothing marked): not a failure.
+NO_TESTS_OK := rc=$$?; if [ $$rc -eq 5 ]; then echo "note: no tests selected (pytest exit 5)"; exit 0; fi; exit $$rc
+
+lint: install
 	$(BIN)/python -m ruff check .
-	$(BIN)/python -m pytest -q
+
+# mypy's stated strictness is in pyproject.toml [tool.mypy] (defaults, untyped bodies not checked).
+typecheck: install
+	$(BIN)/python -m mypy
+
+# Everything: lint, types, and the whole suite (slow, distributed and subprocess tests included). CI runs this.
+test: lint typecheck
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_ARGS); $(NO_TESTS_OK)
+
+# The fast set alone (no real launches, children or long runs): a few minutes while you work.
+test-fast: install
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not slow" $(PYTEST_ARGS); $(NO_TESTS_OK)
 
 # The documentation site (mkdocs-material + mkdocstrings, the `docs` extra) into site/, warnings as errors.
 $(VENV)/.docs-installed: pyproject.toml $(BIN)/torchdiag

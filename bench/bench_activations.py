@@ -31,7 +31,10 @@ def main():
     torch.set_num_threads(1)
     from torchdiag.api import run
     from torchdiag.diagnostics import gradcheck
-    from torchdiag.render import activations as r_act, attention as r_att, embeddings as r_emb, gradcam as r_cam
+    from torchdiag.render import activations as r_act
+    from torchdiag.render import attention as r_att
+    from torchdiag.render import embeddings as r_emb
+    from torchdiag.render import gradcam as r_cam
 
     tmp = tempfile.mkdtemp()
     print(f"{'model':28} {'command':34} {'ratio':>8}  baseline")

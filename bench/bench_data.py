@@ -17,10 +17,10 @@ def main() -> None:
     import torch
 
     sys.path.insert(0, str(ROOT / "sample_models"))
-    from torch.utils.data import DataLoader
-
     import data_digits
     from data_fake import FakeData
+    from torch.utils.data import DataLoader
+
     from torchdiag.core.datasets import LoadedData
     from torchdiag.diagnostics.data import Options
     from torchdiag.diagnostics.data.scan import SplitScan, scan_into

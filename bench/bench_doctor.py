@@ -12,11 +12,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 import torch  # noqa: E402
 
-from conftest import sample  # noqa: E402
 from torchdiag.core.context import prepare  # noqa: E402
 from torchdiag.core.run import RunSpec  # noqa: E402
 from torchdiag.diagnostics import doctor  # noqa: E402
 from torchdiag.diagnostics.doctor.shared import tensors  # noqa: E402
+
+from conftest import sample  # noqa: E402
 
 
 def best(fn, n=5):

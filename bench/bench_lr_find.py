@@ -9,9 +9,8 @@ Run: OMP_NUM_THREADS=1 .venv/bin/python bench/bench_lr_find.py"""
 import copy
 import time
 
-from common import load, round_ratios
-
 import torch
+from common import load, round_ratios
 
 from torchdiag.api import run as api_run
 from torchdiag.core.loss import Loss

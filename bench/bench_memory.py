@@ -18,12 +18,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
 
-from conftest import load  # noqa: E402
-from torchdiag.core.loss import Loss  # noqa: E402
 from torchdiag.api import run  # noqa: E402
 from torchdiag.core.context import context_for  # noqa: E402
+from torchdiag.core.loss import Loss  # noqa: E402
 from torchdiag.core.run import RunSpec  # noqa: E402
 from torchdiag.diagnostics import memory as M  # noqa: E402
+
+from conftest import load  # noqa: E402
 
 MODELS = [("mlp.py:build", None), ("cnn.py:build", ["32x3x32x32"]), ("transformer_lm.py:build", None),
           ("llama.py:build", None), ("vit.py:build", None)]

@@ -15,9 +15,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
 
-from conftest import load  # noqa: E402
 from torchdiag.api import run as api_run  # noqa: E402
 from torchdiag.core.loss import Loss  # noqa: E402
+
+from conftest import load  # noqa: E402
 
 STEPS = 60
 REPEATS = 5

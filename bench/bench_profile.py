@@ -90,7 +90,7 @@ def bench(spec, *inputs, mode="inference", repeat=5):
     variants = [("baseline", plain), ("torch.profiler", torch_only),
                 ("  + key_averages().table()", lambda: profiled(True)), ("torchdiag profile", ours)]
     times = {name: [] for name, _ in variants}
-    for name, fn in variants:   # warm-up
+    for _name, fn in variants:   # warm-up
         fn()
     ours_steps.clear(), torch_steps.clear()
     step_times = []

@@ -10,8 +10,8 @@ CLI use: `torchdiag gradflow bench/corpus_models.py:build --arg name=timm_resnet
 Needs torchvision / timm / transformers for those families (`.venv-corpus`, see bench/README.md)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import nn

@@ -1,9 +1,8 @@
 """Broken data sets for `torchdiag data`'s content checks, one factory per check (FakeData-like images,
 32 samples per batch). Each breaks exactly one thing; the index that is broken is a module constant."""
 import torch
-from torch.utils.data import DataLoader, Dataset
-
 from data_fake import FakeData
+from torch.utils.data import DataLoader, Dataset
 
 NAN_AT = 137          # the first sample holding a NaN
 SHAPE_AT = 40         # the sample whose shape differs

@@ -1,8 +1,7 @@
 """Bad input for `torchdiag data`: a factory that returns something else; a data set raising at one index."""
 import torch
-from torch.utils.data import DataLoader, Dataset
-
 from data_fake import FakeData
+from torch.utils.data import DataLoader, Dataset
 
 RAISES_AT = 57
 

@@ -2,9 +2,8 @@
 STUCK_S seconds so a test's process can finish), in this process or in DataLoader workers."""
 import threading
 
-from torch.utils.data import DataLoader, Dataset
-
 from data_fake import FakeData
+from torch.utils.data import DataLoader, Dataset
 
 STUCK_S = 6.0
 

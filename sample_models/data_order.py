@@ -1,10 +1,9 @@
 """Loader traps: a training loader with shuffle=False over labels sorted by class; a last batch of one
 sample with a model whose BatchNorm1d refuses it in train mode."""
 import torch
+from data_fake import FakeData
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-from data_fake import FakeData
 
 
 def sorted_labels(batch_size=32):

@@ -2,10 +2,9 @@
 num_workers=0, and a model whose step is much shorter than a batch's loading."""
 import time
 
+from data_fake import FakeData
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-
-from data_fake import FakeData
 
 SAMPLE_S = 0.002
 

@@ -5,9 +5,8 @@ import os
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
-
 from data_fake import FakeData
+from torch.utils.data import DataLoader, Dataset
 
 CRASH_AT = 5
 

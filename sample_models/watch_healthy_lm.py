@@ -45,7 +45,7 @@ def main():
     warm = max(1, args.steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, args.steps - warm))))
-    for step in range(args.steps):
+    for _step in range(args.steps):
         seq = batch(args.batch, g)
         logits = model(seq[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), seq[:, 1:].reshape(-1))

@@ -3,10 +3,10 @@ import math
 
 import pytest
 
-from conftest import load, sample, one_error_line
-
 from torchdiag.api import run
 from torchdiag.render.activations import write_images
+
+from support import load, one_error_line, sample
 
 CNN = sample("cnn.py:build")
 
@@ -255,7 +255,7 @@ def test_filter_truncation_is_noted(tmp_path):
 def test_readme_pictures_are_what_the_code_draws(cli, tmp_path, monkeypatch):
     """docs/images/activations_*.png are the README command's output (docs/images/regenerate.sh), run as the
     script runs it: from the repository root, with the model spec the title shows."""
-    from conftest import ROOT, assert_readme_picture
+    from support import ROOT, assert_readme_picture
 
     monkeypatch.chdir(ROOT)
     r = cli("activations", "sample_models/cnn.py:build", "--layer", "features.0", "--images", tmp_path)
@@ -289,7 +289,8 @@ def test_cli_json_gives_the_paths_written(cli, tmp_path):
     assert paths == [str(tmp_path / "act" / "features.0_features.png"), str(tmp_path / "act" / "features.0_filters.png")]
     assert sorted(p.name for p in (tmp_path / "act").iterdir()) == ["features.0_features.png", "features.0_filters.png"]
     text = cli("activations", CNN, "--layer", "features.0", "--images", tmp_path / "act")
-    assert f"2 PNG file(s) in {tmp_path / 'act'}" in text.stdout
+    # words, not line breaks: the console wraps at its width, and the tmp path's length (pytest-xdist) moves the break
+    assert f"2 PNG file(s) in {tmp_path / 'act'}" in " ".join(text.stdout.split())
 
 
 def test_picture_sizes_are_known_before_drawing_and_drawn_in_render(tmp_path):

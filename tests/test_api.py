@@ -9,9 +9,11 @@ from torch import nn
 import torchdiag
 from torchdiag import testing
 
-from conftest import ROOT, load
+from support import ROOT, load
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_import_torchdiag_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", "import sys, torchdiag, torchdiag.testing; "
                           "print([m for m in ('torch', 'torchinfo', 'fvcore', 'tensorboard') if m in sys.modules])"],
@@ -38,6 +40,7 @@ def test_dict_inputs_and_unknown_option():
         torchdiag.summary(model, inputs.kwargs, dpeth=2)
 
 
+@pytest.mark.slow
 def test_assertions_pass_on_healthy_model():
     model, inputs = load("cnn.py:build")
     x = inputs.args[0]
@@ -82,7 +85,7 @@ def test_api_result_is_the_one_the_cli_renders(cli):
     """The same Result: the CLI's JSON equals the API result's to_dict() on the same model and inputs."""
     import json
 
-    from conftest import sample
+    from support import sample
 
     model, inputs = load("cnn.py:build")
     doc = torchdiag.flops(model, inputs.args[0]).to_dict()
@@ -95,7 +98,7 @@ def test_api_result_is_the_one_the_cli_renders(cli):
 def test_gradcheck_from_python():
     import importlib.util
 
-    from conftest import sample
+    from support import sample
 
     spec = importlib.util.spec_from_file_location("custom_autograd_t", sample("custom_autograd.py"))
     mod = importlib.util.module_from_spec(spec)
@@ -144,6 +147,8 @@ def test_overfit_and_macs_assertions_fail_with_finding_text(untouched):
         testing.assert_macs_under(model, x)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_package_is_lazy_but_complete():
     """`import torchdiag` loads nothing heavy, yet every public name and submodule is reachable from it."""
     import subprocess

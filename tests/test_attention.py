@@ -3,10 +3,10 @@ import math
 
 import pytest
 
-from conftest import load, sample, one_error_line
-
 from torchdiag.api import run
 from torchdiag.render.attention import write_images
+
+from support import load, one_error_line, sample
 
 VIT = sample("vit.py:build")
 
@@ -251,7 +251,7 @@ def test_entropy_fraction_counts_only_visible_keys():
 def test_readme_picture_is_what_the_code_draws(cli, tmp_path, monkeypatch):
     """docs/images/attention.png is the README command's output (docs/images/regenerate.sh), run as the
     script runs it: from the repository root, with the model spec the title shows."""
-    from conftest import ROOT, assert_readme_picture
+    from support import ROOT, assert_readme_picture
 
     monkeypatch.chdir(ROOT)
     r = cli("attention", "sample_models/transformer_lm.py:build", "-i", "1x8:int64",

@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import sample
+from support import sample
 
 
 def write(tmp_path, text, name="pyproject.toml"):
@@ -268,7 +268,7 @@ def test_readme_ci_commands_work_in_a_fresh_checkout(cli, tmp_path, monkeypatch)
     import re
     import shlex
 
-    from conftest import ROOT
+    from support import ROOT
 
     section = (ROOT / "docs" / "ci.md").read_text()
     commands = sorted(set(re.findall(r"^\s*(?:- run: |\t)(torchdiag check[^\n#]*)", section, re.M)))
@@ -299,15 +299,16 @@ def loss(output, target):
 """
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_signal_during_check_records_the_check_as_interrupted_not_failed(tmp_path):
     """Ctrl-C (SIGINT) exits 130 and SIGTERM 143; the running overfit-batch is INTERRUPTED in the JSON and a
     skipped testcase in JUnit, never FAIL 'cannot overfit'. Both runs share one wait."""
     import signal
     import subprocess
-    import time
     import xml.etree.ElementTree as ET
 
-    from conftest import ROOT
+    from support import ENDS_WITHIN, ROOT, spawn, wait_until
 
     procs = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -317,19 +318,17 @@ def test_a_signal_during_check_records_the_check_as_interrupted_not_failed(tmp_p
         write(folder, f'model = "{sample("mlp.py:build")}"\ninputs = ["16x784"]\nloss = "{folder}/marker.py:loss"\n'
                       '[check]\nmax-params = "10M"\noverfit-batch = {steps = 1000000, target-ratio = 1e-30}\n',
               name="c.toml")
-        procs[sig] = subprocess.Popen([sys.executable, "-m", "torchdiag", "check", "--config", str(folder / "c.toml"),
-                                       "--junit", str(folder / "j.xml"), "--json"], cwd=ROOT, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        procs[sig] = spawn([sys.executable, "-m", "torchdiag", "check", "--config", str(folder / "c.toml"),
+                            "--junit", str(folder / "j.xml"), "--json"], cwd=ROOT, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     outs = {}
     try:
         for sig, proc in procs.items():
             started = tmp_path / sig.name / "marker.started"
-            guard = time.monotonic() + 1800      # follows the subprocess's progress; only stops a hang
-            while not started.exists() and proc.poll() is None and time.monotonic() < guard:
-                time.sleep(0.05)
-            assert started.exists(), proc.communicate(timeout=1800)
+            # follows the subprocess's progress; the guard only stops a hang
+            assert wait_until(started.exists, proc), proc.communicate(timeout=ENDS_WITHIN)
             proc.send_signal(sig)
-        outs = {sig: proc.communicate(timeout=1800) for sig, proc in procs.items()}
+        outs = {sig: proc.communicate(timeout=ENDS_WITHIN) for sig, proc in procs.items()}
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -352,7 +351,7 @@ def test_checkpoint_from_the_config_is_loaded_and_judged(cli, tmp_path):
     by nancheck at its key; a checkpoint of another shape stops check with exit 2 naming the key."""
     import torch
 
-    from conftest import load
+    from support import load
 
     model, _ = load("mlp.py:build")
     state = {k: v.clone() for k, v in model.state_dict().items()}

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import one_error_line
+from support import one_error_line
 
 MODEL = """
 import torch
@@ -182,6 +182,8 @@ def evil_module(tmp_path, name, call, marker):
                                        f"    def __reduce__(self):\n        return ({call}, {args})\n")
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.parametrize("call", ["os.system", "builtins.exec", "subprocess.Popen"])
 def test_pickle_that_would_run_code_is_refused_and_never_executed(spec, tmp_path, cli, call):
     from torch import _weights_only_unpickler as wo

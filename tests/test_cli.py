@@ -1,12 +1,11 @@
 """The CLI contract: help without torch, versions, examples in every command's help."""
+import json
 import subprocess
 import sys
 
-import json
-
 import pytest
 
-from conftest import FAST_RUNS, ROOT
+from support import FAST_RUNS, ROOT, spawn
 
 PROBE = """
 import sys
@@ -26,16 +25,22 @@ def _probe(args):
     return out.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_help_does_not_import_torch():
     out = _probe(["--help"])
     assert "Commands" in out and "HEAVY=\n" in out
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_version_does_not_import_torch():
     out = _probe(["--version"])
     assert "torchdiag 0." in out and "HEAVY=\n" in out
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_command_help_does_not_import_torch_and_shows_example():
     from torchdiag.cli.app import COMMANDS
 
@@ -45,6 +50,8 @@ def test_command_help_does_not_import_torch_and_shows_example():
         assert f"torchdiag {name} " in out, f"{name} --help has no example"
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_python_m_entry_point():
     out = subprocess.run([sys.executable, "-m", "torchdiag", "--version"], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.startswith("torchdiag ")
@@ -67,6 +74,8 @@ def test_every_command_prints_exactly_one_json_document(cli, command, tmp_path, 
     assert isinstance(doc["findings"], list)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_option_errors_are_one_error_line_and_json_document():
     # click's own check (not an integer) and the Options' check (out of range): the same shape of error
     for value, words in (("x", "error: Invalid value for '--depth'"), ("-1", "error: --depth: must be ≥ 0, got -1")):
@@ -92,6 +101,8 @@ def test_output_file_under_a_file_says_so(cli, tmp_path):
     assert afile.read_text() == "keep me"
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.parametrize("args, code", [
     (["summary", "sample_models/broken_shape.py:build"], 3),             # the rows that ran, then the error
     (["summary", "sample_models/broken_shape.py:build", "--json"], 3),   # the error document with 'partial'
@@ -100,14 +111,16 @@ def test_output_file_under_a_file_says_so(cli, tmp_path):
 def test_stdout_closed_by_reader_on_an_error_keeps_exit_code(args, code):
     """`torchdiag … | head` where the reader leaves early: the error path writes to stdout too. Was
     exit 1 (click's broken-pipe exit, Rich's SystemExit) or a BrokenPipeError traceback."""
-    p = subprocess.Popen([sys.executable, "-m", "torchdiag", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         cwd=ROOT, text=True)
+    p = spawn([sys.executable, "-m", "torchdiag", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+              cwd=ROOT, text=True)
     p.stdout.close()   # nobody reads: the first write to stdout fails with a broken pipe
     err = p.stderr.read()
     assert p.wait() == code, err
     assert err.startswith("error: ") and "Traceback" not in err and "Exception ignored" not in err, err
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_command_list_is_each_commands_own_summary_and_imports_no_command():
     """`torchdiag --help` lists commands from app.SUMMARIES without importing cli/<command>.py; each entry
     must stay the first paragraph of that command's docstring (what click would have shown)."""

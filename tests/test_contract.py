@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, sample
+from support import ROOT, sample
 
 COMMANDS = ["summary", "flops", "nancheck", "gradflow", "overfit-batch", "lr-find", "profile", "memory", "doctor",
             "watch", "activations", "gradcam", "attention", "embeddings", "gradcheck", "data"]   # every command with a diagnostic
@@ -18,6 +18,8 @@ REQUIRED = {"gradcam": {"layer": "x", "image": str(ROOT / "docs/images/sample_in
 PACKAGE = ROOT / "torchdiag"
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_every_options_is_built_and_validated_without_torch():
     code = f"""
 import sys
@@ -134,11 +136,14 @@ def test_cli_has_no_import_cycle():
 def test_the_registry_is_the_one_list_of_commands():
     """commands.py declares each command; the Typer app, the Python API, the CLI modules, the diagnostics,
     the renderers' writers and the runner's per-rank set all come from it, and nothing is left over."""
+    from typer.main import get_command
+
     import torchdiag
     from torchdiag import api
-    from torchdiag.cli.app import COMMANDS as CLI, SUMMARIES, app
-    from torchdiag.commands import COMMANDS as REGISTRY, NAMES
-    from typer.main import get_command
+    from torchdiag.cli.app import COMMANDS as CLI
+    from torchdiag.cli.app import SUMMARIES, app
+    from torchdiag.commands import COMMANDS as REGISTRY
+    from torchdiag.commands import NAMES
 
     assert CLI == list(NAMES) and list(get_command(app).commands) == list(NAMES)
     assert SUMMARIES == {c.name: c.summary for c in REGISTRY}
@@ -164,9 +169,11 @@ def test_the_registry_is_the_one_list_of_commands():
 
 def test_each_command_shows_the_run_wide_options_of_its_groups():
     """The run-wide options a command's --help lists are the ones its groups declare, spelled as RUN_OPTIONS."""
-    from torchdiag.cli.app import app
-    from torchdiag.commands import COMMANDS as REGISTRY, RUN
     from typer.main import get_command
+
+    from torchdiag.cli.app import app
+    from torchdiag.commands import COMMANDS as REGISTRY
+    from torchdiag.commands import RUN
 
     group = get_command(app)
     spelled = {flag.split("/")[0]: name for name, o in RUN.items() for flag in o.flags if flag.startswith("--")}
@@ -177,6 +184,8 @@ def test_each_command_shows_the_run_wide_options_of_its_groups():
         assert shown == set(c.options()), c.name
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_registry_and_the_runner_are_torch_free():
     code = ("import sys\nimport torchdiag.commands, torchdiag.runner.local, torchdiag.runner.ranks, torchdiag.runner.check, "
             "torchdiag.runner.outcome, torchdiag.api\n"
@@ -244,6 +253,8 @@ def test_an_option_is_named_in_each_callers_terms(cli, tmp_path):
     assert r.code == 2 and "overfit-batch target-ratio: must be between 0 and 1, got 1.5" in r.stderr, r.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_json_error_document_has_the_schema_version_of_results():
     from torchdiag.results import SCHEMA_VERSION
 
@@ -334,6 +345,8 @@ def test_the_import_rules_see_what_they_forbid(tmp_path):
     assert _diagnostic_of("torchdiag.diagnostics.summary") == "summary" and _diagnostic_of("torchdiag.core.tracking") is None
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_shared_layers_below_the_diagnostics_need_no_torch():
     """fmt.py and pictures.py (formatting, picture geometry) are read by render/ and the diagnostics alike."""
     code = "import sys, torchdiag.fmt, torchdiag.pictures; print(sorted(m for m in ('torch', 'numpy', 'matplotlib') if m in sys.modules))"

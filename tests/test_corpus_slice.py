@@ -52,7 +52,7 @@ def test_the_auxiliary_head_is_in_the_loss(runs):
 def test_zero_init_residual_is_not_an_error():
     from corpus_models import Entry
 
-    from conftest import load_module
+    from support import load_module
 
     # timm's zero_init_last: the last BatchNorm scale of every residual branch starts at 0 (healthy)
     zero_init_residual = load_module("by_design.py").ZeroInitResidual

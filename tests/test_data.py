@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import SAMPLES, load_module
 from torchdiag.core import batches as B
 from torchdiag.core.datasets import load_data
 from torchdiag.core.loading import load_model
 from torchdiag.diagnostics.data import Options, context, run_data
 from torchdiag.diagnostics.data.traps import label_runs
 from torchdiag.errors import ModelError, OptionError, UsageError
+
+from support import SAMPLES, load_module
 
 QUICK = dict(batches=3, sweep=False)
 
@@ -340,7 +341,6 @@ def test_pictures_written(tmp_path):
     from PIL import Image
 
     from torchdiag.render.data import write_images, write_plot
-
     from torchdiag.render.images import drawn
 
     r = run("data_fake.py:loader", val="data_fake.py:val")
@@ -356,6 +356,8 @@ def test_pictures_written(tmp_path):
     assert any(k.endswith("/labels") for k in r.histograms) and any("channel_2" in k for k in r.histograms)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_module_is_torch_free_options():
     code = "import sys, torchdiag.diagnostics.data.options; print('torch' in sys.modules)"
     import subprocess

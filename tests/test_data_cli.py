@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import SAMPLES, load_module, one_error_line, sample
+from support import SAMPLES, load_module, one_error_line, sample
 
 QUICK = ("--no-sweep", "--batches", "2")
 

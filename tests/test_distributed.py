@@ -10,23 +10,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, one_error_line, sample
-
-HANG_GUARD = 600   # seconds: only so a hang fails the suite instead of blocking it; never asserted on
-
-
-def torchrun(*args, env: dict | None = None, device: str = "cpu"):
-    """`torchrun --standalone --nproc_per_node 2 -m torchdiag ARGS --device cpu --json`: (returncode, doc, stderr)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "torchdiag", *map(str, args), "--device", device, "--json"]
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD, env=full_env)
-    return r.returncode, json.loads(r.stdout), r.stderr
-
-
-def by_code(doc, code):
-    return [f for f in doc["findings"] if f["code"] == code]
-
+from support import HANG_GUARD, ROOT, by_code, one_error_line, sample, torchrun
 
 # ---- one launch each -------------------------------------------------------------------------------
 
@@ -63,6 +47,8 @@ def nan_rank():
     return torchrun("nancheck", sample("ranks.py:nan_on_rank"), "--arg", "rank=1", "--wrap", "ddp")
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_healthy_ddp_ranks_agree(healthy):
     code, doc, _ = healthy
     assert code == 0 and doc["exit_code"] == 0
@@ -80,6 +66,8 @@ def test_healthy_ddp_ranks_agree(healthy):
     assert doc["ranks"][0]["unused"] == [] and doc["ranks"][1]["unused"] == []
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_random_targets_are_the_single_process_ones_cut_by_rank(healthy, cli):
     # cross-entropy against random targets, mean over rows: with 4 + 4 rows the single-process loss over
     # all 8 rows is the mean of the ranks' losses only if each rank took its rows of the same 8 targets
@@ -90,6 +78,8 @@ def test_random_targets_are_the_single_process_ones_cut_by_rank(healthy, cli):
     assert whole == pytest.approx(sum(ranks) / 2, rel=1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_divergent_parameter_named_with_its_first_step(diverging):
     code, doc, _ = diverging
     assert doc["exit_code"] == 1 and code != 0
@@ -107,6 +97,8 @@ def test_divergent_parameter_named_with_its_first_step(diverging):
     assert d["step"] == 1 and d["max_abs_diff"]["1"] == pytest.approx(0.01, abs=1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_gradients_not_reduced_are_named(diverging):
     _, doc, _ = diverging
     grads = doc["consistency"]["grads_differ"]
@@ -118,6 +110,8 @@ def test_gradients_not_reduced_are_named(diverging):
     assert "rank-grads-differ" in hints["side.weight"] and "outside autograd" in hints["scale"]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_batchnorm_running_stats_differing_is_info_with_syncbn_hint(diverging):
     _, doc, _ = diverging
     [f] = by_code(doc, "batchnorm-stats-differ")     # one finding for the module's two buffers
@@ -128,8 +122,8 @@ def test_batchnorm_running_stats_differing_is_info_with_syncbn_hint(diverging):
 
 
 def test_batchnorm_stats_of_many_modules_are_one_finding():
-    from torchdiag.runner.report import add_rank_findings
     from torchdiag.results import Result
+    from torchdiag.runner.report import add_rank_findings
 
     def row(name, diff):
         return {"name": name, "kind": "buffer", "step": 1, "max_abs_diff": {"1": diff}, "batchnorm": True}
@@ -145,6 +139,8 @@ def test_batchnorm_stats_of_many_modules_are_one_finding():
     assert "largest: layer7.bn.running_mean" in f.message and "rank 1: 0.07" in f.message
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_ddp_unused_parameters_named(unused):
     code, doc, _ = unused
     assert doc["exit_code"] == 1 and code != 0
@@ -158,6 +154,8 @@ def test_ddp_unused_parameters_named(unused):
     assert [r["data"]["reduced_grad_norm"] for r in doc["ranks"]] == [None, None]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_overfit_batch_trains_the_ddp_copy_and_ranks_stop_together(overfit):
     code, doc, _ = overfit
     assert code == 0 and doc["exit_code"] == 0
@@ -187,6 +185,8 @@ def test_unused_hint_when_every_rank_failed():
     assert unused_hint([{"rank": 0, "unused": []}, {"rank": 1, "unused": None}]) is None
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.parametrize("rank, reports", [("0", True), ("1", False)])
 def test_option_error_under_torchrun_is_reported_by_rank_0_only(rank, reports):
     # click rejects the line before any process group exists; every rank parses the same line
@@ -220,6 +220,8 @@ def test_every_rank_failed_leads_with_the_cause_not_its_echo(capsys):
     assert doc["error"]["message"] == "[rank 1] the model raised in forward: boom"
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_failing_rank_does_not_hold_the_others(failing):
     code, doc, stderr = failing
     assert doc["exit_code"] == 3 and code != 0
@@ -231,6 +233,8 @@ def test_failing_rank_does_not_hold_the_others(failing):
     assert "error: [rank 1]" in stderr and "error: [rank 0]" not in stderr
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_rank_failing_while_its_peer_waits_in_a_collective():
     """Rank 1 raises before DDP's first broadcast; rank 0 waits in it until the collective timeout
     (set low here), then both hand in their errors: the report leads with the first failure."""
@@ -244,6 +248,8 @@ def test_rank_failing_while_its_peer_waits_in_a_collective():
     assert "error: [rank 0]" in stderr and "error: [rank 1]" in stderr
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_nancheck_names_rank_and_module(nan_rank):
     _, doc, _ = nan_rank
     assert doc["exit_code"] == 1
@@ -266,6 +272,8 @@ def fsdp_nan():
     return torchrun("nancheck", sample("ranks.py:nan_on_rank"), "--arg", "rank=1", "--wrap", "fsdp")
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_gradflow_judges_the_fsdp_gradients_made_whole(fsdp_grads, healthy):
     code, doc, _ = fsdp_grads
     assert doc["exit_code"] == 1
@@ -283,6 +291,8 @@ def test_gradflow_judges_the_fsdp_gradients_made_whole(fsdp_grads, healthy):
     assert f["where"] == "extra" and "never ran in forward" in f["message"] and f["ranks"] == [0, 1]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_nancheck_under_fsdp_names_rank_and_module(fsdp_nan):
     _, doc, _ = fsdp_nan
     assert doc["exit_code"] == 1
@@ -304,6 +314,8 @@ def branch_fsdp():
     return torchrun("gradflow", sample("ranks.py:branch_on_rank"), "--wrap", "fsdp", env={"TORCHDIAG_DIST_TIMEOUT": "10"})
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_a_parameter_unused_on_one_rank_under_ddp_is_named_not_a_crash(branch_ddp):
     # the failing rank's agreement used to pair with its peer's pending allreduce: gloo aborted (exit 4)
     code, doc, stderr = branch_ddp
@@ -312,6 +324,8 @@ def test_a_parameter_unused_on_one_rank_under_ddp_is_named_not_a_crash(branch_dd
     assert f["ranks"] == [1] and "(aux.weight, aux.bias)" in f["message"] and "never ran in forward" in f["message"]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_a_parameter_unused_on_one_rank_under_fsdp_is_refused_by_name(branch_fsdp):
     code, doc, stderr = branch_fsdp
     assert doc["exit_code"] == 3 and "terminate called" not in stderr
@@ -319,6 +333,8 @@ def test_a_parameter_unused_on_one_rank_under_fsdp_is_refused_by_name(branch_fsd
     assert [r["exit_code"] for r in doc["ranks"]] == [3, 3]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.cuda
 def test_two_gpus_use_nccl_one_gpu_per_rank():
     import torch
@@ -333,6 +349,8 @@ def test_two_gpus_use_nccl_one_gpu_per_rank():
 
 # ---- no launch ---------------------------------------------------------------------------------------
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_current_reads_torchrun_env(monkeypatch):
     from torchdiag.core.distributed import Ranks, current
 
@@ -380,8 +398,8 @@ def test_shard_cuts_batch_tensors_and_target_only():
 
 
 def test_merge_tags_ranks_and_takes_the_worst_code():
-    from torchdiag.runner.merge import finish, merge, record
     from torchdiag.results import Result
+    from torchdiag.runner.merge import finish, merge, record
 
     a, b = Result("nancheck"), Result("nancheck")
     for res in (a, b):
@@ -401,8 +419,8 @@ def test_merge_tags_ranks_and_takes_the_worst_code():
 
 
 def test_merge_one_finding_when_ranks_differ_only_in_numbers():
-    from torchdiag.runner.merge import merge, record
     from torchdiag.results import Result
+    from torchdiag.runner.merge import merge, record
 
     a, b = Result("doctor"), Result("doctor")
     a.add("mode-dependent", "info", "bn1", "outputs differ (max 0.39)")
@@ -415,8 +433,8 @@ def test_merge_one_finding_when_ranks_differ_only_in_numbers():
 
 
 def test_merge_takes_ddps_prefix_off_names():
-    from torchdiag.runner.merge import merge, record
     from torchdiag.results import Result
+    from torchdiag.runner.merge import merge, record
 
     a = Result("memory")
     a.add("x", "warning", "module.fc", "module.fc is big")
@@ -425,6 +443,8 @@ def test_merge_takes_ddps_prefix_off_names():
     assert [(f.where, f.message) for f in merged.findings] == [("fc", "fc is big"), ("(root)", "the whole model")]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_wrap_without_torchrun_is_a_usage_error(cli, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     r = cli("gradflow", sample("ranks.py:healthy"), "--wrap", "ddp", "--device", "cpu")
@@ -432,6 +452,8 @@ def test_wrap_without_torchrun_is_a_usage_error(cli, monkeypatch):
     one_error_line(r)
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_meta_refused_under_torchrun(cli, monkeypatch):
     for k, v in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}.items():
         monkeypatch.setenv(k, v)

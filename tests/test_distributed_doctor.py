@@ -11,8 +11,7 @@ import importlib.util
 
 import pytest
 
-from conftest import ROOT, sample
-from test_distributed import by_code, torchrun
+from support import ROOT, by_code, sample, torchrun
 
 SPEC = "ranks_doctor.py:masked"
 NOT_UPDATED = {"dead.weight", "dead.bias", "gain"}
@@ -64,6 +63,8 @@ def test_premise_own_gradients_by_plain_torch(monkeypatch):
     assert max(g["body.0.weight"].abs().max() for g in (g0, g1)) < 100
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.parametrize("how", ["ddp", "fsdp"])
 def test_training_checks_ran_wrapped(how, request):
     code, doc, _ = request.getfixturevalue(how)
@@ -75,6 +76,8 @@ def test_training_checks_ran_wrapped(how, request):
     assert not [n for n in doc["notes"] if "own copy, not the wrapped one" in n]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.parametrize("how", ["ddp", "fsdp"])
 def test_zeroed_gradient_named_on_every_rank(how, request):
     _, doc, _ = request.getfixturevalue(how)
@@ -92,6 +95,8 @@ def test_zeroed_gradient_named_on_every_rank(how, request):
     assert row["status"] == "error" and row["verdict"] == "3 parameter(s) get a gradient but do not change after a step"
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.parametrize("how", ["ddp", "fsdp"])
 def test_zero_initialised_head_is_info_after_the_recheck(how, request):
     _, doc, _ = request.getfixturevalue(how)
@@ -100,6 +105,8 @@ def test_zero_initialised_head_is_info_after_the_recheck(how, request):
     assert "2 parameter(s) (pre.weight, pre.bias) get an all-zero gradient at initialisation" in f["message"]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.parametrize("how", ["ddp", "fsdp"])
 def test_parameter_hook_dropped_by_fully_shard_only(how, request):
     _, doc, _ = request.getfixturevalue(how)
@@ -112,6 +119,8 @@ def test_parameter_hook_dropped_by_fully_shard_only(how, request):
     assert "register_post_accumulate_grad_hook" in f["hint"]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_fsdp_judges_whole_parameters(fsdp):
     """split.weight rows 0-1 (rank 0's shard) get a zero gradient and stay put; rows 2-3 move: whole, it changes,
     and rank 0 says so too (a shard-by-shard judgment would name split.* there)."""

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import load_module, sample
-from test_distributed import by_code, torchrun
+from support import by_code, load_module, sample, torchrun
 
 STEPS = 30
 ROWS = [slice(0, 4), slice(4, 8)]       # 8 rows on 2 ranks: rank r takes rows 4r:4r+4
@@ -52,6 +51,8 @@ def _curves(averaged: bool):
     return losses, norms
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_overfit_batch_fsdp_trains_the_averaged_gradient(bounded):
     code, doc, _ = bounded
     assert doc["exit_code"] == 1 and code != 0
@@ -67,6 +68,8 @@ def test_overfit_batch_fsdp_trains_the_averaged_gradient(bounded):
                for r in doc["ranks"])
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_overfit_batch_fsdp_fails_as_without_torchrun(bounded, cli):
     """The causes run on a local copy of the gathered weights: the same findings as one process."""
     _, doc, _ = bounded
@@ -82,6 +85,8 @@ def test_overfit_batch_fsdp_fails_as_without_torchrun(bounded, cli):
     assert f"{torch.log(torch.tensor(1 + 3 / torch.e)).item():.4g}" in f["message"]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_overfit_batch_fsdp_healthy_passes_with_ranks_in_step(healthy):
     code, doc, _ = healthy
     assert code == 0 and doc["exit_code"] == 0
@@ -92,6 +97,8 @@ def test_overfit_batch_fsdp_healthy_passes_with_ranks_in_step(healthy):
                for r in doc["ranks"])
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_consistency_under_fsdp_compares_after_two_steps(counted):
     code, doc, _ = counted
     cons = doc["consistency"]
@@ -107,6 +114,8 @@ def test_consistency_under_fsdp_compares_after_two_steps(counted):
     assert "rank 1: 1" in count["message"] and doc["exit_code"] == 1 and code != 0
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_batchnorm_stats_under_fsdp_are_info_with_the_exact_difference(counted):
     _, doc, _ = counted
     [f] = by_code(doc, "batchnorm-stats-differ")     # one finding for the module's two buffers

@@ -389,7 +389,7 @@ def _torchrun(cwd, *args, device: str = "cpu") -> dict:
 def slow_profile(tmp_path_factory):
     """One launch: rank 1 sleeps 0.3 s in every forward; DDP makes rank 0 wait for it in the allreduce.
     No --mode: under --wrap ddp the default is the train step."""
-    from conftest import sample
+    from support import sample
 
     cwd = tmp_path_factory.mktemp("profile")
     doc = _torchrun(cwd, "profile", sample("ranks_slow.py:build"), "--arg", "delay=0.3",
@@ -397,6 +397,8 @@ def slow_profile(tmp_path_factory):
     return cwd, doc
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_profile_under_ddp_defaults_to_the_train_step(slow_profile):
     _, doc = slow_profile
     assert doc["mode"].startswith("train (forward + loss + backward + adam step")
@@ -407,9 +409,11 @@ def test_profile_under_ddp_defaults_to_the_train_step(slow_profile):
     assert "no-collectives-in-inference" not in {f["code"] for f in doc["findings"]}
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_explicit_inference_under_ddp_is_honoured_and_says_the_wrapper_was_idle(tmp_path):
     """One launch: --mode inference --wrap ddp profiles the forward through DDP, which makes no collective."""
-    from conftest import sample
+    from support import sample
 
     doc = _torchrun(tmp_path, "profile", sample("ranks.py:healthy"), "--mode", "inference", "--wrap", "ddp",
                     "--wait", "0", "--warmup", "1", "--active", "2")
@@ -422,6 +426,8 @@ def test_explicit_inference_under_ddp_is_honoured_and_says_the_wrapper_was_idle(
     assert "DistributedDataParallel.forward" in {r["op"] for r in doc["operators"]}   # through the wrapper
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_profile_names_the_slow_rank(slow_profile):
     _, doc = slow_profile
     assert doc["world_size"] == 2 and doc["straggler"]["rank"] == 1 and doc["straggler"]["fastest_rank"] == 0
@@ -436,6 +442,8 @@ def test_profile_names_the_slow_rank(slow_profile):
         assert "gloo:all_reduce" in {op["op"] for op in rank["data"]["collectives"]["ops"]}
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_profile_writes_one_trace_per_rank(slow_profile):
     import json
 
@@ -447,9 +455,11 @@ def test_profile_writes_one_trace_per_rank(slow_profile):
         doc["traces"] == ["run.rank0.json", "run.rank1.json"]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_memory_under_torchrun_fsdp_peak_per_rank(tmp_path):
     """One launch under FSDP: rank 1 allocates a 4 MiB temporary in its forward, on a model of a few KiB."""
-    from conftest import sample
+    from support import sample
 
     doc = _torchrun(tmp_path, "memory", sample("ranks_slow.py:build"), "--arg", "delay=0", "--arg", "extra_mib=4",
                     "--wrap", "fsdp", "--shard", "2")
@@ -467,11 +477,14 @@ def test_memory_under_torchrun_fsdp_peak_per_rank(tmp_path):
     assert rows[1]["estimate_bytes"] >= 4 * 2**20 > rows[0]["estimate_bytes"]   # the temporary is in rank 1's step
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.cuda
 def test_profile_on_nccl_names_the_slow_rank(tmp_path):
     """Two GPUs, NCCL: the same straggler, and the collective time comes from NCCL's ranges/kernels."""
     import torch
-    from conftest import sample
+
+    from support import sample
 
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two CUDA GPUs")

@@ -23,9 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from support import ENDS_WITHIN, HANG_GUARD, spawn
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = str(ROOT / "sample_models" / "ranks_signals.py") + ":build"
-GUARD = 240   # seconds: stops a hung test, never asserted on
+GUARD = HANG_GUARD   # seconds: stops a hung test, never asserted on
 
 
 def _until(ready, proc) -> None:
@@ -58,8 +60,8 @@ def launch(tmp_path, command, hold, send, how, *extra, blocked_rank=None):
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "torchdiag",
             command, MODEL, "--arg", f"marker={marker}", "--arg", f"hold={hold}", "--device", "cpu", *extra]
     env = {**os.environ, "TORCHDIAG_DIST_TIMEOUT": "600", "COLUMNS": "200"}
-    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = spawn(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                 start_new_session=True)
     files = [Path(f"{marker}.rank{r}.pid") for r in (0, 1)]
     try:
         _until(lambda: all(f.exists() for f in files), proc)
@@ -71,7 +73,7 @@ def launch(tmp_path, command, hold, send, how, *extra, blocked_rank=None):
             os.killpg(proc.pid, send)
         else:
             proc.send_signal(send)
-        out, err = proc.communicate(timeout=GUARD)
+        out, err = proc.communicate(timeout=ENDS_WITHIN)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -99,10 +101,14 @@ def ctrl_c(tmp_path_factory):
     return launch(tmp_path_factory.mktemp("ctrl_c"), "nancheck", "all", signal.SIGINT, "group", "--json")
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_ctrl_c_ends_every_rank_with_one_line(ctrl_c):
     _check_ended(*ctrl_c, "interrupted")
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_ctrl_c_json_is_the_interrupted_document(ctrl_c):
     code, out, err, pids = ctrl_c
     doc = json.loads(out)   # exactly one document: rank 1 prints nothing
@@ -117,6 +123,8 @@ def sigterm_in_gather(tmp_path_factory):
                   blocked_rank=0)
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_sigterm_while_a_rank_waits_in_the_gather(sigterm_in_gather):
     _check_ended(*sigterm_in_gather, "terminated (SIGTERM)")
     doc = json.loads(sigterm_in_gather[1])
@@ -133,6 +141,8 @@ def ctrl_c_in_allreduce(tmp_path_factory):
                   "--wrap", "ddp", "--arg", "start=20", "--lr", "1e-7", "--steps", "500", blocked_rank=0)
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_ctrl_c_while_a_rank_waits_in_ddp_allreduce(ctrl_c_in_allreduce):
     code, out, err, pids = ctrl_c_in_allreduce
     _check_ended(code, out, err, pids, "interrupted")
@@ -142,8 +152,8 @@ def test_ctrl_c_while_a_rank_waits_in_ddp_allreduce(ctrl_c_in_allreduce):
 # ------------------------------------------- the cross-rank report's wording (torch-free, hand-built dicts)
 
 def _report(differs, grads_differ=(), ignored=None, wrap="ddp"):
-    from torchdiag.runner.report import add_rank_findings
     from torchdiag.results import Result
+    from torchdiag.runner.report import add_rank_findings
 
     cons = {"compared": 6, "steps": 2, "differs": list(differs), "grads_differ": list(grads_differ), "notes": []}
     if ignored is not None:
@@ -176,8 +186,8 @@ def test_init_difference_of_a_parameter_ddp_ignores_is_an_error_not_a_broadcast(
 def test_init_difference_with_an_unreduced_gradient_is_not_called_equal_at_start():
     """Without the ignore list (a consistency dict that lacks it), a parameter whose reduced gradient differs
     too is not said to start equal: whatever the broadcast did, the steps part the ranks."""
-    from torchdiag.runner.report import add_rank_findings
     from torchdiag.results import Result
+    from torchdiag.runner.report import add_rank_findings
 
     cons = {"compared": 2, "steps": 2, "differs": [_diff("side.weight")],
             "grads_differ": [_diff("side.weight", step=1)], "notes": []}

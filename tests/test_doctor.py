@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import load, sample
+from support import load, sample
 
 DOCTOR = "doctor"
 

@@ -1,10 +1,10 @@
 """embeddings: projector files hold exactly the layer's outputs and the batch's labels."""
 import pytest
 
-from conftest import load, sample, one_error_line
-
 from torchdiag.api import run
 from torchdiag.render.embeddings import write_projector
+
+from support import load, one_error_line, sample
 
 CNN = sample("cnn.py:build")
 
@@ -58,11 +58,10 @@ def test_cli_labels_from_batch_function(cli, tmp_path):
     assert doc["samples"] == 12 and doc["dim"] == 32 and doc["reduction"].startswith("global average pool")
     meta = (tmp_path / "tb" / "embeddings" / "00000" / "features" / "metadata.tsv").read_text().split()
     assert meta == [str(i % 3) for i in range(12)]
+    import numpy as np
     from PIL import Image
 
     from torchdiag.pictures import PCA_SIZE
-
-    import numpy as np
 
     with Image.open(doc["pca_image"]) as im:
         assert im.format == "PNG" and im.size == (PCA_SIZE[1], PCA_SIZE[0]) == (400, 400)
@@ -153,7 +152,7 @@ def test_meta_device_needs_real_values(cli, tmp_path):
 def test_readme_picture_is_what_the_code_draws(cli, tmp_path, monkeypatch):
     """docs/images/embeddings_pca.png is the README command's output (docs/images/regenerate.sh), run as the
     script runs it: from the repository root, with the model spec the title shows."""
-    from conftest import ROOT, assert_readme_picture
+    from support import ROOT, assert_readme_picture
 
     monkeypatch.chdir(ROOT)
     r = cli("embeddings", "sample_models/cnn.py:build", "--layer", "head.0", "--batch", "sample_models/gradcam_region.py:batch",

@@ -4,10 +4,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import load, sample
-
 from torchdiag.api import run as api_run
 from torchdiag.core.inputs import ModelInputs
+
+from support import load, sample
 
 
 def count(model, *args, backward=False, **kw):
@@ -188,6 +188,7 @@ def test_lstm_and_gru_closed_form_on_cpu_and_meta(device):
     assert torch._C._get_mkldnn_enabled() and torch._C._get_cudnn_enabled()  # restored
 
 
+@pytest.mark.slow
 def test_rnn_backward_same_on_cpu_and_meta():
     results = {}
     for device in ("cpu", "meta"):

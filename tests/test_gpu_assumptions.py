@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import sample
+from support import sample
 
 TESTS = Path(__file__).resolve().parent
 
@@ -165,6 +165,8 @@ def test_an_unsimulated_cuda_request_does_not_get_the_cpu_only_message(cli):
     assert not (r.code == 2 and "not available" in r.stderr), r.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_device_dependent_tests_pass_when_a_gpu_is_present(tmp_path):
     selected = sorted(KNOWN | set(device_dependent_tests()))
     nodeids = [str(TESTS / n) for n in selected]

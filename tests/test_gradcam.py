@@ -3,9 +3,9 @@ import re
 
 import pytest
 
-from conftest import load, sample, one_error_line
-
 from torchdiag.api import run
+
+from support import load, one_error_line, sample
 
 REGION = sample("gradcam_region.py:build")
 
@@ -49,8 +49,8 @@ def test_cam_equals_closed_form_for_gap_linear(image, untouched):
     import numpy as np
     import torch
 
-    from torchdiag.diagnostics import gradcam as diag
     from torchdiag.core.image_file import load_rgb
+    from torchdiag.diagnostics import gradcam as diag
 
     model, _ = load("gradcam_region.py:build")
     x = diag.image_tensor(load_rgb(image), (0, 0, 0), (1, 1, 1), torch.device("cpu"))
@@ -159,8 +159,8 @@ def test_resize_and_normalisation(tmp_path):
     import torch
     from PIL import Image
 
-    from torchdiag.diagnostics import gradcam as diag
     from torchdiag.core.image_file import load_rgb
+    from torchdiag.diagnostics import gradcam as diag
 
     arr = np.full((48, 64, 3), 255, dtype=np.uint8)
     path = tmp_path / "white.png"
@@ -367,7 +367,7 @@ def test_preprocessing_options_checked_before_loading(cli, image, args, message)
 def test_readme_picture_is_what_the_code_draws(cli, tmp_path, monkeypatch):
     """docs/images/gradcam.png is the README command's output (docs/images/regenerate.sh), run as the
     script runs it: from the repository root, with the model spec the title shows."""
-    from conftest import ROOT, assert_readme_picture
+    from support import ROOT, assert_readme_picture
 
     monkeypatch.chdir(ROOT)
     out = tmp_path / "cam.png"

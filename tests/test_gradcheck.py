@@ -1,7 +1,7 @@
 """gradcheck: pass on correct autograd code, fail (exit 1) naming input and element on wrong code."""
 import pytest
 
-from conftest import sample, one_error_line
+from support import one_error_line, sample
 
 CA = "custom_autograd.py"
 

@@ -5,12 +5,12 @@ import math
 import sys
 
 import pytest
-from conftest import load, sample
-
 import torch
 from torch import nn
 
 from torchdiag.api import run as api_run
+
+from support import load, sample
 
 
 def run(model, *args, **opts):

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from support import ENDS_WITHIN, spawn
+
 HANG_GUARD = 600  # seconds: only stops a hung test; no assertion depends on how fast anything is
 
 MODEL = """
@@ -55,6 +57,8 @@ def one_line_error(stderr: str) -> None:
     assert "error:" in stderr, stderr
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_prints_in_model_file_factory_and_forward_go_to_stderr_under_json(tmp_path):
     spec = write_model(tmp_path, forward='print("from forward"); os.write(1, b"raw fd 1 write\\n")',
                        factory='print("from factory" * 1000)', top='print("from import")\n')
@@ -67,12 +71,16 @@ def test_prints_in_model_file_factory_and_forward_go_to_stderr_under_json(tmp_pa
         assert text not in r.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_prints_stay_on_stdout_without_json(tmp_path):
     r = torchdiag("summary", write_model(tmp_path, forward='print("from forward")'))
     assert r.returncode == 0, r.stderr
     assert "from forward" in r.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_input_in_forward_fails_fast_with_exit_3(tmp_path):
     spec = write_model(tmp_path, forward='input("continue? ")')
     # stdin is an open pipe nobody writes to: without the guard, input() would wait forever
@@ -85,6 +93,8 @@ def test_input_in_forward_fails_fast_with_exit_3(tmp_path):
     assert json.loads(out)["exit_code"] == 3
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_os_exit_in_forward_is_a_model_failure_not_exit_0(tmp_path):
     r = torchdiag("summary", write_model(tmp_path, forward="os._exit(0)"), "--json")
     assert r.returncode == 3, (r.stdout, r.stderr)
@@ -93,6 +103,8 @@ def test_os_exit_in_forward_is_a_model_failure_not_exit_0(tmp_path):
     assert json.loads(r.stdout)["exit_code"] == 3
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_base_exception_subclass_is_exit_3_with_json(tmp_path):
     top = "class Stop(BaseException):\n    pass\n"
     r = torchdiag("summary", write_model(tmp_path, forward='raise Stop("halt")', top=top), "--json")
@@ -102,6 +114,8 @@ def test_base_exception_subclass_is_exit_3_with_json(tmp_path):
     assert json.loads(r.stdout)["error"]["message"]
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_exception_whose_str_raises(tmp_path):
     top = "class Odd(Exception):\n    def __str__(self):\n        raise RuntimeError('no str')\n"
     r = torchdiag("summary", write_model(tmp_path, forward="raise Odd()", top=top))
@@ -110,23 +124,27 @@ def test_exception_whose_str_raises(tmp_path):
     assert "Odd" in r.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_sigterm_is_handled_like_ctrl_c(tmp_path):
     marker = tmp_path / "started"
     spec = write_model(tmp_path, forward=f'open({str(marker)!r}, "w").close(); import time; time.sleep(3600)')
-    p = subprocess.Popen([sys.executable, "-m", "torchdiag", "summary", spec, "--json"], stdin=subprocess.DEVNULL,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = spawn([sys.executable, "-m", "torchdiag", "summary", spec, "--json"], stdin=subprocess.DEVNULL,
+              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + HANG_GUARD
     while not marker.exists() and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)   # follows the subprocess's progress: its forward has started
     assert marker.exists(), p.communicate()[1]
     p.send_signal(signal.SIGTERM)
-    out, err = p.communicate(timeout=HANG_GUARD)
+    out, err = p.communicate(timeout=ENDS_WITHIN)
     assert p.returncode == 143, err
     one_line_error(err)
     doc = json.loads(out)
     assert doc["exit_code"] == 143 and "SIGTERM" in doc["error"]["message"]
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_huge_seed_is_a_usage_error(tmp_path):
     r = torchdiag("summary", write_model(tmp_path), "--seed", str(2**70))
     assert r.returncode == 2, r.stderr
@@ -134,12 +152,16 @@ def test_huge_seed_is_a_usage_error(tmp_path):
     assert "--seed" in r.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_deeply_nested_arg_is_a_string_not_a_crash(tmp_path):
     spec = write_model(tmp_path, factory="assert isinstance(kw['x'], str), type(kw['x'])")
     r = torchdiag("summary", spec, "--arg", "x=" + "-" * 5000 + "1")
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_non_utf8_pyproject_is_a_usage_error(tmp_path):
     (tmp_path / "pyproject.toml").write_bytes(b"[tool.torchdiag]\nmodel = \"m.py:build\" # \xff\xfe\n")
     r = torchdiag("check", cwd=tmp_path)
@@ -148,6 +170,8 @@ def test_non_utf8_pyproject_is_a_usage_error(tmp_path):
     assert "UTF-8" in r.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_ascii_only_terminal_encoding(tmp_path):
     """Case 9: an ascii-only stdout crashed on the "—" of a table cell (memory's fits column prints one)."""
     for command, *extra in (("summary",), ("memory", "--batch-sizes", "1,8"), ("memory", "--budget", "1K")):
@@ -157,12 +181,16 @@ def test_ascii_only_terminal_encoding(tmp_path):
         r.stdout.encode("ascii")
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_users_rich_py_does_not_shadow_the_library(tmp_path):
     (tmp_path / "rich.py").write_text("raise ImportError('this is the user\\'s own rich.py')\n")
     r = torchdiag("summary", write_model(tmp_path))
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.parametrize("command, device", [("summary", "cpu"), ("gradflow", "cpu"), ("doctor", "cpu"),
                                              ("summary", "meta"), ("flops", "meta"), ("memory", "meta"),
                                              ("doctor", "meta"), ("nancheck", "cpu"), ("overfit-batch", "cpu"),
@@ -178,6 +206,8 @@ def test_torchscript_model_is_a_usage_error(tmp_path, command, device):
     assert "TorchScript" in r.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_closed_stdout_keeps_the_exit_code(tmp_path):
     spec = write_model(tmp_path)
     r = subprocess.run(f'"{sys.executable}" -m torchdiag summary "{spec}" >&-', shell=True, capture_output=True,
@@ -186,6 +216,8 @@ def test_closed_stdout_keeps_the_exit_code(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_rng_state_at_exit_is_where_the_factory_left_it(tmp_path):
     """Through the CLI as through the API: diagnostics put the global RNG back where build() left it."""
     out = tmp_path / "rng.txt"
@@ -202,6 +234,8 @@ def test_rng_state_at_exit_is_where_the_factory_left_it(tmp_path):
         assert out.read_text() == "True", command
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_megabytes_printed_before_the_json_document(tmp_path):
     """Case 4: 1-7 MB of text from the model file, the factory and forward, then one JSON document."""
     spec = write_model(tmp_path, forward='print("f" * (2 << 20))', factory='print("b" * (2 << 20))',
@@ -232,6 +266,8 @@ def example_inputs():
     return torch.randn(2, 4)
 """
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.parametrize("command", ["gradflow", "nancheck", "doctor", "memory", "profile", "summary", "flops",
                                      "overfit-batch"])
 def test_complex_parameters_are_a_model_like_any_other(tmp_path, command):
@@ -267,6 +303,8 @@ def _started(proc, marker: Path) -> None:
         raise AssertionError(proc.communicate()[1])
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_sigterm_keeps_partial_results_json_and_tensorboard(tmp_path):
     """Case 7: SIGTERM mid-training (CI timeouts) is handled like Ctrl-C: exit 143, overfit-batch's
     partial curve in the JSON document and in TensorBoard; profile's --tb folder records what
@@ -280,7 +318,7 @@ def test_sigterm_keeps_partial_results_json_and_tensorboard(tmp_path):
         folder = tmp_path / command
         folder.mkdir()
         (folder / "marker.py").write_text(MARKER_LOSS)
-        procs[command] = subprocess.Popen(
+        procs[command] = spawn(
             [sys.executable, "-m", "torchdiag", command, write_model(folder), "--device", "cpu", "--loss",
              f"{folder}/marker.py:loss", "--tb", str(folder / "tb"), "--json", *extra],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -288,7 +326,7 @@ def test_sigterm_keeps_partial_results_json_and_tensorboard(tmp_path):
         for command, proc in procs.items():
             _started(proc, tmp_path / command / "marker.started")
             proc.send_signal(signal.SIGTERM)
-        outs = {command: proc.communicate(timeout=HANG_GUARD) for command, proc in procs.items()}
+        outs = {command: proc.communicate(timeout=ENDS_WITHIN) for command, proc in procs.items()}
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -322,6 +360,8 @@ def _device_twin(folder: Path, major: int, minor: int) -> Path:
     return node
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_trace_onto_a_full_device_is_written_in_place_never_replaced(tmp_path):
     """Case 1: `profile --trace /dev/full` (as root) replaced the device node with a regular file, exit 0."""
     import stat
@@ -335,6 +375,8 @@ def test_trace_onto_a_full_device_is_written_in_place_never_replaced(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == ["full", "hostile_model.py"]
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_trace_onto_a_symlink_writes_its_target_and_keeps_the_link(tmp_path):
     """Case 1: `--trace` onto a symlink replaced the link with a file."""
     real = tmp_path / "traces" / "run.json"
@@ -349,6 +391,8 @@ def test_trace_onto_a_symlink_writes_its_target_and_keeps_the_link(tmp_path):
     assert [p.name for p in real.parent.iterdir()] == ["run.json"]    # no .tmp left beside it
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_closed_stdout_with_json_keeps_the_exit_code(tmp_path):
     """Case 8: stdout closed (`>&-`) gave a traceback and exit 1; with --json and on an error too."""
     for args, code in (([write_model(tmp_path), "--json"], 0), ([f"{tmp_path}/missing.py:build", "--json"], 2)):
@@ -382,6 +426,8 @@ def example_inputs():
 """
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_batch_sizes_and_budget_allocate_nothing(tmp_path):
     """Resource guards: memory's --batch-sizes and --budget are estimated on fake tensors (nothing is
     allocated), so a batch size whose step would take gigabytes costs the process nothing."""
@@ -399,6 +445,8 @@ def test_batch_sizes_and_budget_allocate_nothing(tmp_path):
     assert peak > 4 * 2**30 and rss < peak / 4, (peak, rss)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_tokens_file_that_is_not_utf8_is_a_usage_error(tmp_path):
     (tmp_path / "tokens.txt").write_bytes(b"the\ncat\n\xff\xfe\n")
     r = torchdiag("attention", str(Path(__file__).resolve().parent.parent / "sample_models" / "vit.py:build"),
@@ -408,6 +456,8 @@ def test_tokens_file_that_is_not_utf8_is_a_usage_error(tmp_path):
     assert "UTF-8" in r.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_os_exit_in_a_thread_or_an_atexit_handler_cannot_pass_a_failed_run(tmp_path):
     """Case 5, the two ways round the guard: os._exit from a thread of the model (was a traceback,
     then exit 0 with the full result), and an atexit handler of the model's module calling

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import ROOT, one_error_line
+from support import ROOT, one_error_line
 
 HANG_GUARD = 600   # seconds: only stops a hung test; no assertion depends on how fast anything is
 
@@ -149,6 +149,7 @@ def test_check_with_a_fitting_checkpoint_has_no_checkpoint_row(tmp_path, spec, c
     assert [row["check"] for row in r.json["checks"]] == ["max-params"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("beside", ["", "max-params = 1000, "])
 def test_check_overfit_batch_empty_table_runs_with_defaults(tmp_path, spec, cli, beside):
     def rows(value):
@@ -524,6 +525,8 @@ def test_fsdp_refuses_mixed_parameter_dtypes_before_sharding(spec):
             _fully_shard(module.build(dtype), Ranks(0, 2, 0), torch.device("cpu"))
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_input_prompt_is_not_glued_onto_the_error_line(tmp_path):
     (tmp_path / "asks.py").write_text(textwrap.dedent("""
         import torch
@@ -574,6 +577,7 @@ def torchrun(*args):
     return r.returncode, json.loads(r.stdout), r.stderr
 
 
+@pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.parametrize("command,wrap", [("memory", "fsdp"), ("doctor", "ddp")])
 def test_ranks_with_different_models_are_refused_by_name_before_wrapping(tmp_path, command, wrap):

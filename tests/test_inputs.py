@@ -7,7 +7,12 @@ import pytest
 import torch
 from torch import nn
 
-from torchdiag.core.inputs import embedding_consumers, ModelInputs, realistic_inputs, parse_input_spec
+from torchdiag.core.inputs import (
+    ModelInputs,
+    embedding_consumers,
+    parse_input_spec,
+    realistic_inputs,
+)
 from torchdiag.core.tracking import run_forward
 from torchdiag.errors import ModelError
 

@@ -2,11 +2,11 @@
 import pytest
 import torch
 
-from conftest import ROOT, SAMPLES, load, sample
-
 from torchdiag.core.inputs import parse_input_spec
 from torchdiag.core.loading import parse_args, split_spec
 from torchdiag.errors import UsageError
+
+from support import ROOT, SAMPLES, load, sample
 
 
 def _error_line(res):

@@ -9,9 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import sample
 from torchdiag.core.loss import Loss
 from torchdiag.errors import UsageError
+
+from support import sample
 
 
 def seeded_classes(n, c, seed=0, extra=()):
@@ -181,10 +182,10 @@ def test_namedtuple_outputs_are_labelled_by_field():
 def test_auto_on_a_language_models_logits_is_next_token_cross_entropy():
     """Integer ids (N, T) feeding an embedding of V rows, logits (N, T, V): the ids shifted by one are the
     targets (checked against F.cross_entropy computed here), and the header says so."""
+    import importlib.util
+
     from torchdiag.core.inputs import ModelInputs
     from torchdiag.core.loss import language_model
-
-    import importlib.util
     spec = importlib.util.spec_from_file_location("gpt_tiny", sample("gpt_tiny.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from conftest import load, load_module
+from support import load, load_module
 
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
@@ -481,7 +481,7 @@ def _torchrun(model: str, wrap: str):
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from support import ROOT
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "torchdiag",
            "lr-find", f"sample_models/lr_ranks.py:{model}", "--wrap", wrap, "--optimizer", "sgd", "--steps", "30",
@@ -492,6 +492,7 @@ def _torchrun(model: str, wrap: str):
     return r.returncode, json.loads(r.stdout)
 
 
+@pytest.mark.distributed
 @pytest.mark.slow
 def test_under_torchrun_every_rank_reads_the_whole_batch_curve():
     rc, doc = _torchrun("healthy", "ddp")
@@ -508,6 +509,7 @@ def test_under_torchrun_every_rank_reads_the_whole_batch_curve():
     assert doc["suggestion"] == pytest.approx(single.data["suggestion"]) and doc["recommended"] == pytest.approx(single.data["recommended"])
 
 
+@pytest.mark.distributed
 @pytest.mark.slow
 def test_under_torchrun_fsdp_a_rank_that_fails_mid_test_stops_its_peer():
     rc, doc = _torchrun("fails_later", "fsdp")
@@ -563,7 +565,7 @@ def test_on_cuda_with_fp16_the_model_is_untouched(untouched):
 def test_docs_picture_is_what_the_code_draws_now(cli, tmp_path, monkeypatch):
     """docs/images/lr_find.png: `torchdiag lr-find sample_models/transformer_lm.py:build --optimizer adamw
     --plot FILE` (defaults, CPU, one thread), run from the repository root as the docs show it."""
-    from conftest import ROOT, assert_readme_picture
+    from support import ROOT, assert_readme_picture
 
     monkeypatch.chdir(ROOT)
     r = cli("lr-find", "sample_models/transformer_lm.py:build", "--optimizer", "adamw", "--device", "cpu",
@@ -579,6 +581,8 @@ def test_a_loss_already_nan_is_an_error_not_a_curve():
     assert r.verdict == "FAIL: the loss before any update is nan: nothing to measure"
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_options_import_no_torch():
     """`torchdiag --help` must not import torch: the package and its Options are torch-free."""
     import subprocess

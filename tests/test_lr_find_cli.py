@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import load_module, one_error_line, sample
+from support import load_module, one_error_line, sample
 
 torch = pytest.importorskip("torch")
 

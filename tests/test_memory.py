@@ -13,9 +13,10 @@ import copy
 import pytest
 import torch
 
-from conftest import load, sample
 from torchdiag.api import run
 from torchdiag.diagnostics import memory as M
+
+from support import load, sample, spawn
 
 
 def _ctx(model, **spec):
@@ -319,6 +320,8 @@ def test_data_dependent_model_is_measured_on_cpu_and_refused_for_estimates():
         run("memory", model, ins, batch_sizes=[2])
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.parametrize("fmt", [[], ["--json"]])
 def test_stdout_closed_by_reader_keeps_exit_code_and_is_quiet(fmt):
     """`torchdiag memory ... | head`: the reader leaves early. Was exit 3 'the model's own code called
@@ -328,8 +331,8 @@ def test_stdout_closed_by_reader_keeps_exit_code_and_is_quiet(fmt):
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    p = subprocess.Popen([sys.executable, "-m", "torchdiag", "memory", sample("mlp.py:build"), "--mode", "inference",
-                          *fmt], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root, text=True)
+    p = spawn([sys.executable, "-m", "torchdiag", "memory", sample("mlp.py:build"), "--mode", "inference",
+               *fmt], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root, text=True)
     p.stdout.close()   # nobody reads: the first write to stdout fails with a broken pipe
     err = p.stderr.read()
     assert p.wait() == 0, err
@@ -412,6 +415,8 @@ def test_bad_option_names_the_python_keyword():
             run("memory", model, inputs, **kw)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_parse_bytes_is_importable_without_torch():
     """`check` reads max-peak-memory with it before any model (or torch) is loaded."""
     import subprocess

@@ -3,12 +3,12 @@ no_grad, with a padding mask runs its layers on a nested tensor, whose .shape ra
 by their per-sample shapes and never crash summary."""
 from __future__ import annotations
 
-
 import torch
 
-from conftest import sample
 from torchdiag.core.inputs import ModelInputs, shape_str
 from torchdiag.core.tracking import describe
+
+from support import sample
 
 
 def nested(*lengths, dim=4):

@@ -9,11 +9,11 @@ import threading
 
 import pytest
 
-from conftest import sample
-
 from torchdiag.errors import ExitCode, UsageError
 from torchdiag.render import output
 from torchdiag.render.output import atomic_path, atomic_write, check_dir, check_file
+
+from support import sample
 
 HANG_GUARD = 600  # seconds: only stops a hung test (a FIFO reader that never gets its data)
 
@@ -156,6 +156,8 @@ def test_atomic_path_failure_leaves_nothing(tmp_path):
     assert target.read_text() == "old" and _leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_real_full_disk_on_a_tiny_tmpfs(tmp_path):
     with tiny_tmpfs(tmp_path / "disk") as disk:
         target = disk / "report.xml"
@@ -166,6 +168,8 @@ def test_real_full_disk_on_a_tiny_tmpfs(tmp_path):
         assert target.read_bytes() == b"<old/>" and sorted(p.name for p in disk.iterdir()) == ["report.xml"]
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_read_only_folder(tmp_path):
     if os.geteuid() == 0:   # root ignores permission bits: a read-only mount is the same failure
         with tiny_tmpfs(tmp_path / "ro") as folder:
@@ -228,6 +232,8 @@ def test_picture_options_on_a_full_disk_are_exit_2(cli, tmp_path, enospc):
     assert list((tmp_path / "act").iterdir()) == []
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_tensorboard_on_a_full_or_read_only_disk_is_one_line(cli, tmp_path):
     with tiny_tmpfs(tmp_path / "disk", "16k") as disk:
         r = cli("activations", sample("cnn.py:build"), "--tb", disk)
@@ -261,6 +267,8 @@ def full_disk(monkeypatch, enospc):
     monkeypatch.setattr(output, "_fsync_file", full)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.parametrize("way", ["simulated", "tmpfs"])
 @pytest.mark.parametrize("what", list(FILE_OPTIONS))
 def test_plot_and_trace_on_a_full_disk_keep_the_old_file(cli, tmp_path, request, what, way):

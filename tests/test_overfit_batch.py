@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from conftest import load, sample
+from support import load, sample
 
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
@@ -34,6 +34,7 @@ def seeded_targets(n, classes, seed=0):
 
 # --- healthy models pass with the defaults -----------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,inputs,classification", [
     ("mlp.py:build", None, True),
     ("cnn.py:build", ["8x3x32x32"], True),
@@ -326,35 +327,33 @@ def loss(output, target):
 """
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_real_sigint_in_a_subprocess_exit_130_partial_json_and_flushed_tensorboard(tmp_path):
     """What a person does: start a long run, press Ctrl-C (SIGINT to the process) mid-training."""
     import json
     import os
     import signal
     import subprocess
-    import time
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from conftest import ROOT
+    from support import ENDS_WITHIN, ROOT, spawn, wait_until
 
     lossfile = tmp_path / "marker.py"
     lossfile.write_text(MARKER_LOSS)
     started = tmp_path / "marker.started"
-    proc = subprocess.Popen([sys.executable, "-m", "torchdiag", "overfit-batch", sample("mlp.py:build"),
-                             "--loss", f"{lossfile}:loss", "--steps", "1000000", "--target-ratio", "1e-30",
-                             "--tb", str(tmp_path / "tb"), "--json"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = spawn([sys.executable, "-m", "torchdiag", "overfit-batch", sample("mlp.py:build"),
+                  "--loss", f"{lossfile}:loss", "--steps", "1000000", "--target-ratio", "1e-30",
+                  "--tb", str(tmp_path / "tb"), "--json"],
+                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         # follow the subprocess's progress (a loaded machine may take minutes to import torch); the
         # guard only stops a hung test, no assertion depends on how fast anything is
-        guard = time.monotonic() + 1800
-        while not started.exists() and proc.poll() is None and time.monotonic() < guard:
-            time.sleep(0.05)
-        assert started.exists(), proc.communicate(timeout=1800)
+        assert wait_until(started.exists, proc), proc.communicate(timeout=ENDS_WITHIN)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=1800)
+        out, err = proc.communicate(timeout=ENDS_WITHIN)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import load, one_error_line, sample
+from support import load, one_error_line, sample
 
 F16_MAX = 65504.0                 # float16's largest finite value: (2 - 2**-10) * 2**15
 OVERFLOW = 5 * 2.0**14            # precision.py:overflow, big's output on ones: 81,920

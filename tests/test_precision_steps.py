@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from conftest import load, load_module
+from support import load, load_module
 
 torch = pytest.importorskip("torch")
 
@@ -149,6 +149,7 @@ def test_scale_follows_the_rule_and_skips_match_a_plain_torch_replay():
             "skipped") in r.summary
 
 
+@pytest.mark.slow
 def test_healthy_fp16_run_keeps_its_scale():
     model, x = load("mlp.py:build")
     r = run("overfit-batch", model, x, amp="fp16", steps=20, target_ratio=1e-9)
@@ -185,7 +186,7 @@ def test_doctor_under_fp16_backs_off_like_training_then_judges_the_step():
 
 
 def test_cli_shows_the_scale_and_fails(cli):
-    from conftest import sample
+    from support import sample
 
     spec = sample("precision_steps.py:skips_every_step")
     r = cli("overfit-batch", spec, "-i", "8x8", "--amp", "fp16", "--steps", "4")

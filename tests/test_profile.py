@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from conftest import load, sample
+from support import load, sample
 
 FAST = dict(wait=0, warmup=1, active=3)
 
@@ -101,7 +101,7 @@ def test_record_shapes_splits_by_input_shape_and_memory_is_output_bytes():
              for row in r.table("operators").rows if row["op"] == "aten::addmm"}
     # addmm(bias, input, weight.t()): one row per Linear layer
     assert set(addmm) == {((16, 784), (784, 256)), ((16, 256), (256, 128)), ((16, 128), (128, 10))}
-    for (inp, w), row in addmm.items():
+    for (_inp, w), row in addmm.items():
         assert row["calls"] == 3
         # the output (16 × out) float32 is allocated once per call
         assert row["cpu_memory_bytes"] == 3 * 16 * w[1] * 4
@@ -283,6 +283,8 @@ def test_cuda_train_backward_cuda_time(untouched):
     assert _ops(r)["aten::mm"] == 5 * 3
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_trace_directory_is_exit_2_before_loading(cli, tmp_path):
     full, empty = tmp_path / "full", tmp_path / "empty"
     full.mkdir()
@@ -375,7 +377,7 @@ def _marked_syncs(name: str) -> set:
     """(file, line, op) of each line of a sample marked `# host sync: <op>`: read from the file, not hard-coded."""
     import os
 
-    from conftest import SAMPLES
+    from support import SAMPLES
 
     path = os.path.join(SAMPLES, name)
     with open(path) as f:
@@ -384,7 +386,7 @@ def _marked_syncs(name: str) -> set:
 
 
 def _marked_code(name: str) -> list:
-    from conftest import SAMPLES
+    from support import SAMPLES
 
     with open(SAMPLES / name) as f:
         return [(name, i, line.split("#")[0].strip()) for i, line in enumerate(f, start=1) if "# host sync:" in line]

@@ -32,10 +32,10 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+import doc_examples
 import pytest
 
-import doc_examples
-from conftest import ROOT
+from support import ROOT
 
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"

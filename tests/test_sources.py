@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import one_error_line
+from support import one_error_line
 
 transformers = pytest.importorskip("transformers")
 

@@ -63,6 +63,8 @@ def test_what_is_not_a_file_spec_is_left_to_the_loader(tmp_path):
     for spec in ("torchvision:resnet18", "timm:nope", "hf:folder", "os.path:join", "no_colon", "pkg.mod:build",
                  f"{tmp_path}:build"):   # a folder: the loader says it is one
         precheck(spec)
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_cli_answers_a_misspelt_factory_without_importing_torch(tmp_path):
     """One process, `-X importtime`: the error comes out and torch was never imported."""
     path = write(tmp_path, "def build(): pass")

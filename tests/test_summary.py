@@ -2,10 +2,10 @@
 import torch
 from torch import nn
 
-from conftest import load, sample
-
 from torchdiag.api import run
 from torchdiag.diagnostics import summary
+
+from support import load, sample
 
 
 def linear_params(i, o, bias=True):

@@ -121,7 +121,7 @@ def _line() -> int:
 # --- nancheck: a healthy pass costs the same at depth 4 and 64 ----------------------------------
 
 def mlp(depth: int):
-    from conftest import load_module
+    from support import load_module
 
     torch.manual_seed(0)
     return load_module("mlp.py").deep(depth)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST_RUNS as COMMANDS, sample
+from support import FAST_RUNS as COMMANDS
+from support import sample
 
 
 def events(run_dir: Path):
@@ -38,7 +39,8 @@ MORE_RUNS["watch"] = ["--every", "10", "--", "python", sample("watch_healthy_lm.
 def test_every_command_has_a_tb_run_here():
     from typer.main import get_command
 
-    from torchdiag.cli.app import COMMANDS as APP_COMMANDS, app
+    from torchdiag.cli.app import COMMANDS as APP_COMMANDS
+    from torchdiag.cli.app import app
 
     assert sorted({**COMMANDS, **MORE_RUNS}) == sorted(APP_COMMANDS)
     assert sorted(get_command(app).commands) == sorted(APP_COMMANDS)
@@ -120,6 +122,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_real_tensorboard_server_lists_runs_and_tags(cli, tmp_path):
     assert cli("flops", sample("mlp.py:build"), "--tb", tmp_path).code == 0
     assert cli("overfit-batch", sample("mlp.py:build"), "--steps", "20", "--tb", tmp_path).code == 0
@@ -172,20 +176,22 @@ def build():
 '''
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_ctrl_c_flushes_the_events(tmp_path):
     """A real SIGINT while the model runs: exit 130, and the events already written are on disk and
     readable (summary: the error text; overfit-batch: the partial loss curve)."""
     import os
     import signal
 
-    from conftest import ROOT
+    from support import ENDS_WITHIN, ROOT, spawn
 
     (tmp_path / "slow.py").write_text(SLOW_MODEL)
     runs = {"summary": ([], 1), "overfit-batch": (["--steps", "100000"], 6)}
     procs = {}
     for command, (extra, after) in runs.items():
         env = dict(os.environ, SLOW_AFTER=str(after), SLOW_MARKER=str(tmp_path / f"{command}.ready"))
-        procs[command] = subprocess.Popen(
+        procs[command] = spawn(
             [sys.executable, "-m", "torchdiag", command, f"{tmp_path}/slow.py:build", "-i", "8x4", *extra,
              "--tb", str(tmp_path / "tb")], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -196,7 +202,7 @@ def test_ctrl_c_flushes_the_events(tmp_path):
                 time.sleep(0.05)
             assert marker.exists(), proc.communicate()[1]
             proc.send_signal(signal.SIGINT)
-        outs = {command: proc.communicate(timeout=HANG_GUARD) for command, proc in procs.items()}
+        outs = {command: proc.communicate(timeout=ENDS_WITHIN) for command, proc in procs.items()}
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -216,7 +222,7 @@ def test_per_layer_figures_as_scalars(cli, tmp_path):
     (batch x in x out of every Linear, read off the built model)."""
     import torch
 
-    from conftest import load
+    from support import load
 
     model, inputs = load("mlp.py:build")
     batch = inputs.args[0].shape[0]

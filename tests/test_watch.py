@@ -22,7 +22,7 @@ from torchdiag.diagnostics.watch import Options, Watch
 from torchdiag.diagnostics.watch.script import parse_command, run_command
 from torchdiag.errors import ExitCode, ModelError, OptionError, UsageError
 
-from conftest import ROOT, SAMPLES
+from support import ROOT, SAMPLES
 
 
 def script(name, *args, every=10, **options):
@@ -113,6 +113,7 @@ def test_healthy_cnn_script_no_warning_and_its_metrics(capsys):
     assert hooks_gone()
 
 
+@pytest.mark.slow
 def test_healthy_transformer_lm_no_warning():
     r = script("watch_healthy_lm", "--steps", "120", every=20)
     assert codes(r) == set(), [f.to_dict() for f in r.findings]
@@ -290,6 +291,7 @@ def test_units_that_go_dead():
     assert abs(int(f.message.split(" of ")[0]) - dead) <= 6, (f.message, dead)
 
 
+@pytest.mark.slow
 def test_validation_metric_worsens_while_training_loss_falls():
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
@@ -425,6 +427,8 @@ def test_script_sees_its_own_argv_name_and_folder(tmp_path, capsys, monkeypatch)
     assert sys.argv == before and r.data["steps"] == 12 and hooks_gone()
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_script_runner_as_a_subprocess_and_interrupted(tmp_path):
     path = tmp_path / "probe.py"
     path.write_text(PROBE)
@@ -524,6 +528,8 @@ DDP_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_each_rank_watches_under_ddp(tmp_path):
     path = tmp_path / "ddp_train.py"
     path.write_text(DDP_SCRIPT)

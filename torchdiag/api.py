@@ -85,9 +85,9 @@ def run_spec(command: str, diagnostic=None, *, loss: Any = "auto", **kw):
 
 def run(command: str, model, inputs=None, *, loss: Any = "auto", target=None, **options):
     """Any diagnostic by its command name: `torchdiag.api.run("gradflow", model, x, strict=True)`."""
+    from .commands import get
     from .core.context import context_for
     from .core.precision import cast_copy, cast_inputs
-    from .commands import get
     from .runner.local import invoke
 
     d = get(command).diagnostic_module()
@@ -114,9 +114,9 @@ def _command(command: str, doc: str):
 
 
 # torchdiag.<command>(model, inputs=None, **options) for every command the registry gives a plain Python
-# function; embeddings, gradcam, gradcheck and data take other arguments and are written out below
-_OWN_SIGNATURE = ("embeddings", "gradcam", "gradcheck", "data")
-_OWN_SIGNATURE += ("watch",)   # a context manager around the caller's loop (below)
+# function; embeddings, gradcam, gradcheck and data take other arguments, and watch is a context manager
+# around the caller's loop: they are written out below
+_OWN_SIGNATURE = ("embeddings", "gradcam", "gradcheck", "data", "watch")
 for _c in COMMANDS:
     if _c.python and _c.python not in _OWN_SIGNATURE:
         globals()[_c.python] = _command(_c.name, f"{_c.summary} Options: those of `torchdiag {_c.name}`, with _ for -.")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class RunOption:
     help: str
     default: Any = None
     type: str = "str"                      # str | int | float | bool | path | strs (repeatable) | toggle (--x/--no-x)
-    metavar: Optional[str] = None
+    metavar: str | None = None
     group: str = "model"
     python: bool = False                   # a keyword of the Python API (api.run)
     config: bool = False                   # a key of [tool.torchdiag] (check), spelled with '-'
@@ -84,15 +84,15 @@ class Command:
     name: str                               # as typed: `overfit-batch`; module files use `overfit_batch`
     summary: str                            # the first paragraph of its help (the `torchdiag --help` list)
     groups: tuple[str, ...]                 # run-wide option groups it takes (GROUPS)
-    diagnostic: Optional[str] = None        # torchdiag.diagnostics.<it>: Options, run, NEEDS_VALUES, ...
-    renderer: Optional[str] = None          # torchdiag.render.<it>: WRITERS = {kind: write_kind}
+    diagnostic: str | None = None        # torchdiag.diagnostics.<it>: Options, run, NEEDS_VALUES, ...
+    renderer: str | None = None          # torchdiag.render.<it>: WRITERS = {kind: write_kind}
     # what its argument names: model (a factory spec; the runner loads model and inputs) | callable (gradcheck's
     # TARGET) | config (check) | data (a DATA_SPEC: runner.local.run_data_specs) | script (watch's `-- python
     # train.py ...`: Job.produce() runs it; under torchrun every rank runs it and rank 0 reports).
     target: str = "model"
     per_rank: bool = False                  # under torchrun every rank runs it on its shard (runner/ranks.py)
     cross_rank: bool = False                # ... and the ranks are compared after a real step (consistency)
-    python: Optional[str] = None            # the torchdiag.<name> function, when the Python API has one
+    python: str | None = None            # the torchdiag.<name> function, when the Python API has one
     defaults: dict = field(default_factory=dict)   # run-wide defaults of its own (gradcheck: device cpu)
 
     @property

@@ -46,6 +46,7 @@ class ModelError(DiagError):
     """The user's code raised. `partial` may hold a partial result to show before the error."""
 
     code = ExitCode.MODEL
+    follows_peer: bool   # set (only) where a peer rank's failure is what this rank saw; read with getattr
 
     def __init__(self, message: str, hint: str | None = None, partial=None):
         super().__init__(message, hint)
@@ -88,7 +89,7 @@ class OptionError(UsageError):
         name = self.flag if caller == "cli" and self.flag else option_name(self.field, caller)
         return f"{name}: {self.problem}"
 
-    def name_for(self, caller: str) -> "OptionError":
+    def name_for(self, caller: str) -> OptionError:
         self.message = self._text(caller)
         self.args = (self.message,)
         return self

@@ -20,7 +20,7 @@ class Finding:
     ranks: list[int] | None = None   # under torchrun: the ranks that reported it (None: one process)
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"code": self.code, "severity": self.severity, "where": self.where, "message": self.message}
+        d: dict[str, Any] = {"code": self.code, "severity": self.severity, "where": self.where, "message": self.message}
         if self.hint:
             d["hint"] = self.hint
         if self.ranks is not None:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -16,9 +16,9 @@ EXAMPLE = """Examples:
 
   torchdiag activations sample_models/mlp.py:build --tb runs --json"""
 
-Layer = Annotated[Optional[list[str]], typer.Option("--layer", "-l", metavar="NAME", show_default=False,
+Layer = Annotated[list[str] | None, typer.Option("--layer", "-l", metavar="NAME", show_default=False,
                                                     help="Module path to picture (repeatable). Default with --images/--tb: every conv layer.")]
-Images = Annotated[Optional[Path], typer.Option("--images", metavar="DIR", show_default=False,
+Images = Annotated[Path | None, typer.Option("--images", metavar="DIR", show_default=False,
                                                 help="Write <layer>_features.png (feature maps of sample 0) and <layer>_filters.png (conv filters) into DIR.")]
 Eps = Annotated[float, typer.Option("--eps", help="Saturation margin for bounded activations (Sigmoid, Tanh, ...), 0 to 0.5.")]
 

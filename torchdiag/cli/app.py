@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from typer.core import TyperGroup
 
 from .. import __version__
-from ..commands import COMMANDS as REGISTRY, NAMES, get
+from ..commands import COMMANDS as REGISTRY
+from ..commands import NAMES, get
 
 EXIT_CODES = """Exit codes: 0 ran, nothing failed · 1 a check failed · 2 usage error (option, spec, shape, file, device) · 3 the model's own code raised · 4 internal torchdiag error · 130 interrupted (Ctrl-C) · 143 terminated (SIGTERM)."""
 
@@ -83,7 +84,7 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
+def _root(version: Annotated[bool | None, typer.Option("--version", callback=_version, is_eager=True,
                                                          help="Show the version and exit.")] = None) -> None:
     """Diagnostics for PyTorch models."""
 
@@ -139,9 +140,8 @@ def main() -> None:
             import json
 
             name = e.ctx.command.name if e.ctx and e.ctx.command else None
-            from .common import to_stdout
-
             from ..results import error_document
+            from .common import to_stdout
 
             doc = error_document(name, e.format_message(), f"see `{command} --help`", 2)
             to_stdout(lambda: sys.stdout.write(json.dumps(doc) + "\n"))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -16,9 +16,9 @@ EXAMPLE = """Examples:
 
   torchdiag attention sample_models/vit.py:build --tb runs --json"""
 
-Tokens = Annotated[Optional[str], typer.Option("--tokens", metavar="A,B,…|@FILE", show_default=False,
+Tokens = Annotated[str | None, typer.Option("--tokens", metavar="A,B,…|@FILE", show_default=False,
                                                help="Token labels for the axes: comma-separated, or @FILE with one per line.")]
-Images = Annotated[Optional[Path], typer.Option("--images", metavar="DIR", show_default=False,
+Images = Annotated[Path | None, typer.Option("--images", metavar="DIR", show_default=False,
                                                 help="Write attention_<layer>.png (one heatmap per head) into DIR.")]
 Sample = Annotated[int, typer.Option("--sample", help="Which batch element to draw (0 = the first).")]
 

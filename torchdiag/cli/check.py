@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -29,20 +29,20 @@ failed checks are also printed as GitHub annotations."""
 
 def register(app) -> None:
     @app.command("check", epilog=EXAMPLE, help=f"{get('check').summary}\n\n{DETAILS}")
-    def check(spec: Annotated[Optional[str], typer.Argument(metavar="[MODEL_SPEC]", show_default=False,
+    def check(spec: Annotated[str | None, typer.Argument(metavar="[MODEL_SPEC]", show_default=False,
                                                              help="Overrides the config's model.")] = None,
-              config: Annotated[Optional[Path], typer.Option("--config", metavar="FILE", help="TOML file with [tool.torchdiag] tables (default: ./pyproject.toml).")] = None,
+              config: Annotated[Path | None, typer.Option("--config", metavar="FILE", help="TOML file with [tool.torchdiag] tables (default: ./pyproject.toml).")] = None,
               arg: c.Args = None, input: c.Inputs = None, checkpoint: c.Checkpoint = None,
-              device: Annotated[Optional[str], typer.Option("--device", "-d", help="Overrides the config's device.")] = None,
-              max_params: Annotated[Optional[str], typer.Option("--max-params", help="Limit on parameters, e.g. 25M.")] = None,
-              max_gmacs: Annotated[Optional[float], typer.Option("--max-gmacs", help="Limit on forward GMACs.")] = None,
-              nancheck: Annotated[Optional[bool], typer.Option("--nancheck/--no-nancheck", help="Run nancheck.")] = None,
-              gradflow: Annotated[Optional[bool], typer.Option("--gradflow/--no-gradflow", help="Run gradflow.")] = None,
-              overfit_batch: Annotated[Optional[bool], typer.Option("--overfit-batch/--no-overfit-batch", help="Run overfit-batch.")] = None,
-              lr_find: Annotated[Optional[bool], typer.Option("--lr-find/--no-lr-find", help="Run lr-find.")] = None,
-              doctor: Annotated[Optional[bool], typer.Option("--doctor/--no-doctor", help="Run doctor.")] = None,
-              allow: Annotated[Optional[list[str]], typer.Option("--allow", metavar="GLOB", help="Parameter globs gradflow accepts. Repeatable.")] = None,
-              junit: Annotated[Optional[Path], typer.Option("--junit", metavar="FILE.xml", help="Write a JUnit report (one testcase per check).")] = None,
+              device: Annotated[str | None, typer.Option("--device", "-d", help="Overrides the config's device.")] = None,
+              max_params: Annotated[str | None, typer.Option("--max-params", help="Limit on parameters, e.g. 25M.")] = None,
+              max_gmacs: Annotated[float | None, typer.Option("--max-gmacs", help="Limit on forward GMACs.")] = None,
+              nancheck: Annotated[bool | None, typer.Option("--nancheck/--no-nancheck", help="Run nancheck.")] = None,
+              gradflow: Annotated[bool | None, typer.Option("--gradflow/--no-gradflow", help="Run gradflow.")] = None,
+              overfit_batch: Annotated[bool | None, typer.Option("--overfit-batch/--no-overfit-batch", help="Run overfit-batch.")] = None,
+              lr_find: Annotated[bool | None, typer.Option("--lr-find/--no-lr-find", help="Run lr-find.")] = None,
+              doctor: Annotated[bool | None, typer.Option("--doctor/--no-doctor", help="Run doctor.")] = None,
+              allow: Annotated[list[str] | None, typer.Option("--allow", metavar="GLOB", help="Parameter globs gradflow accepts. Repeatable.")] = None,
+              junit: Annotated[Path | None, typer.Option("--junit", metavar="FILE.xml", help="Write a JUnit report (one testcase per check).")] = None,
               json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False) -> None:
         fields = {"model": spec or "", "args": arg, "inputs": input, "device": device or "auto", "json": json,
                   "tb": tb, "debug": debug}
@@ -80,7 +80,7 @@ def register(app) -> None:
         c.execute(job, render_extra=extras)
 
 
-def junit_path(path: Optional[Path]) -> Optional[Path]:
+def junit_path(path: Path | None) -> Path | None:
     """--junit FILE.xml checked before any work; its folder is created (a fresh CI checkout has no reports/)."""
     from ..errors import UsageError
 

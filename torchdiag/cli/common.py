@@ -6,9 +6,10 @@ from __future__ import annotations
 import inspect
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Annotated, Callable, Optional
+from typing import Annotated, Optional
 
 import typer
 

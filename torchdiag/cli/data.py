@@ -3,7 +3,7 @@ the runner (runner.local.run_data_specs), not a model."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -24,13 +24,13 @@ hang, ...) · 2 usage (a factory returning something else, a bad option) · 3 th
 DataSpec = Annotated[str, typer.Argument(metavar="DATA_SPEC", show_default=False,
                                          help="path/to/file.py:factory, dotted.module:factory or torchvision:NAME; the "
                                               "factory returns a Dataset, a DataLoader or an iterable of batches.")]
-Val = Annotated[Optional[str], typer.Option("--val", metavar="DATA_SPEC", show_default=False,
+Val = Annotated[str | None, typer.Option("--val", metavar="DATA_SPEC", show_default=False,
                                             help="A validation split: its own content checks, and samples shared "
                                                  "with the training split. Its factory gets the same --arg values.")]
-Model = Annotated[Optional[str], typer.Option("--model", metavar="MODEL_SPEC", show_default=False,
+Model = Annotated[str | None, typer.Option("--model", metavar="MODEL_SPEC", show_default=False,
                                               help="A model: labels against its output size, a batch of one in train "
                                                    "mode, its training step timed against the loader.")]
-ModelArg = Annotated[Optional[list[str]], typer.Option("--model-arg", metavar="KEY=VALUE", show_default=False,
+ModelArg = Annotated[list[str] | None, typer.Option("--model-arg", metavar="KEY=VALUE", show_default=False,
                                                        help="Keyword argument for the --model factory (--arg goes to "
                                                             "the data factories). Repeatable.")]
 BatchSize = Annotated[int, typer.Option("--batch-size", help="Batch size when DATA_SPEC gives a Dataset (a "
@@ -40,25 +40,25 @@ Samples = Annotated[int, typer.Option("--samples", help="Content checks read at 
 Batches = Annotated[int, typer.Option("--batches", help="Batches timed per loader configuration (after the first).")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds a batch may take before the loader is reported "
                                                            "stuck (with where each process is).")]
-InputField = Annotated[Optional[str], typer.Option("--input-field", show_default=False,
+InputField = Annotated[str | None, typer.Option("--input-field", show_default=False,
                                                    help="The input field of a batch (image, [0], [0].pixels). "
                                                         "Default: found by convention.")]
-TargetField = Annotated[Optional[str], typer.Option("--target-field", show_default=False,
+TargetField = Annotated[str | None, typer.Option("--target-field", show_default=False,
                                                     help="The target field of a batch (label, [1]). Default: found "
                                                          "by convention.")]
-Classes = Annotated[Optional[int], typer.Option("--classes", show_default=False,
+Classes = Annotated[int | None, typer.Option("--classes", show_default=False,
                                                 help="Classes expected. Default: the model's output size, else the "
                                                      "largest label + 1.")]
-Workers = Annotated[Optional[str], typer.Option("--workers", metavar="0,2,4", show_default=False,
+Workers = Annotated[str | None, typer.Option("--workers", metavar="0,2,4", show_default=False,
                                                 help="num_workers values to sweep. Default: 0, 1, 2, 4, ... up to the "
                                                      "CPU count.")]
 NoSweep = Annotated[bool, typer.Option("--no-sweep", help="Do not sweep num_workers (time the loader as configured "
                                                           "only).")]
 NoSpeed = Annotated[bool, typer.Option("--no-speed", help="Content checks only: no timing, no worker checks.")]
 PerClass = Annotated[int, typer.Option("--per-class", help="Sample inputs per class in the --images grid (0-64).")]
-Images = Annotated[Optional[Path], typer.Option("--images", metavar="DIR", show_default=False,
+Images = Annotated[Path | None, typer.Option("--images", metavar="DIR", show_default=False,
                                                 help="Write samples_<split>.png: a row of sample inputs per class.")]
-Plot = Annotated[Optional[Path], typer.Option("--plot", metavar="FILE", show_default=False,
+Plot = Annotated[Path | None, typer.Option("--plot", metavar="FILE", show_default=False,
                                               help="Write the label histogram and per-channel value histograms "
                                                    "(.png, .svg, .pdf).")]
 
@@ -91,8 +91,8 @@ def run(o) -> None:
         return made["opts"]
 
     def precheck():   # the files asked for, before anything is loaded
-        from ..render.plots import check_plot
         from ..render.images import check_pictures
+        from ..render.plots import check_plot
 
         check_pictures(o.images, o.tb is not None, "data pictures")
         check_plot(o.plot)

@@ -26,7 +26,7 @@ from --batch beyond the output width (target-out-of-range). --amp runs the forwa
 autocast (fp16: the step through a GradScaler). Everything that runs the model works on a copy.
 Exit 1 when any check finds an error."""
 
-OWN = {}
+OWN: dict = {}
 
 
 def run(o) -> None:

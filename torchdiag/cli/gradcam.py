@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -16,13 +16,13 @@ EXAMPLE = """Examples:
 
 Layer = Annotated[str, typer.Option("--layer", "-l", metavar="NAME", show_default=False,
                                     help="Module whose output is explained (usually the last conv layer).")]
-Image = Annotated[Optional[Path], typer.Option("--image", metavar="FILE", show_default=False,
+Image = Annotated[Path | None, typer.Option("--image", metavar="FILE", show_default=False,
                                                help="Input image (PNG/JPEG), read as RGB (grayscale with --channels 1).")]
-TargetClass = Annotated[Optional[int], typer.Option("--target-class", "-k", metavar="N", show_default=False,
+TargetClass = Annotated[int | None, typer.Option("--target-class", "-k", metavar="N", show_default=False,
                                                     help="Class to explain (default: the predicted class).")]
-Out = Annotated[Optional[Path], typer.Option("--out", "-o", metavar="FILE.png", show_default=False,
+Out = Annotated[Path | None, typer.Option("--out", "-o", metavar="FILE.png", show_default=False,
                                              help="Write original | heatmap | overlay side by side as one PNG.")]
-Size = Annotated[Optional[str], typer.Option("--size", metavar="H[xW]", show_default=False,
+Size = Annotated[str | None, typer.Option("--size", metavar="H[xW]", show_default=False,
                                              help="Resize the image to H×W (one number: square). Default: the file's size.")]
 Mean = Annotated[str, typer.Option("--mean", metavar="R,G,B", help="Normalisation mean (pixels scaled to [0,1] first); one number = every channel.")]
 Std = Annotated[str, typer.Option("--std", metavar="R,G,B", help="Normalisation std; one number = every channel.")]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -36,11 +36,11 @@ OWN = {
     "exploding_ratio": (Annotated[float, typer.Option("--exploding-ratio", help="grad/weight norm ratio above this is exploding-grad; ≥ 0.")], 1e2),
     "dead": (Annotated[float, typer.Option("--dead", help="Fraction of dead units after a ReLU-family module that warns (0 to 1).")], 0.5),
     "saturated": (Annotated[float, typer.Option("--saturated", help="Fraction of saturated tanh/sigmoid outputs that warns (0 to 1).")], 0.5),
-    "allow": (Annotated[Optional[list[str]], typer.Option("--allow", metavar="PATTERN", show_default=False, help="Glob on parameter names (module paths for activation warnings) accepted as intentional, e.g. 'aux_head.*'. Repeatable.")], None),
+    "allow": (Annotated[list[str] | None, typer.Option("--allow", metavar="PATTERN", show_default=False, help="Glob on parameter names (module paths for activation warnings) accepted as intentional, e.g. 'aux_head.*'. Repeatable.")], None),
     "strict": (Annotated[bool, typer.Option("--strict", help="Warnings (vanishing-grad, dead-units, saturated) also fail (exit 1).")], False),
     "eval_mode": (Annotated[bool, typer.Option("--eval", help="Run the forward in eval mode (default: train mode, as in training).")], False),
     "all": (Annotated[bool, typer.Option("--all", help="Print the per-parameter table too (always in --json).")], False),
-    "plot": (Annotated[Optional[Path], typer.Option("--plot", metavar="FILE.png", help="Write the gradient-flow figure (max and mean |grad| per layer; .png, .svg or .pdf); needs matplotlib.")], None),
+    "plot": (Annotated[Path | None, typer.Option("--plot", metavar="FILE.png", help="Write the gradient-flow figure (max and mean |grad| per layer; .png, .svg or .pdf); needs matplotlib.")], None),
 }
 
 

@@ -3,7 +3,7 @@ suggestion (or none, with a warning saying why), 1 no rate trains, 130 Ctrl-C.""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -36,10 +36,10 @@ Repeats = Annotated[int, typer.Option("--repeats", help="Range tests over seeds 
 CheckSteps = Annotated[int, typer.Option("--check-steps", help="Updates of each checked run at 0.1×, 1×, 10× the "
                                                                "suggestion (0: no check, else ≥ 3).")]
 Optimizer = Annotated[str, typer.Option("--optimizer", help="adam|adamw|sgd (sgd uses momentum 0.9).")]
-Lr = Annotated[Optional[float], typer.Option("--lr", show_default=False,
+Lr = Annotated[float | None, typer.Option("--lr", show_default=False,
                                              help="Not used: the range test sets the rate of every update (a note "
                                                   "says so when given).")]
-Plot = Annotated[Optional[Path], typer.Option("--plot", metavar="FILE.png", show_default=False,
+Plot = Annotated[Path | None, typer.Option("--plot", metavar="FILE.png", show_default=False,
                                               help="Save the curves and the checked runs (matplotlib; .png, .svg or "
                                                    ".pdf).")]
 

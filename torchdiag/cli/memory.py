@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -25,10 +25,10 @@ it ran in; with --amp a matmul left in float32 is named (autocast-fallback)."""
 OWN = {
     "mode": (Annotated[str, typer.Option("--mode", help="train (forward, backward, optimizer step) or inference (forward, no grad).")], "train"),
     "optimizer": (Annotated[str, typer.Option("--optimizer", help="adam|adamw|sgd (sgd with momentum 0.9).")], "adam"),
-    "batch_sizes": (Annotated[Optional[str], typer.Option("--batch-sizes", metavar="N,N,...", help="Estimate the peak for each batch size, e.g. 1,8,32.")], None),
-    "budget": (Annotated[Optional[str], typer.Option("--budget", metavar="SIZE", help="Memory per device, e.g. 24GiB, 512MB: the largest batch size that fits (estimated).")], None),
+    "batch_sizes": (Annotated[str | None, typer.Option("--batch-sizes", metavar="N,N,...", help="Estimate the peak for each batch size, e.g. 1,8,32.")], None),
+    "budget": (Annotated[str | None, typer.Option("--budget", metavar="SIZE", help="Memory per device, e.g. 24GiB, 512MB: the largest batch size that fits (estimated).")], None),
     "shard": (Annotated[int, typer.Option("--shard", metavar="N", help="Per-device estimate with parameters/gradients/optimizer state sharded over N devices (ZeRO-1/2/3, FSDP).")], 1),
-    "snapshot": (Annotated[Optional[Path], typer.Option("--snapshot", metavar="FILE.pickle", help="CUDA only: record allocation history for PyTorch's memory viewer.")], None),
+    "snapshot": (Annotated[Path | None, typer.Option("--snapshot", metavar="FILE.pickle", help="CUDA only: record allocation history for PyTorch's memory viewer.")], None),
     "top": (Annotated[int, typer.Option("--top", help="Modules shown, by activation memory (0 = all).")], 10),
     "depth": (c.Depth, 3),
 }

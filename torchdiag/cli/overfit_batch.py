@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -26,13 +26,13 @@ Exit codes: 0 memorised the batch · 1 could not (finding cannot-overfit, with c
 
 Steps = Annotated[int, typer.Option("--steps", help="Most optimizer steps; the run stops early at the target.")]
 Optimizer = Annotated[str, typer.Option("--optimizer", help="adam|adamw|sgd (sgd uses momentum 0.9).")]
-Lr = Annotated[Optional[float], typer.Option("--lr", show_default=False,
+Lr = Annotated[float | None, typer.Option("--lr", show_default=False,
                                              help="Learning rate. Default: 1e-3 for adam/adamw, 1e-2 for sgd.")]
 Ratio = Annotated[float, typer.Option("--target-ratio", help="Pass when the loss falls to this fraction of its initial value "
                                                             "(and, for cross-entropy, batch accuracy is 100%).")]
-TargetLoss = Annotated[Optional[float], typer.Option("--target-loss", show_default=False,
+TargetLoss = Annotated[float | None, typer.Option("--target-loss", show_default=False,
                                                      help="Also pass when the loss falls to this absolute value.")]
-Plot = Annotated[Optional[Path], typer.Option("--plot", metavar="FILE.png", show_default=False,
+Plot = Annotated[Path | None, typer.Option("--plot", metavar="FILE.png", show_default=False,
                                               help="Save the loss curve (matplotlib; .png, .svg or .pdf).")]
 
 DETAILS = """The classic sanity test before a long run: a correct model, loss and optimizer drive the loss

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -22,14 +22,14 @@ EXAMPLE = """Examples:
 
 Exit codes: 0 profiled · 2 usage (bad option or input, --device cuda without a GPU, missing --trace directory) · 3 the model raised (forward, loss, backward, optimizer step) · 4 internal torchdiag error."""
 
-Mode = Annotated[Optional[str], typer.Option("--mode", show_default=False, help="inference (eval, no grad) | train (forward + loss + backward + optimizer step, on a copy). Default: inference; under torchrun with --wrap ddp|fsdp, train (DDP communicates only in backward).")]
+Mode = Annotated[str | None, typer.Option("--mode", show_default=False, help="inference (eval, no grad) | train (forward + loss + backward + optimizer step, on a copy). Default: inference; under torchrun with --wrap ddp|fsdp, train (DDP communicates only in backward).")]
 Wait = Annotated[int, typer.Option("--wait", help="Steps run before profiling starts (not recorded).")]
 Warmup = Annotated[int, typer.Option("--warmup", help="Steps profiled and thrown away (profiler warm-up).")]
 Active = Annotated[int, typer.Option("--active", help="Steps recorded: statistics, tables and trace come from these.")]
 Top = Annotated[int, typer.Option("--top", "-k", help="Operators listed, by self time (0 = all).")]
 Shapes = Annotated[bool, typer.Option("--record-shapes", help="Split operators by input shapes (adds an input-shapes column).")]
 Memory = Annotated[bool, typer.Option("--memory", help="Record allocations: memory columns for operators and modules.")]
-Trace = Annotated[Optional[Path], typer.Option("--trace", metavar="FILE.json", help="Write a Chrome/Perfetto trace (open in ui.perfetto.dev or chrome://tracing).")]
+Trace = Annotated[Path | None, typer.Option("--trace", metavar="FILE.json", help="Write a Chrome/Perfetto trace (open in ui.perfetto.dev or chrome://tracing).")]
 Syncs = Annotated[bool, typer.Option("--syncs", help="Also run one step with host-sync detection and list each line of your code that made the host wait for the device (.item(), if tensor:, .cpu(), nonzero, boolean-mask indexing, print(tensor)), with counts per step.")]
 Optim = Annotated[str, typer.Option("--optimizer", help="Train mode optimizer: adam | adamw | sgd (lr 1e-3).")]
 

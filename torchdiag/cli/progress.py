@@ -11,7 +11,13 @@ def _terminal() -> bool:
 
 def _bar(label: str, unit: str):
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     return Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(),
                     TextColumn("loss {task.fields[loss]}"), TextColumn(f"{{task.fields[rate]}} {unit}/s"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 import shlex
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -25,7 +25,7 @@ Every = Annotated[int, typer.Option("--every", metavar="N", help="Optimizer step
                                                                  "each on a healthy run); findings are decided there.")]
 Accumulate = Annotated[bool, typer.Option("--accumulate", help="The loop carries gradients over optimizer steps on "
                                                                "purpose: the missing-zero_grad check is off.")]
-Status = Annotated[Optional[bool], typer.Option("--status/--no-status", show_default=False,
+Status = Annotated[bool | None, typer.Option("--status/--no-status", show_default=False,
                                                 help="The live status line on stderr (default: only when stderr is a "
                                                      "terminal; never under --json).")]
 NoHist = Annotated[bool, typer.Option("--no-histograms", help="No weight/gradient histograms in --tb (they copy every "
@@ -37,7 +37,7 @@ Explode = Annotated[float, typer.Option("--explode", metavar="X", help="A gradie
                                                                       "median is an explosion.")]
 Ratio = Annotated[float, typer.Option("--ratio-high", metavar="R", help="Update/weight ratio above which a layer's "
                                                                        "updates are too large.")]
-Plot = Annotated[Optional[Path], typer.Option("--plot", metavar="FILE", show_default=False,
+Plot = Annotated[Path | None, typer.Option("--plot", metavar="FILE", show_default=False,
                                               help="Write the loss and gradient norm per step (.png, .svg, .pdf).")]
 
 DETAILS = """Runs the command in this process, as if run directly: the script sees its own sys.argv,

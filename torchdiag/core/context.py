@@ -179,7 +179,6 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
     from .device import resolve_device
     from .inputs import ModelInputs, resolve_inputs
     from .loading import load_model
-
     from .precision import cast_inputs, cast_model, check_supported
 
     device = resolve_device(spec.device)
@@ -254,7 +253,6 @@ def context_for(model, spec: RunSpec, *, loss=None, target=None) -> Context:
     """The Python API's context: the device is the model's own; `loss` may be a callable."""
     from .distributed import refuse_sharded
     from .loading import refuse_scripted
-
     from .precision import check_supported
 
     refuse_scripted(model, "the model given")

@@ -75,7 +75,6 @@ def leave_no_trace(model, buffers: bool = False):
 def fingerprint(model) -> dict:
     """Everything a diagnostic must leave as it was, for tests: state bytes, flags, grads, hooks."""
     import torch
-
     import torch.nn.functional as F
 
     state = {}

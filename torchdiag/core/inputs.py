@@ -105,13 +105,13 @@ class ModelInputs:
             return int(ts[0][1].size(0))
         return int(ts[0][1].shape[0]) if ts and ts[0][1].dim() else None
 
-    def map(self, fn) -> "ModelInputs":
+    def map(self, fn) -> ModelInputs:
         return ModelInputs(_map(self.args, fn), _map(self.kwargs, fn), self.source, list(self.notes))
 
-    def to(self, device) -> "ModelInputs":
+    def to(self, device) -> ModelInputs:
         return self.map(lambda t: t.to(device))
 
-    def clone(self) -> "ModelInputs":
+    def clone(self) -> ModelInputs:
         return self.map(lambda t: t.detach().clone())
 
 

@@ -11,8 +11,9 @@ import difflib
 import json
 import os
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import ModelError, UsageError, one_line
 from .limits import json_depth, read_text

@@ -19,7 +19,13 @@ from dataclasses import dataclass, field
 
 from ..core.guard import leave_no_trace
 from ..core.run import flag, number
-from ..core.tracking import ForwardHooks, ModuleTracker, first_tensor, forward_error, nested_shape
+from ..core.tracking import (
+    ForwardHooks,
+    ModuleTracker,
+    first_tensor,
+    forward_error,
+    nested_shape,
+)
 from ..errors import UsageError
 from ..pictures import grid_figure_size, tile_scale
 from ..results import Column, Result, Table

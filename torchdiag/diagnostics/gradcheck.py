@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..core.run import number
 from ..errors import ModelError, OptionError, UsageError, one_line
@@ -251,7 +252,7 @@ def jacobians(fn, xs: list, eps: float):
     numerical = []
     with torch.no_grad():
         base = [x.detach().clone() for x in xs]
-        for i, x in enumerate(base):
+        for x in base:
             jac = torch.zeros(n_out, x.numel(), dtype=torch.float64)
             flat = x.view(-1)
             for k in range(flat.numel()):

@@ -72,7 +72,7 @@ def _subtree_params(module) -> tuple[int, str]:
 
 
 def _rows(model, tracker, depth: int, listing) -> tuple[list[dict], list[str]]:
-    first = {}
+    first: dict = {}
     count: dict[str, int] = defaultdict(int)
     for call in tracker.calls:
         first.setdefault(call.name, call)

@@ -9,8 +9,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..pictures import (COLORBAR_MIN, FIGURE_DPI, LABEL_PX, MARGIN, PAD, PAD_VALUE, TITLE_PX, figure_size, grid_shape,
-                        need_pictures)
+from ..pictures import (
+    COLORBAR_MIN,
+    FIGURE_DPI,
+    LABEL_PX,
+    MARGIN,
+    PAD,
+    PAD_VALUE,
+    TITLE_PX,
+    figure_size,
+    grid_shape,
+    need_pictures,
+)
 
 
 def check_pictures(folder, tb: bool, what: str) -> None:

@@ -13,8 +13,8 @@ import errno
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 from ..errors import UsageError
 
@@ -195,7 +195,7 @@ def _fsync_file(name: str) -> None:
         os.close(fd)
 
 
-def check_file(path, option: str, suffixes: tuple[str, ...] = ()) -> Optional[Path]:
+def check_file(path, option: str, suffixes: tuple[str, ...] = ()) -> Path | None:
     """Check a file the command will write, before any work: not a directory, its folder exists
     and is writable, its suffix is one we write. Raises UsageError (exit 2)."""
     if path is None:
@@ -219,7 +219,7 @@ def check_file(path, option: str, suffixes: tuple[str, ...] = ()) -> Optional[Pa
     return path
 
 
-def check_dir(path, option: str) -> Optional[Path]:
+def check_dir(path, option: str) -> Path | None:
     """Check a folder the command will write into (created if missing). Raises UsageError (exit 2)."""
     if path is None:
         return None

@@ -4,7 +4,6 @@ from __future__ import annotations
 from .plots import pyplot, save
 
 
-
 def write_plot(result, path) -> str:
     """The loss curve (and the pass threshold) as an image; returns the path written."""
     import math

@@ -16,7 +16,6 @@ import sys
 from .plots import pyplot, save
 
 
-
 class StatusLine:
     """One line on stderr rewritten in place: `watch · step 350 · loss 0.1234 · 0 problems`.
     enabled=None: only when the stream is a terminal (a log file gets no carriage returns)."""

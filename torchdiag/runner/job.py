@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 from ..commands import RENDER_FIELDS, RUN, Command
 
@@ -21,11 +22,11 @@ class Job:
     command: Command
     fields: dict = field(default_factory=dict)
     outputs: dict = field(default_factory=dict)      # kind -> path of the files asked for (None: not asked)
-    options: Optional[Callable] = None
-    precheck: Optional[Callable] = None
-    run: Optional[Callable] = None
-    produce: Optional[Callable] = None
-    after: Optional[Callable] = None                 # after(result, written) once the files are written
+    options: Callable | None = None
+    precheck: Callable | None = None
+    run: Callable | None = None
+    produce: Callable | None = None
+    after: Callable | None = None                 # after(result, written) once the files are written
     progress: Callable[[str], Any] = lambda message: contextlib.nullcontext()
     caller: str = "cli"
 

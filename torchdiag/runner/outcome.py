@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from ..errors import DiagError, ExitCode, OptionError, interrupt_code, one_line
 from .isolation import UserExit
@@ -20,11 +20,11 @@ class Outcome:
     code: int = ExitCode.OK
     result: Any = None                     # the Result rendered (merged over ranks under torchrun)
     written: dict = field(default_factory=dict)   # kind -> path of the files written for it
-    logs: Optional[str] = None             # the TensorBoard folder written for it
-    message: Optional[str] = None          # the error, None when the run produced its result
-    hint: Optional[str] = None
+    logs: str | None = None             # the TensorBoard folder written for it
+    message: str | None = None          # the error, None when the run produced its result
+    hint: str | None = None
     partial: Any = None                    # what ran before the failure (a Result), shown with the error
-    trace: Optional[str] = None            # the traceback, shown under --debug
+    trace: str | None = None            # the traceback, shown under --debug
     lines: list = field(default_factory=list)   # stderr lines to show first (`error: [rank N] …`)
     said: bool = False                     # the error line itself was already said (each rank said its own)
     quiet: bool = False                    # show nothing: another rank reports (torchrun, ranks other than 0)

@@ -161,7 +161,9 @@ def _prepare(spec, sess, diagnostic, local: Local) -> None:
 
     mode = wrap_mode(diagnostic, spec.wrap)
     if spec.wrap in ("ddp", "fsdp") and (mode is not None or get(spec.command).cross_rank):
-        from ..core.distributed import refuse_divergent   # before any wrapper collective: the same parameters
+        from ..core.distributed import (
+            refuse_divergent,  # before any wrapper collective: the same parameters
+        )
 
         refuse_divergent(local.model, spec.wrap)
     if mode is not None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import DiagError, interrupt_code
-from .options import INPUT_BOUND, NEEDS_VALUES, Options   # noqa: F401  (the runner reads them here)
+from .options import INPUT_BOUND, NEEDS_VALUES, Options  # noqa: F401  (the runner reads them here)
 
 OPTIMIZER = None   # the training step uses the run's optimizer (ctx.optimizer); none of its own
 
@@ -107,10 +107,10 @@ def _rng_kept(seed: int):
 
 
 def _stages(st: State) -> None:
+    from ...core.datasets import loader_for
     from ...core.fetch import Hang
     from . import scan as S
     from . import speed, traps
-    from ...core.datasets import loader_for
 
     opts, ctx = st.opts, st.ctx
     loader = loader_for(st.train, opts.batch_size, ctx.seed)

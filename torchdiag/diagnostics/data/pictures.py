@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 
 
-
 def add_pictures(r, st) -> None:
     gal, channels = {}, {}
     for split, s in st.scans.items():

@@ -96,7 +96,7 @@ def time_loader(loader, opts, *, dataset=None, step=None, look=None, label="the 
 
 
 def labels_of(parts, target: str) -> list:
-    out = []
+    out: list[int] = []
     for p in parts:
         try:
             y = B.get(p, target)

@@ -44,7 +44,8 @@ from .probe import Probe
 from .shared import failing_call, mixes_devices_or_dtypes, name, workspace
 from .target import check_target
 from .training import train_checks
-from .wrapped import Gate, make as make_wrapped
+from .wrapped import Gate
+from .wrapped import make as make_wrapped
 
 __all__ = ["Options", "NEEDS_VALUES", "OPTIMIZER", "WRAP", "run", "frozen_groups", "mode_modules"]
 

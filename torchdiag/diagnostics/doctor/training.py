@@ -14,7 +14,13 @@ from ...core.local_leaves import HINT as LOCAL_HINT
 from ...core.local_leaves import describe_leaf, local_leaves
 from ...core.local_leaves import message as local_message
 from ...core.tracking import ModuleTracker, forward_error
-from ...core.unreached import NO_GRAD, NO_GRAD_HINT, NO_GRAD_SEVERITY, no_grad_message, top_module
+from ...core.unreached import (
+    NO_GRAD,
+    NO_GRAD_HINT,
+    NO_GRAD_SEVERITY,
+    no_grad_message,
+    top_module,
+)
 from ...errors import ModelError
 from ...results import Result
 from .batchnorm import one_value_per_channel, report_train_failure, two_samples

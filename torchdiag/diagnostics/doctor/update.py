@@ -17,7 +17,13 @@ from ...core.distributed import local_shard
 from ...core.rounding import CODE, message, rounded_away, stagnation_counts
 from ...core.scaling import stepper
 from ...core.tracking import run_forward
-from ...core.unreached import NO_GRAD, NO_GRAD_HINT, NO_GRAD_SEVERITY, no_grad_message, top_module
+from ...core.unreached import (
+    NO_GRAD,
+    NO_GRAD_HINT,
+    NO_GRAD_SEVERITY,
+    no_grad_message,
+    top_module,
+)
 from ...errors import ModelError
 from ...results import Result
 from .checklist import Checklist

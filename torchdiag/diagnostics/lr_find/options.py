@@ -3,8 +3,8 @@ before any model is loaded, for every caller (CLI, Python, `check`). Names as in
 CLI --min-lr, --max-lr, --steps, --diverge, --repeats, --check-steps."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ...core.run import number
 from ...errors import OptionError

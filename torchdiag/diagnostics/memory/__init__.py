@@ -18,8 +18,17 @@ from __future__ import annotations
 from .batch import Peaks, largest_fitting, sweep
 from .estimated import estimate
 from .measured import measure
-from .options import MAX_BATCH, MODES, NEEDS_VALUES, OPTIMIZER, WRAP, Options, parse_batch_sizes, parse_bytes
-from .ranks import merge_ranks   # the torchrun hook (runner/ranks.py)
+from .options import (
+           MAX_BATCH,
+           MODES,
+           NEEDS_VALUES,
+           OPTIMIZER,
+           WRAP,
+           Options,
+           parse_batch_sizes,
+           parse_bytes,
+)
+from .ranks import merge_ranks  # the torchrun hook (runner/ranks.py)
 from .report import run
 from .shard import fsdp_unit_bytes, shard_rows
 from .step import StepReport, run_step

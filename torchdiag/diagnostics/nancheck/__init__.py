@@ -20,12 +20,12 @@ from .anomaly import anomaly_pass, parse_frames, report_anomaly
 from .checked import Checker, PassReport, checked_pass
 from .finite import all_finite, counts, finite, flatten, is_float, shape_text
 from .flags import flagged_pass, localized_pass, rng_state, set_rng_state
+from .options import NEEDS_VALUES, OPTIMIZER, WRAP, Options
 from .precision import Watch
 from .precision_report import check_precision
 from .report import report_pass, report_tensors
 from .scaled import report_scaled, train_scaled
 from .steps import report_steps, train_until_non_finite
-from .options import NEEDS_VALUES, OPTIMIZER, WRAP, Options
 from .wrapped import report_reduced, wrapped_pass
 
 __all__ = ["Options", "run", "NEEDS_VALUES", "OPTIMIZER", "WRAP", "all_finite", "finite", "counts", "flatten",

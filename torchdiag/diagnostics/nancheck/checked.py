@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 from ...core import train
 from ...core.tracking import Call, ForwardHooks, describe, float_ids, forward_error
 from ...errors import ModelError
-from .finite import all_finite, counts, finite, flatten, floating_inputs, shape_text, value_range
+from .finite import (
+    all_finite,
+    counts,
+    finite,
+    flatten,
+    floating_inputs,
+    shape_text,
+    value_range,
+)
 
 BACKWARD_HINT = "the model's own code raised in backward; run with --anomaly or --debug"
 NO_GRAD_NOTE = "the loss does not require grad (no trainable parameter reached it): backward skipped"

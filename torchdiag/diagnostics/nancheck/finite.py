@@ -8,9 +8,9 @@
   but finite tensor can overflow its sum: that is only a suspicion, decided exactly afterwards."""
 from __future__ import annotations
 
-from ...core.readback import read_back
-
 import math
+
+from ...core.readback import read_back
 
 _FULL: tuple = ()
 
@@ -74,6 +74,7 @@ def totals(tensors) -> list:
             groups.setdefault((d.device, low, d.is_complex()), []).append(d)
     parts: dict = {}
     for (device, low, cplx), ts in groups.items():
+        norms: list | tuple   # a list of sums, or _foreach_norm's tuple
         if cplx:
             norms = [t.abs().sum() for t in ts]
         else:

@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import math
 
-from ...core.tracking import Call, ForwardHooks, describe, float_ids
-from .checked import PassReport, checked_pass, forward_loss_backward
 from ...core.distributed import local_shard
 from ...core.readback import read_back
-from .finite import device_sum, flatten, floating_inputs, is_float, scalar_totals, totals
-
+from ...core.tracking import Call, ForwardHooks, describe, float_ids
+from .checked import PassReport, checked_pass, forward_loss_backward
+from .finite import (
+    device_sum,
+    flatten,
+    floating_inputs,
+    is_float,
+    scalar_totals,
+    totals,
+)
 
 _Tensor = None
 

@@ -24,7 +24,7 @@ UNDERFLOW_WARN = 0.01     # a module whose parameter gradients lost ≥ 1% of th
 class WatchChecker(FlagChecker):
     """The flagged pass's checker, also feeding every module output to a Watch."""
 
-    def __init__(self, model, watch: "Watch"):
+    def __init__(self, model, watch: Watch):
         super().__init__(model)
         self.watch = watch
 

@@ -8,10 +8,10 @@ import math
 
 from ...core import train
 from ...core.guard import restore_buffers, snapshot_buffers
+from ...core.readback import read_back
 from ...errors import ModelError
 from ...results import Result
 from .checked import PassReport
-from ...core.readback import read_back
 from .finite import all_finite, counts, finite
 from .flags import localized_pass
 from .report import fmt_counts, fmt_range, steps_summary

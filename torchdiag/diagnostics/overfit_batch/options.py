@@ -2,8 +2,8 @@
 runner needs to know of the command."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ...core.run import OptimizerSpec, number
 from ...errors import OptionError

@@ -166,7 +166,13 @@ def _cause_findings(result, trainer, curve, causes, opts) -> int:
 
 def _no_grad(result, trainer, curve, limit: int) -> None:
     """no-grad: the same error as doctor's and gradflow's (core/unreached.py), a cause of cannot-overfit."""
-    from ...core.unreached import NO_GRAD, NO_GRAD_HINT, NO_GRAD_SEVERITY, no_grad_message, top_module
+    from ...core.unreached import (
+        NO_GRAD,
+        NO_GRAD_HINT,
+        NO_GRAD_SEVERITY,
+        no_grad_message,
+        top_module,
+    )
 
     if curve.no_graph:
         result.add(NO_GRAD, NO_GRAD_SEVERITY, "", "the loss does not require grad: no trainable parameter is connected "

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from .labels import MODULE_PREFIX, PHASE_PREFIX, ROOT_LABEL, ModuleLabels, module_label
 from .options import MODES, NEEDS_VALUES, OPTIMIZER, WRAP, Options
-from .ranks import merge_ranks   # the torchrun hook (runner/ranks.py)
+from .ranks import merge_ranks  # the torchrun hook (runner/ranks.py)
 from .rows import kernel_rows, module_rows, operator_rows, phase_rows
 from .session import quiet_kineto, run
 from .stats import percentile, step_stats

@@ -16,8 +16,17 @@ from . import syncs
 from .labels import PHASE_PREFIX, ModuleLabels
 from .options import Options
 from .ranks import record_collectives
-from .rows import (kernel_rows, kernel_table, module_rows, module_table, operator_rows, operator_table, phase_rows,
-                   phase_table, round_and_display)
+from .rows import (
+    kernel_rows,
+    kernel_table,
+    module_rows,
+    module_table,
+    operator_rows,
+    operator_table,
+    phase_rows,
+    phase_table,
+    round_and_display,
+)
 from .stats import step_stats
 
 _KINETO_NOISE = re.compile(r"^(USDT|STAGE):\S+ \S+ \d+:\d+ \w+\.cpp:\d+\] ")

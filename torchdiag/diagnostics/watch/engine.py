@@ -19,9 +19,8 @@ outputs), parameter and BatchNorm-statistics finiteness. Host-side analysis is i
 from __future__ import annotations
 
 import contextlib
-import math
-
 import functools
+import math
 
 from ...errors import one_line
 from .options import Options
@@ -97,7 +96,10 @@ class Engine:
                 self._handles.append(opt.register_step_pre_hook(self._pre_step))
                 self._handles.append(opt.register_step_post_hook(self._post_step))
         else:
-            from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+            from torch.optim.optimizer import (
+                register_optimizer_step_post_hook,
+                register_optimizer_step_pre_hook,
+            )
 
             self._handles.append(register_optimizer_step_pre_hook(self._pre_step))
             self._handles.append(register_optimizer_step_post_hook(self._post_step))
@@ -136,7 +138,10 @@ class Engine:
 
     def _discover(self, on: bool):
         if on and not self._discovery:
-            from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+            from torch.nn.modules.module import (
+                register_module_forward_hook,
+                register_module_forward_pre_hook,
+            )
 
             self._depth = 0
             self._discovery = [register_module_forward_pre_hook(self._global_pre),
@@ -290,7 +295,7 @@ class Engine:
         in_opt = set().union(*(t.ids for t in self.tracks.values()))
         sensitive = _mode_sensitive()
         stats = []
-        for rid, root in self.roots.items():
+        for _rid, root in self.roots.items():
             if not root.training:
                 continue
             for name, m in inner(root).named_modules():

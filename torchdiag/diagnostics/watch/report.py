@@ -242,7 +242,8 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts) -> None:
 def _lr_rise(pairs, lr_at: dict, best_step: int, w: int):
     """The last learning-rate rise (≥ 1.5× the lowest rate of the w steps before it) up to w steps after
     the loss's best running median (the median lags the climb by up to a window)."""
-    found, recent = None, []
+    found = None
+    recent: list[float] = []
     for s, _ in pairs:
         lr = lr_at.get(s)
         if lr is None or s > best_step + w:

@@ -179,7 +179,7 @@ class Track:
 
     def _samples(self) -> list:
         out = []
-        for i, p in enumerate(self.params):
+        for _i, p in enumerate(self.params):
             flat = p.detach().reshape(-1)
             stride = max(1, flat.numel() // SAMPLE)
             out.append(flat[::stride][:SAMPLE].float().clone())

@@ -1,0 +1,135 @@
+"""The tests' helpers, one home: paths, sample models, the in-process CLI result, torchrun launches, and children
+started with signal dispositions of their own (`spawn`). Test modules import from here (`from support import ...`),
+never from one another; conftest.py keeps the fixtures and the collection hook."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_models"
+
+HANG_GUARD = 600   # seconds: only so a hang fails the suite instead of blocking it; never asserted on
+ENDS_WITHIN = 120  # seconds a child gets to end once it has been signalled (it has started: seconds, not half an hour)
+
+
+def sample(name: str) -> str:
+    """'cnn.py:build' → absolute MODEL_SPEC."""
+    return f"{SAMPLES}/{name}"
+
+
+# command -> arguments for a fast run on a small sample model (used by several test files)
+FAST_RUNS = {
+    "summary": [sample("cnn.py:build")],
+    "flops": [sample("cnn.py:build"), "--backward"],
+    "nancheck": [sample("mlp.py:build")],
+    "gradflow": [sample("mlp.py:build")],
+    "overfit-batch": [sample("mlp.py:build"), "--steps", "30"],
+    "profile": [sample("mlp.py:build"), "--active", "2", "--warmup", "1", "--wait", "0"],
+    "memory": [sample("mlp.py:build")],
+    "doctor": [sample("mlp.py:build")],
+    "activations": [sample("cnn.py:build")],
+    "attention": [sample("vit.py:build")],
+    "data": [sample("data_digits.py:train"), "--samples", "200", "--no-sweep", "--batches", "2"],
+    "lr-find": [sample("mlp.py:build"), "--steps", "20", "--repeats", "1", "--check-steps", "3"],
+}
+
+
+def one_error_line(r) -> None:
+    """A usage or model error: exactly one `error:` line on stderr, no traceback anywhere."""
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+class CliResult:
+    def __init__(self, code, stdout, stderr):
+        self.code, self.stdout, self.stderr = code, stdout, stderr
+
+    @property
+    def json(self):
+        return json.loads(self.stdout)
+
+
+def load_module(name: str):
+    """A sample model file as a module (its classes and factories)."""
+    from torchdiag.core.loading import import_module
+
+    return import_module(str(SAMPLES / name))
+
+
+def load(name: str, *arg_pairs, device="cpu", inputs=None):
+    """(model, ModelInputs) for a sample model, as the CLI would build them."""
+    import torch
+
+    from torchdiag.core.inputs import resolve_inputs
+    from torchdiag.core.loading import load_model
+
+    dev = torch.device(device)
+    loaded = load_model(sample(name), list(arg_pairs), dev)
+    return loaded.model, resolve_inputs(inputs or [], loaded, dev, seed=0)
+
+
+def assert_readme_picture(doc: str, made) -> None:
+    """docs/images/<doc> is what the code draws now (docs/images/regenerate.sh rebuilds them).
+    Same size, and the same picture up to anti-aliasing and font rendering, which change with the
+    matplotlib/freetype a fresh install brings: at most 0.5% of pixels off by more than 40 levels and
+    a mean difference under 2 levels. A stale picture (other weights, layout or colours) fails both."""
+    import numpy as np
+    from PIL import Image
+
+    a = np.asarray(Image.open(ROOT / "docs" / "images" / doc).convert("RGB")).astype(np.int16)
+    b = np.asarray(Image.open(made).convert("RGB")).astype(np.int16)
+    stale = f"docs/images/{doc} is stale: run sh docs/images/regenerate.sh"
+    assert a.shape == b.shape, stale
+    diff = np.abs(a - b)
+    assert (diff.max(axis=2) > 40).mean() <= 0.005 and diff.mean() < 2.0, stale
+
+
+# ---- children ----------------------------------------------------------------------------------------------------
+
+def _default_signals() -> None:
+    """In the child, before exec: SIGINT and SIGTERM back to their defaults. A shell started in the background
+    (`cmd &`, some CI runners) ignores SIGINT, children inherit that, and Python then installs no
+    KeyboardInterrupt handler: a Ctrl-C test would wait for the child's whole run instead of its interruption."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def spawn(args, **kw) -> subprocess.Popen:
+    """subprocess.Popen(args, **kw) whose child starts with default SIGINT/SIGTERM dispositions, whatever this
+    process inherited. Every test that interrupts a child starts it here."""
+    return subprocess.Popen(args, preexec_fn=_default_signals, **kw)  # the test starts no threads: preexec_fn is safe
+
+
+def wait_until(ready: Callable[[], bool], proc: subprocess.Popen | None = None, guard: float = HANG_GUARD) -> bool:
+    """Poll `ready()` (a marker file the child writes once it is where the test wants it) until it holds, the child
+    has ended, or the hang guard passes; returns ready(). Follows the child's progress, no fixed deadline."""
+    end = time.monotonic() + guard
+    while not ready() and (proc is None or proc.poll() is None) and time.monotonic() < end:
+        time.sleep(0.05)
+    return ready()
+
+
+# ---- torchrun ----------------------------------------------------------------------------------------------------
+
+def torchrun(*args, env: dict | None = None, device: str = "cpu") -> tuple[int, Any, str]:
+    """`torchrun --standalone --nproc_per_node 2 -m torchdiag ARGS --device cpu --json`: (returncode, doc, stderr).
+    --standalone picks a free port: launches from parallel test workers do not collide."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "torchdiag", *map(str, args), "--device", device, "--json"]
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD, env=full_env)
+    return r.returncode, json.loads(r.stdout), r.stderr
+
+
+def by_code(doc, code):
+    """The findings of a JSON report with this code."""
+    return [f for f in doc["findings"] if f["code"] == code]
