@@ -50,6 +50,12 @@ def load_spec(entry, device: str):
     from torchdiag.core.loading import load_model
 
     loaded = load_model(entry.spec, list(entry.args), torch.device(device), 0)
+    try:   # the batch a training command gets by default (core/sources.py, issue 26)
+        from torchdiag.core.sources import for_training
+    except ImportError:
+        for_training = None
+    if for_training is not None and device != "meta":
+        for_training(loaded)
     return loaded.model, resolve_inputs([], loaded, torch.device(device), 0)
 
 

@@ -30,6 +30,11 @@ HF_TASKS = {
     "image-classification": "AutoModelForImageClassification",
 }
 TEXT_LENGTH = 128          # default sequence length of a text model (capped by its position table)
+# Commands that run the model in train mode: there a BatchNorm after global pooling (ResNeSt's split
+# attention, LeViT's heads) refuses a single sample, so their default batch is TRAIN_BATCH (issue 26);
+# the others (summary, flops, ...) keep 1: their numbers are per sample.
+TRAINING_COMMANDS = ("nancheck", "gradflow", "doctor", "overfit-batch", "memory", "profile", "check")
+TRAIN_BATCH = 2
 VIDEO_FRAMES = 16          # torchvision video models: (N, C, T, H, W)
 
 
@@ -153,6 +158,12 @@ def _one_image():
     import torch
 
     return ([torch.rand(3, 320, 320)],)
+
+
+def _two_images():
+    import torch
+
+    return ([torch.rand(3, 320, 320) for _ in range(TRAIN_BATCH)],)
 
 
 # ---- timm --------------------------------------------------------------------------------------------
@@ -282,6 +293,33 @@ def _hf_inputs(config, path: str, source: Source) -> None:
     source.inputs = (f"1x{length}:int64",)
     vocab = getattr(config, "vocab_size", None)
     source.input_source = f"hf:{path} default (token ids, length {length}" + (f", vocab {vocab})" if vocab else ")")
+
+
+def trains(command: str) -> bool:
+    return command in TRAINING_COMMANDS
+
+
+def batched(specs: tuple[str, ...], batch: int) -> tuple[str, ...]:
+    """-i specs with their leading (batch) dimension set to `batch` (a source's defaults lead with 1)."""
+    out = []
+    for s in specs:
+        dims, colon, dtype = s.partition(":")
+        first, x, rest = dims.partition("x")
+        out.append(f"{batch}{x}{rest}{colon}{dtype}" if first == "1" and x else s)
+    return tuple(out)
+
+
+def for_training(loaded) -> None:
+    """A source model's default inputs at TRAIN_BATCH, for a command that runs train mode (in place on
+    the LoadedModel; said in its input_source). A user's own -i or example_inputs are never changed."""
+    if loaded.default_inputs:
+        wider = batched(tuple(loaded.default_inputs), TRAIN_BATCH)
+        if wider != tuple(loaded.default_inputs):
+            loaded.default_inputs = wider
+            loaded.input_source += f"; batch {TRAIN_BATCH}: the command runs train mode, where BatchNorm needs more than one sample"
+    elif getattr(loaded.module, "example_inputs", None) is _one_image:
+        loaded.module.example_inputs = _two_images
+        loaded.input_source += f"; {TRAIN_BATCH} images: the command runs train mode"
 
 
 def example_module(spec: str, source: Source) -> types.ModuleType:
