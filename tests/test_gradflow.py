@@ -523,8 +523,8 @@ def test_zero_initialised_head_is_by_design(untouched):
     assert {st[n] for n in ("body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias")} == {"zero-init"}
     assert st["head.weight"] == st["head.bias"] == "ok"
     (f,) = [f for f in res.findings if f.code == "zero-init"]
-    assert f.severity == "info" and f.where == "head" and "initialised to exactly zero" in f.message
-    assert "after one optimizer step" in f.message
+    assert f.severity == "info" and f.where == "head" and "the gate is head.weight" in f.message
+    assert "max |grad| 0 at initialisation" in f.message and "3 optimizer steps on the same batch" in f.message
     # the user's model is not stepped: its head is still exactly zero
     assert model.head.weight.abs().max().item() == 0
 
@@ -553,7 +553,7 @@ def test_a_real_break_behind_a_zero_initialised_head_stays_an_error():
     torch.manual_seed(0)
     res = run(Quantised(), torch.randn(8, 8))
     assert res.exit_code == 1 and codes(res) == {("zero-grad", "encoder")}
-    assert "still, after one optimizer step on a copy" in res.findings[0].message
+    assert "still, after a short training run on a copy: 3 optimizer steps" in res.findings[0].message
     assert set(statuses(res)[n] for n in ("encoder.0.weight", "encoder.0.bias")) == {"zero-grad"}
 
 
@@ -564,9 +564,9 @@ def test_layer_scale_and_cls_token_are_judged_by_their_gradient():
     assert st["cls_token"] == st["blocks.0.gamma"] == "ok"     # grad/weight ~1e5, an ordinary gradient
     (tiny,) = [f for f in res.findings if f.code == "tiny-by-construction"]
     assert "cls_token" in tiny.message and "blocks.0.gamma" in tiny.message
-    scaled = {f.where for f in res.findings if f.code == "layer-scaled"}
+    scaled = {f.where for f in res.findings if f.code == "by-design-init"}
     assert scaled <= {"blocks.0.gamma", "blocks.1.gamma", "blocks.2.gamma"} and scaled
-    assert st["blocks.0.norm.weight"] == "layer-scaled"
+    assert st["blocks.0.norm.weight"] == "by-design-init"
 
 
 def test_a_tiny_parameter_with_a_huge_gradient_still_explodes():
