@@ -82,7 +82,7 @@ class CaitLike(nn.Module):
         super().__init__()
         self.patch = nn.Conv2d(3, dim, 4, 4)
         self.pos = nn.Parameter(torch.randn(1, 16, dim) * 0.02)
-        self.cls_token = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, dim) * 0.5)   # not tiny: grad/weight is not the question here
         self.blocks = nn.ModuleList(LayerScaleBlock(dim, init) for _ in range(depth))
         self.blocks_token_only = nn.ModuleList(ClassAttnBlock(dim, init) for _ in range(2))
         self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, classes)

@@ -654,3 +654,34 @@ def test_a_huge_ratio_before_batch_norm_corrects_itself_and_is_not_exploding():
     probe(x.double()).sum().backward()
     w, g = probe[0].weight.detach(), probe[0].weight.grad
     assert abs((w * g).sum()) <= 1e-6 * w.norm() * g.norm()
+
+
+@pytest.mark.parametrize("factory, flagged, gate", [
+    ("cait_like", "blocks.0.attn.proj_l.weight", "blocks.0.gamma_1"),     # two gates multiply (own + class blocks')
+    ("xca_like", "blocks.0.norm_xca.weight", "blocks.0.gamma_xca"),       # XCA branch under its own 1e-6 gamma
+    ("poolformer_like", "blocks.1.norm2.weight", "blocks.1.layer_scale2"),
+])
+def test_gated_branches_are_by_design_naming_the_gate(factory, flagged, gate, untouched):
+    # issue 26: healthy timm layouts whose gradients sit below the threshold at init because a learned
+    # gate starts tiny; a short training run grows them, and the gate is found by perturbation
+    from conftest import load_module
+
+    model, x = getattr(load_module("by_design_gates.py"), factory)(), torch.randn(2, 3, 16, 16)
+    with untouched(model):
+        res = run(model, x)
+    assert res.exit_code == 0 and "warning" not in severities(res), [f.message for f in res.findings]
+    assert statuses(res)[flagged] == "by-design-init"
+    f = next(f for f in res.findings if f.code == "by-design-init" and flagged in f.message)
+    assert f.severity == "info" and f.where == gate and f"the gate is {gate}" in f.message
+    assert "after 3 steps" in f.message
+    assert any("optimizer steps on the same batch" in n and "forward/backward passes" in n for n in res.notes)
+
+
+def test_zero_gain_in_front_of_an_activation_is_not_dead_units():
+    from conftest import load_module
+
+    res = run(load_module("by_design_gates.py").nf_like(), torch.randn(2, 3, 16, 16))
+    assert res.exit_code == 0 and "warning" not in severities(res), [f.message for f in res.findings]
+    gated = [f for f in res.findings if f.code == "by-design-init" and f.where.endswith("attn_last.act")]
+    assert {f.where for f in gated} == {"stages.0.attn_last.act", "stages.1.attn_last.act"}
+    assert all("dead fraction 100% at initialisation" in f.message and ".conv3." in f.message for f in gated)
