@@ -214,9 +214,9 @@ class PoolFormerLike(nn.Module):
         return self.head(self.blocks(self.stem(x)).mean((2, 3)))
 
 
-def cait_like():
+def cait_like(init: float = 1e-5):
     torch.manual_seed(0)
-    return CaitLike()
+    return CaitLike(init=init)
 
 
 def xca_like():

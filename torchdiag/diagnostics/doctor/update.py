@@ -15,6 +15,7 @@ from ...errors import ModelError
 from ...results import Result
 from ..gradflow.design import stochastic_depth_off
 from ..overfit_batch.scaling import stepper
+from . import gated
 from .checklist import Checklist
 from . import rounding as rounding_rule
 from .rounding import CODE, message, rounded_away, stagnation_counts
@@ -62,6 +63,11 @@ def update_check(work, inputs, ctx, ck: Checklist, result: Result, scaler=None, 
     step = OPTIMIZER_NAMES[ctx.spec.optimizer.name]
     _report_nonfinite(broken, dict(with_grad), optimizer, ctx, ck, step)
     bad = _not_updated(with_grad, skip | set(broken), zero, moved, kept, reset_to)
+    # re-checked by behaviour before they are errors (gated.py): a gate at initialisation, or broken?
+    # (not the ones the next forward writes back: that is the forward's doing, whatever the gradient)
+    suspects = [n for n, _, _ in bad if n in zero or not moved[n]]
+    designed = gated.recheck(work, before, inputs, ctx, suspects, result, stochastic_depth_off) if suspects and w is None else {}
+    bad = [b for b in bad if b[0] not in designed]
     for n, msg, hint in bad[:50]:
         ck.find("update", "param-not-updated", "error", n, f"{n} {msg}", hint,
                 verdict=f"{len(bad)} parameter(s) get a gradient but do not change after a step")
@@ -72,6 +78,7 @@ def update_check(work, inputs, ctx, ck: Checklist, result: Result, scaler=None, 
         ck.row("update", "ok", f"{len(with_grad)}/{len(with_grad)} params change after 1 {step} step{extra}")
     _report_rounding(rounding, ctx, step, ck, result)
     _report_zero_init(by_design, ck, result)
+    gated.report(designed, ck, result, step)
     result.data["params_without_grad"] = no_grad
 
 
