@@ -2,16 +2,18 @@
 dead-units) re-checked by what the model does, not by what its parts are called.
 
 1. A short real training run on a copy (ctx.train_copy, the run's loss and optimizer, the same batch,
-   `steps` ≤ MAX_STEPS optimizer steps): each flagged measure is taken before and after. It either
-   resolves (the gradient crosses the threshold or becomes non-zero, the parameter moves, the units come
-   alive) or grows by GROW or more; else it stays, and keeps its level.
-2. What grew is by design only when a gate is found: a parameter that is zero or tiny (RMS below
-   TINY_FACTOR × the model's median parameter RMS) at initialisation and that the run grew (at least
-   doubled, or left zero) — a layer scale, a skip-init gain, a zero-initialised residual or head. It is
-   tested by perturbation on a fresh copy at initialisation: candidates set to the values the run gave
-   them, the flagged measures taken again; a measure that grows by GROW (or resolves) has a gate among
-   them. Candidates are bisected in model order to name the gate, within GATE_PASSES passes shared by
-   every flag (a group is named when the budget ends first).
+   `steps` ≤ MAX_STEPS optimizer steps): each flagged measure is taken before and after. What resolves
+   (the gradient crosses the threshold or becomes non-zero, the parameter moves, the units come alive)
+   grows out of it: by design. What neither resolves nor grows by GROW stays, and keeps its level.
+2. The gate: a parameter that is zero or tiny (RMS below TINY_FACTOR × the model's median parameter
+   RMS) at initialisation and that the run grew (at least doubled, or left zero) — a layer scale, a
+   skip-init gain, a zero-initialised residual or head. Found by perturbation on a fresh copy at
+   initialisation: candidates set to the values the run gave them, the flagged measures taken again; a
+   measure that grows by GROW (or resolves) has a gate among them. Candidates are bisected in model
+   order, and the group named is confirmed to multiply the path (doubled, the gradient grows by
+   PROPORTIONAL or more; an additive bias does not), within GATE_PASSES passes shared by every flag (a
+   group is named when the budget ends first). What grew without resolving is by design only with a
+   confirmed gate.
 
 Cost, stated with the result: 1 + steps forward/backward passes of the run and at most GATE_PASSES
 more; one read back per pass. The user's model is never touched (copies only)."""
@@ -29,7 +31,8 @@ STEPS = 3             # optimizer steps of the short training run
 MAX_STEPS = 5
 GROW = 10.0           # growth of a flagged measure (or of its response to a gate) that counts
 TINY_FACTOR = 1e-2    # a gate candidate's RMS is below this × the model's median parameter RMS (or zero)
-GATE_PASSES = 8       # forward+backward passes spent naming gates (shared by every flag)
+PROPORTIONAL = 1.5    # doubling a gate from its trained value multiplies the gated gradient by ≥ this
+GATE_PASSES = 10      # forward+backward passes spent naming gates (shared by every flag)
 MARGIN = 0.5          # dead units: input max ≤ zero point − MARGIN × the input's std (gradflow/dead.py's rule)
 KINDS = ("vanishing-grad", "zero-grad", "param-not-updated", "dead-units")
 
@@ -66,7 +69,7 @@ class Verdict:
             what = "grad/weight" if k == "vanishing-grad" else "max |grad|"
             fact = f"{what} {self.before:.3g} at initialisation, {self.after:.3g} after {steps} steps"
         if not self.gates:
-            return fact
+            return fact + ("; it resolves by itself (no single gate isolated)" if self.resolved else "")
         gate = self.gates[0] if len(self.gates) == 1 else f"one of {', '.join(self.gates[:4])}" + (
             f" … (+{len(self.gates) - 4})" if len(self.gates) > 4 else "")
         return f"{fact}; the gate is {gate}, zero or tiny at initialisation and grown by the run"
@@ -114,6 +117,8 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
         resolved = _resolved(f, b, mv.get(f.name, 0.0))
         verdicts[f.name] = Verdict(f, a, b, resolved, resolved or _grew(f, a, b))
     used = 1 + steps
+    for v in verdicts.values():
+        v.by_design = v.resolved        # gone after a few real steps: it grows out of it
     live = [v for v in verdicts.values() if v.grew]
     if live and grown:
         trained = {n: params[n].detach() for n in grown}
@@ -234,36 +239,39 @@ def _candidates(params: dict, v0: dict) -> list[tuple[str, Any]]:
 # ---- naming the gate ---------------------------------------------------------------------------------
 
 def _name_gates(model, inputs, live, grown, nonzero, trained, ctx, eval_mode, prepare, loss_fn, budget) -> int:
-    """Bisect the grown candidates (model order) against the flags, `budget` passes at most, on fresh
-    copies at initialisation with a group set to its trained values. Sets .gates/.by_design. Returns
-    the passes used."""
+    """Bisect the grown candidates (model order) against the flags on fresh copies at initialisation with
+    a group set to its trained values, then confirm that each named group multiplies the path: doubled,
+    the flag's gradient grows PROPORTIONAL× or more (an additive bias does not). `budget` passes at most.
+    Sets .gates (and .by_design for what grew without resolving). Returns the passes used."""
     flags = [v.flag for v in live]
     base = {v.flag.name: v.before for v in live}
     groups = {v.flag.name: list(grown) for v in live}
     used = 0
     tested: dict[tuple, dict] = {}
+    confirm = 2 if any(f.kind != "dead-units" for f in flags) else 0
 
     def responds(group) -> dict:
         nonlocal used
         key = tuple(group)
         if key not in tested:
             used += 1
-            tested[key] = _test(model, inputs, flags, group, trained, ctx, eval_mode, prepare, loss_fn, base)
+            got = _values(model, inputs, flags, {n: trained[n] for n in group}, ctx, eval_mode, prepare, loss_fn)
+            tested[key] = {f.name: _responds(f, q, base[f.name]) for f, q in zip(flags, got)}
         return tested[key]
 
     first = responds(grown)
     for v in live:
         if not first.get(v.flag.name):
-            groups.pop(v.flag.name)        # the run's growth is not the candidates' doing: not by design
+            groups.pop(v.flag.name)        # the run's growth is not the candidates' doing: no gate
     # screen: the tiny non-zero candidates (layer scales) apart from the exactly-zero ones (gains, heads,
-    # and the zero-initialised biases that are no gate): one pass drops the half that is not the cause
+    # and zero-initialised biases): one pass drops the half that is not the cause
     tiny = [n for n in grown if n in nonzero]
-    if groups and tiny and len(tiny) < len(grown) and used < budget:
+    if groups and tiny and len(tiny) < len(grown) and used < budget - confirm:
         got = responds(tiny)
         rest = [n for n in grown if n not in nonzero]
         for name in groups:
             groups[name] = tiny if got.get(name) else rest
-    while used < budget:
+    while used < budget - confirm:
         wide = [g for g in groups.values() if len(g) > 1]
         if not wide:
             break
@@ -273,27 +281,40 @@ def _name_gates(model, inputs, live, grown, nonzero, trained, ctx, eval_mode, pr
         for name, g in groups.items():
             if g == group:
                 groups[name] = half if got.get(name) else group[len(group) // 2:]
+    if groups and confirm:
+        used += _multiplies(model, inputs, flags, groups, trained, ctx, eval_mode, prepare, loss_fn)
     for v in live:
         if v.flag.name in groups:
-            v.gates, v.by_design = groups[v.flag.name], True
+            v.gates = groups[v.flag.name]
+            v.by_design = True
     return used
 
 
-def _test(model, inputs, flags, group, trained, ctx, eval_mode, prepare, loss_fn, base) -> dict[str, bool]:
-    """{flag: responds} with `group` set to its trained values on a fresh copy at initialisation."""
+def _multiplies(model, inputs, flags, groups, trained, ctx, eval_mode, prepare, loss_fn) -> int:
+    """Drop from `groups` the flags whose gradient does not grow PROPORTIONAL× when their group is
+    doubled from its trained value (two passes: every named group at its trained value, then doubled)."""
+    union = sorted({n for g in groups.values() for n in g})
+    at = _values(model, inputs, flags, {n: trained[n] for n in union}, ctx, eval_mode, prepare, loss_fn)
+    doubled = _values(model, inputs, flags, {n: 2 * trained[n] for n in union}, ctx, eval_mode, prepare, loss_fn)
+    for f, a, b in zip(flags, at, doubled):
+        if f.kind != "dead-units" and f.name in groups and not (a > 0 and b >= PROPORTIONAL * a):
+            groups.pop(f.name)
+    return 2
+
+
+def _responds(f: Flag, q: float, base: float) -> bool:
+    if f.kind == "dead-units":
+        return q <= f.threshold
+    return math.isfinite(q) and q > 0 and (base == 0 or q >= GROW * base)
+
+
+def _values(model, inputs, flags, setting: dict, ctx, eval_mode, prepare, loss_fn) -> list[float]:
+    """The flags' measures on a fresh copy at initialisation with `setting` ({name: value}) put in."""
     import torch
 
     work = _copy(model, ctx, eval_mode, prepare)
     params = _params(work)
     with torch.no_grad():
-        for n in group:
-            params[n].copy_(trained[n])
-    got = read_back(_measure(work, inputs, flags, ctx, loss_fn))
-    out = {}
-    for f, q in zip(flags, got):
-        b = base[f.name]
-        if f.kind == "dead-units":
-            out[f.name] = q <= f.threshold
-        else:
-            out[f.name] = math.isfinite(q) and q > 0 and (b == 0 or q >= GROW * b)
-    return out
+        for n, value in setting.items():
+            params[n].copy_(value)
+    return read_back(_measure(work, inputs, flags, ctx, loss_fn))

@@ -50,14 +50,14 @@ def report(by_design: dict, ck, result, step: str) -> None:
         names = [n for n, _, _ in members]
         shown = ", ".join(names[:6]) + (f" … (+{len(names) - 6})" if len(names) > 6 else "")
         n, v, steps = members[0]
-        where = gate[0] if len(gate) == 1 else name(_common(gate))
+        where = (gate[0] if len(gate) == 1 else name(_common(gate))) if gate else n
         result.add(CODE, "info", where,
                    f"{len(names)} parameter(s) ({shown}) do not change after 1 {step} step at initialisation, by "
                    f"design: their gradient is closed by a gate that training opens; after a short training run on a "
                    f"copy ({steps} optimizer steps, same batch) they move: {n}: {v.describe(steps)}")
     if by_design:
         ck.row("update", "info", f"{len(by_design)} parameter(s) do not move at initialisation, by design (a gate "
-               "training opens; see the info findings)", name(next(iter(groups))[0]), "", CODE)
+               "training opens; see the info findings)", name(next(iter(by_design))), "", CODE)
 
 
 def _common(names) -> str:

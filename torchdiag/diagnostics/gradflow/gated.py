@@ -35,7 +35,10 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
             r["rechecked"] = rc.steps
             continue
         kind = "zero-init" if r["status"] == "zero-grad" else KIND
-        where = gate_where(v.gates) if kind == "zero-init" or len(v.gates) > 1 else v.gates[0]
+        if not v.gates:
+            where = r["name"]           # resolved by the run, no single gate isolated
+        else:
+            where = gate_where(v.gates) if kind == "zero-init" or len(v.gates) > 1 else v.gates[0]
         r.update(status=kind, reason=where, allowed=False,
                  design={"kind": kind, "why": f"{v.describe(rc.steps)} (a short training run on a copy: "
                                               f"{rc.steps} optimizer steps on the same batch)"})
