@@ -198,6 +198,14 @@ def zoo_entries() -> list[Entry]:
         return []
     rows = json.loads(path.read_text())["entries"]
     rows.sort(key=lambda r: (r.get("params") is None, r.get("params") or 0))
+    # families interleaved (timm, torchvision, hf, timm, ...), each smallest first: a run cut short still
+    # covers every family
+    by_family: dict[str, list] = {}
+    for r in rows:
+        by_family.setdefault(r["family"], []).append(r)
+    order = [f for f in ("timm", "torchvision", "hf") if f in by_family] + sorted(set(by_family) - {"timm", "torchvision", "hf"})
+    rows = [fam[i] for i in range(max(map(len, by_family.values()), default=0))
+            for fam in (by_family[f] for f in order) if i < len(fam)]
     out = []
     for r in rows:
         out.append(Entry("zoo_" + r["name"], r["family"], _unbuildable(r.get("build_error")), [], r.get("why", ""),
