@@ -55,10 +55,15 @@ def meta_params(build) -> int | None:
         return None
 
 
+# the architectures of issue 26's report that are not their family's smallest variant (kept as well)
+ISSUE_26 = ("nfnet_l0", "ghostnet_100", "poolformer_s12")
+
+
 def timm_zoo() -> list[dict]:
     import timm
 
-    out = []
+    out = [{"name": f"timm_{n}", "family": "timm", "spec": f"timm:{n}", "args": [], "why": "issue 26's report",
+            "params": meta_params(lambda n=n: timm.create_model(n, pretrained=False))} for n in ISSUE_26]
     for module in timm.list_modules():
         names = timm.list_models(module=module)
         if not names:
@@ -79,8 +84,10 @@ def torchvision_zoo() -> list[dict]:
     for name in torchvision.models.list_models():
         kind = next((k for k in ("detection", "segmentation", "video", "optical_flow", "quantization")
                      if name in torchvision.models.list_models(module=getattr(torchvision.models, k))), "classification")
+        kw = {"weights_backbone": None} if kind in ("detection", "segmentation") else {}
         out.append({"name": f"tv_{name}", "family": "torchvision", "spec": f"torchvision:{name}", "args": [],
-                    "why": f"torchvision {kind}", "params": None})
+                    "why": f"torchvision {kind}",
+                    "params": meta_params(lambda n=name, kw=kw: torchvision.models.get_model(n, weights=None, **kw))})
     return out
 
 
