@@ -37,6 +37,7 @@ SMALL = {
     "decoder_attention_heads": 4, "num_heads": 4, "num_key_value_heads": 2, "d_kv": 8, "head_dim": 8,
     "vocab_size": 1000, "max_position_embeddings": 128, "n_positions": 128,
 }
+MAX_DEFAULT = 150_000_000   # a default (unshrunk) config is used only up to this many parameters
 HF_TASKS = (("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"), ("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
             ("seq2seq", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
             ("image-classification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
@@ -91,17 +92,39 @@ def torchvision_zoo() -> list[dict]:
     return out
 
 
+LAYER_COUNTS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers")
+
+
+def _token_ids(config) -> int:
+    """The largest token id or index the config names (the vocabulary must hold it)."""
+    top = -1
+    for key, value in vars(config).items():
+        if key.endswith(("_token_id", "_token_ids", "_token_index", "_id")) and not isinstance(value, bool):
+            for v in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(v, int):
+                    top = max(top, v)
+    return top
+
+
 def shrink(config) -> None:
-    """Every known size attribute of `config` and its sub-configs set small (in place)."""
+    """Every known size attribute of `config` and its sub-configs set small (in place); per-layer lists
+    cut to the new depth; the vocabulary kept large enough for every token id the config names."""
     from transformers import PretrainedConfig
 
+    depth = {k: getattr(config, k) for k in LAYER_COUNTS if isinstance(getattr(config, k, None), int)}
+    small = dict(SMALL, vocab_size=max(SMALL["vocab_size"], _token_ids(config) + 1))
     for key, value in list(vars(config).items()):
         if isinstance(value, PretrainedConfig):
             shrink(value)
-        elif key in SMALL and isinstance(value, int) and not isinstance(value, bool) and value > SMALL[key]:
-            setattr(config, key, SMALL[key])
-        elif key in SMALL and isinstance(value, list) and value and all(isinstance(v, int) for v in value):
-            setattr(config, key, [min(v, SMALL[key]) for v in value][:4])
+        elif key in small and isinstance(value, int) and not isinstance(value, bool) and value > small[key]:
+            setattr(config, key, small[key])
+        elif key in small and isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+            setattr(config, key, [min(v, small[key]) for v in value][:4])
+    for key, old in depth.items():
+        new = getattr(config, key)
+        for k, v in list(vars(config).items()):
+            if isinstance(v, list) and len(v) == old and old != new and k not in small:
+                setattr(config, k, v[:new])
 
 
 def hf_zoo() -> list[dict]:
@@ -117,10 +140,19 @@ def hf_zoo() -> list[dict]:
         if task is None:
             continue     # no Auto class builds it (a config-only or sub-model type)
         try:
-            config = CONFIG_MAPPING[model_type]()
-            shrink(config)
             cls = getattr(transformers, getattr(modeling_auto, dict(HF_TASKS)[task])[model_type])
-            params = meta_params(lambda: cls._from_config(config))
+            config = CONFIG_MAPPING[model_type]()
+            how = "shrunk config"
+            try:
+                shrink(config)
+                params = meta_params(lambda: cls._from_config(config))
+            except Exception:  # noqa: BLE001 - a config that refuses the shrunk sizes
+                params = None
+            if params is None:   # the default config, when it builds and is small enough to run
+                how = "default config"
+                config = CONFIG_MAPPING[model_type]()
+                params = meta_params(lambda: cls._from_config(config))
+                params = params if params is not None and params <= MAX_DEFAULT else None
             folder = HF_DIR / model_type
             config.architectures = [cls.__name__]
             config.save_pretrained(folder)
@@ -128,19 +160,24 @@ def hf_zoo() -> list[dict]:
             row.update(build_error=f"{type(exc).__name__}: {str(exc)[:200]}")
             out.append(row)
             continue
-        row.update(spec=f"hf:{folder}", why=f"transformers {model_type} ({cls.__name__}, shrunk config)", params=params)
+        row.update(spec=f"hf:{folder}", why=f"transformers {model_type} ({cls.__name__}, {how})", params=params)
         if params is None:
-            row["build_error"] = "does not build from the shrunk config (on meta)"
+            row["build_error"] = (f"builds neither from the shrunk config nor from the default one within "
+                                  f"{MAX_DEFAULT / 1e6:.0f} M parameters (on meta)")
         out.append(row)
         print(f"hf {model_type}: {cls.__name__} {params}", file=sys.stderr, flush=True)
     return out
 
 
-def main() -> int:
+def main(argv=None) -> int:
     import importlib.metadata as md
 
     t0 = time.time()
-    entries = torchvision_zoo() + timm_zoo() + hf_zoo()
+    only = (argv if argv is not None else sys.argv[1:])
+    if only == ["--hf"] and ZOO.exists():   # re-list the transformers part only
+        entries = [e for e in json.loads(ZOO.read_text())["entries"] if e["family"] != "hf"] + hf_zoo()
+    else:
+        entries = torchvision_zoo() + timm_zoo() + hf_zoo()
     versions = {p: md.version(p) for p in ("torch", "torchvision", "timm", "transformers")}
     ZOO.write_text(json.dumps({"versions": versions, "entries": entries}, indent=1))
     print(f"{len(entries)} entries in {time.time() - t0:.0f} s -> {ZOO}", file=sys.stderr)
