@@ -38,6 +38,7 @@ FAST_RUNS = {
     "doctor": [sample("mlp.py:build")],
     "activations": [sample("cnn.py:build")],
     "attention": [sample("vit.py:build")],
+    "data": [sample("data_digits.py:train"), "--samples", "200", "--no-sweep", "--batches", "2"],
 }
 
 

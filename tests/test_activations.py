@@ -245,3 +245,26 @@ def test_cli_json_gives_the_paths_written(cli, tmp_path):
     assert sorted(p.name for p in (tmp_path / "act").iterdir()) == ["features.0_features.png", "features.0_filters.png"]
     text = cli("activations", CNN, "--layer", "features.0", "--images", tmp_path / "act")
     assert f"2 PNG file(s) in {tmp_path / 'act'}" in text.stdout
+
+
+def test_picture_sizes_are_known_before_drawing_and_drawn_in_render(tmp_path):
+    """The diagnostic describes its pictures (no matplotlib there) and reports their sizes; render draws them
+    to exactly those sizes, once, when they are written."""
+    from PIL import Image
+
+    model, inputs = load("cnn.py:build")
+    res = run("activations", model, inputs, layers=["features.0", "features.3"], images=True)
+    assert "pictures" not in res.artefacts and not res.images        # nothing drawn yet
+    entries = res.data["images"]
+    assert [(e["layer"], e["kind"]) for e in entries] == [("features.0", "feature_maps"), ("features.0", "filters_rgb"),
+                                                        ("features.3", "feature_maps"), ("features.3", "filters_gray")]
+    # 16 maps of 32×32 ×2 in a 4×4 grid: 4*64 + 3*2 = 262; 32 maps of 16×16 ×3 in 6×6: 6*48 + 5*2 = 298
+    assert [(e["height"], e["width"]) for e in entries] == [(262, 262), (102, 102), (298, 298), (414, 414)]
+    write_images(res, tmp_path)
+    files = ["features.0_features.png", "features.0_filters.png", "features.3_features.png", "features.3_filters.png"]
+    for entry, name in zip(entries, files):
+        with Image.open(tmp_path / name) as im:
+            assert im.size == (entry["width"], entry["height"])
+    assert [n for n, _ in res.artefacts["pictures"]] == files
+    write_images(res, tmp_path / "again")                            # drawn once: no second set of pictures
+    assert len(res.artefacts["pictures"]) == 4

@@ -140,7 +140,7 @@ def test_sdpa_causal_weights_and_patch_restored():
 def test_cli_pictures_tokens_and_json(cli, tmp_path):
     from PIL import Image
 
-    from torchdiag.diagnostics.attention import figure_size
+    from torchdiag.pictures import attention_size
 
     out = tmp_path / "attn"
     tokens = ",".join(f"t{i}" for i in range(17))
@@ -154,7 +154,7 @@ def test_cli_pictures_tokens_and_json(cli, tmp_path):
         with Image.open(out / f"attention_{name}.png") as im:
             assert im.format == "PNG" and im.mode == "RGB"
             # 4 heads × 2.6 in + 0.8 in at 100 dpi, 3 in high
-            assert im.size == (1120, 300) and figure_size(4) == (300, 1120)
+            assert im.size == (1120, 300) and attention_size(4) == (300, 1120)
 
 
 def test_tensorboard_images(cli, tmp_path):
@@ -281,3 +281,22 @@ def test_pictures_from_python_and_paths_in_json(cli, tmp_path):
         str(tmp_path / "cli" / "attention_layers.1.self_attention.png")]
     for name in ("attention_layers.0.self_attention.png", "attention_layers.1.self_attention.png"):
         assert (tmp_path / "cli" / name).read_bytes() == (tmp_path / "py" / name).read_bytes()
+
+
+def test_picture_sizes_are_known_before_drawing_and_drawn_in_render(tmp_path):
+    """Sizes in data["images"] before anything is drawn; render draws the same sizes, for PNG and TensorBoard."""
+    from PIL import Image
+
+    from torchdiag.render.images import drawn
+
+    model, inputs = load("vit.py:build")
+    res = run("attention", model, inputs, images=True, tb=True)
+    assert "pictures" not in res.artefacts and not res.images        # nothing drawn yet
+    assert [(e["height"], e["width"]) for e in res.data["images"]] == [(300, 1120), (300, 1120)]
+    drawn(res)
+    assert {k: v.shape for k, v in res.images.items()} == {
+        "attention/layers.0.self_attention": (300, 1120, 3), "attention/layers.1.self_attention": (300, 1120, 3)}
+    write_images(res, tmp_path)
+    for e in res.data["images"]:
+        with Image.open(tmp_path / f"attention_{e['layer']}.png") as im:
+            assert im.size == (e["width"], e["height"])

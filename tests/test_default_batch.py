@@ -18,3 +18,11 @@ def test_batched_specs_and_the_users_own_inputs():
     assert own.default_inputs == () and own.input_source == ""
     assert [c for c in ("summary", "flops", "gradflow", "doctor", "nancheck") if sources.trains(c)] == \
         ["gradflow", "doctor", "nancheck"]
+
+
+def test_the_training_commands_are_the_registrys():
+    # core cannot import the registry; this keeps core's list and the registry's training commands one list
+    from torchdiag.commands import COMMANDS, MODEL
+    from torchdiag.core.sources import TRAINING_COMMANDS
+
+    assert set(TRAINING_COMMANDS) == {c.name for c in COMMANDS if c.groups == MODEL} | {"check"}

@@ -128,7 +128,7 @@ def test_batchnorm_running_stats_differing_is_info_with_syncbn_hint(diverging):
 
 
 def test_batchnorm_stats_of_many_modules_are_one_finding():
-    from torchdiag.diagnostics.ranks.report import add_rank_findings
+    from torchdiag.runner.report import add_rank_findings
     from torchdiag.results import Result
 
     def row(name, diff):
@@ -176,7 +176,7 @@ def test_overfit_batch_trains_the_ddp_copy_and_ranks_stop_together(overfit):
 def test_unused_hint_when_every_rank_failed():
     """When DDP itself raised on every rank ("Expected to have finished reduction … indices"), the
     error's hint names the parameters and why, per rank where they differ."""
-    from torchdiag.diagnostics.ranks.report import unused_hint
+    from torchdiag.runner.report import unused_hint
 
     gone = {"name": "aux.weight", "reason": "unused", "why": "module aux (Linear) never ran in forward"}
     cut = {"name": "head.bias", "reason": "detached", "why": "module head (Linear) ran under torch.no_grad()"}
@@ -203,15 +203,19 @@ def test_every_rank_failed_leads_with_the_cause_not_its_echo(capsys):
     report still leads with the peer's own error."""
     from types import SimpleNamespace
 
-    from torchdiag.cli.torchrun import _all_failed
+    from torchdiag.cli.common import show
+    from torchdiag.commands import get
+    from torchdiag.runner.job import Job
+    from torchdiag.runner.ranks import all_failed
 
     def rec(rank, message, at, echo):
         return {"rank": rank, "exit_code": 3, "error": {"message": message, "hint": None, "at": at, "echo": echo}}
 
     records = [rec(0, "stopped at step 3: the model raised on another rank", 1.0, True),
                rec(1, "the model raised in forward: boom", 2.0, False)]
-    opts = SimpleNamespace(json=True)
-    assert _all_failed(opts, SimpleNamespace(wrap="none", command="overfit-batch"), records) == 3
+    outcome = all_failed(SimpleNamespace(wrap="none", command="overfit-batch"), records)
+    assert outcome.code == 3
+    show(outcome, Job(get("overfit-batch"), {"json": True}))
     doc = json.loads(capsys.readouterr().out)
     assert doc["error"]["message"] == "[rank 1] the model raised in forward: boom"
 
@@ -376,7 +380,7 @@ def test_shard_cuts_batch_tensors_and_target_only():
 
 
 def test_merge_tags_ranks_and_takes_the_worst_code():
-    from torchdiag.diagnostics.ranks.merge import finish, merge, record
+    from torchdiag.runner.merge import finish, merge, record
     from torchdiag.results import Result
 
     a, b = Result("nancheck"), Result("nancheck")
@@ -397,7 +401,7 @@ def test_merge_tags_ranks_and_takes_the_worst_code():
 
 
 def test_merge_one_finding_when_ranks_differ_only_in_numbers():
-    from torchdiag.diagnostics.ranks.merge import merge, record
+    from torchdiag.runner.merge import merge, record
     from torchdiag.results import Result
 
     a, b = Result("doctor"), Result("doctor")
@@ -411,7 +415,7 @@ def test_merge_one_finding_when_ranks_differ_only_in_numbers():
 
 
 def test_merge_takes_ddps_prefix_off_names():
-    from torchdiag.diagnostics.ranks.merge import merge, record
+    from torchdiag.runner.merge import merge, record
     from torchdiag.results import Result
 
     a = Result("memory")

@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM under torchrun (issue 19): real 2-process gloo launches.
+"""Ctrl-C and SIGTERM under torchrun, where torchrun forwards them to every rank: real 2-process gloo launches.
 
 Ranks run in sessions of their own (torch's SubprocessHandler: start_new_session), so Ctrl-C in a terminal
 reaches torchrun alone; torchrun's agent turns SIGINT/SIGTERM into SignalException, sends the same signal to
@@ -10,7 +10,7 @@ the error document). Each launch waits for the marker the model writes when its 
 its main thread waiting on a futex; the guards only stop a hung test.
 
 At the end, torch-free: the cross-rank report's wording for state that differs as built under DDP
-(diagnostics/ranks/report.py), on hand-built consistency dicts."""
+(runner/report.py), on hand-built consistency dicts."""
 from __future__ import annotations
 
 import json
@@ -142,7 +142,7 @@ def test_ctrl_c_while_a_rank_waits_in_ddp_allreduce(ctrl_c_in_allreduce):
 # ------------------------------------------- the cross-rank report's wording (torch-free, hand-built dicts)
 
 def _report(differs, grads_differ=(), ignored=None, wrap="ddp"):
-    from torchdiag.diagnostics.ranks.report import add_rank_findings
+    from torchdiag.runner.report import add_rank_findings
     from torchdiag.results import Result
 
     cons = {"compared": 6, "steps": 2, "differs": list(differs), "grads_differ": list(grads_differ), "notes": []}
@@ -176,7 +176,7 @@ def test_init_difference_of_a_parameter_ddp_ignores_is_an_error_not_a_broadcast(
 def test_init_difference_with_an_unreduced_gradient_is_not_called_equal_at_start():
     """Without the ignore list (a consistency dict that lacks it), a parameter whose reduced gradient differs
     too is not said to start equal: whatever the broadcast did, the steps part the ranks."""
-    from torchdiag.diagnostics.ranks.report import add_rank_findings
+    from torchdiag.runner.report import add_rank_findings
     from torchdiag.results import Result
 
     cons = {"compared": 2, "steps": 2, "differs": [_diff("side.weight")],

@@ -250,7 +250,8 @@ def test_non_finite_input():
 def test_model_untouched(untouched, name):
     from torchdiag.core.context import prepare
     from torchdiag.core.run import RunSpec
-    from torchdiag.diagnostics import doctor, invoke
+    from torchdiag.diagnostics import doctor
+    from torchdiag.runner.local import invoke
 
     # as the CLI runs it: the context carries the factory, so the device check rebuilds it on meta
     model, inputs, ctx = prepare(RunSpec(DOCTOR, model=sample(name), device="cpu", caller="python"))
@@ -561,7 +562,7 @@ def test_forward_failure_elsewhere_is_not_blamed_on_the_dtype_finding():
     assert f.severity == "error" and f.where == "input[0]"
 
 
-# ---------------------------------------------------------------- by design at initialisation (issue 14)
+# ------------------------------------- by design at initialisation: looks broken at init, is not (info only)
 def _by_design(factory: str):
     import importlib.util
 

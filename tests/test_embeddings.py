@@ -60,7 +60,7 @@ def test_cli_labels_from_batch_function(cli, tmp_path):
     assert meta == [str(i % 3) for i in range(12)]
     from PIL import Image
 
-    from torchdiag.diagnostics.embeddings import PCA_SIZE
+    from torchdiag.pictures import PCA_SIZE
 
     with Image.open(doc["pca_image"]) as im:
         assert im.format == "PNG" and im.size == (PCA_SIZE[1], PCA_SIZE[0]) == (400, 400)

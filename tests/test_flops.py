@@ -237,3 +237,12 @@ def test_engine_option_error_is_exit_2_even_when_the_factory_raises(cli):
     res = cli("flops", sample("broken_factory.py:raises"), "--engine", "fvcore", "--backward", "--json")
     assert res.code == 2 and res.stderr.startswith("error: --engine: fvcore counts the forward pass only")
     assert res.json["exit_code"] == 2 and "Traceback" not in res.stderr
+
+
+def test_torchdiags_own_ops_are_not_in_the_users_table(cli):
+    """--backward: the random target (randint), the loss's forward and the backward seed (ones_like) are
+    torchdiag's, not the model's: none of them is listed among the model's ops (counted or not)."""
+    j = cli("flops", sample("mlp.py:build"), "--backward", "--json").json
+    names = {row["op"] for row in j["uncounted_ops"]} | {row["op"] for row in j["operators"]}
+    assert names and not names & {"randint", "randn", "ones_like", "nll_loss_forward", "_log_softmax"}, names
+    assert j["backward_flops"] > 0

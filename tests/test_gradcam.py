@@ -38,7 +38,7 @@ def test_cam_equals_closed_form_for_gap_linear(image, untouched):
     import torch
 
     from torchdiag.diagnostics import gradcam as diag
-    from torchdiag.render.images import load_rgb
+    from torchdiag.core.image_file import load_rgb
 
     model, _ = load("gradcam_region.py:build")
     x = diag.image_tensor(load_rgb(image), (0, 0, 0), (1, 1, 1), torch.device("cpu"))
@@ -110,7 +110,7 @@ def test_resize_and_normalisation(tmp_path):
     from PIL import Image
 
     from torchdiag.diagnostics import gradcam as diag
-    from torchdiag.render.images import load_rgb
+    from torchdiag.core.image_file import load_rgb
 
     arr = np.full((48, 64, 3), 255, dtype=np.uint8)
     path = tmp_path / "white.png"

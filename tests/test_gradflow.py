@@ -685,3 +685,15 @@ def test_zero_gain_in_front_of_an_activation_is_not_dead_units():
     gated = [f for f in res.findings if f.code == "by-design-init" and f.where.endswith("attn_last.act")]
     assert {f.where for f in gated} == {"stages.0.attn_last.act", "stages.1.attn_last.act"}
     assert all("dead fraction 100% at initialisation" in f.message and ".conv3." in f.message for f in gated)
+
+
+def test_plot_shades_only_warnings_and_errors():
+    """By-design rows (zero-init: info) are not shaded; the layers a warning names are."""
+    from torchdiag.render.gradflow import flagged_layers
+
+    res = run(by_design("zero_head"), torch.randn(2, 8))
+    assert any(r["status"] != "ok" for r in res.table("layers").rows) and flagged_layers(res) == set()
+    model, inputs = load("broken_grad_vanishing.py:build")
+    bad = api_run("gradflow", model, inputs)
+    flagged = flagged_layers(bad)
+    assert flagged and all(r["status"] != "ok" for r in bad.table("layers").rows if r["layer"] in flagged)

@@ -496,7 +496,7 @@ def test_anomaly_on_a_forward_nan_says_it_only_sees_backward(cli):
     r = cli("nancheck", sample("broken_nan_forward.py:build"), "--anomaly")
     out = " ".join(r.stdout.split())
     assert "where the forward NaN/Inf from log_features entered the backward" in out
-    assert "created by the loss" in out
+    assert "created by torchdiag's loss" in out
 
 
 def test_all_finite_one_sync_is_never_wrong():
@@ -604,3 +604,24 @@ def test_huge_but_finite_values_are_a_suspicion_not_a_finding(monkeypatch):
     res = torchdiag.api.run("nancheck", Huge(), x, loss=lambda out, target: (out / 3e38).mean())
     assert res.findings == [] and res.exit_code == 0
     assert exact == [1]        # the suspicion was decided by the exact pass (forward only: no grad hooks)
+
+
+def test_anomaly_never_shows_torchdiags_frames_as_the_users():
+    """An op created by torchdiag's own loss: the frames table shows torch's frames at most, never
+    torchdiag's, and says the op came from torchdiag's loss."""
+    import os
+
+    import torchdiag
+    from torchdiag.diagnostics.nancheck.anomaly import report_anomaly
+    from torchdiag.results import Result
+
+    ours = os.path.join(os.path.dirname(torchdiag.__file__), "core", "loss.py")
+    trace = [f'  File "{os.path.join(os.path.dirname(torchdiag.__file__), "api.py")}", line 99, in run', "    return x",
+             f'  File "{ours}", line 180, in _primary', "    return F.cross_entropy(y, t)",
+             '  File "/usr/lib/python3/site-packages/torch/nn/functional.py", line 3100, in cross_entropy',
+             "    return torch._C._nn.cross_entropy_loss(input, target)"]
+    r = Result("nancheck")
+    report_anomaly(r, {"raised": True, "op": "LogSoftmaxBackward0", "message": "nan", "forward_trace": trace})
+    rows = r.table("anomaly_frames").rows
+    assert rows and all("torchdiag" not in row["frame"] for row in rows)
+    assert "by torchdiag's loss (--loss)" in r.table("anomaly_frames").note

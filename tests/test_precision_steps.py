@@ -162,7 +162,7 @@ def test_no_scale_without_fp16():
 
 
 def test_culprit_rule_on_hand_built_events():
-    from torchdiag.diagnostics.overfit_batch.scaling import culprit
+    from torchdiag.core.scaling import culprit
 
     ev = [("head", "output", None), ("head", "param", None), ("head", "input", None), ("body", "output", None)]
     assert culprit(ev, [True, True, False, False])[0] == "head"          # head's backward made it

@@ -305,6 +305,24 @@ def test_a_crowded_table_wraps_headers_not_values():
     assert "no-grad" in body[0] and "0.01641" in body[1] and "3.339" in body[0]
 
 
+def test_long_headers_over_short_numbers_are_wrapped_not_cut():
+    """lr-find's range-test table at 100 columns: too wide with every header whole, narrow enough with some
+    headers wrapped (text columns at their comfortable width). Rich cannot narrow a no_wrap header, so it
+    used to cut the last column: 'updates' and its value 48 showed as 'update' and '4'."""
+    cols = [Column("seed", "seed", "int"), Column("status", "curve"), Column("i", "initial loss", "float"),
+            Column("m", "lowest (smoothed)", "float"), Column("a", "at lr", "float"), Column("v", "valley", "float"),
+            Column("stopped", "stopped"), Column("s", "at lr", "float"), Column("u", "updates", "int")]
+    rows = [{"seed": k, "status": "ok", "i": 29.76, "m": 5.716, "a": 0.001597, "v": 3.353e-04, "stopped": "diverged",
+             "s": 0.236, "u": 48} for k in range(2)]
+    r = Result("lr-find")
+    r.tables.append(Table("curves", "Range test: one curve per repeat", cols, rows))
+    lines = render(r).splitlines()
+    assert all(len(line.rstrip()) <= WIDTH for line in lines), "\n".join(lines)
+    body = [line for line in lines if "diverged" in line]
+    assert len(body) == 2 and all(line.rstrip().endswith("48 │") for line in body), "\n".join(lines)
+    assert any("updates" in line for line in lines) and any("(smoothed)" in line for line in lines)
+
+
 # ------------------------------------------------------------------- the same results at 80 and 120 columns
 
 def checklist() -> Result:

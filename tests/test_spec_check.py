@@ -2,6 +2,8 @@
 the file's top level certainly does not bind the name (read with ast, never run)."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -61,3 +63,11 @@ def test_what_is_not_a_file_spec_is_left_to_the_loader(tmp_path):
     for spec in ("torchvision:resnet18", "timm:nope", "hf:folder", "os.path:join", "no_colon", "pkg.mod:build",
                  f"{tmp_path}:build"):   # a folder: the loader says it is one
         precheck(spec)
+def test_the_cli_answers_a_misspelt_factory_without_importing_torch(tmp_path):
+    """One process, `-X importtime`: the error comes out and torch was never imported."""
+    path = write(tmp_path, "def build(): pass")
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "torchdiag", "summary", f"{path}:biuld"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "has no factory named 'biuld'" in r.stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")]
+    assert "torch" not in imported and "numpy" not in imported

@@ -8,11 +8,13 @@ Every function returns the Result the CLI renders (`.data`, `.tables`, `.finding
 diagnostic runs, so `torchdiag --help` pays for neither."""
 __version__ = "0.1.0"
 
-_API = ("activations", "as_inputs", "attention", "doctor", "embeddings", "flops", "gradcam", "gradcheck", "gradflow",
-        "make_loss", "memory", "nancheck", "overfit_batch", "profile", "run", "summary")
+from .commands import COMMANDS as _COMMANDS
+
+# the Python function of every command the registry gives one, and the helpers
+_API = (*sorted(c.python for c in _COMMANDS if c.python), "as_inputs", "make_loss", "run")
 _ERRORS = ("DiagError", "ExitCode", "ModelError", "UsageError", "OptionError")
 _RESULTS = ("Finding", "Result", "Table")
-_SUBMODULES = ("api", "errors", "results", "testing", "core", "diagnostics", "render", "cli")
+_SUBMODULES = ("api", "commands", "errors", "results", "testing", "core", "diagnostics", "render", "runner", "cli")
 __all__ = [*_API, *_ERRORS, *_RESULTS, "__version__"]
 
 

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-RUN_KEYS = ("seed", "dtype", "amp")
+from .commands import COMMANDS, RUN_OPTIONS
+
+# the run-wide keywords of a Python call (the rest are the diagnostic's Options); loss is its own
+RUN_KEYS = tuple(o.name for o in RUN_OPTIONS if o.python)
 OPTIMIZER_KEYS = {"optimizer": "name", "lr": "lr", "momentum": "momentum"}
 
 
@@ -65,29 +68,29 @@ def _options(module, **kw):
 
 def run_spec(command: str, diagnostic=None, *, loss: Any = "auto", **kw):
     """The RunSpec of a Python call: run-wide keywords are taken out of `kw` (the rest are Options)."""
-    from .core.run import RunSpec, optimizer_spec
     from .errors import OptionError
+    from .runner.job import run_spec as build
 
     if "checkpoint" in kw:   # the model is the caller's own: torchdiag never changes it
         raise OptionError("checkpoint", "is for models torchdiag builds (the command line, check); in Python, load the "
                           "weights into your model first", hint="model.load_state_dict(safetensors.torch.load_file(path)) "
                           "or torch.load(path, weights_only=True), then call torchdiag")
     given = {field: kw.pop(key) for key, field in OPTIMIZER_KEYS.items() if key in kw}
-    optimizer = optimizer_spec(getattr(diagnostic, "OPTIMIZER", None), **given)
     run = {k: kw.pop(k) for k in RUN_KEYS if k in kw}
     if isinstance(run.get("amp"), bool):  # memory's amp=True: autocast in the device's own low precision
         run["amp"] = "auto" if run["amp"] else None
-    return RunSpec(command, loss=loss if isinstance(loss, str) else "auto", optimizer=optimizer,
-                   caller="python", **run)
+    return build(command, diagnostic, caller="python", optimizer=given, loss=loss if isinstance(loss, str) else "auto",
+                 **run)
 
 
 def run(command: str, model, inputs=None, *, loss: Any = "auto", target=None, **options):
     """Any diagnostic by its command name: `torchdiag.api.run("gradflow", model, x, strict=True)`."""
     from .core.context import context_for
     from .core.precision import cast_copy, cast_inputs
-    from .diagnostics import invoke, module
+    from .commands import get
+    from .runner.local import invoke
 
-    d = module(command)
+    d = get(command).diagnostic_module()
     spec = run_spec(command, d, loss=loss, **options)   # pops the run-wide keywords from options
     for key in (*RUN_KEYS, *OPTIMIZER_KEYS):
         options.pop(key, None)
@@ -110,16 +113,12 @@ def _command(command: str, doc: str):
     return call
 
 
-summary = _command("summary", "Parameters, buffers, shapes and dtypes per module (options: depth).")
-flops = _command("flops", "FLOPs and MACs per module and op (options: depth, backward, engine, top).")
-nancheck = _command("nancheck", "Where NaN/Inf first appear: inputs, parameters, forward, loss, backward (steps, anomaly).")
-gradflow = _command("gradflow", "Does the gradient reach every parameter, with healthy magnitudes (strict, allow, ...).")
-overfit_batch = _command("overfit-batch", "Can the model memorise one batch (steps, target_ratio, target_loss, ...).")
-profile = _command("profile", "Where the time goes: operators, kernels, modules, phases (mode, active, trace, ...).")
-memory = _command("memory", "Where the memory of a step goes (mode, batch_sizes, budget, shard, ...).")
-doctor = _command("doctor", "A checklist of common training bugs on one model.")
-activations = _command("activations", "Activation statistics per layer (layers, eps, depth).")
-attention = _command("attention", "Attention maps and per-head statistics (tokens, sample, sdpa).")
+# torchdiag.<command>(model, inputs=None, **options) for every command the registry gives a plain Python
+# function; embeddings, gradcam, gradcheck and data take other arguments and are written out below
+_OWN_SIGNATURE = ("embeddings", "gradcam", "gradcheck", "data")
+for _c in COMMANDS:
+    if _c.python and _c.python not in _OWN_SIGNATURE:
+        globals()[_c.python] = _command(_c.name, f"{_c.summary} Options: those of `torchdiag {_c.name}`, with _ for -.")
 
 
 def embeddings(model, inputs=None, *, layer: str, logdir=None, labels=None, **options):
@@ -148,5 +147,38 @@ def gradcheck(target, *inputs, **options):
     return d.check_callable(target, inputs, _options(d, **options))
 
 
-__all__ = ["summary", "flops", "nancheck", "gradflow", "overfit_batch", "profile", "memory", "doctor",
-           "activations", "attention", "embeddings", "gradcam", "gradcheck", "as_inputs", "make_loss", "run"]
+def data(dataset_or_loader, val=None, model=None, *, loss: Any = "auto", device=None, **options):
+    """The data and its loader (`torchdiag data`): `dataset_or_loader` (and `val`) a Dataset, a DataLoader, an
+    IterableDataset or any iterable of batches; `model` an nn.Module (never changed: its steps run on a copy).
+    Options as `torchdiag data`, with _ for -: batch_size, samples, batches, timeout, input_field,
+    target_field, classes, workers, sweep (False: --no-sweep), speed (False: --no-speed), per_class,
+    pictures; run-wide: seed, loss, dtype/amp (for the model), device (default: the model's, else auto).
+    A sample that raises is a ModelError naming its index (`.partial`: what was measured)."""
+    from .core.context import context_for
+    from .core.precision import cast_copy
+    from .diagnostics import data as d
+    from .errors import OptionError
+
+    if "classes" in options:   # --classes on the command line; the Options field is num_classes
+        options["num_classes"] = options.pop("classes")
+    spec = run_spec("data", d, loss=loss, **options)   # pops the run-wide keywords from options
+    for key in (*RUN_KEYS, *OPTIMIZER_KEYS):
+        options.pop(key, None)
+    opts = _options(d, **options)
+    if model is None:
+        for name in ("dtype", "amp"):
+            if getattr(spec, name):
+                raise OptionError(name, "applies to the model, and no model is given", hint="pass model=...")
+        ctx = d.context("auto" if device is None else device, spec.seed, loss if isinstance(loss, str) else "auto")
+        work = None
+    else:
+        if device is not None:
+            raise OptionError("device", "is the model's own in Python", hint="move the model: model.to(device)")
+        ctx = context_for(model, spec, loss=loss)
+        work = cast_copy(model, spec.dtype)
+    result = d.run_data(dataset_or_loader, opts, ctx, val=val, model=work)
+    ctx.finish(result)
+    return result
+
+
+__all__ = [*(c.python for c in COMMANDS if c.python), "as_inputs", "make_loss", "run"]

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Regenerate the README pictures with the README's own commands (run from the repository root).
-# tests/test_{activations,gradcam,attention,embeddings}.py check that these files still equal what
+# tests/test_{activations,gradcam,attention,embeddings,lr_find}.py check that these files still equal what
 # the code produces: after changing a picture, run this and commit the PNGs.
 set -e
 T=${TORCHDIAG:-.venv/bin/torchdiag}
@@ -13,5 +13,6 @@ $T attention sample_models/transformer_lm.py:build -i 1x8:int64 --tokens the,cat
 cp "$tmp/attn/attention_blocks.0.attn.png" docs/images/attention.png
 $T embeddings sample_models/cnn.py:build --layer head.0 --batch sample_models/gradcam_region.py:batch --tb "$tmp/runs" --images "$tmp/emb" > /dev/null
 cp "$tmp/emb/embeddings_head.0_pca.png" docs/images/embeddings_pca.png
+OMP_NUM_THREADS=1 $T lr-find sample_models/transformer_lm.py:build --optimizer adamw --device cpu --plot docs/images/lr_find.png > /dev/null
 rm -rf "$tmp"
 echo "docs/images regenerated"

@@ -23,27 +23,27 @@ Images = Annotated[Optional[Path], typer.Option("--images", metavar="DIR", show_
 Eps = Annotated[float, typer.Option("--eps", help="Saturation margin for bounded activations (Sigmoid, Tanh, ...), 0 to 0.5.")]
 
 
+DETAILS = """With --layer/--images: a grid of the layer's feature maps and of its filters (first-layer
+RGB filters in colour). With --tb: activation histograms of every module and the same images.
+Exit 1 when an output holds NaN/Inf."""
+
+OWN = {"layer": (Layer, None), "images": (Images, None), "eps": (Eps, 0.01)}
+
+
+def run(o) -> None:
+    from ..diagnostics import activations as diag
+    from ..render.activations import record
+
+    def precheck():   # before loading anything
+        from ..render.images import check_pictures
+
+        check_pictures(o.images, o.tb is not None, "activation pictures")
+
+    job = c.job("activations", o, outputs={"images": o.images}, precheck=precheck,
+                options=lambda: diag.Options(layers=o.layer or [], images=o.images is not None, tb=o.tb is not None,
+                                             eps=o.eps))
+    c.execute(job, render_extra=record)
+
+
 def register(app) -> None:
-    @app.command("activations", epilog=EXAMPLE, no_args_is_help=True)
-    def activations(spec: c.Spec, layer: Layer = None, images: Images = None, eps: Eps = 0.01,
-                    arg: c.Args = None, input: c.Inputs = None, device: c.Device = "auto", seed: c.Seed = 0,
-                    json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True, dtype: c.Dtype = None, amp: c.Amp = None) -> None:
-        """What each module produces: output shape, mean, std, min, max, fraction of zeros and of
-        saturated values, for one forward pass (eval mode, no grad).
-
-        With --layer/--images: a grid of the layer's feature maps and of its filters (first-layer
-        RGB filters in colour). With --tb: activation histograms of every module and the same images.
-        Exit 1 when an output holds NaN/Inf."""
-        from ..diagnostics import activations as diag
-        from ..render.activations import record
-
-        opts = c.CommonOptions("activations", spec, arg or [], input or [], device, seed, json, tb, debug,
-                               outputs={"images": images}, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint, dtype=dtype, amp=amp)
-
-        def precheck():   # before loading anything
-            from ..render.images import check_pictures
-
-            check_pictures(images, tb is not None, "activation pictures")
-
-        c.execute(opts, diag, lambda: diag.Options(layers=layer or [], images=images is not None, tb=tb is not None,
-                                                   eps=eps), render_extra=record, precheck=precheck)
+    c.register(app, "activations", run, OWN, DETAILS, EXAMPLE)

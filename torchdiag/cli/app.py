@@ -1,11 +1,10 @@
 """The `torchdiag` command: global options, command registration, entry point.
 
 Commands are loaded when one runs: `torchdiag nancheck ...` imports cli/nancheck.py only, and
-`torchdiag --help` lists the commands from SUMMARIES without importing any of them (start-up time)."""
+`torchdiag --help` lists the commands from the registry (commands.py) without importing any of them."""
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Mapping
 from typing import Annotated, Optional
 
@@ -13,49 +12,21 @@ import typer
 from typer.core import TyperGroup
 
 from .. import __version__
+from ..commands import COMMANDS as REGISTRY, NAMES, get
 
 EXIT_CODES = """Exit codes: 0 ran, nothing failed · 1 a check failed · 2 usage error (option, spec, shape, file, device) · 3 the model's own code raised · 4 internal torchdiag error · 130 interrupted (Ctrl-C) · 143 terminated (SIGTERM)."""
 
-# One name through every layer: command `overfit-batch` lives in cli/overfit_batch.py.
-COMMANDS = ["summary", "flops", "nancheck", "gradflow", "overfit-batch", "profile", "memory", "doctor",
-            "activations", "gradcam", "attention", "embeddings", "gradcheck", "check"]
-
-# The first paragraph of each command's docstring, for the command list of `torchdiag --help`
-# (tests/test_cli.py keeps them equal to the docstrings).
-SUMMARIES = {
-    'summary': 'What is in this model: layers, output shapes, parameters (trainable, frozen, '
-               'shared), sizes.',
-    'flops': 'How much compute: FLOPs and MACs per module and per operator (1 MAC = 2 FLOPs).',
-    'nancheck': 'Where do NaN or Inf come from? Checks, in order: model inputs, parameters and '
-                'buffers, the output of every module in execution order, the loss, gradients in '
-                'backward order, parameter gradients.',
-    'gradflow': 'Does the gradient reach every parameter, and in what shape? One forward + backward.',
-    'overfit-batch': 'Can this model memorise one batch? Trains a copy on one fixed batch and '
-                     'gives a verdict.',
-    'profile': 'Where the time goes: step time (mean, median, p90), throughput, top operators by '
-               'self time, time per module, and a Chrome/Perfetto trace.',
-    'memory': 'Where the memory goes in a training step: parameters, gradients, optimizer state, '
-              'activations (saved for backward), temporaries; the peak and when it happens; per-'
-              'module activation memory.',
-    'doctor': 'Run the checklist of bugs that let a model train while quietly doing the wrong thing.',
-    'activations': 'What each module produces: output shape, mean, std, min, max, fraction of '
-                   'zeros and of saturated values, for one forward pass (eval mode, no grad).',
-    'gradcam': "Grad-CAM: which part of the image drives a classifier's score for a class.",
-    'attention': 'Attention weights of every nn.MultiheadAttention (and of modules that return '
-                 'attention weights, and of F.scaled_dot_product_attention calls) for one forward'
-                 ' pass.',
-    'embeddings': "Write the layer's outputs for the batch for TensorBoard's projector "
-                  '(DIR/embeddings/).',
-    'gradcheck': 'Check the gradients of your own autograd code against numerical ones, in float64.',
-    'check': 'The CI gate: run the configured checks, print pass/fail per check, exit 1 if any fails.',
-}
+# The command list, its order and each command's summary (the first paragraph of its help, shown by
+# `torchdiag --help` without importing any command) come from the registry.
+COMMANDS = list(NAMES)
+SUMMARIES = {c.name: c.summary for c in REGISTRY}
 
 
 @functools.cache
 def load_command(name: str):
     """The click command of `name`, built from cli/<name>.py on first use."""
     sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
-    importlib.import_module(f"{__package__}.{name.replace('-', '_')}").register(sub)
+    get(name).cli_module().register(sub)
     return typer.main.get_command(sub)
 
 

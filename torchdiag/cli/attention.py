@@ -42,28 +42,27 @@ def _tokens(text):
     return [t.strip() for t in text.split(",")]
 
 
+DETAILS = """Per head: entropy, mean max weight, weight on the first key and on the diagonal. With
+--images/--tb: a heatmap per layer with one panel per head (queries × keys), labelled with
+--tokens when given."""
+
+OWN = {"tokens": (Tokens, None), "images": (Images, None), "sample": (Sample, 0)}
+
+
+def run(o) -> None:
+    from ..diagnostics import attention as diag
+    from ..render.attention import record
+
+    def precheck():   # before loading anything
+        from ..render.images import check_pictures
+
+        check_pictures(o.images, o.tb is not None, "attention pictures")
+
+    job = c.job("attention", o, outputs={"images": o.images}, precheck=precheck,
+                options=lambda: diag.Options(tokens=_tokens(o.tokens), images=o.images is not None,
+                                             tb=o.tb is not None, sample=o.sample))
+    c.execute(job, render_extra=record)
+
+
 def register(app) -> None:
-    @app.command("attention", epilog=EXAMPLE, no_args_is_help=True)
-    def attention(spec: c.Spec, tokens: Tokens = None, images: Images = None, sample: Sample = 0,
-                  arg: c.Args = None, input: c.Inputs = None, device: c.Device = "auto", seed: c.Seed = 0,
-                  json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True) -> None:
-        """Attention weights of every nn.MultiheadAttention (and of modules that return attention
-        weights, and of F.scaled_dot_product_attention calls) for one forward pass.
-
-        Per head: entropy, mean max weight, weight on the first key and on the diagonal. With
-        --images/--tb: a heatmap per layer with one panel per head (queries × keys), labelled with
-        --tokens when given."""
-        from ..diagnostics import attention as diag
-        from ..render.attention import record
-
-        opts = c.CommonOptions("attention", spec, arg or [], input or [], device, seed, json, tb, debug,
-                               outputs={"images": images}, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint)
-
-        def precheck():   # before loading anything
-            from ..render.images import check_pictures
-
-            check_pictures(images, tb is not None, "attention pictures")
-
-        c.execute(opts, diag, lambda: diag.Options(tokens=_tokens(tokens), images=images is not None,
-                                                   tb=tb is not None, sample=sample),
-                  render_extra=record, precheck=precheck)
+    c.register(app, "attention", run, OWN, DETAILS, EXAMPLE)

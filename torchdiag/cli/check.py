@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..commands import get
 from . import common as c
 
 EXAMPLE = """Examples:
@@ -18,8 +19,16 @@ EXAMPLE = """Examples:
   torchdiag check sample_models/cnn.py:build -i 8x3x32x32 --max-params 30000 --nancheck --gradflow"""
 
 
+DETAILS = """Config: [tool.torchdiag] (model, inputs, device, args, loss, batch, seed, checkpoint,
+strict-checkpoint) and
+[tool.torchdiag.check] (max-params, max-trainable-params, max-gmacs, max-gflops, nancheck,
+gradflow, overfit-batch, lr-find, doctor, allow, strict, max-peak-memory); several models with
+[[tool.torchdiag.models]]. Options given here override the file. With GITHUB_ACTIONS=true,
+failed checks are also printed as GitHub annotations."""
+
+
 def register(app) -> None:
-    @app.command("check", epilog=EXAMPLE)
+    @app.command("check", epilog=EXAMPLE, help=f"{get('check').summary}\n\n{DETAILS}")
     def check(spec: Annotated[Optional[str], typer.Argument(metavar="[MODEL_SPEC]", show_default=False,
                                                              help="Overrides the config's model.")] = None,
               config: Annotated[Optional[Path], typer.Option("--config", metavar="FILE", help="TOML file with [tool.torchdiag] tables (default: ./pyproject.toml).")] = None,
@@ -30,35 +39,29 @@ def register(app) -> None:
               nancheck: Annotated[Optional[bool], typer.Option("--nancheck/--no-nancheck", help="Run nancheck.")] = None,
               gradflow: Annotated[Optional[bool], typer.Option("--gradflow/--no-gradflow", help="Run gradflow.")] = None,
               overfit_batch: Annotated[Optional[bool], typer.Option("--overfit-batch/--no-overfit-batch", help="Run overfit-batch.")] = None,
+              lr_find: Annotated[Optional[bool], typer.Option("--lr-find/--no-lr-find", help="Run lr-find.")] = None,
               doctor: Annotated[Optional[bool], typer.Option("--doctor/--no-doctor", help="Run doctor.")] = None,
               allow: Annotated[Optional[list[str]], typer.Option("--allow", metavar="GLOB", help="Parameter globs gradflow accepts. Repeatable.")] = None,
               junit: Annotated[Optional[Path], typer.Option("--junit", metavar="FILE.xml", help="Write a JUnit report (one testcase per check).")] = None,
               json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False) -> None:
-        """The CI gate: run the configured checks, print pass/fail per check, exit 1 if any fails.
-
-        Config: [tool.torchdiag] (model, inputs, device, args, loss, batch, seed, checkpoint,
-        strict-checkpoint) and
-        [tool.torchdiag.check] (max-params, max-trainable-params, max-gmacs, max-gflops, nancheck,
-        gradflow, overfit-batch, doctor, allow, strict, max-peak-memory); several models with
-        [[tool.torchdiag.models]]. Options given here override the file. With GITHUB_ACTIONS=true,
-        failed checks are also printed as GitHub annotations."""
-        opts = c.CommonOptions("check", spec or "", arg or [], input or [], device or "auto", 0, json, tb, debug,
-                               outputs={"junit": junit})
+        fields = {"model": spec or "", "args": arg, "inputs": input, "device": device or "auto", "json": json,
+                  "tb": tb, "debug": debug}
 
         def produce():
-            from ..diagnostics import check as diag
+            from ..runner import check as orchestrate
 
             overrides = {"model": spec, "inputs": input, "device": device, "args": arg,
                          "checkpoint": None if checkpoint is None else str(checkpoint)}
             check_over = {k: v for k, v in {"max-params": max_params, "max-gmacs": max_gmacs, "nancheck": nancheck,
-                                            "gradflow": gradflow, "overfit-batch": overfit_batch, "doctor": doctor,
+                                            "gradflow": gradflow, "overfit-batch": overfit_batch, "lr-find": lr_find,
+                                            "doctor": doctor,
                                             "allow": allow}.items() if v is not None}
             if spec and config is None and not Path("pyproject.toml").is_file():
                 table, source = {}, "command line"
             else:
-                table, source = diag.load_config(config)
-            models = diag.models_from_config(table, source, overrides, check_over)
-            return diag.run(models, source)
+                table, source = orchestrate.load_config(config)
+            models = orchestrate.models_from_config(table, source, overrides, check_over)
+            return orchestrate.run(models, source)
 
         def extras(result, written):
             if "junit" in written and not json:
@@ -70,7 +73,11 @@ def register(app) -> None:
                 for line in github_annotations(result):
                     stream.write(line + "\n")
 
-        c.execute(opts, produce=produce, render_extra=extras, precheck=lambda: junit_path(junit))
+        from ..runner.job import Job
+
+        job = Job(get("check"), fields, {"junit": junit}, produce=produce, precheck=lambda: junit_path(junit),
+                  progress=lambda message: c.progress(message, json))
+        c.execute(job, render_extra=extras)
 
 
 def junit_path(path: Optional[Path]) -> Optional[Path]:

@@ -14,28 +14,28 @@ EXAMPLE = """Examples:
   torchdiag doctor sample_models/precision_steps.py:rounds_away --dtype bfloat16 --loss sum"""
 
 
+DETAILS = """Each check gives a verdict, the module or parameter concerned, and a hint: tensors created in
+forward without a device (found on the meta device, no GPU needed) and parameters on several
+devices (device-mismatch); in-place edits that break backward (inplace-autograd); Dropout/
+BatchNorm modes (mode-dependent), BatchNorm with batch size 1 (batchnorm-batch-1), eval output
+that changes between runs (nondeterministic-eval); parameters that get a gradient but do not
+change after an optimizer step (param-not-updated), bf16/fp16 weights whose update rounds away
+(update-rounds-away, with --dtype) and frozen ones (frozen); mixed dtypes
+(dtype-mismatch); input statistics, raw [0, 255] images (unnormalised-input), and class targets
+from --batch beyond the output width (target-out-of-range). --amp runs the forwards under
+autocast (fp16: the step through a GradScaler). Everything that runs the model works on a copy.
+Exit 1 when any check finds an error."""
+
+OWN = {}
+
+
+def run(o) -> None:
+    from ..diagnostics import doctor as diag
+
+    # the factory (meta rebuild), --batch target, loss, seed and the update check's optimizer
+    # (doctor.OPTIMIZER) reach doctor through the run context
+    c.execute(c.job("doctor", o, options=diag.Options))
+
+
 def register(app) -> None:
-    @app.command("doctor", epilog=EXAMPLE, no_args_is_help=True)
-    def doctor(spec: c.Spec, arg: c.Args = None, input: c.Inputs = None, device: c.Device = "auto",
-               loss: c.Loss = "auto", batch: c.Batch = None, seed: c.Seed = 0, json: c.Json = False,
-               tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True, dtype: c.Dtype = None, amp: c.Amp = None, wrap: c.Wrap = "none") -> None:
-        """Run the checklist of bugs that let a model train while quietly doing the wrong thing.
-
-        Each check gives a verdict, the module or parameter concerned, and a hint: tensors created in
-        forward without a device (found on the meta device, no GPU needed) and parameters on several
-        devices (device-mismatch); in-place edits that break backward (inplace-autograd); Dropout/
-        BatchNorm modes (mode-dependent), BatchNorm with batch size 1 (batchnorm-batch-1), eval output
-        that changes between runs (nondeterministic-eval); parameters that get a gradient but do not
-        change after an optimizer step (param-not-updated), bf16/fp16 weights whose update rounds away
-        (update-rounds-away, with --dtype) and frozen ones (frozen); mixed dtypes
-        (dtype-mismatch); input statistics, raw [0, 255] images (unnormalised-input), and class targets
-        from --batch beyond the output width (target-out-of-range). --amp runs the forwards under
-        autocast (fp16: the step through a GradScaler). Everything that runs the model works on a copy.
-        Exit 1 when any check finds an error."""
-        from ..diagnostics import doctor as diag
-
-        opts = c.CommonOptions("doctor", spec, arg or [], input or [], device, seed, json, tb, debug,
-                               loss=loss, batch=batch, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint, dtype=dtype, amp=amp, wrap=wrap)
-        # the factory (meta rebuild), --batch target, loss, seed and the update check's optimizer
-        # (doctor.OPTIMIZER) reach doctor through the run context
-        c.execute(opts, diag, diag.Options)
+    c.register(app, "doctor", run, OWN, DETAILS, EXAMPLE)

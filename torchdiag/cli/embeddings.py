@@ -21,33 +21,33 @@ Images = Annotated[Optional[Path], typer.Option("--images", metavar="DIR", show_
 Reduce = Annotated[str, typer.Option("--reduce", help="auto|mean|first|flatten: how N×L×D or N×C×H×W outputs become one vector per sample.")]
 
 
+DETAILS = """Labels come from --batch PATH:fn returning (inputs, labels); image inputs become the
+projector's sprite. Reports the vector size and, with labels, how often a sample's
+nearest neighbour shares its label."""
+
+OWN = {"layer": (Layer, ""), "reduce": (Reduce, "auto"), "images": (Images, None)}
+
+
+def run(o) -> None:
+    from ..diagnostics import embeddings as diag
+    from ..render.embeddings import record
+
+    def precheck():  # before loading anything
+        from ..errors import UsageError
+
+        if o.tb is None:
+            raise UsageError("embeddings needs --tb DIR: the projector data is written for TensorBoard",
+                             hint="e.g. --tb runs, then tensorboard --logdir runs (PROJECTOR tab)")
+        from ..render.images import check_pictures
+
+        check_pictures(o.images, False, "the PCA preview")
+
+    # tb: the result's tables/scalars (and an error) land in DIR/embeddings/ beside the projector data;
+    # labels: the --batch target (ctx.batch_target)
+    job = c.job("embeddings", o, outputs={"projector": o.tb, "images": o.images}, precheck=precheck,
+                options=lambda: diag.Options(layer=o.layer, reduce=o.reduce, images=o.images is not None))
+    c.execute(job, render_extra=record)
+
+
 def register(app) -> None:
-    @app.command("embeddings", epilog=EXAMPLE, no_args_is_help=True)
-    def embeddings(spec: c.Spec, layer: Layer = "", reduce: Reduce = "auto", images: Images = None, arg: c.Args = None, input: c.Inputs = None,
-                   batch: c.Batch = None, device: c.Device = "auto", seed: c.Seed = 0, json: c.Json = False,
-                   tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True) -> None:
-        """Write the layer's outputs for the batch for TensorBoard's projector (DIR/embeddings/).
-
-        Labels come from --batch PATH:fn returning (inputs, labels); image inputs become the
-        projector's sprite. Reports the vector size and, with labels, how often a sample's
-        nearest neighbour shares its label."""
-        from ..diagnostics import embeddings as diag
-        from ..render.embeddings import record
-
-        # tb in opts: the result's tables/scalars (and an error) land in DIR/embeddings/ beside the projector data
-        opts = c.CommonOptions("embeddings", spec, arg or [], input or [], device, seed, json, tb, debug, batch=batch,
-                               outputs={"projector": tb, "images": images}, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint)
-
-        def precheck():  # before loading anything
-            from ..errors import UsageError
-
-            if tb is None:
-                raise UsageError("embeddings needs --tb DIR: the projector data is written for TensorBoard",
-                                 hint="e.g. --tb runs, then tensorboard --logdir runs (PROJECTOR tab)")
-            from ..render.images import check_pictures
-
-            check_pictures(images, False, "the PCA preview")
-
-        # labels: the --batch target (ctx.batch_target)
-        c.execute(opts, diag, lambda: diag.Options(layer=layer, reduce=reduce, images=images is not None),
-                  render_extra=record, precheck=precheck)
+    c.register(app, "embeddings", run, OWN, DETAILS, EXAMPLE)

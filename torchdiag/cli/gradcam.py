@@ -30,29 +30,27 @@ Channels = Annotated[int, typer.Option("--channels", metavar="3|1", help="3: RGB
 Alpha = Annotated[float, typer.Option("--alpha", help="Heatmap opacity in the overlay, 0 to 1.")]
 
 
+DETAILS = """The image is read as RGB (--channels 1: grayscale), resized (--size), scaled to [0,1] and
+normalised ((x - mean)/std).
+Writes the original, the heatmap (values in [0,1]) and the overlay side by side (--out) and
+to TensorBoard (--tb). Reports the explained class, the top classes and where the map peaks."""
+
+OWN = {"layer": (Layer, ""), "image": (Image, None), "target_class": (TargetClass, None), "out": (Out, None),
+       "size": (Size, None), "mean": (Mean, "0"), "std": (Std, "1"), "channels": (Channels, 3), "alpha": (Alpha, 0.5)}
+
+
+def run(o) -> None:
+    from ..diagnostics import gradcam as diag
+    from ..render.gradcam import record
+
+    def precheck():  # before loading anything; the image and pictures libraries are checked by diag.Options
+        c.output_file(o.out, "--out", (".png",))   # only PNG is written
+
+    job = c.job("gradcam", o, needs_inputs=False, outputs={"out": o.out}, precheck=precheck, options=lambda: diag.Options(
+        layer=o.layer, image=str(o.image) if o.image is not None else "", size=o.size, mean=o.mean, std=o.std,
+        channels=o.channels, target_class=o.target_class, out=o.out is not None, tb=o.tb is not None, alpha=o.alpha))
+    c.execute(job, render_extra=record)
+
+
 def register(app) -> None:
-    @app.command("gradcam", epilog=EXAMPLE, no_args_is_help=True)
-    def gradcam(spec: c.Spec, layer: Layer = "", image: Image = None, target_class: TargetClass = None,
-                out: Out = None, size: Size = None, mean: Mean = "0", std: Std = "1", channels: Channels = 3,
-                alpha: Alpha = 0.5,
-                arg: c.Args = None, device: c.Device = "auto", seed: c.Seed = 0, json: c.Json = False,
-                tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True) -> None:
-        """Grad-CAM: which part of the image drives a classifier's score for a class.
-
-        The image is read as RGB (--channels 1: grayscale), resized (--size), scaled to [0,1] and
-        normalised ((x - mean)/std).
-        Writes the original, the heatmap (values in [0,1]) and the overlay side by side (--out) and
-        to TensorBoard (--tb). Reports the explained class, the top classes and where the map peaks."""
-        from ..diagnostics import gradcam as diag
-        from ..render.gradcam import record
-
-        opts = c.CommonOptions("gradcam", spec, arg or [], [], device, seed, json, tb, debug, needs_inputs=False,
-                               outputs={"out": out}, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint)
-
-        def precheck():  # before loading anything; the image and pictures libraries are checked by diag.Options
-            c.output_file(out, "--out", (".png",))   # only PNG is written
-
-        c.execute(opts, diag, lambda: diag.Options(
-            layer=layer, image=str(image) if image is not None else "", size=size, mean=mean, std=std,
-            channels=channels, target_class=target_class, out=out is not None, tb=tb is not None, alpha=alpha),
-            render_extra=record, precheck=precheck)
+    c.register(app, "gradcam", run, OWN, DETAILS, EXAMPLE)

@@ -25,28 +25,30 @@ Rtol = Annotated[float, typer.Option("--rtol", help="Relative tolerance.")]
 NoParams = Annotated[bool, typer.Option("--no-params", help="nn.Module targets: check only inputs, not parameters.")]
 
 
+DETAILS = """Inputs come from -i (float inputs become float64 and are differentiated; integer inputs are
+passed as they are), else example_inputs() in TARGET's module. Reports per input the max
+absolute and relative error between analytical and numerical gradients and, when it fails,
+the input element and output element where it is worst. --checkpoint loads weights into an
+nn.Module target first (its gradients are checked at those weights). Exit 0 pass, 1 fail."""
+
+OWN = {"second_order": (Second, False), "eps": (Eps, 1e-6), "atol": (Atol, 1e-5), "rtol": (Rtol, 1e-3),
+       "no_params": (NoParams, False)}
+
+
+def run(o) -> None:
+    from ..diagnostics import gradcheck as diag
+
+    made = {}
+
+    def options():   # validated before the target is imported
+        made["opts"] = diag.Options(second_order=o.second_order, eps=o.eps, atol=o.atol, rtol=o.rtol,
+                                    params=not o.no_params)
+        return made["opts"]
+
+    job = c.job("gradcheck", o, options=options)
+    job.produce = lambda: diag.check_spec(job.run_spec(), made["opts"])
+    c.execute(job)
+
+
 def register(app) -> None:
-    @app.command("gradcheck", epilog=EXAMPLE, no_args_is_help=True)
-    def gradcheck(target: Target, input: c.Inputs = None, arg: c.Args = None, second_order: Second = False,
-                  eps: Eps = 1e-6, atol: Atol = 1e-5, rtol: Rtol = 1e-3, no_params: NoParams = False,
-                  device: c.Device = "cpu", seed: c.Seed = 0, json: c.Json = False, tb: c.Tb = None,
-                  debug: c.Debug = False, checkpoint: c.Checkpoint = None,
-                  strict_checkpoint: c.StrictCheckpoint = True) -> None:
-        """Check the gradients of your own autograd code against numerical ones, in float64.
-
-        Inputs come from -i (float inputs become float64 and are differentiated; integer inputs are
-        passed as they are), else example_inputs() in TARGET's module. Reports per input the max
-        absolute and relative error between analytical and numerical gradients and, when it fails,
-        the input element and output element where it is worst. --checkpoint loads weights into an
-        nn.Module target first (its gradients are checked at those weights). Exit 0 pass, 1 fail."""
-        from ..diagnostics import gradcheck as diag
-
-        opts = c.CommonOptions("gradcheck", target, arg or [], input or [], device, seed, json, tb, debug,
-                               checkpoint=checkpoint, strict_checkpoint=strict_checkpoint)
-        made = {}
-
-        def options():   # validated by execute before the target is imported
-            made["opts"] = diag.Options(second_order=second_order, eps=eps, atol=atol, rtol=rtol, params=not no_params)
-            return made["opts"]
-
-        c.execute(opts, diag, options, produce=lambda: diag.check_spec(opts.run_spec(diag), made["opts"]))
+    c.register(app, "gradcheck", run, OWN, DETAILS, EXAMPLE, target=Target)

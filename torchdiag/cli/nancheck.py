@@ -23,32 +23,31 @@ EXAMPLE = """Examples:
 
 Exit codes: 0 all finite · 1 NaN/Inf found · 2 usage error · 3 the model raised · 4 internal error."""
 
+DETAILS = """Names the first module whose output is non-finite while its inputs were finite (NaN/Inf counts,
+input range), and the first module whose input gradient turns non-finite while the gradient at
+its output was finite. One forward+backward in train mode; the model is left as it was
+(parameters, buffers, grads, flags, RNG). Exit 1 when anything is non-finite.
+
+With --dtype bfloat16|float16 or --amp bf16|fp16 it also says why in precision terms: a float32
+reference (same weights and inputs) tells an overflow of the dtype from a NaN that is there in
+float32 too; warnings for values within 8x of the dtype's largest finite value and for gradients
+that are nonzero in float32 but 0 in the reduced dtype (underflow). --steps with --amp fp16 runs a
+GradScaler and reports its scale per step and the steps it skipped."""
+
+OWN = {
+    "steps": (Annotated[int, typer.Option("--steps", help="Also run N ≥ 0 optimizer steps on a copy of the model, same batch, and report where values first go non-finite.")], 0),
+    "lr": (Annotated[float, typer.Option("--lr", help="Learning rate for --steps.")], 0.01),
+    "optimizer": (Annotated[str, typer.Option("--optimizer", help="sgd|adam|adamw, for --steps.")], "sgd"),
+    "anomaly": (Annotated[bool, typer.Option("--anomaly", help="Also run under autograd anomaly detection and show the forward trace of the failing op (anomaly mode costs 1.2-1.5x a forward+backward at real model sizes, more on tiny models).")], False),
+}
+
+
+def run(o) -> None:
+    from ..diagnostics import nancheck as diag
+
+    c.execute(c.job("nancheck", o, optimizer=dict(name=o.optimizer, lr=o.lr),
+                    options=lambda: diag.Options(steps=o.steps, anomaly=o.anomaly)))
+
 
 def register(app) -> None:
-    @app.command("nancheck", epilog=EXAMPLE, no_args_is_help=True)
-    def nancheck(spec: c.Spec, arg: c.Args = None, input: c.Inputs = None, device: c.Device = "auto",
-                 loss: c.Loss = "auto", batch: c.Batch = None,
-                 steps: Annotated[int, typer.Option("--steps", help="Also run N ≥ 0 optimizer steps on a copy of the model, same batch, and report where values first go non-finite.")] = 0,
-                 lr: Annotated[float, typer.Option("--lr", help="Learning rate for --steps.")] = 0.01,
-                 optimizer: Annotated[str, typer.Option("--optimizer", help="sgd|adam|adamw, for --steps.")] = "sgd",
-                 anomaly: Annotated[bool, typer.Option("--anomaly", help="Also run under autograd anomaly detection and show the forward trace of the failing op (anomaly mode costs 1.2-1.5x a forward+backward at real model sizes, more on tiny models).")] = False,
-                 seed: c.Seed = 0, json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True, dtype: c.Dtype = None, amp: c.Amp = None, wrap: c.Wrap = "none") -> None:
-        """Where do NaN or Inf come from? Checks, in order: model inputs, parameters and buffers, the
-        output of every module in execution order, the loss, gradients in backward order, parameter
-        gradients.
-
-        Names the first module whose output is non-finite while its inputs were finite (NaN/Inf counts,
-        input range), and the first module whose input gradient turns non-finite while the gradient at
-        its output was finite. One forward+backward in train mode; the model is left as it was
-        (parameters, buffers, grads, flags, RNG). Exit 1 when anything is non-finite.
-
-        With --dtype bfloat16|float16 or --amp bf16|fp16 it also says why in precision terms: a float32
-        reference (same weights and inputs) tells an overflow of the dtype from a NaN that is there in
-        float32 too; warnings for values within 8x of the dtype's largest finite value and for gradients
-        that are nonzero in float32 but 0 in the reduced dtype (underflow). --steps with --amp fp16 runs a
-        GradScaler and reports its scale per step and the steps it skipped."""
-        from ..diagnostics import nancheck as diag
-
-        opts = c.CommonOptions("nancheck", spec, arg or [], input or [], device, seed, json, tb, debug,
-                               loss=loss, batch=batch, optimizer=dict(name=optimizer, lr=lr), checkpoint=checkpoint, strict_checkpoint=strict_checkpoint, dtype=dtype, amp=amp, wrap=wrap)
-        c.execute(opts, diag, lambda: diag.Options(steps=steps, anomaly=anomaly))
+    c.register(app, "nancheck", run, OWN, DETAILS, EXAMPLE)

@@ -35,33 +35,32 @@ TargetLoss = Annotated[Optional[float], typer.Option("--target-loss", show_defau
 Plot = Annotated[Optional[Path], typer.Option("--plot", metavar="FILE.png", show_default=False,
                                               help="Save the loss curve (matplotlib; .png, .svg or .pdf).")]
 
+DETAILS = """The classic sanity test before a long run: a correct model, loss and optimizer drive the loss
+on one fixed batch close to zero. The batch is --batch PATH:fn (inputs, target), else the
+model's inputs with targets chosen by the loss rules (--loss). Pass: final loss ≤ target-ratio
+× initial (and 100% batch accuracy for cross-entropy), or ≤ --target-loss. On failure the
+likely causes are checked: non-finite loss, missing or zero gradients, parameters that never
+changed, a flat loss, outputs identical across samples. With --amp fp16 the GradScaler's scale
+per step and the skipped steps are reported (every step skipped: error every-step-skipped,
+naming the module of the first non-finite gradient); with --dtype bfloat16 weights whose first
+update rounds away are named (update-rounds-away). Your model is not modified."""
+
+OWN = {"steps": (Steps, 500), "optimizer": (Optimizer, "adam"), "lr": (Lr, None), "target_ratio": (Ratio, 0.01),
+       "target_loss": (TargetLoss, None), "plot": (Plot, None)}
+
+
+def run(o) -> None:
+    from ..diagnostics import overfit_batch as diag
+    from ..render.overfit_batch import check_plot
+
+    job = c.job("overfit-batch", o, optimizer=dict(name=o.optimizer, lr=o.lr), outputs={"plot": o.plot},
+                options=lambda: diag.Options(steps=o.steps, target_ratio=o.target_ratio, target_loss=o.target_loss),
+                run=_with_progress(diag, o.json), precheck=lambda: check_plot(o.plot))   # before loading
+    c.execute(job, render_extra=_after(o.json))
+
+
 def register(app) -> None:
-    @app.command("overfit-batch", epilog=EXAMPLE, no_args_is_help=True)
-    def overfit_batch(spec: c.Spec, arg: c.Args = None, input: c.Inputs = None, batch: c.Batch = None,
-                      loss: c.Loss = "auto", steps: Steps = 500, optimizer: Optimizer = "adam", lr: Lr = None,
-                      target_ratio: Ratio = 0.01, target_loss: TargetLoss = None,
-                      device: c.Device = "auto", seed: c.Seed = 0, plot: Plot = None, json: c.Json = False,
-                      tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True, dtype: c.Dtype = None, amp: c.Amp = None, wrap: c.Wrap = "none") -> None:
-        """Can this model memorise one batch? Trains a copy on one fixed batch and gives a verdict.
-
-        The classic sanity test before a long run: a correct model, loss and optimizer drive the loss
-        on one fixed batch close to zero. The batch is --batch PATH:fn (inputs, target), else the
-        model's inputs with targets chosen by the loss rules (--loss). Pass: final loss ≤ target-ratio
-        × initial (and 100% batch accuracy for cross-entropy), or ≤ --target-loss. On failure the
-        likely causes are checked: non-finite loss, missing or zero gradients, parameters that never
-        changed, a flat loss, outputs identical across samples. With --amp fp16 the GradScaler's scale
-        per step and the skipped steps are reported (every step skipped: error every-step-skipped,
-        naming the module of the first non-finite gradient); with --dtype bfloat16 weights whose first
-        update rounds away are named (update-rounds-away). Your model is not modified."""
-        from ..diagnostics import overfit_batch as diag
-        from ..render.overfit_batch import check_plot
-
-        opts = c.CommonOptions("overfit-batch", spec, arg or [], input or [], device, seed, json, tb, debug,
-                               loss=loss, batch=batch, optimizer=dict(name=optimizer, lr=lr),
-                               outputs={"plot": plot}, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint, dtype=dtype, amp=amp, wrap=wrap)
-        c.execute(opts, diag, lambda: diag.Options(steps=steps, target_ratio=target_ratio, target_loss=target_loss),
-                  run=_with_progress(diag, opts.json), render_extra=_after(opts.json),
-                  precheck=lambda: check_plot(plot))   # before loading
+    c.register(app, "overfit-batch", run, OWN, DETAILS, EXAMPLE)
 
 
 def _progress_bar(json_mode: bool):

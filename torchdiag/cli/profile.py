@@ -34,32 +34,31 @@ Syncs = Annotated[bool, typer.Option("--syncs", help="Also run one step with hos
 Optim = Annotated[str, typer.Option("--optimizer", help="Train mode optimizer: adam | adamw | sgd (lr 1e-3).")]
 
 
+DETAILS = """torch.profiler runs with a schedule: --wait steps, then --warmup steps, then --active steps
+recorded. On CUDA, CUDA activity is recorded too and each step ends with a synchronisation.
+--tb DIR writes the trace under DIR/profile/ (tensorboard_trace_handler) with the step-time
+scalars. Train mode works on a copy: the model's parameters are never changed.
+--syncs runs one more step under host-sync detection (dispatch level; on CUDA also
+torch.cuda.set_sync_debug_mode) and lists each place in your code that forced a sync.
+Under --amp/--dtype one more step lists the input dtypes of every matmul/conv and the module it
+ran in; with --amp a matmul left in float32 is named (autocast-fallback)."""
+
+OWN = {"mode": (Mode, None), "wait": (Wait, 1), "warmup": (Warmup, 2), "active": (Active, 5), "top": (Top, 15),
+       "record_shapes": (Shapes, False), "memory": (Memory, False), "trace": (Trace, None), "syncs": (Syncs, False),
+       "optimizer": (Optim, "adam"), "depth": (c.Depth, 3)}
+
+
+def run(o) -> None:
+    from ..diagnostics import profile as diag
+    from ..render.output import check_file
+    from ..render.profile import record
+
+    job = c.job("profile", o, optimizer=dict(name=o.optimizer), outputs={"trace": o.trace, "tb_trace": o.tb},
+                precheck=lambda: check_file(o.trace, "--trace"), options=lambda: diag.Options(
+                    mode=o.mode, wait=o.wait, warmup=o.warmup, active=o.active, top=o.top, record_shapes=o.record_shapes,
+                    memory=o.memory, trace=o.trace is not None or o.tb is not None, depth=o.depth, syncs=o.syncs))
+    c.execute(job, render_extra=record)
+
+
 def register(app) -> None:
-    @app.command("profile", epilog=EXAMPLE, no_args_is_help=True)
-    def profile(spec: c.Spec, arg: c.Args = None, input: c.Inputs = None, device: c.Device = "auto",
-                mode: Mode = None, wait: Wait = 1, warmup: Warmup = 2, active: Active = 5,
-                top: Top = 15, record_shapes: Shapes = False, memory: Memory = False, trace: Trace = None,
-                syncs: Syncs = False, optimizer: Optim = "adam", loss: c.Loss = "auto", batch: c.Batch = None, depth: c.Depth = 3,
-                seed: c.Seed = 0, json: c.Json = False, tb: c.Tb = None, debug: c.Debug = False, checkpoint: c.Checkpoint = None, strict_checkpoint: c.StrictCheckpoint = True, dtype: c.Dtype = None, amp: c.Amp = None, wrap: c.Wrap = "none") -> None:
-        """Where the time goes: step time (mean, median, p90), throughput, top operators by self time,
-        time per module, and a Chrome/Perfetto trace.
-
-        torch.profiler runs with a schedule: --wait steps, then --warmup steps, then --active steps
-        recorded. On CUDA, CUDA activity is recorded too and each step ends with a synchronisation.
-        --tb DIR writes the trace under DIR/profile/ (tensorboard_trace_handler) with the step-time
-        scalars. Train mode works on a copy: the model's parameters are never changed.
-        --syncs runs one more step under host-sync detection (dispatch level; on CUDA also
-        torch.cuda.set_sync_debug_mode) and lists each place in your code that forced a sync.
-        Under --amp/--dtype one more step lists the input dtypes of every matmul/conv and the module it
-        ran in; with --amp a matmul left in float32 is named (autocast-fallback)."""
-        from ..diagnostics import profile as diag
-        from ..render.output import check_file
-        from ..render.profile import record
-
-        opts = c.CommonOptions("profile", spec, arg or [], input or [], device, seed, json, tb, debug,
-                               loss=loss, batch=batch, optimizer=dict(name=optimizer),
-                               outputs={"trace": trace, "tb_trace": tb}, checkpoint=checkpoint, strict_checkpoint=strict_checkpoint, dtype=dtype, amp=amp, wrap=wrap)
-        c.execute(opts, diag, lambda: diag.Options(
-            mode=mode, wait=wait, warmup=warmup, active=active, top=top, record_shapes=record_shapes,
-            memory=memory, trace=trace is not None or tb is not None, depth=depth, syncs=syncs),
-            render_extra=record, precheck=lambda: check_file(trace, "--trace"))
+    c.register(app, "profile", run, OWN, DETAILS, EXAMPLE)

@@ -22,7 +22,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import UsageError, one_line
+from ..errors import ModelError, UsageError, one_line
+from .limits import json_depth, read_text, regular_file, safetensors_entries
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 NESTED_KEYS = ("state_dict", "model_state_dict", "model")   # Lightning, common training loops
@@ -113,6 +114,7 @@ def read_state(path: str, device) -> tuple[dict[str, Any], bool]:
     if os.path.isdir(path):
         raise UsageError(f"--checkpoint {path} is a folder",
                          hint="name the file: model.safetensors, model.safetensors.index.json, weights.pt, last.ckpt")
+    regular_file(path, "--checkpoint", hint="name a checkpoint file on disk (a device, FIFO or socket is never read)")
     meta = device is not None and device.type == "meta"
     if path.endswith(".index.json"):
         return _read_index(path, meta), meta
@@ -120,13 +122,15 @@ def read_state(path: str, device) -> tuple[dict[str, Any], bool]:
         return (_read_header(path) if meta else _read_safetensors(path)), meta
     if path.endswith(TORCH_SUFFIXES):
         obj, made = _torch_load(path, meta)
-        return _unwrap(obj, path, made), meta and _is_zip(path)
+        return _unwrap(obj, path, made, meta), meta and _is_zip(path)
     raise UsageError(f"--checkpoint {path}: unknown kind of file",
                      hint="torchdiag reads .safetensors, .safetensors.index.json, .pt, .pth, .bin and Lightning .ckpt")
 
 
-def header(path: str) -> dict[str, Any]:
-    """The JSON header of a safetensors file: 8 bytes of length, then that many bytes. Nothing else is read."""
+def header(path: str, data_read: bool = True) -> dict[str, Any]:
+    """The JSON header of a safetensors file: 8 bytes of length, then that many bytes. Nothing else is read.
+    Its entries must lie inside the file when the data will be read (on meta only their shapes count)."""
+    regular_file(path, "checkpoint")
     try:
         with open(path, "rb") as f:
             raw = f.read(8)
@@ -138,12 +142,14 @@ def header(path: str) -> dict[str, Any]:
             text = f.read(size)
         if len(text) < size:
             raise ValueError("the header is cut short")
+        json_depth(text)   # before json.loads recurses
         doc = json.loads(text)
         if not isinstance(doc, dict):
             raise ValueError("the header is not a JSON object")
+        safetensors_entries(doc, os.path.getsize(path) - 8 - size if data_read else None)
         return doc
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path} is not a safetensors file: {one_line(exc)}",
+    except (OSError, ValueError, UnicodeDecodeError, UsageError) as exc:
+        raise UsageError(f"{path} is not a safetensors file: {exc.message if isinstance(exc, UsageError) else one_line(exc)}",
                          hint="safetensors files are written by safetensors.torch.save_file or save_pretrained") from exc
 
 
@@ -151,7 +157,7 @@ def _read_header(path: str) -> dict[str, Any]:
     import torch
 
     state = {}
-    for key, entry in header(path).items():
+    for key, entry in header(path, data_read=False).items():
         if key == "__metadata__":
             continue
         try:
@@ -179,8 +185,9 @@ def _read_safetensors(path: str) -> dict[str, Any]:
 def _read_index(path: str, meta: bool) -> dict[str, Any]:
     """A sharded checkpoint: `weight_map` names the shard of every key."""
     try:
-        with open(path, encoding="utf-8") as f:
-            weight_map = json.load(f)["weight_map"]
+        text = read_text(path, "--checkpoint")
+        json_depth(text)
+        weight_map = json.loads(text)["weight_map"]
         shards = sorted(set(weight_map.values()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"{path} is not a safetensors index: {one_line(exc)}",
@@ -367,7 +374,7 @@ def unsafe_globals(path: str) -> list[str]:
     return list(dict.fromkeys(g for g in found if not g.startswith(safe)))
 
 
-def _unwrap(obj, path: str, made: dict | None = None) -> dict[str, Any]:
+def _unwrap(obj, path: str, made: dict | None = None, meta: bool = False) -> dict[str, Any]:
     """The state dict in what was unpickled (a Lightning/trainer dict around it is opened); `made` names
     what stand-ins built: one where a tensor should be means the tensors need arbitrary unpickling."""
     import torch
@@ -386,7 +393,29 @@ def _unwrap(obj, path: str, made: dict | None = None) -> dict[str, Any]:
     foreign = [(k, _stood_for(v, made)) for k, v in dict.items(obj) if _stood_for(v, made)]
     if foreign:
         raise _refusal(path, f"its tensor {foreign[0][0]} is a {foreign[0][1]}")
-    return {k: v for k, v in dict.items(obj) if isinstance(v, torch.Tensor)}
+    state = {k: v for k, v in dict.items(obj) if isinstance(v, torch.Tensor) or k.endswith(EXTRA_STATE)}
+    for key, value in state.items():
+        _plain_tensor(key, value, path, meta)
+    return state
+
+
+EXTRA_STATE = "_extra_state"   # torch's suffix for get_extra_state(): plain containers under weights_only
+
+
+def _plain_tensor(key: str, t, path: str, meta: bool) -> None:
+    """A dense strided tensor: sparse, quantized, nested tensors, tensor subclasses and meta tensors (on a
+    real device) cannot be copied into a parameter or buffer."""
+    import torch
+
+    if not isinstance(t, torch.Tensor):   # an extra state: the module's own set_extra_state takes it as it is
+        return
+    kind = ("sparse" if t.layout != torch.strided else "quantized" if t.is_quantized else "nested" if t.is_nested
+            else f"a {type(t).__name__}" if type(t) not in (torch.Tensor, torch.nn.Parameter)
+            else "meta (it has no values)" if t.is_meta and not meta else "")
+    if kind:
+        raise UsageError(f"{path}: tensor {key} is {kind}; torchdiag loads dense tensors only",
+                         hint="save the plain weights: torch.save({k: v.to_dense() if v.is_sparse else v.dequantize() "
+                              "if v.is_quantized else v for k, v in sd.items()}, 'weights.pt')")
 
 
 def _found(obj, made: dict) -> str:
@@ -433,20 +462,27 @@ def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-
     state, stripped = strip_prefix(state, set(ours))
     report = Report(path, stripped=stripped, header_only=header_only)
     fitting = {}
+    meta = device is not None and device.type == "meta"
     for key, t in state.items():
         if key not in ours:
             report.unexpected.append(key)
-        elif tuple(t.shape) != tuple(ours[key].shape):
-            report.mismatched.append((key, tuple(t.shape), tuple(ours[key].shape)))
+        elif key.endswith(EXTRA_STATE) and not hasattr(ours[key], "shape"):
+            fitting[key] = t   # get_extra_state()'s own value: the module's set_extra_state takes it
+        elif not hasattr(t, "shape") or tuple(t.shape) != tuple(ours[key].shape):
+            report.mismatched.append((key, tuple(getattr(t, "shape", ())), tuple(ours[key].shape)))
         else:
-            fitting[key] = t
+            fitting[key] = _cast_on_meta(t, ours[key]) if meta else t
     report.missing = _missing(ours, state, fitting)
     if strict and not report.fits:
         raise UsageError(f"checkpoint {path} does not fit the model: {report.mismatch_summary(SHOW_KEYS)}",
                          hint=f"{off} loads the tensors that fit and reports each other key as a finding (exit 1)")
-    meta = device is not None and device.type == "meta"
     # on meta the checkpoint's tensors replace the model's (its dtypes count); elsewhere values are copied in
-    model.load_state_dict(fitting, strict=False, assign=meta)
+    try:
+        model.load_state_dict(fitting, strict=False, assign=meta)
+    except Exception as exc:  # the model's own _load_from_state_dict / set_extra_state / load hooks
+        raise ModelError(f"loading {path} into the model raised {one_line(exc)}",
+                         hint="the model's own state-dict loading code (_load_from_state_dict, set_extra_state or "
+                              "a load hook) failed; run model.load_state_dict in Python to see the traceback") from exc
     report.loaded = len(fitting)
     return report
 
@@ -456,3 +492,14 @@ def _missing(ours: dict[str, Any], state: dict[str, Any], fitting: dict[str, Any
     output layer sharing the embedding, which save_pretrained writes once) is filled by it."""
     loaded_ids = {id(ours[k]) for k in fitting}
     return [k for k, t in ours.items() if k not in state and id(t) not in loaded_ids]
+
+
+def _cast_on_meta(t, ours):
+    """On meta the checkpoint's tensor replaces the parameter: an integer tensor for a float one takes the
+    model's dtype, as the copy off meta would (a parameter of integers cannot take gradients)."""
+    import torch
+
+    if isinstance(t, torch.Tensor) and isinstance(ours, torch.Tensor) and (ours.is_floating_point() or ours.is_complex()) \
+            and not (t.is_floating_point() or t.is_complex()):
+        return t.to(ours.dtype)
+    return t

@@ -11,6 +11,7 @@ from typing import Any
 from ..errors import ExitCode, UsageError, option_name
 from . import train
 from .places import model_places
+from .precision import refuse_scaled_complex
 from .run import RunSpec
 
 META_HINT = "use --device cpu or cuda (meta has shapes only: summary, flops and memory work there)"
@@ -83,14 +84,21 @@ class Context:
         if self.on_meta:
             raise_meta(self.spec.command)
 
-    def loss(self):
-        """A fresh loss rule (DESIGN.md "Targets and loss"): it fixes its random target on first use."""
-        rule = loss_rule(self.custom_loss or self.spec.loss, self.loaded, self.batch_target, self.seed)
-        rule.rows = self.rows
-        rule.lm = self.lm
-        return rule
+    def loss(self, rule: str | None = None):
+        """A fresh loss rule (DESIGN.md "Targets and loss"): it fixes its random target on first use, under
+        torchrun cut to this rank's rows. `rule`: that rule with a random target of its own instead of the
+        run's rule and target (doctor's training checks when the given targets are out of range)."""
+        if rule is None:
+            made = loss_rule(self.custom_loss or self.spec.loss, self.loaded, self.batch_target, self.seed)
+        else:
+            made = loss_rule(rule, None, None, self.seed)
+        made.rows = self.rows
+        made.lm = self.lm
+        return made
 
     def optimizer(self, params, spec=None, *, foreach: bool | None = None):
+        params = list(params)
+        refuse_scaled_complex(params, self.precision, self.option("amp"))
         return train.make_optimizer(params, spec or self.spec.optimizer, foreach=foreach)
 
     def seeded(self):

@@ -254,6 +254,36 @@ def agree(flags: list[bool], device, group=None) -> list[bool]:
     return [v > 0 for v in t.tolist()]
 
 
+def refuse_divergent(model, wrap: str) -> None:
+    """Before --wrap ddp/fsdp: every rank's parameters (names, shapes, dtypes) must be the same, or the
+    wrapper's collectives mismatch (gloo aborts rank 0 without a word; DDP waits out its timeout). One
+    all_gather over the decisions group; every rank raises the same error, naming the first that differs."""
+    import torch.distributed as dist
+
+    mine = [(n, tuple(p.shape), str(p.dtype).replace("torch.", "")) for n, p in model.named_parameters()]
+    everyone: list = [None] * dist.get_world_size()
+    try:
+        dist.all_gather_object(everyone, mine, group=_DECISIONS)
+    except Exception as exc:   # a peer failed before it got here (its own error leads the report)
+        err = ModelError(f"--wrap {wrap}: could not compare parameters with the other ranks: {one_line(exc, 160)}")
+        err.follows_peer = True
+        raise err from exc
+    if all(theirs == everyone[0] for theirs in everyone):
+        return
+    tables = [dict((n, (s, d)) for n, s, d in theirs) for theirs in everyone]
+    names = list(dict.fromkeys(n for t in tables for n in t))
+    differ = [n for n in names if any(t.get(n) != tables[0].get(n) for t in tables)]
+
+    def show(t, n):
+        return "absent" if n not in t else f"{'x'.join(map(str, t[n][0])) or 'scalar'} {t[n][1]}"
+
+    first = differ[0]
+    raise ModelError(f"--wrap {wrap}: the ranks built different models: {len(differ)} parameter(s) differ, first "
+                     f"{first} (" + ", ".join(f"rank {r}: {show(t, first)}" for r, t in enumerate(tables)) + ")",
+                     hint="every rank must build the same model to be wrapped; run without --wrap to see every "
+                          "difference as rank-divergence findings")
+
+
 def inner(wrapped):
     """The user's module inside a wrapper: DDP's `.module`; a model fully_shard sharded is its own module
     (its own attribute named `module`, if any, is the user's)."""
@@ -317,6 +347,10 @@ def _fully_shard(model, ranks: Ranks, device):
 
         raise UsageError(f"--wrap fsdp needs torch.distributed.fsdp.fully_shard (torch >= 2.6); this is torch {torch.__version__}",
                          hint="upgrade torch, or use --wrap ddp") from exc
+    dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
+    if len(dtypes) > 1:   # fully_shard at the root: one parameter group, all-gathered as one flat buffer
+        raise UsageError(f"--wrap fsdp: FSDP needs one dtype per parameter group, and this model's parameters are "
+                         f"{', '.join(dtypes)}", hint="use --wrap ddp, or give every parameter one dtype")
     mesh = init_device_mesh(device.type, (ranks.world_size,))
     try:
         fully_shard(model, mesh=mesh)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UsageError, one_line
+from . import seeds
 from .resources import memory_limit
 
 INPUT_WAYS = ("-i/--input SHAPE[:DTYPE] (e.g. -i 8x3x32x32 or -i 2x128:int64[0,30000)), "
@@ -312,7 +313,7 @@ def realistic_inputs(model, tensors: list, specs: list[InputSpec], notes: list, 
         if meta:   # shapes only
             kwargs["decoder_input_ids"] = torch.empty(tuple(first.shape), dtype=first.dtype, device="meta")
         else:
-            g = torch.Generator().manual_seed(seed + 1)
+            g = torch.Generator().manual_seed(seeds.decoder_ids(seed))
             kwargs["decoder_input_ids"] = torch.randint(0, default_int_high(model)[0], tuple(first.shape), generator=g,
                                                         dtype=first.dtype).to(first.device)
         out_notes.append(f"decoder_input_ids: {shape_str(first)} added (the model is an encoder-decoder: "
@@ -326,13 +327,13 @@ def realistic_inputs(model, tensors: list, specs: list[InputSpec], notes: list, 
         where, size = found[key]
         if key == "decoder_input_ids":
             t = kwargs[key]
-            g = torch.Generator().manual_seed(seed + 1)
+            g = torch.Generator().manual_seed(seeds.decoder_ids(seed))
             kwargs[key] = torch.randint(0, size, tuple(t.shape), generator=g, dtype=t.dtype).to(t.device)
             out_notes[-1] += f"; values in [0, {size}) ({where})"
             continue
         i = int(key[6:-1])
         t = tensors[i]
-        g = torch.Generator().manual_seed(seed + 100 + i)
+        g = torch.Generator().manual_seed(seeds.embedding_ids(seed, i))
         tensors[i] = torch.randint(0, size, tuple(t.shape), generator=g, dtype=t.dtype).to(t.device)
         notes[i] = f"{label[i]}: integer values in [0, {size}) (the nn.Embedding that consumes it: {where})"
     return ModelInputs(tuple(tensors), kwargs, "--input", [n for n in notes if n] + out_notes)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ModelError, UsageError, one_line
+from . import seeds
 
 LOSS_CHOICES = "auto|cross_entropy|mse|sum|PATH:fn"
 
@@ -155,7 +156,7 @@ class Loss:
             else:
                 rule, target = "mse", known.get(label, (None, None))[1]
                 if target is None or tuple(target.shape) != tuple(t.shape):
-                    g = torch.Generator().manual_seed(self.seed + k)
+                    g = torch.Generator().manual_seed(seeds.output_target(self.seed, k))
                     target = self._random(torch.randn, t.shape, g).to(t.device, torch.float32)
                 value = value + F.mse_loss(t.float(), target.to(t.device))
             extra.append((label, rule, target))

@@ -22,7 +22,12 @@ from ..errors import OptionError, option_name
 HEADROOM = 8.0
 # Commands that model autocast on the meta device rather than run it there (memory's estimate).
 AMP_MODELLED_ON_META = ("memory",)
-REDUCED = ("bfloat16", "float16")
+REDUCED = ("bfloat16", "float16")      # the reduced floating dtypes, by name: the one list
+
+
+def is_reduced(dtype) -> bool:
+    """bfloat16 or float16: a torch dtype, or its name with or without "torch."."""
+    return str(dtype).replace("torch.", "") in REDUCED
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,20 @@ def autocast(precision: Precision, device):
     import torch
 
     return torch.autocast(device_type=device.type, dtype=getattr(torch, precision.amp))
+
+
+def refuse_scaled_complex(params, precision: Precision, option: str = "--amp") -> None:
+    """fp16 loss scaling has no kernel for complex gradients (GradScaler's unscale raises NotImplementedError):
+    a usage error before any step, naming the parameter count, not a crash in the middle of the run."""
+    if not precision.scaled:
+        return
+    complex_params = [p for p in params if getattr(p, "is_complex", lambda: False)() and p.requires_grad]
+    if complex_params:
+        from ..errors import UsageError
+
+        raise UsageError(f"{option} fp16 needs a GradScaler, which cannot unscale complex gradients "
+                         f"({len(complex_params)} complex parameter(s) train)",
+                         hint="use bf16 (no loss scaling), or run without amp")
 
 
 def grad_scaler(precision: Precision, device):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import ModelError, UsageError, one_line
+from .limits import json_depth, read_text
 
 PREFIXES = ("torchvision:", "timm:", "hf:")
 NO_NETWORK = "torchdiag never downloads (no network access is attempted)"
@@ -33,7 +34,7 @@ TEXT_LENGTH = 128          # default sequence length of a text model (capped by 
 # Commands that run the model in train mode: there a BatchNorm after global pooling (ResNeSt's split
 # attention, LeViT's heads) refuses a single sample, so their default batch is TRAIN_BATCH (issue 26);
 # the others (summary, flops, ...) keep 1: their numbers are per sample.
-TRAINING_COMMANDS = ("nancheck", "gradflow", "doctor", "overfit-batch", "memory", "profile", "check")
+TRAINING_COMMANDS = ("nancheck", "gradflow", "doctor", "overfit-batch", "lr-find", "memory", "profile", "check")
 TRAIN_BATCH = 2
 VIDEO_FRAMES = 16          # torchvision video models: (N, C, T, H, W)
 
@@ -197,10 +198,11 @@ def timm_source(name: str, kwargs: dict[str, Any]) -> Source:
 def hf_source(path: str, kwargs: dict[str, Any]) -> Source:
     folder, config_file = _hf_paths(path)
     try:
-        with open(config_file, encoding="utf-8") as f:
-            config_dict = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"cannot read {config_file}: {one_line(exc)}", hint="config.json must be the JSON file save_pretrained writes") from exc
+        text = read_text(config_file, "hf: config")
+        json_depth(text)   # before json.loads recurses
+        config_dict = json.loads(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, UsageError) as exc:
+        raise UsageError(f"cannot read {config_file}: {exc.message if isinstance(exc, UsageError) else one_line(exc)}", hint="config.json must be the JSON file save_pretrained writes") from exc
     if not isinstance(config_dict, dict):
         raise UsageError(f"{config_file} is not a JSON object", hint="config.json must be the JSON file save_pretrained writes")
     if config_dict.get("auto_map"):
@@ -248,11 +250,22 @@ def _hf_config(config_dict: dict, config_file: str, overrides: dict):
     values.update(overrides)
     try:
         return AutoConfig.for_model(model_type, **values)
-    except ValueError as exc:
+    except Exception as exc:
         import transformers
 
+        if _known_type(model_type):   # a value of the wrong type or range (strict config dataclasses)
+            why = exc.__cause__ or exc
+            raise UsageError(f"{config_file}{' with --arg ' + ', '.join(overrides) if overrides else ''}: transformers "
+                             f"refused the config: {one_line(why)}",
+                             hint="fix the value in config.json (or the --arg): e.g. \"n_layer\": 2, not \"two\"") from exc
         raise UsageError(f"transformers {transformers.__version__} does not know model_type '{model_type}' ({config_file})",
                          hint="a newer transformers may: pip install -U transformers") from exc
+
+
+def _known_type(model_type) -> bool:
+    from transformers import CONFIG_MAPPING
+
+    return isinstance(model_type, str) and model_type in CONFIG_MAPPING
 
 
 def _hf_class(config, task: str | None):
@@ -263,10 +276,18 @@ def _hf_class(config, task: str | None):
         if task not in HF_TASKS:
             raise UsageError(f"--arg task={task} is not one of {', '.join(HF_TASKS)}",
                              hint="task picks the head: causal-lm for a decoder LM, seq2seq for an encoder-decoder, base for the bare model")
-        return getattr(transformers, HF_TASKS[task]), f"{HF_TASKS[task]} for task {task}"
+        auto = getattr(transformers, HF_TASKS[task])
+        if type(config) not in auto._model_mapping:   # e.g. image-classification on a GPT-2 config
+            raise UsageError(f"--arg task={task}: transformers has no {HF_TASKS[task]} for model_type "
+                             f"'{config.model_type}'", hint="pick a task this model has a head for, e.g. base")
+        return auto, f"{HF_TASKS[task]} for task {task}"
     for arch in getattr(config, "architectures", None) or []:
-        cls = getattr(transformers, arch, None)
+        cls = getattr(transformers, str(arch), None)
         if isinstance(cls, type):
+            if not issubclass(cls, transformers.PreTrainedModel):   # "architectures": ["Trainer"]
+                raise UsageError(f"config.json architectures names {arch}, which is not a transformers model class",
+                                 hint="name the model class save_pretrained wrote (e.g. GPT2LMHeadModel), or pick a "
+                                      "head with --arg task=...")
             return cls, f"{arch} from config.architectures"
     return transformers.AutoModel, "AutoModel (config.json names no known architecture; --arg task=... picks a head)"
 
@@ -282,6 +303,8 @@ def _hf_inputs(config, path: str, source: Source) -> None:
     """Pixels for a vision config (image_size), else token ids (their range comes from the embedding
     that reads them, i.e. the config's vocabulary; an encoder-decoder gets decoder ids as well)."""
     image = getattr(config, "image_size", None)
+    if not (type(image) is int or isinstance(image, (list, tuple)) and image and all(type(v) is int for v in image)):
+        image = None   # a config class that does not check its types: no default image size from it
     if image and not getattr(config, "vocab_size", None):
         h, w = (image, image) if isinstance(image, int) else tuple(image)[:2]
         source.inputs = (f"1x{getattr(config, 'num_channels', 3)}x{h}x{w}",)

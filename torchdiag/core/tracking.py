@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ModelError, one_line
+from ..errors import ModelError, UsageError, one_line
 
 
 def describe(obj: Any, limit: int = 4) -> str:
@@ -205,3 +205,37 @@ def run_forward(model, inputs, tracker: ModuleTracker | None = None, phase: str 
     finally:
         if own:
             tracker.__exit__(None, None, None)
+
+
+# containers hold modules but are never called themselves
+CONTAINERS = ("ModuleList", "ModuleDict", "ParameterList", "ParameterDict")
+
+
+def first_tensor(out):
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)):
+        for x in out:
+            t = first_tensor(x)
+            if t is not None:
+                return t
+    if isinstance(out, dict):
+        for x in out.values():
+            t = first_tensor(x)
+            if t is not None:
+                return t
+    return None
+
+
+def module_named(model, name: str):
+    """The submodule at path `name`, or a usage error with the closest names."""
+    names = dict(model.named_modules())
+    if name not in names:
+        import difflib
+
+        close = difflib.get_close_matches(name, [n for n in names if n], n=3, cutoff=0.5)
+        raise UsageError(f"no module named '{name}' in the model",
+                         hint=(f"did you mean {', '.join(close)}?" if close else "module paths are listed by `torchdiag summary`"))
+    return names[name]

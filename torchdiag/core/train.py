@@ -51,12 +51,6 @@ def seeded(seed: int):
         yield
 
 
-def seeded_call(seed: int, fn, *args, **kwargs):
-    """fn(*args, **kwargs) under `seeded(seed)`."""
-    with seeded(seed):
-        return fn(*args, **kwargs)
-
-
 def user_call(seed: int, fn, what: str):
     """The user's fn() (example_inputs, a --batch function) under `seeded(seed)`; what it raises is the
     user's (exit 3), named as `what`."""

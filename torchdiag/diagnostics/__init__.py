@@ -5,25 +5,13 @@
 - `NEEDS_VALUES = True` when it needs real tensor values (the meta device is then refused once,
   by `core.context`, before the model is built).
 
-`invoke` is the one way the Python API and `check` run a diagnostic on a model they already have."""
+Which command runs which module is the registry's (torchdiag/commands.py); running one is the runner's
+(torchdiag/runner/)."""
 from __future__ import annotations
-
-import importlib
 
 
 def module(command: str):
     """The diagnostics module of a command (`overfit-batch` → diagnostics.overfit_batch)."""
-    name = command.replace("-", "_")
-    return importlib.import_module(f"{__name__}.{name}")
+    from ..commands import get
 
-
-def invoke(diagnostic, model, inputs, opts, ctx):
-    if getattr(diagnostic, "NEEDS_VALUES", False):
-        ctx.require_values()
-    try:
-        result = diagnostic.run(model, inputs, opts, ctx)
-    except Exception as exc:
-        ctx.explain(exc)
-        raise
-    ctx.finish(result)
-    return result
+    return get(command).diagnostic_module()

@@ -9,8 +9,9 @@ forward hook, so no output is kept unless a picture of it was asked for.
 Pictures (`--layer NAME`, `--images DIR`, `--tb DIR`): a grid of the layer's feature maps for
 sample 0 (one tile per channel, each min-max scaled), and for conv layers a grid of the filters
 (first-layer RGB filters in colour, one tile per output filter; otherwise one gray tile per
-(output, input) channel pair). They are data: `result.artefacts["pictures"]` holds (file name,
-HxWx3 uint8) pairs in the order of `result.data["images"]`; render/activations.py writes them."""
+(output, input) channel pair). They are data: `result.artefacts["drawings"]` holds what each picture
+shows (float planes, the grid, the enlargement) in the order of `result.data["images"]`, whose entries
+give the sizes; render/activations.py draws them and writes them."""
 from __future__ import annotations
 
 import math
@@ -18,8 +19,9 @@ from dataclasses import dataclass, field
 
 from ..core.guard import leave_no_trace
 from ..core.run import flag, number
-from ..core.tracking import ForwardHooks, ModuleTracker, forward_error, nested_shape
+from ..core.tracking import ForwardHooks, ModuleTracker, first_tensor, forward_error, nested_shape
 from ..errors import UsageError
+from ..pictures import grid_shape, scale_for
 from ..results import Column, Result, Table
 
 MAX_MAPS = 64          # feature-map tiles per layer
@@ -31,7 +33,7 @@ NEEDS_VALUES = True
 @dataclass
 class Options:
     layers: list[str] = field(default_factory=list)
-    images: bool = False           # draw the pictures for PNG files (result.artefacts["pictures"])
+    images: bool = False           # PNG files of the pictures (render/activations.py draws them)
     tb: bool = False               # also fill result.histograms / result.images
     eps: float = 0.01              # saturation margin
     depth: int = 100
@@ -74,24 +76,6 @@ def saturation_bounds(module, eps: float):
         return 0.0, 6.0
     if isinstance(module, nn.Hardtanh):
         return module.min_val, module.max_val
-    return None
-
-
-def first_tensor(out):
-    import torch
-
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, (tuple, list)):
-        for x in out:
-            t = first_tensor(x)
-            if t is not None:
-                return t
-    if isinstance(out, dict):
-        for x in out.values():
-            t = first_tensor(x)
-            if t is not None:
-                return t
     return None
 
 
@@ -200,58 +184,44 @@ def row_of(s: Stats) -> dict:
     }
 
 
-def feature_map_tiles(t):
-    """The picture of one layer output (sample 0): 4-D → one tile per channel (≤ MAX_MAPS),
-    5-D → middle depth slice per channel, 3-D → one tokens×features heatmap, 2-D → batch×features."""
-    from ..render import images as im
-
+def feature_map_planes(t) -> tuple[list, int]:
+    """What the picture of one layer output (sample 0) shows, as float arrays: 4-D → one plane per channel
+    (≤ MAX_MAPS), 5-D → middle depth slice per channel, 3-D → one tokens×features plane, 2-D →
+    batch×features; (planes, channels)."""
     x = t.numpy()
     if x.ndim == 5:
         x = x[:, :, x.shape[2] // 2]
     if x.ndim == 4:
-        maps = x[0][:MAX_MAPS]
-        h, w = maps.shape[-2:]
-        f = im.scale_for(h, w)
-        return [im.upscale(im.colorize(im.normalize01(m)), f) for m in maps], x.shape[1]
+        return list(x[0][:MAX_MAPS]), x.shape[1]
     if x.ndim == 3:
-        a = x[0]
-    elif x.ndim == 2:
-        a = x
-    elif x.ndim == 1:
-        a = x[None, :]
-    else:
-        return [], 0
-    f = im.scale_for(*a.shape)
-    return [im.upscale(im.colorize(im.normalize01(a)), f)], 1
+        return [x[0]], 1
+    if x.ndim == 2:
+        return [x], 1
+    if x.ndim == 1:
+        return [x[None, :]], 1
+    return [], 0
 
 
-def filter_tiles(weight):
-    """Conv filters as tiles: out×3×k×k → colour tiles (one per output filter, whole-tensor
-    symmetric scaling so colours compare); out×1×k×k (grayscale input, depthwise) → one gray tile
-    per filter in a square grid; otherwise gray tiles per (out, in) pair, one row per output
-    filter (≤ 16 input channels, ≤ 256 tiles)."""
-    from ..render import images as im
-
+def filter_planes(weight) -> tuple[list, int | None, str]:
+    """Conv filters as values in [0, 1] (w / 2·max|w| + 0.5: whole-tensor symmetric scaling so tiles
+    compare): out×3×k×k → one k×k×3 colour plane per output filter; out×1×k×k (grayscale input,
+    depthwise) → one gray plane per filter in a square grid; otherwise gray planes per (out, in) pair,
+    one row per output filter (≤ 16 input channels, ≤ 256 tiles). (planes, columns or None, rgb|gray)."""
     np = __import__("numpy")
     w = weight.detach().float().cpu().numpy()
     if w.ndim == 5:
         w = w[:, :, w.shape[2] // 2]
     if w.ndim == 3:  # conv1d: out×in×k → out×in×1×k
         w = w[:, :, None, :]
-    out_c, in_c, kh, kw = w.shape
-    f = im.scale_for(kh, kw, 24)
-    if in_c == 3:
-        m = float(np.abs(w).max()) or 1.0
-        tiles = [im.upscale(im.to_rgb_uint8(w[o].transpose(1, 2, 0) / (2 * m) + 0.5), f) for o in range(min(out_c, MAX_FILTER_TILES))]
-        return tiles, None, "rgb"
+    out_c, in_c = w.shape[:2]
     m = float(np.abs(w).max()) or 1.0
+    if in_c == 3:
+        return [w[o].transpose(1, 2, 0) / (2 * m) + 0.5 for o in range(min(out_c, MAX_FILTER_TILES))], None, "rgb"
     if in_c == 1:  # grayscale first layer or depthwise conv: one tile per filter, square grid
-        tiles = [im.upscale(im.gray(w[o, 0] / (2 * m) + 0.5), f) for o in range(min(out_c, MAX_FILTER_TILES))]
-        return tiles, None, "gray"
+        return [w[o, 0] / (2 * m) + 0.5 for o in range(min(out_c, MAX_FILTER_TILES))], None, "gray"
     cols = min(in_c, 16)
     rows = max(1, min(out_c, MAX_FILTER_TILES // cols))
-    tiles = [im.upscale(im.gray(w[o, i] / (2 * m) + 0.5), f) for o in range(rows) for i in range(cols)]
-    return tiles, cols, "gray"
+    return [w[o, i] / (2 * m) + 0.5 for o in range(rows) for i in range(cols)], cols, "gray"
 
 
 def run(model, inputs, opts: Options, ctx) -> Result:
@@ -293,11 +263,13 @@ def run(model, inputs, opts: Options, ctx) -> Result:
                 result.histograms[f"activations/{n}"] = vals[0]
 
     drawn = []
+    if pictures:   # drawn by render/activations.py: for TensorBoard (tb) and/or PNG files (images)
+        result.artefacts.update(drawings=[], tb=opts.tb, images=opts.images)
     for name in layers if pictures else []:
         if name not in rec.kept:
             result.notes.append(f"layer {name} did not run in forward (or gave no float tensor): no picture")
             continue
-        drawn += _pictures(model, name, rec.kept[name], opts, result)
+        drawn += _pictures(model, name, rec.kept[name], result)
     result.data["layers"] = layers
     result.data["images"] = drawn
     if layers and not pictures:
@@ -308,42 +280,40 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     return result
 
 
-def _keep(result, opts, tag: str, file: str, grid, entry: dict) -> dict:
-    """A drawn picture: for TensorBoard (result.images) and/or a PNG file (result.artefacts)."""
-    if opts.tb:
-        result.images[tag] = grid
-    if opts.images:
-        result.artefacts.setdefault("pictures", []).append((file, grid))
-    return entry
+def _picture(layer: str, suffix: str, kind: str, planes: list, cols, scale: int, entry: dict) -> tuple[dict, dict]:
+    """One picture described for render/activations.py (which draws it) and its entry in data["images"],
+    with the size it will have: tiles of the planes enlarged `scale` times in a grid of `cols` columns."""
+    h, w = planes[0].shape[:2]
+    _, _, height, width = grid_shape(len(planes), h * scale, w * scale, cols)
+    drawing = {"layer": layer, "suffix": suffix, "kind": kind, "planes": planes, "cols": cols, "scale": scale}
+    return drawing, {"layer": layer, "kind": entry.pop("kind", kind), "tiles": len(planes), **entry,
+                     "height": height, "width": width}
 
 
-def _pictures(model, name, output, opts, result) -> list[dict]:
+def _pictures(model, name, output, result) -> list[dict]:
     from torch import nn
 
-    from ..render import images as im
-
     out = []
-    tiles, channels = feature_map_tiles(output)
-    if tiles:
-        grid = im.tile(tiles)
-        entry = {"layer": name, "kind": "feature_maps", "tiles": len(tiles), "channels": channels,
-                 "height": grid.shape[0], "width": grid.shape[1]}
-        out.append(_keep(result, opts, f"activations/{name}/feature_maps", f"{im.safe_name(name)}_features.png",
-                         grid, entry))
-        if channels > len(tiles) and output.dim() >= 4:
-            result.notes.append(f"{name}: first {len(tiles)} of {channels} channels shown")
+    planes, channels = feature_map_planes(output)
+    if planes:
+        drawing, entry = _picture(name, "features", "feature_maps", planes, None, scale_for(*planes[0].shape[:2]),
+                                  {"channels": channels})
+        result.artefacts["drawings"].append(drawing)
+        out.append(entry)
+        if channels > len(planes) and output.dim() >= 4:
+            result.notes.append(f"{name}: first {len(planes)} of {channels} channels shown")
     mod = model.get_submodule(name)
     if isinstance(mod, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
-        ftiles, cols, kind = filter_tiles(mod.weight)
-        grid = im.tile(ftiles, cols)
-        entry = {"layer": name, "kind": f"filters_{kind}", "tiles": len(ftiles),
-                 "height": grid.shape[0], "width": grid.shape[1]}
+        fplanes, cols, kind = filter_planes(mod.weight)
+        kh, kw = fplanes[0].shape[:2]
+        drawing, entry = _picture(name, "filters", kind, fplanes, cols, scale_for(kh, kw, 24), {"kind": f"filters_{kind}"})
         out_c, in_c = mod.weight.shape[:2]
-        shown_out, shown_in = (len(ftiles), in_c) if cols is None else (len(ftiles) // cols, cols)
+        shown_out, shown_in = (len(fplanes), in_c) if cols is None else (len(fplanes) // cols, cols)
         if shown_out < out_c or shown_in < in_c:
             result.notes.append(f"{name}: filters of the first {shown_out} of {out_c} output channels"
                                 + (f" × first {shown_in} of {in_c} input channels" if shown_in < in_c else "") + " shown")
-        out.append(_keep(result, opts, f"activations/{name}/filters", f"{im.safe_name(name)}_filters.png", grid, entry))
+        result.artefacts["drawings"].append(drawing)
+        out.append(entry)
     return out
 
 

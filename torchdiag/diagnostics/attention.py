@@ -12,31 +12,27 @@ Three sources, in eval mode under no_grad:
 Per head: mean entropy of a query's distribution (nats, and as a fraction of log(keys the query
 can see), keys with exactly zero weight being masked; queries seeing one key are left out), mean
 max weight, mean weight on the first key (CLS / attention sink) and on the diagonal. Pictures are data
-(`result.artefacts["pictures"]`, written by render/attention.py); the captured weights are in
-`result.artefacts["captures"]`."""
+(the weights of the drawn sample, `result.artefacts["heatmaps"]`), drawn and written by
+render/attention.py; the captured weights are in `result.artefacts["captures"]`."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
 from ..core.guard import leave_no_trace
-from ..core.run import number
+from ..core.run import flag, number
 from ..core.tracking import ModuleTracker, forward_error
 from ..errors import OptionError, UsageError
-from ..core.run import flag
+from ..pictures import MAX_LABELLED, attention_size
 from ..results import Column, Result, Table
 
-MAX_HEADS_DRAWN = 16
-MAX_LABELLED = 64      # longest sequence whose axes get --tokens labels (more would not be legible)
-HEAD_INCHES = 2.6
-DPI = 100
 NEEDS_VALUES = True
 
 
 @dataclass
 class Options:
     tokens: list[str] | None = None
-    images: bool = False           # draw the pictures for PNG files (result.artefacts["pictures"])
+    images: bool = False           # PNG files of the pictures (render/attention.py draws them)
     tb: bool = False
     sample: int = 0
     sdpa: bool = True
@@ -303,64 +299,14 @@ def _check_against(captures, opts: Options) -> None:
 
 
 def _pictures(result, captures, opts: Options) -> list[dict]:
-    """One heatmap per layer for TensorBoard (result.images) and/or PNG files (result.artefacts)."""
+    """One heatmap per layer, described for render/attention.py (which draws it, for TensorBoard and/or
+    PNG files): the sample's H×L×S weights; the entries give each picture's size."""
     if not (opts.images or opts.tb):
         return []
-    from ..render.images import safe_name
-
     if opts.tokens is not None:
         long = [c.key for c in captures if max(c.weights.shape[-2:]) > MAX_LABELLED]
         if long:
             result.notes.append(f"token labels are drawn up to {MAX_LABELLED} tokens; unlabelled: {', '.join(long)}")
-    drawn = []
-    for cap in captures:
-        img = draw(cap.weights[opts.sample], cap.key, opts.tokens)
-        if opts.tb:
-            result.images[f"attention/{cap.key}"] = img
-        if opts.images:
-            result.artefacts.setdefault("pictures", []).append((f"attention_{safe_name(cap.key)}.png", img))
-        drawn.append({"layer": cap.key, "height": int(img.shape[0]), "width": int(img.shape[1])})
-    return drawn
-
-
-def figure_size(heads: int) -> tuple[int, int]:
-    """(height, width) in pixels of one layer's picture."""
-    shown = min(heads, MAX_HEADS_DRAWN)
-    return int(round(3.0 * DPI)), int(round((HEAD_INCHES * shown + 0.8) * DPI))
-
-
-def draw(w, title: str, tokens=None):
-    """H×L×S weights of one sample → one row of per-head heatmaps (shared 0…max colour scale)."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    from matplotlib.figure import Figure
-
-    from ..render.images import figure_to_array
-
-    heads = min(w.shape[0], MAX_HEADS_DRAWN)
-    h_px, w_px = figure_size(w.shape[0])
-    fig = Figure(figsize=(w_px / DPI, h_px / DPI), dpi=DPI)
-    vmax = float(w[:heads].max()) or 1.0
-    L, S = w.shape[-2], w.shape[-1]
-    axes = fig.subplots(1, heads, squeeze=False)[0]
-    fig.subplots_adjust(left=0.05, right=0.92, top=0.85, bottom=0.12, wspace=0.35)
-    im = None
-    for h, ax in enumerate(axes):
-        im = ax.imshow(w[h].numpy(), cmap="viridis", vmin=0.0, vmax=vmax, interpolation="nearest", aspect="auto")
-        ax.set_title(f"head {h}", fontsize=8)
-        if tokens is not None and max(L, S) <= MAX_LABELLED:
-            fs = max(3, min(7, int(160 / max(L, S))))
-            if len(tokens) == S:
-                ax.set_xticks(range(S))
-                ax.set_xticklabels(tokens, rotation=90, fontsize=fs)
-            if len(tokens) == L:
-                ax.set_yticks(range(L))
-                ax.set_yticklabels(tokens if h == 0 else [""] * L, fontsize=fs)
-        else:
-            ax.tick_params(labelsize=6)
-    fig.suptitle(f"{title}  (rows: queries, columns: keys)" + (f"  first {heads} of {w.shape[0]} heads" if w.shape[0] > heads else ""),
-                 fontsize=9)
-    cax = fig.add_axes([0.935, 0.12, 0.012, 0.73])
-    fig.colorbar(im, cax=cax).ax.tick_params(labelsize=6)
-    return figure_to_array(fig)
+    result.artefacts.update(heatmaps=[(cap.key, cap.weights[opts.sample].numpy()) for cap in captures],
+                            tokens=opts.tokens, tb=opts.tb, images=opts.images)
+    return [dict(zip(("layer", "height", "width"), (cap.key, *attention_size(cap.weights.shape[1])))) for cap in captures]

@@ -13,11 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.guard import leave_no_trace
-from ..core.run import choice
-from ..core.tracking import ModuleTracker, forward_error
+from ..core.run import choice, flag
+from ..core.tracking import ModuleTracker, first_tensor, forward_error, module_named
 from ..errors import OptionError, UsageError
 from ..results import Column, Result, Table
-from ..core.run import flag
 
 REDUCTIONS = ("auto", "mean", "first", "flatten")
 NEEDS_VALUES = True
@@ -29,7 +28,7 @@ class Options:
     reduce: str = "auto"
     labels: object = None        # N labels (a list; a tensor/array is taken as .tolist()), or None: the batch target
     sprite: bool = True
-    images: bool = False         # draw the PCA preview (result.artefacts["pca"])
+    images: bool = False         # the PCA preview (its coordinates: result.artefacts["pca_coords"])
 
     def __post_init__(self):
         if not self.layer or not isinstance(self.layer, str):
@@ -74,23 +73,10 @@ def nn_agreement(x, labels) -> float:
     return float((lab[nn] == lab).double().mean())
 
 
-def module_named(model, name: str):
-    """The submodule at path `name`, or a usage error with the closest names."""
-    names = dict(model.named_modules())
-    if name not in names:
-        import difflib
-
-        close = difflib.get_close_matches(name, [n for n in names if n], n=3, cutoff=0.5)
-        raise UsageError(f"no module named '{name}' in the model",
-                         hint=(f"did you mean {', '.join(close)}?" if close else "module paths are listed by `torchdiag summary`"))
-    return names[name]
-
-
 def layer_output(model, inputs, layer: str):
     """The first tensor the layer outputs in one forward pass (eval, no grad), on the CPU."""
     import torch
 
-    from .activations import first_tensor
 
     module = module_named(model, layer)
     kept = {}
@@ -154,9 +140,9 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     # for the projector (render/embeddings.py)
     result.artefacts.update(vectors=x, labels=labels, tag=opts.layer or "model",
                             sprite=sprite(inputs, n) if opts.sprite else None)
-    if opts.images:
-        img, explained = pca_picture(x, labels, opts.layer)
-        result.artefacts["pca"] = img
+    if opts.images:   # the PCA preview, drawn by render/embeddings.py
+        coords, explained = pca_2d(x)
+        result.artefacts["pca_coords"] = coords.numpy()
         result.data["pca_explained_variance"] = explained
     result.summary += [("Vectors", f"{n} × {d} ({how})"),
                        ("Labels", f"{len(set(labels))} classes from the batch target" if labels else "none (give --batch PATH:fn returning (inputs, labels))")]
@@ -179,9 +165,6 @@ def sprite(inputs, n: int):
     return None
 
 
-PCA_SIZE = (400, 400)   # pixels (height, width) of the preview
-
-
 def pca_2d(x):
     """(N×2 coordinates on the first two principal components, explained-variance fractions)."""
     import torch
@@ -197,27 +180,3 @@ def pca_2d(x):
         coords = torch.cat([coords, torch.zeros(z.shape[0], 1, dtype=torch.float64)], 1)
     frac = [float(var[i] / var.sum()) for i in range(k)] + [0.0] * (2 - k)
     return coords, frac
-
-
-def pca_picture(x, labels, title):
-    """A scatter of the samples on PC1/PC2, coloured by label, as an HxWx3 uint8 array."""
-    from matplotlib.figure import Figure
-
-    from ..render.images import figure_to_array
-
-    coords, frac = pca_2d(x)
-    fig = Figure(figsize=(PCA_SIZE[1] / 100, PCA_SIZE[0] / 100), dpi=100)
-    ax = fig.subplots()
-    c = coords.numpy()
-    if labels is not None:
-        sc = ax.scatter(c[:, 0], c[:, 1], c=labels, cmap="tab10", s=14)
-        if len(set(labels)) <= 10:
-            ax.legend(*sc.legend_elements(), fontsize=6, loc="best", title="label", title_fontsize=6)
-    else:
-        ax.scatter(c[:, 0], c[:, 1], s=14)
-    ax.set_xlabel(f"PC1 ({frac[0]:.0%})", fontsize=8)
-    ax.set_ylabel(f"PC2 ({frac[1]:.0%})", fontsize=8)
-    ax.tick_params(labelsize=6)
-    ax.set_title(f"{title}: {x.shape[0]} samples × {x.shape[1]} dims", fontsize=8)
-    fig.tight_layout()
-    return figure_to_array(fig), frac

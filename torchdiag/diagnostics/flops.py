@@ -23,8 +23,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..core.guard import leave_no_trace
-from ..core.tracking import forward_error
 from ..core.run import choice, number
+from ..core.tracking import CONTAINERS, forward_error
 from ..errors import ModelError, OptionError, UsageError, one_line
 from ..results import Column, Result, Table
 
@@ -105,8 +105,11 @@ def _counter():
         def __init__(self):
             super().__init__(display=False, custom_mapping=_extra_formulas())
             self.calls: Counter = Counter()
+            self.paused = False   # torchdiag's own ops (the loss, its random target, the backward seed)
 
         def _count_flops(self, func_packet, out, args, kwargs):  # private hook, stable since torch 2.1
+            if self.paused:
+                return out
             self.calls[func_packet] += 1
             return super()._count_flops(func_packet, out, args, kwargs)
 
@@ -130,7 +133,6 @@ def _module_flops(counts: dict, root_prefix: str) -> dict[str, int]:
 
 def _add_containers(model, flops: dict[str, int]) -> None:
     """ModuleList/ModuleDict never run forward themselves: give them their children's sum."""
-    from .summary import CONTAINERS
 
     for name, mod in reversed(list(model.named_modules())):
         if name and type(mod).__name__ in CONTAINERS and name not in flops:
@@ -228,13 +230,16 @@ def _count(model, inputs, opts: Options, ctx) -> _Counts:
                 out = inputs.call(model)
                 fwd_counts, fwd_calls = _snapshot(counter)
                 if grad:
+                    counter.paused = True   # the loss and its seed are torchdiag's, not the model's
                     loss = loss_rule(out)
+                    seed = torch.ones_like(loss)
+                    counter.paused = False
                     params = [p for p in model.parameters() if p.requires_grad]
                     if not params:
                         raise UsageError(f"{ctx.option('backward')}: the model has no trainable parameters")
                     if not loss.requires_grad:
                         raise UsageError(f"{ctx.option('backward')}: the loss does not depend on any trainable parameter")
-                    torch.autograd.grad(loss, params, allow_unused=True)
+                    torch.autograd.grad(loss, params, grad_outputs=seed, allow_unused=True)
         except (UsageError, ModelError):
             raise
         except Exception as exc:
@@ -312,7 +317,7 @@ def _uncounted_table(result, counts: _Counts) -> list[dict]:
 
 
 def _si(n) -> str:
-    from ..render.fmt import si
+    from ..fmt import si
 
     return si(n) + " " if n < 1000 else si(n)
 

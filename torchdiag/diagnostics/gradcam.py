@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from ..core.guard import leave_no_trace
 from ..core.resources import memory_limit
 from ..core.run import flag, number
-from ..core.tracking import ModuleTracker, forward_error
+from ..core.tracking import ModuleTracker, forward_error, module_named
 from ..errors import ModelError, OptionError, UsageError
+from ..pictures import PICTURE_MIN, grid_shape, need_pictures
 from ..results import Column, Result, Table
 
-PICTURE_MIN = 128
 NEEDS_VALUES = True
 TAKES_INPUTS = False          # the input is the image file
 BYTES_PER_PIXEL = 200         # what one pixel of the (resized) image costs here: tensors, heatmap, pictures
@@ -34,7 +34,7 @@ class Options:
     std: object = (1.0,)
     channels: int = 3                        # 3: RGB; 1: grayscale (one mean/std)
     target_class: int | None = None
-    out: bool = False                        # draw original | heatmap | overlay (result.artefacts["panel"])
+    out: bool = False                        # original | heatmap | overlay as one PNG (render/gradcam.py)
     tb: bool = False
     alpha: float = 0.5
     topk: int = 5
@@ -66,7 +66,7 @@ class Options:
 
     def _check_memory(self) -> None:
         """--size and the image file against the machine's memory, before any pixel is allocated."""
-        from ..render.images import image_size, need_pictures
+        from ..core.image_file import image_size
 
         need_pictures("writing Grad-CAM pictures")     # PIL reads the image, matplotlib colours the map
         limit = memory_limit()
@@ -213,13 +213,14 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
 def run(model, inputs, opts: Options, ctx) -> Result:
     import torch
 
-    from ..render import images as im
-    from .embeddings import module_named
+    from ..core.image_file import load_rgb
 
     module_named(model, opts.layer)
     c, mean, std = opts.channels, opts.mean, opts.std
-    pixels = im.load_rgb(opts.image, opts.size, c)
+    pixels = load_rgb(opts.image, opts.size, c)
     x = image_tensor(pixels, mean, std, ctx.device)
+    if ctx.spec.dtype:   # --dtype: the model was cast; the image goes in as its float inputs would
+        x = x.to(getattr(torch, ctx.spec.dtype))
     rgb = pixels if c == 3 else pixels.repeat(3, axis=2)       # pictures are always RGB
     result = Result("gradcam", header={"layer": opts.layer, "image": opts.image,
                                        "image_size": f"{rgb.shape[0]}x{rgb.shape[1]}",
@@ -229,7 +230,9 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     with leave_no_trace(model):
         model.eval()
         info: dict = {}
-        cam, heat, logits, k = grad_cam(model, x, opts.layer, opts.target_class, info)
+        with ctx.autocast():   # --amp: the forward as it trains
+            cam, heat, logits, k = grad_cam(model, x, opts.layer, opts.target_class, info)
+    cam, heat, logits = cam.float(), heat.float(), logits.float()   # numpy has no bfloat16
     probs = torch.softmax(logits[0].double(), 0)
     top = torch.topk(probs, min(opts.topk, probs.numel()))
     rows = [{"class": int(c), "logit": float(logits[0, c]), "probability": float(p),
@@ -255,18 +258,14 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         result.add("empty-cam", "warning", opts.layer,
                    f"the Grad-CAM map is zero everywhere for class {k}: no positive evidence at this layer",
                    hint="try another (usually the last) convolutional layer or another --target-class")
-    # Pictures are enlarged by an integer factor (nearest) so the shorter side is ≥ 128 px.
+    # Pictures are enlarged by an integer factor (nearest) so the shorter side is ≥ PICTURE_MIN px;
+    # render/gradcam.py draws them (original | heatmap | overlay) from the image and the heatmap.
     f = max(1, -(-PICTURE_MIN // min(hm.shape))) if min(hm.shape) < PICTURE_MIN else 1
-    original = im.upscale(rgb, f)
-    heat_rgb = im.upscale(im.colorize(hm, "jet"), f)
-    blended = im.upscale(im.overlay(rgb, hm, opts.alpha), f)
     result.data["picture_scale"] = f
-    if opts.tb:
-        result.images.update({"gradcam/original": original, "gradcam/heatmap": heat_rgb, "gradcam/overlay": blended})
-    if opts.out:   # written by render/gradcam.py
-        panel = im.hstack([original, heat_rgb, blended])
-        result.artefacts["panel"] = panel
-        result.data["out_size"] = [int(panel.shape[0]), int(panel.shape[1])]
+    if opts.tb or opts.out:
+        result.artefacts.update(image=rgb, alpha=opts.alpha, tb=opts.tb, out=opts.out)
+    if opts.out:
+        result.data["out_size"] = list(grid_shape(3, rgb.shape[0] * f, rgb.shape[1] * f, cols=3)[2:])
     result.summary += [("Explained class", f"{k} (logit {float(logits[0, k]):.4g}, p={float(probs[k]):.3f})"),
                        ("Heatmap peak", f"row {peak[0]}, col {peak[1]} of {hm.shape[0]}x{hm.shape[1]}"),
                        ("Layer map", f"{cam_np.shape[0]}x{cam_np.shape[1]}, peak at {cam_peak}")]

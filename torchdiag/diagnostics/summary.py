@@ -11,12 +11,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..core.guard import leave_no_trace
-from ..core.tracking import ModuleTracker, describe, forward_error
 from ..core.run import number
+from ..core.tracking import CONTAINERS, ModuleTracker, describe, forward_error
 from ..errors import one_line
 from ..results import Column, Result, Table
-
-CONTAINERS = ("ModuleList", "ModuleDict", "ParameterList", "ParameterDict")
 
 
 @dataclass
@@ -187,7 +185,7 @@ def _numel(model, name: str) -> int:
 
 
 def _hb(n) -> str:
-    from ..render.fmt import human_bytes
+    from ..fmt import human_bytes
 
     return f"{human_bytes(n)} ({n:,} bytes)"
 

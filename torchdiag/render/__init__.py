@@ -15,26 +15,33 @@ class RenderSpec:
 
 
 def write_outputs(result, out: RenderSpec) -> dict[str, str]:
-    """Every file the user asked for besides TensorBoard: kind K of command C is written by
-    `render/<C>.py: write_K(result, path) -> str` (through render/output.py). Returns kind -> path written."""
-    import importlib
+    """Every file the user asked for besides TensorBoard: kind K is written by the command's renderer
+    (commands.py names it), `WRITERS[K](result, path) -> str`, through render/output.py. Returns kind -> path."""
+    from ..commands import get
 
-    written = {}
-    for kind, path in out.outputs.items():
-        if path is None:
-            continue
-        writer = importlib.import_module(f"{__name__}.{out.command.replace('-', '_')}")
-        written[kind] = getattr(writer, f"write_{kind}")(result, path)
-    return written
+    asked = {kind: path for kind, path in out.outputs.items() if path is not None}
+    if not asked:
+        return {}
+    writers = get(out.command).renderer_module().WRITERS
+    return {kind: writers[kind](result, path) for kind, path in asked.items()}
 
 
 def render(result, out: RenderSpec) -> None:
     """TensorBoard first, then stdout: nothing may fail after the JSON document is printed."""
-    path = None
-    if out.tb:
-        from .tensorboard import write_result
+    show(result, out, write_tensorboard(result, out))
 
-        path = write_result(result, out.tb)
+
+def write_tensorboard(result, out: RenderSpec) -> str | None:
+    """The result's TensorBoard events under out.tb (None when not asked for); returns the folder written."""
+    if not out.tb:
+        return None
+    from .tensorboard import write_result
+
+    return write_result(result, out.tb)
+
+
+def show(result, out: RenderSpec, logs: str | None = None) -> None:
+    """The result on stdout: one JSON document, or the console report (and where the TensorBoard `logs` went)."""
     if out.json:
         from .jsondoc import print_json
 
@@ -43,7 +50,7 @@ def render(result, out: RenderSpec) -> None:
         from .console import print_result
 
         print_result(result)
-        if path is not None:
+        if logs is not None:
             import sys
 
-            sys.stderr.write(f"TensorBoard logs: {path}  (tensorboard --logdir {out.tb})\n")
+            sys.stderr.write(f"TensorBoard logs: {logs}  (tensorboard --logdir {out.tb})\n")

@@ -1,7 +1,7 @@
 """Rich tables for people: results on stdout."""
 from __future__ import annotations
 
-from .fmt import cell
+from ..fmt import cell
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _HEADER_SKIP = {"inputs", "input_notes"}
@@ -87,6 +87,8 @@ def _print_table(con, t) -> None:
         c, title = t.columns[i], plan.titles[i]
         if widths and plan.atomic[i]:  # its header gives way between words (its values cannot)
             title = _wrapped(title, widths[i])
+        elif i in plan.header_widths:  # Rich cannot narrow a no_wrap header: wrapped here, or the row is cut
+            title = _wrapped(title, plan.header_widths[i])
         table.add_column(_text(title), justify="left" if c.kind in ("text", "bar", "status", "note") else "right",
                          no_wrap=plan.atomic[i], overflow="fold", width=widths.get(i), min_width=plan.min_widths.get(i),
                          max_width=plan.half if i == 0 else None)
@@ -138,6 +140,7 @@ class _Plan:
         self.moved: list[int] = []
         self.hidden: list[int] = []
         self.min_widths: dict[int, int] = {}
+        self.header_widths: dict[int, int] = {}
 
     def _room(self, width: int) -> int:
         return width - 3 * len(self.keep) - 1
@@ -151,6 +154,7 @@ class _Plan:
                        for i in range(len(self.columns))]
         if sum(comfortable[i] for i in self.keep) <= self._room(width):   # text wraps, but reads well: Rich lays it out
             self.min_widths = {i: comfortable[i] for i in self.keep}
+            self._header_room(width, comfortable)
             return {}
         for i, c in enumerate(self.columns):          # long hints read better as lines under the table
             if c.kind == "note" and i:
@@ -166,6 +170,19 @@ class _Plan:
                     self.keep.remove(i)
                     self.hidden.insert(0, i)
         return self._widths(width)
+
+    def _header_room(self, width: int, comfortable: list[int]) -> None:
+        """Number columns whose header is longer than their values get their whole header while the room
+        lasts (left first); the others have theirs wrapped between words at their values' width."""
+        spare = self._room(width) - sum(comfortable[i] for i in self.keep)
+        for i in self.keep:
+            extra = self.full[i] - comfortable[i]
+            if not self.atomic[i] or extra <= 0:
+                continue
+            if extra <= spare:
+                spare -= extra
+            else:
+                self.header_widths[i] = comfortable[i]
 
     def _widths(self, width: int) -> dict[int, int]:
         """Atomic columns at their narrowest; text columns share the rest by how much more they would take."""

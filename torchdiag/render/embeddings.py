@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..pictures import PCA_SIZE
+
 
 def write_projector(result, path) -> str:
     """The layer's vectors (labels, sprite) with SummaryWriter.add_embedding under PATH/embeddings/;
@@ -24,10 +26,42 @@ def write_projector(result, path) -> str:
     return str(run_dir)
 
 
+def pca_picture(coords, labels, frac, title: str):
+    """A scatter of the samples on PC1/PC2 (N×2 coordinates), coloured by label, as an HxWx3 uint8 array."""
+    from matplotlib.figure import Figure
+
+    from .images import figure_to_array
+
+    fig = Figure(figsize=(PCA_SIZE[1] / 100, PCA_SIZE[0] / 100), dpi=100)
+    ax = fig.subplots()
+    c = coords
+    if labels is not None:
+        sc = ax.scatter(c[:, 0], c[:, 1], c=labels, cmap="tab10", s=14)
+        if len(set(labels)) <= 10:
+            ax.legend(*sc.legend_elements(), fontsize=6, loc="best", title="label", title_fontsize=6)
+    else:
+        ax.scatter(c[:, 0], c[:, 1], s=14)
+    ax.set_xlabel(f"PC1 ({frac[0]:.0%})", fontsize=8)
+    ax.set_ylabel(f"PC2 ({frac[1]:.0%})", fontsize=8)
+    ax.tick_params(labelsize=6)
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    return figure_to_array(fig)
+
+
+def draw(result) -> None:
+    """The PCA preview (artefacts["pca"]) from the coordinates the diagnostic computed."""
+    a, d = result.artefacts, result.data
+    if a.get("pca_coords") is not None:
+        a["pca"] = pca_picture(a["pca_coords"], a.get("labels"), d["pca_explained_variance"],
+                               f"{a.get('tag')}: {d['samples']} samples × {d['dim']} dims")
+
+
 def write_images(result, path) -> str:
     """embeddings_<layer>_pca.png (samples on PC1/PC2) in folder `path`; returns the file written."""
-    from .images import safe_name, save_png
+    from .images import drawn, safe_name, save_png
 
+    drawn(result)
     name = f"embeddings_{safe_name(result.artefacts.get('tag') or 'model')}_pca.png"
     return str(save_png(result.artefacts["pca"], Path(path) / name, "--images"))
 
@@ -44,3 +78,7 @@ def record(result, written: dict) -> None:
         result.data["pca_image"] = written["images"]
         explained = sum(result.data.get("pca_explained_variance") or [0.0])
         result.summary.insert(at, ("PCA preview", f"{written['images']} (PC1+PC2 explain {explained:.1%} of the variance)"))
+
+
+# the files this command writes, by the kind its caller asks for (RenderSpec.outputs)
+WRITERS = {"projector": write_projector, "images": write_images}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..errors import UsageError, one_line
-from .images import need_pictures
+from ..pictures import need_pictures
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")   # --plot: what the figure is written as (by the name's suffix)
 
@@ -30,7 +30,7 @@ def write_plot(result, path) -> str:
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    fig = _figure(plt, plot_rows(result), result.header.get("model", ""))
+    fig = _figure(plt, plot_rows(result), result.header.get("model", ""), flagged_layers(result))
     try:
         with atomic_path(path, "--plot") as tmp:
             try:
@@ -42,7 +42,15 @@ def write_plot(result, path) -> str:
     return str(path)
 
 
-def _figure(plt, rows, model: str):
+def flagged_layers(result) -> set[str]:
+    """The layers a warning or an error names (itself, a parameter or a module inside it): the figure
+    shades those only, never an info-level (by-design) row."""
+    places = [f.where.split(" ", 1)[0] for f in result.findings if f.severity in ("error", "warning") and f.where]
+    return {r["layer"] for r in result.table("layers").rows
+            if any(p == r["layer"] or p.startswith(r["layer"] + ".") or not r["layer"] for p in places)}
+
+
+def _figure(plt, rows, model: str, flagged: set[str]):
     tiny = 1e-30
 
     def val(x):
@@ -58,7 +66,7 @@ def _figure(plt, rows, model: str):
     finite = [v for v in maxes + means if v > tiny]
     if finite:
         ax.set_ylim(min(finite) / 10, max(finite) * 10)
-    bad = [i for i, r in enumerate(rows) if r["status"] != "ok"]
+    bad = [i for i, r in enumerate(rows) if r["status"] != "ok" and r["layer"] in flagged]
     for i in bad:
         ax.axvspan(i - 0.5, i + 0.5, color="r", alpha=0.12)
     if bad:
@@ -98,3 +106,7 @@ def write_tb_layers(result, logdir) -> str:
                 writer.add_scalar(f"gradflow/layer_weight_norm/{tag}", r["weight_norm"], 0)
         writer.flush()
     return str(path)
+
+
+# the files this command writes, by the kind its caller asks for (RenderSpec.outputs)
+WRITERS = {"plot": write_plot, "tb_layers": write_tb_layers}

@@ -1,32 +1,15 @@
 """Pictures: grids, heatmaps, overlays and PNG files from numpy arrays.
 
 Every picture is an HxWx3 uint8 array (the same array goes to TensorBoard and to the PNG), so
-sizes are exact and testable. Colour maps, figures with labels and PNG encoding come from
-matplotlib/Pillow, an optional extra (`pip install 'torchdiag[plot]'`): `need_pictures()` turns
-their absence into a usage error (exit 2) before any model runs."""
+sizes are exact and testable (their geometry is in torchdiag/pictures.py, which the diagnostics read
+too). Colour maps, figures with labels and PNG encoding come from matplotlib/Pillow, an optional extra
+(`pip install 'torchdiag[plot]'`): `need_pictures()` turns their absence into a usage error (exit 2)
+before any model runs."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import UsageError
-
-PAD = 2            # pixels between tiles of a grid
-PAD_VALUE = 255    # white separators
-
-
-def need_pictures(what: str = "writing pictures", libraries=("matplotlib", "PIL")) -> None:
-    """Exit 2 with a clear message when matplotlib or Pillow is missing. Asked of the import system,
-    not by importing them: matplotlib costs ~0.6 s, and this runs before any work."""
-    import importlib.util
-
-    for name in libraries:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            raise UsageError(f"{what} needs {'pillow' if name == 'PIL' else name}, which is not installed",
-                             hint="install the plot extra: pip install 'torchdiag[plot]' (matplotlib and pillow)")
+from ..pictures import PAD, PAD_VALUE, grid_shape, need_pictures
 
 
 def check_pictures(folder, tb: bool, what: str) -> None:
@@ -86,38 +69,20 @@ def upscale(img, factor: int):
     return np.repeat(np.repeat(img, factor, axis=0), factor, axis=1)
 
 
-def scale_for(h: int, w: int, target: int = 48) -> int:
-    """Integer factor that makes the larger side of an h×w tile at least `target` pixels."""
-    return max(1, -(-target // max(h, w, 1)))
-
-
 def tile(images, cols: int | None = None, pad: int = PAD, pad_value: int = PAD_VALUE):
     """Same-sized HxWx3 uint8 tiles → one grid; cols defaults to ceil(sqrt(n)).
     Size: rows*h + (rows-1)*pad by cols*w + (cols-1)*pad."""
-    import math
-
     np = _np()
     n = len(images)
     if n == 0:
         raise ValueError("no tiles")
     h, w = images[0].shape[:2]
-    cols = cols or math.ceil(math.sqrt(n))
-    cols = min(cols, n)
-    rows = math.ceil(n / cols)
-    grid = np.full((rows * h + (rows - 1) * pad, cols * w + (cols - 1) * pad, 3), pad_value, dtype=np.uint8)
+    rows, cols, height, width = grid_shape(n, h, w, cols, pad)
+    grid = np.full((height, width, 3), pad_value, dtype=np.uint8)
     for i, im in enumerate(images):
         r, c = divmod(i, cols)
         grid[r * (h + pad): r * (h + pad) + h, c * (w + pad): c * (w + pad) + w] = im
     return grid
-
-
-def grid_size(n: int, h: int, w: int, cols: int | None = None, pad: int = PAD) -> tuple[int, int]:
-    """(height, width) of `tile()` for n tiles of h×w — documented, and used by tests."""
-    import math
-
-    cols = min(cols or math.ceil(math.sqrt(n)), n)
-    rows = math.ceil(n / cols)
-    return rows * h + (rows - 1) * pad, cols * w + (cols - 1) * pad
 
 
 def overlay(rgb_uint8, heat01, alpha: float = 0.5, cmap: str = "jet"):
@@ -168,59 +133,6 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "model"
 
 
-DECODE_BYTES_PER_PIXEL = 12   # decoding a file: PIL's image, its RGB conversion and the numpy copy
-
-
-def _open(path):
-    """PIL's lazy open (reads the header only), with its decompression-bomb guard as an error."""
-    import warnings
-
-    from PIL import Image, UnidentifiedImageError
-
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"image file not found: {path}", hint="give an existing PNG/JPEG file with --image")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            return Image.open(p)
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise UsageError(f"image too large: {path}: {exc}", hint="give a smaller image (resize it first)") from None
-    except (UnidentifiedImageError, OSError) as exc:
-        raise UsageError(f"cannot read image {path}: {exc}", hint="give a PNG or JPEG file") from None
-
-
-def image_size(path, limit_bytes: int | None = None) -> tuple[int, int]:
-    """(height, width) from the file's header, before any pixel is decoded. With `limit_bytes`,
-    a file whose decoding would take more is "image too large" (exit 2): a 30000×30000 PNG of a
-    few kilobytes would otherwise take gigabytes."""
-    with _open(path) as im:
-        w, h = im.size
-    if limit_bytes is not None and w * h * DECODE_BYTES_PER_PIXEL > limit_bytes:
-        raise UsageError(f"image too large: {path} is {w}×{h} pixels ({w * h * DECODE_BYTES_PER_PIXEL / 2**30:.1f} GiB "
-                         f"to decode, more than the {limit_bytes / 2**30:.1f} GiB allowed)",
-                         hint="give a smaller image (resize it first)")
-    return h, w
-
-
-def load_rgb(path, size: tuple[int, int] | None = None, channels: int = 3):
-    """Read an image file as HxWx3 uint8 RGB (channels=1: HxWx1 grayscale, PIL's "L"), resized
-    (bilinear) to size=(h, w) when given. Callers check image_size() first when the file is not theirs."""
-    from PIL import Image
-
-    np = _np()
-    im = _open(path)
-    try:
-        with im:
-            im = im.convert("L" if channels == 1 else "RGB")
-            if size is not None and (im.height, im.width) != tuple(size):
-                im = im.resize((size[1], size[0]), Image.BILINEAR)
-            arr = np.asarray(im, dtype=np.uint8).copy()
-            return arr[..., None] if arr.ndim == 2 else arr
-    except (Image.DecompressionBombError, OSError) as exc:
-        raise UsageError(f"cannot read image {path}: {exc}", hint="give a PNG or JPEG file") from None
-
-
 def write_pictures(result, folder, option: str = "--images") -> str:
     """Every (file name, HxWx3 uint8) pair in result.artefacts["pictures"] as a PNG in `folder`
     (created if missing), each written atomically. Returns the folder."""
@@ -241,3 +153,20 @@ def record_pictures(result, folder, at: int | None = None, what: str = "") -> No
     if entries:
         line = ("Pictures", f"{len(entries)} PNG file(s) in {folder}{what}")
         result.summary.insert(len(result.summary) if at is None else at, line)
+
+
+def drawn(result) -> None:
+    """The pictures a diagnostic described (as data: arrays, sizes) drawn once, by its renderer's
+    draw(result) (render/<command>.py), before they are written to PNG files or TensorBoard."""
+    import importlib
+
+    if result.artefacts.get("drawn"):
+        return
+    try:
+        module = importlib.import_module(f"{__package__}.{result.command.replace('-', '_')}")
+    except ModuleNotFoundError:
+        module = None
+    draw = getattr(module, "draw", None)
+    if draw is not None:
+        draw(result)
+    result.artefacts["drawn"] = True

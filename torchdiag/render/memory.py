@@ -23,3 +23,7 @@ def record(result, written: dict) -> None:
     labels = [label for label, _ in result.summary]
     at = labels.index("CUDA allocator") + 1 if "CUDA allocator" in labels else len(labels)
     result.summary.insert(at, ("Snapshot", f"{path} (open at https://pytorch.org/memory_viz)"))
+
+
+# the files this command writes, by the kind its caller asks for (RenderSpec.outputs)
+WRITERS = {"snapshot": write_snapshot}

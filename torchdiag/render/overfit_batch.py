@@ -1,7 +1,7 @@
 """Files of `overfit-batch`: the loss curve (`--plot FILE.png|.svg|.pdf`)."""
 from __future__ import annotations
 
-from .images import need_pictures
+from ..pictures import need_pictures
 from .output import atomic_path, check_file
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -49,3 +49,7 @@ def write_plot(result, path) -> str:
     finally:
         plt.close(fig)
     return str(path)
+
+
+# the files this command writes, by the kind its caller asks for (RenderSpec.outputs)
+WRITERS = {"plot": write_plot}

@@ -53,7 +53,7 @@ def write_trace(result, path) -> str:
 
 
 def write_rank_outputs(result, outputs: dict, rank: int) -> dict[str, str]:
-    """Under torchrun, on every rank before the gather (cli/torchrun.py): this rank's own files among
+    """Under torchrun, on every rank before the gather (runner/ranks.py): this rank's own files among
     RANK_OUTPUTS (`--trace run.json` -> run.rank<N>.json). Returns kind -> path written."""
     result.artefacts["rank"] = rank
     return {"trace": write_trace(result, outputs["trace"])} if outputs.get("trace") is not None else {}
@@ -84,3 +84,7 @@ def record(result, written: dict) -> None:
     if "tb_trace" in written:
         result.data["tb_trace"] = written["tb_trace"]
         result.summary.append(("TB trace", written["tb_trace"]))
+
+
+# the files this command writes, by the kind its caller asks for (RenderSpec.outputs)
+WRITERS = {"trace": write_trace, "tb_trace": write_tb_trace}

@@ -6,7 +6,7 @@ import numbers
 from pathlib import Path
 
 from ..errors import UsageError
-from .fmt import cell
+from ..fmt import cell
 from .output import write_error as output_error
 
 
@@ -85,6 +85,9 @@ def _unlink(name) -> None:
 
 
 def write_result(result, logdir) -> Path:
+    from .images import drawn
+
+    drawn(result)   # the pictures a diagnostic described (activations, attention, gradcam) go to result.images
     writer, path = open_writer(logdir, result.command)
     with guarded(writer, path):
         header = "\n".join(f"- **{k}**: {v}" for k, v in result.header.items())

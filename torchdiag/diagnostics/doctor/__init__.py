@@ -11,8 +11,8 @@ or parameter:
   batchnorm     batchnorm-batch-1  BatchNorm in train mode with a batch of 1 raises
   determinism   nondeterministic-eval  two eval forwards on the same input differ
   update        param-not-updated  a parameter has .grad but one optimizer step leaves it unchanged
-  rounding      update-rounds-away  bf16/fp16 weights whose update rounds away (most elements with a
-                                   non-zero gradient unchanged after the step; warning)
+  update        update-rounds-away  bf16/fp16 weights whose update rounds away (most elements with a
+                                   non-zero gradient unchanged after the step; warning; core/rounding.py)
   frozen        frozen             requires_grad=False parameters, listed by module (info)
   dtypes        dtype-mismatch     parameters of mixed floating dtypes; float inputs of another dtype
   input_stats   non-finite-input, unnormalised-input (image-like float input in [0, 255])
@@ -23,14 +23,10 @@ or parameter:
 Under --amp the forwards and the loss run under autocast (fp16: the backward is scaled and the step
 goes through a GradScaler). Everything that runs the model works on a copy; the user's model is only read. On meta (or a model
 partly on meta) the static checks and the device check run, the checks that need values are skipped.
-Under torchrun --wrap ddp|fsdp the training checks run on the wrapped copy (wrapped.py, WRAP below)."""
+Under torchrun --wrap ddp|fsdp the training checks run on the wrapped copy (wrapped.py, WRAP in options.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from ...core.context import loss_rule
 from ...core.guard import leave_no_trace
-from ...core.run import OptimizerSpec
 from ...core.tracking import ModuleTracker, describe, forward_error
 from ...errors import ModelError, one_line
 from ...results import Column, Result, Table
@@ -43,27 +39,14 @@ from .dtypes import check_dtypes, check_promotion
 from .frozen import check_frozen, frozen_groups
 from .input_stats import input_stats
 from .modes import mode_modules
+from .options import NEEDS_VALUES, OPTIMIZER, WRAP, Options
+from .probe import Probe
 from .shared import failing_call, mixes_devices_or_dtypes, name, workspace
 from .target import check_target
 from .training import train_checks
 from .wrapped import Gate, make as make_wrapped
 
-NEEDS_VALUES = False   # partly useful on meta: the value checks skip themselves there
-OPTIMIZER = OptimizerSpec("adam", lr=1e-3)   # the one-step update check
-# under torchrun: how each --wrap reaches doctor (cli/torchrun.py: wrap_mode); see wrapped.py
-WRAP = {"ddp": ("pass", "the training checks (train-mode forward, backward, one optimizer step) run on the DDP "
-                        "copy, gradients after its reduction; the eval checks and re-checks on this rank's own copy"),
-        "fsdp": ("pass", "the training checks (train-mode forward, backward, one optimizer step) run on the "
-                         "fully_shard copy, each parameter judged whole across ranks; the eval checks and re-checks "
-                         "on this rank's own copy")}
-
 __all__ = ["Options", "NEEDS_VALUES", "OPTIMIZER", "WRAP", "run", "frozen_groups", "mode_modules"]
-
-
-@dataclass
-class Options:
-    """doctor has no settings of its own: loss, target, seed and the optimizer of the one-step update
-    check come from the run (ctx)."""
 
 
 def run(model, inputs, opts: Options | None, ctx) -> Result:
@@ -131,14 +114,14 @@ def _value_checks(work, inputs, ctx, loss, main_dtype, ck: Checklist, result: Re
     ready = _eval_checks(work, inputs, ctx, loss, main_dtype, ck, result)
     if gate is not None and gate.cross(ready is None):
         if ready is not None:   # a peer stopped before the training checks: this rank runs them unwrapped
-            train_checks(work, inputs, ctx, ready[1], ready[0], ck, result)
+            train_checks(Probe(work, inputs, ctx, ready[1], ck, result, eval_out=ready[0]))
             _after_training(work, inputs, ready[1], ck, result)
         return
     if ready is None:
         return
     eval_out, train_loss = ready
     wrapped = make_wrapped(work, ctx, result) if gate is not None else None
-    train_checks(work, inputs, ctx, train_loss, eval_out, ck, result, wrapped)
+    train_checks(Probe(work, inputs, ctx, train_loss, ck, result, eval_out=eval_out, wrapped=wrapped))
     _after_training(work, inputs, train_loss, ck, result)
 
 
@@ -155,7 +138,7 @@ def _eval_checks(work, inputs, ctx, loss, main_dtype, ck: Checklist, result: Res
     target = ctx.batch_target if ctx.batch_target is not None else loss.target
     train_loss = loss
     if check_target(eval_out, loss, target, ck):
-        train_loss = loss_rule("auto", seed=ctx.seed)
+        train_loss = ctx.loss("auto")
         result.notes.append("training checks used random class targets: the given targets are out of range")
     return eval_out, train_loss
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from ...core import train
 from ...core.readback import read_back
+from ...core.scaling import scale_facts
 from ...core.tracking import run_forward
-from ..overfit_batch.scaling import scale_facts
 
 MAX_BACKOFFS = 24        # 2**16 → 2**-8: an overflow that survives this is not a scale problem
 

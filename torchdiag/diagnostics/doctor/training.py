@@ -5,15 +5,17 @@ wrapped copy when the forward and the backward run on every rank (agreed); other
 on its own copy, as without a wrapper (wrapped.py)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ...core import train
+from ...core.design import stochastic_depth_off
 from ...core.tracking import ModuleTracker, forward_error
 from ...errors import ModelError
 from ...results import Result
-from ..gradflow.design import stochastic_depth_off
 from .batchnorm import one_value_per_channel, report_train_failure, two_samples
-from .checklist import Checklist
 from .inplace import leaf_inplace_watch, locate_inplace, report_inplace
 from .modes import check_modes, mode_modules
+from .probe import Probe
 from .shared import failing_call, name
 from .update import update_check
 from .wrapped import ranks_text, report_dropped_hooks
@@ -21,30 +23,33 @@ from .wrapped import ranks_text, report_dropped_hooks
 BACKWARD_HINT = "the model's own code raised in backward; run with --debug for the traceback"
 
 
-def train_checks(work, inputs, ctx, loss, eval_out, ck: Checklist, result: Result, wrapped=None) -> None:
+def train_checks(probe: Probe) -> None:
+    """The train-mode pass on probe.work (on the wrapped copy first when probe.wrapped is set)."""
     import torch
 
-    if wrapped is not None and _wrapped_checks(wrapped, inputs, ctx, loss, eval_out, ck, result):
+    if probe.wrapped is not None and _wrapped_checks(probe):
         return
+    # --amp fp16: the backward is scaled, the step goes through it; the checks on this rank's own copy
+    probe = replace(probe, scaler=probe.ctx.grad_scaler(), wrapped=None)
+    work, ctx = probe.work, probe.ctx
     work.train()
-    _depth_off(work, result)
+    _depth_off(work, probe.result)
     for p in work.parameters():
         p.grad = None
     tracker = ModuleTracker(work, record_shapes=False)
     watch = leaf_inplace_watch()
-    scaler = ctx.grad_scaler()    # --amp fp16: the backward is scaled, the step goes through it
     try:
         with torch.enable_grad(), tracker, watch, ctx.autocast():
-            out = inputs.call(work)
+            out = probe.inputs.call(work)
     except Exception as exc:
-        retry = _forward_failed(work, inputs, ctx, loss, exc, tracker, watch, ck, result)
+        retry = _forward_failed(probe, exc, tracker, watch)
         if retry is not None:   # a batch of 1 BatchNorm refuses: the other checks run on a batch of 2
-            train_checks(work, retry, ctx, loss, eval_out, ck, result)
+            train_checks(replace(probe, inputs=retry))
         return
-    check_modes(mode_modules(work), eval_out, out, ck, result)
-    if _backward(work, inputs, loss, out, ck, ctx, scaler):
-        ck.row("inplace", "ok", "backward runs")
-        update_check(work, inputs, ctx, ck, result, scaler)
+    check_modes(mode_modules(work), probe.eval_out, out, probe.ck, probe.result)
+    if _backward(probe, out):
+        probe.ck.row("inplace", "ok", "backward runs")
+        update_check(probe)
 
 
 def _depth_off(model, result: Result) -> None:
@@ -55,12 +60,13 @@ def _depth_off(model, result: Result) -> None:
         result.notes.append(note)
 
 
-def _wrapped_checks(w, inputs, ctx, loss, eval_out, ck: Checklist, result: Result) -> bool:
+def _wrapped_checks(probe: Probe) -> bool:
     """The train-mode pass on the wrapped copy; True when it ran. False when a rank's forward (or loss)
     or backward failed: the ranks agree on that after each, so none waits in a collective a peer skips,
     and the caller runs the checks on each rank's own copy (which classifies the failure)."""
     import torch
 
+    w, ctx, result = probe.wrapped, probe.ctx, probe.result
     w.model.train()
     _depth_off(w.user, result)
     report_dropped_hooks(w, result)
@@ -68,8 +74,8 @@ def _wrapped_checks(w, inputs, ctx, loss, eval_out, ck: Checklist, result: Resul
     out = value = None
     try:
         with torch.enable_grad(), ctx.autocast():
-            out = inputs.call(w.model)
-            value = loss(out)
+            out = probe.inputs.call(w.model)
+            value = probe.loss(out)
         ready = bool(getattr(value, "requires_grad", False))
     except Exception:
         ready = False
@@ -82,9 +88,9 @@ def _wrapped_checks(w, inputs, ctx, loss, eval_out, ck: Checklist, result: Resul
         failed = True
     if _fall_back(w, failed, "backward", result):
         return False
-    check_modes(mode_modules(w.user), eval_out, out, ck, result)
-    ck.row("inplace", "ok", "backward runs")
-    update_check(w.user, inputs, ctx, ck, result, scaler, wrapped=w)
+    check_modes(mode_modules(w.user), probe.eval_out, out, probe.ck, result)
+    probe.ck.row("inplace", "ok", "backward runs")
+    update_check(replace(probe, work=w.user, scaler=scaler))
     return True
 
 
@@ -97,17 +103,19 @@ def _fall_back(w, failed: bool, what: str, result: Result) -> bool:
     return bool(ranks)
 
 
-def _forward_failed(work, inputs, ctx, loss, exc, tracker, watch, ck: Checklist, result: Result):
+def _forward_failed(probe: Probe, exc, tracker, watch):
     """Classify a failed train-mode forward by what is known about it (the failing module and what it
     received; the in-place op the watch saw raise). Returns inputs to retry with, or None."""
-    call, module, args = failing_call(tracker, work)
+    inputs, ck = probe.inputs, probe.ck
+    call, module, args = failing_call(tracker, probe.work)
     where = call.name if call else ""
     batch = inputs.batch_size
     if one_value_per_channel(module, args):
         report_train_failure(ck, call, batch)
-        doubled = two_samples(inputs, ctx.seed) if batch == 1 and getattr(loss, "target", None) is None else None
+        doubled = two_samples(inputs, probe.ctx.seed) if batch == 1 and getattr(probe.loss, "target", None) is None \
+            else None
         if doubled is not None:
-            result.notes.append("batch size 1 fails in train mode: the other training checks ran on a batch "
+            probe.result.notes.append("batch size 1 fails in train mode: the other training checks ran on a batch "
                                 "of 2 (the sample and a perturbed copy)")
             return doubled
     elif watch.refused is exc:
@@ -118,12 +126,13 @@ def _forward_failed(work, inputs, ctx, loss, exc, tracker, watch, ck: Checklist,
     return None
 
 
-def _backward(work, inputs, loss, out, ck: Checklist, ctx, scaler=None) -> bool:
+def _backward(probe: Probe, out) -> bool:
     """Backward from the loss (scaled under --amp fp16); True when it ran. A failure whose cause a
     watching forward finds (a saved tensor edited in place) is the in-place finding; any other is the
     model's error (exit 3)."""
-    with ctx.autocast():
-        value = loss(out)
+    work, ck, scaler = probe.work, probe.ck, probe.scaler
+    with probe.ctx.autocast():
+        value = probe.loss(out)
     if not getattr(value, "requires_grad", False):
         # no graph to run backward through: nothing trainable reached the loss
         trainable = any(p.requires_grad for p in work.parameters())
@@ -136,7 +145,7 @@ def _backward(work, inputs, loss, out, ck: Checklist, ctx, scaler=None) -> bool:
     try:
         train.backward(scaler.scale(value) if scaler is not None else value, hint=BACKWARD_HINT)
     except ModelError as err:
-        if not locate_inplace(work, inputs, ck, err.__cause__ or err):
+        if not locate_inplace(work, probe.inputs, ck, err.__cause__ or err):
             raise
         ck.row("update", "skipped", "backward fails (see in-place check)")
         return False

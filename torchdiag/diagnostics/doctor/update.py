@@ -8,28 +8,32 @@ parameter is reported as info `zero-init` naming the zero-initialised module; a 
 mask multiplying by 0) stays zero and stays an error."""
 from __future__ import annotations
 
+from dataclasses import replace
+
+from ...core import rounding as rounding_rule
 from ...core import train
+from ...core.design import stochastic_depth_off
 from ...core.distributed import local_shard
+from ...core.rounding import CODE, message, rounded_away, stagnation_counts
+from ...core.scaling import stepper
 from ...core.tracking import run_forward
 from ...errors import ModelError
 from ...results import Result
-from ..gradflow.design import stochastic_depth_off
-from ..overfit_batch.scaling import stepper
 from . import gated
 from .checklist import Checklist
-from . import rounding as rounding_rule
-from .rounding import CODE, message, rounded_away, stagnation_counts
+from .probe import Probe
 from .scaled import fit_scale
 from .shared import module_of, name, short_dtype
 
 OPTIMIZER_NAMES = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
 
 
-def update_check(work, inputs, ctx, ck: Checklist, result: Result, scaler=None, wrapped=None) -> None:
-    """After backward on `work`: one step of ctx's optimizer (doctor's default: Adam, lr 1e-3); under
-    --amp fp16 through `scaler` (the backward was scaled; scaled.fit_scale backs off as training would).
-    Under torchrun `wrapped` (wrapped.Wrapped) holds the wrapped copy `work` is the user's module of."""
-    w = wrapped
+def update_check(probe: Probe) -> None:
+    """After backward on probe.work: one step of ctx's optimizer (doctor's default: Adam, lr 1e-3); under
+    --amp fp16 through probe.scaler (the backward was scaled; scaled.fit_scale backs off as training would).
+    Under torchrun probe.wrapped (wrapped.Wrapped) holds the wrapped copy `work` is the user's module of."""
+    work, inputs, ctx, ck, result = probe.work, probe.inputs, probe.ctx, probe.ck, probe.result
+    scaler, w = probe.scaler, probe.wrapped
     named = list({id(p): (n, p) for n, p in work.named_parameters()}.values())
     trainable = [(n, p) for n, p in named if p.requires_grad]
     with_grad = [(n, p) for n, p in trainable if p.grad is not None]
@@ -52,13 +56,13 @@ def update_check(work, inputs, ctx, ck: Checklist, result: Result, scaler=None, 
     train.step(stepper(scaler, optimizer))
     stuck = stagnation_counts(with_grad, before)    # reduced-precision weights only; read with _changes
     after_step = {n: local_shard(p.detach()).clone() for n, p in with_grad}
-    failure, forward = _forward_after_step(work, inputs, ctx, w, with_grad, before, after_step)
+    failure, forward = _forward_after_step(probe, with_grad, before, after_step)
     moved, kept, reset_to, broken, counts, peer_failed = _changes(
         with_grad, before, after_step, forward, [c for _, c in stuck], w, failure is not None)
     if failure is not None:
         raise failure
     rounding = rounded_away([n for n, _ in stuck], counts, {n: short_dtype(p.dtype) for n, p in with_grad})
-    by_design = _recheck(work, inputs, ctx, zero, sources, scaler, w) if sources and not peer_failed else {}
+    by_design = _recheck(probe, zero, sources) if sources and not peer_failed else {}
     skip = set(by_design) | {r["name"] for r in rounding if not moved[r["name"]]}   # said once, by its own check
     step = OPTIMIZER_NAMES[ctx.spec.optimizer.name]
     _report_nonfinite(broken, dict(with_grad), optimizer, ctx, ck, step)
@@ -82,7 +86,7 @@ def update_check(work, inputs, ctx, ck: Checklist, result: Result, scaler=None, 
     result.data["params_without_grad"] = no_grad
 
 
-def _forward_after_step(work, inputs, ctx, w, with_grad, before, after_step) -> tuple:
+def _forward_after_step(probe: Probe, with_grad, before, after_step) -> tuple:
     """The forward after the step: does it write the parameters back? (failure, {name: (kept, reset_to)}):
     device flags, the stepped value still there after it / the old value back. Under FSDP the forward's
     own parameters are compared on this rank, whole (the all-gathered ones it started from, the ones it
@@ -92,6 +96,7 @@ def _forward_after_step(work, inputs, ctx, w, with_grad, before, after_step) -> 
 
     import torch
 
+    work, inputs, ctx, w = probe.work, probe.inputs, probe.ctx, probe.wrapped
     seen: dict = {}
     try:
         with torch.no_grad(), ctx.autocast(), (w.forward_inputs(seen) if w and w.sharded else contextlib.nullcontext()):
@@ -128,15 +133,15 @@ def _equal(a, b):
     return ((a == b) | (a.isnan() & b.isnan())).all()
 
 
-def _recheck(work, inputs, ctx, zero, sources, scaler, w) -> dict[str, str]:
+def _recheck(probe: Probe, zero, sources) -> dict[str, str]:
     """_zero_init on the working copy; under torchrun on a plain local copy of the wrapped one (no
     collective after it: a rank may take it whatever its peers do; under FSDP the decision is the same
     on every rank, its counts summed, and every rank gathers)."""
-    if w is None:
-        return _zero_init(work, inputs, ctx, zero, sources, scaler)
-    plain = w.local_copy("to re-check the all-zero gradients on this rank")
+    if probe.wrapped is None:
+        return _zero_init(probe, zero, sources)
+    plain = probe.wrapped.local_copy("to re-check the all-zero gradients on this rank")
     stochastic_depth_off(plain)
-    return _zero_init(plain, inputs, ctx, zero, sources, scaler)
+    return _zero_init(replace(probe, work=plain), zero, sources)
 
 
 def _summed(w, scalars: list) -> tuple[list, int]:
@@ -239,16 +244,17 @@ def _changes(with_grad, before, after_step, forward, counts=(), w=None, failed=F
     return moved, kept, reset_to, broken, rest[:len(extra)], bool(tail) and rest[-1] > 0
 
 
-def _zero_init(work, inputs, ctx, zero, sources, scaler=None) -> dict[str, str]:
+def _zero_init(probe: Probe, zero, sources) -> dict[str, str]:
     """{parameter: zero-initialised module} for the all-zero gradients that are non-zero after the step:
     one more forward + backward on the working copy (stochastic depth off, as in the judged pass)."""
     import torch
 
+    work, ctx, scaler = probe.work, probe.ctx, probe.scaler
     for p in work.parameters():
         p.grad = None
     with torch.enable_grad():
         with ctx.seeded(), ctx.autocast():
-            out = run_forward(work, inputs, phase="forward after one optimizer step (zero-gradient re-check)")
+            out = run_forward(work, probe.inputs, phase="forward after one optimizer step (zero-gradient re-check)")
             value = ctx.loss()(out)
         train.backward(scaler.scale(value) if scaler is not None else value, hint="the model's own code raised in backward")
     grads = {n: p.grad for n, p in work.named_parameters()}

@@ -1,13 +1,13 @@
 """gradflow: does the gradient reach every parameter, and in what shape?
 
 One forward+backward (train mode unless `eval_mode`) on the user's model in place, leaving no
-trace (record.py). Per parameter: shape, grad norm, weight norm, grad/weight ratio, mean and max
+trace (core/recording.py). Per parameter: shape, grad norm, weight norm, grad/weight ratio, mean and max
 |grad| and a status (params.py); why a parameter got no gradient is worked out from the recorded
-forward and the autograd graph (causes.py). Per layer, in execution order (layers.py), and
+forward and the autograd graph (core/unreached.py). Per layer, in execution order (layers.py), and
 activation health from the same forward (activations.py). Statistics stay on the device and are
 read back once (stats.py): a healthy pass makes the same few host syncs at any depth.
 
-Broken or built that way (design.py, recheck.py, gated.py): stochastic depth is off for the judged pass; a
+Broken or built that way (design.py, recheck.py, gated.py, core/design.py): stochastic depth is off for the judged pass; a
 tiny-by-construction parameter is judged by its gradient, a weight feeding a batch-statistics norm by
 grad/weight with a wider threshold; biases a normalisation cancels are re-checked on a copy (a shift);
 vanishing, exactly-zero gradients and dead units are re-checked with a short training run on a copy and
@@ -17,26 +17,19 @@ from __future__ import annotations
 import math
 
 from ...core.distributed import inner
+from ...core.recording import record_pass
 from ...results import Result
 from . import display
 from .activations import activation_rows
-from .design import stochastic_depth_off
+from ...core.design import stochastic_depth_off
 from .findings import param_findings, status_counts, verdict
 from .gated import gated
 from .layers import bar_scale, frontier, layer_rows
-from .options import STATUS_ORDER, STATUS_SEVERITY, Options
+from .options import NEEDS_VALUES, STATUS_ORDER, STATUS_SEVERITY, WRAP, Options
 from .params import param_rows
 from .recheck import recheck
-from .record import record_pass
 from .stats import read_stats
 from .underflow import add_fractions, reduced_dtype, smallest_normal
-
-NEEDS_VALUES = True
-# under torchrun: how each --wrap reaches this command (cli/torchrun.py: wrap_mode)
-WRAP = {"ddp": ("pass", "the judged pass runs on the DDP copy, gradients after its reduction; the re-checks "
-                        "run on this rank's own model"),
-        "fsdp": ("pass", "the judged pass runs on the fully_shard copy, gradients after its reduce-scatter, "
-                         "gathered whole; the re-checks run on this rank's own model")}
 
 __all__ = ["NEEDS_VALUES", "WRAP", "Options", "STATUS_ORDER", "STATUS_SEVERITY", "frontier", "run"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import fnmatch
 import math
 
+from ...core.module_paths import label
 from .dead import RULE, judge
-from .names import label
 
 
 def activation_rows(rec, stats, opts, result, allow_name: str = "--allow", inputs=None, ctx=None) -> list[dict]:
@@ -50,7 +50,7 @@ def _row(name, rec, stats) -> dict:
     if "saturating" in act.kind:
         sat = int(sum(got["sat"]))
         if "relu" in act.kind:   # ReLU6: its zero side is the dead-unit question, saturation is the flat top (6)
-            sat -= int(sum(got["zeros"]))      # record.py counts y <= 0 | y >= 6; outputs are >= 0
+            sat -= int(sum(got["zeros"]))      # core/recording.py counts y <= 0 | y >= 6; outputs are >= 0
         row["saturated_fraction"] = sat / n if n else None
     return row
 

@@ -1,4 +1,4 @@
-"""Dead units judged on enough, different samples (issue 14; bench/corpus-findings.md item 6).
+"""Dead units judged on enough, different samples (bench/corpus-findings.md item 6).
 
 "0 for every sample of the batch" alone is chance when the samples are few or alike: a healthy
 freshly initialised unit whose pre-activation sits just below zero is 0 for both samples of a batch
@@ -16,11 +16,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ...core import seeds
+from ...core.design import stochastic_depth_off
 from ...core.guard import leave_no_trace
 from ...core.readback import read_back
 from ...core.tracking import run_forward
 from ...errors import ModelError
-from .design import stochastic_depth_off
 
 MIN_SAMPLES = 16    # fresh samples a flagged module is re-judged on (besides the judged batch)
 MARGIN = 0.5        # × the module's pre-activation std: how far below the zero point a dead unit stays
@@ -139,7 +140,7 @@ def fresh_batches(inputs, seed: int) -> list:
 
         def fresh(t, k=k, gens=gens):
             if t.device not in gens:
-                gens[t.device] = torch.Generator(device=t.device).manual_seed(seed + 1000 + k)
+                gens[t.device] = torch.Generator(device=t.device).manual_seed(seeds.fresh_batch(seed, k))
             return fresh_tensor(t, gens[t.device])
         out.append(inputs.map(fresh))
     return out

@@ -11,7 +11,7 @@ from .underflow import note as underflow_note
 
 
 def log_bar(value, lo, hi, width=12) -> str:
-    from ...render.fmt import bar
+    from ...fmt import bar
 
     if value is None or not math.isfinite(value):
         return "!" * 3 if value is not None else ""

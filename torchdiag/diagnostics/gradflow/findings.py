@@ -2,7 +2,7 @@
 and the verdict."""
 from __future__ import annotations
 
-from .names import ancestors, owner
+from ...core.module_paths import ancestors, owner
 from .options import BY_DESIGN, STATUS_ORDER, STATUS_SEVERITY
 
 
@@ -59,7 +59,7 @@ def param_findings(result, rows, model, opts, allow_name: str = "--allow") -> No
 
 
 def _message(status, what, where, members, opts, allow_name) -> tuple[str, str | None]:
-    from ...render.fmt import number
+    from ...fmt import number
 
     first = members[0]
     if status == "no-grad":

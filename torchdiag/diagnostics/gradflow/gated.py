@@ -10,7 +10,7 @@ from __future__ import annotations
 from ...core import gates
 from ...errors import ModelError
 from .dead import zero_edge
-from .names import owner
+from ...core.module_paths import owner
 
 KIND = "by-design-init"
 

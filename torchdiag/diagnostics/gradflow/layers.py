@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from .names import label
+from ...core.module_paths import label
 from .options import STATUS_ORDER
 
 NEVER = 10 ** 9      # sort key of a layer that never ran

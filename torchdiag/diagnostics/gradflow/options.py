@@ -7,6 +7,13 @@ from dataclasses import dataclass, field
 from ...core.run import number
 from ...errors import OptionError
 
+NEEDS_VALUES = True
+# under torchrun: how each --wrap reaches this command (runner/ranks.py: wrap_mode)
+WRAP = {"ddp": ("pass", "the judged pass runs on the DDP copy, gradients after its reduction; the re-checks "
+                        "run on this rank's own model"),
+        "fsdp": ("pass", "the judged pass runs on the fully_shard copy, gradients after its reduce-scatter, "
+                         "gathered whole; the re-checks run on this rank's own model")}
+
 # status → severity when flagged (errors fail; warnings fail only with strict). zero-init, invariant
 # and by-design-init are "by design at initialisation" (recheck.py, gated.py): info, with the cause.
 STATUS_SEVERITY = {

@@ -5,9 +5,9 @@ from __future__ import annotations
 import fnmatch
 import math
 
-from .causes import why
+from ...core.module_paths import owner
+from ...core.unreached import why
 from .design import is_tiny, rms
-from .names import owner
 from .stats import L1, L2, LINF, WEIGHT
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 
+from ...core.design import stochastic_depth_off
 from ...core.tracking import run_forward
 from ...errors import ModelError
-from .design import stochastic_depth_off
 
 INVARIANT_GRAD_FACTOR = 1e-4    # bias gradient below this × its module's weight gradient: a candidate
 LOSS_RTOL = 1e-9                # relative loss change still counted as "did not move" (float64 rounding)

@@ -1,6 +1,6 @@
 """Statistics stay on the device until every one of them is known, then come back in one read.
 
-A host sync per parameter or per module drains a GPU queue each time (issue 16): per-parameter
+A host sync per parameter or per module drains a GPU queue each time and slows the run: per-parameter
 norms are batched with `torch._foreach_norm`, activation statistics were reduced in the hooks, and
 the loss, the norms and the activation statistics are stacked into one tensor and read back with
 one `.tolist()`. Counting NaN/Inf values is a second read, made only when a norm is not finite."""
@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
+
+from ...core.precision import is_reduced
 
 # per-parameter statistics read back: weight norm, then (gradient) L2, L1 and L-inf norms
 WEIGHT, L2, L1, LINF = range(4)
@@ -54,11 +56,13 @@ def norms(tensors, ord) -> list:
     for i, t in enumerate(tensors):
         if t.numel() == 0:          # no identity for the max norm; every norm of nothing is 0
             out[i] = torch.zeros((), dtype=torch.float32, device=t.device)
+        elif not (t.is_floating_point() or t.is_complex()):   # a frozen int/bool parameter: norms need floats
+            out[i] = torch.linalg.vector_norm(t.double(), ord)
         else:
             groups[(t.device, t.dtype)].append(i)
     for (_, dtype), idx in groups.items():
         # half precision is accumulated in float32; float64 and complex keep their own precision
-        kw = {"dtype": torch.float32} if dtype in (torch.float16, torch.bfloat16) else {}
+        kw = {"dtype": torch.float32} if is_reduced(dtype) else {}
         for i, n in zip(idx, torch._foreach_norm([tensors[i] for i in idx], ord, **kw)):
             out[i] = n
     return out

@@ -9,7 +9,7 @@ scaling exists. Counted on the device and read back with the other statistics (s
 nothing is counted, and nothing extra is read, in float32."""
 from __future__ import annotations
 
-from ...core.precision import REDUCED, facts
+from ...core.precision import facts, is_reduced
 
 
 def reduced_dtype(ctx, params: dict) -> str | None:
@@ -18,9 +18,8 @@ def reduced_dtype(ctx, params: dict) -> str | None:
     if ctx.precision.reduced:
         return ctx.precision.compute
     for p in params.values():
-        dt = str(p.dtype).replace("torch.", "")
-        if dt in REDUCED:
-            return dt
+        if is_reduced(p.dtype):
+            return str(p.dtype).replace("torch.", "")
     return None
 
 

@@ -19,11 +19,12 @@ from .batch import Peaks, largest_fitting, sweep
 from .estimated import estimate
 from .measured import measure
 from .options import MAX_BATCH, MODES, NEEDS_VALUES, OPTIMIZER, WRAP, Options, parse_batch_sizes, parse_bytes
-from .ranks import merge_ranks  # noqa: F401  (the torchrun hook: cli/torchrun.py)
+from .ranks import merge_ranks   # the torchrun hook (runner/ranks.py)
 from .report import run
 from .shard import fsdp_unit_bytes, shard_rows
 from .step import StepReport, run_step
 
-__all__ = ["Options", "OPTIMIZER", "NEEDS_VALUES", "WRAP", "MODES", "MAX_BATCH", "run", "measure", "estimate", "run_step",
+__all__ = ["Options", "OPTIMIZER", "NEEDS_VALUES", "WRAP", "MODES", "MAX_BATCH", "run", "merge_ranks",
+           "measure", "estimate", "run_step",
            "StepReport", "Peaks", "sweep", "largest_fitting", "shard_rows", "fsdp_unit_bytes", "parse_bytes",
            "parse_batch_sizes"]

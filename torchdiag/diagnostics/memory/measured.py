@@ -2,6 +2,7 @@
 allocator's own peaks too, and its allocation history when asked)."""
 from __future__ import annotations
 
+from ...core.precision import cast_model
 from .step import StepReport, run_step
 
 
@@ -30,8 +31,8 @@ def measure(model, inputs, opts, ctx) -> StepReport:
         torch.cuda.reset_peak_memory_stats(device)
     try:
         work = ctx.train_copy(model, "to measure a step on it")   # run_step sets train/eval itself
-        if dtype is not None:
-            work = work.to(dtype)
+        if dtype is not None:   # complex parameters kept complex (Module.to would drop their imaginary part)
+            work = cast_model(work, ctx.spec.dtype)
         ins = cast_inputs(inputs.clone(), dtype)
         report = run_step(work, ins, opts, ctx, emulate=device.type, round_to=512 if cuda else 1,
                           method=f"measured on {device} (tensor-level{', CUDA allocator' if cuda else ''})", real=True)

@@ -10,7 +10,7 @@ from ...core.run import OptimizerSpec, choice, flag, number
 from ...errors import OptionError, UsageError
 
 MODES = ("train", "inference")
-# under torchrun: how each --wrap reaches this command (cli/torchrun.py: wrap_mode)
+# under torchrun: how each --wrap reaches this command (runner/ranks.py: wrap_mode)
 WRAP = {"ddp": ("train", ""), "fsdp": ("train", "")}
 NEEDS_VALUES = False                          # the meta device is the estimate's home
 OPTIMIZER = OptimizerSpec("adam", lr=1e-3)    # sgd with momentum 0.9; lr does not change memory

@@ -8,7 +8,7 @@ rank's own step as well."""
 from __future__ import annotations
 
 from ...errors import UsageError
-from ...render.fmt import human_bytes
+from ...fmt import human_bytes
 from ...results import Column, Table
 
 FSDP_STAGE = "zero-3 / fsdp"      # the row of memory/shard.py that fully_shard is

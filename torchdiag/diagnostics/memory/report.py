@@ -41,7 +41,7 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
         result.artefacts["snapshot"] = report.snapshot    # written by render/memory.py
     _fill(result, report, opts, ctx, est_peak, inputs)
     if report.op_dtypes is not None:
-        from ..profile import op_dtypes
+        from ...core import op_dtypes
 
         op_dtypes.report(result, report.op_dtypes, ctx, "the measured step")
     _batch_tables(result, report, opts, ctx, sizes, best, budget, (unit, unit_name), inputs)
@@ -174,7 +174,7 @@ def _module_table(r: StepReport, opts: Options) -> Table:
 
 def _batch_tables(result: Result, r: StepReport, opts: Options, ctx, sizes, best, budget, fsdp_unit, inputs) -> None:
     """Batch sizes, sharding, and the budget's data and findings."""
-    from ...render.fmt import human_bytes
+    from ...fmt import human_bytes
 
     unit, unit_name = fsdp_unit
     o = ctx.option
@@ -205,7 +205,7 @@ def _batch_tables(result: Result, r: StepReport, opts: Options, ctx, sizes, best
 
 
 def _summary(result: Result, r: StepReport, opts: Options, ctx, est_peak, best) -> None:
-    from ...render.fmt import human_bytes
+    from ...fmt import human_bytes
 
     result.summary.append(("Peak", f"{human_bytes(r.peak)} ({r.peak:,} bytes) during {r.peak_phase}"
                            + (f", in {r.peak_modules[-1]}" if r.peak_modules else "")))

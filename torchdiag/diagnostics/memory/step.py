@@ -6,10 +6,10 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
+from ...core.op_dtypes import OpDtypes
 from ...core.run import autocast_dtype
 from ...core.train import backward, step
 from ...errors import ModelError, UsageError
-from ..profile.op_dtypes import OpDtypes
 
 
 @dataclass
@@ -30,7 +30,7 @@ class StepReport:
     modules: list
     cuda: dict[str, Any] | None = None
     snapshot: bytes | None = None       # CUDA allocator history (pickle), when asked
-    op_dtypes: Any = None               # profiling.op_dtypes counts of the step, when asked (--amp/--dtype)
+    op_dtypes: Any = None               # core.op_dtypes counts of the step, when asked (--amp/--dtype)
 
 
 def unique(ts):

@@ -11,14 +11,10 @@ and the first whose input gradient turns non-finite while the gradient at its ou
 
 `--steps N` trains a copy (never the user's model) on the same batch (steps.py); `--anomaly` repeats
 the pass under autograd anomaly detection and captures the forward trace of the failing backward op
-(anomaly.py). Findings and tables are built in report.py."""
+(anomaly.py). Findings and tables are built in report.py; the torch-free Options are in options.py."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ...core.guard import leave_no_trace, restore_buffers, snapshot_buffers
-from ...core.run import OptimizerSpec, number
-from ...errors import OptionError
 from ...results import Result
 from .anomaly import anomaly_pass, parse_frames, report_anomaly
 from .checked import Checker, PassReport, checked_pass
@@ -29,30 +25,11 @@ from .precision_report import check_precision
 from .report import report_pass, report_tensors
 from .scaled import report_scaled, train_scaled
 from .steps import report_steps, train_until_non_finite
+from .options import NEEDS_VALUES, OPTIMIZER, WRAP, Options
 from .wrapped import report_reduced, wrapped_pass
-
-NEEDS_VALUES = True
-# under torchrun: how each --wrap reaches this command (cli/torchrun.py: wrap_mode)
-WRAP = {"ddp": ("pass", "the main pass runs on the DDP copy, gradients after its reduction; locating a "
-                        "non-finite value runs on this rank's own model"),
-        "fsdp": ("pass", "the main pass runs on the fully_shard copy, gradients after its reduce-scatter (each "
-                         "rank checks its shard, the ranks agree); locating a non-finite value runs on this "
-                         "rank's own model")}
-OPTIMIZER = OptimizerSpec("sgd", lr=0.01, momentum=0.0)   # --steps: plain SGD, no momentum
 
 __all__ = ["Options", "run", "NEEDS_VALUES", "OPTIMIZER", "WRAP", "all_finite", "finite", "counts", "flatten",
            "parse_frames", "checked_pass", "flagged_pass", "localized_pass", "Checker", "PassReport"]
-
-
-@dataclass(frozen=True)
-class Options:
-    steps: int = 0           # optimizer steps on a copy (optimizer and lr come from the run spec)
-    anomaly: bool = False
-
-    def __post_init__(self):
-        number("steps", self.steps, low=0, integer=True)
-        if not isinstance(self.anomaly, bool):
-            raise OptionError("anomaly", f"{self.anomaly!r} is not true or false")
 
 
 def nonfinite_tensors(model, inputs) -> tuple[list, list]:

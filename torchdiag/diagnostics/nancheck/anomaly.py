@@ -51,17 +51,30 @@ def report_anomaly(result: Result, a: dict) -> None:
         what = f"the forward NaN/Inf from {forward['module']}" if forward else "the non-finite values found above"
         result.notes.append(f"anomaly mode checks backward functions only: {a['op'] or 'the op it names'} is where "
                             f"{what} entered the backward, not where it was made")
-    rows = [{"frame": f"{f['file']}:{f['line']} in {f['function']}", "code": f["code"]} for f in (user or frames[-3:])]
+    # torchdiag's own frames are never shown as the user's: without a user frame, torch's last ones
+    shown = user or [f for f in frames if not _ours(f["file"])][-3:]
+    rows = [{"frame": f"{f['file']}:{f['line']} in {f['function']}", "code": f["code"]} for f in shown]
     note = "frames outside torch and torchdiag; the full trace is in JSON anomaly.forward_trace"
     if not user:
-        in_loss = any(f["file"].replace("\\", "/").endswith("/torchdiag/core/loss.py") for f in frames)
-        note = ("no frame in your code: the op was created " + ("by the loss (--loss)" if in_loss else "inside torch")
-                + "; last frames shown; the full trace is in JSON anomaly.forward_trace")
+        in_loss = any(_ours(f["file"]) and f["file"].endswith("loss.py") for f in frames)
+        note = ("no frame in your code: the op was created " + ("by torchdiag's loss (--loss)" if in_loss else "inside torch")
+                + ("; torch's last frames shown" if rows else "") + "; the full trace is in JSON anomaly.forward_trace")
+        if not rows:
+            result.notes.append(note)
+            return
     result.tables.append(Table("anomaly_frames", f"Anomaly mode: forward call that created {a['op'] or 'the failing op'}",
                                [Column("frame", "where (outermost first)"), Column("code", "code")], rows, note=note))
 
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>.+)$')
+
+
+def _ours(path: str) -> bool:
+    """A frame in torchdiag's own package."""
+    import os
+
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.path.abspath(path).startswith(here + os.sep)
 
 
 def _internal(path: str) -> bool:

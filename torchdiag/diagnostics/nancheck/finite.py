@@ -69,7 +69,7 @@ def totals(tensors) -> list:
     groups: dict = {}
     for t in tensors:
         d = t.detach()
-        if d.numel():
+        if d.numel() and (d.is_floating_point() or d.is_complex()):   # int/bool values are always finite
             low = d.dtype not in _FULL and not d.is_complex()   # float16/bfloat16: norm in float32
             groups.setdefault((d.device, low, d.is_complex()), []).append(d)
     parts: dict = {}

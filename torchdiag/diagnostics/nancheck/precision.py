@@ -13,13 +13,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ...core.precision import HEADROOM, facts
+from ...core.precision import HEADROOM, facts, is_reduced
 from ...core.readback import read_back
 from .finite import flatten
 from .flags import FlagChecker
 
 UNDERFLOW_WARN = 0.01     # a module whose parameter gradients lost ≥ 1% of their nonzero values
-REDUCED_DTYPES = ("torch.float16", "torch.bfloat16")
 
 
 class WatchChecker(FlagChecker):
@@ -111,7 +110,7 @@ def headroom_rows(watch: Watch) -> list:
 
     rows = []
     for r in watch.rows + [dict(p, kind="parameter gradient", type="") for p in watch.params]:
-        if r["dtype"] not in REDUCED_DTYPES or not math.isfinite(r["max_abs"]):
+        if not is_reduced(r["dtype"]) or not math.isfinite(r["max_abs"]):
             continue
         f = facts(r["dtype"])
         if r["max_abs"] > f.headroom_limit:

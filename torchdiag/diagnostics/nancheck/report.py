@@ -209,7 +209,7 @@ def steps_summary(ran: int, steps: int, losses: list) -> tuple[str, str]:
     """The "Steps" summary line: how many ran, and the loss curve as a sparkline (log scale when positive)."""
     import math
 
-    from ...render.fmt import sparkline
+    from ...fmt import sparkline
 
     shown = [v for v in losses if v is not None and math.isfinite(v)]
     spark = sparkline([math.log10(v) for v in shown]) if shown and min(shown) > 0 else sparkline(shown)

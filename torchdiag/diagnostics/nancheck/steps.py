@@ -23,7 +23,8 @@ def _norms(params) -> list:
     """float64 norms of parameters, left on the device (read only when a step goes non-finite)."""
     import torch
 
-    return [torch.linalg.vector_norm(p.detach(), dtype=torch.float64) for p in params]
+    return [torch.linalg.vector_norm(p.detach()).double() if p.is_complex()   # complex norms keep their own dtype
+            else torch.linalg.vector_norm(p.detach(), dtype=torch.float64) for p in params]
 
 
 def grew_most(work, start: dict) -> dict | None:

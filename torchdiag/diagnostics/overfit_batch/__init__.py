@@ -15,56 +15,15 @@ the lowest reachable loss).
 Ctrl-C inside the loop returns the partial result with ``interrupted: true`` (exit 130).
 
 Layout: `loop` trains and records the curve, `causes` checks what went wrong on the trained copy,
-`report` turns both into the Result. The optimizer, learning rate, seed and autocast come from the
+`report` turns both into the Result, `options` holds the torch-free Options. The optimizer, learning rate, seed and autocast come from the
 run spec (`ctx`); the options here are overfit-batch's own.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from ...core.run import DEFAULT_LR
+from .options import NEEDS_VALUES, OPTIMIZER, RATIO_HINT, WRAP, Options
 
-from ...core.run import DEFAULT_LR, OptimizerSpec, number
-from ...errors import OptionError
-from .causes import (accuracy, bounded_floor, entropy_floor, find_collapse, output_box,  # noqa: F401
-                     same_across_samples)
-
-NEEDS_VALUES = True
-# under torchrun: how each --wrap reaches this command (cli/torchrun.py: wrap_mode)
-WRAP = {"ddp": ("train", "the copy overfit-batch trains; its stop is agreed across ranks each step, the causes "
-                         "are checked on a local copy"),
-        "fsdp": ("train", "the copy overfit-batch trains is sharded by fully_shard; each rank's loss is on its own "
-                          "rows, the stop is agreed across ranks each step, the causes are checked on a local copy "
-                          "of the gathered weights")}
-OPTIMIZER = OptimizerSpec("adam")     # lr None: DEFAULT_LR (adam/adamw 1e-3, sgd 1e-2); sgd momentum 0.9
-RATIO_HINT = "e.g. 0.01: pass when the loss falls to 1% of its initial value"
-
-__all__ = ["Options", "run", "NEEDS_VALUES", "OPTIMIZER", "WRAP", "DEFAULT_LR", "same_across_samples", "accuracy",
-           "entropy_floor", "output_box", "bounded_floor", "find_collapse"]
-
-
-@dataclass
-class Options:
-    """overfit-batch's own options (the names of its pyproject keys, with _ for -). Validated here,
-    before any model is loaded, for every caller (CLI, Python, `check`)."""
-
-    steps: int = 500
-    target_ratio: float = 0.01
-    target_loss: float | None = None
-    max_names: int = 10
-    # Progress callback (step, loss) after each loss evaluation: plain Python, holds no torch state,
-    # so it stays an option (the CLI's live bar uses it).
-    on_step: Callable[[int, float], None] | None = None
-
-    def __post_init__(self):
-        number("steps", self.steps, low=1, integer=True)
-        number("target_ratio", self.target_ratio)
-        if not 0 < self.target_ratio < 1:
-            raise OptionError("target_ratio", f"must be between 0 and 1, got {self.target_ratio!r}", hint=RATIO_HINT)
-        if self.target_loss is not None:
-            number("target_loss", self.target_loss)
-        number("max_names", self.max_names, low=1, integer=True)
-        if self.on_step is not None and not callable(self.on_step):
-            raise OptionError("on_step", f"{self.on_step!r} is not callable", hint="fn(step, loss) or None")
+__all__ = ["Options", "run", "NEEDS_VALUES", "OPTIMIZER", "WRAP", "DEFAULT_LR", "RATIO_HINT"]
 
 
 def run(model, inputs, opts: Options | None, ctx):

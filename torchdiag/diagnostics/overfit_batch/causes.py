@@ -17,7 +17,7 @@ class Causes:
     collapse: dict | None = None     # find_collapse()
     floor: float | None = None       # label entropy, when a batch-constant prediction is the best possible
     bounded: dict | None = None      # {box, classes, floor, needed}
-    rounding: list | None = None     # doctor.rounding rows: reduced-precision weights whose first update rounded away
+    rounding: list | None = None     # core.rounding rows: reduced-precision weights whose first update rounded away
     skip_culprit: tuple | None = None   # (module, how) of the first non-finite gradient when fp16 skipped every update
 
 
@@ -225,7 +225,7 @@ def diagnose(trainer, curve, opts) -> Causes:
 
 def _rounding(trainer) -> list[dict]:
     """Reduced-precision weights whose first update mostly rounded away (counts read in final_flags)."""
-    from ..doctor.rounding import rounded_away
+    from ...core.rounding import rounded_away
 
     names = [n for n, _ in trainer.stagnation]
     params = dict(trainer.trainable)
@@ -234,8 +234,8 @@ def _rounding(trainer) -> list[dict]:
 
 
 def _skip_culprit(trainer, curve):
-    """Where the first non-finite gradient appears (scaling.find_culprit); None if that pass fails."""
-    from .scaling import find_culprit
+    """Where the first non-finite gradient appears (core.scaling.find_culprit); None if that pass fails."""
+    from ...core.scaling import find_culprit
 
     try:
         return find_culprit(trainer, curve.scales[0])

@@ -1,6 +1,6 @@
 """The training loop of overfit-batch: evaluate, stop or step, and record the curve.
 
-Host syncs: one per step whatever the depth (issue 16). The loss, the batch accuracy's counts, the
+Host syncs: one per step whatever the depth (each sync drains a GPU queue). The loss, the batch accuracy's counts, the
 previous update's gradient norm (one `_foreach_norm` over every gradient) and "has every gradient
 been non-zero at least once" are read back together, once per evaluation; per-parameter facts stay
 on the device until the run ends (Trainer.final_flags: one read). The optimizer's own syncs (torch's
@@ -13,15 +13,13 @@ import time
 from dataclasses import dataclass, field
 
 from ...core import train
-from ...core.distributed import local_shard
+from ...core.distributed import is_sharded, local_shard
+from ...core.rounding import stagnation_counts
+from ...core.scaling import scale_facts, stepper
 from ...errors import DiagError, ModelError, UsageError, interrupt_code, one_line
 from ...results import Result
-from ..doctor.rounding import stagnation_counts
 from .causes import accuracy_counts, output_box, same_across_samples, sample_tensor
-from .scaling import scale_facts, stepper
-from ...core.distributed import is_sharded
 from .sharded import global_norm, local_view
-
 
 
 @dataclass
@@ -66,7 +64,7 @@ class Trainer:
         self._all_nonzero = False         # read back: every gradient was non-zero once, stop checking
         self._pending_norm = None         # the last update's gradient norm, read with the next loss
         self._pending_scale = None        # the last update's [loss scale, found inf] (fp16), read likewise
-        self.stagnation = []              # reduced-precision weights: doctor.rounding counts of step 0
+        self.stagnation = []              # reduced-precision weights: core.rounding counts of step 0
         self.stagnant_counts: list[float] = []   # those counts, read back by final_flags
         self.curve = Curve()
         self.group = getattr(work, "process_group", None)   # DDP's; FSDP (and the agreement) use the default one

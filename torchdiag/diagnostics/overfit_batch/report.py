@@ -82,7 +82,7 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
 
 
 def _summary(result, curve, opts) -> None:
-    from ...render.fmt import sparkline
+    from ...fmt import sparkline
 
     d = result.data
     initial, final, steps, seconds = d["initial_loss"], d["final_loss"], curve.step, curve.seconds
@@ -100,7 +100,7 @@ def _summary(result, curve, opts) -> None:
         ("Loss curve", sparkline(_thin(curve.losses, 60)) or "—"),
     ]
     if "loss_scale" in result.series:
-        from .scaling import scale_summary
+        from ...core.scaling import scale_summary
 
         result.summary.append(("Loss scale", scale_summary(curve.scales, curve.skipped)))
 
@@ -111,7 +111,7 @@ def _nonfinite_params(trainer) -> tuple[str, str]:
     One read, on this failure path only."""
     import torch
 
-    from ..doctor.rounding import adam_underflow, nonfinite_hint
+    from ...core.rounding import adam_underflow, nonfinite_hint
 
     flags = torch.stack([p.detach().isfinite().all() for _, p in trainer.trainable]).tolist()
     bad = [(n, p) for (n, p), ok in zip(trainer.trainable, flags) if not ok]
@@ -174,7 +174,7 @@ def _cause_findings(result, trainer, curve, causes, opts) -> int:
 def _precision_findings(result, trainer, curve, causes) -> int:
     """fp16 loss scaling that skipped every update (error); reduced-precision weights whose update
     rounds away (warning). Returns how many were found."""
-    from ..doctor.rounding import CODE, hint, message
+    from ...core.rounding import CODE, hint, message
 
     found, amp = 0, trainer.ctx.option("amp")
     if curve.skipped and all(curve.skipped) and not curve.interrupted:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 
 def local_view(p):
-    """This rank's shard of `p` as a plain tensor carrying its shard of p.grad (what doctor.rounding's
+    """This rank's shard of `p` as a plain tensor carrying its shard of p.grad (what core.rounding's
     counts read); no collective."""
     from ...core.distributed import local_shard
 

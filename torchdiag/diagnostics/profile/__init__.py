@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from .labels import MODULE_PREFIX, PHASE_PREFIX, ROOT_LABEL, ModuleLabels, module_label
 from .options import MODES, NEEDS_VALUES, OPTIMIZER, WRAP, Options
-from .ranks import merge_ranks  # noqa: F401  (the torchrun hook: cli/torchrun.py)
+from .ranks import merge_ranks   # the torchrun hook (runner/ranks.py)
 from .rows import kernel_rows, module_rows, operator_rows, phase_rows
 from .session import quiet_kineto, run
 from .stats import percentile, step_stats
 
-__all__ = ["Options", "OPTIMIZER", "NEEDS_VALUES", "WRAP", "MODES", "run", "percentile", "step_stats", "ModuleLabels",
+__all__ = ["Options", "OPTIMIZER", "NEEDS_VALUES", "WRAP", "MODES", "run", "merge_ranks",
+           "percentile", "step_stats", "ModuleLabels",
            "module_label", "operator_rows", "kernel_rows", "module_rows", "phase_rows", "quiet_kineto",
            "MODULE_PREFIX", "PHASE_PREFIX", "ROOT_LABEL"]

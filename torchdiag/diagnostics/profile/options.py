@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from ...core.run import OptimizerSpec, choice, flag, number
 
 MODES = ("inference", "train")
-# under torchrun: how each --wrap reaches this command (cli/torchrun.py: wrap_mode)
+# under torchrun: how each --wrap reaches this command (runner/ranks.py: wrap_mode)
 WRAP = {"ddp": ("train", ""), "fsdp": ("train", "")}
 NEEDS_VALUES = True                               # meta tensors have no timing: core refuses meta once
 OPTIMIZER = OptimizerSpec("adam", lr=1e-3)        # train mode; lr 1e-3 for every optimizer, sgd momentum 0.9

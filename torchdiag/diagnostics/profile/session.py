@@ -5,13 +5,14 @@ import contextlib
 import re
 import time
 
+from ...core import op_dtypes
 from ...core.guard import leave_no_trace
+from ...core.scaling import stepper
 from ...core.tracking import forward_error
 from ...core.train import backward, step
 from ...errors import ModelError, UsageError
 from ...results import Result
-from ..overfit_batch.scaling import stepper
-from . import op_dtypes, syncs
+from . import syncs
 from .labels import PHASE_PREFIX, ModuleLabels
 from .options import Options
 from .ranks import record_collectives
@@ -21,7 +22,7 @@ from .stats import step_stats
 
 _KINETO_NOISE = re.compile(r"^(USDT|STAGE):\S+ \S+ \d+:\d+ \w+\.cpp:\d+\] ")
 # kineto asks the CUDA runtime for its devices when it builds a trace; on a machine without a usable
-# driver it logs this as an ERROR line although only CPU activity was requested (issue 15 point 10)
+# driver it logs this as an ERROR line although only CPU activity was requested; it is noise, filtered out
 _NO_GPU_PROBE = re.compile(r"gpuGetDeviceCount failed with code \d+")
 
 
@@ -217,7 +218,7 @@ def _syncs(opts: Options, ctx, step_fn) -> dict:
 
 
 def _op_dtypes(opts: Options, step_fn):
-    """One more step (not profiled) recording the dtype each compute op ran in (op_dtypes.py)."""
+    """One more step (not profiled) recording the dtype each compute op ran in (core/op_dtypes.py)."""
     import torch
 
     grad_ctx = torch.no_grad if opts.mode == "inference" else torch.enable_grad

@@ -1,0 +1,21 @@
+"""Loader traps: a training loader with shuffle=False over labels sorted by class; a last batch of one
+sample with a model whose BatchNorm1d refuses it in train mode."""
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from data_fake import FakeData
+
+
+def sorted_labels(batch_size=32):
+    x = torch.randn(640, 1, 8, 8, generator=torch.Generator().manual_seed(2))
+    y = torch.arange(640) // 64           # 0 × 64, 1 × 64, ... sorted
+    return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False)
+
+
+def last_batch_of_one():
+    return DataLoader(FakeData(161), batch_size=32, shuffle=True)     # 161 = 5 × 32 + 1
+
+
+def batchnorm_model():
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 10))

@@ -1,0 +1,430 @@
+"""`data` (issue 28): the spec loading, every content check on a broken loader built for it (the right
+field and sample index), the healthy ones (scikit-learn's digits, a FakeData-like set) without a warning,
+hangs and crashing workers, bad input, Ctrl-C, the pictures. The entry points are called directly."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import SAMPLES, load_module
+from torchdiag.core import batches as B
+from torchdiag.core.datasets import load_data
+from torchdiag.core.loading import load_model
+from torchdiag.diagnostics.data import Options, context, run_data
+from torchdiag.diagnostics.data.traps import label_runs
+from torchdiag.errors import ModelError, OptionError, UsageError
+
+QUICK = dict(batches=3, sweep=False)
+
+
+@pytest.fixture(autouse=True)
+def samples_importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(SAMPLES))   # the samples import data_fake
+
+
+def run(spec, val=None, model=None, **opts):
+    kw = {**QUICK, **opts}
+    m = load_model(f"{SAMPLES}/{model}").model if model else None
+    v = load_data(f"{SAMPLES}/{val}") if val else None
+    return run_data(load_data(f"{SAMPLES}/{spec}"), Options(**kw), context("cpu"), val=v, model=m)
+
+
+def codes(r, severity=None):
+    return [f.code for f in r.findings if severity is None or f.severity == severity]
+
+
+def one(r, code):
+    found = [f for f in r.findings if f.code == code]
+    assert len(found) == 1, [(f.code, f.message) for f in r.findings]
+    return found[0]
+
+
+def quiet(r):
+    """No error and no warning."""
+    return [f"{f.code}: {f.message}" for f in r.findings if f.severity != "info"]
+
+
+# ---- loading the spec ------------------------------------------------------------------------------
+
+def test_spec_kinds_and_dotted_module():
+    assert load_data(f"{SAMPLES}/data_fake.py:loader").kind == "dataloader"
+    assert load_data(f"{SAMPLES}/data_fake.py:dataset").kind == "dataset"
+    assert load_data(f"{SAMPLES}/data_errors.py:stream").kind == "iterable"
+    assert load_data("data_fake:val").kind == "dataset"          # module:factory (on sys.path)
+    assert load_data(f"{SAMPLES}/data_fake.py:dataset", ["size=7"]).obj.size == 7   # --arg
+
+
+@pytest.mark.parametrize("factory,said", [("a_number", "returned an int"), ("a_tensor", "torch.Tensor of shape (10, 3)")])
+def test_factory_returning_something_else_is_usage(factory, said):
+    with pytest.raises(UsageError) as e:
+        load_data(f"{SAMPLES}/data_errors.py:{factory}")
+    assert e.value.code == 2 and said in e.value.message and "Dataset" in e.value.message
+
+
+def test_factory_raising_and_missing():
+    with pytest.raises(ModelError) as e:
+        load_data(f"{SAMPLES}/data_errors.py:factory_raises")
+    assert e.value.code == 3 and "not mounted" in e.value.message
+    with pytest.raises(UsageError) as e:
+        load_data(f"{SAMPLES}/data_errors.py:nope")
+    assert e.value.code == 2
+
+
+def test_torchvision_spec_behind_import_check(tmp_path):
+    with pytest.raises(UsageError) as e:
+        load_data("torchvision:MNIST", [f"root='{tmp_path}'"])
+    if importlib.util.find_spec("torchvision") is None:
+        assert "torchvision is not installed" in e.value.message
+    else:   # installed: nothing on disk, and nothing downloaded
+        assert "could not be read" in e.value.message
+
+
+# ---- healthy data: real digits and FakeData-like ---------------------------------------------------
+
+def test_digits_healthy_with_truth():
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    # speed off: whether a step waits for data depends on the machine's load, not on the data
+    r = run("data_digits.py:train", val="data_digits.py:val", model="data_digits.py:model", speed=False)
+    assert quiet(r) == []
+    d = load_digits()
+    _, _, ytr, yva = train_test_split(d.images, d.target, test_size=0.25, random_state=0, stratify=d.target)
+    tr, va = r.data["splits"]["train"], r.data["splits"]["val"]
+    assert (tr["samples"], va["samples"]) == (len(ytr), len(yva))
+    assert tr["labels"]["counts"] == {str(c): int(n) for c, n in enumerate(np.bincount(ytr))}
+    assert va["labels"]["counts"] == {str(c): int(n) for c, n in enumerate(np.bincount(yva))}
+    assert r.data["overlap"]["val_samples_in_train"] == 0 and tr["duplicates"]["count"] == 0
+    x = next(f for f in tr["fields"] if f["role"] == "input")
+    assert x["mean"] == pytest.approx(0, abs=1e-5) and x["std"] == pytest.approx(1, abs=1e-5)   # standardised by train stats
+    assert r.data["num_classes"] == 10
+    json.dumps(r.to_dict())   # every number is plain JSON
+
+
+def test_fake_data_healthy():
+    r = run("data_fake.py:loader", val="data_fake.py:val")
+    assert quiet(r) == [] and r.exit_code == 0
+
+
+def test_digits_leak_found_with_indices():
+    r = run("data_digits.py:train", val="data_digits.py:leaky_val")
+    f = one(r, "train-val-overlap")
+    assert f.severity == "error" and "30 of 480" in f.message and r.exit_code == 1
+    tr = load_data(f"{SAMPLES}/data_digits.py:train").obj.dataset
+    va = load_data(f"{SAMPLES}/data_digits.py:leaky_val").obj.dataset
+    for a, b in r.data["overlap"]["pairs"]:
+        assert torch.equal(tr[a][0], va[b][0])
+
+
+# ---- content checks, one broken loader each ---------------------------------------------------------
+
+def test_non_finite_first_index():
+    mod = load_module("data_content.py")
+    f = one(run("data_content.py:non_finite"), "non-finite")
+    assert f.where == "train:[0]" and f"sample {mod.NAN_AT}" in f.message and "2 sample(s)" in f.message
+
+
+@pytest.mark.parametrize("factory", ["uint8_pixels", "float_pixels"])
+def test_raw_pixels(factory):
+    r = run(f"data_content.py:{factory}")
+    f = one(r, "raw-pixels")
+    assert f.where == "train:[0]" and "Normalize(mean=" in f.hint
+    assert "not-standardised" not in codes(r)
+
+
+def test_unstandardised_measures_normalize_values():
+    r = run("data_content.py:unstandardised")
+    f = one(r, "not-standardised")
+    ds = load_data(f"{SAMPLES}/data_content.py:unstandardised").obj
+    x = torch.stack([ds[i][0] for i in range(len(ds))]).double()
+    mean, std = x.mean(dim=(0, 2, 3)), x.std(dim=(0, 2, 3), unbiased=False)
+    got = next(d for d in r.data["splits"]["train"]["fields"] if d["field"] == "[0]")
+    assert got["channel_mean"] == pytest.approx(mean.tolist(), rel=1e-6)
+    assert got["channel_std"] == pytest.approx(std.tolist(), rel=1e-6)
+    assert f"{mean[0]:.4f}" in f.hint and f.severity == "warning"
+
+
+def test_inconsistent_shapes_names_the_sample():
+    mod = load_module("data_content.py")
+    r = run("data_content.py:inconsistent_shapes")
+    f = one(r, "inconsistent-shapes")
+    assert f.where == "train:[0]" and f"sample {mod.SHAPE_AT} has shape 3x12x12" in f.message
+
+
+def test_constant_input_and_constant_features():
+    r = run("data_content.py:constant")
+    assert one(r, "constant-input").where == "train:[0]" and "duplicate-samples" not in codes(r)
+    t = run("data_content.py:tabular")
+    f = one(t, "constant-features")
+    assert f.severity == "info" and "indices 2, 5" in f.message and quiet(t) == []
+
+
+def test_duplicates_within_split():
+    r = run("data_content.py:duplicates")
+    f = one(r, "duplicate-samples")
+    assert "3 sample(s)" in f.message and "sample 300 = sample 12" in f.message
+    assert r.data["splits"]["train"]["duplicates"]["pairs"] == [[12, 300], [12, 301], [99, 450]]
+
+
+# ---- labels ---------------------------------------------------------------------------------------------
+
+def test_every_label_zero():
+    f = one(run("data_labels.py:all_zero"), "single-class")
+    assert f.where == "train:[1]" and f.severity == "error" and "every label is 0 (600" in f.message
+
+
+def test_imbalance_ratio_and_absent_class():
+    r = run("data_labels.py:imbalanced")
+    y = load_data(f"{SAMPLES}/data_labels.py:imbalanced").obj.tensors[1]
+    counts = torch.bincount(y)
+    assert r.data["splits"]["train"]["labels"]["imbalance_ratio"] == pytest.approx(float(counts.max() / counts.min()))
+    assert "class 3: 3" in one(r, "class-imbalance").message
+    assert "[7]" in one(run("data_labels.py:absent"), "classes-absent").message
+
+
+def test_labels_outside_model_output():
+    mod = load_module("data_labels.py")
+    r = run("data_labels.py:out_of_range", model="data_labels.py:model")
+    f = one(r, "labels-out-of-range")
+    assert "[10, 11]" in f.message and f"sample {mod.OUT_OF_RANGE_AT}" in f.message and "[0, 10)" in f.message
+    assert "class-imbalance" not in codes(r)
+    without = run("data_labels.py:out_of_range")     # no model, no --classes: 10 and 11 are just classes
+    assert "labels-out-of-range" not in codes(without)
+    assert "labels-out-of-range" in codes(run("data_labels.py:out_of_range", num_classes=10))
+
+
+def test_dict_batches_and_named_fields():
+    r = run("data_labels.py:dict_batches")
+    assert one(r, "single-class").where == "train:label" and "dict key 'label'" in r.header["fields"]
+    r = run("data_content.py:tabular", target_field="[0]", input_field="[1]")
+    assert "input [1], target [0] (as named)" in r.header["fields"]
+    with pytest.raises(UsageError) as e:
+        run("data_content.py:tabular", target_field="labels")
+    assert "--target-field 'labels'" in e.value.message and "[0], [1]" in e.value.hint
+
+
+def test_roles_by_convention():
+    x, y = torch.zeros(2, 3), torch.zeros(2)
+    assert B.find_roles((x, y)).inputs == ["[0]"] and B.find_roles((x, y)).target == "[1]"
+    roles = B.find_roles({"input_ids": x, "attention_mask": x, "labels": y})
+    assert roles.target == "labels" and roles.inputs == ["input_ids", "attention_mask"]
+    assert set(B.model_call({"input_ids": x, "attention_mask": x, "labels": y}, roles)[1]) == {"input_ids", "attention_mask"}
+    assert B.find_roles(x).target is None
+
+
+# ---- order and batches ----------------------------------------------------------------------------------
+
+def test_label_runs_truth():
+    runs = label_runs([0] * 10 + [1] * 10, {0: 10, 1: 10})
+    assert runs["mean_run"] == 10 and runs["shuffled_mean_run"] == 2 and runs["not_shuffled"]
+    assert not label_runs([0, 1] * 10, {0: 10, 1: 10})["not_shuffled"]
+
+
+def test_unshuffled_training_loader():
+    f = one(run("data_order.py:sorted_labels"), "not-shuffled")
+    assert "runs of 64.0" in f.message and "SequentialSampler" in f.message
+
+
+def test_last_batch_of_one():
+    f = one(run("data_order.py:last_batch_of_one"), "last-batch-of-one")
+    assert f.severity == "info" and "161 samples in batches of 32" in f.message
+    r = run("data_order.py:last_batch_of_one", model="data_order.py:batchnorm_model")
+    f = one(r, "last-batch-of-one")
+    assert f.severity == "error" and "Expected more than 1 value per channel" in f.message
+
+
+# ---- hangs, workers, errors ------------------------------------------------------------------------------
+
+def test_hang_in_process_names_the_line():
+    r = run("data_hang.py:in_process", timeout=0.5)
+    f = one(r, "loader-hang")
+    assert "main process" in f.message and "wait_for_a_lock_nobody_releases" in f.message
+    assert r.exit_code == 1 and r.data["hang"]["batch"] == 0
+
+
+@pytest.mark.slow
+def test_hang_in_workers_names_each_worker():
+    r = run("data_hang.py:in_workers", timeout=1.0)
+    stacks = r.data["hang"]["stacks"]
+    assert [s["where"].split(" (")[0] for s in stacks] == ["worker 0", "worker 1"]
+    assert all("wait_for_a_lock_nobody_releases" in s["stack"][-1] for s in stacks)
+
+
+@pytest.mark.slow
+def test_worker_randomness_by_behaviour():
+    f = one(run("data_workers.py:own_rng"), "workers-repeat-randomness")
+    assert "between workers and between epochs" in f.message
+    assert "workers-repeat-randomness" not in codes(run("data_workers.py:global_rng"))   # torch seeds numpy per worker
+
+
+@pytest.mark.slow
+def test_worker_crash_is_one_line():
+    with pytest.raises(ModelError) as e:
+        run("data_workers.py:crash")
+    assert e.value.code == 3 and "died with exit code 7" in e.value.message and "\n" not in e.value.message
+
+
+@pytest.mark.parametrize("factory", ["raising", pytest.param("raising_in_workers", marks=pytest.mark.slow)])
+def test_dataset_raising_names_the_index(factory):
+    with pytest.raises(ModelError) as e:
+        run(f"data_errors.py:{factory}")
+    assert e.value.code == 3 and e.value.message.startswith("dataset[57] raised ValueError: cannot decode image 57")
+    assert e.value.partial is not None and e.value.partial.command == "data"
+
+
+def test_pin_memory_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.warns(UserWarning):
+        r = run("data_workers.py:pinned")
+    assert one(r, "pin-memory-without-cuda").severity == "info"
+
+
+def test_infinite_stream_is_bounded():
+    r = run("data_errors.py:stream", samples=100)
+    assert r.data["splits"]["train"]["samples"] == 112   # 7 batches of 16: the first ≥ 100
+
+
+class Interrupting(torch.utils.data.Dataset):
+    """Ctrl-C at the 71st sample loaded: after the probe's 4 batches of 10, 30 samples into the content pass."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, i):
+        self.calls += 1
+        if self.calls == 71:
+            raise KeyboardInterrupt
+        return torch.full((4,), float(i)), i % 2
+
+
+def test_ctrl_c_keeps_the_partial_result():
+    r = run_data(Interrupting(), Options(batch_size=10, **QUICK), context("cpu"))
+    assert r.exit_code == 130 and r.data["interrupted"] and "INTERRUPTED" in r.verdict
+    assert r.data["splits"]["train"]["samples"] == 30 and r.data["throughput"]["as_configured"]["batches"] == 3
+
+
+def test_options_validated():
+    for bad in (dict(batches=0), dict(timeout=-1), dict(workers="a,b"), dict(samples=0), dict(input_field="")):
+        with pytest.raises(OptionError):
+            Options(**bad)
+    assert Options(workers="0,2").workers == (0, 2)
+
+
+@pytest.mark.slow
+def test_sweep_with_model_and_user_loader_untouched():
+    data = load_data(f"{SAMPLES}/data_digits.py:train")
+    loader = data.obj
+    before = (loader.worker_init_fn, loader.sampler, loader.num_workers, loader.collate_fn)
+    model = load_model(f"{SAMPLES}/data_digits.py:model").model
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state(), np.random.get_state()[1].copy()
+    r = run_data(data, Options(batches=3, workers=(0, 1)), context("cpu"), model=model)
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())   # trained on a copy
+    assert (loader.worker_init_fn, loader.sampler, loader.num_workers, loader.collate_fn) == before
+    assert torch.equal(torch.get_rng_state(), rng[0]) and (np.random.get_state()[1] == rng[1]).all()
+    sweep = r.data["throughput"]["sweep"]
+    assert [s["num_workers"] for s in sweep] == [0, 1] and all(s["wait_share"] is not None for s in sweep)
+    assert r.data["throughput"]["balanced_workers"] in (0, 1)
+    assert 0 <= r.data["throughput"]["training"]["wait_share"] <= 1
+
+
+def test_pictures_written(tmp_path):
+    from PIL import Image
+
+    from torchdiag.render.data import write_images, write_plot
+
+    from torchdiag.render.images import drawn
+
+    r = run("data_fake.py:loader", val="data_fake.py:val")
+    assert not r.images                                   # the diagnostic describes, render draws
+    drawn(r)
+    grid = r.images["data/train/samples_per_class"]
+    assert grid.dtype == np.uint8 and grid.shape[2] == 3
+    write_images(r, tmp_path / "img")
+    write_plot(r, tmp_path / "plot.png")
+    for p in (tmp_path / "img" / "samples_train.png", tmp_path / "img" / "samples_val.png", tmp_path / "plot.png"):
+        with Image.open(p) as im:
+            assert im.size[0] > 100
+    assert any(k.endswith("/labels") for k in r.histograms) and any("channel_2" in k for k in r.histograms)
+
+
+def test_module_is_torch_free_options():
+    code = "import sys, torchdiag.diagnostics.data.options; print('torch' in sys.modules)"
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_input_bound_with_measured_workers():
+    r = run("data_speed.py:very_slow", model="data_speed.py:model", sweep=True, workers=(0, 2))
+    f = one(r, "input-bound")
+    t = r.data["throughput"]
+    assert t["training"]["wait_share"] >= 0.05 and f"{100 * t['training']['wait_share']:.1f}%" in f.message
+    assert [s["num_workers"] for s in t["sweep"]] == [0, 2] and t["balanced_workers"] in (0, 2)
+    assert "measured with num_workers=" in f.message
+
+
+def test_no_workers_on_many_cores(monkeypatch):
+    from torchdiag.diagnostics.data import traps
+
+    monkeypatch.setattr(traps, "cpu_count", lambda: 8)
+    assert one(run("data_fake.py:loader"), "no-workers").severity == "info"
+    monkeypatch.setattr(traps, "cpu_count", lambda: 2)
+    assert "no-workers" not in codes(run("data_fake.py:loader"))
+
+
+def test_binary_and_one_hot_targets_are_not_class_indices():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 5, generator=g)
+    binary = torch.utils.data.TensorDataset(x, (torch.arange(200) % 2).float().unsqueeze(1))
+    r = run_data(binary, Options(**QUICK, speed=False), context("cpu"), model=torch.nn.Linear(5, 1))   # a BCE logit
+    assert r.data["num_classes"] is None and quiet(r) == []
+    assert r.data["splits"]["train"]["labels"]["counts"] == {"0": 100, "1": 100}
+    one_hot = torch.nn.functional.one_hot(torch.arange(200) % 20, 20).float()
+    r = run_data(torch.utils.data.TensorDataset(x, one_hot), Options(**QUICK), context("cpu"))
+    assert r.data["splits"]["train"]["labels"] is None and quiet(r) == []
+
+
+@pytest.mark.slow
+def test_costly_worker_start_without_persistent_workers():
+    f = one(run("data_workers.py:slow_start"), "workers-restart-each-epoch")
+    assert f.severity == "info" and "persistent_workers=True" in f.hint
+
+
+@pytest.mark.cuda
+def test_pin_memory_swept_on_cuda():
+    data = load_data(f"{SAMPLES}/data_fake.py:loader")
+    r = run_data(data, Options(batches=3, workers=(0, 1)), context("cuda"),
+                 model=load_model(f"{SAMPLES}/data_fake.py:model").model.cuda())
+    sweep = r.data["throughput"]["sweep"]
+    assert len(sweep) == 3 and sweep[-1]["pin_memory"] is True
+    assert "pin-memory-without-cuda" not in codes(r)
+
+
+def test_samples_bound_reads_a_random_subset():
+    r = run("data_fake.py:dataset", samples=100)
+    tr = r.data["splits"]["train"]
+    assert tr["subset"] and tr["samples"] == 100 and tr["total"] == 512
+    assert sum(tr["labels"]["counts"].values()) == 100
+
+
+def test_tensorboard_gets_the_grid_and_histograms(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from torchdiag.render.tensorboard import write_result
+
+    r = run("data_fake.py:loader")
+    path = write_result(r, tmp_path)
+    acc = EventAccumulator(str(path), size_guidance={"images": 0, "histograms": 0})
+    acc.Reload()
+    assert "data/train/samples_per_class" in acc.Tags()["images"]
+    assert "data/train/[0]/channel_0" in acc.Tags()["histograms"]

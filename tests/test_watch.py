@@ -1,0 +1,714 @@
+"""watch: diagnostics inside the user's own training run. Real training runs (sample_models/watch_*.py
+run in-process through the script runner, and loops written here), each bug at a known step; numbers
+checked against what the loop itself computes."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from torchdiag.core.syncs import SyncCounter
+from torchdiag.diagnostics.watch import Options, Watch
+from torchdiag.diagnostics.watch.script import parse_command, run_command
+from torchdiag.errors import ExitCode, ModelError, OptionError, UsageError
+
+from conftest import ROOT, SAMPLES
+
+
+def script(name, *args, every=10, **options):
+    """Run sample_models/<name>.py in-process under watch; the Result."""
+    return run_command(["python", str(SAMPLES / f"{name}.py"), *map(str, args)], Watch(every=every, **options))
+
+
+def codes(result, severities=("error", "warning")):
+    return {f.code for f in result.findings if f.severity in severities}
+
+
+def finding(result, code):
+    found = [f for f in result.findings if f.code == code]
+    assert found, [f.to_dict() for f in result.findings]
+    return found[0]
+
+
+def hooks_gone():
+    from torch.nn.modules import module as mm
+    from torch.optim import optimizer as oo
+
+    return (not mm._global_forward_hooks and not mm._global_forward_pre_hooks
+            and not oo._global_optimizer_pre_hooks and not oo._global_optimizer_post_hooks
+            and torch.Tensor.backward.__qualname__ == "Tensor.backward")
+
+
+# ----------------------------------------------------------------- options and bad input
+def test_options_are_validated_before_anything_runs():
+    with pytest.raises(OptionError, match="every"):
+        Options(every=0)
+    with pytest.raises(OptionError, match="every"):
+        Options(every="10")
+    with pytest.raises(OptionError, match="spike"):
+        Options(spike=1)
+    with pytest.raises(OptionError, match="accumulate"):
+        Options(accumulate="yes")
+    assert Options().every == 50
+
+
+def test_bad_commands_are_one_clear_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="no such file"):
+        parse_command(["python", str(tmp_path / "missing.py")])
+    with pytest.raises(UsageError, match="not a Python command"):
+        parse_command(["ls", "-l"])
+    with pytest.raises(UsageError, match="give the command"):
+        parse_command([])
+    with pytest.raises(UsageError, match="-c is not supported"):
+        parse_command(["python", "-c", "print(1)"])
+    train = tmp_path / "train.py"
+    train.write_text("")
+    assert parse_command(["python3", "-u", "-W", "ignore", str(train), "--x"]) == ("path", str(train), ["--x"])
+    assert parse_command(["python", "-m", "pkg.train", "-a"]) == ("module", "pkg.train", ["-a"])
+    with pytest.raises(UsageError, match="no module named"):
+        run_command(["python", "-m", "no_such_module_for_watch"], Watch())
+    assert hooks_gone()
+
+
+def test_a_run_without_optimizer_step_is_a_usage_error():
+    with pytest.raises(UsageError, match="no optimizer step was seen") as e:
+        script("watch_no_step")
+    assert e.value.code == ExitCode.USAGE
+    assert hooks_gone()
+
+
+def test_the_scripts_failure_is_exit_3_with_the_report_so_far():
+    with pytest.raises(ModelError, match="data loader lost its shard at step 25") as e:
+        script("watch_raises")
+    assert e.value.code == ExitCode.MODEL
+    assert "watch_raises.py" in e.value.hint
+    partial = e.value.partial
+    assert partial.data["steps"] == 24 and len(partial.series["loss"]) == 24
+    assert all(v is not None for v in partial.series["loss"])
+    assert hooks_gone()
+
+
+# ----------------------------------------------------------------- healthy runs: nothing to say
+def test_healthy_cnn_script_no_warning_and_its_metrics(capsys):
+    r = script("watch_healthy_cnn", "--epochs", "3", every=10)
+    assert codes(r) == set(), [f.to_dict() for f in r.findings]
+    assert r.exit_code == ExitCode.OK and r.verdict.startswith("PASS")
+    assert r.data["steps"] == 48 and r.series["step"] == list(range(1, 49))
+    # the script printed its own validation numbers; watch logged the same values
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch")]
+    assert len(printed) == 3 and len(r.data["metrics"]["val_loss"]) == 3
+    assert f"{r.data['metrics']['val_acc'][-1][1]:.3f}" in printed[-1]
+    assert r.data["hparams"]["optimizer"] == "SGD" and r.data["hparams"]["batch_size"] == 32
+    assert r.data["hparams"]["momentum"] == 0.9
+    assert hooks_gone()
+
+
+def test_healthy_transformer_lm_no_warning():
+    r = script("watch_healthy_lm", "--steps", "120", every=20)
+    assert codes(r) == set(), [f.to_dict() for f in r.findings]
+    loss = r.series["loss"]
+    assert len(loss) == 120 and min(loss[-10:]) < loss[0]
+    lr = r.series["lr"]   # warm-up then cosine: the rate the optimizer had at each step
+    assert lr[0] == pytest.approx(3e-3 / 12) and max(lr) == pytest.approx(3e-3)
+
+
+def _loop(model, opt, steps, g, watch=None, record=None):
+    for _ in range(steps):
+        x = torch.randn(16, 8, generator=g)
+        y = (x[:, :3].sum(1) > 0).long()
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        if record is not None:
+            record.append((loss.detach().clone(), torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()]))))
+        opt.step()
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 2))
+
+
+def test_series_match_what_the_loop_computes_and_training_is_unchanged():
+    g = torch.Generator().manual_seed(1)
+    plain = _mlp()
+    torch.manual_seed(5)
+    _loop(plain, torch.optim.Adam(plain.parameters(), 1e-2), 60, g)
+    g = torch.Generator().manual_seed(1)
+    model = _mlp()
+    opt = torch.optim.Adam(model.parameters(), 1e-2)
+    record = []
+    torch.manual_seed(5)
+    with Watch(model, opt, every=16) as w:
+        _loop(model, opt, 60, g, record=record)
+    r = w.result()
+    # watching changes nothing: same RNG draws (dropout), same weights, bit for bit
+    for a, b in zip(plain.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+    assert r.series["loss"] == pytest.approx([float(v) for v, _ in record], rel=1e-6)
+    assert r.series["grad_norm"] == pytest.approx([float(n) for _, n in record], rel=1e-4)
+    assert r.data["reads"] == 60 // 16 + 1
+    assert not model._forward_hooks and not model._forward_pre_hooks and hooks_gone()
+    rows = {row["name"]: row for row in r.table("layers").rows}
+    assert set(rows) == {"0.weight", "0.bias", "3.weight", "3.bias"} and all(row["changed"] for row in rows.values())
+
+
+def test_at_most_one_sync_per_every_steps_on_a_healthy_run():
+    def run(watch_it: bool, steps=120, every=25):
+        model = _mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)   # SGD: no step counters read on the host
+        g = torch.Generator().manual_seed(0)
+        with SyncCounter() as counter:
+            if watch_it:
+                with Watch(model, opt, every=every) as w:
+                    _loop(model, opt, steps, g)
+            else:
+                _loop(model, opt, steps, g)
+        return counter.total, (w.result() if watch_it else None)
+
+    base, _ = run(False)
+    total, r = run(True)
+    assert r.data["reads"] == 120 // 25 + 1
+    assert total - base <= 120 // 25 + 1, (base, total)
+    assert codes(r) == set()
+
+
+# ----------------------------------------------------------------- each bug, at its step
+def test_nan_in_forward_at_step_k_is_named_with_module_and_direction():
+    r = script("watch_nan_forward", "--bad-step", 30, every=10)
+    f = finding(r, "non-finite-loss")
+    assert f.severity == "error" and "step 30" in f.message and r.data["first_non_finite_step"] == 30
+    assert r.data["replay"]["direction"] == "forward" and r.data["replay"]["module"] == "0"
+    assert r.data["replay"]["type"] == "LogFeatures" and f.where == "0"
+    assert r.exit_code == ExitCode.CHECK_FAILED
+
+
+def test_nan_between_reads_keeps_its_exact_step():
+    r = script("watch_nan_forward", "--bad-step", 23, every=10)
+    f = finding(r, "non-finite-loss")
+    assert "step 23" in f.message and r.data["first_non_finite_step"] == 23
+    assert "replay" not in r.data and "every=1" in f.hint
+
+
+def test_nan_born_in_backward_is_named():
+    r = script("watch_nan_backward", "--bad-step", 30, every=10)
+    f = finding(r, "non-finite-gradient")
+    assert "step 30" in f.message and "inp.weight" in f.message
+    assert r.data["replay"]["direction"] == "backward" and r.data["replay"]["module"] == "radius"
+
+
+def test_head_not_in_optimizer():
+    r = script("watch_not_in_optimizer")
+    assert {f.where for f in r.findings if f.code == "not-in-optimizer"} == {"head.weight", "head.bias"}
+    assert codes(r) == {"not-in-optimizer"}
+
+
+def test_missing_zero_grad_is_an_error_unless_accumulating_on_purpose():
+    r = script("watch_no_zero_grad")
+    assert codes(r) == {"grad-carried-over"} and r.exit_code == ExitCode.CHECK_FAILED
+    r = script("watch_no_zero_grad", accumulate=True)
+    assert "grad-carried-over" not in codes(r)
+
+
+@pytest.mark.parametrize("style", ["accumulate4", "set_to_none_false", "zero_between_forward_and_backward"])
+def test_zero_grad_styles_that_are_fine(style):
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(model, opt, every=5) as w:
+        for i in range(80):
+            x = torch.randn(16, 8, generator=g)
+            out = model(x)
+            if style == "zero_between_forward_and_backward":
+                opt.zero_grad()
+            (F.cross_entropy(out, (x[:, 0] > 0).long()) / (4 if style == "accumulate4" else 1)).backward()
+            if style == "accumulate4" and i % 4 != 3:
+                continue
+            opt.step()
+            if style != "zero_between_forward_and_backward":
+                opt.zero_grad(set_to_none=style != "set_to_none_false")
+    r = w.result()
+    assert codes(r) == set(), [f.to_dict() for f in r.findings]
+    assert r.data["steps"] == (20 if style == "accumulate4" else 80)
+
+
+def test_training_in_eval_mode_from_the_step_it_starts():
+    r = script("watch_eval_mode", "--bad-step", 20)
+    f = finding(r, "trained-in-eval-mode")
+    assert "40 of 60 steps" in f.message and "first: step 21" in f.message
+
+
+def test_submodule_left_in_eval_mode():
+    model = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    model[3].eval()    # e.g. a helper that froze dropout
+    with Watch(model, opt, every=10) as w:
+        _loop(model, opt, 30, torch.Generator().manual_seed(0))
+    r = w.result()
+    assert {f.where for f in r.findings if f.code == "module-in-eval-mode"} == {"3"}
+    assert "trained-in-eval-mode" not in codes(r)
+
+
+def test_divergence_after_the_learning_rate_rose():
+    r = script("watch_diverge", "--bad-step", 60)
+    f = finding(r, "loss-diverged")
+    assert f.severity == "error" and "rose from 0.02 to 0.8 at step 61" in f.hint
+    lr = r.series["lr"]
+    assert lr[59] == pytest.approx(0.02) and lr[60] == pytest.approx(0.8)
+
+
+def test_units_that_go_dead():
+    r = script("watch_dead_units", "--bad-step", 40)
+    f = finding(r, "dead-units")
+    assert f.where == "1"
+    # independent truth: the same training (same seed and draws), then the ReLU units that are zero
+    # for 512 fresh inputs
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = torch.randn(8, 1).abs()
+    for step in range(1, 101):
+        x = torch.rand(32, 8)
+        y = torch.full((32, 1), -30.0) if step == 40 else x @ w
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    dead = int((torch.relu(model[0](torch.rand(512, 8))).amax(0) == 0).sum())
+    assert dead >= 32
+    assert abs(int(f.message.split(" of ")[0]) - dead) <= 6, (f.message, dead)
+
+
+def test_validation_metric_worsens_while_training_loss_falls():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(24, 16, generator=g), torch.randint(0, 2, (24,), generator=g)   # random labels: memorised
+    vx, vy = torch.randn(256, 16, generator=g), torch.randint(0, 2, (256,), generator=g)
+    model = nn.Sequential(nn.Linear(16, 256), nn.ReLU(), nn.Linear(256, 2))
+    opt = torch.optim.Adam(model.parameters(), 1e-2)
+    vals = []
+    with Watch(model, opt, every=20) as w:
+        for step in range(1, 201):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step % 20 == 0:
+                with torch.no_grad():
+                    vals.append(F.cross_entropy(model(vx), vy).item())
+                w.log("val_loss", vals[-1])
+    r = w.result()
+    assert vals[-1] > min(vals) * 1.02   # the truth the finding must state
+    f = finding(r, "val-worsens")
+    assert f.where == "val_loss" and f"{vals[-1]:.4g}" in f.message
+
+
+def test_optimizer_param_that_never_gets_a_gradient():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.unused = nn.Linear(8, 2), nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.a(x)
+
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Watch(model, opt, every=10) as w:
+        _loop(model, opt, 20, torch.Generator().manual_seed(0))
+    r = w.result()
+    assert {f.where for f in r.findings if f.code == "never-gets-grad"} == {"unused.weight", "unused.bias"}
+
+
+def test_parameter_with_zero_learning_rate_never_changes():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD([{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.0}], lr=0.1)
+    with Watch(model, opt, every=10) as w:
+        _loop(model, opt, 20, torch.Generator().manual_seed(0))
+    r = w.result()
+    assert {f.where for f in r.findings if f.code == "never-changes" and f.severity == "warning"} == {"2.weight", "2.bias"}
+
+
+@pytest.mark.parametrize("lr", [0.05, 2.0])
+def test_update_ratio_against_the_exact_update(lr):
+    """Plain SGD updates by lr·grad: the ratio of a layer of ≤ 256 elements (sampled whole) is exactly
+    lr·‖grad‖/‖w‖, computed here by the loop itself at every read step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(0)
+    exact = {"0.weight": [], "2.weight": []}
+    with Watch(model, opt, every=5) as w:
+        for step in range(1, 31):
+            x = torch.randn(16, 8, generator=g)
+            loss = F.cross_entropy(model(x), (x[:, :3].sum(1) > 0).long())
+            opt.zero_grad()
+            loss.backward()
+            if step % 5 == 0:
+                for name, layer in (("0.weight", model[0]), ("2.weight", model[2])):
+                    exact[name].append(float(lr * layer.weight.grad.norm() / layer.weight.detach().norm()))
+            opt.step()
+    r = w.result()
+    rows = {row["name"]: row for row in r.table("layers").rows}
+    for name, values in exact.items():
+        got = [v for s, v in w.engine.ratios[name] if s > 1]
+        assert got == pytest.approx(values, rel=1e-4)
+        assert rows[name]["update_ratio"] == pytest.approx(sorted(values)[len(values) // 2] if len(values) % 2
+                                                           else sum(sorted(values)[2:4]) / 2, rel=1e-4)
+    high = {f.where for f in r.findings if f.code == "update-ratio-high"}
+    assert high == {n for n, v in exact.items() if rows[n]["update_ratio"] > 0.1}
+    assert bool(high) == (lr == 2.0)
+
+
+def test_non_finite_batchnorm_statistics():
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Watch(model, opt, every=5, replay=False) as w:
+        for step in range(1, 11):
+            x = torch.randn(8, 4)
+            if step == 3:
+                x[0, 0] = float("inf")
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    r = w.result()
+    assert finding(r, "non-finite-bn-stats").where == "1"
+    assert r.data["first_non_finite_step"] == 3
+
+
+# ----------------------------------------------------------------- the script runner
+RUNNER = textwrap.dedent("""
+    import json, sys
+    from torchdiag.diagnostics.watch import Watch
+    from torchdiag.diagnostics.watch.script import run_command
+    r = run_command(sys.argv[1:], Watch(every=5))
+    print("RESULT " + json.dumps(r.to_dict()), flush=True)
+    sys.exit(int(r.exit_code))
+""")
+
+PROBE = textwrap.dedent("""
+    import os, sys, time
+    import torch
+    print("ARGV", sys.argv[1:], __name__, os.getcwd(), sys.path[0] == os.path.dirname(os.path.abspath(__file__)), flush=True)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = int(sys.argv[sys.argv.index("--steps") + 1])
+    for i in range(steps):
+        loss = model(torch.randn(4, 3)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        if i == 9 and "--wait" in sys.argv:
+            print("READY", flush=True)
+            time.sleep(60)
+""")
+
+
+def test_script_sees_its_own_argv_name_and_folder(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "probe.py"
+    path.write_text(PROBE)
+    monkeypatch.chdir(tmp_path.parent)
+    before = sys.argv[:]
+    r = run_command(["python", str(path), "--steps", "12", "--lr", "x"], Watch(every=5))
+    out = capsys.readouterr().out
+    assert f"ARGV ['--steps', '12', '--lr', 'x'] __main__ {tmp_path.parent} True" in out
+    assert sys.argv == before and r.data["steps"] == 12 and hooks_gone()
+
+
+def test_script_runner_as_a_subprocess_and_interrupted(tmp_path):
+    path = tmp_path / "probe.py"
+    path.write_text(PROBE)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", RUNNER, "python", str(path), "--steps", "12"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout.split("RESULT ", 1)[1])
+    assert doc["steps"] == 12 and doc["command"] == "watch" and doc["exit_code"] == 0
+    # Ctrl-C in the middle: the report so far, exit 130
+    proc = subprocess.Popen([sys.executable, "-c", RUNNER, "python", str(path), "--steps", "100", "--wait"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        line = ""
+        deadline = time.monotonic() + 120
+        while "READY" not in line and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    doc = json.loads(out.split("RESULT ", 1)[1])
+    assert doc["steps"] == 10 and len(doc["loss"]) == 10 and doc["exit_code"] == 130
+
+
+# ----------------------------------------------------------------- rendering
+def test_status_line_tensorboard_and_plot(tmp_path):
+    pytest.importorskip("tensorboard")
+    from torchdiag.render.watch import Live, StatusLine, write_plot
+
+    stream = io.StringIO()
+    live = Live(status=True, logdir=tmp_path / "tb", stream=stream)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Watch(model, opt, every=10, **live.callbacks()) as w:
+        _loop(model, opt, 30, torch.Generator().manual_seed(0))
+        w.log("val_acc", 0.5)
+    r = w.result()
+    text = stream.getvalue()
+    assert "\rwatch · step 30 · loss" in text and text.endswith("\n")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tb" / "watch"), size_guidance={"histograms": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    assert {"watch/loss", "watch/lr", "watch/grad_norm", "watch/update_ratio/0.weight"} <= set(tags["scalars"])
+    assert [e.step for e in acc.Scalars("watch/loss")] == list(range(1, 31))
+    assert [e.value for e in acc.Scalars("watch/loss")] == pytest.approx(r.series["loss"], rel=1e-6)
+    assert "weights/0.weight" in tags["histograms"] and "grads/3.bias" in tags["histograms"]
+    assert any("hparams" in d for d in os.listdir(tmp_path / "tb" / "watch"))
+    png = write_plot(r, tmp_path / "curve.png")
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    quiet = io.StringIO()
+    StatusLine(quiet)({"step": 1, "loss": 1.0, "problems": 0})   # not a terminal: nothing drawn
+    assert quiet.getvalue() == ""
+
+
+def test_json_mode_keeps_the_status_line_quiet():
+    from torchdiag.render.watch import Live
+
+    stream = io.StringIO()
+    live = Live(status=True, json=True, stream=stream)
+    live.on_read({"step": 50, "loss": 0.5, "problems": 0})
+    live.on_finish(None)
+    assert stream.getvalue() == "" and live.tb is None
+
+
+def test_python_dash_m_module_runs_as_main(tmp_path, monkeypatch, capsys):
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text(PROBE)
+    monkeypatch.chdir(tmp_path)
+    r = run_command(["python", "-m", "mypkg.train", "--steps", "7"], Watch(every=5))
+    assert "ARGV ['--steps', '7'] __main__" in capsys.readouterr().out
+    assert r.data["steps"] == 7 and r.data["reads"] == 2 and hooks_gone()
+
+
+DDP_SCRIPT = textwrap.dedent("""
+    import json, torch, torch.nn as nn, torch.distributed as dist, torch.nn.functional as F
+    from torchdiag.diagnostics.watch import Watch
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
+    head_only = torch.optim.SGD(model.module[0].parameters(), lr=0.05)   # the bug: 2.* not in it
+    with Watch(every=10) as w:
+        for step in range(30):
+            x = torch.randn(8, 8)
+            loss = F.cross_entropy(model(x), (x[:, 0] > 0).long())
+            head_only.zero_grad(); loss.backward(); head_only.step()
+    r = w.result()
+    with open(f"rank{dist.get_rank()}.json", "w") as f:   # one file per rank: two ranks' stdout interleave
+        json.dump(r.to_dict(), f)
+    dist.destroy_process_group()
+""")
+
+
+def test_each_rank_watches_under_ddp(tmp_path):
+    path = tmp_path / "ddp_train.py"
+    path.write_text(DDP_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(path)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    docs = {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)}
+    assert set(docs) == {0, 1}
+    for rank, doc in docs.items():   # the user's names (DDP's "module." prefix dropped), the same finding on each rank
+        assert doc["steps"] == 30 and doc["rank"] == rank
+        assert {f["where"] for f in doc["findings"] if f["code"] == "not-in-optimizer"} == {"2.weight", "2.bias"}
+
+
+def test_hugging_face_trainer_callback(tmp_path):
+    pytest.importorskip("accelerate")
+    transformers = pytest.importorskip("transformers")
+    from torchdiag.diagnostics.watch.callbacks import hf_callback
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=32, n_positions=32, n_embd=32, n_layer=1, n_head=2)
+    model = transformers.GPT2LMHeadModel(config)
+    g = torch.Generator().manual_seed(0)
+
+    def rows(n):
+        pattern = torch.randint(0, 32, (n, 4), generator=g).repeat(1, 4)
+        return [{"input_ids": r, "labels": r} for r in pattern]
+
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), max_steps=40, per_device_train_batch_size=8,
+                                          learning_rate=3e-3, eval_strategy="steps", eval_steps=10, logging_strategy="no",
+                                          save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=0)
+    cb = hf_callback(every=10)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=rows(256), eval_dataset=rows(32), callbacks=[cb])
+    trainer.train()
+    r = cb.result
+    assert r.data["steps"] == 40 and len(r.series["loss"]) == 40 and all(v is not None for v in r.series["loss"])
+    assert [s for s, _ in r.data["metrics"]["eval_loss"]] == [10, 20, 30, 40]
+    assert r.series["loss"][-1] < r.series["loss"][0]
+    assert codes(r) == set(), [f.to_dict() for f in r.findings]
+    assert {row["name"] for row in r.table("layers").rows} >= {"transformer.wte.weight", "transformer.h.0.attn.c_attn.weight"}
+    assert hooks_gone()
+
+
+def test_script_mode_syncs_once_per_every_steps(tmp_path, capsys):
+    path = tmp_path / "probe.py"
+    path.write_text(PROBE)
+    with SyncCounter() as plain:
+        import runpy
+
+        saved = sys.argv[:]
+        sys.argv = [str(path), "--steps", "60"]
+        try:
+            runpy.run_path(str(path), run_name="__main__")
+        finally:
+            sys.argv = saved
+    with SyncCounter() as watched:
+        r = run_command(["python", str(path), "--steps", "60"], Watch(every=20))
+    assert r.data["reads"] == 60 // 20 + 1
+    assert watched.total - plain.total <= 60 // 20 + 1, (plain.counts, watched.counts)
+
+
+def test_compiled_model_is_watched_and_said_once():
+    model = _mlp()
+    compiled = torch.compile(model, backend="eager")   # eager backend: no C++ toolchain needed in CI
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Watch(compiled, opt, every=10) as w:
+        _loop(compiled, opt, 30, torch.Generator().manual_seed(0))
+    r = w.result()
+    assert codes(r) == set() and r.data["steps"] == 30
+    assert [row["name"] for row in r.table("layers").rows] == ["0.weight", "0.bias", "3.weight", "3.bias"]
+    assert sum("torch.compile" in n for n in r.notes) == 1
+
+
+def test_an_internal_error_never_breaks_the_users_training(monkeypatch):
+    from torchdiag.diagnostics.watch import stats
+
+    calls = []
+
+    def broken(self, step, *args):
+        calls.append(step)
+        if step == 7:
+            raise RuntimeError("boom")
+
+    monkeypatch.setattr(stats.Track, "pre_step", broken)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    before = [p.detach().clone() for p in model.parameters()]
+    with Watch(model, opt, every=5) as w:
+        _loop(model, opt, 20, torch.Generator().manual_seed(0))   # all 20 steps run
+    r = w.result()
+    assert calls == list(range(1, 8)) and r.data["steps"] == 7
+    assert any("watch stopped at step 7" in n and "boom" in n for n in r.notes)
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters())) and hooks_gone()
+
+
+def test_lightning_callback(tmp_path):
+    pl = pytest.importorskip("lightning.pytorch")
+    from torchdiag.diagnostics.watch.callbacks import lightning_callback
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+
+        def training_step(self, batch, _):
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def validation_step(self, batch, _):
+            x, y = batch
+            self.log("val_loss", F.cross_entropy(self.net(x), y))
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+    torch.manual_seed(0)
+    x = torch.randn(320, 8)
+    data = torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long())
+    train = torch.utils.data.DataLoader(data, batch_size=16)
+    val = torch.utils.data.DataLoader(torch.utils.data.Subset(data, range(64)), batch_size=64)
+    cb = lightning_callback(every=10)
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[cb],
+                         default_root_dir=str(tmp_path))
+    trainer.fit(Module(), train, val)
+    r = cb.result
+    assert r.data["steps"] == 40 and r.data["epoch"] == 1
+    assert len(r.data["metrics"]["val_loss"]) == 2 and r.series["loss"][-1] < r.series["loss"][0]
+    assert codes(r) == set(), [f.to_dict() for f in r.findings]
+    assert any("step(closure)" in n for n in r.notes) and hooks_gone()
+    assert {row["name"] for row in r.table("layers").rows} == {"net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"}
+
+
+def test_closure_steps_count_the_gradients_of_their_own_step():
+    """step(closure): the gradients exist only after the closure ran inside step(); the grad norm of each
+    step must be the one of that step's own batch (checked against the loop's own record)."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    record = []
+
+    def closure(x, y):
+        def run():
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            record.append(float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))))
+            return loss
+        return run
+
+    with Watch(model, opt, every=5) as w:
+        for _ in range(20):
+            x = torch.randn(16, 8, generator=g)
+            opt.step(closure(x, (x[:, 0] > 0).long()))
+    r = w.result()
+    assert r.series["grad_norm"] == pytest.approx(record, rel=1e-5)
+    assert codes(r) == set()
+
+
+def test_gan_two_models_two_optimizers_found_by_the_global_hooks():
+    """No model or optimizer given: both are found. The generator's loss reaches the discriminator's
+    parameters after the discriminator stepped (its gradient is there until its zero_grad at the next
+    iteration): not a missing zero_grad. Dropping optD.zero_grad() is."""
+    def run(zero_d: bool):
+        torch.manual_seed(0)
+        gen = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+        disc = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+        opt_g = torch.optim.Adam(gen.parameters(), 1e-3)
+        opt_d = torch.optim.Adam(disc.parameters(), 1e-3)
+        with Watch(every=10) as w:
+            for _ in range(40):
+                real = torch.randn(32, 2) * 0.5 + 2
+                fake = gen(torch.randn(32, 4))
+                if zero_d:
+                    opt_d.zero_grad()
+                loss_d = F.softplus(-disc(real)).mean() + F.softplus(disc(fake.detach())).mean()
+                loss_d.backward()
+                opt_d.step()
+                opt_g.zero_grad()
+                F.softplus(-disc(fake)).mean().backward()
+                opt_g.step()
+        return w.result()
+
+    r = run(True)
+    assert codes(r) == set(), [f.to_dict() for f in r.findings]
+    assert r.data["steps"] == 40 and len(r.header["optimizers"]) == 2 and sorted(r.header["models"]) == ["Sequential"] * 2
+    assert len(r.table("layers").rows) == 8
+    assert codes(run(False)) == {"grad-carried-over"}

@@ -1,0 +1,132 @@
+"""Batches as data loaders give them: a tensor, a tuple/list (inputs, target, ...), a dict, a namedtuple,
+nested — flattened into named fields, with the input and the target found the way the rest of torchdiag
+finds them (core.loss: `(inputs, target)` tuples; dict keys like "labels"/"label"/"target"/"y"), or
+named by the caller (`--input-field`, `--target-field`).
+
+Field names: `batch` for a lone tensor, `[0]`, `[1]` for tuple positions, the key for a dict
+(`image`, `label`), nested joined (`[0].pixels`). numpy arrays are read as tensors; other leaves
+(strings, file names) are left out."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import UsageError
+
+TARGET_KEYS = ("labels", "label", "targets", "target", "y", "class", "classes")
+INPUT_KEYS = ("input", "inputs", "x", "image", "images", "img", "pixel_values", "input_ids", "data", "features")
+
+
+def flatten(batch, prefix: str = "") -> list[tuple[str, Any]]:
+    """(name, tensor) for every tensor (or numpy array, read as a tensor) in a batch, in order."""
+    import torch
+
+    out: list[tuple[str, Any]] = []
+    _flatten(batch, prefix, out, torch)
+    return out
+
+
+def _flatten(obj, name, out, torch) -> None:
+    if isinstance(obj, torch.Tensor):
+        out.append((name or "batch", obj))
+    elif type(obj).__module__ == "numpy" and hasattr(obj, "dtype") and getattr(obj, "ndim", 0) > 0 \
+            and obj.dtype.kind in "biuf":
+        out.append((name or "batch", torch.as_tensor(obj)))
+    elif isinstance(obj, dict) or (hasattr(obj, "keys") and hasattr(obj, "items") and not isinstance(obj, str)):
+        for k, v in obj.items():
+            _flatten(v, f"{name}.{k}" if name else str(k), out, torch)
+    elif isinstance(obj, (tuple, list)):
+        names = getattr(obj, "_fields", None)
+        for i, v in enumerate(obj):
+            key = names[i] if names else f"[{i}]"
+            _flatten(v, (f"{name}.{key}" if names else f"{name}{key}") if name else key, out, torch)
+
+
+@dataclass
+class Roles:
+    """Which fields are the model's input and which the target, and how that was decided."""
+
+    inputs: list[str]
+    target: str | None
+    how: str
+    structure: str                  # tensor | tuple | dict
+    names: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        target = self.target if self.target is not None else "none"
+        return f"input {', '.join(self.inputs) or 'none'}, target {target} ({self.how})"
+
+
+def structure(batch) -> str:
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return "tensor"
+    if isinstance(batch, dict) or hasattr(batch, "keys"):
+        return "dict"
+    return "tuple"
+
+
+def find_roles(batch, input_field: str | None = None, target_field: str | None = None,
+               option=lambda name: name) -> Roles:
+    """The input and target fields of a batch: named ones first, else the conventions above."""
+    names = [n for n, _ in flatten(batch)]
+    kind = structure(batch)
+    if not names:
+        raise UsageError(f"a batch holds no tensors (it is a {type(batch).__name__})",
+                         hint="batches must be tensors, or tuples/lists/dicts of tensors (numpy arrays are read too)")
+    for given, opt in ((input_field, "input_field"), (target_field, "target_field")):
+        if given is not None and given not in names:
+            raise UsageError(f"{option(opt)} '{given}': the batch has no such field",
+                             hint=f"its fields: {', '.join(names)}")
+    target, how = target_field, "as named"
+    if target is None:
+        target, how = _conventional_target(batch, kind, names)
+    if input_field is not None:
+        inputs = [input_field]
+    elif kind == "dict":   # every other top-level key goes to the model (input_ids, attention_mask, ...)
+        top = [n for n in names if n != target and not (target and n.startswith(target + "."))]
+        first = [n for n in top if n.split(".")[0] in INPUT_KEYS]
+        inputs = first[:1] + [n for n in top if n not in first[:1]] if first else top
+    else:
+        inputs = [n for n in names if n != target][:1]
+    return Roles(inputs, target, how, kind, names)
+
+
+def _conventional_target(batch, kind: str, names: list[str]) -> tuple[str | None, str]:
+    if kind == "dict":
+        for key in TARGET_KEYS:
+            if key in names:
+                return key, f"dict key '{key}'"
+        return None, "no dict key named like a target (" + "/".join(TARGET_KEYS[:5]) + ")"
+    if kind == "tuple":
+        if len(batch) >= 2 and "[1]" in names:
+            return "[1]", "(inputs, target) tuple"
+        return None, "a 1-tuple: no target"
+    return None, "a lone tensor: no target"
+
+
+def get(batch, name: str):
+    """The field `name` of a batch (as flatten names it)."""
+    for n, t in flatten(batch):
+        if n == name:
+            return t
+    raise KeyError(name)
+
+
+def batch_size(batch) -> int:
+    """Samples in a batch: dim 0 of its first tensor (1 for a 0-dim tensor)."""
+    fields = flatten(batch)
+    if not fields:
+        return 0
+    t = fields[0][1]
+    return int(t.shape[0]) if t.dim() else 1
+
+
+def model_call(batch, roles: Roles):
+    """(args, kwargs) to call a model with the input fields: one positional input for a tuple or a tensor
+    batch, keyword arguments (top-level keys) for a dict batch with several inputs."""
+    if roles.structure == "dict" and len(roles.inputs) > 1:
+        tops = {n.split(".")[0] for n in roles.inputs}
+        return (), {k: batch[k] for k in batch.keys() if k in tops}
+    return (get(batch, roles.inputs[0]),), {}

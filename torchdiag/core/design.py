@@ -1,0 +1,39 @@
+"""Architecture rules that tell a healthy design from a fault, shared by every check that trains or
+judges a model (gradflow's judged pass, doctor's training checks):
+
+- stochastic depth (torchvision StochasticDepth, timm/HF *DropPath) drops a whole residual branch
+  for a whole small batch at random: it is switched off (eval) for a judged pass, so the verdict
+  does not depend on the draw;
+- a normalisation using batch statistics (BatchNorm in training, GroupNorm, InstanceNorm) makes the
+  loss invariant to the scale of the tensor it receives."""
+from __future__ import annotations
+
+
+def is_stochastic_depth(mod) -> bool:
+    kind = type(mod).__name__
+    return kind == "StochasticDepth" or kind.endswith("DropPath") or kind.endswith("StochasticDepth")
+
+
+def stochastic_depth_off(model) -> list[str]:
+    """Put every stochastic-depth module in eval mode (the caller restores modes: leave_no_trace, or a
+    copy); returns their paths."""
+    names = []
+    for n, m in model.named_modules():
+        if is_stochastic_depth(m):
+            m.eval()
+            names.append(n)
+    return names
+
+
+def is_batch_norm_like(mod) -> bool:
+    """A normalisation that makes the loss invariant to the scale of (and any per-channel constant
+    added to) the tensor it receives: BatchNorm using batch statistics, GroupNorm, InstanceNorm."""
+    from torch import nn
+    from torch.nn.modules.batchnorm import _BatchNorm
+    from torch.nn.modules.instancenorm import _InstanceNorm
+
+    if isinstance(mod, _BatchNorm):
+        return mod.training or mod.running_mean is None
+    if isinstance(mod, _InstanceNorm):
+        return mod.training or not mod.track_running_stats
+    return isinstance(mod, nn.GroupNorm)

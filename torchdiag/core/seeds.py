@@ -1,0 +1,29 @@
+"""Named seed streams. Every generator the run draws from is seeded from --seed: the base stream
+(the run's own RNG, random inputs, the loss's random targets) uses it as it is, and each other use
+has its own fixed offset, named here, so a new use takes a free one instead of a number written at
+the call site. The offsets are the ones the streams always had: the seeds, and so every result, are
+unchanged."""
+from __future__ import annotations
+
+DECODER_IDS = 1            # decoder_input_ids added for an encoder-decoder
+EMBEDDING_IDS = 100        # + the input's index: integer ids drawn below their nn.Embedding's size
+FRESH_BATCHES = 1000       # + the batch's index: gradflow's dead-unit re-check batches
+
+
+def decoder_ids(seed: int) -> int:
+    return seed + DECODER_IDS
+
+
+def embedding_ids(seed: int, index: int) -> int:
+    """The stream of input `index`'s integer ids."""
+    return seed + EMBEDDING_IDS + index
+
+
+def output_target(seed: int, k: int) -> int:
+    """The auto loss's random target of the k-th other output (k >= 1)."""
+    return seed + k
+
+
+def fresh_batch(seed: int, k: int) -> int:
+    """The k-th fresh batch of gradflow's dead-unit re-check."""
+    return seed + FRESH_BATCHES + k

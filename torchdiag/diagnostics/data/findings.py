@@ -1,0 +1,292 @@
+"""The findings of `data`, each naming the split and field (`train:[0]`, `val:label`) and the sample index
+where there is one."""
+from __future__ import annotations
+
+from .options import INPUT_BOUND
+
+IMBALANCE = 10.0          # largest class / smallest present class
+RAW_MAX = 2.0             # a float image whose values reach past this (and stay ≥ 0, ≤ 255): raw pixels
+FAR_MEAN, FAR_STD = 1.0, (0.1, 3.0)       # |mean| above, or std outside: far from standardised (warning)
+NEAR_MEAN, NEAR_STD = 0.25, (0.5, 2.0)    # ... outside these: not standardised (info)
+IGNORE_INDEX = -100
+
+
+def _fmt(v) -> str:
+    return f"{v:.4g}"
+
+
+def _vals(vs) -> str:
+    return "(" + ", ".join(f"{v:.4f}" for v in vs) + ")"
+
+
+def add_all(r, st) -> None:
+    if st.hang is not None:
+        _hang(r, st)
+    for split, s in st.scans.items():
+        for f in s.fields.values():
+            where = f"{split}:{f.name}"
+            _non_finite(r, f, where)
+            _shapes(r, f, where)
+            if f.role == "input":
+                _range(r, f, where)
+                _constant(r, f, where)
+            if f.role == "target":
+                _labels(r, st, f, where, split)
+        constant = any(f.role == "input" and f.constant for f in s.fields.values())
+        if s.hashes.duplicates and not constant:   # a constant input repeats by definition
+            a, b = s.hashes.pairs[0]
+            r.add("duplicate-samples", "warning", f"{split}:{'+'.join(s.roles.inputs)}",
+                  f"{s.hashes.duplicates:,} sample(s) repeat an earlier one exactly (first: sample {b} = sample {a})",
+                  "drop the repeats (they weigh some samples twice), unless the repetition is deliberate")
+    v = st.scans.get("val")
+    if v is not None and v.overlap:
+        a, b = v.overlap_pairs[0]
+        r.add("train-val-overlap", "error", f"val:{'+'.join(v.roles.inputs)}",
+              f"{v.overlap:,} of {v.samples:,} validation samples ({100 * v.overlap / max(v.samples, 1):.1f}%) are "
+              f"also in the training split (first: val sample {b} = train sample {a}); validation scores are inflated",
+              "split by a key that identifies a sample (file, subject, source) and remove the shared ones from one side")
+    _order(r, st)
+    _last(r, st)
+    _repeat(r, st)
+    _settings(r, st)
+    _input_bound(r, st)
+
+
+def _hang(r, st) -> None:
+    h = st.hang
+    where = "; ".join(f"{s['where']} at {s['stack'][-1]}" for s in h.stacks if s["stack"]) or "no stack could be read"
+    r.add("loader-hang", "error", "train", f"batch {h.batch} did not arrive within {h.seconds:g} s during "
+          f"{st.hang_phase}: stuck in {where}",
+          "see data.hang.stacks for each stack; a lock, a network read or a queue in __getitem__/worker_init_fn "
+          "waits forever (--timeout sets the limit)")
+
+
+def _non_finite(r, f, where) -> None:
+    if f.non_finite:
+        r.add("non-finite", "error", where, f"{f.non_finite:,} sample(s) hold NaN/Inf; the first is sample "
+              f"{f.first_non_finite}", "clean or drop them before they reach the model (one NaN makes the loss NaN)")
+
+
+def _shapes(r, f, where) -> None:
+    if f.ragged_at is not None:
+        r.add("inconsistent-shapes", "error", where, f"sample {f.ragged_at} has shape {_shape(f.ragged_shape)} where "
+              f"the others have {_shape(f.ragged_ref)}: the loader's collate function cannot stack its batch",
+              "resize/crop to one shape in the transform, or pad in a collate_fn")
+    elif f.other_shape is not None:
+        r.add("inconsistent-shapes", "info", where, f"the per-sample shape varies between batches: "
+              f"{_shape(f.first_shape)} first, {_shape(f.other_shape)} at sample {f.other_at} (padded per batch?)",
+              "fine for padded sequences; otherwise resize to one shape")
+
+
+def _shape(s) -> str:
+    return "x".join(map(str, s)) if s else "scalar"
+
+
+def _range(r, f, where) -> None:
+    if f.mean is None:
+        return
+    ch = f.channel_stats()
+    if "uint8" in f.dtypes:
+        r.add("raw-pixels", "warning", where, f"uint8 input in [{_fmt(f.lo)}, {_fmt(f.hi)}]: pixels not converted to "
+              "float nor scaled", "convert and scale (ToTensor, or x.float() / 255), then Normalize" + _norm_hint(f, 255.0))
+        return
+    if f.layout is not None and f.lo >= 0 and RAW_MAX < f.hi <= 255:
+        r.add("raw-pixels", "warning", where, f"image input in [{_fmt(f.lo)}, {_fmt(f.hi)}] (mean {_fmt(f.mean)}): "
+              "raw 0–255 pixel values, not normalised", "scale to [0, 1] (x / 255), then Normalize" + _norm_hint(f, 255.0))
+        return
+    means, stds = ch if ch is not None else ([f.mean], [f.std])
+    far = any(abs(m) > FAR_MEAN for m in means) or any(not FAR_STD[0] <= s <= FAR_STD[1] for s in stds if s > 0)
+    near = any(abs(m) > NEAR_MEAN for m in means) or any(not NEAR_STD[0] <= s <= NEAR_STD[1] for s in stds if s > 0)
+    if far or near:
+        what = "per channel" if ch is not None else "over all values"
+        r.add("not-standardised", "warning" if far else "info", where,
+              f"mean {_vals(means)}, std {_vals(stds)} {what}: far from 0 and 1" if far else
+              f"mean {_vals(means)}, std {_vals(stds)} {what}: not standardised",
+              f"Normalize(mean={_vals(means)}, std={_vals(stds)}) (measured on {f.count:,} samples)")
+
+
+def _norm_hint(f, scale: float) -> str:
+    ch = f.channel_stats()
+    means, stds = ch if ch is not None else ([f.mean], [f.std])
+    return f": after /{scale:g}, Normalize(mean={_vals([m / scale for m in means])}, std={_vals([s / scale for s in stds])})"
+
+
+def _constant(r, f, where) -> None:
+    if f.constant:
+        r.add("constant-input", "warning", where, f"every value of every sample is {_fmt(f.lo)}: the model sees no "
+              "information", "check the transform (a mask, a wrong channel, an image that failed to load)")
+        return
+    same, n = f.constant_features()
+    if same and n:
+        shown = ", ".join(map(str, same[:10])) + (" …" if len(same) > 10 else "")
+        r.add("constant-features", "info", where, f"{len(same)} of {n} features never vary (indices {shown})",
+              "they carry no information: drop them, or leave them (harmless to most models)")
+
+
+def label_summary(f) -> dict:
+    counts = dict(sorted(f.classes.items()))
+    present = [c for c, n in counts.items() if n and c != IGNORE_INDEX]
+    ratio = (max(counts[c] for c in present) / min(counts[c] for c in present)) if present else None
+    return {"field": f.name, "counts": {str(k): v for k, v in counts.items()}, "classes_seen": len(present),
+            "imbalance_ratio": ratio, "per_element": f.first_shape not in ((), (1,))}
+
+
+def class_count(st) -> int | None:
+    """Classes expected: --classes, else the model's output size."""
+    return st.opts.num_classes or st.classes
+
+
+def labels_outside(st) -> bool:
+    """Some label of any split is negative (not the ignore index) or past the classes expected."""
+    expected = class_count(st)
+    for s in st.scans.values():
+        for f in s.fields.values():
+            if f.role == "target" and f.classes and f.integral:
+                if any(c != IGNORE_INDEX and (c < 0 or (expected is not None and c >= expected)) for c in f.classes):
+                    return True
+    return False
+
+
+def _labels(r, st, f, where, split) -> None:
+    if f.classes is None or not f.integral or not f.classes:
+        return
+    counts = {c: n for c, n in f.classes.items() if c != IGNORE_INDEX}
+    if not counts:
+        return
+    expected = class_count(st)
+    source = "--classes" if st.opts.num_classes else "the model's output size"
+    outside = sorted(c for c in counts if c < 0 or (expected is not None and c >= expected))
+    if outside:
+        first = f.first_of_class.get(outside[0])
+        at = f" (first at sample {first})" if first is not None else ""
+        r.add("labels-out-of-range", "error", where, f"labels {outside[:10]} are outside [0, {expected}) "
+              f"({source}){at}: {sum(counts[c] for c in outside):,} sample(s)" if expected is not None else
+              f"negative labels {outside[:10]}{at}",
+              "the model's class dimension must cover every label (cross_entropy fails, or a CUDA assert)")
+        return
+    if len(counts) == 1 and f.count > 1:
+        (only, n), = counts.items()
+        r.add("single-class", "error", where, f"every label is {only} ({n:,} samples): nothing to learn",
+              "check the label loading (a constant default, a wrong column, a folder structure not read)")
+        return
+    top = max(counts.values())
+    low_c = min(counts, key=counts.get)
+    if top / counts[low_c] >= IMBALANCE:
+        r.add("class-imbalance", "warning", where, f"the largest class has {top / counts[low_c]:.1f}× the samples of "
+              f"the smallest (class {low_c}: {counts[low_c]:,})",
+              "weight the loss (CrossEntropyLoss(weight=...)) or sample by class (WeightedRandomSampler)")
+    span = expected if expected is not None else (max(counts) + 1 if min(counts) >= 0 and max(counts) < 100_000 else None)
+    if span is not None and span <= 100_000:
+        absent = [c for c in range(span) if c not in counts]
+        if absent and not outside:
+            r.add("classes-absent", "warning", where, f"{len(absent)} class(es) of [0, {span}) have no sample: "
+                  f"{absent[:20]}" + (" …" if len(absent) > 20 else ""),
+                  "a split or filter dropped them; the model never learns (or is never tested on) them")
+
+
+def class_rows(st) -> list[dict]:
+    per = {}
+    for split, s in st.scans.items():
+        for f in s.fields.values():
+            if f.role == "target" and f.classes and f.integral:
+                for c, n in f.classes.items():
+                    per.setdefault(c, {"class": c})[split] = n
+    if len(per) > 10_000:
+        return []
+    return [per[c] for c in sorted(per)]
+
+
+def _order(r, st) -> None:
+    o = st.order
+    if st.train is None or st.train.kind == "dataset" or o is None:
+        return
+    sampler = (getattr(st.train.obj, "sampler", None))
+    seq = type(sampler).__name__ == "SequentialSampler"
+    if o["not_shuffled"]:
+        r.add("not-shuffled", "warning", "train", f"the training loader gives labels in runs of {o['mean_run']:.1f} on "
+              f"average (longest {o['longest_run']}) where shuffled data gives {o['shuffled_mean_run']:.2f}"
+              + (" (its sampler is a SequentialSampler)" if seq else ""),
+              "shuffle the training loader (DataLoader(..., shuffle=True)): batches of one class make the "
+              "gradient swing from class to class")
+
+
+def _last(r, st) -> None:
+    if not st.last or st.last[1] != 1:
+        return
+    n = st.last[0]
+    bs = st.train.obj.batch_size
+    if st.batch_of_one is not None:
+        r.add("last-batch-of-one", "error", "train", f"{n:,} samples in batches of {bs} leave a last batch of 1 sample "
+              f"(drop_last=False), and the model in train mode raises on it: {st.batch_of_one}",
+              "set drop_last=True on the training loader, or change batch_size")
+    else:
+        r.add("last-batch-of-one", "info", "train", f"{n:,} samples in batches of {bs} leave a last batch of 1 sample "
+              "(drop_last=False): one noisy step per epoch", "drop_last=True avoids it")
+
+
+def _repeat(r, st) -> None:
+    rp = st.repeat
+    if not rp:
+        return
+    how = " and ".join(w for w, k in (("between workers", "across_workers"), ("between epochs", "across_epochs")) if rp[k])
+    r.add("workers-repeat-randomness", "warning", "train", f"dataset[0] is random (two calls here differ) but repeats "
+          f"exactly {how}: every worker starts from the same random state",
+          "a generator the dataset owns (np.random.default_rng / random.Random made in __init__) is copied into each "
+          "worker; torch seeds random, torch and numpy's global RNG per worker: use those, or reseed yours in "
+          "worker_init_fn from torch.utils.data.get_worker_info().seed")
+
+
+def _settings(r, st) -> None:
+    if st.train is None or st.train.kind != "dataloader":
+        return
+    from .traps import setting_traps
+
+    loader = st.train.obj
+    try:
+        epoch = len(loader)
+    except TypeError:
+        epoch = None
+    gain = _worker_gain(st)
+    for code, sev, msg, hint in setting_traps(loader, st.probe, st.ctx.device, epoch):
+        r.add(code, sev, "train", msg + (gain if code == "no-workers" else ""), hint)
+
+
+def _worker_gain(st) -> str:
+    base = next((t for t in st.sweep if t.num_workers == 0 and t.batches_per_s), None)
+    best = max((t for t in st.sweep if t.batches_per_s), key=lambda t: t.batches_per_s, default=None)
+    if base is None or best is None or best.num_workers == 0:
+        return ""
+    return f" (measured: {best.batches_per_s / base.batches_per_s:.1f}× faster with num_workers={best.num_workers})"
+
+
+def bound_level(share) -> str | None:
+    if share is None:
+        return None
+    return "not input-bound" if share < INPUT_BOUND[0] else "moderately input-bound" if share < INPUT_BOUND[1] \
+        else "highly input-bound"
+
+
+def balanced(st) -> int | None:
+    """The fewest workers whose measured wait share is under 5% (with a model), else whose loader alone
+    is the fastest; None without a sweep."""
+    runs = [t for t in st.sweep if not t.pin_memory or len(st.sweep) == 1]
+    with_model = [t for t in runs if t.wait_share is not None]
+    if with_model:
+        ok = [t for t in with_model if t.wait_share < INPUT_BOUND[0]]
+        pick = min(ok, key=lambda t: t.num_workers) if ok else min(with_model, key=lambda t: t.wait_share)
+        return pick.num_workers
+    timed = [t for t in runs if t.batches_per_s]
+    return max(timed, key=lambda t: t.batches_per_s).num_workers if timed else None
+
+
+def _input_bound(r, st) -> None:
+    t = st.training
+    if t is None or t.wait_share is None or t.wait_share < INPUT_BOUND[0]:
+        return
+    best = balanced(st)
+    fix = next((x for x in st.sweep if x.num_workers == best and x.wait_share is not None), None)
+    measured = (f"; measured with num_workers={best}: {100 * fix.wait_share:.1f}% waiting" if fix is not None else "")
+    r.add("input-bound", "warning", "train", f"{100 * t.wait_share:.1f}% of each training step waits for data "
+          f"({bound_level(t.wait_share)}: ≥ {100 * INPUT_BOUND[0]:.0f}%; num_workers={t.num_workers})" + measured,
+          f"set num_workers={best}" if best is not None and best != t.num_workers else
+          "make loading cheaper (decode once, cache, lighter transforms) or use more workers")

@@ -1,0 +1,226 @@
+"""Streaming statistics of one field of one split: memory bounded by a batch (plus one hash per sample and
+fixed-size reservoirs), whatever the data set's size."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ...pictures import layout
+
+RESERVOIR = 4096          # values kept per channel for the histograms
+MAX_FEATURES = 4096       # per-feature statistics for 1-D samples up to this width
+MAX_CLASSES = 100_000     # distinct label values counted
+
+
+@dataclass
+class FieldStats:
+    name: str
+    role: str                                  # input | target | other
+    count: int = 0
+    dtypes: dict[str, int] = field(default_factory=dict)
+    first_shape: tuple | None = None
+    other_shape: tuple | None = None           # the first per-sample shape that differs
+    other_at: int | None = None                # its sample index
+    ragged_at: int | None = None               # in a batch that could not be stacked: the sample that differs
+    ragged_shape: tuple | None = None
+    ragged_ref: tuple | None = None
+    non_finite: int = 0                        # samples holding a NaN/Inf
+    first_non_finite: int | None = None
+    lo: float = float("inf")
+    hi: float = float("-inf")
+    mu: float = 0.0                            # mean and sum of squared deviations (Chan's merge)
+    m2: float = 0.0
+    values: int = 0
+    integral: bool = True                      # every value an integer so far
+    layout: str | None = None
+    ch_mu: Any = None                          # per channel: mean, sum of squared deviations
+    ch_m2: Any = None
+    ch_n: int = 0
+    reservoir: list = field(default_factory=list)   # per channel: values kept for the histograms
+    f_lo: Any = None                           # per feature (1-D samples): min and max
+    f_hi: Any = None
+    classes: dict[int, int] | None = None      # label value -> count (integral targets)
+    first_of_class: dict[int, int] = field(default_factory=dict)
+    seen: int = 0
+
+    def update(self, t: torch.Tensor, indices: list[int]) -> None:
+        t = t.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        if t.dim() == 0:
+            t = t.reshape(1)
+        n = t.shape[0]
+        self.count += n
+        key = str(t.dtype).replace("torch.", "")
+        self.dtypes[key] = self.dtypes.get(key, 0) + n
+        sample = tuple(t.shape[1:])
+        if self.first_shape is None:
+            self.first_shape = sample
+            self.layout = layout(sample)
+        elif sample != self.first_shape and self.other_shape is None:
+            self.other_shape, self.other_at = sample, indices[0]
+        if t.dtype == torch.bool or t.is_complex() or t.numel() == 0:
+            return
+        # float32 work (float64 kept), float64 sums of centred values: no full float64 copy of the batch
+        x = t if t.dtype in (torch.float32, torch.float64) else t.to(torch.float32)
+        finite = torch.isfinite(x) if x.is_floating_point() else None
+        if finite is not None and not bool(finite.all()):
+            bad = ~finite.reshape(n, -1).all(dim=1)
+            self.non_finite += int(bad.sum())
+            if self.first_non_finite is None:
+                self.first_non_finite = indices[int(bad.nonzero()[0, 0])]
+            vals = x[finite]
+            x = torch.where(finite, x, torch.zeros((), dtype=x.dtype))
+        else:
+            vals = x.reshape(-1)
+        by_channel = sample == self.first_shape and self.layout is not None and vals.numel() == x.numel()
+        if vals.numel():
+            lo, hi = torch.aminmax(vals)
+            self.lo, self.hi = min(self.lo, float(lo)), max(self.hi, float(hi))
+            if not by_channel:   # with channels, the overall figures are merged from theirs (one pass less)
+                mean = vals.sum(dtype=torch.float64) / vals.numel()
+                m2 = ((vals - mean.to(vals.dtype)) ** 2).sum(dtype=torch.float64)
+                self.values, self.mu, self.m2 = merge(self.values, self.mu, self.m2, vals.numel(), float(mean), float(m2))
+            if self.integral and t.is_floating_point():
+                self.integral = bool((vals == vals.round()).all())
+        if sample == self.first_shape:
+            merged = self._channels(x, sample)
+            if by_channel and merged is not None:
+                self.values, self.mu, self.m2 = merge(self.values, self.mu, self.m2, *merged)
+            self._features(x, sample)
+        # class labels: one integral value per sample, or integer tensors (masks, token labels); a float
+        # (N, C) target is one-hot / multi-label / soft, not C class indices
+        if self.role == "target" and self.integral and (not t.is_floating_point() or sample in ((), (1,))):
+            self._labels(t, indices)
+
+    def _channels(self, x, sample):
+        """Per-channel merge; returns this batch's overall (count, mean, M2) merged from its channels."""
+        if self.layout is None:
+            return None
+        per = x.movedim(-1, 1) if self.layout == "hwc" else x.unsqueeze(1) if self.layout == "hw" else x
+        per = per.reshape(per.shape[0], per.shape[1], -1)
+        nb = per.shape[0] * per.shape[2]
+        mean = per.sum(dim=(0, 2), dtype=torch.float64) / nb
+        m2 = ((per - mean.to(per.dtype).view(1, -1, 1)) ** 2).sum(dim=(0, 2), dtype=torch.float64)
+        if self.ch_mu is None:
+            self.ch_n, self.ch_mu, self.ch_m2 = nb, mean, m2
+        else:
+            self.ch_n, self.ch_mu, self.ch_m2 = merge(self.ch_n, self.ch_mu, self.ch_m2, nb, mean, m2)
+        self.seen += 1
+        flat = per.transpose(0, 1).reshape(per.shape[1], -1)
+        g = torch.Generator().manual_seed(self.seen)
+        take = torch.randint(0, flat.shape[1], (min(256, flat.shape[1]),), generator=g)
+        if not self.reservoir:
+            self.reservoir = [[] for _ in range(flat.shape[0])]
+        for c in range(flat.shape[0]):
+            if len(self.reservoir[c]) < RESERVOIR:
+                self.reservoir[c].extend(flat[c, take].tolist())
+        total = (0, 0.0, 0.0)
+        for c in range(mean.shape[0]):
+            total = merge(*total, nb, float(mean[c]), float(m2[c]))
+        return total
+
+    def _features(self, x, sample) -> None:
+        if self.layout is not None or len(sample) != 1 or sample[0] > MAX_FEATURES or self.role == "target":
+            return
+        lo, hi = x.min(dim=0).values, x.max(dim=0).values
+        self.f_lo = lo if self.f_lo is None else torch.minimum(self.f_lo, lo)
+        self.f_hi = hi if self.f_hi is None else torch.maximum(self.f_hi, hi)
+
+    def _labels(self, t, indices) -> None:
+        if self.classes is None:
+            self.classes = {}
+        if len(self.classes) > MAX_CLASSES:
+            return
+        flat = t.reshape(t.shape[0], -1)
+        values, counts = torch.unique(flat.to(torch.int64), return_counts=True)
+        for v, c in zip(values.tolist(), counts.tolist()):
+            self.classes[v] = self.classes.get(v, 0) + c
+        if flat.shape[1] == 1:
+            column = flat[:, 0].to(torch.int64)
+            for v in values.tolist():
+                if v not in self.first_of_class:
+                    self.first_of_class[v] = indices[int((column == v).nonzero()[0, 0])]
+
+    # ---- read-outs ----------------------------------------------------------------------------------
+
+    @property
+    def mean(self) -> float | None:
+        return self.mu if self.values else None
+
+    @property
+    def std(self) -> float | None:
+        return max(self.m2, 0.0) ** 0.5 / self.values ** 0.5 if self.values else None
+
+    @property
+    def constant(self) -> bool:
+        return bool(self.values) and self.lo == self.hi
+
+    def channel_stats(self) -> tuple[list[float], list[float]] | None:
+        if self.ch_mu is None or not self.ch_n:
+            return None
+        return [float(a) for a in self.ch_mu], [float(a) for a in (self.ch_m2 / self.ch_n).sqrt()]
+
+    def constant_features(self) -> tuple[list[int], int]:
+        """(indices of features that never vary, feature count) for 1-D samples."""
+        if self.f_lo is None:
+            return [], 0
+        same = (self.f_hi - self.f_lo) <= 0
+        return same.nonzero().flatten().tolist(), int(same.numel())
+
+    def summary(self) -> dict:
+        ch = self.channel_stats()
+        d = {"field": self.name, "role": self.role, "samples": self.count,
+             "dtype": ",".join(self.dtypes), "shape": "x".join(map(str, self.first_shape or ())) or "scalar",
+             "min": None if self.lo == float("inf") else self.lo, "max": None if self.hi == float("-inf") else self.hi,
+             "mean": self.mean, "std": self.std, "non_finite_samples": self.non_finite,
+             "first_non_finite": self.first_non_finite, "other_shape": list(self.other_shape) if self.other_shape is not None else None,
+             "other_shape_at": self.other_at, "ragged_at": self.ragged_at}
+        if ch is not None:
+            d.update(channel_mean=ch[0], channel_std=ch[1], layout=self.layout)
+        return d
+
+
+def merge(na, ma, m2a, nb, mb, m2b):
+    """Chan et al.'s pairwise merge of (count, mean, sum of squared deviations): scalars or tensors."""
+    if not na:
+        return nb, mb, m2b
+    n = na + nb
+    delta = mb - ma
+    return n, ma + delta * (nb / n), m2a + m2b + delta * delta * (na * nb / n)
+
+
+class Hashes:
+    """One 8-byte content hash per sample (input fields only: shape, dtype and bytes): exact duplicates."""
+
+    def __init__(self):
+        self.first: dict[bytes, int] = {}
+        self.duplicates = 0
+        self.pairs: list[tuple[int, int]] = []
+
+    @staticmethod
+    def digests(tensors: list[torch.Tensor]) -> list[bytes]:
+        n = tensors[0].shape[0] if tensors[0].dim() else 1
+        parts = [t.detach().cpu().contiguous().reshape(n, -1) for t in tensors]
+        heads = [(str(t.dtype) + "|" + str(tuple(t.shape[1:]))).encode() for t in tensors]
+        arrays = [t.view(torch.uint8) if t.dtype == torch.bfloat16 else t for t in parts]
+        arrays = [a.numpy() for a in arrays]
+        out = []
+        for j in range(n):   # SHA-256 (hardware-assisted on x86/ARM: faster here than blake2b), 8 bytes kept
+            h = hashlib.sha256()
+            for head, a in zip(heads, arrays):
+                h.update(head)
+                h.update(a[j].tobytes())
+            out.append(h.digest()[:8])
+        return out
+
+    def add(self, digests: list[bytes], indices: list[int]) -> None:
+        for d, i in zip(digests, indices):
+            j = self.first.setdefault(d, i)
+            if j != i:
+                self.duplicates += 1
+                if len(self.pairs) < 20:
+                    self.pairs.append((j, i))

@@ -1,0 +1,22 @@
+"""What doctor's training checks share, handed from check to check as one object instead of loose
+arguments."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ...results import Result
+from .checklist import Checklist
+
+
+@dataclass
+class Probe:
+    work: Any                # the working copy the checks train (under torchrun: the wrapped copy's own module)
+    inputs: Any              # the batch (ModelInputs)
+    ctx: Any                 # the run (core.context.Context)
+    loss: Any                # the loss rule of the training checks
+    ck: Checklist
+    result: Result
+    eval_out: Any = None     # the eval forward's output (the modes check compares the train-mode one to it)
+    scaler: Any = None       # --amp fp16: the GradScaler the backward and the step go through
+    wrapped: Any = None      # under torchrun --wrap: wrapped.Wrapped, the copy `work` is the module of

@@ -1,0 +1,44 @@
+"""overfit-batch's options (torch-free, validated when built, before any model is loaded) and what the
+runner needs to know of the command."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ...core.run import OptimizerSpec, number
+from ...errors import OptionError
+
+NEEDS_VALUES = True
+# under torchrun: how each --wrap reaches this command (runner/ranks.py: wrap_mode)
+WRAP = {"ddp": ("train", "the copy overfit-batch trains; its stop is agreed across ranks each step, the causes "
+                         "are checked on a local copy"),
+        "fsdp": ("train", "the copy overfit-batch trains is sharded by fully_shard; each rank's loss is on its own "
+                          "rows, the stop is agreed across ranks each step, the causes are checked on a local copy "
+                          "of the gathered weights")}
+OPTIMIZER = OptimizerSpec("adam")     # lr None: DEFAULT_LR (adam/adamw 1e-3, sgd 1e-2); sgd momentum 0.9
+RATIO_HINT = "e.g. 0.01: pass when the loss falls to 1% of its initial value"
+
+
+@dataclass
+class Options:
+    """overfit-batch's own options (the names of its pyproject keys, with _ for -). Validated here,
+    before any model is loaded, for every caller (CLI, Python, `check`)."""
+
+    steps: int = 500
+    target_ratio: float = 0.01
+    target_loss: float | None = None
+    max_names: int = 10
+    # Progress callback (step, loss) after each loss evaluation: plain Python, holds no torch state,
+    # so it stays an option (the CLI's live bar uses it).
+    on_step: Callable[[int, float], None] | None = None
+
+    def __post_init__(self):
+        number("steps", self.steps, low=1, integer=True)
+        number("target_ratio", self.target_ratio)
+        if not 0 < self.target_ratio < 1:
+            raise OptionError("target_ratio", f"must be between 0 and 1, got {self.target_ratio!r}", hint=RATIO_HINT)
+        if self.target_loss is not None:
+            number("target_loss", self.target_loss)
+        number("max_names", self.max_names, low=1, integer=True)
+        if self.on_step is not None and not callable(self.on_step):
+            raise OptionError("on_step", f"{self.on_step!r} is not callable", hint="fn(step, loss) or None")

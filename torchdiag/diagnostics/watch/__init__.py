@@ -1,0 +1,106 @@
+"""watch: diagnostics inside the user's own training run, on their data, at almost no cost.
+
+    with Watch(model, optimizer, every=50) as w:     # (torchdiag.watch once the API exposes it)
+        for x, y in loader:
+            loss = loss_fn(model(x), y); loss.backward(); optimizer.step(); optimizer.zero_grad()
+            w.log("val_loss", val)                     # optional: metrics the loop computes
+    result = w.result()
+
+`script.run_command(["python", "train.py", ...], watch)` runs a script in-process with the same hooks.
+The engine (engine.py, stats.py) keeps statistics on the device and reads them back once every
+`every` optimizer steps; report.py turns what it saw into findings; replay.py localises the first
+non-finite value. Drawing (status line, TensorBoard, plot) is render/watch.py, fed through the
+callbacks `on_read(snapshot)`, `on_histograms(step, named_params)`, `on_finish(result)`."""
+from __future__ import annotations
+
+from ...errors import UsageError, interrupt_code, one_line
+from .options import DEFAULT_EVERY, Options
+
+NEEDS_VALUES = True
+
+__all__ = ["Watch", "Options", "DEFAULT_EVERY", "NEEDS_VALUES", "log", "set_epoch", "active"]
+_active: list = []   # the watches open now, innermost last (a script run by the CLI logs into its watch)
+
+
+def active():
+    """The innermost open Watch, or None."""
+    return _active[-1] if _active else None
+
+
+def log(name: str, value, step: int | None = None) -> None:
+    """Record a metric in the open watch (a script run under `torchdiag watch` has no `w` to call);
+    does nothing when no watch is open, so the script runs unchanged without torchdiag watching."""
+    if _active:
+        _active[-1].log(name, value, step)
+
+
+def set_epoch(epoch: int) -> None:
+    """Tell the open watch which epoch the loop is in (findings then name it); nothing without one."""
+    if _active:
+        _active[-1].set_epoch(epoch)
+
+NO_STEP = "no optimizer step was seen: watch reports on training steps (optimizer.step())"
+NO_STEP_HINT = "run a training loop that calls optimizer.step() inside the watch"
+
+
+class Watch:
+    """A context manager around the user's loop. `model`/`optimizer` may be None (or lists): without an
+    optimizer, every optimizer that steps the model's parameters is watched (torch's global step hooks);
+    without a model either, every model and optimizer the code trains (the script runner)."""
+
+    def __init__(self, model=None, optimizer=None, *, opts: Options | None = None, on_read=None,
+                 on_histograms=None, on_finish=None, **options):
+        self.opts = opts if opts is not None else Options(**options)
+        self.models = list(model) if isinstance(model, (list, tuple)) else [model]
+        self.optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+        self.on_read, self.on_histograms, self.on_finish = on_read, on_histograms, on_finish
+        self.engine = None
+        self._result = None
+
+    def __enter__(self):
+        from .engine import Engine
+
+        self._result = None
+        hist = self.on_histograms if self.opts.histograms else None
+        self.engine = Engine(self.opts, self.models, self.optimizers, on_read=self.on_read, on_histograms=hist)
+        self.engine.attach()
+        _active.append(self)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        interrupted = interrupt_code(exc) if isinstance(exc, KeyboardInterrupt) else None
+        failure = one_line(exc) if isinstance(exc, Exception) else None
+        self.finish(interrupted=interrupted, failure=failure)
+        return False   # the loop's own exception goes on
+
+    def log(self, name: str, value, step: int | None = None) -> None:
+        """Record a metric the loop computes (a validation loss, an accuracy) at the current step."""
+        if self.engine is None:
+            raise UsageError("watch: log() is for inside the `with` block")
+        self.engine.log(str(name), value, step)
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.engine is not None:
+            self.engine.epoch = epoch
+
+    def finish(self, interrupted=None, failure: str | None = None):
+        """The last read, hooks removed, the Result built (once)."""
+        from .report import build
+
+        if self in _active:
+            _active.remove(self)
+        if self._result is None and self.engine is not None:
+            self.engine.finish()
+            self._result = build(self.engine, interrupted, failure)
+            if self.on_finish is not None:
+                self.on_finish(self._result)
+        return self._result
+
+    def result(self):
+        """The run's Result (after the `with` block). A run with no optimizer step is a UsageError (exit 2)."""
+        if self.engine is None:
+            raise UsageError("watch: result() comes after the `with` block has run")
+        result = self.finish()
+        if self.engine.step == 0 and result.code is None:
+            raise UsageError(NO_STEP, NO_STEP_HINT)
+        return result

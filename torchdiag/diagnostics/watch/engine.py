@@ -1,0 +1,457 @@
+"""The engine of `watch`: hooks on the user's own training loop, statistics kept on the device, one
+read-back every `every` optimizer steps.
+
+Where it hooks (torch's own extension points, removed on close):
+- optimizer steps: `Optimizer.register_step_pre_hook/post_hook` per optimizer given, else torch's global
+  `register_optimizer_step_pre_hook/post_hook` (every optimizer the run builds). A pre-hook sees the
+  gradients before the update: the weights are still the ones that produced them.
+- the model: forward pre/post hooks on each trained root module (the batch, train/eval mode). Without a
+  model given, torch's global module hooks find the roots (outermost module calls) until the first step
+  of each optimizer says which roots it trains; then they are removed (no per-module cost afterwards).
+- the loss: `Tensor.backward` is wrapped while watching (a reference to the scalar, no sync).
+
+Per step (device only, no sync): the gradient norms of every parameter (`_foreach_norm`), the total norm
+and the loss into a window buffer, and the first step each parameter's gradient went non-finite. Every
+`every` steps (the read step) one read-back per device brings the window to the host, plus what the read
+step sampled: update/weight ratios (a strided sample of each parameter before and after the step), the
+gradients still present at the next backward (a missing zero_grad), dead units (the next forward's leaf
+outputs), parameter and BatchNorm-statistics finiteness. Host-side analysis is in findings.py."""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import functools
+
+from ...errors import one_line
+from .options import Options
+from .stats import Track, read_parts
+
+
+def _guarded(hook):
+    """A hook of ours that raises must never break the user's training: the engine stops watching
+    (every hook becomes a no-op), and the report says why."""
+    @functools.wraps(hook)
+    def run(self, *args, **kwargs):
+        if self.broken:
+            return None
+        try:
+            return hook(self, *args, **kwargs)
+        except Exception as exc:
+            self.broken = f"watch stopped at step {self.step} after an internal error ({one_line(exc)}); " \
+                          "the report covers the steps before it"
+            return None
+    return run
+
+
+class Engine:
+    """Attach with `attach()`, detach with `close()`; `finish()` makes the last read. Host-side state:
+    `series` (per step), `events` (non-finite values, replays), `checks` (what the read steps saw)."""
+
+    def __init__(self, opts: Options, models=(), optimizers=(), on_read=None, on_histograms=None):
+        self.opts = opts
+        self.explicit_models = [m for m in models if m is not None]
+        self.explicit_opts = [o for o in optimizers if o is not None]
+        self.on_read = on_read              # callback(engine): after each read (status line, TensorBoard)
+        self.on_histograms = on_histograms  # callback(step, named params): TensorBoard histograms
+        self.step = 0                       # optimizer steps of the clock optimizer
+        self.epoch = None
+        self.tracks: dict[int, Track] = {}
+        self.clock = None                   # the first optimizer that stepped
+        self.roots: dict[int, object] = {}  # id -> trained root module
+        self.root_names: dict[int, str] = {}
+        self.seen_roots: dict[int, object] = {}   # discovery: roots called with grad enabled
+        self.last_call = None               # (root, args, kwargs) of the last training forward
+        self._losses: list = []             # device: the (detached) losses backward saw since the last step
+        self.loss_seen = False
+        self.series = {"loss": [], "grad_norm": [], "lr": []}
+        self.metrics: dict[str, list] = {}  # w.log(name, value): [(step, value)]
+        self.events: list[dict] = []        # non-finite values (with replay), found at reads
+        self.checks = {"eval_steps": [], "eval_modules": {}, "not_in_optimizer": {}, "carried": [],
+                       "dead": {}, "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": []}
+        self.ratios: dict[str, list] = {}   # parameter name -> [(step, update/weight ratio)]
+        self.reads = 0
+        self.pending: list = []             # (kind, payload, tensor) waiting for the next read
+        self.batch_size = None
+        self._handles: list = []
+        self._root_handles: dict[int, list] = {}
+        self._discovery: list = []
+        self._depth = 0
+        self._backward = None
+        self._sample_forward = True         # the next training forward samples dead units
+        self._eval_forward = False
+        self._dead_first: dict[str, object] = {}
+        self._window = []                   # (step, lr) of steps since the last read
+        self._loss_window = []              # per step since the last read: its losses (device 0-dim; [] none)
+        self.closed = False
+        self.broken: str | None = None      # an internal error stopped the watching (a note in the report)
+        self._closure_steps: set = set()    # optimizers inside a step(closure) call
+        self._before_update = True          # the read being made sees the weights before this step's update
+
+    # ----------------------------------------------------------------- attach / detach
+    def attach(self):
+        import torch
+
+        if self.explicit_opts:
+            for opt in self.explicit_opts:
+                self._handles.append(opt.register_step_pre_hook(self._pre_step))
+                self._handles.append(opt.register_step_post_hook(self._post_step))
+        else:
+            from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+            self._handles.append(register_optimizer_step_pre_hook(self._pre_step))
+            self._handles.append(register_optimizer_step_post_hook(self._post_step))
+        for m in self.explicit_models:
+            self._hook_root(m)
+        if not self.explicit_models:
+            self._discover(True)
+        self._backward = torch.Tensor.backward
+        engine, original = self, torch.Tensor.backward
+
+        def backward(tensor, *args, **kwargs):
+            engine._saw_loss(tensor)
+            return original(tensor, *args, **kwargs)
+
+        backward.__doc__ = original.__doc__
+        torch.Tensor.backward = backward
+        return self
+
+    def close(self):
+        import torch
+
+        if self.closed:
+            return
+        self.closed = True
+        for h in self._handles:
+            h.remove()
+        self._discover(False)
+        for hs in self._root_handles.values():
+            for h in hs:
+                h.remove()
+        self._root_handles.clear()
+        for t in self.tracks.values():
+            t.disarm()
+        if self._backward is not None:
+            torch.Tensor.backward = self._backward
+
+    def _discover(self, on: bool):
+        if on and not self._discovery:
+            from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+            self._depth = 0
+            self._discovery = [register_module_forward_pre_hook(self._global_pre),
+                               register_module_forward_hook(self._global_post, always_call=True)]
+        elif not on:
+            for h in self._discovery:
+                h.remove()
+            self._discovery = []
+
+    @_guarded
+    def _global_pre(self, module, args):
+        import torch
+
+        if self._depth == 0 and torch.is_grad_enabled() and id(module) not in self._root_handles:
+            self.seen_roots[id(module)] = module
+        self._depth += 1
+
+    @_guarded
+    def _global_post(self, module, args, output):
+        self._depth = max(0, self._depth - 1)
+
+    def _hook_root(self, root):
+        if id(root) in self._root_handles:
+            return
+        self.roots[id(root)] = root
+        self._root_handles[id(root)] = [root.register_forward_pre_hook(self._root_pre, with_kwargs=True),
+                                        root.register_forward_hook(self._root_post, always_call=True)]
+        if type(root).__name__ == "OptimizedModule":   # torch.compile: leaf hooks would not fire inside the graph
+            self.checks["unhooked"].append("a torch.compile'd model: watch hooks its outer module; the per-layer "
+                                           "probe of read steps (dead units) goes through torch.compile's hook "
+                                           "handling and may recompile there")
+
+    def _adopt_roots(self, track: Track):
+        """At an optimizer's first step: the roots seen so far that hold its parameters are the trained models."""
+        ids = track.ids
+        for key, root in list(self.seen_roots.items()):   # the others stay: a later optimizer may train them
+            if any(id(p) in ids for p in root.parameters()):
+                self._hook_root(root)
+                del self.seen_roots[key]
+        if self.roots:   # found: no per-module cost from here on (a model first called later is not watched)
+            self._discover(False)
+        self._name_params()
+
+    def _name_params(self):
+        names: dict[int, str] = {}
+        many = len(self.roots) > 1
+        for i, root in enumerate(self.roots.values()):
+            for n, p in inner(root).named_parameters():
+                names.setdefault(id(p), f"{type(root).__name__}#{i}.{n}" if many else n)
+        for t in self.tracks.values():
+            t.rename(names)
+
+    # ----------------------------------------------------------------- the model's forward and backward
+    @_guarded
+    def _root_pre(self, module, args, kwargs):
+        import torch
+
+        if not torch.is_grad_enabled():
+            return
+        self.last_call = (module, args, kwargs)
+        self._eval_forward = not module.training
+        if self.batch_size is None:
+            self.batch_size = _batch_size(args, kwargs)
+        if self._sample_forward and self.step >= 0:
+            self._sample_forward = False
+            from .stats import DeadUnits
+
+            probe = DeadUnits(self, module)
+            self._root_handles[id(module)].append(probe)
+            probe.attach()
+
+    @_guarded
+    def _root_post(self, module, args, output):
+        for h in list(self._root_handles.get(id(module), [])):
+            if hasattr(h, "collect"):
+                h.collect()
+                self._root_handles[id(module)].remove(h)
+
+    @_guarded
+    def _saw_loss(self, tensor):
+        if tensor.numel() != 1 or not tensor.requires_grad or not tensor.is_floating_point():
+            return
+        self.loss_seen = True
+        self._losses.append(tensor.detach())   # one op; averaged per step at the read
+
+    # ----------------------------------------------------------------- optimizer steps
+    def _track(self, opt) -> Track | None:
+        t = self.tracks.get(id(opt))
+        if t is None:
+            if not self._mine(opt):
+                return None
+            t = self.tracks[id(opt)] = Track(opt, self.opts)
+            if self.clock is None:
+                self.clock = opt
+            self._adopt_roots(t) if not self.explicit_models else self._name_params()
+        return t
+
+    def _mine(self, opt) -> bool:
+        """Without optimizers given, an optimizer is watched when it steps parameters of a model given
+        (or, with no model given either, always)."""
+        if self.explicit_opts or not self.explicit_models:
+            return True
+        ids = {id(p) for m in self.explicit_models for p in m.parameters()}
+        return any(id(p) in ids for g in opt.param_groups for p in g["params"])
+
+    @_guarded
+    def _pre_step(self, opt, args, kwargs):
+        if (args[1] if len(args) > 1 else kwargs.get("closure")) is not None:   # args[0] is the optimizer
+            # step(closure): the closure makes the gradients inside step() (Lightning, LBFGS): taken after it
+            self._closure_steps.add(id(opt))
+            return None
+        self._begin(opt, before_update=True)
+        return None
+
+    def _begin(self, opt, before_update: bool):
+        track = self._track(opt)
+        if track is None:
+            return
+        if opt is self.clock:
+            self.step += 1
+            if self._eval_forward:
+                self.checks["eval_steps"].append(self.step)
+            self._loss_window.append(self._losses)
+            self._losses = []
+            self._window.append((self.step, _lr(opt)))
+        read_step = self.step % self.opts.every == 0
+        track.pre_step(self.step, read_step or self.step == 1, before_update)
+        if read_step and opt is self.clock:
+            self._before_update = before_update
+            self._read_step_checks()
+            self.read()
+
+    @_guarded
+    def _post_step(self, opt, args, kwargs):
+        if id(opt) in self._closure_steps:
+            self._closure_steps.discard(id(opt))
+            self.checks["unhooked"].append("optimizer.step(closure): the gradients are made inside step(), so "
+                                           "they are read after the update (no replay, no update/weight ratio)")
+            self._begin(opt, before_update=False)
+        track = self.tracks.get(id(opt))
+        if track is None:
+            return
+        track.post_step(self.step, carry_probe=not self.opts.accumulate)
+        if opt is self.clock and self.step % self.opts.every == 0:
+            self._sample_forward = True
+
+    def _read_step_checks(self):
+        """Host-side checks of a read step (attribute reads, no sync)."""
+        import torch
+
+        in_opt = set().union(*(t.ids for t in self.tracks.values()))
+        sensitive = _mode_sensitive()
+        stats = []
+        for rid, root in self.roots.items():
+            if not root.training:
+                continue
+            for name, m in inner(root).named_modules():
+                if not m.training and isinstance(m, sensitive):
+                    self.checks["eval_modules"].setdefault(name, self.step)
+            for name, p in inner(root).named_parameters():
+                if p.grad is not None and id(p) not in in_opt:
+                    self.checks["not_in_optimizer"].setdefault(name, self.step)
+        for root in self.roots.values():
+            stats += [(f"{name}.{b}", t) for name, m in inner(root).named_modules() if isinstance(m, sensitive[1])
+                      for b, t in (("running_mean", m.running_mean), ("running_var", m.running_var)) if t is not None]
+        if stats:
+            with torch.no_grad():
+                norms = torch.stack([n.float() for n in torch._foreach_norm([t for _, t in stats])])
+            self.pending.append(("bn", (self.step, [n for n, _ in stats]), norms))
+        if self.on_histograms is not None:
+            named = [(n, p) for root in self.roots.values() for n, p in inner(root).named_parameters()]
+            with torch.no_grad():
+                self.on_histograms(self.step, named)
+
+    # ----------------------------------------------------------------- the read-back
+    def read(self, final: bool = False):
+        """One read-back (one sync per device) of everything queued since the last read."""
+        parts, layout = [], []
+        window = self._window
+        losses = self._loss_window
+        if any(losses):
+            parts.append(_stack([v for step in losses for v in step]))
+            layout.append(("loss", [len(step) for step in losses]))
+        queued = [q for t in self.tracks.values() for q in t.queued(final)]
+        for kind, payload, tensor in queued + self.pending:
+            parts.append(tensor)
+            layout.append((kind, payload))
+        self.pending = []
+        values = read_parts(parts) if parts else []
+        self._window, self._loss_window = [], []
+        self.reads += 1 if parts else 0
+        start = len(self.series["loss"])
+        self._absorb(window, layout, values)
+        if self.on_read is not None:
+            self.on_read(self.snapshot(start, [(p, v) for (k, p), v in zip(layout, values) if k == "ratio"]))
+
+    def snapshot(self, start: int, ratios) -> dict:
+        """What a read brought, torch-free, for the renderers: the new steps' loss, gradient norm and
+        learning rate, the update ratios sampled, the count of problems seen so far."""
+        s = self.series
+        new = list(zip(s.get("step", [])[start:], s["loss"][start:], s["grad_norm"][start:], s["lr"][start:]))
+        per_layer = {}
+        for (track, step), vals in ratios:
+            for i, v in enumerate(vals):
+                if math.isfinite(v) and track.seen_grad[i]:
+                    per_layer[track.names[i]] = (step, v)
+        return {"step": self.step, "epoch": self.epoch, "new": new, "ratios": per_layer,
+                "loss": next((v for v in reversed(s["loss"]) if v is not None), None), "problems": self.problems()}
+
+    def problems(self) -> int:
+        """How many problems the reads have shown so far (the status line's count; the report has the findings)."""
+        c = self.checks
+        return (len(self.events) + bool(c["carried"]) + len(c["not_in_optimizer"]) + len(c["eval_modules"])
+                + bool(c["eval_steps"]) + len(c["param_nonfinite"]) + len(c["bn_nonfinite"]))
+
+    def _absorb(self, window, layout, values):
+        from .stats import absorb
+
+        steps = [s for s, _ in window]
+        loss = [None] * len(steps)
+        norms = [0.0] * len(steps)
+        for (kind, payload), vals in zip(layout, values):
+            if kind == "loss":   # the mean of each step's losses (micro-batches)
+                pos = 0
+                for i, n in enumerate(payload):
+                    loss[i] = sum(vals[pos:pos + n]) / n if n else None
+                    pos += n
+            elif kind == "grad_norm" and payload[0].opt is self.clock:
+                norms = vals[:len(steps)]
+            else:
+                absorb(self, kind, payload, vals)
+        self.series["loss"].extend(loss)
+        self.series["grad_norm"].extend(norms)
+        self.series["lr"].extend(lr for _, lr in window)
+        if steps:
+            self.series.setdefault("step", []).extend(steps)
+        self._first_nonfinite(steps, loss)
+
+    def _first_nonfinite(self, steps, loss):
+        """The first non-finite loss or gradient, once: replayed when it is this very step (the weights
+        that produced it are still in place), else reported with the step it happened at."""
+        if any(e["kind"] in ("loss", "gradient") for e in self.events):
+            return
+        bad_loss = next((s for s, v in zip(steps, loss) if v is not None and not math.isfinite(v)), None)
+        bad_grad = min((t.first_bad for t in self.tracks.values() if t.first_bad), key=lambda fb: fb[0], default=None)
+        if bad_loss is None and bad_grad is None:
+            return
+        if bad_grad is not None and (bad_loss is None or bad_grad[0] < bad_loss):
+            event = {"kind": "gradient", "step": bad_grad[0], "params": bad_grad[1]}
+        else:
+            event = {"kind": "loss", "step": bad_loss, "params": bad_grad[1] if bad_grad and bad_grad[0] == bad_loss else []}
+        event["epoch"] = self.epoch
+        if (self.opts.replay and event["step"] == self.step and self._before_update and not self.closed
+                and self.last_call is not None):
+            from .replay import replay
+
+            event["replay"] = replay(*self.last_call)
+        elif self.opts.replay:
+            event["replay"] = None
+            event["replay_note"] = (f"found at the read of step {self.step}: the weights of step {event['step']} "
+                                    "were already updated; every=1 replays the batch at the step itself")
+        self.events.append(event)
+
+    def finish(self):
+        """The last read (what the steps since the previous read left), then detach."""
+        try:
+            if not self.closed and not self.broken and (self._window or self.pending or self.tracks):
+                self.read(final=True)
+        except Exception as exc:   # the run itself went well: keep what was read, say why the rest is missing
+            self.broken = f"watch's last read failed ({one_line(exc)}); the report covers the reads before it"
+        finally:
+            self.close()
+
+    def log(self, name: str, value, step: int | None = None):
+        with contextlib.suppress(Exception):
+            value = float(value)   # a 0-dim tensor: the caller asked for it, their sync
+        self.metrics.setdefault(name, []).append((self.step if step is None else step, value))
+
+
+def inner(root):
+    """The user's own module under a DDP wrapper or torch.compile (their parameter and module names)."""
+    if type(root).__name__ == "DistributedDataParallel":
+        root = root.module
+    return getattr(root, "_orig_mod", root)
+
+
+def _mode_sensitive() -> tuple:
+    """Modules whose forward depends on train/eval mode (dropout, batch norm)."""
+    import torch
+
+    return (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._BatchNorm)
+
+
+def _lr(opt):
+    lr = opt.param_groups[0].get("lr") if opt.param_groups else None
+    if isinstance(lr, (int, float)):
+        return float(lr)
+    try:
+        return float(lr) if lr is not None and lr.device.type == "cpu" else None
+    except Exception:
+        return None
+
+
+def _stack(values):
+    import torch
+
+    dev = values[0].device
+    return torch.stack([v.reshape(()).float().to(dev) for v in values])
+
+
+def _batch_size(args, kwargs):
+    import torch
+
+    for v in list(args) + list(kwargs.values()):
+        if isinstance(v, torch.Tensor) and v.dim() > 0:
+            return int(v.shape[0])
+    return None
+

@@ -1,0 +1,332 @@
+"""The Result of a watched run, from the engine's host-side state (no tensor is read here).
+
+Curve judgements use running medians over a window of w = clamp(n/10, 5, 50) steps, so one noisy
+step never makes a finding; every threshold is an option (spike, explode, ratio_high) or stated here."""
+from __future__ import annotations
+
+import math
+import os
+import re
+import statistics
+
+from ...results import Column, Result, Table
+
+HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|bleu|rouge|score|iou|map\b|top\d", re.I)
+DEAD_SHARE = 0.5       # a layer with at least this share of its units newly dead (twice in a row)
+RATIO_LOW = 1e-7       # update/weight ratio below which a weight matrix is said not to learn (info)
+
+
+def window(n: int) -> int:
+    return max(5, min(50, n // 10))
+
+
+def running_medians(values: list[float], w: int) -> list[float]:
+    return [statistics.median(values[max(0, i - w + 1): i + 1]) for i in range(len(values))]
+
+
+def build(engine, interrupted: int | None = None, failure: str | None = None) -> Result:
+    opts = engine.opts
+    result = Result("watch")
+    result.header["every"] = opts.every
+    result.header["optimizers"] = [_describe_opt(t.opt) for t in engine.tracks.values()]
+    result.header["models"] = [type(r).__name__ for r in engine.roots.values()]
+    if opts.accumulate:
+        result.header["accumulate"] = "gradients carried over steps on purpose: the zero_grad check is off"
+    result.data["steps"] = engine.step
+    result.data["reads"] = engine.reads
+    result.data["epoch"] = engine.epoch
+    rank = os.environ.get("RANK")
+    if rank is not None and rank.isdigit():   # under torchrun each rank watches its own run
+        result.data["rank"] = int(rank)
+        result.header["torchrun"] = f"rank {rank} of {os.environ.get('WORLD_SIZE', '?')} (this rank's own run)"
+    result.data["metrics"] = {k: [[s, v] for s, v in vals] for k, vals in engine.metrics.items()}
+    result.data["hparams"] = hparams(engine)
+    for key in ("step", "loss", "grad_norm", "lr"):
+        result.series[key] = list(engine.series.get(key, []))
+    _nonfinite(result, engine)
+    _wiring(result, engine)
+    _modes(result, engine)
+    _curves(result, engine)
+    _layers(result, engine)
+    _dead(result, engine)
+    if engine.broken:
+        result.notes.append(engine.broken)
+    for note in dict.fromkeys(engine.checks["unhooked"]):
+        result.notes.append(note)
+    if engine.loss_seen is False:
+        result.notes.append("no loss was seen (backward was not called on a scalar through Tensor.backward): "
+                            "loss findings need w.log('loss', value)")
+    _verdict(result, engine, interrupted, failure)
+    result.data["final_metrics"] = final_metrics(result)
+    _summary(result, engine)
+    return result
+
+
+def _summary(result: Result, engine) -> None:
+    result.summary.append(("steps", f"{engine.step} optimizer steps, {engine.reads} read-backs"
+                                    + (f", epoch {engine.epoch}" if engine.epoch is not None else "")))
+    losses = [v for v in result.series["loss"] if v is not None and math.isfinite(v)]
+    if losses:
+        w = window(len(losses))
+        result.summary.append(("loss", f"{statistics.median(losses[:w]):.4g} → {statistics.median(losses[-w:]):.4g} "
+                                       f"(median of the first and last {w} steps)"))
+    lrs = [v for v in result.series["lr"] if v is not None]
+    if lrs:
+        result.summary.append(("learning rate", f"{lrs[0]:.3g} → {lrs[-1]:.3g} (max {max(lrs):.3g})"))
+    for name, pairs in engine.metrics.items():
+        if pairs:
+            result.summary.append((name, f"{pairs[-1][1]:.4g} at step {pairs[-1][0]} ({len(pairs)} logged)"
+                                   if isinstance(pairs[-1][1], float) else str(pairs[-1][1])))
+
+
+def hparams(engine) -> dict:
+    out: dict = {}
+    track = next(iter(engine.tracks.values()), None)
+    if track is not None:
+        group = track.opt.param_groups[0]
+        out["optimizer"] = type(track.opt).__name__
+        for key in ("lr", "weight_decay", "momentum", "eps"):
+            v = group.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[key] = float(v)
+        if isinstance(group.get("betas"), tuple):
+            out["beta1"], out["beta2"] = (float(b) for b in group["betas"])
+    lrs = [v for v in engine.series.get("lr", []) if v is not None]
+    if lrs:   # the rate the run started with (a schedule changes the group's value)
+        out["lr"] = lrs[0]
+        out["max_lr"] = max(lrs)
+    if engine.batch_size is not None:
+        out["batch_size"] = engine.batch_size
+    out["every"] = engine.opts.every
+    return out
+
+
+def final_metrics(result) -> dict:
+    """What add_hparams shows beside the hyperparameters: the final loss (median of the last window) and
+    the last value of each metric the loop logged."""
+    out = {}
+    losses = [v for v in result.series.get("loss", []) if v is not None and math.isfinite(v)]
+    if losses:
+        out["final_loss"] = statistics.median(losses[-window(len(losses)):])
+    for name, pairs in result.data.get("metrics", {}).items():
+        if pairs and isinstance(pairs[-1][1], (int, float)):
+            out[f"final_{name}"] = float(pairs[-1][1])
+    return out
+
+
+def _where_step(step, epoch) -> str:
+    return f"step {step}" + (f" (epoch {epoch})" if epoch is not None else "")
+
+
+def _nonfinite(result: Result, engine) -> None:
+    for e in engine.events:
+        params = e.get("params") or []
+        what = "loss" if e["kind"] == "loss" else "gradient"
+        where = params[0] if params and e["kind"] == "gradient" else ""
+        msg = f"first non-finite {what} at {_where_step(e['step'], e.get('epoch'))}, before the optimizer applied it"
+        if params:
+            msg += f"; parameters with a non-finite gradient: {', '.join(params[:5])}" + (" …" if len(params) > 5 else "")
+        rep = e.get("replay")
+        if rep and "error" not in rep:
+            hint = f"replayed the batch on the weights of that step: {rep['detail']}"
+            where = rep.get("module") or where
+            result.data.setdefault("replay", rep)
+        elif rep:
+            hint = f"the replay itself failed: {rep['error']}"
+        else:
+            hint = e.get("replay_note") or "lower the learning rate, check the inputs of that batch, or clip gradients"
+        result.add(f"non-finite-{what}", "error", where, msg, hint)
+        result.data["first_non_finite_step"] = e["step"]
+    if not engine.events:
+        result.data["first_non_finite_step"] = None
+    for name, step in engine.checks["param_nonfinite"].items():
+        if not engine.events:
+            result.add("non-finite-parameter", "error", name, f"parameter {name} is non-finite at step {step}",
+                       "an update overflowed: lower the learning rate")
+        break
+    for name, step in engine.checks["bn_nonfinite"].items():
+        result.add("non-finite-bn-stats", "error", name.rsplit(".", 1)[0],
+                   f"BatchNorm statistic {name} is non-finite at step {step}",
+                   "a non-finite activation reached the BatchNorm in training mode; eval outputs will be wrong")
+
+
+def _wiring(result: Result, engine) -> None:
+    for name, step in engine.checks["not_in_optimizer"].items():
+        result.add("not-in-optimizer", "warning", name, f"{name} gets a gradient (step {step}) but is in no "
+                   "optimizer's param groups: it never trains", "pass model.parameters() (all of them) to the optimizer")
+    for t in engine.tracks.values():
+        for i, p in enumerate(t.params):
+            if not t.seen_grad[i]:
+                sev = "warning" if p.requires_grad else "info"
+                result.add("never-gets-grad", sev, t.names[i], f"{t.names[i]} is in the optimizer but never had a "
+                           "gradient at a read step", "it does not reach the loss (unused, detached, or frozen)")
+            elif t.changed is not None and not t.changed[i] and _negligible(t, i):
+                result.add("never-changes", "info", t.names[i], f"{t.names[i]} never changed over {engine.step} steps: "
+                           f"its gradient was zero or negligible at every step (at most {t.grad_max[i]:.2g})", "the model cancels it (e.g. a bias right "
+                           "before a BatchNorm, which removes any constant): drop it, or look for what zeroes its gradient")
+            elif t.changed is not None and not t.changed[i]:
+                result.add("never-changes", "warning", t.names[i], f"{t.names[i]} got non-zero gradients but its value "
+                           f"never changed over {engine.step} steps", "a zero learning rate for its group, or gradients "
+                           "zeroed between backward and step()")
+    carried = engine.checks["carried"]
+    if carried and not engine.opts.accumulate:
+        result.add("grad-carried-over", "error", "", f"gradients from the previous step were still there at every backward "
+                   f"before the next step (after read steps {', '.join(map(str, carried[:5]))}): they accumulate over every step",
+                   "call optimizer.zero_grad() once per step (or pass accumulate=True if this is on purpose)")
+
+
+def _negligible(track, i: int) -> bool:
+    """A gradient at most 1e-6 of the parameter's norm at every step: rounding noise of a gradient
+    the model cancels (a bias before BatchNorm gets ~1e-9), too small to move float32 weights."""
+    norm = track.weight_norm[i] if track.weight_norm else None
+    return track.grad_max[i] == 0 or (norm is not None and math.isfinite(norm) and track.grad_max[i] <= 1e-6 * norm)
+
+
+def _modes(result: Result, engine) -> None:
+    steps = engine.checks["eval_steps"]
+    if steps:
+        result.add("trained-in-eval-mode", "warning", "", f"{len(steps)} of {engine.step} steps trained on a forward "
+                   f"made in eval mode (first: step {steps[0]})", "call model.train() after evaluating")
+    for name, step in engine.checks["eval_modules"].items():
+        result.add("module-in-eval-mode", "warning", name, f"{name} (dropout/BatchNorm) was in eval mode while the "
+                   f"model trained (step {step})", "something called .eval() on this submodule; call model.train()")
+
+
+def _finite_pairs(steps, values):
+    return [(s, v) for s, v in zip(steps, values) if v is not None and math.isfinite(v)]
+
+
+def _curves(result: Result, engine) -> None:
+    opts = engine.opts
+    steps = result.series["step"]
+    pairs = _finite_pairs(steps, result.series["loss"])
+    if len(pairs) >= 10:
+        _loss_curve(result, pairs, dict(zip(steps, result.series["lr"])), opts)
+    norms = _finite_pairs(steps, result.series["grad_norm"])
+    w = window(len(norms))
+    for i in range(w, len(norms)):
+        base = statistics.median(v for _, v in norms[i - w:i])
+        if base > 0 and norms[i][1] > opts.explode * base:
+            result.add("grad-norm-explosion", "warning", "", f"gradient norm {norms[i][1]:.3g} at step {norms[i][0]} "
+                       f"is {norms[i][1] / base:.0f}× its running median ({base:.3g})",
+                       "clip gradients (torch.nn.utils.clip_grad_norm_) or lower the learning rate")
+            break
+    _validation(result, engine, pairs)
+
+
+def _loss_curve(result: Result, pairs, lr_at: dict, opts) -> None:
+    values = [v for _, v in pairs]
+    w = window(len(values))
+    med = running_medians(values, w)
+    initial = med[w - 1]
+    best_i = min(range(w - 1, len(med)), key=lambda i: med[i])
+    for i in range(w, len(values)):
+        base = statistics.median(values[i - w:i])
+        if values[i] > opts.spike * base and values[i] > initial:
+            result.add("loss-spike", "warning", "", f"loss {values[i]:.4g} at step {pairs[i][0]} is "
+                       f"{values[i] / base:.1f}× its running median ({base:.4g})", "look at that batch; clip gradients")
+            break
+    if med[-1] > 2 * med[best_i] and med[-1] > initial:
+        hint = "lower the learning rate"
+        rise = _lr_rise(pairs, lr_at, pairs[best_i][0], w)
+        if rise:
+            hint = (f"the climb began after the learning rate rose from {rise[1]:.3g} to {rise[2]:.3g} at step "
+                    f"{rise[0]}: lower the peak learning rate or lengthen the warm-up")
+        result.add("loss-diverged", "error", "", f"the loss climbed from {med[best_i]:.4g} (running median, step "
+                   f"{pairs[best_i][0]}) to {med[-1]:.4g} at step {pairs[-1][0]}, above where it started ({initial:.4g})", hint)
+    elif len(values) >= 4 * w and min(med[len(med) // 2:]) >= 0.99 * med[len(med) // 2] and med[-1] > 1e-3 * initial:
+        result.add("loss-plateau", "info", "", f"the loss has not improved over the second half of the run "
+                   f"(running median {med[len(med) // 2]:.4g} → {med[-1]:.4g})", "converged, or the learning rate is too small")
+
+
+def _lr_rise(pairs, lr_at: dict, best_step: int, w: int):
+    """The last learning-rate rise (≥ 1.5× the lowest rate of the w steps before it) up to w steps after
+    the loss's best running median (the median lags the climb by up to a window)."""
+    found, recent = None, []
+    for s, _ in pairs:
+        lr = lr_at.get(s)
+        if lr is None or s > best_step + w:
+            continue
+        low = min(recent[-w:]) if recent else None
+        if low is not None and low > 0 and lr >= 1.5 * low and (found is None or s > found[0] + w):
+            found = (s, low, lr)
+        recent.append(lr)
+    return found
+
+
+def _validation(result: Result, engine, pairs) -> None:
+    med = dict(zip([s for s, _ in pairs], running_medians([v for _, v in pairs], window(len(pairs))))) if pairs else {}
+
+    def train_at(step):
+        before = [s for s in med if s <= step]
+        return med[before[-1]] if before else None
+
+    for name, vals in engine.metrics.items():
+        vals = [(s, float(v)) for s, v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
+        if len(vals) < 3 or "train" in name.lower():
+            continue
+        up = bool(HIGHER_IS_BETTER.search(name))
+        best = (max if up else min)(range(len(vals)), key=lambda i: vals[i][1])
+        last = vals[-1][1]
+        worse = (vals[best][1] - last) if up else (last - vals[best][1])
+        t0, t1 = train_at(vals[best][0]), train_at(vals[-1][0])
+        if best <= len(vals) - 3 and worse > 0.02 * max(abs(vals[best][1]), 1e-12) and t0 and t1 and t1 < t0:
+            result.add("val-worsens", "warning", name, f"{name} got worse from {vals[best][1]:.4g} (step {vals[best][0]}) "
+                       f"to {last:.4g} (step {vals[-1][0]}) while the training loss fell from {t0:.4g} to {t1:.4g}",
+                       "overfitting: stop earlier, add regularisation or data")
+
+
+def _layers(result: Result, engine) -> None:
+    rows = []
+    for t in engine.tracks.values():
+        for i, p in enumerate(t.params):
+            samples = engine.ratios.get(t.names[i], [])
+            later = [v for s, v in samples if s > 1] or [v for _, v in samples]
+            ratio = statistics.median(later) if later else None
+            rows.append({"name": t.names[i], "shape": "x".join(map(str, p.shape)) or "scalar", "update_ratio": ratio,
+                         "weight_norm": t.weight_norm[i] if t.weight_norm else None, "max_grad_norm": t.grad_max[i],
+                         "got_grad": t.seen_grad[i],
+                         "changed": None if t.changed is None else t.changed[i]})
+            if ratio is not None and p.dim() >= 2 and len(later) >= 2 and ratio > engine.opts.ratio_high:
+                result.add("update-ratio-high", "warning", t.names[i], f"updates of {t.names[i]} are {ratio:.3g} of its "
+                           f"norm per step (median of {len(later)} read steps; sane: about 1e-3)", "lower the learning rate")
+            elif ratio is not None and p.dim() >= 2 and len(later) >= 2 and 0 < ratio < RATIO_LOW:
+                result.add("update-ratio-low", "info", t.names[i], f"updates of {t.names[i]} are only {ratio:.2g} of its "
+                           "norm per step", "the learning rate may be too small for this layer")
+    result.tables.append(Table("layers", "Parameters", [
+        Column("name", "parameter"), Column("shape", "shape"), Column("update_ratio", "update/weight", "float"),
+        Column("weight_norm", "‖w‖", "float"), Column("max_grad_norm", "max ‖grad‖", "float"), Column("got_grad", "grad"), Column("changed", "changed")],
+        rows, limit=30, tb_scalars=("update_ratio",)))
+
+
+def _dead(result: Result, engine) -> None:
+    for name, samples in engine.checks["dead"].items():
+        last = samples[-2:]
+        if len(samples) >= 3 and all(nonneg and units >= 4 and newly >= DEAD_SHARE * units
+                                     for _, newly, _, nonneg, units in last):
+            step, newly, _, _, units = samples[-1]
+            result.add("dead-units", "warning", name, f"{int(newly)} of {units} units of {name} went dead over the run "
+                       f"(alive at step {samples[0][0]}, zero for the whole batch at step {step})",
+                       "lower the learning rate, or use LeakyReLU/GELU")
+
+
+def _verdict(result: Result, engine, interrupted, failure) -> None:
+    errors = [f for f in result.findings if f.severity == "error"]
+    warnings = [f for f in result.findings if f.severity == "warning"]
+    if interrupted:
+        result.code = int(interrupted)
+        result.verdict = f"INTERRUPTED after {engine.step} step(s): the report covers the steps up to then"
+    elif failure:
+        result.verdict = f"STOPPED at step {engine.step}: {failure}"
+    elif errors:
+        result.verdict = f"FAIL: {errors[0].code}" + (f" at {errors[0].where}" if errors[0].where else "")
+    elif warnings:
+        result.verdict = f"WARN: {len(warnings)} warning(s) in {engine.step} steps"
+    else:
+        result.verdict = f"PASS: {engine.step} steps, nothing wrong found"
+
+
+def _describe_opt(opt) -> str:
+    g = opt.param_groups[0] if opt.param_groups else {}
+    lr = g.get("lr")
+    return f"{type(opt).__name__} (lr {lr:g})" if isinstance(lr, (int, float)) else type(opt).__name__

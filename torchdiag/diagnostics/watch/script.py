@@ -1,0 +1,119 @@
+"""Run a Python command line in-process with watching attached: `torchdiag watch -- python train.py ...`.
+
+The script sees what it would see run directly: its own sys.argv, `__name__ == "__main__"`, its folder
+first on sys.path (the module's for -m), the caller's working directory, stdin and stdout. Its exception
+is a ModelError (exit 3) carrying the report so far; Ctrl-C/SIGTERM keep the partial report (exit
+130/143); a run with no optimizer step is a UsageError (exit 2)."""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import traceback
+
+from ...errors import ModelError, UsageError, interrupt_code, one_line
+
+PYTHON = re.compile(r"^python(\d+(\.\d+)?)?(\.exe)?$")
+FLAGS_WITH_VALUE = {"-W", "-X", "-Q"}
+USAGE_HINT = "torchdiag watch -- python train.py [ARGS...]   (or: -- python -m package.module [ARGS...])"
+
+
+def parse_command(argv) -> tuple[str, str, list[str]]:
+    """("path", script, args) or ("module", name, args); a UsageError for anything else."""
+    argv = list(argv)
+    if not argv:
+        raise UsageError("watch: give the command to run after --", hint=USAGE_HINT)
+    first, rest = argv[0], argv[1:]
+    if PYTHON.match(os.path.basename(first)) or os.path.abspath(first) == os.path.abspath(sys.executable):
+        while rest and rest[0].startswith("-") and rest[0] not in ("-m", "-c", "-"):
+            rest = rest[2:] if rest[0] in FLAGS_WITH_VALUE else rest[1:]   # interpreter flags: -u, -O, -W x ...
+        if not rest:
+            raise UsageError(f"watch: {' '.join(argv)}: no script or -m module to run", hint=USAGE_HINT)
+        if rest[0] == "-m":
+            if len(rest) < 2:
+                raise UsageError("watch: -m needs a module name", hint=USAGE_HINT)
+            return "module", rest[1], rest[2:]
+        if rest[0] in ("-c", "-"):
+            raise UsageError(f"watch: python {rest[0]} is not supported: put the code in a file", hint=USAGE_HINT)
+        first, rest = rest[0], rest[1:]
+    elif not first.endswith(".py") and not _python_shebang(first):
+        raise UsageError(f"watch: {first}: not a Python command (watch runs Python training code in-process)",
+                         hint=USAGE_HINT)
+    if not os.path.exists(first):
+        raise UsageError(f"watch: {first}: no such file", hint="check the script's path (relative to the current folder)")
+    if os.path.isdir(first) and not os.path.exists(os.path.join(first, "__main__.py")):
+        raise UsageError(f"watch: {first}: a folder without __main__.py", hint=USAGE_HINT)
+    return "path", first, rest
+
+
+def _python_shebang(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            line = f.readline(200)
+    except OSError:
+        return False
+    return line.startswith(b"#!") and b"python" in line
+
+
+def run_command(argv, watch) -> object:
+    """Run the command under `watch` (a diagnostics.watch.Watch not yet entered); return its Result."""
+    import runpy
+
+    kind, target, args = parse_command(argv)
+    if kind == "module":
+        import importlib.util
+
+        sys.path.insert(0, os.getcwd())
+        try:
+            found = importlib.util.find_spec(target)
+        except (ImportError, ValueError):
+            found = None
+        finally:
+            sys.path.pop(0)
+        if found is None:
+            raise UsageError(f"watch: no module named {target}", hint="run it from the folder that holds the package")
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [os.path.abspath(target) if kind == "path" else target, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(target)) if kind == "path" else os.getcwd())
+    failure = interrupted = error = None
+    try:
+        with watch:
+            try:
+                if kind == "path":
+                    runpy.run_path(target, run_name="__main__")
+                else:
+                    runpy.run_module(target, run_name="__main__", alter_sys=True)
+            except SystemExit as exc:
+                if exc.code not in (None, 0):
+                    failure, error = f"the script exited with status {exc.code}", exc
+    except KeyboardInterrupt as exc:   # Ctrl-C, or SIGTERM (Terminated): the report so far
+        interrupted = interrupt_code(exc)
+    except Exception as exc:
+        failure, error = one_line(exc), exc
+    finally:
+        sys.argv[:] = saved_argv
+        sys.path[:] = saved_path
+    result = watch._result
+    if interrupted:
+        result.code = int(interrupted)
+        result.verdict = f"INTERRUPTED after {watch.engine.step} step(s): the report covers the steps up to then"
+        return result
+    if failure:
+        result.verdict = f"STOPPED at step {watch.engine.step}: the script failed ({failure})"
+        raise ModelError(f"the script failed: {failure}", hint=_where(error), partial=result)
+    if watch.engine.step == 0:
+        from . import NO_STEP, NO_STEP_HINT
+
+        raise UsageError(f"watch: {NO_STEP}", NO_STEP_HINT)
+    return result
+
+
+def _where(exc) -> str:
+    """The innermost frame of the user's code in the traceback (file:line in function)."""
+    frames = traceback.extract_tb(exc.__traceback__) if exc is not None else []
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    user = [f for f in frames if not f.filename.startswith(here) and "runpy" not in f.filename
+            and "/torch/" not in f.filename.replace("\\", "/")]
+    f = (user or frames or [None])[-1]
+    return f"raised at {f.filename}:{f.lineno} in {f.name}; the report above covers the steps before it" if f else \
+        "the report above covers the steps before it"

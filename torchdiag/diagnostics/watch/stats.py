@@ -1,0 +1,300 @@
+"""Device-side statistics of `watch`: per optimizer (Track) and per sampled forward (DeadUnits), queued
+as tensors and read back together (`read_parts`: one sync per device); `absorb` files the values read."""
+from __future__ import annotations
+
+import math
+
+SAMPLE = 256          # elements per parameter sampled for the update/weight ratio
+CARRY_PROBES = 4      # parameters per optimizer whose old gradient is looked at in the next backward
+
+
+class Track:
+    """One optimizer's parameters. Per step: gradient norms, their total, the first non-finite step per
+    parameter. On read steps: a strided sample of each parameter before/after the update (ratio), and
+    probes that look at the old gradient when the next backward reaches the parameter (zero_grad)."""
+
+    def __init__(self, opt, opts):
+        import torch
+
+        self.opt = opt
+        self.params = [p for g in opt.param_groups for p in g["params"]]
+        self.ids = {id(p): i for i, p in enumerate(self.params)}
+        self.names = [f"param_groups[{gi}][{j}]" for gi, g in enumerate(opt.param_groups) for j in range(len(g["params"]))]
+        self.device = self.params[0].device if self.params else torch.device("cpu")
+        n = len(self.params)
+        self.first_bad_dev = torch.full((n,), -1, dtype=torch.long, device=self.device)
+        self.first_bad = None          # host: (step, [names]) once a read saw it
+        self.every = opts.every
+        self.blocks: list = []         # device (every, n) buffers of per-step gradient norms
+        self.used = 0                  # rows used in the last block
+        self.steps: list = []          # the step of each row since the last read
+        self.seen_grad = [False] * n   # a gradient was present at some read step
+        self.start = None              # device (2, n): L2 and L1 norm of each parameter at the first step
+        self.changed = None            # host: per parameter, did it change over the run (final read)
+        self.weight_norm = None        # host: per parameter, at the last read
+        self.grad_max = [0.0] * n      # host: the largest gradient norm each parameter had at a read step
+        self.before = None
+        self._probe_next = False       # arm the zero_grad probes after this step (a read step)
+        self.fired: list = []          # the probes' flags since they were armed
+        self.armed_step = 0
+        self.queue: list = []          # (kind, payload, tensor)
+        self.probes: list = []
+        self._zero = torch.zeros((), device=self.device)   # the carry probe's "no gradient"
+        self._slices: dict[int, tuple] = {}
+        self._index_key = None
+        self._index = None
+
+    def rename(self, names: dict[int, str]):
+        self.names = [names.get(id(p), self.names[i]) for i, p in enumerate(self.params)]
+
+    def pre_step(self, step: int, sample: bool, before_update: bool = True):
+        """Per step: each parameter's gradient norm into the next row of a device buffer (a foreach norm
+        and a stack: two ops). Totals, first non-finite steps and maxima are made from the rows at the read."""
+        import torch
+
+        self.disarm()
+        idx = [i for i, p in enumerate(self.params) if p.grad is not None]
+        if sample:
+            for i in idx:
+                self.seen_grad[i] = True
+        with torch.no_grad():
+            row = self._row(step)
+            if idx:
+                norms = torch._foreach_norm([self.params[i].grad for i in idx])
+                if len(idx) == len(self.params) and all(n.dtype == row.dtype and n.device == row.device for n in norms):
+                    torch.stack(norms, out=row)
+                else:
+                    row.zero_().index_copy_(0, self._indices(idx), torch.stack([n.float().to(self.device) for n in norms]))
+            else:
+                row.zero_()
+            if self.start is None and self.params:
+                self.start = self._norms()
+            if sample and self.params:
+                self.queue.append(("weights", (self, step), self._norms((2,))[0]))
+                self.before = self._samples() if before_update else None
+                self._probe_next = True
+
+    def _row(self, step: int):
+        """The next free row of the per-step buffer (a new block of `every` rows when the last is full)."""
+        import torch
+
+        if not self.blocks or self.used == self.blocks[-1].shape[0]:
+            self.blocks.append(torch.empty((self.every, len(self.params)), device=self.device))
+            self.used = 0
+        self.used += 1
+        self.steps.append(step)
+        return self.blocks[-1][self.used - 1]
+
+    def rows(self):
+        """(steps, the rows written since the last read as one (k, n) tensor); the buffer starts again."""
+        import torch
+
+        if not self.steps:
+            return [], None
+        parts = [b for b in self.blocks[:-1]] + [self.blocks[-1][:self.used]]
+        out = torch.cat(parts) if len(parts) > 1 else parts[0]
+        steps, self.steps = self.steps, []
+        self.blocks, self.used = self.blocks[-1:], 0   # reused: what the read needs is computed from `out` at once
+        return steps, out
+
+    def post_step(self, step: int, carry_probe: bool):
+        import torch
+
+        if carry_probe and self._probe_next:
+            self._arm(step)
+        self._probe_next = False
+        if self.before is None:
+            return
+        with torch.no_grad():
+            after = self._samples()
+            moved = torch.stack([n.float() for n in torch._foreach_norm(torch._foreach_sub(after, self.before))])
+            size = torch.stack([n.float() for n in torch._foreach_norm(self.before)])
+            ratio = torch.where(size > 0, moved / size.clamp_min(1e-30), torch.full_like(size, float("nan")))
+        self.before = None
+        self.queue.append(("ratio", (self, step), ratio))
+
+    def _arm(self, step: int):
+        """Hooks on a few parameters that had a gradient, until this optimizer's next step: at every
+        backward that reaches one, they look at the gradient already there (a leaf's hooks run before
+        accumulation). Carried over = non-zero at every such backward: nothing reset it before the next
+        step (a GAN's other loss reaching these parameters after their step, then zero_grad, is fine;
+        so is accumulating micro-batches after a zero_grad)."""
+        import torch
+
+        fired = self.fired = []
+
+        def probe(p):
+            def hook(grad):
+                old = p.grad
+                with torch.no_grad():
+                    fired.append((old.detach().abs().sum() > 0).float() if old is not None else self._zero)
+                return None
+            return hook
+
+        self.armed_step = step
+        chosen = [p for p in self.params if p.grad is not None and p.requires_grad][:CARRY_PROBES]
+        self.probes = [p.register_hook(probe(p)) for p in chosen]
+
+    def disarm(self):
+        """At the next step (or the end): the probes' verdict, queued for the read."""
+        import torch
+
+        for h in self.probes:
+            h.remove()
+        self.probes = []
+        if self.fired:
+            self.queue.append(("carry", (self, self.armed_step), torch.stack(self.fired).min()))
+        self.fired = []
+
+    def queued(self, final: bool) -> list:
+        """What this optimizer hands to a read: per step the total gradient norm (k), per parameter the
+        first non-finite step so far and the largest finite gradient norm of these steps (n each)."""
+        import torch
+
+        out = []
+        steps, rows = self.rows()
+        if rows is not None:
+            with torch.no_grad():
+                bad = ~torch.isfinite(rows)
+                at = torch.tensor(steps, device=self.device)[bad.to(torch.uint8).argmax(0)]
+                hit = bad.any(0) & (self.first_bad_dev < 0)
+                self.first_bad_dev = torch.where(hit, at, self.first_bad_dev)
+                out.append(("grad_norm", (self, steps), rows.double().square().sum(1).sqrt()))
+                out.append(("grads", (self, steps), torch.where(bad, 0.0, rows).amax(0)))
+        out.append(("first_bad", self, self.first_bad_dev))
+        out.extend(self.queue)
+        self.queue = []
+        if final and self.start is not None:
+            with torch.no_grad():
+                out.append(("changed", self, (self._norms() != self.start).any(0).float()))
+        return out
+
+    def _norms(self, orders=(2, 1)):
+        """Per parameter, its norms of these orders (a changed parameter changes its L2 or L1 norm)."""
+        import torch
+
+        params = [p.detach() for p in self.params]
+        return torch.stack([torch.stack([n.float().to(self.device) for n in torch._foreach_norm(params, o)])
+                            for o in orders])
+
+    def _samples(self) -> list:
+        out = []
+        for i, p in enumerate(self.params):
+            flat = p.detach().reshape(-1)
+            stride = max(1, flat.numel() // SAMPLE)
+            out.append(flat[::stride][:SAMPLE].float().clone())
+        return out
+
+    def _indices(self, idx):
+        import torch
+
+        key = tuple(idx)
+        if key != self._index_key:
+            self._index_key, self._index = key, torch.tensor(idx, device=self.device)
+        return self._index
+
+
+class DeadUnits:
+    """Forward hooks on every leaf module of one root for one forward: per output feature (channel for
+    conv maps, last dim for sequences), is it non-zero anywhere in the batch. Compared on the device with
+    the first sample: units alive then and zero now (outputs that are never negative only)."""
+
+    def __init__(self, engine, root):
+        self.engine = engine
+        from .engine import inner
+
+        self.root = inner(root)
+        self.handles: list = []
+        self.seen: list = []
+
+    def attach(self):
+        for name, m in self.root.named_modules():
+            if not any(True for _ in m.children()):
+                self.handles.append(m.register_forward_hook(self._hook(name)))
+
+    def _hook(self, name):
+        def hook(module, args, output):
+            import torch
+
+            if not isinstance(output, torch.Tensor) or not output.is_floating_point() or output.dim() < 2:
+                return None
+            with torch.no_grad():
+                dim = -1 if output.dim() == 3 else 1
+                o = output.detach()
+                alive = o.ne(0).transpose(0, dim % o.dim()).reshape(o.shape[dim], -1).any(1)
+                self.seen.append((name, alive, (o.amin() >= 0).float()))
+            return None
+        return hook
+
+    def collect(self):
+        import torch
+
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        eng = self.engine
+        with torch.no_grad():
+            for name, alive, nonneg in self.seen:
+                first = eng._dead_first.get(name)
+                if first is None or first.shape != alive.shape:
+                    eng._dead_first[name] = first = alive
+                newly = (first & ~alive).sum().float()
+                dead = (~alive).sum().float()
+                eng.pending.append(("dead", (eng.step, name, int(alive.numel())), torch.stack([newly, dead, nonneg])))
+        self.seen = []
+
+
+def read_parts(parts) -> list[list[float]]:
+    """The values of several device tensors, one `.tolist()` (one sync) per device."""
+    import torch
+
+    by_device: dict = {}
+    for i, t in enumerate(parts):
+        by_device.setdefault(t.device, []).append(i)
+    out: list = [None] * len(parts)
+    for idx in by_device.values():
+        flat = torch.cat([parts[i].detach().reshape(-1).to(torch.float64) for i in idx]).tolist()
+        pos = 0
+        for i in idx:
+            n = parts[i].numel()
+            out[i] = flat[pos:pos + n]
+            pos += n
+    return out
+
+
+def absorb(engine, kind: str, payload, vals: list) -> None:
+    """File the values one read brought back."""
+    checks = engine.checks
+    if kind == "first_bad":
+        track = payload
+        hit = [(int(v), track.names[i]) for i, v in enumerate(vals) if v >= 0]
+        if hit and track.first_bad is None:
+            step = min(s for s, _ in hit)
+            track.first_bad = (step, [n for s, n in hit if s == step])
+    elif kind == "ratio":
+        track, step = payload
+        for i, v in enumerate(vals):
+            if math.isfinite(v) and track.seen_grad[i]:
+                engine.ratios.setdefault(track.names[i], []).append((step, v))
+    elif kind == "carry":
+        if vals[0] > 0:
+            checks["carried"].append(payload[1])
+    elif kind == "weights":
+        track, step = payload
+        track.weight_norm = vals
+        for i, v in enumerate(vals):
+            if not math.isfinite(v):
+                checks["param_nonfinite"].setdefault(track.names[i], step)
+    elif kind == "grads":
+        track = payload[0]
+        track.grad_max = [max(a, b) if math.isfinite(b) else a for a, b in zip(track.grad_max, vals)]
+    elif kind == "changed":
+        payload.changed = [v > 0 for v in vals]
+    elif kind == "bn":
+        step, names = payload
+        for name, v in zip(names, vals):
+            if not math.isfinite(v):
+                checks["bn_nonfinite"].setdefault(name, step)
+    elif kind == "dead":
+        step, name, units = payload
+        checks["dead"].setdefault(name, []).append((step, vals[0], vals[1], vals[2] > 0, units))

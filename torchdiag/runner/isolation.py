@@ -1,0 +1,162 @@
+"""While torchdiag runs the user's code: stdout kept for our one JSON document, no terminal input,
+os._exit turned into an error, SIGTERM handled like Ctrl-C. Torch-free (on the --help path)."""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import sys
+import threading
+
+from ..errors import Terminated
+
+_REAL_EXIT = os._exit   # taken when torchdiag starts, before any user code could replace it
+
+
+class _NoInput:
+    """sys.stdin while the model runs: input() fails at once instead of waiting for a terminal."""
+
+    def readline(self, *args):
+        raise EOFError("torchdiag runs your code without a terminal: input() has nothing to read")
+
+    read = readlines = readline
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self):
+        raise OSError("stdin is closed while torchdiag runs your model")
+
+    def close(self) -> None:
+        """A forked process (a DataLoader worker) closes stdin first (multiprocessing's _close_stdin); without
+        this its start failed with AttributeError and every worker died."""
+
+
+class UserExit(SystemExit):
+    """os._exit called by the user's code: reported as the model's failure (exit 3), never a silent exit."""
+
+
+@contextlib.contextmanager
+def isolated(json_mode: bool):
+    """The guards around everything that runs the user's code (import, factory, forward, writers)."""
+    # What we render with is imported before the user's folder goes on sys.path: a `rich.py` next to
+    # the model file then cannot shadow the library.
+    import rich.console  # noqa: F401
+    import rich.progress  # noqa: F401
+    import rich.table  # noqa: F401
+    import rich.text  # noqa: F401
+
+    with _stdin_closed(), _exit_guarded(), sigterm_as_interrupt():
+        if json_mode:
+            with _stdout_to_stderr():
+                yield
+        else:
+            yield
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Python prints and C-level writes to fd 1 go to stderr, so stdout holds only the JSON document."""
+    saved_fd = None
+    sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+        saved_fd = os.dup(fd)
+        os.dup2(sys.stderr.fileno(), fd)
+    except (OSError, ValueError, AttributeError):  # no real descriptor (tests capture stdout)
+        fd = None
+    saved = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        sys.stdout = saved
+        if saved_fd is not None:
+            os.dup2(saved_fd, fd)
+            os.close(saved_fd)
+
+
+@contextlib.contextmanager
+def _stdin_closed():
+    import builtins
+
+    saved, saved_input = sys.stdin, builtins.input
+    sys.stdin = _NoInput()
+    builtins.input = _no_input   # fails before writing its prompt: no text glued onto our error line
+    try:
+        yield
+    finally:
+        sys.stdin = saved
+        builtins.input = saved_input
+
+
+def _no_input(prompt=""):
+    return _NoInput().readline()
+
+
+@contextlib.contextmanager
+def _exit_guarded():
+    """os._exit in this process raises instead (a forked worker, e.g. a DataLoader's, still exits).
+    Called from another thread, it ends that thread and the run then fails the same way."""
+    real, pid = os._exit, os.getpid()
+    main = threading.current_thread()
+    from_thread: list[str] = []
+
+    def guarded(code):
+        if os.getpid() != pid:
+            real(code)
+        if threading.current_thread() is not main:
+            from_thread.append(f"os._exit({code!r}) in a thread")
+            raise SystemExit(code)   # ends the thread; threading ignores a plain SystemExit silently
+        raise UserExit(f"os._exit({code!r})")
+
+    os._exit = guarded
+    try:
+        yield
+    finally:
+        os._exit = real
+        _guard_exit_handlers()
+    if from_thread:
+        raise UserExit(from_thread[0])
+
+
+_exit_handlers_guarded = False
+
+
+def _guard_exit_handlers() -> None:
+    """An atexit handler of the user's module calling os._exit(0) would replace torchdiag's exit code
+    (a CI gate would pass on a failed run). Registered after the user's code ran, this runs before
+    their handlers (last in, first out) and makes os._exit in them a warning: the code stays ours."""
+    global _exit_handlers_guarded
+    if _exit_handlers_guarded:
+        return
+    _exit_handlers_guarded = True
+    pid = os.getpid()
+
+    def late(code):
+        if os.getpid() != pid:
+            _REAL_EXIT(code)
+        sys.stderr.write(f"warning: the model's code called os._exit({code!r}) at exit; ignored, so the "
+                         "exit code stays torchdiag's\n")
+
+    atexit.register(lambda: setattr(os, "_exit", late))
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM (CI timeouts, job schedulers) raises Terminated, a KeyboardInterrupt: what Ctrl-C
+    leaves (partial result, flushed logs, JSON) SIGTERM leaves too, with exit 143."""
+    def handler(signum, frame):
+        raise Terminated()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except (ValueError, OSError):  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
