@@ -45,6 +45,7 @@ class Flag:
     kind: str
     threshold: float = 0.0     # vanishing-grad: the grad/weight ratio; dead-units: the dead fraction
     edge: float = 0.0          # dead-units: the input at or below which the activation outputs 0
+    by_norm: bool = False      # vanishing-grad: judged by the gradient norm (a parameter tiny by construction)
 
 
 @dataclass
@@ -66,7 +67,7 @@ class Verdict:
             fact = (f"gradient norm {self.before:.3g} at initialisation, {self.after:.3g} after {steps} steps "
                     "(at the initial loss level)" + ("; the step then moves it" if self.resolved else ""))
         else:
-            what = "grad/weight" if k == "vanishing-grad" else "max |grad|"
+            what = "max |grad|" if k == "zero-grad" else "grad norm" if self.flag.by_norm else "grad/weight"
             level = " (at the initial loss level)" if k == "vanishing-grad" else ""
             fact = f"{what} {self.before:.3g} at initialisation, {self.after:.3g} after {steps} steps{level}"
         if not self.gates:
@@ -186,7 +187,7 @@ def _measure(work, inputs, flags, ctx, loss_fn) -> list:
             out.append(g.detach().abs().amax().float())
         elif f.kind == "vanishing-grad":
             gn, wn = g.detach().float().norm(), p.detach().float().norm()
-            out.append(torch.where(wn > 0, gn / wn.clamp_min(1e-38), gn))
+            out.append(gn if f.by_norm else torch.where(wn > 0, gn / wn.clamp_min(1e-38), gn))
         else:
             out.append(g.detach().float().norm())
     out.append(torch.stack(whole).sum().sqrt() if whole else zero)   # the whole gradient's norm, last

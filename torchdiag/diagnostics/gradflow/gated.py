@@ -10,6 +10,7 @@ from __future__ import annotations
 from ...core import gates
 from ...errors import ModelError
 from .dead import zero_edge
+from .design import is_tiny
 from ...core.module_paths import owner
 
 KIND = "by-design-init"
@@ -21,7 +22,8 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
     dead = [f for f in result.findings if f.code == "dead-units" and f.severity == "warning" and f.where in modules]
     if not flagged and not dead:
         return
-    flags = [gates.Flag(r["name"], r["status"], opts.vanishing) for r in flagged]
+    # judged as params.status judged them: a parameter tiny by construction by its gradient norm
+    flags = [gates.Flag(r["name"], r["status"], opts.vanishing, by_norm=is_tiny(r)) for r in flagged]
     flags += [gates.Flag(f.where, "dead-units", opts.dead, zero_edge(modules[f.where])) for f in dead]
     try:
         rc = gates.recheck(model, inputs, flags, ctx, eval_mode=opts.eval_mode, prepare=prepare)
