@@ -117,3 +117,19 @@ def test_zero_head_is_a_gate():
     v = out.verdicts["body.0.weight"]
     assert v.before == 0 and v.resolved and v.by_design
     assert v.gates == ["head.weight"]
+
+
+def test_a_tiny_parameter_is_measured_by_its_gradient_norm():
+    # gradflow judges a parameter tiny by construction by its gradient norm (grad/weight is huge for any
+    # gradient); the re-check must measure the same number, or it "resolves" at once
+    model, x = GATED.xca_like(), images()
+    ctx = context_for(model, RunSpec("gradflow", caller="python"))
+    work = ctx.train_copy(model)
+    with ctx.seeded():
+        ctx.loss()(x.call(work)).backward()
+    p = dict(work.named_parameters())["blocks.0.gamma_xca"]
+    out = run(model, x, [gates.Flag("blocks.0.gamma_xca", "vanishing-grad", 1e-7, by_norm=True),
+                         gates.Flag("blocks.0.gamma", "vanishing-grad", 1e-7)])
+    v = out.verdicts["blocks.0.gamma_xca"]
+    assert abs(v.before - p.grad.norm().item()) <= 1e-6 * p.grad.norm().item()
+    assert out.verdicts["blocks.0.gamma"].before > 1e3      # grad/weight of a 1e-6 parameter
