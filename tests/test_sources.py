@@ -207,3 +207,13 @@ def test_training_commands_get_a_default_batch_of_two(tmp_path, cli):
     assert r.code == 0, r.stderr
     assert r.json["inputs"] == ["input[0]: 2x64 int64"] and "batch 2: the command runs train mode" in r.json["input_source"]
 
+
+
+def test_zoo_detection_trains_with_its_own_losses(cli):
+    # issue 26: torchvision detection in train mode gets two images with targets and its loss dict is the loss;
+    # every feature level of the head is matched by a box (no zero-grad on an unmatched level)
+    importable("torchvision")
+    r = cli("gradflow", "torchvision:ssdlite320_mobilenet_v3_large", "--device", "cpu", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["loss"] == "the scalar output itself (output['bbox_regression']) + output['classification'] itself"
+    assert not [f for f in r.json["findings"] if f["severity"] != "info"], r.json["findings"]

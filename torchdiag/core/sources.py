@@ -162,9 +162,27 @@ def _one_image():
 
 
 def _two_images():
+    """A detection model in train mode takes (images, targets) and returns its own loss dict (summed by
+    the auto loss): two images, each with seven boxes (xyxy inside the image), labels, instance masks
+    (Mask R-CNN reads them) and 17 keypoints per box (Keypoint R-CNN's default)."""
     import torch
 
-    return ([torch.rand(3, 320, 320) for _ in range(TRAIN_BATCH)],)
+    images = [torch.rand(3, 320, 320) for _ in range(TRAIN_BATCH)]
+    # boxes from 30 to 320 pixels: every feature level of an SSD/FPN head has an anchor that matches one
+    boxes = torch.tensor([[10.0, 10.0, 40.0, 40.0], [50.0, 50.0, 130.0, 130.0], [140.0, 20.0, 300.0, 180.0],
+                          [0.0, 0.0, 319.0, 319.0], [200.0, 200.0, 260.0, 300.0], [40.0, 70.0, 270.0, 300.0],
+                          [100.0, 0.0, 300.0, 200.0]])
+    targets = []
+    for i in range(TRAIN_BATCH):
+        masks = torch.zeros(len(boxes), 320, 320, dtype=torch.uint8)
+        for k, (x0, y0, x1, y1) in enumerate(boxes.int().tolist()):
+            masks[k, y0:y1, x0:x1] = 1
+        lo, hi = boxes[:, None, :2], boxes[:, None, 2:]
+        xy = lo + torch.rand(len(boxes), 17, 2) * (hi - lo)
+        keypoints = torch.cat([xy, torch.ones(len(boxes), 17, 1)], -1)
+        targets.append({"boxes": boxes.clone(), "labels": torch.arange(1, len(boxes) + 1) + i, "masks": masks,
+                        "keypoints": keypoints})
+    return images, targets
 
 
 # ---- timm --------------------------------------------------------------------------------------------
@@ -342,7 +360,8 @@ def for_training(loaded) -> None:
             loaded.input_source += f"; batch {TRAIN_BATCH}: the command runs train mode, where BatchNorm needs more than one sample"
     elif getattr(loaded.module, "example_inputs", None) is _one_image:
         loaded.module.example_inputs = _two_images
-        loaded.input_source += f"; {TRAIN_BATCH} images: the command runs train mode"
+        loaded.input_source += (f"; {TRAIN_BATCH} images with targets (boxes, labels, masks, keypoints): the command "
+                                "runs train mode, where a detection model takes targets and returns its losses")
 
 
 def example_module(spec: str, source: Source) -> types.ModuleType:

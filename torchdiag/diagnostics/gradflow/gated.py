@@ -46,10 +46,17 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                                               f"{rc.steps} optimizer steps on the same batch)"})
     for f in dead:
         v = rc.verdicts[f.where]
-        if v.by_design:
-            f.code, f.severity, f.hint = KIND, "info", None
+        if not v.by_design:
+            continue
+        f.code, f.severity, f.hint = KIND, "info", None
+        if v.gates:
             f.message += (f"; by design at initialisation, closed by a gate that training opens: "
                           f"{v.describe(rc.steps)} (a short training run on a copy)")
+        else:   # the units' inputs hover near the zero point: they move within the run (no gate needed)
+            f.message += (f"; not dead: their inputs hover near the activation's zero point and within a short "
+                          f"training run on a copy they stay below the threshold ({v.describe(rc.steps)}; "
+                          f"a unit is dead when its input stays below the zero point by more than "
+                          f"{gates.MARGIN:g}× the spread of the module's inputs)")
 
 
 def gate_where(names: list[str]) -> str:
