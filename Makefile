@@ -34,7 +34,7 @@ bench: install
 # (a second `make corpus` runs only the models without a result). Needs torchvision/timm/transformers,
 # installed into their own venv, never into .venv.
 CORPUS_VENV ?= .venv-corpus
-CORPUS_TIMEOUT ?= 900
+CORPUS_TIMEOUT ?= 1200
 $(CORPUS_VENV)/bin/python:
 	$(PYTHON) -m venv $(CORPUS_VENV)
 	$(CORPUS_VENV)/bin/pip install -q torch==2.14.1 torchvision==0.29.1
@@ -44,7 +44,10 @@ $(CORPUS_VENV)/bin/python:
 bench/corpus-zoo.json: | $(CORPUS_VENV)/bin/python
 	nice -n 19 $(CORPUS_VENV)/bin/python bench/corpus_zoo.py
 
-corpus: bench/corpus-zoo.json
+build/corpus-hf: | $(CORPUS_VENV)/bin/python
+	nice -n 19 $(CORPUS_VENV)/bin/python bench/corpus_zoo.py --hf   # the shrunk transformers configs (not in git)
+
+corpus: bench/corpus-zoo.json build/corpus-hf
 	nice -n 19 $(CORPUS_VENV)/bin/python bench/corpus.py --models 'zoo_*' --resume --timeout $(CORPUS_TIMEOUT) \
 		--out bench/corpus-zoo-results.md --json-out bench/corpus-zoo-results.json
 

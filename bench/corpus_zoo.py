@@ -160,7 +160,8 @@ def hf_zoo() -> list[dict]:
             row.update(build_error=f"{type(exc).__name__}: {str(exc)[:200]}")
             out.append(row)
             continue
-        row.update(spec=f"hf:{folder}", why=f"transformers {model_type} ({cls.__name__}, {how})", params=params)
+        # the spec relative to the repository root (make corpus runs there)
+        row.update(spec=f"hf:{folder.relative_to(HERE.parent)}", why=f"transformers {model_type} ({cls.__name__}, {how})", params=params)
         if params is None:
             row["build_error"] = (f"builds neither from the shrunk config nor from the default one within "
                                   f"{MAX_DEFAULT / 1e6:.0f} M parameters (on meta)")
