@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test bench corpus clean
+.PHONY: install demo test bench docs corpus clean
 
 $(BIN)/torchdiag: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,14 @@ demo: install
 test: install
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m pytest -q
+
+# The documentation site (mkdocs-material + mkdocstrings, the `docs` extra) into site/, warnings as errors.
+$(VENV)/.docs-installed: pyproject.toml $(BIN)/torchdiag
+	$(BIN)/python -m pip install -q -e ".[dev,docs]"
+	@touch $@
+
+docs: $(VENV)/.docs-installed
+	$(BIN)/mkdocs build --strict
 
 bench: install
 	$(BIN)/python bench/run_all.py
@@ -52,4 +60,4 @@ corpus: bench/corpus-zoo.json build/corpus-hf
 		--out bench/corpus-zoo-results.md --json-out bench/corpus-zoo-results.json
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build dist site *.egg-info

@@ -39,6 +39,7 @@ FAST_RUNS = {
     "activations": [sample("cnn.py:build")],
     "attention": [sample("vit.py:build")],
     "data": [sample("data_digits.py:train"), "--samples", "200", "--no-sweep", "--batches", "2"],
+    "lr-find": [sample("mlp.py:build"), "--steps", "20", "--repeats", "1", "--check-steps", "3"],
 }
 
 

@@ -20,6 +20,21 @@ def _png(path):
         return im.size, im.mode  # (width, height)
 
 
+# The frame of a labelled picture (torchdiag/pictures.py), restated here so the sizes below are arithmetic:
+TITLE, MARGIN, BAR, STRIP = 46, 10, 84, 14     # title band, border, colour-bar band, index strip above a row
+
+
+def _words(path) -> dict:
+    """The PNG's text chunks, and whether its title band and each index strip hold drawn text (dark pixels)."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        text = dict(im.text)
+        arr = __import__("numpy").asarray(im.convert("L"))
+    text["_title_inked"] = bool((arr[:TITLE] < 100).sum() > 200)
+    return text | {"_arr": arr}
+
+
 def test_stats_match_hand_computation(untouched):
     import numpy as np
     import torch
@@ -83,14 +98,24 @@ def test_cli_json_and_pictures(cli, tmp_path):
     rows = {m["name"]: m for m in doc["modules"]}
     assert rows["features.0"]["shape"] == "8x16x32x32" and rows["head.1"]["shape"] == "8x10"
     assert rows["features.1"]["zero_fraction"] > 0.3        # ReLU of a zero-mean conv output
-    # feature maps: 16 channels of 32×32, enlarged ×2 to 64 px, 4×4 grid, 2-px gaps → 262×262
-    assert _png(out / "features.0_features.png") == ((262, 262), "RGB")
-    # first-layer filters: 16 RGB 3×3 filters ×8 → 24 px, 4×4 grid → 102×102
-    assert _png(out / "features.0_filters.png") == ((102, 102), "RGB")
-    # 16→32 conv: 16 rows (256 tiles cap / 16 inputs) × 16 inputs of 24 px → 414×414
-    assert _png(out / "features.3_filters.png") == ((414, 414), "RGB")
-    # 32 channels of 16×16 ×3 = 48 px, 6×6 grid → 6*48+5*2 = 298
-    assert _png(out / "features.3_features.png") == ((298, 298), "RGB")
+    # feature maps: 16 channels of 32×32, enlarged ×2 to 64 px, 4×4 grid, 2-px gaps, a 14-px index strip
+    # above each row: 4*(64+14) + 3*2 = 318 tall, 262 wide; framed: 46 + 318 + 10 = 374 by max(480, 10+262+84)
+    assert _png(out / "features.0_features.png") == ((480, 374), "RGB")
+    # first-layer filters: 16 RGB 3×3 filters ×14 → 42 px (≥ 32), 4×4 grid → 4*(42+14)+6 = 230; no colour bar
+    assert _png(out / "features.0_filters.png") == ((480, 46 + 230 + 10), "RGB")
+    # 16→32 conv: 16 rows (256 tiles cap / 16 inputs) × 16 inputs of 42 px → 702 square, output filter named
+    # in a 44-px band at the left, input channel in a 14-px band above: 46+14+702+10 by 44+702+84
+    assert _png(out / "features.3_filters.png") == ((830, 772), "RGB")
+    # 32 channels of 16×16 ×3 = 48 px, 6×6 grid → 6*(48+14)+5*2 = 382 tall, 298 wide
+    assert _png(out / "features.3_features.png") == ((480, 46 + 382 + 10), "RGB")
+    # every picture names the command, the layer and the model: in its text chunks and drawn in its title band
+    for layer, what in (("features.0", "feature maps"), ("features.0", "filters"), ("features.3", "feature maps"),
+                        ("features.3", "filters")):
+        words = _words(out / f"{layer}_{'features' if what == 'feature maps' else 'filters'}.png")
+        assert words["Title"] == f"activations · layer {layer} · {what}"
+        assert (words["Command"], words["Layer"], words["Model"]) == ("activations", layer, CNN)
+        assert CNN in words["Description"] and words["_title_inked"]
+    assert "16 of 32 filters of size 3×3, rows: output filter, columns: input channel" in words["Description"]
 
 
 def test_first_layer_filters_in_colour_and_feature_map_content(tmp_path):
@@ -101,19 +126,32 @@ def test_first_layer_filters_in_colour_and_feature_map_content(tmp_path):
 
     model, inputs = load("cnn.py:build")
     write_images(run("activations", model, inputs, layers=["features.0"], images=True), tmp_path)
-    # tile (o=1) top-left pixel is w[1,:,0,0] mapped from [-max|w|, max|w|] to [0,255], RGB order
+    # tile (o=1) top-left pixel is w[1,:,0,0] mapped from [-max|w|, max|w|] to [0,255], RGB order; tiles are
+    # 42 px (3×3 ×14, nearest: the whole 14×14 block is that weight) below a 14-px index strip, in a 10-px border
     w = model.features[0].weight.detach().numpy()
     m = np.abs(w).max()
     expect = (np.clip(w[1, :, 0, 0] / (2 * m) + 0.5, 0, 1) * 255 + 0.5).astype(np.uint8)
     grid = np.asarray(Image.open(tmp_path / "features.0_filters.png"))
-    assert list(grid[0, 24 + 2]) == list(expect)
-    # feature-map tile 0 = channel 0 of sample 0, min-max scaled through viridis
+    x0, y0 = MARGIN + 42 + 2, TITLE + STRIP
+    assert (grid[y0:y0 + 14, x0:x0 + 14] == expect).all()
+    assert (grid[y0:y0 + 14, x0 + 14] != expect).any()                   # the next weight starts at ×14
+    strip = grid[TITLE:TITLE + STRIP, x0:x0 + 42]
+    assert (strip.min(axis=2) < 100).sum() > 5 and (grid[y0 - STRIP - 1, x0:x0 + 42] == 255).all()  # "1" written above
+    # feature-map tile 0 = channel 0 of sample 0, on one colour scale shared by the 16 channels (viridis)
     with torch.no_grad():
-        a = model.features[0](inputs.args[0])[0, 0].numpy().astype(np.float64)
-    i, j = np.unravel_index(a.argmax(), a.shape)
+        out = model.features[0](inputs.args[0])[0].numpy().astype(np.float64)
+    lo, hi = out.min(), out.max()
+    a = out[0]
     maps = np.asarray(Image.open(tmp_path / "features.0_features.png"))
-    top = (np.array(colormaps["viridis"](1.0)[:3]) * 255 + 0.5).astype(np.uint8)
-    assert list(maps[2 * i, 2 * j]) == list(top)
+    for i, j in (np.unravel_index(a.argmax(), a.shape), np.unravel_index(a.argmin(), a.shape), (5, 7)):
+        expect = (np.array(colormaps["viridis"]((a[i, j] - lo) / (hi - lo))[:3]) * 255 + 0.5).astype(np.uint8)
+        assert list(maps[TITLE + STRIP + 2 * i, MARGIN + 2 * j]) == list(expect)
+    # the colour bar at the right of the grid (262 px wide + 12-px gap, 14 px) runs from viridis(max) to viridis(min)
+    bar = maps[TITLE + 3:TITLE + 318 - 3, MARGIN + 262 + 12 + 7].astype(int)
+    for row, v in ((bar[0], 1.0), (bar[-1], 0.0)):
+        assert np.abs(row - np.array(colormaps["viridis"](v)[:3]) * 255).max() < 12
+    words = _words(tmp_path / "features.0_features.png")
+    assert f"shared colour scale {lo:.4g} … {hi:.4g}" in words["Description"]
 
 
 def test_tensorboard_histograms_and_images(cli, tmp_path):
@@ -128,7 +166,7 @@ def test_tensorboard_histograms_and_images(cli, tmp_path):
     assert {"activations/features.0/feature_maps", "activations/features.0/filters",
             "activations/features.3/filters"} <= set(tags["images"])
     img = acc.Images("activations/features.0/feature_maps")[0]
-    assert (img.width, img.height) == (262, 262)
+    assert (img.width, img.height) == (480, 374)             # the same labelled figure as the PNG
 
 
 def test_model_untouched_by_cli_path(untouched):
@@ -190,15 +228,20 @@ def test_grayscale_and_depthwise_filters_in_a_square_grid(tmp_path):
     model = nn.Sequential(nn.Conv2d(1, 32, 5), nn.ReLU(), nn.Conv2d(32, 32, 3, groups=32))
     res = run("activations", model, ModelInputs((torch.randn(2, 1, 28, 28),), {}), layers=["0", "2"], images=True)
     write_images(res, tmp_path)
-    # 32 tiles of 5×5 ×5 = 25 px in a 6×6 grid: 6*25 + 5*2 = 160; depthwise 3×3 ×8 = 24 px: 6*24 + 5*2 = 154
-    assert _png(tmp_path / "0_filters.png") == ((160, 160), "RGB")
-    assert _png(tmp_path / "2_filters.png") == ((154, 154), "RGB")
+    # 32 tiles of 5×5 ×8 = 40 px in a 6×6 grid: 6*(40+14) + 5*2 = 334 tall; depthwise 3×3 ×14 = 42 px: 346
+    assert _png(tmp_path / "0_filters.png") == ((480, 46 + 334 + 10), "RGB")
+    assert _png(tmp_path / "2_filters.png") == ((480, 46 + 346 + 10), "RGB")
     w = model[0].weight.detach().numpy()
     m = np.abs(w).max()
     grid = np.asarray(Image.open(tmp_path / "0_filters.png"))
-    # tile 7 sits at row 1, column 1 of the grid; its top-left pixel is w[7, 0, 0, 0] in gray
+    # tile 7 sits at row 1, column 1 of the grid; its top-left 8×8 block is w[7, 0, 0, 0] in gray
     expect = int(np.clip(w[7, 0, 0, 0] / (2 * m) + 0.5, 0, 1) * 255 + 0.5)
-    assert list(grid[27, 27]) == [expect] * 3
+    y, x = TITLE + (40 + STRIP + 2) + STRIP, MARGIN + 40 + 2
+    assert (grid[y:y + 8, x:x + 8] == expect).all()
+    # a gray colour bar for the weight: white (+max|w|) at its top, black (−max|w|) at its bottom
+    bar = grid[TITLE + 3:TITLE + 334 - 3, MARGIN + 250 + 12 + 7].astype(int)
+    assert bar[0].min() > 240 and bar[-1].max() < 15
+    assert "32 filters of size 5×5, one input channel each" in _words(tmp_path / "0_filters.png")["Description"]
     assert not any("filters of the first" in n for n in res.notes)
 
 
@@ -209,11 +252,13 @@ def test_filter_truncation_is_noted(tmp_path):
     assert "features.3: filters of the first 16 of 32 output channels shown" in res.notes
 
 
-def test_readme_pictures_are_what_the_code_draws(cli, tmp_path):
-    """docs/images/activations_*.png are the README command's output (docs/images/regenerate.sh)."""
-    from conftest import assert_readme_picture
+def test_readme_pictures_are_what_the_code_draws(cli, tmp_path, monkeypatch):
+    """docs/images/activations_*.png are the README command's output (docs/images/regenerate.sh), run as the
+    script runs it: from the repository root, with the model spec the title shows."""
+    from conftest import ROOT, assert_readme_picture
 
-    r = cli("activations", CNN, "--layer", "features.0", "--images", tmp_path)
+    monkeypatch.chdir(ROOT)
+    r = cli("activations", "sample_models/cnn.py:build", "--layer", "features.0", "--images", tmp_path)
     assert r.code == 0, r.stderr
     for doc, made in (("activations_features.png", "features.0_features.png"),
                       ("activations_filters.png", "features.0_filters.png")):
@@ -258,13 +303,38 @@ def test_picture_sizes_are_known_before_drawing_and_drawn_in_render(tmp_path):
     entries = res.data["images"]
     assert [(e["layer"], e["kind"]) for e in entries] == [("features.0", "feature_maps"), ("features.0", "filters_rgb"),
                                                         ("features.3", "feature_maps"), ("features.3", "filters_gray")]
-    # 16 maps of 32×32 ×2 in a 4×4 grid: 4*64 + 3*2 = 262; 32 maps of 16×16 ×3 in 6×6: 6*48 + 5*2 = 298
-    assert [(e["height"], e["width"]) for e in entries] == [(262, 262), (102, 102), (298, 298), (414, 414)]
+    # the framed sizes of test_cli_json_and_pictures
+    assert [(e["height"], e["width"]) for e in entries] == [(374, 480), (286, 480), (438, 480), (772, 830)]
     write_images(res, tmp_path)
     files = ["features.0_features.png", "features.0_filters.png", "features.3_features.png", "features.3_filters.png"]
     for entry, name in zip(entries, files):
         with Image.open(tmp_path / name) as im:
             assert im.size == (entry["width"], entry["height"])
-    assert [n for n, _ in res.artefacts["pictures"]] == files
+    assert [n for n, *_ in res.artefacts["pictures"]] == files
     write_images(res, tmp_path / "again")                            # drawn once: no second set of pictures
     assert len(res.artefacts["pictures"]) == 4
+
+
+def test_non_finite_activations_are_magenta_and_counted(tmp_path):
+    """A NaN in a feature map is drawn magenta (viridis never is) and counted in the words; the finite
+    values keep the shared scale."""
+    import numpy as np
+    import torch
+    from PIL import Image
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+
+    x = torch.randn(1, 2, 8, 8)
+    x[0, 1, 3, 4] = float("nan")
+    res = run("activations", nn.Sequential(nn.Identity()), ModelInputs((x,), {}), layers=["0"], images=True)
+    write_images(res, tmp_path)
+    # 2 tiles of 8×8 ×6 = 48 px (≥ 48 on the larger side) in a 2×1 grid, index strip above the row
+    arr = np.asarray(Image.open(tmp_path / "0_features.png"))
+    y, x0 = TITLE + STRIP + 3 * 6, MARGIN + 48 + 2 + 4 * 6
+    assert (arr[y:y + 6, x0:x0 + 6] == [255, 0, 255]).all()
+    assert not (arr[y:y + 6, x0 + 6:x0 + 12] == [255, 0, 255]).all(axis=2).any()
+    words = _words(tmp_path / "0_features.png")
+    assert "1 NaN/Inf in magenta" in words["Description"] and words["Model"] == "model given from Python"
+    finite = x[torch.isfinite(x)]
+    assert f"shared colour scale {float(finite.min()):.4g} … {float(finite.max()):.4g}" in words["Description"]

@@ -138,6 +138,8 @@ def test_sdpa_causal_weights_and_patch_restored():
 
 
 def test_cli_pictures_tokens_and_json(cli, tmp_path):
+    import numpy as np
+    from matplotlib import colormaps
     from PIL import Image
 
     from torchdiag.pictures import attention_size
@@ -153,8 +155,22 @@ def test_cli_pictures_tokens_and_json(cli, tmp_path):
     for name in ("layers.0.self_attention", "layers.1.self_attention"):
         with Image.open(out / f"attention_{name}.png") as im:
             assert im.format == "PNG" and im.mode == "RGB"
-            # 4 heads × 2.6 in + 0.8 in at 100 dpi, 3 in high
-            assert im.size == (1120, 300) and attention_size(4) == (300, 1120)
+            # 4 heads × 2.6 in + 0.8 in at 100 dpi, 3.3 in high (two title lines above the head names)
+            assert im.size == (1120, 330) and attention_size(4) == (330, 1120)
+            text, arr = dict(im.text), np.asarray(im)
+            top = np.asarray(im.convert("L"))[:46]
+        # the colour bar (x 93.5–94.7% of the width, from 66 px below the top to 40 px above the bottom):
+        # viridis from the largest weight at its top to 0 at its bottom
+        bar = arr[66 + 4:330 - 40 - 4, int(0.941 * 1120)].astype(int)
+        viridis = [(np.array(colormaps["viridis"](v)[:3]) * 255) for v in np.linspace(0, 1, 101)]
+        assert min(np.abs(bar[0] - c).max() for c in viridis[95:]) < 12
+        assert min(np.abs(bar[-1] - c).max() for c in viridis[:6]) < 12
+        # the command, layer, sample and model: in the PNG's text chunks and drawn in its title band
+        assert text["Title"] == f"attention · layer {name} · sample 0"
+        assert (text["Command"], text["Layer"], text["Model"], text["Sample"], text["Heads"]) == (
+            "attention", name, VIT, "0", "4")
+        assert VIT in text["Description"] and "rows: queries, columns: keys" in text["Description"]
+        assert (top < 100).sum() > 200
 
 
 def test_tensorboard_images(cli, tmp_path):
@@ -232,11 +248,13 @@ def test_entropy_fraction_counts_only_visible_keys():
     assert h["entropy"] == pytest.approx((0 + math.log(2) + 1.5 * math.log(2)) / 3)
 
 
-def test_readme_picture_is_what_the_code_draws(cli, tmp_path):
-    """docs/images/attention.png is the README command's output (docs/images/regenerate.sh)."""
-    from conftest import assert_readme_picture
+def test_readme_picture_is_what_the_code_draws(cli, tmp_path, monkeypatch):
+    """docs/images/attention.png is the README command's output (docs/images/regenerate.sh), run as the
+    script runs it: from the repository root, with the model spec the title shows."""
+    from conftest import ROOT, assert_readme_picture
 
-    r = cli("attention", sample("transformer_lm.py:build"), "-i", "1x8:int64",
+    monkeypatch.chdir(ROOT)
+    r = cli("attention", "sample_models/transformer_lm.py:build", "-i", "1x8:int64",
             "--tokens", "the,cat,sat,on,the,mat,.,EOS", "--images", tmp_path)
     assert r.code == 0, r.stderr
     assert_readme_picture("attention.png", tmp_path / "attention_blocks.0.attn.png")
@@ -279,8 +297,14 @@ def test_pictures_from_python_and_paths_in_json(cli, tmp_path):
     assert [e["path"] for e in r.json["images"]] == [
         str(tmp_path / "cli" / "attention_layers.0.self_attention.png"),
         str(tmp_path / "cli" / "attention_layers.1.self_attention.png")]
+    import numpy as np
+    from PIL import Image
+
     for name in ("attention_layers.0.self_attention.png", "attention_layers.1.self_attention.png"):
-        assert (tmp_path / "cli" / name).read_bytes() == (tmp_path / "py" / name).read_bytes()
+        with Image.open(tmp_path / "cli" / name) as a, Image.open(tmp_path / "py" / name) as b:
+            # the same heatmaps; only the model's name differs (a spec from the CLI, an object from Python)
+            assert (np.asarray(a)[46:] == np.asarray(b)[46:]).all()
+            assert (a.text["Model"], b.text["Model"]) == (VIT, "model given from Python")
 
 
 def test_picture_sizes_are_known_before_drawing_and_drawn_in_render(tmp_path):
@@ -292,10 +316,10 @@ def test_picture_sizes_are_known_before_drawing_and_drawn_in_render(tmp_path):
     model, inputs = load("vit.py:build")
     res = run("attention", model, inputs, images=True, tb=True)
     assert "pictures" not in res.artefacts and not res.images        # nothing drawn yet
-    assert [(e["height"], e["width"]) for e in res.data["images"]] == [(300, 1120), (300, 1120)]
+    assert [(e["height"], e["width"]) for e in res.data["images"]] == [(330, 1120), (330, 1120)]
     drawn(res)
     assert {k: v.shape for k, v in res.images.items()} == {
-        "attention/layers.0.self_attention": (300, 1120, 3), "attention/layers.1.self_attention": (300, 1120, 3)}
+        "attention/layers.0.self_attention": (330, 1120, 3), "attention/layers.1.self_attention": (330, 1120, 3)}
     write_images(res, tmp_path)
     for e in res.data["images"]:
         with Image.open(tmp_path / f"attention_{e['layer']}.png") as im:

@@ -128,3 +128,10 @@ def test_the_command_list_is_each_commands_own_summary_and_imports_no_command():
     assert r.stdout.strip().endswith("LOADED="), r.stdout.splitlines()[-1]
     for name in COMMANDS:
         assert name in r.stdout
+
+
+def test_help_lists_watch_without_importing_torch():
+    out = _probe(["--help"])
+    assert "\n  watch " in out and "HEAVY=\n" in out
+    out = _probe(["watch", "--help"])
+    assert "watch [OPTIONS] -- {COMMAND}..." in out and "stdout goes to stderr" in out and "HEAVY=\n" in out

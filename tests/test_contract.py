@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT, sample
 
 COMMANDS = ["summary", "flops", "nancheck", "gradflow", "overfit-batch", "lr-find", "profile", "memory", "doctor",
-            "activations", "gradcam", "attention", "embeddings", "gradcheck", "data"]   # every command with a diagnostic
+            "watch", "activations", "gradcam", "attention", "embeddings", "gradcheck", "data"]   # every command with a diagnostic
 REQUIRED = {"gradcam": {"layer": "x", "image": str(ROOT / "docs/images/sample_input.png")}, "embeddings": {"layer": "x"}}
 PACKAGE = ROOT / "torchdiag"
 
@@ -144,7 +144,8 @@ def test_the_registry_is_the_one_list_of_commands():
     assert SUMMARIES == {c.name: c.summary for c in REGISTRY}
     assert [c for c in COMMANDS] == [c.name for c in REGISTRY if c.diagnostic]     # this file's own list, checked
     python = {c.python for c in REGISTRY if c.python}
-    assert python == set(torchdiag._API) - {"as_inputs", "make_loss", "run"} == set(api.__all__) - {"as_inputs", "make_loss", "run"}
+    helpers = {"as_inputs", "make_loss", "run", "watch_callback"}
+    assert python == set(torchdiag._API) - helpers == set(api.__all__) - helpers
     assert all(callable(getattr(torchdiag, name)) for name in python)
     # one module per command in cli/, diagnostics/ and render/, and no module for a command that is not declared
     cli_modules = {p.stem for p in (PACKAGE / "cli").glob("*.py")} - {"__init__", "app", "common"}

@@ -62,8 +62,17 @@ def test_cli_labels_from_batch_function(cli, tmp_path):
 
     from torchdiag.pictures import PCA_SIZE
 
+    import numpy as np
+
     with Image.open(doc["pca_image"]) as im:
         assert im.format == "PNG" and im.size == (PCA_SIZE[1], PCA_SIZE[0]) == (400, 400)
+        text, top = dict(im.text), np.asarray(im.convert("L"))[:46]
+    # the command, layer and model: in the PNG's text chunks and drawn in the title band above the plot
+    assert text["Title"] == "embeddings · layer features · PCA"
+    assert (text["Command"], text["Layer"], text["Model"]) == ("embeddings", "features", CNN) and CNN in text["Description"]
+    pcs = doc["pca_explained_variance"]
+    assert f"PC1 {pcs[0]:.1%}, PC2 {pcs[1]:.1%}" in text["Description"] and "12 samples × 32 dims" in text["Description"]
+    assert (top < 100).sum() > 200
 
 
 def test_nearest_neighbour_agreement_closed_form():
@@ -141,11 +150,13 @@ def test_meta_device_needs_real_values(cli, tmp_path):
     assert not (tmp_path / "embeddings").exists()
 
 
-def test_readme_picture_is_what_the_code_draws(cli, tmp_path):
-    """docs/images/embeddings_pca.png is the README command's output (docs/images/regenerate.sh)."""
-    from conftest import assert_readme_picture
+def test_readme_picture_is_what_the_code_draws(cli, tmp_path, monkeypatch):
+    """docs/images/embeddings_pca.png is the README command's output (docs/images/regenerate.sh), run as the
+    script runs it: from the repository root, with the model spec the title shows."""
+    from conftest import ROOT, assert_readme_picture
 
-    r = cli("embeddings", CNN, "--layer", "head.0", "--batch", sample("gradcam_region.py:batch"),
+    monkeypatch.chdir(ROOT)
+    r = cli("embeddings", "sample_models/cnn.py:build", "--layer", "head.0", "--batch", "sample_models/gradcam_region.py:batch",
             "--tb", tmp_path / "runs", "--images", tmp_path / "emb")
     assert r.code == 0, r.stderr
     assert_readme_picture("embeddings_pca.png", tmp_path / "emb" / "embeddings_head.0_pca.png")

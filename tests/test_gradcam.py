@@ -23,6 +23,18 @@ def image(tmp_path):
     return path
 
 
+# The gradcam figure (torchdiag/pictures.py), restated so sizes are arithmetic: title band, panel names, border,
+# gap between panels, colour-bar band; panels are enlarged (nearest) until their shorter side is ≥ 192 px.
+TITLE, NAMES, MARGIN, GAP, BAR = 46, 16, 10, 10, 84
+
+
+def _jet(v):
+    import numpy as np
+    from matplotlib import colormaps
+
+    return (np.array(colormaps["jet"](v)[:3]) * 255 + 0.5).astype(np.uint8)
+
+
 def _region_module():
     import importlib.util
 
@@ -94,14 +106,52 @@ def test_cli_writes_valid_png_and_tensorboard(cli, image, tmp_path):
     assert r0 >= 16 and c0 >= 16
     with Image.open(out) as im:
         assert im.format == "PNG" and im.mode == "RGB"
-        # 32 px panels enlarged ×4 to 128; three panels with 2-px gaps: 3*128 + 2*2 = 388 wide
-        assert im.size == (388, 128)
-        arr = np.asarray(im)
+        # 32 px panels enlarged ×6 to 192; three panels 10 px apart, names above, title band, colour bar:
+        # 10 + 3*192 + 2*10 + 84 = 690 wide, 46 + 16 + 192 + 10 = 264 tall (it was a 388×128 strip)
+        assert im.size == (690, 264) == (doc["out_size"][1], doc["out_size"][0])
+        arr, text = np.asarray(im), dict(im.text)
+    k = doc["target_class"]
+    assert text["Title"] == f"gradcam · layer features.3 · class {k}"
+    assert (text["Command"], text["Model"], text["Layer"], text["Class index"]) == ("gradcam", REGION, "features.3", str(k))
+    assert f"logit {doc['score']:.4g}, p={doc['probability']:.3f}" in text["Description"]
+    assert (arr[:TITLE].min(axis=2) < 100).sum() > 200                     # the title is drawn, not only stored
     src = np.asarray(Image.open(image))
-    assert (arr[0:4:4, 0:4:4] == src[0:1, 0:1]).all()       # first panel is the original
+    top, left = TITLE + NAMES, MARGIN
+    assert (arr[top:top + 6, left:left + 6] == src[0, 0]).all()            # first panel: the original, ×6 nearest
+    assert (arr[top + 6 * 17:top + 6 * 18, left + 6 * 9:left + 6 * 10] == src[17, 9]).all()
+    heat = doc["heatmap_peak"]
+    x0 = MARGIN + 192 + GAP                                                # second panel: the heatmap through jet
+    assert (arr[top + 6 * heat[0], x0 + 6 * heat[1]] == _jet(1.0)).all()
+    bar = arr[top + 3:top + 192 - 3, MARGIN + 3 * 192 + 2 * GAP + 12 + 7].astype(int)
+    near = lambda px, lo, hi: min(np.abs(px - _jet(v)).max() for v in np.linspace(lo, hi, 41)) < 12  # noqa: E731
+    assert near(bar[0], 0.95, 1.0) and near(bar[-1], 0.0, 0.05)            # its colour bar: 1 at the top, 0 below
     acc = EventAccumulator(str(tmp_path / "tb" / "gradcam"), size_guidance={"images": 0})
     acc.Reload()
-    assert {"gradcam/original", "gradcam/heatmap", "gradcam/overlay"} <= set(acc.Tags()["images"])
+    assert {"gradcam/original", "gradcam/heatmap", "gradcam/overlay", "gradcam/figure"} <= set(acc.Tags()["images"])
+    fig = acc.Images("gradcam/figure")[0]
+    assert (fig.width, fig.height) == (690, 264)
+
+
+def test_class_name_from_the_model_config(image, tmp_path):
+    """A model that names its classes (config.id2label, the Hugging Face convention): the name is in the
+    result, the title and the PNG text; without it, only the index."""
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    from torchdiag.render.gradcam import write_out
+
+    model, _ = load("gradcam_region.py:build")
+    plain = run("gradcam", model, None, layer="features.3", image=image, target_class=1, out=True)
+    assert "class_name" not in plain.data
+    model.config = SimpleNamespace(id2label={0: "circle", 1: "square", 2: "noise", 3: "empty"})
+    res = run("gradcam", model, None, layer="features.3", image=image, target_class=1, out=True)
+    assert res.data["class_name"] == "square" and ("Explained class", "1 (square)") == (
+        res.summary[0][0], res.summary[0][1].split(" (logit")[0])
+    write_out(res, tmp_path / "cam.png")
+    with Image.open(tmp_path / "cam.png") as im:
+        assert im.text["Title"] == "gradcam · layer features.3 · class 1 (square)"
+        assert im.text["Class name"] == "square" and im.text["Class index"] == "1"
 
 
 def test_resize_and_normalisation(tmp_path):
@@ -282,8 +332,8 @@ def test_grayscale_model_with_channels_1(cli, tmp_path, untouched):
             "--mean", "0.1307", "--std", "0.3081", "--out", tmp_path / "cam.png", "--json")
     assert r.code == 0, r.stderr
     assert r.json["channels"] == "grayscale" and "[0.1307]" in r.json["normalisation"]
-    with Image.open(tmp_path / "cam.png") as im:        # 16 px ×8 = 128 per panel, pictures in RGB
-        assert im.size == (3 * 128 + 2 * 2, 128) and im.mode == "RGB"
+    with Image.open(tmp_path / "cam.png") as im:        # 16 px ×12 = 192 per panel, pictures in RGB
+        assert im.size == (MARGIN + 3 * 192 + 2 * GAP + BAR, TITLE + NAMES + 192 + MARGIN) and im.mode == "RGB"
     # closed form (conv → GAP → linear): CAM = ReLU(Σ_c W[k,c]·A_c)/(h·w), input (x/255 − m)/s
     ns = {}
     exec(GRAY, ns)
@@ -314,12 +364,14 @@ def test_preprocessing_options_checked_before_loading(cli, image, args, message)
     assert message in r.stderr.splitlines()[0], r.stderr
 
 
-def test_readme_picture_is_what_the_code_draws(cli, tmp_path):
-    """docs/images/gradcam.png is the README command's output (docs/images/regenerate.sh)."""
+def test_readme_picture_is_what_the_code_draws(cli, tmp_path, monkeypatch):
+    """docs/images/gradcam.png is the README command's output (docs/images/regenerate.sh), run as the
+    script runs it: from the repository root, with the model spec the title shows."""
     from conftest import ROOT, assert_readme_picture
 
+    monkeypatch.chdir(ROOT)
     out = tmp_path / "cam.png"
-    r = cli("gradcam", REGION, "--layer", "features.3", "--image", ROOT / "docs" / "images" / "sample_input.png",
+    r = cli("gradcam", "sample_models/gradcam_region.py:build", "--layer", "features.3", "--image", "docs/images/sample_input.png",
             "--out", out)
     assert r.code == 0, r.stderr
     assert_readme_picture("gradcam.png", out)
@@ -401,4 +453,4 @@ def test_heatmap_in_artefacts_and_out_written_by_the_renderer(image, tmp_path):
     assert heat.shape == (32, 32) and heat.max() == pytest.approx(1.0)
     assert write_out(res, tmp_path / "cam.png") == str(tmp_path / "cam.png")
     with Image.open(tmp_path / "cam.png") as im:
-        assert im.size == (388, 128) and [res.data["out_size"][1], res.data["out_size"][0]] == [388, 128]
+        assert im.size == (690, 264) and [res.data["out_size"][1], res.data["out_size"][0]] == [690, 264]

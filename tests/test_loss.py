@@ -225,3 +225,10 @@ def test_cli_a_language_model_without_labels_overfits_at_default_settings(cli):
     j = cli("overfit-batch", sample("gpt_tiny.py:build"), "--arg", "layers=1", "--json").json
     assert j["exit_code"] == 0 and j["passed"] is True, j["findings"]
     assert j["loss_rule"].startswith("next-token cross_entropy")
+
+
+@pytest.mark.parametrize("option, words", [("--loss", "loss file not found: nothere.py"),
+                                           ("--batch", "batch file not found: nothere.py")])
+def test_a_missing_loss_or_batch_file_is_named_for_what_it_is(cli, option, words):
+    r = cli("nancheck", sample("mlp.py:build"), option, "nothere.py:fn")
+    assert r.code == 2 and r.stderr.startswith(f"error: {words}"), r.stderr

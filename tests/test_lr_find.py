@@ -444,7 +444,8 @@ def test_json_document_holds_every_number(small_result):
 def test_plot_is_written_atomically_and_readable(small_result, tmp_path):
     from PIL import Image
 
-    from torchdiag.render.lr_find import check_plot, write_plot
+    from torchdiag.render.lr_find import write_plot
+    from torchdiag.render.plots import check_plot
 
     path = tmp_path / "lr.png"
     check_plot(path)

@@ -144,10 +144,8 @@ def test_model_that_climbs_at_every_rate_exits_1(cli):
 
 
 def test_live_progress_follows_every_update_on_a_terminal_only(cli, monkeypatch):
-    import sys
-
     import torchdiag
-    from torchdiag.cli import lr_find as command
+    from torchdiag.cli import progress
 
     class Bar:   # records what the live line would show
         def __init__(self):
@@ -166,12 +164,12 @@ def test_live_progress_follows_every_update_on_a_terminal_only(cli, monkeypatch)
         def update(self, task, completed, loss, rate):
             self.shown.append((completed, loss))
 
-    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
-    assert command._progress_bar(False) is None and command._progress_bar(True) is None
-    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
-    assert command._progress_bar(True) is None and command._progress_bar(False) is not None
     bar = Bar()
-    monkeypatch.setattr(command, "_progress_bar", lambda json_mode: None if json_mode else bar)
+    monkeypatch.setattr(progress, "_bar", lambda label, unit: bar)
+    monkeypatch.setattr(progress, "_terminal", lambda: False)
+    assert cli("lr-find", *LSQ).code == 0 and bar.shown == []           # not a terminal: no bar
+    monkeypatch.setattr(progress, "_terminal", lambda: True)
+    assert cli("lr-find", *LSQ, "--json").code == 0 and bar.shown == []  # --json: no bar
     assert cli("lr-find", *LSQ).code == 0
     lin = load_module("lr_linear.py")
     x, y = lin.batch()

@@ -1,120 +1,194 @@
-"""The README's console excerpts are what the commands print (issue 13): a handful of deterministic
-excerpts are taken from README.md by their command line and compared with a real run.
+"""Every console example in README.md and the documentation site (docs/**/*.md) is what the command
+prints: each `$ torchdiag …` line inside a fenced block is run, and its excerpt compared with the real
+output and exit code.
 
-An excerpt may leave lines out (table borders, a `…` line, rows it does not show), so every line it
-does show must appear in the output, in the same order, with trailing spaces ignored. Each excerpt is
-compared at the terminal width it was captured at (COLUMNS), so a wording, number, row or wrapping
-change that is not reflected in the README fails here; update the README from the real output.
-The excerpts were captured on a machine without a GPU; the tests simulate one, so they pass on a GPU
-box too."""
+An example block is fenced with its exit code, and the terminal width it was captured at, in the
+block's title (which the site shows above the block):
+
+    ```text title="exit 1 · 100 columns"
+    $ torchdiag nancheck sample_models/broken_nan_forward.py:build
+    …lines of the output…
+    ```
+
+The excerpt is the lines after the `$ torchdiag` line up to the next `$ ` line or the block's end. It
+may leave lines out (table borders, rows it does not show; a `…` or `...` line marks a cut), so every
+line it does show must appear in the output, in the same order, with trailing spaces and colour
+ignored. A command may continue over lines ending in ` \\`. A block with a `$ torchdiag` line and no
+`exit N` in its title fails: every example states its exit code. Not run: a block whose title starts
+with `illustration` (the title says why, e.g. it needs torchvision), commands shown without `$ ` (in
+prose, or alone in a block), and the pages mkdocs.yml's `exclude_docs` keeps out of the site.
+
+Examples run in a scratch folder that links `sample_models/` and `docs/` from the repository, so
+the relative paths they print are the documented ones and the files they write (`--out`, `--images`,
+`--junit`) land in the scratch folder; the files an example names that the repository does not hold
+(`net.py` and its checkpoints, a Hugging Face config folder) are made there by tests/doc_examples.py.
+A `torchdiag check` example reads the first
+`[tool.torchdiag]` TOML block of its own page as its pyproject.toml. The excerpts were captured on a
+machine without a GPU; the tests simulate one, so they pass on a GPU box too."""
 from __future__ import annotations
 
 import re
-import shutil
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+import doc_examples
 from conftest import ROOT
 
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+TITLE = re.compile(r'title="([^"]*)"')
+ELIDED = ("…", "...")
+
+# Excerpts the README used to test by name (issue 13), now on the pages where they live: the
+# collection below must keep finding them, so moving or rewording one cannot drop it silently.
+MUST_COVER = [
+    "torchdiag summary sample_models/transformer_lm.py:build --depth 2",
+    "torchdiag flops sample_models/resnet.py:resnet50 -i 1x3x224x224 --device meta --depth 1",
+    "torchdiag nancheck sample_models/broken_nan_forward.py:build",
+    "torchdiag gradflow sample_models/broken_detached.py:build --depth 2",
+    "torchdiag doctor sample_models/broken_doctor_device.py:build",
+    "torchdiag gradcheck sample_models/custom_autograd.py:WrongMulSquare -i 3 -i 3",
+    "torchdiag summary sample_models/mlp.py:buidl",
+    "torchdiag summary sample_models/broken_shape.py:build",
+    "torchdiag check --junit reports/torchdiag.xml",
+]
 
 
-def excerpt(marker: str) -> list[str]:
-    """The console excerpt for `marker` (a command line as the README writes it).
+@dataclass
+class Example:
+    page: Path
+    line: int            # 1-based line of the `$ torchdiag` line
+    command: str         # as written, continuations joined
+    shown: list[str]     # the excerpt's lines
+    code: int | None     # the exit code the block's title states
+    columns: int
 
-    `$ torchdiag …` inside a block: the lines after it, up to the next `$ ` line or the block's end.
-    Otherwise (the command in prose or alone in its own block): the next code block."""
-    lines = README.read_text(encoding="utf-8").splitlines()
-    hits = [i for i, line in enumerate(lines) if marker in line]
-    assert hits, f"README.md no longer holds {marker!r}: update tests/test_readme.py with the README"
-    start = hits[0]
-    inside = sum(line.startswith("```") for line in lines[:start]) % 2 == 1
-    if lines[start].startswith("$ "):
-        body = []
-        for line in lines[start + 1:]:
-            if line.startswith(("$ ", "```")):
-                break
-            body.append(line)
-        return body
-    i = start + 1
-    if inside:                                   # skip the rest of the command's own block
-        while not lines[i].startswith("```"):
+    @property
+    def id(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def excluded() -> set[Path]:
+    """Pages mkdocs.yml's `exclude_docs` keeps out of the site (one file name per line): not published,
+    so their examples are not run either."""
+    text = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    block = re.search(r"^exclude_docs: \|\n((?:  .*\n)+)", text, re.M)
+    return {DOCS / line.strip() for line in block.group(1).splitlines()} if block else set()
+
+
+def pages() -> list[Path]:
+    return [README, *sorted(set(DOCS.rglob("*.md")) - excluded())]
+
+
+def examples_in(page: Path) -> list[Example]:
+    """The `$ torchdiag …` examples of one Markdown file, in order."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    found, i = [], 0
+    while i < len(lines):
+        if not lines[i].lstrip().startswith("```"):
             i += 1
-        i += 1
-    while not lines[i].startswith("```"):        # the next block is the output
-        i += 1
-    body = []
-    for line in lines[i + 1:]:
-        if line.startswith("```"):
-            break
-        body.append(line)
-    return body
+            continue
+        title = TITLE.search(lines[i])
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].lstrip().startswith("```")), len(lines))
+        code = columns = None
+        if title and title.group(1).startswith("illustration"):    # shown, not run (says why in its title)
+            i = end + 1
+            continue
+        if title:
+            m = re.search(r"\bexit (\d+)", title.group(1))
+            code = int(m.group(1)) if m else None
+            m = re.search(r"(\d+) columns", title.group(1))
+            columns = int(m.group(1)) if m else None
+        j = i + 1
+        while j < end:
+            if not lines[j].startswith("$ torchdiag"):
+                j += 1
+                continue
+            start, command = j, lines[j][2:]
+            while command.endswith("\\") and j + 1 < end:
+                j += 1
+                command = command[:-1].rstrip() + " " + lines[j].strip()
+            body = []
+            j += 1
+            while j < end and not lines[j].startswith("$ "):
+                body.append(lines[j])
+                j += 1
+            found.append(Example(page, start + 1, command, body, code, columns or 120))
+        i = end + 1
+    return found
 
 
-def assert_shown(marker: str, output: str) -> None:
+def all_examples() -> list[Example]:
+    return [ex for page in pages() for ex in examples_in(page)]
+
+
+def assert_shown(ex: Example, output: str) -> None:
     """Every line the excerpt shows is in the output, in order (trailing spaces and colour ignored)."""
-    shown = [line.rstrip() for line in excerpt(marker) if line.strip() and not line.lstrip().startswith("…")]
+    shown = [line.rstrip() for line in ex.shown if line.strip() and line.strip() not in ELIDED
+             and not line.lstrip().startswith("…")]
     real = [ANSI.sub("", line).rstrip() for line in output.splitlines()]
     pos = 0
     for line in shown:
         try:
             pos = real.index(line, pos) + 1
         except ValueError:
-            pytest.fail(f"README excerpt for {marker!r} no longer matches the real output.\n"
-                        f"README line not found (in order):\n  {line}\nreal output:\n" + "\n".join(real))
+            pytest.fail(f"{ex.id}: the excerpt of {ex.command!r} no longer matches the real output.\n"
+                        f"line not found (in order):\n  {line}\nreal output:\n" + "\n".join(real))
 
 
-@pytest.fixture
-def readme_run(cli, monkeypatch):
-    """readme_run(columns, *args) → CliResult: the command as the README shows it, run from the
-    repository root (the excerpts name sample_models/... relative to it; `cwd=` elsewhere) at a fixed
-    width, uncoloured."""
-    def run(columns: int, *args, cwd=ROOT):
-        monkeypatch.chdir(cwd)
-        monkeypatch.setenv("COLUMNS", str(columns))
-        for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
-            monkeypatch.delenv(name, raising=False)
-        return cli(*args)
-
-    return run
+def scratch_folder(tmp_path: Path, ex: Example) -> Path:
+    """A working folder where the example's relative paths resolve as in the repository root."""
+    for name in ("sample_models", "docs"):
+        (tmp_path / name).symlink_to(ROOT / name, target_is_directory=True)
+    doc_examples.make(tmp_path, shlex.split(ex.command))
+    if shlex.split(ex.command)[1] == "check":
+        text = ex.page.read_text(encoding="utf-8")
+        config = re.search(r"```toml\n(\[tool\.torchdiag\].*?)```", text, re.S)
+        assert config, f"{ex.id}: a check example needs a [tool.torchdiag] TOML block on its page"
+        (tmp_path / "pyproject.toml").write_text(config.group(1))
+    return tmp_path
 
 
-# (README marker, width the excerpt was captured at, exit code the README documents or implies)
-CASES = [
-    pytest.param("`torchdiag summary sample_models/transformer_lm.py:build --depth 2`", 100, 0, id="quick-start-summary"),
-    pytest.param("torchdiag flops sample_models/resnet.py:resnet50 -i 1x3x224x224 --device meta --depth 1", 120, 0,
-                 id="flops-meta"),
-    pytest.param("torchdiag nancheck sample_models/broken_nan_forward.py:build", 100, 1, id="nancheck-forward"),
-    pytest.param("torchdiag gradflow sample_models/broken_detached.py:build --depth 2", 100, 1, id="gradflow-detached"),
-    pytest.param("torchdiag doctor sample_models/broken_doctor_device.py:build", 120, 1, id="doctor-device"),
-    pytest.param("torchdiag gradcheck sample_models/custom_autograd.py:WrongMulSquare -i 3 -i 3", 120, 1,
-                 id="gradcheck-wrong"),
-    pytest.param("$ torchdiag summary sample_models/mlp.py:buidl", 120, 2, id="error-factory"),
-    pytest.param("$ torchdiag summary sample_models/broken_shape.py:build", 120, 3, id="error-forward"),
-]
+EXAMPLES = all_examples()
 
 
-@pytest.mark.parametrize("marker, columns, code", CASES)
-def test_readme_excerpt_matches_the_real_output(marker, columns, code, readme_run, monkeypatch):
+def test_the_examples_are_collected():
+    """The parser finds the examples that used to be tested by name, and each states its exit code."""
+    commands = [ex.command for ex in EXAMPLES]
+    for wanted in MUST_COVER:
+        assert wanted in commands, f"no `$ {wanted}` example in README.md or docs/ any more"
+    undocumented = [ex.id for ex in EXAMPLES if ex.code is None]
+    assert not undocumented, f"examples without `exit N` in their block's title: {undocumented}"
+
+
+def test_the_parser_reads_titles_excerpts_and_continuations(tmp_path):
+    """The collection itself: a title's exit code and width, `\\` continuations, the excerpt's end."""
+    page = tmp_path / "page.md"
+    page.write_text('text\n```text title="exit 3 · 90 columns"\n$ torchdiag summary a.py:b \\\n    --depth 1\n'
+                    'one\n…\ntwo\n$ echo done\n```\n```\n$ torchdiag flops x.py:y\n```\n', encoding="utf-8")
+    first, second = examples_in(page)
+    assert (first.line, first.command, first.code, first.columns) == (3, "torchdiag summary a.py:b --depth 1", 3, 90)
+    assert first.shown == ["one", "…", "two"]
+    assert (second.command, second.code, second.columns) == ("torchdiag flops x.py:y", None, 120)
+
+
+@pytest.mark.parametrize("ex", EXAMPLES, ids=[ex.id for ex in EXAMPLES])
+def test_example_matches_the_real_output(ex, cli, tmp_path, monkeypatch):
+    assert ex.code is not None, f"{ex.id}: state the exit code in the block's title (title=\"exit N\")"
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)   # the excerpts are CPU-only runs, even on a GPU box
-    args = marker.strip("`").removeprefix("$ ").split()
+    monkeypatch.chdir(scratch_folder(tmp_path, ex))
+    monkeypatch.setenv("COLUMNS", str(ex.columns))
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        monkeypatch.delenv(name, raising=False)
+    args = shlex.split(ex.command)
     assert args[0] == "torchdiag"
-    r = readme_run(columns, *args[1:])
-    assert r.code == code, r.stdout + r.stderr
-    assert_shown(marker, r.stdout + r.stderr)
-
-
-def test_readme_check_excerpt_with_the_readme_config(readme_run, tmp_path, monkeypatch):
-    """`torchdiag check` on the README's own [tool.torchdiag] example: the documented config is valid
-    and gives the documented table (the JUnit file lands where the excerpt says)."""
-    monkeypatch.setattr("torch.cuda.is_available", lambda: False)   # a CPU-only machine, even on a GPU box
-    text = README.read_text(encoding="utf-8")
-    config = re.search(r"```toml\n(\[tool\.torchdiag\].*?)```", text, re.S).group(1)
-    (tmp_path / "pyproject.toml").write_text(config)
-    (tmp_path / "sample_models").mkdir()
-    shutil.copy(ROOT / "sample_models" / "cnn.py", tmp_path / "sample_models")
-    r = readme_run(100, "check", "--junit", "reports/torchdiag.xml", cwd=tmp_path)
-    assert r.code == 0, r.stdout + r.stderr
-    assert_shown("$ torchdiag check --junit reports/torchdiag.xml", r.stdout + r.stderr)
-    assert (tmp_path / "reports" / "torchdiag.xml").is_file()
+    r = cli(*args[1:])
+    assert r.code == ex.code, f"{ex.id}: exit {r.code}, documented {ex.code}\n" + r.stdout + r.stderr
+    assert_shown(ex, r.stdout + r.stderr)
+    assert not (tmp_path / "PWNED").exists()     # the checkpoint that would run code was never run
+    if args[1] == "check" and "--junit" in args:
+        assert (tmp_path / args[args.index("--junit") + 1]).is_file()

@@ -38,7 +38,8 @@ def test_hf_config_builds_with_default_token_inputs(tmp_path, cli):
     r = cli("summary", f"hf:{folder}", "--json")
     assert r.code == 0, r.stderr
     doc = r.json
-    assert doc["inputs"] == ["input[0]: 1x64 int64"]             # length capped by n_positions
+    assert doc["inputs"] == ["input[0]: 1x64 int64", "labels: 1x64 int64"]   # length capped by n_positions
+    assert "labels = the input ids" in doc["input_source"]      # a causal LM: its own next-token loss
     assert "vocab 500" in doc["input_source"]
     assert any("[0, 500)" in n and "transformer.wte" in n for n in doc["input_notes"])
     assert "GPT2LMHeadModel from config.architectures" in doc["source"] and "random weights" in doc["source"]
@@ -80,9 +81,13 @@ def test_hf_seq2seq_gets_decoder_inputs_on_cpu_and_meta(tmp_path, cli):
     cfg.architectures = ["T5ForConditionalGeneration"]
     cfg.save_pretrained(folder)
     for device in ("cpu", "meta"):
-        r = cli("summary", f"hf:{folder}", "--device", device, "--json")
+        # the bare model: random decoder ids; the LM head: labels = the input ids, its decoder fed from them
+        r = cli("summary", f"hf:{folder}", "--arg", "task=base", "--device", device, "--json")
         assert r.code == 0, (device, r.stderr)
         assert any(i.startswith("decoder_input_ids: 1x128 int64") for i in r.json["inputs"]), r.json["inputs"]
+        r = cli("summary", f"hf:{folder}", "--device", device, "--json")
+        assert r.code == 0, (device, r.stderr)
+        assert r.json["inputs"] == ["input[0]: 1x128 int64", "labels: 1x128 int64"], r.json["inputs"]
 
 
 def test_hf_task_picks_the_head(tmp_path, cli):

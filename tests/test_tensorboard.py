@@ -32,6 +32,7 @@ MORE_RUNS = {
     "gradcheck": [sample("custom_autograd.py:MulSquare"), "-i", "3", "-i", "3"],
     "check": [sample("mlp.py:build"), "--max-params", "1M", "--nancheck"],
 }
+MORE_RUNS["watch"] = ["--every", "10", "--", "python", sample("watch_healthy_lm.py"), "--steps", "20"]
 
 
 def test_every_command_has_a_tb_run_here():
@@ -52,7 +53,7 @@ def test_every_command_writes_readable_events(cli, tmp_path, monkeypatch, comman
     monkeypatch.chdir(tmp_path)   # check: no pyproject.toml here
     image = save_png(np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8), tmp_path / "img.png")
     args = [str(a).replace("{image}", str(image)) for a in {**COMMANDS, **MORE_RUNS}[command]]
-    res = cli(command, *args, "--tb", tmp_path / "tb")
+    res = cli(command, "--tb", tmp_path / "tb", *args)   # first: watch's options end at its script
     assert res.code == 0, res.stderr  # healthy sample models
     run_dir = tmp_path / "tb" / command
     assert list(run_dir.glob("events.out.tfevents.*")), f"no event file in {run_dir}"

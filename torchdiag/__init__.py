@@ -12,6 +12,7 @@ from .commands import COMMANDS as _COMMANDS
 
 # the Python function of every command the registry gives one, and the helpers
 _API = (*sorted(c.python for c in _COMMANDS if c.python), "as_inputs", "make_loss", "run")
+_API += ("watch_callback",)   # watch inside a Hugging Face or Lightning trainer (api.watch_callback)
 _ERRORS = ("DiagError", "ExitCode", "ModelError", "UsageError", "OptionError")
 _RESULTS = ("Finding", "Result", "Table")
 _SUBMODULES = ("api", "commands", "errors", "results", "testing", "core", "diagnostics", "render", "runner", "cli")

@@ -1,3 +1,4 @@
 from .cli.app import main
 
-main()
+if __name__ == "__main__":   # importing the package (the docs build does) runs nothing
+    main()

@@ -116,6 +116,7 @@ def _command(command: str, doc: str):
 # torchdiag.<command>(model, inputs=None, **options) for every command the registry gives a plain Python
 # function; embeddings, gradcam, gradcheck and data take other arguments and are written out below
 _OWN_SIGNATURE = ("embeddings", "gradcam", "gradcheck", "data")
+_OWN_SIGNATURE += ("watch",)   # a context manager around the caller's loop (below)
 for _c in COMMANDS:
     if _c.python and _c.python not in _OWN_SIGNATURE:
         globals()[_c.python] = _command(_c.name, f"{_c.summary} Options: those of `torchdiag {_c.name}`, with _ for -.")
@@ -181,4 +182,36 @@ def data(dataset_or_loader, val=None, model=None, *, loss: Any = "auto", device=
     return result
 
 
-__all__ = [*(c.python for c in COMMANDS if c.python), "as_inputs", "make_loss", "run"]
+def watch(model=None, optimizer=None, *, every: int = 50, logdir=None, **options):
+    """Watch the caller's own training loop: `with torchdiag.watch(model, optimizer) as w: ...`, then
+    `w.result()` (a UsageError, exit 2, when no optimizer step was seen). optimizer=None: every optimizer
+    that steps the model's parameters; model=None too: every model any optimizer trains. `w.log(name,
+    value)` records a metric the loop computes, `w.set_epoch(epoch)` names the epoch in findings. logdir:
+    TensorBoard events under logdir/watch/ while the run goes. Options: those of `torchdiag watch`, with _
+    for - (accumulate, status, histograms, replay, spike, explode, ratio_high)."""
+    from .diagnostics.watch import Options, Watch
+    from .render.watch import Live
+
+    opts = Options(every=every, logdir=None if logdir is None else str(logdir), **options)
+    live = Live(status=opts.status, logdir=opts.logdir)
+    return Watch(model, optimizer, opts=opts, **live.callbacks())
+
+
+def watch_callback(kind: str, *, logdir=None, **options):
+    """watch inside a trainer that owns the loop: kind "hf" (a transformers TrainerCallback; needs transformers
+    and accelerate) or "lightning" (a lightning.pytorch Callback). `cb.result` is the Result once training
+    ended; options as torchdiag.watch's."""
+    from .diagnostics.watch import Options
+    from .diagnostics.watch.callbacks import hf_callback, lightning_callback
+    from .errors import UsageError
+    from .render.watch import Live
+
+    makers = {"hf": hf_callback, "lightning": lightning_callback}
+    if kind not in makers:
+        raise UsageError(f"watch_callback: kind must be one of {', '.join(makers)}, not {kind!r}")
+    opts = Options(logdir=None if logdir is None else str(logdir), **options)   # checked before the trainer runs
+    live = Live(status=opts.status, logdir=opts.logdir)
+    return makers[kind](**options, logdir=opts.logdir, **live.callbacks())
+
+
+__all__ = [*(c.python for c in COMMANDS if c.python), "as_inputs", "make_loss", "run", "watch_callback"]

@@ -87,8 +87,8 @@ class Command:
     diagnostic: Optional[str] = None        # torchdiag.diagnostics.<it>: Options, run, NEEDS_VALUES, ...
     renderer: Optional[str] = None          # torchdiag.render.<it>: WRITERS = {kind: write_kind}
     # what its argument names: model (a factory spec; the runner loads model and inputs) | callable (gradcheck's
-    # TARGET) | config (check) | data (a DATA_SPEC: runner.local.run_data_specs). A command whose target is not a
-    # model (a user script for `watch`) takes a new value here and gives the runner a Job.produce() for its Result.
+    # TARGET) | config (check) | data (a DATA_SPEC: runner.local.run_data_specs) | script (watch's `-- python
+    # train.py ...`: Job.produce() runs it; under torchrun every rank runs it and rank 0 reports).
     target: str = "model"
     per_rank: bool = False                  # under torchrun every rank runs it on its shard (runner/ranks.py)
     cross_rank: bool = False                # ... and the ranks are compared after a real step (consistency)
@@ -142,6 +142,9 @@ COMMANDS: tuple[Command, ...] = (
        _TRAIN, renderer=True, per_rank=True),
     _c("doctor", "Run the checklist of bugs that let a model train while quietly doing the wrong thing.",
        _TRAIN, per_rank=True, cross_rank=True),
+    _c("watch", "Watch your own training run (a script, or your loop in Python): non-finite values with the step and "
+       "module, missing zero_grad, loss spikes and divergence, dead units, update/weight ratios; a report at the end.",
+       ("output",), renderer=True, target="script"),
     _c("activations", "What each module produces: output shape, mean, std, min, max, fraction of zeros and of "
        "saturated values, for one forward pass (eval mode, no grad).", _FORWARD, renderer=True),
     _c("gradcam", "Grad-CAM: which part of the image drives a classifier's score for a class.",

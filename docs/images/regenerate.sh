@@ -1,5 +1,5 @@
 #!/bin/sh
-# Regenerate the README pictures with the README's own commands (run from the repository root).
+# Regenerate the documentation pictures with the commands the pages show (run from the repository root).
 # tests/test_{activations,gradcam,attention,embeddings,lr_find}.py check that these files still equal what
 # the code produces: after changing a picture, run this and commit the PNGs.
 set -e

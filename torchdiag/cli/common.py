@@ -38,10 +38,10 @@ Depth = Annotated[int, typer.Option("--depth", help="Module nesting depth shown 
 Args, Inputs, Checkpoint, Json, Tb, Debug = (option(n) for n in ("args", "inputs", "checkpoint", "json", "tb", "debug"))
 
 
-def register(app, name: str, body: Callable, own: dict, details: str, epilog: str, target=Spec) -> None:
+def register(app, name: str, body: Callable, own: dict, details: str, epilog: str, target=Spec, **settings) -> None:
     """Command `name`: its target argument, then the run-wide options of its groups with its own options
     (`own`: param -> (annotation, default), in --help order) before --seed. `body(o)` gets every value by parameter name.
-    Its help is the registry's summary and then `details`."""
+    Its help is the registry's summary and then `details`; `settings` go to Typer's app.command."""
     command = get(name)
     run_wide = [(field, option(field), command.defaults.get(field, RUN[field].default)) for field in command.options()]
     at = next((i for i, (field, _, _) in enumerate(run_wide) if field == "seed"), len(run_wide))
@@ -51,33 +51,12 @@ def register(app, name: str, body: Callable, own: dict, details: str, epilog: st
         params.append(inspect.Parameter(param, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default))
 
     def callback(**given) -> None:
-        o = SimpleNamespace(**given)
-        if target is Spec:
-            refused(name, o)   # a missing model file or factory: said before the diagnostic imports torch
-        body(o)
+        body(SimpleNamespace(**given))
 
     callback.__signature__ = inspect.Signature(params)
     callback.__annotations__ = {}
     callback.__name__ = command.module_name
-    app.command(name, help=f"{command.summary}\n\n{details}", epilog=epilog, no_args_is_help=True)(callback)
-
-
-def refused(name: str, o) -> None:
-    """core.spec_check on MODEL_SPEC, torch-free: a spec that cannot load ends here, through the runner's
-    one ladder (the same error line, JSON document and exit code as when the loader finds it)."""
-    from ..core.spec_check import precheck
-    from ..errors import UsageError
-
-    try:
-        precheck(o.spec or "")
-        return
-    except UsageError as exc:
-        error = exc
-
-    def fail():
-        raise error
-
-    execute(job(name, o, produce=fail))
+    app.command(name, help=f"{command.summary}\n\n{details}", epilog=epilog, no_args_is_help=True, **settings)(callback)
 
 
 def job(name: str, o, *, optimizer: dict | None = None, outputs: dict | None = None, needs_inputs: bool = True, **hooks):

@@ -91,7 +91,7 @@ def run(o) -> None:
         return made["opts"]
 
     def precheck():   # the files asked for, before anything is loaded
-        from ..render.data import check_plot
+        from ..render.plots import check_plot
         from ..render.images import check_pictures
 
         check_pictures(o.images, o.tb is not None, "data pictures")

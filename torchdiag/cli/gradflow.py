@@ -39,6 +39,7 @@ OWN = {
     "allow": (Annotated[Optional[list[str]], typer.Option("--allow", metavar="PATTERN", show_default=False, help="Glob on parameter names (module paths for activation warnings) accepted as intentional, e.g. 'aux_head.*'. Repeatable.")], None),
     "strict": (Annotated[bool, typer.Option("--strict", help="Warnings (vanishing-grad, dead-units, saturated) also fail (exit 1).")], False),
     "eval_mode": (Annotated[bool, typer.Option("--eval", help="Run the forward in eval mode (default: train mode, as in training).")], False),
+    "all": (Annotated[bool, typer.Option("--all", help="Print the per-parameter table too (always in --json).")], False),
     "plot": (Annotated[Optional[Path], typer.Option("--plot", metavar="FILE.png", help="Write the gradient-flow figure (max and mean |grad| per layer; .png, .svg or .pdf); needs matplotlib.")], None),
 }
 
@@ -61,7 +62,7 @@ def run(o) -> None:
     job = c.job("gradflow", o, outputs={"plot": o.plot, "tb_layers": o.tb}, precheck=precheck, options=lambda: diag.Options(
         depth=o.depth, vanishing=o.vanishing, exploding=o.exploding, exploding_ratio=o.exploding_ratio, dead=o.dead,
         saturated=o.saturated, allow=list(o.allow or []), strict=o.strict, eval_mode=o.eval_mode,
-        histograms=o.tb is not None))
+        histograms=o.tb is not None, all=o.all))
     c.execute(job, render_extra=extra)
 
 

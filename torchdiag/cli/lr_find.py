@@ -2,13 +2,13 @@
 suggestion (or none, with a warning saying why), 1 no rate trains, 130 Ctrl-C."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from . import common as c
+from .progress import with_progress
 
 EXAMPLE = """Examples:
 
@@ -61,56 +61,17 @@ OWN = {"min_lr": (MinLr, 1e-7), "max_lr": (MaxLr, 10.0), "steps": (Steps, 100), 
 
 def run(o) -> None:
     from ..diagnostics import lr_find as diag
-    from ..render.lr_find import check_plot
+    from ..render.plots import check_plot
 
     job = c.job("lr-find", o, optimizer=dict(name=o.optimizer, lr=o.lr), outputs={"plot": o.plot},
                 options=lambda: diag.Options(min_lr=o.min_lr, max_lr=o.max_lr, steps=o.steps, diverge=o.diverge,
                                              repeats=o.repeats, check_steps=o.check_steps),
-                run=_with_progress(diag, o.json), precheck=lambda: check_plot(o.plot))   # before loading
+                run=with_progress(diag, o.json, "lr-find", "updates", lambda options: options.cost), precheck=lambda: check_plot(o.plot))   # before loading
     c.execute(job, render_extra=_after(o.json))
 
 
 def register(app) -> None:
     c.register(app, "lr-find", run, OWN, DETAILS, EXAMPLE)
-
-
-def _progress_bar(json_mode: bool):
-    """A live bar on stderr with updates, the last loss and updates/s; None when not a terminal or --json."""
-    if json_mode or not sys.stderr.isatty():
-        return None
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(TextColumn("lr-find"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[rate]} updates/s"),
-                    TimeElapsedColumn(), console=Console(stderr=True), transient=True)
-
-
-def _with_progress(diag, json_mode: bool):
-    """diag.run with a live bar (stderr, terminals only). Its total is the most updates the run may take (a
-    repeat that diverges stops early, so the bar may end short of it). Ctrl-C keeps the curve so far (exit 130)."""
-    import dataclasses
-    import time
-
-    def run(model, inputs, options, ctx):
-        bar = _progress_bar(json_mode)
-        if bar is None:
-            return diag.run(model, inputs, options, ctx)
-        with bar:
-            task = bar.add_task("lr-find", total=options.cost, loss="—", rate="—")
-            first: list[tuple[float, int]] = []
-
-            def on_step(done: int, loss: float | None) -> None:
-                now = time.perf_counter()   # rate from the first report: excludes set-up
-                if not first:
-                    first.append((now, done))
-                dt, n = now - first[0][0], done - first[0][1]
-                bar.update(task, completed=done, loss="—" if loss is None else f"{loss:.4g}",
-                           rate=f"{n / dt:.1f}" if dt > 0 else "—")
-
-            return diag.run(model, inputs, dataclasses.replace(options, on_step=on_step), ctx)
-
-    return run
 
 
 def _after(json_mode: bool):

@@ -1,13 +1,13 @@
 """`torchdiag overfit-batch`: can this model memorise one fixed batch? Exit 0 pass, 1 fail, 130 Ctrl-C."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from . import common as c
+from .progress import with_progress
 
 EXAMPLE = """Examples:
 
@@ -51,53 +51,16 @@ OWN = {"steps": (Steps, 500), "optimizer": (Optimizer, "adam"), "lr": (Lr, None)
 
 def run(o) -> None:
     from ..diagnostics import overfit_batch as diag
-    from ..render.overfit_batch import check_plot
+    from ..render.plots import check_plot
 
     job = c.job("overfit-batch", o, optimizer=dict(name=o.optimizer, lr=o.lr), outputs={"plot": o.plot},
                 options=lambda: diag.Options(steps=o.steps, target_ratio=o.target_ratio, target_loss=o.target_loss),
-                run=_with_progress(diag, o.json), precheck=lambda: check_plot(o.plot))   # before loading
+                run=with_progress(diag, o.json, "overfit-batch", "steps", lambda options: options.steps), precheck=lambda: check_plot(o.plot))   # before loading
     c.execute(job, render_extra=_after(o.json))
 
 
 def register(app) -> None:
     c.register(app, "overfit-batch", run, OWN, DETAILS, EXAMPLE)
-
-
-def _progress_bar(json_mode: bool):
-    """A live bar on stderr with step, loss and steps/s; None when not a terminal or --json."""
-    if json_mode or not sys.stderr.isatty():
-        return None
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(TextColumn("overfit-batch"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[rate]} steps/s"),
-                    TimeElapsedColumn(), console=Console(stderr=True), transient=True)
-
-
-def _with_progress(diag, json_mode: bool):
-    """diag.run with a live progress bar (stderr, terminals only). Ctrl-C during training returns
-    the partial result (exit 130), rendered like any other."""
-    import dataclasses
-    import time
-
-    def run(model, inputs, options, ctx):
-        bar = _progress_bar(json_mode)
-        if bar is None:
-            return diag.run(model, inputs, options, ctx)
-        with bar:
-            task = bar.add_task("train", total=options.steps, loss="—", rate="—")
-            first: list[float] = []
-
-            def on_step(step: int, loss: float) -> None:
-                now = time.perf_counter()   # rate from the first evaluation: excludes set-up
-                first.append(now) if not first else None
-                dt = now - first[0]
-                bar.update(task, completed=step, loss=f"{loss:.4g}", rate=f"{step / dt:.1f}" if dt > 0 else "—")
-
-            return diag.run(model, inputs, dataclasses.replace(options, on_step=on_step), ctx)
-
-    return run
 
 
 def _after(json_mode: bool):

@@ -8,7 +8,6 @@ torchvision must be installed, see core.sources.require)."""
 from __future__ import annotations
 
 import inspect
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,10 +80,7 @@ def load_data(spec: str, arg_pairs: list[str] | None = None, seed: int | None = 
         where, name = loading.split_spec(spec)
     except UsageError as exc:
         raise UsageError(exc.message.replace("MODEL_SPEC", option), hint=f"write it as {DATA_FORMS}") from None
-    if (where.endswith(".py") or "/" in where or os.sep in where) and not os.path.exists(where):
-        # said here: the model loader's own line would call it a model file
-        raise UsageError(f"data file not found: {where}", hint="check the path before the ':'")
-    module = loading.import_module(where)
+    module = loading.import_module(where, "data file")
     factory = loading.find_factory(module, name, where)
     obj = _call(factory, name, kwargs, seed)
     kind = kind_of(obj, f"{name}()")

@@ -348,11 +348,24 @@ def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
     inputs = resolve_inputs(list(loaded.default_inputs), loaded, device, seed)
     inputs.source = loaded.input_source
     names = [p.name for p in forward_parameters(loaded.model)]
-    if device.type == "meta" and "decoder_input_ids" in names[len(inputs.args):] and inputs.args:
+    if getattr(loaded, "labels_from_ids", False) and inputs.args and "labels" in names:
+        _labels_from_ids(inputs)
+    if device.type == "meta" and "labels" not in inputs.kwargs and "decoder_input_ids" in names[len(inputs.args):] and inputs.args:
         first = inputs.args[0]
         inputs.kwargs["decoder_input_ids"] = torch.empty(first.shape, dtype=first.dtype, device="meta")
         inputs.notes.append(f"decoder_input_ids: {shape_str(first)} added (the model is an encoder-decoder)")
     return inputs
+
+
+def _labels_from_ids(inputs) -> None:
+    """An LM head's own loss on labels = the input ids: a causal LM shifts them itself; an encoder-decoder
+    makes its decoder inputs from them (shifted right), so random decoder ids are not given as well."""
+    inputs.kwargs["labels"] = inputs.args[0]
+    if inputs.kwargs.pop("decoder_input_ids", None) is not None:
+        inputs.notes = [n for n in inputs.notes if not n.startswith("decoder_input_ids")]
+        inputs.notes.append("labels: the input ids; decoder_input_ids: the model's own (labels shifted right)")
+    else:
+        inputs.notes.append("labels: the input ids (the model's own loss)")
 
 
 def resolve_inputs(specs: list[str] | None, loaded, device, seed: int = 0) -> ModelInputs:

@@ -32,6 +32,7 @@ class LoadedModel:
     input_source: str = ""                 # how those were chosen, for the header
     weights: tuple[str, ...] = ()          # checkpoint files found with the spec (hf: *.safetensors)
     header: dict[str, Any] = field(default_factory=dict)
+    labels_from_ids: bool = False          # hf: causal LM: the default inputs pass labels = the input ids
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -63,8 +64,9 @@ def _is_path(where: str) -> bool:
     return where.endswith(".py") or os.sep in where or "/" in where
 
 
-def import_module(where: str) -> ModuleType:
-    """Import a file path or a dotted module; the user's import errors exit 3, missing ones 2."""
+def import_module(where: str, what: str = "model file") -> ModuleType:
+    """Import a file path or a dotted module; the user's import errors exit 3, missing ones 2 (`what` the
+    file is, for that message: model file, loss file, batch file)."""
     if os.path.isdir(where) and not os.path.isfile(os.path.join(where, "__init__.py")) or (
             _is_path(where) and os.path.isdir(where)):
         raise UsageError(f"'{where}' is a folder, not a Python file",
@@ -75,7 +77,7 @@ def import_module(where: str) -> ModuleType:
     if _is_path(where):
         path = os.path.abspath(where)
         if not os.path.isfile(path):
-            raise file_not_found(where)
+            raise file_not_found(where, what)
         name = "_torchdiag_user_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
         folder = os.path.dirname(path)
         if folder not in sys.path:  # sibling imports inside the user's file keep working
@@ -165,7 +167,8 @@ def _load_source(spec: str, kwargs: dict[str, Any], device, seed: int | None) ->
     if device is not None and device.type != "meta":
         model = model.to(device)
     return LoadedModel(model, spec, sources.example_module(spec, source), source.label, source.kwargs, built_on,
-                       source.build, source.inputs, source.input_source, tuple(source.weights), dict(source.header))
+                       source.build, source.inputs, source.input_source, tuple(source.weights), dict(source.header),
+                       source.labels_from_ids)
 
 
 def refuse_scripted(model, what: str) -> None:

@@ -301,7 +301,7 @@ def resolve_loss(text: str, loaded, batch_target, seed: int) -> Loss:
         from .loading import find_factory, import_module, split_spec
 
         where, name = split_spec(text)
-        module = loaded.module if where in ("", ".") else import_module(where)
+        module = loaded.module if where in ("", ".") else import_module(where, "loss file")
         loss = Loss("custom", seed, batch_target, custom=find_factory(module, name, where))
         loss.custom_name = f"{name}()"
         return loss
@@ -320,7 +320,7 @@ def load_batch(spec: str, device, seed: int):
     from .train import user_call
 
     where, name = split_spec(spec)
-    fn = find_factory(import_module(where), name, where)
+    fn = find_factory(import_module(where, "batch file"), name, where)
     value = user_call(seed, fn, f"batch function {name}()")
     if not (isinstance(value, (tuple, list)) and len(value) == 2):
         raise UsageError(f"batch function {name}() must return (inputs, target); got {type(value).__name__}")

@@ -163,6 +163,7 @@ class Pass:
     loss: Any                        # the loss, detached (read back with the other statistics)
     loss_text: str                   # how the loss was made
     stochastic: list = field(default_factory=list)   # stochastic-depth modules switched off for the pass
+    local: list = field(default_factory=list)        # weights made in forward (core/local_leaves.py), described
 
 
 def record_pass(model, inputs, opts, ctx, call=None) -> Pass:
@@ -174,6 +175,7 @@ def record_pass(model, inputs, opts, ctx, call=None) -> Pass:
     import torch
 
     from .guard import leave_no_trace
+    from .local_leaves import describe_leaf, local_leaves
     from .tracking import ModuleTracker, run_forward
     from .train import backward
 
@@ -194,8 +196,9 @@ def record_pass(model, inputs, opts, ctx, call=None) -> Pass:
         with ctx.autocast():
             loss = loss_fn(output)
         reach = reachable(loss.grad_fn)
+        local = [describe_leaf(t) for t in local_leaves(loss, model, [t for _, t in inputs.tensors()])]
         backward(loss)
         grads = {n: p.grad for n, p in params.items()}
         for p in params.values():
             p.grad = None
-    return Pass(rec, reach, grads, loss.detach(), loss_fn.describe(), stochastic)
+    return Pass(rec, reach, grads, loss.detach(), loss_fn.describe(), stochastic, local)

@@ -51,6 +51,7 @@ class Source:
     example_inputs: Callable | None = None  # when -i specs cannot say it (a list of images)
     weights: list[str] = field(default_factory=list)  # checkpoint files found beside the spec
     header: dict[str, Any] = field(default_factory=dict)
+    labels_from_ids: bool = False          # a causal LM: its default inputs pass labels = the input ids
 
 
 def is_source(spec: str) -> bool:
@@ -240,7 +241,7 @@ def hf_source(path: str, kwargs: dict[str, Any]) -> Source:
     source.weights = _hf_weights(folder)
     if not source.weights:
         source.header["source"] += f"; no *.safetensors in {folder}: random weights"
-    _hf_inputs(config, path, source)
+    _hf_inputs(config, path, source, cls)
     return source
 
 
@@ -307,7 +308,23 @@ def _hf_class(config, task: str | None):
                                  hint="name the model class save_pretrained wrote (e.g. GPT2LMHeadModel), or pick a "
                                       "head with --arg task=...")
             return cls, f"{arch} from config.architectures"
+    if _decoder_only(config):   # its own LM head by default: what a decoder-only model is trained with
+        return transformers.AutoModelForCausalLM, (
+            f"AutoModelForCausalLM: config.json names no architecture and model_type '{config.model_type}' is "
+            "decoder-only in transformers' mappings (a causal-LM class, no masked-LM or seq2seq one); "
+            "--arg task=... picks another head")
     return transformers.AutoModel, "AutoModel (config.json names no known architecture; --arg task=... picks a head)"
+
+
+def _decoder_only(config) -> bool:
+    """transformers' own auto mappings say so: a causal-LM class for the model_type, and neither a
+    seq2seq nor a masked-LM one (an encoder with a causal-LM variant, like BERT, has a masked-LM one)."""
+    from transformers.models.auto import modeling_auto as auto
+
+    kind = getattr(config, "model_type", None)
+    return (not getattr(config, "is_encoder_decoder", False) and kind in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+            and kind not in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+            and kind not in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
 
 def _hf_weights(folder: str) -> list[str]:
@@ -317,9 +334,10 @@ def _hf_weights(folder: str) -> list[str]:
     return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".safetensors"))
 
 
-def _hf_inputs(config, path: str, source: Source) -> None:
+def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
     """Pixels for a vision config (image_size), else token ids (their range comes from the embedding
-    that reads them, i.e. the config's vocabulary; an encoder-decoder gets decoder ids as well)."""
+    that reads them, i.e. the config's vocabulary; an encoder-decoder gets decoder ids as well). A
+    causal LM also gets labels = its input ids, so it is trained with its own loss (output['loss'])."""
     image = getattr(config, "image_size", None)
     if not (type(image) is int or isinstance(image, (list, tuple)) and image and all(type(v) is int for v in image)):
         image = None   # a config class that does not check its types: no default image size from it
@@ -334,6 +352,21 @@ def _hf_inputs(config, path: str, source: Source) -> None:
     source.inputs = (f"1x{length}:int64",)
     vocab = getattr(config, "vocab_size", None)
     source.input_source = f"hf:{path} default (token ids, length {length}" + (f", vocab {vocab})" if vocab else ")")
+    if vocab and _lm_head(cls):
+        source.labels_from_ids = True
+        source.input_source += "; labels = the input ids (the model's own loss)"
+
+
+def _lm_head(cls) -> bool:
+    """The class built is a causal-LM or seq2seq-LM head (the Auto class, or a class in its mapping):
+    trained on labels with its own loss (a causal LM shifts them; a seq2seq LM feeds them shifted right
+    to its decoder)."""
+    from transformers.models.auto import modeling_auto as auto
+
+    name = getattr(cls, "__name__", "")
+    return name in ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM") or \
+        name in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() or \
+        name in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.values()
 
 
 def trains(command: str) -> bool:

@@ -36,8 +36,8 @@ def precheck(spec: str) -> None:
     raise no_factory(where, name, sorted(n for n in names if not n.startswith("_")))
 
 
-def file_not_found(where: str) -> UsageError:
-    return UsageError(f"model file not found: {where}", hint="check the path before the ':'")
+def file_not_found(where: str, what: str = "model file") -> UsageError:
+    return UsageError(f"{what} not found: {where}", hint="check the path before the ':'")
 
 
 def no_factory(where: str, name: str, candidates: list[str]) -> UsageError:

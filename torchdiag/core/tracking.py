@@ -180,7 +180,7 @@ def forward_error(exc: BaseException, tracker: ModuleTracker | None, phase: str 
         msg += f" — the model's forward was not given {' or '.join(missing)} ({call.name or '(root)'} received {got})"
         hint = (f"pass {missing[0]} as a keyword input: an example_inputs() function in the model's module "
                 "returning a dict, or inputs={...} in Python")
-    if call is not None and call.float_ids is not None:
+    if getattr(call, "float_ids", None) is not None:   # trackers of our own may return a plain record
         rows, shape = call.float_ids
         msg += f" — {call.name or '(root)'} is an nn.Embedding and was given floating-point values, not integer ids"
         hint = f"give the input an integer dtype: -i {shape}:int64[0,{rows}) on the command line (ids in [0, {rows}))"

@@ -51,3 +51,32 @@ def _detached(cut: str, rec) -> str:
                 "(detached or computed under no_grad inside its forward)")
     return (f"module {label(cut)} ({ckind}) ran but its output never reached the loss "
             "(.detach(), a cast to int, or a non-differentiable op after it)")
+
+
+# A trainable parameter that gets no gradient is one cause with one code and one severity in every
+# command that sees it (doctor, gradflow, overfit-batch): an error, ranked before what it causes.
+NO_GRAD = "no-grad"
+NO_GRAD_SEVERITY = "error"
+NO_GRAD_HINT = ("connect them to the loss (a .detach(), torch.no_grad() or an unused module cuts them off), or "
+                "freeze them with requires_grad_(False); `torchdiag gradflow` says which and why")
+
+
+def top_module(names: list[str], model) -> str:
+    """The highest module all of whose trainable parameters are among `names` (containing the first
+    name), or the first name itself: where gradflow groups the same parameters."""
+    missing = set(names)
+    trainable = {n: [pn for pn, p in m.named_parameters(prefix=n) if p.requires_grad]
+                 for n, m in model.named_modules()}
+    best = None
+    for a in ancestors(owner(names[0])):
+        members = trainable.get(a, [])
+        if members and all(m in missing for m in members):
+            best = a
+        else:
+            break
+    return names[0] if best is None else label(best)
+
+
+def no_grad_message(names: list[str], total: int, limit: int = 6) -> str:
+    shown = ", ".join(names[:limit]) + (f" … (+{len(names) - limit} more)" if len(names) > limit else "")
+    return f"{len(names)} of {total} trainable parameter tensor(s) got no gradient from the loss: {shown}"

@@ -7,7 +7,7 @@ called several times is pooled over its calls. Statistics are computed in float6
 forward hook, so no output is kept unless a picture of it was asked for.
 
 Pictures (`--layer NAME`, `--images DIR`, `--tb DIR`): a grid of the layer's feature maps for
-sample 0 (one tile per channel, each min-max scaled), and for conv layers a grid of the filters
+sample 0 (one tile per channel, on one colour scale), and for conv layers a grid of the filters
 (first-layer RGB filters in colour, one tile per output filter; otherwise one gray tile per
 (output, input) channel pair). They are data: `result.artefacts["drawings"]` holds what each picture
 shows (float planes, the grid, the enlargement) in the order of `result.data["images"]`, whose entries
@@ -21,7 +21,7 @@ from ..core.guard import leave_no_trace
 from ..core.run import flag, number
 from ..core.tracking import ForwardHooks, ModuleTracker, first_tensor, forward_error, nested_shape
 from ..errors import UsageError
-from ..pictures import grid_shape, scale_for
+from ..pictures import grid_figure_size, tile_scale
 from ..results import Column, Result, Table
 
 MAX_MAPS = 64          # feature-map tiles per layer
@@ -206,7 +206,8 @@ def filter_planes(weight) -> tuple[list, int | None, str]:
     """Conv filters as values in [0, 1] (w / 2·max|w| + 0.5: whole-tensor symmetric scaling so tiles
     compare): out×3×k×k → one k×k×3 colour plane per output filter; out×1×k×k (grayscale input,
     depthwise) → one gray plane per filter in a square grid; otherwise gray planes per (out, in) pair,
-    one row per output filter (≤ 16 input channels, ≤ 256 tiles). (planes, columns or None, rgb|gray)."""
+    one row per output filter (≤ 16 input channels, ≤ 256 tiles). (planes, columns or None, rgb|gray,
+    max|w|: the weight that 0 and 1 stand for is ∓ it)."""
     np = __import__("numpy")
     w = weight.detach().float().cpu().numpy()
     if w.ndim == 5:
@@ -216,12 +217,12 @@ def filter_planes(weight) -> tuple[list, int | None, str]:
     out_c, in_c = w.shape[:2]
     m = float(np.abs(w).max()) or 1.0
     if in_c == 3:
-        return [w[o].transpose(1, 2, 0) / (2 * m) + 0.5 for o in range(min(out_c, MAX_FILTER_TILES))], None, "rgb"
+        return [w[o].transpose(1, 2, 0) / (2 * m) + 0.5 for o in range(min(out_c, MAX_FILTER_TILES))], None, "rgb", m
     if in_c == 1:  # grayscale first layer or depthwise conv: one tile per filter, square grid
-        return [w[o, 0] / (2 * m) + 0.5 for o in range(min(out_c, MAX_FILTER_TILES))], None, "gray"
+        return [w[o, 0] / (2 * m) + 0.5 for o in range(min(out_c, MAX_FILTER_TILES))], None, "gray", m
     cols = min(in_c, 16)
     rows = max(1, min(out_c, MAX_FILTER_TILES // cols))
-    return [w[o, i] / (2 * m) + 0.5 for o in range(rows) for i in range(cols)], cols, "gray"
+    return [w[o, i] / (2 * m) + 0.5 for o in range(rows) for i in range(cols)], cols, "gray", m
 
 
 def run(model, inputs, opts: Options, ctx) -> Result:
@@ -280,12 +281,15 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     return result
 
 
-def _picture(layer: str, suffix: str, kind: str, planes: list, cols, scale: int, entry: dict) -> tuple[dict, dict]:
+def _picture(layer: str, suffix: str, kind: str, planes: list, cols, scale: int, entry: dict,
+             **facts) -> tuple[dict, dict]:
     """One picture described for render/activations.py (which draws it) and its entry in data["images"],
-    with the size it will have: tiles of the planes enlarged `scale` times in a grid of `cols` columns."""
+    with the size it will have: tiles of the planes enlarged `scale` times in a grid of `cols` columns,
+    labelled and framed (pictures.grid_figure_size). `facts`: what the picture's words say (caption,
+    tile labels, the weight scale of filters)."""
     h, w = planes[0].shape[:2]
-    _, _, height, width = grid_shape(len(planes), h * scale, w * scale, cols)
-    drawing = {"layer": layer, "suffix": suffix, "kind": kind, "planes": planes, "cols": cols, "scale": scale}
+    height, width = grid_figure_size(len(planes), h * scale, w * scale, cols, colorbar=kind != "rgb")
+    drawing = {"layer": layer, "suffix": suffix, "kind": kind, "planes": planes, "cols": cols, "scale": scale, **facts}
     return drawing, {"layer": layer, "kind": entry.pop("kind", kind), "tiles": len(planes), **entry,
                      "height": height, "width": width}
 
@@ -296,25 +300,47 @@ def _pictures(model, name, output, result) -> list[dict]:
     out = []
     planes, channels = feature_map_planes(output)
     if planes:
-        drawing, entry = _picture(name, "features", "feature_maps", planes, None, scale_for(*planes[0].shape[:2]),
-                                  {"channels": channels})
+        h, w = planes[0].shape
+        if output.dim() >= 4:
+            caption = f"sample 0: {len(planes)} of {channels} channels, {h}×{w} each" if channels > len(planes) \
+                else f"sample 0: {channels} channels, {h}×{w} each"
+            caption += ", middle depth slice" if output.dim() == 5 else ""
+            labels = [f"ch {c}" for c in range(len(planes))]
+        else:
+            caption, labels = f"{'sample 0' if output.dim() == 3 else 'batch'}: {h}×{w} (rows × features)", [""]
+        drawing, entry = _picture(name, "features", "feature_maps", planes, None, tile_scale(h, w),
+                                  {"channels": channels}, caption=caption, labels=labels)
         result.artefacts["drawings"].append(drawing)
         out.append(entry)
         if channels > len(planes) and output.dim() >= 4:
             result.notes.append(f"{name}: first {len(planes)} of {channels} channels shown")
     mod = model.get_submodule(name)
     if isinstance(mod, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
-        fplanes, cols, kind = filter_planes(mod.weight)
+        fplanes, cols, kind, wmax = filter_planes(mod.weight)
         kh, kw = fplanes[0].shape[:2]
-        drawing, entry = _picture(name, "filters", kind, fplanes, cols, scale_for(kh, kw, 24), {"kind": f"filters_{kind}"})
         out_c, in_c = mod.weight.shape[:2]
         shown_out, shown_in = (len(fplanes), in_c) if cols is None else (len(fplanes) // cols, cols)
+        drawing, entry = _picture(name, "filters", kind, fplanes, cols, tile_scale(kh, kw, 40), {"kind": f"filters_{kind}"},
+                                  caption=_filter_caption(mod.weight.shape, kind, cols, shown_out, shown_in),
+                                  labels=[str(o) for o in range(len(fplanes) if cols is None else shown_out)], wmax=wmax)
         if shown_out < out_c or shown_in < in_c:
             result.notes.append(f"{name}: filters of the first {shown_out} of {out_c} output channels"
                                 + (f" × first {shown_in} of {in_c} input channels" if shown_in < in_c else "") + " shown")
         result.artefacts["drawings"].append(drawing)
         out.append(entry)
     return out
+
+
+def _filter_caption(shape, kind: str, cols, shown_out: int, shown_in: int) -> str:
+    """What a filter picture shows, in words: how many filters of which size, and how the grid reads."""
+    out_c, in_c = shape[:2]
+    k = "×".join(map(str, shape[2:]))
+    text = (f"{shown_out} of {out_c}" if shown_out < out_c else f"{out_c}") + f" filters of size {k}"
+    if kind == "rgb":
+        return text + ", the 3 input channels as RGB"
+    if cols is not None:
+        return text + ", rows: output filter, columns: input channel" + (f" (first {shown_in} of {in_c})" if shown_in < in_c else "")
+    return text + ", one input channel each"
 
 
 def _findings(result, rows, opts) -> None:

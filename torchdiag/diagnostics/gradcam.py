@@ -17,7 +17,7 @@ from ..core.resources import memory_limit
 from ..core.run import flag, number
 from ..core.tracking import ModuleTracker, forward_error, module_named
 from ..errors import ModelError, OptionError, UsageError
-from ..pictures import PICTURE_MIN, grid_shape, need_pictures
+from ..pictures import PICTURE_MIN, gradcam_size, need_pictures
 from ..results import Column, Result, Table
 
 NEEDS_VALUES = True
@@ -210,6 +210,15 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
     return cam.detach().cpu(), norm.detach().cpu(), logits.detach().cpu(), k
 
 
+def class_name(model, k: int) -> str | None:
+    """The name the model gives class k: its config's id2label (the Hugging Face convention), if any."""
+    labels = getattr(getattr(model, "config", None), "id2label", None)
+    if isinstance(labels, dict):
+        name = labels.get(k, labels.get(str(k)))
+        return str(name) if name is not None else None
+    return None
+
+
 def run(model, inputs, opts: Options, ctx) -> Result:
     import torch
 
@@ -248,6 +257,9 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         "heatmap_peak": list(peak), "heatmap_mean": float(hm.mean()), "heatmap_max": float(hm.max()),
         "heatmap_min": float(hm.min()),
     })
+    name = class_name(model, k)
+    if name is not None:
+        result.data["class_name"] = name
     result.data["layer_calls"] = info["calls"]
     if info["calls"] > 1:
         result.notes.append(f"layer {opts.layer} ran {info['calls']} times in forward; the map explains its last call")
@@ -265,8 +277,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     if opts.tb or opts.out:
         result.artefacts.update(image=rgb, alpha=opts.alpha, tb=opts.tb, out=opts.out)
     if opts.out:
-        result.data["out_size"] = list(grid_shape(3, rgb.shape[0] * f, rgb.shape[1] * f, cols=3)[2:])
-    result.summary += [("Explained class", f"{k} (logit {float(logits[0, k]):.4g}, p={float(probs[k]):.3f})"),
+        result.data["out_size"] = list(gradcam_size(rgb.shape[0] * f, rgb.shape[1] * f))
+    result.summary += [("Explained class", f"{k}{f' ({name})' if name is not None else ''} (logit {float(logits[0, k]):.4g}, p={float(probs[k]):.3f})"),
                        ("Heatmap peak", f"row {peak[0]}, col {peak[1]} of {hm.shape[0]}x{hm.shape[1]}"),
                        ("Layer map", f"{cam_np.shape[0]}x{cam_np.shape[1]}, peak at {cam_peak}")]
     result.artefacts["heatmap"] = hm  # H×W in [0, 1], for Python callers

@@ -35,6 +35,14 @@ def write_tensorboard(result, out: RenderSpec) -> str | None:
     """The result's TensorBoard events under out.tb (None when not asked for); returns the folder written."""
     if not out.tb:
         return None
+    from ..commands import BY_NAME
+
+    command = BY_NAME.get(out.command)
+    renderer = command.renderer_module() if command is not None else None
+    if getattr(renderer, "TENSORBOARD_LIVE", False):   # written while the run went (watch): not again
+        from pathlib import Path
+
+        return str(Path(out.tb) / out.command)
     from .tensorboard import write_result
 
     return write_result(result, out.tb)

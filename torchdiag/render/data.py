@@ -4,30 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..pictures import PAD, layout, need_pictures, scale_for
+from ..pictures import PAD, layout, scale_for
 from .images import normalize01, tile, upscale
-from .output import atomic_path, check_file
+from .output import atomic_path
+from .plots import pyplot, save
 
 MAX_ROWS = 20     # classes shown in the sample grid
 
-PLOT_SUFFIXES = (".png", ".svg", ".pdf")
-
-
-def check_plot(path, option: str = "--plot") -> None:
-    """Before any work: a writable file name with a suffix we write, and matplotlib installed."""
-    if path is None:
-        return
-    check_file(path, option, PLOT_SUFFIXES)
-    need_pictures(option, ("matplotlib",))
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _rgb(x, lo: float, hi: float):
@@ -77,7 +60,7 @@ def write_images(result, path) -> str:
     from .images import drawn
 
     drawn(result)
-    plt = _plt()
+    plt = pyplot()
     folder = Path(path)
     for split, g in result.artefacts.get("gallery", {}).items():
         img, rows = g["grid"], g["rows"]
@@ -102,7 +85,7 @@ def write_images(result, path) -> str:
 
 def write_plot(result, path) -> str:
     """The label histogram per split and each input field's per-channel value histograms; returns the path."""
-    plt = _plt()
+    plt = pyplot()
     splits = result.data.get("splits", {})
     labels = {s: d["labels"] for s, d in splits.items() if d.get("labels")}
     channels = result.artefacts.get("channels", {})
@@ -138,11 +121,10 @@ def write_plot(result, path) -> str:
             axes[0][0].text(0.5, 0.5, "no labels and no image-like input to draw", ha="center", va="center")
             axes[0][0].set_axis_off()
         fig.tight_layout()
-        with atomic_path(path, "--plot") as tmp:
-            fig.savefig(tmp)
-    finally:
+    except BaseException:
         plt.close(fig)
-    return str(path)
+        raise
+    return save(fig, path)
 
 
 # the files this command writes, by the kind its caller asks for (RenderSpec.outputs)

@@ -26,13 +26,17 @@ def write_projector(result, path) -> str:
     return str(run_dir)
 
 
-def pca_picture(coords, labels, frac, title: str):
-    """A scatter of the samples on PC1/PC2 (N×2 coordinates), coloured by label, as an HxWx3 uint8 array."""
+def pca_picture(coords, labels, frac, title: str, subtitle: str = ""):
+    """A scatter of the samples on PC1/PC2 (N×2 coordinates), coloured by label, under a two-line
+    title, as an HxWx3 uint8 array."""
     from matplotlib.figure import Figure
 
-    from .images import figure_to_array
+    from ..pictures import TITLE_PX
+    from .images import figure_to_array, title_lines
 
-    fig = Figure(figsize=(PCA_SIZE[1] / 100, PCA_SIZE[0] / 100), dpi=100)
+    H, W = PCA_SIZE
+    fig = Figure(figsize=(W / 100, H / 100), dpi=100)
+    title_lines(fig, title, subtitle)
     ax = fig.subplots()
     c = coords
     if labels is not None:
@@ -44,17 +48,22 @@ def pca_picture(coords, labels, frac, title: str):
     ax.set_xlabel(f"PC1 ({frac[0]:.0%})", fontsize=8)
     ax.set_ylabel(f"PC2 ({frac[1]:.0%})", fontsize=8)
     ax.tick_params(labelsize=6)
-    ax.set_title(title, fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - TITLE_PX / H))
     return figure_to_array(fig)
 
 
 def draw(result) -> None:
     """The PCA preview (artefacts["pca"]) from the coordinates the diagnostic computed."""
+    from .images import model_name, png_text
+
     a, d = result.artefacts, result.data
     if a.get("pca_coords") is not None:
-        a["pca"] = pca_picture(a["pca_coords"], a.get("labels"), d["pca_explained_variance"],
-                               f"{a.get('tag')}: {d['samples']} samples × {d['dim']} dims")
+        layer = a.get("tag") or "model"
+        title = f"embeddings · layer {layer} · PCA"
+        subtitle = f"{model_name(result)} · {d['samples']} samples × {d['dim']} dims"
+        a["pca"] = pca_picture(a["pca_coords"], a.get("labels"), d["pca_explained_variance"], title, subtitle)
+        explained = ", ".join(f"PC{i + 1} {f:.1%}" for i, f in enumerate(d["pca_explained_variance"][:2]))
+        a["pca_text"] = png_text(result, layer, title, f"{subtitle}; variance explained: {explained}")
 
 
 def write_images(result, path) -> str:
@@ -63,7 +72,7 @@ def write_images(result, path) -> str:
 
     drawn(result)
     name = f"embeddings_{safe_name(result.artefacts.get('tag') or 'model')}_pca.png"
-    return str(save_png(result.artefacts["pca"], Path(path) / name, "--images"))
+    return str(save_png(result.artefacts["pca"], Path(path) / name, "--images", result.artefacts.get("pca_text")))
 
 
 def record(result, written: dict) -> None:

@@ -4,28 +4,16 @@ TensorBoard needs nothing here: render/tensorboard.py writes every series by ste
 `lr-find/loss_r0`, `lr-find/smoothed_r0`, …, `lr-find/checked_1x`) and every number of data."""
 from __future__ import annotations
 
-from .images import need_pictures
-from .output import atomic_path, check_file
+from .plots import pyplot, save
 
-PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 COLOURS = ("tab:blue", "tab:purple", "tab:cyan", "tab:olive", "tab:brown")
 
-
-def check_plot(path, option: str = "--plot") -> None:
-    """Before any work: a writable file name with a suffix we write, and matplotlib installed."""
-    if path is None:
-        return
-    check_file(path, option, PLOT_SUFFIXES)
-    need_pictures(option, ("matplotlib",))
 
 
 def write_plot(result, path) -> str:
     """Left: loss against lr (log x), raw and smoothed per repeat, the suggestion, its band and the rate
     recommended after the check. Right: the checked runs' losses by update. Returns the path written."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     art = result.artefacts.get("lr_find", {})
     checks = art.get("checks") or []
@@ -37,11 +25,10 @@ def write_plot(result, path) -> str:
         model = result.header.get("model") or "model"
         fig.suptitle(f"lr-find {model}: {_title(result)}", fontsize=9)
         fig.tight_layout()
-        with atomic_path(path, "--plot") as tmp:
-            fig.savefig(tmp)
-    finally:
+    except BaseException:
         plt.close(fig)
-    return str(path)
+        raise
+    return save(fig, path)
 
 
 def _title(result) -> str:

@@ -1,28 +1,15 @@
 """Files of `overfit-batch`: the loss curve (`--plot FILE.png|.svg|.pdf`)."""
 from __future__ import annotations
 
-from ..pictures import need_pictures
-from .output import atomic_path, check_file
+from .plots import pyplot, save
 
-PLOT_SUFFIXES = (".png", ".svg", ".pdf")
-
-
-def check_plot(path, option: str = "--plot") -> None:
-    """Before any work: a writable file name with a suffix we write, and matplotlib installed."""
-    if path is None:
-        return
-    check_file(path, option, PLOT_SUFFIXES)
-    need_pictures(option, ("matplotlib",))
 
 
 def write_plot(result, path) -> str:
     """The loss curve (and the pass threshold) as an image; returns the path written."""
     import math
 
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     losses = result.series.get("loss", [])
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
@@ -44,11 +31,10 @@ def write_plot(result, path) -> str:
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        with atomic_path(path, "--plot") as tmp:
-            fig.savefig(tmp)
-    finally:
+    except BaseException:
         plt.close(fig)
-    return str(path)
+        raise
+    return save(fig, path)
 
 
 # the files this command writes, by the kind its caller asks for (RenderSpec.outputs)

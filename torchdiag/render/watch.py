@@ -13,9 +13,8 @@ from __future__ import annotations
 import math
 import sys
 
-from .output import atomic_path
+from .plots import pyplot, save
 
-PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
 class StatusLine:
@@ -100,6 +99,11 @@ class TensorBoardFeed:
         self.closed = True
         try:
             if result is not None:
+                # the texts every command's events hold (render/tensorboard.write_result): header, findings
+                self.writer.add_text("watch/header", "\n".join(f"- **{k}**: {v}" for k, v in result.header.items()) or "-")
+                if result.findings:
+                    self.writer.add_text("watch/findings", "\n".join(
+                        f"- **{f.severity}** `{f.code}` {f.where}: {f.message}" for f in result.findings))
                 hp = {k: v for k, v in result.data.get("hparams", {}).items() if isinstance(v, (int, float, str, bool))}
                 metrics = {f"final/{k}": v for k, v in result.data.get("final_metrics", {}).items()}
                 if hp and metrics:
@@ -126,6 +130,11 @@ class Live:
         if self.tb is not None:
             self.tb.close(result)
 
+    def __deepcopy__(self, memo):
+        # the replay deep-copies the model, and with it the engine its hooks are bound to, which holds these
+        # callbacks: the stream and the TensorBoard writer cannot be copied, and the copy must not draw anyway
+        return self
+
     def callbacks(self) -> dict:
         return {"on_read": self.on_read, "on_finish": self.on_finish,
                 "on_histograms": self.tb.on_histograms if self.tb is not None else None}
@@ -133,10 +142,7 @@ class Live:
 
 def write_plot(result, path) -> str:
     """Loss and gradient norm per step (log scale where positive), with the steps of error findings."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     steps = result.series.get("step", [])
     fig, (a1, a2) = plt.subplots(2, 1, figsize=(8, 5.5), dpi=110, sharex=True)
@@ -157,11 +163,10 @@ def write_plot(result, path) -> str:
         a2.set_xlabel("optimizer step")
         a1.set_title(f"watch: {result.verdict or ''}", fontsize=9)
         fig.tight_layout()
-        with atomic_path(path, "--plot") as tmp:
-            fig.savefig(tmp)
-    finally:
+    except BaseException:
         plt.close(fig)
-    return str(path)
+        raise
+    return save(fig, path)
 
 
 def write_tb(result, logdir) -> str:
@@ -184,3 +189,9 @@ def write_tb(result, logdir) -> str:
             writer.add_hparams(hp, metrics, run_name="hparams")
         writer.flush()
     return str(path)
+
+
+# the CLI's --tb is written while the run goes (Live): render.write_tensorboard does not write it again;
+# write_tb is for a Result in hand whose run had no feed
+TENSORBOARD_LIVE = True
+WRITERS = {"plot": write_plot, "tb": write_tb}

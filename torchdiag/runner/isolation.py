@@ -38,8 +38,9 @@ class UserExit(SystemExit):
 
 
 @contextlib.contextmanager
-def isolated(json_mode: bool):
-    """The guards around everything that runs the user's code (import, factory, forward, writers)."""
+def isolated(json_mode: bool, keep_stdin: bool = False):
+    """The guards around everything that runs the user's code (import, factory, forward, writers).
+    keep_stdin: a script run as if run directly (watch) reads its own stdin."""
     # What we render with is imported before the user's folder goes on sys.path: a `rich.py` next to
     # the model file then cannot shadow the library.
     import rich.console  # noqa: F401
@@ -47,7 +48,7 @@ def isolated(json_mode: bool):
     import rich.table  # noqa: F401
     import rich.text  # noqa: F401
 
-    with _stdin_closed(), _exit_guarded(), sigterm_as_interrupt():
+    with (contextlib.nullcontext() if keep_stdin else _stdin_closed()), _exit_guarded(), sigterm_as_interrupt():
         if json_mode:
             with _stdout_to_stderr():
                 yield

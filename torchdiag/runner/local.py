@@ -32,7 +32,7 @@ def execute(job: Job) -> Outcome:
             from .ranks import execute_ranks
 
             return execute_ranks(job, ranks)
-        if not ranks.main:
+        if not ranks.main and job.command.target != "script":   # a script (watch) runs on every rank
             return Outcome(quiet=True)
     ctx = None
     try:
@@ -41,7 +41,7 @@ def execute(job: Job) -> Outcome:
             from ..core.distributed import refuse_wrap
 
             refuse_wrap(spec)
-        with isolated(job.json):  # the user's code runs in here
+        with isolated(job.json, keep_stdin=job.command.target == "script"):  # the user's code runs in here
             if job.produce is not None:
                 with job.progress(f"torchdiag {job.command.name}: {spec.model}"):
                     result = job.produce()
@@ -57,18 +57,27 @@ def execute(job: Job) -> Outcome:
             from ..render import write_outputs
 
             # files first: a failure then cannot follow a printed JSON document
+            if ranks is not None and not ranks.main:   # a script on every rank: rank 0 reports and writes
+                return Outcome(int(result.exit_code), quiet=True)
             return produced(job, result, write_outputs(result, job.render_spec()))
     except BaseException as exc:   # noqa: B036 — the ladder sorts every exception (outcome.failed)
-        return failed(exc, ctx, job.caller)
+        outcome = failed(exc, ctx, job.caller)
+        outcome.quiet = ranks is not None and not ranks.main   # only rank 0 reports (a script on every rank)
+        return outcome
 
 
 def checked(job: Job):
-    """Everything checked before anything loads: the --tb folder, the RunSpec, the Options, the files."""
+    """Everything checked before anything loads: the --tb folder, the RunSpec, the Options, the MODEL_SPEC's
+    file and factory (core.spec_check, torch-free), the files."""
     from ..render.output import check_dir
 
     check_dir(job.given("tb"), "--tb")
     spec = job.run_spec()
     o = job.options() if job.options is not None else None
+    if job.command.target == "model":   # a missing file or factory: said before torch is imported
+        from ..core.spec_check import precheck
+
+        precheck(spec.model)
     if job.precheck is not None:
         job.precheck()
     return spec, o

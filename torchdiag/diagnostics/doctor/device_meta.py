@@ -56,8 +56,10 @@ def _device_guard_mode(tracker):
                         raise DeviceMix(op, other[0], _lookup(created, other[0]), current())
             out = func(*args, **kwargs)
             for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor) and t.device.type != "meta" and _lookup(created, t) is None:
+                if isinstance(t, torch.Tensor) and t.device.type != "meta" and _lookup(created, t, by_memory=False) is None:
                     created[id(t)] = (weakref.ref(t), current())
+                    if t.data_ptr():   # nn.Parameter(t) in forward is a new object on the same memory
+                        created[("ptr", t.data_ptr())] = (None, current())
             return out
 
     mode = MixedDeviceGuard()
@@ -65,9 +67,16 @@ def _device_guard_mode(tracker):
     return mode
 
 
-def _lookup(created: dict, t) -> str | None:
+def _lookup(created: dict, t, by_memory: bool = True) -> str | None:
     entry = created.get(id(t))
-    return entry[1] if entry is not None and entry[0]() is t else None
+    if entry is not None and entry[0]() is t:
+        return entry[1]
+    if not by_memory:
+        return None
+    # the same memory under another tensor object (nn.Parameter(torch.randn(...)) made in forward);
+    # everything the forward allocates passes through the guard, so a reused address is re-recorded
+    entry = created.get(("ptr", t.data_ptr())) if t.device.type != "meta" and t.data_ptr() else None
+    return entry[1] if entry is not None else None
 
 
 def _off_meta_args(args) -> list:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ...results import Result
 from .checklist import Checklist
-from .shared import max_diff, name, scale
+from .shared import finite, max_diff, name, scale
 
 MODE_TYPES_HINT = "call model.eval() before validation/inference and model.train() before training steps"
 
@@ -28,15 +28,16 @@ def mode_modules(model) -> list[tuple[str, str]]:
 
 def check_modes(mods, eval_out, train_out, ck: Checklist, result: Result) -> None:
     """`mods`: mode_modules of the model; the outputs of one eval and one train forward."""
-    diff = max_diff(eval_out, train_out)
+    bad = [w for w, out in (("eval", eval_out), ("train", train_out)) if not finite(out)]
+    diff = None if bad else max_diff(eval_out, train_out)   # NaN compares unequal: no difference to state
     dtxt = "" if diff is None else f" (max |train − eval| output difference {diff:.4g})"
-    if mods:
-        names = ", ".join(f"{name(n)} ({t})" for n, t in mods[:6]) + (" …" if len(mods) > 6 else "")
-        result.add("mode-dependent", "info", ", ".join(name(n) for n, _ in mods[:6]),
-                   f"outputs differ between train and eval mode because of {names}{dtxt}", MODE_TYPES_HINT)
-        ck.row("modes", "info", f"{len(mods)} module(s) behave differently in train and eval{dtxt}",
-               ", ".join(name(n) for n, _ in mods[:4]) + (" …" if len(mods) > 4 else ""), MODE_TYPES_HINT,
-               "mode-dependent")
+    if bad:
+        dtxt = f" (the {' and '.join(bad)} output{'s hold' if len(bad) > 1 else ' holds'} NaN/Inf: not compared)"
+    if mods:   # by design in most models: one compact generic note, said once
+        kinds, where = _kinds(mods), ", ".join(name(n) for n, _ in mods[:3]) + (" …" if len(mods) > 3 else "")
+        result.add("mode-dependent", "info", where, f"{kinds} make train and eval outputs differ{dtxt}, as designed: "
+                   "model.eval() for validation/inference, model.train() for training")
+        ck.row("modes", "info", f"{kinds} differ in train and eval{dtxt}", where, "", "mode-dependent")
     elif diff is not None and diff > 1e-5 * scale(eval_out) + 1e-6:   # beyond kernel-choice rounding
         if ck.has_error("determinism"):
             # eval differs from itself: a train/eval difference says nothing about self.training
@@ -48,5 +49,15 @@ def check_modes(mods, eval_out, train_out, ck: Checklist, result: Result) -> Non
                        MODE_TYPES_HINT)
             ck.row("modes", "info", f"train and eval outputs differ{dtxt} (custom self.training code)", "(root)",
                    MODE_TYPES_HINT, "mode-dependent")
+    elif bad:
+        ck.row("modes", "skipped", f"no Dropout/BatchNorm; train and eval outputs not compared{dtxt}")
     else:
         ck.row("modes", "ok", "no Dropout/BatchNorm; train = eval output")
+
+
+def _kinds(mods) -> str:
+    """'12 BatchNorm2d', '2 Dropout + 1 BatchNorm1d': the modules counted by type, in order of appearance."""
+    counts: dict[str, int] = {}
+    for _, t in mods:
+        counts[t] = counts.get(t, 0) + 1
+    return " + ".join(f"{k} {t}" for t, k in counts.items())

@@ -20,3 +20,4 @@ class Probe:
     eval_out: Any = None     # the eval forward's output (the modes check compares the train-mode one to it)
     scaler: Any = None       # --amp fp16: the GradScaler the backward and the step go through
     wrapped: Any = None      # under torchrun --wrap: wrapped.Wrapped, the copy `work` is the module of
+    nonfinite: bool = False  # the train-mode loss is already NaN/Inf: a non-finite update is its consequence

@@ -58,6 +58,11 @@ def max_diff(a, b) -> float | None:
     return m
 
 
+def finite(obj) -> bool:
+    """Every floating value of an output is finite (one read per tensor)."""
+    return all(bool(t.detach().isfinite().all()) for _, t in tensors(obj) if t.is_floating_point() and t.numel())
+
+
 def scale(obj) -> float:
     """The largest absolute value among an output's float tensors (for relative tolerances)."""
     return max((float(t.detach().double().abs().max()) for _, t in tensors(obj) if t.is_floating_point() and t.numel()),

@@ -9,14 +9,19 @@ from dataclasses import replace
 
 from ...core import train
 from ...core.design import stochastic_depth_off
+from ...core.local_leaves import CODE as LOCAL_CODE
+from ...core.local_leaves import HINT as LOCAL_HINT
+from ...core.local_leaves import describe_leaf, local_leaves
+from ...core.local_leaves import message as local_message
 from ...core.tracking import ModuleTracker, forward_error
+from ...core.unreached import NO_GRAD, NO_GRAD_HINT, NO_GRAD_SEVERITY, no_grad_message, top_module
 from ...errors import ModelError
 from ...results import Result
 from .batchnorm import one_value_per_channel, report_train_failure, two_samples
 from .inplace import leaf_inplace_watch, locate_inplace, report_inplace
 from .modes import check_modes, mode_modules
 from .probe import Probe
-from .shared import failing_call, name
+from .shared import failing_call, finite, name
 from .update import update_check
 from .wrapped import ranks_text, report_dropped_hooks
 
@@ -135,13 +140,20 @@ def _backward(probe: Probe, out) -> bool:
         value = probe.loss(out)
     if not getattr(value, "requires_grad", False):
         # no graph to run backward through: nothing trainable reached the loss
-        trainable = any(p.requires_grad for p in work.parameters())
+        trainable = [n for n, p in work.named_parameters() if p.requires_grad]
         why = ("no trainable parameters" if not trainable else
                "the loss does not depend on any trainable parameter (no grad_fn)")
         hint = "" if not trainable else "see torchdiag gradflow for where the graph is cut (detached output)"
         ck.row("inplace", "skipped", why, hint=hint)
-        ck.row("update", "skipped", why, hint=hint)
+        if trainable:   # every trainable parameter gets no gradient: the no-grad error
+            ck.find("update", NO_GRAD, NO_GRAD_SEVERITY, top_module(trainable, work),
+                    no_grad_message(trainable, len(trainable)) + f" ({why})", NO_GRAD_HINT,
+                    verdict=f"none of {len(trainable)} trainable parameter tensor(s) gets a gradient")
+        else:
+            ck.row("update", "skipped", why)
         return False
+    _local_weights(probe, value)
+    _nonfinite_loss(probe, out, value)
     try:
         train.backward(scaler.scale(value) if scaler is not None else value, hint=BACKWARD_HINT)
     except ModelError as err:
@@ -150,3 +162,25 @@ def _backward(probe: Probe, out) -> bool:
         ck.row("update", "skipped", "backward fails (see in-place check)")
         return False
     return True
+
+
+def _local_weights(probe: Probe, value) -> None:
+    """local-weight (error): leaves with requires_grad the loss reaches that are not the model's parameters."""
+    leaves = local_leaves(value, probe.work, [t for _, t in probe.inputs.tensors()])
+    if leaves:
+        probe.result.data["local_weights"] = [describe_leaf(t) for t in leaves]
+        probe.ck.find("update", LOCAL_CODE, "error", "", local_message(leaves), LOCAL_HINT,
+                      verdict=f"{len(leaves)} weight(s) made in forward are not parameters: no optimizer sees them")
+
+
+def _nonfinite_loss(probe: Probe, out, value) -> None:
+    """non-finite-loss (error): the train-mode forward or its loss is already NaN/Inf before any step, so
+    whatever the update does next is a consequence, not the optimizer's fault."""
+    if bool(value.detach().isfinite().all()):
+        return
+    probe.nonfinite = True
+    what = "the train-mode output holds NaN/Inf" if not finite(out) else "the loss is NaN/Inf from a finite output"
+    probe.ck.find("update", "non-finite-loss", "error", "", f"{what} before any optimizer step: the parameters' "
+                  "update is not checked (NaN/Inf gradients make every step non-finite)",
+                  "run `torchdiag nancheck` on this model to find the first module (or loss) with a non-finite value",
+                  verdict=f"{what}: not an optimizer problem")

@@ -17,6 +17,7 @@ from ...core.distributed import local_shard
 from ...core.rounding import CODE, message, rounded_away, stagnation_counts
 from ...core.scaling import stepper
 from ...core.tracking import run_forward
+from ...core.unreached import NO_GRAD, NO_GRAD_HINT, NO_GRAD_SEVERITY, no_grad_message, top_module
 from ...errors import ModelError
 from ...results import Result
 from . import gated
@@ -38,8 +39,9 @@ def update_check(probe: Probe) -> None:
     trainable = [(n, p) for n, p in named if p.requires_grad]
     with_grad = [(n, p) for n, p in trainable if p.grad is not None]
     no_grad = [n for n, p in trainable if p.grad is None]
+    result.data["params_without_grad"] = no_grad
+    _report_no_grad(work, no_grad, len(trainable), ck)
     if not with_grad:
-        ck.row("update", "skipped", "no parameter received a gradient")
         return
     optimizer = ctx.optimizer([p for _, p in with_grad])
     agreed = (lambda s: w.combine(s, always=True)) if w is not None else None   # every rank backs off alike
@@ -65,8 +67,10 @@ def update_check(probe: Probe) -> None:
     by_design = _recheck(probe, zero, sources) if sources and not peer_failed else {}
     skip = set(by_design) | {r["name"] for r in rounding if not moved[r["name"]]}   # said once, by its own check
     step = OPTIMIZER_NAMES[ctx.spec.optimizer.name]
-    _report_nonfinite(broken, dict(with_grad), optimizer, ctx, ck, step)
-    bad = _not_updated(with_grad, skip | set(broken), zero, moved, kept, reset_to)
+    if not probe.nonfinite:   # else non-finite-loss said why: the step only carries it on
+        _report_nonfinite(broken, dict(with_grad), optimizer, ctx, ck, step)
+    renewed = _report_recreated(work, with_grad, ck)
+    bad = _not_updated(with_grad, skip | set(broken) | renewed, zero, moved, kept, reset_to)
     # re-checked by behaviour before they are errors (gated.py): a gate at initialisation, or broken?
     # (not the ones the next forward writes back: that is the forward's doing, whatever the gradient)
     suspects = [n for n, _, _ in bad if n in zero or not moved[n]]
@@ -78,12 +82,32 @@ def update_check(probe: Probe) -> None:
     if len(bad) > 50:
         result.notes.append(f"{len(bad) - 50} more param-not-updated parameters not listed")
     if not bad and not broken:
-        extra = f"; {len(no_grad)} trainable parameter(s) got no gradient (see torchdiag gradflow)" if no_grad else ""
-        ck.row("update", "ok", f"{len(with_grad)}/{len(with_grad)} params change after 1 {step} step{extra}")
+        ck.row("update", "ok", f"{len(with_grad)}/{len(with_grad)} params change after 1 {step} step")
     _report_rounding(rounding, ctx, step, ck, result)
     _report_zero_init(by_design, ck, result)
     gated.report(designed, ck, result, step)
-    result.data["params_without_grad"] = no_grad
+
+
+def _report_recreated(work, with_grad, ck: Checklist) -> set[str]:
+    """param-recreated (error): after the next forward the model holds a NEW tensor under the name (the
+    forward assigns self.w = nn.Parameter(...)): re-initialised every call, and the optimizer, built from
+    the old one, never steps the one the model uses. Judged by identity, not by value."""
+    now = dict(work.named_parameters())
+    renewed = [n for n, p in with_grad if n in now and now[n] is not p]
+    for n in renewed:
+        ck.find("update", "param-recreated", "error", n, f"{n} is a new parameter after every forward: the forward "
+                "creates it (self.… = nn.Parameter(...)), so it is re-initialised each call and the optimizer, which "
+                "holds the old one, never trains the one the model uses",
+                "create the parameter once in __init__ and only use it in forward",
+                verdict=f"{len(renewed)} parameter(s) re-created by every forward")
+    return set(renewed)
+
+
+def _report_no_grad(work, no_grad: list[str], total: int, ck: Checklist) -> None:
+    """no-grad (error, as in gradflow and overfit-batch): trainable parameters the backward never reached."""
+    if no_grad:
+        ck.find("update", NO_GRAD, NO_GRAD_SEVERITY, top_module(no_grad, work), no_grad_message(no_grad, total),
+                NO_GRAD_HINT, verdict=f"{len(no_grad)} of {total} trainable parameter tensor(s) get no gradient")
 
 
 def _forward_after_step(probe: Probe, with_grad, before, after_step) -> tuple:

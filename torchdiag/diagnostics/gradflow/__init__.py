@@ -17,6 +17,9 @@ from __future__ import annotations
 import math
 
 from ...core.distributed import inner
+from ...core.local_leaves import CODE as LOCAL_CODE
+from ...core.local_leaves import HINT as LOCAL_HINT
+from ...core.local_leaves import message as local_message
 from ...core.recording import record_pass
 from ...results import Result
 from . import display
@@ -54,9 +57,14 @@ def run(model, inputs, opts: Options, ctx) -> Result:
 
     allow = ctx.option("allow")
     rows = param_rows(params, pas, stats, modules, opts, ctx.spec.optimizer.learning_rate)
-    recheck(model, inputs, pas, rows, opts, ctx, result)    # only when a candidate exists
+    if pas.local:   # weights made in forward: a copy re-run (float64, a step) cannot hold them; said as the cause
+        result.add(LOCAL_CODE, "error", "", local_message(pas.local), LOCAL_HINT)
+        result.data["local_weights"] = pas.local
+    else:
+        recheck(model, inputs, pas, rows, opts, ctx, result)    # only when a candidate exists
     acts = activation_rows(pas.rec, stats, opts, result, allow, inputs=inputs, ctx=ctx)   # dead units re-judged (dead.py)
-    gated(model, inputs, rows, result, opts, ctx, stochastic_depth_off)   # only when something is flagged
+    if not pas.local:   # the short training run needs a copy that holds every weight
+        gated(model, inputs, rows, result, opts, ctx, stochastic_depth_off)   # only when something is flagged
     param_findings(result, rows, model, opts, allow)
     if not math.isfinite(stats.loss):
         result.add("non-finite-loss", "error", "", f"the loss is {stats.loss} before backward; every gradient "

@@ -58,10 +58,10 @@ def tables(result, rows, layer_rows, act_rows, scale, opts, reduced: str | None 
         Column("weight_norm", "weight norm", "float"), Column("grad_weight_ratio", "grad/weight", "float"),
         Column("mean_abs_grad", "mean |grad|", "float"), Column("max_abs_grad", "max |grad|", "float"), *under,
         Column("_status", "status", "status")], rows)
-    if len(rows) > 40:
+    if not opts.all:   # brief by default: layers at the chosen depth; flagged parameters are findings
         ptable.show = False
-        result.notes.append(f"{len(rows)} parameters: the per-parameter table is in --json (key 'params'); "
-                            "flagged ones are listed below")
+        result.notes.append(f"{len(rows)} parameter tensors: --all prints the per-parameter table (always in --json, "
+                            "key 'params'); flagged ones are listed below")
     result.tables.append(ptable)
     m = opts.saturation_margin
     result.tables.append(Table("activations", "Activation health (module outputs, this batch)", [

@@ -55,6 +55,8 @@ def _aggregate(path, own_only, members, first, modules) -> dict:
     status = min((m["status"] for m in members), key=STATUS_ORDER.index) if members else "ok"
     if all(m["status"] == "frozen" for m in members):
         status = "frozen"
+    if not members and _shared(modules[path], own_only):
+        status = "tied"   # its weights are another module's (listed there once): shared, not frozen
     return {
         "layer": path, "own_only": own_only, "_label": label(path) + (" (own)" if own_only else ""),
         "type": type(modules[path]).__name__,
@@ -65,6 +67,11 @@ def _aggregate(path, own_only, members, first, modules) -> dict:
         "weight_norm": math.sqrt(sum(m["weight_norm"] ** 2 for m in members)),
         "status": status, "ran": first is not None, "order": first if first is not None else NEVER,
     }
+
+
+def _shared(module, own_only: bool) -> bool:
+    """The module holds parameters, all counted under another module (a tied weight)."""
+    return any(True for _ in module.named_parameters(recurse=not own_only, remove_duplicate=False))
 
 
 def bar_scale(layer_rows) -> tuple[float, float]:

@@ -40,6 +40,7 @@ class Options:
     strict: bool = False
     eval_mode: bool = False
     histograms: bool = False         # fill result.histograms (for --tb)
+    all: bool = False                # print the per-parameter table (always in JSON)
 
     def __post_init__(self):
         number("depth", self.depth, low=0, integer=True)
@@ -56,6 +57,6 @@ class Options:
         if not all(isinstance(p, str) for p in self.allow):
             raise OptionError("allow", f"{self.allow!r} is not a list of glob patterns",
                               hint="e.g. allow=['aux_head.*', 'block.scale']")
-        for name, flag in (("strict", None), ("eval_mode", "--eval"), ("histograms", "--tb")):
+        for name, flag in (("strict", None), ("eval_mode", "--eval"), ("histograms", "--tb"), ("all", "--all")):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(name, f"{getattr(self, name)!r} is not true or false", flag=flag)

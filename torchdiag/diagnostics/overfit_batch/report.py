@@ -136,27 +136,20 @@ def _cause_findings(result, trainer, curve, causes, opts) -> int:
         result.add("non-finite-loss", "warning", "", f"the loss became {final} at step {curve.nonfinite_at}"
                    + (" (the very first forward)" if curve.nonfinite_at == 0 else "") + stepped[0],
                    hint=stepped[1] or "run `torchdiag nancheck` on this model to find the first module with a non-finite value")
-    if curve.no_graph:
+    if curve.no_graph or curve.missing:
         found += 1
-        result.add("no-grad", "warning", "", "the loss does not require grad: no trainable parameter is connected to it "
-                   "(forward under torch.no_grad(), detach(), or outputs built from non-trainable tensors)",
-                   hint="run `torchdiag gradflow` on this model")
-    elif curve.missing:
-        found += 1
-        result.add("no-grad", "warning", curve.missing[0],
-                   f"{len(curve.missing)} of {n_trainable} trainable parameter tensor(s) got no gradient: "
-                   f"{_names(curve.missing, limit)}",
-                   hint="they are not connected to the loss (unused, detached, or under no_grad); run `torchdiag gradflow`")
+        _no_grad(result, trainer, curve, limit)
     if causes.zero:
         found += 1
         result.add("zero-grad", "warning", causes.zero[0],
                    f"{len(causes.zero)} parameter tensor(s) had a gradient of exactly zero at every step: "
                    f"{_names(causes.zero, limit)}", hint="dead activations or a saturated path upstream; run `torchdiag gradflow`")
-    if causes.unchanged:
+    unchanged = [n for n in causes.unchanged if n not in set(curve.missing)]   # no-grad said it already
+    if unchanged:
         found += 1
-        result.add("unchanged-params", "warning", causes.unchanged[0],
-                   f"{len(causes.unchanged)} of {n_trainable} trainable parameter tensor(s) never changed in {steps} "
-                   f"step(s): {_names(causes.unchanged, limit)}")
+        result.add("unchanged-params", "warning", unchanged[0],
+                   f"{len(unchanged)} of {n_trainable} trainable parameter tensor(s) never changed in {steps} "
+                   f"step(s): {_names(unchanged, limit)}")
     if steps >= 2 and initial is not None and best is not None and initial != 0 and \
             (initial - best) <= FLAT_REL * abs(initial) and curve.nonfinite_at is None:
         found += 1
@@ -169,6 +162,19 @@ def _cause_findings(result, trainer, curve, causes, opts) -> int:
         found += 1
         _bounded_output(result, causes.bounded, trainer.ctx)
     return found + _precision_findings(result, trainer, curve, causes)
+
+
+def _no_grad(result, trainer, curve, limit: int) -> None:
+    """no-grad: the same error as doctor's and gradflow's (core/unreached.py), a cause of cannot-overfit."""
+    from ...core.unreached import NO_GRAD, NO_GRAD_HINT, NO_GRAD_SEVERITY, no_grad_message, top_module
+
+    if curve.no_graph:
+        result.add(NO_GRAD, NO_GRAD_SEVERITY, "", "the loss does not require grad: no trainable parameter is connected "
+                   "to it (forward under torch.no_grad(), detach(), or outputs built from non-trainable tensors)",
+                   hint="run `torchdiag gradflow` on this model")
+        return
+    result.add(NO_GRAD, NO_GRAD_SEVERITY, top_module(curve.missing, trainer.work),
+               no_grad_message(curve.missing, len(trainer.trainable), limit), hint=NO_GRAD_HINT)
 
 
 def _precision_findings(result, trainer, curve, causes) -> int:
@@ -233,6 +239,10 @@ def _verdict(result, trainer, curve, opts, ctx, found: int) -> None:
         if final < 0.999 * tail:
             result.notes.append(f"the loss was still falling at the end ({100 * (final / tail - 1):.1f}% over the last "
                                 f"10% of steps): more {ctx.option('steps')} or a larger {ctx.option('lr')} may reach the target")
+    if d["passed"] and curve.missing:   # memorised without them: still the no-grad error
+        result.verdict = (f"FAIL: {len(curve.missing)} trainable parameter tensor(s) get no gradient (the batch was "
+                          f"memorised without them: loss {_fmt(initial)} → {_fmt(final)} in {curve.reached_at} step(s))")
+        return
     if d["passed"]:
         result.verdict = (f"PASS: loss {_fmt(initial)} → {_fmt(final)} in {curve.reached_at} step(s)"
                           + (f", batch accuracy {100 * final_acc:.0f}%" if final_acc is not None else ""))

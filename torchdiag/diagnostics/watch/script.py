@@ -100,7 +100,7 @@ def run_command(argv, watch) -> object:
         return result
     if failure:
         result.verdict = f"STOPPED at step {watch.engine.step}: the script failed ({failure})"
-        raise ModelError(f"the script failed: {failure}", hint=_where(error), partial=result)
+        raise ModelError(f"the script failed: {failure}", hint=_where(error), partial=result) from error
     if watch.engine.step == 0:
         from . import NO_STEP, NO_STEP_HINT
 

@@ -1,0 +1,272 @@
+"""The first hour (issue 33): one severity per cause in every command, causes told right, defaults that
+fit the model, brief output when healthy."""
+import pytest
+
+from conftest import sample
+
+CUT_CNN = ("features.0.weight", "features.0.bias", "features.2.weight", "features.2.bias",
+           "features.4.weight", "features.4.bias", "features.6.weight", "features.6.bias")
+CUT_MLP = ("context.0.weight", "context.0.bias", "context.2.weight", "context.2.bias")
+
+
+def findings(d, code):
+    return [f for f in d["findings"] if f["code"] == code]
+
+
+def check_row(d, check_id):
+    return next(r for r in d["checks"] if r["id"] == check_id)
+
+
+# ---------------------------------------------------------------- 1. one severity per cause
+@pytest.mark.parametrize("spec, cut, total", [("broken_detached_cnn.py:build", CUT_CNN, 12),
+                                              ("broken_detached.py:build", CUT_MLP, 8)])
+@pytest.mark.parametrize("command, extra", [("doctor", ()), ("gradflow", ()), ("overfit-batch", ("--steps", "5"))])
+def test_detached_trunk_is_the_same_no_grad_error_everywhere(cli, spec, cut, total, command, extra):
+    r = cli(command, sample(spec), "--json", *extra)
+    d = r.json
+    assert r.code == 1 and d["exit_code"] == 1, r.stdout[-2000:]
+    (f,) = findings(d, "no-grad")
+    assert f["severity"] == "error"
+    assert f["where"] == cut[0].split(".")[0]                # the cut module, as gradflow groups it
+    for n in cut[:6]:
+        assert n in f["message"]
+    if command != "gradflow":
+        assert f"{len(cut)} of {total} trainable" in f["message"]
+    if command == "doctor":
+        row = check_row(d, "update")
+        assert row["status"] == "error" and row["code"] == "no-grad"
+    if command == "overfit-batch":
+        codes = [x["code"] for x in d["findings"]]
+        assert codes.index("no-grad") < codes.index("cannot-overfit")   # the cause before its consequence
+        assert not findings(d, "unchanged-params")                      # the same parameters: said once
+
+
+def test_overfit_batch_memorised_without_some_parameters_still_fails(cli):
+    # broken_detached: the head alone can memorise 8 samples; the detached branch is still the error
+    r = cli("overfit-batch", sample("broken_detached.py:build"))
+    assert r.code == 1
+    assert "ERROR   no-grad context: 4 of 8 trainable parameter tensor(s) got no gradient" in r.stdout
+    assert "FAIL: 4 trainable parameter tensor(s) get no gradient (the batch was memorised without them" in r.stdout
+
+
+def test_doctor_loss_without_graph_is_no_grad_error(cli):
+    d = cli("doctor", sample("broken_detached.py:no_grad"), "--json").json
+    # the context branch under no_grad: the trunk and head still train, the branch is no-grad
+    (f,) = findings(d, "no-grad")
+    assert f["severity"] == "error" and f["where"] == "context"
+
+
+def test_doctor_healthy_model_keeps_update_ok(cli):
+    d = cli("doctor", sample("mlp.py:build"), "--json").json
+    assert check_row(d, "update")["status"] == "ok" and not findings(d, "no-grad")
+
+
+# ---------------------------------------------------------------- 2. causes told right
+@pytest.mark.parametrize("fn, kind", [("local_tensor", "tensor with requires_grad=True"), ("local_param", "nn.Parameter")])
+def test_doctor_finds_a_weight_made_in_forward(cli, fn, kind):
+    d = cli("doctor", sample(f"broken_forward_weights.py:{fn}"), "-i", "8x20", "--json").json
+    (f,) = findings(d, "local-weight")
+    assert f["severity"] == "error" and f"a 32x5 float32 {kind}" in f["message"]
+    assert "not parameters of the model" in f["message"]
+    assert not findings(d, "device-mismatch") and not findings(d, "param-not-updated")
+    assert d["local_weights"] == [f"a 32x5 float32 {kind}"]
+
+
+def test_doctor_parameter_recreated_in_forward_is_told_as_such(cli):
+    d = cli("doctor", sample("broken_forward_weights.py:recreated"), "-i", "8x20", "--json").json
+    (f,) = findings(d, "param-recreated")
+    assert f["where"] == "w" and "re-initialised each call" in f["message"]
+    assert not findings(d, "param-not-updated") and not findings(d, "device-mismatch")
+    assert check_row(d, "update")["code"] == "param-recreated"
+
+
+def test_local_leaves_are_found_by_the_graph_not_by_name():
+    import torch
+
+    from torchdiag.core.local_leaves import local_leaves
+
+    lin = torch.nn.Linear(3, 2)
+    x = torch.randn(4, 3, requires_grad=True)          # an input that requires grad: not a weight
+    w = torch.randn(2, 2, requires_grad=True)          # a local weight: found
+    unused = torch.randn(2, requires_grad=True)        # not on the loss's graph: not found
+    loss = (lin(x) @ w).sum() + 0 * unused.detach().sum()
+    assert [id(t) for t in local_leaves(loss, lin, [x])] == [id(w)]
+    assert local_leaves(lin(x).sum(), lin, [x]) == []
+
+
+def test_device_mismatch_names_the_forward_that_made_a_parameter(cli, tmp_path):
+    # nn.Parameter(torch.randn(...)) without device= in forward: a real device bug, made IN forward
+    p = tmp_path / "m.py"
+    p.write_text("import torch\nfrom torch import nn\nclass N(nn.Module):\n    def __init__(self):\n"
+                 "        super().__init__()\n        self.inp = nn.Linear(20, 32)\n    def forward(self, x):\n"
+                 "        w = nn.Parameter(torch.randn(32, 5))\n        return self.inp(x) @ w\n"
+                 "def build():\n    return N()\n")
+    d = cli("doctor", f"{p}:build", "-i", "8x20", "--json").json
+    (f,) = findings(d, "device-mismatch")
+    assert "creates a 32x5 tensor without device=" in f["message"] and "outside forward" not in f["message"]
+    assert findings(d, "local-weight")
+
+
+def test_doctor_nan_forward_is_not_blamed_on_the_optimizer(cli):
+    d = cli("doctor", sample("broken_nan_forward.py:build"), "--json").json
+    (f,) = findings(d, "non-finite-loss")
+    assert f["severity"] == "error" and "output holds NaN/Inf before any optimizer step" in f["message"]
+    assert not findings(d, "non-finite-update")
+    assert check_row(d, "modes")["status"] == "skipped"
+    assert "NaN/Inf: not compared" in check_row(d, "modes")["verdict"]
+
+
+def test_modes_with_dropout_and_nan_output_states_no_difference(cli, tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text("import torch\nfrom torch import nn\nclass N(nn.Module):\n    def __init__(self):\n"
+                 "        super().__init__()\n        self.a = nn.Linear(8, 8)\n        self.drop = nn.Dropout(0.5)\n"
+                 "    def forward(self, x):\n        return self.drop(torch.log(self.a(x)))\n"
+                 "def build():\n    return N()\n")
+    d = cli("doctor", f"{p}:build", "-i", "4x8", "--json").json
+    (m,) = findings(d, "mode-dependent")
+    assert "difference 0" not in m["message"] and "hold NaN/Inf: not compared" in m["message"]
+
+
+# ---------------------------------------------------------------- 3. defaults that fit the model (hf:)
+def _saved(tmp_path, config):
+    config.architectures = None
+    config.save_pretrained(tmp_path)
+    import json
+
+    assert "architectures" not in json.loads((tmp_path / "config.json").read_text()) or \
+        json.loads((tmp_path / "config.json").read_text())["architectures"] is None
+    return f"hf:{tmp_path}"
+
+
+def test_hf_decoder_config_without_architectures_gets_its_lm_head_and_passes_overfit(cli, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    spec = _saved(tmp_path, transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16,
+                                                    bos_token_id=0, eos_token_id=0))
+    r = cli("overfit-batch", spec, "--json")
+    d = r.json
+    assert r.code == 0 and d["passed"], r.stdout[-1500:]
+    assert d["loss_rule"] == "the model's own loss (output['loss'])"
+    assert "AutoModelForCausalLM: config.json names no architecture and model_type 'gpt2' is decoder-only" in d["source"]
+    assert d["inputs"] == ["input[0]: 1x16 int64", "labels: 1x16 int64"]
+
+
+def test_hf_class_is_judged_from_transformers_mappings(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from torchdiag.core.sources import _hf_class
+
+    def built(config, task=None):
+        config.architectures = None
+        return _hf_class(config, task)[0].__name__
+
+    small = dict(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    assert built(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2)) == "AutoModelForCausalLM"
+    assert built(transformers.LlamaConfig(**small)) == "AutoModelForCausalLM"
+    assert built(transformers.BertConfig(**small)) == "AutoModel"          # an encoder: has a masked-LM class
+    assert built(transformers.BartConfig(vocab_size=64, d_model=32)) == "AutoModel"   # encoder-decoder
+    assert built(transformers.BertConfig(**small), "causal-lm") == "AutoModelForCausalLM"
+
+
+def test_hf_task_causal_lm_gives_labels_so_the_model_trains_with_its_own_loss(cli, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    spec = _saved(tmp_path, transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                                                     num_attention_heads=2, intermediate_size=64,
+                                                     max_position_embeddings=16, is_decoder=True))
+    d = cli("doctor", spec, "--arg", "task=causal-lm", "--json").json
+    assert "AutoModelForCausalLM for task causal-lm" in d["source"]
+    assert d["loss"] == "the model's own loss (output['loss'])"
+
+
+# ---------------------------------------------------------------- 4. healthy tiny models pass overfit-batch by default
+def _hf_dir(tmp_path, config, arch):
+    config.architectures = [arch]
+    config.save_pretrained(tmp_path)
+    return f"hf:{tmp_path}"
+
+
+def _bert(transformers):
+    return transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=64, max_position_embeddings=16)
+
+
+def _bart(transformers):
+    return transformers.BartConfig(vocab_size=64, d_model=32, encoder_layers=1, decoder_layers=1,
+                                   encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+                                   decoder_ffn_dim=64, max_position_embeddings=16)
+
+
+@pytest.mark.parametrize("what", ["cnn", "gpt_tiny", "bert-classifier", "bert-masked-lm", "bart"])
+def test_healthy_tiny_model_passes_overfit_batch_at_default_settings(cli, tmp_path, what):
+    if what == "cnn":
+        args, loss = (sample("cnn.py:build"), "-i", "8x3x32x32"), "cross_entropy"
+    elif what == "gpt_tiny":
+        args, loss = (sample("gpt_tiny.py:build"), "--arg", "layers=1"), "next-token cross_entropy"
+    else:
+        transformers = pytest.importorskip("transformers")
+        config, arch, loss = {"bert-classifier": (_bert(transformers), "BertForSequenceClassification", "cross_entropy"),
+                              "bert-masked-lm": (_bert(transformers), "BertForMaskedLM", "next-token cross_entropy"),
+                              "bart": (_bart(transformers), "BartForConditionalGeneration",
+                                       "the model's own loss")}[what]
+        args = (_hf_dir(tmp_path, config, arch),)
+    r = cli("overfit-batch", *args, "--json")
+    d = r.json
+    assert r.code == 0 and d["passed"], (d["loss_rule"], d["final_loss"], d["initial_loss"])
+    assert d["loss_rule"].startswith(loss)
+    assert d["final_loss"] <= 0.01 * d["initial_loss"]
+    if what == "bart":   # labels = input ids, the decoder fed from them by the model itself
+        assert d["inputs"] == ["input[0]: 1x16 int64", "labels: 1x16 int64"]
+
+
+# ---------------------------------------------------------------- 5. brief when healthy
+TIED = ("import torch\nfrom torch import nn\nclass LM(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.emb = nn.Embedding(64, 16)\n        self.body = nn.Linear(16, 16)\n"
+        "        self.head = nn.Linear(16, 64, bias=False)\n        self.head.weight = self.emb.weight\n"
+        "    def forward(self, ids):\n        return self.head(torch.tanh(self.body(self.emb(ids))))\n"
+        "def build():\n    return LM()\n")
+
+
+def test_gradflow_is_brief_by_default_and_all_prints_every_parameter(cli):
+    spec = sample("gpt_tiny.py:build")
+    brief, full = cli("gradflow", spec), cli("gradflow", spec, "--all")
+    assert brief.code == full.code == 0
+    assert "blocks.layers.0.linear1.weight" not in brief.stdout and "blocks.layers.0.linear1.weight" in full.stdout
+    assert "--all prints the per-parameter table" in brief.stdout
+    assert len(full.stdout.splitlines()) - len(brief.stdout.splitlines()) >= 29   # one row per parameter tensor
+    d = cli("gradflow", spec, "--json").json
+    assert len(d["params"]) == 29                                                  # always in JSON
+
+
+def test_gradflow_labels_a_tied_head_tied_not_frozen(cli, tmp_path):
+    p = tmp_path / "tied.py"
+    p.write_text(TIED)
+    d = cli("gradflow", f"{p}:build", "-i", "4x8:int64", "--json").json
+    head = next(r for r in d["layers"] if r["layer"] == "head")
+    assert head["status"] == "tied" and head["params"] == 0
+    assert next(r for r in d["layers"] if r["layer"] == "emb")["params"] == 64 * 16
+
+
+def test_doctor_says_the_generic_train_eval_note_once_compactly(cli):
+    d = cli("doctor", sample("resnet.py:build"), "--json").json
+    (m,) = findings(d, "mode-dependent")
+    assert m["message"].startswith("12 BatchNorm2d make train and eval outputs differ") and not m.get("hint")
+    assert m["message"].count("model.eval()") == 1
+    assert check_row(d, "modes")["hint"] == ""
+
+
+LOCAL_BN = ("import torch\nfrom torch import nn\nclass Net(nn.Module):\n    def __init__(self):\n"
+            "        super().__init__()\n        self.inp = nn.Linear(20, 32)\n        self.bn = nn.BatchNorm1d(32)\n"
+            "    def forward(self, x):\n        w = torch.randn(32, 5, requires_grad=True)\n"
+            "        return torch.relu(self.bn(self.inp(x))) @ w\ndef build():\n    return Net()\n")
+
+
+@pytest.mark.parametrize("command", ["gradflow", "doctor"])
+def test_local_weight_is_an_error_never_an_internal_note(cli, tmp_path, command):
+    # a bias behind BatchNorm made gradflow re-check on a float64 copy, which failed on the float32 local
+    # weight and was shown as a note under a PASS
+    p = tmp_path / "m.py"
+    p.write_text(LOCAL_BN)
+    r = cli(command, f"{p}:build", "-i", "8x20", "--json")
+    d = r.json
+    assert r.code == 1
+    (f,) = findings(d, "local-weight")
+    assert f["severity"] == "error" and "a 32x5 float32 tensor with requires_grad=True" in f["message"]
+    assert not any("re-check" in n or "double" in n for n in d["notes"]), d["notes"]

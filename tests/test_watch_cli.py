@@ -1,0 +1,319 @@
+"""`torchdiag watch -- python train.py ...` and `torchdiag.watch(...)`: the command wired through the registry
+and the runner (the engine itself is tests/test_watch.py)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import ROOT, SAMPLES, one_error_line
+
+# a tiny healthy loop that also shows what it sees: argv, __name__, cwd, a line of stdin
+HEALTHY = textwrap.dedent("""
+    import os, sys, time
+    import torch
+    line = sys.stdin.readline().strip() if "--stdin" in sys.argv else ""
+    print("SCRIPT", sys.argv[1:], __name__, os.getcwd(), repr(line), flush=True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = int(sys.argv[sys.argv.index("--steps") + 1])
+    for i in range(steps):
+        x = torch.randn(8, 3)
+        loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        if i == 9 and "--wait" in sys.argv:
+            print("READY", flush=True)
+            time.sleep(120)
+""")
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture
+def healthy(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(HEALTHY)
+    return path
+
+
+def _torchdiag(*args, cwd, input=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "torchdiag", "watch", *map(str, args)], capture_output=True,
+                          text=True, env=ENV, cwd=cwd, input=input, timeout=timeout)
+
+
+def test_healthy_script_exit_0_sees_its_own_argv_cwd_stdin_and_stdout(healthy, tmp_path):
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    r = _torchdiag("--every", "5", "--", "python", healthy, "--steps", "12", "--lr", "x", "--stdin", cwd=work,
+                   input="hello\n")
+    assert r.returncode == 0, r.stderr
+    # its own argv (no torchdiag options), run as __main__, in the caller's folder, reading the caller's stdin,
+    # writing to stdout before the report
+    script_line = f"SCRIPT ['--steps', '12', '--lr', 'x', '--stdin'] __main__ {work} 'hello'"
+    assert r.stdout.startswith(script_line), r.stdout
+    assert "torchdiag watch" in r.stdout and "12 optimizer steps, 3 read-backs" in r.stdout
+    assert "error" not in r.stderr
+
+
+def test_json_the_scripts_stdout_goes_to_stderr(healthy, tmp_path):
+    r = _torchdiag("--json", "--every", "4", "--", sys.executable, healthy, "--steps", "8", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)          # stdout is the one document
+    assert "SCRIPT ['--steps', '8']" in r.stderr
+    # reads at step 1 and at every 4th: 1, 4, 8
+    assert doc["command"] == "watch" and doc["steps"] == 8 and doc["reads"] == 3 and doc["exit_code"] == 0
+    assert doc["step"] == list(range(1, 9)) and len(doc["loss"]) == 8 and doc["findings"] == []
+
+
+def test_buggy_script_exit_1_with_the_step_and_the_module(cli, monkeypatch, tmp_path):
+    """watch_nan_forward.py takes log() of a batch holding a negative value at step 30 (every=10: a read step,
+    so the batch is replayed and the module named); the step comes from the script, not from the report."""
+    monkeypatch.chdir(tmp_path)
+    r = cli("watch", "--json", "--every", "10", "--", "python", SAMPLES / "watch_nan_forward.py", "--steps", "40",
+            "--bad-step", "30")
+    assert r.code == 1, r.stderr
+    doc = r.json
+    assert doc["exit_code"] == 1 and doc["first_non_finite_step"] == 30 and doc["steps"] == 40
+    errors = [f for f in doc["findings"] if f["severity"] == "error"]
+    assert [f["code"] for f in errors] == ["non-finite-loss"]
+    assert "at step 30" in errors[0]["message"] and errors[0]["where"] == "0"
+    assert doc["replay"]["direction"] == "forward" and doc["replay"]["type"] == "LogFeatures"
+    # the losses before step 30 are finite, the one at 30 is not (what the script did, step by step)
+    assert all(v is not None and v == v for v in doc["loss"][:29])
+
+
+def test_missing_zero_grad_script_without_python_prefix(cli, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    r = cli("watch", "--every", "10", "--", SAMPLES / "watch_no_zero_grad.py", "--steps", "30")
+    assert r.code == 1, r.stderr
+    assert "ERROR   grad-carried-over" in r.stdout and "FAIL: grad-carried-over" in r.stdout
+
+
+@pytest.mark.parametrize("command,message", [
+    (["python", "no_such_train.py"], "error: watch: no_such_train.py: no such file"),
+    (["ls", "-l"], "error: watch: ls: not a Python command"),
+    (["python", "-c", "print(1)"], "error: watch: python -c is not supported"),
+    (["python", "-m", "no_such_module_xyz"], "error: watch: no module named no_such_module_xyz"),
+])
+def test_bad_commands_are_one_line_exit_2_and_a_json_document(cli, monkeypatch, tmp_path, command, message):
+    monkeypatch.chdir(tmp_path)
+    r = cli("watch", "--", *command)
+    assert r.code == 2 and r.stderr.startswith(message), r.stderr
+    one_error_line(r)
+    r = cli("watch", "--json", "--", *command)
+    assert r.code == 2 and r.json["exit_code"] == 2 and r.json["error"]["message"].startswith(message[7:])
+
+
+def test_no_optimizer_step_is_exit_2(cli, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    r = cli("watch", "--json", "--", "python", SAMPLES / "watch_no_step.py")
+    assert r.code == 2, r.stderr
+    assert r.json["error"]["message"].startswith("watch: no optimizer step was seen")
+    one_error_line(r)
+
+
+def test_an_option_is_named_as_typed(cli, healthy):
+    r = cli("watch", "--every", "0", "--", "python", healthy, "--steps", "3")
+    assert r.code == 2 and r.stderr.startswith("error: --every: "), r.stderr
+
+
+def test_script_that_raises_exit_3_with_the_report_so_far(cli, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    r = cli("watch", "--every", "5", "--", "python", SAMPLES / "watch_raises.py", "--bad-step", "13")
+    assert r.code == 3, r.stderr
+    assert "12 optimizer steps" in r.stdout and "STOPPED at step 12" in r.stdout      # the partial report
+    assert "error: the script failed: RuntimeError: data loader lost its shard at step 13" in r.stderr
+    assert "watch_raises.py:18 in main" in r.stderr
+    one_error_line(r)
+    r = cli("watch", "--json", "--every", "5", "--", "python", SAMPLES / "watch_raises.py", "--bad-step", "13")
+    doc = r.json
+    assert r.code == 3 and doc["exit_code"] == 3 and doc["partial"]["steps"] == 12, doc
+    r = cli("watch", "--debug", "--every", "5", "--", "python", SAMPLES / "watch_raises.py", "--bad-step", "3")
+    assert r.code == 3 and 'raise RuntimeError(f"data loader lost its shard at step {step}")' in r.stderr   # its own
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupted_keeps_the_partial_report(healthy, tmp_path, sig, code):
+    def default_sigint():   # a shell that started the tests may ignore SIGINT: the child must not inherit that
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    proc = subprocess.Popen([sys.executable, "-m", "torchdiag", "watch", "--json", "--every", "5", "--", "python",
+                             str(healthy), "--steps", "100", "--wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV, cwd=tmp_path, preexec_fn=default_sigint)
+    try:
+        line, deadline = "", time.monotonic() + 240
+        while "READY" not in line and time.monotonic() < deadline:   # --json: the script prints on stderr
+            line = proc.stderr.readline()
+            if not line and proc.poll() is not None:
+                break
+        assert "READY" in line, proc.stderr.read()
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code, err
+    doc = json.loads(out)
+    assert doc["exit_code"] == code and doc["steps"] == 10 and len(doc["loss"]) == 10
+    assert "Traceback" not in err
+
+
+def test_plot_and_tensorboard_files(cli, healthy, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    plot, tb = tmp_path / "out" / "watch.png", tmp_path / "runs"
+    (tmp_path / "out").mkdir()
+    r = cli("watch", "--every", "5", "--plot", plot, "--tb", tb, "--", "python", healthy, "--steps", "15")
+    assert r.code == 0, r.stderr
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"plot: {plot}" in r.stderr
+    assert f"TensorBoard logs: {tb / 'watch'}" in r.stderr
+    events = sorted((tb / "watch").glob("events.out.tfevents.*"))
+    assert len(events) == 1, events        # the live feed only: the generic writer did not add a second file
+    acc = EventAccumulator(str(events[0]), size_guidance={"scalars": 0})
+    acc.Reload()
+    losses = acc.Scalars("watch/loss")
+    assert [e.step for e in losses] == list(range(1, 16))
+    doc = cli("watch", "--json", "--every", "5", "--", "python", healthy, "--steps", "15").json
+    assert [e.value for e in losses] == pytest.approx(doc["loss"], rel=1e-6)   # the same seeded run
+    assert "watch/header/text_summary" in acc.Tags()["tensors"]   # written by the feed at the end
+
+
+def test_plot_refused_before_the_script_runs(cli, healthy, tmp_path):
+    r = cli("watch", "--plot", tmp_path / "x.txt", "--", "python", healthy, "--steps", "3")
+    assert r.code == 2 and r.stderr.startswith("error: --plot"), r.stderr
+    assert "SCRIPT" not in r.stdout
+
+
+def test_python_api_watch_matches_the_loop():
+    import torch
+
+    import torchdiag
+    from torchdiag.errors import UsageError
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    with torchdiag.watch(model, opt, every=3) as w:
+        for i in range(7):
+            x = torch.randn(16, 4)
+            loss = (model(x) - 2 * x[:, :1]).pow(2).mean()
+            losses.append(loss.item())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if i == 5:
+                w.log("val_loss", 0.25)
+    r = w.result()
+    assert r.command == "watch" and r.data["steps"] == 7 and r.exit_code == 0
+    assert r.series["loss"] == pytest.approx(losses, rel=1e-6)
+    assert r.data["metrics"]["val_loss"] == [[6, 0.25]]
+    # model=None: the optimizer that steps is found; no step at all is exit 2
+    with torchdiag.watch() as w2:
+        pass
+    with pytest.raises(UsageError, match="no optimizer step was seen"):
+        w2.result()
+    with pytest.raises(Exception, match="every"):
+        torchdiag.watch(model, every=0)
+
+
+def test_python_api_watch_writes_tensorboard_live(tmp_path):
+    pytest.importorskip("tensorboard")
+    import torch
+
+    import torchdiag
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torchdiag.watch(model, opt, every=2, logdir=tmp_path) as w:
+        for _ in range(4):
+            opt.zero_grad()
+            model(torch.randn(4, 2)).pow(2).mean().backward()
+            opt.step()
+    assert w.result().data["steps"] == 4
+    assert list((tmp_path / "watch").glob("events.out.tfevents.*"))
+
+
+def test_watch_callback_refuses_an_unknown_kind_and_a_bad_option():
+    import torchdiag
+    from torchdiag.errors import OptionError, UsageError
+
+    with pytest.raises(UsageError, match="kind must be one of hf, lightning"):
+        torchdiag.watch_callback("keras")
+    with pytest.raises(OptionError, match="^every"):
+        torchdiag.watch_callback("lightning", every=0)   # before any trainer runs
+
+
+def test_watch_callback_lightning_fit_with_tensorboard(tmp_path):
+    pl = pytest.importorskip("lightning.pytorch")
+    pytest.importorskip("tensorboard")
+    import torch
+    import torch.nn.functional as F
+
+    import torchdiag
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 2)
+
+        def training_step(self, batch, _):
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    x = torch.randn(96, 4)
+    data = torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long())
+    cb = torchdiag.watch_callback("lightning", every=4, logdir=tmp_path / "tb")
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[cb],
+                         default_root_dir=str(tmp_path))
+    trainer.fit(Module(), torch.utils.data.DataLoader(data, batch_size=16))
+    r = cb.result
+    assert r.command == "watch" and r.data["steps"] == 12 and r.data["epoch"] == 1   # 96/16 = 6 steps per epoch
+    assert len(r.series["loss"]) == 12 and r.exit_code == 0
+    assert list((tmp_path / "tb" / "watch").glob("events.out.tfevents.*"))
+
+
+def test_options_end_at_the_command_without_dashes(cli, healthy, tmp_path, monkeypatch):
+    """`torchdiag watch --every 4 python train.py --every 3`: the second --every is the script's."""
+    monkeypatch.chdir(tmp_path)
+    r = cli("watch", "--json", "--every", "4", "python", healthy, "--steps", "8", "--every", "3")
+    assert r.code == 0, r.stderr
+    assert r.json["every"] == 4 and r.json["reads"] == 3
+    assert "SCRIPT ['--steps', '8', '--every', '3'] __main__" in r.stderr + r.stdout
+
+
+RANKED = textwrap.dedent("""
+    import os, torch
+    rank = int(os.environ["RANK"])
+    torch.manual_seed(rank)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(6 + 2 * rank):          # rank 1 takes 2 more steps: each rank watches its own run
+        loss = model(torch.randn(4, 3)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+    print("RANK", rank, "done", flush=True)
+""")
+
+
+def test_under_torchrun_every_rank_runs_the_script_and_rank_0_reports(tmp_path):
+    path = tmp_path / "ranked.py"
+    path.write_text(RANKED)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+                        "torchdiag", "watch", "--json", "--every", "2", "--", "python", str(path)],
+                       capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)              # one document: rank 0's
+    assert doc["steps"] == 6 and doc["torchrun"].startswith("rank 0 of 2")
+    assert "RANK 0 done" in r.stderr and "RANK 1 done" in r.stderr

@@ -1,0 +1,47 @@
+"""Weights the optimizer cannot see: leaf tensors with requires_grad that the loss's backward reaches
+but that are not parameters of the model (`w = torch.randn(..., requires_grad=True)` or a local
+`nn.Parameter(...)` made in forward). Found by behaviour: the autograd graph's AccumulateGrad nodes
+reachable from the loss, minus the model's parameters and the inputs."""
+from __future__ import annotations
+
+
+def local_leaves(loss, model, inputs=()) -> list:
+    """The leaf tensors (requires_grad) the loss's graph accumulates into that are neither parameters
+    of `model` nor among `inputs`, in the order the walk meets them (one entry per tensor)."""
+    known = {id(p) for p in model.parameters()} | {id(t) for t in inputs}
+    root = getattr(loss, "grad_fn", None)
+    seen, found, stack, out = set(), set(), [root] if root is not None else [], []
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        var = getattr(node, "variable", None)    # AccumulateGrad: the leaf it writes .grad into
+        if var is not None and id(var) not in known and id(var) not in found:
+            found.add(id(var))
+            out.append(var)
+        stack.extend(n for n, _ in node.next_functions)
+    return out
+
+
+def describe_leaf(t) -> str:
+    """'a 32x20 float32 nn.Parameter' / 'a 32x20 float32 tensor with requires_grad=True'."""
+    import torch
+
+    shape = "x".join(map(str, t.shape)) or "scalar"
+    kind = "nn.Parameter" if isinstance(t, torch.nn.Parameter) else "tensor with requires_grad=True"
+    return f"a {shape} {str(t.dtype).replace('torch.', '')} {kind}"
+
+
+CODE = "local-weight"
+HINT = ("register it in __init__ (self.w = nn.Parameter(...)) so the optimizer holds it and it is created once; "
+        "if it should not learn, make it without requires_grad (or a buffer)")
+
+
+def message(leaves: list, where: str = "") -> str:
+    """`leaves`: the tensors, or their describe_leaf texts."""
+    texts = [t if isinstance(t, str) else describe_leaf(t) for t in leaves]
+    shown = ", ".join(texts[:4]) + (f" … (+{len(texts) - 4})" if len(texts) > 4 else "")
+    at = f" in {where}'s forward" if where else " in forward"
+    return (f"{len(leaves)} weight(s) made{at} receive a gradient but are not parameters of the model ({shown}): "
+            "no optimizer built from model.parameters() can see them, and they are made anew every call")
