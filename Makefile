@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-fast lint typecheck bench docs clean
+.PHONY: install demo test test-fast lint typecheck bench docs corpus clean
 
 $(BIN)/torchdiag: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,27 @@ docs: $(VENV)/.docs-installed
 
 bench: install
 	$(BIN)/python bench/run_all.py
+
+# The whole zoo (bench/corpus_zoo.py lists it; bench/README.md "The whole zoo"): hours on a CPU, resumable
+# (a second `make corpus` runs only the models without a result). Needs torchvision/timm/transformers,
+# installed into their own venv, never into .venv.
+CORPUS_VENV ?= .venv-corpus
+CORPUS_TIMEOUT ?= 1200
+$(CORPUS_VENV)/bin/python:
+	$(PYTHON) -m venv $(CORPUS_VENV)
+	$(CORPUS_VENV)/bin/pip install -q torch==2.14.1 torchvision==0.29.1
+	$(CORPUS_VENV)/bin/pip install -q timm transformers safetensors
+	$(CORPUS_VENV)/bin/pip install -q -e .
+
+bench/corpus-zoo.json: | $(CORPUS_VENV)/bin/python
+	nice -n 19 $(CORPUS_VENV)/bin/python bench/corpus_zoo.py
+
+build/corpus-hf: | $(CORPUS_VENV)/bin/python
+	nice -n 19 $(CORPUS_VENV)/bin/python bench/corpus_zoo.py --hf   # the shrunk transformers configs (not in git)
+
+corpus: bench/corpus-zoo.json build/corpus-hf
+	nice -n 19 $(CORPUS_VENV)/bin/python bench/corpus.py --models 'zoo_*' --resume --timeout $(CORPUS_TIMEOUT) \
+		--out bench/corpus-zoo-results.md --json-out bench/corpus-zoo-results.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache build dist site *.egg-info

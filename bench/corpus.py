@@ -41,6 +41,24 @@ def make_inputs(entry, model, device: str = "cpu", seed: int = 0):
     return resolve_inputs(list(entry.inputs), loaded, torch.device(device), seed)
 
 
+def load_spec(entry, device: str):
+    """A source entry (timm:NAME, torchvision:NAME, hf:FOLDER) loaded as the CLI loads it, with the
+    default inputs a user gets: (model, inputs)."""
+    import torch
+
+    from torchdiag.core.inputs import resolve_inputs
+    from torchdiag.core.loading import load_model
+
+    loaded = load_model(entry.spec, list(entry.args), torch.device(device), 0)
+    try:   # the batch a training command gets by default (core/sources.py, issue 26)
+        from torchdiag.core.sources import for_training
+    except ImportError:
+        for_training = None
+    if for_training is not None and device != "meta":
+        for_training(loaded)
+    return loaded.model, resolve_inputs([], loaded, torch.device(device), 0)
+
+
 def build_model(entry, device: str):
     """The entry's model; on meta through torchdiag's own builder (as `--device meta` does)."""
     if device != "meta":
@@ -91,18 +109,28 @@ def run_model(entry, commands, max_params: int, device: str = "cpu") -> dict:
     out = {"model": entry.name, "family": entry.family, "why": entry.why, "inputs": entry.inputs,
            "device": device, "started": time.strftime("%H:%M:%S"), "commands": []}
     t0 = time.perf_counter()
-    try:
-        model = build_model(entry, device)
-    except Exception as exc:  # noqa: BLE001
-        out["build_error"] = f"{type(exc).__name__}: {exc}"
-        return out
+    if entry.spec:
+        out["spec"] = entry.spec
+        try:
+            model, inputs = load_spec(entry, device)
+        except Exception as exc:  # noqa: BLE001 - a DiagError here is the tool's one line: recorded
+            out["build_error"] = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
+            return out
+        out["params"] = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+        out["inputs"] = inputs.describe() if hasattr(inputs, "describe") else ""
+    else:
+        try:
+            model = build_model(entry, device)
+        except Exception as exc:  # noqa: BLE001
+            out["build_error"] = f"{type(exc).__name__}: {exc}"
+            return out
+        out["params"] = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+        try:
+            inputs = make_inputs(entry, model, device)
+        except Exception as exc:  # noqa: BLE001
+            out["input_error"] = f"{type(exc).__name__}: {exc}"
+            return out
     out["build_seconds"] = round(time.perf_counter() - t0, 2)
-    out["params"] = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    try:
-        inputs = make_inputs(entry, model, device)
-    except Exception as exc:  # noqa: BLE001
-        out["input_error"] = f"{type(exc).__name__}: {exc}"
-        return out
     out["input_notes"] = inputs.notes
     out["input_kwargs"] = sorted(inputs.kwargs)
     for command in commands:
@@ -207,6 +235,8 @@ def main(argv=None) -> int:
                     help="models per worker process (one start-up for several; a crash re-runs them one by one)")
     ap.add_argument("--in-process", action="store_true",
                     help="run every model in this process (no isolation; saves the per-model start-up, for --device meta)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the results already in --json-out and run only the models without one")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -247,6 +277,11 @@ def main(argv=None) -> int:
 
         torch.set_num_threads(int(os.environ.get("CORPUS_THREADS", "2")))
     results, start = [], time.perf_counter()
+    if args.resume and Path(args.json_out).exists():
+        results = json.loads(Path(args.json_out).read_text())
+        done = {r["model"] for r in results}
+        chosen = [e for e in chosen if e.name not in done]
+        print(f"resuming: {len(done)} results kept, {len(chosen)} models to run", file=sys.stderr, flush=True)
     step = max(args.chunk, 1)
     for i in range(0, len(chosen), step):
         chunk, t0 = chosen[i:i + step], time.perf_counter()
@@ -256,9 +291,9 @@ def main(argv=None) -> int:
             break
         got = ([run_model(e, commands, args.max_params, args.device) for e in chunk] if args.in_process
                else isolated(chunk, commands, args))
-        for j, r in enumerate(got, i + 1):
+        for r in got:
             results.append(r)
-            print(f"[{j}/{len(chosen)}] {r['model']}: {time.perf_counter() - t0:.0f} s  "
+            print(f"[{len(results)}] {r['model']}: {time.perf_counter() - t0:.0f} s  "
                   + "  ".join(f"{c['command']}={cell(c)}" for c in r.get("commands", [])), file=sys.stderr, flush=True)
         Path(args.json_out).write_text(json.dumps(results, indent=1))
         Path(args.out).write_text(markdown(results, commands))

@@ -25,6 +25,9 @@ class Entry:
     inputs: list[str]                 # -i specs at batch 2
     why: str = ""                     # what this model stands for in the corpus
     tags: set = field(default_factory=set)   # "fast": in the --fast slice
+    spec: str = ""                    # a source form (timm:NAME, torchvision:NAME, hf:FOLDER): run as a user runs it
+    args: list = field(default_factory=list)  # its --arg values
+    params: int | None = None         # counted on meta when the zoo was listed
 
 
 def _tv_input(name: str) -> list[str]:
@@ -184,9 +187,49 @@ def plain_entries() -> list[Entry]:
     ]
 
 
+ISSUE_26 = {f"timm_{n}" for n in ("cait_xxs24_224", "edgenext_xx_small", "nfnet_l0", "ghostnet_100",
+                                    "poolformer_s12", "levit_128s", "resnest14d")}
+
+
+def zoo_entries() -> list[Entry]:
+    """The whole zoo (bench/corpus_zoo.py lists it into bench/corpus-zoo.json), as source specs with
+    their default inputs; smallest first. Entries that did not build from a small config are kept (a row)."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent / "corpus-zoo.json"
+    if not path.exists():
+        return []
+    rows = json.loads(path.read_text())["entries"]
+    rows.sort(key=lambda r: (r.get("params") is None, r.get("params") or 0))
+    # families interleaved (timm, torchvision, hf, timm, ...), each smallest first: a run cut short still
+    # covers every family
+    by_family: dict[str, list] = {}
+    for r in rows:
+        by_family.setdefault(r["family"], []).append(r)
+    order = [f for f in ("timm", "torchvision", "hf") if f in by_family] + sorted(set(by_family) - {"timm", "torchvision", "hf"})
+    rows = [fam[i] for i in range(max(map(len, by_family.values()), default=0))
+            for fam in (by_family[f] for f in order) if i < len(fam)]
+    first = [r for r in rows if r["name"] in ISSUE_26]      # the report's models run first
+    rows = first + [r for r in rows if r["name"] not in ISSUE_26]
+    out = []
+    for r in rows:
+        out.append(Entry("zoo_" + r["name"], r["family"], _unbuildable(r.get("build_error")), [], r.get("why", ""),
+                         spec="" if r.get("build_error") else r["spec"], args=list(r.get("args", [])),
+                         params=r.get("params")))
+    return out
+
+
+def _unbuildable(error):
+    def build():
+        raise RuntimeError(error or "no spec")
+    return build
+
+
 def entries(prefix: str = "") -> list[Entry]:
     """Every entry, or those whose name starts with `prefix` (only that family's package is imported)."""
-    families = (("pt_", plain_entries), ("tv_", torchvision_entries), ("timm_", timm_entries), ("hf_", hf_entries))
+    families = (("pt_", plain_entries), ("tv_", torchvision_entries), ("timm_", timm_entries), ("hf_", hf_entries),
+                ("zoo_", zoo_entries))
     out = []
     for fam, fn in families:
         if fam.startswith(prefix) or prefix.startswith(fam):

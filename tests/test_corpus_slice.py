@@ -1,7 +1,7 @@
 """The fast slice of the corpus (bench/corpus.py, issue 14): plain-torch models built like real ones
 (BERT's embedding layout and dict output, T5's decoder contract, Inception's auxiliary head) through
-summary, flops, nancheck, gradflow and doctor at batch 2 on CPU. A healthy model gets no error-level
-finding and no internal error; the default inputs and the automatic loss are the ones a user gets.
+summary, flops, nancheck, gradflow and doctor at batch 2 on CPU. A healthy model gets no error, no
+warning and no internal error; the default inputs and the automatic loss are the ones a user gets.
 The full corpus (torchvision, timm, Hugging Face) runs in bench/ with .venv-corpus."""
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ def test_healthy_model_passes_every_command(runs, name):
         assert not c.get("internal"), (c["command"], c.get("raised"))
         assert not c.get("raised"), (c["command"], c["raised"])
         assert c["errors"] == [], (c["command"], c["errors"])
+        assert c["warnings"] == [], (c["command"], c["warnings"])   # issue 26: no false warning either
         assert c["exit"] == 0, c
 
 
@@ -58,7 +59,7 @@ def test_zero_init_residual_is_not_an_error():
     zero_init_residual = load_module("by_design.py").ZeroInitResidual
     r = corpus.run_model(Entry("zero_init_residual", "plain", zero_init_residual, ["2x3x8x8"]), ["gradflow", "doctor"], 0)
     for c in r["commands"]:
-        assert c["errors"] == [] and c["exit"] == 0, c
+        assert c["errors"] == [] and c["warnings"] == [] and c["exit"] == 0, c
 
 
 def test_dead_units_by_chance_are_not_a_warning(runs):

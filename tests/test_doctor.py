@@ -609,3 +609,25 @@ def test_nested_fast_path_output_does_not_crash(cli):
     nested = torch.nested.nested_tensor([torch.ones(3, 2), -2 * torch.ones(1, 2)])
     assert _fingerprint(nested) == [6.0 - 4.0, 6.0 + 4.0]       # sum and sum of |x| over its values
     assert max_diff(nested, nested) == 0.0 and scale({"h": nested}) == 2.0
+
+
+def test_a_gate_at_initialisation_is_not_param_not_updated(untouched):
+    # issue 26 (timm cait_xxs24_224): patch blocks read only through class-attention blocks, each branch
+    # under a 1e-6 layer scale: two gates multiply, the gradients of norm1.weight are ~1e-13 and Adam's
+    # first step (≈ lr·g/eps) rounds away in float32. A short training run grows the gates and they move.
+    import torchdiag.api
+
+    from conftest import load_module
+
+    model, x = load_module("by_design_gates.py").cait_like(1e-6), torch.randn(2, 3, 16, 16)
+    with untouched(model):
+        res = torchdiag.api.run("doctor", model, (x,))
+    assert res.exit_code == 0 and not [f for f in res.findings if f.severity in ("error", "warning")], \
+        [f.message for f in res.findings if f.severity != "info"]
+    gated = [f for f in res.findings if f.code == "by-design-init"]
+    assert any(f.where == "blocks.0.gamma_1" and "blocks.0.norm1.weight" in f.message for f in gated), gated
+    assert all("do not change after 1 Adam step at initialisation" in f.message and "after 3 steps" in f.message
+               for f in gated)
+    row = next(r for r in res.table("checks").rows if r["id"] == "update")
+    assert row["status"] == "info" and row["code"] == "by-design-init"
+    assert any("optimizer steps on the same batch" in n for n in res.notes)

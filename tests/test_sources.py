@@ -200,3 +200,25 @@ def test_zoo_timm_model_and_nearest_name(cli):
     assert r.json["inputs"] == ["input[0]: 1x3x224x224 float32"] and "pretrained_cfg" in r.json["input_source"]
     r = cli("summary", "timm:resnet18x")
     assert r.code == 2 and "did you mean" in r.stderr and "resnet18" in r.stderr
+
+
+def test_training_commands_get_a_default_batch_of_two(tmp_path, cli):
+    # issue 26: BatchNorm after global pooling refuses one sample in train mode; a default input must
+    # never break a healthy model, and summary/flops keep their per-sample numbers at batch 1
+    folder = gpt2_dir(tmp_path)
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.json["inputs"] == ["input[0]: 1x64 int64"]
+    r = cli("gradflow", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 2x64 int64"] and "batch 2: the command runs train mode" in r.json["input_source"]
+
+
+
+def test_zoo_detection_trains_with_its_own_losses(cli):
+    # issue 26: torchvision detection in train mode gets two images with targets and its loss dict is the loss;
+    # every feature level of the head is matched by a box (no zero-grad on an unmatched level)
+    importable("torchvision")
+    r = cli("gradflow", "torchvision:ssdlite320_mobilenet_v3_large", "--device", "cpu", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["loss"] == "the scalar output itself (output['bbox_regression']) + output['classification'] itself"
+    assert not [f for f in r.json["findings"] if f["severity"] != "info"], r.json["findings"]

@@ -176,6 +176,7 @@ def raise_meta(command: str):
 
 def prepare(spec: RunSpec, *, needs_values: bool = False):
     """Device, model, inputs (or --batch) and the context, for the CLI and `check`: (model, inputs, ctx)."""
+    from . import sources
     from .device import resolve_device
     from .inputs import ModelInputs, resolve_inputs
     from .loading import load_model
@@ -186,6 +187,8 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
         raise_meta(spec.command)
     check_supported(spec, device)
     loaded = load_model(spec.model, list(spec.args), device, spec.seed)
+    if sources.trains(spec.command):
+        sources.for_training(loaded)   # a source's default batch of 1 breaks BatchNorm in train mode
     checkpoints = load_checkpoints(spec, loaded, device)
     cast_model(loaded.model, spec.dtype)   # --dtype, once, after the weights: the CLI's model is ours
     batch_target = None

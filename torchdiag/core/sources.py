@@ -32,6 +32,11 @@ HF_TASKS = {
     "image-classification": "AutoModelForImageClassification",
 }
 TEXT_LENGTH = 128          # default sequence length of a text model (capped by its position table)
+# Commands that run the model in train mode: there a BatchNorm after global pooling (ResNeSt's split
+# attention, LeViT's heads) refuses a single sample, so their default batch is TRAIN_BATCH (issue 26);
+# the others (summary, flops, ...) keep 1: their numbers are per sample.
+TRAINING_COMMANDS = ("nancheck", "gradflow", "doctor", "overfit-batch", "lr-find", "memory", "profile", "check")
+TRAIN_BATCH = 2
 VIDEO_FRAMES = 16          # torchvision video models: (N, C, T, H, W)
 
 
@@ -156,6 +161,30 @@ def _one_image():
     import torch
 
     return ([torch.rand(3, 320, 320)],)
+
+
+def _two_images():
+    """A detection model in train mode takes (images, targets) and returns its own loss dict (summed by
+    the auto loss): two images, each with seven boxes (xyxy inside the image), labels, instance masks
+    (Mask R-CNN reads them) and 17 keypoints per box (Keypoint R-CNN's default)."""
+    import torch
+
+    images = [torch.rand(3, 320, 320) for _ in range(TRAIN_BATCH)]
+    # boxes from 30 to 320 pixels: every feature level of an SSD/FPN head has an anchor that matches one
+    boxes = torch.tensor([[10.0, 10.0, 40.0, 40.0], [50.0, 50.0, 130.0, 130.0], [140.0, 20.0, 300.0, 180.0],
+                          [0.0, 0.0, 319.0, 319.0], [200.0, 200.0, 260.0, 300.0], [40.0, 70.0, 270.0, 300.0],
+                          [100.0, 0.0, 300.0, 200.0]])
+    targets = []
+    for i in range(TRAIN_BATCH):
+        masks = torch.zeros(len(boxes), 320, 320, dtype=torch.uint8)
+        for k, (x0, y0, x1, y1) in enumerate(boxes.int().tolist()):
+            masks[k, y0:y1, x0:x1] = 1
+        lo, hi = boxes[:, None, :2], boxes[:, None, 2:]
+        xy = lo + torch.rand(len(boxes), 17, 2) * (hi - lo)
+        keypoints = torch.cat([xy, torch.ones(len(boxes), 17, 1)], -1)
+        targets.append({"boxes": boxes.clone(), "labels": torch.arange(1, len(boxes) + 1) + i, "masks": masks,
+                        "keypoints": keypoints})
+    return images, targets
 
 
 # ---- timm --------------------------------------------------------------------------------------------
@@ -339,6 +368,34 @@ def _lm_head(cls) -> bool:
     return name in ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM") or \
         name in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() or \
         name in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.values()
+
+
+def trains(command: str) -> bool:
+    return command in TRAINING_COMMANDS
+
+
+def batched(specs: tuple[str, ...], batch: int) -> tuple[str, ...]:
+    """-i specs with their leading (batch) dimension set to `batch` (a source's defaults lead with 1)."""
+    out = []
+    for s in specs:
+        dims, colon, dtype = s.partition(":")
+        first, x, rest = dims.partition("x")
+        out.append(f"{batch}{x}{rest}{colon}{dtype}" if first == "1" and x else s)
+    return tuple(out)
+
+
+def for_training(loaded) -> None:
+    """A source model's default inputs at TRAIN_BATCH, for a command that runs train mode (in place on
+    the LoadedModel; said in its input_source). A user's own -i or example_inputs are never changed."""
+    if loaded.default_inputs:
+        wider = batched(tuple(loaded.default_inputs), TRAIN_BATCH)
+        if wider != tuple(loaded.default_inputs):
+            loaded.default_inputs = wider
+            loaded.input_source += f"; batch {TRAIN_BATCH}: the command runs train mode, where BatchNorm needs more than one sample"
+    elif getattr(loaded.module, "example_inputs", None) is _one_image:
+        loaded.module.example_inputs = _two_images
+        loaded.input_source += (f"; {TRAIN_BATCH} images with targets (boxes, labels, masks, keypoints): the command "
+                                "runs train mode, where a detection model takes targets and returns its losses")
 
 
 def example_module(spec: str, source: Source) -> types.ModuleType:

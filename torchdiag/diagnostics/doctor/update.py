@@ -26,6 +26,7 @@ from ...core.unreached import (
 )
 from ...errors import ModelError
 from ...results import Result
+from . import gated
 from .checklist import Checklist
 from .probe import Probe
 from .scaled import fit_scale
@@ -76,6 +77,11 @@ def update_check(probe: Probe) -> None:
         _report_nonfinite(broken, dict(with_grad), optimizer, ctx, ck, step)
     renewed = _report_recreated(work, with_grad, ck)
     bad = _not_updated(with_grad, skip | set(broken) | renewed, zero, moved, kept, reset_to)
+    # re-checked by behaviour before they are errors (gated.py): a gate at initialisation, or broken?
+    # (not the ones the next forward writes back: that is the forward's doing, whatever the gradient)
+    suspects = [n for n, _, _ in bad if n in zero or not moved[n]]
+    designed = gated.recheck(work, before, inputs, ctx, suspects, result, stochastic_depth_off) if suspects and w is None else {}
+    bad = [b for b in bad if b[0] not in designed]
     for n, msg, hint in bad[:50]:
         ck.find("update", "param-not-updated", "error", n, f"{n} {msg}", hint,
                 verdict=f"{len(bad)} parameter(s) get a gradient but do not change after a step")
@@ -85,6 +91,7 @@ def update_check(probe: Probe) -> None:
         ck.row("update", "ok", f"{len(with_grad)}/{len(with_grad)} params change after 1 {step} step")
     _report_rounding(rounding, ctx, step, ck, result)
     _report_zero_init(by_design, ck, result)
+    gated.report(designed, ck, result, step)
 
 
 def _report_recreated(work, with_grad, ck: Checklist) -> set[str]:

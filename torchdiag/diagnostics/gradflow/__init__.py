@@ -7,14 +7,16 @@ forward and the autograd graph (core/unreached.py). Per layer, in execution orde
 activation health from the same forward (activations.py). Statistics stay on the device and are
 read back once (stats.py): a healthy pass makes the same few host syncs at any depth.
 
-Broken or built that way (design.py, recheck.py, core/design.py): stochastic depth is off for the judged pass; a
+Broken or built that way (design.py, recheck.py, gated.py, core/design.py): stochastic depth is off for the judged pass; a
 tiny-by-construction parameter is judged by its gradient, a weight feeding a batch-statistics norm by
-grad/weight with a wider threshold; exact zeros behind a zero-initialised parameter and biases a
-normalisation cancels are re-checked on a copy (a step, a shift) and reported as info with the cause."""
+grad/weight with a wider threshold; biases a normalisation cancels are re-checked on a copy (a shift);
+vanishing, exactly-zero gradients and dead units are re-checked with a short training run on a copy and
+what grows out of it is info naming the gate (core/gates.py)."""
 from __future__ import annotations
 
 import math
 
+from ...core.design import stochastic_depth_off
 from ...core.distributed import inner
 from ...core.local_leaves import CODE as LOCAL_CODE
 from ...core.local_leaves import HINT as LOCAL_HINT
@@ -23,8 +25,8 @@ from ...core.recording import record_pass
 from ...results import Result
 from . import display
 from .activations import activation_rows
-from .design import layer_scaled
 from .findings import param_findings, status_counts, verdict
+from .gated import gated
 from .layers import bar_scale, frontier, layer_rows
 from .options import NEEDS_VALUES, STATUS_ORDER, STATUS_SEVERITY, WRAP, Options
 from .params import param_rows
@@ -60,14 +62,15 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         result.data["local_weights"] = pas.local
     else:
         recheck(model, inputs, pas, rows, opts, ctx, result)    # only when a candidate exists
-    layer_scaled(rows, opts)
+    acts = activation_rows(pas.rec, stats, opts, result, allow, inputs=inputs, ctx=ctx)   # dead units re-judged (dead.py)
+    if not pas.local:   # the short training run needs a copy that holds every weight
+        gated(model, inputs, rows, result, opts, ctx, stochastic_depth_off)   # only when something is flagged
     param_findings(result, rows, model, opts, allow)
     if not math.isfinite(stats.loss):
         result.add("non-finite-loss", "error", "", f"the loss is {stats.loss} before backward; every gradient "
                    "downstream of it is non-finite", hint="run `torchdiag nancheck` to find where it first goes bad")
     layers = layer_rows(frontier(model, opts.depth), rows, pas.rec.order, modules)
     scale = bar_scale(layers)
-    acts = activation_rows(pas.rec, stats, opts, result, allow, inputs=inputs, ctx=ctx)   # dead units re-judged (dead.py)
     if reduced:
         add_fractions(rows, layers, stats.underflow)
 

@@ -8,7 +8,7 @@ initialisation (bench/corpus-findings.md has the models and numbers behind each 
   gradient is orthogonal to w and scales as 1/|w|, so a step only turns w and grows |w|
   (grad/weight r becomes r / (1 + (lr·r)²) after one SGD step): a large ratio corrects itself and
   is not judged exploding (deep ResNets' stem convolution at init: ratio 1e3–4e3);
-- a gradient shrunk by a layer scale of its own block is judged after dividing by that scale.
+- a gradient shrunk by a gate (layer scale, zero-init gain) is judged by behaviour: gated.py.
 
 The checks that run the model again (a step on a copy, a shifted bias) are in recheck.py."""
 from __future__ import annotations
@@ -24,26 +24,3 @@ def is_tiny(row) -> bool:
     """Tiny by construction: non-zero, per-element RMS below TINY_RMS."""
     r = rms(row)
     return r is not None and 0 < r < TINY_RMS
-
-
-def layer_scaled(rows, opts) -> None:
-    """A vanishing gradient inside a block whose own tiny parameter (a layer scale, owned by the block
-    or one of its ancestors, never the root) scales the block's output: judged after dividing by it."""
-    from ...core.module_paths import ancestors
-
-    tiny = {r["module"]: r for r in rows if is_tiny(r) and r["module"]}
-    if not tiny:
-        return
-    for r in rows:
-        if r["status"] != "vanishing-grad":
-            continue
-        scale = next((tiny[a] for a in ancestors(r["module"]) if a in tiny), None)
-        if scale is None or scale is r:
-            continue
-        ratio = r["grad_weight_ratio"] if r["grad_weight_ratio"] is not None else r["grad_norm"]
-        rescaled = ratio / rms(scale)
-        if rescaled >= opts.vanishing:
-            r.update(status="layer-scaled", reason=scale["name"], allowed=False,
-                     design={"kind": "layer-scaled",
-                             "why": f"the block's output is multiplied by the layer scale {scale['name']} (RMS "
-                                    f"{rms(scale):.1e}); divided by it the grad/weight ratio is {rescaled:.2g}"})

@@ -74,7 +74,8 @@ def _message(status, what, where, members, opts, allow_name) -> tuple[str, str |
         total = sum(m["numel"] for m in members)
         return f"{what} frozen (requires_grad=False): {total:,} values not trained", None
     if status == "zero-grad":
-        again = " (still, after one optimizer step on a copy)" if first.get("rechecked") else ""
+        steps = first.get("rechecked")
+        again = f" (still, after a short training run on a copy: {steps} optimizer steps)" if steps else ""
         return (f"{what}: gradient is exactly zero everywhere{again}",
                 "a zero-derivative op (round, sign, argmax, comparison) or dead units sit between it and the loss")
     if status == "non-finite-grad":
@@ -92,14 +93,17 @@ def _message(status, what, where, members, opts, allow_name) -> tuple[str, str |
         return m["grad_weight_ratio"] if m["grad_weight_ratio"] is not None else m["grad_norm"]
 
     r = ratio(min(members, key=lambda m: ratio(m) or 0))
-    return (f"{what}: grad/weight ratio down to {number(r)} (threshold {opts.vanishing:g})",
+    steps = first.get("rechecked")
+    again = f"; still, after a short training run on a copy ({steps} optimizer steps)" if steps else ""
+    return (f"{what}: grad/weight ratio down to {number(r)} (threshold {opts.vanishing:g}){again}",
             "saturating activations, depth without residuals/normalisation, or tiny initialisation")
 
 
 DESIGN_TITLES = {
     "zero-init": "get exactly zero gradients at initialisation, by design",
     "invariant": "get only rounding noise as gradient, by design: the loss does not depend on them",
-    "layer-scaled": "get small gradients at initialisation, by design: a layer scale shrinks them",
+    "by-design-init": "get small gradients at initialisation, by design: a gate (a zero or tiny multiplicative "
+                      "parameter that training grows) closes their path",
     "tiny-by-construction": "have a huge grad/weight ratio only because their value is tiny by construction",
     "scale-invariant": "have large gradients only because a normalisation follows (scale-invariant)",
 }
@@ -112,7 +116,7 @@ def design_findings(result, rows) -> None:
     for r in rows:
         d = r.get("design")
         if d:
-            cause = r["reason"] if d["kind"] in ("zero-init", "layer-scaled") else None
+            cause = r["reason"] if d["kind"] in ("zero-init", "by-design-init") else None
             groups.setdefault((d["kind"], cause), []).append(r)
     for (kind, cause), members in groups.items():
         n = len(members)

@@ -15,13 +15,13 @@ WRAP = {"ddp": ("pass", "the judged pass runs on the DDP copy, gradients after i
                          "gathered whole; the re-checks run on this rank's own model")}
 
 # status → severity when flagged (errors fail; warnings fail only with strict). zero-init, invariant
-# and layer-scaled are "by design at initialisation" (design.py, recheck.py): info, with the cause.
+# and by-design-init are "by design at initialisation" (recheck.py, gated.py): info, with the cause.
 STATUS_SEVERITY = {
     "non-finite-grad": "error", "no-grad": "error", "zero-grad": "error", "exploding-grad": "error",
-    "vanishing-grad": "warning", "zero-init": "info", "invariant": "info", "layer-scaled": "info",
+    "vanishing-grad": "warning", "zero-init": "info", "invariant": "info", "by-design-init": "info",
     "frozen": "info", "ok": None,
 }
-BY_DESIGN = ("zero-init", "invariant", "layer-scaled")
+BY_DESIGN = ("zero-init", "invariant", "by-design-init")
 # the worst status first: a layer shows the worst of its parameters
 STATUS_ORDER = ["non-finite-grad", "no-grad", "zero-grad", "exploding-grad", "vanishing-grad", *BY_DESIGN,
                 "ok", "frozen"]

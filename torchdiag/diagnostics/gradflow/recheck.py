@@ -1,11 +1,7 @@
 """Re-checks that run the model again, on a copy (ctx.train_copy), and only when a candidate exists:
-a healthy pass pays nothing for them.
+a healthy pass pays nothing for them. (Exactly-zero and vanishing gradients are re-checked with a short
+training run in gated.py.)
 
-- zero-init: some parameter has an all-zero gradient while some parameter is exactly zero and has a
-  gradient (a zero-initialised classifier head, a zero-initialised residual BatchNorm scale). One
-  step of the run's optimizer (ctx.optimizer) with the judged gradients, then forward + backward on
-  the same batch: zeros that came from the zero-initialised parameter are gone (it is no longer
-  zero); a real break (detached branch, a mask multiplying by 0, round, dead units) stays zero-grad.
 - invariant: a bias whose gradient is below 1e-4 of its own module's weight gradient. On a float64
   copy, shifted by a random vector (one value per element, so a softmax's invariance to one constant
   added to every logit does not count), with the same seeded forward: when the loss does not move
@@ -16,7 +12,6 @@ from __future__ import annotations
 
 import math
 
-from ...core import train
 from ...core.design import stochastic_depth_off
 from ...core.tracking import run_forward
 from ...errors import ModelError
@@ -24,13 +19,6 @@ from ...errors import ModelError
 INVARIANT_GRAD_FACTOR = 1e-4    # bias gradient below this × its module's weight gradient: a candidate
 LOSS_RTOL = 1e-9                # relative loss change still counted as "did not move" (float64 rounding)
 MAX_SINGLE = 8                  # candidates tested one by one when shifting them together moved the loss
-
-
-def zero_candidates(rows) -> tuple[list[dict], list[dict]]:
-    """(all-zero-gradient rows, exactly-zero parameters with a non-zero gradient)."""
-    cands = [r for r in rows if r["status"] == "zero-grad"]
-    sources = [r for r in rows if r["weight_norm"] == 0 and r["grad_norm"] and math.isfinite(r["grad_norm"])]
-    return (cands, sources) if cands and sources else ([], [])
 
 
 def bias_candidates(rows) -> list[dict]:
@@ -47,15 +35,12 @@ def bias_candidates(rows) -> list[dict]:
 
 
 def recheck(model, inputs, pas, rows, opts, ctx, result) -> None:
-    zero, sources = zero_candidates(rows)
     biases = bias_candidates(rows) if ctx.device.type != "mps" else []   # mps has no float64
     try:
         if biases:
             _invariant(_copy(model, opts, ctx, double=True), inputs.map(_double), biases, ctx.loss(), ctx)
-        if zero:
-            _zero_init(_copy(model, opts, ctx), inputs, pas, zero, sources, ctx.loss(), ctx)
-    except ModelError as exc:   # no copy, or the copy's step/forward failed: keep the plain verdicts
-        result.notes.append(f"exact-zero / cancelled gradients not re-checked on a copy: {exc.message}")
+    except ModelError as exc:   # no copy, or the copy's forward failed: keep the plain verdicts
+        result.notes.append(f"cancelled gradients not re-checked on a copy: {exc.message}")
 
 
 def _copy(model, opts, ctx, double=False):
@@ -101,35 +86,3 @@ def _invariant(work, inputs, cands, loss_fn, ctx) -> None:
             r.update(status="invariant", allowed=False, design={
                 "kind": "invariant", "why": "the loss does not change when this bias is shifted (a following "
                 "batch-statistics normalisation or softmax cancels it): its gradient is rounding noise"})
-
-
-def _zero_init(work, inputs, pas, cands, sources, loss_fn, ctx) -> None:
-    import torch
-
-    params = dict(work.named_parameters())
-    for n, p in params.items():
-        g = pas.grads.get(n)
-        p.grad = None if g is None else g.detach().clone()
-    train.step(ctx.optimizer([p for p in params.values() if p.grad is not None]))
-    for p in params.values():
-        p.grad = None
-    with torch.enable_grad():
-        with ctx.seeded():
-            loss = loss_fn(run_forward(work, inputs, phase="forward after one step (re-check on a copy)"))
-        train.backward(loss)
-    flags = [params[r["name"]].grad for r in cands]
-    nonzero = [bool(v) for v in torch.stack([
-        g.detach().ne(0).any() if g is not None else torch.zeros((), dtype=torch.bool, device=ctx.device)
-        for g in flags]).tolist()] if flags else []
-    order = pas.rec.order
-    src_modules = sorted({r["module"] for r in sources}, key=lambda m: order.get(m, math.inf))
-    src_params = {m: [r["name"] for r in sources if r["module"] == m] for m in src_modules}
-    for r, ok in zip(cands, nonzero):
-        if not ok:
-            r["rechecked"] = True   # still exactly zero after a step: a real break
-            continue
-        at = order.get(r["module"], -1)
-        src = next((m for m in src_modules if order.get(m, -1) > at), src_modules[-1])
-        r.update(status="zero-init", reason=src, allowed=False, design={
-            "kind": "zero-init", "why": f"downstream of {src}, initialised to exactly zero "
-            f"({', '.join(src_params[src][:3])}); after one optimizer step on a copy this gradient is non-zero"})

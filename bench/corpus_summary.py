@@ -1,0 +1,72 @@
+"""Counts of a corpus run (bench/corpus.py --json-out): per family, and per finding code with the models
+it fired on — the numbers bench/README.md records.
+
+    .venv-corpus/bin/python bench/corpus_summary.py bench/corpus-zoo-results.json"""
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter, defaultdict
+
+
+def family(r: dict) -> str:
+    spec = r.get("spec") or ""
+    return spec.split(":", 1)[0] if spec else r["model"].split("_", 2)[1] if r["model"].startswith("zoo_") else "other"
+
+
+def summary(results: list[dict]) -> str:
+    fams: dict[str, Counter] = defaultdict(Counter)
+    codes: dict[tuple, list] = defaultdict(list)
+    raised: dict[str, list] = defaultdict(list)
+    for r in results:
+        c = fams[family(r)]
+        c["models"] += 1
+        if r.get("build_error") or r.get("input_error"):
+            c["not built"] += 1
+            continue
+        if r.get("timeout"):
+            c["timeout"] += 1
+            continue
+        cmds = [x for x in r.get("commands", []) if "skipped" not in x]
+        if not cmds:
+            continue
+        c["ran"] += 1
+        if all(x.get("exit") == 0 and not x.get("errors") and not x.get("warnings") for x in cmds):
+            c["clean"] += 1
+        if any(x.get("errors") for x in cmds):
+            c["with errors"] += 1
+        if any(x.get("warnings") for x in cmds):
+            c["with warnings"] += 1
+        if any(x.get("exit") not in (0, None) for x in cmds):
+            c["exit ≠ 0"] += 1
+        if any(x.get("internal") for x in cmds):
+            c["internal"] += 1
+        for x in cmds:
+            for f in x.get("errors", []) + x.get("warnings", []):
+                codes[(f["severity"], f["code"], x["command"])].append(r["model"])
+            if x.get("raised"):
+                raised[f"{x['command']} exit {x['exit']}: {x['raised'].split(':')[0]}"].append(r["model"])
+    cols = ["models", "not built", "timeout", "ran", "clean", "with errors", "with warnings", "exit ≠ 0", "internal"]
+    lines = ["| family | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    total = Counter()
+    for fam in sorted(fams):
+        total.update(fams[fam])
+        lines.append(f"| {fam} | " + " | ".join(str(fams[fam][k]) for k in cols) + " |")
+    lines.append("| **all** | " + " | ".join(f"**{total[k]}**" for k in cols) + " |")
+    lines += ["", "clean: every command ran with exit 0, no error and no warning.", ""]
+    if codes:
+        lines += ["| severity | code | command | models | which |", "|---|---|---|---:|---|"]
+        for (sev, code, cmd), models in sorted(codes.items(), key=lambda kv: (kv[0][0], -len(set(kv[1])))):
+            names = sorted(set(models))
+            lines.append(f"| {sev} | `{code}` | {cmd} | {len(names)} | {', '.join(names[:12])}"
+                         + (f" … (+{len(names) - 12})" if len(names) > 12 else "") + " |")
+    if raised:
+        lines += ["", "| raised | models | which |", "|---|---:|---|"]
+        for what, models in sorted(raised.items(), key=lambda kv: -len(kv[1])):
+            names = sorted(set(models))
+            lines.append(f"| {what} | {len(names)} | {', '.join(names[:12])}" + (" …" if len(names) > 12 else "") + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(summary(json.load(open(sys.argv[1]))))

@@ -1,0 +1,189 @@
+"""The whole zoo that builds offline, as corpus entries (issue 26), listed programmatically, never by hand:
+
+- timm: every architecture family (the module that defines the model: `timm.list_modules()`), at its
+  smallest variant by parameter count (counted on the meta device, no values allocated);
+- torchvision: every builder in `torchvision.models.list_models()` (classification, segmentation,
+  detection, video, optical flow, quantized);
+- transformers: every model type in CONFIG_MAPPING whose config, shrunk (hidden size 32, 2 layers, 4
+  heads, vocabulary 1000 …, sub-configs too), an Auto class builds without remote code; the task is the
+  first Auto mapping that holds the type (causal LM, masked LM, seq2seq, image classification, base).
+
+Models are run as a user runs them: `torchvision:NAME`, `timm:NAME` and `hf:FOLDER` (the shrunk
+config saved to build/corpus-hf/TYPE/config.json) with their default inputs (core/sources.py).
+
+    .venv-corpus/bin/python bench/corpus_zoo.py          # writes bench/corpus-zoo.json (minutes)
+
+The list is cached in bench/corpus-zoo.json (the package versions are recorded in it)."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ZOO = HERE / "corpus-zoo.json"
+HF_DIR = HERE.parent / "build" / "corpus-hf"
+
+# shrunk sizes for any config attribute of these names (sub-configs too); heads divide the hidden size
+SMALL = {
+    "hidden_size": 32, "d_model": 32, "n_embd": 32, "embed_dim": 32, "dim": 32, "n_embed": 32,
+    "intermediate_size": 64, "d_ff": 64, "ffn_dim": 64, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
+    "n_inner": 64, "d_inner": 64, "mlp_dim": 64,
+    "num_hidden_layers": 2, "num_layers": 2, "n_layer": 2, "n_layers": 2, "encoder_layers": 2,
+    "decoder_layers": 2, "num_decoder_layers": 2, "num_encoder_layers": 2,
+    "num_attention_heads": 4, "n_head": 4, "n_heads": 4, "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4, "num_heads": 4, "num_key_value_heads": 2, "d_kv": 8, "head_dim": 8,
+    "vocab_size": 1000, "max_position_embeddings": 128, "n_positions": 128,
+}
+MAX_DEFAULT = 150_000_000   # a default (unshrunk) config is used only up to this many parameters
+HF_TASKS = (("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"), ("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+            ("seq2seq", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+            ("image-classification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+            ("base", "MODEL_MAPPING_NAMES"))
+
+
+def meta_params(build) -> int | None:
+    import torch
+
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            m = build()
+        return sum(p.numel() for p in {id(p): p for p in m.parameters()}.values())
+    except Exception:  # noqa: BLE001 - a model that cannot be built on meta is counted as unknown
+        return None
+
+
+# the architectures of issue 26's report that are not their family's smallest variant (kept as well)
+ISSUE_26 = ("nfnet_l0", "ghostnet_100", "poolformer_s12")
+
+
+def timm_zoo() -> list[dict]:
+    import timm
+
+    out = [{"name": f"timm_{n}", "family": "timm", "spec": f"timm:{n}", "args": [], "why": "issue 26's report",
+            "params": meta_params(lambda n=n: timm.create_model(n, pretrained=False))} for n in ISSUE_26]
+    for module in timm.list_modules():
+        names = timm.list_models(module=module)
+        if not names:
+            continue
+        sized = [(meta_params(lambda n=n: timm.create_model(n, pretrained=False)), n) for n in names]
+        known = [s for s in sized if s[0] is not None]
+        params, name = min(known) if known else (None, names[0])
+        out.append({"name": f"timm_{name}", "family": "timm", "spec": f"timm:{name}", "args": [],
+                    "why": f"timm family {module} ({len(names)} variants), smallest", "params": params})
+        print(f"timm {module}: {name} {params}", file=sys.stderr, flush=True)
+    return out
+
+
+def torchvision_zoo() -> list[dict]:
+    import torchvision
+
+    out = []
+    for name in torchvision.models.list_models():
+        kind = next((k for k in ("detection", "segmentation", "video", "optical_flow", "quantization")
+                     if name in torchvision.models.list_models(module=getattr(torchvision.models, k))), "classification")
+        kw = {"weights_backbone": None} if kind in ("detection", "segmentation") else {}
+        out.append({"name": f"tv_{name}", "family": "torchvision", "spec": f"torchvision:{name}", "args": [],
+                    "why": f"torchvision {kind}",
+                    "params": meta_params(lambda n=name, kw=kw: torchvision.models.get_model(n, weights=None, **kw))})
+    return out
+
+
+LAYER_COUNTS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers")
+
+
+def _token_ids(config) -> int:
+    """The largest token id or index the config names (the vocabulary must hold it)."""
+    top = -1
+    for key, value in vars(config).items():
+        if key.endswith(("_token_id", "_token_ids", "_token_index", "_id")) and not isinstance(value, bool):
+            for v in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(v, int):
+                    top = max(top, v)
+    return top
+
+
+def shrink(config) -> None:
+    """Every known size attribute of `config` and its sub-configs set small (in place); per-layer lists
+    cut to the new depth; the vocabulary kept large enough for every token id the config names."""
+    from transformers import PretrainedConfig
+
+    depth = {k: getattr(config, k) for k in LAYER_COUNTS if isinstance(getattr(config, k, None), int)}
+    small = dict(SMALL, vocab_size=max(SMALL["vocab_size"], _token_ids(config) + 1))
+    for key, value in list(vars(config).items()):
+        if isinstance(value, PretrainedConfig):
+            shrink(value)
+        elif key in small and isinstance(value, int) and not isinstance(value, bool) and value > small[key]:
+            setattr(config, key, small[key])
+        elif key in small and isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+            setattr(config, key, [min(v, small[key]) for v in value][:4])
+    for key, old in depth.items():
+        new = getattr(config, key)
+        for k, v in list(vars(config).items()):
+            if isinstance(v, list) and len(v) == old and old != new and k not in small:
+                setattr(config, k, v[:new])
+
+
+def hf_zoo() -> list[dict]:
+    import transformers
+    from transformers.models.auto import modeling_auto
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    out = []
+    HF_DIR.mkdir(parents=True, exist_ok=True)
+    for model_type in sorted(CONFIG_MAPPING.keys()):
+        task = next((t for t, m in HF_TASKS if model_type in getattr(modeling_auto, m, {})), None)
+        row = {"name": f"hf_{model_type}", "family": "hf", "args": [], "why": f"transformers {model_type}"}
+        if task is None:
+            continue     # no Auto class builds it (a config-only or sub-model type)
+        try:
+            cls = getattr(transformers, getattr(modeling_auto, dict(HF_TASKS)[task])[model_type])
+            config = CONFIG_MAPPING[model_type]()
+            how = "shrunk config"
+            try:
+                shrink(config)
+                params = meta_params(lambda: cls._from_config(config))
+            except Exception:  # noqa: BLE001 - a config that refuses the shrunk sizes
+                params = None
+            if params is None:   # the default config, when it builds and is small enough to run
+                how = "default config"
+                config = CONFIG_MAPPING[model_type]()
+                params = meta_params(lambda: cls._from_config(config))
+                params = params if params is not None and params <= MAX_DEFAULT else None
+            folder = HF_DIR / model_type
+            config.architectures = [cls.__name__]
+            config.save_pretrained(folder)
+        except Exception as exc:  # noqa: BLE001 - recorded: not buildable from a small config
+            row.update(build_error=f"{type(exc).__name__}: {str(exc)[:200]}")
+            out.append(row)
+            continue
+        # the spec relative to the repository root (make corpus runs there)
+        row.update(spec=f"hf:{folder.relative_to(HERE.parent)}", why=f"transformers {model_type} ({cls.__name__}, {how})", params=params)
+        if params is None:
+            row["build_error"] = (f"builds neither from the shrunk config nor from the default one within "
+                                  f"{MAX_DEFAULT / 1e6:.0f} M parameters (on meta)")
+        out.append(row)
+        print(f"hf {model_type}: {cls.__name__} {params}", file=sys.stderr, flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    import importlib.metadata as md
+
+    t0 = time.time()
+    only = (argv if argv is not None else sys.argv[1:])
+    if only == ["--hf"] and ZOO.exists():   # re-list the transformers part only
+        entries = [e for e in json.loads(ZOO.read_text())["entries"] if e["family"] != "hf"] + hf_zoo()
+    else:
+        entries = torchvision_zoo() + timm_zoo() + hf_zoo()
+    versions = {p: md.version(p) for p in ("torch", "torchvision", "timm", "transformers")}
+    ZOO.write_text(json.dumps({"versions": versions, "entries": entries}, indent=1))
+    print(f"{len(entries)} entries in {time.time() - t0:.0f} s -> {ZOO}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Defaults never break a healthy model (issue 26): a source model's default batch is 2 for the commands
+that run train mode (BatchNorm after global pooling refuses one sample there), 1 for the others; the
+user's own inputs are never changed."""
+from __future__ import annotations
+
+import torch
+
+
+def test_batched_specs_and_the_users_own_inputs():
+    from types import SimpleNamespace
+
+    from torchdiag.core import sources
+
+    assert sources.batched(("1x3x224x224", "1x128:int64", "3x8", "1"), 2) == ("2x3x224x224", "2x128:int64", "3x8", "1")
+    loaded = SimpleNamespace(default_inputs=("1x3x32x32",), input_source="timm:x default", module=None)
+    sources.for_training(loaded)
+    assert loaded.default_inputs == ("2x3x32x32",) and loaded.input_source.endswith("more than one sample")
+    own = SimpleNamespace(default_inputs=(), input_source="", module=SimpleNamespace(example_inputs=lambda: 1))
+    sources.for_training(own)      # a user's example_inputs are the user's: never changed
+    assert own.default_inputs == () and own.input_source == ""
+    assert [c for c in ("summary", "flops", "gradflow", "doctor", "nancheck") if sources.trains(c)] == \
+        ["gradflow", "doctor", "nancheck"]
+
+
+def test_the_training_commands_are_the_registrys():
+    # core cannot import the registry; this keeps core's list and the registry's training commands one list
+    from torchdiag.commands import COMMANDS, MODEL
+    from torchdiag.core.sources import TRAINING_COMMANDS
+
+    assert set(TRAINING_COMMANDS) == {c.name for c in COMMANDS if c.groups == MODEL} | {"check"}
+
+
+def test_detection_models_train_on_two_images_with_targets():
+    # a torchvision detection model in train mode needs targets and returns its loss dict
+    from types import SimpleNamespace
+
+    from torchdiag.core import sources
+
+    loaded = SimpleNamespace(default_inputs=(), input_source="torchvision:x default",
+                             module=SimpleNamespace(example_inputs=sources._one_image))
+    sources.for_training(loaded)
+    images, targets = loaded.module.example_inputs()
+    assert len(images) == len(targets) == 2 and all(tuple(i.shape) == (3, 320, 320) for i in images)
+    for t in targets:
+        b = t["boxes"]
+        assert (b[:, 2] > b[:, 0]).all() and (b[:, 3] > b[:, 1]).all() and b.min() >= 0 and b.max() < 320
+        assert t["labels"].dtype == torch.int64 and t["labels"].min() >= 1 and len(t["labels"]) == len(b)
+        assert tuple(t["masks"].shape) == (len(b), 320, 320) and t["masks"].sum() > 0
+        kp = t["keypoints"]
+        assert tuple(kp.shape) == (len(b), 17, 3)
+        assert ((kp[..., 0] >= b[:, None, 0]) & (kp[..., 0] <= b[:, None, 2])).all()
+    assert "targets" in loaded.input_source

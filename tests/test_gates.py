@@ -1,0 +1,136 @@
+"""core/gates.py (issue 26): a flagged finding re-checked by a short real training run on a copy, and the
+gate that explains it named by perturbation — never by names. Healthy gated models (sample_models/
+by_design_gates.py, each a timm architecture in plain torch) are by design with their own gate named;
+the broken samples stay broken."""
+from __future__ import annotations
+
+import torch
+
+from torchdiag.core import gates
+from torchdiag.core.context import context_for
+from torchdiag.core.inputs import ModelInputs
+from torchdiag.core.run import RunSpec
+
+from conftest import load_module
+
+GATED = load_module("by_design_gates.py")
+
+
+def images():
+    return ModelInputs((torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0)),))
+
+
+def grads(model, inputs):
+    """grad/weight of every parameter after one forward+backward on a copy (independent of gates.py)."""
+    ctx = context_for(model, RunSpec("gradflow", caller="python"))
+    work = ctx.train_copy(model)
+    ctx.loss()(inputs.call(work)).backward()
+    return {n: (p.grad.norm() / p.norm()).item() if p.norm() > 0 else p.grad.norm().item()
+            for n, p in work.named_parameters()}, ctx
+
+
+def run(model, inputs, flags):
+    ctx = context_for(model, RunSpec("gradflow", caller="python"))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    out = gates.recheck(model, inputs, flags, ctx)
+    for n, p in model.named_parameters():   # the user's model is never touched
+        assert torch.equal(before[n], p), n
+    return out
+
+
+def test_cait_two_gates_multiply_and_each_block_names_its_own():
+    model, x = GATED.cait_like(), images()
+    ratios, _ = grads(model, x)
+    # the patch blocks' gradients pass through their own 1e-5 layer scale and the class blocks' 1e-5 ones
+    assert ratios["blocks.0.norm1.weight"] < 1e-7 and ratios["blocks.0.attn.proj_l.weight"] < 1e-9
+    flags = [gates.Flag("blocks.0.attn.proj_l.weight", "vanishing-grad", 1e-7),
+             gates.Flag("blocks.2.norm1.weight", "vanishing-grad", 1e-7),
+             gates.Flag("blocks.0.norm1.weight", "param-not-updated")]
+    out = run(model, x, flags)
+    for f in flags:
+        v = out.verdicts[f.name]
+        assert v.by_design and v.grew, v
+        assert v.after >= gates.GROW * v.before
+    assert out.verdicts["blocks.0.attn.proj_l.weight"].gates == ["blocks.0.gamma_1"]
+    assert out.verdicts["blocks.2.norm1.weight"].gates == ["blocks.2.gamma_1"]
+    assert out.passes <= 1 + out.steps + gates.GATE_PASSES
+    assert "3 optimizer steps" in out.cost()
+
+
+def test_xca_branch_under_its_own_gamma():
+    model, x = GATED.xca_like(), images()
+    flags = [gates.Flag("blocks.0.norm_xca.weight", "vanishing-grad", 1e-7),
+             gates.Flag("blocks.0.xca.temperature", "param-not-updated")]
+    out = run(model, x, flags)
+    assert out.verdicts["blocks.0.norm_xca.weight"].gates == ["blocks.0.gamma_xca"]
+    assert out.verdicts["blocks.0.xca.temperature"].gates == ["blocks.0.gamma_xca"]
+    assert all(v.by_design for v in out.verdicts.values())
+
+
+def test_poolformer_norm_under_layer_scale():
+    model, x = GATED.poolformer_like(), images()
+    ratios, _ = grads(model, x)
+    assert ratios["blocks.1.norm2.weight"] < 1e-7
+    out = run(model, x, [gates.Flag("blocks.1.norm2.weight", "vanishing-grad", 1e-7)])
+    v = out.verdicts["blocks.1.norm2.weight"]
+    assert v.by_design and v.resolved and v.gates == ["blocks.1.layer_scale2"]
+
+
+def test_zero_gain_in_front_of_squeeze_excitation():
+    model, x = GATED.nf_like(), images()
+    flags = [gates.Flag(f"stages.{i}.attn_last.act", "dead-units", 0.5, 0.0) for i in (0, 1)]
+    out = run(model, x, flags)
+    for f in flags:
+        v = out.verdicts[f.name]
+        assert v.before == 1.0 and v.resolved and v.by_design, v   # every unit 0 at init: its input is 0
+        assert v.gates and all(g.startswith(f.name.split(".attn_last")[0] + ".conv3.") for g in v.gates), v.gates
+
+
+def test_broken_samples_are_not_by_design():
+    vanishing = load_module("broken_grad_vanishing.py").build()
+    x = ModelInputs(load_module("broken_grad_vanishing.py").example_inputs())
+    ratios, _ = grads(vanishing, x)
+    first = [n for n in ratios if ratios[n] < 1e-7]
+    assert first
+    out = run(vanishing, x, [gates.Flag(n, "vanishing-grad", 1e-7) for n in first])
+    assert not any(v.by_design for v in out.verdicts.values())
+
+    zero = load_module("broken_grad_zero.py")
+    out = run(zero.build(), ModelInputs(zero.example_inputs()),
+              [gates.Flag("encoder.0.weight", "zero-grad"), gates.Flag("encoder.0.bias", "zero-grad")])
+    assert all(not v.resolved and not v.by_design for v in out.verdicts.values())
+
+    dead = load_module("broken_dead_relu.py")
+    out = run(dead.build(), ModelInputs(dead.example_inputs()), [gates.Flag("act1", "dead-units", 0.5, 0.0)])
+    v = out.verdicts["act1"]
+    assert v.before == 0.75 and v.after == 0.75 and not v.by_design
+
+    stuck = load_module("broken_doctor_not_updated.py")
+    out = run(stuck.build(), ModelInputs(stuck.example_inputs()),
+              [gates.Flag("gate.scale", "param-not-updated"), gates.Flag("head.bias", "param-not-updated")])
+    assert all(not v.resolved and not v.by_design for v in out.verdicts.values())
+
+
+def test_zero_head_is_a_gate():
+    model = load_module("by_design.py").zero_head()
+    x = ModelInputs((torch.randn(4, 8, generator=torch.Generator().manual_seed(0)),))
+    out = run(model, x, [gates.Flag("body.0.weight", "zero-grad")])
+    v = out.verdicts["body.0.weight"]
+    assert v.before == 0 and v.resolved and v.by_design
+    assert v.gates == ["head.weight"]
+
+
+def test_a_tiny_parameter_is_measured_by_its_gradient_norm():
+    # gradflow judges a parameter tiny by construction by its gradient norm (grad/weight is huge for any
+    # gradient); the re-check must measure the same number, or it "resolves" at once
+    model, x = GATED.xca_like(), images()
+    ctx = context_for(model, RunSpec("gradflow", caller="python"))
+    work = ctx.train_copy(model)
+    with ctx.seeded():
+        ctx.loss()(x.call(work)).backward()
+    p = dict(work.named_parameters())["blocks.0.gamma_xca"]
+    out = run(model, x, [gates.Flag("blocks.0.gamma_xca", "vanishing-grad", 1e-7, by_norm=True),
+                         gates.Flag("blocks.0.gamma", "vanishing-grad", 1e-7)])
+    v = out.verdicts["blocks.0.gamma_xca"]
+    assert abs(v.before - p.grad.norm().item()) <= 1e-6 * p.grad.norm().item()
+    assert out.verdicts["blocks.0.gamma"].before > 1e3      # grad/weight of a 1e-6 parameter

@@ -1,0 +1,330 @@
+"""Broken, or still opening? (issue 26) A flagged finding (vanishing-grad, zero-grad, param-not-updated,
+dead-units) re-checked by what the model does, not by what its parts are called.
+
+1. A short real training run on a copy (ctx.train_copy, the run's loss and optimizer, the same batch,
+   `steps` ≤ MAX_STEPS optimizer steps): each flagged measure is taken before and after. What resolves
+   (the gradient crosses the threshold or becomes non-zero, the parameter moves, the units come alive)
+   grows out of it: by design. What neither resolves nor grows by GROW stays, and keeps its level.
+2. The gate: a parameter that is zero or tiny (RMS below TINY_FACTOR × the model's median parameter
+   RMS) at initialisation and that the run grew (at least doubled, or left zero) — a layer scale, a
+   skip-init gain, a zero-initialised residual or head. Found by perturbation on a fresh copy at
+   initialisation: candidates set to the values the run gave them, the flagged measures taken again; a
+   measure that grows by GROW (or resolves) has a gate among them. Candidates are bisected in model
+   order, and the group named is confirmed to multiply the path (doubled, the gradient grows by
+   PROPORTIONAL or more; an additive bias does not), within GATE_PASSES passes shared by every flag (a
+   group is named when the budget ends first). What grew without resolving is by design only with a
+   confirmed gate.
+
+Cost, stated with the result: 1 + steps forward/backward passes of the run and at most GATE_PASSES
+more; one read back per pass. The user's model is never touched (copies only)."""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import train
+from .readback import read_back
+from .tracking import run_forward
+
+STEPS = 3             # optimizer steps of the short training run
+MAX_STEPS = 5
+GROW = 10.0           # growth of a flagged measure (or of its response to a gate) that counts
+TINY_FACTOR = 1e-2    # a gate candidate's RMS is below this × the model's median parameter RMS (or zero)
+PROPORTIONAL = 1.5    # doubling a gate from its trained value multiplies the gated gradient by ≥ this
+GATE_PASSES = 10      # forward+backward passes spent naming gates (shared by every flag)
+MARGIN = 0.5          # dead units: input max ≤ zero point − MARGIN × the input's std (gradflow/dead.py's rule)
+KINDS = ("vanishing-grad", "zero-grad", "param-not-updated", "dead-units")
+
+
+@dataclass
+class Flag:
+    """A finding to re-check: `name` is a parameter (grad kinds) or a module path (dead-units)."""
+
+    name: str
+    kind: str
+    threshold: float = 0.0     # vanishing-grad: the grad/weight ratio; dead-units: the dead fraction
+    edge: float = 0.0          # dead-units: the input at or below which the activation outputs 0
+    by_norm: bool = False      # vanishing-grad: judged by the gradient norm (a parameter tiny by construction)
+
+
+@dataclass
+class Verdict:
+    flag: Flag
+    before: float               # the measure at initialisation (dead-units: the dead fraction)
+    after: float                # after the run
+    resolved: bool              # the finding no longer holds after the run
+    grew: bool                  # resolved, or the measure grew by GROW
+    gates: list[str] = field(default_factory=list)   # the gate (one name) or the smallest group found
+    by_design: bool = False
+
+    def describe(self, steps: int) -> str:
+        """The measured fact, for the finding's message."""
+        k = self.flag.kind
+        if k == "dead-units":
+            fact = f"dead fraction {self.before:.0%} at initialisation, {self.after:.0%} after {steps} steps"
+        elif k == "param-not-updated":
+            fact = (f"gradient norm {self.before:.3g} at initialisation, {self.after:.3g} after {steps} steps "
+                    "(at the initial loss level)" + ("; the step then moves it" if self.resolved else ""))
+        else:
+            what = "max |grad|" if k == "zero-grad" else "grad norm" if self.flag.by_norm else "grad/weight"
+            level = " (at the initial loss level)" if k == "vanishing-grad" else ""
+            fact = f"{what} {self.before:.3g} at initialisation, {self.after:.3g} after {steps} steps{level}"
+        if not self.gates:
+            return fact + ("; it resolves by itself (no single gate isolated)" if self.resolved else "")
+        gate = self.gates[0] if len(self.gates) == 1 else f"one of {', '.join(self.gates[:4])}" + (
+            f" … (+{len(self.gates) - 4})" if len(self.gates) > 4 else "")
+        return f"{fact}; the gate is {gate}, zero or tiny at initialisation and grown by the run"
+
+
+@dataclass
+class Recheck:
+    verdicts: dict[str, Verdict]
+    steps: int
+    passes: int                 # forward/backward passes spent in all (run + gate tests)
+    candidates: list[str]
+
+    def cost(self) -> str:
+        return (f"re-checked on a copy: {self.steps} optimizer steps on the same batch and "
+                f"{self.passes - self.steps - 1} gate test(s), {self.passes} forward/backward passes")
+
+
+def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_mode: bool = False,
+            prepare: Callable | None = None, passes: int = GATE_PASSES) -> Recheck:
+    """Run the short training run and the gate tests for `flags` (see the module doc). `prepare(work)`
+    readies each copy as the judged pass was (e.g. stochastic depth off). ModelError propagates (the
+    caller keeps its plain verdicts)."""
+    steps = max(1, min(int(steps), MAX_STEPS))
+    work = _copy(model, ctx, eval_mode, prepare)
+    params = _params(work)
+    v0 = {n: p.detach().clone() for n, p in params.items()}
+    loss_fn = ctx.loss()
+    m0 = _measure(work, inputs, flags, ctx, loss_fn)
+    optimizer = ctx.optimizer([p for p in params.values() if p.requires_grad])
+    mk, moved = m0, {}
+    for k in range(steps):
+        last = k == steps - 1
+        before = {f.name: params[f.name].detach().clone() for f in flags if last and f.kind == "param-not-updated"}
+        train.step(optimizer)
+        mk = _measure(work, inputs, flags, ctx, loss_fn)
+        # after the next forward: a forward that writes the parameter back has undone the step
+        moved = {n: params[n].detach().ne(b).any() for n, b in before.items()}
+    cands = _candidates(params, v0)
+    read = read_back(m0 + mk + list(moved.values()) + [c[1] for c in cands])
+    k = len(flags) + 1            # each measure pass ends with the model's whole gradient norm
+    q0, qk, g0, gk = read[:k - 1], read[k:2 * k - 1], read[k - 1], read[2 * k - 1]
+    mv = dict(zip(moved, read[2 * k:2 * k + len(moved)]))
+    grown = [n for (n, _), g in zip(cands, read[2 * k + len(moved):]) if g > 0]
+    # the same batch is fitted fast (a loss of 7 falls below 0.2 in one Adam step at batch 2): every
+    # gradient shrinks with the loss, so a gradient after the run is compared at the initial loss level
+    level = g0 / gk if gk > 0 and math.isfinite(g0 / gk) else 1.0
+    qk = [b * level if f.kind in ("vanishing-grad", "param-not-updated") else b for f, b in zip(flags, qk)]
+    verdicts = {}
+    for f, a, b in zip(flags, q0, qk):
+        resolved = _resolved(f, b, mv.get(f.name, 0.0))
+        verdicts[f.name] = Verdict(f, a, b, resolved, resolved or _grew(f, a, b))
+    used = 1 + steps
+    for v in verdicts.values():
+        v.by_design = v.resolved        # gone after a few real steps: it grows out of it
+    live = [v for v in verdicts.values() if v.grew]
+    if live and grown:
+        trained = {n: params[n].detach() for n in grown}
+        nonzero = {n for n in grown if bool(v0[n].ne(0).any())}
+        used += _name_gates(model, inputs, live, grown, nonzero, trained, ctx, eval_mode, prepare, loss_fn, passes)
+    return Recheck(verdicts, steps, used, grown)
+
+
+# ---- the measures ----------------------------------------------------------------------------------
+
+def _copy(model, ctx, eval_mode, prepare):
+    work = ctx.train_copy(model, "to re-check a finding with a short training run")
+    work.train(not eval_mode)
+    if prepare is not None:
+        prepare(work)
+    return work
+
+
+def _params(work) -> dict:
+    return dict({id(p): (n, p) for n, p in work.named_parameters()}.values())
+
+
+def _measure(work, inputs, flags, ctx, loss_fn) -> list:
+    """One forward + backward: each flag's measure as a 0-d device tensor (read back by the caller).
+    Grad kinds: grad/weight (vanishing; the grad norm when the weight is zero), max |grad| (zero-grad),
+    the grad norm (param-not-updated); dead-units: the dead fraction of the module's input units."""
+    import torch
+
+    modules = dict(work.named_modules())
+    acc: dict[str, list] = {}
+    handles = []
+    for f in flags:
+        if f.kind == "dead-units" and f.name in modules:
+            def hook(mod, args, name=f.name):
+                if args and torch.is_tensor(args[0]) and args[0].is_floating_point():
+                    acc.setdefault(name, []).append(args[0].detach().float())
+            handles.append(modules[f.name].register_forward_pre_hook(hook))
+    work.zero_grad(set_to_none=True)
+    try:
+        with torch.enable_grad(), ctx.seeded(), ctx.autocast():
+            loss = loss_fn(run_forward(work, inputs, phase="forward (re-check with a short training run)"))
+        train.backward(loss)
+    finally:
+        for h in handles:
+            h.remove()
+    params = _params(work)
+    zero = torch.zeros((), device=ctx.device)
+    whole = [p.grad.detach().float().pow(2).sum() for p in params.values() if p.grad is not None]
+    out = []
+    for f in flags:
+        if f.kind == "dead-units":
+            out.append(_dead_fraction(acc.get(f.name), f.edge) if f.name in acc else zero + 1)
+            continue
+        p = params.get(f.name)
+        g = None if p is None else p.grad
+        if p is None or g is None:
+            out.append(zero)
+        elif f.kind == "zero-grad":
+            out.append(g.detach().abs().amax().float())
+        elif f.kind == "vanishing-grad":
+            gn, wn = g.detach().float().norm(), p.detach().float().norm()
+            out.append(gn if f.by_norm else torch.where(wn > 0, gn / wn.clamp_min(1e-38), gn))
+        else:
+            out.append(g.detach().float().norm())
+    out.append(torch.stack(whole).sum().sqrt() if whole else zero)   # the whole gradient's norm, last
+    return out
+
+
+def _dead_fraction(calls, edge: float):
+    """Units (input positions) whose max over the batch stays ≤ edge − MARGIN × the input's std."""
+    import torch
+
+    x = torch.cat([c.reshape(c.shape[0], -1) if c.dim() >= 2 else c.reshape(1, -1) for c in calls], 1)
+    top = x.amax(0)
+    std = x.std(correction=0) if x.numel() > 1 else torch.zeros((), device=x.device)
+    return (top <= edge - MARGIN * std).float().mean()
+
+
+def _resolved(f: Flag, after: float, moved: float) -> bool:
+    if f.kind == "zero-grad":
+        return after > 0
+    if f.kind == "vanishing-grad":
+        return after >= f.threshold
+    if f.kind == "dead-units":
+        return after <= f.threshold
+    return moved > 0
+
+
+def _grew(f: Flag, before: float, after: float) -> bool:
+    if not (math.isfinite(before) and math.isfinite(after)):
+        return False
+    if f.kind == "dead-units":
+        return False           # units either come alive (resolved) or not
+    return after > 0 and (before == 0 or after >= GROW * before)
+
+
+def _candidates(params: dict, v0: dict) -> list[tuple[str, Any]]:
+    """[(name, 0-d device flag)]: zero or tiny at initialisation (RMS < TINY_FACTOR × the median RMS of
+    the model's non-zero parameters) and at least doubled (or left zero) by the run."""
+    import torch
+
+    trainable = [n for n, p in params.items() if p.requires_grad and p.numel()]
+    if not trainable:
+        return []
+    rms0 = {n: v0[n].float().pow(2).mean().sqrt() for n in trainable}
+    stacked = torch.stack([rms0[n].to("cpu") for n in trainable])     # one sync for the median
+    nonzero = stacked[stacked > 0]
+    if not nonzero.numel():
+        return []
+    limit = float(nonzero.median()) * TINY_FACTOR
+    out = []
+    for n in trainable:
+        if float(stacked[trainable.index(n)]) >= limit:
+            continue
+        now = params[n].detach().float().pow(2).mean().sqrt()
+        out.append((n, (now >= 2 * rms0[n]) & (now > 0)))
+    return out
+
+
+# ---- naming the gate ---------------------------------------------------------------------------------
+
+def _name_gates(model, inputs, live, grown, nonzero, trained, ctx, eval_mode, prepare, loss_fn, budget) -> int:
+    """Bisect the grown candidates (model order) against the flags on fresh copies at initialisation with
+    a group set to its trained values, then confirm that each named group multiplies the path: doubled,
+    the flag's gradient grows PROPORTIONAL× or more (an additive bias does not). `budget` passes at most.
+    Sets .gates (and .by_design for what grew without resolving). Returns the passes used."""
+    flags = [v.flag for v in live]
+    base = {v.flag.name: v.before for v in live}
+    groups = {v.flag.name: list(grown) for v in live}
+    used = 0
+    tested: dict[tuple, dict] = {}
+    confirm = 2 if any(f.kind != "dead-units" for f in flags) else 0
+
+    def responds(group) -> dict:
+        nonlocal used
+        key = tuple(group)
+        if key not in tested:
+            used += 1
+            got = _values(model, inputs, flags, {n: trained[n] for n in group}, ctx, eval_mode, prepare, loss_fn)
+            tested[key] = {f.name: _responds(f, q, base[f.name]) for f, q in zip(flags, got)}
+        return tested[key]
+
+    first = responds(grown)
+    for v in live:
+        if not first.get(v.flag.name):
+            groups.pop(v.flag.name)        # the run's growth is not the candidates' doing: no gate
+    # screen: the tiny non-zero candidates (layer scales) apart from the exactly-zero ones (gains, heads,
+    # and zero-initialised biases): one pass drops the half that is not the cause
+    tiny = [n for n in grown if n in nonzero]
+    if groups and tiny and len(tiny) < len(grown) and used < budget - confirm:
+        got = responds(tiny)
+        rest = [n for n in grown if n not in nonzero]
+        for name in groups:
+            groups[name] = tiny if got.get(name) else rest
+    while used < budget - confirm:
+        wide = [g for g in groups.values() if len(g) > 1]
+        if not wide:
+            break
+        group = max(wide, key=lambda g: (sum(1 for x in groups.values() if x == g), len(g)))
+        half = group[:len(group) // 2]
+        got = responds(half)
+        for name, g in groups.items():
+            if g == group:
+                groups[name] = half if got.get(name) else group[len(group) // 2:]
+    if groups and confirm:
+        used += _multiplies(model, inputs, flags, groups, trained, ctx, eval_mode, prepare, loss_fn)
+    for v in live:
+        if v.flag.name in groups:
+            v.gates = groups[v.flag.name]
+            v.by_design = True
+    return used
+
+
+def _multiplies(model, inputs, flags, groups, trained, ctx, eval_mode, prepare, loss_fn) -> int:
+    """Drop from `groups` the flags whose gradient does not grow PROPORTIONAL× when their group is
+    doubled from its trained value (two passes: every named group at its trained value, then doubled)."""
+    union = sorted({n for g in groups.values() for n in g})
+    at = _values(model, inputs, flags, {n: trained[n] for n in union}, ctx, eval_mode, prepare, loss_fn)
+    doubled = _values(model, inputs, flags, {n: 2 * trained[n] for n in union}, ctx, eval_mode, prepare, loss_fn)
+    for f, a, b in zip(flags, at, doubled):
+        if f.kind != "dead-units" and f.name in groups and not (a > 0 and b >= PROPORTIONAL * a):
+            groups.pop(f.name)
+    return 2
+
+
+def _responds(f: Flag, q: float, base: float) -> bool:
+    if f.kind == "dead-units":
+        return q <= f.threshold
+    return math.isfinite(q) and q > 0 and (base == 0 or q >= GROW * base)
+
+
+def _values(model, inputs, flags, setting: dict, ctx, eval_mode, prepare, loss_fn) -> list[float]:
+    """The flags' measures on a fresh copy at initialisation with `setting` ({name: value}) put in."""
+    import torch
+
+    work = _copy(model, ctx, eval_mode, prepare)
+    params = _params(work)
+    with torch.no_grad():
+        for n, value in setting.items():
+            params[n].copy_(value)
+    return read_back(_measure(work, inputs, flags, ctx, loss_fn))

@@ -1,0 +1,66 @@
+"""param-not-updated re-checked by behaviour before it is an error (issue 26; core/gates.py): a parameter
+whose gradient is all zeros, or so small that the step rounds away, is judged again after a short real
+training run on a copy of the model at initialisation (the run's optimizer, the same batch). When the
+run makes it move and a gate explains it — a zero or tiny multiplicative parameter on its path (layer
+scale, skip-init gain, zero-initialised residual or head), found by perturbation — it is info
+`by-design-init` naming the gate; otherwise the error stays."""
+from __future__ import annotations
+
+from ...core import gates
+from ...errors import ModelError
+from .shared import name
+
+CODE = "by-design-init"
+
+
+def initial_copy(work, before: dict):
+    """A copy of the stepped working copy with the values it had before the step put back."""
+    import torch
+
+    from ...core.train import train_copy
+
+    init = train_copy(work, "to re-check parameters that did not move")
+    with torch.no_grad():
+        for n, p in init.named_parameters():
+            if n in before and before[n].shape == p.shape:
+                p.copy_(before[n])
+    return init
+
+
+def recheck(work, before, inputs, ctx, names: list[str], result, prepare) -> dict:
+    """{parameter: gates.Verdict} for the `names` (not updated) that grow out of it by design."""
+    if not names:
+        return {}
+    flags = [gates.Flag(n, "param-not-updated") for n in names]
+    try:
+        rc = gates.recheck(initial_copy(work, before), inputs, flags, ctx, prepare=prepare)
+    except ModelError as exc:
+        result.notes.append(f"parameters that did not move not re-checked with a short training run: {exc.message}")
+        return {}
+    result.notes.append(f"{len(flags)} parameter(s) that did not move {rc.cost()}")
+    return {n: (v, rc.steps) for n, v in rc.verdicts.items() if v.by_design}
+
+
+def report(by_design: dict, ck, result, step: str) -> None:
+    """One info finding per gate; the update row says so when nothing else is wrong."""
+    groups: dict[tuple, list] = {}
+    for n, (v, steps) in by_design.items():
+        groups.setdefault(tuple(v.gates), []).append((n, v, steps))
+    for gate, members in groups.items():
+        names = [n for n, _, _ in members]
+        shown = ", ".join(names[:6]) + (f" … (+{len(names) - 6})" if len(names) > 6 else "")
+        n, v, steps = members[0]
+        where = (gate[0] if len(gate) == 1 else name(_common(gate))) if gate else n
+        result.add(CODE, "info", where,
+                   f"{len(names)} parameter(s) ({shown}) do not change after 1 {step} step at initialisation, by "
+                   f"design: their gradient is closed by a gate that training opens; after a short training run on a "
+                   f"copy ({steps} optimizer steps, same batch) they move: {n}: {v.describe(steps)}")
+    if by_design:
+        ck.row("update", "info", f"{len(by_design)} parameter(s) do not move at initialisation, by design (a gate "
+               "training opens; see the info findings)", name(next(iter(by_design))), "", CODE)
+
+
+def _common(names) -> str:
+    from os.path import commonprefix
+
+    return ".".join(commonprefix([n.split(".") for n in names]))

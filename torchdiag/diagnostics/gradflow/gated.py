@@ -1,0 +1,69 @@
+"""Before a vanishing-grad, zero-grad or dead-units verdict is reported above info, it is re-checked by
+what the model does (core/gates.py): a short real training run on a copy (the run's loss and optimizer,
+the same batch) and, for what grows out of it, the gate found by perturbation — the zero or tiny
+multiplicative parameter on the path (a layer scale, a skip-init gain, a zero-initialised residual or
+head). Grown out of it: info (`zero-init` for an exactly-zero gradient, else `by-design-init`), naming
+the gate and the measured fact; still there: the verdict keeps its level. Runs only when something is
+flagged: a healthy pass pays nothing."""
+from __future__ import annotations
+
+from ...core import gates
+from ...core.module_paths import owner
+from ...errors import ModelError
+from .dead import zero_edge
+from .design import is_tiny
+
+KIND = "by-design-init"
+
+
+def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
+    flagged = [r for r in rows if r["status"] in ("vanishing-grad", "zero-grad") and not r["allowed"]]
+    modules = dict(model.named_modules())
+    dead = [f for f in result.findings if f.code == "dead-units" and f.severity == "warning" and f.where in modules]
+    if not flagged and not dead:
+        return
+    # judged as params.status judged them: a parameter tiny by construction by its gradient norm
+    flags = [gates.Flag(r["name"], r["status"], opts.vanishing, by_norm=is_tiny(r)) for r in flagged]
+    flags += [gates.Flag(f.where, "dead-units", opts.dead, zero_edge(modules[f.where])) for f in dead]
+    try:
+        rc = gates.recheck(model, inputs, flags, ctx, eval_mode=opts.eval_mode, prepare=prepare)
+    except ModelError as exc:   # no copy, or the copy's step/forward failed: keep the plain verdicts
+        result.notes.append(f"flagged gradients not re-checked with a short training run: {exc.message}")
+        return
+    result.notes.append(f"{len(flags)} flagged finding(s) {rc.cost()}")
+    for r in flagged:
+        v = rc.verdicts[r["name"]]
+        if not v.by_design:
+            r["rechecked"] = rc.steps
+            continue
+        kind = "zero-init" if r["status"] == "zero-grad" else KIND
+        if not v.gates:
+            where = r["name"]           # resolved by the run, no single gate isolated
+        else:
+            where = gate_where(v.gates) if kind == "zero-init" or len(v.gates) > 1 else v.gates[0]
+        r.update(status=kind, reason=where, allowed=False,
+                 design={"kind": kind, "why": f"{v.describe(rc.steps)} (a short training run on a copy: "
+                                              f"{rc.steps} optimizer steps on the same batch)"})
+    for f in dead:
+        v = rc.verdicts[f.where]
+        if not v.by_design:
+            continue
+        f.code, f.severity, f.hint = KIND, "info", None
+        if v.gates:
+            f.message += (f"; by design at initialisation, closed by a gate that training opens: "
+                          f"{v.describe(rc.steps)} (a short training run on a copy)")
+        else:   # the units' inputs hover near the zero point: they move within the run (no gate needed)
+            f.message += (f"; not dead: their inputs hover near the activation's zero point and within a short "
+                          f"training run on a copy they stay below the threshold ({v.describe(rc.steps)}; "
+                          f"a unit is dead when its input stays below the zero point by more than "
+                          f"{gates.MARGIN:g}× the spread of the module's inputs)")
+
+
+def gate_where(names: list[str]) -> str:
+    """Where a gate finding points: the gate's module (one gate), else what the group shares."""
+    if len(names) == 1:
+        return owner(names[0]) or names[0]
+    from os.path import commonprefix
+
+    common = ".".join(commonprefix([n.split(".") for n in names]))
+    return common or "(root)"
