@@ -147,7 +147,7 @@ def test_hf_decoder_config_without_architectures_gets_its_lm_head_and_passes_ove
     assert r.code == 0 and d["passed"], r.stdout[-1500:]
     assert d["loss_rule"] == "the model's own loss (output['loss'])"
     assert "AutoModelForCausalLM: config.json names no architecture and model_type 'gpt2' is decoder-only" in d["source"]
-    assert d["inputs"] == ["input[0]: 1x16 int64", "labels: 1x16 int64"]
+    assert d["inputs"] == ["input[0]: 2x16 int64", "labels: 2x16 int64"]   # batch 2: overfit-batch trains
 
 
 def test_hf_class_is_judged_from_transformers_mappings(tmp_path):
@@ -213,7 +213,7 @@ def test_healthy_tiny_model_passes_overfit_batch_at_default_settings(cli, tmp_pa
     assert d["loss_rule"].startswith(loss)
     assert d["final_loss"] <= 0.01 * d["initial_loss"]
     if what == "bart":   # labels = input ids, the decoder fed from them by the model itself
-        assert d["inputs"] == ["input[0]: 1x16 int64", "labels: 1x16 int64"]
+        assert d["inputs"] == ["input[0]: 2x16 int64", "labels: 2x16 int64"]   # batch 2: overfit-batch trains
 
 
 # ---------------------------------------------------------------- 5. brief when healthy
