@@ -46,3 +46,23 @@ def stream():
         while True:
             yield torch.randn(16, 3, 16, 16, generator=g), torch.randint(0, 10, (16,), generator=g)
     return gen()
+
+
+class Interrupting(Dataset):
+    """Ctrl-C (KeyboardInterrupt) at the 71st sample loaded: the partial result must keep what was measured."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, i):
+        self.calls += 1
+        if self.calls == 71:
+            raise KeyboardInterrupt
+        return torch.full((4,), float(i)), i % 2
+
+
+def interrupting():
+    return Interrupting()

@@ -290,24 +290,9 @@ def test_infinite_stream_is_bounded():
     assert r.data["splits"]["train"]["samples"] == 112   # 7 batches of 16: the first ≥ 100
 
 
-class Interrupting(torch.utils.data.Dataset):
-    """Ctrl-C at the 71st sample loaded: after the probe's 4 batches of 10, 30 samples into the content pass."""
-
-    def __init__(self):
-        self.calls = 0
-
-    def __len__(self):
-        return 100
-
-    def __getitem__(self, i):
-        self.calls += 1
-        if self.calls == 71:
-            raise KeyboardInterrupt
-        return torch.full((4,), float(i)), i % 2
-
-
 def test_ctrl_c_keeps_the_partial_result():
-    r = run_data(Interrupting(), Options(batch_size=10, **QUICK), context("cpu"))
+    # data_errors.Interrupting: Ctrl-C at the 71st sample, 30 samples into the content pass after the probe's 4 batches
+    r = run_data(load_module("data_errors.py").interrupting(), Options(batch_size=10, **QUICK), context("cpu"))
     assert r.exit_code == 130 and r.data["interrupted"] and "INTERRUPTED" in r.verdict
     assert r.data["splits"]["train"]["samples"] == 30 and r.data["throughput"]["as_configured"]["batches"] == 3
 

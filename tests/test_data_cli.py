@@ -155,34 +155,9 @@ def test_files_written_and_refused(cli, tmp_path):
     assert r.code == 2 and "--plot" in r.stderr
 
 
-INTERRUPTING = """
-import torch
-from torch.utils.data import Dataset
-
-
-class Interrupting(Dataset):
-    # Ctrl-C at the 71st sample: after the probe's 3 batches of 10, 40 samples into the content pass
-    def __init__(self):
-        self.calls = 0
-
-    def __len__(self):
-        return 100
-
-    def __getitem__(self, i):
-        self.calls += 1
-        if self.calls == 71:
-            raise KeyboardInterrupt
-        return torch.full((4,), float(i)), i % 2
-
-
-def build():
-    return Interrupting()
-"""
-
-
-def test_ctrl_c_is_130_keeping_what_was_measured(cli, tmp_path):
-    (tmp_path / "intr.py").write_text(INTERRUPTING)
-    r = cli("data", f"{tmp_path}/intr.py:build", "--batch-size", "10", *QUICK, "--json")
+def test_ctrl_c_is_130_keeping_what_was_measured(cli):
+    # data_errors.Interrupting: Ctrl-C at the 71st sample, after the probe's batches of 10
+    r = cli("data", sample("data_errors.py:interrupting"), "--batch-size", "10", *QUICK, "--json")
     assert r.code == 130
     doc = r.json
     assert doc["exit_code"] == 130 and doc["interrupted"] is True
