@@ -61,6 +61,11 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
               "On: a checkpoint key that is missing, unexpected or of another shape stops the run (exit 2). "
               "Off: load what fits, report each other key as a finding (exit 1).", default=True, type="toggle",
               config=True),
+    # hf:NAME (core.hub): offline by default; this opt-in fetches config.json alone, never weights
+    RunOption("download", ("--download",), "For hf:NAME missing from the local Hugging Face cache: fetch its "
+              "config.json alone (never weights) into that cache, to plan on random weights or --device meta. "
+              "Without it nothing is downloaded. A local folder of that name wins; HF_HUB_OFFLINE refuses it.",
+              metavar="config", group="hub"),
     # precision (core.run DTYPES/AMPS): one vocabulary on every command that runs the model
     RunOption("dtype", ("--dtype",), "Cast parameters and float inputs to this dtype (pure reduced precision).",
               metavar="float32|bfloat16|float16", group="precision", python=True, config=True),
@@ -74,7 +79,7 @@ RUN = {o.name: o for o in RUN_OPTIONS}
 # what each group holds, in the order its options are listed in --help
 GROUPS = {g: tuple(o.name for o in RUN_OPTIONS if o.group == g) for g in dict.fromkeys(o.group for o in RUN_OPTIONS)}
 RENDER_FIELDS = GROUPS["output"]            # the rest are RunSpec fields
-MODEL = ("model", "inputs", "loss", "batch", "precision", "ranks", "output")   # a training command's groups
+MODEL = ("model", "hub", "inputs", "loss", "batch", "precision", "ranks", "output")   # a training command's groups
 
 
 @dataclass(frozen=True)
@@ -120,12 +125,12 @@ def _c(name, summary, groups, *, diagnostic=True, renderer=False, python=True, *
 
 
 _TRAIN = MODEL
-_FORWARD = ("model", "inputs", "precision", "output")
+_FORWARD = ("model", "hub", "inputs", "precision", "output")
 COMMANDS: tuple[Command, ...] = (
     _c("summary", "What is in this model: layers, output shapes, parameters (trainable, frozen, shared), sizes.",
        _FORWARD),
     _c("flops", "How much compute: FLOPs and MACs per module and per operator (1 MAC = 2 FLOPs).",
-       ("model", "inputs", "loss", "batch", "precision", "output")),
+       ("model", "hub", "inputs", "loss", "batch", "precision", "output")),
     _c("nancheck", "Where do NaN or Inf come from? Checks, in order: model inputs, parameters and buffers, the output "
        "of every module in execution order, the loss, gradients in backward order, parameter gradients.",
        _TRAIN, per_rank=True),
@@ -148,12 +153,12 @@ COMMANDS: tuple[Command, ...] = (
     _c("activations", "What each module produces: output shape, mean, std, min, max, fraction of zeros and of "
        "saturated values, for one forward pass (eval mode, no grad).", _FORWARD, renderer=True),
     _c("gradcam", "Grad-CAM: which part of the image drives a classifier's score for a class.",
-       ("model", "precision", "output"), renderer=True),
+       ("model", "hub", "precision", "output"), renderer=True),
     _c("attention", "Attention weights of every nn.MultiheadAttention (and of modules that return attention weights, "
-       "and of F.scaled_dot_product_attention calls) for one forward pass.", ("model", "inputs", "output"),
+       "and of F.scaled_dot_product_attention calls) for one forward pass.", ("model", "hub", "inputs", "output"),
        renderer=True),
     _c("embeddings", "Write the layer's outputs for the batch for TensorBoard's projector (DIR/embeddings/).",
-       ("model", "inputs", "batch", "output"), renderer=True),
+       ("model", "hub", "inputs", "batch", "output"), renderer=True),
     _c("gradcheck", "Check the gradients of your own autograd code against numerical ones, in float64.",
        ("model", "inputs", "output"), target="callable", defaults={"device": "cpu"}),
     _c("data", "What goes in and whether the loader keeps up: value ranges, NaN, labels, duplicates, train/val "

@@ -34,7 +34,8 @@ def option(name: str, **override):
 
 
 Spec = Annotated[str, typer.Argument(metavar="MODEL_SPEC", show_default=False,
-                                     help="path/to/file.py:factory or dotted.module:factory (split on the last ':').")]
+                                     help="path/to/file.py:factory or dotted.module:factory (split on the last ':'); "
+                                          "or torchvision:NAME, timm:NAME, hf:FOLDER, hf:ORG/NAME (Hugging Face cache).")]
 Depth = Annotated[int, typer.Option("--depth", help="Module nesting depth shown in tables (≥ 0).")]
 Args, Inputs, Checkpoint, Json, Tb, Debug = (option(n) for n in ("args", "inputs", "checkpoint", "json", "tb", "debug"))
 

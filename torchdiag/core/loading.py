@@ -16,7 +16,7 @@ from . import sources
 from .distributed import refuse_sharded
 from .spec_check import file_not_found, no_factory
 
-SPEC_FORMS = "path/to/file.py:factory, dotted.module:factory, torchvision:NAME, timm:NAME or hf:PATH"
+SPEC_FORMS = "path/to/file.py:factory, dotted.module:factory, torchvision:NAME, timm:NAME, hf:PATH or hf:ORG/NAME"
 
 
 @dataclass
@@ -117,8 +117,10 @@ def find_factory(module: ModuleType, name: str, where: str):
     return obj
 
 
-def load_model(spec: str, arg_pairs: list[str] | None = None, device=None, seed: int | None = 0) -> LoadedModel:
-    """Import, call the factory (on meta when device is meta), check it made an nn.Module.
+def load_model(spec: str, arg_pairs: list[str] | None = None, device=None, seed: int | None = 0,
+               download: str | None = None) -> LoadedModel:
+    """Import, call the factory (on meta when device is meta), check it made an nn.Module. `download`
+    ("config", --download) lets an hf:NAME missing from the Hugging Face cache fetch its config.json.
 
     The factory runs with the global RNG seeded, so the same seed gives the same random weights:
     runs are reproducible, and a CI gate does not flake."""
@@ -129,7 +131,7 @@ def load_model(spec: str, arg_pairs: list[str] | None = None, device=None, seed:
 
     kwargs = parse_args(arg_pairs)
     if sources.is_source(spec):
-        return _load_source(spec, kwargs, device, seed)
+        return _load_source(spec, kwargs, device, seed, download)
     where, name = split_spec(spec)
     module = import_module(where)
     factory = find_factory(module, name, where)
@@ -160,9 +162,9 @@ def load_model(spec: str, arg_pairs: list[str] | None = None, device=None, seed:
     return LoadedModel(model, spec, module, name, kwargs, built_on, factory)
 
 
-def _load_source(spec: str, kwargs: dict[str, Any], device, seed: int | None) -> LoadedModel:
-    """`torchvision:NAME`, `timm:NAME`, `hf:PATH` (core.sources)."""
-    source = sources.resolve(spec, kwargs)
+def _load_source(spec: str, kwargs: dict[str, Any], device, seed: int | None, download: str | None = None) -> LoadedModel:
+    """`torchvision:NAME`, `timm:NAME`, `hf:PATH`, `hf:NAME` (core.sources)."""
+    source = sources.resolve(spec, kwargs, download)
     model, built_on = sources.build(source, device, seed)
     if device is not None and device.type != "meta":
         model = model.to(device)

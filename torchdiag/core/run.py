@@ -16,6 +16,7 @@ DEFAULT_LR = {"adam": 1e-3, "adamw": 1e-3, "sgd": 1e-2}
 DTYPES = ("float32", "bfloat16", "float16")
 AMPS = ("bf16", "fp16", "auto")      # auto: bfloat16 on CPU, float16 on CUDA
 WRAPS = ("none", "ddp", "fsdp")      # how each rank wraps the model under torchrun
+DOWNLOADS = ("config",)              # what --download may fetch for hf:NAME (core.hub): config.json alone
 SEED_RANGE = (0, 2**64)              # what torch.manual_seed accepts
 
 
@@ -126,6 +127,7 @@ class RunSpec:
     checkpoint: str | None = None            # weights file loaded into the built model (core.checkpoint)
     strict_checkpoint: bool = True           # a checkpoint key that does not fit stops the run (else: findings)
     wrap: str = "none"                       # none|ddp|fsdp: the model's wrapper on each rank (core.distributed)
+    download: str | None = None              # config: an hf:NAME not in the Hugging Face cache fetches config.json
 
     def __post_init__(self):
         if self.caller not in CALLERS:
@@ -136,6 +138,11 @@ class RunSpec:
         if self.checkpoint is not None and not isinstance(self.checkpoint, str):
             object.__setattr__(self, "checkpoint", str(self.checkpoint))   # a Path
         object.__setattr__(self, "wrap", choice("wrap", self.wrap, WRAPS))
+        if self.download is not None:
+            object.__setattr__(self, "download", choice("download", self.download, DOWNLOADS))
+            if self.model and not self.model.startswith("hf:"):   # it would be silently ignored
+                raise OptionError("download", f"fetches the config.json of a Hugging Face Hub model (hf:NAME); "
+                                  f"{self.model} is not one", hint="drop --download: other specs never download")
         number("seed", self.seed, low=SEED_RANGE[0], high=SEED_RANGE[1], high_open=True, integer=True)
         if self.dtype is not None:
             object.__setattr__(self, "dtype", choice("dtype", self.dtype, DTYPES))

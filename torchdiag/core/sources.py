@@ -1,9 +1,11 @@
-"""Models as people have them: `torchvision:NAME`, `timm:NAME`, `hf:PATH` (a local folder with config.json).
+"""Models as people have them: `torchvision:NAME`, `timm:NAME`, `hf:PATH` (a local folder with config.json) or
+`hf:NAME` (a Hub model in the local Hugging Face cache, core.hub).
 
 Each builds the model with random weights (weights come from `--checkpoint`, or for `hf:` from the
 `*.safetensors` beside config.json) and says what inputs the model takes by default. Nothing here
-downloads anything: zoo models are built with `weights=None` / `pretrained=False`, Hugging Face
-configs are read from disk with the Hub switched offline."""
+downloads weights: zoo models are built with `weights=None` / `pretrained=False`, Hugging Face
+configs are read from disk with the Hub switched offline; only `--download config` (core.hub) fetches a
+config.json, when the caller asks."""
 from __future__ import annotations
 
 import contextlib
@@ -16,10 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ModelError, UsageError, one_line
+from . import hub
 from .limits import json_depth, read_text
 
 PREFIXES = ("torchvision:", "timm:", "hf:")
-NO_NETWORK = "torchdiag never downloads (no network access is attempted)"
+NO_NETWORK = "torchdiag never downloads weights (no network access is attempted)"
 # --arg task=... for hf: the head on top of the base model
 HF_TASKS = {
     "base": "AutoModel",
@@ -59,12 +62,15 @@ def is_source(spec: str) -> bool:
     return spec.startswith(PREFIXES)
 
 
-def resolve(spec: str, kwargs: dict[str, Any]) -> Source:
+def resolve(spec: str, kwargs: dict[str, Any], download: str | None = None) -> Source:
+    """The Source a spec names; `download` (--download config) lets hf:NAME fetch its config.json."""
     prefix, _, rest = spec.partition(":")
     if not rest:
         raise UsageError(f"MODEL_SPEC '{spec}' names no model",
-                         hint="write torchvision:resnet50, timm:resnet18 or hf:path/to/folder-with-config.json")
-    return {"torchvision": torchvision_source, "timm": timm_source, "hf": hf_source}[prefix](rest, kwargs)
+                         hint="write torchvision:resnet50, timm:resnet18, hf:path/to/folder-with-config.json or hf:org/name")
+    if prefix == "hf":
+        return hf_source(rest, kwargs, download)
+    return {"torchvision": torchvision_source, "timm": timm_source}[prefix](rest, kwargs)
 
 
 def require(package: str, extra: str | None = None):
@@ -215,8 +221,15 @@ def timm_source(name: str, kwargs: dict[str, Any]) -> Source:
 
 # ---- Hugging Face ------------------------------------------------------------------------------------
 
-def hf_source(path: str, kwargs: dict[str, Any]) -> Source:
-    folder, config_file = _hf_paths(path)
+def hf_source(path: str, kwargs: dict[str, Any], download: str | None = None) -> Source:
+    """A folder (or config.json) on disk first, as from_pretrained looks; else a Hub name in the cache."""
+    origin = ""
+    if os.path.exists(path) or hub.looks_like_path(path):
+        folder, config_file = _hf_paths(path)
+    else:
+        snapshot = hub.resolve(path, download)
+        folder, config_file = snapshot.folder, os.path.join(snapshot.folder, "config.json")
+        origin = "; " + snapshot.describe()
     try:
         text = read_text(config_file, "hf: config")
         json_depth(text)   # before json.loads recurses
@@ -238,17 +251,18 @@ def hf_source(path: str, kwargs: dict[str, Any]) -> Source:
         c = _hf_config(config_dict, config_file, overrides)
         return cls.from_config(c) if hasattr(cls, "from_config") else cls._from_config(c)
 
-    source = Source(build, kwargs, f"hf {path}", header={"source": f"hf:{path} ({how})"})
+    source = Source(build, kwargs, f"hf {path}", header={"source": f"hf:{path} ({how}){origin}"})
     source.weights = _hf_weights(folder)
     if not source.weights:
-        source.header["source"] += f"; no *.safetensors in {folder}: random weights"
+        where = "the snapshot" if origin else folder   # a snapshot's path is long, and said before
+        source.header["source"] += f"; no *.safetensors in {where}: random weights" + _pickled_weights(folder)
     _hf_inputs(config, path, source, cls)
     return source
 
 
 def _hf_paths(path: str) -> tuple[str, str]:
     hint = (f"{NO_NETWORK}: give a local folder with config.json (save_pretrained writes one; "
-            "`huggingface-cli download NAME --local-dir DIR` fetches one)")
+            "`hf download NAME --local-dir DIR` fetches one), or a Hub name in the Hugging Face cache (hf:org/name)")
     if os.path.isfile(path):
         return os.path.dirname(os.path.abspath(path)), path
     if not os.path.isdir(path):
@@ -333,6 +347,20 @@ def _hf_weights(folder: str) -> list[str]:
     if os.path.isfile(index):
         return [index]
     return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".safetensors"))
+
+
+def _pickled_weights(folder: str) -> str:
+    """Weights only as a pickle (pytorch_model.bin): never read unasked; said, with how to ask."""
+    try:
+        names = sorted(f for f in os.listdir(folder) if f.startswith("pytorch_model") and f.endswith(".bin"))
+    except OSError:
+        return ""
+    if "pytorch_model.bin" in names:
+        return (f" (pytorch_model.bin is a pickle, not read unless asked: --checkpoint "
+                f"{os.path.join(folder, 'pytorch_model.bin')} loads it with torch.load(weights_only=True))")
+    if names:
+        return f" ({names[0]}, ... are pickled shards, not read: torchdiag loads sharded weights from *.safetensors only)"
+    return ""
 
 
 def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
