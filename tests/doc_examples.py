@@ -73,6 +73,8 @@ def make(folder: Path, words: list[str]) -> None:
         torch.save(_net(16).state_dict(), folder / "w16.pt")
     if "w.pt" in names:
         torch.save(state, folder / "w.pt")
+    if "hf:example-org/tiny-gpt2" in words:
+        _hub_cache(folder / ".cache" / "huggingface" / "hub")
     if "hf:gpt2-config" in words:
         import transformers
 
@@ -80,3 +82,35 @@ def make(folder: Path, words: list[str]) -> None:
                                       bos_token_id=0, eos_token_id=0)
         cfg.architectures = ["GPT2LMHeadModel"]
         cfg.save_pretrained(folder / "gpt2-config")
+
+
+HUB_COMMIT = "4f2c1e0b9d8a7c6b5a4f3e2d1c0b9a8f7e6d5c4b"
+
+
+def _hub_cache(cache: Path) -> None:
+    """example-org/tiny-gpt2 as hf_hub_download leaves a model in the Hugging Face cache (the examples run with
+    HOME at their scratch folder, so this is ~/.cache/huggingface/hub): refs/main names the commit, its snapshot
+    links config.json and model.safetensors to blobs."""
+    import hashlib
+    import os
+
+    import torch
+    import transformers
+    from safetensors.torch import save
+
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=1000, n_positions=64,
+                                  bos_token_id=0, eos_token_id=0)
+    cfg.architectures = ["GPT2LMHeadModel"]
+    torch.manual_seed(5)
+    model = transformers.GPT2LMHeadModel(cfg)
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}   # tied: saved once
+    files = {"config.json": cfg.to_json_string().encode(), "model.safetensors": save(state)}
+    base = cache / "models--example-org--tiny-gpt2"
+    snapshot = base / "snapshots" / HUB_COMMIT
+    for sub in ("blobs", "refs", f"snapshots/{HUB_COMMIT}"):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    (base / "refs" / "main").write_text(HUB_COMMIT)
+    for name, data in files.items():
+        blob = base / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / name).symlink_to(os.path.relpath(blob, snapshot))

@@ -21,7 +21,8 @@ prose, or alone in a block), and the pages mkdocs.yml's `exclude_docs` keeps out
 Examples run in a scratch folder that links `sample_models/` and `docs/` from the repository, so
 the relative paths they print are the documented ones and the files they write (`--out`, `--images`,
 `--junit`) land in the scratch folder; the files an example names that the repository does not hold
-(`net.py` and its checkpoints, a Hugging Face config folder) are made there by tests/doc_examples.py.
+(`net.py` and its checkpoints, a Hugging Face config folder, a Hugging Face cache under the scratch folder, which
+is the example's home folder) are made there by tests/doc_examples.py.
 A `torchdiag check` example reads the first
 `[tool.torchdiag]` TOML block of its own page as its pyproject.toml. The excerpts were captured on a
 machine without a GPU; the tests simulate one, so they pass on a GPU box too."""
@@ -180,6 +181,10 @@ def test_the_parser_reads_titles_excerpts_and_continuations(tmp_path):
 def test_example_matches_the_real_output(ex, cli, tmp_path, monkeypatch):
     assert ex.code is not None, f"{ex.id}: state the exit code in the block's title (title=\"exit N\")"
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)   # the excerpts are CPU-only runs, even on a GPU box
+    # hf:NAME examples: ~ is the scratch folder, so the Hugging Face cache is one the example made (or none)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(scratch_folder(tmp_path, ex))
     monkeypatch.setenv("COLUMNS", str(ex.columns))
     for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
