@@ -389,3 +389,31 @@ def test_download_takes_config_only_and_hf_specs_only(tmp_path, cache, cli):
     gpt2_config().save_pretrained(Path("folder"))   # a folder: read as before, the flag changes nothing
     r = cli("summary", "hf:folder", "--download", "config", "--json")
     assert r.code == 0 and "Hugging Face cache" not in r.json["source"]
+
+
+def test_a_missing_name_is_refused_before_the_model_loads(tmp_path, cache):
+    """core.spec_check.precheck (torch-free) gives the loader's own message; with --download only the name's form
+    is checked there, and a folder is left to the loader."""
+    from torchdiag.core.spec_check import precheck
+    from torchdiag.errors import UsageError
+
+    with pytest.raises(UsageError, match="is not in the Hugging Face cache"):
+        precheck("hf:org/name")
+    with pytest.raises(UsageError, match="not a Hub model name"):
+        precheck("hf:org/bad name", "config")
+    precheck("hf:org/name", "config")
+    (tmp_path / "org" / "name").mkdir(parents=True)
+    precheck("hf:org/name")
+    cache_entry(cache, "org/cached", {"config.json": config_bytes(gpt2_config(), tmp_path)})
+    precheck("hf:org/cached")
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_the_cli_answers_a_missing_name_without_importing_torch(tmp_path):
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "empty-cache")}
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "torchdiag", "summary", "hf:org/name"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert r.returncode == 2 and "error: hf:org/name is no local folder and is not in the Hugging Face cache" in r.stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")]
+    assert "torch" not in imported and "huggingface_hub" not in imported

@@ -60,9 +60,9 @@ def test_a_file_that_can_bind_names_unseen_is_left_to_the_import(tmp_path, body)
 
 
 def test_what_is_not_a_file_spec_is_left_to_the_loader(tmp_path):
-    for spec in ("torchvision:resnet18", "timm:nope", "hf:folder", "os.path:join", "no_colon", "pkg.mod:build",
-                 f"{tmp_path}:build"):   # a folder: the loader says it is one
-        precheck(spec)
+    for spec in ("torchvision:resnet18", "timm:nope", f"hf:{tmp_path}", "hf:./not-there", "os.path:join", "no_colon",
+                 "pkg.mod:build", f"{tmp_path}:build"):   # a folder: the loader says it is one
+        precheck(spec)   # (an hf: Hub name is checked against the cache here: tests/test_hub.py)
 @pytest.mark.slow
 @pytest.mark.subprocess
 def test_the_cli_answers_a_misspelt_factory_without_importing_torch(tmp_path):

@@ -98,9 +98,21 @@ def resolve(text: str, download: str | None = None) -> Snapshot:
     return Snapshot(repo, revision, folder, os.path.basename(folder), downloaded=True)
 
 
+def precheck(text: str, download: str | None = None) -> None:
+    """Before torch is imported: a malformed name, or (unless a download was asked for) a name the cache does
+    not hold, is the error the full load would give. A file or folder of that name is left to the loader."""
+    if os.path.exists(text) or looks_like_path(text):
+        return
+    if download is None:
+        resolve(text)
+    elif split(text) is None:
+        resolve(text, download)   # raises: not a Hub name
+
+
 def _not_cached(text: str, repo: str, cache: str, found: Snapshot | None) -> UsageError:
+    revision = split(text)[1]
     fetch = (f"--download config fetches its config.json alone (no weights: random weights, or --device meta); "
-             f"or download the model once: hf download {repo}")
+             f"or download the model once: hf download {repo}" + (f" --revision {revision}" if revision != "main" else ""))
     if found is not None:
         return UsageError(f"hf:{text}: the Hugging Face cache ({shown(cache)}) holds {repo} (snapshot {found.commit[:8]}) "
                           "but no config.json in it", hint=fetch)

@@ -15,10 +15,16 @@ from ..errors import UsageError
 MAX_SOURCE = 16 * 2 ** 20     # a larger "model file" is left to Python's own import
 
 
-def precheck(spec: str) -> None:
-    """Raise the UsageError the full load would raise, where it can be known now; else return."""
+def precheck(spec: str, download: str | None = None) -> None:
+    """Raise the UsageError the full load would raise, where it can be known now; else return. `download`:
+    --download (an hf:NAME missing from the Hugging Face cache may then be fetched)."""
     from .sources import is_source
 
+    if spec.startswith("hf:") and spec[3:]:
+        from .hub import precheck as hub_precheck
+
+        hub_precheck(spec[3:], download)
+        return
     if is_source(spec) or ":" not in spec:
         return
     where, _, name = spec.rpartition(":")

@@ -77,7 +77,7 @@ def checked(job: Job):
     if job.command.target == "model":   # a missing file or factory: said before torch is imported
         from ..core.spec_check import precheck
 
-        precheck(spec.model)
+        precheck(spec.model, spec.download)
     if job.precheck is not None:
         job.precheck()
     return spec, o
