@@ -26,6 +26,8 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OTHER = "fedcba9876543210fedcba9876543210fedcba98"
+# parameters of one block of gpt2_config() (n_embd 32): two LayerNorms, c_attn, c_proj, c_fc, mlp c_proj
+GPT2_BLOCK = 2 * 2 * 32 + (32 * 96 + 96) + (32 * 32 + 32) + (32 * 128 + 128) + (128 * 32 + 32)
 
 
 def gpt2_config(n_layer=2):
@@ -151,8 +153,7 @@ def test_a_folder_of_that_name_comes_first(tmp_path, cache, cli):
     os.rename(tmp_path / "tiny-org", tmp_path / "moved")
     cached = cli("summary", "hf:tiny-org/gpt2", "--json")
     assert folder.code == cached.code == 0, folder.stderr + cached.stderr
-    block = 2 * 2 * 32 + (32 * 96 + 96) + (32 * 32 + 32) + (32 * 128 + 128) + (128 * 32 + 32)   # one GPT-2 block
-    assert cached.json["total_params"] - folder.json["total_params"] == block
+    assert cached.json["total_params"] - folder.json["total_params"] == GPT2_BLOCK
     assert "Hugging Face cache" not in folder.json["source"] and "Hugging Face cache" in cached.json["source"]
 
 
@@ -324,11 +325,25 @@ def test_download_config_fetches_config_json_alone(hub, cache, cli):
     # the next run finds it in the cache: no request, flag or not; flops plans it on meta
     asked = len(hub.requests)
     again = cli("flops", "hf:tiny-org/gpt2", "--device", "meta", "--json")
+    planned = cli("memory", "hf:tiny-org/gpt2", "--device", "meta", "--json")
     flagged = cli("summary", "hf:tiny-org/gpt2", "--download", "config", "--json")
-    assert again.code == flagged.code == 0, again.stderr + flagged.stderr
+    assert again.code == planned.code == flagged.code == 0, again.stderr + planned.stderr + flagged.stderr
     assert len(hub.requests) == asked
+    # the plan holds the parameters the config describes (closed form: wte, wpe, 2 blocks, ln_f; lm_head tied), 4 bytes each
+    params = 500 * 32 + 64 * 32 + 2 * GPT2_BLOCK + 2 * 32
+    assert r.json["total_params"] == params
+    assert planned.json["param_bytes"] == 4 * params
     assert "from the Hugging Face cache" in flagged.json["source"]
     assert flagged.json["total_params"] == r.json["total_params"]
+
+
+def test_download_asks_for_the_revision_named(hub, cache, cli):
+    r = cli("summary", "hf:tiny-org/gpt2@v2", "--download", "config", "--json")
+    assert r.code == 0, r.stderr
+    assert {path for _, path in hub.requests} == {"/tiny-org/gpt2/resolve/v2/config.json"}
+    assert (cache / "models--tiny-org--gpt2" / "refs" / "v2").read_text() == COMMIT
+    assert not (cache / "models--tiny-org--gpt2" / "refs" / "main").exists()
+    assert "(tiny-org/gpt2 at v2, snapshot 01234567)" in r.json["source"]
 
 
 def test_download_refused_offline_and_failures_are_one_line(hub, cli, monkeypatch):
