@@ -170,6 +170,22 @@ def test_only_pickled_weights_are_named_and_not_read(tmp_path, cache, cli):
     assert "checkpoint" not in r.json
 
 
+def test_the_checkpoint_line_the_header_gives_loads_the_pickle(tmp_path, cache, cli):
+    from torchdiag.core.context import prepare
+    from torchdiag.core.run import RunSpec
+
+    cfg = gpt2_config()
+    saved = random_state(transformers.GPT2LMHeadModel, cfg, seed=11)
+    torch.save(saved, tmp_path / "pytorch_model.bin")
+    cache_entry(cache, "old/gpt2", {"config.json": config_bytes(cfg, tmp_path),
+                                    "pytorch_model.bin": (tmp_path / "pytorch_model.bin").read_bytes()})
+    source = cli("summary", "hf:old/gpt2", "--json").json["source"]
+    path = source.split("--checkpoint ", 1)[1].split(" loads it", 1)[0]
+    built, _, _ = prepare(RunSpec("summary", "hf:old/gpt2", checkpoint=path))
+    state = built.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in saved.items())
+
+
 @pytest.mark.parametrize("name", ["bad name", "org/-x", "a--b", "org/name@", "org/name@a..b"])
 def test_a_malformed_name_is_one_line(cache, cli, name):
     r = cli("summary", f"hf:{name}")
@@ -209,6 +225,7 @@ def test_the_cache_is_found_where_huggingface_hub_looks(tmp_path, monkeypatch):
     assert cache_dir() == str(tmp_path / "home" / "hub")
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_the_cache_folder_is_huggingface_hubs_own(tmp_path):
     """The same variables give the folder huggingface_hub itself computes (a fresh process reads them)."""
