@@ -80,10 +80,11 @@ def offline() -> bool:
 
 def resolve(text: str, download: str | None = None) -> Snapshot:
     """The cached snapshot of Hub name `text` that holds config.json; fetched first when `download` asks."""
-    repo, revision = split(text) or (None, None)
-    if repo is None:
+    named = split(text)
+    if named is None:
         raise UsageError(f"hf:{text}: no such folder or file, and not a Hub model name ({NAME_FORM})",
                          hint="give a local folder with config.json, or the name of a model in the Hugging Face cache")
+    repo, revision = named
     cache = cache_dir()
     found = cached(repo, revision, cache)
     if found is not None and os.path.isfile(os.path.join(found.folder, "config.json")):
@@ -110,7 +111,7 @@ def precheck(text: str, download: str | None = None) -> None:
 
 
 def _not_cached(text: str, repo: str, cache: str, found: Snapshot | None) -> UsageError:
-    revision = split(text)[1]
+    revision = text.partition("@")[2] or "main"
     fetch = (f"--download config fetches its config.json alone (no weights: random weights, or --device meta); "
              f"or download the model once: hf download {repo}" + (f" --revision {revision}" if revision != "main" else ""))
     if found is not None:
@@ -165,7 +166,7 @@ def fetch_config(repo: str, revision: str, cache: str) -> str:
         quiet()
 
 
-def _fetch_error(exc: Exception, repo: str, revision: str, endpoint: str) -> UsageError:
+def _fetch_error(exc: BaseException, repo: str, revision: str, endpoint: str) -> UsageError:
     kinds = {c.__name__ for c in type(exc).__mro__}
     where = f"{endpoint}/{repo}"
     if "LocalEntryNotFoundError" in kinds:   # the Hub was not reached (and the cache has no copy): why not
