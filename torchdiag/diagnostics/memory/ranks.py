@@ -23,7 +23,7 @@ def fsdp_check(result, model, inputs, opts, ctx) -> None:
     if ctx.spec.wrap != "fsdp" or not (dist.is_available() and dist.is_initialized()):
         return
     from .estimated import estimate
-    from .shard import shard_rows
+    from .shard import Units, shard_rows
     from .step import nbytes, unique
 
     n = dist.get_world_size()
@@ -34,7 +34,8 @@ def fsdp_check(result, model, inputs, opts, ctx) -> None:
         return
     # core/distributed.py calls fully_shard at the root only: one unit holding every parameter
     unit = nbytes(unique(model.parameters()))
-    row = next(r for r in shard_rows(est, n, unit, opts.mode == "train") if r["stage"] == FSDP_STAGE)
+    row = next(r for r in shard_rows(est, n, Units(0, unit, "(root)"), opts.mode == "train",
+                                  gloo=ctx.device.type == "cpu") if r["stage"] == FSDP_STAGE)
     result.data["fsdp_estimate"] = {"per_device_peak_bytes": row["per_device_peak_bytes"], "devices": n,
                                     "phase": row["phase"], "unit": "(root)", "unit_bytes": unit}
 
