@@ -153,10 +153,15 @@ def units(model):
     takes as units (elements of ModuleList/Sequential containers, else the root's children)."""
     from torch import nn
 
-    found = []
+    found, inside = [], set()
     for _, mod in model.named_modules():
+        if id(mod) in inside:        # nested in a unit already taken: the outermost unit holds it
+            continue
         if isinstance(mod, (nn.ModuleList, nn.Sequential)):
-            found += [c for c in mod.children() if any(True for _ in c.parameters())]
+            for c in mod.children():
+                if any(True for _ in c.parameters()):
+                    found.append(c)
+                    inside |= {id(m) for m in c.modules()}
     if not found:
         found = [c for c in model.children() if any(True for _ in c.parameters())]
     return found

@@ -34,6 +34,7 @@ class Units:
     largest: int
     root: int
     name: str = ""
+    second: int = 0      # the second-largest unit below the root: the neighbour prefetched or still reducing
 
 
 def shard_rows(report: StepReport, n: int, units: Units | int, train: bool, gloo: bool = False) -> list[dict]:
@@ -84,10 +85,17 @@ def fsdp_peaks(report: StepReport, n: int, units: Units, train: bool, gloo: bool
             start = shards + 2 * R + report.input_bytes + report.buffer_bytes
             out[phase] = max(start, shards + R + (2 * U if U else R) + rest)
         elif phase == "backward":
-            # root: full parameters and full gradients; a unit below: its parameters and gradients, the next
-            # one prefetched and the previous one's reduce-scatter input; the rest of its gradients sharded
+            # root: full parameters and full gradients; a unit below: its parameters and full gradients, the
+            # next one's all-gather output (prefetched) and the previous one's reduce-scatter input (a
+            # neighbour: at most the second-largest unit); the gradients of units done are shards
             full_g = min(g, g_root + U)
-            out[phase] = shards + R + full_g + (g - full_g) // n + (3 * U if U else 0) + rest
+            units_now = U + 2 * (units.second or U) if U else 0
+            out[phase] = shards + R + full_g + (g - full_g) // n + units_now + rest
+            if U and train:   # a unit's post-backward: its gradients copied into the reduce-scatter input, then
+                # (gloo) the input, gloo's copy and the output; the next unit prefetched
+                comm = 2 * U + (U // n if gloo else 0)
+                out["backward (reduce-scatter)"] = (shards + R + full_g - U + (g - full_g) // n + comm
+                                                    + (units.second or U) + rest)
     if train and "optimizer" in report.phase_at_peak:
         # the root's post-backward: parameters resharded, with what the optimizer step starts from (inputs,
         # output, loss, buffers): its full gradients copied into the reduce-scatter input (both alive), then
@@ -96,7 +104,8 @@ def fsdp_peaks(report: StepReport, n: int, units: Units, train: bool, gloo: bool
         base = sum(v for k, v in cats.items() if k not in _SHARDED and k != "temporaries")
         p, o = report.param_bytes, report.optimizer_bytes
         comm = 2 * g_root + (g_root // n if gloo else 0)
-        out["backward (reduce-scatter)"] = p // n + o // n + (G - g_root) // n + comm + base
+        root_rs = p // n + o // n + (G - g_root) // n + comm + base
+        out["backward (reduce-scatter)"] = max(out.get("backward (reduce-scatter)", 0), root_rs)
     return out
 
 
@@ -112,18 +121,19 @@ def fsdp_units(model) -> Units:
             found += [(f"{name}.{k}" if name else k, c) for k, c in mod.named_children()]
     if not found:
         found = list(model.named_children()) or [("(root)", model)]
-    best, seen = ("", 0), set()
-    for name, mod in found:
+    sizes, seen = [], set()
+    for name, mod in found:       # outermost first (named_modules is pre-order): a nested unit adds nothing
         ps = [p for p in unique(mod.parameters()) if id(p) not in seen]
         seen |= {id(p) for p in ps}
-        b = sum(p.numel() * p.element_size() for p in ps)
-        if b > best[1]:
-            best = (name, b)
+        sizes.append((sum(p.numel() * p.element_size() for p in ps), name))
+    sizes.sort(key=lambda x: -x[0])
+    best = (sizes[0][1], sizes[0][0])
+    second = sizes[1][0] if len(sizes) > 1 else 0
     total = sum(p.numel() * p.element_size() for p in unique(model.parameters()))
     held = sum(p.numel() * p.element_size() for p in unique(model.parameters()) if id(p) in seen)
     if best[0] == "(root)":
         return Units(0, total, "(root)")
-    return Units(best[1], total - held, best[0])
+    return Units(best[1], total - held, best[0], second)
 
 
 def fsdp_unit_bytes(model) -> tuple[int, str]:
