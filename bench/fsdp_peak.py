@@ -79,15 +79,18 @@ def _live_storages() -> dict:
 class Census(TorchDispatchMode):
     """Live bytes of the adopted storages, summed before and after every op; the peak."""
 
-    def __init__(self, exclude: set):
+    def __init__(self, exclude: dict):
         super().__init__()
-        self.exclude = exclude
+        self.exclude = exclude      # address -> storage, held: a live storage's address cannot be reused
         self.refs: dict[int, weakref.ref] = {}
         self.peak = 0
 
     def adopt(self, st) -> None:
         key = st._cdata
-        if key not in self.refs and key not in self.exclude and st.device.type == "cpu":
+        if key in self.exclude or st.device.type != "cpu":
+            return
+        ref = self.refs.get(key)
+        if ref is None or ref() is None:    # new, or a freed storage's address taken by a new one
             self.refs[key] = weakref.ref(st)
 
     def total(self) -> int:
@@ -188,7 +191,7 @@ def estimated(model, inputs, world: int, wrap: str) -> dict:
             "estimate_by_moment": M.fsdp_peaks(rep, world, units, True, gloo=True)}
 
 
-def measured(model, inputs, wrap: str, exclude: set) -> int:
+def measured(model, inputs, wrap: str, exclude: dict) -> int:
     """The census peak of one steady-state FSDP step on this rank (the model sharded in place)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -226,7 +229,7 @@ def one(name: str, wrap: str) -> dict:
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     del model, inputs
     gc.collect()
-    exclude = set(_live_storages())     # what existed before this model: not its step's
+    exclude = _live_storages()          # what existed before this model: not its step's
     model, inputs = build(name)
     peak = measured(model, inputs, wrap, exclude)
     peaks = [None] * world

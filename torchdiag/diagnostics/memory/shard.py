@@ -14,7 +14,8 @@ allocates on each rank, unit by unit (a unit: the parameters one fully_shard cal
   parameters, copies its full gradients into a flat reduce-scatter input (full size, padded) and only
   then frees them; the input is kept until the next unit's post-backward (one buffer in flight) and
   the reduce-scatter output is the sharded gradient (1/n);
-- the optimizer step runs on shards: its temporaries are divided as well.
+- the optimizer step runs on shards: its temporaries are divided as well;
+- on one device (n = 1) the unsharded parameters are copied from the shards: no all-gather buffer.
 Activations, inputs, buffers and temporaries stay per device (data parallel: each device runs the batch
 given). Allocator fragmentation and gloo/NCCL's own staging memory are not counted; padding of a
 parameter's dim 0 to a multiple of n is ignored (at most n - 1 rows per parameter)."""
@@ -68,6 +69,8 @@ def fsdp_peaks(report: StepReport, n: int, units: Units, train: bool, gloo: bool
     optimizer. `gloo`: the ranks communicate with gloo (CPU), whose reduce-scatter works on a full-size
     copy of its input (measured: bench/README.md); NCCL's does not."""
     U, R = units.largest, units.root
+    gloo = gloo and n > 1
+    ag = 1 if n > 1 else 0      # one device: the unsharded copy is made from the shard, no all-gather buffer
     P = report.param_bytes
     G = report.grad_bytes if train else 0
     g_root = G * R // P if P else 0           # the root unit's share of the gradients
@@ -82,14 +85,14 @@ def fsdp_peaks(report: StepReport, n: int, units: Units, train: bool, gloo: bool
         elif phase == "forward":
             # a unit's all-gather output is kept until the next unit's unshard (the root's own: to the end of
             # the root's forward when no unit follows): two copies of the unit running now, and of the root's
-            start = shards + 2 * R + report.input_bytes + report.buffer_bytes
-            out[phase] = max(start, shards + R + (2 * U if U else R) + rest)
+            start = shards + (1 + ag) * R + report.input_bytes + report.buffer_bytes
+            out[phase] = max(start, shards + R + ((1 + ag) * U if U else ag * R) + rest)
         elif phase == "backward":
             # root: full parameters and full gradients; a unit below: its parameters and full gradients, the
             # next one's all-gather output (prefetched) and the previous one's reduce-scatter input (a
             # neighbour: at most the second-largest unit); the gradients of units done are shards
             full_g = min(g, g_root + U)
-            units_now = U + 2 * (units.second or U) if U else 0
+            units_now = U + (1 + ag) * (units.second or U) if U else 0
             out[phase] = shards + R + full_g + (g - full_g) // n + units_now + rest
             if U and train:   # a unit's post-backward: its gradients copied into the reduce-scatter input, then
                 # (gloo) the input, gloo's copy and the output; the next unit prefetched
