@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ...core.precision import HEADROOM, facts
+from ...core.precision import HEADROOM
 from ...results import Column, Result, Table
 from .precision import UNDERFLOW_WARN, call_max, headroom_rows, underflow_rows
 
