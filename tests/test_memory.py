@@ -345,7 +345,8 @@ def test_shard_every_stage_exact_on_a_hand_built_model():
     follows the documented rules from the category bytes at each phase's peak: ZeRO-1 divides optimizer
     state by n, ZeRO-2 also gradients, ZeRO-3/FSDP also parameters, plus fully_shard's buffers
     (memory/shard.py: a unit gathered is its all-gather output and its copy; in backward the unit, its
-    full gradient, the neighbour prefetched and the previous reduce-scatter input). The per-rank peak
+    full gradient and the neighbour prefetched; at its reduce-scatter, the input beside its gradient and
+    the neighbour prefetched). The per-rank peak
     these rules give is checked against a real FSDP step in tests/test_distributed_fsdp.py."""
     from torch import nn
 
@@ -382,9 +383,9 @@ def test_shard_every_stage_exact_on_a_hand_built_model():
             sharded_rest = rest
         if ph["phase"] == "forward":      # a unit's all-gather output and its unsharded copy
             fsdp.append(p // n + o // n + 2 * U + rest)
-        if ph["phase"] == "backward":     # + its full gradient, the next unit prefetched, the previous one reducing
+        if ph["phase"] == "backward":     # + its full gradient and the next unit prefetched (its all-gather output)
             full = min(g, U)
-            fsdp.append(p // n + o // n + full + (g - full) // n + 3 * U + rest)
+            fsdp.append(p // n + o // n + full + (g - full) // n + 2 * U + rest)
             fsdp.append(p // n + o // n + full - U + (g - full) // n + 2 * U + U + rest)   # its reduce-scatter
         for stage, total in (("ddp (no sharding)", p + g + o + rest),
                              ("zero-1", p + g + o // n + sharded_rest),

@@ -13,7 +13,8 @@ allocates on each rank, unit by unit (a unit: the parameters one fully_shard cal
 - backward: a unit's gradients are full size until its post-backward, which frees its unsharded
   parameters, copies its full gradients into a flat reduce-scatter input (full size, padded) and only
   then frees them; the input is kept until the next unit's post-backward (one buffer in flight) and
-  the reduce-scatter output is the sharded gradient (1/n);
+  the reduce-scatter output is the sharded gradient (1/n); gloo (CPU) reduce-scatters a full-size copy
+  of the input;
 - the optimizer step runs on shards: its temporaries are divided as well;
 - on one device (n = 1) the unsharded parameters are copied from the shards: no all-gather buffer.
 Activations, inputs, buffers and temporaries stay per device (data parallel: each device runs the batch
@@ -88,11 +89,13 @@ def fsdp_peaks(report: StepReport, n: int, units: Units, train: bool, gloo: bool
             start = shards + (1 + ag) * R + report.input_bytes + report.buffer_bytes
             out[phase] = max(start, shards + R + ((1 + ag) * U if U else ag * R) + rest)
         elif phase == "backward":
-            # root: full parameters and full gradients; a unit below: its parameters and full gradients, the
-            # next one's all-gather output (prefetched) and the previous one's reduce-scatter input (a
-            # neighbour: at most the second-largest unit); the gradients of units done are shards
+            # root: full parameters and full gradients; a unit below: its parameters and full gradients and
+            # the next one's all-gather output (prefetched: a neighbour, at most the second-largest unit); the
+            # gradients of units done are shards. The previous unit's reduce-scatter input, kept until this
+            # one's post-backward, is not counted here: at the phase's peak (activations at their largest,
+            # backward's start) no unit has reduced yet, and later the activations freed outweigh it
             full_g = min(g, g_root + U)
-            units_now = U + (1 + ag) * (units.second or U) if U else 0
+            units_now = U + ag * (units.second or U) if U else 0
             out[phase] = shards + R + full_g + (g - full_g) // n + units_now + rest
             if U and train:   # a unit's post-backward: its gradients copied into the reduce-scatter input, then
                 # (gloo) the input, gloo's copy and the output; the next unit prefetched
