@@ -127,6 +127,7 @@ def _table(rows: list[dict]) -> Table:
     if any("estimate_bytes" in r for r in rows):
         cols += [Column("estimate_bytes", "FSDP estimate", "bytes"), Column("estimate_error_bytes", "estimate - peak", "bytes"),
                  Column("estimate_error", "error", "pct")]
-        note += ("; FSDP estimate: the ZeRO-3/FSDP row of --shard for the world size, from the unwrapped model's "
-                 "step on fake tensors (FSDP's communication buffers are not in it)")
+        note += ("; FSDP estimate: the ZeRO-3/FSDP row of --shard for the world size with the root as the one unit, "
+                 "from the unwrapped model's step on fake tensors (fully_shard's all-gather and reduce-scatter "
+                 "buffers included)")
     return Table("rank_memory", "Peak memory per rank", cols, rows, note=note)
