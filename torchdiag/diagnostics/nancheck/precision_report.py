@@ -151,8 +151,8 @@ def report_underflow(result: Result, reduced_grads: dict, ref_work, prec) -> lis
                     "(--steps shows it)" if prec.scaled else "")
         result.add("grad-underflow", "info" if prec.scaled else "warning", top["module"],
                    f"{top['module']}: {top['underflow']:,} of {top['nonzero_float32']:,} parameter-gradient values "
-                   f"({top['fraction']:.1%}) that are nonzero in float32 are below {dtype}'s range (under "
-                   f"{g(prec.facts.smallest_subnormal)}, its smallest subnormal, they round to 0) and exactly 0 in "
+                   f"({top['fraction']:.1%}) that are nonzero in float32 are below {dtype}'s range (at most half its "
+                   f"smallest subnormal {g(prec.facts.smallest_subnormal)}: they round to 0) and exactly 0 in "
                    f"{dtype} (same weights and inputs, float32 reference){unscaled}{more}",
                    hint=SCALE_HINT if dtype == "float16" and not prec.scaled else None)
     for r in rows:
