@@ -468,3 +468,26 @@ def test_value_reading_model_on_meta_is_a_usage_error():
     model = _ReadsValues().to("meta")
     with pytest.raises(UsageError, match="cannot estimate without allocating"):
         run("memory", model, ModelInputs((torch.empty(4, 8, device="meta"),)))
+
+
+@pytest.mark.parametrize("resizable", [True, False])
+def test_tracker_sees_storages_resized_in_place_only_when_told(resizable):
+    """fully_shard frees and re-allocates unsharded parameters with untyped_storage().resize_, which no op
+    reports: a resizable tracker re-reads sizes at every op (what `--wrap fsdp` uses), the default does not."""
+    from torchdiag.core.memtrack import make_tracker
+
+    w = torch.ones(1024)                       # 4 KiB, on the books before the step
+    tracker = make_tracker(resizable=resizable)
+    tracker.register(w, "parameters")
+    with tracker:
+        y = w + 1                              # a 4 KiB temporary: 8 KiB live
+        assert tracker.current == 8192
+        w.untyped_storage().resize_(0)         # freed in place (FSDP's reshard)
+        z = y * 2                              # y and z live, and w only if still counted
+        assert tracker.current == (8192 if resizable else 12288)
+        del y
+        w.untyped_storage().resize_(4096)      # re-allocated in place (FSDP's unshard)
+        z.add_(1)                              # w and z live
+        assert tracker.current == 8192
+    assert tracker.peak == (8192 if resizable else 12288)
+    assert tracker.by_cat["parameters"] == 4096
