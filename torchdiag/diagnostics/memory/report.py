@@ -97,7 +97,7 @@ def _unit(model, opts: Options, ctx) -> Units:
         import torch
 
         size = getattr(torch, ctx.spec.dtype).itemsize
-        units = Units(units.largest * size // 4, units.root * size // 4, units.name)
+        units = Units(units.largest * size // 4, units.root * size // 4, units.name, units.second * size // 4)
     return units
 
 
