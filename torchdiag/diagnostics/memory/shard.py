@@ -36,14 +36,14 @@ class Units:
     largest: int
     root: int
     name: str = ""
-    second: int = 0      # the second-largest unit below the root: the neighbour prefetched or still reducing
+    second: int = 0      # the second-largest unit below the root (0: no other): the neighbour prefetched
 
 
 def shard_rows(report: StepReport, n: int, units: Units | int, train: bool, gloo: bool = False) -> list[dict]:
     """Per-device peak when parameters / gradients / optimizer state are split over n devices: ZeRO-1
     divides optimizer state, ZeRO-2 also gradients, ZeRO-3/FSDP also parameters (fsdp_peaks)."""
     if not isinstance(units, Units):   # a unit size alone: units of that size below a root holding nothing
-        units = Units(int(units), 0)
+        units = Units(int(units), 0, "", int(units))
     rows = []
     for name, dp, dg, do in (("ddp (no sharding)", 1, 1, 1), ("zero-1", 1, 1, n), ("zero-2", 1, n, n)):
         worst, worst_phase = 0, ""
@@ -95,13 +95,13 @@ def fsdp_peaks(report: StepReport, n: int, units: Units, train: bool, gloo: bool
             # one's post-backward, is not counted here: at the phase's peak (activations at their largest,
             # backward's start) no unit has reduced yet, and later the activations freed outweigh it
             full_g = min(g, g_root + U)
-            units_now = U + ag * (units.second or U) if U else 0
+            units_now = U + ag * units.second if U else 0
             out[phase] = shards + R + full_g + (g - full_g) // n + units_now + rest
             if U and train:   # a unit's post-backward: its gradients copied into the reduce-scatter input, then
                 # (gloo) the input, gloo's copy and the output; the next unit prefetched
                 comm = 2 * U + (U // n if gloo else 0)
                 out["backward (reduce-scatter)"] = (shards + R + full_g - U + (g - full_g) // n + comm
-                                                    + (units.second or U) + rest)
+                                                    + ag * units.second + rest)
     if train and "optimizer" in report.phase_at_peak:
         # the root's post-backward: parameters resharded, with what the optimizer step starts from (inputs,
         # output, loss, buffers): its full gradients copied into the reduce-scatter input (both alive), then
