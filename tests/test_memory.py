@@ -340,11 +340,14 @@ def test_stdout_closed_by_reader_keeps_exit_code_and_is_quiet(fmt):
 
 
 def test_shard_every_stage_exact_on_a_hand_built_model():
-    """Two bias-free 512x512 Linears, SGD with momentum: P = 2 * 512 * 512 * 4 bytes, momentum P,
-    one FSDP unit = one Linear (512 * 512 * 4). Each stage's per-device peak follows the documented
-    rules from the category bytes at each phase's peak: ZeRO-1 divides optimizer state by n, ZeRO-2
-    also gradients, ZeRO-3/FSDP also parameters plus one gathered and one prefetched unit (and in
-    backward one unit's full gradient before reduce-scatter)."""
+    """Two bias-free 512x512 Linears, SGD with momentum: P = 2 * 512 * 512 * 4 bytes, momentum P; FSDP
+    units = the two Linears (U = 512 * 512 * 4 each, the root holds nothing). Each stage's per-device peak
+    follows the documented rules from the category bytes at each phase's peak: ZeRO-1 divides optimizer
+    state by n, ZeRO-2 also gradients, ZeRO-3/FSDP also parameters, plus fully_shard's buffers
+    (memory/shard.py: a unit gathered is its all-gather output and its copy; in backward the unit, its
+    full gradient and the neighbour prefetched; at its reduce-scatter, the input beside its gradient and
+    the neighbour prefetched). The per-rank peak
+    these rules give is checked against a real FSDP step in tests/test_distributed_fsdp.py."""
     from torch import nn
 
     from torchdiag.core.inputs import ModelInputs
@@ -361,31 +364,39 @@ def test_shard_every_stage_exact_on_a_hand_built_model():
     torch.manual_seed(0)
     model, n = Two(), 4
     d = run("memory", model, ModelInputs((torch.randn(1, 512),)), shard=n, optimizer="sgd").to_dict()
-    P, unit = 2 * 512 * 512 * 4, 512 * 512 * 4
+    P, U = 2 * 512 * 512 * 4, 512 * 512 * 4
     assert d["param_bytes"] == P and d["grad_bytes"] == P and d["optimizer_bytes"] == P  # momentum buffer
     rows = {r["stage"]: r["per_device_peak_bytes"] for r in d["shard"]}
     want = {"ddp (no sharding)": 0, "zero-1": 0, "zero-2": 0, "zero-3 / fsdp": 0}
+    base = 0
     for ph in d["phases"]:
         c = dict(ph["at_peak"])
         p, g, o = c.pop("parameters", 0), c.pop("gradients", 0), c.pop("optimizer_state", 0)
         rest = sum(c.values())
+        fsdp = []
         if ph["phase"] == "optimizer":
             t = c.get("temporaries", 0)
             sharded_rest = rest - t + t // n
+            base = rest - t
+            fsdp.append(p // n + g // n + o // n + sharded_rest)
         else:
             sharded_rest = rest
-        gather = 0
-        if ph["phase"] != "optimizer":
-            gather = min(2 * unit, p - p // n) + (min(unit, g - g // n) if ph["phase"] == "backward" else 0)
+        if ph["phase"] == "forward":      # a unit's all-gather output and its unsharded copy
+            fsdp.append(p // n + o // n + 2 * U + rest)
+        if ph["phase"] == "backward":     # + its full gradient and the next unit prefetched (its all-gather output)
+            full = min(g, U)
+            fsdp.append(p // n + o // n + full + (g - full) // n + 2 * U + rest)
+            fsdp.append(p // n + o // n + full - U + (g - full) // n + 2 * U + U + rest)   # its reduce-scatter
         for stage, total in (("ddp (no sharding)", p + g + o + rest),
                              ("zero-1", p + g + o // n + sharded_rest),
-                             ("zero-2", p + g // n + o // n + sharded_rest),
-                             ("zero-3 / fsdp", p // n + g // n + o // n + sharded_rest + gather)):
+                             ("zero-2", p + g // n + o // n + sharded_rest)):
             want[stage] = max(want[stage], total)
+        want["zero-3 / fsdp"] = max([want["zero-3 / fsdp"], *fsdp])
+    want["zero-3 / fsdp"] = max(want["zero-3 / fsdp"], P // n + P // n + P // n + base)   # the root's reduce-scatter
     assert rows == want
     assert rows["ddp (no sharding)"] == d["peak_bytes"]
     assert rows["zero-2"] < rows["zero-1"] < rows["ddp (no sharding)"]
-    # with only two units, gathering one plus a prefetched one is the whole model: no gain over ZeRO-2
+    # with only two units, gathering one plus its buffers costs more than the whole model: worse than ZeRO-2
     assert rows["zero-3 / fsdp"] > rows["zero-2"]
 
 
@@ -457,3 +468,26 @@ def test_value_reading_model_on_meta_is_a_usage_error():
     model = _ReadsValues().to("meta")
     with pytest.raises(UsageError, match="cannot estimate without allocating"):
         run("memory", model, ModelInputs((torch.empty(4, 8, device="meta"),)))
+
+
+@pytest.mark.parametrize("resizable", [True, False])
+def test_tracker_sees_storages_resized_in_place_only_when_told(resizable):
+    """fully_shard frees and re-allocates unsharded parameters with untyped_storage().resize_, which no op
+    reports: a resizable tracker re-reads sizes at every op (what `--wrap fsdp` uses), the default does not."""
+    from torchdiag.core.memtrack import make_tracker
+
+    w = torch.ones(1024)                       # 4 KiB, on the books before the step
+    tracker = make_tracker(resizable=resizable)
+    tracker.register(w, "parameters")
+    with tracker:
+        y = w + 1                              # a 4 KiB temporary: 8 KiB live
+        assert tracker.current == 8192
+        w.untyped_storage().resize_(0)         # freed in place (FSDP's reshard)
+        z = y * 2                              # y and z live, and w only if still counted
+        assert tracker.current == (8192 if resizable else 12288)
+        del y
+        w.untyped_storage().resize_(4096)      # re-allocated in place (FSDP's unshard)
+        z.add_(1)                              # w and z live
+        assert tracker.current == 8192
+    assert tracker.peak == (8192 if resizable else 12288)
+    assert tracker.by_cat["parameters"] == 4096

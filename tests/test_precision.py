@@ -187,8 +187,10 @@ def test_fp16_gradient_underflow_per_module():
     _, r = nan("underflow", dtype="float16")
     assert r.exit_code == 0 and ("grad-underflow", "fc", "warning") in codes(r)
     rows = r.table("precision_underflow").rows
-    # fc: 4x3 weight + 3 bias = 15 values, all nonzero in float32, all exactly 0 in float16
-    assert rows == [{"module": "fc", "parameters": "weight, bias", "nonzero_float32": 15, "zero_reduced": 15, "fraction": 1.0}]
+    # fc: 4x3 weight + 3 bias = 15 values, all nonzero in float32 and at most 5e-9 (below half of float16's
+    # smallest subnormal: they round to 0), all exactly 0 in float16
+    assert rows == [{"module": "fc", "parameters": "weight, bias", "nonzero_float32": 15, "underflow": 15,
+                     "subnormal": 0, "zero_reduced": 15, "fraction": 1.0}]
     assert r.data["reduced_precision"]["reference"]["why"] == "parameter gradients hold exact zeros"
 
 
@@ -383,14 +385,62 @@ class _GateFlips(torch.nn.Module):
         return self.head(torch.relu(self.a(h)))
 
 
-def test_bfloat16_zeros_are_rounding_not_underflow_and_only_info():
+def test_bfloat16_zeros_are_rounding_not_underflow():
+    """bfloat16 has float32's range: its zeros here are a gate flipped by rounding, in the table, no finding."""
     import torchdiag
 
     x = torch.ones(2, 2)
     assert torch.tensor(1 + 2.0 ** -10).bfloat16() == 1
     r = torchdiag.api.run("nancheck", _GateFlips(), (x,), dtype="bfloat16")
-    f = next(f for f in r.findings if f.code == "grad-underflow")
     rows = {row["module"]: row for row in r.table("precision_underflow").rows}
-    assert (rows["a"]["nonzero_float32"], rows["a"]["zero_reduced"]) == (2, 2)
+    assert (rows["a"]["nonzero_float32"], rows["a"]["zero_reduced"], rows["a"]["underflow"]) == (2, 2, 0)
     assert (rows["head"]["nonzero_float32"], rows["head"]["zero_reduced"]) == (6, 3)   # the bias keeps its 3
-    assert f.severity == "info" and "not range underflow" in f.message and r.exit_code == 0
+    assert rows["head"]["underflow"] == 0 and rows["head"]["fraction"] == 0.0
+    assert not [f for f in r.findings if f.code == "grad-underflow"] and r.exit_code == 0
+
+
+class _Gate(torch.nn.Module):
+    """relu(g * (x + 2**-12) - 1) on x = 1, g = 1: 2**-12 > 0 in float32, so g's gradient is 1 + 2**-12; in
+    float16 (ulp 2**-10 at 1) x + 2**-12 rounds to 1, the ReLU sees 0 and g's gradient is 0: rounding."""
+
+    def __init__(self):
+        super().__init__()
+        self.g = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        return torch.relu(self.g * (x + 2.0 ** -12) - 1)
+
+
+class _KnownGrads(torch.nn.Module):
+    """With a sum loss, w's gradient is c * s: exactly [2**-30, 2**-23, 2**-10] (≈ 9.3e-10, 1.2e-7, 9.8e-4)
+    in float32; every factor is exact in float16. float16's smallest subnormal is 2**-24: 2**-30 rounds to
+    0 (underflow), 2**-23 is held as a subnormal (below the smallest normal 2**-14), 2**-10 is normal."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(3))
+        self.register_buffer("c", torch.tensor([2.0 ** -15, 2.0 ** -8, 2.0 ** 5]))
+        self.register_buffer("s", torch.tensor(2.0 ** -15))
+        self.gate = _Gate()
+
+    def forward(self, x):
+        return (self.w * self.c * self.s).sum() + self.gate(x).sum()
+
+
+def test_fp16_underflow_counts_only_values_below_the_range_exactly():
+    import torchdiag
+
+    model = _KnownGrads()
+    ref = model(torch.ones(1))
+    ref.backward()
+    assert model.w.grad.tolist() == [2.0 ** -30, 2.0 ** -23, 2.0 ** -10] and model.gate.g.grad.item() == 1 + 2.0 ** -12
+    model.zero_grad(set_to_none=True)
+    r = torchdiag.api.run("nancheck", model, (torch.ones(1),), dtype="float16", loss="sum")
+    rows = {row["module"]: row for row in r.table("precision_underflow").rows}
+    assert rows["(root)"] == {"module": "(root)", "parameters": "w", "nonzero_float32": 3, "underflow": 1,
+                              "subnormal": 1, "zero_reduced": 1, "fraction": 1 / 3}
+    # the gate's zero is rounding (its float32 gradient, ≈ 1, is well inside float16): no underflow
+    assert rows["gate"] == {"module": "gate", "parameters": "g", "nonzero_float32": 1, "underflow": 0,
+                            "subnormal": 0, "zero_reduced": 1, "fraction": 0.0}
+    [f] = [f for f in r.findings if f.code == "grad-underflow"]
+    assert (f.where, f.severity) == ("(root)", "warning") and "1 of 3" in f.message and r.exit_code == 0

@@ -31,7 +31,8 @@ its output was finite. One forward+backward in train mode; the model is left as 
 With --dtype bfloat16|float16 or --amp bf16|fp16 it also says why in precision terms: a float32
 reference (same weights and inputs) tells an overflow of the dtype from a NaN that is there in
 float32 too; warnings for values within 8x of the dtype's largest finite value and for gradients
-that are nonzero in float32 but 0 in the reduced dtype (underflow). --steps with --amp fp16 runs a
+that are nonzero in float32 but below the reduced dtype's range, 0 there (underflow; zeros from
+rounding are counted apart). --steps with --amp fp16 runs a
 GradScaler and reports its scale per step and the steps it skipped."""
 
 OWN = {

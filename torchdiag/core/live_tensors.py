@@ -13,9 +13,12 @@ from .memtrack import CATEGORIES, ModuleStats, Record, storages
 
 
 class LiveTensors(TorchDispatchMode):
-    def __init__(self, round_to: int = 1):
+    def __init__(self, round_to: int = 1, resizable: bool = False):
         super().__init__()
         self.round_to = max(1, int(round_to))
+        # storages resized in place (FSDP frees and re-allocates its unsharded parameters with
+        # untyped_storage().resize_, which no op reports): re-read every size at every op
+        self.resizable = resizable
         self.records: dict[int, Record] = {}
         self._refs: dict[int, weakref.ref] = {}
         self.by_cat: dict[str, int] = defaultdict(int)
@@ -106,13 +109,35 @@ class LiveTensors(TorchDispatchMode):
 
     # ---- dispatch ----------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
+        kwargs = kwargs or {}
+        if self.resizable:
+            self._resync()
+        out = func(*args, **kwargs)
+        # resizable: also what the op wrote into (out= arguments a resize may have re-allocated)
+        for t in tree_leaves((out, args, kwargs) if self.resizable else out):
             if isinstance(t, torch.Tensor):
                 for st in storages(t):
                     if st._cdata not in self.records:
                         self._add(st, "temporaries")
+        if self.resizable:
+            self._resync()
         return out
+
+    def _resync(self) -> None:
+        """Every recorded storage's bytes as it holds them now (O(live storages): resizable only)."""
+        changed = False
+        for key, rec in self.records.items():
+            ref = self._refs.get(key)
+            st = ref() if ref is not None else None
+            if st is None:
+                continue
+            n = self._size(st)
+            if n != rec.nbytes:
+                self.by_cat[rec.category] += n - rec.nbytes
+                self.current += n - rec.nbytes
+                rec.nbytes, changed = n, True
+        if changed:
+            self._update_peaks()
 
     # ---- autograd: saved tensors and gradients -------------------------------------
     def pack(self, t):

@@ -70,9 +70,10 @@ def _is_tensor(x) -> bool:
     return isinstance(x, torch.Tensor)
 
 
-def make_tracker(round_to: int = 1):
-    """A LiveTensors instance (the class is built lazily so importing this module needs no torch)."""
-    return _tracker_class()(round_to)
+def make_tracker(round_to: int = 1, resizable: bool = False):
+    """A LiveTensors instance (the class is built lazily so importing this module needs no torch).
+    `resizable`: storages may be resized in place (FSDP): sizes are re-read at every op."""
+    return _tracker_class()(round_to, resizable)
 
 
 def _tracker_class():

@@ -30,10 +30,11 @@ from .options import (
 )
 from .ranks import merge_ranks  # the torchrun hook (runner/ranks.py)
 from .report import run
-from .shard import fsdp_unit_bytes, shard_rows
+from .shard import Units, fsdp_peaks, fsdp_unit_bytes, fsdp_units, shard_rows
 from .step import StepReport, run_step
 
 __all__ = ["Options", "OPTIMIZER", "NEEDS_VALUES", "WRAP", "MODES", "MAX_BATCH", "run", "merge_ranks",
            "measure", "estimate", "run_step",
-           "StepReport", "Peaks", "sweep", "largest_fitting", "shard_rows", "fsdp_unit_bytes", "parse_bytes",
+           "StepReport", "Peaks", "sweep", "largest_fitting", "shard_rows", "fsdp_unit_bytes",
+           "Units", "fsdp_units", "fsdp_peaks", "parse_bytes",
            "parse_batch_sizes"]

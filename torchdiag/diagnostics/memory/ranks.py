@@ -23,7 +23,7 @@ def fsdp_check(result, model, inputs, opts, ctx) -> None:
     if ctx.spec.wrap != "fsdp" or not (dist.is_available() and dist.is_initialized()):
         return
     from .estimated import estimate
-    from .shard import shard_rows
+    from .shard import Units, shard_rows
     from .step import nbytes, unique
 
     n = dist.get_world_size()
@@ -34,7 +34,8 @@ def fsdp_check(result, model, inputs, opts, ctx) -> None:
         return
     # core/distributed.py calls fully_shard at the root only: one unit holding every parameter
     unit = nbytes(unique(model.parameters()))
-    row = next(r for r in shard_rows(est, n, unit, opts.mode == "train") if r["stage"] == FSDP_STAGE)
+    row = next(r for r in shard_rows(est, n, Units(0, unit, "(root)"), opts.mode == "train",
+                                  gloo=ctx.device.type == "cpu") if r["stage"] == FSDP_STAGE)
     result.data["fsdp_estimate"] = {"per_device_peak_bytes": row["per_device_peak_bytes"], "devices": n,
                                     "phase": row["phase"], "unit": "(root)", "unit_bytes": unit}
 
@@ -126,6 +127,7 @@ def _table(rows: list[dict]) -> Table:
     if any("estimate_bytes" in r for r in rows):
         cols += [Column("estimate_bytes", "FSDP estimate", "bytes"), Column("estimate_error_bytes", "estimate - peak", "bytes"),
                  Column("estimate_error", "error", "pct")]
-        note += ("; FSDP estimate: the ZeRO-3/FSDP row of --shard for the world size, from the unwrapped model's "
-                 "step on fake tensors (FSDP's communication buffers are not in it)")
+        note += ("; FSDP estimate: the ZeRO-3/FSDP row of --shard for the world size with the root as the one unit, "
+                 "from the unwrapped model's step on fake tensors (fully_shard's all-gather and reduce-scatter "
+                 "buffers included)")
     return Table("rank_memory", "Peak memory per rank", cols, rows, note=note)

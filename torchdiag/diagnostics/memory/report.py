@@ -10,7 +10,7 @@ from .estimated import estimate
 from .measured import measure
 from .options import MAX_BATCH, Options
 from .ranks import fsdp_check
-from .shard import fsdp_unit_bytes, shard_rows
+from .shard import Units, fsdp_units, shard_rows
 from .step import StepReport
 
 CATEGORIES = ("parameters", "buffers", "inputs", "gradients", "optimizer_state", "activations", "temporaries", "other")
@@ -36,7 +36,7 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
         if best is not None:  # the boundary the search found: the largest size that fits and the next one
             wanted |= {max(best, 1)} | ({best + 1} if best < MAX_BATCH else set())
         sizes = sweep(peaks, sorted(wanted), budget) if wanted else []
-        unit, unit_name = _unit(model, opts, ctx)
+        units = _unit(model, opts, ctx)
     if report.snapshot is not None:
         result.artefacts["snapshot"] = report.snapshot    # written by render/memory.py
     _fill(result, report, opts, ctx, est_peak, inputs)
@@ -44,7 +44,7 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
         from ...core import op_dtypes
 
         op_dtypes.report(result, report.op_dtypes, ctx, "the measured step")
-    _batch_tables(result, report, opts, ctx, sizes, best, budget, (unit, unit_name), inputs)
+    _batch_tables(result, report, opts, ctx, sizes, best, budget, units, inputs)
     _summary(result, report, opts, ctx, est_peak, best)
     fsdp_check(result, model, inputs, opts, ctx)   # under torchrun --wrap fsdp only (memory/ranks.py)
     return result
@@ -87,16 +87,18 @@ def _step(result, model, inputs, opts: Options, ctx, emulate: str) -> tuple[Step
     return report, est.peak
 
 
-def _unit(model, opts: Options, ctx) -> tuple[int, str]:
-    """The largest FSDP wrapping unit's parameter bytes (in the step's dtype) and its name."""
+def _unit(model, opts: Options, ctx) -> Units:
+    """FSDP units as fully_shard per layer makes them (the largest one, the root's own parameters), in
+    bytes of the step's dtype."""
     if opts.shard <= 1:
-        return 0, ""
-    unit, name = fsdp_unit_bytes(model)
-    if unit and ctx.spec.dtype:
+        return Units(0, 0)
+    units = fsdp_units(model)
+    if ctx.spec.dtype:
         import torch
 
-        unit = unit * getattr(torch, ctx.spec.dtype).itemsize // 4
-    return unit, name
+        size = getattr(torch, ctx.spec.dtype).itemsize
+        units = Units(units.largest * size // 4, units.root * size // 4, units.name, units.second * size // 4)
+    return units
 
 
 def _fill(result: Result, r: StepReport, opts: Options, ctx, est_peak, inputs) -> None:
@@ -172,11 +174,10 @@ def _module_table(r: StepReport, opts: Options) -> Table:
                  tb_scalars=tuple(c.key for c in cols if c.kind == "bytes"))
 
 
-def _batch_tables(result: Result, r: StepReport, opts: Options, ctx, sizes, best, budget, fsdp_unit, inputs) -> None:
+def _batch_tables(result: Result, r: StepReport, opts: Options, ctx, sizes, best, budget, units, inputs) -> None:
     """Batch sizes, sharding, and the budget's data and findings."""
     from ...fmt import human_bytes
 
-    unit, unit_name = fsdp_unit
     o = ctx.option
 
     if sizes:
@@ -186,10 +187,12 @@ def _batch_tables(result: Result, r: StepReport, opts: Options, ctx, sizes, best
     if opts.shard > 1:
         result.tables.append(Table("shard", f"Per-device peak sharded over {opts.shard} devices", [
             Column("stage", "stage"), Column("per_device_peak_bytes", "per-device peak", "bytes"),
-            Column("phase", "at")], shard_rows(r, opts.shard, unit, opts.mode == "train"),
-            note=f"ZeRO-1: optimizer state /N; ZeRO-2: + gradients /N; ZeRO-3/FSDP: + parameters /N, one unit "
-                 f"({unit_name or '—'}, {human_bytes(unit)}) gathered plus one prefetched, and its full gradient in "
-                 f"backward; each device runs the batch given; communication buffers not counted"))
+            Column("phase", "at")], shard_rows(r, opts.shard, units, opts.mode == "train"),
+            note=f"ZeRO-1: optimizer state /N; ZeRO-2: + gradients /N; ZeRO-3/FSDP (torch's fully_shard per layer): "
+                 f"+ parameters /N; the root's own parameters ({human_bytes(units.root)}) gathered from forward to the end "
+                 f"of backward, one unit ({units.name or '—'}, {human_bytes(units.largest)}) at a time gathered (all-gather "
+                 f"buffer and copy) and one prefetched in backward, full gradients until each unit's reduce-scatter "
+                 f"(its input buffer as large); each device runs the batch given"))
     if opts.budget is None:
         return
     result.data["budget_bytes"] = opts.budget

@@ -84,7 +84,8 @@ def run_step(model, inputs, opts, ctx, *, emulate: str, round_to: int = 1, metho
             raise UsageError("the model has no trainable parameters: nothing to train",
                              hint=f"use {ctx.option('mode')} inference")
         opt = _steady_optimizer(trainable, ctx, emulate)
-    tracker = make_tracker(round_to)
+    # a model fully_shard sharded frees and re-allocates storages in place: the tracker re-reads sizes
+    tracker = make_tracker(round_to, resizable=real and ctx.spec.wrap == "fsdp")
     for p in params:
         tracker.register(p, "parameters")
     for b in buffers:

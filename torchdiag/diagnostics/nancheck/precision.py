@@ -6,8 +6,10 @@
 - The float32 reference (`reference_pass`): a float32 copy (same weights, upcast exactly; same inputs,
   RNG state and loss target) run without autocast. It runs only when the reduced pass found a non-finite
   value (to say why) or a parameter gradient holding exact zeros (underflow can only show as zeros).
-- Underflow, per parameter: among the elements whose float32 gradient is nonzero, the fraction that is
-  exactly zero in the reduced run. Reported per module (its own parameters)."""
+- Underflow, per parameter: among the elements whose float32 gradient is nonzero, the fraction below the
+  reduced dtype's range (0 when cast to it) and exactly zero in the reduced run; zeros of the reduced run
+  whose float32 value the dtype can hold are rounding (a gate flipped at 0), counted apart, not underflow.
+  Reported per module (its own parameters)."""
 from __future__ import annotations
 
 import math
@@ -18,7 +20,7 @@ from ...core.readback import read_back
 from .finite import flatten
 from .flags import FlagChecker
 
-UNDERFLOW_WARN = 0.01     # a module whose parameter gradients lost ≥ 1% of their nonzero values
+UNDERFLOW_WARN = 0.01     # a module whose parameter gradients lost ≥ 1% of their nonzero values to underflow
 
 
 class WatchChecker(FlagChecker):
@@ -185,31 +187,41 @@ def inner_max(work, inputs, module: str, ctx, state) -> tuple[str, float] | None
     return seen[i][0], values[i]
 
 
-def underflow_rows(reduced: dict, work) -> list:
-    """Per module: of its parameter-gradient values nonzero in float32, how many are exactly zero in the
-    reduced run. Computed on the device, read back once."""
+def underflow_rows(reduced: dict, work, dtype: str) -> list:
+    """Per module, of its parameter-gradient values nonzero in float32 (the reference): how many are below
+    `dtype`'s range (cast to it they are 0: at most half its smallest subnormal) and exactly 0 in the reduced
+    run (underflow); how many `dtype` holds only as subnormals (nonzero, below its smallest normal: precision
+    lost); and how many are 0 in the reduced run at all (underflow, or rounding earlier in the step: a
+    ReLU-like gate flipped at 0, a sum cancelled). Computed on the device, read back once."""
     import torch
 
+    tiny = facts(dtype).smallest_normal
+    low = getattr(torch, dtype)
     names, scalars = [], []
     for name, p in work.named_parameters():
         g32, gr = p.grad, reduced.get(name)
         if g32 is None or gr is None or g32.shape != gr.shape:
             continue
-        nonzero = g32.detach() != 0
+        g32 = g32.detach()
+        nonzero, zero_reduced = g32 != 0, gr.to(g32.device) == 0
+        cast = g32.to(low)
+        below = nonzero & (cast == 0)
         names.append(name)
-        scalars += [nonzero.sum(), (nonzero & (gr.to(g32.device) == 0)).sum()]
+        scalars += [nonzero.sum(), (below & zero_reduced).sum(), (nonzero & (cast != 0) & (cast.abs() < tiny)).sum(),
+                    (nonzero & zero_reduced).sum()]
     values = read_back([torch.as_tensor(s) for s in scalars])
     by_module: dict = {}
+    keys = ("nonzero_float32", "underflow", "subnormal", "zero_reduced")
     for i, name in enumerate(names):
         module = name.rsplit(".", 1)[0] if "." in name else "(root)"
-        row = by_module.setdefault(module, {"module": module, "parameters": [], "nonzero_float32": 0, "zero_reduced": 0})
+        row = by_module.setdefault(module, {"module": module, "parameters": [], **dict.fromkeys(keys, 0)})
         row["parameters"].append(name.rsplit(".", 1)[-1])
-        row["nonzero_float32"] += int(values[2 * i])
-        row["zero_reduced"] += int(values[2 * i + 1])
-    rows = [r for r in by_module.values() if r["zero_reduced"]]
+        for k, key in enumerate(keys):
+            row[key] += int(values[4 * i + k])
+    rows = [r for r in by_module.values() if r["zero_reduced"] or r["subnormal"]]
     for r in rows:
-        r["fraction"] = r["zero_reduced"] / r["nonzero_float32"]
-    return sorted(rows, key=lambda r: -r["fraction"])
+        r["fraction"] = r["underflow"] / r["nonzero_float32"]
+    return sorted(rows, key=lambda r: (-r["fraction"], -r["zero_reduced"], r["module"]))
 
 
 def call_max(watch: Watch, module: str, occurrence: int, kind: str) -> float | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ...core.precision import HEADROOM, facts
+from ...core.precision import HEADROOM
 from ...results import Column, Result, Table
 from .precision import UNDERFLOW_WARN, call_max, headroom_rows, underflow_rows
 
@@ -139,30 +139,32 @@ def report_headroom(result: Result, watch) -> list:
 
 
 def report_underflow(result: Result, reduced_grads: dict, ref_work, prec) -> list:
-    """Underflow per module; under --amp fp16 (a GradScaler in training) it is what happens unscaled: info."""
-    rows = underflow_rows(reduced_grads, ref_work) if ref_work is not None else []
-    bad = [r for r in rows if r["fraction"] >= UNDERFLOW_WARN]
+    """Range underflow per module; under --amp fp16 (a GradScaler in training) it is what happens unscaled:
+    info. Zeros of the reduced run that the dtype could hold are rounding, in the table, not underflow."""
     dtype = prec.compute
+    rows = underflow_rows(reduced_grads, ref_work, dtype) if ref_work is not None else []
+    bad = [r for r in rows if r["fraction"] >= UNDERFLOW_WARN]
     if bad:
         top = bad[0]
         more = f"; {len(bad) - 1} other module(s) too (table)" if len(bad) > 1 else ""
         unscaled = (" in this unscaled pass; training's GradScaler multiplies the loss by its scale to keep them "
                     "(--steps shows it)" if prec.scaled else "")
-        # bfloat16 has float32's exponent range: its zeros are rounding (a ReLU-like gate that flips at 0, a sum
-        # that cancels), not values below the dtype's range: said so, as info
-        wide = prec.facts.smallest_normal <= 2 * facts("float32").smallest_normal
-        unscaled += (f"; {dtype} has float32's range, so this is not range underflow: {dtype} rounding in the forward "
-                     "turned units off (a ReLU-like gate at 0) or cancelled sums to exactly 0" if wide else "")
-        result.add("grad-underflow", "info" if prec.scaled or wide else "warning", top["module"],
-                   f"{top['module']}: {top['zero_reduced']:,} of {top['nonzero_float32']:,} parameter-gradient values "
-                   f"({top['fraction']:.1%}) that are nonzero in float32 are exactly 0 in {dtype} (same weights and "
-                   f"inputs, float32 reference){unscaled}{more}",
+        result.add("grad-underflow", "info" if prec.scaled else "warning", top["module"],
+                   f"{top['module']}: {top['underflow']:,} of {top['nonzero_float32']:,} parameter-gradient values "
+                   f"({top['fraction']:.1%}) that are nonzero in float32 are below {dtype}'s range (at most half its "
+                   f"smallest subnormal {g(prec.facts.smallest_subnormal)}: they round to 0) and exactly 0 in "
+                   f"{dtype} (same weights and inputs, float32 reference){unscaled}{more}",
                    hint=SCALE_HINT if dtype == "float16" and not prec.scaled else None)
     for r in rows:
         r["parameters"] = ", ".join(r["parameters"])
-    result.tables.append(Table("precision_underflow", f"Gradient underflow: nonzero in float32, 0 in {dtype}", [
+    result.tables.append(Table("precision_underflow", f"Gradient underflow: nonzero in float32, below {dtype}'s range", [
         Column("module", "module"), Column("parameters", "parameters"), Column("nonzero_float32", "nonzero fp32", "count"),
-        Column("zero_reduced", f"0 in {dtype}", "count"), Column("fraction", "lost", "pct")], rows[:MAX_ROWS]))
+        Column("underflow", "underflow", "count"), Column("fraction", "lost", "pct"),
+        Column("subnormal", "subnormal", "count"), Column("zero_reduced", f"0 in {dtype}", "count")], rows[:MAX_ROWS],
+        note=f"underflow: below {dtype}'s range (0 when cast to it) and 0 in the {dtype} run; lost: underflow ÷ nonzero "
+             f"fp32; subnormal: held below {dtype}'s smallest normal {g(prec.facts.smallest_normal)} (precision lost); "
+             f"0 in {dtype}: every zero of the {dtype} run, the rest being rounding (a gate flipped at 0, a sum "
+             f"cancelled)"))
     return rows
 
 
