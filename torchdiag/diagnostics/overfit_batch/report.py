@@ -55,7 +55,9 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
     # Header keys must not collide with data/series keys ("loss" is the per-step list in JSON).
     result.header.update({
         "loss_rule": trainer.loss_fn.describe(),
-        "training": f"{describe_optimizer(optimizer)}, lr {lr:g}, at most {opts.steps} steps, train mode, on a copy"
+        "training": f"{describe_optimizer(optimizer)}, lr {lr:g}, at most {opts.steps} steps, train mode"
+                    + (f" (dropout off: {len(trainer.dropped)} module{'s' * (len(trainer.dropped) != 1)})"
+                       if trainer.dropped else "") + ", on a copy"
                     + (f", autocast {trainer.amp}" if trainer.amp else ""),
         "target": target,
     })
@@ -68,7 +70,7 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
         "optimizer": optimizer.name, "lr": lr, "amp": trainer.amp or "none", "seed": ctx.seed,
         "seconds": round(seconds, 3), "steps_per_second": round(steps / seconds, 2) if seconds > 0 else None,
         "batch_size": trainer.batch.batch_size, "trainable_tensors": len(trainer.trainable),
-        "frozen_tensors": trainer.frozen,
+        "frozen_tensors": trainer.frozen, "dropout_off": trainer.dropped,
     })
     result.series["loss"] = losses
     result.series["grad_norm"] = curve.grad_norms
