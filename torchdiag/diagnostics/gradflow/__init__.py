@@ -89,6 +89,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     if opts.histograms:
         _histograms(result, params, pas.grads)
     verdict(result, rows, opts, stats.loss, ctx.option("strict"))
+    if acts:
+        result.summary.append(display.activation_line(acts, opts))
     return result
 
 
