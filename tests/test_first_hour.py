@@ -252,6 +252,32 @@ def test_gradflow_is_brief_by_default_and_all_prints_every_parameter(cli):
     assert len(d["params"]) == 29                                                  # always in JSON
 
 
+def test_gradflow_activation_health_is_brief_when_healthy(cli):
+    spec = sample("resnet.py:build")
+    brief, full = cli("gradflow", spec), cli("gradflow", spec, "--all")
+    d = cli("gradflow", spec, "--json").json
+    assert brief.code == full.code == 0 and not [f for f in d["findings"] if f["code"] in ("dead-units", "saturated")]
+    assert "Activation health (module outputs" not in brief.stdout and "│ layer1.0.relu " not in brief.stdout
+    assert "Activation health (module outputs" in full.stdout and "│ layer1.0.relu " in full.stdout
+    relus = [r for r in d["activations"] if r["dead_fraction"] is not None]
+    worst = max(relus, key=lambda r: r["dead_fraction"])
+    line = " ".join(ln for ln in brief.stdout.splitlines() if ln.startswith("Activation health"))
+    assert line.startswith(f"Activation health             {len(d['activations'])} module outputs; dead units at most "
+                           f"{worst['dead_fraction']:.1%} ({worst['module']}) after {len(relus)} ReLU-family modules")
+    assert len(d["activations"]) == len(relus) + sum(1 for r in d["activations"] if r["dead_fraction"] is None) > 20
+
+
+def test_gradflow_activation_health_still_shows_a_flagged_module(cli):
+    spec = sample("broken_dead_relu.py:build")
+    r, d = cli("gradflow", spec), cli("gradflow", spec, "--json").json
+    flagged = {f["where"] for f in d["findings"] if f["code"] == "dead-units"}
+    assert flagged == {"act1"}
+    table = r.stdout.split("Activation health (module outputs, this batch)")[1].split("└")[0]
+    shown = [m["module"] for m in d["activations"] if f"│ {m['module']} " in table]
+    assert shown == ["act1"] and len(d["activations"]) == 3          # fc1, act1, fc2: the flagged one only
+    assert f"… {len(d['activations']) - 1} more row(s) in --json" in r.stdout
+
+
 def test_gradflow_labels_a_tied_head_tied_not_frozen(cli, tmp_path):
     p = tmp_path / "tied.py"
     p.write_text(TIED)
