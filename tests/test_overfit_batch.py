@@ -210,6 +210,8 @@ def test_non_finite_loss_points_to_nancheck():
     assert "step 0" in f.message and "nancheck" in f.hint
     assert r.data["steps"] == 0 and math.isnan(r.data["initial_loss"]) and r.data["final_accuracy"] is None
     assert "cannot-overfit" in codes(r)
+    # one severity per cause: the error gradflow and doctor give it, before its consequence
+    assert f.severity == "error" and codes(r).index("non-finite-loss") < codes(r).index("cannot-overfit")
 
 
 def test_loss_without_graph_is_no_grad(tmp_path):

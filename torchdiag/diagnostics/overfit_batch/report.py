@@ -128,14 +128,16 @@ def _nonfinite_params(trainer) -> tuple[str, str]:
 
 
 def _cause_findings(result, trainer, curve, causes, opts) -> int:
-    """Warnings that explain a failure (cannot-overfit decides); returns how many causes were found."""
+    """Findings that explain a failure (cannot-overfit decides; the causes gradflow and doctor call errors,
+    non-finite-loss and no-grad, are errors here too); returns how many causes were found."""
     limit, steps, n_trainable = opts.max_names, curve.step, len(trainer.trainable)
     initial, best, final = result.data["initial_loss"], result.data["best_loss"], result.data["final_loss"]
     found = 0
     if curve.nonfinite_at is not None:
         found += 1
         stepped = _nonfinite_params(trainer) if curve.nonfinite_at else ("", "")
-        result.add("non-finite-loss", "warning", "", f"the loss became {final} at step {curve.nonfinite_at}"
+        # an error, as in gradflow and doctor: the cause, listed before its consequence (cannot-overfit)
+        result.add("non-finite-loss", "error", "", f"the loss became {final} at step {curve.nonfinite_at}"
                    + (" (the very first forward)" if curve.nonfinite_at == 0 else "") + stepped[0],
                    hint=stepped[1] or "run `torchdiag nancheck` on this model to find the first module with a non-finite value")
     if curve.no_graph or curve.missing:
