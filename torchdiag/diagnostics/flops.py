@@ -97,6 +97,36 @@ def _extra_formulas():
     return extra
 
 
+def _backward(model, out, loss_rule, counter, ctx) -> None:
+    """One backward of ctx.loss() through the model. The loss, its seed and the loss's own backward (down to
+    the model's outputs) are torchdiag's, not the model's: counted paused; then the model's backward from
+    those output gradients. A loss the model returns itself (output['loss']) is the model's: one backward."""
+    import torch
+
+    from ..core.loss import float_outputs
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise UsageError(f"{ctx.option('backward')}: the model has no trainable parameters")
+    counter.paused = True
+    loss = loss_rule(out)
+    if not loss.requires_grad:
+        counter.paused = False
+        raise UsageError(f"{ctx.option('backward')}: the loss does not depend on any trainable parameter")
+    outs = [t for _, t in float_outputs(out) if t.requires_grad]
+    if not outs or any(t is loss for t in outs):   # the model's own loss: its backward is the model's
+        seed, outs, grads = torch.ones_like(loss), [loss], None
+    else:
+        grads = torch.autograd.grad(loss, outs, allow_unused=True)
+        outs, grads = zip(*[(t, g) for t, g in zip(outs, grads) if g is not None]) if any(
+            g is not None for g in grads) else ((), ())
+    counter.paused = False
+    if grads is None:
+        torch.autograd.grad(loss, params, grad_outputs=seed, allow_unused=True)
+    elif outs:
+        torch.autograd.grad(list(outs), params, grad_outputs=list(grads), allow_unused=True)
+
+
 def _counter():
     """torch's FlopCounterMode that also counts calls of every op it saw (formula or not)."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -230,16 +260,7 @@ def _count(model, inputs, opts: Options, ctx) -> _Counts:
                 out = inputs.call(model)
                 fwd_counts, fwd_calls = _snapshot(counter)
                 if grad:
-                    counter.paused = True   # the loss and its seed are torchdiag's, not the model's
-                    loss = loss_rule(out)
-                    seed = torch.ones_like(loss)
-                    counter.paused = False
-                    params = [p for p in model.parameters() if p.requires_grad]
-                    if not params:
-                        raise UsageError(f"{ctx.option('backward')}: the model has no trainable parameters")
-                    if not loss.requires_grad:
-                        raise UsageError(f"{ctx.option('backward')}: the loss does not depend on any trainable parameter")
-                    torch.autograd.grad(loss, params, grad_outputs=seed, allow_unused=True)
+                    _backward(model, out, loss_rule, counter, ctx)
         except (UsageError, ModelError):
             raise
         except Exception as exc:
