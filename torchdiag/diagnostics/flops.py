@@ -98,33 +98,38 @@ def _extra_formulas():
 
 
 def _backward(model, out, loss_rule, counter, ctx) -> None:
-    """One backward of ctx.loss() through the model. The loss, its seed and the loss's own backward (down to
-    the model's outputs) are torchdiag's, not the model's: counted paused; then the model's backward from
-    those output gradients. A loss the model returns itself (output['loss']) is the model's: one backward."""
+    """One backward of ctx.loss() through the model. The loss, its seed and the loss's own backward down to
+    the model's outputs are torchdiag's, not the model's: the loss is computed, paused, on detached copies of
+    the outputs, and its gradients there fed back into the model's graph, counted. A loss the model returns
+    itself (output['loss']) is one of those outputs: its backward is the model's."""
     import torch
-
-    from ..core.loss import float_outputs
+    from torch.utils._pytree import tree_map
 
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise UsageError(f"{ctx.option('backward')}: the model has no trainable parameters")
+    pairs = []
+
+    def cut(t):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad:
+            pairs.append((t, t.detach().requires_grad_()))
+            return pairs[-1][1]
+        return t
+
     counter.paused = True
-    loss = loss_rule(out)
-    if not loss.requires_grad:
+    try:
+        loss = loss_rule(tree_map(cut, out))
+        if not loss.requires_grad:
+            raise UsageError(f"{ctx.option('backward')}: the loss does not depend on any trainable parameter")
+        grads = torch.autograd.grad(loss, [d for _, d in pairs], allow_unused=True) if pairs else ()
+        used = [(t, g) for (t, _), g in zip(pairs, grads) if g is not None]
+        seed = None if used else torch.ones_like(loss)   # an output the copies missed: the loss's graph as is
+    finally:
         counter.paused = False
-        raise UsageError(f"{ctx.option('backward')}: the loss does not depend on any trainable parameter")
-    outs = [t for _, t in float_outputs(out) if t.requires_grad]
-    if not outs or any(t is loss for t in outs):   # the model's own loss: its backward is the model's
-        seed, outs, grads = torch.ones_like(loss), [loss], None
+    if used:
+        torch.autograd.grad([t for t, _ in used], params, grad_outputs=[g for _, g in used], allow_unused=True)
     else:
-        grads = torch.autograd.grad(loss, outs, allow_unused=True)
-        outs, grads = zip(*[(t, g) for t, g in zip(outs, grads) if g is not None]) if any(
-            g is not None for g in grads) else ((), ())
-    counter.paused = False
-    if grads is None:
         torch.autograd.grad(loss, params, grad_outputs=seed, allow_unused=True)
-    elif outs:
-        torch.autograd.grad(list(outs), params, grad_outputs=list(grads), allow_unused=True)
 
 
 def _counter():
