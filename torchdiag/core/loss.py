@@ -13,7 +13,14 @@ only an auxiliary output (Inception's AuxLogits, BERT's pooler) gets a gradient.
 applies to the first output; each other output is added: a scalar as it is (a model's auxiliary
 loss), an output shaped like the first with the first's rule and target (an auxiliary classifier),
 anything else mean-squared error against its own random target. A named rule (cross_entropy, mse,
-sum) applies to the first output only, and `describe()` names the outputs it left out."""
+sum) applies to the first output only, and `describe()` names the outputs it left out. An output
+whose every weight the first output's graph already reaches (an encoder-decoder's encoder states, a
+key/value cache) gets no term of its own: it would train nothing new, and a random target there fights
+the first output's (`_reached_through`, decided on the first call, said by `describe()`).
+
+Of several integer inputs that could be a language model's ids (an encoder-decoder's input and decoder
+ids), the logits are next-token predictions of the ones they are causal in: one probe forward per
+candidate (`_causal_in`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
