@@ -163,7 +163,10 @@ def test_hf_class_is_judged_from_transformers_mappings(tmp_path):
     assert built(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2)) == "AutoModelForCausalLM"
     assert built(transformers.LlamaConfig(**small)) == "AutoModelForCausalLM"
     assert built(transformers.BertConfig(**small)) == "AutoModel"          # an encoder: has a masked-LM class
-    assert built(transformers.BartConfig(vocab_size=64, d_model=32)) == "AutoModel"   # encoder-decoder
+    # an encoder-decoder gets its seq2seq LM head, as a decoder-only one gets its causal-LM head
+    assert built(transformers.BartConfig(vocab_size=64, d_model=32)) == "AutoModelForSeq2SeqLM"
+    assert built(transformers.T5Config(vocab_size=64, d_model=32, num_layers=1)) == "AutoModelForSeq2SeqLM"
+    assert built(transformers.BartConfig(vocab_size=64, d_model=32), "base") == "AutoModel"
     assert built(transformers.BertConfig(**small), "causal-lm") == "AutoModelForCausalLM"
 
 
@@ -179,7 +182,7 @@ def test_hf_task_causal_lm_gives_labels_so_the_model_trains_with_its_own_loss(cl
 
 # ---------------------------------------------------------------- 4. healthy tiny models pass overfit-batch by default
 def _hf_dir(tmp_path, config, arch):
-    config.architectures = [arch]
+    config.architectures = [arch] if arch else None
     config.save_pretrained(tmp_path)
     return f"hf:{tmp_path}"
 
@@ -189,13 +192,20 @@ def _bert(transformers):
                                    intermediate_size=64, max_position_embeddings=16)
 
 
+def _t5(transformers):
+    # T5Config sets no decoder_start_token_id (a saved t5-small's config does): torchdiag shifts the labels
+    # right itself, from the pad id; no position table, so the default length is 128
+    return transformers.T5Config(vocab_size=1000, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)
+
+
 def _bart(transformers):
     return transformers.BartConfig(vocab_size=64, d_model=32, encoder_layers=1, decoder_layers=1,
                                    encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
                                    decoder_ffn_dim=64, max_position_embeddings=16)
 
 
-@pytest.mark.parametrize("what", ["cnn", "gpt_tiny", "bert-classifier", "bert-masked-lm", "bart"])
+@pytest.mark.parametrize("what", ["cnn", "gpt_tiny", "bert-classifier", "bert-masked-lm", "bart", "t5",
+                                  "t5-no-architectures"])
 def test_healthy_tiny_model_passes_overfit_batch_at_default_settings(cli, tmp_path, what):
     if what == "cnn":
         args, loss = (sample("cnn.py:build"), "-i", "8x3x32x32"), "cross_entropy"
@@ -206,7 +216,9 @@ def test_healthy_tiny_model_passes_overfit_batch_at_default_settings(cli, tmp_pa
         config, arch, loss = {"bert-classifier": (_bert(transformers), "BertForSequenceClassification", "cross_entropy"),
                               "bert-masked-lm": (_bert(transformers), "BertForMaskedLM", "next-token cross_entropy"),
                               "bart": (_bart(transformers), "BartForConditionalGeneration",
-                                       "the model's own loss")}[what]
+                                       "the model's own loss"),
+                              "t5": (_t5(transformers), "T5ForConditionalGeneration", "the model's own loss"),
+                              "t5-no-architectures": (_t5(transformers), None, "the model's own loss")}[what]
         args = (_hf_dir(tmp_path, config, arch),)
     r = cli("overfit-batch", *args, "--json")
     d = r.json
@@ -215,6 +227,10 @@ def test_healthy_tiny_model_passes_overfit_batch_at_default_settings(cli, tmp_pa
     assert d["final_loss"] <= 0.01 * d["initial_loss"]
     if what == "bart":   # labels = input ids, the decoder fed from them by the model itself
         assert d["inputs"] == ["input[0]: 2x16 int64", "labels: 2x16 int64"]   # batch 2: overfit-batch trains
+    if what.startswith("t5"):   # labels = input ids; the decoder ids are them shifted right, from pad id 0
+        assert d["inputs"] == ["input[0]: 2x128 int64", "decoder_input_ids: 2x128 int64", "labels: 2x128 int64"]
+        assert "decoder_input_ids: the labels shifted right, starting with pad_token_id 0" in " ".join(d["input_notes"])
+        assert ("AutoModelForSeq2SeqLM" if arch is None else "T5ForConditionalGeneration") in d["source"]
 
 
 # ---------------------------------------------------------------- 5. brief when healthy
@@ -234,6 +250,32 @@ def test_gradflow_is_brief_by_default_and_all_prints_every_parameter(cli):
     assert len(full.stdout.splitlines()) - len(brief.stdout.splitlines()) >= 29   # one row per parameter tensor
     d = cli("gradflow", spec, "--json").json
     assert len(d["params"]) == 29                                                  # always in JSON
+
+
+def test_gradflow_activation_health_is_brief_when_healthy(cli):
+    spec = sample("resnet.py:build")
+    brief, full = cli("gradflow", spec), cli("gradflow", spec, "--all")
+    d = cli("gradflow", spec, "--json").json
+    assert brief.code == full.code == 0 and not [f for f in d["findings"] if f["code"] in ("dead-units", "saturated")]
+    assert "Activation health (module outputs" not in brief.stdout and "│ layer1.0.relu " not in brief.stdout
+    assert "Activation health (module outputs" in full.stdout and "│ layer1.0.relu " in full.stdout
+    relus = [r for r in d["activations"] if r["dead_fraction"] is not None]
+    worst = max(relus, key=lambda r: r["dead_fraction"])
+    line = " ".join(ln for ln in brief.stdout.splitlines() if ln.startswith("Activation health"))
+    assert line.startswith(f"Activation health             {len(d['activations'])} module outputs; dead units at most "
+                           f"{worst['dead_fraction']:.1%} ({worst['module']}) after {len(relus)} ReLU-family modules")
+    assert len(d["activations"]) == len(relus) + sum(1 for r in d["activations"] if r["dead_fraction"] is None) > 20
+
+
+def test_gradflow_activation_health_still_shows_a_flagged_module(cli):
+    spec = sample("broken_dead_relu.py:build")
+    r, d = cli("gradflow", spec), cli("gradflow", spec, "--json").json
+    flagged = {f["where"] for f in d["findings"] if f["code"] == "dead-units"}
+    assert flagged == {"act1"}
+    table = r.stdout.split("Activation health (module outputs, this batch)")[1].split("└")[0]
+    shown = [m["module"] for m in d["activations"] if f"│ {m['module']} " in table]
+    assert shown == ["act1"] and len(d["activations"]) == 3          # fc1, act1, fc2: the flagged one only
+    assert f"… {len(d['activations']) - 1} more row(s) in --json" in r.stdout
 
 
 def test_gradflow_labels_a_tied_head_tied_not_frozen(cli, tmp_path):

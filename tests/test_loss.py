@@ -233,3 +233,50 @@ def test_cli_a_language_model_without_labels_overfits_at_default_settings(cli):
 def test_a_missing_loss_or_batch_file_is_named_for_what_it_is(cli, option, words):
     r = cli("nancheck", sample("mlp.py:build"), option, "nothere.py:fn")
     assert r.code == 2 and r.stderr.startswith(f"error: {words}"), r.stderr
+
+
+# ------------------------------------------------------------- an encoder-decoder's logits
+
+class EncDec(torch.nn.Module):
+    """A shared embedding, an encoder, a decoder that is causal in its own ids when `causal` (cross-attention
+    to the encoder), logits over the vocabulary; returns (logits, encoder states) like HF's seq2seq output."""
+
+    def __init__(self, causal=True, vocab=20, dim=16):
+        super().__init__()
+        self.causal = causal
+        self.shared = torch.nn.Embedding(vocab, dim)
+        self.t = torch.nn.Transformer(dim, 2, 1, 1, 32, dropout=0.0, batch_first=True)
+        self.head = torch.nn.Linear(dim, vocab)
+
+    def forward(self, input_ids, decoder_input_ids):
+        n = decoder_input_ids.shape[1]
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(n) if self.causal else None
+        enc = self.t.encoder(self.shared(input_ids))
+        dec = self.t.decoder(self.shared(decoder_input_ids), enc, tgt_mask=mask, tgt_is_causal=self.causal)
+        return self.head(dec), enc
+
+
+def test_an_encoder_decoders_logits_are_next_token_predictions_of_its_decoder_ids(untouched):
+    """Both id inputs feed the shared embedding; the logits are causal in the decoder's ids only (found by
+    changing each one's last position): those are the targets, checked against F.cross_entropy by hand.
+    The encoder states get no loss of their own: every weight behind them already reaches the logits."""
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.core.loss import language_model
+
+    torch.manual_seed(0)
+    model = EncDec().train()
+    ids, dec = torch.randint(0, 20, (2, 6)), torch.randint(0, 20, (2, 6))
+    inputs = ModelInputs((ids, dec))
+    with untouched(model):
+        lm = language_model(model, inputs)
+    assert lm.name == "input[1]" and lm.ids is dec and model.training
+    loss = Loss("auto")
+    loss.lm = lm
+    logits, enc = model(ids, dec)
+    value = loss((logits, enc))
+    assert torch.equal(value, F.cross_entropy(logits[:, :-1].reshape(-1, 20), dec[:, 1:].reshape(-1)))
+    assert loss.describe() == ("next-token cross_entropy on output[0] against input[1] shifted by one (a language "
+                               "model: input[1] feeds an embedding of 20 rows, the logits' last dimension); not "
+                               "added: output[1] (every weight behind it already reaches output[0])")
+    # a decoder that sees every position is causal in neither: the first ids, as before
+    assert language_model(EncDec(causal=False), inputs).name == "input[0]"

@@ -618,7 +618,8 @@ def test_anomaly_never_shows_torchdiags_frames_as_the_users():
     from torchdiag.results import Result
 
     ours = os.path.join(os.path.dirname(torchdiag.__file__), "core", "loss.py")
-    trace = [f'  File "{os.path.join(os.path.dirname(torchdiag.__file__), "api.py")}", line 99, in run', "    return x",
+    trace = ['  File "/venv/lib/python3.11/site-packages/typer/main.py", line 1445, in wrapper', "    return callback()",
+             f'  File "{os.path.join(os.path.dirname(torchdiag.__file__), "api.py")}", line 99, in run', "    return x",
              f'  File "{ours}", line 180, in _primary', "    return F.cross_entropy(y, t)",
              '  File "/usr/lib/python3/site-packages/torch/nn/functional.py", line 3100, in cross_entropy',
              "    return torch._C._nn.cross_entropy_loss(input, target)"]
@@ -626,4 +627,6 @@ def test_anomaly_never_shows_torchdiags_frames_as_the_users():
     report_anomaly(r, {"raised": True, "op": "LogSoftmaxBackward0", "message": "nan", "forward_trace": trace})
     rows = r.table("anomaly_frames").rows
     assert rows and all("torchdiag" not in row["frame"] for row in rows)
+    assert [row["frame"] for row in rows] == ["/usr/lib/python3/site-packages/torch/nn/functional.py:3100 in "
+                                              "cross_entropy"]   # not the CLI's caller (typer) either
     assert "by torchdiag's loss (--loss)" in r.table("anomaly_frames").note

@@ -76,6 +76,25 @@ def test_initial_loss_and_first_grad_norm_match_independent_computation():
     assert r.data["passed"] is False and "cannot-overfit" in codes(r)   # budget of 3 steps is too small
 
 
+def test_dropout_is_off_on_the_trained_copy_and_said_so(untouched):
+    # dropout on the output is a floor under a regression loss (its noise): p/(1-p) of the output's power,
+    # here 1.0, far above the 1% target; with it off on the copy the model memorises the batch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4), torch.nn.Dropout(0.5))
+    x = torch.randn(6, 8)
+    target = torch.randn(6, 4)
+    with untouched(model):
+        r = overfit(model, x, loss="mse", target=target)
+    assert model[3].training and model.training                            # the user's model: as it was
+    assert r.data["dropout_off"] == ["3"] and "train mode (dropout off: 1 module)" in r.header["training"]
+    assert r.data["passed"] is True, r.verdict
+    # the initial loss is the loss without dropout (eval mode = train mode without dropout here)
+    model.eval()
+    expected = float(F.mse_loss(model(x), target).detach())
+    model.train()
+    assert r.data["initial_loss"] == pytest.approx(expected, rel=1e-6)
+
+
 def test_target_loss_stops_at_first_step_below_it():
     torch.manual_seed(0)
     model, x = load("mlp.py:build")
@@ -191,6 +210,8 @@ def test_non_finite_loss_points_to_nancheck():
     assert "step 0" in f.message and "nancheck" in f.hint
     assert r.data["steps"] == 0 and math.isnan(r.data["initial_loss"]) and r.data["final_accuracy"] is None
     assert "cannot-overfit" in codes(r)
+    # one severity per cause: the error gradflow and doctor give it, before its consequence
+    assert f.severity == "error" and codes(r).index("non-finite-loss") < codes(r).index("cannot-overfit")
 
 
 def test_loss_without_graph_is_no_grad(tmp_path):

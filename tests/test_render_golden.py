@@ -83,7 +83,7 @@ def kinds_rows() -> list[dict]:
 
 def limit_note_and_hidden_tables() -> Result:
     """A row limit (the rest is in --json), a note under a table; tables with show=False or no rows
-    are not printed."""
+    are not printed; rows marked `_hidden` (a brief table: gradflow's activation health) are not printed."""
     r = Result("profile", header={"model": "m.py:build", "device": "cpu"})
     r.tables.append(Table("ops", "Top 3 of 5 operators by self CPU time", [
         Column("name", "operator"), Column("shapes", "input shapes"), Column("calls", "calls", "count"),
@@ -97,6 +97,10 @@ def limit_note_and_hidden_tables() -> Result:
     r.tables.append(Table("modules", "Time per module", [
         Column("name", "module"), Column("t", "time", "float", "ms")],
         [{"name": "0", "t": 1.5}, {"name": "1", "t": 0.25}], limit=2, note="limit equal to the row count: no '… more'"))
+    r.tables.append(Table("activations", "Brief table", [
+        Column("module", "module"), Column("dead", "dead units", "pct")],
+        [{"module": "relu1", "dead": 0.01, "_hidden": True}, {"module": "relu2", "dead": 0.75},
+         {"module": "relu3", "dead": 0.02, "_hidden": True}]))
     return r
 
 

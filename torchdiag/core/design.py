@@ -4,6 +4,9 @@ judges a model (gradflow's judged pass, doctor's training checks):
 - stochastic depth (torchvision StochasticDepth, timm/HF *DropPath) drops a whole residual branch
   for a whole small batch at random: it is switched off (eval) for a judged pass, so the verdict
   does not depend on the draw;
+- dropout is regularisation: a run that asks whether the model can memorise one batch switches it
+  off (eval), as the usual recipe does ("overfit a tiny batch with regularisation off"); noise on the
+  output puts a floor under a regression loss that no training removes;
 - a normalisation using batch statistics (BatchNorm in training, GroupNorm, InstanceNorm) makes the
   loss invariant to the scale of the tensor it receives."""
 from __future__ import annotations
@@ -20,6 +23,20 @@ def stochastic_depth_off(model) -> list[str]:
     names = []
     for n, m in model.named_modules():
         if is_stochastic_depth(m):
+            m.eval()
+            names.append(n)
+    return names
+
+
+def dropout_off(model) -> list[str]:
+    """Put every dropout module (torch's Dropout family, by type) and every stochastic-depth module in
+    eval mode (on a copy the caller owns); returns their paths. Dropout a model draws through
+    torch.nn.functional inside another module stays on."""
+    from torch.nn.modules.dropout import _DropoutNd
+
+    names = []
+    for n, m in model.named_modules():
+        if (isinstance(m, _DropoutNd) and m.p > 0) or is_stochastic_depth(m):
             m.eval()
             names.append(n)
     return names

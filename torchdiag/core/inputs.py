@@ -349,7 +349,7 @@ def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
     inputs.source = loaded.input_source
     names = [p.name for p in forward_parameters(loaded.model)]
     if getattr(loaded, "labels_from_ids", False) and inputs.args and "labels" in names:
-        _labels_from_ids(inputs)
+        _labels_from_ids(inputs, _missing_decoder_start(loaded.model, names))
     if device.type == "meta" and "labels" not in inputs.kwargs and "decoder_input_ids" in names[len(inputs.args):] and inputs.args:
         first = inputs.args[0]
         inputs.kwargs["decoder_input_ids"] = torch.empty(first.shape, dtype=first.dtype, device="meta")
@@ -357,11 +357,33 @@ def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
     return inputs
 
 
-def _labels_from_ids(inputs) -> None:
+def _missing_decoder_start(model, names: list[str]) -> int | None:
+    """An encoder-decoder whose config sets no decoder_start_token_id cannot shift its labels right itself
+    (T5Config leaves it unset; a saved T5 checkpoint's config has it): the pad id it falls back to, by
+    T5's convention (decoder start = pad), or None when the model can shift them itself."""
+    config = getattr(model, "config", None)
+    if "decoder_input_ids" not in names or not getattr(config, "is_encoder_decoder", False):
+        return None
+    if getattr(config, "decoder_start_token_id", None) is not None:
+        return None
+    pad = getattr(config, "pad_token_id", None)
+    return pad if isinstance(pad, int) else None
+
+
+def _labels_from_ids(inputs, start: int | None = None) -> None:
     """An LM head's own loss on labels = the input ids: a causal LM shifts them itself; an encoder-decoder
-    makes its decoder inputs from them (shifted right), so random decoder ids are not given as well."""
-    inputs.kwargs["labels"] = inputs.args[0]
-    if inputs.kwargs.pop("decoder_input_ids", None) is not None:
+    makes its decoder inputs from them (shifted right), so random decoder ids are not given as well.
+    `start`: the config names no decoder start, so the decoder ids are the labels shifted right here."""
+    ids = inputs.args[0]
+    inputs.kwargs["labels"] = ids
+    if start is not None:
+        shifted = ids.new_full(ids.shape, start)
+        shifted[..., 1:] = ids[..., :-1]
+        inputs.kwargs["decoder_input_ids"] = shifted
+        inputs.notes = [n for n in inputs.notes if not n.startswith("decoder_input_ids")]
+        inputs.notes.append(f"labels: the input ids; decoder_input_ids: the labels shifted right, starting with "
+                            f"pad_token_id {start} (config.json sets no decoder_start_token_id)")
+    elif inputs.kwargs.pop("decoder_input_ids", None) is not None:
         inputs.notes = [n for n in inputs.notes if not n.startswith("decoder_input_ids")]
         inputs.notes.append("labels: the input ids; decoder_input_ids: the model's own (labels shifted right)")
     else:

@@ -13,7 +13,14 @@ only an auxiliary output (Inception's AuxLogits, BERT's pooler) gets a gradient.
 applies to the first output; each other output is added: a scalar as it is (a model's auxiliary
 loss), an output shaped like the first with the first's rule and target (an auxiliary classifier),
 anything else mean-squared error against its own random target. A named rule (cross_entropy, mse,
-sum) applies to the first output only, and `describe()` names the outputs it left out."""
+sum) applies to the first output only, and `describe()` names the outputs it left out. An output
+whose every weight the first output's graph already reaches (an encoder-decoder's encoder states, a
+key/value cache) gets no term of its own: it would train nothing new, and a random target there fights
+the first output's (`_reached_through`, decided on the first call, said by `describe()`).
+
+Of several integer inputs that could be a language model's ids (an encoder-decoder's input and decoder
+ids), the logits are next-token predictions of the ones they are causal in: one probe forward per
+candidate (`_causal_in`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -89,6 +96,7 @@ class Loss:
     left_out: list = None         # a named rule: labels of outputs with a gradient path it did not cover
     checked_classes: int = 0      # the class count a given integer target was checked against (checked once)
     lm: Any = None                # LanguageModel: the integer ids and the vocabularies they feed (auto only)
+    reached_already: Any = None   # auto: labels of other outputs whose every weight the first one reaches
 
     def describe(self) -> str:
         if self.chosen == "model":
@@ -111,6 +119,9 @@ class Loss:
         if self.left_out:
             text += (f"; left out: {', '.join(self.left_out)} (--loss auto covers every output, or give "
                      "--loss PATH:fn)")
+        if self.reached_already and self.chosen != "model":
+            text += (f"; not added: {', '.join(sorted(self.reached_already))} (every weight behind it already "
+                     f"reaches {self.picked})")
         return text
 
     @property
@@ -145,7 +156,12 @@ class Loss:
 
         known = {label: (rule, t) for label, rule, t in self.extra or ()}
         extra = []
-        for k, (label, t) in enumerate(gradient_outputs(out, y), start=1):
+        others = gradient_outputs(out, y)
+        if self.reached_already is None:   # decided on the first call, kept for every step
+            self.reached_already = _reached_through(y, [(label, t) for label, t in others if t.dim()])
+        for k, (label, t) in enumerate(others, start=1):
+            if label in self.reached_already:
+                continue
             if t.dim() == 0:
                 rule, target = "model", None
                 value = value + t.float()
@@ -242,13 +258,16 @@ class LanguageModel:
 
 
 def language_model(model, inputs) -> LanguageModel | None:
-    """The first integer (N, T) input whose values all index into an nn.Embedding of the model, found by
-    running no code: its shape, its value range and the embeddings' sizes (one host read of the range)."""
+    """The integer (N, T) input whose values all index into an nn.Embedding of the model: found by its
+    shape, its value range and the embeddings' sizes (one host read of the range). When several qualify
+    (an encoder-decoder's input and decoder ids), the one the logits are next-token predictions of is
+    found by behaviour (`_causal_in`); else the first."""
     import torch
 
     vocabs = sorted({m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding)})
     if not vocabs:
         return None
+    found = []
     for name, t in inputs.tensors():
         if t.dim() != 2 or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool or t.numel() == 0 \
                 or t.device.type == "meta":
@@ -256,8 +275,75 @@ def language_model(model, inputs) -> LanguageModel | None:
         lo, hi = torch.stack([t.min(), t.max()]).tolist()
         fed = tuple(v for v in vocabs if lo >= 0 and hi < v)
         if fed:
-            return LanguageModel(name, t, fed)
+            found.append(LanguageModel(name, t, fed))
+    if len(found) > 1:
+        return _causal_in(model, inputs, found) or found[0]
+    return found[0] if found else None
+
+
+def _causal_in(model, inputs, found: list) -> LanguageModel | None:
+    """Of ids of the same shape, the ones whose last position changes the logits' last position only (a
+    causal model's next-token predictions of them: an encoder-decoder's decoder ids, not its encoder's).
+    One eval-mode forward per candidate plus one, under no_grad, leaving no trace; None when no candidate
+    is causal or the model raised (the caller keeps the first)."""
+    import torch
+
+    from .guard import leave_no_trace
+
+    def logits(ins):
+        y, _ = primary_output(ins.call(model))
+        return y if y.dim() == 3 and y.is_floating_point() else None
+
+    try:
+        with leave_no_trace(model, buffers=True), torch.no_grad():
+            model.eval()
+            base = logits(inputs)
+            for lm in found:
+                if base is None or not lm.fits(base) or base.shape[1] < 2:
+                    continue
+                changed = lm.ids.clone()
+                changed[:, -1] = (changed[:, -1] + 1) % min(lm.vocabs)
+                after = logits(inputs.map(lambda t, lm=lm, changed=changed: changed if t is lm.ids else t))
+                if after is not None and after.shape == base.shape and torch.equal(after[:, :-1], base[:, :-1]) \
+                        and not torch.equal(after[:, -1], base[:, -1]):
+                    return lm
+    except Exception:   # the real run reports the model's own errors, with their module
+        return None
     return None
+
+
+def _weights(t) -> set | None:
+    """ids of the leaf tensors (parameters, weights made in forward) t's autograd graph reaches; None
+    when t has no graph to walk."""
+    if t.grad_fn is None:
+        return {id(t)} if t.requires_grad else None
+    seen, leaves, stack = set(), set(), [t.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        var = getattr(fn, "variable", None)   # AccumulateGrad: a leaf
+        if var is not None:
+            leaves.add(id(var))
+        stack.extend(f for f, _ in fn.next_functions)
+    return leaves
+
+
+def _reached_through(y, others: list) -> set:
+    """Labels of the non-scalar outputs whose every weight the primary output's graph reaches as well (an
+    encoder-decoder's encoder states, a cache of keys and values): adding a loss on them trains nothing the
+    primary does not, and a random target there fights the primary's. An auxiliary head with weights of its
+    own is kept. Nothing is dropped when a graph cannot be walked."""
+    primary = _weights(y)
+    if not primary:
+        return set()
+    out = set()
+    for label, t in others:
+        mine = _weights(t)
+        if mine and mine <= primary:
+            out.add(label)
+    return out
 
 
 def _check_classes(target, y) -> None:

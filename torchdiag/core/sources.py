@@ -328,7 +328,18 @@ def _hf_class(config, task: str | None):
             f"AutoModelForCausalLM: config.json names no architecture and model_type '{config.model_type}' is "
             "decoder-only in transformers' mappings (a causal-LM class, no masked-LM or seq2seq one); "
             "--arg task=... picks another head")
+    if _seq2seq(config):   # likewise an encoder-decoder: its seq2seq LM head
+        return transformers.AutoModelForSeq2SeqLM, (
+            f"AutoModelForSeq2SeqLM: config.json names no architecture and model_type '{config.model_type}' is an "
+            "encoder-decoder with a seq2seq-LM class in transformers' mappings; --arg task=... picks another head")
     return transformers.AutoModel, "AutoModel (config.json names no known architecture; --arg task=... picks a head)"
+
+
+def _seq2seq(config) -> bool:
+    from transformers.models.auto import modeling_auto as auto
+
+    return bool(getattr(config, "is_encoder_decoder", False)) and \
+        getattr(config, "model_type", None) in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
 
 
 def _decoder_only(config) -> bool:

@@ -97,6 +97,41 @@ def _extra_formulas():
     return extra
 
 
+def _backward(model, out, loss_rule, counter, ctx) -> None:
+    """One backward of ctx.loss() through the model. The loss, its seed and the loss's own backward down to
+    the model's outputs are torchdiag's, not the model's: the loss is computed, paused, on detached copies of
+    the outputs, and its gradients there fed back into the model's graph, counted. A loss the model returns
+    itself (output['loss']) is one of those outputs: its backward is the model's."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise UsageError(f"{ctx.option('backward')}: the model has no trainable parameters")
+    pairs = []
+
+    def cut(t):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad:
+            pairs.append((t, t.detach().requires_grad_()))
+            return pairs[-1][1]
+        return t
+
+    counter.paused = True
+    try:
+        loss = loss_rule(tree_map(cut, out))
+        if not loss.requires_grad:
+            raise UsageError(f"{ctx.option('backward')}: the loss does not depend on any trainable parameter")
+        grads = torch.autograd.grad(loss, [d for _, d in pairs], allow_unused=True) if pairs else ()
+        used = [(t, g) for (t, _), g in zip(pairs, grads) if g is not None]
+        seed = None if used else torch.ones_like(loss)   # an output the copies missed: the loss's graph as is
+    finally:
+        counter.paused = False
+    if used:
+        torch.autograd.grad([t for t, _ in used], params, grad_outputs=[g for _, g in used], allow_unused=True)
+    else:
+        torch.autograd.grad(loss, params, grad_outputs=seed, allow_unused=True)
+
+
 def _counter():
     """torch's FlopCounterMode that also counts calls of every op it saw (formula or not)."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -230,16 +265,7 @@ def _count(model, inputs, opts: Options, ctx) -> _Counts:
                 out = inputs.call(model)
                 fwd_counts, fwd_calls = _snapshot(counter)
                 if grad:
-                    counter.paused = True   # the loss and its seed are torchdiag's, not the model's
-                    loss = loss_rule(out)
-                    seed = torch.ones_like(loss)
-                    counter.paused = False
-                    params = [p for p in model.parameters() if p.requires_grad]
-                    if not params:
-                        raise UsageError(f"{ctx.option('backward')}: the model has no trainable parameters")
-                    if not loss.requires_grad:
-                        raise UsageError(f"{ctx.option('backward')}: the loss does not depend on any trainable parameter")
-                    torch.autograd.grad(loss, params, grad_outputs=seed, allow_unused=True)
+                    _backward(model, out, loss_rule, counter, ctx)
         except (UsageError, ModelError):
             raise
         except Exception as exc:

@@ -78,7 +78,8 @@ def _print_table(con, t) -> None:
     hidden (named under the table; --json has them): a status is never cut."""
     from rich.table import Table
 
-    shown = t.rows if t.limit is None else t.rows[: t.limit]
+    shown = [r for r in t.rows if not r.get("_hidden")]   # display-only: a brief table (JSON has every row)
+    shown = shown if t.limit is None else shown[: t.limit]
     cells = [[cell(row.get(c.key), c.kind) for c in t.columns] for row in shown]
     plan = _Plan(t.columns, cells, max(24, con.width // 2))
     widths = plan.fit(con.width)

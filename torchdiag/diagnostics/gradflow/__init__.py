@@ -46,6 +46,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     watched = model if wrapped is None else inner(wrapped)
     params = dict(watched.named_parameters())          # unique tensors (ties once)
     modules = dict(watched.named_modules())
+    known = {id(p) for p in watched.parameters()}      # a forward may register more (gradflow judges these)
     pas = record_pass(watched, inputs, opts, ctx, call=wrapped)
     params, pas.grads = ctx.whole(params), ctx.whole(pas.grads)   # fsdp: shards gathered (every rank)
     pas.rec.model = model     # dead units are re-judged on this rank's own model
@@ -69,7 +70,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     if not math.isfinite(stats.loss):
         result.add("non-finite-loss", "error", "", f"the loss is {stats.loss} before backward; every gradient "
                    "downstream of it is non-finite", hint="run `torchdiag nancheck` to find where it first goes bad")
-    layers = layer_rows(frontier(model, opts.depth), rows, pas.rec.order, modules)
+    layers = layer_rows(frontier(model, opts.depth), rows, pas.rec.order, modules, known)
     scale = bar_scale(layers)
     if reduced:
         add_fractions(rows, layers, stats.underflow)
@@ -89,6 +90,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     if opts.histograms:
         _histograms(result, params, pas.grads)
     verdict(result, rows, opts, stats.loss, ctx.option("strict"))
+    if acts:
+        result.summary.append(display.activation_line(acts, opts))
     return result
 
 

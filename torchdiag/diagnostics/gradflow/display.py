@@ -64,11 +64,43 @@ def tables(result, rows, layer_rows, act_rows, scale, opts, reduced: str | None 
                             "key 'params'); flagged ones are listed below")
     result.tables.append(ptable)
     m = opts.saturation_margin
-    result.tables.append(Table("activations", "Activation health (module outputs, this batch)", [
+    atable = Table("activations", "Activation health (module outputs, this batch)", [
         Column("_label", "module"), Column("type", "type"), Column("shape", "output"),
         Column("mean", "mean", "float"), Column("std", "std", "float"),
         Column("zero_fraction", "zeros", "pct"), Column("dead_fraction", "dead units", "pct"),
         Column("saturated_fraction", "saturated", "pct")], act_rows,
         note="dead unit: an output position that is exactly 0 for every sample of the batch (a flagged module is "
              "re-judged on 16 fresh samples: dead_confirmed in --json); "
-             f"saturated: tanh |y| > {1 - m:g}, sigmoid outside [{m:g}, {1 - m:g}], hardtanh at its bounds"))
+             f"saturated: tanh |y| > {1 - m:g}, sigmoid outside [{m:g}, {1 - m:g}], hardtanh at its bounds")
+    if not opts.all:   # brief: only the modules with a finding; a one-line summary says the rest (activation_line)
+        brief(atable, result.findings)
+    result.tables.append(atable)
+
+
+def brief(table, findings) -> None:
+    """Console rows of the activation table: the modules a dead-units or saturated finding names (any
+    severity); none of them: the table is not shown. JSON keeps every row."""
+    named = {f.where for f in findings if f.code in ACT_CODES}
+    for r in table.rows:
+        if r["module"] not in named:
+            r["_hidden"] = True
+    table.show = bool(named)
+
+
+ACT_CODES = ("dead-units", "saturated")
+
+
+def activation_line(act_rows, opts) -> tuple[str, str]:
+    """The summary line of activation health: how many module outputs, the worst dead-unit and saturated
+    fractions and where."""
+    text = f"{len(act_rows)} module output{'s' * (len(act_rows) != 1)}"
+    for key, what, kind in (("dead_fraction", "dead units", "ReLU-family"),
+                            ("saturated_fraction", "saturated", "tanh/sigmoid-family")):
+        rows = [r for r in act_rows if r[key] is not None]
+        if rows:
+            worst = max(rows, key=lambda r: r[key])
+            text += (f"; {what} at most {worst[key]:.1%} ({worst['_label']}) after {len(rows)} {kind} "
+                     f"module{'s' * (len(rows) != 1)}")
+    if not opts.all:
+        text += "; --all prints every module (--json key 'activations')"
+    return "Activation health", text

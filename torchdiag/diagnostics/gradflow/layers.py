@@ -29,7 +29,10 @@ def frontier(model, depth: int) -> list[tuple[str, bool]]:
     return out
 
 
-def layer_rows(layers, rows, order: dict[str, int], modules) -> list[dict]:
+def layer_rows(layers, rows, order: dict[str, int], modules, known: set | None = None) -> list[dict]:
+    """`known`: ids of the parameters the model held before the pass; a module whose only parameters were
+    made by the forward itself (self.w = nn.Parameter(...) in forward) has no row: they were not judged,
+    and they are not another module's (not tied)."""
     out = []
     for path, own_only in layers:
         if own_only:
@@ -40,6 +43,8 @@ def layer_rows(layers, rows, order: dict[str, int], modules) -> list[dict]:
         if first is None:   # a container is never called itself: its first child that ran
             sub = [v for k, v in order.items() if k.startswith(path + ".")]
             first = min(sub) if sub else None
+        if not members and known is not None and not _shared(modules[path], own_only, known):
+            continue
         out.append(_aggregate(path, own_only, members, first, modules))
     out.sort(key=lambda r: r["order"])
     for r in out:
@@ -69,9 +74,11 @@ def _aggregate(path, own_only, members, first, modules) -> dict:
     }
 
 
-def _shared(module, own_only: bool) -> bool:
-    """The module holds parameters, all counted under another module (a tied weight)."""
-    return any(True for _ in module.named_parameters(recurse=not own_only, remove_duplicate=False))
+def _shared(module, own_only: bool, known: set | None = None) -> bool:
+    """The module holds parameters, all counted under another module (a tied weight); with `known`, only
+    parameters the model held before the pass count."""
+    return any(known is None or id(p) in known
+               for _, p in module.named_parameters(recurse=not own_only, remove_duplicate=False))
 
 
 def bar_scale(layer_rows) -> tuple[float, float]:

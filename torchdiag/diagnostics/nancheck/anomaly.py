@@ -52,7 +52,7 @@ def report_anomaly(result: Result, a: dict) -> None:
         result.notes.append(f"anomaly mode checks backward functions only: {a['op'] or 'the op it names'} is where "
                             f"{what} entered the backward, not where it was made")
     # torchdiag's own frames are never shown as the user's: without a user frame, torch's last ones
-    shown = user or [f for f in frames if not _ours(f["file"])][-3:]
+    shown = user or [f for f in frames if not _ours(f["file"]) and _in_torch(f["file"])][-3:]
     rows = [{"frame": f"{f['file']}:{f['line']} in {f['function']}", "code": f["code"]} for f in shown]
     note = "frames outside torch and torchdiag; the full trace is in JSON anomaly.forward_trace"
     if not user:
@@ -75,6 +75,11 @@ def _ours(path: str) -> bool:
 
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return os.path.abspath(path).startswith(here + os.sep)
+
+
+def _in_torch(path: str) -> bool:
+    """A frame in torch itself (not whoever called torchdiag: a console script, typer/click, a test)."""
+    return "/torch/" in path.replace("\\", "/")
 
 
 def _internal(path: str) -> bool:

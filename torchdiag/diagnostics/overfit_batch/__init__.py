@@ -1,6 +1,7 @@
 """overfit-batch: can this model memorise one fixed batch?
 
-A COPY of the model (`ctx.train_copy`, train mode) is trained on one batch with the loss rules of
+A COPY of the model (`ctx.train_copy`, train mode, dropout and stochastic depth off: memorising
+needs no regularisation, and dropout's noise is a floor under a regression loss) is trained on one batch with the loss rules of
 core/loss.py. Step k evaluates the loss (``loss[k]``); when the target is reached, the budget is
 spent or the loss is non-finite the run stops, otherwise one backward and one optimizer step follow.
 So ``loss`` has ``steps + 1`` entries: ``loss[0]`` is the initial loss, ``loss[-1]`` the loss after
@@ -28,6 +29,7 @@ __all__ = ["Options", "run", "NEEDS_VALUES", "OPTIMIZER", "WRAP", "DEFAULT_LR", 
 
 def run(model, inputs, opts: Options | None, ctx):
     """Train a copy of `model` on one batch; the Result holds the curve, the verdict and the causes."""
+    from ...core.design import dropout_off
     from ...core.guard import leave_no_trace
     from .causes import diagnose
     from .loop import Trainer
@@ -35,7 +37,10 @@ def run(model, inputs, opts: Options | None, ctx):
 
     opts = opts or Options()
     with leave_no_trace(model), ctx.seeded():
-        trainer = Trainer(ctx.train_copy(model), inputs.clone(), ctx.loss(), opts, ctx)
+        work = ctx.train_copy(model)
+        dropped = dropout_off(work)   # memorising needs no regularisation (core/design.py)
+        trainer = Trainer(work, inputs.clone(), ctx.loss(), opts, ctx)
+        trainer.dropped = dropped
         curve = trainer.train()
         if ctx.wrapper is not None and curve.interrupted:   # no verdict, and no collective: a peer may be gone
             from .causes import Causes

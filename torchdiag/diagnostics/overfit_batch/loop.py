@@ -67,6 +67,7 @@ class Trainer:
         self.stagnation = []              # reduced-precision weights: core.rounding counts of step 0
         self.stagnant_counts: list[float] = []   # those counts, read back by final_flags
         self.curve = Curve()
+        self.dropped: list[str] = []      # dropout / stochastic-depth modules switched off on the copy
         self.group = getattr(work, "process_group", None)   # DDP's; FSDP (and the agreement) use the default one
         self.agree = _agreement(ctx, self.group)   # under a wrapper: the stop decided by every rank
         self.sharded = is_sharded(p for _, p in self.trainable)  # --wrap fsdp: DTensor parameters, read through their shards

@@ -55,7 +55,9 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
     # Header keys must not collide with data/series keys ("loss" is the per-step list in JSON).
     result.header.update({
         "loss_rule": trainer.loss_fn.describe(),
-        "training": f"{describe_optimizer(optimizer)}, lr {lr:g}, at most {opts.steps} steps, train mode, on a copy"
+        "training": f"{describe_optimizer(optimizer)}, lr {lr:g}, at most {opts.steps} steps, train mode"
+                    + (f" (dropout off: {len(trainer.dropped)} module{'s' * (len(trainer.dropped) != 1)})"
+                       if trainer.dropped else "") + ", on a copy"
                     + (f", autocast {trainer.amp}" if trainer.amp else ""),
         "target": target,
     })
@@ -68,7 +70,7 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
         "optimizer": optimizer.name, "lr": lr, "amp": trainer.amp or "none", "seed": ctx.seed,
         "seconds": round(seconds, 3), "steps_per_second": round(steps / seconds, 2) if seconds > 0 else None,
         "batch_size": trainer.batch.batch_size, "trainable_tensors": len(trainer.trainable),
-        "frozen_tensors": trainer.frozen,
+        "frozen_tensors": trainer.frozen, "dropout_off": trainer.dropped,
     })
     result.series["loss"] = losses
     result.series["grad_norm"] = curve.grad_norms
@@ -126,14 +128,16 @@ def _nonfinite_params(trainer) -> tuple[str, str]:
 
 
 def _cause_findings(result, trainer, curve, causes, opts) -> int:
-    """Warnings that explain a failure (cannot-overfit decides); returns how many causes were found."""
+    """Findings that explain a failure (cannot-overfit decides; the causes gradflow and doctor call errors,
+    non-finite-loss and no-grad, are errors here too); returns how many causes were found."""
     limit, steps, n_trainable = opts.max_names, curve.step, len(trainer.trainable)
     initial, best, final = result.data["initial_loss"], result.data["best_loss"], result.data["final_loss"]
     found = 0
     if curve.nonfinite_at is not None:
         found += 1
         stepped = _nonfinite_params(trainer) if curve.nonfinite_at else ("", "")
-        result.add("non-finite-loss", "warning", "", f"the loss became {final} at step {curve.nonfinite_at}"
+        # an error, as in gradflow and doctor: the cause, listed before its consequence (cannot-overfit)
+        result.add("non-finite-loss", "error", "", f"the loss became {final} at step {curve.nonfinite_at}"
                    + (" (the very first forward)" if curve.nonfinite_at == 0 else "") + stepped[0],
                    hint=stepped[1] or "run `torchdiag nancheck` on this model to find the first module with a non-finite value")
     if curve.no_graph or curve.missing:

@@ -34,9 +34,11 @@ def localise(trainer, model, why: str) -> None:
     replaced by whole plain tensors (core.distributed.unwrapped: the trained state, gathered under
     FSDP), so the causes' extra passes make no collective; under FSDP the per-shard "ever non-zero"
     flags and rounding counts are summed across ranks (one all_reduce) first."""
+    from ...core.design import dropout_off
     from ...core.distributed import gathered, unwrapped
 
     plain = unwrapped(model, trainer.work, why)
+    dropout_off(plain)   # as the trained copy ran
     if trainer.sharded:
         trainer.start = gathered(trainer.start, trainer.ctx.device)
         _sum_flags(trainer)
