@@ -314,6 +314,44 @@ def test_under_torchrun_every_rank_runs_the_script_and_rank_0_reports(tmp_path):
                         "torchdiag", "watch", "--json", "--every", "2", "--", "python", str(path)],
                        capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr
-    doc = json.loads(r.stdout)              # one document: rank 0's
-    assert doc["steps"] == 6 and doc["torchrun"].startswith("rank 0 of 2")
+    doc = json.loads(r.stdout)              # one document, rank 0's, with every rank's record
+    assert doc["steps"] == 6 and doc["torchrun"].startswith("2 ranks")
+    assert [(rk["rank"], rk["data"]["steps"]) for rk in doc["ranks"]] == [(0, 6), (1, 8)]
     assert "RANK 0 done" in r.stderr and "RANK 1 done" in r.stderr
+
+
+DDP_RANK1_BUG = textwrap.dedent("""
+    import torch, torch.nn as nn, torch.distributed as dist, torch.nn.functional as F
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
+    # the bug, on rank 1 only: its optimizer was given the first layer alone (2.* never train there)
+    params = model.module[0].parameters() if rank == 1 else model.parameters()
+    opt = torch.optim.SGD(params, lr=0.05)
+    g = torch.Generator().manual_seed(rank)
+    for step in range(30):
+        x = torch.randn(8, 8, generator=g)
+        loss = F.cross_entropy(model(x), (x[:, 0] > 0).long())
+        opt.zero_grad(); loss.backward(); opt.step()
+    print("RANK", rank, "done", flush=True)
+    dist.destroy_process_group()            # as scripts do: watch gathers over a group of its own afterwards
+""")
+
+
+@pytest.mark.distributed
+def test_under_torchrun_rank_0_reports_a_bug_that_only_rank_1_has(tmp_path):
+    path = tmp_path / "ddp_rank1_bug.py"
+    path.write_text(DDP_RANK1_BUG)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+                        "torchdiag", "watch", "--json", "--every", "10", "--", "python", str(path)],
+                       capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr       # warnings only
+    doc = json.loads(r.stdout)
+    assert "RANK 0 done" in r.stderr and "RANK 1 done" in r.stderr
+    assert [rk["rank"] for rk in doc["ranks"]] == [0, 1]
+    assert not [f for f in doc["ranks"][0]["findings"] if f["severity"] in ("warning", "error")]   # rank 0 is healthy
+    found = {f["where"]: f for f in doc["findings"] if f["code"] == "not-in-optimizer"}
+    assert set(found) == {"2.weight", "2.bias"}   # the user's names, found on rank 1 and reported by rank 0
+    for f in found.values():
+        assert f["ranks"] == [1] and f["message"].startswith("[rank 1] ")
