@@ -195,11 +195,33 @@ def test_nan_in_forward_at_step_k_is_named_with_module_and_direction():
     assert r.exit_code == ExitCode.CHECK_FAILED
 
 
-def test_nan_between_reads_keeps_its_exact_step():
+def test_nan_between_reads_on_the_cpu_is_replayed_at_its_own_step():
+    """Step 23 is no read step (every=10): on the CPU watch looks at a one-element flag each step (no
+    sync: the host is the device), so the read and the replay happen at step 23, before the update."""
     r = script("watch_nan_forward", "--bad-step", 23, every=10)
     f = finding(r, "non-finite-loss")
     assert "step 23" in f.message and r.data["first_non_finite_step"] == 23
-    assert "replay" not in r.data and "every=1" in f.hint
+    assert r.data["replay"]["direction"] == "forward" and r.data["replay"]["module"] == "0" and f.where == "0"
+    assert r.data["reads"] == 60 // 10 + 2   # the reads of every 10th step, the one at step 23, the final one
+
+
+def test_nan_born_in_backward_between_reads_is_named_on_the_cpu():
+    r = script("watch_nan_backward", "--bad-step", 37, every=10)
+    f = finding(r, "non-finite-gradient")
+    assert "step 37" in f.message and "inp.weight" in f.message
+    assert r.data["replay"]["direction"] == "backward" and r.data["replay"]["module"] == "radius"
+
+
+def test_nan_between_reads_on_an_accelerator_keeps_its_exact_step(monkeypatch):
+    """Where looking at a device value is a sync (an accelerator, simulated: values not host-visible),
+    the step stays exact and the replay needs a read step; the hint says so."""
+    from torchdiag.diagnostics.watch import stats
+
+    monkeypatch.setattr(stats, "host_visible", lambda device: False)
+    r = script("watch_nan_forward", "--bad-step", 23, every=10)
+    f = finding(r, "non-finite-loss")
+    assert "step 23" in f.message and r.data["first_non_finite_step"] == 23
+    assert "replay" not in r.data and "every=1" in f.hint and r.data["reads"] == 60 // 10 + 1
 
 
 def test_nan_born_in_backward_is_named():

@@ -273,6 +273,19 @@ class Engine:
             self._before_update = before_update
             self._read_step_checks()
             self.read()
+        elif self._bad_here(track, opt):   # on the CPU: a read now, while the weights are the step's own
+            self._before_update = before_update
+            self.read()
+
+    def _bad_here(self, track: Track, opt) -> bool:
+        """Between reads, on the CPU only (stats.host_visible): did this step's gradients or loss go non-finite
+        first? Then the read (and the replay) happen at this step, before the optimizer applies it."""
+        if not self.opts.replay or any(e["kind"] in ("loss", "gradient") for e in self.events):
+            return False
+        from .stats import nonfinite_losses
+
+        return track.nonfinite_now() or (opt is self.clock and bool(self._loss_window)
+                                         and nonfinite_losses(self._loss_window[-1]))
 
     @_guarded
     def _post_step(self, opt, args, kwargs):
@@ -402,7 +415,9 @@ class Engine:
         elif self.opts.replay:
             event["replay"] = None
             event["replay_note"] = (f"found at the read of step {self.step}: the weights of step {event['step']} "
-                                    "were already updated; every=1 replays the batch at the step itself")
+                                    "were already updated (on an accelerator watch looks only at read steps: a "
+                                    "look per step would be a sync per step); every=1 replays the batch at the "
+                                    "step itself")
         self.events.append(event)
 
     def finish(self):

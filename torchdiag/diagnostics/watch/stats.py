@@ -40,6 +40,10 @@ class Track:
         self.queue: list = []          # (kind, payload, tensor)
         self.probes: list = []
         self._zero = torch.zeros((), device=self.device)   # the carry probe's "no gradient"
+        # on the CPU the device is the host: a one-element flag per step is looked at through a shared
+        # numpy view (no op, nothing waits), so a non-finite gradient is known at its own step
+        self._flag = torch.zeros(1) if host_visible(self.device) else None
+        self._flag_view = self._flag.numpy() if self._flag is not None else None
         self._slices: dict[int, tuple] = {}
         self._index_key = None
         self._index = None
@@ -67,12 +71,18 @@ class Track:
                     row.zero_().index_copy_(0, self._indices(idx), torch.stack([n.float().to(self.device) for n in norms]))
             else:
                 row.zero_()
+            if self._flag is not None:   # norms are >= 0: their sum is finite iff every one is
+                torch.sum(row, 0, keepdim=True, out=self._flag)
             if self.start is None and self.params:
                 self.start = self._norms()
             if sample and self.params:
                 self.queue.append(("weights", (self, step), self._norms((2,))[0]))
                 self.before = self._samples() if before_update else None
                 self._probe_next = True
+
+    def nonfinite_now(self) -> bool:
+        """On the CPU: did this step's gradients hold a NaN/Inf (the flag written by pre_step)? False elsewhere."""
+        return self._flag_view is not None and not math.isfinite(float(self._flag_view[0]))
 
     def _row(self, step: int):
         """The next free row of the per-step buffer (a new block of `every` rows when the last is full)."""
@@ -242,6 +252,17 @@ class DeadUnits:
                 dead = (~alive).sum().float()
                 eng.pending.append(("dead", (eng.step, name, int(alive.numel())), torch.stack([newly, dead, nonneg])))
         self.seen = []
+
+
+def host_visible(device) -> bool:
+    """Can the host look at a value on this device without waiting for it? Only the CPU, where eager ops
+    have finished when they return (an accelerator's queue would need a sync per step)."""
+    return getattr(device, "type", str(device)) == "cpu"
+
+
+def nonfinite_losses(losses) -> bool:
+    """On the CPU: is one of this step's losses NaN/Inf (read through numpy, as the flag: no op, no wait)."""
+    return any(host_visible(v.device) and not math.isfinite(float(v.reshape(()).float().numpy())) for v in losses)
 
 
 def read_parts(parts) -> list[list[float]]:
