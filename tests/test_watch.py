@@ -622,7 +622,31 @@ def test_compiled_model_is_watched_and_said_once():
     r = w.result()
     assert codes(r) == set() and r.data["steps"] == 30
     assert [row["name"] for row in r.table("layers").rows] == ["0.weight", "0.bias", "3.weight", "3.bias"]
-    assert sum("torch.compile" in n for n in r.notes) == 1
+    said = [n for n in r.notes if "torch.compile" in n]
+    assert len(said) == 1 and "dead units are not checked" in said[0]
+    # compiled code never calls hooks added to its layers after compiling: no probe, rather than one that fired once
+    assert w.engine.checks["dead"] == {} and not any(m._forward_hooks for m in model.modules())
+
+
+def test_compiled_model_found_without_code_change_keeps_its_checks(recwarn):
+    """The script runner's path (no model given: torch's global module hooks until the first step) on a
+    compiled model: no torch warning about those hooks, the eval mode set on the user's module is seen,
+    a missing zero_grad is found (parameter hooks run outside the compiled graph)."""
+    model = _mlp()
+    compiled = torch.compile(model, backend="eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(every=10) as w:
+        for step in range(30):
+            model.train(step < 10)          # the bug: eval mode from step 11 on (dropout off)
+            x = torch.randn(16, 8, generator=g)
+            loss = F.cross_entropy(compiled(x), (x[:, :3].sum(1) > 0).long())
+            loss.backward()                  # and no zero_grad
+            opt.step()
+    r = w.result()
+    assert {"trained-in-eval-mode", "grad-carried-over"} <= codes(r)
+    assert finding(r, "trained-in-eval-mode").message.startswith("20 of 30 steps")
+    assert not [x for x in recwarn if "global hooks" in str(x.message)]
 
 
 def test_an_internal_error_never_breaks_the_users_training(monkeypatch):

@@ -320,29 +320,9 @@ def test_under_torchrun_every_rank_runs_the_script_and_rank_0_reports(tmp_path):
     assert "RANK 0 done" in r.stderr and "RANK 1 done" in r.stderr
 
 
-DDP_RANK1_BUG = textwrap.dedent("""
-    import torch, torch.nn as nn, torch.distributed as dist, torch.nn.functional as F
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
-    # the bug, on rank 1 only: its optimizer was given the first layer alone (2.* never train there)
-    params = model.module[0].parameters() if rank == 1 else model.parameters()
-    opt = torch.optim.SGD(params, lr=0.05)
-    g = torch.Generator().manual_seed(rank)
-    for step in range(30):
-        x = torch.randn(8, 8, generator=g)
-        loss = F.cross_entropy(model(x), (x[:, 0] > 0).long())
-        opt.zero_grad(); loss.backward(); opt.step()
-    print("RANK", rank, "done", flush=True)
-    dist.destroy_process_group()            # as scripts do: watch gathers over a group of its own afterwards
-""")
-
-
 @pytest.mark.distributed
 def test_under_torchrun_rank_0_reports_a_bug_that_only_rank_1_has(tmp_path):
-    path = tmp_path / "ddp_rank1_bug.py"
-    path.write_text(DDP_RANK1_BUG)
+    path = SAMPLES / "watch_ddp_rank1.py"     # rank 1's optimizer lacks the head (2.*); rank 0 is healthy
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
                         "torchdiag", "watch", "--json", "--every", "10", "--", "python", str(path)],
                        capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=600)
