@@ -335,3 +335,36 @@ def test_under_torchrun_rank_0_reports_a_bug_that_only_rank_1_has(tmp_path):
     assert set(found) == {"2.weight", "2.bias"}   # the user's names, found on rank 1 and reported by rank 0
     for f in found.values():
         assert f["ranks"] == [1] and f["message"].startswith("[rank 1] ")
+
+
+RANK1_RAISES = textwrap.dedent("""
+    import os, torch
+    rank = int(os.environ["RANK"])
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(1, 9):
+        if rank == 1 and step == 6:
+            raise RuntimeError("rank 1 lost its shard")
+        loss = model(torch.randn(4, 3)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+""")
+
+
+@pytest.mark.distributed
+def test_under_torchrun_a_rank_whose_script_fails_hands_in_its_partial_report(tmp_path):
+    path = tmp_path / "rank1_raises.py"
+    path.write_text(RANK1_RAISES)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+                        "torchdiag", "watch", "--json", "--every", "2", "--", "python", str(path)],
+                       capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=600)
+    # rank 0 exits 3, the worst over ranks (rank 1 exits 0 once handed in, so torchrun lets rank 0 report);
+    # torchrun itself says 1 for any failed rank and names rank 0 as the one
+    assert r.returncode == 1 and "rank      : 0" in r.stderr and "exitcode  : 3" in r.stderr, r.stderr
+    doc = json.loads(r.stdout)
+    ranks = {rk["rank"]: rk for rk in doc["ranks"]}
+    assert ranks[0]["exit_code"] == 0 and ranks[0]["data"]["steps"] == 8
+    assert ranks[1]["exit_code"] == 3 and ranks[1]["data"]["steps"] == 5     # its report up to the failure
+    assert "rank 1 lost its shard" in ranks[1]["error"]["message"]
+    failed = [f for f in doc["findings"] if f["code"] == "rank-failed"]
+    assert len(failed) == 1 and failed[0]["ranks"] == [1] and "rank 1 lost its shard" in failed[0]["message"]

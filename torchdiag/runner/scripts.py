@@ -16,7 +16,7 @@ from .merge import finish, merge, record
 def run_on_ranks(ranks, run, command: str = "watch"):
     """`run()` gives this rank's Result or raises (a DiagError carrying the report so far in `partial`).
     Rank 0 gets the merged Result (or its own error, re-raised with the merged report as its partial);
-    the other ranks get their own outcome back (the runner keeps them quiet)."""
+    the other ranks, once their record is handed in, an empty Result with exit 0 (the runner keeps them quiet)."""
     result, exc = None, None
     try:
         result = run()
@@ -37,10 +37,8 @@ def run_on_ranks(ranks, run, command: str = "watch"):
             records = [r if r is not None else _missing(i) for i, r in enumerate(got[0])]
     except Exception as e:   # the store cannot be reached: rank 0 keeps its own report
         problem = one_line(e)
-    if not ranks.main:
-        if exc is not None:
-            raise exc
-        return result
+    if not ranks.main:   # exit 0 once handed in: torchrun stops every rank when one exits non-zero, and rank 0's
+        return _handed_in()  # exit code is the worst over ranks (as for the per-rank commands)
     own = result if exc is None else getattr(exc, "partial", None)
     merged = _merged(records, own, command, ranks) if records else own
     if problem is not None and merged is not None:
@@ -50,6 +48,14 @@ def run_on_ranks(ranks, run, command: str = "watch"):
             exc.partial = merged
         raise exc
     return merged
+
+
+def _handed_in():
+    from ..results import Result
+
+    done = Result("watch")
+    done.code = 0
+    return done
 
 
 def _missing(rank: int) -> dict:
