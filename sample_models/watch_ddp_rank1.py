@@ -22,7 +22,7 @@ def main():
         opt.zero_grad()
         loss.backward()
         opt.step()
-    print("RANK", rank, "done", flush=True)
+    print(f"RANK {rank} done", flush=True)   # one write: the two ranks share stderr
     dist.destroy_process_group()   # as scripts do: watch hands its report over torchrun's store afterwards
 
 

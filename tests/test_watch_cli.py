@@ -303,7 +303,7 @@ RANKED = textwrap.dedent("""
     for _ in range(6 + 2 * rank):          # rank 1 takes 2 more steps: each rank watches its own run
         loss = model(torch.randn(4, 3)).pow(2).mean()
         opt.zero_grad(); loss.backward(); opt.step()
-    print("RANK", rank, "done", flush=True)
+    print(f"RANK {rank} done", flush=True)   # one write: the two ranks share stderr
 """)
 
 

@@ -28,6 +28,7 @@ def run_on_ranks(ranks, run, command: str = "watch"):
         message = e.message if isinstance(e, DiagError) else f"internal error in torchdiag: {one_line(e)}"
         rec = record(ranks.rank, _device(), code, partial,
                      {"message": message, "hint": getattr(e, "hint", None), "at": time.time()})
+    rec["result"] = None   # the whole document (its per-step series) is not merged: keep what goes through the store small
     from ..core.distributed import gather_to_main
 
     records, problem = None, None
