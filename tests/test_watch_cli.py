@@ -368,3 +368,27 @@ def test_under_torchrun_a_rank_whose_script_fails_hands_in_its_partial_report(tm
     assert "rank 1 lost its shard" in ranks[1]["error"]["message"]
     failed = [f for f in doc["findings"] if f["code"] == "rank-failed"]
     assert len(failed) == 1 and failed[0]["ranks"] == [1] and "rank 1 lost its shard" in failed[0]["message"]
+
+
+def test_without_torchruns_shared_store_each_rank_keeps_its_own_report(monkeypatch):
+    """No shared rendezvous store (TORCHELASTIC_USE_AGENT_STORE unset): nothing to gather over, so rank 0
+    reports its own run with a note, and another rank keeps its own exit code (its failure is not lost)."""
+    from torchdiag.core.distributed import Ranks
+    from torchdiag.errors import ModelError
+    from torchdiag.results import Result
+    from torchdiag.runner.scripts import run_on_ranks
+
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    own = Result("watch")
+    own.add("not-in-optimizer", "warning", "head.weight", "head.weight gets a gradient but is in no optimizer")
+    got = run_on_ranks(Ranks(0, 2, 0), lambda: own)
+    assert got is own and [f.where for f in got.findings] == ["head.weight"]
+    assert any("could not be gathered" in n and "rank 0's alone" in n for n in got.notes)
+    partial = Result("watch")
+
+    def fails():
+        raise ModelError("the script failed: RuntimeError: boom", partial=partial)
+
+    with pytest.raises(ModelError) as info:
+        run_on_ranks(Ranks(1, 2, 1), fails)
+    assert info.value.partial is partial

@@ -36,10 +36,16 @@ def run_on_ranks(ranks, run, command: str = "watch"):
         got = gather_to_main(rec, ranks)
         if got is not None:
             records = [r if r is not None else _missing(i) for i, r in enumerate(got[0])]
-    except Exception as e:   # the store cannot be reached: rank 0 keeps its own report
+    except Exception as e:   # the store cannot be reached: each rank keeps its own report and exit code
         problem = one_line(e)
-    if not ranks.main:   # exit 0 once handed in: torchrun stops every rank when one exits non-zero, and rank 0's
-        return _handed_in()  # exit code is the worst over ranks (as for the per-rank commands)
+    except KeyboardInterrupt:   # Ctrl-C while rank 0 waits for a slower rank: its own report, said so
+        problem = "interrupted while waiting for them"
+    if not ranks.main:
+        if problem is None:   # exit 0 once handed in: torchrun stops every rank when one exits non-zero, and
+            return _handed_in()   # rank 0's exit code is the worst over ranks (as for the per-rank commands)
+        if exc is not None:
+            raise exc
+        return result
     own = result if exc is None else getattr(exc, "partial", None)
     merged = _merged(records, own, command, ranks) if records else own
     if problem is not None and merged is not None:
