@@ -195,11 +195,33 @@ def test_nan_in_forward_at_step_k_is_named_with_module_and_direction():
     assert r.exit_code == ExitCode.CHECK_FAILED
 
 
-def test_nan_between_reads_keeps_its_exact_step():
+def test_nan_between_reads_on_the_cpu_is_replayed_at_its_own_step():
+    """Step 23 is no read step (every=10): on the CPU watch looks at a one-element flag each step (no
+    sync: the host is the device), so the read and the replay happen at step 23, before the update."""
     r = script("watch_nan_forward", "--bad-step", 23, every=10)
     f = finding(r, "non-finite-loss")
     assert "step 23" in f.message and r.data["first_non_finite_step"] == 23
-    assert "replay" not in r.data and "every=1" in f.hint
+    assert r.data["replay"]["direction"] == "forward" and r.data["replay"]["module"] == "0" and f.where == "0"
+    assert r.data["reads"] == 60 // 10 + 2   # the reads of every 10th step, the one at step 23, the final one
+
+
+def test_nan_born_in_backward_between_reads_is_named_on_the_cpu():
+    r = script("watch_nan_backward", "--bad-step", 37, every=10)
+    f = finding(r, "non-finite-gradient")
+    assert "step 37" in f.message and "inp.weight" in f.message
+    assert r.data["replay"]["direction"] == "backward" and r.data["replay"]["module"] == "radius"
+
+
+def test_nan_between_reads_on_an_accelerator_keeps_its_exact_step(monkeypatch):
+    """Where looking at a device value is a sync (an accelerator, simulated: values not host-visible),
+    the step stays exact and the replay needs a read step; the hint says so."""
+    from torchdiag.diagnostics.watch import stats
+
+    monkeypatch.setattr(stats, "host_visible", lambda device: False)
+    r = script("watch_nan_forward", "--bad-step", 23, every=10)
+    f = finding(r, "non-finite-loss")
+    assert "step 23" in f.message and r.data["first_non_finite_step"] == 23
+    assert "replay" not in r.data and "every=1" in f.hint and r.data["reads"] == 60 // 10 + 1
 
 
 def test_nan_born_in_backward_is_named():
@@ -600,7 +622,31 @@ def test_compiled_model_is_watched_and_said_once():
     r = w.result()
     assert codes(r) == set() and r.data["steps"] == 30
     assert [row["name"] for row in r.table("layers").rows] == ["0.weight", "0.bias", "3.weight", "3.bias"]
-    assert sum("torch.compile" in n for n in r.notes) == 1
+    said = [n for n in r.notes if "torch.compile" in n]
+    assert len(said) == 1 and "dead units are not checked" in said[0]
+    # compiled code never calls hooks added to its layers after compiling: no probe, rather than one that fired once
+    assert w.engine.checks["dead"] == {} and not any(m._forward_hooks for m in model.modules())
+
+
+def test_compiled_model_found_without_code_change_keeps_its_checks(recwarn):
+    """The script runner's path (no model given: torch's global module hooks until the first step) on a
+    compiled model: no torch warning about those hooks, the eval mode set on the user's module is seen,
+    a missing zero_grad is found (parameter hooks run outside the compiled graph)."""
+    model = _mlp()
+    compiled = torch.compile(model, backend="eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(every=10) as w:
+        for step in range(30):
+            model.train(step < 10)          # the bug: eval mode from step 11 on (dropout off)
+            x = torch.randn(16, 8, generator=g)
+            loss = F.cross_entropy(compiled(x), (x[:, :3].sum(1) > 0).long())
+            loss.backward()                  # and no zero_grad
+            opt.step()
+    r = w.result()
+    assert {"trained-in-eval-mode", "grad-carried-over"} <= codes(r)
+    assert finding(r, "trained-in-eval-mode").message.startswith("20 of 30 steps")
+    assert not [x for x in recwarn if "global hooks" in str(x.message)]
 
 
 def test_an_internal_error_never_breaks_the_users_training(monkeypatch):

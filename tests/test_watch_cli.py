@@ -303,7 +303,7 @@ RANKED = textwrap.dedent("""
     for _ in range(6 + 2 * rank):          # rank 1 takes 2 more steps: each rank watches its own run
         loss = model(torch.randn(4, 3)).pow(2).mean()
         opt.zero_grad(); loss.backward(); opt.step()
-    print("RANK", rank, "done", flush=True)
+    print(f"RANK {rank} done", flush=True)   # one write: the two ranks share stderr
 """)
 
 
@@ -314,6 +314,81 @@ def test_under_torchrun_every_rank_runs_the_script_and_rank_0_reports(tmp_path):
                         "torchdiag", "watch", "--json", "--every", "2", "--", "python", str(path)],
                        capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr
-    doc = json.loads(r.stdout)              # one document: rank 0's
-    assert doc["steps"] == 6 and doc["torchrun"].startswith("rank 0 of 2")
+    doc = json.loads(r.stdout)              # one document, rank 0's, with every rank's record
+    assert doc["steps"] == 6 and doc["torchrun"].startswith("2 ranks")
+    assert [(rk["rank"], rk["data"]["steps"]) for rk in doc["ranks"]] == [(0, 6), (1, 8)]
     assert "RANK 0 done" in r.stderr and "RANK 1 done" in r.stderr
+
+
+@pytest.mark.distributed
+def test_under_torchrun_rank_0_reports_a_bug_that_only_rank_1_has(tmp_path):
+    path = SAMPLES / "watch_ddp_rank1.py"     # rank 1's optimizer lacks the head (2.*); rank 0 is healthy
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+                        "torchdiag", "watch", "--json", "--every", "10", "--", "python", str(path)],
+                       capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr       # warnings only
+    doc = json.loads(r.stdout)
+    assert "RANK 0 done" in r.stderr and "RANK 1 done" in r.stderr
+    assert [rk["rank"] for rk in doc["ranks"]] == [0, 1]
+    assert not [f for f in doc["ranks"][0]["findings"] if f["severity"] in ("warning", "error")]   # rank 0 is healthy
+    found = {f["where"]: f for f in doc["findings"] if f["code"] == "not-in-optimizer"}
+    assert set(found) == {"2.weight", "2.bias"}   # the user's names, found on rank 1 and reported by rank 0
+    for f in found.values():
+        assert f["ranks"] == [1] and f["message"].startswith("[rank 1] ")
+
+
+RANK1_RAISES = textwrap.dedent("""
+    import os, torch
+    rank = int(os.environ["RANK"])
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(1, 9):
+        if rank == 1 and step == 6:
+            raise RuntimeError("rank 1 lost its shard")
+        loss = model(torch.randn(4, 3)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+""")
+
+
+@pytest.mark.distributed
+def test_under_torchrun_a_rank_whose_script_fails_hands_in_its_partial_report(tmp_path):
+    path = tmp_path / "rank1_raises.py"
+    path.write_text(RANK1_RAISES)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+                        "torchdiag", "watch", "--json", "--every", "2", "--", "python", str(path)],
+                       capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=600)
+    # rank 0 exits 3, the worst over ranks (rank 1 exits 0 once handed in, so torchrun lets rank 0 report);
+    # torchrun itself says 1 for any failed rank and names rank 0 as the one
+    assert r.returncode == 1 and "rank      : 0" in r.stderr and "exitcode  : 3" in r.stderr, r.stderr
+    doc = json.loads(r.stdout)
+    ranks = {rk["rank"]: rk for rk in doc["ranks"]}
+    assert ranks[0]["exit_code"] == 0 and ranks[0]["data"]["steps"] == 8
+    assert ranks[1]["exit_code"] == 3 and ranks[1]["data"]["steps"] == 5     # its report up to the failure
+    assert "rank 1 lost its shard" in ranks[1]["error"]["message"]
+    failed = [f for f in doc["findings"] if f["code"] == "rank-failed"]
+    assert len(failed) == 1 and failed[0]["ranks"] == [1] and "rank 1 lost its shard" in failed[0]["message"]
+
+
+def test_without_torchruns_shared_store_each_rank_keeps_its_own_report(monkeypatch):
+    """No shared rendezvous store (TORCHELASTIC_USE_AGENT_STORE unset): nothing to gather over, so rank 0
+    reports its own run with a note, and another rank keeps its own exit code (its failure is not lost)."""
+    from torchdiag.core.distributed import Ranks
+    from torchdiag.errors import ModelError
+    from torchdiag.results import Result
+    from torchdiag.runner.scripts import run_on_ranks
+
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    own = Result("watch")
+    own.add("not-in-optimizer", "warning", "head.weight", "head.weight gets a gradient but is in no optimizer")
+    got = run_on_ranks(Ranks(0, 2, 0), lambda: own)
+    assert got is own and [f.where for f in got.findings] == ["head.weight"]
+    assert any("could not be gathered" in n and "rank 0's alone" in n for n in got.notes)
+    partial = Result("watch")
+
+    def fails():
+        raise ModelError("the script failed: RuntimeError: boom", partial=partial)
+
+    with pytest.raises(ModelError) as info:
+        run_on_ranks(Ranks(1, 2, 1), fails)
+    assert info.value.partial is partial

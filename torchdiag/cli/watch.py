@@ -82,7 +82,13 @@ def run(o) -> None:
         main = ranks is None or ranks.main   # under torchrun every rank runs the script; rank 0 writes --tb
         live = Live(status=opts.status if main else False, logdir=tb if main else None, json=bool(o.json))
         try:
-            return script.run_command(command, Watch(None, None, opts=opts, **live.callbacks()))
+            if ranks is None:
+                return script.run_command(command, Watch(None, None, opts=opts, **live.callbacks()))
+            # every rank watches; rank 0 reports every rank's findings
+            from ..runner.scripts import run_on_ranks
+
+            return run_on_ranks(ranks, lambda: script.run_command(command, Watch(None, None, opts=opts,
+                                                                                 **live.callbacks())))
         finally:
             if live.tb is not None:   # closed by the watch's end already, unless the script never started
                 live.tb.close()

@@ -153,6 +153,38 @@ def session(ranks: Ranks, spec):
         teardown()
 
 
+def gather_to_main(obj, ranks: Ranks) -> tuple[list, list[int]] | None:
+    """For a user's script run on every rank (watch), at its end: every rank's `obj` on rank 0, as
+    (objects in rank order with None for a rank that never handed one in, the ranks missing); None on the
+    others. Through torchrun's own rendezvous store (the agent's, which outlives the script's process
+    groups), not a collective: a rank puts its object and may exit at once; rank 0 waits for the others
+    at most TORCHDIAG_DIST_TIMEOUT seconds. (A fresh process group here raced: a rank that finished
+    first could join the script's old rendezvous keys while its peer was still training, and hang it.)"""
+    import datetime
+    import pickle
+
+    import torch.distributed as dist
+
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        raise RuntimeError("torchrun's rendezvous store is not shared with the ranks (TORCHELASTIC_USE_AGENT_STORE)")
+    timeout = datetime.timedelta(seconds=_timeout())
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), ranks.world_size,
+                          is_master=False, timeout=timeout)
+    prefix = (f"torchdiag/gather/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/"
+              f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/")
+    store.set(prefix + str(ranks.rank), pickle.dumps(obj))
+    if not ranks.main:
+        return None
+    keys = [prefix + str(r) for r in range(ranks.world_size)]
+    try:
+        store.wait(keys, timeout)
+    except Exception:   # a rank died or hangs: the ones that arrived
+        pass
+    here = [store.check([k]) for k in keys]
+    return [pickle.loads(store.get(k)) if ok else None for k, ok in zip(keys, here)], \
+        [r for r, ok in enumerate(here) if not ok]
+
+
 def _timeout() -> int:
     text = os.environ.get(TIMEOUT_ENV, "")
     try:

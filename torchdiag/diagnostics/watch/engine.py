@@ -146,9 +146,12 @@ class Engine:
             self._depth = 0
             self._discovery = [register_module_forward_pre_hook(self._global_pre),
                                register_module_forward_hook(self._global_post, always_call=True)]
+            _quiet_compile_warning(True)
         elif not on:
             for h in self._discovery:
                 h.remove()
+            if self._discovery:
+                _quiet_compile_warning(False)
             self._discovery = []
 
     @_guarded
@@ -169,10 +172,11 @@ class Engine:
         self.roots[id(root)] = root
         self._root_handles[id(root)] = [root.register_forward_pre_hook(self._root_pre, with_kwargs=True),
                                         root.register_forward_hook(self._root_post, always_call=True)]
-        if type(root).__name__ == "OptimizedModule":   # torch.compile: leaf hooks would not fire inside the graph
-            self.checks["unhooked"].append("a torch.compile'd model: watch hooks its outer module; the per-layer "
-                                           "probe of read steps (dead units) goes through torch.compile's hook "
-                                           "handling and may recompile there")
+        if compiled(root):
+            self.checks["unhooked"].append("a torch.compile'd model: watch hooks its outer module (steps, loss, "
+                                           "gradients, modes); dead units are not checked: compiled code does not "
+                                           "call hooks added to its layers after it compiled, and hooks present "
+                                           "while it compiles are traced into its graph")
 
     def _adopt_roots(self, track: Track):
         """At an optimizer's first step: the roots seen so far that hold its parameters are the trained models."""
@@ -202,10 +206,10 @@ class Engine:
         if not torch.is_grad_enabled():
             return
         self.last_call = (module, args, kwargs)
-        self._eval_forward = not module.training
+        self._eval_forward = not inner(module).training   # torch.compile: the user sets the mode on their module
         if self.batch_size is None:
             self.batch_size = _batch_size(args, kwargs)
-        if self._sample_forward and self.step >= 0:
+        if self._sample_forward and not compiled(module):
             self._sample_forward = False
             from .stats import DeadUnits
 
@@ -273,6 +277,19 @@ class Engine:
             self._before_update = before_update
             self._read_step_checks()
             self.read()
+        elif self._bad_here(track, opt):   # on the CPU: a read now, while the weights are the step's own
+            self._before_update = before_update
+            self.read()
+
+    def _bad_here(self, track: Track, opt) -> bool:
+        """Between reads, on the CPU only (stats.host_visible): did this step's gradients or loss go non-finite
+        first? Then the read (and the replay) happen at this step, before the optimizer applies it."""
+        if not self.opts.replay or any(e["kind"] in ("loss", "gradient") for e in self.events):
+            return False
+        from .stats import nonfinite_losses
+
+        return track.nonfinite_now() or (opt is self.clock and bool(self._loss_window)
+                                         and nonfinite_losses(self._loss_window[-1]))
 
     @_guarded
     def _post_step(self, opt, args, kwargs):
@@ -296,7 +313,7 @@ class Engine:
         sensitive = _mode_sensitive()
         stats = []
         for _rid, root in self.roots.items():
-            if not root.training:
+            if not inner(root).training:
                 continue
             for name, m in inner(root).named_modules():
                 if not m.training and isinstance(m, sensitive):
@@ -402,7 +419,9 @@ class Engine:
         elif self.opts.replay:
             event["replay"] = None
             event["replay_note"] = (f"found at the read of step {self.step}: the weights of step {event['step']} "
-                                    "were already updated; every=1 replays the batch at the step itself")
+                                    "were already updated (on an accelerator watch looks only at read steps: a "
+                                    "look per step would be a sync per step); every=1 replays the batch at the "
+                                    "step itself")
         self.events.append(event)
 
     def finish(self):
@@ -426,6 +445,30 @@ def inner(root):
     if type(root).__name__ == "DistributedDataParallel":
         root = root.module
     return getattr(root, "_orig_mod", root)
+
+
+# torch.compile warns at every call of a compiled module while global module hooks exist (ours, until the
+# first step names the trained models): a warning the user's healthy run would not have. Ignored while
+# ours are on, only that message.
+_COMPILE_WARNING = r"Using `torch.compile\(module\)` when there are global hooks on modules"
+
+
+def _quiet_compile_warning(on: bool) -> None:
+    import warnings
+
+    if on:
+        warnings.filterwarnings("ignore", message=_COMPILE_WARNING, category=UserWarning)
+        return
+    for f in list(warnings.filters):
+        if f[0] == "ignore" and f[1] is not None and f[1].pattern == _COMPILE_WARNING and f[2] is UserWarning:
+            warnings.filters.remove(f)
+            getattr(warnings, "_filters_mutated", lambda: None)()   # the caches see the filter gone
+            break
+
+
+def compiled(root) -> bool:
+    """A torch.compile'd module (its layers run inside a compiled graph, out of reach of hooks added later)."""
+    return type(root).__name__ == "OptimizedModule"
 
 
 def _mode_sensitive() -> tuple:
