@@ -697,3 +697,33 @@ def test_plot_shades_only_warnings_and_errors():
     bad = api_run("gradflow", model, inputs)
     flagged = flagged_layers(bad)
     assert flagged and all(r["status"] != "ok" for r in bad.table("layers").rows if r["layer"] in flagged)
+
+
+class ManyCancelledBiases(nn.Module):
+    """RAFT's feature encoder in miniature: ten biases each cancelled exactly by the instance normalisation
+    after it (the loss does not depend on them), and, listed first, one real bias whose gradient is as small
+    relative to its weight's (1e-5: its input is 1e5 times larger) but that the loss does depend on."""
+
+    def __init__(self, n=10):
+        super().__init__()
+        self.real = nn.Linear(4, 4)
+        self.blocks = nn.ModuleList(nn.Linear(4, 4) for _ in range(n))
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):                                   # x: (N, T, 4)
+        side = self.real(x * 1e5) * 1e-5
+        h = x
+        for block in self.blocks:                           # per-channel constant over T: removed by the norm
+            h = nn.functional.instance_norm(block(h).transpose(1, 2)).transpose(1, 2)
+        return self.head(torch.tanh(h) + side).mean(dim=1)
+
+
+def test_one_real_dependence_does_not_hide_many_cancelled_biases():
+    # shifting all eleven together moves the loss (real.bias); halving the group finds the ten that do not
+    torch.manual_seed(0)
+    res = run(ManyCancelledBiases(), torch.randn(4, 6, 4))
+    st = statuses(res)
+    assert {n for n, s in st.items() if s == "invariant"} == {f"blocks.{i}.bias" for i in range(10)}
+    assert st["real.bias"] != "invariant"
+    assert not [f for f in res.findings if f.severity != "info" and "blocks." in f.message], \
+        [f.message for f in res.findings]
