@@ -75,8 +75,10 @@ def _lengths(config, main: str) -> list[int]:
     out += [ints[k] for k in _LENGTH_KEYS[2:] if k in ints]
     rate = ints.get("sampling_rate", 16000)
     waveform = [AUDIO_SECONDS * rate]
-    out = (waveform + out + [TEXT_LENGTH]) if main.endswith("input_values") else (out + [TEXT_LENGTH] + waveform)
-    return [v for i, v in enumerate(out) if 0 < v <= 10 ** 6 and v not in out[:i]]
+    # shortest first: a config's maximum (max_source_positions of 5000) is a bound, and attention over it is
+    # slow; a model that needs exactly that length (Whisper) refuses the shorter ones in its first layer
+    out = sorted(set(v for v in out + [TEXT_LENGTH] if 0 < v <= 10 ** 6))
+    return (waveform + out) if main.endswith("input_values") else (out + waveform)
 
 
 def _features(config) -> list[int]:
