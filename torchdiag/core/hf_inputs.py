@@ -20,7 +20,8 @@ VIDEO_FRAMES = 8           # when the config names no num_frames
 # config keys that give a sequence's length, and an input's feature (channel) size; by what the key means
 _LENGTH_KEYS = ("context_length", "max_source_positions", "num_mel_frames", "max_length", "seq_len")
 _FEATURE_KEYS = ("mel_bins", "feature_size", "feat_per_channel", "projection_input_dim", "input_dim",
-                 "input_channels", "input_size", "num_channels", "in_channels", "hidden_size", "d_model", "embed_dim")
+                 "input_channels", "input_size", "num_channels", "in_channels")
+_WIDTH_KEYS = ("hidden_size", "d_model", "embed_dim")
 
 
 def forward_names(cls) -> tuple[str, list[str]]:
@@ -81,11 +82,12 @@ def _lengths(config, main: str) -> list[int]:
     return (waveform + out) if main.endswith("input_values") else (out + waveform)
 
 
-def _features(config) -> list[int]:
-    """Feature sizes the config names (filter banks, channels, hidden size), most specific first."""
+def _features(config, generic: bool) -> list[int]:
+    """Feature sizes the config names: for inputs (filter banks, channels), or (generic) the model's width."""
     ints = _ints(config)
-    found = [(rank, v) for k, v in ints.items() for rank, end in enumerate(_FEATURE_KEYS) if k.endswith(end) and 0 < v <= 8192]
-    if "input_feat_per_channel" in ints and "input_channels" in ints:   # filter banks stacked per channel
+    keys = _WIDTH_KEYS if generic else _FEATURE_KEYS
+    found = [(rank, v) for k, v in ints.items() for rank, end in enumerate(keys) if k.endswith(end) and 0 < v <= 8192]
+    if not generic and "input_feat_per_channel" in ints and "input_channels" in ints:   # banks stacked per channel
         found.insert(0, (-1, ints["input_feat_per_channel"] * ints["input_channels"]))
     out = [v for _, v in sorted(found, key=lambda t: t[0])]
     return [v for i, v in enumerate(out) if v not in out[:i]]
@@ -110,10 +112,14 @@ def _main_shapes(config, main: str) -> list[tuple[tuple[int, ...], str]]:
     if main.endswith(("_ids", "_index")):
         return [((TEXT_LENGTH,), "int64")]
     shapes = []
-    for length in _lengths(config, main):
-        for f in _features(config):
+    specific, generic = _features(config, generic=False), _features(config, generic=True)
+    for length in _lengths(config, main):   # a feature size the config names for inputs, then a plain sequence,
+        for f in specific:                  # then the model's own width (embeddings of that width)
             shapes += [((length, f), "float32"), ((f, length), "float32")]
         shapes.append(((length,), "float32"))
+        for f in generic:
+            if f not in specific:
+                shapes += [((length, f), "float32"), ((f, length), "float32")]
     return shapes
 
 
@@ -133,7 +139,7 @@ def _other(name: str, main_shape: tuple[int, ...], config, variant: int) -> str 
         return [f"{_dims(main_shape)}:int64~zeros", f"{_dims((length,))}:int64~zeros", None][variant]
     if name.endswith(("_ids", "_index")):
         return f"{_dims((length,))}:int64~zeros"
-    hidden = next(iter(_features(config)), 32)
+    hidden = next(iter(_features(config, generic=True) + _features(config, generic=False)), 32)
     return [f"{_dims(())}:int64~zeros", f"{_dims(main_shape)}:float32", f"{_dims((length, hidden))}:float32"][variant]
 
 
