@@ -140,7 +140,8 @@ def _other(name: str, main_shape: tuple[int, ...], config, variant: int) -> str 
     if name.endswith(("_ids", "_index")):
         return f"{_dims((length,))}:int64~zeros"
     hidden = next(iter(_features(config, generic=True) + _features(config, generic=False)), 32)
-    return [f"{_dims(())}:int64~zeros", f"{_dims(main_shape)}:float32", f"{_dims((length, hidden))}:float32"][variant]
+    # another input like the main one (a prompt image beside the image), an index per sample, or embeddings
+    return [f"{_dims(main_shape)}:float32", f"{_dims(())}:int64~zeros", f"{_dims((length, hidden))}:float32"][variant]
 
 
 def candidates(cls, config) -> list[tuple[str, ...]]:

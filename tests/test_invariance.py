@@ -1,0 +1,68 @@
+"""A parameter the loss does not depend on (core/invariance.py) is by design, not broken: a bias before a
+train-mode BatchNorm over a batch of 2 (ReXNet's squeeze-excitation: fc1 -> bn after global pooling) gets a
+gradient of exactly 0 for many draws, so no step moves it. gradflow called it `zero-grad` (error) and doctor
+`param-not-updated` (error) on timm rexnet_100; both now test it by behaviour: shifting it by random values
+on a float64 copy leaves the loss unchanged -> info `invariant`. A bias the loss does depend on keeps its error
+(sample_models/broken_doctor_not_updated.py, tests/test_doctor.py)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from torchdiag.api import run as api_run
+from torchdiag.core.invariance import bisect
+
+
+class PooledBatchNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.bn = nn.BatchNorm1d(4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.bn(self.fc(x))))
+
+
+def exact_zero_case():
+    """(model, batch) whose fc.bias gradient is exactly 0 under the default loss's shape (2 samples)."""
+    for seed in range(50):
+        torch.manual_seed(seed)
+        model, x = PooledBatchNorm(), torch.randn(2, 8)
+        nn.functional.cross_entropy(model(x), torch.tensor([0, 1])).backward()
+        if model.fc.bias.grad.abs().max() == 0 and model.fc.weight.grad.abs().max() > 0:
+            model.zero_grad(set_to_none=True)
+            return model, x
+    raise AssertionError("no draw gave an exactly-zero bias gradient")
+
+
+def statuses(res):
+    return {r["name"]: r["status"] for r in res.table("params").rows}
+
+
+def test_gradflow_exact_zero_bias_before_batch_norm_is_invariant():
+    model, x = exact_zero_case()
+    res = api_run("gradflow", model, (x,), loss="cross_entropy")
+    assert statuses(res)["fc.bias"] == "invariant", statuses(res)
+    assert not [f for f in res.findings if f.severity == "error"], [f.message for f in res.findings]
+
+
+def test_doctor_exact_zero_bias_before_batch_norm_is_not_an_error():
+    model, x = exact_zero_case()
+    res = api_run("doctor", model, (x,), loss="cross_entropy")
+    assert not [f for f in res.findings if f.code == "param-not-updated"], [f.message for f in res.findings]
+    (f,) = [f for f in res.findings if f.code == "invariant"]
+    assert f.severity == "info" and "fc.bias" in f.message
+
+
+def test_bisect_finds_every_cancelled_name_around_real_ones():
+    real = {"b3", "b7"}
+    calls = []
+
+    def moved(group):
+        calls.append(list(group))
+        return bool(real & set(group))
+
+    names = [f"b{i}" for i in range(12)]
+    assert bisect(names, moved) == set(names) - real
+    assert len(calls) <= 24
