@@ -17,6 +17,8 @@ MAX_CANDIDATES = 96        # probe forwards at most; a wrong layout fails in the
 TEXT_LENGTH = 128
 AUDIO_SECONDS = 1          # a waveform's default length: this many seconds at the config's sampling rate
 VIDEO_FRAMES = 8           # when the config names no num_frames
+MAX_FRAMES = 4096          # a longer sequence is tried as a waveform only (hf: speecht5 read 16000 frames of
+                           # features as hidden states: attention over them took the worker's memory)
 # config keys that give a sequence's length, and an input's feature (channel) size; by what the key means
 _LENGTH_KEYS = ("context_length", "max_source_positions", "num_mel_frames", "max_length", "seq_len")
 _FEATURE_KEYS = ("mel_bins", "feature_size", "feat_per_channel", "projection_input_dim", "input_dim",
@@ -114,7 +116,10 @@ def _main_shapes(config, main: str) -> list[tuple[tuple[int, ...], str]]:
     shapes = []
     specific, generic = _features(config, generic=False), _features(config, generic=True)
     for length in _lengths(config, main):   # a feature size the config names for inputs, then a plain sequence,
-        for f in specific:                  # then the model's own width (embeddings of that width)
+        if length > MAX_FRAMES:             # then the model's own width (embeddings of that width)
+            shapes.append(((length,), "float32"))   # a waveform only: attention over it would not fit
+            continue
+        for f in specific:
             shapes += [((length, f), "float32"), ((f, length), "float32")]
         shapes.append(((length,), "float32"))
         for f in generic:
