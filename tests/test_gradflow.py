@@ -727,3 +727,44 @@ def test_one_real_dependence_does_not_hide_many_cancelled_biases():
     assert st["real.bias"] != "invariant"
     assert not [f for f in res.findings if f.severity != "info" and "blocks." in f.message], \
         [f.message for f in res.findings]
+
+
+class LayerDropped(nn.Module):
+    """Hugging Face's LayerDrop (wav2vec2-bert, layerdrop 0.1): in train mode each layer is skipped when
+    torch.rand([]) < p, decided inside the forward (no module to switch off)."""
+
+    def __init__(self, p=0.5):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+        self.head = nn.Linear(4, 3)
+        self.p = p
+
+    def forward(self, x):
+        for layer in self.layers:
+            if self.training and torch.rand([]) < self.p:
+                continue
+            x = torch.tanh(layer(x))
+        return self.head(x)
+
+
+class Unused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = nn.Linear(4, 3), nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def test_a_layer_skipped_at_random_is_not_no_grad_but_an_unused_one_is():
+    torch.manual_seed(0)
+    model, x = LayerDropped(p=0.7), torch.randn(4, 4)
+    res = run(model, x)
+    st = statuses(res)
+    skipped = {n for n, s in st.items() if s == "skipped-at-random"}
+    assert skipped, st                           # the judged pass (seeded) skipped a layer: the case is real
+    assert "no-grad" not in st.values() and res.exit_code == 0, [f.message for f in res.findings]
+    assert any(f.code == "skipped-at-random" and f.severity == "info" for f in res.findings)
+    assert any("other random draw" in n for n in res.notes)
+    res = run(Unused(), x)
+    assert statuses(res)["unused.weight"] == "no-grad" and res.exit_code == 1   # no draw reaches it

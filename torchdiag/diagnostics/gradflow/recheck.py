@@ -16,7 +16,10 @@ import math
 
 from ...core.design import stochastic_depth_off
 from ...core.invariance import INVARIANT_GRAD_FACTOR, cancelled, double
+from ...core.tracking import run_forward
 from ...errors import ModelError
+
+RANDOM_DRAWS = 3    # further seeded passes for parameters the judged pass gave no gradient
 
 
 def bias_candidates(rows) -> list[dict]:
@@ -37,8 +40,38 @@ def recheck(model, inputs, pas, rows, opts, ctx, result) -> None:
     try:
         if biases:
             _invariant(_copy(model, opts, ctx, as_double=True), inputs.map(double), biases, ctx.loss(), ctx)
+        if any(r["status"] == "no-grad" for r in rows) and not opts.eval_mode:
+            _skipped_at_random(_copy(model, opts, ctx), inputs, rows, ctx, result)
     except ModelError as exc:   # no copy, or the copy's forward failed: keep the plain verdicts
         result.notes.append(f"cancelled gradients not re-checked on a copy: {exc.message}")
+
+
+def _skipped_at_random(work, inputs, rows, ctx, result) -> None:
+    """no-grad parameters that another draw of the RNG reaches: the forward itself chose at random to skip
+    them (LayerDrop: `if self.training and torch.rand([]) < layerdrop: skip the layer`), which stochastic
+    depth off (modules only) cannot switch off. Up to RANDOM_DRAWS more seeded passes on a copy; a parameter
+    no draw reaches keeps no-grad (unused or detached)."""
+    from ...core import seeds, train
+
+    cands = [r for r in rows if r["status"] == "no-grad"]
+    params = dict(work.named_parameters())
+    reached: set[str] = set()
+    draws = 0
+    for k in range(1, RANDOM_DRAWS + 1):
+        draws = k
+        work.zero_grad(set_to_none=True)
+        with train.seeded(seeds.other_draw(ctx.seed, k)):
+            train.backward(ctx.loss()(run_forward(work, inputs, phase="forward (another random draw, on a copy)")))
+        reached |= {r["name"] for r in cands if r["name"] in params and params[r["name"]].grad is not None}
+        if len(reached) == len(cands):
+            break
+    for r in cands:
+        if r["name"] in reached:
+            r.update(status="skipped-at-random", allowed=False, design={
+                "kind": "skipped-at-random", "why": "the forward draws at random which layers run in train mode "
+                "(LayerDrop-like), and the judged pass skipped them; another draw of the RNG gives them a gradient"})
+    result.notes.append(f"{len(cands)} parameter tensor(s) without a gradient re-checked on a copy with {draws} "
+                        f"other random draw(s): {len(reached)} reached")
 
 
 def _copy(model, opts, ctx, as_double=False):
