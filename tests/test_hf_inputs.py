@@ -89,3 +89,27 @@ def test_text_and_image_models_keep_one_default_and_no_probe(tmp_path):
     assert not hf_inputs.needs_candidates(transformers.BertModel, bert)
     assert not hf_inputs.needs_candidates(transformers.ViTModel, vit)
     assert hf_inputs.needs_candidates(transformers.Wav2Vec2Model, transformers.Wav2Vec2Config())
+
+
+def test_required_padding_and_an_index_per_sample(tmp_path, cli):
+    # TimesFM: past_values (batch, length), past_values_padding like it, freq one index per sample (batch, 1):
+    # all three required; found by the probe (freq shaped like past_values, float, does not run)
+    cfg = transformers.TimesFmConfig(patch_length=32, context_length=64, horizon_length=32, hidden_size=16,
+                                     intermediate_size=32, head_dim=8, num_attention_heads=2, num_hidden_layers=1)
+    folder = save(tmp_path, cfg, "TimesFmModel")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 1x64 float32", "past_values_padding: 1x64 int64", "freq: 1x1 int64"]
+    r = cli("nancheck", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"][2] == "freq: 2x1 int64"
+
+
+def test_an_encoder_decoder_gets_decoder_inputs_of_its_own_kind(tmp_path, cli):
+    # SpeechT5Model without pre-nets: input_values and decoder_input_values are hidden states (batch, T, hidden)
+    cfg = transformers.SpeechT5Config(hidden_size=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                                      decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, vocab_size=40)
+    folder = save(tmp_path, cfg, "SpeechT5Model")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 1x128x16 float32", "decoder_input_values: 1x128x16 float32"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 
+VARIANTS = 4               # layouts of the inputs besides the main one (_other)
 MAX_CANDIDATES = 96        # probe forwards at most; a wrong layout fails in the first layer, so they are cheap
 TEXT_LENGTH = 128
 AUDIO_SECONDS = 1          # a waveform's default length: this many seconds at the config's sampling rate
@@ -139,14 +140,16 @@ def _other(name: str, main_shape: tuple[int, ...], config, variant: int) -> str 
     if "time_features" in name:
         return f"{_dims((length, ints.get('num_time_features', 0)))}:float32"
     if "mask" in name:
-        return [f"{_dims(main_shape)}:float32~ones", f"{_dims((length,))}:int64~ones", None][variant]
+        return [f"{_dims(main_shape)}:float32~ones", f"{_dims((length,))}:int64~ones", None, None][variant]
     if "padding" in name:
-        return [f"{_dims(main_shape)}:int64~zeros", f"{_dims((length,))}:int64~zeros", None][variant]
+        return [f"{_dims(main_shape)}:int64~zeros", f"{_dims((length,))}:int64~zeros", None, None][variant]
     if name.endswith(("_ids", "_index")):
         return f"{_dims((length,))}:int64~zeros"
     hidden = next(iter(_features(config, generic=True) + _features(config, generic=False)), 32)
-    # another input like the main one (a prompt image beside the image), an index per sample, or embeddings
-    return [f"{_dims(main_shape)}:float32", f"{_dims(())}:int64~zeros", f"{_dims((length, hidden))}:float32"][variant]
+    # another input like the main one (a prompt image beside the image), an index per sample (as a column, or
+    # flat), or embeddings
+    return [f"{_dims(main_shape)}:float32", f"{_dims((1,))}:int64~zeros", f"{_dims(())}:int64~zeros",
+            f"{_dims((length, hidden))}:float32"][variant]
 
 
 def candidates(cls, config) -> list[tuple[str, ...]]:
@@ -158,17 +161,24 @@ def candidates(cls, config) -> list[tuple[str, ...]]:
         first = None
     others = [n for n in required if n != main]
     futures = _futures([main] + others, cls, config)
+    try:
+        decoder = f"decoder_{main}" if f"decoder_{main}" in inspect.signature(cls.forward).parameters else None
+    except (TypeError, ValueError):
+        decoder = None
+    decoder = None if decoder in others else decoder
     out: list[tuple[str, ...]] = []
     for shape, dtype in _main_shapes(config, main):
         head = f"{_dims(shape)}:{dtype}"
         head = head if main == first else f"{main}={head}"
-        for variant in range(3 if others else 1):
+        for variant in range(VARIANTS if others else 1):
             specs = [_other(n, shape, config, variant) for n in others]
             if futures:   # what the model predicts, shaped like what it reads (prediction_length steps)
                 later = (futures[1],) + tuple(shape[1:])
                 specs += [_other(n, later, config, variant) if n != futures[2] else f"{_dims(later)}:{dtype}"
                           for n in futures[0]]
             names = others + (futures[0] if futures else [])
+            if decoder:   # an encoder-decoder's decoder reads the same kind of input (as decoder_input_ids)
+                names, specs = names + [decoder], specs + [f"{_dims(shape)}:{dtype}"]
             out.append((head,) + tuple(f"{n}={s}" for n, s in zip(names, specs) if s is not None))
     return [c for i, c in enumerate(out) if c not in out[:i]][:MAX_CANDIDATES]
 
