@@ -412,7 +412,8 @@ def for_training(loaded) -> None:
     """A source model's default inputs at TRAIN_BATCH, for a command that runs train mode (in place on
     the LoadedModel; said in its input_source). A user's own -i or example_inputs are never changed."""
     if loaded.default_inputs:
-        loaded.input_alternatives = tuple(batched(a, TRAIN_BATCH) for a in loaded.input_alternatives)
+        if getattr(loaded, "input_alternatives", ()):
+            loaded.input_alternatives = tuple(batched(a, TRAIN_BATCH) for a in loaded.input_alternatives)
         wider = batched(tuple(loaded.default_inputs), TRAIN_BATCH)
         if wider != tuple(loaded.default_inputs):
             loaded.default_inputs = wider
