@@ -66,3 +66,31 @@ def test_bisect_finds_every_cancelled_name_around_real_ones():
     names = [f"b{i}" for i in range(12)]
     assert bisect(names, moved) == set(names) - real
     assert len(calls) <= 24
+
+
+class CachesItsGraph(nn.Module):
+    """torchvision RAFT's pattern: the forward keeps a tensor of the graph as an attribute (its correlation
+    pyramid, a list), which copy.deepcopy refuses; every re-check on a copy failed with "cannot copy the model"."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 3)
+        self.pyramid = None
+
+    def forward(self, x):
+        h = self.bn(self.conv(x))
+        self.pyramid = [h, [h.mean()]]
+        return self.head(torch.relu(h).mean((2, 3)))
+
+
+def test_a_model_that_keeps_graph_tensors_can_be_copied_for_the_rechecks():
+    torch.manual_seed(0)
+    model, x = CachesItsGraph(), torch.randn(2, 3, 8, 8)
+    model(x)                                                # the cache now holds tensors with a grad_fn
+    assert not model.pyramid[0].is_leaf
+    res = api_run("gradflow", model, (x,))
+    assert not [n for n in res.notes if "cannot copy" in n], res.notes
+    assert statuses(res)["conv.bias"] == "invariant"        # the re-check ran on a copy
+    assert model.pyramid[0].grad_fn is not None             # the user's model is not changed
