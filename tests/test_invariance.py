@@ -94,3 +94,26 @@ def test_a_model_that_keeps_graph_tensors_can_be_copied_for_the_rechecks():
     assert not [n for n in res.notes if "cannot copy" in n], res.notes
     assert statuses(res)["conv.bias"] == "invariant"        # the re-check ran on a copy
     assert model.pyramid[0].grad_fn is not None             # the user's model is not changed
+
+
+class MakesFloat32(nn.Module):
+    """A forward that makes a float32 tensor of its own (torchvision RAFT's coordinate grid): a float64 copy
+    cannot run it ("expected scalar type Double but found Float")."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        grid = torch.eye(4, dtype=torch.float32)              # matmul does not promote: float64 @ float32 raises
+        h = torch.relu(self.bn(self.conv(x))).mean((2, 3)) @ grid
+        return self.head(h)
+
+
+def test_the_invariance_test_falls_back_to_float32():
+    torch.manual_seed(0)
+    res = api_run("gradflow", MakesFloat32(), (torch.randn(2, 3, 8, 8),))
+    assert any("re-checked in float32" in n for n in res.notes), res.notes
+    assert statuses(res)["conv.bias"] == "invariant"

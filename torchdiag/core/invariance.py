@@ -15,6 +15,8 @@ import math
 from .tracking import run_forward
 
 LOSS_RTOL = 1e-9     # relative loss change still counted as "did not move" (float64 rounding)
+LOSS_RTOL_FLOAT32 = 1e-5   # the same in float32, for a forward that cannot run in float64 (it makes float32
+                           # tensors of its own: torchvision RAFT's coordinate grid); rounding is ~1e-7 there
 INVARIANT_GRAD_FACTOR = 1e-4   # a bias gradient below this × its module's weight gradient: a candidate
 MAX_SHIFTS = 24      # shifted forwards at most (what is left untested keeps its verdict)
 
@@ -23,7 +25,7 @@ def double(t):
     return t.double() if t.is_floating_point() else t
 
 
-def cancelled(work, inputs, names: list[str], loss_fn, ctx) -> set[str]:
+def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_RTOL) -> set[str]:
     """The `names` the loss does not depend on. `work`: a float64 copy in the mode of the run (stochastic
     depth off); `inputs` in float64 (double); loss_fn a fresh ctx.loss() (the same seeded target)."""
     import torch
@@ -51,7 +53,7 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx) -> set[str]:
             for n, v in zip(group, saved):
                 params[n].copy_(v)
         a, b = torch.stack([base, shifted]).tolist()
-        return not (math.isfinite(a) and abs(a - b) <= LOSS_RTOL * max(abs(a), 1e-3))
+        return not (math.isfinite(a) and abs(a - b) <= rtol * max(abs(a), 1e-3))
 
     return bisect(names, moved)
 

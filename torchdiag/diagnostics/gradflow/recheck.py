@@ -15,7 +15,13 @@ from __future__ import annotations
 import math
 
 from ...core.design import stochastic_depth_off
-from ...core.invariance import INVARIANT_GRAD_FACTOR, cancelled, double
+from ...core.invariance import (
+    INVARIANT_GRAD_FACTOR,
+    LOSS_RTOL,
+    LOSS_RTOL_FLOAT32,
+    cancelled,
+    double,
+)
 from ...core.tracking import run_forward
 from ...errors import ModelError
 
@@ -39,7 +45,11 @@ def recheck(model, inputs, pas, rows, opts, ctx, result) -> None:
     biases = bias_candidates(rows) if ctx.device.type != "mps" else []   # mps has no float64
     try:
         if biases:
-            _invariant(_copy(model, opts, ctx, as_double=True), inputs.map(double), biases, ctx.loss(), ctx)
+            try:
+                _invariant(_copy(model, opts, ctx, as_double=True), inputs.map(double), biases, ctx.loss(), ctx)
+            except ModelError as exc:   # a forward that makes float32 tensors of its own: float32, looser
+                result.notes.append(f"cancelled biases re-checked in float32 (the float64 copy failed: {exc.message})")
+                _invariant(_copy(model, opts, ctx), inputs, biases, ctx.loss(), ctx, LOSS_RTOL_FLOAT32)
         if any(r["status"] == "no-grad" for r in rows) and not opts.eval_mode:
             _skipped_at_random(_copy(model, opts, ctx), inputs, rows, ctx, result)
     except ModelError as exc:   # no copy, or the copy's forward failed: keep the plain verdicts
@@ -81,8 +91,8 @@ def _copy(model, opts, ctx, as_double=False):
     return work.double() if as_double else work
 
 
-def _invariant(work, inputs, cands, loss_fn, ctx) -> None:
-    cancelled_names = cancelled(work, inputs, [r["name"] for r in cands], loss_fn, ctx)
+def _invariant(work, inputs, cands, loss_fn, ctx, rtol: float = LOSS_RTOL) -> None:
+    cancelled_names = cancelled(work, inputs, [r["name"] for r in cands], loss_fn, ctx, rtol)
     for r in cands:
         if r["name"] in cancelled_names:
             r.update(status="invariant", allowed=False, design={
