@@ -249,3 +249,32 @@ def test_torchdiags_own_ops_are_not_in_the_users_table(cli):
     assert names and not names & {"randint", "randn", "ones_like", "nll_loss_forward", "_log_softmax",
                                   "nll_loss_backward", "_log_softmax_backward_data"}, names
     assert j["backward_flops"] > 0
+
+
+class ClassTokenBlocks(nn.Module):
+    """CaiT's pattern: a view of a parameter (the class token, expanded over the batch) passed to a module.
+    Under no_grad that view requires grad but has no grad_fn, which torch's ModuleTracker (inside
+    FlopCounterMode) asserts on (timm cait_xxs24_224: flops exit 3)."""
+
+    def __init__(self):
+        super().__init__()
+        self.cls_token = nn.Parameter(torch.randn(1, 1, 8))
+        self.block = nn.Linear(8, 8)
+
+    def forward(self, x):
+        token = self.cls_token.expand(x.shape[0], -1, -1)
+        return self.block(token) + x.mean(dim=1, keepdim=True)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_a_parameter_view_passed_to_a_module_is_counted(device, untouched):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = ClassTokenBlocks().to(device)
+    x = torch.randn(3, 5, 8, device=device)
+    with pytest.raises(AssertionError), FlopCounterMode(display=False), torch.no_grad():
+        model(x)   # torch itself refuses it: the case is real
+    with untouched(model):
+        r = count(model, x)
+    assert r.data["forward_macs"] == 3 * 8 * 8   # the block: one token per sample, 8 -> 8
+    assert any("autograd recording on" in n for n in r.notes)

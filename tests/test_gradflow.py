@@ -697,3 +697,74 @@ def test_plot_shades_only_warnings_and_errors():
     bad = api_run("gradflow", model, inputs)
     flagged = flagged_layers(bad)
     assert flagged and all(r["status"] != "ok" for r in bad.table("layers").rows if r["layer"] in flagged)
+
+
+class ManyCancelledBiases(nn.Module):
+    """RAFT's feature encoder in miniature: ten biases each cancelled exactly by the instance normalisation
+    after it (the loss does not depend on them), and, listed first, one real bias whose gradient is as small
+    relative to its weight's (1e-5: its input is 1e5 times larger) but that the loss does depend on."""
+
+    def __init__(self, n=10):
+        super().__init__()
+        self.real = nn.Linear(4, 4)
+        self.blocks = nn.ModuleList(nn.Linear(4, 4) for _ in range(n))
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):                                   # x: (N, T, 4)
+        side = self.real(x * 1e5) * 1e-5
+        h = x
+        for block in self.blocks:                           # per-channel constant over T: removed by the norm
+            h = nn.functional.instance_norm(block(h).transpose(1, 2)).transpose(1, 2)
+        return self.head(torch.tanh(h) + side).mean(dim=1)
+
+
+def test_one_real_dependence_does_not_hide_many_cancelled_biases():
+    # shifting all eleven together moves the loss (real.bias); halving the group finds the ten that do not
+    torch.manual_seed(0)
+    res = run(ManyCancelledBiases(), torch.randn(4, 6, 4))
+    st = statuses(res)
+    assert {n for n, s in st.items() if s == "invariant"} == {f"blocks.{i}.bias" for i in range(10)}
+    assert st["real.bias"] != "invariant"
+    assert not [f for f in res.findings if f.severity != "info" and "blocks." in f.message], \
+        [f.message for f in res.findings]
+
+
+class LayerDropped(nn.Module):
+    """Hugging Face's LayerDrop (wav2vec2-bert, layerdrop 0.1): in train mode each layer is skipped when
+    torch.rand([]) < p, decided inside the forward (no module to switch off)."""
+
+    def __init__(self, p=0.5):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+        self.head = nn.Linear(4, 3)
+        self.p = p
+
+    def forward(self, x):
+        for layer in self.layers:
+            if self.training and torch.rand([]) < self.p:
+                continue
+            x = torch.tanh(layer(x))
+        return self.head(x)
+
+
+class Unused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = nn.Linear(4, 3), nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def test_a_layer_skipped_at_random_is_not_no_grad_but_an_unused_one_is():
+    torch.manual_seed(0)
+    model, x = LayerDropped(p=0.7), torch.randn(4, 4)
+    res = run(model, x)
+    st = statuses(res)
+    skipped = {n for n, s in st.items() if s == "skipped-at-random"}
+    assert skipped, st                           # the judged pass (seeded) skipped a layer: the case is real
+    assert "no-grad" not in st.values() and res.exit_code == 0, [f.message for f in res.findings]
+    assert any(f.code == "skipped-at-random" and f.severity == "info" for f in res.findings)
+    assert any("other random draw" in n for n in res.notes)
+    res = run(Unused(), x)
+    assert statuses(res)["unused.weight"] == "no-grad" and res.exit_code == 1   # no draw reaches it

@@ -345,8 +345,12 @@ def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
     encoder-decoder). On meta, where no probe runs, an encoder-decoder still gets its decoder ids."""
     import torch
 
-    inputs = resolve_inputs(list(loaded.default_inputs), loaded, device, seed)
-    inputs.source = loaded.input_source
+    alternatives = tuple(getattr(loaded, "input_alternatives", ()))
+    if alternatives:
+        inputs = _first_that_runs((tuple(loaded.default_inputs),) + alternatives, loaded, device, seed)
+    else:
+        inputs = resolve_inputs(list(loaded.default_inputs), loaded, device, seed)
+        inputs.source = loaded.input_source
     names = [p.name for p in forward_parameters(loaded.model)]
     if getattr(loaded, "labels_from_ids", False) and inputs.args and "labels" in names:
         _labels_from_ids(inputs, _missing_decoder_start(loaded.model, names))
@@ -355,6 +359,62 @@ def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
         inputs.kwargs["decoder_input_ids"] = torch.empty(first.shape, dtype=first.dtype, device="meta")
         inputs.notes.append(f"decoder_input_ids: {shape_str(first)} added (the model is an encoder-decoder)")
     return inputs
+
+
+def _spec_inputs(specs: tuple[str, ...], loaded, device, seed: int) -> ModelInputs:
+    """A source's specs: positional `SHAPE:DTYPE` as -i gives them, keyword `name=SHAPE:DTYPE[~fill]` (hf_inputs)."""
+    import torch
+
+    from . import hf_inputs
+
+    positional = [s for s in specs if "=" not in s]
+    inputs = resolve_inputs(positional, loaded, device, seed) if positional else ModelInputs()
+    gen = torch.Generator().manual_seed(seed)
+    for spec in specs:
+        if "=" in spec:
+            name, _, _ = hf_inputs.split(spec)
+            inputs.kwargs[name] = hf_inputs.make(spec, device, gen)
+    return inputs
+
+
+def runs(model, inputs: ModelInputs) -> bool:
+    """One forward under no_grad that leaves no trace (RNG forked, buffers restored): does it run?"""
+    import torch
+
+    saved = {n: b.detach().clone() for n, b in model.named_buffers()}
+    devices = sorted({t.device.index or 0 for t in saved.values() if t.device.type == "cuda"})
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            inputs.call(model)
+        return True
+    except Exception:   # noqa: BLE001 - any failure means: not this layout
+        return False
+    finally:
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                if n in saved and b.shape == saved[n].shape:
+                    b.copy_(saved[n])
+
+
+def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
+    """The first of a source's candidate inputs whose forward runs on the built model (the first when none
+    does: the real run then reports the model's own error, with its module)."""
+    import warnings
+
+    chosen, k = None, -1
+    for i, specs in enumerate(sets):
+        inputs = _spec_inputs(specs, loaded, device, seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # a wrong layout's warnings are not the user's
+            ok = runs(loaded.model, inputs)
+        if ok:
+            chosen, k = inputs, i
+            break
+    if chosen is None:
+        chosen = _spec_inputs(sets[0], loaded, device, seed)
+    chosen.source = loaded.input_source + (f"; layout {k + 1} of {len(sets)} tried" if k >= 0 else
+                                           f"; none of {len(sets)} layouts ran: the first is used")
+    return chosen
 
 
 def _missing_decoder_start(model, names: list[str]) -> int | None:

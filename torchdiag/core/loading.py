@@ -33,6 +33,7 @@ class LoadedModel:
     weights: tuple[str, ...] = ()          # checkpoint files found with the spec (hf: *.safetensors)
     header: dict[str, Any] = field(default_factory=dict)
     labels_from_ids: bool = False          # hf: causal LM: the default inputs pass labels = the input ids
+    input_alternatives: tuple[tuple[str, ...], ...] = ()   # hf: other default inputs, tried when these do not run
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -170,7 +171,7 @@ def _load_source(spec: str, kwargs: dict[str, Any], device, seed: int | None, do
         model = model.to(device)
     return LoadedModel(model, spec, sources.example_module(spec, source), source.label, source.kwargs, built_on,
                        source.build, source.inputs, source.input_source, tuple(source.weights), dict(source.header),
-                       source.labels_from_ids)
+                       source.labels_from_ids, source.alternatives)
 
 
 def refuse_scripted(model, what: str) -> None:

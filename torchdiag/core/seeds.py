@@ -8,6 +8,7 @@ from __future__ import annotations
 DECODER_IDS = 1            # decoder_input_ids added for an encoder-decoder
 EMBEDDING_IDS = 100        # + the input's index: integer ids drawn below their nn.Embedding's size
 FRESH_BATCHES = 1000       # + the batch's index: gradflow's dead-unit re-check batches
+OTHER_DRAWS = 2000         # + k: gradflow's k-th other draw of the RNG for parameters without a gradient
 
 
 def decoder_ids(seed: int) -> int:
@@ -27,3 +28,8 @@ def output_target(seed: int, k: int) -> int:
 def fresh_batch(seed: int, k: int) -> int:
     """The k-th fresh batch of gradflow's dead-unit re-check."""
     return seed + FRESH_BATCHES + k
+
+
+def other_draw(seed: int, k: int) -> int:
+    """The k-th other draw of gradflow's re-check of parameters the judged pass gave no gradient."""
+    return seed + OTHER_DRAWS + k

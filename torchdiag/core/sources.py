@@ -56,6 +56,7 @@ class Source:
     weights: list[str] = field(default_factory=list)  # checkpoint files found beside the spec
     header: dict[str, Any] = field(default_factory=dict)
     labels_from_ids: bool = False          # a causal LM: its default inputs pass labels = the input ids
+    alternatives: tuple[tuple[str, ...], ...] = ()  # further default inputs to try when `inputs` do not run (hf_inputs)
 
 
 def is_source(spec: str) -> bool:
@@ -378,6 +379,17 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
     """Pixels for a vision config (image_size), else token ids (their range comes from the embedding
     that reads them, i.e. the config's vocabulary; an encoder-decoder gets decoder ids as well). A
     causal LM also gets labels = its input ids, so it is trained with its own loss (output['loss'])."""
+    from . import hf_inputs
+
+    model_cls = _model_class(cls, config)
+    if model_cls is not None and hf_inputs.needs_candidates(model_cls, config):
+        tries = hf_inputs.candidates(model_cls, config)
+        if tries:
+            main = hf_inputs.forward_names(model_cls)[0]
+            source.inputs, source.alternatives = tries[0], tuple(tries[1:])
+            source.input_source = (f"hf:{path} default ({model_cls.__name__} reads {main}: inputs from its forward's "
+                                   "signature and the config's sizes, the layout found by a probe forward)")
+            return
     image = getattr(config, "image_size", None)
     if not (type(image) is int or isinstance(image, (list, tuple)) and image and all(type(v) is int for v in image)):
         image = None   # a config class that does not check its types: no default image size from it
@@ -395,6 +407,17 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
     if vocab and _lm_head(cls):
         source.labels_from_ids = True
         source.input_source += "; labels = the input ids (the model's own loss)"
+
+
+def _model_class(cls, config):
+    """The model class an Auto class builds for this config (its forward says what it reads)."""
+    mapping = getattr(cls, "_model_mapping", None)
+    if mapping is None:
+        return cls
+    try:
+        return mapping[type(config)]
+    except Exception:   # noqa: BLE001 - no class for this config: the token-id default stands
+        return None
 
 
 def _lm_head(cls) -> bool:
@@ -417,9 +440,10 @@ def batched(specs: tuple[str, ...], batch: int) -> tuple[str, ...]:
     """-i specs with their leading (batch) dimension set to `batch` (a source's defaults lead with 1)."""
     out = []
     for s in specs:
+        name, eq, s = s.partition("=") if "=" in s else ("", "", s)
         dims, colon, dtype = s.partition(":")
         first, x, rest = dims.partition("x")
-        out.append(f"{batch}{x}{rest}{colon}{dtype}" if first == "1" and x else s)
+        out.append(name + eq + (f"{batch}{x}{rest}{colon}{dtype}" if first == "1" and (x or eq) else s))
     return tuple(out)
 
 
@@ -427,6 +451,8 @@ def for_training(loaded) -> None:
     """A source model's default inputs at TRAIN_BATCH, for a command that runs train mode (in place on
     the LoadedModel; said in its input_source). A user's own -i or example_inputs are never changed."""
     if loaded.default_inputs:
+        if getattr(loaded, "input_alternatives", ()):
+            loaded.input_alternatives = tuple(batched(a, TRAIN_BATCH) for a in loaded.input_alternatives)
         wider = batched(tuple(loaded.default_inputs), TRAIN_BATCH)
         if wider != tuple(loaded.default_inputs):
             loaded.default_inputs = wider

@@ -67,7 +67,7 @@ def train_copy(model, why: str = "to train it"):
     import copy
 
     try:
-        work = copy.deepcopy(model)
+        work = copy.deepcopy(model, _graph_tensors(model))
     except Exception as exc:
         raise ModelError(f"cannot copy the model {why} (copy.deepcopy raised {one_line(exc)})",
                          hint="torchdiag never trains your model itself; make it deep-copyable "
@@ -76,6 +76,32 @@ def train_copy(model, why: str = "to train it"):
     for p in work.parameters():
         p.grad = None
     return work.train()
+
+
+def _graph_tensors(model) -> dict:
+    """deepcopy's memo: a detached clone for every tensor with a grad_fn the model holds as an attribute (a
+    cache its forward left, e.g. torchvision RAFT's correlation pyramid), which deepcopy refuses ("Only
+    Tensors created explicitly by the user (graph leaves) support the deepcopy protocol")."""
+    import torch
+
+    memo: dict = {}
+
+    def visit(v, depth: int) -> None:
+        if isinstance(v, torch.Tensor):
+            if not v.is_leaf and id(v) not in memo:
+                memo[id(v)] = v.detach().clone()
+        elif depth < 3 and isinstance(v, (list, tuple)):
+            for x in v:
+                visit(x, depth + 1)
+        elif depth < 3 and isinstance(v, dict):
+            for x in v.values():
+                visit(x, depth + 1)
+
+    for m in model.modules():
+        for key, v in vars(m).items():
+            if key != "_modules":
+                visit(v, 0)
+    return memo
 
 
 def copy_param_hooks(model, work) -> None:

@@ -213,6 +213,7 @@ class _Counts:
     total_calls: Counter
     registry: dict
     loss: str | None = None
+    recorded: bool = False   # the forward ran with autograd recording on (see _tracker_refused)
 
 
 def run(model, inputs, opts: Options | None, ctx) -> Result:
@@ -242,12 +243,26 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
     n_unc = sum(r["calls"] for r in uncounted)
     result.summary.append(("Not counted", f"{len(uncounted)} op type(s), {n_unc:,} call(s) (table above; "
                                           "elementwise, normalisation and pooling are not counted by convention)"))
+    if counts.recorded:
+        result.notes.append("counted with autograd recording on (the same forward ops): torch's module tracker refuses "
+                            "a view of a parameter made under no_grad that is passed to a module")
     result.notes.append("published model tables (e.g. torchvision 'GFLOPS') are MACs of conv/matmul/attention at batch 1")
     return result
 
 
-def _count(model, inputs, opts: Options, ctx) -> _Counts:
-    """One forward (and with `backward` one backward of ctx.loss()) under the counter, in eval mode."""
+def _tracker_refused(exc: BaseException) -> bool:
+    """torch's ModuleTracker (inside FlopCounterMode) asserts on a module input that requires grad but has no
+    grad_fn: a view of a parameter made under no_grad (e.g. `self.cls_token.expand(...)` passed to a block,
+    CaiT's class-attention blocks). Not the model's fault: the same forward runs with recording on."""
+    import traceback
+
+    return isinstance(exc, AssertionError) and any(
+        f.filename.replace("\\", "/").endswith("torch/utils/module_tracker.py") for f in traceback.extract_tb(exc.__traceback__))
+
+
+def _count(model, inputs, opts: Options, ctx, record: bool = False) -> _Counts:
+    """One forward (and with `backward` one backward of ctx.loss()) under the counter, in eval mode.
+    Without `backward` the forward runs under no_grad (`record`: with recording on; the same ops run)."""
     import torch
 
     from ..core.tracking import ModuleTracker
@@ -256,12 +271,13 @@ def _count(model, inputs, opts: Options, ctx) -> _Counts:
     tracker = ModuleTracker(model, record_shapes=False)
     grad = opts.backward
     loss_rule = ctx.loss() if grad else None
+    retry = False
     with leave_no_trace(model):
         model.eval()  # eval: BatchNorm running stats stay as they are, dropout off
         torch.backends.mha.set_fastpath_enabled(False)  # fused MHA hides its projections from counters
         try:
             # --amp: the same matmuls, in the autocast dtype; its casts are listed as uncounted ops
-            with _rnn_unfused(model), ctx.autocast(), counter, tracker, torch.set_grad_enabled(grad):
+            with _rnn_unfused(model), ctx.autocast(), counter, tracker, torch.set_grad_enabled(grad or record):
                 out = inputs.call(model)
                 fwd_counts, fwd_calls = _snapshot(counter)
                 if grad:
@@ -269,11 +285,15 @@ def _count(model, inputs, opts: Options, ctx) -> _Counts:
         except (UsageError, ModelError):
             raise
         except Exception as exc:
-            phase = "backward" if grad and tracker.failing is None else "forward"
-            raise forward_error(exc, tracker if phase == "forward" else None, phase) from exc
+            retry = not (grad or record) and _tracker_refused(exc)
+            if not retry:
+                phase = "backward" if grad and tracker.failing is None else "forward"
+                raise forward_error(exc, tracker if phase == "forward" else None, phase) from exc
+    if retry:
+        return _count(model, inputs, opts, ctx, record=True)
     total_counts, total_calls = _snapshot(counter)
     return _Counts(fwd_counts, fwd_calls, total_counts, total_calls, counter.flop_registry,
-                   loss_rule.describe() if grad else None)
+                   loss_rule.describe() if grad else None, record)
 
 
 def _module_table(result, model, counts: _Counts, opts: Options, fwd_total: int) -> None:

@@ -6,7 +6,7 @@ scale, skip-init gain, zero-initialised residual or head), found by perturbation
 `by-design-init` naming the gate; otherwise the error stays."""
 from __future__ import annotations
 
-from ...core import gates
+from ...core import gates, invariance
 from ...errors import ModelError
 from .shared import name
 
@@ -39,6 +39,48 @@ def recheck(work, before, inputs, ctx, names: list[str], result, prepare) -> dic
         return {}
     result.notes.append(f"{len(flags)} parameter(s) that did not move {rc.cost()}")
     return {n: (v, rc.steps) for n, v in rc.verdicts.items() if v.by_design}
+
+
+def invariant(work, before, inputs, ctx, names: list[str], result, prepare) -> set[str]:
+    """The `names` (not updated) the loss does not depend on at all (core/invariance.py: a bias cancelled by a
+    following batch-statistics normalisation or softmax): no step can move them, by design. Tested on a float64
+    copy at initialisation, in the run's mode; on mps (no float64) nothing is."""
+    names = _bias_candidates(work, names)
+    if not names or ctx.device.type == "mps":
+        return set()
+    try:
+        copy = initial_copy(work, before).double()
+        copy.train(work.training)
+        prepare(copy)
+        found = invariance.cancelled(copy, inputs.map(invariance.double), names, ctx.loss(), ctx)
+    except ModelError as exc:
+        result.notes.append(f"parameters that did not move not re-checked for invariance: {exc.message}")
+        return set()
+    if found:
+        shown = sorted(found)
+        listed = ", ".join(shown[:6]) + (f" … (+{len(shown) - 6})" if len(shown) > 6 else "")
+        result.add("invariant", "info", name(_common(shown)) if len(shown) > 1 else shown[0],
+                   f"{len(shown)} parameter(s) ({listed}) do not change after a step, by design: the loss does not "
+                   "depend on them (shifting them by random values on a float64 copy leaves it unchanged: a "
+                   "following batch-statistics normalisation or softmax cancels them)")
+    return found
+
+
+def _bias_candidates(work, names: list[str]) -> list[str]:
+    """Biases whose gradient is below INVARIANT_GRAD_FACTOR of their own module's weight gradient (which is
+    not zero): what a following normalisation cancels. A parameter behind a tiny gate has a tiny gradient
+    with its weight alike, and a loss that moves too little to tell: the short training run judges it."""
+    params = dict(work.named_parameters())
+    out = []
+    for n in names:
+        w = params.get(n[: -len("bias")] + "weight") if n.endswith("bias") else None
+        b = params.get(n)
+        if w is None or w.grad is None or b is None or b.grad is None:
+            continue
+        wn = float(w.grad.detach().double().norm())
+        if wn > 0 and float(b.grad.detach().double().norm()) < invariance.INVARIANT_GRAD_FACTOR * wn:
+            out.append(n)
+    return out
 
 
 def report(by_design: dict, ck, result, step: str) -> None:

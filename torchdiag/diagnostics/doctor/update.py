@@ -80,8 +80,10 @@ def update_check(probe: Probe) -> None:
     # re-checked by behaviour before they are errors (gated.py): a gate at initialisation, or broken?
     # (not the ones the next forward writes back: that is the forward's doing, whatever the gradient)
     suspects = [n for n, _, _ in bad if n in zero or not moved[n]]
+    cancelled = gated.invariant(work, before, inputs, ctx, suspects, result, stochastic_depth_off) if suspects and w is None else set()
+    suspects = [n for n in suspects if n not in cancelled]
     designed = gated.recheck(work, before, inputs, ctx, suspects, result, stochastic_depth_off) if suspects and w is None else {}
-    bad = [b for b in bad if b[0] not in designed]
+    bad = [b for b in bad if b[0] not in designed and b[0] not in cancelled]
     for n, msg, hint in bad[:50]:
         ck.find("update", "param-not-updated", "error", n, f"{n} {msg}", hint,
                 verdict=f"{len(bad)} parameter(s) get a gradient but do not change after a step")

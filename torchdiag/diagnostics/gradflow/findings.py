@@ -106,6 +106,7 @@ DESIGN_TITLES = {
                       "parameter that training grows) closes their path",
     "tiny-by-construction": "have a huge grad/weight ratio only because their value is tiny by construction",
     "scale-invariant": "have large gradients only because a normalisation follows (scale-invariant)",
+    "skipped-at-random": "got no gradient only because the judged pass skipped them at random",
 }
 
 
@@ -133,7 +134,9 @@ def _why(kind, cause) -> str:
                                     "gradient step at the run's learning rate makes), not by grad/weight",
             "scale-invariant": "each feeds a batch-statistics normalisation, so its gradient is orthogonal to it and "
                                "grows as 1/|w|: a step grows |w| and the ratio corrects itself, so neither its norm nor "
-                               "grad/weight makes it exploding"}.get(kind, "")
+                               "grad/weight makes it exploding",
+            "skipped-at-random": "the forward draws at random which layers run in train mode (LayerDrop-like); "
+                                 "another draw of the RNG, on a copy, gives them a gradient"}.get(kind, "")
 
 
 def _common(members) -> str:

@@ -1,0 +1,115 @@
+"""hf: default inputs for models that read neither token ids nor one image (issue 26): what the forward
+needs is found from its signature (main_input_name, required parameters) and the config's sizes, and the
+layout by a probe forward, never from the model's name. Each shape below is computed from the config by
+hand: the model's own documented input shape."""
+from __future__ import annotations
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+
+def save(tmp_path, cfg, arch):
+    folder = tmp_path / arch
+    cfg.architectures = [arch]
+    cfg.save_pretrained(folder)
+    return folder
+
+
+def test_time_series_past_values_from_context_length_and_channels(tmp_path, cli):
+    # PatchTST: past_values (batch, context_length, num_input_channels), future_values (batch,
+    # prediction_length, num_input_channels)
+    cfg = transformers.PatchTSTConfig(context_length=24, prediction_length=6, num_input_channels=3, patch_length=4, patch_stride=4,
+                                      d_model=16, num_attention_heads=2, num_hidden_layers=1, ffn_dim=32)
+    folder = save(tmp_path, cfg, "PatchTSTModel")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 1x24x3 float32", "future_values: 1x6x3 float32"]
+    assert "reads past_values" in r.json["input_source"]
+    r = cli("gradflow", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 2x24x3 float32", "future_values: 2x6x3 float32"]   # batch 2: it trains
+
+
+def test_time_series_required_features_and_mask(tmp_path, cli):
+    # TimeSeriesTransformer: past_values (batch, context_length + max(lags), input_size), past_time_features
+    # (batch, that length, num_time_features), past_observed_mask like past_values: all three required
+    cfg = transformers.TimeSeriesTransformerConfig(prediction_length=4, context_length=8, lags_sequence=[1, 2, 3],
+                                                   num_time_features=2, d_model=16, encoder_layers=1, decoder_layers=1,
+                                                   encoder_attention_heads=2, decoder_attention_heads=2,
+                                                   encoder_ffn_dim=16, decoder_ffn_dim=16)
+    folder = save(tmp_path, cfg, "TimeSeriesTransformerModel")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 1x11x1 float32", "past_time_features: 1x11x2 float32",
+                                "past_observed_mask: 1x11x1 float32", "future_values: 1x4x1 float32",
+                                "future_time_features: 1x4x2 float32"]   # what it predicts: prediction_length steps
+    r = cli("gradflow", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+
+
+def test_audio_waveform_one_second_at_the_sampling_rate(tmp_path, cli):
+    # Wav2Vec2: input_values, a raw waveform (batch, samples); 1 s at the feature extractor's 16 kHz
+    cfg = transformers.Wav2Vec2Config(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                                      conv_dim=(8, 8), conv_kernel=(10, 3), conv_stride=(5, 2),
+                                      num_conv_pos_embeddings=4, num_conv_pos_embedding_groups=2, vocab_size=20)
+    folder = save(tmp_path, cfg, "Wav2Vec2Model")
+    r = cli("nancheck", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 2x16000 float32"]
+
+
+def test_audio_filter_banks_in_the_layout_the_model_reads(tmp_path, cli):
+    # Whisper's encoder: input_features (batch, num_mel_bins, 2 * max_source_positions): channels first,
+    # the length fixed by the positions its stride-2 convolution leaves
+    cfg = transformers.WhisperConfig(num_mel_bins=12, max_source_positions=10, d_model=16, encoder_layers=1,
+                                     encoder_attention_heads=2, encoder_ffn_dim=16, decoder_layers=1,
+                                     decoder_attention_heads=2, decoder_ffn_dim=16, vocab_size=60,
+                                     max_target_positions=16, num_labels=3)
+    folder = save(tmp_path, cfg, "WhisperForAudioClassification")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 1x12x20 float32"]
+
+
+def test_batched_keeps_keyword_specs_and_widens_their_batch():
+    from torchdiag.core.sources import batched
+
+    assert batched(("1x8:float32", "mask=1x8:int64~ones", "freq=1:int64~zeros", "x=3x4"), 2) == \
+        ("2x8:float32", "mask=2x8:int64~ones", "freq=2:int64~zeros", "x=3x4")
+
+
+def test_text_and_image_models_keep_one_default_and_no_probe(tmp_path):
+    from torchdiag.core import hf_inputs
+
+    bert = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=16)
+    vit = transformers.ViTConfig(image_size=16, patch_size=8, hidden_size=16, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=16)
+    assert not hf_inputs.needs_candidates(transformers.BertModel, bert)
+    assert not hf_inputs.needs_candidates(transformers.ViTModel, vit)
+    assert hf_inputs.needs_candidates(transformers.Wav2Vec2Model, transformers.Wav2Vec2Config())
+
+
+def test_required_padding_and_an_index_per_sample(tmp_path, cli):
+    # TimesFM: past_values (batch, length), past_values_padding like it, freq one index per sample (batch, 1):
+    # all three required; found by the probe (freq shaped like past_values, float, does not run)
+    cfg = transformers.TimesFmConfig(patch_length=32, context_length=64, horizon_length=32, hidden_size=16,
+                                     intermediate_size=32, head_dim=8, num_attention_heads=2, num_hidden_layers=1)
+    folder = save(tmp_path, cfg, "TimesFmModel")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 1x64 float32", "past_values_padding: 1x64 int64", "freq: 1x1 int64"]
+    r = cli("nancheck", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"][2] == "freq: 2x1 int64"
+
+
+def test_an_encoder_decoder_gets_decoder_inputs_of_its_own_kind(tmp_path, cli):
+    # SpeechT5Model without pre-nets: input_values and decoder_input_values are hidden states (batch, T, hidden)
+    cfg = transformers.SpeechT5Config(hidden_size=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                                      decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, vocab_size=40)
+    folder = save(tmp_path, cfg, "SpeechT5Model")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 1x128x16 float32", "decoder_input_values: 1x128x16 float32"]

@@ -1,0 +1,119 @@
+"""A parameter the loss does not depend on (core/invariance.py) is by design, not broken: a bias before a
+train-mode BatchNorm over a batch of 2 (ReXNet's squeeze-excitation: fc1 -> bn after global pooling) gets a
+gradient of exactly 0 for many draws, so no step moves it. gradflow called it `zero-grad` (error) and doctor
+`param-not-updated` (error) on timm rexnet_100; both now test it by behaviour: shifting it by random values
+on a float64 copy leaves the loss unchanged -> info `invariant`. A bias the loss does depend on keeps its error
+(sample_models/broken_doctor_not_updated.py, tests/test_doctor.py)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from torchdiag.api import run as api_run
+from torchdiag.core.invariance import bisect
+
+
+class PooledBatchNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.bn = nn.BatchNorm1d(4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.bn(self.fc(x))))
+
+
+def exact_zero_case():
+    """(model, batch) whose fc.bias gradient is exactly 0 under the default loss's shape (2 samples)."""
+    for seed in range(50):
+        torch.manual_seed(seed)
+        model, x = PooledBatchNorm(), torch.randn(2, 8)
+        nn.functional.cross_entropy(model(x), torch.tensor([0, 1])).backward()
+        if model.fc.bias.grad.abs().max() == 0 and model.fc.weight.grad.abs().max() > 0:
+            model.zero_grad(set_to_none=True)
+            return model, x
+    raise AssertionError("no draw gave an exactly-zero bias gradient")
+
+
+def statuses(res):
+    return {r["name"]: r["status"] for r in res.table("params").rows}
+
+
+def test_gradflow_exact_zero_bias_before_batch_norm_is_invariant():
+    model, x = exact_zero_case()
+    res = api_run("gradflow", model, (x,), loss="cross_entropy")
+    assert statuses(res)["fc.bias"] == "invariant", statuses(res)
+    assert not [f for f in res.findings if f.severity == "error"], [f.message for f in res.findings]
+
+
+def test_doctor_exact_zero_bias_before_batch_norm_is_not_an_error():
+    model, x = exact_zero_case()
+    res = api_run("doctor", model, (x,), loss="cross_entropy")
+    assert not [f for f in res.findings if f.code == "param-not-updated"], [f.message for f in res.findings]
+    (f,) = [f for f in res.findings if f.code == "invariant"]
+    assert f.severity == "info" and "fc.bias" in f.message
+
+
+def test_bisect_finds_every_cancelled_name_around_real_ones():
+    real = {"b3", "b7"}
+    calls = []
+
+    def moved(group):
+        calls.append(list(group))
+        return bool(real & set(group))
+
+    names = [f"b{i}" for i in range(12)]
+    assert bisect(names, moved) == set(names) - real
+    assert len(calls) <= 24
+
+
+class CachesItsGraph(nn.Module):
+    """torchvision RAFT's pattern: the forward keeps a tensor of the graph as an attribute (its correlation
+    pyramid, a list), which copy.deepcopy refuses; every re-check on a copy failed with "cannot copy the model"."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 3)
+        self.pyramid = None
+
+    def forward(self, x):
+        h = self.bn(self.conv(x))
+        self.pyramid = [h, [h.mean()]]
+        return self.head(torch.relu(h).mean((2, 3)))
+
+
+def test_a_model_that_keeps_graph_tensors_can_be_copied_for_the_rechecks():
+    torch.manual_seed(0)
+    model, x = CachesItsGraph(), torch.randn(2, 3, 8, 8)
+    model(x)                                                # the cache now holds tensors with a grad_fn
+    assert not model.pyramid[0].is_leaf
+    res = api_run("gradflow", model, (x,))
+    assert not [n for n in res.notes if "cannot copy" in n], res.notes
+    assert statuses(res)["conv.bias"] == "invariant"        # the re-check ran on a copy
+    assert model.pyramid[0].grad_fn is not None             # the user's model is not changed
+
+
+class MakesFloat32(nn.Module):
+    """A forward that makes a float32 tensor of its own (torchvision RAFT's coordinate grid): a float64 copy
+    cannot run it ("expected scalar type Double but found Float")."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        grid = torch.eye(4, dtype=torch.float32)              # matmul does not promote: float64 @ float32 raises
+        h = torch.relu(self.bn(self.conv(x))).mean((2, 3)) @ grid
+        return self.head(h)
+
+
+def test_the_invariance_test_falls_back_to_float32():
+    torch.manual_seed(0)
+    res = api_run("gradflow", MakesFloat32(), (torch.randn(2, 3, 8, 8),))
+    assert any("re-checked in float32" in n for n in res.notes), res.notes
+    assert statuses(res)["conv.bias"] == "invariant"

@@ -1,0 +1,228 @@
+"""Default inputs of a Hugging Face model whose forward reads neither token ids nor one image (issue 26):
+audio (`input_values` waveforms, `input_features` filter banks), time series (`past_values` with their
+time features, masks and padding), video (`pixel_values_videos`, or `pixel_values` of a config with
+`num_frames`), embeddings. Nothing here knows a model by name: the inputs asked for are the model class's
+`main_input_name` and the forward's required parameters; their sizes come from the config (its lengths and
+feature sizes, by what the config calls them); which layout the model takes is found by a probe forward
+on the built model (core.inputs.source_inputs), which keeps the first candidate that runs.
+
+A candidate is a tuple of specs: `SHAPE:DTYPE` is positional (the forward's first parameter), and
+`name=SHAPE:DTYPE` a keyword; a `~ones` / `~zeros` suffix fills the tensor (masks, padding). A dimension
+after the first may be 0 (a config with no time features)."""
+from __future__ import annotations
+
+import inspect
+
+VARIANTS = 4               # layouts of the inputs besides the main one (_other)
+MAX_CANDIDATES = 96        # probe forwards at most; a wrong layout fails in the first layer, so they are cheap
+TEXT_LENGTH = 128
+AUDIO_SECONDS = 1          # a waveform's default length: this many seconds at the config's sampling rate
+VIDEO_FRAMES = 8           # when the config names no num_frames
+MAX_FRAMES = 4096          # a longer sequence is tried as a waveform only (hf: speecht5 read 16000 frames of
+                           # features as hidden states: attention over them took the worker's memory)
+# config keys that give a sequence's length, and an input's feature (channel) size; by what the key means
+_LENGTH_KEYS = ("context_length", "max_source_positions", "num_mel_frames", "max_length", "seq_len")
+_FEATURE_KEYS = ("mel_bins", "feature_size", "feat_per_channel", "projection_input_dim", "input_dim",
+                 "input_channels", "input_size", "num_channels", "in_channels")
+_WIDTH_KEYS = ("hidden_size", "d_model", "embed_dim")
+
+
+def forward_names(cls) -> tuple[str, list[str]]:
+    """(the input the class reads first, the forward's required parameters in order)."""
+    try:
+        params = list(inspect.signature(cls.forward).parameters.values())[1:]   # without self
+    except (TypeError, ValueError):
+        params = []
+    named = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    required = [p.name for p in named if p.default is inspect.Parameter.empty]
+    main = getattr(cls, "main_input_name", None) or (named[0].name if named else "input_ids")
+    return str(main), required
+
+
+def needs_candidates(cls, config) -> bool:
+    """True when the default token ids / image (core.sources) cannot be what the forward reads."""
+    main, required = forward_names(cls)
+    if main == "pixel_values" and _frames(config) is None:
+        return bool(set(required) - {main})
+    return main != "input_ids" or bool(set(required) - {main})
+
+
+def _ints(config) -> dict[str, int]:
+    """The config's integer attributes, its sub-configs' after its own (the first name found wins)."""
+    out: dict[str, int] = {}
+    subs = []
+    for key, value in vars(config).items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            out.setdefault(key, value)
+        elif hasattr(value, "to_dict") and hasattr(value, "model_type"):
+            subs.append(value)
+    for sub in subs:
+        for key, value in _ints(sub).items():
+            out.setdefault(key, value)
+    return out
+
+
+def _frames(config) -> int | None:
+    frames = getattr(config, "num_frames", None)
+    return frames if isinstance(frames, int) and frames > 0 else None
+
+
+def _lengths(config, main: str) -> list[int]:
+    ints = _ints(config)
+    lags = getattr(config, "lags_sequence", None)
+    lag = max(lags) if isinstance(lags, (list, tuple)) and lags and all(isinstance(v, int) for v in lags) else 0
+    out = []
+    if "context_length" in ints:
+        out += [ints["context_length"] + lag, ints["context_length"]]
+    if "max_source_positions" in ints:   # an audio encoder whose convolutions halve the frames (Whisper-like)
+        out += [2 * ints["max_source_positions"], ints["max_source_positions"]]
+    out += [ints[k] for k in _LENGTH_KEYS[2:] if k in ints]
+    rate = ints.get("sampling_rate", 16000)
+    waveform = [AUDIO_SECONDS * rate]
+    # shortest first: a config's maximum (max_source_positions of 5000) is a bound, and attention over it is
+    # slow; a model that needs exactly that length (Whisper) refuses the shorter ones in its first layer
+    out = sorted(set(v for v in out + [TEXT_LENGTH] if 0 < v <= 10 ** 6))
+    return (waveform + out) if main.endswith("input_values") else (out + waveform)
+
+
+def _features(config, generic: bool) -> list[int]:
+    """Feature sizes the config names: for inputs (filter banks, channels), or (generic) the model's width."""
+    ints = _ints(config)
+    keys = _WIDTH_KEYS if generic else _FEATURE_KEYS
+    found = [(rank, v) for k, v in ints.items() for rank, end in enumerate(keys) if k.endswith(end) and 0 < v <= 8192]
+    if not generic and "input_feat_per_channel" in ints and "input_channels" in ints:   # banks stacked per channel
+        found.insert(0, (-1, ints["input_feat_per_channel"] * ints["input_channels"]))
+    out = [v for _, v in sorted(found, key=lambda t: t[0])]
+    return [v for i, v in enumerate(out) if v not in out[:i]]
+
+
+def _image(config) -> tuple[int, int, int] | None:
+    size = getattr(config, "image_size", None)
+    if type(size) is int:
+        size = (size, size)
+    if not (isinstance(size, (list, tuple)) and len(size) >= 2 and all(type(v) is int for v in size[:2])):
+        return None
+    return getattr(config, "num_channels", 3) if type(getattr(config, "num_channels", 3)) is int else 3, size[0], size[1]
+
+
+def _main_shapes(config, main: str) -> list[tuple[tuple[int, ...], str]]:
+    """(shape without the batch dimension, dtype) for the main input, most likely first."""
+    image = _image(config)
+    if main.startswith("pixel_values"):
+        c, h, w = image or (3, 224, 224)
+        t = _frames(config) or VIDEO_FRAMES
+        return [((t, c, h, w), "float32"), ((c, t, h, w), "float32"), ((c, h, w), "float32")]
+    if main.endswith(("_ids", "_index")):
+        return [((TEXT_LENGTH,), "int64")]
+    shapes = []
+    specific, generic = _features(config, generic=False), _features(config, generic=True)
+    for length in _lengths(config, main):   # a feature size the config names for inputs, then a plain sequence,
+        if length > MAX_FRAMES:             # then the model's own width (embeddings of that width)
+            shapes.append(((length,), "float32"))   # a waveform only: attention over it would not fit
+            continue
+        for f in specific:
+            shapes += [((length, f), "float32"), ((f, length), "float32")]
+        shapes.append(((length,), "float32"))
+        for f in generic:
+            if f not in specific:
+                shapes += [((length, f), "float32"), ((f, length), "float32")]
+    return shapes
+
+
+def _dims(shape) -> str:
+    return "x".join(str(d) for d in (1,) + tuple(shape))
+
+
+def _other(name: str, main_shape: tuple[int, ...], config, variant: int) -> str | None:
+    """A required input besides the main one, shaped from the main input's; `variant` picks the layout."""
+    length = main_shape[0]
+    ints = _ints(config)
+    if "time_features" in name:
+        return f"{_dims((length, ints.get('num_time_features', 0)))}:float32"
+    if "mask" in name:
+        return [f"{_dims(main_shape)}:float32~ones", f"{_dims((length,))}:int64~ones", None, None][variant]
+    if "padding" in name:
+        return [f"{_dims(main_shape)}:int64~zeros", f"{_dims((length,))}:int64~zeros", None, None][variant]
+    if name.endswith(("_ids", "_index")):
+        return f"{_dims((length,))}:int64~zeros"
+    hidden = next(iter(_features(config, generic=True) + _features(config, generic=False)), 32)
+    # another input like the main one (a prompt image beside the image), an index per sample (as a column, or
+    # flat), or embeddings
+    return [f"{_dims(main_shape)}:float32", f"{_dims((1,))}:int64~zeros", f"{_dims(())}:int64~zeros",
+            f"{_dims((length, hidden))}:float32"][variant]
+
+
+def candidates(cls, config) -> list[tuple[str, ...]]:
+    """Spec tuples to try in order (see the module's docstring)."""
+    main, required = forward_names(cls)
+    try:
+        first = list(inspect.signature(cls.forward).parameters)[1]
+    except (TypeError, ValueError, IndexError):
+        first = None
+    others = [n for n in required if n != main]
+    futures = _futures([main] + others, cls, config)
+    try:
+        decoder = f"decoder_{main}" if f"decoder_{main}" in inspect.signature(cls.forward).parameters else None
+    except (TypeError, ValueError):
+        decoder = None
+    decoder = None if decoder in others else decoder
+    out: list[tuple[str, ...]] = []
+    for shape, dtype in _main_shapes(config, main):
+        head = f"{_dims(shape)}:{dtype}"
+        head = head if main == first else f"{main}={head}"
+        for variant in range(VARIANTS if others else 1):
+            specs = [_other(n, shape, config, variant) for n in others]
+            if futures:   # what the model predicts, shaped like what it reads (prediction_length steps)
+                later = (futures[1],) + tuple(shape[1:])
+                specs += [_other(n, later, config, variant) if n != futures[2] else f"{_dims(later)}:{dtype}"
+                          for n in futures[0]]
+            names = others + (futures[0] if futures else [])
+            if decoder:   # an encoder-decoder's decoder reads the same kind of input (as decoder_input_ids)
+                names, specs = names + [decoder], specs + [f"{_dims(shape)}:{dtype}"]
+            out.append((head,) + tuple(f"{n}={s}" for n, s in zip(names, specs) if s is not None))
+    return [c for i, c in enumerate(out) if c not in out[:i]][:MAX_CANDIDATES]
+
+
+def _futures(names: list[str], cls, config):
+    """A forecaster trained on what follows its context: for every required `past_X` the forward also takes a
+    `future_X`, given for `prediction_length` steps (without them its decoder has nothing to read in train
+    mode). (names, length, the future of the main input) or None."""
+    length = getattr(config, "prediction_length", None)
+    try:
+        params = set(inspect.signature(cls.forward).parameters)
+    except (TypeError, ValueError):
+        return None
+    pairs = [(n, "future_" + n[5:]) for n in names if n.startswith("past_") and "future_" + n[5:] in params]
+    if not pairs or not (isinstance(length, int) and length > 0):
+        return None
+    return [f for _, f in pairs], length, pairs[0][1] if pairs[0][0] == names[0] else None
+
+
+def describe(specs: tuple[str, ...], main: str) -> str:
+    return ", ".join(s if "=" in s else f"{main}={s}" for s in specs)
+
+
+def split(spec: str) -> tuple[str | None, str, str | None]:
+    """'name=SHAPE:DTYPE~fill' -> (name or None, 'SHAPE:DTYPE', fill or None)."""
+    name, eq, rest = spec.partition("=")
+    if not eq:
+        name, rest = None, spec
+    body, _, fill = rest.partition("~")
+    return name, body, fill or None
+
+
+def make(spec: str, device, generator):
+    """The tensor of one named spec (shapes may hold 0 after the batch dimension)."""
+    import torch
+
+    _, body, fill = split(spec)
+    dims, _, dtype = body.partition(":")
+    shape = tuple(int(d) for d in dims.split("x")) if dims else ()
+    dt = getattr(torch, dtype or "float32")
+    if device.type == "meta":
+        return torch.empty(shape, dtype=dt, device="meta")
+    if fill == "ones":
+        return torch.ones(shape, dtype=dt, device=device)
+    if fill == "zeros" or not dt.is_floating_point:
+        return torch.zeros(shape, dtype=dt, device=device)
+    return torch.randn(shape, generator=generator).to(dt).to(device)
