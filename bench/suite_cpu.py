@@ -52,10 +52,23 @@ class CpuPerTest:
         Path(self.out).write_text(json.dumps({"exit": int(exitstatus), "tests": self.tests}))
 
 
+def collect_cpu(root: Path, paths: list[Path]) -> float:
+    """CPU seconds of a pytest process that only collects `paths` (its start-up: Python, pytest, torch, the
+    test modules' imports)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "--co", "-p", "no:xdist", "-p", "no:cacheprovider",
+                    "--rootdir", str(root), *map(str, paths)], cwd=root, capture_output=True,
+                   env={**os.environ, "PYTHONPATH": str(root)} if root != HERE.parent else None)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 1)
+
+
 def run_file(root: Path, path: Path, scratch: Path) -> dict:
     out = scratch / (path.stem + ".json")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")}
-    env["PYTHONPATH"] = os.pathsep.join([str(root), str(HERE)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    # another checkout's torchdiag first (this one's is the editable install); this file for the plugin
+    ahead = [str(root), str(HERE)] if root != HERE.parent else [str(HERE)]
+    env["PYTHONPATH"] = os.pathsep.join(ahead + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     code = ("import sys, pytest, suite_cpu; "
             f"sys.exit(pytest.main(sys.argv[1:], plugins=[suite_cpu.CpuPerTest({str(out)!r})]))")
     before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
@@ -81,21 +94,62 @@ def report(doc: dict, top: int = 15) -> str:
     return "\n".join(lines)
 
 
+def makespan(units: list[tuple[str, float]], workers: int, start: float) -> tuple[float, list[float]]:
+    """Greedy list scheduling, as xdist's loadscope does it (a module goes to the first worker to run out of
+    work, in queue order): the finish time of the last worker, and each worker's. `start`: a worker's own
+    start-up (its `import torch` and collection), paid once per worker."""
+    ends = [start] * workers
+    for _, cost in units:
+        i = ends.index(min(ends))
+        ends[i] += cost
+    return max(ends), ends
+
+
+def simulate(doc: dict, costs: dict[str, float], workers: int = 2) -> str:
+    """The wall time a `make test` on `workers` idle cores would take for the files of `doc`, with xdist's
+    default order (modules with more tests first) and with tests/costs.json's (costliest first). A file's
+    cost in a worker is its standalone cost less one process's start-up (measured: `overhead`)."""
+    overhead, startup = doc.get("overhead_s", 0.0), doc.get("startup_s", 0.0)
+    units = {f["file"]: (max(f["cpu_s"] - overhead, 0.0), len([k for k in f["tests"] if not k.startswith("_")]))
+             for f in doc["files"]}
+    by_count = sorted(units, key=lambda n: -units[n][1])
+    default = sorted(costs.values())[len(costs) // 2] if costs else 0.0
+    by_cost = sorted(units, key=lambda n: -costs.get(n, default))
+    total = sum(c for c, _ in units.values())
+    lines = [f"CPU of the tests {total:.0f} s + {workers} x {startup:.1f} s start-up; the longest module "
+             f"{max(c for c, _ in units.values()):.0f} s; perfect balance {total / workers + startup:.0f} s"]
+    for name, order in (("xdist's order (most tests first)", by_count), ("tests/costs.json's order", by_cost)):
+        end, ends = makespan([(n, units[n][0]) for n in order], workers, startup)
+        lines.append(f"{name}: {end:.0f} s (workers end at {', '.join(f'{e:.0f}' for e in ends)})")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="*", type=Path)
     ap.add_argument("--root", type=Path, default=HERE.parent)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--report", type=Path, help="print the table of a result file and stop")
+    ap.add_argument("--costs", type=Path, help="write {file: CPU seconds} (tests/costs.json: xdist's order)")
+    ap.add_argument("--simulate", action="store_true", help="with --report: the 2-worker wall time it implies")
     args = ap.parse_args()
     if args.report:
-        print(report(json.loads(args.report.read_text())))
+        doc = json.loads(args.report.read_text())
+        print(report(doc))
+        if args.simulate:
+            print(simulate(doc, json.loads((HERE.parent / "tests" / "costs.json").read_text())))
+        if args.costs:
+            write_costs(doc, args.costs)
         return 0
     root = args.root.resolve()
     files = [f.resolve() for f in args.files] or sorted((root / "tests").glob("test_*.py"))
     scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"suite-cpu-{os.getpid()}"
     scratch.mkdir(parents=True, exist_ok=True)
     done = []
+    # a file's own start-up (what a worker does not pay again per module) and a worker's (it collects every file)
+    overhead = collect_cpu(root, [root / "tests" / "test_gates.py"])
+    startup = collect_cpu(root, [root / "tests"])
+    print(f"start-up: a one-file process {overhead} s CPU, a worker collecting the suite {startup} s", flush=True)
     for path in files:
         r = run_file(root, path, scratch)
         done.append(r)
@@ -103,9 +157,19 @@ def main() -> int:
               flush=True)
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps({"root": str(root), "files": done}, indent=1))
+            args.out.write_text(json.dumps({"root": str(root), "overhead_s": overhead, "startup_s": startup,
+                                            "files": done}, indent=1))
     print(report({"files": done}))
+    if args.costs:
+        write_costs({"files": done}, args.costs)
     return 0
+
+
+def write_costs(doc: dict, path: Path) -> None:
+    """Merge the files measured into `path` (the others keep their figure)."""
+    costs = json.loads(path.read_text()) if path.exists() else {}
+    costs.update({f["file"]: f["cpu_s"] for f in doc["files"]})
+    path.write_text(json.dumps(dict(sorted(costs.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ tests/support.py: import them from there (`from support import sample`)."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 
 import pytest
 from _pytest.python import CallSpec
@@ -29,12 +31,28 @@ def pytest_collection_modifyitems(config, items):
     import torch
 
     items[:] = with_pretend_gpu_runs(items)
+    if os.environ.get("PYTEST_XDIST_WORKER"):   # a worker's order is the order xdist hands modules out in
+        items[:] = costliest_modules_first(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def costliest_modules_first(items: list) -> list:
+    """The items module by module, the costliest first by tests/costs.json (CPU seconds per file, measured by
+    bench/suite_cpu.py; a file it does not name counts as its median). With `--dist loadscope
+    --no-loadscope-reorder` xdist hands whole modules to idle workers in this order, so a long module never
+    starts last while the other worker waits (longest first: the run ends at most one short module apart)."""
+    costs = json.loads((support.ROOT / "tests" / "costs.json").read_text())
+    default = sorted(costs.values())[len(costs) // 2] if costs else 0.0
+    modules: dict = {}
+    for item in items:
+        modules.setdefault(item.path.name, []).append(item)
+    order = sorted(modules, key=lambda name: -costs.get(name, default))   # stable: ties keep the collection order
+    return [item for name in order for item in modules[name]]
 
 
 # ---- the second run with a pretend GPU (tests/test_gpu_assumptions.py says why) ----------------------------------
