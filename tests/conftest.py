@@ -46,7 +46,8 @@ def costliest_modules_first(items: list) -> list:
     bench/suite_cpu.py; a file it does not name counts as its median). With `--dist loadscope
     --no-loadscope-reorder` xdist hands whole modules to idle workers in this order, so a long module never
     starts last while the other worker waits (longest first: the run ends at most one short module apart)."""
-    costs = json.loads((support.ROOT / "tests" / "costs.json").read_text())
+    path = support.ROOT / "tests" / "costs.json"
+    costs = json.loads(path.read_text()) if path.exists() else {}
     default = sorted(costs.values())[len(costs) // 2] if costs else 0.0
     modules: dict = {}
     for item in items:
