@@ -31,8 +31,9 @@ def pytest_collection_modifyitems(config, items):
     import torch
 
     items[:] = with_pretend_gpu_runs(items)
-    if os.environ.get("PYTEST_XDIST_WORKER"):   # a worker's order is the order xdist hands modules out in
-        items[:] = costliest_modules_first(items)
+    if os.environ.get("PYTEST_XDIST_WORKER"):   # a worker's order is the order xdist hands units out in
+        check_spread(items)
+        items[:] = costliest_first(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
@@ -41,19 +42,67 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def costliest_modules_first(items: list) -> list:
-    """The items module by module, the costliest first by tests/costs.json (CPU seconds per file, measured by
-    bench/suite_cpu.py; a file it does not name counts as its median). With `--dist loadscope
-    --no-loadscope-reorder` xdist hands whole modules to idle workers in this order, so a long module never
-    starts last while the other worker waits (longest first: the run ends at most one short module apart)."""
+# ---- xdist: what stays together, what goes first -----------------------------------------------------------------
+
+# Modules of independent tests (each makes its own model and files; no fixture of module or class scope) whose tests
+# xdist hands out one by one instead of as one block: the costliest in-process modules, which as a block were the
+# run's critical path. Every other module stays whole on one worker (its module-scoped fixtures, e.g. one torchrun
+# launch shared by its assertions, run once). A module listed here that gains such a fixture fails collection.
+SPREAD = {"test_first_hour.py", "test_readme.py"}
+
+
+@pytest.hookimpl(optionalhook=True)   # a hook of pytest-xdist: unknown (and unused) when xdist is off
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadscope`, except that a test of a SPREAD module is a unit of its own."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid if unit_of(nodeid) == nodeid else super()._split_scope(nodeid)
+
+    return Scheduling(config, log)
+
+
+def unit_of(nodeid: str) -> str:
+    """What xdist hands out whole: the test itself in a SPREAD module, else its module."""
+    module = nodeid.split("::", 1)[0]
+    return nodeid if module.rsplit("/", 1)[-1] in SPREAD else module
+
+
+def check_spread(items: list) -> None:
+    for item in items:
+        if item.path.name in SPREAD:
+            shared = [name for name, defs in item._fixtureinfo.name2fixturedefs.items()
+                      if any(d.scope != "function" and d.baseid == item.nodeid.split("::")[0] for d in defs)]
+            if shared:
+                raise pytest.UsageError(f"{item.nodeid} shares the {shared} fixture(s) of its module: take "
+                                        f"{item.path.name} off tests/conftest.py SPREAD")
+
+
+def costliest_first(items: list) -> list:
+    """The items unit by unit (`unit_of`), the costliest first by tests/costs.json (CPU seconds per file, measured
+    by bench/suite_cpu.py; a file it does not name counts as its median; a test of a SPREAD module as its file's
+    share). xdist hands units to idle workers in this order (`--no-loadscope-reorder`), so the long ones start
+    first and the run ends with short ones on both workers."""
     path = support.ROOT / "tests" / "costs.json"
     costs = json.loads(path.read_text()) if path.exists() else {}
     default = sorted(costs.values())[len(costs) // 2] if costs else 0.0
-    modules: dict = {}
+    units: dict = {}
     for item in items:
-        modules.setdefault(item.path.name, []).append(item)
-    order = sorted(modules, key=lambda name: -costs.get(name, default))   # stable: ties keep the collection order
-    return [item for name in order for item in modules[name]]
+        units.setdefault(unit_of(item.nodeid), []).append(item)
+    per_file: dict = {}
+    for item in items:
+        per_file[item.path.name] = per_file.get(item.path.name, 0) + 1
+
+    def cost(unit: str) -> float:
+        name = unit.split("::", 1)[0].rsplit("/", 1)[-1]
+        whole = costs.get(name, default)
+        return whole / per_file[name] if "::" in unit else whole
+
+    order = sorted(units, key=lambda unit: -cost(unit))   # stable: ties keep the collection order
+    return [item for unit in order for item in units[unit]]
 
 
 # ---- the second run with a pretend GPU (tests/test_gpu_assumptions.py says why) ----------------------------------
