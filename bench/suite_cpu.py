@@ -105,21 +105,34 @@ def makespan(units: list[tuple[str, float]], workers: int, start: float) -> tupl
     return max(ends), ends
 
 
-def simulate(doc: dict, costs: dict[str, float], workers: int = 2) -> str:
-    """The wall time a `make test` on `workers` idle cores would take for the files of `doc`, with xdist's
-    default order (modules with more tests first) and with tests/costs.json's (costliest first). A file's
-    cost in a worker is its standalone cost less one process's start-up (measured: `overhead`)."""
+SPREAD = ("test_first_hour.py", "test_readme.py")   # tests/conftest.py SPREAD: handed out test by test
+
+
+def simulate(doc: dict, workers: int = 2) -> str:
+    """The wall time of the tests of `doc` on `workers` idle cores (ruff and mypy not counted), two ways: as
+    `--dist loadscope` did before issue 30 (whole modules, those with the most tests first) and as it does now
+    (the tests of SPREAD modules one by one; every unit by its cost, costliest first). A module's cost in a worker
+    is its standalone cost less one process's start-up (`overhead_s`); each worker starts by collecting the whole
+    suite (`startup_s`). CPU seconds stand for wall seconds: an idle core per worker, children included (a
+    torchrun launch's two ranks share the cores, so it is optimistic there)."""
     overhead, startup = doc.get("overhead_s", 0.0), doc.get("startup_s", 0.0)
-    units = {f["file"]: (max(f["cpu_s"] - overhead, 0.0), len([k for k in f["tests"] if not k.startswith("_")]))
-             for f in doc["files"]}
-    by_count = sorted(units, key=lambda n: -units[n][1])
-    default = sorted(costs.values())[len(costs) // 2] if costs else 0.0
-    by_cost = sorted(units, key=lambda n: -costs.get(n, default))
-    total = sum(c for c, _ in units.values())
-    lines = [f"CPU of the tests {total:.0f} s + {workers} x {startup:.1f} s start-up; the longest module "
-             f"{max(c for c, _ in units.values()):.0f} s; perfect balance {total / workers + startup:.0f} s"]
-    for name, order in (("xdist's order (most tests first)", by_count), ("tests/costs.json's order", by_cost)):
-        end, ends = makespan([(n, units[n][0]) for n in order], workers, startup)
+    modules, spread = [], []
+    for f in doc["files"]:
+        tests = {k: v for k, v in f["tests"].items() if not k.startswith("_")}
+        own = max(f["cpu_s"] - overhead, 0.0)
+        modules.append((f["file"], own, len(tests)))
+        if f["file"] in SPREAD:
+            rest = max(own - sum(tests.values()), 0.0) / max(len(tests), 1)   # collection etc., shared out
+            spread += [(k, v + rest) for k, v in tests.items()]
+        else:
+            spread.append((f["file"], own))
+    total = sum(c for _, c, _ in modules)
+    lines = [f"CPU of the tests {total:.0f} s + {workers} x {startup:.1f} s start-up; perfect balance "
+             f"{total / workers + startup:.0f} s; the longest unit {max(c for _, c in spread):.0f} s"]
+    before = [(n, c) for n, c, _ in sorted(modules, key=lambda m: -m[2])]
+    after = sorted(spread, key=lambda u: -u[1])
+    for name, units in (("modules, most tests first (before)", before), ("spread, costliest first (now)", after)):
+        end, ends = makespan(units, workers, startup)
         lines.append(f"{name}: {end:.0f} s (workers end at {', '.join(f'{e:.0f}' for e in ends)})")
     return "\n".join(lines)
 
@@ -137,7 +150,7 @@ def main() -> int:
         doc = json.loads(args.report.read_text())
         print(report(doc))
         if args.simulate:
-            print(simulate(doc, json.loads((HERE.parent / "tests" / "costs.json").read_text())))
+            print(simulate(doc))
         if args.costs:
             write_costs(doc, args.costs)
         return 0
@@ -165,10 +178,15 @@ def main() -> int:
     return 0
 
 
-def write_costs(doc: dict, path: Path) -> None:
-    """Merge the files measured into `path` (the others keep their figure)."""
+def write_costs(doc: dict, path: Path, least: float = 2.0) -> None:
+    """Merge the files measured into `path` (the others keep their figure): {file: CPU s}, and {file::test: CPU s}
+    for each test of `least` seconds or more (tests/conftest.py orders the tests of its SPREAD modules by them)."""
     costs = json.loads(path.read_text()) if path.exists() else {}
-    costs.update({f["file"]: f["cpu_s"] for f in doc["files"]})
+    for f in doc["files"]:
+        costs = {k: v for k, v in costs.items() if k.split("::")[0] != f["file"]}
+        costs[f["file"]] = f["cpu_s"]
+        costs.update({f"{f['file']}::{k.split('::', 1)[1]}": round(v, 1) for k, v in f["tests"].items()
+                      if not k.startswith("_") and v >= least})
     path.write_text(json.dumps(dict(sorted(costs.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
 
 

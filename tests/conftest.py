@@ -83,12 +83,13 @@ def check_spread(items: list) -> None:
 
 def costliest_first(items: list) -> list:
     """The items unit by unit (`unit_of`), the costliest first by tests/costs.json (CPU seconds per file, measured
-    by bench/suite_cpu.py; a file it does not name counts as its median; a test of a SPREAD module as its file's
-    share). xdist hands units to idle workers in this order (`--no-loadscope-reorder`), so the long ones start
+    by bench/suite_cpu.py; a file it does not name counts as its median; a test of a SPREAD module by its own entry,
+    else as under 2 s, the least an entry holds). xdist hands units to idle workers in this order (`--no-loadscope-reorder`), so the long ones start
     first and the run ends with short ones on both workers."""
     path = support.ROOT / "tests" / "costs.json"
     costs = json.loads(path.read_text()) if path.exists() else {}
-    default = sorted(costs.values())[len(costs) // 2] if costs else 0.0
+    files = sorted(v for k, v in costs.items() if "::" not in k)
+    default = files[len(files) // 2] if files else 0.0
     units: dict = {}
     for item in items:
         units.setdefault(unit_of(item.nodeid), []).append(item)
@@ -96,10 +97,12 @@ def costliest_first(items: list) -> list:
     for item in items:
         per_file[item.path.name] = per_file.get(item.path.name, 0) + 1
 
-    def cost(unit: str) -> float:
+    def cost(unit: str) -> float:   # a unit's nodeid is tests/FILE or tests/FILE::TEST; costs.json has no tests/
         name = unit.split("::", 1)[0].rsplit("/", 1)[-1]
         whole = costs.get(name, default)
-        return whole / per_file[name] if "::" in unit else whole
+        if "::" not in unit:
+            return whole
+        return costs.get(name + "::" + unit.split("::", 1)[1], min(whole / per_file[name], 2.0))
 
     order = sorted(units, key=lambda unit: -cost(unit))   # stable: ties keep the collection order
     return [item for unit in order for item in units[unit]]
