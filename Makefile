@@ -24,9 +24,11 @@ demo: install
 	$(BIN)/torchdiag flops sample_models/resnet.py:resnet50 -i 1x3x224x224 --device meta
 
 # PYTEST_WORKERS: pytest-xdist workers (auto = one per core). --dist loadscope keeps a module's tests on one worker,
-# so a module-scoped fixture (one torchrun launch shared by its assertions) runs once.
+# so a module-scoped fixture (one torchrun launch shared by its assertions) runs once. --no-loadscope-reorder: modules
+# go out in the workers' collection order, which tests/conftest.py sorts costliest first (tests/costs.json), instead of
+# xdist's most-tests-first (that left a long module of few tests to start last, while the other worker idled).
 PYTEST_WORKERS ?= auto
-PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadscope
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder
 # pytest's exit code 5 means the selection collected no tests (e.g. `-m` with nothing marked): not a failure.
 NO_TESTS_OK := rc=$$?; if [ $$rc -eq 5 ]; then echo "note: no tests selected (pytest exit 5)"; exit 0; fi; exit $$rc
 

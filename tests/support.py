@@ -133,3 +133,107 @@ def torchrun(*args, env: dict | None = None, device: str = "cpu") -> tuple[int, 
 def by_code(doc, code):
     """The findings of a JSON report with this code."""
     return [f for f in doc["findings"] if f["code"] == code]
+
+
+# ---- a pretend GPU (tests/test_gpu_assumptions.py) ---------------------------------------------------------------
+
+# the tests that failed or skipped on a GPU machine before issue 16 was fixed: discovery must find them all
+KNOWN_DEVICE_DEPENDENT = {
+    "test_activations.py::test_bad_input_bad_layer_and_cuda_exit_2",
+    "test_attention.py::test_usage_errors",
+    "test_embeddings.py::test_usage_errors",
+    "test_gradcam.py::test_usage_errors",
+    "test_gradcheck.py::test_usage_errors_exit_2",
+    "test_memory.py::test_json_keys",
+    "test_profile.py::test_cli_table_output",
+    # these skipped themselves where a GPU exists (the CPU-only message went untested there)
+    "test_memory.py::test_bad_input_exit_2",
+    "test_profile.py::test_cuda_request_without_cuda_exit_2",
+    "test_doctor.py::test_cuda_on_cpu_only_machine_is_exit_2",
+    "test_gradflow.py::test_meta_and_cuda_devices_are_usage_errors",
+    "test_loading.py::test_errors_are_one_line_with_exit_code",
+    "test_nancheck.py::test_cuda_on_cpu_only_machine_is_a_clear_exit_2",
+    "test_overfit_batch.py::test_cuda_on_cpu_only_machine_is_exit_2",
+}
+PRETEND_GPU = "pretend-gpu"   # the id suffix of a test's second run, with a pretend GPU present
+# the check that the second run does claim a GPU (test_gpu_assumptions.py is not searched, so it is named here)
+PRETEND_GPU_SELF_CHECK = "test_gpu_assumptions.py::test_the_second_run_has_a_pretend_gpu"
+
+
+class fake_gpu:
+    """Context manager: torch.cuda.is_available() -> True, torch.cuda.device_count() -> 1."""
+
+    def __enter__(self):
+        import torch
+
+        self.saved = torch.cuda.is_available, torch.cuda.device_count
+        torch.cuda.is_available = lambda: True
+        torch.cuda.device_count = lambda: 1
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.cuda.is_available, torch.cuda.device_count = self.saved
+        return False
+
+
+def _constants(node) -> list:
+    import ast
+
+    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def _pins_a_device(func) -> bool:
+    import ast
+    import re
+
+    if any(s == "cuda" or re.fullmatch(r"cuda:\d+", s) for s in _constants(func)):
+        return True
+    for node in ast.walk(func):  # "--device", "cpu" side by side in a call or a list of arguments
+        seq = getattr(node, "elts", None) or (node.args if isinstance(node, ast.Call) else None) or []
+        values = [n.value if isinstance(n, ast.Constant) else None for n in seq]
+        if any(a == "--device" and b == "cpu" for a, b in zip(values, values[1:])):
+            return True
+    return False
+
+
+def _marked_cuda(func) -> bool:
+    import ast
+
+    return any(ast.unparse(d.func if isinstance(d, ast.Call) else d).endswith("mark.cuda") for d in func.decorator_list)
+
+
+def device_dependent_tests() -> list[str]:
+    """'file::function' of every test function (not marked cuda) of tests/test_*.py that runs the CLI in-process
+    (the `cli` fixture) and whose code or parametrisation holds "cuda"/"cuda:N" or the pair "--device", "cpu"."""
+    import ast
+
+    found = []
+    for path in sorted(Path(__file__).resolve().parent.glob("test_*.py")):
+        if path.name == "test_gpu_assumptions.py":
+            continue
+        for func in ast.parse(path.read_text()).body:
+            if (isinstance(func, ast.FunctionDef) and func.name.startswith("test_")
+                    and "cli" in [a.arg for a in func.args.args] and not _marked_cuda(func) and _pins_a_device(func)):
+                found.append(f"{path.name}::{func.name}")
+    return found
+
+
+def pretend_gpu_selection() -> set[str]:
+    """The tests that run a second time with a pretend GPU present."""
+    return KNOWN_DEVICE_DEPENDENT | set(device_dependent_tests()) | {PRETEND_GPU_SELF_CHECK}
+
+
+GPU_HINT = ("this run claims one CUDA device (torch.cuda.is_available() -> True, device_count() -> 1): a test of "
+            "the CPU-only message simulates a CPU-only machine (monkeypatch torch.cuda.is_available to False), "
+            "a test of CPU output pins --device cpu")
+
+
+def pretend_gpu_report(report):
+    """A report of a second run: says what the run pretends; a skip (the test relied on CUDA being absent) is
+    its failure."""
+    report.sections.append((PRETEND_GPU, GPU_HINT))
+    if report.skipped:
+        report.outcome, report.longrepr = "failed", f"skipped with a (pretend) GPU present: {report.longrepr}"
+    return report

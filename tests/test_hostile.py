@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from support import ENDS_WITHIN, spawn
+from support import ENDS_WITHIN, one_error_line, spawn
 
 HANG_GUARD = 600  # seconds: only stops a hung test; no assertion depends on how fast anything is
 
@@ -189,20 +189,33 @@ def test_users_rich_py_does_not_shadow_the_library(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+def scripted_model(folder: Path) -> str:
+    spec = write_model(folder).replace(":build", ":scripted")
+    Path(spec.split(":")[0]).write_text(Path(spec.split(":")[0]).read_text() +
+                                        "\ndef scripted():\n    return torch.jit.script(Net())\n")
+    return spec
+
+
 @pytest.mark.slow
 @pytest.mark.subprocess
+def test_torchscript_model_is_a_usage_error_in_its_own_process(tmp_path):
+    """End to end once, as a shell sees it (the process's exit code, its stderr); every command below."""
+    r = torchdiag("summary", scripted_model(tmp_path), "--device", "cpu")
+    assert r.returncode == 2, r.stderr
+    one_line_error(r.stderr)
+    assert "TorchScript" in r.stderr
+
+
 @pytest.mark.parametrize("command, device", [("summary", "cpu"), ("gradflow", "cpu"), ("doctor", "cpu"),
                                              ("summary", "meta"), ("flops", "meta"), ("memory", "meta"),
                                              ("doctor", "meta"), ("nancheck", "cpu"), ("overfit-batch", "cpu"),
                                              ("gradcheck", "cpu")])
-def test_torchscript_model_is_a_usage_error(tmp_path, command, device):
-    """Case 9: exit 4 in summary, gradflow and on meta; doctor said exit 3 and blamed the user's code."""
-    spec = write_model(tmp_path).replace(":build", ":scripted")
-    Path(spec.split(":")[0]).write_text(Path(spec.split(":")[0]).read_text() +
-                                        "\ndef scripted():\n    return torch.jit.script(Net())\n")
-    r = torchdiag(command, spec, "--device", device)
-    assert r.returncode == 2, (command, r.stderr)
-    one_line_error(r.stderr)
+def test_torchscript_model_is_a_usage_error(cli, tmp_path, command, device):
+    """Case 9: exit 4 in summary, gradflow and on meta; doctor said exit 3 and blamed the user's code.
+    In-process (the `cli` fixture): the exit code and the error line are the command's, not the process's."""
+    r = cli(command, scripted_model(tmp_path), "--device", device)
+    assert r.code == 2, (command, r.stderr)
+    one_error_line(r)
     assert "TorchScript" in r.stderr
 
 
@@ -268,15 +281,24 @@ def example_inputs():
 
 @pytest.mark.slow
 @pytest.mark.subprocess
+def test_complex_parameters_in_its_own_process(tmp_path):
+    """gradflow (the command that was exit 4) end to end once, as a shell sees it; every command below."""
+    (tmp_path / "cplx.py").write_text(COMPLEX_MODEL)
+    r = torchdiag("gradflow", f"{tmp_path}/cplx.py:build", "--device", "cpu")
+    assert r.returncode in (0, 1), r.stderr
+    assert "Traceback" not in r.stderr
+
+
 @pytest.mark.parametrize("command", ["gradflow", "nancheck", "doctor", "memory", "profile", "summary", "flops",
                                      "overfit-batch"])
-def test_complex_parameters_are_a_model_like_any_other(tmp_path, command):
-    """Case 9: a model with complex parameters (was exit 4 in gradflow): it runs, no traceback."""
+def test_complex_parameters_are_a_model_like_any_other(cli, tmp_path, command):
+    """Case 9: a model with complex parameters (was exit 4 in gradflow): it runs, no traceback. In-process
+    (the `cli` fixture): an exception escaping the command fails the test here too."""
     (tmp_path / "cplx.py").write_text(COMPLEX_MODEL)
     extra = ["--steps", "5"] if command == "overfit-batch" else []
-    r = torchdiag(command, f"{tmp_path}/cplx.py:build", "--device", "cpu", *extra)
-    assert r.returncode in (0, 1), (command, r.stderr)
-    assert "Traceback" not in r.stderr
+    r = cli(command, f"{tmp_path}/cplx.py:build", "--device", "cpu", *extra)
+    assert r.code in (0, 1), (command, r.stderr)
+    assert "Traceback" not in r.stderr + r.stdout
 
 
 MARKER_LOSS = """

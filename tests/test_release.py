@@ -51,16 +51,18 @@ def test_built_wheel_installs_and_runs(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     wheels, sdists = list(dist.glob("torchdiag-*.whl")), list(dist.glob("torchdiag-*.tar.gz"))
     assert len(wheels) == 1 and len(sdists) == 1, list(dist.iterdir())
+    # no PYTHONPATH: one naming the source tree would show pip (and python) the tree's torchdiag as installed
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
+    venv.EnvBuilder(with_pip=False).create(env_dir)   # the suite's pip installs into it (--python): no ensurepip
     py = env_dir / "bin" / "python"
-    purelib = run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path).stdout.strip()
+    purelib = run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path, env=env).stdout.strip()
     Path(purelib, "_suite_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    r = run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheels[0])], tmp_path)
+    r = run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", "--no-index",
+             "--no-compile", str(wheels[0])], tmp_path, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     outside = tmp_path / "elsewhere"                  # not the source tree: the wheel's files only
     outside.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = run([str(py), "-c", "import torchdiag, pathlib; print(pathlib.Path(torchdiag.__file__).parent)"], outside, env=env)
     assert r.returncode == 0 and str(env_dir) in r.stdout, r.stdout + r.stderr   # not an editable or the tree's copy
     exe = env_dir / "bin" / "torchdiag"
