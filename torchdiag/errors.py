@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 
 class ExitCode(enum.IntEnum):
@@ -29,6 +30,7 @@ class DiagError(Exception):
     """An error the CLI shows as `error: message` / `hint: hint` and exits with `code`."""
 
     code = ExitCode.INTERNAL
+    partial: Any = None   # a partial Result shown before the error (ModelError takes it; watch's merge sets it)
 
     def __init__(self, message: str, hint: str | None = None, code: ExitCode | None = None):
         super().__init__(message)

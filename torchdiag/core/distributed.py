@@ -132,7 +132,7 @@ def session(ranks: Ranks, spec):
 
     device = rank_device(ranks, spec.device)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    timeout = _timeout()
+    timeout = timeout_seconds()
     ranks = replace(ranks, backend=backend, device=str(device))
     try:
         if device.type == "cuda":
@@ -161,18 +161,19 @@ def gather_to_main(obj, ranks: Ranks) -> tuple[list, list[int]] | None:
     at most TORCHDIAG_DIST_TIMEOUT seconds. (A fresh process group here raced: a rank that finished
     first could join the script's old rendezvous keys while its peer was still training, and hang it.)"""
     import datetime
-    import pickle
+    import json
 
     import torch.distributed as dist
 
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         raise RuntimeError("torchrun's rendezvous store is not shared with the ranks (TORCHELASTIC_USE_AGENT_STORE)")
-    timeout = datetime.timedelta(seconds=_timeout())
+    timeout = datetime.timedelta(seconds=timeout_seconds())
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), ranks.world_size,
                           is_master=False, timeout=timeout)
     prefix = (f"torchdiag/gather/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/"
               f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/")
-    store.set(prefix + str(ranks.rank), pickle.dumps(obj))
+    # JSON, never pickle: the store is a TCP server, and what comes out of it must not be able to run code
+    store.set(prefix + str(ranks.rank), json.dumps(obj, default=str))
     if not ranks.main:
         return None
     keys = [prefix + str(r) for r in range(ranks.world_size)]
@@ -181,11 +182,11 @@ def gather_to_main(obj, ranks: Ranks) -> tuple[list, list[int]] | None:
     except Exception:   # a rank died or hangs: the ones that arrived
         pass
     here = [store.check([k]) for k in keys]
-    return [pickle.loads(store.get(k)) if ok else None for k, ok in zip(keys, here)], \
+    return [json.loads(store.get(k)) if ok else None for k, ok in zip(keys, here)], \
         [r for r, ok in enumerate(here) if not ok]
 
 
-def _timeout() -> int:
+def timeout_seconds() -> int:
     text = os.environ.get(TIMEOUT_ENV, "")
     try:
         return max(1, int(text)) if text else DEFAULT_TIMEOUT

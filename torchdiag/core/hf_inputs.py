@@ -114,7 +114,7 @@ def _main_shapes(config, main: str) -> list[tuple[tuple[int, ...], str]]:
         return [((t, c, h, w), "float32"), ((c, t, h, w), "float32"), ((c, h, w), "float32")]
     if main.endswith(("_ids", "_index")):
         return [((TEXT_LENGTH,), "int64")]
-    shapes = []
+    shapes: list[tuple[tuple[int, ...], str]] = []
     specific, generic = _features(config, generic=False), _features(config, generic=True)
     for length in _lengths(config, main):   # a feature size the config names for inputs, then a plain sequence,
         if length > MAX_FRAMES:             # then the model's own width (embeddings of that width)
@@ -204,7 +204,8 @@ def describe(specs: tuple[str, ...], main: str) -> str:
 
 def split(spec: str) -> tuple[str | None, str, str | None]:
     """'name=SHAPE:DTYPE~fill' -> (name or None, 'SHAPE:DTYPE', fill or None)."""
-    name, eq, rest = spec.partition("=")
+    named, eq, rest = spec.partition("=")
+    name: str | None = named
     if not eq:
         name, rest = None, spec
     body, _, fill = rest.partition("~")

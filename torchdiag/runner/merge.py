@@ -9,7 +9,7 @@ RANK_KEYS = ("rank", "batch_shard")          # per-rank header entries: in the r
 
 def record(rank: int, device: str, code: int, result: Result | None = None, error: dict | None = None,
            header: dict | None = None, **extra) -> dict:
-    """What one rank hands to rank 0: picklable, and small (the command's data, not its tables)."""
+    """What one rank hands to rank 0: plain data (JSON or pickle), and small (the command's data, not its tables)."""
     doc = result.to_dict() if result is not None else None
     return {"rank": rank, "device": device, "exit_code": int(code),
             "header": dict(result.header if result is not None else header or {}),

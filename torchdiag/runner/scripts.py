@@ -66,9 +66,9 @@ def _handed_in():
 
 
 def _missing(rank: int) -> dict:
-    from ..core.distributed import _timeout
+    from ..core.distributed import timeout_seconds
 
-    return record(rank, "?", 3, None, {"message": f"rank {rank} handed in no report within {_timeout()} s of rank 0's "
+    return record(rank, "?", 3, None, {"message": f"rank {rank} handed in no report within {timeout_seconds()} s of rank 0's "
                                                   "end (it died, or its script still runs)",
                                        "hint": "see its own output above; TORCHDIAG_DIST_TIMEOUT sets the wait",
                                        "at": time.time()})
