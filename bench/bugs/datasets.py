@@ -57,16 +57,17 @@ def digits(flat: bool = True, scale: bool = True, size: int = 8, onehot: bool = 
 def multilabel(n: int, n_features: int, n_classes: int, seed: int):
     """sklearn's make_multilabel_classification (what post 38648195 used), split 80/20."""
     from sklearn.datasets import make_multilabel_classification
-    from sklearn.model_selection import train_test_split
     x, y = make_multilabel_classification(n_samples=n, n_features=n_features, n_classes=n_classes,
                                           random_state=10_000 + seed)
-    return train_test_split(x.astype(np.float32), y.astype(np.float32), test_size=0.2,
-                            random_state=seed)
+    return split(x.astype(np.float32), y.astype(np.float32), 0.2, seed)
 
 
 def split(x, y, test_size: float, seed: int):
-    from sklearn.model_selection import train_test_split
-    return train_test_split(x, y, test_size=test_size, random_state=seed)
+    """A seeded random split: x_train, y_train, x_test, y_test (the order every port's data() returns)."""
+    order = np.random.default_rng(20_000 + seed).permutation(len(x))
+    n_test = int(round(len(x) * test_size))
+    te, tr = order[:n_test], order[n_test:]
+    return x[tr], y[tr], x[te], y[te]
 
 
 def quadratic(seed: int, noise: bool = True):
@@ -100,3 +101,92 @@ def linear_1d(n: int, seed: int, slope: float = 2.0, intercept: float = 1.0, noi
     x = r.uniform(0, 10, (n, 1)).astype(np.float32)
     y = (slope * x + intercept + noise * r.standard_normal((n, 1))).astype(np.float32)
     return split(x, y, test_size, seed)
+
+
+def uniform_two_class(n: int, seed: int, onehot: bool, test_size: float = 0.25):
+    """Post 50306988's generator: class A ~ U(0.2, 0.4)^2, class B ~ U(0.5, 0.7)^2 (the buggy script wrote
+    low=0.7, high=0.5, which numpy samples the same way). onehot: two one-hot columns (classes 1, 2 encoded);
+    else one 0/1 column."""
+    r = rng(seed)
+    a = r.uniform(0.2, 0.4, (n, 2))
+    b = r.uniform(0.5, 0.7, (n, 2))
+    x = np.concatenate([a, b]).astype(np.float32)
+    lab = np.concatenate([np.zeros(n), np.ones(n)]).astype(np.int64)
+    y = np.eye(2, dtype=np.float32)[lab] if onehot else lab.astype(np.float32).reshape(-1, 1)
+    return split(x, y, test_size, seed)
+
+
+def constant_rows(n_per_class: int, n_test_per_class: int, dim: int = 128):
+    """Post 31880720: rows of all ones (label 1) and all zeros (label 0)."""
+    def make(k):
+        x = np.concatenate([np.ones((k, dim)), np.zeros((k, dim))]).astype(np.float32)
+        y = np.concatenate([np.ones(k), np.zeros(k)]).astype(np.float32).reshape(-1, 1)
+        return x, y
+    x, y = make(n_per_class)
+    xv, yv = make(n_test_per_class)
+    return x, y, xv, yv
+
+
+def linear_big(n_train: int, n_test: int, seed: int, normalise_weights: bool):
+    """Post 33969059's get_data: x ~ U(0, 10000)^3, y = x . ws + xno (test rows with noise 0.4 on xno).
+    The correct script divides ws and xno by their largest magnitude (normalise_weights)."""
+    r = rng(seed)
+    ws, xno = np.array([2.0, 1.0, 0.5]), 2.2
+    if normalise_weights:
+        mx = max(abs(ws).max(), abs(xno))
+        ws, xno = ws / mx, xno / mx
+
+    def get(count, rweight):
+        xt = 10000 * r.random((count, 3))
+        noise = rweight * (r.random(count) - 0.5)
+        return xt.astype(np.float32), (xt @ ws + xno + noise).reshape(-1, 1).astype(np.float32)
+    x, y = get(n_train, 0.0)
+    xv, yv = get(n_test, 0.4)
+    return x, y, xv, yv
+
+
+def binary_codes(dim: int, seed: int, shuffle_targets: bool):
+    """Post 39217567: the 2^dim binary codes as inputs; targets the same codes (an autoencoder), or a random
+    permutation of them (the buggy post's `random.shuffle(y)`). Held out = the same codes (there are no others)."""
+    x = np.array([[float(b) for b in format(i, f"0{dim}b")] for i in range(2 ** dim)], dtype=np.float32)
+    y = x[rng(seed).permutation(len(x))] if shuffle_targets else x.copy()
+    return x, y, x, y
+
+
+def titanic_like(seed: int, n: int = 891):
+    """A stand-in for Kaggle's Titanic train.csv as post 31627380 prepares it: 10 columns, label-encoded
+    categoricals and raw Age/Fare (no scaling), survival driven by sex, class and age. Keras'
+    validation_split=0.2 takes the last 20% of rows."""
+    r = rng(seed)
+    pclass = r.choice([0, 1, 2], n, p=[0.24, 0.21, 0.55])
+    sex = r.integers(0, 2, n)
+    age = np.clip(r.normal(30, 14, n), 0.4, 80)
+    sibsp = r.poisson(0.5, n)
+    parch = r.poisson(0.4, n)
+    fare = np.exp(r.normal(2.7 + 0.8 * (2 - pclass), 0.7, n))
+    name = r.permutation(n)
+    ticket = r.integers(0, 681, n)
+    cabin = np.where(pclass == 0, r.integers(1, 148, n), 0)
+    embarked = r.choice([0, 1, 2, 3], n, p=[0.002, 0.19, 0.09, 0.718])
+    logit = 2.5 * sex - 0.9 * pclass - 0.03 * (age - 30) - 0.2 * sibsp - 0.4
+    survived = (r.random(n) < 1 / (1 + np.exp(-logit))).astype(np.int64)
+    x = np.stack([pclass, name, sex, age, sibsp, parch, ticket, fare, cabin, embarked], 1).astype(np.float32)
+    y = np.eye(2, dtype=np.float32)[survived]
+    cut = int(n * 0.8)
+    return x[:cut], y[:cut], x[cut:], y[cut:]
+
+
+def tanh_regression(n: int, seed: int, test_size: float = 0.25):
+    """Post 48251943's 'Book1.csv' (2 input columns, 1 target) is not public: a stand-in target in (-1, 1)
+    (the correct script's tanh output says the target lies there), y = tanh(x . w), x ~ N(0, 1)^2."""
+    r = rng(seed)
+    x = r.standard_normal((n, 2)).astype(np.float32)
+    y = np.tanh(x @ np.array([1.5, -1.0])).reshape(-1, 1).astype(np.float32)
+    return split(x, y, test_size, seed)
+
+
+def standardised(splits):
+    """sklearn's StandardScaler fitted on the training split (what the correct scripts add)."""
+    x, y, xv, yv = splits
+    mu, sd = x.mean(0), x.std(0) + 1e-8
+    return (x - mu) / sd, y, (xv - mu) / sd, yv
