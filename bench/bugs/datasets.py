@@ -190,3 +190,41 @@ def standardised(splits):
     x, y, xv, yv = splits
     mu, sd = x.mean(0), x.std(0) + 1e-8
     return (x - mu) / sd, y, (xv - mu) / sd, yv
+
+
+def one_feature(n: int, seed: int):
+    """Post 45442843's dataset.csv (one raw feature, a boolean target) is not public: x ~ N(50, 20), the
+    target true when x + N(0, 5) > 55. Split as the post does: the first 80% train, the rest test."""
+    r = rng(seed)
+    x = r.normal(50, 20, (n, 1)).astype(np.float32)
+    y = ((x[:, 0] + r.normal(0, 5, n)) > 55).astype(np.float32).reshape(-1, 1)
+    cut = int(n * 0.8)
+    return x[:cut], y[:cut], x[cut:], y[cut:]
+
+
+def scaled(splits):
+    """preprocessing.scale over the whole x (what post 45442843's fix does before splitting)."""
+    x, y, xv, yv = splits
+    allx = np.concatenate([x, xv])
+    mu, sd = allx.mean(0), allx.std(0) + 1e-8
+    return (x - mu) / sd, y, (xv - mu) / sd, yv
+
+
+def adult_like(n: int, seed: int):
+    """A stand-in for UCI Adult (adult.data) as post 47724077 feeds it: 14 raw numeric columns (label-encoded
+    categoricals, age, fnlwgt ~ 1e5, capital gain/loss up to ~1e4, hours), income >50K as two one-hot
+    classes (about 24% positive). 80/20 split (the post evaluates on its training data)."""
+    r = rng(seed)
+    age = r.integers(17, 90, n)
+    edu_num = r.integers(1, 17, n)
+    hours = np.clip(r.normal(40, 12, n), 1, 99)
+    gain = np.where(r.random(n) < 0.08, r.exponential(8000, n), 0)
+    loss = np.where(r.random(n) < 0.05, r.exponential(1800, n), 0)
+    fnlwgt = r.normal(190000, 105000, n).clip(12000, 1.5e6)
+    sex = r.integers(0, 2, n)
+    cats = [r.integers(0, k, n) for k in (9, 16, 7, 15, 6, 5, 42)]   # workclass, education, marital, ...
+    logit = 0.04 * (age - 38) + 0.35 * (edu_num - 10) + 0.03 * (hours - 40) + 0.0003 * gain + 0.8 * sex - 1.6
+    y = (r.random(n) < 1 / (1 + np.exp(-logit))).astype(np.int64)
+    x = np.stack([age, cats[0], fnlwgt, cats[1], edu_num, cats[2], cats[3], cats[4], cats[5], sex, gain,
+                  loss, hours, cats[6]], 1).astype(np.float32)
+    return split(x, np.eye(2, dtype=np.float32)[y], 0.2, seed)

@@ -62,17 +62,19 @@ def _init_(w: torch.Tensor, init: str) -> None:
         nn.init.normal_(w, 0.0, 0.05)
     elif init == "he_normal":
         nn.init.kaiming_normal_(w, nonlinearity="relu")
+    elif init == "normal1":                 # RandomNormal(stddev=1)
+        nn.init.normal_(w, 0.0, 1.0)
     elif init == "zeros":
         nn.init.zeros_(w)
     else:
         raise ValueError(f"unknown Keras initialiser {init!r}")
 
 
-def dense(n_in: int, n_out: int, init: str = "glorot_uniform") -> nn.Linear:
+def dense(n_in: int, n_out: int, init: str = "glorot_uniform", bias_init: str = "zeros") -> nn.Linear:
     layer = nn.Linear(n_in, n_out)
     with torch.no_grad():
         _init_(layer.weight, init)
-        layer.bias.zero_()
+        _init_(layer.bias, bias_init)
     return layer
 
 

@@ -93,12 +93,28 @@ def _json_doc(stdout: str) -> dict | None:
         return None
 
 
-def plain(m: dict, variant: str, seed: int, epochs: int | None, timeout: float) -> dict:
-    cmd = [sys.executable, f"{m['dir']}/{variant}.py", "--seed", str(seed)]
+def plain(m: dict, variant: str, seeds: list[int], epochs: int | None, timeout: float) -> dict[int, dict]:
+    """The unwatched runs of one variant, every seed in one process (bench/bugs/seeds.py)."""
+    cmd = [sys.executable, str(HERE / "seeds.py"), f"{m['dir']}/{variant}.py", *map(str, seeds)]
     if epochs is not None:
-        cmd += ["--epochs", str(epochs)]
-    rc, out, err, wall = _run(cmd, timeout)
-    return {"rc": rc, "wall_s": round(wall, 3), "result": _result_line(out), "stderr_tail": err[-800:] if rc else ""}
+        cmd += ["--", "--epochs", str(epochs)]
+    rc, out, err, wall = _run(cmd, timeout * len(seeds))
+    chunks: dict[int, list[str]] = {}
+    cur = None
+    for line in out.splitlines():
+        if line.startswith("BUGS_SEED "):
+            cur = int(line.split()[1])
+            chunks[cur] = []
+        elif cur is not None:
+            chunks[cur].append(line)
+    runs = {}
+    for s in seeds:
+        text = "\n".join(chunks.get(s, []))
+        res = _result_line(text)
+        errs = [json.loads(x[len("BUGS_ERROR "):]) for x in chunks.get(s, []) if x.startswith("BUGS_ERROR ")]
+        runs[s] = {"rc": 0 if res else (rc or 3), "wall_s": round(wall / len(seeds), 3), "result": res,
+                   "stderr_tail": (errs[0]["error"] if errs else err[-800:]) if not res else ""}
+    return runs
 
 
 def watched(m: dict, variant: str, seed: int, epochs: int | None, timeout: float, every: int) -> dict:
@@ -131,19 +147,25 @@ def oneshot(m: dict, variant: str, command: str, timeout: float) -> dict:
             "stderr_tail": err[-800:] if rc not in (0, 1) else ""}
 
 
-def tasks(m: dict, seeds: int, watch: bool, shots: bool):
-    """(key, kind, variant, seed or command) in the order that finishes a program before the next."""
-    for s in range(seeds):
+def tasks(progs: list[dict], seeds: int, watch: bool, shots: bool):
+    """(program, key, kind, variant, seed or command), in three passes so that a partial run is useful:
+    every program's reproduction first, then watch on seed 0 and the one-shot commands, then watch on the
+    other seeds."""
+    for m in progs:
         for v in ("buggy", "correct"):
-            yield f"{m['id']}/{v}/plain/{s}", "plain", v, s
+            yield m, f"{m['id']}/{v}/plain", "plain", v, list(range(seeds))
+    for m in progs:
+        for v in ("buggy", "correct"):
+            if watch:
+                yield m, f"{m['id']}/{v}/watch/0", "watch", v, 0
+            if shots:
+                for c in ONESHOT:
+                    yield m, f"{m['id']}/{v}/{c}/0", "oneshot", v, c
     if watch:
-        for s in range(seeds):
-            for v in ("buggy", "correct"):
-                yield f"{m['id']}/{v}/watch/{s}", "watch", v, s
-    if shots:
-        for v in ("buggy", "correct"):
-            for c in ONESHOT:
-                yield f"{m['id']}/{v}/{c}/0", "oneshot", v, c
+        for m in progs:
+            for s in range(1, seeds):
+                for v in ("buggy", "correct"):
+                    yield m, f"{m['id']}/{v}/watch/{s}", "watch", v, s
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,23 +185,32 @@ def main(argv: list[str] | None = None) -> int:
     results = load(path)
     progs = programs(a.programs)
     if not a.report:
-        for m in progs:
+        for m, key, kind, v, arg in tasks(progs, a.seeds, not a.no_watch, not a.no_oneshot):
             timeout = a.timeout or m.get("timeout_s", 600)
-            for key, kind, v, arg in tasks(m, a.seeds, not a.no_watch, not a.no_oneshot):
-                if key in results["runs"]:
-                    continue
-                if kind == "plain":
-                    r = plain(m, v, arg, a.epochs, timeout)
-                elif kind == "watch":
-                    r = watched(m, v, arg, a.epochs, timeout * 3, a.every)
-                else:
-                    r = oneshot(m, v, arg, timeout)
-                results["runs"][key] = r
-                save(path, results)
-                print(f"{key}: rc {r['rc']} {r['wall_s']:.1f}s", flush=True)
+            if kind == "plain":
+                todo = [s for s in arg if f"{key}/{s}" not in results["runs"]]
+                if todo:
+                    done = plain(m, v, todo, a.epochs, timeout)
+                    results = load(path)
+                    results["runs"].update({f"{key}/{s}": r for s, r in done.items()})
+                    save(path, results)
+                    print(f"{key} seeds {todo}: " + ", ".join(f"rc {r['rc']}" for r in done.values()), flush=True)
+                continue
+            if key in results["runs"]:
+                continue
+            if kind == "watch":
+                r = watched(m, v, arg, a.epochs, timeout * 3, a.every)
+            else:
+                r = oneshot(m, v, arg, timeout)
+            results = load(path)      # another writer (a --report) may have saved meanwhile
+            results["runs"][key] = r
+            save(path, results)
+            print(f"{key}: rc {r['rc']} {r['wall_s']:.1f}s", flush=True)
     summary = report.summarise(programs("*"), results, a.seeds)
-    results["summary"] = summary
-    save(path, results)
+    if not a.report:          # --report only reads (a running `make bugs` owns the file)
+        results = load(path)
+        results["summary"] = summary
+        save(path, results)
     if a.readme:
         report.write_readme(Path(a.readme), summary)
     print(report.headline(summary))

@@ -27,7 +27,7 @@ def loss(out, target):
 
 
 def main() -> None:
-    a = H.parse(default_epochs=10000)
+    a = H.parse(default_epochs=3000)
     H.seed_all(a.seed)
     m = model()
     opt, sched = H.optimizer("adam", m.parameters())

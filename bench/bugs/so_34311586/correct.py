@@ -28,7 +28,7 @@ def loss(out, target):
 
 
 def main() -> None:
-    a = H.parse(default_epochs=10000)
+    a = H.parse(default_epochs=1500)
     H.seed_all(a.seed)
     m = model()
     opt, sched = H.optimizer("sgd", m.parameters(), lr=0.1, momentum=0.9, nesterov=True, decay=1e-6)

@@ -31,7 +31,7 @@ def loss(out, target):
 
 
 def main() -> None:
-    a = H.parse(default_epochs=20)
+    a = H.parse(default_epochs=10)
     H.seed_all(a.seed)
     m = model()
     opt, sched = H.optimizer("sgd", m.parameters())

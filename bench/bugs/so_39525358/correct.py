@@ -31,7 +31,7 @@ def loss(out, target):
 
 
 def main() -> None:
-    a = H.parse(default_epochs=50)
+    a = H.parse(default_epochs=15)
     H.seed_all(a.seed)
     m = model()
     opt, sched = H.optimizer("adam", m.parameters())

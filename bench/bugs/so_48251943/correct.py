@@ -30,7 +30,7 @@ def loss(out, target):
 
 
 def main() -> None:
-    a = H.parse(default_epochs=500)
+    a = H.parse(default_epochs=200)
     H.seed_all(a.seed)
     m = model()
     opt, sched = H.optimizer("sgd", m.parameters())
