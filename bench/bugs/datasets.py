@@ -228,3 +228,38 @@ def adult_like(n: int, seed: int):
     x = np.stack([age, cats[0], fnlwgt, cats[1], edu_num, cats[2], cats[3], cats[4], cats[5], sex, gain,
                   loss, hours, cats[6]], 1).astype(np.float32)
     return split(x, np.eye(2, dtype=np.float32)[y], 0.2, seed)
+
+
+def iris(scale: bool):
+    """scikit-learn's iris (shipped), one-hot targets, split 50/50 with random_state=2 as post 51930566 does;
+    scale: StandardScaler fitted on all rows first (the fix)."""
+    from sklearn.datasets import load_iris
+    d = load_iris()
+    x = d["data"].astype(np.float32)
+    if scale:
+        x = (x - x.mean(0)) / x.std(0)
+    y = np.eye(3, dtype=np.float32)[d["target"]]
+    order = np.random.RandomState(2).permutation(len(x))
+    te, tr = order[:75], order[75:]
+    return x[tr], y[tr], x[te], y[te]
+
+
+def quartic(scale: bool):
+    """Post 52800582: x = -100, -99.5, ..., 99.5 and y = x^4 (400 points), raw or both standardised.
+    Held out = the same points (the post fits and plots on them). Returns also y's raw std."""
+    x = np.arange(-100, 100, 0.5).reshape(-1, 1)
+    y = x ** 4
+    if scale:
+        x = (x - x.mean()) / x.std()
+        y = (y - y.mean()) / y.std()
+    return x.astype(np.float32), y.astype(np.float32), x.astype(np.float32), y.astype(np.float32)
+
+
+def binary_multilabel(n: int, n_features: int, seed: int, flat: bool):
+    """Post 50481178: make_multilabel_classification with one class, 4 features; 80/20 split. flat: the
+    labels as a vector of 0/1 (for sparse categorical cross-entropy) instead of a column."""
+    from sklearn.datasets import make_multilabel_classification
+    x, y = make_multilabel_classification(n_samples=n, n_features=n_features, n_classes=1,
+                                          random_state=10_000 + seed)
+    y = y.astype(np.float32)
+    return split(x.astype(np.float32), y.reshape(-1) if flat else y.reshape(-1, 1), 0.2, seed)

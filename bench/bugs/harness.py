@@ -156,8 +156,12 @@ def _metric(task: str, p: torch.Tensor, y: torch.Tensor) -> dict:
 
 
 def fit(model: nn.Module, loss_name: str, opt, x, y, *, epochs: int, batch_size: int, task: str,
-        x_val=None, y_val=None, sched=None, shuffle: bool = True) -> dict:
-    """Keras' model.fit as a plain loop; evaluates on (x_val, y_val) and prints the BUGS_RESULT line."""
+        x_val=None, y_val=None, sched=None, shuffle: bool = True, y_scale: float = 1.0) -> dict:
+    """Keras' model.fit as a plain loop; evaluates on (x_val, y_val) and prints the BUGS_RESULT line.
+
+    y_scale: the regression metric is MSE / y_scale^2, so that a script that standardises its targets and
+    one that does not report the error in the same units (pass the raw target's standard deviation).
+    """
     x = torch.as_tensor(np.asarray(x), dtype=torch.float32)
     y = torch.as_tensor(np.asarray(y), dtype=torch.float32)
     x_val = x if x_val is None else torch.as_tensor(np.asarray(x_val), dtype=torch.float32)
@@ -190,6 +194,8 @@ def fit(model: nn.Module, loss_name: str, opt, x, y, *, epochs: int, batch_size:
                 log("val_acc", val["acc"])
     seconds = time.perf_counter() - t0
     result = evaluate(model, loss_fn, x_val, y_val, task)
+    if "mse" in result:
+        result["mse"] = result["mse"] / y_scale ** 2
     result.update(train_loss=train_loss, steps=steps, seconds=round(seconds, 4), epochs=epochs,
                   finite=bool(math.isfinite(result["loss"])))
     print(RESULT_TAG, json.dumps(result), flush=True)
