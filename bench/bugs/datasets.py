@@ -263,3 +263,21 @@ def binary_multilabel(n: int, n_features: int, seed: int, flat: bool):
                                           random_state=10_000 + seed)
     y = y.astype(np.float32)
     return split(x.astype(np.float32), y.reshape(-1) if flat else y.reshape(-1, 1), 0.2, seed)
+
+
+def iris_split(minmax: bool, seed: int):
+    """scikit-learn's iris (shipped) raw or min-max scaled, one-hot targets, a seeded 80/20 split."""
+    from sklearn.datasets import load_iris
+    d = load_iris()
+    x = d["data"].astype(np.float32)
+    if minmax:
+        x = (x - x.min(0)) / (x.max(0) - x.min(0))
+    return split(x, np.eye(3, dtype=np.float32)[d["target"]], 0.2, seed)
+
+
+def digits_labels_scaled(seed: int):
+    """Post 59325381's buggy preparation on the digits stand-in: images /16 (MNIST's /255), 1x28x28, and the
+    TRAINING labels divided by 255 too (the bug: sparse cross-entropy then reads them as class 0); the
+    test labels untouched."""
+    x, y, xv, yv = digits(flat=False, size=28, seed=seed)
+    return x, (y / 255.0).astype(np.float32), xv, yv.astype(np.float32)

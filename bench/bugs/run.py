@@ -147,21 +147,22 @@ def oneshot(m: dict, variant: str, command: str, timeout: float) -> dict:
             "stderr_tail": err[-800:] if rc not in (0, 1) else ""}
 
 
-def tasks(progs: list[dict], seeds: int, watch: bool, shots: bool):
+def tasks(progs: list[dict], seeds: int, watch: bool, shots: bool, passes: str = "plain,detect,seeds"):
     """(program, key, kind, variant, seed or command), in three passes so that a partial run is useful:
     every program's reproduction first, then watch on seed 0 and the one-shot commands, then watch on the
     other seeds."""
-    for m in progs:
-        for v in ("buggy", "correct"):
-            yield m, f"{m['id']}/{v}/plain", "plain", v, list(range(seeds))
-    for m in progs:
+    if "plain" in passes:
+        for m in progs:
+            for v in ("buggy", "correct"):
+                yield m, f"{m['id']}/{v}/plain", "plain", v, list(range(seeds))
+    for m in progs if "detect" in passes else []:
         for v in ("buggy", "correct"):
             if watch:
                 yield m, f"{m['id']}/{v}/watch/0", "watch", v, 0
             if shots:
                 for c in ONESHOT:
                     yield m, f"{m['id']}/{v}/{c}/0", "oneshot", v, c
-    if watch:
+    if watch and "seeds" in passes:
         for m in progs:
             for s in range(1, seeds):
                 for v in ("buggy", "correct"):
@@ -178,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=10, help="watch --every")
     ap.add_argument("--no-watch", action="store_true")
     ap.add_argument("--no-oneshot", action="store_true")
+    ap.add_argument("--passes", default="plain,detect,seeds",
+                    help="which passes: plain (reproduction), detect (watch seed 0 + one-shots), seeds (watch, other seeds);"
+                    " two workers on different passes may share one results file")
     ap.add_argument("--report", action="store_true", help="only write the table from the results")
     ap.add_argument("--readme", default=str(ROOT / "bench" / "README.md"), help="'' to skip the README")
     a = ap.parse_args(argv)
@@ -185,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     results = load(path)
     progs = programs(a.programs)
     if not a.report:
-        for m, key, kind, v, arg in tasks(progs, a.seeds, not a.no_watch, not a.no_oneshot):
+        for m, key, kind, v, arg in tasks(progs, a.seeds, not a.no_watch, not a.no_oneshot, a.passes):
             timeout = a.timeout or m.get("timeout_s", 600)
             if kind == "plain":
                 todo = [s for s in arg if f"{key}/{s}" not in results["runs"]]
