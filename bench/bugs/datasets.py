@@ -281,3 +281,54 @@ def digits_labels_scaled(seed: int):
     test labels untouched."""
     x, y, xv, yv = digits(flat=False, size=28, seed=seed)
     return x, (y / 255.0).astype(np.float32), xv, yv.astype(np.float32)
+
+
+def game_of_life(n_train: int, n_val: int, seed: int, size: int = 3):
+    """gol_nn's own generator: random size x size fields (alive with p 0.5), the target the next state under
+    Conway's rules on a torus; inputs wrap-padded to (size+2)^2, channels first (N, 1, H+2, W+2)."""
+    r = rng(seed)
+
+    def make(n):
+        f = (r.random((n, 1, size, size)) < 0.5).astype(np.int32)
+        nb = np.zeros_like(f)
+        for dx in (-1, 0, 1):
+            for dy in (-1, 0, 1):
+                if dx or dy:
+                    nb += np.roll(np.roll(f, dx, 3), dy, 2)
+        y = np.logical_or(nb == 3, np.logical_and(f, nb == 2)).astype(np.float32)
+        x = np.pad(f, ((0, 0), (0, 0), (1, 1), (1, 1)), mode="wrap").astype(np.float32)
+        return x, y
+    x, y = make(n_train)
+    xv, yv = make(n_val)
+    return x, y, xv, yv
+
+
+def blobs_onehot(n: int, n_features: int, seed: int, scale: float, offset: float):
+    """blobs_binary with the label as two one-hot columns (LabelEncoder + to_categorical)."""
+    x, y, xv, yv = blobs_binary(n, n_features, seed, scale=scale, offset=offset)
+    eye = np.eye(2, dtype=np.float32)
+    return x, eye[y[:, 0].astype(int)], xv, eye[yv[:, 0].astype(int)]
+
+
+def bag_of_words(n_train: int, n_val: int, n_test: int, seed: int, vocab: int = 10000, length: int = 120):
+    """IMDB (keras.datasets.imdb, num_words=10000, multi-hot) cannot be downloaded: reviews of `length` words
+    drawn from a Zipf-like vocabulary, 300 'positive' and 300 'negative' words made 4x likelier in reviews
+    of that label; multi-hot over `vocab` words. Returns train, validation (the project validates on the
+    first 10000 training reviews) and test splits: x, y, x_val, y_val, x_test, y_test."""
+    r = rng(seed)
+    base = 1.0 / np.arange(1, vocab + 1) ** 0.9
+    words = r.permutation(np.arange(50, vocab))
+    pos, neg = words[:300], words[300:600]
+
+    def make(n):
+        y = r.integers(0, 2, n)
+        x = np.zeros((n, vocab), dtype=np.float32)
+        for i in range(n):
+            p = base.copy()
+            p[pos if y[i] else neg] *= 4.0
+            x[i, r.choice(vocab, length, p=p / p.sum())] = 1.0
+        return x, y.astype(np.float32).reshape(-1, 1)
+    x, y = make(n_train)
+    xv, yv = make(n_val)
+    xt, yt = make(n_test)
+    return x, y, xv, yv, xt, yt
