@@ -169,7 +169,7 @@ def fit(model: nn.Module, loss_name: str, opt, x, y, *, epochs: int, batch_size:
     loss_fn = keras_loss(loss_name)
     n = len(x)
     steps = 0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()   # CPU time too: the machine may be shared
     train_loss = float("nan")
     for epoch in range(epochs):
         set_epoch(epoch)
@@ -192,11 +192,12 @@ def fit(model: nn.Module, loss_name: str, opt, x, y, *, epochs: int, batch_size:
             log("val_loss", val["loss"])
             if "acc" in val:
                 log("val_acc", val["acc"])
-    seconds = time.perf_counter() - t0
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     result = evaluate(model, loss_fn, x_val, y_val, task)
     if "mse" in result:
         result["mse"] = result["mse"] / y_scale ** 2
-    result.update(train_loss=train_loss, steps=steps, seconds=round(seconds, 4), epochs=epochs,
+    result.update(train_loss=train_loss, steps=steps, seconds=round(seconds, 4),
+                  cpu_seconds=round(cpu_seconds, 4), epochs=epochs,
                   finite=bool(math.isfinite(result["loss"])))
     print(RESULT_TAG, json.dumps(result), flush=True)
     return result

@@ -119,11 +119,13 @@ def _variant(m: dict, runs: dict, v: str, seeds: int) -> dict:
     layers = m.get("fault_layers") or []
     localised = (any(w == L or w.startswith(L + ".") for w in where for L in layers)) if layers else None
     first = [s for s in (_first_step(w) for w in alarmed) if s is not None]
-    overhead = []
-    for s in range(seeds):
+    overhead, per_step = [], []
+    for s in range(seeds):   # CPU seconds of the training loop (the wall clock of a shared machine is noise)
         p, w = runs.get(f"{m['id']}/{v}/plain/{s}"), runs.get(f"{m['id']}/{v}/watch/{s}")
-        if p and w and p.get("result") and w.get("result") and p["result"]["seconds"] > 0:
-            overhead.append(w["result"]["seconds"] / p["result"]["seconds"] - 1)
+        pr, wr = (p or {}).get("result") or {}, (w or {}).get("result") or {}
+        if pr.get("cpu_seconds") and wr.get("cpu_seconds") and pr.get("steps"):
+            overhead.append(wr["cpu_seconds"] / pr["cpu_seconds"] - 1)
+            per_step.append((wr["cpu_seconds"] - pr["cpu_seconds"]) / pr["steps"] * 1e3)
     all_codes = sorted(majority | {c for cs in shot_codes.values() for c in cs})
     return {
         "watch_runs": len(done), "watch_alarmed": len(alarmed),
@@ -136,8 +138,17 @@ def _variant(m: dict, runs: dict, v: str, seeds: int) -> dict:
         "localised": localised,
         "first_alarm_step": statistics.median(first) if first else None,
         "overhead": statistics.median(overhead) if overhead else None,
+        "overhead_ms_per_step": statistics.median(per_step) if per_step else None,
+        "plain_ms_per_step": _ms_per_step(runs, m["id"], v, seeds),
         "crashes": crashes,
     }
+
+
+def _ms_per_step(runs: dict, pid: str, v: str, seeds: int) -> float | None:
+    vals = [r["result"]["cpu_seconds"] / r["result"]["steps"] * 1e3 for s in range(seeds)
+            if (r := runs.get(f"{pid}/{v}/plain/{s}")) and (r.get("result") or {}).get("cpu_seconds")
+            and r["result"].get("steps")]
+    return statistics.median(vals) if vals else None
 
 
 def summarise(progs: list[dict], results: dict, seeds: int) -> dict:
@@ -160,16 +171,22 @@ def _rate(items: list[bool]) -> str:
     return f"{k}/{n} ({lo:.0%}–{hi:.0%})"
 
 
+def _measured(r: dict, v: str) -> bool:
+    return bool(r[v]["watch_runs"]) and len(r[v]["oneshot_codes"]) == 4
+
+
 def _rates(rows: list[dict]) -> dict:
-    rep = [r for r in rows if r["reproduction"]["status"] == "reproduces" and r["buggy"]["watch_runs"]]
-    correct = [r for r in rows if r["correct"]["watch_runs"]]
+    reproducing = [r for r in rows if r["reproduction"]["status"] == "reproduces"]
+    rep = [r for r in reproducing if _measured(r, "buggy")]
+    correct = [r for r in reproducing if _measured(r, "correct")]
     loc = [r for r in rep if r["buggy"]["localised"] is not None]
     seeds_b = [(r["buggy"]["watch_alarmed"], r["buggy"]["watch_runs"]) for r in rep]
     seeds_c = [(r["correct"]["watch_alarmed"], r["correct"]["watch_runs"]) for r in correct]
-    oh = [r["buggy"]["overhead"] for r in rows if r["buggy"]["overhead"] is not None] + \
-         [r["correct"]["overhead"] for r in rows if r["correct"]["overhead"] is not None]
+    oh = [r[v]["overhead"] for r in rows for v in ("buggy", "correct") if r[v]["overhead"] is not None]
+    ms = [r[v]["overhead_ms_per_step"] for r in rows for v in ("buggy", "correct")
+          if r[v]["overhead_ms_per_step"] is not None]
     return {
-        "n": len(rep),
+        "n": len(rep), "reproducing": len(reproducing),
         "detected": _rate([r["buggy"]["detected"] for r in rep]),
         "watch_detected": _rate([r["buggy"]["watch_detected"] for r in rep]),
         "watch_runs": _rate_pairs(seeds_b),
@@ -177,7 +194,8 @@ def _rates(rows: list[dict]) -> dict:
         "localised": _rate([bool(r["buggy"]["localised"]) for r in loc]),
         "false_alarms": _rate([r["correct"]["detected"] for r in correct]),
         "false_alarm_runs": _rate_pairs(seeds_c),
-        "overhead": f"{statistics.median(oh):+.0%} (median of {len(oh)})" if oh else "—",
+        "overhead": (f"{statistics.median(oh):+.0%} of the training loop's CPU time, "
+                     f"{statistics.median(ms):.2f} ms per step (medians over {len(oh)} program variants)") if oh else "—",
     }
 
 
@@ -210,7 +228,7 @@ def table(summary: dict) -> str:
     out += [f"| {t} | {d} | {g} | {f} |" for t, d, g, f in PUBLISHED]
     for label, sel in (("of the 34", in34), ("all ported", allrows)):
         r = _rates(sel)
-        out.append(f"| **torchdiag**, {label}: {r['n']} reproducing programs | {r['detected']} (watch alone "
+        out.append(f"| **torchdiag**, {label}: {r['reproducing']} reproduce, {r['n']} measured so far | {r['detected']} (watch alone "
                    f"{r['watch_detected']}; per run {r['watch_runs']}) | {r['diagnosed']} | {r['false_alarms']} "
                    f"of the correct versions (watch per run {r['false_alarm_runs']}) |")
     r = _rates(allrows)
@@ -220,6 +238,11 @@ def table(summary: dict) -> str:
             "types | diagnosed | localised | 1st alarm step | correct: codes |", "|" + "---|" * 11]
     for pid, r in sorted(rows.items()):
         rep, b, c = r["reproduction"], r["buggy"], r["correct"]
+        if not _measured(r, "buggy"):
+            out.append(f"| {pid} | {', '.join(r['ground_truth'] or ['—'])} | {_fmt(rep.get('median_buggy'))} / "
+                       f"{_fmt(rep.get('median_correct'))} | {_fmt(rep.get('p'), '.3f')} | {rep['status']} | "
+                       "not measured yet | | | | | |")
+            continue
         out.append(
             f"| {pid} | {', '.join(r['ground_truth'] or ['—'])} | {_fmt(rep.get('median_buggy'))} / "
             f"{_fmt(rep.get('median_correct'))} | {_fmt(rep.get('p'), '.3f')} | {rep['status']} | "

@@ -37,7 +37,7 @@ def programs(pattern: str) -> list[dict]:
     found = []
     for meta in sorted(HERE.glob("*/meta.json")):
         m = json.loads(meta.read_text())
-        if fnmatch.fnmatch(m["id"], pattern):
+        if any(fnmatch.fnmatch(m["id"], p) for p in pattern.split(",")):
             m["dir"] = str(meta.parent.relative_to(ROOT))
             found.append(m)
     return found
@@ -171,7 +171,7 @@ def tasks(progs: list[dict], seeds: int, watch: bool, shots: bool, passes: str =
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--programs", default="*", help="glob over program ids")
+    ap.add_argument("--programs", default="*", help="globs over program ids, comma-separated")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--epochs", type=int, default=None, help="override every script's epochs (tests)")
     ap.add_argument("--results", default=str(HERE / "results.json"))
@@ -182,14 +182,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--passes", default="plain,detect,seeds",
                     help="which passes: plain (reproduction), detect (watch seed 0 + one-shots), seeds (watch, other seeds);"
                     " two workers on different passes may share one results file")
+    ap.add_argument("--shard", default="0/1", help="k/n: this worker runs every n-th task from the k-th (parallel workers)")
     ap.add_argument("--report", action="store_true", help="only write the table from the results")
     ap.add_argument("--readme", default=str(ROOT / "bench" / "README.md"), help="'' to skip the README")
     a = ap.parse_args(argv)
     path = Path(a.results)
     results = load(path)
     progs = programs(a.programs)
+    k, n = (int(x) for x in a.shard.split("/"))
     if not a.report:
-        for m, key, kind, v, arg in tasks(progs, a.seeds, not a.no_watch, not a.no_oneshot, a.passes):
+        todo = list(tasks(progs, a.seeds, not a.no_watch, not a.no_oneshot, a.passes))
+        for m, key, kind, v, arg in todo[k::n]:
             timeout = a.timeout or m.get("timeout_s", 600)
             if kind == "plain":
                 todo = [s for s in arg if f"{key}/{s}" not in results["runs"]]
