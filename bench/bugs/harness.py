@@ -64,6 +64,8 @@ def _init_(w: torch.Tensor, init: str) -> None:
         nn.init.kaiming_normal_(w, nonlinearity="relu")
     elif init == "normal1":                 # RandomNormal(stddev=1)
         nn.init.normal_(w, 0.0, 1.0)
+    elif init == "const0.1":                # keras.initializers.Constant(0.1)
+        nn.init.constant_(w, 0.1)
     elif init == "zeros":
         nn.init.zeros_(w)
     else:
@@ -78,11 +80,12 @@ def dense(n_in: int, n_out: int, init: str = "glorot_uniform", bias_init: str = 
     return layer
 
 
-def conv2d(c_in: int, c_out: int, k: int, init: str = "glorot_uniform", padding: str | int = 0) -> nn.Conv2d:
+def conv2d(c_in: int, c_out: int, k: int, init: str = "glorot_uniform", padding: str | int = 0,
+           bias_init: str = "zeros") -> nn.Conv2d:
     layer = nn.Conv2d(c_in, c_out, k, padding=padding)
     with torch.no_grad():
         _init_(layer.weight, init)
-        layer.bias.zero_()
+        _init_(layer.bias, bias_init)
     return layer
 
 

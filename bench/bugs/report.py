@@ -178,7 +178,7 @@ def _measured(r: dict, v: str) -> bool:
 def _rates(rows: list[dict]) -> dict:
     reproducing = [r for r in rows if r["reproduction"]["status"] == "reproduces"]
     rep = [r for r in reproducing if _measured(r, "buggy")]
-    correct = [r for r in reproducing if _measured(r, "correct")]
+    correct = [r for r in rows if _measured(r, "correct")]   # every correct version, reproducing or not
     loc = [r for r in rep if r["buggy"]["localised"] is not None]
     seeds_b = [(r["buggy"]["watch_alarmed"], r["buggy"]["watch_runs"]) for r in rep]
     seeds_c = [(r["correct"]["watch_alarmed"], r["correct"]["watch_runs"]) for r in correct]
@@ -230,7 +230,7 @@ def table(summary: dict) -> str:
         r = _rates(sel)
         out.append(f"| **torchdiag**, {label}: {r['reproducing']} reproduce, {r['n']} measured so far | {r['detected']} (watch alone "
                    f"{r['watch_detected']}; per run {r['watch_runs']}) | {r['diagnosed']} | {r['false_alarms']} "
-                   f"of the correct versions (watch per run {r['false_alarm_runs']}) |")
+                   f"of the correct versions measured (watch per run {r['false_alarm_runs']}) |")
     r = _rates(allrows)
     out += ["", f"Rates: k/n (95% Wilson interval). Layer localised: {r['localised']} of the reproducing "
             f"programs whose meta.json names the faulty layer. watch's overhead: {r['overhead']}.", ""]
