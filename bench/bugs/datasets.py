@@ -332,3 +332,22 @@ def bag_of_words(n_train: int, n_val: int, n_test: int, seed: int, vocab: int = 
     xv, yv = make(n_val)
     xt, yt = make(n_test)
     return x, y, xv, yv, xt, yt
+
+
+def keypoint_faces(n: int, seed: int, size: int = 96, points: int = 15):
+    """Kaggle's facial-keypoints training.csv cannot be downloaded: size x size grey images (flattened, in
+    [0, 1]) of `points` Gaussian spots whose centres are the targets, 2 * points coordinates scaled to
+    [-1, 1] as the project scales them ((y - 48) / 48). 80/20 split (Keras' validation_split=.2)."""
+    r = rng(seed)
+    y = r.uniform(-0.8, 0.8, (n, 2 * points)).astype(np.float32)
+    grid = np.arange(size, dtype=np.float32)
+    x = np.zeros((n, size, size), dtype=np.float32)
+    for i in range(n):
+        cx = (y[i, 0::2] * 48 + 48)[:, None]
+        cy = (y[i, 1::2] * 48 + 48)[:, None]
+        gx = np.exp(-((grid[None, :] - cx) ** 2) / 18.0)        # (points, size)
+        gy = np.exp(-((grid[None, :] - cy) ** 2) / 18.0)
+        x[i] = np.clip(np.einsum("pi,pj->ij", gy, gx), 0, 1)
+    x = (x + 0.05 * r.standard_normal(x.shape)).clip(0, 1).reshape(n, -1).astype(np.float32)
+    cut = int(n * 0.8)
+    return x[:cut], y[:cut], x[cut:], y[cut:]

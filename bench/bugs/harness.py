@@ -159,7 +159,8 @@ def _metric(task: str, p: torch.Tensor, y: torch.Tensor) -> dict:
 
 
 def fit(model: nn.Module, loss_name: str, opt, x, y, *, epochs: int, batch_size: int, task: str,
-        x_val=None, y_val=None, sched=None, shuffle: bool = True, y_scale: float = 1.0) -> dict:
+        x_val=None, y_val=None, sched=None, shuffle: bool = True, y_scale: float = 1.0,
+        clipnorm: float | None = None) -> dict:
     """Keras' model.fit as a plain loop; evaluates on (x_val, y_val) and prints the BUGS_RESULT line.
 
     y_scale: the regression metric is MSE / y_scale^2, so that a script that standardises its targets and
@@ -184,6 +185,10 @@ def fit(model: nn.Module, loss_name: str, opt, x, y, *, epochs: int, batch_size:
             loss = loss_fn(model(x[idx]), y[idx])
             opt.zero_grad()
             loss.backward()
+            if clipnorm is not None:
+                for p in model.parameters():
+                    if p.grad is not None:
+                        torch.nn.utils.clip_grad_norm_([p], clipnorm)
             opt.step()
             if sched is not None:
                 sched.step()
