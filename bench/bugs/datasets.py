@@ -351,3 +351,17 @@ def keypoint_faces(n: int, seed: int, size: int = 96, points: int = 15):
     x = (x + 0.05 * r.standard_normal(x.shape)).clip(0, 1).reshape(n, -1).astype(np.float32)
     cut = int(n * 0.8)
     return x[:cut], y[:cut], x[cut:], y[cut:]
+
+
+def class_templates(n: int, n_classes: int, seed: int, shape=(3, 32, 32), test_size: float = 0.2):
+    """A learnable image stand-in (GTSRB's 43 classes of 32x32 RGB signs cannot be downloaded): each class
+    a fixed smooth random template, each image its class's template plus noise, raw 0..255 values (the
+    model rescales, as the project's Lambda does). Seeded 80/20 split (random_state as the project)."""
+    r = np.random.default_rng(7)                       # the classes are the same for every seed
+    c, h, w = shape
+    coarse = r.uniform(0, 255, (n_classes, c, h // 4, w // 4))
+    templates = np.kron(coarse, np.ones((1, 1, 4, 4)))
+    rs = rng(seed)
+    y = rs.integers(0, n_classes, n)
+    x = (0.6 * templates[y] + 0.4 * rs.uniform(0, 255, (n, c, h, w))).astype(np.float32)
+    return split(x, np.eye(n_classes, dtype=np.float32)[y], test_size, seed)

@@ -81,12 +81,23 @@ def dense(n_in: int, n_out: int, init: str = "glorot_uniform", bias_init: str = 
 
 
 def conv2d(c_in: int, c_out: int, k: int, init: str = "glorot_uniform", padding: str | int = 0,
-           bias_init: str = "zeros") -> nn.Conv2d:
-    layer = nn.Conv2d(c_in, c_out, k, padding=padding)
+           bias_init: str = "zeros", stride: int = 1) -> nn.Conv2d:
+    layer = nn.Conv2d(c_in, c_out, k, padding=padding, stride=stride)
     with torch.no_grad():
         _init_(layer.weight, init)
         _init_(layer.bias, bias_init)
     return layer
+
+
+class Lambda(nn.Module):
+    """Keras' Lambda layer for a fixed elementwise map (e.g. p / 255 - 0.5)."""
+
+    def __init__(self, scale: float, shift: float) -> None:
+        super().__init__()
+        self.scale, self.shift = scale, shift
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale + self.shift
 
 
 class Softmax1(nn.Softmax):
