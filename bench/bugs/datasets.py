@@ -365,3 +365,15 @@ def class_templates(n: int, n_classes: int, seed: int, shape=(3, 32, 32), test_s
     y = rs.integers(0, n_classes, n)
     x = (0.6 * templates[y] + 0.4 * rs.uniform(0, 255, (n, c, h, w))).astype(np.float32)
     return split(x, np.eye(n_classes, dtype=np.float32)[y], test_size, seed)
+
+
+def scalar_to_class(n: int, n_classes: int, seed: int):
+    """Post 58609115's export78.csv is not public; the script feeds ONE float column and predicts one of 69
+    one-hot columns: x ~ U(0, 1), the class floor(x * n_classes) with 10% of the labels resampled at random.
+    Seeded 80/20 split (the post's 1767 training rows of 2209)."""
+    r = rng(seed)
+    x = r.random((n, 1)).astype(np.float32)
+    c = np.minimum((x[:, 0] * n_classes).astype(int), n_classes - 1)
+    flip = r.random(n) < 0.1
+    c[flip] = r.integers(0, n_classes, flip.sum())
+    return split(x, np.eye(n_classes, dtype=np.float32)[c], 0.2, seed)
