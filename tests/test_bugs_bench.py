@@ -73,3 +73,20 @@ def test_taxonomy_names_known_types_only():
                "training_data_quality", "layer_properties", "missing/redundant/wrong_layers"}
     assert all(set(t) <= allowed for t in taxonomy.CODES.values())
     assert taxonomy.diagnosed(["loss-diverged"], ["lr"]) and not taxonomy.diagnosed(["cannot-overfit"], ["lr"])
+
+
+@pytest.mark.slow
+def test_seeds_runner_matches_a_standalone_run():
+    # run.py's plain runs share one process per variant (seeds.py): seed 1 there must train exactly as
+    # `python buggy.py --seed 1` does (the previous seed in the process leaves nothing behind)
+    script = str(ROOT / "bench" / "bugs" / "so_50306988" / "buggy.py")
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    shared = subprocess.run([sys.executable, str(ROOT / "bench" / "bugs" / "seeds.py"), script, "0", "1", "--",
+                             "--epochs", "2"], capture_output=True, text=True, env=env, timeout=600)
+    alone = subprocess.run([sys.executable, script, "--seed", "1", "--epochs", "2"], capture_output=True, text=True,
+                           env=env, timeout=600)
+    last = [ln for ln in shared.stdout.splitlines() if ln.startswith("BUGS_RESULT ")][-1]
+    mine = json.loads(last.split(" ", 1)[1])
+    theirs = json.loads(alone.stdout.splitlines()[-1].split(" ", 1)[1])
+    assert mine["steps"] == theirs["steps"] == 10
+    assert mine["loss"] == theirs["loss"] and mine["acc"] == theirs["acc"]
