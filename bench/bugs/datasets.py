@@ -353,18 +353,20 @@ def keypoint_faces(n: int, seed: int, size: int = 96, points: int = 15):
     return x[:cut], y[:cut], x[cut:], y[cut:]
 
 
-def class_templates(n: int, n_classes: int, seed: int, shape=(3, 32, 32), test_size: float = 0.2):
+def class_templates(n: int, n_classes: int, seed: int, shape=(3, 32, 32), test_size: float = 0.2,
+                    labels: str = "onehot"):
     """A learnable image stand-in (GTSRB's 43 classes of 32x32 RGB signs cannot be downloaded): each class
     a fixed smooth random template, each image its class's template plus noise, raw 0..255 values (the
     model rescales, as the project's Lambda does). Seeded 80/20 split (random_state as the project)."""
     r = np.random.default_rng(7)                       # the classes are the same for every seed
     c, h, w = shape
-    coarse = r.uniform(0, 255, (n_classes, c, h // 4, w // 4))
-    templates = np.kron(coarse, np.ones((1, 1, 4, 4)))
+    coarse = r.uniform(0, 255, (n_classes, c, -(-h // 4), -(-w // 4)))
+    templates = np.kron(coarse, np.ones((1, 1, 4, 4)))[:, :, :h, :w]
     rs = rng(seed)
     y = rs.integers(0, n_classes, n)
     x = (0.6 * templates[y] + 0.4 * rs.uniform(0, 255, (n, c, h, w))).astype(np.float32)
-    return split(x, np.eye(n_classes, dtype=np.float32)[y], test_size, seed)
+    target = np.eye(n_classes, dtype=np.float32)[y] if labels == "onehot" else y.astype(np.float32).reshape(-1, 1)
+    return split(x, target, test_size, seed)
 
 
 def scalar_to_class(n: int, n_classes: int, seed: int):
