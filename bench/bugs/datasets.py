@@ -379,3 +379,16 @@ def scalar_to_class(n: int, n_classes: int, seed: int):
     flip = r.random(n) < 0.1
     c[flip] = r.integers(0, n_classes, flip.sum())
     return split(x, np.eye(n_classes, dtype=np.float32)[c], 0.2, seed)
+
+
+def housing_like(n: int, seed: int, n_features: int = 13):
+    """Kaggle's Melbourne housing data cannot be downloaded: `n_features` standardised numeric columns (the
+    project standardises every column it keeps, the price too) and a standardised price that depends on
+    them non-linearly. Keras' validation_split=0.2: the last 20% of rows are held out."""
+    r = rng(seed)
+    x = r.standard_normal((n, n_features)).astype(np.float32)
+    w = r.standard_normal(n_features) / np.sqrt(n_features)
+    price = np.exp(0.6 * (x @ w)) + 0.3 * x[:, 0] * x[:, 1] + 0.1 * r.standard_normal(n)
+    y = ((price - price.mean()) / price.std()).astype(np.float32).reshape(-1, 1)
+    cut = int(n * 0.8)
+    return x[:cut], y[:cut], x[cut:], y[cut:]
