@@ -18,12 +18,14 @@ CODES: dict[str, tuple[str, ...]] = {
     "loss-diverged": ("lr",), "loss-spike": ("lr",), "grad-norm-explosion": ("lr",),
     "exploding-grad": ("lr",), "update-ratio-high": ("lr",), "update-ratio-low": ("lr",),
     "non-finite-parameter": ("lr",), "non-finite-update": ("lr",), "non-finite-param": ("lr",),
+    "non-finite-bn-stats": ("lr",), "diverges-above": ("lr",),
     # a NaN/Inf loss or gradient: a step that blew up (lr) or a loss outside its domain (log 0)
     "non-finite-loss": ("lr", "loss"), "non-finite-gradient": ("lr", "loss"), "non-finite-grad": ("lr", "loss"),
     "non-finite-param-grad": ("lr", "loss"), "non-finite-output": ("lr", "act"),
     "non-finite-activation": ("lr", "act"),
     # what the activations do: dead ReLUs, saturation, vanishing gradient, outputs squashed or collapsed
     "dead-units": ("act",), "dead-activations": ("act",), "saturated-activations": ("act",),
+    "saturated": ("act",),                      # gradflow's name for saturated tanh/sigmoid outputs
     "vanishing-grad": ("act", "init"), "identical-outputs": ("act",),
     "bounded-output": ("act", "loss"),          # a final sigmoid/softmax that the loss cannot work with
     "zero-grad": ("act", "init"),               # a parameter whose gradient is exactly zero
@@ -38,6 +40,7 @@ CODES: dict[str, tuple[str, ...]] = {
     # the input is not preprocessed
     "unnormalised-input": ("missing_prep",), "not-standardised": ("missing_prep",),
     "raw-pixels": ("missing_prep",), "non-finite-input": ("wrong_prep",), "constant-input": ("wrong_prep",),
+    "non-finite": ("wrong_prep",),              # data: samples holding NaN/Inf
     # the data itself
     "single-class": ("training_data_quality",), "class-imbalance": ("training_data_quality",),
     "classes-absent": ("training_data_quality",), "duplicate-samples": ("training_data_quality",),
