@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-fast lint typecheck bench docs corpus clean
+.PHONY: install demo test test-fast lint typecheck bench docs corpus clean bugs
 
 $(BIN)/torchdiag: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -81,3 +81,9 @@ corpus: bench/corpus-zoo.json build/corpus-hf
 
 clean:
 	rm -rf $(VENV) .pytest_cache build dist site *.egg-info
+
+# The published training-bug benchmarks ported to PyTorch (bench/bugs/, issue 32): reproduction over 5 seeds,
+# then torchdiag watch and the one-shot commands on each program. Hours on a CPU, resumable (a second
+# `make bugs` runs only what has no result in bench/bugs/results.json); writes bench/README.md's table.
+bugs: install
+	OMP_NUM_THREADS=1 nice -n 19 $(BIN)/python bench/bugs/run.py

@@ -1,0 +1,39 @@
+"""StackOverflow 31556268, buggy: XOR with a 2-4-1 sigmoid MLP, mean absolute error, SGD(lr=0.05,
+momentum=0.11, nesterov, decay=1e-6), batch 4, 1000 epochs."""
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import datasets as D  # noqa: E402
+import harness as H  # noqa: E402
+
+LOSS = "mean_absolute_error"
+
+
+def model() -> nn.Module:
+    return nn.Sequential(H.dense(2, 4), nn.Sigmoid(), H.dense(4, 1), nn.Sigmoid())
+
+
+def batch():
+    x, y = D.xor4()
+    return torch.tensor(x), torch.tensor(y)
+
+
+def loss(out, target):
+    return H.keras_loss(LOSS)(out, target)
+
+
+def main() -> None:
+    a = H.parse(default_epochs=1000)
+    H.seed_all(a.seed)
+    m = model()
+    opt, sched = H.optimizer("sgd", m.parameters(), lr=0.05, momentum=0.11, nesterov=True, decay=1e-6)
+    x, y = D.xor4()
+    H.fit(m, LOSS, opt, x, y, epochs=a.epochs, batch_size=4, task="binary", sched=sched)
+
+
+if __name__ == "__main__":
+    main()

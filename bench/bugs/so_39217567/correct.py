@@ -1,0 +1,45 @@
+"""StackOverflow 39217567, correct: the codes mapped to themselves, 8-8-8-8 MLP with ReLU hidden
+units and a sigmoid output (init 'normal'), binary cross-entropy, SGD (lr 0.01), batch 1, 1000 epochs
+(here 20)."""
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import datasets as D  # noqa: E402
+import harness as H  # noqa: E402
+
+LOSS = "binary_crossentropy"
+
+
+def model() -> nn.Module:
+    return nn.Sequential(H.dense(8, 8, 'normal'), nn.ReLU(), H.dense(8, 8, 'normal'), nn.ReLU(), H.dense(8, 8, 'normal'), nn.Sigmoid())
+
+
+def data(seed: int):
+    return D.binary_codes(8, seed, shuffle_targets=False)
+
+
+def batch():
+    x, y, _, _ = data(0)
+    return torch.as_tensor(x[:64], dtype=torch.float32), torch.as_tensor(y[:64], dtype=torch.float32)
+
+
+def loss(out, target):
+    return H.keras_loss(LOSS)(out, target)
+
+
+def main() -> None:
+    a = H.parse(default_epochs=20)
+    H.seed_all(a.seed)
+    m = model()
+    opt, sched = H.optimizer("sgd", m.parameters())
+    x, y, xv, yv = data(a.seed)
+    H.fit(m, LOSS, opt, x, y, epochs=a.epochs, batch_size=1, task="binary", x_val=xv, y_val=yv,
+          sched=sched)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""StackOverflow 45442843, buggy: one raw feature -> a boolean, 1-1-1 network: a sigmoid unit, then a
+softmax over one unit, mean absolute error, RMSprop, batch 200, 100 epochs."""
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import datasets as D  # noqa: E402
+import harness as H  # noqa: E402
+
+LOSS = "mean_absolute_error"
+
+
+def model() -> nn.Module:
+    return nn.Sequential(H.dense(1, 1), nn.Sigmoid(), H.dense(1, 1, 'normal'), H.Softmax1())
+
+
+def data(seed: int):
+    return D.one_feature(1000, seed)
+
+
+def batch():
+    x, y, _, _ = data(0)
+    return torch.as_tensor(x[:64], dtype=torch.float32), torch.as_tensor(y[:64], dtype=torch.float32)
+
+
+def loss(out, target):
+    return H.keras_loss(LOSS)(out, target)
+
+
+def main() -> None:
+    a = H.parse(default_epochs=100)
+    H.seed_all(a.seed)
+    m = model()
+    opt, sched = H.optimizer("rmsprop", m.parameters())
+    x, y, xv, yv = data(a.seed)
+    H.fit(m, LOSS, opt, x, y, epochs=a.epochs, batch_size=200, task="binary", x_val=xv, y_val=yv,
+          sched=sched)
+
+
+if __name__ == "__main__":
+    main()

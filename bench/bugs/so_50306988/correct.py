@@ -1,0 +1,44 @@
+"""StackOverflow 50306988, correct: the same clusters with one 0/1 label, 2-unit sigmoid hidden
+layer, one sigmoid output with binary cross-entropy, Adam, batch 32, 50 epochs."""
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import datasets as D  # noqa: E402
+import harness as H  # noqa: E402
+
+LOSS = "binary_crossentropy"
+
+
+def model() -> nn.Module:
+    return nn.Sequential(H.dense(2, 2), nn.Sigmoid(), H.dense(2, 1), nn.Sigmoid())
+
+
+def data(seed: int):
+    return D.uniform_two_class(200, seed, onehot=False)
+
+
+def batch():
+    x, y, _, _ = data(0)
+    return torch.as_tensor(x[:64], dtype=torch.float32), torch.as_tensor(y[:64], dtype=torch.float32)
+
+
+def loss(out, target):
+    return H.keras_loss(LOSS)(out, target)
+
+
+def main() -> None:
+    a = H.parse(default_epochs=50)
+    H.seed_all(a.seed)
+    m = model()
+    opt, sched = H.optimizer("adam", m.parameters())
+    x, y, xv, yv = data(a.seed)
+    H.fit(m, LOSS, opt, x, y, epochs=a.epochs, batch_size=32, task="binary", x_val=xv, y_val=yv,
+          sched=sched)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""StackOverflow 59278771, buggy: iris unscaled, 4-4-3 MLP (init 'normal') with ReLU and sigmoid outputs
+under categorical cross-entropy, Adam, batch 5, 200 epochs (here 100)."""
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import datasets as D  # noqa: E402
+import harness as H  # noqa: E402
+
+LOSS = "categorical_crossentropy"
+
+
+def model() -> nn.Module:
+    return nn.Sequential(H.dense(4, 4, 'normal'), nn.ReLU(), H.dense(4, 3, 'normal'), nn.Sigmoid())
+
+
+def data(seed: int):
+    return D.iris_split(minmax=False, seed=seed)
+
+
+def batch():
+    x, y, _, _ = data(0)
+    return torch.as_tensor(x[:64], dtype=torch.float32), torch.as_tensor(y[:64], dtype=torch.float32)
+
+
+def loss(out, target):
+    return H.keras_loss(LOSS)(out, target)
+
+
+def main() -> None:
+    a = H.parse(default_epochs=100)
+    H.seed_all(a.seed)
+    m = model()
+    opt, sched = H.optimizer("adam", m.parameters())
+    x, y, xv, yv = data(a.seed)
+    H.fit(m, LOSS, opt, x, y, epochs=a.epochs, batch_size=5, task="categorical", x_val=xv, y_val=yv,
+          sched=sched)
+
+
+if __name__ == "__main__":
+    main()
