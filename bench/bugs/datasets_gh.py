@@ -1,0 +1,122 @@
+"""Data for the ported DeepLocalize GitHub programs (bench/bugs/gh_*): generated, never downloaded.
+
+Kept apart from datasets.py (the StackOverflow ports' data) so the two sets of ports merge without a
+conflict. Every generator takes a seed and draws from its own numpy Generator (datasets.rng), apart from
+the weights' stream.
+"""
+from __future__ import annotations
+
+import numpy as np
+from datasets import rng, split
+
+
+# -- gol_nn: Conway's Game of Life, generated exactly as the original does (it needs no data file) --------
+def gol_fields(n: int, height: int, width: int, r: np.random.Generator, alive_prob: float = 0.5):
+    """gol.py's generate_dataset + pad_field: X (n, 1, h+2, w+2) wrap-padded, y (n, 1, h, w) next state
+    (channels first for torch; the original is channels last)."""
+    x = (r.random((n, height, width)) < alive_prob).astype(np.int32)
+    nb = np.zeros_like(x)
+    for dx in (-1, 0, 1):
+        for dy in (-1, 0, 1):
+            if dx or dy:
+                nb += np.roll(np.roll(x, dx, 2), dy, 1)
+    y = np.logical_or(nb == 3, np.logical_and(x, nb == 2)).astype(np.float32)
+    xp = np.pad(x, ((0, 0), (1, 1), (1, 1)), mode="wrap").astype(np.float32)
+    return xp[:, None], y[:, None]
+
+
+def gol(seed: int, height: int = 3, width: int = 3, n_train: int = 8000, n_val: int = 2000):
+    """The original's 8000 training and 2000 validation fields of 3x3 cells."""
+    r = rng(seed)
+    x, y = gol_fields(n_train, height, width, r)
+    xv, yv = gol_fields(n_val, height, width, r)
+    return x, y, xv, yv
+
+
+# -- kerasma: a stand-in for pima-indians-diabetes.data -----------------------------------------------------
+def pima_like(seed: int, n: int = 768, test_size: float = 0.2):
+    """768 rows of Pima's 8 raw columns on their own ranges (pregnancies, glucose, blood pressure, skin
+    thickness, insulin, BMI, pedigree, age; no scaling, as the original feeds them), onset of diabetes
+    (~35% positive) driven by glucose, BMI, age and pedigree. A seeded 80/20 split."""
+    r = rng(seed)
+    preg = r.poisson(3.8, n).clip(0, 17)
+    glucose = r.normal(121, 31, n).clip(44, 199)
+    bp = r.normal(69, 12, n).clip(24, 122)
+    skin = np.where(r.random(n) < 0.3, 0, r.normal(29, 10, n).clip(7, 99))
+    insulin = np.where(r.random(n) < 0.49, 0, r.lognormal(4.8, 0.7, n).clip(14, 846))
+    bmi = r.normal(32, 7, n).clip(18, 67)
+    pedigree = r.lognormal(-0.95, 0.6, n).clip(0.08, 2.42)
+    age = (21 + r.gamma(1.6, 7.5, n)).clip(21, 81)
+    logit = 0.035 * (glucose - 121) + 0.09 * (bmi - 32) + 0.03 * (age - 33) + 0.9 * (pedigree - 0.47) - 0.75
+    y = (r.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float32).reshape(-1, 1)
+    x = np.stack([preg, glucose, bp, skin, insulin, bmi, pedigree, age], 1).astype(np.float32)
+    return split(x, y, test_size, seed)
+
+
+# -- Averaging_Neural_Networks: generated exactly as the original does -------------------------------------
+def averages(seed: int, n_train: int = 10000, n_test: int = 2000):
+    """keras_net.py's generate_dataset (two integers in 0..100 and their mean) scaled by 1/100 as its
+    preprocess does; a held-out set of n_test more rows from the same generator."""
+    r = rng(seed)
+
+    def gen(k):
+        a = r.integers(0, 101, (k, 2)).astype(np.float32)
+        return a / 100, (a.mean(1, keepdims=True) / 100).astype(np.float32)
+    x, y = gen(n_train)
+    xv, yv = gen(n_test)
+    return x, y, xv, yv
+
+
+# -- FacialKeypointsDetection: a stand-in for Kaggle's training.csv ----------------------------------------
+# the mean positions (x, y in pixels of a 96x96 image) of Kaggle's 15 keypoints, in training.csv's order
+_KP = np.array([[66, 39], [30, 37], [59, 40], [73, 39], [37, 39], [22, 38], [56, 29], [80, 30], [39, 29],
+                [16, 30], [48, 62], [63, 76], [33, 76], [48, 73], [48, 82]], dtype=np.float64)
+
+
+def face_keypoints(seed: int, n: int = 2140, sigma: float = 2.0):
+    """n 96x96 grey images in [0, 1] (Kaggle's rows without missing values: 2140), each the 15 keypoints
+    drawn as Gaussian spots on a noisy background, the face shifted (+-8 px), scaled (0.9-1.1) and each point
+    jittered (+-2 px); targets the 30 coordinates scaled to [-1, 1] as the original's (y - 48) / 48.
+    Keras' validation_split=0.2: the last 20% of rows are held out."""
+    r = rng(seed)
+    shift = r.uniform(-8, 8, (n, 1, 2))
+    scale = r.uniform(0.9, 1.1, (n, 1, 1))
+    pts = 48 + (_KP[None] - 48) * scale + shift + r.uniform(-2, 2, (n, 15, 2))
+    grid = np.arange(96, dtype=np.float64)
+    img = 0.15 * r.random((n, 96, 96))
+    for k in range(15):
+        gx = np.exp(-(grid[None] - pts[:, k, 0:1]) ** 2 / (2 * sigma ** 2))    # (n, 96) over columns
+        gy = np.exp(-(grid[None] - pts[:, k, 1:2]) ** 2 / (2 * sigma ** 2))    # (n, 96) over rows
+        img += 0.8 * gy[:, :, None] * gx[:, None, :]
+    x = np.clip(img, 0, 1).reshape(n, -1).astype(np.float32)
+    y = ((pts.reshape(n, 30) - 48) / 48).astype(np.float32)
+    cut = int(n * 0.8)
+    return x[:cut], y[:cut], x[cut:], y[cut:]
+
+
+# -- MovieReviews_Keras: a stand-in for keras.datasets.imdb (num_words=10000), vectorised ------------------
+def reviews(seed: int, n_train: int, n_test: int, vocab: int = 10000, n_sentiment: int = 400):
+    """Multi-hot reviews over a 10000-word vocabulary (the original's vectorize_sequences): each review
+    50-400 words drawn from a Zipf-like word distribution; a positive (negative) review draws 4% of its
+    words from its own set of sentiment words (half the labels each). Returns x_train, y_train, x_test,
+    y_test with y as one 0/1 column."""
+    r = rng(seed)
+    ranks = np.arange(1, vocab)
+    p = 1.0 / (ranks + 10.0)
+    p /= p.sum()
+    words = r.permutation(np.arange(1, vocab))
+    pos, neg = words[:n_sentiment], words[n_sentiment:2 * n_sentiment]
+
+    def gen(k):
+        x = np.zeros((k, vocab), dtype=np.float32)
+        y = r.integers(0, 2, k).astype(np.float32)
+        for i in range(k):
+            length = int(r.integers(50, 400))
+            ids = r.choice(ranks, size=length, p=p)
+            n_s = r.binomial(length, 0.04)
+            ids = np.concatenate([ids, r.choice(pos if y[i] else neg, size=n_s)])
+            x[i, ids] = 1.0
+        return x, y.reshape(-1, 1)
+    x, y = gen(n_train)
+    xv, yv = gen(n_test)
+    return x, y, xv, yv
