@@ -97,7 +97,7 @@ def face_keypoints(seed: int, n: int = 2140, sigma: float = 2.0):
 # -- MovieReviews_Keras: a stand-in for keras.datasets.imdb (num_words=10000), vectorised ------------------
 def reviews(seed: int, n_train: int, n_test: int, vocab: int = 10000, n_sentiment: int = 400):
     """Multi-hot reviews over a 10000-word vocabulary (the original's vectorize_sequences): each review
-    50-400 words drawn from a Zipf-like word distribution; a positive (negative) review draws 4% of its
+    50-400 words drawn from a Zipf-like word distribution; a positive (negative) review draws 2.5% of its
     words from its own set of sentiment words (half the labels each). Returns x_train, y_train, x_test,
     y_test with y as one 0/1 column."""
     r = rng(seed)
@@ -113,7 +113,7 @@ def reviews(seed: int, n_train: int, n_test: int, vocab: int = 10000, n_sentimen
         for i in range(k):
             length = int(r.integers(50, 400))
             ids = r.choice(ranks, size=length, p=p)
-            n_s = r.binomial(length, 0.04)
+            n_s = r.binomial(length, 0.025)
             ids = np.concatenate([ids, r.choice(pos if y[i] else neg, size=n_s)])
             x[i, ids] = 1.0
         return x, y.reshape(-1, 1)
