@@ -120,3 +120,28 @@ def reviews(seed: int, n_train: int, n_test: int, vocab: int = 10000, n_sentimen
     x, y = gen(n_train)
     xv, yv = gen(n_test)
     return x, y, xv, yv
+
+
+# -- Traffic-Sign-Classifier: a stand-in for the German Traffic Sign data (32x32 RGB, 43 classes) -------------
+def traffic_signs(seed: int, per_class: int = 200, n_classes: int = 43, test_size: float = 0.2):
+    """per_class 32x32 RGB images of each of 43 classes with raw 0..255 values (the model divides by 255
+    itself): a class is a fixed random 8x8 glyph, drawn 2x in its own colour at the centre of a grey
+    background, shifted +-3 px, its brightness scaled 0.6-1.4, plus N(0, 20) pixel noise. Channels first.
+    The classes' glyphs and colours are the same for every seed; the samples are not. A seeded 80/20
+    split as the original's train_test_split(test_size=0.2)."""
+    fixed = np.random.default_rng(4343)
+    glyphs = fixed.random((n_classes, 8, 8)) < 0.5
+    colours = fixed.uniform(40, 255, (n_classes, 3))
+    r = rng(seed)
+    n = per_class * n_classes
+    labels = np.repeat(np.arange(n_classes), per_class)
+    x = np.empty((n, 3, 32, 32), dtype=np.float32)
+    for i, k in enumerate(labels):
+        img = np.full((3, 32, 32), r.uniform(60, 160))
+        dx, dy = r.integers(-3, 4, 2)
+        mask = np.kron(glyphs[k], np.ones((2, 2))).astype(bool)
+        patch = img[:, 8 + dy:24 + dy, 8 + dx:24 + dx]
+        patch[:, mask] = colours[k][:, None] * r.uniform(0.6, 1.4)
+        x[i] = np.clip(img + r.normal(0, 20, img.shape), 0, 255)
+    y = np.eye(n_classes, dtype=np.float32)[labels]
+    return split(x, y, test_size, seed)
