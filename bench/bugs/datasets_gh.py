@@ -1,5 +1,7 @@
 """Data for the ported DeepLocalize GitHub programs (bench/bugs/gh_*): generated, never downloaded.
 
+(gol_nn and MovieReviews_Keras are ported on the `bugs` branch, with their data in datasets.py.)
+
 Kept apart from datasets.py (the StackOverflow ports' data) so the two sets of ports merge without a
 conflict. Every generator takes a seed and draws from its own numpy Generator (datasets.rng), apart from
 the weights' stream.
@@ -8,29 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 from datasets import rng, split
-
-
-# -- gol_nn: Conway's Game of Life, generated exactly as the original does (it needs no data file) --------
-def gol_fields(n: int, height: int, width: int, r: np.random.Generator, alive_prob: float = 0.5):
-    """gol.py's generate_dataset + pad_field: X (n, 1, h+2, w+2) wrap-padded, y (n, 1, h, w) next state
-    (channels first for torch; the original is channels last)."""
-    x = (r.random((n, height, width)) < alive_prob).astype(np.int32)
-    nb = np.zeros_like(x)
-    for dx in (-1, 0, 1):
-        for dy in (-1, 0, 1):
-            if dx or dy:
-                nb += np.roll(np.roll(x, dx, 2), dy, 1)
-    y = np.logical_or(nb == 3, np.logical_and(x, nb == 2)).astype(np.float32)
-    xp = np.pad(x, ((0, 0), (1, 1), (1, 1)), mode="wrap").astype(np.float32)
-    return xp[:, None], y[:, None]
-
-
-def gol(seed: int, height: int = 3, width: int = 3, n_train: int = 8000, n_val: int = 2000):
-    """The original's 8000 training and 2000 validation fields of 3x3 cells."""
-    r = rng(seed)
-    x, y = gol_fields(n_train, height, width, r)
-    xv, yv = gol_fields(n_val, height, width, r)
-    return x, y, xv, yv
 
 
 # -- kerasma: a stand-in for pima-indians-diabetes.data -----------------------------------------------------
@@ -92,34 +71,6 @@ def face_keypoints(seed: int, n: int = 2140, sigma: float = 2.0):
     y = ((pts.reshape(n, 30) - 48) / 48).astype(np.float32)
     cut = int(n * 0.8)
     return x[:cut], y[:cut], x[cut:], y[cut:]
-
-
-# -- MovieReviews_Keras: a stand-in for keras.datasets.imdb (num_words=10000), vectorised ------------------
-def reviews(seed: int, n_train: int, n_test: int, vocab: int = 10000, n_sentiment: int = 400):
-    """Multi-hot reviews over a 10000-word vocabulary (the original's vectorize_sequences): each review
-    50-400 words drawn from a Zipf-like word distribution; a positive (negative) review draws 2.5% of its
-    words from its own set of sentiment words (half the labels each). Returns x_train, y_train, x_test,
-    y_test with y as one 0/1 column."""
-    r = rng(seed)
-    ranks = np.arange(1, vocab)
-    p = 1.0 / (ranks + 10.0)
-    p /= p.sum()
-    words = r.permutation(np.arange(1, vocab))
-    pos, neg = words[:n_sentiment], words[n_sentiment:2 * n_sentiment]
-
-    def gen(k):
-        x = np.zeros((k, vocab), dtype=np.float32)
-        y = r.integers(0, 2, k).astype(np.float32)
-        for i in range(k):
-            length = int(r.integers(50, 400))
-            ids = r.choice(ranks, size=length, p=p)
-            n_s = r.binomial(length, 0.025)
-            ids = np.concatenate([ids, r.choice(pos if y[i] else neg, size=n_s)])
-            x[i, ids] = 1.0
-        return x, y.reshape(-1, 1)
-    x, y = gen(n_train)
-    xv, yv = gen(n_test)
-    return x, y, xv, yv
 
 
 # -- Traffic-Sign-Classifier: a stand-in for the German Traffic Sign data (32x32 RGB, 43 classes) -------------
