@@ -13,6 +13,8 @@ from ...results import Column, Result, Table
 
 HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|bleu|rouge|score|iou|map\b|top\d", re.I)
 DEAD_SHARE = 0.5       # a layer with at least this share of its units newly dead (twice in a row)
+SPREAD_K = 5.0         # a loss spike is this many robust standard deviations above the recent losses ...
+SPREAD_STEPS = 4       # ... measured over this many windows before it
 RATIO_LOW = 1e-7       # update/weight ratio below which a weight matrix is said not to learn (info)
 
 
@@ -154,8 +156,18 @@ def _wiring(result: Result, engine) -> None:
     for name, step in engine.checks["not_in_optimizer"].items():
         result.add("not-in-optimizer", "warning", name, f"{name} gets a gradient (step {step}) but is in no "
                    "optimizer's param groups: it never trains", "pass model.parameters() (all of them) to the optimizer")
-    for t in engine.tracks.values():
+    many = len(engine.tracks) > 1
+    for k, t in enumerate(engine.tracks.values()):
+        ignored = _loss_ignores(t, engine)
+        if ignored:
+            result.add("loss-ignores-parameters", "error", f"optimizer {k}" if many else "",
+                       f"none of the {len(ignored)} parameters {'this optimizer' if many else 'the optimizer'} trains got a "
+                       f"non-zero gradient in {engine.step} steps (every gradient exactly 0): the loss does not depend "
+                       "on them", "the output or the loss is constant: e.g. a softmax over a single unit (always 1), "
+                       "an output detached from the model, a loss computed on the wrong tensor, or every unit dead")
         for i, p in enumerate(t.params):
+            if i in ignored:   # said once above, not once per parameter
+                continue
             if not t.seen_grad[i]:
                 sev = "warning" if p.requires_grad else "info"
                 result.add("never-gets-grad", sev, t.names[i], f"{t.names[i]} is in the optimizer but never had a "
@@ -173,6 +185,17 @@ def _wiring(result: Result, engine) -> None:
         result.add("grad-carried-over", "error", "", f"gradients from the previous step were still there at every backward "
                    f"before the next step (after read steps {', '.join(map(str, carried[:5]))}): they accumulate over every step",
                    "call optimizer.zero_grad() once per step (or pass accumulate=True if this is on purpose)")
+
+
+def _loss_ignores(track, engine) -> set[int]:
+    """The parameters of one optimizer when every one that got a gradient got exactly zero at every step
+    (the per-step maxima cover all steps, not only reads): the loss is constant in the parameters. A
+    parameter the model cancels while the others train (a bias before BatchNorm) is not this; neither is
+    a non-finite gradient (its norm is left out of the maxima)."""
+    got = {i for i, p in enumerate(track.params) if track.seen_grad[i] and p.requires_grad}
+    if not got or engine.step < 1 or engine.events or track.first_bad is not None:
+        return set()
+    return got if all(track.grad_max[i] == 0 for i in got) else set()
 
 
 def _negligible(track, i: int) -> bool:
@@ -220,12 +243,16 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts) -> None:
     med = running_medians(values, w)
     initial = med[w - 1]
     best_i = min(range(w - 1, len(med)), key=lambda i: med[i])
+    peak = initial   # the highest the loss has been since its first window: a spike goes above it
     for i in range(w, len(values)):
         base = statistics.median(values[i - w:i])
-        if values[i] > opts.spike * base and values[i] > initial:
+        if values[i] > opts.spike * base and values[i] > peak and _outside_spread(values, i, w):
             result.add("loss-spike", "warning", "", f"loss {values[i]:.4g} at step {pairs[i][0]} is "
-                       f"{values[i] / base:.1f}× its running median ({base:.4g})", "look at that batch; clip gradients")
+                       f"{values[i] / base:.1f}× its running median ({base:.4g}), far outside the spread of the "
+                       f"{min(i, SPREAD_STEPS * w)} steps before it and above any loss since step {pairs[w - 1][0]}",
+                       "look at that batch; clip gradients")
             break
+        peak = max(peak, values[i])
     if med[-1] > 2 * med[best_i] and med[-1] > initial:
         hint = "lower the learning rate"
         rise = _lr_rise(pairs, lr_at, pairs[best_i][0], w)
@@ -237,6 +264,24 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts) -> None:
     elif len(values) >= 4 * w and min(med[len(med) // 2:]) >= 0.99 * med[len(med) // 2] and med[-1] > 1e-3 * initial:
         result.add("loss-plateau", "info", "", f"the loss has not improved over the second half of the run "
                    f"(running median {med[len(med) // 2]:.4g} → {med[-1]:.4g})", "converged, or the learning rate is too small")
+
+
+def _outside_spread(values: list[float], i: int, w: int) -> bool:
+    """Is loss i far outside what the loss did over the SPREAD_STEPS·w steps before it: more than
+    SPREAD_K robust standard deviations (1.4826 × the median absolute deviation) above the running median?
+    In log space when the losses are positive (a loss is a ratio-scale quantity: per-sample losses at batch
+    size 1 spread over decades, a batch mean's over a few percent), else in its own units. A smooth
+    curve has a small spread, so the `spike` ratio decides there; a noisy one needs a much larger jump."""
+    recent = values[max(0, i - SPREAD_STEPS * w):i]
+    last = values[i - w:i]
+    if values[i] > 0 and min(recent) > 0:
+        f = math.log
+        recent, last, v = [f(x) for x in recent], [f(x) for x in last], f(values[i])
+    else:
+        v = values[i]
+    centre = statistics.median(recent)
+    mad = statistics.median(abs(x - centre) for x in recent)
+    return v - statistics.median(last) > SPREAD_K * 1.4826 * mad
 
 
 def _lr_rise(pairs, lr_at: dict, best_step: int, w: int):
