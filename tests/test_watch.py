@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import signal
 import subprocess
@@ -362,6 +363,129 @@ def test_parameter_with_zero_learning_rate_never_changes():
         _loop(model, opt, 20, torch.Generator().manual_seed(0))
     r = w.result()
     assert {f.where for f in r.findings if f.code == "never-changes" and f.severity == "warning"} == {"2.weight", "2.bias"}
+
+
+@pytest.mark.parametrize("loss", ["bce", "ce"])
+def test_a_loss_that_depends_on_no_parameter_is_one_error(loss):
+    """Softmax over one output unit is exactly 1 whatever the logit: BCE on it (or CE over one class) is
+    constant in every parameter, so every gradient is exactly 0 and nothing trains."""
+    r = script("watch_constant_output", "--loss", loss, every=10)
+    found = [f for f in r.findings if f.code == "loss-ignores-parameters"]
+    assert len(found) == 1 and found[0].severity == "error", [f.to_dict() for f in r.findings]
+    assert "none of the 4 parameters" in found[0].message and "softmax over a single unit" in found[0].hint
+    assert "never-changes" not in codes(r, ("error", "warning", "info"))   # said once, not per parameter
+    assert r.exit_code == 1 and r.verdict == "FAIL: loss-ignores-parameters"
+    # independent truth: that model's gradients are exactly zero; with a sigmoid they are not
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+    x, y = torch.randn(32, 4), (torch.rand(32) > 0.5).float()
+    F.binary_cross_entropy(torch.softmax(model(x), 1).squeeze(1), y).backward()
+    assert all(p.grad.abs().max() == 0 for p in model.parameters())
+    fixed = script("watch_constant_output", "--fix", every=10)
+    assert "loss-ignores-parameters" not in codes(fixed) and fixed.exit_code == 0
+
+
+def test_a_loss_that_ignores_the_parameters_through_the_python_api():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 1), nn.Softmax(dim=1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    with Watch(model, opt, every=5) as w:
+        for _ in range(15):
+            x = torch.randn(16, 8, generator=g)
+            loss = F.mse_loss(model(x).squeeze(1), x[:, 0])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    r = w.result()
+    assert [f.code for f in r.findings if f.severity == "error"] == ["loss-ignores-parameters"]
+    assert all(row["max_grad_norm"] == 0 for row in r.tables[0].rows)
+
+
+def test_parameters_zeroed_by_design_while_the_rest_train_stay_info():
+    """A branch switched off by a zero gate gets exactly-zero gradients; the head trains: not the loss ignoring
+    the parameters, only an info per gated parameter."""
+    class Gated(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head, self.extra = nn.Linear(8, 2), nn.Linear(8, 2)
+            self.register_buffer("gate", torch.zeros(()))
+
+        def forward(self, x):
+            return self.head(x) + self.gate * self.extra(x)
+
+    torch.manual_seed(0)
+    model = Gated()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Watch(model, opt, every=10) as w:
+        _loop(model, opt, 20, torch.Generator().manual_seed(0))
+    r = w.result()
+    assert "loss-ignores-parameters" not in codes(r, ("error", "warning", "info"))
+    assert {f.where for f in r.findings if f.code == "never-changes" and f.severity == "info"} == {"extra.weight", "extra.bias"}
+    assert r.exit_code == 0
+
+
+def _spikes(values, **options):
+    from torchdiag.diagnostics.watch import report
+    from torchdiag.results import Result
+
+    r = Result("watch")
+    report._loss_curve(r, list(enumerate(values, 1)), {}, Options(**options))
+    return [f for f in r.findings if f.code == "loss-spike"]
+
+
+def _old_rule_fires(values, spike=5.0):
+    """The rule before the loss's own spread counted: above spike x the running median and the start."""
+    from torchdiag.diagnostics.watch.report import window
+
+    w = window(len(values))
+    initial = sorted(values[:w])[w // 2]
+    return any(values[i] > spike * sorted(values[i - w:i])[w // 2] and values[i] > initial
+               for i in range(w, len(values)))
+
+
+def _per_sample(seed, n=2000, kind="mse"):
+    """Batch-size-1 losses of a healthy run: one sample's squared error (chi-square, 1 dof) or cross-entropy
+    (logistic loss of a normal margin), shrinking as the run learns."""
+    import random
+
+    g = random.Random(seed)
+    if kind == "mse":
+        return [(0.2 + 2 * 0.998 ** i) * g.gauss(0, 1) ** 2 for i in range(n)]
+    return [math.log1p(math.exp(-g.gauss(1 + 3 * i / n, 2))) for i in range(n)]
+
+
+@pytest.mark.parametrize("kind", ["mse", "ce"])
+@pytest.mark.parametrize("seed", range(4))
+def test_per_sample_loss_noise_at_batch_size_1_is_no_spike(seed, kind):
+    values = _per_sample(seed, kind=kind)
+    assert _old_rule_fires(values)          # the noise crosses 5x the running median ...
+    assert _spikes(values) == []            # ... but never leaves the loss's own spread
+    spiked = list(values)
+    spiked[1500] = 1e4 * max(values)        # a real spike in the same noise
+    found = _spikes(spiked)
+    assert len(found) == 1 and "at step 1501 " in found[0].message
+
+
+def test_a_spike_on_a_smooth_curve_is_judged_by_the_ratio():
+    smooth = [0.1 + 2 * math.exp(-i / 50) * (1 + 0.01 * math.sin(i)) for i in range(300)]
+    assert _spikes(smooth) == []
+    for factor, fires in ((12.0, True), (3.0, False)):
+        values = list(smooth)
+        values[200] *= factor
+        assert bool(_spikes(values)) == fires, factor
+    assert "at step 201 " in _spikes(smooth[:200] + [smooth[200] * 12] + smooth[201:])[0].message
+
+
+def test_a_blip_below_the_runs_own_earlier_losses_is_no_spike():
+    """A per-sample loss at its floor for thousands of steps, then one sample as bad as some early in the run:
+    the loss has been there before. One far above anything since the start is a spike."""
+    early = _per_sample(0, n=300, kind="ce")
+    floor = [1.19e-7] * 2500
+    peak = max(early[30:])
+    assert _spikes(early + floor[:2000] + [0.7 * peak] + floor[2000:]) == []
+    found = _spikes(early + floor[:2000] + [20 * peak] + floor[2000:])
+    assert len(found) == 1 and "at step 2301 " in found[0].message
 
 
 @pytest.mark.parametrize("lr", [0.05, 2.0])

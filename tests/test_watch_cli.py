@@ -88,6 +88,19 @@ def test_buggy_script_exit_1_with_the_step_and_the_module(cli, monkeypatch, tmp_
     assert all(v is not None and v == v for v in doc["loss"][:29])
 
 
+def test_a_constant_output_script_is_one_error_exit_1(cli, monkeypatch, tmp_path):
+    """watch_constant_output.py: a softmax over one unit (always 1): every gradient is exactly 0."""
+    monkeypatch.chdir(tmp_path)
+    r = cli("watch", "--json", "--every", "10", "--", "python", SAMPLES / "watch_constant_output.py", "--steps", "30")
+    assert r.code == 1, r.stderr
+    doc = r.json
+    assert [f["code"] for f in doc["findings"] if f["severity"] != "info"] == ["loss-ignores-parameters"]
+    assert not [f for f in doc["findings"] if f["code"] == "never-changes"]
+    assert all(row["max_grad_norm"] == 0 for row in doc["layers"]) and len(doc["layers"]) == 4
+    r = cli("watch", "--every", "10", "--", "python", SAMPLES / "watch_constant_output.py", "--steps", "30", "--fix")
+    assert r.code == 0 and "PASS" in r.stdout, r.stdout
+
+
 def test_missing_zero_grad_script_without_python_prefix(cli, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     r = cli("watch", "--every", "10", "--", SAMPLES / "watch_no_zero_grad.py", "--steps", "30")

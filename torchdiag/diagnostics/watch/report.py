@@ -223,7 +223,9 @@ def _curves(result: Result, engine) -> None:
     opts = engine.opts
     steps = result.series["step"]
     pairs = _finite_pairs(steps, result.series["loss"])
-    if len(pairs) >= 10:
+    # a loss that depends on no parameter moves with the data only: its spikes and climbs say nothing of training
+    constant = len(engine.tracks) == 1 and any(f.code == "loss-ignores-parameters" for f in result.findings)
+    if len(pairs) >= 10 and not constant:
         _loss_curve(result, pairs, dict(zip(steps, result.series["lr"])), opts)
     norms = _finite_pairs(steps, result.series["grad_norm"])
     w = window(len(norms))
