@@ -390,7 +390,9 @@ def test_a_loss_that_ignores_the_parameters_through_the_python_api():
     model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 1), nn.Softmax(dim=1))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(0)
-    with Watch(model, opt, every=5) as w:
+    import torchdiag
+
+    with torchdiag.watch(model, opt, every=5) as w:   # the public API
         for _ in range(15):
             x = torch.randn(16, 8, generator=g)
             loss = F.mse_loss(model(x).squeeze(1), x[:, 0])
