@@ -31,6 +31,8 @@ class Options:
     # Progress callback (step, loss) after each loss evaluation: plain Python, holds no torch state,
     # so it stays an option (the CLI's live bar uses it).
     on_step: Callable[[int, float], None] | None = None
+    # Called with the new step budget when a run still falling toward the target is extended (loop._extend).
+    on_budget: Callable[[int], None] | None = None
 
     def __post_init__(self):
         number("steps", self.steps, low=1, integer=True)
@@ -42,3 +44,5 @@ class Options:
         number("max_names", self.max_names, low=1, integer=True)
         if self.on_step is not None and not callable(self.on_step):
             raise OptionError("on_step", f"{self.on_step!r} is not callable", hint="fn(step, loss) or None")
+        if self.on_budget is not None and not callable(self.on_budget):
+            raise OptionError("on_budget", f"{self.on_budget!r} is not callable", hint="fn(steps) or None")
