@@ -5,7 +5,8 @@ import math
 
 from ...errors import ExitCode
 from ...results import Result
-from .trend import EXTEND, PLATEAU_REL, Trend, goal_of, judge
+from .options import EXTEND
+from .trend import PLATEAU_REL, Trend, goal_of, judge
 
 FLAT_REL = 1e-3          # best loss within 0.1% of the initial loss: "flat from the start"
 
@@ -56,8 +57,9 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
     # Header keys must not collide with data/series keys ("loss" is the per-step list in JSON).
     result.header.update({
         "loss_rule": trainer.loss_fn.describe(),
-        "training": f"{describe_optimizer(optimizer)}, lr {lr:g}, at most {opts.steps} steps"
-                    f" (up to {EXTEND * opts.steps} while still falling toward the target), train mode"
+        "training": f"{describe_optimizer(optimizer)}, lr {lr:g}, at most {opts.budget} steps"
+                    + (f" (extended to {curve.budget} while the loss still fell toward the target, {EXTEND}× at most)"
+                       if curve.budget > opts.budget else "") + ", train mode"
                     + (f" (dropout off: {len(trainer.dropped)} module{'s' * (len(trainer.dropped) != 1)})"
                        if trainer.dropped else "") + ", on a copy"
                     + (f", autocast {trainer.amp}" if trainer.amp else ""),
@@ -66,7 +68,7 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
     steps, seconds = curve.step, curve.seconds
     result.data.update({
         "passed": curve.reached_at is not None, "interrupted": bool(curve.interrupted), "steps": steps,
-        "max_steps": opts.steps, "step_budget": curve.budget, "initial_loss": initial, "final_loss": final,
+        "max_steps": opts.budget, "step_budget": curve.budget, "initial_loss": initial, "final_loss": final,
         "best_loss": min(finite) if finite else None, "steps_to_target": curve.reached_at,
         "target_ratio": opts.target_ratio, "target_loss": opts.target_loss, "final_accuracy": final_acc,
         "optimizer": optimizer.name, "lr": lr, "amp": trainer.amp or "none", "seed": ctx.seed,
@@ -99,8 +101,8 @@ def _summary(result, curve, opts) -> None:
     if d["final_accuracy"] is not None:
         result.summary.append(("Batch accuracy", f"{100 * d['final_accuracy']:.1f}%"))
     result.summary += [
-        ("Steps", f"{steps} of {curve.budget}" + (f" (extended from {opts.steps}: the loss was still falling toward "
-                                                   "the target)" if curve.budget > opts.steps else "")
+        ("Steps", f"{steps} of {curve.budget}" + (f" (extended from {opts.budget}: the loss was still falling toward "
+                                                   "the target)" if curve.budget > opts.budget else "")
          + (f" (target reached at step {curve.reached_at})" if d["passed"] else "")),
         ("Time", f"{seconds:.2f} s ({steps / seconds:.1f} steps/s)" if seconds > 0 else "—"),
         ("Loss curve", sparkline(_thin(curve.losses, 60)) or "—"),
@@ -275,7 +277,7 @@ def _verdict(result, trainer, curve, opts, ctx, found: int) -> None:
         bits.append(f"{final / initial:.3g} × initial (target {opts.target_ratio:g})")
     if final_acc is not None and final_acc < 1:
         bits.append(f"batch accuracy {100 * final_acc:.1f}%")
-    hint = None if found else (f"no mechanical cause found: try more {ctx.option('steps')} (now {opts.steps}) "
+    hint = None if found else (f"no mechanical cause found: try more {ctx.option('steps')} (now {opts.budget}) "
                                f"or another {ctx.option('lr')} (now {d['lr']:g})")
     result.add("cannot-overfit", "error", "", f"could not memorise one batch of {trainer.batch.batch_size} in "
                f"{steps} step(s): " + ", ".join(bits), hint=hint)
@@ -287,7 +289,7 @@ def _not_yet(result, trainer, curve, opts, ctx, trend: Trend) -> None:
     d, steps = result.data, curve.step
     total = steps + int(trend.to_go or 0)
     suggest = _round_up(int(total * 1.25))
-    extended = f" (extended from {opts.steps})" if curve.budget > opts.steps else ""
+    extended = f" (extended from {opts.budget})" if curve.budget > opts.budget else ""
     result.add("not-overfit-yet", "warning", "",
                f"the loss is still falling when the budget of {curve.budget} step(s){extended} ends: "
                f"{_fmt(d['initial_loss'])} → {_fmt(d['final_loss'])}; at its recent trend the target is about "

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 MIN_STEPS = 20      # below this, no trend is judged
 PLATEAU_REL = 1e-3  # plateau: the best loss fell by less than 0.1% of itself over the last fifth of the run
 LEVEL = 0.5         # levelling off: each window's drop at most LEVEL × the one before it
-EXTEND = 4          # the run may extend to EXTEND × --steps while the trend predicts the target
 
 
 @dataclass
