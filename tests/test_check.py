@@ -388,10 +388,10 @@ def batch():
 @pytest.mark.parametrize("strict", [False, True])
 def test_overfit_batch_still_falling_is_a_warning_that_fails_only_under_strict(cli, tmp_path, monkeypatch, strict):
     # Adam at lr 3e-4 moves each weight ~3e-4 per step: the loss falls steadily but needs ~3700 steps,
-    # beyond 4 × 30: overfit-batch says not-overfit-yet (a warning), never cannot-overfit
+    # beyond its 30 steps (a hard budget): overfit-batch says not-overfit-yet (a warning), never cannot-overfit
     write(tmp_path, SLOW, name="slow.py")
-    write(tmp_path, f'[tool.torchdiag]\nmodel = "slow.py:build"\nbatch = "slow.py:batch"\nloss = "mse"\ndevice = "cpu"\n'
-                    f'[tool.torchdiag.check]\noverfit-batch = {{steps = 30, lr = 3e-4}}\n'
+    write(tmp_path, '[tool.torchdiag]\nmodel = "slow.py:build"\nbatch = "slow.py:batch"\nloss = "mse"\ndevice = "cpu"\n'
+                    '[tool.torchdiag.check]\noverfit-batch = {steps = 30, lr = 3e-4}\n'
                     + ("strict = true\n" if strict else ""))
     monkeypatch.chdir(tmp_path)
     res = cli("check", "--json")

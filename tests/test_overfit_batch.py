@@ -593,7 +593,11 @@ def _slow_regression():
 
 def test_without_steps_a_run_still_falling_at_the_budget_is_extended_and_its_curve_is_the_longer_runs():
     model, x, y = _slow_regression()                # at lr 1e-3: ~1500 steps, beyond the default 500
-    r = overfit(model, x, loss="mse", target=y, lr=1e-3)
+    budgets, seen = [], []
+    r = overfit(model, x, loss="mse", target=y, lr=1e-3, on_budget=budgets.append,
+                on_step=lambda step, loss: seen.append(step))
+    # the progress hooks: each extension announced (the bar's new total) before the steps it allows
+    assert budgets == list(range(1000, r.data["step_budget"] + 1, 500)) and seen == list(range(r.data["steps"] + 1))
     assert r.data["passed"] is True and r.exit_code == 0, r.verdict
     assert 500 < r.data["steps_to_target"] <= 2000 and r.data["step_budget"] in (1000, 1500, 2000)
     assert r.data["max_steps"] == 500 and "extended from 500" in dict(r.summary)["Steps"]
