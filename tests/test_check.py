@@ -371,3 +371,31 @@ def test_checkpoint_from_the_config_is_loaded_and_judged(cli, tmp_path):
     assert res.code == 2 and name in res.stderr, res.stderr
     res = cli("check", "--config", str(tmp_path / "c.toml"), "--checkpoint", str(tmp_path / "nan.pt"))
     assert res.code == 1, res.stderr       # the command line overrides the file
+
+
+SLOW = """
+import torch
+def build():
+    m = torch.nn.Linear(4, 1, bias=False)
+    with torch.no_grad():
+        m.weight.zero_()
+    return m
+def batch():
+    return torch.eye(4), torch.tensor([[0.6], [0.8], [1.0], [1.2]])
+"""
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_overfit_batch_still_falling_is_a_warning_that_fails_only_under_strict(cli, tmp_path, monkeypatch, strict):
+    # Adam at lr 3e-4 moves each weight ~3e-4 per step: the loss falls steadily but needs ~3700 steps,
+    # beyond its 30 steps (a hard budget): overfit-batch says not-overfit-yet (a warning), never cannot-overfit
+    write(tmp_path, SLOW, name="slow.py")
+    write(tmp_path, '[tool.torchdiag]\nmodel = "slow.py:build"\nbatch = "slow.py:batch"\nloss = "mse"\ndevice = "cpu"\n'
+                    '[tool.torchdiag.check]\noverfit-batch = {steps = 30, lr = 3e-4}\n'
+                    + ("strict = true\n" if strict else ""))
+    monkeypatch.chdir(tmp_path)
+    res = cli("check", "--json")
+    row = next(r for r in res.json["checks"] if r["check"] == "overfit-batch")
+    assert row["figure"].endswith("(still falling)") and row["message"].startswith("not-overfit-yet:")
+    assert "cannot" not in row["message"]
+    assert (res.code, row["status"]) == ((1, "FAIL") if strict else (0, "PASS")), res.stdout

@@ -578,3 +578,74 @@ def test_grad_norm_is_one_batched_norm_of_real_half_and_complex_gradients():
     r = run("overfit-batch", Complex(), torch.randn(2, 4), steps=5)
     assert r.data["steps"] == 5 and len(r.series["grad_norm"]) == 5
     assert all(math.isfinite(v) and v > 0 for v in r.series["grad_norm"])
+
+
+# --- the budget runs out while the loss still falls: extend, or say "not yet" -------------------------
+
+def _slow_regression():
+    """4 weights, from 0, fitted to 0.6 … 1.2 through x = I: Adam moves each weight by about lr per step, so
+    the loss falls steadily (about mean((y - lr·t)²)) and reaches 1% of its start near t = 1.1 / lr."""
+    model = torch.nn.Linear(4, 1, bias=False)
+    with torch.no_grad():
+        model.weight.zero_()
+    return model, torch.eye(4), torch.tensor([[0.6], [0.8], [1.0], [1.2]])
+
+
+def test_without_steps_a_run_still_falling_at_the_budget_is_extended_and_its_curve_is_the_longer_runs():
+    model, x, y = _slow_regression()                # at lr 1e-3: ~1500 steps, beyond the default 500
+    budgets, seen = [], []
+    r = overfit(model, x, loss="mse", target=y, lr=1e-3, on_budget=budgets.append,
+                on_step=lambda step, loss: seen.append(step))
+    # the progress hooks: each extension announced (the bar's new total) before the steps it allows
+    assert budgets == list(range(1000, r.data["step_budget"] + 1, 500)) and seen == list(range(r.data["steps"] + 1))
+    assert r.data["passed"] is True and r.exit_code == 0, r.verdict
+    assert 500 < r.data["steps_to_target"] <= 2000 and r.data["step_budget"] in (1000, 1500, 2000)
+    assert r.data["max_steps"] == 500 and "extended from 500" in dict(r.summary)["Steps"]
+    assert f"extended to {r.data['step_budget']}" in r.header["training"]
+    # truth: the same run under a hard budget it does not need to extend stops at the same step, same curve
+    long = overfit(model, x, loss="mse", target=y, lr=1e-3, steps=2000)
+    assert long.data["step_budget"] == 2000 and long.series["loss"] == r.series["loss"]
+    assert "extended" not in dict(long.summary)["Steps"] and "extended" not in long.header["training"]
+
+
+def test_a_given_steps_is_a_hard_budget_and_still_falling_at_its_end_is_not_yet_a_warning():
+    model, x, y = _slow_regression()
+    r = overfit(model, x, loss="mse", target=y, lr=1e-2, steps=40)   # passes at ~150 steps (test above × 10)
+    assert r.data["steps"] == 40 and r.data["step_budget"] == 40 and r.exit_code == 0
+    assert "cannot-overfit" not in codes(r) and r.verdict.startswith("NOT YET")
+    f = finding(r, "not-overfit-yet")
+    assert f.severity == "warning" and "steps" in f.hint and r.data["trend"]["kind"] == "falling"
+
+
+def test_a_run_falling_too_slowly_to_reach_the_target_within_the_cap_is_not_extended():
+    model, x, y = _slow_regression()                # at lr 3e-4: ~5000 steps, beyond 4 × 500
+    r = overfit(model, x, loss="mse", target=y, lr=3e-4)
+    assert r.data["steps"] == 500 and r.data["step_budget"] == 500     # hopeless within the cap: not extended
+    assert "cannot-overfit" not in codes(r) and r.exit_code == 0 and r.verdict.startswith("NOT YET")
+    assert r.data["trend"]["kind"] == "falling" and 500 + r.data["trend"]["steps_to_go"] > 2000
+    # the projection is the curve's own: mean((y - 3e-4 t)²) reaches 1% of 0.86 near t = 3700-5000; the
+    # recent trend gives it within a factor of 2 (the loss's fall slows as it nears the target)
+    assert 2000 < 500 + r.data["trend"]["steps_to_go"] < 10000
+
+
+def test_a_loss_on_its_floor_is_a_plateau_and_never_extended():
+    torch.manual_seed(0)
+    model, x = load("broken_cannot_overfit.py:build")
+    r = overfit(model, x)                           # the default budget, which a falling loss would extend
+    assert r.data["steps"] == 500 and r.data["step_budget"] == 500
+    assert r.data["trend"]["kind"] in ("plateau", "levelling") and "cannot-overfit" in codes(r)
+
+
+def test_trend_judge_on_hand_built_curves():
+    from torchdiag.diagnostics.overfit_batch.trend import judge
+
+    n = 500
+    t = judge([math.exp(-0.0056 * s) for s in range(n + 1)], 0.01)
+    # truth: e^{-0.0056 t} = 0.01 at t = ln(100) / 0.0056 = 822.4, i.e. 323 steps after 500
+    assert t.kind == "falling" and abs(t.to_go - (math.log(100) / 0.0056 - n)) <= 2
+    assert judge([1 - 1e-6 * s for s in range(n + 1)], 0.01).kind == "plateau"
+    assert judge([0.5] * (n + 1), 0.01).kind == "plateau"
+    floor = judge([0.4 + 0.6 * math.exp(-s / 40) for s in range(n + 1)], 0.01)
+    assert floor.kind in ("plateau", "levelling")
+    assert judge([1.0, 0.9, 0.8], 0.01).kind == "short"
+    assert judge([1 - s / 1000 for s in range(n + 1)], 0.01).to_go in (490, 491)    # linear: 0.5 → 0.01 at 0.001/step

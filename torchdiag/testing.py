@@ -44,7 +44,9 @@ def assert_can_overfit(model, inputs=None, *, loss="auto", target=None, **option
     r = api.overfit_batch(model, inputs, loss=loss, target=target, **options)
     if not r.data.get("passed"):
         d = r.data
-        msg = f"cannot overfit one batch: loss {d.get('initial_loss')} → {d.get('final_loss')} in {d.get('steps')} steps"
+        what = ("did not overfit one batch yet (the loss was still falling)" if any(f.code == "not-overfit-yet" for f in r.findings)
+                else "cannot overfit one batch")
+        msg = f"{what}: loss {d.get('initial_loss')} → {d.get('final_loss')} in {d.get('steps')} steps"
         causes = [f"  {f.code} {f.where}: {f.message}" for f in r.findings if f.severity in ("error", "warning")]
         raise AssertionError("\n".join([msg, *causes]))
     return r

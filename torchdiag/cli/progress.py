@@ -46,6 +46,9 @@ def with_progress(diag, json_mode: bool, label: str, unit: str, total):
                 bar.update(task, completed=done, loss="—" if loss is None else f"{loss:.4g}",
                            rate=f"{n / dt:.1f}" if dt > 0 else "—")
 
-            return diag.run(model, inputs, dataclasses.replace(options, on_step=on_step), ctx)
+            hooks = {"on_step": on_step}
+            if "on_budget" in {f.name for f in dataclasses.fields(options)}:   # a run extended while still improving
+                hooks["on_budget"] = lambda steps: bar.update(task, total=steps)
+            return diag.run(model, inputs, dataclasses.replace(options, **hooks), ctx)
 
     return run

@@ -25,7 +25,9 @@ def write_plot(result, path) -> str:
             ax.axhline(result.data["target_loss"], color="tab:olive", ls=":", lw=1, label="--target-loss")
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
-        verdict = "interrupted" if result.data.get("interrupted") else "PASS" if result.data.get("passed") else "FAIL"
+        d = result.data
+        verdict = ("interrupted" if d.get("interrupted") else "PASS" if d.get("passed") else
+                   "NOT YET (still falling)" if any(f.code == "not-overfit-yet" for f in result.findings) else "FAIL")
         ax.set_title(f"overfit-batch {result.header.get('model', '')}: {verdict}", fontsize=9)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)

@@ -485,7 +485,13 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             if d.get("interrupted"):  # overfit-batch keeps its partial curve on Ctrl-C; check records it as such
                 raise Terminated() if r.exit_code == ExitCode.TERMINATED else KeyboardInterrupt()
             figure = f"loss {d.get('initial_loss', float('nan')):.4g} → {d.get('final_loss', float('nan')):.4g}"
-            return bool(d.get("passed")), figure, "" if d.get("passed") else (_first_error(r) or "cannot overfit")
+            if d.get("passed"):
+                return True, figure, ""
+            bad = _first_error(r)
+            later = next((f for f in r.findings if f.code == "not-overfit-yet"), None)
+            if later and not bad:   # the budget ran out while the loss still fell: a warning, failing under strict
+                return not c.get("strict", False), figure + " (still falling)", f"{later.code}: {later.message}"
+            return False, figure, bad or "cannot overfit"
         limit = f"≤ {opts.target_ratio} × initial" if opts.target_loss is None else f"≤ {opts.target_loss}"
         record("overfit-batch", overfit, limit)
     if c.get("lr-find", False) is not False:   # {} runs with the defaults

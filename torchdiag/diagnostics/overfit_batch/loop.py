@@ -20,6 +20,7 @@ from ...errors import DiagError, ModelError, UsageError, interrupt_code, one_lin
 from ...results import Result
 from .causes import accuracy_counts, output_box, same_across_samples, sample_tensor
 from .sharded import global_norm, local_view
+from .trend import goal_of, judge
 
 
 @dataclass
@@ -42,6 +43,8 @@ class Curve:
     scales: list[float] = field(default_factory=list)     # fp16: the GradScaler's scale each update used
     skipped: list[bool] = field(default_factory=list)     # fp16: the update was skipped (non-finite gradients)
     peer_stop: str | None = None            # under a wrapper: another rank's loss stopped the run
+    budget: int = 0                         # the step budget run under: --steps, or more while still falling (_extend)
+    levelled: bool = False                  # the trend was seen levelling off once (_extend looked again)
 
 
 class Trainer:
@@ -66,7 +69,7 @@ class Trainer:
         self._pending_scale = None        # the last update's [loss scale, found inf] (fp16), read likewise
         self.stagnation = []              # reduced-precision weights: core.rounding counts of step 0
         self.stagnant_counts: list[float] = []   # those counts, read back by final_flags
-        self.curve = Curve()
+        self.curve = Curve(budget=opts.budget)
         self.dropped: list[str] = []      # dropout / stochastic-depth modules switched off on the copy
         self.group = getattr(work, "process_group", None)   # DDP's; FSDP (and the agreement) use the default one
         self.agree = _agreement(ctx, self.group)   # under a wrapper: the stop decided by every rank
@@ -141,7 +144,7 @@ class Trainer:
         if not short:
             c.reached_at = c.step
             return True
-        if c.step >= opts.steps:
+        if c.step >= c.budget and not self._extend():
             return True
         if no_graph:
             if flags[2]:
@@ -150,6 +153,26 @@ class Trainer:
                 c.peer_stop = f"stopped at step {c.step}: the loss on another rank has no graph"
             return True
         return False
+
+    def _extend(self) -> bool:
+        """At the budget, short of the target, --steps left out: run on by another DEFAULT_STEPS (to opts.cap) while
+        the loss's own recent trend (trend.judge) puts the target within that cap, or it is levelling off
+        for the first time (confirmed by one more stretch before it is called a floor). A run that reaches the
+        target inside --steps never gets here. Not under a wrapper (each rank's curve is its own rows'),
+        nor with parameters known to get no gradient (a mechanical cause: more steps cannot help)."""
+        c, opts = self.curve, self.opts
+        cap = opts.cap
+        if self.agree is not None or c.missing or c.budget >= cap:
+            return False
+        t = judge(c.losses, goal_of(c.losses[0], opts))
+        if t.kind == "levelling" and not c.levelled:   # a slowing fall may be a phase: look once more before calling it
+            c.levelled = True
+        elif not t.falling or t.to_go is None or c.step + t.to_go > cap:
+            return False
+        c.budget = min(cap, c.budget + opts.budget)
+        if opts.on_budget:
+            opts.on_budget(c.budget)
+        return True
 
     def _evaluate(self, step: int):
         """Forward and loss at `step`; records the loss (and accuracy), and at step 0 the output's shape facts."""

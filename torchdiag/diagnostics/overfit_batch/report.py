@@ -5,6 +5,8 @@ import math
 
 from ...errors import ExitCode
 from ...results import Result
+from .options import EXTEND
+from .trend import PLATEAU_REL, Trend, goal_of, judge
 
 FLAT_REL = 1e-3          # best loss within 0.1% of the initial loss: "flat from the start"
 
@@ -55,7 +57,9 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
     # Header keys must not collide with data/series keys ("loss" is the per-step list in JSON).
     result.header.update({
         "loss_rule": trainer.loss_fn.describe(),
-        "training": f"{describe_optimizer(optimizer)}, lr {lr:g}, at most {opts.steps} steps, train mode"
+        "training": f"{describe_optimizer(optimizer)}, lr {lr:g}, at most {opts.budget} steps"
+                    + (f" (extended to {curve.budget} while the loss still fell toward the target, {EXTEND}× at most)"
+                       if curve.budget > opts.budget else "") + ", train mode"
                     + (f" (dropout off: {len(trainer.dropped)} module{'s' * (len(trainer.dropped) != 1)})"
                        if trainer.dropped else "") + ", on a copy"
                     + (f", autocast {trainer.amp}" if trainer.amp else ""),
@@ -64,7 +68,7 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
     steps, seconds = curve.step, curve.seconds
     result.data.update({
         "passed": curve.reached_at is not None, "interrupted": bool(curve.interrupted), "steps": steps,
-        "max_steps": opts.steps, "initial_loss": initial, "final_loss": final,
+        "max_steps": opts.budget, "step_budget": curve.budget, "initial_loss": initial, "final_loss": final,
         "best_loss": min(finite) if finite else None, "steps_to_target": curve.reached_at,
         "target_ratio": opts.target_ratio, "target_loss": opts.target_loss, "final_accuracy": final_acc,
         "optimizer": optimizer.name, "lr": lr, "amp": trainer.amp or "none", "seed": ctx.seed,
@@ -97,7 +101,9 @@ def _summary(result, curve, opts) -> None:
     if d["final_accuracy"] is not None:
         result.summary.append(("Batch accuracy", f"{100 * d['final_accuracy']:.1f}%"))
     result.summary += [
-        ("Steps", f"{steps} of {opts.steps}" + (f" (target reached at step {curve.reached_at})" if d["passed"] else "")),
+        ("Steps", f"{steps} of {curve.budget}" + (f" (extended from {opts.budget}: the loss was still falling toward "
+                                                   "the target)" if curve.budget > opts.budget else "")
+         + (f" (target reached at step {curve.reached_at})" if d["passed"] else "")),
         ("Time", f"{seconds:.2f} s ({steps / seconds:.1f} steps/s)" if seconds > 0 else "—"),
         ("Loss curve", sparkline(_thin(curve.losses, 60)) or "—"),
     ]
@@ -244,7 +250,16 @@ def _bounded_output(result, bounded: dict, ctx) -> None:
 def _verdict(result, trainer, curve, opts, ctx, found: int) -> None:
     d, steps, losses = result.data, curve.step, curve.losses
     initial, final, final_acc = d["initial_loss"], d["final_loss"], d["final_accuracy"]
-    if not d["passed"] and curve.nonfinite_at is None and steps >= 20 and final is not None:
+    trend = None
+    if not d["passed"] and curve.nonfinite_at is None and not curve.peer_stop and initial is not None:
+        trend = judge(losses, goal_of(initial, opts))
+        d["trend"] = {"kind": trend.kind, "steps_to_go": trend.to_go, "floor": trend.floor}
+        if trend.falling and not found and trend.to_go is not None:   # no plateau, no cause: not a failure yet
+            _not_yet(result, trainer, curve, opts, ctx, trend)
+            return
+        _trend_note(result, trend)
+    settled = trend is not None and trend.kind in ("plateau", "levelling")
+    if not d["passed"] and curve.nonfinite_at is None and steps >= 20 and final is not None and not settled:
         tail = losses[int(0.9 * steps)]
         if final < 0.999 * tail:
             result.notes.append(f"the loss was still falling at the end ({100 * (final / tail - 1):.1f}% over the last "
@@ -262,11 +277,42 @@ def _verdict(result, trainer, curve, opts, ctx, found: int) -> None:
         bits.append(f"{final / initial:.3g} × initial (target {opts.target_ratio:g})")
     if final_acc is not None and final_acc < 1:
         bits.append(f"batch accuracy {100 * final_acc:.1f}%")
-    hint = None if found else (f"no mechanical cause found: try more {ctx.option('steps')} (now {opts.steps}) "
+    hint = None if found else (f"no mechanical cause found: try more {ctx.option('steps')} (now {opts.budget}) "
                                f"or another {ctx.option('lr')} (now {d['lr']:g})")
     result.add("cannot-overfit", "error", "", f"could not memorise one batch of {trainer.batch.batch_size} in "
                f"{steps} step(s): " + ", ".join(bits), hint=hint)
     result.verdict = f"FAIL: cannot overfit one batch ({', '.join(bits)})"
+
+
+def _not_yet(result, trainer, curve, opts, ctx, trend: Trend) -> None:
+    """The budget ran out while the loss was still falling toward the target: a warning with the projection."""
+    d, steps = result.data, curve.step
+    total = steps + int(trend.to_go or 0)
+    suggest = _round_up(int(total * 1.25))
+    extended = f" (extended from {opts.budget})" if curve.budget > opts.budget else ""
+    result.add("not-overfit-yet", "warning", "",
+               f"the loss is still falling when the budget of {curve.budget} step(s){extended} ends: "
+               f"{_fmt(d['initial_loss'])} → {_fmt(d['final_loss'])}; at its recent trend the target is about "
+               f"{trend.to_go} more step(s) away (≈{total} in all)",
+               hint=f"train longer: {ctx.option('steps')} {suggest}, or a larger {ctx.option('lr')} (now {d['lr']:g})")
+    result.verdict = (f"NOT YET: loss {_fmt(d['initial_loss'])} → {_fmt(d['final_loss'])} in {steps} step(s), still "
+                      f"falling; ≈{total} steps projected to the target")
+
+
+def _trend_note(result, trend: Trend) -> None:
+    if trend.kind == "plateau":
+        result.notes.append(f"the loss stopped improving: its best fell by less than {100 * PLATEAU_REL:g}% "
+                            "over the last fifth of the steps")
+    elif trend.kind == "levelling" and trend.floor is not None:
+        result.notes.append(f"the loss is levelling off near {trend.floor:.4g}, above the target")
+
+
+def _round_up(n: int) -> int:
+    """n rounded up to 2 significant digits (a step count to suggest)."""
+    if n < 100:
+        return max(n, 1)
+    scale = 10 ** (len(str(n)) - 2)
+    return -(-n // scale) * scale
 
 
 def _thin(values: list[float], width: int) -> list[float]:
