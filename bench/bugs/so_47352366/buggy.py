@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import datasets as D  # noqa: E402
+import bugdata as D  # noqa: E402
 import harness as H  # noqa: E402
 
 LOSS = "categorical_crossentropy"

@@ -1,15 +1,15 @@
 """Data for the ported DeepLocalize GitHub programs (bench/bugs/gh_*): generated, never downloaded.
 
-(gol_nn and MovieReviews_Keras are ported on the `bugs` branch, with their data in datasets.py.)
+(gol_nn and MovieReviews_Keras are ported on the `bugs` branch, with their data in bugdata.py.)
 
-Kept apart from datasets.py (the StackOverflow ports' data) so the two sets of ports merge without a
-conflict. Every generator takes a seed and draws from its own numpy Generator (datasets.rng), apart from
+Kept apart from bugdata.py (the StackOverflow ports' data) so the two sets of ports merge without a
+conflict. Every generator takes a seed and draws from its own numpy Generator (bugdata.rng), apart from
 the weights' stream.
 """
 from __future__ import annotations
 
 import numpy as np
-from datasets import rng, split
+from bugdata import rng, split
 
 
 # -- kerasma: a stand-in for pima-indians-diabetes.data -----------------------------------------------------
