@@ -79,18 +79,25 @@ def load(name: str, *arg_pairs, device="cpu", inputs=None):
 
 def assert_readme_picture(doc: str, made) -> None:
     """docs/images/<doc> is what the code draws now (docs/images/regenerate.sh rebuilds them).
-    Same size, and the same picture up to anti-aliasing and font rendering, which change with the
-    matplotlib/freetype a fresh install brings: at most 0.5% of pixels off by more than 40 levels and
-    a mean difference under 2 levels. A stale picture (other weights, layout or colours) fails both."""
+    Same size, and the same picture once each 8x8 block is averaged: anti-aliasing, font rendering and a line
+    moved by a pixel or two (another matplotlib/freetype, or another CPU's float kernels, which shift a curve
+    where a run diverges) stay below it: at most 1% of blocks off by more than 40 levels, a mean block
+    difference under 2 levels. A stale picture fails both: lr_find.png against the same command with --seed 1
+    (other weights) is 7.7% of blocks and 5.9 levels; against an AVX-512 machine's run, 0.4% and 0.87."""
     import numpy as np
     from PIL import Image
 
-    a = np.asarray(Image.open(ROOT / "docs" / "images" / doc).convert("RGB")).astype(np.int16)
-    b = np.asarray(Image.open(made).convert("RGB")).astype(np.int16)
+    a = np.asarray(Image.open(ROOT / "docs" / "images" / doc).convert("RGB")).astype(np.float64)
+    b = np.asarray(Image.open(made).convert("RGB")).astype(np.float64)
     stale = f"docs/images/{doc} is stale: run sh docs/images/regenerate.sh"
     assert a.shape == b.shape, stale
-    diff = np.abs(a - b)
-    assert (diff.max(axis=2) > 40).mean() <= 0.005 and diff.mean() < 2.0, stale
+
+    def blocks(x, k=8):
+        h, w, c = x.shape
+        return x[: h - h % k, : w - w % k].reshape(h // k, k, w // k, k, c).mean(axis=(1, 3))
+
+    diff = np.abs(blocks(a) - blocks(b))
+    assert (diff.max(axis=2) > 40).mean() <= 0.01 and diff.mean() < 2.0, stale
 
 
 # ---- children ----------------------------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ...core import invariance, train
 from ...core import rounding as rounding_rule
-from ...core import train
 from ...core.design import stochastic_depth_off
 from ...core.distributed import local_shard
 from ...core.rounding import CODE, message, rounded_away, stagnation_counts
@@ -296,11 +296,23 @@ def _zero_init(probe: Probe, zero, sources) -> dict[str, str]:
     # registration order within a module too (a set's order follows the process's string hashing: ranks differ)
     index = {n: i for i, n in enumerate(grads)}
     for n in sorted(zero, key=lambda n: (order.get(module_of(n), 0), index.get(n, 0))):
-        g = grads.get(n)
-        if g is not None and bool(g.detach().ne(0).any()):
+        if _grown(n, grads):
             at = order.get(module_of(n), 0)
             out[n] = next((m for m in src_mods if order.get(m, 0) > at), src_mods[-1])
     return out
+
+
+def _grown(n: str, grads: dict) -> bool:
+    """Is the gradient of `n` non-zero after the step, beyond rounding? A bias cancelled by a following
+    normalisation gets rounding noise (~1e-9 of its weight's gradient, more or less by CPU kernel), which is not
+    a gate opening: below INVARIANT_GRAD_FACTOR of its own module's weight gradient it still counts as zero."""
+    g = grads.get(n)
+    if g is None or not bool(g.detach().ne(0).any()):
+        return False
+    w = grads.get(n[: -len("bias")] + "weight") if n.endswith("bias") else None
+    if w is None:
+        return True
+    return float(g.detach().double().norm()) >= invariance.INVARIANT_GRAD_FACTOR * float(w.detach().double().norm())
 
 
 def _report_zero_init(by_design: dict[str, str], ck: Checklist, result: Result) -> None:
