@@ -890,3 +890,37 @@ def test_gan_two_models_two_optimizers_found_by_the_global_hooks():
     assert r.data["steps"] == 40 and len(r.header["optimizers"]) == 2 and sorted(r.header["models"]) == ["Sequential"] * 2
     assert len(r.table("layers").rows) == 8
     assert codes(run(False)) == {"grad-carried-over"}
+
+
+def _one_sample_spike(opt_name: str):
+    """Regression at batch size 1 with one sample 1000x larger at step 120, its target on the model's own
+    prediction plus a typical residual: that step's loss is ordinary, its gradient norm ~1000x the median."""
+    torch.manual_seed(0)
+    model, w_true = nn.Linear(8, 1), torch.randn(8, 1)
+    opt = (torch.optim.Adam(model.parameters(), lr=1e-3) if opt_name == "adam"
+           else torch.optim.SGD(model.parameters(), lr=0.05))
+    with Watch(model, opt, every=10) as w:
+        for step in range(200):
+            x = torch.randn(1, 8)
+            y = x @ w_true + 0.1 * torch.randn(1, 1)
+            if step == 120:
+                x = 1000 * x
+                with torch.no_grad():
+                    y = model(x) + 0.5
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    return w.result()
+
+
+def test_a_harmless_per_sample_gradient_spike_is_not_an_explosion():
+    # Adam bounds the step whatever the gradient: the loss never leaves its spread
+    r = _one_sample_spike("adam")
+    assert not [f for f in r.findings if f.code == "grad-norm-explosion"], [f.message for f in r.findings]
+
+
+def test_a_gradient_spike_that_moves_the_loss_is_an_explosion():
+    # plain SGD takes the 1000x gradient as it is: the weights jump and the loss with them
+    r = _one_sample_spike("sgd")
+    (f,) = [f for f in r.findings if f.code == "grad-norm-explosion"]
+    assert "at step 121" in f.message and "the loss moved with it" in f.message, f.message

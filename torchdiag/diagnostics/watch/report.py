@@ -227,16 +227,42 @@ def _curves(result: Result, engine) -> None:
     constant = len(engine.tracks) == 1 and any(f.code == "loss-ignores-parameters" for f in result.findings)
     if len(pairs) >= 10 and not constant:
         _loss_curve(result, pairs, dict(zip(steps, result.series["lr"])), opts)
-    norms = _finite_pairs(steps, result.series["grad_norm"])
-    w = window(len(norms))
-    for i in range(w, len(norms)):
-        base = statistics.median(v for _, v in norms[i - w:i])
-        if base > 0 and norms[i][1] > opts.explode * base:
-            result.add("grad-norm-explosion", "warning", "", f"gradient norm {norms[i][1]:.3g} at step {norms[i][0]} "
-                       f"is {norms[i][1] / base:.0f}× its running median ({base:.3g})",
-                       "clip gradients (torch.nn.utils.clip_grad_norm_) or lower the learning rate")
-            break
+    _grad_norm_explosion(result, steps, pairs, opts)
     _validation(result, engine, pairs)
+
+
+def _grad_norm_explosion(result: Result, steps, loss_pairs, opts) -> None:
+    """A gradient-norm spike judged as a loss spike is (above `explode` x the running median, far outside the
+    norms' own spread, above any norm since the first window) that the run felt: the loss leaves its own spread,
+    or goes non-finite, within a window from that step. At batch size 1 a healthy run's per-sample norms span
+    decades and a rare hard sample is a harmless spike (so_31880720's correct version: 34 after a median of
+    0.002, the loss unmoved); a spike that kills units or starts a divergence moves the loss too."""
+    norms = _finite_pairs(steps, result.series["grad_norm"])
+    values = [v for _, v in norms]
+    w = window(len(norms))
+    peak = statistics.median(values[:w]) if len(values) > w else 0.0
+    for i in range(w, len(norms)):
+        base = statistics.median(values[i - w:i])
+        if (base > 0 and values[i] > opts.explode * base and values[i] > peak and _outside_spread(values, i, w)
+                and _felt(result, loss_pairs, norms[i][0], w)):
+            result.add("grad-norm-explosion", "warning", "", f"gradient norm {values[i]:.3g} at step {norms[i][0]} "
+                       f"is {values[i] / base:.0f}× its running median ({base:.3g}), far outside its spread over the "
+                       f"{min(i, SPREAD_STEPS * w)} steps before it, and the loss moved with it",
+                       "clip gradients (torch.nn.utils.clip_grad_norm_) or lower the learning rate")
+            return
+        peak = max(peak, values[i])
+
+
+def _felt(result: Result, loss_pairs, step: int, w: int) -> bool:
+    """Did the loss leave its own spread, or go non-finite, at `step` or in the window after it?"""
+    later = [v for s, v in zip(result.series["step"], result.series["loss"]) if step <= s < step + w and v is not None]
+    if any(not math.isfinite(v) for v in later):
+        return True
+    values = [v for _, v in loss_pairs]
+    at = next((k for k, (s, _) in enumerate(loss_pairs) if s >= step), len(loss_pairs))
+    lw = window(len(values))
+    return any(_outside_spread(values, k, lw) and values[k] > statistics.median(values[k - lw:k])
+               for k in range(max(at, lw), min(len(values), at + w)))
 
 
 def _loss_curve(result: Result, pairs, lr_at: dict, opts) -> None:
