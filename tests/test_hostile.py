@@ -229,22 +229,39 @@ def test_closed_stdout_keeps_the_exit_code(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+RNG_COMMANDS = (("summary",), ("nancheck",), ("gradflow",), ("overfit-batch", "--steps", "5"),
+                ("profile", "--mode", "train", "--active", "1"), ("memory",), ("doctor",), ("flops",),
+                ("activations", "--layer", "fc"))
+
+
+def test_rng_state_after_each_command_is_where_the_factory_left_it(tmp_path, cli):
+    """Through the CLI as through the API: diagnostics put the global RNG back where build() left it (in-process,
+    every command; the end-to-end child below checks it at the process's exit)."""
+    import torch
+
+    saved = tmp_path / "after.pt"
+    # the first build's state (doctor builds again to compare): what the atexit check below reads too
+    spec = write_model(tmp_path, factory=f"net = Net(); torch.randn(3); os.path.exists({str(saved)!r}) or "
+                                         f"torch.save(torch.random.get_rng_state(), {str(saved)!r}); return net")
+    for command, *extra in RNG_COMMANDS:
+        saved.unlink(missing_ok=True)
+        r = cli(command, spec, "--device", "cpu", *extra)
+        assert r.code in (0, 1), (command, r.stderr)
+        assert torch.equal(torch.load(saved), torch.random.get_rng_state()), command
+
+
 @pytest.mark.slow
 @pytest.mark.subprocess
 def test_rng_state_at_exit_is_where_the_factory_left_it(tmp_path):
-    """Through the CLI as through the API: diagnostics put the global RNG back where build() left it."""
+    """The same at a real process's exit (atexit), for the command that draws most (overfit-batch trains)."""
     out = tmp_path / "rng.txt"
     factory = (f"import atexit; net = Net(); torch.randn(3); after = torch.random.get_rng_state().clone(); "
                f"atexit.register(lambda: open({str(out)!r}, 'w').write(str(torch.equal(after, torch.random.get_rng_state())))); "
                f"return net")
     spec = write_model(tmp_path, factory=factory)
-    for command, *extra in (("summary",), ("nancheck",), ("gradflow",), ("overfit-batch", "--steps", "5"),
-                            ("profile", "--mode", "train", "--active", "1"), ("memory",), ("doctor",), ("flops",),
-                            ("activations", "--layer", "fc")):
-        out.unlink(missing_ok=True)
-        r = torchdiag(command, spec, "--device", "cpu", *extra)
-        assert r.returncode in (0, 1), (command, r.stderr)
-        assert out.read_text() == "True", command
+    r = torchdiag("overfit-batch", spec, "--device", "cpu", "--steps", "5")
+    assert r.returncode in (0, 1), r.stderr
+    assert out.read_text() == "True"
 
 
 @pytest.mark.slow

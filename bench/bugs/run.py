@@ -147,7 +147,8 @@ def oneshot(m: dict, variant: str, command: str, timeout: float) -> dict:
             "stderr_tail": err[-800:] if rc not in (0, 1) else ""}
 
 
-def tasks(progs: list[dict], seeds: int, watch: bool, shots: bool, passes: str = "plain,detect,seeds"):
+def tasks(progs: list[dict], seeds: int, watch: bool, shots: bool, passes: str = "plain,detect,seeds",
+          commands: tuple[str, ...] = ONESHOT):
     """(program, key, kind, variant, seed or command), in three passes so that a partial run is useful:
     every program's reproduction first, then watch on seed 0 and the one-shot commands, then watch on the
     other seeds."""
@@ -160,7 +161,7 @@ def tasks(progs: list[dict], seeds: int, watch: bool, shots: bool, passes: str =
             if watch:
                 yield m, f"{m['id']}/{v}/watch/0", "watch", v, 0
             if shots:
-                for c in ONESHOT:
+                for c in commands:
                     yield m, f"{m['id']}/{v}/{c}/0", "oneshot", v, c
     if watch and "seeds" in passes:
         for m in progs:
@@ -179,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=10, help="watch --every")
     ap.add_argument("--no-watch", action="store_true")
     ap.add_argument("--no-oneshot", action="store_true")
+    ap.add_argument("--oneshot", default=",".join(ONESHOT), help="which one-shot commands, comma-separated (tests: fewer)")
     ap.add_argument("--passes", default="plain,detect,seeds",
                     help="which passes: plain (reproduction), detect (watch seed 0 + one-shots), seeds (watch, other seeds);"
                     " two workers on different passes may share one results file")
@@ -191,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     progs = programs(a.programs)
     k, n = (int(x) for x in a.shard.split("/"))
     if not a.report:
-        todo = list(tasks(progs, a.seeds, not a.no_watch, not a.no_oneshot, a.passes))
+        todo = list(tasks(progs, a.seeds, not a.no_watch, not a.no_oneshot, a.passes, tuple(a.oneshot.split(","))))
         for m, key, kind, v, arg in todo[k::n]:
             timeout = a.timeout or m.get("timeout_s", 600)
             if kind == "plain":
