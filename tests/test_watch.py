@@ -659,18 +659,20 @@ def test_python_dash_m_module_runs_as_main(tmp_path, monkeypatch, capsys):
 
 DDP_SCRIPT = textwrap.dedent("""
     import json, torch, torch.nn as nn, torch.distributed as dist, torch.nn.functional as F
-    from torchdiag.diagnostics.watch import Watch
+    import torchdiag
     dist.init_process_group("gloo")
+    rank = dist.get_rank()
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
-    head_only = torch.optim.SGD(model.module[0].parameters(), lr=0.05)   # the bug: 2.* not in it
-    with Watch(every=10) as w:
+    params = model.module[0].parameters() if rank == 1 else model.parameters()   # the bug, on rank 1 only: 2.*
+    opt = torch.optim.SGD(params, lr=0.05)
+    with torchdiag.watch(model, opt, every=10) as w:
         for step in range(30):
             x = torch.randn(8, 8)
             loss = F.cross_entropy(model(x), (x[:, 0] > 0).long())
-            head_only.zero_grad(); loss.backward(); head_only.step()
-    r = w.result()
-    with open(f"rank{dist.get_rank()}.json", "w") as f:   # one file per rank: two ranks' stdout interleave
+            opt.zero_grad(); loss.backward(); opt.step()
+    r = w.result()   # on every rank: rank 0 gets every rank's findings
+    with open(f"rank{rank}.json", "w") as f:   # one file per rank: two ranks' stdout interleave
         json.dump(r.to_dict(), f)
     dist.destroy_process_group()
 """)
@@ -678,7 +680,7 @@ DDP_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_each_rank_watches_under_ddp(tmp_path):
+def test_each_rank_watches_under_ddp_and_rank_0_reports_every_rank(tmp_path):
     path = tmp_path / "ddp_train.py"
     path.write_text(DDP_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -686,10 +688,14 @@ def test_each_rank_watches_under_ddp(tmp_path):
                            str(path)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     docs = {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)}
-    assert set(docs) == {0, 1}
-    for rank, doc in docs.items():   # the user's names (DDP's "module." prefix dropped), the same finding on each rank
-        assert doc["steps"] == 30 and doc["rank"] == rank
-        assert {f["where"] for f in doc["findings"] if f["code"] == "not-in-optimizer"} == {"2.weight", "2.bias"}
+    # rank 1: its own run's report, the user's names (DDP's "module." prefix dropped)
+    assert docs[1]["steps"] == 30 and docs[1]["rank"] == 1
+    assert {f["where"] for f in docs[1]["findings"] if f["code"] == "not-in-optimizer"} == {"2.weight", "2.bias"}
+    # rank 0 (healthy itself): both ranks' reports, rank 1's finding tagged with its rank
+    assert [rk["rank"] for rk in docs[0]["ranks"]] == [0, 1]
+    assert not [f for f in docs[0]["ranks"][0]["findings"] if f["severity"] in ("warning", "error")]
+    found = {f["where"]: f for f in docs[0]["findings"] if f["code"] == "not-in-optimizer"}
+    assert set(found) == {"2.weight", "2.bias"} and all(f["ranks"] == [1] for f in found.values()), found
 
 
 def test_hugging_face_trainer_callback(tmp_path):

@@ -188,13 +188,27 @@ def watch(model=None, optimizer=None, *, every: int = 50, logdir=None, **options
     that steps the model's parameters; model=None too: every model any optimizer trains. `w.log(name,
     value)` records a metric the loop computes, `w.set_epoch(epoch)` names the epoch in findings. logdir:
     TensorBoard events under logdir/watch/ while the run goes. Options: those of `torchdiag watch`, with _
-    for - (accumulate, status, histograms, replay, spike, explode, ratio_high)."""
+    for - (accumulate, status, histograms, replay, spike, explode, ratio_high). Under torchrun, call w.result()
+    on every rank: rank 0's Result holds every rank's findings, tagged with their ranks."""
     from .diagnostics.watch import Options, Watch
     from .render.watch import Live
 
     opts = Options(every=every, logdir=None if logdir is None else str(logdir), **options)
     live = Live(status=opts.status, logdir=opts.logdir)
-    return Watch(model, optimizer, opts=opts, **live.callbacks())
+    return Watch(model, optimizer, opts=opts, gather=_ranks_gather(), **live.callbacks())
+
+
+def _ranks_gather():
+    """Under torchrun: w.result() on every rank hands its report to rank 0, which returns them merged (the same
+    exchange and merge as `torchdiag watch` under torchrun); None in one process."""
+    from .core.distributed import current
+
+    ranks = current()
+    if ranks is None:
+        return None
+    from .runner.scripts import run_on_ranks
+
+    return lambda own: run_on_ranks(ranks, own, others_own=True)
 
 
 def watch_callback(kind: str, *, logdir=None, **options):

@@ -13,10 +13,11 @@ from ..errors import DiagError, one_line
 from .merge import finish, merge, record
 
 
-def run_on_ranks(ranks, run, command: str = "watch"):
+def run_on_ranks(ranks, run, command: str = "watch", others_own: bool = False):
     """`run()` gives this rank's Result or raises (a DiagError carrying the report so far in `partial`).
     Rank 0 gets the merged Result (or its own error, re-raised with the merged report as its partial);
-    the other ranks, once their record is handed in, an empty Result with exit 0 (the runner keeps them quiet)."""
+    the other ranks, once their record is handed in, an empty Result with exit 0 (the runner keeps them quiet),
+    or with `others_own` (the Python API) their own Result."""
     result, exc = None, None
     try:
         result = run()
@@ -41,8 +42,8 @@ def run_on_ranks(ranks, run, command: str = "watch"):
     except KeyboardInterrupt:   # Ctrl-C while rank 0 waits for a slower rank: its own report, said so
         problem = "interrupted while waiting for them"
     if not ranks.main:
-        if problem is None:   # exit 0 once handed in: torchrun stops every rank when one exits non-zero, and
-            return _handed_in()   # rank 0's exit code is the worst over ranks (as for the per-rank commands)
+        if problem is None and not others_own:   # exit 0 once handed in: torchrun stops every rank when one
+            return _handed_in()   # exits non-zero, and rank 0's exit code is the worst over ranks (per-rank commands)
         if exc is not None:
             raise exc
         return result

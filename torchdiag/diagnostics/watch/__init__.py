@@ -49,8 +49,11 @@ class Watch:
     without a model either, every model and optimizer the code trains (the script runner)."""
 
     def __init__(self, model=None, optimizer=None, *, opts: Options | None = None, on_read=None,
-                 on_histograms=None, on_finish=None, **options):
+                 on_histograms=None, on_finish=None, gather=None, **options):
         self.opts = opts if opts is not None else Options(**options)
+        # gather(own) -> Result: every rank's report merged on rank 0 under torchrun (api.watch passes the
+        # runner's; a diagnostic does not import the runner)
+        self.gather, self._gathered = gather, None
         self.models = list(model) if isinstance(model, (list, tuple)) else [model]
         self.optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
         self.on_read, self.on_histograms, self.on_finish = on_read, on_histograms, on_finish
@@ -97,10 +100,19 @@ class Watch:
         return self._result
 
     def result(self):
-        """The run's Result (after the `with` block). A run with no optimizer step is a UsageError (exit 2)."""
+        """The run's Result (after the `with` block). A run with no optimizer step is a UsageError (exit 2).
+        Under torchrun (through torchdiag.watch) every rank calls it: rank 0 gets every rank's findings, each
+        tagged with its ranks, the other ranks their own."""
         if self.engine is None:
             raise UsageError("watch: result() comes after the `with` block has run")
+        if self.gather is None:
+            return self._own()
+        if self._gathered is None:
+            self._gathered = self.gather(self._own)
+        return self._gathered
+
+    def _own(self):
         result = self.finish()
-        if self.engine.step == 0 and result.code is None:
+        if self.engine is not None and self.engine.step == 0 and result.code is None:
             raise UsageError(NO_STEP, NO_STEP_HINT)
         return result
