@@ -113,3 +113,25 @@ def test_an_encoder_decoder_gets_decoder_inputs_of_its_own_kind(tmp_path, cli):
     r = cli("summary", f"hf:{folder}", "--json")
     assert r.code == 0, r.stderr
     assert r.json["inputs"] == ["input[0]: 1x128x16 float32", "decoder_input_values: 1x128x16 float32"]
+
+
+def _text(arch_config, arch, tmp_path, max_positions):
+    cfg = arch_config(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                      max_position_embeddings=max_positions)
+    return save(tmp_path, cfg, arch)
+
+
+def test_a_text_model_numbering_positions_after_its_padding_index_gets_a_length_that_fits(tmp_path, cli):
+    # RoBERTa numbers positions from padding_idx + 1 (pad_token_id 1): of a 40-row table only 40 - 2 = 38 fit; the
+    # whole table (the default's cap) raised "index out of range" on every command (camembert, data2vec-text too)
+    folder = _text(transformers.RobertaConfig, "RobertaForMaskedLM", tmp_path, 40)
+    for command, batch in (("summary", 1), ("gradflow", 2)):
+        r = cli(command, f"hf:{folder}", "--json")
+        assert r.code == 0, r.stderr
+        assert r.json["inputs"] == [f"input[0]: {batch}x38 int64"], r.json["inputs"]
+
+
+def test_a_text_model_whose_whole_position_table_runs_keeps_it(tmp_path, cli):
+    folder = _text(transformers.BertConfig, "BertForMaskedLM", tmp_path, 40)   # positions from 0: all 40 fit
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0 and r.json["inputs"] == ["input[0]: 1x40 int64"], r.json["inputs"]

@@ -402,11 +402,23 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
     limit = [v for v in limit if isinstance(v, int) and v > 0]
     length = min([TEXT_LENGTH] + limit)
     source.inputs = (f"1x{length}:int64",)
+    if limit and length == min(limit):
+        source.alternatives = tuple((f"1x{n}:int64",) for n in _shorter(length, getattr(config, "pad_token_id", None)))
     vocab = getattr(config, "vocab_size", None)
-    source.input_source = f"hf:{path} default (token ids, length {length}" + (f", vocab {vocab})" if vocab else ")")
+    shorter = " or ".join(a[0].split("x")[1].split(":")[0] for a in source.alternatives)
+    source.input_source = (f"hf:{path} default (token ids, length {length}" + (f" (else {shorter}, where {length} does "
+                           "not run)" if shorter else "") + (f", vocab {vocab})" if vocab else ")"))
     if vocab and _lm_head(cls):
         source.labels_from_ids = True
         source.input_source += "; labels = the input ids (the model's own loss)"
+
+
+def _shorter(length: int, pad) -> list[int]:
+    """Lengths to try when a text model's whole position table does not run (the probe picks the first that does):
+    the table less the positions before padding_idx + 1 where a model numbers its positions from there (RoBERTa,
+    CamemBERT, data2vec-text: only max_position_embeddings - pad - 1 fit), then half the table."""
+    out = [length - pad - 1] if type(pad) is int and 0 <= pad < length - 1 else []
+    return [n for n in dict.fromkeys(out + [length // 2]) if 0 < n < length]
 
 
 def _model_class(cls, config):
