@@ -33,7 +33,9 @@ class Track:
         self.changed = None            # host: per parameter, did it change over the run (final read)
         self.weight_norm = None        # host: per parameter, at the last read
         self.grad_max = [0.0] * n      # host: the largest gradient norm each parameter had at a read step
-        self.before = None
+        self.before = None             # the samples before the update (read steps), until post_step
+        self._views: list = [None] * n # per parameter: (key, sample view or None, float32 buffer) for the ratio
+        self._before_views: list = []  # the entries the samples before the update came from
         self._probe_next = False       # arm the zero_grad probes after this step (a read step)
         self.fired: list = []          # the probes' flags since they were armed
         self.armed_step = 0
@@ -79,7 +81,7 @@ class Track:
                 self.start = self._fingerprint()
             if sample and self.params:
                 self.queue.append(("weights", (self, step), self.start[0].clone() if fresh else self._norms()))
-                self.before = self._samples() if before_update else None
+                self.before = self._samples_before() if before_update else None
                 self._probe_next = True
 
     def nonfinite_now(self) -> bool:
@@ -118,7 +120,7 @@ class Track:
         if self.before is None:
             return
         with torch.no_grad():
-            after = self._samples()
+            after = self._samples_after()
             moved = torch.stack([n.float() for n in torch._foreach_norm(torch._foreach_sub(after, self.before))])
             size = torch.stack([n.float() for n in torch._foreach_norm(self.before)])
             ratio = torch.where(size > 0, moved / size.clamp_min(1e-30), torch.full_like(size, float("nan")))
@@ -182,10 +184,11 @@ class Track:
         return out
 
     def _norms(self):
-        """Per parameter, its L2 norm."""
+        """Per parameter, its L2 norm (no detach: under no_grad nothing is recorded, and a detach is an op each)."""
         import torch
 
-        return torch.stack([n.float().to(self.device) for n in torch._foreach_norm([p.detach() for p in self.params])])
+        with torch.no_grad():
+            return torch.stack([n.float().to(self.device) for n in torch._foreach_norm(self.params)])
 
     def _fingerprint(self):
         """Per parameter, its L2 norm and the sum of its elements (a changed parameter changes one or the
@@ -197,13 +200,47 @@ class Track:
             sums = torch.stack([p.detach().sum().float().to(self.device) for p in self.params])
         return torch.stack([self._norms(), sums])
 
-    def _samples(self) -> list:
+    def _samples_before(self) -> list:
+        """Per parameter, its strided sample before the update: one foreach copy from views of the parameters
+        into float32 buffers, both made once (op count independent of the number of parameters); a parameter
+        with no view (see _view) is sampled the plain way."""
+        import torch
+
+        entries = self._sample_views()
+        fast = [e for e in entries if e[1] is not None]
+        if fast:
+            torch._foreach_copy_([e[2] for e in fast], [e[1] for e in fast])
+        self._before_views = entries
+        return [e[2] if e[1] is not None else _sample(p) for e, p in zip(entries, self.params)]
+
+    def _samples_after(self) -> list:
+        """The same samples after the update: the views themselves (the foreach ops read them in place),
+        unless the parameter's storage changed since the sample before it."""
+        entries = self._before_views
+        return [e[1] if e[1] is not None and e[0] == _view_key(p) else _sample(p)
+                for e, p in zip(entries, self.params)]
+
+    def _sample_views(self) -> list:
         out = []
-        for _i, p in enumerate(self.params):
-            flat = p.detach().reshape(-1)
-            stride = max(1, flat.numel() // SAMPLE)
-            out.append(flat[::stride][:SAMPLE].float().clone())
+        for i, p in enumerate(self.params):
+            key = _view_key(p)
+            e = self._views[i]
+            if e is None or e[0] != key:   # new storage, shape or dtype (p.data replaced): a new view
+                e = self._views[i] = (key, *self._view(p))
+            out.append(e)
         return out
+
+    def _view(self, p) -> tuple:
+        """(the sample as a view of p, its float32 buffer), or (None, None) where a view would not be the
+        plain sample (not contiguous: reshape copies in another order) or foreach would not apply (not
+        float32, another device)."""
+        import torch
+
+        if p.dtype != torch.float32 or p.device != self.device or not p.is_contiguous():
+            return None, None
+        with torch.no_grad():
+            view = _strided(p.detach().view(-1))
+            return view, torch.empty(view.shape, dtype=torch.float32, device=p.device)
 
     def _indices(self, idx):
         import torch
@@ -262,6 +299,21 @@ class DeadUnits:
                 dead = (~alive).sum().float()
                 eng.pending.append(("dead", (eng.step, name, int(alive.numel())), torch.stack([newly, dead, nonneg])))
         self.seen = []
+
+
+def _strided(flat):
+    """At most SAMPLE elements of a flat tensor, evenly strided."""
+    return flat[::max(1, flat.numel() // SAMPLE)][:SAMPLE]
+
+
+def _sample(p):
+    """A parameter's strided sample, copied as float32 (for parameters with no sample view)."""
+    return _strided(p.detach().reshape(-1)).float().clone()
+
+
+def _view_key(p) -> tuple:
+    """What a sample view of p depends on: a changed one means p's storage or layout was replaced."""
+    return p.data_ptr(), p.shape, p.stride(), p.dtype, p.device
 
 
 def host_visible(device) -> bool:
