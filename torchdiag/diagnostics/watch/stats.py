@@ -254,7 +254,8 @@ class Track:
 class DeadUnits:
     """Forward hooks on every leaf module of one root for one forward: per output feature (channel for
     conv maps, last dim for sequences), is it non-zero anywhere in the batch. Compared on the device with
-    the first sample: units alive then and zero now (outputs that are never negative only)."""
+    the first sample: units alive then and zero now (outputs that are never negative only). The hooks take
+    two reductions per module; collect() compares all modules at once (a fixed number of ops per device)."""
 
     def __init__(self, engine, root):
         self.engine = engine
@@ -262,7 +263,7 @@ class DeadUnits:
 
         self.root = inner(root)
         self.handles: list = []
-        self.seen: list = []
+        self.seen: list = []   # (name, per-unit max, per-unit min)
 
     def attach(self):
         for name, m in self.root.named_modules():
@@ -273,13 +274,13 @@ class DeadUnits:
         def hook(module, args, output):
             import torch
 
-            if not isinstance(output, torch.Tensor) or not output.is_floating_point() or output.dim() < 2:
+            if (not isinstance(output, torch.Tensor) or not output.is_floating_point() or output.dim() < 2
+                    or output.numel() == 0):
                 return None
             with torch.no_grad():
-                dim = -1 if output.dim() == 3 else 1
-                o = output.detach()
-                alive = o.ne(0).transpose(0, dim % o.dim()).reshape(o.shape[dim], -1).any(1)
-                self.seen.append((name, alive, (o.amin() >= 0).float()))
+                unit = 2 if output.dim() == 3 else 1
+                rest = [d for d in range(output.dim()) if d != unit]
+                self.seen.append((name, output.amax(rest), output.amin(rest)))
             return None
         return hook
 
@@ -289,16 +290,71 @@ class DeadUnits:
         for h in self.handles:
             h.remove()
         self.handles = []
-        eng = self.engine
-        with torch.no_grad():
-            for name, alive, nonneg in self.seen:
-                first = eng._dead_first.get(name)
-                if first is None or first.shape != alive.shape:
-                    eng._dead_first[name] = first = alive
-                newly = (first & ~alive).sum().float()
-                dead = (~alive).sum().float()
-                eng.pending.append(("dead", (eng.step, name, int(alive.numel())), torch.stack([newly, dead, nonneg])))
+        by_device: dict = {}
+        for entry in self.seen:
+            by_device.setdefault(entry[1].device, []).append(entry)
         self.seen = []
+        with torch.no_grad():
+            for entries in by_device.values():
+                self._collect(entries)
+
+    def _collect(self, entries):
+        """One device's modules: per module [units newly dead, units dead, units whose minimum is negative
+        or NaN] as one (modules, 3) tensor in engine.pending (absorb splits it)."""
+        import torch
+
+        eng = self.engine
+        names = [name for name, _, _ in entries]
+        sizes = [int(mx.numel()) for _, mx, _ in entries]
+        mx = torch.cat([e[1] for e in entries])
+        mn = torch.cat([e[2] for e in entries])
+        alive = mx.ne(0) | mn.ne(0)   # some element non-zero (a NaN counts, as ne(0) does)
+        first, seg = _first_alive(eng, id(self.root), names, sizes, alive)
+        dead = alive.logical_not()
+        per_unit = torch.stack([first & dead, dead, (mn >= 0).logical_not()], 1).float()
+        counts = torch.zeros((len(entries), 3), device=alive.device).index_add_(0, seg, per_unit)
+        eng.pending.append(("dead", (eng.step, list(zip(names, sizes))), counts))
+
+
+def _first_alive(eng, root_id, names, sizes, alive) -> tuple:
+    """(per unit of `alive`: alive at its module's first sample, the module index of each unit). The engine keeps
+    per module name (vector, offset, units), reset when the unit count changes; the concatenation for a forward
+    is built once (an index_select) and reused while no module's entry changes: no op at a steady read."""
+    import torch
+
+    srcs, pos = [], 0
+    for name, n in zip(names, sizes):
+        src = eng._dead_first.get(name)
+        if src is None or src[2] != n or src[0].device != alive.device:
+            src = eng._dead_first[name] = (alive, pos, n)
+        srcs.append(src)
+        pos += n
+    key = (root_id, alive.device)
+    plan = eng._dead_plans.get(key)
+    if plan is not None and len(plan[0]) == len(srcs) and all(a is b for a, b in zip(plan[0], srcs)):
+        return plan[1], plan[2]   # the plan holds the entries: identity cannot be a reused id
+    dev = alive.device
+    seg = torch.repeat_interleave(torch.arange(len(sizes), device=dev), torch.tensor(sizes, device=dev),
+                                  output_size=pos)
+    if all(src[0] is alive and src[1] == off for src, off in zip(srcs, _offsets(sizes))):
+        first = alive
+    else:   # a module seen before, a module called twice: gather its first sample's units
+        uniq: dict = {}
+        for src in srcs:
+            if id(src[0]) not in uniq:
+                uniq[id(src[0])] = (src[0], sum(v.numel() for v, _ in uniq.values()))
+        base = torch.cat([v for v, _ in uniq.values()]) if len(uniq) > 1 else srcs[0][0]
+        idx = [uniq[id(v)][1] + off + j for v, off, n in srcs for j in range(n)]
+        first = base.index_select(0, torch.tensor(idx, device=dev))
+    eng._dead_plans[key] = (srcs, first, seg)
+    return first, seg
+
+
+def _offsets(sizes):
+    pos = 0
+    for n in sizes:
+        yield pos
+        pos += n
 
 
 def _strided(flat):
@@ -378,6 +434,8 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
         for name, v in zip(names, vals):
             if not math.isfinite(v):
                 checks["bn_nonfinite"].setdefault(name, step)
-    elif kind == "dead":
-        step, name, units = payload
-        checks["dead"].setdefault(name, []).append((step, vals[0], vals[1], vals[2] > 0, units))
+    elif kind == "dead":   # per module: units newly dead, dead, with a negative (or NaN) minimum
+        step, modules = payload
+        for j, (name, units) in enumerate(modules):
+            newly, dead, negative = vals[3 * j:3 * j + 3]
+            checks["dead"].setdefault(name, []).append((step, newly, dead, negative == 0, units))
