@@ -3,6 +3,7 @@ run in-process through the script runner, and loops written here), each bug at a
 checked against what the loop itself computes."""
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -17,6 +18,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchdiag.core.syncs import SyncCounter
 from torchdiag.diagnostics.watch import Options, Watch
@@ -536,6 +538,182 @@ def test_non_finite_batchnorm_statistics():
     r = w.result()
     assert finding(r, "non-finite-bn-stats").where == "1"
     assert r.data["first_non_finite_step"] == 3
+
+
+# ----------------------------------------------------------------- the read step's cost in ops
+class _Ops(TorchDispatchMode):
+    """Counts the ops torch dispatches (a foreach op is one; on an accelerator each is a launch from Python)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _ops(fn) -> int:
+    with _Ops() as m:
+        fn()
+    return m.n
+
+
+def _read_step_ops(blocks: int) -> dict:
+    """Ops of one steady read step's samples (pre_step + post_step) and dead-unit probe on a CNN of `blocks`
+    conv blocks: the watch's first step and a first read step warm up, the second read step is counted."""
+    from torchdiag.diagnostics.watch.engine import Engine
+    from torchdiag.diagnostics.watch.stats import DeadUnits, Track
+
+    torch.manual_seed(0)
+    layers = [nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()]
+    for _ in range(blocks - 1):
+        layers += [nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()]
+    model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,))
+    engine, track = Engine(Options(), [model], [opt]), Track(opt, Options())
+    out = {}
+    for step in (1, 50, 100):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        out["samples"] = _ops(functools.partial(track.pre_step, step, True))
+        opt.step()
+        out["samples"] += _ops(functools.partial(track.post_step, step, carry_probe=False))
+        track.queue.clear()
+        plain = _ops(lambda: model(x))
+        probe = DeadUnits(engine, model)
+        probe.attach()
+        out["hooks"] = _ops(lambda: model(x)) - plain
+        out["outputs"] = len(probe.seen)
+        out["collect"] = _ops(probe.collect)
+        engine.pending.clear()
+    out["params"] = len(track.params)
+    return out
+
+
+def test_a_read_step_dispatches_a_fixed_number_of_ops_whatever_the_depth():
+    """The sampled update ratio and the dead-unit comparison are launch-bound on a GPU: their op count must
+    not grow with the number of parameters or modules (foreach ops, one comparison of all modules at
+    once); the hooks take two reductions per module output."""
+    small, deep = _read_step_ops(4), _read_step_ops(16)
+    assert deep["params"] > 3 * small["params"] and deep["outputs"] > 3 * small["outputs"]
+    assert deep["samples"] == small["samples"] <= 20, (small, deep)
+    assert deep["collect"] <= small["collect"] + 2 and deep["collect"] <= 20, (small, deep)
+    assert deep["hooks"] <= 2 * deep["outputs"], deep
+
+
+def _old_dead(probes) -> dict:
+    """The former per-module dead-unit computation (a transposed copy per module), as the reference."""
+    first: dict = {}
+    out: dict = {}
+    for step, outputs in probes:
+        for name, o in outputs:
+            dim = -1 if o.dim() == 3 else 1
+            alive = o.ne(0).transpose(0, dim % o.dim()).reshape(o.shape[dim], -1).any(1)
+            f = first.get(name)
+            if f is None or f.shape != alive.shape:
+                first[name] = f = alive
+            out.setdefault(name, []).append((step, float((f & ~alive).sum()), float((~alive).sum()),
+                                             bool(o.amin() >= 0), alive.numel()))
+    return out
+
+
+def test_dead_units_equal_the_per_module_computation_on_a_hand_built_case():
+    from torchdiag.diagnostics.watch.engine import Engine
+    from torchdiag.diagnostics.watch.stats import DeadUnits
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.conv, self.act, self.seq = nn.Linear(3, 4), nn.Conv2d(1, 4, 1), nn.ReLU(), nn.Identity()
+
+        def forward(self, x, img, seq):
+            return self.act(self.fc(x)), self.act(self.conv(img)), self.seq(seq)   # act: one module, called twice
+
+    net = Net()
+    with torch.no_grad():
+        net.fc.weight.copy_(torch.tensor([[1.0, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 1]]))
+        net.fc.bias.zero_()
+        net.conv.weight.fill_(1.0)
+        net.conv.bias.copy_(torch.tensor([0.0, 0, 0, -100]))   # conv channel 3 is dead from the start
+    x, img = torch.rand(5, 3) + 0.1, torch.rand(2, 1, 3, 3)
+    seq = torch.rand(2, 6, 5) + 0.1
+    seq[:, :, 1] = 0                                          # a sequence (3-D): units on the last dim
+    engine = Engine(Options(), [net], [])
+    recorded: list = []
+    for step in (0, 50, 100, 150):
+        if step == 50:   # fc units 0 and 1 go dead after the ReLU; sequence unit 3 too
+            with torch.no_grad():
+                net.fc.bias[:2] = -100
+            seq[:, :, 3] = 0
+        if step == 100:   # the sequence gets wider: its first sample starts again
+            seq = torch.cat([seq, torch.zeros(2, 6, 1)], 2)
+        if step == 150:   # a NaN: alive, and no longer never-negative
+            seq[0, 0, 0] = float("nan")
+        outputs: list = []
+        mine = [m.register_forward_hook(lambda m, a, o, n=n, out=outputs: out.append((n, o.detach().clone())))
+                for n, m in net.named_children()]
+        engine.step = step
+        probe = DeadUnits(engine, net)
+        probe.attach()
+        net(x, img, seq)
+        probe.collect()
+        for h in mine:
+            h.remove()
+        recorded.append((step, outputs))
+        engine.read()
+    got = engine.checks["dead"]
+    assert got == _old_dead(recorded)
+    # act, called twice per forward, compares both calls with its first call's first sample: conv channel 3,
+    # then fc units 0 and 1
+    assert got["act"][:4] == [(0, 0.0, 0.0, True, 4), (0, 1.0, 1.0, True, 4), (50, 2.0, 2.0, True, 4), (50, 1.0, 1.0, True, 4)]
+    assert got["fc"][1] == (50, 0.0, 0.0, False, 4)    # negative, not zero
+    assert got["seq"][1] == (50, 1.0, 2.0, True, 5) and got["seq"][2] == (100, 0.0, 3.0, True, 6)
+    assert got["seq"][3] == (150, 0.0, 3.0, False, 6)
+
+
+def test_update_ratios_equal_the_plain_sample_on_a_known_update():
+    """Views + foreach where they apply (float32, contiguous), the plain copy elsewhere; a parameter whose
+    storage is replaced gets a new view. Each ratio is the one of the former per-parameter sample."""
+    from torchdiag.diagnostics.watch.stats import SAMPLE, Track
+
+    def plain(p):   # the former sample: strided over the flattened parameter, copied as float32
+        flat = p.detach().reshape(-1)
+        return flat[::max(1, flat.numel() // SAMPLE)][:SAMPLE].float().clone()
+
+    ones = nn.Parameter(torch.ones(1000))                       # sample: 256 ones (stride 3)
+    ramp = nn.Parameter(torch.arange(12.0).reshape(3, 4).t())   # not contiguous: the plain path
+    wide = nn.Parameter(torch.ones(10, dtype=torch.float64))    # not float32: the plain path
+    moved = nn.Parameter(torch.ones(300))                       # p.data replaced between reads
+    params = [ones, ramp, wide, moved]
+    track = Track(torch.optim.SGD(params, lr=0.1), Options())
+
+    def read(step, update, between=None):
+        before = [plain(p) for p in params]
+        track.pre_step(step, True)
+        if between:
+            between()
+        with torch.no_grad():
+            update()
+        track.post_step(step, carry_probe=False)
+        ratio = next(t for kind, _, t in track.queue if kind == "ratio").tolist()
+        track.queue.clear()
+        want = [float((plain(p) - b).norm() / b.norm()) for p, b in zip(params, before)]
+        assert ratio == pytest.approx(want, rel=1e-6)
+        return ratio
+
+    def update():
+        ones.mul_(0.5)
+        ramp.add_(1.0)
+        wide.mul_(2.0)
+        moved.sub_(1.0)
+
+    assert read(1, update)[:3] == pytest.approx([0.5, math.sqrt(12) / math.sqrt(sum(i * i for i in range(12))), 1.0])
+    moved.data = torch.full((300,), 4.0)     # a new storage before the read step: a new view
+    assert read(50, update)[3] == pytest.approx(0.25)
+    # replaced between the sample and the update (an optimizer's own p.data =): the new storage is read after it
+    assert read(100, update, between=lambda: setattr(moved, "data", torch.full((300,), 8.0)))[3] == pytest.approx(4 / 3)
 
 
 # ----------------------------------------------------------------- the script runner

@@ -79,7 +79,8 @@ class Engine:
         self._backward = None
         self._sample_forward = True         # the next training forward samples dead units
         self._eval_forward = False
-        self._dead_first: dict[str, object] = {}
+        self._dead_first: dict[str, tuple] = {}   # module name -> (vector, offset, units): alive at its first sample
+        self._dead_plans: dict = {}               # (root, device) -> the last probe's first-alive vector (stats.py)
         self._window = []                   # (step, lr) of steps since the last read
         self._loss_window = []              # per step since the last read: its losses (device 0-dim; [] none)
         self.closed = False

@@ -33,7 +33,9 @@ class Track:
         self.changed = None            # host: per parameter, did it change over the run (final read)
         self.weight_norm = None        # host: per parameter, at the last read
         self.grad_max = [0.0] * n      # host: the largest gradient norm each parameter had at a read step
-        self.before = None
+        self.before = None             # the samples before the update (read steps), until post_step
+        self._views: list = [None] * n # per parameter: (key, sample view or None, float32 buffer) for the ratio
+        self._before_views: list = []  # the entries the samples before the update came from
         self._probe_next = False       # arm the zero_grad probes after this step (a read step)
         self.fired: list = []          # the probes' flags since they were armed
         self.armed_step = 0
@@ -79,7 +81,7 @@ class Track:
                 self.start = self._fingerprint()
             if sample and self.params:
                 self.queue.append(("weights", (self, step), self.start[0].clone() if fresh else self._norms()))
-                self.before = self._samples() if before_update else None
+                self.before = self._samples_before() if before_update else None
                 self._probe_next = True
 
     def nonfinite_now(self) -> bool:
@@ -118,7 +120,7 @@ class Track:
         if self.before is None:
             return
         with torch.no_grad():
-            after = self._samples()
+            after = self._samples_after()
             moved = torch.stack([n.float() for n in torch._foreach_norm(torch._foreach_sub(after, self.before))])
             size = torch.stack([n.float() for n in torch._foreach_norm(self.before)])
             ratio = torch.where(size > 0, moved / size.clamp_min(1e-30), torch.full_like(size, float("nan")))
@@ -182,10 +184,11 @@ class Track:
         return out
 
     def _norms(self):
-        """Per parameter, its L2 norm."""
+        """Per parameter, its L2 norm (no detach: under no_grad nothing is recorded, and a detach is an op each)."""
         import torch
 
-        return torch.stack([n.float().to(self.device) for n in torch._foreach_norm([p.detach() for p in self.params])])
+        with torch.no_grad():
+            return torch.stack([n.float().to(self.device) for n in torch._foreach_norm(self.params)])
 
     def _fingerprint(self):
         """Per parameter, its L2 norm and the sum of its elements (a changed parameter changes one or the
@@ -197,13 +200,47 @@ class Track:
             sums = torch.stack([p.detach().sum().float().to(self.device) for p in self.params])
         return torch.stack([self._norms(), sums])
 
-    def _samples(self) -> list:
+    def _samples_before(self) -> list:
+        """Per parameter, its strided sample before the update: one foreach copy from views of the parameters
+        into float32 buffers, both made once (op count independent of the number of parameters); a parameter
+        with no view (see _view) is sampled the plain way."""
+        import torch
+
+        entries = self._sample_views()
+        fast = [e for e in entries if e[1] is not None]
+        if fast:
+            torch._foreach_copy_([e[2] for e in fast], [e[1] for e in fast])
+        self._before_views = entries
+        return [e[2] if e[1] is not None else _sample(p) for e, p in zip(entries, self.params)]
+
+    def _samples_after(self) -> list:
+        """The same samples after the update: the views themselves (the foreach ops read them in place),
+        unless the parameter's storage changed since the sample before it."""
+        entries = self._before_views
+        return [e[1] if e[1] is not None and e[0] == _view_key(p) else _sample(p)
+                for e, p in zip(entries, self.params)]
+
+    def _sample_views(self) -> list:
         out = []
-        for _i, p in enumerate(self.params):
-            flat = p.detach().reshape(-1)
-            stride = max(1, flat.numel() // SAMPLE)
-            out.append(flat[::stride][:SAMPLE].float().clone())
+        for i, p in enumerate(self.params):
+            key = _view_key(p)
+            e = self._views[i]
+            if e is None or e[0] != key:   # new storage, shape or dtype (p.data replaced): a new view
+                e = self._views[i] = (key, *self._view(p))
+            out.append(e)
         return out
+
+    def _view(self, p) -> tuple:
+        """(the sample as a view of p, its float32 buffer), or (None, None) where a view would not be the
+        plain sample (not contiguous: reshape copies in another order) or foreach would not apply (not
+        float32, another device)."""
+        import torch
+
+        if p.dtype != torch.float32 or p.device != self.device or not p.is_contiguous():
+            return None, None
+        with torch.no_grad():
+            view = _strided(p.detach().view(-1))
+            return view, torch.empty(view.shape, dtype=torch.float32, device=p.device)
 
     def _indices(self, idx):
         import torch
@@ -217,7 +254,8 @@ class Track:
 class DeadUnits:
     """Forward hooks on every leaf module of one root for one forward: per output feature (channel for
     conv maps, last dim for sequences), is it non-zero anywhere in the batch. Compared on the device with
-    the first sample: units alive then and zero now (outputs that are never negative only)."""
+    the first sample: units alive then and zero now (outputs that are never negative only). The hooks take
+    two reductions per module; collect() compares all modules at once (a fixed number of ops per device)."""
 
     def __init__(self, engine, root):
         self.engine = engine
@@ -225,7 +263,7 @@ class DeadUnits:
 
         self.root = inner(root)
         self.handles: list = []
-        self.seen: list = []
+        self.seen: list = []   # (name, per-unit max, per-unit min)
 
     def attach(self):
         for name, m in self.root.named_modules():
@@ -236,13 +274,13 @@ class DeadUnits:
         def hook(module, args, output):
             import torch
 
-            if not isinstance(output, torch.Tensor) or not output.is_floating_point() or output.dim() < 2:
+            if (not isinstance(output, torch.Tensor) or not output.is_floating_point() or output.dim() < 2
+                    or output.numel() == 0):
                 return None
             with torch.no_grad():
-                dim = -1 if output.dim() == 3 else 1
-                o = output.detach()
-                alive = o.ne(0).transpose(0, dim % o.dim()).reshape(o.shape[dim], -1).any(1)
-                self.seen.append((name, alive, (o.amin() >= 0).float()))
+                unit = 2 if output.dim() == 3 else 1
+                rest = [d for d in range(output.dim()) if d != unit]
+                self.seen.append((name, output.amax(rest), output.amin(rest)))
             return None
         return hook
 
@@ -252,16 +290,86 @@ class DeadUnits:
         for h in self.handles:
             h.remove()
         self.handles = []
-        eng = self.engine
-        with torch.no_grad():
-            for name, alive, nonneg in self.seen:
-                first = eng._dead_first.get(name)
-                if first is None or first.shape != alive.shape:
-                    eng._dead_first[name] = first = alive
-                newly = (first & ~alive).sum().float()
-                dead = (~alive).sum().float()
-                eng.pending.append(("dead", (eng.step, name, int(alive.numel())), torch.stack([newly, dead, nonneg])))
+        by_device: dict = {}
+        for entry in self.seen:
+            by_device.setdefault(entry[1].device, []).append(entry)
         self.seen = []
+        with torch.no_grad():
+            for entries in by_device.values():
+                self._collect(entries)
+
+    def _collect(self, entries):
+        """One device's modules: per module [units newly dead, units dead, units whose minimum is negative
+        or NaN] as one (modules, 3) tensor in engine.pending (absorb splits it)."""
+        import torch
+
+        eng = self.engine
+        names = [name for name, _, _ in entries]
+        sizes = [int(mx.numel()) for _, mx, _ in entries]
+        mx = torch.cat([e[1] for e in entries])
+        mn = torch.cat([e[2] for e in entries])
+        alive = mx.ne(0) | mn.ne(0)   # some element non-zero (a NaN counts, as ne(0) does)
+        first, seg = _first_alive(eng, id(self.root), names, sizes, alive)
+        dead = alive.logical_not()
+        per_unit = torch.stack([first & dead, dead, (mn >= 0).logical_not()], 1).float()
+        counts = torch.zeros((len(entries), 3), device=alive.device).index_add_(0, seg, per_unit)
+        eng.pending.append(("dead", (eng.step, list(zip(names, sizes))), counts))
+
+
+def _first_alive(eng, root_id, names, sizes, alive) -> tuple:
+    """(per unit of `alive`: alive at its module's first sample, the module index of each unit). The engine keeps
+    per module name (vector, offset, units), reset when the unit count changes; the concatenation for a forward
+    is built once (an index_select) and reused while no module's entry changes: no op at a steady read."""
+    import torch
+
+    srcs, pos = [], 0
+    for name, n in zip(names, sizes):
+        src = eng._dead_first.get(name)
+        if src is None or src[2] != n or src[0].device != alive.device:
+            src = eng._dead_first[name] = (alive, pos, n)
+        srcs.append(src)
+        pos += n
+    key = (root_id, alive.device)
+    plan = eng._dead_plans.get(key)
+    if plan is not None and len(plan[0]) == len(srcs) and all(a is b for a, b in zip(plan[0], srcs)):
+        return plan[1], plan[2]   # the plan holds the entries: identity cannot be a reused id
+    dev = alive.device
+    seg = torch.repeat_interleave(torch.arange(len(sizes), device=dev), torch.tensor(sizes, device=dev),
+                                  output_size=pos)
+    if all(src[0] is alive and src[1] == off for src, off in zip(srcs, _offsets(sizes))):
+        first = alive
+    else:   # a module seen before, a module called twice: gather its first sample's units
+        uniq: dict = {}
+        for src in srcs:
+            if id(src[0]) not in uniq:
+                uniq[id(src[0])] = (src[0], sum(v.numel() for v, _ in uniq.values()))
+        base = torch.cat([v for v, _ in uniq.values()]) if len(uniq) > 1 else srcs[0][0]
+        idx = [uniq[id(v)][1] + off + j for v, off, n in srcs for j in range(n)]
+        first = base.index_select(0, torch.tensor(idx, device=dev))
+    eng._dead_plans[key] = (srcs, first, seg)
+    return first, seg
+
+
+def _offsets(sizes):
+    pos = 0
+    for n in sizes:
+        yield pos
+        pos += n
+
+
+def _strided(flat):
+    """At most SAMPLE elements of a flat tensor, evenly strided."""
+    return flat[::max(1, flat.numel() // SAMPLE)][:SAMPLE]
+
+
+def _sample(p):
+    """A parameter's strided sample, copied as float32 (for parameters with no sample view)."""
+    return _strided(p.detach().reshape(-1)).float().clone()
+
+
+def _view_key(p) -> tuple:
+    """What a sample view of p depends on: a changed one means p's storage or layout was replaced."""
+    return p.data_ptr(), p.shape, p.stride(), p.dtype, p.device
 
 
 def host_visible(device) -> bool:
@@ -326,6 +434,8 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
         for name, v in zip(names, vals):
             if not math.isfinite(v):
                 checks["bn_nonfinite"].setdefault(name, step)
-    elif kind == "dead":
-        step, name, units = payload
-        checks["dead"].setdefault(name, []).append((step, vals[0], vals[1], vals[2] > 0, units))
+    elif kind == "dead":   # per module: units newly dead, dead, with a negative (or NaN) minimum
+        step, modules = payload
+        for j, (name, units) in enumerate(modules):
+            newly, dead, negative = vals[3 * j:3 * j + 3]
+            checks["dead"].setdefault(name, []).append((step, newly, dead, negative == 0, units))
