@@ -10,6 +10,7 @@ while a peer is stuck in (or timed out of) a model collective."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from dataclasses import dataclass, replace
 from typing import Any
@@ -153,6 +154,9 @@ def session(ranks: Ranks, spec):
         teardown()
 
 
+_GATHERS = itertools.count()   # gathers made by this process (gather_to_main)
+
+
 def gather_to_main(obj, ranks: Ranks) -> tuple[list, list[int]] | None:
     """For a user's script run on every rank (watch), at its end: every rank's `obj` on rank 0, as
     (objects in rank order with None for a rank that never handed one in, the ranks missing); None on the
@@ -170,8 +174,10 @@ def gather_to_main(obj, ranks: Ranks) -> tuple[list, list[int]] | None:
     timeout = datetime.timedelta(seconds=timeout_seconds())
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), ranks.world_size,
                           is_master=False, timeout=timeout)
+    # one key set per gather: a second watch in the same run must not read the first one's records (every rank
+    # gathers in the same order, so the count agrees)
     prefix = (f"torchdiag/gather/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/"
-              f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/")
+              f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{next(_GATHERS)}/")
     # JSON, never pickle: the store is a TCP server, and what comes out of it must not be able to run code
     store.set(prefix + str(ranks.rank), json.dumps(obj, default=str))
     if not ranks.main:

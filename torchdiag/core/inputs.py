@@ -412,7 +412,9 @@ def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
             break
     if chosen is None:
         chosen = _spec_inputs(sets[0], loaded, device, seed)
-    chosen.source = loaded.input_source + (f"; layout {k + 1} of {len(sets)} tried" if k >= 0 else
+    # the first running is the usual case: said only when the probe had to go further
+    chosen.source = loaded.input_source + ("" if k == 0 else
+                                           f"; layout {k + 1} of {len(sets)} (the first {k} did not run)" if k > 0 else
                                            f"; none of {len(sets)} layouts ran: the first is used")
     return chosen
 

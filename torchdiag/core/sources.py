@@ -405,9 +405,7 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
     if limit and length == min(limit):
         source.alternatives = tuple((f"1x{n}:int64",) for n in _shorter(length, getattr(config, "pad_token_id", None)))
     vocab = getattr(config, "vocab_size", None)
-    shorter = " or ".join(a[0].split("x")[1].split(":")[0] for a in source.alternatives)
-    source.input_source = (f"hf:{path} default (token ids, length {length}" + (f" (else {shorter}, where {length} does "
-                           "not run)" if shorter else "") + (f", vocab {vocab})" if vocab else ")"))
+    source.input_source = f"hf:{path} default (token ids, length {length}" + (f", vocab {vocab})" if vocab else ")")
     if vocab and _lm_head(cls):
         source.labels_from_ids = True
         source.input_source += "; labels = the input ids (the model's own loss)"

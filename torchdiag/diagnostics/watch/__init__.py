@@ -51,8 +51,8 @@ class Watch:
     def __init__(self, model=None, optimizer=None, *, opts: Options | None = None, on_read=None,
                  on_histograms=None, on_finish=None, gather=None, **options):
         self.opts = opts if opts is not None else Options(**options)
-        # gather(own) -> Result: every rank's report merged on rank 0 under torchrun (api.watch passes the
-        # runner's; a diagnostic does not import the runner)
+        # gather(own) -> Result: every rank's report merged on rank 0 under torchrun, at the block's end (api.watch
+        # passes the runner's; a diagnostic does not import the runner)
         self.gather, self._gathered = gather, None
         self.models = list(model) if isinstance(model, (list, tuple)) else [model]
         self.optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
@@ -63,7 +63,7 @@ class Watch:
     def __enter__(self):
         from .engine import Engine
 
-        self._result = None
+        self._result, self._gathered = None, None
         hist = self.on_histograms if self.opts.histograms else None
         self.engine = Engine(self.opts, self.models, self.optimizers, on_read=self.on_read, on_histograms=hist)
         self.engine.attach()
@@ -97,18 +97,24 @@ class Watch:
             self._result = build(self.engine, interrupted, failure)
             if self.on_finish is not None:
                 self.on_finish(self._result)
+            if self.gather is not None:   # at the block's end on every rank, whoever calls result() later
+                try:
+                    self._gathered = self.gather(self._own)
+                except Exception as exc:   # noqa: BLE001 - this rank's own (no step seen): result() raises it
+                    self._gathered = exc
         return self._result
 
     def result(self):
         """The run's Result (after the `with` block). A run with no optimizer step is a UsageError (exit 2).
-        Under torchrun (through torchdiag.watch) every rank calls it: rank 0 gets every rank's findings, each
-        tagged with its ranks, the other ranks their own."""
+        Under torchrun (through torchdiag.watch) each rank handed its report to rank 0 at the block's end:
+        rank 0's holds every rank's findings, tagged with their ranks; the other ranks get their own."""
         if self.engine is None:
             raise UsageError("watch: result() comes after the `with` block has run")
         if self.gather is None:
             return self._own()
-        if self._gathered is None:
-            self._gathered = self.gather(self._own)
+        self.finish()
+        if isinstance(self._gathered, BaseException):
+            raise self._gathered
         return self._gathered
 
     def _own(self):

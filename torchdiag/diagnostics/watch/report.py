@@ -233,35 +233,45 @@ def _curves(result: Result, engine) -> None:
 
 def _grad_norm_explosion(result: Result, steps, loss_pairs, opts) -> None:
     """A gradient-norm spike judged as a loss spike is (above `explode` x the running median, far outside the
-    norms' own spread, above any norm since the first window) that the run felt: the loss leaves its own spread,
-    or goes non-finite, within a window from that step. At batch size 1 a healthy run's per-sample norms span
-    decades and a rare hard sample is a harmless spike (so_31880720's correct version: 34 after a median of
-    0.002, the loss unmoved); a spike that kills units or starts a divergence moves the loss too."""
+    norms' own spread, above any norm of the spread's steps before it) that the run felt (_felt). At batch size 1
+    a healthy run's per-sample norms span decades and a rare hard sample is a harmless spike (so_31880720's
+    correct version: 34 after a median of 0.002, the loss unmoved, the norms back at once)."""
     norms = _finite_pairs(steps, result.series["grad_norm"])
     values = [v for _, v in norms]
     w = window(len(norms))
-    peak = statistics.median(values[:w]) if len(values) > w else 0.0
     for i in range(w, len(norms)):
         base = statistics.median(values[i - w:i])
-        if (base > 0 and values[i] > opts.explode * base and values[i] > peak and _outside_spread(values, i, w)
-                and _felt(result, loss_pairs, norms[i][0], w)):
+        peak = max(values[max(0, i - SPREAD_STEPS * w):i])
+        if (base > 0 and values[i] > opts.explode * base and values[i] >= peak and _outside_spread(values, i, w)
+                and _felt(result, loss_pairs, values, i, norms[i][0], w, math.sqrt(opts.explode))):
             result.add("grad-norm-explosion", "warning", "", f"gradient norm {values[i]:.3g} at step {norms[i][0]} "
                        f"is {values[i] / base:.0f}× its running median ({base:.3g}), far outside its spread over the "
-                       f"{min(i, SPREAD_STEPS * w)} steps before it, and the loss moved with it",
+                       f"{min(i, SPREAD_STEPS * w)} steps before it",
                        "clip gradients (torch.nn.utils.clip_grad_norm_) or lower the learning rate")
             return
-        peak = max(peak, values[i])
 
 
-def _felt(result: Result, loss_pairs, step: int, w: int) -> bool:
-    """Did the loss leave its own spread, or go non-finite, at `step` or in the window after it?"""
-    later = [v for s, v in zip(result.series["step"], result.series["loss"]) if step <= s < step + w and v is not None]
-    if any(not math.isfinite(v) for v in later):
+def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: int, factor: float) -> bool:
+    """Did the run feel the spike at norms[i] (at `step`)? The norms stay high (the median of the next w above
+    `factor` x the running median and within `factor` of the spike itself, √explode: after a harmless spike they
+    fall back, so_31880720 34 -> 0.06; or the run ends there), the loss goes non-finite at or after it, or the loss leaves its own
+    spread within a window, by a tenth of where it started at least. Without any loss seen (backward not through Tensor.backward) the norms alone decide."""
+    after = norms[i + 1:i + 1 + w]
+    base = statistics.median(norms[i - w:i])
+    if not after or statistics.median(after) > max(factor * base, norms[i] / factor):
+        return True
+    if any(v is not None and not math.isfinite(v) for s, v in zip(result.series["step"], result.series["loss"]) if s >= step):
         return True
     values = [v for _, v in loss_pairs]
+    if not values:
+        return True
     at = next((k for k, (s, _) in enumerate(loss_pairs) if s >= step), len(loss_pairs))
     lw = window(len(values))
+    # a rise that matters at the run's own scale: a tenth of where the loss started at least (a loss sitting at
+    # float32's floor, 1e-7, spreads by nothing, so 3e-5 would be "outside" it)
+    scale = 0.1 * abs(statistics.median(values[:lw]))
     return any(_outside_spread(values, k, lw) and values[k] > statistics.median(values[k - lw:k])
+               and values[k] - statistics.median(values[k - lw:k]) > scale
                for k in range(max(at, lw), min(len(values), at + w)))
 
 
@@ -294,7 +304,7 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts) -> None:
                    f"(running median {med[len(med) // 2]:.4g} → {med[-1]:.4g})", "converged, or the learning rate is too small")
 
 
-def _outside_spread(values: list[float], i: int, w: int) -> bool:
+def _outside_spread(values: list[float], i: int, w: int, v: float | None = None) -> bool:
     """Is loss i far outside what the loss did over the SPREAD_STEPS·w steps before it: more than
     SPREAD_K robust standard deviations (1.4826 × the median absolute deviation) above the running median?
     In log space when the losses are positive (a loss is a ratio-scale quantity: per-sample losses at batch
@@ -302,11 +312,10 @@ def _outside_spread(values: list[float], i: int, w: int) -> bool:
     curve has a small spread, so the `spike` ratio decides there; a noisy one needs a much larger jump."""
     recent = values[max(0, i - SPREAD_STEPS * w):i]
     last = values[i - w:i]
-    if values[i] > 0 and min(recent) > 0:
+    v = values[i] if v is None else v   # another value judged against the same steps (a median after a spike)
+    if v > 0 and min(recent) > 0:
         f = math.log
-        recent, last, v = [f(x) for x in recent], [f(x) for x in last], f(values[i])
-    else:
-        v = values[i]
+        recent, last, v = [f(x) for x in recent], [f(x) for x in last], f(v)
     centre = statistics.median(recent)
     mad = statistics.median(abs(x - centre) for x in recent)
     return v - statistics.median(last) > SPREAD_K * 1.4826 * mad
