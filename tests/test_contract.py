@@ -352,3 +352,32 @@ def test_the_shared_layers_below_the_diagnostics_need_no_torch():
     code = "import sys, torchdiag.fmt, torchdiag.pictures; print(sorted(m for m in ('torch', 'numpy', 'matplotlib') if m in sys.modules))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)
+
+
+def _calls(func: ast.AST) -> set[str]:
+    """The dotted names a function calls (`subprocess.Popen`, `proc.send_signal`, `os.kill`)."""
+    out = set()
+    for node in ast.walk(func):
+        if isinstance(node, ast.Call):
+            f, parts = node.func, []
+            while isinstance(f, ast.Attribute):
+                parts.append(f.attr)
+                f = f.value
+            if isinstance(f, ast.Name):
+                parts.append(f.id)
+            out.add(".".join(reversed(parts)))
+    return out
+
+
+def test_every_test_that_signals_a_child_starts_it_with_default_dispositions():
+    """A test that interrupts a child starts it with support.spawn, never subprocess.Popen: started from a shell that
+    ignores SIGINT (`make test &`, nohup, a job runner) the child would inherit that and never see the Ctrl-C."""
+    offenders = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        for func in ast.walk(ast.parse(path.read_text())):
+            if isinstance(func, ast.FunctionDef) and func.name.startswith("test_"):
+                calls = _calls(func)
+                signals = any(c.endswith(".send_signal") or c in ("os.kill", "os.killpg") for c in calls)
+                if signals and "subprocess.Popen" in calls:
+                    offenders.append(f"{path.name}::{func.name}")
+    assert not offenders, offenders

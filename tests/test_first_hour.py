@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from conftest import sample
+from support import sample
 
 CUT_CNN = ("features.0.weight", "features.0.bias", "features.2.weight", "features.2.bias",
            "features.4.weight", "features.4.bias", "features.6.weight", "features.6.bias")

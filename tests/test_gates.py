@@ -11,7 +11,7 @@ from torchdiag.core.context import context_for
 from torchdiag.core.inputs import ModelInputs
 from torchdiag.core.run import RunSpec
 
-from conftest import load_module
+from support import load_module
 
 GATED = load_module("by_design_gates.py")
 

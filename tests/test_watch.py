@@ -25,7 +25,7 @@ from torchdiag.diagnostics.watch import Options, Watch
 from torchdiag.diagnostics.watch.script import parse_command, run_command
 from torchdiag.errors import ExitCode, ModelError, OptionError, UsageError
 
-from support import ROOT, SAMPLES
+from support import ROOT, SAMPLES, spawn
 
 
 def script(name, *args, every=10, **options):
@@ -765,8 +765,8 @@ def test_script_runner_as_a_subprocess_and_interrupted(tmp_path):
     doc = json.loads(done.stdout.split("RESULT ", 1)[1])
     assert doc["steps"] == 12 and doc["command"] == "watch" and doc["exit_code"] == 0
     # Ctrl-C in the middle: the report so far, exit 130
-    proc = subprocess.Popen([sys.executable, "-c", RUNNER, "python", str(path), "--steps", "100", "--wait"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    proc = spawn([sys.executable, "-c", RUNNER, "python", str(path), "--steps", "100", "--wait"],
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     try:
         line = ""
         deadline = time.monotonic() + 120

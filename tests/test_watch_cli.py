@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, SAMPLES, one_error_line
+from support import ROOT, SAMPLES, one_error_line, spawn
 
 # a tiny healthy loop that also shows what it sees: argv, __name__, cwd, a line of stdin
 HEALTHY = textwrap.dedent("""
@@ -153,12 +153,9 @@ def test_script_that_raises_exit_3_with_the_report_so_far(cli, monkeypatch, tmp_
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupted_keeps_the_partial_report(healthy, tmp_path, sig, code):
-    def default_sigint():   # a shell that started the tests may ignore SIGINT: the child must not inherit that
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-    proc = subprocess.Popen([sys.executable, "-m", "torchdiag", "watch", "--json", "--every", "5", "--", "python",
-                             str(healthy), "--steps", "100", "--wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=ENV, cwd=tmp_path, preexec_fn=default_sigint)
+    proc = spawn([sys.executable, "-m", "torchdiag", "watch", "--json", "--every", "5", "--", "python",
+                  str(healthy), "--steps", "100", "--wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                 text=True, env=ENV, cwd=tmp_path)
     try:
         line, deadline = "", time.monotonic() + 240
         while "READY" not in line and time.monotonic() < deadline:   # --json: the script prints on stderr
