@@ -29,6 +29,7 @@ def _run(tmp_path: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.subprocess
 def test_one_program_end_to_end(tmp_path):
     p = _run(tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -77,6 +78,7 @@ def test_taxonomy_names_known_types_only():
 
 
 @pytest.mark.slow
+@pytest.mark.subprocess
 def test_seeds_runner_matches_a_standalone_run():
     # run.py's plain runs share one process per variant (seeds.py): seed 1 there must train exactly as
     # `python buggy.py --seed 1` does (the previous seed in the process leaves nothing behind)

@@ -381,3 +381,21 @@ def test_every_test_that_signals_a_child_starts_it_with_default_dispositions():
                 if signals and "subprocess.Popen" in calls:
                     offenders.append(f"{path.name}::{func.name}")
     assert not offenders, offenders
+
+
+LAUNCHES = ("subprocess.run", "subprocess.Popen", "subprocess.check_output", "spawn", "torchrun")
+
+
+def test_every_test_that_starts_a_process_is_marked_slow():
+    """`make test-fast` leaves out `slow`: a test that starts a child (subprocess, spawn, torchrun) says so, with
+    `subprocess` or `distributed` beside `slow` (markers are strict: pyproject.toml registers them)."""
+    offenders = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        for func in ast.parse(path.read_text()).body:
+            if not (isinstance(func, ast.FunctionDef) and func.name.startswith("test_")):
+                continue
+            marks = {ast.unparse(d).split(".")[2].split("(")[0] for d in func.decorator_list
+                     if ast.unparse(d).startswith("pytest.mark.")}
+            if _calls(func) & set(LAUNCHES) and not ({"slow"} <= marks and marks & {"subprocess", "distributed"}):
+                offenders.append(f"{path.name}::{func.name} {sorted(marks)}")
+    assert not offenders, offenders

@@ -151,6 +151,8 @@ def test_script_that_raises_exit_3_with_the_report_so_far(cli, monkeypatch, tmp_
     assert r.code == 3 and 'raise RuntimeError(f"data loader lost its shard at step {step}")' in r.stderr   # its own
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupted_keeps_the_partial_report(healthy, tmp_path, sig, code):
     proc = spawn([sys.executable, "-m", "torchdiag", "watch", "--json", "--every", "5", "--", "python",
@@ -317,6 +319,8 @@ RANKED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_under_torchrun_every_rank_runs_the_script_and_rank_0_reports(tmp_path):
     path = tmp_path / "ranked.py"
     path.write_text(RANKED)
@@ -330,6 +334,7 @@ def test_under_torchrun_every_rank_runs_the_script_and_rank_0_reports(tmp_path):
     assert "RANK 0 done" in r.stderr and "RANK 1 done" in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_under_torchrun_rank_0_reports_a_bug_that_only_rank_1_has(tmp_path):
     path = SAMPLES / "watch_ddp_rank1.py"     # rank 1's optimizer lacks the head (2.*); rank 0 is healthy
@@ -361,6 +366,7 @@ RANK1_RAISES = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_under_torchrun_a_rank_whose_script_fails_hands_in_its_partial_report(tmp_path):
     path = tmp_path / "rank1_raises.py"
