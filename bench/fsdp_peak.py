@@ -242,10 +242,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="mlp,cnn,transformer")
     ap.add_argument("--wrap", default="root", choices=("root", "units"))
+    ap.add_argument("--plan", help="several wraps in one launch, e.g. root:mlp,cnn/units:mlp (overrides the two above)")
     ap.add_argument("--json")
     a = ap.parse_args()
+    plan = [part.split(":", 1) for part in a.plan.split("/")] if a.plan else [(a.wrap, a.models)]
+    if any(wrap not in ("root", "units") for wrap, _ in plan):
+        ap.error(f"--plan: a wrap is root or units, not {a.plan!r}")
     dist.init_process_group("gloo")
-    rows = [one(name, a.wrap) for name in a.models.split(",")]
+    rows = [one(name, wrap) for wrap, models in plan for name in models.split(",")]
     if dist.get_rank() == 0:
         for r in rows:
             errs = " ".join(f"{100 * e:+.1f}%" for e in r["error"])

@@ -214,10 +214,11 @@ def test_an_interrupted_rank_makes_no_collective_after_the_loop(monkeypatch):
 
 # ---- memory's FSDP estimate against a real fully_shard step's per-rank peak ----------------------
 
-def _fsdp_peaks(tmp_path, wrap: str, models: str) -> dict:
-    """bench/fsdp_peak.py under torchrun (2 gloo processes): per model, each rank's peak live tensor bytes
-    during a real FSDP2 training step, counted by the script's own census (not torchdiag's tracker), and
-    memory's ZeRO-3/FSDP estimate of the same step."""
+@pytest.fixture(scope="module")
+def fsdp_peaks(tmp_path_factory) -> dict:
+    """bench/fsdp_peak.py under torchrun (2 gloo processes), one launch for both wraps: per (wrap, model), each
+    rank's peak live tensor bytes during a real FSDP2 training step, counted by the script's own census (not
+    torchdiag's tracker), and memory's ZeRO-3/FSDP estimate of the same step."""
     import json
     import os
     import subprocess
@@ -225,20 +226,20 @@ def _fsdp_peaks(tmp_path, wrap: str, models: str) -> dict:
 
     from support import HANG_GUARD, ROOT
 
-    out = tmp_path / f"fsdp_{wrap}.json"
+    out = tmp_path_factory.mktemp("fsdp") / "fsdp.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "bench" / "fsdp_peak.py"), "--wrap", wrap, "--models", models, "--json", str(out)]
+           str(ROOT / "bench" / "fsdp_peak.py"), "--plan", "root:mlp,cnn,transformer/units:mlp,cnn", "--json", str(out)]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD,
                        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
-    return {row["model"]: row for row in json.loads(out.read_text())}
+    return {(row["wrap"], row["model"]): row for row in json.loads(out.read_text())}
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_fsdp_estimate_within_10_percent_of_the_measured_peak_per_rank(tmp_path):
+def test_fsdp_estimate_within_10_percent_of_the_measured_peak_per_rank(fsdp_peaks):
     """fully_shard at the root (as --wrap fsdp shards): an MLP, a CNN and a transformer LM."""
-    rows = _fsdp_peaks(tmp_path, "root", "mlp,cnn,transformer")
+    rows = {model: row for (wrap, model), row in fsdp_peaks.items() if wrap == "root"}
     assert set(rows) == {"mlp", "cnn", "transformer"}
     for name, row in rows.items():
         assert row["world"] == 2 and len(row["measured_bytes"]) == 2
@@ -255,9 +256,10 @@ def test_fsdp_estimate_within_10_percent_of_the_measured_peak_per_rank(tmp_path)
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_fsdp_estimate_per_layer_units_within_10_percent(tmp_path):
+def test_fsdp_estimate_per_layer_units_within_10_percent(fsdp_peaks):
     """fully_shard on each layer and the root (the units memory's --shard plans for)."""
-    rows = _fsdp_peaks(tmp_path, "units", "mlp,cnn")
+    rows = {model: row for (wrap, model), row in fsdp_peaks.items() if wrap == "units"}
+    assert set(rows) == {"mlp", "cnn"}
     for name, row in rows.items():
         assert row["unit_bytes"] > 0
         for peak in row["measured_bytes"]:
