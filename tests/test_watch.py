@@ -1128,3 +1128,29 @@ def test_a_gradient_spike_is_judged_by_the_norms_alone_when_no_loss_is_seen():
     r = _one_sample_spike("sgd", autograd=True)
     assert all(v is None for v in r.series["loss"])
     assert [f for f in r.findings if f.code == "grad-norm-explosion"], [f.message for f in r.findings]
+
+
+def test_each_trained_model_is_probed_for_dead_units_under_its_own_name():
+    """A GAN: generator and discriminator are both nn.Sequential (both have a "1"). Each is probed at each read
+    step (before, only the first model called after a read was), under its own prefix: the discriminator's
+    hidden units, killed at step 20 by a bias of -100, are found there, and the generator's are not blamed."""
+    torch.manual_seed(0)
+    G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 4))
+    D = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 1))
+    og, od = torch.optim.SGD(G.parameters(), lr=0.01), torch.optim.SGD(D.parameters(), lr=0.01)
+    with Watch([G, D], [og, od], every=5) as w:
+        for step in range(40):
+            z = torch.randn(8, 4)
+            d_loss = D(G(z).detach()).mean() - D(torch.randn(8, 4)).mean()
+            od.zero_grad()
+            d_loss.backward()
+            od.step()
+            g_loss = -D(G(z)).mean()
+            og.zero_grad()
+            g_loss.backward()
+            og.step()
+            if step == 20:
+                with torch.no_grad():
+                    D[0].bias.fill_(-100.0)
+    r = w.result()
+    assert [f.where for f in r.findings if f.code == "dead-units"] == ["Sequential#1.1"], [f.message for f in r.findings]

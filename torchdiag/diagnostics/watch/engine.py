@@ -77,7 +77,8 @@ class Engine:
         self._discovery: list = []
         self._depth = 0
         self._backward = None
-        self._sample_forward = True         # the next training forward samples dead units
+        self._sample_forward = True         # the next training forward of each model samples dead units
+        self._sampled: set[int] = set()     # the models sampled since (a GAN's generator and discriminator each)
         self._eval_forward = False
         self._dead_first: dict[str, tuple] = {}   # module name -> (vector, offset, units): alive at its first sample
         self._dead_plans: dict = {}               # (root, device) -> the last probe's first-alive vector (stats.py)
@@ -192,12 +193,19 @@ class Engine:
 
     def _name_params(self):
         names: dict[int, str] = {}
-        many = len(self.roots) > 1
-        for i, root in enumerate(self.roots.values()):
+        for root in self.roots.values():
             for n, p in inner(root).named_parameters():
-                names.setdefault(id(p), f"{type(root).__name__}#{i}.{n}" if many else n)
+                names.setdefault(id(p), self.root_prefix(root) + n)
         for t in self.tracks.values():
             t.rename(names)
+
+    def root_prefix(self, root) -> str:
+        """How a trained model's parameters and modules are named when there are several (a GAN's generator and
+        discriminator both have a "0"): `Type#i.`; nothing with one."""
+        if len(self.roots) < 2:
+            return ""
+        i = list(self.roots).index(id(root)) if id(root) in self.roots else len(self.roots)
+        return f"{type(root).__name__}#{i}."
 
     # ----------------------------------------------------------------- the model's forward and backward
     @_guarded
@@ -210,8 +218,9 @@ class Engine:
         self._eval_forward = not inner(module).training   # torch.compile: the user sets the mode on their module
         if self.batch_size is None:
             self.batch_size = _batch_size(args, kwargs)
-        if self._sample_forward and not compiled(module):
-            self._sample_forward = False
+        if self._sample_forward and id(module) not in self._sampled and not compiled(module):
+            self._sampled.add(id(module))
+            self._sample_forward = len(self._sampled) < len(self.roots)   # until every trained model had one
             from .stats import DeadUnits
 
             probe = DeadUnits(self, module)
@@ -304,7 +313,7 @@ class Engine:
             return
         track.post_step(self.step, carry_probe=not self.opts.accumulate)
         if opt is self.clock and self.step % self.opts.every == 0:
-            self._sample_forward = True
+            self._sample_forward, self._sampled = True, set()
 
     def _read_step_checks(self):
         """Host-side checks of a read step (attribute reads, no sync)."""

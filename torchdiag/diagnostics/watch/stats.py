@@ -261,14 +261,15 @@ class DeadUnits:
         self.engine = engine
         from .engine import inner
 
-        self.root = inner(root)
+        self.module, self.root = root, inner(root)
         self.handles: list = []
         self.seen: list = []   # (name, per-unit max, per-unit min)
 
     def attach(self):
+        prefix = self.engine.root_prefix(self.module)   # per model: two models' "0" are not one module
         for name, m in self.root.named_modules():
             if not any(True for _ in m.children()):
-                self.handles.append(m.register_forward_hook(self._hook(name)))
+                self.handles.append(m.register_forward_hook(self._hook(prefix + name)))
 
     def _hook(self, name):
         def hook(module, args, output):
