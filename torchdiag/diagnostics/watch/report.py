@@ -252,10 +252,13 @@ def _grad_norm_explosion(result: Result, steps, loss_pairs, opts) -> None:
 
 
 def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: int, factor: float) -> bool:
-    """Did the run feel the spike at norms[i] (at `step`)? The norms stay high (the median of the next w above
-    `factor` x the running median and within `factor` of the spike itself, √explode: after a harmless spike they
-    fall back, so_31880720 34 -> 0.06; or the run ends there), the loss goes non-finite at or after it, or the loss leaves its own
-    spread within a window, by a tenth of where it started at least. Without any loss seen (backward not through Tensor.backward) the norms alone decide."""
+    """Did the run feel the spike at norms[i] (at `step`)? Any of:
+    - the norms stay high: the median of the next w is above `factor` (√explode) x the running median and within
+      `factor` of the spike itself (after a harmless spike they fall back: so_31880720, 34 -> 0.06), or the run
+      ends there;
+    - the loss goes non-finite at or after it;
+    - the loss leaves its own spread within a window, by a tenth of where it started at least.
+    With no loss seen at all (backward not through Tensor.backward) the norms alone decide."""
     after = norms[i + 1:i + 1 + w]
     base = statistics.median(norms[i - w:i])
     if not after or statistics.median(after) > max(factor * base, norms[i] / factor):
