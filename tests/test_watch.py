@@ -604,11 +604,15 @@ def test_a_read_step_dispatches_a_fixed_number_of_ops_whatever_the_depth():
 
 
 def _old_dead(probes) -> dict:
-    """The former per-module dead-unit computation (a transposed copy per module), as the reference."""
+    """The former per-module dead-unit computation (a transposed copy per module), as the reference; a module's
+    second call in one forward is its own entry, `name#2`."""
     first: dict = {}
     out: dict = {}
     for step, outputs in probes:
+        calls: dict = {}
         for name, o in outputs:
+            calls[name] = calls.get(name, 0) + 1
+            name = name if calls[name] == 1 else f"{name}#{calls[name]}"
             dim = -1 if o.dim() == 3 else 1
             alive = o.ne(0).transpose(0, dim % o.dim()).reshape(o.shape[dim], -1).any(1)
             f = first.get(name)
@@ -665,9 +669,10 @@ def test_dead_units_equal_the_per_module_computation_on_a_hand_built_case():
         engine.read()
     got = engine.checks["dead"]
     assert got == _old_dead(recorded)
-    # act, called twice per forward, compares both calls with its first call's first sample: conv channel 3,
-    # then fc units 0 and 1
-    assert got["act"][:4] == [(0, 0.0, 0.0, True, 4), (0, 1.0, 1.0, True, 4), (50, 2.0, 2.0, True, 4), (50, 1.0, 1.0, True, 4)]
+    # act, called twice per forward, is two layers of units, each compared with its own first sample: after fc
+    # (units 0 and 1 die at step 50), after conv (channel 3 dead from the start, so never newly dead)
+    assert got["act"][:2] == [(0, 0.0, 0.0, True, 4), (50, 2.0, 2.0, True, 4)]
+    assert got["act#2"][:2] == [(0, 0.0, 1.0, True, 4), (50, 0.0, 1.0, True, 4)]
     assert got["fc"][1] == (50, 0.0, 0.0, False, 4)    # negative, not zero
     assert got["seq"][1] == (50, 1.0, 2.0, True, 5) and got["seq"][2] == (100, 0.0, 3.0, True, 6)
     assert got["seq"][3] == (150, 0.0, 3.0, False, 6)

@@ -264,6 +264,7 @@ class DeadUnits:
         self.module, self.root = root, inner(root)
         self.handles: list = []
         self.seen: list = []   # (name, per-unit max, per-unit min)
+        self.calls: dict[str, int] = {}   # calls of each module in this forward
 
     def attach(self):
         prefix = self.engine.root_prefix(self.module)   # per model: two models' "0" are not one module
@@ -281,7 +282,10 @@ class DeadUnits:
             with torch.no_grad():
                 unit = 2 if output.dim() == 3 else 1
                 rest = [d for d in range(output.dim()) if d != unit]
-                self.seen.append((name, output.amax(rest), output.amin(rest)))
+                # a module called again in one forward (a ResNet block's one ReLU, twice) is another layer of
+                # units: its own entry, `name#2`, compared with its own first sample
+                k = self.calls[name] = self.calls.get(name, 0) + 1
+                self.seen.append((name if k == 1 else f"{name}#{k}", output.amax(rest), output.amin(rest)))
             return None
         return hook
 
