@@ -6,7 +6,8 @@
   detection, video, optical flow, quantized);
 - transformers: every model type in CONFIG_MAPPING whose config, shrunk (hidden size 32, 2 layers, 4
   heads, vocabulary 1000 …, sub-configs too), an Auto class builds without remote code; the task is the
-  first Auto mapping that holds the type (causal LM, masked LM, seq2seq, image classification, base).
+  first Auto mapping that holds the type (causal LM, masked LM, seq2seq, image classification, base; seq2seq
+  first for a type that has a seq2seq LM, so an encoder-decoder is built whole).
 
 Models are run as a user runs them: `torchvision:NAME`, `timm:NAME` and `hf:FOLDER` (the shrunk
 config saved to build/corpus-hf/TYPE/config.json) with their default inputs (core/sources.py).
@@ -135,7 +136,12 @@ def hf_zoo() -> list[dict]:
     out = []
     HF_DIR.mkdir(parents=True, exist_ok=True)
     for model_type in sorted(CONFIG_MAPPING.keys()):
-        task = next((t for t, m in HF_TASKS if model_type in getattr(modeling_auto, m, {})), None)
+        # an encoder-decoder is built as one (its seq2seq LM) where it has that class: its causal-LM class is the
+        # decoder alone, whose cross-attention never runs (pegasus in the run of 2026-11-28: no-grad on encoder_attn)
+        tasks = HF_TASKS
+        if model_type in getattr(modeling_auto, "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", {}):
+            tasks = tuple(sorted(HF_TASKS, key=lambda tm: tm[0] != "seq2seq"))
+        task = next((t for t, m in tasks if model_type in getattr(modeling_auto, m, {})), None)
         row = {"name": f"hf_{model_type}", "family": "hf", "args": [], "why": f"transformers {model_type}"}
         if task is None:
             continue     # no Auto class builds it (a config-only or sub-model type)
