@@ -1159,3 +1159,28 @@ def test_each_trained_model_is_probed_for_dead_units_under_its_own_name():
                     D[0].bias.fill_(-100.0)
     r = w.result()
     assert [f.where for f in r.findings if f.code == "dead-units"] == ["Sequential#1.1"], [f.message for f in r.findings]
+
+
+def test_a_parameter_tiny_by_construction_is_not_update_ratio_high():
+    """A layer scale shaped (C, 1, 1) at 1e-5 (timm fastvit): Adam moves it by ~lr a step, a large part of its norm
+    by design; the conv weight beside it, at an ordinary scale and a huge learning rate, still is flagged."""
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.gamma = nn.Conv2d(3, 8, 3), nn.Parameter(torch.full((8, 1, 1), 1e-5))
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.head((x.mean() + self.gamma * self.conv(x)).mean((2, 3)))
+
+    torch.manual_seed(0)
+    model, x, y = Scaled(), torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 0, 1])
+    opt = torch.optim.Adam([{"params": [model.gamma], "lr": 1e-3},
+                            {"params": [*model.conv.parameters(), *model.head.parameters()], "lr": 1.0}])
+    with Watch(model, opt, every=5) as w:
+        for _ in range(20):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    flagged = {f.where for f in w.result().findings if f.code == "update-ratio-high"}
+    assert "gamma" not in flagged and "conv.weight" in flagged, flagged

@@ -11,6 +11,8 @@ judges a model (gradflow's judged pass, doctor's training checks):
   loss invariant to the scale of the tensor it receives."""
 from __future__ import annotations
 
+TINY_RMS = 1e-4   # per-element RMS below this: tiny by construction (layer scale 1e-6, cls/register tokens)
+
 
 def is_stochastic_depth(mod) -> bool:
     kind = type(mod).__name__

@@ -13,7 +13,7 @@ initialisation (bench/corpus-findings.md has the models and numbers behind each 
 The checks that run the model again (a step on a copy, a shifted bias) are in recheck.py."""
 from __future__ import annotations
 
-TINY_RMS = 1e-4                 # per-element RMS below this: tiny by construction (layer scale 1e-6)
+from ...core.design import TINY_RMS  # noqa: E402  (per-element RMS below it: tiny by construction)
 
 
 def rms(row) -> float | None:

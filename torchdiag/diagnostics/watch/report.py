@@ -9,6 +9,7 @@ import os
 import re
 import statistics
 
+from ...core.design import TINY_RMS
 from ...results import Column, Result, Table
 
 HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|bleu|rouge|score|iou|map\b|top\d", re.I)
@@ -362,6 +363,13 @@ def _validation(result: Result, engine, pairs) -> None:
                        "overfitting: stop earlier, add regularisation or data")
 
 
+def _tiny_at_start(track, i: int, p) -> bool:
+    """Tiny by construction at the run's start (a layer scale or register token at 1e-5, as gradflow judges it):
+    it grows from there, so each update is a large part of its norm by design (timm fastvit's gammas: 0.1)."""
+    start = track.start_norm[i] if track.start_norm else None
+    return start is not None and p.numel() > 0 and 0 < start / p.numel() ** 0.5 < TINY_RMS
+
+
 def _layers(result: Result, engine) -> None:
     rows = []
     for t in engine.tracks.values():
@@ -373,7 +381,8 @@ def _layers(result: Result, engine) -> None:
                          "weight_norm": t.weight_norm[i] if t.weight_norm else None, "max_grad_norm": t.grad_max[i],
                          "got_grad": t.seen_grad[i],
                          "changed": None if t.changed is None else t.changed[i]})
-            if ratio is not None and p.dim() >= 2 and len(later) >= 2 and ratio > engine.opts.ratio_high:
+            if ratio is not None and p.dim() >= 2 and len(later) >= 2 and ratio > engine.opts.ratio_high \
+                    and not _tiny_at_start(t, i, p):
                 result.add("update-ratio-high", "warning", t.names[i], f"updates of {t.names[i]} are {ratio:.3g} of its "
                            f"norm per step (median of {len(later)} read steps; sane: about 1e-3)", "lower the learning rate")
             elif ratio is not None and p.dim() >= 2 and len(later) >= 2 and 0 < ratio < RATIO_LOW:

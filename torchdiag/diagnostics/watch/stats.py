@@ -32,6 +32,7 @@ class Track:
         self.start = None              # device (2, n): L2 norm and sum of each parameter at the first step
         self.changed = None            # host: per parameter, did it change over the run (final read)
         self.weight_norm = None        # host: per parameter, at the last read
+        self.start_norm = None         # host: per parameter, before the first update (the first read's)
         self.grad_max = [0.0] * n      # host: the largest gradient norm each parameter had at a read step
         self.before = None             # the samples before the update (read steps), until post_step
         self._views: list = [None] * n # per parameter: (key, sample view or None, float32 buffer) for the ratio
@@ -426,6 +427,8 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
     elif kind == "weights":
         track, step = payload
         track.weight_norm = vals
+        if track.start_norm is None:
+            track.start_norm = vals
         for i, v in enumerate(vals):
             if not math.isfinite(v):
                 checks["param_nonfinite"].setdefault(track.names[i], step)
