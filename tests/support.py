@@ -127,14 +127,59 @@ def wait_until(ready: Callable[[], bool], proc: subprocess.Popen | None = None, 
 
 # ---- torchrun ----------------------------------------------------------------------------------------------------
 
-def torchrun(*args, env: dict | None = None, device: str = "cpu") -> tuple[int, Any, str]:
-    """`torchrun --standalone --nproc_per_node 2 -m torchdiag ARGS --device cpu --json`: (returncode, doc, stderr).
-    --standalone picks a free port: launches from parallel test workers do not collide."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "torchdiag", *map(str, args), "--device", device, "--json"]
+def torchrun_args(*target, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
+    """`torch.distributed.run --standalone --nproc_per_node 2 TARGET...` (a script and its arguments, or `-m`
+    torchdiag ...), output captured: --standalone picks a free port, so launches from parallel test workers do not
+    collide; the timeout only turns a hang into a failure."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *map(str, target)]
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD, env=full_env)
+    return subprocess.run(cmd, cwd=cwd or ROOT, capture_output=True, text=True, timeout=HANG_GUARD, env=full_env)
+
+
+def torchrun(*args, env: dict | None = None, device: str = "cpu", cwd=None) -> tuple[int, Any, str]:
+    """`torchrun --standalone --nproc_per_node 2 -m torchdiag ARGS --device cpu --json`: (returncode, doc, stderr)."""
+    r = torchrun_args("-m", "torchdiag", *args, "--device", device, "--json", env=env, cwd=cwd)
     return r.returncode, json.loads(r.stdout), r.stderr
+
+
+def torchrun_many(runs: dict[str, list], env: dict | None = None, cwd=None) -> dict[str, tuple[int, Any, str]]:
+    """Several `torchdiag ARGS --device cpu --json` commands in one launch of 2 ranks: each rank starts once (one
+    `import torch` a rank, not one a command), joins the default gloo group as a user's program would, and runs
+    the commands in turn through the command line in-process (torchdiag borrows the group it finds:
+    core.distributed.session). Per name: (the worst exit code over the ranks, rank 0's JSON document, every
+    rank's stderr). Only for commands every rank ends normally: a run where a rank fails, hangs or is signalled
+    gets a launch of its own (`torchrun`), so the launch's own exit code is the one tested."""
+    import tempfile
+
+    out = Path(tempfile.mkdtemp(prefix="torchrun-many-"))
+    plan = {"out": str(out), "runs": {name: [*map(str, args), "--device", "cpu", "--json"] for name, args in runs.items()}}
+    (out / "plan.json").write_text(json.dumps(plan))
+    r = torchrun_args(__file__, "--ranks-batch", out / "plan.json", env=env, cwd=cwd)
+    results = {}
+    for name in runs:
+        ranks = [out / f"{name}.{rank}.json" for rank in (0, 1)]
+        assert r.returncode == 0 and all(f.exists() for f in ranks), f"the launch of {name} failed:\n{r.stderr[-3000:]}"
+        got = [json.loads(f.read_text()) for f in ranks]
+        results[name] = (max(g["code"] for g in got), json.loads(got[0]["stdout"]), "".join(g["stderr"] for g in got))
+    return results
+
+
+def _ranks_batch(plan_file: str) -> None:
+    """One rank of `torchrun_many`: the plan's commands in turn, each rank's result to OUT/NAME.RANK.json."""
+    import torch.distributed as dist
+    from typer.testing import CliRunner
+
+    from torchdiag.cli.app import app
+
+    plan = json.loads(Path(plan_file).read_text())
+    dist.init_process_group("gloo")
+    try:
+        for name, args in plan["runs"].items():
+            r = CliRunner().invoke(app, args, catch_exceptions=False)
+            record = {"code": r.exit_code, "stdout": r.stdout, "stderr": r.stderr}
+            Path(plan["out"], f"{name}.{dist.get_rank()}.json").write_text(json.dumps(record))
+    finally:
+        dist.destroy_process_group()
 
 
 def by_code(doc, code):
@@ -244,3 +289,7 @@ def pretend_gpu_report(report):
     if report.skipped:
         report.outcome, report.longrepr = "failed", f"skipped with a (pretend) GPU present: {report.longrepr}"
     return report
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--ranks-batch"]:
+    _ranks_batch(sys.argv[2])

@@ -383,7 +383,8 @@ def test_every_test_that_signals_a_child_starts_it_with_default_dispositions():
     assert not offenders, offenders
 
 
-LAUNCHES = ("subprocess.run", "subprocess.Popen", "subprocess.check_output", "spawn", "torchrun")
+LAUNCHES = ("subprocess.run", "subprocess.Popen", "subprocess.check_output", "spawn", "torchrun", "torchrun_args",
+            "torchrun_many")
 
 
 def test_every_test_that_starts_a_process_is_marked_slow():

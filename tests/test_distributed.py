@@ -1,5 +1,6 @@
 """torchdiag under torchrun: real 2-process gloo runs on this CPU machine (torch.distributed.run
-launching `-m torchdiag`), one launch per scenario shared by its assertions, plus the pieces that
+launching `-m torchdiag`, or one launch running the scenarios every rank ends normally in turn), each
+scenario shared by its assertions, plus the pieces that
 need no launch (torchrun's environment, sharding, merging, refusals)."""
 from __future__ import annotations
 
@@ -10,41 +11,76 @@ import sys
 
 import pytest
 
-from support import HANG_GUARD, ROOT, by_code, one_error_line, sample, torchrun
+from support import (
+    HANG_GUARD,
+    ROOT,
+    by_code,
+    one_error_line,
+    sample,
+    torchrun,
+    torchrun_many,
+)
 
-# ---- one launch each -------------------------------------------------------------------------------
+# ---- the launches -----------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def diverging():
-    return torchrun("doctor", sample("ranks.py:diverging"), "--wrap", "ddp")
-
-
-@pytest.fixture(scope="module")
-def healthy():
-    return torchrun("gradflow", sample("ranks.py:healthy"), "--wrap", "ddp")
-
-
-@pytest.fixture(scope="module")
-def unused():
+# the runs every rank ends normally: one launch for all of them (support.torchrun_many), each rank running the
+# commands in turn in-process
+RUNS = {
+    "diverging": ["doctor", sample("ranks.py:diverging"), "--wrap", "ddp"],
+    "healthy": ["gradflow", sample("ranks.py:healthy"), "--wrap", "ddp"],
     # gradflow: one judged pass. overfit-batch trains the DDP copy, and DDP itself raises at its second step
     # on every rank (the error's hint then names the parameters: test_unused_hint_when_every_rank_failed)
-    return torchrun("gradflow", sample("ranks.py:unused"), "--wrap", "ddp")
+    "unused": ["gradflow", sample("ranks.py:unused"), "--wrap", "ddp"],
+    "overfit": ["overfit-batch", sample("ranks.py:healthy"), "--wrap", "ddp", "--steps", "300", "--target-loss", "0.5"],
+    "nan_rank": ["nancheck", sample("ranks.py:nan_on_rank"), "--arg", "rank=1", "--wrap", "ddp"],
+    "fsdp_grads": ["gradflow", sample("ranks.py:unused"), "--wrap", "fsdp"],
+    "fsdp_nan": ["nancheck", sample("ranks.py:nan_on_rank"), "--arg", "rank=1", "--wrap", "fsdp"],
+}
 
 
 @pytest.fixture(scope="module")
-def overfit():
-    return torchrun("overfit-batch", sample("ranks.py:healthy"), "--wrap", "ddp", "--steps", "300",
-                    "--target-loss", "0.5")
+def launched():
+    return torchrun_many(RUNS)
+
+
+@pytest.fixture(scope="module")
+def diverging(launched):
+    return launched["diverging"]
+
+
+@pytest.fixture(scope="module")
+def healthy(launched):
+    return launched["healthy"]
+
+
+@pytest.fixture(scope="module")
+def unused(launched):
+    return launched["unused"]
+
+
+@pytest.fixture(scope="module")
+def overfit(launched):
+    return launched["overfit"]
+
+
+@pytest.fixture(scope="module")
+def nan_rank(launched):
+    return launched["nan_rank"]
+
+
+@pytest.fixture(scope="module")
+def fsdp_grads(launched):
+    return launched["fsdp_grads"]
+
+
+@pytest.fixture(scope="module")
+def fsdp_nan(launched):
+    return launched["fsdp_nan"]
 
 
 @pytest.fixture(scope="module")
 def failing():
     return torchrun("nancheck", sample("ranks.py:fails_on_rank"), "--arg", "rank=1")
-
-
-@pytest.fixture(scope="module")
-def nan_rank():
-    return torchrun("nancheck", sample("ranks.py:nan_on_rank"), "--arg", "rank=1", "--wrap", "ddp")
 
 
 @pytest.mark.slow
@@ -262,16 +298,6 @@ def test_nancheck_names_rank_and_module(nan_rank):
     assert g["ranks"] == [0] and "another rank" in g["message"]
 
 
-@pytest.fixture(scope="module")
-def fsdp_grads():
-    return torchrun("gradflow", sample("ranks.py:unused"), "--wrap", "fsdp")
-
-
-@pytest.fixture(scope="module")
-def fsdp_nan():
-    return torchrun("nancheck", sample("ranks.py:nan_on_rank"), "--arg", "rank=1", "--wrap", "fsdp")
-
-
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_gradflow_judges_the_fsdp_gradients_made_whole(fsdp_grads, healthy):
@@ -460,3 +486,47 @@ def test_meta_refused_under_torchrun(cli, monkeypatch):
     r = cli("nancheck", sample("ranks.py:healthy"), "--device", "meta")
     assert r.code == 2 and "--device meta cannot run under torchrun" in r.stderr
     one_error_line(r)
+
+
+def _one_process_world(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+
+
+def test_a_process_group_already_up_is_borrowed_and_left_up(tmp_path):
+    """A program that runs the command line in-process on each rank (support.torchrun_many does) keeps its
+    default group: torchdiag makes and destroys only its own groups on it."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from torchdiag.core.distributed import Ranks, session
+
+    _one_process_world(tmp_path)
+    try:
+        default = dist.group.WORLD
+        with session(Ranks(0, 1, 0), SimpleNamespace(device="cpu")) as sess:
+            assert sess.group is not default and sess.gather({"x": 1}) == [{"x": 1}]
+        assert dist.is_initialized() and dist.group.WORLD is default
+        dist.barrier()      # still usable
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_process_group_of_another_world_is_refused(tmp_path):
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from torchdiag.core.distributed import Ranks, session
+    from torchdiag.errors import UsageError
+
+    _one_process_world(tmp_path)
+    try:
+        with pytest.raises(UsageError, match=r"already has a process group \(rank 0 of 1, gloo\)"):
+            with session(Ranks(0, 2, 0), SimpleNamespace(device="cpu")):
+                pass
+        assert dist.is_initialized()
+    finally:
+        dist.destroy_process_group()

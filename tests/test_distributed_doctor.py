@@ -11,20 +11,26 @@ import importlib.util
 
 import pytest
 
-from support import ROOT, by_code, sample, torchrun
+from support import ROOT, by_code, sample, torchrun_many
 
 SPEC = "ranks_doctor.py:masked"
 NOT_UPDATED = {"dead.weight", "dead.bias", "gain"}
 
 
 @pytest.fixture(scope="module")
-def ddp():
-    return torchrun("doctor", sample(SPEC), "--wrap", "ddp", "--loss", "sum")
+def launched():
+    """One launch for both wraps (support.torchrun_many)."""
+    return torchrun_many({wrap: ["doctor", sample(SPEC), "--wrap", wrap, "--loss", "sum"] for wrap in ("ddp", "fsdp")})
 
 
 @pytest.fixture(scope="module")
-def fsdp():
-    return torchrun("doctor", sample(SPEC), "--wrap", "fsdp", "--loss", "sum")
+def ddp(launched):
+    return launched["ddp"]
+
+
+@pytest.fixture(scope="module")
+def fsdp(launched):
+    return launched["fsdp"]
 
 
 def _grads(monkeypatch, rank: int, steps: int = 0) -> dict:

@@ -1,4 +1,4 @@
-"""--wrap fsdp under torchrun, real 2-process gloo launches (one per scenario, shared by its assertions):
+"""--wrap fsdp under torchrun, real 2-process gloo launches (one running every scenario in turn, shared by its assertions):
 overfit-batch trains the fully_shard copy (its curve recomputed here with plain torch from the averaged
 gradient), and the cross-rank consistency check takes its real steps on a fully_shard copy."""
 from __future__ import annotations
@@ -6,28 +6,41 @@ from __future__ import annotations
 import pytest
 import torch
 
-from support import by_code, load_module, sample, torchrun
+from support import by_code, load_module, sample, torchrun_args, torchrun_many
 
 STEPS = 30
 ROWS = [slice(0, 4), slice(4, 8)]       # 8 rows on 2 ranks: rank r takes rows 4r:4r+4
 
 
-@pytest.fixture(scope="module")
-def bounded():
-    """A model that cannot overfit (softmax before cross-entropy), on a fixed batch."""
-    return torchrun("overfit-batch", sample("ranks_fsdp.py:softmax"), "--batch", sample("ranks_fsdp.py:batch"),
-                    "--wrap", "fsdp", "--steps", STEPS)
+# one launch for every run here (support.torchrun_many: each rank runs them in turn; every rank ends normally)
+RUNS = {
+    # a model that cannot overfit (softmax before cross-entropy), on a fixed batch
+    "bounded": ["overfit-batch", sample("ranks_fsdp.py:softmax"), "--batch", sample("ranks_fsdp.py:batch"),
+                "--wrap", "fsdp", "--steps", STEPS],
+    "healthy": ["overfit-batch", sample("ranks.py:healthy"), "--wrap", "fsdp", "--steps", "300", "--target-loss", "0.5"],
+    "counted": ["gradflow", sample("ranks_fsdp.py:counted"), "--wrap", "fsdp"],
+    "memory": ["memory", sample("mlp.py:build"), "--arg", "hidden=1024", "--wrap", "fsdp"],
+}
 
 
 @pytest.fixture(scope="module")
-def healthy():
-    return torchrun("overfit-batch", sample("ranks.py:healthy"), "--wrap", "fsdp", "--steps", "300",
-                    "--target-loss", "0.5")
+def launched():
+    return torchrun_many(RUNS)
 
 
 @pytest.fixture(scope="module")
-def counted():
-    return torchrun("gradflow", sample("ranks_fsdp.py:counted"), "--wrap", "fsdp")
+def bounded(launched):
+    return launched["bounded"]
+
+
+@pytest.fixture(scope="module")
+def healthy(launched):
+    return launched["healthy"]
+
+
+@pytest.fixture(scope="module")
+def counted(launched):
+    return launched["counted"]
 
 
 def _curves(averaged: bool):
@@ -220,17 +233,12 @@ def fsdp_peaks(tmp_path_factory) -> dict:
     rank's peak live tensor bytes during a real FSDP2 training step, counted by the script's own census (not
     torchdiag's tracker), and memory's ZeRO-3/FSDP estimate of the same step."""
     import json
-    import os
-    import subprocess
-    import sys
 
-    from support import HANG_GUARD, ROOT
+    from support import ROOT
 
     out = tmp_path_factory.mktemp("fsdp") / "fsdp.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "bench" / "fsdp_peak.py"), "--plan", "root:mlp,cnn,transformer/units:mlp,cnn", "--json", str(out)]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD,
-                       env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    r = torchrun_args(ROOT / "bench" / "fsdp_peak.py", "--plan", "root:mlp,cnn,transformer/units:mlp,cnn",
+                        "--json", out, env={"OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     return {(row["wrap"], row["model"]): row for row in json.loads(out.read_text())}
 
@@ -268,11 +276,11 @@ def test_fsdp_estimate_per_layer_units_within_10_percent(fsdp_peaks):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_memory_wrap_fsdp_measures_and_estimates_each_rank():
+def test_memory_wrap_fsdp_measures_and_estimates_each_rank(launched):
     """torchdiag's own launch: each rank's measured peak (its tracker re-reads storages fully_shard resizes
     in place) is the closed form of the root's reduce-scatter, 4P plus the batch, and the FSDP estimate is
     within 10% of it."""
-    code, doc, _ = torchrun("memory", sample("mlp.py:build"), "--arg", "hidden=1024", "--wrap", "fsdp")
+    code, doc, _ = launched["memory"]
     assert code == 0 and doc["exit_code"] == 0
     model = load_module("mlp.py").build(hidden=1024)
     P = sum(p.numel() * p.element_size() for p in model.parameters())

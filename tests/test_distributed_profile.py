@@ -368,33 +368,42 @@ def test_fsdp_check_estimates_for_the_world_size(monkeypatch):
 
 # ------------------------------------------------------------------- real 2-process launches (gloo)
 
-def _torchrun(cwd, *args, device: str = "cpu") -> dict:
-    """`torchrun --standalone --nproc_per_node 2 -m torchdiag ARGS --json` (a free port each time): the
-    one JSON document rank 0 prints."""
-    import json
-    import os
-    import subprocess
-    import sys
+ENV = {"OMP_NUM_THREADS": "1", "TORCHDIAG_DIST_TIMEOUT": "600"}
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "torchdiag", *args, "--device", device, "--json"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHDIAG_DIST_TIMEOUT": "600"}
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=1800)  # a hang guard only
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "Traceback" not in r.stderr, r.stderr[-3000:]
-    return json.loads(r.stdout)
+
+def _doc(launch) -> dict:
+    """The one JSON document rank 0 printed, of a run every rank ended with exit 0."""
+    code, doc, stderr = launch
+    assert code == 0, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    return doc
 
 
 @pytest.fixture(scope="module")
-def slow_profile(tmp_path_factory):
-    """One launch: rank 1 sleeps 0.3 s in every forward; DDP makes rank 0 wait for it in the allreduce.
-    No --mode: under --wrap ddp the default is the train step."""
-    from support import sample
+def launched(tmp_path_factory):
+    """One launch for the three runs here (support.torchrun_many), in a directory of their own (the trace)."""
+    from support import sample, torchrun_many
 
     cwd = tmp_path_factory.mktemp("profile")
-    doc = _torchrun(cwd, "profile", sample("ranks_slow.py:build"), "--arg", "delay=0.3",
-                    "--wrap", "ddp", "--wait", "0", "--warmup", "1", "--active", "3", "--trace", "run.json")
-    return cwd, doc
+    runs = {
+        # rank 1 sleeps 0.3 s in every forward; DDP makes rank 0 wait for it in the allreduce. No --mode: under
+        # --wrap ddp the default is the train step
+        "slow": ["profile", sample("ranks_slow.py:build"), "--arg", "delay=0.3", "--wrap", "ddp", "--wait", "0",
+                 "--warmup", "1", "--active", "3", "--trace", "run.json"],
+        # --mode inference --wrap ddp profiles the forward through DDP, which makes no collective
+        "inference": ["profile", sample("ranks.py:healthy"), "--mode", "inference", "--wrap", "ddp", "--wait", "0",
+                      "--warmup", "1", "--active", "2"],
+        # under FSDP: rank 1 allocates a 4 MiB temporary in its forward, on a model of a few KiB
+        "memory": ["memory", sample("ranks_slow.py:build"), "--arg", "delay=0", "--arg", "extra_mib=4",
+                   "--wrap", "fsdp", "--shard", "2"],
+    }
+    return cwd, torchrun_many(runs, env=ENV, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def slow_profile(launched):
+    cwd, runs = launched
+    return cwd, _doc(runs["slow"])
 
 
 @pytest.mark.slow
@@ -411,12 +420,9 @@ def test_profile_under_ddp_defaults_to_the_train_step(slow_profile):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_explicit_inference_under_ddp_is_honoured_and_says_the_wrapper_was_idle(tmp_path):
-    """One launch: --mode inference --wrap ddp profiles the forward through DDP, which makes no collective."""
-    from support import sample
-
-    doc = _torchrun(tmp_path, "profile", sample("ranks.py:healthy"), "--mode", "inference", "--wrap", "ddp",
-                    "--wait", "0", "--warmup", "1", "--active", "2")
+def test_explicit_inference_under_ddp_is_honoured_and_says_the_wrapper_was_idle(launched):
+    """--mode inference --wrap ddp profiles the forward through DDP, which makes no collective."""
+    doc = _doc(launched[1]["inference"])
     assert doc["mode"] == "inference (eval mode, no grad)" and doc["exit_code"] == 0
     assert [r["data"]["collectives"]["time_us"] for r in doc["ranks"]] == [0.0, 0.0]
     found = [f for f in doc["findings"] if f["code"] == "no-collectives-in-inference"]
@@ -457,12 +463,9 @@ def test_profile_writes_one_trace_per_rank(slow_profile):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_memory_under_torchrun_fsdp_peak_per_rank(tmp_path):
-    """One launch under FSDP: rank 1 allocates a 4 MiB temporary in its forward, on a model of a few KiB."""
-    from support import sample
-
-    doc = _torchrun(tmp_path, "memory", sample("ranks_slow.py:build"), "--arg", "delay=0", "--arg", "extra_mib=4",
-                    "--wrap", "fsdp", "--shard", "2")
+def test_memory_under_torchrun_fsdp_peak_per_rank(launched):
+    """Under FSDP: rank 1 allocates a 4 MiB temporary in its forward, on a model of a few KiB."""
+    doc = _doc(launched[1]["memory"])
     assert doc["wrap"] == "fsdp"
     assert "shard" in doc and [r["header"]["batch_shard"] for r in doc["ranks"]] == ["rows 0:4 of 8", "rows 4:8 of 8"]
     peaks = doc["peak_bytes_per_rank"]
@@ -484,12 +487,12 @@ def test_profile_on_nccl_names_the_slow_rank(tmp_path):
     """Two GPUs, NCCL: the same straggler, and the collective time comes from NCCL's ranges/kernels."""
     import torch
 
-    from support import sample
+    from support import sample, torchrun
 
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two CUDA GPUs")
-    doc = _torchrun(tmp_path, "profile", sample("ranks_slow.py:build"), "--arg", "delay=0.3", "--mode", "train",
-                    "--wrap", "ddp", "--wait", "0", "--warmup", "1", "--active", "3", device="cuda")
+    doc = _doc(torchrun("profile", sample("ranks_slow.py:build"), "--arg", "delay=0.3", "--mode", "train", "--wrap",
+                        "ddp", "--wait", "0", "--warmup", "1", "--active", "3", device="cuda", env=ENV, cwd=tmp_path))
     assert doc["backend"] == "nccl" and doc["straggler"]["rank"] == 1
     for rank in doc["ranks"]:
         names = {op["op"] for op in rank["data"]["collectives"]["ops"]}

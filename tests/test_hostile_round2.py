@@ -17,9 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from support import ROOT, one_error_line
-
-HANG_GUARD = 600   # seconds: only stops a hung test; no assertion depends on how fast anything is
+from support import HANG_GUARD, ROOT, one_error_line, torchrun_many
 
 MODEL = """
 import os, torch
@@ -569,20 +567,20 @@ def example_inputs():
 """
 
 
-def torchrun(*args):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "torchdiag", *map(str, args), "--device", "cpu", "--json"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCHDIAG_DIST_TIMEOUT": "600"}
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD, env=env)
-    return r.returncode, json.loads(r.stdout), r.stderr
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    """Both wraps in one launch (support.torchrun_many): every rank refuses before wrapping and ends normally."""
+    folder = tmp_path_factory.mktemp("ranked")
+    (folder / "ranked.py").write_text(RANK_MODEL)
+    runs = {f"{c}-{w}": [c, f"{folder}/ranked.py:build", "--wrap", w] for c, w in [("memory", "fsdp"), ("doctor", "ddp")]}
+    return torchrun_many(runs, env={"TORCHDIAG_DIST_TIMEOUT": "600"})
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.parametrize("command,wrap", [("memory", "fsdp"), ("doctor", "ddp")])
-def test_ranks_with_different_models_are_refused_by_name_before_wrapping(tmp_path, command, wrap):
-    (tmp_path / "ranked.py").write_text(RANK_MODEL)
-    code, doc, stderr = torchrun(command, f"{tmp_path}/ranked.py:build", "--wrap", wrap)
+def test_ranks_with_different_models_are_refused_by_name_before_wrapping(refused, command, wrap):
+    code, doc, stderr = refused[f"{command}-{wrap}"]
     assert code != 0, stderr
     assert doc["exit_code"] == 3
     message = doc["error"]["message"]

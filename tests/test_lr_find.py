@@ -476,20 +476,11 @@ def test_tensorboard_gets_the_curves_as_series(small_result, tmp_path):
 def _torchrun(model: str, wrap: str):
     """`torch.distributed.run --standalone --nproc_per_node 2 -m torchdiag lr-find ... --device cpu --json`:
     (rc, doc). The schedule is the one the single-process run below repeats."""
-    import json
-    import os
-    import subprocess
-    import sys
+    from support import sample, torchrun
 
-    from support import ROOT
-
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "torchdiag",
-           "lr-find", f"sample_models/lr_ranks.py:{model}", "--wrap", wrap, "--optimizer", "sgd", "--steps", "30",
-           "--repeats", "2", "--check-steps", "5", "--device", "cpu", "--json"]
-    # the timeout only turns a hang into a failure instead of a blocked suite; never asserted on
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
-    return r.returncode, json.loads(r.stdout)
+    code, doc, _ = torchrun("lr-find", sample(f"lr_ranks.py:{model}"), "--wrap", wrap, "--optimizer", "sgd", "--steps",
+                            "30", "--repeats", "2", "--check-steps", "5", env={"OMP_NUM_THREADS": "1"})
+    return code, doc
 
 
 @pytest.mark.distributed

@@ -25,7 +25,7 @@ from torchdiag.diagnostics.watch import Options, Watch
 from torchdiag.diagnostics.watch.script import parse_command, run_command
 from torchdiag.errors import ExitCode, ModelError, OptionError, UsageError
 
-from support import ROOT, SAMPLES, spawn
+from support import ROOT, SAMPLES, spawn, torchrun_args
 
 
 def script(name, *args, every=10, **options):
@@ -875,9 +875,7 @@ DDP_SCRIPT = textwrap.dedent("""
 def test_each_rank_watches_under_ddp_and_rank_0_reports_every_rank(tmp_path):
     path = tmp_path / "ddp_train.py"
     path.write_text(DDP_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(path)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    done = torchrun_args(path, env={"OMP_NUM_THREADS": "1"}, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     docs = {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)}
     # rank 1: its own run's report, the user's names (DDP's "module." prefix dropped)

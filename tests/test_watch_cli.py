@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from support import ROOT, SAMPLES, one_error_line, spawn
+from support import ROOT, SAMPLES, one_error_line, spawn, torchrun_args
 
 # a tiny healthy loop that also shows what it sees: argv, __name__, cwd, a line of stdin
 HEALTHY = textwrap.dedent("""
@@ -310,9 +310,7 @@ def test_options_end_at_the_command_without_dashes(cli, healthy, tmp_path, monke
 @pytest.mark.distributed
 def test_under_torchrun_rank_0_reports_a_bug_that_only_rank_1_has(tmp_path):
     path = SAMPLES / "watch_ddp_rank1.py"     # rank 1's optimizer lacks the head (2.*); rank 0 is healthy
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-                        "torchdiag", "watch", "--json", "--every", "10", "--", "python", str(path)],
-                       capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=600)
+    r = torchrun_args("-m", "torchdiag", "watch", "--json", "--every", "10", "--", "python", path, env=ENV, cwd=tmp_path)
     assert r.returncode == 0, r.stderr       # warnings only
     doc = json.loads(r.stdout)              # one document, rank 0's, with every rank's record; each ran the script
     assert "RANK 0 done" in r.stderr and "RANK 1 done" in r.stderr
@@ -344,9 +342,7 @@ RANK1_RAISES = textwrap.dedent("""
 def test_under_torchrun_a_rank_whose_script_fails_hands_in_its_partial_report(tmp_path):
     path = tmp_path / "rank1_raises.py"
     path.write_text(RANK1_RAISES)
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-                        "torchdiag", "watch", "--json", "--every", "2", "--", "python", str(path)],
-                       capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=600)
+    r = torchrun_args("-m", "torchdiag", "watch", "--json", "--every", "2", "--", "python", path, env=ENV, cwd=tmp_path)
     # rank 0 exits 3, the worst over ranks (rank 1 exits 0 once handed in, so torchrun lets rank 0 report);
     # torchrun itself says 1 for any failed rank and names rank 0 as the one
     assert r.returncode == 1 and "rank      : 0" in r.stderr and "exitcode  : 3" in r.stderr, r.stderr

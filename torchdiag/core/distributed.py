@@ -125,7 +125,10 @@ class Session:
 
 @contextlib.contextmanager
 def session(ranks: Ranks, spec):
-    """The process groups for this run, destroyed on the way out whatever happened (error, Ctrl-C)."""
+    """The process groups for this run, destroyed on the way out whatever happened (error, Ctrl-C). A
+    default group already up in this process (a program that runs torchdiag's command line in-process on
+    each rank) is borrowed, not re-made: its rendezvous keys are spent, and it is the program's to destroy;
+    only torchdiag's own groups are made and destroyed here."""
     import datetime
 
     import torch
@@ -135,23 +138,41 @@ def session(ranks: Ranks, spec):
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = timeout_seconds()
     ranks = replace(ranks, backend=backend, device=str(device))
+    borrowed, group = dist.is_available() and dist.is_initialized(), None
     try:
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout),
-                                device_id=device if device.type == "cuda" else None)
+        if borrowed:
+            _check_borrowed(ranks, backend)
+        else:
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout),
+                                    device_id=device if device.type == "cuda" else None)
         group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=max(3600, 3 * timeout)))
         global _DECISIONS
         # longer than a model collective's: a rank asks here while its peer may still wait out a reduction
         _DECISIONS = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=2 * timeout + 30))
+    except UsageError:
+        teardown(keep_default=borrowed, groups=(group,))
+        raise
     except Exception as exc:
-        teardown()
+        teardown(keep_default=borrowed, groups=(group,))
         raise UsageError(f"cannot join the process group ({backend}): {one_line(exc)}",
                          hint="start with torchrun; every rank must reach the rendezvous") from exc
     try:
         yield Session(ranks, group)
     finally:
-        teardown()
+        teardown(keep_default=borrowed, groups=(group,))
+
+
+def _check_borrowed(ranks: Ranks, backend: str) -> None:
+    """The default group already up must be torchrun's world and carry this run's collectives."""
+    import torch.distributed as dist
+
+    have = str(dist.get_backend())
+    if (dist.get_rank(), dist.get_world_size()) != (ranks.rank, ranks.world_size) or backend not in have:
+        raise UsageError(f"this process already has a process group (rank {dist.get_rank()} of "
+                         f"{dist.get_world_size()}, {have}) that cannot carry this run (rank {ranks.describe()}, "
+                         f"{backend})", hint="run torchdiag in a process of its own under torchrun")
 
 
 _GATHERS = itertools.count()   # gathers made by this process (gather_to_main)
@@ -200,15 +221,22 @@ def timeout_seconds() -> int:
         raise UsageError(f"{TIMEOUT_ENV}={text!r} is not a number of seconds") from None
 
 
-def teardown() -> None:
-    """destroy_process_group if one is up; never raises (it runs on the error path too)."""
+def teardown(keep_default: bool = False, groups: tuple = ()) -> None:
+    """destroy_process_group if one is up (only torchdiag's own groups where the default one was borrowed);
+    never raises (it runs on the error path too)."""
     global _DECISIONS
-    _DECISIONS = None
+    own, _DECISIONS = [*groups, _DECISIONS], None
     try:
         import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized():
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        if not keep_default:
             dist.destroy_process_group()
+            return
+        for group in own:
+            if group is not None:
+                dist.destroy_process_group(group)
     except Exception:
         pass
 
