@@ -142,6 +142,31 @@ def torchrun(*args, env: dict | None = None, device: str = "cpu", cwd=None) -> t
     return r.returncode, json.loads(r.stdout), r.stderr
 
 
+class Started:
+    """A `torchrun` launch running in the background (`torchrun_started`); `result()` waits for it."""
+
+    def __init__(self, args, env: dict | None):
+        import tempfile
+
+        self.folder = Path(tempfile.mkdtemp(prefix="torchrun-started-"))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "torchdiag", *map(str, args), "--device", "cpu", "--json"]
+        with open(self.folder / "out", "w") as out, open(self.folder / "err", "w") as err:   # files: a pipe could fill
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, text=True,
+                                         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+    def result(self) -> tuple[int, Any, str]:
+        """As `torchrun` returns: (returncode, doc, stderr)."""
+        code = self.proc.wait(timeout=HANG_GUARD)
+        return code, json.loads((self.folder / "out").read_text()), (self.folder / "err").read_text()
+
+
+def torchrun_started(*args, env: dict | None = None) -> Started:
+    """`torchrun` started and not waited for: for a launch that spends its time waiting out a collective timeout
+    (a rank fails while its peer waits), so the module's other launches run meanwhile instead of a core idling."""
+    return Started(args, env)
+
+
 def torchrun_many(runs: dict[str, list], env: dict | None = None, cwd=None) -> dict[str, tuple[int, Any, str]]:
     """Several `torchdiag ARGS --device cpu --json` commands in one launch of 2 ranks: each rank starts once (one
     `import torch` a rank, not one a command), joins the default gloo group as a user's program would, and runs

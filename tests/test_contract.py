@@ -384,7 +384,7 @@ def test_every_test_that_signals_a_child_starts_it_with_default_dispositions():
 
 
 LAUNCHES = ("subprocess.run", "subprocess.Popen", "subprocess.check_output", "spawn", "torchrun", "torchrun_args",
-            "torchrun_many")
+            "torchrun_many", "torchrun_started")
 
 
 def test_every_test_that_starts_a_process_is_marked_slow():

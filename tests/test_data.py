@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -268,6 +269,36 @@ def test_worker_crash_is_one_line():
     with pytest.raises(ModelError) as e:
         run("data_workers.py:crash")
     assert e.value.code == 3 and "died with exit code 7" in e.value.message and "\n" not in e.value.message
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_a_dead_worker_is_read_without_reaping_it(tmp_path):
+    """The fetcher's look at the workers while it waits (a worker's exit code, or the signal that ended it) leaves
+    each process for its DataLoader to collect: multiprocessing still reads the same exit code afterwards."""
+    import signal
+    import subprocess
+
+    from torchdiag.core.fetch import exited_workers
+
+    # plain children (fork and exec: a forked Python child could block on a lock a thread of this process held)
+    crashed, killed, running = (subprocess.Popen(["sh", "-c", cmd]) for cmd in ("exit 7", "sleep 60", "sleep 60"))
+    for wid, proc in enumerate((crashed, killed, running)):
+        (tmp_path / f"worker{wid}.{proc.pid}.txt").write_text("")
+    try:
+        killed.kill()
+        for proc in (crashed, killed):
+            while exited_workers(str(tmp_path), [proc]) == "":    # until it has ended (no reaping here)
+                time.sleep(0.01)
+        said = exited_workers(str(tmp_path), [crashed, killed, running])
+        assert said == (f"worker 0 (pid {crashed.pid}) died with exit code 7; "
+                        f"worker 1 (pid {killed.pid}) died with signal SIGKILL")
+        assert exited_workers(str(tmp_path), [running]) == ""      # alive, or not this iterator's: not named
+        assert exited_workers(str(tmp_path), []) == ""
+        assert (crashed.wait(), killed.wait()) == (7, -signal.SIGKILL)   # still there for its parent to collect
+    finally:
+        running.kill()
+        running.wait()
 
 
 @pytest.mark.parametrize("factory", ["raising", pytest.param("raising_in_workers", marks=pytest.mark.slow)])

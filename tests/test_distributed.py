@@ -19,6 +19,7 @@ from support import (
     sample,
     torchrun,
     torchrun_many,
+    torchrun_started,
 )
 
 # ---- the launches -----------------------------------------------------------------------------------
@@ -39,7 +40,21 @@ RUNS = {
 
 
 @pytest.fixture(scope="module")
-def launched():
+def waiting():
+    """The launches that wait out a 10 s collective timeout, started first so the others run meanwhile."""
+    return {
+        # rank 1 raises before DDP's first broadcast; rank 0 waits in it until the timeout
+        "fails_in_collective": torchrun_started("profile", sample("ranks.py:fails_on_rank"), "--arg", "rank=1", "--mode",
+                                                "train", "--wrap", "ddp", "--active", "1", "--warmup", "0", "--wait",
+                                                "0", env={"TORCHDIAG_DIST_TIMEOUT": "10"}),
+        # rank 1 fails in DDP's backward while rank 0 waits in the reduction; rank 0 waits it out
+        "branch_ddp": torchrun_started("doctor", sample("ranks.py:branch_on_rank"), "--wrap", "ddp",
+                                       env={"TORCHDIAG_DIST_TIMEOUT": "10"}),
+    }
+
+
+@pytest.fixture(scope="module")
+def launched(waiting):
     return torchrun_many(RUNS)
 
 
@@ -271,12 +286,10 @@ def test_failing_rank_does_not_hold_the_others(failing):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_rank_failing_while_its_peer_waits_in_a_collective():
+def test_rank_failing_while_its_peer_waits_in_a_collective(waiting):
     """Rank 1 raises before DDP's first broadcast; rank 0 waits in it until the collective timeout
     (set low here), then both hand in their errors: the report leads with the first failure."""
-    code, doc, stderr = torchrun("profile", sample("ranks.py:fails_on_rank"), "--arg", "rank=1", "--mode", "train",
-                                 "--wrap", "ddp", "--active", "1", "--warmup", "0", "--wait", "0",
-                                 env={"TORCHDIAG_DIST_TIMEOUT": "10"})
+    code, doc, stderr = waiting["fails_in_collective"].result()
     assert doc["exit_code"] == 3 and code != 0
     assert doc["error"]["message"] == "[rank 1] " + doc["ranks"][1]["error"]["message"]
     assert "fails on rank 1" in doc["error"]["message"]
@@ -330,9 +343,8 @@ def test_nancheck_under_fsdp_names_rank_and_module(fsdp_nan):
 
 
 @pytest.fixture(scope="module")
-def branch_ddp():
-    # rank 1 fails in DDP's backward while rank 0 waits in the reduction; short timeout: rank 0 waits it out
-    return torchrun("doctor", sample("ranks.py:branch_on_rank"), "--wrap", "ddp", env={"TORCHDIAG_DIST_TIMEOUT": "10"})
+def branch_ddp(waiting):
+    return waiting["branch_ddp"].result()
 
 
 @pytest.fixture(scope="module")

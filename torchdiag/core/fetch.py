@@ -26,6 +26,9 @@ import traceback
 
 from ..errors import ModelError, one_line
 
+WATCH = 0.25                  # seconds between looks at the workers while a batch is awaited
+DIED_HINT = ("a worker process died without a Python error (a crash in native code, os._exit, or out of memory); run "
+             "with num_workers=0 to see it in this process")
 KEEP = 64                     # index lists remembered (batches in flight: workers × prefetch)
 _OPEN: list = []              # a worker's dump file stays open for faulthandler
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+)')
@@ -150,6 +153,10 @@ class Fetcher:
                     item = (_END, None)
                 except BaseException as exc:    # handed to the main thread, which decides
                     self.dead = dead_workers(self.iterator)   # read before the iterator shuts its workers down
+                    # the frames' locals hold the iterator: cleared, it shuts its workers down here and now (below);
+                    # kept, it lived as long as the error and was finalised in a garbage collection, after its
+                    # queues, so each worker waited out DataLoader's 5 s join
+                    traceback.clear_frames(exc.__traceback__)
                     item = (_ERR, exc)
                 self._q.put(item)
                 if item[0] != _OK:
@@ -176,10 +183,7 @@ class Fetcher:
         try:
             while True:
                 self._req.put(1)
-                try:
-                    kind, value = self._q.get(timeout=self.timeout)
-                except queue.Empty:
-                    raise self._hang() from None
+                kind, value = self._next()
                 if kind == _END:
                     return
                 if kind == _ERR:
@@ -191,6 +195,22 @@ class Fetcher:
 
     def close(self):
         self._stop.set()
+
+    def _next(self) -> tuple:
+        """The next item within `timeout`, watching the workers meanwhile: DataLoader itself sees a dead worker
+        only when its 5 s poll of the result queue runs out."""
+        end = time.monotonic() + self.timeout
+        while True:
+            try:
+                return self._q.get(timeout=max(0.0, min(WATCH, end - time.monotonic())))
+            except queue.Empty:
+                pass
+            died = exited_workers(self.folder, getattr(self.iterator, "_workers", None) or [])
+            if died:
+                self.close()
+                raise ModelError(f"{self.label}: {died} while loading batch {self.count}", hint=DIED_HINT)
+            if time.monotonic() >= end:
+                raise self._hang() from None
 
     def _hang(self) -> Hang:
         stacks = []
@@ -213,9 +233,7 @@ class Fetcher:
             return exc
         dead = self.dead or self._gone()
         if dead:
-            return ModelError(f"{self.label}: {dead} while loading batch {self.count}",
-                              hint="a worker process died without a Python error (a crash in native code, os._exit, "
-                                   "or out of memory); run with num_workers=0 to see it in this process")
+            return ModelError(f"{self.label}: {dead} while loading batch {self.count}", hint=DIED_HINT)
         indices = self.recording.seen.get(self.count) if self.recording is not None else None
         if indices is not None and self.dataset is not None:
             for i in indices:
@@ -235,14 +253,36 @@ class Fetcher:
         return "; ".join(f"worker {wid} (pid {pid}) died" for wid, pid, _ in workers_of(self.folder) if not _alive(pid))
 
 
+def exited_workers(folder: str | None, current: list) -> str:
+    """'worker 0 (pid 123) died with exit code 7' for each worker of WorkerInit(folder) among the `current`
+    iterator's processes that ended badly, read without reaping it (WNOWAIT: its DataLoader still collects its
+    exit status)."""
+    dead, pids = [], {getattr(w, "pid", None) for w in current}
+    for wid, pid, _ in workers_of(folder) if pids else []:
+        if pid not in pids:
+            continue
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except (ChildProcessError, OSError):    # not our child (a forkserver's), or already collected
+            continue
+        if info is None or (info.si_code == os.CLD_EXITED and info.si_status == 0):
+            continue
+        how = f"exit code {info.si_status}" if info.si_code == os.CLD_EXITED else _signal_name(info.si_status)
+        dead.append(f"worker {wid} (pid {pid}) died with {how}")
+    return "; ".join(dead)
+
+
+def _signal_name(number: int) -> str:
+    return f"signal {signal.Signals(number).name}" if number in signal.Signals._value2member_map_ else f"signal {number}"
+
+
 def dead_workers(it) -> str:
     """'worker 0 (pid 123) died with exit code 7' for each DataLoader worker process that ended badly."""
     dead = []
     for wid, w in enumerate(getattr(it, "_workers", None) or []):
         code = getattr(w, "exitcode", None)
         if code not in (None, 0):
-            how = f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.Signals._value2member_map_ \
-                else f"exit code {code}"
+            how = _signal_name(-code) if code < 0 else f"exit code {code}"
             dead.append(f"worker {wid} (pid {w.pid}) died with {how}")
     return "; ".join(dead)
 
