@@ -125,6 +125,35 @@ def test_uncounted_ops_listed_with_calls():
     assert unc["relu"]["kind"] == "not counted by convention"
 
 
+class _Experts(nn.Module):
+    """Three experts' weights applied to their rows of the batch with one grouped matmul (a MoE layer's core)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, 8, 4))
+        self.register_buffer("offs", torch.tensor([4, 8, 16], dtype=torch.int32))
+
+    def forward(self, x):
+        return torch._grouped_mm(x, self.w, offs=self.offs)
+
+
+def test_grouped_matmul_closed_form():
+    """Rows 0:4, 4:8, 8:16 through experts 0, 1, 2: 16 rows of an 8x4 matmul, however they are grouped."""
+    r = count(_Experts(), torch.randn(16, 8))
+    assert r.data["forward_macs"] == 16 * 8 * 4
+    assert "unsupported-op" not in {f.code for f in r.findings}
+
+
+def test_interpolation_is_pointwise_not_a_missing_formula():
+    """upsample_bilinear2d is named like a matmul (`linear`) but is per-element arithmetic: listed, not warned."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.Upsample(scale_factor=2, mode="bilinear"))
+    r = count(model, torch.randn(1, 3, 8, 8))
+    unc = {row["op"].split(".")[0]: row for row in r.table("uncounted_ops").rows}
+    assert unc["upsample_bilinear2d"]["kind"] == "not counted by convention"
+    assert "unsupported-op" not in {f.code for f in r.findings}
+    assert r.data["forward_macs"] == 4 * 3 * 8 * 8
+
+
 def test_fvcore_engine_reports_macs_and_unsupported(cli):
     res = cli("flops", sample("cnn.py:build"), "-i", "1x3x32x32", "--engine", "fvcore", "--json")
     assert res.code == 0, res.stderr

@@ -18,6 +18,7 @@ formula counted here is a multiply-add kernel, so MACs = FLOPs / 2.
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -39,13 +40,16 @@ _MOVEMENT = re.compile(
     r"_softmax_backward_data|detach_|threshold_backward|where\..*|split_with_sizes|constant_pad_nd|pad)$")
 # Compute-heavy ops: missing a formula here makes a total materially low.
 _HEAVY = re.compile(r"(conv|mm|matmul|linear|einsum|attention|lstm|gru|rnn|_cudnn|mkldnn|baddbmm|addbmm|tensordot)")
+# Interpolation is pointwise arithmetic per output element, not counted by convention (as torch and the published
+# tables do not count activations): upsample_bilinear2d matched `linear` above and warned on DPT, PVT, SAM, RAFT.
+_INTERPOLATION = re.compile(r"^_?(upsample_|grid_sampler)")
 
 
 def op_kind(name: str) -> str:
     base = name.split(".")[0]
     if _MOVEMENT.match(base):
         return "data movement"
-    if _HEAVY.search(base):
+    if _HEAVY.search(base) and not _INTERPOLATION.match(base):
         return "COMPUTE: total is low"
     return "not counted by convention"
 
@@ -88,6 +92,15 @@ def _extra_formulas():
         # recompute, so counting it would make the number depend on the device.
         return 2 * fc.sdpa_flop_count(query_shape, key_shape, value_shape)
 
+    def grouped_mm(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+        # a mixture of experts' matmul, one group per expert. 2-D x 2-D groups the contraction (G outputs of
+        # m x n, k split among them); otherwise every output element is one k-long dot product
+        if len(a_shape) == 2 and len(b_shape) == 2:
+            return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+        return 2 * math.prod(out_shape) * a_shape[-1]
+
+    if hasattr(aten, "_grouped_mm"):
+        extra[aten._grouped_mm] = grouped_mm
     if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
         extra[aten._scaled_dot_product_flash_attention_for_cpu] = cpu_flash
     for name in ("_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_flash_attention_backward",
