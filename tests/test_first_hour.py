@@ -320,3 +320,38 @@ def test_local_weight_is_an_error_never_an_internal_note(cli, tmp_path, command)
     (f,) = findings(d, "local-weight")
     assert f["severity"] == "error" and "a 32x5 float32 tensor with requires_grad=True" in f["message"]
     assert not any("re-check" in n or "double" in n for n in d["notes"]), d["notes"]
+
+
+def _tiny_llava(folder):
+    """A vision-language model (LLaVA: a CLIP vision tower, a projector, a Llama) from a small config."""
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                              image_size=32, patch_size=8, projection_dim=32)
+    text = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                       num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=127)
+    config.architectures = ["LlavaForConditionalGeneration"]
+    config.save_pretrained(folder)
+    return f"hf:{folder}"
+
+
+@pytest.mark.parametrize("command", ["gradflow", "doctor", "overfit-batch"])
+def test_modules_the_default_input_never_runs_are_not_judged(cli, tmp_path, command):
+    """hf's default input for a vision-language model is text: its vision tower never runs. That is a fact about
+    the input torchdiag chose, not about the model: info (not-reached), not the no-grad error."""
+    spec = _tiny_llava(tmp_path / "llava")
+    r = cli(command, spec, "--device", "cpu", "--json", *(["--steps", "50"] if command == "overfit-batch" else []))
+    doc = r.json
+    assert "no-grad" not in {f["code"] for f in doc["findings"]}, doc["findings"]
+    reached = [f for f in doc["findings"] if f["code"] == "not-reached"]
+    assert reached and all(f["severity"] == "info" for f in reached)
+    assert reached[0]["where"] == "model.vision_tower" and "never ran" in reached[0]["message"]
+
+
+def test_the_users_own_input_that_never_runs_a_module_keeps_the_no_grad_error(cli, tmp_path):
+    spec = _tiny_llava(tmp_path / "llava")
+    r = cli("gradflow", spec, "-i", "2x8:int64[0,100]", "--device", "cpu", "--json")
+    assert r.code == 1
+    assert {f["where"] for f in r.json["findings"] if f["code"] == "no-grad"} == {"model.vision_tower",
+                                                                                 "model.multi_modal_projector"}

@@ -82,6 +82,7 @@ class ModelInputs:
     kwargs: dict[str, Any] = field(default_factory=dict)
     source: str = ""
     notes: list[str] = field(default_factory=list)
+    chosen: bool = False    # a source's default (torchvision:/timm:/hf:), made up by torchdiag, not the user's
 
     def call(self, model):
         return model(*self.args, **self.kwargs)
@@ -106,7 +107,7 @@ class ModelInputs:
         return int(ts[0][1].shape[0]) if ts and ts[0][1].dim() else None
 
     def map(self, fn) -> ModelInputs:
-        return ModelInputs(_map(self.args, fn), _map(self.kwargs, fn), self.source, list(self.notes))
+        return ModelInputs(_map(self.args, fn), _map(self.kwargs, fn), self.source, list(self.notes), self.chosen)
 
     def to(self, device) -> ModelInputs:
         return self.map(lambda t: t.to(device))
@@ -351,6 +352,7 @@ def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
     else:
         inputs = resolve_inputs(list(loaded.default_inputs), loaded, device, seed)
         inputs.source = loaded.input_source
+    inputs.chosen = True
     names = [p.name for p in forward_parameters(loaded.model)]
     if getattr(loaded, "labels_from_ids", False) and inputs.args and "labels" in names:
         _labels_from_ids(inputs, _missing_decoder_start(loaded.model, names))

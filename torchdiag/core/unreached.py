@@ -80,3 +80,33 @@ def top_module(names: list[str], model) -> str:
 def no_grad_message(names: list[str], total: int, limit: int = 6) -> str:
     shown = ", ".join(names[:limit]) + (f" … (+{len(names) - limit} more)" if len(names) > limit else "")
     return f"{len(names)} of {total} trainable parameter tensor(s) got no gradient from the loss: {shown}"
+
+
+# A parameter whose module never ran with inputs torchdiag chose itself (a source's default: a text-only batch
+# leaves a vision-language model's vision tower, or a decoder's cross-attention, unused) says nothing about
+# the model: info, with how to judge it. With the user's own inputs the same fact stays the no-grad error.
+NOT_REACHED = "not-reached"
+NOT_REACHED_HINT = ("to judge them, give inputs that run these modules: --batch FILE.py:FN returning (inputs, target) "
+                    "with the model's full inputs (e.g. pixel_values beside image tokens), or -i")
+
+
+def never_ran(name: str, rec) -> bool:
+    return owner(name) not in rec.order
+
+
+def not_reached(model, inputs, names: list[str], ctx) -> list[str]:
+    """Of `names` (trainable, no gradient), those whose module never ran in forward, when the inputs are a
+    source's default; [] for the user's own inputs. One recorded pass on the model (left as it was), only
+    when there is something to split."""
+    if not names or not getattr(inputs, "chosen", False):
+        return []
+    from .recording import record_pass
+
+    rec = record_pass(model, inputs, None, ctx).rec
+    return [n for n in names if never_ran(n, rec)]
+
+
+def not_reached_message(names: list[str], inputs, limit: int = 6) -> str:
+    shown = ", ".join(names[:limit]) + (f" … (+{len(names) - limit} more)" if len(names) > limit else "")
+    return (f"{len(names)} trainable parameter tensor(s) got no gradient because their modules never ran with the "
+            f"default inputs torchdiag chose ({inputs.source}): {shown}; not judged")

@@ -21,7 +21,11 @@ from ...core.unreached import (
     NO_GRAD,
     NO_GRAD_HINT,
     NO_GRAD_SEVERITY,
+    NOT_REACHED,
+    NOT_REACHED_HINT,
     no_grad_message,
+    not_reached,
+    not_reached_message,
     top_module,
 )
 from ...errors import ModelError
@@ -46,7 +50,7 @@ def update_check(probe: Probe) -> None:
     with_grad = [(n, p) for n, p in trainable if p.grad is not None]
     no_grad = [n for n, p in trainable if p.grad is None]
     result.data["params_without_grad"] = no_grad
-    _report_no_grad(work, no_grad, len(trainable), ck)
+    _report_no_grad(probe, no_grad, len(trainable))
     if not with_grad:
         return
     optimizer = ctx.optimizer([p for _, p in with_grad])
@@ -111,8 +115,15 @@ def _report_recreated(work, with_grad, ck: Checklist) -> set[str]:
     return set(renewed)
 
 
-def _report_no_grad(work, no_grad: list[str], total: int, ck: Checklist) -> None:
-    """no-grad (error, as in gradflow and overfit-batch): trainable parameters the backward never reached."""
+def _report_no_grad(probe: Probe, no_grad: list[str], total: int) -> None:
+    """no-grad (error, as in gradflow and overfit-batch): trainable parameters the backward never reached; those
+    whose modules the default inputs torchdiag chose never ran are not-reached (info, core/unreached.py)."""
+    work, ck = probe.work, probe.ck
+    quiet = [] if probe.wrapped is not None else not_reached(work, probe.inputs, no_grad, probe.ctx)
+    if quiet:
+        ck.result.add(NOT_REACHED, "info", top_module(quiet, work), not_reached_message(quiet, probe.inputs),
+                      NOT_REACHED_HINT)
+        no_grad = [n for n in no_grad if n not in set(quiet)]
     if no_grad:
         ck.find("update", NO_GRAD, NO_GRAD_SEVERITY, top_module(no_grad, work), no_grad_message(no_grad, total),
                 NO_GRAD_HINT, verdict=f"{len(no_grad)} of {total} trainable parameter tensor(s) get no gradient")

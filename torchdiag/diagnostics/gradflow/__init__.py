@@ -57,7 +57,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     stats = read_stats(pas, params, ctx.device, smallest_normal(reduced) if reduced else None)
 
     allow = ctx.option("allow")
-    rows = param_rows(params, pas, stats, modules, opts, ctx.spec.optimizer.learning_rate)
+    rows = param_rows(params, pas, stats, modules, opts, ctx.spec.optimizer.learning_rate, getattr(inputs, "chosen", False))
     if pas.local:   # weights made in forward: a copy re-run (float64, a step) cannot hold them; said as the cause
         result.add(LOCAL_CODE, "error", "", local_message(pas.local), LOCAL_HINT)
         result.data["local_weights"] = pas.local

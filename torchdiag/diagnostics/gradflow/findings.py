@@ -70,6 +70,11 @@ def _message(status, what, where, members, opts, allow_name) -> tuple[str, str |
                     f"remove the module or freeze it; {allow_name} '{pattern}' accepts it as intentional")
         return (f"{what}: requires grad but got none — {reason}: {why}",
                 "remove the .detach()/torch.no_grad() if this branch should learn, or freeze it")
+    if status == "not-reached":
+        from ...core.unreached import NOT_REACHED_HINT
+
+        return (f"{what}: got no gradient, {first['why']} with the default inputs torchdiag chose; not judged",
+                NOT_REACHED_HINT)
     if status == "frozen":
         total = sum(m["numel"] for m in members)
         return f"{what} frozen (requires_grad=False): {total:,} values not trained", None

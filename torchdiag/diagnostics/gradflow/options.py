@@ -19,12 +19,12 @@ WRAP = {"ddp": ("pass", "the judged pass runs on the DDP copy, gradients after i
 STATUS_SEVERITY = {
     "non-finite-grad": "error", "no-grad": "error", "zero-grad": "error", "exploding-grad": "error",
     "vanishing-grad": "warning", "zero-init": "info", "invariant": "info", "by-design-init": "info",
-    "skipped-at-random": "info", "frozen": "info", "ok": None,
+    "skipped-at-random": "info", "frozen": "info", "not-reached": "info", "ok": None,
 }
 BY_DESIGN = ("zero-init", "invariant", "by-design-init", "skipped-at-random")
 # the worst status first: a layer shows the worst of its parameters
 STATUS_ORDER = ["non-finite-grad", "no-grad", "zero-grad", "exploding-grad", "vanishing-grad", *BY_DESIGN,
-                "ok", "frozen"]
+                "not-reached", "ok", "frozen"]
 
 
 @dataclass

@@ -6,13 +6,14 @@ import fnmatch
 import math
 
 from ...core.module_paths import owner
-from ...core.unreached import why
+from ...core.unreached import NOT_REACHED, never_ran, why
 from .design import is_tiny, rms
 from .stats import L1, L2, LINF, WEIGHT
 
 
-def param_rows(params: dict, pas, stats, modules, opts, lr: float = 1e-3) -> list[dict]:
-    """`lr`: the run's learning rate, for the update size of a tiny-by-construction parameter."""
+def param_rows(params: dict, pas, stats, modules, opts, lr: float = 1e-3, chosen: bool = False) -> list[dict]:
+    """`lr`: the run's learning rate, for the update size of a tiny-by-construction parameter. `chosen`: the
+    inputs are a source's default, so a module they never ran is not-reached (core/unreached.py), not no-grad."""
     rows = []
     for n, p in params.items():
         vals = stats.params[n]
@@ -33,7 +34,7 @@ def param_rows(params: dict, pas, stats, modules, opts, lr: float = 1e-3) -> lis
         elif not p.requires_grad:
             row["status"] = "frozen"
         else:
-            row["status"] = "no-grad"
+            row["status"] = NOT_REACHED if chosen and never_ran(n, pas.rec) else "no-grad"
             row["reason"], row["why"] = why(n, pas.rec, pas.reach, modules)
         row["allowed"] = row["status"] not in ("ok", "frozen") and any(fnmatch.fnmatchcase(n, pat) for pat in opts.allow)
         rows.append(row)

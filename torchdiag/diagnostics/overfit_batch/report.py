@@ -180,7 +180,11 @@ def _no_grad(result, trainer, curve, limit: int) -> None:
         NO_GRAD,
         NO_GRAD_HINT,
         NO_GRAD_SEVERITY,
+        NOT_REACHED,
+        NOT_REACHED_HINT,
         no_grad_message,
+        not_reached,
+        not_reached_message,
         top_module,
     )
 
@@ -189,8 +193,16 @@ def _no_grad(result, trainer, curve, limit: int) -> None:
                    "to it (forward under torch.no_grad(), detach(), or outputs built from non-trainable tensors)",
                    hint="run `torchdiag gradflow` on this model")
         return
-    result.add(NO_GRAD, NO_GRAD_SEVERITY, top_module(curve.missing, trainer.work),
-               no_grad_message(curve.missing, len(trainer.trainable), limit), hint=NO_GRAD_HINT)
+    missing = curve.missing
+    wrapped = trainer.group is not None or trainer.sharded    # a DDP/FSDP copy: no extra pass outside its collectives
+    quiet = [] if wrapped else not_reached(trainer.work, trainer.batch, missing, trainer.ctx)
+    if quiet:   # modules the default inputs torchdiag chose never ran: not judged (core/unreached.py)
+        result.add(NOT_REACHED, "info", top_module(quiet, trainer.work), not_reached_message(quiet, trainer.batch),
+                   hint=NOT_REACHED_HINT)
+        missing = [n for n in missing if n not in set(quiet)]
+    if missing:
+        result.add(NO_GRAD, NO_GRAD_SEVERITY, top_module(missing, trainer.work),
+                   no_grad_message(missing, len(trainer.trainable), limit), hint=NO_GRAD_HINT)
 
 
 def _precision_findings(result, trainer, curve, causes) -> int:
