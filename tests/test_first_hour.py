@@ -97,6 +97,31 @@ def test_local_leaves_are_found_by_the_graph_not_by_name():
     assert local_leaves(lin(x).sum(), lin, [x]) == []
 
 
+def test_a_view_of_the_input_made_a_leaf_in_forward_is_the_input_not_a_weight(cli, tmp_path):
+    """Hugging Face's wav2vec2-family feature encoders set requires_grad on `input_values[:, None]`: a new leaf,
+    the same memory as the input. gradflow called it a weight made in forward (local-weight) on hubert,
+    data2vec-audio, sew; a weight made from fresh memory is still found beside it."""
+    (tmp_path / "enc.py").write_text(
+        "import torch\n"
+        "class Encoder(torch.nn.Module):\n"
+        "    def __init__(self, fresh):\n"
+        "        super().__init__(); self.conv = torch.nn.Conv1d(1, 4, 5); self.fresh = fresh\n"
+        "    def forward(self, x):\n"
+        "        h = x[:, None]\n"
+        "        h.requires_grad = True            # as Wav2Vec2FeatureEncoder does in training\n"
+        "        out = self.conv(h)\n"
+        "        return out * torch.ones(1, requires_grad=True) if self.fresh else out\n"
+        "def build(fresh=False):\n"
+        "    return Encoder(fresh)\n"
+        "def example_inputs():\n"
+        "    return torch.randn(2, 64)\n")
+    plain = cli("gradflow", f"{tmp_path}/enc.py:build", "--device", "cpu", "--json")
+    assert plain.code == 0 and "local-weight" not in {f["code"] for f in plain.json["findings"]}, plain.stdout
+    fresh = cli("gradflow", f"{tmp_path}/enc.py:build", "--arg", "fresh=True", "--device", "cpu", "--json")
+    [f] = [f for f in fresh.json["findings"] if f["code"] == "local-weight"]
+    assert "a 1 float32 tensor with requires_grad=True" in f["message"] and "2x1x64" not in f["message"]
+
+
 def test_device_mismatch_names_the_forward_that_made_a_parameter(cli, tmp_path):
     # nn.Parameter(torch.randn(...)) without device= in forward: a real device bug, made IN forward
     p = tmp_path / "m.py"

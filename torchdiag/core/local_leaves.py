@@ -5,10 +5,20 @@ reachable from the loss, minus the model's parameters and the inputs."""
 from __future__ import annotations
 
 
+def _storage(t) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):   # a tensor without storage (nested, functional)
+        return 0
+
+
 def local_leaves(loss, model, inputs=()) -> list:
     """The leaf tensors (requires_grad) the loss's graph accumulates into that are neither parameters
-    of `model` nor among `inputs`, in the order the walk meets them (one entry per tensor)."""
+    of `model` nor the `inputs`, in the order the walk meets them (one entry per tensor). A view of an input
+    made a leaf in forward is the input still (Hugging Face's wav2vec2-family feature encoders set
+    requires_grad on `input_values[:, None]`), judged by its memory, not its name."""
     known = {id(p) for p in model.parameters()} | {id(t) for t in inputs}
+    data = {_storage(t) for t in inputs} - {0}     # 0: no memory (meta), which proves nothing
     root = getattr(loss, "grad_fn", None)
     seen, found, stack, out = set(), set(), [root] if root is not None else [], []
     while stack:
@@ -17,7 +27,7 @@ def local_leaves(loss, model, inputs=()) -> list:
             continue
         seen.add(id(node))
         var = getattr(node, "variable", None)    # AccumulateGrad: the leaf it writes .grad into
-        if var is not None and id(var) not in known and id(var) not in found:
+        if var is not None and id(var) not in known and id(var) not in found and _storage(var) not in data:
             found.add(id(var))
             out.append(var)
         stack.extend(n for n, _ in node.next_functions)
