@@ -224,3 +224,27 @@ def test_zoo_detection_trains_with_its_own_losses(cli, monkeypatch):
     assert r.code == 0, r.stderr
     assert r.json["loss"] == "the scalar output itself (output['bbox_regression']) + output['classification'] itself"
     assert not [f for f in r.json["findings"] if f["severity"] != "info"], r.json["findings"]
+
+
+def test_a_forward_that_reads_pixels_gets_an_image_when_the_config_names_no_size(cli, tmp_path):
+    """Hugging Face's ResNet (like DETR) has no image_size in its config: its default input was token ids, which
+    its first layer refused (exit 3 on every command). It reads pixel_values: it gets a 224 x 224 image."""
+    from transformers import ResNetConfig
+
+    config = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", num_labels=3)
+    config.architectures = ["ResNetForImageClassification"]
+    config.save_pretrained(tmp_path / "resnet")
+    r = cli("gradflow", f"hf:{tmp_path / 'resnet'}", "--device", "cpu", "--json")
+    assert r.code == 0, r.stdout + r.stderr
+    assert r.json["inputs"] == ["input[0]: 2x3x224x224 float32"]
+    assert "reads pixel_values; no image_size in its config" in r.json["input_source"]
+
+
+def test_the_image_size_of_a_sub_config():
+    """SAM and CLIP keep image_size in vision_config: the default image is read from there."""
+    from transformers import CLIPConfig
+
+    from torchdiag.core.hf_inputs import image_of
+
+    config = CLIPConfig(vision_config={"image_size": 96, "num_channels": 3})
+    assert not hasattr(config, "image_size") and image_of(config) == (3, 96, 96)

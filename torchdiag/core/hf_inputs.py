@@ -96,6 +96,20 @@ def _features(config, generic: bool) -> list[int]:
     return [v for i, v in enumerate(out) if v not in out[:i]]
 
 
+def image_of(config, nested: bool = True) -> tuple[int, int, int] | None:
+    """(channels, height, width) from the config's image_size, else (`nested`) its sub-configs' (a detector's
+    backbone, a segmenter's vision encoder: SAM keeps 1024 in vision_config); None when no config names one."""
+    found = _image(config)
+    if found is not None or not nested:
+        return found
+    for value in vars(config).values():
+        if hasattr(value, "to_dict") and hasattr(value, "model_type"):
+            found = image_of(value)
+            if found is not None:
+                return found
+    return None
+
+
 def _image(config) -> tuple[int, int, int] | None:
     size = getattr(config, "image_size", None)
     if type(size) is int:
@@ -107,7 +121,7 @@ def _image(config) -> tuple[int, int, int] | None:
 
 def _main_shapes(config, main: str) -> list[tuple[tuple[int, ...], str]]:
     """(shape without the batch dimension, dtype) for the main input, most likely first."""
-    image = _image(config)
+    image = image_of(config)
     if main.startswith("pixel_values"):
         c, h, w = image or (3, 224, 224)
         t = _frames(config) or VIDEO_FRAMES

@@ -375,6 +375,9 @@ def _pickled_weights(folder: str) -> str:
     return ""
 
 
+DEFAULT_IMAGE = 224
+
+
 def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
     """Pixels for a vision config (image_size), else token ids (their range comes from the embedding
     that reads them, i.e. the config's vocabulary; an encoder-decoder gets decoder ids as well). A
@@ -390,13 +393,18 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
             source.input_source = (f"hf:{path} default ({model_cls.__name__} reads {main}: inputs from its forward's "
                                    "signature and the config's sizes, the layout found by a probe forward)")
             return
-    image = getattr(config, "image_size", None)
-    if not (type(image) is int or isinstance(image, (list, tuple)) and image and all(type(v) is int for v in image)):
-        image = None   # a config class that does not check its types: no default image size from it
-    if image and not getattr(config, "vocab_size", None):
-        h, w = (image, image) if isinstance(image, int) else tuple(image)[:2]
-        source.inputs = (f"1x{getattr(config, 'num_channels', 3)}x{h}x{w}",)
-        source.input_source = f"hf:{path} default (config image_size {h}x{w})"
+    # a config class that does not check its types gives no size; a sub-config's counts only for a forward that
+    # reads pixels (a vision-language model keeps its vision tower's size in vision_config, and reads ids first)
+    reads_pixels = model_cls is not None and hf_inputs.forward_names(model_cls)[0] == "pixel_values"
+    image = hf_inputs.image_of(config, nested=reads_pixels)
+    if image and not getattr(config, "vocab_size", None) or reads_pixels:
+        # a forward that reads pixel_values gets an image even when no config names its size (DETR's convolutional
+        # backbone takes any): 224 x 224, ImageNet's
+        c, h, w = image or (3, DEFAULT_IMAGE, DEFAULT_IMAGE)
+        source.inputs = (f"1x{c}x{h}x{w}",)
+        source.input_source = f"hf:{path} default (" + (f"config image_size {h}x{w})" if image else
+                                                       f"{model_cls.__name__} reads pixel_values; no image_size in "
+                                                       f"its config: {h}x{w})")
         return
     limit = [getattr(config, k, None) for k in ("max_position_embeddings", "n_positions", "max_seq_len")]
     limit = [v for v in limit if isinstance(v, int) and v > 0]
