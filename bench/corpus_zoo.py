@@ -122,10 +122,27 @@ def shrink(config) -> None:
         elif key in small and isinstance(value, list) and value and all(isinstance(v, int) for v in value):
             setattr(config, key, [min(v, small[key]) for v in value][:4])
     for key, old in depth.items():
-        new = getattr(config, key)
+        new = _every_kind(config, old, getattr(config, key))
+        setattr(config, key, new)
         for k, v in list(vars(config).items()):
             if isinstance(v, list) and len(v) == old and old != new and k not in small:
                 setattr(config, k, v[:new])
+
+
+def _every_kind(config, old: int, new: int) -> int:
+    """A depth of at least `new` that keeps one layer of every kind the full model has: a hybrid's per-layer
+    list of kinds (layer_types: linear attention, convolution, full attention) cut to 2 layers held no attention
+    layer, and the model's cache then refused (qwen3_next, zamba, lfm3, kimi_linear: exit 3 in the run of
+    2026-11-28), which no real-sized model does; Jamba names its attention layers by period and offset."""
+    need = new
+    for key, v in vars(config).items():
+        # the per-layer list, or a repeating pattern of kinds (recurrent_gemma's block_types)
+        if isinstance(v, list) and v and (len(v) == old or "type" in key) and all(isinstance(x, str) for x in v):
+            need = max(need, max(v.index(kind) for kind in set(v)) + 1)
+    offset = getattr(config, "attn_layer_offset", None)
+    if isinstance(offset, int) and not isinstance(offset, bool):
+        need = max(need, offset + 1)
+    return min(need, old)
 
 
 def hf_zoo() -> list[dict]:
