@@ -300,6 +300,35 @@ def test_steps_reports_the_parameter_that_goes_non_finite_in_the_update(tmp_path
     assert res.data["steps"]["first"]["phase"] == "update" and res.data["steps"]["first_non_finite_step"] == 1
 
 
+class _Clipped(torch.nn.Module):
+    """Gemma 4's audio layers: clip bounds in buffers, ±Inf until calibrated (no clipping)."""
+
+    def __init__(self, leak: bool = False):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+        self.register_buffer("input_min", torch.tensor(-float("inf")))
+        self.register_buffer("input_max", torch.tensor(float("inf")))
+        self.leak = leak
+
+    def forward(self, x):
+        y = self.lin(torch.clamp(x, self.input_min, self.input_max))
+        return y + self.input_max if self.leak else y     # leak: the Inf becomes a value
+
+
+def test_an_inf_bound_in_a_buffer_is_info_when_the_pass_stays_finite():
+    import torchdiag.api
+    from torchdiag.core.inputs import ModelInputs
+
+    inputs = ModelInputs((torch.randn(2, 4),), {}, "test")
+    res = torchdiag.api.run("nancheck", _Clipped(), inputs)
+    assert res.exit_code == 0 and [(f.code, f.severity) for f in res.findings] == [("inf-buffer", "info")]
+    assert "2 buffer(s) hold ±Inf (input_min, input_max)" in res.findings[0].message
+    leaked = torchdiag.api.run("nancheck", _Clipped(leak=True), inputs)
+    assert leaked.exit_code == 1
+    assert [(f.code, f.where) for f in leaked.findings][:2] == [("non-finite-param", "input_min"),
+                                                                 ("non-finite-param", "input_max")]
+
+
 # --- no trace, errors, devices ----------------------------------------------------------------
 
 def test_model_untouched_by_checks_steps_and_anomaly(untouched, tmp_path):

@@ -23,7 +23,7 @@ from .flags import flagged_pass, localized_pass, rng_state, set_rng_state
 from .options import NEEDS_VALUES, OPTIMIZER, WRAP, Options
 from .precision import Watch
 from .precision_report import check_precision
-from .report import report_pass, report_tensors
+from .report import finite_pass, report_pass, report_tensors
 from .scaled import report_scaled, train_scaled
 from .steps import report_steps, train_until_non_finite
 from .wrapped import report_reduced, wrapped_pass
@@ -84,7 +84,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         result.header["training"] = (f"{opts.steps} × {optimizer.name} (lr={optimizer.learning_rate:g}) "
                                      "on a copy, same batch" + (", fp16 autocast with a GradScaler" if ctx.precision.scaled else ""))
     loss_fn = ctx.loss()   # one rule for every pass: its random target is drawn once
-    report_tensors(result, *nonfinite_tensors(model, inputs))
+    tensors = nonfinite_tensors(model, inputs)   # before any pass touches the model
     state = rng_state(ctx.device)
     watch = Watch() if ctx.precision.reduced else None
     wrapped, reduced = wrapped_pass(model, inputs, loss_fn, ctx, state)   # under torchrun --wrap ddp only
@@ -94,6 +94,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         report, anomaly = _passes(model, inputs, loss_fn, opts, ctx, state, watch)
     if report.loss_desc:
         result.header["loss"] = report.loss_desc
+    report_tensors(result, *tensors, finite_pass=finite_pass(report))
     report_pass(result, report)
     if wrapped:
         report_reduced(result, reduced is not None)
