@@ -142,6 +142,19 @@ def torchrun(*args, env: dict | None = None, device: str = "cpu", cwd=None) -> t
     return r.returncode, json.loads(r.stdout), r.stderr
 
 
+def launched_fixtures(*names: str) -> list:
+    """Module-scoped fixtures, one per name, each the `launched` fixture's result for that name (the runs of one
+    `torchrun_many` launch): `healthy, nan_rank = launched_fixtures("healthy", "nan_rank")`."""
+    import pytest
+
+    def make(name):
+        @pytest.fixture(scope="module", name=name)
+        def pick(launched):
+            return launched[name]
+        return pick
+    return [make(n) for n in names]
+
+
 class Started:
     """A `torchrun` launch running in the background (`torchrun_started`); `result()` waits for it."""
 

@@ -15,6 +15,7 @@ from support import (
     HANG_GUARD,
     ROOT,
     by_code,
+    launched_fixtures,
     one_error_line,
     sample,
     torchrun,
@@ -58,39 +59,8 @@ def launched(waiting):
     return torchrun_many(RUNS)
 
 
-@pytest.fixture(scope="module")
-def diverging(launched):
-    return launched["diverging"]
 
-
-@pytest.fixture(scope="module")
-def healthy(launched):
-    return launched["healthy"]
-
-
-@pytest.fixture(scope="module")
-def unused(launched):
-    return launched["unused"]
-
-
-@pytest.fixture(scope="module")
-def overfit(launched):
-    return launched["overfit"]
-
-
-@pytest.fixture(scope="module")
-def nan_rank(launched):
-    return launched["nan_rank"]
-
-
-@pytest.fixture(scope="module")
-def fsdp_grads(launched):
-    return launched["fsdp_grads"]
-
-
-@pytest.fixture(scope="module")
-def fsdp_nan(launched):
-    return launched["fsdp_nan"]
+diverging, healthy, unused, overfit, nan_rank, fsdp_grads, fsdp_nan = launched_fixtures(*RUNS)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import importlib.util
 
 import pytest
 
-from support import ROOT, by_code, sample, torchrun_many
+from support import ROOT, by_code, launched_fixtures, sample, torchrun_many
 
 SPEC = "ranks_doctor.py:masked"
 NOT_UPDATED = {"dead.weight", "dead.bias", "gain"}
@@ -23,14 +23,8 @@ def launched():
     return torchrun_many({wrap: ["doctor", sample(SPEC), "--wrap", wrap, "--loss", "sum"] for wrap in ("ddp", "fsdp")})
 
 
-@pytest.fixture(scope="module")
-def ddp(launched):
-    return launched["ddp"]
 
-
-@pytest.fixture(scope="module")
-def fsdp(launched):
-    return launched["fsdp"]
+ddp, fsdp = launched_fixtures("ddp", "fsdp")
 
 
 def _grads(monkeypatch, rank: int, steps: int = 0) -> dict:

@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from support import by_code, load_module, sample, torchrun_args, torchrun_many
+from support import (
+    by_code,
+    launched_fixtures,
+    load_module,
+    sample,
+    torchrun_args,
+    torchrun_many,
+)
 
 STEPS = 30
 ROWS = [slice(0, 4), slice(4, 8)]       # 8 rows on 2 ranks: rank r takes rows 4r:4r+4
@@ -28,19 +35,8 @@ def launched():
     return torchrun_many(RUNS)
 
 
-@pytest.fixture(scope="module")
-def bounded(launched):
-    return launched["bounded"]
 
-
-@pytest.fixture(scope="module")
-def healthy(launched):
-    return launched["healthy"]
-
-
-@pytest.fixture(scope="module")
-def counted(launched):
-    return launched["counted"]
+bounded, healthy, counted = launched_fixtures("bounded", "healthy", "counted")
 
 
 def _curves(averaged: bool):
