@@ -59,7 +59,6 @@ def launched(waiting):
     return torchrun_many(RUNS)
 
 
-
 diverging, healthy, unused, overfit, nan_rank, fsdp_grads, fsdp_nan = launched_fixtures(*RUNS)
 
 

@@ -23,7 +23,6 @@ def launched():
     return torchrun_many({wrap: ["doctor", sample(SPEC), "--wrap", wrap, "--loss", "sum"] for wrap in ("ddp", "fsdp")})
 
 
-
 ddp, fsdp = launched_fixtures("ddp", "fsdp")
 
 

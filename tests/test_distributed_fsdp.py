@@ -35,7 +35,6 @@ def launched():
     return torchrun_many(RUNS)
 
 
-
 bounded, healthy, counted = launched_fixtures("bounded", "healthy", "counted")
 
 
