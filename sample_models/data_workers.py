@@ -39,20 +39,26 @@ def global_rng():
 
 
 class Crash(Dataset):
-    def __init__(self):
-        self.base = FakeData(64)
+    def __init__(self, at: int = CRASH_AT):
+        self.base, self.at = FakeData(64), at
 
     def __len__(self):
         return 64
 
     def __getitem__(self, i):
-        if i == CRASH_AT and torch.utils.data.get_worker_info() is not None:
+        if i == self.at and torch.utils.data.get_worker_info() is not None:
             os._exit(7)       # a native crash, as a segfault in a decoder would be
         return self.base[i]
 
 
 def crash():
     return DataLoader(Crash(), batch_size=8, num_workers=2)
+
+
+def crash_later():
+    """The crash after batches went through: the main process may meet the dying worker's last batch (a broken
+    connection to its shared memory) before it sees the death."""
+    return DataLoader(Crash(at=40), batch_size=4, num_workers=2)
 
 
 def pinned():

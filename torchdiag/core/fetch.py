@@ -26,6 +26,7 @@ import traceback
 
 from ..errors import ModelError, one_line
 
+DEATH_WAIT = 2.0              # seconds a broken connection to a worker is given to show as the worker's death
 WATCH = 0.25                  # seconds between looks at the workers while a batch is awaited
 DIED_HINT = ("a worker process died without a Python error (a crash in native code, os._exit, or out of memory); run "
              "with num_workers=0 to see it in this process")
@@ -140,19 +141,21 @@ class Fetcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.iterator = None
+        self.procs: list = []               # the iterator's worker processes (kept: the iterator goes with its thread)
         self.dead = ""
 
     def _work(self):
         """Fetch one batch per request: no read-ahead of our own, so the loader is timed as configured."""
         try:
             self.iterator = iter(self.iterable)
+            self.procs = list(getattr(self.iterator, "_workers", None) or [])
             while self._requested():
                 try:
                     item = (_OK, next(self.iterator))
                 except StopIteration:
                     item = (_END, None)
                 except BaseException as exc:    # handed to the main thread, which decides
-                    self.dead = dead_workers(self.iterator)   # read before the iterator shuts its workers down
+                    self.dead = dead_workers(self.procs)   # read before the iterator shuts its workers down
                     # the frames' locals hold the iterator: cleared, it shuts its workers down here and now (below);
                     # kept, it lived as long as the error and was finalised in a garbage collection, after its
                     # queues, so each worker waited out DataLoader's 5 s join
@@ -205,7 +208,7 @@ class Fetcher:
                 return self._q.get(timeout=max(0.0, min(WATCH, end - time.monotonic())))
             except queue.Empty:
                 pass
-            died = exited_workers(self.folder, getattr(self.iterator, "_workers", None) or [])
+            died = dead_workers(self.procs)
             if died:
                 self.close()
                 raise ModelError(f"{self.label}: {died} while loading batch {self.count}", hint=DIED_HINT)
@@ -231,7 +234,7 @@ class Fetcher:
         if isinstance(exc, (KeyboardInterrupt, SystemExit)) or getattr(exc, "code", None) is not None and \
                 isinstance(exc, ModelError):
             return exc
-        dead = self.dead or self._gone()
+        dead = self.dead or self._died(exc) or self._gone()
         if dead:
             return ModelError(f"{self.label}: {dead} while loading batch {self.count}", hint=DIED_HINT)
         indices = self.recording.seen.get(self.count) if self.recording is not None else None
@@ -248,38 +251,32 @@ class Fetcher:
                               hint="each sample loads on its own: collate_fn (or the batch as a whole) failed")
         return ModelError(f"{self.label} raised {_first(exc)} at batch {self.count}")
 
+    def _died(self, exc: BaseException) -> str:
+        """A worker that ended badly, read without reaping it. A broken connection is what the main process sees
+        when it fetches a batch whose worker is dying (its shared memory goes with it): the death is then given
+        up to DEATH_WAIT s to show, so a crash is named as one instead of the batch blamed on collate_fn."""
+        end = time.monotonic() + (DEATH_WAIT if isinstance(exc, (ConnectionError, EOFError)) else 0.0)
+        while True:
+            died = dead_workers(self.procs)
+            if died or time.monotonic() >= end:
+                return died
+            time.sleep(0.02)
+
     def _gone(self) -> str:
         """Workers whose pid is gone (when the iterator could not be asked)."""
         return "; ".join(f"worker {wid} (pid {pid}) died" for wid, pid, _ in workers_of(self.folder) if not _alive(pid))
-
-
-def exited_workers(folder: str | None, current: list) -> str:
-    """'worker 0 (pid 123) died with exit code 7' for each worker of WorkerInit(folder) among the `current`
-    iterator's processes that ended badly, read without reaping it (WNOWAIT: its DataLoader still collects its
-    exit status)."""
-    dead, pids = [], {getattr(w, "pid", None) for w in current}
-    for wid, pid, _ in workers_of(folder) if pids else []:
-        if pid not in pids:
-            continue
-        try:
-            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except (ChildProcessError, OSError):    # not our child (a forkserver's), or already collected
-            continue
-        if info is None or (info.si_code == os.CLD_EXITED and info.si_status == 0):
-            continue
-        how = f"exit code {info.si_status}" if info.si_code == os.CLD_EXITED else _signal_name(info.si_status)
-        dead.append(f"worker {wid} (pid {pid}) died with {how}")
-    return "; ".join(dead)
 
 
 def _signal_name(number: int) -> str:
     return f"signal {signal.Signals(number).name}" if number in signal.Signals._value2member_map_ else f"signal {number}"
 
 
-def dead_workers(it) -> str:
-    """'worker 0 (pid 123) died with exit code 7' for each DataLoader worker process that ended badly."""
+def dead_workers(procs) -> str:
+    """'worker 0 (pid 123) died with exit code 7' for each DataLoader worker process (the iterator's `_workers`,
+    in worker-id order) that ended badly. Read through multiprocessing's own Process.exitcode, which records what
+    it collects, so the DataLoader that owns them still sees the same exit code."""
     dead = []
-    for wid, w in enumerate(getattr(it, "_workers", None) or []):
+    for wid, w in enumerate(procs):
         code = getattr(w, "exitcode", None)
         if code not in (None, 0):
             how = _signal_name(-code) if code < 0 else f"exit code {code}"
