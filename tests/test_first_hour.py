@@ -122,6 +122,22 @@ def test_a_view_of_the_input_made_a_leaf_in_forward_is_the_input_not_a_weight(cl
     assert "a 1 float32 tensor with requires_grad=True" in f["message"] and "2x1x64" not in f["message"]
 
 
+def test_a_weight_cut_from_the_inputs_own_buffer_beside_it_is_still_a_weight():
+    """Same storage as the input, other bytes: not the input (review: POOL[32:35] beside an input POOL[:32])."""
+    import torch
+
+    from torchdiag.core.local_leaves import local_leaves
+
+    pool = torch.randn(100)
+    x = pool[:32].view(8, 4)
+    lin = torch.nn.Linear(4, 3)
+    w = pool[32:35].detach().requires_grad_()
+    view = x[:, None]
+    view.requires_grad = True
+    loss = (lin(view[:, 0]) + w).sum()
+    assert [id(t) for t in local_leaves(loss, lin, [x])] == [id(w)]
+
+
 def test_device_mismatch_names_the_forward_that_made_a_parameter(cli, tmp_path):
     # nn.Parameter(torch.randn(...)) without device= in forward: a real device bug, made IN forward
     p = tmp_path / "m.py"
@@ -371,7 +387,12 @@ def test_modules_the_default_input_never_runs_are_not_judged(cli, tmp_path, comm
     assert "no-grad" not in {f["code"] for f in doc["findings"]}, doc["findings"]
     reached = [f for f in doc["findings"] if f["code"] == "not-reached"]
     assert reached and all(f["severity"] == "info" for f in reached)
-    assert reached[0]["where"] == "model.vision_tower" and "never ran" in reached[0]["message"]
+    assert [f["where"] for f in reached] == ["model.vision_tower", "model.multi_modal_projector"]
+    assert "never ran" in reached[0]["message"]
+    if command == "gradflow":   # the verdict says what was not judged (review: it said "every trainable parameter")
+        assert doc["status_counts"]["not-reached"] == 27
+        shown = cli(command, spec, "--device", "cpu")
+        assert "27 not reached by the default inputs: not judged" in " ".join(shown.stdout.split())
 
 
 def test_the_users_own_input_that_never_runs_a_module_keeps_the_no_grad_error(cli, tmp_path):

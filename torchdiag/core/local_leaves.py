@@ -5,20 +5,30 @@ reachable from the loss, minus the model's parameters and the inputs."""
 from __future__ import annotations
 
 
-def _storage(t) -> int:
+def _span(t) -> tuple[int, int] | None:
+    """The bytes [start, end) a tensor's elements occupy; None without memory (meta, empty, nested)."""
     try:
-        return t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):   # a tensor without storage (nested, functional)
-        return 0
+        start = t.data_ptr()
+        if start == 0 or t.numel() == 0:
+            return None
+        last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+        return start, start + (last + 1) * t.element_size()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _within(span, spans) -> bool:
+    return span is not None and any(span[0] < end and start < span[1] for start, end in spans)
 
 
 def local_leaves(loss, model, inputs=()) -> list:
     """The leaf tensors (requires_grad) the loss's graph accumulates into that are neither parameters
     of `model` nor the `inputs`, in the order the walk meets them (one entry per tensor). A view of an input
     made a leaf in forward is the input still (Hugging Face's wav2vec2-family feature encoders set
-    requires_grad on `input_values[:, None]`), judged by its memory, not its name."""
+    requires_grad on `input_values[:, None]`), judged by the bytes it reads, not its name: a weight cut from the
+    same buffer beside the input is still found."""
     known = {id(p) for p in model.parameters()} | {id(t) for t in inputs}
-    data = {_storage(t) for t in inputs} - {0}     # 0: no memory (meta), which proves nothing
+    data = [s for s in map(_span, inputs) if s is not None]    # the inputs' own bytes (not all of their storage)
     root = getattr(loss, "grad_fn", None)
     seen, found, stack, out = set(), set(), [root] if root is not None else [], []
     while stack:
@@ -27,7 +37,7 @@ def local_leaves(loss, model, inputs=()) -> list:
             continue
         seen.add(id(node))
         var = getattr(node, "variable", None)    # AccumulateGrad: the leaf it writes .grad into
-        if var is not None and id(var) not in known and id(var) not in found and _storage(var) not in data:
+        if var is not None and id(var) not in known and id(var) not in found and not _within(_span(var), data):
             found.add(id(var))
             out.append(var)
         stack.extend(n for n, _ in node.next_functions)

@@ -106,6 +106,19 @@ def not_reached(model, inputs, names: list[str], ctx) -> list[str]:
     return [n for n in names if never_ran(n, rec)]
 
 
+def by_top_module(names: list[str], model) -> list[list[str]]:
+    """`names` in groups, one per highest module all of whose trainable parameters are among them (top_module),
+    in the order of their first name: one finding per unreached module, where each names its own module."""
+    groups, left = [], list(names)
+    while left:
+        top = top_module(left, model)
+        prefix = "" if top == "(root)" else top + "."
+        group = [n for n in left if n == top or n.startswith(prefix)] or left[:1]
+        groups.append(group)
+        left = [n for n in left if n not in set(group)]
+    return groups
+
+
 def not_reached_message(names: list[str], inputs, limit: int = 6) -> str:
     shown = ", ".join(names[:limit]) + (f" … (+{len(names) - limit} more)" if len(names) > limit else "")
     return (f"{len(names)} trainable parameter tensor(s) got no gradient because their modules never ran with the "

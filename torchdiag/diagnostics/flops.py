@@ -94,7 +94,9 @@ def _extra_formulas():
 
     def grouped_mm(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
         # a mixture of experts' matmul, one group per expert. 2-D x 2-D groups the contraction (G outputs of
-        # m x n, k split among them); otherwise every output element is one k-long dot product
+        # m x n, k split among them); otherwise every output element is one k-long dot product. Rows past
+        # offs[-1] (padding) count too: an upper bound there, since reading offs' values would cost a host sync
+        # per call and meta has none
         if len(a_shape) == 2 and len(b_shape) == 2:
             return 2 * a_shape[0] * a_shape[1] * b_shape[1]
         return 2 * math.prod(out_shape) * a_shape[-1]

@@ -474,7 +474,9 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             r = invoke(gradflow, model, inputs, gradflow.Options(allow=allow, strict=bool(c.get("strict", False))), ctx)
             bad = _first_error(r) or ("" if r.exit_code == 0 else "warnings fail under strict")
             n = len([f for f in r.findings if f.severity == "error"])
-            return not bad, ("all parameters get gradients" if not bad else f"{n} problem(s)"), bad
+            quiet = sum(1 for f in r.findings if f.code == "not-reached")
+            good = "all parameters get gradients" + (" (some not reached by the default inputs)" if quiet else "")
+            return not bad, (good if not bad else f"{n} problem(s)"), bad
         record("gradflow", grads, f"allow {allow}" if allow else "")
     if c.get("overfit-batch", False) is not False:
         opts, spec = c["_overfit-batch"]

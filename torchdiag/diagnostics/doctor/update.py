@@ -23,6 +23,7 @@ from ...core.unreached import (
     NO_GRAD_SEVERITY,
     NOT_REACHED,
     NOT_REACHED_HINT,
+    by_top_module,
     no_grad_message,
     not_reached,
     not_reached_message,
@@ -94,7 +95,9 @@ def update_check(probe: Probe) -> None:
     if len(bad) > 50:
         result.notes.append(f"{len(bad) - 50} more param-not-updated parameters not listed")
     if not bad and not broken:
-        ck.row("update", "ok", f"{len(with_grad)}/{len(with_grad)} params change after 1 {step} step")
+        quiet = probe.result.data.get("params_not_reached") or []
+        ck.row("update", "ok", f"{len(with_grad)}/{len(with_grad)} params change after 1 {step} step"
+               + (f" ({len(quiet)} not reached by the default inputs: not judged)" if quiet else ""))
     _report_rounding(rounding, ctx, step, ck, result)
     _report_zero_init(by_design, ck, result)
     gated.report(designed, ck, result, step)
@@ -120,10 +123,11 @@ def _report_no_grad(probe: Probe, no_grad: list[str], total: int) -> None:
     whose modules the default inputs torchdiag chose never ran are not-reached (info, core/unreached.py)."""
     work, ck = probe.work, probe.ck
     quiet = [] if probe.wrapped is not None else not_reached(work, probe.inputs, no_grad, probe.ctx)
-    if quiet:
-        ck.result.add(NOT_REACHED, "info", top_module(quiet, work), not_reached_message(quiet, probe.inputs),
+    probe.result.data["params_not_reached"] = quiet
+    for group in by_top_module(quiet, work):
+        ck.result.add(NOT_REACHED, "info", top_module(group, work), not_reached_message(group, probe.inputs),
                       NOT_REACHED_HINT)
-        no_grad = [n for n in no_grad if n not in set(quiet)]
+    no_grad = [n for n in no_grad if n not in set(quiet)]
     if no_grad:
         ck.find("update", NO_GRAD, NO_GRAD_SEVERITY, top_module(no_grad, work), no_grad_message(no_grad, total),
                 NO_GRAD_HINT, verdict=f"{len(no_grad)} of {total} trainable parameter tensor(s) get no gradient")

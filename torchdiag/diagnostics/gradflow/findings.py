@@ -180,6 +180,9 @@ def verdict(result, rows, opts, loss_value: float, strict_name: str = "--strict"
     elif warnings:
         result.verdict = (f"PASS with {len(warnings)} warning(s): " + ", ".join(sorted({f.code for f in warnings}))
                           + f" ({strict_name} makes warnings fail)")
+    elif counts.get("not-reached"):
+        result.verdict = (f"PASS: gradients reach every trainable parameter the inputs ran, with healthy magnitudes "
+                          f"({counts['not-reached']} not reached by the default inputs: not judged)")
     else:
         result.verdict = "PASS: gradients reach every trainable parameter with healthy magnitudes"
     designed = sum(1 for r in rows if r.get("design"))

@@ -182,6 +182,7 @@ def _no_grad(result, trainer, curve, limit: int) -> None:
         NO_GRAD_SEVERITY,
         NOT_REACHED,
         NOT_REACHED_HINT,
+        by_top_module,
         no_grad_message,
         not_reached,
         not_reached_message,
@@ -196,10 +197,10 @@ def _no_grad(result, trainer, curve, limit: int) -> None:
     missing = curve.missing
     wrapped = trainer.group is not None or trainer.sharded    # a DDP/FSDP copy: no extra pass outside its collectives
     quiet = [] if wrapped else not_reached(trainer.work, trainer.batch, missing, trainer.ctx)
-    if quiet:   # modules the default inputs torchdiag chose never ran: not judged (core/unreached.py)
-        result.add(NOT_REACHED, "info", top_module(quiet, trainer.work), not_reached_message(quiet, trainer.batch),
+    for group in by_top_module(quiet, trainer.work):   # modules the default inputs never ran (core/unreached.py)
+        result.add(NOT_REACHED, "info", top_module(group, trainer.work), not_reached_message(group, trainer.batch),
                    hint=NOT_REACHED_HINT)
-        missing = [n for n in missing if n not in set(quiet)]
+    missing = [n for n in missing if n not in set(quiet)]
     if missing:
         result.add(NO_GRAD, NO_GRAD_SEVERITY, top_module(missing, trainer.work),
                    no_grad_message(missing, len(trainer.trainable), limit), hint=NO_GRAD_HINT)
