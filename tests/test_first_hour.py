@@ -388,11 +388,26 @@ def test_modules_the_default_input_never_runs_are_not_judged(cli, tmp_path, comm
     reached = [f for f in doc["findings"] if f["code"] == "not-reached"]
     assert reached and all(f["severity"] == "info" for f in reached)
     assert [f["where"] for f in reached] == ["model.vision_tower", "model.multi_modal_projector"]
-    assert "never ran" in reached[0]["message"]
+    assert "never ran" in reached[0]["message"] or "did not use them" in reached[0]["message"]
     if command == "gradflow":   # the verdict says what was not judged (review: it said "every trainable parameter")
         assert doc["status_counts"]["not-reached"] == 27
         shown = cli(command, spec, "--device", "cpu")
         assert "27 not reached by the default inputs: not judged" in " ".join(shown.stdout.split())
+
+
+def test_a_parameter_the_default_input_does_not_use_in_a_module_that_ran_is_not_judged(cli, tmp_path):
+    """ViT for masked image modeling reads its mask_token only where bool_masked_pos marks patches; the default
+    input is pixels alone (review: no-grad, exit 1, on a healthy model)."""
+    from transformers import ViTConfig
+
+    config = ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                       image_size=32, patch_size=8, encoder_stride=8)
+    config.architectures = ["ViTForMaskedImageModeling"]
+    config.save_pretrained(tmp_path / "vitmim")
+    r = cli("gradflow", f"hf:{tmp_path / 'vitmim'}", "--device", "cpu", "--json")
+    assert r.code == 0, r.stdout
+    assert [(f["code"], f["where"]) for f in r.json["findings"] if f["code"] in ("no-grad", "not-reached")] == \
+        [("not-reached", "vit.embeddings.mask_token")]
 
 
 def test_the_users_own_input_that_never_runs_a_module_keeps_the_no_grad_error(cli, tmp_path):

@@ -82,28 +82,32 @@ def no_grad_message(names: list[str], total: int, limit: int = 6) -> str:
     return f"{len(names)} of {total} trainable parameter tensor(s) got no gradient from the loss: {shown}"
 
 
-# A parameter whose module never ran with inputs torchdiag chose itself (a source's default: a text-only batch
-# leaves a vision-language model's vision tower, or a decoder's cross-attention, unused) says nothing about
-# the model: info, with how to judge it. With the user's own inputs the same fact stays the no-grad error.
+# A parameter unused with inputs torchdiag chose itself (a source's default: a text-only batch leaves a
+# vision-language model's vision tower, or a decoder's cross-attention, never run; ViT-MIM's mask_token is read
+# only with bool_masked_pos) says nothing about the model: info, with how to judge it. With the user's own inputs
+# the same fact stays the no-grad error. A module that ran but whose output never reached the loss (detached) is
+# the model's own doing, whatever the input: it stays no-grad.
 NOT_REACHED = "not-reached"
 NOT_REACHED_HINT = ("to judge them, give inputs that run these modules: --batch FILE.py:FN returning (inputs, target) "
                     "with the model's full inputs (e.g. pixel_values beside image tokens), or -i")
 
 
-def never_ran(name: str, rec) -> bool:
-    return owner(name) not in rec.order
+def unused(name: str, rec, reach: set[int], modules) -> bool:
+    """No gradient because the forward did not use it (its module never ran, or ran without it), not cut off."""
+    return why(name, rec, reach, modules)[0] == "unused"
 
 
 def not_reached(model, inputs, names: list[str], ctx) -> list[str]:
-    """Of `names` (trainable, no gradient), those whose module never ran in forward, when the inputs are a
-    source's default; [] for the user's own inputs. One recorded pass on the model (left as it was), only
-    when there is something to split."""
+    """Of `names` (trainable, no gradient), those the forward did not use, when the inputs are a source's
+    default; [] for the user's own inputs. One recorded pass on the model (left as it was), only when there is
+    something to split."""
     if not names or not getattr(inputs, "chosen", False):
         return []
     from .recording import record_pass
 
-    rec = record_pass(model, inputs, None, ctx).rec
-    return [n for n in names if never_ran(n, rec)]
+    pas = record_pass(model, inputs, None, ctx)
+    modules = dict(model.named_modules())
+    return [n for n in names if unused(n, pas.rec, pas.reach, modules)]
 
 
 def by_top_module(names: list[str], model) -> list[list[str]]:
@@ -121,5 +125,5 @@ def by_top_module(names: list[str], model) -> list[list[str]]:
 
 def not_reached_message(names: list[str], inputs, limit: int = 6) -> str:
     shown = ", ".join(names[:limit]) + (f" … (+{len(names) - limit} more)" if len(names) > limit else "")
-    return (f"{len(names)} trainable parameter tensor(s) got no gradient because their modules never ran with the "
-            f"default inputs torchdiag chose ({inputs.source}): {shown}; not judged")
+    return (f"{len(names)} trainable parameter tensor(s) got no gradient because the forward did not use them with "
+            f"the default inputs torchdiag chose ({inputs.source}): {shown}; not judged")

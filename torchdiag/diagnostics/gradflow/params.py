@@ -6,7 +6,7 @@ import fnmatch
 import math
 
 from ...core.module_paths import owner
-from ...core.unreached import NOT_REACHED, never_ran, why
+from ...core.unreached import NOT_REACHED, why
 from .design import is_tiny, rms
 from .stats import L1, L2, LINF, WEIGHT
 
@@ -34,8 +34,8 @@ def param_rows(params: dict, pas, stats, modules, opts, lr: float = 1e-3, chosen
         elif not p.requires_grad:
             row["status"] = "frozen"
         else:
-            row["status"] = NOT_REACHED if chosen and never_ran(n, pas.rec) else "no-grad"
             row["reason"], row["why"] = why(n, pas.rec, pas.reach, modules)
+            row["status"] = NOT_REACHED if chosen and row["reason"] == "unused" else "no-grad"
         row["allowed"] = row["status"] not in ("ok", "frozen") and any(fnmatch.fnmatchcase(n, pat) for pat in opts.allow)
         rows.append(row)
     return rows
