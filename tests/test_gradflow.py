@@ -768,3 +768,44 @@ def test_a_layer_skipped_at_random_is_not_no_grad_but_an_unused_one_is():
     assert any("other random draw" in n for n in res.notes)
     res = run(Unused(), x)
     assert statuses(res)["unused.weight"] == "no-grad" and res.exit_code == 1   # no draw reaches it
+
+
+# ---------------------------------------------------------------- small gradients an adaptive step ignores
+
+class _ScaledBody(nn.Module):
+    """A body with large weights (RMS ~25) whose output reaches the loss through a fixed 1e-5 scale (a buffer,
+    not a gate: training cannot grow it). Its gradients are ~1e-6 per element: grad/weight ~4e-8, under the
+    1e-7 threshold, yet 100x Adam's eps, so Adam steps each element by ~lr, as far as the head's."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 4)
+        with torch.no_grad():
+            self.body.weight.mul_(100.0)
+        self.register_buffer("scale", torch.tensor(1e-5))
+
+    def forward(self, x):
+        return self.head(self.body(x) * self.scale)
+
+
+def test_small_gradient_that_adam_steps_normally_is_info_and_sgd_keeps_it():
+    x = torch.randn(8, 16)
+    adam = run(_ScaledBody(), x, depth=1)
+    row = by(adam.table("params").rows, "name", "body.weight")
+    assert row["grad_weight_ratio"] < 1e-7 and row["max_abs_grad"] > 1e-7     # under the threshold, above eps
+    assert row["status"] == "adaptive-step"
+    info = [f for f in adam.findings if f.code == "adaptive-step"]
+    assert info and info[0].severity == "info" and "moved it by" in row["design"]["why"]
+    assert "vanishing-grad" not in {f.code for f in adam.findings}
+    sgd = run(_ScaledBody(), x, depth=1, optimizer="sgd")
+    assert by(sgd.table("params").rows, "name", "body.weight")["status"] == "vanishing-grad"
+    assert ("vanishing-grad", "body.weight") in codes(sgd)
+
+
+def test_vanishing_sample_keeps_its_deep_layers_under_adam(cli):
+    doc = cli("gradflow", sample("broken_grad_vanishing.py:build"), "--json").json
+    status = {p["name"]: p["status"] for p in doc["params"]}
+    # layers 0..14 have gradients under Adam's eps: its step shrinks with them, so they stay vanishing
+    assert all(status[f"{i}.weight"] == "vanishing-grad" for i in range(0, 16, 2))

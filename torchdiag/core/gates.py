@@ -34,6 +34,7 @@ GROW = 10.0           # growth of a flagged measure (or of its response to a gat
 TINY_FACTOR = 1e-2    # a gate candidate's RMS is below this × the model's median parameter RMS (or zero)
 PROPORTIONAL = 1.5    # doubling a gate from its trained value multiplies the gated gradient by ≥ this
 GATE_PASSES = 10      # forward+backward passes spent naming gates (shared by every flag)
+ADAPTIVE = 0.25       # a flagged parameter's RMS step ≥ this × the unflagged median: it trains normally
 MARGIN = 0.5          # dead units: input max ≤ zero point − MARGIN × the input's std (gradflow/dead.py's rule)
 KINDS = ("vanishing-grad", "zero-grad", "param-not-updated", "dead-units")
 
@@ -58,6 +59,13 @@ class Verdict:
     grew: bool                  # resolved, or the measure grew by GROW
     gates: list[str] = field(default_factory=list)   # the gate (one name) or the smallest group found
     by_design: bool = False
+    update: float = math.nan    # vanishing-grad: RMS(w_after - w_0) over the run (the run's optimizer)
+    median_update: float = math.nan   # the same, median over the trainable parameters nothing flagged
+
+    def steps_normally(self) -> bool:
+        """A small gradient the run's optimizer does not scale its step by (Adam's step is ~lr for any
+        |g| well above its eps): per element the parameter moved at least ADAPTIVE × the median step."""
+        return self.update > 0 and self.update >= ADAPTIVE * self.median_update
 
     def describe(self, steps: int) -> str:
         """The measured fact, for the finding's message."""
@@ -111,7 +119,9 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
         # after the next forward: a forward that writes the parameter back has undone the step
         moved = {n: params[n].detach().ne(b).any() for n, b in before.items()}
     cands = _candidates(params, v0)
-    read = read_back(m0 + mk + list(moved.values()) + [c[1] for c in cands])
+    updates = _updates(params, v0, [f.name for f in flags if f.kind == "vanishing-grad"], {f.name for f in flags})
+    read = read_back(m0 + mk + list(moved.values()) + [c[1] for c in cands] + updates)
+    upd, read = read[len(read) - len(updates):], read[:len(read) - len(updates)]
     k = len(flags) + 1            # each measure pass ends with the model's whole gradient norm
     q0, qk, g0, gk = read[:k - 1], read[k:2 * k - 1], read[k - 1], read[2 * k - 1]
     mv = dict(zip(moved, read[2 * k:2 * k + len(moved)]))
@@ -124,6 +134,9 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
     for f, a, b in zip(flags, q0, qk):
         resolved = _resolved(f, b, mv.get(f.name, 0.0))
         verdicts[f.name] = Verdict(f, a, b, resolved, resolved or _grew(f, a, b))
+    if upd:
+        for f, u in zip([f for f in flags if f.kind == "vanishing-grad"], upd[1:]):
+            verdicts[f.name].update, verdicts[f.name].median_update = u, upd[0]
     used = 1 + steps
     for v in verdicts.values():
         v.by_design = v.resolved        # gone after a few real steps: it grows out of it
@@ -221,6 +234,24 @@ def _grew(f: Flag, before: float, after: float) -> bool:
     if f.kind == "dead-units":
         return False           # units either come alive (resolved) or not
     return after > 0 and (before == 0 or after >= GROW * before)
+
+
+def _updates(params: dict, v0: dict, names: list[str], flagged: set[str]) -> list:
+    """[median, *per name] of the RMS step over the run, RMS(w_after - w_0), as 0-d device tensors ([] when
+    no name); the median over the trainable parameters that nothing flagged (none: nan). Per element, not
+    relative to the weight: an adaptive optimizer steps every element by about lr whatever its gradient's
+    size, as long as that is well above its eps, so a parameter whose gradient is merely small moves as
+    far as the rest, and one whose gradient is lost under eps (or under a plain SGD step) does not."""
+    import torch
+
+    live = [n for n, p in params.items() if p.requires_grad and p.numel()]
+    if not names or not live:
+        return []
+    step = {n: (params[n].detach().float() - v0[n].float()).pow(2).mean().sqrt() for n in live}
+    others = [step[n] for n in live if n not in flagged]
+    zero = torch.zeros((), device=step[live[0]].device)
+    median = torch.stack(others).nanmedian() if others else zero + math.nan
+    return [median] + [step.get(n, zero) for n in names]
 
 
 def _candidates(params: dict, v0: dict) -> list[tuple[str, Any]]:

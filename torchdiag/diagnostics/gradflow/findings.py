@@ -112,6 +112,7 @@ DESIGN_TITLES = {
     "tiny-by-construction": "have a huge grad/weight ratio only because their value is tiny by construction",
     "scale-invariant": "have large gradients only because a normalisation follows (scale-invariant)",
     "skipped-at-random": "got no gradient only because the judged pass skipped them at random",
+    "adaptive-step": "get small gradients, but the run's optimizer steps them like the rest of the model",
 }
 
 
@@ -140,6 +141,9 @@ def _why(kind, cause) -> str:
             "scale-invariant": "each feeds a batch-statistics normalisation, so its gradient is orthogonal to it and "
                                "grows as 1/|w|: a step grows |w| and the ratio corrects itself, so neither its norm nor "
                                "grad/weight makes it exploding",
+            "adaptive-step": "in a short training run on a copy each moved by at least a tenth of the model's median "
+                             "relative update: an adaptive optimizer's step does not scale with the gradient while "
+                             "it is well above eps (with plain SGD they would not learn: --optimizer sgd judges that)",
             "skipped-at-random": "the forward draws at random which layers run in train mode (LayerDrop-like); "
                                  "another draw of the RNG, on a copy, gives them a gradient"}.get(kind, "")
 

@@ -14,6 +14,7 @@ from .dead import zero_edge
 from .design import is_tiny
 
 KIND = "by-design-init"
+ADAPTIVE = "adaptive-step"
 
 
 def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
@@ -30,9 +31,12 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
     except ModelError as exc:   # no copy, or the copy's step/forward failed: keep the plain verdicts
         result.notes.append(f"flagged gradients not re-checked with a short training run: {exc.message}")
         return
-    result.notes.append(f"{len(flags)} flagged finding(s) {rc.cost()}")
+    result.notes.append(f"{len(flags)} flagged finding(s) {rc.cost()}, with {ctx.spec.optimizer.describe()}")
     for r in flagged:
         v = rc.verdicts[r["name"]]
+        if not v.by_design and r["status"] == "vanishing-grad" and v.steps_normally():
+            r.update(status=ADAPTIVE, allowed=False, design={"kind": ADAPTIVE, "why": adaptive_why(v, rc.steps, ctx)})
+            continue
         if not v.by_design:
             r["rechecked"] = rc.steps
             continue
@@ -57,6 +61,15 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                           f"training run on a copy they stay below the threshold ({v.describe(rc.steps)}; "
                           f"a unit is dead when its input stays below the zero point by more than "
                           f"{gates.MARGIN:g}× the spread of the module's inputs)")
+
+
+def adaptive_why(v, steps: int, ctx) -> str:
+    opt = ctx.spec.optimizer
+    why = (": an adaptive step does not scale with the gradient while it is well above eps (with plain SGD "
+           "it would not learn: --optimizer sgd judges that)") if opt.name.startswith("adam") else ""
+    return (f"grad/weight {v.before:.3g} at initialisation, yet {opt.name} (lr {opt.learning_rate:g}) moved it by "
+            f"{v.update:.3g} of its norm in {steps} steps on a copy, against the model's median "
+            f"{v.median_update:.3g}{why}")
 
 
 def gate_where(names: list[str]) -> str:
