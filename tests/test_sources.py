@@ -248,3 +248,24 @@ def test_the_image_size_of_a_sub_config():
 
     config = CLIPConfig(vision_config={"image_size": 96, "num_channels": 3})
     assert not hasattr(config, "image_size") and image_of(config) == (3, 96, 96)
+
+
+def test_torchvision_weights_size_falls_back_to_the_imagenet_size():
+    # ViT-H/14's default weights crop 518, but the builder without weights makes the 224 model: the
+    # weights' size is tried first and 224 after it (a model that runs at any size keeps the first)
+    from types import SimpleNamespace
+
+    from torchdiag.core import sources
+
+    def models_with(crop):
+        transform = SimpleNamespace(crop_size=[crop])
+        weights = SimpleNamespace(transforms=lambda: transform, __str__=lambda: "W")
+        return SimpleNamespace(get_model_weights=lambda name: SimpleNamespace(DEFAULT=weights),
+                               list_models=lambda module=None: [], detection=None)
+
+    big = sources.Source(lambda: None, {}, "x")
+    sources._torchvision_inputs(models_with(518), "vit_h_14", big)
+    assert big.inputs == ("1x3x518x518",) and big.alternatives == (("1x3x224x224",),)
+    plain = sources.Source(lambda: None, {}, "x")
+    sources._torchvision_inputs(models_with(224), "resnet18", plain)
+    assert plain.inputs == ("1x3x224x224",) and plain.alternatives == ()

@@ -161,6 +161,10 @@ def _torchvision_inputs(models, name: str, source: Source) -> None:
         why = "a list of one 3x320x320 image (detection models resize it themselves)"
     else:
         source.inputs = (f"1x3x{h}x{w}",)
+        if (h, w) != (224, 224):
+            # a builder that reads its image size from the weights (ViT-H/14's default is 518) builds the
+            # 224 model without them: try the ImageNet size when the weights' size does not run
+            source.alternatives = (("1x3x224x224",),)
     source.input_source = f"torchvision:{name} default ({why})"
 
 
