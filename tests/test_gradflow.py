@@ -809,3 +809,41 @@ def test_vanishing_sample_keeps_its_deep_layers_under_adam(cli):
     status = {p["name"]: p["status"] for p in doc["params"]}
     # layers 0..14 have gradients under Adam's eps: its step shrinks with them, so they stay vanishing
     assert all(status[f"{i}.weight"] == "vanishing-grad" for i in range(0, 16, 2))
+
+
+class _SummedTokens(nn.Module):
+    """BERT's initialisation (every weight std 0.02) with a token-type row every token reads and a head over
+    the sum of 128 tokens: both get gradients over 100x their norm (norm < 1e3). Adam steps each element by
+    about lr, no further than the rest; plain SGD at lr 1e-2 would move the head by twice its norm a step."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.words, self.types = nn.Embedding(50, 32), nn.Embedding(2, 32)
+        self.norm, self.mix, self.head = nn.LayerNorm(32), nn.Linear(32, 32), nn.Linear(32, 4)
+        for m in (self.words, self.types, self.mix, self.head):
+            nn.init.normal_(m.weight, std=0.02)
+
+    def forward(self, ids):
+        h = self.norm(self.words(ids) + self.types(torch.zeros_like(ids)))
+        return self.head(torch.tanh(self.mix(h)).sum(1))
+
+
+def test_a_large_ratio_is_judged_by_the_step_the_optimizer_takes():
+    ids = torch.randint(0, 50, (2, 128), generator=torch.Generator().manual_seed(0))
+    adam = run(_SummedTokens(), ids)
+    rows = {r["name"]: r for r in adam.table("params").rows}
+    for name in ("types.weight", "head.weight"):
+        assert rows[name]["grad_weight_ratio"] > 100 and rows[name]["grad_norm"] < 1e3
+        assert rows[name]["status"] == "bounded-step", rows[name]
+        assert "moved it by" in rows[name]["design"]["why"]
+    assert not [f for f in adam.findings if f.severity == "error"]
+    sgd = run(_SummedTokens(), ids, optimizer="sgd")
+    assert {("exploding-grad", "types"), ("exploding-grad", "head.weight")} <= codes(sgd)
+
+
+def test_exploding_by_norm_is_not_rechecked(cli):
+    doc = cli("gradflow", sample("broken_exploding.py:build"), "--json").json
+    assert doc["exit_code"] == 1
+    assert {p["status"] for p in doc["params"] if p["name"].startswith("layers.") and p["name"].endswith("weight")} \
+        == {"exploding-grad"}

@@ -280,3 +280,41 @@ def test_an_encoder_decoders_logits_are_next_token_predictions_of_its_decoder_id
                                "added: output[1] (every weight behind it already reaches output[0])")
     # a decoder that sees every position is causal in neither: the first ids, as before
     assert language_model(EncDec(causal=False), inputs).name == "input[0]"
+
+
+class _Refiner(torch.nn.Module):
+    """RAFT's shape: each update reads the previous estimate (detached) and adds a correction; every update
+    is an output shaped like the first. The first update's input estimate is zero, so `embed.weight` gets a
+    gradient only from the later updates (its graph is reached by output[0], with an exactly zero gradient)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Linear(2, 8)
+        self.features = torch.nn.Linear(4, 8)
+        self.head = torch.nn.Linear(16, 2)
+
+    def forward(self, x):
+        flow, outs = x.new_zeros(x.shape[0], 2), []
+        for _ in range(3):
+            h = torch.relu(self.embed(flow.detach()))
+            flow = flow + self.head(torch.cat([h, self.features(x)], 1))
+            outs.append(flow)
+        return outs
+
+
+def test_updates_shaped_like_the_first_keep_their_terms_with_its_target():
+    from torchdiag.api import run
+
+    model, x = _Refiner(), torch.randn(4, 4)
+    loss = Loss("auto", seed=0)
+    outs = model(x)
+    value = loss(outs)
+    target = loss.target
+    by_hand = sum(F.cross_entropy(o, target) for o in outs)      # (N, C): class targets, the same for each
+    assert float(value) == pytest.approx(float(by_hand))
+    assert "output[2] against the same target" in loss.describe() and "not added" not in loss.describe()
+    res = run("gradflow", _Refiner(), (x,))
+    status = {r["name"]: r["status"] for r in res.table("params").rows}
+    assert status["embed.weight"] == "ok"
+    assert not [f for f in res.findings if f.severity in ("error", "warning")]

@@ -35,8 +35,9 @@ TINY_FACTOR = 1e-2    # a gate candidate's RMS is below this × the model's medi
 PROPORTIONAL = 1.5    # doubling a gate from its trained value multiplies the gated gradient by ≥ this
 GATE_PASSES = 10      # forward+backward passes spent naming gates (shared by every flag)
 ADAPTIVE = 0.25       # a flagged parameter's RMS step ≥ this × the unflagged median: it trains normally
+MODERATE = 4.0        # a large grad/weight whose relative step ≤ this × the unflagged median: a normal step
 MARGIN = 0.5          # dead units: input max ≤ zero point − MARGIN × the input's std (gradflow/dead.py's rule)
-KINDS = ("vanishing-grad", "zero-grad", "param-not-updated", "dead-units")
+KINDS = ("vanishing-grad", "zero-grad", "param-not-updated", "dead-units", "exploding-grad")
 
 
 @dataclass
@@ -45,7 +46,7 @@ class Flag:
 
     name: str
     kind: str
-    threshold: float = 0.0     # vanishing-grad: the grad/weight ratio; dead-units: the dead fraction
+    threshold: float = 0.0     # vanishing-/exploding-grad: the grad/weight ratio; dead-units: the dead fraction
     edge: float = 0.0          # dead-units: the input at or below which the activation outputs 0
     by_norm: bool = False      # vanishing-grad: judged by the gradient norm (a parameter tiny by construction)
 
@@ -59,13 +60,19 @@ class Verdict:
     grew: bool                  # resolved, or the measure grew by GROW
     gates: list[str] = field(default_factory=list)   # the gate (one name) or the smallest group found
     by_design: bool = False
-    update: float = math.nan    # vanishing-grad: RMS(w_after - w_0) over the run (the run's optimizer)
+    update: float = math.nan    # vanishing-grad: RMS(w_after - w_0) over the run (the run's optimizer);
+    #                             exploding-grad: |w_after - w_0| / |w_0|, the step relative to the weight
     median_update: float = math.nan   # the same, median over the trainable parameters nothing flagged
 
     def steps_normally(self) -> bool:
         """A small gradient the run's optimizer does not scale its step by (Adam's step is ~lr for any
         |g| well above its eps): per element the parameter moved at least ADAPTIVE × the median step."""
         return self.update > 0 and self.update >= ADAPTIVE * self.median_update
+
+    def steps_moderately(self) -> bool:
+        """A large grad/weight the run's optimizer does not turn into a large step: relative to its weight,
+        the parameter moved at most MODERATE × the median relative step of the unflagged parameters."""
+        return math.isfinite(self.update) and self.update <= MODERATE * self.median_update
 
     def describe(self, steps: int) -> str:
         """The measured fact, for the finding's message."""
@@ -119,7 +126,8 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
         # after the next forward: a forward that writes the parameter back has undone the step
         moved = {n: params[n].detach().ne(b).any() for n, b in before.items()}
     cands = _candidates(params, v0)
-    updates = _updates(params, v0, [f.name for f in flags if f.kind == "vanishing-grad"], {f.name for f in flags})
+    stepped = [f for f in flags if f.kind in ("vanishing-grad", "exploding-grad")]
+    updates = _updates(params, v0, stepped, {f.name for f in flags})
     read = read_back(m0 + mk + list(moved.values()) + [c[1] for c in cands] + updates)
     upd, read = read[len(read) - len(updates):], read[:len(read) - len(updates)]
     k = len(flags) + 1            # each measure pass ends with the model's whole gradient norm
@@ -129,14 +137,16 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
     # the same batch is fitted fast (a loss of 7 falls below 0.2 in one Adam step at batch 2): every
     # gradient shrinks with the loss, so a gradient after the run is compared at the initial loss level
     level = g0 / gk if gk > 0 and math.isfinite(g0 / gk) else 1.0
-    qk = [b * level if f.kind in ("vanishing-grad", "param-not-updated") else b for f, b in zip(flags, qk)]
+    qk = [b * level if f.kind in ("vanishing-grad", "param-not-updated", "exploding-grad") else b
+          for f, b in zip(flags, qk)]
     verdicts = {}
     for f, a, b in zip(flags, q0, qk):
         resolved = _resolved(f, b, mv.get(f.name, 0.0))
         verdicts[f.name] = Verdict(f, a, b, resolved, resolved or _grew(f, a, b))
     if upd:
-        for f, u in zip([f for f in flags if f.kind == "vanishing-grad"], upd[1:]):
-            verdicts[f.name].update, verdicts[f.name].median_update = u, upd[0]
+        for i, f in enumerate(stepped):
+            median = upd[0] if f.kind == "vanishing-grad" else upd[1]
+            verdicts[f.name].update, verdicts[f.name].median_update = upd[2 + i], median
     used = 1 + steps
     for v in verdicts.values():
         v.by_design = v.resolved        # gone after a few real steps: it grows out of it
@@ -199,7 +209,7 @@ def _measure(work, inputs, flags, ctx, loss_fn) -> list:
             out.append(zero)
         elif f.kind == "zero-grad":
             out.append(g.detach().abs().amax().float())
-        elif f.kind == "vanishing-grad":
+        elif f.kind in ("vanishing-grad", "exploding-grad"):
             gn, wn = g.detach().float().norm(), p.detach().float().norm()
             out.append(gn if f.by_norm else torch.where(wn > 0, gn / wn.clamp_min(1e-38), gn))
         else:
@@ -223,6 +233,8 @@ def _resolved(f: Flag, after: float, moved: float) -> bool:
         return after > 0
     if f.kind == "vanishing-grad":
         return after >= f.threshold
+    if f.kind == "exploding-grad":
+        return after <= f.threshold
     if f.kind == "dead-units":
         return after <= f.threshold
     return moved > 0
@@ -231,27 +243,38 @@ def _resolved(f: Flag, after: float, moved: float) -> bool:
 def _grew(f: Flag, before: float, after: float) -> bool:
     if not (math.isfinite(before) and math.isfinite(after)):
         return False
-    if f.kind == "dead-units":
-        return False           # units either come alive (resolved) or not
+    if f.kind in ("dead-units", "exploding-grad"):
+        return False           # units either come alive (resolved) or not; a large gradient has no gate
     return after > 0 and (before == 0 or after >= GROW * before)
 
 
-def _updates(params: dict, v0: dict, names: list[str], flagged: set[str]) -> list:
-    """[median, *per name] of the RMS step over the run, RMS(w_after - w_0), as 0-d device tensors ([] when
-    no name); the median over the trainable parameters that nothing flagged (none: nan). Per element, not
-    relative to the weight: an adaptive optimizer steps every element by about lr whatever its gradient's
-    size, as long as that is well above its eps, so a parameter whose gradient is merely small moves as
-    far as the rest, and one whose gradient is lost under eps (or under a plain SGD step) does not."""
+def _updates(params: dict, v0: dict, stepped: list, flagged: set[str]) -> list:
+    """[median RMS step, median relative step, *per flag] as 0-d device tensors ([] when no flag): a
+    vanishing-grad flag's RMS step over the run, RMS(w_after - w_0), an exploding-grad flag's relative
+    step, |w_after - w_0| / |w_0|; the medians over the trainable parameters nothing flagged (none: nan).
+    Vanishing is per element, not relative to the weight: an adaptive optimizer steps every element by
+    about lr whatever its gradient's size, as long as that is well above its eps, so a parameter whose
+    gradient is merely small moves as far as the rest, and one whose gradient is lost under eps (or under
+    a plain SGD step) does not. Exploding is relative: a step as large as the weight erases it."""
     import torch
 
     live = [n for n, p in params.items() if p.requires_grad and p.numel()]
-    if not names or not live:
+    if not stepped or not live:
         return []
-    step = {n: (params[n].detach().float() - v0[n].float()).pow(2).mean().sqrt() for n in live}
-    others = [step[n] for n in live if n not in flagged]
-    zero = torch.zeros((), device=step[live[0]].device)
-    median = torch.stack(others).nanmedian() if others else zero + math.nan
-    return [median] + [step.get(n, zero) for n in names]
+    delta = {n: params[n].detach().float() - v0[n].float() for n in live}
+    rms = {n: delta[n].pow(2).mean().sqrt() for n in live}
+    rel = {n: delta[n].norm() / v0[n].float().norm() for n in live}     # zero at initialisation: inf or nan
+    others = [n for n in live if n not in flagged]
+    zero = torch.zeros((), device=rms[live[0]].device)
+
+    def median(values):
+        if not values:
+            return zero + math.nan
+        stacked = torch.stack(values)
+        return torch.where(torch.isfinite(stacked), stacked, math.nan).nanmedian()
+
+    per = [(rms if f.kind == "vanishing-grad" else rel).get(f.name, zero) for f in stepped]
+    return [median([rms[n] for n in others]), median([rel[n] for n in others]), *per]
 
 
 def _candidates(params: dict, v0: dict) -> list[tuple[str, Any]]:

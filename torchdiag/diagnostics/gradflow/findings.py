@@ -90,8 +90,11 @@ def _message(status, what, where, members, opts, allow_name) -> tuple[str, str |
                 "run `torchdiag nancheck` to find the op that first produces them")
     if status == "exploding-grad":
         worst = max(members, key=lambda m: m["grad_norm"] or 0)
+        steps = first.get("rechecked")
+        again = (f"; its step stays large after a short training run on a copy ({steps} optimizer steps)"
+                 if steps else "")
         return (f"{what}: grad norm up to {number(worst['grad_norm'])} (grad/weight "
-                f"{number(worst['grad_weight_ratio'])}); thresholds: norm > {opts.exploding:g} or ratio > {opts.exploding_ratio:g}",
+                f"{number(worst['grad_weight_ratio'])}); thresholds: norm > {opts.exploding:g} or ratio > {opts.exploding_ratio:g}{again}",
                 "check initialisation scale, normalisation layers, learning rate; clip gradients")
     # vanishing
     def ratio(m):
@@ -113,6 +116,8 @@ DESIGN_TITLES = {
     "scale-invariant": "have large gradients only because a normalisation follows (scale-invariant)",
     "skipped-at-random": "got no gradient only because the judged pass skipped them at random",
     "adaptive-step": "get small gradients, but the run's optimizer steps them like the rest of the model",
+    "bounded-step": "have a large grad/weight ratio, but the run's optimizer steps them no further than the rest of "
+                    "the model",
 }
 
 
@@ -144,6 +149,10 @@ def _why(kind, cause) -> str:
             "adaptive-step": "in a short training run on a copy each moved by at least a tenth of the model's median "
                              "relative update: an adaptive optimizer's step does not scale with the gradient while "
                              "it is well above eps (with plain SGD they would not learn: --optimizer sgd judges that)",
+            "bounded-step": "their gradient's norm is within --exploding and, relative to its weight, each moved at most "
+                            "4x the model's median relative step in a short training run on a copy: the optimizer's "
+                            "step is bounded (with --optimizer sgd the gradient's size is the step, and the verdict is "
+                            "made with it)",
             "skipped-at-random": "the forward draws at random which layers run in train mode (LayerDrop-like); "
                                  "another draw of the RNG, on a copy, gives them a gradient"}.get(kind, "")
 

@@ -14,17 +14,20 @@ from .dead import zero_edge
 from .design import is_tiny
 
 KIND = "by-design-init"
-ADAPTIVE = "adaptive-step"
+ADAPTIVE = "adaptive-step"     # a small gradient the optimizer steps like the rest
+BOUNDED = "bounded-step"       # a large grad/weight the optimizer does not turn into a large step
 
 
 def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
-    flagged = [r for r in rows if r["status"] in ("vanishing-grad", "zero-grad") and not r["allowed"]]
+    flagged = [r for r in rows if (r["status"] in ("vanishing-grad", "zero-grad") or ratio_only(r, opts))
+               and not r["allowed"]]
     modules = dict(model.named_modules())
     dead = [f for f in result.findings if f.code == "dead-units" and f.severity == "warning" and f.where in modules]
     if not flagged and not dead:
         return
     # judged as params.status judged them: a parameter tiny by construction by its gradient norm
-    flags = [gates.Flag(r["name"], r["status"], opts.vanishing, by_norm=is_tiny(r)) for r in flagged]
+    flags = [gates.Flag(r["name"], r["status"], opts.exploding_ratio if r["status"] == "exploding-grad" else
+                        opts.vanishing, by_norm=is_tiny(r)) for r in flagged]
     flags += [gates.Flag(f.where, "dead-units", opts.dead, zero_edge(modules[f.where])) for f in dead]
     try:
         rc = gates.recheck(model, inputs, flags, ctx, eval_mode=opts.eval_mode, prepare=prepare)
@@ -34,6 +37,12 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
     result.notes.append(f"{len(flags)} flagged finding(s) {rc.cost()}, with {ctx.spec.optimizer.describe()}")
     for r in flagged:
         v = rc.verdicts[r["name"]]
+        if r["status"] == "exploding-grad":
+            if v.steps_moderately():
+                r.update(status=BOUNDED, allowed=False, design={"kind": BOUNDED, "why": moderate_why(v, rc.steps, ctx)})
+            else:
+                r["rechecked"] = rc.steps
+            continue
         if not v.by_design and r["status"] == "vanishing-grad" and v.steps_normally():
             r.update(status=ADAPTIVE, allowed=False, design={"kind": ADAPTIVE, "why": adaptive_why(v, rc.steps, ctx)})
             continue
@@ -61,6 +70,21 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                           f"training run on a copy they stay below the threshold ({v.describe(rc.steps)}; "
                           f"a unit is dead when its input stays below the zero point by more than "
                           f"{gates.MARGIN:g}× the spread of the module's inputs)")
+
+
+def ratio_only(r, opts) -> bool:
+    """exploding-grad by grad/weight alone: the gradient's norm is within --exploding and the parameter is
+    not tiny by construction (judged by its gradient) — a statement about the step, which the optimizer makes."""
+    return (r["status"] == "exploding-grad" and not is_tiny(r) and r["grad_weight_ratio"] is not None
+            and r["grad_norm"] <= opts.exploding)
+
+
+def moderate_why(v, steps: int, ctx) -> str:
+    opt = ctx.spec.optimizer
+    return (f"grad/weight {v.before:.3g} at initialisation (a plain gradient step at lr {opt.learning_rate:g} would move it by "
+            f"{opt.learning_rate * v.before:.2g} of its norm), yet {opt.describe()} moved it by {v.update:.3g} of its norm in "
+            f"{steps} steps on a copy, against the model's median {v.median_update:.3g}: the step is bounded, not the gradient "
+            f"(with --optimizer sgd the gradient's size is the step, and the verdict is made with it)")
 
 
 def adaptive_why(v, steps: int, ctx) -> str:
