@@ -113,20 +113,77 @@ def shrink(config) -> None:
     from transformers import PretrainedConfig
 
     depth = {k: getattr(config, k) for k in LAYER_COUNTS if isinstance(getattr(config, k, None), int)}
+    # multi-head attention stays multi-head (MLA's latent keys are expanded to every query head)
+    own = vars(config)
+    mha = isinstance(own.get("num_key_value_heads"), int) and own.get("num_key_value_heads") == own.get("num_attention_heads")
     small = dict(SMALL, vocab_size=max(SMALL["vocab_size"], _token_ids(config) + 1))
     for key, value in list(vars(config).items()):
+        limit = small.get(key, _derived(key))
         if isinstance(value, PretrainedConfig):
             shrink(value)
-        elif key in small and isinstance(value, int) and not isinstance(value, bool) and value > small[key]:
-            setattr(config, key, small[key])
-        elif key in small and isinstance(value, list) and value and all(isinstance(v, int) for v in value):
-            setattr(config, key, [min(v, small[key]) for v in value][:4])
+        elif limit and isinstance(value, int) and not isinstance(value, bool) and value > limit:
+            setattr(config, key, limit)
+        elif limit and isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
+            # per-stage head counts must divide per-stage widths (swin's 3, 6, 12, 24 over 32, 64, ...): powers of 2
+            cut = [_power_of_two(min(v, limit)) if "head" in key else min(v, limit) for v in value]
+            setattr(config, key, cut[:4])
+    if mha:
+        config.num_key_value_heads = config.num_attention_heads
+    _consistent_heads(config)
     for key, old in depth.items():
         new = _every_kind(config, old, getattr(config, key))
         setattr(config, key, new)
         for k, v in list(vars(config).items()):
             if isinstance(v, list) and len(v) == old and old != new and k not in small:
                 setattr(config, k, v[:new])
+
+
+def _derived(key: str) -> int | None:
+    """Sizes that must follow the shrunk ones: multi-head latent attention's per-head parts and ranks
+    (DeepSeek-V2/V3, MiniCPM3), a rotary span within the head (CodeGen), a second width (RWKV's
+    attention_hidden_size, V-JEPA 2's predictor) and its heads."""
+    if key.endswith("_head_dim"):
+        return 8
+    if key.endswith("_lora_rank"):
+        return 16
+    if key == "rotary_dim":
+        return 4
+    if key.endswith("_hidden_size"):
+        return SMALL["hidden_size"]
+    if key.endswith("_attention_heads"):     # the heads over such a width (V-JEPA 2's predictor)
+        return SMALL["num_attention_heads"]
+    return None
+
+
+def _power_of_two(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def _consistent_heads(config) -> None:
+    """Sizes that are sums of shrunk ones: MLA's query/key head (nope + rope parts; its head_dim is the rope
+    part); multimodal rotary sections (Qwen2-VL-style mrope, read from rope_parameters with a default of
+    [8, 12, 12] in the model code, i.e. for head_dim 64) must sum to half the shrunk head."""
+    own = vars(config)      # its own attributes (a per-layer config refuses some getattr)
+    nope, rope = own.get("qk_nope_head_dim"), own.get("qk_rope_head_dim")
+    if isinstance(nope, int) and isinstance(rope, int):
+        config.qk_head_dim = nope + rope
+        if isinstance(own.get("head_dim"), int):
+            config.head_dim = rope
+    params = own.get("rope_parameters")
+    if isinstance(params, dict) and _reads_mrope(config):
+        params["mrope_section"] = [1, 1, 2]       # sums to 4: head_dim 8 / 2
+
+
+def _reads_mrope(config) -> bool:
+    """Whether the model code of this config's type reads an mrope_section (the config may not hold one)."""
+    import importlib
+    import inspect
+
+    module = type(config).__module__.replace(".configuration_", ".modeling_")
+    try:
+        return "mrope_section" in inspect.getsource(importlib.import_module(module))
+    except Exception:  # noqa: BLE001 - no modeling module of that name
+        return False
 
 
 def _every_kind(config, old: int, new: int) -> int:
