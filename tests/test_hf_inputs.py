@@ -135,3 +135,19 @@ def test_a_text_model_whose_whole_position_table_runs_keeps_it(tmp_path, cli):
     folder = _text(transformers.BertConfig, "BertForMaskedLM", tmp_path, 40)   # positions from 0: all 40 fit
     r = cli("summary", f"hf:{folder}", "--json")
     assert r.code == 0 and r.json["inputs"] == ["input[0]: 1x40 int64"], r.json["inputs"]
+
+
+def test_a_speech_recogniser_gets_token_ids_for_its_decoder(tmp_path, cli):
+    # Speech2TextModel: input_features (batch, frames, input_feat_per_channel * input_channels) into the encoder,
+    # decoder_input_ids (batch, target length) into the decoder, which fails without them
+    cfg = transformers.Speech2TextConfig(vocab_size=50, d_model=16, encoder_layers=1, decoder_layers=1,
+                                         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=16,
+                                         decoder_ffn_dim=16, input_feat_per_channel=20, input_channels=1,
+                                         max_source_positions=64, max_target_positions=12, conv_channels=8)
+    folder = save(tmp_path, cfg, "Speech2TextModel")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"][-1] == "decoder_input_ids: 1x12 int64"        # max_target_positions, under 16
+    assert r.json["inputs"][0].endswith("x20 float32")                     # the filter banks it reads
+    r = cli("gradflow", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr

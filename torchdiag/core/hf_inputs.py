@@ -194,7 +194,24 @@ def candidates(cls, config) -> list[tuple[str, ...]]:
             if decoder:   # an encoder-decoder's decoder reads the same kind of input (as decoder_input_ids)
                 names, specs = names + [decoder], specs + [f"{_dims(shape)}:{dtype}"]
             out.append((head,) + tuple(f"{n}={s}" for n, s in zip(names, specs) if s is not None))
+    ids = _decoder_ids(cls, config, main, others, decoder)
+    out += [c + (ids,) for c in out] if ids else []     # after the layouts without them: a decoder that needs them
     return [c for i, c in enumerate(out) if c not in out[:i]][:MAX_CANDIDATES]
+
+
+def _decoder_ids(cls, config, main: str, others: list[str], decoder: str | None) -> str | None:
+    """`decoder_input_ids=...` for an encoder-decoder that reads audio or images and writes tokens (a speech
+    recogniser: Speech2Text, Moonshine, Canary), whose decoder fails without ids; None when the forward takes
+    none, already gets them, or reads token ids itself (core.inputs gives those their decoder ids)."""
+    try:
+        params = inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    if main == "input_ids" or decoder or "decoder_input_ids" not in params or "decoder_input_ids" in others:
+        return None
+    ints = _ints(config)
+    length = min([TEXT_LENGTH] + [v for k, v in ints.items() if k in ("max_target_positions", "max_length") and v > 1])
+    return f"decoder_input_ids={_dims((min(length, 16),))}:int64"
 
 
 def _futures(names: list[str], cls, config):
