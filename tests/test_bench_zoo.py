@@ -1,0 +1,45 @@
+"""bench/corpus_zoo.py's shrunk Hugging Face configs (issue 26): the sizes that depend on each other stay
+consistent, so a shrunk model runs its forward (an exit 3 in the zoo must be the model's or torchdiag's,
+never the shrinking's)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+import corpus_zoo  # noqa: E402
+
+
+def _shrunk(name):
+    config = getattr(transformers, name)()
+    corpus_zoo.shrink(config)
+    return config
+
+
+def test_latent_attention_keeps_its_parts_consistent_and_runs():
+    c = _shrunk("DeepseekV3Config")
+    assert c.hidden_size == 32 and c.num_attention_heads == 4
+    assert c.num_key_value_heads == c.num_attention_heads          # multi-head stays multi-head
+    assert c.qk_head_dim == c.qk_nope_head_dim + c.qk_rope_head_dim and c.head_dim == c.qk_rope_head_dim
+    assert c.kv_lora_rank <= 16 and c.q_lora_rank <= 16
+    c.num_hidden_layers, c.first_k_dense_replace = 1, 1          # one dense layer: the test stays small
+    model = transformers.DeepseekV3ForCausalLM._from_config(c)
+    out = model(torch.randint(0, 100, (1, 8)))
+    assert out.logits.shape == (1, 8, c.vocab_size)
+
+
+def test_per_stage_heads_divide_the_widths():
+    c = _shrunk("SwinConfig")
+    assert list(c.num_heads) == [2, 4, 4, 4]
+    widths = [c.embed_dim * 2 ** i for i in range(len(c.depths))]
+    assert all(w % h == 0 for w, h in zip(widths, c.num_heads))
+
+
+def test_a_second_width_and_its_heads_follow_the_first():
+    c = _shrunk("VJEPA2Config")
+    assert c.pred_hidden_size == 32 and c.pred_hidden_size % c.pred_num_attention_heads == 0
