@@ -797,7 +797,7 @@ def test_small_gradient_that_adam_steps_normally_is_info_and_sgd_keeps_it():
     assert row["grad_weight_ratio"] < 1e-7 and row["max_abs_grad"] > 1e-7     # under the threshold, above eps
     assert row["status"] == "adaptive-step"
     info = [f for f in adam.findings if f.code == "adaptive-step"]
-    assert info and info[0].severity == "info" and "moved it by" in row["design"]["why"]
+    assert info and info[0].severity == "info" and "moved each element by" in row["design"]["why"]
     assert "vanishing-grad" not in {f.code for f in adam.findings}
     sgd = run(_ScaledBody(), x, depth=1, optimizer="sgd")
     assert by(sgd.table("params").rows, "name", "body.weight")["status"] == "vanishing-grad"
@@ -847,3 +847,43 @@ def test_exploding_by_norm_is_not_rechecked(cli):
     assert doc["exit_code"] == 1
     assert {p["status"] for p in doc["params"] if p["name"].startswith("layers.") and p["name"].endswith("weight")} \
         == {"exploding-grad"}
+
+
+class _Scaled(nn.Module):
+    """A weight stored 1e4x larger than it acts (scaled back in forward), or a branch under a 1e-10 scale beside
+    modules that never run: per element Adam may move the first like the rest, but relative to its value
+    the step changes nothing; the second's gradient is under eps, and the spare modules never step."""
+
+    def __init__(self, big: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.big = big
+        self.w = nn.Parameter(torch.randn(16, 16) * (2.5e3 if big else 0.25))
+        self.a, self.h = nn.Linear(16, 16), nn.Linear(16, 4)
+        self.spare = nn.ModuleList(nn.Linear(16, 16) for _ in range(6))
+
+    def forward(self, x):
+        if self.big:
+            return self.h(torch.tanh(x @ (self.w * 1e-4).t()) + self.a(x))
+        return self.h(torch.relu(self.a(x)) + 1e-10 * (x @ self.w.t()))
+
+
+@pytest.mark.parametrize("big", [True, False])
+def test_a_step_that_changes_nothing_stays_vanishing(big):
+    res = run(_Scaled(big), torch.randn(8, 16), depth=1, allow=["spare.*"])
+    assert by(res.table("params").rows, "name", "w")["status"] == "vanishing-grad"
+
+
+def test_nothing_to_compare_keeps_the_error_without_claiming_a_step():
+    class One(nn.Module):        # its only tensors are flagged by grad/weight: no other step to compare with
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.h = nn.Linear(16, 10)
+
+        def forward(self, x):
+            return self.h(x) * 200.0
+
+    res = run(One(), torch.randn(8, 16), depth=1)
+    found = [f for f in res.findings if f.code == "exploding-grad"]
+    assert found and all("stays large" not in f.message for f in found)

@@ -34,8 +34,10 @@ GROW = 10.0           # growth of a flagged measure (or of its response to a gat
 TINY_FACTOR = 1e-2    # a gate candidate's RMS is below this × the model's median parameter RMS (or zero)
 PROPORTIONAL = 1.5    # doubling a gate from its trained value multiplies the gated gradient by ≥ this
 GATE_PASSES = 10      # forward+backward passes spent naming gates (shared by every flag)
-ADAPTIVE = 0.25       # a flagged parameter's RMS step ≥ this × the unflagged median: it trains normally
-MODERATE = 4.0        # a large grad/weight whose relative step ≤ this × the unflagged median: a normal step
+ADAPTIVE = 0.25       # a flagged parameter's RMS step ≥ this × the unflagged median: it trains normally,
+ORDINARY = 1e-3       # provided its relative step is ≥ this × the median (a weight of an ordinary scale)
+MODERATE = 4.0        # a large grad/weight whose relative step ≤ this × the unflagged median: a normal step,
+MAX_RELATIVE = 0.1    # provided it is at most this fraction of the weight's norm per optimizer step
 MARGIN = 0.5          # dead units: input max ≤ zero point − MARGIN × the input's std (gradflow/dead.py's rule)
 KINDS = ("vanishing-grad", "zero-grad", "param-not-updated", "dead-units", "exploding-grad")
 
@@ -60,19 +62,27 @@ class Verdict:
     grew: bool                  # resolved, or the measure grew by GROW
     gates: list[str] = field(default_factory=list)   # the gate (one name) or the smallest group found
     by_design: bool = False
-    update: float = math.nan    # vanishing-grad: RMS(w_after - w_0) over the run (the run's optimizer);
-    #                             exploding-grad: |w_after - w_0| / |w_0|, the step relative to the weight
-    median_update: float = math.nan   # the same, median over the trainable parameters nothing flagged
+    update: float = math.nan          # RMS(w_after - w_0) over the run (the run's optimizer): per element
+    relative: float = math.nan        # |w_after - w_0| / |w_0|: the step relative to the weight
+    median_update: float = math.nan   # the same two, medians over the parameters nothing flagged that moved
+    median_relative: float = math.nan
+
+    def compared(self) -> bool:
+        return math.isfinite(self.median_update) and math.isfinite(self.median_relative)
 
     def steps_normally(self) -> bool:
-        """A small gradient the run's optimizer does not scale its step by (Adam's step is ~lr for any
-        |g| well above its eps): per element the parameter moved at least ADAPTIVE × the median step."""
-        return self.update > 0 and self.update >= ADAPTIVE * self.median_update
+        """A small gradient the run's optimizer does not scale its step by (Adam's step is ~lr for any |g|
+        well above its eps): per element the parameter moved at least ADAPTIVE × the median step, and relative
+        to its weight at least ORDINARY × the median relative step (a weight stored 1e4× larger than it acts
+        moves like the rest per element, but that step changes nothing)."""
+        return (self.compared() and self.update > 0 and self.update >= ADAPTIVE * self.median_update
+                and self.relative >= ORDINARY * self.median_relative)
 
-    def steps_moderately(self) -> bool:
-        """A large grad/weight the run's optimizer does not turn into a large step: relative to its weight,
-        the parameter moved at most MODERATE × the median relative step of the unflagged parameters."""
-        return math.isfinite(self.update) and self.update <= MODERATE * self.median_update
+    def steps_moderately(self, steps: int) -> bool:
+        """A large grad/weight the run's optimizer does not turn into a large step: relative to its weight the
+        parameter moved at most MODERATE × the median relative step, and at most MAX_RELATIVE of its norm a step."""
+        return (self.compared() and math.isfinite(self.relative) and self.relative <= MODERATE * self.median_relative
+                and self.relative <= MAX_RELATIVE * steps)
 
     def describe(self, steps: int) -> str:
         """The measured fact, for the finding's message."""
@@ -145,8 +155,9 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
         verdicts[f.name] = Verdict(f, a, b, resolved, resolved or _grew(f, a, b))
     if upd:
         for i, f in enumerate(stepped):
-            median = upd[0] if f.kind == "vanishing-grad" else upd[1]
-            verdicts[f.name].update, verdicts[f.name].median_update = upd[2 + i], median
+            v = verdicts[f.name]
+            v.median_update, v.median_relative = upd[0], upd[1]
+            v.update, v.relative = upd[2 + 2 * i], upd[3 + 2 * i]
     used = 1 + steps
     for v in verdicts.values():
         v.by_design = v.resolved        # gone after a few real steps: it grows out of it
@@ -197,7 +208,7 @@ def _measure(work, inputs, flags, ctx, loss_fn) -> list:
             h.remove()
     params = _params(work)
     zero = torch.zeros((), device=ctx.device)
-    whole = [p.grad.detach().float().pow(2).sum() for p in params.values() if p.grad is not None]
+    whole = [_real(p.grad).pow(2).sum() for p in params.values() if p.grad is not None]
     out = []
     for f in flags:
         if f.kind == "dead-units":
@@ -210,12 +221,18 @@ def _measure(work, inputs, flags, ctx, loss_fn) -> list:
         elif f.kind == "zero-grad":
             out.append(g.detach().abs().amax().float())
         elif f.kind in ("vanishing-grad", "exploding-grad"):
-            gn, wn = g.detach().float().norm(), p.detach().float().norm()
+            gn, wn = _real(g).norm(), _real(p).norm()
             out.append(gn if f.by_norm else torch.where(wn > 0, gn / wn.clamp_min(1e-38), gn))
         else:
-            out.append(g.detach().float().norm())
+            out.append(_real(g).norm())
     out.append(torch.stack(whole).sum().sqrt() if whole else zero)   # the whole gradient's norm, last
     return out
+
+
+def _real(t):
+    """A tensor's magnitudes as float32 (a complex one's moduli: .float() would drop the imaginary part)."""
+    t = t.detach()
+    return t.abs().float() if t.is_complex() else t.float()
 
 
 def _dead_fraction(calls, edge: float):
@@ -249,21 +266,24 @@ def _grew(f: Flag, before: float, after: float) -> bool:
 
 
 def _updates(params: dict, v0: dict, stepped: list, flagged: set[str]) -> list:
-    """[median RMS step, median relative step, *per flag] as 0-d device tensors ([] when no flag): a
-    vanishing-grad flag's RMS step over the run, RMS(w_after - w_0), an exploding-grad flag's relative
-    step, |w_after - w_0| / |w_0|; the medians over the trainable parameters nothing flagged (none: nan).
-    Vanishing is per element, not relative to the weight: an adaptive optimizer steps every element by
-    about lr whatever its gradient's size, as long as that is well above its eps, so a parameter whose
-    gradient is merely small moves as far as the rest, and one whose gradient is lost under eps (or under
-    a plain SGD step) does not. Exploding is relative: a step as large as the weight erases it."""
+    """[median RMS step, median relative step, then per flag its RMS step and relative step] as 0-d device
+    tensors ([] when no flag). RMS step: RMS(w_after - w_0) over the run, per element; relative step:
+    |w_after - w_0| / |w_0|. The medians are over the parameters nothing flagged that moved (a parameter with
+    no gradient, or accepted by --allow, does not step and says nothing about a step; none: nan). Per element
+    is what an adaptive optimizer sets: about lr for every element whose gradient is well above its eps, so
+    a parameter whose gradient is merely small moves as far as the rest, and one whose gradient is lost under
+    eps (or under a plain SGD step) does not. Relative is what a step does to the weight: as large as the
+    weight, it erases it."""
     import torch
 
     live = [n for n, p in params.items() if p.requires_grad and p.numel()]
     if not stepped or not live:
         return []
-    delta = {n: params[n].detach().float() - v0[n].float() for n in live}
-    rms = {n: delta[n].pow(2).mean().sqrt() for n in live}
-    rel = {n: delta[n].norm() / v0[n].float().norm() for n in live}     # zero at initialisation: inf or nan
+    rms, rel = {}, {}
+    for n in live:
+        delta = _real(params[n].detach() - v0[n])
+        rms[n] = delta.pow(2).mean().sqrt()
+        rel[n] = delta.norm() / _real(v0[n]).norm()      # zero at initialisation: inf or nan
     others = [n for n in live if n not in flagged]
     zero = torch.zeros((), device=rms[live[0]].device)
 
@@ -271,9 +291,10 @@ def _updates(params: dict, v0: dict, stepped: list, flagged: set[str]) -> list:
         if not values:
             return zero + math.nan
         stacked = torch.stack(values)
-        return torch.where(torch.isfinite(stacked), stacked, math.nan).nanmedian()
+        moved = torch.isfinite(stacked) & (torch.stack([rms[n] for n in others]) > 0)
+        return torch.where(moved, stacked, math.nan).nanmedian()
 
-    per = [(rms if f.kind == "vanishing-grad" else rel).get(f.name, zero) for f in stepped]
+    per = [x for f in stepped for x in (rms.get(f.name, zero), rel.get(f.name, zero))]
     return [median([rms[n] for n in others]), median([rel[n] for n in others]), *per]
 
 
@@ -285,7 +306,7 @@ def _candidates(params: dict, v0: dict) -> list[tuple[str, Any]]:
     trainable = [n for n, p in params.items() if p.requires_grad and p.numel()]
     if not trainable:
         return []
-    rms0 = {n: v0[n].float().pow(2).mean().sqrt() for n in trainable}
+    rms0 = {n: _real(v0[n]).pow(2).mean().sqrt() for n in trainable}
     stacked = torch.stack([rms0[n].to("cpu") for n in trainable])     # one sync for the median
     nonzero = stacked[stacked > 0]
     if not nonzero.numel():
@@ -295,7 +316,7 @@ def _candidates(params: dict, v0: dict) -> list[tuple[str, Any]]:
     for n in trainable:
         if float(stacked[trainable.index(n)]) >= limit:
             continue
-        now = params[n].detach().float().pow(2).mean().sqrt()
+        now = _real(params[n]).pow(2).mean().sqrt()
         out.append((n, (now >= 2 * rms0[n]) & (now > 0)))
     return out
 

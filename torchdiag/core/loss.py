@@ -16,9 +16,7 @@ anything else mean-squared error against its own random target. A named rule (cr
 sum) applies to the first output only, and `describe()` names the outputs it left out. An output
 whose every weight the first output's graph already reaches (an encoder-decoder's encoder states, a
 key/value cache) gets no term of its own: it would train nothing new, and a random target there fights
-the first output's (`_reached_through`, decided on the first call, said by `describe()`); one shaped like the
-first keeps its term, with the first's target (a refinement sequence such as RAFT's flow updates: the
-same target cannot fight, and a weight the first output reaches may get a gradient only from a later one).
+the first output's (`_reached_through`, decided on the first call, said by `describe()`).
 
 Of several integer inputs that could be a language model's ids (an encoder-decoder's input and decoder
 ids), the logits are next-token predictions of the ones they are causal in: one probe forward per
@@ -160,11 +158,7 @@ class Loss:
         extra = []
         others = gradient_outputs(out, y)
         if self.reached_already is None:   # decided on the first call, kept for every step
-            # an output shaped like the first gets the first's target (a refinement, an auxiliary
-            # classifier): it cannot fight it, and it may train what the first only reaches with a zero
-            # gradient (RAFT's later flow updates: the first update's input flow is zero)
-            self.reached_already = _reached_through(y, [(label, t) for label, t in others
-                                                        if t.dim() and tuple(t.shape) != tuple(y.shape)])
+            self.reached_already = _reached_through(y, [(label, t) for label, t in others if t.dim()])
         for k, (label, t) in enumerate(others, start=1):
             if label in self.reached_already:
                 continue

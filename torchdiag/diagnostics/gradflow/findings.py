@@ -146,13 +146,13 @@ def _why(kind, cause) -> str:
             "scale-invariant": "each feeds a batch-statistics normalisation, so its gradient is orthogonal to it and "
                                "grows as 1/|w|: a step grows |w| and the ratio corrects itself, so neither its norm nor "
                                "grad/weight makes it exploding",
-            "adaptive-step": "in a short training run on a copy each moved by at least a tenth of the model's median "
-                             "relative update: an adaptive optimizer's step does not scale with the gradient while "
-                             "it is well above eps (with plain SGD they would not learn: --optimizer sgd judges that)",
-            "bounded-step": "their gradient's norm is within --exploding and, relative to its weight, each moved at most "
-                            "4x the model's median relative step in a short training run on a copy: the optimizer's "
-                            "step is bounded (with --optimizer sgd the gradient's size is the step, and the verdict is "
-                            "made with it)",
+            "adaptive-step": "in a short training run on a copy each moved, per element, at least a quarter of the "
+                             "median step of the other parameters that moved: an adaptive optimizer's step does not "
+                             "scale with the gradient while it is well above eps (with plain SGD they would not "
+                             "learn: --optimizer sgd judges that)",
+            "bounded-step": "their gradient's norm is within --exploding and, relative to its weight, each moved at "
+                            "most 4x the median relative step of the other parameters that moved (and under a tenth of "
+                            "its norm a step) in a short training run on a copy: the optimizer's step is bounded",
             "skipped-at-random": "the forward draws at random which layers run in train mode (LayerDrop-like); "
                                  "another draw of the RNG, on a copy, gives them a gradient"}.get(kind, "")
 
@@ -200,5 +200,5 @@ def verdict(result, rows, opts, loss_value: float, strict_name: str = "--strict"
         result.verdict = "PASS: gradients reach every trainable parameter with healthy magnitudes"
     designed = sum(1 for r in rows if r.get("design"))
     if designed and not result.verdict.startswith("FAIL"):
-        result.verdict += (f" ({designed} parameter tensor(s) judged by how they are built at initialisation: "
-                           "see the info findings)")
+        result.verdict += (f" ({designed} parameter tensor(s) judged by how they are built or by the step the "
+                           "optimizer takes: see the info findings)")

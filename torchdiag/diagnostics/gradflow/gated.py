@@ -16,6 +16,7 @@ from .design import is_tiny
 KIND = "by-design-init"
 ADAPTIVE = "adaptive-step"     # a small gradient the optimizer steps like the rest
 BOUNDED = "bounded-step"       # a large grad/weight the optimizer does not turn into a large step
+ADAM_EPS = 1e-8                # torch's Adam/AdamW eps, which core.train.make_optimizer keeps
 
 
 def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
@@ -35,19 +36,22 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
         result.notes.append(f"flagged gradients not re-checked with a short training run: {exc.message}")
         return
     result.notes.append(f"{len(flags)} flagged finding(s) {rc.cost()}, with {ctx.spec.optimizer.describe()}")
+    adam = ctx.spec.optimizer.name.startswith("adam")
     for r in flagged:
         v = rc.verdicts[r["name"]]
+        r["rechecked"] = rc.steps
         if r["status"] == "exploding-grad":
-            if v.steps_moderately():
+            r["rechecked"] = rc.steps if v.compared() else False   # no other parameter moved: nothing compared
+            if v.steps_moderately(rc.steps):
                 r.update(status=BOUNDED, allowed=False, design={"kind": BOUNDED, "why": moderate_why(v, rc.steps, ctx)})
-            else:
-                r["rechecked"] = rc.steps
             continue
-        if not v.by_design and r["status"] == "vanishing-grad" and v.steps_normally():
+        # Adam's step is ~lr only for elements whose gradient is well above its eps (a decoupled weight decay
+        # moves a weight too, without any gradient)
+        above_eps = not adam or (r["mean_abs_grad"] or 0.0) >= ADAM_EPS
+        if not v.by_design and r["status"] == "vanishing-grad" and above_eps and v.steps_normally():
             r.update(status=ADAPTIVE, allowed=False, design={"kind": ADAPTIVE, "why": adaptive_why(v, rc.steps, ctx)})
             continue
         if not v.by_design:
-            r["rechecked"] = rc.steps
             continue
         kind = "zero-init" if r["status"] == "zero-grad" else KIND
         if not v.gates:
@@ -81,19 +85,21 @@ def ratio_only(r, opts) -> bool:
 
 def moderate_why(v, steps: int, ctx) -> str:
     opt = ctx.spec.optimizer
-    return (f"grad/weight {v.before:.3g} at initialisation (a plain gradient step at lr {opt.learning_rate:g} would move it by "
-            f"{opt.learning_rate * v.before:.2g} of its norm), yet {opt.describe()} moved it by {v.update:.3g} of its norm in "
-            f"{steps} steps on a copy, against the model's median {v.median_update:.3g}: the step is bounded, not the gradient "
-            f"(with --optimizer sgd the gradient's size is the step, and the verdict is made with it)")
+    sgd = "" if opt.name == "sgd" else (" (with --optimizer sgd the gradient's size is the step, and the verdict "
+                                        "is made with it)")
+    return (f"grad/weight {v.before:.3g} at initialisation (a plain gradient step at lr {opt.learning_rate:g} would "
+            f"move it by {opt.learning_rate * v.before:.2g} of its norm), yet {opt.describe()} moved it by "
+            f"{v.relative:.3g} of its norm in {steps} steps on a copy, against a median of {v.median_relative:.3g} "
+            f"over the other parameters that moved: the step is bounded, not the gradient{sgd}")
 
 
 def adaptive_why(v, steps: int, ctx) -> str:
     opt = ctx.spec.optimizer
     why = (": an adaptive step does not scale with the gradient while it is well above eps (with plain SGD "
            "it would not learn: --optimizer sgd judges that)") if opt.name.startswith("adam") else ""
-    return (f"grad/weight {v.before:.3g} at initialisation, yet {opt.name} (lr {opt.learning_rate:g}) moved it by "
-            f"{v.update:.3g} of its norm in {steps} steps on a copy, against the model's median "
-            f"{v.median_update:.3g}{why}")
+    return (f"grad/weight {v.before:.3g} at initialisation, yet {opt.describe()} moved each element by "
+            f"{v.update:.3g} (RMS) in {steps} steps on a copy, against a median of {v.median_update:.3g} over the "
+            f"other parameters that moved ({v.relative:.3g} of its norm; median {v.median_relative:.3g}){why}")
 
 
 def gate_where(names: list[str]) -> str:
