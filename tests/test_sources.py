@@ -251,21 +251,25 @@ def test_the_image_size_of_a_sub_config():
 
 
 def test_torchvision_weights_size_falls_back_to_the_imagenet_size():
-    # ViT-H/14's default weights crop 518, but the builder without weights makes the 224 model: the
-    # weights' size is tried first and 224 after it (a model that runs at any size keeps the first)
+    # ViT-H/14's default weights crop 518 and are for that size only (meta min_size), but the builder without
+    # weights makes the 224 model: the weights' size is tried first and 224 after it
     from types import SimpleNamespace
 
     from torchdiag.core import sources
 
-    def models_with(crop):
+    def models_with(crop, min_size=(1, 1)):
         transform = SimpleNamespace(crop_size=[crop])
-        weights = SimpleNamespace(transforms=lambda: transform, __str__=lambda: "W")
+        weights = SimpleNamespace(transforms=lambda: transform, meta={"min_size": min_size})
         return SimpleNamespace(get_model_weights=lambda name: SimpleNamespace(DEFAULT=weights),
                                list_models=lambda module=None: [], detection=None)
 
     big = sources.Source(lambda: None, {}, "x")
-    sources._torchvision_inputs(models_with(518), "vit_h_14", big)
+    sources._torchvision_inputs(models_with(518, (518, 518)), "vit_h_14", big)
     assert big.inputs == ("1x3x518x518",) and big.alternatives == (("1x3x224x224",),)
+    assert "the builder makes the 224 one" in big.input_source
+    anysize = sources.Source(lambda: None, {}, "x")          # a convnet runs at any size: no second probe
+    sources._torchvision_inputs(models_with(600), "efficientnet_b7", anysize)
+    assert anysize.inputs == ("1x3x600x600",) and anysize.alternatives == ()
     plain = sources.Source(lambda: None, {}, "x")
     sources._torchvision_inputs(models_with(224), "resnet18", plain)
     assert plain.inputs == ("1x3x224x224",) and plain.alternatives == ()

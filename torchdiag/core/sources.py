@@ -161,10 +161,12 @@ def _torchvision_inputs(models, name: str, source: Source) -> None:
         why = "a list of one 3x320x320 image (detection models resize it themselves)"
     else:
         source.inputs = (f"1x3x{h}x{w}",)
-        if (h, w) != (224, 224):
-            # a builder that reads its image size from the weights (ViT-H/14's default is 518) builds the
-            # 224 model without them: try the ImageNet size when the weights' size does not run
+        meta = getattr(weights, "meta", None) or {}
+        if (h, w) != (224, 224) and tuple(meta.get("min_size", ())) == (h, w):
+            # weights for one size only (ViT-H/14's default, 518): the builder takes its image size from them,
+            # and without them builds the 224 model; the weights' size is tried first (one probe forward)
             source.alternatives = (("1x3x224x224",),)
+            why += "; a model for that size only: without its weights the builder makes the 224 one, tried next"
     source.input_source = f"torchvision:{name} default ({why})"
 
 
