@@ -887,3 +887,27 @@ def test_nothing_to_compare_keeps_the_error_without_claiming_a_step():
     res = run(One(), torch.randn(8, 16), depth=1)
     found = [f for f in res.findings if f.code == "exploding-grad"]
     assert found and all("stays large" not in f.message for f in found)
+
+
+
+class _LoudBranch(nn.Module):
+    """A layer scale (1e-5, tiny by construction) over a branch whose output is ~1e5: the scale's gradient has
+    norm ~6e3. Adam steps it by ~lr per element like the rest, yet that changes gamma * branch by ~100: a
+    step bounded in weight space is not bounded where it acts, so it is not re-checked and stays exploding."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp, self.branch, self.head = nn.Linear(16, 64), nn.Linear(64, 64), nn.Linear(64, 10)
+        self.gamma = nn.Parameter(torch.full((64,), 1e-5))
+        with torch.no_grad():
+            self.branch.weight.mul_(3e5)
+
+    def forward(self, x):
+        h = self.inp(x)
+        return self.head(h + self.gamma * self.branch(h))
+
+
+def test_a_tiny_parameter_with_a_loud_branch_stays_exploding_under_adam():
+    gamma = by(run(_LoudBranch(), torch.randn(256, 16), depth=1).table("params").rows, "name", "gamma")
+    assert gamma["grad_norm"] > 1e3 and gamma["status"] == "exploding-grad", gamma

@@ -50,7 +50,7 @@ class Flag:
     kind: str
     threshold: float = 0.0     # vanishing-/exploding-grad: the grad/weight ratio; dead-units: the dead fraction
     edge: float = 0.0          # dead-units: the input at or below which the activation outputs 0
-    by_norm: bool = False      # vanishing-grad: judged by the gradient norm (a parameter tiny by construction)
+    by_norm: bool = False      # a parameter tiny by construction: judged by its gradient norm, its step per element
 
 
 @dataclass

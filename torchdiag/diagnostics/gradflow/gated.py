@@ -20,15 +20,14 @@ ADAM_EPS = 1e-8                # torch's Adam/AdamW eps, which core.train.make_o
 
 
 def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
-    flagged = [r for r in rows if (r["status"] in ("vanishing-grad", "zero-grad") or ratio_only(r, opts))
+    flagged = [r for r in rows if (r["status"] in ("vanishing-grad", "zero-grad") or step_claim(r, opts))
                and not r["allowed"]]
     modules = dict(model.named_modules())
     dead = [f for f in result.findings if f.code == "dead-units" and f.severity == "warning" and f.where in modules]
     if not flagged and not dead:
         return
     # judged as params.status judged them: a parameter tiny by construction by its gradient norm
-    flags = [gates.Flag(r["name"], r["status"], opts.exploding_ratio if r["status"] == "exploding-grad" else
-                        opts.vanishing, by_norm=is_tiny(r)) for r in flagged]
+    flags = [gates.Flag(r["name"], r["status"], _threshold(r, opts), by_norm=is_tiny(r)) for r in flagged]
     flags += [gates.Flag(f.where, "dead-units", opts.dead, zero_edge(modules[f.where])) for f in dead]
     try:
         rc = gates.recheck(model, inputs, flags, ctx, eval_mode=opts.eval_mode, prepare=prepare)
@@ -76,9 +75,15 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                           f"{gates.MARGIN:g}× the spread of the module's inputs)")
 
 
-def ratio_only(r, opts) -> bool:
-    """exploding-grad by grad/weight alone: the gradient's norm is within --exploding and the parameter is
-    not tiny by construction (judged by its gradient) — a statement about the step, which the optimizer makes."""
+def _threshold(r, opts) -> float:
+    return opts.exploding_ratio if r["status"] == "exploding-grad" else opts.vanishing
+
+
+def step_claim(r, opts) -> bool:
+    """An exploding-grad that is a statement about the step, which the optimizer makes: by grad/weight alone
+    (the gradient's norm within --exploding). Not a parameter tiny by construction: a step bounded per element
+    can still be a huge change of what it multiplies (a 1e-6 scale used as ×1e7), which a step in weight space
+    does not show."""
     return (r["status"] == "exploding-grad" and not is_tiny(r) and r["grad_weight_ratio"] is not None
             and r["grad_norm"] <= opts.exploding)
 
