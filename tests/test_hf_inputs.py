@@ -151,3 +151,22 @@ def test_a_speech_recogniser_gets_token_ids_for_its_decoder(tmp_path, cli):
     assert r.json["inputs"][0].endswith("x20 float32")                     # the filter banks it reads
     r = cli("gradflow", f"hf:{folder}", "--json")
     assert r.code == 0, r.stderr
+
+
+def test_a_dual_tower_gets_pixels_beside_ids_that_end_with_eos(tmp_path, cli):
+    # CLIPModel compares a text and an image encoder: ids alone fail (pixel_values None), so the layout with
+    # pixels (the vision sub-config's size) is tried after them; the text tower pools at the EOS position, so
+    # ids without one are pooled at position 0, where causal attention's query/key get exactly zero gradient
+    text = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                max_position_embeddings=20, eos_token_id=2)
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=32,
+                  patch_size=8)
+    cfg = transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=8)
+    folder = save(tmp_path, cfg, "CLIPModel")
+    r = cli("gradflow", f"hf:{folder}", "--json")
+    assert r.code in (0, 1), r.stderr          # it runs (this tiny config's verdicts are not the point here)
+    assert r.json["inputs"] == ["input[0]: 2x20 int64", "pixel_values: 2x3x32x32 float32"]
+    assert any("ends with eos_token_id 2" in n for n in r.json["input_notes"])
+    statuses = {p["name"]: p["status"] for p in r.json["params"]}
+    assert statuses["text_model.encoder.layers.0.self_attn.q_proj.weight"] == "ok"
+    assert "zero-grad" not in statuses.values()

@@ -353,6 +353,7 @@ def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
         inputs = resolve_inputs(list(loaded.default_inputs), loaded, device, seed)
         inputs.source = loaded.input_source
     inputs.chosen = True
+    _end_with_eos(inputs, loaded.model)
     names = [p.name for p in forward_parameters(loaded.model)]
     if getattr(loaded, "labels_from_ids", False) and inputs.args and "labels" in names:
         _labels_from_ids(inputs, _missing_decoder_start(loaded.model, names))
@@ -361,6 +362,34 @@ def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
         inputs.kwargs["decoder_input_ids"] = torch.empty(first.shape, dtype=first.dtype, device="meta")
         inputs.notes.append(f"decoder_input_ids: {shape_str(first)} added (the model is an encoder-decoder)")
     return inputs
+
+
+def _end_with_eos(inputs: ModelInputs, model) -> None:
+    """Token ids made up here end with the config's end-of-sequence id, as a tokenizer's do: a text tower pooled
+    at its EOS (CLIP-style, GroupViT, CLIPSeg) reads position 0 otherwise, where causal attention sees a single
+    key and the query and key projections get exactly zero gradient."""
+    import torch
+
+    config = getattr(model, "config", None)
+    eos, vocab = _config_int(config, "eos_token_id"), _config_int(config, "vocab_size")
+    ids = inputs.args[0] if inputs.args else None
+    if eos is None or vocab is None or not 0 <= eos < vocab or not torch.is_tensor(ids) or ids.dim() != 2 \
+            or ids.dtype not in (torch.int64, torch.int32) or ids.device.type == "meta" or ids.shape[1] < 2:
+        return
+    ids = ids.clone()
+    ids[:, -1] = eos
+    inputs.args = (ids,) + tuple(inputs.args[1:])
+    inputs.notes.append(f"input[0]: each sequence ends with eos_token_id {eos}, as a tokenizer's")
+
+
+def _config_int(config, key: str) -> int | None:
+    """An int the config names (the first of a list), else its text sub-config's."""
+    for c in (config, getattr(config, "text_config", None)):
+        value = getattr(c, key, None) if c is not None else None
+        value = value[0] if isinstance(value, (list, tuple)) and value else value
+        if type(value) is int:
+            return value
+    return None
 
 
 def _spec_inputs(specs: tuple[str, ...], loaded, device, seed: int) -> ModelInputs:

@@ -412,17 +412,44 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
                                                        f"{model_cls.__name__} reads pixel_values; no image_size in "
                                                        f"its config: {h}x{w})")
         return
-    limit = [getattr(config, k, None) for k in ("max_position_embeddings", "n_positions", "max_seq_len")]
-    limit = [v for v in limit if isinstance(v, int) and v > 0]
+    # a dual tower keeps its text sizes in text_config
+    text = config if _positions(config) else getattr(config, "text_config", None) or config
+    limit = _positions(text)
     length = min([TEXT_LENGTH] + limit)
     source.inputs = (f"1x{length}:int64",)
     if limit and length == min(limit):
-        source.alternatives = tuple((f"1x{n}:int64",) for n in _shorter(length, getattr(config, "pad_token_id", None)))
+        source.alternatives = tuple((f"1x{n}:int64",) for n in _shorter(length, getattr(text, "pad_token_id", None)))
+    pixels = _pixels_beside_ids(model_cls, config)
+    if pixels:    # a dual tower (CLIP-style: text and image encoders compared) refuses ids alone: tried after them
+        source.alternatives += tuple(specs + (pixels,) for specs in ((source.inputs[0],),) + source.alternatives)
     vocab = getattr(config, "vocab_size", None)
     source.input_source = f"hf:{path} default (token ids, length {length}" + (f", vocab {vocab})" if vocab else ")")
     if vocab and _lm_head(cls):
         source.labels_from_ids = True
         source.input_source += "; labels = the input ids (the model's own loss)"
+
+
+def _positions(config) -> list[int]:
+    """The position-table lengths a config names."""
+    found = [getattr(config, k, None) for k in ("max_position_embeddings", "n_positions", "max_seq_len")]
+    return [v for v in found if isinstance(v, int) and v > 0]
+
+
+def _pixels_beside_ids(model_cls, config) -> str | None:
+    """`pixel_values=...` for a forward that reads token ids first and takes pixels too, sized from the config
+    or its vision sub-config (224 x 224 when none names a size); None for a forward without pixel_values."""
+    import inspect
+
+    from . import hf_inputs
+
+    try:
+        params = inspect.signature(model_cls.forward).parameters
+    except (TypeError, ValueError, AttributeError):
+        return None
+    if "pixel_values" not in params:
+        return None
+    c, h, w = hf_inputs.image_of(config, nested=True) or (3, DEFAULT_IMAGE, DEFAULT_IMAGE)
+    return f"pixel_values=1x{c}x{h}x{w}:float32"
 
 
 def _shorter(length: int, pad) -> list[int]:
