@@ -62,6 +62,23 @@ def test_tensor_created_without_device_is_caught_on_cpu_only_machine(cli):
     assert row(d, "device")["where"] == "pos"
 
 
+def test_a_model_that_treats_meta_specially_is_confirmed_on_fake_cuda(cli, tmp_path):
+    # LongT5's pattern: positions on the weight's device, except on meta (device=None): the meta run mixes
+    # devices, a run with the weights as fake CUDA tensors does not, so there is no device finding
+    (tmp_path / "meta_aware.py").write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "class MetaAware(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.w = nn.Linear(8, 8)\n\n"
+        "    def forward(self, x):\n"
+        "        dev = self.w.weight.device if self.w.weight.device.type != 'meta' else None\n"
+        "        return self.w(x) + torch.arange(8, device=dev).float()\n\n"
+        "def build():\n    return MetaAware()\n\n"
+        "def example_inputs():\n    return (torch.randn(4, 8),)\n")
+    r = cli("doctor", f"{tmp_path / 'meta_aware.py'}:build", "--json")
+    assert r.code == 0 and not found(r.json, "device-mismatch"), r.json["findings"]
+    assert row(r.json, "device")["status"] == "ok" and "fake CUDA" in row(r.json, "device")["verdict"]
+
+
 class _MatmulCpu(nn.Module):
     def forward(self, x):
         return x @ torch.ones(x.shape[-1], 3)   # meta alone lets meta @ cpu through; CUDA would not

@@ -136,11 +136,52 @@ def check_device_meta(model, inputs, factory, ck: Checklist, real_device_hint: s
             with torch.no_grad(), tracker, guard:
                 meta_inputs.call(meta_model)
         except Exception as exc:
+            if fake_cuda_run(meta_model, meta_inputs) == "ran":
+                ck.row("device", "ok", f"the meta run mixed devices ({one_line(exc, 100)}) only because the model "
+                       "treats meta tensors specially: run again with its weights as fake CUDA tensors, every "
+                       "tensor follows the device")
+                continue
             _meta_failure(meta_model, exc, tracker, guard.created, mode, ck, real_device_hint)
             return
     if "device" not in ck.rows:
         ck.row("device", "ok", "no off-device tensor in forward (meta run)")
         ck.result.data["meta_build"] = how
+
+
+def fake_cuda_run(meta_model, meta_inputs) -> str:
+    """Confirm a meta run's failure on another device: the model's parameters, buffers and inputs as fake CUDA
+    tensors (torch's FakeTensor: shapes and devices, no data, no GPU needed), the forward called with them.
+    Code that reads a weight's device and treats meta specially (LongT5: `device if not meta else None`) then
+    takes its real path. "ran" (no device fact), "mismatch" (confirmed), or "unknown" (the fake run failed
+    otherwise: a CPU-only torch build refuses some fake CUDA ops; data-dependent code)."""
+    import torch
+
+    try:
+        from torch._subclasses.fake_tensor import (
+            FakeTensor,
+            FakeTensorDeviceMismatchError,
+            FakeTensorMode,
+        )
+        from torch.func import functional_call
+    except ImportError:
+        return "unknown"
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+    cuda = torch.device("cuda")
+
+    def fake(t):
+        return FakeTensor(fake_mode, t.detach().to("meta"), cuda)
+
+    try:
+        state = {n: fake(t) for n, t in [*meta_model.named_parameters(), *meta_model.named_buffers()]}
+        args = [fake(a) if isinstance(a, torch.Tensor) else a for a in meta_inputs.args]
+        kwargs = {k: fake(v) if isinstance(v, torch.Tensor) else v for k, v in meta_inputs.kwargs.items()}
+        with fake_mode, torch.no_grad():
+            functional_call(meta_model, state, tuple(args), kwargs)
+    except FakeTensorDeviceMismatchError:
+        return "mismatch"
+    except Exception:
+        return "unknown"
+    return "ran"
 
 
 def _meta_failure(meta_model, exc, tracker, created, mode: str, ck: Checklist, real_device_hint: str) -> None:
