@@ -648,3 +648,22 @@ def test_a_gate_at_initialisation_is_not_param_not_updated(untouched):
     row = next(r for r in res.table("checks").rows if r["id"] == "update")
     assert row["status"] == "info" and row["code"] == "by-design-init"
     assert any("optimizer steps on the same batch" in n for n in res.notes)
+
+
+
+def test_a_cpu_kernel_stays_caught_when_confirmed_on_fake_cuda(cli, tmp_path):
+    # a kernel made in forward without device= and passed to conv2d: torch's fake conv does not check devices,
+    # so the confirming fake-CUDA run must (its own guard), or this bug would pass
+    (tmp_path / "blur.py").write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "class Blur(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.conv = nn.Conv2d(3, 3, 3, padding=1)\n\n"
+        "    def forward(self, x):\n"
+        "        kernel = torch.ones(3, 1, 3, 3) / 9\n"
+        "        return torch.nn.functional.conv2d(self.conv(x), kernel, padding=1, groups=3)\n\n"
+        "def build():\n    return Blur()\n\n"
+        "def example_inputs():\n    return (torch.randn(2, 3, 8, 8),)\n")
+    r = cli("doctor", f"{tmp_path / 'blur.py'}:build", "--json")
+    assert r.code == 1
+    (f,) = found(r.json, "device-mismatch")
+    assert "3x1x3x3 tensor" in f["message"]

@@ -5,6 +5,7 @@ also checks ops meta itself would let through, such as matmul). No GPU needed.""
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...core.tracking import ModuleTracker
@@ -29,10 +30,11 @@ class DeviceMix(RuntimeError):
                          f"(aten.{op} got a {self.device} tensor of shape {self.shape})")
 
 
-def _device_guard_mode(tracker):
-    """A dispatch mode that raises DeviceMix when an op mixes meta tensors with a non-scalar tensor
-    on another device (meta itself lets some through: meta @ cpu works; CUDA would not). It also
-    remembers which module's forward created each off-meta tensor, to name the creator."""
+def _device_guard_mode(tracker, home: str = "meta"):
+    """A dispatch mode that raises DeviceMix when an op mixes tensors on the model's device (`home`: meta, or
+    the fake CUDA of the confirming run) with a non-scalar tensor on another device (meta itself lets some
+    through: meta @ cpu works; CUDA would not; a fake kernel may not check). It also remembers which module's
+    forward created each off-device tensor, to name the creator."""
     import weakref
 
     import torch
@@ -50,16 +52,16 @@ def _device_guard_mode(tracker):
             op = func.overloadpacket.__name__
             if op not in ALLOWED_OPS:
                 ts = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
-                if any(a.device.type == "meta" for a in ts):
-                    other = [a for a in ts if a.device.type != "meta" and a.dim() > 0]
+                if any(a.device.type == home for a in ts):
+                    other = [a for a in ts if a.device.type != home and a.dim() > 0]
                     if other:
                         raise DeviceMix(op, other[0], _lookup(created, other[0]), current())
             out = func(*args, **kwargs)
             for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor) and t.device.type != "meta" and _lookup(created, t, by_memory=False) is None:
+                if isinstance(t, torch.Tensor) and t.device.type != home and _lookup(created, t, by_memory=False) is None:
                     created[id(t)] = (weakref.ref(t), current())
-                    if t.data_ptr():   # nn.Parameter(t) in forward is a new object on the same memory
-                        created[("ptr", t.data_ptr())] = (None, current())
+                    if _ptr(t):   # nn.Parameter(t) in forward is a new object on the same memory
+                        created[("ptr", _ptr(t))] = (None, current())
             return out
 
     mode = MixedDeviceGuard()
@@ -75,8 +77,15 @@ def _lookup(created: dict, t, by_memory: bool = True) -> str | None:
         return None
     # the same memory under another tensor object (nn.Parameter(torch.randn(...)) made in forward);
     # everything the forward allocates passes through the guard, so a reused address is re-recorded
-    entry = created.get(("ptr", t.data_ptr())) if t.device.type != "meta" and t.data_ptr() else None
+    entry = created.get(("ptr", _ptr(t))) if t.device.type != "meta" and _ptr(t) else None
     return entry[1] if entry is not None else None
+
+
+def _ptr(t) -> int:
+    """A tensor's data pointer; 0 for a meta or fake tensor (no memory, and FakeTensor warns when asked)."""
+    if t.device.type == "meta" or getattr(t, "fake_mode", None) is not None:
+        return 0
+    return t.data_ptr()
 
 
 def _off_meta_args(args) -> list:
@@ -136,35 +145,46 @@ def check_device_meta(model, inputs, factory, ck: Checklist, real_device_hint: s
             with torch.no_grad(), tracker, guard:
                 meta_inputs.call(meta_model)
         except Exception as exc:
-            if fake_cuda_run(meta_model, meta_inputs) == "ran":
-                ck.row("device", "ok", f"the meta run mixed devices ({one_line(exc, 100)}) only because the model "
-                       "treats meta tensors specially: run again with its weights as fake CUDA tensors, every "
-                       "tensor follows the device")
+            fake = fake_cuda_run(meta_model, meta_inputs, mode == "train")
+            if fake.status == "ran":
+                what = "mixed devices" if isinstance(exc, DeviceMix) else "failed"
+                ck.row("device", "ok", f"the meta run {what} ({one_line(exc, 100)}), a run with the weights as fake "
+                       "CUDA tensors did not: every tensor follows the model's device (the model treats meta "
+                       "tensors specially)")
                 continue
-            _meta_failure(meta_model, exc, tracker, guard.created, mode, ck, real_device_hint)
+            if fake.status == "mismatch":   # confirmed on (fake) CUDA: name the tensor that run found
+                _meta_failure(fake.model, fake.exc, fake.tracker, fake.created, mode, ck, real_device_hint)
+            else:
+                _meta_failure(meta_model, exc, tracker, guard.created, mode, ck, real_device_hint)
             return
     if "device" not in ck.rows:
         ck.row("device", "ok", "no off-device tensor in forward (meta run)")
         ck.result.data["meta_build"] = how
 
 
-def fake_cuda_run(meta_model, meta_inputs) -> str:
-    """Confirm a meta run's failure on another device: the model's parameters, buffers and inputs as fake CUDA
-    tensors (torch's FakeTensor: shapes and devices, no data, no GPU needed), the forward called with them.
-    Code that reads a weight's device and treats meta specially (LongT5: `device if not meta else None`) then
-    takes its real path. "ran" (no device fact), "mismatch" (confirmed), or "unknown" (the fake run failed
-    otherwise: a CPU-only torch build refuses some fake CUDA ops; data-dependent code)."""
+@dataclass
+class FakeRun:
+    status: str                  # "ran", "mismatch" (a DeviceMix, with where it was made), "unknown"
+    model: Any = None
+    exc: Any = None
+    tracker: Any = None
+    created: dict = field(default_factory=dict)
+
+
+def fake_cuda_run(meta_model, meta_inputs, training: bool) -> FakeRun:
+    """Confirm a meta run's failure on another device: a fresh copy of the model called with its parameters,
+    buffers and inputs as fake CUDA tensors (torch's FakeTensor: shapes and devices, no data, no GPU needed),
+    under the same guard with CUDA as the model's device (a fake kernel need not check devices itself). Code
+    that reads a weight's device and treats meta specially (LongT5: `device if not meta else None`) takes its
+    real path. "unknown" when the fake run fails otherwise (a CPU-only torch build refuses some fake CUDA ops;
+    data-dependent code)."""
     import torch
 
     try:
-        from torch._subclasses.fake_tensor import (
-            FakeTensor,
-            FakeTensorDeviceMismatchError,
-            FakeTensorMode,
-        )
+        from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
         from torch.func import functional_call
     except ImportError:
-        return "unknown"
+        return FakeRun("unknown")
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
     cuda = torch.device("cuda")
 
@@ -172,16 +192,22 @@ def fake_cuda_run(meta_model, meta_inputs) -> str:
         return FakeTensor(fake_mode, t.detach().to("meta"), cuda)
 
     try:
-        state = {n: fake(t) for n, t in [*meta_model.named_parameters(), *meta_model.named_buffers()]}
+        model = copy.deepcopy(meta_model).train(training)     # what the forward caches stays on this copy
+        state = {n: fake(t) for n, t in [*model.named_parameters(), *model.named_buffers()]}
         args = [fake(a) if isinstance(a, torch.Tensor) else a for a in meta_inputs.args]
         kwargs = {k: fake(v) if isinstance(v, torch.Tensor) else v for k, v in meta_inputs.kwargs.items()}
-        with fake_mode, torch.no_grad():
-            functional_call(meta_model, state, tuple(args), kwargs)
-    except FakeTensorDeviceMismatchError:
-        return "mismatch"
     except Exception:
-        return "unknown"
-    return "ran"
+        return FakeRun("unknown")
+    tracker = ModuleTracker(model)
+    guard = _device_guard_mode(tracker, home="cuda")
+    try:
+        with fake_mode, torch.no_grad(), tracker, guard:
+            functional_call(model, state, tuple(args), kwargs)
+    except DeviceMix as exc:
+        return FakeRun("mismatch", model, exc, tracker, guard.created)
+    except Exception:
+        return FakeRun("unknown")
+    return FakeRun("ran")
 
 
 def _meta_failure(meta_model, exc, tracker, created, mode: str, ck: Checklist, real_device_hint: str) -> None:
