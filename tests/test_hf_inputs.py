@@ -149,6 +149,8 @@ def test_a_speech_recogniser_gets_token_ids_for_its_decoder(tmp_path, cli):
     assert r.code == 0, r.stderr
     assert r.json["inputs"][-1] == "decoder_input_ids: 1x12 int64"        # max_target_positions, under 16
     assert r.json["inputs"][0].endswith("x20 float32")                     # the filter banks it reads
+    # random ids in the decoder's vocabulary, not zeros (a pad id of 0 would make every token padding)
+    assert any("values in [0, 50)" in n and "decoder_input_ids" in n for n in r.json["input_notes"])
     r = cli("gradflow", f"hf:{folder}", "--json")
     assert r.code == 0, r.stderr
 
@@ -167,6 +169,18 @@ def test_a_dual_tower_gets_pixels_beside_ids_that_end_with_eos(tmp_path, cli):
     assert r.code in (0, 1), r.stderr          # it runs (this tiny config's verdicts are not the point here)
     assert r.json["inputs"] == ["input[0]: 2x20 int64", "pixel_values: 2x3x32x32 float32"]
     assert any("ends with eos_token_id 2" in n for n in r.json["input_notes"])
+    # the ids are ranged by the text vocabulary: the probe that finds their embedding has the pixels too
+    assert any("integer values in [0, 64)" in n and "token_embedding" in n for n in r.json["input_notes"])
     statuses = {p["name"]: p["status"] for p in r.json["params"]}
     assert statuses["text_model.encoder.layers.0.self_attn.q_proj.weight"] == "ok"
     assert "zero-grad" not in statuses.values()
+
+
+def test_no_eos_at_the_end_where_eos_is_the_padding(tmp_path, cli):
+    # GPT-2 style: eos_token_id = pad_token_id; a padded last position is not what a tokenizer gives
+    cfg = transformers.GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=32,
+                                  eos_token_id=5, pad_token_id=5)
+    folder = save(tmp_path, cfg, "GPT2ForSequenceClassification")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert not any("eos_token_id" in n for n in r.json["input_notes"])

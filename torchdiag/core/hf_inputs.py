@@ -67,6 +67,12 @@ def _frames(config) -> int | None:
     return frames if isinstance(frames, int) and frames > 0 else None
 
 
+def frames_of(config) -> int | None:
+    """The frame count the config or one of its sub-configs names (a video tower)."""
+    frames = _ints(config).get("num_frames")
+    return frames if frames and frames > 0 else None
+
+
 def _lengths(config, main: str) -> list[int]:
     ints = _ints(config)
     lags = getattr(config, "lags_sequence", None)

@@ -282,15 +282,24 @@ def embedding_consumers(model, inputs: ModelInputs, wanted: list[str]) -> dict[s
     return found
 
 
-def realistic_inputs(model, tensors: list, specs: list[InputSpec], notes: list, device, seed: int) -> ModelInputs:
-    """Inputs of -i specs with values that look like real data (see the comment above)."""
+def realistic_inputs(model, tensors: list, specs: list[InputSpec], notes: list, device, seed: int,
+                     keywords: dict | None = None) -> ModelInputs:
+    """Inputs of -i specs with values that look like real data (see the comment above). `keywords`: keyword
+    tensors that go with them (a source's default layout); integer decoder ids among them get their range."""
     import torch
 
     params = forward_parameters(model) if model is not None else []
     names = [p.name for p in params]
     label = {i: (names[i] if i < len(names) else f"input[{i}]") for i in range(len(tensors))}
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = dict(keywords or {})
     out_notes: list[str] = []
+    given_ids = kwargs.get("decoder_input_ids")
+    if torch.is_tensor(given_ids) and not given_ids.is_floating_point() and given_ids.device.type != "meta":
+        # not zeros (a pad id of 0 would make every decoder token padding): ranged again below by its embedding
+        g = torch.Generator().manual_seed(seeds.decoder_ids(seed))
+        kwargs["decoder_input_ids"] = torch.randint(0, default_int_high(model)[0], tuple(given_ids.shape), generator=g,
+                                                    dtype=given_ids.dtype).to(given_ids.device)
+        out_notes.append(f"decoder_input_ids: {shape_str(given_ids)} (the decoder reads token ids)")
     meta = device.type == "meta"
     ids: list[int] = []   # positions whose range is still the safe default
     for i, (t, spec) in enumerate(zip(tensors, specs)):
@@ -309,7 +318,7 @@ def realistic_inputs(model, tensors: list, specs: list[InputSpec], notes: list, 
             ids.append(i)
     # an encoder-decoder forward whose decoder ids were not given gets them, shaped like the first ids
     given = set(names[:len(tensors)])
-    if "decoder_input_ids" in names and "decoder_input_ids" not in given and ids:
+    if "decoder_input_ids" in names and "decoder_input_ids" not in given and "decoder_input_ids" not in kwargs and ids:
         first = tensors[ids[0]]
         if meta:   # shapes only
             kwargs["decoder_input_ids"] = torch.empty(tuple(first.shape), dtype=first.dtype, device="meta")
@@ -351,9 +360,9 @@ def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
         inputs = _first_that_runs((tuple(loaded.default_inputs),) + alternatives, loaded, device, seed)
     else:
         inputs = resolve_inputs(list(loaded.default_inputs), loaded, device, seed)
+        _end_with_eos(inputs, loaded.model)
         inputs.source = loaded.input_source
     inputs.chosen = True
-    _end_with_eos(inputs, loaded.model)
     names = [p.name for p in forward_parameters(loaded.model)]
     if getattr(loaded, "labels_from_ids", False) and inputs.args and "labels" in names:
         _labels_from_ids(inputs, _missing_decoder_start(loaded.model, names))
@@ -372,6 +381,8 @@ def _end_with_eos(inputs: ModelInputs, model) -> None:
 
     config = getattr(model, "config", None)
     eos, vocab = _config_int(config, "eos_token_id"), _config_int(config, "vocab_size")
+    if eos is not None and eos == _config_int(config, "pad_token_id"):
+        return      # GPT-2 style: EOS doubles as padding; a padded last position is not what a tokenizer gives
     ids = inputs.args[0] if inputs.args else None
     if eos is None or vocab is None or not 0 <= eos < vocab or not torch.is_tensor(ids) or ids.dim() != 2 \
             or ids.dtype not in (torch.int64, torch.int32) or ids.device.type == "meta" or ids.shape[1] < 2:
@@ -399,13 +410,13 @@ def _spec_inputs(specs: tuple[str, ...], loaded, device, seed: int) -> ModelInpu
     from . import hf_inputs
 
     positional = [s for s in specs if "=" not in s]
-    inputs = resolve_inputs(positional, loaded, device, seed) if positional else ModelInputs()
     gen = torch.Generator().manual_seed(seed)
-    for spec in specs:
-        if "=" in spec:
-            name, _, _ = hf_inputs.split(spec)
-            inputs.kwargs[name] = hf_inputs.make(spec, device, gen)
-    return inputs
+    keywords = {hf_inputs.split(s)[0]: hf_inputs.make(s, device, gen) for s in specs if "=" in s}
+    # the keyword inputs go into the probe that finds which embedding reads the ids (a dual tower's ids are
+    # read only when its pixel_values are there too)
+    if not positional:
+        return ModelInputs((), keywords)
+    return resolve_inputs(positional, loaded, device, seed, keywords=keywords)
 
 
 def runs(model, inputs: ModelInputs) -> bool:
@@ -435,6 +446,7 @@ def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
     chosen, k = None, -1
     for i, specs in enumerate(sets):
         inputs = _spec_inputs(specs, loaded, device, seed)
+        _end_with_eos(inputs, loaded.model)     # the ids probed are the ids used
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # a wrong layout's warnings are not the user's
             ok = runs(loaded.model, inputs)
@@ -443,6 +455,7 @@ def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
             break
     if chosen is None:
         chosen = _spec_inputs(sets[0], loaded, device, seed)
+        _end_with_eos(chosen, loaded.model)
     # the first running is the usual case: said only when the probe had to go further
     chosen.source = loaded.input_source + ("" if k == 0 else
                                            f"; layout {k + 1} of {len(sets)} (the first {k} did not run)" if k > 0 else
@@ -483,8 +496,9 @@ def _labels_from_ids(inputs, start: int | None = None) -> None:
         inputs.notes.append("labels: the input ids (the model's own loss)")
 
 
-def resolve_inputs(specs: list[str] | None, loaded, device, seed: int = 0) -> ModelInputs:
-    """First that applies: -i specs, example_inputs() in the module, model.example_input_array."""
+def resolve_inputs(specs: list[str] | None, loaded, device, seed: int = 0, keywords: dict | None = None) -> ModelInputs:
+    """First that applies: -i specs, example_inputs() in the module, model.example_input_array. `keywords`:
+    keyword tensors given beside the specs (a source's default layout), in the probe and in the result."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -502,7 +516,7 @@ def resolve_inputs(specs: list[str] | None, loaded, device, seed: int = 0) -> Mo
                 raise UsageError(f"cannot allocate input '{text}': {one_line(exc)}") from exc
             tensors.append(t)
             notes.append(note)
-        return realistic_inputs(loaded.model, tensors, parsed, notes, device, seed)
+        return realistic_inputs(loaded.model, tensors, parsed, notes, device, seed, keywords)
     fn = getattr(loaded.module, "example_inputs", None)
     if callable(fn):
         from .train import user_call

@@ -422,8 +422,11 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
     pixels = _pixels_beside_ids(model_cls, config)
     if pixels:    # a dual tower (CLIP-style: text and image encoders compared) refuses ids alone: tried after them
         source.alternatives += tuple(specs + (pixels,) for specs in ((source.inputs[0],),) + source.alternatives)
+        extra = f"; with {pixels.split(':')[0].replace('=', ' ')} from the config when ids alone do not run"
+    else:
+        extra = ""
     vocab = getattr(config, "vocab_size", None)
-    source.input_source = f"hf:{path} default (token ids, length {length}" + (f", vocab {vocab})" if vocab else ")")
+    source.input_source = f"hf:{path} default (token ids, length {length}" + (f", vocab {vocab}" if vocab else "") + extra + ")"
     if vocab and _lm_head(cls):
         source.labels_from_ids = True
         source.input_source += "; labels = the input ids (the model's own loss)"
@@ -449,7 +452,8 @@ def _pixels_beside_ids(model_cls, config) -> str | None:
     if "pixel_values" not in params:
         return None
     c, h, w = hf_inputs.image_of(config, nested=True) or (3, DEFAULT_IMAGE, DEFAULT_IMAGE)
-    return f"pixel_values=1x{c}x{h}x{w}:float32"
+    frames = hf_inputs.frames_of(config)      # a video tower (X-CLIP: num_frames in its vision config)
+    return f"pixel_values=1x{frames}x{c}x{h}x{w}:float32" if frames else f"pixel_values=1x{c}x{h}x{w}:float32"
 
 
 def _shorter(length: int, pad) -> list[int]:
