@@ -107,7 +107,7 @@ def _token_ids(config) -> int:
     return top
 
 
-def shrink(config) -> None:
+def shrink(config, derived: bool = True) -> None:
     """Every known size attribute of `config` and its sub-configs set small (in place); per-layer lists
     cut to the new depth; the vocabulary kept large enough for every token id the config names."""
     from transformers import PretrainedConfig
@@ -118,9 +118,9 @@ def shrink(config) -> None:
     mha = isinstance(own.get("num_key_value_heads"), int) and own.get("num_key_value_heads") == own.get("num_attention_heads")
     small = dict(SMALL, vocab_size=max(SMALL["vocab_size"], _token_ids(config) + 1))
     for key, value in list(vars(config).items()):
-        limit = small.get(key, _derived(key))
+        limit = small.get(key, _derived(key) if derived else None)
         if isinstance(value, PretrainedConfig):
-            shrink(value)
+            shrink(value, derived)
         elif limit and isinstance(value, int) and not isinstance(value, bool) and value > limit:
             setattr(config, key, limit)
         elif limit and isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
@@ -133,9 +133,26 @@ def shrink(config) -> None:
     for key, old in depth.items():
         new = _every_kind(config, old, getattr(config, key))
         setattr(config, key, new)
+        if new != old and "_out_features" in vars(config):
+            # a backbone's chosen stages name the full depth (stage12 of 2): its default, the last stage
+            config._out_features, config._out_indices = None, None
+            if isinstance(vars(config).get("stage_names"), list):
+                config.stage_names = ["stem"] + [f"stage{i}" for i in range(1, new + 1)]
         for k, v in list(vars(config).items()):
             if isinstance(v, list) and len(v) == old and old != new and k not in small:
                 setattr(config, k, v[:new])
+
+
+def _as_read_back(config):
+    """The config as torchdiag will read it: saved (only what differs from the defaults) and loaded back; a
+    backbone sub-config checks its stage names only then (depth_pro refused its shrunk fusion sizes)."""
+    import tempfile
+
+    from transformers import AutoConfig
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config.save_pretrained(tmp)
+        return AutoConfig.from_pretrained(tmp)
 
 
 def _derived(key: str) -> int | None:
@@ -223,11 +240,17 @@ def hf_zoo() -> list[dict]:
             cls = getattr(transformers, getattr(modeling_auto, dict(HF_TASKS)[task])[model_type])
             config = CONFIG_MAPPING[model_type]()
             how = "shrunk config"
-            try:
-                shrink(config)
-                params = meta_params(lambda: cls._from_config(config))
-            except Exception:  # noqa: BLE001 - a config that refuses the shrunk sizes
-                params = None
+            params = None
+            for derived in (True, False):   # the dependent sizes too, then (refused) only the main ones
+                try:
+                    config = CONFIG_MAPPING[model_type]()
+                    shrink(config, derived)
+                    config = _as_read_back(config)
+                    params = meta_params(lambda: cls._from_config(config))
+                except Exception:  # noqa: BLE001 - a config that refuses the shrunk sizes
+                    params = None
+                if params is not None:
+                    break
             if params is None:   # the default config, when it builds and is small enough to run
                 how = "default config"
                 config = CONFIG_MAPPING[model_type]()
