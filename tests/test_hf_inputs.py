@@ -184,3 +184,15 @@ def test_no_eos_at_the_end_where_eos_is_the_padding(tmp_path, cli):
     r = cli("summary", f"hf:{folder}", "--json")
     assert r.code == 0, r.stderr
     assert not any("eos_token_id" in n for n in r.json["input_notes"])
+
+
+def test_a_waveform_reader_with_one_channel_gets_that_layout(tmp_path, cli):
+    # DAC's encoder starts with Conv1d(1, ...): a waveform (batch, 1, samples), tried after the flat one
+    cfg = transformers.DacConfig(encoder_hidden_size=8, downsampling_ratios=[2, 2], decoder_hidden_size=16,
+                                 n_codebooks=2, codebook_size=16, codebook_dim=4, hidden_size=16, sampling_rate=800)
+    folder = tmp_path / "dac"
+    cfg.architectures = ["DacModel"]
+    cfg.save_pretrained(folder)
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 1x1x800 float32"]

@@ -281,3 +281,13 @@ def test_an_encoder_decoders_logits_are_next_token_predictions_of_its_decoder_id
     # a decoder that sees every position is causal in neither: the first ids, as before
     assert language_model(EncDec(causal=False), inputs).name == "input[0]"
 
+
+
+def test_a_models_own_loss_with_one_value_per_sample_is_averaged():
+    # DAC returns output['loss'] with one value per sample; reduction by mean is what a training loop does
+    per_sample = torch.tensor([1.0, 3.0], requires_grad=True)
+    loss = Loss("auto")
+    value = loss({"loss": per_sample * 2, "audio": torch.randn(2, 8)})
+    assert float(value) == pytest.approx(4.0)
+    assert loss.describe().startswith("the mean of the model's own loss (output['loss'], 2 values)")
+

@@ -138,11 +138,14 @@ def _main_shapes(config, main: str) -> list[tuple[tuple[int, ...], str]]:
     specific, generic = _features(config, generic=False), _features(config, generic=True)
     for length in _lengths(config, main):   # a feature size the config names for inputs, then a plain sequence,
         if length > MAX_FRAMES:             # then the model's own width (embeddings of that width)
-            shapes.append(((length,), "float32"))   # a waveform only: attention over it would not fit
+            # a waveform only (attention over it would not fit): flat, or as one channel (a codec's Conv1d)
+            shapes += [((length,), "float32"), ((1, length), "float32")]
             continue
         for f in specific:
             shapes += [((length, f), "float32"), ((f, length), "float32")]
         shapes.append(((length,), "float32"))
+        if main.endswith("input_values"):   # a waveform as one channel (a codec's Conv1d)
+            shapes.append(((1, length), "float32"))
         for f in generic:
             if f not in specific:
                 shapes += [((length, f), "float32"), ((f, length), "float32")]

@@ -91,6 +91,7 @@ class Loss:
     custom: Any = None
     chosen: str = ""              # what auto resolved to, filled on first call
     picked: str = ""              # which output it applies to
+    loss_values: int = 0          # the model's own loss came as this many values (not one): their mean
     made_target: bool = False     # the target was made up by torchdiag (not from --batch)
     extra: list = None            # auto: [(label, rule, target)] for the other outputs it covers
     left_out: list = None         # a named rule: labels of outputs with a gradient path it did not cover
@@ -102,6 +103,8 @@ class Loss:
         if self.chosen == "model":
             text = f"the model's own loss ({self.picked})" if self.picked == "output['loss']" else \
                 f"the scalar output itself ({self.picked})"
+            if self.loss_values:
+                text = f"the mean of the model's own loss ({self.picked}, {self.loss_values} values)"
         else:
             target = " against random class targets" if self.chosen == "cross_entropy" and self.made_target else \
                 " against a random target" if self.chosen == "mse" and self.made_target else \
@@ -184,6 +187,9 @@ class Loss:
         import torch.nn.functional as F
 
         if kind == "model":
+            if self.picked == "output['loss']" and isinstance(y, torch.Tensor) and y.numel() > 1 and y.is_floating_point():
+                self.loss_values = y.numel()   # a loss per sample or per term (DAC): their mean, as reduction does
+                return y.float().mean()
             return _scalar(y, self.picked)
         if kind == "next_token":
             ids = self.lm.ids.to(y.device)
