@@ -47,6 +47,8 @@ def _device_guard_mode(tracker, home: str = "meta"):
         return tracker._stack[-1][0].name if tracker._stack else ""
 
     class MixedDeviceGuard(TorchDispatchMode):
+        created: dict
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             op = func.overloadpacket.__name__
