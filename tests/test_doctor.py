@@ -74,7 +74,7 @@ def test_a_model_that_treats_meta_specially_is_confirmed_on_fake_cuda(cli, tmp_p
         "        return self.w(x) + torch.arange(8, device=dev).float()\n\n"
         "def build():\n    return MetaAware()\n\n"
         "def example_inputs():\n    return (torch.randn(4, 8),)\n")
-    r = cli("doctor", f"{tmp_path / 'meta_aware.py'}:build", "--json")
+    r = cli("doctor", f"{tmp_path / 'meta_aware.py'}:build", "--json", "--device", "cpu")
     assert r.code == 0 and not found(r.json, "device-mismatch"), r.json["findings"]
     assert row(r.json, "device")["status"] == "ok" and "fake CUDA" in row(r.json, "device")["verdict"]
 
@@ -663,7 +663,7 @@ def test_a_cpu_kernel_stays_caught_when_confirmed_on_fake_cuda(cli, tmp_path):
         "        return torch.nn.functional.conv2d(self.conv(x), kernel, padding=1, groups=3)\n\n"
         "def build():\n    return Blur()\n\n"
         "def example_inputs():\n    return (torch.randn(2, 3, 8, 8),)\n")
-    r = cli("doctor", f"{tmp_path / 'blur.py'}:build", "--json")
+    r = cli("doctor", f"{tmp_path / 'blur.py'}:build", "--json", "--device", "cpu")
     assert r.code == 1
     (f,) = found(r.json, "device-mismatch")
     assert "3x1x3x3 tensor" in f["message"]

@@ -911,3 +911,10 @@ class _LoudBranch(nn.Module):
 def test_a_tiny_parameter_with_a_loud_branch_stays_exploding_under_adam():
     gamma = by(run(_LoudBranch(), torch.randn(256, 16), depth=1).table("params").rows, "name", "gamma")
     assert gamma["grad_norm"] > 1e3 and gamma["status"] == "exploding-grad", gamma
+
+
+@pytest.mark.parametrize("flag, value", [("--optimizer", "lbfgs"), ("--lr", "0"), ("--lr", "-1"), ("--lr", "abc")])
+def test_a_bad_recheck_optimizer_is_one_line_exit_2(cli, flag, value):
+    r = cli("gradflow", sample("mlp.py:build"), flag, value)
+    out = r.stderr + r.stdout
+    assert r.code == 2 and "Traceback" not in out and flag in out
