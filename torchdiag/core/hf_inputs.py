@@ -42,7 +42,7 @@ def forward_names(cls) -> tuple[str, list[str]]:
 def needs_candidates(cls, config) -> bool:
     """True when the default token ids / image (core.sources) cannot be what the forward reads."""
     main, required = forward_names(cls)
-    if main == "pixel_values" and _frames(config) is None:
+    if main == "pixel_values" and frames_of(config) is None:
         return bool(set(required) - {main})
     return main != "input_ids" or bool(set(required) - {main})
 
@@ -62,15 +62,10 @@ def _ints(config) -> dict[str, int]:
     return out
 
 
-def _frames(config) -> int | None:
-    frames = getattr(config, "num_frames", None)
-    return frames if isinstance(frames, int) and frames > 0 else None
-
-
-def frames_of(config) -> int | None:
-    """The frame count the config or one of its sub-configs names (a video tower)."""
-    frames = _ints(config).get("num_frames")
-    return frames if frames and frames > 0 else None
+def frames_of(config, nested: bool = False) -> int | None:
+    """The frame count the config names (`nested`: or one of its sub-configs, a video tower's)."""
+    frames = _ints(config).get("num_frames") if nested else getattr(config, "num_frames", None)
+    return frames if isinstance(frames, int) and not isinstance(frames, bool) and frames > 0 else None
 
 
 def _lengths(config, main: str) -> list[int]:
@@ -130,7 +125,7 @@ def _main_shapes(config, main: str) -> list[tuple[tuple[int, ...], str]]:
     image = image_of(config)
     if main.startswith("pixel_values"):
         c, h, w = image or (3, 224, 224)
-        t = _frames(config) or VIDEO_FRAMES
+        t = frames_of(config) or VIDEO_FRAMES
         return [((t, c, h, w), "float32"), ((c, t, h, w), "float32"), ((c, h, w), "float32")]
     if main.endswith(("_ids", "_index")):
         return [((TEXT_LENGTH,), "int64")]

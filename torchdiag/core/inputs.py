@@ -296,9 +296,7 @@ def realistic_inputs(model, tensors: list, specs: list[InputSpec], notes: list, 
     given_ids = kwargs.get("decoder_input_ids")
     if torch.is_tensor(given_ids) and not given_ids.is_floating_point() and given_ids.device.type != "meta":
         # not zeros (a pad id of 0 would make every decoder token padding): ranged again below by its embedding
-        g = torch.Generator().manual_seed(seeds.decoder_ids(seed))
-        kwargs["decoder_input_ids"] = torch.randint(0, default_int_high(model)[0], tuple(given_ids.shape), generator=g,
-                                                    dtype=given_ids.dtype).to(given_ids.device)
+        kwargs["decoder_input_ids"] = _random_decoder_ids(given_ids, model, seed)
         out_notes.append(f"decoder_input_ids: {shape_str(given_ids)} (the decoder reads token ids)")
     meta = device.type == "meta"
     ids: list[int] = []   # positions whose range is still the safe default
@@ -323,9 +321,7 @@ def realistic_inputs(model, tensors: list, specs: list[InputSpec], notes: list, 
         if meta:   # shapes only
             kwargs["decoder_input_ids"] = torch.empty(tuple(first.shape), dtype=first.dtype, device="meta")
         else:
-            g = torch.Generator().manual_seed(seeds.decoder_ids(seed))
-            kwargs["decoder_input_ids"] = torch.randint(0, default_int_high(model)[0], tuple(first.shape), generator=g,
-                                                        dtype=first.dtype).to(first.device)
+            kwargs["decoder_input_ids"] = _random_decoder_ids(first, model, seed)
         out_notes.append(f"decoder_input_ids: {shape_str(first)} added (the model is an encoder-decoder: "
                          "its forward takes decoder_input_ids)")
     inputs = ModelInputs(tuple(tensors), kwargs, "--input")
@@ -347,6 +343,14 @@ def realistic_inputs(model, tensors: list, specs: list[InputSpec], notes: list, 
         tensors[i] = torch.randint(0, size, tuple(t.shape), generator=g, dtype=t.dtype).to(t.device)
         notes[i] = f"{label[i]}: integer values in [0, {size}) (the nn.Embedding that consumes it: {where})"
     return ModelInputs(tuple(tensors), kwargs, "--input", [n for n in notes if n] + out_notes)
+
+
+def _random_decoder_ids(like, model, seed: int):
+    """Decoder ids shaped like `like`, in the safe default range (ranged again by the embedding that reads them)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seeds.decoder_ids(seed))
+    return torch.randint(0, default_int_high(model)[0], tuple(like.shape), generator=g, dtype=like.dtype).to(like.device)
 
 
 def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
@@ -416,7 +420,9 @@ def _spec_inputs(specs: tuple[str, ...], loaded, device, seed: int) -> ModelInpu
     # read only when its pixel_values are there too)
     if not positional:
         return ModelInputs((), keywords)
-    return resolve_inputs(positional, loaded, device, seed, keywords=keywords)
+    inputs = resolve_inputs(positional, loaded, device, seed, keywords=keywords)
+    _end_with_eos(inputs, loaded.model)     # before any probe: the ids probed are the ids used
+    return inputs
 
 
 def runs(model, inputs: ModelInputs) -> bool:
@@ -446,7 +452,6 @@ def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
     chosen, k = None, -1
     for i, specs in enumerate(sets):
         inputs = _spec_inputs(specs, loaded, device, seed)
-        _end_with_eos(inputs, loaded.model)     # the ids probed are the ids used
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # a wrong layout's warnings are not the user's
             ok = runs(loaded.model, inputs)
@@ -455,7 +460,6 @@ def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
             break
     if chosen is None:
         chosen = _spec_inputs(sets[0], loaded, device, seed)
-        _end_with_eos(chosen, loaded.model)
     # the first running is the usual case: said only when the probe had to go further
     chosen.source = loaded.input_source + ("" if k == 0 else
                                            f"; layout {k + 1} of {len(sets)} (the first {k} did not run)" if k > 0 else

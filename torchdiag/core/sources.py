@@ -452,7 +452,7 @@ def _pixels_beside_ids(model_cls, config) -> str | None:
     if "pixel_values" not in params:
         return None
     c, h, w = hf_inputs.image_of(config, nested=True) or (3, DEFAULT_IMAGE, DEFAULT_IMAGE)
-    frames = hf_inputs.frames_of(config)      # a video tower (X-CLIP: num_frames in its vision config)
+    frames = hf_inputs.frames_of(config, nested=True)      # a video tower (X-CLIP: num_frames in its vision config)
     return f"pixel_values=1x{frames}x{c}x{h}x{w}:float32" if frames else f"pixel_values=1x{c}x{h}x{w}:float32"
 
 
