@@ -17,13 +17,15 @@ EXAMPLE = """Examples:
   torchdiag gradflow sample_models/broken_unused.py:build --allow 'aux_head.*' --allow block.scale --strict --json
 
 Status per parameter: ok · frozen (info) · no-grad (unused | detached: error) · zero-grad (error) ·
-exploding-grad (error) · vanishing-grad (warning) · non-finite-grad (error). Activation warnings:
+exploding-grad (error) · vanishing-grad (warning) · discarded-output (warning: an output thrown away
+unused) · non-finite-grad (error). Activation warnings:
 dead-units (ReLU family), saturated (tanh/sigmoid family). Exit 1 on any error; warnings fail only
 with --strict. Exit 2 usage, 3 the model raised, 4 torchdiag bug."""
 
 DETAILS = """Per parameter: grad norm, weight norm, grad/weight ratio, mean and max |grad| and a status; a
 parameter with no gradient is called unused (its module never ran, or it was not used) or
-detached (its module ran but its output never reached the loss). Per layer, in execution order,
+detached (its module ran but its output never reached the loss); a module whose output, and all
+computed from it, was thrown away is discarded-output instead. Per layer, in execution order,
 a log-scale bar of mean |grad|. Activation health from the same pass: dead ReLU units and
 saturated tanh/sigmoid outputs. Under --amp/--dtype bf16/fp16 an underflow column: the share of
 gradient values below the dtype's smallest normal (no loss scaling in this pass). The model is

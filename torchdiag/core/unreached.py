@@ -26,6 +26,16 @@ def why(name, rec, reach: set[int], modules) -> tuple[str, str]:
                       "was not used (or was detached) in its forward")
 
 
+def cut_of(name: str, rec, reach: set[int]) -> str | None:
+    """The module whose outputs, all with an autograd graph, never reached the loss (None: another reason)."""
+    mod = owner(name)
+    if mod not in rec.order:
+        return None
+    cut = _cut(mod, rec, reach)
+    nodes = rec.nodes.get(cut, []) if cut is not None else []
+    return cut if nodes and any(n is not None for n in nodes) else None
+
+
 def _cut(mod: str, rec, reach: set[int]) -> str | None:
     """The highest ancestor of `mod` that ran and none of whose outputs reached the loss."""
     cut = None
@@ -92,22 +102,62 @@ NOT_REACHED_HINT = ("to judge them, give inputs that run these modules: --batch 
                     "with the model's full inputs (e.g. pixel_values beside image tokens), or -i")
 
 
-def unused(name: str, rec, reach: set[int], modules) -> bool:
-    """No gradient because the forward did not use it (its module never ran, or ran without it), not cut off."""
-    return why(name, rec, reach, modules)[0] == "unused"
+# A module that ran with a gradient path but whose output, and all computed from it, was thrown away (core/discarded.py:
+# a pooler the task head never reads) is dead computation, not a cut path: its parameters never train under any loss on the model's
+# outputs, and DDP needs find_unused_parameters=True for them. A warning, the same in every command.
+DISCARDED = "discarded-output"
+DISCARDED_SEVERITY = "warning"
+DISCARDED_HINT = ("remove the module (or build the model without it) or freeze it; "
+                  "under DDP these parameters need find_unused_parameters=True")
 
 
-def not_reached(model, inputs, names: list[str], ctx) -> list[str]:
-    """Of `names` (trainable, no gradient), those the forward did not use, when the inputs are a source's
-    default; [] for the user's own inputs. One recorded pass on the model (left as it was), only when there is
-    something to split."""
-    if not names or not getattr(inputs, "chosen", False):
-        return []
+def discarded_why(cut: str, rec) -> str:
+    return (f"module {label(cut)} ({rec.types.get(cut, '')}) ran, but its output and all computed from it "
+            "were thrown away (never in the model's output, never used otherwise): no loss on the outputs can train it")
+
+
+def returned_why(cut: str, rec) -> str:
+    return (f"module {label(cut)} ({rec.types.get(cut, '')}) ran and its output is in the model's output, but the "
+            "loss does not use that output")
+
+
+def fates(model, inputs, names: list[str], rec, reach: set[int], ctx) -> dict[str, tuple[str, str]]:
+    """{name: (fate, cut module)} for the parameters in `names` cut off at a module whose output never reached the
+    loss: 'discarded' (no op used it), 'returned' (in the model's output, not in the loss) or 'cut' (an op used it
+    without a gradient: .detach(), no_grad, a cast). One extra forward (core/discarded.py), only when such a
+    module exists."""
+    cuts = {n: c for n in names if (c := cut_of(n, rec, reach)) is not None}
+    if not cuts:
+        return {}
+    from .discarded import fates as follow
+
+    found = follow(model, inputs, set(cuts.values()), ctx)
+    return {n: (found[c], c) for n, c in cuts.items() if c in found}
+
+
+def split(model, inputs, names: list[str], ctx) -> tuple[list[str], dict[str, str]]:
+    """Of `names` (trainable, no gradient): those the forward did not use, when the inputs are a source's default
+    (not-reached), and {name: why} for those whose module's output was discarded. One recorded pass on the model (left as it
+    was), plus the follow-up forward only when a module to explain exists; ([], {}) when `names` is empty."""
+    if not names:
+        return [], {}
     from .recording import record_pass
 
     pas = record_pass(model, inputs, None, ctx)
     modules = dict(model.named_modules())
-    return [n for n in names if unused(n, pas.rec, pas.reach, modules)]
+    quiet = [n for n in names if unused(n, pas.rec, pas.reach, modules)] if getattr(inputs, "chosen", False) else []
+    found = fates(model, inputs, [n for n in names if n not in set(quiet)], pas.rec, pas.reach, ctx)
+    return quiet, {n: discarded_why(c, pas.rec) for n, (fate, c) in found.items() if fate == "discarded"}
+
+
+def discarded_message(names: list[str], why: str, limit: int = 6) -> str:
+    shown = ", ".join(names[:limit]) + (f" … (+{len(names) - limit} more)" if len(names) > limit else "")
+    return f"{len(names)} trainable parameter tensor(s) got no gradient: {shown} — {why}"
+
+
+def unused(name: str, rec, reach: set[int], modules) -> bool:
+    """No gradient because the forward did not use it (its module never ran, or ran without it), not cut off."""
+    return why(name, rec, reach, modules)[0] == "unused"
 
 
 def by_top_module(names: list[str], model) -> list[list[str]]:

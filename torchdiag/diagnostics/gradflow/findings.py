@@ -70,6 +70,10 @@ def _message(status, what, where, members, opts, allow_name) -> tuple[str, str |
                     f"remove the module or freeze it; {allow_name} '{pattern}' accepts it as intentional")
         return (f"{what}: requires grad but got none — {reason}: {why}",
                 "remove the .detach()/torch.no_grad() if this branch should learn, or freeze it")
+    if status == "discarded-output":
+        from ...core.unreached import DISCARDED_HINT
+
+        return f"{what}: requires grad but got none — {first['why']}", DISCARDED_HINT
     if status == "not-reached":
         from ...core.unreached import NOT_REACHED_HINT
 
@@ -91,8 +95,7 @@ def _message(status, what, where, members, opts, allow_name) -> tuple[str, str |
     if status == "exploding-grad":
         worst = max(members, key=lambda m: m["grad_norm"] or 0)
         steps = first.get("rechecked")
-        again = (f"; its step stays large after a short training run on a copy ({steps} optimizer steps)"
-                 if steps else "")
+        again = f"; still large after a short training run on a copy ({steps} optimizer steps)" if steps else ""
         return (f"{what}: grad norm up to {number(worst['grad_norm'])} (grad/weight "
                 f"{number(worst['grad_weight_ratio'])}); thresholds: norm > {opts.exploding:g} or ratio > {opts.exploding_ratio:g}{again}",
                 "check initialisation scale, normalisation layers, learning rate; clip gradients")
@@ -118,6 +121,8 @@ DESIGN_TITLES = {
     "adaptive-step": "get small gradients, but the run's optimizer steps them like the rest of the model",
     "bounded-step": "have a large grad/weight ratio, but the run's optimizer steps them no further than the rest of "
                     "the model",
+    "transient-grad": "have large gradients only at the starting point: a few real optimizer steps bring them to the "
+                      "level of the rest of the model",
 }
 
 
@@ -153,6 +158,10 @@ def _why(kind, cause) -> str:
             "bounded-step": "their gradient's norm is within --exploding and, relative to its weight, each moved at "
                             "most 4x the median relative step of the other parameters that moved (and under a tenth of "
                             "its norm a step) in a short training run on a copy: the optimizer's step is bounded",
+            "transient-grad": "in a short training run on a copy the loss fell and each gradient's norm, scaled by how "
+                              "the unflagged parameters' median gradient changed, came back within --exploding (or "
+                              "its grad/weight within --exploding-ratio): a property of the initial values, which the "
+                              "first steps leave (with --optimizer sgd the run takes plain gradient steps)",
             "skipped-at-random": "the forward draws at random which layers run in train mode (LayerDrop-like); "
                                  "another draw of the RNG, on a copy, gives them a gradient"}.get(kind, "")
 

@@ -16,18 +16,18 @@ from .design import is_tiny
 KIND = "by-design-init"
 ADAPTIVE = "adaptive-step"     # a small gradient the optimizer steps like the rest
 BOUNDED = "bounded-step"       # a large grad/weight the optimizer does not turn into a large step
+TRANSIENT = "transient-grad"   # a large gradient of the starting point that a few real steps bring to the others
 ADAM_EPS = 1e-8                # torch's Adam/AdamW eps, which core.train.make_optimizer keeps
 
 
 def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
-    flagged = [r for r in rows if (r["status"] in ("vanishing-grad", "zero-grad") or step_claim(r, opts))
-               and not r["allowed"]]
+    flagged = [r for r in rows if r["status"] in ("vanishing-grad", "zero-grad", "exploding-grad") and not r["allowed"]]
     modules = dict(model.named_modules())
     dead = [f for f in result.findings if f.code == "dead-units" and f.severity == "warning" and f.where in modules]
     if not flagged and not dead:
         return
     # judged as params.status judged them: a parameter tiny by construction by its gradient norm
-    flags = [gates.Flag(r["name"], r["status"], _threshold(r, opts), by_norm=is_tiny(r)) for r in flagged]
+    flags = [gates.Flag(r["name"], r["status"], _threshold(r, opts), by_norm=_by_norm(r, opts)) for r in flagged]
     flags += [gates.Flag(f.where, "dead-units", opts.dead, zero_edge(modules[f.where])) for f in dead]
     try:
         rc = gates.recheck(model, inputs, flags, ctx, eval_mode=opts.eval_mode, prepare=prepare)
@@ -40,8 +40,14 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
         v = rc.verdicts[r["name"]]
         r["rechecked"] = rc.steps
         if r["status"] == "exploding-grad":
+            if v.resolved:   # a transient of the starting point: a few real steps bring it to the others' level
+                r.update(status=TRANSIENT, allowed=False,
+                         design={"kind": TRANSIENT, "why": f"{v.describe(rc.steps)} (a short training run on a copy: "
+                                                           f"{rc.steps} optimizer steps on the same batch, which moved it "
+                                                           f"by {v.update:.3g} per element (RMS); the loss fell)"})
+                continue
             r["rechecked"] = rc.steps if v.compared() else False   # no other parameter moved: nothing compared
-            if v.steps_moderately(rc.steps):
+            if step_claim(r, opts) and v.steps_moderately(rc.steps):
                 r.update(status=BOUNDED, allowed=False, design={"kind": BOUNDED, "why": moderate_why(v, rc.steps, ctx)})
             continue
         # Adam's step is ~lr only for elements whose gradient is well above its eps (a decoupled weight decay
@@ -76,7 +82,14 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
 
 
 def _threshold(r, opts) -> float:
-    return opts.exploding_ratio if r["status"] == "exploding-grad" else opts.vanishing
+    if r["status"] == "exploding-grad":
+        return opts.exploding if _by_norm(r, opts) else opts.exploding_ratio
+    return opts.vanishing
+
+
+def _by_norm(r, opts) -> bool:
+    """Judged by its gradient norm, as params.status judged it: tiny by construction, or an exploding norm."""
+    return is_tiny(r) or (r["status"] == "exploding-grad" and not step_claim(r, opts))
 
 
 def step_claim(r, opts) -> bool:
