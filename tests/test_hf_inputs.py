@@ -196,3 +196,29 @@ def test_a_waveform_reader_with_one_channel_gets_that_layout(tmp_path, cli):
     r = cli("summary", f"hf:{folder}", "--json")
     assert r.code == 0, r.stderr
     assert r.json["inputs"] == ["input[0]: 1x1x800 float32"]
+
+
+def test_a_vision_tower_reading_packed_patches_gets_them_with_their_grid(tmp_path, cli):
+    # Qwen2.5-VL's vision tower: hidden_states (patches of every image packed, in_channels x temporal_patch_size x
+    # patch_size² = 3 x 2 x 14² = 1176 each) beside grid_thw (images, 3) of (frames, rows, columns), rows and
+    # columns multiples of spatial_merge_size: 2 images of 1 x 8 x 8 patches = 128 patches
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+
+    cfg = Qwen2_5_VLVisionConfig(depth=2, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=32,
+                                 patch_size=14, temporal_patch_size=2, spatial_merge_size=2, in_channels=3,
+                                 fullatt_block_indexes=[1])
+    folder = save(tmp_path, cfg, "Qwen2_5_VisionTransformerPretrainedModel")
+    r = cli("gradflow", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["hidden_states: 128x1176 float32", "grid_thw: 2x3 int64"]
+    assert "reads hidden_states" in r.json["input_source"]
+    assert not [f for f in r.json["findings"] if f["severity"] != "info"]
+
+
+def test_a_grid_spec_gives_every_row_its_values():
+    import torch
+
+    from torchdiag.core import hf_inputs
+
+    t = hf_inputs.make("grid_thw=2x3:int64~each=1,8,8", torch.device("cpu"), torch.Generator())
+    assert t.dtype == torch.int64 and t.tolist() == [[1, 8, 8], [1, 8, 8]]

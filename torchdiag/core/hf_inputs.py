@@ -7,8 +7,8 @@ feature sizes, by what the config calls them); which layout the model takes is f
 on the built model (core.inputs.source_inputs), which keeps the first candidate that runs.
 
 A candidate is a tuple of specs: `SHAPE:DTYPE` is positional (the forward's first parameter), and
-`name=SHAPE:DTYPE` a keyword; a `~ones` / `~zeros` suffix fills the tensor (masks, padding). A dimension
-after the first may be 0 (a config with no time features)."""
+`name=SHAPE:DTYPE` a keyword; a `~ones` / `~zeros` suffix fills the tensor (masks, padding), `~each=A,B,C` gives
+every row those values (a grid). A dimension after the first may be 0 (a config with no time features)."""
 from __future__ import annotations
 
 import inspect
@@ -200,7 +200,34 @@ def candidates(cls, config) -> list[tuple[str, ...]]:
             out.append((head,) + tuple(f"{n}={s}" for n, s in zip(names, specs) if s is not None))
     ids = _decoder_ids(cls, config, main, others, decoder)
     out += [c + (ids,) for c in out] if ids else []     # after the layouts without them: a decoder that needs them
+    packed = _packed_patches(cls, config)
+    out = ([packed] if packed else []) + out
     return [c for i, c in enumerate(out) if c not in out[:i]][:MAX_CANDIDATES]
+
+
+PACKED_IMAGES = 2          # images in a packed-patches default, each a grid of 1 x (4·merge) x (4·merge) patches
+
+
+def _packed_patches(cls, config) -> tuple[str, ...] | None:
+    """A vision tower that reads every image's patches packed into one (patches, features) tensor beside a
+    (images, 3) grid of their (frames, rows, columns) (a `*grid_thw` parameter: Qwen2-VL-style towers): two
+    images of 1 x g x g patches, g a multiple of the config's spatial merge size, each patch flattened from
+    in_channels x temporal_patch_size x patch_size²; None for another forward, or a config without those sizes."""
+    try:
+        params = inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    grid = next((n for n in params if n.endswith("grid_thw")), None)
+    _, required = forward_names(cls)
+    patches = next((n for n in required if n != grid), None)
+    ints = _ints(config)
+    sizes = [ints.get(k) for k in ("in_channels", "temporal_patch_size", "patch_size")]
+    if grid is None or patches is None or not all(isinstance(v, int) and v > 0 for v in sizes):
+        return None
+    c, t, p = sizes
+    g = 4 * max(1, ints.get("spatial_merge_size", 1))
+    return (f"{patches}={PACKED_IMAGES * g * g}x{c * t * p * p}:float32",
+            f"{grid}={PACKED_IMAGES}x3:int64~each=1,{g},{g}")
 
 
 def _decoder_ids(cls, config, main: str, others: list[str], decoder: str | None) -> str | None:
@@ -259,6 +286,9 @@ def make(spec: str, device, generator):
         return torch.empty(shape, dtype=dt, device="meta")
     if fill == "ones":
         return torch.ones(shape, dtype=dt, device=device)
+    if fill and fill.startswith("each="):
+        row = torch.tensor([float(v) for v in fill[5:].split(",")]).to(dt)
+        return row.expand(shape).clone().to(device)
     if fill == "zeros" or not dt.is_floating_point:
         return torch.zeros(shape, dtype=dt, device=device)
     return torch.randn(shape, generator=generator).to(dt).to(device)

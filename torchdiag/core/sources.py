@@ -388,13 +388,17 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
     """Pixels for a vision config (image_size), else token ids (their range comes from the embedding
     that reads them, i.e. the config's vocabulary; an encoder-decoder gets decoder ids as well). A
     causal LM also gets labels = its input ids, so it is trained with its own loss (output['loss'])."""
+    import inspect
+
     from . import hf_inputs
 
     model_cls = _model_class(cls, config)
     if model_cls is not None and hf_inputs.needs_candidates(model_cls, config):
         tries = hf_inputs.candidates(model_cls, config)
         if tries:
-            main = hf_inputs.forward_names(model_cls)[0]
+            main, required = hf_inputs.forward_names(model_cls)
+            if required and main not in inspect.signature(model_cls.forward).parameters:
+                main = required[0]      # what it reads: a class attribute can name an input its forward lacks
             source.inputs, source.alternatives = tries[0], tuple(tries[1:])
             source.input_source = (f"hf:{path} default ({model_cls.__name__} reads {main}: inputs from its forward's "
                                    "signature and the config's sizes, the layout found by a probe forward)")
