@@ -222,3 +222,18 @@ def test_a_grid_spec_gives_every_row_its_values():
 
     t = hf_inputs.make("grid_thw=2x3:int64~each=1,8,8", torch.device("cpu"), torch.Generator())
     assert t.dtype == torch.int64 and t.tolist() == [[1, 8, 8], [1, 8, 8]]
+
+
+def test_a_vision_tower_reading_patch_rows_gets_their_shapes_and_mask(tmp_path, cli):
+    # SigLIP2's NaFlex vision tower: pixel_values (batch, patches, num_channels x patch_size² = 3 x 4² = 48) beside
+    # spatial_shapes (batch, 2) with rows x columns = patches (num_patches 16: 4 x 4) and a patch mask of ones
+    cfg = transformers.Siglip2VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                           num_attention_heads=2, num_channels=3, patch_size=4, num_patches=16)
+    folder = save(tmp_path, cfg, "Siglip2VisionModel")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["pixel_values: 1x16x48 float32", "pixel_attention_mask: 1x16 int64",
+                                "spatial_shapes: 1x2 int64"]
+    r = cli("gradflow", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"][0] == "pixel_values: 2x16x48 float32"     # batch 2: it trains

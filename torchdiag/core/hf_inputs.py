@@ -12,6 +12,7 @@ every row those values (a grid). A dimension after the first may be 0 (a config 
 from __future__ import annotations
 
 import inspect
+import math
 
 VARIANTS = 4               # layouts of the inputs besides the main one (_other)
 MAX_CANDIDATES = 96        # probe forwards at most; a wrong layout fails in the first layer, so they are cheap
@@ -43,7 +44,8 @@ def needs_candidates(cls, config) -> bool:
     """True when the default token ids / image (core.sources) cannot be what the forward reads."""
     main, required = forward_names(cls)
     if main == "pixel_values" and frames_of(config) is None:
-        return bool(set(required) - {main})
+        # an image of patches beside their shapes (SigLIP2) is a layout of its own, even with pixel_values optional
+        return bool(set(required) - {main}) or _patches_with_shapes(cls, config) is not None
     return main != "input_ids" or bool(set(required) - {main})
 
 
@@ -200,8 +202,8 @@ def candidates(cls, config) -> list[tuple[str, ...]]:
             out.append((head,) + tuple(f"{n}={s}" for n, s in zip(names, specs) if s is not None))
     ids = _decoder_ids(cls, config, main, others, decoder)
     out += [c + (ids,) for c in out] if ids else []     # after the layouts without them: a decoder that needs them
-    packed = _packed_patches(cls, config)
-    out = ([packed] if packed else []) + out
+    patched = _packed_patches(cls, config) or _patches_with_shapes(cls, config)
+    out = ([patched] if patched else []) + out
     return [c for i, c in enumerate(out) if c not in out[:i]][:MAX_CANDIDATES]
 
 
@@ -212,22 +214,55 @@ def _packed_patches(cls, config) -> tuple[str, ...] | None:
     """A vision tower that reads every image's patches packed into one (patches, features) tensor beside a
     (images, 3) grid of their (frames, rows, columns) (a `*grid_thw` parameter: Qwen2-VL-style towers): two
     images of 1 x g x g patches, g a multiple of the config's spatial merge size, each patch flattened from
-    in_channels x temporal_patch_size x patch_size²; None for another forward, or a config without those sizes."""
-    try:
-        params = inspect.signature(cls.forward).parameters
-    except (TypeError, ValueError):
-        return None
+    channels (in_channels or num_channels) x temporal_patch_size (1 when none) x patch_size²; None for another
+    forward, or a config without those sizes."""
+    params = _params(cls)
     grid = next((n for n in params if n.endswith("grid_thw")), None)
     _, required = forward_names(cls)
     patches = next((n for n in required if n != grid), None)
-    ints = _ints(config)
-    sizes = [ints.get(k) for k in ("in_channels", "temporal_patch_size", "patch_size")]
-    if grid is None or patches is None or not all(isinstance(v, int) and v > 0 for v in sizes):
+    size = _patch_size(config)
+    if grid is None or patches is None or size is None:
         return None
-    c, t, p = sizes
-    g = 4 * max(1, ints.get("spatial_merge_size", 1))
-    return (f"{patches}={PACKED_IMAGES * g * g}x{c * t * p * p}:float32",
+    g = 4 * max(1, _ints(config).get("spatial_merge_size", 1))
+    return (f"{patches}={PACKED_IMAGES * g * g}x{size}:float32",
             f"{grid}={PACKED_IMAGES}x3:int64~each=1,{g},{g}")
+
+
+def _patches_with_shapes(cls, config) -> tuple[str, ...] | None:
+    """A vision tower that reads each image as a row of flattened patches beside its `spatial_shapes` (rows,
+    columns) and a patch mask (SigLIP2's NaFlex): g x g patches a sample, g the square root of the config's
+    num_patches (16 when it names none), every patch real."""
+    params = _params(cls)
+    if "spatial_shapes" not in params:
+        return None
+    _, required = forward_names(cls)
+    named = [n for n in params if n not in ("self", "spatial_shapes") and params[n].kind in
+             (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    patches = next((n for n in required + named if n != "spatial_shapes" and "mask" not in n), None)
+    size = _patch_size(config)
+    if patches is None or size is None:
+        return None
+    n = _ints(config).get("num_patches", 256)
+    g = math.isqrt(n) if n > 0 and math.isqrt(n) ** 2 == n else 16
+    masks = [f"{m}=1x{g * g}:int64~ones" for m in named if "mask" in m]
+    return (f"{patches}=1x{g * g}x{size}:float32", *masks, f"spatial_shapes=1x2:int64~each={g},{g}")
+
+
+def _params(cls) -> dict:
+    try:
+        return dict(inspect.signature(cls.forward).parameters)
+    except (TypeError, ValueError):
+        return {}
+
+
+def _patch_size(config) -> int | None:
+    """The values of one flattened patch: channels x temporal_patch_size x patch_size², from the config."""
+    ints = _ints(config)
+    c = ints.get("in_channels", ints.get("num_channels"))
+    t, p = ints.get("temporal_patch_size", 1), ints.get("patch_size")
+    if not all(isinstance(v, int) and v > 0 for v in (c, t, p)):
+        return None
+    return c * t * p * p
 
 
 def _decoder_ids(cls, config, main: str, others: list[str], decoder: str | None) -> str | None:
