@@ -27,6 +27,7 @@ class Track:
         self.every = opts.every
         self.blocks: list = []         # device (every, n) buffers of per-step gradient norms
         self.used = 0                  # rows used in the last block
+        self._block_rows: tuple = ()   # the last block's rows, as views
         self.steps: list = []          # the step of each row since the last read
         self.seen_grad = [False] * n   # a gradient was present at some read step
         self.start = None              # device (2, n): L2 norm and sum of each parameter at the first step
@@ -95,10 +96,11 @@ class Track:
 
         if not self.blocks or self.used == self.blocks[-1].shape[0]:
             self.blocks.append(torch.empty((self.every, len(self.params)), device=self.device))
+            self._block_rows = self.blocks[-1].unbind(0)   # the row views made once a block, not once a step
             self.used = 0
         self.used += 1
         self.steps.append(step)
-        return self.blocks[-1][self.used - 1]
+        return self._block_rows[self.used - 1]
 
     def rows(self):
         """(steps, the rows written since the last read as one (k, n) tensor); the buffer starts again."""
@@ -386,7 +388,15 @@ def host_visible(device) -> bool:
 
 def nonfinite_losses(losses) -> bool:
     """On the CPU: is one of this step's losses NaN/Inf (read through numpy, as the flag: no op, no wait)."""
-    return any(host_visible(v.device) and not math.isfinite(float(v.reshape(()).float().numpy())) for v in losses)
+    return any(host_visible(v.device) and not math.isfinite(_host_value(v)) for v in losses)
+
+
+def _host_value(v) -> float:
+    """A one-element CPU tensor's value through a numpy view; bfloat16, which numpy lacks, takes one cast."""
+    try:
+        return float(v.numpy().item())
+    except TypeError:
+        return float(v.float().numpy().item())
 
 
 def read_parts(parts) -> list[list[float]]:
