@@ -17,6 +17,7 @@ class Pooled(nn.Module):
         self.body = nn.Linear(6, 8)
         self.pool = nn.Linear(8, 8)
         self.head = nn.Linear(8, 4)
+        self.register_buffer("last", torch.zeros(4, 8))
 
     def forward(self, x):
         h = torch.relu(self.body(x))
@@ -27,6 +28,13 @@ class Pooled(nn.Module):
             return self.head(h) * (pooled[:, :4] > 0)
         if self.use == "return":
             return self.head(h), pooled
+        if self.use == "topk":     # a router whose scores only pick rows: its weights never train
+            return self.head(h)[pooled[:, 0].topk(2).indices]
+        if self.use == "buffer":   # copied into a buffer under no_grad
+            with torch.no_grad():
+                self.last[:] = pooled
+        if self.use == "view_as":  # only its shape is taken
+            return (self.head(h) + pooled.detach()[:, :4]).view_as(pooled[:, :4])
         return self.head(h)
 
 
@@ -56,13 +64,14 @@ def test_a_thrown_away_output_is_the_same_warning_in_doctor_and_overfit_batch(co
     assert next(f for f in res.findings if f.code == "discarded-output").where == "pool"
 
 
-@pytest.mark.parametrize("use", ["detach", "compare"])
+@pytest.mark.parametrize("use", ["detach", "compare", "topk", "buffer", "view_as"])
 def test_an_output_used_without_a_gradient_stays_no_grad(use):
     torch.manual_seed(0)
     res = api_run("gradflow", Pooled(use), (torch.randn(4, 6),))
     assert {(f.code, f.severity, f.where) for f in res.findings} == {("no-grad", "error", "pool")}
     rows = {r["name"]: r for r in res.table("params").rows}
     assert rows["pool.weight"]["reason"] == "detached" and res.exit_code == 1
+    assert "in the model's output" not in res.findings[0].message
 
 
 def test_an_output_a_named_loss_leaves_out_says_so():

@@ -872,6 +872,43 @@ class _TinyStream(nn.Module):
         return self.head(self.norm(self.inp(x)))
 
 
+class _ScaledLogitsBehindLayerScales(nn.Module):
+    """Logits multiplied by 1e5 behind ConvNeXt-style blocks with layer scale 1e-6: a few Adam steps grow the
+    scales 1000x (and the blocks' gradients with them) while the exploding gradients fall by a fifth: not a
+    transient of the starting point."""
+
+    def __init__(self, scale=1e5, d=32):
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem, self.head = nn.Linear(16, d), nn.Linear(d, 10)
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(4))
+        self.fcs = nn.ModuleList(nn.Linear(d, d) for _ in range(4))
+        self.gammas = nn.ParameterList(nn.Parameter(torch.full((d,), 1e-6)) for _ in range(4))
+        self.scale = scale
+
+    def forward(self, x):
+        h = self.stem(x)
+        for norm, fc, gamma in zip(self.norms, self.fcs, self.gammas):
+            h = h + gamma * fc(torch.nn.functional.gelu(norm(h)))
+        return self.head(h) * self.scale
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_an_exploding_gradient_behind_growing_layer_scales_stays_an_error(optimizer):
+    res = run(_ScaledLogitsBehindLayerScales(), torch.randn(16, 16, generator=torch.Generator().manual_seed(0)),
+              optimizer=optimizer)
+    rows = {r["name"]: r for r in res.table("params").rows}
+    assert rows["head.weight"]["status"] == "exploding-grad" and res.exit_code == 1
+    assert not [r for r in rows.values() if r["status"] == "transient-grad"]
+
+
+def test_a_diverging_sgd_recheck_keeps_the_error_and_does_not_crash(cli):
+    # gain 3: SGD at lr 1e-2 sends the re-check's loss to inf; nothing to compare, the verdict stays
+    r = cli("gradflow", sample("broken_exploding.py:build"), "--arg", "gain=3", "--optimizer", "sgd", "--json")
+    assert r.code == 1, r.stderr
+    assert "exploding-grad" in {f["code"] for f in r.json["findings"]}
+
+
 def test_an_exploding_gradient_of_the_starting_point_is_transient():
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
     res = run(_TinyStream(), x)

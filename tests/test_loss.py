@@ -8,7 +8,6 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from torchdiag.core.loss import Loss
 from torchdiag.errors import UsageError
@@ -157,28 +156,6 @@ def test_auxiliary_scalar_losses_are_added_and_a_model_loss_key_stays_alone():
     out = {"loss": aux_loss, "logits": y}
     loss = Loss("auto")
     assert float(loss(out)) == float(aux_loss) and loss.describe() == "the model's own loss (output['loss'])"
-
-
-def test_beside_the_models_own_loss_auto_adds_only_outputs_that_loss_does_not_reach():
-    # an MLM-style loss on `logits` beside an NSP-style head the given labels leave out: the head gets an mse term
-    # (its own random target), the logits and the auxiliary loss the model already added do not (counted once)
-    torch.manual_seed(0)
-    body, head, nsp = nn.Linear(6, 8), nn.Linear(8, 4), nn.Linear(8, 2)
-    x = torch.randn(5, 6)
-    h = torch.tanh(body(x))
-    logits, nsp_logits = head(h), nsp(h)
-    aux_loss = (h ** 2).mean()
-    own = F.cross_entropy(logits, seeded_classes(5, 4)) + aux_loss
-    out = {"loss": own, "logits": logits, "aux_loss": aux_loss, "nsp_logits": nsp_logits}
-    loss = Loss("auto", seed=3)
-    value = loss(out)
-    # the term's target is drawn for the output's position among the others (logits 1, aux_loss 2, nsp_logits 3)
-    target = torch.randn((5, 2), generator=torch.Generator().manual_seed(3 + 3))
-    assert float(value) == pytest.approx(float(own + F.mse_loss(nsp_logits, target)))
-    assert loss.describe() == ("the model's own loss (output['loss']) + mse on output['nsp_logits'] against a "
-                               "random target")
-    value.backward()
-    assert nsp.weight.grad is not None and nsp.weight.grad.abs().sum() > 0
 
 
 def test_a_named_rule_says_which_outputs_it_left_out():

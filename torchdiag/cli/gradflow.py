@@ -18,7 +18,8 @@ EXAMPLE = """Examples:
 
 Status per parameter: ok · frozen (info) · no-grad (unused | detached: error) · zero-grad (error) ·
 exploding-grad (error) · vanishing-grad (warning) · discarded-output (warning: an output thrown away
-unused) · non-finite-grad (error). Activation warnings:
+unused) · non-finite-grad (error); a flagged gradient re-checked with a short training run on a copy can
+become info: by-design-init, zero-init, adaptive-step, bounded-step, transient-grad. Activation warnings:
 dead-units (ReLU family), saturated (tanh/sigmoid family). Exit 1 on any error; warnings fail only
 with --strict. Exit 2 usage, 3 the model raised, 4 torchdiag bug."""
 
@@ -34,14 +35,14 @@ left as it was (grads, buffers, flags)."""
 OWN = {
     "depth": (c.Depth, 3),
     "vanishing": (Annotated[float, typer.Option("--vanishing", help="grad/weight norm ratio below this is vanishing-grad (grad norm when the weight is all zeros); ≥ 0.")], 1e-7),
-    "exploding": (Annotated[float, typer.Option("--exploding", help="grad norm above this is exploding-grad; ≥ 0.")], 1e3),
+    "exploding": (Annotated[float, typer.Option("--exploding", help="grad norm above this is exploding-grad (transient-grad when a short training run on a copy brings it back); ≥ 0.")], 1e3),
     "exploding_ratio": (Annotated[float, typer.Option("--exploding-ratio", help="grad/weight norm ratio above this is exploding-grad; ≥ 0.")], 1e2),
     "dead": (Annotated[float, typer.Option("--dead", help="Fraction of dead units after a ReLU-family module that warns (0 to 1).")], 0.5),
     "saturated": (Annotated[float, typer.Option("--saturated", help="Fraction of saturated tanh/sigmoid outputs that warns (0 to 1).")], 0.5),
     "optimizer": (Annotated[str, typer.Option("--optimizer", help="adam|adamw|sgd: the optimizer a flagged gradient is re-checked with (a short training run on a copy); sgd uses momentum 0.9.")], "adam"),
     "lr": (Annotated[float | None, typer.Option("--lr", show_default=False, help="Learning rate of that run. Default: 1e-3 for adam/adamw, 1e-2 for sgd.")], None),
     "allow": (Annotated[list[str] | None, typer.Option("--allow", metavar="PATTERN", show_default=False, help="Glob on parameter names (module paths for activation warnings) accepted as intentional, e.g. 'aux_head.*'. Repeatable.")], None),
-    "strict": (Annotated[bool, typer.Option("--strict", help="Warnings (vanishing-grad, dead-units, saturated) also fail (exit 1).")], False),
+    "strict": (Annotated[bool, typer.Option("--strict", help="Warnings (vanishing-grad, discarded-output, dead-units, saturated) also fail (exit 1).")], False),
     "eval_mode": (Annotated[bool, typer.Option("--eval", help="Run the forward in eval mode (default: train mode, as in training).")], False),
     "all": (Annotated[bool, typer.Option("--all", help="Print the per-parameter table too (always in --json).")], False),
     "plot": (Annotated[Path | None, typer.Option("--plot", metavar="FILE.png", help="Write the gradient-flow figure (max and mean |grad| per layer; .png, .svg or .pdf); needs matplotlib.")], None),

@@ -1,18 +1,26 @@
 """What became of a module's output that never reached the loss, found by following it through one forward:
 - `discarded`: it, and all computed from it, was thrown away (a pooler whose output the task head never reads):
   dead computation, not a cut gradient path;
-- `returned`: it reaches the model's output, which the loss does not use;
-- `cut`: an op used it without carrying a gradient on (`.detach()`, `torch.no_grad()`, a cast to int, a
-  comparison, `.item()`).
+- `returned`: what was computed from it reaches the model's output, which the loss does not use;
+- `cut`: an op used it without carrying its gradient on (`.detach()`, `torch.no_grad()`, a cast to int, a
+  comparison, the indices of a sort or top-k, `.item()`, a copy into a buffer).
 
-One extra forward with grad enabled on the model in place (left as it was), under a TorchFunctionMode that
-sees each top-level op once; run only when gradflow, doctor or overfit-batch have a module to explain."""
+Followed conservatively: a tensor counts as computed from the output only where its autograd graph leads back to
+it (`view_as(p)` takes p's shape, not its values); any other use, except reading its size, dtype or device, is a
+cut. One extra forward with grad enabled on the model in place (left as it was, the RNG as the judged pass had
+it), under a TorchFunctionMode that sees each top-level op once; run only when gradflow, doctor or overfit-batch
+have such a module to explain."""
 from __future__ import annotations
 
 from typing import Any
 
 # ops that read a tensor's values into Python: a use that carries no gradient
 _READS = {"item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__array__"}
+# ops that read only a tensor's metadata: not a use of its values
+_METADATA = {"__get__", "size", "dim", "numel", "nelement", "ndimension", "stride", "storage_offset", "data_ptr",
+             "element_size", "is_contiguous", "is_floating_point", "is_complex", "get_device", "__len__", "__repr__",
+             "__format__", "__hash__", "__sizeof__"}
+MAX_WALK = 4096   # autograd nodes walked per result (an op's own nodes: a composite op has a few)
 
 
 def _mode_base():
@@ -22,7 +30,7 @@ def _mode_base():
 
 
 class _Follow(_mode_base()):  # type: ignore[misc]
-    """Every tensor derived (with a gradient path) from a watched module's output, and the watched modules an op
+    """Every tensor whose gradient path leads back to a watched module's output, and the watched modules an op
     used without passing a gradient path on."""
 
     def __init__(self):
@@ -33,16 +41,16 @@ class _Follow(_mode_base()):  # type: ignore[misc]
     def watch(self, name: str, tensors) -> None:
         for t in tensors:
             if t.requires_grad:
-                old = self.derived.get(id(t), (t, frozenset()))[1]
-                self.derived[id(t)] = (t, old | {name})
+                self._add(t, frozenset({name}))
 
-    def sources(self, obj) -> frozenset:
-        import torch
-        from torch.utils._pytree import tree_flatten
+    def _add(self, t, src: frozenset) -> None:
+        old = self.derived.get(id(t), (t, frozenset()))[1]
+        self.derived[id(t)] = (t, old | src)
 
+    def sources(self, tensors) -> frozenset:
         found: frozenset = frozenset()
-        for x in tree_flatten(obj)[0]:
-            if isinstance(x, torch.Tensor) and id(x) in self.derived:
+        for x in tensors:
+            if id(x) in self.derived:
                 found |= self.derived[id(x)][1]
         return found
 
@@ -51,28 +59,57 @@ class _Follow(_mode_base()):  # type: ignore[misc]
         from torch.utils._pytree import tree_flatten
 
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         if not self.derived:
-            return out
-        src = self.sources((args, kwargs))
-        if not src:
-            return out
+            return func(*args, **kwargs)
+        given = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+        mine = [x for x in given if id(x) in self.derived]
+        if not mine:
+            return func(*args, **kwargs)
+        # taken before the call: an in-place op gives its input a new node
+        targets = {id(x.grad_fn): self.derived[id(x)][1] for x in mine if x.grad_fn is not None}
+        leaves = self.sources(x for x in mine if x.grad_fn is None)
+        stops = {id(x.grad_fn) for x in given if x.grad_fn is not None}
+        out = func(*args, **kwargs)
         results = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
-        carried = [t for t in results if t.requires_grad]
-        for t in carried:
-            self.watch_many(t, src)
-        if not carried and (results or getattr(func, "__name__", "") in _READS):
+        name = getattr(func, "__name__", "")
+        if not results and name in _METADATA and name not in _READS:
+            return out
+        src = self.sources(mine)
+        if not results:          # a read into Python, a copy into a buffer (`__setitem__` returns None)
             self.cut |= src
+        for t in results:
+            through = leaves | _through(t, targets, stops) if t.requires_grad else frozenset()
+            if through:
+                self._add(t, through)
+            else:
+                self.derived.pop(id(t), None)   # an in-place detach_: no longer computed from the output
+            self.cut |= src - through        # a result without their gradient: a sort's indices, a cast
         return out
 
-    def watch_many(self, t, src: frozenset) -> None:
-        old = self.derived.get(id(t), (t, frozenset()))[1]
-        self.derived[id(t)] = (t, old | src)
+
+def _through(t, targets: dict, stops: set) -> frozenset:
+    """The sources of the targets (autograd nodes of followed inputs) that t's graph reaches within this op: walked
+    from t's node, not past the nodes of the op's other inputs."""
+    found: frozenset = frozenset()
+    stack, seen = [t.grad_fn], set()
+    while stack and len(seen) < MAX_WALK:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if id(node) in targets:
+            found |= targets[id(node)]
+            continue
+        if id(node) in stops and node is not t.grad_fn:
+            continue
+        stack.extend(n for n, _ in node.next_functions)
+    return found
 
 
-def fates(model, inputs, modules: set[str], ctx=None) -> dict[str, str]:
+def fates(model, inputs, modules: set[str], ctx=None, rng=None) -> dict[str, str]:
     """{module: 'discarded' | 'returned' | 'cut'} for each module in `modules` (each ran, and none of its outputs
-    reached the loss), from one forward in train mode. {} when the forward raises (the caller keeps its verdict)."""
+    reached the loss), from one forward in train mode; `rng`: the CPU RNG state the judged pass started from (a
+    forward that draws at random draws the same). {} when the forward raises (the caller keeps its verdict)."""
     import torch
 
     from .design import stochastic_depth_off
@@ -84,7 +121,9 @@ def fates(model, inputs, modules: set[str], ctx=None) -> dict[str, str]:
     handles = [m.register_forward_hook(lambda mod, a, out: follow.watch(by_id[id(mod)], float_tensors(out)))
                for n, m in model.named_modules() if n in modules]
     try:
-        with leave_no_trace(model, buffers=True):
+        with leave_no_trace(model, buffers=True), torch.random.fork_rng(devices=[]):
+            if rng is not None:
+                torch.random.set_rng_state(rng)
             model.train()
             stochastic_depth_off(model)
             torch.set_grad_enabled(True)

@@ -66,7 +66,7 @@ class Verdict:
     relative: float = math.nan        # |w_after - w_0| / |w_0|: the step relative to the weight
     median_update: float = math.nan   # the same two, medians over the parameters nothing flagged that moved
     median_relative: float = math.nan
-    others: float = 1.0               # exploding-grad: how the unflagged parameters' median gradient changed
+    loss_fell: float = math.nan       # the loss before the run over after it (nan: it rose or is not finite)
 
     def compared(self) -> bool:
         return math.isfinite(self.median_update) and math.isfinite(self.median_relative)
@@ -96,8 +96,8 @@ class Verdict:
         else:
             what = "max |grad|" if k == "zero-grad" else "grad norm" if self.flag.by_norm else "grad/weight"
             level = (" (at the initial loss level)" if k == "vanishing-grad" else
-                     " (scaled by the unflagged parameters' median gradient, which the run moved by "
-                     f"{self.others:.3g}×)" if k == "exploding-grad" else "")
+                     f", a {self.before / self.after:.3g}× fall while the loss fell {self.loss_fell:.3g}×"
+                     if k == "exploding-grad" and self.after > 0 and math.isfinite(self.loss_fell) else "")
             fact = f"{what} {self.before:.3g} at initialisation, {self.after:.3g} after {steps} steps{level}"
         if not self.gates:
             return fact + ("; it resolves by itself (no single gate isolated)" if self.resolved else "")
@@ -143,24 +143,25 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
     updates = _updates(params, v0, stepped, {f.name for f in flags})
     read = read_back(m0 + mk + list(moved.values()) + [c[1] for c in cands] + updates)
     upd, read = read[len(read) - len(updates):], read[:len(read) - len(updates)]
-    k = len(flags) + 3            # each measure pass ends with the whole gradient's norm, the others' median, the loss
-    q0, qk = read[:k - 3], read[k:2 * k - 3]
-    g0, gk, o0, ok, l0, lk = read[k - 3], read[2 * k - 3], read[k - 2], read[2 * k - 2], read[k - 1], read[2 * k - 1]
+    k = len(flags) + 2            # each measure pass ends with the whole gradient's norm and the loss
+    q0, qk = read[:k - 2], read[k:2 * k - 2]
+    g0, gk, l0, lk = read[k - 2], read[2 * k - 2], read[k - 1], read[2 * k - 1]
     mv = dict(zip(moved, read[2 * k:2 * k + len(moved)]))
     grown = [n for (n, _), g in zip(cands, read[2 * k + len(moved):]) if g > 0]
     # the same batch is fitted fast (a loss of 7 falls below 0.2 in one Adam step at batch 2): every
     # gradient shrinks with the loss, so a gradient after the run is compared at the initial loss level
     level = g0 / gk if gk > 0 and math.isfinite(g0 / gk) else 1.0
-    # an exploding gradient can be most of the whole norm: its own fall would cancel itself out; it is compared
-    # at the level of the parameters nothing flagged (their median norm), and only where the loss did not rise
-    others = o0 / ok if ok > 0 and o0 > 0 and math.isfinite(o0 / ok) else 1.0
-    calm = math.isfinite(lk) and lk <= l0
-    qk = [b * (others if f.kind == "exploding-grad" else level)
-          if f.kind in ("vanishing-grad", "param-not-updated", "exploding-grad") else b for f, b in zip(flags, qk)]
+    # an exploding gradient can be most of the whole norm, whose fall would then be its own: it is compared as
+    # measured, and counts as gone only when it fell GROW x further than the loss did (fitting the batch shrinks
+    # every gradient with the loss), the loss not rising
+    fell = l0 / lk if lk > 0 and math.isfinite(l0) and math.isfinite(lk) and lk <= l0 else math.nan
+    qk = [b * level if f.kind in ("vanishing-grad", "param-not-updated") else b for f, b in zip(flags, qk)]
     verdicts = {}
     for f, a, b in zip(flags, q0, qk):
-        resolved = _resolved(f, b, mv.get(f.name, 0.0)) and (calm or f.kind != "exploding-grad")
-        verdicts[f.name] = Verdict(f, a, b, resolved, resolved or _grew(f, a, b), others=1 / others)
+        resolved = _resolved(f, b, mv.get(f.name, 0.0))
+        if f.kind == "exploding-grad":
+            resolved = resolved and math.isfinite(fell) and b > 0 and a / b >= GROW * max(1.0, fell)
+        verdicts[f.name] = Verdict(f, a, b, resolved, resolved or _grew(f, a, b), loss_fell=fell)
     if upd:
         for i, f in enumerate(stepped):
             v = verdicts[f.name]
@@ -234,10 +235,7 @@ def _measure(work, inputs, flags, ctx, loss_fn) -> list:
         else:
             out.append(_real(g).norm())
     out.append(torch.stack(whole).sum().sqrt() if whole else zero)   # the whole gradient's norm,
-    names = {f.name for f in flags}
-    others = [_real(p.grad).norm() for n, p in params.items() if p.grad is not None and n not in names]
-    out.append(torch.stack(others).median() if others else zero)      # the unflagged parameters' median norm,
-    out.append(loss.detach().float())                                  # and the loss, last
+    out.append(loss.detach().float().reshape(()))                      # and the loss, last
     return out
 
 

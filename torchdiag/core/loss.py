@@ -10,15 +10,13 @@ always described, for the header and JSON.
 Several outputs (auxiliary heads, tuples, dicts, HF ModelOutput without `loss`): `auto` covers every
 floating-point output that carries a gradient path, not only the first, so a parameter that feeds
 only an auxiliary output (Inception's AuxLogits, BERT's pooler) gets a gradient. The rule above
-applies to the first output (the model's own loss included); each other output is added: a scalar as it is (a model's auxiliary
+applies to the first output; each other output is added: a scalar as it is (a model's auxiliary
 loss), an output shaped like the first with the first's rule and target (an auxiliary classifier),
 anything else mean-squared error against its own random target. A named rule (cross_entropy, mse,
 sum) applies to the first output only, and `describe()` names the outputs it left out. An output
 whose every weight the first output's graph already reaches (an encoder-decoder's encoder states, a
 key/value cache) gets no term of its own: it would train nothing new, and a random target there fights
-the first output's (`_reached_through`, decided on the first call, said by `describe()`); next to the model's
-own loss, only outputs with weights that loss does not reach get a term (an NSP head when only MLM labels were
-given, a codec's decoder beside its quantizer loss), an auxiliary loss it already holds does not.
+the first output's (`_reached_through`, decided on the first call, said by `describe()`).
 
 Of several integer inputs that could be a language model's ids (an encoder-decoder's input and decoder
 ids), the logits are next-token predictions of the ones they are causal in: one probe forward per
@@ -148,8 +146,9 @@ class Loss:
             kind = self._auto(y)
         self.chosen = kind
         value = self._primary(kind, y)
-        if self.kind != "auto":
-            self.left_out = [k for k, _ in gradient_outputs(out, y)] or None
+        if self.kind != "auto" or kind == "model" and self.picked == "output['loss']":
+            if self.kind != "auto":
+                self.left_out = [k for k, _ in gradient_outputs(out, y)] or None
             return value
         return self._cover_rest(out, y, kind, value)
 
@@ -161,9 +160,8 @@ class Loss:
         known = {label: (rule, t) for label, rule, t in self.extra or ()}
         extra = []
         others = gradient_outputs(out, y)
-        own = self.picked == "output['loss']"   # the model's own loss: only what it leaves out, scalars included
         if self.reached_already is None:   # decided on the first call, kept for every step
-            self.reached_already = _reached_through(y, [(label, t) for label, t in others if t.dim() or own])
+            self.reached_already = _reached_through(y, [(label, t) for label, t in others if t.dim()])
         for k, (label, t) in enumerate(others, start=1):
             if label in self.reached_already:
                 continue

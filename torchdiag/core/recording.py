@@ -164,6 +164,7 @@ class Pass:
     loss_text: str                   # how the loss was made
     stochastic: list = field(default_factory=list)   # stochastic-depth modules switched off for the pass
     local: list = field(default_factory=list)        # weights made in forward (core/local_leaves.py), described
+    rng: Any = None                  # the CPU RNG state the forward started from (a follow-up forward draws the same)
 
 
 def record_pass(model, inputs, opts, ctx, call=None) -> Pass:
@@ -191,6 +192,7 @@ def record_pass(model, inputs, opts, ctx, call=None) -> Pass:
         torch.set_grad_enabled(True)
         for p in params.values():
             p.grad = None
+        rng = torch.random.get_rng_state()
         with rec, tracker, ctx.autocast():   # --amp: forward and loss autocast, backward outside
             output = run_forward(model if call is None else call, inputs, tracker)
         with ctx.autocast():
@@ -201,4 +203,4 @@ def record_pass(model, inputs, opts, ctx, call=None) -> Pass:
         grads = {n: p.grad for n, p in params.items()}
         for p in params.values():
             p.grad = None
-    return Pass(rec, reach, grads, loss.detach(), loss_fn.describe(), stochastic, local)
+    return Pass(rec, reach, grads, loss.detach(), loss_fn.describe(), stochastic, local, rng)

@@ -121,7 +121,7 @@ def returned_why(cut: str, rec) -> str:
             "loss does not use that output")
 
 
-def fates(model, inputs, names: list[str], rec, reach: set[int], ctx) -> dict[str, tuple[str, str]]:
+def fates(model, inputs, names: list[str], rec, reach: set[int], ctx, rng=None) -> dict[str, tuple[str, str]]:
     """{name: (fate, cut module)} for the parameters in `names` cut off at a module whose output never reached the
     loss: 'discarded' (no op used it), 'returned' (in the model's output, not in the loss) or 'cut' (an op used it
     without a gradient: .detach(), no_grad, a cast). One extra forward (core/discarded.py), only when such a
@@ -131,7 +131,7 @@ def fates(model, inputs, names: list[str], rec, reach: set[int], ctx) -> dict[st
         return {}
     from .discarded import fates as follow
 
-    found = follow(model, inputs, set(cuts.values()), ctx)
+    found = follow(model, inputs, set(cuts.values()), ctx, rng)
     return {n: (found[c], c) for n, c in cuts.items() if c in found}
 
 
@@ -146,7 +146,7 @@ def split(model, inputs, names: list[str], ctx) -> tuple[list[str], dict[str, st
     pas = record_pass(model, inputs, None, ctx)
     modules = dict(model.named_modules())
     quiet = [n for n in names if unused(n, pas.rec, pas.reach, modules)] if getattr(inputs, "chosen", False) else []
-    found = fates(model, inputs, [n for n in names if n not in set(quiet)], pas.rec, pas.reach, ctx)
+    found = fates(model, inputs, [n for n in names if n not in set(quiet)], pas.rec, pas.reach, ctx, pas.rng)
     return quiet, {n: discarded_why(c, pas.rec) for n, (fate, c) in found.items() if fate == "discarded"}
 
 

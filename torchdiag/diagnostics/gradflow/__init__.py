@@ -104,7 +104,7 @@ def _follow_cut_outputs(model, inputs, rows, pas, ctx) -> None:
     from ...core.unreached import discarded_why, fates, returned_why
 
     cut = [r["name"] for r in rows if r["status"] == "no-grad" and r["reason"] == "detached"]
-    for name, (fate, module) in fates(model, inputs, cut, pas.rec, pas.reach, ctx).items():
+    for name, (fate, module) in fates(model, inputs, cut, pas.rec, pas.reach, ctx, pas.rng).items():
         row = next(r for r in rows if r["name"] == name)
         if fate == "discarded":
             row.update(status="discarded-output", reason="discarded", why=discarded_why(module, pas.rec))

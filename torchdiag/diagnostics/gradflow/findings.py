@@ -158,10 +158,10 @@ def _why(kind, cause) -> str:
             "bounded-step": "their gradient's norm is within --exploding and, relative to its weight, each moved at "
                             "most 4x the median relative step of the other parameters that moved (and under a tenth of "
                             "its norm a step) in a short training run on a copy: the optimizer's step is bounded",
-            "transient-grad": "in a short training run on a copy the loss fell and each gradient's norm, scaled by how "
-                              "the unflagged parameters' median gradient changed, came back within --exploding (or "
-                              "its grad/weight within --exploding-ratio): a property of the initial values, which the "
-                              "first steps leave (with --optimizer sgd the run takes plain gradient steps)",
+            "transient-grad": "in a short training run on a copy each gradient's norm came back within --exploding, "
+                              "falling at least 10x further than the loss did (which did not rise): a property of the "
+                              "initial values, which the first steps leave (with --optimizer sgd the run takes plain "
+                              "gradient steps)",
             "skipped-at-random": "the forward draws at random which layers run in train mode (LayerDrop-like); "
                                  "another draw of the RNG, on a copy, gives them a gradient"}.get(kind, "")
 

@@ -40,11 +40,11 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
         v = rc.verdicts[r["name"]]
         r["rechecked"] = rc.steps
         if r["status"] == "exploding-grad":
-            if v.resolved:   # a transient of the starting point: a few real steps bring it to the others' level
+            if v.resolved and _by_norm(r, opts):   # a transient of the starting point: gone after a few real steps
                 r.update(status=TRANSIENT, allowed=False,
                          design={"kind": TRANSIENT, "why": f"{v.describe(rc.steps)} (a short training run on a copy: "
                                                            f"{rc.steps} optimizer steps on the same batch, which moved it "
-                                                           f"by {v.update:.3g} per element (RMS); the loss fell)"})
+                                                           f"by {v.update:.3g} per element (RMS))"})
                 continue
             r["rechecked"] = rc.steps if v.compared() else False   # no other parameter moved: nothing compared
             if step_claim(r, opts) and v.steps_moderately(rc.steps):
