@@ -989,3 +989,23 @@ def test_a_bad_recheck_optimizer_is_one_line_exit_2(cli, flag, value):
     r = cli("gradflow", sample("mlp.py:build"), flag, value)
     out = r.stderr + r.stdout
     assert r.code == 2 and "Traceback" not in out and flag in out
+
+
+class _EmptyRegisters(nn.Module):
+    """DINOv3 with num_register_tokens=0: a (1, 0, d) parameter concatenated to the tokens. It holds nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.registers = nn.Parameter(torch.zeros(1, 0, 8))
+        self.proj, self.head = nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        tokens = torch.cat([self.registers.expand(x.shape[0], -1, -1), self.proj(x)], 1)
+        return self.head(tokens.mean(1))
+
+
+@pytest.mark.parametrize("command", ["gradflow", "doctor"])
+def test_an_empty_parameter_is_not_a_finding(command):
+    res = api_run(command, _EmptyRegisters(), (torch.randn(4, 5, 8, generator=torch.Generator().manual_seed(0)),))
+    assert res.exit_code == 0, [(f.code, f.message) for f in res.findings]
+    assert not [f for f in res.findings if f.severity in ("error", "warning") and "registers" in (f.where or "")]

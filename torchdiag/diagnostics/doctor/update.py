@@ -51,7 +51,7 @@ def update_check(probe: Probe) -> None:
     work, inputs, ctx, ck, result = probe.work, probe.inputs, probe.ctx, probe.ck, probe.result
     scaler, w = probe.scaler, probe.wrapped
     named = list({id(p): (n, p) for n, p in work.named_parameters()}.values())
-    trainable = [(n, p) for n, p in named if p.requires_grad]
+    trainable = [(n, p) for n, p in named if p.requires_grad and p.numel()]   # an empty tensor has nothing to train
     with_grad = [(n, p) for n, p in trainable if p.grad is not None]
     no_grad = [n for n, p in trainable if p.grad is None]
     result.data["params_without_grad"] = no_grad

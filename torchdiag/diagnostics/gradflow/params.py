@@ -48,6 +48,8 @@ def status(row, opts, lr: float = 1e-3) -> str:
     size, lr × max |grad|, which must stay below 1 (an ordinary weight's scale); a weight feeding a
     batch-statistics normalisation is scale-invariant: its gradient is orthogonal to w and grows as
     1/|w|, so a step grows |w| and the ratio corrects itself: neither number makes it exploding."""
+    if row["numel"] == 0:       # an empty tensor (DINOv3 without register tokens): nothing to judge
+        return "ok"
     if row["nan"] or row["inf"]:
         return "non-finite-grad"
     if row["max_abs_grad"] == 0:
