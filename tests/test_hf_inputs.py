@@ -202,7 +202,9 @@ def test_a_vision_tower_reading_packed_patches_gets_them_with_their_grid(tmp_pat
     # Qwen2.5-VL's vision tower: hidden_states (patches of every image packed, in_channels x temporal_patch_size x
     # patch_size² = 3 x 2 x 14² = 1176 each) beside grid_thw (images, 3) of (frames, rows, columns), rows and
     # columns multiples of spatial_merge_size: 2 images of 1 x 8 x 8 patches = 128 patches
-    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import (
+        Qwen2_5_VLVisionConfig,
+    )
 
     cfg = Qwen2_5_VLVisionConfig(depth=2, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=32,
                                  patch_size=14, temporal_patch_size=2, spatial_merge_size=2, in_channels=3,

@@ -91,7 +91,7 @@ def _through(t, targets: dict, stops: set) -> frozenset:
     """The sources of the targets (autograd nodes of followed inputs) that t's graph reaches within this op: walked
     from t's node, not past the nodes of the op's other inputs."""
     found: frozenset = frozenset()
-    stack, seen = [t.grad_fn], set()
+    stack, seen = [t.grad_fn], set[int]()
     while stack and len(seen) < MAX_WALK:
         node = stack.pop()
         if node is None or id(node) in seen:

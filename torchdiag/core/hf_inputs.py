@@ -258,11 +258,9 @@ def _params(cls) -> dict:
 def _patch_size(config) -> int | None:
     """The values of one flattened patch: channels x temporal_patch_size x patch_size², from the config."""
     ints = _ints(config)
-    c = ints.get("in_channels", ints.get("num_channels"))
-    t, p = ints.get("temporal_patch_size", 1), ints.get("patch_size")
-    if not all(isinstance(v, int) and v > 0 for v in (c, t, p)):
-        return None
-    return c * t * p * p
+    c = ints.get("in_channels", ints.get("num_channels", 0))
+    t, p = ints.get("temporal_patch_size", 1), ints.get("patch_size", 0)
+    return c * t * p * p if min(c, t, p) > 0 else None
 
 
 def _decoder_ids(cls, config, main: str, others: list[str], decoder: str | None) -> str | None:
