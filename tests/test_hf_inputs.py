@@ -239,3 +239,23 @@ def test_a_vision_tower_reading_patch_rows_gets_their_shapes_and_mask(tmp_path, 
     r = cli("gradflow", f"hf:{folder}", "--json")
     assert r.code == 0, r.stderr
     assert r.json["inputs"][0] == "pixel_values: 2x16x48 float32"     # batch 2: it trains
+
+
+def test_a_pixel_reader_that_takes_token_ids_gets_a_short_prompt_as_its_second_layout():
+    # SAM3 reads pixel_values first and refuses them without a text prompt: the default keeps the image alone
+    # first (every other pixel model runs on it) and tries a 16-token prompt beside it next
+    from torchdiag.core import sources
+
+    class Prompted:
+        def forward(self, pixel_values, input_ids=None):
+            raise NotImplementedError
+
+    class PixelsOnly:
+        def forward(self, pixel_values):
+            raise NotImplementedError
+
+    cfg = transformers.PretrainedConfig()
+    cfg.max_position_embeddings = 8
+    assert sources._ids_beside_pixels(Prompted, transformers.PretrainedConfig()) == "input_ids=1x16:int64"
+    assert sources._ids_beside_pixels(Prompted, cfg) == "input_ids=1x8:int64"     # within the position table
+    assert sources._ids_beside_pixels(PixelsOnly, cfg) is None

@@ -415,6 +415,11 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
         source.input_source = f"hf:{path} default (" + (f"config image_size {h}x{w})" if image else
                                                        f"{model_cls.__name__} reads pixel_values; no image_size in "
                                                        f"its config: {h}x{w})")
+        ids = _ids_beside_pixels(model_cls, config)
+        if ids:   # a prompted segmenter or a grounding model refuses pixels alone: tried after them
+            source.alternatives += ((source.inputs[0], ids),)
+            source.input_source = source.input_source[:-1] + f"; with {ids.split(':')[0].replace('=', ' ')} when " \
+                                                             "pixels alone do not run)"
         return
     # a dual tower keeps its text sizes in text_config
     text = config if _positions(config) else getattr(config, "text_config", None) or config
@@ -458,6 +463,25 @@ def _pixels_beside_ids(model_cls, config) -> str | None:
     c, h, w = hf_inputs.image_of(config, nested=True) or (3, DEFAULT_IMAGE, DEFAULT_IMAGE)
     frames = hf_inputs.frames_of(config, nested=True)      # a video tower (X-CLIP: num_frames in its vision config)
     return f"pixel_values=1x{frames}x{c}x{h}x{w}:float32" if frames else f"pixel_values=1x{c}x{h}x{w}:float32"
+
+
+PROMPT_LENGTH = 16   # token ids given beside an image: a short prompt
+
+
+def _ids_beside_pixels(model_cls, config) -> str | None:
+    """`input_ids=...` (a short prompt) for a forward that reads pixels first and takes token ids too (SAM3's text
+    prompt, Kosmos-2's caption); None for a forward without input_ids."""
+    import inspect
+
+    try:
+        params = inspect.signature(model_cls.forward).parameters
+    except (TypeError, ValueError, AttributeError):
+        return None
+    if "input_ids" not in params:
+        return None
+    text = getattr(config, "text_config", None) or config
+    length = min([PROMPT_LENGTH] + _positions(text))
+    return f"input_ids=1x{length}:int64"
 
 
 def _shorter(length: int, pad) -> list[int]:
