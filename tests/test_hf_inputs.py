@@ -259,3 +259,26 @@ def test_a_pixel_reader_that_takes_token_ids_gets_a_short_prompt_as_its_second_l
     assert sources._ids_beside_pixels(Prompted, transformers.PretrainedConfig()) == "input_ids=1x16:int64"
     assert sources._ids_beside_pixels(Prompted, cfg) == "input_ids=1x8:int64"     # within the position table
     assert sources._ids_beside_pixels(PixelsOnly, cfg) is None
+
+
+def test_a_vision_language_model_reading_ids_first_gets_ids_with_its_text_vocabulary(tmp_path, cli):
+    # Fuyu: forward(input_ids, image_patches, …), image_size at the top of its config, the vocabulary only in
+    # text_config: token ids in [0, 100), not an image fed to the token embedding
+    cfg = transformers.FuyuConfig(text_config={"model_type": "persimmon", "vocab_size": 100, "hidden_size": 32,
+                                               "intermediate_size": 64, "num_hidden_layers": 1,
+                                               "num_attention_heads": 2}, image_size=30, patch_size=30, hidden_size=32)
+    folder = save(tmp_path, cfg, "FuyuForCausalLM")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"][0] == "input[0]: 1x128 int64" and "vocab 100" in r.json["input_source"]
+
+
+def test_a_byte_reader_under_another_input_name_gets_integer_ids(tmp_path, cli):
+    # Perceiver's masked LM reads `inputs`: bytes in [0, vocab_size) fed to an embedding, not features
+    cfg = transformers.PerceiverConfig(d_model=32, num_latents=8, d_latents=16, num_blocks=1,
+                                       num_self_attends_per_block=1, num_self_attention_heads=2,
+                                       num_cross_attention_heads=2, vocab_size=50, max_position_embeddings=256)
+    folder = save(tmp_path, cfg, "PerceiverForMaskedLM")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 1x128 int64"]

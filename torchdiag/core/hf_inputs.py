@@ -146,6 +146,8 @@ def _main_shapes(config, main: str) -> list[tuple[tuple[int, ...], str]]:
         for f in generic:
             if f not in specific:
                 shapes += [((length, f), "float32"), ((f, length), "float32")]
+    if isinstance(getattr(config, "vocab_size", None), int):   # a byte/token reader under another name (Perceiver)
+        shapes.append(((TEXT_LENGTH,), "int64"))
     return shapes
 
 

@@ -407,7 +407,10 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
     # reads pixels (a vision-language model keeps its vision tower's size in vision_config, and reads ids first)
     reads_pixels = model_cls is not None and hf_inputs.forward_names(model_cls)[0] == "pixel_values"
     image = hf_inputs.image_of(config, nested=reads_pixels)
-    if image and not getattr(config, "vocab_size", None) or reads_pixels:
+    # a vision-language model that reads ids first keeps its vocabulary in text_config (Fuyu, MiniCPM-V)
+    vocab = getattr(config, "vocab_size", None) or (
+        getattr(getattr(config, "text_config", None), "vocab_size", None) if _first_param(model_cls) == "input_ids" else None)
+    if image and not vocab or reads_pixels:
         # a forward that reads pixel_values gets an image even when no config names its size (DETR's convolutional
         # backbone takes any): 224 x 224, ImageNet's
         c, h, w = image or (3, DEFAULT_IMAGE, DEFAULT_IMAGE)
@@ -434,7 +437,6 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
         extra = f"; with {pixels.split(':')[0].replace('=', ' ')} from the config when ids alone do not run"
     else:
         extra = ""
-    vocab = getattr(config, "vocab_size", None)
     source.input_source = f"hf:{path} default (token ids, length {length}" + (f", vocab {vocab}" if vocab else "") + extra + ")"
     if vocab and _lm_head(cls):
         source.labels_from_ids = True
@@ -463,6 +465,15 @@ def _pixels_beside_ids(model_cls, config) -> str | None:
     c, h, w = hf_inputs.image_of(config, nested=True) or (3, DEFAULT_IMAGE, DEFAULT_IMAGE)
     frames = hf_inputs.frames_of(config, nested=True)      # a video tower (X-CLIP: num_frames in its vision config)
     return f"pixel_values=1x{frames}x{c}x{h}x{w}:float32" if frames else f"pixel_values=1x{c}x{h}x{w}:float32"
+
+
+def _first_param(model_cls) -> str | None:
+    import inspect
+
+    try:
+        return next(iter(list(inspect.signature(model_cls.forward).parameters)[1:]), None)
+    except (TypeError, ValueError, AttributeError):
+        return None
 
 
 PROMPT_LENGTH = 16   # token ids given beside an image: a short prompt
