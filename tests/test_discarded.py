@@ -1,6 +1,7 @@
-"""A module whose output never reached the loss, followed through one more forward (core/discarded.py): thrown away
-(discarded-output, a warning in gradflow, doctor and overfit-batch), cut by an op (no-grad, an error), or returned
-but left out by a named loss (no-grad, saying so)."""
+"""A module whose output never reached the loss, followed through one more forward (core/discarded.py): returned by
+the component that holds it and thrown away by its caller (discarded-output, a warning in gradflow, doctor and
+overfit-batch), dropped inside the forward that holds it (no-grad, an error: a forgotten residual add), cut by an
+op (no-grad), or in the model's output but left out by a named loss (no-grad, saying so)."""
 import pytest
 import torch
 from torch import nn
@@ -8,20 +9,36 @@ from torch import nn
 from torchdiag.api import run as api_run
 
 
-class Pooled(nn.Module):
-    """A pooler whose output the task head never reads (FNet's and BigBird's masked-LM models do this)."""
+class Base(nn.Module):
+    """A base model returning its sequence and a pooled summary, as Hugging Face's do."""
 
     def __init__(self, use: str = "discard"):
         super().__init__()
         self.use = use
         self.body = nn.Linear(6, 8)
         self.pool = nn.Linear(8, 8)
-        self.head = nn.Linear(8, 4)
         self.register_buffer("last", torch.zeros(4, 8))
 
     def forward(self, x):
         h = torch.relu(self.body(x))
         pooled = torch.tanh(self.pool(h))
+        if self.use == "buffer":   # copied into a buffer under no_grad
+            with torch.no_grad():
+                self.last[:] = pooled
+        return h, pooled
+
+
+class ForTask(nn.Module):
+    """A task head over the base model's sequence; `use` says what becomes of the pooled output."""
+
+    def __init__(self, use: str = "discard"):
+        super().__init__()
+        self.use = use
+        self.base = Base(use)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h, pooled = self.base(x)
         if self.use == "detach":
             return self.head(h) + pooled.detach()[:, :4]
         if self.use == "compare":
@@ -30,62 +47,97 @@ class Pooled(nn.Module):
             return self.head(h), pooled
         if self.use == "topk":     # a router whose scores only pick rows: its weights never train
             return self.head(h)[pooled[:, 0].topk(2).indices]
-        if self.use == "buffer":   # copied into a buffer under no_grad
-            with torch.no_grad():
-                self.last[:] = pooled
         if self.use == "view_as":  # only its shape is taken
             return (self.head(h) + pooled.detach()[:, :4]).view_as(pooled[:, :4])
-        return self.head(h)
+        return self.head(h)        # discard (and buffer): the pooled output is not read
 
 
-def findings(result):
-    return {(f.code, f.severity, f.where): f for f in result.findings}
+class ForgottenResidual(nn.Module):
+    """A block that computes its attention-like branch and never adds it: half the network never trains."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm, self.branch, self.mlp, self.head = nn.LayerNorm(8), nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        a = self.branch(self.norm(x))      # x = x + a is missing
+        x = x + torch.relu(self.mlp(x))
+        return self.head(x)
 
 
-def test_a_thrown_away_output_is_a_warning_in_gradflow():
+def x(rows=4, cols=6):
+    return torch.randn(rows, cols, generator=torch.Generator().manual_seed(0))
+
+
+def test_an_output_its_caller_throws_away_is_a_warning_in_gradflow():
     torch.manual_seed(0)
-    res = api_run("gradflow", Pooled(), (torch.randn(4, 6),))
-    found = findings(res)
-    assert set(found) == {("discarded-output", "warning", "pool")}
-    msg = found[("discarded-output", "warning", "pool")].message
-    assert "thrown away" in msg and "pool.weight" in msg and "pool.bias" in msg
+    res = api_run("gradflow", ForTask(), (x(),))
+    found = {(f.code, f.severity, f.where): f for f in res.findings}
+    assert set(found) == {("discarded-output", "warning", "base.pool")}
+    msg = found[("discarded-output", "warning", "base.pool")].message
+    assert "threw that away" in msg and "base.pool.weight" in msg and "base.pool.bias" in msg
     rows = {r["name"]: r for r in res.table("params").rows}
-    assert rows["pool.weight"]["status"] == "discarded-output" and rows["pool.weight"]["reason"] == "discarded"
+    assert rows["base.pool.weight"]["status"] == "discarded-output" and rows["base.pool.weight"]["reason"] == "discarded"
     assert rows["head.weight"]["status"] == "ok" and res.exit_code == 0
 
 
 @pytest.mark.parametrize("command", ["doctor", "overfit-batch"])
-def test_a_thrown_away_output_is_the_same_warning_in_doctor_and_overfit_batch(command):
+def test_an_output_its_caller_throws_away_is_the_same_warning_in_doctor_and_overfit_batch(command):
     torch.manual_seed(0)
     opts = {"steps": 30} if command == "overfit-batch" else {}
-    res = api_run(command, Pooled(), (torch.randn(4, 6),), **opts)
+    res = api_run(command, ForTask(), (x(),), **opts)
     codes = {(f.code, f.severity) for f in res.findings}
     assert ("discarded-output", "warning") in codes and not any(c == "no-grad" for c, _ in codes)
-    assert next(f for f in res.findings if f.code == "discarded-output").where == "pool"
+    assert next(f for f in res.findings if f.code == "discarded-output").where == "base.pool"
+
+
+@pytest.mark.parametrize("command", ["gradflow", "doctor", "overfit-batch"])
+def test_a_branch_dropped_inside_its_own_forward_stays_an_error(command):
+    # the forgotten residual add looks like a discarded pooler from outside; it differs in where the value died
+    torch.manual_seed(0)
+    res = api_run(command, ForgottenResidual(), (x(4, 8),))
+    assert ("no-grad", "error") in {(f.code, f.severity) for f in res.findings}, [(f.code, f.where) for f in res.findings]
+    assert not [f for f in res.findings if f.code == "discarded-output"] and res.exit_code == 1
+    if command == "gradflow":
+        rows = {r["name"]: r for r in res.table("params").rows}
+        assert rows["branch.weight"]["reason"] == "dropped" and "x = x + branch" in res.findings[0].message
 
 
 @pytest.mark.parametrize("use", ["detach", "compare", "topk", "buffer", "view_as"])
 def test_an_output_used_without_a_gradient_stays_no_grad(use):
     torch.manual_seed(0)
-    res = api_run("gradflow", Pooled(use), (torch.randn(4, 6),))
-    assert {(f.code, f.severity, f.where) for f in res.findings} == {("no-grad", "error", "pool")}
+    res = api_run("gradflow", ForTask(use), (x(),))
+    assert {(f.code, f.severity, f.where) for f in res.findings} == {("no-grad", "error", "base.pool")}
     rows = {r["name"]: r for r in res.table("params").rows}
-    assert rows["pool.weight"]["reason"] == "detached" and res.exit_code == 1
+    assert rows["base.pool.weight"]["reason"] == "detached" and res.exit_code == 1
     assert "in the model's output" not in res.findings[0].message
 
 
 def test_an_output_a_named_loss_leaves_out_says_so():
     torch.manual_seed(0)
-    res = api_run("gradflow", Pooled("return"), (torch.randn(4, 6),), loss="cross_entropy")
+    res = api_run("gradflow", ForTask("return"), (x(),), loss="cross_entropy")
     (finding,) = res.findings
-    assert (finding.code, finding.where) == ("no-grad", "pool")
-    assert "in the model's output, but the loss does not use that output" in finding.message
+    assert (finding.code, finding.where) == ("no-grad", "base.pool")
+    assert "left-out" in finding.message and "the loss does not use that output" in finding.message
     # auto covers the pooled output: everything trains
-    assert not api_run("gradflow", Pooled("return"), (torch.randn(4, 6),)).findings
+    assert not api_run("gradflow", ForTask("return"), (x(),)).findings
+
+
+def test_the_follow_up_forward_runs_in_the_judged_mode():
+    # under --eval the judged pass sees the eval forward, which detaches the pooled output: a cut, whatever the
+    # train-mode forward would do with it
+    class EvalCut(ForTask):
+        def forward(self, x):
+            h, pooled = self.base(x)
+            return self.head(h) + (pooled.detach()[:, :4] if not self.training else 0)
+
+    torch.manual_seed(0)
+    res = api_run("gradflow", EvalCut(), (x(),), eval_mode=True)
+    assert {(f.code, f.where) for f in res.findings} == {("no-grad", "base.pool")}
 
 
 def test_the_follow_up_forward_leaves_the_model_as_it_was(untouched):
     torch.manual_seed(0)
-    model, x = Pooled(), torch.randn(4, 6)
+    model, inp = ForTask(), x()
     with untouched(model):
-        api_run("gradflow", model, (x,))
+        api_run("gradflow", model, (inp,))

@@ -1,6 +1,9 @@
 """What became of a module's output that never reached the loss, found by following it through one forward:
-- `discarded`: it, and all computed from it, was thrown away (a pooler whose output the task head never reads):
-  dead computation, not a cut gradient path;
+- `discarded`: it, or what was computed from it, left the module that holds it through that module's return value
+  (an ancestor's output below the model: a base model's pooled output), and its caller threw it away (a task
+  head that never reads the pooler): an API output a user of the component ignored, dead computation;
+- `dropped`: it, and all computed from it, died inside the forward of a module that holds it, never returned
+  (a branch computed and never used: a missing `x = x + attn(x)`, a value kept only on an attribute);
 - `returned`: what was computed from it reaches the model's output, which the loss does not use;
 - `cut`: an op used it without carrying its gradient on (`.detach()`, `torch.no_grad()`, a cast to int, a
   comparison, the indices of a sort or top-k, `.item()`, a copy into a buffer).
@@ -12,6 +15,7 @@ it), under a TorchFunctionMode that sees each top-level op once; run only when g
 have such a module to explain."""
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 # ops that read a tensor's values into Python: a use that carries no gradient
@@ -37,6 +41,7 @@ class _Follow(_mode_base()):  # type: ignore[misc]
         super().__init__()
         self.derived: dict[int, tuple[Any, frozenset]] = {}   # id → (tensor, kept alive so ids stay unique; sources)
         self.cut: set[str] = set()
+        self.exported: set[str] = set()   # sources whose values an ancestor module returned
 
     def watch(self, name: str, tensors) -> None:
         for t in tensors:
@@ -106,25 +111,35 @@ def _through(t, targets: dict, stops: set) -> frozenset:
     return found
 
 
-def fates(model, inputs, modules: set[str], ctx=None, rng=None) -> dict[str, str]:
-    """{module: 'discarded' | 'returned' | 'cut'} for each module in `modules` (each ran, and none of its outputs
-    reached the loss), from one forward in train mode; `rng`: the CPU RNG state the judged pass started from (a
-    forward that draws at random draws the same). {} when the forward raises (the caller keeps its verdict)."""
+def fates(model, inputs, modules: set[str], ctx=None, rng=None, train: bool = True) -> dict[str, str]:
+    """{module: 'discarded' | 'dropped' | 'returned' | 'cut'} for each module in `modules` (each ran, and none of
+    its outputs reached the loss), from one forward in the judged pass's mode (`train`); `rng`: the CPU RNG state
+    the judged pass started from (a forward that draws at random draws the same). {} when the forward raises (the
+    caller keeps its verdict)."""
     import torch
 
     from .design import stochastic_depth_off
     from .guard import leave_no_trace
+    from .module_paths import ancestors
     from .recording import float_tensors
 
     follow = _Follow()
-    by_id = {id(m): n for n, m in model.named_modules() if n in modules}
-    handles = [m.register_forward_hook(lambda mod, a, out: follow.watch(by_id[id(mod)], float_tensors(out)))
-               for n, m in model.named_modules() if n in modules]
+    named = dict(model.named_modules())
+    holders = {a: {m for m in modules if a in ancestors(m)[1:]} for m in modules for a in ancestors(m)[1:] if a}
+
+    def watched(mod, args, out, name):
+        follow.watch(name, float_tensors(out))
+
+    def returned_by(mod, args, out, name):   # an ancestor below the root returns what was computed from them
+        follow.exported |= follow.sources(float_tensors(out)) & holders[name]
+
+    handles = [named[n].register_forward_hook(functools.partial(watched, name=n)) for n in modules]
+    handles += [named[a].register_forward_hook(functools.partial(returned_by, name=a)) for a in holders if a in named]
     try:
         with leave_no_trace(model, buffers=True), torch.random.fork_rng(devices=[]):
             if rng is not None:
                 torch.random.set_rng_state(rng)
-            model.train()
+            model.train(train)
             stochastic_depth_off(model)
             torch.set_grad_enabled(True)
             autocast = ctx.autocast() if ctx is not None else _nothing()
@@ -136,7 +151,8 @@ def fates(model, inputs, modules: set[str], ctx=None, rng=None) -> dict[str, str
     finally:
         for h in handles:
             h.remove()
-    return {n: "returned" if n in returned else "cut" if n in follow.cut else "discarded" for n in modules}
+    return {n: "returned" if n in returned else "cut" if n in follow.cut else
+            "discarded" if n in follow.exported else "dropped" for n in modules}
 
 
 def _nothing():

@@ -240,13 +240,13 @@ def _patches_with_shapes(cls, config) -> tuple[str, ...] | None:
     _, required = forward_names(cls)
     named = [n for n in params if n not in ("self", "spatial_shapes") and params[n].kind in
              (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
-    patches = next((n for n in required + named if n != "spatial_shapes" and "mask" not in n), None)
+    patches = next((n for n in required + named if n.startswith("pixel") and "mask" not in n), None)
     size = _patch_size(config)
     if patches is None or size is None:
         return None
     n = _ints(config).get("num_patches", 256)
     g = math.isqrt(n) if n > 0 and math.isqrt(n) ** 2 == n else 16
-    masks = [f"{m}=1x{g * g}:int64~ones" for m in named if "mask" in m]
+    masks = [f"{m}=1x{g * g}:int64~ones" for m in named if m.startswith("pixel") and "mask" in m]
     return (f"{patches}=1x{g * g}x{size}:float32", *masks, f"spatial_shapes=1x2:int64~each={g},{g}")
 
 

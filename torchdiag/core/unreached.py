@@ -102,9 +102,11 @@ NOT_REACHED_HINT = ("to judge them, give inputs that run these modules: --batch 
                     "with the model's full inputs (e.g. pixel_values beside image tokens), or -i")
 
 
-# A module that ran with a gradient path but whose output, and all computed from it, was thrown away (core/discarded.py:
-# a pooler the task head never reads) is dead computation, not a cut path: its parameters never train under any loss on the model's
-# outputs, and DDP needs find_unused_parameters=True for them. A warning, the same in every command.
+# A module that ran with a gradient path, whose output a component returned and its caller threw away
+# (core/discarded.py: a base model's pooler the task head never reads) is dead computation, not a cut path: its
+# parameters never train under any loss on the model's outputs, and DDP needs find_unused_parameters=True for them.
+# A warning, the same in every command. An output dropped inside the forward that holds it (a forgotten residual
+# add) stays the no-grad error.
 DISCARDED = "discarded-output"
 DISCARDED_SEVERITY = "warning"
 DISCARDED_HINT = ("remove the module (or build the model without it) or freeze it; "
@@ -112,26 +114,35 @@ DISCARDED_HINT = ("remove the module (or build the model without it) or freeze i
 
 
 def discarded_why(cut: str, rec) -> str:
-    return (f"module {label(cut)} ({rec.types.get(cut, '')}) ran, but its output and all computed from it "
-            "were thrown away (never in the model's output, never used otherwise): no loss on the outputs can train it")
+    return (f"module {label(cut)} ({rec.types.get(cut, '')}) ran and a module holding it returned what it "
+            "computed, but the caller threw that away (never in the model's output, no op carried its gradient on): "
+            "no loss on the model's outputs can train it")
+
+
+def dropped_why(cut: str, rec) -> str:
+    return (f"module {label(cut)} ({rec.types.get(cut, '')}) ran, but its output and all computed from it died "
+            "inside the forward that holds it: never returned, no op carried its gradient on (a branch computed and "
+            "not used, such as a missing `x = x + branch(x)`, or a value kept only on an attribute)")
 
 
 def returned_why(cut: str, rec) -> str:
     return (f"module {label(cut)} ({rec.types.get(cut, '')}) ran and its output is in the model's output, but the "
-            "loss does not use that output")
+            "loss does not use that output (a named --loss, or the model's own loss, leaves it out)")
 
 
-def fates(model, inputs, names: list[str], rec, reach: set[int], ctx, rng=None) -> dict[str, tuple[str, str]]:
+def fates(model, inputs, names: list[str], rec, reach: set[int], ctx, rng=None,
+          train: bool = True) -> dict[str, tuple[str, str]]:
     """{name: (fate, cut module)} for the parameters in `names` cut off at a module whose output never reached the
-    loss: 'discarded' (no op used it), 'returned' (in the model's output, not in the loss) or 'cut' (an op used it
-    without a gradient: .detach(), no_grad, a cast). One extra forward (core/discarded.py), only when such a
-    module exists."""
+    loss: 'discarded' (a component returned it, its caller threw it away), 'dropped' (it died inside the forward
+    that holds it), 'returned' (in the model's output, not in the loss) or 'cut' (an op used it without a
+    gradient: .detach(), no_grad, a cast). One extra forward (core/discarded.py) in the judged pass's mode, only
+    when such a module exists."""
     cuts = {n: c for n in names if (c := cut_of(n, rec, reach)) is not None}
     if not cuts:
         return {}
     from .discarded import fates as follow
 
-    found = follow(model, inputs, set(cuts.values()), ctx, rng)
+    found = follow(model, inputs, set(cuts.values()), ctx, rng, train)
     return {n: (found[c], c) for n, c in cuts.items() if c in found}
 
 

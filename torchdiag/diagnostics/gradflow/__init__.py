@@ -59,7 +59,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     allow = ctx.option("allow")
     rows = param_rows(params, pas, stats, modules, opts, ctx.spec.optimizer.learning_rate, getattr(inputs, "chosen", False))
     if wrapped is None:
-        _follow_cut_outputs(watched, inputs, rows, pas, ctx)
+        _follow_cut_outputs(watched, inputs, rows, pas, ctx, train=not opts.eval_mode)
     if pas.local:   # weights made in forward: a copy re-run (float64, a step) cannot hold them; said as the cause
         result.add(LOCAL_CODE, "error", "", local_message(pas.local), LOCAL_HINT)
         result.data["local_weights"] = pas.local
@@ -97,19 +97,22 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     return result
 
 
-def _follow_cut_outputs(model, inputs, rows, pas, ctx) -> None:
+def _follow_cut_outputs(model, inputs, rows, pas, ctx, train: bool) -> None:
     """no-grad rows cut off at a module whose output never reached the loss: followed through one more forward
-    (core/discarded.py). An output nothing used is discarded-output (a warning: dead computation, nothing cut);
-    one in the model's output that the loss leaves out says so."""
-    from ...core.unreached import discarded_why, fates, returned_why
+    (core/discarded.py). An output a component returned and its caller threw away is discarded-output (a warning:
+    dead computation, nothing cut); one dropped inside the forward that holds it stays no-grad, saying so; one in
+    the model's output that the loss leaves out says so."""
+    from ...core.unreached import discarded_why, dropped_why, fates, returned_why
 
     cut = [r["name"] for r in rows if r["status"] == "no-grad" and r["reason"] == "detached"]
-    for name, (fate, module) in fates(model, inputs, cut, pas.rec, pas.reach, ctx, pas.rng).items():
+    for name, (fate, module) in fates(model, inputs, cut, pas.rec, pas.reach, ctx, pas.rng, train).items():
         row = next(r for r in rows if r["name"] == name)
         if fate == "discarded":
             row.update(status="discarded-output", reason="discarded", why=discarded_why(module, pas.rec))
+        elif fate == "dropped":
+            row.update(reason="dropped", why=dropped_why(module, pas.rec))
         elif fate == "returned":
-            row["why"] = returned_why(module, pas.rec)
+            row.update(reason="left-out", why=returned_why(module, pas.rec))
 
 
 def _reduced_norm(rows, params, grads, ctx, result) -> float | None:

@@ -68,8 +68,10 @@ def _message(status, what, where, members, opts, allow_name) -> tuple[str, str |
             pattern = f"{where}.*" if where != first["name"] else where
             return (f"{what}: requires grad but got none — {reason}: {why}",
                     f"remove the module or freeze it; {allow_name} '{pattern}' accepts it as intentional")
-        return (f"{what}: requires grad but got none — {reason}: {why}",
-                "remove the .detach()/torch.no_grad() if this branch should learn, or freeze it")
+        hint = {"dropped": "use the branch's output where it belongs (or remove the module), or freeze it",
+                "left-out": "give a --loss that covers that output (--loss auto covers every output), or freeze it"
+                }.get(reason, "remove the .detach()/torch.no_grad() if this branch should learn, or freeze it")
+        return f"{what}: requires grad but got none — {reason}: {why}", hint
     if status == "discarded-output":
         from ...core.unreached import DISCARDED_HINT
 
@@ -160,8 +162,8 @@ def _why(kind, cause) -> str:
                             "its norm a step) in a short training run on a copy: the optimizer's step is bounded",
             "transient-grad": "in a short training run on a copy each gradient's norm came back within --exploding, "
                               "falling at least 10x further than the loss did (which did not rise): a property of the "
-                              "initial values, which the first steps leave (with --optimizer sgd the run takes plain "
-                              "gradient steps)",
+                              "initial values, which the first steps leave (judged with the re-check's optimizer: "
+                              "--optimizer sgd takes steps that scale with the gradient)",
             "skipped-at-random": "the forward draws at random which layers run in train mode (LayerDrop-like); "
                                  "another draw of the RNG, on a copy, gives them a gradient"}.get(kind, "")
 

@@ -33,6 +33,8 @@ def param_rows(params: dict, pas, stats, modules, opts, lr: float = 1e-3, chosen
             row["design"] = design_note(row, opts, lr)
         elif not p.requires_grad:
             row["status"] = "frozen"
+        elif p.numel() == 0:    # an empty tensor, used or not: nothing to judge
+            row["status"] = "ok"
         else:
             row["reason"], row["why"] = why(n, pas.rec, pas.reach, modules)
             row["status"] = NOT_REACHED if chosen and row["reason"] == "unused" else "no-grad"

@@ -52,7 +52,8 @@ class Trainer:
 
     def __init__(self, work, batch, loss_fn, opts, ctx):
         self.work, self.batch, self.loss_fn, self.opts, self.ctx = work, batch, loss_fn, opts, ctx
-        self.trainable = [(n, p) for n, p in work.named_parameters() if p.requires_grad]
+        # an empty tensor (DINOv3 without register tokens) has nothing to train or judge
+        self.trainable = [(n, p) for n, p in work.named_parameters() if p.requires_grad and p.numel()]
         self.frozen = sum(1 for _, p in work.named_parameters() if not p.requires_grad)
         if not self.trainable:
             raise UsageError("the model has no trainable parameters (requires_grad is False everywhere)",
