@@ -60,7 +60,7 @@ class ForgottenResidual(nn.Module):
         self.norm, self.branch, self.mlp, self.head = nn.LayerNorm(8), nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 4)
 
     def forward(self, x):
-        a = self.branch(self.norm(x))      # x = x + a is missing
+        a = self.branch(self.norm(x))  # noqa: F841 - the bug on purpose: x = x + a is missing
         x = x + torch.relu(self.mlp(x))
         return self.head(x)
 
