@@ -121,8 +121,8 @@ def discarded_why(cut: str, rec) -> str:
 
 def dropped_why(cut: str, rec) -> str:
     return (f"module {label(cut)} ({rec.types.get(cut, '')}) ran, but its output and all computed from it died "
-            "inside the forward that holds it: never returned, no op carried its gradient on (a branch computed and "
-            "not used, such as a missing `x = x + branch(x)`, or a value kept only on an attribute)")
+            f"inside {label(owner(cut))}'s forward: never returned, no op carried its gradient on (a branch computed "
+            "and not used, such as a missing `x = x + branch(x)`, or a value kept only on an attribute)")
 
 
 def returned_why(cut: str, rec) -> str:
