@@ -218,7 +218,7 @@ def _packed_patches(cls, config) -> tuple[str, ...] | None:
     images of 1 x g x g patches, g a multiple of the config's spatial merge size, each patch flattened from
     channels (in_channels or num_channels) x temporal_patch_size (1 when none) x patch_size²; None for another
     forward, or a config without those sizes."""
-    params = _params(cls)
+    params = forward_params(cls)
     grid = next((n for n in params if n.endswith("grid_thw")), None)
     _, required = forward_names(cls)
     patches = next((n for n in required if n != grid), None)
@@ -234,7 +234,7 @@ def _patches_with_shapes(cls, config) -> tuple[str, ...] | None:
     """A vision tower that reads each image as a row of flattened patches beside its `spatial_shapes` (rows,
     columns) and a patch mask (SigLIP2's NaFlex): g x g patches a sample, g the square root of the config's
     num_patches (16 when it names none), every patch real."""
-    params = _params(cls)
+    params = forward_params(cls)
     if "spatial_shapes" not in params:
         return None
     _, required = forward_names(cls)
@@ -250,10 +250,11 @@ def _patches_with_shapes(cls, config) -> tuple[str, ...] | None:
     return (f"{patches}=1x{g * g}x{size}:float32", *masks, f"spatial_shapes=1x2:int64~each={g},{g}")
 
 
-def _params(cls) -> dict:
+def forward_params(cls) -> dict:
+    """The forward's parameters by name (self included); {} when they cannot be read."""
     try:
         return dict(inspect.signature(cls.forward).parameters)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, AttributeError):
         return {}
 
 

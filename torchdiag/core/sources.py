@@ -388,8 +388,6 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
     """Pixels for a vision config (image_size), else token ids (their range comes from the embedding
     that reads them, i.e. the config's vocabulary; an encoder-decoder gets decoder ids as well). A
     causal LM also gets labels = its input ids, so it is trained with its own loss (output['loss'])."""
-    import inspect
-
     from . import hf_inputs
 
     model_cls = _model_class(cls, config)
@@ -397,7 +395,7 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
         tries = hf_inputs.candidates(model_cls, config)
         if tries:
             main, required = hf_inputs.forward_names(model_cls)
-            if required and main not in inspect.signature(model_cls.forward).parameters:
+            if required and main not in hf_inputs.forward_params(model_cls):
                 main = required[0]      # what it reads: a class attribute can name an input its forward lacks
             source.inputs, source.alternatives = tries[0], tuple(tries[1:])
             source.input_source = (f"hf:{path} default ({model_cls.__name__} reads {main}: inputs from its forward's "
@@ -452,15 +450,9 @@ def _positions(config) -> list[int]:
 def _pixels_beside_ids(model_cls, config) -> str | None:
     """`pixel_values=...` for a forward that reads token ids first and takes pixels too, sized from the config
     or its vision sub-config (224 x 224 when none names a size); None for a forward without pixel_values."""
-    import inspect
-
     from . import hf_inputs
 
-    try:
-        params = inspect.signature(model_cls.forward).parameters
-    except (TypeError, ValueError, AttributeError):
-        return None
-    if "pixel_values" not in params:
+    if "pixel_values" not in hf_inputs.forward_params(model_cls):
         return None
     c, h, w = hf_inputs.image_of(config, nested=True) or (3, DEFAULT_IMAGE, DEFAULT_IMAGE)
     frames = hf_inputs.frames_of(config, nested=True)      # a video tower (X-CLIP: num_frames in its vision config)
@@ -468,12 +460,9 @@ def _pixels_beside_ids(model_cls, config) -> str | None:
 
 
 def _first_param(model_cls) -> str | None:
-    import inspect
+    from . import hf_inputs
 
-    try:
-        return next(iter(list(inspect.signature(model_cls.forward).parameters)[1:]), None)
-    except (TypeError, ValueError, AttributeError):
-        return None
+    return next(iter(list(hf_inputs.forward_params(model_cls))[1:]), None)
 
 
 PROMPT_LENGTH = 16   # token ids given beside an image: a short prompt
@@ -482,13 +471,9 @@ PROMPT_LENGTH = 16   # token ids given beside an image: a short prompt
 def _ids_beside_pixels(model_cls, config) -> str | None:
     """`input_ids=...` (a short prompt) for a forward that reads pixels first and takes token ids too (SAM3's text
     prompt, Kosmos-2's caption); None for a forward without input_ids."""
-    import inspect
+    from . import hf_inputs
 
-    try:
-        params = inspect.signature(model_cls.forward).parameters
-    except (TypeError, ValueError, AttributeError):
-        return None
-    if "input_ids" not in params:
+    if "input_ids" not in hf_inputs.forward_params(model_cls):
         return None
     text = getattr(config, "text_config", None) or config
     length = min([PROMPT_LENGTH] + _positions(text))
