@@ -38,6 +38,7 @@ ADAPTIVE = 0.25       # a flagged parameter's RMS step ≥ this × the unflagged
 ORDINARY = 1e-3       # provided its relative step is ≥ this × the median (a weight of an ordinary scale)
 MODERATE = 4.0        # a large grad/weight whose relative step ≤ this × the unflagged median: a normal step,
 MAX_RELATIVE = 0.1    # provided it is at most this fraction of the weight's norm per optimizer step
+DIVERGE = 2.0         # exploding-grad: a run whose loss rose above this x its start diverged (no transient)
 MARGIN = 0.5          # dead units: input max ≤ zero point − MARGIN × the input's std (gradflow/dead.py's rule)
 KINDS = ("vanishing-grad", "zero-grad", "param-not-updated", "dead-units", "exploding-grad")
 
@@ -66,7 +67,7 @@ class Verdict:
     relative: float = math.nan        # |w_after - w_0| / |w_0|: the step relative to the weight
     median_update: float = math.nan   # the same two, medians over the parameters nothing flagged that moved
     median_relative: float = math.nan
-    loss_fell: float = math.nan       # the loss before the run over after it (nan: it rose or is not finite)
+    losses: tuple = (math.nan, math.nan)   # the loss before the run and after it
 
     def compared(self) -> bool:
         return math.isfinite(self.median_update) and math.isfinite(self.median_relative)
@@ -96,8 +97,8 @@ class Verdict:
         else:
             what = "max |grad|" if k == "zero-grad" else "grad norm" if self.flag.by_norm else "grad/weight"
             level = (" (at the initial loss level)" if k == "vanishing-grad" else
-                     f", a {self.before / self.after:.3g}× fall while the loss fell {self.loss_fell:.3g}×"
-                     if k == "exploding-grad" and self.after > 0 and math.isfinite(self.loss_fell) else "")
+                     f", a {self.before / self.after:.3g}× fall while the loss went {self.losses[0]:.3g} → "
+                     f"{self.losses[1]:.3g}" if k == "exploding-grad" and self.after > 0 else "")
             fact = f"{what} {self.before:.3g} at initialisation, {self.after:.3g} after {steps} steps{level}"
         if not self.gates:
             return fact + ("; it resolves by itself (no single gate isolated)" if self.resolved else "")
@@ -130,19 +131,21 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
     loss_fn = ctx.loss()
     m0 = _measure(work, inputs, flags, ctx, loss_fn)
     optimizer = ctx.optimizer([p for p in params.values() if p.requires_grad])
-    mk, moved = m0, {}
+    mk, moved, run = m0, {}, []
     for k in range(steps):
         last = k == steps - 1
         before = {f.name: params[f.name].detach().clone() for f in flags if last and f.kind == "param-not-updated"}
         train.step(optimizer)
         mk = _measure(work, inputs, flags, ctx, loss_fn)
+        run.append(mk[-1])     # the loss after each step: did the run diverge?
         # after the next forward: a forward that writes the parameter back has undone the step
         moved = {n: params[n].detach().ne(b).any() for n, b in before.items()}
     cands = _candidates(params, v0)
     stepped = [f for f in flags if f.kind in ("vanishing-grad", "exploding-grad")]
     updates = _updates(params, v0, stepped, {f.name for f in flags})
-    read = read_back(m0 + mk + list(moved.values()) + [c[1] for c in cands] + updates)
+    read = read_back(m0 + mk + list(moved.values()) + [c[1] for c in cands] + run + updates)
     upd, read = read[len(read) - len(updates):], read[:len(read) - len(updates)]
+    losses, read = read[len(read) - len(run):], read[:len(read) - len(run)]
     k = len(flags) + 2            # each measure pass ends with the whole gradient's norm and the loss
     q0, qk = read[:k - 2], read[k:2 * k - 2]
     g0, gk, l0, lk = read[k - 2], read[2 * k - 2], read[k - 1], read[2 * k - 1]
@@ -153,15 +156,17 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
     level = g0 / gk if gk > 0 and math.isfinite(g0 / gk) else 1.0
     # an exploding gradient can be most of the whole norm, whose fall would then be its own: it is compared as
     # measured, and counts as gone only when it fell GROW x further than the loss did (fitting the batch shrinks
-    # every gradient with the loss), the loss not rising
-    fell = l0 / lk if lk > 0 and math.isfinite(l0) and math.isfinite(lk) and lk <= l0 else math.nan
+    # every gradient with the loss), in a run that did not diverge (a loss finite and within DIVERGE x its start
+    # at every step: a few Adam steps on one batch of 2 overshoot and come back; a saturated collapse does not)
+    calm = l0 > 0 and math.isfinite(l0) and all(math.isfinite(v) and v <= DIVERGE * l0 for v in losses)
+    fell = max(1.0, l0 / lk) if calm and lk > 0 else math.nan
     qk = [b * level if f.kind in ("vanishing-grad", "param-not-updated") else b for f, b in zip(flags, qk)]
     verdicts = {}
     for f, a, b in zip(flags, q0, qk):
         resolved = _resolved(f, b, mv.get(f.name, 0.0))
         if f.kind == "exploding-grad":
-            resolved = resolved and math.isfinite(fell) and b > 0 and a / b >= GROW * max(1.0, fell)
-        verdicts[f.name] = Verdict(f, a, b, resolved, resolved or _grew(f, a, b), loss_fell=fell)
+            resolved = resolved and math.isfinite(fell) and b > 0 and a / b >= GROW * fell
+        verdicts[f.name] = Verdict(f, a, b, resolved, resolved or _grew(f, a, b), losses=(l0, lk))
     if upd:
         for i, f in enumerate(stepped):
             v = verdicts[f.name]
