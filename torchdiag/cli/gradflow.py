@@ -17,16 +17,16 @@ EXAMPLE = """Examples:
   torchdiag gradflow sample_models/broken_unused.py:build --allow 'aux_head.*' --allow block.scale --strict --json
 
 Status per parameter: ok · frozen (info) · no-grad (unused | detached: error) · zero-grad (error) ·
-exploding-grad (error) · vanishing-grad (warning) · discarded-output (warning: an output thrown away
-unused) · non-finite-grad (error); a flagged gradient re-checked with a short training run on a copy can
+exploding-grad (error) · vanishing-grad (warning) · non-finite-grad (error); a flagged gradient re-checked with a short training run on a copy can
 become info: by-design-init, zero-init, adaptive-step, bounded-step, transient-grad. Activation warnings:
 dead-units (ReLU family), saturated (tanh/sigmoid family). Exit 1 on any error; warnings fail only
 with --strict. Exit 2 usage, 3 the model raised, 4 torchdiag bug."""
 
 DETAILS = """Per parameter: grad norm, weight norm, grad/weight ratio, mean and max |grad| and a status; a
 parameter with no gradient is called unused (its module never ran, or it was not used) or
-detached (its module ran but its output never reached the loss); a module whose output, and all
-computed from it, was thrown away is discarded-output instead. Per layer, in execution order,
+detached (its module ran but its output never reached the loss; followed through one more forward:
+detached, dropped inside its holder's forward, discarded by the caller of a component that returned it,
+or left out of the loss). Per layer, in execution order,
 a log-scale bar of mean |grad|. Activation health from the same pass: dead ReLU units and
 saturated tanh/sigmoid outputs. Under --amp/--dtype bf16/fp16 an underflow column: the share of
 gradient values below the dtype's smallest normal (no loss scaling in this pass). The model is
@@ -42,7 +42,7 @@ OWN = {
     "optimizer": (Annotated[str, typer.Option("--optimizer", help="adam|adamw|sgd: the optimizer a flagged gradient is re-checked with (a short training run on a copy); sgd uses momentum 0.9.")], "adam"),
     "lr": (Annotated[float | None, typer.Option("--lr", show_default=False, help="Learning rate of that run. Default: 1e-3 for adam/adamw, 1e-2 for sgd.")], None),
     "allow": (Annotated[list[str] | None, typer.Option("--allow", metavar="PATTERN", show_default=False, help="Glob on parameter names (module paths for activation warnings) accepted as intentional, e.g. 'aux_head.*'. Repeatable.")], None),
-    "strict": (Annotated[bool, typer.Option("--strict", help="Warnings (vanishing-grad, discarded-output, dead-units, saturated) also fail (exit 1).")], False),
+    "strict": (Annotated[bool, typer.Option("--strict", help="Warnings (vanishing-grad, dead-units, saturated) also fail (exit 1).")], False),
     "eval_mode": (Annotated[bool, typer.Option("--eval", help="Run the forward in eval mode (default: train mode, as in training).")], False),
     "all": (Annotated[bool, typer.Option("--all", help="Print the per-parameter table too (always in --json).")], False),
     "plot": (Annotated[Path | None, typer.Option("--plot", metavar="FILE.png", help="Write the gradient-flow figure (max and mean |grad| per layer; .png, .svg or .pdf); needs matplotlib.")], None),

@@ -102,21 +102,11 @@ NOT_REACHED_HINT = ("to judge them, give inputs that run these modules: --batch 
                     "with the model's full inputs (e.g. pixel_values beside image tokens), or -i")
 
 
-# A module that ran with a gradient path, whose output a component returned and its caller threw away
-# (core/discarded.py: a base model's pooler the task head never reads) is dead computation, not a cut path: its
-# parameters never train under any loss on the model's outputs, and DDP needs find_unused_parameters=True for them.
-# A warning, the same in every command. An output dropped inside the forward that holds it (a forgotten residual
-# add) stays the no-grad error.
-DISCARDED = "discarded-output"
-DISCARDED_SEVERITY = "warning"
-DISCARDED_HINT = ("remove the module (or build the model without it) or freeze it; "
-                  "under DDP these parameters need find_unused_parameters=True")
-
-
 def discarded_why(cut: str, rec) -> str:
     return (f"module {label(cut)} ({rec.types.get(cut, '')}) ran and a module holding it returned what it "
             "computed, but the caller threw that away (never in the model's output, no op carried its gradient on): "
-            "no loss on the model's outputs can train it")
+            "no loss on the model's outputs can train it (a base model's pooler a task head never reads, or a "
+            "returned skip, aux output or router logits the caller forgot)")
 
 
 def dropped_why(cut: str, rec) -> str:
@@ -146,29 +136,22 @@ def fates(model, inputs, names: list[str], rec, reach: set[int], ctx, rng=None,
     return {n: (found[c], c) for n, c in cuts.items() if c in found}
 
 
-def split(model, inputs, names: list[str], ctx) -> tuple[list[str], dict[str, str]]:
-    """Of `names` (trainable, no gradient): those the forward did not use, when the inputs are a source's default
-    (not-reached), and {name: why} for those whose module's output was discarded. One recorded pass on the model (left as it
-    was), plus the follow-up forward only when a module to explain exists; ([], {}) when `names` is empty."""
-    if not names:
-        return [], {}
+def unused(name: str, rec, reach: set[int], modules) -> bool:
+    """No gradient because the forward did not use it (its module never ran, or ran without it), not cut off."""
+    return why(name, rec, reach, modules)[0] == "unused"
+
+
+def not_reached(model, inputs, names: list[str], ctx) -> list[str]:
+    """Of `names` (trainable, no gradient), those the forward did not use, when the inputs are a source's
+    default; [] for the user's own inputs. One recorded pass on the model (left as it was), only when there is
+    something to split."""
+    if not names or not getattr(inputs, "chosen", False):
+        return []
     from .recording import record_pass
 
     pas = record_pass(model, inputs, None, ctx)
     modules = dict(model.named_modules())
-    quiet = [n for n in names if unused(n, pas.rec, pas.reach, modules)] if getattr(inputs, "chosen", False) else []
-    found = fates(model, inputs, [n for n in names if n not in set(quiet)], pas.rec, pas.reach, ctx, pas.rng)
-    return quiet, {n: discarded_why(c, pas.rec) for n, (fate, c) in found.items() if fate == "discarded"}
-
-
-def discarded_message(names: list[str], why: str, limit: int = 6) -> str:
-    shown = ", ".join(names[:limit]) + (f" … (+{len(names) - limit} more)" if len(names) > limit else "")
-    return f"{len(names)} trainable parameter tensor(s) got no gradient: {shown} — {why}"
-
-
-def unused(name: str, rec, reach: set[int], modules) -> bool:
-    """No gradient because the forward did not use it (its module never ran, or ran without it), not cut off."""
-    return why(name, rec, reach, modules)[0] == "unused"
+    return [n for n in names if unused(n, pas.rec, pas.reach, modules)]
 
 
 def by_top_module(names: list[str], model) -> list[list[str]]:

@@ -18,19 +18,15 @@ from ...core.rounding import CODE, message, rounded_away, stagnation_counts
 from ...core.scaling import stepper
 from ...core.tracking import run_forward
 from ...core.unreached import (
-    DISCARDED,
-    DISCARDED_HINT,
-    DISCARDED_SEVERITY,
     NO_GRAD,
     NO_GRAD_HINT,
     NO_GRAD_SEVERITY,
     NOT_REACHED,
     NOT_REACHED_HINT,
     by_top_module,
-    discarded_message,
     no_grad_message,
+    not_reached,
     not_reached_message,
-    split,
     top_module,
 )
 from ...errors import ModelError
@@ -126,16 +122,12 @@ def _report_no_grad(probe: Probe, no_grad: list[str], total: int) -> None:
     """no-grad (error, as in gradflow and overfit-batch): trainable parameters the backward never reached; those
     whose modules the default inputs torchdiag chose never ran are not-reached (info, core/unreached.py)."""
     work, ck = probe.work, probe.ck
-    quiet, thrown = ([], {}) if probe.wrapped is not None else split(work, probe.inputs, no_grad, probe.ctx)
+    quiet = [] if probe.wrapped is not None else not_reached(work, probe.inputs, no_grad, probe.ctx)
     probe.result.data["params_not_reached"] = quiet
     for group in by_top_module(quiet, work):
         ck.result.add(NOT_REACHED, "info", top_module(group, work), not_reached_message(group, probe.inputs),
                       NOT_REACHED_HINT)
-    for group in by_top_module(list(thrown), work):
-        ck.find("update", DISCARDED, DISCARDED_SEVERITY, top_module(group, work),
-                discarded_message(group, thrown[group[0]]), DISCARDED_HINT,
-                verdict=f"{len(thrown)} parameter tensor(s) feed an output nothing uses")
-    no_grad = [n for n in no_grad if n not in set(quiet) and n not in thrown]
+    no_grad = [n for n in no_grad if n not in set(quiet)]
     if no_grad:
         ck.find("update", NO_GRAD, NO_GRAD_SEVERITY, top_module(no_grad, work), no_grad_message(no_grad, total),
                 NO_GRAD_HINT, verdict=f"{len(no_grad)} of {total} trainable parameter tensor(s) get no gradient")

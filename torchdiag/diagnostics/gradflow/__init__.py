@@ -99,16 +99,16 @@ def run(model, inputs, opts: Options, ctx) -> Result:
 
 def _follow_cut_outputs(model, inputs, rows, pas, ctx, train: bool) -> None:
     """no-grad rows cut off at a module whose output never reached the loss: followed through one more forward
-    (core/discarded.py). An output a component returned and its caller threw away is discarded-output (a warning:
-    dead computation, nothing cut); one dropped inside the forward that holds it stays no-grad, saying so; one in
-    the model's output that the loss leaves out says so."""
+    (core/discarded.py), so the no-grad error says what became of it: returned by a component and thrown away by
+    its caller (discarded), dropped inside the forward that holds it (dropped), in the model's output but not in
+    the loss (left-out), or used by an op that carries no gradient (detached, as before)."""
     from ...core.unreached import discarded_why, dropped_why, fates, returned_why
 
     cut = [r["name"] for r in rows if r["status"] == "no-grad" and r["reason"] == "detached"]
     for name, (fate, module) in fates(model, inputs, cut, pas.rec, pas.reach, ctx, pas.rng, train).items():
         row = next(r for r in rows if r["name"] == name)
         if fate == "discarded":
-            row.update(status="discarded-output", reason="discarded", why=discarded_why(module, pas.rec))
+            row.update(reason="discarded", why=discarded_why(module, pas.rec))
         elif fate == "dropped":
             row.update(reason="dropped", why=dropped_why(module, pas.rec))
         elif fate == "returned":

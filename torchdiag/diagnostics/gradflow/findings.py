@@ -69,13 +69,11 @@ def _message(status, what, where, members, opts, allow_name) -> tuple[str, str |
             return (f"{what}: requires grad but got none — {reason}: {why}",
                     f"remove the module or freeze it; {allow_name} '{pattern}' accepts it as intentional")
         hint = {"dropped": "use the branch's output where it belongs (or remove the module), or freeze it",
+                "discarded": "use that output (a forgotten skip, aux loss or router loss?), build the component "
+                             "without it, or freeze it; --allow accepts it as intentional",
                 "left-out": "give a --loss that covers that output (--loss auto covers every output), or freeze it"
                 }.get(reason, "remove the .detach()/torch.no_grad() if this branch should learn, or freeze it")
         return f"{what}: requires grad but got none — {reason}: {why}", hint
-    if status == "discarded-output":
-        from ...core.unreached import DISCARDED_HINT
-
-        return f"{what}: requires grad but got none — {first['why']}", DISCARDED_HINT
     if status == "not-reached":
         from ...core.unreached import NOT_REACHED_HINT
 
@@ -97,7 +95,9 @@ def _message(status, what, where, members, opts, allow_name) -> tuple[str, str |
     if status == "exploding-grad":
         worst = max(members, key=lambda m: m["grad_norm"] or 0)
         steps = first.get("rechecked")
-        again = f"; still large after a short training run on a copy ({steps} optimizer steps)" if steps else ""
+        fact = first.get("recheck_fact")
+        again = (f"; not a transient of the starting point: after a short training run on a copy, {fact}" if fact
+                 else f"; still large after a short training run on a copy ({steps} optimizer steps)" if steps else "")
         return (f"{what}: grad norm up to {number(worst['grad_norm'])} (grad/weight "
                 f"{number(worst['grad_weight_ratio'])}); thresholds: norm > {opts.exploding:g} or ratio > {opts.exploding_ratio:g}{again}",
                 "check initialisation scale, normalisation layers, learning rate; clip gradients")
@@ -162,7 +162,7 @@ def _why(kind, cause) -> str:
                             "its norm a step) in a short training run on a copy: the optimizer's step is bounded",
             "transient-grad": "in a short training run on a copy each gradient's norm came back within --exploding, "
                               "falling at least 10x further than the loss did, in a run that did not diverge (the loss "
-                              "at most 2x its start after every step): a property of the "
+                              "at most 2x its start after every step, and lower at its end): a property of the "
                               "initial values, which the first steps leave (judged with the re-check's optimizer: "
                               "--optimizer sgd takes steps that scale with the gradient)",
             "skipped-at-random": "the forward draws at random which layers run in train mode (LayerDrop-like); "

@@ -18,7 +18,7 @@ WRAP = {"ddp": ("pass", "the judged pass runs on the DDP copy, gradients after i
 # and by-design-init are "by design at initialisation" (recheck.py, gated.py): info, with the cause.
 STATUS_SEVERITY = {
     "non-finite-grad": "error", "no-grad": "error", "zero-grad": "error", "exploding-grad": "error",
-    "vanishing-grad": "warning", "discarded-output": "warning", "zero-init": "info", "invariant": "info", "by-design-init": "info",
+    "vanishing-grad": "warning", "zero-init": "info", "invariant": "info", "by-design-init": "info",
     "adaptive-step": "info", "bounded-step": "info", "transient-grad": "info",
     "skipped-at-random": "info", "frozen": "info", "not-reached": "info", "ok": None,
 }
@@ -27,8 +27,7 @@ STATUS_SEVERITY = {
 BY_DESIGN = ("zero-init", "invariant", "by-design-init", "skipped-at-random", "adaptive-step", "bounded-step",
              "transient-grad")
 # the worst status first: a layer shows the worst of its parameters
-STATUS_ORDER = ["non-finite-grad", "no-grad", "zero-grad", "exploding-grad", "vanishing-grad", "discarded-output",
-                *BY_DESIGN,
+STATUS_ORDER = ["non-finite-grad", "no-grad", "zero-grad", "exploding-grad", "vanishing-grad", *BY_DESIGN,
                 "not-reached", "ok", "frozen"]
 
 

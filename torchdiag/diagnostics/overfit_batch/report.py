@@ -177,19 +177,15 @@ def _cause_findings(result, trainer, curve, causes, opts) -> int:
 def _no_grad(result, trainer, curve, limit: int) -> None:
     """no-grad: the same error as doctor's and gradflow's (core/unreached.py), a cause of cannot-overfit."""
     from ...core.unreached import (
-        DISCARDED,
-        DISCARDED_HINT,
-        DISCARDED_SEVERITY,
         NO_GRAD,
         NO_GRAD_HINT,
         NO_GRAD_SEVERITY,
         NOT_REACHED,
         NOT_REACHED_HINT,
         by_top_module,
-        discarded_message,
         no_grad_message,
+        not_reached,
         not_reached_message,
-        split,
         top_module,
     )
 
@@ -200,14 +196,11 @@ def _no_grad(result, trainer, curve, limit: int) -> None:
         return
     missing = curve.missing
     wrapped = trainer.group is not None or trainer.sharded    # a DDP/FSDP copy: no extra pass outside its collectives
-    quiet, thrown = ([], {}) if wrapped else split(trainer.work, trainer.batch, missing, trainer.ctx)
+    quiet = [] if wrapped else not_reached(trainer.work, trainer.batch, missing, trainer.ctx)
     for group in by_top_module(quiet, trainer.work):   # modules the default inputs never ran (core/unreached.py)
         result.add(NOT_REACHED, "info", top_module(group, trainer.work), not_reached_message(group, trainer.batch),
                    hint=NOT_REACHED_HINT)
-    for group in by_top_module(list(thrown), trainer.work):   # outputs nothing used: dead computation
-        result.add(DISCARDED, DISCARDED_SEVERITY, top_module(group, trainer.work),
-                   discarded_message(group, thrown[group[0]]), hint=DISCARDED_HINT)
-    missing = [n for n in missing if n not in set(quiet) and n not in thrown]
+    missing = [n for n in missing if n not in set(quiet)]
     if missing:
         result.add(NO_GRAD, NO_GRAD_SEVERITY, top_module(missing, trainer.work),
                    no_grad_message(missing, len(trainer.trainable), limit), hint=NO_GRAD_HINT)
