@@ -4,19 +4,21 @@
   head that never reads the pooler): an API output a user of the component ignored, dead computation;
 - `dropped`: it, and all computed from it, died inside the forward of a module that holds it, never returned
   (a branch computed and never used: a missing `x = x + attn(x)`, a value kept only on an attribute);
-- `returned`: what was computed from it reaches the model's output, which the loss does not use;
+- `left-out`: what was computed from it reaches the model's output, which the loss does not use;
 - `cut`: an op used it without carrying its gradient on (`.detach()`, `torch.no_grad()`, a cast to int, a
   comparison, the indices of a sort or top-k, `.item()`, a copy into a buffer).
 
 Followed conservatively: a tensor counts as computed from the output only where its autograd graph leads back to
 it (`view_as(p)` takes p's shape, not its values); any other use, except reading its size, dtype or device, is a
 cut. One extra forward with grad enabled on the model in place (left as it was, the RNG as the judged pass had
-it), under a TorchFunctionMode that sees each top-level op once; run only when gradflow, doctor or overfit-batch
-have such a module to explain."""
+it), under a TorchFunctionMode that sees each top-level op once; run only when gradflow has such a module to
+explain (this module is imported then, so torch at its top costs the CLI's start nothing)."""
 from __future__ import annotations
 
 import functools
 from typing import Any
+
+from torch.overrides import TorchFunctionMode
 
 # ops that read a tensor's values into Python: a use that carries no gradient
 _READS = {"item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__array__"}
@@ -27,13 +29,7 @@ _METADATA = {"__get__", "size", "dim", "numel", "nelement", "ndimension", "strid
 MAX_WALK = 4096   # autograd nodes walked per result (an op's own nodes: a composite op has a few)
 
 
-def _mode_base():
-    from torch.overrides import TorchFunctionMode
-
-    return TorchFunctionMode
-
-
-class _Follow(_mode_base()):  # type: ignore[misc]
+class _Follow(TorchFunctionMode):
     """Every tensor whose gradient path leads back to a watched module's output, and the watched modules an op
     used without passing a gradient path on."""
 
@@ -111,8 +107,8 @@ def _through(t, targets: dict, stops: set) -> frozenset:
     return found
 
 
-def fates(model, inputs, modules: set[str], ctx=None, rng=None, train: bool = True) -> dict[str, str]:
-    """{module: 'discarded' | 'dropped' | 'returned' | 'cut'} for each module in `modules` (each ran, and none of
+def fates(model, inputs, modules: set[str], ctx, rng=None, train: bool = True) -> dict[str, str]:
+    """{module: 'discarded' | 'dropped' | 'left-out' | 'cut'} for each module in `modules` (each ran, and none of
     its outputs reached the loss), from one forward in the judged pass's mode (`train`); `rng`: the CPU RNG state
     the judged pass started from (a forward that draws at random draws the same). {} when the forward raises (the
     caller keeps its verdict)."""
@@ -142,8 +138,7 @@ def fates(model, inputs, modules: set[str], ctx=None, rng=None, train: bool = Tr
             model.train(train)
             stochastic_depth_off(model)
             torch.set_grad_enabled(True)
-            autocast = ctx.autocast() if ctx is not None else _nothing()
-            with follow, autocast:
+            with follow, ctx.autocast():
                 output = inputs.call(model)
             returned = follow.sources(float_tensors(output))
     except Exception:   # the judged pass already ran this forward; a failure here changes nothing it found
@@ -151,11 +146,5 @@ def fates(model, inputs, modules: set[str], ctx=None, rng=None, train: bool = Tr
     finally:
         for h in handles:
             h.remove()
-    return {n: "returned" if n in returned else "cut" if n in follow.cut else
+    return {n: "left-out" if n in returned else "cut" if n in follow.cut else
             "discarded" if n in follow.exported else "dropped" for n in modules}
-
-
-def _nothing():
-    import contextlib
-
-    return contextlib.nullcontext()

@@ -30,10 +30,7 @@ _WIDTH_KEYS = ("hidden_size", "d_model", "embed_dim")
 
 def forward_names(cls) -> tuple[str, list[str]]:
     """(the input the class reads first, the forward's required parameters in order)."""
-    try:
-        params = list(inspect.signature(cls.forward).parameters.values())[1:]   # without self
-    except (TypeError, ValueError):
-        params = []
+    params = list(forward_params(cls).values())[1:]   # without self
     named = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     required = [p.name for p in named if p.default is inspect.Parameter.empty]
     main = getattr(cls, "main_input_name", None) or (named[0].name if named else "input_ids")
@@ -177,17 +174,11 @@ def _other(name: str, main_shape: tuple[int, ...], config, variant: int) -> str 
 def candidates(cls, config) -> list[tuple[str, ...]]:
     """Spec tuples to try in order (see the module's docstring)."""
     main, required = forward_names(cls)
-    try:
-        first = list(inspect.signature(cls.forward).parameters)[1]
-    except (TypeError, ValueError, IndexError):
-        first = None
+    params = forward_params(cls)
+    first = next(iter(list(params)[1:]), None)
     others = [n for n in required if n != main]
     futures = _futures([main] + others, cls, config)
-    try:
-        decoder = f"decoder_{main}" if f"decoder_{main}" in inspect.signature(cls.forward).parameters else None
-    except (TypeError, ValueError):
-        decoder = None
-    decoder = None if decoder in others else decoder
+    decoder = f"decoder_{main}" if f"decoder_{main}" in params and f"decoder_{main}" not in others else None
     out: list[tuple[str, ...]] = []
     for shape, dtype in _main_shapes(config, main):
         head = f"{_dims(shape)}:{dtype}"
@@ -270,10 +261,7 @@ def _decoder_ids(cls, config, main: str, others: list[str], decoder: str | None)
     """`decoder_input_ids=...` for an encoder-decoder that reads audio or images and writes tokens (a speech
     recogniser: Speech2Text, Moonshine, Canary), whose decoder fails without ids; None when the forward takes
     none, already gets them, or reads token ids itself (core.inputs gives those their decoder ids)."""
-    try:
-        params = inspect.signature(cls.forward).parameters
-    except (TypeError, ValueError):
-        return None
+    params = forward_params(cls)
     if main == "input_ids" or decoder or "decoder_input_ids" not in params or "decoder_input_ids" in others:
         return None
     ints = _ints(config)
@@ -286,10 +274,7 @@ def _futures(names: list[str], cls, config):
     `future_X`, given for `prediction_length` steps (without them its decoder has nothing to read in train
     mode). (names, length, the future of the main input) or None."""
     length = getattr(config, "prediction_length", None)
-    try:
-        params = set(inspect.signature(cls.forward).parameters)
-    except (TypeError, ValueError):
-        return None
+    params = forward_params(cls)
     pairs = [(n, "future_" + n[5:]) for n in names if n.startswith("past_") and "future_" + n[5:] in params]
     if not pairs or not (isinstance(length, int) and length > 0):
         return None

@@ -407,7 +407,7 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
     image = hf_inputs.image_of(config, nested=reads_pixels)
     # a vision-language model that reads ids first keeps its vocabulary in text_config (Fuyu, MiniCPM-V)
     vocab = getattr(config, "vocab_size", None) or (
-        getattr(getattr(config, "text_config", None), "vocab_size", None) if _first_param(model_cls) == "input_ids" else None)
+        getattr(getattr(config, "text_config", None), "vocab_size", None) if next(iter(list(hf_inputs.forward_params(model_cls))[1:]), None) == "input_ids" else None)
     if image and not vocab or reads_pixels:
         # a forward that reads pixel_values gets an image even when no config names its size (DETR's convolutional
         # backbone takes any): 224 x 224, ImageNet's
@@ -457,12 +457,6 @@ def _pixels_beside_ids(model_cls, config) -> str | None:
     c, h, w = hf_inputs.image_of(config, nested=True) or (3, DEFAULT_IMAGE, DEFAULT_IMAGE)
     frames = hf_inputs.frames_of(config, nested=True)      # a video tower (X-CLIP: num_frames in its vision config)
     return f"pixel_values=1x{frames}x{c}x{h}x{w}:float32" if frames else f"pixel_values=1x{c}x{h}x{w}:float32"
-
-
-def _first_param(model_cls) -> str | None:
-    from . import hf_inputs
-
-    return next(iter(list(hf_inputs.forward_params(model_cls))[1:]), None)
 
 
 PROMPT_LENGTH = 16   # token ids given beside an image: a short prompt

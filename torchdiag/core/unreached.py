@@ -115,7 +115,7 @@ def dropped_why(cut: str, rec) -> str:
             "and not used, such as a missing `x = x + branch(x)`, or a value kept only on an attribute)")
 
 
-def returned_why(cut: str, rec) -> str:
+def left_out_why(cut: str, rec) -> str:
     return (f"module {label(cut)} ({rec.types.get(cut, '')}) ran and its output is in the model's output, but the "
             "loss does not use that output (a named --loss, or the model's own loss, leaves it out)")
 
@@ -124,7 +124,7 @@ def fates(model, inputs, names: list[str], rec, reach: set[int], ctx, rng=None,
           train: bool = True) -> dict[str, tuple[str, str]]:
     """{name: (fate, cut module)} for the parameters in `names` cut off at a module whose output never reached the
     loss: 'discarded' (a component returned it, its caller threw it away), 'dropped' (it died inside the forward
-    that holds it), 'returned' (in the model's output, not in the loss) or 'cut' (an op used it without a
+    that holds it), 'left-out' (in the model's output, not in the loss) or 'cut' (an op used it without a
     gradient: .detach(), no_grad, a cast). One extra forward (core/discarded.py) in the judged pass's mode, only
     when such a module exists."""
     cuts = {n: c for n in names if (c := cut_of(n, rec, reach)) is not None}

@@ -102,17 +102,14 @@ def _follow_cut_outputs(model, inputs, rows, pas, ctx, train: bool) -> None:
     (core/discarded.py), so the no-grad error says what became of it: returned by a component and thrown away by
     its caller (discarded), dropped inside the forward that holds it (dropped), in the model's output but not in
     the loss (left-out), or used by an op that carries no gradient (detached, as before)."""
-    from ...core.unreached import discarded_why, dropped_why, fates, returned_why
+    from ...core.unreached import discarded_why, dropped_why, fates, left_out_why
 
+    says = {"discarded": discarded_why, "dropped": dropped_why, "left-out": left_out_why}   # 'cut': as it was
     cut = [r["name"] for r in rows if r["status"] == "no-grad" and r["reason"] == "detached"]
+    by_name = {r["name"]: r for r in rows}
     for name, (fate, module) in fates(model, inputs, cut, pas.rec, pas.reach, ctx, pas.rng, train).items():
-        row = next(r for r in rows if r["name"] == name)
-        if fate == "discarded":
-            row.update(reason="discarded", why=discarded_why(module, pas.rec))
-        elif fate == "dropped":
-            row.update(reason="dropped", why=dropped_why(module, pas.rec))
-        elif fate == "returned":
-            row.update(reason="left-out", why=returned_why(module, pas.rec))
+        if fate in says:
+            by_name[name].update(reason=fate, why=says[fate](module, pas.rec))
 
 
 def _reduced_norm(rows, params, grads, ctx, result) -> float | None:

@@ -70,7 +70,7 @@ def _message(status, what, where, members, opts, allow_name) -> tuple[str, str |
                     f"remove the module or freeze it; {allow_name} '{pattern}' accepts it as intentional")
         hint = {"dropped": "use the branch's output where it belongs (or remove the module), or freeze it",
                 "discarded": "use that output (a forgotten skip, aux loss or router loss?), build the component "
-                             "without it, or freeze it; --allow accepts it as intentional",
+                             f"without it, or freeze it; {allow_name} accepts it as intentional",
                 "left-out": "give a --loss that covers that output (--loss auto covers every output), or freeze it"
                 }.get(reason, "remove the .detach()/torch.no_grad() if this branch should learn, or freeze it")
         return f"{what}: requires grad but got none — {reason}: {why}", hint

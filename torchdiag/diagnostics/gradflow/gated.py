@@ -47,7 +47,8 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                                                            f"by {v.update:.3g} per element (RMS))"})
                 continue
             r["rechecked"] = rc.steps if v.compared() else False   # no other parameter moved: nothing compared
-            r["recheck_fact"] = (f"grad norm {v.after:.3g} after {rc.steps} steps, the loss {v.losses[0]:.3g} → "
+            what = "grad norm" if v.flag.by_norm else "grad/weight"
+            r["recheck_fact"] = (f"{what} {v.after:.3g} after {rc.steps} steps, the loss {v.losses[0]:.3g} → "
                                  f"{v.losses[1]:.3g}")
             if step_claim(r, opts) and v.steps_moderately(rc.steps):
                 r.update(status=BOUNDED, allowed=False, design={"kind": BOUNDED, "why": moderate_why(v, rc.steps, ctx)})
