@@ -341,6 +341,41 @@ def test_validation_metric_worsens_while_training_loss_falls():
     assert f.where == "val_loss" and f"{vals[-1]:.4g}" in f.message
 
 
+def test_a_validation_accuracy_that_moves_by_one_sample_is_no_trend():
+    # the accuracy of 50 validation samples after each epoch: up to 0.98, then one sample either way (0.02 is 2% of
+    # the best, past the old fixed margin); the training loss falls throughout
+    torch.manual_seed(0)
+    x = torch.randn(64, 8)
+    y = (x[:, 0] > 0).long()
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    accs = iter([0.90, 0.94, 0.96, 0.98, 0.96, 0.98, 0.96, 0.98, 0.96])
+    with Watch(model, opt, every=10) as w:
+        for step in range(1, 91):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step % 10 == 0:
+                w.log("val_acc", next(accs))
+    r = w.result()
+    assert not [f for f in r.findings if f.code == "val-worsens"]
+    # the same run whose accuracy then stays down by 6 samples is a trend, and is said
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    accs = iter([0.90, 0.94, 0.96, 0.98, 0.96, 0.98, 0.90, 0.88, 0.86])
+    with Watch(model, opt, every=10) as w:
+        for step in range(1, 91):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step % 10 == 0:
+                w.log("val_acc", next(accs))
+    f = finding(w.result(), "val-worsens")
+    assert "0.98" in f.message and "0.86" in f.message
+
+
 def test_optimizer_param_that_never_gets_a_gradient():
     class Net(nn.Module):
         def __init__(self):

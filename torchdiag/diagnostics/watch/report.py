@@ -16,6 +16,8 @@ HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|bleu|rouge|score|iou
 DEAD_SHARE = 0.5       # a layer with at least this share of its units newly dead (twice in a row)
 SPREAD_K = 5.0         # a loss spike is this many robust standard deviations above the recent losses ...
 SPREAD_STEPS = 4       # ... measured over this many windows before it
+VAL_TAIL = 3           # val-worsens: the last evaluations (up to this many after the best) must all be worse ...
+VAL_NOISE_K = 2.0      # ... by more than this many times the median change between consecutive evaluations
 RATIO_LOW = 1e-7       # update/weight ratio below which a weight matrix is said not to learn (info)
 
 
@@ -355,12 +357,22 @@ def _validation(result: Result, engine, pairs) -> None:
         up = bool(HIGHER_IS_BETTER.search(name))
         best = (max if up else min)(range(len(vals)), key=lambda i: vals[i][1])
         last = vals[-1][1]
-        worse = (vals[best][1] - last) if up else (last - vals[best][1])
         t0, t1 = train_at(vals[best][0]), train_at(vals[-1][0])
-        if best <= len(vals) - 3 and worse > 0.02 * max(abs(vals[best][1]), 1e-12) and t0 and t1 and t1 < t0:
+        if best <= len(vals) - 3 and _sustained(vals, best, up) and t0 and t1 and t1 < t0:
             result.add("val-worsens", "warning", name, f"{name} got worse from {vals[best][1]:.4g} (step {vals[best][0]}) "
                        f"to {last:.4g} (step {vals[-1][0]}) while the training loss fell from {t0:.4g} to {t1:.4g}",
                        "overfitting: stop earlier, add regularisation or data")
+
+
+def _sustained(vals, best: int, up: bool) -> bool:
+    """The evaluations after the best (the last VAL_TAIL of them) are all worse than it by more than 2% of it and
+    by more than the metric's own noise (VAL_NOISE_K x the median change between consecutive evaluations): one
+    unlucky evaluation of a small validation set (an accuracy one sample lower) is not a trend."""
+    v = [x for _, x in vals]
+    tail = v[best + 1:][-VAL_TAIL:]
+    worse = min((v[best] - x) if up else (x - v[best]) for x in tail)
+    noise = statistics.median(abs(b - a) for a, b in zip(v, v[1:]))
+    return worse > max(0.02 * max(abs(v[best]), 1e-12), VAL_NOISE_K * noise)
 
 
 def _tiny_at_start(track, i: int, p) -> bool:
