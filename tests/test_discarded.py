@@ -142,3 +142,49 @@ def test_the_follow_up_forward_leaves_the_model_as_it_was(untouched):
     model, inp = ForTask(), x()
     with untouched(model):
         api_run("gradflow", model, (inp,))
+
+
+class AttentionPool(nn.Module):
+    """A pooling head with nn.MultiheadAttention, whose forward reads out_proj's weight without calling out_proj."""
+
+    def __init__(self):
+        super().__init__()
+        self.probe = nn.Parameter(torch.randn(1, 1, 8))
+        self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, h):
+        return self.attention(self.probe.expand(h.shape[0], -1, -1), h, h)[0][:, 0]
+
+
+class TowerWithPool(nn.Module):
+    """A vision tower returning patch features and a pooled one; the caller reads the patches (SigLIP under LLaVA)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(6, 8)
+        self.head = AttentionPool()
+
+    def forward(self, x):
+        h = torch.relu(self.body(x))
+        return h, self.head(h)
+
+
+class ReadsPatches(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tower = TowerWithPool()
+        self.out = nn.Linear(8, 4)
+
+    def forward(self, x):
+        patches, _ = self.tower(x)
+        return self.out(patches)
+
+
+def test_a_child_used_without_being_called_shares_its_discarded_parent_s_finding():
+    # out_proj never runs as a module, yet its parent ran and was thrown away: one finding for the whole head
+    res = api_run("gradflow", ReadsPatches(), (torch.randn(2, 5, 6),))
+    found = [(f.code, f.where) for f in res.findings if f.severity != "info"]
+    assert found == [("no-grad", "tower.head")], found
+    rows = {r["name"]: r for r in res.table("params").rows}
+    assert rows["tower.head.attention.out_proj.weight"]["reason"] == "discarded"
+    assert "5 parameter tensors" in res.findings[0].message

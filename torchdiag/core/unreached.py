@@ -10,6 +10,9 @@ def why(name, rec, reach: set[int], modules) -> tuple[str, str]:
     """('unused' | 'detached', explanation) for a trainable parameter that got no gradient."""
     mod = owner(name)
     ran = rec.order
+    cut = _cut(_ran(mod, rec), rec, reach) if mod not in ran else None
+    if cut is not None:   # its module never ran, but the one around it ran and was cut off (MHA's out_proj)
+        return "detached", _detached(cut, rec)
     if mod not in ran:
         # the highest ancestor that never ran either (an unused submodule, not just its leaf)
         top = mod
@@ -28,16 +31,27 @@ def why(name, rec, reach: set[int], modules) -> tuple[str, str]:
 
 def cut_of(name: str, rec, reach: set[int]) -> str | None:
     """The module whose outputs, all with an autograd graph, never reached the loss (None: another reason)."""
-    mod = owner(name)
-    if mod not in rec.order:
+    mod = _ran(owner(name), rec)
+    if mod is None:
         return None
     cut = _cut(mod, rec, reach)
     nodes = rec.nodes.get(cut, []) if cut is not None else []
     return cut if nodes and any(n is not None for n in nodes) else None
 
 
-def _cut(mod: str, rec, reach: set[int]) -> str | None:
+def _ran(mod: str, rec) -> str | None:
+    """`mod` when it ran, else its nearest ancestor below the root that ran: a module can use a child's
+    parameters without calling it (nn.MultiheadAttention reads out_proj.weight in its functional forward)."""
+    for a in ancestors(mod):
+        if a in rec.order and a != "":
+            return a
+    return None
+
+
+def _cut(mod: str | None, rec, reach: set[int]) -> str | None:
     """The highest ancestor of `mod` that ran and none of whose outputs reached the loss."""
+    if mod is None:
+        return None
     cut = None
     for a in ancestors(mod):
         if a not in rec.order:
