@@ -363,15 +363,17 @@ def test_local_weight_is_an_error_never_an_internal_note(cli, tmp_path, command)
     assert not any("re-check" in n or "double" in n for n in d["notes"]), d["notes"]
 
 
-def _tiny_llava(folder):
-    """A vision-language model (LLaVA: a CLIP vision tower, a projector, a Llama) from a small config."""
+def _tiny_llava(folder, image_token_index=500):
+    """A vision-language model (LLaVA: a CLIP vision tower, a projector, a Llama) from a small config. Its image
+    placeholder id lies outside the text vocabulary by default, so the default inputs cannot run the image path
+    (the ids' embedding refuses it) and fall back to ids alone (tests/test_hf_inputs.py runs the image path)."""
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
 
     vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                               image_size=32, patch_size=8, projection_dim=32)
     text = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                        num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
-    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=127)
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_token_index)
     config.architectures = ["LlavaForConditionalGeneration"]
     config.save_pretrained(folder)
     return f"hf:{folder}"
@@ -379,8 +381,9 @@ def _tiny_llava(folder):
 
 @pytest.mark.parametrize("command", ["gradflow", "doctor", "overfit-batch"])
 def test_modules_the_default_input_never_runs_are_not_judged(cli, tmp_path, command):
-    """hf's default input for a vision-language model is text: its vision tower never runs. That is a fact about
-    the input torchdiag chose, not about the model: info (not-reached), not the no-grad error."""
+    """hf's default input for a vision-language model whose image path does not run is text: its vision tower never
+    runs. That is a fact about the input torchdiag chose, not about the model: info (not-reached), not the no-grad
+    error."""
     spec = _tiny_llava(tmp_path / "llava")
     r = cli(command, spec, "--device", "cpu", "--json", *(["--steps", "50"] if command == "overfit-batch" else []))
     doc = r.json

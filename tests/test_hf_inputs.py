@@ -282,3 +282,117 @@ def test_a_byte_reader_under_another_input_name_gets_integer_ids(tmp_path, cli):
     r = cli("summary", f"hf:{folder}", "--json")
     assert r.code == 0, r.stderr
     assert r.json["inputs"] == ["input[0]: 1x128 int64"]
+
+
+def _llava(tmp_path, **kw):
+    # CLIP tower at 32 x 32 with 8 x 8 patches: 16 patch features (LLaVA's default strategy drops the class token),
+    # projected to the text width; image_token_id 90 inside the text vocabulary of 100
+    vision = transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                           num_attention_heads=2, image_size=32, patch_size=8)
+    text = transformers.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                    num_key_value_heads=2, vocab_size=100, max_position_embeddings=64)
+    cfg = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_id=90, **kw)
+    return save(tmp_path, cfg, "LlavaForConditionalGeneration")
+
+
+def test_a_vision_language_model_runs_its_image_with_one_token_per_image_feature(tmp_path, cli):
+    folder = _llava(tmp_path)
+    r = cli("gradflow", f"hf:{folder}", "--json")
+    # 16 image tokens, a text id after the image, then 16 text ids; two sequences (it trains) beside two images
+    assert r.json["inputs"][:2] == ["input[0]: 2x33 int64", "pixel_values: 2x3x32x32 float32"], r.stderr
+    assert "first with an image" in r.json["input_source"]
+    status = {p["name"]: p["status"] for p in r.json["params"]}
+    assert status["model.vision_tower.encoder.layers.0.mlp.fc1.weight"] == "ok"
+    assert status["model.multi_modal_projector.linear_1.weight"] == "ok"
+    assert "not-reached" not in status.values()
+    # now judged, the tower's pooler norm is what LLaVA throws away (it reads patch features, not the pooled
+    # output): the fact behind DDP's unused-parameter error in LLaVA training
+    bad = [(f["code"], f["where"]) for f in r.json["findings"] if f["severity"] != "info"]
+    assert bad == [("no-grad", "model.vision_tower.post_layernorm")] and r.code == 1
+
+
+def test_the_image_tokens_are_the_ones_the_model_counts(tmp_path):
+    import torch
+
+    from torchdiag.core import image_tokens, inputs, loading
+
+    folder = _llava(tmp_path)
+    loaded = loading.load_model(f"hf:{folder}", device=torch.device("cpu"))
+    specs = tuple(loaded.default_inputs)
+    assert specs[-1] == "image-tokens=token:90"
+    got = inputs._spec_inputs(specs, loaded, torch.device("cpu"), 0)
+    ids = got.args[0]
+    assert ids.shape == (1, 33) and (ids[0, :16] == 90).all() and not (ids[0, 16:] == 90).any()
+    assert inputs.runs(loaded.model, got)
+    # a tower that gives one feature more per image (the class token kept): the count follows the model
+    loaded = loading.load_model(f"hf:{_llava(tmp_path / 'full', vision_feature_select_strategy='full')}",
+                                device=torch.device("cpu"))
+    assert image_tokens.count(loaded.model, got) == 17
+
+
+def test_a_vision_language_model_whose_image_path_does_not_run_falls_back_to_ids(tmp_path, cli):
+    # image_token_id outside the text vocabulary: the embedding refuses the placeholder ids, the ids alone still run
+    folder = _llava(tmp_path)
+    import json
+
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["image_token_id"] = 500
+    (folder / "config.json").write_text(json.dumps(cfg))
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 1x64 int64"]
+    assert "layout 4 of" in r.json["input_source"]   # after the three image layouts
+
+
+def test_a_vision_language_model_with_packed_images_gets_a_block_of_tokens_per_image(tmp_path, cli):
+    # Qwen2-VL: two images packed as 8 x 8 patches of 3 x 2 x 4² = 96 values beside image_grid_thw rows (1, 8, 8);
+    # merged 2 x 2, each image is 16 features; its multimodal rotary positions read mm_token_type_ids
+    cfg = transformers.Qwen2VLConfig(
+        text_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=200, max_position_embeddings=128, bos_token_id=1,
+                         eos_token_id=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                          "mrope_section": [1, 1, 2]}),
+        vision_config=dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=4,
+                           spatial_merge_size=2, temporal_patch_size=2, in_channels=3),
+        image_token_id=150, video_token_id=151, vision_start_token_id=152, vision_end_token_id=153)
+    folder = save(tmp_path, cfg, "Qwen2VLForConditionalGeneration")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    # one sequence holds both images: 16 tokens, a text id, 16 tokens, a text id, 16 text ids
+    assert r.json["inputs"] == ["input[0]: 1x50 int64", "pixel_values: 128x96 float32", "image_grid_thw: 2x3 int64",
+                                "mm_token_type_ids: 1x50 int64"]
+    r = cli("gradflow", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    # two sequences (it trains), one image each: 16 + 1 + 16
+    assert r.json["inputs"][0] == "input[0]: 2x33 int64"
+    assert {p["status"] for p in r.json["params"]} == {"ok"}
+
+
+def test_a_q_former_model_gets_one_placeholder_per_query(tmp_path, cli):
+    # BLIP-2 reads pixels first and fills its ids' placeholders with the Q-Former's 4 query outputs without checking
+    # their count: ids without placeholders leave the image out silently (its tower then gets zero gradients)
+    cfg = transformers.Blip2Config(
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        qformer_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                            encoder_hidden_size=16, vocab_size=100),
+        text_config=dict(model_type="opt", hidden_size=16, ffn_dim=32, num_hidden_layers=1, num_attention_heads=2,
+                         vocab_size=100, max_position_embeddings=64, word_embed_proj_dim=16, bos_token_id=1,
+                         eos_token_id=2, pad_token_id=0),
+        num_query_tokens=4, image_token_index=99)
+    folder = save(tmp_path, cfg, "Blip2ForConditionalGeneration")
+    import torch
+
+    from torchdiag.core import image_tokens, inputs, loading
+
+    loaded = loading.load_model(f"hf:{folder}", device=torch.device("cpu"))
+    got = inputs._spec_inputs(tuple(loaded.default_inputs), loaded, torch.device("cpu"), 0)
+    ids = got.kwargs["input_ids"]
+    assert ids.shape == (1, 20) and ids[0, :4].tolist() == [99] * 4 and not (ids[0, 4:] == 99).any()
+    assert len(set(ids[0, 4:].tolist())) > 1   # a prompt, not the zeros of a keyword spec
+    assert image_tokens.count(loaded.model, got) == 4
+    r = cli("gradflow", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    status = {p["name"]: p["status"] for p in r.json["params"]}
+    assert status["vision_model.embeddings.patch_embedding.weight"] in ("ok", "transient-grad")
+    assert "zero-grad" not in status.values() and "not-reached" not in status.values()

@@ -213,8 +213,15 @@ def _packed_patches(cls, config) -> tuple[str, ...] | None:
     grid = next((n for n in params if n.endswith("grid_thw")), None)
     _, required = forward_names(cls)
     patches = next((n for n in required if n != grid), None)
+    if grid is None or patches is None:
+        return None
+    return packed_patches(patches, grid, config)
+
+
+def packed_patches(patches: str, grid: str, config) -> tuple[str, ...] | None:
+    """The specs of _packed_patches for these parameter names (None when the config names no patch sizes)."""
     size = _patch_size(config)
-    if grid is None or patches is None or size is None:
+    if size is None:
         return None
     g = 4 * max(1, _ints(config).get("spatial_merge_size", 1))
     return (f"{patches}={PACKED_IMAGES * g * g}x{size}:float32",
@@ -247,6 +254,12 @@ def forward_params(cls) -> dict:
         return dict(inspect.signature(cls.forward).parameters)
     except (TypeError, ValueError, AttributeError):
         return {}
+
+
+def patch_of(config) -> int:
+    """The config's patch side (1 when it names none)."""
+    p = _ints(config).get("patch_size", 1)
+    return p if p > 0 else 1
 
 
 def _patch_size(config) -> int | None:

@@ -411,8 +411,10 @@ def _spec_inputs(specs: tuple[str, ...], loaded, device, seed: int) -> ModelInpu
     """A source's specs: positional `SHAPE:DTYPE` as -i gives them, keyword `name=SHAPE:DTYPE[~fill]` (hf_inputs)."""
     import torch
 
-    from . import hf_inputs
+    from . import hf_inputs, image_tokens
 
+    token = next((int(s.rsplit(":", 1)[1]) for s in specs if s.startswith(image_tokens.SPEC + "=")), None)
+    specs = tuple(s for s in specs if not s.startswith(image_tokens.SPEC + "="))
     positional = [s for s in specs if "=" not in s]
     gen = torch.Generator().manual_seed(seed)
     keywords = {hf_inputs.split(s)[0]: hf_inputs.make(s, device, gen) for s in specs if "=" in s}
@@ -421,12 +423,15 @@ def _spec_inputs(specs: tuple[str, ...], loaded, device, seed: int) -> ModelInpu
     if not positional:
         return ModelInputs((), keywords)
     inputs = resolve_inputs(positional, loaded, device, seed, keywords=keywords)
+    if token is not None:   # a vision-language model's ids hold its image's placeholder tokens
+        image_tokens.rebuild(inputs, loaded.model, token)
     _end_with_eos(inputs, loaded.model)     # before any probe: the ids probed are the ids used
     return inputs
 
 
-def runs(model, inputs: ModelInputs) -> bool:
-    """One forward under no_grad that leaves no trace (RNG forked, buffers restored): does it run?"""
+def runs(model, inputs: ModelInputs, stop: type[Exception] | None = None) -> bool:
+    """One forward under no_grad that leaves no trace (RNG forked, buffers restored): does it run? (`stop`: an
+    exception a hook raises to end it early, counted as running.)"""
     import torch
 
     saved = {n: b.detach().clone() for n, b in model.named_buffers()}
@@ -435,7 +440,9 @@ def runs(model, inputs: ModelInputs) -> bool:
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             inputs.call(model)
         return True
-    except Exception:   # noqa: BLE001 - any failure means: not this layout
+    except Exception as exc:   # noqa: BLE001 - any failure means: not this layout
+        if stop is not None and isinstance(exc, stop):
+            return True
         return False
     finally:
         with torch.no_grad():

@@ -392,7 +392,7 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
 
     model_cls = _model_class(cls, config)
     if model_cls is not None and hf_inputs.needs_candidates(model_cls, config):
-        tries = hf_inputs.candidates(model_cls, config)
+        tries = list(_pixels_with_tokens(model_cls, config)) + hf_inputs.candidates(model_cls, config)
         if tries:
             main, required = hf_inputs.forward_names(model_cls)
             if required and main not in hf_inputs.forward_params(model_cls):
@@ -435,6 +435,11 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
         extra = f"; with {pixels.split(':')[0].replace('=', ' ')} from the config when ids alone do not run"
     else:
         extra = ""
+    images = _image_with_tokens(model_cls, config, source.inputs[0])
+    if images:    # a vision-language model: its image path first, ids alone when that does not run
+        source.inputs, source.alternatives = images[0], images[1:] + (source.inputs,) + source.alternatives
+        extra = (f"; first with an image ({' '.join(s.split(':')[0].replace('=', ' ') for s in images[0][1:-1])}) and "
+                 "its placeholder tokens in the ids, as its processor writes them" + extra)
     source.input_source = f"hf:{path} default (token ids, length {length}" + (f", vocab {vocab}" if vocab else "") + extra + ")"
     if vocab and _lm_head(cls):
         source.labels_from_ids = True
@@ -459,7 +464,60 @@ def _pixels_beside_ids(model_cls, config) -> str | None:
     return f"pixel_values=1x{frames}x{c}x{h}x{w}:float32" if frames else f"pixel_values=1x{c}x{h}x{w}:float32"
 
 
+def _image_with_tokens(model_cls, config, ids: str) -> tuple[tuple[str, ...], ...]:
+    """Layouts (ids, pixels..., `image-tokens=token:ID`) for a forward that reads ids and pixels and a config that
+    names an image placeholder id (core.image_tokens puts the measured count of them into the ids): packed
+    patches beside an `image_grid_thw` (Qwen2-VL-style), else one image as (C, H, W), then with its `image_sizes`
+    where the forward takes them (at most DEFAULT_IMAGE a side: Pixtral; LLaVA's forward takes them too, and fails on
+    them), then as
+    (images, C, H, W) a sample (Idefics-style). () otherwise."""
+    from . import hf_inputs, image_tokens
+
+    token = image_tokens.token_of(config)
+    params = hf_inputs.forward_params(model_cls)
+    if token is None or "pixel_values" not in params:
+        return ()
+    tail = f"{image_tokens.SPEC}=token:{token}"
+    if "image_grid_thw" in params:
+        patches = hf_inputs.packed_patches("pixel_values", "image_grid_thw", getattr(config, "vision_config", None) or config)
+        return ((ids, *patches, tail),) if patches else ()
+    c, h, w = hf_inputs.image_of(config, nested=True) or (3, DEFAULT_IMAGE, DEFAULT_IMAGE)
+    image = f"pixel_values=1x{c}x{h}x{w}:float32"
+    # a forward told each image's size takes any size up to the config's (Pixtral's 1540 is a maximum): a small one
+    side = _small_side(min(h, w), config)
+    sized = ((ids, f"pixel_values=1x{c}x{side}x{side}:float32", f"image_sizes=1x2:int64~each={side},{side}", tail),) \
+        if "image_sizes" in params else ()
+    return ((ids, image, tail),) + sized + ((ids, f"pixel_values=1x1x{c}x{h}x{w}:float32", tail),)
+
+
 PROMPT_LENGTH = 16   # token ids given beside an image: a short prompt
+
+
+def _small_side(side: int, config) -> int:
+    """DEFAULT_IMAGE or less, a whole number of the vision config's patches."""
+    from . import hf_inputs
+
+    patch = hf_inputs.patch_of(getattr(config, "vision_config", None) or config)
+    small = min(side, DEFAULT_IMAGE)
+    return max(patch, small // patch * patch)
+
+
+def _pixels_with_tokens(model_cls, config) -> tuple[tuple[str, ...], ...]:
+    """A layout for a forward that reads pixels first and a language model's `input_ids` too, whose config names an
+    image placeholder id (BLIP-2, InstructBLIP: one token per query the Q-Former hands over): the image, ids of a
+    short prompt that core.image_tokens gives their placeholders, and any other ids the forward requires (a
+    Q-Former's prompt). () otherwise."""
+    from . import hf_inputs, image_tokens
+
+    token = image_tokens.token_of(config)
+    params = hf_inputs.forward_params(model_cls)
+    main, required = hf_inputs.forward_names(model_cls)
+    if token is None or main != "pixel_values" or "input_ids" not in params:
+        return ()
+    c, h, w = hf_inputs.image_of(config, nested=True) or (3, DEFAULT_IMAGE, DEFAULT_IMAGE)
+    others = [f"{n}=1x{PROMPT_LENGTH}:int64" for n in required if n.endswith("_ids") and n != "input_ids"]
+    return ((f"1x{c}x{h}x{w}:float32", f"input_ids=1x{PROMPT_LENGTH}:int64", *others,
+             f"{image_tokens.SPEC}=token:{token}"),)
 
 
 def _ids_beside_pixels(model_cls, config) -> str | None:
