@@ -107,22 +107,26 @@ def _token_ids(config) -> int:
     return top
 
 
-def shrink(config, derived: bool = True) -> None:
+def shrink(config, derived: bool = True, floor: int = -1) -> None:
     """Every known size attribute of `config` and its sub-configs set small (in place); per-layer lists
-    cut to the new depth; the vocabulary kept large enough for every token id the config names."""
+    cut to the new depth; the vocabulary kept large enough for every token id the config or a parent names
+    (`floor`: a vision-language config's image_token_id is read by its text_config's embedding)."""
     from transformers import PretrainedConfig
 
     depth = {k: getattr(config, k) for k in LAYER_COUNTS if isinstance(getattr(config, k, None), int)}
     # multi-head attention stays multi-head (MLA's latent keys are expanded to every query head)
     own = vars(config)
     mha = isinstance(own.get("num_key_value_heads"), int) and own.get("num_key_value_heads") == own.get("num_attention_heads")
-    small = dict(SMALL, vocab_size=max(SMALL["vocab_size"], _token_ids(config) + 1))
+    floor = max(floor, _token_ids(config))
+    small = dict(SMALL, vocab_size=max(SMALL["vocab_size"], floor + 1))
     for key, value in list(vars(config).items()):
         limit = small.get(key, _derived(key) if derived else None)
         if isinstance(value, PretrainedConfig):
-            shrink(value, derived)
+            shrink(value, derived, floor)
         elif limit and isinstance(value, int) and not isinstance(value, bool) and value > limit:
             setattr(config, key, limit)
+        elif key == "vocab_size" and isinstance(value, int) and value <= floor:
+            setattr(config, key, floor + 1)   # a default config whose placeholder id is its vocabulary size (LLaVA)
         elif limit and isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
             # per-stage head counts must divide per-stage widths (swin's 3, 6, 12, 24 over 32, 64, ...): powers of 2
             cut = [_power_of_two(min(v, limit)) if "head" in key else min(v, limit) for v in value]
