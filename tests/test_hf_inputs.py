@@ -341,7 +341,7 @@ def test_a_vision_language_model_whose_image_path_does_not_run_falls_back_to_ids
     r = cli("summary", f"hf:{folder}", "--json")
     assert r.code == 0, r.stderr
     assert r.json["inputs"] == ["input[0]: 1x64 int64"]
-    assert "layout 4 of" in r.json["input_source"]   # after the three image layouts
+    assert "did not run)" in r.json["input_source"]   # after the image layouts
 
 
 def test_a_vision_language_model_with_packed_images_gets_a_block_of_tokens_per_image(tmp_path, cli):
@@ -396,3 +396,22 @@ def test_a_q_former_model_gets_one_placeholder_per_query(tmp_path, cli):
     status = {p["name"]: p["status"] for p in r.json["params"]}
     assert status["vision_model.embeddings.patch_embedding.weight"] in ("ok", "transient-grad")
     assert "zero-grad" not in status.values() and "not-reached" not in status.values()
+
+
+def test_a_tiling_vision_language_model_gets_its_views_and_their_size(tmp_path, cli):
+    # LLaVA-NeXT reads (images, views, C, H, W) beside image_sizes; a 32 x 32 image on pinpoints 32x64 / 64x32 is
+    # a base view and two tiles (of the 5 given, the rest unread); its image features follow the tiles' layout
+    vision = transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                           num_attention_heads=2, image_size=32, patch_size=8)
+    text = transformers.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                    num_key_value_heads=2, vocab_size=100, max_position_embeddings=256)
+    cfg = transformers.LlavaNextConfig(vision_config=vision, text_config=text, image_token_index=90,
+                                       image_grid_pinpoints=[[32, 64], [64, 32]])
+    folder = save(tmp_path, cfg, "LlavaNextForConditionalGeneration")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"][1:] == ["pixel_values: 1x5x3x32x32 float32", "image_sizes: 1x2 int64"]
+    r = cli("gradflow", f"hf:{folder}", "--json")
+    status = {p["name"]: p["status"] for p in r.json["params"]}
+    assert status["model.vision_tower.encoder.layers.0.mlp.fc1.weight"] == "ok", r.stderr
+    assert "not-reached" not in status.values()

@@ -485,12 +485,18 @@ def _image_with_tokens(model_cls, config, ids: str) -> tuple[tuple[str, ...], ..
     image = f"pixel_values=1x{c}x{h}x{w}:float32"
     # a forward told each image's size takes any size up to the config's (Pixtral's 1540 is a maximum): a small one
     side = _small_side(min(h, w), config)
-    sized = ((ids, f"pixel_values=1x{c}x{side}x{side}:float32", f"image_sizes=1x2:int64~each={side},{side}", tail),) \
-        if "image_sizes" in params else ()
+    sizes = f"image_sizes=1x2:int64~each={h},{w}"
+    # tiles of one image (LLaVA-NeXT: the base view and its grid's tiles, as many as the image's size asks for of
+    # the TILES given, the rest unread)
+    sized = ((ids, f"pixel_values=1x{c}x{side}x{side}:float32", f"image_sizes=1x2:int64~each={side},{side}", tail),
+             (ids, f"pixel_values=1x{TILES}x{c}x{h}x{w}:float32", sizes, tail)) if "image_sizes" in params else ()
     return ((ids, image, tail),) + sized + ((ids, f"pixel_values=1x1x{c}x{h}x{w}:float32", tail),)
 
 
 PROMPT_LENGTH = 16   # token ids given beside an image: a short prompt
+
+
+TILES = 5   # views of one image given to a tiling forward: the base view and up to 2 x 2 tiles
 
 
 def _small_side(side: int, config) -> int:
