@@ -376,6 +376,37 @@ def test_a_validation_accuracy_that_moves_by_one_sample_is_no_trend():
     assert "0.98" in f.message and "0.86" in f.message
 
 
+def test_a_steady_climb_of_the_validation_loss_is_a_trend_from_its_first_evaluations():
+    # review: noise measured as the median change called a steady climb its own noise (missed below); 200 samples
+    # with a quarter of the labels flipped, memorised: every evaluation worse than the last
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+
+    def data(n):
+        x = torch.randn(n, 20, generator=g)
+        y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+        return x, torch.where(torch.rand(n, generator=g) < 0.25, 1 - y, y)
+
+    x, y = data(200)
+    vx, vy = data(2000)
+    model = nn.Sequential(nn.Linear(20, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 2))
+    opt = torch.optim.Adam(model.parameters(), 5e-5)
+    vals = []
+    with Watch(model, opt, every=10) as w:
+        for step in range(1, 801):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step % 133 == 0:
+                with torch.no_grad():
+                    vals.append(F.cross_entropy(model(vx), vy).item())
+                w.log("val_loss", vals[-1])
+    assert vals == sorted(vals) and vals[-1] > 1.5 * vals[0]   # the truth the finding must state
+    f = finding(w.result(), "val-worsens")
+    assert f"{vals[-1]:.4g}" in f.message
+
+
 def test_optimizer_param_that_never_gets_a_gradient():
     class Net(nn.Module):
         def __init__(self):

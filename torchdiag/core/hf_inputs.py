@@ -320,6 +320,10 @@ def make(spec: str, device, generator):
         return torch.empty(shape, dtype=dt, device="meta")
     if fill == "ones":
         return torch.ones(shape, dtype=dt, device=device)
+    if fill and fill.startswith("arange="):   # ids start, start + 1, ... along the last dimension
+        start = int(fill[7:])
+        row = torch.arange(start, start + (shape[-1] if shape else 1)).to(dt)
+        return row.expand(shape).clone().to(device)
     if fill and fill.startswith("each="):
         row = torch.tensor([float(v) for v in fill[5:].split(",")]).to(dt)
         return row.expand(shape).clone().to(device)

@@ -94,7 +94,8 @@ def rebuild(inputs, model, token: int) -> bool:
 
     positional = bool(inputs.args) and torch.is_tensor(inputs.args[0]) and not inputs.args[0].is_floating_point()
     ids = inputs.args[0] if positional else inputs.kwargs.get("input_ids")
-    if not torch.is_tensor(ids) or ids.dim() != 2:
+    # on meta the model's own count check reads a value (transformers' VLMs): no image layout runs there anyway
+    if not torch.is_tensor(ids) or ids.dim() != 2 or ids.device.type == "meta":
         return False
     n = count(model, inputs)
     if n is None:

@@ -521,7 +521,8 @@ def _pixels_with_tokens(model_cls, config) -> tuple[tuple[str, ...], ...]:
     if token is None or main != "pixel_values" or "input_ids" not in params:
         return ()
     c, h, w = hf_inputs.image_of(config, nested=True) or (3, DEFAULT_IMAGE, DEFAULT_IMAGE)
-    others = [f"{n}=1x{PROMPT_LENGTH}:int64" for n in required if n.endswith("_ids") and n != "input_ids"]
+    # a prompt of distinct ids from 2 (zeros would all be a padding id: a Q-Former's embedding got no gradient)
+    others = [f"{n}=1x{PROMPT_LENGTH}:int64~arange=2" for n in required if n.endswith("_ids") and n != "input_ids"]
     return ((f"1x{c}x{h}x{w}:float32", f"input_ids=1x{PROMPT_LENGTH}:int64", *others,
              f"{image_tokens.SPEC}=token:{token}"),)
 

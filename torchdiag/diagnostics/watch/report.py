@@ -17,7 +17,7 @@ DEAD_SHARE = 0.5       # a layer with at least this share of its units newly dea
 SPREAD_K = 5.0         # a loss spike is this many robust standard deviations above the recent losses ...
 SPREAD_STEPS = 4       # ... measured over this many windows before it
 VAL_TAIL = 3           # val-worsens: the last evaluations (up to this many after the best) must all be worse ...
-VAL_NOISE_K = 2.0      # ... by more than this many times the median change between consecutive evaluations
+VAL_NOISE_K = 2.0      # ... by more than this many times the spread of the changes between consecutive evaluations
 RATIO_LOW = 1e-7       # update/weight ratio below which a weight matrix is said not to learn (info)
 
 
@@ -366,12 +366,15 @@ def _validation(result: Result, engine, pairs) -> None:
 
 def _sustained(vals, best: int, up: bool) -> bool:
     """The evaluations after the best (the last VAL_TAIL of them) are all worse than it by more than 2% of it and
-    by more than the metric's own noise (VAL_NOISE_K x the median change between consecutive evaluations): one
-    unlucky evaluation of a small validation set (an accuracy one sample lower) is not a trend."""
+    by more than the metric's own noise: VAL_NOISE_K x the median distance of the changes between consecutive
+    evaluations from their median change (a steady climb changes alike each time: no noise; an accuracy one
+    sample up, one down, is all noise). One unlucky evaluation of a small validation set is not a trend."""
     v = [x for _, x in vals]
     tail = v[best + 1:][-VAL_TAIL:]
     worse = min((v[best] - x) if up else (x - v[best]) for x in tail)
-    noise = statistics.median(abs(b - a) for a, b in zip(v, v[1:]))
+    steps = [b - a for a, b in zip(v, v[1:])]
+    typical = statistics.median(steps)
+    noise = statistics.median(abs(d - typical) for d in steps)
     return worse > max(0.02 * max(abs(v[best]), 1e-12), VAL_NOISE_K * noise)
 
 
