@@ -456,3 +456,15 @@ def test_a_q_former_prompt_is_not_its_padding(tmp_path):
     assert cfg.qformer_config.pad_token_id not in prompt.tolist() and len(set(prompt.tolist())) == len(prompt)
     assert got.kwargs["input_ids"][0, :4].tolist() == [99] * 4
     assert inputs.runs(loaded.model, got)
+
+
+def test_a_layout_model_that_refuses_ids_alone_gets_a_box_per_token(tmp_path, cli):
+    # UDOP's relative position bias needs each token's box (batch, tokens, 4); transformers' examples give
+    # [0, 0, 1, 1]: as integers its bias cannot average them, as floats it runs
+    cfg = transformers.UdopConfig(d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
+                                  vocab_size=100, image_size=32, patch_size=8)
+    folder = save(tmp_path, cfg, "UdopModel")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"][:2] == ["input[0]: 1x128 int64", "bbox: 1x128x4 float32"], r.json["inputs"]
+    assert "box per token" in r.json["input_source"]

@@ -435,6 +435,10 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
         extra = f"; with {pixels.split(':')[0].replace('=', ' ')} from the config when ids alone do not run"
     else:
         extra = ""
+    boxes = _boxes(model_cls, source.inputs[0])
+    if boxes:     # a layout model that refuses ids without their boxes (Bros, UDOP): tried after the ids alone
+        source.alternatives += boxes
+        extra += "; with a box per token (bbox) when ids alone do not run"
     images = _image_with_tokens(model_cls, config, source.inputs[0])
     if images:    # a vision-language model: its image path first, ids alone when that does not run
         source.inputs, source.alternatives = images[0], images[1:] + (source.inputs,) + source.alternatives
@@ -497,6 +501,18 @@ PROMPT_LENGTH = 16   # token ids given beside an image: a short prompt
 
 
 TILES = 5   # views of one image given to a tiling forward: the base view and up to 2 x 2 tiles
+
+
+def _boxes(model_cls, ids: str) -> tuple[tuple[str, ...], ...]:
+    """Layouts with one box per token, (x0, y0, x1, y1) = (0, 0, 1, 1) as transformers' own examples give it, as
+    integers (LayoutLM's 0..1000 grid) then as floats (Bros' normalised corners), for a forward that takes a
+    `bbox`; () otherwise."""
+    from . import hf_inputs
+
+    if "bbox" not in hf_inputs.forward_params(model_cls):
+        return ()
+    length = ids.split(":")[0].split("x")[-1]
+    return tuple((ids, f"bbox=1x{length}x4:{dtype}~each=0,0,1,1") for dtype in ("int64", "float32"))
 
 
 def _small_side(side: int, config) -> int:
