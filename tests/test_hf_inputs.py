@@ -459,8 +459,9 @@ def test_a_q_former_prompt_is_not_its_padding(tmp_path):
 
 
 def test_a_layout_model_that_refuses_ids_alone_gets_a_box_per_token(tmp_path, cli):
-    # UDOP's relative position bias needs each token's box (batch, tokens, 4); transformers' examples give
-    # [0, 0, 1, 1]: as integers its bias cannot average them, as floats it runs
+    # UDOP's relative position biases need each token's box (batch, tokens, 4); as integers its bias cannot average
+    # them, as floats it runs. The tokens are laid out as lines of words: one box for all (a first version) left
+    # the horizontal and vertical biases constant over the keys, and gradflow warned vanishing-grad on them
     cfg = transformers.UdopConfig(d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
                                   vocab_size=100, image_size=32, patch_size=8)
     folder = save(tmp_path, cfg, "UdopModel")
@@ -468,3 +469,18 @@ def test_a_layout_model_that_refuses_ids_alone_gets_a_box_per_token(tmp_path, cl
     assert r.code == 0, r.stderr
     assert r.json["inputs"][:2] == ["input[0]: 1x128 int64", "bbox: 1x128x4 float32"], r.json["inputs"]
     assert "box per token" in r.json["input_source"]
+    r = cli("gradflow", f"hf:{folder}", "--json")
+    biases = {p["name"]: p["status"] for p in r.json["params"] if p["name"].startswith("encoder.relative_bias")}
+    assert biases and set(biases.values()) == {"ok"}, biases
+
+
+def test_token_boxes_are_lines_of_words_on_the_page():
+    import torch
+
+    from torchdiag.core import hf_inputs
+
+    grid = hf_inputs.make("bbox=1x5x4:int64~boxes", torch.device("cpu"), None)[0].tolist()
+    assert grid == [[0, 0, 333, 500], [333, 0, 666, 500], [666, 0, 1000, 500], [0, 500, 333, 1000],
+                    [333, 500, 666, 1000]]   # 3 words a line (ceil sqrt 5), 2 lines, LayoutLM's 0..1000 grid
+    unit = hf_inputs.make("bbox=2x4x4:float32~boxes", torch.device("cpu"), None)
+    assert unit.shape == (2, 4, 4) and unit[1, 3].tolist() == [0.5, 0.5, 1.0, 1.0]

@@ -294,6 +294,26 @@ def _futures(names: list[str], cls, config):
     return [f for _, f in pairs], length, pairs[0][1] if pairs[0][0] == names[0] else None
 
 
+def _token_boxes(shape, dt):
+    """(..., L, 4) boxes (x0, y0, x1, y1): the L tokens read as lines of text, ceil(sqrt(L)) words a line, each
+    word's box its cell; on LayoutLM's 0..1000 grid for an integer dtype, in [0, 1] for a float one (Bros). Boxes
+    at different distances give a layout model's relative-position biases something to learn from: one box for
+    every token (or one line) leaves them constant over the keys, and their gradient is rounding noise."""
+    import math
+
+    import torch
+
+    n = shape[-2] if len(shape) >= 2 else 1
+    per_line = max(1, math.isqrt(n - 1) + 1) if n > 1 else 1
+    lines = -(-n // per_line)
+    i = torch.arange(n, dtype=torch.float64)
+    col, row = i % per_line, (i // per_line)
+    top = 1.0 if dt.is_floating_point else 1000.0
+    cells = [col / per_line, row / lines, (col + 1) / per_line, (row + 1) / lines]
+    box = torch.stack([c * top if top == 1.0 else (c * top).floor() for c in cells], 1)
+    return box.to(dt).expand(shape).clone()
+
+
 def describe(specs: tuple[str, ...], main: str) -> str:
     return ", ".join(s if "=" in s else f"{main}={s}" for s in specs)
 
@@ -320,6 +340,8 @@ def make(spec: str, device, generator):
         return torch.empty(shape, dtype=dt, device="meta")
     if fill == "ones":
         return torch.ones(shape, dtype=dt, device=device)
+    if fill == "boxes":   # a box per token, the tokens read as lines of text (see _token_boxes)
+        return _token_boxes(shape, dt).to(device)
     if fill and fill.startswith("arange="):   # ids start, start + 1, ... along the last dimension
         start = int(fill[7:])
         row = torch.arange(start, start + (shape[-1] if shape else 1)).to(dt)

@@ -504,15 +504,15 @@ TILES = 5   # views of one image given to a tiling forward: the base view and up
 
 
 def _boxes(model_cls, ids: str) -> tuple[tuple[str, ...], ...]:
-    """Layouts with one box per token, (x0, y0, x1, y1) = (0, 0, 1, 1) as transformers' own examples give it, as
-    integers (LayoutLM's 0..1000 grid) then as floats (Bros' normalised corners), for a forward that takes a
-    `bbox`; () otherwise."""
+    """Layouts with one box per token, the tokens laid out as lines of text (hf_inputs' `~boxes` fill), as integers
+    (LayoutLM's 0..1000 grid) then as floats (Bros' normalised corners), for a forward that takes a `bbox`; ()
+    otherwise."""
     from . import hf_inputs
 
     if "bbox" not in hf_inputs.forward_params(model_cls):
         return ()
     length = ids.split(":")[0].split("x")[-1]
-    return tuple((ids, f"bbox=1x{length}x4:{dtype}~each=0,0,1,1") for dtype in ("int64", "float32"))
+    return tuple((ids, f"bbox=1x{length}x4:{dtype}~boxes") for dtype in ("int64", "float32"))
 
 
 def _small_side(side: int, config) -> int:
