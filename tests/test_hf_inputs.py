@@ -368,10 +368,9 @@ def test_a_vision_language_model_with_packed_images_gets_a_block_of_tokens_per_i
     assert {p["status"] for p in r.json["params"]} == {"ok"}
 
 
-def test_a_q_former_model_gets_one_placeholder_per_query(tmp_path, cli):
-    # BLIP-2 reads pixels first and fills its ids' placeholders with the Q-Former's 4 query outputs without checking
-    # their count: ids without placeholders leave the image out silently (its tower then gets zero gradients)
-    cfg = transformers.Blip2Config(
+def _q_former(config_class):
+    """A tiny BLIP-2-style config: a 32 x 32 image, a one-layer Q-Former with 4 queries, OPT; placeholder id 99."""
+    return config_class(
         vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                            image_size=32, patch_size=8),
         qformer_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -380,6 +379,12 @@ def test_a_q_former_model_gets_one_placeholder_per_query(tmp_path, cli):
                          vocab_size=100, max_position_embeddings=64, word_embed_proj_dim=16, bos_token_id=1,
                          eos_token_id=2, pad_token_id=0),
         num_query_tokens=4, image_token_index=99)
+
+
+def test_a_q_former_model_gets_one_placeholder_per_query(tmp_path, cli):
+    # BLIP-2 reads pixels first and fills its ids' placeholders with the Q-Former's 4 query outputs without checking
+    # their count: ids without placeholders leave the image out silently (its tower then gets zero gradients)
+    cfg = _q_former(transformers.Blip2Config)
     folder = save(tmp_path, cfg, "Blip2ForConditionalGeneration")
     import torch
 
@@ -441,14 +446,7 @@ def test_a_q_former_prompt_is_not_its_padding(tmp_path):
 
     from torchdiag.core import inputs, loading
 
-    cfg = transformers.InstructBlipConfig(
-        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                           image_size=32, patch_size=8),
-        qformer_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                            encoder_hidden_size=16, vocab_size=100),
-        text_config=dict(model_type="opt", hidden_size=16, ffn_dim=32, num_hidden_layers=1, num_attention_heads=2,
-                         vocab_size=100, max_position_embeddings=64, word_embed_proj_dim=16),
-        num_query_tokens=4, image_token_index=99)
+    cfg = _q_former(transformers.InstructBlipConfig)
     folder = save(tmp_path, cfg, "InstructBlipForConditionalGeneration")
     loaded = loading.load_model(f"hf:{folder}", device=torch.device("cpu"))
     got = inputs._spec_inputs(tuple(loaded.default_inputs), loaded, torch.device("cpu"), 0)

@@ -317,6 +317,22 @@ def test_units_that_go_dead():
 
 
 @pytest.mark.slow
+def _fit_logging(model, opt, x, y, steps, log_every, evaluate, name, every=10):
+    """A plain training loop under Watch that logs `name` = evaluate() every `log_every` steps: (result, values)."""
+    vals = []
+    with Watch(model, opt, every=every) as w:
+        for step in range(1, steps + 1):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step % log_every == 0:
+                with torch.no_grad():
+                    vals.append(evaluate())
+                w.log(name, vals[-1])
+    return w.result(), vals
+
+
 def test_validation_metric_worsens_while_training_loss_falls():
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
@@ -324,18 +340,8 @@ def test_validation_metric_worsens_while_training_loss_falls():
     vx, vy = torch.randn(256, 16, generator=g), torch.randint(0, 2, (256,), generator=g)
     model = nn.Sequential(nn.Linear(16, 256), nn.ReLU(), nn.Linear(256, 2))
     opt = torch.optim.Adam(model.parameters(), 1e-2)
-    vals = []
-    with Watch(model, opt, every=20) as w:
-        for step in range(1, 201):
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if step % 20 == 0:
-                with torch.no_grad():
-                    vals.append(F.cross_entropy(model(vx), vy).item())
-                w.log("val_loss", vals[-1])
-    r = w.result()
+    r, vals = _fit_logging(model, opt, x, y, 200, 20, lambda: F.cross_entropy(model(vx), vy).item(), "val_loss",
+                           every=20)
     assert vals[-1] > min(vals) * 1.02   # the truth the finding must state
     f = finding(r, "val-worsens")
     assert f.where == "val_loss" and f"{vals[-1]:.4g}" in f.message
@@ -347,32 +353,16 @@ def test_a_validation_accuracy_that_moves_by_one_sample_is_no_trend():
     torch.manual_seed(0)
     x = torch.randn(64, 8)
     y = (x[:, 0] > 0).long()
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
-    opt = torch.optim.SGD(model.parameters(), 0.1)
-    accs = iter([0.90, 0.94, 0.96, 0.98, 0.96, 0.98, 0.96, 0.98, 0.96])
-    with Watch(model, opt, every=10) as w:
-        for step in range(1, 91):
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if step % 10 == 0:
-                w.log("val_acc", next(accs))
-    r = w.result()
+
+    def run(accs):
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        opt = torch.optim.SGD(model.parameters(), 0.1)
+        return _fit_logging(model, opt, x, y, 90, 10, iter(accs).__next__, "val_acc")[0]
+
+    r = run([0.90, 0.94, 0.96, 0.98, 0.96, 0.98, 0.96, 0.98, 0.96])
     assert not [f for f in r.findings if f.code == "val-worsens"]
     # the same run whose accuracy then stays down by 6 samples is a trend, and is said
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
-    opt = torch.optim.SGD(model.parameters(), 0.1)
-    accs = iter([0.90, 0.94, 0.96, 0.98, 0.96, 0.98, 0.90, 0.88, 0.86])
-    with Watch(model, opt, every=10) as w:
-        for step in range(1, 91):
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if step % 10 == 0:
-                w.log("val_acc", next(accs))
-    f = finding(w.result(), "val-worsens")
+    f = finding(run([0.90, 0.94, 0.96, 0.98, 0.96, 0.98, 0.90, 0.88, 0.86]), "val-worsens")
     assert "0.98" in f.message and "0.86" in f.message
 
 
@@ -391,19 +381,9 @@ def test_a_steady_climb_of_the_validation_loss_is_a_trend_from_its_first_evaluat
     vx, vy = data(2000)
     model = nn.Sequential(nn.Linear(20, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 2))
     opt = torch.optim.Adam(model.parameters(), 5e-5)
-    vals = []
-    with Watch(model, opt, every=10) as w:
-        for step in range(1, 801):
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if step % 133 == 0:
-                with torch.no_grad():
-                    vals.append(F.cross_entropy(model(vx), vy).item())
-                w.log("val_loss", vals[-1])
+    r, vals = _fit_logging(model, opt, x, y, 800, 133, lambda: F.cross_entropy(model(vx), vy).item(), "val_loss")
     assert vals == sorted(vals) and vals[-1] > 1.5 * vals[0]   # the truth the finding must state
-    f = finding(w.result(), "val-worsens")
+    f = finding(r, "val-worsens")
     assert f"{vals[-1]:.4g}" in f.message
 
 
