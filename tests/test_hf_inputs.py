@@ -482,3 +482,34 @@ def test_token_boxes_are_lines_of_words_on_the_page():
                     [333, 500, 666, 1000]]   # 3 words a line (ceil sqrt 5), 2 lines, LayoutLM's 0..1000 grid
     unit = hf_inputs.make("bbox=2x4x4:float32~boxes", torch.device("cpu"), None)
     assert unit.shape == (2, 4, 4) and unit[1, 3].tolist() == [0.5, 0.5, 1.0, 1.0]
+
+
+def test_the_count_is_read_from_an_idefics_style_merge():
+    import torch
+    from torch import nn
+
+    from torchdiag.core import image_tokens
+    from torchdiag.core.inputs import ModelInputs
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.patch = nn.Embedding(50, 8), nn.Linear(12, 8)
+
+        def inputs_merger(self, input_ids, inputs_embeds, image_hidden_states):
+            mask = (input_ids == 49).unsqueeze(-1)
+            assert int(mask.sum()) * inputs_embeds.shape[-1] == image_hidden_states.numel(), "count mismatch"
+            return inputs_embeds.masked_scatter(mask, image_hidden_states)
+
+        def forward(self, input_ids, pixel_values):
+            patches = pixel_values.unfold(2, 2, 2).unfold(3, 2, 2)          # (b, 3, 3, 3, 2, 2): 9 patches
+            feats = self.patch(patches.permute(0, 2, 3, 1, 4, 5).reshape(pixel_values.shape[0], 9, 12))
+            return self.inputs_merger(input_ids, self.embed(input_ids), feats).sum()
+
+    model = Tiny()
+    ids, pixels = torch.randint(0, 40, (2, 20)), torch.randn(2, 3, 6, 6)
+    got = ModelInputs((ids,), {"pixel_values": pixels})
+    assert image_tokens.count(model, got) == 9
+    assert image_tokens.rebuild(got, model, 49) and int((got.args[0] == 49).sum()) == 18
+    model(*got.args, **got.kwargs)     # the rebuilt ids run: 9 placeholders a row
+    assert "inputs_merger" not in model.__dict__

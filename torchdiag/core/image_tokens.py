@@ -15,6 +15,9 @@ import inspect
 SPEC = "image-tokens"   # the pseudo spec `image-tokens=token:ID` that asks for the rebuild (not an input)
 TEXT_AFTER = 16         # text ids after the image's tokens
 _KINDS = ("image", "video", "audio", "vision")
+# the methods transformers' VLMs put image features into the embeddings with, and their features' names
+METHODS = ("get_placeholder_mask", "inputs_merger")
+FEATURES = ("image_features", "image_hidden_states")
 
 
 class _Counted(Exception):
@@ -32,12 +35,13 @@ def token_of(config) -> int | None:
 
 def count(model, inputs) -> int | None:
     """Image features per sample the model computes for these inputs' pixels, or None when its forward does not
-    reach a get_placeholder_mask that is given them or whose mask it then fills (`masked_scatter`: BLIP-2's
-    forward, which checks no count and leaves the image out when the ids hold no placeholder)."""
+    reach a get_placeholder_mask (Idefics: inputs_merger) that is given them or whose mask it then fills
+    (`masked_scatter`: BLIP-2's forward, which checks no count and leaves the image out when the ids hold no
+    placeholder)."""
     import torch
     from torch.overrides import TorchFunctionMode
 
-    holders = [m for m in model.modules() if callable(getattr(type(m), "get_placeholder_mask", None))]
+    holders = [(m, name) for m in model.modules() for name in METHODS if callable(getattr(type(m), name, None))]
     found: list[int] = []
     masks: dict[int, tuple[int, int]] = {}   # id of a mask get_placeholder_mask returned -> (rows, embedding width)
 
@@ -47,7 +51,8 @@ def count(model, inputs) -> int | None:
                 bound = inspect.signature(original).bind(*args, **kwargs).arguments
             except TypeError:
                 return original(*args, **kwargs)
-            feats, embeds = bound.get("image_features"), bound.get("inputs_embeds")
+            feats = next((bound[k] for k in FEATURES if k in bound), None)
+            embeds = bound.get("inputs_embeds")
             if not (torch.is_tensor(embeds) and embeds.dim() >= 2 and embeds.shape[-1] > 0):
                 return original(*args, **kwargs)
             if torch.is_tensor(feats):
@@ -71,14 +76,14 @@ def count(model, inputs) -> int | None:
 
     from .inputs import runs
 
-    for m in holders:
-        m.get_placeholder_mask = capture(m.get_placeholder_mask)
+    for m, name in holders:
+        setattr(m, name, capture(getattr(m, name)))
     try:
         with Fills():
             runs(model, inputs, stop=_Counted)
     finally:
-        for m in holders:
-            m.__dict__.pop("get_placeholder_mask", None)
+        for m, name in holders:
+            m.__dict__.pop(name, None)
     return found[0] if found and found[0] > 0 else None
 
 
