@@ -513,3 +513,27 @@ def test_the_count_is_read_from_an_idefics_style_merge():
     assert image_tokens.rebuild(got, model, 49) and int((got.args[0] == 49).sum()) == 18
     model(*got.args, **got.kwargs)     # the rebuilt ids run: 9 placeholders a row
     assert "inputs_merger" not in model.__dict__
+
+
+def test_an_eos_that_is_the_image_placeholder_is_not_appended(tmp_path):
+    # review: ending each sequence with eos added one placeholder more than the image has features
+    import torch
+
+    from torchdiag.core import inputs, loading
+
+    folder = _llava(tmp_path)
+    cfg = transformers.AutoConfig.from_pretrained(folder)
+    cfg.text_config.eos_token_id = 90
+    cfg.save_pretrained(folder)
+    loaded = loading.load_model(f"hf:{folder}", device=torch.device("cpu"))
+    got = inputs._spec_inputs(tuple(loaded.default_inputs), loaded, torch.device("cpu"), 0)
+    assert int((got.args[0] == 90).sum()) == 16 and inputs.runs(loaded.model, got)
+
+
+def test_a_small_image_is_whole_merged_patches():
+    # review: Mistral3 merges 2 x 2 patches of 8: a 40-pixel side is 5 patches, which no merge tiles; 32 is
+    from torchdiag.core.sources import _small_side
+
+    cfg = transformers.Mistral3Config(vision_config=dict(model_type="pixtral", patch_size=8, image_size=40),
+                                      spatial_merge_size=2)
+    assert _small_side(40, cfg) == 32 and _small_side(1540, cfg) == 224

@@ -387,6 +387,22 @@ def test_a_steady_climb_of_the_validation_loss_is_a_trend_from_its_first_evaluat
     assert f"{vals[-1]:.4g}" in f.message
 
 
+@pytest.mark.parametrize("name, values", [
+    ("val_dice", [0.2, 0.4, 0.55, 0.65, 0.72, 0.78, 0.84]),                # higher is better
+    ("metrics/mAP50(B)", [0.05, 0.2, 0.35, 0.45, 0.52, 0.58, 0.62]),
+    ("val_top1_err", [92.0, 70.0, 55.0, 47.0, 41.0, 38.0, 35.8]),           # a top-k word, and lower is better
+    ("val_loss_giou", [1.4, 1.1, 0.95, 0.85, 0.76, 0.7, 0.66])])
+def test_a_metric_improving_is_no_finding_whatever_its_direction(name, values):
+    # review: the direction came from name words alone (mAP50 and dice read as losses, top1_err as an accuracy)
+    torch.manual_seed(0)
+    x = torch.randn(32, 8)
+    y = (x[:, 0] > 0).long()
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    r = _fit_logging(model, opt, x, y, 70, 10, iter(values).__next__, name)[0]
+    assert not [f.message for f in r.findings if f.code == "val-worsens"]
+
+
 def test_optimizer_param_that_never_gets_a_gradient():
     class Net(nn.Module):
         def __init__(self):

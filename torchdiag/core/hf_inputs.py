@@ -262,6 +262,12 @@ def patch_of(config) -> int:
     return p if p > 0 else 1
 
 
+def merge_of(config) -> int:
+    """The config's spatial merge size (1 when it names none)."""
+    m = _ints(config).get("spatial_merge_size", 1)
+    return m if m > 0 else 1
+
+
 def _patch_size(config) -> int | None:
     """The values of one flattened patch: channels x temporal_patch_size x patch_size², from the config."""
     ints = _ints(config)

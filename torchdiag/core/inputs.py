@@ -387,6 +387,8 @@ def _end_with_eos(inputs: ModelInputs, model) -> None:
     eos, vocab = _config_int(config, "eos_token_id"), _config_int(config, "vocab_size")
     if eos is not None and eos == _config_int(config, "pad_token_id"):
         return      # GPT-2 style: EOS doubles as padding; a padded last position is not what a tokenizer gives
+    if eos is not None and eos in (_config_int(config, "image_token_id"), _config_int(config, "image_token_index")):
+        return      # the placeholder of an image: one more would ask for a feature nobody gives
     ids = inputs.args[0] if inputs.args else None
     if eos is None or vocab is None or not 0 <= eos < vocab or not torch.is_tensor(ids) or ids.dim() != 2 \
             or ids.dtype not in (torch.int64, torch.int32) or ids.device.type == "meta" or ids.shape[1] < 2:

@@ -516,10 +516,11 @@ def _boxes(model_cls, ids: str) -> tuple[tuple[str, ...], ...]:
 
 
 def _small_side(side: int, config) -> int:
-    """DEFAULT_IMAGE or less, a whole number of the vision config's patches."""
+    """DEFAULT_IMAGE or less, a whole number of the vision config's patches (merged ones where it merges them)."""
     from . import hf_inputs
 
-    patch = hf_inputs.patch_of(getattr(config, "vision_config", None) or config)
+    vision = getattr(config, "vision_config", None) or config
+    patch = hf_inputs.patch_of(vision) * hf_inputs.merge_of(config)   # whole merged patches (Mistral3: 2 x 2)
     small = min(side, DEFAULT_IMAGE)
     return max(patch, small // patch * patch)
 

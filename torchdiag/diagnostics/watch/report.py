@@ -12,12 +12,15 @@ import statistics
 from ...core.design import TINY_RMS
 from ...results import Column, Result, Table
 
-HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|bleu|rouge|score|iou|map\b|top\d", re.I)
+# a metric's direction by the names metrics are given; a lower-is-better word wins (top1_err, loss_giou)
+LOWER_IS_BETTER = re.compile(r"loss|perplexity|(?<![a-z])(err|errors?|wer|cer|ppl|mse|mae|rmse|nll|fid|bpc|bpd)(?![a-z])", re.I)
+HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|bleu|rouge|score|iou|map|top\d|dice|psnr|ssim|r2\b"
+                              r"|ndcg|mrr|jaccard|corr", re.I)
 DEAD_SHARE = 0.5       # a layer with at least this share of its units newly dead (twice in a row)
 SPREAD_K = 5.0         # a loss spike is this many robust standard deviations above the recent losses ...
 SPREAD_STEPS = 4       # ... measured over this many windows before it
-VAL_TAIL = 3           # val-worsens: the last evaluations (up to this many after the best) must all be worse ...
-VAL_NOISE_K = 2.0      # ... by more than this many times the spread of the changes between consecutive evaluations
+VAL_TAIL = 3           # val-worsens: the last evaluations (up to this many after the best) all worse than it ...
+VAL_NOISE_K = 1.0      # ... their median by this many noise scales more than the best of n draws reaches by chance
 RATIO_LOW = 1e-7       # update/weight ratio below which a weight matrix is said not to learn (info)
 
 
@@ -354,7 +357,7 @@ def _validation(result: Result, engine, pairs) -> None:
         vals = [(s, float(v)) for s, v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
         if len(vals) < 3 or "train" in name.lower():
             continue
-        up = bool(HIGHER_IS_BETTER.search(name))
+        up = bool(HIGHER_IS_BETTER.search(name)) and not LOWER_IS_BETTER.search(name)
         best = (max if up else min)(range(len(vals)), key=lambda i: vals[i][1])
         last = vals[-1][1]
         t0, t1 = train_at(vals[best][0]), train_at(vals[-1][0])
@@ -365,17 +368,19 @@ def _validation(result: Result, engine, pairs) -> None:
 
 
 def _sustained(vals, best: int, up: bool) -> bool:
-    """The evaluations after the best (the last VAL_TAIL of them) are all worse than it by more than 2% of it and
-    by more than the metric's own noise: VAL_NOISE_K x the median distance of the changes between consecutive
-    evaluations from their median change (a steady climb changes alike each time: no noise; an accuracy one
-    sample up, one down, is all noise). One unlucky evaluation of a small validation set is not a trend."""
+    """The evaluations after the best (the last VAL_TAIL of them) are all worse than it, and their median by more
+    than 2% of it and by more than the metric's own noise allows: the best of n noisy evaluations lies about
+    sqrt(2 ln n) noise scales beyond their level by chance, and VAL_NOISE_K more is asked. The noise scale is the
+    robust spread of each evaluation about its neighbours' mean, which a smooth curve, falling or climbing, does
+    not have (an accuracy one sample up, one down, is all noise)."""
     v = [x for _, x in vals]
-    tail = v[best + 1:][-VAL_TAIL:]
-    worse = min((v[best] - x) if up else (x - v[best]) for x in tail)
-    steps = [b - a for a, b in zip(v, v[1:])]
-    typical = statistics.median(steps)
-    noise = statistics.median(abs(d - typical) for d in steps)
-    return worse > max(0.02 * max(abs(v[best]), 1e-12), VAL_NOISE_K * noise)
+    worse = [(v[best] - x) if up else (x - v[best]) for x in v[best + 1:][-VAL_TAIL:]]
+    off = [v[i] - (v[i - 1] + v[i + 1]) / 2 for i in range(1, len(v) - 1)]
+    centre = statistics.median(off)
+    # 1.4826 x MAD: a normal's standard deviation; a neighbour residual's is sqrt(1.5) x the evaluations'
+    noise = 1.4826 * statistics.median(abs(x - centre) for x in off) / math.sqrt(1.5)
+    need = max(0.02 * max(abs(v[best]), 1e-12), noise * (VAL_NOISE_K + math.sqrt(2 * math.log(len(v)))))
+    return min(worse) > 0 and statistics.median(worse) > need
 
 
 def _tiny_at_start(track, i: int, p) -> bool:
