@@ -286,6 +286,30 @@ def test_submodule_left_in_eval_mode():
     assert "trained-in-eval-mode" not in codes(r)
 
 
+def test_dead_units_passed_on_by_a_pool_and_a_flatten_are_one_finding():
+    # the same mix-up as watch_dead_units.py on a conv net: the ReLU's channels die, and the max-pool and the
+    # flatten after it (no parameters, reading its output) carry the same dead units: named once, with them
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(256, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = torch.randn(1, 1, 8, 8).abs()
+    with Watch(model, opt, every=10) as wt:
+        for step in range(1, 101):
+            x = torch.rand(32, 1, 8, 8)
+            y = torch.full((32, 1), -30.0) if step == 40 else (x * w).sum((1, 2, 3)).unsqueeze(1) / 8
+            loss = F.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    found = [f for f in wt.result().findings if f.code == "dead-units"]
+    assert [f.where for f in found] == ["1"], [f.message for f in found]
+    assert "passed on by 2, 3" in found[0].message
+    # independent truth: the ReLU's channels zero for 512 fresh inputs are dead for a batch of 32 too (the finding's
+    # count, measured on the run's own batch, can only be larger)
+    dead = int((torch.relu(model[0](torch.rand(512, 1, 8, 8))).amax((0, 2, 3)) == 0).sum())
+    assert 8 <= dead <= int(found[0].message.split(" of ")[0]) <= 16, (dead, found[0].message)
+
+
 def test_divergence_after_the_learning_rate_rose():
     r = script("watch_diverge", "--bad-step", 60)
     f = finding(r, "loss-diverged")

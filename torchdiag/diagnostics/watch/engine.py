@@ -67,7 +67,7 @@ class Engine:
         self.metrics: dict[str, list] = {}  # w.log(name, value): [(step, value)]
         self.events: list[dict] = []        # non-finite values (with replay), found at reads
         self.checks = {"eval_steps": [], "eval_modules": {}, "not_in_optimizer": {}, "carried": [],
-                       "dead": {}, "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": []}
+                       "dead": {}, "dead_feeds": {}, "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": []}
         self.ratios: dict[str, list] = {}   # parameter name -> [(step, update/weight ratio)]
         self.reads = 0
         self.pending: list = []             # (kind, payload, tensor) waiting for the next read

@@ -415,14 +415,29 @@ def _layers(result: Result, engine) -> None:
 
 
 def _dead(result: Result, engine) -> None:
-    for name, samples in engine.checks["dead"].items():
-        last = samples[-2:]
-        if len(samples) >= 3 and all(nonneg and units >= 4 and newly >= DEAD_SHARE * units
-                                     for _, newly, _, nonneg, units in last):
-            step, newly, _, _, units = samples[-1]
-            result.add("dead-units", "warning", name, f"{int(newly)} of {units} units of {name} went dead over the run "
-                       f"(alive at step {samples[0][0]}, zero for the whole batch at step {step})",
-                       "lower the learning rate, or use LeakyReLU/GELU")
+    dead = {name: samples for name, samples in engine.checks["dead"].items()
+            if len(samples) >= 3 and all(nonneg and units >= 4 and newly >= DEAD_SHARE * units
+                                         for _, newly, _, nonneg, units in samples[-2:])}
+    feeds = engine.checks.get("dead_feeds", {})
+    passed: dict[str, list[str]] = {}   # a dead module -> the parameter-free modules after it that pass its units on
+    for name in dead:
+        source = feeds.get(name)
+        while source in feeds and source not in dead:
+            source = feeds[source]
+        if source in dead:
+            root = source
+            while feeds.get(root) in dead:
+                root = feeds[root]
+            passed.setdefault(root, []).append(name)
+    folded = {n for names in passed.values() for n in names}
+    for name, samples in dead.items():
+        if name in folded:
+            continue
+        step, newly, _, _, units = samples[-1]
+        after = f"; passed on by {', '.join(passed[name])}" if name in passed else ""
+        result.add("dead-units", "warning", name, f"{int(newly)} of {units} units of {name} went dead over the run "
+                   f"(alive at step {samples[0][0]}, zero for the whole batch at step {step}{after})",
+                   "lower the learning rate, or use LeakyReLU/GELU")
 
 
 def _verdict(result: Result, engine, interrupted, failure) -> None:

@@ -3,6 +3,7 @@ as tensors and read back together (`read_parts`: one sync per device); `absorb` 
 from __future__ import annotations
 
 import math
+import weakref
 
 SAMPLE = 256          # elements per parameter sampled for the update/weight ratio
 CARRY_PROBES = 4      # parameters per optimizer whose old gradient is looked at in the next backward
@@ -268,6 +269,7 @@ class DeadUnits:
         self.handles: list = []
         self.seen: list = []   # (name, per-unit max, per-unit min)
         self.calls: dict[str, int] = {}   # calls of each module in this forward
+        self.made: dict[int, tuple] = {}  # storage of an output seen -> (the entry that made it, a weakref to it)
 
     def attach(self):
         prefix = self.engine.root_prefix(self.module)   # per model: two models' "0" are not one module
@@ -288,9 +290,23 @@ class DeadUnits:
                 # a module called again in one forward (a ResNet block's one ReLU, twice) is another layer of
                 # units: its own entry, `name#2`, compared with its own first sample
                 k = self.calls[name] = self.calls.get(name, 0) + 1
-                self.seen.append((name if k == 1 else f"{name}#{k}", output.amax(rest), output.amin(rest)))
+                entry = name if k == 1 else f"{name}#{k}"
+                self._passed_on(module, args, entry)
+                self.made[output.untyped_storage().data_ptr()] = (entry, weakref.ref(output))
+                self.seen.append((entry, output.amax(rest), output.amin(rest)))
             return None
         return hook
+
+    def _passed_on(self, module, args, entry: str) -> None:
+        """A module without parameters whose input is another module's output (a pool or a flatten after a
+        ReLU) passes that module's dead units on: noted (host-side names only) so the report names them once."""
+        import torch
+
+        x = args[0] if args else None
+        if torch.is_tensor(x) and not any(True for _ in module.parameters(recurse=False)):
+            made = self.made.get(x.untyped_storage().data_ptr())
+            if made is not None and made[1]() is not None:   # still alive: its memory was not reused since
+                self.engine.checks["dead_feeds"][entry] = made[0]
 
     def collect(self):
         import torch
