@@ -188,3 +188,35 @@ def test_a_child_used_without_being_called_shares_its_discarded_parent_s_finding
     rows = {r["name"]: r for r in res.table("params").rows}
     assert rows["tower.head.attention.out_proj.weight"]["reason"] == "discarded"
     assert "5 parameter tensors" in res.findings[0].message
+
+
+class Spare(nn.Module):
+    """A block with a child it never calls, whose own output is used (the child is simply unused)."""
+
+    def __init__(self, grad: bool = True):
+        super().__init__()
+        self.grad = grad
+        self.used, self.spare = nn.Linear(6, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        with torch.set_grad_enabled(self.grad):
+            return torch.relu(self.used(x))
+
+
+class Holder(nn.Module):
+    def __init__(self, grad: bool = True):
+        super().__init__()
+        self.block, self.head = Spare(grad), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.block(x))
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_a_child_never_called_keeps_its_own_unused_finding_unless_its_parent_s_graph_was_cut(grad):
+    # third review: the fold above named an unused child "detached" under a parent that ran under no_grad (fix
+    # the no_grad and the child still gets nothing), hiding its own finding and --allow hint
+    res = api_run("gradflow", Holder(grad), (x(),))
+    found = {f.where: f for f in res.findings if f.code == "no-grad"}
+    assert "block.spare" in found and "never ran" in found["block.spare"].message, [f.message for f in res.findings]
+    assert ("block.used" in found) == (not grad)

@@ -415,7 +415,9 @@ def test_a_steady_climb_of_the_validation_loss_is_a_trend_from_its_first_evaluat
     ("val_dice", [0.2, 0.4, 0.55, 0.65, 0.72, 0.78, 0.84]),                # higher is better
     ("metrics/mAP50(B)", [0.05, 0.2, 0.35, 0.45, 0.52, 0.58, 0.62]),
     ("val_top1_err", [92.0, 70.0, 55.0, 47.0, 41.0, 38.0, 35.8]),           # a top-k word, and lower is better
-    ("val_loss_giou", [1.4, 1.1, 0.95, 0.85, 0.76, 0.7, 0.66])])
+    ("val_loss_giou", [1.4, 1.1, 0.95, 0.85, 0.76, 0.7, 0.66]),
+    ("val_mape", [79.7, 60.0, 48.0, 38.0, 31.0, 27.0, 24.3]),              # not mAP (third review)
+    ("val_incorrect", [40.0, 30.0, 24.0, 20.0, 17.0, 15.0, 14.0])])       # not corr
 def test_a_metric_improving_is_no_finding_whatever_its_direction(name, values):
     # review: the direction came from name words alone (mAP50 and dice read as losses, top1_err as an accuracy)
     torch.manual_seed(0)

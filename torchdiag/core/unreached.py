@@ -11,7 +11,7 @@ def why(name, rec, reach: set[int], modules) -> tuple[str, str]:
     mod = owner(name)
     ran = rec.order
     cut = _cut(_ran(mod, rec), rec, reach) if mod not in ran else None
-    if cut is not None:   # its module never ran, but the one around it ran and was cut off (MHA's out_proj)
+    if cut is not None and _graph_cut(cut, rec):   # never called, inside a module whose graph was cut (MHA's out_proj)
         return "detached", _detached(cut, rec)
     if mod not in ran:
         # the highest ancestor that never ran either (an unused submodule, not just its leaf)
@@ -35,8 +35,15 @@ def cut_of(name: str, rec, reach: set[int]) -> str | None:
     if mod is None:
         return None
     cut = _cut(mod, rec, reach)
-    nodes = rec.nodes.get(cut, []) if cut is not None else []
-    return cut if nodes and any(n is not None for n in nodes) else None
+    return cut if cut is not None and _graph_cut(cut, rec) else None
+
+
+def _graph_cut(cut: str, rec) -> bool:
+    """The cut module returned tensors with an autograd graph, with grad enabled: a child it used without calling
+    it would be in that graph, cut with it. (Outputs without a graph, or a dataclass torchdiag cannot look
+    into, say nothing about a child that never ran: it keeps its own `unused`.)"""
+    nodes = rec.nodes.get(cut, [])
+    return bool(nodes) and any(n is not None for n in nodes) and rec.grad_enabled.get(cut, True)
 
 
 def _ran(mod: str, rec) -> str | None:

@@ -13,9 +13,10 @@ from ...core.design import TINY_RMS
 from ...results import Column, Result, Table
 
 # a metric's direction by the names metrics are given; a lower-is-better word wins (top1_err, loss_giou)
-LOWER_IS_BETTER = re.compile(r"loss|perplexity|(?<![a-z])(err|errors?|wer|cer|ppl|mse|mae|rmse|nll|fid|bpc|bpd)(?![a-z])", re.I)
-HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|bleu|rouge|score|iou|map|top\d|dice|psnr|ssim|r2\b"
-                              r"|ndcg|mrr|jaccard|corr", re.I)
+LOWER_IS_BETTER = re.compile(r"loss|perplexity|mape|mapd|distance|incorrect"
+                             r"|(?<![a-z])(err|errors?|wer|cer|ppl|mse|mae|rmse|nll|fid|bpc|bpd|dist)(?![a-z])", re.I)
+HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|bleu|rouge|score|iou|(?<![a-z])map(?![a-z])|top\d|dice"
+                              r"|psnr|ssim|r2\b|ndcg|mrr|jaccard|(?<![a-z])corr(?!upt)", re.I)
 DEAD_SHARE = 0.5       # a layer with at least this share of its units newly dead (twice in a row)
 SPREAD_K = 5.0         # a loss spike is this many robust standard deviations above the recent losses ...
 SPREAD_STEPS = 4       # ... measured over this many windows before it
