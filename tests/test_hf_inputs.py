@@ -295,6 +295,7 @@ def _llava(tmp_path, **kw):
     return save(tmp_path, cfg, "LlavaForConditionalGeneration")
 
 
+@pytest.mark.slow   # a gradflow run with its re-check: seconds
 def test_a_vision_language_model_runs_its_image_with_one_token_per_image_feature(tmp_path, cli):
     folder = _llava(tmp_path)
     r = cli("gradflow", f"hf:{folder}", "--json")
@@ -381,6 +382,7 @@ def _q_former(config_class):
         num_query_tokens=4, image_token_index=99)
 
 
+@pytest.mark.slow   # a gradflow run with its re-check: seconds
 def test_a_q_former_model_gets_one_placeholder_per_query(tmp_path, cli):
     # BLIP-2 reads pixels first and fills its ids' placeholders with the Q-Former's 4 query outputs without checking
     # their count: ids without placeholders leave the image out silently (its tower then gets zero gradients)
