@@ -223,7 +223,7 @@ def packed_patches(patches: str, grid: str, config) -> tuple[str, ...] | None:
     size = _patch_size(config)
     if size is None:
         return None
-    g = 4 * max(1, _ints(config).get("spatial_merge_size", 1))
+    g = 4 * merge_of(config)
     return (f"{patches}={PACKED_IMAGES * g * g}x{size}:float32",
             f"{grid}={PACKED_IMAGES}x3:int64~each=1,{g},{g}")
 

@@ -5,9 +5,10 @@ Such a model (LLaVA, Qwen2-VL, PaliGemma, ...) swaps each `image_token_id` in th
 refuses a count that differs from the features its vision tower computes. That count depends on the tower,
 its projector and the image size, so it is measured, not computed from the config: one forward with the ids
 and pixels stops at the model's own `get_placeholder_mask(input_ids, inputs_embeds, image_features)` (the
-method transformers' VLMs share) and reads image_features.numel() / the embedding width there. The ids are
-then rebuilt as N image tokens followed by a short text. A model without that method, or whose forward does
-not reach it with these pixels, keeps its ids as they were (the probe then falls back to ids alone)."""
+method transformers' VLMs share; Idefics' `inputs_merger`), or at the `masked_scatter` into the mask it returned
+(BLIP-2), and reads the features' numel() / the embedding width there. The ids are then rebuilt as N image
+tokens followed by a short text. A model without those methods, or whose forward does not reach them with these
+pixels, keeps its ids as they were (the probe then falls back to ids alone)."""
 from __future__ import annotations
 
 import inspect
@@ -88,11 +89,11 @@ def count(model, inputs) -> int | None:
 
 
 def rebuild(inputs, model, token: int) -> bool:
-    """Replace the ids (inputs.args[0], else input_ids; batch x length) by each row's images, N placeholder tokens each with a text id
-    after it, then TEXT_AFTER text ids; False (inputs unchanged) when the count cannot be read. The length is not
-    checked against the config's position table: a rotary model runs past it, and the probe forward that follows
-    finds out for one with a learned table. A forward that takes `mm_token_type_ids` (multimodal rotary
-    positions) gets them: 1 at the image's tokens, 0 elsewhere."""
+    """Replace the ids (inputs.args[0], else input_ids; batch x length) by each row's images, N placeholder tokens
+    each with a text id after it, then TEXT_AFTER text ids; False (inputs unchanged) when the count cannot be read.
+    The length is not checked against the config's position table: a rotary model runs past it, and the probe
+    forward that follows finds out for one with a learned table. A forward that takes `mm_token_type_ids`
+    (multimodal rotary positions) gets them: 1 at the image's tokens, 0 elsewhere."""
     import torch
 
     from .hf_inputs import forward_params

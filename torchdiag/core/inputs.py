@@ -383,11 +383,13 @@ def _end_with_eos(inputs: ModelInputs, model) -> None:
     key and the query and key projections get exactly zero gradient."""
     import torch
 
+    from . import image_tokens
+
     config = getattr(model, "config", None)
     eos, vocab = _config_int(config, "eos_token_id"), _config_int(config, "vocab_size")
     if eos is not None and eos == _config_int(config, "pad_token_id"):
         return      # GPT-2 style: EOS doubles as padding; a padded last position is not what a tokenizer gives
-    if eos is not None and eos in (_config_int(config, "image_token_id"), _config_int(config, "image_token_index")):
+    if eos is not None and eos == image_tokens.token_of(config):
         return      # the placeholder of an image: one more would ask for a feature nobody gives
     ids = inputs.args[0] if inputs.args else None
     if eos is None or vocab is None or not 0 <= eos < vocab or not torch.is_tensor(ids) or ids.dim() != 2 \

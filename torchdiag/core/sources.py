@@ -468,13 +468,16 @@ def _pixels_beside_ids(model_cls, config) -> str | None:
     return f"pixel_values=1x{frames}x{c}x{h}x{w}:float32" if frames else f"pixel_values=1x{c}x{h}x{w}:float32"
 
 
+PROMPT_LENGTH = 16   # token ids given beside an image: a short prompt
+TILES = 5            # views of one image given to a tiling forward: the base view and up to 2 x 2 tiles
+
+
 def _image_with_tokens(model_cls, config, ids: str) -> tuple[tuple[str, ...], ...]:
     """Layouts (ids, pixels..., `image-tokens=token:ID`) for a forward that reads ids and pixels and a config that
     names an image placeholder id (core.image_tokens puts the measured count of them into the ids): packed
     patches beside an `image_grid_thw` (Qwen2-VL-style), else one image as (C, H, W), then with its `image_sizes`
-    where the forward takes them (at most DEFAULT_IMAGE a side: Pixtral; LLaVA's forward takes them too, and fails on
-    them), then as
-    (images, C, H, W) a sample (Idefics-style). () otherwise."""
+    where the forward takes them (at most DEFAULT_IMAGE a side: Pixtral; LLaVA's forward takes them too, and fails
+    on them) and as TILES views (LLaVA-NeXT), then as (images, C, H, W) a sample (Idefics-style). () otherwise."""
     from . import hf_inputs, image_tokens
 
     token = image_tokens.token_of(config)
@@ -497,10 +500,6 @@ def _image_with_tokens(model_cls, config, ids: str) -> tuple[tuple[str, ...], ..
     return ((ids, image, tail),) + sized + ((ids, f"pixel_values=1x1x{c}x{h}x{w}:float32", tail),)
 
 
-PROMPT_LENGTH = 16   # token ids given beside an image: a short prompt
-
-
-TILES = 5   # views of one image given to a tiling forward: the base view and up to 2 x 2 tiles
 
 
 def _boxes(model_cls, ids: str) -> tuple[tuple[str, ...], ...]:

@@ -420,25 +420,26 @@ def _dead(result: Result, engine) -> None:
             if len(samples) >= 3 and all(nonneg and units >= 4 and newly >= DEAD_SHARE * units
                                          for _, newly, _, nonneg, units in samples[-2:])}
     feeds = engine.checks.get("dead_feeds", {})
-    passed: dict[str, list[str]] = {}   # a dead module -> the parameter-free modules after it that pass its units on
-    for name in dead:
-        source = feeds.get(name)
-        while source in feeds and source not in dead:
-            source = feeds[source]
-        if source in dead:
-            root = source
-            while feeds.get(root) in dead:
-                root = feeds[root]
-            passed.setdefault(root, []).append(name)
-    folded = {n for names in passed.values() for n in names}
+    roots = {name: _dead_root(name, dead, feeds) for name in dead}
     for name, samples in dead.items():
-        if name in folded:
+        if roots[name] != name:   # a pool or flatten passing on the dead units of a layer before it
             continue
+        passed = [n for n, r in roots.items() if r == name and n != name]
         step, newly, _, _, units = samples[-1]
-        after = f"; passed on by {', '.join(passed[name])}" if name in passed else ""
+        after = f"; passed on by {', '.join(passed)}" if passed else ""
         result.add("dead-units", "warning", name, f"{int(newly)} of {units} units of {name} went dead over the run "
                    f"(alive at step {samples[0][0]}, zero for the whole batch at step {step}{after})",
                    "lower the learning rate, or use LeakyReLU/GELU")
+
+
+def _dead_root(name: str, dead: dict, feeds: dict) -> str:
+    """The earliest dead module up the chain of parameter-free modules that fed `name` (itself when none)."""
+    root, source, seen = name, feeds.get(name), {name}
+    while source is not None and source not in seen:
+        seen.add(source)
+        root = source if source in dead else root
+        source = feeds.get(source)
+    return root
 
 
 def _verdict(result: Result, engine, interrupted, failure) -> None:
