@@ -24,7 +24,7 @@ import math
 
 from ...errors import one_line
 from .options import Options
-from .stats import Track, read_parts
+from .stats import Track, nonfinite_losses, read_parts
 
 
 def _guarded(hook):
@@ -74,6 +74,8 @@ class Engine:
         self.batch_size = None
         self._handles: list = []
         self._root_handles: dict[int, list] = {}
+        self._probes: dict[int, object] = {}        # id(root) -> its dead-unit probe of the forward running
+        self._inner: dict[int, object] = {}         # id(root) -> the user's module under DDP/compile
         self._discovery: list = []
         self._depth = 0
         self._backward = None
@@ -88,6 +90,7 @@ class Engine:
         self.broken: str | None = None      # an internal error stopped the watching (a note in the report)
         self._closure_steps: set = set()    # optimizers inside a step(closure) call
         self._before_update = True          # the read being made sees the weights before this step's update
+        self._first_bad_found = False       # the first non-finite loss or gradient is among the events
 
     # ----------------------------------------------------------------- attach / detach
     def attach(self):
@@ -133,6 +136,9 @@ class Engine:
             for h in hs:
                 h.remove()
         self._root_handles.clear()
+        for probe in self._probes.values():
+            probe.remove()
+        self._probes.clear()
         for t in self.tracks.values():
             t.disarm()
         if self._backward is not None:
@@ -172,6 +178,7 @@ class Engine:
         if id(root) in self._root_handles:
             return
         self.roots[id(root)] = root
+        self._inner[id(root)] = inner(root)
         self._root_handles[id(root)] = [root.register_forward_pre_hook(self._root_pre, with_kwargs=True),
                                         root.register_forward_hook(self._root_post, always_call=True)]
         if compiled(root):
@@ -210,12 +217,10 @@ class Engine:
     # ----------------------------------------------------------------- the model's forward and backward
     @_guarded
     def _root_pre(self, module, args, kwargs):
-        import torch
-
-        if not torch.is_grad_enabled():
+        if not _grad_enabled():
             return
         self.last_call = (module, args, kwargs)
-        self._eval_forward = not inner(module).training   # torch.compile: the user sets the mode on their module
+        self._eval_forward = not self._inner[id(module)].training   # torch.compile: the mode is on their module
         if self.batch_size is None:
             self.batch_size = _batch_size(args, kwargs)
         if self._sample_forward and id(module) not in self._sampled and not compiled(module):
@@ -223,16 +228,14 @@ class Engine:
             self._sample_forward = len(self._sampled) < len(self.roots)   # until every trained model had one
             from .stats import DeadUnits
 
-            probe = DeadUnits(self, module)
-            self._root_handles[id(module)].append(probe)
+            probe = self._probes[id(module)] = DeadUnits(self, module)
             probe.attach()
 
     @_guarded
     def _root_post(self, module, args, output):
-        for h in list(self._root_handles.get(id(module), [])):
-            if hasattr(h, "collect"):
-                h.collect()
-                self._root_handles[id(module)].remove(h)
+        probe = self._probes.pop(id(module), None) if self._probes else None
+        if probe is not None:
+            probe.collect()
 
     @_guarded
     def _saw_loss(self, tensor):
@@ -294,10 +297,8 @@ class Engine:
     def _bad_here(self, track: Track, opt) -> bool:
         """Between reads, on the CPU only (stats.host_visible): did this step's gradients or loss go non-finite
         first? Then the read (and the replay) happen at this step, before the optimizer applies it."""
-        if not self.opts.replay or any(e["kind"] in ("loss", "gradient") for e in self.events):
+        if not self.opts.replay or self._first_bad_found:
             return False
-        from .stats import nonfinite_losses
-
         return track.nonfinite_now() or (opt is self.clock and bool(self._loss_window)
                                          and nonfinite_losses(self._loss_window[-1]))
 
@@ -410,7 +411,7 @@ class Engine:
     def _first_nonfinite(self, steps, loss):
         """The first non-finite loss or gradient, once: replayed when it is this very step (the weights
         that produced it are still in place), else reported with the step it happened at."""
-        if any(e["kind"] in ("loss", "gradient") for e in self.events):
+        if self._first_bad_found:
             return
         bad_loss = next((s for s, v in zip(steps, loss) if v is not None and not math.isfinite(v)), None)
         bad_grad = min((t.first_bad for t in self.tracks.values() if t.first_bad), key=lambda fb: fb[0], default=None)
@@ -433,6 +434,7 @@ class Engine:
                                     "look per step would be a sync per step); every=1 replays the batch at the "
                                     "step itself")
         self.events.append(event)
+        self._first_bad_found = True
 
     def finish(self):
         """The last read (what the steps since the previous read left), then detach."""
@@ -448,6 +450,12 @@ class Engine:
         with contextlib.suppress(Exception):
             value = float(value)   # a 0-dim tensor: the caller asked for it, their sync
         self.metrics.setdefault(name, []).append((self.step if step is None else step, value))
+
+
+def _grad_enabled() -> bool:
+    import torch
+
+    return torch.is_grad_enabled()
 
 
 def inner(root):
@@ -502,6 +510,8 @@ def _stack(values):
     import torch
 
     dev = values[0].device
+    if all(v.dim() == 0 and v.device == dev for v in values):   # the usual case: two ops, not three per step
+        return torch.stack(values).float()
     return torch.stack([v.reshape(()).float().to(dev) for v in values])
 
 

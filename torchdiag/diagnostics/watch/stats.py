@@ -59,33 +59,57 @@ class Track:
     def pre_step(self, step: int, sample: bool, before_update: bool = True):
         """Per step: each parameter's gradient norm into the next row of a device buffer (a foreach norm
         and a stack: two ops; on the CPU a third, the sum the host looks at). Totals, first non-finite steps and
-        maxima are made from the rows at the read."""
+        maxima are made from the rows at the read. The per-step path is kept to those ops and a few list
+        passes: on a small model its Python is most of watch's cost."""
         import torch
 
-        self.disarm()
-        idx = [i for i, p in enumerate(self.params) if p.grad is not None]
+        if self.probes or self.fired:
+            self.disarm()
+        grads = [p.grad for p in self.params]
+        present = [g for g in grads if g is not None]
         if sample:
-            for i in idx:
-                self.seen_grad[i] = True
-        with torch.no_grad():
+            for i, g in enumerate(grads):
+                if g is not None:
+                    self.seen_grad[i] = True
+        grad_mode = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)   # torch.no_grad() without the context manager's cost
+        try:
             row = self._row(step)
-            if idx:
-                norms = torch._foreach_norm([self.params[i].grad for i in idx])
-                if len(idx) == len(self.params) and all(n.dtype == row.dtype and n.device == row.device for n in norms):
-                    torch.stack(norms, out=row)
-                else:
-                    row.zero_().index_copy_(0, self._indices(idx), torch.stack([n.float().to(self.device) for n in norms]))
-            else:
-                row.zero_()
+            self._fill(row, grads, present)
             if self._flag is not None:   # norms are >= 0: their sum is finite iff every one is
                 torch.sum(row, 0, keepdim=True, out=self._flag)
-            fresh = self.start is None and self.params
-            if fresh:
-                self.start = self._fingerprint()
-            if sample and self.params:
-                self.queue.append(("weights", (self, step), self.start[0].clone() if fresh else self._norms()))
-                self.before = self._samples_before() if before_update else None
-                self._probe_next = True
+            if sample or self.start is None:
+                self._sample(step, sample, before_update)
+        finally:
+            torch._C._set_grad_enabled(grad_mode)
+
+    def _fill(self, row, grads: list, present: list) -> None:
+        """The row: each gradient's norm, 0 where a parameter has none. stack(out=) casts to the row's dtype;
+        a gradient on another device (a model moved after its optimizer was built) takes the general path."""
+        import torch
+
+        if not present:
+            row.zero_()
+            return
+        norms = torch._foreach_norm(present)
+        if len(present) == len(grads):
+            try:
+                torch.stack(norms, out=row)
+                return
+            except RuntimeError:
+                pass
+        idx = [i for i, g in enumerate(grads) if g is not None]
+        row.zero_().index_copy_(0, self._indices(idx), torch.stack([n.float().to(self.device) for n in norms]))
+
+    def _sample(self, step: int, sample: bool, before_update: bool) -> None:
+        """The first step's fingerprint, and a read step's samples (weights, the update's before-values)."""
+        fresh = self.start is None and self.params
+        if fresh:
+            self.start = self._fingerprint()
+        if sample and self.params:
+            self.queue.append(("weights", (self, step), self.start[0].clone() if fresh else self._norms()))
+            self.before = self._samples_before() if before_update else None
+            self._probe_next = True
 
     def nonfinite_now(self) -> bool:
         """On the CPU: did this step's gradients hold a NaN/Inf (the flag written by pre_step)? False elsewhere."""
@@ -93,9 +117,9 @@ class Track:
 
     def _row(self, step: int):
         """The next free row of the per-step buffer (a new block of `every` rows when the last is full)."""
-        import torch
-
         if not self.blocks or self.used == self.blocks[-1].shape[0]:
+            import torch
+
             self.blocks.append(torch.empty((self.every, len(self.params)), device=self.device))
             self._block_rows = self.blocks[-1].unbind(0)   # the row views made once a block, not once a step
             self.used = 0
@@ -308,12 +332,16 @@ class DeadUnits:
             if made is not None and made[1]() is not None:   # still alive: its memory was not reused since
                 self.engine.checks["dead_feeds"][entry] = made[0]
 
-    def collect(self):
-        import torch
-
+    def remove(self):
+        """Off without a verdict (watching ended during the forward it sampled)."""
         for h in self.handles:
             h.remove()
         self.handles = []
+
+    def collect(self):
+        import torch
+
+        self.remove()
         by_device: dict = {}
         for entry in self.seen:
             by_device.setdefault(entry[1].device, []).append(entry)
@@ -399,7 +427,8 @@ def _view_key(p) -> tuple:
 def host_visible(device) -> bool:
     """Can the host look at a value on this device without waiting for it? Only the CPU, where eager ops
     have finished when they return (an accelerator's queue would need a sync per step)."""
-    return getattr(device, "type", str(device)) == "cpu"
+    kind = getattr(device, "type", None)
+    return (kind if kind is not None else str(device)) == "cpu"
 
 
 def nonfinite_losses(losses) -> bool:
