@@ -186,6 +186,11 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
 
 # ---- the measures ----------------------------------------------------------------------------------
 
+def fresh_copy(model, ctx, eval_mode: bool = False, prepare: Callable | None = None):
+    """A training copy of `model` in the judged pass's mode, readied by `prepare` (the user's model untouched)."""
+    return _copy(model, ctx, eval_mode, prepare)
+
+
 def _copy(model, ctx, eval_mode, prepare):
     work = ctx.train_copy(model, "to re-check a finding with a short training run")
     work.train(not eval_mode)

@@ -41,6 +41,27 @@ def recheck(work, before, inputs, ctx, names: list[str], result, prepare) -> dic
     return {n: (v, rc.steps) for n, v in rc.verdicts.items() if v.by_design}
 
 
+def with_stops(work, before, inputs, ctx, bad: list, zero: set, result, prepare) -> list:
+    """The (name, message, hint) entries whose gradient is all zeros, told where it stops (core/stops.py), on a
+    copy at initialisation; the others as they are."""
+    names = [n for n, _, _ in bad if n in zero]
+    if not names:
+        return bad
+    from ...core.stops import stops
+
+    try:
+        init = initial_copy(work, before)
+        init.train(work.training)
+        prepare(init)
+        found = stops(init, inputs, names, ctx, ctx.loss())
+    except ModelError as exc:
+        result.notes.append(f"where the zero gradients stop was not looked for: {exc.message}")
+        return bad
+    result.notes.append(f"where {len(names)} zero gradient(s) stop: 1 more forward/backward on a copy")
+    return [(n, f"{msg}; {found[n].describe()}", found[n].hint()) if n in found else (n, msg, hint)
+            for n, msg, hint in bad]
+
+
 def invariant(work, before, inputs, ctx, names: list[str], result, prepare) -> set[str]:
     """The `names` (not updated) the loss does not depend on at all (core/invariance.py: a bias cancelled by a
     following batch-statistics normalisation or softmax): no step can move them, by design. Tested on a float64

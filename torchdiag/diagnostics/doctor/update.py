@@ -89,6 +89,8 @@ def update_check(probe: Probe) -> None:
     suspects = [n for n in suspects if n not in cancelled]
     designed = gated.recheck(work, before, inputs, ctx, suspects, result, stochastic_depth_off) if suspects and w is None else {}
     bad = [b for b in bad if b[0] not in designed and b[0] not in cancelled]
+    if w is None:   # an all-zero gradient that stays: where it stops (core/stops.py), said in its finding
+        bad = gated.with_stops(work, before, inputs, ctx, bad, zero, result, stochastic_depth_off)
     for n, msg, hint in bad[:50]:
         ck.find("update", "param-not-updated", "error", n, f"{n} {msg}", hint,
                 verdict=f"{len(bad)} parameter(s) get a gradient but do not change after a step")

@@ -85,6 +85,9 @@ def _message(status, what, where, members, opts, allow_name) -> tuple[str, str |
     if status == "zero-grad":
         steps = first.get("rechecked")
         again = f" (still, after a short training run on a copy: {steps} optimizer steps)" if steps else ""
+        stop = first.get("stop")
+        if stop is not None:
+            return f"{what}: gradient is exactly zero everywhere{again}; {stop['why']}", stop["hint"]
         return (f"{what}: gradient is exactly zero everywhere{again}",
                 "a zero-derivative op (round, sign, argmax, comparison) or dead units sit between it and the loss")
     if status == "non-finite-grad":

@@ -69,6 +69,7 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
         r.update(status=kind, reason=where, allowed=False,
                  design={"kind": kind, "why": f"{v.describe(rc.steps)} (a short training run on a copy: "
                                               f"{rc.steps} optimizer steps on the same batch)"})
+    _locate_stops(model, inputs, [r for r in flagged if r["status"] == "zero-grad"], result, opts, ctx, prepare)
     for f in dead:
         v = rc.verdicts[f.where]
         if not v.by_design:
@@ -82,6 +83,25 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                           f"training run on a copy they stay below the threshold ({v.describe(rc.steps)}; "
                           f"a unit is dead when its input stays below the zero point by more than "
                           f"{gates.MARGIN:g}× the spread of the module's inputs)")
+
+
+def _locate_stops(model, inputs, rows, result, opts, ctx, prepare) -> None:
+    """Still exactly zero after the run: where their gradient stops (core/stops.py), on a fresh copy."""
+    if not rows:
+        return
+    from ...core.stops import stops
+
+    try:
+        found = stops(gates.fresh_copy(model, ctx, opts.eval_mode, prepare), inputs, [r["name"] for r in rows],
+                      ctx, ctx.loss())
+    except ModelError as exc:
+        result.notes.append(f"where the zero gradients stop was not looked for: {exc.message}")
+        return
+    result.notes.append(f"where {len(rows)} zero gradient(s) stop: 1 more forward/backward on a copy")
+    for r in rows:
+        if r["name"] in found:
+            stop = found[r["name"]]
+            r["stop"] = {"module": stop.module, "why": stop.describe(), "hint": stop.hint()}
 
 
 def _threshold(r, opts) -> float:
