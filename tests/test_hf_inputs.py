@@ -306,10 +306,13 @@ def test_a_vision_language_model_runs_its_image_with_one_token_per_image_feature
     assert status["model.vision_tower.encoder.layers.0.mlp.fc1.weight"] == "ok"
     assert status["model.multi_modal_projector.linear_1.weight"] == "ok"
     assert "not-reached" not in status.values()
-    # now judged, the tower's pooler norm is what LLaVA throws away (it reads patch features, not the pooled
+    # now judged under its own LM loss (labels: the ids, placeholders -100), what LLaVA throws away: the tower's
+    # last layer (it reads hidden_states[-2]) and its pooler norm (it reads patch features, not the pooled
     # output): the fact behind DDP's unused-parameter error in LLaVA training
+    assert r.json["inputs"][2] == "labels: 2x33 int64"
     bad = [(f["code"], f["where"]) for f in r.json["findings"] if f["severity"] != "info"]
-    assert bad == [("no-grad", "model.vision_tower.post_layernorm")] and r.code == 1
+    assert bad == [("no-grad", "model.vision_tower.encoder.layers.1"), ("no-grad", "model.vision_tower.post_layernorm")]
+    assert r.code == 1
 
 
 def test_the_image_tokens_are_the_ones_the_model_counts(tmp_path):
@@ -331,6 +334,22 @@ def test_the_image_tokens_are_the_ones_the_model_counts(tmp_path):
     assert image_tokens.count(loaded.model, got) == 17
 
 
+def test_a_vision_language_models_labels_leave_the_image_placeholders_out(tmp_path):
+    """As a VLM trains: the placeholder positions are -100 in the labels (the loss does not predict them)."""
+    import torch
+
+    from torchdiag.core import inputs, loading
+
+    loaded = loading.load_model(f"hf:{_llava(tmp_path)}", device=torch.device("cpu"))
+    got = inputs.source_inputs(loaded, torch.device("cpu"))
+    ids, labels = got.args[0], got.kwargs["labels"]
+    image = ids == 90
+    assert int(image.sum()) == 16 * ids.shape[0]
+    assert (labels[image] == -100).all() and torch.equal(labels[~image], ids[~image])
+    assert any("placeholders (id 90) are -100" in n for n in got.notes)
+    assert torch.isfinite(loaded.model(*got.args, **got.kwargs).loss)
+
+
 def test_a_vision_language_model_whose_image_path_does_not_run_falls_back_to_ids(tmp_path, cli):
     # image_token_id outside the text vocabulary: the embedding refuses the placeholder ids, the ids alone still run
     folder = _llava(tmp_path)
@@ -341,7 +360,7 @@ def test_a_vision_language_model_whose_image_path_does_not_run_falls_back_to_ids
     (folder / "config.json").write_text(json.dumps(cfg))
     r = cli("summary", f"hf:{folder}", "--json")
     assert r.code == 0, r.stderr
-    assert r.json["inputs"] == ["input[0]: 1x64 int64"]
+    assert r.json["inputs"] == ["input[0]: 1x64 int64", "labels: 1x64 int64"]
     assert "did not run)" in r.json["input_source"]   # after the image layouts
 
 
@@ -361,7 +380,7 @@ def test_a_vision_language_model_with_packed_images_gets_a_block_of_tokens_per_i
     assert r.code == 0, r.stderr
     # one sequence holds both images: 16 tokens, a text id, 16 tokens, a text id, 16 text ids
     assert r.json["inputs"] == ["input[0]: 1x50 int64", "pixel_values: 128x96 float32", "image_grid_thw: 2x3 int64",
-                                "mm_token_type_ids: 1x50 int64"]
+                                "mm_token_type_ids: 1x50 int64", "labels: 1x50 int64"]
     r = cli("gradflow", f"hf:{folder}", "--json")
     assert r.code == 0, r.stderr
     # two sequences (it trains), one image each: 16 + 1 + 16
@@ -407,8 +426,9 @@ def test_a_q_former_model_gets_one_placeholder_per_query(tmp_path, cli):
 
 def test_a_tiling_vision_language_model_gets_its_views_and_their_size(tmp_path, cli):
     # LLaVA-NeXT reads (images, views, C, H, W) beside image_sizes; a 32 x 32 image on pinpoints 32x64 / 64x32 is
-    # a base view and two tiles (of the 5 given, the rest unread); its image features follow the tiles' layout
-    vision = transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    # a base view and two tiles (of the 5 given, the rest unread); its image features follow the tiles' layout.
+    # Two layers: LLaVA reads hidden_states[-2], so under its own LM loss a one-layer tower's layer is never read
+    vision = transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                                            num_attention_heads=2, image_size=32, patch_size=8)
     text = transformers.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                                     num_key_value_heads=2, vocab_size=100, max_position_embeddings=256)
@@ -417,7 +437,7 @@ def test_a_tiling_vision_language_model_gets_its_views_and_their_size(tmp_path, 
     folder = save(tmp_path, cfg, "LlavaNextForConditionalGeneration")
     r = cli("summary", f"hf:{folder}", "--json")
     assert r.code == 0, r.stderr
-    assert r.json["inputs"][1:] == ["pixel_values: 1x5x3x32x32 float32", "image_sizes: 1x2 int64"]
+    assert r.json["inputs"][1:] == ["pixel_values: 1x5x3x32x32 float32", "image_sizes: 1x2 int64", "labels: 1x53 int64"]
     r = cli("gradflow", f"hf:{folder}", "--json")
     status = {p["name"]: p["status"] for p in r.json["params"]}
     assert status["model.vision_tower.encoder.layers.0.mlp.fc1.weight"] == "ok", r.stderr
@@ -438,7 +458,7 @@ def test_a_vision_language_model_on_meta_counts_with_ids_alone(tmp_path, cli):
     # with a value read, so on meta the ids alone are what runs
     r = cli("summary", f"hf:{_llava(tmp_path)}", "--device", "meta", "--json")
     assert r.code == 0, r.stderr
-    assert r.json["inputs"] == ["input[0]: 1x64 int64"]
+    assert r.json["inputs"] == ["input[0]: 1x64 int64", "labels: 1x64 int64"]
 
 
 def test_a_q_former_prompt_is_not_its_padding(tmp_path):

@@ -369,7 +369,7 @@ def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
     inputs.chosen = True
     names = [p.name for p in forward_parameters(loaded.model)]
     if getattr(loaded, "labels_from_ids", False) and inputs.args and "labels" in names:
-        _labels_from_ids(inputs, _missing_decoder_start(loaded.model, names))
+        _labels_from_ids(inputs, _missing_decoder_start(loaded.model, names), _placeholder(loaded.model))
     if device.type == "meta" and "labels" not in inputs.kwargs and "decoder_input_ids" in names[len(inputs.args):] and inputs.args:
         first = inputs.args[0]
         inputs.kwargs["decoder_input_ids"] = torch.empty(first.shape, dtype=first.dtype, device="meta")
@@ -491,12 +491,26 @@ def _missing_decoder_start(model, names: list[str]) -> int | None:
     return pad if isinstance(pad, int) else None
 
 
-def _labels_from_ids(inputs, start: int | None = None) -> None:
+def _placeholder(model) -> int | None:
+    """A vision-language model's image placeholder id (its config's), else None."""
+    from .image_tokens import token_of
+
+    config = getattr(model, "config", None)
+    return token_of(config) if config is not None else None
+
+
+def _labels_from_ids(inputs, start: int | None = None, placeholder: int | None = None) -> None:
     """An LM head's own loss on labels = the input ids: a causal LM shifts them itself; an encoder-decoder
     makes its decoder inputs from them (shifted right), so random decoder ids are not given as well.
-    `start`: the config names no decoder start, so the decoder ids are the labels shifted right here."""
+    `start`: the config names no decoder start, so the decoder ids are the labels shifted right here.
+    `placeholder`: image placeholder positions are -100 in the labels (not predicted), as a VLM trains."""
     ids = inputs.args[0]
-    inputs.kwargs["labels"] = ids
+    hidden = (ids == placeholder) if placeholder is not None and ids.device.type != "meta" else None
+    if hidden is not None and bool(hidden.any()):
+        inputs.kwargs["labels"] = ids.masked_fill(hidden, -100)
+        inputs.notes.append(f"labels: the image placeholders (id {placeholder}) are -100, not predicted")
+    else:
+        inputs.kwargs["labels"] = ids
     if start is not None:
         shifted = ids.new_full(ids.shape, start)
         shifted[..., 1:] = ids[..., :-1]

@@ -575,15 +575,16 @@ def _model_class(cls, config):
 
 
 def _lm_head(cls) -> bool:
-    """The class built is a causal-LM or seq2seq-LM head (the Auto class, or a class in its mapping):
-    trained on labels with its own loss (a causal LM shifts them; a seq2seq LM feeds them shifted right
-    to its decoder)."""
+    """The class built is a causal-LM, seq2seq-LM or image-text-to-text head (the Auto class, or a class in
+    its mapping): trained on labels with its own loss (a causal LM shifts them; a seq2seq LM feeds them shifted
+    right to its decoder; a vision-language model is a causal LM over its text, placeholders left out)."""
     from transformers.models.auto import modeling_auto as auto
 
     name = getattr(cls, "__name__", "")
-    return name in ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM") or \
+    vlm = getattr(auto, "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", {})
+    return name in ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModelForImageTextToText") or \
         name in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() or \
-        name in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.values()
+        name in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.values() or name in vlm.values()
 
 
 def trains(command: str) -> bool:
