@@ -73,14 +73,15 @@ def test_a_zero_buffer_that_closes_the_path_is_named():
     (f,) = errors(res)
     assert f.code == "zero-grad" and f.where == "branch"
     assert "the gradient stops at branch.2 (FrozenScale)" in f.message
-    assert "buffer `weight` is 0 everywhere" in f.message and "`bias`" not in f.message   # the zero that opens it
+    assert "its buffer `weight` is 0 everywhere, and set to 1 on a copy the module passes a gradient" in f.message
+    assert "`bias`" not in f.message   # also 0, but it does not open anything
     assert "non-zero init" in f.hint
 
 
 def test_a_module_with_a_zero_derivative_op_is_named():
     (f,) = errors(gradflow(RoundedModule()))
     assert f.where == "enc" and "the gradient stops at r (Round)" in f.message
-    assert "an op inside it has a zero derivative (`round`)" in f.message
+    assert "inside it a `round` op passes none" in f.message
 
 
 def test_a_zero_derivative_op_outside_any_module_names_the_last_module_passed():
@@ -94,7 +95,8 @@ def test_a_zero_derivative_op_outside_any_module_names_the_last_module_passed():
             return self.head(torch.round(self.enc(x) * 4) / 4)
 
     (f,) = errors(gradflow(Functional()))
-    assert "the gradient stops at a `round` op after enc (Sequential), the last module it passes" in f.message
+    assert "the gradient stops at a `round` op on its path" in f.message
+    assert "the output of enc (Sequential), the last module it passes, already gets none" in f.message
     assert "the `round` op" in f.hint
 
 
@@ -109,13 +111,13 @@ def test_a_zero_derivative_op_in_the_owners_own_forward_is_named():
             return self.proj(x * torch.softmax(x @ self.w_g, dim=-1))
 
     (f,) = errors(gradflow(SoftmaxOfOne()))
-    assert f.where == "w_g" and "the gradient stops at a `softmax` op in the forward of (root)" in f.message
+    assert f.where == "w_g" and "the gradient stops at a `softmax` op on its path" in f.message
 
 
 def test_a_weight_fed_zeros_is_said_so():
     (f,) = errors(gradflow(ZeroQueries()))
     assert f.where == "q.weight"   # q.bias learns: only the weight multiplies the zeros
-    assert "its module q (Linear) gets an input that is 0 everywhere at every call" in f.message
+    assert "its module q (Linear) gets an input of 0 everywhere at every call" in f.message
 
 
 def test_doctor_says_where_the_gradient_stops():
@@ -129,3 +131,163 @@ def test_doctor_says_where_the_gradient_stops():
 def test_a_healthy_model_pays_nothing():
     res = gradflow(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)))
     assert not any("zero gradient(s) stop" in n for n in res.notes)
+
+
+# ---- the hostile review's cases (each wrong, or a crash, in the first version)
+
+class Gate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("g", torch.zeros(8))
+
+    def forward(self, a, b):          # one input cut, the other passes
+        return a * self.g + b
+
+
+class TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc, self.other, self.gate, self.head = nn.Linear(8, 8), nn.Linear(8, 8), Gate(), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.gate(self.enc(x), self.other(x)))
+
+
+def test_a_module_that_cuts_one_of_its_inputs_is_the_stopper():
+    (f,) = errors(gradflow(TwoInputs()))
+    assert f.where == "enc" and "the gradient stops at gate (Gate)" in f.message and "buffer `g`" in f.message
+
+
+def test_an_output_chunk_nobody_reads_does_not_crash():
+    class QKV(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 24)
+
+        def forward(self, x):
+            return self.proj(x).chunk(3, dim=-1)
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.enc, self.head = QKV(), nn.Linear(8, 8), nn.Linear(8, 3)
+
+        def forward(self, x):
+            q, _, v = self.qkv(x)
+            return self.head(q + v + torch.round(self.enc(x)))
+
+    (f,) = errors(gradflow(M()))
+    assert f.where == "enc" and "`round` op" in f.message
+
+
+def test_a_scale_written_in_place_and_a_dataclass_output_are_followed():
+    from dataclasses import dataclass
+
+    @dataclass
+    class Out:
+        h: torch.Tensor
+
+    class InPlace(FrozenScale):      # timm's LayerScale(inplace=True)
+        def forward(self, x):
+            return Out(x.mul_(self.weight))
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.sc, self.head = nn.Linear(8, 8), InPlace(8), nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.head(x @ torch.eye(8) + self.sc(self.lin(x)).h)
+
+    (f,) = errors(gradflow(M()))
+    assert "the gradient stops at sc (InPlace)" in f.message and "buffer `weight`" in f.message
+
+
+def test_the_op_named_is_the_one_inside_the_stopping_module():
+    class Sign(nn.Module):
+        def forward(self, x):
+            return torch.sign(x * 3)
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc, self.q, self.head = nn.Linear(8, 8), Sign(), nn.Linear(8, 3)
+
+        def forward(self, x):
+            h = self.enc(x)
+            return self.head(torch.round(h) + self.q(h))
+
+    (f,) = errors(gradflow(M()))
+    assert "stops at q (Sign)" in f.message and "`sign` op" in f.message and "round" not in f.message
+
+
+def test_a_zero_that_is_not_the_modules_own_is_named_from_what_the_op_saved():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(8))
+            self.register_buffer("g", torch.zeros(8))
+            self.head = nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.head(x + x * self.w * self.g)
+
+    (f,) = errors(gradflow(M()))
+    assert f.where == "w" and "the op's saved operand, buffer `g` of (root), is 0 everywhere" in f.message
+
+
+def test_a_zero_scale_before_an_activation_names_what_made_the_zeros():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.scale, self.act, self.head = nn.Linear(8, 8), FrozenScale(8), nn.ReLU(), nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.head(x + self.act(self.scale(self.lin(x))))
+
+    f = next(f for f in errors(gradflow(M())) if f.where == "lin")
+    assert "stops at act (ReLU)" in f.message and "what it reads is 0 everywhere (made by scale (FrozenScale))" in f.message
+
+
+def test_the_parameters_of_one_group_that_stop_in_different_places_are_each_told():
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.fs, self.r = nn.Linear(8, 8), nn.Linear(8, 8), FrozenScale(8), Round()
+
+        def forward(self, x):
+            return self.fs(self.a(x)) + self.r(self.b(x))
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blk, self.head = Block(), nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.head(x + self.blk(x))
+
+    (f,) = errors(gradflow(M()))
+    assert "blk.a.weight, blk.a.bias: the gradient stops at blk.fs (FrozenScale)" in f.message
+    assert "blk.b.weight, blk.b.bias: the gradient stops at blk.r (Round)" in f.message
+
+
+def test_the_callers_random_state_is_kept():
+    class Dropped(FrozenScale):
+        def forward(self, x):
+            return torch.nn.functional.dropout(x, 0.1) * self.weight
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.st, self.head = nn.Linear(8, 8), Dropped(8), nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.head(x + self.st(self.lin(x)))
+
+    model = M()
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    state = torch.random.get_rng_state()
+    res = run("gradflow", model, (x,))
+    assert any("stops at st (Dropped)" in f.message for f in errors(res))
+    assert torch.equal(torch.random.get_rng_state(), state)

@@ -48,16 +48,18 @@ def with_stops(work, before, inputs, ctx, bad: list, zero: set, result, prepare)
     if not names:
         return bad
     from ...core.stops import stops
+    from ...errors import one_line
 
     try:
         init = initial_copy(work, before)
         init.train(work.training)
         prepare(init)
         found = stops(init, inputs, names, ctx, ctx.loss())
-    except ModelError as exc:
-        result.notes.append(f"where the zero gradients stop was not looked for: {exc.message}")
+    except Exception as exc:   # an explanation only: the findings stand as they are
+        result.notes.append(f"where the zero gradients stop was not looked for: {one_line(exc)}")
         return bad
-    result.notes.append(f"where {len(names)} zero gradient(s) stop: 1 more forward/backward on a copy")
+    if found:
+        result.notes.append(f"where {len(found)} zero gradient(s) stop: 1 more forward/backward on a copy")
     return [(n, f"{msg}; {found[n].describe()}", found[n].hint()) if n in found else (n, msg, hint)
             for n, msg, hint in bad]
 

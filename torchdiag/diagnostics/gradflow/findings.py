@@ -85,9 +85,12 @@ def _message(status, what, where, members, opts, allow_name) -> tuple[str, str |
     if status == "zero-grad":
         steps = first.get("rechecked")
         again = f" (still, after a short training run on a copy: {steps} optimizer steps)" if steps else ""
-        stop = first.get("stop")
-        if stop is not None:
-            return f"{what}: gradient is exactly zero everywhere{again}; {stop['why']}", stop["hint"]
+        stops = _stops(members)
+        if len(stops) == 1 and len(stops[0][1]) == len(members):
+            return f"{what}: gradient is exactly zero everywhere{again}; {stops[0][0]['why']}", stops[0][0]["hint"]
+        if stops:   # the group's parameters stop in different places: each said with the ones it holds for
+            said = "; ".join(f"{', '.join(names)}: {stop['why']}" for stop, names in stops)
+            return f"{what}: gradient is exactly zero everywhere{again}. {said}", stops[0][0]["hint"]
         return (f"{what}: gradient is exactly zero everywhere{again}",
                 "a zero-derivative op (round, sign, argmax, comparison) or dead units sit between it and the loss")
     if status == "non-finite-grad":
@@ -113,6 +116,16 @@ def _message(status, what, where, members, opts, allow_name) -> tuple[str, str |
     again = f"; still, after a short training run on a copy ({steps} optimizer steps)" if steps else ""
     return (f"{what}: grad/weight ratio down to {number(r)} (threshold {opts.vanishing:g}){again}",
             "saturating activations, depth without residuals/normalisation, or tiny initialisation")
+
+
+def _stops(members) -> list[tuple[dict, list[str]]]:
+    """The distinct places where the members' zero gradients stop (core/stops.py), each with its parameters."""
+    out: dict[str, tuple[dict, list[str]]] = {}
+    for m in members:
+        stop = m.get("stop")
+        if stop is not None:
+            out.setdefault(stop["why"], (stop, []))[1].append(m["name"])
+    return list(out.values())
 
 
 DESIGN_TITLES = {

@@ -86,18 +86,21 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
 
 
 def _locate_stops(model, inputs, rows, result, opts, ctx, prepare) -> None:
-    """Still exactly zero after the run: where their gradient stops (core/stops.py), on a fresh copy."""
+    """Still exactly zero after the run: where their gradient stops (core/stops.py), on a fresh copy. An
+    explanation only: whatever goes wrong in it is a note, and the findings stand as they are."""
     if not rows:
         return
     from ...core.stops import stops
+    from ...errors import one_line
 
     try:
         found = stops(gates.fresh_copy(model, ctx, opts.eval_mode, prepare), inputs, [r["name"] for r in rows],
                       ctx, ctx.loss())
-    except ModelError as exc:
-        result.notes.append(f"where the zero gradients stop was not looked for: {exc.message}")
+    except Exception as exc:
+        result.notes.append(f"where the zero gradients stop was not looked for: {one_line(exc)}")
         return
-    result.notes.append(f"where {len(rows)} zero gradient(s) stop: 1 more forward/backward on a copy")
+    if found:
+        result.notes.append(f"where {len(found)} zero gradient(s) stop: 1 more forward/backward on a copy")
     for r in rows:
         if r["name"] in found:
             stop = found[r["name"]]

@@ -1,0 +1,203 @@
+"""Where does a zero gradient stop? (issue 26) For parameters whose gradient stays exactly zero, one more
+forward + backward on a copy (record.py) finds, by measurement:
+- the parameter's own module reads an input of 0 everywhere at every call while its output gets a gradient (a
+  weight multiplying zeros: DETR's first decoder layer on zero queries), and which module made that input;
+- else the first module on its paths whose output gets a gradient while the input that carries the parameter's
+  contribution gets none. What closes it (explain.py): a value it holds that is 0 everywhere (a buffer, a frozen
+  parameter, a tensor attribute) and that, set to 1 alone on the copy, lets a gradient through (a frozen
+  BatchNorm's zero scale in DETR's backbone); else an input of 0 everywhere and the module that made it; else
+  the op inside it that passes none;
+- else the op nearest to the parameter that passes none, and the zero operand it saved, named when it is one of
+  the model's tensors;
+- else the last module output on its paths, which already gets none.
+Cost: one forward + backward with a hook per module call and per autograd node the parameters feed, one read
+back, and a run of the stopping module alone per zero value it holds."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..module_paths import owner
+from . import explain
+from .record import MAX_CALLS, Call, Measured, made_between, measure
+
+MAX_OP_WALKS = 64      # parameters whose op-level stop is looked for (a walk of the graph each)
+
+
+@dataclass
+class Stop:
+    module: str                 # where it stops (the stopping module, the parameter's module, the last one passed)
+    kind: str                   # that module's class
+    how: str                    # "zero-input" | "module" | "op" | "after"
+    opening: list[str] = field(default_factory=list)   # the module's zero values that open it ("buffer `weight`")
+    reads_zero: bool = False    # the stopping module's input is 0 everywhere
+    producer: str | None = None  # the module that made a zero input
+    op: str | None = None       # the op that passes none
+    operand: str | None = None  # the zero value that op saved
+    later: int = 0              # more stopping modules on its other paths
+    cut: bool = False           # the forward made more module calls than were recorded
+
+    def describe(self) -> str:
+        made = f" (made by {self.producer})" if self.producer else ""
+        if self.how == "zero-input":
+            text = (f"its module {self.module} ({self.kind}) gets an input of 0 everywhere at every call{made}, and a "
+                    "weight that multiplies zero gets no gradient")
+        elif self.how == "module":
+            text = (f"the gradient stops at {self.module} ({self.kind}): its output gets a gradient, the input that "
+                    "carries this parameter's part none")
+            if self.opening:
+                buffers = any(o.startswith("buffer") for o in self.opening)
+                text += (f"; its {', '.join(self.opening)} is 0 everywhere, and set to 1 on a copy the module passes a "
+                         "gradient" + ("; a buffer is not a parameter: no optimizer step changes it" if buffers else ""))
+            elif self.reads_zero:
+                text += f"; what it reads is 0 everywhere{made}" + (f", where `{self.op}` passes none" if self.op else "")
+            else:
+                text += f"; inside it a `{self.op}` op passes none" if self.op else "; an op inside it passes none"
+                text += f" ({self.operand} is 0 everywhere)" if self.operand else ""
+        elif self.how == "op":
+            text = f"the gradient stops at a `{self.op}` op on its path: its output gets a gradient and passes none back"
+            text += (f"; {self.operand} is 0 everywhere" if self.operand == explain.ON_PATH else
+                     f"; the op's saved operand, {self.operand}, is 0 everywhere" if self.operand else "")
+            text += f"; the output of {self.module} ({self.kind}), the last module it passes, already gets none" \
+                if self.module else ""
+        else:
+            text = (f"the gradient is already 0 at the output of {self.module} ({self.kind}), the last module on its "
+                    "path: what uses that output outside any module passes it none")
+        if self.later:
+            text += f" ({self.later} more module(s) on its other paths pass none either)"
+        return text + (f" (the first {MAX_CALLS:,} module calls of the forward were recorded)" if self.cut else "")
+
+    def hint(self) -> str:
+        if self.opening or (self.operand and not self.operand.startswith(("a value", explain.ON_PATH))):
+            return ("give that value what it is meant to start from (the checkpoint the model is built for, or a "
+                    "non-zero init), or make it a trained parameter")
+        if self.how == "zero-input" or self.reads_zero:
+            return ((f"find what makes {self.producer}'s output zero" if self.producer else "find where that input is "
+                     "zeroed") + "; when it is zero by construction (zero-initialised queries, a padded stream) the "
+                    "weight is unused and can be frozen")
+        op = f"the `{self.op}` op" if self.op else "what the code does with that output"
+        return (f"look at {op}: units below an activation's zero point (see dead-units), or a round, sign, argmax or "
+                "comparison, which needs a straight-through estimator to pass a gradient; a mask or selection that "
+                "never picks it means the input never exercises it")
+
+
+def stops(work, inputs, names: list[str], ctx, loss_fn) -> dict[str, Stop]:
+    """For each parameter name of `work` (a copy, in the mode of the judged pass) whose gradient is zero:
+    where it stops, when that is found."""
+    params = dict(work.named_parameters())
+    wanted = [n for n in names if n in params]
+    if not wanted:
+        return {}
+    modules = dict(work.named_modules())
+    keep = {m for m, mod in modules.items() if explain.zero_values(mod)}
+    ms = measure(work, inputs, wanted, params, ctx, loss_fn, {owner(n) for n in wanted}, keep)
+    try:
+        return _Explainer(ms, modules, ctx).all(wanted, params)
+    finally:
+        ms.loss = None   # the graph goes
+
+
+class _Explainer:
+    def __init__(self, ms: Measured, modules: dict, ctx):
+        self.ms, self.modules, self.ctx = ms, modules, ctx
+        self.names: dict | None = None
+        self.cache: dict[int, Stop] = {}
+        self.made: dict = {}   # autograd node -> the innermost call that returned it
+        for c in sorted(ms.calls, key=lambda c: -c.done):
+            for node, _ in c.outs:
+                self.made[node] = c
+        # per call: the parameters it stops (outputs pass; every input that carries them gets none)
+        self.stopping = []
+        for c in ms.calls:
+            if c.ins and ms.outs_pass(c):
+                passing = zero = 0
+                for i in c.ins:
+                    if ms.passes(i.flag):
+                        passing |= ms.reach(i.node)
+                    else:
+                        zero |= ms.reach(i.node)
+                if zero & ~passing:
+                    self.stopping.append((c, zero & ~passing))
+
+    def all(self, wanted: list[str], params: dict) -> dict[str, Stop]:
+        out, walks = {}, 0
+        for j, n in enumerate(wanted):
+            stop = self.zero_input(n) or self.module_stop(j)
+            if stop is None and walks < MAX_OP_WALKS:
+                walks += 1
+                stop = self.op_stop(j, params[n])
+            stop = stop or self.after(j)
+            if stop is not None:
+                stop.cut = self.ms.cut
+                out[n] = stop
+        return out
+
+    def zero_input(self, name: str) -> Stop | None:
+        m = owner(name)
+        calls = [c for c in self.ms.calls if c.module == m]
+        if self.ms.fed.get(m, 1.0) != 0.0 or not any(self.ms.outs_pass(c) for c in calls):
+            return None
+        producer = next((self.made[i.node] for c in calls for i in c.ins if i.node in self.made), None)
+        return Stop(m or "(root)", type(self.modules[m]).__name__, "zero-input", producer=self._label(producer))
+
+    def module_stop(self, j: int) -> Stop | None:
+        cands = [c for c, bits in self.stopping if bits >> j & 1]
+        if not cands:
+            return None
+        chosen = cands[0]
+        for c in cands[1:]:   # a module called inside the chosen one that stops it too: the innermost
+            if c.index > chosen.index and c.done < chosen.done and _inside(c.module, chosen.module):
+                chosen = c
+        others = {c.module for c in cands if c.module != chosen.module and not _inside(chosen.module, c.module)}
+        key = id(chosen)
+        if key not in self.cache:
+            self.cache[key] = self._explain_call(chosen, j)
+        stop = self.cache[key]
+        return Stop(**{**stop.__dict__, "later": len(others)})
+
+    def _explain_call(self, c: Call, j: int) -> Stop:
+        ms, mod = self.ms, self.modules[c.module]
+        cut = [i for i in c.ins if not ms.passes(i.flag) and ms.reach(i.node) >> j & 1]
+        stop = Stop(c.module or "(root)", type(mod).__name__, "module")
+        stop.opening = [f"{kind} `{n}`" for kind, n in explain.opening(mod, c, {i.tensor for i in cut}, self.ctx)]
+        if stop.opening:
+            return stop
+        stop.reads_zero = all(ms.sizes[i.size] == 0 for i in cut)
+        if stop.reads_zero:
+            stop.producer = self._label(next((self.made[i.node] for i in cut if i.node in self.made), None))
+        own = made_between([node for node, _ in c.outs], [i.node for i in c.ins])
+        node = ms.ops.first_stop([ms.ops.start(i.node) for i in cut], j, ms.feeds, own)
+        if node is not None:
+            stop.op, stop.operand = explain.op_name(node), explain.zero_operand(node, self._storage())
+        return stop
+
+    def op_stop(self, j: int, param) -> Stop | None:
+        ms = self.ms
+        node = ms.ops.first_stop([ms.ops.start(id(param))], j, ms.feeds)
+        if node is None:
+            return None
+        last = self._last_silent(j)
+        return Stop(last.module if last else "", type(self.modules[last.module]).__name__ if last else "", "op",
+                    op=explain.op_name(node), operand=explain.zero_operand(node, self._storage()))
+
+    def after(self, j: int) -> Stop | None:
+        last = self._last_silent(j)
+        return Stop(last.module or "(root)", type(self.modules[last.module]).__name__, "after") if last else None
+
+    def _last_silent(self, j: int) -> Call | None:
+        """The last call to return whose outputs carry parameter j's part and get no gradient."""
+        ms = self.ms
+        silent = [c for c in ms.calls if c.outs and not ms.outs_pass(c)
+                  and any(ms.reach(node) >> j & 1 for node, _ in c.outs)]
+        return max(silent, key=lambda c: c.done, default=None)
+
+    def _label(self, call: Call | None) -> str | None:
+        return None if call is None else f"{call.module or '(root)'} ({type(self.modules[call.module]).__name__})"
+
+    def _storage(self) -> dict:
+        if self.names is None:
+            self.names = explain.storage_names_from(self.modules)
+        return self.names
+
+
+def _inside(inner: str, outer: str) -> bool:
+    return outer == "" or inner.startswith(outer + ".")
