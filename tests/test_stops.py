@@ -291,3 +291,19 @@ def test_the_callers_random_state_is_kept():
     res = run("gradflow", model, (x,))
     assert any("stops at st (Dropped)" in f.message for f in errors(res))
     assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_an_embedding_that_only_looks_up_its_padding_index_is_said_so():
+    class Ids(nn.Module):   # RoCBert: missing pronunciation/shape ids are filled with zeros, its padding index
+        def __init__(self):
+            super().__init__()
+            self.word, self.extra, self.head = nn.Embedding(50, 8), nn.Embedding(10, 8, padding_idx=0), nn.Linear(8, 3)
+
+        def forward(self, ids, extra_ids=None):
+            extra_ids = torch.zeros_like(ids) if extra_ids is None else extra_ids
+            return self.head((self.word(ids) + self.extra(extra_ids)).mean(1))
+
+    torch.manual_seed(0)
+    (f,) = errors(run("gradflow", Ids(), (torch.randint(1, 50, (4, 6)),)))
+    assert f.where == "extra" and "every index it looks up is its padding index (0)" in f.message
+    assert "give it real ids" in f.hint

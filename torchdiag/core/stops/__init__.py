@@ -32,7 +32,7 @@ class Stop:
     reads_zero: bool = False    # the stopping module's input is 0 everywhere
     producer: str | None = None  # the module that made a zero input
     op: str | None = None       # the op that passes none
-    operand: str | None = None  # the zero value that op saved
+    operand: tuple[str, str] | None = None   # what that op saved that closes it (explain.zero_operand)
     later: int = 0              # more stopping modules on its other paths
     cut: bool = False           # the forward made more module calls than were recorded
 
@@ -51,12 +51,11 @@ class Stop:
             elif self.reads_zero:
                 text += f"; what it reads is 0 everywhere{made}" + (f", where `{self.op}` passes none" if self.op else "")
             else:
-                text += f"; inside it a `{self.op}` op passes none" if self.op else "; an op inside it passes none"
-                text += f" ({self.operand} is 0 everywhere)" if self.operand else ""
+                text += f"; inside it {_an(self.op)} op passes none" if self.op else "; an op inside it passes none"
+                text += self._operand()
         elif self.how == "op":
-            text = f"the gradient stops at a `{self.op}` op on its path: its output gets a gradient and passes none back"
-            text += (f"; {self.operand} is 0 everywhere" if self.operand == explain.ON_PATH else
-                     f"; the op's saved operand, {self.operand}, is 0 everywhere" if self.operand else "")
+            text = f"the gradient stops at {_an(self.op)} op on its path: its output gets a gradient and passes none back"
+            text += self._operand()
             text += f"; the output of {self.module} ({self.kind}), the last module it passes, already gets none" \
                 if self.module else ""
         else:
@@ -66,8 +65,20 @@ class Stop:
             text += f" ({self.later} more module(s) on its other paths pass none either)"
         return text + (f" (the first {MAX_CALLS:,} module calls of the forward were recorded)" if self.cut else "")
 
+    def _operand(self) -> str:
+        kind, text = self.operand or ("", "")
+        return {"model": f"; the op's saved operand, {text}, is 0 everywhere",
+                "made": "; the op's saved operand, a value made in the forward, is 0 everywhere",
+                "path": "; the value it gets on this path is 0 everywhere",
+                "padding": f"; every index it looks up is its padding index ({text}), whose row gets no gradient",
+                }.get(kind, "")
+
     def hint(self) -> str:
-        if self.opening or (self.operand and not self.operand.startswith(("a value", explain.ON_PATH))):
+        kind = self.operand[0] if self.operand else ""
+        if kind == "padding":
+            return ("give it real ids: a model that fills an id input it was not given with the padding index "
+                    "(check the forward's optional *_ids arguments) never trains that table")
+        if self.opening or kind == "model":
             return ("give that value what it is meant to start from (the checkpoint the model is built for, or a "
                     "non-zero init), or make it a trained parameter")
         if self.how == "zero-input" or self.reads_zero:
@@ -197,6 +208,10 @@ class _Explainer:
         if self.names is None:
             self.names = explain.storage_names_from(self.modules)
         return self.names
+
+
+def _an(op: str | None) -> str:
+    return f"a{'n' if op and op[0] in 'aeiou' else ''} `{op}`"
 
 
 def _inside(inner: str, outer: str) -> bool:

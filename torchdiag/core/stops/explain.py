@@ -99,15 +99,16 @@ def storage_names_from(modules: dict) -> dict[int, str]:
     return out
 
 
-ON_PATH = "the value it gets on this path"   # a zero operand that is the path itself (relu or abs at 0)
-
-
-def zero_operand(node, names: dict[int, str]) -> str | None:
-    """What an op saved that is 0 (False) everywhere — a product's other factor, a mask, a layer norm's scale —
-    named when it is one of the model's tensors, else said to be made in the forward; failing that, ON_PATH
-    when the value on the gradient's path is itself 0 everywhere; None when it saved no zero."""
+def zero_operand(node, names: dict[int, str]) -> tuple[str, str] | None:
+    """What an op saved that closes it, as (kind, text): "model" (one of the model's tensors, named) or "made"
+    (made in the forward) for a zero operand — a product's other factor, a mask, a layer norm's scale —;
+    "padding" for an embedding lookup of nothing but its padding index; "path" when the value on the
+    gradient's path is itself 0 everywhere (relu or abs at 0); None when it saved none of these."""
     import torch
 
+    padding = _padding_only(node)
+    if padding is not None:
+        return padding
     on_path = False
     for attr in dir(node):
         if not attr.startswith("_saved_"):
@@ -120,9 +121,22 @@ def zero_operand(node, names: dict[int, str]) -> str | None:
             continue
         if (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool) and not bool(t.detach().any()):
             if not t.requires_grad:
-                return names.get(_storage(t), "a value made in the forward")
+                name = names.get(_storage(t))
+                return ("model", name) if name else ("made", "a value made in the forward")
             on_path = True
-    return ON_PATH if on_path else None
+    return ("path", "") if on_path else None
+
+
+def _padding_only(node) -> tuple[str, str] | None:
+    """An embedding lookup whose every index is its padding index (whose row gets no gradient by definition)."""
+    pad = getattr(node, "_saved_padding_idx", None)
+    try:
+        idx = node._saved_indices if isinstance(pad, int) and pad >= 0 else None
+    except Exception:
+        return None
+    if idx is None or idx.numel() == 0 or not bool((idx == pad).all()):
+        return None
+    return "padding", str(pad)
 
 
 def op_name(node) -> str:
