@@ -346,8 +346,50 @@ def test_a_vision_language_models_labels_leave_the_image_placeholders_out(tmp_pa
     image = ids == 90
     assert int(image.sum()) == 16 * ids.shape[0]
     assert (labels[image] == -100).all() and torch.equal(labels[~image], ids[~image])
-    assert any("placeholders (id 90) are -100" in n for n in got.notes)
+    assert any("its image placeholders (id 90) -100: not predicted" in n for n in got.notes)
+    assert sum(n.startswith("labels:") for n in got.notes) == 1
     assert torch.isfinite(loaded.model(*got.args, **got.kwargs).loss)
+
+
+def test_labels_keep_to_the_classes_of_the_output_layer_and_placeholders_need_an_image():
+    """Mllama's embedding has 8 rows more than its LM head: ids drawn over the embedding that the head has no
+    class for are -100 (a target out of range crashed the loss); with no image, no id is taken for a placeholder."""
+    import torch
+    from torch import nn
+
+    from torchdiag.core import inputs
+
+    class LM(nn.Module):
+        config = type("C", (), {"image_token_id": 98})()
+
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(4, 100)
+
+        def get_output_embeddings(self):
+            return self.head
+
+    ids = torch.tensor([[5, 98, 99, 100, 107]])
+    got = inputs.ModelInputs((ids,), {}, "--input", [])
+    inputs._labels_from_ids(got, None, LM())
+    assert got.kwargs["labels"].tolist() == [[5, 98, 99, -100, -100]]   # 98: no image beside it, an ordinary id
+    assert got.notes == ["labels: the input ids; ids ≥ 100 (no class of the output layer) -100 (the model's own loss)"]
+
+
+def test_an_encoder_decoder_vision_model_writes_the_text_not_the_image():
+    import torch
+    from torch import nn
+
+    from torchdiag.core import inputs
+
+    class Seq2Seq(nn.Module):
+        config = type("C", (), {"image_token_id": 9, "is_encoder_decoder": True})()
+
+    ids = torch.tensor([[9, 9, 3, 4], [9, 9, 5, 6]])
+    got = inputs.ModelInputs((ids,), {"pixel_values": torch.zeros(2, 3, 8, 8)}, "--input", [])
+    inputs._labels_from_ids(got, 0, Seq2Seq())
+    assert got.kwargs["labels"].tolist() == [[3, 4], [5, 6]]
+    assert got.kwargs["decoder_input_ids"].tolist() == [[0, 3], [0, 5]]
 
 
 def test_a_vision_language_model_whose_image_path_does_not_run_falls_back_to_ids(tmp_path, cli):

@@ -369,7 +369,7 @@ def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
     inputs.chosen = True
     names = [p.name for p in forward_parameters(loaded.model)]
     if getattr(loaded, "labels_from_ids", False) and inputs.args and "labels" in names:
-        _labels_from_ids(inputs, _missing_decoder_start(loaded.model, names), _placeholder(loaded.model))
+        _labels_from_ids(inputs, _missing_decoder_start(loaded.model, names), loaded.model)
     if device.type == "meta" and "labels" not in inputs.kwargs and "decoder_input_ids" in names[len(inputs.args):] and inputs.args:
         first = inputs.args[0]
         inputs.kwargs["decoder_input_ids"] = torch.empty(first.shape, dtype=first.dtype, device="meta")
@@ -499,30 +499,60 @@ def _placeholder(model) -> int | None:
     return token_of(config) if config is not None else None
 
 
-def _labels_from_ids(inputs, start: int | None = None, placeholder: int | None = None) -> None:
+def _labels_from_ids(inputs, start: int | None = None, model=None) -> None:
     """An LM head's own loss on labels = the input ids: a causal LM shifts them itself; an encoder-decoder
     makes its decoder inputs from them (shifted right), so random decoder ids are not given as well.
     `start`: the config names no decoder start, so the decoder ids are the labels shifted right here.
-    `placeholder`: image placeholder positions are -100 in the labels (not predicted), as a VLM trains."""
+    With `model`: beside an image, its placeholder positions are not predicted (-100 in a causal LM's labels; an
+    encoder-decoder's target is the text ids alone), and ids the output layer has no class for are -100."""
     ids = inputs.args[0]
-    hidden = (ids == placeholder) if placeholder is not None and ids.device.type != "meta" else None
-    if hidden is not None and bool(hidden.any()):
-        inputs.kwargs["labels"] = ids.masked_fill(hidden, -100)
-        inputs.notes.append(f"labels: the image placeholders (id {placeholder}) are -100, not predicted")
-    else:
-        inputs.kwargs["labels"] = ids
+    labels, said = _vlm_labels(inputs, ids, model) if model is not None else (ids, "the input ids")
+    inputs.kwargs["labels"] = labels
     if start is not None:
-        shifted = ids.new_full(ids.shape, start)
-        shifted[..., 1:] = ids[..., :-1]
+        shifted = labels.new_full(labels.shape, start)
+        shifted[..., 1:] = labels[..., :-1].clamp_min(0)   # no -100 in the decoder's ids
         inputs.kwargs["decoder_input_ids"] = shifted
         inputs.notes = [n for n in inputs.notes if not n.startswith("decoder_input_ids")]
-        inputs.notes.append(f"labels: the input ids; decoder_input_ids: the labels shifted right, starting with "
+        inputs.notes.append(f"labels: {said}; decoder_input_ids: the labels shifted right, starting with "
                             f"pad_token_id {start} (config.json sets no decoder_start_token_id)")
     elif inputs.kwargs.pop("decoder_input_ids", None) is not None:
         inputs.notes = [n for n in inputs.notes if not n.startswith("decoder_input_ids")]
-        inputs.notes.append("labels: the input ids; decoder_input_ids: the model's own (labels shifted right)")
+        inputs.notes.append(f"labels: {said}; decoder_input_ids: the model's own (labels shifted right)")
     else:
-        inputs.notes.append("labels: the input ids (the model's own loss)")
+        inputs.notes.append(f"labels: {said} (the model's own loss)")
+
+
+def _vlm_labels(inputs, ids, model):
+    """(labels, how the note says them) for a model that may read an image beside its ids (see _labels_from_ids)."""
+    if ids.device.type == "meta":
+        return ids, "the input ids"
+    labels, said = ids, "the input ids"
+    placeholder = _placeholder(model)
+    imaged = any(k.startswith("pixel_values") for k in inputs.kwargs)
+    hidden = ids == placeholder if placeholder is not None and imaged else None
+    if hidden is not None and bool(hidden.any()):
+        counts = hidden.sum(-1)
+        if getattr(getattr(model, "config", None), "is_encoder_decoder", False) and bool((counts == counts[0]).all()):
+            labels = ids[~hidden].reshape(ids.shape[0], -1)   # the decoder writes the text, not the image
+            said = f"the text ids of the input (its image placeholders, id {placeholder}, left out)"
+        else:
+            labels = ids.masked_fill(hidden, -100)
+            said = f"the input ids, its image placeholders (id {placeholder}) -100: not predicted"
+    classes = _output_classes(model)
+    if classes is not None and bool((labels >= classes).any()):   # ids the embedding has and the head has not
+        labels = labels.masked_fill(labels >= classes, -100)
+        said += f"; ids ≥ {classes} (no class of the output layer) -100"
+    return labels, said
+
+
+def _output_classes(model) -> int | None:
+    """How many classes an LM head predicts (its output embedding's rows), or None."""
+    try:
+        head = model.get_output_embeddings()
+    except Exception:
+        return None
+    weight = getattr(head, "weight", None)
+    return int(weight.shape[0]) if weight is not None and weight.dim() == 2 else None
 
 
 def resolve_inputs(specs: list[str] | None, loaded, device, seed: int = 0, keywords: dict | None = None) -> ModelInputs:

@@ -14,13 +14,13 @@ Cost: one forward + backward with a hook per module call and per autograd node t
 back, and a run of the stopping module alone per zero value it holds."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..module_paths import owner
 from . import explain
-from .record import MAX_CALLS, Call, Measured, made_between, measure
+from .record import MAX_CALLS, Call, Measured, made_between, measure, storage
 
-MAX_OP_WALKS = 64      # parameters whose op-level stop is looked for (a walk of the graph each)
+MAX_OP_WALKS = 512     # parameters whose nearest stopping op is looked for (a walk of the graph each)
 
 
 @dataclass
@@ -33,7 +33,6 @@ class Stop:
     producer: str | None = None  # the module that made a zero input
     op: str | None = None       # the op that passes none
     operand: tuple[str, str] | None = None   # what that op saved that closes it (explain.zero_operand)
-    later: int = 0              # more stopping modules on its other paths
     cut: bool = False           # the forward made more module calls than were recorded
 
     def describe(self) -> str:
@@ -50,19 +49,25 @@ class Stop:
                          "gradient" + ("; a buffer is not a parameter: no optimizer step changes it" if buffers else ""))
             elif self.reads_zero:
                 text += f"; what it reads is 0 everywhere{made}" + (f", where `{self.op}` passes none" if self.op else "")
+            elif self.op in explain.ROUTES:
+                text += (f"; inside it, the part of the gradient {_an(self.op)} op hands back towards this parameter is "
+                         "already 0 (what reads that part leaves it out)")
             else:
                 text += f"; inside it {_an(self.op)} op passes none" if self.op else "; an op inside it passes none"
                 text += self._operand()
         elif self.how == "op":
-            text = f"the gradient stops at {_an(self.op)} op on its path: its output gets a gradient and passes none back"
-            text += self._operand()
+            if self.op in explain.ROUTES:
+                text = (f"the part of the gradient {_an(self.op)} op on its path hands back towards this parameter is "
+                        "already 0: what reads that part after it (a mask, a max-pool, a selection, an output the loss "
+                        "does not cover) leaves it out")
+            else:
+                text = f"the gradient stops at {_an(self.op)} op on its path: its output gets a gradient and passes none back"
+                text += self._operand()
             text += f"; the output of {self.module} ({self.kind}), the last module it passes, already gets none" \
                 if self.module else ""
         else:
             text = (f"the gradient is already 0 at the output of {self.module} ({self.kind}), the last module on its "
-                    "path: what uses that output outside any module passes it none")
-        if self.later:
-            text += f" ({self.later} more module(s) on its other paths pass none either)"
+                    "path: what comes after it (an op outside any module, or a hook on that output) passes it none")
         return text + (f" (the first {MAX_CALLS:,} module calls of the forward were recorded)" if self.cut else "")
 
     def _operand(self) -> str:
@@ -71,6 +76,7 @@ class Stop:
                 "made": "; the op's saved operand, a value made in the forward, is 0 everywhere",
                 "path": "; the value it gets on this path is 0 everywhere",
                 "padding": f"; every index it looks up is its padding index ({text}), whose row gets no gradient",
+                "result": "; its output is 0 everywhere (every unit below the activation's zero point: dead units)",
                 }.get(kind, "")
 
     def hint(self) -> str:
@@ -85,6 +91,9 @@ class Stop:
             return ((f"find what makes {self.producer}'s output zero" if self.producer else "find where that input is "
                      "zeroed") + "; when it is zero by construction (zero-initialised queries, a padded stream) the "
                     "weight is unused and can be frozen")
+        if self.op in explain.ROUTES:
+            return (f"look at what reads the output of the `{self.op}` op: a mask, a max-pool or a selection that never "
+                    "picks this part means the input never exercises it")
         op = f"the `{self.op}` op" if self.op else "what the code does with that output"
         return (f"look at {op}: units below an activation's zero point (see dead-units), or a round, sign, argmax or "
                 "comparison, which needs a straight-through estimator to pass a gradient; a mask or selection that "
@@ -112,42 +121,53 @@ class _Explainer:
         self.ms, self.modules, self.ctx = ms, modules, ctx
         self.names: dict | None = None
         self.cache: dict[int, Stop] = {}
-        self.made: dict = {}   # autograd node -> the innermost call that returned it
-        for c in sorted(ms.calls, key=lambda c: -c.done):
+        self.inner: dict = {}   # autograd node -> the innermost call that returned it
+        self.outer: dict = {}   # ... and the outermost
+        for c in sorted(ms.calls, key=lambda c: c.done):
             for node, _ in c.outs:
-                self.made[node] = c
-        # per call: the parameters it stops (outputs pass; every input that carries them gets none)
+                self.inner.setdefault(node, c)
+                self.outer[node] = c
+        # per call: the parameters it stops (an output that carries them gets a gradient; the inputs that carry
+        # them get none)
         self.stopping = []
         for c in ms.calls:
-            if c.ins and ms.outs_pass(c):
-                passing = zero = 0
-                for i in c.ins:
-                    if ms.passes(i.flag):
-                        passing |= ms.reach(i.node)
-                    else:
-                        zero |= ms.reach(i.node)
-                if zero & ~passing:
-                    self.stopping.append((c, zero & ~passing))
+            out = 0
+            for node, f in c.outs:
+                out |= ms.reach(node) if ms.passes(f) else 0
+            passing = zero = 0
+            for i in c.ins:
+                if ms.passes(i.flag):
+                    passing |= ms.reach(i.node)
+                else:
+                    zero |= ms.reach(i.node)
+            if zero & ~passing & out:
+                self.stopping.append((c, zero & ~passing & out))
 
     def all(self, wanted: list[str], params: dict) -> dict[str, Stop]:
         out, walks = {}, 0
         for j, n in enumerate(wanted):
-            stop = self.zero_input(n) or self.module_stop(j)
-            if stop is None and walks < MAX_OP_WALKS:
+            near = None
+            if walks < MAX_OP_WALKS:
                 walks += 1
-                stop = self.op_stop(j, params[n])
-            stop = stop or self.after(j)
+                near = self.ms.ops.first_stop([self.ms.ops.start(id(params[n]))], j, self.ms.feeds)
+            stop = self.zero_input(n, near) or self.module_stop(j) or self.op_stop(near) or \
+                (self.after(j) if walks < MAX_OP_WALKS else None)
             if stop is not None:
                 stop.cut = self.ms.cut
                 out[n] = stop
         return out
 
-    def zero_input(self, name: str) -> Stop | None:
+    def zero_input(self, name: str, near) -> Stop | None:
+        """The parameter's own module reads 0 everywhere, and the op nearest the parameter that passes none saved
+        that very input as its zero operand (a weight times zeros; not a bias behind a dead unit)."""
         m = owner(name)
         calls = [c for c in self.ms.calls if c.module == m]
-        if self.ms.fed.get(m, 1.0) != 0.0 or not any(self.ms.outs_pass(c) for c in calls):
+        if near is None or self.ms.fed.get(m, 1.0) != 0.0 or not any(self.ms.outs_pass(c) for c in calls):
             return None
-        producer = next((self.made[i.node] for c in calls for i in c.ins if i.node in self.made), None)
+        zero = explain.zero_tensor(near[0], near[1])
+        if zero is None or storage(zero) not in self.ms.fed_storages.get(m, ()):
+            return None
+        producer = next((self.inner[i.node] for c in calls for i in c.ins if i.node in self.inner), None)
         return Stop(m or "(root)", type(self.modules[m]).__name__, "zero-input", producer=self._label(producer))
 
     def module_stop(self, j: int) -> Stop | None:
@@ -158,12 +178,9 @@ class _Explainer:
         for c in cands[1:]:   # a module called inside the chosen one that stops it too: the innermost
             if c.index > chosen.index and c.done < chosen.done and _inside(c.module, chosen.module):
                 chosen = c
-        others = {c.module for c in cands if c.module != chosen.module and not _inside(chosen.module, c.module)}
-        key = id(chosen)
-        if key not in self.cache:
-            self.cache[key] = self._explain_call(chosen, j)
-        stop = self.cache[key]
-        return Stop(**{**stop.__dict__, "later": len(others)})
+        if id(chosen) not in self.cache:
+            self.cache[id(chosen)] = self._explain_call(chosen, j)
+        return replace(self.cache[id(chosen)])
 
     def _explain_call(self, c: Call, j: int) -> Stop:
         ms, mod = self.ms, self.modules[c.module]
@@ -174,21 +191,37 @@ class _Explainer:
             return stop
         stop.reads_zero = all(ms.sizes[i.size] == 0 for i in cut)
         if stop.reads_zero:
-            stop.producer = self._label(next((self.made[i.node] for i in cut if i.node in self.made), None))
+            stop.producer = self._label(next((self.inner[i.node] for i in cut if i.node in self.inner), None))
         own = made_between([node for node, _ in c.outs], [i.node for i in c.ins])
-        node = ms.ops.first_stop([ms.ops.start(i.node) for i in cut], j, ms.feeds, own)
-        if node is not None:
-            stop.op, stop.operand = explain.op_name(node), explain.zero_operand(node, self._storage())
+        found = ms.ops.first_stop([ms.ops.start(i.node) for i in cut], j, ms.feeds, own)
+        if found is not None:
+            node, kid = found
+            stop.op, stop.operand = explain.op_name(node), explain.zero_operand(node, kid, self._storage())
         return stop
 
-    def op_stop(self, j: int, param) -> Stop | None:
-        ms = self.ms
-        node = ms.ops.first_stop([ms.ops.start(id(param))], j, ms.feeds)
-        if node is None:
+    def op_stop(self, near) -> Stop | None:
+        if near is None:
             return None
-        last = self._last_silent(j)
-        return Stop(last.module if last else "", type(self.modules[last.module]).__name__ if last else "", "op",
-                    op=explain.op_name(node), operand=explain.zero_operand(node, self._storage()))
+        node, kid = near
+        last = self._passed(kid)
+        return Stop(last.module or "(root)" if last else "", type(self.modules[last.module]).__name__ if last else "",
+                    "op", op=explain.op_name(node), operand=explain.zero_operand(node, kid, self._storage()))
+
+    def _passed(self, node) -> Call | None:
+        """The last module the path passed before the op that stops it: the outermost call whose output is the
+        nearest module output below that op (a walk down the graph from the op's input)."""
+        frontier, seen = [node], set()
+        while frontier:
+            nxt: list = []
+            for n in frontier:
+                if n is None or n in seen:
+                    continue
+                seen.add(n)
+                if n in self.outer:
+                    return self.outer[n]
+                nxt.extend(k for k, _ in n.next_functions)
+            frontier = nxt
+        return None
 
     def after(self, j: int) -> Stop | None:
         last = self._last_silent(j)

@@ -2,9 +2,10 @@
 time on the copy (the module alone re-run on its recorded arguments), and the zero operand an op saved."""
 from __future__ import annotations
 
+import math
 import re
 
-from .record import Call
+from .record import Call, storage
 
 
 def zero_values(mod) -> list[tuple[str, str, object]]:
@@ -23,33 +24,49 @@ def zero_values(mod) -> list[tuple[str, str, object]]:
     return out
 
 
+PROPORTIONAL = 1.5   # a value that gates by multiplying: set to 2 instead of 1, what passes grows this much or more
+
+
 def opening(mod, call: Call, cut: set[int], ctx) -> list[tuple[str, str]]:
     """(kind, name) of the module's zero values that, set to 1 (True) alone, let a gradient through to the cut
-    inputs (`cut`: their tensor ids) when the module runs alone on its recorded arguments."""
+    inputs (`cut`: their tensor ids) when the module runs alone on its recorded arguments, and that multiply
+    the path: set to 2, the gradient grows by PROPORTIONAL or more (a zero shift that wakes a dead unit up
+    opens it too, and is not what closed it)."""
     if call.args is None:
         return []
-    return [(kind, n) for kind, n, t in zero_values(mod) if _opens(mod, call, kind, n, t, cut, ctx)]
+    return [(kind, n) for kind, n, t in zero_values(mod) if _gates(mod, call, kind, n, t, cut, ctx)]
 
 
-def _opens(mod, call: Call, kind: str, name: str, value, cut: set[int], ctx) -> bool:
-    """The value is swapped for ones for the run, not written to: the tensor itself (which the measured graph
-    saved, and which may be an expanded view) is left as it is."""
+def _gates(mod, call: Call, kind: str, name: str, value, cut: set[int], ctx) -> bool:
+    import torch
+
+    one = _passed(mod, call, kind, name, value, torch.ones_like(value), cut, ctx)
+    if not one > 0:
+        return False
+    if value.dtype == torch.bool:   # a mask: on or off
+        return True
+    return _passed(mod, call, kind, name, value, torch.full_like(value, 2), cut, ctx) >= PROPORTIONAL * one
+
+
+def _passed(mod, call: Call, kind: str, name: str, value, setting, cut: set[int], ctx) -> float:
+    """The gradient's norm at the cut inputs with the value swapped for `setting` for the run (not written to:
+    the tensor itself, which the measured graph saved and which may be an expanded view, is left as it is);
+    0.0 when the module alone does not run."""
     import torch
 
     store = mod._buffers if kind == "buffer" else mod._parameters if kind == "frozen parameter" else vars(mod)
-    ones = torch.ones_like(value)
-    store[name] = torch.nn.Parameter(ones, requires_grad=False) if kind == "frozen parameter" else ones
+    store[name] = torch.nn.Parameter(setting, requires_grad=False) if kind == "frozen parameter" else setting
     try:
         return _passes_alone(mod, call, cut, ctx)
     except Exception:   # the module alone does not run on these: no claim
-        return False
+        return 0.0
     finally:
         store[name] = value
 
 
-def _passes_alone(mod, call: Call, cut: set[int], ctx) -> bool:
+def _passes_alone(mod, call: Call, cut: set[int], ctx) -> float:
     """Run the module alone (seeded: the caller's random state kept) on fresh copies of its cut inputs and a
-    random weighting of its outputs: does a gradient reach them? A copy is cloned once more before it goes in,
+    random weighting of its outputs: the norm of the gradient that reaches them. A copy is cloned once more before it goes in,
     so a module that writes into its input in place can."""
     import torch
 
@@ -76,39 +93,58 @@ def _passes_alone(mod, call: Call, cut: set[int], ctx) -> bool:
     with torch.enable_grad(), ctx.seeded(), ctx.autocast():
         outs = [o for o in floats(mod(*fresh(args), **fresh(kwargs))) if o.requires_grad]
     if not outs or not leaves:
-        return False
+        return 0.0
     g = torch.Generator().manual_seed(0)   # a random weighting: a sum of outputs can cancel what passes
     total = torch.zeros(())
     for o in outs:
         real = (torch.view_as_real(o) if o.is_complex() else o).float()
         total = total.to(o.device) + real.mul(torch.randn(real.shape, generator=g).to(o.device)).sum()
     grads = torch.autograd.grad(total, list(leaves.values()), allow_unused=True)
-    return any(x is not None and bool(x.ne(0).any()) for x in grads)
+    return math.sqrt(sum(float(x.double().pow(2).sum()) for x in grads if x is not None))
 
 
-def storage_names_from(modules: dict) -> dict[int, str]:
-    """Where each of the model's tensors lives (its storage) -> how to call it: `kind `name` of module`.
-    `modules`: the model's named modules."""
-    out: dict[int, str] = {}
+def storage_names_from(modules: dict) -> dict[int, tuple[str, object]]:
+    """Where each of the model's tensors lives (its storage) -> (how to call it: `kind `name` of module`, the
+    tensor). `modules`: the model's named modules."""
+    out: dict[int, tuple[str, object]] = {}
     for mname, mod in modules.items():
         where = mname or "(root)"
         for kind, n, t in [("parameter", n, t) for n, t in mod.named_parameters(recurse=False)] + \
                 [("buffer", n, t) for n, t in mod.named_buffers(recurse=False) if t is not None] + \
                 [("tensor attribute", n, t) for n, t in vars(mod).items() if _is_tensor(t) and not n.startswith("_")]:
-            out.setdefault(_storage(t), f"{kind} `{n}` of {where}")
+            out.setdefault(storage(t), (f"{kind} `{n}` of {where}", t))
     return out
 
 
-def zero_operand(node, names: dict[int, str]) -> tuple[str, str] | None:
-    """What an op saved that closes it, as (kind, text): "model" (one of the model's tensors, named) or "made"
-    (made in the forward) for a zero operand — a product's other factor, a mask, a layer norm's scale —;
-    "padding" for an embedding lookup of nothing but its padding index; "path" when the value on the
-    gradient's path is itself 0 everywhere (relu or abs at 0); None when it saved none of these."""
-    import torch
-
+def zero_operand(node, kid, names: dict) -> tuple[str, str] | None:
+    """What an op saved that closes it, as (kind, text): "model" (one of the model's tensors, named; a part of
+    it when only a view of it is zero) or "made" (made in the forward) for a zero operand off the gradient's
+    path — a product's other factor, a mask, a layer norm's scale —; "padding" for an embedding lookup of
+    nothing but its padding index; "path" when the value on the gradient's path (made by `kid`) is itself 0
+    everywhere (abs at 0); "result" when its own saved output is 0 everywhere (a relu with every unit below
+    zero); None when it saved none of these."""
     padding = _padding_only(node)
     if padding is not None:
         return padding
+    zero, on_path = _saved_zero(node, kid)
+    if zero is None:
+        return ("path", "") if on_path else ("result", "") if _zero_result(node) else None
+    label, whole = names.get(storage(zero), (None, None))
+    if label is None:
+        return "made", "a value made in the forward"
+    return "model", label if not bool(whole.detach().any()) else f"a part of {label}"
+
+
+def zero_tensor(node, kid):
+    """The zero operand an op saved off the gradient's path (see zero_operand), or None."""
+    return _saved_zero(node, kid)[0]
+
+
+def _saved_zero(node, kid) -> tuple[object, bool]:
+    """(the first saved tensor of `node` that is 0 everywhere and not the value on the path, whether the value on
+    the path — made by `kid` — is itself 0 everywhere)."""
+    import torch
+
     on_path = False
     for attr in dir(node):
         if not attr.startswith("_saved_"):
@@ -119,12 +155,28 @@ def zero_operand(node, names: dict[int, str]) -> tuple[str, str] | None:
             continue
         if not isinstance(t, torch.Tensor) or t.numel() == 0:
             continue
-        if (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool) and not bool(t.detach().any()):
-            if not t.requires_grad:
-                name = names.get(_storage(t))
-                return ("model", name) if name else ("made", "a value made in the forward")
+        if not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool) or bool(t.detach().any()):
+            continue
+        if t.requires_grad and (t.grad_fn is kid or getattr(kid, "variable", None) is t):
             on_path = True
-    return ("path", "") if on_path else None
+            continue
+        if t.requires_grad and t.grad_fn is node:   # the op's own output (relu saves it): not an operand
+            continue
+        if t.requires_grad and t.grad_fn is None:   # a trainable parameter at 0 (a bias): training moves it
+            continue
+        return t, on_path
+    return None, on_path
+
+
+def _zero_result(node) -> bool:
+    """Did the op save its own output, and is that 0 everywhere (a relu whose every unit is below zero)?"""
+    import torch
+
+    try:
+        t = getattr(node, "_saved_result", None)
+    except Exception:
+        return False
+    return isinstance(t, torch.Tensor) and t.numel() > 0 and t.is_floating_point() and not bool(t.detach().any())
 
 
 def _padding_only(node) -> tuple[str, str] | None:
@@ -155,8 +207,8 @@ def _is_tensor(t) -> bool:
     return isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter)
 
 
-def _storage(t) -> int:
-    try:
-        return t.untyped_storage().data_ptr()
-    except Exception:
-        return id(t)
+# ops that only move values: when one "passes none" on the edge to a parameter, that part of the gradient was
+# already 0 where the op's output is read (a mask, a max-pool, a selection after it); the op itself is not it
+ROUTES = frozenset({"cat", "stack", "split", "split_with_sizes", "select", "slice", "index", "unbind", "narrow",
+                    "unsqueeze", "squeeze", "view", "reshape", "expand", "permute", "transpose", "t", "as_strided",
+                    "copy_slices", "clone", "unsafe_view", "unsafe_split", "chunk", "index_select", "gather"})

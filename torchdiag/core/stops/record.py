@@ -44,6 +44,7 @@ class Measured:
     grads: list[float]       # per flag: the largest |gradient| (0: none reached it)
     sizes: list[float]       # per input: its largest |value|
     fed: dict                # owner module -> the largest |input| over its calls
+    fed_storages: dict       # owner module -> the storages of its float inputs
     feeds: dict              # autograd node -> bitset of the wanted parameters it depends on
     bit: dict                # id(parameter) -> its bit
     ops: Any                 # record.OpHooks
@@ -107,7 +108,7 @@ def measure(work, inputs, wanted: list[str], params: dict, ctx, loss_fn, owners:
     fed: dict[str, float] = {}
     for (m, _), v in zip(rec.inmax, values[b:c]):
         fed[m] = max(fed.get(m, 0.0), v)
-    return Measured(rec.calls, values[:a], values[a:b], fed, feeds, bit, ops, rec.cut, loss)
+    return Measured(rec.calls, values[:a], values[a:b], fed, rec.storages, feeds, bit, ops, rec.cut, loss)
 
 
 class _Recorder:
@@ -118,6 +119,7 @@ class _Recorder:
         self.flags: list = []
         self.sizes: list = []
         self.inmax: list = []                 # (owner module, 0-d device tensor)
+        self.storages: dict[str, set] = {}    # owner module -> the storages of its float inputs
         self.owners, self.keep = owners, keep
         self.names = {id(m): n for n, m in work.named_modules()}
         self.open: dict[int, list] = {}       # id(module) -> its calls in progress (a module may re-enter)
@@ -161,6 +163,7 @@ class _Recorder:
         name = self.names.get(id(mod), "?")
         found = floats((args, kwargs))
         if name in self.owners and found:
+            self.storages.setdefault(name, set()).update(storage(t) for t in found)
             with torch.no_grad():
                 sized = [t.detach().abs().amax().float() for t in found if t.numel()]
                 if sized:
@@ -179,6 +182,14 @@ class _Recorder:
         call.done = self.returned
         call.outs = [(t.grad_fn if t.grad_fn is not None else id(t), self._flag(t))
                      for t in floats(output) if t.requires_grad]
+
+
+def storage(t) -> int:
+    """A tensor's storage (views of one tensor share it)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:
+        return id(t)
 
 
 def _feeds(root, bit: dict[int, int]) -> dict:
@@ -250,7 +261,7 @@ class OpHooks:
     def first_stop(self, starts: list, j: int, feeds: dict, within: set | None = None):
         """The node nearest to `starts` on the wanted parameter j's paths (towards the loss) whose output gets a
         gradient while every edge back from the walk gets none; only among `within` (a module's own nodes) when
-        given; None when there is none."""
+        given; (that node, the node below it on the walk), or None when there is none."""
         frontier, seen = [s for s in starts if s is not None], set()
         while frontier:
             nxt = []
@@ -263,7 +274,7 @@ class OpHooks:
                     if v is not None and v[0] > 0:
                         edges = [i for i, (k, _) in enumerate(node.next_functions) if k is kid]
                         if all(i >= len(v[1]) or v[1][i] == 0 for i in edges):
-                            return node
+                            return node, kid
                     nxt.append(node)
             frontier = nxt
         return None
