@@ -156,6 +156,25 @@ def test_parameters_cut_off_by_no_grad_are_named():
     assert any("still falling at the end" in n for n in r.notes)   # only `bias` learns, slowly
 
 
+def test_parameters_without_a_gradient_do_not_make_a_falling_loss_a_failure():
+    """A module whose output is thrown away (LLaVA's unread last tower layer) gets the no-grad error; the rest of the
+    model still fits the batch, so the run is extended while the loss falls toward the target, and it memorises."""
+    class Unread(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
+            self.spare = torch.nn.Linear(8, 3)
+
+        def forward(self, x):
+            self.spare(x)
+            return self.body(x)
+
+    torch.manual_seed(0)
+    r = overfit(Unread(), torch.randn(8, 8), lr=3e-4)
+    assert r.data["passed"] and r.data["steps"] > 500   # extended past the first budget: it was still falling
+    assert {f.code for f in r.findings if f.severity != "info"} == {"no-grad"} and r.exit_code == 1
+
+
 def test_dead_relu_gives_flat_loss_zero_grads_and_identical_outputs():
     torch.manual_seed(0)
     model, x = load("broken_overfit_dead.py:build")

@@ -159,11 +159,12 @@ class Trainer:
         """At the budget, short of the target, --steps left out: run on by another DEFAULT_STEPS (to opts.cap) while
         the loss's own recent trend (trend.judge) puts the target within that cap, or it is levelling off
         for the first time (confirmed by one more stretch before it is called a floor). A run that reaches the
-        target inside --steps never gets here. Not under a wrapper (each rank's curve is its own rows'),
-        nor with parameters known to get no gradient (a mechanical cause: more steps cannot help)."""
+        target inside --steps never gets here. Not under a wrapper (each rank's curve is its own rows'). Parameters
+        that get no gradient do not stop it: the trend says whether the rest of the model still fits the batch
+        (LLaVA's unread last tower layer), and the no-grad error is reported either way."""
         c, opts = self.curve, self.opts
         cap = opts.cap
-        if self.agree is not None or c.missing or c.budget >= cap:
+        if self.agree is not None or c.budget >= cap:
             return False
         t = judge(c.losses, goal_of(c.losses[0], opts))
         if t.kind == "levelling" and not c.levelled:   # a slowing fall may be a phase: look once more before calling it
