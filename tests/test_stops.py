@@ -117,7 +117,7 @@ def test_a_zero_derivative_op_in_the_owners_own_forward_is_named():
 def test_a_weight_fed_zeros_is_said_so():
     (f,) = errors(gradflow(ZeroQueries()))
     assert f.where == "q.weight"   # q.bias learns: only the weight multiplies the zeros
-    assert "its module q (Linear) gets an input of 0 everywhere at every call" in f.message
+    assert "its module q (Linear) gets an input of 0 everywhere, and a weight that multiplies zero" in f.message
 
 
 def test_doctor_says_where_the_gradient_stops():
@@ -307,3 +307,35 @@ def test_an_embedding_that_only_looks_up_its_padding_index_is_said_so():
     (f,) = errors(run("gradflow", Ids(), (torch.randint(1, 50, (4, 6)),)))
     assert f.where == "extra" and "every index it looks up is its padding index (0)" in f.message
     assert "give it real ids" in f.hint
+
+
+def test_two_zeros_that_keep_each_other_at_zero_are_both_said():
+    class Deadlock(nn.Module):   # a zero-initialised branch times a zero trainable scale: neither can move
+        def __init__(self):
+            super().__init__()
+            self.a, self.scale, self.head = nn.Linear(8, 8), nn.Parameter(torch.zeros(8)), nn.Linear(8, 3)
+            nn.init.zeros_(self.a.weight)
+            nn.init.zeros_(self.a.bias)
+
+        def forward(self, x):
+            return self.head(x + self.a(x) * self.scale)
+
+    f = next(f for f in errors(gradflow(Deadlock())) if f.where == "a")
+    assert "parameter `scale` of (root), is 0 everywhere and gets no gradient either" in f.message
+
+
+def test_the_module_passed_is_on_the_parameters_own_path():
+    class Attn(nn.Module):   # every key masked but the first: the other keys' projection gets no gradient
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.head = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+
+        def forward(self, x):
+            s = self.q(x) @ self.k(x).transpose(-1, -2)
+            mask = torch.ones_like(s, dtype=torch.bool)
+            mask[..., 0] = False
+            return self.head(s.masked_fill(mask, -1e9).softmax(-1) @ x)
+
+    torch.manual_seed(0)
+    found = {f.where: f.message for f in errors(run("gradflow", Attn(), (torch.randn(2, 5, 8),)))}
+    assert "the output of k (Linear), the last module it passes" in found["k"]

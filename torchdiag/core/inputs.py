@@ -542,6 +542,8 @@ def _vlm_labels(inputs, ids, model):
     if classes is not None and bool((labels >= classes).any()):   # ids the embedding has and the head has not
         labels = labels.masked_fill(labels >= classes, -100)
         said += f"; ids ≥ {classes} (no class of the output layer) -100"
+    if labels.shape[-1] < 2 or not bool((labels[..., 1:] != -100).any()):   # nothing left to predict: a loss of NaN
+        return ids, "the input ids, all of them (masking would leave nothing to predict)"
     return labels, said
 
 

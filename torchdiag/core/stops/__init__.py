@@ -38,8 +38,8 @@ class Stop:
     def describe(self) -> str:
         made = f" (made by {self.producer})" if self.producer else ""
         if self.how == "zero-input":
-            text = (f"its module {self.module} ({self.kind}) gets an input of 0 everywhere at every call{made}, and a "
-                    "weight that multiplies zero gets no gradient")
+            text = (f"its module {self.module} ({self.kind}) gets an input of 0 everywhere{made}, and a weight that "
+                    "multiplies zero gets no gradient")
         elif self.how == "module":
             text = (f"the gradient stops at {self.module} ({self.kind}): its output gets a gradient, the input that "
                     "carries this parameter's part none")
@@ -73,6 +73,8 @@ class Stop:
     def _operand(self) -> str:
         kind, text = self.operand or ("", "")
         return {"model": f"; the op's saved operand, {text}, is 0 everywhere",
+                "stuck": f"; the op's saved operand, {text}, is 0 everywhere and gets no gradient either: each keeps "
+                         "the other at 0",
                 "made": "; the op's saved operand, a value made in the forward, is 0 everywhere",
                 "path": "; the value it gets on this path is 0 everywhere",
                 "padding": f"; every index it looks up is its padding index ({text}), whose row gets no gradient",
@@ -84,9 +86,9 @@ class Stop:
         if kind == "padding":
             return ("give it real ids: a model that fills an id input it was not given with the padding index "
                     "(check the forward's optional *_ids arguments) never trains that table")
-        if self.opening or kind == "model":
+        if self.opening or kind in ("model", "stuck"):
             return ("give that value what it is meant to start from (the checkpoint the model is built for, or a "
-                    "non-zero init), or make it a trained parameter")
+                    "non-zero init); a scale that is meant to learn belongs in a trained parameter")
         if self.how == "zero-input" or self.reads_zero:
             return ((f"find what makes {self.producer}'s output zero" if self.producer else "find where that input is "
                      "zeroed") + "; when it is zero by construction (zero-initialised queries, a padded stream) the "
@@ -111,14 +113,15 @@ def stops(work, inputs, names: list[str], ctx, loss_fn) -> dict[str, Stop]:
     keep = {m for m, mod in modules.items() if explain.zero_values(mod)}
     ms = measure(work, inputs, wanted, params, ctx, loss_fn, {owner(n) for n in wanted}, keep)
     try:
-        return _Explainer(ms, modules, ctx).all(wanted, params)
+        return _Explainer(ms, modules, ctx, {storage(params[n]) for n in wanted}).all(wanted, params)
     finally:
         ms.loss = None   # the graph goes
 
 
 class _Explainer:
-    def __init__(self, ms: Measured, modules: dict, ctx):
+    def __init__(self, ms: Measured, modules: dict, ctx, stuck: set):
         self.ms, self.modules, self.ctx = ms, modules, ctx
+        self.stuck = stuck      # the storages of the parameters whose gradient is zero
         self.names: dict | None = None
         self.cache: dict[int, Stop] = {}
         self.inner: dict = {}   # autograd node -> the innermost call that returned it
@@ -150,7 +153,7 @@ class _Explainer:
             if walks < MAX_OP_WALKS:
                 walks += 1
                 near = self.ms.ops.first_stop([self.ms.ops.start(id(params[n]))], j, self.ms.feeds)
-            stop = self.zero_input(n, near) or self.module_stop(j) or self.op_stop(near) or \
+            stop = self.zero_input(n, near) or self.module_stop(j) or self.op_stop(near, j) or \
                 (self.after(j) if walks < MAX_OP_WALKS else None)
             if stop is not None:
                 stop.cut = self.ms.cut
@@ -162,9 +165,9 @@ class _Explainer:
         that very input as its zero operand (a weight times zeros; not a bias behind a dead unit)."""
         m = owner(name)
         calls = [c for c in self.ms.calls if c.module == m]
-        if near is None or self.ms.fed.get(m, 1.0) != 0.0 or not any(self.ms.outs_pass(c) for c in calls):
+        if near is None or not any(self.ms.outs_pass(c) for c in calls):
             return None
-        zero = explain.zero_tensor(near[0], near[1])
+        zero = explain.zero_tensor(near[0], near[1], self.stuck)
         if zero is None or storage(zero) not in self.ms.fed_storages.get(m, ()):
             return None
         producer = next((self.inner[i.node] for c in calls for i in c.ins if i.node in self.inner), None)
@@ -196,25 +199,27 @@ class _Explainer:
         found = ms.ops.first_stop([ms.ops.start(i.node) for i in cut], j, ms.feeds, own)
         if found is not None:
             node, kid = found
-            stop.op, stop.operand = explain.op_name(node), explain.zero_operand(node, kid, self._storage())
+            stop.op, stop.operand = explain.op_name(node), explain.zero_operand(node, kid, self._storage(), self.stuck)
         return stop
 
-    def op_stop(self, near) -> Stop | None:
+    def op_stop(self, near, j: int) -> Stop | None:
         if near is None:
             return None
         node, kid = near
-        last = self._passed(kid)
+        last = self._passed(kid, j)
         return Stop(last.module or "(root)" if last else "", type(self.modules[last.module]).__name__ if last else "",
-                    "op", op=explain.op_name(node), operand=explain.zero_operand(node, kid, self._storage()))
+                    "op", op=explain.op_name(node), operand=explain.zero_operand(node, kid, self._storage(), self.stuck))
 
-    def _passed(self, node) -> Call | None:
+    def _passed(self, node, j: int) -> Call | None:
         """The last module the path passed before the op that stops it: the outermost call whose output is the
-        nearest module output below that op (a walk down the graph from the op's input)."""
+        nearest module output below that op on parameter j's paths (a walk down the graph from the op's input,
+        through the nodes that depend on the parameter)."""
+        feeds = self.ms.feeds
         frontier, seen = [node], set()
         while frontier:
             nxt: list = []
             for n in frontier:
-                if n is None or n in seen:
+                if n is None or n in seen or not feeds.get(n, 0) >> j & 1:
                     continue
                 seen.add(n)
                 if n in self.outer:

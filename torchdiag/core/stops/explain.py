@@ -116,7 +116,7 @@ def storage_names_from(modules: dict) -> dict[int, tuple[str, object]]:
     return out
 
 
-def zero_operand(node, kid, names: dict) -> tuple[str, str] | None:
+def zero_operand(node, kid, names: dict, stuck: set | None = None) -> tuple[str, str] | None:
     """What an op saved that closes it, as (kind, text): "model" (one of the model's tensors, named; a part of
     it when only a view of it is zero) or "made" (made in the forward) for a zero operand off the gradient's
     path — a product's other factor, a mask, a layer norm's scale —; "padding" for an embedding lookup of
@@ -126,21 +126,23 @@ def zero_operand(node, kid, names: dict) -> tuple[str, str] | None:
     padding = _padding_only(node)
     if padding is not None:
         return padding
-    zero, on_path = _saved_zero(node, kid)
+    zero, on_path = _saved_zero(node, kid, stuck or set())
     if zero is None:
         return ("path", "") if on_path else ("result", "") if _zero_result(node) else None
     label, whole = names.get(storage(zero), (None, None))
+    if label is not None and storage(zero) in (stuck or set()):
+        return "stuck", label
     if label is None:
         return "made", "a value made in the forward"
     return "model", label if not bool(whole.detach().any()) else f"a part of {label}"
 
 
-def zero_tensor(node, kid):
+def zero_tensor(node, kid, stuck: set | None = None):
     """The zero operand an op saved off the gradient's path (see zero_operand), or None."""
-    return _saved_zero(node, kid)[0]
+    return _saved_zero(node, kid, stuck or set())[0]
 
 
-def _saved_zero(node, kid) -> tuple[object, bool]:
+def _saved_zero(node, kid, stuck: set) -> tuple[object, bool]:
     """(the first saved tensor of `node` that is 0 everywhere and not the value on the path, whether the value on
     the path — made by `kid` — is itself 0 everywhere)."""
     import torch
@@ -162,7 +164,7 @@ def _saved_zero(node, kid) -> tuple[object, bool]:
             continue
         if t.requires_grad and t.grad_fn is node:   # the op's own output (relu saves it): not an operand
             continue
-        if t.requires_grad and t.grad_fn is None:   # a trainable parameter at 0 (a bias): training moves it
+        if t.requires_grad and t.grad_fn is None and storage(t) not in stuck:   # a trainable 0 (a bias): training moves it
             continue
         return t, on_path
     return None, on_path

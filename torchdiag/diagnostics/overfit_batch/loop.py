@@ -159,9 +159,10 @@ class Trainer:
         """At the budget, short of the target, --steps left out: run on by another DEFAULT_STEPS (to opts.cap) while
         the loss's own recent trend (trend.judge) puts the target within that cap, or it is levelling off
         for the first time (confirmed by one more stretch before it is called a floor). A run that reaches the
-        target inside --steps never gets here. Not under a wrapper (each rank's curve is its own rows'). Parameters
-        that get no gradient do not stop it: the trend says whether the rest of the model still fits the batch
-        (LLaVA's unread last tower layer), and the no-grad error is reported either way."""
+        target inside --steps never gets here. Not under a wrapper (each rank's curve is its own rows'). With
+        parameters that get no gradient too (the rest of the model may still fit the batch: LLaVA's unread last
+        tower layer): a run that then ends short of the target is cannot-overfit, the no-grad error its cause,
+        after at most the cap's steps."""
         c, opts = self.curve, self.opts
         cap = opts.cap
         if self.agree is not None or c.budget >= cap:

@@ -267,10 +267,7 @@ def _verdict(result, trainer, curve, opts, ctx, found: int) -> None:
     if not d["passed"] and curve.nonfinite_at is None and not curve.peer_stop and initial is not None:
         trend = judge(losses, goal_of(initial, opts))
         d["trend"] = {"kind": trend.kind, "steps_to_go": trend.to_go, "floor": trend.floor}
-        # no plateau, and no cause but parameters without a gradient (said by the no-grad error; a loss still
-        # falling toward the target is fitted by the rest): not a failure yet
-        blocking = found - (1 if curve.missing and not curve.no_graph else 0)
-        if trend.falling and not blocking and trend.to_go is not None:
+        if trend.falling and not found and trend.to_go is not None:   # no plateau, no cause: not a failure yet
             _not_yet(result, trainer, curve, opts, ctx, trend)
             return
         _trend_note(result, trend)
