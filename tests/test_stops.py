@@ -339,3 +339,18 @@ def test_the_module_passed_is_on_the_parameters_own_path():
     torch.manual_seed(0)
     found = {f.where: f.message for f in errors(run("gradflow", Attn(), (torch.randn(2, 5, 8),)))}
     assert "the output of k (Linear), the last module it passes" in found["k"]
+
+
+def test_a_softmax_saturated_to_one_hot_is_said_so():
+    class Sharp(nn.Module):   # logits 1e4 apart: the softmax is exactly one-hot and passes no gradient
+        def __init__(self, scale):
+            super().__init__()
+            self.scale, self.score, self.head = scale, nn.Linear(8, 4), nn.Linear(8, 3)
+            self.register_buffer("values", torch.randn(4, 8))
+
+        def forward(self, x):
+            return self.head(x + torch.softmax(self.score(x) * self.scale, dim=-1) @ self.values)
+
+    (f,) = [f for f in errors(gradflow(Sharp(1e4))) if f.where == "score"]
+    assert "`softmax` op" in f.message and "its output is one-hot" in f.message and "temperature" in f.hint
+    assert not errors(gradflow(Sharp(1.0)))   # the same model with logits of an ordinary scale: healthy

@@ -79,6 +79,8 @@ class Stop:
                 "path": "; the value it gets on this path is 0 everywhere",
                 "padding": f"; every index it looks up is its padding index ({text}), whose row gets no gradient",
                 "result": "; its output is 0 everywhere (every unit below the activation's zero point: dead units)",
+                "one-hot": "; its output is one-hot (every other probability is exactly 0): a saturated softmax "
+                           "passes no gradient",
                 }.get(kind, "")
 
     def hint(self) -> str:
@@ -96,6 +98,9 @@ class Stop:
         if self.op in explain.ROUTES:
             return (f"look at what reads the output of the `{self.op}` op: a mask, a max-pool or a selection that never "
                     "picks this part means the input never exercises it")
+        if kind == "one-hot":
+            return ("the logits into the softmax are too far apart: scale them down (a temperature, a 1/√d factor) "
+                    "or normalise what makes them")
         op = f"the `{self.op}` op" if self.op else "what the code does with that output"
         return (f"look at {op}: units below an activation's zero point (see dead-units), or a round, sign, argmax or "
                 "comparison, which needs a straight-through estimator to pass a gradient; a mask or selection that "

@@ -128,7 +128,8 @@ def zero_operand(node, kid, names: dict, stuck: set | None = None) -> tuple[str,
         return padding
     zero, on_path = _saved_zero(node, kid, stuck or set())
     if zero is None:
-        return ("path", "") if on_path else ("result", "") if _zero_result(node) else None
+        return ("path", "") if on_path else ("result", "") if _zero_result(node) else \
+            ("one-hot", "") if _one_hot(node) else None
     label, whole = names.get(storage(zero), (None, None))
     if label is not None and storage(zero) in (stuck or set()):
         return "stuck", label
@@ -168,6 +169,21 @@ def _saved_zero(node, kid, stuck: set) -> tuple[object, bool]:
             continue
         return t, on_path
     return None, on_path
+
+
+def _one_hot(node) -> bool:
+    """Did the op save its own output as probabilities that are all 0 or 1 (a softmax saturated to one-hot, whose
+    derivative is then 0)?"""
+    import torch
+
+    try:
+        t = getattr(node, "_saved_result", None)
+    except Exception:
+        return False
+    if not isinstance(t, torch.Tensor) or t.numel() == 0 or not t.is_floating_point():
+        return False
+    t = t.detach()
+    return bool(((t == 0) | (t == 1)).all()) and bool((t == 1).any())
 
 
 def _zero_result(node) -> bool:
