@@ -125,7 +125,7 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
     readies each copy as the judged pass was (e.g. stochastic depth off). ModelError propagates (the
     caller keeps its plain verdicts)."""
     steps = max(1, min(int(steps), MAX_STEPS))
-    work = _copy(model, ctx, eval_mode, prepare)
+    work = fresh_copy(model, ctx, eval_mode, prepare)
     params = _params(work)
     v0 = {n: p.detach().clone() for n, p in params.items()}
     loss_fn = ctx.loss()
@@ -188,10 +188,6 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
 
 def fresh_copy(model, ctx, eval_mode: bool = False, prepare: Callable | None = None):
     """A training copy of `model` in the judged pass's mode, readied by `prepare` (the user's model untouched)."""
-    return _copy(model, ctx, eval_mode, prepare)
-
-
-def _copy(model, ctx, eval_mode, prepare):
     work = ctx.train_copy(model, "to re-check a finding with a short training run")
     work.train(not eval_mode)
     if prepare is not None:
@@ -418,7 +414,7 @@ def _values(model, inputs, flags, setting: dict, ctx, eval_mode, prepare, loss_f
     """The flags' measures on a fresh copy at initialisation with `setting` ({name: value}) put in."""
     import torch
 
-    work = _copy(model, ctx, eval_mode, prepare)
+    work = fresh_copy(model, ctx, eval_mode, prepare)
     params = _params(work)
     with torch.no_grad():
         for n, value in setting.items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 from .record import Call, storage
 
@@ -17,11 +18,15 @@ def zero_values(mod) -> list[tuple[str, str, object]]:
         return (isinstance(t, torch.Tensor) and t.numel() > 0 and (t.is_floating_point() or t.is_complex()
                 or t.dtype == torch.bool) and not bool(t.detach().any()))
 
-    out = [("buffer", n, t) for n, t in mod.named_buffers(recurse=False) if zero(t)]
-    out += [("frozen parameter", n, t) for n, t in mod.named_parameters(recurse=False) if not t.requires_grad and zero(t)]
-    out += [("tensor attribute", n, t) for n, t in vars(mod).items()
-            if not n.startswith("_") and isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter) and zero(t)]
-    return out
+    return [(kind if kind != "parameter" else "frozen parameter", n, t) for kind, n, t in own_tensors(mod)
+            if zero(t) and not (kind == "parameter" and t.requires_grad)]
+
+
+def own_tensors(mod) -> list[tuple[str, str, Any]]:
+    """(kind, name, tensor) of what a module holds itself: parameters, buffers, plain tensor attributes."""
+    return [("parameter", n, t) for n, t in mod.named_parameters(recurse=False)] + \
+        [("buffer", n, t) for n, t in mod.named_buffers(recurse=False) if t is not None] + \
+        [("tensor attribute", n, t) for n, t in vars(mod).items() if _is_tensor(t) and not n.startswith("_")]
 
 
 PROPORTIONAL = 1.5   # a value that gates by multiplying: set to 2 instead of 1, what passes grows this much or more
@@ -108,11 +113,8 @@ def storage_names_from(modules: dict) -> dict[int, tuple[str, object]]:
     tensor). `modules`: the model's named modules."""
     out: dict[int, tuple[str, object]] = {}
     for mname, mod in modules.items():
-        where = mname or "(root)"
-        for kind, n, t in [("parameter", n, t) for n, t in mod.named_parameters(recurse=False)] + \
-                [("buffer", n, t) for n, t in mod.named_buffers(recurse=False) if t is not None] + \
-                [("tensor attribute", n, t) for n, t in vars(mod).items() if _is_tensor(t) and not n.startswith("_")]:
-            out.setdefault(storage(t), (f"{kind} `{n}` of {where}", t))
+        for kind, n, t in own_tensors(mod):
+            out.setdefault(storage(t), (f"{kind} `{n}` of {mname or '(root)'}", t))
     return out
 
 
@@ -174,27 +176,26 @@ def _saved_zero(node, kid, stuck: set) -> tuple[object, bool]:
 def _one_hot(node) -> bool:
     """Did the op save its own output as probabilities that are all 0 or 1 (a softmax saturated to one-hot, whose
     derivative is then 0)?"""
-    import torch
-
-    try:
-        t = getattr(node, "_saved_result", None)
-    except Exception:
-        return False
-    if not isinstance(t, torch.Tensor) or t.numel() == 0 or not t.is_floating_point():
-        return False
-    t = t.detach()
-    return bool(((t == 0) | (t == 1)).all()) and bool((t == 1).any())
+    t = _saved_result(node)
+    return t is not None and bool(((t == 0) | (t == 1)).all()) and bool((t == 1).any())
 
 
 def _zero_result(node) -> bool:
     """Did the op save its own output, and is that 0 everywhere (a relu whose every unit is below zero)?"""
+    t = _saved_result(node)
+    return t is not None and not bool(t.any())
+
+
+def _saved_result(node):
+    """The op's own output, when it saved it (relu, softmax) as a non-empty float tensor; else None."""
     import torch
 
     try:
         t = getattr(node, "_saved_result", None)
     except Exception:
-        return False
-    return isinstance(t, torch.Tensor) and t.numel() > 0 and t.is_floating_point() and not bool(t.detach().any())
+        return None
+    ok = isinstance(t, torch.Tensor) and t.numel() > 0 and t.is_floating_point()
+    return t.detach() if ok else None
 
 
 def _padding_only(node) -> tuple[str, str] | None:

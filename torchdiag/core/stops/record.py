@@ -43,7 +43,6 @@ class Measured:
     calls: list[Call]
     grads: list[float]       # per flag: the largest |gradient| (0: none reached it)
     sizes: list[float]       # per input: its largest |value|
-    fed: dict                # owner module -> the largest |input| over its calls
     fed_storages: dict       # owner module -> the storages of its float inputs
     feeds: dict              # autograd node -> bitset of the wanted parameters it depends on
     bit: dict                # id(parameter) -> its bit
@@ -86,7 +85,7 @@ def floats(obj, depth: int = 0) -> list:
 
 def measure(work, inputs, wanted: list[str], params: dict, ctx, loss_fn, owners: set[str], keep: set[str]) -> Measured:
     """The forward with the module hooks, the op hooks on the graph it made, the backward, one read back.
-    `owners`: modules whose inputs' sizes are kept; `keep`: modules whose call arguments are kept."""
+    `owners`: modules whose inputs' storages are kept; `keep`: modules whose call arguments are kept."""
     import torch
 
     rec = _Recorder(work, owners, keep)
@@ -102,13 +101,10 @@ def measure(work, inputs, wanted: list[str], params: dict, ctx, loss_fn, owners:
         rec.remove()
     zero = torch.zeros((), device=ctx.device)
     flags = [f if torch.is_tensor(f) else zero for f in rec.flags]
-    values = read_back(flags + rec.sizes + [t for _, t in rec.inmax] + ops.tensors(zero))
-    a, b, c = len(flags), len(flags) + len(rec.sizes), len(flags) + len(rec.sizes) + len(rec.inmax)
-    ops.absorb(values[c:])
-    fed: dict[str, float] = {}
-    for (m, _), v in zip(rec.inmax, values[b:c]):
-        fed[m] = max(fed.get(m, 0.0), v)
-    return Measured(rec.calls, values[:a], values[a:b], fed, rec.storages, feeds, bit, ops, rec.cut, loss)
+    values = read_back(flags + rec.sizes + ops.tensors(zero))
+    a, b = len(flags), len(flags) + len(rec.sizes)
+    ops.absorb(values[b:])
+    return Measured(rec.calls, values[:a], values[a:b], rec.storages, feeds, bit, ops, rec.cut, loss)
 
 
 class _Recorder:
@@ -118,7 +114,6 @@ class _Recorder:
         self.calls: list[Call] = []
         self.flags: list = []
         self.sizes: list = []
-        self.inmax: list = []                 # (owner module, 0-d device tensor)
         self.storages: dict[str, set] = {}    # owner module -> the storages of its float inputs
         self.owners, self.keep = owners, keep
         self.names = {id(m): n for n, m in work.named_modules()}
@@ -164,10 +159,6 @@ class _Recorder:
         found = floats((args, kwargs))
         if name in self.owners and found:
             self.storages.setdefault(name, set()).update(storage(t) for t in found)
-            with torch.no_grad():
-                sized = [t.detach().abs().amax().float() for t in found if t.numel()]
-                if sized:
-                    self.inmax.append((name, torch.stack(sized).amax()))
         ins = [Input(t.grad_fn if t.grad_fn is not None else id(t), self._flag(t), self._size(t), id(t))
                for t in found if t.requires_grad]
         call = Call(name, ins, args=(args, kwargs) if name in self.keep else None, index=len(self.calls))
