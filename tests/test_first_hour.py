@@ -30,8 +30,11 @@ def test_detached_trunk_is_the_same_no_grad_error_everywhere(cli, spec, cut, tot
     (f,) = findings(d, "no-grad")
     assert f["severity"] == "error"
     assert f["where"] == cut[0].split(".")[0]                # the cut module, as gradflow groups it
-    for n in cut[:6]:
-        assert n in f["message"]
+    if command == "gradflow" and len(cut) > 6:   # a long list: the names that differ only in their index, once
+        assert "features.{0, 2, 4, 6}.weight, features.{0, 2, 4, 6}.bias" in f["message"]
+    else:
+        for n in cut[:6]:
+            assert n in f["message"]
     if command != "gradflow":
         assert f"{len(cut)} of {total} trainable" in f["message"]
     if command == "doctor":

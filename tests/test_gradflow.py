@@ -252,8 +252,11 @@ def test_exploding_initialisation(cli):
     r = cli("gradflow", sample("broken_exploding.py:build"), "--json")
     assert r.code == 1
     doc = r.json
-    where = {f["where"] for f in doc["findings"] if f["code"] == "exploding-grad"}
-    assert {"layers.0", "head.weight"} <= where
+    found = {f["where"]: f["message"] for f in doc["findings"] if f["code"] == "exploding-grad"}
+    assert set(found) == {"layers", "head.weight"}
+    # the eight Linear blocks' findings are one, on their container (core/repeats.py)
+    assert "10 parameter tensors, in 8 of the 8 modules of layers (weight in 0–7, bias in 0–1)" \
+        in found["layers"]
     assert all(f["code"] == "exploding-grad" for f in doc["findings"])
     # same model with He-like gain: nothing flagged
     ok = cli("gradflow", sample("broken_exploding.py:build"), "--arg", "gain=1.414", "--json")
@@ -280,8 +283,10 @@ def test_vanishing_is_a_warning(cli):
     r = cli("gradflow", sample("broken_grad_vanishing.py:build"), "--json")
     assert r.code == 0
     doc = r.json
-    vanishing = [f["where"] for f in doc["findings"] if f["code"] == "vanishing-grad"]
-    assert vanishing[0] == "0" and "30" not in vanishing and "32" not in vanishing
+    (vanishing,) = [f for f in doc["findings"] if f["code"] == "vanishing-grad"]   # one, over the Linear layers
+    flagged = [r["name"] for r in doc["params"] if r["status"] == "vanishing-grad"]
+    assert "0.weight" in flagged and "30.weight" not in flagged and "32.weight" not in flagged
+    assert vanishing["where"] == "(root)" and f"{len(flagged)} parameter tensors, in " in vanishing["message"]
     ratios = [by(doc["params"], "name", f"{i}.weight")["grad_weight_ratio"] for i in range(0, 32, 2)]
     assert all(a < b for a, b in zip(ratios, ratios[1:]))           # the gradient shrinks towards the input
     assert cli("gradflow", sample("broken_grad_vanishing.py:build"), "--strict", "--json").code == 1
@@ -533,7 +538,10 @@ def test_zero_initialised_residual_scale_names_each_block():
     res = run(by_design("zero_residual"), torch.randn(2, 3, 8, 8))
     assert res.exit_code == 0 and "error" not in severities(res)
     where = {f.where for f in res.findings if f.code == "zero-init"}
-    assert where == {"blocks.0.4", "blocks.1.4"}              # the zero-initialised BatchNorm of each branch
+    assert where == {"blocks"}                                 # one finding over the blocks ...
+    (f,) = [f for f in res.findings if f.code == "zero-init"]
+    assert "the gate is blocks.0.4.weight" in f.message        # ... naming the zero-initialised BatchNorm of each
+    assert "the same in 2 of the 2 modules of blocks (0–1), at 4 (each block's own gate)" in f.message
     st = statuses(res)
     assert st["blocks.0.0.weight"] == st["blocks.1.3.weight"] == "zero-init"
     assert st["stem.0.weight"] == "ok"                         # reached through the identity path
@@ -564,8 +572,10 @@ def test_layer_scale_and_cls_token_are_judged_by_their_gradient():
     assert st["cls_token"] == st["blocks.0.gamma"] == "ok"     # grad/weight ~1e5, an ordinary gradient
     (tiny,) = [f for f in res.findings if f.code == "tiny-by-construction"]
     assert "cls_token" in tiny.message and "blocks.0.gamma" in tiny.message
-    scaled = {f.where for f in res.findings if f.code == "by-design-init"}
-    assert scaled <= {"blocks.0.gamma", "blocks.1.gamma", "blocks.2.gamma"} and scaled
+    (scaled,) = [f for f in res.findings if f.code == "by-design-init"]
+    assert scaled.where == "blocks" and "3 of the 3 modules of blocks (0–2), at gamma" in scaled.message
+    assert {r["reason"] for r in res.table("params").rows if r["status"] == "by-design-init"} \
+        == {"blocks.0.gamma", "blocks.1.gamma", "blocks.2.gamma"}
     assert st["blocks.0.norm.weight"] == "by-design-init"
 
 
@@ -671,8 +681,11 @@ def test_gated_branches_are_by_design_naming_the_gate(factory, flagged, gate, un
         res = run(model, x)
     assert res.exit_code == 0 and "warning" not in severities(res), [f.message for f in res.findings]
     assert statuses(res)[flagged] == "by-design-init"
-    f = next(f for f in res.findings if f.code == "by-design-init" and flagged in f.message)
-    assert f.severity == "info" and f.where == gate and f"the gate is {gate}" in f.message
+    assert by(res.table("params").rows, "name", flagged)["reason"] == gate   # its own block's gate
+    # the same gate in each block: one finding on their container, naming the gate's place
+    f = next(f for f in res.findings if f.code == "by-design-init" and f.where == "blocks")
+    assert f.severity == "info" and "the same in " in f.message and gate.split(".")[-1] in f.message
+    assert "the gate is blocks.0." in f.message
     assert "after 3 steps" in f.message
     assert any("optimizer steps on the same batch" in n and "forward/backward passes" in n for n in res.notes)
 

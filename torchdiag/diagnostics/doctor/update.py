@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...core import invariance, train
+from ...core import invariance, repeats, train
 from ...core import rounding as rounding_rule
 from ...core.design import stochastic_depth_off
 from ...core.distributed import local_shard
@@ -38,6 +38,7 @@ from .scaled import fit_scale
 from .shared import module_of, name, short_dtype
 
 OPTIMIZER_NAMES = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
+MAX_LISTED = 50      # param-not-updated findings listed (the rest counted in a note)
 
 
 def update_check(probe: Probe) -> None:
@@ -91,11 +92,7 @@ def update_check(probe: Probe) -> None:
     bad = [b for b in bad if b[0] not in designed and b[0] not in cancelled]
     if w is None:   # an all-zero gradient that stays: where it stops (core/stops.py), said in its finding
         bad = gated.with_stops(work, before, inputs, ctx, bad, zero, result, stochastic_depth_off)
-    for n, msg, hint in bad[:50]:
-        ck.find("update", "param-not-updated", "error", n, f"{n} {msg}", hint,
-                verdict=f"{len(bad)} parameter(s) get a gradient but do not change after a step")
-    if len(bad) > 50:
-        result.notes.append(f"{len(bad) - 50} more param-not-updated parameters not listed")
+    _report_not_updated(bad, work, ck, result)
     if not bad and not broken:
         quiet = probe.result.data.get("params_not_reached") or []
         ck.row("update", "ok", f"{len(with_grad)}/{len(with_grad)} params change after 1 {step} step"
@@ -200,6 +197,24 @@ def _summed(w, scalars: list) -> tuple[list, int]:
     import torch.distributed as dist
 
     return w.combine(scalars), dist.get_world_size()
+
+
+def _report_not_updated(bad: list[tuple[str, str, str]], model, ck: Checklist, result: Result) -> None:
+    """One param-not-updated error per parameter, or per place repeated block after block (core/repeats.py:
+    the same kind and hint in ≥ 2 blocks of a stack, said once with the first one's full message)."""
+    verdict = f"{len(bad)} parameter(s) get a gradient but do not change after a step"
+    # the kind is the message before where its zero gradient stops (gated.with_stops appends it after "; ")
+    entries = repeats.fold([repeats.Entry((msg.split("; ", 1)[0], hint), n, [(n, msg, hint)]) for n, msg, hint in bad])
+    for e in entries[:MAX_LISTED]:
+        n, msg, hint = e.members[0]
+        if e.folded:
+            ck.find("update", "param-not-updated", "error", e.where or "(root)", f"{len(e.members)} parameters, "
+                    f"{repeats.describe(e, model)}: as {n}, which {msg}", hint, verdict=verdict)
+        else:
+            ck.find("update", "param-not-updated", "error", n, f"{n} {msg}", hint, verdict=verdict)
+    if len(entries) > MAX_LISTED:
+        left = sum(len(e.members) for e in entries[MAX_LISTED:])
+        result.notes.append(f"{left} more param-not-updated parameters not listed")
 
 
 def _not_updated(with_grad, skip, zero, moved, kept, reset_to) -> list[tuple[str, str, str]]:

@@ -2,6 +2,7 @@
 and the verdict."""
 from __future__ import annotations
 
+from ...core import repeats
 from ...core.module_paths import ancestors, owner
 from .options import BY_DESIGN, STATUS_ORDER, STATUS_SEVERITY
 
@@ -33,9 +34,14 @@ def groups(rows, model, key) -> list[tuple[str, list[dict]]]:
     return out
 
 
+NAMES_LISTED = 6   # parameter names a finding lists in full
+MAX_STOPS = 2      # distinct places a zero gradient stops, said in one finding (the rest counted)
+
+
 def _names(members) -> str:
-    ns = [m["name"] for m in members]
-    return ", ".join(ns[:6]) + (f" … (+{len(ns) - 6})" if len(ns) > 6 else "")
+    """Every name when they fit, else the ones that differ only in their block written once (core/repeats.py)."""
+    names = [m["name"] for m in members]
+    return ", ".join(names) if len(names) <= NAMES_LISTED else repeats.compact(names, NAMES_LISTED)
 
 
 def param_findings(result, rows, model, opts, allow_name: str = "--allow") -> None:
@@ -44,28 +50,41 @@ def param_findings(result, rows, model, opts, allow_name: str = "--allow") -> No
             return None
         return (r["status"], r.get("reason"), r.get("why"), r.get("rechecked"))
 
-    for where, members in groups(rows, model, key):
-        status = members[0]["status"]
+    # grouped under the highest module whose parameters all share the finding; groups inside the blocks of a
+    # stack, a parameter flagged alike in ≥ 2 blocks: one finding on the stack (core/repeats.py)
+    order = {r["name"]: i for i, r in enumerate(rows)}
+    inside = [r for where, ms in groups(rows, model, key) if repeats.split(where) for r in ms]
+    folds = [e for e in repeats.fold([repeats.Entry(key(r), r["name"], [r]) for r in inside]) if e.folded]
+    folded = {m["name"] for e in folds for m in e.members}
+    entries = folds + [repeats.Entry(key(ms[0]), where, ms)
+                       for where, ms in groups([r for r in rows if r["name"] not in folded], model, key)]
+    for e in sorted(entries, key=lambda e: order[e.members[0]["name"]]):
+        status, members, where = e.members[0]["status"], e.members, e.where or "(root)"
         n = len(members)
-        what = (f"{n} parameter tensor{'s' if n > 1 else ''} ({_names(members)})"
-                if n > 1 or where != members[0]["name"] else "the parameter")
-        msg, hint = _message(status, what, where, members, opts, allow_name)
+        if e.folded:     # the same finding block after block: said once, on their container
+            what = f"{n} parameter tensors, {repeats.describe(e, model)}"
+        else:
+            what = (f"{n} parameter tensor{'s' if n > 1 else ''} ({_names(members)})"
+                    if n > 1 or where != members[0]["name"] else "the parameter")
+        msg, hint = _message(status, what, where, members, opts, allow_name,
+                             repeats.pattern(e) if e.folded else None, 1 if e.folded else MAX_STOPS)
         result.add(status, STATUS_SEVERITY[status], where, msg, hint)
-    design_findings(result, rows)
+    design_findings(result, rows, model)
     allowed = [r for r in rows if r["allowed"]]
     if allowed:
         result.add("allowed", "info", "", f"{len(allowed)} flagged parameter(s) accepted by {allow_name}: "
                    + ", ".join(f"{r['name']} ({r['status']})" for r in allowed[:8]) + (" …" if len(allowed) > 8 else ""))
 
 
-def _message(status, what, where, members, opts, allow_name) -> tuple[str, str | None]:
+def _message(status, what, where, members, opts, allow_name, allow: str | None = None,
+             max_stops: int = 2) -> tuple[str, str | None]:
     from ...fmt import number
 
     first = members[0]
     if status == "no-grad":
         reason, why = first["reason"], first["why"]
         if reason == "unused":
-            pattern = f"{where}.*" if where != first["name"] else where
+            pattern = allow or (f"{where}.*" if where != first["name"] else where)
             return (f"{what}: requires grad but got none — {reason}: {why}",
                     f"remove the module or freeze it; {allow_name} '{pattern}' accepts it as intentional")
         hint = {"dropped": "use the branch's output where it belongs (or remove the module), or freeze it",
@@ -89,7 +108,9 @@ def _message(status, what, where, members, opts, allow_name) -> tuple[str, str |
         if len(stops) == 1 and len(stops[0][1]) == len(members):
             return f"{what}: gradient is exactly zero everywhere{again}; {stops[0][0]['why']}", stops[0][0]["hint"]
         if stops:   # the group's parameters stop in different places: each said with the ones it holds for
-            said = "; ".join(f"{', '.join(names)}: {stop['why']}" for stop, names in stops)
+            said = "; ".join(f"{_names([{'name': n} for n in names])}: {stop['why']}" for stop, names in stops[:max_stops])
+            said += (f"; and {len(stops) - max_stops} more place(s) (each parameter's in --json 'params', key 'stop')"
+                     if len(stops) > max_stops else "")
             return f"{what}: gradient is exactly zero everywhere{again}. {said}", stops[0][0]["hint"]
         return (f"{what}: gradient is exactly zero everywhere{again}",
                 "a zero-derivative op (round, sign, argmax, comparison) or dead units sit between it and the loss")
@@ -144,21 +165,33 @@ DESIGN_TITLES = {
 }
 
 
-def design_findings(result, rows) -> None:
+def design_findings(result, rows, model=None) -> None:
     """One info finding per cause of a "by design at initialisation" verdict (the zero-initialised
-    module, the layer scale, or the kind), naming the parameters and why."""
+    module, the layer scale, or the kind), naming the parameters and why; the same cause in each block of a
+    stack is one finding (core/repeats.py)."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         d = r.get("design")
         if d:
             cause = r["reason"] if d["kind"] in ("zero-init", "by-design-init") else None
             groups.setdefault((d["kind"], cause), []).append(r)
+    entries = []
     for (kind, cause), members in groups.items():
+        where = cause or (members[0]["name"] if len(members) == 1 else _common(members))
+        # folded by the place of the cause: a layer scale per block is one cause per block
+        entries.append(repeats.Entry((kind, cause is None), where, members))
+    for e in repeats.fold(entries):
+        members, kind = e.members, e.key[0]
         n = len(members)
-        what = f"{n} parameter tensor{'s' if n > 1 else ''} ({_names(members)})"
-        where = cause or (members[0]["name"] if n == 1 else _common(members))
-        why = members[0]["design"]["why"] if n == 1 or cause else _why(kind, cause)
-        result.add(kind, "info", where, f"{what} {DESIGN_TITLES[kind]}: {why}")
+        cause = None if e.key[1] else members[0]["reason"]
+        if e.folded:     # the same cause in each block (its own layer scale, its own zero-initialised norm)
+            what = f"{n} parameter tensors ({_names(members)})"
+            why = (f"{members[0]['design']['why']}; the same {repeats.describe(e, model)} (each block's own "
+                   f"{'gate' if cause is not None else 'parameters'})")
+        else:
+            what = f"{n} parameter tensor{'s' if n > 1 else ''} ({_names(members)})"
+            why = members[0]["design"]["why"] if n == 1 or cause else _why(kind, cause)
+        result.add(kind, "info", e.where or "(root)", f"{what} {DESIGN_TITLES[kind]}: {why}")
 
 
 def _why(kind, cause) -> str:
