@@ -601,3 +601,26 @@ def test_a_small_image_is_whole_merged_patches():
     cfg = transformers.Mistral3Config(vision_config=dict(model_type="pixtral", patch_size=8, image_size=40),
                                       spatial_merge_size=2)
     assert _small_side(40, cfg) == 32 and _small_side(1540, cfg) == 224
+
+
+def test_when_no_layout_runs_the_one_that_went_furthest_into_the_model_is_used():
+    # its error is the model's own, past the input layout: the real run reports that one, with its module
+    import torch
+    from torch import nn
+
+    from torchdiag.core import inputs
+
+    class Broken(nn.Module):
+        def forward(self, x):
+            raise RuntimeError("the model's own bug")
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), Broken())
+    loaded = type("Loaded", (), {"model": model, "input_source": "test"})()
+    sets = [("1x3:float32",), ("1x4:float32",), ("1x5:float32",)]
+    got = inputs._first_that_runs(sets, loaded, torch.device("cpu"), 0)
+    assert got.args[0].shape == (1, 4)
+    assert got.source == "test; none of 3 layouts ran: layout 2, which went furthest into the model (5 module " \
+                         "calls before it failed), is used"
+    model[3] = nn.Identity()     # now the second runs: the first that runs, said as such
+    got = inputs._first_that_runs(sets, loaded, torch.device("cpu"), 0)
+    assert got.args[0].shape == (1, 4) and got.source == "test; layout 2 of 3 (the first 1 did not run)"

@@ -456,25 +456,41 @@ def runs(model, inputs: ModelInputs, stop: type[Exception] | None = None) -> boo
 
 
 def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
-    """The first of a source's candidate inputs whose forward runs on the built model (the first when none
-    does: the real run then reports the model's own error, with its module)."""
+    """The first of a source's candidate inputs whose forward runs on the built model; when none does, the one
+    that went furthest into it (the most module calls before it failed: its error is the model's own, past the
+    input layout, and the real run then reports it with its module)."""
     import warnings
 
-    chosen, k = None, -1
-    for i, specs in enumerate(sets):
-        inputs = _spec_inputs(specs, loaded, device, seed)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")   # a wrong layout's warnings are not the user's
-            ok = runs(loaded.model, inputs)
-        if ok:
-            chosen, k = inputs, i
-            break
-    if chosen is None:
-        chosen = _spec_inputs(sets[0], loaded, device, seed)
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    calls = [0]
+
+    def count(module, args):
+        calls[0] += 1
+
+    chosen, k, reached = None, -1, []
+    handle = register_module_forward_pre_hook(count)
+    try:
+        for i, specs in enumerate(sets):
+            inputs = _spec_inputs(specs, loaded, device, seed)
+            calls[0] = 0
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")   # a wrong layout's warnings are not the user's
+                ok = runs(loaded.model, inputs)
+            if ok:
+                chosen, k = inputs, i
+                break
+            reached.append(calls[0])
+    finally:
+        handle.remove()
     # the first running is the usual case: said only when the probe had to go further
-    chosen.source = loaded.input_source + ("" if k == 0 else
-                                           f"; layout {k + 1} of {len(sets)} (the first {k} did not run)" if k > 0 else
-                                           f"; none of {len(sets)} layouts ran: the first is used")
+    if chosen is not None:
+        chosen.source = loaded.input_source + (f"; layout {k + 1} of {len(sets)} (the first {k} did not run)" if k else "")
+        return chosen
+    k = max(range(len(reached)), key=lambda i: (reached[i], -i))
+    chosen = _spec_inputs(sets[k], loaded, device, seed)
+    chosen.source = loaded.input_source + (f"; none of {len(sets)} layouts ran: layout {k + 1}, which went furthest "
+                                           f"into the model ({reached[k]} module calls before it failed), is used")
     return chosen
 
 
