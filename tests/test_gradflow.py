@@ -255,7 +255,7 @@ def test_exploding_initialisation(cli):
     found = {f["where"]: f["message"] for f in doc["findings"] if f["code"] == "exploding-grad"}
     assert set(found) == {"layers", "head.weight"}
     # the eight Linear blocks' findings are one, on their container (core/repeats.py)
-    assert "10 parameter tensors, in 8 of the 8 modules of layers (weight in 0–7, bias in 0–1)" \
+    assert "10 parameter tensors, in 8 of the 8 modules of layers (weight in 0–7; bias in 0–1)" \
         in found["layers"]
     assert all(f["code"] == "exploding-grad" for f in doc["findings"])
     # same model with He-like gain: nothing flagged

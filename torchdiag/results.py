@@ -18,11 +18,22 @@ class Finding:
     message: str
     hint: str | None = None
     ranks: list[int] | None = None   # under torchrun: the ranks that reported it (None: one process)
+    members: list[str] | None = None  # a finding on a stack's blocks (core/repeats.py): the parameters it covers
+
+    def accepted_by(self, patterns) -> bool:
+        """An allow glob (fnmatch) accepts it: on its place, or, for a finding on a stack's blocks, on every
+        parameter it covers."""
+        import fnmatch
+
+        return any(fnmatch.fnmatch(self.where, a) for a in patterns) or bool(self.members) and all(
+            any(fnmatch.fnmatch(m, a) for a in patterns) for m in self.members or ())
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"code": self.code, "severity": self.severity, "where": self.where, "message": self.message}
         if self.hint:
             d["hint"] = self.hint
+        if self.members is not None:
+            d["members"] = list(self.members)
         if self.ranks is not None:
             d["ranks"] = list(self.ranks)
         return d
@@ -72,8 +83,9 @@ class Result:
     # instead of being put in model order
     ordered: bool = False
 
-    def add(self, code: str, severity: str, where: str, message: str, hint: str | None = None) -> Finding:
-        f = Finding(code, severity, where, message, hint)
+    def add(self, code: str, severity: str, where: str, message: str, hint: str | None = None,
+            members: list[str] | None = None) -> Finding:
+        f = Finding(code, severity, where, message, hint, members=members)
         self.findings.append(f)
         return f
 

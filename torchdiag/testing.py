@@ -17,10 +17,7 @@ from . import api
 
 
 def _fail_on_errors(result, what: str, allow=()):
-    import fnmatch
-
-    errors = [f for f in result.findings if f.severity == "error"
-              and not any(fnmatch.fnmatch(f.where, pattern) for pattern in allow)]
+    errors = [f for f in result.findings if f.severity == "error" and not f.accepted_by(allow)]
     if errors:
         lines = [f"{what}: {len(errors)} problem(s)"] + [f"  {f.code} {f.where}: {f.message}" for f in errors]
         raise AssertionError("\n".join(lines))

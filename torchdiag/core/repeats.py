@@ -4,11 +4,14 @@ finding on the container that names the blocks and the places. Presentation only
 and why, is decided before; nothing here reads a name for its meaning, only the path's indices."""
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 from typing import Any
 
 MIN_BLOCKS = 2       # a place flagged in one block only is its own finding
 PLACES_LISTED = 8    # places inside the blocks a folded finding names (the rest counted)
+RUNS_LISTED = 8      # runs of block numbers written out (0–3, 5, 7–9, ...; the rest counted)
+LEVELS = 3           # nested stacks: folded at the outer index first, what is left at the next one
 
 
 @dataclass
@@ -16,7 +19,7 @@ class Entry:
     key: Any                      # what must be equal to fold (hashable: the verdict and its cause)
     where: str                    # the module or parameter path the finding is on
     members: list[Any]            # what it holds (rows, names)
-    # folded: each place inside the blocks ("" = the whole block) with the block paths below the container
+    # folded: each place inside the blocks ("" = the block itself) with the block numbers below the container
     places: list[tuple[str, list[str]]] = field(default_factory=list)
 
     @property
@@ -26,26 +29,41 @@ class Entry:
     @property
     def blocks(self) -> list[str]:
         seen = [b for _, bs in self.places for b in bs]
-        return sorted(set(seen), key=seen.index)
+        return sorted(set(seen), key=int)
 
 
-def split(path: str) -> tuple[str, str, str] | None:
-    """'enc.layer.3.attn.q.weight' → ('enc.layer', '3', 'attn.q.weight'), at the first index (a nested stack's
-    inner index stays in the place: 'stages.0.blocks.1.conv' → ('stages', '0', 'blocks.1.conv')); None for a
-    path without an index."""
+def _index(part: str) -> bool:
+    """A container's index as torch writes it: ASCII digits, no leading zero (a ModuleDict key "01" or "²" is
+    a name)."""
+    return part.isascii() and part.isdigit() and (part == "0" or not part.startswith("0"))
+
+
+def split(path: str, level: int = 0) -> tuple[str, str, str] | None:
+    """'enc.layer.3.attn.q.weight' → ('enc.layer', '3', 'attn.q.weight'), at the path's `level`-th index (a nested
+    stack: 'stages.0.blocks.1.conv' → ('stages', '0', 'blocks.1.conv') at 0, ('stages.0.blocks', '1', 'conv') at
+    1); None for a path without that many indices."""
     parts = path.split(".")
-    first = next((i for i, p in enumerate(parts) if p.isdigit()), None)
-    if first is None:
+    idx = [i for i, p in enumerate(parts) if _index(p)]
+    if len(idx) <= level:
         return None
-    return ".".join(parts[:first]), parts[first], ".".join(parts[first + 1:])
+    at = idx[level]
+    return ".".join(parts[:at]), parts[at], ".".join(parts[at + 1:])
 
 
 def fold(entries: list[Entry]) -> list[Entry]:
     """Entries with the same key on the same place of ≥ MIN_BLOCKS blocks of one container become one finding
-    on the container, with the other places so repeated there. Order: where each fold's first entry stood."""
+    on the container, with the other places so repeated there; nested stacks outer index first. Order: where
+    each fold's first entry stood."""
+    out = list(entries)
+    for level in range(LEVELS):
+        out = _fold_at(out, level)
+    return out
+
+
+def _fold_at(entries: list[Entry], level: int) -> list[Entry]:
     by_place: dict[tuple, list[int]] = {}
     for i, e in enumerate(entries):
-        s = split(e.where)
+        s = None if e.folded else split(e.where, level)
         if s is not None:
             by_place.setdefault((e.key, s[0], s[2]), []).append(i)
     by_container: dict[tuple, list[tuple[str, list[int]]]] = {}
@@ -57,7 +75,7 @@ def fold(entries: list[Entry]) -> list[Entry]:
     for (key, container), places in by_container.items():
         idx = sorted(i for _, ii in places for i in ii)
         members = [m for i in idx for m in entries[i].members]
-        where = [(p, [split(entries[i].where)[1] for i in ii]) for p, ii in places]   # type: ignore[index]
+        where = [(p, [split(entries[i].where, level)[1] for i in ii]) for p, ii in places]   # type: ignore[index]
         merged[idx[0]] = Entry(key, container, members, where)
         absorbed.update(idx)
     return [merged[i] if i in merged else e for i, e in enumerate(entries) if i in merged or i not in absorbed]
@@ -65,32 +83,39 @@ def fold(entries: list[Entry]) -> list[Entry]:
 
 def describe(e: Entry, model=None) -> str:
     """'in 24 of the 24 modules of enc.layer (0–23), at attn.q.weight, attn.k.weight' (with each place's blocks
-    when they differ)."""
+    when they differ: '(lin.weight in 0–2, 4; lin.bias in 0–3)')."""
     total = _block_count(model, e.where) if model is not None else None
     of = f" of the {total}" if total is not None else ""
-    head = f"in {len(e.blocks)}{of} modules of {e.where or '(root)'}"
+    kind = "entries" if any(not p for p, _ in e.places) else "modules"
+    head = f"in {len(e.blocks)}{of} {kind} of {e.where or '(root)'}"
     if all(bs == e.places[0][1] for _, bs in e.places):
-        places = [p or "the whole module" for p, _ in e.places]
-        return f"{head} ({_ranges(e.blocks)}), at " + _cut(places)
-    return f"{head} (" + _cut([f"{p or 'the whole module'} in {_ranges(bs)}" for p, bs in e.places]) + ")"
+        return f"{head} ({ranges(e.blocks)}), at " + _cut([p or "the entry itself" for p, _ in e.places], ", ")
+    return f"{head} (" + _cut([f"{p or 'the entry itself'} in {ranges(bs)}" for p, bs in e.places], "; ") + ")"
 
 
-def _cut(items: list[str], limit: int = PLACES_LISTED) -> str:
-    return ", ".join(items[:limit]) + (f" … (+{len(items) - limit})" if len(items) > limit else "")
+def _cut(items: list[str], sep: str, limit: int = PLACES_LISTED) -> str:
+    return sep.join(items[:limit]) + (f"{sep}… (+{len(items) - limit} more)" if len(items) > limit else "")
 
 
-def pattern(e: Entry) -> str:
-    """An fnmatch pattern (--allow) for what a folded entry holds: 'enc.layer.*.attn.q.weight' for one place,
-    'enc.layer.*.spare.*' for the places under one module, else every block's 'enc.layer.*'."""
-    parts = [p.split(".") for p, _ in e.places if p]
+def pattern(e: Entry, names: list[str]) -> str | None:
+    """An fnmatch pattern (--allow) that matches what a folded entry holds and none of the other `names` (every
+    parameter of the model), else None: 'enc.layer.*.attn.q.weight' for one place, 'enc.layer.*.spare.*' for
+    the places under one module."""
+    held = {m if isinstance(m, str) else m["name"] for m in e.members}
+    parts = [p.split(".") for p, _ in e.places]
     common: list[str] = []
-    for column in zip(*parts) if len(parts) == len(e.places) else ():
+    for column in zip(*parts):
         if len(set(column)) > 1:
             break
         common.append(column[0])
     deeper = any(len(p) > len(common) for p in parts)
-    tail = ".".join(common) + (".*" if deeper and common else "")
-    return ".".join(p for p in (e.where, "*", tail) if p)
+    if not common:
+        return None     # 'container.*' would hold every block's everything
+    pat = ".".join(p for p in (e.where, "*", ".".join(common) + (".*" if deeper else "")) if p)
+    if not all(fnmatch.fnmatchcase(n, pat) for n in held) or any(
+            fnmatch.fnmatchcase(n, pat) for n in names if n not in held):
+        return None     # it would also accept parameters this finding does not cover
+    return pat
 
 
 def _block_count(model, container: str) -> int | None:
@@ -98,23 +123,26 @@ def _block_count(model, container: str) -> int | None:
         mod = model.get_submodule(container) if container else model
     except AttributeError:
         return None
-    names = [n for n, _ in mod.named_children()]
-    return len(names) if names and all(n.isdigit() for n in names) else None
+    names = [n for n, _ in mod.named_children()] or [n for n, _ in mod.named_parameters(recurse=False)]
+    return len(names) if names and all(_index(n) for n in names) else None
 
 
-def _ranges(blocks: list[str]) -> str:
-    """'0–3, 5, 7–9'."""
+def ranges(blocks: list[str], limit: int = RUNS_LISTED) -> str:
+    """'0–3, 5, 7–9' (the first `limit` runs; the rest counted)."""
     runs: list[list[int]] = []
     for n in sorted(int(b) for b in blocks):
         if runs and n == runs[-1][1] + 1:
             runs[-1][1] = n
         else:
             runs.append([n, n])
-    return ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in runs)
+    said = [f"{a}" if a == b else f"{a}–{b}" for a, b in runs]
+    left = sum(b - a + 1 for a, b in runs[limit:])
+    return ", ".join(said[:limit]) + (f", … (+{left} more)" if left else "")
 
 
 def compact(names: list[str], limit: int = 6) -> str:
-    """Names, the ones that differ only in their block written once: 'enc.layer.{0–23}.attn.k.bias'."""
+    """Names, the ones that differ only in their outer index written once: 'enc.layer.{0–23}.attn.k.bias' (the
+    first `limit` items; the names left out counted)."""
     groups: dict[tuple[str, str], list[str]] = {}
     order: list[Any] = []
     for n in names:
@@ -126,12 +154,15 @@ def compact(names: list[str], limit: int = 6) -> str:
         if k not in groups:
             order.append(k)
         groups.setdefault(k, []).append(s[1])
-    out = []
+    out, counts = [], []
     for k in order:
         if isinstance(k, str):
             out.append(k)
-        elif len(groups[k]) == 1:
-            out.append(".".join(p for p in (k[0], groups[k][0], k[1]) if p))
-        else:
-            out.append(".".join(p for p in (k[0], "{" + _ranges(groups[k]) + "}", k[1]) if p))
-    return ", ".join(out[:limit]) + (f" … (+{len(out) - limit})" if len(out) > limit else "")
+            counts.append(1)
+            continue
+        blocks = groups[k]
+        idx = blocks[0] if len(blocks) == 1 else "{" + ranges(blocks) + "}"
+        out.append(".".join(p for p in (k[0], idx, k[1]) if p))
+        counts.append(len(blocks))
+    left = sum(counts[limit:])
+    return ", ".join(out[:limit]) + (f" … (+{left} more)" if left else "")

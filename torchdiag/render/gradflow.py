@@ -45,11 +45,11 @@ def write_plot(result, path) -> str:
 def flagged_layers(result) -> set[str]:
     """The layers a warning or an error names (itself, a parameter or a module inside it): the figure
     shades those only, never an info-level (by-design) row."""
-    places = [f.where.split(" ", 1)[0] for f in result.findings if f.severity in ("error", "warning") and f.where]
-    places = ["" if p == "(root)" else p for p in places]     # a finding folded over the root's blocks
+    # a finding on a stack's blocks (core/repeats.py) names the parameters it covers
+    places = [p for f in result.findings if f.severity in ("error", "warning") and f.where
+              for p in (f.members or [f.where.split(" ", 1)[0]])]
     return {r["layer"] for r in result.table("layers").rows
-            if any(p == r["layer"] or p.startswith(r["layer"] + ".") or not r["layer"]
-                   or (r["status"] != "ok" and (not p or r["layer"].startswith(p + "."))) for p in places)}
+            if any(p == r["layer"] or p.startswith(r["layer"] + ".") or not r["layer"] for p in places)}
 
 
 def _figure(plt, rows, model: str, flagged: set[str]):

@@ -6,7 +6,6 @@ are an error that names the key: a typo must not silently switch a check off."""
 from __future__ import annotations
 
 import difflib
-import fnmatch
 import re
 import time
 from dataclasses import dataclass, field
@@ -350,8 +349,7 @@ def _validated_checks(check: dict, table_where: str, where: str) -> dict:
 
 
 def _first_error(result, allow=()) -> str:
-    errors = [f for f in result.findings if f.severity == "error"
-              and not any(fnmatch.fnmatch(f.where, a) for a in allow)]
+    errors = [f for f in result.findings if f.severity == "error" and not f.accepted_by(allow)]
     if not errors:
         return ""
     f = errors[0]
@@ -501,7 +499,7 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
     if c.get("doctor"):
         def doc():
             r = invoke(doctor, model, inputs, doctor.Options(), _own(doctor, ctx))
-            n = sum(1 for f in r.findings if f.severity == "error" and not any(fnmatch.fnmatch(f.where, a) for a in allow))
+            n = sum(1 for f in r.findings if f.severity == "error" and not f.accepted_by(allow))
             bad = _first_error(r, allow).split(" (+")[0]
             return not bad, "clean" if not bad else f"{n} error finding(s)", bad
         record("doctor", doc)

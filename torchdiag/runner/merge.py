@@ -87,7 +87,8 @@ def union(records: list[dict]) -> list[Finding]:
         for f in r["findings"]:
             key = (f["code"], f["severity"], f["where"])
             if key not in seen:
-                seen[key] = Finding(f["code"], f["severity"], f["where"], f["message"], f.get("hint"))
+                seen[key] = Finding(f["code"], f["severity"], f["where"], f["message"], f.get("hint"),
+                                    members=f.get("members"))
                 seen[key].ranks = []
                 texts[key] = set()
             seen[key].ranks.append(r["rank"])

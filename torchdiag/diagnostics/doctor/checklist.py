@@ -45,8 +45,8 @@ class Checklist:
         self.wheres[check] = [where] if where else []
 
     def find(self, check: str, code: str, severity: str, where: str, message: str, hint: str,
-             verdict: str | None = None) -> None:
-        self.result.add(code, severity, where, message, hint)
+             verdict: str | None = None, members: list[str] | None = None) -> None:
+        self.result.add(code, severity, where, message, hint, members=members)
         self.row(check, severity, verdict or message, where or "(model)", hint, code)
 
     def skip(self, checks, verdict: str) -> None:

@@ -209,7 +209,8 @@ def _report_not_updated(bad: list[tuple[str, str, str]], model, ck: Checklist, r
         n, msg, hint = e.members[0]
         if e.folded:
             ck.find("update", "param-not-updated", "error", e.where or "(root)", f"{len(e.members)} parameters, "
-                    f"{repeats.describe(e, model)}: as {n}, which {msg}", hint, verdict=verdict)
+                    f"{repeats.describe(e, model)}: as {n}, which {msg}", hint, verdict=verdict,
+                    members=[m for m, _, _ in e.members])
         else:
             ck.find("update", "param-not-updated", "error", n, f"{n} {msg}", hint, verdict=verdict)
     if len(entries) > MAX_LISTED:

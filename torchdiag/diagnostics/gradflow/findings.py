@@ -50,25 +50,32 @@ def param_findings(result, rows, model, opts, allow_name: str = "--allow") -> No
             return None
         return (r["status"], r.get("reason"), r.get("why"), r.get("rechecked"))
 
+    def alike(r):   # block after block: the same verdict and kind of cause (its text names each block's own)
+        k = key(r)
+        return k and (k[0], k[1], k[3], (r.get("stop") or {}).get("hint"))
+
     # grouped under the highest module whose parameters all share the finding; groups inside the blocks of a
     # stack, a parameter flagged alike in ≥ 2 blocks: one finding on the stack (core/repeats.py)
     order = {r["name"]: i for i, r in enumerate(rows)}
     inside = [r for where, ms in groups(rows, model, key) if repeats.split(where) for r in ms]
-    folds = [e for e in repeats.fold([repeats.Entry(key(r), r["name"], [r]) for r in inside]) if e.folded]
+    folds = [e for e in repeats.fold([repeats.Entry(alike(r), r["name"], [r]) for r in inside]) if e.folded]
     folded = {m["name"] for e in folds for m in e.members}
     entries = folds + [repeats.Entry(key(ms[0]), where, ms)
                        for where, ms in groups([r for r in rows if r["name"] not in folded], model, key)]
+    names = [r["name"] for r in rows]
     for e in sorted(entries, key=lambda e: order[e.members[0]["name"]]):
         status, members, where = e.members[0]["status"], e.members, e.where or "(root)"
         n = len(members)
         if e.folded:     # the same finding block after block: said once, on their container
             what = f"{n} parameter tensors, {repeats.describe(e, model)}"
+            msg, hint = _message(status, what, where, members, opts, allow_name, repeats.pattern(e, names), 1,
+                                 example=members[0]["name"])
         else:
             what = (f"{n} parameter tensor{'s' if n > 1 else ''} ({_names(members)})"
                     if n > 1 or where != members[0]["name"] else "the parameter")
-        msg, hint = _message(status, what, where, members, opts, allow_name,
-                             repeats.pattern(e) if e.folded else None, 1 if e.folded else MAX_STOPS)
-        result.add(status, STATUS_SEVERITY[status], where, msg, hint)
+            msg, hint = _message(status, what, where, members, opts, allow_name)
+        result.add(status, STATUS_SEVERITY[status], where, msg, hint,
+                   members=[m["name"] for m in members] if e.folded else None)
     design_findings(result, rows, model)
     allowed = [r for r in rows if r["allowed"]]
     if allowed:
@@ -77,16 +84,20 @@ def param_findings(result, rows, model, opts, allow_name: str = "--allow") -> No
 
 
 def _message(status, what, where, members, opts, allow_name, allow: str | None = None,
-             max_stops: int = 2) -> tuple[str, str | None]:
+             max_stops: int = MAX_STOPS, example: str | None = None) -> tuple[str, str | None]:
+    """The finding's message and hint; `example`: a folded finding (core/repeats.py), whose cause is said for
+    its first parameter, and `allow` its --allow pattern (None when no glob holds just its parameters)."""
     from ...fmt import number
 
     first = members[0]
     if status == "no-grad":
         reason, why = first["reason"], first["why"]
+        why = f"as {example}: {why}" if example else why
         if reason == "unused":
-            pattern = allow or (f"{where}.*" if where != first["name"] else where)
-            return (f"{what}: requires grad but got none — {reason}: {why}",
-                    f"remove the module or freeze it; {allow_name} '{pattern}' accepts it as intentional")
+            pattern = (allow if example else f"{where}.*" if where != first["name"] else where)
+            accept = (f"{allow_name} '{pattern}' accepts it as intentional" if pattern else
+                      f"{allow_name} with their names accepts them as intentional")
+            return f"{what}: requires grad but got none — {reason}: {why}", f"remove the module or freeze it; {accept}"
         hint = {"dropped": "use the branch's output where it belongs (or remove the module), or freeze it",
                 "discarded": "use that output (a forgotten skip, aux loss or router loss?), build the component "
                              f"without it, or freeze it; {allow_name} accepts it as intentional",
@@ -178,20 +189,22 @@ def design_findings(result, rows, model=None) -> None:
     entries = []
     for (kind, cause), members in groups.items():
         where = cause or (members[0]["name"] if len(members) == 1 else _common(members))
-        # folded by the place of the cause: a layer scale per block is one cause per block
-        entries.append(repeats.Entry((kind, cause is None), where, members))
+        # a gate found (a layer scale, a zero-initialised norm) or none (the cause is the parameter itself):
+        # folded by the gate's place, or the parameter's, and never the one kind with the other
+        gate = cause is not None and cause not in {m["name"] for m in members}
+        entries.append(repeats.Entry((kind, cause is None, gate), where, members))
     for e in repeats.fold(entries):
-        members, kind = e.members, e.key[0]
+        members, (kind, general, gate) = e.members, e.key
         n = len(members)
-        cause = None if e.key[1] else members[0]["reason"]
         if e.folded:     # the same cause in each block (its own layer scale, its own zero-initialised norm)
             what = f"{n} parameter tensors ({_names(members)})"
-            why = (f"{members[0]['design']['why']}; the same {repeats.describe(e, model)} (each block's own "
-                   f"{'gate' if cause is not None else 'parameters'})")
+            why = (f"as {members[0]['name']}: {members[0]['design']['why']}; the same {repeats.describe(e, model)}"
+                   + (" (each block's own gate)" if gate else ""))
         else:
             what = f"{n} parameter tensor{'s' if n > 1 else ''} ({_names(members)})"
-            why = members[0]["design"]["why"] if n == 1 or cause else _why(kind, cause)
-        result.add(kind, "info", e.where or "(root)", f"{what} {DESIGN_TITLES[kind]}: {why}")
+            why = members[0]["design"]["why"] if n == 1 or not general else _why(kind, None)
+        result.add(kind, "info", e.where or "(root)", f"{what} {DESIGN_TITLES[kind]}: {why}",
+                   members=[m["name"] for m in members] if e.folded else None)
 
 
 def _why(kind, cause) -> str:
