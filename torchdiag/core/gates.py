@@ -39,11 +39,11 @@ ORDINARY = 1e-3       # provided its relative step is ≥ this × the median (a 
 MODERATE = 4.0        # a large grad/weight whose relative step ≤ this × the unflagged median: a normal step,
 MAX_RELATIVE = 0.1    # provided it is at most this fraction of the weight's norm per optimizer step
 DIVERGE = 2.0         # exploding-grad: a run whose loss rose above this x its start diverged (no transient)
-# a zero-grad's max |grad| after the run at most this x the whole gradient's norm is at the level of float32
-# rounding (eps 1.2e-7) of the values it is computed from, for a gradient that is exactly zero as computed
-# exactly (attention over identical value rows, DETR's first decoder layer: 3e-15), not an opening (a
-# zero-initialised head's layer after 3 steps: ~1e-4 of it)
-ROUNDING = 1e-6
+# a zero-grad's max |grad| after the run at most this x the whole gradient's norm is rounding noise of a
+# gradient that is exactly zero as computed exactly (attention over identical value rows, DETR's first decoder
+# layer: 3e-15 of it), not an opening: the slowest measured is ~2e-7 of it (the units behind an NFNet-style
+# zero gain after 3 steps; a zero-initialised head's layer: ~1e-4)
+ROUNDING = 1e-10
 MARGIN = 0.5          # dead units: input max ≤ zero point − MARGIN × the input's std (gradflow/dead.py's rule)
 KINDS = ("vanishing-grad", "zero-grad", "param-not-updated", "dead-units", "exploding-grad")
 

@@ -45,25 +45,8 @@ def _names(members) -> str:
 
 
 def param_findings(result, rows, model, opts, allow_name: str = "--allow") -> None:
-    def key(r):
-        if r["status"] in ("ok", *BY_DESIGN) or r["allowed"]:
-            return None
-        return (r["status"], r.get("reason"), r.get("why"), r.get("rechecked"))
-
-    def alike(r):   # block after block: the same verdict and kind of cause (its text names each block's own)
-        k = key(r)
-        return k and (k[0], k[1], k[3], (r.get("stop") or {}).get("hint"))
-
-    # grouped under the highest module whose parameters all share the finding; groups inside the blocks of a
-    # stack, a parameter flagged alike in ≥ 2 blocks: one finding on the stack (core/repeats.py)
-    order = {r["name"]: i for i, r in enumerate(rows)}
-    inside = [r for where, ms in groups(rows, model, key) if repeats.split(where) for r in ms]
-    folds = [e for e in repeats.fold([repeats.Entry(alike(r), r["name"], [r]) for r in inside]) if e.folded]
-    folded = {m["name"] for e in folds for m in e.members}
-    entries = folds + [repeats.Entry(key(ms[0]), where, ms)
-                       for where, ms in groups([r for r in rows if r["name"] not in folded], model, key)]
     names = [r["name"] for r in rows]
-    for e in sorted(entries, key=lambda e: order[e.members[0]["name"]]):
+    for e in _entries(rows, model):
         status, members, where = e.members[0]["status"], e.members, e.where or "(root)"
         n = len(members)
         if e.folded:     # the same finding block after block: said once, on their container
@@ -81,6 +64,31 @@ def param_findings(result, rows, model, opts, allow_name: str = "--allow") -> No
     if allowed:
         result.add("allowed", "info", "", f"{len(allowed)} flagged parameter(s) accepted by {allow_name}: "
                    + ", ".join(f"{r['name']} ({r['status']})" for r in allowed[:8]) + (" …" if len(allowed) > 8 else ""))
+
+
+def _key(r):
+    if r["status"] in ("ok", *BY_DESIGN) or r["allowed"]:
+        return None
+    return (r["status"], r.get("reason"), r.get("why"), r.get("rechecked"))
+
+
+def _alike(r):
+    """Block after block: the same verdict and kind of cause (the cause's text names each block's own)."""
+    k = _key(r)
+    return k and (k[0], k[1], k[3], (r.get("stop") or {}).get("hint"))
+
+
+def _entries(rows, model) -> list[repeats.Entry]:
+    """The flagged parameters grouped under the highest module whose parameters all share the finding; inside
+    the blocks of a stack, a parameter flagged alike in ≥ 2 blocks is one entry on the stack (core/repeats.py).
+    In the rows' order."""
+    order = {r["name"]: i for i, r in enumerate(rows)}
+    inside = [r for where, ms in groups(rows, model, _key) if repeats.split(where) for r in ms]
+    folds = [e for e in repeats.fold([repeats.Entry(_alike(r), r["name"], [r]) for r in inside]) if e.folded]
+    folded = {m["name"] for e in folds for m in e.members}
+    entries = folds + [repeats.Entry(_key(ms[0]), where, ms)
+                       for where, ms in groups([r for r in rows if r["name"] not in folded], model, _key)]
+    return sorted(entries, key=lambda e: order[e.members[0]["name"]])
 
 
 def _message(status, what, where, members, opts, allow_name, allow: str | None = None,
