@@ -624,7 +624,9 @@ def test_nested_fast_path_output_does_not_crash(cli):
     from torchdiag.diagnostics.doctor.shared import max_diff, scale
 
     nested = torch.nested.nested_tensor([torch.ones(3, 2), -2 * torch.ones(1, 2)])
-    assert _fingerprint(nested) == [6.0 - 4.0, 6.0 + 4.0]       # sum and sum of |x| over its values
+    # sum, sum of |x| and |x| weighted by position (1 to 2 along the 8 values) over its values
+    weighted = sum(v * (1 + i / 7) for i, v in enumerate([1.0] * 6 + [2.0] * 2))
+    assert [float(v) for v in _fingerprint(nested)] == pytest.approx([6.0 - 4.0, 6.0 + 4.0, weighted])
     assert max_diff(nested, nested) == 0.0 and scale({"h": nested}) == 2.0
 
 
@@ -667,3 +669,45 @@ def test_a_cpu_kernel_stays_caught_when_confirmed_on_fake_cuda(cli, tmp_path):
     assert r.code == 1
     (f,) = found(r.json, "device-mismatch")
     assert "3x1x3x3 tensor" in f["message"]
+
+
+class NoiseFed(nn.Module):
+    """A GAN vocoder in miniature: the forward draws its noise itself (UnivNet), then only deterministic layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.pre, self.post = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.post(torch.tanh(self.pre(x + torch.randn_like(x))))
+
+
+class ShuffledEmbedding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.proj(x)[:, torch.randperm(x.shape[1])]     # ViLT's visual_embed draws its patches' order
+
+
+class Shuffled(nn.Module):
+    """ViLT in miniature: `embed` draws the order of the tokens; sums over them do not see it."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.mix, self.head = ShuffledEmbedding(), nn.Linear(4, 4), nn.Linear(6 * 4, 2)
+
+    def forward(self, x):
+        return self.head(self.mix(self.embed(x)).flatten(1))
+
+
+@pytest.mark.parametrize("model, where", [(NoiseFed, "(root)"), (Shuffled, "embed")])
+def test_nondeterministic_eval_names_where_the_runs_part(model, where):
+    # the forward that draws the noise, not the first layer it feeds; a permutation, which every sum misses
+    from torchdiag.api import run
+
+    torch.manual_seed(0)
+    res = run("doctor", model(), torch.randn(2, 6, 4))
+    (f,) = [f for f in res.findings if f.code == "nondeterministic-eval"]
+    assert f.where == where, f.message

@@ -1,5 +1,7 @@
-"""nondeterministic-eval: two eval forwards on the same input differ. Per-call fingerprints name the
-first module that turns equal inputs into different outputs."""
+"""nondeterministic-eval: two eval forwards on the same input differ. Per-call fingerprints, compared call by
+call in the order the calls start and end, name where the randomness enters: the first module that turns
+equal inputs into different outputs, else the module running when a call first gets different inputs (a
+forward that draws torch.randn itself, as a GAN vocoder's noise)."""
 from __future__ import annotations
 
 from ...core.tracking import ForwardHooks, run_forward
@@ -11,30 +13,31 @@ RANDOM_EVAL_HINT = ("randomness in eval: use self.training to gate it (F.dropout
 
 
 def _fingerprint(obj) -> list:
-    """(sum, sum |x|) per tensor, kept on the device: read back only when a culprit is searched."""
+    """(sum, sum |x|, sum |x| weighted by position) per tensor, kept on the device: read back only when a culprit
+    is searched. The weighted sum tells a permutation apart (ViLT draws the order of its patches)."""
     import torch
 
     vals = []
     for _, t in tensors(obj):
         if t.numel() == 0 or t.dtype == torch.bool:
             continue
-        x = t.detach().double()
-        vals += [x.nansum(), x.abs().nansum()]
+        x = t.detach().double().abs().flatten()
+        ramp = torch.linspace(1.0, 2.0, x.numel(), dtype=x.dtype, device=x.device)
+        vals += [t.detach().double().nansum(), x.nansum(), (x * ramp).nansum()]
     return vals
 
 
 def _read(runs) -> list:
-    """Both runs' call records with their fingerprints as floats: one host read per device."""
+    """Both runs' events with their fingerprints as floats: one host read per device."""
     from ...core.readback import read_back
 
-    flat = [v for run in runs for (_, _, fin, fout) in run for v in (*fin, *fout)]
+    flat = [v for run in runs for (_, _, _, fp) in run for v in fp]
     values, out, i = read_back(flat), [], 0
     for run in runs:
         rows = []
-        for n, t, fin, fout in run:
-            a, b = values[i:i + len(fin)], values[i + len(fin):i + len(fin) + len(fout)]
-            i += len(fin) + len(fout)
-            rows.append((n, t, a, b))
+        for kind, n, t, fp in run:
+            rows.append((kind, n, t, values[i:i + len(fp)]))
+            i += len(fp)
         out.append(rows)
     return out
 
@@ -42,28 +45,44 @@ def _read(runs) -> list:
 def _same_fp(a: list[float], b: list[float]) -> bool:
     if len(a) != len(b):
         return False
-    for i in range(0, len(a), 2):
-        s1, s2, m1, m2 = a[i], b[i], a[i + 1], b[i + 1]
-        tol = max(abs(m1), abs(m2)) * 1e-6 + 1e-12
-        if abs(s1 - s2) > tol or abs(m1 - m2) > tol:
+    for i in range(0, len(a), 3):
+        m = max(abs(a[i + 1]), abs(b[i + 1]))
+        tol = m * 1e-6 + 1e-12
+        if any(abs(a[j] - b[j]) > tol * (2 if j == i + 2 else 1) for j in range(i, i + 3)):
             return False
     return True
 
 
 class CallRecorder(ForwardHooks):
+    """("start", module, type, input fingerprint) and ("end", module, type, output fingerprint), in order."""
     pre_kwargs = True
 
     def __init__(self, model):
         super().__init__(model)
-        self.done: list[tuple[str, str, list, list]] = []   # completion order
-        self._stack: list = []
+        self.events: list[tuple[str, str, str, list]] = []
 
     def _pre(self, mod, args, kwargs):
-        self._stack.append(_fingerprint((args, kwargs)))
+        self.events.append(("start", self.names.get(id(mod), "?"), type(mod).__name__, _fingerprint((args, kwargs))))
 
     def _post(self, mod, args, output):
-        fin = self._stack.pop() if self._stack else []
-        self.done.append((self.names.get(id(mod), "?"), type(mod).__name__, fin, _fingerprint(output)))
+        self.events.append(("end", self.names.get(id(mod), "?"), type(mod).__name__, _fingerprint(output)))
+
+
+def _culprit(one, two) -> tuple[str, str]:
+    """(module, type) where the two runs part: the first call to end with a different output from the same
+    input; else, when a call starts with different inputs (or the calls themselves differ), the module running
+    then, which made them in its own forward."""
+    running: list[tuple[str, str]] = []
+    for (kind, n1, t1, f1), (_, n2, _t2, f2) in zip(one, two):
+        if n1 != n2 or (kind == "start" and not _same_fp(f1, f2)):
+            return running[-1] if running else (n1, t1)
+        if kind == "start":
+            running.append((n1, t1))
+            continue
+        running.pop() if running else None
+        if not _same_fp(f1, f2):
+            return n1, t1
+    return "", ""
 
 
 def check_determinism(work, inputs, ck: Checklist) -> None:
@@ -76,7 +95,7 @@ def check_determinism(work, inputs, ck: Checklist) -> None:
         rec = CallRecorder(work)
         with torch.no_grad(), rec:
             outs.append(run_forward(work, inputs, phase="forward (eval mode, determinism check)"))
-        runs.append(rec.done)
+        runs.append(rec.events)
     diff = max_diff(outs[0], outs[1])
     if diff == 0.0:
         ck.row("determinism", "ok", "two eval runs are bit-identical")
@@ -84,13 +103,10 @@ def check_determinism(work, inputs, ck: Checklist) -> None:
     if diff is not None and diff <= 1e-6 * scale(outs[0]) + 1e-9:
         ck.row("determinism", "ok", f"two eval forwards agree to {diff:.1e} (floating-point reduction order)")
         return
-    culprit, kind = "", ""
-    for (n1, t1, in1, o1), (n2, _t2, in2, o2) in zip(*_read(runs)):
-        if n1 != n2 or (_same_fp(in1, in2) and not _same_fp(o1, o2)):
-            culprit, kind = n1, t1
-            break
+    culprit, kind = _culprit(*_read(runs))
     what = "different outputs" + (f" (max abs difference {diff:.4g})" if diff not in (None, float("inf")) else "")
-    message = (f"in eval mode the same input gives {what}; {name(culprit)} ({kind or '?'}) is the first module "
-               f"whose output changes while its input does not")
+    message = (f"in eval mode the same input gives {what}; {name(culprit)} ({kind or '?'}) is where they part: "
+               "the first module whose output changes while its input does not, or whose own forward hands its "
+               "calls different inputs")
     ck.find("determinism", "nondeterministic-eval", "error", name(culprit), message, RANDOM_EVAL_HINT,
             verdict=f"eval output changes between two runs: {name(culprit)}")
