@@ -39,11 +39,6 @@ ORDINARY = 1e-3       # provided its relative step is ≥ this × the median (a 
 MODERATE = 4.0        # a large grad/weight whose relative step ≤ this × the unflagged median: a normal step,
 MAX_RELATIVE = 0.1    # provided it is at most this fraction of the weight's norm per optimizer step
 DIVERGE = 2.0         # exploding-grad: a run whose loss rose above this x its start diverged (no transient)
-# a zero-grad's max |grad| after the run at most this x the whole gradient's norm is rounding noise of a
-# gradient that is exactly zero as computed exactly (attention over identical value rows, DETR's first decoder
-# layer: 3e-15 of it), not an opening: the slowest measured is ~2e-7 of it (the units behind an NFNet-style
-# zero gain after 3 steps; a zero-initialised head's layer: ~1e-4)
-ROUNDING = 1e-10
 MARGIN = 0.5          # dead units: input max ≤ zero point − MARGIN × the input's std (gradflow/dead.py's rule)
 KINDS = ("vanishing-grad", "zero-grad", "param-not-updated", "dead-units", "exploding-grad")
 
@@ -169,8 +164,6 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
     qk = [b * level if f.kind in ("vanishing-grad", "param-not-updated") else b for f, b in zip(flags, qk)]
     verdicts = {}
     for f, a, b in zip(flags, q0, qk):
-        if f.kind == "zero-grad" and b <= ROUNDING * gk:
-            b = 0.0     # rounding noise of a gradient that is zero as computed exactly: it has not opened
         resolved = _resolved(f, b, mv.get(f.name, 0.0))
         if f.kind == "exploding-grad":
             resolved = resolved and math.isfinite(fell) and b > 0 and a / b >= GROW * fell
