@@ -422,3 +422,20 @@ def test_the_users_own_input_that_never_runs_a_module_keeps_the_no_grad_error(cl
     assert r.code == 1
     assert {f["where"] for f in r.json["findings"] if f["code"] == "no-grad"} == {"model.vision_tower",
                                                                                  "model.multi_modal_projector"}
+
+
+def test_a_model_without_a_forward_says_so(tmp_path, cli):
+    # a holder of sub-models (transformers' BarkModel) or a forgotten forward: torch's placeholder raises a bare
+    # NotImplementedError; the error names what it holds instead
+    (tmp_path / "holder.py").write_text(
+        "from torch import nn\n"
+        "class Holder(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.encoder, self.decoder = nn.Linear(4, 4), nn.Linear(4, 4)\n"
+        "def build():\n"
+        "    return Holder()\n")
+    r = cli("summary", f"{tmp_path / 'holder.py'}:build", "-i", "2x4")
+    assert r.code == 3
+    assert "error: (root) (Holder) has no forward() of its own (it holds encoder, decoder), so it cannot be run" \
+        in r.stderr, r.stderr

@@ -165,6 +165,18 @@ class ModuleTracker(ForwardHooks):
         return {c.name for c in self.calls}
 
 
+def _without_forward(model, name: str):
+    """The module at `name` when its forward is torch's placeholder (nn.Module defines none), else None."""
+    import torch
+
+    try:
+        mod = model.get_submodule(name) if name else model
+    except AttributeError:
+        return None
+    forward = getattr(type(mod), "forward", None)
+    return mod if forward is torch.nn.Module.forward else None
+
+
 def forward_error(exc: BaseException, tracker: ModuleTracker | None, phase: str = "forward", partial=None) -> ModelError:
     """A ModelError that names the module path, its type and the shapes it received."""
     call = tracker.failing if tracker else None
@@ -174,6 +186,13 @@ def forward_error(exc: BaseException, tracker: ModuleTracker | None, phase: str 
     else:
         msg = f"{phase} failed: {one_line(exc)}"
     hint = "the model's own code raised; fix it or the inputs (-i) and run again"
+    model = getattr(tracker, "model", None)
+    container = _without_forward(model, call.name) if call is not None and model is not None else None
+    if container is not None:   # torch's placeholder forward: a holder of sub-models (Bark, a VQ-VAE's parts)
+        parts = [n for n, _ in container.named_children()]
+        msg = (f"{call.name or '(root)'} ({call.type}) has no forward() of its own (it holds "
+               f"{', '.join(parts[:6]) + (' …' if len(parts) > 6 else '') or 'no sub-modules'}), so it cannot be run")
+        hint = "run one of the models it holds (a factory that returns it: module.py:factory)"
     missing = tracker.missing_inputs() if isinstance(tracker, ModuleTracker) else []
     if missing and call is not None:
         got = ", ".join(f"{k}=None" for k in tracker.none_kwargs)
