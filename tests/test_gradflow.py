@@ -1057,3 +1057,27 @@ def test_an_empty_parameter_is_not_a_finding(command, used):
     assert res.exit_code == 0, [(f.code, f.message) for f in res.findings]
     assert not [f for f in res.findings if f.severity in ("error", "warning") and "registers" in (f.where or "")]
 
+
+
+class QuietBranch(nn.Module):
+    """A branch scaled by a constant: lin's gradients are scale × an ordinary one."""
+
+    def __init__(self, scale):
+        super().__init__()
+        self.lin, self.head = nn.Linear(16, 16), nn.Linear(16, 3)
+        self.register_buffer("scale", torch.tensor(scale))
+
+    def forward(self, x):
+        return self.head(x + self.scale * self.lin(x))
+
+
+@pytest.mark.parametrize("scale, optimizer, status", [
+    (3e-7, "adam", "adaptive-step"),     # |g| ~5e-9 per element, under Adam's eps, still ~lr/3 a step: measured
+    (3e-7, "adamw", "vanishing-grad"),   # a decoupled weight decay moves weights without gradient: not the step's
+    (1e-7, "adam", "vanishing-grad"),    # |g| ~2e-9: ~lr/7 a step, under a quarter of the others'
+])
+def test_a_gradient_under_adams_eps_is_judged_by_the_step_adam_takes(scale, optimizer, status):
+    torch.manual_seed(0)
+    res = run(QuietBranch(scale), torch.randn(8, 16), optimizer=optimizer)
+    row = by(res.table("params").rows, "name", "lin.weight")
+    assert row["mean_abs_grad"] < 1e-8 and row["status"] == status

@@ -35,7 +35,7 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
         result.notes.append(f"flagged gradients not re-checked with a short training run: {exc.message}")
         return
     result.notes.append(f"{len(flags)} flagged finding(s) {rc.cost()}, with {ctx.spec.optimizer.describe()}")
-    adam = ctx.spec.optimizer.name.startswith("adam")
+    decoupled = ctx.spec.optimizer.name == "adamw"
     for r in flagged:
         v = rc.verdicts[r["name"]]
         r["rechecked"] = rc.steps
@@ -53,9 +53,10 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
             if step_claim(r, opts) and v.steps_moderately(rc.steps):
                 r.update(status=BOUNDED, allowed=False, design={"kind": BOUNDED, "why": moderate_why(v, rc.steps, ctx)})
             continue
-        # Adam's step is ~lr only for elements whose gradient is well above its eps (a decoupled weight decay
-        # moves a weight too, without any gradient)
-        above_eps = not adam or (r["mean_abs_grad"] or 0.0) >= ADAM_EPS
+        # the step measured is the optimizer's own, eps included (a gradient far below Adam's eps gets a step
+        # far below lr, and does not step normally); only a decoupled weight decay (AdamW) moves a weight
+        # without any gradient, so there the gradient must be well above eps for the step to be its
+        above_eps = not decoupled or (r["mean_abs_grad"] or 0.0) >= ADAM_EPS
         if not v.by_design and r["status"] == "vanishing-grad" and above_eps and v.steps_normally():
             r.update(status=ADAPTIVE, allowed=False, design={"kind": ADAPTIVE, "why": adaptive_why(v, rc.steps, ctx)})
             continue
