@@ -182,3 +182,11 @@ def test_the_figure_shades_the_parameters_a_folded_warning_covers_not_their_neig
     res.tables.append(Table("layers", "", [], [{"layer": f"blocks.{i}.{m}", "status": s} for i in range(2)
                                               for m, s in (("conv", "zero-init"), ("tiny", "vanishing-grad"))]))
     assert flagged_layers(res) == {"blocks.0.tiny", "blocks.1.tiny"}
+
+
+def test_doctors_no_grad_is_accepted_only_by_globs_that_hold_every_parameter_it_names():
+    torch.manual_seed(0)
+    model = SpareInEachBlock()
+    (f,) = [f for f in run("doctor", model, torch.randn(4, 4)).findings if f.code == "no-grad"]
+    assert sorted(f.members) == sorted(f"blocks.{i}.spare.{p}" for i in range(8) for p in ("weight", "bias"))
+    assert not f.accepted_by(["blocks.0.spare.*"]) and f.accepted_by(["blocks.*.spare.*"])

@@ -21,12 +21,13 @@ class Finding:
     members: list[str] | None = None  # a finding on a stack's blocks (core/repeats.py): the parameters it covers
 
     def accepted_by(self, patterns) -> bool:
-        """An allow glob (fnmatch) accepts it: on its place, or, for a finding on a stack's blocks, on every
-        parameter it covers."""
+        """An allow glob (fnmatch) accepts it: on every parameter it covers when it names them (a finding on a
+        stack's blocks, doctor's no-grad), else on its place."""
         import fnmatch
 
-        return any(fnmatch.fnmatch(self.where, a) for a in patterns) or bool(self.members) and all(
-            any(fnmatch.fnmatch(m, a) for a in patterns) for m in self.members or ())
+        if self.members:
+            return all(any(fnmatch.fnmatch(m, a) for a in patterns) for m in self.members)
+        return any(fnmatch.fnmatch(self.where, a) for a in patterns)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"code": self.code, "severity": self.severity, "where": self.where, "message": self.message}

@@ -416,8 +416,9 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
         source.input_source = f"hf:{path} default (" + (f"config image_size {h}x{w})" if image else
                                                        f"{model_cls.__name__} reads pixel_values; no image_size in "
                                                        f"its config: {h}x{w})")
-        # a keypoint matcher reads a pair of images (batch, 2, C, H, W): tried when one image does not run
-        source.alternatives += ((f"1x2x{c}x{h}x{w}",),)
+        if image is None:   # a keypoint matcher reads a pair of images (batch, 2, C, H, W) of any size: tried
+            # when one image does not run (a config that names its image size is not probed: no extra forward)
+            source.alternatives += ((f"1x2x{c}x{h}x{w}",),)
         ids = _ids_beside_pixels(model_cls, config)
         if ids:   # a prompted segmenter or a grounding model refuses pixels alone: tried after them
             source.alternatives += ((source.inputs[0], ids),)

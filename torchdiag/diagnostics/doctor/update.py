@@ -129,7 +129,8 @@ def _report_no_grad(probe: Probe, no_grad: list[str], total: int) -> None:
     no_grad = [n for n in no_grad if n not in set(quiet)]
     if no_grad:
         ck.find("update", NO_GRAD, NO_GRAD_SEVERITY, top_module(no_grad, work), no_grad_message(no_grad, total),
-                NO_GRAD_HINT, verdict=f"{len(no_grad)} of {total} trainable parameter tensor(s) get no gradient")
+                NO_GRAD_HINT, verdict=f"{len(no_grad)} of {total} trainable parameter tensor(s) get no gradient",
+                members=list(no_grad))     # an allow glob accepts it only when it holds every one
 
 
 def _forward_after_step(probe: Probe, with_grad, before, after_step) -> tuple:
