@@ -115,7 +115,8 @@ def _variant(m: dict, runs: dict, v: str, seeds: int) -> dict:
     shots = {c: runs.get(f"{m['id']}/{v}/{c}/0") for c in ("doctor", "overfit-batch", "nancheck", "gradflow")}
     shot_codes = {c: sorted({f["code"] for f in _alarms(r)}) for c, r in shots.items() if r is not None}
     crashes = [k for k, r in [("watch", w) for w in done] + list(shots.items()) if r and r["rc"] == 4]
-    where = [f["where"] for w in done for f in _alarms(w)] + [f["where"] for r in shots.values() for f in _alarms(r)]
+    alarms = [f for w in done for f in _alarms(w)] + [f for r in shots.values() for f in _alarms(r)]
+    where = [w for f in alarms for w in (f.get("members") or [f["where"]])]   # a folded finding: its parameters
     layers = m.get("fault_layers") or []
     localised = (any(w == L or w.startswith(L + ".") for w in where for L in layers)) if layers else None
     first = [s for s in (_first_step(w) for w in alarmed) if s is not None]

@@ -83,7 +83,9 @@ def _run(cmd: list[str], timeout: float) -> tuple[int, str, str, float]:
 
 def _findings(doc: dict) -> list[dict]:
     keep = ("code", "severity", "where", "message")
-    return [{k: f.get(k, "") for k in keep} for f in doc.get("findings", [])]
+    # a finding folded over a stack's blocks names its parameters in `members` (core/repeats.py)
+    return [{k: f.get(k, "") for k in keep} | ({"members": f["members"]} if f.get("members") else {})
+            for f in doc.get("findings", [])]
 
 
 def _json_doc(stdout: str) -> dict | None:
