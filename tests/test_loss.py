@@ -291,3 +291,16 @@ def test_a_models_own_loss_with_one_value_per_sample_is_averaged():
     assert float(value) == pytest.approx(4.0)
     assert loss.describe().startswith("the mean of the model's own loss (output['loss'], 2 values)")
 
+
+
+def test_auto_finds_the_tensors_one_level_down_in_a_dict_output():
+    # a backbone's ModelOutput holds its feature maps as a tuple: the first map is the primary output
+    maps = (torch.randn(2, 3, 4, 4, requires_grad=True), torch.randn(2, 5, 2, 2, requires_grad=True))
+    loss = Loss("auto", seed=1)
+    value = loss({"feature_maps": maps, "hidden_states": None})
+    assert "output['feature_maps'][0]" in loss.describe()
+    first = F.mse_loss(maps[0], loss.target)
+    value.backward()
+    assert maps[0].grad is not None and maps[1].grad is not None and float(value) > float(first)   # 2nd: its own term
+    with pytest.raises(UsageError):
+        Loss("auto")({"ids": torch.zeros(2, dtype=torch.long)})       # nothing floating: still the usage error

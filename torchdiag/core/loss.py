@@ -48,6 +48,10 @@ def primary_output(out) -> tuple[Any, str]:
         for i, v in enumerate(out):
             if isinstance(v, torch.Tensor) and v.is_floating_point():
                 return v, f"output[{i}]"
+    nested = float_outputs(out)    # one level down: a backbone's feature_maps tuple inside its ModelOutput
+    if nested:
+        label, t = nested[0]
+        return t, label
     raise UsageError(f"cannot pick a tensor to compute a loss from a {type(out).__name__} output",
                      hint="pass --loss PATH:fn with fn(output, target) -> scalar tensor")
 
