@@ -304,3 +304,15 @@ def test_auto_finds_the_tensors_one_level_down_in_a_dict_output():
     assert maps[0].grad is not None and maps[1].grad is not None and float(value) > float(first)   # 2nd: its own term
     with pytest.raises(UsageError):
         Loss("auto")({"ids": torch.zeros(2, dtype=torch.long)})       # nothing floating: still the usage error
+
+
+@pytest.mark.parametrize("out", [
+    {"ids": torch.zeros(2, dtype=torch.long), "past_key_values": ((torch.randn(2, 3, requires_grad=True),),)},
+    {"ids": torch.zeros(2, dtype=torch.long), "debug": {"logits": torch.randn(2, 3, requires_grad=True)}},
+    {"ids": torch.zeros(2, dtype=torch.long), "extra": (torch.randn(2, 3),)},            # no gradient: a constant
+    {"ids": torch.zeros(2, dtype=torch.long), "scale": (torch.tensor(2.0, requires_grad=True),)},   # a scalar
+])
+def test_auto_goes_one_level_down_only_to_a_tensor_that_could_be_an_output(out):
+    # never into a cache or a dict of debug values, never to a constant or a scalar: the usage error stays
+    with pytest.raises(UsageError):
+        Loss("auto")(out)

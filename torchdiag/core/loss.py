@@ -1,6 +1,7 @@
 """Targets and loss for commands that run backward (DESIGN.md "Targets and loss").
 
-auto: the model's own `loss` (dict key) or a scalar output is used as is; an (N, C) float output
+auto: the model's own `loss` (dict key) or a scalar output is used as is (the first floating tensor; when the
+top level holds none, the first of a tuple or list it holds, a backbone's feature maps); an (N, C) float output
 gets cross-entropy against random class targets; logits shaped (N, T, V) for integer ids of shape
 (N, T) that feed an embedding of V rows are a language model's: next-token cross-entropy, the ids
 shifted by one as targets (`language_model`); anything else mean-squared error against a random
@@ -48,12 +49,27 @@ def primary_output(out) -> tuple[Any, str]:
         for i, v in enumerate(out):
             if isinstance(v, torch.Tensor) and v.is_floating_point():
                 return v, f"output[{i}]"
-    nested = float_outputs(out)    # one level down: a backbone's feature_maps tuple inside its ModelOutput
-    if nested:
-        label, t = nested[0]
-        return t, label
+    nested = _one_level_down(out)
+    if nested is not None:
+        return nested
     raise UsageError(f"cannot pick a tensor to compute a loss from a {type(out).__name__} output",
                      hint="pass --loss PATH:fn with fn(output, target) -> scalar tensor")
+
+
+def _one_level_down(out) -> tuple[Any, str] | None:
+    """For an output whose top level holds no floating tensor: the first tensor of a tuple or list the top level
+    holds (a backbone's `feature_maps`, MGP-STR's per-head `logits`), floating, not a scalar, carrying a gradient
+    where one is recorded; never deeper (a cache's keys, a dict of debug values), else None."""
+    import torch
+
+    grad = torch.is_grad_enabled()
+    items = out.items() if hasattr(out, "items") else enumerate(out) if isinstance(out, (tuple, list)) else ()
+    for k, v in items:
+        for i, t in enumerate(v) if isinstance(v, (tuple, list)) else ():
+            if (isinstance(t, torch.Tensor) and t.is_floating_point() and not t.is_nested and t.dim() > 0
+                    and (t.requires_grad or not grad)):
+                return t, (f"output['{k}'][{i}]" if isinstance(k, str) else f"output[{k}][{i}]")
+    return None
 
 
 def float_outputs(out, label: str = "output", found: list | None = None, seen: set | None = None) -> list:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ...core.tracking import ForwardHooks, run_forward
 from .checklist import Checklist
-from .shared import max_diff, name, scale, tensors
+from .shared import dense, max_diff, name, scale, tensors
 
 RANDOM_EVAL_HINT = ("randomness in eval: use self.training to gate it (F.dropout(x, p, training=self.training)), "
                     "no torch.rand/randn in forward outside training")
@@ -16,21 +16,20 @@ WEIGHTS = 1021      # a fixed ±1 pattern this long, repeated along a tensor: it
 
 
 def _fingerprint(obj) -> list:
-    """(sum, sum |x|, sum of x times a fixed ±1 pattern along its elements) per tensor, kept on the device: read
-    back only when a culprit is searched. The pattern's sum tells a permutation or a flip apart (ViLT draws the
-    order of its patches) by ~sqrt(n) |x|, far above the tolerance's 1e-6 x sum |x|. One float64 copy."""
+    """Per tensor, kept on the device (read back only when a culprit is searched): the sum, the sum of |x| and the
+    sum of x times a fixed ±1 pattern along its elements, over its finite values, and the count of the others.
+    The pattern's sum tells a permutation or a flip apart (ViLT draws the order of its patches) by ~sqrt(n) |x|, far
+    above the tolerance's 1e-6 x sum |x|; an inf elsewhere in the tensor does not hide a change. One float64 copy."""
     import torch
 
     vals = []
     for _, t in tensors(obj):
         if t.numel() == 0:
             continue
-        x = t.detach().to(torch.float64)
-        if x.layout != torch.strided:     # sparse: no order to weigh, the other two only
-            vals += [x.sum(), x.abs().sum(), x.new_zeros(())]
-            continue
-        x = x.flatten()
-        vals += [x.nansum(), x.abs().nansum(), _pattern_sum(x)]
+        x = dense(t.detach()).to(torch.float64).flatten()
+        bad = ~x.isfinite()
+        x = x.masked_fill(bad, 0.0)
+        vals += [x.sum(), x.abs().sum(), _pattern_sum(x), bad.sum().to(torch.float64)]
     return vals
 
 
@@ -68,10 +67,9 @@ def _read(runs) -> list:
 def _same_fp(a: list[float], b: list[float]) -> bool:
     if len(a) != len(b):
         return False
-    for i in range(0, len(a), 3):
-        m = max(abs(a[i + 1]), abs(b[i + 1]))
-        tol = m * 1e-6 + 1e-12
-        if any(abs(a[j] - b[j]) > tol for j in range(i, i + 3)):
+    for i in range(0, len(a), 4):
+        tol = max(abs(a[i + 1]), abs(b[i + 1])) * 1e-6 + 1e-12
+        if a[i + 3] != b[i + 3] or any(abs(a[j] - b[j]) > tol for j in range(i, i + 3)):
             return False
     return True
 

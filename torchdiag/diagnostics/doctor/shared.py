@@ -51,22 +51,39 @@ def max_diff(a, b) -> float | None:
     for (_, x), (_, y) in zip(ta, tb):
         if x.shape != y.shape:
             return None
+        x, y = dense(x), dense(y)
         if x.is_floating_point():
-            m = max(m, float((x.detach().double() - y.detach().double()).abs().nan_to_num(0.0).max()) if x.numel() else 0.0)
-        elif not (x == y).all():
+            x, y = x.detach().double(), y.detach().double()
+            if bool((x.isnan() != y.isnan()).any()):
+                return float("inf")      # a NaN in one run only
+            m = max(m, float((x - y).abs().nan_to_num(0.0).max()) if x.numel() else 0.0)
+        elif not bool(((x == y) | (x != x) & (y != y)).all()):   # NaN == NaN (a complex output's)
             m = max(m, float("inf"))
     return m
 
 
+def dense(t):
+    """A tensor as plain strided values to compare: sparse made dense, quantized dequantized, complex as
+    (real, imaginary) pairs."""
+    import torch
+
+    if t.is_quantized:
+        t = t.dequantize()
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    return torch.view_as_real(t) if t.is_complex() else t
+
+
 def finite(obj) -> bool:
     """Every floating value of an output is finite (one read per tensor)."""
-    return all(bool(t.detach().isfinite().all()) for _, t in tensors(obj) if t.is_floating_point() and t.numel())
+    return all(bool(dense(t.detach()).isfinite().all()) for _, t in tensors(obj)
+               if (t.is_floating_point() or t.is_complex()) and t.numel())
 
 
 def scale(obj) -> float:
     """The largest absolute value among an output's float tensors (for relative tolerances)."""
-    return max((float(t.detach().double().abs().max()) for _, t in tensors(obj) if t.is_floating_point() and t.numel()),
-               default=0.0)
+    return max((float(dense(t.detach()).double().abs().max()) for _, t in tensors(obj)
+                if (t.is_floating_point() or t.is_complex()) and t.numel()), default=0.0)
 
 
 def batch_one(inputs, batch: int):
