@@ -1081,3 +1081,27 @@ def test_a_gradient_under_adams_eps_is_judged_by_the_step_adam_takes(scale, opti
     res = run(QuietBranch(scale), torch.randn(8, 16), optimizer=optimizer)
     row = by(res.table("params").rows, "name", "lin.weight")
     assert row["mean_abs_grad"] < 1e-8 and row["status"] == status
+
+
+class GatedBiasBeforeNorm(nn.Module):
+    """resnest's split attention in miniature: a bias before a BatchNorm, behind a zero-init-last BatchNorm."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.bn1, self.fc2, self.gate = nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 8), nn.BatchNorm1d(8)
+        nn.init.zeros_(self.gate.weight)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(x + self.gate(self.fc2(torch.relu(self.bn1(self.fc1(x))))))
+
+
+def test_a_zero_gradient_back_at_rounding_level_is_invariant_when_the_loss_does_not_depend_on_it():
+    # the gate opens in the run: fc1's weight grows out of it (zero-init), its bias comes back as rounding noise
+    # only, and on the trained float64 copy the loss does not move when it is shifted: invariant, not an opening
+    torch.manual_seed(0)
+    res = run(GatedBiasBeforeNorm(), torch.randn(16, 8))
+    st = statuses(res)
+    assert st["fc1.weight"] == "zero-init" and st["fc1.bias"] == "invariant", st
+    row = by(res.table("params").rows, "name", "fc1.bias")
+    assert "leaves the loss unchanged" in row["design"]["why"] and res.exit_code == 0

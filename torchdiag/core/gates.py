@@ -39,6 +39,7 @@ ORDINARY = 1e-3       # provided its relative step is ≥ this × the median (a 
 MODERATE = 4.0        # a large grad/weight whose relative step ≤ this × the unflagged median: a normal step,
 MAX_RELATIVE = 0.1    # provided it is at most this fraction of the weight's norm per optimizer step
 DIVERGE = 2.0         # exploding-grad: a run whose loss rose above this x its start diverged (no transient)
+SUSPECT = 1e-6        # a zero-grad back at most this x the whole gradient's norm: is it rounding? (_invariant)
 MARGIN = 0.5          # dead units: input max ≤ zero point − MARGIN × the input's std (gradflow/dead.py's rule)
 KINDS = ("vanishing-grad", "zero-grad", "param-not-updated", "dead-units", "exploding-grad")
 
@@ -68,6 +69,7 @@ class Verdict:
     median_update: float = math.nan   # the same two, medians over the parameters nothing flagged that moved
     median_relative: float = math.nan
     losses: tuple = (math.nan, math.nan)   # the loss before the run and after it
+    invariant: bool = False     # zero-grad back only at rounding level, and the loss does not depend on it
 
     def compared(self) -> bool:
         return math.isfinite(self.median_update) and math.isfinite(self.median_relative)
@@ -173,7 +175,7 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
             v = verdicts[f.name]
             v.median_update, v.median_relative = upd[0], upd[1]
             v.update, v.relative = upd[2 + 2 * i], upd[3 + 2 * i]
-    used = 1 + steps
+    used = 1 + steps + _invariant(work, inputs, verdicts, gk, ctx)
     for v in verdicts.values():
         v.by_design = v.resolved        # gone after a few real steps: it grows out of it
     live = [v for v in verdicts.values() if v.grew and v.flag.kind != "exploding-grad"]   # a large gradient has no gate
@@ -182,6 +184,34 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
         nonzero = {n for n in grown if bool(v0[n].ne(0).any())}
         used += _name_gates(model, inputs, live, grown, nonzero, trained, ctx, eval_mode, prepare, loss_fn, passes)
     return Recheck(verdicts, steps, used, grown)
+
+
+def _invariant(work, inputs, verdicts: dict, whole: float, ctx) -> int:
+    """A zero gradient that came back from the run at rounding level (max |grad| ≤ SUSPECT × the whole
+    gradient's norm) is not an opening when the trained copy's loss does not depend on the parameter at all
+    (core/invariance.py, on a float64 copy: a bias before a BatchNorm once its zero-init-last gate opened,
+    attention queries over value rows that are all the same): unresolved and `invariant`. The shifted forwards
+    used (0 when nothing is suspect, on mps or when the copy fails: the verdicts stand)."""
+    from . import invariance
+
+    suspect = [n for n, v in verdicts.items() if v.flag.kind == "zero-grad" and v.resolved and v.after <= SUSPECT * whole]
+    if not suspect or ctx.device.type == "mps":
+        return 0
+    try:
+        copy = _deepcopy(work).double()
+        found = invariance.cancelled(copy, inputs.map(invariance.double), suspect, ctx.loss(), ctx)
+    except Exception:      # noqa: BLE001 - a second opinion only: the run's verdicts stand
+        return 0
+    for n in found:
+        v = verdicts[n]
+        v.resolved, v.grew, v.invariant = False, False, True
+    return min(len(suspect) + 1, invariance.MAX_SHIFTS)
+
+
+def _deepcopy(work):
+    import copy
+
+    return copy.deepcopy(work)
 
 
 # ---- the measures ----------------------------------------------------------------------------------

@@ -60,6 +60,12 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
         if not v.by_design and r["status"] == "vanishing-grad" and above_eps and v.steps_normally():
             r.update(status=ADAPTIVE, allowed=False, design={"kind": ADAPTIVE, "why": adaptive_why(v, rc.steps, ctx)})
             continue
+        if v.invariant:   # back only as rounding noise, and the trained copy's loss does not depend on it
+            r.update(status="invariant", allowed=False, design={"kind": "invariant", "why": (
+                f"max |grad| 0 at initialisation and {v.after:.3g} (rounding) after a short training run on a copy "
+                f"({rc.steps} optimizer steps), and shifting it by random values on a float64 copy of the trained "
+                "model leaves the loss unchanged: the loss does not depend on it")})
+            continue
         if not v.by_design:
             continue
         kind = "zero-init" if r["status"] == "zero-grad" else KIND
