@@ -190,28 +190,26 @@ def _invariant(work, inputs, verdicts: dict, whole: float, ctx) -> int:
     """A zero gradient that came back from the run at rounding level (max |grad| ≤ SUSPECT × the whole
     gradient's norm) is not an opening when the trained copy's loss does not depend on the parameter at all
     (core/invariance.py, on a float64 copy: a bias before a BatchNorm once its zero-init-last gate opened,
-    attention queries over value rows that are all the same): unresolved and `invariant`. The shifted forwards
-    used (0 when nothing is suspect, on mps or when the copy fails: the verdicts stand)."""
+    attention queries over value rows that are all the same): unresolved and `invariant`. Returns the forwards
+    it ran (none when nothing is suspect or on mps; when the copy or a forward fails, the verdicts stand)."""
     from . import invariance
 
     suspect = [n for n, v in verdicts.items() if v.flag.kind == "zero-grad" and v.resolved and v.after <= SUSPECT * whole]
     if not suspect or ctx.device.type == "mps":
         return 0
+    import copy
+
+    forwards = [0]
     try:
-        copy = _deepcopy(work).double()
-        found = invariance.cancelled(copy, inputs.map(invariance.double), suspect, ctx.loss(), ctx)
+        twin = copy.deepcopy(work).double()
+        twin.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+        found = invariance.cancelled(twin, inputs.map(invariance.double), suspect, ctx.loss(), ctx)
     except Exception:      # noqa: BLE001 - a second opinion only: the run's verdicts stand
-        return 0
+        return forwards[0]
     for n in found:
         v = verdicts[n]
         v.resolved, v.grew, v.invariant = False, False, True
-    return min(len(suspect) + 1, invariance.MAX_SHIFTS)
-
-
-def _deepcopy(work):
-    import copy
-
-    return copy.deepcopy(work)
+    return forwards[0]
 
 
 # ---- the measures ----------------------------------------------------------------------------------
