@@ -90,9 +90,10 @@ def update_check(probe: Probe) -> None:
     suspects = [n for n in suspects if n not in cancelled]
     designed = gated.recheck(work, before, inputs, ctx, suspects, result, stochastic_depth_off) if suspects and w is None else {}
     bad = [b for b in bad if b[0] not in designed and b[0] not in cancelled]
+    kinds = {n: msg for n, msg, _ in bad}    # what happens to each, before where its zero gradient stops is added
     if w is None:   # an all-zero gradient that stays: where it stops (core/stops.py), said in its finding
         bad = gated.with_stops(work, before, inputs, ctx, bad, zero, result, stochastic_depth_off)
-    _report_not_updated(bad, work, ck, result)
+    _report_not_updated(bad, kinds, work, ck, result)
     if not bad and not broken:
         quiet = probe.result.data.get("params_not_reached") or []
         ck.row("update", "ok", f"{len(with_grad)}/{len(with_grad)} params change after 1 {step} step"
@@ -200,12 +201,13 @@ def _summed(w, scalars: list) -> tuple[list, int]:
     return w.combine(scalars), dist.get_world_size()
 
 
-def _report_not_updated(bad: list[tuple[str, str, str]], model, ck: Checklist, result: Result) -> None:
+def _report_not_updated(bad: list[tuple[str, str, str]], kinds: dict[str, str], model, ck: Checklist,
+                        result: Result) -> None:
     """One param-not-updated error per parameter, or per place repeated block after block (core/repeats.py:
-    the same kind and hint in ≥ 2 blocks of a stack, said once with the first one's full message)."""
+    the same kind (`kinds`: what happens to it) and hint in ≥ 2 blocks of a stack, said once with the first one's
+    full message)."""
     verdict = f"{len(bad)} parameter(s) get a gradient but do not change after a step"
-    # the kind is the message before where its zero gradient stops (gated.with_stops appends it after "; ")
-    entries = repeats.fold([repeats.Entry((msg.split("; ", 1)[0], hint), n, [(n, msg, hint)]) for n, msg, hint in bad])
+    entries = repeats.fold([repeats.Entry((kinds[n], hint), n, [(n, msg, hint)]) for n, msg, hint in bad])
     for e in entries[:MAX_LISTED]:
         n, msg, hint = e.members[0]
         if e.folded:

@@ -16,6 +16,7 @@ from .design import is_tiny
 KIND = "by-design-init"
 ADAPTIVE = "adaptive-step"     # a small gradient the optimizer steps like the rest
 BOUNDED = "bounded-step"       # a large grad/weight the optimizer does not turn into a large step
+INVARIANT = "invariant"       # the loss does not depend on it (a zero gradient back only as rounding)
 TRANSIENT = "transient-grad"   # a large gradient of the starting point that a few real steps bring to the others
 ADAM_EPS = 1e-8                # torch's Adam/AdamW eps, which core.train.make_optimizer keeps
 
@@ -61,7 +62,7 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
             r.update(status=ADAPTIVE, allowed=False, design={"kind": ADAPTIVE, "why": adaptive_why(v, rc.steps, ctx)})
             continue
         if v.invariant:   # back only as rounding noise, and the trained copy's loss does not depend on it
-            r.update(status="invariant", allowed=False, design={"kind": "invariant", "why": (
+            r.update(status=INVARIANT, allowed=False, design={"kind": INVARIANT, "why": (
                 f"max |grad| 0 at initialisation and {v.after:.3g} (rounding) after a short training run on a copy "
                 f"({rc.steps} optimizer steps), and shifting it by random values on a float64 copy of the trained "
                 "model leaves the loss unchanged: the loss does not depend on it")})
