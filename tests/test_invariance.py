@@ -117,3 +117,71 @@ def test_the_invariance_test_falls_back_to_float32():
     res = api_run("gradflow", MakesFloat32(), (torch.randn(2, 3, 8, 8),))
     assert any("re-checked in float32" in n for n in res.notes), res.notes
     assert statuses(res)["conv.bias"] == "invariant"
+
+
+class Affine(nn.Module):   # HGNetV2's learnable affine block, named unlike any weight/bias pair
+    def __init__(self):
+        super().__init__()
+        self.gain = nn.Parameter(torch.ones(1))
+        self.shift = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        return self.gain * x + self.shift
+
+
+class AffineBeforeNorm(nn.Module):
+    """HGNetV2's aggregation: a scalar shift added to half the channels before a 1x1 convolution and a
+    train-mode BatchNorm. The convolution turns it into one constant per channel, which the BatchNorm
+    subtracts (its float32 gradient is rounding noise); the gain is not cancelled (the other half is not
+    scaled)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.affine = Affine()
+        self.mix = nn.Conv2d(16, 8, 1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.stem(x))
+        y = self.bn(self.mix(torch.cat([h, self.affine(h)], 1)))
+        return self.head(torch.relu(y).mean((2, 3)))
+
+
+class OneFeatureNorm(nn.Module):
+    """LayerNorm over one feature (timm's CSATv2 spatial block): x - mean(x) is 0, so the output is the bias
+    and the weight multiplies zeros. Shifting the weight moves nothing, not even its own module's output:
+    it never trains, and is not 'cancelled'."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.norm = nn.LayerNorm(1)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(self.norm(self.fc(x).unsqueeze(-1)).squeeze(-1) + self.fc(x))
+
+
+def test_a_shift_cancelled_downstream_is_invariant_whatever_it_is_called():
+    torch.manual_seed(0)
+    res = api_run("gradflow", AffineBeforeNorm(), (torch.randn(4, 3, 8, 8),), loss="cross_entropy")
+    assert statuses(res)["affine.shift"] == "invariant", statuses(res)
+    assert statuses(res)["affine.gain"] == "ok"
+    assert not [f for f in res.findings if f.severity != "info"], [f.message for f in res.findings]
+
+
+def test_a_weight_that_multiplies_zeros_is_not_called_invariant():
+    torch.manual_seed(0)
+    res = api_run("gradflow", OneFeatureNorm(), (torch.randn(4, 8),), loss="cross_entropy")
+    assert statuses(res)["norm.weight"] == "ok", statuses(res)   # its gradient is small beside the bias's:
+    # a candidate, and the loss does not move when it is shifted, but neither does the norm's own output
+
+
+def test_candidates_are_judged_beside_their_own_modules_other_gradients():
+    from torchdiag.core.invariance import small_beside_siblings
+
+    norms = {"a.gain": 1e-3, "a.shift": 1e-12, "b.weight": 1e-12, "c.bias": 1e-12, "d.x": 0.0, "d.y": 0.0,
+             "e.w": 2.0, "e.v": 1e-5, "e.u": None}
+    assert small_beside_siblings(norms) == {"a.shift", "e.v"}   # alone (b, c), all zero (d): nothing to compare

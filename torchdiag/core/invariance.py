@@ -12,13 +12,36 @@ from __future__ import annotations
 
 import math
 
+from .module_paths import owner
 from .tracking import run_forward
 
 LOSS_RTOL = 1e-9     # relative loss change still counted as "did not move" (float64 rounding)
 LOSS_RTOL_FLOAT32 = 1e-5   # the same in float32, for a forward that cannot run in float64 (it makes float32
                            # tensors of its own: torchvision RAFT's coordinate grid); rounding is ~1e-7 there
-INVARIANT_GRAD_FACTOR = 1e-4   # a bias gradient below this × its module's weight gradient: a candidate
+INVARIANT_GRAD_FACTOR = 1e-4   # a gradient below this × the largest of its module's other parameters': a candidate
 MAX_SHIFTS = 24      # shifted forwards at most (what is left untested keeps its verdict)
+
+
+def small_beside_siblings(norms: dict[str, float | None]) -> set[str]:
+    """The names whose gradient norm is below INVARIANT_GRAD_FACTOR × the largest gradient norm of another
+    parameter of the same module (norms: name -> gradient norm, None when there is none). What a following
+    normalisation or softmax cancels looks like this: the signal reaches the module (a sibling, its weight or
+    scale, gets it) and only this parameter's direction sums to nothing. By module, not by name: a
+    `bias` beside a `weight` and a learnable affine's `bias` beside its `scale` alike."""
+    groups: dict[str, list[tuple[str, float]]] = {}
+    for n, v in norms.items():
+        if v is not None and math.isfinite(v):
+            groups.setdefault(n.rpartition(".")[0], []).append((n, v))
+    out = set()
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        values = sorted((v for _, v in group), reverse=True)
+        for n, v in group:
+            top = values[1] if v == values[0] else values[0]   # the largest of the others
+            if top > 0 and v < INVARIANT_GRAD_FACTOR * top:
+                out.add(n)
+    return out
 
 
 def double(t):
@@ -26,8 +49,11 @@ def double(t):
 
 
 def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_RTOL) -> set[str]:
-    """The `names` the loss does not depend on. `work`: a float64 copy in the mode of the run (stochastic
-    depth off); `inputs` in float64 (double); loss_fn a fresh ctx.loss() (the same seeded target)."""
+    """The `names` the loss does not depend on although they act: shifted, their own module's output moves
+    and the loss does not (a following normalisation or softmax removes the shift). A parameter whose module's
+    output does not move either multiplies zeros (LayerNorm over one feature, a weight fed zeros): it does
+    nothing, and keeps its verdict. `work`: a float64 copy in the mode of the run (stochastic depth off);
+    `inputs` in float64 (double); loss_fn a fresh ctx.loss() (the same seeded target)."""
     import torch
 
     params = dict(work.named_parameters())
@@ -40,22 +66,84 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
             out = run_forward(work, inputs, phase="forward (re-check on a float64 copy)")
             return loss_fn(out).detach().double().reshape(())
 
-    with torch.no_grad():
-        base = loss()
-
-    def moved(group) -> bool:
+    def shifted(group, measure):
         with torch.no_grad():
             saved = [params[n].detach().clone() for n in group]
             g = torch.Generator(device=params[group[0]].device).manual_seed(ctx.seed)
             for n in group:
                 params[n].add_(torch.randn(params[n].shape, generator=g, device=params[n].device, dtype=params[n].dtype))
-            shifted = loss()
-            for n, v in zip(group, saved):
-                params[n].copy_(v)
-        a, b = torch.stack([base, shifted]).tolist()
+            try:
+                return measure()
+            finally:
+                for n, v in zip(group, saved):
+                    params[n].copy_(v)
+
+    calls = _first_calls(work, {owner(n) for n in names})
+    try:
+        with torch.no_grad():
+            base = loss()
+    finally:
+        calls.stop()
+
+    def moved(group) -> bool:
+        a, b = torch.stack([base, shifted(group, loss)]).tolist()
         return not (math.isfinite(a) and abs(a - b) <= rtol * max(abs(a), 1e-3))
 
-    return bisect(names, moved)
+    return {n for n in bisect(names, moved) if calls.moves(n, lambda m, n=n: shifted([n], m), ctx)}
+
+
+class _first_calls:
+    """The first call's arguments of each module in `wanted`, to run it again alone."""
+
+    def __init__(self, work, wanted: set[str]):
+        self.modules = {n: m for n, m in work.named_modules() if n in wanted}
+        self.args: dict[str, tuple] = {}
+        self.handles = [m.register_forward_pre_hook(self._keep(n), with_kwargs=True) for n, m in self.modules.items()]
+
+    def _keep(self, name):
+        def hook(_mod, args, kwargs):
+            self.args.setdefault(name, (args, kwargs))
+        return hook
+
+    def stop(self):
+        for h in self.handles:
+            h.remove()
+
+    def moves(self, name: str, shifted, ctx) -> bool:
+        """Does shifting `name` move its own module's output (run alone on the first call's arguments)?
+        Unknown (no call seen, or the module fails alone) counts as moving: the loss verdict stands."""
+        import torch
+
+        mod, call = self.modules.get(owner(name)), self.args.get(owner(name))
+        if mod is None or call is None:
+            return True
+
+        def out():
+            with ctx.seeded():
+                return [t.detach().double() for t in _floats(mod(*call[0], **call[1]))]
+
+        try:
+            with torch.no_grad():
+                before, after = out(), shifted(out)
+        except Exception:   # noqa: BLE001 - a module that cannot run alone: keep the loss's verdict
+            return True
+        pairs = [(a, b) for a, b in zip(before, after) if a.numel()]
+        if len(before) != len(after) or any(a.shape != b.shape for a, b in pairs):
+            return True
+        gaps = [(a - b).abs().max() - LOSS_RTOL * a.abs().max().clamp(min=1e-3) for a, b in pairs]
+        return bool(torch.stack(gaps).gt(0).any()) if gaps else False   # one read
+
+
+def _floats(out) -> list:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out] if out.is_floating_point() else []
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _floats(o)]
+    if isinstance(out, dict):
+        return [t for o in out.values() for t in _floats(o)]
+    return []
 
 
 def bisect(names: list[str], moved) -> set[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ...core import gates, invariance
 from ...errors import ModelError
-from .shared import name
+from .shared import module_of, name
 
 CODE = "by-design-init"
 
@@ -90,20 +90,20 @@ def invariant(work, before, inputs, ctx, names: list[str], result, prepare) -> s
 
 
 def _bias_candidates(work, names: list[str]) -> list[str]:
-    """Biases whose gradient is below INVARIANT_GRAD_FACTOR of their own module's weight gradient (which is
-    not zero): what a following normalisation cancels. A parameter behind a tiny gate has a tiny gradient
-    with its weight alike, and a loss that moves too little to tell: the short training run judges it."""
-    params = dict(work.named_parameters())
-    out = []
-    for n in names:
-        w = params.get(n[: -len("bias")] + "weight") if n.endswith("bias") else None
-        b = params.get(n)
-        if w is None or w.grad is None or b is None or b.grad is None:
-            continue
-        wn = float(w.grad.detach().double().norm())
-        if wn > 0 and float(b.grad.detach().double().norm()) < invariance.INVARIANT_GRAD_FACTOR * wn:
-            out.append(n)
-    return out
+    """The `names` whose gradient is below INVARIANT_GRAD_FACTOR of another gradient of the same module
+    (core/invariance.small_beside_siblings): what a following normalisation cancels. A parameter behind a tiny
+    gate has a tiny gradient with its siblings alike, and a loss that moves too little to tell: the short
+    training run judges it. One read for all."""
+
+    from ...core.readback import read_back
+
+    mods = {module_of(n) for n in names}
+    pool = [(n, p.grad) for n, p in work.named_parameters() if p.grad is not None and module_of(n) in mods]
+    if not pool:
+        return []
+    norms = dict(zip([n for n, _ in pool], read_back([g.detach().double().norm() for _, g in pool])))
+    small = invariance.small_beside_siblings(norms)
+    return [n for n in names if n in small]
 
 
 def report(by_design: dict, ck, result, step: str) -> None:

@@ -331,24 +331,28 @@ def _zero_init(probe: Probe, zero, sources) -> dict[str, str]:
     out = {}
     # registration order within a module too (a set's order follows the process's string hashing: ranks differ)
     index = {n: i for i, n in enumerate(grads)}
+    grown = _grown(zero, grads)
     for n in sorted(zero, key=lambda n: (order.get(module_of(n), 0), index.get(n, 0))):
-        if _grown(n, grads):
+        if n in grown:
             at = order.get(module_of(n), 0)
             out[n] = next((m for m in src_mods if order.get(m, 0) > at), src_mods[-1])
     return out
 
 
-def _grown(n: str, grads: dict) -> bool:
-    """Is the gradient of `n` non-zero after the step, beyond rounding? A bias cancelled by a following
-    normalisation gets rounding noise (~1e-9 of its weight's gradient, more or less by CPU kernel), which is not
-    a gate opening: below INVARIANT_GRAD_FACTOR of its own module's weight gradient it still counts as zero."""
-    g = grads.get(n)
-    if g is None or not bool(g.detach().ne(0).any()):
-        return False
-    w = grads.get(n[: -len("bias")] + "weight") if n.endswith("bias") else None
-    if w is None:
-        return True
-    return float(g.detach().double().norm()) >= invariance.INVARIANT_GRAD_FACTOR * float(w.detach().double().norm())
+def _grown(zero, grads: dict) -> set[str]:
+    """The names in `zero` whose gradient is non-zero after the step, beyond rounding. A parameter cancelled
+    by a following normalisation gets rounding noise (~1e-9 of its module's other gradients, more or less by
+    CPU kernel), which is not a gate opening: below INVARIANT_GRAD_FACTOR of the largest of them it still
+    counts as zero. One read for all."""
+    from ...core.readback import read_back
+
+    mods = {module_of(n) for n in zero}
+    pool = [n for n, g in grads.items() if g is not None and module_of(n) in mods]
+    if not pool:
+        return set()
+    norms = dict(zip(pool, read_back([grads[n].detach().double().norm() for n in pool])))
+    small = invariance.small_beside_siblings(norms)
+    return {n for n in zero if norms.get(n, 0.0) > 0 and n not in small}
 
 
 def _report_zero_init(by_design: dict[str, str], ck: Checklist, result: Result) -> None:

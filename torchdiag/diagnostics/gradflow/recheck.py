@@ -2,7 +2,8 @@
 a healthy pass pays nothing for them. (Exactly-zero and vanishing gradients are re-checked with a short
 training run in gated.py.)
 
-- invariant: a bias whose gradient is below 1e-4 of its own module's weight gradient. On a float64
+- invariant: a parameter whose gradient is below 1e-4 of another gradient of its own module (a bias beside
+  its weight, a learnable affine's bias beside its scale). On a float64
   copy, shifted by a random vector (one value per element, so a softmax's invariance to one constant
   added to every logit does not count), with the same seeded forward: when the loss does not move
   (relative change < 1e-9, far above float64 rounding, far below any real dependence), the loss does
@@ -12,15 +13,13 @@ training run in gated.py.)
   feature encoder: 15 biases before InstanceNorm) costs a few forwards, not the verdict of the rest."""
 from __future__ import annotations
 
-import math
-
 from ...core.design import stochastic_depth_off
 from ...core.invariance import (
-    INVARIANT_GRAD_FACTOR,
     LOSS_RTOL,
     LOSS_RTOL_FLOAT32,
     cancelled,
     double,
+    small_beside_siblings,
 )
 from ...core.tracking import run_forward
 from ...errors import ModelError
@@ -29,16 +28,9 @@ RANDOM_DRAWS = 3    # further seeded passes for parameters the judged pass gave 
 
 
 def bias_candidates(rows) -> list[dict]:
-    by_name = {r["name"]: r for r in rows}
-    out = []
-    for r in rows:
-        if r["status"] not in ("ok", "vanishing-grad", "zero-grad") or not r["name"].endswith("bias"):
-            continue
-        w = by_name.get(r["name"][: -len("bias")] + "weight")
-        if (w and w["grad_norm"] and math.isfinite(w["grad_norm"]) and r["grad_norm"] is not None
-                and r["grad_norm"] < INVARIANT_GRAD_FACTOR * w["grad_norm"]):
-            out.append(r)
-    return out
+    """Rows whose gradient is below INVARIANT_GRAD_FACTOR of another gradient of the same module."""
+    small = small_beside_siblings({r["name"]: r["grad_norm"] for r in rows})
+    return [r for r in rows if r["name"] in small and r["status"] in ("ok", "vanishing-grad", "zero-grad")]
 
 
 def recheck(model, inputs, pas, rows, opts, ctx, result) -> None:
@@ -96,5 +88,5 @@ def _invariant(work, inputs, cands, loss_fn, ctx, rtol: float = LOSS_RTOL) -> No
     for r in cands:
         if r["name"] in cancelled_names:
             r.update(status="invariant", allowed=False, design={
-                "kind": "invariant", "why": "the loss does not change when this bias is shifted (a following "
+                "kind": "invariant", "why": "the loss does not change when this parameter is shifted (a following "
                 "batch-statistics normalisation or softmax cancels it): its gradient is rounding noise"})
