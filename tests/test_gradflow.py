@@ -627,7 +627,7 @@ def test_first_conv_before_batch_norm_is_scale_invariant():
     assert res.exit_code == 0 and codes(res) == {("scale-invariant", "conv1.weight")}
     # the same weight with no normalisation after it is judged by the plain thresholds
     model = by_design("deep_bn")
-    model.bn1 = nn.Identity()
+    model.bn1 = model.body = nn.Identity()   # (with the body kept, ReLU then a conv and a BatchNorm: invariant)
     plain = by(run(model, torch.randn(2, 3, 32, 32)).table("params").rows, "name", "conv1.weight")
     assert not plain["scale_invariant"]
 
@@ -1105,3 +1105,27 @@ def test_a_zero_gradient_back_at_rounding_level_is_invariant_when_the_loss_does_
     assert st["fc1.weight"] == "zero-init" and st["fc1.bias"] == "invariant", st
     row = by(res.table("params").rows, "name", "fc1.bias")
     assert "leaves the loss unchanged" in row["design"]["why"] and res.exit_code == 0
+
+
+def test_scale_invariance_is_measured_through_an_activation_before_the_norm():
+    """ConvMixer (timm convmixer_768_32: convolution -> GELU -> BatchNorm, cos(g, w) ≤ 3e-4 on its flagged
+    weights). Not straight into the norm, so the layout test does not see it; the gradient is measured
+    orthogonal to the weight (the loss ignores its scale) and the large ratio is not `exploding-grad`. Here
+    an activation before the norm, shrunk 10x (at 30x the output variance nears BatchNorm's eps, which breaks
+    the invariance: cos 3e-3). The broken exploding MLP (cos 0.03-0.1) keeps its errors."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.ReLU(), nn.BatchNorm2d(8), nn.Flatten(),
+                          nn.Linear(8 * 30 * 30, 4))
+    with torch.no_grad():
+        model[0].weight.div_(10)
+    res = run(model, torch.randn(2, 3, 32, 32))
+    row = by(res.table("params").rows, "name", "0.weight")
+    assert row["grad_weight_ratio"] > 100 and row["status"] == "ok", row
+    assert row["scale_invariant"] and abs(row["orthogonal"]) <= 1e-3
+    assert any(f.code == "scale-invariant" and "cos(gradient, weight)" in f.message for f in res.findings)
+    assert res.exit_code == 0
+    model, inputs = load("broken_exploding.py:build")
+    broken = api_run("gradflow", model, inputs)
+    rows = {r["name"]: r for r in broken.table("params").rows}
+    assert rows["layers.3.weight"]["status"] == "exploding-grad" and not rows["layers.3.weight"]["scale_invariant"]
+    assert 0.01 < abs(rows["layers.3.weight"]["orthogonal"]) < 1
