@@ -4,6 +4,9 @@ by_design_gates.py, each a timm architecture in plain torch) are by design with 
 the broken samples stay broken."""
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
 from torchdiag.core import gates
@@ -134,3 +137,16 @@ def test_a_tiny_parameter_is_measured_by_its_gradient_norm():
     v = out.verdicts["blocks.0.gamma_xca"]
     assert abs(v.before - p.grad.norm().item()) <= 1e-6 * p.grad.norm().item()
     assert out.verdicts["blocks.0.gamma"].before > 1e3      # grad/weight of a 1e-6 parameter
+
+
+def test_an_exploding_gradient_is_transient_when_the_loss_ends_lower_even_after_an_overshoot():
+    """Measured on torchvision's ssd300_vgg16 (gradflow's re-check, Adam at 1e-3): the flagged gradients go
+    1413 -> 1.19 while the loss goes 95.8 -> 5327 (Adam's first step) -> 25.2 -> 23.5. The saturated unit
+    (tanh(1e5 x): 4.8e4 -> 445 while the loss rises 1.12 -> 1.9) and a run with a non-finite loss are not."""
+    from torchdiag.core.gates import loss_fell, transient
+
+    fell = loss_fell(95.8, [5327.0, 25.2, 23.5])
+    assert fell == pytest.approx(95.8 / 23.5) and transient(1413.0, 1.19, fell)
+    assert not transient(1413.0, 200.0, fell)                       # fell only 7x: not 10x the loss's 4x
+    assert math.isnan(loss_fell(1.12, [1.5, 1.7, 1.9])) and not transient(4.8e4, 445.0, loss_fell(1.12, [1.9]))
+    assert math.isnan(loss_fell(95.8, [float("inf"), 25.2, 23.5]))
