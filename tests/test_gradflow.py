@@ -1129,3 +1129,26 @@ def test_scale_invariance_is_measured_through_an_activation_before_the_norm():
     rows = {r["name"]: r for r in broken.table("params").rows}
     assert rows["layers.3.weight"]["status"] == "exploding-grad" and not rows["layers.3.weight"]["scale_invariant"]
     assert 0.01 < abs(rows["layers.3.weight"]["orthogonal"]) < 1
+
+
+def test_a_sparse_gradient_orthogonal_by_chance_is_not_called_scale_invariant():
+    """An embedding of 200,000 rows under a head drawn with std 5000: the gradient touches the batch's rows
+    only, so cos(gradient, weight) is 8e-4 although the loss is linear in the table's scale (doubled, it
+    doubles). The scale test on a copy says so, and the error stays."""
+    class Tokens(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(200_000, 64)
+            self.head = nn.Linear(64, 10)
+            with torch.no_grad():
+                self.head.weight.normal_(0, 5000.0)
+
+        def forward(self, ids):
+            return self.head(self.emb(ids).mean(1))
+
+    torch.manual_seed(0)
+    res = run(Tokens(), torch.randint(0, 200_000, (8, 12)), loss="cross_entropy")
+    row = by(res.table("params").rows, "name", "emb.weight")
+    assert abs(row["orthogonal"]) <= 1e-3 and not row["scale_invariant"], row
+    assert row["status"] == "exploding-grad"
+    assert any("doubled on a copy" in n and "0 scale-invariant" in n for n in res.notes), res.notes

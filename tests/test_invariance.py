@@ -185,3 +185,49 @@ def test_candidates_are_judged_beside_their_own_modules_other_gradients():
     norms = {"a.gain": 1e-3, "a.shift": 1e-12, "b.weight": 1e-12, "c.bias": 1e-12, "d.x": 0.0, "d.y": 0.0,
              "e.w": 2.0, "e.v": 1e-5, "e.u": None}
     assert small_beside_siblings(norms) == {"a.shift", "e.v"}   # alone (b, c), all zero (d): nothing to compare
+
+
+class HalfBiLSTM(nn.Module):
+    """Broken: a bidirectional LSTM of which only the forward half of the features is read. Shifting a
+    reverse-direction weight moves the LSTM's output, and the loss does not move: not because something
+    cancels it but because nothing reads it (the loss's gradient there is exactly 0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(8, 16, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.head(out[:, -1, :16])
+
+
+def test_a_parameter_whose_output_is_thrown_away_is_not_invariant():
+    torch.manual_seed(0)
+    model, x = HalfBiLSTM(), torch.randn(4, 5, 8)
+    st = statuses(api_run("gradflow", model, (x,), loss="cross_entropy"))
+    reverse = {n: s for n, s in st.items() if n.endswith("_reverse")}
+    assert reverse and all(s == "zero-grad" for s in reverse.values()), st
+    res = api_run("doctor", model, (x,), loss="cross_entropy")
+    stuck = {f.where for f in res.findings if f.code == "param-not-updated"}
+    assert not [f for f in res.findings if f.code == "invariant"], [f.message for f in res.findings]
+    assert stuck, [(f.code, f.where) for f in res.findings]
+
+
+class InPlaceShift(nn.Module):
+    """Scales and shifts its input in place and returns it: the first call's input must be kept as it was."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.gain = nn.Parameter(torch.linspace(0.5, 2, d))
+        self.shift = nn.Parameter(torch.tensor([0.3]))
+
+    def forward(self, x):
+        return x.mul_(self.gain).add_(self.shift)
+
+
+def test_a_shift_applied_in_place_and_cancelled_by_a_layer_norm_is_invariant():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), InPlaceShift(16), nn.LayerNorm(16), nn.ReLU(), nn.Linear(16, 4))
+    st = statuses(api_run("gradflow", model, (torch.randn(8, 8),), loss="cross_entropy"))
+    assert st["1.shift"] == "invariant", st

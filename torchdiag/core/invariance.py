@@ -49,11 +49,14 @@ def double(t):
 
 
 def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_RTOL) -> set[str]:
-    """The `names` the loss does not depend on although they act: shifted, their own module's output moves
-    and the loss does not (a following normalisation or softmax removes the shift). A parameter whose module's
-    output does not move either multiplies zeros (LayerNorm over one feature, a weight fed zeros): it does
-    nothing, and keeps its verdict. `work`: a float64 copy in the mode of the run (stochastic depth off);
-    `inputs` in float64 (double); loss_fn a fresh ctx.loss() (the same seeded target)."""
+    """The `names` the loss does not depend on although they act on what it reads: shifted, their own module's
+    output moves where the loss's gradient reaches it, and the loss does not (a following normalisation or
+    softmax removes the shift). A parameter whose module's output does not move multiplies zeros (LayerNorm
+    over one feature, a weight fed zeros), and one that moves only what no gradient reaches is thrown away (the
+    unused half of a bidirectional LSTM): both keep their verdicts. `work`: a float64 copy in the mode of the
+    run (stochastic depth off); `inputs` in float64 (double); loss_fn a fresh ctx.loss() (the same seeded
+    target). Cost: one forward + backward, the shifted forwards of bisect, two calls of a module alone per
+    cancelled name."""
     import torch
 
     params = dict(work.named_parameters())
@@ -64,7 +67,7 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
     def loss():
         with ctx.seeded():
             out = run_forward(work, inputs, phase="forward (re-check on a float64 copy)")
-            return loss_fn(out).detach().double().reshape(())
+            return loss_fn(out).double().reshape(())
 
     def shifted(group, measure):
         with torch.no_grad():
@@ -78,40 +81,60 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
                 for n, v in zip(group, saved):
                     params[n].copy_(v)
 
-    calls = _first_calls(work, {owner(n) for n in names})
+    calls = _FirstCalls(work, {owner(n) for n in names})
     try:
-        with torch.no_grad():
+        with torch.enable_grad():
             base = loss()
+            if base.requires_grad:
+                torch.autograd.backward(base)
+        base = base.detach()
     finally:
         calls.stop()
+    work.zero_grad(set_to_none=True)
 
     def moved(group) -> bool:
-        a, b = torch.stack([base, shifted(group, loss)]).tolist()
+        with torch.no_grad():
+            a, b = torch.stack([base, shifted(group, loss)]).tolist()
         return not (math.isfinite(a) and abs(a - b) <= rtol * max(abs(a), 1e-3))
 
-    return {n for n in bisect(names, moved) if calls.moves(n, lambda m, n=n: shifted([n], m), ctx)}
+    return {n for n in bisect(names, moved) if calls.reached(n, lambda m, n=n: shifted([n], m), ctx)}
 
 
-class _first_calls:
-    """The first call's arguments of each module in `wanted`, to run it again alone."""
+class _FirstCalls:
+    """Each wanted module's first call: its arguments (cloned: a forward may change its input in place) and
+    the loss's gradient at each floating output, to run the module again alone."""
 
     def __init__(self, work, wanted: set[str]):
         self.modules = {n: m for n, m in work.named_modules() if n in wanted}
         self.args: dict[str, tuple] = {}
-        self.handles = [m.register_forward_pre_hook(self._keep(n), with_kwargs=True) for n, m in self.modules.items()]
+        self.grads: dict[str, list] = {}
+        self.handles = [h for n, m in self.modules.items() for h in (
+            m.register_forward_pre_hook(self._keep(n), with_kwargs=True), m.register_forward_hook(self._watch(n)))]
 
     def _keep(self, name):
         def hook(_mod, args, kwargs):
-            self.args.setdefault(name, (args, kwargs))
+            self.args.setdefault(name, _cloned((args, kwargs)))
+        return hook
+
+    def _watch(self, name):
+        def hook(_mod, _args, out):
+            if name in self.grads:
+                return
+            outs = _floats(out)
+            self.grads[name] = [None] * len(outs)
+            for i, t in enumerate(outs):
+                if t.requires_grad:
+                    t.register_hook(lambda g, i=i: self.grads[name].__setitem__(i, g.detach()))
         return hook
 
     def stop(self):
         for h in self.handles:
             h.remove()
 
-    def moves(self, name: str, shifted, ctx) -> bool:
-        """Does shifting `name` move its own module's output (run alone on the first call's arguments)?
-        Unknown (no call seen, or the module fails alone) counts as moving: the loss verdict stands."""
+    def reached(self, name: str, shifted, ctx) -> bool:
+        """Does shifting `name` move its own module's output where the loss's gradient is not zero? The
+        module is run alone on its first call's arguments. Unknown (no call seen, the module fails alone)
+        counts as reached: the loss's verdict stands."""
         import torch
 
         mod, call = self.modules.get(owner(name)), self.args.get(owner(name))
@@ -119,19 +142,40 @@ class _first_calls:
             return True
 
         def out():
+            args, kwargs = _cloned(call)
             with ctx.seeded():
-                return [t.detach().double() for t in _floats(mod(*call[0], **call[1]))]
+                return [t.detach().clone() for t in _floats(mod(*args, **kwargs))]
 
         try:
             with torch.no_grad():
                 before, after = out(), shifted(out)
         except Exception:   # noqa: BLE001 - a module that cannot run alone: keep the loss's verdict
             return True
-        pairs = [(a, b) for a, b in zip(before, after) if a.numel()]
-        if len(before) != len(after) or any(a.shape != b.shape for a, b in pairs):
+        grads = self.grads.get(owner(name), [])
+        if len(before) != len(after) or any(a.shape != b.shape for a, b in zip(before, after)):
             return True
-        gaps = [(a - b).abs().max() - LOSS_RTOL * a.abs().max().clamp(min=1e-3) for a, b in pairs]
-        return bool(torch.stack(gaps).gt(0).any()) if gaps else False   # one read
+        hits = []
+        for i, (a, b) in enumerate(zip(before, after)):
+            g = grads[i] if i < len(grads) else None
+            if a.numel() == 0 or g is None or g.shape != a.shape:
+                continue
+            move = (a - b).abs() > LOSS_RTOL * a.abs().max().clamp(min=1e-3)
+            hits.append((move & (g != 0)).any())
+        return bool(torch.stack(hits).any()) if hits else False   # one read
+
+
+def _cloned(obj):
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, tuple):
+        return tuple(_cloned(o) for o in obj)
+    if isinstance(obj, list):
+        return [_cloned(o) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _cloned(v) for k, v in obj.items()}
+    return obj
 
 
 def _floats(out) -> list:

@@ -46,11 +46,10 @@ def param_rows(params: dict, pas, stats, modules, opts, lr: float = 1e-3, chosen
 
 
 def _orthogonal(rows, params, grads, opts, lr: float) -> None:
-    """Scale invariance measured, not guessed from the layout: a weight whose gradient is orthogonal to it
-    (|cos(g, w)| ≤ ORTHOGONAL) is one the loss ignores the scale of, to first order (d/da L(a w) = <g, w>):
-    ConvMixer's convolutions before a GELU and a BatchNorm (cos ≤ 3e-4), where the straight-into-a-norm test
-    does not see it; an exploding initialisation gives cos 0.03–0.1 (sample_models/broken_exploding.py).
-    Only for rows the thresholds call exploding: one read, none on a healthy model."""
+    """cos(gradient, weight) of each row the thresholds call exploding (one read; none on a healthy model):
+    near 0 for a weight whose scale the loss ignores (d/da L(a w) = <g, w>), the candidates recheck.py asks
+    directly whether they are scale-invariant. Not a verdict alone: a sparse gradient (an embedding's rows
+    not in the batch) or any gradient of a tensor with millions of elements is near-orthogonal by chance."""
     import torch
 
     from ...core.readback import read_back
@@ -62,11 +61,14 @@ def _orthogonal(rows, params, grads, opts, lr: float) -> None:
     dots = read_back([torch.dot(grads[r["name"]].detach().reshape(-1).double(),
                                 params[r["name"]].detach().reshape(-1).double()) for r in cands])
     for r, dot in zip(cands, dots):
-        r["orthogonal"] = cos = dot / (r["grad_norm"] * r["weight_norm"])
-        if abs(cos) <= ORTHOGONAL:
-            r["scale_invariant"] = True
-            r["status"] = status(r, opts, lr)
-            r["design"] = design_note(r, opts, lr)
+        r["orthogonal"] = dot / (r["grad_norm"] * r["weight_norm"])
+
+
+def mark_scale_invariant(row, opts, lr: float) -> None:
+    """A row measured scale-invariant (recheck.py): no longer exploding, with the info note why."""
+    row["scale_invariant"] = True
+    row["status"] = status(row, opts, lr)
+    row["design"] = design_note(row, opts, lr)
 
 
 def _plain(p, g) -> bool:
@@ -103,7 +105,7 @@ def status(row, opts, lr: float = 1e-3) -> str:
     return "ok"
 
 
-ORTHOGONAL = 1e-3   # |cos(gradient, weight)| at or below this: the loss ignores the weight's scale
+ORTHOGONAL = 1e-3   # |cos(gradient, weight)| at or below this: a candidate for the scale test (recheck.py)
 
 
 def design_note(row, opts, lr: float = 1e-3) -> dict | None:
@@ -118,7 +120,8 @@ def design_note(row, opts, lr: float = 1e-3) -> dict | None:
                 f"{lr * row['max_abs_grad']:.2g}); grad/weight {raw:.3g} says nothing about it")
     if row["scale_invariant"] and (row["grad_norm"] > opts.exploding or raw > opts.exploding_ratio):
         after = raw / (1 + (lr * raw) ** 2)
-        how = (f"the loss ignores its scale (measured: cos(gradient, weight) {row['orthogonal']:.1e})"
+        how = (f"the loss ignores its scale (measured on a copy: doubled, the loss stays and its gradient halves; "
+               f"cos(gradient, weight) {row['orthogonal']:.1e})"
                if row.get("orthogonal") is not None else "feeds a batch-statistics normalisation, so the loss ignores its scale")
         return _note("scale-invariant", f"{how}: its gradient (norm {row['grad_norm']:.3g}, grad/weight {raw:.3g}) is "
                      f"orthogonal to it and grows as 1/|w|; a step grows |w| instead, and one step at lr {lr:g} brings "

@@ -13,6 +13,8 @@ training run in gated.py.)
   feature encoder: 15 biases before InstanceNorm) costs a few forwards, not the verdict of the rest."""
 from __future__ import annotations
 
+import math
+
 from ...core.design import stochastic_depth_off
 from ...core.invariance import (
     LOSS_RTOL,
@@ -23,8 +25,12 @@ from ...core.invariance import (
 )
 from ...core.tracking import run_forward
 from ...errors import ModelError
+from .params import ORTHOGONAL, mark_scale_invariant
 
 RANDOM_DRAWS = 3    # further seeded passes for parameters the judged pass gave no gradient
+SCALE = 2.0         # the scale test doubles the candidates:
+LOSS_STAYS = 0.05   # the loss moves by at most this fraction of itself (ConvMixer: 0.7%, an embedding: 100%),
+HALVES = (0.4, 0.625)   # and each gradient's norm is multiplied by about 1/SCALE
 
 
 def bias_candidates(rows) -> list[dict]:
@@ -36,6 +42,7 @@ def bias_candidates(rows) -> list[dict]:
 def recheck(model, inputs, pas, rows, opts, ctx, result) -> None:
     biases = bias_candidates(rows) if ctx.device.type != "mps" else []   # mps has no float64
     try:
+        _scale_invariant(model, inputs, rows, opts, ctx, result)
         if biases:
             try:
                 _invariant(_copy(model, opts, ctx, as_double=True), inputs.map(double), biases, ctx.loss(), ctx)
@@ -46,6 +53,52 @@ def recheck(model, inputs, pas, rows, opts, ctx, result) -> None:
             _skipped_at_random(_copy(model, opts, ctx), inputs, rows, ctx, result)
     except ModelError as exc:   # no copy, or the copy's forward failed: keep the plain verdicts
         result.notes.append(f"cancelled gradients not re-checked on a copy: {exc.message}")
+
+
+def _scale_invariant(model, inputs, rows, opts, ctx, result) -> None:
+    """Weights the thresholds call exploding whose gradient is near-orthogonal to them (params.py), asked on a
+    copy: doubled together, the loss stays within LOSS_STAYS of itself and each one's gradient halves (within
+    HALVES): the loss ignores their scale, and a step grows |w| instead (timm ConvMixer's convolutions before
+    GELU and BatchNorm: the loss -0.08% to -0.7%, gradients x0.505-0.51). An embedding the loss is linear in fails (its
+    gradient is near-orthogonal only because it is sparse). One candidate that is not invariant moves the loss
+    and keeps them all exploding. Cost: 2 forward/backward passes, only when a candidate exists."""
+    import torch
+
+    from ...core.readback import read_back
+
+    cands = [r for r in rows if r["status"] == "exploding-grad" and r["orthogonal"] is not None
+             and abs(r["orthogonal"]) <= ORTHOGONAL]
+    if not cands:
+        return
+    work = _copy(model, opts, ctx)
+    params = dict(work.named_parameters())
+    cands = [r for r in cands if r["name"] in params]
+    base = _loss_and_norms(work, inputs, [r["name"] for r in cands], ctx)
+    with torch.no_grad():
+        for r in cands:
+            params[r["name"]].mul_(SCALE)
+    values = read_back(base + _loss_and_norms(work, inputs, [r["name"] for r in cands], ctx))
+    k = len(cands) + 1
+    (l0, *g0), (l1, *g1) = values[:k], values[k:]
+    stays = math.isfinite(l0) and math.isfinite(l1) and abs(l1 - l0) <= LOSS_STAYS * max(abs(l0), 1e-12)
+    confirmed = [r for r, a, b in zip(cands, g0, g1) if stays and a > 0 and HALVES[0] <= b / a <= HALVES[1]]
+    for r in confirmed:
+        mark_scale_invariant(r, opts, ctx.spec.optimizer.learning_rate)
+    result.notes.append(f"{len(cands)} weight(s) with large gradients orthogonal to them doubled on a copy (2 "
+                        f"forward/backward passes): {len(confirmed)} scale-invariant (the loss {l0:.4g} → {l1:.4g})")
+
+
+def _loss_and_norms(work, inputs, names: list[str], ctx) -> list:
+    from ...core import train
+
+    work.zero_grad(set_to_none=True)
+    with ctx.seeded():
+        loss = ctx.loss()(run_forward(work, inputs, phase="forward (scale re-check, on a copy)"))
+    train.backward(loss)
+    params = dict(work.named_parameters())
+    zero = loss.detach().double().reshape(()) * 0
+    return [loss.detach().double().reshape(())] + [
+        params[n].grad.detach().double().norm() if params[n].grad is not None else zero for n in names]
 
 
 def _skipped_at_random(work, inputs, rows, ctx, result) -> None:
