@@ -1151,4 +1151,26 @@ def test_a_sparse_gradient_orthogonal_by_chance_is_not_called_scale_invariant():
     row = by(res.table("params").rows, "name", "emb.weight")
     assert abs(row["orthogonal"]) <= 1e-3 and not row["scale_invariant"], row
     assert row["status"] == "exploding-grad"
-    assert any("doubled on a copy" in n and "0 scale-invariant" in n for n in res.notes), res.notes
+    assert any("doubled one at a time on a copy" in n and "0 scale-invariant" in n for n in res.notes), res.notes
+
+
+def test_a_weight_whose_scale_only_another_compensates_is_not_scale_invariant():
+    """Two embeddings, h = a(ids) / |b(ids)| (a second review's case): doubled together the loss stays and
+    both gradients halve, but doubled alone `a` doubles the loss. Each candidate is doubled on its own."""
+    class Tokens(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.head = nn.Embedding(50_000, 64), nn.Embedding(50_000, 64), nn.Linear(64, 10)
+            with torch.no_grad():
+                self.a.weight[100:].mul_(100.0)     # rows the batch never reads are large: the cosine is diluted
+                self.b.weight[:100].mul_(1e-2)
+                self.head.weight.normal_(0, 150.0)
+
+        def forward(self, ids):
+            return self.head((self.a(ids) / self.b(ids).norm(dim=-1, keepdim=True)).mean(1))
+
+    torch.manual_seed(0)
+    res = run(Tokens(), torch.randint(0, 100, (8, 12)), loss="cross_entropy")
+    row = by(res.table("params").rows, "name", "a.weight")
+    assert row["orthogonal"] is not None and abs(row["orthogonal"]) <= 1e-3, row
+    assert row["status"] == "exploding-grad" and not row["scale_invariant"], row

@@ -231,3 +231,48 @@ def test_a_shift_applied_in_place_and_cancelled_by_a_layer_norm_is_invariant():
     model = nn.Sequential(nn.Linear(8, 16), InPlaceShift(16), nn.LayerNorm(16), nn.ReLU(), nn.Linear(16, 4))
     st = statuses(api_run("gradflow", model, (torch.randn(8, 8),), loss="cross_entropy"))
     assert st["1.shift"] == "invariant", st
+
+
+class HalfRead(nn.Module):
+    """Broken, as HalfBiLSTM, with the parameters in a ParameterDict read by a matmul: their module is never
+    called, so nothing says the shift acts on what the loss reads: the verdict stays."""
+
+    def __init__(self):
+        super().__init__()
+        self.p = nn.ParameterDict({"fwd": nn.Parameter(torch.randn(8, 16) * 0.3),
+                                   "bwd": nn.Parameter(torch.randn(8, 16) * 0.3)})
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.head(torch.tanh(x @ torch.cat([self.p["fwd"], self.p["bwd"]], 1))[:, :16])
+
+
+class OnceMasked(nn.Module):
+    """Reads a mask its parent sets for one call: it cannot run again alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.fwd = nn.Parameter(torch.randn(8, 16) * 0.3)
+        self.bwd = nn.Parameter(torch.randn(8, 16) * 0.3)
+        self.mask = None
+
+    def forward(self, x):
+        m, self.mask = self.mask, None
+        return torch.tanh(x @ torch.cat([self.fwd, self.bwd], 1)) * m
+
+
+class HalfMasked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.g, self.head = OnceMasked(), nn.Linear(16, 4)
+
+    def forward(self, x):
+        self.g.mask = torch.ones(1, 32, dtype=x.dtype)
+        return self.head(self.g(x)[:, :16])
+
+
+def test_unknown_reach_keeps_the_verdict():
+    for model, name in ((HalfRead(), "p.bwd"), (HalfMasked(), "g.bwd")):
+        torch.manual_seed(0)
+        st = statuses(api_run("gradflow", model, (torch.randn(8, 8),), loss="cross_entropy"))
+        assert st[name] == "zero-grad", (name, st)

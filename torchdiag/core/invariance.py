@@ -133,13 +133,14 @@ class _FirstCalls:
 
     def reached(self, name: str, shifted, ctx) -> bool:
         """Does shifting `name` move its own module's output where the loss's gradient is not zero? The
-        module is run alone on its first call's arguments. Unknown (no call seen, the module fails alone)
-        counts as reached: the loss's verdict stands."""
+        module is run alone on its first call's arguments. Unknown (its module never called: a parameter read
+        from a ParameterDict or by F.linear elsewhere; the module fails alone; its outputs change shape) counts
+        as not reached: the parameter keeps its verdict."""
         import torch
 
         mod, call = self.modules.get(owner(name)), self.args.get(owner(name))
         if mod is None or call is None:
-            return True
+            return False
 
         def out():
             args, kwargs = _cloned(call)
@@ -149,11 +150,11 @@ class _FirstCalls:
         try:
             with torch.no_grad():
                 before, after = out(), shifted(out)
-        except Exception:   # noqa: BLE001 - a module that cannot run alone: keep the loss's verdict
-            return True
+        except Exception:   # noqa: BLE001 - a module that cannot run alone: not known to act, keep the verdict
+            return False
         grads = self.grads.get(owner(name), [])
         if len(before) != len(after) or any(a.shape != b.shape for a, b in zip(before, after)):
-            return True
+            return False
         hits = []
         for i, (a, b) in enumerate(zip(before, after)):
             g = grads[i] if i < len(grads) else None
@@ -179,6 +180,8 @@ def _cloned(obj):
 
 
 def _floats(out) -> list:
+    import dataclasses
+
     import torch
 
     if isinstance(out, torch.Tensor):
@@ -187,6 +190,8 @@ def _floats(out) -> list:
         return [t for o in out for t in _floats(o)]
     if isinstance(out, dict):
         return [t for o in out.values() for t in _floats(o)]
+    if dataclasses.is_dataclass(out) and not isinstance(out, type):
+        return [t for f in dataclasses.fields(out) for t in _floats(getattr(out, f.name, None))]
     return []
 
 
