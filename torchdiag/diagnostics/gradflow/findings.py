@@ -232,7 +232,7 @@ def _why(kind, cause) -> str:
                             "its norm a step) in a short training run on a copy: the optimizer's step is bounded",
             "transient-grad": "in a short training run on a copy each gradient's norm came back within --exploding, "
                               "falling at least 10x further than the loss did, in a run whose loss stayed finite and "
-                              "ended lower than it started: a property of the "
+                              "went below its start: a property of the "
                               "initial values, which the first steps leave (judged with the re-check's optimizer: "
                               "--optimizer sgd takes steps that scale with the gradient)",
             "skipped-at-random": "the forward draws at random which layers run in train mode (LayerDrop-like); "
