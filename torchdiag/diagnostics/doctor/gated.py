@@ -94,7 +94,6 @@ def _bias_candidates(work, names: list[str]) -> list[str]:
     (core/invariance.small_beside_siblings): what a following normalisation cancels. A parameter behind a tiny
     gate has a tiny gradient with its siblings alike, and a loss that moves too little to tell: the short
     training run judges it. One read for all."""
-
     from ...core.readback import read_back
 
     mods = {module_of(n) for n in names}

@@ -38,14 +38,13 @@ def param_rows(params: dict, pas, stats, modules, opts, lr: float = 1e-3, chosen
         else:
             row["reason"], row["why"] = why(n, pas.rec, pas.reach, modules)
             row["status"] = NOT_REACHED if chosen and row["reason"] == "unused" else "no-grad"
+        row["allowed"] = row["status"] not in ("ok", "frozen") and any(fnmatch.fnmatchcase(n, pat) for pat in opts.allow)
         rows.append(row)
-    _orthogonal(rows, params, pas.grads, opts, lr)
-    for row in rows:
-        row["allowed"] = row["status"] not in ("ok", "frozen") and any(fnmatch.fnmatchcase(row["name"], pat) for pat in opts.allow)
+    _orthogonal(rows, params, pas.grads)
     return rows
 
 
-def _orthogonal(rows, params, grads, opts, lr: float) -> None:
+def _orthogonal(rows, params, grads) -> None:
     """cos(gradient, weight) of each row the thresholds call exploding (one read; none on a healthy model):
     near 0 for a weight whose scale the loss ignores (d/da L(a w) = <g, w>), the candidates recheck.py asks
     directly whether they are scale-invariant. Not a verdict alone: a sparse gradient (an embedding's rows
@@ -66,7 +65,7 @@ def _orthogonal(rows, params, grads, opts, lr: float) -> None:
 
 def mark_scale_invariant(row, opts, lr: float) -> None:
     """A row measured scale-invariant (recheck.py): no longer exploding, with the info note why."""
-    row["scale_invariant"] = True
+    row["scale_invariant"], row["allowed"] = True, False
     row["status"] = status(row, opts, lr)
     row["design"] = design_note(row, opts, lr)
 
