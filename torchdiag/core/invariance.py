@@ -44,6 +44,17 @@ def small_beside_siblings(norms: dict[str, float | None]) -> set[str]:
     return out
 
 
+def small_in_modules(grads: dict, names) -> tuple[set[str], dict[str, float]]:
+    """small_beside_siblings over the gradients (name -> tensor or None) of the modules that hold `names`:
+    (the small names, every norm read), in one read."""
+    from .readback import read_back
+
+    mods = {owner(n) for n in names}
+    pool = [n for n, g in grads.items() if g is not None and owner(n) in mods]
+    norms = dict(zip(pool, read_back([grads[n].detach().double().norm() for n in pool]))) if pool else {}
+    return small_beside_siblings(norms), norms
+
+
 def double(t):
     return t.double() if t.is_floating_point() else t
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ...core import gates, invariance
 from ...errors import ModelError
-from .shared import module_of, name
+from .shared import name
 
 CODE = "by-design-init"
 
@@ -68,7 +68,7 @@ def invariant(work, before, inputs, ctx, names: list[str], result, prepare) -> s
     """The `names` (not updated) the loss does not depend on at all (core/invariance.py: a bias cancelled by a
     following batch-statistics normalisation or softmax): no step can move them, by design. Tested on a float64
     copy at initialisation, in the run's mode; on mps (no float64) nothing is."""
-    names = _bias_candidates(work, names)
+    names = _candidates(work, names)
     if not names or ctx.device.type == "mps":
         return set()
     try:
@@ -89,19 +89,12 @@ def invariant(work, before, inputs, ctx, names: list[str], result, prepare) -> s
     return found
 
 
-def _bias_candidates(work, names: list[str]) -> list[str]:
+def _candidates(work, names: list[str]) -> list[str]:
     """The `names` whose gradient is below INVARIANT_GRAD_FACTOR of another gradient of the same module
     (core/invariance.small_beside_siblings): what a following normalisation cancels. A parameter behind a tiny
     gate has a tiny gradient with its siblings alike, and a loss that moves too little to tell: the short
-    training run judges it. One read for all."""
-    from ...core.readback import read_back
-
-    mods = {module_of(n) for n in names}
-    pool = [(n, p.grad) for n, p in work.named_parameters() if p.grad is not None and module_of(n) in mods]
-    if not pool:
-        return []
-    norms = dict(zip([n for n, _ in pool], read_back([g.detach().double().norm() for _, g in pool])))
-    small = invariance.small_beside_siblings(norms)
+    training run judges it."""
+    small, _ = invariance.small_in_modules({n: p.grad for n, p in work.named_parameters()}, names)
     return [n for n in names if n in small]
 
 

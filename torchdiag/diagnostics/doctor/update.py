@@ -343,15 +343,8 @@ def _grown(zero, grads: dict) -> set[str]:
     """The names in `zero` whose gradient is non-zero after the step, beyond rounding. A parameter cancelled
     by a following normalisation gets rounding noise (~1e-9 of its module's other gradients, more or less by
     CPU kernel), which is not a gate opening: below INVARIANT_GRAD_FACTOR of the largest of them it still
-    counts as zero. One read for all."""
-    from ...core.readback import read_back
-
-    mods = {module_of(n) for n in zero}
-    pool = [n for n, g in grads.items() if g is not None and module_of(n) in mods]
-    if not pool:
-        return set()
-    norms = dict(zip(pool, read_back([grads[n].detach().double().norm() for n in pool])))
-    small = invariance.small_beside_siblings(norms)
+    counts as zero."""
+    small, norms = invariance.small_in_modules(grads, zero)
     return {n for n in zero if norms.get(n, 0.0) > 0 and n not in small}
 
 

@@ -10,6 +10,8 @@ from ...core.unreached import NOT_REACHED, why
 from .design import is_tiny, rms
 from .stats import L1, L2, LINF, WEIGHT
 
+ORTHOGONAL = 1e-3   # |cos(gradient, weight)| at or below this: a candidate for the scale test (recheck.py)
+
 
 def param_rows(params: dict, pas, stats, modules, opts, lr: float = 1e-3, chosen: bool = False) -> list[dict]:
     """`lr`: the run's learning rate, for the update size of a tiny-by-construction parameter. `chosen`: the
@@ -102,9 +104,6 @@ def status(row, opts, lr: float = 1e-3) -> str:
     if (ratio if ratio is not None else row["grad_norm"]) < opts.vanishing:
         return "vanishing-grad"
     return "ok"
-
-
-ORTHOGONAL = 1e-3   # |cos(gradient, weight)| at or below this: a candidate for the scale test (recheck.py)
 
 
 def design_note(row, opts, lr: float = 1e-3) -> dict | None:

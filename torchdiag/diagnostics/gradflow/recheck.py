@@ -34,25 +34,25 @@ HALVES = (0.4, 0.625)   # and each gradient's norm is multiplied by about 1/SCAL
 MAX_SCALED = 16     # candidates doubled at most (the rest keep exploding-grad)
 
 
-def bias_candidates(rows) -> list[dict]:
+def cancelled_candidates(rows) -> list[dict]:
     """Rows whose gradient is below INVARIANT_GRAD_FACTOR of another gradient of the same module."""
     small = small_beside_siblings({r["name"]: r["grad_norm"] for r in rows})
     return [r for r in rows if r["name"] in small and r["status"] in ("ok", "vanishing-grad", "zero-grad")]
 
 
 def recheck(model, inputs, pas, rows, opts, ctx, result) -> None:
-    biases = bias_candidates(rows) if ctx.device.type != "mps" else []   # mps has no float64
+    cands = cancelled_candidates(rows) if ctx.device.type != "mps" else []   # mps has no float64
     try:
         _scale_invariant(model, inputs, rows, opts, ctx, result)
     except ModelError as exc:   # no copy, or its forward failed: the exploding verdicts stand
         result.notes.append(f"large orthogonal gradients not re-checked for scale invariance: {exc.message}")
     try:
-        if biases:
+        if cands:
             try:
-                _invariant(_copy(model, opts, ctx, as_double=True), inputs.map(double), biases, ctx.loss(), ctx)
+                _invariant(_copy(model, opts, ctx, as_double=True), inputs.map(double), cands, ctx.loss(), ctx)
             except ModelError as exc:   # a forward that makes float32 tensors of its own: float32, looser
-                result.notes.append(f"cancelled biases re-checked in float32 (the float64 copy failed: {exc.message})")
-                _invariant(_copy(model, opts, ctx), inputs, biases, ctx.loss(), ctx, LOSS_RTOL_FLOAT32)
+                result.notes.append(f"cancelled parameters re-checked in float32 (the float64 copy failed: {exc.message})")
+                _invariant(_copy(model, opts, ctx), inputs, cands, ctx.loss(), ctx, LOSS_RTOL_FLOAT32)
         if any(r["status"] == "no-grad" for r in rows) and not opts.eval_mode:
             _skipped_at_random(_copy(model, opts, ctx), inputs, rows, ctx, result)
     except ModelError as exc:   # no copy, or the copy's forward failed: keep the plain verdicts
@@ -83,8 +83,7 @@ def _scale_invariant(model, inputs, rows, opts, ctx, result) -> None:
     for n in names:
         with torch.no_grad():
             params[n].mul_(SCALE)
-        loss, *norms = _loss_and_norms(work, inputs, names, ctx)
-        scalars += [loss, norms[names.index(n)]]
+        scalars += _loss_and_norms(work, inputs, [n], ctx)
         with torch.no_grad():
             params[n].div_(SCALE)
     values = read_back(scalars)
