@@ -630,6 +630,30 @@ def test_nested_fast_path_output_does_not_crash(cli):
     assert max_diff(nested, nested) == 0.0 and scale({"h": nested}) == 2.0
 
 
+def test_fingerprint_in_pieces_matches_the_whole_tensor():
+    # the CPU fingerprints a tensor piece by piece (heap fragmentation: timm convmixer_768_32 reached 14 GB);
+    # the sums, the ±1 pattern's sum and the non-finite count must be those of the whole tensor, computed here
+    # independently in numpy with the pattern repeated from the tensor's first element
+    import numpy as np
+
+    from torchdiag.diagnostics.doctor import determinism as det
+
+    n = int(det.CPU_PIECE * 2.5) + 7
+    x = torch.randn(n, generator=torch.Generator().manual_seed(1))
+    x[5], x[det.CPU_PIECE + 3], x[-1] = float("inf"), float("nan"), -float("inf")
+    det._fingerprint(torch.zeros(1))   # builds the pattern
+    w = det._PATTERNS[torch.device("cpu")].numpy()
+    v = np.where(np.isfinite(x.double().numpy()), x.double().numpy(), 0.0)
+    truth = [v.sum(), np.abs(v).sum(), (v * np.resize(w, n)).sum(), 3.0]
+    fp = [float(f) for f in det._fingerprint(x)]
+    assert np.allclose(fp, truth, rtol=1e-12, atol=1e-6), (fp, truth)
+    # a swap of two unequal values in different pieces, at positions whose pattern signs differ, is seen
+    i = next(i for i in range(det.CPU_PIECE, 2 * det.CPU_PIECE) if w[i % det.WEIGHTS] != w[10] and x[i] != x[10])
+    y = x.clone()
+    y[10], y[i] = x[i], x[10]
+    assert not det._same_fp(fp, [float(f) for f in det._fingerprint(y)])
+
+
 def test_a_gate_at_initialisation_is_not_param_not_updated(untouched):
     # issue 26 (timm cait_xxs24_224): patch blocks read only through class-attention blocks, each branch
     # under a 1e-6 layer scale: two gates multiply, the gradients of norm1.weight are ~1e-13 and Adam's

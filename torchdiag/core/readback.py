@@ -4,13 +4,17 @@ from __future__ import annotations
 
 
 def read_back(scalars) -> list[float]:
-    """The values of 0-dim tensors, one host sync per device (one on a single-device model)."""
+    """The values of 0-dim tensors, one host sync per device (one on a single-device model); a Python number
+    (a value already read) passes through."""
     import torch
 
     by_device: dict = {}
-    for i, s in enumerate(scalars):
-        by_device.setdefault(s.device, []).append(i)
     out = [0.0] * len(scalars)
+    for i, s in enumerate(scalars):
+        if isinstance(s, (int, float)):
+            out[i] = float(s)
+        else:
+            by_device.setdefault(s.device, []).append(i)
     for idx in by_device.values():
         values = torch.stack([scalars[i].detach().reshape(()).to(torch.float64) for i in idx]).tolist()
         for i, v in zip(idx, values):
