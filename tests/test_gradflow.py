@@ -1174,3 +1174,27 @@ def test_a_weight_whose_scale_only_another_compensates_is_not_scale_invariant():
     row = by(res.table("params").rows, "name", "a.weight")
     assert row["orthogonal"] is not None and abs(row["orthogonal"]) <= 1e-3, row
     assert row["status"] == "exploding-grad" and not row["scale_invariant"], row
+
+
+class FaintBranch(nn.Module):
+    """A branch scaled by a constant 1e-9 beside a normal one: its gradients stay ~1e-9 whatever training does;
+    its bias starts at zero."""
+
+    def __init__(self):
+        super().__init__()
+        self.main, self.faint = nn.Linear(8, 3), nn.Linear(8, 3)
+        nn.init.zeros_(self.faint.bias)
+
+    def forward(self, x):
+        return self.main(x) + 1e-9 * self.faint(x)
+
+
+def test_a_zero_init_bias_is_judged_by_its_gradient_norm_before_and_after_the_run():
+    # found by a review on hf speecht5/cohere_asr/dab-detr: a zero bias is measured by its gradient norm at the
+    # start; after 3 Adam steps its norm is ~1e-4 and grad/weight would make an unchanged 1e-9 gradient look
+    # 1e4x grown (by-design-init, "resolves by itself"). Measured the same way both times, it stays vanishing.
+    torch.manual_seed(0)
+    res = run(FaintBranch(), torch.randn(16, 8))
+    st = statuses(res)
+    assert st["faint.bias"] == "vanishing-grad" and st["faint.weight"] == "vanishing-grad", st
+    assert st["main.bias"] == "ok" and res.exit_code == 0

@@ -130,14 +130,15 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
     params = _params(work)
     v0 = {n: p.detach().clone() for n, p in params.items()}
     loss_fn = ctx.loss()
-    m0 = _measure(work, inputs, flags, ctx, loss_fn)
+    start = _start_norms(params, flags)
+    m0 = _measure(work, inputs, flags, ctx, loss_fn, start)
     optimizer = ctx.optimizer([p for p in params.values() if p.requires_grad])
     mk, moved, run = m0, {}, []
     for k in range(steps):
         last = k == steps - 1
         before = {f.name: params[f.name].detach().clone() for f in flags if last and f.kind == "param-not-updated"}
         train.step(optimizer)
-        mk = _measure(work, inputs, flags, ctx, loss_fn)
+        mk = _measure(work, inputs, flags, ctx, loss_fn, start)
         run.append(mk[-1])     # the loss after each step: did the run diverge?
         # after the next forward: a forward that writes the parameter back has undone the step
         moved = {n: params[n].detach().ne(b).any() for n, b in before.items()}
@@ -220,10 +221,18 @@ def _params(work) -> dict:
     return dict({id(p): (n, p) for n, p in work.named_parameters()}.values())
 
 
-def _measure(work, inputs, flags, ctx, loss_fn) -> list:
+def _start_norms(params: dict, flags) -> dict:
+    """The norms at the start of the flagged grad/weight parameters (0-d device tensors, not read)."""
+    return {f.name: _real(params[f.name]).norm() for f in flags
+            if f.kind in ("vanishing-grad", "exploding-grad") and f.name in params}
+
+
+def _measure(work, inputs, flags, ctx, loss_fn, start: dict) -> list:
     """One forward + backward: each flag's measure as a 0-d device tensor (read back by the caller).
-    Grad kinds: grad/weight (vanishing; the grad norm when the weight is zero), max |grad| (zero-grad),
-    the grad norm (param-not-updated); dead-units: the dead fraction of the module's input units."""
+    Grad kinds: grad/weight (vanishing; the grad norm when the weight was zero at the start, `start`: a zero-init
+    bias a few steps later has a norm of ~lr x steps, and dividing by it would call its unchanged gradient grown
+    1e3-1e7x), max |grad| (zero-grad), the grad norm (param-not-updated); dead-units: the dead fraction of the
+    module's input units."""
     import torch
 
     modules = dict(work.named_modules())
@@ -259,7 +268,8 @@ def _measure(work, inputs, flags, ctx, loss_fn) -> list:
             out.append(g.detach().abs().amax().float())
         elif f.kind in ("vanishing-grad", "exploding-grad"):
             gn, wn = _real(g).norm(), _real(p).norm()
-            out.append(gn if f.by_norm else torch.where(wn > 0, gn / wn.clamp_min(1e-38), gn))
+            w0 = start.get(f.name, wn)
+            out.append(gn if f.by_norm else torch.where(w0 > 0, gn / wn.clamp_min(1e-38), gn))
         else:
             out.append(_real(g).norm())
     out.append(torch.stack(whole).sum().sqrt() if whole else zero)   # the whole gradient's norm,
@@ -456,7 +466,8 @@ def _values(model, inputs, flags, setting: dict, ctx, eval_mode, prepare, loss_f
 
     work = fresh_copy(model, ctx, eval_mode, prepare)
     params = _params(work)
+    start = _start_norms(params, flags)
     with torch.no_grad():
         for n, value in setting.items():
             params[n].copy_(value)
-    return read_back(_measure(work, inputs, flags, ctx, loss_fn))
+    return read_back(_measure(work, inputs, flags, ctx, loss_fn, start))
