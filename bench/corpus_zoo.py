@@ -7,7 +7,9 @@
 - transformers: every model type in CONFIG_MAPPING whose config, shrunk (hidden size 32, 2 layers, 4
   heads, vocabulary 1000 …, sub-configs too), an Auto class builds without remote code; the task is the
   first Auto mapping that holds the type (causal LM, masked LM, seq2seq, image classification, base; seq2seq
-  first for a type that has a seq2seq LM, so an encoder-decoder is built whole).
+  first for a type that has a seq2seq LM, so an encoder-decoder is built whole). A config whose model torchdiag's
+  summary cannot run (exit 3) gives way to the next: shrunk, the default config with only its depth cut to 2
+  layers, the default config (up to 150 M parameters); none runs, the first that builds is kept.
 
 Models are run as a user runs them: `torchvision:NAME`, `timm:NAME` and `hf:FOLDER` (the shrunk
 config saved to build/corpus-hf/TYPE/config.json) with their default inputs (core/sources.py).
@@ -223,6 +225,97 @@ def _every_kind(config, old: int, new: int) -> int:
     return min(need, old)
 
 
+def _cut_depth(config, floor: int = 2) -> None:
+    """The default config with only its depth cut (to 2 layers, one of every kind; sub-configs too), its widths
+    as the model's authors set them: for a type whose widths do not shrink independently (LiLT's layout width
+    is a fraction of its hidden size, SAM's neck reads its encoder's width)."""
+    from transformers import PretrainedConfig
+
+    for key in LAYER_COUNTS + ("encoder_layers", "decoder_layers", "num_decoder_layers", "num_encoder_layers"):
+        old = vars(config).get(key)
+        if isinstance(old, int) and not isinstance(old, bool) and old > floor:
+            new = _every_kind(config, old, floor)
+            setattr(config, key, new)
+            for k, v in list(vars(config).items()):
+                if isinstance(v, list) and len(v) == old and old != new:
+                    setattr(config, k, v[:new])
+    for value in list(vars(config).values()):
+        if isinstance(value, PretrainedConfig):
+            _cut_depth(value, floor)
+
+
+def _configs(model_type: str):
+    """(how, make the config) in the order tried: shrunk (the dependent sizes too, then only the main ones),
+    the default config with its depth cut, the default config."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    def shrunk(derived):
+        config = CONFIG_MAPPING[model_type]()
+        shrink(config, derived)
+        return _as_read_back(config)
+
+    def cut():
+        config = CONFIG_MAPPING[model_type]()
+        whole = config.to_json_string()
+        _cut_depth(config)
+        if config.to_json_string() == whole:
+            raise ValueError("no depth to cut")     # the default config itself, tried next
+        return _as_read_back(config)
+
+    yield "shrunk config", lambda: shrunk(True)
+    yield "shrunk config", lambda: shrunk(False)
+    yield "default config, depth cut", cut
+    yield "default config", lambda: CONFIG_MAPPING[model_type]()
+
+
+def _pick_config(model_type: str, cls, folder: Path):
+    """(how, config, parameters, why not) for the first config that builds (on meta; a default one within MAX_DEFAULT
+    parameters) and whose model torchdiag's summary runs with its default inputs (a forward on the CPU, seconds: a
+    shrunk width can break a model's own constraints, as LiLT's and SAM's). None runs: the first that builds, saved to
+    `folder` (the zoo run records its failure). None builds: parameters None and why."""
+    built, why = None, "does not build from the shrunk or the default config (on meta)"
+    for how, make in _configs(model_type):
+        try:
+            config = make()
+        except Exception:  # noqa: BLE001 - a config that refuses the sizes
+            continue
+        params = meta_params(lambda config=config: cls._from_config(config))
+        if params is None:
+            continue
+        if params > MAX_DEFAULT and how != "shrunk config":    # a shrunk config runs at any size, as before
+            why = f"builds only above {MAX_DEFAULT / 1e6:.0f} M parameters ({how}: {params / 1e6:.0f} M, on meta)"
+            continue
+        config.architectures = [cls.__name__]
+        config.save_pretrained(folder)
+        built = built or (how, config, params)
+        if _summary_runs(folder):
+            return how, config, params, None
+    if built is None:    # the default config saved all the same; the row says why it is not run
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        config = CONFIG_MAPPING[model_type]()
+        config.architectures = [cls.__name__]
+        config.save_pretrained(folder)
+        return "default config", config, None, why
+    built[1].save_pretrained(folder)
+    return (*built, None)
+
+
+def _summary_runs(folder: Path) -> bool:
+    """Whether `torchdiag summary hf:FOLDER` (in process, default inputs, CPU) gets past the model's forward: any
+    exit but 3 (exit 4, torchdiag's own failure, is not a reason to try another config)."""
+    from types import SimpleNamespace
+
+    import corpus
+
+    entry = SimpleNamespace(spec=f"hf:{folder}", args=[])
+    try:
+        model, inputs = corpus.load_spec(entry, "cpu")
+    except Exception:  # noqa: BLE001 - a model the loader refuses: the zoo run records why
+        return False
+    return corpus.run_command("summary", model, inputs)["exit"] != 3
+
+
 def hf_zoo() -> list[dict]:
     import transformers
     from transformers.models.auto import modeling_auto
@@ -242,36 +335,16 @@ def hf_zoo() -> list[dict]:
             continue     # no Auto class builds it (a config-only or sub-model type)
         try:
             cls = getattr(transformers, getattr(modeling_auto, dict(HF_TASKS)[task])[model_type])
-            config = CONFIG_MAPPING[model_type]()
-            how = "shrunk config"
-            params = None
-            for derived in (True, False):   # the dependent sizes too, then (refused) only the main ones
-                try:
-                    config = CONFIG_MAPPING[model_type]()
-                    shrink(config, derived)
-                    config = _as_read_back(config)
-                    params = meta_params(lambda: cls._from_config(config))
-                except Exception:  # noqa: BLE001 - a config that refuses the shrunk sizes
-                    params = None
-                if params is not None:
-                    break
-            if params is None:   # the default config, when it builds and is small enough to run
-                how = "default config"
-                config = CONFIG_MAPPING[model_type]()
-                params = meta_params(lambda: cls._from_config(config))
-                params = params if params is not None and params <= MAX_DEFAULT else None
-            folder = HF_DIR / model_type
-            config.architectures = [cls.__name__]
-            config.save_pretrained(folder)
+            how, config, params, why = _pick_config(model_type, cls, HF_DIR / model_type)
         except Exception as exc:  # noqa: BLE001 - recorded: not buildable from a small config
             row.update(build_error=f"{type(exc).__name__}: {str(exc)[:200]}")
             out.append(row)
             continue
         # the spec relative to the repository root (make corpus runs there)
-        row.update(spec=f"hf:{folder.relative_to(HERE.parent)}", why=f"transformers {model_type} ({cls.__name__}, {how})", params=params)
-        if params is None:
-            row["build_error"] = (f"builds neither from the shrunk config nor from the default one within "
-                                  f"{MAX_DEFAULT / 1e6:.0f} M parameters (on meta)")
+        row.update(spec=f"hf:{(HF_DIR / model_type).relative_to(HERE.parent)}", params=params,
+                   why=f"transformers {model_type} ({cls.__name__}, {how})")
+        if why:
+            row["build_error"] = why
         out.append(row)
         print(f"hf {model_type}: {cls.__name__} {params}", file=sys.stderr, flush=True)
     return out
