@@ -652,6 +652,12 @@ def test_fingerprint_in_pieces_matches_the_whole_tensor():
     y = x.clone()
     y[10], y[i] = x[i], x[10]
     assert not det._same_fp(fp, [float(f) for f in det._fingerprint(y)])
+    # sums that overflow across pieces (float64 near its range): inf as a tensor sum gives, no exception
+    import math
+
+    big = torch.full((2 * det.CPU_PIECE,), 1e302, dtype=torch.float64)   # each piece's sum finite, both: not
+    fp = det._fingerprint(big)
+    assert fp[0] == math.inf and fp[1] == math.inf and fp[3] == 0, fp
 
 
 def test_a_gate_at_initialisation_is_not_param_not_updated(untouched):

@@ -4,8 +4,6 @@ equal inputs into different outputs, else the module running when a call first g
 forward that draws torch.randn itself, as a GAN vocoder's noise)."""
 from __future__ import annotations
 
-import math
-
 from ...core.tracking import ForwardHooks, run_forward
 from .checklist import Checklist
 from .shared import dense, max_diff, name, scale, tensors
@@ -38,8 +36,9 @@ def _fingerprint(obj) -> list:
         if x.device.type != "cpu":
             vals += _piece_sums(x)
             continue
-        sums = [torch.stack(_piece_sums(x[i:i + CPU_PIECE])).tolist() for i in range(0, x.numel(), CPU_PIECE)]
-        vals += [math.fsum(column) for column in zip(*sums)]
+        # through numpy: a view of CPU memory, not a device read (core/syncs.py counts none)
+        sums = [torch.stack(_piece_sums(x[i:i + CPU_PIECE])).numpy().tolist() for i in range(0, x.numel(), CPU_PIECE)]
+        vals += [sum(column) for column in zip(*sums)]   # not math.fsum: it raises on inf - inf and on overflow
     return vals
 
 
