@@ -69,6 +69,13 @@ class Verdict:
     median_relative: float = math.nan
     losses: tuple = (math.nan, math.nan)   # the loss before the run and after it
     invariant: bool = False     # zero-grad back only at rounding level, and the loss does not depend on it
+    zero_start: bool = False    # the weight was zero at the start: measured by its gradient norm throughout
+
+    def measure(self) -> str:
+        """What `before` and `after` are."""
+        k = self.flag.kind
+        return ("max |grad|" if k == "zero-grad" else "grad norm" if self.flag.by_norm or self.zero_start
+                else "grad/weight")
 
     def compared(self) -> bool:
         return math.isfinite(self.median_update) and math.isfinite(self.median_relative)
@@ -96,7 +103,7 @@ class Verdict:
             fact = (f"gradient norm {self.before:.3g} at initialisation, {self.after:.3g} after {steps} steps "
                     "(at the initial loss level)" + ("; the step then moves it" if self.resolved else ""))
         else:
-            what = "max |grad|" if k == "zero-grad" else "grad norm" if self.flag.by_norm else "grad/weight"
+            what = self.measure()
             level = (" (at the initial loss level)" if k == "vanishing-grad" else
                      f", a {self.before / self.after:.3g}× fall while the loss went {self.losses[0]:.3g} → "
                      f"{self.losses[1]:.3g}" if k == "exploding-grad" and self.after > 0 else "")
@@ -145,7 +152,9 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
     cands = _candidates(params, v0)
     stepped = [f for f in flags if f.kind in ("vanishing-grad", "exploding-grad")]
     updates = _updates(params, v0, stepped, {f.name for f in flags})
-    read = read_back(m0 + mk + list(moved.values()) + [c[1] for c in cands] + run + updates)
+    read = read_back(m0 + mk + list(moved.values()) + [c[1] for c in cands] + run + updates + list(start.values()))
+    zero_start = {n for n, w in zip(start, read[len(read) - len(start):]) if w == 0}
+    read = read[:len(read) - len(start)]
     upd, read = read[len(read) - len(updates):], read[:len(read) - len(updates)]
     losses, read = read[len(read) - len(run):], read[:len(read) - len(run)]
     k = len(flags) + 2            # each measure pass ends with the whole gradient's norm and the loss
@@ -163,7 +172,8 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
         resolved = _resolved(f, b, mv.get(f.name, 0.0))
         if f.kind == "exploding-grad":
             resolved = resolved and transient(a, b, fell)
-        verdicts[f.name] = Verdict(f, a, b, resolved, resolved or _grew(f, a, b), losses=(l0, lk))
+        verdicts[f.name] = Verdict(f, a, b, resolved, resolved or _grew(f, a, b), losses=(l0, lk),
+                                   zero_start=f.name in zero_start)
     if upd:
         for i, f in enumerate(stepped):
             v = verdicts[f.name]
@@ -269,7 +279,8 @@ def _measure(work, inputs, flags, ctx, loss_fn, start: dict) -> list:
         elif f.kind in ("vanishing-grad", "exploding-grad"):
             gn, wn = _real(g).norm(), _real(p).norm()
             w0 = start.get(f.name, wn)
-            out.append(gn if f.by_norm else torch.where(w0 > 0, gn / wn.clamp_min(1e-38), gn))
+            # zero at the start: by its norm; a weight written to zero since (a clamp): by its start norm
+            out.append(gn if f.by_norm else torch.where(w0 > 0, gn / torch.where(wn > 0, wn, w0), gn))
         else:
             out.append(_real(g).norm())
     out.append(torch.stack(whole).sum().sqrt() if whole else zero)   # the whole gradient's norm,

@@ -48,7 +48,7 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                                                            f"by {v.update:.3g} per element (RMS))"})
                 continue
             r["rechecked"] = rc.steps if v.compared() else False   # no other parameter moved: nothing compared
-            what = "grad norm" if v.flag.by_norm else "grad/weight"
+            what = v.measure()
             r["recheck_fact"] = (f"{what} {v.after:.3g} after {rc.steps} steps, the loss {v.losses[0]:.3g} → "
                                  f"{v.losses[1]:.3g}")
             if step_claim(r, opts) and v.steps_moderately(rc.steps):
