@@ -1189,6 +1189,27 @@ class FaintBranch(nn.Module):
         return self.main(x) + 1e-9 * self.faint(x)
 
 
+class ClampedScale(nn.Module):
+    """A non-negative scale kept so by its forward (a clamp), on a faint branch: a large step writes it to 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.main, self.faint, self.s = nn.Linear(8, 3), nn.Linear(8, 3), nn.Parameter(torch.tensor(0.01))
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.s.clamp_(min=0.0)
+        return self.main(x) - 1e-9 * self.s * self.faint(x)
+
+
+def test_a_weight_written_to_zero_by_its_forward_is_judged_against_its_start_norm():
+    # found by a review: a weight non-zero at the start and clamped to 0 during the run was divided by 1e-38
+    # (a vanishing gradient read as 1e28, "resolves by itself"); against its start norm it stays vanishing
+    torch.manual_seed(0)
+    res = run(ClampedScale(), torch.randn(16, 8), lr=1.0)
+    assert statuses(res)["s"] == "vanishing-grad", statuses(res)
+
+
 def test_a_zero_init_bias_is_judged_by_its_gradient_norm_before_and_after_the_run():
     # found by a review on hf speecht5/cohere_asr/dab-detr: a zero bias is measured by its gradient norm at the
     # start; after 3 Adam steps its norm is ~1e-4 and grad/weight would make an unchanged 1e-9 gradient look
@@ -1198,3 +1219,51 @@ def test_a_zero_init_bias_is_judged_by_its_gradient_norm_before_and_after_the_ru
     st = statuses(res)
     assert st["faint.bias"] == "vanishing-grad" and st["faint.weight"] == "vanishing-grad", st
     assert st["main.bias"] == "ok" and res.exit_code == 0
+
+
+class BoxedDetector(nn.Module):
+    """A detector in miniature: images and target boxes; boxes of negative size are refused (torchvision's Faster
+    R-CNN raises), and a ReLU whose bias pushes most units negative for every input."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(12, 8)
+        with torch.no_grad():
+            self.fc.bias[:6] = -50.0
+        self.act = nn.ReLU()
+
+    def forward(self, images, boxes):
+        if not bool((boxes[:, 2:] > boxes[:, :2]).all()):
+            raise ValueError("All bounding boxes should have positive height and width")
+        return self.act(self.fc(images.flatten(1))).sum(1) + 0 * boxes.sum()
+
+
+def test_dead_units_are_rejudged_when_the_model_refuses_fresh_boxes():
+    # found by a review (torchvision fasterrcnn_mobilenet_v3_large_fpn): fresh noise for the target boxes made the
+    # model raise, the re-check was dropped and the batch-of-2 verdict stood unconfirmed; the data alone is made
+    # fresh then, and the dead units are confirmed on the fresh samples
+    torch.manual_seed(0)
+    boxes = torch.tensor([[0.0, 0.0, 4.0, 4.0], [1.0, 1.0, 3.0, 5.0]])
+    res = run(BoxedDetector(), torch.randn(2, 3, 2, 2), boxes)
+    row = by(res.table("activations").rows, "module", "act")
+    assert row["dead_confirmed"] == 6 and row["dead_samples"] >= 16, row
+    assert ("dead-units", "act") in codes(res)
+
+
+class PaddedLogits(nn.Module):
+    """Grounding DINO's class head in miniature: real logits, then a constant -inf padding out to a fixed width."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return torch.cat([self.fc(x), torch.full((x.shape[0], 5), -math.inf)], 1)
+
+
+def test_an_inf_loss_from_constant_padding_says_its_gradients_are_finite():
+    # found by a review (hf grounding-dino): the auto loss on -inf padding is +inf, but no gradient reaches the
+    # padding; the finding counts the non-finite gradients instead of claiming every one is
+    res = run(PaddedLogits(), torch.randn(4, 8))
+    f = next(f for f in res.findings if f.code == "non-finite-loss")
+    assert "0 of 2 parameter tensors" in f.message, f.message

@@ -187,6 +187,6 @@ def _nonfinite_loss(probe: Probe, out, value) -> None:
     probe.nonfinite = True
     what = "the train-mode output holds NaN/Inf" if not finite(out) else "the loss is NaN/Inf from a finite output"
     probe.ck.find("update", "non-finite-loss", "error", "", f"{what} before any optimizer step: the parameters' "
-                  "update is not checked (NaN/Inf gradients make every step non-finite)",
+                  "update is not checked (a step from a non-finite loss says nothing of the optimizer)",
                   "run `torchdiag nancheck` on this model to find the first module (or loss) with a non-finite value",
                   verdict=f"{what}: not an optimizer problem")

@@ -70,8 +70,12 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         gated(model, inputs, rows, result, opts, ctx, stochastic_depth_off)   # only when something is flagged
     param_findings(result, rows, model, opts, allow)
     if not math.isfinite(stats.loss):
-        result.add("non-finite-loss", "error", "", f"the loss is {stats.loss} before backward; every gradient "
-                   "downstream of it is non-finite", hint="run `torchdiag nancheck` to find where it first goes bad")
+        bad = sum(1 for r in rows if r["nan"] or r["inf"])
+        got = sum(1 for r in rows if r["grad_norm"] is not None)
+        # counted: an inf loss made of constant padding (Grounding DINO's -inf logits) leaves every gradient finite
+        result.add("non-finite-loss", "error", "", f"the loss is {stats.loss} before backward; {bad} of {got} "
+                   "parameter tensors with a gradient got NaN/Inf in it",
+                   hint="run `torchdiag nancheck` to find where it first goes bad")
     layers = layer_rows(frontier(model, opts.depth), rows, pas.rec.order, modules, known)
     scale = bar_scale(layers)
     if reduced:

@@ -91,11 +91,18 @@ def judge(model, inputs, opts, ctx, names: list[str]) -> dict[str, Judged]:
     if not names:
         return {}
     modules = dict(model.named_modules())
-    accs: dict[str, list[_Acc]] = {n: [] for n in names}
-    batches = [inputs] + fresh_batches(inputs, ctx.seed)
-    try:
-        _passes(model, batches, opts, ctx, modules, accs)
-    except ModelError:
+    accs: dict[str, list[_Acc]] = {}
+    # fresh values for every tensor; when the model refuses them, for the data only: a detection model's
+    # target boxes made noise have negative sizes (torchvision's Faster R-CNN raises), its images do not
+    for min_dim in (0, 3):
+        batches = [inputs] + fresh_batches(inputs, ctx.seed, min_dim)
+        accs = {n: [] for n in names}
+        try:
+            _passes(model, batches, opts, ctx, modules, accs)
+            break
+        except ModelError:
+            continue
+    else:
         return {}
     keep = [n for n in names if accs[n] and not any(a.bad or a.max is None for a in accs[n])]
     counts = read_back([sum(a.dead(zero_edge(modules[n])) for a in accs[n]) for n in keep])   # the one sync
@@ -129,8 +136,9 @@ def _passes(model, batches, opts, ctx, modules, accs) -> None:
             h.remove()
 
 
-def fresh_batches(inputs, seed: int) -> list:
-    """Batches of the same shapes as `inputs`, enough for MIN_SAMPLES samples, that differ from each other."""
+def fresh_batches(inputs, seed: int, min_dim: int = 0) -> list:
+    """Batches of the same shapes as `inputs`, enough for MIN_SAMPLES samples, that differ from each other (the
+    tensors of fewer than `min_dim` dimensions kept as given)."""
     import torch
 
     n = inputs.batch_size or 1
@@ -141,7 +149,7 @@ def fresh_batches(inputs, seed: int) -> list:
         def fresh(t, k=k, gens=gens):
             if t.device not in gens:
                 gens[t.device] = torch.Generator(device=t.device).manual_seed(seeds.fresh_batch(seed, k))
-            return fresh_tensor(t, gens[t.device])
+            return fresh_tensor(t, gens[t.device]) if t.dim() >= min_dim else t
         out.append(inputs.map(fresh))
     return out
 
