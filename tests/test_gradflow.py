@@ -1267,3 +1267,91 @@ def test_an_inf_loss_from_constant_padding_says_its_gradients_are_finite():
     res = run(PaddedLogits(), torch.randn(4, 8))
     f = next(f for f in res.findings if f.code == "non-finite-loss")
     assert "0 of 2 parameter tensors" in f.message, f.message
+
+
+class PositiveOnly(nn.Module):
+    """Refuses a negative input (a count, a probability), so fresh Gaussian samples are refused; flat inputs only."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(12, 8)
+        with torch.no_grad():
+            self.fc.bias[:6] = -50.0
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        if bool((x < 0).any()):
+            raise ValueError("counts cannot be negative")
+        return self.act(self.fc(x)).sum(1)
+
+
+def test_dead_units_are_not_confirmed_by_the_judged_batch_repeated():
+    # the retry keeps tensors below three dimensions as given: with nothing left to make fresh it would only
+    # repeat the judged batch, which confirms nothing (the verdict stays the batch's own, unconfirmed)
+    torch.manual_seed(0)
+    res = run(PositiveOnly(), torch.rand(2, 12))
+    row = by(res.table("activations").rows, "module", "act")
+    assert row["dead_confirmed"] is None and ("dead-units", "act") in codes(res), row
+
+
+class BadInFloat64(nn.Module):
+    """A bias before a BatchNorm (the loss does not depend on it), in a model whose forward goes bad in float64
+    only (as transformers' CANINE does: NaN attention probabilities in a float64 copy)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.bn, self.head = nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.bn(self.fc(x))
+        if h.dtype == torch.float64:
+            h = h * float("nan")
+        return self.head(torch.relu(h))
+
+
+def test_a_float64_copy_that_goes_non_finite_is_asked_again_in_float32():
+    # hf canine: its key biases (cancelled by the softmax) stayed vanishing-grad because the float64 copy's loss
+    # was NaN and nothing could be cancelled; a copy that cannot answer falls back to float32, as one that raises
+    torch.manual_seed(0)
+    res = run(BadInFloat64(), torch.randn(16, 8))
+    assert statuses(res)["fc.bias"] == "invariant", statuses(res)
+    assert any("re-checked in float32" in n for n in res.notes), res.notes
+
+
+class NumpyMasked(nn.Module):
+    """A bias before a BatchNorm (cancelled) in a model that draws a mask from numpy in forward, as transformers'
+    wav2vec2-style SpecAugment does in train mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.bn, self.head = nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        import numpy as np
+
+        keep = torch.as_tensor(np.random.rand(*x.shape) > 0.2, dtype=x.dtype)
+        return self.head(torch.relu(self.bn(self.fc(x * keep))))
+
+
+def test_forwards_that_draw_from_numpy_are_seeded_too():
+    # hf HuBERT, data2vec-audio: the key biases (cancelled by the softmax) stayed vanishing-grad because every
+    # seeded forward drew a new SpecAugment mask from numpy, so a shift always "moved" the loss; numpy's and
+    # Python's RNGs are seeded with torch's (and the caller's streams put back)
+    import random
+
+    import numpy as np
+
+    from torchdiag.core.train import seeded
+
+    torch.manual_seed(0)
+    res = run(NumpyMasked(), torch.randn(16, 8))
+    assert statuses(res)["fc.bias"] == "invariant", statuses(res)
+    np.random.seed(123)
+    random.seed(123)
+    expect_np, expect_py = np.random.get_state()[1].tolist(), random.getstate()
+    draws = []
+    for _ in range(2):
+        with seeded(0):
+            draws.append((np.random.rand(), random.random()))
+    assert draws[0] == draws[1]
+    assert np.random.get_state()[1].tolist() == expect_np and random.getstate() == expect_py

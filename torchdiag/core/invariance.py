@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from ..errors import ModelError
 from .module_paths import owner
 from .tracking import run_forward
 
@@ -106,7 +107,9 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
     def moved(group) -> bool:
         with torch.no_grad():
             a, b = torch.stack([base, shifted(group, loss)]).tolist()
-        return not (math.isfinite(a) and abs(a - b) <= rtol * max(abs(a), 1e-3))
+        if not math.isfinite(a):   # the copy itself went bad (CANINE's masks in float64): it cannot answer
+            raise ModelError(f"the loss on the {next(iter(params.values())).dtype} copy is {a}")
+        return abs(a - b) > rtol * max(abs(a), 1e-3)
 
     return {n for n in bisect(names, moved) if calls.reached(n, lambda m, n=n: shifted([n], m), ctx)}
 

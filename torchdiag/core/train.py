@@ -41,14 +41,25 @@ def step(optimizer) -> None:
 
 @contextlib.contextmanager
 def seeded(seed: int):
-    """The global RNG (CPU, and CUDA when in use) seeded for the block and restored afterwards, so a
-    diagnostic is reproducible and leaves the caller's random stream where it was."""
+    """The global RNGs (torch's CPU, and CUDA when in use; numpy's and Python's, which some forwards draw from:
+    transformers' SpecAugment masks in wav2vec2-style models use numpy) seeded for the block and restored
+    afterwards, so a diagnostic is reproducible and leaves the caller's random streams where they were."""
+    import random
+
+    import numpy as np
     import torch
 
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() and torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield
+    py_state, np_state = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            random.seed(seed)
+            np.random.seed(seed % 2**32)
+            yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
 
 
 def user_call(seed: int, fn, what: str):

@@ -95,7 +95,10 @@ def judge(model, inputs, opts, ctx, names: list[str]) -> dict[str, Judged]:
     # fresh values for every tensor; when the model refuses them, for the data only: a detection model's
     # target boxes made noise have negative sizes (torchvision's Faster R-CNN raises), its images do not
     for min_dim in (0, 3):
-        batches = [inputs] + fresh_batches(inputs, ctx.seed, min_dim)
+        fresh = fresh_batches(inputs, ctx.seed, min_dim)
+        if not fresh:
+            return {}   # nothing would be fresh: the judged batch repeated confirms nothing
+        batches = [inputs] + fresh
         accs = {n: [] for n in names}
         try:
             _passes(model, batches, opts, ctx, modules, accs)
@@ -138,20 +141,24 @@ def _passes(model, batches, opts, ctx, modules, accs) -> None:
 
 def fresh_batches(inputs, seed: int, min_dim: int = 0) -> list:
     """Batches of the same shapes as `inputs`, enough for MIN_SAMPLES samples, that differ from each other (the
-    tensors of fewer than `min_dim` dimensions kept as given)."""
+    tensors of fewer than `min_dim` dimensions kept as given); none when no tensor would be made fresh."""
     import torch
 
     n = inputs.batch_size or 1
-    out = []
+    out, made = [], [0]
     for k in range(math.ceil(MIN_SAMPLES / n)):
         gens: dict = {}
 
         def fresh(t, k=k, gens=gens):
+            if t.dim() < min_dim:
+                return t
             if t.device not in gens:
                 gens[t.device] = torch.Generator(device=t.device).manual_seed(seeds.fresh_batch(seed, k))
-            return fresh_tensor(t, gens[t.device]) if t.dim() >= min_dim else t
+            new = fresh_tensor(t, gens[t.device])
+            made[0] += new is not t
+            return new
         out.append(inputs.map(fresh))
-    return out
+    return out if made[0] else []
 
 
 def fresh_tensor(t, g):
