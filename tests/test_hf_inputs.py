@@ -624,3 +624,26 @@ def test_when_no_layout_runs_the_one_that_went_furthest_into_the_model_is_used()
     model[3] = nn.Identity()     # now the second runs: the first that runs, said as such
     got = inputs._first_that_runs(sets, loaded, torch.device("cpu"), 0)
     assert got.args[0].shape == (1, 4) and got.source == "test; layout 2 of 3 (the first 1 did not run)"
+
+
+def test_a_main_input_name_the_forward_does_not_take_is_not_trusted():
+    # transformers' Sam3LiteTextTextModel (a text encoder) inherits main_input_name = "pixel_values" from a vision
+    # base class while its forward takes input_ids: the default input was an image and every command exited 3
+    import torch
+
+    from torchdiag.core.hf_inputs import forward_names
+
+    class TextEncoder(torch.nn.Module):
+        main_input_name = "pixel_values"
+
+        def forward(self, input_ids, attention_mask=None):
+            return input_ids
+
+    class Vision(torch.nn.Module):
+        main_input_name = "pixel_values"
+
+        def forward(self, pixel_values, interpolate=False):
+            return pixel_values
+
+    assert forward_names(TextEncoder) == ("input_ids", ["input_ids"])
+    assert forward_names(Vision) == ("pixel_values", ["pixel_values"])

@@ -33,7 +33,9 @@ def forward_names(cls) -> tuple[str, list[str]]:
     params = list(forward_params(cls).values())[1:]   # without self
     named = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     required = [p.name for p in named if p.default is inspect.Parameter.empty]
-    main = getattr(cls, "main_input_name", None) or (named[0].name if named else "input_ids")
+    main = getattr(cls, "main_input_name", None)
+    if main not in {p.name for p in named}:   # a class attribute inherited from another modality's base class
+        main = named[0].name if named else main or "input_ids"      # (Sam3LiteTextTextModel names pixel_values)
     return str(main), required
 
 
