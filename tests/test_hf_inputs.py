@@ -645,5 +645,12 @@ def test_a_main_input_name_the_forward_does_not_take_is_not_trusted():
         def forward(self, pixel_values, interpolate=False):
             return pixel_values
 
+    class TwoNamed(torch.nn.Module):   # OneFormer: main_input_name = ["pixel_values", "task_inputs"]
+        main_input_name = ["pixel_values", "task_inputs"]
+
+        def forward(self, pixel_values, task_inputs):
+            return pixel_values
+
     assert forward_names(TextEncoder) == ("input_ids", ["input_ids"])
     assert forward_names(Vision) == ("pixel_values", ["pixel_values"])
+    assert forward_names(TwoNamed) == ("pixel_values", ["pixel_values", "task_inputs"])

@@ -34,9 +34,12 @@ def forward_names(cls) -> tuple[str, list[str]]:
     named = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     required = [p.name for p in named if p.default is inspect.Parameter.empty]
     main = getattr(cls, "main_input_name", None)
-    if main not in {p.name for p in named}:   # a class attribute inherited from another modality's base class
-        main = named[0].name if named else main or "input_ids"      # (Sam3LiteTextTextModel names pixel_values)
-    return str(main), required
+    if isinstance(main, (list, tuple)):    # OneFormer names two: ["pixel_values", "task_inputs"]
+        main = main[0] if main else None
+    if not isinstance(main, str) or main not in {p.name for p in named}:
+        # a class attribute inherited from another modality's base class (Sam3LiteTextTextModel: pixel_values)
+        main = named[0].name if named else main if isinstance(main, str) else "input_ids"
+    return main, required
 
 
 def needs_candidates(cls, config) -> bool:
