@@ -1221,9 +1221,8 @@ def test_a_zero_init_bias_is_judged_by_its_gradient_norm_before_and_after_the_ru
     assert st["main.bias"] == "ok" and res.exit_code == 0
 
 
-class BoxedDetector(nn.Module):
-    """A detector in miniature: images and target boxes; boxes of negative size are refused (torchvision's Faster
-    R-CNN raises), and a ReLU whose bias pushes most units negative for every input."""
+class SixDead(nn.Module):
+    """A ReLU whose bias pushes 6 of its 8 units negative for every input."""
 
     def __init__(self):
         super().__init__()
@@ -1231,6 +1230,11 @@ class BoxedDetector(nn.Module):
         with torch.no_grad():
             self.fc.bias[:6] = -50.0
         self.act = nn.ReLU()
+
+
+class BoxedDetector(SixDead):
+    """A detector in miniature: images and target boxes; boxes of negative size are refused (torchvision's Faster
+    R-CNN raises)."""
 
     def forward(self, images, boxes):
         if not bool((boxes[:, 2:] > boxes[:, :2]).all()):
@@ -1269,15 +1273,8 @@ def test_an_inf_loss_from_constant_padding_says_its_gradients_are_finite():
     assert "0 of 2 parameter tensors" in f.message, f.message
 
 
-class PositiveOnly(nn.Module):
+class PositiveOnly(SixDead):
     """Refuses a negative input (a count, a probability), so fresh Gaussian samples are refused; flat inputs only."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(12, 8)
-        with torch.no_grad():
-            self.fc.bias[:6] = -50.0
-        self.act = nn.ReLU()
 
     def forward(self, x):
         if bool((x < 0).any()):
