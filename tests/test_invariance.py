@@ -107,7 +107,7 @@ class MakesFloat32(nn.Module):
         self.head = nn.Linear(4, 3)
 
     def forward(self, x):
-        grid = torch.eye(4, dtype=torch.float32)              # matmul does not promote: float64 @ float32 raises
+        grid = torch.eye(4)     # the default dtype, float32: matmul does not promote, float64 @ float32 raises
         h = torch.relu(self.bn(self.conv(x))).mean((2, 3)) @ grid
         return self.head(h)
 
@@ -276,3 +276,56 @@ def test_unknown_reach_keeps_the_verdict():
         torch.manual_seed(0)
         st = statuses(api_run("gradflow", model, (torch.randn(8, 8),), loss="cross_entropy"))
         assert st[name] == "zero-grad", (name, st)
+
+
+class Float32Softmax(nn.Module):
+    """One attention head that computes its softmax in float32 whatever its input's dtype, as transformers'
+    XLM does (`softmax(scores.float(), -1).type_as(scores)`). The key bias adds q·b_k to every score of a
+    row, which the softmax cancels exactly; on a float64 copy the float32 softmax rounds the shifted scores at
+    ~1e-7 of their size, and the shift test read that rounding as a dependence (`vanishing-grad` on XLM's,
+    WavLM's and PatchTST's key biases)."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, x):
+        scores = self.q(x) @ self.k(x).transpose(1, 2) / 4
+        attn = torch.softmax(scores.float(), -1).type_as(scores)
+        return self.head((attn @ self.v(x)).mean(1))
+
+
+def test_a_key_bias_behind_a_float32_softmax_is_invariant():
+    import contextlib
+
+    from torchdiag.core.keep_float64 import kept
+
+    torch.manual_seed(0)
+    model, x = Float32Softmax(), torch.randn(4, 6, 16)
+    assert statuses(api_run("gradflow", model, (x,), loss="cross_entropy"))["k.bias"] == "invariant"
+    moves = []   # why: on a float64 copy, the output's move under a key-bias shift, without and with kept()
+    for keep in (contextlib.nullcontext, kept):
+        work, x64 = Float32Softmax().double(), x.double()
+        work.load_state_dict(model.state_dict())
+        with keep(), torch.no_grad():
+            a = work(x64)
+            work.k.bias.add_(torch.randn(16, dtype=torch.float64))
+            moves.append(((a - work(x64)).abs().max() / a.abs().max()).item())
+    assert moves[0] > 1e-10 and moves[1] < 1e-13, moves   # float32 rounding, then float64's
+
+
+def test_keep_float64_widens_only_narrowing_float_casts():
+    from torchdiag.core.keep_float64 import kept
+
+    x, i = torch.randn(3, dtype=torch.float64), torch.arange(3)
+    with kept():
+        assert x.float().dtype == x.half().dtype == x.bfloat16().dtype == torch.float64
+        assert torch.softmax(x, 0, dtype=torch.float32).dtype == torch.float64
+        assert x.to(torch.float16).dtype == x.to("cpu", torch.float32).dtype == torch.float64
+        assert x.to(torch.zeros(1, dtype=torch.float32)).dtype == torch.float64
+        assert torch.zeros(2, dtype=torch.bfloat16).dtype == torch.float64
+        assert i.float().dtype == torch.float64 and x.to(torch.int32).dtype == torch.int32
+        assert x.view(torch.int64).dtype == torch.int64            # a reinterpretation of the bits, kept
+        assert torch.zeros(2).dtype == torch.float32                # the default dtype is not changed
+    assert x.float().dtype == torch.float32

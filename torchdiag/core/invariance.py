@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from ..errors import ModelError
+from . import keep_float64
 from .module_paths import owner
 from .tracking import run_forward
 
@@ -75,9 +76,10 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
     names = [n for n in names if n in params]
     if not names:
         return set()
+    wide = _wide(params)
 
     def loss():
-        with ctx.seeded():
+        with ctx.seeded(), wide():
             out = run_forward(work, inputs, phase="forward (re-check on a float64 copy)")
             return loss_fn(out).double().reshape(())
 
@@ -111,7 +113,17 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
             raise ModelError(f"the loss on the {next(iter(params.values())).dtype} copy is {a}")
         return abs(a - b) > rtol * max(abs(a), 1e-3)
 
-    return {n for n in bisect(names, moved) if calls.reached(n, lambda m, n=n: shifted([n], m), ctx)}
+    return {n for n in bisect(names, moved) if calls.reached(n, lambda m, n=n: shifted([n], m), ctx, wide)}
+
+
+def _wide(params: dict):
+    """keep_float64.kept on a float64 copy (a float32 softmax inside it would round like a dependence);
+    nothing on a float32 one (its forward made float32 tensors of its own, the looser rtol allows for it)."""
+    import contextlib
+
+    import torch
+
+    return keep_float64.kept if next(iter(params.values())).dtype == torch.float64 else contextlib.nullcontext
 
 
 class _FirstCalls:
@@ -145,7 +157,7 @@ class _FirstCalls:
         for h in self.handles:
             h.remove()
 
-    def reached(self, name: str, shifted, ctx) -> bool:
+    def reached(self, name: str, shifted, ctx, wide) -> bool:
         """Does shifting `name` move its own module's output where the loss's gradient is not zero? The
         module is run alone on its first call's arguments. Unknown (its module never called: a parameter read
         from a ParameterDict or by F.linear elsewhere; the module fails alone; its outputs change shape) counts
@@ -158,7 +170,7 @@ class _FirstCalls:
 
         def out():
             args, kwargs = _cloned(call)
-            with ctx.seeded():
+            with ctx.seeded(), wide():
                 return [t.detach().clone() for t in _floats(mod(*args, **kwargs))]
 
         try:
