@@ -146,6 +146,20 @@ def test_auto_covers_every_output_with_a_gradient_path():
     assert float(loss(model(x))) == pytest.approx(float(expected))
 
 
+def test_the_same_loss_under_no_grad_as_with_grad():
+    # PatchTST returns its input's scale and patches beside its hidden states: no gradient path, so the loss
+    # leaves them out; under no_grad every output looked like it had one, and the loss changed (the invariance
+    # test's shifted forward, run under no_grad, saw 3.98 against 1.05 and called a cancelled key bias a dependence)
+    torch.manual_seed(0)
+    x, fc = torch.randn(5, 6), torch.nn.Linear(6, 3)
+    out = lambda: {"hidden": fc(x), "scale": x.std(0, keepdim=True), "patches": x * 2}   # noqa: E731
+    loss = Loss("auto", seed=1)
+    with_grad = float(loss(out()))
+    assert loss.covered == ["output['hidden']"]
+    with torch.no_grad():
+        assert float(loss(out())) == with_grad
+
+
 def test_auxiliary_scalar_losses_are_added_and_a_model_loss_key_stays_alone():
     y = torch.randn(3, 4, requires_grad=True)
     aux_loss = (y ** 2).mean()

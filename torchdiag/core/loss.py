@@ -118,6 +118,7 @@ class Loss:
     checked_classes: int = 0      # the class count a given integer target was checked against (checked once)
     lm: Any = None                # LanguageModel: the integer ids and the vocabularies they feed (auto only)
     reached_already: Any = None   # auto: labels of other outputs whose every weight the first one reaches
+    with_path: Any = None         # auto: labels of the other outputs with a gradient path, from a call with grad on
 
     def describe(self) -> str:
         if self.chosen == "model":
@@ -180,6 +181,10 @@ class Loss:
         known = {label: (rule, t) for label, rule, t in self.extra or ()}
         extra = []
         others = gradient_outputs(out, y)
+        if torch.is_grad_enabled():
+            self.with_path = {label for label, _ in others}
+        elif self.with_path is not None:   # no_grad cannot tell a path: the same loss as the calls with grad
+            others = [(label, t) for label, t in others if label in self.with_path]
         if self.reached_already is None:   # decided on the first call, kept for every step
             self.reached_already = _reached_through(y, [(label, t) for label, t in others if t.dim()])
         for k, (label, t) in enumerate(others, start=1):
