@@ -235,7 +235,8 @@ def test_a_shift_applied_in_place_and_cancelled_by_a_layer_norm_is_invariant():
 
 class HalfRead(nn.Module):
     """Broken, as HalfBiLSTM, with the parameters in a ParameterDict read by a matmul: their module is never
-    called, so nothing says the shift acts on what the loss reads: the verdict stays."""
+    called, and the first function that takes them (the cat) moves only columns nothing reads: the verdict
+    stays."""
 
     def __init__(self):
         super().__init__()
@@ -271,7 +272,7 @@ class HalfMasked(nn.Module):
         return self.head(self.g(x)[:, :16])
 
 
-def test_unknown_reach_keeps_the_verdict():
+def test_unknown_or_unread_reach_keeps_the_verdict():
     for model, name in ((HalfRead(), "p.bwd"), (HalfMasked(), "g.bwd")):
         torch.manual_seed(0)
         st = statuses(api_run("gradflow", model, (torch.randn(8, 8),), loss="cross_entropy"))
@@ -329,3 +330,26 @@ def test_keep_float64_widens_only_narrowing_float_casts():
         assert x.view(torch.int64).dtype == torch.int64            # a reinterpretation of the bits, kept
         assert torch.zeros(2).dtype == torch.float32                # the default dtype is not changed
     assert x.float().dtype == torch.float32
+
+
+class FusedProjections(nn.Module):
+    """WavLM's attention: q/k/v are Linear modules, but the forward never calls them; it concatenates their
+    weights and biases and makes the three projections in one F.linear (transformers passes them on to
+    F.multi_head_attention_forward). The key bias is cancelled by the softmax; where it acts is the cat."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, x):
+        weight = torch.cat([self.q.weight, self.k.weight, self.v.weight])
+        bias = torch.cat([self.q.bias, self.k.bias, self.v.bias])
+        q, k, v = nn.functional.linear(x, weight, bias).chunk(3, -1)
+        return self.head((torch.softmax(q @ k.transpose(1, 2) / 4, -1) @ v).mean(1))
+
+
+def test_a_parameter_whose_module_is_never_called_is_judged_where_it_is_first_used():
+    torch.manual_seed(0)
+    st = statuses(api_run("gradflow", FusedProjections(), (torch.randn(4, 6, 16),), loss="cross_entropy"))
+    assert st["k.bias"] == "invariant", st

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from ..errors import ModelError
-from . import keep_float64
+from . import keep_float64, reach
 from .module_paths import owner
 from .tracking import run_forward
 
@@ -63,10 +63,10 @@ def double(t):
 
 def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_RTOL) -> set[str]:
     """The `names` the loss does not depend on although they act on what it reads: shifted, their own module's
-    output moves where the loss's gradient reaches it, and the loss does not (a following normalisation or
-    softmax removes the shift). A parameter whose module's output does not move multiplies zeros (LayerNorm
-    over one feature, a weight fed zeros), and one that moves only what no gradient reaches is thrown away (the
-    unused half of a bidirectional LSTM): both keep their verdicts. `work`: a float64 copy in the mode of the
+    output (core/reach.py) moves where the loss's gradient reaches it, and the loss does not (a following
+    normalisation or softmax removes the shift). A parameter whose module's output does not move multiplies
+    zeros (LayerNorm over one feature, a weight fed zeros), and one that moves only what no gradient reaches is
+    thrown away (the unused half of a bidirectional LSTM): both keep their verdicts. `work`: a float64 copy in the mode of the
     run (stochastic depth off); `inputs` in float64 (double); loss_fn a fresh ctx.loss() (the same seeded
     target). Cost: one forward + backward, the shifted forwards of bisect, two calls of a module alone per
     cancelled name."""
@@ -95,15 +95,11 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
                 for n, v in zip(group, saved):
                     params[n].copy_(v)
 
-    calls = _FirstCalls(work, {owner(n) for n in names})
-    try:
-        with torch.enable_grad():
-            base = loss()
-            if base.requires_grad:
-                torch.autograd.backward(base)
+    with torch.enable_grad(), reach.FirstCalls(work, names) as calls:
+        base = loss()
+        if base.requires_grad:
+            torch.autograd.backward(base)
         base = base.detach()
-    finally:
-        calls.stop()
     work.zero_grad(set_to_none=True)
 
     def moved(group) -> bool:
@@ -124,101 +120,6 @@ def _wide(params: dict):
     import torch
 
     return keep_float64.kept if next(iter(params.values())).dtype == torch.float64 else contextlib.nullcontext
-
-
-class _FirstCalls:
-    """Each wanted module's first call: its arguments (cloned: a forward may change its input in place) and
-    the loss's gradient at each floating output, to run the module again alone."""
-
-    def __init__(self, work, wanted: set[str]):
-        self.modules = {n: m for n, m in work.named_modules() if n in wanted}
-        self.args: dict[str, tuple] = {}
-        self.grads: dict[str, list] = {}
-        self.handles = [h for n, m in self.modules.items() for h in (
-            m.register_forward_pre_hook(self._keep(n), with_kwargs=True), m.register_forward_hook(self._watch(n)))]
-
-    def _keep(self, name):
-        def hook(_mod, args, kwargs):
-            self.args.setdefault(name, _cloned((args, kwargs)))
-        return hook
-
-    def _watch(self, name):
-        def hook(_mod, _args, out):
-            if name in self.grads:
-                return
-            outs = _floats(out)
-            self.grads[name] = [None] * len(outs)
-            for i, t in enumerate(outs):
-                if t.requires_grad:
-                    t.register_hook(lambda g, i=i: self.grads[name].__setitem__(i, g.detach()))
-        return hook
-
-    def stop(self):
-        for h in self.handles:
-            h.remove()
-
-    def reached(self, name: str, shifted, ctx, wide) -> bool:
-        """Does shifting `name` move its own module's output where the loss's gradient is not zero? The
-        module is run alone on its first call's arguments. Unknown (its module never called: a parameter read
-        from a ParameterDict or by F.linear elsewhere; the module fails alone; its outputs change shape) counts
-        as not reached: the parameter keeps its verdict."""
-        import torch
-
-        mod, call = self.modules.get(owner(name)), self.args.get(owner(name))
-        if mod is None or call is None:
-            return False
-
-        def out():
-            args, kwargs = _cloned(call)
-            with ctx.seeded(), wide():
-                return [t.detach().clone() for t in _floats(mod(*args, **kwargs))]
-
-        try:
-            with torch.no_grad():
-                before, after = out(), shifted(out)
-        except Exception:   # noqa: BLE001 - a module that cannot run alone: not known to act, keep the verdict
-            return False
-        grads = self.grads.get(owner(name), [])
-        if len(before) != len(after) or any(a.shape != b.shape for a, b in zip(before, after)):
-            return False
-        hits = []
-        for i, (a, b) in enumerate(zip(before, after)):
-            g = grads[i] if i < len(grads) else None
-            if a.numel() == 0 or g is None or g.shape != a.shape:
-                continue
-            move = (a - b).abs() > LOSS_RTOL * a.abs().max().clamp(min=1e-3)
-            hits.append((move & (g != 0)).any())
-        return bool(torch.stack(hits).any()) if hits else False   # one read
-
-
-def _cloned(obj):
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, tuple):
-        return tuple(_cloned(o) for o in obj)
-    if isinstance(obj, list):
-        return [_cloned(o) for o in obj]
-    if isinstance(obj, dict):
-        return {k: _cloned(v) for k, v in obj.items()}
-    return obj
-
-
-def _floats(out) -> list:
-    import dataclasses
-
-    import torch
-
-    if isinstance(out, torch.Tensor):
-        return [out] if out.is_floating_point() else []
-    if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _floats(o)]
-    if isinstance(out, dict):
-        return [t for o in out.values() for t in _floats(o)]
-    if dataclasses.is_dataclass(out) and not isinstance(out, type):
-        return [t for f in dataclasses.fields(out) for t in _floats(getattr(out, f.name, None))]
-    return []
 
 
 def bisect(names: list[str], moved) -> set[str]:
