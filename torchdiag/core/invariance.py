@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from ..errors import ModelError
+from ..errors import ModelError, one_line
 from . import keep_float64, reach
 from .module_paths import owner
 from .tracking import run_forward
@@ -62,26 +62,21 @@ def double(t):
 
 
 def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_RTOL) -> set[str]:
-    """The `names` the loss does not depend on although they act on what it reads: shifted, their own module's
-    output (core/reach.py) moves where the loss's gradient reaches it, and the loss does not (a following
-    normalisation or softmax removes the shift). A parameter whose module's output does not move multiplies
-    zeros (LayerNorm over one feature, a weight fed zeros), and one that moves only what no gradient reaches is
-    thrown away (the unused half of a bidirectional LSTM): both keep their verdicts. `work`: a float64 copy in the mode of the
-    run (stochastic depth off); `inputs` in float64 (double); loss_fn a fresh ctx.loss() (the same seeded
-    target). Cost: one forward + backward, the shifted forwards of bisect, two calls of a module alone per
-    cancelled name."""
+    """The `names` the loss does not depend on although they act on what it reads: shifted, the loss does not
+    move, though their own module's output moved enough to move it had nothing after it cancelled the move
+    (core/reach.py: a following normalisation or softmax removes the shift). A parameter that moves nothing
+    (LayerNorm over one feature, a weight fed zeros), moves only what no gradient reaches (the unused half of a
+    bidirectional LSTM) or acts through a nearly closed gate keeps its verdict. `work`: a float64 copy in the
+    mode of the run (stochastic depth off); `inputs` in float64 (double); loss_fn a fresh ctx.loss() (the same
+    seeded target). Cost: one forward + backward (two when the widened forward fails), the shifted forwards of
+    bisect, two calls of a module alone per cancelled name."""
     import torch
 
     params = dict(work.named_parameters())
     names = [n for n in names if n in params]
     if not names:
         return set()
-    wide = _wide(params)
-
-    def loss():
-        with ctx.seeded(), wide():
-            out = run_forward(work, inputs, phase="forward (re-check on a float64 copy)")
-            return loss_fn(out).double().reshape(())
+    base, calls, wide, loss = _base(work, inputs, names, loss_fn, ctx)
 
     def shifted(group, measure):
         with torch.no_grad():
@@ -95,31 +90,51 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
                 for n, v in zip(group, saved):
                     params[n].copy_(v)
 
-    with torch.enable_grad(), reach.FirstCalls(work, names) as calls:
-        base = loss()
-        if base.requires_grad:
-            torch.autograd.backward(base)
-        base = base.detach()
-    work.zero_grad(set_to_none=True)
+    seen = [0.0]   # the smallest loss move the test sees, in the loss's units
 
     def moved(group) -> bool:
         with torch.no_grad():
             a, b = torch.stack([base, shifted(group, loss)]).tolist()
         if not math.isfinite(a):   # the copy itself went bad (CANINE's masks in float64): it cannot answer
             raise ModelError(f"the loss on the {next(iter(params.values())).dtype} copy is {a}")
-        return abs(a - b) > rtol * max(abs(a), 1e-3)
+        seen[0] = rtol * max(abs(a), 1e-3)
+        return abs(a - b) > seen[0]
 
-    return {n for n in bisect(names, moved) if calls.reached(n, lambda m, n=n: shifted([n], m), ctx, wide)}
+    return {n for n in bisect(names, moved) if calls.reached(n, lambda m, n=n: shifted([n], m), ctx, wide, seen[0])}
 
 
-def _wide(params: dict):
-    """keep_float64.kept on a float64 copy (a float32 softmax inside it would round like a dependence);
-    nothing on a float32 one (its forward made float32 tensors of its own, the looser rtol allows for it)."""
+def _base(work, inputs, names, loss_fn, ctx):
+    """(the loss, its modules' first calls and gradients, the cast policy, the loss function of that policy):
+    one forward + backward, with casts widened on a float64 copy (keep_float64), and as written when that
+    forward or its backward fails (code that reads a float32's bits; an in-place write to a cast)."""
     import contextlib
 
     import torch
 
-    return keep_float64.kept if next(iter(params.values())).dtype == torch.float64 else contextlib.nullcontext
+    policies = [contextlib.nullcontext]
+    if next(work.parameters()).dtype == torch.float64:
+        policies.insert(0, keep_float64.kept)
+    for k, wide in enumerate(policies):
+        def loss(wide=wide):
+            with ctx.seeded(), wide():
+                out = run_forward(work, inputs, phase="forward (re-check on a float64 copy)")
+                return loss_fn(out).double().reshape(())
+
+        try:
+            with torch.enable_grad(), reach.FirstCalls(work, names) as calls:
+                base = loss()
+                if base.requires_grad:
+                    torch.autograd.backward(base)
+            return base.detach(), calls, wide, loss
+        except ModelError:
+            if k == len(policies) - 1:
+                raise
+        except RuntimeError as exc:
+            if k == len(policies) - 1:
+                raise ModelError(f"the copy's backward failed: {one_line(exc)}") from exc
+        finally:
+            work.zero_grad(set_to_none=True)
+    raise AssertionError("unreachable")
 
 
 def bisect(names: list[str], moved) -> set[str]:

@@ -1,66 +1,46 @@
-"""Does shifting a parameter act on what the loss reads? (core/invariance.py's second question.)
+"""Would the loss have moved, had nothing cancelled the shift? (core/invariance.py's second question.)
 
-A parameter the loss does not depend on is `invariant` only when the shift moves something the loss's
-gradient reaches, and something after it cancels the move (a normalisation, a softmax). One that moves
-nothing (a LayerNorm weight over one feature multiplies zeros) or moves only what nothing reads (the unused
-half of a bidirectional LSTM) keeps its verdict. Where it acts is its own module's output, the module run
-again alone on its first call's arguments; for a parameter whose module is never called (WavLM passes
-`k_proj.bias` to `F.multi_head_attention_forward` through a `torch.cat`), it is the output of the first torch
-function that takes it, run again alone the same way."""
+A parameter the loss does not depend on is `invariant` only when the shift acts on what the loss reads and
+something after it cancels the move (a normalisation, a softmax). Where it acts is its own module's output,
+the module run again alone on its first call's arguments; what that move would do to the loss, to first
+order, without a cancellation after it, is bounded by sum |dL/d out| × |out moved|. When that bound is itself
+below what the shift test can see, the unmoved loss says nothing: the parameter moves nothing (a LayerNorm
+weight over one feature multiplies zeros), moves only what nothing reads (the unused half of a
+bidirectional LSTM: its gradient there is exactly 0), or acts through a nearly closed gate (a sigmoid at
+-30 passes 1e-13 of the shift), and keeps its verdict."""
 from __future__ import annotations
 
 import dataclasses
 
 from .module_paths import owner
 
-MOVE_RTOL = 1e-9   # an output element moved by more than this × the output's largest value
+SEEN = 10.0   # the bound must be this many times the shift test's threshold on the loss
 
 
 class FirstCalls:
-    """Each wanted module's first call and each wanted parameter's first torch function, with the loss's
-    gradient at their floating outputs. Installed around the base forward and backward (`with`)."""
+    """Each wanted module's first call (its arguments, cloned: a forward may change its input in place) and
+    the loss's gradient at its floating outputs. Installed around the base forward and backward (`with`)."""
 
     def __init__(self, work, names: list[str]):
-        from torch.overrides import TorchFunctionMode
-
-        params = dict(work.named_parameters())
         wanted = {owner(n) for n in names}
         self.modules = {n: m for n, m in work.named_modules() if n in wanted}
-        self.args: dict[str, tuple] = {}       # module or parameter name -> (function, args, kwargs)
+        self.args: dict[str, tuple] = {}
         self.grads: dict[str, list] = {}
         self.handles: list = []
-        ids = {id(params[n]): n for n in names if n in params}
-        calls = self
-
-        class FirstOps(TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):
-                kwargs = kwargs or {}
-                out = func(*args, **kwargs)
-                if not floats(out):   # .shape, .dim(), .dtype: not where the parameter acts
-                    return out
-                for n in {ids[id(t)] for t in _tensors((args, kwargs)) if id(t) in ids}:
-                    if ("op", n) not in calls.args:
-                        calls.args["op", n] = (func, _cloned((args, kwargs)))
-                        calls._watch(("op", n))(None, None, out)
-                return out
-
-        self.ops = FirstOps()
 
     def __enter__(self):
         for n, m in self.modules.items():
             self.handles += [m.register_forward_pre_hook(self._keep(n), with_kwargs=True),
                              m.register_forward_hook(self._watch(n))]
-        self.ops.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self.ops.__exit__(*exc)
         for h in self.handles:
             h.remove()
 
     def _keep(self, name):
-        def hook(mod, args, kwargs):
-            self.args.setdefault(name, (mod, _cloned((args, kwargs))))
+        def hook(_mod, args, kwargs):
+            self.args.setdefault(name, _cloned((args, kwargs)))
         return hook
 
     def _watch(self, name):
@@ -74,64 +54,46 @@ class FirstCalls:
                     t.register_hook(lambda g, i=i: self.grads[name].__setitem__(i, g.detach()))
         return hook
 
-    def reached(self, name: str, shifted, ctx, wide) -> bool:
-        """Does shifting `name` move its module's output (or, its module never called, its first function's)
-        where the loss's gradient is not zero? Unknown (neither recorded; it fails alone; its outputs change
-        shape) counts as not reached: the parameter keeps its verdict."""
+    def reached(self, name: str, shifted, ctx, wide, visible: float) -> bool:
+        """Would shifting `name` have moved the loss by more than SEEN × `visible` (the shift test's threshold,
+        in the loss's units) through its module's output, had nothing after it cancelled the move? Unknown
+        (its module never called, fails alone, or its outputs change shape) counts as not reached: the
+        parameter keeps its verdict."""
         import torch
 
-        key = owner(name) if owner(name) in self.args else ("op", name)
-        if key not in self.args:
+        mod, call = self.modules.get(owner(name)), self.args.get(owner(name))
+        if mod is None or call is None:
             return False
-        fn, call = self.args[key]
 
         def out():
             args, kwargs = _cloned(call)
             with ctx.seeded(), wide():
-                return [t.detach().clone() for t in floats(fn(*args, **kwargs))]
+                return [t.detach().clone() for t in floats(mod(*args, **kwargs))]
 
         try:
             with torch.no_grad():
                 before, after = out(), shifted(out)
         except Exception:   # noqa: BLE001 - what cannot run alone is not known to act: keep the verdict
             return False
-        return _moves_where_read(before, after, self.grads.get(key, []))
+        bound = _first_order(before, after, self.grads.get(owner(name), []))
+        return bound is not None and bound > SEEN * visible
 
 
-def _moves_where_read(before: list, after: list, grads: list) -> bool:
+def _first_order(before: list, after: list, grads: list) -> float | None:
+    """sum |gradient| × |move| over the outputs the gradient reached (one read), or None when the outputs
+    changed shape."""
     import torch
 
     if len(before) != len(after) or any(a.shape != b.shape for a, b in zip(before, after)):
-        return False
-    hits = []
-    for i, (a, b) in enumerate(zip(before, after)):
-        g = grads[i] if i < len(grads) else None
-        if a.numel() == 0 or g is None or g.shape != a.shape:
-            continue
-        move = (a - b).abs() > MOVE_RTOL * a.abs().max().clamp(min=1e-3)
-        hits.append((move & (g != 0)).any())
-    return bool(torch.stack(hits).any()) if hits else False   # one read
-
-
-def _tensors(obj) -> list:
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (tuple, list)):
-        return [t for o in obj for t in _tensors(o)]
-    if isinstance(obj, dict):
-        return [t for o in obj.values() for t in _tensors(o)]
-    return []
+        return None
+    terms = [(g.double().abs() * (a.double() - b.double()).abs()).sum() for a, b, g in zip(before, after, grads)
+             if g is not None and g.shape == a.shape and a.numel()]
+    return float(torch.stack(terms).sum()) if terms else 0.0
 
 
 def _cloned(obj):
-    """A copy of a call's arguments (a forward may change its input in place); parameters are kept as they
-    are, so a shift applied to them reaches the call run again."""
     import torch
 
-    if isinstance(obj, torch.nn.Parameter):
-        return obj
     if isinstance(obj, torch.Tensor):
         return obj.detach().clone()
     if isinstance(obj, tuple):
