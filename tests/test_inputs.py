@@ -188,3 +188,41 @@ def test_a_bool_padding_mask_is_nothing_padded():
 
     ids, mask = make(Enc(), "2x9:int64", "2x9:bool").args
     assert mask.dtype == torch.bool and not bool(mask.any())
+
+
+class TiedLMHead(nn.Module):
+    """An LM head with tied embeddings and its own loss, like transformers' (output.loss, output.logits).
+    shift=False is XLNet's head: it predicts the token at each position, so labels = the input ids is a copy
+    task the tied embeddings solve at initialisation."""
+
+    def __init__(self, shift: bool, vocab: int = 50, d: int = 16):
+        super().__init__()
+        self.emb, self.mix, self.shift = nn.Embedding(vocab, d), nn.Linear(d, d), shift
+
+    def forward(self, input_ids, labels=None):
+        from types import SimpleNamespace
+
+        h = self.emb(input_ids)
+        logits = (h + self.mix(h)) @ self.emb.weight.T
+        if self.shift:
+            logits_, labels_ = logits[:, :-1], labels[:, 1:]
+        else:
+            logits_, labels_ = logits, labels
+        loss = nn.functional.cross_entropy(logits_.flatten(0, 1), labels_.flatten(), ignore_index=-100)
+        return SimpleNamespace(loss=loss, logits=logits)
+
+
+@pytest.mark.parametrize("shift", [True, False])
+def test_labels_of_a_head_that_does_not_shift_them_are_the_next_ids(shift):
+    from torchdiag.core.inputs import _next_if_unshifted
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 50, (2, 12))
+    inputs = ModelInputs((ids,), {"labels": ids.clone()}, notes=["labels: the input ids (the model's own loss)"])
+    _next_if_unshifted(inputs, TiedLMHead(shift))
+    labels = inputs.kwargs["labels"]
+    if shift:      # a causal LM shifts them itself: left as they are
+        assert torch.equal(labels, ids) and inputs.notes == ["labels: the input ids (the model's own loss)"]
+    else:
+        assert torch.equal(labels[:, :-1], ids[:, 1:]) and bool((labels[:, -1] == -100).all())
+        assert len(inputs.notes) == 1 and inputs.notes[0].startswith("labels: the next input id"), inputs.notes

@@ -23,6 +23,7 @@ DTYPES = {
     "int64": "int64", "long": "int64", "int32": "int32", "int": "int32",
     "int16": "int16", "int8": "int8", "uint8": "uint8", "bool": "bool",
 }
+SHIFT_CLEAR = 10.0   # an LM head's own loss is this much closer to one reading of its labels than to the other
 _SPEC = re.compile(r"^(?P<shape>[^:]+)(?::(?P<dtype>[a-z0-9]+)(?P<range>[\[(].*)?)?$")
 _RANGE = re.compile(r"^\[\s*(-?[\d.e+]+)\s*,\s*(-?[\d.e+]+)\s*([)\]])$")
 
@@ -369,7 +370,11 @@ def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
     inputs.chosen = True
     names = [p.name for p in forward_parameters(loaded.model)]
     if getattr(loaded, "labels_from_ids", False) and inputs.args and "labels" in names:
-        _labels_from_ids(inputs, _missing_decoder_start(loaded.model, names), loaded.model)
+        start = _missing_decoder_start(loaded.model, names)
+        _labels_from_ids(inputs, start, loaded.model)
+        encoder_decoder = getattr(getattr(loaded.model, "config", None), "is_encoder_decoder", False)
+        if getattr(loaded, "trains", False) and start is None and not encoder_decoder:   # a forward: only to train
+            _next_if_unshifted(inputs, loaded.model)
     if device.type == "meta" and "labels" not in inputs.kwargs and "decoder_input_ids" in names[len(inputs.args):] and inputs.args:
         first = inputs.args[0]
         inputs.kwargs["decoder_input_ids"] = torch.empty(first.shape, dtype=first.dtype, device="meta")
@@ -436,18 +441,22 @@ def _spec_inputs(specs: tuple[str, ...], loaded, device, seed: int) -> ModelInpu
 def runs(model, inputs: ModelInputs, stop: type[Exception] | None = None) -> bool:
     """One forward under no_grad that leaves no trace (RNG forked, buffers restored): does it run? (`stop`: an
     exception a hook raises to end it early, counted as running.)"""
+    try:
+        traceless(model, inputs)
+        return True
+    except Exception as exc:   # noqa: BLE001 - any failure means: not this layout
+        return stop is not None and isinstance(exc, stop)
+
+
+def traceless(model, inputs: ModelInputs):
+    """The output of one forward under no_grad that leaves no trace (RNG forked, buffers restored)."""
     import torch
 
     saved = {n: b.detach().clone() for n, b in model.named_buffers()}
     devices = sorted({t.device.index or 0 for t in saved.values() if t.device.type == "cuda"})
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad():
-            inputs.call(model)
-        return True
-    except Exception as exc:   # noqa: BLE001 - any failure means: not this layout
-        if stop is not None and isinstance(exc, stop):
-            return True
-        return False
+            return inputs.call(model)
     finally:
         with torch.no_grad():
             for n, b in model.named_buffers():
@@ -536,6 +545,42 @@ def _labels_from_ids(inputs, start: int | None = None, model=None) -> None:
         inputs.notes.append(f"labels: {said}; decoder_input_ids: the model's own (labels shifted right)")
     else:
         inputs.notes.append(f"labels: {said} (the model's own loss)")
+
+
+def _next_if_unshifted(inputs, model) -> None:
+    """A causal-LM head that does not shift its labels (XLNet's predicts the token at each position), given
+    labels = the input ids, is set a copy task that tied embeddings solve at initialisation (every gradient
+    ~60x smaller than on a real target). Told by behaviour: one forward, the model's own loss against the
+    cross-entropy of its logits with the labels as they are and shifted by one; when it is clearly the first
+    (SHIFT_CLEAR), the labels become the next id at each position (-100 at the last)."""
+    import torch
+    import torch.nn.functional as F
+
+    labels = inputs.kwargs.get("labels")
+    if not torch.is_tensor(labels) or labels.device.type == "meta" or labels.dim() != 2 or labels.shape[1] < 3:
+        return
+    try:
+        out = traceless(model, inputs)
+    except Exception:   # noqa: BLE001 - the real run reports a failing forward with its module
+        return
+    loss, logits = getattr(out, "loss", None), getattr(out, "logits", None)
+    if not (torch.is_tensor(loss) and loss.numel() == 1 and torch.is_tensor(logits) and logits.dim() == 3
+            and logits.shape[:2] == labels.shape):
+        return
+    flat = logits.detach().float()
+    same = F.cross_entropy(flat.flatten(0, 1), labels.flatten(), ignore_index=-100)
+    shifted = F.cross_entropy(flat[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+    own = loss.detach().float().reshape(())
+    if not bool(SHIFT_CLEAR * (own - same).abs() < (own - shifted).abs()):
+        return
+    following = labels.new_full(labels.shape, -100)
+    following[:, :-1] = labels[:, 1:]
+    inputs.kwargs["labels"] = following
+    inputs.source = inputs.source.replace("labels = the input ids", "labels = the next input ids")   # sources.py's
+    inputs.notes = [n for n in inputs.notes if not n.startswith("labels:")]
+    inputs.notes.append(f"labels: the next input id at each position, -100 at the last (the model's loss does not "
+                        f"shift its labels: {float(own):.4g} is the cross-entropy of its logits with them as they are, "
+                        f"{float(same):.4g}, not shifted, {float(shifted):.4g}; the ids themselves would be a copy task)")
 
 
 def _vlm_labels(inputs, ids, model):

@@ -34,6 +34,7 @@ class LoadedModel:
     header: dict[str, Any] = field(default_factory=dict)
     labels_from_ids: bool = False          # hf: causal LM: the default inputs pass labels = the input ids
     input_alternatives: tuple[tuple[str, ...], ...] = ()   # hf: other default inputs, tried when these do not run
+    trains: bool = False                   # the default inputs are for a command that trains (sources.for_training)
 
 
 def split_spec(spec: str) -> tuple[str, str]:

@@ -608,6 +608,7 @@ def batched(specs: tuple[str, ...], batch: int) -> tuple[str, ...]:
 def for_training(loaded) -> None:
     """A source model's default inputs at TRAIN_BATCH, for a command that runs train mode (in place on
     the LoadedModel; said in its input_source). A user's own -i or example_inputs are never changed."""
+    loaded.trains = True
     if loaded.default_inputs:
         if getattr(loaded, "input_alternatives", ()):
             loaded.input_alternatives = tuple(batched(a, TRAIN_BATCH) for a in loaded.input_alternatives)
