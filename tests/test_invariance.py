@@ -397,3 +397,28 @@ def test_casts_widened_keep_the_code_working():
         res = api_run("gradflow", model, (x,), loss="cross_entropy")
         assert statuses(res)["fc.bias"] == "invariant", (cls.__name__, statuses(res))
         assert not [n for n in res.notes if "float32" in n or "not re-checked" in n], res.notes
+
+
+class FaintNorm(nn.Module):
+    """fc -> BatchNorm (which cancels fc.bias) on a faint path (a fixed gain of 1e-9) beside the main one. A
+    unit shift of fc.bias would move the loss, had the BatchNorm not cancelled it, by less than the shift test
+    sees (as mBART's encoder key biases, whose encoder gets 1e-8 of the decoder's gradient): the shift is
+    scaled up until it would."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.bn, self.main, self.head = nn.Linear(8, 4), nn.BatchNorm1d(4), nn.Linear(8, 4), nn.Linear(4, 3)
+        self.register_buffer("gain", torch.tensor(1e-9))
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.main(x) + self.gain * self.bn(self.fc(x))))
+
+
+def test_a_cancelled_bias_on_a_faint_path_is_invariant(monkeypatch):
+    from torchdiag.core import invariance
+
+    for scale, expected in ((invariance.MAX_SCALE, "invariant"), (1.0, "vanishing-grad")):
+        monkeypatch.setattr(invariance, "MAX_SCALE", scale)   # 1.0: no larger shift, the bias keeps its warning
+        torch.manual_seed(0)
+        st = statuses(api_run("gradflow", FaintNorm(), (torch.randn(4, 8),), loss="cross_entropy"))
+        assert st["fc.bias"] == expected, (scale, st)

@@ -22,6 +22,7 @@ LOSS_RTOL_FLOAT32 = 1e-5   # the same in float32, for a forward that cannot run 
                            # tensors of its own: torchvision RAFT's coordinate grid); rounding is ~1e-7 there
 INVARIANT_GRAD_FACTOR = 1e-4   # a gradient below this × the largest of its module's other parameters': a candidate
 MAX_SHIFTS = 24      # shifted forwards at most (what is left untested keeps its verdict)
+MAX_SCALE = 1e6      # a shift scaled up at most this much where the signal through its module is faint
 
 
 def small_beside_siblings(norms: dict[str, float | None]) -> set[str]:
@@ -64,43 +65,65 @@ def double(t):
 def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_RTOL) -> set[str]:
     """The `names` the loss does not depend on although they act on what it reads: shifted, the loss does not
     move, though their own module's output moved enough to move it had nothing after it cancelled the move
-    (core/reach.py: a following normalisation or softmax removes the shift). A parameter that moves nothing
-    (LayerNorm over one feature, a weight fed zeros), moves only what no gradient reaches (the unused half of a
-    bidirectional LSTM) or acts through a nearly closed gate keeps its verdict. `work`: a float64 copy in the
-    mode of the run (stochastic depth off); `inputs` in float64 (double); loss_fn a fresh ctx.loss() (the same
-    seeded target). Cost: one forward + backward (two when the widened forward fails), the shifted forwards of
-    bisect, two calls of a module alone per cancelled name."""
-    import torch
-
+    (core/reach.py: a following normalisation or softmax removes the shift). Where the signal through the
+    module is too faint for a unit shift to tell (a cancelled key bias in an encoder whose whole gradient is
+    1e-8 of the decoder's), the shift is scaled up until it would (at most MAX_SCALE): a cancellation holds
+    for any shift, a faint dependence then moves the loss. A parameter that moves nothing (LayerNorm over one
+    feature, a weight fed zeros), moves only what no gradient reaches (the unused half of a bidirectional
+    LSTM) or acts through a nearly closed gate keeps its verdict. `work`: a float64 copy in the mode of the
+    run (stochastic depth off); `inputs` in float64 (double); loss_fn a fresh ctx.loss() (the same seeded
+    target). Cost: one forward + backward (two when the widened forward fails), the shifted forwards of
+    bisect, two calls of a module alone per cancelled name (and one more forward and two calls when scaled)."""
     params = dict(work.named_parameters())
     names = [n for n in names if n in params]
     if not names:
         return set()
     base, calls, wide, loss = _base(work, inputs, names, loss_fn, ctx)
+    test = _ShiftTest(params, base, loss, ctx, rtol)
+    out = set()
+    for n in bisect(names, test.moved):
+        scale = 1.0
+        bound = calls.bound(n, lambda m, n=n: test.shifted([n], m), ctx, wide)
+        if bound is not None and 0 < bound <= reach.SEEN * test.seen:   # too faint to tell: a larger shift
+            scale = min(MAX_SCALE, 10 * reach.SEEN * test.seen / bound)
+            bound = calls.bound(n, lambda m, n=n, k=scale: test.shifted([n], m, k), ctx, wide)
+        if bound is not None and bound > reach.SEEN * test.seen and (scale == 1.0 or not test.moved([n], scale)):
+            out.add(n)
+    return out
 
-    def shifted(group, measure):
+
+class _ShiftTest:
+    """Shifts parameters of the copy by seeded random values (× scale) and asks whether the loss moved."""
+
+    def __init__(self, params: dict, base, loss, ctx, rtol: float):
+        self.params, self.base, self.loss, self.ctx, self.rtol = params, base, loss, ctx, rtol
+        self.seen = 0.0      # the smallest loss move the test sees, in the loss's units (set by moved)
+
+    def shifted(self, group, measure, scale: float = 1.0):
+        import torch
+
+        params = self.params
         with torch.no_grad():
             saved = [params[n].detach().clone() for n in group]
-            g = torch.Generator(device=params[group[0]].device).manual_seed(ctx.seed)
+            g = torch.Generator(device=params[group[0]].device).manual_seed(self.ctx.seed)
             for n in group:
-                params[n].add_(torch.randn(params[n].shape, generator=g, device=params[n].device, dtype=params[n].dtype))
+                p = params[n]
+                p.add_(torch.randn(p.shape, generator=g, device=p.device, dtype=p.dtype) * scale)
             try:
                 return measure()
             finally:
                 for n, v in zip(group, saved):
                     params[n].copy_(v)
 
-    seen = [0.0]   # the smallest loss move the test sees, in the loss's units
+    def moved(self, group, scale: float = 1.0) -> bool:
+        import torch
 
-    def moved(group) -> bool:
         with torch.no_grad():
-            a, b = torch.stack([base, shifted(group, loss)]).tolist()
+            a, b = torch.stack([self.base, self.shifted(group, self.loss, scale)]).tolist()
         if not math.isfinite(a):   # the copy itself went bad (CANINE's masks in float64): it cannot answer
-            raise ModelError(f"the loss on the {next(iter(params.values())).dtype} copy is {a}")
-        seen[0] = rtol * max(abs(a), 1e-3)
-        return abs(a - b) > seen[0]
-
-    return {n for n in bisect(names, moved) if calls.reached(n, lambda m, n=n: shifted([n], m), ctx, wide, seen[0])}
+            raise ModelError(f"the loss on the {next(iter(self.params.values())).dtype} copy is {a}")
+        self.seen = self.rtol * max(abs(a), 1e-3)
+        return not abs(a - b) <= self.seen     # a NaN shifted loss moved
 
 
 def _base(work, inputs, names, loss_fn, ctx):

@@ -3,11 +3,10 @@
 A parameter the loss does not depend on is `invariant` only when the shift acts on what the loss reads and
 something after it cancels the move (a normalisation, a softmax). Where it acts is its own module's output,
 the module run again alone on its first call's arguments; what that move would do to the loss, to first
-order, without a cancellation after it, is bounded by sum |dL/d out| × |out moved|. When that bound is itself
-below what the shift test can see, the unmoved loss says nothing: the parameter moves nothing (a LayerNorm
-weight over one feature multiplies zeros), moves only what nothing reads (the unused half of a
-bidirectional LSTM: its gradient there is exactly 0), or acts through a nearly closed gate (a sigmoid at
--30 passes 1e-13 of the shift), and keeps its verdict."""
+order, without a cancellation after it, is bounded by sum |dL/d out| × |out moved|. A parameter that moves
+nothing (a LayerNorm weight over one feature multiplies zeros) or moves only what nothing reads (the unused
+half of a bidirectional LSTM: its gradient there is exactly 0) has a bound of 0 and keeps its verdict; one
+whose bound is below what the shift test sees is asked again with a larger shift (invariance.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -54,16 +53,16 @@ class FirstCalls:
                     t.register_hook(lambda g, i=i: self.grads[name].__setitem__(i, g.detach()))
         return hook
 
-    def reached(self, name: str, shifted, ctx, wide, visible: float) -> bool:
-        """Would shifting `name` have moved the loss by more than SEEN × `visible` (the shift test's threshold,
-        in the loss's units) through its module's output, had nothing after it cancelled the move? Unknown
-        (its module never called, fails alone, or its outputs change shape) counts as not reached: the
+    def bound(self, name: str, shifted, ctx, wide) -> float | None:
+        """How far shifting `name` would move the loss, to first order, through its module's output had nothing
+        after it cancelled the move: sum |gradient| × |move| (core/invariance.py compares it with what the shift
+        test sees). None when unknown (its module never called, fails alone, or its outputs change shape): the
         parameter keeps its verdict."""
         import torch
 
         mod, call = self.modules.get(owner(name)), self.args.get(owner(name))
         if mod is None or call is None:
-            return False
+            return None
 
         def out():
             args, kwargs = _cloned(call)
@@ -74,9 +73,8 @@ class FirstCalls:
             with torch.no_grad():
                 before, after = out(), shifted(out)
         except Exception:   # noqa: BLE001 - what cannot run alone is not known to act: keep the verdict
-            return False
-        bound = _first_order(before, after, self.grads.get(owner(name), []))
-        return bound is not None and bound > SEEN * visible
+            return None
+        return _first_order(before, after, self.grads.get(owner(name), []))
 
 
 def _first_order(before: list, after: list, grads: list) -> float | None:
