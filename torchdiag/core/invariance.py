@@ -22,7 +22,8 @@ LOSS_RTOL_FLOAT32 = 1e-5   # the same in float32, for a forward that cannot run 
                            # tensors of its own: torchvision RAFT's coordinate grid); rounding is ~1e-7 there
 INVARIANT_GRAD_FACTOR = 1e-4   # a gradient below this × the largest of its module's other parameters': a candidate
 MAX_SHIFTS = 24      # shifted forwards at most (what is left untested keeps its verdict)
-MAX_SCALE = 1e6      # a shift scaled up at most this much where the signal through its module is faint
+MAX_SCALE = 1e6      # a shift scaled up at most this much where a unit shift cannot tell (_stays)
+RESOLUTION = 0.1     # × rtol: a dependence below this fraction of what the shift does at its module is rounding
 
 
 def small_beside_siblings(norms: dict[str, float | None]) -> set[str]:
@@ -65,31 +66,39 @@ def double(t):
 def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_RTOL) -> set[str]:
     """The `names` the loss does not depend on although they act on what it reads: shifted, the loss does not
     move, though their own module's output moved enough to move it had nothing after it cancelled the move
-    (core/reach.py: a following normalisation or softmax removes the shift). Where the signal through the
-    module is too faint for a unit shift to tell (a cancelled key bias in an encoder whose whole gradient is
-    1e-8 of the decoder's), the shift is scaled up until it would (at most MAX_SCALE): a cancellation holds
-    for any shift, a faint dependence then moves the loss. A parameter that moves nothing (LayerNorm over one
-    feature, a weight fed zeros), moves only what no gradient reaches (the unused half of a bidirectional
-    LSTM) or acts through a nearly closed gate keeps its verdict. `work`: a float64 copy in the mode of the
-    run (stochastic depth off); `inputs` in float64 (double); loss_fn a fresh ctx.loss() (the same seeded
-    target). Cost: one forward + backward (two when the widened forward fails), the shifted forwards of
-    bisect, two calls of a module alone per cancelled name (and one more forward and two calls when scaled)."""
+    (core/reach.py: a following normalisation or softmax removes the shift); see _stays. A parameter that
+    moves nothing (LayerNorm over one feature, a weight fed zeros) or moves only what no gradient reaches (the
+    unused half of a bidirectional LSTM) keeps its verdict. `work`: a float64 copy in the mode of the run
+    (stochastic depth off); `inputs` in float64 (double); loss_fn a fresh ctx.loss() (the same seeded target).
+    Cost: one forward + backward (two when the widened forward fails), the shifted forwards of bisect, and per
+    name the loss cannot tell, two calls of its module alone and one more shifted forward."""
     params = dict(work.named_parameters())
     names = [n for n in names if n in params]
     if not names:
         return set()
-    base, calls, wide, loss = _base(work, inputs, names, loss_fn, ctx)
+    base, calls, wide, loss, grads = _base(work, inputs, names, loss_fn, ctx)
     test = _ShiftTest(params, base, loss, ctx, rtol)
-    out = set()
-    for n in bisect(names, test.moved):
-        scale = 1.0
-        bound = calls.bound(n, lambda m, n=n: test.shifted([n], m), ctx, wide)
-        if bound is not None and 0 < bound <= reach.SEEN * test.seen:   # too faint to tell: a larger shift
-            scale = min(MAX_SCALE, 10 * reach.SEEN * test.seen / bound)
-            bound = calls.bound(n, lambda m, n=n, k=scale: test.shifted([n], m, k), ctx, wide)
-        if bound is not None and bound > reach.SEEN * test.seen and (scale == 1.0 or not test.moved([n], scale)):
-            out.add(n)
-    return out
+    return {n for n in bisect(names, test.moved) if _stays(n, calls, test, grads.get(n), ctx, wide)}
+
+
+def _stays(name: str, calls, test, grad, ctx, wide) -> bool:
+    """Does the loss stay where it was under a shift of `name` (not moved at a unit shift) large enough to show
+    both that the shift acts on what the loss reads (its module's output would move the loss, to first order,
+    by SEEN × what the test sees: reach.py's bound) and a faint real dependence, if there were one (the
+    parameter's own gradient along the shift, times the scale, is SEEN × that too)? A cancellation holds for
+    any shift; a dependence below RESOLUTION × rtol of the bound (1e-10 in float64) is not told from rounding. The
+    scale is at most MAX_SCALE."""
+    bound = calls.bound(name, lambda m: test.shifted([name], m), ctx, wide)
+    if not bound:   # None: not known; 0: it moves nothing the loss's gradient reaches: the verdict stays
+        return False
+    need = reach.SEEN * test.seen
+    slope = abs(float((grad * test.direction(name)).sum())) if grad is not None else 0.0
+    if slope >= need:   # its gradient says a unit shift moves the loss, and it did not: not a cancellation
+        return False
+    scale = max(1.0, min(MAX_SCALE, need / max(slope, RESOLUTION * test.rtol * bound)))
+    if scale * bound < need:
+        return False
+    return scale == 1.0 or not test.moved([name], scale)
 
 
 class _ShiftTest:
@@ -98,6 +107,14 @@ class _ShiftTest:
     def __init__(self, params: dict, base, loss, ctx, rtol: float):
         self.params, self.base, self.loss, self.ctx, self.rtol = params, base, loss, ctx, rtol
         self.seen = 0.0      # the smallest loss move the test sees, in the loss's units (set by moved)
+
+    def direction(self, name: str):
+        """The unit shift of `name` alone (what shifted([name]) adds)."""
+        import torch
+
+        p = self.params[name]
+        g = torch.Generator(device=p.device).manual_seed(self.ctx.seed)
+        return torch.randn(p.shape, generator=g, device=p.device, dtype=p.dtype)
 
     def shifted(self, group, measure, scale: float = 1.0):
         import torch
@@ -127,7 +144,8 @@ class _ShiftTest:
 
 
 def _base(work, inputs, names, loss_fn, ctx):
-    """(the loss, its modules' first calls and gradients, the cast policy, the loss function of that policy):
+    """(the loss, its modules' first calls and gradients, the cast policy, the loss function of that policy,
+    the names' float64 gradients):
     one forward + backward, with casts widened on a float64 copy (keep_float64), and as written when that
     forward or its backward fails (code that reads a float32's bits; an in-place write to a cast)."""
     import contextlib
@@ -148,7 +166,9 @@ def _base(work, inputs, names, loss_fn, ctx):
                 base = loss()
                 if base.requires_grad:
                     torch.autograd.backward(base)
-            return base.detach(), calls, wide, loss
+            params = dict(work.named_parameters())
+            grads = {n: params[n].grad.detach().clone() for n in names if params[n].grad is not None}
+            return base.detach(), calls, wide, loss, grads
         except ModelError:
             if k == len(policies) - 1:
                 raise
