@@ -226,3 +226,43 @@ def test_labels_of_a_head_that_does_not_shift_them_are_the_next_ids(shift):
     else:
         assert torch.equal(labels[:, :-1], ids[:, 1:]) and bool((labels[:, -1] == -100).all())
         assert len(inputs.notes) == 1 and inputs.notes[0].startswith("labels: the next input id"), inputs.notes
+
+
+class Grounded(nn.Module):
+    """A detector that reads text beside its pixels (Grounding DINO's layout): the default layout makes the
+    keyword input_ids all zeros, the word embedding's padding index, so no word was read and the word
+    embedding got exactly zero gradient. Type ids keep their zeros."""
+
+    def __init__(self):
+        super().__init__()
+        self.words, self.types = nn.Embedding(500, 8, padding_idx=0), nn.Embedding(2, 8)
+        self.conv = nn.Conv2d(3, 8, 3)
+
+    def forward(self, pixel_values, input_ids=None, token_type_ids=None):
+        text = self.words(input_ids) + self.types(token_type_ids)
+        return self.conv(pixel_values).mean((2, 3)) + text.mean(1)
+
+
+def test_keyword_token_ids_made_as_zeros_span_their_embedding():
+    model = Grounded()
+    zeros = torch.zeros(2, 16, dtype=torch.int64)
+    inputs = realistic_inputs(model, [torch.randn(2, 3, 8, 8)], [parse_input_spec("2x3x8x8")], [None],
+                              torch.device("cpu"), 0, keywords={"input_ids": zeros, "token_type_ids": zeros.clone()})
+    ids = inputs.kwargs["input_ids"]
+    assert 50 < int(ids.max()) < 500 and int(ids.min()) >= 0
+    assert not bool(inputs.kwargs["token_type_ids"].any())
+    assert any(n.startswith("input_ids: integer values in [0, 500)") for n in inputs.notes), inputs.notes
+
+
+def test_labels_of_int32_ids_are_compared_as_class_indices():
+    from torchdiag.core.inputs import _next_if_unshifted
+
+    class Int32Head(TiedLMHead):   # a user's -i ...:int32 ids; the model's own loss casts them
+        def forward(self, input_ids, labels=None):
+            return super().forward(input_ids, labels.long())
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 50, (2, 12), dtype=torch.int32)
+    inputs = ModelInputs((ids,), {"labels": ids.clone()}, notes=["labels: the input ids (the model's own loss)"])
+    _next_if_unshifted(inputs, Int32Head(False))
+    assert inputs.kwargs["labels"].dtype == torch.int32 and torch.equal(inputs.kwargs["labels"][:, :-1], ids[:, 1:])

@@ -326,17 +326,22 @@ def realistic_inputs(model, tensors: list, specs: list[InputSpec], notes: list, 
         out_notes.append(f"decoder_input_ids: {shape_str(first)} added (the model is an encoder-decoder: "
                          "its forward takes decoder_input_ids)")
     inputs = ModelInputs(tuple(tensors), kwargs, "--input")
-    wanted = [] if meta else [f"input[{i}]" for i in ids] + (["decoder_input_ids"] if "decoder_input_ids" in kwargs else [])
+    made = [] if meta else _zero_keyword_ids(kwargs)
+    wanted = [] if meta else [f"input[{i}]" for i in ids] + (["decoder_input_ids"] if "decoder_input_ids" in kwargs else []) + made
     found = embedding_consumers(model, inputs, wanted) if wanted and model is not None else {}
     for key in wanted:
         if key not in found:
             continue
         where, size = found[key]
-        if key == "decoder_input_ids":
+        if key == "decoder_input_ids" or key in made:
             t = kwargs[key]
-            g = torch.Generator().manual_seed(seeds.decoder_ids(seed))
-            kwargs[key] = torch.randint(0, size, tuple(t.shape), generator=g, dtype=t.dtype).to(t.device)
-            out_notes[-1] += f"; values in [0, {size}) ({where})"
+            stream = seeds.decoder_ids(seed) if key == "decoder_input_ids" else seeds.keyword_ids(seed, made.index(key))
+            kwargs[key] = torch.randint(0, size, tuple(t.shape), generator=torch.Generator().manual_seed(stream),
+                                        dtype=t.dtype).to(t.device)
+            if key in made:
+                out_notes.append(f"{key}: integer values in [0, {size}) (the nn.Embedding that consumes it: {where})")
+            else:
+                out_notes[-1] += f"; values in [0, {size}) ({where})"
             continue
         i = int(key[6:-1])
         t = tensors[i]
@@ -344,6 +349,18 @@ def realistic_inputs(model, tensors: list, specs: list[InputSpec], notes: list, 
         tensors[i] = torch.randint(0, size, tuple(t.shape), generator=g, dtype=t.dtype).to(t.device)
         notes[i] = f"{label[i]}: integer values in [0, {size}) (the nn.Embedding that consumes it: {where})"
     return ModelInputs(tuple(tensors), kwargs, "--input", [n for n in notes if n] + out_notes)
+
+
+def _zero_keyword_ids(kwargs: dict) -> list[str]:
+    """Keyword token ids a source's default layout made all zeros (hf_inputs: `input_ids` beside a detector's
+    pixels), to be given values in the range of the embedding that reads them: ids that are all 0, a padding
+    index, leave a text tower nothing to read (Grounding DINO's word embeddings got exactly zero gradient).
+    Type ids keep their zeros (one segment, as a tokenizer gives)."""
+    import torch
+
+    return [k for k, t in kwargs.items() if k.endswith("_ids") and "type" not in k and k != "decoder_input_ids"
+            and torch.is_tensor(t) and not t.is_floating_point() and t.dim() >= 1 and t.numel() > 1
+            and not bool(t.any())]
 
 
 def _random_decoder_ids(like, model, seed: int):
@@ -567,10 +584,10 @@ def _next_if_unshifted(inputs, model) -> None:
     if not (torch.is_tensor(loss) and loss.numel() == 1 and torch.is_tensor(logits) and logits.dim() == 3
             and logits.shape[:2] == labels.shape):
         return
-    flat = logits.detach().float()
-    same = F.cross_entropy(flat.flatten(0, 1), labels.flatten(), ignore_index=-100)
-    shifted = F.cross_entropy(flat[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
-    own = loss.detach().float().reshape(())
+    flat, targets = logits.detach().float(), labels.to(logits.device, torch.long)   # a user's int32 ids
+    same = F.cross_entropy(flat.flatten(0, 1), targets.flatten(), ignore_index=-100)
+    shifted = F.cross_entropy(flat[:, :-1].flatten(0, 1), targets[:, 1:].flatten(), ignore_index=-100)
+    own = loss.detach().float().reshape(()).to(logits.device)
     if not bool(SHIFT_CLEAR * (own - same).abs() < (own - shifted).abs()):
         return
     following = labels.new_full(labels.shape, -100)

@@ -9,6 +9,7 @@ DECODER_IDS = 1            # decoder_input_ids added for an encoder-decoder
 EMBEDDING_IDS = 100        # + the input's index: integer ids drawn below their nn.Embedding's size
 FRESH_BATCHES = 1000       # + the batch's index: gradflow's dead-unit re-check batches
 OTHER_DRAWS = 2000         # + k: gradflow's k-th other draw of the RNG for parameters without a gradient
+KEYWORD_IDS = 3000         # + k: the k-th keyword input of token ids a source's default layout made all zeros
 
 
 def decoder_ids(seed: int) -> int:
@@ -18,6 +19,11 @@ def decoder_ids(seed: int) -> int:
 def embedding_ids(seed: int, index: int) -> int:
     """The stream of input `index`'s integer ids."""
     return seed + EMBEDDING_IDS + index
+
+
+def keyword_ids(seed: int, k: int) -> int:
+    """The stream of the k-th keyword token ids given values in their embedding's range."""
+    return seed + KEYWORD_IDS + k
 
 
 def output_target(seed: int, k: int) -> int:
