@@ -5,9 +5,10 @@ logits before a softmax over the dimension it is constant in, is cancelled exact
 rounding noise, and no optimizer step moves it, by design. Tested by behaviour on a float64 copy: the
 parameters are shifted by a random vector (one value per element, so a softmax's invariance to one constant
 added to every logit does not count) and the same seeded forward is run; when the loss does not move
-(relative change < 1e-9, far above float64 rounding, far below any real dependence), it does not depend on
-them. All names are shifted together first; a group that moves the loss is halved, so one real dependence
-among many cancelled parameters costs a few forwards, not the verdict of the rest."""
+(relative change < 1e-9, far above float64 rounding), and would have under that shift (or one scaled up
+until it would: _stays), it does not depend on them. All names are shifted together first; a group that
+moves the loss is halved, so one real dependence among many cancelled parameters costs a few forwards, not
+the verdict of the rest."""
 from __future__ import annotations
 
 import math
@@ -110,11 +111,16 @@ class _ShiftTest:
 
     def direction(self, name: str):
         """The unit shift of `name` alone (what shifted([name]) adds)."""
+        return next(self._draws([name]))[1]
+
+    def _draws(self, group):
+        """(name, its random shift) for each name of the group, from one generator seeded by the run's seed."""
         import torch
 
-        p = self.params[name]
-        g = torch.Generator(device=p.device).manual_seed(self.ctx.seed)
-        return torch.randn(p.shape, generator=g, device=p.device, dtype=p.dtype)
+        g = torch.Generator(device=self.params[group[0]].device).manual_seed(self.ctx.seed)
+        for n in group:
+            p = self.params[n]
+            yield n, torch.randn(p.shape, generator=g, device=p.device, dtype=p.dtype)
 
     def shifted(self, group, measure, scale: float = 1.0):
         import torch
@@ -122,10 +128,8 @@ class _ShiftTest:
         params = self.params
         with torch.no_grad():
             saved = [params[n].detach().clone() for n in group]
-            g = torch.Generator(device=params[group[0]].device).manual_seed(self.ctx.seed)
-            for n in group:
-                p = params[n]
-                p.add_(torch.randn(p.shape, generator=g, device=p.device, dtype=p.dtype) * scale)
+            for n, d in self._draws(group):
+                params[n].add_(d * scale)
             try:
                 return measure()
             finally:
