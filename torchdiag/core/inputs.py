@@ -596,7 +596,9 @@ def _next_if_unshifted(inputs, model) -> None:
     following = labels.new_full(labels.shape, -100)
     following[:, :-1] = labels[:, 1:]
     inputs.kwargs["labels"] = following
-    inputs.source = inputs.source.replace("labels = the input ids", "labels = the next input ids")   # sources.py's
+    from .sources import LABELS_FROM_IDS
+
+    inputs.source = inputs.source.replace(LABELS_FROM_IDS, "labels = the next input ids")
     inputs.notes = [n for n in inputs.notes if not n.startswith("labels:")]
     inputs.notes.append(f"labels: the next input id at each position, -100 at the last (the model's loss does not "
                         f"shift its labels: its loss on the input ids, {float(own):.4g}, is the cross-entropy of its "

@@ -21,6 +21,7 @@ from ..errors import ModelError, UsageError, one_line
 from . import hub
 from .limits import json_depth, read_text
 
+LABELS_FROM_IDS = "labels = the input ids"   # the header's words (inputs.py says when they changed)
 PREFIXES = ("torchvision:", "timm:", "hf:")
 NO_NETWORK = "torchdiag never downloads weights (no network access is attempted)"
 # --arg task=... for hf: the head on top of the base model
@@ -450,7 +451,7 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
     source.input_source = f"hf:{path} default (token ids, length {length}" + (f", vocab {vocab}" if vocab else "") + extra + ")"
     if vocab and _lm_head(cls):
         source.labels_from_ids = True
-        source.input_source += "; labels = the input ids (the model's own loss)"
+        source.input_source += f"; {LABELS_FROM_IDS} (the model's own loss)"
 
 
 def _positions(config) -> list[int]:
