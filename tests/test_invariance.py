@@ -422,3 +422,82 @@ def test_a_cancelled_bias_on_a_faint_path_is_invariant(monkeypatch):
         torch.manual_seed(0)
         st = statuses(api_run("gradflow", FaintNorm(), (torch.randn(4, 8),), loss="cross_entropy"))
         assert st["fc.bias"] == expected, (scale, st)
+
+
+class StarvedNorm(nn.Module):
+    """timm cpubone's attention input: GroupNorm(1, C) -> depthwise 2x2 convolution (stride 2, no bias) ->
+    train-mode BatchNorm. The BatchNorm cancels a per-channel constant (the norm's bias) and a per-channel scale
+    (its weight) alike: every parameter of `norm` is starved, so neither is small beside a sibling. The
+    gradient reaching the norm's output is healthy and sums, along the bias's shift, to rounding."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.norm = nn.GroupNorm(1, c)
+        self.dw = nn.Conv2d(c, c, 2, stride=2, groups=c, bias=False)
+        self.bn = nn.BatchNorm2d(c)
+        self.head = nn.Linear(c, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.stem(x))
+        return self.head(torch.relu(self.bn(self.dw(self.norm(h)))).mean((2, 3)))
+
+
+def test_a_module_whose_parameters_are_all_cancelled_is_invariant():
+    torch.manual_seed(0)
+    res = api_run("gradflow", StarvedNorm(), (torch.randn(4, 3, 8, 8),), loss="cross_entropy")
+    assert statuses(res)["norm.bias"] == "invariant", statuses(res)
+    assert not [f for f in res.findings if f.severity != "info"], [f.message for f in res.findings]
+
+
+def test_a_contracting_chain_is_not_called_invariant():
+    """Every parameter of the first layers of a deep sigmoid chain is flagged alike (no sibling to stand
+    beside), and a large shift barely moves the loss: only the gradient's own sum tells it is no cancellation."""
+    from sample_models.broken_grad_vanishing import build, example_inputs
+
+    st = statuses(api_run("gradflow", build(), example_inputs(), loss="cross_entropy"))
+    assert st["0.weight"] == st["0.bias"] == "vanishing-grad", st
+
+
+class Faint(nn.Module):
+    """Two parameters of one module, one with a real gradient 1e-6 of the other's: small beside its sibling."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.a, self.b = nn.Parameter(torch.ones(c)), nn.Parameter(torch.ones(c))
+
+    def forward(self, x):
+        return x * self.a + 1e-6 * x * self.b
+
+
+class Block(nn.Module):
+    def __init__(self, c=8):
+        super().__init__()
+        self.faint, self.fc, self.bn = Faint(c), nn.Linear(c, c), nn.BatchNorm1d(c)
+
+    def forward(self, x):
+        return x + torch.tanh(self.bn(self.fc(self.faint(x))))
+
+
+class ManyCandidates(nn.Module):
+    """mnasnet's pattern: 16 cancelled biases (Linear -> train-mode BatchNorm), each after a faint real
+    dependence, all candidates, in turn: more than the bisection's shifts can sort, unless what the float64
+    gradient already shows moves the loss is left out of it."""
+
+    def __init__(self, n=16, c=8):
+        super().__init__()
+        self.blocks = nn.Sequential(*(Block(c) for _ in range(n)))
+        self.head = nn.Linear(c, 3)
+
+    def forward(self, x):
+        return self.head(self.blocks(x))
+
+
+def test_cancelled_parameters_among_many_real_candidates_are_all_found():
+    from torchdiag.core import invariance
+
+    torch.manual_seed(0)
+    res = api_run("gradflow", ManyCandidates(), (torch.randn(8, 8),), loss="cross_entropy")
+    st = statuses(res)
+    assert {st[f"blocks.{i}.fc.bias"] for i in range(16)} == {"invariant"}, st
+    assert 2 * 16 > invariance.MAX_SHIFTS   # more candidates than shifts: the bisection alone cannot sort them

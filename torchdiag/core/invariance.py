@@ -25,6 +25,7 @@ INVARIANT_GRAD_FACTOR = 1e-4   # a gradient below this × the largest of its mod
 MAX_SHIFTS = 24      # shifted forwards at most (what is left untested keeps its verdict)
 MAX_SCALE = 1e6      # a shift scaled up at most this much where a unit shift cannot tell (_stays)
 RESOLUTION = 0.1     # × rtol: a dependence below this fraction of what the shift does at its module is rounding
+CANCELS = 1e-6       # a strict name's slope below this × its bound: its gradient sums to nothing (_sums_to_nothing)
 
 
 def small_beside_siblings(norms: dict[str, float | None]) -> set[str]:
@@ -64,36 +65,56 @@ def double(t):
     return t.double() if t.is_floating_point() else t
 
 
-def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_RTOL) -> set[str]:
+def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_RTOL, strict=()) -> set[str]:
     """The `names` the loss does not depend on although they act on what it reads: shifted, the loss does not
     move, though their own module's output moved enough to move it had nothing after it cancelled the move
     (core/reach.py: a following normalisation or softmax removes the shift); see _stays. A parameter that
     moves nothing (LayerNorm over one feature, a weight fed zeros) or moves only what no gradient reaches (the
     unused half of a bidirectional LSTM) keeps its verdict. `work`: a float64 copy in the mode of the run
     (stochastic depth off); `inputs` in float64 (double); loss_fn a fresh ctx.loss() (the same seeded target).
-    Cost: one forward + backward (two when the widened forward fails), the shifted forwards of bisect, and per
-    name the loss cannot tell, two calls of its module alone and one more shifted forward."""
+    The names in `strict` (not small beside a sibling: every parameter of their module may be starved) must
+    also show the cancellation in the gradient itself (_sums_to_nothing), so a chain that only contracts is
+    not asked. Cost: one forward + backward (two when the widened forward fails), per strict name and per name
+    the loss cannot tell two calls of its module alone, the shifted forwards of bisect, and one more shifted
+    forward per name the loss cannot tell at a unit shift."""
     params = dict(work.named_parameters())
     names = [n for n in names if n in params]
     if not names:
         return set()
     base, calls, wide, loss, grads = _base(work, inputs, names, loss_fn, ctx)
     test = _ShiftTest(params, base, loss, ctx, rtol)
-    return {n for n in bisect(names, test.moved) if _stays(n, calls, test, grads.get(n), ctx, wide)}
+    bounds: dict[str, float | None] = {}
+
+    def bound(n: str) -> float | None:
+        if n not in bounds:
+            bounds[n] = calls.bound(n, lambda m: test.shifted([n], m), ctx, wide)
+        return bounds[n]
+
+    # what its own float64 gradient already says moves the loss is no cancellation (_stays): asking it in the
+    # bisection would only spend the shifts (mnasnet's starved bn1 weights beside its cancelled bn3 biases)
+    quiet = [n for n in names if test.slope(n, grads.get(n)) < reach.SEEN * test.seen]
+    quiet = [n for n in quiet if n not in strict or _sums_to_nothing(test.slope(n, grads.get(n)), bound(n))]
+    return {n for n in bisect(quiet, test.moved) if _stays(bound(n), test, test.slope(n, grads.get(n)), n)}
 
 
-def _stays(name: str, calls, test, grad, ctx, wide) -> bool:
+def _sums_to_nothing(slope: float, bound: float | None) -> bool:
+    """A cancellation's signature in the gradient: the loss's gradient reaches the module's output (the bound,
+    sum |dL/d out| x |out moved|, is not 0) and sums, along the shift, to rounding (slope below CANCELS x the
+    bound). Terms of random signs that do not cancel leave ~1/sqrt(outputs) of the bound (1e-3 for a million
+    outputs); a chain that contracts every perturbation (deep sigmoids) scales both alike."""
+    return bool(bound) and slope < CANCELS * bound
+
+
+def _stays(bound: float | None, test, slope: float, name: str) -> bool:
     """Does the loss stay where it was under a shift of `name` (not moved at a unit shift) large enough to show
     both that the shift acts on what the loss reads (its module's output would move the loss, to first order,
     by SEEN × what the test sees: reach.py's bound) and a faint real dependence, if there were one (the
-    parameter's own gradient along the shift, times the scale, is SEEN × that too)? A cancellation holds for
-    any shift; a dependence below RESOLUTION × rtol of the bound (1e-10 in float64) is not told from rounding. The
-    scale is at most MAX_SCALE."""
-    bound = calls.bound(name, lambda m: test.shifted([name], m), ctx, wide)
+    parameter's own gradient along the shift, `slope`, times the scale, is SEEN × that too)? A cancellation
+    holds for any shift; a dependence below RESOLUTION × rtol of the bound (1e-10 in float64) is not told from
+    rounding. The scale is at most MAX_SCALE."""
     if not bound:   # None: not known; 0: it moves nothing the loss's gradient reaches: the verdict stays
         return False
     need = reach.SEEN * test.seen
-    slope = abs(float((grad * test.direction(name)).sum())) if grad is not None else 0.0
     if slope >= need:   # its gradient says a unit shift moves the loss, and it did not: not a cancellation
         return False
     scale = max(1.0, min(MAX_SCALE, need / max(slope, RESOLUTION * test.rtol * bound)))
@@ -107,11 +128,18 @@ class _ShiftTest:
 
     def __init__(self, params: dict, base, loss, ctx, rtol: float):
         self.params, self.base, self.loss, self.ctx, self.rtol = params, base, loss, ctx, rtol
-        self.seen = 0.0      # the smallest loss move the test sees, in the loss's units (set by moved)
+        a = float(base)
+        if not math.isfinite(a):   # the copy itself went bad (CANINE's masks in float64): it cannot answer
+            raise ModelError(f"the loss on the {next(iter(params.values())).dtype} copy is {a}")
+        self.seen = rtol * max(abs(a), 1e-3)   # the smallest loss move the test sees, in the loss's units
 
     def direction(self, name: str):
         """The unit shift of `name` alone (what shifted([name]) adds)."""
         return next(self._draws([name]))[1]
+
+    def slope(self, name: str, grad) -> float:
+        """|grad · the unit shift of `name`|: how far its gradient says that shift moves the loss (0 without one)."""
+        return abs(float((grad * self.direction(name)).sum())) if grad is not None else 0.0
 
     def _draws(self, group):
         """(name, its random shift) for each name of the group, from one generator seeded by the run's seed."""
@@ -141,9 +169,6 @@ class _ShiftTest:
 
         with torch.no_grad():
             a, b = torch.stack([self.base, self.shifted(group, self.loss, scale)]).tolist()
-        if not math.isfinite(a):   # the copy itself went bad (CANINE's masks in float64): it cannot answer
-            raise ModelError(f"the loss on the {next(iter(self.params.values())).dtype} copy is {a}")
-        self.seen = self.rtol * max(abs(a), 1e-3)
         return not abs(a - b) <= self.seen     # a NaN shifted loss moved
 
 
@@ -188,7 +213,7 @@ def bisect(names: list[str], moved) -> set[str]:
     """The names whose shift leaves the loss where it was: a group that does not move is cancelled as a
     whole, one that moves is halved (at most MAX_SHIFTS calls of `moved`)."""
     out: set[str] = set()
-    stack, shifts = [list(names)], 0
+    stack, shifts = [list(names)] if names else [], 0
     while stack and shifts < MAX_SHIFTS:
         group = stack.pop()
         shifts += 1

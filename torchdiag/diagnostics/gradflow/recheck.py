@@ -3,7 +3,8 @@ a healthy pass pays nothing for them. (Exactly-zero and vanishing gradients are 
 training run in gated.py.)
 
 - invariant: a parameter whose gradient is below 1e-4 of another gradient of its own module (a bias beside
-  its weight, a learnable affine's bias beside its scale). On a float64
+  its weight, a learnable affine's bias beside its scale), or any flagged one, asked strictly (its gradient
+  must sum to rounding where the module's output gradient is healthy: core/invariance.py). On a float64
   copy, shifted by a random vector (one value per element, so a softmax's invariance to one constant
   added to every logit does not count), with the same seeded forward: when the loss does not move
   (relative change < 1e-9, far above float64 rounding, far below any real dependence), the loss does
@@ -34,14 +35,18 @@ HALVES = (0.4, 0.625)   # and each gradient's norm is multiplied by about 1/SCAL
 MAX_SCALED = 16     # candidates doubled at most (the rest keep exploding-grad)
 
 
-def cancelled_candidates(rows) -> list[dict]:
-    """Rows whose gradient is below INVARIANT_GRAD_FACTOR of another gradient of the same module."""
+def cancelled_candidates(rows) -> tuple[list[dict], set[str]]:
+    """Rows whose gradient is below INVARIANT_GRAD_FACTOR of another gradient of the same module, and the
+    flagged rows besides, asked strictly (invariance.cancelled: a module whose parameters are all starved by
+    what follows, cpubone's GroupNorm before a depthwise convolution and a BatchNorm): (rows, strict names)."""
     small = small_beside_siblings({r["name"]: r["grad_norm"] for r in rows})
-    return [r for r in rows if r["name"] in small and r["status"] in ("ok", "vanishing-grad", "zero-grad")]
+    flagged = ("vanishing-grad", "zero-grad")
+    strict = {r["name"] for r in rows if r["name"] not in small and r["status"] in flagged}
+    return [r for r in rows if (r["name"] in small and r["status"] in ("ok", *flagged)) or r["name"] in strict], strict
 
 
 def recheck(model, inputs, pas, rows, opts, ctx, result) -> None:
-    cands = cancelled_candidates(rows) if ctx.device.type != "mps" else []   # mps has no float64
+    cands, strict = cancelled_candidates(rows) if ctx.device.type != "mps" else ([], set())   # mps: no float64
     try:
         _scale_invariant(model, inputs, rows, opts, ctx, result)
     except ModelError as exc:   # no copy, or its forward failed: the exploding verdicts stand
@@ -49,10 +54,10 @@ def recheck(model, inputs, pas, rows, opts, ctx, result) -> None:
     try:
         if cands:
             try:
-                _invariant(_copy(model, opts, ctx, as_double=True), inputs.map(double), cands, ctx.loss(), ctx)
+                _invariant(_copy(model, opts, ctx, as_double=True), inputs.map(double), cands, strict, ctx.loss(), ctx)
             except ModelError as exc:   # a forward that makes float32 tensors of its own: float32, looser
                 result.notes.append(f"cancelled parameters re-checked in float32 (the float64 copy failed: {exc.message})")
-                _invariant(_copy(model, opts, ctx), inputs, cands, ctx.loss(), ctx, LOSS_RTOL_FLOAT32)
+                _invariant(_copy(model, opts, ctx), inputs, cands, strict, ctx.loss(), ctx, LOSS_RTOL_FLOAT32)
         if any(r["status"] == "no-grad" for r in rows) and not opts.eval_mode:
             _skipped_at_random(_copy(model, opts, ctx), inputs, rows, ctx, result)
     except ModelError as exc:   # no copy, or the copy's forward failed: keep the plain verdicts
@@ -146,8 +151,8 @@ def _copy(model, opts, ctx, as_double=False):
     return work.double() if as_double else work
 
 
-def _invariant(work, inputs, cands, loss_fn, ctx, rtol: float = LOSS_RTOL) -> None:
-    cancelled_names = cancelled(work, inputs, [r["name"] for r in cands], loss_fn, ctx, rtol)
+def _invariant(work, inputs, cands, strict, loss_fn, ctx, rtol: float = LOSS_RTOL) -> None:
+    cancelled_names = cancelled(work, inputs, [r["name"] for r in cands], loss_fn, ctx, rtol, strict)
     for r in cands:
         if r["name"] in cancelled_names:
             r.update(status="invariant", allowed=False, design={
