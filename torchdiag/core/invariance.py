@@ -102,7 +102,7 @@ def _sums_to_nothing(slope: float, bound: float | None) -> bool:
     sum |dL/d out| x |out moved|, is not 0) and sums, along the shift, to rounding (slope below CANCELS x the
     bound). Terms of random signs that do not cancel leave ~1/sqrt(outputs) of the bound (1e-3 for a million
     outputs); a chain that contracts every perturbation (deep sigmoids) scales both alike."""
-    return bool(bound) and slope < CANCELS * bound
+    return bound is not None and bound > 0 and slope < CANCELS * bound
 
 
 def _stays(bound: float | None, test, slope: float, name: str) -> bool:
