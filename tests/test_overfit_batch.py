@@ -668,3 +668,25 @@ def test_trend_judge_on_hand_built_curves():
     assert floor.kind in ("plateau", "levelling")
     assert judge([1.0, 0.9, 0.8], 0.01).kind == "short"
     assert judge([1 - s / 1000 for s in range(n + 1)], 0.01).to_go in (490, 491)    # linear: 0.5 → 0.01 at 0.001/step
+
+
+def test_a_slow_optimizer_still_falling_is_info_when_the_default_optimizer_memorises_the_batch():
+    """The user's SGD at a small lr is still falling at the budget; adam (lr 1e-3) on a fresh copy memorises the
+    same batch (the slow regression needs ~1100 of its steps): the model can fit it, so `not-overfit-yet` is info.
+    The user's model is untouched, and under --steps the second run keeps the same hard budget."""
+    model, x, y = _slow_regression()
+    before = model.weight.detach().clone()
+    r = overfit(model, x, loss="mse", target=y, optimizer="sgd", lr=1e-5)
+    f = finding(r, "not-overfit-yet")
+    assert f.severity == "info" and r.exit_code == 0 and "adam (lr 0.001) memorises" in f.message, f.message
+    d = r.data["default_optimizer"]
+    assert d["passed"] and 500 < d["steps"] <= 2000, d    # truth: ≈ 1.1 / lr adam steps (see _slow_regression)
+    assert torch.equal(model.weight, before)
+    hard = overfit(model, x, loss="mse", target=y, optimizer="sgd", lr=1e-4, steps=40)
+    assert finding(hard, "not-overfit-yet").severity == "warning" and hard.data["default_optimizer"]["steps"] == 40
+
+
+def test_no_second_opinion_when_the_run_used_the_default_optimizer():
+    model, x, y = _slow_regression()
+    r = overfit(model, x, loss="mse", target=y, steps=40)
+    assert finding(r, "not-overfit-yet").severity == "warning" and "default_optimizer" not in r.data

@@ -52,4 +52,30 @@ def run(model, inputs, opts: Options | None, ctx):
 
                 localise(trainer, model, "to check the causes on this rank")
             found = diagnose(trainer, curve, opts)
-    return build(trainer, curve, found, opts, ctx)
+    return build(trainer, curve, found, opts, ctx, lambda: _default_optimizer(model, inputs, opts, ctx, curve.step))
+
+
+def _default_optimizer(model, inputs, opts: Options, ctx, done: int):
+    """A second opinion for a run that ended still falling under an optimizer the user chose: the same batch and
+    loss on a fresh copy, trained with the default optimizer (OPTIMIZER: adam 1e-3) under the run's budget rules
+    (--steps a hard budget; without it, extended while still falling).
+    Its Curve, or None where there is nothing to compare (the run's optimizer is the default, or under torchrun).
+    Its progress continues the run's (`done` steps so far)."""
+    import dataclasses
+
+    from ...core.design import dropout_off
+    from ...core.guard import leave_no_trace
+    from .loop import Trainer
+
+    if ctx.wrapper is not None or ctx.spec.optimizer.describe() == OPTIMIZER.describe():
+        return None
+    step, budget = opts.on_step, opts.on_budget
+    again = dataclasses.replace(opts,
+                                on_step=step and (lambda k, loss: step(done + k, loss)),
+                                on_budget=budget and (lambda b: budget(done + b)))
+    if budget:
+        budget(done + again.budget)
+    with leave_no_trace(model), ctx.seeded():
+        work = ctx.train_copy(model)
+        dropout_off(work)
+        return Trainer(work, inputs.clone(), ctx.loss(), again, ctx, optimizer=OPTIMIZER).train()

@@ -50,7 +50,7 @@ class Curve:
 class Trainer:
     """One batch, one copy, one optimizer (ctx.optimizer), optionally under autocast with a GradScaler."""
 
-    def __init__(self, work, batch, loss_fn, opts, ctx):
+    def __init__(self, work, batch, loss_fn, opts, ctx, optimizer=None):
         self.work, self.batch, self.loss_fn, self.opts, self.ctx = work, batch, loss_fn, opts, ctx
         # an empty tensor (DINOv3 without register tokens) has nothing to train or judge
         self.trainable = [(n, p) for n, p in work.named_parameters() if p.requires_grad and p.numel()]
@@ -60,7 +60,7 @@ class Trainer:
                              hint="nothing can be trained: unfreeze some parameters")
         dtype = ctx.autocast_dtype
         self.amp = {"bfloat16": "bf16", "float16": "fp16"}.get(dtype)
-        self.optimizer = ctx.optimizer([p for _, p in self.trainable])
+        self.optimizer = ctx.optimizer([p for _, p in self.trainable], optimizer)   # None: the run's
         self.scaler = ctx.grad_scaler()      # fp16 autocast only: the loss is scaled, the step may be skipped
         self.stepper = stepper(self.scaler, self.optimizer)
         self.start = {n: p.detach().clone() for n, p in self.trainable}

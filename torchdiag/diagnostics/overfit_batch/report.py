@@ -5,7 +5,7 @@ import math
 
 from ...errors import ExitCode
 from ...results import Result
-from .options import EXTEND
+from .options import EXTEND, OPTIMIZER
 from .trend import PLATEAU_REL, Trend, goal_of, judge
 
 FLAT_REL = 1e-3          # best loss within 0.1% of the initial loss: "flat from the start"
@@ -26,7 +26,9 @@ def _names(names: list[str], limit: int) -> str:
     return ", ".join(names[:limit]) + (f" … (+{len(names) - limit} more)" if len(names) > limit else "")
 
 
-def build(trainer, curve, causes, opts, ctx) -> Result:
+def build(trainer, curve, causes, opts, ctx, second=None) -> Result:
+    """`second`: a callable that trains a fresh copy with the default optimizer (its Curve, or None), asked only
+    when the run ends still falling toward the target."""
     result = Result("overfit-batch")
     _header_and_data(result, trainer, curve, opts, ctx)
     _summary(result, curve, opts)
@@ -40,7 +42,7 @@ def build(trainer, curve, causes, opts, ctx) -> Result:
     if curve.peer_stop:   # under torchrun with a wrapper: the stop is every rank's
         result.notes.append(curve.peer_stop)
     found = _cause_findings(result, trainer, curve, causes, opts)
-    _verdict(result, trainer, curve, opts, ctx, found)
+    _verdict(result, trainer, curve, opts, ctx, found, second)
     return result
 
 
@@ -260,7 +262,7 @@ def _bounded_output(result, bounded: dict, ctx) -> None:
                     f"log-softmax itself), or pick a loss that fits the output ({loss} mse, {loss} PATH:fn, {batch})")
 
 
-def _verdict(result, trainer, curve, opts, ctx, found: int) -> None:
+def _verdict(result, trainer, curve, opts, ctx, found: int, second=None) -> None:
     d, steps, losses = result.data, curve.step, curve.losses
     initial, final, final_acc = d["initial_loss"], d["final_loss"], d["final_accuracy"]
     trend = None
@@ -268,7 +270,7 @@ def _verdict(result, trainer, curve, opts, ctx, found: int) -> None:
         trend = judge(losses, goal_of(initial, opts))
         d["trend"] = {"kind": trend.kind, "steps_to_go": trend.to_go, "floor": trend.floor}
         if trend.falling and not found and trend.to_go is not None:   # no plateau, no cause: not a failure yet
-            _not_yet(result, trainer, curve, opts, ctx, trend)
+            _not_yet(result, curve, opts, ctx, trend, second() if second is not None else None)
             return
         _trend_note(result, trend)
     settled = trend is not None and trend.kind in ("plateau", "levelling")
@@ -297,19 +299,37 @@ def _verdict(result, trainer, curve, opts, ctx, found: int) -> None:
     result.verdict = f"FAIL: cannot overfit one batch ({', '.join(bits)})"
 
 
-def _not_yet(result, trainer, curve, opts, ctx, trend: Trend) -> None:
-    """The budget ran out while the loss was still falling toward the target: a warning with the projection."""
+def _not_yet(result, curve, opts, ctx, trend: Trend, other) -> None:
+    """The budget ran out while the loss was still falling toward the target: a warning with the projection, or
+    info when the default optimizer memorises the same batch on a fresh copy (`other`, its Curve): the model can
+    fit it, and the run's optimizer is only slower at its learning rate."""
     d, steps = result.data, curve.step
     total = steps + int(trend.to_go or 0)
     suggest = _round_up(int(total * 1.25))
     extended = f" (extended from {opts.budget})" if curve.budget > opts.budget else ""
-    result.add("not-overfit-yet", "warning", "",
-               f"the loss is still falling when the budget of {curve.budget} step(s){extended} ends: "
+    message = (f"the loss is still falling when the budget of {curve.budget} step(s){extended} ends: "
                f"{_fmt(d['initial_loss'])} → {_fmt(d['final_loss'])}; at its recent trend the target is about "
-               f"{trend.to_go} more step(s) away (≈{total} in all)",
-               hint=f"train longer: {ctx.option('steps')} {suggest}, or a larger {ctx.option('lr')} (now {d['lr']:g})")
-    result.verdict = (f"NOT YET: loss {_fmt(d['initial_loss'])} → {_fmt(d['final_loss'])} in {steps} step(s), still "
-                      f"falling; ≈{total} steps projected to the target")
+               f"{trend.to_go} more step(s) away (≈{total} in all)")
+    hint = f"train longer: {ctx.option('steps')} {suggest}, or a larger {ctx.option('lr')} (now {d['lr']:g})"
+    verdict = (f"NOT YET: loss {_fmt(d['initial_loss'])} → {_fmt(d['final_loss'])} in {steps} step(s), still "
+               f"falling; ≈{total} steps projected to the target")
+    fits = other is not None and other.reached_at is not None and not other.interrupted
+    if other is not None:
+        d["default_optimizer"] = {"optimizer": OPTIMIZER.describe(), "passed": fits, "steps": other.step,
+                                  "final_loss": other.losses[-1] if other.losses else None}
+    if other is not None and other.interrupted:
+        result.code = int(other.interrupted)
+        result.notes.append(f"interrupted while {OPTIMIZER.describe()} trained a fresh copy: no second opinion")
+    elif fits:
+        message += (f"; {OPTIMIZER.describe()} memorises the same batch on a fresh copy in {other.reached_at} "
+                    f"step(s): the model can fit it, this run's {ctx.spec.optimizer.describe()} is slower")
+        verdict += f"; {OPTIMIZER.describe()} memorises it in {other.reached_at} step(s)"
+    elif other is not None:
+        result.notes.append(f"{OPTIMIZER.describe()} on a fresh copy did not memorise the batch either: loss "
+                            f"{_fmt(d['initial_loss'])} → {_fmt(other.losses[-1] if other.losses else None)} in "
+                            f"{other.step} step(s)")
+    result.add("not-overfit-yet", "info" if fits else "warning", "", message, hint=hint)
+    result.verdict = verdict
 
 
 def _trend_note(result, trend: Trend) -> None:
