@@ -654,3 +654,48 @@ def test_a_main_input_name_the_forward_does_not_take_is_not_trusted():
     assert forward_names(TextEncoder) == ("input_ids", ["input_ids"])
     assert forward_names(Vision) == ("pixel_values", ["pixel_values"])
     assert forward_names(TwoNamed) == ("pixel_values", ["pixel_values", "task_inputs"])
+
+
+def test_a_bool_mask_that_hides_everything_when_true_gets_the_layout_that_gives_an_output(tmp_path, cli):
+    # Gemma3n's audio encoder: audio_mel (batch, frames, input_feat_size) and a required audio_mel_mask annotated
+    # torch.BoolTensor in which True marks padding (masked_fill_ refuses an int64 mask). All True runs and gives
+    # an output of all zeros; the probe keeps looking and takes all False: the whole input read
+    cfg = transformers.Gemma3nAudioConfig(hidden_size=32, input_feat_size=32, conf_num_attention_heads=4,
+                                          conf_num_hidden_layers=1, sscp_conv_channel_size=[16, 8])
+    folder = save(tmp_path, cfg, "Gemma3nAudioEncoder")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"][1].endswith("bool") and "audio_mel_mask" in r.json["inputs"][1], r.json["inputs"]
+    assert "gave all zeros" in r.json["input_source"]
+
+
+def test_an_optional_mask_of_the_main_input_is_tried_when_the_forward_needs_it(tmp_path, cli):
+    # AudioFlamingo3's encoder takes input_features_mask=None but sums it (AttributeError on None): layouts
+    # with the mask are tried after those without; Whisper-like, it reads exactly 2 x max_source_positions frames
+    cfg = transformers.AudioFlamingo3EncoderConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2,
+                                                   num_hidden_layers=1, num_mel_bins=8, max_source_positions=50)
+    folder = save(tmp_path, cfg, "AudioFlamingo3Encoder")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"][0] == "input[0]: 1x8x100 float32" and "input_features_mask" in r.json["inputs"][1]
+
+
+def test_a_layout_whose_output_is_all_zeros_is_a_last_resort():
+    import torch
+    from torch import nn
+
+    from torchdiag.core import inputs
+
+    class Masked(nn.Module):   # x of width 3 is masked out entirely; width 4 is read
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.zeros(1, 4) if x.shape[-1] == 3 else self.fc(x)
+
+    loaded = type("Loaded", (), {"model": Masked(), "input_source": "test"})()
+    got = inputs._first_that_runs([("1x3:float32",), ("1x4:float32",)], loaded, torch.device("cpu"), 0)
+    assert got.args[0].shape == (1, 4) and got.source == "test; layout 2 of 2 (the first 1 did not run or gave all zeros)"
+    got = inputs._first_that_runs([("1x3:float32",), ("1x5:float32",)], loaded, torch.device("cpu"), 0)
+    assert got.args[0].shape == (1, 3) and got.source.endswith("the only ones that ran gave an output of all zeros")

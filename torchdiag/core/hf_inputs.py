@@ -157,14 +157,19 @@ def _dims(shape) -> str:
     return "x".join(str(d) for d in (1,) + tuple(shape))
 
 
-def _other(name: str, main_shape: tuple[int, ...], config, variant: int) -> str | None:
-    """A required input besides the main one, shaped from the main input's; `variant` picks the layout."""
+def _other(name: str, main_shape: tuple[int, ...], config, variant: int, boolean: bool = False) -> str | None:
+    """A required input besides the main one, shaped from the main input's; `variant` picks the layout.
+    `boolean`: the forward annotates it as a bool tensor (a mask of either sense: True may mean padding)."""
     length = main_shape[0]
     ints = _ints(config)
     if "time_features" in name:
         return f"{_dims((length, ints.get('num_time_features', 0)))}:float32"
-    if "mask" in name:
-        return [f"{_dims(main_shape)}:float32~ones", f"{_dims((length,))}:int64~ones", None, None][variant]
+    if "mask" in name and boolean:
+        return [f"{_dims((length,))}:bool~ones", f"{_dims((length,))}:bool~zeros", f"{_dims(main_shape)}:bool~ones",
+                f"{_dims(main_shape)}:bool~zeros"][variant]
+    if "mask" in name:   # over the whole input, its first dimension, or its last (features x frames: the frames)
+        last = f"{_dims(main_shape[-1:])}:int64~ones" if len(main_shape) > 1 else None
+        return [f"{_dims(main_shape)}:float32~ones", f"{_dims((length,))}:int64~ones", last, None][variant]
     if "padding" in name:
         return [f"{_dims(main_shape)}:int64~zeros", f"{_dims((length,))}:int64~zeros", None, None][variant]
     if name.endswith(("_ids", "_index")):
@@ -182,6 +187,23 @@ def candidates(cls, config) -> list[tuple[str, ...]]:
     params = forward_params(cls)
     first = next(iter(list(params)[1:]), None)
     others = [n for n in required if n != main]
+    out = _layouts(cls, config, main, others, first)
+    mask = f"{main}_mask"
+    if mask in params and mask not in others:   # an optional mask of the main input some forwards read regardless
+        out += _layouts(cls, config, main, others + [mask], first)   # (AudioFlamingo3): tried after the others
+    patched = _packed_patches(cls, config) or _patches_with_shapes(cls, config)
+    out = ([patched] if patched else []) + out
+    return [c for i, c in enumerate(out) if c not in out[:i]][:MAX_CANDIDATES]
+
+
+def _boolean(param) -> bool:
+    """The forward annotates the parameter as a bool tensor (torch.BoolTensor)."""
+    return param is not None and "BoolTensor" in str(param.annotation)
+
+
+def _layouts(cls, config, main: str, others: list[str], first) -> list[tuple[str, ...]]:
+    """The candidates for the main input's shapes with `others` beside it (see candidates)."""
+    params = forward_params(cls)
     futures = _futures([main] + others, cls, config)
     decoder = f"decoder_{main}" if f"decoder_{main}" in params and f"decoder_{main}" not in others else None
     out: list[tuple[str, ...]] = []
@@ -189,7 +211,7 @@ def candidates(cls, config) -> list[tuple[str, ...]]:
         head = f"{_dims(shape)}:{dtype}"
         head = head if main == first else f"{main}={head}"
         for variant in range(VARIANTS if others else 1):
-            specs = [_other(n, shape, config, variant) for n in others]
+            specs = [_other(n, shape, config, variant, _boolean(params.get(n))) for n in others]
             if futures:   # what the model predicts, shaped like what it reads (prediction_length steps)
                 later = (futures[1],) + tuple(shape[1:])
                 specs += [_other(n, later, config, variant) if n != futures[2] else f"{_dims(later)}:{dtype}"
@@ -200,9 +222,7 @@ def candidates(cls, config) -> list[tuple[str, ...]]:
             out.append((head,) + tuple(f"{n}={s}" for n, s in zip(names, specs) if s is not None))
     ids = _decoder_ids(cls, config, main, others, decoder)
     out += [c + (ids,) for c in out] if ids else []     # after the layouts without them: a decoder that needs them
-    patched = _packed_patches(cls, config) or _patches_with_shapes(cls, config)
-    out = ([patched] if patched else []) + out
-    return [c for i, c in enumerate(out) if c not in out[:i]][:MAX_CANDIDATES]
+    return out
 
 
 PACKED_IMAGES = 2          # images in a packed-patches default, each a grid of 1 x (4·merge) x (4·merge) patches

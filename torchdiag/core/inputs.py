@@ -481,6 +481,22 @@ def traceless(model, inputs: ModelInputs):
                     b.copy_(saved[n])
 
 
+def _output_of(model, inputs: ModelInputs):
+    """The output of a traceless forward, or None when it raised."""
+    try:
+        return traceless(model, inputs)
+    except Exception:   # noqa: BLE001 - any failure means: not this layout
+        return None
+
+
+def _all_zero(out) -> bool:
+    """Every floating tensor of the output is all zeros (and there is one)."""
+    from .reach import floats
+
+    tensors = [t for t in floats(out) if t.device.type != "meta" and t.numel()]
+    return bool(tensors) and all(not bool(t.any()) for t in tensors)
+
+
 def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
     """The first of a source's candidate inputs whose forward runs on the built model; when none does, the one
     that went furthest into it (the most module calls before it failed: its error is the model's own, past the
@@ -494,7 +510,7 @@ def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
     def count(module, args):
         calls[0] += 1
 
-    chosen, k, reached = None, -1, []
+    chosen, k, reached, blank = None, -1, [], None
     handle = register_module_forward_pre_hook(count)
     try:
         for i, specs in enumerate(sets):
@@ -502,16 +518,24 @@ def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
             calls[0] = 0
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")   # a wrong layout's warnings are not the user's
-                ok = runs(loaded.model, inputs)
-            if ok:
+                out = _output_of(loaded.model, inputs)
+            if out is not None and _all_zero(out):   # ran, and gave nothing: a mask that hides the whole input
+                blank = blank or (inputs, i)          # (Gemma3n's audio_mel_mask, True = padding): a last resort
+            elif out is not None:
                 chosen, k = inputs, i
                 break
             reached.append(calls[0])
     finally:
         handle.remove()
+    if chosen is None and blank is not None:
+        chosen, k = blank
+        chosen.source = loaded.input_source + (f"; layout {k + 1} of {len(sets)}: the only ones that ran gave an "
+                                               "output of all zeros")
+        return chosen
     # the first running is the usual case: said only when the probe had to go further
     if chosen is not None:
-        chosen.source = loaded.input_source + (f"; layout {k + 1} of {len(sets)} (the first {k} did not run)" if k else "")
+        how = "did not run or gave all zeros" if blank else "did not run"
+        chosen.source = loaded.input_source + (f"; layout {k + 1} of {len(sets)} (the first {k} {how})" if k else "")
         return chosen
     k = max(range(len(reached)), key=lambda i: (reached[i], -i))
     chosen = _spec_inputs(sets[k], loaded, device, seed)
