@@ -501,3 +501,37 @@ def test_cancelled_parameters_among_many_real_candidates_are_all_found():
     st = statuses(res)
     assert {st[f"blocks.{i}.fc.bias"] for i in range(16)} == {"invariant"}, st
     assert 2 * 16 > invariance.MAX_SHIFTS   # more candidates than shifts: the bisection alone cannot sort them
+
+
+class Shift(nn.Module):
+    def __init__(self, c=8):
+        super().__init__()
+        self.b = nn.Parameter(torch.zeros(c))
+
+    def forward(self, x):
+        return x + self.b
+
+
+class TwoCalls(nn.Module):
+    """One module called twice (a review): first into a BatchNorm that cancels its shift, then on a faint live
+    path (x 1e-11). The bound is read at the first call, the gradient sums both: not cancelled, whatever order."""
+
+    def __init__(self, swap=False, c=8):
+        super().__init__()
+        self.shared, self.bn, self.pre, self.head, self.swap = Shift(c), nn.BatchNorm1d(c, affine=False), \
+            nn.Linear(c, c), nn.Linear(c, 3), swap
+
+    def forward(self, x):
+        if self.swap:
+            live = self.shared(x)
+        cancelled = self.bn(self.shared(self.pre(x)))
+        if not self.swap:
+            live = self.shared(x)
+        return self.head(cancelled + 1e-11 * live)
+
+
+def test_a_module_called_twice_is_not_asked_strictly():
+    for swap in (False, True):
+        torch.manual_seed(0)
+        st = statuses(api_run("gradflow", TwoCalls(swap), (torch.randn(16, 8),), loss="cross_entropy"))
+        assert st["shared.b"] != "invariant", (swap, st)

@@ -25,6 +25,7 @@ class FirstCalls:
         self.modules = {n: m for n, m in work.named_modules() if n in wanted}
         self.args: dict[str, tuple] = {}
         self.grads: dict[str, list] = {}
+        self.count: dict[str, int] = {}     # calls of each wanted module
         self.handles: list = []
 
     def __enter__(self):
@@ -39,6 +40,7 @@ class FirstCalls:
 
     def _keep(self, name):
         def hook(_mod, args, kwargs):
+            self.count[name] = self.count.get(name, 0) + 1
             self.args.setdefault(name, _cloned((args, kwargs)))
         return hook
 
@@ -52,6 +54,10 @@ class FirstCalls:
                 if t.requires_grad:
                     t.register_hook(lambda g, i=i: self.grads[name].__setitem__(i, g.detach()))
         return hook
+
+    def once(self, name: str) -> bool:
+        """Its module ran exactly once: its first call is its only one."""
+        return self.count.get(owner(name)) == 1
 
     def bound(self, name: str, shifted, ctx, wide) -> float | None:
         """How far shifting `name` would move the loss, to first order, through its module's output had nothing

@@ -57,8 +57,8 @@ def run(model, inputs, opts: Options | None, ctx):
 
 def _default_optimizer(model, inputs, opts: Options, ctx, done: int):
     """A second opinion for a run that ended still falling under an optimizer the user chose: the same batch and
-    loss on a fresh copy, trained with the default optimizer (OPTIMIZER: adam 1e-3) under the run's budget rules
-    (--steps a hard budget; without it, extended while still falling).
+    loss on a fresh copy, trained with the default optimizer (OPTIMIZER: adam 1e-3) and the default budget
+    (extended while still falling). Not asked under --steps (a hard budget: the user's cap on the time).
     Its Curve, or None where there is nothing to compare (the run's optimizer is the default, or under torchrun).
     Its progress continues the run's (`done` steps so far)."""
     import dataclasses
@@ -67,7 +67,7 @@ def _default_optimizer(model, inputs, opts: Options, ctx, done: int):
     from ...core.guard import leave_no_trace
     from .loop import Trainer
 
-    if ctx.wrapper is not None or ctx.spec.optimizer.describe() == OPTIMIZER.describe():
+    if ctx.wrapper is not None or opts.steps is not None or ctx.spec.optimizer.describe() == OPTIMIZER.describe():
         return None
     step, budget = opts.on_step, opts.on_budget
     again = dataclasses.replace(opts,

@@ -270,7 +270,7 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None) -> None
         trend = judge(losses, goal_of(initial, opts))
         d["trend"] = {"kind": trend.kind, "steps_to_go": trend.to_go, "floor": trend.floor}
         if trend.falling and not found and trend.to_go is not None:   # no plateau, no cause: not a failure yet
-            _not_yet(result, curve, opts, ctx, trend, second() if second is not None else None)
+            _not_yet(result, curve, opts, ctx, trend, _second_opinion(result, second))
             return
         _trend_note(result, trend)
     settled = trend is not None and trend.kind in ("plateau", "levelling")
@@ -299,6 +299,19 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None) -> None
     result.verdict = f"FAIL: cannot overfit one batch ({', '.join(bits)})"
 
 
+def _second_opinion(result, second):
+    """The default optimizer's Curve (None when not asked, or when the model raised there: a note says so)."""
+    from ...errors import ModelError
+
+    if second is None:
+        return None
+    try:
+        return second()
+    except ModelError as exc:   # the run judged stands; the copy's failure is not its verdict
+        result.notes.append(f"{OPTIMIZER.describe()} on a fresh copy, asked for a second opinion, failed: {exc.message}")
+        return None
+
+
 def _not_yet(result, curve, opts, ctx, trend: Trend, other) -> None:
     """The budget ran out while the loss was still falling toward the target: a warning with the projection, or
     info when the default optimizer memorises the same batch on a fresh copy (`other`, its Curve): the model can
@@ -318,15 +331,21 @@ def _not_yet(result, curve, opts, ctx, trend: Trend, other) -> None:
         d["default_optimizer"] = {"optimizer": OPTIMIZER.describe(), "passed": fits, "steps": other.step,
                                   "final_loss": other.losses[-1] if other.losses else None}
     if other is not None and other.interrupted:
-        result.code = int(other.interrupted)
-        result.notes.append(f"interrupted while {OPTIMIZER.describe()} trained a fresh copy: no second opinion")
+        result.code, d["interrupted"] = int(other.interrupted), True
+        how = "SIGTERM" if other.interrupted == ExitCode.TERMINATED else "Ctrl-C"
+        result.notes.append(f"interrupted with {how} while {OPTIMIZER.describe()} trained a fresh copy for a second "
+                            "opinion: the run's own numbers above are complete")
+        verdict = f"INTERRUPTED in the second opinion; the run itself: {verdict}"
     elif fits:
         message += (f"; {OPTIMIZER.describe()} memorises the same batch on a fresh copy in {other.reached_at} "
                     f"step(s): the model can fit it, this run's {ctx.spec.optimizer.describe()} is slower")
+        hint = (f"{ctx.option('optimizer')} {OPTIMIZER.name}, or a larger {ctx.option('lr')} (now {d['lr']:g}), or "
+                f"{ctx.option('steps')} {suggest}")
         verdict += f"; {OPTIMIZER.describe()} memorises it in {other.reached_at} step(s)"
     elif other is not None:
-        result.notes.append(f"{OPTIMIZER.describe()} on a fresh copy did not memorise the batch either: loss "
-                            f"{_fmt(d['initial_loss'])} → {_fmt(other.losses[-1] if other.losses else None)} in "
+        end = (f"diverged (a non-finite loss at step {other.nonfinite_at})" if other.nonfinite_at is not None else
+               f"loss {_fmt(d['initial_loss'])} → {_fmt(other.losses[-1] if other.losses else None)}")
+        result.notes.append(f"{OPTIMIZER.describe()} on a fresh copy did not memorise the batch either: {end} in "
                             f"{other.step} step(s)")
     result.add("not-overfit-yet", "info" if fits else "warning", "", message, hint=hint)
     result.verdict = verdict
