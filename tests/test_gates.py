@@ -154,3 +154,25 @@ def test_an_exploding_gradient_is_transient_when_the_loss_went_below_its_start_e
     assert fell == pytest.approx(7.2 / 0.89) and transient(4.5e4, 57.6, fell)
     assert math.isnan(loss_fell(1.12, [1.5, 1.7, 1.9])) and not transient(4.8e4, 445.0, loss_fell(1.12, [1.9]))
     assert math.isnan(loss_fell(95.8, [float("inf"), 25.2, 23.5]))
+
+
+def test_a_sparse_embedding_fed_only_its_padding_index_is_re_checked_without_a_traceback():
+    # a review: nn.Embedding(sparse=True) whose ids are all padding_idx: zero-grad, re-checked by a short
+    # training run whose measure took amax of a sparse gradient (NotImplementedError)
+    import torch
+    from torch import nn
+
+    from torchdiag.api import run
+
+    class Emb(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.e, self.lin, self.head = nn.Embedding(10, 8, padding_idx=0, sparse=True), nn.Linear(8, 8), nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.head(self.lin(self.e(x).mean(1)))
+
+    torch.manual_seed(0)
+    res = run("gradflow", Emb(), (torch.zeros(16, 4, dtype=torch.long),), loss="cross_entropy")
+    st = {r["name"]: r["status"] for r in res.table("params").rows}
+    assert st["e.weight"] == "zero-grad", st

@@ -272,6 +272,7 @@ def _measure(work, inputs, flags, ctx, loss_fn, start: dict) -> list:
             continue
         p = params.get(f.name)
         g = None if p is None else p.grad
+        g = g.to_dense() if g is not None and g.is_sparse else g   # a sparse embedding's (no amax on sparse)
         if p is None or g is None:
             out.append(zero)
         elif f.kind == "zero-grad":
