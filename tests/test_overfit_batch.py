@@ -712,3 +712,24 @@ def test_no_second_opinion_when_the_run_used_the_default_optimizer():
     model, x, y = _slow_regression()
     r = overfit(model, x, loss="mse", target=y, steps=40)
     assert finding(r, "not-overfit-yet").severity == "warning" and "default_optimizer" not in r.data
+
+
+@pytest.mark.parametrize("lr", [1e-8, 30.0])
+def test_an_optimizer_that_cannot_fit_what_the_default_memorises_is_named(lr):
+    """SGD creeping (lr 1e-8: a plateau) or diverging (lr 30, momentum 0.9, on a quadratic whose curvature is
+    1/2: non-finite) on the slow regression; adam (lr 1e-3) memorises the same batch on a fresh copy, so the
+    failure is the optimizer's: `cannot-overfit` stays the error, `optimizer-cannot-fit` says what fails."""
+    model, x, y = _slow_regression()
+    r = overfit(model, x, loss="mse", target=y, optimizer="sgd", lr=lr)
+    assert r.exit_code == 1 and finding(r, "cannot-overfit").severity == "error"
+    f = finding(r, "optimizer-cannot-fit")
+    assert f.severity == "warning" and "adam (lr 0.001) memorises it" in f.message and "optimizer adam" in f.hint
+    assert r.data["default_optimizer"]["passed"] and "adam (lr 0.001) memorises it" in r.verdict
+
+
+def test_a_model_that_cannot_fit_under_any_optimizer_gets_no_optimizer_finding():
+    torch.manual_seed(0)
+    model, x = load("broken_cannot_overfit.py:build")
+    r = overfit(model, x, optimizer="sgd", lr=1e-2)
+    assert "cannot-overfit" in codes(r) and "optimizer-cannot-fit" not in codes(r)
+    assert r.data["default_optimizer"]["passed"] is False

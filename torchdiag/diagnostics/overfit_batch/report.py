@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from ...errors import ExitCode
 from ...results import Result
@@ -270,7 +271,7 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None) -> None
         trend = judge(losses, goal_of(initial, opts))
         d["trend"] = {"kind": trend.kind, "steps_to_go": trend.to_go, "floor": trend.floor}
         if trend.falling and not found and trend.to_go is not None:   # no plateau, no cause: not a failure yet
-            _not_yet(result, curve, opts, ctx, trend, _second_opinion(result, second))
+            _not_yet(result, curve, opts, ctx, trend, second)
             return
         _trend_note(result, trend)
     settled = trend is not None and trend.kind in ("plateau", "levelling")
@@ -294,28 +295,64 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None) -> None
         bits.append(f"batch accuracy {100 * final_acc:.1f}%")
     hint = None if found else (f"no mechanical cause found: try more {ctx.option('steps')} (now {opts.budget}) "
                                f"or another {ctx.option('lr')} (now {d['lr']:g})")
+    other, fits = _second_opinion(result, second)
+    if fits:
+        _optimizer_fails(result, ctx, other, steps)
+        hint = None
     result.add("cannot-overfit", "error", "", f"could not memorise one batch of {trainer.batch.batch_size} in "
                f"{steps} step(s): " + ", ".join(bits), hint=hint)
-    result.verdict = f"FAIL: cannot overfit one batch ({', '.join(bits)})"
+    result.verdict = f"FAIL: cannot overfit one batch ({', '.join(bits)})" + (
+        f"; {OPTIMIZER.describe()} memorises it in {other.reached_at} step(s)" if fits else "")
+    if other is not None and other.interrupted:
+        result.verdict = f"INTERRUPTED in the second opinion; the run itself: {result.verdict}"
 
 
-def _second_opinion(result, second):
-    """The default optimizer's Curve (None when not asked, or when the model raised there: a note says so)."""
+def _second_opinion(result, second) -> tuple[Any, bool]:
+    """Ask the default optimizer (`second`: its Curve on a fresh copy, or None when not asked) and record what it
+    did: (its Curve, whether it memorised the batch). A model that raises there leaves the run judged (a note); a
+    Ctrl-C there makes the result interrupted; a failure there is a note."""
     from ...errors import ModelError
 
     if second is None:
-        return None
+        return None, False
     try:
-        return second()
+        other = second()
     except ModelError as exc:   # the run judged stands; the copy's failure is not its verdict
         result.notes.append(f"{OPTIMIZER.describe()} on a fresh copy, asked for a second opinion, failed: {exc.message}")
-        return None
+        return None, False
+    if other is None:
+        return None, False
+    d = result.data
+    fits = other.reached_at is not None and not other.interrupted
+    d["default_optimizer"] = {"optimizer": OPTIMIZER.describe(), "passed": fits, "steps": other.step,
+                              "final_loss": other.losses[-1] if other.losses else None}
+    if other.interrupted:
+        result.code, d["interrupted"] = int(other.interrupted), True
+        how = "SIGTERM" if other.interrupted == ExitCode.TERMINATED else "Ctrl-C"
+        result.notes.append(f"interrupted with {how} while {OPTIMIZER.describe()} trained a fresh copy for a second "
+                            "opinion: the run's own numbers above are complete")
+    elif not fits:
+        end = (f"diverged (a non-finite loss at step {other.nonfinite_at})" if other.nonfinite_at is not None else
+               f"loss {_fmt(d['initial_loss'])} → {_fmt(other.losses[-1] if other.losses else None)}")
+        result.notes.append(f"{OPTIMIZER.describe()} on a fresh copy did not memorise the batch either: {end} in "
+                            f"{other.step} step(s)")
+    return other, fits
 
 
-def _not_yet(result, curve, opts, ctx, trend: Trend, other) -> None:
+def _optimizer_fails(result, ctx, other, steps: int) -> None:
+    """The default optimizer memorised the batch the run's could not: the model, loss and data can fit it."""
+    result.add("optimizer-cannot-fit", "warning", "",
+               f"{ctx.spec.optimizer.describe()} did not memorise the batch in {steps} step(s); "
+               f"{OPTIMIZER.describe()} memorises it on a fresh copy in {other.reached_at} step(s): the model, loss "
+               "and data can fit it, the optimizer or its learning rate is what fails here",
+               hint=f"{ctx.option('optimizer')} {OPTIMIZER.name}, or another {ctx.option('lr')} "
+                    f"(now {result.data['lr']:g})")
+
+
+def _not_yet(result, curve, opts, ctx, trend: Trend, second) -> None:
     """The budget ran out while the loss was still falling toward the target: a warning with the projection, or
-    info when the default optimizer memorises the same batch on a fresh copy (`other`, its Curve): the model can
-    fit it, and the run's optimizer is only slower at its learning rate."""
+    info when the default optimizer memorises the same batch on a fresh copy: the model can fit it, and the run's
+    optimizer is only slower at its learning rate."""
     d, steps = result.data, curve.step
     total = steps + int(trend.to_go or 0)
     suggest = _round_up(int(total * 1.25))
@@ -326,15 +363,8 @@ def _not_yet(result, curve, opts, ctx, trend: Trend, other) -> None:
     hint = f"train longer: {ctx.option('steps')} {suggest}, or a larger {ctx.option('lr')} (now {d['lr']:g})"
     verdict = (f"NOT YET: loss {_fmt(d['initial_loss'])} → {_fmt(d['final_loss'])} in {steps} step(s), still "
                f"falling; ≈{total} steps projected to the target")
-    fits = other is not None and other.reached_at is not None and not other.interrupted
-    if other is not None:
-        d["default_optimizer"] = {"optimizer": OPTIMIZER.describe(), "passed": fits, "steps": other.step,
-                                  "final_loss": other.losses[-1] if other.losses else None}
+    other, fits = _second_opinion(result, second)
     if other is not None and other.interrupted:
-        result.code, d["interrupted"] = int(other.interrupted), True
-        how = "SIGTERM" if other.interrupted == ExitCode.TERMINATED else "Ctrl-C"
-        result.notes.append(f"interrupted with {how} while {OPTIMIZER.describe()} trained a fresh copy for a second "
-                            "opinion: the run's own numbers above are complete")
         verdict = f"INTERRUPTED in the second opinion; the run itself: {verdict}"
     elif fits:
         message += (f"; {OPTIMIZER.describe()} memorises the same batch on a fresh copy in {other.reached_at} "
@@ -342,11 +372,6 @@ def _not_yet(result, curve, opts, ctx, trend: Trend, other) -> None:
         hint = (f"{ctx.option('optimizer')} {OPTIMIZER.name}, or a larger {ctx.option('lr')} (now {d['lr']:g}), or "
                 f"{ctx.option('steps')} {suggest}")
         verdict += f"; {OPTIMIZER.describe()} memorises it in {other.reached_at} step(s)"
-    elif other is not None:
-        end = (f"diverged (a non-finite loss at step {other.nonfinite_at})" if other.nonfinite_at is not None else
-               f"loss {_fmt(d['initial_loss'])} → {_fmt(other.losses[-1] if other.losses else None)}")
-        result.notes.append(f"{OPTIMIZER.describe()} on a fresh copy did not memorise the batch either: {end} in "
-                            f"{other.step} step(s)")
     result.add("not-overfit-yet", "info" if fits else "warning", "", message, hint=hint)
     result.verdict = verdict
 
