@@ -399,3 +399,16 @@ def test_overfit_batch_still_falling_is_a_warning_that_fails_only_under_strict(c
     assert row["figure"].endswith("(still falling)") and row["message"].startswith("not-overfit-yet:")
     assert "cannot" not in row["message"]
     assert (res.code, row["status"]) == ((1, "FAIL") if strict else (0, "PASS")), res.stdout
+
+
+def test_overfit_batch_failing_under_a_slow_optimizer_says_what_to_change(cli, tmp_path, monkeypatch):
+    # SGD at lr 1e-8 cannot fit the slow regression; adam (lr 1e-3) memorises it on a fresh copy: the check
+    # fails (cannot-overfit) and its message carries optimizer-cannot-fit, the one fact to act on (a review)
+    write(tmp_path, SLOW, name="slow.py")
+    write(tmp_path, '[tool.torchdiag]\nmodel = "slow.py:build"\nbatch = "slow.py:batch"\nloss = "mse"\ndevice = "cpu"\n'
+                    '[tool.torchdiag.check]\noverfit-batch = {optimizer = "sgd", lr = 1e-8}\n')
+    monkeypatch.chdir(tmp_path)
+    res = cli("check", "--json")
+    row = next(r for r in res.json["checks"] if r["check"] == "overfit-batch")
+    assert res.code == 1 and row["status"] == "FAIL", res.stdout
+    assert row["message"].startswith("cannot-overfit") and "optimizer-cannot-fit: sgd (lr 1e-08" in row["message"]

@@ -677,10 +677,11 @@ def test_an_optional_mask_of_the_main_input_is_tried_when_the_forward_needs_it(t
     folder = save(tmp_path, cfg, "AudioFlamingo3Encoder")
     r = cli("summary", f"hf:{folder}", "--json")
     assert r.code == 0, r.stderr
-    assert r.json["inputs"][0] == "input[0]: 1x8x100 float32" and "input_features_mask" in r.json["inputs"][1]
+    # the mask over the frames, (batch, sequence_length) as documented: the forward sums it into each length
+    assert r.json["inputs"] == ["input[0]: 1x8x100 float32", "input_features_mask: 1x100 int64"], r.json["inputs"]
 
 
-def test_a_layout_whose_output_is_all_zeros_is_a_last_resort():
+def test_a_layout_whose_output_is_all_zeros_or_not_finite_is_a_last_resort():
     import torch
     from torch import nn
 
@@ -699,3 +700,13 @@ def test_a_layout_whose_output_is_all_zeros_is_a_last_resort():
     assert got.args[0].shape == (1, 4) and got.source == "test; layout 2 of 2 (the first 1 did not run or gave all zeros)"
     got = inputs._first_that_runs([("1x3:float32",), ("1x5:float32",)], loaded, torch.device("cpu"), 0)
     assert got.args[0].shape == (1, 3) and got.source.endswith("the only ones that ran gave an output of all zeros")
+
+    class Hidden(nn.Module):   # a fully masked softmax: NaN (width 2), zeros (width 3), read (width 4)
+        def forward(self, x):
+            return {2: torch.full((1, 4), float("nan")), 3: torch.zeros(1, 4)}.get(x.shape[-1], x)
+
+    loaded.model = Hidden()
+    got = inputs._first_that_runs([("1x2:float32",), ("1x3:float32",), ("1x4:float32",)], loaded, torch.device("cpu"), 0)
+    assert got.args[0].shape == (1, 4)
+    got = inputs._first_that_runs([("1x2:float32",), ("1x3:float32",)], loaded, torch.device("cpu"), 0)
+    assert got.args[0].shape == (1, 3)   # all zeros before non-finite

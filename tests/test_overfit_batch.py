@@ -733,3 +733,25 @@ def test_a_model_that_cannot_fit_under_any_optimizer_gets_no_optimizer_finding()
     r = overfit(model, x, optimizer="sgd", lr=1e-2)
     assert "cannot-overfit" in codes(r) and "optimizer-cannot-fit" not in codes(r)
     assert r.data["default_optimizer"]["passed"] is False
+
+
+def test_the_second_opinion_holds_one_copy_and_is_not_asked_for_a_loss_non_finite_from_the_start():
+    import gc
+
+    class Slow(torch.nn.Linear):
+        pass
+
+    model = Slow(4, 1, bias=False)
+    with torch.no_grad():
+        model.weight.zero_()
+    _, x, y = _slow_regression()
+    alive = {}
+
+    def on_step(step, loss):
+        if step in (1, 600):   # the run's copy, then the second opinion's (the run ends at 500)
+            alive[step] = sum(isinstance(o, Slow) for o in gc.get_objects())
+
+    r = overfit(model, x, loss="mse", target=y, optimizer="sgd", lr=1e-5, on_step=on_step)
+    assert r.data["default_optimizer"]["passed"] and alive == {1: 2, 600: 2}, alive   # the user's and one copy
+    nan = overfit(load("broken_overfit_nan.py:build")[0], torch.randn(16, 784), optimizer="sgd", lr=1e-2)
+    assert "cannot-overfit" in codes(nan) and "default_optimizer" not in nan.data

@@ -124,32 +124,33 @@ def _image(config) -> tuple[int, int, int] | None:
     return getattr(config, "num_channels", 3) if type(getattr(config, "num_channels", 3)) is int else 3, size[0], size[1]
 
 
-def _main_shapes(config, main: str) -> list[tuple[tuple[int, ...], str]]:
-    """(shape without the batch dimension, dtype) for the main input, most likely first."""
+def _main_shapes(config, main: str) -> list[tuple[tuple[int, ...], str, int | None]]:
+    """(shape without the batch dimension, dtype, its sequence length or None) for the main input, most likely
+    first."""
     image = image_of(config)
     if main.startswith("pixel_values"):
         c, h, w = image or (3, 224, 224)
         t = frames_of(config) or VIDEO_FRAMES
-        return [((t, c, h, w), "float32"), ((c, t, h, w), "float32"), ((c, h, w), "float32")]
+        return [((t, c, h, w), "float32", None), ((c, t, h, w), "float32", None), ((c, h, w), "float32", None)]
     if main.endswith(("_ids", "_index")):
-        return [((TEXT_LENGTH,), "int64")]
-    shapes: list[tuple[tuple[int, ...], str]] = []
+        return [((TEXT_LENGTH,), "int64", TEXT_LENGTH)]
+    shapes: list[tuple[tuple[int, ...], str, int | None]] = []
     specific, generic = _features(config, generic=False), _features(config, generic=True)
     for length in _lengths(config, main):   # a feature size the config names for inputs, then a plain sequence,
         if length > MAX_FRAMES:             # then the model's own width (embeddings of that width)
             # a waveform only (attention over it would not fit): flat, or as one channel (a codec's Conv1d)
-            shapes += [((length,), "float32"), ((1, length), "float32")]
+            shapes += [((length,), "float32", length), ((1, length), "float32", length)]
             continue
         for f in specific:
-            shapes += [((length, f), "float32"), ((f, length), "float32")]
-        shapes.append(((length,), "float32"))
+            shapes += [((length, f), "float32", length), ((f, length), "float32", length)]
+        shapes.append(((length,), "float32", length))
         if main.endswith("input_values"):   # a waveform as one channel (a codec's Conv1d)
-            shapes.append(((1, length), "float32"))
+            shapes.append(((1, length), "float32", length))
         for f in generic:
             if f not in specific:
-                shapes += [((length, f), "float32"), ((f, length), "float32")]
+                shapes += [((length, f), "float32", length), ((f, length), "float32", length)]
     if isinstance(getattr(config, "vocab_size", None), int):   # a byte/token reader under another name (Perceiver)
-        shapes.append(((TEXT_LENGTH,), "int64"))
+        shapes.append(((TEXT_LENGTH,), "int64", TEXT_LENGTH))
     return shapes
 
 
@@ -167,9 +168,8 @@ def _other(name: str, main_shape: tuple[int, ...], config, variant: int, boolean
     if "mask" in name and boolean:
         return [f"{_dims((length,))}:bool~ones", f"{_dims((length,))}:bool~zeros", f"{_dims(main_shape)}:bool~ones",
                 f"{_dims(main_shape)}:bool~zeros"][variant]
-    if "mask" in name:   # over the whole input, its first dimension, or its last (features x frames: the frames)
-        last = f"{_dims(main_shape[-1:])}:int64~ones" if len(main_shape) > 1 else None
-        return [f"{_dims(main_shape)}:float32~ones", f"{_dims((length,))}:int64~ones", last, None][variant]
+    if "mask" in name:
+        return [f"{_dims(main_shape)}:float32~ones", f"{_dims((length,))}:int64~ones", None, None][variant]
     if "padding" in name:
         return [f"{_dims(main_shape)}:int64~zeros", f"{_dims((length,))}:int64~zeros", None, None][variant]
     if name.endswith(("_ids", "_index")):
@@ -190,7 +190,7 @@ def candidates(cls, config) -> list[tuple[str, ...]]:
     out = _layouts(cls, config, main, others, first)
     mask = f"{main}_mask"
     if mask in params and mask not in others:   # an optional mask of the main input some forwards read regardless
-        out += _layouts(cls, config, main, others + [mask], first)   # (AudioFlamingo3): tried after the others
+        out += _layouts(cls, config, main, others, first, mask)   # (AudioFlamingo3): tried after the others
     patched = _packed_patches(cls, config) or _patches_with_shapes(cls, config)
     out = ([patched] if patched else []) + out
     return [c for i, c in enumerate(out) if c not in out[:i]][:MAX_CANDIDATES]
@@ -201,22 +201,27 @@ def _boolean(param) -> bool:
     return param is not None and "BoolTensor" in str(param.annotation)
 
 
-def _layouts(cls, config, main: str, others: list[str], first) -> list[tuple[str, ...]]:
-    """The candidates for the main input's shapes with `others` beside it (see candidates)."""
+def _layouts(cls, config, main: str, others: list[str], first, mask: str | None = None) -> list[tuple[str, ...]]:
+    """The candidates for the main input's shapes with `others` beside it (see candidates); `mask`: an optional
+    mask of the main input, given as ones over its sequence (its frames, whichever axis they are)."""
     params = forward_params(cls)
     futures = _futures([main] + others, cls, config)
     decoder = f"decoder_{main}" if f"decoder_{main}" in params and f"decoder_{main}" not in others else None
     out: list[tuple[str, ...]] = []
-    for shape, dtype in _main_shapes(config, main):
+    for shape, dtype, length in _main_shapes(config, main):
+        if mask and length is None:
+            continue
         head = f"{_dims(shape)}:{dtype}"
         head = head if main == first else f"{main}={head}"
         for variant in range(VARIANTS if others else 1):
             specs = [_other(n, shape, config, variant, _boolean(params.get(n))) for n in others]
+            if mask:
+                specs.append(f"{_dims((length,))}:{'bool' if _boolean(params.get(mask)) else 'int64'}~ones")
             if futures:   # what the model predicts, shaped like what it reads (prediction_length steps)
                 later = (futures[1],) + tuple(shape[1:])
                 specs += [_other(n, later, config, variant) if n != futures[2] else f"{_dims(later)}:{dtype}"
                           for n in futures[0]]
-            names = others + (futures[0] if futures else [])
+            names = others + ([mask] if mask else []) + (futures[0] if futures else [])
             if decoder:   # an encoder-decoder's decoder reads the same kind of input (as decoder_input_ids)
                 names, specs = names + [decoder], specs + [f"{_dims(shape)}:{dtype}"]
             out.append((head,) + tuple(f"{n}={s}" for n, s in zip(names, specs) if s is not None))

@@ -489,12 +489,14 @@ def _output_of(model, inputs: ModelInputs):
         return None
 
 
-def _all_zero(out) -> bool:
-    """Every floating tensor of the output is all zeros (and there is one)."""
+def _blank(out) -> int:
+    """0: an output that says something; 1: every floating tensor all zeros; 2: a non-finite value in one."""
     from .reach import floats
 
     tensors = [t for t in floats(out) if t.device.type != "meta" and t.numel()]
-    return bool(tensors) and all(not bool(t.any()) for t in tensors)
+    if any(not bool(t.isfinite().all()) for t in tensors):
+        return 2
+    return int(bool(tensors) and all(not bool(t.any()) for t in tensors))
 
 
 def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
@@ -519,8 +521,10 @@ def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")   # a wrong layout's warnings are not the user's
                 out = _output_of(loaded.model, inputs)
-            if out is not None and _all_zero(out):   # ran, and gave nothing: a mask that hides the whole input
-                blank = blank or (inputs, i)          # (Gemma3n's audio_mel_mask, True = padding): a last resort
+            rank = None if out is None else _blank(out)
+            if rank:   # ran, and gave nothing (a mask hiding the whole input: Gemma3n's audio_mel_mask, True =
+                # padding) or NaN (a fully masked softmax): a last resort, all zeros before non-finite
+                blank = blank if blank is not None and blank[2] <= rank else (inputs, i, rank)
             elif out is not None:
                 chosen, k = inputs, i
                 break
@@ -528,9 +532,10 @@ def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
     finally:
         handle.remove()
     if chosen is None and blank is not None:
-        chosen, k = blank
+        chosen, k, rank = blank
+        what = "all zeros" if rank == 1 else "non-finite values"
         chosen.source = loaded.input_source + (f"; layout {k + 1} of {len(sets)}: the only ones that ran gave an "
-                                               "output of all zeros")
+                                               f"output of {what}")
         return chosen
     # the first running is the usual case: said only when the probe had to go further
     if chosen is not None:

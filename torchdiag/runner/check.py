@@ -492,7 +492,8 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             if later and not bad:   # the budget ran out while the loss still fell: a warning, failing under strict
                 ok = later.severity == "info" or not c.get("strict", False)   # info: the default optimizer fits it
                 return ok, figure + " (still falling)", f"{later.code}: {later.message}"
-            return False, figure, bad or "cannot overfit"
+            why = next((f for f in r.findings if f.code == "optimizer-cannot-fit"), None)   # what to change
+            return False, figure, (bad or "cannot overfit") + (f"; {why.code}: {why.message}" if why else "")
         limit = f"≤ {opts.target_ratio} × initial" if opts.target_loss is None else f"≤ {opts.target_loss}"
         record("overfit-batch", overfit, limit)
     if c.get("lr-find", False) is not False:   # {} runs with the defaults

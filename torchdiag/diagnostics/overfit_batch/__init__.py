@@ -41,6 +41,7 @@ def run(model, inputs, opts: Options | None, ctx):
         dropped = dropout_off(work)   # memorising needs no regularisation (core/design.py)
         trainer = Trainer(work, inputs.clone(), ctx.loss(), opts, ctx)
         trainer.dropped = dropped
+        del work   # trainer.work only: released before a second opinion trains another copy
         curve = trainer.train()
         if ctx.wrapper is not None and curve.interrupted:   # no verdict, and no collective: a peer may be gone
             from .causes import Causes
@@ -52,7 +53,13 @@ def run(model, inputs, opts: Options | None, ctx):
 
                 localise(trainer, model, "to check the causes on this rank")
             found = diagnose(trainer, curve, opts)
-    return build(trainer, curve, found, opts, ctx, lambda: _default_optimizer(model, inputs, opts, ctx, curve.step))
+    def second():
+        if curve.nonfinite_at == 0:   # non-finite before any step: no optimizer can change that
+            return None
+        trainer.release()             # the judged copy and its optimizer state: not held beside a second one
+        return _default_optimizer(model, inputs, opts, ctx, curve.step)
+
+    return build(trainer, curve, found, opts, ctx, second)
 
 
 def _default_optimizer(model, inputs, opts: Options, ctx, done: int):
@@ -60,7 +67,7 @@ def _default_optimizer(model, inputs, opts: Options, ctx, done: int):
     loss on a fresh copy, trained with the default optimizer (OPTIMIZER: adam 1e-3) and the default budget
     (extended while still falling). Not asked under --steps (a hard budget: the user's cap on the time).
     Its Curve, or None where there is nothing to compare (the run's optimizer is the default, or under torchrun).
-    Its progress continues the run's (`done` steps so far)."""
+    Its progress continues the run's (`done` steps so far: its step 0 is reported as done + 1)."""
     import dataclasses
 
     from ...core.design import dropout_off
@@ -71,10 +78,10 @@ def _default_optimizer(model, inputs, opts: Options, ctx, done: int):
         return None
     step, budget = opts.on_step, opts.on_budget
     again = dataclasses.replace(opts,
-                                on_step=step and (lambda k, loss: step(done + k, loss)),
-                                on_budget=budget and (lambda b: budget(done + b)))
+                                on_step=step and (lambda k, loss: step(done + 1 + k, loss)),
+                                on_budget=budget and (lambda b: budget(done + 1 + b)))
     if budget:
-        budget(done + again.budget)
+        budget(done + 1 + again.budget)
     with leave_no_trace(model), ctx.seeded():
         work = ctx.train_copy(model)
         dropout_off(work)

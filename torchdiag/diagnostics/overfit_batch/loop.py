@@ -76,6 +76,19 @@ class Trainer:
         self.agree = _agreement(ctx, self.group)   # under a wrapper: the stop decided by every rank
         self.sharded = is_sharded(p for _, p in self.trainable)  # --wrap fsdp: DTensor parameters, read through their shards
 
+    def release(self) -> None:
+        """Drop the trained copy, its optimizer and the start values once the verdict no longer reads them (the
+        second opinion trains another copy: two would be held at once)."""
+        import gc
+
+        self.work = self.optimizer = self.stepper = self.scaler = None
+        self.start, self.trainable, self.ever_nonzero = {}, [], None
+        gc.collect()   # a copy in a reference cycle (hooks, closures) is freed now, not at the next collection
+        if self.ctx.device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+
     def autocast(self):
         return self.ctx.autocast()
 
