@@ -725,6 +725,8 @@ def test_an_optimizer_that_cannot_fit_what_the_default_memorises_is_named(lr):
     f = finding(r, "optimizer-cannot-fit")
     assert f.severity == "warning" and "adam (lr 0.001) memorises it" in f.message and "optimizer adam" in f.hint
     assert r.data["default_optimizer"]["passed"] and "adam (lr 0.001) memorises it" in r.verdict
+    flat = [f for f in r.findings if f.code == "flat-loss"]
+    assert all("the step is what does not move it" in f.hint for f in flat)   # not "gradients vanish" (a review)
 
 
 def test_a_model_that_cannot_fit_under_any_optimizer_gets_no_optimizer_finding():

@@ -340,7 +340,11 @@ def _second_opinion(result, second) -> tuple[Any, bool]:
 
 
 def _optimizer_fails(result, ctx, other, steps: int) -> None:
-    """The default optimizer memorised the batch the run's could not: the model, loss and data can fit it."""
+    """The default optimizer memorised the batch the run's could not: the model, loss and data can fit it (the
+    hint of a flat loss, which points at the model, says so too)."""
+    for f in result.findings:
+        if f.code == "flat-loss":
+            f.hint = f"the model can learn the batch ({OPTIMIZER.describe()} memorises it): the step is what does not move it"
     result.add("optimizer-cannot-fit", "warning", "",
                f"{ctx.spec.optimizer.describe()} did not memorise the batch in {steps} step(s); "
                f"{OPTIMIZER.describe()} memorises it on a fresh copy in {other.reached_at} step(s): the model, loss "
