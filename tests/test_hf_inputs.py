@@ -681,7 +681,7 @@ def test_an_optional_mask_of_the_main_input_is_tried_when_the_forward_needs_it(t
     assert r.json["inputs"] == ["input[0]: 1x8x100 float32", "input_features_mask: 1x100 int64"], r.json["inputs"]
 
 
-def test_a_layout_whose_output_is_all_zeros_or_not_finite_is_a_last_resort():
+def test_a_layout_whose_output_is_all_zeros_or_nan_is_a_last_resort():
     import torch
     from torch import nn
 
@@ -697,7 +697,7 @@ def test_a_layout_whose_output_is_all_zeros_or_not_finite_is_a_last_resort():
 
     loaded = type("Loaded", (), {"model": Masked(), "input_source": "test"})()
     got = inputs._first_that_runs([("1x3:float32",), ("1x4:float32",)], loaded, torch.device("cpu"), 0)
-    assert got.args[0].shape == (1, 4) and got.source == "test; layout 2 of 2 (the first 1 did not run or gave all zeros)"
+    assert got.args[0].shape == (1, 4) and got.source == "test; layout 2 of 2 (the first 1 did not run or gave all zeros or NaN)"
     got = inputs._first_that_runs([("1x3:float32",), ("1x5:float32",)], loaded, torch.device("cpu"), 0)
     assert got.args[0].shape == (1, 3) and got.source.endswith("the only ones that ran gave an output of all zeros")
 
@@ -709,4 +709,8 @@ def test_a_layout_whose_output_is_all_zeros_or_not_finite_is_a_last_resort():
     got = inputs._first_that_runs([("1x2:float32",), ("1x3:float32",), ("1x4:float32",)], loaded, torch.device("cpu"), 0)
     assert got.args[0].shape == (1, 4)
     got = inputs._first_that_runs([("1x2:float32",), ("1x3:float32",)], loaded, torch.device("cpu"), 0)
-    assert got.args[0].shape == (1, 3)   # all zeros before non-finite
+    assert got.args[0].shape == (1, 3)   # all zeros before NaN
+    # a review: -inf is a model's own (masked logits); sparse and fp8 outputs are read without raising
+    assert inputs._blank(torch.tensor([0.0, float("-inf")])) == 0
+    assert inputs._blank(torch.eye(3).to_sparse()) == 0 and inputs._blank(torch.zeros(3, 3).to_sparse()) == 1
+    assert inputs._blank(torch.ones(3).to(torch.float8_e4m3fn)) == 0 and inputs._blank(torch.zeros(3).to(torch.float8_e4m3fn)) == 1

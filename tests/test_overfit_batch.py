@@ -757,3 +757,17 @@ def test_the_second_opinion_holds_one_copy_and_is_not_asked_for_a_loss_non_finit
     assert r.data["default_optimizer"]["passed"] and alive == {1: 2, 600: 2}, alive   # the user's and one copy
     nan = overfit(load("broken_overfit_nan.py:build")[0], torch.randn(16, 784), optimizer="sgd", lr=1e-2)
     assert "cannot-overfit" in codes(nan) and "default_optimizer" not in nan.data
+
+
+def test_a_bounded_output_read_off_a_copy_that_did_not_move_is_withdrawn_when_the_default_optimizer_fits():
+    # a review: at lr 1e-8 a plain Linear's outputs stay within [-1, 1], and bounded-output claimed a floor the
+    # loss cannot go below; adam's copy memorises the batch, so the claim is refuted and withdrawn (with a note)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.1)
+    r = overfit(model, torch.randn(4, 8), loss="cross_entropy", target=torch.tensor([0, 1, 2, 3]),
+                optimizer="sgd", lr=1e-8)
+    assert "optimizer-cannot-fit" in codes(r) and "bounded-output" not in codes(r), codes(r)
+    assert any("bounded-output withdrawn" in n for n in r.notes), r.notes

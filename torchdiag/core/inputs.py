@@ -490,13 +490,18 @@ def _output_of(model, inputs: ModelInputs):
 
 
 def _blank(out) -> int:
-    """0: an output that says something; 1: every floating tensor all zeros; 2: a non-finite value in one."""
+    """0: an output that says something; 1: every floating tensor all zeros; 2: a NaN in one (a fully masked
+    softmax; -inf stays informative: masked logits are a model's own). Sparse, fp8 or other tensors the checks
+    cannot read count as informative."""
     from .reach import floats
 
     tensors = [t for t in floats(out) if t.device.type != "meta" and t.numel()]
-    if any(not bool(t.isfinite().all()) for t in tensors):
-        return 2
-    return int(bool(tensors) and all(not bool(t.any()) for t in tensors))
+    try:
+        if any(bool(t.isnan().any()) for t in tensors):
+            return 2
+        return int(bool(tensors) and all(not bool(t.any()) for t in tensors))
+    except (NotImplementedError, RuntimeError, TypeError):
+        return 0
 
 
 def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
@@ -523,7 +528,7 @@ def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
                 out = _output_of(loaded.model, inputs)
             rank = None if out is None else _blank(out)
             if rank:   # ran, and gave nothing (a mask hiding the whole input: Gemma3n's audio_mel_mask, True =
-                # padding) or NaN (a fully masked softmax): a last resort, all zeros before non-finite
+                # padding) or NaN (a fully masked softmax): a last resort, all zeros before NaN
                 blank = blank if blank is not None and blank[2] <= rank else (inputs, i, rank)
             elif out is not None:
                 chosen, k = inputs, i
@@ -533,13 +538,13 @@ def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
         handle.remove()
     if chosen is None and blank is not None:
         chosen, k, rank = blank
-        what = "all zeros" if rank == 1 else "non-finite values"
+        what = "all zeros" if rank == 1 else "NaN"
         chosen.source = loaded.input_source + (f"; layout {k + 1} of {len(sets)}: the only ones that ran gave an "
                                                f"output of {what}")
         return chosen
     # the first running is the usual case: said only when the probe had to go further
     if chosen is not None:
-        how = "did not run or gave all zeros" if blank else "did not run"
+        how = "did not run or gave all zeros or NaN" if blank else "did not run"
         chosen.source = loaded.input_source + (f"; layout {k + 1} of {len(sets)} (the first {k} {how})" if k else "")
         return chosen
     k = max(range(len(reached)), key=lambda i: (reached[i], -i))
