@@ -54,12 +54,17 @@ def run(model, inputs, opts: Options | None, ctx):
                 localise(trainer, model, "to check the causes on this rank")
             found = diagnose(trainer, curve, opts)
     def second():
-        if curve.nonfinite_at == 0:   # non-finite before any step: no optimizer can change that
+        if curve.nonfinite_at == 0 or not _asks(opts, ctx):   # non-finite before any step: no optimizer helps
             return None
         trainer.release()             # the judged copy and its optimizer state: not held beside a second one
         return _default_optimizer(model, inputs, opts, ctx, curve.step)
 
     return build(trainer, curve, found, opts, ctx, second)
+
+
+def _asks(opts: Options, ctx) -> bool:
+    """A second opinion is asked: one process (not under torchrun), no --steps, an optimizer other than the default."""
+    return ctx.wrapper is None and opts.steps is None and ctx.spec.optimizer.describe() != OPTIMIZER.describe()
 
 
 def _default_optimizer(model, inputs, opts: Options, ctx, done: int):
@@ -74,7 +79,7 @@ def _default_optimizer(model, inputs, opts: Options, ctx, done: int):
     from ...core.guard import leave_no_trace
     from .loop import Trainer
 
-    if ctx.wrapper is not None or opts.steps is not None or ctx.spec.optimizer.describe() == OPTIMIZER.describe():
+    if not _asks(opts, ctx):
         return None
     step, budget = opts.on_step, opts.on_budget
     again = dataclasses.replace(opts,
