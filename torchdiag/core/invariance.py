@@ -92,12 +92,12 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
 
     # what its own float64 gradient already says moves the loss is no cancellation (_stays): asking it in the
     # bisection would only spend the shifts (mnasnet's starved bn1 weights beside its cancelled bn3 biases)
-    quiet = [n for n in names if test.slope(n, grads.get(n)) < reach.SEEN * test.seen]
+    slopes = {n: test.slope(n, grads.get(n)) for n in names}
+    quiet = [n for n in names if slopes[n] < reach.SEEN * test.seen]
     # a strict name's module must run once: the slope sums every call, the bound sees the first (a call that a
     # norm cancels, then a faint live one, would look cancelled)
-    quiet = [n for n in quiet if n not in strict
-             or (calls.once(n) and _sums_to_nothing(test.slope(n, grads.get(n)), bound(n)))]
-    return {n for n in bisect(quiet, test.moved) if _stays(bound(n), test, test.slope(n, grads.get(n)), n)}
+    quiet = [n for n in quiet if n not in strict or (calls.once(n) and _sums_to_nothing(slopes[n], bound(n)))]
+    return {n for n in bisect(quiet, test.moved) if _stays(bound(n), test, slopes[n], n)}
 
 
 def _sums_to_nothing(slope: float, bound: float | None) -> bool:

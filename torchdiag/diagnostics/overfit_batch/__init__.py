@@ -29,19 +29,13 @@ __all__ = ["Options", "run", "NEEDS_VALUES", "OPTIMIZER", "WRAP", "DEFAULT_LR", 
 
 def run(model, inputs, opts: Options | None, ctx):
     """Train a copy of `model` on one batch; the Result holds the curve, the verdict and the causes."""
-    from ...core.design import dropout_off
     from ...core.guard import leave_no_trace
     from .causes import diagnose
-    from .loop import Trainer
     from .report import build
 
     opts = opts or Options()
     with leave_no_trace(model), ctx.seeded():
-        work = ctx.train_copy(model)
-        dropped = dropout_off(work)   # memorising needs no regularisation (core/design.py)
-        trainer = Trainer(work, inputs.clone(), ctx.loss(), opts, ctx)
-        trainer.dropped = dropped
-        del work   # trainer.work only: released before a second opinion trains another copy
+        trainer = _trainer(model, inputs, opts, ctx)
         curve = trainer.train()
         if ctx.wrapper is not None and curve.interrupted:   # no verdict, and no collective: a peer may be gone
             from .causes import Causes
@@ -53,6 +47,7 @@ def run(model, inputs, opts: Options | None, ctx):
 
                 localise(trainer, model, "to check the causes on this rank")
             found = diagnose(trainer, curve, opts)
+
     def second():
         if curve.nonfinite_at == 0 or not _asks(opts, ctx):   # non-finite before any step: no optimizer helps
             return None
@@ -67,20 +62,28 @@ def _asks(opts: Options, ctx) -> bool:
     return ctx.wrapper is None and opts.steps is None and ctx.spec.optimizer.describe() != OPTIMIZER.describe()
 
 
-def _default_optimizer(model, inputs, opts: Options, ctx, done: int):
-    """A second opinion for a run that ended still falling under an optimizer the user chose: the same batch and
-    loss on a fresh copy, trained with the default optimizer (OPTIMIZER: adam 1e-3) and the default budget
-    (extended while still falling). Not asked under --steps (a hard budget: the user's cap on the time).
-    Its Curve, or None where there is nothing to compare (the run's optimizer is the default, or under torchrun).
-    Its progress continues the run's (`done` steps so far: its step 0 is reported as done + 1)."""
-    import dataclasses
-
+def _trainer(model, inputs, opts: Options, ctx, optimizer=None):
+    """A Trainer on a fresh training copy of `model` with dropout off (memorising needs no regularisation:
+    core/design.py); the copy is held by the trainer alone (Trainer.release drops it)."""
     from ...core.design import dropout_off
-    from ...core.guard import leave_no_trace
     from .loop import Trainer
 
-    if not _asks(opts, ctx):
-        return None
+    work = ctx.train_copy(model)
+    dropped = dropout_off(work)
+    trainer = Trainer(work, inputs.clone(), ctx.loss(), opts, ctx, optimizer=optimizer)
+    trainer.dropped = dropped
+    return trainer
+
+
+def _default_optimizer(model, inputs, opts: Options, ctx, done: int):
+    """A second opinion for a run under an optimizer the user chose that failed or ended still falling (_asks):
+    the same batch and loss on a fresh copy, trained with the default optimizer (OPTIMIZER: adam 1e-3) and the
+    default budget (extended while still falling). Its Curve; its progress continues the run's (`done` steps so
+    far: its step 0 is reported as done + 1)."""
+    import dataclasses
+
+    from ...core.guard import leave_no_trace
+
     step, budget = opts.on_step, opts.on_budget
     again = dataclasses.replace(opts,
                                 on_step=step and (lambda k, loss: step(done + 1 + k, loss)),
@@ -88,6 +91,4 @@ def _default_optimizer(model, inputs, opts: Options, ctx, done: int):
     if budget:
         budget(done + 1 + again.budget)
     with leave_no_trace(model), ctx.seeded():
-        work = ctx.train_copy(model)
-        dropout_off(work)
-        return Trainer(work, inputs.clone(), ctx.loss(), again, ctx, optimizer=OPTIMIZER).train()
+        return _trainer(model, inputs, again, ctx, optimizer=OPTIMIZER).train()

@@ -29,7 +29,7 @@ def _names(names: list[str], limit: int) -> str:
 
 def build(trainer, curve, causes, opts, ctx, second=None) -> Result:
     """`second`: a callable that trains a fresh copy with the default optimizer (its Curve, or None), asked only
-    when the run ends still falling toward the target."""
+    when the run fails or ends still falling toward the target."""
     result = Result("overfit-batch")
     _header_and_data(result, trainer, curve, opts, ctx)
     _summary(result, curve, opts)
