@@ -1,4 +1,5 @@
 """overfit-batch: verdicts on healthy and broken-by-construction models, checked causes, CLI contract."""
+import contextlib
 import math
 import sys
 import textwrap
@@ -636,15 +637,80 @@ def test_a_given_steps_is_a_hard_budget_and_still_falling_at_its_end_is_not_yet_
     assert f.severity == "warning" and "steps" in f.hint and r.data["trend"]["kind"] == "falling"
 
 
-def test_a_run_falling_too_slowly_to_reach_the_target_within_the_cap_is_not_extended():
+def test_a_run_falling_too_slowly_to_reach_the_target_within_the_cap_is_not_extended(monkeypatch):
+    from torchdiag.diagnostics.overfit_batch import cost
+
+    monkeypatch.setattr(cost, "WORK", 0)            # steps not cheap: the default cap (4 × 500) holds
     model, x, y = _slow_regression()                # at lr 3e-4: ~5000 steps, beyond 4 × 500
     r = overfit(model, x, loss="mse", target=y, lr=3e-4)
     assert r.data["steps"] == 500 and r.data["step_budget"] == 500     # hopeless within the cap: not extended
+    assert r.data["step_cap"] == 2000
     assert "cannot-overfit" not in codes(r) and r.exit_code == 0 and r.verdict.startswith("NOT YET")
     assert r.data["trend"]["kind"] == "falling" and 500 + r.data["trend"]["steps_to_go"] > 2000
     # the projection is the curve's own: mean((y - 3e-4 t)²) reaches 1% of 0.86 near t = 3700-5000; the
     # recent trend gives it within a factor of 2 (the loss's fall slows as it nears the target)
     assert 2000 < 500 + r.data["trend"]["steps_to_go"] < 10000
+
+
+def test_a_cheap_model_still_falling_past_the_default_cap_runs_on_to_its_target():
+    """The same slow regression (4 weights, ~20 FLOPs a step): its steps are cheap, so the run goes on past
+    4 × 500 and memorises the batch where the truth says (mean((y - 3e-4 t)²) ≤ 1% of its start near t ≈ 3700)."""
+    model, x, y = _slow_regression()
+    r = overfit(model, x, loss="mse", target=y, lr=3e-4)
+    assert r.data["passed"] and r.exit_code == 0 and r.data["step_cap"] == 20000, r.verdict
+    assert 3000 < r.data["steps_to_target"] < 5000
+    assert "for its cheap steps" in r.header["training"]
+    hard = overfit(model, x, loss="mse", target=y, lr=3e-4, steps=r.data["steps"])   # the same curve, unextended
+    assert hard.series["loss"] == r.series["loss"]
+
+
+def _xor_net(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Sigmoid(), torch.nn.Linear(4, 1), torch.nn.Sigmoid())
+    for layer in (model[0], model[2]):
+        torch.nn.init.xavier_uniform_(layer.weight)
+        torch.nn.init.zeros_(layer.bias)
+    return model
+
+
+def test_a_sigmoid_net_whose_loss_crawls_then_falls_is_memorised_not_called_a_floor():
+    """A 2-4-1 sigmoid net fitting XOR under MSE (a ported StackOverflow program's, bench/bugs/so_31556268):
+    the loss crawls for thousands of steps, then falls fast. The trend at 500 steps projects the target beyond
+    20,000 steps and a slowing stretch looks like a floor; its steps are cheap, so it runs on and memorises
+    the batch (truth: the same seed under --steps 20000 reaches the target at the same step)."""
+    x = torch.tensor([[0., 0.], [0., 1.], [1., 0.], [1., 1.]])
+    y = torch.tensor([[0.], [1.], [1.], [0.]])
+    r = overfit(_xor_net(0), x, loss="mse", target=y)
+    hard = overfit(_xor_net(0), x, loss="mse", target=y, steps=20000)
+    assert hard.data["passed"] and hard.data["steps_to_target"] > 2000     # it needs more than the default cap
+    assert r.data["passed"] and r.data["steps_to_target"] == hard.data["steps_to_target"], r.verdict
+
+
+def test_the_cap_of_cheap_steps_is_the_work_they_add():
+    from types import SimpleNamespace
+
+    from torchdiag.diagnostics.overfit_batch import cost
+
+    class Batch:
+        def __init__(self, x):
+            self.x = x
+
+        def call(self, model):
+            return model(self.x)
+
+    def trainer(model, x):
+        ctx = SimpleNamespace(device=torch.device("cpu"))
+        return SimpleNamespace(ctx=ctx, work=model, batch=Batch(x), autocast=contextlib.nullcontext,
+                               trainable=list(model.named_parameters()))
+
+    big = torch.nn.Linear(1000, 1000)
+    # truth: forward 2·1000·1000·10 = 2e7 FLOPs, ×3 = 6e7 a step; 5e10 / 6e7 = 833 extra steps → 500 → cap 2500
+    assert cost.step_flops(trainer(big, torch.zeros(10, 1000))) == 6e7
+    assert cost.cheap_cap(trainer(big, torch.zeros(10, 1000))) == 2500
+    # 4 weights at batch 4: 3 · 2·4·4 = 96 FLOPs a step (more than 2 per weight); 5e10 / 96 is past 40 × 500
+    assert cost.cheap_cap(trainer(torch.nn.Linear(4, 1, bias=False), torch.eye(4))) == 20000
+    # a forward the counter cannot follow keeps the default cap
+    assert cost.cheap_cap(trainer(big, torch.zeros(10, 7))) == 2000
 
 
 def test_a_loss_on_its_floor_is_a_plateau_and_never_extended():
@@ -701,7 +767,10 @@ class RaisesWhenMoved(torch.nn.Module):
         return self.fc(x) * self.s
 
 
-def test_a_second_opinion_that_raises_leaves_the_run_judged():
+def test_a_second_opinion_that_raises_leaves_the_run_judged(monkeypatch):
+    from torchdiag.diagnostics.overfit_batch import cost
+
+    monkeypatch.setattr(cost, "WORK", 0)   # steps not cheap: the user's run stops at 500, before it drifts
     _, x, y = _slow_regression()
     r = overfit(RaisesWhenMoved(), x, loss="mse", target=y, optimizer="sgd", lr=1e-5)
     assert finding(r, "not-overfit-yet").severity == "warning" and r.exit_code == 0

@@ -45,6 +45,7 @@ class Curve:
     peer_stop: str | None = None            # under a wrapper: another rank's loss stopped the run
     budget: int = 0                         # the step budget run under: --steps, or more while still falling (_extend)
     levelled: bool = False                  # the trend was seen levelling off once (_extend looked again)
+    cap: int | None = None                  # the step cap past opts.cap, once counted (cost.cheap_cap)
 
 
 class Trainer:
@@ -169,26 +170,42 @@ class Trainer:
         return False
 
     def _extend(self) -> bool:
-        """At the budget, short of the target, --steps left out: run on by another DEFAULT_STEPS (to opts.cap) while
+        """At the budget, short of the target, --steps left out: run on by another DEFAULT_STEPS (to the cap) while
         the loss's own recent trend (trend.judge) puts the target within that cap, or it is levelling off
-        for the first time (confirmed by one more stretch before it is called a floor). A run that reaches the
-        target inside --steps never gets here. Not under a wrapper (each rank's curve is its own rows'). With
+        for the first time (confirmed by one more stretch before it is called a floor). A model whose steps are
+        cheap (cost.cheap_cap: a cap past opts.cap) runs on while its loss falls or levels, whatever the projection:
+        a sigmoid net's loss can crawl, then fall fast; only a plateau or the cap ends it early. A run that reaches
+        the target inside --steps never gets here. Not under a wrapper (each rank's curve is its own rows'). With
         parameters that get no gradient too (the rest of the model may still fit the batch: LLaVA's unread last
         tower layer): a run that then ends short of the target is cannot-overfit, the no-grad error its cause,
         after at most the cap's steps."""
         c, opts = self.curve, self.opts
-        cap = opts.cap
-        if self.agree is not None or c.budget >= cap:
+        if self.agree is not None or opts.steps is not None:
+            return False
+        cap = self._cap()
+        if c.budget >= cap:
             return False
         t = judge(c.losses, goal_of(c.losses[0], opts))
-        if t.kind == "levelling" and not c.levelled:   # a slowing fall may be a phase: look once more before calling it
-            c.levelled = True
-        elif not t.falling or t.to_go is None or c.step + t.to_go > cap:
-            return False
-        c.budget = min(cap, c.budget + opts.budget)
-        if opts.on_budget:
-            opts.on_budget(c.budget)
-        return True
+        if cap > opts.cap:
+            go = t.falling or t.kind == "levelling"
+        elif t.kind == "levelling":   # a slowing fall may be a phase: look once more before calling it a floor
+            go, c.levelled = not c.levelled, True
+        else:
+            go = t.falling and t.to_go is not None and c.step + t.to_go <= cap
+        if go:
+            c.budget = min(cap, c.budget + opts.budget)
+            if opts.on_budget:
+                opts.on_budget(c.budget)
+        return go
+
+    def _cap(self) -> int:
+        """The most steps this run may take without --steps: opts.cap, or more for a model whose steps are cheap
+        (cost.cheap_cap, counted once)."""
+        if self.curve.cap is None:
+            from .cost import cheap_cap
+
+            self.curve.cap = cheap_cap(self)
+        return self.curve.cap
 
     def _evaluate(self, step: int):
         """Forward and loss at `step`; records the loss (and accuracy), and at step 0 the output's shape facts."""

@@ -6,7 +6,7 @@ from typing import Any
 
 from ...errors import ExitCode
 from ...results import Result
-from .options import EXTEND, OPTIMIZER
+from .options import OPTIMIZER
 from .trend import PLATEAU_REL, Trend, goal_of, judge
 
 FLAT_REL = 1e-3          # best loss within 0.1% of the initial loss: "flat from the start"
@@ -61,7 +61,8 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
     result.header.update({
         "loss_rule": trainer.loss_fn.describe(),
         "training": f"{describe_optimizer(optimizer)}, lr {lr:g}, at most {opts.budget} steps"
-                    + (f" (extended to {curve.budget} while the loss still fell toward the target, {EXTEND}× at most)"
+                    + (f" (extended to {curve.budget} while the loss still fell toward the target, at most "
+                       f"{_cap(curve, opts)}{' for its cheap steps' if _cap(curve, opts) > opts.cap else ''})"
                        if curve.budget > opts.budget else "") + ", train mode"
                     + (f" (dropout off: {len(trainer.dropped)} module{'s' * (len(trainer.dropped) != 1)})"
                        if trainer.dropped else "") + ", on a copy"
@@ -71,7 +72,7 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
     steps, seconds = curve.step, curve.seconds
     result.data.update({
         "passed": curve.reached_at is not None, "interrupted": bool(curve.interrupted), "steps": steps,
-        "max_steps": opts.budget, "step_budget": curve.budget, "initial_loss": initial, "final_loss": final,
+        "max_steps": opts.budget, "step_budget": curve.budget, "step_cap": _cap(curve, opts), "initial_loss": initial, "final_loss": final,
         "best_loss": min(finite) if finite else None, "steps_to_target": curve.reached_at,
         "target_ratio": opts.target_ratio, "target_loss": opts.target_loss, "final_accuracy": final_acc,
         "optimizer": optimizer.name, "lr": lr, "amp": trainer.amp or "none", "seed": ctx.seed,
@@ -88,6 +89,11 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
         result.series["loss_scale"] = curve.scales
         result.data["skipped_steps"] = sum(curve.skipped)
         result.data["skipped_at"] = [i for i, s in enumerate(curve.skipped) if s]
+
+
+def _cap(curve, opts) -> int:
+    """The most steps the run could take: --steps, the default cap, or a cheap model's larger one (loop._cap)."""
+    return max(opts.cap, curve.cap or 0)
 
 
 def _summary(result, curve, opts) -> None:
