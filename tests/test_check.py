@@ -170,6 +170,8 @@ model = "{sample('transformer_lm.py:build')}"
     ('model = "{m}"\n[check]\noverfit-batch = {{target-ratio = -1}}', "overfit-batch target-ratio: must be between 0 and 1, got -1 in"),
     ('model = "{m}"\n[check]\noverfit-batch = {{target-ratio = 1.5}}', "overfit-batch target-ratio: must be between 0 and 1, got 1.5"),
     ('model = "{m}"\n[check]\noverfit-batch = {{optimizer = "lion"}}', "overfit-batch optimizer: 'lion' is not one of adam, adamw, sgd"),
+    ('model = "{m}"\n[check]\noverfit-batch = {{momentum = 0.5}}', "overfit-batch momentum: applies to sgd only, not adam"),
+    ('model = "{m}"\n[check]\noverfit-batch = {{optimizer = "sgd", momentum = 1}}', "overfit-batch momentum: must be < 1, got 1"),
     ('model = "{m}"\nseed = -1\n[check]\nnancheck = true', "seed: must be ≥ 0, got -1 in [tool.torchdiag] of c.toml"),
     ('model = "{m}"\n[check]\nmax-params = inf', "must be > 0 and finite"),
     ('model = "{m}"\n[check]\nmax-params = "1.2.3M"', "is not a number"),

@@ -840,3 +840,34 @@ def test_a_bounded_output_read_off_a_copy_that_did_not_move_is_withdrawn_when_th
                 optimizer="sgd", lr=1e-8)
     assert "optimizer-cannot-fit" in codes(r) and "bounded-output" not in codes(r), codes(r)
     assert any("bounded-output withdrawn" in n for n in r.notes), r.notes
+
+
+# --- --momentum: SGD as the user's script has it ----------------------------------------------------
+
+def _one_weight():
+    model = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        model.weight.zero_()
+    return model, torch.ones(1, 1), torch.ones(1, 1)
+
+
+def test_momentum_zero_is_plain_sgd_and_the_default_is_0_9():
+    """loss (w - 1)², w from 0, lr 0.1: plain SGD gives w_t = 1 - 0.8^t, loss 0.64^t; momentum 0.9 (the default)
+    w_1 = 0.2, w_2 = 0.2 + (0.9·0.2 + 0.16) = 0.54 (loss 0.2116), computed by hand."""
+    model, x, y = _one_weight()
+    plain = overfit(model, x, loss="mse", target=y, optimizer="sgd", lr=0.1, momentum=0.0, steps=5)
+    assert plain.series["loss"] == pytest.approx([0.64 ** t for t in range(6)], rel=1e-5)
+    assert "momentum" not in plain.header["training"]
+    heavy = overfit(model, x, loss="mse", target=y, optimizer="sgd", lr=0.1, steps=2)
+    assert heavy.series["loss"] == pytest.approx([1.0, 0.64, 0.2116], rel=1e-5)
+    assert "momentum 0.9" in heavy.header["training"]
+
+
+def test_momentum_on_the_command_line_and_refused_for_adam(cli, tmp_path):
+    good = cli("overfit-batch", sample("mlp.py:build"), "--optimizer", "sgd", "--momentum", "0", "--lr", "0.05",
+               "--steps", "3", "--json")
+    assert good.code in (0, 1) and "momentum" not in good.json["training"] and good.json["momentum"] == 0, good.stderr
+    bad = cli("overfit-batch", sample("mlp.py:build"), "--momentum", "0.5")
+    assert bad.code == 2 and "--momentum: applies to sgd only, not adam" in bad.stderr
+    for command in ("gradflow", "nancheck", "lr-find"):
+        assert cli(command, sample("mlp.py:build"), "--optimizer", "adam", "--momentum", "0.5").code == 2

@@ -137,12 +137,11 @@ def oneshot(m: dict, variant: str, command: str, timeout: float) -> dict:
            "--loss", f"{spec}:loss", "--json", "--device", "cpu", "--seed", "0"]
     extra = m.get("oneshot_args", {}).get(variant, {})
     opt = extra.get("optimizer")
-    if command == "overfit-batch" and opt:
+    if command in ("overfit-batch", "nancheck") and opt:   # the script's optimizer (sgd: its momentum; no nesterov)
         cmd += ["--optimizer", opt["name"], "--lr", str(opt["lr"])]
+        cmd += ["--momentum", str(opt["momentum"])] if "momentum" in opt else []
     if command == "nancheck":
         cmd += ["--steps", "50"]
-        if opt:
-            cmd += ["--optimizer", opt["name"], "--lr", str(opt["lr"])]
     rc, out, err, wall = _run(cmd, timeout)
     doc = _json_doc(out) or {}
     return {"rc": rc, "wall_s": round(wall, 3), "findings": _findings(doc), "cmd": cmd[3:],

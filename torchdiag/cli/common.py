@@ -37,6 +37,12 @@ Spec = Annotated[str, typer.Argument(metavar="MODEL_SPEC", show_default=False,
                                      help="path/to/file.py:factory or dotted.module:factory (split on the last ':'); "
                                           "or torchvision:NAME, timm:NAME, hf:FOLDER, hf:ORG/NAME (Hugging Face cache).")]
 Depth = Annotated[int, typer.Option("--depth", help="Module nesting depth shown in tables (≥ 0).")]
+
+
+def momentum(default: str):
+    """--momentum of the commands that train with --optimizer sgd (None: the command's own default)."""
+    return Annotated[float | None, typer.Option("--momentum", show_default=False,
+                                                help=f"SGD's momentum, 0 ≤ M < 1 (with --optimizer sgd only). Default: {default}.")]
 Args, Inputs, Checkpoint, Json, Tb, Debug = (option(n) for n in ("args", "inputs", "checkpoint", "json", "tb", "debug"))
 
 

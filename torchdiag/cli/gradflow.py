@@ -39,8 +39,9 @@ OWN = {
     "exploding_ratio": (Annotated[float, typer.Option("--exploding-ratio", help="grad/weight norm ratio above this is exploding-grad; ≥ 0.")], 1e2),
     "dead": (Annotated[float, typer.Option("--dead", help="Fraction of dead units after a ReLU-family module that warns (0 to 1).")], 0.5),
     "saturated": (Annotated[float, typer.Option("--saturated", help="Fraction of saturated tanh/sigmoid outputs that warns (0 to 1).")], 0.5),
-    "optimizer": (Annotated[str, typer.Option("--optimizer", help="adam|adamw|sgd: the optimizer a flagged gradient is re-checked with (a short training run on a copy); sgd uses momentum 0.9.")], "adam"),
+    "optimizer": (Annotated[str, typer.Option("--optimizer", help="adam|adamw|sgd: the optimizer a flagged gradient is re-checked with (a short training run on a copy); sgd: momentum 0.9 unless --momentum.")], "adam"),
     "lr": (Annotated[float | None, typer.Option("--lr", show_default=False, help="Learning rate of that run. Default: 1e-3 for adam/adamw, 1e-2 for sgd.")], None),
+    "momentum": (c.momentum("0.9"), None),
     "allow": (Annotated[list[str] | None, typer.Option("--allow", metavar="PATTERN", show_default=False, help="Glob on parameter names (module paths for activation warnings) accepted as intentional, e.g. 'aux_head.*'. Repeatable.")], None),
     "strict": (Annotated[bool, typer.Option("--strict", help="Warnings (vanishing-grad, dead-units, saturated) also fail (exit 1).")], False),
     "eval_mode": (Annotated[bool, typer.Option("--eval", help="Run the forward in eval mode (default: train mode, as in training).")], False),
@@ -64,7 +65,7 @@ def run(o) -> None:
             c.err(f"gradient-flow plot: {written['plot']}")
 
     # --tb: the per-layer norms are one more TensorBoard writer of render/gradflow.py
-    job = c.job("gradflow", o, optimizer=dict(name=o.optimizer, lr=o.lr), outputs={"plot": o.plot, "tb_layers": o.tb}, precheck=precheck, options=lambda: diag.Options(
+    job = c.job("gradflow", o, optimizer=dict(name=o.optimizer, lr=o.lr, momentum=o.momentum), outputs={"plot": o.plot, "tb_layers": o.tb}, precheck=precheck, options=lambda: diag.Options(
         depth=o.depth, vanishing=o.vanishing, exploding=o.exploding, exploding_ratio=o.exploding_ratio, dead=o.dead,
         saturated=o.saturated, allow=list(o.allow or []), strict=o.strict, eval_mode=o.eval_mode,
         histograms=o.tb is not None, all=o.all))

@@ -35,7 +35,7 @@ Repeats = Annotated[int, typer.Option("--repeats", help="Range tests over seeds 
                                                         "is the band.")]
 CheckSteps = Annotated[int, typer.Option("--check-steps", help="Updates of each checked run at 0.1×, 1×, 10× the "
                                                                "suggestion (0: no check, else ≥ 3).")]
-Optimizer = Annotated[str, typer.Option("--optimizer", help="adam|adamw|sgd (sgd uses momentum 0.9).")]
+Optimizer = Annotated[str, typer.Option("--optimizer", help="adam|adamw|sgd (sgd: momentum 0.9 unless --momentum).")]
 Lr = Annotated[float | None, typer.Option("--lr", show_default=False,
                                              help="Not used: the range test sets the rate of every update (a note "
                                                   "says so when given).")]
@@ -55,7 +55,7 @@ noisy curve gives no suggestion, never a made-up one. Cost: at most steps × rep
 --dtype/--amp and device; --lr is not used. Your model is not modified."""
 
 OWN = {"min_lr": (MinLr, 1e-7), "max_lr": (MaxLr, 10.0), "steps": (Steps, 100), "diverge": (Diverge, 4.0),
-       "repeats": (Repeats, 3), "check_steps": (CheckSteps, 30), "optimizer": (Optimizer, "adam"), "lr": (Lr, None),
+       "repeats": (Repeats, 3), "check_steps": (CheckSteps, 30), "optimizer": (Optimizer, "adam"), "lr": (Lr, None), "momentum": (c.momentum("0.9"), None),
        "plot": (Plot, None)}
 
 
@@ -63,7 +63,7 @@ def run(o) -> None:
     from ..diagnostics import lr_find as diag
     from ..render.plots import check_plot
 
-    job = c.job("lr-find", o, optimizer=dict(name=o.optimizer, lr=o.lr), outputs={"plot": o.plot},
+    job = c.job("lr-find", o, optimizer=dict(name=o.optimizer, lr=o.lr, momentum=o.momentum), outputs={"plot": o.plot},
                 options=lambda: diag.Options(min_lr=o.min_lr, max_lr=o.max_lr, steps=o.steps, diverge=o.diverge,
                                              repeats=o.repeats, check_steps=o.check_steps),
                 run=with_progress(diag, o.json, "lr-find", "updates", lambda options: options.cost), precheck=lambda: check_plot(o.plot))   # before loading

@@ -39,6 +39,7 @@ OWN = {
     "steps": (Annotated[int, typer.Option("--steps", help="Also run N ≥ 0 optimizer steps on a copy of the model, same batch, and report where values first go non-finite.")], 0),
     "lr": (Annotated[float, typer.Option("--lr", help="Learning rate for --steps.")], 0.01),
     "optimizer": (Annotated[str, typer.Option("--optimizer", help="sgd|adam|adamw, for --steps.")], "sgd"),
+    "momentum": (c.momentum("0 (plain SGD)"), None),
     "anomaly": (Annotated[bool, typer.Option("--anomaly", help="Also run under autograd anomaly detection and show the forward trace of the failing op (anomaly mode costs 1.2-1.5x a forward+backward at real model sizes, more on tiny models).")], False),
 }
 
@@ -46,7 +47,7 @@ OWN = {
 def run(o) -> None:
     from ..diagnostics import nancheck as diag
 
-    c.execute(c.job("nancheck", o, optimizer=dict(name=o.optimizer, lr=o.lr),
+    c.execute(c.job("nancheck", o, optimizer=dict(name=o.optimizer, lr=o.lr, momentum=o.momentum),
                     options=lambda: diag.Options(steps=o.steps, anomaly=o.anomaly)))
 
 

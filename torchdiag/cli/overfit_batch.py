@@ -26,8 +26,8 @@ Exit codes: 0 memorised the batch · 1 could not (finding cannot-overfit, with c
 
 Steps = Annotated[int | None, typer.Option("--steps", show_default=False,
                                            help="Most optimizer steps; the run stops early at the target. Default: 500, "
-                                                "extended (up to 2000) while the loss still falls toward the target.")]
-Optimizer = Annotated[str, typer.Option("--optimizer", help="adam|adamw|sgd (sgd uses momentum 0.9).")]
+                                                "extended (up to 2000; 20,000 for a model whose steps are cheap) while the loss still falls toward the target.")]
+Optimizer = Annotated[str, typer.Option("--optimizer", help="adam|adamw|sgd (sgd: momentum 0.9 unless --momentum).")]
 Lr = Annotated[float | None, typer.Option("--lr", show_default=False,
                                              help="Learning rate. Default: 1e-3 for adam/adamw, 1e-2 for sgd.")]
 Ratio = Annotated[float, typer.Option("--target-ratio", help="Pass when the loss falls to this fraction of its initial value "
@@ -47,7 +47,7 @@ per step and the skipped steps are reported (every step skipped: error every-ste
 naming the module of the first non-finite gradient); with --dtype bfloat16 weights whose first
 update rounds away are named (update-rounds-away). Your model is not modified."""
 
-OWN = {"steps": (Steps, None), "optimizer": (Optimizer, "adam"), "lr": (Lr, None), "target_ratio": (Ratio, 0.01),
+OWN = {"steps": (Steps, None), "optimizer": (Optimizer, "adam"), "lr": (Lr, None), "momentum": (c.momentum("0.9"), None), "target_ratio": (Ratio, 0.01),
        "target_loss": (TargetLoss, None), "plot": (Plot, None)}
 
 
@@ -55,7 +55,7 @@ def run(o) -> None:
     from ..diagnostics import overfit_batch as diag
     from ..render.plots import check_plot
 
-    job = c.job("overfit-batch", o, optimizer=dict(name=o.optimizer, lr=o.lr), outputs={"plot": o.plot},
+    job = c.job("overfit-batch", o, optimizer=dict(name=o.optimizer, lr=o.lr, momentum=o.momentum), outputs={"plot": o.plot},
                 options=lambda: diag.Options(steps=o.steps, target_ratio=o.target_ratio, target_loss=o.target_loss),
                 run=with_progress(diag, o.json, "overfit-batch", "steps", lambda options: options.budget), precheck=lambda: check_plot(o.plot))   # before loading
     c.execute(job, render_extra=_after(o.json))

@@ -104,7 +104,11 @@ def optimizer_spec(base: OptimizerSpec | None = None, **given) -> OptimizerSpec:
     import dataclasses
 
     fields = {k: v for k, v in given.items() if v is not None}
-    return dataclasses.replace(base or OptimizerSpec(), **fields)
+    spec = dataclasses.replace(base or OptimizerSpec(), **fields)
+    if "momentum" in fields and spec.name != "sgd":   # adam's betas are not a momentum: refuse, not ignore
+        raise OptionError("momentum", f"applies to sgd only, not {spec.name}",
+                          hint="--optimizer sgd --momentum M, or leave --momentum out")
+    return spec
 
 
 @dataclass(frozen=True)

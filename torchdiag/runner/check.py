@@ -21,8 +21,8 @@ CONFIG = {o.config_key: o.name for o in RUN_OPTIONS if o.config}
 MODEL_KEYS = set(CONFIG) | {"model", "name", "check"}
 CHECK_KEYS = {"max-params", "max-trainable-params", "max-gmacs", "max-gflops", "nancheck", "gradflow",
               "overfit-batch", "lr-find", "doctor", "allow", "strict", "max-peak-memory", "data"}
-OVERFIT_KEYS = {"steps", "target-ratio", "target-loss", "lr", "optimizer", "seed"}
-LR_FIND_KEYS = {"min-lr", "max-lr", "steps", "diverge", "repeats", "check-steps", "optimizer", "seed"}   # no lr: unused
+OVERFIT_KEYS = {"steps", "target-ratio", "target-loss", "lr", "optimizer", "momentum", "seed"}
+LR_FIND_KEYS = {"min-lr", "max-lr", "steps", "diverge", "repeats", "check-steps", "optimizer", "momentum", "seed"}   # no lr: unused
 # the checks that train with settings of their own: true, false or a table of them (keys, an example)
 OWN_TABLES = {"overfit-batch": (OVERFIT_KEYS, "overfit-batch = {steps = 200, target-ratio = 0.05}"),
               "lr-find": (LR_FIND_KEYS, "lr-find = {steps = 50, repeats = 2, check-steps = 10}")}
@@ -156,10 +156,11 @@ def own_settings(command: str, table: dict, spec, where: str):
 
     diagnostic = get(command).diagnostic_module()
     kw = {k.replace("-", "_"): v for k, v in table.items()}
-    run_kw = {k: kw.pop(k) for k in ("optimizer", "lr", "seed") if k in kw}
+    run_kw = {k: kw.pop(k) for k in ("optimizer", "lr", "momentum", "seed") if k in kw}
     try:
         opts = diagnostic.Options(**kw)
-        optimizer = optimizer_spec(diagnostic.OPTIMIZER, name=run_kw.get("optimizer"), lr=run_kw.get("lr"))
+        optimizer = optimizer_spec(diagnostic.OPTIMIZER, name=run_kw.get("optimizer"), lr=run_kw.get("lr"),
+                                   momentum=run_kw.get("momentum"))
         spec = dataclasses.replace(spec, optimizer=optimizer, seed=run_kw.get("seed", spec.seed))
     except OptionError as exc:
         exc.name_for("config")
