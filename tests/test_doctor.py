@@ -238,6 +238,59 @@ def test_unnormalised_image_input(cli):
     assert s["mean"] == pytest.approx(float(x.mean()))
 
 
+class _Scaled(nn.Module):
+    """Raw pixels in, scaled by the model itself before its first convolution (a Keras Lambda(x / 255 - 0.5))."""
+
+    def __init__(self, scale=True):
+        super().__init__()
+        self.scale, self.conv = scale, nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return self.conv(x / 255 - 0.5 if self.scale else x).mean((2, 3))
+
+
+def _doctor_findings(model, *inputs):
+    from torchdiag.api import run
+
+    return run("doctor", model, inputs if len(inputs) > 1 else inputs[0])
+
+
+def test_raw_pixels_the_model_scales_itself_are_info_naming_what_its_first_weighted_layer_sees():
+    torch.manual_seed(0)
+    x = torch.randint(0, 256, (4, 3, 16, 16)).float()
+    r = _doctor_findings(_Scaled(), x)
+    (f,) = [f for f in r.findings if f.code == "unnormalised-input"]
+    lo, hi = float((x / 255 - 0.5).min()), float((x / 255 - 0.5).max())    # truth: what conv receives
+    assert f.severity == "info" and f"conv, sees [{lo:.4g}, {hi:.4g}]" in f.message, f.message
+    flat = nn.Sequential(nn.Flatten(), _Div255(), nn.Linear(3 * 16 * 16, 2))   # flattened first: same values
+    assert [f.severity for f in _doctor_findings(flat, x).findings if f.code == "unnormalised-input"] == ["info"]
+
+
+class _Div255(nn.Module):
+    def forward(self, x):
+        return x / 255
+
+
+class _TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, image, side):
+        return self.fc(side) + image.mean()
+
+
+def test_raw_pixels_that_reach_the_first_weighted_layer_or_cannot_be_traced_stay_a_warning():
+    torch.manual_seed(0)
+    x = torch.randint(0, 256, (4, 3, 16, 16)).float()
+    raw = [f for f in _doctor_findings(_Scaled(scale=False), x).findings if f.code == "unnormalised-input"]
+    assert [f.severity for f in raw] == ["warning"] and "conv, sees [0, 255]" in raw[0].message
+    # the first weighted layer reads another tensor (not the image's values): nothing says the image is scaled
+    other = _doctor_findings(_TwoInputs(), x, torch.rand(4, 4))
+    assert [f.severity for f in other.findings if f.code == "unnormalised-input"] == ["warning"]
+
+
+
 def test_target_out_of_range_from_batch_function(cli):
     spec = sample("broken_doctor_target.py:batch")
     r, d = doc(cli, "broken_doctor_target.py:build", "--batch", spec)

@@ -37,7 +37,7 @@ from .device_meta import check_device_meta
 from .device_spread import check_device_spread
 from .dtypes import check_dtypes, check_promotion
 from .frozen import check_frozen, frozen_groups
-from .input_stats import input_stats
+from .input_stats import first_weighted_input, input_stats, raw_pixels
 from .modes import mode_modules
 from .options import NEEDS_VALUES, OPTIMIZER, WRAP, Options
 from .probe import Probe
@@ -81,7 +81,7 @@ def _run(model, inputs, ctx, loss, ck: Checklist, result: Result, gate=None) -> 
     check_device_spread(model, ck)
     main_dtype = check_dtypes(model, inputs, ck)
     frozen_rows = check_frozen(model, ck)
-    stats = input_stats(inputs, ck)
+    stats, raw = input_stats(inputs, ck)
     check_device_meta(model, inputs, ctx.factory, ck, _real_device_hint(ctx))
 
     result.tables.append(ck.table())  # replaced at the end; keeps the slot first
@@ -95,8 +95,10 @@ def _run(model, inputs, ctx, loss, ck: Checklist, result: Result, gate=None) -> 
             frozen_rows))
     if _has_values(model, inputs, ctx):
         with workspace(model) as work:
+            raw_pixels(stats, raw, first_weighted_input(work, inputs, ctx) if raw else None, ck)
             _value_checks(work, inputs, ctx, loss, main_dtype, ck, result, gate)
     else:
+        raw_pixels(stats, raw, None, ck)
         ck.skip(VALUE_CHECKS, "model or inputs on meta: no values to run")
     result.tables[0] = ck.table()
     result.verdict = verdict(result)
