@@ -1,5 +1,4 @@
 """overfit-batch: verdicts on healthy and broken-by-construction models, checked causes, CLI contract."""
-import contextlib
 import math
 import sys
 import textwrap
@@ -640,7 +639,7 @@ def test_a_given_steps_is_a_hard_budget_and_still_falling_at_its_end_is_not_yet_
 def test_a_run_falling_too_slowly_to_reach_the_target_within_the_cap_is_not_extended(monkeypatch):
     from torchdiag.diagnostics.overfit_batch import cost
 
-    monkeypatch.setattr(cost, "WORK", 0)            # steps not cheap: the default cap (4 × 500) holds
+    monkeypatch.setattr(cost, "EXTRA_SECONDS", 0)   # no time past the default cap (4 × 500)
     model, x, y = _slow_regression()                # at lr 3e-4: ~5000 steps, beyond 4 × 500
     r = overfit(model, x, loss="mse", target=y, lr=3e-4)
     assert r.data["steps"] == 500 and r.data["step_budget"] == 500     # hopeless within the cap: not extended
@@ -653,13 +652,13 @@ def test_a_run_falling_too_slowly_to_reach_the_target_within_the_cap_is_not_exte
 
 
 def test_a_cheap_model_still_falling_past_the_default_cap_runs_on_to_its_target():
-    """The same slow regression (4 weights, ~20 FLOPs a step): its steps are cheap, so the run goes on past
+    """The same slow regression (4 weights, well under a millisecond a step): its steps are fast, so the run goes on past
     4 × 500 and memorises the batch where the truth says (mean((y - 3e-4 t)²) ≤ 1% of its start near t ≈ 3700)."""
     model, x, y = _slow_regression()
     r = overfit(model, x, loss="mse", target=y, lr=3e-4)
     assert r.data["passed"] and r.exit_code == 0 and r.data["step_cap"] == 20000, r.verdict
     assert 3000 < r.data["steps_to_target"] < 5000
-    assert "for its cheap steps" in r.header["training"]
+    assert "for its fast steps" in r.header["training"]
     hard = overfit(model, x, loss="mse", target=y, lr=3e-4, steps=r.data["steps"])   # the same curve, unextended
     assert hard.series["loss"] == r.series["loss"]
 
@@ -676,7 +675,7 @@ def _xor_net(seed):
 def test_a_sigmoid_net_whose_loss_crawls_then_falls_is_memorised_not_called_a_floor():
     """A 2-4-1 sigmoid net fitting XOR under MSE (a ported StackOverflow program's, bench/bugs/so_31556268):
     the loss crawls for thousands of steps, then falls fast. The trend at 500 steps projects the target beyond
-    20,000 steps and a slowing stretch looks like a floor; its steps are cheap, so it runs on and memorises
+    20,000 steps and a slowing stretch looks like a floor; its steps are fast, so it runs on and memorises
     the batch (truth: the same seed under --steps 20000 reaches the target at the same step)."""
     x = torch.tensor([[0., 0.], [0., 1.], [1., 0.], [1., 1.]])
     y = torch.tensor([[0.], [1.], [1.], [0.]])
@@ -686,31 +685,40 @@ def test_a_sigmoid_net_whose_loss_crawls_then_falls_is_memorised_not_called_a_fl
     assert r.data["passed"] and r.data["steps_to_target"] == hard.data["steps_to_target"], r.verdict
 
 
-def test_the_cap_of_cheap_steps_is_the_work_they_add():
-    from types import SimpleNamespace
+def test_the_cap_past_2000_steps_is_what_60_seconds_more_afford_at_the_runs_own_rate():
+    from torchdiag.diagnostics.overfit_batch.cost import cheap_cap
 
+    assert cheap_cap(500, 0.5) == 20000        # 1 ms a step: 60,000 more would fit; the cap is 40 × 500
+    assert cheap_cap(500, 50.0) == 2500        # 0.1 s a step: 600 more fit, 500 of them in whole stretches
+    assert cheap_cap(2000, 2000.0) == 2000     # 1 s a step: 60 more fit, not a stretch: the default cap
+    assert cheap_cap(0, 0.0) == 2000
+
+
+class _Sleepy(torch.nn.Module):
+    """The slow regression, made to take at least 4 ms a step (a sleep in its forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = _slow_regression()[0]
+
+    def forward(self, x):
+        import time
+
+        time.sleep(0.004)
+        return self.fc(x)
+
+
+def test_a_slow_model_gets_only_the_steps_its_measured_rate_affords(monkeypatch):
+    """A review: an LSTM step of 0.2 s got 20,000 steps from a FLOP count that missed the LSTM. The rate is measured:
+    at ≥ 4 ms a step and 4 s allowed past the default cap, at most 1000 more steps fit: the cap is 2000–3000
+    whatever the model's FLOPs (a busier machine only lowers it)."""
     from torchdiag.diagnostics.overfit_batch import cost
 
-    class Batch:
-        def __init__(self, x):
-            self.x = x
-
-        def call(self, model):
-            return model(self.x)
-
-    def trainer(model, x):
-        ctx = SimpleNamespace(device=torch.device("cpu"))
-        return SimpleNamespace(ctx=ctx, work=model, batch=Batch(x), autocast=contextlib.nullcontext,
-                               trainable=list(model.named_parameters()))
-
-    big = torch.nn.Linear(1000, 1000)
-    # truth: forward 2·1000·1000·10 = 2e7 FLOPs, ×3 = 6e7 a step; 5e10 / 6e7 = 833 extra steps → 500 → cap 2500
-    assert cost.step_flops(trainer(big, torch.zeros(10, 1000))) == 6e7
-    assert cost.cheap_cap(trainer(big, torch.zeros(10, 1000))) == 2500
-    # 4 weights at batch 4: 3 · 2·4·4 = 96 FLOPs a step (more than 2 per weight); 5e10 / 96 is past 40 × 500
-    assert cost.cheap_cap(trainer(torch.nn.Linear(4, 1, bias=False), torch.eye(4))) == 20000
-    # a forward the counter cannot follow keeps the default cap
-    assert cost.cheap_cap(trainer(big, torch.zeros(10, 7))) == 2000
+    monkeypatch.setattr(cost, "EXTRA_SECONDS", 4.0)
+    _, x, y = _slow_regression()
+    r = overfit(_Sleepy(), x, loss="mse", target=y, lr=2e-4)    # ~7,000 steps to the target at this lr
+    assert not r.data["passed"] and 2000 <= r.data["step_cap"] <= 3000, r.data["step_cap"]
+    assert r.data["steps"] <= 3000
 
 
 def test_a_loss_on_its_floor_is_a_plateau_and_never_extended():
@@ -770,7 +778,7 @@ class RaisesWhenMoved(torch.nn.Module):
 def test_a_second_opinion_that_raises_leaves_the_run_judged(monkeypatch):
     from torchdiag.diagnostics.overfit_batch import cost
 
-    monkeypatch.setattr(cost, "WORK", 0)   # steps not cheap: the user's run stops at 500, before it drifts
+    monkeypatch.setattr(cost, "EXTRA_SECONDS", 0)   # no time past 2000: the user's run stops at 500, before it drifts
     _, x, y = _slow_regression()
     r = overfit(RaisesWhenMoved(), x, loss="mse", target=y, optimizer="sgd", lr=1e-5)
     assert finding(r, "not-overfit-yet").severity == "warning" and r.exit_code == 0

@@ -62,7 +62,7 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
         "loss_rule": trainer.loss_fn.describe(),
         "training": f"{describe_optimizer(optimizer)}, lr {lr:g}, at most {opts.budget} steps"
                     + (f" (extended to {curve.budget} while the loss still fell toward the target, at most "
-                       f"{_cap(curve, opts)}{' for its cheap steps' if _cap(curve, opts) > opts.cap else ''})"
+                       f"{_cap(curve, opts)}{' for its fast steps' if _cap(curve, opts) > opts.cap else ''})"
                        if curve.budget > opts.budget else "") + ", train mode"
                     + (f" (dropout off: {len(trainer.dropped)} module{'s' * (len(trainer.dropped) != 1)})"
                        if trainer.dropped else "") + ", on a copy"
@@ -300,7 +300,7 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None) -> None
         bits.append(f"{final / initial:.3g} × initial (target {opts.target_ratio:g})")
     if final_acc is not None and final_acc < 1:
         bits.append(f"batch accuracy {100 * final_acc:.1f}%")
-    hint = None if found else (f"no mechanical cause found: try more {ctx.option('steps')} (now {opts.budget}) "
+    hint = None if found else (f"no mechanical cause found: try more {ctx.option('steps')} (now {curve.step}) "
                                f"or another {ctx.option('lr')} (now {d['lr']:g})")
     other, fits = _second_opinion(result, second)
     if fits:
