@@ -1352,3 +1352,25 @@ def test_forwards_that_draw_from_numpy_are_seeded_too():
             draws.append((np.random.rand(), random.random()))
     assert draws[0] == draws[1]
     assert np.random.get_state()[1].tolist() == expect_np and random.getstate() == expect_py
+
+
+def _saturated_at_start(bias: float):
+    """Linear(4, 1) with zero weights and a large bias before a sigmoid: every output is sigmoid(bias)."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 1), torch.nn.Sigmoid())
+    with torch.no_grad():
+        model[0].weight.zero_()
+        model[0].bias.fill_(bias)
+    return model
+
+
+def test_a_saturation_a_few_real_steps_undo_is_info_with_the_measured_fractions():
+    """sigmoid(6) = 0.9975 > 0.99: 100% saturated. Fitted to 0 under MSE with Adam at lr 0.5 the bias falls by
+    ≈ 0.5 a step: after 3 steps ≈ 4.5, sigmoid 0.989 < 0.99 (truth by hand): 0% saturated, the loss lower. At lr
+    1e-3 it moves 0.003: still 100% saturated, the warning stays."""
+    x, y = torch.randn(8, 4, generator=torch.Generator().manual_seed(0)), torch.zeros(8, 1)
+    gone = run(_saturated_at_start(6.0), x, loss="mse", target=y, lr=0.5)
+    (f,) = [f for f in gone.findings if f.code == "saturated"]
+    assert f.severity == "info" and "100% at initialisation, 0% after 3 steps" in f.message, f.message
+    stays = run(_saturated_at_start(6.0), x, loss="mse", target=y, lr=1e-3)
+    (f,) = [f for f in stays.findings if f.code == "saturated"]
+    assert f.severity == "warning" and "transient" not in f.message

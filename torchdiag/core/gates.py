@@ -1,5 +1,5 @@
 """Broken, or still opening? (issue 26) A flagged finding (vanishing-grad, zero-grad, param-not-updated,
-dead-units) re-checked by what the model does, not by what its parts are called.
+dead-units, saturated) re-checked by what the model does, not by what its parts are called.
 
 1. A short real training run on a copy (ctx.train_copy, the run's loss and optimizer, the same batch,
    `steps` ≤ MAX_STEPS optimizer steps): each flagged measure is taken before and after. What resolves
@@ -26,6 +26,7 @@ from typing import Any
 
 from . import train
 from .readback import read_back
+from .recording import saturated
 from .tracking import run_forward
 
 STEPS = 3             # optimizer steps of the short training run
@@ -40,17 +41,17 @@ MODERATE = 4.0        # a large grad/weight whose relative step ≤ this × the 
 MAX_RELATIVE = 0.1    # provided it is at most this fraction of the weight's norm per optimizer step
 SUSPECT = 1e-6        # a zero-grad back at most this x the whole gradient's norm: is it rounding? (_invariant)
 MARGIN = 0.5          # dead units: input max ≤ zero point − MARGIN × the input's std (gradflow/dead.py's rule)
-KINDS = ("vanishing-grad", "zero-grad", "param-not-updated", "dead-units", "exploding-grad")
+KINDS = ("vanishing-grad", "zero-grad", "param-not-updated", "dead-units", "exploding-grad", "saturated")
 
 
 @dataclass
 class Flag:
-    """A finding to re-check: `name` is a parameter (grad kinds) or a module path (dead-units)."""
+    """A finding to re-check: `name` is a parameter (grad kinds) or a module path (dead-units, saturated)."""
 
     name: str
     kind: str
-    threshold: float = 0.0     # vanishing-/exploding-grad: the grad/weight ratio; dead-units: the dead fraction
-    edge: float = 0.0          # dead-units: the input at or below which the activation outputs 0
+    threshold: float = 0.0     # vanishing-/exploding-grad: the grad/weight ratio; dead-units, saturated: the fraction
+    edge: float = 0.0          # dead-units: the input at or below which the activation outputs 0; saturated: the margin
     by_norm: bool = False      # a parameter tiny by construction: judged by its gradient norm, its step per element
 
 
@@ -97,8 +98,9 @@ class Verdict:
     def describe(self, steps: int) -> str:
         """The measured fact, for the finding's message."""
         k = self.flag.kind
-        if k == "dead-units":
-            fact = f"dead fraction {self.before:.0%} at initialisation, {self.after:.0%} after {steps} steps"
+        if k in ("dead-units", "saturated"):
+            fact = (f"{'dead' if k == 'dead-units' else 'saturated'} fraction {self.before:.0%} at initialisation, "
+                    f"{self.after:.0%} after {steps} steps")
         elif k == "param-not-updated":
             fact = (f"gradient norm {self.before:.3g} at initialisation, {self.after:.3g} after {steps} steps "
                     "(at the initial loss level)" + ("; the step then moves it" if self.resolved else ""))
@@ -172,6 +174,8 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
         resolved = _resolved(f, b, mv.get(f.name, 0.0))
         if f.kind == "exploding-grad":
             resolved = resolved and transient(a, b, fell)
+        elif f.kind == "saturated":   # gone as the loss fell below its start (a diverging run also unsaturates)
+            resolved = resolved and math.isfinite(fell)
         verdicts[f.name] = Verdict(f, a, b, resolved, resolved or _grew(f, a, b), losses=(l0, lk),
                                    zero_start=f.name in zero_start)
     if upd:
@@ -242,7 +246,7 @@ def _measure(work, inputs, flags, ctx, loss_fn, start: dict) -> list:
     Grad kinds: grad/weight (vanishing; the grad norm when the weight was zero at the start, `start`: a zero-init
     bias a few steps later has a norm of ~lr x steps, and dividing by it would call its unchanged gradient grown
     1e3-1e7x), max |grad| (zero-grad), the grad norm (param-not-updated); dead-units: the dead fraction of the
-    module's input units."""
+    module's input units; saturated: the saturated fraction of its outputs (core.recording.saturated)."""
     import torch
 
     modules = dict(work.named_modules())
@@ -254,6 +258,12 @@ def _measure(work, inputs, flags, ctx, loss_fn, start: dict) -> list:
                 if args and torch.is_tensor(args[0]) and args[0].is_floating_point():
                     acc.setdefault(name, []).append(args[0].detach().float())
             handles.append(modules[f.name].register_forward_pre_hook(hook))
+        if f.kind == "saturated" and f.name in modules:
+            def out_hook(mod, args, y, name=f.name, margin=f.edge):
+                if torch.is_tensor(y) and y.is_floating_point() and y.numel():
+                    sat, n = acc.setdefault(name, [0, 0])
+                    acc[name] = [sat + saturated(mod, y.detach().float(), margin), n + y.numel()]
+            handles.append(modules[f.name].register_forward_hook(out_hook))
     work.zero_grad(set_to_none=True)
     try:
         with torch.enable_grad(), ctx.seeded(), ctx.autocast():
@@ -269,6 +279,9 @@ def _measure(work, inputs, flags, ctx, loss_fn, start: dict) -> list:
     for f in flags:
         if f.kind == "dead-units":
             out.append(_dead_fraction(acc.get(f.name), f.edge) if f.name in acc else zero + 1)
+            continue
+        if f.kind == "saturated":
+            out.append(acc[f.name][0] / acc[f.name][1] if f.name in acc else zero + 1)
             continue
         p = params.get(f.name)
         g = None if p is None else p.grad
@@ -331,7 +344,7 @@ def _resolved(f: Flag, after: float, moved: float) -> bool:
         return after >= f.threshold
     if f.kind == "exploding-grad":
         return after <= f.threshold
-    if f.kind == "dead-units":
+    if f.kind in ("dead-units", "saturated"):
         return after <= f.threshold
     return moved > 0
 
@@ -339,7 +352,7 @@ def _resolved(f: Flag, after: float, moved: float) -> bool:
 def _grew(f: Flag, before: float, after: float) -> bool:
     if not (math.isfinite(before) and math.isfinite(after)):
         return False
-    if f.kind in ("dead-units", "exploding-grad"):
+    if f.kind in ("dead-units", "exploding-grad", "saturated"):
         return False           # units either come alive (resolved) or not; a large gradient has no gate
     return after > 0 and (before == 0 or after >= GROW * before)
 

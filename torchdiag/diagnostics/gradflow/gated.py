@@ -25,11 +25,15 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
     flagged = [r for r in rows if r["status"] in ("vanishing-grad", "zero-grad", "exploding-grad") and not r["allowed"]]
     modules = dict(model.named_modules())
     dead = [f for f in result.findings if f.code == "dead-units" and f.severity == "warning" and f.where in modules]
-    if not flagged and not dead:
+    # a module flagged dead too (ReLU6) is re-checked for that: one verdict per module
+    sat = [f for f in result.findings if f.code == "saturated" and f.severity == "warning" and f.where in modules
+           and f.where not in {d.where for d in dead}]
+    if not flagged and not dead and not sat:
         return
     # judged as params.status judged them: a parameter tiny by construction by its gradient norm
     flags = [gates.Flag(r["name"], r["status"], _threshold(r, opts), by_norm=_by_norm(r, opts)) for r in flagged]
     flags += [gates.Flag(f.where, "dead-units", opts.dead, zero_edge(modules[f.where])) for f in dead]
+    flags += [gates.Flag(f.where, "saturated", opts.saturated, opts.saturation_margin) for f in sat]
     try:
         rc = gates.recheck(model, inputs, flags, ctx, eval_mode=opts.eval_mode, prepare=prepare)
     except ModelError as exc:   # no copy, or the copy's step/forward failed: keep the plain verdicts
@@ -78,6 +82,7 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                  design={"kind": kind, "why": f"{v.describe(rc.steps)} (a short training run on a copy: "
                                               f"{rc.steps} optimizer steps on the same batch)"})
     _locate_stops(model, inputs, [r for r in flagged if r["status"] == "zero-grad"], result, opts, ctx, prepare)
+    _transient_saturation(sat, rc)
     for f in dead:
         v = rc.verdicts[f.where]
         if not v.by_design:
@@ -91,6 +96,20 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                           f"training run on a copy they stay below the threshold ({v.describe(rc.steps)}; "
                           f"a unit is dead when its input stays below the zero point by more than "
                           f"{gates.MARGIN:g}× the spread of the module's inputs)")
+
+
+def _transient_saturation(findings, rc) -> None:
+    """A saturation of the starting point: a few real steps of the run's optimizer bring the module's saturated
+    fraction under the threshold as the loss falls below its start (an output sigmoid whose initial logits are
+    large); info, with the measured fractions. One still saturated after them stays the warning."""
+    for f in findings:
+        v = rc.verdicts[f.where]
+        if not v.resolved:
+            continue
+        f.severity, f.hint = "info", None
+        f.message += (f"; a transient of the starting point: {v.before:.0%} at initialisation, {v.after:.0%} after "
+                      f"{rc.steps} steps of a short training run on a copy (the loss {v.losses[0]:.3g} → "
+                      f"{v.losses[1]:.3g})")
 
 
 def _locate_stops(model, inputs, rows, result, opts, ctx, prepare) -> None:
