@@ -1270,3 +1270,38 @@ def test_a_parameter_tiny_by_construction_is_not_update_ratio_high():
             opt.step()
     flagged = {f.where for f in w.result().findings if f.code == "update-ratio-high"}
     assert "gamma" not in flagged and "conv.weight" in flagged, flagged
+
+
+def _kill_units_at_step_40(steps):
+    """watch_dead_units.py's run in-process: a target of -30 at step 40 kills most ReLU units, then the same
+    learnable target as before: (the result, the per-step losses)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = torch.randn(8, 1).abs()
+    losses = []
+    with Watch(model, opt, every=10) as wt:
+        for step in range(1, steps + 1):
+            x = torch.rand(32, 8)
+            y = torch.full((32, 1), -30.0) if step == 40 else x @ w
+            loss = F.mse_loss(model(x), y)
+            losses.append(float(loss))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return wt.result(), losses
+
+
+def test_dead_units_a_run_learns_without_are_info_and_a_setback_stays_a_warning():
+    """At 100 steps the loss (median of the last 5 steps) is still above what it was before the units died: the
+    death set the run back, a warning. At 400 the remaining units have taken the loss far below that (truth: the
+    run's own losses, recorded outside watch): the network had units to spare, info with both medians."""
+    import statistics
+
+    short, _ = _kill_units_at_step_40(100)
+    assert finding(short, "dead-units").severity == "warning"
+    long, losses = _kill_units_at_step_40(400)
+    f = finding(long, "dead-units")
+    then, now = statistics.median(losses[35:40]), statistics.median(losses[-5:])   # steps 36-40, 396-400
+    assert f.severity == "info" and now <= 0.5 * then, (then, now)
+    assert f"the loss fell from {then:.4g}" in f.message and f"to {now:.4g}" in f.message, f.message

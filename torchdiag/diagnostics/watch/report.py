@@ -18,6 +18,8 @@ LOWER_IS_BETTER = re.compile(r"loss|perplexity|mape|mapd|distance|incorrect"
 HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|bleu|rouge|score|iou|(?<![a-z])map(?![a-z])|top\d|dice"
                               r"|psnr|ssim|r2\b|ndcg|mrr|jaccard|(?<![a-z])corr(?!upt)", re.I)
 DEAD_SHARE = 0.5       # a layer with at least this share of its units newly dead (twice in a row)
+SPARED_READS = 5       # dead units a run spared: the median loss of this many steps before the death and at the end,
+SPARED_FALL = 0.5      # the end's at most this × the death's (it kept learning without them): info
 SPREAD_K = 5.0         # a loss spike is this many robust standard deviations above the recent losses ...
 SPREAD_STEPS = 4       # ... measured over this many windows before it
 VAL_TAIL = 3           # val-worsens: the last evaluations (up to this many after the best) all worse than it ...
@@ -427,9 +429,43 @@ def _dead(result: Result, engine) -> None:
         passed = [n for n, r in roots.items() if r == name and n != name]
         step, newly, _, _, units = samples[-1]
         after = f"; passed on by {', '.join(passed)}" if passed else ""
-        result.add("dead-units", "warning", name, f"{int(newly)} of {units} units of {name} went dead over the run "
-                   f"(alive at step {samples[0][0]}, zero for the whole batch at step {step}{after})",
-                   "lower the learning rate, or use LeakyReLU/GELU")
+        message = (f"{int(newly)} of {units} units of {name} went dead over the run (alive at step {samples[0][0]}, "
+                   f"zero for the whole batch at step {step}{after})")
+        spared = _trained_on(result, _alive_until(samples, units))
+        if spared:
+            result.add("dead-units", "info", name, f"{message}; {spared}")
+        else:
+            result.add("dead-units", "warning", name, message, "lower the learning rate, or use LeakyReLU/GELU")
+
+
+def _alive_until(samples, units) -> int | None:
+    """The step of the last read before the units' final stretch of dead reads (None: dead from the first read)."""
+    for s, newly, _, nonneg, _ in reversed(samples):
+        if not (nonneg and newly >= DEAD_SHARE * units):
+            return s
+    return None
+
+
+def _trained_on(result: Result, alive: int | None) -> str | None:
+    """What training did after the units died, when it went on without them: the median loss of the last
+    SPARED_READS steps at most SPARED_FALL × the median of the SPARED_READS steps up to the last read that saw them
+    alive, and no non-finite loss since (the network had the capacity to spare; a run the death stalled, or set back
+    for good, keeps its loss above that). None otherwise."""
+    if alive is None:
+        return None
+    if any(v is not None and not math.isfinite(v) for s, v in zip(result.series["step"], result.series["loss"])
+           if s > alive):
+        return None   # a loss that went non-finite since: the run did not go on well
+    pairs = _finite_pairs(result.series["step"], result.series["loss"])
+    before = [v for s, v in pairs if s <= alive][-SPARED_READS:]
+    later = [v for s, v in pairs if s > alive]
+    if len(before) < 2 or len(later) < SPARED_READS:
+        return None
+    then, now = statistics.median(before), statistics.median(later[-SPARED_READS:])
+    if not (then > 0 and now <= SPARED_FALL * then):
+        return None
+    return (f"training went on without them: the loss fell from {then:.4g} (median of the steps up to step {alive}, "
+            f"the last read that saw them alive) to {now:.4g} (median of the last {SPARED_READS} steps)")
 
 
 def _dead_root(name: str, dead: dict, feeds: dict) -> str:
