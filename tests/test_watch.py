@@ -1305,3 +1305,24 @@ def test_dead_units_a_run_learns_without_are_info_and_a_setback_stays_a_warning(
     then, now = statistics.median(losses[35:40]), statistics.median(losses[-5:])   # steps 36-40, 396-400
     assert f.severity == "info" and now <= 0.5 * then, (then, now)
     assert f"the loss fell from {then:.4g}" in f.message and f"to {now:.4g}" in f.message, f.message
+
+
+def test_a_layer_left_without_live_units_stays_a_warning_though_the_loss_falls():
+    """A review: one batch with a target of -3000 kills every hidden unit; after it only the output bias learns (the
+    model is a constant: its output's std over fresh inputs ~1e-6), and the loss still falls far below its early
+    level. No live units: nothing was spared, the warning stays."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    w = torch.randn(8, 1).abs()
+    with Watch(model, opt, every=10) as wt:
+        for step in range(1, 301):
+            x = torch.rand(32, 8)
+            y = torch.full((32, 1), -3000.0) if step == 20 else x @ w + 5.0
+            loss = F.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with torch.no_grad():   # truth: no hidden unit is positive for any of 256 fresh inputs
+        assert int((model[1](model[0](torch.rand(256, 8))) > 0).sum()) == 0
+    assert finding(wt.result(), "dead-units").severity == "warning"

@@ -20,6 +20,7 @@ HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|bleu|rouge|score|iou
 DEAD_SHARE = 0.5       # a layer with at least this share of its units newly dead (twice in a row)
 SPARED_READS = 5       # dead units a run spared: the median loss of this many steps before the death and at the end,
 SPARED_FALL = 0.5      # the end's at most this × the death's (it kept learning without them): info
+SPARED_ALIVE = 0.1     # and at least this share of the layer's units still alive at the last read (a layer with none passes nothing on)
 SPREAD_K = 5.0         # a loss spike is this many robust standard deviations above the recent losses ...
 SPREAD_STEPS = 4       # ... measured over this many windows before it
 VAL_TAIL = 3           # val-worsens: the last evaluations (up to this many after the best) all worse than it ...
@@ -431,7 +432,10 @@ def _dead(result: Result, engine) -> None:
         after = f"; passed on by {', '.join(passed)}" if passed else ""
         message = (f"{int(newly)} of {units} units of {name} went dead over the run (alive at step {samples[0][0]}, "
                    f"zero for the whole batch at step {step}{after})")
-        spared = _trained_on(result, _alive_until(samples, units))
+        # a layer left with (almost) no live units passes (almost) nothing on: a loss that falls after is the rest of
+        # the model's (an output bias fitting an offset), not the layer's spare capacity (a review)
+        still = units - samples[-1][2]
+        spared = _trained_on(result, _alive_until(samples, units)) if still >= SPARED_ALIVE * units else None
         if spared:
             result.add("dead-units", "info", name, f"{message}; {spared}")
         else:
