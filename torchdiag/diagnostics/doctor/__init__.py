@@ -95,7 +95,7 @@ def _run(model, inputs, ctx, loss, ck: Checklist, result: Result, gate=None) -> 
             frozen_rows))
     if _has_values(model, inputs, ctx):
         with workspace(model) as work:
-            raw_pixels(stats, raw, first_weighted_input(work, inputs, ctx) if raw else None, ck)
+            raw_pixels(stats, raw, first_weighted_input(work, inputs, ctx, raw[0][2]) if raw else None, ck)
             _value_checks(work, inputs, ctx, loss, main_dtype, ck, result, gate)
     else:
         raw_pixels(stats, raw, None, ck)
