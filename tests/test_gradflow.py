@@ -1374,3 +1374,21 @@ def test_a_saturation_a_few_real_steps_undo_is_info_with_the_measured_fractions(
     stays = run(_saturated_at_start(6.0), x, loss="mse", target=y, lr=1e-3)
     (f,) = [f for f in stays.findings if f.code == "saturated"]
     assert f.severity == "warning" and "transient" not in f.message
+
+
+def test_a_relu6_saturation_is_measured_alike_by_the_finding_and_its_recheck():
+    """A review: the re-check counted ReLU6's zeros as saturated while the finding (its flat top only) did not. 40 of
+    64 units biased to 6.5 (above its top for most inputs), the other 24 to -3 (at zero for most): the finding's
+    fraction and the re-check's 'at initialisation' must be the same number."""
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU6(), torch.nn.Linear(64, 1))
+    with torch.no_grad():
+        model[0].bias.copy_(torch.cat([torch.full((40,), 6.5), torch.full((24,), -3.0)]))
+        model[2].weight.abs_()
+    with torch.no_grad():   # truth: the share of outputs at ReLU6's top
+        top = float((model[1](model[0](x)) >= 6).float().mean())
+    r = run(model, x, loss="mse", target=torch.zeros(16, 1), lr=0.3)
+    (f,) = [f for f in r.findings if f.code == "saturated"]
+    assert f.message.startswith(f"{top:.1%} of the outputs of ReLU6"), (top, f.message)
+    assert f"transient of the starting point: {top:.0%} at initialisation" in f.message, f.message   # lr 0.3 undoes it

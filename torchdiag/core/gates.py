@@ -26,7 +26,7 @@ from typing import Any
 
 from . import train
 from .readback import read_back
-from .recording import saturated
+from .recording import kinds, saturated
 from .tracking import run_forward
 
 STEPS = 3             # optimizer steps of the short training run
@@ -175,7 +175,7 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
         if f.kind == "exploding-grad":
             resolved = resolved and transient(a, b, fell)
         elif f.kind == "saturated":   # gone as the loss fell below its start (a diverging run also unsaturates)
-            resolved = resolved and math.isfinite(fell)
+            resolved = resolved and math.isfinite(fell) and fell > 1
         verdicts[f.name] = Verdict(f, a, b, resolved, resolved or _grew(f, a, b), losses=(l0, lk),
                                    zero_start=f.name in zero_start)
     if upd:
@@ -261,8 +261,11 @@ def _measure(work, inputs, flags, ctx, loss_fn, start: dict) -> list:
         if f.kind == "saturated" and f.name in modules:
             def out_hook(mod, args, y, name=f.name, margin=f.edge):
                 if torch.is_tensor(y) and y.is_floating_point() and y.numel():
+                    yf = y.detach().float()
+                    # ReLU6: its zero side is the dead-unit question, as in the finding (gradflow/activations.py)
+                    flat = saturated(mod, yf, margin) - ((yf == 0).sum() if "relu" in kinds(mod) else 0)
                     sat, n = acc.setdefault(name, [0, 0])
-                    acc[name] = [sat + saturated(mod, y.detach().float(), margin), n + y.numel()]
+                    acc[name] = [sat + flat, n + y.numel()]
             handles.append(modules[f.name].register_forward_hook(out_hook))
     work.zero_grad(set_to_none=True)
     try:
