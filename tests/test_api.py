@@ -158,3 +158,18 @@ def test_the_package_is_lazy_but_complete():
             "torchdiag.Result, torchdiag.render.RenderSpec]\nprint(len(names))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and r.stdout.strip() == "6", r.stderr
+
+
+def test_optimizer_keywords_for_a_command_that_takes_no_steps_are_refused():
+    """A review: flops(momentum=0.5) said 'applies to sgd only, not adam'; summary(lr=0.1) was ignored."""
+    import pytest
+    import torch
+
+    from torchdiag.api import run
+    from torchdiag.errors import OptionError
+
+    model, x = torch.nn.Linear(4, 2), torch.randn(3, 4)
+    for command, given in (("flops", {"momentum": 0.5}), ("summary", {"lr": 0.1})):
+        with pytest.raises(OptionError, match="takes no optimizer steps"):
+            run(command, model, x, **given)
+    assert run("gradflow", model, x, optimizer="sgd", momentum=0.0).exit_code == 0

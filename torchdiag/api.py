@@ -76,6 +76,9 @@ def run_spec(command: str, diagnostic=None, *, loss: Any = "auto", **kw):
                           "weights into your model first", hint="model.load_state_dict(safetensors.torch.load_file(path)) "
                           "or torch.load(path, weights_only=True), then call torchdiag")
     given = {field: kw.pop(key) for key, field in OPTIMIZER_KEYS.items() if key in kw}
+    if given and getattr(diagnostic, "OPTIMIZER", None) is None:   # nothing trains: the keys would be ignored
+        key = next(k for k, f in OPTIMIZER_KEYS.items() if f in given)
+        raise OptionError(key, f"{command} takes no optimizer steps", hint=f"leave {key} out")
     run = {k: kw.pop(k) for k in RUN_KEYS if k in kw}
     if isinstance(run.get("amp"), bool):  # memory's amp=True: autocast in the device's own low precision
         run["amp"] = "auto" if run["amp"] else None

@@ -28,13 +28,20 @@ from .activations import activation_rows
 from .findings import param_findings, status_counts, verdict
 from .gated import gated
 from .layers import bar_scale, frontier, layer_rows
-from .options import NEEDS_VALUES, STATUS_ORDER, STATUS_SEVERITY, WRAP, Options
+from .options import (
+    NEEDS_VALUES,
+    OPTIMIZER,
+    STATUS_ORDER,
+    STATUS_SEVERITY,
+    WRAP,
+    Options,
+)
 from .params import param_rows
 from .recheck import recheck
 from .stats import read_stats
 from .underflow import add_fractions, reduced_dtype, smallest_normal
 
-__all__ = ["NEEDS_VALUES", "WRAP", "Options", "STATUS_ORDER", "STATUS_SEVERITY", "frontier", "run"]
+__all__ = ["NEEDS_VALUES", "OPTIMIZER", "WRAP", "Options", "STATUS_ORDER", "STATUS_SEVERITY", "frontier", "run"]
 
 
 def run(model, inputs, opts: Options, ctx) -> Result:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ...core.run import number
+from ...core.run import OptimizerSpec, number
 from ...errors import OptionError
 
 NEEDS_VALUES = True
@@ -29,6 +29,8 @@ BY_DESIGN = ("zero-init", "invariant", "by-design-init", "skipped-at-random", "a
 # the worst status first: a layer shows the worst of its parameters
 STATUS_ORDER = ["non-finite-grad", "no-grad", "zero-grad", "exploding-grad", "vanishing-grad", *BY_DESIGN,
                 "not-reached", "ok", "frozen"]
+
+OPTIMIZER = OptimizerSpec("adam")   # the short training run that re-checks a flagged finding (gates.py)
 
 
 @dataclass
