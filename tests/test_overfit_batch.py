@@ -651,7 +651,7 @@ def test_a_run_falling_too_slowly_to_reach_the_target_within_the_cap_is_not_exte
     assert 2000 < 500 + r.data["trend"]["steps_to_go"] < 10000
 
 
-def test_a_cheap_model_still_falling_past_the_default_cap_runs_on_to_its_target():
+def test_a_fast_model_still_falling_past_the_default_cap_runs_on_to_its_target():
     """The same slow regression (4 weights, well under a millisecond a step): its steps are fast, so the run goes on past
     4 × 500 and memorises the batch where the truth says (mean((y - 3e-4 t)²) ≤ 1% of its start near t ≈ 3700)."""
     model, x, y = _slow_regression()
@@ -686,12 +686,12 @@ def test_a_sigmoid_net_whose_loss_crawls_then_falls_is_memorised_not_called_a_fl
 
 
 def test_the_cap_past_2000_steps_is_what_60_seconds_more_afford_at_the_runs_own_rate():
-    from torchdiag.diagnostics.overfit_batch.cost import cheap_cap
+    from torchdiag.diagnostics.overfit_batch.cost import fast_cap
 
-    assert cheap_cap(500, 0.5) == 20000        # 1 ms a step: 60,000 more would fit; the cap is 40 × 500
-    assert cheap_cap(500, 50.0) == 2500        # 0.1 s a step: 600 more fit, 500 of them in whole stretches
-    assert cheap_cap(2000, 2000.0) == 2000     # 1 s a step: 60 more fit, not a stretch: the default cap
-    assert cheap_cap(0, 0.0) == 2000
+    assert fast_cap(500, 0.5) == 20000        # 1 ms a step: 60,000 more would fit; the cap is 40 × 500
+    assert fast_cap(500, 50.0) == 2500        # 0.1 s a step: 600 more fit, 500 of them in whole stretches
+    assert fast_cap(2000, 2000.0) == 2000     # 1 s a step: 60 more fit, not a stretch: the default cap
+    assert fast_cap(0, 0.0) == 2000
 
 
 class _Sleepy(torch.nn.Module):

@@ -18,7 +18,7 @@ EXTRA_SECONDS = 60.0   # the steps past the default cap may add about this much 
 MOST = 40              # the cap never exceeds MOST × DEFAULT_STEPS (20,000 steps)
 
 
-def cheap_cap(steps: int, seconds: float) -> int:
+def fast_cap(steps: int, seconds: float) -> int:
     """The step cap for a run that took `steps` steps in `seconds`: EXTEND × DEFAULT_STEPS, raised in
     DEFAULT_STEPS increments to MOST × DEFAULT_STEPS while the added steps fit in EXTRA_SECONDS."""
     base = EXTEND * DEFAULT_STEPS

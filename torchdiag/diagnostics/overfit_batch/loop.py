@@ -45,7 +45,7 @@ class Curve:
     peer_stop: str | None = None            # under a wrapper: another rank's loss stopped the run
     budget: int = 0                         # the step budget run under: --steps, or more while still falling (_extend)
     levelled: bool = False                  # the trend was seen levelling off once (_extend looked again)
-    cap: int | None = None                  # the step cap the last extension used (cost.cheap_cap)
+    cap: int | None = None                  # the step cap the last extension used (cost.fast_cap)
 
 
 class Trainer:
@@ -72,7 +72,7 @@ class Trainer:
         self.stagnation = []              # reduced-precision weights: core.rounding counts of step 0
         self.stagnant_counts: list[float] = []   # those counts, read back by final_flags
         self.curve = Curve(budget=opts.budget)
-        self._t0 = 0.0                    # when train() started (cost.cheap_cap reads the rate since)
+        self._t0 = 0.0                    # when train() started (cost.fast_cap reads the rate since)
         self.dropped: list[str] = []      # dropout / stochastic-depth modules switched off on the copy
         self.group = getattr(work, "process_group", None)   # DDP's; FSDP (and the agreement) use the default one
         self.agree = _agreement(ctx, self.group)   # under a wrapper: the stop decided by every rank
@@ -174,7 +174,7 @@ class Trainer:
         """At the budget, short of the target, --steps left out: run on by another DEFAULT_STEPS (to the cap) while
         the loss's own recent trend (trend.judge) puts the target within that cap, or it is levelling off
         for the first time (confirmed by one more stretch before it is called a floor). A model whose steps are
-        fast (cost.cheap_cap: a cap past opts.cap) runs on while its loss falls or levels, whatever the projection:
+        fast (cost.fast_cap: a cap past opts.cap) runs on while its loss falls or levels, whatever the projection:
         a sigmoid net's loss can crawl, then fall fast; only a plateau or the cap ends it early. A run that reaches
         the target inside --steps never gets here. Not under a wrapper (each rank's curve is its own rows'). With
         parameters that get no gradient too (the rest of the model may still fit the batch: LLaVA's unread last
@@ -200,11 +200,11 @@ class Trainer:
         return go
 
     def _cap(self) -> int:
-        """The most steps this run may take without --steps: opts.cap, or more when its steps are fast (cost.cheap_cap,
+        """The most steps this run may take without --steps: opts.cap, or more when its steps are fast (cost.fast_cap,
         at the rate measured so far: a slower stretch lowers it)."""
-        from .cost import cheap_cap
+        from .cost import fast_cap
 
-        self.curve.cap = cheap_cap(self.curve.step, time.perf_counter() - self._t0)
+        self.curve.cap = fast_cap(self.curve.step, time.perf_counter() - self._t0)
         return self.curve.cap
 
     def _evaluate(self, step: int):

@@ -93,7 +93,7 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
 
 
 def _cap(curve, opts) -> int:
-    """The most steps the run could take: --steps, the default cap, or a cheap model's larger one (loop._cap)."""
+    """The most steps the run could take: --steps, the default cap, or a fast run's larger one (loop._cap)."""
     return max(opts.cap, curve.cap or 0)
 
 
