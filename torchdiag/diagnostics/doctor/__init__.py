@@ -37,7 +37,7 @@ from .device_meta import check_device_meta
 from .device_spread import check_device_spread
 from .dtypes import check_dtypes, check_promotion
 from .frozen import check_frozen, frozen_groups
-from .input_stats import first_weighted_input, input_stats, raw_pixels
+from .input_stats import input_stats, raw_pixels, weighted_inputs
 from .modes import mode_modules
 from .options import NEEDS_VALUES, OPTIMIZER, WRAP, Options
 from .probe import Probe
@@ -95,7 +95,7 @@ def _run(model, inputs, ctx, loss, ck: Checklist, result: Result, gate=None) -> 
             frozen_rows))
     if _has_values(model, inputs, ctx):
         with workspace(model) as work:
-            raw_pixels(stats, raw, first_weighted_input(work, inputs, ctx, raw[0][2]) if raw else None, ck)
+            raw_pixels(stats, raw, weighted_inputs(work, inputs, ctx, raw[0][2]) if raw else None, ck)
             _value_checks(work, inputs, ctx, loss, main_dtype, ck, result, gate)
     else:
         raw_pixels(stats, raw, None, ck)

@@ -1,5 +1,5 @@
-"""Input statistics: non-finite-input, unnormalised-input (image-like float input in [0, 255] that reaches the
-model's first weighted layer so: a model that scales its input itself is told so, as info)."""
+"""Input statistics: non-finite-input, unnormalised-input (image-like float input in [0, 255]; info when the model
+scales it before any weighted layer reads it)."""
 from __future__ import annotations
 
 from .checklist import Checklist
@@ -40,7 +40,7 @@ def input_stats(inputs, ck: Checklist) -> tuple[list[dict], list[tuple[str, dict
 
 def raw_pixels(rows: list[dict], raw: list[tuple[str, dict, object]], seen, ck: Checklist) -> None:
     """unnormalised-input for each raw-pixel input: a warning, or info when the model scales its only float input
-    before any weighted layer reads it (`seen`: first_weighted_input's record, or None when unknown)."""
+    before any weighted layer reads it (`seen`: what weighted_inputs recorded, or None when unknown)."""
     floats = [r for r in rows if r["dtype"].startswith(("float", "bfloat", "half"))]
     for label, row, _ in raw:
         message = f"image-like float input with values in [{row['min']:g}, {row['max']:g}] (mean {row['mean']:.4g})"
@@ -77,7 +77,7 @@ class Seen:
         return first + (f"; {raw[0] or '(root)'} sees the raw range" if raw and raw[0] != name else "")
 
 
-def first_weighted_input(work, inputs, ctx, image) -> Seen | None:
+def weighted_inputs(work, inputs, ctx, image) -> Seen | None:
     """Seen, from one eval forward under no_grad (one read at the end): the weighted layers' first inputs of
     `image`'s number of values; None when the forward raises (its error comes later)."""
     import torch
