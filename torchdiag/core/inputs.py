@@ -384,6 +384,7 @@ def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
         inputs = resolve_inputs(list(loaded.default_inputs), loaded, device, seed)
         _end_with_eos(inputs, loaded.model)
         inputs.source = loaded.input_source
+        inputs = _with_optional(inputs, loaded, device, seed)
     inputs.chosen = True
     names = [p.name for p in forward_parameters(loaded.model)]
     if getattr(loaded, "labels_from_ids", False) and inputs.args and "labels" in names:
@@ -397,6 +398,21 @@ def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
         inputs.kwargs["decoder_input_ids"] = torch.empty(first.shape, dtype=first.dtype, device="meta")
         inputs.notes.append(f"decoder_input_ids: {shape_str(first)} added (the model is an encoder-decoder)")
     return inputs
+
+
+def _with_optional(inputs: ModelInputs, loaded, device, seed: int) -> ModelInputs:
+    """The one default layout, or (when its forward fails for want of an optional input the error names) that
+    layout with the input added (core.optional_inputs). One probe forward, only for a forward that takes optional
+    inputs the default leaves out; none on meta."""
+    from . import optional_inputs
+
+    if device.type == "meta" or not optional_inputs.needs_probe(loaded.model, inputs):
+        return inputs
+    probed = optional_inputs.probe(loaded.model, inputs)
+    if probed.out is not None or not probed.names:
+        return inputs
+    grown = optional_inputs.completed([tuple(loaded.default_inputs)], [probed], loaded, device, seed)
+    return grown if grown is not None else inputs
 
 
 def _end_with_eos(inputs: ModelInputs, model) -> None:
@@ -433,7 +449,7 @@ def _config_int(config, key: str) -> int | None:
     return None
 
 
-def _spec_inputs(specs: tuple[str, ...], loaded, device, seed: int) -> ModelInputs:
+def spec_inputs(specs: tuple[str, ...], loaded, device, seed: int) -> ModelInputs:
     """A source's specs: positional `SHAPE:DTYPE` as -i gives them, keyword `name=SHAPE:DTYPE[~fill]` (hf_inputs)."""
     import torch
 
@@ -481,15 +497,7 @@ def traceless(model, inputs: ModelInputs):
                     b.copy_(saved[n])
 
 
-def _output_of(model, inputs: ModelInputs):
-    """The output of a traceless forward, or None when it raised."""
-    try:
-        return traceless(model, inputs)
-    except Exception:   # noqa: BLE001 - any failure means: not this layout
-        return None
-
-
-def _blank(out) -> int:
+def blank_rank(out) -> int:
     """0: an output that says something; 1: every floating tensor all zeros; 2: a NaN in one (a fully masked
     softmax; -inf stays informative: masked logits are a model's own). Sparse, fp8 or other tensors the checks
     cannot read count as informative."""
@@ -508,25 +516,25 @@ def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
     """The first of a source's candidate inputs whose forward runs on the built model; when none does, the one
     that went furthest into it (the most module calls before it failed: its error is the model's own, past the
     input layout, and the real run then reports it with its module)."""
-    import warnings
-
     from torch.nn.modules.module import register_module_forward_pre_hook
+
+    from . import optional_inputs
 
     calls = [0]
 
     def count(module, args):
         calls[0] += 1
 
-    chosen, k, reached, blank = None, -1, [], None
+    chosen, k, reached, blank, named = None, -1, [], None, []
     handle = register_module_forward_pre_hook(count)
     try:
         for i, specs in enumerate(sets):
-            inputs = _spec_inputs(specs, loaded, device, seed)
+            inputs = spec_inputs(specs, loaded, device, seed)
             calls[0] = 0
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")   # a wrong layout's warnings are not the user's
-                out = _output_of(loaded.model, inputs)
-            rank = None if out is None else _blank(out)
+            probed = optional_inputs.probe(loaded.model, inputs)   # what its error names, if it fails
+            out = probed.out
+            named.append(probed)
+            rank = None if out is None else blank_rank(out)
             if rank:   # ran, and gave nothing (a mask hiding the whole input: Gemma3n's audio_mel_mask, True =
                 # padding) or NaN (a fully masked softmax): a last resort, all zeros before NaN
                 blank = blank if blank is not None and blank[2] <= rank else (inputs, i, rank)
@@ -547,8 +555,11 @@ def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
         how = "did not run or gave all zeros or NaN" if blank else "did not run"
         chosen.source = loaded.input_source + (f"; layout {k + 1} of {len(sets)} (the first {k} {how})" if k else "")
         return chosen
+    grown = optional_inputs.completed(sets, named, loaded, device, seed) if any(p.names for p in named) else None
+    if grown is not None:
+        return grown
     k = max(range(len(reached)), key=lambda i: (reached[i], -i))
-    chosen = _spec_inputs(sets[k], loaded, device, seed)
+    chosen = spec_inputs(sets[k], loaded, device, seed)
     chosen.source = loaded.input_source + (f"; none of {len(sets)} layouts ran: layout {k + 1}, which went furthest "
                                            f"into the model ({reached[k]} module calls before it failed), is used")
     return chosen

@@ -161,6 +161,23 @@ class ModuleTracker(ForwardHooks):
         free = [p.name for i, p in enumerate(params) if i >= n_args and p.name not in given]
         return [p for p in free if any(p == k or p.endswith("_" + k) for k in self.none_kwargs)]
 
+    def none_inputs(self) -> list[list[str]]:
+        """Of every call still open after an exception, innermost first: the inputs it received as None, by
+        keyword and by position (named from its forward's signature: Conv1d's `input`, a prompter's
+        `pixel_values`)."""
+        import inspect
+
+        out = []
+        for _, given, kwargs, mod in reversed(self._stack):
+            try:
+                names = list(inspect.signature(mod.forward).parameters)
+            except (TypeError, ValueError):
+                names = []
+            positional = given[:len(given) - len(kwargs)]
+            out.append([names[i] for i, v in enumerate(positional) if v is None and i < len(names)] +
+                       [k for k, v in kwargs.items() if v is None])
+        return out
+
     def called(self) -> set[str]:
         return {c.name for c in self.calls}
 
