@@ -147,6 +147,17 @@ class Context:
         if self.spec.loss == "auto" and self.batch_target is None and inputs is not None:
             self.lm = language_model(model, inputs)
 
+    def use_inputs(self, model, inputs):
+        """Inputs that replace the ones prepare() chose (core.optional_inputs.run_completing): cast as those were,
+        in the header, observed again."""
+        from .precision import cast_inputs
+
+        inputs = cast_inputs(inputs, self.spec.dtype)
+        self.header.pop("input_notes", None)
+        self.header.update(_input_header(inputs))
+        self.observe(model, inputs)
+        return inputs
+
     def finish(self, result) -> None:
         """Put the choices made for the user in front of the diagnostic's own header."""
         header = dict(self.header)
@@ -234,11 +245,15 @@ def _header(spec: RunSpec, device, loaded, inputs) -> dict[str, Any]:
     if loaded.built_on:
         header["built_on_meta_via"] = loaded.built_on
     if spec.needs_inputs:
-        header["inputs"] = inputs.describe()
-        header["input_source"] = inputs.source
-        if inputs.notes:
-            header["input_notes"] = inputs.notes
+        header.update(_input_header(inputs))
     return header
+
+
+def _input_header(inputs) -> dict[str, Any]:
+    out: dict[str, Any] = {"inputs": inputs.describe(), "input_source": inputs.source}
+    if inputs.notes:
+        out["input_notes"] = inputs.notes
+    return out
 
 
 def model_device(model):

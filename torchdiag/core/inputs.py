@@ -84,8 +84,12 @@ class ModelInputs:
     source: str = ""
     notes: list[str] = field(default_factory=list)
     chosen: bool = False    # a source's default (torchvision:/timm:/hf:), made up by torchdiag, not the user's
+    # a source's one default layout, until its first forward (core.optional_inputs.FirstForward); copies share it
+    check: Any = field(default=None, repr=False, compare=False)
 
     def call(self, model):
+        if self.check is not None and self.check.armed:
+            return self.check.call(self, model)
         return model(*self.args, **self.kwargs)
 
     def tensors(self) -> list[tuple[str, Any]]:
@@ -108,7 +112,8 @@ class ModelInputs:
         return int(ts[0][1].shape[0]) if ts and ts[0][1].dim() else None
 
     def map(self, fn) -> ModelInputs:
-        return ModelInputs(_map(self.args, fn), _map(self.kwargs, fn), self.source, list(self.notes), self.chosen)
+        return ModelInputs(_map(self.args, fn), _map(self.kwargs, fn), self.source, list(self.notes), self.chosen,
+                           self.check)
 
     def to(self, device) -> ModelInputs:
         return self.map(lambda t: t.to(device))
@@ -374,8 +379,10 @@ def _random_decoder_ids(like, model, seed: int):
 def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
     """The default inputs of `torchvision:`/`timm:`/`hf:` models: their -i specs, with the same
     realistic values (token ids in the vocabulary of the embedding that reads them, decoder ids for an
-    encoder-decoder). On meta, where no probe runs, an encoder-decoder still gets its decoder ids."""
-    import torch
+    encoder-decoder). On meta, where no probe runs, an encoder-decoder still gets its decoder ids. Several
+    layouts: the first whose forward runs (or, when none does, one with the optional inputs its error names
+    added: core.optional_inputs); one: its first forward, the command's own, is watched for that error."""
+    from . import optional_inputs
 
     alternatives = tuple(getattr(loaded, "input_alternatives", ()))
     if alternatives:
@@ -384,7 +391,18 @@ def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
         inputs = resolve_inputs(list(loaded.default_inputs), loaded, device, seed)
         _end_with_eos(inputs, loaded.model)
         inputs.source = loaded.input_source
-        inputs = _with_optional(inputs, loaded, device, seed)
+        if device.type != "meta" and optional_inputs.needs_probe(loaded.model, inputs):
+            _finish_source(inputs, loaded, device)   # (its probes, if any, before the watch)
+            inputs.check = optional_inputs.FirstForward(loaded, device, seed,
+                                                        lambda grown: _finish_source(grown, loaded, device))
+            return inputs
+    return _finish_source(inputs, loaded, device)
+
+
+def _finish_source(inputs: ModelInputs, loaded, device) -> ModelInputs:
+    """What every default layout gets once chosen: labels from its ids (the model's own loss), decoder ids on meta."""
+    import torch
+
     inputs.chosen = True
     names = [p.name for p in forward_parameters(loaded.model)]
     if getattr(loaded, "labels_from_ids", False) and inputs.args and "labels" in names:
@@ -398,21 +416,6 @@ def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
         inputs.kwargs["decoder_input_ids"] = torch.empty(first.shape, dtype=first.dtype, device="meta")
         inputs.notes.append(f"decoder_input_ids: {shape_str(first)} added (the model is an encoder-decoder)")
     return inputs
-
-
-def _with_optional(inputs: ModelInputs, loaded, device, seed: int) -> ModelInputs:
-    """The one default layout, or (when its forward fails for want of an optional input the error names) that
-    layout with the input added (core.optional_inputs). One probe forward, only for a forward that takes optional
-    inputs the default leaves out; none on meta."""
-    from . import optional_inputs
-
-    if device.type == "meta" or not optional_inputs.needs_probe(loaded.model, inputs):
-        return inputs
-    probed = optional_inputs.probe(loaded.model, inputs)
-    if probed.out is not None or not probed.names:
-        return inputs
-    grown = optional_inputs.completed([tuple(loaded.default_inputs)], [probed], loaded, device, seed)
-    return grown if grown is not None else inputs
 
 
 def _end_with_eos(inputs: ModelInputs, model) -> None:

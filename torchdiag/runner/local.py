@@ -52,7 +52,11 @@ def execute(job: Job) -> Outcome:
 
                     model, inputs, ctx = prepare(spec, needs_values=getattr(diagnostic, "NEEDS_VALUES", False))
                 # outside the loading spinner: a command may show its own live progress
-                result = (job.run or diagnostic.run)(model, inputs, o, ctx)
+                from ..core.optional_inputs import run_completing
+
+                run = job.run or diagnostic.run
+                result = run_completing(lambda m, i: run(m, i, o, ctx), model, inputs,
+                                        lambda grown: ctx.use_inputs(model, grown))
                 ctx.finish(result)
             from ..render import write_outputs
 
