@@ -225,6 +225,22 @@ def test_the_error_names_only_optional_tensor_inputs_not_given():
     assert named(tracker, err.value) == ["cache", "visual_feats"]
 
 
+def test_lxmert_gets_its_visual_features_and_their_positions(tmp_path, cli):
+    # LXMERT takes visual_feats and visual_pos as optional, and raises without them: before issue 26 no default
+    # layout ran and summary failed (exit 3); the sizes come from visual_feat_dim and visual_pos_dim
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LxmertConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_attention_heads=2,
+                                    l_layers=1, x_layers=1, r_layers=1, visual_feat_dim=12, visual_pos_dim=4,
+                                    max_position_embeddings=64, num_qa_labels=5, num_object_labels=7,
+                                    num_attr_labels=3)
+    cfg.architectures = ["LxmertModel"]
+    cfg.save_pretrained(tmp_path / "lxmert")
+    r = cli("summary", f"hf:{tmp_path / 'lxmert'}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"][1:] == ["visual_feats: 1x64x12 float32", "visual_pos: 1x64x4 float32"]
+    assert "visual_feats, visual_pos added: optional in the forward" in r.json["input_source"]
+
+
 def test_a_forward_on_meta_is_not_the_one_watched():
     # doctor's meta check runs a meta copy first: the layout's first forward on values is the one that counts
     from torchdiag.core import inputs, optional_inputs
