@@ -2,8 +2,8 @@
 its optional parameters (CLAP's audio tower reads input_features=None, LXMERT raises "`visual_feats` cannot be
 `None`", a Q-Former's cross-attention wants encoder_hidden_states) gets that input and is tried again, up to
 MAX_ADDED inputs deep. Nothing here knows a model by name: the input is one the error names (in its message, or
-as the None the module that raised received, or was handed on to it), and its shape comes from the config and the layout's main input
-the way hf_inputs shapes the forward's required inputs. Only tried when no default layout runs: of several
+as the None the module that raised received, or was handed on to it), and its shape comes from the config and the
+layout's main input the way hf_inputs shapes the forward's required inputs. Only tried when no default layout runs: of several
 layouts, when none of the forwards the search makes anyway runs (core.inputs._first_that_runs); of one, when the
 command's own first forward fails (FirstForward, Wanting, run_completing): a layout that runs costs no forward more.
 
