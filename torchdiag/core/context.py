@@ -147,17 +147,6 @@ class Context:
         if self.spec.loss == "auto" and self.batch_target is None and inputs is not None:
             self.lm = language_model(model, inputs)
 
-    def use_inputs(self, model, inputs):
-        """Inputs that replace the ones prepare() chose (core.optional_inputs.run_completing): cast as those were,
-        in the header, observed again."""
-        from .precision import cast_inputs
-
-        inputs = cast_inputs(inputs, self.spec.dtype)
-        self.header.pop("input_notes", None)
-        self.header.update(_input_header(inputs))
-        self.observe(model, inputs)
-        return inputs
-
     def finish(self, result) -> None:
         """Put the choices made for the user in front of the diagnostic's own header."""
         header = dict(self.header)
@@ -208,7 +197,8 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
 
         inputs, batch_target = load_batch(spec.batch, device, spec.seed)
     elif spec.needs_inputs:
-        inputs = resolve_inputs(list(spec.inputs), loaded, device, spec.seed)
+        # (dtype: a source's probe forwards run on the model cast above, their float inputs cast as these will be)
+        inputs = resolve_inputs(list(spec.inputs), loaded, device, spec.seed, dtype=spec.dtype)
     else:
         inputs = ModelInputs()
     inputs = cast_inputs(inputs, spec.dtype)
@@ -245,15 +235,11 @@ def _header(spec: RunSpec, device, loaded, inputs) -> dict[str, Any]:
     if loaded.built_on:
         header["built_on_meta_via"] = loaded.built_on
     if spec.needs_inputs:
-        header.update(_input_header(inputs))
+        header["inputs"] = inputs.describe()
+        header["input_source"] = inputs.source
+        if inputs.notes:
+            header["input_notes"] = inputs.notes
     return header
-
-
-def _input_header(inputs) -> dict[str, Any]:
-    out: dict[str, Any] = {"inputs": inputs.describe(), "input_source": inputs.source}
-    if inputs.notes:
-        out["input_notes"] = inputs.notes
-    return out
 
 
 def model_device(model):

@@ -84,12 +84,8 @@ class ModelInputs:
     source: str = ""
     notes: list[str] = field(default_factory=list)
     chosen: bool = False    # a source's default (torchvision:/timm:/hf:), made up by torchdiag, not the user's
-    # a source's one default layout, until its first forward (core.optional_inputs.FirstForward); copies share it
-    check: Any = field(default=None, repr=False, compare=False)
 
     def call(self, model):
-        if self.check is not None and self.check.armed:
-            return self.check.call(self, model)
         return model(*self.args, **self.kwargs)
 
     def tensors(self) -> list[tuple[str, Any]]:
@@ -112,8 +108,7 @@ class ModelInputs:
         return int(ts[0][1].shape[0]) if ts and ts[0][1].dim() else None
 
     def map(self, fn) -> ModelInputs:
-        return ModelInputs(_map(self.args, fn), _map(self.kwargs, fn), self.source, list(self.notes), self.chosen,
-                           self.check)
+        return ModelInputs(_map(self.args, fn), _map(self.kwargs, fn), self.source, list(self.notes), self.chosen)
 
     def to(self, device) -> ModelInputs:
         return self.map(lambda t: t.to(device))
@@ -376,27 +371,39 @@ def _random_decoder_ids(like, model, seed: int):
     return torch.randint(0, default_int_high(model)[0], tuple(like.shape), generator=g, dtype=like.dtype).to(like.device)
 
 
-def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
+def source_inputs(loaded, device, seed: int = 0, dtype: str | None = None) -> ModelInputs:
     """The default inputs of `torchvision:`/`timm:`/`hf:` models: their -i specs, with the same
     realistic values (token ids in the vocabulary of the embedding that reads them, decoder ids for an
     encoder-decoder). On meta, where no probe runs, an encoder-decoder still gets its decoder ids. Several
-    layouts: the first whose forward runs (or, when none does, one with the optional inputs its error names
-    added: core.optional_inputs); one: its first forward, the command's own, is watched for that error."""
-    from . import optional_inputs
-
+    layouts: the first whose forward runs, or, when none does, one with the optional inputs its error names
+    added (core.optional_inputs); one: the same, when its forward takes optional inputs it leaves out (one probe
+    forward, _with_optional). `dtype`: --dtype, the model already cast to it (core.context.prepare): the probes'
+    float inputs are cast as the command's will be."""
     alternatives = tuple(getattr(loaded, "input_alternatives", ()))
     if alternatives:
-        inputs = _first_that_runs((tuple(loaded.default_inputs),) + alternatives, loaded, device, seed)
-    else:
-        inputs = resolve_inputs(list(loaded.default_inputs), loaded, device, seed)
-        _end_with_eos(inputs, loaded.model)
-        inputs.source = loaded.input_source
-        if device.type != "meta" and optional_inputs.needs_probe(loaded.model, inputs):
-            _finish_source(inputs, loaded, device)   # (its probes, if any, before the watch)
-            inputs.check = optional_inputs.FirstForward(loaded, device, seed,
-                                                        lambda grown: _finish_source(grown, loaded, device))
-            return inputs
-    return _finish_source(inputs, loaded, device)
+        inputs = _first_that_runs((tuple(loaded.default_inputs),) + alternatives, loaded, device, seed, dtype)
+        return _finish_source(inputs, loaded, device)
+    inputs = resolve_inputs(list(loaded.default_inputs), loaded, device, seed)
+    _end_with_eos(inputs, loaded.model)
+    inputs.source = loaded.input_source
+    return _with_optional(_finish_source(inputs, loaded, device), loaded, device, seed, dtype)
+
+
+def _with_optional(inputs: ModelInputs, loaded, device, seed: int, dtype: str | None) -> ModelInputs:
+    """A source's one default layout as the command gets it (`inputs`: labels and all), or, when its forward fails
+    for want of optional inputs the error names, that layout with them added (core.optional_inputs.completed,
+    breadth first). One traceless probe forward, only for a forward that takes optional inputs the default leaves
+    out; none on meta."""
+    from . import optional_inputs
+
+    if device.type == "meta" or not optional_inputs.needs_probe(loaded.model, inputs):
+        return inputs
+    probed = optional_inputs.probe(loaded.model, inputs, dtype)
+    if probed.out is not None or not probed.names:
+        return inputs
+    specs = tuple(loaded.default_inputs)
+    grown = optional_inputs.completed([specs], [probed], loaded, device, seed, dtype)
+    return inputs if grown is None else _finish_source(grown, loaded, device)
 
 
 def _finish_source(inputs: ModelInputs, loaded, device) -> ModelInputs:
@@ -515,10 +522,11 @@ def blank_rank(out) -> int:
         return 0
 
 
-def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
-    """The first of a source's candidate inputs whose forward runs on the built model; when none does, the one
-    that went furthest into it (the most module calls before it failed: its error is the model's own, past the
-    input layout, and the real run then reports it with its module)."""
+def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) -> ModelInputs:
+    """The first of a source's candidate inputs whose forward runs on the built model; when none does, one with
+    the optional inputs its error names added (core.optional_inputs.completed), else the one that went furthest
+    into it (the most module calls before it failed: its error is the model's own, past the input layout, and
+    the real run then reports it with its module). `dtype`: --dtype, for the probes' float inputs."""
     from torch.nn.modules.module import register_module_forward_pre_hook
 
     from . import optional_inputs
@@ -534,7 +542,7 @@ def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
         for i, specs in enumerate(sets):
             inputs = spec_inputs(specs, loaded, device, seed)
             calls[0] = 0
-            probed = optional_inputs.probe(loaded.model, inputs)   # what its error names, if it fails
+            probed = optional_inputs.probe(loaded.model, inputs, dtype)   # what its error names, if it fails
             out = probed.out
             named.append(probed)
             rank = None if out is None else blank_rank(out)
@@ -558,7 +566,7 @@ def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
         how = "did not run or gave all zeros or NaN" if blank else "did not run"
         chosen.source = loaded.input_source + (f"; layout {k + 1} of {len(sets)} (the first {k} {how})" if k else "")
         return chosen
-    grown = optional_inputs.completed(sets, named, loaded, device, seed) if any(p.names for p in named) else None
+    grown = optional_inputs.completed(sets, named, loaded, device, seed, dtype) if any(p.names for p in named) else None
     if grown is not None:
         return grown
     k = max(range(len(reached)), key=lambda i: (reached[i], -i))
@@ -689,9 +697,11 @@ def _output_classes(model) -> int | None:
     return int(weight.shape[0]) if weight is not None and weight.dim() == 2 else None
 
 
-def resolve_inputs(specs: list[str] | None, loaded, device, seed: int = 0, keywords: dict | None = None) -> ModelInputs:
+def resolve_inputs(specs: list[str] | None, loaded, device, seed: int = 0, keywords: dict | None = None,
+                   dtype: str | None = None) -> ModelInputs:
     """First that applies: -i specs, example_inputs() in the module, model.example_input_array. `keywords`:
-    keyword tensors given beside the specs (a source's default layout), in the probe and in the result."""
+    keyword tensors given beside the specs (a source's default layout), in the probe and in the result. `dtype`:
+    the run's --dtype, for a source's probe forwards (source_inputs)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -718,7 +728,7 @@ def resolve_inputs(specs: list[str] | None, loaded, device, seed: int = 0, keywo
         args, kwargs = _normalise(value, "example_inputs()")
         return ModelInputs(args, kwargs, "example_inputs()").to(device)
     if getattr(loaded, "default_inputs", ()):
-        return source_inputs(loaded, device, seed)
+        return source_inputs(loaded, device, seed, dtype)
     value = getattr(loaded.model, "example_input_array", None)
     if value is not None:
         args, kwargs = _normalise(value, "example_input_array")

@@ -3,9 +3,11 @@ its optional parameters (CLAP's audio tower reads input_features=None, LXMERT ra
 `None`", a Q-Former's cross-attention wants encoder_hidden_states) gets that input and is tried again, up to
 MAX_ADDED inputs deep. Nothing here knows a model by name: the input is one the error names (in its message, or
 as the None the module that raised received, or was handed on to it), and its shape comes from the config and the
-layout's main input the way hf_inputs shapes the forward's required inputs. Only tried when no default layout runs: of several
-layouts, when none of the forwards the search makes anyway runs (core.inputs._first_that_runs); of one, when the
-command's own first forward fails (FirstForward, Wanting, run_completing): a layout that runs costs no forward more.
+layout's main input the way hf_inputs shapes the forward's required inputs. Only tried when a default layout does
+not run: of several layouts, when none of the forwards the search makes anyway runs (core.inputs._first_that_runs);
+of one, when its probe forward fails (core.inputs._with_optional: one traceless forward at input resolution, only
+for a forward that takes optional inputs the layout leaves out). Probes cast their float inputs to --dtype as the
+command's are (the model is cast before its inputs are resolved).
 
 One input is added to every layout before any gets a second (a length another layout has is not worked around
 by an input the model would derive itself: XMOD's position ids), and an input counts as the missing one only when
@@ -28,18 +30,21 @@ class Probe(NamedTuple):
     said: bool          # its message names one of them: a check on the inputs before it passed
 
 
-def probe(model, inputs) -> Probe:
-    """One traceless forward, and what its error says about optional inputs."""
+def probe(model, inputs, dtype: str | None = None) -> Probe:
+    """One traceless forward, and what its error says about optional inputs. `dtype`: --dtype, the model already
+    cast to it (core.context.prepare casts the model before the inputs are resolved, their float tensors after):
+    the forward gets its float inputs cast as the command's will be (core.precision.cast_inputs)."""
     import warnings
 
     from .inputs import traceless
+    from .precision import cast_inputs
     from .tracking import ModuleTracker
 
     tracker = ModuleTracker(model, record_shapes=False)
     try:
         with tracker, warnings.catch_warnings():
             warnings.simplefilter("ignore")   # a wrong layout's warnings are not the user's
-            return Probe(traceless(model, inputs), [], len(tracker.calls), False)
+            return Probe(traceless(model, cast_inputs(inputs, dtype)), [], len(tracker.calls), False)
     except Exception as exc:   # noqa: BLE001 - any failure means: not this layout
         names = named(tracker, exc)
         return Probe(None, names, len(tracker.calls), any(re.search(rf"\b{n}\b", str(exc)) for n in names))
@@ -81,7 +86,7 @@ def needs_probe(model, inputs) -> bool:
     return any(p.name not in inputs.kwargs and p.default is None for p in params)
 
 
-def completed(sets, probes: list[Probe], loaded, device, seed: int):
+def completed(sets, probes: list[Probe], loaded, device, seed: int, dtype: str | None = None):
     """The first layout that runs with the optional inputs its errors name added (ModelInputs, its source saying
     what was added), or None. `probes`: each layout's own probe(). Breadth first: one input added to each layout,
     in their order, before any layout gets a second, so that a layout another one fixes (a shorter sequence) is not
@@ -108,7 +113,7 @@ def completed(sets, probes: list[Probe], loaded, device, seed: int):
                     tries += 1
                     grown = specs + (spec,)
                     inputs = spec_inputs(grown, loaded, device, seed)
-                    got = probe(loaded.model, inputs)
+                    got = probe(loaded.model, inputs, dtype)
                     if got.out is not None and not blank_rank(got.out):
                         which = f"; layout {k + 1} of {len(sets)}," if len(sets) > 1 else ";"
                         inputs.source = loaded.input_source + (
@@ -121,86 +126,3 @@ def completed(sets, probes: list[Probe], loaded, device, seed: int):
                         break
         level = deeper
     return None
-
-
-class Wanting(BaseException):
-    """A command's first forward on a default layout failed naming an optional input: run_completing ends the
-    command (a BaseException: the diagnostic's own handlers let it through) and runs it again, on the layout with
-    the input added when one runs."""
-
-    def __init__(self, first: FirstForward):
-        super().__init__("the default inputs need an optional input")
-        self.first = first
-
-
-class FirstForward:
-    """On a source's one default layout (core.inputs.source_inputs, ModelInputs.check): its first forward on
-    values, the command's own, runs under a ModuleTracker (hooks, no forward more) and, should it fail naming an
-    optional input the forward was not given while run_completing waits for that, raises Wanting."""
-
-    def __init__(self, loaded, device, seed: int, finish):
-        self.loaded, self.device, self.seed, self.finish = loaded, device, seed, finish
-        self.armed = True
-
-    def call(self, inputs, model):
-        from .tracking import ModuleTracker
-
-        if not _on_values(inputs, model):   # doctor's meta check, memory's estimate: the real forward comes later
-            return model(*inputs.args, **inputs.kwargs)
-        self.armed = False   # once: the forwards after it (and the command run again) are plain
-        if not _waiting[0]:
-            return model(*inputs.args, **inputs.kwargs)
-        tracker = ModuleTracker(model, record_shapes=False)
-        try:
-            with tracker:
-                return model(*inputs.args, **inputs.kwargs)
-        except Exception as exc:
-            if named(tracker, exc):
-                raise Wanting(self) from exc
-            raise
-
-    def completed(self):
-        """The layout with the inputs it needs (its source's finish applied), or None: its forward runs here after
-        all (the command's first forward failed for its own reasons), or nothing added makes it run."""
-        loaded, device, seed = self.loaded, self.device, self.seed
-        specs = tuple(loaded.default_inputs)
-        from .inputs import spec_inputs
-
-        first = probe(loaded.model, spec_inputs(specs, loaded, device, seed))
-        if first.out is not None or not first.names:
-            return None
-        grown = completed([specs], [first], loaded, device, seed)
-        return None if grown is None else self.finish(grown)
-
-
-_waiting = [False]
-
-
-def _on_values(inputs, model) -> bool:
-    """A forward on values: no fake-tensor (or other dispatch) mode active, no input or first parameter on meta
-    or fake."""
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-    if _get_current_dispatch_mode() is not None:
-        return False
-    first = next(iter(model.parameters()), None)
-    held = [t for _, t in inputs.tensors()] + ([first] if first is not None else [])
-    return not any(t.device.type == "meta" or isinstance(t, FakeTensor) for t in held)
-
-
-def run_completing(run, model, inputs, refresh):
-    """`run(model, inputs)`; when its first forward fails for want of an optional input (Wanting), `run` once more
-    on the layout with the input added (`refresh(inputs)` first: the header and what the context learned from the
-    inputs), or on the same layout when none runs (the diagnostic then reports the failure as its own)."""
-    _waiting[0] = True
-    try:
-        return run(model, inputs)
-    except Wanting as wanting:
-        first = wanting.first
-    finally:
-        _waiting[0] = False
-    grown = first.completed()
-    if grown is not None:
-        inputs = refresh(grown)
-    return run(model, inputs)

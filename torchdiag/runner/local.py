@@ -52,11 +52,7 @@ def execute(job: Job) -> Outcome:
 
                     model, inputs, ctx = prepare(spec, needs_values=getattr(diagnostic, "NEEDS_VALUES", False))
                 # outside the loading spinner: a command may show its own live progress
-                from ..core.optional_inputs import run_completing
-
-                run = job.run or diagnostic.run
-                result = run_completing(lambda m, i: run(m, i, o, ctx), model, inputs,
-                                        lambda grown: ctx.use_inputs(model, grown))
+                result = (job.run or diagnostic.run)(model, inputs, o, ctx)
                 ctx.finish(result)
             from ..render import write_outputs
 
