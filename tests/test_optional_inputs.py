@@ -1,7 +1,8 @@
-"""Default inputs of a forward that needs an optional input (issue 26): when no default layout runs and the
+"""Default inputs of a forward that needs an optional input (issue 26): when a default layout does not run and the
 error names one of the forward's optional inputs (in its message, or as the None the module that raised
 received), that input is added, shaped from the config and the main input, and the layout tried again. Of one
-layout, the command's own first forward is the one watched: a layout that runs costs no forward more."""
+layout, one traceless probe forward at input resolution tells (only for a forward that takes optional inputs the
+layout leaves out; none on meta), its float inputs cast to --dtype as the command's are."""
 from __future__ import annotations
 
 import types
@@ -17,26 +18,22 @@ def loaded(model, *default, alternatives=()):
 
 
 def first_run(source, forwards=None):
-    """The inputs a command's forward runs with: source_inputs, then a one-forward command (run_completing, as
-    the CLI runs one). `forwards`: a list the number of root forwards of each stage goes into."""
-    from torchdiag.core import inputs, optional_inputs
+    """The inputs a command's forward runs with: source_inputs, then the command's one forward. `forwards`: a
+    list the number of root forwards of each stage goes into (resolving the inputs, the command)."""
+    from torchdiag.core import inputs
 
     n = [0]
     handle = source.model.register_forward_pre_hook(lambda m, a: n.__setitem__(0, n[0] + 1))
+    resolved = None
     try:
         got = inputs.source_inputs(source, torch.device("cpu"))
         resolved, n[0] = n[0], 0
-
-        def command(model, given):
-            given.call(model)
-            return given
-
-        out = optional_inputs.run_completing(command, source.model, got, lambda grown: grown)
+        got.call(source.model)
     finally:
         handle.remove()
         if forwards is not None:
-            forwards += [resolved, n[0]]
-    return out
+            forwards += [n[0]] if resolved is None else [resolved, n[0]]
+    return got
 
 
 class NeedsFeatures(nn.Module):
@@ -112,18 +109,30 @@ def test_a_forward_that_runs_or_fails_for_another_reason_keeps_its_inputs():
     forwards: list[int] = []
     got = first_run(loaded(Runs(), "1x4:float32"), forwards)
     assert got.kwargs == {} and got.source == "test"
-    # a review: a layout that runs costs no forward more than the command's own (none while resolving it)
-    assert forwards == [0, 1]
+    # a layout that runs costs one probe forward while resolving it, and the command's own
+    assert forwards == [1, 1]
     assert inputs.source_inputs(loaded(Runs(), "1x4:float32"), torch.device("cpu")).kwargs == {}
+
+    class Plain(nn.Module):   # no optional inputs: not probed
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x)
+
+    forwards.clear()
+    first_run(loaded(Plain(), "1x4:float32"), forwards)
+    assert forwards == [0, 1]
 
     class Broken(NeedsFeatures):
         def forward(self, input_ids, attention_mask=None, extra_features=None):
             raise RuntimeError("the model's own bug")
 
     forwards.clear()
-    with pytest.raises(RuntimeError, match="own bug"):   # the command's own error, once: its error names nothing
+    with pytest.raises(RuntimeError, match="own bug"):   # the command's own error: the probe's named nothing
         first_run(loaded(Broken(), "1x8:int64"), forwards)
-    assert forwards[1] == 1
+    assert forwards == [2, 1]   # resolving: the probe that ranges the ids, the layout's probe
 
 
 def test_added_inputs_are_bounded():
@@ -144,9 +153,9 @@ def test_added_inputs_are_bounded():
     calls = []
     probe = optional_inputs.probe
 
-    def counted(model, inputs):
+    def counted(model, inputs, dtype=None):
         calls.append(sorted(inputs.kwargs))
-        return probe(model, inputs)
+        return probe(model, inputs, dtype)
 
     optional_inputs.probe = counted
     try:
@@ -196,7 +205,7 @@ def test_another_layout_comes_before_an_input_the_model_makes_itself():
     assert "layout 2 of 2, lang_ids added" in got.source
     # one layout: the embeddings' None position ids are theirs to make (they went on into their position
     # embedding with them), so the 8-long layout gets no position ids; nothing added makes it run, and the command
-    # runs again on it as it was, to report its own error
+    # runs on it as it was, to report its own error
     from torchdiag.core import hf_inputs
 
     forwards: list[int] = []
@@ -204,9 +213,9 @@ def test_another_layout_comes_before_an_input_the_model_makes_itself():
     with pytest.raises(ValueError, match="Input language unknown"):
         first_run(loaded(model, "1x8:int64"), forwards)
     shapes = hf_inputs.optional_specs("lang_ids", ("1x8:int64",), model)
-    # the command's, the layout's again and with lang_ids in each of its shapes (each with the probe that ranges
-    # its ids), the command's again
-    assert forwards[1] == 1 + 2 * (1 + len(shapes)) + 1
+    # resolving: the probe that ranges the ids and the probe of the layout, then the layout with lang_ids in each
+    # of its shapes (each with the probe that ranges its ids); the command's one
+    assert forwards == [2 + 2 * len(shapes), 1]
 
 
 def test_the_error_names_only_optional_tensor_inputs_not_given():
@@ -241,26 +250,176 @@ def test_lxmert_gets_its_visual_features_and_their_positions(tmp_path, cli):
     assert "visual_feats, visual_pos added: optional in the forward" in r.json["input_source"]
 
 
-def test_a_forward_on_meta_is_not_the_one_watched():
-    # doctor's meta check runs a meta copy first: the layout's first forward on values is the one that counts
-    from torchdiag.core import inputs, optional_inputs
+def test_on_meta_no_probe_runs():
+    from torchdiag.core import inputs
 
-    source = loaded(NeedsFeatures(), "1x8:int64")
-    got = inputs.source_inputs(source, torch.device("cpu"))
+    model = NeedsFeatures().to("meta")
+    n = [0]
+    model.register_forward_pre_hook(lambda m, a: n.__setitem__(0, n[0] + 1))
+    got = inputs.source_inputs(loaded(model, "1x8:int64"), torch.device("meta"))
+    assert n[0] == 0 and got.kwargs == {} and got.source == "test"
 
-    class ReadsValues(NeedsFeatures):   # a model's .item(): no values on meta, and an error that names no input
-        def forward(self, input_ids, attention_mask=None, extra_features=None):
-            raise RuntimeError("Tensor.item() cannot be called on meta tensors")
 
-    meta_model = ReadsValues().to("meta")
+# fake hf: models registered with transformers for the tests below (one default layout each); `needs_extra`
+# in their config: the forward cannot do without the optional input extra_features (named in its error)
+def _fake_hf(monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.auto import modeling_auto
 
-    def command(model, given):
-        try:
-            given.to("meta").call(meta_model)
-        except RuntimeError:
+    class FakeImageConfig(transformers.PretrainedConfig):
+        model_type = "tdfake_image"
+
+        def __init__(self, image_size=16, num_channels=3, extra_feature_dim=6, needs_extra=True, **kw):
+            self.image_size, self.num_channels, self.extra_feature_dim = image_size, num_channels, extra_feature_dim
+            self.needs_extra = needs_extra
+            super().__init__(**kw)
+
+    class TdFakeImageModel(transformers.PreTrainedModel):
+        """Pixels through a BatchNorm (a buffer a forward moves), then extra_features when it needs them."""
+        config_class = FakeImageConfig
+        main_input_name = "pixel_values"
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+            self.proj, self.head = nn.Linear(config.extra_feature_dim, 8), nn.Linear(8, 5)
+            self.post_init()
+
+        def _init_weights(self, module):
             pass
-        given.call(model)
-        return given
 
-    out = optional_inputs.run_completing(command, source.model, got, lambda grown: grown)
-    assert list(out.kwargs) == ["extra_features"]
+        def forward(self, pixel_values, extra_features=None, labels=None):
+            self.seen.append((pixel_values.dtype, extra_features is not None))
+            h = self.bn(self.conv(pixel_values)).mean((-1, -2))
+            if extra_features is not None:
+                h = h + self.proj(extra_features).mean(1)
+            elif self.config.needs_extra:
+                raise ValueError("`extra_features` cannot be `None`")
+            return transformers.modeling_outputs.ImageClassifierOutput(logits=self.head(h))
+
+    class FakeLMConfig(transformers.PretrainedConfig):
+        model_type = "tdfake_lm"
+
+        def __init__(self, vocab_size=50, extra_feature_dim=6, hidden_size=8, needs_extra=True, **kw):
+            self.vocab_size, self.extra_feature_dim, self.hidden_size = vocab_size, extra_feature_dim, hidden_size
+            self.needs_extra = needs_extra
+            super().__init__(**kw)
+
+    class TdFakeLMForCausalLM(transformers.PreTrainedModel):
+        """A causal LM (its own loss on labels = the ids: the inputs carry labels)."""
+        config_class = FakeLMConfig
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.emb, self.proj = nn.Embedding(config.vocab_size, 8), nn.Linear(config.extra_feature_dim, 8)
+            self.head = nn.Linear(8, config.vocab_size)
+            self.post_init()
+
+        def _init_weights(self, module):
+            pass
+
+        def forward(self, input_ids, attention_mask=None, extra_features=None, labels=None):
+            self.seen.append((labels is not None, extra_features is not None))
+            h = self.emb(input_ids)
+            if extra_features is not None:
+                h = h + self.proj(extra_features)
+            elif self.config.needs_extra:
+                raise ValueError("`extra_features` cannot be `None`")
+            logits = self.head(h)
+            loss = None
+            if labels is not None:
+                loss = nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
+            return transformers.modeling_outputs.CausalLMOutput(loss=loss, logits=logits)
+
+    seen: list = []
+    for cfg, cls in ((FakeImageConfig, TdFakeImageModel), (FakeLMConfig, TdFakeLMForCausalLM)):
+        transformers.AutoConfig.register(cfg.model_type, cfg, exist_ok=True)
+        monkeypatch.setattr(transformers, cls.__name__, cls, raising=False)
+        monkeypatch.setattr(cls, "seen", seen, raising=False)
+    monkeypatch.setitem(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "tdfake_lm", "TdFakeLMForCausalLM")
+    return types.SimpleNamespace(image=FakeImageConfig, lm=FakeLMConfig, seen=seen)
+
+
+def _saved(tmp_path, config, arch, name):
+    config.architectures = [arch]
+    config.save_pretrained(tmp_path / name)
+    return f"hf:{tmp_path / name}"
+
+
+def test_a_one_layout_causal_lm_with_labels_completes_in_summary_check_and_python(tmp_path, cli, monkeypatch):
+    # a review: the first-forward watch was spent by the loss rule's look at the inputs (prepare) in a causal LM
+    # with labels: its command never completed; the probe at input resolution runs with the labels
+    fake = _fake_hf(monkeypatch)
+    spec = _saved(tmp_path, fake.lm(), "TdFakeLMForCausalLM", "lm")
+    r = cli("summary", spec, "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 1x128 int64", "extra_features: 1x128x6 float32", "labels: 1x128 int64"]
+    assert "labels = the input ids" in r.json["input_source"]
+    assert "extra_features added: optional in the forward" in r.json["input_source"]
+    config = tmp_path / "check.toml"
+    config.write_text('[tool.torchdiag]\ndevice = "cpu"\n[tool.torchdiag.check]\ngradflow = true\n')
+    r = cli("check", spec, "--config", config)
+    assert r.code == 0, r.stdout + r.stderr
+    assert "PASS" in r.stdout
+    # the Python API on the model and the inputs torchdiag resolves for it
+    import torchdiag.api
+    from torchdiag.core import inputs, loading
+
+    source = loading.load_model(spec, device=torch.device("cpu"))
+    got = inputs.resolve_inputs([], source, torch.device("cpu"))
+    assert sorted(got.kwargs) == ["extra_features", "labels"]
+    res = torchdiag.api.run("gradflow", source.model, got)
+    assert res.exit_code == 0, [f.to_dict() for f in res.findings]
+
+
+def test_flops_and_memory_complete_and_dtype_casts_the_probe(tmp_path, cli, monkeypatch):
+    # a review: flops and memory run their forwards under dispatch modes, where the watch never came; and under
+    # --dtype bfloat16 the probes' float32 inputs failed on the cast model, so nothing was added
+    fake = _fake_hf(monkeypatch)
+    spec = _saved(tmp_path, fake.image(), "TdFakeImageModel", "image")
+    for command in ("flops", "memory"):
+        r = cli(command, spec, "--json")
+        assert r.code == 0, (command, r.stderr)
+        assert r.json["inputs"][1].startswith("extra_features: "), command
+    fake.seen.clear()
+    r = cli("summary", spec, "--json", "--dtype", "bfloat16")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 1x3x16x16 bfloat16", "extra_features: 1x3x6 bfloat16"]
+    # every forward (the probe, the one with extra_features, summary's) read bfloat16 pixels
+    assert fake.seen and all(dtype == torch.bfloat16 for dtype, _ in fake.seen), fake.seen
+    # (the premise: the cast model refuses float32 pixels)
+    from torchdiag.core import loading
+
+    model = loading.load_model(spec, device=torch.device("cpu")).model.to(torch.bfloat16)
+    with pytest.raises(RuntimeError):
+        model(torch.randn(1, 3, 16, 16), extra_features=torch.randn(1, 3, 6, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("kind", ["image", "lm"])
+def test_a_healthy_one_layout_model_gets_the_same_inputs_and_one_forward_more(tmp_path, monkeypatch, kind):
+    # the probe is the one cost of a forward that takes optional inputs: the inputs are those it would get
+    # without it, and the model (its BatchNorm statistics) is as it was
+    from torchdiag.core import inputs, loading, optional_inputs
+
+    fake = _fake_hf(monkeypatch)
+    config = fake.image(needs_extra=False) if kind == "image" else fake.lm(needs_extra=False)
+    spec = _saved(tmp_path, config, "TdFakeImageModel" if kind == "image" else "TdFakeLMForCausalLM", kind)
+    source = loading.load_model(spec, device=torch.device("cpu"))
+    before = {k: v.clone() for k, v in source.model.state_dict().items()}
+
+    def resolve():
+        fake.seen.clear()
+        got = inputs.resolve_inputs([], source, torch.device("cpu"))
+        return got, len(fake.seen)
+
+    probed, n = resolve()
+    with monkeypatch.context() as m:
+        m.setattr(optional_inputs, "needs_probe", lambda model, given: False)
+        plain, n_plain = resolve()
+    assert n == n_plain + 1
+    assert probed.source == plain.source and probed.notes == plain.notes and probed.describe() == plain.describe()
+    assert [k for k, _ in probed.tensors()] == [k for k, _ in plain.tensors()]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(probed.tensors(), plain.tensors()))
+    assert all(torch.equal(v, before[k]) for k, v in source.model.state_dict().items())
+    if kind == "lm":
+        assert "labels" in probed.kwargs
