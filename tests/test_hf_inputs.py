@@ -324,7 +324,7 @@ def test_the_image_tokens_are_the_ones_the_model_counts(tmp_path):
     loaded = loading.load_model(f"hf:{folder}", device=torch.device("cpu"))
     specs = tuple(loaded.default_inputs)
     assert specs[-1] == "image-tokens=token:90"
-    got = inputs._spec_inputs(specs, loaded, torch.device("cpu"), 0)
+    got = inputs.spec_inputs(specs, loaded, torch.device("cpu"), 0)
     ids = got.args[0]
     assert ids.shape == (1, 33) and (ids[0, :16] == 90).all() and not (ids[0, 16:] == 90).any()
     assert inputs.runs(loaded.model, got)
@@ -454,7 +454,7 @@ def test_a_q_former_model_gets_one_placeholder_per_query(tmp_path, cli):
     from torchdiag.core import image_tokens, inputs, loading
 
     loaded = loading.load_model(f"hf:{folder}", device=torch.device("cpu"))
-    got = inputs._spec_inputs(tuple(loaded.default_inputs), loaded, torch.device("cpu"), 0)
+    got = inputs.spec_inputs(tuple(loaded.default_inputs), loaded, torch.device("cpu"), 0)
     ids = got.kwargs["input_ids"]
     assert ids.shape == (1, 20) and ids[0, :4].tolist() == [99] * 4 and not (ids[0, 4:] == 99).any()
     assert len(set(ids[0, 4:].tolist())) > 1   # a prompt, not the zeros of a keyword spec
@@ -513,7 +513,7 @@ def test_a_q_former_prompt_is_not_its_padding(tmp_path):
     cfg = _q_former(transformers.InstructBlipConfig)
     folder = save(tmp_path, cfg, "InstructBlipForConditionalGeneration")
     loaded = loading.load_model(f"hf:{folder}", device=torch.device("cpu"))
-    got = inputs._spec_inputs(tuple(loaded.default_inputs), loaded, torch.device("cpu"), 0)
+    got = inputs.spec_inputs(tuple(loaded.default_inputs), loaded, torch.device("cpu"), 0)
     prompt = got.kwargs["qformer_input_ids"][0]
     assert cfg.qformer_config.pad_token_id not in prompt.tolist() and len(set(prompt.tolist())) == len(prompt)
     assert got.kwargs["input_ids"][0, :4].tolist() == [99] * 4
@@ -590,7 +590,7 @@ def test_an_eos_that_is_the_image_placeholder_is_not_appended(tmp_path):
     cfg.text_config.eos_token_id = 90
     cfg.save_pretrained(folder)
     loaded = loading.load_model(f"hf:{folder}", device=torch.device("cpu"))
-    got = inputs._spec_inputs(tuple(loaded.default_inputs), loaded, torch.device("cpu"), 0)
+    got = inputs.spec_inputs(tuple(loaded.default_inputs), loaded, torch.device("cpu"), 0)
     assert int((got.args[0] == 90).sum()) == 16 and inputs.runs(loaded.model, got)
 
 
@@ -711,6 +711,6 @@ def test_a_layout_whose_output_is_all_zeros_or_nan_is_a_last_resort():
     got = inputs._first_that_runs([("1x2:float32",), ("1x3:float32",)], loaded, torch.device("cpu"), 0)
     assert got.args[0].shape == (1, 3)   # all zeros before NaN
     # a review: -inf is a model's own (masked logits); sparse and fp8 outputs are read without raising
-    assert inputs._blank(torch.tensor([0.0, float("-inf")])) == 0
-    assert inputs._blank(torch.eye(3).to_sparse()) == 0 and inputs._blank(torch.zeros(3, 3).to_sparse()) == 1
-    assert inputs._blank(torch.ones(3).to(torch.float8_e4m3fn)) == 0 and inputs._blank(torch.zeros(3).to(torch.float8_e4m3fn)) == 1
+    assert inputs.blank_rank(torch.tensor([0.0, float("-inf")])) == 0
+    assert inputs.blank_rank(torch.eye(3).to_sparse()) == 0 and inputs.blank_rank(torch.zeros(3, 3).to_sparse()) == 1
+    assert inputs.blank_rank(torch.ones(3).to(torch.float8_e4m3fn)) == 0 and inputs.blank_rank(torch.zeros(3).to(torch.float8_e4m3fn)) == 1

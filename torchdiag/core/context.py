@@ -197,7 +197,8 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
 
         inputs, batch_target = load_batch(spec.batch, device, spec.seed)
     elif spec.needs_inputs:
-        inputs = resolve_inputs(list(spec.inputs), loaded, device, spec.seed)
+        # (dtype: a source's probe forwards run on the model cast above, their float inputs cast as these will be)
+        inputs = resolve_inputs(list(spec.inputs), loaded, device, spec.seed, dtype=spec.dtype)
     else:
         inputs = ModelInputs()
     inputs = cast_inputs(inputs, spec.dtype)

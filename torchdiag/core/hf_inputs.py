@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import inspect
 import math
+import types
 
 VARIANTS = 4               # layouts of the inputs besides the main one (_other)
 MAX_CANDIDATES = 96        # probe forwards at most; a wrong layout fails in the first layer, so they are cheap
 TEXT_LENGTH = 128
 AUDIO_SECONDS = 1          # a waveform's default length: this many seconds at the config's sampling rate
 VIDEO_FRAMES = 8           # when the config names no num_frames
+SHAPES_EACH = 12           # shapes tried for an optional input a forward needs (optional_specs)
 MAX_FRAMES = 4096          # a longer sequence is tried as a waveform only (hf: speecht5 read 16000 frames of
                            # features as hidden states: attention over them took the worker's memory)
 # config keys that give a sequence's length, and an input's feature (channel) size; by what the key means
@@ -194,6 +196,49 @@ def candidates(cls, config) -> list[tuple[str, ...]]:
     patched = _packed_patches(cls, config) or _patches_with_shapes(cls, config)
     out = ([patched] if patched else []) + out
     return [c for i, c in enumerate(out) if c not in out[:i]][:MAX_CANDIDATES]
+
+
+def optional_specs(name: str, specs, model) -> list[str]:
+    """Specs for the optional input `name` beside `specs` (batch and main shape from their first), most likely
+    first: a size the config names after the input (visual_feat_dim for visual_feats), a (rows, columns) pair
+    for per-sample sizes, the shapes of a main input of that name (_main_shapes), then those of a required one
+    (_other). For core.optional_inputs: an input the forward takes as optional and its error says it needs."""
+    config = getattr(model, "config", None) or types.SimpleNamespace()
+    dims = specs[0].partition("=")[2] if "=" in specs[0] else specs[0]
+    lead = [int(d) for d in dims.split(":")[0].split("x")]
+    batch, main = lead[0], tuple(lead[1:])
+    length = main[0] if main else 1
+    params = forward_params(type(model))
+    boolean = _boolean(params.get(name))
+    out = [f"{_dims((length, f))}:float32" for f in _named_sizes(name, config)]
+    if name.endswith(("_sizes", "_shapes")):   # a (rows, columns) a sample: of patches, then of pixels
+        c, h, w = image_of(config) or (3, TEXT_LENGTH, TEXT_LENGTH)
+        p = patch_of(config)
+        out += [f"1x2:int64~each={h // p},{w // p}", f"1x2:int64~each={h},{w}"]
+    if name.startswith("pixel_values") or name.endswith(("_features", "_values", "_feats")):
+        for shape, dtype, _ in _main_shapes(config, name):
+            out.append(f"{_dims(shape)}:{dtype}")
+            if len(shape) == 2 and dtype == "float32":   # filter banks as one channel (an image of them: CLAP)
+                out.append(f"{_dims((1,) + shape)}:{dtype}")
+    out += [s for v in range(VARIANTS) if (s := _other(name, main, config, v, boolean))]
+    if boolean:   # a flag a sample (CLAP's is_longer) where the forward annotates a bool tensor
+        out = [s.replace(":int64", ":bool") for s in out]
+    out = list(dict.fromkeys(out))[:SHAPES_EACH]
+    return [f"{name}={batch}{s[1:]}" for s in out]
+
+
+def _named_sizes(name: str, config) -> list[int]:
+    """Feature sizes the config names after the input: keys that start with its name, its last word singular, or
+    its words but the last (visual_pos: visual_pos_dim; visual_feats: visual_feat_dim; encoder_hidden_states:
+    encoder_hidden_size)."""
+    words = name.split("_")
+    if len(words) < 2:
+        return []
+    singular = words[-1][:-1] if words[-1].endswith("s") else words[-1]
+    stems = [f"{name}_", "_".join(words[:-1] + [singular]) + "_", "_".join(words[:-1]) + "_"]
+    found = [v for stem in stems for k, v in _ints(config).items() if k.startswith(stem) and 0 < v <= 8192
+             and k.endswith(("_dim", "_size", "_features", "_channels"))]
+    return list(dict.fromkeys(found))
 
 
 def _boolean(param) -> bool:

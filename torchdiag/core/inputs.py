@@ -371,19 +371,45 @@ def _random_decoder_ids(like, model, seed: int):
     return torch.randint(0, default_int_high(model)[0], tuple(like.shape), generator=g, dtype=like.dtype).to(like.device)
 
 
-def source_inputs(loaded, device, seed: int = 0) -> ModelInputs:
+def source_inputs(loaded, device, seed: int = 0, dtype: str | None = None) -> ModelInputs:
     """The default inputs of `torchvision:`/`timm:`/`hf:` models: their -i specs, with the same
     realistic values (token ids in the vocabulary of the embedding that reads them, decoder ids for an
-    encoder-decoder). On meta, where no probe runs, an encoder-decoder still gets its decoder ids."""
-    import torch
-
+    encoder-decoder). On meta, where no probe runs, an encoder-decoder still gets its decoder ids. Several
+    layouts: the first whose forward runs, or, when none does, one with the optional inputs its error names
+    added (core.optional_inputs); one: the same, when its forward takes optional inputs it leaves out (one probe
+    forward, _with_optional). `dtype`: --dtype, the model already cast to it (core.context.prepare): the probes'
+    float inputs are cast as the command's will be."""
     alternatives = tuple(getattr(loaded, "input_alternatives", ()))
     if alternatives:
-        inputs = _first_that_runs((tuple(loaded.default_inputs),) + alternatives, loaded, device, seed)
-    else:
-        inputs = resolve_inputs(list(loaded.default_inputs), loaded, device, seed)
-        _end_with_eos(inputs, loaded.model)
-        inputs.source = loaded.input_source
+        inputs = _first_that_runs((tuple(loaded.default_inputs),) + alternatives, loaded, device, seed, dtype)
+        return _finish_source(inputs, loaded, device)
+    inputs = resolve_inputs(list(loaded.default_inputs), loaded, device, seed)
+    _end_with_eos(inputs, loaded.model)
+    inputs.source = loaded.input_source
+    return _with_optional(_finish_source(inputs, loaded, device), loaded, device, seed, dtype)
+
+
+def _with_optional(inputs: ModelInputs, loaded, device, seed: int, dtype: str | None) -> ModelInputs:
+    """A source's one default layout as the command gets it (`inputs`: labels and all), or, when its forward fails
+    for want of optional inputs the error names, that layout with them added (core.optional_inputs.completed,
+    breadth first). One traceless probe forward, only for a forward that takes optional inputs the default leaves
+    out; none on meta."""
+    from . import optional_inputs
+
+    if device.type == "meta" or not optional_inputs.needs_probe(loaded.model, inputs):
+        return inputs
+    probed = optional_inputs.probe(loaded.model, inputs, dtype)
+    if probed.out is not None or not probed.names:
+        return inputs
+    specs = tuple(loaded.default_inputs)
+    grown = optional_inputs.completed([specs], [probed], loaded, device, seed, dtype)
+    return inputs if grown is None else _finish_source(grown, loaded, device)
+
+
+def _finish_source(inputs: ModelInputs, loaded, device) -> ModelInputs:
+    """What every default layout gets once chosen: labels from its ids (the model's own loss), decoder ids on meta."""
+    import torch
+
     inputs.chosen = True
     names = [p.name for p in forward_parameters(loaded.model)]
     if getattr(loaded, "labels_from_ids", False) and inputs.args and "labels" in names:
@@ -433,7 +459,7 @@ def _config_int(config, key: str) -> int | None:
     return None
 
 
-def _spec_inputs(specs: tuple[str, ...], loaded, device, seed: int) -> ModelInputs:
+def spec_inputs(specs: tuple[str, ...], loaded, device, seed: int) -> ModelInputs:
     """A source's specs: positional `SHAPE:DTYPE` as -i gives them, keyword `name=SHAPE:DTYPE[~fill]` (hf_inputs)."""
     import torch
 
@@ -481,15 +507,7 @@ def traceless(model, inputs: ModelInputs):
                     b.copy_(saved[n])
 
 
-def _output_of(model, inputs: ModelInputs):
-    """The output of a traceless forward, or None when it raised."""
-    try:
-        return traceless(model, inputs)
-    except Exception:   # noqa: BLE001 - any failure means: not this layout
-        return None
-
-
-def _blank(out) -> int:
+def blank_rank(out) -> int:
     """0: an output that says something; 1: every floating tensor all zeros; 2: a NaN in one (a fully masked
     softmax; -inf stays informative: masked logits are a model's own). Sparse, fp8 or other tensors the checks
     cannot read count as informative."""
@@ -504,29 +522,30 @@ def _blank(out) -> int:
         return 0
 
 
-def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
-    """The first of a source's candidate inputs whose forward runs on the built model; when none does, the one
-    that went furthest into it (the most module calls before it failed: its error is the model's own, past the
-    input layout, and the real run then reports it with its module)."""
-    import warnings
-
+def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) -> ModelInputs:
+    """The first of a source's candidate inputs whose forward runs on the built model; when none does, one with
+    the optional inputs its error names added (core.optional_inputs.completed), else the one that went furthest
+    into it (the most module calls before it failed: its error is the model's own, past the input layout, and
+    the real run then reports it with its module). `dtype`: --dtype, for the probes' float inputs."""
     from torch.nn.modules.module import register_module_forward_pre_hook
+
+    from . import optional_inputs
 
     calls = [0]
 
     def count(module, args):
         calls[0] += 1
 
-    chosen, k, reached, blank = None, -1, [], None
+    chosen, k, reached, blank, named = None, -1, [], None, []
     handle = register_module_forward_pre_hook(count)
     try:
         for i, specs in enumerate(sets):
-            inputs = _spec_inputs(specs, loaded, device, seed)
+            inputs = spec_inputs(specs, loaded, device, seed)
             calls[0] = 0
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")   # a wrong layout's warnings are not the user's
-                out = _output_of(loaded.model, inputs)
-            rank = None if out is None else _blank(out)
+            probed = optional_inputs.probe(loaded.model, inputs, dtype)   # what its error names, if it fails
+            out = probed.out
+            named.append(probed)
+            rank = None if out is None else blank_rank(out)
             if rank:   # ran, and gave nothing (a mask hiding the whole input: Gemma3n's audio_mel_mask, True =
                 # padding) or NaN (a fully masked softmax): a last resort, all zeros before NaN
                 blank = blank if blank is not None and blank[2] <= rank else (inputs, i, rank)
@@ -547,8 +566,11 @@ def _first_that_runs(sets, loaded, device, seed: int) -> ModelInputs:
         how = "did not run or gave all zeros or NaN" if blank else "did not run"
         chosen.source = loaded.input_source + (f"; layout {k + 1} of {len(sets)} (the first {k} {how})" if k else "")
         return chosen
+    grown = optional_inputs.completed(sets, named, loaded, device, seed, dtype) if any(p.names for p in named) else None
+    if grown is not None:
+        return grown
     k = max(range(len(reached)), key=lambda i: (reached[i], -i))
-    chosen = _spec_inputs(sets[k], loaded, device, seed)
+    chosen = spec_inputs(sets[k], loaded, device, seed)
     chosen.source = loaded.input_source + (f"; none of {len(sets)} layouts ran: layout {k + 1}, which went furthest "
                                            f"into the model ({reached[k]} module calls before it failed), is used")
     return chosen
@@ -675,9 +697,11 @@ def _output_classes(model) -> int | None:
     return int(weight.shape[0]) if weight is not None and weight.dim() == 2 else None
 
 
-def resolve_inputs(specs: list[str] | None, loaded, device, seed: int = 0, keywords: dict | None = None) -> ModelInputs:
+def resolve_inputs(specs: list[str] | None, loaded, device, seed: int = 0, keywords: dict | None = None,
+                   dtype: str | None = None) -> ModelInputs:
     """First that applies: -i specs, example_inputs() in the module, model.example_input_array. `keywords`:
-    keyword tensors given beside the specs (a source's default layout), in the probe and in the result."""
+    keyword tensors given beside the specs (a source's default layout), in the probe and in the result. `dtype`:
+    the run's --dtype, for a source's probe forwards (source_inputs)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -704,7 +728,7 @@ def resolve_inputs(specs: list[str] | None, loaded, device, seed: int = 0, keywo
         args, kwargs = _normalise(value, "example_inputs()")
         return ModelInputs(args, kwargs, "example_inputs()").to(device)
     if getattr(loaded, "default_inputs", ()):
-        return source_inputs(loaded, device, seed)
+        return source_inputs(loaded, device, seed, dtype)
     value = getattr(loaded.model, "example_input_array", None)
     if value is not None:
         args, kwargs = _normalise(value, "example_input_array")

@@ -161,6 +161,28 @@ class ModuleTracker(ForwardHooks):
         free = [p.name for i, p in enumerate(params) if i >= n_args and p.name not in given]
         return [p for p in free if any(p == k or p.endswith("_" + k) for k in self.none_kwargs)]
 
+    def failing_nones(self) -> list[str]:
+        """The inputs the module that raised (the innermost call still open) received as None, by keyword and by
+        position (named from its forward's signature: Conv1d's `input`, a prompter's `pixel_values`), and those
+        of each call around it that handed a None on (every call inside it still open received one): a None a
+        module replaced with a value of its own before its sub-module failed (RoBERTa's position ids) is not
+        among them."""
+        import inspect
+
+        out: list[str] = []
+        for _, given, kwargs, mod in reversed(self._stack):
+            try:
+                names = list(inspect.signature(mod.forward).parameters)
+            except (TypeError, ValueError):
+                names = []
+            positional = given[:len(given) - len(kwargs)]
+            nones = ([names[i] for i, v in enumerate(positional) if v is None and i < len(names)] +
+                     [k for k, v in kwargs.items() if v is None])
+            if not nones:
+                break
+            out += nones
+        return out
+
     def called(self) -> set[str]:
         return {c.name for c in self.calls}
 

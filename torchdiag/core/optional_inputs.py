@@ -1,0 +1,128 @@
+"""Optional inputs a forward needs (issue 26): a default layout whose forward fails because it was not given one of
+its optional parameters (CLAP's audio tower reads input_features=None, LXMERT raises "`visual_feats` cannot be
+`None`", a Q-Former's cross-attention wants encoder_hidden_states) gets that input and is tried again, up to
+MAX_ADDED inputs deep. Nothing here knows a model by name: the input is one the error names (in its message, or
+as the None the module that raised received, or was handed on to it), and its shape comes from the config and the
+layout's main input the way hf_inputs shapes the forward's required inputs. Only tried when a default layout does
+not run: of several layouts, when none of the forwards the search makes anyway runs (core.inputs._first_that_runs);
+of one, when its probe forward fails (core.inputs._with_optional: one traceless forward at input resolution, only
+for a forward that takes optional inputs the layout leaves out). Probes cast their float inputs to --dtype as the
+command's are (the model is cast before its inputs are resolved).
+
+One input is added to every layout before any gets a second (a length another layout has is not worked around
+by an input the model would derive itself: XMOD's position ids), and an input counts as the missing one only when
+the error names it or the module that raised received it as None (or a None handed on to it): a None the model
+handled (it derived the value and went on into its sub-modules with it) is not what failed."""
+from __future__ import annotations
+
+import re
+from typing import Any, NamedTuple
+
+MAX_ADDED = 3      # optional inputs added to one layout at most
+MAX_TRIES = 48     # probe forwards at most, over all layouts
+NAMES_EACH = 2     # of the inputs one error names, the first this many are tried
+
+
+class Probe(NamedTuple):
+    out: Any            # the output, None when the forward raised
+    names: list[str]    # the optional inputs its error names (named())
+    calls: int          # module calls before it raised
+    said: bool          # its message names one of them: a check on the inputs before it passed
+
+
+def probe(model, inputs, dtype: str | None = None) -> Probe:
+    """One traceless forward, and what its error says about optional inputs. `dtype`: --dtype, the model already
+    cast to it (core.context.prepare casts the model before the inputs are resolved, their float tensors after):
+    the forward gets its float inputs cast as the command's will be (core.precision.cast_inputs)."""
+    import warnings
+
+    from .inputs import traceless
+    from .precision import cast_inputs
+    from .tracking import ModuleTracker
+
+    tracker = ModuleTracker(model, record_shapes=False)
+    try:
+        with tracker, warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # a wrong layout's warnings are not the user's
+            return Probe(traceless(model, cast_inputs(inputs, dtype)), [], len(tracker.calls), False)
+    except Exception as exc:   # noqa: BLE001 - any failure means: not this layout
+        names = named(tracker, exc)
+        return Probe(None, names, len(tracker.calls), any(re.search(rf"\b{n}\b", str(exc)) for n in names))
+
+
+def named(tracker, exc) -> list[str]:
+    """The forward's optional tensor inputs, not given, that the error points at: named in its message first,
+    then received as None by the module that raised or handed on to it (ModuleTracker.failing_nones: T5's decoder
+    gets input_ids=None for a missing decoder_input_ids; a Q-Former's cross-attention hands its None
+    encoder_hidden_states to its key projection). A None a module replaced before its sub-module failed is one it
+    handled: RoBERTa's embeddings make their position ids when given none, and fail in the position embedding,
+    for a sequence longer than it has positions."""
+    free = _free(tracker)
+    text = str(exc)
+    out = [p for p in free if re.search(rf"\b{re.escape(p)}\b", text)]
+    nones = tracker.failing_nones()
+    out += [p for p in free if any(p == k or p.endswith("_" + k) for k in nones)]
+    return list(dict.fromkeys(out))
+
+
+def _free(tracker) -> list[str]:
+    """The root forward's optional parameters the call did not give that can hold a tensor (not a cache or a flag),
+    embeddings left out: they replace an input the forward reads itself."""
+    from .inputs import forward_parameters
+
+    if tracker.root_given is None:
+        return []
+    n_args, given = tracker.root_given
+    params = forward_parameters(tracker.model)[n_args:]
+    return [p.name for p in params if p.name not in given and p.default is None and not p.name.endswith("embeds")
+            and (p.annotation is p.empty or "Tensor" in str(p.annotation))]
+
+
+def needs_probe(model, inputs) -> bool:
+    """The forward takes optional tensor inputs the default does not give (a plain `forward(x)` is not probed)."""
+    from .inputs import forward_parameters
+
+    params = forward_parameters(model)[len(inputs.args):]
+    return any(p.name not in inputs.kwargs and p.default is None for p in params)
+
+
+def completed(sets, probes: list[Probe], loaded, device, seed: int, dtype: str | None = None):
+    """The first layout that runs with the optional inputs its errors name added (ModelInputs, its source saying
+    what was added), or None. `probes`: each layout's own probe(). Breadth first: one input added to each layout,
+    in their order, before any layout gets a second, so that a layout another one fixes (a shorter sequence) is not
+    worked around by more inputs. Each of the first NAMES_EACH inputs an error names is tried in each of its shapes
+    (hf_inputs.optional_specs); a forward that then fails naming another one, after more module calls than before
+    or in its message (the added input was read or checked: a wrong shape fails where the None did), gets that
+    one at the next level (MAX_ADDED levels, MAX_TRIES forwards in all)."""
+    from . import hf_inputs
+    from .inputs import blank_rank, spec_inputs
+
+    tries = 0
+    # (the layout's specs with the inputs added so far, what its last error named, its module calls, the names
+    # added, the layout's index)
+    level: list[tuple[tuple[str, ...], list[str], int, list[str], int]] = [
+        (tuple(specs), p.names, p.calls, [], k) for k, (specs, p) in enumerate(zip(sets, probes)) if p.names]
+    while level:
+        deeper = []
+        for specs, wanted, reached, added, k in level:
+            given = {s.partition("=")[0] for s in specs if "=" in s}
+            for name in [n for n in wanted if n not in given][:NAMES_EACH]:
+                for spec in hf_inputs.optional_specs(name, specs, loaded.model):
+                    if tries >= MAX_TRIES:
+                        return None
+                    tries += 1
+                    grown = specs + (spec,)
+                    inputs = spec_inputs(grown, loaded, device, seed)
+                    got = probe(loaded.model, inputs, dtype)
+                    if got.out is not None and not blank_rank(got.out):
+                        which = f"; layout {k + 1} of {len(sets)}," if len(sets) > 1 else ";"
+                        inputs.source = loaded.input_source + (
+                            f"{which} {', '.join(added + [name])} added: optional in the forward, which failed without "
+                            f"{'them' if added else 'it'} (its error named {'them' if added else 'it'})")
+                        return inputs
+                    if got.names and (got.calls > reached or got.said):   # this shape was read: the next level
+                        if len(added) + 1 < MAX_ADDED:
+                            deeper.append((grown, got.names, got.calls, added + [name], k))
+                        break
+        level = deeper
+    return None
