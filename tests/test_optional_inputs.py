@@ -423,3 +423,46 @@ def test_a_healthy_one_layout_model_gets_the_same_inputs_and_one_forward_more(tm
     assert all(torch.equal(v, before[k]) for k, v in source.model.state_dict().items())
     if kind == "lm":
         assert "labels" in probed.kwargs
+
+
+class _WritesItsWeights(torch.nn.Module):
+    """A forward that writes its parameters in place under no_grad (a codebook's EMA), a whole tensor and a view."""
+
+    def __init__(self):
+        super().__init__()
+        self.codebook = torch.nn.Parameter(torch.full((4,), 8.0), requires_grad=False)
+        self.w = torch.nn.Parameter(torch.ones(3, 4))
+
+    def forward(self, x, extra=None):
+        with torch.no_grad():
+            self.codebook.mul_(0.5)
+            self.w[0].add_(1.0)
+        return x @ self.w.t() + self.codebook.sum()
+
+
+def test_a_probe_forward_leaves_parameters_it_writes_in_place_as_they_were():
+    """A review: the probe restored buffers only, so the command diagnosed a model the probe had changed."""
+    from torchdiag.core.inputs import ModelInputs, traceless
+
+    model = _WritesItsWeights()
+    out = traceless(model, ModelInputs((torch.ones(2, 4),)))
+    assert float(out[0, 0]) == 8.0 + 16.0          # the forward itself saw its writes (w row 0 = 2, codebook 4 x 4)
+    assert torch.equal(model.codebook, torch.full((4,), 8.0)) and torch.equal(model.w, torch.ones(3, 4))
+
+
+class _BadStr(Exception):
+    def __str__(self):
+        raise RuntimeError("str() of this exception raises")
+
+
+class _RaisesBadStr(torch.nn.Module):
+    def forward(self, x, extra=None):
+        raise _BadStr()
+
+
+def test_a_probe_whose_error_cannot_be_printed_is_a_failed_layout_not_a_crash():
+    from torchdiag.core import optional_inputs
+    from torchdiag.core.inputs import ModelInputs
+
+    got = optional_inputs.probe(_RaisesBadStr(), ModelInputs((torch.ones(2, 4),)))
+    assert got.out is None and not got.said

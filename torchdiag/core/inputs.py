@@ -492,13 +492,17 @@ def runs(model, inputs: ModelInputs, stop: type[Exception] | None = None) -> boo
 
 
 def traceless(model, inputs: ModelInputs):
-    """The output of one forward under no_grad that leaves no trace (RNG forked, buffers restored)."""
+    """The output of one forward under no_grad that leaves no trace on the model's tensors (RNG forked, buffers
+    restored, parameters it writes in place copied before the write and restored: a codebook's EMA under no_grad).
+    Python attributes it changes (a cache) stay changed."""
     import torch
+
+    from .param_writes import restored_writes
 
     saved = {n: b.detach().clone() for n, b in model.named_buffers()}
     devices = sorted({t.device.index or 0 for t in saved.values() if t.device.type == "cuda"})
     try:
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), restored_writes(model):
             return inputs.call(model)
     finally:
         with torch.no_grad():

@@ -47,7 +47,15 @@ def probe(model, inputs, dtype: str | None = None) -> Probe:
             return Probe(traceless(model, cast_inputs(inputs, dtype)), [], len(tracker.calls), False)
     except Exception as exc:   # noqa: BLE001 - any failure means: not this layout
         names = named(tracker, exc)
-        return Probe(None, names, len(tracker.calls), any(re.search(rf"\b{n}\b", str(exc)) for n in names))
+        return Probe(None, names, len(tracker.calls), any(re.search(rf"\b{n}\b", _text(exc)) for n in names))
+
+
+def _text(exc) -> str:
+    """The error's message, or "" when str() of it raises (a review: a model's own exception class)."""
+    try:
+        return str(exc)
+    except Exception:   # noqa: BLE001 - its message is only a hint here
+        return ""
 
 
 def named(tracker, exc) -> list[str]:
@@ -58,7 +66,7 @@ def named(tracker, exc) -> list[str]:
     handled: RoBERTa's embeddings make their position ids when given none, and fail in the position embedding,
     for a sequence longer than it has positions."""
     free = _free(tracker)
-    text = str(exc)
+    text = _text(exc)
     out = [p for p in free if re.search(rf"\b{re.escape(p)}\b", text)]
     nones = tracker.failing_nones()
     out += [p for p in free if any(p == k or p.endswith("_" + k) for k in nones)]
