@@ -714,3 +714,15 @@ def test_a_layout_whose_output_is_all_zeros_or_nan_is_a_last_resort():
     assert inputs.blank_rank(torch.tensor([0.0, float("-inf")])) == 0
     assert inputs.blank_rank(torch.eye(3).to_sparse()) == 0 and inputs.blank_rank(torch.zeros(3, 3).to_sparse()) == 1
     assert inputs.blank_rank(torch.ones(3).to(torch.float8_e4m3fn)) == 0 and inputs.blank_rank(torch.zeros(3).to(torch.float8_e4m3fn)) == 1
+
+
+def test_a_keyword_input_a_config_sizes_beyond_memory_is_one_line_not_an_allocation():
+    """A review: a config with num_frames 10^9 went to the allocator (exit 4); -i shapes were already checked."""
+    import torch
+
+    from torchdiag.core import hf_inputs
+    from torchdiag.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"input pixel_values \(1x1000000000x3x16x16\) would take 2861.0 GiB"):
+        hf_inputs.make("pixel_values=1x1000000000x3x16x16:float32", torch.device("cpu"), torch.Generator())
+    assert hf_inputs.make("pixel_values=1x3x4x4:float32", torch.device("cpu"), torch.Generator()).shape == (1, 3, 4, 4)

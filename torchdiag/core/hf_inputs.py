@@ -413,12 +413,19 @@ def make(spec: str, device, generator):
     """The tensor of one named spec (shapes may hold 0 after the batch dimension)."""
     import torch
 
-    _, body, fill = split(spec)
+    from ..errors import UsageError
+    from .resources import memory_limit
+
+    name, body, fill = split(spec)
     dims, _, dtype = body.partition(":")
     shape = tuple(int(d) for d in dims.split("x")) if dims else ()
     dt = getattr(torch, dtype or "float32")
     if device.type == "meta":
         return torch.empty(shape, dtype=dt, device="meta")
+    nbytes = math.prod(shape) * torch.empty((), dtype=dt).element_size()
+    if nbytes > memory_limit():   # a config size of 10^9 frames: one line, as a -i shape gets (a review)
+        raise UsageError(f"input {name or spec} ({'x'.join(map(str, shape))}) would take {nbytes / 2**30:.1f} GiB",
+                         hint="give the inputs with -i, or a config with smaller sizes")
     if fill == "ones":
         return torch.ones(shape, dtype=dt, device=device)
     if fill == "boxes":   # a box per token, the tokens read as lines of text (see _token_boxes)

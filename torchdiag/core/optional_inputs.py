@@ -102,6 +102,7 @@ def completed(sets, probes: list[Probe], loaded, device, seed: int, dtype: str |
     (hf_inputs.optional_specs); a forward that then fails naming another one, after more module calls than before
     or in its message (the added input was read or checked: a wrong shape fails where the None did), gets that
     one at the next level (MAX_ADDED levels, MAX_TRIES forwards in all)."""
+    from ..errors import UsageError
     from . import hf_inputs
     from .inputs import blank_rank, spec_inputs
 
@@ -120,7 +121,10 @@ def completed(sets, probes: list[Probe], loaded, device, seed: int, dtype: str |
                         return None
                     tries += 1
                     grown = specs + (spec,)
-                    inputs = spec_inputs(grown, loaded, device, seed)
+                    try:
+                        inputs = spec_inputs(grown, loaded, device, seed)
+                    except UsageError:   # a shape too large to allocate (hf_inputs.make): not this one
+                        continue
                     got = probe(loaded.model, inputs, dtype)
                     if got.out is not None and not blank_rank(got.out):
                         which = f"; layout {k + 1} of {len(sets)}," if len(sets) > 1 else ";"
