@@ -94,6 +94,7 @@ def test_least_squares_curve_is_plain_gradient_descent_on_the_schedule(least_squ
     model, x, y, _ = least_squares
     r = lr_find(model, x, loss="mse", target=y, optimizer="sgd", momentum=0.0, steps=40, repeats=1, check_steps=0,
                 min_lr=1e-4, max_lr=0.05)
+    assert r.data["optimizer"] == "sgd" and r.data["momentum"] == 0.0
     w = model.weight.detach().clone().T.double()
     xd, yd = x.double(), y.double()
     expected = []
