@@ -156,3 +156,22 @@ def test_meta_forward_that_reads_values_says_use_cpu(cli, tmp_path, body):
     assert res.code == 3 and "forward failed in (root) (M)" in _error_line(res)
     assert "run it with --device cpu" in res.stderr
     assert cli("flops", f"{tmp_path}/m.py:build", "-i", "2x4", "--device", "cpu").code == 0
+
+
+def test_a_builder_that_raises_typeerror_without_arg_values_is_the_models_error_not_the_users():
+    """hf hunyuan_vl's config holds a None its model raises a TypeError on: with no --arg given, exit 3 naming the
+    build, not 'does not accept these --arg values' (exit 2); with --arg values, the usage error stands."""
+    import torch
+
+    from torchdiag.core import sources
+    from torchdiag.errors import ModelError, UsageError
+
+    def build(**kw):
+        if kw:
+            raise TypeError(f"unexpected keyword {next(iter(kw))!r}")
+        return None ** 2.0   # noqa: the config's None, as the model's own code meets it
+
+    with pytest.raises(ModelError, match=r"building fake raised TypeError"):
+        sources.build(sources.Source(build, {}, "fake"), torch.device("cpu"), 0)
+    with pytest.raises(UsageError, match="does not accept these --arg values"):
+        sources.build(sources.Source(build, {"widht": 3}, "fake"), torch.device("cpu"), 0)

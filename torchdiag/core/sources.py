@@ -637,6 +637,8 @@ def build(source: Source, device, seed: int | None):
         with no_downloads(source.label):
             model, built_on = _build(source, device, seed)
     except TypeError as exc:
+        if not source.kwargs:   # no --arg given: the builder's own TypeError, not the user's values (a config's None)
+            raise ModelError(f"building {source.label} raised {one_line(exc)}") from exc
         raise UsageError(f"{source.label} does not accept these --arg values: {one_line(exc)}",
                          hint="--arg values go to the model's constructor (hf: to its config)") from exc
     except UsageError:
