@@ -169,7 +169,7 @@ def test_a_builder_that_raises_typeerror_without_arg_values_is_the_models_error_
     def build(**kw):
         if kw:
             raise TypeError(f"unexpected keyword {next(iter(kw))!r}")
-        return None ** 2.0   # noqa: the config's None, as the model's own code meets it
+        return None ** 2.0   # the config's None, as the model's own code meets it
 
     with pytest.raises(ModelError, match=r"building fake raised TypeError"):
         sources.build(sources.Source(build, {}, "fake"), torch.device("cpu"), 0)
