@@ -918,3 +918,44 @@ def test_a_sparse_output_is_compared_as_its_values():
     dense = [float(v) for v in _fingerprint(out.to_dense())]
     assert [float(v) for v in _fingerprint(out)] == dense and _same_fp(dense, dense)
     assert max_diff(out.to_sparse_csr(), out.to_sparse_csr()) == 0.0
+
+
+# ---------------------------------------------------------------- a forward that writes into its input
+class _Doubles(nn.Module):
+    """Writes into the caller's tensor before its layer: every forward sees twice the last one's input."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        x.mul_(2)
+        return self.fc(x)
+
+
+def test_a_forward_that_writes_into_its_input_is_a_warning_not_a_random_eval():
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    first = x.clone()
+    d = run_diag(_Doubles(), x).to_dict()
+    # the two eval forwards each got the first values: bit-identical, no nondeterministic-eval
+    assert not found(d, "nondeterministic-eval") and row(d, "determinism")["status"] == "ok"
+    (f,) = found(d, "edits-input")
+    assert f["severity"] == "warning" and f["where"] == "(root)" and "input[0]" in f["message"]
+    assert d["exit_code"] == 0
+    # the statistics are of the values the user gave, not of a doubled tensor
+    (s,) = d["input_stats"]
+    assert s["max"] == pytest.approx(float(first.max()), abs=1e-6)
+
+
+def test_edits_input_names_the_module_that_writes():
+    model = nn.Sequential(nn.ReLU(inplace=True), nn.Linear(8, 4))
+    d = run_diag(model, torch.randn(4, 8)).to_dict()
+    (f,) = found(d, "edits-input")
+    assert f["where"] == "0" and "written in 0" in f["message"]
+
+
+def test_a_forward_that_reads_its_input_only_has_no_edits_input():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(inplace=True), nn.Linear(8, 4))   # in place on its own values
+    d = run_diag(model, torch.randn(4, 8)).to_dict()
+    assert not found(d, "edits-input") and row(d, "inputs")["status"] == "ok"

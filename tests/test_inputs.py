@@ -266,3 +266,22 @@ def test_labels_of_int32_ids_are_compared_as_class_indices():
     inputs = ModelInputs((ids,), {"labels": ids.clone()}, notes=["labels: the input ids (the model's own loss)"])
     _next_if_unshifted(inputs, Int32Head(False))
     assert inputs.kwargs["labels"].dtype == torch.int32 and torch.equal(inputs.kwargs["labels"][:, :-1], ids[:, 1:])
+
+
+def test_every_forward_gets_the_first_values_even_when_the_model_writes_into_them():
+    from torchdiag.core.inputs import ModelInputs
+
+    class Doubles(torch.nn.Module):
+        def forward(self, x, scale=None):
+            x.mul_(2)
+            return x.sum() + (0 if scale is None else scale.sum())
+
+    x = torch.ones(3)
+    inputs = ModelInputs((x,), {"scale": torch.zeros(2)})
+    outs = [float(inputs.call(Doubles())) for _ in range(5)]
+    assert outs == [6.0] * 5                      # without the fresh copy: 6, 12, 24, 48, 96
+    assert inputs.written() == ["input[0]"]       # the keyword input was only read
+    held = inputs.args[0]
+    loss = (held * torch.ones(3, requires_grad=True)).sum()
+    inputs.call(Doubles())                        # a new tensor is put in: the old one keeps its version
+    loss.backward()

@@ -84,9 +84,53 @@ class ModelInputs:
     source: str = ""
     notes: list[str] = field(default_factory=list)
     chosen: bool = False    # a source's default (torchvision:/timm:/hf:), made up by torchdiag, not the user's
+    edited: list[str] = field(default_factory=list, repr=False, compare=False)   # inputs the forward wrote into
+    _kept: dict | None = field(default=None, repr=False, compare=False)   # id -> (tensor, version, first values)
 
     def call(self, model):
+        self._as_first()
         return model(*self.args, **self.kwargs)
+
+    def _as_first(self) -> None:
+        """Every forward gets the values the first one got. A forward that writes into its input (`x.mul_(2)`)
+        would hand the next one other values: two identical eval forwards would differ, and a batch trained on
+        again would drift. The first call keeps a copy of each input; a later call finds the tensors whose
+        version moved and puts in a new tensor with the first values (a new one, not a copy into the old: a graph
+        that saved the edited tensor stays valid). `edited` names them."""
+        if self._kept is None:
+            self.keep()
+            return
+        moved = self._moved()
+        if not moved:
+            return
+
+        def fresh(t):
+            if id(t) not in moved:
+                return t
+            new = self._kept.pop(id(t))[2]
+            again = new.clone().requires_grad_(t.requires_grad and t.is_leaf and new.is_floating_point())
+            self._kept[id(again)] = (again, _version(again), new)
+            return again
+
+        self.args, self.kwargs = _map(self.args, fresh), _map(self.kwargs, fresh)
+
+    def keep(self) -> None:
+        """Keep the first values now (a copy of each input): a command that measures its forward's memory or ops
+        calls it before, so the copy is not in what it measures."""
+        if self._kept is None:
+            self._kept = {id(t): (t, v, t.detach().clone()) for _, t in self.tensors() if (v := _version(t)) is not None}
+
+    def _moved(self) -> set[int]:
+        """The ids of the inputs written into since they were kept; their names join `edited`."""
+        kept = self._kept or {}
+        moved = {id(t) for _, t in self.tensors() if id(t) in kept and _version(t) != kept[id(t)][1]}
+        self.edited += [n for n, t in self.tensors() if id(t) in moved and n not in self.edited]
+        return moved
+
+    def written(self) -> list[str]:
+        """The inputs some forward so far wrote into, in place."""
+        self._moved()
+        return list(self.edited)
 
     def tensors(self) -> list[tuple[str, Any]]:
         """(name, tensor) for every tensor input, nested ones included."""
@@ -115,6 +159,14 @@ class ModelInputs:
 
     def clone(self) -> ModelInputs:
         return self.map(lambda t: t.detach().clone())
+
+
+def _version(t) -> int | None:
+    """The tensor's version counter (bumped by every in-place write); None where it has none (an inference tensor)."""
+    try:
+        return int(t._version)
+    except Exception:
+        return None
 
 
 def _collect(name, obj, out):

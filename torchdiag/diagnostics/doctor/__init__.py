@@ -16,6 +16,7 @@ or parameter:
   frozen        frozen             requires_grad=False parameters, listed by module (info)
   dtypes        dtype-mismatch     parameters of mixed floating dtypes; float inputs of another dtype
   input_stats   non-finite-input, unnormalised-input (image-like float input in [0, 255])
+  edits         edits-input        the forward writes into its own input tensors in place (warning)
   target        target-out-of-range (class targets vs the output width)
   wrapped       param-hook-dropped  under torchrun --wrap fsdp: gradient hooks on parameters fully_shard drops
 
@@ -36,6 +37,7 @@ from .determinism import check_determinism
 from .device_meta import check_device_meta
 from .device_spread import check_device_spread
 from .dtypes import check_dtypes, check_promotion
+from .edits import check_edits
 from .frozen import check_frozen, frozen_groups
 from .input_stats import input_stats, raw_pixels, weighted_inputs
 from .modes import mode_modules
@@ -97,6 +99,7 @@ def _run(model, inputs, ctx, loss, ck: Checklist, result: Result, gate=None) -> 
         with workspace(model) as work:
             raw_pixels(stats, raw, weighted_inputs(work, inputs, ctx, raw[0][2]) if raw else None, ck)
             _value_checks(work, inputs, ctx, loss, main_dtype, ck, result, gate)
+            check_edits(work, inputs, ck)
     else:
         raw_pixels(stats, raw, None, ck)
         ck.skip(VALUE_CHECKS, "model or inputs on meta: no values to run")

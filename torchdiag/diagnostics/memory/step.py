@@ -125,6 +125,7 @@ def _tracked(model, inputs, tracker, names, amp_ctx, loss_rule, opt, trainable, 
     from ...core.tracking import forward_error
 
     train = opt is not None
+    inputs.keep()   # the copy a forward that writes into its input is re-run from: not the model's memory
     with tracker, names, torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
         with contextlib.ExitStack() as stack:
             if not train:

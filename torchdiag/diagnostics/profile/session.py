@@ -242,6 +242,7 @@ class Step:
 
     def __init__(self, model, inputs, mode, loss_fn, optimizer, labels: ModuleLabels, ctx):
         self.model, self.inputs, self.mode, self.loss_fn = model, inputs, mode, loss_fn
+        inputs.keep()   # the copy a forward that writes into its input is re-run from: not in the profiled steps
         self.optimizer, self.labels, self.ctx = optimizer, labels, ctx
         self.scaler = ctx.grad_scaler() if optimizer is not None else None
 
