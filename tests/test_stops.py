@@ -309,6 +309,31 @@ def test_an_embedding_that_only_looks_up_its_padding_index_is_said_so():
     assert "give it real ids" in f.hint
 
 
+def test_padding_ids_torchdiag_made_up_are_not_judged():
+    # hf lxmert: the default token type ids are all 0, its token_type_embeddings' padding index: a fact of the
+    # made-up inputs, info in both commands; the user's own ids keep the error (the test above)
+    from torchdiag.core.inputs import ModelInputs
+
+    class Ids(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.word, self.types, self.head = nn.Embedding(50, 8), nn.Embedding(2, 8, padding_idx=0), nn.Linear(8, 3)
+
+        def forward(self, ids, types):
+            return self.head((self.word(ids) + self.types(types)).mean(1))
+
+    torch.manual_seed(0)
+    ids = torch.randint(1, 50, (4, 6))
+    for command in ("gradflow", "doctor"):
+        made_up = ModelInputs((ids, torch.zeros_like(ids)), {}, "hf defaults", chosen=True)
+        res = run(command, Ids(), made_up)
+        assert not errors(res) and res.exit_code == 0, [f.message for f in errors(res)]
+        (f,) = [f for f in res.findings if f.code == "not-reached"]
+        assert f.severity == "info" and "padding index (0)" in f.message and "types" in f.message
+        given = run(command, Ids(), (ids, torch.zeros_like(ids)))
+        assert any("types" in f.where for f in errors(given)), command
+
+
 def test_two_zeros_that_keep_each_other_at_zero_are_both_said():
     class Deadlock(nn.Module):   # a zero-initialised branch times a zero trainable scale: neither can move
         def __init__(self):

@@ -188,6 +188,11 @@ def by_top_module(names: list[str], model) -> list[list[str]]:
     return groups
 
 
+def padding_why(stop) -> str:
+    """A zero gradient that is a fact of made-up ids (core/stops.Stop.padding): the table's padding row."""
+    return f"every id the lookup gets is its padding index ({stop.padding()})"
+
+
 def not_reached_message(names: list[str], inputs, limit: int = 6) -> str:
     shown = ", ".join(names[:limit]) + (f" … (+{len(names) - limit} more)" if len(names) > limit else "")
     return (f"{len(names)} trainable parameter tensor(s) got no gradient because the forward did not use them with "

@@ -83,6 +83,11 @@ class Stop:
                            "passes no gradient",
                 }.get(kind, "")
 
+    def padding(self) -> str | None:
+        """The padding index, when every index the embedding looks up is it: a fact of the ids given, which
+        on inputs torchdiag made up says nothing of the model."""
+        return self.operand[1] if self.operand and self.operand[0] == "padding" else None
+
     def hint(self) -> str:
         kind = self.operand[0] if self.operand else ""
         if kind == "padding":

@@ -7,6 +7,7 @@ scale, skip-init gain, zero-initialised residual or head), found by perturbation
 from __future__ import annotations
 
 from ...core import gates, invariance
+from ...core.unreached import NOT_REACHED, NOT_REACHED_HINT, padding_why
 from ...errors import ModelError
 from .shared import name
 
@@ -60,8 +61,13 @@ def with_stops(work, before, inputs, ctx, bad: list, zero: set, result, prepare)
         return bad
     if found:
         result.notes.append(f"where {len(found)} zero gradient(s) stop: 1 more forward/backward on a copy")
+    padded = [n for n in names if n in found and found[n].padding() is not None and getattr(inputs, "chosen", False)]
+    for n in padded:   # made-up ids that hit a padding row say nothing of the model: not judged
+        result.add(NOT_REACHED, "info", n, f"{n} does not change after the step: {padding_why(found[n])} with the "
+                   f"default inputs torchdiag chose ({inputs.source}); not judged", NOT_REACHED_HINT)
+        result.data.setdefault("params_not_reached", []).append(n)
     return [(n, f"{msg}; {found[n].describe()}", found[n].hint()) if n in found else (n, msg, hint)
-            for n, msg, hint in bad]
+            for n, msg, hint in bad if n not in padded]
 
 
 def invariant(work, before, inputs, ctx, names: list[str], result, prepare) -> set[str]:
