@@ -600,3 +600,20 @@ def test_gradcam_takes_dtype_and_amp(cli, precision):
     assert reduced.json["target_class"] == plain.json["target_class"]
     # the same region: the peak moves by at most a pixel or two with 8-11 mantissa bits
     assert all(abs(a - b) <= 2 for a, b in zip(reduced.json["heatmap_peak"], plain.json["heatmap_peak"]))
+
+
+def test_a_copy_that_does_not_fit_is_one_line_not_the_oom_killer(monkeypatch):
+    # timm regnety_2560 (5 GiB of float32 parameters) on a 24 GiB machine: the copies the training commands make
+    # were ended by the kernel with no line at all. Here the machine is made small instead of the model large.
+    from torchdiag.api import run
+    from torchdiag.core import resources
+    from torchdiag.errors import ModelError
+
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3))   # 17,091 bytes of parameters
+    monkeypatch.setattr(resources, "device_available", lambda device: 10_000)
+    with pytest.raises(ModelError) as caught:
+        run("overfit-batch", model, torch.randn(4, 64), steps=5)
+    assert "not enough memory for a copy of the model" in caught.value.message
+    assert caught.value.code == 3
+    monkeypatch.setattr(resources, "device_available", lambda device: 10**9)
+    assert run("overfit-batch", model, torch.randn(4, 64), steps=5).exit_code in (0, 1)

@@ -208,7 +208,10 @@ def _invariant(work, inputs, verdicts: dict, whole: float, ctx) -> int:
     import copy
 
     forwards = [0]
+    from .train import room_for_copy
+
     try:
+        room_for_copy(work, "in float64", scale=2)
         twin = copy.deepcopy(work).double()
         twin.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
         found = invariance.cancelled(twin, inputs.map(invariance.double), suspect, ctx.loss(), ctx)

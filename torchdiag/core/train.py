@@ -77,6 +77,7 @@ def train_copy(model, why: str = "to train it"):
     parameters (deepcopy drops them) put back, so a hook that masks a gradient acts on the copy too."""
     import copy
 
+    room_for_copy(model, why)
     try:
         work = copy.deepcopy(model, _graph_tensors(model))
     except Exception as exc:
@@ -87,6 +88,27 @@ def train_copy(model, why: str = "to train it"):
     for p in work.parameters():
         p.grad = None
     return work.train()
+
+
+def room_for_copy(model, why: str, scale: int = 1) -> None:
+    """A copy takes as much memory as the model's tensors (`scale` times: 2 for a float64 copy of a float32
+    model): one that does not fit where they live is refused with a ModelError (a caller that can do without it
+    says so and goes on), not left to the kernel's OOM killer, which ends the process with no line at all."""
+    from .resources import device_available, short_gb
+
+    need: dict = {}
+    seen: set[int] = set()
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) in seen or t.device.type == "meta":
+            continue
+        seen.add(id(t))
+        need[t.device] = need.get(t.device, 0) + t.numel() * t.element_size() * scale
+    for device, nbytes in need.items():
+        free = device_available(device)
+        if free is not None and nbytes > free:
+            raise ModelError(f"not enough memory for a copy of the model {why}: its tensors on {device} take "
+                             f"{short_gb(nbytes)}, {short_gb(free)} is available there",
+                             hint="free memory on that device (summary and flops make no copy)")
 
 
 def _graph_tensors(model) -> dict:
