@@ -887,3 +887,41 @@ def test_momentum_on_the_command_line_and_refused_for_adam(cli, tmp_path):
     assert bad.code == 2 and "--momentum: applies to sgd only, not adam" in bad.stderr
     for command in ("gradflow", "nancheck", "lr-find"):
         assert cli(command, sample("mlp.py:build"), "--optimizer", "adam", "--momentum", "0.5").code == 2
+
+
+def _logistic():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.Sigmoid())
+
+
+def _bce(out, target):
+    return torch.nn.functional.binary_cross_entropy(out, target)
+
+
+def test_a_batch_beyond_a_tiny_models_capacity_is_info_when_two_samples_are_memorised():
+    """One feature, labels that are not a threshold of it: a 2-weight logistic model cannot fit 32 of them (no
+    monotone split does: closed-form truth, the best threshold classifier misclassifies several), but it fits any
+    two samples with different labels at different x. The pipeline works: capacity-limited (info), exit 0."""
+    x = torch.linspace(-1, 1, 32).unsqueeze(1)
+    y = (torch.arange(32) % 3 == 0).float().unsqueeze(1)       # 1, 0, 0, 1, 0, 0, …: no threshold separates them
+    best = max(max(((x[:, 0] > t) == y[:, 0].bool()).float().mean(), ((x[:, 0] <= t) == y[:, 0].bool()).float().mean())
+               for t in x[:, 0])
+    assert best < 1.0                                          # no logistic model reaches 100% on the batch
+    r = overfit(_logistic(), x, loss=_bce, target=y, lr=0.5, steps=400)
+    (f,) = [f for f in r.findings if f.code == "capacity-limited"]
+    assert f.severity == "info" and r.exit_code == 0 and not [g for g in r.findings if g.severity == "error"]
+    few = r.data["few_samples"]
+    # of the rows labelled unlike row 0 (x = -1), the one farthest from it: x = 1 is row 31 (31 % 3 != 0)
+    assert few["passed"] and few["samples"] == [0, 31]
+    assert r.verdict.startswith("PASS on two samples") and r.data["trainable_values"] == 2
+
+
+def test_a_fault_two_samples_cannot_fit_either_keeps_cannot_overfit():
+    """A loss with a floor (a constant 1 added: the ratio target 0.01 × initial is out of reach for any batch):
+    two samples fail as well, so the error stands, with the two-sample run said in a note."""
+    x = torch.linspace(-1, 1, 32).unsqueeze(1)
+    y = (torch.arange(32) % 3 == 0).float().unsqueeze(1)
+    r = overfit(_logistic(), x, loss=lambda out, t: _bce(out, t) + 1.0, target=y, lr=0.5, steps=400)
+    assert [f.code for f in r.findings if f.severity == "error"] == ["cannot-overfit"] and r.exit_code == 1
+    assert r.data["few_samples"]["passed"] is False
+    assert any("were not memorised either" in n for n in r.notes)

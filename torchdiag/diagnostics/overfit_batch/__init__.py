@@ -54,7 +54,18 @@ def run(model, inputs, opts: Options | None, ctx):
         trainer.release()             # the judged copy and its optimizer state: not held beside a second one
         return _default_optimizer(model, inputs, opts, ctx, curve.step)
 
-    return build(trainer, curve, found, opts, ctx, second)
+    def few():
+        """Two of the batch's samples on a fresh copy (capacity.py); not under torchrun (each rank's rows)."""
+        if ctx.wrapper is not None:
+            return None
+        from .capacity import train_few
+
+        trainer.release()
+        with leave_no_trace(model), ctx.seeded():
+            return train_few(model, trainer, _continued(opts, curve.step), ctx,
+                             lambda m, i, loss, o: _trainer(m, i, o, ctx, loss=loss))
+
+    return build(trainer, curve, found, opts, ctx, second, few)
 
 
 def _asks(opts: Options, ctx) -> bool:
@@ -62,7 +73,7 @@ def _asks(opts: Options, ctx) -> bool:
     return ctx.wrapper is None and opts.steps is None and ctx.spec.optimizer.describe() != OPTIMIZER.describe()
 
 
-def _trainer(model, inputs, opts: Options, ctx, optimizer=None):
+def _trainer(model, inputs, opts: Options, ctx, optimizer=None, loss=None):
     """A Trainer on a fresh training copy of `model` with dropout off (memorising needs no regularisation:
     core/design.py); the copy is held by the trainer alone (Trainer.release drops it)."""
     from ...core.design import dropout_off
@@ -70,7 +81,7 @@ def _trainer(model, inputs, opts: Options, ctx, optimizer=None):
 
     work = ctx.train_copy(model)
     dropped = dropout_off(work)
-    trainer = Trainer(work, inputs.clone(), ctx.loss(), opts, ctx, optimizer=optimizer)
+    trainer = Trainer(work, inputs.clone(), loss or ctx.loss(), opts, ctx, optimizer=optimizer)
     trainer.dropped = dropped
     return trainer
 
@@ -80,9 +91,17 @@ def _default_optimizer(model, inputs, opts: Options, ctx, done: int):
     the same batch and loss on a fresh copy, trained with the default optimizer (OPTIMIZER: adam 1e-3) and the
     default budget (extended while still falling). Its Curve; its progress continues the run's (`done` steps so
     far: its step 0 is reported as done + 1)."""
-    import dataclasses
-
     from ...core.guard import leave_no_trace
+
+    again = _continued(opts, done)
+    with leave_no_trace(model), ctx.seeded():
+        return _trainer(model, inputs, again, ctx, optimizer=OPTIMIZER).train()
+
+
+def _continued(opts: Options, done: int) -> Options:
+    """The options of a further run whose progress continues the run's (`done` steps so far: its step 0 is
+    shown as done + 1)."""
+    import dataclasses
 
     step, budget = opts.on_step, opts.on_budget
     again = dataclasses.replace(opts,
@@ -90,5 +109,4 @@ def _default_optimizer(model, inputs, opts: Options, ctx, done: int):
                                 on_budget=budget and (lambda b: budget(done + 1 + b)))
     if budget:
         budget(done + 1 + again.budget)
-    with leave_no_trace(model), ctx.seeded():
-        return _trainer(model, inputs, again, ctx, optimizer=OPTIMIZER).train()
+    return again

@@ -27,9 +27,10 @@ def _names(names: list[str], limit: int) -> str:
     return ", ".join(names[:limit]) + (f" … (+{len(names) - limit} more)" if len(names) > limit else "")
 
 
-def build(trainer, curve, causes, opts, ctx, second=None) -> Result:
+def build(trainer, curve, causes, opts, ctx, second=None, few=None) -> Result:
     """`second`: a callable that trains a fresh copy with the default optimizer (its Curve, or None), asked only
-    when the run fails or ends still falling toward the target."""
+    when the run fails or ends still falling toward the target. `few`: one that trains a fresh copy on two of the
+    batch's samples (capacity.Few, or None), asked only when the run fails with no cause found."""
     result = Result("overfit-batch")
     _header_and_data(result, trainer, curve, opts, ctx)
     _summary(result, curve, opts)
@@ -43,7 +44,7 @@ def build(trainer, curve, causes, opts, ctx, second=None) -> Result:
     if curve.peer_stop:   # under torchrun with a wrapper: the stop is every rank's
         result.notes.append(curve.peer_stop)
     found = _cause_findings(result, trainer, curve, causes, opts)
-    _verdict(result, trainer, curve, opts, ctx, found, second)
+    _verdict(result, trainer, curve, opts, ctx, found, second, few)
     return result
 
 
@@ -79,6 +80,7 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
         "momentum": optimizer.momentum if optimizer.name == "sgd" else None, "amp": trainer.amp or "none", "seed": ctx.seed,
         "seconds": round(seconds, 3), "steps_per_second": round(steps / seconds, 2) if seconds > 0 else None,
         "batch_size": trainer.batch.batch_size, "trainable_tensors": len(trainer.trainable),
+        "trainable_values": sum(p.numel() for _, p in trainer.trainable),
         "frozen_tensors": trainer.frozen, "dropout_off": trainer.dropped,
     })
     result.series["loss"] = losses
@@ -270,7 +272,7 @@ def _bounded_output(result, bounded: dict, ctx) -> None:
                     f"log-softmax itself), or pick a loss that fits the output ({loss} mse, {loss} PATH:fn, {batch})")
 
 
-def _verdict(result, trainer, curve, opts, ctx, found: int, second=None) -> None:
+def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=None) -> None:
     d, steps, losses = result.data, curve.step, curve.losses
     initial, final, final_acc = d["initial_loss"], d["final_loss"], d["final_accuracy"]
     trend = None
@@ -306,12 +308,54 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None) -> None
     if fits:
         _optimizer_fails(result, ctx, other, steps)
         hint = None
+    elif not found and (other is None or not other.interrupted) and _beyond_capacity(result, trainer, few, bits):
+        return
     result.add("cannot-overfit", "error", "", f"could not memorise one batch of {trainer.batch.batch_size} in "
                f"{steps} step(s): " + ", ".join(bits), hint=hint)
     result.verdict = f"FAIL: cannot overfit one batch ({', '.join(bits)})" + (
         f"; {OPTIMIZER.describe()} memorises it in {other.reached_at} step(s)" if fits else "")
     if other is not None and other.interrupted:
         result.verdict = f"INTERRUPTED in the second opinion; the run itself: {result.verdict}"
+
+
+def _beyond_capacity(result, trainer, few, bits: list[str]) -> bool:
+    """Two of the batch's samples memorised on a fresh copy (capacity.py): info capacity-limited, and True. Not
+    memorised, a failure or Ctrl-C there: a note (the result interrupted), and False: the error stands."""
+    from ...errors import ModelError
+    from .capacity import CODE, memorised
+
+    if few is None:
+        return False
+    try:
+        small = few()
+    except ModelError as exc:
+        result.notes.append(f"two of the batch's samples on a fresh copy, to tell capacity from a fault, failed: "
+                            f"{exc.message}")
+        return False
+    if small is None:
+        return False
+    c, n = small.curve, trainer.batch.batch_size
+    result.data["few_samples"] = {"samples": small.samples, "passed": memorised(small), "steps": c.step,
+                                  "final_loss": c.losses[-1] if c.losses else None}
+    if c.interrupted:
+        result.code, result.data["interrupted"] = int(c.interrupted), True
+        result.notes.append("interrupted while two of the batch's samples trained on a fresh copy: the run's own "
+                            "numbers above are complete")
+        return False
+    if not memorised(small):
+        result.notes.append(f"two of its samples (batch rows {small.samples[0]} and {small.samples[1]}, different "
+                            f"targets) on a fresh copy were not memorised either: loss {_fmt(c.losses[0])} → "
+                            f"{_fmt(c.losses[-1])} in {c.step} step(s)")
+        return False
+    result.add(CODE, "info", "", f"could not memorise one batch of {n} in {trainer.curve.step} step(s) "
+               f"({', '.join(bits)}), but a fresh copy memorises two of its samples with different targets (batch rows "
+               f"{small.samples[0]} and {small.samples[1]}: loss {_fmt(c.losses[0])} → {_fmt(c.losses[-1])} in "
+               f"{c.reached_at} step(s)): the model, loss and optimizer train; this model "
+               f"({result.data['trainable_values']:,} trainable values) cannot hold the whole batch", hint="a smaller batch tests the training; a larger model holds "
+               "more (when it is meant to)")
+    result.verdict = (f"PASS on two samples: {c.reached_at} step(s); the batch of {n} is beyond this model's "
+                      f"capacity ({', '.join(bits)})")
+    return True
 
 
 def _second_opinion(result, second) -> tuple[Any, bool]:
