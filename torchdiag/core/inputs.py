@@ -96,21 +96,33 @@ class ModelInputs:
         would hand the next one other values: two identical eval forwards would differ, and a batch trained on
         again would drift. The first call keeps a copy of each input; a later call finds the tensors whose
         version moved and puts in a new tensor with the first values (a new one, not a copy into the old: a graph
-        that saved the edited tensor stays valid). `edited` names them."""
+        that saved the edited tensor stays valid). One tensor given twice stays one; inputs that share memory
+        (x and x[:]) are written back in place instead, so they still share it. `edited` names them."""
         if self._kept is None:
             self.keep()
             return
         moved = self._moved()
         if not moved:
             return
+        import torch
+
+        shared = _sharing([t for _, t in self.tensors()])
+        made: dict[int, Any] = {}
 
         def fresh(t):
             if id(t) not in moved:
                 return t
-            new = self._kept.pop(id(t))[2]
-            again = new.clone().requires_grad_(t.requires_grad and t.is_leaf and new.is_floating_point())
-            self._kept[id(again)] = (again, _version(again), new)
-            return again
+            if id(t) in shared:   # aliases of one another: the values go back into them
+                with torch.no_grad():
+                    t.copy_(self._kept[id(t)][2])
+                self._kept[id(t)] = (t, _version(t), self._kept[id(t)][2])
+                return t
+            if id(t) not in made:
+                first = self._kept.pop(id(t))[2]
+                again = first.clone().requires_grad_(t.requires_grad and t.is_leaf and first.is_floating_point())
+                self._kept[id(again)] = (again, _version(again), first)
+                made[id(t)] = again
+            return made[id(t)]
 
         self.args, self.kwargs = _map(self.args, fresh), _map(self.kwargs, fresh)
 
@@ -159,6 +171,18 @@ class ModelInputs:
 
     def clone(self) -> ModelInputs:
         return self.map(lambda t: t.detach().clone())
+
+
+def _sharing(tensors: list) -> set[int]:
+    """The ids of the tensors that share memory with another tensor of the list (not the same object)."""
+    by_storage: dict[int, set[int]] = {}
+    for t in tensors:
+        try:
+            key = t.untyped_storage().data_ptr()
+        except Exception:   # no storage (a nested or subclass tensor): alone
+            continue
+        by_storage.setdefault(key, set()).add(id(t))
+    return {i for ids in by_storage.values() if len(ids) > 1 for i in ids}
 
 
 def _version(t) -> int | None:
@@ -274,7 +298,7 @@ def forward_parameters(model) -> list:
     return [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
-def _same_data(x, t) -> bool:
+def same_data(x, t) -> bool:
     """x is t, a view of t, or t itself reached through a no-op .to()/.long()."""
     seen = 0
     y = x
@@ -308,7 +332,7 @@ def embedding_consumers(model, inputs: ModelInputs, wanted: list[str]) -> dict[s
         x = args[0] if args else kwargs.get("input")
         if isinstance(x, torch.Tensor):
             for key, t in targets.items():
-                if key not in found and _same_data(x, t):
+                if key not in found and same_data(x, t):
                     found[key] = (path[id(mod)], int(mod.num_embeddings))
         if len(found) == len(targets):
             raise _ProbeDone

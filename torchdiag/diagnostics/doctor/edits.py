@@ -3,8 +3,9 @@
 torchdiag hands every forward the values the first one got (core/inputs.ModelInputs.call), so its other
 verdicts are not moved by it. In the user's loop the batch itself changes: a batch that is a view of data kept
 in memory (`X[i:i + b]` of a preloaded tensor) drifts every epoch, and anything that reads the batch after the
-forward (a metric, a second forward, a replay) reads other values. Located with one more eval forward on a copy
-of the inputs: the module running when an input's version counter moves."""
+forward (a metric, a second forward, a replay) reads other values. Located with one more forward on a copy of
+the inputs (eval mode, then train mode for a write it did not see): the module running when an input's version
+counter moves."""
 from __future__ import annotations
 
 from ...core.tracking import ForwardHooks
@@ -41,25 +42,34 @@ class _Writer(ForwardHooks):
 
 def check_edits(work, inputs, ck: Checklist) -> None:
     """A warning per run when some forward wrote into an input (ModelInputs.written), naming where."""
-    import torch
-
     written = inputs.written()
     if not written:
         return
-    copy = inputs.clone()
-    watched = [(n, t) for n, t in copy.tensors() if n in written]
-    where: dict[str, str] = {}
-    try:
-        work.eval()
-        with torch.no_grad(), _Writer(work, watched) as w:
-            copy.call(work)
-            w._scan("")           # after the root's last call: the root's own code
-        where = w.found
-    except Exception:   # where is an explanation only; the finding stands without it
-        pass
+    where = _locate(work, inputs, written)
     shown = ", ".join(f"{n} (written in {name(where[n])})" if n in where else n for n in written)
-    first = where.get(written[0], "")
-    ck.find("inputs", "edits-input", "warning", name(first),
+    ck.find("inputs", "edits-input", "warning", name(where[written[0]]) if written[0] in where else "",
             f"the forward writes into its input in place: {shown}; the caller's tensor is changed by every forward "
             "(torchdiag's other checks each ran on the first values)", HINT,
             verdict=f"forward writes into {len(written)} input tensor(s)")
+
+
+def _locate(work, inputs, written: list[str]) -> dict[str, str]:
+    """{input: module} from one forward on a copy of the inputs in eval mode, then, for what it did not find
+    (a write in train mode only), one in train mode; an explanation only: a failure leaves it unlocated."""
+    import torch
+
+    found: dict[str, str] = {}
+    for training in (False, True):
+        copy = inputs.clone()
+        watched = [(n, t) for n, t in copy.tensors() if n in written and n not in found]
+        if not watched:
+            break
+        try:
+            work.train(training)
+            with torch.no_grad(), _Writer(work, watched) as w:
+                copy.call(work)
+                w._scan("")           # after the root's last call: the root's own code
+            found.update(w.found)
+        except Exception:
+            pass
+    return found
