@@ -334,6 +334,26 @@ def test_padding_ids_torchdiag_made_up_are_not_judged():
         assert any("types" in f.where for f in errors(given)), command
 
 
+def test_padding_ids_the_forward_makes_itself_stay_an_error_on_made_up_inputs():
+    # a review: ids multiplied by 0 inside the forward (or filled with zeros when not given, as hf lxmert does
+    # for token_type_ids) are the model's doing, whatever inputs torchdiag made up: the error stands
+    from torchdiag.core.inputs import ModelInputs
+
+    class Zeroed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.word, self.types, self.head = nn.Embedding(50, 8), nn.Embedding(3, 8, padding_idx=0), nn.Linear(8, 3)
+
+        def forward(self, ids, types):
+            return self.head((self.word(ids) + self.types(types * 0)).mean(1))
+
+    torch.manual_seed(0)
+    ids = torch.randint(1, 50, (4, 6))
+    made_up = ModelInputs((ids, torch.randint(1, 3, (4, 6))), {}, "hf defaults", chosen=True)
+    (f,) = errors(run("gradflow", Zeroed(), made_up))
+    assert f.where == "types" and "padding index (0)" in f.message
+
+
 def test_two_zeros_that_keep_each_other_at_zero_are_both_said():
     class Deadlock(nn.Module):   # a zero-initialised branch times a zero trainable scale: neither can move
         def __init__(self):

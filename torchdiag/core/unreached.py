@@ -188,6 +188,18 @@ def by_top_module(names: list[str], model) -> list[list[str]]:
     return groups
 
 
+def made_up_padding(stop, inputs) -> bool:
+    """The zero gradient stops at an embedding lookup of nothing but its padding index, and those ids are one of
+    the inputs torchdiag made up itself (a source's default): a fact of those ids, not of the model. Ids the
+    forward makes (zeros filled in for an id input it was not given, ids times 0) or the user's ids: no."""
+    from .inputs import same_data
+
+    ids = getattr(stop, "ids", None)
+    if stop.padding() is None or ids is None or not getattr(inputs, "chosen", False):
+        return False
+    return any(same_data(ids, t) for _, t in inputs.tensors())
+
+
 def padding_why(stop) -> str:
     """A zero gradient that is a fact of made-up ids (core/stops.Stop.padding): the table's padding row."""
     return f"every id the lookup gets is its padding index ({stop.padding()})"

@@ -34,6 +34,7 @@ class Stop:
     op: str | None = None       # the op that passes none
     operand: tuple[str, str] | None = None   # what that op saved that closes it (explain.zero_operand)
     cut: bool = False           # the forward made more module calls than were recorded
+    ids: object = field(default=None, repr=False)   # a padding stop: the index tensor the lookup saved
 
     def describe(self) -> str:
         made = f" (made by {self.producer})" if self.producer else ""
@@ -210,6 +211,7 @@ class _Explainer:
         if found is not None:
             node, kid = found
             stop.op, stop.operand = explain.op_name(node), explain.zero_operand(node, kid, self._storage(), self.stuck)
+            stop.ids = explain.padding_ids(node) if stop.padding() is not None else None
         return stop
 
     def op_stop(self, near, j: int) -> Stop | None:
@@ -217,8 +219,10 @@ class _Explainer:
             return None
         node, kid = near
         last = self._passed(kid, j)
-        return Stop(last.module or "(root)" if last else "", type(self.modules[last.module]).__name__ if last else "",
+        stop = Stop(last.module or "(root)" if last else "", type(self.modules[last.module]).__name__ if last else "",
                     "op", op=explain.op_name(node), operand=explain.zero_operand(node, kid, self._storage(), self.stuck))
+        stop.ids = explain.padding_ids(node) if stop.padding() is not None else None
+        return stop
 
     def _passed(self, node, j: int) -> Call | None:
         """The last module the path passed before the op that stops it: the outermost call whose output is the

@@ -210,6 +210,14 @@ def _padding_only(node) -> tuple[str, str] | None:
     return "padding", str(pad)
 
 
+def padding_ids(node):
+    """The index tensor an embedding lookup saved (None when it saved none)."""
+    try:
+        return node._saved_indices
+    except Exception:
+        return None
+
+
 def op_name(node) -> str:
     """An autograd node's op: `MaskedFillBackward0` -> `masked_fill`; a custom autograd Function by its class."""
     import torch

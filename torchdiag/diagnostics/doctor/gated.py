@@ -7,7 +7,12 @@ scale, skip-init gain, zero-initialised residual or head), found by perturbation
 from __future__ import annotations
 
 from ...core import gates, invariance
-from ...core.unreached import NOT_REACHED, NOT_REACHED_HINT, padding_why
+from ...core.unreached import (
+    NOT_REACHED,
+    NOT_REACHED_HINT,
+    made_up_padding,
+    padding_why,
+)
 from ...errors import ModelError
 from .shared import name
 
@@ -61,7 +66,7 @@ def with_stops(work, before, inputs, ctx, bad: list, zero: set, result, prepare)
         return bad
     if found:
         result.notes.append(f"where {len(found)} zero gradient(s) stop: 1 more forward/backward on a copy")
-    padded = [n for n in names if n in found and found[n].padding() is not None and getattr(inputs, "chosen", False)]
+    padded = [n for n in names if n in found and made_up_padding(found[n], inputs)]
     for n in padded:   # made-up ids that hit a padding row say nothing of the model: not judged
         result.add(NOT_REACHED, "info", n, f"{n} does not change after the step: {padding_why(found[n])} with the "
                    f"default inputs torchdiag chose ({inputs.source}); not judged", NOT_REACHED_HINT)

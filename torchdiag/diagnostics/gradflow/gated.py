@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...core import gates
 from ...core.module_paths import owner
-from ...core.unreached import NOT_REACHED, padding_why
+from ...core.unreached import NOT_REACHED, made_up_padding, padding_why
 from ...errors import ModelError
 from .dead import zero_edge
 from .design import is_tiny
@@ -133,7 +133,7 @@ def _locate_stops(model, inputs, rows, result, opts, ctx, prepare) -> None:
         if r["name"] in found:
             stop = found[r["name"]]
             r["stop"] = {"module": stop.module, "why": stop.describe(), "hint": stop.hint()}
-            if stop.padding() is not None and getattr(inputs, "chosen", False):   # made-up ids: not judged
+            if made_up_padding(stop, inputs):   # torchdiag's own ids hit a padding row: not judged
                 r.update(status=NOT_REACHED, reason="padding", why=padding_why(stop))
 
 
