@@ -615,5 +615,27 @@ def test_a_copy_that_does_not_fit_is_one_line_not_the_oom_killer(monkeypatch):
         run("overfit-batch", model, torch.randn(4, 64), steps=5)
     assert "not enough memory for a copy of the model" in caught.value.message
     assert caught.value.code == 3
+    with pytest.raises(ModelError) as caught:   # doctor's fallback (the model itself) would keep as much again
+        run("doctor", model, torch.randn(4, 64))
+    assert "not enough memory" in caught.value.message and "17.0 KiB" in caught.value.message
     monkeypatch.setattr(resources, "device_available", lambda device: 10**9)
     assert run("overfit-batch", model, torch.randn(4, 64), steps=5).exit_code in (0, 1)
+
+
+def test_what_a_copy_takes_is_what_deepcopy_makes_not_the_logical_size():
+    # a review: an expanded buffer (4 bytes stored, 25.6 GB logical) and a sparse adjacency were refused
+    from torchdiag.core.train import _copy_bytes
+
+    class Held(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)                                        # 72 float32 parameters: 288 B
+            self.register_buffer("ones", torch.ones(1, 1).expand(80000, 80000))   # one stored float: 4 B
+            i = torch.tensor([[0, 1, 2], [1, 2, 0]])
+            self.register_buffer("adj", torch.sparse_coo_tensor(i, torch.ones(3), (200000, 200000)))   # 2x3 int64 + 3 float32
+            self.register_buffer("twice", self.fc.weight.detach().clone())
+            self.register_buffer("view", self.twice[:2])                    # shares twice's storage: counted once
+
+    total = sum(n for _, n in _copy_bytes(Held()))
+    assert total == 288 + 4 + (6 * 8 + 3 * 4) + 64 * 4
+    assert sum(n for _, n in _copy_bytes(Held(), torch.float64)) == 2 * 288 + 8 + (6 * 8 + 3 * 8) + 64 * 8

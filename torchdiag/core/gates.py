@@ -207,11 +207,13 @@ def _invariant(work, inputs, verdicts: dict, whole: float, ctx) -> int:
         return 0
     import copy
 
-    forwards = [0]
+    import torch
+
     from .train import room_for_copy
 
+    forwards = [0]
     try:
-        room_for_copy(work, "in float64", scale=2)
+        room_for_copy(work, "in float64", torch.float64)
         twin = copy.deepcopy(work).double()
         twin.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
         found = invariance.cancelled(twin, inputs.map(invariance.double), suspect, ctx.loss(), ctx)

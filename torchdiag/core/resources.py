@@ -28,8 +28,9 @@ def host_available() -> int | None:
 
 
 def device_available(device) -> int | None:
-    """Bytes free now on `device` (a torch.device): the host's for the CPU, the driver's for a CUDA device;
-    None where that is not known (mps, meta, an error)."""
+    """Bytes free now on `device` (a torch.device): the host's for the CPU; for a CUDA device the driver's free
+    memory plus what torch's caching allocator holds reserved but unused (it hands that out first); None where
+    that is not known (mps, meta, an error)."""
     import torch
 
     if device.type == "cpu":
@@ -37,11 +38,15 @@ def device_available(device) -> int | None:
     if device.type == "cuda":
         try:
             free, _ = torch.cuda.mem_get_info(device)
-            return int(free)
+            cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+            return int(free) + max(int(cached), 0)
         except Exception:
             return None
     return None
 
 
-def short_gb(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
+def short_bytes(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"

@@ -72,12 +72,12 @@ def user_call(seed: int, fn, what: str):
             raise ModelError(f"{what} raised {one_line(exc)}") from exc
 
 
-def train_copy(model, why: str = "to train it"):
+def train_copy(model, why: str = "to train it", dtype=None):
     """A deep copy of the user's model in train mode, with .grad cleared and the hooks registered on
     parameters (deepcopy drops them) put back, so a hook that masks a gradient acts on the copy too."""
     import copy
 
-    room_for_copy(model, why)
+    room_for_copy(model, why, dtype)
     try:
         work = copy.deepcopy(model, _graph_tensors(model))
     except Exception as exc:
@@ -90,25 +90,55 @@ def train_copy(model, why: str = "to train it"):
     return work.train()
 
 
-def room_for_copy(model, why: str, scale: int = 1) -> None:
-    """A copy takes as much memory as the model's tensors (`scale` times: 2 for a float64 copy of a float32
-    model): one that does not fit where they live is refused with a ModelError (a caller that can do without it
-    says so and goes on), not left to the kernel's OOM killer, which ends the process with no line at all."""
-    from .resources import device_available, short_gb
+class NoRoom(ModelError):
+    """A copy the memory where the model lives cannot hold: no fallback that copies as much may follow."""
+
+
+def room_for_copy(model, why: str, dtype=None) -> None:
+    """A copy takes what the model's tensors take (each parameter cloned, each buffer storage once; in `dtype`
+    when given, for the floating ones): one that does not fit in the memory free where they live is refused with
+    NoRoom (exit 3, one line; a caller that can do without the copy says so and goes on), not left to the
+    kernel's OOM killer, which ends the process with no line at all."""
+    from .resources import device_available, short_bytes
 
     need: dict = {}
-    seen: set[int] = set()
-    for t in [*model.parameters(), *model.buffers()]:
-        if id(t) in seen or t.device.type == "meta":
-            continue
-        seen.add(id(t))
-        need[t.device] = need.get(t.device, 0) + t.numel() * t.element_size() * scale
+    for device, nbytes in _copy_bytes(model, dtype):
+        need[device] = need.get(device, 0) + nbytes
     for device, nbytes in need.items():
         free = device_available(device)
         if free is not None and nbytes > free:
-            raise ModelError(f"not enough memory for a copy of the model {why}: its tensors on {device} take "
-                             f"{short_gb(nbytes)}, {short_gb(free)} is available there",
-                             hint="free memory on that device (summary and flops make no copy)")
+            raise NoRoom(f"not enough memory for a copy of the model {why}: its tensors on {device} take "
+                         f"{short_bytes(nbytes)}, {short_bytes(free)} is free there",
+                         hint="free memory on that device (summary and flops make no copy)")
+
+
+def _copy_bytes(model, dtype=None):
+    """(device, bytes) per tensor a deep copy makes: a parameter is cloned whole (Parameter.__deepcopy__); a buffer
+    copies its storage, once for buffers sharing one (an expanded buffer is its few stored values); a sparse
+    tensor its indices and values. Meta tensors take nothing."""
+    import torch
+
+    seen: set = set()
+    for t, param in [(p, True) for p in model.parameters()] + [(b, False) for b in model.buffers()]:
+        if id(t) in seen or t.device.type == "meta":
+            continue
+        seen.add(id(t))
+        size = (torch.empty((), dtype=dtype).element_size() if dtype is not None and t.is_floating_point()
+                else t.element_size())
+        if t.layout != torch.strided:
+            coo = t.layout == torch.sparse_coo
+            yield t.device, (t._indices().numel() * t._indices().element_size() + t._values().numel() * size) if coo else 0
+        elif param:
+            yield t.device, t.numel() * size
+        else:
+            try:
+                key = ("storage", t.untyped_storage().data_ptr())
+                nbytes = t.untyped_storage().nbytes() * size // t.element_size()
+            except Exception:
+                key, nbytes = ("tensor", id(t)), t.numel() * size
+            if key not in seen:
+                seen.add(key)
+                yield t.device, nbytes
 
 
 def _graph_tensors(model) -> dict:

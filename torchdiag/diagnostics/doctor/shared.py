@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-from ...core.train import train_copy
+from ...core.train import NoRoom, train_copy
 from ...errors import ModelError
 
 
@@ -97,6 +97,8 @@ def workspace(model):
 
     try:
         work = train_copy(model, "to run the checks on")
+    except NoRoom:       # the fallback below keeps a copy of every value: as much memory again
+        raise
     except ModelError:   # deepcopy refused: fall back to the model itself, restored below
         work = None
     if work is not None:
