@@ -85,5 +85,9 @@ clean:
 # The published training-bug benchmarks ported to PyTorch (bench/bugs/, issue 32): reproduction over 5 seeds,
 # then torchdiag watch and the one-shot commands on each program. Hours on a CPU, resumable (a second
 # `make bugs` runs only what has no result in bench/bugs/results.json); writes bench/README.md's table.
-bugs: install
+# bench/bugs/baselines.json: what a constant predictor scores on each program's data (seconds, no training).
+bench/bugs/baselines.json: | install
+	OMP_NUM_THREADS=1 $(BIN)/python bench/bugs/baseline.py
+
+bugs: install bench/bugs/baselines.json
 	OMP_NUM_THREADS=1 nice -n 19 $(BIN)/python bench/bugs/run.py

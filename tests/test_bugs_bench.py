@@ -93,3 +93,29 @@ def test_seeds_runner_matches_a_standalone_run():
     theirs = json.loads(alone.stdout.splitlines()[-1].split(" ", 1)[1])
     assert mine["steps"] == theirs["steps"] == 10
     assert mine["loss"] == theirs["loss"] and mine["acc"] == theirs["acc"]
+
+
+def test_a_constant_predictor_scores_what_hand_counting_says():
+    import baseline
+    import numpy as np
+
+    y = np.array([[1.0], [1.0], [0.0]])                       # training majority: 1
+    val = np.array([[1.0], [0.0], [0.0], [0.0]])               # a constant 1 is right once in 4
+    assert baseline.constant_score(None, y, task="binary", y_val=val) == pytest.approx(0.25)
+    onehot = np.eye(3)[[2, 2, 0]]                              # most frequent class 2
+    assert baseline.constant_score(None, onehot, task="categorical", y_val=np.eye(3)[[2, 1]]) == pytest.approx(0.5)
+    assert baseline.constant_score(None, np.array([0.0, 1.0, 2.0]), task="sparse",
+                                   y_val=np.array([1.0, 1.0, 0.0])) == pytest.approx(1 / 3)   # a tie: class 0, right once
+    reg = np.array([[1.0], [3.0]])                             # mean 2; errors 1 and 4 on (3, 0): mse 2.5
+    assert baseline.constant_score(None, reg, task="regression", y_val=np.array([[3.0], [0.0]]),
+                                   y_scale=0.5) == pytest.approx(2.5 / 0.25)
+
+
+def test_learning_is_judged_against_the_constant_with_the_reproduction_margin():
+    acc = {"higher_is_better": True}
+    assert report.learns(acc, {"median_correct": 0.70}, {"median": 0.60}) is True
+    assert report.learns(acc, {"median_correct": 0.64}, {"median": 0.60}) is False
+    mse = {"higher_is_better": False}
+    assert report.learns(mse, {"median_correct": 0.8}, {"median": 1.0}) is True
+    assert report.learns(mse, {"median_correct": 0.9}, {"median": 1.0}) is False
+    assert report.learns(acc, {"median_correct": 0.9}, None) is None

@@ -152,13 +152,24 @@ def _ms_per_step(runs: dict, pid: str, v: str, seeds: int) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def summarise(progs: list[dict], results: dict, seeds: int) -> dict:
+def learns(m: dict, rep: dict, baseline: dict | None) -> bool | None:
+    """Does the correct version beat a constant predictor (baseline.py) by the margin a bug must reproduce by
+    (0.05 accuracy; a constant's error ≥ 1.25 × its own)? None when either is unknown."""
+    mine, const = rep.get("median_correct"), (baseline or {}).get("median")
+    if mine is None or const is None or not math.isfinite(mine):
+        return None
+    return mine - const >= 0.05 if m["higher_is_better"] else const >= 1.25 * mine
+
+
+def summarise(progs: list[dict], results: dict, seeds: int, baselines: dict | None = None) -> dict:
     runs = results["runs"]
     per = {}
     for m in progs:
+        rep = reproduction(m, runs, seeds)
         per[m["id"]] = {"post": m["post"], "in_34": m.get("deepfd_source") == "DeepLocalize",
                         "ground_truth": m.get("ground_truth"),
-                        "reproduction": reproduction(m, runs, seeds),
+                        "learns": learns(m, rep, (baselines or {}).get(m["id"])),
+                        "reproduction": rep,
                         "buggy": _variant(m, runs, "buggy", seeds),
                         "correct": _variant(m, runs, "correct", seeds)}
     return {"seeds": seeds, "programs": per, "ported": len(progs)}
@@ -180,6 +191,7 @@ def _rates(rows: list[dict]) -> dict:
     reproducing = [r for r in rows if r["reproduction"]["status"] == "reproduces"]
     rep = [r for r in reproducing if _measured(r, "buggy")]
     correct = [r for r in rows if _measured(r, "correct")]   # every correct version, reproducing or not
+    learning = [r for r in correct if r.get("learns")]          # ... that beat a constant predictor
     loc = [r for r in rep if r["buggy"]["localised"] is not None]
     seeds_b = [(r["buggy"]["watch_alarmed"], r["buggy"]["watch_runs"]) for r in rep]
     seeds_c = [(r["correct"]["watch_alarmed"], r["correct"]["watch_runs"]) for r in correct]
@@ -194,6 +206,7 @@ def _rates(rows: list[dict]) -> dict:
         "diagnosed": _rate([r["buggy"]["diagnosed"] for r in rep]),
         "localised": _rate([bool(r["buggy"]["localised"]) for r in loc]),
         "false_alarms": _rate([r["correct"]["detected"] for r in correct]),
+        "false_alarms_learning": _rate([r["correct"]["detected"] for r in learning]),
         "false_alarm_runs": _rate_pairs(seeds_c),
         "overhead": (f"{statistics.median(oh):+.0%} of the training loop's CPU time, "
                      f"{statistics.median(ms):.2f} ms per step (medians over {len(oh)} program variants)") if oh else "—",
@@ -231,10 +244,16 @@ def table(summary: dict) -> str:
         r = _rates(sel)
         out.append(f"| **torchdiag**, {label}: {r['reproducing']} reproduce, {r['n']} measured so far | {r['detected']} (watch alone "
                    f"{r['watch_detected']}; per run {r['watch_runs']}) | {r['diagnosed']} | {r['false_alarms']} "
-                   f"of the correct versions measured (watch per run {r['false_alarm_runs']}) |")
+                   f"of the correct versions measured (watch per run {r['false_alarm_runs']}); "
+                   f"{r['false_alarms_learning']} of those that beat a constant predictor |")
     r = _rates(allrows)
     out += ["", f"Rates: k/n (95% Wilson interval). Layer localised: {r['localised']} of the reproducing "
             f"programs whose meta.json names the faulty layer. watch's overhead: {r['overhead']}.", ""]
+    weak = sorted(pid for pid, x in rows.items() if x.get("learns") is False)
+    if weak:
+        out[-1:-1] = [f"Correct versions that do not beat a constant predictor on their own held-out data by the margin a "
+                      f"bug must reproduce by (bench/bugs/baseline.py: the training set's majority class or mean; 0.05 "
+                      f"accuracy, or a constant's error ≥ 1.25 × theirs): {', '.join(weak)}.", ""]
     out += ["| program | truth | buggy / correct (median) | p | reproduces | buggy: codes (warning/error) | "
             "types | diagnosed | localised | 1st alarm step | correct: codes |", "|" + "---|" * 11]
     for pid, r in sorted(rows.items()):

@@ -216,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             results["runs"][key] = r
             save(path, results)
             print(f"{key}: rc {r['rc']} {r['wall_s']:.1f}s", flush=True)
-    summary = report.summarise(programs("*"), results, a.seeds)
+    base = HERE / "baselines.json"
+    summary = report.summarise(programs("*"), results, a.seeds, json.loads(base.read_text()) if base.exists() else None)
     if not a.report:          # --report only reads (a running `make bugs` owns the file)
         results = load(path)
         results["summary"] = summary
