@@ -925,3 +925,29 @@ def test_a_fault_two_samples_cannot_fit_either_keeps_cannot_overfit():
     assert [f.code for f in r.findings if f.severity == "error"] == ["cannot-overfit"] and r.exit_code == 1
     assert r.data["few_samples"]["passed"] is False
     assert any("were not memorised either" in n for n in r.notes)
+
+
+def test_a_model_with_as_many_values_as_targets_keeps_cannot_overfit_though_two_samples_fit():
+    """A review: a forgotten ReLU (a linear 4-256-256-4 stack, 68,100 values for 64 labels) memorises any two
+    samples and fails the batch of random labels; so do a softmax over the batch and conflicting duplicate rows.
+    Not a capacity the count explains: the error stands, and no two-sample run is made."""
+    torch.manual_seed(0)
+    linear = torch.nn.Sequential(torch.nn.Linear(4, 256), torch.nn.Linear(256, 256), torch.nn.Linear(256, 4))
+    x, y = torch.randn(64, 4), torch.randint(0, 4, (64,))
+    r = overfit(linear, x, loss="cross_entropy", target=y, steps=300)
+    assert "cannot-overfit" in codes(r) and "capacity-limited" not in codes(r) and r.exit_code == 1
+    assert "few_samples" not in r.data and r.data["trainable_values"] == 68_100
+
+
+def test_the_two_samples_are_rows_with_usable_different_targets_and_only_per_sample_targets_count():
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.diagnostics.overfit_batch.capacity import limited, pick
+
+    x = ModelInputs((torch.tensor([[0.0], [1.0], [9.0], [5.0]]),))
+    labels = torch.tensor([[1, 2], [3, -100], [-100, -100], [1, 2]])   # row 2 is all ignored, row 3 is row 0's
+    assert pick(4, labels, x) == [0, 1]                               # not row 2, though its input is farthest
+    assert pick(4, torch.tensor([[0.0], [1.0], [float("nan")], [2.0]]), x) == [0, 3]   # NaN rows are not targets
+    assert pick(4, torch.ones(4, 1), x) is None                       # every target alike: a constant fits two
+    assert pick(4, None, x) is None and pick(2, torch.tensor([0, 1]), x) is None
+    # a (B*T,) target beside a B-row batch (logits reshaped to (B*T, C)) is not per sample: nothing is claimed
+    assert not limited(10, 4, torch.zeros(48, dtype=torch.long)) and limited(10, 4, torch.zeros(4, 3))

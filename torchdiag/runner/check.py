@@ -489,6 +489,9 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             if d.get("passed"):
                 return True, figure, ""
             bad = _first_error(r)
+            held = next((f for f in r.findings if f.code == "capacity-limited"), None)
+            if held and not bad:   # the batch is beyond the model's capacity; two samples are memorised (info)
+                return True, figure + " (beyond its capacity; two samples memorised)", f"{held.code}: {held.message}"
             later = next((f for f in r.findings if f.code == "not-overfit-yet"), None)
             if later and not bad:   # the budget ran out while the loss still fell: a warning, failing under strict
                 ok = later.severity == "info" or not c.get("strict", False)   # info: the default optimizer fits it

@@ -54,15 +54,18 @@ def run(model, inputs, opts: Options | None, ctx):
         trainer.release()             # the judged copy and its optimizer state: not held beside a second one
         return _default_optimizer(model, inputs, opts, ctx, curve.step)
 
-    def few():
-        """Two of the batch's samples on a fresh copy (capacity.py); not under torchrun (each rank's rows)."""
+    trainable = sum(p.numel() for _, p in trainer.trainable)   # before a release empties the list
+
+    def few(done: int):
+        """Two of the batch's samples on a fresh copy (capacity.py), its progress shown after `done` steps; not
+        under torchrun (each rank's rows)."""
         if ctx.wrapper is not None:
             return None
         from .capacity import train_few
 
         trainer.release()
         with leave_no_trace(model), ctx.seeded():
-            return train_few(model, trainer, _continued(opts, curve.step), ctx,
+            return train_few(model, trainer, trainable, _continued(opts, done), ctx,
                              lambda m, i, loss, o: _trainer(m, i, o, ctx, loss=loss))
 
     return build(trainer, curve, found, opts, ctx, second, few)

@@ -1,10 +1,14 @@
 """A batch beyond what the model can hold (issue 32). overfit-batch asks whether the model, loss and optimizer
-train at all; its canonical form overfits "a batch of as few as two examples". When the whole batch is not
-memorised and no mechanical cause was found, a fresh copy is trained on two of its samples whose targets
-differ (a constant cannot fit them, so memorising them needs the input): memorised, the training works and
-what fails is the batch's size for this model (a 4-weight logistic model on 64 samples of overlapping
-classes, a 35-weight iris MLP): info `capacity-limited`, with both runs' numbers. Not memorised either: the
-error stands, said of two samples too. Cost: one more run of the same budget on two samples."""
+train at all. A model with fewer trainable values than the batch has target values cannot interpolate them in
+general (its outputs over the batch lie on a manifold of at most that many dimensions: a 4-weight logistic model
+on 64 labels, a 35-weight iris MLP on 64 × 3 one-hot targets), so not memorising the batch says nothing of a
+fault. When such a run fails with no mechanical cause found, a fresh copy is trained on two of its samples whose
+targets differ (a constant cannot fit them, so memorising them needs the input): memorised, the training works
+and what fails is the batch's size for this model: info `capacity-limited`, with both runs' numbers. Not
+memorised either, or a model with as many trainable values as target values (a review: a forgotten ReLU, a
+softmax over the batch, conflicting duplicate rows all memorise two samples and fail the batch): the error
+stands. Without a per-sample target tensor (the model's own loss, next-token ids) nothing is claimed. Cost: one
+more run on two samples, only for such small models."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,19 +24,27 @@ class Few:
     curve: Any              # its loop.Curve
 
 
-def pick(batch: int | None, target, inputs=None) -> list[int] | None:
-    """The first sample and, of the later ones whose target differs from it, the one whose input lies farthest
-    from it (two near-identical inputs with different targets need a steep model: not what is asked); [0, 1]
-    when the loss has no per-sample target (an LM's next tokens, the model's own loss); None for a batch of two
-    or fewer, or when every target is the same (a constant fits them: memorising says nothing)."""
+def limited(trainable: int, batch: int | None, target) -> bool:
+    """Fewer trainable values than the batch's target values (a per-sample target tensor only)."""
     import torch
 
-    if not batch or batch <= FEW:
+    ok = isinstance(target, torch.Tensor) and target.dim() > 0 and batch is not None and target.shape[0] == batch
+    return ok and trainable < target.numel()
+
+
+def pick(batch: int | None, target, inputs=None) -> list[int] | None:
+    """The first sample and, of the later ones whose target differs from it, the one whose input lies farthest
+    from it (two near-identical inputs with different targets need a steep model: not what is asked). Rows whose
+    target is all ignored (-100) or not finite are never picked. None for a batch of two or fewer, without a
+    per-sample target, or when no row differs from the first."""
+    import torch
+
+    if not batch or batch <= FEW or not isinstance(target, torch.Tensor) or not target.dim() \
+            or target.shape[0] != batch:
         return None
-    if not isinstance(target, torch.Tensor) or not target.dim() or target.shape[0] != batch:
-        return [0, 1]
     flat = target.reshape(batch, -1)
-    differs = (flat != flat[0]).any(dim=1)
+    usable = flat.isfinite().all(dim=1) if flat.is_floating_point() else (flat != -100).any(dim=1)
+    differs = (flat != flat[0]).any(dim=1) & usable & usable[0]
     x = _first_float(inputs, batch)
     far = (x - x[0]).double().norm(dim=1).to(differs.device) if x is not None else differs.double() * 0
     # one read: the rows whose target differs, scored by their distance from row 0 (-1 for the others)
@@ -51,14 +63,14 @@ def _first_float(inputs, batch: int):
     return None
 
 
-def train_few(model, trainer, opts, ctx, make_trainer) -> Few | None:
+def train_few(model, trainer, trainable: int, opts, ctx, make_trainer) -> Few | None:
     """A fresh copy trained on `pick`'s samples of the run's batch, with the run's loss rule and target rows
-    (`make_trainer(model, inputs, loss, opts)` builds the Trainer as the run's was built). None when no pair is
-    there to pick."""
+    (`make_trainer(model, inputs, loss, opts)` builds the Trainer as the run's was built). None when the model
+    is not `limited` (`trainable` values) or no pair is there to pick."""
     import torch
 
     batch, target = trainer.batch.batch_size, trainer.loss_fn.target
-    idx = pick(batch, target, trainer.batch)
+    idx = pick(batch, target, trainer.batch) if limited(trainable, batch, target) else None
     if idx is None:
         return None
     index = torch.tensor(idx)
@@ -67,8 +79,7 @@ def train_few(model, trainer, opts, ctx, make_trainer) -> Few | None:
         return t.index_select(0, index.to(t.device)) if t.dim() and t.shape[0] == batch else t
 
     loss = ctx.loss()
-    if isinstance(target, torch.Tensor) and target.dim() and target.shape[0] == batch:
-        loss.target, loss.made_target = rows(target), trainer.loss_fn.made_target
+    loss.target, loss.made_target = rows(target), trainer.loss_fn.made_target
     return Few(idx, make_trainer(model, trainer.batch.map(rows), loss, opts).train())
 
 

@@ -308,54 +308,63 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
     if fits:
         _optimizer_fails(result, ctx, other, steps)
         hint = None
-    elif not found and (other is None or not other.interrupted) and _beyond_capacity(result, trainer, few, bits):
-        return
+    small = None
+    if not fits and not found and (other is None or not other.interrupted):
+        done = steps + (other.step + 1 if other is not None else 0)   # the progress shown so far
+        small = _beyond_capacity(result, trainer, few, bits, done)
+        if small == "held":
+            return
     result.add("cannot-overfit", "error", "", f"could not memorise one batch of {trainer.batch.batch_size} in "
                f"{steps} step(s): " + ", ".join(bits), hint=hint)
     result.verdict = f"FAIL: cannot overfit one batch ({', '.join(bits)})" + (
         f"; {OPTIMIZER.describe()} memorises it in {other.reached_at} step(s)" if fits else "")
     if other is not None and other.interrupted:
         result.verdict = f"INTERRUPTED in the second opinion; the run itself: {result.verdict}"
+    elif small == "interrupted":
+        result.verdict = f"INTERRUPTED in the two-sample run; the run itself: {result.verdict}"
 
 
-def _beyond_capacity(result, trainer, few, bits: list[str]) -> bool:
-    """Two of the batch's samples memorised on a fresh copy (capacity.py): info capacity-limited, and True. Not
-    memorised, a failure or Ctrl-C there: a note (the result interrupted), and False: the error stands."""
-    from ...errors import ModelError
+def _beyond_capacity(result, trainer, few, bits: list[str], done: int) -> str:
+    """A model with fewer trainable values than the batch's target values that memorises two of its samples on a
+    fresh copy (capacity.py): info capacity-limited, "held". Not asked, not memorised, a failure there: a note,
+    "" (the error stands); Ctrl-C there: the result interrupted, "interrupted"."""
+    from ...errors import DiagError
     from .capacity import CODE, memorised
 
     if few is None:
-        return False
+        return ""
     try:
-        small = few()
-    except ModelError as exc:
+        small = few(done)
+    except DiagError as exc:   # the two rows' forward or loss refused them: the run judged stands
         result.notes.append(f"two of the batch's samples on a fresh copy, to tell capacity from a fault, failed: "
                             f"{exc.message}")
-        return False
+        return ""
     if small is None:
-        return False
-    c, n = small.curve, trainer.batch.batch_size
-    result.data["few_samples"] = {"samples": small.samples, "passed": memorised(small), "steps": c.step,
-                                  "final_loss": c.losses[-1] if c.losses else None}
+        return ""
+    c, n, d = small.curve, trainer.batch.batch_size, result.data
+    d["few_samples"] = {"samples": small.samples, "passed": memorised(small), "steps": c.step,
+                        "final_loss": c.losses[-1] if c.losses else None}
     if c.interrupted:
-        result.code, result.data["interrupted"] = int(c.interrupted), True
+        result.code, d["interrupted"] = int(c.interrupted), True
         result.notes.append("interrupted while two of the batch's samples trained on a fresh copy: the run's own "
                             "numbers above are complete")
-        return False
+        return "interrupted"
+    held = f"{d['trainable_values']:,} trainable values for {trainer.loss_fn.target.numel():,} target values"
     if not memorised(small):
-        result.notes.append(f"two of its samples (batch rows {small.samples[0]} and {small.samples[1]}, different "
-                            f"targets) on a fresh copy were not memorised either: loss {_fmt(c.losses[0])} → "
-                            f"{_fmt(c.losses[-1])} in {c.step} step(s)")
-        return False
+        result.notes.append(f"the model has {held}, yet two of its samples (batch rows {small.samples[0]} and "
+                            f"{small.samples[1]}, different targets) on a fresh copy were not memorised either: loss "
+                            f"{_fmt(c.losses[0])} → {_fmt(c.losses[-1])} in {c.step} step(s)")
+        return ""
     result.add(CODE, "info", "", f"could not memorise one batch of {n} in {trainer.curve.step} step(s) "
-               f"({', '.join(bits)}), but a fresh copy memorises two of its samples with different targets (batch rows "
+               f"({', '.join(bits)}); the model has {held}: fewer than the batch asks to fit, so it cannot interpolate "
+               f"them in general; a fresh copy memorises two of its samples with different targets (batch rows "
                f"{small.samples[0]} and {small.samples[1]}: loss {_fmt(c.losses[0])} → {_fmt(c.losses[-1])} in "
-               f"{c.reached_at} step(s)): the model, loss and optimizer train; this model "
-               f"({result.data['trainable_values']:,} trainable values) cannot hold the whole batch", hint="a smaller batch tests the training; a larger model holds "
-               "more (when it is meant to)")
+               f"{c.reached_at} step(s)): the model, loss and optimizer train",
+               hint="a batch no larger than the model can hold tests the training (--batch); a model meant to fit "
+                    "more needs more trainable values")
     result.verdict = (f"PASS on two samples: {c.reached_at} step(s); the batch of {n} is beyond this model's "
-                      f"capacity ({', '.join(bits)})")
-    return True
+                      f"capacity ({held}; {', '.join(bits)})")
+    return "held"
 
 
 def _second_opinion(result, second) -> tuple[Any, bool]:
