@@ -156,7 +156,7 @@ def learns(m: dict, rep: dict, baseline: dict | None) -> bool | None:
     """Does the correct version beat a constant predictor (baseline.py) by the margin a bug must reproduce by
     (0.05 accuracy; a constant's error ≥ 1.25 × its own)? None when either is unknown."""
     mine, const = rep.get("median_correct"), (baseline or {}).get("median")
-    if mine is None or const is None or not math.isfinite(mine):
+    if mine is None or const is None or not math.isfinite(mine) or not math.isfinite(const):
         return None
     return mine - const >= 0.05 if m["higher_is_better"] else const >= 1.25 * mine
 
@@ -251,7 +251,8 @@ def table(summary: dict) -> str:
             f"programs whose meta.json names the faulty layer. watch's overhead: {r['overhead']}.", ""]
     weak = sorted(pid for pid, x in rows.items() if x.get("learns") is False)
     if weak:
-        out[-1:-1] = [f"Correct versions that do not beat a constant predictor on their own held-out data by the margin a "
+        out[-1:-1] = [f"Correct versions that do not beat a constant predictor on the data the script evaluates on (held out "
+                      f"where it has a validation split; so_31556268 and so_34311586 score their training data) by the margin a "
                       f"bug must reproduce by (bench/bugs/baseline.py: the training set's majority class or mean; 0.05 "
                       f"accuracy, or a constant's error ≥ 1.25 × theirs): {', '.join(weak)}.", ""]
     out += ["| program | truth | buggy / correct (median) | p | reproduces | buggy: codes (warning/error) | "
