@@ -251,10 +251,10 @@ def table(summary: dict) -> str:
             f"programs whose meta.json names the faulty layer. watch's overhead: {r['overhead']}.", ""]
     weak = sorted(pid for pid, x in rows.items() if x.get("learns") is False)
     if weak:
-        out[-1:-1] = [f"Correct versions that do not beat a constant predictor on the data the script evaluates on (held out "
+        out[-1:-1] = ["", f"Correct versions that do not beat a constant predictor on the data the script evaluates on (held out "
                       f"where it has a validation split; so_31556268 and so_34311586 score their training data) by the margin a "
                       f"bug must reproduce by (bench/bugs/baseline.py: the training set's majority class or mean; 0.05 "
-                      f"accuracy, or a constant's error ≥ 1.25 × theirs): {', '.join(weak)}.", ""]
+                      f"accuracy, or a constant's error ≥ 1.25 × theirs): {', '.join(weak)}."]
     out += ["| program | truth | buggy / correct (median) | p | reproduces | buggy: codes (warning/error) | "
             "types | diagnosed | localised | 1st alarm step | correct: codes |", "|" + "---|" * 11]
     for pid, r in sorted(rows.items()):
