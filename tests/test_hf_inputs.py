@@ -726,3 +726,18 @@ def test_a_keyword_input_a_config_sizes_beyond_memory_is_one_line_not_an_allocat
     with pytest.raises(UsageError, match=r"input pixel_values \(1x1000000000x3x16x16\) would take 2861.0 GiB"):
         hf_inputs.make("pixel_values=1x1000000000x3x16x16:float32", torch.device("cpu"), torch.Generator())
     assert hf_inputs.make("pixel_values=1x3x4x4:float32", torch.device("cpu"), torch.Generator()).shape == (1, 3, 4, 4)
+
+
+def test_an_input_the_first_linear_reads_wider_than_the_config_says_gets_that_width(tmp_path, cli):
+    # Granite-Speech 5's encoder reads mel frames delta-expanded (x2) and stacked in pairs (x2): its input_linear
+    # takes num_mel_bins * 4 features, while the config's num_mel_bins (20 here) is what the default layout
+    # shapes input_features from; the layer that refused the input gives its width (core/input_width.py)
+    cfg = transformers.AutoConfig.for_model("granite_speech5_encoder", hidden_size=32, intermediate_size=64,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                            head_dim=8, num_mel_bins=20, subsample_layers=[0, 1], context_size=16,
+                                            max_position_embeddings=128)
+    folder = save(tmp_path, cfg, "GraniteSpeech5Encoder")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    (shape,) = [s for s in r.json["inputs"] if s.startswith("input[0]")]
+    assert shape.split()[1].endswith("x80") and "80 wide: the width of the linear layer" in r.json["input_source"]

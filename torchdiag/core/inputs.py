@@ -475,6 +475,9 @@ def _with_optional(inputs: ModelInputs, loaded, device, seed: int, dtype: str | 
     if device.type == "meta" or not optional_inputs.needs_probe(loaded.model, inputs):
         return inputs
     probed = optional_inputs.probe(loaded.model, inputs, dtype)
+    if probed.out is None and not probed.names and probed.width is not None:
+        wide = _widened([tuple(loaded.default_inputs)], [probed], loaded, device, seed, dtype)
+        return inputs if wide is None else _finish_source(wide, loaded, device)
     if probed.out is not None or not probed.names:
         return inputs
     specs = tuple(loaded.default_inputs)
@@ -649,11 +652,33 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
     grown = optional_inputs.completed(sets, named, loaded, device, seed, dtype) if any(p.names for p in named) else None
     if grown is not None:
         return grown
+    wide = _widened(sets, named, loaded, device, seed, dtype)
+    if wide is not None:
+        return wide
     k = max(range(len(reached)), key=lambda i: (reached[i], -i))
     chosen = spec_inputs(sets[k], loaded, device, seed)
     chosen.source = loaded.input_source + (f"; none of {len(sets)} layouts ran: layout {k + 1}, which went furthest "
                                            f"into the model ({reached[k]} module calls before it failed), is used")
     return chosen
+
+
+def _widened(sets, probes, loaded, device, seed: int, dtype: str | None) -> ModelInputs | None:
+    """The first layout whose probe failed in an nn.Linear that refused the width of an input it was handed,
+    tried again with that width (core.input_width), when that runs; else None. One probe per such layout."""
+    from . import input_width, optional_inputs
+
+    for i, p in enumerate(probes):
+        if p.width is None:
+            continue
+        name, width = p.width
+        inputs = input_width.widened(spec_inputs(sets[i], loaded, device, seed), name, width, seed)
+        again = optional_inputs.probe(loaded.model, inputs, dtype)
+        if again.out is not None and not blank_rank(again.out):
+            where = f"layout {i + 1} of {len(sets)}, " if len(sets) > 1 else ""
+            inputs.source = loaded.input_source + (f"; {where}{name} {width} wide: the width of the linear layer "
+                                                   "that reads it (a width from the config did not run)")
+            return inputs
+    return None
 
 
 def _missing_decoder_start(model, names: list[str]) -> int | None:

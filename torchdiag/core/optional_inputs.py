@@ -28,6 +28,7 @@ class Probe(NamedTuple):
     names: list[str]    # the optional inputs its error names (named())
     calls: int          # module calls before it raised
     said: bool          # its message names one of them: a check on the inputs before it passed
+    width: tuple | None = None   # (input, width) an nn.Linear handed that input reads instead (core.input_width)
 
 
 def probe(model, inputs, dtype: str | None = None) -> Probe:
@@ -46,8 +47,11 @@ def probe(model, inputs, dtype: str | None = None) -> Probe:
             warnings.simplefilter("ignore")   # a wrong layout's warnings are not the user's
             return Probe(traceless(model, cast_inputs(inputs, dtype)), [], len(tracker.calls), False)
     except Exception as exc:   # noqa: BLE001 - any failure means: not this layout
+        from .input_width import refused
+
         names = named(tracker, exc)
-        return Probe(None, names, len(tracker.calls), any(re.search(rf"\b{n}\b", _text(exc)) for n in names))
+        return Probe(None, names, len(tracker.calls), any(re.search(rf"\b{n}\b", _text(exc)) for n in names),
+                     refused(tracker, inputs))
 
 
 def _text(exc) -> str:
