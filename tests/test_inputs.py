@@ -285,3 +285,45 @@ def test_every_forward_gets_the_first_values_even_when_the_model_writes_into_the
     loss = (held * torch.ones(3, requires_grad=True)).sum()
     inputs.call(Doubles())                        # a new tensor is put in: the old one keeps its version
     loss.backward()
+
+
+def test_the_width_a_refusing_linear_reads_is_of_the_input_it_was_handed():
+    from torchdiag.core import input_width
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.core.tracking import ModuleTracker
+
+    class Two(torch.nn.Module):     # two inputs of one shape; only the second meets the layer, which reads 6
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(6, 3)
+
+        def forward(self, a, b=None):
+            return a.sum() + self.fc(b).sum()
+
+    model = Two()
+    inputs = ModelInputs((torch.randn(2, 4),), {"b": torch.randn(2, 4)})
+    tracker = ModuleTracker(model, record_shapes=False)
+    with pytest.raises(RuntimeError), tracker:
+        inputs.call(model)
+    assert input_width.refused(tracker, inputs) == ("b", 6)
+    wide = input_width.widened(inputs, "b", 6, seed=0)
+    assert wide.kwargs["b"].shape == (2, 6) and wide.args[0] is inputs.args[0]
+    model(*wide.args, **wide.kwargs)                  # runs now
+
+
+def test_an_in_place_write_that_changes_no_value_is_not_an_edit():
+    # hf FSMT: shift_tokens_right does input_ids.masked_fill_(input_ids == -100, pad) on the caller's ids; with no
+    # -100 among them the version moves and no value does
+    from torchdiag.core.inputs import ModelInputs
+
+    class Fills(torch.nn.Module):
+        def forward(self, ids):
+            ids.masked_fill_(ids == -100, 1)
+            return ids.float().sum()
+
+    clean = ModelInputs((torch.tensor([[5, 6, 7]]),))
+    for _ in range(3):
+        assert float(clean.call(Fills())) == 18.0
+    assert clean.written() == []
+    marked = ModelInputs((torch.tensor([[5, -100, 7]]),))
+    assert [float(marked.call(Fills())) for _ in range(2)] == [13.0, 13.0] and marked.written() == ["input[0]"]

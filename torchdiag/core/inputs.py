@@ -133,9 +133,18 @@ class ModelInputs:
             self._kept = {id(t): (t, v, t.detach().clone()) for _, t in self.tensors() if (v := _version(t)) is not None}
 
     def _moved(self) -> set[int]:
-        """The ids of the inputs written into since they were kept; their names join `edited`."""
+        """The ids of the inputs whose values changed since they were kept; their names join `edited`. A version
+        that moved with the values unchanged (FSMT's `input_ids.masked_fill_(input_ids == -100, pad)` on ids
+        with no -100) is a write of nothing: its version is taken as the kept one."""
         kept = self._kept or {}
-        moved = {id(t) for _, t in self.tensors() if id(t) in kept and _version(t) != kept[id(t)][1]}
+        moved = set()
+        for _, t in self.tensors():
+            if id(t) not in kept or id(t) in moved or _version(t) == kept[id(t)][1]:
+                continue
+            if _same_values(t, kept[id(t)][2]):
+                kept[id(t)] = (t, _version(t), kept[id(t)][2])
+            else:
+                moved.add(id(t))
         self.edited += [n for n, t in self.tensors() if id(t) in moved and n not in self.edited]
         return moved
 
@@ -171,6 +180,16 @@ class ModelInputs:
 
     def clone(self) -> ModelInputs:
         return self.map(lambda t: t.detach().clone())
+
+
+def _same_values(t, first) -> bool:
+    """t still holds its first values (same shape, dtype and every element; NaN counts as changed)."""
+    import torch
+
+    try:
+        return t.shape == first.shape and t.dtype == first.dtype and bool(torch.equal(t.detach(), first))
+    except Exception:   # a layout equal() does not take: count it as changed
+        return False
 
 
 def _sharing(tensors: list) -> set[int]:
