@@ -1,24 +1,26 @@
 """A made-up float input whose feature width the model's first layer refuses (issue 26). A source's default
 layout shapes a float input from what its config says (hidden sizes, mel bins), and some configs name the width
-an input layer reads under a key of their own (Decision Transformer's `state_dim` 17, Granite-Speech's 320-wide
-stacked features, Muse-Glimmer's 64-wide noise embeddings): the forward then fails in an nn.Linear handed that
-input itself, whose last dimension is not the layer's `in_features`. The probe that failed (core.optional_inputs)
-records that; the layout is tried once more with that input's last dimension set to `in_features`. Only the module
-that raised counts, and only when it received the input itself (same shape, floating point): a width a layer
-further in refuses is the model's own error, past the input."""
+an input layer reads under a key of their own (Granite-Speech 5 reads num_mel_bins × 4 stacked features,
+Muse-Glimmer a 64-wide noise embedding): the forward then fails in an nn.Linear handed that input itself, whose
+last dimension is not the layer's `in_features`. The probe that failed (core.optional_inputs) records that; the
+layout is tried once more with that input's last dimension set to `in_features` (one round: Decision
+Transformer's states then run and its actions fail the same way). Only the module that raised counts: the error
+that ended the forward came out of nn.Linear's own forward (its traceback, not its text: an error the model
+caught earlier is not it), and the layer received the input itself (the tensor, floating point, of the probe's
+cast): a width a layer further in refuses is the model's own error, past the input."""
 from __future__ import annotations
 
 from typing import Any
 
 
-def refused(tracker, inputs) -> tuple[str, int] | None:
-    """(input name, the width the layer reads) when the module that raised (the innermost open call) is an
-    nn.Linear given, as its first argument, a floating input of the same shape whose last dimension is not
-    the layer's in_features; else None."""
+def refused(tracker, inputs, exc: BaseException) -> tuple[str, int] | None:
+    """(input name, the width the layer reads) when `exc` came out of an nn.Linear's forward and the module that
+    raised (the innermost open call) is an nn.Linear given, as its first argument, one of `inputs` (the tensors
+    the probe handed the model) whose last dimension is not the layer's in_features; else None."""
     import torch
 
     stack = getattr(tracker, "_stack", None)
-    if not stack:
+    if not stack or not _from_linear(exc):
         return None
     _, args, _, mod = stack[-1]
     x = args[0] if args else None
@@ -28,17 +30,28 @@ def refused(tracker, inputs) -> tuple[str, int] | None:
         return None
     from .inputs import same_data
 
-    given = [(name, t) for name, t in inputs.tensors() if t.is_floating_point() and t.shape == x.shape
-             and _top_level(name)]
-    # the tensor itself first (two inputs of one shape: the one the layer got); a cast copy by its shape
-    ranked = sorted(given, key=lambda nt: not same_data(x, nt[1]))
-    return (ranked[0][0], int(mod.in_features)) if ranked else None
+    for name, t in inputs.tensors():
+        if t.is_floating_point() and same_data(x, t) and _top_level(name, inputs):
+            return name, int(mod.in_features)
+    return None
 
 
-def _top_level(name: str) -> bool:
-    """A positional input (input[i]) or a keyword one, not a tensor nested in a list or dict."""
-    head, _, rest = name.partition("[")
-    return (head == "input" and rest.count("[") == 0) or ("[" not in name and "." not in name)
+def _from_linear(exc: BaseException) -> bool:
+    """The error was raised inside nn.Linear's own forward (a frame of torch/nn/modules/linear.py)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.replace("\\", "/").endswith("torch/nn/modules/linear.py"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _top_level(name: str, inputs) -> bool:
+    """A positional input (input[i], i one of the positional arguments) or a keyword one, not a tensor nested in
+    a list or dict (a keyword argument called `input` holding a list is named input[0] too)."""
+    if name.startswith("input[") and name.endswith("]") and name[6:-1].isdigit():
+        return int(name[6:-1]) < len(inputs.args) and "input" not in inputs.kwargs
+    return "[" not in name and "." not in name
 
 
 def widened(inputs, name: str, width: int, seed: int):

@@ -133,19 +133,14 @@ class ModelInputs:
             self._kept = {id(t): (t, v, t.detach().clone()) for _, t in self.tensors() if (v := _version(t)) is not None}
 
     def _moved(self) -> set[int]:
-        """The ids of the inputs whose values changed since they were kept; their names join `edited`. A version
-        that moved with the values unchanged (FSMT's `input_ids.masked_fill_(input_ids == -100, pad)` on ids
-        with no -100) is a write of nothing: its version is taken as the kept one."""
+        """The ids of the inputs whose version moved since they were kept (each gets a fresh tensor: a graph that
+        saved it stays valid); the names of those whose values changed join `edited`. A version that moved with
+        every value (bit for bit: -0.0 is not 0.0; NaN where NaN was) unchanged, as FSMT's
+        `input_ids.masked_fill_(input_ids == -100, pad)` on ids with no -100, is a write of nothing: no edit."""
         kept = self._kept or {}
-        moved = set()
-        for _, t in self.tensors():
-            if id(t) not in kept or id(t) in moved or _version(t) == kept[id(t)][1]:
-                continue
-            if _same_values(t, kept[id(t)][2]):
-                kept[id(t)] = (t, _version(t), kept[id(t)][2])
-            else:
-                moved.add(id(t))
-        self.edited += [n for n, t in self.tensors() if id(t) in moved and n not in self.edited]
+        moved = {id(t) for _, t in self.tensors() if id(t) in kept and _version(t) != kept[id(t)][1]}
+        changed = {i for i in moved if not _same_values(kept[i][0], kept[i][2])}
+        self.edited += [n for n, t in self.tensors() if id(t) in changed and n not in self.edited]
         return moved
 
     def written(self) -> list[str]:
@@ -183,12 +178,19 @@ class ModelInputs:
 
 
 def _same_values(t, first) -> bool:
-    """t still holds its first values (same shape, dtype and every element; NaN counts as changed)."""
+    """t still holds its first values: same shape and dtype, every element equal, floats bit for bit in what
+    matters (the sign of a zero, NaN where NaN was); a layout that cannot be compared counts as changed."""
     import torch
 
     try:
-        return t.shape == first.shape and t.dtype == first.dtype and bool(torch.equal(t.detach(), first))
-    except Exception:   # a layout equal() does not take: count it as changed
+        if t.shape != first.shape or t.dtype != first.dtype:
+            return False
+        x = t.detach()
+        if not (x.is_floating_point() or x.is_complex()):
+            return bool(torch.equal(x, first))
+        same = torch.allclose(x, first, rtol=0.0, atol=0.0, equal_nan=True)
+        return bool(same) and (x.is_complex() or bool(torch.equal(torch.signbit(x), torch.signbit(first))))
+    except Exception:
         return False
 
 
@@ -489,14 +491,18 @@ def _with_optional(inputs: ModelInputs, loaded, device, seed: int, dtype: str | 
     for want of optional inputs the error names, that layout with them added (core.optional_inputs.completed,
     breadth first). One traceless probe forward, only for a forward that takes optional inputs the default leaves
     out; none on meta."""
-    from . import optional_inputs
+    from . import input_width, optional_inputs
 
     if device.type == "meta" or not optional_inputs.needs_probe(loaded.model, inputs):
         return inputs
     probed = optional_inputs.probe(loaded.model, inputs, dtype)
-    if probed.out is None and not probed.names and probed.width is not None:
-        wide = _widened([tuple(loaded.default_inputs)], [probed], loaded, device, seed, dtype)
-        return inputs if wide is None else _finish_source(wide, loaded, device)
+    if probed.out is None and not probed.names and probed.width is not None:   # the layout as used, labels and all
+        wide = input_width.widened(inputs, *probed.width, seed)
+        again = optional_inputs.probe(loaded.model, wide, dtype)
+        if again.out is None or blank_rank(again.out):
+            return inputs
+        wide.source = inputs.source + f"; {_wide_note(*probed.width)}"
+        return wide
     if probed.out is not None or not probed.names:
         return inputs
     specs = tuple(loaded.default_inputs)
@@ -693,11 +699,13 @@ def _widened(sets, probes, loaded, device, seed: int, dtype: str | None) -> Mode
         inputs = input_width.widened(spec_inputs(sets[i], loaded, device, seed), name, width, seed)
         again = optional_inputs.probe(loaded.model, inputs, dtype)
         if again.out is not None and not blank_rank(again.out):
-            where = f"layout {i + 1} of {len(sets)}, " if len(sets) > 1 else ""
-            inputs.source = loaded.input_source + (f"; {where}{name} {width} wide: the width of the linear layer "
-                                                   "that reads it (a width from the config did not run)")
+            inputs.source = loaded.input_source + f"; layout {i + 1} of {len(sets)}, {_wide_note(name, width)}"
             return inputs
     return None
+
+
+def _wide_note(name: str, width: int) -> str:
+    return f"{name} {width} wide: the width of the linear layer that reads it (a width from the config did not run)"
 
 
 def _missing_decoder_start(model, names: list[str]) -> int | None:

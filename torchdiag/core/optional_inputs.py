@@ -42,16 +42,17 @@ def probe(model, inputs, dtype: str | None = None) -> Probe:
     from .tracking import ModuleTracker
 
     tracker = ModuleTracker(model, record_shapes=False)
+    cast = cast_inputs(inputs, dtype)
     try:
         with tracker, warnings.catch_warnings():
             warnings.simplefilter("ignore")   # a wrong layout's warnings are not the user's
-            return Probe(traceless(model, cast_inputs(inputs, dtype)), [], len(tracker.calls), False)
+            return Probe(traceless(model, cast), [], len(tracker.calls), False)
     except Exception as exc:   # noqa: BLE001 - any failure means: not this layout
         from .input_width import refused
 
         names = named(tracker, exc)
         return Probe(None, names, len(tracker.calls), any(re.search(rf"\b{n}\b", _text(exc)) for n in names),
-                     refused(tracker, inputs))
+                     refused(tracker, cast, exc))
 
 
 def _text(exc) -> str:
