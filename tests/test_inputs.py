@@ -345,7 +345,7 @@ def test_a_width_is_asked_only_of_the_linear_whose_error_ended_the_forward_and_o
                 return self.fc(x)
             except RuntimeError:
                 self.fb(x)
-                raise ValueError("needs extra=")
+                raise ValueError("needs extra=") from None
 
     assert optional_inputs.probe(Caught(), ModelInputs((torch.randn(2, 4),))).width is None
 

@@ -309,48 +309,44 @@ def test_an_embedding_that_only_looks_up_its_padding_index_is_said_so():
     assert "give it real ids" in f.hint
 
 
+class _TypedIds(nn.Module):
+    """Word ids plus token-type ids read by a table whose padding index is 0; `zeroed`: the forward multiplies the
+    type ids by 0 itself (the model's doing, as LXMERT's zeros filled in for a missing token_type_ids)."""
+
+    def __init__(self, zeroed: bool = False):
+        super().__init__()
+        self.zeroed = zeroed
+        self.word, self.types, self.head = nn.Embedding(50, 8), nn.Embedding(3, 8, padding_idx=0), nn.Linear(8, 3)
+
+    def forward(self, ids, types):
+        return self.head((self.word(ids) + self.types(types * 0 if self.zeroed else types)).mean(1))
+
+
 def test_padding_ids_torchdiag_made_up_are_not_judged():
-    # hf lxmert: the default token type ids are all 0, its token_type_embeddings' padding index: a fact of the
-    # made-up inputs, info in both commands; the user's own ids keep the error (the test above)
+    # all-zero token type ids torchdiag made up, against a table whose padding index is 0: a fact of the made-up
+    # inputs, info in both commands; the user's own ids keep the error (the test above)
     from torchdiag.core.inputs import ModelInputs
-
-    class Ids(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.word, self.types, self.head = nn.Embedding(50, 8), nn.Embedding(2, 8, padding_idx=0), nn.Linear(8, 3)
-
-        def forward(self, ids, types):
-            return self.head((self.word(ids) + self.types(types)).mean(1))
 
     torch.manual_seed(0)
     ids = torch.randint(1, 50, (4, 6))
     for command in ("gradflow", "doctor"):
         made_up = ModelInputs((ids, torch.zeros_like(ids)), {}, "hf defaults", chosen=True)
-        res = run(command, Ids(), made_up)
+        res = run(command, _TypedIds(), made_up)
         assert not errors(res) and res.exit_code == 0, [f.message for f in errors(res)]
         (f,) = [f for f in res.findings if f.code == "not-reached"]
         assert f.severity == "info" and "padding index (0)" in f.message and "types" in f.message
-        given = run(command, Ids(), (ids, torch.zeros_like(ids)))
+        given = run(command, _TypedIds(), (ids, torch.zeros_like(ids)))
         assert any("types" in f.where for f in errors(given)), command
 
 
 def test_padding_ids_the_forward_makes_itself_stay_an_error_on_made_up_inputs():
-    # a review: ids multiplied by 0 inside the forward (or filled with zeros when not given, as hf lxmert does
-    # for token_type_ids) are the model's doing, whatever inputs torchdiag made up: the error stands
+    # a review: ids the forward zeroes itself are the model's doing, whatever inputs torchdiag made up
     from torchdiag.core.inputs import ModelInputs
-
-    class Zeroed(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.word, self.types, self.head = nn.Embedding(50, 8), nn.Embedding(3, 8, padding_idx=0), nn.Linear(8, 3)
-
-        def forward(self, ids, types):
-            return self.head((self.word(ids) + self.types(types * 0)).mean(1))
 
     torch.manual_seed(0)
     ids = torch.randint(1, 50, (4, 6))
     made_up = ModelInputs((ids, torch.randint(1, 3, (4, 6))), {}, "hf defaults", chosen=True)
-    (f,) = errors(run("gradflow", Zeroed(), made_up))
+    (f,) = errors(run("gradflow", _TypedIds(zeroed=True), made_up))
     assert f.where == "types" and "padding index (0)" in f.message
 
 
