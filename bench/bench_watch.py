@@ -62,6 +62,42 @@ def steps(model, opt, batch, loss_fn, n, sync, times=None):
             times.append(CLOCK() - t0)
 
 
+def interleaved(model, opt, batch, loss_fn, pairs: int, every: int, sync) -> tuple[float, float]:
+    """Two copies of the model from the same weights, each with its own optimizer of the same kind: one steps
+    plain, the other inside `Watch(copy, its optimizer, every)`, one step each in turn (which goes first
+    alternates). A drift in the machine's speed, which moves whole blocks by more than the overhead on a shared
+    VM, hits both of a pair alike. Returns (the watched copy's total time over the plain copy's, read steps
+    included, - 1; the median over steady pairs, not read steps, of watched/plain - 1). The Tensor.backward
+    wrapper is global while watching: the plain copy's backward passes through it too (a reference to the loss)."""
+    import copy
+
+    from torchdiag.diagnostics.watch import Watch
+
+    x, y = batch
+    copies = [copy.deepcopy(model), copy.deepcopy(model)]
+    import inspect
+
+    takes = inspect.signature(type(opt).__init__).parameters   # defaults can hold what __init__ does not take
+    opts = [type(opt)(c.parameters(), **{k: v for k, v in opt.defaults.items() if k in takes}) for c in copies]
+    times: list[list[float]] = [[], []]
+
+    def one(k: int) -> None:
+        t0 = CLOCK()
+        opts[k].zero_grad()
+        loss_fn(copies[k](x), y).backward()
+        opts[k].step()
+        sync()
+        times[k].append(CLOCK() - t0)
+
+    with Watch(copies[1], opts[1], every=every):
+        for i in range(pairs + 2):
+            for k in ((0, 1) if i % 2 == 0 else (1, 0)):
+                one(k)
+    plain, watched = times[0][2:], times[1][2:]   # the first two pairs: warm-up, the watch's start
+    steady = [w / p for i, (p, w) in enumerate(zip(plain, watched)) if (i + 3) % every]
+    return sum(watched) / sum(plain) - 1, statistics.median(steady) - 1
+
+
 def per_check(model, opt, batch, loss_fn, sync) -> dict:
     """Seconds per call of each check, on the model's real gradients."""
     from torchdiag.diagnostics.watch import Options
@@ -119,6 +155,7 @@ def main():
     ap.add_argument("--every", type=int, default=50)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--wall", action="store_true", help="time with the wall clock (needed on a GPU)")
+    ap.add_argument("--pairs", type=int, default=200, help="interleaved plain/watched step pairs (0: none)")
     args = ap.parse_args()
     import torch
 
@@ -162,6 +199,9 @@ def main():
         print(f"\n{name}: plain step {step_ms:.1f} ms; watched blocks: {100 * (ratio - 1):+.1f}% (median of "
               f"per-round ratios, read steps included); steady steps, fastest decile: {1000 * low[0]:.2f} → {1000 * low[1]:.2f} ms "
               f"({100 * (low[1] / low[0] - 1):+.1f}%)")
+        total, pair = interleaved(model, opt, batch, loss_fn, args.pairs, args.every, sync) if args.pairs else (0, 0)
+        print(f"  interleaved, {args.pairs} pairs of a plain and a watched step on two copies: {100 * total:+.1f}% "
+              f"(all of the watched copy's time, read steps included), steady pairs {100 * pair:+.1f}% (median)")
         costs = per_check(model, opt, batch, loss_fn, sync)
         for check, seconds in costs.items():
             print(f"  {check:45s} {1000 * seconds:8.3f} ms  ({100 * seconds / low[0]:.2f}% of a fastest step)")
