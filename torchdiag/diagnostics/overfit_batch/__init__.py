@@ -59,10 +59,10 @@ def run(model, inputs, opts: Options | None, ctx):
     def few(done: int):
         """Two of the batch's samples on a fresh copy (capacity.py), its progress shown after `done` steps; not
         under torchrun (each rank's rows)."""
-        if ctx.wrapper is not None:
-            return None
-        from .capacity import train_few
+        from .capacity import limited, train_few
 
+        if ctx.wrapper is not None or not limited(trainable, trainer.batch.batch_size, trainer.loss_fn.target):
+            return None   # the judged copy is kept: nothing more to train
         trainer.release()
         with leave_no_trace(model), ctx.seeded():
             return train_few(model, trainer, trainable, _continued(opts, done), ctx,
