@@ -949,5 +949,7 @@ def test_the_two_samples_are_rows_with_usable_different_targets_and_only_per_sam
     assert pick(4, torch.tensor([[0.0], [1.0], [float("nan")], [2.0]]), x) == [0, 3]   # NaN rows are not targets
     assert pick(4, torch.ones(4, 1), x) is None                       # every target alike: a constant fits two
     assert pick(4, None, x) is None and pick(2, torch.tensor([0, 1]), x) is None
+    ignored_first = torch.tensor([[-100, -100], [3, 4], [5, 6], [3, 4]])        # row 0 all ignored: row 1 anchors
+    assert pick(4, ignored_first, x) == [1, 2]
     # a (B*T,) target beside a B-row batch (logits reshaped to (B*T, C)) is not per sample: nothing is claimed
     assert not limited(10, 4, torch.zeros(48, dtype=torch.long)) and limited(10, 4, torch.zeros(4, 3))

@@ -59,9 +59,10 @@ def run(model, inputs, opts: Options | None, ctx):
     def few(done: int):
         """Two of the batch's samples on a fresh copy (capacity.py), its progress shown after `done` steps; not
         under torchrun (each rank's rows)."""
-        from .capacity import limited, train_few
+        from .capacity import limited, pick, train_few
 
-        if ctx.wrapper is not None or not limited(trainable, trainer.batch.batch_size, trainer.loss_fn.target):
+        batch, target = trainer.batch.batch_size, trainer.loss_fn.target
+        if ctx.wrapper is not None or not limited(trainable, batch, target) or pick(batch, target, trainer.batch) is None:
             return None   # the judged copy is kept: nothing more to train
         trainer.release()
         with leave_no_trace(model), ctx.seeded():

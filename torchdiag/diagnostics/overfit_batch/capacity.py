@@ -33,9 +33,9 @@ def limited(trainable: int, batch: int | None, target) -> bool:
 
 
 def pick(batch: int | None, target, inputs=None) -> list[int] | None:
-    """The first sample and, of the later ones whose target differs from it, the one whose input lies farthest
-    from it (two near-identical inputs with different targets need a steep model: not what is asked). Rows whose
-    target is all ignored (-100) or not finite are never picked. None for a batch of two or fewer, without a
+    """The first sample with a usable target and, of the others whose target differs from it, the one whose input
+    lies farthest from it (two near-identical inputs with different targets need a steep model: not what is
+    asked). Rows whose target is all ignored (-100) or not finite are never picked. None for a batch of two or fewer, without a
     per-sample target, or when no row differs from the first."""
     import torch
 
@@ -44,13 +44,15 @@ def pick(batch: int | None, target, inputs=None) -> list[int] | None:
         return None
     flat = target.reshape(batch, -1)
     usable = flat.isfinite().all(dim=1) if flat.is_floating_point() else (flat != -100).any(dim=1)
-    differs = (flat != flat[0]).any(dim=1) & usable & usable[0]
+    first = usable.int().argmax()          # the first usable row (row 0 unless its target is all ignored)
+    differs = (flat != flat[first]).any(dim=1) & usable & usable[first]
     x = _first_float(inputs, batch)
-    far = (x - x[0]).double().norm(dim=1).to(differs.device) if x is not None else differs.double() * 0
-    # one read: the rows whose target differs, scored by their distance from row 0 (-1 for the others)
-    score = torch.where(differs, far, -1.0).tolist()
+    far = (x - x[first.to(x.device)]).double().norm(dim=1).to(differs.device) if x is not None else differs.double() * 0
+    # one read: the anchor, and the rows whose target differs scored by their distance from it (-1 for the others)
+    score = torch.cat([first.double().reshape(1), torch.where(differs, far, -1.0)]).tolist()
+    anchor, score = int(score[0]), score[1:]
     best = max(range(batch), key=lambda i: (score[i], -i))
-    return [0, best] if score[best] >= 0 else None
+    return [anchor, best] if score[best] >= 0 else None
 
 
 def _first_float(inputs, batch: int):
