@@ -84,7 +84,7 @@ class ModelInputs:
     source: str = ""
     notes: list[str] = field(default_factory=list)
     chosen: bool = False    # a source's default (torchvision:/timm:/hf:), made up by torchdiag, not the user's
-    edited: list[str] = field(default_factory=list, repr=False, compare=False)   # inputs the forward wrote into
+    _written: list[str] = field(default_factory=list, repr=False, compare=False)   # inputs a forward changed
     _kept: dict | None = field(default=None, repr=False, compare=False)   # id -> (tensor, version, first values)
 
     def call(self, model):
@@ -97,7 +97,7 @@ class ModelInputs:
         again would drift. The first call keeps a copy of each input; a later call finds the tensors whose
         version moved and puts in a new tensor with the first values (a new one, not a copy into the old: a graph
         that saved the edited tensor stays valid). One tensor given twice stays one; inputs that share memory
-        (x and x[:]) are written back in place instead, so they still share it. `edited` names them."""
+        (x and x[:]) are written back in place instead, so they still share it. `written()` names them."""
         if self._kept is None:
             self.keep()
             return
@@ -134,19 +134,19 @@ class ModelInputs:
 
     def _moved(self) -> set[int]:
         """The ids of the inputs whose version moved since they were kept (each gets a fresh tensor: a graph that
-        saved it stays valid); the names of those whose values changed join `edited`. A version that moved with
+        saved it stays valid); the names of those whose values changed join `written()`. A version that moved with
         every value (bit for bit: -0.0 is not 0.0; NaN where NaN was) unchanged, as FSMT's
         `input_ids.masked_fill_(input_ids == -100, pad)` on ids with no -100, is a write of nothing: no edit."""
         kept = self._kept or {}
         moved = {id(t) for _, t in self.tensors() if id(t) in kept and _version(t) != kept[id(t)][1]}
         changed = {i for i in moved if not _same_values(kept[i][0], kept[i][2])}
-        self.edited += [n for n, t in self.tensors() if id(t) in changed and n not in self.edited]
+        self._written += [n for n, t in self.tensors() if id(t) in changed and n not in self._written]
         return moved
 
     def written(self) -> list[str]:
         """The inputs some forward so far wrote into, in place."""
         self._moved()
-        return list(self.edited)
+        return list(self._written)
 
     def tensors(self) -> list[tuple[str, Any]]:
         """(name, tensor) for every tensor input, nested ones included."""
@@ -491,15 +491,14 @@ def _with_optional(inputs: ModelInputs, loaded, device, seed: int, dtype: str | 
     for want of optional inputs the error names, that layout with them added (core.optional_inputs.completed,
     breadth first). One traceless probe forward, only for a forward that takes optional inputs the default leaves
     out; none on meta."""
-    from . import input_width, optional_inputs
+    from . import optional_inputs
 
     if device.type == "meta" or not optional_inputs.needs_probe(loaded.model, inputs):
         return inputs
     probed = optional_inputs.probe(loaded.model, inputs, dtype)
     if probed.out is None and not probed.names and probed.width is not None:   # the layout as used, labels and all
-        wide = input_width.widened(inputs, *probed.width, seed)
-        again = optional_inputs.probe(loaded.model, wide, dtype)
-        if again.out is None or blank_rank(again.out):
+        wide = _wide_runs(inputs, probed.width, loaded, seed, dtype)
+        if wide is None:
             return inputs
         wide.source = inputs.source + f"; {_wide_note(*probed.width)}"
         return wide
@@ -690,18 +689,22 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
 def _widened(sets, probes, loaded, device, seed: int, dtype: str | None) -> ModelInputs | None:
     """The first layout whose probe failed in an nn.Linear that refused the width of an input it was handed,
     tried again with that width (core.input_width), when that runs; else None. One probe per such layout."""
+    for i, p in enumerate(probes):
+        wide = _wide_runs(spec_inputs(sets[i], loaded, device, seed), p.width, loaded, seed, dtype) if p.width else None
+        if wide is not None:
+            wide.source = loaded.input_source + f"; layout {i + 1} of {len(sets)}, {_wide_note(*p.width)}"
+            return wide
+    return None
+
+
+def _wide_runs(inputs: ModelInputs, width: tuple, loaded, seed: int, dtype: str | None) -> ModelInputs | None:
+    """`inputs` with the input a Linear refused at its width ((name, width): core.input_width), when one probe
+    forward of them runs and gives an output that says something; else None."""
     from . import input_width, optional_inputs
 
-    for i, p in enumerate(probes):
-        if p.width is None:
-            continue
-        name, width = p.width
-        inputs = input_width.widened(spec_inputs(sets[i], loaded, device, seed), name, width, seed)
-        again = optional_inputs.probe(loaded.model, inputs, dtype)
-        if again.out is not None and not blank_rank(again.out):
-            inputs.source = loaded.input_source + f"; layout {i + 1} of {len(sets)}, {_wide_note(name, width)}"
-            return inputs
-    return None
+    wide = input_width.widened(inputs, *width, seed)
+    again = optional_inputs.probe(loaded.model, wide, dtype)
+    return wide if again.out is not None and not blank_rank(again.out) else None
 
 
 def _wide_note(name: str, width: int) -> str:
