@@ -44,9 +44,3 @@ def device_available(device) -> int | None:
             return None
     return None
 
-
-def short_bytes(n: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"

@@ -99,7 +99,8 @@ def room_for_copy(model, why: str, dtype=None) -> None:
     when given, for the floating ones): one that does not fit in the memory free where they live is refused with
     NoRoom (exit 3, one line; a caller that can do without the copy says so and goes on), not left to the
     kernel's OOM killer, which ends the process with no line at all."""
-    from .resources import device_available, short_bytes
+    from ..fmt import human_bytes
+    from .resources import device_available
 
     need: dict = {}
     for device, nbytes in _copy_bytes(model, dtype):
@@ -108,7 +109,7 @@ def room_for_copy(model, why: str, dtype=None) -> None:
         free = device_available(device)
         if free is not None and nbytes > free:
             raise NoRoom(f"not enough memory for a copy of the model {why}: its tensors on {device} take "
-                         f"{short_bytes(nbytes)}, {short_bytes(free)} is free there",
+                         f"{human_bytes(nbytes)}, {human_bytes(free)} is free there",
                          hint="free memory on that device (summary and flops make no copy)")
 
 
