@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -78,7 +79,9 @@ def main() -> int:
         out[m["id"]] = {"metric": m["metric"], "higher_is_better": m["higher_is_better"], "seeds": seeds,
                         "median": statistics.median(got) if got else None}
         print(m["id"], out[m["id"]]["median"], file=sys.stderr)
-    OUT.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    tmp = OUT.with_name(OUT.name + ".tmp")   # the old file stays until the new one is whole
+    tmp.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, OUT)
     return 0
 
 
