@@ -434,3 +434,113 @@ def test_tensorboard_gets_the_grid_and_histograms(tmp_path):
     acc.Reload()
     assert "data/train/samples_per_class" in acc.Tags()["images"]
     assert "data/train/[0]/channel_0" in acc.Tags()["histograms"]
+
+
+# ---- what the model does with the input, what independent draws share -------------------------------------
+
+class _Scale(torch.nn.Module):
+    def forward(self, x):
+        return x / 255.0 - 0.5
+
+
+def _pixel_model(scaled: bool):
+    torch.manual_seed(0)
+    layers = [_Scale()] if scaled else []
+    return torch.nn.Sequential(*layers, torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.LazyLinear(3))
+
+
+@pytest.mark.parametrize("scaled, severity", [(True, "info"), (False, "warning")])
+def test_raw_pixels_scaled_inside_the_model_is_info(scaled, severity):
+    """The same 0–255 floats: a model that divides them by 255 before its first convolution reads them scaled."""
+    model = _pixel_model(scaled)
+    model(torch.zeros(1, 3, 16, 16))   # materialise the lazy layer
+    ds = load_data(f"{SAMPLES}/data_content.py:float_pixels")
+    r = run_data(ds, Options(**QUICK), context("cpu"), model=model)
+    f = one(r, "raw-pixels")
+    assert f.severity == severity
+    assert ("scaled inside the model" in f.message) == scaled
+    if scaled:   # what the first convolution reads: x / 255 - 0.5 of pixels in [2, 254], under 0.5 in magnitude
+        most = float(f.message.split("sees |x| ≤ ")[1].split()[0])
+        assert 0.4 < most <= 254 / 255 - 0.5 + 1e-4   # printed to 4 digits
+
+
+def _pool_loader(x: torch.Tensor, y: torch.Tensor) -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64)
+
+
+def _draws(n: int, bits: int, g: torch.Generator) -> torch.Tensor:
+    codes = torch.randint(0, 2 ** bits, (n,), generator=g)
+    return ((codes[:, None] >> torch.arange(bits)) & 1).float()
+
+
+def test_overlap_of_independent_draws_from_a_small_pool_is_info():
+    """A board's 512 positions drawn at random: train and validation share positions by chance, as often as the
+    training split repeats its own (Good-Turing, add-one: (samples - seen once + 1) / (samples + 1)); the repeats
+    within each split are then the source's, not samples weighed twice."""
+    g = torch.Generator().manual_seed(0)
+    x, xv = _draws(3000, 9, g), _draws(600, 9, g)
+    y, yv = x.sum(1, keepdim=True), xv.sum(1, keepdim=True)
+    r = run_data(_pool_loader(x, y), Options(**QUICK), context("cpu"), val=_pool_loader(xv, yv))
+    f = one(r, "train-val-overlap")
+    keys = [tuple(row.tolist()) for row in x]
+    once = sum(1 for k in set(keys) if keys.count(k) == 1)
+    shared = sum(tuple(row.tolist()) in set(keys) for row in xv)
+    assert f.severity == "info" and f"{shared} of 600" in f.message
+    assert f"{100 * (len(keys) - once + 1) / (len(keys) + 1):.1f}% expected" in f.message
+    dups = [d for d in r.findings if d.code == "duplicate-samples"]
+    assert {d.where for d in dups} == {"train:[0]", "val:[0]"} and {d.severity for d in dups} == {"info"}
+    assert r.exit_code == 0
+
+
+def test_repeats_without_a_validation_split_stay_a_warning():
+    g = torch.Generator().manual_seed(0)
+    x = _draws(3000, 9, g)
+    r = run_data(_pool_loader(x, x.sum(1, keepdim=True)), Options(**QUICK), context("cpu"))
+    assert one(r, "duplicate-samples").severity == "warning"
+
+
+def test_overlap_far_below_a_doubled_training_split_is_an_error():
+    """A training split written twice (every input seen twice: chance 1) and a validation split sharing 5 of 200:
+    fewer than draws from that split would share, so not chance either."""
+    g = torch.Generator().manual_seed(2)
+    base = _draws(1000, 24, g)
+    x = torch.cat([base, base])
+    xv = torch.cat([base[:5], _draws(195, 24, g)])
+    r = run_data(_pool_loader(x, x.sum(1, keepdim=True)), Options(**QUICK), context("cpu"),
+                 val=_pool_loader(xv, xv.sum(1, keepdim=True)))
+    assert one(r, "train-val-overlap").severity == "error" and "5 of 200" in one(r, "train-val-overlap").message
+    assert one(r, "duplicate-samples").severity == "warning"
+
+
+def test_overlap_beyond_what_draws_share_stays_an_error():
+    """A large pool (2^20 positions: few repeats) with validation copied from training: a leak, not chance."""
+    g = torch.Generator().manual_seed(1)
+    x = _draws(2000, 20, g)
+    y = x.sum(1, keepdim=True)
+    r = run_data(_pool_loader(x, y), Options(**QUICK), context("cpu"), val=_pool_loader(x[:300].clone(), y[:300]))
+    f = one(r, "train-val-overlap")
+    assert f.severity == "error" and "300 of 300" in f.message and r.exit_code == 1
+
+
+def test_indicator_inputs_are_not_asked_to_be_standardised():
+    """A bag of words (0/1, mostly 0: mean 0.05, std 0.22) is on a unit scale; counts of the same words are not."""
+    g = torch.Generator().manual_seed(0)
+    words = (torch.rand(800, 300, generator=g) < 0.05).float()
+    y = words[:, :5].sum(1, keepdim=True)
+    r = run_data(_pool_loader(words, y), Options(**QUICK), context("cpu"))
+    assert "not-standardised" not in codes(r)
+    counts = words * torch.randint(1, 40, words.shape, generator=g)
+    r = run_data(_pool_loader(counts, y), Options(**QUICK), context("cpu"))
+    assert one(r, "not-standardised").severity == "warning"
+
+
+def test_a_small_input_read_as_it_is_is_not_called_scaled_inside():
+    """Inputs already within a few units (uniform [0, 1): mean 0.5, std 0.29, not standardised): the first layer
+    reads them as they are, which is not the model scaling them."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(500, 4, generator=g)
+    torch.manual_seed(0)
+    r = run_data(_pool_loader(x, x.sum(1, keepdim=True)), Options(**QUICK), context("cpu"),
+                 model=torch.nn.Linear(4, 1))
+    f = one(r, "not-standardised")
+    assert f.severity == "info" and "scaled inside the model" not in f.message

@@ -37,6 +37,7 @@ class State:
     hang_phase: str = ""
     scans: dict = field(default_factory=dict)   # split -> scan.SplitScan
     classes: int | None = None        # the model's output size
+    scaling: Any = None               # core.input_scale.Seen: what the model's weighted layers read (with --model)
     batch_of_one: str | None = None   # the error a batch of one raises in train mode
     last: tuple | None = None         # (epoch samples, last batch samples)
     repeat: dict | None = None
@@ -140,6 +141,8 @@ def _stages(st: State) -> None:
     if st.model is not None and first is not None:
         st.phase = "the model's output size"
         st.classes = speed.output_size(st.model, first, roles, ctx)
+        if _unscaled_input(st):   # one more forward of a copy, only when a range finding could use it
+            st.scaling = speed.input_scaling(st.model, first, roles, ctx)
     _last_batch(st, loader, roles)
     ds = st.train.dataset
     if ds is not None and opts.speed:
@@ -150,6 +153,12 @@ def _stages(st: State) -> None:
             st.hang, st.hang_phase = h, st.phase
             return
     _speed(st, loader, roles, ds)
+
+
+def _unscaled_input(st: State) -> bool:
+    from .findings import range_finding
+
+    return any(f.role == "input" and range_finding(f) is not None for s in st.scans.values() for f in s.fields.values())
 
 
 def _probe(st: State, loader):

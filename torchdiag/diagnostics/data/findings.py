@@ -2,6 +2,9 @@
 where there is one."""
 from __future__ import annotations
 
+import math
+
+from ...core.input_scale import SCALED
 from .options import INPUT_BOUND
 
 IMBALANCE = 10.0          # largest class / smallest present class
@@ -22,34 +25,72 @@ def _vals(vs) -> str:
 def add_all(r, st) -> None:
     if st.hang is not None:
         _hang(r, st)
+    chance = _overlap_chance(st)
     for split, s in st.scans.items():
         for f in s.fields.values():
             where = f"{split}:{f.name}"
             _non_finite(r, f, where)
             _shapes(r, f, where)
             if f.role == "input":
-                _range(r, f, where)
+                _range(r, f, where, st.scaling)
                 _constant(r, f, where)
             if f.role == "target":
                 _labels(r, st, f, where, split)
         constant = any(f.role == "input" and f.constant for f in s.fields.values())
         if s.hashes.duplicates and not constant:   # a constant input repeats by definition
-            a, b = s.hashes.pairs[0]
-            r.add("duplicate-samples", "warning", f"{split}:{'+'.join(s.roles.inputs)}",
-                  f"{s.hashes.duplicates:,} sample(s) repeat an earlier one exactly (first: sample {b} = sample {a})",
-                  "drop the repeats (they weigh some samples twice), unless the repetition is deliberate")
-    v = st.scans.get("val")
-    if v is not None and v.overlap:
-        a, b = v.overlap_pairs[0]
-        r.add("train-val-overlap", "error", f"val:{'+'.join(v.roles.inputs)}",
-              f"{v.overlap:,} of {v.samples:,} validation samples ({100 * v.overlap / max(v.samples, 1):.1f}%) are "
-              f"also in the training split (first: val sample {b} = train sample {a}); validation scores are inflated",
-              "split by a key that identifies a sample (file, subject, source) and remove the shared ones from one side")
+            _duplicates(r, s, split, chance is not None)
+    _overlap(r, st, chance)
     _order(r, st)
     _last(r, st)
     _repeat(r, st)
     _settings(r, st)
     _input_bound(r, st)
+
+
+def _overlap_chance(st) -> float | None:
+    """When the validation inputs found in the training split are as many as independent draws from one source
+    would share: Good-Turing's estimate from the training split's own repeats (within 3 binomial standard deviations
+    and one sample), returned; None otherwise (no overlap, or more or fewer than chance). A small pool of possible
+    inputs (a board game's positions, rounded measurements, a few categorical columns) overlaps by chance."""
+    v, t = st.scans.get("val"), st.scans.get("train")
+    if v is None or t is None or not v.overlap or not v.samples:
+        return None
+    p = t.hashes.shared_chance()
+    share = v.overlap / v.samples
+    if p is not None and abs(share - p) <= 3 * math.sqrt(p * (1 - p) / v.samples) + 1 / v.samples:
+        return p
+    return None
+
+
+def _overlap(r, st, chance: float | None) -> None:
+    v = st.scans.get("val")
+    if v is None or not v.overlap:
+        return
+    a, b = v.overlap_pairs[0]
+    what = (f"{v.overlap:,} of {v.samples:,} validation samples ({100 * v.overlap / max(v.samples, 1):.1f}%) are also "
+            f"in the training split (first: val sample {b} = train sample {a})")
+    where = f"val:{'+'.join(v.roles.inputs)}"
+    if chance is not None:
+        r.add("train-val-overlap", "info", where, f"{what}: what independent draws from one source share, "
+              f"{100 * chance:.1f}% expected from how often the training split repeats its own inputs (a small pool "
+              "of possible inputs)",
+              "nothing to do when new data comes from the same pool; otherwise split by a key that identifies a sample")
+        return
+    r.add("train-val-overlap", "error", where, f"{what}; validation scores are inflated",
+          "split by a key that identifies a sample (file, subject, source) and remove the shared ones from one side")
+
+
+def _duplicates(r, s, split: str, pool: bool) -> None:
+    """duplicate-samples: a warning, or info when the splits' overlap shows independent draws from a small pool
+    (there, repeats are how often the source gives each input, not samples weighed twice)."""
+    a, b = s.hashes.pairs[0]
+    what = f"{s.hashes.duplicates:,} sample(s) repeat an earlier one exactly (first: sample {b} = sample {a})"
+    if pool:
+        r.add("duplicate-samples", "info", f"{split}:{'+'.join(s.roles.inputs)}",
+              f"{what}: draws from a small pool of inputs (see train-val-overlap)", "nothing to do")
+        return
+    r.add("duplicate-samples", "warning", f"{split}:{'+'.join(s.roles.inputs)}", what,
+          "drop the repeats (they weigh some samples twice), unless the repetition is deliberate")
 
 
 def _hang(r, st) -> None:
@@ -82,27 +123,40 @@ def _shape(s) -> str:
     return "x".join(map(str, s)) if s else "scalar"
 
 
-def _range(r, f, where) -> None:
+def _range(r, f, where, scaling=None) -> None:
+    """raw-pixels / not-standardised; info when the model (--model) rescales its only float input before any
+    weighted layer reads it (core.input_scale, measured on the first batch)."""
+    found = range_finding(f)
+    if found is None:
+        return
+    code, severity, message, hint = found
+    if scaling is not None and max(abs(f.lo), abs(f.hi)) > SCALED and scaling.scaled():   # the model changed it
+        severity, message, hint = "info", f"{message}; scaled inside the model: {scaling.describe()}", \
+            "nothing to do: the model scales its input itself"
+    r.add(code, severity, where, message, hint)
+
+
+def range_finding(f) -> tuple[str, str, str, str] | None:
     if f.mean is None:
-        return
-    ch = f.channel_stats()
+        return None
     if "uint8" in f.dtypes:
-        r.add("raw-pixels", "warning", where, f"uint8 input in [{_fmt(f.lo)}, {_fmt(f.hi)}]: pixels not converted to "
-              "float nor scaled", "convert and scale (ToTensor, or x.float() / 255), then Normalize" + _norm_hint(f, 255.0))
-        return
+        return ("raw-pixels", "warning", f"uint8 input in [{_fmt(f.lo)}, {_fmt(f.hi)}]: pixels not converted to float "
+                "nor scaled", "convert and scale (ToTensor, or x.float() / 255), then Normalize" + _norm_hint(f, 255.0))
     if f.layout is not None and f.lo >= 0 and RAW_MAX < f.hi <= 255:
-        r.add("raw-pixels", "warning", where, f"image input in [{_fmt(f.lo)}, {_fmt(f.hi)}] (mean {_fmt(f.mean)}): "
-              "raw 0–255 pixel values, not normalised", "scale to [0, 1] (x / 255), then Normalize" + _norm_hint(f, 255.0))
-        return
+        return ("raw-pixels", "warning", f"image input in [{_fmt(f.lo)}, {_fmt(f.hi)}] (mean {_fmt(f.mean)}): raw "
+                "0–255 pixel values, not normalised", "scale to [0, 1] (x / 255), then Normalize" + _norm_hint(f, 255.0))
+    if f.integral and f.lo >= 0 and f.hi <= 1:   # 0/1 indicators (bag of words, one-hot, binary): a unit scale already
+        return None
+    ch = f.channel_stats()
     means, stds = ch if ch is not None else ([f.mean], [f.std])
     far = any(abs(m) > FAR_MEAN for m in means) or any(not FAR_STD[0] <= s <= FAR_STD[1] for s in stds if s > 0)
     near = any(abs(m) > NEAR_MEAN for m in means) or any(not NEAR_STD[0] <= s <= NEAR_STD[1] for s in stds if s > 0)
-    if far or near:
-        what = "per channel" if ch is not None else "over all values"
-        r.add("not-standardised", "warning" if far else "info", where,
-              f"mean {_vals(means)}, std {_vals(stds)} {what}: far from 0 and 1" if far else
-              f"mean {_vals(means)}, std {_vals(stds)} {what}: not standardised",
-              f"Normalize(mean={_vals(means)}, std={_vals(stds)}) (measured on {f.count:,} samples)")
+    if not (far or near):
+        return None
+    what = "per channel" if ch is not None else "over all values"
+    return ("not-standardised", "warning" if far else "info",
+            f"mean {_vals(means)}, std {_vals(stds)} {what}: " + ("far from 0 and 1" if far else "not standardised"),
+            f"Normalize(mean={_vals(means)}, std={_vals(stds)}) (measured on {f.count:,} samples)")
 
 
 def _norm_hint(f, scale: float) -> str:

@@ -204,6 +204,22 @@ def output_size(model, batch, roles, ctx) -> int | None:
     return int(y.shape[1]) if y.dim() >= 2 and y.shape[1] >= 2 else None
 
 
+def input_scaling(model, batch, roles, ctx):
+    """core.input_scale.Seen for the model's only float input on one batch (eval, on a copy), or None
+    (several float inputs, none, or a forward that raises)."""
+    import copy
+
+    from ...core.input_scale import weighted_inputs
+    from ...core.inputs import ModelInputs
+
+    args, kwargs = B.model_call(batch, roles)
+    inputs = ModelInputs(args, kwargs, "the data").to(ctx.device)
+    floats = [t for _, t in inputs.tensors() if t.is_floating_point()]
+    if len(floats) != 1:
+        return None
+    return weighted_inputs(copy.deepcopy(model), inputs, ctx, floats[0])
+
+
 def batch_of_one_fails(model, batch, roles, ctx) -> str | None:
     """The one-line error a train-mode forward raises on a batch of one sample (BatchNorm refuses it), or None."""
     from ...core.train import train_copy

@@ -28,6 +28,7 @@ Under torchrun --wrap ddp|fsdp the training checks run on the wrapped copy (wrap
 from __future__ import annotations
 
 from ...core.guard import leave_no_trace
+from ...core.input_scale import weighted_inputs
 from ...core.tracking import ModuleTracker, describe, forward_error
 from ...errors import ModelError, one_line
 from ...results import Column, Result, Table
@@ -39,7 +40,7 @@ from .device_spread import check_device_spread
 from .dtypes import check_dtypes, check_promotion
 from .edits import check_edits
 from .frozen import check_frozen, frozen_groups
-from .input_stats import input_stats, raw_pixels, weighted_inputs
+from .input_stats import input_stats, raw_pixels
 from .modes import mode_modules
 from .options import NEEDS_VALUES, OPTIMIZER, WRAP, Options
 from .probe import Probe

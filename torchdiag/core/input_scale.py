@@ -1,0 +1,71 @@
+"""Does the model scale its input itself? What the first weighted layers receive, measured in one eval forward:
+doctor's `unnormalised-input` and data's `raw-pixels` are info, not a warning, when the model rescales a raw-pixel
+input before any weighted layer reads it (a `x / 255 - 0.5` Lambda, a per-channel Normalize inside the model)."""
+from __future__ import annotations
+
+SCALED = 5.0   # a weighted layer seeing |x| ≤ this: the input was scaled (normalised data spans a few std)
+AFFINE = 0.99  # the first one's input correlates with the raw input at least this much: scaled, not squashed
+
+
+class Seen:
+    """What the weighted layers (modules holding a parameter of ≥ 2 dims: a matmul or a convolution, whose output's
+    scale follows its input's) received with the raw input's number of values, at their first call, in call order:
+    (module, largest |x|, correlation with the raw input). Scaled: every such layer sees |x| ≤ SCALED and the first
+    one an affine image of the input (correlation ≥ AFFINE: x / 255 - 0.5 or a per-channel Normalize, not a
+    squashing tanh or clamp, not another tensor of the same size, not a constant)."""
+
+    def __init__(self, layers: list[tuple[str, float, float]]):
+        self.layers = layers
+
+    def scaled(self) -> bool:
+        return bool(self.layers) and all(m <= SCALED for _, m, _ in self.layers) and self.layers[0][2] >= AFFINE
+
+    def describe(self) -> str:
+        name, most, corr = self.layers[0]
+        raw = [n for n, m, _ in self.layers if m > SCALED]
+        first = f"its first weighted layer, {name or '(root)'}, sees |x| ≤ {most:.4g} (correlation {corr:.3g} with the input)"
+        return first + (f"; {raw[0] or '(root)'} sees the raw range" if raw and raw[0] != name else "")
+
+
+def weighted_inputs(work, inputs, ctx, image) -> Seen | None:
+    """Seen, from one eval forward under no_grad (one read at the end): the weighted layers' first inputs of
+    `image`'s number of values; None when the forward raises (its error comes later)."""
+    import torch
+
+    raw = image.detach().reshape(-1).float().clone()   # before a forward that might edit the input in place
+    weighted = {m for m in work.modules() if any(p.dim() >= 2 for p in m.parameters(recurse=False))}
+    names = {m: n for n, m in work.named_modules()}
+    layers: dict = {}
+
+    def pre(module, args, kwargs):
+        if module in layers:
+            return
+        vals = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a) and a.is_floating_point()]
+        x = next((a for a in vals if a.numel() == raw.numel()), None)
+        if x is not None:
+            v = x.detach().reshape(-1).float()
+            corr = torch.corrcoef(torch.stack([raw.to(v.device), v]))[0, 1]
+            layers[module] = torch.stack([v.abs().amax(), torch.nan_to_num(corr, nan=0.0)])
+
+    handles = [m.register_forward_pre_hook(pre, with_kwargs=True) for m in weighted]
+    try:
+        work.eval()
+        with torch.no_grad(), ctx.autocast():
+            inputs.call(work)
+    except Exception:   # the eval forward below names it
+        return None
+    finally:
+        for h in handles:
+            h.remove()
+    if not layers:
+        return Seen([])
+    read = torch.stack([t.to(raw.device) for t in layers.values()]).tolist()
+    return Seen([(names.get(m, "?"), most, corr) for m, (most, corr) in zip(layers, read)])
+
+
+def image_like(t) -> bool:
+    if t.dim() == 4:
+        return t.shape[1] in (1, 3, 4) or t.shape[-1] in (1, 3, 4)
+    if t.dim() == 3:
+        return t.shape[0] in (1, 3, 4) and min(t.shape[1:]) >= 8
+    return False
