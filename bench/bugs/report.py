@@ -27,6 +27,7 @@ from pathlib import Path
 import taxonomy
 
 ALARM = ("warning", "error")
+ONESHOT = ("doctor", "overfit-batch", "nancheck", "gradflow", "data")   # the one-shot commands run per variant
 BEGIN = "<!-- bugs:begin (written by bench/bugs/run.py --report) -->"
 END = "<!-- bugs:end -->"
 PUBLISHED = [  # Evaluation.xlsx, the 34 DeepLocalize programs (issue 32)
@@ -112,7 +113,7 @@ def _variant(m: dict, runs: dict, v: str, seeds: int) -> dict:
     codes_by_seed = [{f["code"] for f in _alarms(w)} for w in done]
     majority = {c for c in set().union(*codes_by_seed) if sum(c in cs for cs in codes_by_seed) * 2 >= len(done)} \
         if done else set()
-    shots = {c: runs.get(f"{m['id']}/{v}/{c}/0") for c in ("doctor", "overfit-batch", "nancheck", "gradflow")}
+    shots = {c: runs.get(f"{m['id']}/{v}/{c}/0") for c in ONESHOT}
     shot_codes = {c: sorted({f["code"] for f in _alarms(r)}) for c, r in shots.items() if r is not None}
     crashes = [k for k, r in [("watch", w) for w in done] + list(shots.items()) if r and r["rc"] == 4]
     alarms = [f for w in done for f in _alarms(w)] + [f for r in shots.values() for f in _alarms(r)]
@@ -184,7 +185,7 @@ def _rate(items: list[bool]) -> str:
 
 
 def _measured(r: dict, v: str) -> bool:
-    return bool(r[v]["watch_runs"]) and len(r[v]["oneshot_codes"]) == 4
+    return bool(r[v]["watch_runs"]) and len(r[v]["oneshot_codes"]) == len(ONESHOT)
 
 
 def _rates(rows: list[dict]) -> dict:

@@ -8,7 +8,8 @@ For each program in bench/bugs/<id>/ (buggy.py, correct.py, meta.json):
    (the same training, so its in-script seconds against the plain run's give watch's overhead), and once
    per variant the one-shot commands a user would try on the script's model (`<variant>.py:model`, with
    the script's own batch and loss: `--batch <variant>.py:batch --loss <variant>.py:loss`): doctor,
-   overfit-batch, nancheck (with optimizer steps), gradflow.
+   overfit-batch, nancheck (with optimizer steps), gradflow; and `data` on the script's own training and
+   validation data (bench/bugs/dataspec.py) with its model.
 
 Every result is stored in the JSON file (--results) as soon as it exists, keyed by program/variant/mode/seed;
 a second run skips what is there. `--report` writes the table into bench/README.md from whatever is done.
@@ -30,7 +31,7 @@ sys.path.insert(0, str(HERE))
 import report  # noqa: E402
 
 TAG = "BUGS_RESULT"
-ONESHOT = ("doctor", "overfit-batch", "nancheck", "gradflow")
+ONESHOT = report.ONESHOT
 
 
 def programs(pattern: str) -> list[dict]:
@@ -131,10 +132,24 @@ def watched(m: dict, variant: str, seed: int, epochs: int | None, timeout: float
             "stderr_tail": err[-800:] if rc not in (0, 1) else ""}
 
 
+def _data_command(spec: str) -> list[str]:
+    """`data` on the data the script trains and validates on, with its model (content checks: no loader timing,
+    which on a shared machine would measure the machine)."""
+    data = str((HERE / "dataspec.py").relative_to(ROOT))
+    rc, out, err, _ = _run([sys.executable, data, spec], 600)
+    if rc != 0:
+        raise RuntimeError(f"{data} {spec}: {err[-800:]}")
+    val = ["--val", f"{data}:val"] if out.strip() == "True" else []   # a script with no split validates on its training data
+    return [sys.executable, "-m", "torchdiag", "data", f"{data}:train", *val, "--arg", f"script={spec}",
+            "--model", f"{spec}:model", "--no-speed", "--json", "--device", "cpu", "--seed", "0"]
+
+
 def oneshot(m: dict, variant: str, command: str, timeout: float) -> dict:
     spec = f"{m['dir']}/{variant}.py"
     cmd = [sys.executable, "-m", "torchdiag", command, f"{spec}:model", "--batch", f"{spec}:batch",
            "--loss", f"{spec}:loss", "--json", "--device", "cpu", "--seed", "0"]
+    if command == "data":
+        cmd = _data_command(spec)
     extra = m.get("oneshot_args", {}).get(variant, {})
     opt = extra.get("optimizer")
     if command in ("overfit-batch", "nancheck") and opt:   # the script's optimizer (sgd: its momentum; no nesterov)
