@@ -473,53 +473,50 @@ def _draws(n: int, bits: int, g: torch.Generator) -> torch.Tensor:
     return ((codes[:, None] >> torch.arange(bits)) & 1).float()
 
 
-def test_overlap_of_independent_draws_from_a_small_pool_is_info():
-    """A board's 512 positions drawn at random: train and validation share positions by chance, as often as the
-    training split repeats its own (Good-Turing, add-one: (samples - seen once + 1) / (samples + 1)); the repeats
-    within each split are then the source's, not samples weighed twice."""
-    g = torch.Generator().manual_seed(0)
-    x, xv = _draws(3000, 9, g), _draws(600, 9, g)
-    y, yv = x.sum(1, keepdim=True), xv.sum(1, keepdim=True)
-    r = run_data(_pool_loader(x, y), Options(**QUICK), context("cpu"), val=_pool_loader(xv, yv))
-    f = one(r, "train-val-overlap")
-    keys = [tuple(row.tolist()) for row in x]
-    once = sum(1 for k in set(keys) if keys.count(k) == 1)
-    shared = sum(tuple(row.tolist()) in set(keys) for row in xv)
-    assert f.severity == "info" and f"{shared} of 600" in f.message
-    assert f"{100 * (len(keys) - once + 1) / (len(keys) + 1):.1f}% expected" in f.message
-    dups = [d for d in r.findings if d.code == "duplicate-samples"]
-    assert {d.where for d in dups} == {"train:[0]", "val:[0]"} and {d.severity for d in dups} == {"info"}
-    assert r.exit_code == 0
+class _Pixels(torch.utils.data.Dataset):
+    """0–255 images: float, or uint8 beside a float side input in [0, 100)."""
+
+    def __init__(self, uint8: bool):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randint(0, 256, (64, 3, 16, 16), generator=g, dtype=torch.uint8 if uint8 else torch.int64)
+        self.x = self.x if uint8 else self.x.float()
+        self.aux = torch.rand(64, 4, generator=g) * 100
+        self.uint8 = uint8
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return ({"img": self.x[i], "aux": self.aux[i]} if self.uint8 else {"img": self.x[i]}), i % 3
 
 
-def test_repeats_without_a_validation_split_stay_a_warning():
-    g = torch.Generator().manual_seed(0)
-    x = _draws(3000, 9, g)
-    r = run_data(_pool_loader(x, x.sum(1, keepdim=True)), Options(**QUICK), context("cpu"))
-    assert one(r, "duplicate-samples").severity == "warning"
+class _TwoPaths(torch.nn.Module):
+    """The float image divided by `divide`; a uint8 image read raw (as floats), its side input divided by 100."""
+
+    def __init__(self, divide: float = 255.0):
+        super().__init__()
+        self.a, self.b, self.divide = torch.nn.Conv2d(3, 3, 3), torch.nn.Linear(4, 3), divide
+
+    def forward(self, img, aux=None):
+        if aux is None:
+            return self.a(img / self.divide).mean((2, 3))
+        return self.a(img.float()).mean((2, 3)) + self.b(aux / 100)
 
 
-def test_overlap_far_below_a_doubled_training_split_is_an_error():
-    """A training split written twice (every input seen twice: chance 1) and a validation split sharing 5 of 200:
-    fewer than draws from that split would share, so not chance either."""
-    g = torch.Generator().manual_seed(2)
-    base = _draws(1000, 24, g)
-    x = torch.cat([base, base])
-    xv = torch.cat([base[:5], _draws(195, 24, g)])
-    r = run_data(_pool_loader(x, x.sum(1, keepdim=True)), Options(**QUICK), context("cpu"),
-                 val=_pool_loader(xv, xv.sum(1, keepdim=True)))
-    assert one(r, "train-val-overlap").severity == "error" and "5 of 200" in one(r, "train-val-overlap").message
-    assert one(r, "duplicate-samples").severity == "warning"
+def test_a_uint8_image_read_raw_is_not_called_scaled():
+    """The only float input (the side input) is scaled; the uint8 image beside it is not."""
+    torch.manual_seed(0)
+    r = run_data(_Pixels(uint8=True), Options(**QUICK), context("cpu"), model=_TwoPaths())
+    assert one(r, "raw-pixels").severity == "warning"
 
 
-def test_overlap_beyond_what_draws_share_stays_an_error():
-    """A large pool (2^20 positions: few repeats) with validation copied from training: a leak, not chance."""
-    g = torch.Generator().manual_seed(1)
-    x = _draws(2000, 20, g)
-    y = x.sum(1, keepdim=True)
-    r = run_data(_pool_loader(x, y), Options(**QUICK), context("cpu"), val=_pool_loader(x[:300].clone(), y[:300]))
-    f = one(r, "train-val-overlap")
-    assert f.severity == "error" and "300 of 300" in f.message and r.exit_code == 1
+def test_pixels_squashed_towards_zero_are_not_scaled():
+    """x / 1e4: the first convolution reads values under 0.026, not a unit range; x / 255 is a unit range."""
+    torch.manual_seed(0)
+    r = run_data(_Pixels(uint8=False), Options(**QUICK), context("cpu"), model=_TwoPaths(divide=1e4))
+    assert one(r, "raw-pixels").severity == "warning"
+    r = run_data(_Pixels(uint8=False), Options(**QUICK), context("cpu"), model=_TwoPaths(divide=255.0))
+    assert one(r, "raw-pixels").severity == "info"
 
 
 def test_indicator_inputs_are_not_asked_to_be_standardised():

@@ -4,21 +4,23 @@ input before any weighted layer reads it (a `x / 255 - 0.5` Lambda, a per-channe
 from __future__ import annotations
 
 SCALED = 5.0   # a weighted layer seeing |x| ≤ this: the input was scaled (normalised data spans a few std)
+UNIT = 0.1     # ... and the first one at least this: scaled to a unit range, not squashed towards zero (x / 1e4)
 AFFINE = 0.99  # the first one's input correlates with the raw input at least this much: scaled, not squashed
 
 
 class Seen:
     """What the weighted layers (modules holding a parameter of ≥ 2 dims: a matmul or a convolution, whose output's
     scale follows its input's) received with the raw input's number of values, at their first call, in call order:
-    (module, largest |x|, correlation with the raw input). Scaled: every such layer sees |x| ≤ SCALED and the first
-    one an affine image of the input (correlation ≥ AFFINE: x / 255 - 0.5 or a per-channel Normalize, not a
-    squashing tanh or clamp, not another tensor of the same size, not a constant)."""
+    (module, largest |x|, correlation with the raw input). Scaled: every such layer sees |x| ≤ SCALED, the first one
+    at least UNIT at its largest and an affine image of the input (correlation ≥ AFFINE: x / 255 - 0.5 or a
+    per-channel Normalize, not a squashing tanh or clamp, not another tensor of the same size, not a constant)."""
 
     def __init__(self, layers: list[tuple[str, float, float]]):
         self.layers = layers
 
     def scaled(self) -> bool:
-        return bool(self.layers) and all(m <= SCALED for _, m, _ in self.layers) and self.layers[0][2] >= AFFINE
+        return bool(self.layers) and all(m <= SCALED for _, m, _ in self.layers) and self.layers[0][1] >= UNIT \
+            and self.layers[0][2] >= AFFINE
 
     def describe(self) -> str:
         name, most, corr = self.layers[0]

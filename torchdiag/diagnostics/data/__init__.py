@@ -158,7 +158,8 @@ def _stages(st: State) -> None:
 def _unscaled_input(st: State) -> bool:
     from .findings import range_finding
 
-    return any(f.role == "input" and range_finding(f) is not None for s in st.scans.values() for f in s.fields.values())
+    return any(f.role == "input" and (range_finding(f) or ("",))[0] == "raw-pixels"
+               for s in st.scans.values() for f in s.fields.values())
 
 
 def _probe(st: State, loader):

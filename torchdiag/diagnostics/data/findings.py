@@ -2,9 +2,6 @@
 where there is one."""
 from __future__ import annotations
 
-import math
-
-from ...core.input_scale import SCALED
 from .options import INPUT_BOUND
 
 IMBALANCE = 10.0          # largest class / smallest present class
@@ -25,21 +22,23 @@ def _vals(vs) -> str:
 def add_all(r, st) -> None:
     if st.hang is not None:
         _hang(r, st)
-    chance = _overlap_chance(st)
     for split, s in st.scans.items():
         for f in s.fields.values():
             where = f"{split}:{f.name}"
             _non_finite(r, f, where)
             _shapes(r, f, where)
             if f.role == "input":
-                _range(r, f, where, st.scaling)
+                _range(r, f, where, st.scaling if _only_float_input(s, f) else None)
                 _constant(r, f, where)
             if f.role == "target":
                 _labels(r, st, f, where, split)
         constant = any(f.role == "input" and f.constant for f in s.fields.values())
         if s.hashes.duplicates and not constant:   # a constant input repeats by definition
-            _duplicates(r, s, split, chance is not None)
-    _overlap(r, st, chance)
+            a, b = s.hashes.pairs[0]
+            r.add("duplicate-samples", "warning", f"{split}:{'+'.join(s.roles.inputs)}",
+                  f"{s.hashes.duplicates:,} sample(s) repeat an earlier one exactly (first: sample {b} = sample {a})",
+                  "drop the repeats (they weigh some samples twice), unless the repetition is deliberate")
+    _overlap(r, st)
     _order(r, st)
     _last(r, st)
     _repeat(r, st)
@@ -47,50 +46,15 @@ def add_all(r, st) -> None:
     _input_bound(r, st)
 
 
-def _overlap_chance(st) -> float | None:
-    """When the validation inputs found in the training split are as many as independent draws from one source
-    would share: Good-Turing's estimate from the training split's own repeats (within 3 binomial standard deviations
-    and one sample), returned; None otherwise (no overlap, or more or fewer than chance). A small pool of possible
-    inputs (a board game's positions, rounded measurements, a few categorical columns) overlaps by chance."""
-    v, t = st.scans.get("val"), st.scans.get("train")
-    if v is None or t is None or not v.overlap or not v.samples:
-        return None
-    p = t.hashes.shared_chance()
-    share = v.overlap / v.samples
-    if p is not None and abs(share - p) <= 3 * math.sqrt(p * (1 - p) / v.samples) + 1 / v.samples:
-        return p
-    return None
-
-
-def _overlap(r, st, chance: float | None) -> None:
+def _overlap(r, st) -> None:
     v = st.scans.get("val")
     if v is None or not v.overlap:
         return
     a, b = v.overlap_pairs[0]
-    what = (f"{v.overlap:,} of {v.samples:,} validation samples ({100 * v.overlap / max(v.samples, 1):.1f}%) are also "
-            f"in the training split (first: val sample {b} = train sample {a})")
-    where = f"val:{'+'.join(v.roles.inputs)}"
-    if chance is not None:
-        r.add("train-val-overlap", "info", where, f"{what}: what independent draws from one source share, "
-              f"{100 * chance:.1f}% expected from how often the training split repeats its own inputs (a small pool "
-              "of possible inputs)",
-              "nothing to do when new data comes from the same pool; otherwise split by a key that identifies a sample")
-        return
-    r.add("train-val-overlap", "error", where, f"{what}; validation scores are inflated",
+    r.add("train-val-overlap", "error", f"val:{'+'.join(v.roles.inputs)}",
+          f"{v.overlap:,} of {v.samples:,} validation samples ({100 * v.overlap / max(v.samples, 1):.1f}%) are "
+          f"also in the training split (first: val sample {b} = train sample {a}); validation scores are inflated",
           "split by a key that identifies a sample (file, subject, source) and remove the shared ones from one side")
-
-
-def _duplicates(r, s, split: str, pool: bool) -> None:
-    """duplicate-samples: a warning, or info when the splits' overlap shows independent draws from a small pool
-    (there, repeats are how often the source gives each input, not samples weighed twice)."""
-    a, b = s.hashes.pairs[0]
-    what = f"{s.hashes.duplicates:,} sample(s) repeat an earlier one exactly (first: sample {b} = sample {a})"
-    if pool:
-        r.add("duplicate-samples", "info", f"{split}:{'+'.join(s.roles.inputs)}",
-              f"{what}: draws from a small pool of inputs (see train-val-overlap)", "nothing to do")
-        return
-    r.add("duplicate-samples", "warning", f"{split}:{'+'.join(s.roles.inputs)}", what,
-          "drop the repeats (they weigh some samples twice), unless the repetition is deliberate")
 
 
 def _hang(r, st) -> None:
@@ -124,16 +88,24 @@ def _shape(s) -> str:
 
 
 def _range(r, f, where, scaling=None) -> None:
-    """raw-pixels / not-standardised; info when the model (--model) rescales its only float input before any
-    weighted layer reads it (core.input_scale, measured on the first batch)."""
+    """raw-pixels / not-standardised; raw-pixels of a float input is info when the model (--model) rescales it before
+    any weighted layer reads it (core.input_scale, measured on the first batch: `scaling`)."""
     found = range_finding(f)
     if found is None:
         return
     code, severity, message, hint = found
-    if scaling is not None and max(abs(f.lo), abs(f.hi)) > SCALED and scaling.scaled():   # the model changed it
-        severity, message, hint = "info", f"{message}; scaled inside the model: {scaling.describe()}", \
+    if code == "raw-pixels" and "uint8" not in f.dtypes and scaling is not None and scaling.scaled():
+        severity, message, hint = "info", (f"image input in [{_fmt(f.lo)}, {_fmt(f.hi)}] (mean {_fmt(f.mean)}), "
+                                           f"scaled inside the model: {scaling.describe()}"), \
             "nothing to do: the model scales its input itself"
     r.add(code, severity, where, message, hint)
+
+
+def _only_float_input(s, f) -> bool:
+    """`f` is the split's only float input field (the one core.input_scale measured)."""
+    floats = [g for g in s.fields.values() if g.role == "input" and any(d.startswith(("float", "bfloat", "half"))
+                                                                          for d in g.dtypes)]
+    return floats == [f]
 
 
 def range_finding(f) -> tuple[str, str, str, str] | None:

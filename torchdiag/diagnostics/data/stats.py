@@ -200,13 +200,6 @@ class Hashes:
         self.first: dict[bytes, int] = {}
         self.duplicates = 0
         self.pairs: list[tuple[int, int]] = []
-        self.repeated: set[bytes] = set()   # digests seen more than once
-
-    def shared_chance(self) -> float | None:
-        """The chance that a new draw from the same source is one of the inputs hashed: Good-Turing's 1 - (inputs seen
-        once) / (samples), add-one smoothed (a source with no repeat so far still has some); None before any."""
-        n = len(self.first) + self.duplicates
-        return (n - (len(self.first) - len(self.repeated)) + 1) / (n + 1) if n else None
 
     @staticmethod
     def digests(tensors: list[torch.Tensor]) -> list[bytes]:
@@ -229,6 +222,5 @@ class Hashes:
             j = self.first.setdefault(d, i)
             if j != i:
                 self.duplicates += 1
-                self.repeated.add(d)
                 if len(self.pairs) < 20:
                     self.pairs.append((j, i))
