@@ -141,7 +141,7 @@ def _stages(st: State) -> None:
     if st.model is not None and first is not None:
         st.phase = "the model's output size"
         st.classes = speed.output_size(st.model, first, roles, ctx)
-        if _unscaled_input(st):   # one more forward of a copy, only when a range finding could use it
+        if _unscaled_input(st):   # one more forward of a copy, only when a raw-pixels finding exists
             st.scaling = speed.input_scaling(st.model, first, roles, ctx)
     _last_batch(st, loader, roles)
     ds = st.train.dataset
