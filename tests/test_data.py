@@ -595,3 +595,39 @@ def test_a_small_input_read_as_it_is_is_not_called_scaled_inside():
                  model=torch.nn.Linear(4, 1))
     f = one(r, "not-standardised")
     assert f.severity == "info" and "scaled inside the model" not in f.message
+
+
+class _Head(torch.nn.Module):
+    """One output per sample: a linear layer, then `squash` (None: unbounded)."""
+
+    def __init__(self, squash=None, small: bool = False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc, self.squash = torch.nn.Linear(4, 1), squash
+        if small:   # outputs inside [0, 1] on the data itself: only scaled inputs show it is not bounded
+            torch.nn.init.constant_(self.fc.weight, 0.01)
+            torch.nn.init.constant_(self.fc.bias, 0.5)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y if self.squash is None else self.squash(y)
+
+
+@pytest.mark.parametrize("squash, targets, small, found", [
+    (torch.sigmoid, [0.0, 1.0, 2.0], False, True),     # three classes read as one number with a sigmoid
+    (torch.sigmoid, [0.0, 1.0], False, False),         # binary labels: within reach
+    (torch.tanh, [-1.0, 0.5, 1.0], False, False),
+    (torch.tanh, [0.0, 3.0], False, True),
+    (None, [0.0, 1.0, 2.0], True, False),              # a linear output in [0, 1] on the data, unbounded beyond
+    (None, [0.0, 50.0], False, False),                 # regression, unbounded output
+])
+def test_targets_a_squashed_single_output_cannot_reach(squash, targets, small, found):
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(200, 4, generator=g)
+    y = torch.tensor(targets)[torch.randint(0, len(targets), (200, 1), generator=g)]
+    r = run_data(_pool_loader(x, y), Options(**QUICK, speed=False), context("cpu"), model=_Head(squash, small))
+    hits = [f for f in r.findings if f.code == "target-out-of-range"]
+    assert bool(hits) == found
+    if found:
+        assert hits[0].severity == "error" and hits[0].where == "train:[1]" and r.exit_code == 1
+        assert f"targets span [{min(targets):g}, {max(targets):g}]" in hits[0].message

@@ -38,6 +38,7 @@ class State:
     scans: dict = field(default_factory=dict)   # split -> scan.SplitScan
     classes: int | None = None        # the model's output size
     scaling: Any = None               # core.input_scale.Seen: what the model's weighted layers read (with --model)
+    box: tuple | None = None          # reach.output_box: the bound of a single squashed output (with --model)
     batch_of_one: str | None = None   # the error a batch of one raises in train mode
     last: tuple | None = None         # (epoch samples, last batch samples)
     repeat: dict | None = None
@@ -110,8 +111,8 @@ def _rng_kept(seed: int):
 def _stages(st: State) -> None:
     from ...core.datasets import loader_for
     from ...core.fetch import Hang
+    from . import reach, speed, traps
     from . import scan as S
-    from . import speed, traps
 
     opts, ctx = st.opts, st.ctx
     loader = loader_for(st.train, opts.batch_size, ctx.seed)
@@ -143,6 +144,8 @@ def _stages(st: State) -> None:
         st.classes = speed.output_size(st.model, first, roles, ctx)
         if _unscaled_input(st):   # one more forward of a copy, only when a raw-pixels finding exists
             st.scaling = speed.input_scaling(st.model, first, roles, ctx)
+        if st.classes is None and _numeric_target(st):   # one output per sample: can it reach the targets?
+            st.box = reach.output_box(st.model, first, roles, ctx)
     _last_batch(st, loader, roles)
     ds = st.train.dataset
     if ds is not None and opts.speed:
@@ -153,6 +156,11 @@ def _stages(st: State) -> None:
             st.hang, st.hang_phase = h, st.phase
             return
     _speed(st, loader, roles, ds)
+
+
+def _numeric_target(st: State) -> bool:
+    t = st.scans.get("train")
+    return t is not None and any(f.role == "target" and f.mean is not None for f in t.fields.values())
 
 
 def _unscaled_input(st: State) -> bool:

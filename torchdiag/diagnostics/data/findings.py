@@ -33,6 +33,7 @@ def add_all(r, st) -> None:
                 _constant(r, f, where)
             if f.role == "target":
                 _labels(r, st, f, where, split)
+                _reach(r, st, f, where)
         constant = any(f.role == "input" and f.constant for f in s.fields.values())
         if s.hashes.duplicates and not constant:   # a constant input repeats by definition
             _duplicates(r, s, split, chance)
@@ -240,6 +241,21 @@ def _labels(r, st, f, where, split) -> None:
             r.add("classes-absent", "warning", where, f"{len(absent)} class(es) of [0, {span}) have no sample: "
                   f"{absent[:20]}" + (" …" if len(absent) > 20 else ""),
                   "a split or filter dropped them; the model never learns (or is never tested on) them")
+
+
+def _reach(r, st, f, where) -> None:
+    """target-out-of-range: targets outside the bound the model's single output stays within (reach.output_box)."""
+    if st.box is None or f.mean is None:
+        return
+    lo, hi = st.box
+    if f.lo >= lo - 1e-6 and f.hi <= hi + 1e-6:
+        return
+    r.add("target-out-of-range", "error", where,
+          f"targets span [{_fmt(f.lo)}, {_fmt(f.hi)}] but the model's one output per sample stays within [{lo:g}, {hi:g}] "
+          f"on every input tried (the first batch, its float inputs ×±100): a {'sigmoid' if lo == 0 else 'tanh'} at the "
+          "end? The targets outside cannot be reached",
+          "classes: give the last layer one output per class and use cross_entropy on its logits; a regression "
+          "target: drop the final squashing, or scale the target into its range")
 
 
 def class_rows(st) -> list[dict]:
