@@ -519,60 +519,6 @@ def test_pixels_squashed_towards_zero_are_not_scaled():
     assert one(r, "raw-pixels").severity == "info"
 
 
-def _pool_loader(x: torch.Tensor, y: torch.Tensor) -> torch.utils.data.DataLoader:
-    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64)
-
-
-def _draws(n: int, bits: int, g: torch.Generator) -> torch.Tensor:
-    codes = torch.randint(0, 2 ** bits, (n,), generator=g)
-    return ((codes[:, None] >> torch.arange(bits)) & 1).float()
-
-
-def _pair(x, xv):
-    return (_pool_loader(x, x.sum(1, keepdim=True)), _pool_loader(xv, xv.sum(1, keepdim=True)))
-
-
-def test_independent_draws_from_a_small_pool_share_inputs_by_chance():
-    """A 3x3 board's 512 positions drawn at random for both splits: they share positions, and repeat them within
-    each split, as chance does: info, with the test's p-value."""
-    g = torch.Generator().manual_seed(0)
-    train, val = _pair(_draws(3000, 9, g), _draws(600, 9, g))
-    r = run_data(train, Options(**QUICK), context("cpu"), val=val)
-    f = one(r, "train-val-overlap")
-    assert f.severity == "info" and "p = " in f.message and r.exit_code == 0
-    dups = [d for d in r.findings if d.code == "duplicate-samples"]
-    assert {d.where for d in dups} == {"train:[0]", "val:[0]"} and {d.severity for d in dups} == {"info"}
-
-
-@pytest.mark.parametrize("case", ["doubled-train-copied-val", "unique-train-one-copy", "pool-written-twice"])
-def test_sharing_that_chance_does_not_give_stays_an_error(case):
-    """A training split written twice with validation copied from it; one copy in a small validation split beside a
-    training split without repeats (too few repeated inputs to tell: no evidence of a pool); a real pool whose
-    training split was then written twice (every position's count doubled: chance splits them otherwise)."""
-    g = torch.Generator().manual_seed(1)
-    if case == "doubled-train-copied-val":
-        base = torch.randn(1000, 8, generator=g)
-        x, xv = torch.cat([base, base]), base[:200].clone()
-    elif case == "unique-train-one-copy":
-        x = torch.randn(1000, 8, generator=g)
-        xv = torch.cat([x[:1], torch.randn(9, 8, generator=g)])
-    else:
-        pool = _draws(2000, 9, g)
-        x, xv = torch.cat([pool, pool]), _draws(400, 9, g)
-    train, val = _pair(x, xv)
-    r = run_data(train, Options(**QUICK), context("cpu"), val=val)
-    assert one(r, "train-val-overlap").severity == "error" and r.exit_code == 1
-    assert all(d.severity == "warning" for d in r.findings if d.code == "duplicate-samples")
-
-
-def test_chi_square_tail_against_tabulated_values():
-    """Wilson-Hilferty against the chi-square table's 5% and 0.1% points."""
-    from torchdiag.diagnostics.data.pool import _upper_tail
-
-    for x, df, p in [(3.841, 1, 0.05), (10.828, 1, 0.001), (18.307, 10, 0.05), (29.588, 10, 0.001), (149.449, 100, 0.001)]:
-        assert abs(_upper_tail(x, df) - p) <= 0.2 * p   # the approximation is coarsest at 1 degree of freedom
-
-
 def test_indicator_inputs_are_not_asked_to_be_standardised():
     """A bag of words (0/1, mostly 0: mean 0.05, std 0.22) is on a unit scale; counts of the same words are not."""
     g = torch.Generator().manual_seed(0)

@@ -22,7 +22,6 @@ def _vals(vs) -> str:
 def add_all(r, st) -> None:
     if st.hang is not None:
         _hang(r, st)
-    chance = _pool_chance(st)
     for split, s in st.scans.items():
         for f in s.fields.values():
             where = f"{split}:{f.name}"
@@ -36,8 +35,11 @@ def add_all(r, st) -> None:
                 _reach(r, st, f, where)
         constant = any(f.role == "input" and f.constant for f in s.fields.values())
         if s.hashes.duplicates and not constant:   # a constant input repeats by definition
-            _duplicates(r, s, split, chance)
-    _overlap(r, st, chance)
+            a, b = s.hashes.pairs[0]
+            r.add("duplicate-samples", "warning", f"{split}:{'+'.join(s.roles.inputs)}",
+                  f"{s.hashes.duplicates:,} sample(s) repeat an earlier one exactly (first: sample {b} = sample {a})",
+                  "drop the repeats (they weigh some samples twice), unless the repetition is deliberate")
+    _overlap(r, st)
     _order(r, st)
     _last(r, st)
     _repeat(r, st)
@@ -45,49 +47,15 @@ def add_all(r, st) -> None:
     _input_bound(r, st)
 
 
-def _pool_chance(st) -> float | None:
-    """pool.shared_by_chance for the two splits: at least P_LEAK when they share inputs as independent draws from one
-    small pool would; None without a validation split or too few repeated inputs to tell."""
-    from .pool import shared_by_chance
-
-    t, v = st.scans.get("train"), st.scans.get("val")
-    if t is None or v is None:
-        return None
-    return shared_by_chance(t.hashes, v.hashes, len(t.hashes.first) + t.hashes.duplicates,
-                            len(v.hashes.first) + v.hashes.duplicates)
-
-
-def _overlap(r, st, chance: float | None) -> None:
-    from .pool import P_LEAK
-
+def _overlap(r, st) -> None:
     v = st.scans.get("val")
     if v is None or not v.overlap:
         return
     a, b = v.overlap_pairs[0]
-    what = (f"{v.overlap:,} of {v.samples:,} validation samples ({100 * v.overlap / max(v.samples, 1):.1f}%) are also "
-            f"in the training split (first: val sample {b} = train sample {a})")
-    where = f"val:{'+'.join(v.roles.inputs)}"
-    if chance is not None and chance >= P_LEAK:
-        r.add("train-val-overlap", "info", where, f"{what}: as independent draws from one small pool of inputs share "
-              f"them (the splits' repeats fit chance: p = {chance:.2g})",
-              "nothing to do when new data comes from the same pool; otherwise split by a key that identifies a sample")
-        return
-    r.add("train-val-overlap", "error", where, f"{what}; validation scores are inflated",
+    r.add("train-val-overlap", "error", f"val:{'+'.join(v.roles.inputs)}",
+          f"{v.overlap:,} of {v.samples:,} validation samples ({100 * v.overlap / max(v.samples, 1):.1f}%) are "
+          f"also in the training split (first: val sample {b} = train sample {a}); validation scores are inflated",
           "split by a key that identifies a sample (file, subject, source) and remove the shared ones from one side")
-
-
-def _duplicates(r, s, split: str, chance: float | None) -> None:
-    from .pool import P_LEAK
-
-    a, b = s.hashes.pairs[0]
-    what = f"{s.hashes.duplicates:,} sample(s) repeat an earlier one exactly (first: sample {b} = sample {a})"
-    where = f"{split}:{'+'.join(s.roles.inputs)}"
-    if chance is not None and chance >= P_LEAK:
-        r.add("duplicate-samples", "info", where, f"{what}: the two splits repeat their inputs as independent draws "
-              f"from one small pool do (p = {chance:.2g})", "nothing to do: the source gives some inputs more often")
-        return
-    r.add("duplicate-samples", "warning", where, what,
-          "drop the repeats (they weigh some samples twice), unless the repetition is deliberate")
 
 
 def _hang(r, st) -> None:

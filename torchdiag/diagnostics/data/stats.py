@@ -200,10 +200,6 @@ class Hashes:
         self.first: dict[bytes, int] = {}
         self.duplicates = 0
         self.pairs: list[tuple[int, int]] = []
-        self.repeats: dict[bytes, int] = {}   # digest -> samples, for the inputs seen more than once
-
-    def count(self, digest: bytes) -> int:
-        return self.repeats.get(digest, 1) if digest in self.first else 0
 
     @staticmethod
     def digests(tensors: list[torch.Tensor]) -> list[bytes]:
@@ -226,6 +222,5 @@ class Hashes:
             j = self.first.setdefault(d, i)
             if j != i:
                 self.duplicates += 1
-                self.repeats[d] = self.repeats.get(d, 1) + 1
                 if len(self.pairs) < 20:
                     self.pairs.append((j, i))
