@@ -577,3 +577,16 @@ def test_targets_a_squashed_single_output_cannot_reach(squash, targets, small, f
     if found:
         assert hits[0].severity == "error" and hits[0].where == "train:[1]" and r.exit_code == 1
         assert f"targets span [{min(targets):g}, {max(targets):g}]" in hits[0].message
+
+
+def test_repeated_rows_split_at_random_stay_a_leak():
+    """Rows written twice, then split at random (a CSV concatenated with itself): the shares look like independent
+    draws from a pool, yet continuous inputs have no pool. Two reviews broke rules that called this chance."""
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(1000, 6, generator=g)
+    rows = torch.cat([base, base[:300]])[torch.randperm(1300, generator=g)]
+    x, xv = rows[:1040], rows[1040:]
+    r = run_data(_pool_loader(x, x.sum(1, keepdim=True)), Options(**QUICK), context("cpu"),
+                 val=_pool_loader(xv, xv.sum(1, keepdim=True)))
+    assert one(r, "train-val-overlap").severity == "error" and r.exit_code == 1
+    assert all(f.severity == "warning" for f in r.findings if f.code == "duplicate-samples")
