@@ -590,3 +590,23 @@ def test_repeated_rows_split_at_random_stay_a_leak():
                  val=_pool_loader(xv, xv.sum(1, keepdim=True)))
     assert one(r, "train-val-overlap").severity == "error" and r.exit_code == 1
     assert all(f.severity == "warning" for f in r.findings if f.code == "duplicate-samples")
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        g = torch.Generator().manual_seed(0)
+        for i in range(300):
+            yield torch.randn(4, generator=g), i % 3
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_iterable_dataset_is_read_not_crashed_on(workers):
+    """An IterableDataset has no sampler to rebuild its loader with (it was an internal error); with two workers each
+    gives the whole stream, and data says every sample comes twice."""
+    r = run_data(torch.utils.data.DataLoader(_Stream(), batch_size=16, num_workers=workers),
+                 Options(batches=3, sweep=False, speed=False), context("cpu"))
+    assert r.data["splits"]["train"]["samples"] == 300 * max(workers, 1)
+    dups = [f for f in r.findings if f.code == "duplicate-samples"]
+    assert (len(dups) == 1 and "300 sample(s) repeat" in dups[0].message) if workers else not dups
+    r = run_data(_Stream(), Options(batches=3, sweep=False), context("cpu"))   # the bare dataset, batched by data
+    assert r.data["splits"]["train"]["samples"] == 300 and quiet(r) == []

@@ -157,13 +157,15 @@ def rebuild(loader, **changes):
     """A new DataLoader over the same dataset, sampler, collate_fn and settings, with `changes`
     (num_workers, pin_memory, batch_sampler, worker_init_fn, persistent_workers). The user's loader is
     not touched."""
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader, IterableDataset
 
     kw = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
               timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
               multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
               persistent_workers=loader.persistent_workers, prefetch_factor=loader.prefetch_factor)
-    if "batch_sampler" not in changes:
+    if isinstance(loader.dataset, IterableDataset):   # no sampler: the dataset's own order, batched by size
+        kw.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
+    elif "batch_sampler" not in changes:
         if loader.batch_sampler is not None:
             kw["batch_sampler"] = loader.batch_sampler
         else:   # automatic batching off: one sample per step
