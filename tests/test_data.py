@@ -544,39 +544,62 @@ def test_a_small_input_read_as_it_is_is_not_called_scaled_inside():
 
 
 class _Head(torch.nn.Module):
-    """One output per sample: a linear layer, then `squash` (None: unbounded)."""
+    """One output per sample: tanh hidden layers (saturated by any input scaling) with a linear layer on top, then
+    `squash` (None: unbounded)."""
 
-    def __init__(self, squash=None, small: bool = False):
+    def __init__(self, squash=None):
         super().__init__()
         torch.manual_seed(0)
-        self.fc, self.squash = torch.nn.Linear(4, 1), squash
-        if small:   # outputs inside [0, 1] on the data itself: only scaled inputs show it is not bounded
-            torch.nn.init.constant_(self.fc.weight, 0.01)
-            torch.nn.init.constant_(self.fc.bias, 0.5)
+        self.body = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        torch.nn.init.uniform_(self.body[2].weight, -0.05, 0.05)   # |output| ≤ 16 × 0.05 + |bias| < 1 on any input
+        torch.nn.init.zeros_(self.body[2].bias)
+        self.squash = squash
 
     def forward(self, x):
-        y = self.fc(x)
+        y = self.body(x)
         return y if self.squash is None else self.squash(y)
 
 
-@pytest.mark.parametrize("squash, targets, small, found", [
-    (torch.sigmoid, [0.0, 1.0, 2.0], False, True),     # three classes read as one number with a sigmoid
-    (torch.sigmoid, [0.0, 1.0], False, False),         # binary labels: within reach
-    (torch.tanh, [-1.0, 0.5, 1.0], False, False),
-    (torch.tanh, [0.0, 3.0], False, True),
-    (None, [0.0, 1.0, 2.0], True, False),              # a linear output in [0, 1] on the data, unbounded beyond
-    (None, [0.0, 50.0], False, False),                 # regression, unbounded output
+@pytest.mark.parametrize("squash, targets, found", [
+    (torch.sigmoid, [0.0, 1.0, 2.0], True),        # three classes read as one number with a sigmoid
+    (torch.sigmoid, [0.0, 1.0], False),            # binary labels: within reach
+    (torch.tanh, [-1.0, 0.5, 1.0], False),
+    (torch.tanh, [0.0, 3.0], True),
+    (lambda y: y.clamp(0, 1), [0.0, 200.0], True),  # a clamped head cannot reach 200 either
+    (None, [0.0, 50.0, 100.0], False),              # a linear head: outputs in [-1, 1] at initialisation, unbounded
 ])
-def test_targets_a_squashed_single_output_cannot_reach(squash, targets, small, found):
+def test_targets_a_squashed_single_output_cannot_reach(squash, targets, found):
+    """Measured on what follows the last weighted layer, not on the model's first outputs: a tanh network with a
+    linear head gives outputs within [-1, 1] whatever its input, yet reaches any target (a review's false alarm)."""
     g = torch.Generator().manual_seed(0)
     x = torch.rand(200, 4, generator=g)
     y = torch.tensor(targets)[torch.randint(0, len(targets), (200, 1), generator=g)]
-    r = run_data(_pool_loader(x, y), Options(**QUICK, speed=False), context("cpu"), model=_Head(squash, small))
+    r = run_data(_pool_loader(x, y), Options(**QUICK, speed=False), context("cpu"), model=_Head(squash))
     hits = [f for f in r.findings if f.code == "target-out-of-range"]
     assert bool(hits) == found
     if found:
         assert hits[0].severity == "error" and hits[0].where == "train:[1]" and r.exit_code == 1
         assert f"targets span [{min(targets):g}, {max(targets):g}]" in hits[0].message
+
+
+class _MeanProbability(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return torch.sigmoid(self.fc(x)).mean()   # one number for the whole batch: not one output per sample
+
+
+def test_reach_needs_one_output_per_sample_and_ignores_minus_100():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(200, 4, generator=g)
+    y = torch.randint(0, 3, (200,), generator=g)
+    r = run_data(_pool_loader(x, y.float()), Options(**QUICK, speed=False), context("cpu"), model=_MeanProbability())
+    assert "target-out-of-range" not in codes(r)
+    labels = torch.where(torch.rand(200, generator=g) < 0.3, torch.tensor(-100), y.clamp(max=1))   # 0/1, some ignored
+    r = run_data(_pool_loader(x, labels), Options(**QUICK, speed=False), context("cpu"), model=_Head(torch.sigmoid))
+    assert "target-out-of-range" not in codes(r)
 
 
 def test_repeated_rows_split_at_random_stay_a_leak():

@@ -109,6 +109,7 @@ def _rng_kept(seed: int):
 
 
 def _stages(st: State) -> None:
+    from ...core.batches import batch_size
     from ...core.datasets import loader_for
     from ...core.fetch import Hang
     from . import reach, speed, traps
@@ -144,8 +145,8 @@ def _stages(st: State) -> None:
         st.classes = speed.output_size(st.model, first, roles, ctx)
         if _unscaled_input(st):   # one more forward of a copy, only when a raw-pixels finding exists
             st.scaling = speed.input_scaling(st.model, first, roles, ctx)
-        if st.classes is None and _numeric_target(st):   # one output per sample: can it reach the targets?
-            st.box = reach.output_box(st.model, first, roles, ctx)
+        if st.classes is None and _targets_beyond_unit(st):   # one output per sample: can it reach them?
+            st.box = reach.output_box(st.model, first, roles, ctx, batch_size(first))
     _last_batch(st, loader, roles)
     ds = st.train.dataset
     if ds is not None and opts.speed:
@@ -158,9 +159,12 @@ def _stages(st: State) -> None:
     _speed(st, loader, roles, ds)
 
 
-def _numeric_target(st: State) -> bool:
-    t = st.scans.get("train")
-    return t is not None and any(f.role == "target" and f.mean is not None for f in t.fields.values())
+def _targets_beyond_unit(st: State) -> bool:
+    """Some split's targets leave [0, 1], the narrowest box a squashed output could be caught in."""
+    from .findings import target_range
+
+    spans = [target_range(f) for s in st.scans.values() for f in s.fields.values() if f.role == "target"]
+    return any(r is not None and (r[0] < 0 or r[1] > 1) for r in spans)
 
 
 def _unscaled_input(st: State) -> bool:

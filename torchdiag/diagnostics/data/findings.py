@@ -211,17 +211,28 @@ def _labels(r, st, f, where, split) -> None:
                   "a split or filter dropped them; the model never learns (or is never tested on) them")
 
 
+def target_range(f) -> tuple[float, float] | None:
+    """A target field's (min, max), the ignore index -100 of integral labels left out; None before any value."""
+    if f.mean is None:
+        return None
+    if f.integral and f.classes:
+        kept = [c for c in f.classes if c != IGNORE_INDEX]
+        return (min(kept), max(kept)) if kept else None
+    return f.lo, f.hi
+
+
 def _reach(r, st, f, where) -> None:
-    """target-out-of-range: targets outside the bound the model's single output stays within (reach.output_box)."""
-    if st.box is None or f.mean is None:
+    """target-out-of-range: targets outside the box the model's single output stays in (reach.output_box)."""
+    span = target_range(f)
+    if st.box is None or span is None:
         return
-    lo, hi = st.box
-    if f.lo >= lo - 1e-6 and f.hi <= hi + 1e-6:
+    (lo, hi), (t_lo, t_hi) = st.box, span
+    if t_lo >= lo - 1e-6 and t_hi <= hi + 1e-6:
         return
     r.add("target-out-of-range", "error", where,
-          f"targets span [{_fmt(f.lo)}, {_fmt(f.hi)}] but the model's one output per sample stays within [{lo:g}, {hi:g}] "
-          f"on every input tried (the first batch, its float inputs ×±100): a {'sigmoid' if lo == 0 else 'tanh'} at the "
-          "end? The targets outside cannot be reached",
+          f"targets span [{_fmt(t_lo)}, {_fmt(t_hi)}] but the model's one output per sample stays within [{lo:g}, "
+          f"{hi:g}] when its last weighted layer's output is scaled ×±100 (a squashing function after it): the targets "
+          "outside cannot be reached",
           "classes: give the last layer one output per class and use cross_entropy on its logits; a regression "
           "target: drop the final squashing, or scale the target into its range")
 

@@ -1,7 +1,9 @@
-"""Can the model's output reach the targets? A model with one output per sample squashed into [0, 1] (a final
-sigmoid) or [-1, 1] (tanh) cannot fit a target of 2: three classes read as one number with binary cross-entropy
-(Keras' class_mode='binary'), or a regression target left unscaled behind a sigmoid head. The bound is measured, not
-read from module names: the outputs on the first batch and on its float inputs scaled by ±SCALE all stay inside it."""
+"""Can the model's output reach the targets? A model whose one output per sample is squashed into [0, 1] (a final
+sigmoid) or [-1, 1] (tanh) after its last weighted layer cannot fit a target of 2: three classes read as one number
+with binary cross-entropy (Keras' class_mode='binary'), or a regression target left unscaled behind a squashing head.
+The bound is measured, not read from module names: the last weighted layer's output (a matmul or a convolution) is
+scaled by ±SCALE in two more forwards of a copy, and the model's output stays in the box while it moves. A linear head
+is unbounded however small its outputs at initialisation, since its output moves with the scale."""
 from __future__ import annotations
 
 import torch
@@ -13,38 +15,68 @@ BOXES = ((0.0, 1.0), (-1.0, 1.0))
 EPS = 1e-6
 
 
-def output_box(model, batch, roles, ctx) -> tuple[float, float] | None:
-    """(lo, hi) when the model's single output per sample stayed within a sigmoid's or tanh's range on every input
-    tried (eval, no grad, on a copy); None when it left them, is wider than one value per sample, or the batch has no
-    float input to scale."""
+def output_box(model, batch, roles, ctx, samples: int) -> tuple[float, float] | None:
+    """(lo, hi) when the model's single output per sample stays within a sigmoid's or tanh's range with its last
+    weighted layer's output scaled by 1 and ±SCALE, and the scaling moved it (eval, no grad, on a copy); None
+    otherwise, or when the output is not one value per sample of the batch."""
     import copy
 
     from ...core.inputs import ModelInputs
+
+    args, kwargs = B.model_call(batch, roles)
+    inputs = ModelInputs(args, kwargs, "the data").to(ctx.device)
+    work = copy.deepcopy(model).eval()
+    last = _last_weighted(work, inputs, ctx)
+    if last is None:
+        return None
+    reads = []
+    for s in (1.0, SCALE, -SCALE):
+        y = _output(work, inputs, ctx, last, s, samples)
+        if y is None:
+            return None
+        reads.append(y)
+    moved = bool((reads[1] - reads[0]).abs().amax() > EPS)
+    ys = torch.stack(reads)
+    if not moved or not bool(torch.isfinite(ys).all()):
+        return None
+    lo, hi = float(ys.amin()), float(ys.amax())
+    return next(((a, b) for a, b in BOXES if lo >= a - EPS and hi <= b + EPS), None)
+
+
+def _last_weighted(work, inputs, ctx):
+    """The weighted module (a parameter of ≥ 2 dims) whose forward finished last, or None."""
+    from ...core.tracking import run_forward
+
+    order: list = []
+    weighted = [m for m in work.modules() if any(p.dim() >= 2 for p in m.parameters(recurse=False))]
+    handles = [m.register_forward_hook(lambda m, a, o: order.append(m)) for m in weighted]
+    try:
+        with torch.no_grad(), ctx.seeded():
+            run_forward(work, inputs)
+    except Exception:   # the other checks name a forward that fails
+        return None
+    finally:
+        for h in handles:
+            h.remove()
+    return order[-1] if order else None
+
+
+def _output(work, inputs, ctx, last, s: float, samples: int):
+    """The model's output (float, one value per sample) with `last`'s output multiplied by s; None otherwise."""
     from ...core.loss import primary_output
     from ...core.tracking import run_forward
 
-    args, kwargs = B.model_call(batch, roles)
-    if not any(isinstance(t, torch.Tensor) and t.is_floating_point() for t in (*args, *kwargs.values())):
+    scale = (lambda m, a, o: o * s if isinstance(o, torch.Tensor) and o.is_floating_point() else o) if s != 1.0 else None
+    handle = last.register_forward_hook(scale) if scale is not None else None
+    try:
+        with torch.no_grad(), ctx.seeded():
+            y, _ = primary_output(run_forward(work, inputs))
+    except Exception:
         return None
-    work = copy.deepcopy(model).eval()
-    reads = []
-    for s in (1.0, SCALE, -SCALE):
-        inputs = ModelInputs(tuple(_scaled(a, s) for a in args), {k: _scaled(v, s) for k, v in kwargs.items()},
-                             "the data")
-        try:
-            with torch.no_grad(), ctx.seeded():
-                y, _ = primary_output(run_forward(work, inputs.to(ctx.device)))
-        except Exception:   # the other checks name a forward that fails
-            return None
-        if not y.is_floating_point() or (y.dim() > 1 and y.shape[1:].numel() != 1):
-            return None
-        y = y.detach().float()
-        reads.append(torch.stack([torch.isfinite(y).all().float(), y.amin(), y.amax()]))
-    finite, lo, hi = torch.stack(reads).cpu().T.tolist()   # one read
-    if min(finite) < 1.0:
+    finally:
+        if handle is not None:
+            handle.remove()
+    if not isinstance(y, torch.Tensor) or not y.is_floating_point() or y.dim() < 1 or y.shape[0] != samples \
+            or y[0].numel() != 1:
         return None
-    return next(((a, b) for a, b in BOXES if min(lo) >= a - EPS and max(hi) <= b + EPS), None)
-
-
-def _scaled(t, s: float):
-    return t * s if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+    return y.detach().float().reshape(samples)

@@ -136,6 +136,10 @@ class FieldStats:
         if len(self.classes) > MAX_CLASSES:
             return
         flat = t.reshape(t.shape[0], -1)
+        if flat.is_floating_point():   # a NaN label is no class (int64 would make it -2^63); `non-finite` names it
+            keep = torch.isfinite(flat).all(dim=1)
+            if not bool(keep.all()):
+                flat, indices = flat[keep], [i for i, k in zip(indices, keep.tolist()) if k]
         values, counts = torch.unique(flat.to(torch.int64), return_counts=True)
         for v, c in zip(values.tolist(), counts.tolist()):
             self.classes[v] = self.classes.get(v, 0) + c
