@@ -633,3 +633,19 @@ def test_an_iterable_dataset_is_read_not_crashed_on(workers):
     assert (len(dups) == 1 and "300 sample(s) repeat" in dups[0].message) if workers else not dups
     r = run_data(_Stream(), Options(batches=3, sweep=False), context("cpu"))   # the bare dataset, batched by data
     assert r.data["splits"]["train"]["samples"] == 300 and quiet(r) == []
+
+
+@pytest.mark.parametrize("kind", ["ages", "signs"])
+def test_a_one_output_model_reads_integer_targets_as_values(kind):
+    """Ages 10..90 or ±1 targets of a model with one output per sample are values: no class is absent, -1 is no
+    negative class label; without the model they read as class indices (the documented default)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(500, 4, generator=g)
+    y = (10 + 80 * x[:, :1]).round() if kind == "ages" else torch.where(x[:, :1] > 0.5, 1.0, -1.0)
+    loud = {"ages": "classes-absent", "signs": "labels-out-of-range"}[kind]
+    assert loud in codes(run_data(_pool_loader(x, y), Options(**QUICK, speed=False), context("cpu")))
+    r = run_data(_pool_loader(x, y), Options(**QUICK, speed=False), context("cpu"), model=torch.nn.Linear(4, 1))
+    assert quiet(r) == [] and r.exit_code == 0
+    r = run_data(_pool_loader(x, y), Options(**QUICK, speed=False, num_classes=2), context("cpu"),
+                 model=torch.nn.Linear(4, 1))
+    assert "labels-out-of-range" in codes(r)   # --classes says they are classes

@@ -36,7 +36,8 @@ class State:
     hang: Any = None                  # core.fetch.Hang
     hang_phase: str = ""
     scans: dict = field(default_factory=dict)   # split -> scan.SplitScan
-    classes: int | None = None        # the model's output size
+    classes: int | None = None        # the model's output size (C ≥ 2 classes)
+    one_output: bool = False          # the model gives one value per sample: its targets are values, not classes
     scaling: Any = None               # core.input_scale.Seen: what the model's weighted layers read (with --model)
     box: tuple | None = None          # reach.output_box: the bound of a single squashed output (with --model)
     batch_of_one: str | None = None   # the error a batch of one raises in train mode
@@ -142,10 +143,11 @@ def _stages(st: State) -> None:
     first = st.first_batch
     if st.model is not None and first is not None:
         st.phase = "the model's output size"
-        st.classes = speed.output_size(st.model, first, roles, ctx)
+        width = speed.output_size(st.model, first, roles, ctx)
+        st.classes, st.one_output = (width, False) if width != 1 else (None, True)
         if _unscaled_input(st):   # one more forward of a copy, only when a raw-pixels finding exists
             st.scaling = speed.input_scaling(st.model, first, roles, ctx)
-        if st.classes is None and _targets_beyond_unit(st):   # one output per sample: can it reach them?
+        if st.one_output and _targets_beyond_unit(st):   # one output per sample: can it reach the targets?
             st.box = reach.output_box(st.model, first, roles, ctx, batch_size(first))
     _last_batch(st, loader, roles)
     ds = st.train.dataset

@@ -163,8 +163,16 @@ def class_count(st) -> int | None:
     return st.opts.num_classes or st.classes
 
 
+def values_not_classes(st) -> bool:
+    """The model (--model, no --classes) gives one value per sample: a binary logit or a regression, so integer
+    targets are values (ages, counts, ±1), not class indices to bound or to find absent."""
+    return st.one_output and not st.opts.num_classes
+
+
 def labels_outside(st) -> bool:
     """Some label of any split is negative (not the ignore index) or past the classes expected."""
+    if values_not_classes(st):
+        return False
     expected = class_count(st)
     for s in st.scans.values():
         for f in s.fields.values():
@@ -182,7 +190,8 @@ def _labels(r, st, f, where, split) -> None:
         return
     expected = class_count(st)
     source = "--classes" if st.opts.num_classes else "the model's output size"
-    outside = sorted(c for c in counts if c < 0 or (expected is not None and c >= expected))
+    values = values_not_classes(st)
+    outside = [] if values else sorted(c for c in counts if c < 0 or (expected is not None and c >= expected))
     if outside:
         first = f.first_of_class.get(outside[0])
         at = f" (first at sample {first})" if first is not None else ""
@@ -196,6 +205,8 @@ def _labels(r, st, f, where, split) -> None:
         r.add("single-class", "error", where, f"every label is {only} ({n:,} samples): nothing to learn",
               "check the label loading (a constant default, a wrong column, a folder structure not read)")
         return
+    if values and len(counts) > 2:   # a regression's integer values: no classes to balance or to miss
+        return
     top = max(counts.values())
     low_c = min(counts, key=counts.get)
     if top / counts[low_c] >= IMBALANCE:
@@ -203,7 +214,7 @@ def _labels(r, st, f, where, split) -> None:
               f"the smallest (class {low_c}: {counts[low_c]:,})",
               "weight the loss (CrossEntropyLoss(weight=...)) or sample by class (WeightedRandomSampler)")
     span = expected if expected is not None else (max(counts) + 1 if min(counts) >= 0 and max(counts) < 100_000 else None)
-    if span is not None and span <= 100_000:
+    if span is not None and span <= 100_000 and not values:
         absent = [c for c in range(span) if c not in counts]
         if absent and not outside:
             r.add("classes-absent", "warning", where, f"{len(absent)} class(es) of [0, {span}) have no sample: "

@@ -184,7 +184,9 @@ class TrainStep:
 
 
 def output_size(model, batch, roles, ctx) -> int | None:
-    """The class dimension of the model's output on one batch (eval, no grad, on a copy), or None."""
+    """The class dimension of the model's output on one batch (eval, no grad, on a copy): C ≥ 2; 1 for one value per
+    sample ((N,) or (N, 1): a binary logit or a regression, whose targets are values, not class indices); None when
+    unknown (a forward that fails, an output of another shape)."""
     import copy
 
     from ...core.inputs import ModelInputs
@@ -201,7 +203,9 @@ def output_size(model, batch, roles, ctx) -> int | None:
     except Exception:
         return None
     # cross_entropy's convention: (N, C) with C ≥ 2 classes; (N, 1) is a binary logit, not one class
-    return int(y.shape[1]) if y.dim() >= 2 and y.shape[1] >= 2 else None
+    if y.dim() == 2 or (y.dim() > 2 and y.shape[1] >= 2):
+        return int(y.shape[1])
+    return 1 if y.dim() == 1 and y.shape[0] == B.batch_size(batch) else None
 
 
 def input_scaling(model, batch, roles, ctx):
