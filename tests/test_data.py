@@ -547,11 +547,11 @@ class _Head(torch.nn.Module):
     """One output per sample: tanh hidden layers (saturated by any input scaling) with a linear layer on top, then
     `squash` (None: unbounded)."""
 
-    def __init__(self, squash=None):
+    def __init__(self, squash=None, head: float = 0.05):
         super().__init__()
         torch.manual_seed(0)
         self.body = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-        torch.nn.init.uniform_(self.body[2].weight, -0.05, 0.05)   # |output| ≤ 16 × 0.05 + |bias| < 1 on any input
+        torch.nn.init.uniform_(self.body[2].weight, -head, head)   # |output| ≤ 16 × head < 1 on any input
         torch.nn.init.zeros_(self.body[2].bias)
         self.squash = squash
 
@@ -560,21 +560,22 @@ class _Head(torch.nn.Module):
         return y if self.squash is None else self.squash(y)
 
 
-@pytest.mark.parametrize("squash, targets, found", [
-    (torch.sigmoid, [0.0, 1.0, 2.0], True),        # three classes read as one number with a sigmoid
-    (torch.sigmoid, [0.0, 1.0], False),            # binary labels: within reach
-    (torch.tanh, [-1.0, 0.5, 1.0], False),
-    (torch.tanh, [0.0, 3.0], True),
-    (lambda y: y.clamp(0, 1), [0.0, 200.0], True),  # a clamped head cannot reach 200 either
-    (None, [0.0, 50.0, 100.0], False),              # a linear head: outputs in [-1, 1] at initialisation, unbounded
+@pytest.mark.parametrize("squash, targets, head, found", [
+    (torch.sigmoid, [0.0, 1.0, 2.0], 0.05, True),        # three classes read as one number with a sigmoid
+    (torch.sigmoid, [0.0, 1.0], 0.05, False),            # binary labels: within reach
+    (torch.tanh, [-1.0, 0.5, 1.0], 0.05, False),
+    (torch.tanh, [0.0, 3.0], 0.05, True),
+    (lambda y: y.clamp(0, 1), [0.0, 200.0], 0.05, True),  # a clamped head cannot reach 200 either
+    (None, [0.0, 50.0, 100.0], 0.05, False),              # a linear head: outputs in [-1, 1] at initialisation
+    (None, [0.0, 5e3, 1e4], 1e-5, False),                 # ... even 1e-4 at most: scaled until it reaches 100
 ])
-def test_targets_a_squashed_single_output_cannot_reach(squash, targets, found):
+def test_targets_a_squashed_single_output_cannot_reach(squash, targets, head, found):
     """Measured on what follows the last weighted layer, not on the model's first outputs: a tanh network with a
     linear head gives outputs within [-1, 1] whatever its input, yet reaches any target (a review's false alarm)."""
     g = torch.Generator().manual_seed(0)
     x = torch.rand(200, 4, generator=g)
     y = torch.tensor(targets)[torch.randint(0, len(targets), (200, 1), generator=g)]
-    r = run_data(_pool_loader(x, y), Options(**QUICK, speed=False), context("cpu"), model=_Head(squash))
+    r = run_data(_pool_loader(x, y), Options(**QUICK, speed=False), context("cpu"), model=_Head(squash, head))
     hits = [f for f in r.findings if f.code == "target-out-of-range"]
     assert bool(hits) == found
     if found:

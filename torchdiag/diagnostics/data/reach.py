@@ -2,8 +2,9 @@
 sigmoid) or [-1, 1] (tanh) after its last weighted layer cannot fit a target of 2: three classes read as one number
 with binary cross-entropy (Keras' class_mode='binary'), or a regression target left unscaled behind a squashing head.
 The bound is measured, not read from module names: the last weighted layer's output (a matmul or a convolution) is
-scaled by ±SCALE in two more forwards of a copy, and the model's output stays in the box while it moves. A linear head
-is unbounded however small its outputs at initialisation, since its output moves with the scale."""
+scaled in two more forwards of a copy, by ±SCALE or more (until its largest value is at least SCALE), and the model's
+output stays in the box while it moves. A linear head is unbounded however small its outputs at initialisation: its
+scaled output reaches SCALE."""
 from __future__ import annotations
 
 import torch
@@ -29,8 +30,13 @@ def output_box(model, batch, roles, ctx, samples: int) -> tuple[float, float] | 
     last = _last_weighted(work, inputs, ctx)
     if last is None:
         return None
-    reads = []
-    for s in (1.0, SCALE, -SCALE):
+    seen: list = []
+    y = _output(work, inputs, ctx, last, 1.0, samples, seen)
+    if y is None or not seen or not seen[0] > 0:
+        return None
+    big = max(SCALE, SCALE / seen[0])   # the layer's largest output brought to at least SCALE, however small at init
+    reads = [y]
+    for s in (big, -big):
         y = _output(work, inputs, ctx, last, s, samples)
         if y is None:
             return None
@@ -61,21 +67,30 @@ def _last_weighted(work, inputs, ctx):
     return order[-1] if order else None
 
 
-def _output(work, inputs, ctx, last, s: float, samples: int):
-    """The model's output (float, one value per sample) with `last`'s output multiplied by s; None otherwise."""
+def _output(work, inputs, ctx, last, s: float, samples: int, seen: list | None = None):
+    """The model's output (float, one value per sample) with `last`'s output multiplied by s; None otherwise.
+    `seen` receives the largest |value| `last` gave (one read, after the forward)."""
     from ...core.loss import primary_output
     from ...core.tracking import run_forward
 
-    scale = (lambda m, a, o: o * s if isinstance(o, torch.Tensor) and o.is_floating_point() else o) if s != 1.0 else None
-    handle = last.register_forward_hook(scale) if scale is not None else None
+    held: list = []
+
+    def scale(m, a, o):
+        if not (isinstance(o, torch.Tensor) and o.is_floating_point()):
+            return o
+        held.append(o.detach().abs().amax())
+        return o * s if s != 1.0 else o
+
+    handle = last.register_forward_hook(scale)
     try:
         with torch.no_grad(), ctx.seeded():
             y, _ = primary_output(run_forward(work, inputs))
     except Exception:
         return None
     finally:
-        if handle is not None:
-            handle.remove()
+        handle.remove()
+    if seen is not None and held:
+        seen.append(float(torch.stack(held).amax()))
     if not isinstance(y, torch.Tensor) or not y.is_floating_point() or y.dim() < 1 or y.shape[0] != samples \
             or y[0].numel() != 1:
         return None
