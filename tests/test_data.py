@@ -650,3 +650,30 @@ def test_a_one_output_model_reads_integer_targets_as_values(kind):
     r = run_data(_pool_loader(x, y), Options(**QUICK, speed=False, num_classes=2), context("cpu"),
                  model=torch.nn.Linear(4, 1))
     assert "labels-out-of-range" in codes(r)   # --classes says they are classes
+
+
+class _Squeezed(torch.nn.Module):
+    def __init__(self, shape):
+        super().__init__()
+        self.fc, self.shape = torch.nn.Linear(4, 1), shape
+
+    def forward(self, x):
+        return self.fc(x).reshape(self.shape(x.shape[0]))
+
+
+@pytest.mark.parametrize("shape", [lambda n: (n,), lambda n: (n, 1, 1, 1)], ids=["N", "N111"])
+def test_a_loss_that_refuses_the_output_leaves_the_step_untimed(shape):
+    """±1 integer targets against a one-output model: the auto loss (cross_entropy) refuses it; data gives its
+    findings and says why the step was not timed, instead of ending with exit 2 (a review)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(256, 4, generator=g)
+    y = torch.where(x[:, 0] > 0.5, 1, -1)
+    torch.manual_seed(0)
+    model = _Squeezed(shape)
+    r = run_data(_pool_loader(x, y), Options(**QUICK), context("cpu"), model=model)
+    assert not {"labels-out-of-range", "classes-absent"} & set(codes(r))
+    refused = [n for n in r.notes if n.startswith("training step not timed: cross_entropy needs an (N, C) output")]
+    if model(x[:2]).dim() > 2:   # (N, 1, 1, 1): the auto loss (cross_entropy for integer targets) refuses it
+        assert refused and "training" not in r.data["throughput"], r.notes
+    else:                        # (N,): the auto loss takes it, and the step is timed
+        assert not refused and "training" in r.data["throughput"]

@@ -243,6 +243,8 @@ def _speed(st: State, loader, roles, ds) -> None:
         st.skipped.append("training step not timed: labels outside the model's output size (labels-out-of-range)")
         st.model_timed = False
     skip_one = st.batch_of_one is not None
+    if st.model is not None and st.model_timed and st.first_batch is not None:
+        _loss_fits(st, speed.TrainStep(st.model, ctx, roles, skip_one))
     step = (lambda: speed.TrainStep(st.model, ctx, roles, skip_one)) if st.model is not None and st.model_timed else None
     if step is not None:
         st.phase = "the training steps against the loader as configured"
@@ -256,6 +258,20 @@ def _speed(st: State, loader, roles, ds) -> None:
     elif opts.sweep:
         st.skipped.append("num_workers sweep: only for a map-style Dataset (an iterable's workers would each "
                           "give the whole stream)")
+
+
+def _loss_fits(st: State, step) -> None:
+    """One training step on the first batch: a loss rule that refuses the output and target (the auto loss's
+    cross_entropy on a one-output model, a target shaped (N,) against an (N, 1) output) leaves the step untimed, with
+    the reason, instead of ending the run."""
+    from ...errors import UsageError
+
+    st.phase = "a first training step"
+    try:
+        step(st.first_batch)
+    except UsageError as exc:
+        st.skipped.append(f"training step not timed: {exc.message} (--loss names the loss to time it with)")
+        st.model_timed = False
 
 
 def _ragged(st: State) -> bool:

@@ -203,9 +203,12 @@ def output_size(model, batch, roles, ctx) -> int | None:
     except Exception:
         return None
     # cross_entropy's convention: (N, C) with C ≥ 2 classes; (N, 1) is a binary logit, not one class
-    if y.dim() == 2 or (y.dim() > 2 and y.shape[1] >= 2):
+    n = B.batch_size(batch)
+    if y.numel() == n and (y.dim() == 0 or y.shape[0] == n):   # (N,), (N, 1), (N, 1, 1, 1), a squeezed batch of one
+        return 1
+    if y.dim() >= 2 and y.shape[1] >= 2:
         return int(y.shape[1])
-    return 1 if y.dim() == 1 and y.shape[0] == B.batch_size(batch) else None
+    return None
 
 
 def input_scaling(model, batch, roles, ctx):
