@@ -244,3 +244,10 @@ def test_workers_start_under_the_cli(cli):
     sweep = r.json["throughput"]["sweep"]
     # 64 samples in batches of 32: the first batch timed on its own, one after it, in each configuration
     assert [s["num_workers"] for s in sweep] == [0, 1] and all(s["batches"] == 64 // 32 - 1 for s in sweep)
+
+
+def test_a_loss_the_user_named_that_cannot_load_ends_the_run(cli):
+    """Only the auto loss refusing an output leaves the step untimed; a --loss typo is the user's to fix (exit 2)."""
+    r = cli("data", sample("data_digits.py:train"), "--model", sample("data_digits.py:model"), "--loss",
+            "nofile.py:fn", *QUICK)
+    assert r.code == 2 and "loss file not found: nofile.py" in r.stderr, (r.code, r.stderr)

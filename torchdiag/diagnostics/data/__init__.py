@@ -243,7 +243,8 @@ def _speed(st: State, loader, roles, ds) -> None:
         st.skipped.append("training step not timed: labels outside the model's output size (labels-out-of-range)")
         st.model_timed = False
     skip_one = st.batch_of_one is not None
-    if st.model is not None and st.model_timed and st.first_batch is not None:
+    if st.model is not None and st.model_timed and st.first_batch is not None and ctx.custom_loss is None \
+            and ctx.spec.loss == "auto":   # a loss the user named is theirs to fix: its errors end the run
         _loss_fits(st, speed.TrainStep(st.model, ctx, roles, skip_one))
     step = (lambda: speed.TrainStep(st.model, ctx, roles, skip_one)) if st.model is not None and st.model_timed else None
     if step is not None:
@@ -261,9 +262,9 @@ def _speed(st: State, loader, roles, ds) -> None:
 
 
 def _loss_fits(st: State, step) -> None:
-    """One training step on the first batch: a loss rule that refuses the output and target (the auto loss's
-    cross_entropy on a one-output model, a target shaped (N,) against an (N, 1) output) leaves the step untimed, with
-    the reason, instead of ending the run."""
+    """One training step on the first batch: the auto loss refusing the output and target (cross_entropy on a
+    one-output model, a target shaped (N,) against an (N, 1) output) leaves the step untimed, with the reason,
+    instead of ending the run."""
     from ...errors import UsageError
 
     st.phase = "a first training step"

@@ -240,10 +240,11 @@ def _reach(r, st, f, where) -> None:
     (lo, hi), (t_lo, t_hi) = st.box, span
     if t_lo >= lo - 1e-6 and t_hi <= hi + 1e-6:
         return
-    r.add("target-out-of-range", "error", where,
-          f"targets span [{_fmt(t_lo)}, {_fmt(t_hi)}] but the model's one output per sample stays within [{lo:g}, "
-          f"{hi:g}] when its last weighted layer's output is scaled ×±100 (a squashing function after it): the targets "
-          "outside cannot be reached",
+    r.add("target-out-of-range", "warning", where,
+          f"targets span [{_fmt(t_lo)}, {_fmt(t_hi)}] but the model's one output per sample looks bounded to [{lo:g}, "
+          f"{hi:g}]: it is a monotone function of the last weighted layer's output and stays within that range with "
+          "that output scaled to ±100 and beyond (a sigmoid, tanh or clamp after it?); the targets outside cannot be "
+          "reached",
           "classes: give the last layer one output per class and use cross_entropy on its logits; a regression "
           "target: drop the final squashing, or scale the target into its range")
 

@@ -204,8 +204,8 @@ def output_size(model, batch, roles, ctx) -> int | None:
         return None
     # cross_entropy's convention: (N, C) with C ≥ 2 classes; (N, 1) is a binary logit, not one class
     n = B.batch_size(batch)
-    if y.numel() == n and (y.dim() == 0 or y.shape[0] == n):   # (N,), (N, 1), (N, 1, 1, 1), a squeezed batch of one
-        return 1
+    if y.is_floating_point() and y.dim() >= 1 and y.shape[0] == n and y.numel() == n:   # (N,), (N, 1), (N, 1, 1, 1)
+        return 1   # (a 0-d output is a batch's loss as often as a squeezed batch of one: unknown)
     if y.dim() >= 2 and y.shape[1] >= 2:
         return int(y.shape[1])
     return None
