@@ -679,6 +679,7 @@ def test_a_one_output_model_reads_integer_targets_as_values(kind):
     assert loud in codes(run_data(_pool_loader(x, y), Options(**QUICK, speed=False), context("cpu")))
     r = run_data(_pool_loader(x, y), Options(**QUICK, speed=False), context("cpu"), model=torch.nn.Linear(4, 1))
     assert quiet(r) == [] and r.exit_code == 0
+    assert r.data["one_output"] is True and r.data["num_classes"] is None
     r = run_data(_pool_loader(x, y), Options(**QUICK, speed=False, num_classes=2), context("cpu"),
                  model=torch.nn.Linear(4, 1))
     assert "labels-out-of-range" in codes(r)   # --classes says they are classes

@@ -17,6 +17,7 @@ def build(st, partial: str | None = None) -> Result:
     r.data["order"] = st.order
     r.data["throughput"] = _throughput(st)
     r.data["num_classes"] = F.class_count(st)
+    r.data["one_output"] = st.one_output   # the model gives one value per sample: its targets are values
     r.data["interrupted"] = st.interrupted is not None
     if st.hang is not None:
         r.data["hang"] = {"phase": st.hang_phase, "batch": st.hang.batch, "timeout_s": st.hang.seconds,
