@@ -710,3 +710,15 @@ def test_a_loss_that_refuses_the_output_leaves_the_step_untimed(shape):
         assert refused and "training" not in r.data["throughput"], r.notes
     else:                        # (N,): the auto loss takes it, and the step is timed
         assert not refused and "training" in r.data["throughput"]
+
+
+def test_a_uint8_mask_of_zeros_and_ones_is_not_raw_pixels():
+    g = torch.Generator().manual_seed(0)
+    masks = (torch.rand(300, 1, 16, 16, generator=g) < 0.3).to(torch.uint8)
+    r = run_data(_pool_loader(masks, torch.randint(0, 2, (300,), generator=g)), Options(**QUICK, speed=False),
+                 context("cpu"))
+    assert not {"raw-pixels", "not-standardised"} & set(codes(r))
+    pixels = (masks * 255).to(torch.uint8)
+    r = run_data(_pool_loader(pixels, torch.randint(0, 2, (300,), generator=g)), Options(**QUICK, speed=False),
+                 context("cpu"))
+    assert one(r, "raw-pixels").severity == "warning"

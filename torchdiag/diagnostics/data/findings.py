@@ -112,7 +112,7 @@ def _only_float_input(s, f) -> bool:
 def range_finding(f) -> tuple[str, str, str, str] | None:
     if f.mean is None:
         return None
-    if "uint8" in f.dtypes:
+    if "uint8" in f.dtypes and f.hi > 1:   # (a uint8 0/1 mask is no pixel range: the indicators below)
         return ("raw-pixels", "warning", f"uint8 input in [{_fmt(f.lo)}, {_fmt(f.hi)}]: pixels not converted to float "
                 "nor scaled", "convert and scale (ToTensor, or x.float() / 255), then Normalize" + _norm_hint(f, 255.0))
     if f.layout is not None and f.lo >= 0 and RAW_MAX < f.hi <= 255:
