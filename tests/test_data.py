@@ -722,3 +722,25 @@ def test_a_uint8_mask_of_zeros_and_ones_is_not_raw_pixels():
     r = run_data(_pool_loader(pixels, torch.randint(0, 2, (300,), generator=g)), Options(**QUICK, speed=False),
                  context("cpu"))
     assert one(r, "raw-pixels").severity == "warning"
+
+
+def _timed(workers: int, share: float):
+    from torchdiag.diagnostics.data.speed import Timing
+
+    return Timing(workers, batches=10, seconds=1.0, wait_s=share, step_s=1.0 - share, stepped=True)
+
+
+@pytest.mark.parametrize("shares, said", [
+    ({0: 0.4, 2: 0.03, 4: 0.01}, "num_workers=2: the fewest workers with the training step waiting < 5%"),
+    ({0: 0.48, 2: 0.46}, "num_workers=2: the least waiting for data of the counts tried (46.0%; none under 5%)"),
+])
+def test_the_workers_line_says_what_was_measured(shares, said):
+    """A sweep where no worker count gets under 5% waiting named the least-waiting one "waiting < 5%" (a tiny MLP
+    on digits: 47% waiting at every count)."""
+    from types import SimpleNamespace
+
+    from torchdiag.diagnostics.data.findings import balance_reason, balanced
+
+    st = SimpleNamespace(sweep=[_timed(w, s) for w, s in shares.items()], training=_timed(0, 0.4))
+    best = balanced(st)
+    assert f"num_workers={best}: {balance_reason(st, best)}" == said

@@ -344,6 +344,17 @@ def balanced(st) -> int | None:
     return max(timed, key=lambda t: t.batches_per_s).num_workers if timed else None
 
 
+def balance_reason(st, workers: int) -> str:
+    """Why `balanced` picked `workers`, as measured: under 5% waiting, the least waiting when none got there, or the
+    fastest loader alone (no model)."""
+    shares = [t.wait_share for t in st.sweep if t.num_workers == workers and t.wait_share is not None]
+    if st.training is None or not shares:
+        return "the fastest loader alone"
+    if min(shares) < INPUT_BOUND[0]:
+        return "the fewest workers with the training step waiting < 5%"
+    return f"the least waiting for data of the counts tried ({100 * min(shares):.1f}%; none under 5%)"
+
+
 def _input_bound(r, st) -> None:
     t = st.training
     if t is None or t.wait_share is None or t.wait_share < INPUT_BOUND[0]:

@@ -136,6 +136,5 @@ def _summary(r: Result, st) -> None:
     if st.sweep:
         best = F.balanced(st)
         if best is not None:
-            what = ("the fewest workers with the training step waiting < 5%" if st.training is not None and
-                    any(t.wait_share is not None for t in st.sweep) else "the fastest loader alone")
+            what = F.balance_reason(st, best)
             r.summary.append(("Workers", f"num_workers={best}: {what} (measured)"))
