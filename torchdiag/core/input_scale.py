@@ -8,6 +8,12 @@ UNIT = 0.1     # ... and the first one at least this: scaled to a unit range, no
 AFFINE = 0.99  # the first one's input correlates with the raw input at least this much: scaled, not squashed
 
 
+def weighted(module) -> bool:
+    """A module holding a parameter of ≥ 2 dims of its own: a matmul or a convolution, whose output's scale follows
+    its input's."""
+    return any(p.dim() >= 2 for p in module.parameters(recurse=False))
+
+
 class Seen:
     """What the weighted layers (modules holding a parameter of ≥ 2 dims: a matmul or a convolution, whose output's
     scale follows its input's) received with the raw input's number of values, at their first call, in call order:
@@ -35,7 +41,7 @@ def weighted_inputs(work, inputs, ctx, image) -> Seen | None:
     import torch
 
     raw = image.detach().reshape(-1).float().clone()   # before a forward that might edit the input in place
-    weighted = {m for m in work.modules() if any(p.dim() >= 2 for p in m.parameters(recurse=False))}
+    layers_in = {m for m in work.modules() if weighted(m)}
     names = {m: n for n, m in work.named_modules()}
     layers: dict = {}
 
@@ -49,7 +55,7 @@ def weighted_inputs(work, inputs, ctx, image) -> Seen | None:
             corr = torch.corrcoef(torch.stack([raw.to(v.device), v]))[0, 1]
             layers[module] = torch.stack([v.abs().amax(), torch.nan_to_num(corr, nan=0.0)])
 
-    handles = [m.register_forward_pre_hook(pre, with_kwargs=True) for m in weighted]
+    handles = [m.register_forward_pre_hook(pre, with_kwargs=True) for m in layers_in]
     try:
         work.eval()
         with torch.no_grad(), ctx.autocast():

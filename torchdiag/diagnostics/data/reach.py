@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ...core import batches as B
+from ...core.input_scale import weighted
 
 SCALE = 100.0
 BOXES = ((0.0, 1.0), (-1.0, 1.0))
@@ -69,10 +70,10 @@ def _last_weighted(work, inputs, ctx):
     finally:
         for h in handles:
             h.remove()
-    weighted = [i for i, m in enumerate(order) if any(p.dim() >= 2 for p in m.parameters(recurse=False))]
-    if not weighted:
+    ran = [i for i, m in enumerate(order) if weighted(m)]
+    if not ran:
         return None
-    i = weighted[-1]
+    i = ran[-1]
     last = order[i]
     if last is work or order.count(last) > 1 or any(any(True for _ in m.parameters(recurse=False)) for m in order[i + 1:]):
         return None
