@@ -19,7 +19,7 @@ import report  # noqa: E402
 import taxonomy  # noqa: E402
 
 PROGRAM = "so_34311586"
-ONESHOT = ("doctor",)   # one of run.py's four: each is the same subprocess call with its own flags
+ONESHOT = ("doctor",)   # one of run.py's model commands: each is the same subprocess call with its own flags
 
 
 def _run(tmp_path: Path) -> subprocess.CompletedProcess:
@@ -119,3 +119,18 @@ def test_learning_is_judged_against_the_constant_with_the_reproduction_margin():
     assert report.learns(mse, {"median_correct": 0.8}, {"median": 1.0}) is True
     assert report.learns(mse, {"median_correct": 0.9}, {"median": 1.0}) is False
     assert report.learns(acc, {"median_correct": 0.9}, None) is None
+
+
+def test_data_reads_the_script_s_own_loader():
+    """dataspec: the arrays, batch size and target dtype a script's H.fit call gets (its main stops there); a script
+    that validates on its training data has no split to pass as --val."""
+    import dataspec
+    import torch
+
+    script = str(ROOT / "bench" / "bugs" / "so_59325381" / "buggy.py")   # labels / 255, sparse CE, batch 1
+    train, val = dataspec.train(script), dataspec.val(script)
+    assert train.batch_size == 1 and dataspec.has_val(script)
+    targets = torch.cat([y for _, y in train])
+    assert targets.dtype == torch.int64 and int(targets.abs().max()) == 0   # every class index 0, as the loss reads it
+    assert torch.cat([y for _, y in val]).unique().numel() == 10           # the validation labels are untouched
+    assert not dataspec.has_val(str(ROOT / "bench" / "bugs" / "so_31556268" / "buggy.py"))

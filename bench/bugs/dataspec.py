@@ -8,6 +8,7 @@ cross-entropy, the dtype a torch user's `cross_entropy` needs.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -25,8 +26,10 @@ class _Caught(Exception):
     pass
 
 
+@functools.lru_cache(maxsize=4)
 def _fit_arguments(script: str, seed: int) -> dict:
-    """The arguments the script hands `H.fit` for this seed (its main stops there)."""
+    """The arguments the script hands `H.fit` for this seed (its main stops there; once per process, for both
+    splits)."""
     path = Path(script).resolve()
     spec = importlib.util.spec_from_file_location(f"bugs_{path.parent.name}_{path.stem}", path)
     mod = importlib.util.module_from_spec(spec)
