@@ -7,7 +7,8 @@ Dataset, a DataLoader, any iterable of batches), `model` an nn.Module or None, `
 
 Order: the loader as configured is probed first (the first batch within --timeout, else `loader-hang`
 with each process's stack; then its batches/s and label order); the content pass over each split; the
-checks that need a model (labels within its output size, a last batch of one); the worker randomness
+checks that need a model (labels within its output size, targets its single output can reach (reach.py),
+raw pixels it scales itself (core/input_scale.py), a last batch of one); the worker randomness
 check; the num_workers sweep, with the model's training step when given. Ctrl-C returns what was measured
 (exit 130); a sample that raises is exit 3 naming its index, with the partial result."""
 from __future__ import annotations
