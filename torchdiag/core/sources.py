@@ -180,7 +180,8 @@ def _one_image():
 def _two_images():
     """A detection model in train mode takes (images, targets) and returns its own loss dict (summed by
     the auto loss): two images, each with seven boxes (xyxy inside the image), labels, instance masks
-    (Mask R-CNN reads them) and 17 keypoints per box (Keypoint R-CNN's default)."""
+    (Mask R-CNN reads them) and 17 keypoints per box (Keypoint R-CNN's default). Every label is 1: the one
+    class every detection model has (Keypoint R-CNN's default knows only background and person)."""
     import torch
 
     images = [torch.rand(3, 320, 320) for _ in range(TRAIN_BATCH)]
@@ -189,14 +190,14 @@ def _two_images():
                           [0.0, 0.0, 319.0, 319.0], [200.0, 200.0, 260.0, 300.0], [40.0, 70.0, 270.0, 300.0],
                           [100.0, 0.0, 300.0, 200.0]])
     targets = []
-    for i in range(TRAIN_BATCH):
+    for _ in range(TRAIN_BATCH):
         masks = torch.zeros(len(boxes), 320, 320, dtype=torch.uint8)
         for k, (x0, y0, x1, y1) in enumerate(boxes.int().tolist()):
             masks[k, y0:y1, x0:x1] = 1
         lo, hi = boxes[:, None, :2], boxes[:, None, 2:]
         xy = lo + torch.rand(len(boxes), 17, 2) * (hi - lo)
         keypoints = torch.cat([xy, torch.ones(len(boxes), 17, 1)], -1)
-        targets.append({"boxes": boxes.clone(), "labels": torch.arange(1, len(boxes) + 1) + i, "masks": masks,
+        targets.append({"boxes": boxes.clone(), "labels": torch.ones(len(boxes), dtype=torch.int64), "masks": masks,
                         "keypoints": keypoints})
     return images, targets
 
