@@ -156,6 +156,19 @@ def test_an_exploding_gradient_is_transient_when_the_loss_went_below_its_start_e
     assert math.isnan(loss_fell(95.8, [float("inf"), 25.2, 23.5]))
 
 
+def test_an_exploding_gradient_is_compared_with_the_gradient_reaching_the_outputs_not_with_the_loss():
+    """Measured on timm's mobilenetv4_hybrid_medium_075 (batch 2, cross-entropy over 1000 classes, Adam 1e-3):
+    in 3 steps the loss goes 6.94 -> 2.43 (2.9x) while the gradient reaching the logits hardly moves; the
+    layer scales' gradients fall 48x (6.2e4 -> 1290) and 16x (blocks.3.15: 1698 -> 106). Against the loss they
+    stayed errors; every parameter's gradient is linear in the output's, and against it they are transient."""
+    from torchdiag.core.gates import transient
+
+    assert not transient(1698.0, 106.0, 2.86) and transient(1698.0, 106.0, 2.86, output_fall=1.05)
+    assert not transient(1698.0, 200.0, 2.86, output_fall=1.05)     # 8.5x: not GROW x
+    assert not transient(1000.0, 150.0, 2.86, output_fall=0.5)      # an output gradient that grew: still GROW x
+    assert not transient(4.8e4, 445.0, math.nan, output_fall=1.0)   # a loss that never fell: never transient
+
+
 def test_a_sparse_embedding_fed_only_its_padding_index_is_re_checked_without_a_traceback():
     # a review: nn.Embedding(sparse=True) whose ids are all padding_idx: zero-grad, re-checked by a short
     # training run whose measure took amax of a sparse gradient (NotImplementedError)

@@ -26,11 +26,12 @@ from typing import Any
 
 from . import train
 from .readback import read_back
-from .recording import kinds, saturated
+from .recording import float_tensors, kinds, saturated
 from .tracking import run_forward
 
 STEPS = 3             # optimizer steps of the short training run
-MAX_STEPS = 5
+MAX_STEPS = 5         # and when an exploding gradient is among the flags (a large start takes longer to settle)
+TAIL = 3              # a measure pass's last values: the whole gradient's norm, the output's, the loss
 GROW = 10.0           # growth of a flagged measure (or of its response to a gate) that counts
 TINY_FACTOR = 1e-2    # a gate candidate's RMS is below this × the model's median parameter RMS (or zero)
 PROPORTIONAL = 1.5    # doubling a gate from its trained value multiplies the gated gradient by ≥ this
@@ -69,6 +70,7 @@ class Verdict:
     median_update: float = math.nan   # the same two, medians over the parameters nothing flagged that moved
     median_relative: float = math.nan
     losses: tuple = (math.nan, math.nan)   # the loss before the run and after it
+    output_fall: float = math.nan          # how many times the gradient reaching the model's outputs fell
     invariant: bool = False     # zero-grad back only at rounding level, and the loss does not depend on it
     zero_start: bool = False    # the weight was zero at the start: measured by its gradient norm throughout
 
@@ -77,6 +79,10 @@ class Verdict:
         k = self.flag.kind
         return ("max |grad|" if k == "zero-grad" else "grad norm" if self.flag.by_norm or self.zero_start
                 else "grad/weight")
+
+    def output_said(self) -> str:
+        f = self.output_fall
+        return f" and the gradient reaching the outputs fell {f:.3g}×" if math.isfinite(f) else ""
 
     def compared(self) -> bool:
         return math.isfinite(self.median_update) and math.isfinite(self.median_relative)
@@ -108,7 +114,7 @@ class Verdict:
             what = self.measure()
             level = (" (at the initial loss level)" if k == "vanishing-grad" else
                      f", a {self.before / self.after:.3g}× fall while the loss went {self.losses[0]:.3g} → "
-                     f"{self.losses[1]:.3g}" if k == "exploding-grad" and self.after > 0 else "")
+                     f"{self.losses[1]:.3g}{self.output_said()}" if k == "exploding-grad" and self.after > 0 else "")
             fact = f"{what} {self.before:.3g} at initialisation, {self.after:.3g} after {steps} steps{level}"
         if not self.gates:
             return fact + ("; it resolves by itself (no single gate isolated)" if self.resolved else "")
@@ -134,7 +140,7 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
     """Run the short training run and the gate tests for `flags` (see the module doc). `prepare(work)`
     readies each copy as the judged pass was (e.g. stochastic depth off). ModelError propagates (the
     caller keeps its plain verdicts)."""
-    steps = max(1, min(int(steps), MAX_STEPS))
+    steps = MAX_STEPS if any(f.kind == "exploding-grad" for f in flags) else max(1, min(int(steps), MAX_STEPS))
     work = fresh_copy(model, ctx, eval_mode, prepare)
     params = _params(work)
     v0 = {n: p.detach().clone() for n, p in params.items()}
@@ -159,9 +165,10 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
     read = read[:len(read) - len(start)]
     upd, read = read[len(read) - len(updates):], read[:len(read) - len(updates)]
     losses, read = read[len(read) - len(run):], read[:len(read) - len(run)]
-    k = len(flags) + 2            # each measure pass ends with the whole gradient's norm and the loss
-    q0, qk = read[:k - 2], read[k:2 * k - 2]
-    g0, gk, l0, lk = read[k - 2], read[2 * k - 2], read[k - 1], read[2 * k - 1]
+    k = len(flags) + TAIL         # each measure pass ends with the whole gradient's norm, the outputs', the loss
+    q0, qk = read[:k - TAIL], read[k:2 * k - TAIL]
+    g0, gk, l0, lk = read[k - 3], read[2 * k - 3], read[k - 1], read[2 * k - 1]
+    out_fall = read[k - 2] / read[2 * k - 2] if read[k - 2] > 0 and read[2 * k - 2] > 0 else math.nan
     mv = dict(zip(moved, read[2 * k:2 * k + len(moved)]))
     grown = [n for (n, _), g in zip(cands, read[2 * k + len(moved):]) if g > 0]
     # the same batch is fitted fast (a loss of 7 falls below 0.2 in one Adam step at batch 2): every
@@ -173,11 +180,11 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
     for f, a, b in zip(flags, q0, qk):
         resolved = _resolved(f, b, mv.get(f.name, 0.0))
         if f.kind == "exploding-grad":
-            resolved = resolved and transient(a, b, fell)
+            resolved = resolved and transient(a, b, fell, out_fall)
         elif f.kind == "saturated":   # gone as the loss fell below its start (a diverging run also unsaturates)
             resolved = resolved and math.isfinite(fell) and fell > 1
         verdicts[f.name] = Verdict(f, a, b, resolved, resolved or _grew(f, a, b), losses=(l0, lk),
-                                   zero_start=f.name in zero_start)
+                                   zero_start=f.name in zero_start, output_fall=out_fall)
     if upd:
         for i, f in enumerate(stepped):
             v = verdicts[f.name]
@@ -275,7 +282,11 @@ def _measure(work, inputs, flags, ctx, loss_fn, start: dict) -> list:
     work.zero_grad(set_to_none=True)
     try:
         with torch.enable_grad(), ctx.seeded(), ctx.autocast():
-            loss = loss_fn(run_forward(work, inputs, phase="forward (re-check with a short training run)"))
+            output = run_forward(work, inputs, phase="forward (re-check with a short training run)")
+            outs = [t for t in float_tensors(output) if t.requires_grad and t.dim() > 0]   # not a loss it returns
+            for t in outs:
+                t.retain_grad()
+            loss = loss_fn(output)
         train.backward(loss)
     finally:
         for h in handles:
@@ -306,6 +317,8 @@ def _measure(work, inputs, flags, ctx, loss_fn, start: dict) -> list:
         else:
             out.append(_real(g).norm())
     out.append(torch.stack(whole).sum().sqrt() if whole else zero)   # the whole gradient's norm,
+    head = [_real(t.grad).pow(2).sum() for t in outs if t.grad is not None]
+    out.append(torch.stack(head).sum().sqrt() if head else zero)      # the gradient reaching the outputs',
     out.append(loss.detach().float().reshape(()))                      # and the loss, last
     return out
 
@@ -337,12 +350,17 @@ def loss_fell(l0: float, losses: list[float]) -> float:
     return l0 / best if 0 < best <= l0 else math.nan
 
 
-def transient(before: float, after: float, fell: float) -> bool:
-    """An exploding gradient that the starting point made: compared as measured (it can be most of the whole
-    norm, whose fall would then be its own), it fell GROW x further than the loss did (fitting the batch
-    shrinks every gradient with the loss) in a run whose loss went below its start (loss_fell): a saturated
-    unit's gradient also falls, while the loss rises (tanh(1e5 x): 4.8e4 -> 445 as the loss went 1.12 -> 1.9)."""
-    return math.isfinite(fell) and after > 0 and before / after >= GROW * fell
+def transient(before: float, after: float, fell: float, output_fall: float = math.nan) -> bool:
+    """An exploding gradient that the starting point made: in a run whose loss went below its start
+    (loss_fell; a saturated unit's gradient also falls, while the loss rises: tanh(1e5 x): 4.8e4 -> 445 as
+    the loss went 1.12 -> 1.9), it fell GROW x further than the gradient reaching the model's outputs did
+    (every parameter's gradient is linear in that one: fitting the batch shrinks them all with it), at least
+    GROW x. Compared as measured, not against the whole gradient, which it can be most of. Where no
+    output gets a gradient of its own (a model returning its losses), against the loss's fall. The loss is
+    a poor stand-in otherwise: cross-entropy on a batch of 2 falls 25x in 5 Adam steps while the gradient
+    reaching the logits falls ~3x (timm mobilenetv4_hybrid_medium_075)."""
+    base = output_fall if math.isfinite(output_fall) else fell
+    return math.isfinite(fell) and after > 0 and before / after >= GROW * max(base, 1.0)
 
 
 def _resolved(f: Flag, after: float, moved: float) -> bool:
