@@ -97,7 +97,11 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
     # a strict name's module must run once: the slope sums every call, the bound sees the first (a call that a
     # norm cancels, then a faint live one, would look cancelled)
     quiet = [n for n in quiet if n not in strict or (calls.once(n) and _sums_to_nothing(slopes[n], bound(n)))]
-    return {n for n in bisect(quiet, test.moved) if _stays(bound(n), test, slopes[n], n)}
+    # the faintest first: names whose gradient is rounding sit together, so the few real dependences among
+    # them (a weight behind a tiny gate) split few groups (timm ghostnetv3: 9 of 39 cancelled biases
+    # reached within MAX_SHIFTS in model order, 39 of 39 ordered by slope)
+    ordered = sorted(quiet, key=slopes.__getitem__)
+    return {n for n in bisect(ordered, test.moved) if _stays(bound(n), test, slopes[n], n)}
 
 
 def _sums_to_nothing(slope: float, bound: float | None) -> bool:
