@@ -39,6 +39,8 @@ SMALL = {
     "num_attention_heads": 4, "n_head": 4, "n_heads": 4, "encoder_attention_heads": 4,
     "decoder_attention_heads": 4, "num_heads": 4, "num_key_value_heads": 2, "d_kv": 8, "head_dim": 8,
     "vocab_size": 1000, "max_position_embeddings": 128, "n_positions": 128,
+    # a second name of the width (xLSTM's embedding_dim) and of the depth (HRM's layers per stack)
+    "embedding_dim": 32, "num_layers_per_stack": 2,
 }
 MAX_DEFAULT = 150_000_000   # a default (unshrunk) config is used only up to this many parameters
 HF_TASKS = (("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"), ("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
@@ -121,8 +123,12 @@ def shrink(config, derived: bool = True, floor: int = -1) -> None:
     mha = isinstance(own.get("num_key_value_heads"), int) and own.get("num_key_value_heads") == own.get("num_attention_heads")
     floor = max(floor, _token_ids(config))
     small = dict(SMALL, vocab_size=max(SMALL["vocab_size"], floor + 1))
+    width = own.get("hidden_size")
     for key, value in list(vars(config).items()):
         limit = small.get(key, _derived(key) if derived else None)
+        if (derived and key.endswith("_hidden_size") and isinstance(width, int) and isinstance(value, int)
+                and width > 0 and value > width and value % width == 0):
+            limit = value // width * SMALL["hidden_size"]   # a multiple of the width stays one (Zamba2's 2x)
         if isinstance(value, PretrainedConfig):
             shrink(value, derived, floor)
         elif limit and isinstance(value, int) and not isinstance(value, bool) and value > limit:
@@ -175,6 +181,12 @@ def _derived(key: str) -> int | None:
         return SMALL["hidden_size"]
     if key.endswith("_attention_heads"):     # the heads over such a width (V-JEPA 2's predictor)
         return SMALL["num_attention_heads"]
+    if key.endswith("_key_value_heads"):     # and their key/value heads (Inkling2's sliding-window ones)
+        return SMALL["num_key_value_heads"]
+    if key.endswith("_heads_per_layer"):     # per-layer head counts (Sapiens2's key/value heads)
+        return SMALL["num_attention_heads"]
+    if key.endswith("_headdim"):             # Mamba-2's head width: heads x headdim = expand x hidden (Zamba2)
+        return 8
     return None
 
 
@@ -188,11 +200,13 @@ def _consistent_heads(config) -> None:
     [8, 12, 12] in the model code, i.e. for head_dim 64) must sum to half the shrunk head."""
     own = vars(config)      # its own attributes (a per-layer config refuses some getattr)
     nope, rope = own.get("qk_nope_head_dim"), own.get("qk_rope_head_dim")
+    params = own.get("rope_parameters")
     if isinstance(nope, int) and isinstance(rope, int):
         config.qk_head_dim = nope + rope
         if isinstance(own.get("head_dim"), int):
-            config.head_dim = rope
-    params = own.get("rope_parameters")
+            # the rotary width is head_dim x partial_rotary_factor where the config has one (Mistral 4)
+            part = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+            config.head_dim = round(rope / part) if isinstance(part, float) and 0 < part < 1 else rope
     if isinstance(params, dict) and _reads_mrope(config):
         params["mrope_section"] = [1, 1, 2]       # sums to 4: head_dim 8 / 2
 
@@ -316,14 +330,15 @@ def _summary_runs(folder: Path) -> bool:
     return corpus.run_command("summary", model, inputs)["exit"] != 3
 
 
-def hf_zoo() -> list[dict]:
+def hf_zoo(types=None) -> list[dict]:
+    """The transformers part of the zoo: every model type (or those in `types`) with its picked config."""
     import transformers
     from transformers.models.auto import modeling_auto
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     out = []
     HF_DIR.mkdir(parents=True, exist_ok=True)
-    for model_type in sorted(CONFIG_MAPPING.keys()):
+    for model_type in sorted(types if types is not None else CONFIG_MAPPING.keys()):
         # an encoder-decoder is built as one (its seq2seq LM) where it has that class: its causal-LM class is the
         # decoder alone, whose cross-attention never runs (pegasus in the run of 2026-11-28: no-grad on encoder_attn)
         tasks = HF_TASKS
@@ -357,6 +372,10 @@ def main(argv=None) -> int:
     only = (argv if argv is not None else sys.argv[1:])
     if only == ["--hf"] and ZOO.exists():   # re-list the transformers part only
         entries = [e for e in json.loads(ZOO.read_text())["entries"] if e["family"] != "hf"] + hf_zoo()
+    elif len(only) == 2 and only[0] == "--hf-types" and ZOO.exists():   # re-pick these types' configs only
+        types = only[1].split(",")
+        new = {e["name"]: e for e in hf_zoo(types)}
+        entries = [new.pop(e["name"], e) for e in json.loads(ZOO.read_text())["entries"]] + list(new.values())
     else:
         entries = torchvision_zoo() + timm_zoo() + hf_zoo()
     versions = {p: md.version(p) for p in ("torch", "torchvision", "timm", "transformers")}
