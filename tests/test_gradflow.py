@@ -11,7 +11,7 @@ from torch import nn
 
 from torchdiag.api import run as api_run
 
-from support import load, sample
+from support import load, load_module, sample
 
 
 def run(model, *args, **opts):
@@ -867,6 +867,30 @@ def test_an_exploding_norm_that_training_keeps_stays_an_error(cli, optimizer):
     if optimizer == "adam":   # under SGD the run's loss diverges: nothing left to compare a step with
         assert all("not a transient of the starting point: after a short training run on a copy, grad norm" in
                    f["message"] for f in doc["findings"] if f["code"] == "exploding-grad")
+
+
+class _PerSampleLosses(nn.Module):
+    """broken_exploding's MLP at gain 3 returning its per-sample cross-entropy (reduction="none")."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.mlp = load_module("broken_exploding.py").DeepMLP(gain=3.0)
+
+    def forward(self, x):
+        logits = self.mlp(x)
+        return nn.functional.cross_entropy(logits, torch.arange(x.shape[0]) % 10, reduction="none")
+
+
+def test_an_exploding_init_that_a_large_learning_rate_repairs_in_part_stays_an_error(cli):
+    # a review: at lr 0.05 Adam shrinks the gain-3 MLP's weights; its gradients fall 24x while the logits'
+    # gradient falls 1.3x and the loss 10x. Weights of ordinary size are compared with the loss's fall (only a
+    # gate's with the outputs'), and per-sample losses as outputs (a constant gradient) give no yardstick
+    doc = cli("gradflow", sample("broken_exploding.py:build"), "--arg", "gain=3.0", "--lr", "0.05", "--json").json
+    assert doc["exit_code"] == 1 and "exploding-grad" in {f["code"] for f in doc["findings"]}
+    g = torch.Generator().manual_seed(1)
+    res = run(_PerSampleLosses(), torch.randn(16, 32, generator=g), loss="sum", lr=0.05)
+    assert res.exit_code == 1 and "exploding-grad" in {f.code for f in res.findings}
 
 
 class _TinyStream(nn.Module):

@@ -54,6 +54,7 @@ class Flag:
     threshold: float = 0.0     # vanishing-/exploding-grad: the grad/weight ratio; dead-units, saturated: the fraction
     edge: float = 0.0          # dead-units: the input at or below which the activation outputs 0; saturated: the margin
     by_norm: bool = False      # a parameter tiny by construction: judged by its gradient norm, its step per element
+    tiny: bool = False         # tiny by construction itself (a layer scale), not only judged by its norm
 
 
 @dataclass
@@ -169,6 +170,8 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
     q0, qk = read[:k - TAIL], read[k:2 * k - TAIL]
     g0, gk, l0, lk = read[k - 3], read[2 * k - 3], read[k - 1], read[2 * k - 1]
     out_fall = read[k - 2] / read[2 * k - 2] if read[k - 2] > 0 and read[2 * k - 2] > 0 else math.nan
+    if abs(out_fall - 1.0) <= 1e-6:   # a constant gradient: the outputs are the loss's terms (per-sample losses)
+        out_fall = math.nan
     mv = dict(zip(moved, read[2 * k:2 * k + len(moved)]))
     grown = [n for (n, _), g in zip(cands, read[2 * k + len(moved):]) if g > 0]
     # the same batch is fitted fast (a loss of 7 falls below 0.2 in one Adam step at batch 2): every
@@ -180,7 +183,9 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
     for f, a, b in zip(flags, q0, qk):
         resolved = _resolved(f, b, mv.get(f.name, 0.0))
         if f.kind == "exploding-grad":
-            resolved = resolved and transient(a, b, fell, out_fall)
+            # a tiny parameter's (a gate's) gradient against the outputs'; any other against the loss (review: a
+            # gain-3 MLP under Adam at lr 0.05 fell 24x while its logits' gradient fell 1.3x and its loss 10x)
+            resolved = resolved and transient(a, b, fell, out_fall if f.tiny else math.nan)
         elif f.kind == "saturated":   # gone as the loss fell below its start (a diverging run also unsaturates)
             resolved = resolved and math.isfinite(fell) and fell > 1
         verdicts[f.name] = Verdict(f, a, b, resolved, resolved or _grew(f, a, b), losses=(l0, lk),
@@ -353,12 +358,14 @@ def loss_fell(l0: float, losses: list[float]) -> float:
 def transient(before: float, after: float, fell: float, output_fall: float = math.nan) -> bool:
     """An exploding gradient that the starting point made: in a run whose loss went below its start
     (loss_fell; a saturated unit's gradient also falls, while the loss rises: tanh(1e5 x): 4.8e4 -> 445 as
-    the loss went 1.12 -> 1.9), it fell GROW x further than the gradient reaching the model's outputs did
-    (every parameter's gradient is linear in that one: fitting the batch shrinks them all with it), at least
-    GROW x. Compared as measured, not against the whole gradient, which it can be most of. Where no
-    output gets a gradient of its own (a model returning its losses), against the loss's fall. The loss is
-    a poor stand-in otherwise: cross-entropy on a batch of 2 falls 25x in 5 Adam steps while the gradient
-    reaching the logits falls ~3x (timm mobilenetv4_hybrid_medium_075)."""
+    the loss went 1.12 -> 1.9), it fell GROW x further than the loss did (fitting the batch shrinks every
+    gradient with the loss), at least GROW x. Compared as measured, not against the whole gradient, which it
+    can be most of. `output_fall`, given for a parameter tiny by construction (a gate: its gradient is its
+    branch's output times the gradient there, whatever its value): the fall of the gradient reaching the
+    model's outputs, which every gradient is linear in, replaces the loss's. For a gate the loss overstates
+    it: cross-entropy on a batch of 2 falls 25x in 5 Adam steps while the gradient reaching the logits falls
+    ~3x (timm mobilenetv4_hybrid_medium_075's layer scales). For a weight of ordinary size the loss's fall
+    stays: a gain-3 MLP that Adam at lr 0.05 repairs fell 24x while its logits' gradient fell 1.3x."""
     base = output_fall if math.isfinite(output_fall) else fell
     return math.isfinite(fell) and after > 0 and before / after >= GROW * max(base, 1.0)
 

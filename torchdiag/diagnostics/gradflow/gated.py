@@ -32,7 +32,8 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
     if not flagged and not dead and not sat:
         return
     # judged as params.status judged them: a parameter tiny by construction by its gradient norm
-    flags = [gates.Flag(r["name"], r["status"], _threshold(r, opts), by_norm=_by_norm(r, opts)) for r in flagged]
+    flags = [gates.Flag(r["name"], r["status"], _threshold(r, opts), by_norm=_by_norm(r, opts), tiny=is_tiny(r))
+             for r in flagged]
     flags += [gates.Flag(f.where, "dead-units", opts.dead, zero_edge(modules[f.where])) for f in dead]
     flags += [gates.Flag(f.where, "saturated", opts.saturated, opts.saturation_margin) for f in sat]
     try:
