@@ -208,7 +208,12 @@ def _consistent_heads(config) -> None:
             part = params.get("partial_rotary_factor") if isinstance(params, dict) else None
             config.head_dim = round(rope / part) if isinstance(part, float) and 0 < part < 1 else rope
     if isinstance(params, dict) and _reads_mrope(config):
-        params["mrope_section"] = [1, 1, 2]       # sums to 4: head_dim 8 / 2
+        # half the rotary width: head_dim 8 / 2, or of the rotary part (GLM-4V-MoE's partial_rotary_factor 0.5)
+        part = params.get("partial_rotary_factor")
+        total = max(2, round(8 * (part if isinstance(part, float) and 0 < part < 1 else 1.0)) // 2)
+        first = total // 4      # [1, 1, 2] for 4, [0, 1, 1] for 2
+        second = (total - first) // 2
+        params["mrope_section"] = [first, second, total - first - second]
 
 
 def _reads_mrope(config) -> bool:
