@@ -217,6 +217,27 @@ def test_a_vision_tower_reading_packed_patches_gets_them_with_their_grid(tmp_pat
     assert not [f for f in r.json["findings"] if f["severity"] != "info"]
 
 
+@pytest.mark.parametrize("kind, arch, sizes, expected", [
+    # Muse Spark: 3 x patch_temporal 2 x 14² = 1176 values a patch, merge_size 2: 2 images of 8 x 8 patches
+    ("muse_spark_vision", "MuseSparkVisionModel", dict(merge_size=2, patch_temporal=2, patch_size=14,
+                                                       layer_types=["full_attention"]),
+     ["pixel_values: 128x1176 float32", "grid_thw: 2x3 int64"]),
+    # Kimi-K2.5: no channels named (RGB), merge_kernel_size (2, 2), each patch unflattened (3, 14, 14)
+    ("kimi_k25_vision", "Kimi_K25VisionModel", dict(merge_kernel_size=[2, 2], patch_size=14),
+     ["pixel_values: 128x3x14x14 float32", "grid_thw: 2x3 int64"]),
+    # VideoLLaMA3: a required merge_sizes (one per image) beside them; no merge size named: 1
+    ("video_llama_3_vision", "VideoLlama3VisionModel", dict(num_channels=3, patch_size=16),
+     ["pixel_values: 32x768 float32", "grid_thw: 2x3 int64", "merge_sizes: 2 int64"]),
+])
+def test_packed_patches_read_the_configs_names_for_their_sizes(tmp_path, cli, kind, arch, sizes, expected):
+    cfg = transformers.AutoConfig.for_model(kind, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                            num_hidden_layers=1, **sizes)
+    folder = save(tmp_path, cfg, arch)
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == expected
+
+
 def test_a_grid_spec_gives_every_row_its_values():
     import torch
 

@@ -193,8 +193,9 @@ def candidates(cls, config) -> list[tuple[str, ...]]:
     mask = f"{main}_mask"
     if mask in params and mask not in others:   # an optional mask of the main input some forwards read regardless
         out += _layouts(cls, config, main, others, first, mask)   # (AudioFlamingo3): tried after the others
-    patched = _packed_patches(cls, config) or _patches_with_shapes(cls, config)
-    out = ([patched] if patched else []) + out
+    packed = _packed_patches(cls, config)
+    shaped = _patches_with_shapes(cls, config)
+    out = packed + ([shaped] if shaped and not packed else []) + out
     return [c for i, c in enumerate(out) if c not in out[:i]][:MAX_CANDIDATES]
 
 
@@ -278,19 +279,29 @@ def _layouts(cls, config, main: str, others: list[str], first, mask: str | None 
 PACKED_IMAGES = 2          # images in a packed-patches default, each a grid of 1 x (4·merge) x (4·merge) patches
 
 
-def _packed_patches(cls, config) -> tuple[str, ...] | None:
+def _packed_patches(cls, config) -> list[tuple[str, ...]]:
     """A vision tower that reads every image's patches packed into one (patches, features) tensor beside a
     (images, 3) grid of their (frames, rows, columns) (a `*grid_thw` parameter: Qwen2-VL-style towers): two
     images of 1 x g x g patches, g a multiple of the config's spatial merge size, each patch flattened from
-    channels (in_channels or num_channels) x temporal_patch_size (1 when none) x patch_size²; None for another
-    forward, or a config without those sizes."""
+    channels (in_channels or num_channels) x temporal_patch_size (1 when none) x patch_size², then each patch
+    as (channels, [frames,] rows, columns) (Kimi-K2.5's tower). A required per-image `*_sizes` input beside them
+    gets the merge size (VideoLLaMA3's merge_sizes). [] for another forward, or a config without those sizes."""
     params = forward_params(cls)
     grid = next((n for n in params if n.endswith("grid_thw")), None)
     _, required = forward_names(cls)
-    patches = next((n for n in required if n != grid), None)
+    patches = next((n for n in required if n != grid and not n.endswith("_sizes")), None)
     if grid is None or patches is None:
-        return None
-    return packed_patches(patches, grid, config)
+        return []
+    flat = packed_patches(patches, grid, config)
+    if flat is None:
+        return []
+    sizes = tuple(f"{n}={PACKED_IMAGES}:int64~each={merge_of(config)}" for n in required
+                  if n.endswith("_sizes") and n != patches)
+    ints = _ints(config)
+    c, t, p = _channels(ints), _temporal(ints), ints.get("patch_size", 0)
+    n = flat[0].partition("=")[2].split("x")[0]
+    shape = "x".join(str(d) for d in (int(n), c) + ((t,) if t > 1 else ()) + (p, p))
+    return [flat + sizes, (f"{patches}={shape}:float32", *flat[1:], *sizes)]
 
 
 def packed_patches(patches: str, grid: str, config) -> tuple[str, ...] | None:
@@ -338,17 +349,31 @@ def patch_of(config) -> int:
 
 
 def merge_of(config) -> int:
-    """The config's spatial merge size (1 when it names none)."""
-    m = _ints(config).get("spatial_merge_size", 1)
+    """The config's spatial merge size (1 when it names none): spatial_merge_size, merge_size, or the first of a
+    merge_kernel_size pair."""
+    ints = _ints(config)
+    m = ints.get("spatial_merge_size", ints.get("merge_size"))
+    if m is None:
+        kernel = getattr(config, "merge_kernel_size", None)
+        m = kernel[0] if isinstance(kernel, (list, tuple)) and kernel and isinstance(kernel[0], int) else 1
     return m if m > 0 else 1
 
 
 def _patch_size(config) -> int | None:
     """The values of one flattened patch: channels x temporal_patch_size x patch_size², from the config."""
     ints = _ints(config)
-    c = ints.get("in_channels", ints.get("num_channels", 0))
-    t, p = ints.get("temporal_patch_size", 1), ints.get("patch_size", 0)
+    c, t, p = _channels(ints), _temporal(ints), ints.get("patch_size", 0)
     return c * t * p * p if min(c, t, p) > 0 else None
+
+
+def _channels(ints: dict) -> int:
+    """An image patch's channels: in_channels or num_channels, RGB's 3 when the config names neither."""
+    return ints.get("in_channels", ints.get("num_channels", 3))
+
+
+def _temporal(ints: dict) -> int:
+    """Frames in one patch: temporal_patch_size (Qwen2-VL) or patch_temporal (Muse), 1 when none."""
+    return ints.get("temporal_patch_size", ints.get("patch_temporal", 1))
 
 
 def _decoder_ids(cls, config, main: str, others: list[str], decoder: str | None) -> str | None:
