@@ -238,6 +238,21 @@ def test_packed_patches_read_the_configs_names_for_their_sizes(tmp_path, cli, ki
     assert r.json["inputs"] == expected
 
 
+def test_a_video_tower_s_frame_count_comes_from_its_sub_config(tmp_path, cli):
+    # VideoPrism's clip model: num_frames lives in vision_config only (its positions are made for that many
+    # frames; 8, the default when no config names one, failed); 36 / 18 tubelets: 2 x 2 patches a frame
+    cfg = transformers.VideoPrismConfig(
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, image_size=36,
+                           tubelet_size=[1, 18, 18], num_frames=4, num_spatial_layers=1, num_temporal_layers=1,
+                           num_auxiliary_layers=1),
+        text_config=dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_hidden_layers=1,
+                         vocab_size=100, max_position_embeddings=64))
+    folder = save(tmp_path, cfg, "VideoPrismClipModel")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"][0] == "input[0]: 1x4x3x36x36 float32"
+
+
 def test_a_grid_spec_gives_every_row_its_values():
     import torch
 

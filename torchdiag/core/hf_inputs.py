@@ -132,7 +132,7 @@ def _main_shapes(config, main: str) -> list[tuple[tuple[int, ...], str, int | No
     image = image_of(config)
     if main.startswith("pixel_values"):
         c, h, w = image or (3, 224, 224)
-        t = frames_of(config) or VIDEO_FRAMES
+        t = frames_of(config) or frames_of(config, nested=True) or VIDEO_FRAMES   # a video tower's (VideoPrism)
         return [((t, c, h, w), "float32", None), ((c, t, h, w), "float32", None), ((c, h, w), "float32", None)]
     if main.endswith(("_ids", "_index")):
         return [((TEXT_LENGTH,), "int64", TEXT_LENGTH)]
