@@ -71,7 +71,7 @@ class Verdict:
     median_update: float = math.nan   # the same two, medians over the parameters nothing flagged that moved
     median_relative: float = math.nan
     losses: tuple = (math.nan, math.nan)   # the loss before the run and after it
-    output_fall: float = math.nan          # how many times the gradient reaching the model's outputs fell
+    output_fall: float = math.nan          # a gate's yardstick: how many times the gradient reaching the outputs fell
     invariant: bool = False     # zero-grad back only at rounding level, and the loss does not depend on it
     zero_start: bool = False    # the weight was zero at the start: measured by its gradient norm throughout
 
@@ -189,7 +189,7 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
         elif f.kind == "saturated":   # gone as the loss fell below its start (a diverging run also unsaturates)
             resolved = resolved and math.isfinite(fell) and fell > 1
         verdicts[f.name] = Verdict(f, a, b, resolved, resolved or _grew(f, a, b), losses=(l0, lk),
-                                   zero_start=f.name in zero_start, output_fall=out_fall)
+                                   zero_start=f.name in zero_start, output_fall=out_fall if f.tiny else math.nan)
     if upd:
         for i, f in enumerate(stepped):
             v = verdicts[f.name]
