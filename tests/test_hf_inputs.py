@@ -777,3 +777,15 @@ def test_an_input_the_first_linear_reads_wider_than_the_config_says_gets_that_wi
     assert r.code == 0, r.stderr
     (shape,) = [s for s in r.json["inputs"] if s.startswith("input[0]")]
     assert shape.split()[1].endswith("x80") and "80 wide: the width of the linear layer" in r.json["input_source"]
+
+
+def test_a_waveform_beside_another_main_input_is_one_channel_of_a_second_of_audio():
+    # PE Audio reads input_ids (its main input) and a required input_values waveform; a copy of the ids' shape
+    # as floats failed in its DAC encoder's first Conv1d (in_channels 1): (1, rate) first, then flat
+    import types
+
+    from torchdiag.core import hf_inputs
+
+    config = types.SimpleNamespace(sampling_rate=24000)
+    assert [hf_inputs._other("input_values", (128,), config, v) for v in range(hf_inputs.VARIANTS)] == \
+        ["1x1x24000:float32", "1x24000:float32", None, None]

@@ -176,6 +176,9 @@ def _other(name: str, main_shape: tuple[int, ...], config, variant: int, boolean
         return [f"{_dims(main_shape)}:int64~zeros", f"{_dims((length,))}:int64~zeros", None, None][variant]
     if name.endswith(("_ids", "_index")):
         return f"{_dims((length,))}:int64~zeros"
+    if name.endswith("input_values"):   # a waveform beside another main input (PE Audio's beside its ids): one
+        wave = AUDIO_SECONDS * ints.get("sampling_rate", 16000)   # channel (a codec's Conv1d), or flat
+        return [f"{_dims((1, wave))}:float32", f"{_dims((wave,))}:float32", None, None][variant]
     hidden = next(iter(_features(config, generic=True) + _features(config, generic=False)), 32)
     # another input like the main one (a prompt image beside the image), an index per sample (as a column, or
     # flat), or embeddings
