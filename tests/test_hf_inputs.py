@@ -225,6 +225,9 @@ def test_a_vision_tower_reading_packed_patches_gets_them_with_their_grid(tmp_pat
     # Kimi-K2.5: no channels named (RGB), merge_kernel_size (2, 2), each patch unflattened (3, 14, 14)
     ("kimi_k25_vision", "Kimi_K25VisionModel", dict(merge_kernel_size=[2, 2], patch_size=14),
      ["pixel_values: 128x3x14x14 float32", "grid_thw: 2x3 int64"]),
+    # a review: a (2, 3) kernel needs columns in threes: 2 images of 8 x 12 patches
+    ("kimi_k25_vision", "Kimi_K25VisionModel", dict(merge_kernel_size=[2, 3], patch_size=14),
+     ["pixel_values: 192x3x14x14 float32", "grid_thw: 2x3 int64"]),
     # VideoLLaMA3: a required merge_sizes (one per image) beside them; no merge size named: 1
     ("video_llama_3_vision", "VideoLlama3VisionModel", dict(num_channels=3, patch_size=16),
      ["pixel_values: 32x768 float32", "grid_thw: 2x3 int64", "merge_sizes: 2 int64"]),
@@ -789,3 +792,11 @@ def test_a_waveform_beside_another_main_input_is_one_channel_of_a_second_of_audi
     config = types.SimpleNamespace(sampling_rate=24000)
     assert [hf_inputs._other("input_values", (128,), config, v) for v in range(hf_inputs.VARIANTS)] == \
         ["1x1x24000:float32", "1x24000:float32", None, None]
+
+
+def test_a_merge_kernel_is_read_from_a_vision_sub_config():
+    # a review: Kimi-K2.5's full model keeps merge_kernel_size in vision_config only
+    from torchdiag.core import hf_inputs
+
+    config = transformers.AutoConfig.for_model("kimi_k25")
+    assert hf_inputs.merge_pair(config) == (2, 2) and hf_inputs.merge_of(config) == 2

@@ -312,9 +312,10 @@ def packed_patches(patches: str, grid: str, config) -> tuple[str, ...] | None:
     size = _patch_size(config)
     if size is None:
         return None
-    g = 4 * merge_of(config)
-    return (f"{patches}={PACKED_IMAGES * g * g}x{size}:float32",
-            f"{grid}={PACKED_IMAGES}x3:int64~each=1,{g},{g}")
+    mh, mw = merge_pair(config)
+    rows, cols = 4 * mh, 4 * mw
+    return (f"{patches}={PACKED_IMAGES * rows * cols}x{size}:float32",
+            f"{grid}={PACKED_IMAGES}x3:int64~each=1,{rows},{cols}")
 
 
 def _patches_with_shapes(cls, config) -> tuple[str, ...] | None:
@@ -352,14 +353,24 @@ def patch_of(config) -> int:
 
 
 def merge_of(config) -> int:
-    """The config's spatial merge size (1 when it names none): spatial_merge_size, merge_size, or the first of a
-    merge_kernel_size pair."""
+    """The config's spatial merge size (1 when it names none): the larger of merge_pair's two."""
+    return max(merge_pair(config))
+
+
+def merge_pair(config) -> tuple[int, int]:
+    """Patches merged along rows and columns: spatial_merge_size or merge_size (square), else a
+    merge_kernel_size pair (Kimi-K2.5's, which may be (2, 3)); the config's own first, then its sub-configs';
+    (1, 1) when none is named."""
     ints = _ints(config)
     m = ints.get("spatial_merge_size", ints.get("merge_size"))
-    if m is None:
-        kernel = getattr(config, "merge_kernel_size", None)
-        m = kernel[0] if isinstance(kernel, (list, tuple)) and kernel and isinstance(kernel[0], int) else 1
-    return m if m > 0 else 1
+    if m is not None:
+        return (m, m) if m > 0 else (1, 1)
+    for c in [config] + [v for v in vars(config).values() if hasattr(v, "to_dict") and hasattr(v, "model_type")]:
+        kernel = getattr(c, "merge_kernel_size", None)
+        if (isinstance(kernel, (list, tuple)) and len(kernel) == 2
+                and all(type(k) is int and k > 0 for k in kernel)):
+            return kernel[0], kernel[1]
+    return 1, 1
 
 
 def _patch_size(config) -> int | None:
