@@ -201,6 +201,11 @@ def _consistent_heads(config) -> None:
     own = vars(config)      # its own attributes (a per-layer config refuses some getattr)
     nope, rope = own.get("qk_nope_head_dim"), own.get("qk_rope_head_dim")
     params = own.get("rope_parameters")
+    width = own.get("hidden_size")
+    for heads, dim, expand in MAMBA_HEADS:   # Mamba-2: heads x head width = expand x hidden
+        h, d, e = own.get(heads), own.get(dim), own.get(expand)
+        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, d, e, width)):
+            setattr(config, heads, max(1, e * width // d))
     if isinstance(nope, int) and isinstance(rope, int):
         config.qk_head_dim = nope + rope
         if isinstance(own.get("head_dim"), int):
@@ -214,6 +219,10 @@ def _consistent_heads(config) -> None:
         first = total // 4      # [1, 1, 2] for 4, [0, 1, 1] for 2
         second = (total - first) // 2
         params["mrope_section"] = [first, second, total - first - second]
+
+
+MAMBA_HEADS = (("num_heads", "head_dim", "expand"), ("mamba_n_heads", "mamba_d_head", "mamba_expand"),
+               ("n_mamba_heads", "mamba_headdim", "mamba_expand"))
 
 
 def _reads_mrope(config) -> bool:

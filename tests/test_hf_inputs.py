@@ -800,3 +800,14 @@ def test_a_merge_kernel_is_read_from_a_vision_sub_config():
 
     config = transformers.AutoConfig.for_model("kimi_k25")
     assert hf_inputs.merge_pair(config) == (2, 2) and hf_inputs.merge_of(config) == 2
+
+
+def test_a_config_with_an_infinite_value_saved_by_transformers_loads(tmp_path, cli):
+    # Mamba-2's time_step_limit is (0, inf): save_pretrained writes inf as {"__float__": "Infinity"}, which
+    # from_pretrained decodes; torchdiag reads config.json itself and refused it ("transformers refused the config")
+    cfg = transformers.Mamba2Config(hidden_size=32, num_hidden_layers=1, num_heads=8, head_dim=8, expand=2,
+                                    n_groups=1, state_size=16, vocab_size=100, chunk_size=16)
+    folder = save(tmp_path, cfg, "Mamba2ForCausalLM")
+    assert '"__float__": "Infinity"' in (folder / "config.json").read_text()
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr

@@ -247,6 +247,7 @@ def hf_source(path: str, kwargs: dict[str, Any], download: str | None = None) ->
         raise UsageError(f"cannot read {config_file}: {exc.message if isinstance(exc, UsageError) else one_line(exc)}", hint="config.json must be the JSON file save_pretrained writes") from exc
     if not isinstance(config_dict, dict):
         raise UsageError(f"{config_file} is not a JSON object", hint="config.json must be the JSON file save_pretrained writes")
+    config_dict = _special_floats(config_dict)
     if config_dict.get("auto_map"):
         raise UsageError(f"{config_file} asks for custom model code (auto_map); torchdiag never runs code from a model folder",
                          hint="write a factory in a .py file you trust that builds the model, and point torchdiag at file.py:factory")
@@ -280,6 +281,22 @@ def _hf_paths(path: str) -> tuple[str, str]:
     if not os.path.isfile(config_file):
         raise UsageError(f"hf:{path}: the folder has no config.json", hint=hint)
     return path, config_file
+
+
+FLOAT_TAGS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+
+
+def _special_floats(obj):
+    """The floats JSON cannot hold, as save_pretrained writes them ({"__float__": "Infinity"}: Mamba-2's
+    time_step_limit) and from_pretrained reads them back; the config is read here, not by from_pretrained."""
+    if isinstance(obj, dict):
+        tag = obj.get("__float__") if len(obj) == 1 else None
+        if isinstance(tag, str) and tag in FLOAT_TAGS:
+            return FLOAT_TAGS[tag]
+        return {k: _special_floats(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_special_floats(v) for v in obj]
+    return obj
 
 
 def _hf_config(config_dict: dict, config_file: str, overrides: dict):
