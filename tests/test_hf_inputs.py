@@ -811,3 +811,10 @@ def test_a_config_with_an_infinite_value_saved_by_transformers_loads(tmp_path, c
     assert '"__float__": "Infinity"' in (folder / "config.json").read_text()
     r = cli("summary", f"hf:{folder}", "--json")
     assert r.code == 0, r.stderr
+
+
+def test_a_config_that_is_only_a_float_tag_is_one_line_exit_2(tmp_path, cli):
+    # the tag decoded before the "JSON object" check: a lone {"__float__": "Infinity"} was an internal error
+    (tmp_path / "config.json").write_text('{"__float__": "Infinity"}')
+    r = cli("summary", f"hf:{tmp_path}")
+    assert r.code == 2 and "is not a JSON object" in r.stderr and "Traceback" not in r.stderr + r.stdout

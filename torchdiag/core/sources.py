@@ -245,9 +245,9 @@ def hf_source(path: str, kwargs: dict[str, Any], download: str | None = None) ->
         config_dict = json.loads(text)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, UsageError) as exc:
         raise UsageError(f"cannot read {config_file}: {exc.message if isinstance(exc, UsageError) else one_line(exc)}", hint="config.json must be the JSON file save_pretrained writes") from exc
+    config_dict = _special_floats(config_dict)   # before the check: {"__float__": "NaN"} alone is not a config
     if not isinstance(config_dict, dict):
         raise UsageError(f"{config_file} is not a JSON object", hint="config.json must be the JSON file save_pretrained writes")
-    config_dict = _special_floats(config_dict)
     if config_dict.get("auto_map"):
         raise UsageError(f"{config_file} asks for custom model code (auto_map); torchdiag never runs code from a model folder",
                          hint="write a factory in a .py file you trust that builds the model, and point torchdiag at file.py:factory")
