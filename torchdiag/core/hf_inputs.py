@@ -280,6 +280,7 @@ def _layouts(cls, config, main: str, others: list[str], first, mask: str | None 
 
 
 PACKED_IMAGES = 2          # images in a packed-patches default, each a grid of 1 x (4·merge) x (4·merge) patches
+MERGES = 4                 # merged patches along each side of such an image
 
 
 def _packed_patches(cls, config) -> list[tuple[str, ...]]:
@@ -302,8 +303,9 @@ def _packed_patches(cls, config) -> list[tuple[str, ...]]:
                   if n.endswith("_sizes") and n != patches)
     ints = _ints(config)
     c, t, p = _channels(ints), _temporal(ints), ints.get("patch_size", 0)
-    n = flat[0].partition("=")[2].split("x")[0]
-    shape = "x".join(str(d) for d in (int(n), c) + ((t,) if t > 1 else ()) + (p, p))
+    mh, mw = merge_pair(config)
+    count = PACKED_IMAGES * MERGES * mh * MERGES * mw
+    shape = "x".join(str(d) for d in (count, c) + ((t,) if t > 1 else ()) + (p, p))
     return [flat + sizes, (f"{patches}={shape}:float32", *flat[1:], *sizes)]
 
 
@@ -313,7 +315,7 @@ def packed_patches(patches: str, grid: str, config) -> tuple[str, ...] | None:
     if size is None:
         return None
     mh, mw = merge_pair(config)
-    rows, cols = 4 * mh, 4 * mw
+    rows, cols = MERGES * mh, MERGES * mw
     return (f"{patches}={PACKED_IMAGES * rows * cols}x{size}:float32",
             f"{grid}={PACKED_IMAGES}x3:int64~each=1,{rows},{cols}")
 
