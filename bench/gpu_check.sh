@@ -33,9 +33,9 @@ timeout "$(left 130)" python3 -m pytest -rA -p no:cacheprovider -n 8 $PER_TEST -
 for cudnn in True False; do for spec in cnn.py:build:256x3x32x32 mlp.py:build:256x784; do
   echo "== cudnn=$cudnn $spec"
   timeout "$(left 30)" python3 -c "import sys, torch; torch.backends.cudnn.enabled = $cudnn; from torchdiag.cli.app import main; sys.argv[0] = 'torchdiag'; main()" \
-    memory "sample_models/${spec%:*}" -i "${spec##*:}" --device cuda --json 2>&1 | python3 -c "
+    memory "sample_models/${spec%:*}" -i "${spec##*:}" --device cuda --json 2>/dev/null | python3 -c "
 import json, sys; t = sys.stdin.read()
-try: d = json.loads([l for l in t.splitlines() if l.startswith('{')][-1]); c = d['cuda']; print('tensor peak', d['peak_bytes'], 'allocator step peak', c['step_peak_allocated_bytes'], 'ratio %.3f' % (c['step_peak_allocated_bytes'] / d['peak_bytes']))
+try: d = json.loads(t); c = d['cuda']; print('tensor peak', d['peak_bytes'], 'allocator step peak', c['step_peak_allocated_bytes'], 'ratio %.3f' % (c['step_peak_allocated_bytes'] / d['peak_bytes']))
 except Exception: print(t[-800:])"
 done; done > "$OUT/memory_probe.txt" 2>&1
 timeout "$(left 9999)" python3 -m pytest -rfE -v -p no:cacheprovider -n 14 --dist loadscope $PER_TEST \

@@ -56,7 +56,7 @@ def loaded_model(spec, path, **kw):
     from torchdiag.core.context import prepare
     from torchdiag.core.run import RunSpec
 
-    model, _, ctx = prepare(RunSpec("summary", spec, checkpoint=str(path), **kw))
+    model, _, ctx = prepare(RunSpec("summary", spec, checkpoint=str(path), **{"device": "cpu", **kw}))   # compared with CPU tensors
     return model, ctx
 
 

@@ -243,7 +243,8 @@ def test_workers_start_under_the_cli(cli):
     assert r.code == 0, r.stderr
     sweep = r.json["throughput"]["sweep"]
     # 64 samples in batches of 32: the first batch timed on its own, one after it, in each configuration
-    assert [s["num_workers"] for s in sweep] == [0, 1] and all(s["batches"] == 64 // 32 - 1 for s in sweep)
+    # (on a GPU machine a pin_memory run joins them)
+    assert [s["num_workers"] for s in sweep if not s["pin_memory"]] == [0, 1] and all(s["batches"] == 64 // 32 - 1 for s in sweep)
 
 
 def test_a_loss_the_user_named_that_cannot_load_ends_the_run(cli):

@@ -148,7 +148,8 @@ def test_device_mismatch_names_the_forward_that_made_a_parameter(cli, tmp_path):
                  "        super().__init__()\n        self.inp = nn.Linear(20, 32)\n    def forward(self, x):\n"
                  "        w = nn.Parameter(torch.randn(32, 5))\n        return self.inp(x) @ w\n"
                  "def build():\n    return N()\n")
-    d = cli("doctor", f"{p}:build", "-i", "8x20", "--json").json
+    # on the CPU: on a GPU the forward itself fails (its weight is on the CPU), and no local weight can be judged
+    d = cli("doctor", f"{p}:build", "-i", "8x20", "--device", "cpu", "--json").json
     (f,) = findings(d, "device-mismatch")
     assert "creates a 32x5 tensor without device=" in f["message"] and "outside forward" not in f["message"]
     assert findings(d, "local-weight")
@@ -358,7 +359,7 @@ def test_local_weight_is_an_error_never_an_internal_note(cli, tmp_path, command)
     # weight and was shown as a note under a PASS
     p = tmp_path / "m.py"
     p.write_text(LOCAL_BN)
-    r = cli(command, f"{p}:build", "-i", "8x20", "--json")
+    r = cli(command, f"{p}:build", "-i", "8x20", "--device", "cpu", "--json")   # its weight is made on the CPU
     d = r.json
     assert r.code == 1
     (f,) = findings(d, "local-weight")

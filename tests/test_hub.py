@@ -105,7 +105,7 @@ def test_a_cached_name_builds_with_the_weights_saved_there(tmp_path, cache, cli)
     assert "lm_head.weight" not in saved   # tied to wte: saved once, as save_pretrained does
     cache_entry(cache, "tiny-org/gpt2", {"config.json": config_bytes(cfg, tmp_path),
                                          "model.safetensors": safetensors_bytes(saved, tmp_path)})
-    built, _, ctx = prepare(RunSpec("summary", "hf:tiny-org/gpt2"))
+    built, _, ctx = prepare(RunSpec("summary", "hf:tiny-org/gpt2", device="cpu"))
     state = built.state_dict()
     for name, tensor in saved.items():
         assert torch.equal(state[name], tensor), name
@@ -129,11 +129,11 @@ def test_a_revision_is_a_ref_or_a_commit_and_bert_weights_load(tmp_path, cache):
     r = prepare_error(RunSpec("summary", "hf:org/bert"))
     assert "not in the Hugging Face cache" in r
     for spec in ("hf:org/bert@v1", f"hf:org/bert@{OTHER}"):
-        built, _, ctx = prepare(RunSpec("summary", spec))
+        built, _, ctx = prepare(RunSpec("summary", spec, device="cpu"))
         state = built.state_dict()
         assert all(torch.equal(state[k], v) for k, v in saved.items())
         assert "snapshot fedcba98" in ctx.header["source"]
-    assert "at v1" in prepare(RunSpec("summary", "hf:org/bert@v1"))[2].header["source"]
+    assert "at v1" in prepare(RunSpec("summary", "hf:org/bert@v1", device="cpu"))[2].header["source"]
 
 
 def prepare_error(spec) -> str:
@@ -181,7 +181,7 @@ def test_the_checkpoint_line_the_header_gives_loads_the_pickle(tmp_path, cache, 
                                     "pytorch_model.bin": (tmp_path / "pytorch_model.bin").read_bytes()})
     source = cli("summary", "hf:old/gpt2", "--json").json["source"]
     path = source.split("--checkpoint ", 1)[1].split(" loads it", 1)[0]
-    built, _, _ = prepare(RunSpec("summary", "hf:old/gpt2", checkpoint=path))
+    built, _, _ = prepare(RunSpec("summary", "hf:old/gpt2", checkpoint=path, device="cpu"))
     state = built.state_dict()
     assert all(torch.equal(state[k], v) for k, v in saved.items())
 

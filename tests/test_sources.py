@@ -66,7 +66,7 @@ def test_hf_weights_from_safetensors_in_the_folder(tmp_path, cli):
     model = transformers.GPT2LMHeadModel(transformers.AutoConfig.from_pretrained(folder))
     state = {k: torch.full_like(v, 0.25) for k, v in model.state_dict().items() if k != "lm_head.weight"}  # tied: saved once
     save_file(state, str(folder / "model.safetensors"))
-    built, _, ctx = prepare(RunSpec("summary", f"hf:{folder}"))
+    built, _, ctx = prepare(RunSpec("summary", f"hf:{folder}", device="cpu"))
     assert torch.equal(built.transformer.h[1].mlp.c_fc.weight, torch.full((32, 128), 0.25))
     assert torch.equal(built.lm_head.weight, torch.full((500, 32), 0.25))
     assert "model.safetensors: " in ctx.header["checkpoint"][0]

@@ -600,12 +600,13 @@ def traceless(model, inputs: ModelInputs):
     Python attributes it changes (a cache) stay changed."""
     import torch
 
+    from .index_guard import guarded
     from .param_writes import restored_writes
 
     saved = {n: b.detach().clone() for n, b in model.named_buffers()}
     devices = sorted({t.device.index or 0 for t in saved.values() if t.device.type == "cuda"})
     try:
-        with torch.random.fork_rng(devices=devices), torch.no_grad(), restored_writes(model):
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), restored_writes(model), guarded(model):
             return inputs.call(model)
     finally:
         with torch.no_grad():
@@ -764,6 +765,8 @@ def _next_if_unshifted(inputs, model) -> None:
     import torch
     import torch.nn.functional as F
 
+    from .index_guard import guarded
+
     labels = inputs.kwargs.get("labels")
     if not torch.is_tensor(labels) or labels.device.type == "meta" or labels.dim() != 2 or labels.shape[1] < 3:
         return
@@ -777,8 +780,9 @@ def _next_if_unshifted(inputs, model) -> None:
         return
     flat, targets = logits.detach().float(), labels.to(logits.device, torch.long)   # a user's int32 ids
     try:
-        same = F.cross_entropy(flat.flatten(0, 1), targets.flatten(), ignore_index=-100)
-        shifted = F.cross_entropy(flat[:, :-1].flatten(0, 1), targets[:, 1:].flatten(), ignore_index=-100)
+        with guarded(model):   # on a GPU an id without a class would assert on the device
+            same = F.cross_entropy(flat.flatten(0, 1), targets.flatten(), ignore_index=-100)
+            shifted = F.cross_entropy(flat[:, :-1].flatten(0, 1), targets[:, 1:].flatten(), ignore_index=-100)
     except (IndexError, RuntimeError):   # ids the logits have no class for: not a reading of the labels to test
         return
     own = loss.detach().float().reshape(()).to(logits.device)
