@@ -70,3 +70,61 @@ def test_the_probes_of_a_default_length_are_guarded(pretend_gpu, monkeypatch, tm
     assert r.code == 0, r.stderr
     assert r.json["inputs"] == ["input[0]: 1x38 int64"]
     assert len(raised) == 1     # the whole table, refused by the lookup of its positions (transformers 5: a gather)
+
+
+MORE = [  # lookups a GPU asserts on that go through other aten ops: (lookup, runs)
+    (lambda: F.embedding(torch.tensor([[1, 10]]), torch.randn(10, 4), max_norm=1.0), False),   # renorm_ first
+    (lambda: F.embedding_bag(torch.tensor([1, 10]), torch.randn(10, 4), torch.tensor([0])), False),
+    (lambda: F.embedding_bag(torch.tensor([1, 9]), torch.randn(10, 4), torch.tensor([0])), True),
+    (lambda: torch.randn(5, 3)[torch.tensor([0, 5])], False),                  # advanced indexing
+    (lambda: torch.randn(5, 3)[torch.tensor([0, -5])], True),                  # negatives count from the end
+    (lambda: torch.randn(5, 3)[torch.tensor([-6])], False),
+    (lambda: torch.randn(5, 3)[:, torch.tensor([3])], False),                  # the second dimension's size
+    (lambda: torch.randn(5, 3)[torch.tensor([True, False, True, False, True])], True),   # a mask: not an index
+]
+
+
+@pytest.mark.parametrize("case", range(len(MORE)))
+def test_other_lookups_are_checked_too(pretend_gpu, case):
+    lookup, runs = MORE[case]
+    with index_guard.guarded(TABLE):
+        if runs:
+            lookup()
+        else:
+            with pytest.raises(IndexError, match=GUARDED):
+                lookup()
+
+
+class _PositionsFirst(torch.nn.Module):
+    """AltCLIP's text embeddings: a gather from an 8-long buffer by position, before the ids reach the embedding."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("types", torch.zeros(1, 8, dtype=torch.long))
+        self.emb = torch.nn.Embedding(20, 4)
+
+    def forward(self, ids):
+        positions = torch.arange(ids.shape[1]).expand(ids.shape[0], -1)
+        types = torch.gather(self.types.expand(ids.shape[0], -1), 1, positions)
+        return self.emb(ids) + types[..., None]
+
+
+def test_the_probe_that_finds_an_ids_embedding_is_guarded(pretend_gpu, monkeypatch):
+    """core.inputs.embedding_consumers runs its own forward (a review: AltCLIP's 1x128 probe asked position 129 of a
+    128-row buffer there, unguarded): the lookup fails on the host, and the probe says nothing was found."""
+    from torchdiag.core.inputs import ModelInputs, embedding_consumers
+
+    raised = []
+    check = index_guard._check
+
+    def counted(func, spec, args):
+        try:
+            check(func, spec, args)
+        except IndexError:
+            raised.append(func.__name__)
+            raise
+    monkeypatch.setattr(index_guard, "_check", counted)
+    model = _PositionsFirst()
+    assert embedding_consumers(model, ModelInputs((torch.randint(0, 20, (2, 16)),)), ["input[0]"]) == {}
+    assert raised == ["gather.default"]
+    assert embedding_consumers(model, ModelInputs((torch.randint(0, 20, (2, 8)),)), ["input[0]"]) == {"input[0]": ("emb", 20)}

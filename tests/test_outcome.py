@@ -1,24 +1,82 @@
-"""runner/outcome.failed, the ladder from an exception to an exit code: a CUDA kernel's failure is the model's
-(exit 3) with a hint that says where to look, not "a bug in torchdiag" (exit 4). CUDA reports an assert at the next
-call that syncs, which is often torchdiag's own code (measured on an H200: a device-side assert surfaced as
-"internal error in torchdiag: AcceleratorError")."""
+"""A GPU's own failure is the model's (exit 3) with a hint that says where to look, not "a bug in torchdiag"
+(exit 4). CUDA reports an assert at the next call that syncs, which is often torchdiag's own code (measured on an
+H200: a device-side assert surfaced as "internal error in torchdiag: AcceleratorError"). errors.device_failure tells
+it by class name and message, through the chain of causes; runner/outcome.failed, core/tracking.forward_error and the
+loss use it."""
 import pytest
 import torch
 
-from torchdiag.errors import ExitCode
-from torchdiag.runner.outcome import BUG_HINT, DEVICE_HINT, failed
+from torchdiag.errors import DEVICE_HINT, OOM_HINT, ExitCode, UsageError, device_failure
+from torchdiag.runner.outcome import BUG_HINT, failed
 
 
-@pytest.mark.parametrize("exc", [torch.AcceleratorError("CUDA error: device-side assert triggered"),
-                                 RuntimeError("CUDA error: an illegal memory access was encountered\nmore")])
+def _raised_from(cause):
+    try:
+        try:
+            raise cause
+        except Exception as exc:
+            raise ValueError("a wrapper's own words") from exc
+    except ValueError as wrapped:
+        return wrapped
+
+
+KERNEL = [torch.AcceleratorError("CUDA error: device-side assert triggered"),
+          RuntimeError("CUDA error: an illegal memory access was encountered\nmore"),
+          RuntimeError("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED"),
+          RuntimeError("CUDA driver error: unknown error")]
+OOM = [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+       RuntimeError("CUDA error: out of memory")]
+
+
+@pytest.mark.parametrize("exc", KERNEL + [_raised_from(KERNEL[0])])
 def test_a_cuda_kernel_failure_is_the_models_with_a_hint(exc):
     out = failed(exc)
     assert out.code == ExitCode.MODEL and out.hint == DEVICE_HINT
-    assert out.message.startswith("a CUDA kernel failed: ") and "CUDA error" in out.message and "\n" not in out.message
+    assert out.message.startswith("a CUDA kernel failed: ") and "\n" not in out.message
     assert "--device cpu" in out.hint and "CUDA_LAUNCH_BLOCKING=1" in out.hint
 
 
-@pytest.mark.parametrize("exc", [RuntimeError("shape mismatch: CUDA error later"), ValueError("CUDA error: no")])
+@pytest.mark.parametrize("exc", OOM + [_raised_from(OOM[0])])
+def test_running_out_of_gpu_memory_is_said_as_such(exc):
+    out = failed(exc)
+    assert out.code == ExitCode.MODEL and out.hint == OOM_HINT and out.message.startswith("out of GPU memory: ")
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("shape mismatch: CUDA error later"), ValueError("CUDA error: no"),
+                                 KeyError("CUDA error")])
 def test_any_other_error_stays_a_bug_of_ours(exc):
+    assert device_failure(exc) is None
     out = failed(exc)
     assert out.code == ExitCode.INTERNAL and out.hint == BUG_HINT
+
+
+def test_our_own_usage_error_keeps_its_code():
+    assert failed(UsageError("bad option")).code == ExitCode.USAGE
+
+
+RAISES_IN_FORWARD = """import torch
+from torch import nn
+class Boom(nn.Module):
+    def forward(self, x):
+        raise torch.{cls}("{text}")
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.boom = Boom()
+    def forward(self, x):
+        return self.boom(self.lin(x))
+def build():
+    return Net()
+"""
+
+
+@pytest.mark.parametrize("cls,text,start,hint", [
+    ("AcceleratorError", "CUDA error: device-side assert triggered", "a CUDA kernel failed (surfaced in forward, at boom (Boom))", DEVICE_HINT),
+    ("OutOfMemoryError", "CUDA out of memory. Tried to allocate 1.00 GiB", "out of GPU memory (surfaced in forward, at boom (Boom))", OOM_HINT)])
+def test_a_gpu_failure_in_the_forward_says_where_it_surfaced(cli, tmp_path, cls, text, start, hint):
+    (tmp_path / "gpu_boom.py").write_text(RAISES_IN_FORWARD.format(cls=cls, text=text))
+    r = cli("summary", f"{tmp_path / 'gpu_boom.py'}:build", "-i", "2x4", "--device", "cpu", "--json")
+    assert r.code == 3, r.stderr
+    err = r.json["error"]
+    assert err["message"].startswith(start) and text in err["message"] and err["hint"] == hint

@@ -66,6 +66,47 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     return out if len(out) <= limit else out[: limit - 1] + "…"
 
 
+# A GPU's own failures (torch.AcceleratorError, torch.OutOfMemoryError, or the RuntimeError older torch raised),
+# told by class name and message so this module stays stdlib-only. CUDA reports a kernel's failure at a later call,
+# often one of torchdiag's, and other code may re-raise it wrapped: the chain of causes is read too.
+KERNEL_TYPES = ("AcceleratorError",)
+KERNEL_PREFIXES = ("CUDA error", "CUDA driver error", "cuDNN error", "CUBLAS_STATUS", "HIP error")
+OOM_TYPES = ("OutOfMemoryError",)
+OOM_PREFIXES = ("CUDA out of memory", "CUDA error: out of memory", "HIP out of memory")
+DEVICE_HINT = ("CUDA reports a kernel's failure at a later call, so where it surfaced does not name the op that "
+               "failed: run again with --device cpu (the same error, raised where it happens) or with "
+               "CUDA_LAUNCH_BLOCKING=1; a device-side assert is most often an index out of range (token ids past "
+               "the vocabulary, a class target past the classes)")
+OOM_HINT = ("the step needs more memory than the device has free: a smaller batch (-i), --dtype bfloat16, or "
+            "`torchdiag memory` to see what the step needs before running it")
+
+
+def device_failure(exc: BaseException | None) -> str | None:
+    """'oom', 'kernel' or None: is `exc`, or an exception it was raised from, a GPU's own failure?"""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen and len(seen) < 16:
+        seen.add(id(exc))
+        name = type(exc).__name__
+        text = one_line(exc).partition(": ")[2] if isinstance(exc, Exception) else ""
+        if name in OOM_TYPES or text.startswith(OOM_PREFIXES):
+            return "oom"
+        if name in KERNEL_TYPES or (isinstance(exc, RuntimeError) and text.startswith(KERNEL_PREFIXES)):
+            return "kernel"
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def device_error(exc: BaseException, where: str = "") -> ModelError | None:
+    """The ModelError (exit 3) a GPU's own failure becomes, with its hint; None for any other exception."""
+    kind = device_failure(exc)
+    if kind is None:
+        return None
+    at = f" (surfaced in {where})" if where else ""
+    if kind == "oom":
+        return ModelError(f"out of GPU memory{at}: {one_line(exc)}", hint=OOM_HINT)
+    return ModelError(f"a CUDA kernel failed{at}: {one_line(exc)}", hint=DEVICE_HINT)
+
+
 CALLERS = ("cli", "python", "config")
 
 

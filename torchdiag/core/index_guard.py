@@ -23,16 +23,38 @@ def _checks():
 
     aten = torch.ops.aten
     along = lambda a: a[0].shape[a[1]] if a[0].dim() else 1   # noqa: E731 - (self, dim, index)
-    return {aten.embedding.default: (1, lambda a: a[0].shape[0], None),       # (weight, indices, ...): its rows
+    rows = lambda a: a[0].shape[0]                               # noqa: E731 - (weight, indices, ...)
+    return {aten.embedding.default: (1, rows, None),
+            aten.embedding_renorm_.default: (1, rows, None),   # max_norm: rows renormalised in place first
+            aten._embedding_bag.default: (1, rows, None),
+            aten._embedding_bag_forward_only.default: (1, rows, None),
             aten.index_select.default: (2, along, None),
             aten.gather.default: (2, along, None),
-            aten.nll_loss_forward.default: (1, lambda a: _classes(a[0]), 4),  # (self, target, weight, reduction, ignore)
+            aten.nll_loss_forward.default: (1, lambda a: _classes(a[0]), 4),   # (self, target, weight, reduction, ignore)
             aten.nll_loss2d_forward.default: (1, lambda a: _classes(a[0]), 4)}
 
 
 def asserts(t) -> bool:
     """A lookup on `t`'s device asserts on the device instead of raising (every accelerator; not CPU or meta)."""
     return t.device.type not in ("cpu", "meta")
+
+
+def _check_index(args) -> None:
+    """x[i, j, ...] with integer index tensors (aten.index.Tensor: (self, [index or None per dimension])): each in
+    [-size, size) of its dimension. A boolean mask takes several dimensions at once: such an indexing is left alone."""
+    import torch
+
+    x, indices = args[0], args[1]
+    if any(torch.is_tensor(i) and i.dtype == torch.bool for i in indices):
+        return
+    for dim, index in enumerate(indices):
+        if not torch.is_tensor(index) or not asserts(index) or index.numel() == 0 or dim >= x.dim():
+            continue
+        size = x.shape[dim]
+        lo, hi = torch.stack([index.min(), index.max()]).tolist()
+        if lo < -size or hi >= size:
+            raise IndexError(f"index {lo if lo < -size else hi} is out of bounds for dimension {dim} with size {size} "
+                             "(checked before the GPU kernel would assert)")
 
 
 def _check(func, spec, args) -> None:
@@ -57,12 +79,13 @@ def _check(func, spec, args) -> None:
 def guarded(model):
     """Within the block, lookups on a GPU raise IndexError for an index out of range instead of asserting on the
     device; nothing is checked when `model` holds no tensor off the CPU."""
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     if not any(asserts(t) for t in _tensors(model)):
         yield
         return
-    checks = _checks()
+    checks, index = _checks(), torch.ops.aten.index.Tensor
 
     class Guard(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -70,6 +93,8 @@ def guarded(model):
             spec = checks.get(func)
             if spec is not None:
                 _check(func, spec, args)
+            elif func is index:
+                _check_index(args)
             return func(*args, **kwargs)
 
     with Guard():

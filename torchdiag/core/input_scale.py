@@ -40,6 +40,8 @@ def weighted_inputs(work, inputs, ctx, image) -> Seen | None:
     `image`'s number of values; None when the forward raises (its error comes later)."""
     import torch
 
+    from .index_guard import guarded
+
     raw = image.detach().reshape(-1).float().clone()   # before a forward that might edit the input in place
     layers_in = {m for m in work.modules() if weighted(m)}
     names = {m: n for n, m in work.named_modules()}
@@ -58,7 +60,7 @@ def weighted_inputs(work, inputs, ctx, image) -> Seen | None:
     handles = [m.register_forward_pre_hook(pre, with_kwargs=True) for m in layers_in]
     try:
         work.eval()
-        with torch.no_grad(), ctx.autocast():
+        with torch.no_grad(), ctx.autocast(), guarded(work):   # a GPU assert here would end the run
             inputs.call(work)
     except Exception:   # the eval forward below names it
         return None

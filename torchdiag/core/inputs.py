@@ -342,6 +342,8 @@ def embedding_consumers(model, inputs: ModelInputs, wanted: list[str]) -> dict[s
     import torch
     from torch import nn
 
+    from .index_guard import guarded
+
     embeddings = [(n, m) for n, m in model.named_modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
     named = dict(inputs.tensors())
     targets = {k: named[k] for k in wanted if k in named}
@@ -363,7 +365,7 @@ def embedding_consumers(model, inputs: ModelInputs, wanted: list[str]) -> dict[s
     saved = {n: b.detach().clone() for n, b in model.named_buffers()}
     devices = sorted({t.device.index or 0 for t in saved.values() if t.device.type == "cuda"})
     try:
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), guarded(model):
             try:
                 inputs.call(model)
             except _ProbeDone:

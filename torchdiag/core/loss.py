@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ModelError, UsageError, one_line
+from ..errors import ModelError, UsageError, device_error, one_line
 from . import seeds
 
 LOSS_CHOICES = "auto|cross_entropy|mse|sum|PATH:fn"
@@ -320,13 +320,14 @@ def _causal_in(model, inputs, found: list) -> LanguageModel | None:
     import torch
 
     from .guard import leave_no_trace
+    from .index_guard import guarded
 
     def logits(ins):
         y, _ = primary_output(ins.call(model))
         return y if y.dim() == 3 and y.is_floating_point() else None
 
     try:
-        with leave_no_trace(model, buffers=True), torch.no_grad():
+        with leave_no_trace(model, buffers=True), torch.no_grad(), guarded(model):
             model.eval()
             base = logits(inputs)
             for lm in found:
@@ -398,6 +399,9 @@ def _checked(fn, y, target, name):
     try:
         return fn(y, target)
     except (RuntimeError, IndexError, ValueError) as exc:
+        gpu = device_error(exc, "the loss")   # the forward's kernel failure surfacing here: not the target's
+        if gpu is not None:
+            raise gpu from exc
         raise UsageError(f"{name}: the target does not fit the output (output {tuple(y.shape)} {y.dtype}, target "
                          f"{tuple(target.shape)} {target.dtype}): {one_line(exc)}",
                          hint="cross_entropy wants class indices in [0, C) of shape (N, ...) or probabilities of the "

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ModelError, UsageError, one_line
+from ..errors import ModelError, UsageError, device_error, one_line
 
 
 def describe(obj: Any, limit: int = 4) -> str:
@@ -200,8 +200,13 @@ def _without_forward(model, name: str):
 
 
 def forward_error(exc: BaseException, tracker: ModuleTracker | None, phase: str = "forward", partial=None) -> ModelError:
-    """A ModelError that names the module path, its type and the shapes it received."""
+    """A ModelError that names the module path, its type and the shapes it received (a GPU's own failure: where
+    it surfaced, which need not be where it happened, with errors.device_error's hint)."""
     call = tracker.failing if tracker else None
+    gpu = device_error(exc, f"{phase}, at {call.name or '(root)'} ({call.type})" if call is not None else phase)
+    if gpu is not None:
+        gpu.partial, gpu.where = partial, (call.name if call else "")
+        return gpu
     if call is not None:
         where = call.name or "(root)"
         msg = f"{phase} failed in {where} ({call.type}) with input shapes {call.inputs or '()'}: {one_line(exc)}"

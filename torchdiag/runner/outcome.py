@@ -7,14 +7,17 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DiagError, ExitCode, OptionError, interrupt_code, one_line
+from ..errors import (
+    DiagError,
+    ExitCode,
+    OptionError,
+    device_error,
+    interrupt_code,
+    one_line,
+)
 from .isolation import UserExit
 
 BUG_HINT = "this is a bug in torchdiag: run again with --debug and please report the traceback"
-DEVICE_HINT = ("CUDA reports a kernel's failure at a later call, so where it surfaced does not name the op that failed: "
-               "run again with --device cpu (the same error, raised where it happens) or with CUDA_LAUNCH_BLOCKING=1; "
-               "a device-side assert is most often an index out of range (token ids past the vocabulary, a class "
-               "target past the classes)")
 
 
 @dataclass
@@ -57,9 +60,9 @@ def failed(exc: BaseException, ctx=None, caller: str = "cli") -> Outcome:
     if isinstance(exc, SystemExit):   # only the user's code calls sys.exit in here
         return Outcome(ExitCode.MODEL, message=f"the model's own code called sys.exit({exc.code!r})",
                        hint="torchdiag runs your module's code; keep sys.exit out of import time, factories and forward")
-    if _kernel_failed(exc):   # a CUDA kernel of the model's asserted; it surfaces at whatever call comes next
-        return Outcome(ExitCode.MODEL, message=f"a CUDA kernel failed: {one_line(exc)}", hint=DEVICE_HINT,
-                       trace=traceback.format_exc())
+    gpu = device_error(exc) if isinstance(exc, Exception) else None
+    if gpu is not None:   # the GPU's own failure (an assert of the model's kernels surfaces at whatever call is next)
+        return Outcome(gpu.code, message=gpu.message, hint=gpu.hint, trace=traceback.format_exc())
     if isinstance(exc, Exception):   # a bug of ours
         return Outcome(ExitCode.INTERNAL, message=f"internal error in torchdiag: {one_line(exc)}", hint=BUG_HINT,
                        trace=traceback.format_exc())
@@ -67,13 +70,6 @@ def failed(exc: BaseException, ctx=None, caller: str = "cli") -> Outcome:
     return Outcome(ExitCode.MODEL, message=f"the model's own code raised {one_line(exc)}",
                    hint="a BaseException that is not an Exception stops any program; raise an Exception subclass",
                    trace=traceback.format_exc())
-
-
-def _kernel_failed(exc: BaseException) -> bool:
-    """torch.AcceleratorError (torch >= 2.8), or the RuntimeError "CUDA error: ..." torch raised before it. Named by
-    class name and message: this module stays torch-free."""
-    return type(exc).__name__ == "AcceleratorError" or (
-        isinstance(exc, RuntimeError) and one_line(exc).partition(": ")[2].startswith("CUDA error"))
 
 
 def produced(job, result, written: dict | None = None, after: bool = True) -> Outcome:
