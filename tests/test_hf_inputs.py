@@ -818,3 +818,17 @@ def test_a_config_that_is_only_a_float_tag_is_one_line_exit_2(tmp_path, cli):
     (tmp_path / "config.json").write_text('{"__float__": "Infinity"}')
     r = cli("summary", f"hf:{tmp_path}")
     assert r.code == 2 and "is not a JSON object" in r.stderr and "Traceback" not in r.stderr + r.stdout
+
+
+def test_each_layout_is_probed_with_the_labels_the_command_gives(tmp_path, cli):
+    """GIT's causal-LM loss first drops the logits of its image tokens: ids alone run without labels but leave no
+    logit for them, so the real run failed ("Expected input batch_size (0) to match target batch_size (254)").
+    Probed with its labels, the text-only layout fails there, and the one with pixel_values runs."""
+    cfg = transformers.GitConfig(vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                                                "num_attention_heads": 2, "image_size": 32, "patch_size": 16},
+                                 vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=64, max_position_embeddings=64)
+    folder = save(tmp_path, cfg, "GitForCausalLM")
+    r = cli("summary", f"hf:{folder}", "--device", "cpu", "--json")
+    assert r.code == 0, r.stderr
+    assert "pixel_values: 1x3x32x32 float32" in r.json["inputs"] and r.json["inputs"][-1].startswith("labels: ")

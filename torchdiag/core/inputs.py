@@ -652,7 +652,8 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
         for i, specs in enumerate(sets):
             inputs = spec_inputs(specs, loaded, device, seed)
             calls[0] = 0
-            probed = optional_inputs.probe(loaded.model, inputs, dtype)   # what its error names, if it fails
+            # what its error names, if it fails; the forward as the command calls it, its labels included
+            probed = optional_inputs.probe(loaded.model, _with_labels(inputs, loaded), dtype)
             out = probed.out
             named.append(probed)
             rank = None if out is None else blank_rank(out)
@@ -687,6 +688,18 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
     chosen.source = loaded.input_source + (f"; none of {len(sets)} layouts ran: layout {k + 1}, which went furthest "
                                            f"into the model ({reached[k]} module calls before it failed), is used")
     return chosen
+
+
+def _with_labels(inputs: ModelInputs, loaded) -> ModelInputs:
+    """A copy of a candidate layout with the labels _finish_source will give it, for its probe: a forward that runs
+    without them can fail in its own loss (GIT's drops its image tokens' logits first, and ids alone leave none to
+    compare with the labels). The layout itself when no labels are given."""
+    names = [p.name for p in forward_parameters(loaded.model)]
+    if not (getattr(loaded, "labels_from_ids", False) and inputs.args and "labels" in names):
+        return inputs
+    probe = ModelInputs(tuple(inputs.args), dict(inputs.kwargs), inputs.source, list(inputs.notes))
+    _labels_from_ids(probe, _missing_decoder_start(loaded.model, names), loaded.model)
+    return probe
 
 
 def _widened(sets, probes, loaded, device, seed: int, dtype: str | None) -> ModelInputs | None:
