@@ -832,3 +832,30 @@ def test_each_layout_is_probed_with_the_labels_the_command_gives(tmp_path, cli):
     r = cli("summary", f"hf:{folder}", "--device", "cpu", "--json")
     assert r.code == 0, r.stderr
     assert "pixel_values: 1x3x32x32 float32" in r.json["inputs"] and r.json["inputs"][-1].startswith("labels: ")
+
+
+def test_a_layout_whose_output_is_all_zeros_but_its_loss_is_not_chosen():
+    """A review: probed with labels, an output of all-zero logits carries the model's loss (log of the classes), which
+    is not zero; the layout the model reads must still win over it."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from torchdiag.core import inputs
+
+    class LM(nn.Module):   # ids of length 3: masked away, logits all zero; of length 4: read
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(10, 8), nn.Linear(8, 10)
+
+        def forward(self, input_ids, labels=None):
+            short = input_ids.shape[-1] == 3
+            logits = torch.zeros(*input_ids.shape, 10) if short else self.head(self.emb(input_ids))
+            out = {"logits": logits}
+            if labels is not None:
+                out["loss"] = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
+            return out
+
+    loaded = type("Loaded", (), {"model": LM(), "input_source": "test", "labels_from_ids": True})()
+    got = inputs._first_that_runs([("1x3:int64[0,10)",), ("1x4:int64[0,10)",)], loaded, torch.device("cpu"), 0)
+    assert tuple(got.args[0].shape) == (1, 4) and "gave all zeros" in got.source

@@ -81,6 +81,7 @@ MORE = [  # lookups a GPU asserts on that go through other aten ops: (lookup, ru
     (lambda: torch.randn(5, 3)[torch.tensor([-6])], False),
     (lambda: torch.randn(5, 3)[:, torch.tensor([3])], False),                  # the second dimension's size
     (lambda: torch.randn(5, 3)[torch.tensor([True, False, True, False, True])], True),   # a mask: not an index
+    (lambda: torch.arange(4.).reshape(1, 4)[torch.tensor([1], dtype=torch.uint8)], True),   # an old uint8 mask
 ]
 
 

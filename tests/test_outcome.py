@@ -42,8 +42,23 @@ def test_running_out_of_gpu_memory_is_said_as_such(exc):
     assert out.code == ExitCode.MODEL and out.hint == OOM_HINT and out.message.startswith("out of GPU memory: ")
 
 
+def _raised_while_handling(cause, exc, suppress=False):
+    try:
+        try:
+            raise cause
+        except Exception:
+            if suppress:
+                raise exc from None
+            raise exc  # noqa: B904 - raised while handling it, on purpose
+    except Exception as raised:
+        return raised
+
+
 @pytest.mark.parametrize("exc", [RuntimeError("shape mismatch: CUDA error later"), ValueError("CUDA error: no"),
-                                 KeyError("CUDA error")])
+                                 ValueError("CUDA out of memory, says a user's message"), KeyError("CUDA error"),
+                                 # a review: a handler's own bug while an OOM was being handled is still ours
+                                 _raised_while_handling(OOM[0], KeyError("missing")),
+                                 _raised_while_handling(OOM[0], ValueError("batch too big"), suppress=True)])
 def test_any_other_error_stays_a_bug_of_ours(exc):
     assert device_failure(exc) is None
     out = failed(exc)
@@ -80,3 +95,56 @@ def test_a_gpu_failure_in_the_forward_says_where_it_surfaced(cli, tmp_path, cls,
     assert r.code == 3, r.stderr
     err = r.json["error"]
     assert err["message"].startswith(start) and text in err["message"] and err["hint"] == hint
+
+
+FALLBACK = """import torch
+from torch import nn
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.b = nn.Linear(32, 4)
+    def forward(self, x):
+        h = self.a(x)
+        try:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+        except torch.OutOfMemoryError:
+            return self.b(h)          # the fallback's own shape bug
+def build():
+    return Net()
+"""
+
+BACKWARD_OOM = """import torch
+from torch import nn
+class Boom(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1
+    @staticmethod
+    def backward(ctx, g):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.00 GiB")
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 4)
+    def forward(self, x):
+        return Boom.apply(self.a(x))
+def build():
+    return Net()
+"""
+
+
+def test_an_error_in_a_fallback_after_a_gpu_failure_is_the_fallbacks(cli, tmp_path):
+    (tmp_path / "fallback.py").write_text(FALLBACK)
+    r = cli("summary", f"{tmp_path / 'fallback.py'}:build", "-i", "2x8", "--device", "cpu", "--json")
+    assert r.code == 3, r.stderr
+    err = r.json["error"]
+    assert err["message"].startswith("forward failed in b (Linear) with input shapes (2x16)") and err["hint"] != OOM_HINT
+
+
+def test_running_out_of_memory_in_backward_says_so(cli, tmp_path):
+    (tmp_path / "bwd.py").write_text(BACKWARD_OOM)
+    r = cli("gradflow", f"{tmp_path / 'bwd.py'}:build", "-i", "2x8", "--device", "cpu", "--json")
+    assert r.code == 3, r.stderr
+    err = r.json["error"]
+    assert err["message"].startswith("out of GPU memory (surfaced in backward): OutOfMemoryError") and err["hint"] == OOM_HINT

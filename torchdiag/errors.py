@@ -68,31 +68,50 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
 
 # A GPU's own failures (torch.AcceleratorError, torch.OutOfMemoryError, or the RuntimeError older torch raised),
 # told by class name and message so this module stays stdlib-only. CUDA reports a kernel's failure at a later call,
-# often one of torchdiag's, and other code may re-raise it wrapped: the chain of causes is read too.
+# often one of torchdiag's, and code may re-raise it wrapped (`raise … from exc`): an explicit cause is followed;
+# an error merely raised while one was being handled is its own (a fallback's shape bug, a handler's KeyError).
 KERNEL_TYPES = ("AcceleratorError",)
-KERNEL_PREFIXES = ("CUDA error", "CUDA driver error", "cuDNN error", "CUBLAS_STATUS", "HIP error")
+KERNEL_PREFIXES = ("CUDA error", "CUDA driver error", "cuDNN error", "HIP error", "Triton Error [CUDA]")
 OOM_TYPES = ("OutOfMemoryError",)
-OOM_PREFIXES = ("CUDA out of memory", "CUDA error: out of memory", "HIP out of memory")
+OOM_PREFIXES = ("CUDA out of memory", "CUDA error: out of memory", "HIP out of memory",
+                "CUDA error: CUBLAS_STATUS_ALLOC_FAILED")
 DEVICE_HINT = ("CUDA reports a kernel's failure at a later call, so where it surfaced does not name the op that "
                "failed: run again with --device cpu (the same error, raised where it happens) or with "
                "CUDA_LAUNCH_BLOCKING=1; a device-side assert is most often an index out of range (token ids past "
                "the vocabulary, a class target past the classes)")
-OOM_HINT = ("the step needs more memory than the device has free: a smaller batch (-i), --dtype bfloat16, or "
-            "`torchdiag memory` to see what the step needs before running it")
+OOM_HINT = ("the step needs more memory than the device has free: a smaller batch (-i) or --dtype bfloat16; "
+            "`torchdiag memory` estimates a step's peak without running out")
+
+
+def _gpu_kind(exc: BaseException) -> str | None:
+    name = type(exc).__name__
+    if name in OOM_TYPES:
+        return "oom"
+    if name in KERNEL_TYPES:
+        return "oom" if _text(exc).startswith(OOM_PREFIXES) else "kernel"
+    if isinstance(exc, RuntimeError):
+        text = _text(exc)
+        if text.startswith(OOM_PREFIXES):
+            return "oom"
+        if text.startswith(KERNEL_PREFIXES):
+            return "kernel"
+    return None
+
+
+def _text(exc: BaseException) -> str:
+    return one_line(exc).partition(": ")[2]
 
 
 def device_failure(exc: BaseException | None) -> str | None:
-    """'oom', 'kernel' or None: is `exc`, or an exception it was raised from, a GPU's own failure?"""
+    """'oom', 'kernel' or None: is `exc`, or the exception it was explicitly raised from (`raise … from`), a GPU's
+    own failure? An exception merely raised while handling one is not (its __context__ is not followed)."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen and len(seen) < 16:
         seen.add(id(exc))
-        name = type(exc).__name__
-        text = one_line(exc).partition(": ")[2] if isinstance(exc, Exception) else ""
-        if name in OOM_TYPES or text.startswith(OOM_PREFIXES):
-            return "oom"
-        if name in KERNEL_TYPES or (isinstance(exc, RuntimeError) and text.startswith(KERNEL_PREFIXES)):
-            return "kernel"
-        exc = exc.__cause__ or exc.__context__
+        kind = _gpu_kind(exc)
+        if kind is not None:
+            return kind
+        exc = exc.__cause__
     return None
 
 

@@ -7,7 +7,8 @@ layout that would have run and the command itself (measured on an H200: RoBERTa'
 `summary` as an internal error, and every test after it in that process failed). Within `guarded()`, a dispatch
 mode checks the indices of the lookups that assert on a GPU before they run there, and raises the IndexError a
 CPU would. Each check reads two values back (one host sync per lookup), so only probes use it, never a
-command's measured passes."""
+command's measured passes. Writes at indices (index_put_, scatter, index_copy_, index_add_) and torch.take are not
+checked: a probe forward of a model's default inputs reads its tables, it does not write into them."""
 from __future__ import annotations
 
 import contextlib
@@ -45,7 +46,7 @@ def _check_index(args) -> None:
     import torch
 
     x, indices = args[0], args[1]
-    if any(torch.is_tensor(i) and i.dtype == torch.bool for i in indices):
+    if any(torch.is_tensor(i) and i.dtype in (torch.bool, torch.uint8) for i in indices):   # uint8: an old mask
         return
     for dim, index in enumerate(indices):
         if not torch.is_tensor(index) or not asserts(index) or index.numel() == 0 or dim >= x.dim():

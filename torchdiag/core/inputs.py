@@ -623,6 +623,8 @@ def blank_rank(out) -> int:
     cannot read count as informative."""
     from .reach import floats
 
+    if isinstance(out, dict) and "loss" in out:   # a model's own loss is log(classes) on zero logits: not said
+        out = {k: v for k, v in out.items() if k != "loss"}
     tensors = [t for t in floats(out) if t.device.type != "meta" and t.numel()]
     try:
         if any(bool(t.isnan().any()) for t in tensors):
@@ -677,7 +679,9 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
         how = "did not run or gave all zeros or NaN" if blank else "did not run"
         chosen.source = loaded.input_source + (f"; layout {k + 1} of {len(sets)} (the first {k} {how})" if k else "")
         return chosen
-    grown = optional_inputs.completed(sets, named, loaded, device, seed, dtype) if any(p.names for p in named) else None
+    labelled = lambda i: _with_labels(i, loaded)   # noqa: E731 - every probe as the command will call the model
+    grown = optional_inputs.completed(sets, named, loaded, device, seed, dtype, labelled) \
+        if any(p.names for p in named) else None
     if grown is not None:
         return grown
     wide = _widened(sets, named, loaded, device, seed, dtype)
@@ -706,20 +710,23 @@ def _widened(sets, probes, loaded, device, seed: int, dtype: str | None) -> Mode
     """The first layout whose probe failed in an nn.Linear that refused the width of an input it was handed,
     tried again with that width (core.input_width), when that runs; else None. One probe per such layout."""
     for i, p in enumerate(probes):
-        wide = _wide_runs(spec_inputs(sets[i], loaded, device, seed), p.width, loaded, seed, dtype) if p.width else None
+        wide = _wide_runs(spec_inputs(sets[i], loaded, device, seed), p.width, loaded, seed, dtype, labelled=True) \
+            if p.width else None
         if wide is not None:
             wide.source = loaded.input_source + f"; layout {i + 1} of {len(sets)}, {_wide_note(*p.width)}"
             return wide
     return None
 
 
-def _wide_runs(inputs: ModelInputs, width: tuple, loaded, seed: int, dtype: str | None) -> ModelInputs | None:
+def _wide_runs(inputs: ModelInputs, width: tuple, loaded, seed: int, dtype: str | None,
+               labelled: bool = False) -> ModelInputs | None:
     """`inputs` with the input a Linear refused at its width ((name, width): core.input_width), when one probe
-    forward of them runs and gives an output that says something; else None."""
+    forward of them runs and gives an output that says something; else None. `labelled`: probed with the labels the
+    command will add (a candidate layout; a chosen one already has them)."""
     from . import input_width, optional_inputs
 
     wide = input_width.widened(inputs, *width, seed)
-    again = optional_inputs.probe(loaded.model, wide, dtype)
+    again = optional_inputs.probe(loaded.model, _with_labels(wide, loaded) if labelled else wide, dtype)
     return wide if again.out is not None and not blank_rank(again.out) else None
 
 

@@ -99,14 +99,15 @@ def needs_probe(model, inputs) -> bool:
     return any(p.name not in inputs.kwargs and p.default is None for p in params)
 
 
-def completed(sets, probes: list[Probe], loaded, device, seed: int, dtype: str | None = None):
+def completed(sets, probes: list[Probe], loaded, device, seed: int, dtype: str | None = None, prepare=None):
     """The first layout that runs with the optional inputs its errors name added (ModelInputs, its source saying
     what was added), or None. `probes`: each layout's own probe(). Breadth first: one input added to each layout,
     in their order, before any layout gets a second, so that a layout another one fixes (a shorter sequence) is not
     worked around by more inputs. Each of the first NAMES_EACH inputs an error names is tried in each of its shapes
     (hf_inputs.optional_specs); a forward that then fails naming another one, after more module calls than before
     or in its message (the added input was read or checked: a wrong shape fails where the None did), gets that
-    one at the next level (MAX_ADDED levels, MAX_TRIES forwards in all)."""
+    one at the next level (MAX_ADDED levels, MAX_TRIES forwards in all). `prepare`: what the probe forward is given
+    instead of a layout (its labels added, as the command will call the model)."""
     from ..errors import UsageError
     from . import hf_inputs
     from .inputs import blank_rank, spec_inputs
@@ -130,7 +131,7 @@ def completed(sets, probes: list[Probe], loaded, device, seed: int, dtype: str |
                         inputs = spec_inputs(grown, loaded, device, seed)
                     except UsageError:   # a shape too large to allocate (hf_inputs.make): not this one
                         continue
-                    got = probe(loaded.model, inputs, dtype)
+                    got = probe(loaded.model, prepare(inputs) if prepare else inputs, dtype)
                     if got.out is not None and not blank_rank(got.out):
                         which = f"; layout {k + 1} of {len(sets)}," if len(sets) > 1 else ";"
                         inputs.source = loaded.input_source + (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-from ..errors import ModelError, one_line
+from ..errors import ModelError, device_error, one_line
 
 
 def make_optimizer(params, spec, *, foreach: bool | None = None):
@@ -27,7 +27,7 @@ def backward(loss, hint: str = "the model's own code raised in backward") -> boo
     try:
         loss.backward()
     except Exception as exc:
-        raise ModelError(f"backward failed: {one_line(exc)}", hint=hint) from exc
+        raise (device_error(exc, "backward") or ModelError(f"backward failed: {one_line(exc)}", hint=hint)) from exc
     return True
 
 
@@ -36,7 +36,7 @@ def step(optimizer) -> None:
     try:
         optimizer.step()
     except Exception as exc:
-        raise ModelError(f"optimizer step failed: {one_line(exc)}") from exc
+        raise (device_error(exc, "the optimizer step") or ModelError(f"optimizer step failed: {one_line(exc)}")) from exc
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ from ..core.guard import leave_no_trace
 from ..core.resources import memory_limit
 from ..core.run import flag, number
 from ..core.tracking import ModuleTracker, forward_error, module_named
-from ..errors import ModelError, OptionError, UsageError
+from ..errors import ModelError, OptionError, UsageError, device_error, one_line
 from ..pictures import PICTURE_MIN, gradcam_size, need_pictures
 from ..results import Column, Result, Table
 
@@ -196,7 +196,7 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
     try:
         (grad,) = torch.autograd.grad(logits[0, k], a, allow_unused=True)
     except Exception as exc:
-        raise ModelError(f"backward from class {k} failed: {exc}") from exc
+        raise (device_error(exc, "backward") or ModelError(f"backward from class {k} failed: {one_line(exc)}")) from exc
     if grad is None:
         grad = torch.zeros_like(a)
     weights = grad[0].mean(dim=(1, 2))                               # C
