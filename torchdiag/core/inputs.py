@@ -687,6 +687,9 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
     wide = _widened(sets, named, loaded, device, seed, dtype)
     if wide is not None:
         return wide
+    asked = _resized(sets, named, loaded, device, seed, dtype)
+    if asked is not None:
+        return asked
     k = max(range(len(reached)), key=lambda i: (reached[i], -i))
     chosen = spec_inputs(sets[k], loaded, device, seed)
     chosen.source = loaded.input_source + (f"; none of {len(sets)} layouts ran: layout {k + 1}, which went furthest "
@@ -716,6 +719,58 @@ def _widened(sets, probes, loaded, device, seed: int, dtype: str | None) -> Mode
             wide.source = loaded.input_source + f"; layout {i + 1} of {len(sets)}, {_wide_note(*p.width)}"
             return wide
     return None
+
+
+RESIZE_ROUNDS = 3    # errors followed one after another, each asking for a size (core.error_sizes)
+RESIZE_TRIES = 24    # probe forwards at most, over all layouts
+
+
+def _resized(sets, probes, loaded, device, seed: int, dtype: str | None) -> ModelInputs | None:
+    """The first layout that runs once given the sizes its own errors ask for (core.error_sizes), following up to
+    RESIZE_ROUNDS errors in turn: when no variant of a round runs, the one whose forward got furthest with another
+    error starts the next (FunASR's encoder asks for 560 features per frame, then for 127 frames). None when none
+    runs."""
+    tries = [0]
+    for i, first in enumerate(probes):
+        specs, prev, steps = tuple(sets[i]), first, []
+        for _ in range(RESIZE_ROUNDS):
+            ran, nxt = _resize_round(specs, prev, loaded, device, seed, dtype, tries)
+            if ran is not None:
+                inputs, step = ran
+                inputs.source = loaded.input_source + (
+                    f"; layout {i + 1} of {len(sets)} with {', '.join(steps + [step])}: the size the model's own "
+                    "error asked for (no layout ran as made)")
+                return inputs
+            if nxt is None:
+                break
+            specs, prev = nxt[0], nxt[1]
+            steps.append(nxt[2])
+    return None
+
+
+def _resize_round(specs, prev, loaded, device, seed: int, dtype: str | None, tries: list):
+    """((inputs, 'old → new') of the first variant that runs, None) or (None, (specs, probe, step) of the variant
+    that got furthest with another error, or None)."""
+    from ..errors import UsageError
+    from . import error_sizes, optional_inputs
+
+    best = None
+    for old, new in error_sizes.asked(prev.error, error_sizes.sizes_of(specs)):
+        for grown in error_sizes.variants(specs, old, new):
+            if tries[0] >= RESIZE_TRIES:
+                return None, best
+            tries[0] += 1
+            try:
+                inputs = spec_inputs(grown, loaded, device, seed)
+            except UsageError:
+                continue
+            got = optional_inputs.probe(loaded.model, _with_labels(inputs, loaded), dtype)
+            if got.out is not None and not blank_rank(got.out):
+                return (inputs, f"{old} → {new}"), None
+            if got.out is None and got.error != prev.error and got.calls >= prev.calls \
+                    and (best is None or got.calls > best[1].calls):
+                best = (grown, got, f"{old} → {new}")
+    return None, best
 
 
 def _wide_runs(inputs: ModelInputs, width: tuple, loaded, seed: int, dtype: str | None,

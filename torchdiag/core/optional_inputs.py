@@ -29,6 +29,7 @@ class Probe(NamedTuple):
     calls: int          # module calls before it raised
     said: bool          # its message names one of them: a check on the inputs before it passed
     width: tuple | None = None   # (input, width) an nn.Linear handed that input reads instead (core.input_width)
+    error: str = ""     # its error's message (core.error_sizes reads the sizes it asks for)
 
 
 def probe(model, inputs, dtype: str | None = None) -> Probe:
@@ -50,9 +51,9 @@ def probe(model, inputs, dtype: str | None = None) -> Probe:
     except Exception as exc:   # noqa: BLE001 - any failure means: not this layout
         from .input_width import refused
 
-        names = named(tracker, exc)
-        return Probe(None, names, len(tracker.calls), any(re.search(rf"\b{n}\b", _text(exc)) for n in names),
-                     refused(tracker, cast, exc))
+        names, text = named(tracker, exc), _text(exc)
+        return Probe(None, names, len(tracker.calls), any(re.search(rf"\b{n}\b", text) for n in names),
+                     refused(tracker, cast, exc), text)
 
 
 def _text(exc) -> str:
