@@ -14,14 +14,16 @@ import math
 import re
 
 MAX_POSITIONS = 4   # positions of one size changed at most (2^4 - 1 sets)
-MAX_TRIES = 8       # variants probed per (layout, size) asked for
+MAX_TRIES = 15      # variants probed per (layout, size) asked for
+MAX_GROWTH = 16     # a size asked for is at most this many times the one it replaces (a misread number: no 10 GB input)
 
-_PAIRS = [re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)"),
-          re.compile(r"\((\d+)\) doesn'?t match model \((\d+)\)")]
-_CHANNELS = re.compile(r"to have (\d+) channels, but got (\d+) channels")
-# "a multiple of `n_window * 2` (100)": the value in parentheses; else "a multiple of 1920"
-_MULTIPLE = [re.compile(r"(?:multiple of|divisible by)[^()\n]{0,40}\((\d+)\)"),
-             re.compile(r"(?:multiple of|divisible by) (\d+)")]
+_PAIRS = [re.compile(r"size of tensor a \((\d{1,9})\) must match the size of tensor b \((\d{1,9})\)"
+                     r"(?! at non-singleton dimension 0\b)"),   # dimension 0: the batch, never resized
+          re.compile(r"\((\d{1,9})\) doesn'?t match model \((\d{1,9})\)")]
+_CHANNELS = re.compile(r"to have (\d{1,9}) channels, but got (\d{1,9}) channels")
+# "a multiple of `n_window * 2` (100)": the value of the named expression; "a multiple of 1920": the number itself
+_MULTIPLE = [re.compile(r"(?:multiple of|divisible by) `[^`]{1,40}` \((\d{1,9})\)"),
+             re.compile(r"(?:multiple of|divisible by) (\d{1,9})\b")]
 
 
 def asked(text: str, sizes: set[int]) -> list[tuple[int, int]]:
@@ -39,24 +41,43 @@ def asked(text: str, sizes: set[int]) -> list[tuple[int, int]]:
     n = int(found.group(1)) if found else 0
     if n > 1:
         out += [(v, math.ceil(v / n) * n) for v in sorted(sizes) if v % n]
-    return [p for p in dict.fromkeys(out) if p[0] != p[1] and p[1] > 0]
+    return [p for p in dict.fromkeys(out) if p[0] != p[1] and 0 < p[1] <= MAX_GROWTH * max(p[0], 1)]
 
 
 def sizes_of(specs) -> set[int]:
-    return {int(d) for _, _, dims in _parsed(specs) for d in dims[1:] if d.isdigit()}
+    return {int(d) for i, j, d in _positions(_parsed(specs))}
 
 
-def variants(specs, old: int, new: int) -> list[tuple[str, ...]]:
-    """`specs` with `old` set to `new` at each set of its positions (after the batch dimension), smallest sets first."""
+def variants(specs, old: int, new: int) -> list[tuple[frozenset, tuple[str, ...]]]:
+    """(positions, `specs` with `old` set to `new` there) for each set of the positions holding `old` (after the
+    batch dimension): each one alone, then all of them, then the sets between, smallest first."""
     parsed = _parsed(specs)
-    where = [(i, j) for i, (_, _, dims) in enumerate(parsed) for j, d in enumerate(dims) if j and d == str(old)]
+    where = [(i, j) for i, j, d in _positions(parsed) if d == old]
     if not where or len(where) > MAX_POSITIONS:
         return []
-    out = []
-    for k in range(1, len(where) + 1):
-        for chosen in itertools.combinations(where, k):
-            out.append(tuple(_with(parsed, set(chosen), new)))
-    return out[:MAX_TRIES]
+    sets = [frozenset(c) for k in range(1, len(where) + 1) for c in itertools.combinations(where, k)]
+    ordered = [x for x in sets if len(x) == 1] + [frozenset(where)] + [x for x in sets if 1 < len(x) < len(where)]
+    return [(x, tuple(_with(parsed, x, new))) for x in dict.fromkeys(ordered)][:MAX_TRIES]
+
+
+def masks_of(specs, old: int) -> frozenset:
+    """The positions holding `old` in the specs named as masks (a frame count a mask repeats: it changes with it)."""
+    parsed = _parsed(specs)
+    return frozenset((i, j) for i, j, d in _positions(parsed) if d == old and "mask" in parsed[i][0])
+
+
+def with_positions(specs, chosen: frozenset, new: int) -> tuple[str, ...]:
+    return tuple(_with(_parsed(specs), chosen, new))
+
+
+def _positions(parsed):
+    """(spec, dimension, size) of every size a variant may change: after the batch dimension, and not the last
+    dimension of a spec whose fill fixes it (`~each=` rows, `~boxes`)."""
+    for i, (_, tail, dims) in enumerate(parsed):
+        fixed = "~each=" in tail or "~boxes" in tail
+        for j, d in enumerate(dims):
+            if j and d.isdigit() and not (fixed and j == len(dims) - 1):
+                yield i, j, int(d)
 
 
 def _parsed(specs):
@@ -69,6 +90,6 @@ def _parsed(specs):
     return out
 
 
-def _with(parsed, chosen: set, new: int):
+def _with(parsed, chosen: frozenset, new: int):
     for i, (prefix, tail, dims) in enumerate(parsed):
         yield prefix + "x".join(str(new) if (i, j) in chosen else d for j, d in enumerate(dims)) + tail

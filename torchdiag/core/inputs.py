@@ -722,7 +722,7 @@ def _widened(sets, probes, loaded, device, seed: int, dtype: str | None) -> Mode
 
 
 RESIZE_ROUNDS = 3    # errors followed one after another, each asking for a size (core.error_sizes)
-RESIZE_TRIES = 24    # probe forwards at most, over all layouts
+RESIZE_TRIES = 24    # probe forwards at most, over all layouts (making a variant's ids may run one more each)
 
 
 def _resized(sets, probes, loaded, device, seed: int, dtype: str | None) -> ModelInputs | None:
@@ -750,27 +750,44 @@ def _resized(sets, probes, loaded, device, seed: int, dtype: str | None) -> Mode
 
 def _resize_round(specs, prev, loaded, device, seed: int, dtype: str | None, tries: list):
     """((inputs, 'old → new') of the first variant that runs, None) or (None, (specs, probe, step) of the variant
-    that got furthest with another error, or None)."""
-    from ..errors import UsageError
-    from . import error_sizes, optional_inputs
+    that got furthest with another error, or None). A variant that runs while a mask still holds the old size is
+    tried with the mask changed too, and taken that way when it runs (a frame count in features and mask)."""
+    from . import error_sizes
 
     best = None
     for old, new in error_sizes.asked(prev.error, error_sizes.sizes_of(specs)):
-        for grown in error_sizes.variants(specs, old, new):
+        for chosen, grown in error_sizes.variants(specs, old, new):
             if tries[0] >= RESIZE_TRIES:
                 return None, best
             tries[0] += 1
-            try:
-                inputs = spec_inputs(grown, loaded, device, seed)
-            except UsageError:
+            inputs, got = _probe_specs(grown, loaded, device, seed, dtype)
+            if got is None:
                 continue
-            got = optional_inputs.probe(loaded.model, _with_labels(inputs, loaded), dtype)
             if got.out is not None and not blank_rank(got.out):
+                masks = error_sizes.masks_of(specs, old) - chosen
+                if masks and tries[0] < RESIZE_TRIES:
+                    tries[0] += 1
+                    both, again = _probe_specs(error_sizes.with_positions(specs, chosen | masks, new), loaded, device,
+                                               seed, dtype)
+                    if again is not None and again.out is not None and not blank_rank(again.out):
+                        inputs = both
                 return (inputs, f"{old} → {new}"), None
             if got.out is None and got.error != prev.error and got.calls >= prev.calls \
                     and (best is None or got.calls > best[1].calls):
                 best = (grown, got, f"{old} → {new}")
     return None, best
+
+
+def _probe_specs(specs, loaded, device, seed: int, dtype: str | None):
+    """(inputs, probe) of one candidate layout, labels as the command gives them; (None, None) when its inputs
+    cannot be made (a size a fill cannot take, one too large to allocate)."""
+    from . import optional_inputs
+
+    try:
+        inputs = spec_inputs(specs, loaded, device, seed)
+    except Exception:   # noqa: BLE001 - a variant that cannot be made is one that does not run
+        return None, None
+    return inputs, optional_inputs.probe(loaded.model, _with_labels(inputs, loaded), dtype)
 
 
 def _wide_runs(inputs: ModelInputs, width: tuple, loaded, seed: int, dtype: str | None,
