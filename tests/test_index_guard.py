@@ -49,19 +49,25 @@ def test_nothing_is_checked_for_a_model_on_the_cpu():
     assert GUARDED not in str(info.value)     # torch's own CPU error
 
 
-def test_the_probes_of_a_default_length_are_guarded(pretend_gpu, monkeypatch, tmp_path, cli):
-    """RoBERTa numbers positions from padding_idx + 1: its whole 40-row table does not fit, and the probe that finds
-    so must fail on the host (a GPU's assert would end the run) and go on to the 38 that fit."""
-    raised = []
+@pytest.fixture
+def raised(monkeypatch):
+    """The ops whose indices the guard refused, in order."""
+    out = []
     check = index_guard._check
 
     def counted(func, spec, args):
         try:
             check(func, spec, args)
         except IndexError:
-            raised.append(func.__name__)
+            out.append(func.__name__)
             raise
     monkeypatch.setattr(index_guard, "_check", counted)
+    return out
+
+
+def test_the_probes_of_a_default_length_are_guarded(pretend_gpu, raised, tmp_path, cli):
+    """RoBERTa numbers positions from padding_idx + 1: its whole 40-row table does not fit, and the probe that finds
+    so must fail on the host (a GPU's assert would end the run) and go on to the 38 that fit."""
     cfg = transformers.RobertaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                      intermediate_size=64, max_position_embeddings=40)
     cfg.architectures = ["RobertaForMaskedLM"]
@@ -110,21 +116,11 @@ class _PositionsFirst(torch.nn.Module):
         return self.emb(ids) + types[..., None]
 
 
-def test_the_probe_that_finds_an_ids_embedding_is_guarded(pretend_gpu, monkeypatch):
+def test_the_probe_that_finds_an_ids_embedding_is_guarded(pretend_gpu, raised):
     """core.inputs.embedding_consumers runs its own forward (a review: AltCLIP's 1x128 probe asked position 129 of a
     128-row buffer there, unguarded): the lookup fails on the host, and the probe says nothing was found."""
     from torchdiag.core.inputs import ModelInputs, embedding_consumers
 
-    raised = []
-    check = index_guard._check
-
-    def counted(func, spec, args):
-        try:
-            check(func, spec, args)
-        except IndexError:
-            raised.append(func.__name__)
-            raise
-    monkeypatch.setattr(index_guard, "_check", counted)
     model = _PositionsFirst()
     assert embedding_consumers(model, ModelInputs((torch.randint(0, 20, (2, 16)),)), ["input[0]"]) == {}
     assert raised == ["gather.default"]
