@@ -91,6 +91,7 @@ MORE = [  # lookups a GPU asserts on that go through other aten ops: (lookup, ru
 ]
 
 
+@pytest.mark.filterwarnings("ignore:indexing with dtype torch.uint8:UserWarning")   # the old mask, on purpose
 @pytest.mark.parametrize("case", range(len(MORE)))
 def test_other_lookups_are_checked_too(pretend_gpu, case):
     lookup, runs = MORE[case]
