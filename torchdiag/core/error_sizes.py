@@ -4,17 +4,20 @@ A forward that refuses a made-up input often says the size it wanted: "The size 
 of tensor b (560)", "must be a multiple of `n_window * 2` (100)", "expected input[1, 128, 160] to have 1 channels,
 but got 128 channels", "Input height (224) doesn't match model (336)". Each gives (old, new): a size of the layout
 after its batch dimension, and the one to try instead. Which dimensions hold it is not said, so the variants are
-the sets of its positions, smallest first (a feature map's height and width change together; a spectrogram's frame
-count in its features and in their mask together, not its mel bins): each is one probe forward, at most MAX_TRIES
-per layout and round. Nothing here knows a model: only what its error says."""
+the sets of its positions: each alone, then all, then the sets between (a feature map's height and width change
+together; a spectrogram's frame count in its features and in their mask together, not its mel bins). Each is one
+probe forward: at most PER_SIZE per size asked for, TRIES in all, ROUNDS errors deep. Nothing here knows a model:
+only what its error says."""
 from __future__ import annotations
 
 import itertools
 import math
 import re
 
+ROUNDS = 3          # errors followed one after another, each asking for a size
+TRIES = 24          # probe forwards at most, over all layouts (making a variant's ids may run one more each)
 MAX_POSITIONS = 4   # positions of one size changed at most (2^4 - 1 sets)
-MAX_TRIES = 15      # variants probed per (layout, size) asked for
+PER_SIZE = 15       # variants probed per (layout, size) asked for
 MAX_GROWTH = 16     # a size asked for is at most this many times the one it replaces (a misread number: no 10 GB input)
 
 _PAIRS = [re.compile(r"size of tensor a \((\d{1,9})\) must match the size of tensor b \((\d{1,9})\)"
@@ -57,7 +60,7 @@ def variants(specs, old: int, new: int) -> list[tuple[frozenset, tuple[str, ...]
         return []
     sets = [frozenset(c) for k in range(1, len(where) + 1) for c in itertools.combinations(where, k)]
     ordered = [x for x in sets if len(x) == 1] + [frozenset(where)] + [x for x in sets if 1 < len(x) < len(where)]
-    return [(x, tuple(_with(parsed, x, new))) for x in dict.fromkeys(ordered)][:MAX_TRIES]
+    return [(x, tuple(_with(parsed, x, new))) for x in dict.fromkeys(ordered)][:PER_SIZE]
 
 
 def masks_of(specs, old: int) -> frozenset:
@@ -93,3 +96,68 @@ def _parsed(specs):
 def _with(parsed, chosen: frozenset, new: int):
     for i, (prefix, tail, dims) in enumerate(parsed):
         yield prefix + "x".join(str(new) if (i, j) in chosen else d for j, d in enumerate(dims)) + tail
+
+
+def resized(sets, probes, loaded, device, seed: int, dtype: str | None):
+    """The first layout that runs once given the sizes its own errors ask for, following up to ROUNDS errors in turn:
+    when no variant of a round runs, the one whose forward got furthest with another error starts the next (FunASR's
+    encoder asks for 560 features per frame, then for 127 frames). ModelInputs, its source saying which sizes
+    changed; None when none runs. `probes`: each layout's own (optional_inputs.probe)."""
+    tries = [0]
+    for i, first in enumerate(probes):
+        specs, prev, steps = tuple(sets[i]), first, list[str]()
+        for _ in range(ROUNDS):
+            ran, nxt = _round(specs, prev, loaded, device, seed, dtype, tries)
+            if ran is not None:
+                inputs, step = ran
+                inputs.source = loaded.input_source + (
+                    f"; layout {i + 1} of {len(sets)} with {', '.join(steps + [step])}: the size the model's own "
+                    "error asked for (no layout ran as made)")
+                return inputs
+            if nxt is None:
+                break
+            specs, prev = nxt[0], nxt[1]
+            steps.append(nxt[2])
+    return None
+
+
+def _round(specs, prev, loaded, device, seed: int, dtype: str | None, tries: list):
+    """((inputs, 'old → new') of the first variant that runs, None) or (None, (specs, probe, step) of the variant
+    that got furthest with another error, or None). A variant that runs while a mask still holds the old size is
+    tried with the mask changed too, and taken that way when it runs (a frame count in features and mask)."""
+    from .inputs import blank_rank
+
+    best = None
+    for old, new in asked(prev.error, sizes_of(specs)):
+        for chosen, grown in variants(specs, old, new):
+            if tries[0] >= TRIES:
+                return None, best
+            tries[0] += 1
+            inputs, got = _probe(grown, loaded, device, seed, dtype)
+            if got is None:
+                continue
+            if got.out is not None and not blank_rank(got.out):
+                masks = masks_of(specs, old) - chosen
+                if masks and tries[0] < TRIES:
+                    tries[0] += 1
+                    both, again = _probe(with_positions(specs, chosen | masks, new), loaded, device, seed, dtype)
+                    if again is not None and again.out is not None and not blank_rank(again.out):
+                        inputs = both
+                return (inputs, f"{old} → {new}"), None
+            if got.out is None and got.error != prev.error and got.calls >= prev.calls \
+                    and (best is None or got.calls > best[1].calls):
+                best = (grown, got, f"{old} → {new}")
+    return None, best
+
+
+def _probe(specs, loaded, device, seed: int, dtype: str | None):
+    """(inputs, probe) of one candidate layout, labels as the command gives them; (None, None) when its inputs
+    cannot be made (a size a fill cannot take, one too large to allocate)."""
+    from .inputs import spec_inputs, with_labels
+    from .optional_inputs import probe
+
+    try:
+        inputs = spec_inputs(specs, loaded, device, seed)
+    except Exception:   # noqa: BLE001 - a variant that cannot be made is one that does not run
+        return None, None
+    return inputs, probe(loaded.model, with_labels(inputs, loaded), dtype)

@@ -641,7 +641,7 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
     the real run then reports it with its module). `dtype`: --dtype, for the probes' float inputs."""
     from torch.nn.modules.module import register_module_forward_pre_hook
 
-    from . import optional_inputs
+    from . import error_sizes, optional_inputs
 
     calls = [0]
 
@@ -655,7 +655,7 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
             inputs = spec_inputs(specs, loaded, device, seed)
             calls[0] = 0
             # what its error names, if it fails; the forward as the command calls it, its labels included
-            probed = optional_inputs.probe(loaded.model, _with_labels(inputs, loaded), dtype)
+            probed = optional_inputs.probe(loaded.model, with_labels(inputs, loaded), dtype)
             out = probed.out
             named.append(probed)
             rank = None if out is None else blank_rank(out)
@@ -679,7 +679,7 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
         how = "did not run or gave all zeros or NaN" if blank else "did not run"
         chosen.source = loaded.input_source + (f"; layout {k + 1} of {len(sets)} (the first {k} {how})" if k else "")
         return chosen
-    labelled = lambda i: _with_labels(i, loaded)   # noqa: E731 - every probe as the command will call the model
+    labelled = lambda i: with_labels(i, loaded)   # noqa: E731 - every probe as the command will call the model
     grown = optional_inputs.completed(sets, named, loaded, device, seed, dtype, labelled) \
         if any(p.names for p in named) else None
     if grown is not None:
@@ -687,7 +687,7 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
     wide = _widened(sets, named, loaded, device, seed, dtype)
     if wide is not None:
         return wide
-    asked = _resized(sets, named, loaded, device, seed, dtype)
+    asked = error_sizes.resized(sets, named, loaded, device, seed, dtype)
     if asked is not None:
         return asked
     k = max(range(len(reached)), key=lambda i: (reached[i], -i))
@@ -697,7 +697,7 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
     return chosen
 
 
-def _with_labels(inputs: ModelInputs, loaded) -> ModelInputs:
+def with_labels(inputs: ModelInputs, loaded) -> ModelInputs:
     """A copy of a candidate layout with the labels _finish_source will give it, for its probe: a forward that runs
     without them can fail in its own loss (GIT's drops its image tokens' logits first, and ids alone leave none to
     compare with the labels). The layout itself when no labels are given."""
@@ -721,75 +721,6 @@ def _widened(sets, probes, loaded, device, seed: int, dtype: str | None) -> Mode
     return None
 
 
-RESIZE_ROUNDS = 3    # errors followed one after another, each asking for a size (core.error_sizes)
-RESIZE_TRIES = 24    # probe forwards at most, over all layouts (making a variant's ids may run one more each)
-
-
-def _resized(sets, probes, loaded, device, seed: int, dtype: str | None) -> ModelInputs | None:
-    """The first layout that runs once given the sizes its own errors ask for (core.error_sizes), following up to
-    RESIZE_ROUNDS errors in turn: when no variant of a round runs, the one whose forward got furthest with another
-    error starts the next (FunASR's encoder asks for 560 features per frame, then for 127 frames). None when none
-    runs."""
-    tries = [0]
-    for i, first in enumerate(probes):
-        specs, prev, steps = tuple(sets[i]), first, []
-        for _ in range(RESIZE_ROUNDS):
-            ran, nxt = _resize_round(specs, prev, loaded, device, seed, dtype, tries)
-            if ran is not None:
-                inputs, step = ran
-                inputs.source = loaded.input_source + (
-                    f"; layout {i + 1} of {len(sets)} with {', '.join(steps + [step])}: the size the model's own "
-                    "error asked for (no layout ran as made)")
-                return inputs
-            if nxt is None:
-                break
-            specs, prev = nxt[0], nxt[1]
-            steps.append(nxt[2])
-    return None
-
-
-def _resize_round(specs, prev, loaded, device, seed: int, dtype: str | None, tries: list):
-    """((inputs, 'old → new') of the first variant that runs, None) or (None, (specs, probe, step) of the variant
-    that got furthest with another error, or None). A variant that runs while a mask still holds the old size is
-    tried with the mask changed too, and taken that way when it runs (a frame count in features and mask)."""
-    from . import error_sizes
-
-    best = None
-    for old, new in error_sizes.asked(prev.error, error_sizes.sizes_of(specs)):
-        for chosen, grown in error_sizes.variants(specs, old, new):
-            if tries[0] >= RESIZE_TRIES:
-                return None, best
-            tries[0] += 1
-            inputs, got = _probe_specs(grown, loaded, device, seed, dtype)
-            if got is None:
-                continue
-            if got.out is not None and not blank_rank(got.out):
-                masks = error_sizes.masks_of(specs, old) - chosen
-                if masks and tries[0] < RESIZE_TRIES:
-                    tries[0] += 1
-                    both, again = _probe_specs(error_sizes.with_positions(specs, chosen | masks, new), loaded, device,
-                                               seed, dtype)
-                    if again is not None and again.out is not None and not blank_rank(again.out):
-                        inputs = both
-                return (inputs, f"{old} → {new}"), None
-            if got.out is None and got.error != prev.error and got.calls >= prev.calls \
-                    and (best is None or got.calls > best[1].calls):
-                best = (grown, got, f"{old} → {new}")
-    return None, best
-
-
-def _probe_specs(specs, loaded, device, seed: int, dtype: str | None):
-    """(inputs, probe) of one candidate layout, labels as the command gives them; (None, None) when its inputs
-    cannot be made (a size a fill cannot take, one too large to allocate)."""
-    from . import optional_inputs
-
-    try:
-        inputs = spec_inputs(specs, loaded, device, seed)
-    except Exception:   # noqa: BLE001 - a variant that cannot be made is one that does not run
-        return None, None
-    return inputs, optional_inputs.probe(loaded.model, _with_labels(inputs, loaded), dtype)
-
-
 def _wide_runs(inputs: ModelInputs, width: tuple, loaded, seed: int, dtype: str | None,
                labelled: bool = False) -> ModelInputs | None:
     """`inputs` with the input a Linear refused at its width ((name, width): core.input_width), when one probe
@@ -798,7 +729,7 @@ def _wide_runs(inputs: ModelInputs, width: tuple, loaded, seed: int, dtype: str 
     from . import input_width, optional_inputs
 
     wide = input_width.widened(inputs, *width, seed)
-    again = optional_inputs.probe(loaded.model, _with_labels(wide, loaded) if labelled else wide, dtype)
+    again = optional_inputs.probe(loaded.model, with_labels(wide, loaded) if labelled else wide, dtype)
     return wide if again.out is not None and not blank_rank(again.out) else None
 
 
