@@ -29,9 +29,20 @@ CASES = [  # (lookup, runs)
     (lambda: F.cross_entropy(torch.randn(3, 5), torch.tensor([1, -100, 5])), False),
     (lambda: F.cross_entropy(torch.randn(3, 5, 2), torch.tensor([[1, 1], [-100, 0], [5, 0]])), False),
     (lambda: F.cross_entropy(torch.randn(3, 5), torch.softmax(torch.randn(3, 5), 1)), True),   # probabilities
+    # through other aten ops
+    (lambda: F.embedding(torch.tensor([[1, 10]]), torch.randn(10, 4), max_norm=1.0), False),   # renorm_ first
+    (lambda: F.embedding_bag(torch.tensor([1, 10]), torch.randn(10, 4), torch.tensor([0])), False),
+    (lambda: F.embedding_bag(torch.tensor([1, 9]), torch.randn(10, 4), torch.tensor([0])), True),
+    (lambda: torch.randn(5, 3)[torch.tensor([0, 5])], False),                  # advanced indexing
+    (lambda: torch.randn(5, 3)[torch.tensor([0, -5])], True),                  # negatives count from the end
+    (lambda: torch.randn(5, 3)[torch.tensor([-6])], False),
+    (lambda: torch.randn(5, 3)[:, torch.tensor([3])], False),                  # the second dimension's size
+    (lambda: torch.randn(5, 3)[torch.tensor([True, False, True, False, True])], True),   # a mask: not an index
+    (lambda: torch.arange(4.).reshape(1, 4)[torch.tensor([1], dtype=torch.uint8)], True),   # an old uint8 mask
 ]
 
 
+@pytest.mark.filterwarnings("ignore:indexing with dtype torch.uint8:UserWarning")   # the old mask, on purpose
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_a_lookup_out_of_range_raises_before_it_runs(pretend_gpu, case):
     lookup, runs = CASES[case]
@@ -76,31 +87,6 @@ def test_the_probes_of_a_default_length_are_guarded(pretend_gpu, raised, tmp_pat
     assert r.code == 0, r.stderr
     assert r.json["inputs"] == ["input[0]: 1x38 int64"]
     assert len(raised) == 1     # the whole table, refused by the lookup of its positions (transformers 5: a gather)
-
-
-MORE = [  # lookups a GPU asserts on that go through other aten ops: (lookup, runs)
-    (lambda: F.embedding(torch.tensor([[1, 10]]), torch.randn(10, 4), max_norm=1.0), False),   # renorm_ first
-    (lambda: F.embedding_bag(torch.tensor([1, 10]), torch.randn(10, 4), torch.tensor([0])), False),
-    (lambda: F.embedding_bag(torch.tensor([1, 9]), torch.randn(10, 4), torch.tensor([0])), True),
-    (lambda: torch.randn(5, 3)[torch.tensor([0, 5])], False),                  # advanced indexing
-    (lambda: torch.randn(5, 3)[torch.tensor([0, -5])], True),                  # negatives count from the end
-    (lambda: torch.randn(5, 3)[torch.tensor([-6])], False),
-    (lambda: torch.randn(5, 3)[:, torch.tensor([3])], False),                  # the second dimension's size
-    (lambda: torch.randn(5, 3)[torch.tensor([True, False, True, False, True])], True),   # a mask: not an index
-    (lambda: torch.arange(4.).reshape(1, 4)[torch.tensor([1], dtype=torch.uint8)], True),   # an old uint8 mask
-]
-
-
-@pytest.mark.filterwarnings("ignore:indexing with dtype torch.uint8:UserWarning")   # the old mask, on purpose
-@pytest.mark.parametrize("case", range(len(MORE)))
-def test_other_lookups_are_checked_too(pretend_gpu, case):
-    lookup, runs = MORE[case]
-    with index_guard.guarded(TABLE):
-        if runs:
-            lookup()
-        else:
-            with pytest.raises(IndexError, match=GUARDED):
-                lookup()
 
 
 class _PositionsFirst(torch.nn.Module):
