@@ -337,12 +337,10 @@ def same_data(x, t) -> bool:
 
 def embedding_consumers(model, inputs: ModelInputs, wanted: list[str]) -> dict[str, tuple[str, int]]:
     """name of an integer input -> (path, num_embeddings) of the first nn.Embedding/EmbeddingBag it
-    reaches. One forward under no_grad that stops once every wanted input has been mapped; buffers
-    (BatchNorm statistics, caches) and the RNG are restored afterwards, so the probe leaves no trace."""
+    reaches. One traceless forward (buffers, written parameters and the RNG restored; lookups guarded on a GPU)
+    that stops once every wanted input has been mapped."""
     import torch
     from torch import nn
-
-    from .index_guard import guarded
 
     embeddings = [(n, m) for n, m in model.named_modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
     named = dict(inputs.tensors())
@@ -362,23 +360,13 @@ def embedding_consumers(model, inputs: ModelInputs, wanted: list[str]) -> dict[s
 
     path = {id(m): n for n, m in embeddings}
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for _, m in embeddings]
-    saved = {n: b.detach().clone() for n, b in model.named_buffers()}
-    devices = sorted({t.device.index or 0 for t in saved.values() if t.device.type == "cuda"})
     try:
-        with torch.random.fork_rng(devices=devices), torch.no_grad(), guarded(model):
-            try:
-                inputs.call(model)
-            except _ProbeDone:
-                pass
-            except Exception:   # the real run reports the model's own errors, with their module
-                pass
+        traceless(model, inputs)
+    except Exception:   # noqa: BLE001 - _ProbeDone: all mapped; else the real run reports the model's own error
+        pass
     finally:
         for h in handles:
             h.remove()
-        with torch.no_grad():
-            for n, b in model.named_buffers():
-                if n in saved and b.shape == saved[n].shape:
-                    b.copy_(saved[n])
     return found
 
 
