@@ -84,22 +84,15 @@ OOM_HINT = ("the step needs more memory than the device has free: a smaller batc
 
 
 def _gpu_kind(exc: BaseException) -> str | None:
-    name = type(exc).__name__
-    if name in OOM_TYPES:
+    """Of one exception (torch's AcceleratorError and OutOfMemoryError are RuntimeErrors)."""
+    if type(exc).__name__ in OOM_TYPES:
         return "oom"
-    if name in KERNEL_TYPES:
-        return "oom" if _text(exc).startswith(OOM_PREFIXES) else "kernel"
-    if isinstance(exc, RuntimeError):
-        text = _text(exc)
-        if text.startswith(OOM_PREFIXES):
-            return "oom"
-        if text.startswith(KERNEL_PREFIXES):
-            return "kernel"
-    return None
-
-
-def _text(exc: BaseException) -> str:
-    return one_line(exc).partition(": ")[2]
+    if not isinstance(exc, RuntimeError):
+        return None
+    text = one_line(exc).partition(": ")[2]
+    if text.startswith(OOM_PREFIXES):
+        return "oom"
+    return "kernel" if type(exc).__name__ in KERNEL_TYPES or text.startswith(KERNEL_PREFIXES) else None
 
 
 def device_failure(exc: BaseException | None) -> str | None:
