@@ -97,6 +97,7 @@ def test_broken_samples_are_not_by_design():
     assert first
     out = run(vanishing, x, [gates.Flag(n, "vanishing-grad", 1e-7) for n in first])
     assert not any(v.by_design for v in out.verdicts.values())
+    assert out.longer == 0    # 1e-15..1e-11, growing ~2x in 3 steps: no climb reaches 1e-7, no longer run
 
     zero = load_module("broken_grad_zero.py")
     out = run(zero.build(), ModelInputs(zero.example_inputs()),
@@ -189,3 +190,38 @@ def test_a_sparse_embedding_fed_only_its_padding_index_is_re_checked_without_a_t
     res = run("gradflow", Emb(), (torch.zeros(16, 4, dtype=torch.long),), loss="cross_entropy")
     st = {r["name"]: r["status"] for r in res.table("params").rows}
     assert st["e.weight"] == "zero-grad", st
+
+
+class SmallAttention(torch.nn.Module):
+    """One softmax attention block at a 0.02 init (a transformer's at a small width): the key's gradient scales
+    with the query's weights and the spread of the keys, both small at the start; a few Adam steps grow them."""
+
+    def __init__(self, width=32, std=0.02):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.q, self.k, self.v = (torch.nn.Linear(width, width) for _ in range(3))
+        self.head = torch.nn.Linear(width, 4)
+        with torch.no_grad():
+            for lin in (self.q, self.k, self.v, self.head):
+                lin.weight.copy_(torch.randn(lin.weight.shape, generator=g) * std)
+                lin.bias.zero_()
+
+    def forward(self, x):
+        a = torch.softmax(self.q(x) @ self.k(x).transpose(1, 2) / x.shape[-1] ** 0.5, -1)
+        return self.head((a @ self.v(x)).mean(1))
+
+
+def test_a_gradient_still_climbing_gets_the_longer_run():
+    model = SmallAttention()
+    x = ModelInputs((torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(1)),))
+    r0 = grads(model, x)[0]["k.weight"]
+    # measured independently: x1.4 after 3 Adam steps, x7 after 10; 3x its start is crossed in the longer run only
+    out = run(model, x, [gates.Flag("k.weight", "vanishing-grad", 3 * r0)])
+    v = out.verdicts["k.weight"]
+    assert out.longer == 1 and v.steps == gates.LONG_STEPS and v.resolved and v.by_design, v
+    assert f"then {gates.LONG_STEPS} steps on a fresh copy" in out.cost()
+    assert out.passes >= 1 + out.steps + 1 + gates.LONG_STEPS
+    # a threshold the climb cannot reach at its rate: the short run's verdict stands, no longer run is spent
+    far = run(model, x, [gates.Flag("k.weight", "vanishing-grad", 30 * r0)])
+    v = far.verdicts["k.weight"]
+    assert far.longer == 0 and v.steps == gates.STEPS and not v.resolved and not v.by_design, v

@@ -44,7 +44,7 @@ def recheck(work, before, inputs, ctx, names: list[str], result, prepare) -> dic
         result.notes.append(f"parameters that did not move not re-checked with a short training run: {exc.message}")
         return {}
     result.notes.append(f"{len(flags)} parameter(s) that did not move {rc.cost()}")
-    return {n: (v, rc.steps) for n, v in rc.verdicts.items() if v.by_design}
+    return {n: v for n, v in rc.verdicts.items() if v.by_design}
 
 
 def with_stops(work, before, inputs, ctx, bad: list, zero: set, result, prepare) -> list:
@@ -112,17 +112,17 @@ def _candidates(work, names: list[str]) -> list[str]:
 def report(by_design: dict, ck, result, step: str) -> None:
     """One info finding per gate; the update row says so when nothing else is wrong."""
     groups: dict[tuple, list] = {}
-    for n, (v, steps) in by_design.items():
-        groups.setdefault(tuple(v.gates), []).append((n, v, steps))
+    for n, v in by_design.items():
+        groups.setdefault(tuple(v.gates), []).append((n, v))
     for gate, members in groups.items():
-        names = [n for n, _, _ in members]
+        names = [n for n, _ in members]
         shown = ", ".join(names[:6]) + (f" … (+{len(names) - 6})" if len(names) > 6 else "")
-        n, v, steps = members[0]
+        n, v = members[0]
         where = (gate[0] if len(gate) == 1 else name(_common(gate))) if gate else n
         result.add(CODE, "info", where,
                    f"{len(names)} parameter(s) ({shown}) do not change after 1 {step} step at initialisation, by "
                    f"design: their gradient is closed by a gate that training opens; after a short training run on a "
-                   f"copy ({steps} optimizer steps, same batch) they move: {n}: {v.describe(steps)}")
+                   f"copy ({v.steps} optimizer steps, same batch) they move: {n}: {v.describe()}")
     if by_design:
         ck.row("update", "info", f"{len(by_design)} parameter(s) do not move at initialisation, by design (a gate "
                "training opens; see the info findings)", name(next(iter(by_design))), "", CODE)

@@ -45,32 +45,32 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
     decoupled = ctx.spec.optimizer.name == "adamw"
     for r in flagged:
         v = rc.verdicts[r["name"]]
-        r["rechecked"] = rc.steps
+        r["rechecked"] = v.steps
         if r["status"] == "exploding-grad":
             if v.resolved and _by_norm(r, opts):   # a transient of the starting point: gone after a few real steps
                 r.update(status=TRANSIENT, allowed=False,
-                         design={"kind": TRANSIENT, "why": f"{v.describe(rc.steps)} (a short training run on a copy: "
-                                                           f"{rc.steps} optimizer steps on the same batch, which moved it "
+                         design={"kind": TRANSIENT, "why": f"{v.describe()} (a short training run on a copy: "
+                                                           f"{v.steps} optimizer steps on the same batch, which moved it "
                                                            f"by {v.update:.3g} per element (RMS))"})
                 continue
-            r["rechecked"] = rc.steps if v.compared() else False   # no other parameter moved: nothing compared
+            r["rechecked"] = v.steps if v.compared() else False   # no other parameter moved: nothing compared
             what = v.measure()
-            r["recheck_fact"] = (f"{what} {v.after:.3g} after {rc.steps} steps, the loss {v.losses[0]:.3g} → "
+            r["recheck_fact"] = (f"{what} {v.after:.3g} after {v.steps} steps, the loss {v.losses[0]:.3g} → "
                                  f"{v.losses[1]:.3g}")
-            if step_claim(r, opts) and v.steps_moderately(rc.steps):
-                r.update(status=BOUNDED, allowed=False, design={"kind": BOUNDED, "why": moderate_why(v, rc.steps, ctx)})
+            if step_claim(r, opts) and v.steps_moderately(v.steps):
+                r.update(status=BOUNDED, allowed=False, design={"kind": BOUNDED, "why": moderate_why(v, v.steps, ctx)})
             continue
         # the step measured is the optimizer's own, eps included (a gradient far below Adam's eps gets a step
         # far below lr, and does not step normally); only a decoupled weight decay (AdamW) moves a weight
         # without any gradient, so there the gradient must be well above eps for the step to be its
         above_eps = not decoupled or (r["mean_abs_grad"] or 0.0) >= ADAM_EPS
         if not v.by_design and r["status"] == "vanishing-grad" and above_eps and v.steps_normally():
-            r.update(status=ADAPTIVE, allowed=False, design={"kind": ADAPTIVE, "why": adaptive_why(v, rc.steps, ctx)})
+            r.update(status=ADAPTIVE, allowed=False, design={"kind": ADAPTIVE, "why": adaptive_why(v, v.steps, ctx)})
             continue
         if v.invariant:   # back only as rounding noise, and the trained copy's loss does not depend on it
             r.update(status=INVARIANT, allowed=False, design={"kind": INVARIANT, "why": (
                 f"max |grad| 0 at initialisation and {v.after:.3g} (rounding) after a short training run on a copy "
-                f"({rc.steps} optimizer steps), and shifting it by random values on a float64 copy of the trained "
+                f"({v.steps} optimizer steps), and shifting it by random values on a float64 copy of the trained "
                 "model leaves the loss unchanged: the loss does not depend on it")})
             continue
         if not v.by_design:
@@ -81,8 +81,8 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
         else:
             where = gate_where(v.gates) if kind == "zero-init" or len(v.gates) > 1 else v.gates[0]
         r.update(status=kind, reason=where, allowed=False,
-                 design={"kind": kind, "why": f"{v.describe(rc.steps)} (a short training run on a copy: "
-                                              f"{rc.steps} optimizer steps on the same batch)"})
+                 design={"kind": kind, "why": f"{v.describe()} (a short training run on a copy: "
+                                              f"{v.steps} optimizer steps on the same batch)"})
     _locate_stops(model, inputs, [r for r in flagged if r["status"] == "zero-grad"], result, opts, ctx, prepare)
     _transient_saturation(sat, rc)
     for f in dead:
@@ -92,10 +92,10 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
         f.code, f.severity, f.hint = KIND, "info", None
         if v.gates:
             f.message += (f"; by design at initialisation, closed by a gate that training opens: "
-                          f"{v.describe(rc.steps)} (a short training run on a copy)")
+                          f"{v.describe()} (a short training run on a copy)")
         else:   # the units' inputs hover near the zero point: they move within the run (no gate needed)
             f.message += (f"; not dead: their inputs hover near the activation's zero point and within a short "
-                          f"training run on a copy they stay below the threshold ({v.describe(rc.steps)}; "
+                          f"training run on a copy they stay below the threshold ({v.describe()}; "
                           f"a unit is dead when its input stays below the zero point by more than "
                           f"{gates.MARGIN:g}× the spread of the module's inputs)")
 
@@ -110,7 +110,7 @@ def _transient_saturation(findings, rc) -> None:
             continue
         f.severity, f.hint = "info", None
         f.message += (f"; a transient of the starting point: {v.before:.0%} at initialisation, {v.after:.0%} after "
-                      f"{rc.steps} steps of a short training run on a copy (the loss {v.losses[0]:.3g} → "
+                      f"{v.steps} steps of a short training run on a copy (the loss {v.losses[0]:.3g} → "
                       f"{v.losses[1]:.3g})")
 
 
