@@ -63,6 +63,8 @@ bench: install
 # installed into their own venv, never into .venv.
 CORPUS_VENV ?= .venv-corpus
 CORPUS_TIMEOUT ?= 1200
+# each worker's address space, in GiB: a model too large fails as its row, not the machine
+CORPUS_MAX_GB ?= 16
 $(CORPUS_VENV)/bin/python:
 	$(PYTHON) -m venv $(CORPUS_VENV)
 	$(CORPUS_VENV)/bin/pip install -q torch==2.14.1 torchvision==0.29.1
@@ -76,7 +78,7 @@ build/corpus-hf: | $(CORPUS_VENV)/bin/python
 	nice -n 19 $(CORPUS_VENV)/bin/python bench/corpus_zoo.py --hf   # the shrunk transformers configs (not in git)
 
 corpus: bench/corpus-zoo.json build/corpus-hf
-	nice -n 19 $(CORPUS_VENV)/bin/python bench/corpus.py --models 'zoo_*' --resume --timeout $(CORPUS_TIMEOUT) \
+	CORPUS_MAX_GB=$(CORPUS_MAX_GB) nice -n 19 $(CORPUS_VENV)/bin/python bench/corpus.py --models 'zoo_*' --resume --timeout $(CORPUS_TIMEOUT) \
 		--out bench/corpus-zoo-results.md --json-out bench/corpus-zoo-results.json
 
 clean:
