@@ -43,3 +43,40 @@ def test_per_stage_heads_divide_the_widths():
 def test_a_second_width_and_its_heads_follow_the_first():
     c = _shrunk("VJEPA2Config")
     assert c.pred_hidden_size == 32 and c.pred_hidden_size % c.pred_num_attention_heads == 0
+
+
+def _completed(name):
+    config = getattr(transformers, name)()
+    corpus_zoo._complete(config)
+    corpus_zoo.shrink(config)
+    corpus_zoo._after_shrink(config)
+    return config
+
+
+def test_completing_leaves_a_config_with_nothing_unset_as_it_was():
+    config = transformers.BertConfig()
+    before = config.to_json_string()
+    corpus_zoo._complete(config)
+    assert config.to_json_string() == before
+
+
+def test_a_placeholder_id_the_model_compares_gets_one_inside_the_vocabulary():
+    assert transformers.Blip2Config().image_token_index is None      # `input_ids == None`: a bool, exit 3
+    c = _completed("Blip2Config")
+    assert isinstance(c.image_token_index, int) and 0 <= c.image_token_index < c.text_config.vocab_size
+
+
+def test_a_hybrid_keeps_an_attention_layer_and_runs():
+    assert not transformers.BambaConfig().attn_layer_indices        # every layer Mamba: the cache refuses
+    c = _completed("BambaConfig")
+    assert c.attn_layer_indices == [1] and c.num_hidden_layers >= 2
+    model = transformers.BambaForCausalLM._from_config(c).eval()
+    with torch.no_grad():
+        out = model(torch.randint(0, 100, (1, 8)))
+    assert out.logits.shape == (1, 8, c.vocab_size)
+
+
+def test_unset_experts_per_token_and_an_odd_expert_width():
+    c = _completed("DeepseekV2Config")
+    assert c.num_experts_per_tok == 2
+    assert c.moe_intermediate_size == corpus_zoo.SMALL["intermediate_size"]
