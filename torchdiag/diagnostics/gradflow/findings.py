@@ -171,8 +171,8 @@ def _stops(members) -> list[tuple[dict, list[str]]]:
 DESIGN_TITLES = {
     "zero-init": "get exactly zero gradients at initialisation, by design",
     "invariant": "get only rounding noise as gradient, by design: the loss does not depend on them",
-    "by-design-init": "get small gradients at initialisation, by design: a gate (a zero or tiny multiplicative "
-                      "parameter that training grows) closes their path",
+    "by-design-init": "get small gradients at initialisation, by design: a few real training steps lift them (a "
+                      "gate on their path, a zero or tiny multiplicative parameter, opens; or their path does)",
     "tiny-by-construction": "have a huge grad/weight ratio only because their value is tiny by construction",
     "scale-invariant": "have large gradients only because a normalisation follows (scale-invariant)",
     "skipped-at-random": "got no gradient only because the judged pass skipped them at random",
