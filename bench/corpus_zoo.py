@@ -272,157 +272,10 @@ def _cut_depth(config, floor: int = 2) -> None:
             _cut_depth(value, floor)
 
 
-def _modeling_source(config) -> str:
-    """The source of the modeling module of this config's type ('' where there is none)."""
-    import importlib
-    import inspect
-
-    module = type(config).__module__.replace(".configuration_", ".modeling_")
-    try:
-        return inspect.getsource(importlib.import_module(module))
-    except Exception:  # noqa: BLE001 - no modeling module of that name
-        return ""
-
-
-def _sub_configs(config):
-    from transformers import PretrainedConfig
-
-    yield config
-    for value in list(vars(config).values()):
-        if isinstance(value, PretrainedConfig):
-            yield from _sub_configs(value)
-
-
-def _complete(config) -> None:
-    """Settings a default config leaves unset (None, empty) that every real checkpoint sets and the model code
-    needs (exit 3 in the run of 2026-11-29), filled in place, sub-configs too:
-    - a placeholder id the model compares input_ids with (`input_ids == self.config.image_token_id`; BLIP-2's
-      image_token_index is None, `input_ids == None` is a bool): a free id, inside the vocabulary (shrink keeps it);
-    - a MoE's experts per token (DeepSeek-V2's num_experts_per_tok None: topk(k=None)): 2;
-    - a sliding window the model builds its sliding mask from whatever its layer kinds (Step3p7): 64;
-    - a hybrid whose layers are all linear attention / Mamba (Bamba's attn_layer_indices None, GraniteMoeHybrid's
-      layer_types): its cache refuses get_seq_length, so its second layer is made an attention layer;
-    - an empty list of feature scales, i.e. no feature level at all (LW-DETR's projector_scale_factors ()): one, 1.0;
-    - a timm backbone named in a misspelled attribute (EdgeTAM's `archirecture: repvit_m1`, the backbone built being
-      timm_wrapper's default resnet50, whose widths the neck's channel list does not match): that architecture."""
-    import re
-
-    top = max(_token_ids(c) for c in _sub_configs(config))
-    for c in _sub_configs(config):
-        own = vars(c)
-        source = None
-        for key, value in list(own.items()):
-            if value is None and key.endswith(("_token_index", "_token_id")):
-                source = source if source is not None else _modeling_source(c)
-                names = {key} | {a for a, t in getattr(c, "attribute_map", {}).items() if t == key}
-                if any(re.search(rf"input_ids\s*==\s*(self\.)?config\.{n}\b", source) for n in names):
-                    top += 1
-                    setattr(c, key, top)
-            elif value is None and key.endswith("experts_per_tok"):
-                setattr(c, key, 2)
-            elif value is None and key == "sliding_window":
-                source = source if source is not None else _modeling_source(c)
-                if "create_sliding_window_causal_mask(" in source:
-                    setattr(c, key, 64)
-            elif key.endswith("_scale_factors") and isinstance(value, (list, tuple)) and not value:
-                # the levels and channels derived from it at construction (LW-DETR's num_feature_levels) too
-                built, base = vars(type(c)(**{key: [1.0]})), vars(type(c)())
-                for k, v in built.items():
-                    if base.get(k) != v:
-                        setattr(c, k, v)
-        depth = own.get("num_hidden_layers")
-        if "attn_layer_indices" in own and not own["attn_layer_indices"] and isinstance(depth, int) and depth > 1:
-            c.attn_layer_indices = [1]
-        kinds = own.get("layer_types")
-        if (isinstance(kinds, list) and len(kinds) > 1 and all(isinstance(k, str) for k in kinds)
-                and all("linear" in k or "mamba" in k for k in kinds)):
-            kinds[1] = "full_attention"
-        if getattr(c, "model_type", None) == "timm_wrapper" and isinstance(own.get("architecture"), str):
-            import timm
-
-            named = [v for k, v in own.items() if k != "architecture" and isinstance(v, str) and timm.is_model(v)]
-            if named and named[0] != c.architecture:
-                c.architecture = named[0]
-
-
-def _after_shrink(config) -> None:
-    """Sizes the shrunk config must keep consistent that shrink() leaves alone (sub-configs too):
-    - a second name of the depth, equal to it by default (xLSTM builds num_blocks blocks, its cache holds
-      num_hidden_layers states: KeyError 2): the shrunk depth;
-    - an expert's (or any other) *_intermediate_size (DeepSeek-V2's moe_intermediate_size 1407, whose rows are no
-      multiple of 16 bytes, which grouped_mm refuses; checkpoints use 1408 or 1536): the shrunk intermediate size;
-    - a depth the config class derives from others when built (HRM's num_hidden_layers = per-stack layers x
-      cycles, its cache slots): the value the class itself gives for the shrunk depth;
-    - a width whose factors the config rounds up to multiples of 64 (xLSTM's qk_dim, v_dim; its layers do not
-      round): the smallest width that makes every *_dim_factor x width such a multiple already;
-    - an image side that windows of patches must tile (RF-DETR's windowed DINOv2: 518 / 14 = 37 patches into 4
-      windows a side): rounded up to a multiple of patch_size x num_windows;
-    - a channel list whose entries are all the default width (OmDet-Turbo's vision_features_channels, the
-      encoder's d_model 256 three times): the shrunk width;
-    - a parent's *_dim equal to a sub-config's default width (OmDet-Turbo's text_projection_in_dim, class_embed_dim:
-      the text model's 512, its task features feed class_embed_dim): that sub-config's shrunk width."""
-    from transformers import PretrainedConfig
-
-    for c in _sub_configs(config):
-        own = vars(c)
-        try:
-            default = vars(type(c)())
-        except Exception:  # noqa: BLE001 - a config class that needs arguments
-            default = {}
-        depth = next((k for k in LAYER_COUNTS if isinstance(own.get(k), int)), None)
-        for key, value in list(own.items()):
-            if (depth and key != depth and ("block" in key or "layer" in key) and isinstance(value, int)
-                    and not isinstance(value, bool) and value == default.get(depth) != own[depth]):
-                setattr(c, key, own[depth])      # a second name of the depth (xLSTM's num_blocks)
-            if key.endswith("_intermediate_size") and isinstance(value, int) and value > SMALL["intermediate_size"]:
-                setattr(c, key, SMALL["intermediate_size"])
-            if (isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value)
-                    and list(value) == list(default.get(key) or ())):
-                # a channel list made of the default width (OmDet-Turbo's vision_features_channels, 3 x d_model)
-                width = next((w for w in SMALL if isinstance(own.get(w), int) and default.get(w) == value[0]
-                              and own[w] != value[0] and len(set(value)) == 1), None)
-                if width:
-                    setattr(c, key, [own[width]] * len(value))
-        for key in LAYER_COUNTS:
-            if isinstance(own.get(key), int) and not isinstance(own.get(key), bool):
-                try:
-                    built = getattr(type(c)(**{key: own[key]}), key)
-                except Exception:  # noqa: BLE001 - a config that cannot be built from that alone
-                    continue
-                if isinstance(built, int) and built != own[key]:
-                    setattr(c, key, built)
-        factors = [v for k, v in own.items() if k.endswith("_dim_factor") and isinstance(v, float) and v > 0]
-        if factors and isinstance(own.get("hidden_size"), int):
-            width = 64
-            while any((width * f) % 64 for f in factors) and width < 64 * 64:
-                width += 64
-            for key in ("hidden_size", "embedding_dim"):
-                if isinstance(own.get(key), int):
-                    setattr(c, key, width)
-        size, patch, windows = own.get("image_size"), own.get("patch_size"), own.get("num_windows")
-        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (size, patch, windows)):
-            c.image_size = -(-size // (patch * windows)) * (patch * windows)   # num_windows per side
-        for name, sub in own.items():
-            if isinstance(sub, PretrainedConfig) and name.endswith("_config"):
-                wide, narrow = vars(type(sub)()).get("hidden_size"), vars(sub).get("hidden_size")
-                for key, value in list(own.items()):
-                    if key.endswith("_dim") and isinstance(narrow, int) and value == wide != narrow:
-                        setattr(c, key, narrow)
-
-
-def _every_stage_out(config) -> None:
-    """A backbone sub-config that outputs every stage (its default: the last one only), for a head that fuses the
-    maps of every stage (UVDoc's bridge connector reads bridge_connector[0] x number of stages channels)."""
-    for c in _sub_configs(config):
-        names = vars(c).get("stage_names")
-        if c is not config and isinstance(names, list) and len(names) > 1 and "_out_features" in vars(c):
-            c._out_features, c._out_indices = names[1:], list(range(1, len(names)))
-
-
 def _configs(model_type: str):
     """(how, make the config) in the order tried: shrunk (the dependent sizes too, then only the main ones),
-    shrunk and completed (_complete, _after_shrink; then with every backbone stage out), the default config with
-    its depth cut, the default config."""
+    shrunk and completed (bench/zoo_complete.py; then with every backbone stage out), the default config with its
+    depth cut, the default config."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     def shrunk(derived):
@@ -439,12 +292,14 @@ def _configs(model_type: str):
         return _as_read_back(config)
 
     def completed(every_stage=False):
+        import zoo_complete
+
         config = CONFIG_MAPPING[model_type]()
-        _complete(config)
+        zoo_complete.complete(config, max(_token_ids(c) for c in zoo_complete.sub_configs(config)))
         shrink(config)
-        _after_shrink(config)
+        zoo_complete.after_shrink(config, LAYER_COUNTS, SMALL)
         if every_stage:
-            _every_stage_out(config)
+            zoo_complete.every_stage_out(config)
         return _as_read_back(config)
 
     yield "shrunk config", lambda: shrunk(True)

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 import corpus_zoo  # noqa: E402
+import zoo_complete  # noqa: E402
 
 
 def _shrunk(name):
@@ -47,16 +48,16 @@ def test_a_second_width_and_its_heads_follow_the_first():
 
 def _completed(name):
     config = getattr(transformers, name)()
-    corpus_zoo._complete(config)
+    zoo_complete.complete(config, max(corpus_zoo._token_ids(c) for c in zoo_complete.sub_configs(config)))
     corpus_zoo.shrink(config)
-    corpus_zoo._after_shrink(config)
+    zoo_complete.after_shrink(config, corpus_zoo.LAYER_COUNTS, corpus_zoo.SMALL)
     return config
 
 
 def test_completing_leaves_a_config_with_nothing_unset_as_it_was():
     config = transformers.BertConfig()
     before = config.to_json_string()
-    corpus_zoo._complete(config)
+    zoo_complete.complete(config, 0)
     assert config.to_json_string() == before
 
 
