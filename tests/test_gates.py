@@ -219,7 +219,7 @@ def test_a_gradient_still_climbing_gets_the_longer_run():
     out = run(model, x, [gates.Flag("k.weight", "vanishing-grad", 3 * r0)])
     v = out.verdicts["k.weight"]
     assert out.longer == 1 and not v.resolved and v.steps == gates.STEPS, v
-    assert v.longer is not None and v.longer.steps == gates.LONG_STEPS and v.longer.resolved and v.longer.by_design
+    assert v.opens and v.longer.steps == gates.LONG_STEPS and v.longer.resolved and v.longer.by_design
     assert f"then {gates.LONG_STEPS} steps on a fresh copy" in out.cost()
     assert out.passes >= 1 + out.steps + 1 + gates.LONG_STEPS
     # a threshold the climb cannot reach at its rate: the short run's verdict stands, no longer run is spent
@@ -251,4 +251,4 @@ def test_a_gradient_lifted_by_additive_growth_is_not_a_path_that_opens():
     out = run(model, x, [gates.Flag("body.0.weight", "vanishing-grad", 1e-7)])
     v = out.verdicts["body.0.weight"]
     # it crosses 1e-7 within the longer run (measured: 1.4e-8, 5.0e-8 at 3 steps, 1.7e-7 at 10) by additive steps
-    assert out.longer == 1 and not v.by_design and v.longer is None, v
+    assert out.longer == 1 and not v.by_design and v.longer.resolved and not v.opens, v

@@ -77,7 +77,8 @@ class Verdict:
     invariant: bool = False     # zero-grad back only at rounding level, and the loss does not depend on it
     zero_start: bool = False    # the weight was zero at the start: measured by its gradient norm throughout
     steps: int = 0              # the optimizer steps of the run that measured `after`
-    longer: Verdict | None = None   # the longer run's, where it resolved a gradient whose growth compounds
+    longer: Verdict | None = None   # the longer run's verdict, where it ran (_climbing)
+    opens: bool = False             # the longer run resolved it and its growth compounds: the path opens
 
     def measure(self) -> str:
         """What `before` and `after` are."""
@@ -162,8 +163,8 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
     # measured, not extrapolated: the climb only chooses who gets the longer run (on a fresh copy)
     longer = _run(model, inputs, climbing, ctx, LONG_STEPS, eval_mode, prepare, max(0, passes - rc.gate_passes()))
     for n, lv in longer.verdicts.items():
-        if lv.by_design and _compounds(rc.verdicts[n], lv):
-            rc.verdicts[n].longer = lv     # the caller's own judgement of the short run (an adaptive step) comes first
+        v = rc.verdicts[n]
+        v.longer, v.opens = lv, lv.by_design and _compounds(v, lv)   # the caller judges the short run first
     rc.passes += longer.passes
     rc.longer = len(climbing)
     return rc

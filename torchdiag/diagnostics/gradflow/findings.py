@@ -154,6 +154,7 @@ def _message(status, what, where, members, opts, allow_name, allow: str | None =
     r = ratio(min(members, key=lambda m: ratio(m) or 0))
     steps = first.get("rechecked")
     again = f"; still, after a short training run on a copy ({steps} optimizer steps)" if steps else ""
+    again += f"; {first['longer_fact']}" if first.get("longer_fact") else ""
     return (f"{what}: grad/weight ratio down to {number(r)} (threshold {opts.vanishing:g}){again}",
             "saturating activations, depth without residuals/normalisation, or tiny initialisation")
 

@@ -73,9 +73,11 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                 f"({v.steps} optimizer steps), and shifting it by random values on a float64 copy of the trained "
                 "model leaves the loss unchanged: the loss does not depend on it")})
             continue
-        if v.longer is not None:   # still climbing after the short run, and the longer run's growth compounds
+        if v.opens:   # still climbing after the short run, and the longer run's growth compounds
             v = v.longer
             r["rechecked"] = v.steps
+        elif v.longer is not None:
+            r["longer_fact"] = longer_fact(v)
         if not v.by_design:
             continue
         kind = "zero-init" if r["status"] == "zero-grad" else KIND
@@ -178,6 +180,15 @@ def adaptive_why(v, steps: int, ctx) -> str:
     return (f"grad/weight {v.before:.3g} at initialisation, yet {opt.describe()} moved each element by "
             f"{v.update:.3g} (RMS) in {steps} steps on a copy, against a median of {v.median_update:.3g} over the "
             f"other parameters that moved ({v.relative:.3g} of its norm; median {v.median_relative:.3g}){why}")
+
+
+def longer_fact(v) -> str:
+    """What the longer run found where it did not clear the flag."""
+    lv = v.longer
+    if lv.resolved:
+        return (f"given {lv.steps} steps on a fresh copy it reached {lv.after:.3g}, a rise of steps of one size "
+                f"(lifted by something else growing, not by its path opening)")
+    return f"given {lv.steps} steps on a fresh copy it reached {lv.after:.3g}"
 
 
 def gate_where(names: list[str]) -> str:
