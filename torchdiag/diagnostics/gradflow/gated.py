@@ -73,7 +73,7 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                 f"({v.steps} optimizer steps), and shifting it by random values on a float64 copy of the trained "
                 "model leaves the loss unchanged: the loss does not depend on it")})
             continue
-        if v.opens:   # still climbing after the short run, and the longer run's growth compounds
+        if v.opens and v.longer is not None:   # still climbing after the short run, its growth compounds
             v = v.longer
             r["rechecked"] = v.steps
         elif v.longer is not None:
