@@ -15,8 +15,14 @@ dead-units, saturated) re-checked by what the model does, not by what its parts 
    group is named when the budget ends first). What grew without resolving is by design only with a
    confirmed gate.
 
+3. The longer run: a vanishing gradient the short run left under its threshold, still climbing fast enough
+   to cross it within LONG_STEPS at its rate, is measured again after LONG_STEPS steps on a fresh copy. It
+   opens (by design) only where that run resolves it and its growth compounds (_compounds): a gradient lifted
+   by something else growing about lr a step rises additively and keeps its verdict.
+
 Cost, stated with the result: 1 + steps forward/backward passes of the run and at most GATE_PASSES
-more; one read back per pass. The user's model is never touched (copies only)."""
+more; 1 + LONG_STEPS more only when a gradient is climbing; one read back per pass. The user's model is
+never touched (copies only)."""
 from __future__ import annotations
 
 import math
