@@ -320,6 +320,27 @@ def test_auto_finds_the_tensors_one_level_down_in_a_dict_output():
         Loss("auto")({"ids": torch.zeros(2, dtype=torch.long)})       # nothing floating: still the usage error
 
 
+class _Parts(dict):
+    """A model output as Hugging Face's ModelOutput is one: a dict with to_tuple()."""
+
+    def to_tuple(self):
+        return tuple(self.values())
+
+
+def test_auto_finds_the_tensors_in_model_outputs_one_level_down():
+    # InstructBLIP returns {vision_outputs, qformer_outputs, language_model_outputs}, each a ModelOutput: the first
+    # tensor is the primary output, and the other parts get their own terms (nothing reaches them through it)
+    vision, text = torch.randn(2, 5, 4, requires_grad=True), torch.randn(2, 3, 4, requires_grad=True)
+    loss = Loss("auto", seed=1)
+    value = loss({"vision_outputs": _Parts(last_hidden_state=vision), "language_model_outputs": _Parts(
+        last_hidden_state=text, cache=None)})
+    assert "output['vision_outputs']['last_hidden_state']" in loss.describe()
+    value.backward()
+    assert vision.grad is not None and text.grad is not None
+    with pytest.raises(UsageError):   # a plain dict of values is not a model output: not read
+        Loss("auto")({"ids": torch.zeros(2, dtype=torch.long), "debug": {"h": torch.randn(2, 3, requires_grad=True)}})
+
+
 @pytest.mark.parametrize("out", [
     {"ids": torch.zeros(2, dtype=torch.long), "past_key_values": ((torch.randn(2, 3, requires_grad=True),),)},
     {"ids": torch.zeros(2, dtype=torch.long), "debug": {"logits": torch.randn(2, 3, requires_grad=True)}},

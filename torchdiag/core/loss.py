@@ -58,17 +58,22 @@ def primary_output(out) -> tuple[Any, str]:
 
 def _one_level_down(out) -> tuple[Any, str] | None:
     """For an output whose top level holds no floating tensor: the first tensor of a tuple or list the top level
-    holds (a backbone's `feature_maps`, MGP-STR's per-head `logits`), floating, not a scalar, carrying a gradient
-    where one is recorded; never deeper (a cache's keys, a dict of debug values), else None."""
+    holds (a backbone's `feature_maps`, MGP-STR's per-head `logits`), or of a model output it holds (InstructBLIP's
+    `vision_outputs`, `qformer_outputs`, `language_model_outputs`: the parts a loss term is added for, core.loss's
+    others), floating, not a scalar, carrying a gradient where one is recorded; never deeper (a cache's keys, a
+    dict of debug values), else None."""
     import torch
 
     grad = torch.is_grad_enabled()
     items = out.items() if hasattr(out, "items") else enumerate(out) if isinstance(out, (tuple, list)) else ()
     for k, v in items:
-        for i, t in enumerate(v) if isinstance(v, (tuple, list)) else ():
+        inner = v.items() if hasattr(v, "to_tuple") and hasattr(v, "items") else \
+            enumerate(v) if isinstance(v, (tuple, list)) else ()
+        for i, t in inner:
             if (isinstance(t, torch.Tensor) and t.is_floating_point() and not t.is_nested and t.dim() > 0
                     and (t.requires_grad or not grad)):
-                return t, (f"output['{k}'][{i}]" if isinstance(k, str) else f"output[{k}][{i}]")
+                where = f"['{i}']" if isinstance(i, str) else f"[{i}]"
+                return t, (f"output['{k}']{where}" if isinstance(k, str) else f"output[{k}]{where}")
     return None
 
 
