@@ -252,3 +252,16 @@ def test_a_gradient_lifted_by_additive_growth_is_not_a_path_that_opens():
     v = out.verdicts["body.0.weight"]
     # it crosses 1e-7 within the longer run (measured: 1.4e-8, 5.0e-8 at 3 steps, 1.7e-7 at 10) by additive steps
     assert out.longer == 1 and not v.by_design and v.longer.resolved and not v.opens, v
+
+
+@pytest.mark.parametrize("before, after, climbs", [
+    (1.5e-8, 9.6e-8, True),     # mbart's first query bias against 1e-7: x6.4 in 3 steps, at 0.96 of it
+    (1e-9, 5e-9, False),        # x5 in 3 steps would cross in 10, but it sits 20x under: the short run's verdict
+    (1e-14, 2e-13, False),      # a 1e-10 init's gradient: x20 a step, far off
+    (1.37e-8, 1.5e-8, False),   # barely growing: 10 steps at this rate stay under
+    (0.0, 5e-8, False),         # no start to grow from
+    (5e-8, math.nan, False),
+])
+def test_which_gradients_get_the_longer_run(before, after, climbs):
+    v = gates.Verdict(gates.Flag("w", "vanishing-grad", 1e-7), before, after, resolved=False, grew=False, steps=3)
+    assert gates._climbing(v) is climbs

@@ -177,12 +177,15 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
 
 
 def _climbing(v: Verdict) -> bool:
-    """A vanishing gradient the short run left below its threshold but growing fast enough to cross it within
-    LONG_STEPS at the same rate (mbart's first attention query bias: 1.5e-8 -> 9.6e-8 in 3 Adam steps against
-    1e-7, as its siblings crossed). A gradient lost for good barely grows (a deep sigmoid chain's 1e-15: x2)."""
+    """A vanishing gradient the short run left below its threshold, within GROW of it, and growing fast enough to
+    cross it within LONG_STEPS at the same rate (mbart's first attention query bias: 1.5e-8 -> 9.6e-8 in 3 Adam
+    steps against 1e-7, as its siblings crossed). A gradient lost for good barely grows (a deep sigmoid chain's
+    1e-15: x2)."""
     if v.flag.kind != "vanishing-grad" or v.by_design or v.steps >= LONG_STEPS:   # by design: resolved, or a gate
         return False
-    if not (v.before > 0 and math.isfinite(v.after) and v.after > v.before):
+    # within GROW of its threshold: the rows it clears sat at 0.5-0.9 of it; one farther off (a 1e-10 init's
+    # 1e-13, growing 1e4x in 3 steps) would spend 11 passes of a large model on an extrapolation
+    if not (v.before > 0 and math.isfinite(v.after) and v.after > v.before and v.after * GROW >= v.flag.threshold):
         return False
     rate = (v.after / v.before) ** (1.0 / v.steps)
     return v.after * rate ** (LONG_STEPS - v.steps) >= v.flag.threshold
