@@ -183,8 +183,8 @@ def _climbing(v: Verdict) -> bool:
     1e-15: x2)."""
     if v.flag.kind != "vanishing-grad" or v.by_design or v.steps >= LONG_STEPS:   # by design: resolved, or a gate
         return False
-    # within GROW of its threshold: the rows it clears sat at 0.5-0.9 of it; one farther off (a 1e-10 init's
-    # 1e-13, growing 1e4x in 3 steps) would spend 11 passes of a large model on an extrapolation
+    # within GROW of its threshold: the zoo rows it clears sat at 0.5-0.96 of it; for one farther off, 11 passes
+    # of a large model would be spent on an extrapolation
     if not (v.before > 0 and math.isfinite(v.after) and v.after > v.before and v.after * GROW >= v.flag.threshold):
         return False
     rate = (v.after / v.before) ** (1.0 / v.steps)
