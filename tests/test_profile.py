@@ -61,7 +61,10 @@ def test_inference_mlp_counts_and_modules(untouched):
     for row in r.table("operators").rows:
         assert row["cpu_time_us"] >= row["self_cpu_time_us"] >= 0
         assert "self_cuda_time_us" not in row
-    assert r.table("operators").rows[0]["op"] == "aten::addmm"   # the matmuls dominate a Linear stack
+    # the table is ordered by self CPU time (which op leads is the machine's timing: on a busy CI run aten::expand
+    # once came before aten::addmm)
+    selfs = [row["self_cpu_time_us"] for row in r.table("operators").rows]
+    assert selfs == sorted(selfs, reverse=True)
 
     mods = _modules(r)
     assert list(mods) == ["", "0", "1", "2", "3", "4"]
