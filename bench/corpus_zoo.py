@@ -227,14 +227,9 @@ MAMBA_HEADS = (("num_heads", "head_dim", "expand"), ("mamba_n_heads", "mamba_d_h
 
 def _reads_mrope(config) -> bool:
     """Whether the model code of this config's type reads an mrope_section (the config may not hold one)."""
-    import importlib
-    import inspect
+    from zoo_complete import modeling_source
 
-    module = type(config).__module__.replace(".configuration_", ".modeling_")
-    try:
-        return "mrope_section" in inspect.getsource(importlib.import_module(module))
-    except Exception:  # noqa: BLE001 - no modeling module of that name
-        return False
+    return "mrope_section" in modeling_source(config)
 
 
 def _every_kind(config, old: int, new: int) -> int:
