@@ -351,3 +351,50 @@ def test_auto_goes_one_level_down_only_to_a_tensor_that_could_be_an_output(out):
     # never into a cache or a dict of debug values, never to a constant or a scalar: the usage error stays
     with pytest.raises(UsageError):
         Loss("auto")(out)
+
+
+def test_a_made_up_target_sets_no_gradient_scale():
+    """An output in the hundreds (a codec's latents, a detector's raw coordinates) against the unit random target:
+    its mse is divided by its starting error RMS / UNIT_ERROR, fixed from the first call, so the gradient at it is
+    that of an error of RMS UNIT_ERROR. Truth by hand: F.mse_loss and the RMS computed here."""
+    from torchdiag.core.loss import UNIT_ERROR
+
+    big = 100 * torch.randn(2, 6, 5, generator=torch.Generator().manual_seed(4))
+    target = torch.randn((2, 6, 5), generator=torch.Generator().manual_seed(1))
+    mse = F.mse_loss(big, target)
+    divisor = float(mse) ** 0.5 / UNIT_ERROR
+    loss = Loss("auto", seed=1)
+    y = big.clone().requires_grad_()
+    value = loss(y)
+    assert divisor > 40 and float(value) == pytest.approx(float(mse) / divisor, rel=1e-5)
+    value.backward()
+    assert float(y.grad.pow(2).mean().sqrt()) == pytest.approx(2 * UNIT_ERROR / big.numel(), rel=1e-3)
+    assert f"by 1/{divisor:.3g}" in loss.describe(), loss.describe()
+    # fixed once: a later call with a smaller output is divided by the same number
+    assert float(loss(big / 2)) == pytest.approx(float(F.mse_loss(big / 2, target)) / divisor, rel=1e-5)
+    # an output of ordinary scale is left as it is, and so is a target the user gave
+    small = torch.randn(2, 6, 5, generator=torch.Generator().manual_seed(4))
+    plain = Loss("auto", seed=1)
+    assert float(plain(small)) == float(F.mse_loss(small, target)) and "scaled" not in plain.describe()
+    given = Loss("auto", seed=1, target=target)
+    assert float(given(big)) == pytest.approx(float(mse)) and "scaled" not in given.describe()
+
+
+def test_a_masks_fill_in_the_output_gets_its_own_value_as_target():
+    """PP-DocLayout-v4's order logits hold -1e4 on their diagonal: no step moves it, and a random target there adds
+    an error of 1e4 that nothing can fit. Where the output repeats a value of magnitude FILL or more, the target is
+    the output's own value; a single large value is an output, not a fill, and keeps its random target."""
+    logits = torch.randn(2, 5, 5, generator=torch.Generator().manual_seed(2))
+    filled = logits.masked_fill(torch.eye(5, dtype=torch.bool), -1e4)
+    loss = Loss("auto", seed=1)
+    value = loss(filled)
+    target = torch.randn((2, 5, 5), generator=torch.Generator().manual_seed(1))
+    off = ~torch.eye(5, dtype=torch.bool).expand(2, 5, 5)
+    assert torch.equal(loss.target[~off], filled[~off]) and torch.equal(loss.target[off], target[off])
+    assert float(value) == pytest.approx(float(((filled - target)[off] ** 2).sum() / filled.numel()), rel=1e-5)
+    assert "scaled" not in loss.describe()
+    one = logits.clone()
+    one[0, 0, 0] = 5e3
+    lone = Loss("auto", seed=1)
+    lone(one)
+    assert float(lone.target[0, 0, 0]) == float(target[0, 0, 0])
