@@ -177,7 +177,7 @@ class Loss:
         scales = self.scales if self.scales is not None else {}
         self.scales = scales
         if label not in scales:
-            scales[label] = _divisor(term, self.rows is not None)
+            scales[label] = _divisor(term)
         return term / scales[label] if scales[label] > 1.0 else term
 
     @property
@@ -467,19 +467,13 @@ def _fills_kept(target, y):
     return torch.where(torch.isin(values, fills), values.to(target.dtype), target)
 
 
-def _divisor(term, ranks: bool) -> float:
-    """max(1, the term's error RMS / UNIT_ERROR): one read of the first call's mse (over every rank's rows under
-    torchrun, so the ranks scale as one process would); 1 where it cannot be read (meta) or is not finite."""
-    import torch
-
+def _divisor(term) -> float:
+    """max(1, the term's error RMS / UNIT_ERROR): one read of the first call's mse; 1 where it cannot be read
+    (meta, fake) or is not finite. Under torchrun each rank reads its own rows: a collective here would hang a
+    rank whose re-check (a copy's short run, a replay) the other ranks do not run."""
     if _valueless(term):
         return 1.0
-    mse = term.detach().float().reshape(())
-    if ranks and torch.distributed.is_available() and torch.distributed.is_initialized():
-        mse = mse.clone()
-        torch.distributed.all_reduce(mse)
-        mse = mse / torch.distributed.get_world_size()
-    value = float(mse)
+    value = float(term.detach().float().reshape(()))
     return max(1.0, value ** 0.5 / UNIT_ERROR) if math.isfinite(value) else 1.0
 
 
