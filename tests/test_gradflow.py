@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from torchdiag.api import run as api_run
-from torchdiag.core import gates
 
 from support import load, load_module, sample
 
@@ -985,57 +984,6 @@ def test_an_exploding_gradient_of_the_starting_point_is_transient():
         assert "at initialisation" in rows[name]["design"]["why"] and "while the loss went" in rows[name]["design"]["why"]
     assert res.exit_code == 0 and not [f for f in res.findings if f.severity != "info"]
     assert {f.code for f in res.findings} == {"transient-grad"}
-
-
-class _NormedTinyStream(nn.Module):
-    """PP-DocLayout-v4's decoder at initialisation, by hand: a stream of ~1e-9 (a zero-initialised projection)
-    through three LayerNorms whose eps (1e-5) each multiplies what feeds them by ~316 (forward and backward), to a
-    head at `head` x PyTorch's init. The first Adam step sets the stream's scale and the gradient falls from
-    ~1e5-1e6 to a few; the loss rises then (the head now reads unit features) and comes back below its start only
-    later: measured with this seed, at head 0.3 between steps 5 and 10 of Adam at lr 1e-3, at 0.4 not by step 10."""
-
-    def __init__(self, head: float):
-        super().__init__()
-        torch.manual_seed(0)
-        self.inp = nn.Linear(16, 32)
-        nn.init.zeros_(self.inp.weight)
-        nn.init.zeros_(self.inp.bias)
-        self.norms = nn.ModuleList(nn.LayerNorm(32) for _ in range(3))
-        self.head = nn.Linear(32, 8)
-        with torch.no_grad():
-            self.head.weight.mul_(head)
-
-    def forward(self, x):
-        h = self.inp(x) + 1e-9 * x.sum(-1, keepdim=True)
-        for norm in self.norms:
-            h = norm(h)
-        return self.head(h)
-
-
-def test_a_large_gradient_that_falls_before_the_loss_does_gets_the_longer_run():
-    x = torch.randn(2, 300, 16, generator=torch.Generator().manual_seed(0))
-    y = torch.randn(2, 300, 8, generator=torch.Generator().manual_seed(1))
-    losses = []   # truth by hand: the loss stays above its start for the short run's 3 steps, below it by 10
-    model = _NormedTinyStream(0.3)
-    work = copy.deepcopy(model)
-    opt = torch.optim.Adam(work.parameters(), lr=1e-3)
-    for _ in range(11):
-        opt.zero_grad()
-        loss = nn.functional.mse_loss(work(x), y)
-        loss.backward()
-        losses.append(loss.item())
-        opt.step()
-    assert min(losses[1:4]) > losses[0] > min(losses[4:])
-    res = run(model, x, target=y, loss="mse")
-    rows = {r["name"]: r for r in res.table("params").rows}
-    assert rows["inp.bias"]["grad_norm"] > 1e4 and rows["inp.bias"]["status"] == "transient-grad", rows["inp.bias"]
-    assert rows["inp.bias"]["rechecked"] == gates.LONG_STEPS and res.exit_code == 0
-    assert "that fell before the loss did" in res.notes[0]
-    # still above its start after the longer run: the error stays, and says what that run measured
-    kept = run(_NormedTinyStream(0.4), x, target=y, loss="mse")
-    assert kept.exit_code == 1
-    msg = next(f.message for f in kept.findings if f.code == "exploding-grad" and "inp.bias" in f.message)
-    assert f"given {gates.LONG_STEPS} steps on a fresh copy" in msg and "(never below its start)" in msg, msg
 
 
 class _Scaled(nn.Module):

@@ -18,9 +18,7 @@ dead-units, saturated) re-checked by what the model does, not by what its parts 
 3. The longer run: a vanishing gradient the short run left under its threshold, still climbing fast enough
    to cross it within LONG_STEPS at its rate, is measured again after LONG_STEPS steps on a fresh copy. It
    opens (by design) only where that run resolves it and its growth compounds (_compounds): a gradient lifted
-   by something else growing about lr a step rises additively and keeps its verdict. An exploding gradient that
-   fell GROW x or more, to within its threshold, while the loss had not yet come below its start (_settling)
-   gets the same longer run, and is transient where that run's loss does come below it (transient).
+   by something else growing about lr a step rises additively and keeps its verdict.
 
 Cost, stated with the result: 1 + steps forward/backward passes of the run and at most GATE_PASSES
 more; 1 + LONG_STEPS more only when a gradient is climbing; one read back per pass. The user's model is
@@ -81,7 +79,6 @@ class Verdict:
     median_update: float = math.nan   # the same two, medians over the parameters nothing flagged that moved
     median_relative: float = math.nan
     losses: tuple = (math.nan, math.nan)   # the loss before the run and after it
-    fell: float = math.nan                 # loss_fell over the run's steps (nan: never below its start)
     output_fall: float = math.nan          # a gate's yardstick: how many times the gradient reaching the outputs fell
     invariant: bool = False     # zero-grad back only at rounding level, and the loss does not depend on it
     zero_start: bool = False    # the weight was zero at the start: measured by its gradient norm throughout
@@ -145,16 +142,13 @@ class Recheck:
     passes: int                 # forward/backward passes spent in all (runs + gate tests)
     candidates: list[str]
     longer: int = 0             # flags given the longer run (LONG_STEPS, on a fresh copy)
-    settling: int = 0           # of which exploding gradients (_settling)
 
     def gate_passes(self) -> int:
         return self.passes - self.steps - 1 - (LONG_STEPS + 1 if self.longer else 0)
 
     def cost(self) -> str:
-        which = [f"{n} {what}" for n, what in ((self.longer - self.settling, "gradient(s) still climbing towards the "
-                                                "threshold"), (self.settling, "large gradient(s) that fell before the loss did"))
-                 if n]
-        again = f", then {LONG_STEPS} steps on a fresh copy for {' and '.join(which)}" if self.longer else ""
+        again = (f", then {LONG_STEPS} steps on a fresh copy for {self.longer} gradient(s) still climbing towards "
+                 "the threshold" if self.longer else "")
         return (f"re-checked on a copy: {self.steps} optimizer steps on the same batch{again} and "
                 f"{self.gate_passes()} gate test(s), {self.passes} forward/backward passes")
 
@@ -169,19 +163,16 @@ def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_m
     gated = any(f.kind == "exploding-grad" and f.tiny for f in flags)
     steps = MAX_STEPS if gated else max(1, min(int(steps), MAX_STEPS))
     rc = _run(model, inputs, flags, ctx, steps, eval_mode, prepare, passes)
-    climbing = [v.flag for v in rc.verdicts.values() if _climbing(v) or _settling(v)]
+    climbing = [v.flag for v in rc.verdicts.values() if _climbing(v)]
     if not climbing:
         return rc
     # measured, not extrapolated: the climb only chooses who gets the longer run (on a fresh copy)
     longer = _run(model, inputs, climbing, ctx, LONG_STEPS, eval_mode, prepare, max(0, passes - rc.gate_passes()))
     for n, lv in longer.verdicts.items():
         v = rc.verdicts[n]
-        # the caller judges the short run first
-        v.longer = lv
-        v.opens = lv.resolved if v.flag.kind == "exploding-grad" else lv.by_design and _compounds(v, lv)
+        v.longer, v.opens = lv, lv.by_design and _compounds(v, lv)   # the caller judges the short run first
     rc.passes += longer.passes
     rc.longer = len(climbing)
-    rc.settling = sum(1 for f in climbing if f.kind == "exploding-grad")
     return rc
 
 
@@ -198,17 +189,6 @@ def _climbing(v: Verdict) -> bool:
         return False
     rate = (v.after / v.before) ** (1.0 / v.steps)
     return v.after * rate ** (LONG_STEPS - v.steps) >= v.flag.threshold
-
-
-def _settling(v: Verdict) -> bool:
-    """An exploding gradient that fell GROW x or more, to within its threshold, while the loss stayed above its
-    start: transient() cannot judge it yet (a fall of the units saturating looks the same). PP-DocLayout-v4's
-    decoder reads a stream of ~1e-9 at initialisation, which each post-LayerNorm divides by sqrt(eps): 1.8e7 at
-    its first attention's output bias, 19 after 3 Adam steps as the loss went 14.2 -> 16.4, and 11.9 at 10."""
-    if v.flag.kind != "exploding-grad" or v.resolved or v.steps >= LONG_STEPS:
-        return False
-    return (_resolved(v.flag, v.after, 0.0) and v.after > 0 and v.before / v.after >= GROW
-            and not math.isfinite(v.fell))
 
 
 def _compounds(short: Verdict, long: Verdict) -> bool:
@@ -270,7 +250,7 @@ def _run(model, inputs, flags: list[Flag], ctx, steps: int, eval_mode: bool, pre
             resolved = resolved and transient(a, b, fell, out_fall if f.tiny else math.nan)
         elif f.kind == "saturated":   # gone as the loss fell below its start (a diverging run also unsaturates)
             resolved = resolved and math.isfinite(fell) and fell > 1
-        verdicts[f.name] = Verdict(f, a, b, resolved, resolved or _grew(f, a, b), losses=(l0, lk), fell=fell, steps=steps,
+        verdicts[f.name] = Verdict(f, a, b, resolved, resolved or _grew(f, a, b), losses=(l0, lk), steps=steps,
                                    zero_start=f.name in zero_start, output_fall=out_fall if f.tiny else math.nan)
     if upd:
         for i, f in enumerate(stepped):

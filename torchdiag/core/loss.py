@@ -19,18 +19,11 @@ whose every weight the first output's graph already reaches (an encoder-decoder'
 key/value cache) gets no term of its own: it would train nothing new, and a random target there fights
 the first output's (`_reached_through`, decided on the first call, said by `describe()`).
 
-A target torchdiag makes up sets no gradient scale: an mse term against one is divided, from its first call on,
-by how far its starting error's RMS exceeds UNIT_ERROR (`_scaled`). An output whose values run in the hundreds
-(a detector's unnormalised coordinates, a codec's latents) would otherwise get a gradient hundreds of times that
-of a unit error, which gradflow's absolute thresholds read as an exploding model. Adam's steps do not change
-with a constant scale; the loss values reported do, and describe() says so.
-
 Of several integer inputs that could be a language model's ids (an encoder-decoder's input and decoder
 ids), the logits are next-token predictions of the ones they are causal in: one probe forward per
 candidate (`_causal_in`)."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +31,6 @@ from ..errors import ModelError, UsageError, device_error, one_line
 from . import seeds
 
 LOSS_CHOICES = "auto|cross_entropy|mse|sum|PATH:fn"
-UNIT_ERROR = 2.0   # an error RMS up to this is left as it is: an output of std √3 against a unit random target
-FILL = 1e3         # an output value repeated at this magnitude or more is a mask's fill (-1e4, finfo.min)
 
 
 def primary_output(out) -> tuple[Any, str]:
@@ -133,7 +124,6 @@ class Loss:
     lm: Any = None                # LanguageModel: the integer ids and the vocabularies they feed (auto only)
     reached_already: Any = None   # auto: labels of other outputs whose every weight the first one reaches
     with_path: Any = None         # auto: labels of the other outputs with a gradient path, from a call with grad on
-    scales: Any = None            # {label: divisor} of the mse terms against a made-up target, fixed on the first call
 
     def describe(self) -> str:
         if self.chosen == "model":
@@ -155,7 +145,6 @@ class Loss:
             text += f" + {label} itself" if rule == "model" else \
                 f" + {self.chosen} on {label} against the same target" if rule == "same" else \
                 f" + mse on {label} against a random target"
-        text += self._scales_said()
         if self.left_out:
             text += (f"; left out: {', '.join(self.left_out)} (--loss auto covers every output, or give "
                      "--loss PATH:fn)")
@@ -163,22 +152,6 @@ class Loss:
             text += (f"; not added: {', '.join(sorted(self.reached_already))} (every weight behind it already "
                      f"reaches {self.picked})")
         return text
-
-    def _scales_said(self) -> str:
-        scaled = {label: d for label, d in (self.scales or {}).items() if d > 1.0}
-        if not scaled:
-            return ""
-        each = ", ".join(f"{label} by 1/{d:.3g}" for label, d in scaled.items())
-        return (f" (scaled: {each}; a starting error RMS above {UNIT_ERROR:g} counts as {UNIT_ERROR:g}, so a made-up "
-                "target sets no gradient scale)")
-
-    def _scaled(self, label: str, term):
-        """An mse term against a made-up target, divided by max(1, its first call's error RMS / UNIT_ERROR)."""
-        scales = self.scales if self.scales is not None else {}
-        self.scales = scales
-        if label not in scales:
-            scales[label] = _divisor(term)
-        return term / scales[label] if scales[label] > 1.0 else term
 
     @property
     def covered(self) -> list[str]:
@@ -228,13 +201,13 @@ class Loss:
             elif kind in ("cross_entropy", "mse") and tuple(t.shape) == tuple(y.shape):
                 rule, target = "same", None
                 value = value + (F.cross_entropy(t.float(), self.target.to(t.device)) if kind == "cross_entropy"
-                                 else self._made(label, F.mse_loss(t.float(), self.target.to(t.device).float())))
+                                 else F.mse_loss(t.float(), self.target.to(t.device).float()))
             else:
                 rule, target = "mse", known.get(label, (None, None))[1]
                 if target is None or tuple(target.shape) != tuple(t.shape):
                     g = torch.Generator().manual_seed(seeds.output_target(self.seed, k))
-                    target = _fills_kept(self._random(torch.randn, t.shape, g).to(t.device, torch.float32), t)
-                value = value + self._scaled(label, F.mse_loss(t.float(), target.to(t.device)))
+                    target = self._random(torch.randn, t.shape, g).to(t.device, torch.float32)
+                value = value + F.mse_loss(t.float(), target.to(t.device))
             extra.append((label, rule, target))
         self.extra = extra or None
         return value
@@ -270,15 +243,12 @@ class Loss:
         if kind == "mse":
             if self.target is None:
                 g = torch.Generator().manual_seed(self.seed)
-                self.target = _fills_kept(self._random(torch.randn, y.shape, g).to(y.device, y.dtype), y)
+                self.target = self._random(torch.randn, y.shape, g).to(y.device, y.dtype)
                 self.made_target = True
             if self.target.shape != y.shape:
                 raise UsageError(f"mse: target shape {tuple(self.target.shape)} differs from output shape {tuple(y.shape)}")
-            return self._made(self.picked, _checked(F.mse_loss, y.float(), self.target.to(y.device).float(), "mse"))
+            return _checked(F.mse_loss, y.float(), self.target.to(y.device).float(), "mse")
         raise UsageError(f"unknown loss '{self.kind}'", hint=f"choose {LOSS_CHOICES}")
-
-    def _made(self, label: str, term):
-        return self._scaled(label, term) if self.made_target else term
 
     def _random(self, draw, shape, g):
         """draw(shape, generator=g); under torchrun (self.rows) drawn for the whole batch and cut to this
@@ -441,40 +411,6 @@ def _checked(fn, y, target, name):
                          f"{tuple(target.shape)} {target.dtype}): {one_line(exc)}",
                          hint="cross_entropy wants class indices in [0, C) of shape (N, ...) or probabilities of the "
                               "output's shape; mse wants the output's shape") from None
-
-
-def _valueless(t) -> bool:
-    """A tensor with shapes only (meta, or fake under memory's estimate): nothing to read."""
-    return t.device.type == "meta" or getattr(t, "fake_mode", None) is not None
-
-
-def _fills_kept(target, y):
-    """A made-up target with the output's own value wherever the output holds a mask's fill (a value of magnitude
-    FILL or more, repeated: PP-DocLayout's -1e4 on its order logits' diagonal): no step moves such an entry, and a
-    random target there gives a gradient of the fill's size to whatever adds the fill to."""
-    import torch
-
-    values = y.detach()
-    if _valueless(values) or not values.is_floating_point():
-        return target
-    big = values.abs() >= FILL
-    if not bool(big.any()):
-        return target
-    found, counts = torch.unique(values[big], return_counts=True)
-    fills = found[counts >= 2]
-    if fills.numel() == 0:
-        return target
-    return torch.where(torch.isin(values, fills), values.to(target.dtype), target)
-
-
-def _divisor(term) -> float:
-    """max(1, the term's error RMS / UNIT_ERROR): one read of the first call's mse; 1 where it cannot be read
-    (meta, fake) or is not finite. Under torchrun each rank reads its own rows: a collective here would hang a
-    rank whose re-check (a copy's short run, a replay) the other ranks do not run."""
-    if _valueless(term):
-        return 1.0
-    value = float(term.detach().float().reshape(()))
-    return max(1.0, value ** 0.5 / UNIT_ERROR) if math.isfinite(value) else 1.0
 
 
 def _scalar(value, what):

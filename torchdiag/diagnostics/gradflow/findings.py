@@ -144,7 +144,6 @@ def _message(status, what, where, members, opts, allow_name, allow: str | None =
         fact = first.get("recheck_fact")
         again = (f"; not a transient of the starting point: after a short training run on a copy, {fact}" if fact
                  else f"; still large after a short training run on a copy ({steps} optimizer steps)" if steps else "")
-        again += f"; {first['longer_fact']}" if first.get("longer_fact") else ""
         return (f"{what}: grad norm up to {number(worst['grad_norm'])} (grad/weight "
                 f"{number(worst['grad_weight_ratio'])}); thresholds: norm > {opts.exploding:g} or ratio > {opts.exploding_ratio:g}{again}",
                 "check initialisation scale, normalisation layers, learning rate; clip gradients")

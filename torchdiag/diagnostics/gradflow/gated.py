@@ -7,8 +7,6 @@ the gate and the measured fact; still there: the verdict keeps its level. Runs o
 flagged: a healthy pass pays nothing."""
 from __future__ import annotations
 
-import math
-
 from ...core import gates
 from ...core.module_paths import owner
 from ...core.unreached import NOT_REACHED, made_up_padding, padding_why
@@ -49,11 +47,6 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
         v = rc.verdicts[r["name"]]
         r["rechecked"] = v.steps
         if r["status"] == "exploding-grad":
-            if v.opens and v.longer is not None:   # settled only once the longer run's loss came below its start
-                v = v.longer
-                r["rechecked"] = v.steps
-            elif v.longer is not None:
-                r["longer_fact"] = longer_fact(v)
             if v.resolved and _by_norm(r, opts):   # a transient of the starting point: gone after a few real steps
                 r.update(status=TRANSIENT, allowed=False,
                          design={"kind": TRANSIENT, "why": f"{v.describe()} (a short training run on a copy: "
@@ -195,11 +188,7 @@ def longer_fact(v) -> str:
     if lv.resolved:
         return (f"given {lv.steps} steps on a fresh copy it reached {lv.after:.3g}, a rise of steps of one size "
                 f"(lifted by something else growing, not by its path opening)")
-    text = f"given {lv.steps} steps on a fresh copy it reached {lv.after:.3g}"
-    if v.flag.kind == "exploding-grad":
-        below = "never below its start" if not math.isfinite(lv.fell) else f"down {lv.fell:.3g}× at its lowest"
-        text += f", the loss {lv.losses[0]:.3g} → {lv.losses[1]:.3g} ({below})"
-    return text
+    return f"given {lv.steps} steps on a fresh copy it reached {lv.after:.3g}"
 
 
 def gate_where(names: list[str]) -> str:
