@@ -1420,3 +1420,27 @@ def test_a_relu6_saturation_is_measured_alike_by_the_finding_and_its_recheck():
     (f,) = [f for f in r.findings if f.code == "saturated"]
     assert f.message.startswith(f"{top:.1%} of the outputs of ReLU6"), (top, f.message)
     assert f"transient of the starting point: {top:.0%} at initialisation" in f.message, f.message   # lr 0.3 undoes it
+
+
+class _SaturatedAfterAStep(nn.Module):
+    """A review's case: tanh(1e4 · l1(x)) at width 128; Adam at lr 3e-3 saturates every unit from step 2 on and
+    l1's gradient turns erratic (4.35, 20.8, 0.144, 1.36, 5e-4 …) while the head fits the batch from the sign
+    features, bringing the loss below its start within 10 steps: dead units, not a starting point left behind."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(2)
+        self.l1, self.l2 = nn.Linear(8, 128), nn.Linear(128, 1)
+        nn.init.normal_(self.l1.weight, std=1e-4)
+        nn.init.zeros_(self.l1.bias)
+
+    def forward(self, x):
+        return self.l2(torch.tanh(1e4 * self.l1(x)))
+
+
+def test_an_exploding_gradient_whose_units_saturate_while_the_head_fits_stays_an_error():
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 8, generator=g), torch.randn(8, 1, generator=g)
+    res = run(_SaturatedAfterAStep(), x, target=y, loss="mse", lr=3e-3)
+    rows = {r["name"]: r for r in res.table("params").rows}
+    assert rows["l1.weight"]["status"] == "exploding-grad" and res.exit_code == 1, rows["l1.weight"]

@@ -351,3 +351,18 @@ def test_auto_goes_one_level_down_only_to_a_tensor_that_could_be_an_output(out):
     # never into a cache or a dict of debug values, never to a constant or a scalar: the usage error stays
     with pytest.raises(UsageError):
         Loss("auto")(out)
+
+
+def test_a_made_up_target_follows_the_seed_alone_whatever_the_output_holds():
+    """Guards from a review of a reverted change (made-up targets that copied mask fills, a loss divided by its
+    starting error): the auto mse target is the seeded draw everywhere and the loss is plain F.mse_loss. A -inf
+    mask fill gives an inf loss, not NaN (-inf - -inf); a constant large output keeps its full gradient."""
+    target = torch.randn((2, 4, 4), generator=torch.Generator().manual_seed(1))
+    scores = torch.randn(2, 4, 4).masked_fill(torch.ones(4, 4, dtype=torch.bool).triu(1), float("-inf"))
+    loss = Loss("auto", seed=1)
+    assert float(loss(scores)) == float("inf") and torch.equal(loss.target, target)
+    const = torch.full((2, 4, 4), 5000.0, requires_grad=True)
+    value = Loss("auto", seed=1)(const)
+    assert float(value) == pytest.approx(float(F.mse_loss(const.detach(), target)))
+    value.backward()
+    assert torch.allclose(const.grad, 2 * (5000.0 - target) / const.numel())

@@ -659,3 +659,24 @@ def test_anomaly_never_shows_torchdiags_frames_as_the_users():
     assert [row["frame"] for row in rows] == ["/usr/lib/python3/site-packages/torch/nn/functional.py:3100 in "
                                               "cross_entropy"]   # not the CLI's caller (typer) either
     assert "by torchdiag's loss (--loss)" in r.table("anomaly_frames").note
+
+
+def test_steps_with_the_auto_loss_train_the_run_they_say(cli):
+    """Without --batch the target is made up, and the run must still be plain SGD on plain mse: a reverted change
+    that divided the loss by its starting error slowed SGD down by that factor, and this run stopped diverging.
+    Truth by hand: gradient descent on mse over inputs X diverges whatever the target once lr exceeds
+    2 / λmax(2/n XᵀX) for the weight together with the bias (the augmented [X, 1])."""
+    import importlib.util
+
+    from support import SAMPLES
+
+    spec_ = importlib.util.spec_from_file_location("nan_steps_auto", SAMPLES / "broken_nan_after_steps.py")
+    mod = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(mod)
+    (x,) = mod.example_inputs()
+    aug = torch.cat([x, torch.ones(x.shape[0], 1)], 1).double()
+    limit = 2.0 / float(torch.linalg.eigvalsh(2.0 / x.shape[0] * aug.T @ aug).max())
+    assert 0.01 > 10 * limit
+    r = cli("nancheck", sample("broken_nan_after_steps.py:build"), "--steps", 30, "--lr", 0.01, "--json")
+    assert r.code == 1 and ("non-finite-loss", "loss") in codes(r.json), r.stdout[-500:]
+    assert "against a random target" in r.json["loss"] and "scaled" not in r.json["loss"]
