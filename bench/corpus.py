@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -75,6 +76,10 @@ def call(command: str, model, inputs):
     return torchdiag.api.run(command, model, inputs)
 
 
+# notes of a re-check that could not run (a copy out of memory, a forward that failed on it)
+SKIPPED = re.compile(r"not re-checked|re-checked in float32|was not looked for|failed")
+
+
 def run_command(command: str, model, inputs) -> dict:
     from torchdiag.errors import DiagError
 
@@ -89,6 +94,9 @@ def run_command(command: str, model, inputs) -> dict:
         loss = (getattr(result, "header", None) or {}).get("loss")
         if loss:
             rec["loss"] = loss
+        skipped = [n[:300] for n in result.notes if SKIPPED.search(n)]
+        if skipped:   # a re-check that could not run leaves plain verdicts: the row says so
+            rec["not_rechecked"] = skipped
     except DiagError as exc:
         rec["exit"] = int(exc.code)
         rec["raised"] = f"{type(exc).__name__}: {exc.message}"
@@ -157,6 +165,8 @@ def cell(rec: dict) -> str:
         text += " E: " + errs
     if warns:
         text += " W: " + warns
+    if rec.get("not_rechecked"):
+        text += " (a re-check did not run)"
     return text
 
 

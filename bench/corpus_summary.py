@@ -41,19 +41,24 @@ def summary(results: list[dict]) -> str:
             c["exit ≠ 0"] += 1
         if any(x.get("internal") for x in cmds):
             c["internal"] += 1
+        if any(x.get("not_rechecked") for x in cmds):
+            c["re-check not run"] += 1
         for x in cmds:
             for f in x.get("errors", []) + x.get("warnings", []):
                 codes[(f["severity"], f["code"], x["command"])].append(r["model"])
             if x.get("raised"):
                 raised[f"{x['command']} exit {x['exit']}: {x['raised'].split(':')[0]}"].append(r["model"])
-    cols = ["models", "not built", "timeout", "ran", "clean", "with errors", "with warnings", "exit ≠ 0", "internal"]
+    cols = ["models", "not built", "timeout", "ran", "clean", "with errors", "with warnings", "exit ≠ 0", "internal",
+            "re-check not run"]
     lines = ["| family | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     total = Counter()
     for fam in sorted(fams):
         total.update(fams[fam])
         lines.append(f"| {fam} | " + " | ".join(str(fams[fam][k]) for k in cols) + " |")
     lines.append("| **all** | " + " | ".join(f"**{total[k]}**" for k in cols) + " |")
-    lines += ["", "clean: every command ran with exit 0, no error and no warning.", ""]
+    lines += ["", "clean: every command ran with exit 0, no error and no warning. re-check not run: a command noted that "
+              "a re-check on a copy could not run (out of memory under the worker's cap, a forward that failed on it), "
+              "so its verdicts are the plain ones (recorded since 2026-11-30, eighteenth session).", ""]
     if codes:
         lines += ["| severity | code | command | models | which |", "|---|---|---|---:|---|"]
         for (sev, code, cmd), models in sorted(codes.items(), key=lambda kv: (kv[0][0], -len(set(kv[1])))):

@@ -70,3 +70,23 @@ def test_dead_units_by_chance_are_not_a_warning(runs):
     assert "by chance" in next(f["message"] for f in grad["info"] if f["code"] == "dead-units")
     assert not any(f["code"] == "dead-units" for f in grad["warnings"]), grad["warnings"]
     assert {c["command"]: c["warnings"] for c in runs["pt_aux_classifier"]["commands"]} == {c: [] for c in corpus.COMMANDS}
+
+
+def test_a_re_check_that_could_not_run_is_recorded_in_the_row():
+    """A zoo row whose re-check on a copy failed keeps the plain verdicts; the row must say so (ALIGN's float64
+    invariance copy ran out of a worker's 14 GiB cap and its 7 cancelled biases came back as vanishing-grad).
+    Here the copy cannot be made at all: the model holds a lock, which deepcopy refuses."""
+    import threading
+
+    import torch
+
+    from support import load_module
+
+    model = load_module("broken_grad_vanishing.py").build()
+    model.lock = threading.Lock()
+    from torchdiag.core.inputs import ModelInputs
+
+    rec = corpus.run_command("gradflow", model, ModelInputs((torch.randn(8, 16),)))
+    assert rec["exit"] == 0 and {w["code"] for w in rec["warnings"]} == {"vanishing-grad"}, rec
+    assert any("not re-checked" in n for n in rec["not_rechecked"]), rec
+    assert "(a re-check did not run)" in corpus.cell(rec)
