@@ -76,8 +76,10 @@ def call(command: str, model, inputs):
     return torchdiag.api.run(command, model, inputs)
 
 
-# notes of a re-check that could not run (a copy out of memory, a forward that failed on it)
-SKIPPED = re.compile(r"not re-checked|re-checked in float32|was not looked for|failed")
+# notes of a re-check that could not run (a copy out of memory, a forward that failed on it); the float32 fallback of
+# the invariance re-check did run
+SKIPPED = re.compile(r"not re-checked|was not looked for|could not be gathered|^(?!cancelled parameters re-checked in "
+                     r"float32).*failed:")
 
 
 def run_command(command: str, model, inputs) -> dict:

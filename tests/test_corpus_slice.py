@@ -90,3 +90,14 @@ def test_a_re_check_that_could_not_run_is_recorded_in_the_row():
     assert rec["exit"] == 0 and {w["code"] for w in rec["warnings"]} == {"vanishing-grad"}, rec
     assert any("not re-checked" in n for n in rec["not_rechecked"]), rec
     assert "(a re-check did not run)" in corpus.cell(rec)
+
+
+@pytest.mark.parametrize("note, skipped", [
+    ("cancelled gradients not re-checked on a copy: the loss on the torch.float32 copy is inf", True),
+    ("cancelled parameters re-checked in float32 (the float64 copy failed: mat1 and mat2 must have the same dtype)",
+     False),   # the float32 fallback ran (DAB-DETR's float32 tensor made in forward)
+    ("two of the batch's samples on a fresh copy, to tell capacity from a fault, failed: out of memory", True),
+    ("6 flagged finding(s) re-checked on a copy: 3 optimizer steps on the same batch", False),
+])
+def test_which_notes_say_a_re_check_did_not_run(note, skipped):
+    assert bool(corpus.SKIPPED.search(note)) is skipped
