@@ -744,3 +744,16 @@ def test_the_workers_line_says_what_was_measured(shares, said):
     st = SimpleNamespace(sweep=[_timed(w, s) for w, s in shares.items()], training=_timed(0, 0.4))
     best = balanced(st)
     assert f"num_workers={best}: {balance_reason(st, best)}" == said
+
+
+@pytest.mark.parametrize("factory", ["empty_dataset", "empty_loader"])
+def test_empty_data_is_one_line_and_exit_2(cli, tmp_path, factory):
+    # a review: an empty map-style Dataset reached DataLoader(shuffle=True), whose RandomSampler refuses length 0
+    # (exit 4, "a bug in torchdiag"); the empty DataLoader already said it
+    (tmp_path / "empty.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "def empty_dataset():\n    return TensorDataset(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))\n"
+        "def empty_loader():\n    return DataLoader(empty_dataset(), batch_size=4)\n")
+    r = cli("data", f"{tmp_path}/empty.py:{factory}", "--no-speed")
+    assert r.code == 2 and "the training data gave no batch (it is empty)" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr

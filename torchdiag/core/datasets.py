@@ -178,6 +178,13 @@ def rebuild(loader, **changes):
     return DataLoader(loader.dataset, **kw)
 
 
+def _empty(dataset) -> bool:
+    try:
+        return len(dataset) == 0
+    except TypeError:   # a map-style Dataset without __len__
+        return False
+
+
 def loader_for(data: LoadedData, batch_size: int, seed: int = 0):
     """What a training loop would iterate: the user's DataLoader as it is; a Dataset in a DataLoader
     (batch_size, shuffled, seeded); an IterableDataset batched; an iterable as it is."""
@@ -187,6 +194,6 @@ def loader_for(data: LoadedData, batch_size: int, seed: int = 0):
     if data.kind == "dataloader" or data.kind == "iterable":
         return data.obj
     g = torch.Generator().manual_seed(seed)
-    if data.kind == "dataset":
-        return DataLoader(data.obj, batch_size=batch_size, shuffle=True, generator=g)
+    if data.kind == "dataset":   # an empty one gives no batch (said by the caller): RandomSampler refuses length 0
+        return DataLoader(data.obj, batch_size=batch_size, shuffle=not _empty(data.obj), generator=g)
     return DataLoader(data.obj, batch_size=batch_size)
