@@ -325,3 +325,37 @@ def test_an_interrupt_during_the_write_leaves_the_old_file_and_no_temp(tmp_path,
                     if where == "write":
                         raise KeyboardInterrupt
         assert target.read_bytes() == b"old" and _leftovers(tmp_path) == [], where
+
+
+def test_a_fifo_nothing_reads_yet_is_waited_for_and_said(tmp_path, monkeypatch):
+    """A review: `--plot fifo.png` with no reader blocked in open() and the run's report never came, with no word.
+    The wait is a shell redirection's, but said first; the reader here starts only once the line is out."""
+    import io
+    import sys
+
+    fifo = tmp_path / "later"
+    os.mkfifo(fifo)
+    said = threading.Event()
+
+    class Err(io.StringIO):
+        def write(self, text):
+            n = super().write(text)
+            if "waiting for a reader" in text:
+                said.set()
+            return n
+
+    err = Err()
+    monkeypatch.setattr(sys, "stderr", err)
+    got = []
+
+    def reader():
+        said.wait(timeout=HANG_GUARD)   # bounds only a failing run (no line): the write must not hang the suite
+        with open(fifo, "rb") as f:
+            got.append(f.read())
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    atomic_write(fifo, b"after the wait", "--plot")
+    t.join(timeout=HANG_GUARD)
+    assert got == [b"after the wait"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert f"--plot {fifo}: a FIFO that nothing reads yet; waiting for a reader" in err.getvalue()

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import os
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,9 +100,13 @@ def _remove(name: str) -> None:
 
 
 def _in_place(target: Path, data: bytes, path, option: str) -> None:
-    """A device or FIFO: open it and write, never replace it."""
+    """A device or FIFO: open it and write, never replace it. A FIFO with no reader yet is waited for, as a shell's
+    redirection would, but said first: the run's report, printed after its files, waits with it (a review found
+    the silent wait indistinguishable from a hang)."""
+    flags = os.O_WRONLY | getattr(os, "O_NOCTTY", 0)
     try:
-        fd = os.open(target, os.O_WRONLY | getattr(os, "O_NOCTTY", 0))
+        fifo = stat.S_ISFIFO(os.stat(target).st_mode)
+        fd = _open_fifo(target, flags, path, option) if fifo else os.open(target, flags)
     except OSError as exc:
         raise write_error(path, option, exc) from None
     try:
@@ -112,6 +117,19 @@ def _in_place(target: Path, data: bytes, path, option: str) -> None:
         raise write_error(path, option, exc) from None
     finally:
         os.close(fd)
+
+
+def _open_fifo(target: Path, flags: int, path, option: str) -> int:
+    try:
+        fd = os.open(target, flags | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:   # ENXIO: nothing has it open for reading yet
+            raise
+        print(f"{option} {path}: a FIFO that nothing reads yet; waiting for a reader (Ctrl-C stops)",
+              file=sys.stderr, flush=True)
+        return os.open(target, flags)
+    os.set_blocking(fd, True)   # a reader is there: write as to any pipe, waiting while it reads
+    return fd
 
 
 def _replace(tmp: str, target: Path, path, option: str) -> None:
