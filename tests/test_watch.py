@@ -1326,3 +1326,35 @@ def test_a_layer_left_without_live_units_stays_a_warning_though_the_loss_falls()
     with torch.no_grad():   # truth: no hidden unit is positive for any of 256 fresh inputs
         assert int((model[1](model[0](torch.rand(256, 8))) > 0).sum()) == 0
     assert finding(wt.result(), "dead-units").severity == "warning"
+
+
+def _two_models(b_eval: bool, steps: int = 30):
+    """A review's loop: model a under SGD, then model b under Adam, each stepped every iteration; b is called only
+    after a's optimizer stepped (so a search that stopped at the first optimizer's step never saw it)."""
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    a, b = nn.Linear(4, 1), nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.2), nn.ReLU(), nn.Linear(8, 1))
+    oa, ob = torch.optim.SGD(a.parameters(), lr=0.05), torch.optim.Adam(b.parameters(), lr=1e-2)
+    if b_eval:
+        b.eval()
+    with Watch(every=10) as w:
+        for _ in range(steps):
+            x = torch.randn(16, 4, generator=g)
+            y = x.sum(1, keepdim=True)
+            for model, opt in ((a, oa), (b, ob)):
+                opt.zero_grad()
+                F.mse_loss(model(x), y).backward()
+                opt.step()
+    return w.result()
+
+
+def test_two_models_with_their_own_optimizers_are_both_watched():
+    r = _two_models(b_eval=False)
+    names = {row["name"] for row in r.table("layers").rows}
+    assert {"Linear#0.weight", "Sequential#1.0.weight", "Sequential#1.3.bias"} <= names, names
+    assert r.header["models"] == ["Linear", "Sequential"]
+    assert codes(r) == set(), [f.to_dict() for f in r.findings]
+    r = _two_models(b_eval=True)
+    f = finding(r, "trained-in-eval-mode")
+    assert "30 of 30 steps" in f.message and "first: step 1" in f.message and f.where == "Sequential#1", f.message
+    assert hooks_gone()

@@ -43,6 +43,9 @@ def _guarded(hook):
     return run
 
 
+SEARCH_STEPS = 3   # an optimizer's steps during which its model is looked for among the modules called
+
+
 class Engine:
     """Attach with `attach()`, detach with `close()`; `finish()` makes the last read. Host-side state:
     `series` (per step), `events` (non-finite values, replays), `checks` (what the read steps saw)."""
@@ -66,7 +69,7 @@ class Engine:
         self.series = {"loss": [], "grad_norm": [], "lr": []}
         self.metrics: dict[str, list] = {}  # w.log(name, value): [(step, value)]
         self.events: list[dict] = []        # non-finite values (with replay), found at reads
-        self.checks = {"eval_steps": [], "eval_modules": {}, "not_in_optimizer": {}, "carried": [],
+        self.checks = {"eval_steps": [], "eval_models": {}, "eval_modules": {}, "not_in_optimizer": {}, "carried": [],
                        "dead": {}, "dead_feeds": {}, "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": []}
         self.ratios: dict[str, list] = {}   # parameter name -> [(step, update/weight ratio)]
         self.reads = 0
@@ -81,7 +84,7 @@ class Engine:
         self._backward = None
         self._sample_forward = True         # the next training forward of each model samples dead units
         self._sampled: set[int] = set()     # the models sampled since (a GAN's generator and discriminator each)
-        self._eval_forward = False
+        self._eval_roots: dict[int, bool] = {}    # id(root) -> its last training forward ran in eval mode
         self._dead_first: dict[str, tuple] = {}   # module name -> (vector, offset, units): alive at its first sample
         self._dead_plans: dict = {}               # (root, device) -> the last probe's first-alive vector (stats.py)
         self._window = []                   # (step, lr) of steps since the last read
@@ -188,15 +191,29 @@ class Engine:
                                            "while it compiles are traced into its graph")
 
     def _adopt_roots(self, track: Track):
-        """At an optimizer's first step: the roots seen so far that hold its parameters are the trained models."""
+        """At an optimizer's first steps: the roots seen so far that hold its parameters are the trained models.
+        Discovery (a hook on every module call) stays on while an optimizer's model is not found, at most
+        SEARCH_STEPS of its steps (_search): a second model called after the first optimizer's step (a review's two
+        models with two optimizers, the second never watched) is found too."""
         ids = track.ids
+        found = False
         for key, root in list(self.seen_roots.items()):   # the others stay: a later optimizer may train them
             if any(id(p) in ids for p in root.parameters()):
                 self._hook_root(root)
                 del self.seen_roots[key]
-        if self.roots:   # found: no per-module cost from here on (a model first called later is not watched)
-            self._discover(False)
+                self._eval_roots[key] = not inner(root).training   # its forward ran before the hook: step 1
+                found = True
+        track.roots = {key for key, r in self.roots.items() if any(id(p) in ids for p in r.parameters())}
+        found = found or bool(track.roots)
+        track.searched = SEARCH_STEPS if found else track.searched + 1
+        self._search()
         self._name_params()
+
+    def _search(self) -> None:
+        """Discovery on through the clock's first step (every optimizer stepping in that iteration finds its model
+        at its own first step) and while an optimizer's model is still looked for; off after: no per-module cost."""
+        if not self.explicit_models:
+            self._discover(self.step <= 1 or any(t.searched < SEARCH_STEPS for t in self.tracks.values()))
 
     def _name_params(self):
         names: dict[int, str] = {}
@@ -220,7 +237,7 @@ class Engine:
         if not _grad_enabled():
             return
         self.last_call = (module, args, kwargs)
-        self._eval_forward = not self._inner[id(module)].training   # torch.compile: the mode is on their module
+        self._eval_roots[id(module)] = not self._inner[id(module)].training   # torch.compile: the mode is on theirs
         if self.batch_size is None:
             self.batch_size = _batch_size(args, kwargs)
         if self._sample_forward and id(module) not in self._sampled and not compiled(module):
@@ -254,6 +271,8 @@ class Engine:
             if self.clock is None:
                 self.clock = opt
             self._adopt_roots(t) if not self.explicit_models else self._name_params()
+        elif t.searched < SEARCH_STEPS and not self.explicit_models:
+            self._adopt_roots(t)
         return t
 
     def _mine(self, opt) -> bool:
@@ -279,11 +298,12 @@ class Engine:
             return
         if opt is self.clock:
             self.step += 1
-            if self._eval_forward:
-                self.checks["eval_steps"].append(self.step)
+            if self.step == 2:
+                self._search()
             self._loss_window.append(self._losses)
             self._losses = []
             self._window.append((self.step, _lr(opt)))
+        self._check_mode(track)
         read_step = self.step % self.opts.every == 0
         track.pre_step(self.step, read_step or self.step == 1, before_update)
         if read_step and opt is self.clock:
@@ -293,6 +313,18 @@ class Engine:
         elif self._bad_here(track, opt):   # on the CPU: a read now, while the weights are the step's own
             self._before_update = before_update
             self.read()
+
+    def _check_mode(self, track: Track) -> None:
+        """Was the last training forward of a model this optimizer trains in eval mode? Per optimizer: a second
+        model in eval mode under its own optimizer (a review's) counts too, once per step."""
+        roots = track.roots or set(self.roots)
+        steps = self.checks["eval_steps"]
+        evals = [r for r in roots if self._eval_roots.get(r, False)]
+        if evals and (not steps or steps[-1] != self.step):
+            steps.append(self.step)
+        for r in evals:   # which model, where there are several (named as their parameters are)
+            if r in self.roots:
+                self.checks["eval_models"].setdefault(self.root_prefix(self.roots[r]).rstrip("."), self.step)
 
     def _bad_here(self, track: Track, opt) -> bool:
         """Between reads, on the CPU only (stats.host_visible): did this step's gradients or loss go non-finite

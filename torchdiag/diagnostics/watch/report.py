@@ -218,8 +218,10 @@ def _negligible(track, i: int) -> bool:
 def _modes(result: Result, engine) -> None:
     steps = engine.checks["eval_steps"]
     if steps:
-        result.add("trained-in-eval-mode", "warning", "", f"{len(steps)} of {engine.step} steps trained on a forward "
-                   f"made in eval mode (first: step {steps[0]})", "call model.train() after evaluating")
+        which = [n for n in engine.checks.get("eval_models", {}) if n]   # named only where there are several models
+        result.add("trained-in-eval-mode", "warning", ", ".join(which), f"{len(steps)} of {engine.step} steps trained "
+                   f"on a forward made in eval mode (first: step {steps[0]})" + (f"; the model(s) in eval mode: "
+                   f"{', '.join(which)}" if which else ""), "call model.train() after evaluating")
     for name, step in engine.checks["eval_modules"].items():
         result.add("module-in-eval-mode", "warning", name, f"{name} (dropout/BatchNorm) was in eval mode while the "
                    f"model trained (step {step})", "something called .eval() on this submodule; call model.train()")
