@@ -757,3 +757,9 @@ def test_empty_data_is_one_line_and_exit_2(cli, tmp_path, factory):
     r = cli("data", f"{tmp_path}/empty.py:{factory}", "--no-speed")
     assert r.code == 2 and "the training data gave no batch (it is empty)" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and "internal error" not in r.stderr
+
+
+def test_a_data_factory_calling_sys_exit_is_named_as_your_code(cli, tmp_path):
+    (tmp_path / "bye.py").write_text("import sys\ndef data():\n    sys.exit(0)\n")
+    r = cli("data", f"{tmp_path}/bye.py:data", "--no-speed")
+    assert r.code == 3 and "your code called sys.exit(0)" in r.stderr and "model" not in r.stderr.splitlines()[0], r.stderr

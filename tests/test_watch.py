@@ -1358,3 +1358,15 @@ def test_two_models_with_their_own_optimizers_are_both_watched():
     f = finding(r, "trained-in-eval-mode")
     assert "30 of 30 steps" in f.message and "first: step 1" in f.message and f.where == "Sequential#1", f.message
     assert hooks_gone()
+
+
+@pytest.mark.parametrize("code, said", [(5, "the script exited with status 5"),
+                                        ('"fatal: bad config"', "the script exited with the message 'fatal: bad config'")])
+def test_a_script_that_exits_non_zero_is_exit_3_saying_how(tmp_path, code, said):
+    path = tmp_path / "exits.py"
+    path.write_text("import sys, torch\nm = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                    "m(torch.randn(4, 2)).sum().backward()\nopt.step()\n"
+                    f"sys.exit({code})\n")
+    with pytest.raises(ModelError) as e:
+        run_command(["python", str(path)], Watch(every=10))
+    assert e.value.code == ExitCode.MODEL and said in e.value.message, e.value.message

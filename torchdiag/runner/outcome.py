@@ -55,11 +55,13 @@ def failed(exc: BaseException, ctx=None, caller: str = "cli") -> Outcome:
         code = interrupt_code(exc)
         return Outcome(code, message="interrupted" if code == ExitCode.INTERRUPTED else "terminated (SIGTERM)")
     if isinstance(exc, UserExit):
-        return Outcome(ExitCode.MODEL, message=f"the model's own code called {exc.code}",
-                       hint="torchdiag runs your module's code; keep os._exit out of import time, factories and forward")
+        return Outcome(ExitCode.MODEL, message=f"your code called {exc.code}",
+                       hint="torchdiag runs your module's code (the model, data, loss or batch factory and what they "
+                            "call); keep os._exit out of import time, factories and forward")
     if isinstance(exc, SystemExit):   # only the user's code calls sys.exit in here
-        return Outcome(ExitCode.MODEL, message=f"the model's own code called sys.exit({exc.code!r})",
-                       hint="torchdiag runs your module's code; keep sys.exit out of import time, factories and forward")
+        return Outcome(ExitCode.MODEL, message=f"your code called sys.exit({exc.code!r})",
+                       hint="torchdiag runs your module's code (the model, data, loss or batch factory and what they "
+                            "call); keep sys.exit out of import time, factories and forward")
     gpu = device_error(exc) if isinstance(exc, Exception) else None
     if gpu is not None:   # the GPU's own failure (an assert of the model's kernels surfaces at whatever call is next)
         return Outcome(gpu.code, message=gpu.message, hint=gpu.hint, trace=traceback.format_exc())
