@@ -148,3 +148,19 @@ def test_help_lists_watch_without_importing_torch():
     assert "\n  watch " in out and "HEAVY=\n" in out
     out = _probe(["watch", "--help"])
     assert "watch [OPTIONS] -- {COMMAND}..." in out and "stdout goes to stderr" in out and "HEAVY=\n" in out
+
+
+@pytest.mark.subprocess
+def test_a_command_with_nothing_to_run_on_is_a_usage_error_with_its_help():
+    """`torchdiag` alone is the overview (exit 0); `torchdiag summary` with no model is a usage error (exit 2), its
+    help on stderr: a CI line that lost its spec must fail, not pass on the help text (a review: exit 0). Through
+    the entry point (main), which the in-process runner bypasses."""
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "torchdiag", *args], capture_output=True, text=True, cwd=ROOT)
+
+    bare = run()
+    assert bare.returncode == 0 and "Commands" in bare.stdout
+    for name in ("summary", "watch", "data", "lr-find"):
+        r = run(name)
+        assert r.returncode == 2 and r.stdout == "" and f"torchdiag {name}" in r.stderr, (name, r.returncode, r.stderr)
+    assert run("check").returncode == 2   # check reads its model from pyproject.toml: none here, one line

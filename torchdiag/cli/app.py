@@ -4,6 +4,7 @@ Commands are loaded when one runs: `torchdiag nancheck ...` imports cli/nancheck
 `torchdiag --help` lists the commands from the registry (commands.py) without importing any of them."""
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Mapping
 from typing import Annotated
@@ -120,6 +121,10 @@ def main() -> None:
     import sys
 
     _usable_streams()
+    import faulthandler
+
+    with contextlib.suppress(Exception):   # a crash in native code (a segfault in a dataset read in-process) says
+        faulthandler.enable()              # where, instead of an empty stderr and exit 139 (a review)
 
     try:  # typer ≥ 0.20 vendors click; older typer uses the click package
         from typer._click import exceptions as cx
@@ -129,8 +134,11 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)
     except cx.NoArgsIsHelpError as e:
-        sys.stdout.write((e.ctx.get_help() if e.ctx else "") + "\n")
-        code = 0
+        # `torchdiag` alone asks for the overview (0); a command with nothing to run on is a usage error (2), so a
+        # CI line that lost its model spec fails instead of passing on the help text (a review)
+        sub = e.ctx is not None and e.ctx.parent is not None
+        (sys.stderr if sub else sys.stdout).write((e.ctx.get_help() if e.ctx else "") + "\n")
+        code = 2 if sub else 0
     except cx.UsageError as e:
         command = e.ctx.command_path if e.ctx else "torchdiag"
         if not _reports():   # under torchrun every rank parses the same line: rank 0 says it once
