@@ -763,3 +763,17 @@ def test_a_data_factory_calling_sys_exit_is_named_as_your_code(cli, tmp_path):
     (tmp_path / "bye.py").write_text("import sys\ndef data():\n    sys.exit(0)\n")
     r = cli("data", f"{tmp_path}/bye.py:data", "--no-speed")
     assert r.code == 3 and "your code called sys.exit(0)" in r.stderr and "model" not in r.stderr.splitlines()[0], r.stderr
+
+
+def test_samples_laid_out_differently_are_said_as_such(cli, tmp_path):
+    # a review: dicts whose keys and value types alternate gave "sample 1 has shape scalar where the others have scalar"
+    (tmp_path / "mixed.py").write_text(
+        "import torch\nfrom torch.utils.data import Dataset\n"
+        "class Mixed(Dataset):\n    def __len__(self):\n        return 40\n"
+        "    def __getitem__(self, i):\n"
+        "        return {'x': torch.randn(3), 'y': i % 3} if i % 2 else {'x': 'text', 'z': [1, 2]}\n"
+        "def data():\n    return Mixed()\n")
+    r = cli("data", f"{tmp_path}/mixed.py:data", "--no-speed", "--json")
+    msgs = [f["message"] for f in r.json["findings"] if f["code"] == "inconsistent-shapes"]
+    assert r.code == 1 and msgs and all("not laid out like the others" in m for m in msgs), msgs
+    assert not any("where the others have" in m for m in msgs)

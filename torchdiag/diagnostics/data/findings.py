@@ -74,7 +74,13 @@ def _non_finite(r, f, where) -> None:
 
 
 def _shapes(r, f, where) -> None:
-    if f.ragged_at is not None:
+    if f.ragged_at is not None and tuple(f.ragged_shape or ()) == tuple(f.ragged_ref or ()):
+        # the same shape, yet not stackable: the samples' structure differs (a review: dicts whose keys and value
+        # types alternate said "shape scalar where the others have scalar")
+        r.add("inconsistent-shapes", "error", where, f"sample {f.ragged_at} is not laid out like the others (a key or "
+              "field missing, or a value of another type): the loader's collate function cannot stack its batch",
+              "give every sample the same keys and value types")
+    elif f.ragged_at is not None:
         r.add("inconsistent-shapes", "error", where, f"sample {f.ragged_at} has shape {_shape(f.ragged_shape)} where "
               f"the others have {_shape(f.ragged_ref)}: the loader's collate function cannot stack its batch",
               "resize/crop to one shape in the transform, or pad in a collate_fn")
