@@ -164,3 +164,9 @@ def test_a_command_with_nothing_to_run_on_is_a_usage_error_with_its_help():
         r = run(name)
         assert r.returncode == 2 and r.stdout == "" and f"torchdiag {name}" in r.stderr, (name, r.returncode, r.stderr)
     assert run("check").returncode == 2   # check reads its model from pyproject.toml: none here, one line
+
+
+def test_an_infinite_option_value_is_said_to_be_not_finite(cli):
+    # a review: `--max-lr inf` said "inf is not a number"
+    r = cli("lr-find", "sample_models/mlp.py:build", "--max-lr", "inf")
+    assert r.code == 2 and "inf is not a finite number" in r.stderr, r.stderr

@@ -336,8 +336,8 @@ def test_bad_input_is_exit_2(cli):
 
 @pytest.mark.parametrize("flag,value,problem", [
     ("--dead", "1.5", "must be ≤ 1"), ("--saturated", "-0.1", "must be ≥ 0"),
-    ("--exploding", "-1", "must be ≥ 0"), ("--vanishing", "nan", "is not a number"),
-    ("--exploding-ratio", "nan", "is not a number"),
+    ("--exploding", "-1", "must be ≥ 0"), ("--vanishing", "nan", "is not a finite number"),
+    ("--exploding-ratio", "nan", "is not a finite number"),
 ])
 def test_bad_option_is_exit_2_before_loading(cli, flag, value, problem):
     # the factory raises (exit 3) if it is ever called: the option is refused first

@@ -47,8 +47,10 @@ def number(name: str, value, *, low: float | None = None, high: float | None = N
     """A finite number within bounds (inclusive unless *_open), else an OptionError naming the option."""
     kind = "an integer" if integer else "a number"
     ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok_type or (not integer and not math.isfinite(value)):
+    if isinstance(value, bool) or not ok_type:
         raise OptionError(name, f"{value!r} is not {kind}", flag=flag)
+    if not integer and not math.isfinite(value):   # inf is a number, just not one a run can use (a review)
+        raise OptionError(name, f"{value!r} is not a finite number", flag=flag)
     def show(bound):
         return str(bound) if integer else f"{bound:g}"
 
