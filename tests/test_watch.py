@@ -1370,3 +1370,13 @@ def test_a_script_that_exits_non_zero_is_exit_3_saying_how(tmp_path, code, said)
     with pytest.raises(ModelError) as e:
         run_command(["python", str(path)], Watch(every=10))
     assert e.value.code == ExitCode.MODEL and said in e.value.message, e.value.message
+
+
+def test_a_script_that_does_not_parse_points_at_its_line(tmp_path):
+    # a review: the hint named <frozen runpy>, and said "the report above" of a run with no step
+    path = tmp_path / "broken.py"
+    path.write_text("import torch\ndef f(:\n    pass\n")
+    with pytest.raises(ModelError) as e:
+        run_command(["python", str(path)], Watch(every=10))
+    assert e.value.code == ExitCode.MODEL and "SyntaxError" in e.value.message
+    assert e.value.hint == f"in {path}, line 2 (before any training step)", e.value.hint

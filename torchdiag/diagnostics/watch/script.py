@@ -101,7 +101,8 @@ def run_command(argv, watch) -> object:
         return result
     if failure:
         result.verdict = f"STOPPED at step {watch.engine.step}: the script failed ({failure})"
-        raise ModelError(f"the script failed: {failure}", hint=_where(error), partial=result) from error
+        raise ModelError(f"the script failed: {failure}", hint=_where(error, watch.engine.step),
+                         partial=result) from error
     if watch.engine.step == 0:
         from . import NO_STEP, NO_STEP_HINT
 
@@ -109,12 +110,15 @@ def run_command(argv, watch) -> object:
     return result
 
 
-def _where(exc) -> str:
-    """The innermost frame of the user's code in the traceback (file:line in function)."""
+def _where(exc, steps: int = 1) -> str:
+    """The innermost frame of the user's code in the traceback (file:line in function); a SyntaxError's own file
+    and line (its traceback is runpy's compile)."""
+    report = "; the report above covers the steps before it" if steps else " (before any training step)"
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"in {exc.filename}, line {exc.lineno}" + report
     frames = traceback.extract_tb(exc.__traceback__) if exc is not None else []
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     user = [f for f in frames if not f.filename.startswith(here) and "runpy" not in f.filename
             and "/torch/" not in f.filename.replace("\\", "/")]
     f = (user or frames or [None])[-1]
-    return f"raised at {f.filename}:{f.lineno} in {f.name}; the report above covers the steps before it" if f else \
-        "the report above covers the steps before it"
+    return f"raised at {f.filename}:{f.lineno} in {f.name}" + report if f else report.lstrip("; ")
