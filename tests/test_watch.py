@@ -1380,3 +1380,63 @@ def test_a_script_that_does_not_parse_points_at_its_line(tmp_path):
         run_command(["python", str(path)], Watch(every=10))
     assert e.value.code == ExitCode.MODEL and "SyntaxError" in e.value.message
     assert e.value.hint == f"in {path}, line 2 (before any training step)", e.value.hint
+
+
+def _global_forward_hooks() -> int:
+    from torch.nn.modules import module as mm
+
+    return len(mm._global_forward_hooks) + len(mm._global_forward_pre_hooks)
+
+
+def test_an_optimizer_of_no_model_says_nothing_of_a_models_mode_and_ends_its_search():
+    """A review's cases: an adversarial perturbation's own optimizer (a bare tensor), stepped while the model is in
+    eval mode for it, once per iteration; a temperature fitted once after training. Neither trains a model in eval
+    mode. The model discovery they start ends within SEARCH_STEPS of the clock's steps."""
+    from torchdiag.diagnostics.watch.engine import SEARCH_STEPS
+
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.1), nn.ReLU(), nn.Linear(16, 1))
+    om = torch.optim.SGD(m.parameters(), lr=0.05)
+    delta = torch.zeros(16, 4, requires_grad=True)
+    od = torch.optim.SGD([delta], lr=0.01)
+    hooks = []
+    with Watch(every=10) as w:
+        for _ in range(30):
+            x = torch.randn(16, 4, generator=g)
+            y = x.sum(1, keepdim=True)
+            m.train()
+            om.zero_grad()
+            F.mse_loss(m(x), y).backward()
+            om.step()
+            m.eval()
+            od.zero_grad()
+            (-F.mse_loss(m(x + delta), y)).backward()
+            od.step()
+            hooks.append(_global_forward_hooks())
+        m.eval()
+        temp = nn.Parameter(torch.ones(()))
+        ot = torch.optim.SGD([temp], lr=0.01)
+        F.mse_loss(m(x) / temp, y).backward()
+        ot.step()
+        after = _global_forward_hooks()
+    r = w.result()
+    assert "trained-in-eval-mode" not in codes(r), [f.to_dict() for f in r.findings]
+    assert hooks[SEARCH_STEPS + 1:] == [0] * len(hooks[SEARCH_STEPS + 1:]), hooks
+    assert after == 2 and hooks_gone()   # the temperature's optimizer looks for its model: until the end here
+
+
+def test_a_frozen_teachers_weights_in_the_students_optimizer_do_not_make_it_a_trained_model():
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    teacher, student = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.2), nn.Linear(8, 1)), nn.Linear(4, 1)
+    teacher.eval().requires_grad_(False)
+    opt = torch.optim.SGD(list(student.parameters()) + list(teacher.parameters()), lr=0.05)
+    with Watch(every=10) as w:
+        for _ in range(30):
+            x = torch.randn(16, 4, generator=g)
+            opt.zero_grad()
+            F.mse_loss(student(x), teacher(x)).backward()
+            opt.step()
+    r = w.result()
+    assert "trained-in-eval-mode" not in codes(r) and r.header["models"] == ["Linear"], [f.to_dict() for f in r.findings]

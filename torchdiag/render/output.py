@@ -125,8 +125,10 @@ def _open_fifo(target: Path, flags: int, path, option: str) -> int:
     except OSError as exc:
         if exc.errno != errno.ENXIO:   # ENXIO: nothing has it open for reading yet
             raise
-        print(f"{option} {path}: a FIFO that nothing reads yet; waiting for a reader (Ctrl-C stops)",
-              file=sys.stderr, flush=True)
+        if sys.stderr is not None:   # the line is a courtesy: a closed or broken stderr does not stop the write
+            with contextlib.suppress(OSError, ValueError):
+                print(f"{option} {path}: a FIFO that nothing reads yet; waiting for a reader (Ctrl-C stops)",
+                      file=sys.stderr, flush=True)
         return os.open(target, flags)
     os.set_blocking(fd, True)   # a reader is there: write as to any pipe, waiting while it reads
     return fd

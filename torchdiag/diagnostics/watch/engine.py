@@ -43,7 +43,8 @@ def _guarded(hook):
     return run
 
 
-SEARCH_STEPS = 3   # an optimizer's steps during which its model is looked for among the modules called
+SEARCH_STEPS = 3   # the clock's steps, from an optimizer's first, during which its model is looked for
+MAX_SEARCHES = 8   # optimizers whose model is looked for at all
 
 
 class Engine:
@@ -85,6 +86,8 @@ class Engine:
         self._sample_forward = True         # the next training forward of each model samples dead units
         self._sampled: set[int] = set()     # the models sampled since (a GAN's generator and discriminator each)
         self._eval_roots: dict[int, bool] = {}    # id(root) -> its last training forward ran in eval mode
+        self._seen_eval: dict[int, bool] = {}     # discovery: the same, for roots not hooked yet
+        self._searches = 0                        # optimizers given a search for their model (at most MAX_SEARCHES)
         self._dead_first: dict[str, tuple] = {}   # module name -> (vector, offset, units): alive at its first sample
         self._dead_plans: dict = {}               # (root, device) -> the last probe's first-alive vector (stats.py)
         self._window = []                   # (step, lr) of steps since the last read
@@ -171,6 +174,7 @@ class Engine:
 
         if self._depth == 0 and torch.is_grad_enabled() and id(module) not in self._root_handles:
             self.seen_roots[id(module)] = module
+            self._seen_eval[id(module)] = not inner(module).training   # its mode when called, not when stepped
         self._depth += 1
 
     @_guarded
@@ -193,27 +197,34 @@ class Engine:
     def _adopt_roots(self, track: Track):
         """At an optimizer's first steps: the roots seen so far that hold its parameters are the trained models.
         Discovery (a hook on every module call) stays on while an optimizer's model is not found, at most
-        SEARCH_STEPS of its steps (_search): a second model called after the first optimizer's step (a review's two
-        models with two optimizers, the second never watched) is found too."""
-        ids = track.ids
-        found = False
+        SEARCH_STEPS of the clock's steps (_searching): a second model called after the first optimizer's step (a
+        review's two models with two optimizers, the second never watched) is found too."""
+        ids = {id(p) for p in track.params if p.requires_grad}   # a frozen teacher's weights given to it: not its model
         for key, root in list(self.seen_roots.items()):   # the others stay: a later optimizer may train them
             if any(id(p) in ids for p in root.parameters()):
                 self._hook_root(root)
                 del self.seen_roots[key]
-                self._eval_roots[key] = not inner(root).training   # its forward ran before the hook: step 1
-                found = True
+                self._eval_roots[key] = self._seen_eval.get(key, False)   # its forward ran before the hook: step 1
         track.roots = {key for key, r in self.roots.items() if any(id(p) in ids for p in r.parameters())}
-        found = found or bool(track.roots)
-        track.searched = SEARCH_STEPS if found else track.searched + 1
         self._search()
         self._name_params()
 
+    def _searching(self, track: Track) -> bool:
+        """Is the model of this optimizer still looked for: none found yet, within SEARCH_STEPS of the clock's steps
+        since the optimizer first stepped (an optimizer stepped once, or over a bare tensor, ends its search too)."""
+        return not track.roots and track.first_step is not None and self.step - track.first_step < SEARCH_STEPS
+
     def _search(self) -> None:
         """Discovery on through the clock's first step (every optimizer stepping in that iteration finds its model
-        at its own first step) and while an optimizer's model is still looked for; off after: no per-module cost."""
-        if not self.explicit_models:
-            self._discover(self.step <= 1 or any(t.searched < SEARCH_STEPS for t in self.tracks.values()))
+        at its own first step) and while an optimizer's model is still looked for; off after: no per-module cost,
+        and the roots seen but not adopted are let go."""
+        if self.explicit_models:
+            return
+        on = self.step <= 1 or any(self._searching(t) for t in self.tracks.values())
+        self._discover(on)
+        if not on:
+            self.seen_roots.clear()
+            self._seen_eval.clear()
 
     def _name_params(self):
         names: dict[int, str] = {}
@@ -270,8 +281,12 @@ class Engine:
             t = self.tracks[id(opt)] = Track(opt, self.opts)
             if self.clock is None:
                 self.clock = opt
+            # a search for its model: for the first MAX_SEARCHES optimizers (one made every iteration, a PGD
+            # attack's, would keep every module call hooked for good)
+            t.first_step = self.step if self._searches < MAX_SEARCHES else None
+            self._searches += 1
             self._adopt_roots(t) if not self.explicit_models else self._name_params()
-        elif t.searched < SEARCH_STEPS and not self.explicit_models:
+        elif self._searching(t) and not self.explicit_models:
             self._adopt_roots(t)
         return t
 
@@ -298,7 +313,7 @@ class Engine:
             return
         if opt is self.clock:
             self.step += 1
-            if self.step == 2:
+            if self.step >= 2 and self._discovery:
                 self._search()
             self._loss_window.append(self._losses)
             self._losses = []
@@ -317,14 +332,15 @@ class Engine:
     def _check_mode(self, track: Track) -> None:
         """Was the last training forward of a model this optimizer trains in eval mode? Per optimizer: a second
         model in eval mode under its own optimizer (a review's) counts too, once per step."""
-        roots = track.roots or set(self.roots)
+        # an optimizer with no model of its own (a bare tensor, a temperature) says nothing of any model's mode;
+        # with the models given (Watch(model, opt)), the clock's is theirs
+        roots = track.roots or (set(self.roots) if track.opt is self.clock and self.explicit_models else set())
         steps = self.checks["eval_steps"]
         evals = [r for r in roots if self._eval_roots.get(r, False)]
         if evals and (not steps or steps[-1] != self.step):
             steps.append(self.step)
-        for r in evals:   # which model, where there are several (named as their parameters are)
-            if r in self.roots:
-                self.checks["eval_models"].setdefault(self.root_prefix(self.roots[r]).rstrip("."), self.step)
+        for r in evals:   # which model (named at the report, as their parameters are, where there are several)
+            self.checks["eval_models"].setdefault(r, self.step)
 
     def _bad_here(self, track: Track, opt) -> bool:
         """Between reads, on the CPU only (stats.host_visible): did this step's gradients or loss go non-finite

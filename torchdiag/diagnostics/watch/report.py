@@ -218,7 +218,9 @@ def _negligible(track, i: int) -> bool:
 def _modes(result: Result, engine) -> None:
     steps = engine.checks["eval_steps"]
     if steps:
-        which = [n for n in engine.checks.get("eval_models", {}) if n]   # named only where there are several models
+        several = len(engine.roots) > 1   # named only where there are several models, as their parameters are
+        which = [engine.root_prefix(engine.roots[r]).rstrip(".") for r in engine.checks.get("eval_models", {})
+                 if several and r in engine.roots]
         result.add("trained-in-eval-mode", "warning", ", ".join(which), f"{len(steps)} of {engine.step} steps trained "
                    f"on a forward made in eval mode (first: step {steps[0]})" + (f"; the model(s) in eval mode: "
                    f"{', '.join(which)}" if which else ""), "call model.train() after evaluating")

@@ -85,7 +85,8 @@ def run_command(argv, watch) -> object:
                     runpy.run_module(target, run_name="__main__", alter_sys=True)
             except SystemExit as exc:
                 if exc.code not in (None, 0):   # sys.exit("message") exits 1 after printing the message
-                    what = f"status {exc.code}" if isinstance(exc.code, int) else f"the message {str(exc.code)!r}"
+                    what = (f"status {int(exc.code)}" if isinstance(exc.code, int)   # True is 1, as Python exits
+                            else f"the message {str(exc.code)!r}")
                     failure, error = f"the script exited with {what}", exc
     except KeyboardInterrupt as exc:   # Ctrl-C, or SIGTERM (Terminated): the report so far
         interrupted = interrupt_code(exc)

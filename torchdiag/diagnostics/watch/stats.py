@@ -20,7 +20,7 @@ class Track:
         self.opt = opt
         self.params = [p for g in opt.param_groups for p in g["params"]]
         self.ids = {id(p): i for i, p in enumerate(self.params)}
-        self.searched = 0   # steps its model was looked for (engine._adopt_roots)
+        self.first_step = None   # the clock's step when it first stepped; None: its model is not looked for
         self.roots: set[int] = set()   # id() of the watched models that hold its parameters
         self.names = [f"param_groups[{gi}][{j}]" for gi, g in enumerate(opt.param_groups) for j in range(len(g["params"]))]
         self.device = self.params[0].device if self.params else torch.device("cpu")
