@@ -946,15 +946,16 @@ class _SaturatingTanh(nn.Module):
     """tanh(1e5 · l1(x)) with l1 at std 1e-5: the gradient into l1 is ~5e4, and the first Adam steps saturate every
     unit, so it falls to ~4e2 while the loss rises (1.12 → 1.9 in 3 steps): a gradient that fell because the units died."""
 
-    def __init__(self):
+    def __init__(self, seed: int = 1, width: int = 32, gain: float = 1e5):
         super().__init__()
-        torch.manual_seed(1)
-        self.l1, self.l2 = nn.Linear(8, 32), nn.Linear(32, 1)
-        nn.init.normal_(self.l1.weight, std=1e-5)
+        torch.manual_seed(seed)
+        self.gain = gain
+        self.l1, self.l2 = nn.Linear(8, width), nn.Linear(width, 1)
+        nn.init.normal_(self.l1.weight, std=1 / gain)
         nn.init.zeros_(self.l1.bias)
 
     def forward(self, x):
-        return self.l2(torch.tanh(1e5 * self.l1(x)))
+        return self.l2(torch.tanh(self.gain * self.l1(x)))
 
 
 def test_an_exploding_gradient_that_falls_as_its_units_saturate_stays_an_error():
@@ -1422,25 +1423,12 @@ def test_a_relu6_saturation_is_measured_alike_by_the_finding_and_its_recheck():
     assert f"transient of the starting point: {top:.0%} at initialisation" in f.message, f.message   # lr 0.3 undoes it
 
 
-class _SaturatedAfterAStep(nn.Module):
+def test_an_exploding_gradient_whose_units_saturate_while_the_head_fits_stays_an_error():
     """A review's case: tanh(1e4 · l1(x)) at width 128; Adam at lr 3e-3 saturates every unit from step 2 on and
     l1's gradient turns erratic (4.35, 20.8, 0.144, 1.36, 5e-4 …) while the head fits the batch from the sign
     features, bringing the loss below its start within 10 steps: dead units, not a starting point left behind."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(2)
-        self.l1, self.l2 = nn.Linear(8, 128), nn.Linear(128, 1)
-        nn.init.normal_(self.l1.weight, std=1e-4)
-        nn.init.zeros_(self.l1.bias)
-
-    def forward(self, x):
-        return self.l2(torch.tanh(1e4 * self.l1(x)))
-
-
-def test_an_exploding_gradient_whose_units_saturate_while_the_head_fits_stays_an_error():
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(8, 8, generator=g), torch.randn(8, 1, generator=g)
-    res = run(_SaturatedAfterAStep(), x, target=y, loss="mse", lr=3e-3)
+    res = run(_SaturatingTanh(seed=2, width=128, gain=1e4), x, target=y, loss="mse", lr=3e-3)
     rows = {r["name"]: r for r in res.table("params").rows}
     assert rows["l1.weight"]["status"] == "exploding-grad" and res.exit_code == 1, rows["l1.weight"]
