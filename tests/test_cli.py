@@ -170,3 +170,10 @@ def test_an_infinite_option_value_is_said_to_be_not_finite(cli):
     # a review: `--max-lr inf` said "inf is not a number"
     r = cli("lr-find", "sample_models/mlp.py:build", "--max-lr", "inf")
     assert r.code == 2 and "inf is not a finite number" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("command", ["lr-find", "overfit-batch"])
+def test_a_model_with_no_parameters_is_not_said_to_be_frozen(cli, command):
+    # a review: lr-find on nn.ReLU() said "requires_grad is False everywhere"; it has no parameters at all
+    r = cli(command, "torch.nn:ReLU", "-i", "2x4")
+    assert r.code == 2 and "the model has no parameters" in r.stderr, r.stderr

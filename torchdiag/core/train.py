@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-from ..errors import ModelError, device_error, one_line
+from ..errors import ModelError, UsageError, device_error, one_line
 
 
 def make_optimizer(params, spec, *, foreach: bool | None = None):
@@ -17,6 +17,15 @@ def make_optimizer(params, spec, *, foreach: bool | None = None):
         return torch.optim.SGD(params, lr=lr, momentum=spec.momentum, foreach=foreach)
     cls = torch.optim.AdamW if spec.name == "adamw" else torch.optim.Adam
     return cls(params, lr=lr, foreach=foreach)
+
+
+def nothing_to_train(model) -> UsageError:
+    """The one line for a model a training command cannot train: no parameters at all (nn.ReLU()), or all frozen."""
+    if next(iter(model.parameters()), None) is None:
+        return UsageError("the model has no parameters: there is nothing to train",
+                          hint="give a model with weights (this one computes a fixed function)")
+    return UsageError("the model has no trainable parameters (requires_grad is False everywhere)",
+                      hint="nothing can be trained: unfreeze some parameters")
 
 
 def backward(loss, hint: str = "the model's own code raised in backward") -> bool:

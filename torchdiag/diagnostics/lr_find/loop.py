@@ -45,8 +45,7 @@ class Fresh:
         self.work = ctx.train_copy(model, why)
         params = [p for p in self.work.parameters() if p.requires_grad]
         if not params:
-            raise UsageError("the model has no trainable parameters (requires_grad is False everywhere)",
-                             hint="nothing can be trained: unfreeze some parameters")
+            raise train.nothing_to_train(self.work)
         self.optimizer = ctx.optimizer(params)
         self.scaler = ctx.grad_scaler()
         self.stepper = stepper(self.scaler, self.optimizer)

@@ -57,8 +57,7 @@ class Trainer:
         self.trainable = [(n, p) for n, p in work.named_parameters() if p.requires_grad and p.numel()]
         self.frozen = sum(1 for _, p in work.named_parameters() if not p.requires_grad)
         if not self.trainable:
-            raise UsageError("the model has no trainable parameters (requires_grad is False everywhere)",
-                             hint="nothing can be trained: unfreeze some parameters")
+            raise train.nothing_to_train(work)
         dtype = ctx.autocast_dtype
         self.amp = {"bfloat16": "bf16", "float16": "fp16"}.get(dtype)
         self.optimizer = ctx.optimizer([p for _, p in self.trainable], optimizer)   # None: the run's
