@@ -177,3 +177,12 @@ def test_a_model_with_no_parameters_is_not_said_to_be_frozen(cli, command):
     # a review: lr-find on nn.ReLU() said "requires_grad is False everywhere"; it has no parameters at all
     r = cli(command, "torch.nn:ReLU", "-i", "2x4")
     assert r.code == 2 and "the model has no parameters" in r.stderr, r.stderr
+
+
+def test_a_missing_factory_lists_the_functions_before_the_classes(cli, tmp_path):
+    # a review: the names were sorted in ASCII order and cut at 8, so 8 classes hid every factory function
+    classes = "".join(f"class C{i}:\n    pass\n" for i in range(9))
+    (tmp_path / "m.py").write_text(classes + "def build():\n    pass\ndef make_small():\n    pass\n")
+    r = cli("summary", f"{tmp_path}/m.py:nosuch")
+    hint = next(line for line in r.stderr.splitlines() if line.startswith("hint:"))
+    assert r.code == 2 and hint.startswith("hint: callables there: build, make_small, C0") and "(+3)" in hint, hint

@@ -49,8 +49,11 @@ def file_not_found(where: str, what: str = "model file") -> UsageError:
 def no_factory(where: str, name: str, candidates: list[str]) -> UsageError:
     """The factory is not there: the names that are, nearest first."""
     close = difflib.get_close_matches(name.split(".", 1)[0], candidates, n=3, cutoff=0.5)
+    # functions (lower case, the usual factories) before classes, which an ASCII sort puts first (a review)
+    ranked = sorted(candidates, key=lambda n: (n[:1].isupper(), n))
+    more = f" … (+{len(ranked) - 8})" if len(ranked) > 8 else ""
     hint = f"did you mean {', '.join(close)}?" if close else (
-        f"callables there: {', '.join(sorted(candidates)[:8])}" if candidates else None)
+        f"callables there: {', '.join(ranked[:8])}{more}" if candidates else None)
     return UsageError(f"'{where}' has no factory named '{name}'", hint=hint)
 
 
