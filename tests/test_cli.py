@@ -150,6 +150,7 @@ def test_help_lists_watch_without_importing_torch():
     assert "watch [OPTIONS] -- {COMMAND}..." in out and "stdout goes to stderr" in out and "HEAVY=\n" in out
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_a_command_with_nothing_to_run_on_is_a_usage_error_with_its_help():
     """`torchdiag` alone is the overview (exit 0); `torchdiag summary` with no model is a usage error (exit 2), its
