@@ -37,15 +37,19 @@ class ModuleLabels(ForwardHooks):
         self.close_open()
         return super().__exit__(*exc)
 
+    # A range goes on the stack before it is opened and leaves it after it is closed: an interrupt
+    # between the two statements leaves it where close_open() closes it (closing one twice, or one
+    # never opened, raises there and is ignored).
     def _pre(self, mod, args):
         name = self.names.get(id(mod), "?")
         rf = self._rf(MODULE_PREFIX + (name or ROOT_LABEL))
-        rf.__enter__()
         self.stack.append((name, mod, args, rf))
+        rf.__enter__()
 
     def _post(self, mod, args, output):
         if self.stack:
-            self.stack.pop()[3].__exit__(None, None, None)
+            self.stack[-1][3].__exit__(None, None, None)
+            self.stack.pop()
 
     @property
     def failing(self):

@@ -7,6 +7,7 @@ import time
 
 from ...core import op_dtypes
 from ...core.guard import leave_no_trace
+from ...core.interrupts import deferred
 from ...core.scaling import stepper
 from ...core.tracking import forward_error
 from ...core.train import backward, step
@@ -33,14 +34,16 @@ _KINETO_NOISE = re.compile(r"^(USDT|STAGE):\S+ \S+ \d+:\d+ \w+\.cpp:\d+\] ")
 # kineto asks the CUDA runtime for its devices when it builds a trace; on a machine without a usable
 # driver it logs this as an ERROR line although only CPU activity was requested; it is noise, filtered out
 _NO_GPU_PROBE = re.compile(r"gpuGetDeviceCount failed with code \d+")
+# a profiler stopped by Ctrl-C/SIGTERM in a warmup step says so on stderr; the interrupt already does
+_STOPPED_IN_WARMUP = re.compile(r"disableProfiler called but no active profiling session found")
 
 
 @contextlib.contextmanager
-def quiet_kineto(cpu_only: bool = False):
+def quiet_kineto(cpu_only: bool = False, drop: re.Pattern | None = None):
     """Kineto writes `USDT:… profiler_start` / `STAGE:…` lines straight to file descriptor 2 when the
     profiler starts and stops. Around those calls only, send fd 2 to a temporary file and pass on
     every other line (warnings, the user's own prints) unchanged. `cpu_only`: also drop kineto's
-    failed GPU probe, which says nothing about a CPU profile."""
+    failed GPU probe, which says nothing about a CPU profile. `drop`: lines that match it too."""
     import os
     import sys
     import tempfile
@@ -64,7 +67,8 @@ def quiet_kineto(cpu_only: bool = False):
             os.close(saved)
             tmp.seek(0)
             kept = [line for line in tmp.read().decode("utf-8", "replace").splitlines(keepends=True)
-                    if not _KINETO_NOISE.match(line) and not (cpu_only and _NO_GPU_PROBE.search(line))]
+                    if not _KINETO_NOISE.match(line) and not (cpu_only and _NO_GPU_PROBE.search(line))
+                    and not (drop is not None and drop.search(line))]
             if kept:
                 sys.stderr.write("".join(kept))
 
@@ -194,20 +198,24 @@ def _profile(opts: Options, ctx, step_fn):
                        profile_memory=opts.memory, with_stack=False)
         grad_ctx = torch.no_grad if opts.mode == "inference" else torch.enable_grad
         with step_fn.labels, grad_ctx():
-            with quiet():
-                prof.__enter__()
+            # the profiler's own bookkeeping runs with Ctrl-C/SIGTERM held (core/interrupts.py): one
+            # arriving there is raised after it, inside the try, so the profiler is always stopped
             try:
+                with deferred(), quiet():
+                    prof.__enter__()
                 sync()
                 for _ in range(opts.total_steps):
                     t0 = time.perf_counter()
                     step_fn()
                     sync()
                     step_ms.append((time.perf_counter() - t0) * 1e3)
-                    with quiet():
+                    with deferred(), quiet():
                         prof.step()
-            finally:
-                with quiet():
-                    prof.__exit__(None, None, None)
+            except BaseException:
+                _stop_failed(prof, step_fn.labels, ctx)
+                raise
+            with deferred(), quiet():
+                prof.__exit__(None, None, None)
         if step_fn.optimizer is not None:
             step_fn.optimizer.zero_grad(set_to_none=True)
         if not ready:  # not expected with repeat=1; keeps the contract if torch changes
@@ -215,6 +223,15 @@ def _profile(opts: Options, ctx, step_fn):
         # kineto reports a failed export only in its own log: no file (or an empty one) is no trace
         trace = trace_file.read_bytes() if opts.trace and trace_file.is_file() else None
     return prof, step_ms, trace or None
+
+
+def _stop_failed(prof, labels: ModuleLabels, ctx) -> None:
+    """Stop the profiler after the steps raised (the model's error, Ctrl-C, SIGTERM): the module ranges
+    left open are closed first; an error in stopping is not raised over the one that stopped the run."""
+    labels.close_open()
+    with deferred(), quiet_kineto(cpu_only=not ctx.on_cuda, drop=_STOPPED_IN_WARMUP):
+        with contextlib.suppress(Exception):
+            prof.__exit__(None, None, None)
 
 
 def _syncs(opts: Options, ctx, step_fn) -> dict:

@@ -1,0 +1,115 @@
+"""Ctrl-C/SIGTERM held over bookkeeping an interrupt must not split (core/interrupts.py), and
+profile stopping its profiler cleanly whatever moment the interrupt lands on."""
+import os
+import signal
+import threading
+
+import pytest
+import torch
+
+import torchdiag
+from torchdiag.core.interrupts import deferred
+
+
+@pytest.fixture
+def own_handlers():
+    """Python handlers for SIGINT and SIGTERM that raise, whatever the test runner inherited."""
+    class Caught(BaseException):
+        pass
+
+    def raiser(signum, frame):
+        raise Caught(signum)
+
+    saved = {s: signal.signal(s, raiser) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield Caught
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+def test_a_signal_inside_is_raised_after_the_block_and_the_handlers_are_back(own_handlers):
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    ran = []
+    with pytest.raises(own_handlers) as caught:
+        with deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            ran.append("after the kill")
+            os.kill(os.getpid(), signal.SIGINT)
+            ran.append("after the second")
+    assert ran == ["after the kill", "after the second"]
+    assert caught.value.args == (signal.SIGTERM,)   # the first one held
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_nothing_held_raises_nothing_and_an_error_inside_passes_through(own_handlers):
+    with deferred():
+        pass
+    with pytest.raises(ValueError):
+        with deferred():
+            raise ValueError("the block's own")
+    assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+
+
+def test_an_ignored_signal_stays_ignored(own_handlers):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_off_the_main_thread_the_block_just_runs():
+    out = []
+
+    def body():
+        with deferred():
+            out.append(signal.getsignal(signal.SIGINT))
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    assert len(out) == 1
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()))
+
+
+def test_an_interrupt_inside_the_profilers_step_waits_for_it_and_the_profiler_stops(own_handlers, monkeypatch):
+    """torch's step() closes one ProfilerStep range and opens the next in separate statements; an
+    interrupt between them made stop() fail ('Expected record to be set') and the process segfault."""
+    from torch.profiler import profile
+
+    real_step, finished = profile.step, []
+
+    def step(self):
+        if self.step_num == 1:
+            os.kill(os.getpid(), signal.SIGINT)   # lands inside step(), as a Ctrl-C can
+        real_step(self)
+        finished.append(self.step_num)
+
+    monkeypatch.setattr(profile, "step", step)
+    with pytest.raises(own_handlers):
+        torchdiag.profile(_model(), torch.randn(2, 8), mode="train", wait=0, warmup=1, active=5)
+    assert finished == [1, 2]   # the step the signal landed in ran to its end, then the interrupt
+    assert not torch._C._autograd._profiler_enabled()
+
+
+def test_an_interrupt_in_the_forward_closes_the_module_ranges_before_the_profiler_stops(own_handlers, capfd):
+    class Stops(torch.nn.Module):
+        calls = 0
+
+        def forward(self, x):
+            Stops.calls += 1
+            if Stops.calls == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return x
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Sequential(Stops(), torch.nn.ReLU()))
+    with pytest.raises(own_handlers):
+        torchdiag.profile(model, torch.randn(2, 8), wait=0, warmup=1, active=5)
+    assert not torch._C._autograd._profiler_enabled()
+    with torch.profiler.profile() as prof:   # a profiler after it starts and records cleanly
+        torch.randn(3).sum()
+    assert any(e.name == "aten::sum" for e in prof.events())
+    err = capfd.readouterr().err
+    assert "module::" not in err and "disableProfiler" not in err, err
