@@ -1041,6 +1041,27 @@ def test_compiled_model_is_watched_and_said_once():
     assert w.engine.checks["dead"] == {} and not any(m._forward_hooks for m in model.modules())
 
 
+@pytest.mark.parametrize("given", [True, False], ids=["given", "found"])
+def test_a_data_parallel_model_is_watched_under_its_own_names(given):
+    """nn.DataParallel (on a CPU it calls the module itself) is unwrapped as DDP is: the table names the
+    user's parameters, not `module.`-prefixed ones, and eval mode set on the wrapped model is seen."""
+    model = _mlp()
+    wrapped = torch.nn.DataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with (Watch(wrapped, opt, every=10) if given else Watch(every=10)) as w:
+        for step in range(30):
+            model.train(step < 10)          # eval mode from step 11 on
+            x = torch.randn(16, 8, generator=g)
+            loss = F.cross_entropy(wrapped(x), (x[:, :3].sum(1) > 0).long())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    r = w.result()
+    assert [row["name"] for row in r.table("layers").rows] == ["0.weight", "0.bias", "3.weight", "3.bias"]
+    assert "trained-in-eval-mode" in codes(r)
+
+
 def test_compiled_model_found_without_code_change_keeps_its_checks(recwarn):
     """The script runner's path (no model given: torch's global module hooks until the first step) on a
     compiled model: no torch warning about those hooks, the eval mode set on the user's module is seen,

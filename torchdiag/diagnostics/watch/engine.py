@@ -507,8 +507,12 @@ def _grad_enabled() -> bool:
 
 
 def inner(root):
-    """The user's own module under a DDP wrapper or torch.compile (their parameter and module names)."""
-    if type(root).__name__ == "DistributedDataParallel":
+    """The user's own module under a DataParallel/DDP wrapper or torch.compile (their parameter and module
+    names)."""
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+    root = getattr(root, "_orig_mod", root)   # compile(DDP(m)) and DDP(compile(m)) alike
+    if isinstance(root, (DataParallel, DistributedDataParallel)):
         root = root.module
     return getattr(root, "_orig_mod", root)
 

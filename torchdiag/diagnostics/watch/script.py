@@ -114,7 +114,7 @@ def run_command(argv, watch) -> object:
 def _where(exc, steps: int = 1) -> str:
     """The innermost frame of the user's code in the traceback (file:line in function); a SyntaxError's own file
     and line (its traceback is runpy's compile)."""
-    report = "; the report above covers the steps before it" if steps else " (before any training step)"
+    report = f"; the report covers the {steps} step(s) before it" if steps else " (before any training step)"
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"in {exc.filename}, line {exc.lineno}" + report
     frames = traceback.extract_tb(exc.__traceback__) if exc is not None else []
