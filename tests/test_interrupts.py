@@ -1,14 +1,20 @@
 """Ctrl-C/SIGTERM held over bookkeeping an interrupt must not split (core/interrupts.py), and
 profile stopping its profiler cleanly whatever moment the interrupt lands on."""
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
 
 import torchdiag
 from torchdiag.core.interrupts import deferred
+
+from support import ROOT, spawn
 
 
 @pytest.fixture
@@ -113,3 +119,69 @@ def test_an_interrupt_in_the_forward_closes_the_module_ranges_before_the_profile
     assert any(e.name == "aten::sum" for e in prof.events())
     err = capfd.readouterr().err
     assert "module::" not in err and "disableProfiler" not in err, err
+
+
+# ---- the CLI process: an interrupt at any moment ends in one honest exit code and one document ----------------
+
+TRIGGER = """
+import os, signal, sys
+class _Trigger:
+    fired = False
+    def find_spec(self, name, path=None, target=None):
+        if name == os.environ["TRIGGER"] and not _Trigger.fired:
+            _Trigger.fired = True
+            os.kill(os.getpid(), getattr(signal, os.environ["TRIGSIG"]))
+        return None
+sys.meta_path.insert(0, _Trigger())
+"""
+
+# (module whose first import the signal lands in, what it interrupts)
+MOMENTS = {
+    "numpy": "inside `import torch` (torch imports numpy from C, and took a failure there for no numpy)",
+    "torch.utils.tensorboard.writer": "the --tb writer's first import",
+    "torchdiag.cli.nancheck": "options being parsed (typer made any interrupt there a silent 130)",
+    "torchdiag.render.jsondoc": "the finished result being printed",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("module", list(MOMENTS))
+def test_an_interrupt_at_each_moment_of_a_run_ends_in_one_code_and_one_document(tmp_path, module, sig):
+    """A reviewer's trigger that signals the process when a module is first imported: before, a SIGTERM
+    inside torch's import aborted the process (134, no JSON) once the error path imported tensorboard;
+    inside numpy's it was swallowed (exit 0) or blamed on the model; while options were parsed it was a
+    silent 130; after the result, a kill while the document was printed."""
+    (tmp_path / "sitecustomize.py").write_text(TRIGGER)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "TRIGGER": module, "TRIGSIG": sig}
+    proc = spawn([sys.executable, "-m", "torchdiag", "nancheck", str(Path(ROOT) / "sample_models" / "mlp.py") + ":build",
+                  "--device", "cpu", "--json", "--tb", str(tmp_path / "tb")],
+                 cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=300)
+    late = module == "torchdiag.render.jsondoc"
+    want = 0 if late else {"SIGTERM": 143, "SIGINT": 130}[sig]
+    assert proc.returncode == want, (MOMENTS[module], err)
+    assert "Traceback" not in err and "Fatal" not in err, err
+    assert json.loads(out)["exit_code"] == want   # one whole document, stating the process's code
+    if not late:
+        assert err.count("error: ") == 1 and ("terminated" if sig == "SIGTERM" else "interrupted") in err
+
+
+def test_finishing_lets_the_document_end_then_exits_with_its_code_and_a_second_signal_at_once(own_handlers, monkeypatch):
+    from torchdiag.runner import isolation
+
+    exits = []
+    monkeypatch.setattr(isolation, "_exit_now", exits.append)
+    f = isolation.Finishing(1)
+    os.kill(os.getpid(), signal.SIGTERM)    # while printing: held
+    assert exits == []
+    f.printed(1)
+    assert exits == [1]                     # then the outcome's code, not 143
+    f = isolation.Finishing(0)
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGINT)     # a second one while printing: at once
+    assert exits == [1, 130]
+    f.printed(0)
+    os.kill(os.getpid(), signal.SIGTERM)    # after printing: the outcome's code at once
+    assert exits[-1] == 0

@@ -126,6 +126,9 @@ def main() -> None:
     with contextlib.suppress(Exception):   # a crash in native code (a segfault in a dataset read in-process) says
         faulthandler.enable()              # where, instead of an empty stderr and exit 139 (a review)
 
+    from ..runner.isolation import sigterm_raises, unreported_interrupt
+
+    sigterm_raises()   # from here a SIGTERM ends as Ctrl-C does (exit 143, the --json error document)
     try:  # typer ≥ 0.20 vendors click; older typer uses the click package
         from typer._click import exceptions as cx
     except ImportError:
@@ -133,6 +136,8 @@ def main() -> None:
 
     try:
         code = app(standalone_mode=False)
+        if code == 130 and unreported_interrupt():
+            code = _interrupted(unreported_interrupt())
     except cx.NoArgsIsHelpError as e:
         # `torchdiag` alone asks for the overview (0); a command with nothing to run on is a usage error (2), so a
         # CI line that lost its model spec fails instead of passing on the help text (a review)
@@ -145,16 +150,35 @@ def main() -> None:
             sys.exit(2)
         sys.stderr.write(f"error: {e.format_message()}\nhint: see `{command} --help`\n")
         if "--json" in sys.argv[1:]:
-            import json
-
             name = e.ctx.command.name if e.ctx and e.ctx.command else None
-            from ..results import error_document
-            from .common import to_stdout
-
-            doc = error_document(name, e.format_message(), f"see `{command} --help`", 2)
-            to_stdout(lambda: sys.stdout.write(json.dumps(doc) + "\n"))
+            _json_error(name, e.format_message(), f"see `{command} --help`", 2)
         code = 2
     except (getattr(cx, "Abort", KeyboardInterrupt), KeyboardInterrupt):  # vendored click has no Abort
-        sys.stderr.write("error: interrupted\n")
-        code = 130
+        code = _interrupted(unreported_interrupt() or 130)
     sys.exit(code or 0)
+
+
+def _interrupted(code: int) -> int:
+    """Ctrl-C (130) or SIGTERM (143) before a command's runner took over: the error line, and the --json error
+    document, as after it. Returns the code."""
+    import sys
+
+    from ..errors import ExitCode
+
+    message = "terminated (SIGTERM)" if code == ExitCode.TERMINATED else "interrupted"
+    sys.stderr.write(f"error: {message}\n")
+    if "--json" in sys.argv[1:]:
+        name = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+        _json_error(name if name in NAMES else None, message, None, code)
+    return code
+
+
+def _json_error(name: str | None, message: str, hint: str | None, code: int) -> None:
+    import json
+    import sys
+
+    from ..results import error_document
+    from .common import to_stdout
+
+    doc = error_document(name, message, hint, code)
+    to_stdout(lambda: sys.stdout.write(json.dumps(doc) + "\n"))

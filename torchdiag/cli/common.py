@@ -84,11 +84,14 @@ def job(name: str, o, *, optimizer: dict | None = None, outputs: dict | None = N
 def execute(job, render_extra: Callable | None = None) -> None:
     """Run the job (runner/local.py) with `render_extra(result, written)` as its step after the files, show
     its outcome, exit with its code."""
+    from ..runner.isolation import Finishing
     from ..runner.local import execute as run
 
     job.after = render_extra
     outcome = run(job)
+    finishing = Finishing(outcome.code)   # what ran is decided: a late Ctrl-C/SIGTERM cannot split the document
     code = show(outcome, job)
+    finishing.printed(code)
     raise typer.Exit(int(code))
 
 

@@ -31,7 +31,10 @@ def write_row_scalars(writer, command: str, t) -> None:
 
 def open_writer(logdir, command: str):
     """A SummaryWriter for DIR/<command>/; callers must close() it (inside `guarded`)."""
-    from torch.utils.tensorboard import SummaryWriter
+    from ..core.interrupts import deferred
+
+    with deferred():   # tensorboard and protobuf imported whole: an error path imports them again (core/interrupts)
+        from torch.utils.tensorboard import SummaryWriter
 
     path = Path(logdir) / command
     try:

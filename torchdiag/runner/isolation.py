@@ -145,15 +145,70 @@ def _guard_exit_handlers() -> None:
     atexit.register(lambda: setattr(os, "_exit", late))
 
 
+_seen = {"signal": 0, "reported": False}   # the CLI process's last SIGTERM; whether an outcome was shown
+
+
+def _raise_terminated(signum, frame):
+    _seen["signal"] = signum
+    raise Terminated()
+
+
+def unreported_interrupt() -> int | None:
+    """130 or 143 when the CLI's exit code says interrupted but no outcome was shown: typer turns a Ctrl-C or
+    SIGTERM outside the runner (while options are parsed) into a silent exit 130."""
+    if _seen["reported"]:
+        return None
+    return 128 + signal.SIGTERM if _seen["signal"] == signal.SIGTERM else 130
+
+
+def sigterm_raises() -> None:
+    """The CLI process from main() on: SIGTERM raises Terminated where Ctrl-C raises KeyboardInterrupt, so
+    one arriving while options are parsed and checked ends with exit 143 and the --json error document
+    too, not a silent kill. Not restored: the process ends with the command (Finishing takes over)."""
+    with contextlib.suppress(ValueError, OSError):   # not the main thread
+        signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+class Finishing:
+    """From a complete outcome to the process's exit, Ctrl-C and SIGTERM no longer interrupt anything: the
+    first one lets the document being printed end whole, then the process exits with the outcome's code
+    (the code the document states); a second one while printing exits at once, 130/143 (a stdout nobody
+    reads must not hold the process). An ignored signal stays ignored."""
+
+    def __init__(self, code: int):
+        self.code, self.printing, self.signals = int(code), True, 0
+        _seen["reported"] = True
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                if callable(signal.getsignal(sig)):
+                    signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, frame):
+        self.signals += 1
+        if self.printing and self.signals == 1:
+            return
+        _exit_now(self.code if not self.printing else 128 + signum)
+
+    def printed(self, code: int) -> None:
+        """The outcome is on stdout/stderr with this code; a signal held while printing ends the process now."""
+        self.code, self.printing = int(code), False
+        if self.signals:
+            _exit_now(self.code)
+
+
+def _exit_now(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    _REAL_EXIT(code)
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt():
     """SIGTERM (CI timeouts, job schedulers) raises Terminated, a KeyboardInterrupt: what Ctrl-C
     leaves (partial result, flushed logs, JSON) SIGTERM leaves too, with exit 143."""
-    def handler(signum, frame):
-        raise Terminated()
-
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
     except (ValueError, OSError):  # not the main thread: leave signals alone
         yield
         return

@@ -26,6 +26,10 @@ def execute(job: Job) -> Outcome:
     registry says so, else on rank 0 alone (the other ranks get a quiet Outcome at once)."""
     from ..core.distributed import current
 
+    try:
+        _import_torch()
+    except KeyboardInterrupt as exc:   # held over the import, raised after it
+        return failed(exc, None, job.caller)
     ranks = current()
     if ranks is not None:
         if job.command.per_rank and job.produce is None:
@@ -64,6 +68,17 @@ def execute(job: Job) -> Outcome:
         outcome = failed(exc, ctx, job.caller)
         outcome.quiet = ranks is not None and not ranks.main   # only rank 0 reports (a script on every rank)
         return outcome
+
+
+def _import_torch() -> None:
+    """torch imported whole, with Ctrl-C/SIGTERM held (core/interrupts.py): interrupted half-way it stays
+    half-initialised, and the error path's next torch import aborted the process (exit 134, no JSON); the
+    numpy it imports from C swallowed the interrupt (torch takes any failure there for "no numpy"). One that
+    arrived is raised when the import ends."""
+    from ..core.interrupts import deferred
+
+    with deferred():
+        import torch  # noqa: F401
 
 
 def checked(job: Job):
