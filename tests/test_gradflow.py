@@ -620,6 +620,29 @@ def test_bias_cancelled_by_batch_norm_is_recognised():
     assert "conv.bias" in f.message and "fc.bias" in f.message
 
 
+def test_a_float64_copy_that_does_not_fit_falls_back_to_float32_before_it_is_made(monkeypatch):
+    """The invariance re-check casts its copy to float64: room for twice the float32 bytes is asked first
+    (it was asked for the float32 copy, then the cast doubled it), and without it the float32 re-check runs."""
+    from torchdiag.core import resources, train
+
+    model = by_design("bias_before_bn")
+    f32 = sum(n for _, n in train._copy_bytes(model))
+    made = []
+    real = train.train_copy
+
+    def copy(model, why, dtype=None):
+        work = real(model, why, dtype)
+        made.append(dtype)
+        return work
+
+    monkeypatch.setattr(train, "train_copy", copy)
+    monkeypatch.setattr(resources, "device_available", lambda device: int(1.5 * f32))   # float32 fits, float64 not
+    res = run(model, torch.randn(2, 3, 8, 8))
+    assert any("re-checked in float32 (the float64 copy failed: not enough memory" in n for n in res.notes), res.notes
+    assert statuses(res)["conv.bias"] == "invariant"   # the float32 re-check still answers
+    assert made == [None]   # the refused float64 copy was never made; only the float32 one
+
+
 def test_first_conv_before_batch_norm_is_scale_invariant():
     res = run(by_design("deep_bn"), torch.randn(2, 3, 32, 32))
     row = by(res.table("params").rows, "name", "conv1.weight")

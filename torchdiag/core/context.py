@@ -105,8 +105,9 @@ class Context:
         """`with ctx.seeded():` the global RNG seeded with the run's seed, restored afterwards."""
         return train.seeded(self.seed)
 
-    def train_copy(self, model, why: str = "to train it"):
-        work = train.train_copy(model, why)
+    def train_copy(self, model, why: str = "to train it", dtype=None):
+        """A train-mode copy (core/train.py), its room checked in `dtype` when the caller will cast it."""
+        work = train.train_copy(model, why, dtype)
         return self.wrapper(work) if self.wrapper is not None else work   # under torchrun: DDP/FSDP the copy
 
     def wrapped_copy(self, model, why: str):

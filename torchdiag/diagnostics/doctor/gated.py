@@ -19,13 +19,14 @@ from .shared import name
 CODE = "by-design-init"
 
 
-def initial_copy(work, before: dict):
-    """A copy of the stepped working copy with the values it had before the step put back."""
+def initial_copy(work, before: dict, dtype=None):
+    """A copy of the stepped working copy with the values it had before the step put back; its room is
+    checked in `dtype` when the caller will cast it."""
     import torch
 
     from ...core.train import train_copy
 
-    init = train_copy(work, "to re-check parameters that did not move")
+    init = train_copy(work, "to re-check parameters that did not move", dtype)
     with torch.no_grad():
         for n, p in init.named_parameters():
             if n in before and before[n].shape == p.shape:
@@ -79,11 +80,13 @@ def invariant(work, before, inputs, ctx, names: list[str], result, prepare) -> s
     """The `names` (not updated) the loss does not depend on at all (core/invariance.py: a bias cancelled by a
     following batch-statistics normalisation or softmax): no step can move them, by design. Tested on a float64
     copy at initialisation, in the run's mode; on mps (no float64) nothing is."""
+    import torch
+
     names = _candidates(work, names)
     if not names or ctx.device.type == "mps":
         return set()
     try:
-        copy = initial_copy(work, before).double()
+        copy = initial_copy(work, before, torch.float64).double()
         copy.train(work.training)
         prepare(copy)
         found = invariance.cancelled(copy, inputs.map(invariance.double), names, ctx.loss(), ctx)

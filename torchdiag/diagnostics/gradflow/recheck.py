@@ -145,7 +145,11 @@ def _skipped_at_random(work, inputs, rows, ctx, result) -> None:
 
 
 def _copy(model, opts, ctx, as_double=False):
-    work = ctx.train_copy(model, "to re-check its gradients")
+    import torch
+
+    # the room is checked for the float64 copy it becomes: twice the model's float32 bytes (NoRoom: the
+    # float32 re-check follows, said in a note)
+    work = ctx.train_copy(model, "to re-check its gradients", torch.float64 if as_double else None)
     work.train(not opts.eval_mode)
     stochastic_depth_off(work)
     return work.double() if as_double else work
