@@ -1200,6 +1200,45 @@ def test_gan_two_models_two_optimizers_found_by_the_global_hooks():
     assert codes(run(False)) == {"grad-carried-over"}
 
 
+def test_the_loss_curve_is_the_clocks_own_loss_with_two_optimizers():
+    """A review: with a GAN the curve was the mean of the discriminator's loss and the generator's before it
+    (each backward since the clock's last step). Now the losses an other optimizer's step took are its own;
+    with one loss and two optimizers, the clock stepping second, the clock's step takes it."""
+    torch.manual_seed(0)
+    gen = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+    disc = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+    opt_g, opt_d = torch.optim.Adam(gen.parameters(), 1e-3), torch.optim.Adam(disc.parameters(), 1e-3)
+    d_losses = []
+    with Watch(every=10) as w:
+        for _ in range(20):
+            fake = gen(torch.randn(32, 4))
+            opt_d.zero_grad()
+            loss_d = F.softplus(-disc(torch.randn(32, 2) + 2)).mean() + F.softplus(disc(fake.detach())).mean()
+            loss_d.backward()
+            opt_d.step()                                    # the clock: it stepped first
+            d_losses.append(loss_d.item())
+            opt_g.zero_grad()
+            (10 * F.softplus(-disc(fake)).mean()).backward()   # 10x: a mean with it would show
+            opt_g.step()
+    assert w.engine.series["loss"] == pytest.approx(d_losses)
+
+    enc, dec = nn.Linear(4, 8), nn.Linear(8, 4)
+    opt_a, opt_b = torch.optim.SGD(enc.parameters(), 0.01), torch.optim.SGD(dec.parameters(), 0.01)
+    losses = []
+    with Watch(every=10) as w:
+        for step in range(20):
+            x = torch.randn(8, 4)
+            loss = F.mse_loss(dec(enc(x)), x)
+            opt_a.zero_grad()
+            opt_b.zero_grad()
+            loss.backward()
+            if step:                                        # opt_b stepped first: it is the clock
+                opt_a.step()
+            opt_b.step()
+            losses.append(loss.item())
+    assert w.engine.series["loss"] == pytest.approx(losses)
+
+
 def _one_sample_spike(opt_name: str, autograd: bool = False):
     """Regression at batch size 1 with one sample 1000x larger at step 120, its target on the model's own
     prediction plus a typical residual: that step's loss is ordinary, its gradient norm ~1000x the median."""

@@ -66,6 +66,7 @@ class Engine:
         self.seen_roots: dict[int, object] = {}   # discovery: roots called with grad enabled
         self.last_call = None               # (root, args, kwargs) of the last training forward
         self._losses: list = []             # device: the (detached) losses backward saw since the last step
+        self._others: list = []             # the losses taken by another optimizer's step since the clock's
         self.loss_seen = False
         self.series = {"loss": [], "grad_norm": [], "lr": []}
         self.metrics: dict[str, list] = {}  # w.log(name, value): [(step, value)]
@@ -309,14 +310,16 @@ class Engine:
 
     def _begin(self, opt, before_update: bool):
         track = self._track(opt)
+        if opt is not self.clock:   # an unwatched optimizer's too (an adversarial attack's loss is not the model's)
+            self._took_losses()
         if track is None:
             return
         if opt is self.clock:
             self.step += 1
             if self.step >= 2 and self._discovery:
                 self._search()
-            self._loss_window.append(self._losses)
-            self._losses = []
+            self._loss_window.append(self._losses or self._others)
+            self._losses, self._others = [], []
             self._window.append((self.step, _lr(opt)))
         self._check_mode(track)
         read_step = self.step % self.opts.every == 0
@@ -328,6 +331,13 @@ class Engine:
         elif self._bad_here(track, opt):   # on the CPU: a read now, while the weights are the step's own
             self._before_update = before_update
             self.read()
+
+    def _took_losses(self) -> None:
+        """Another optimizer stepped: the losses since the last step were its own (a GAN's generator loss between
+        two discriminator steps), not the clock's, unless the clock steps next with no backward of its own
+        (one loss, two optimizers, the clock stepping second)."""
+        if self._losses:
+            self._others, self._losses = self._losses, []
 
     def _check_mode(self, track: Track) -> None:
         """Was the last training forward of a model this optimizer trains in eval mode? Per optimizer: a second
