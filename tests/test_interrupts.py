@@ -168,13 +168,13 @@ def test_an_interrupt_at_each_moment_of_a_run_ends_in_one_code_and_one_document(
         assert err.count("error: ") == 1 and ("terminated" if sig == "SIGTERM" else "interrupted") in err
 
 
-def test_finishing_lets_the_document_end_then_exits_with_its_code_and_a_second_signal_at_once(own_handlers, monkeypatch):
+def test_finishing_lets_the_document_end_then_exits_with_its_code(own_handlers, monkeypatch):
     from torchdiag.runner import isolation
 
     exits = []
-    monkeypatch.setattr(isolation, "_exit_now", exits.append)
+    monkeypatch.setattr(isolation, "_REAL_EXIT", exits.append)
     f = isolation.Finishing(1)
-    os.kill(os.getpid(), signal.SIGTERM)    # while printing: held
+    os.kill(os.getpid(), signal.SIGTERM)    # while printing: held, a grace timer started
     assert exits == []
     f.printed(1)
     assert exits == [1]                     # then the outcome's code, not 143
@@ -185,3 +185,53 @@ def test_finishing_lets_the_document_end_then_exits_with_its_code_and_a_second_s
     f.printed(0)
     os.kill(os.getpid(), signal.SIGTERM)    # after printing: the outcome's code at once
     assert exits[-1] == 0
+
+
+def test_finishing_ends_a_print_that_does_not_end_after_the_grace(own_handlers, monkeypatch):
+    """A stdout nobody reads blocks the write for good: the held signal must still end the process."""
+    import threading
+
+    from torchdiag.runner import isolation
+
+    ended = threading.Event()
+    monkeypatch.setattr(isolation, "GRACE_S", 0.05)
+    monkeypatch.setattr(isolation, "_REAL_EXIT", lambda code: ended.set() or exits.append(code))
+    exits: list = []
+    isolation.Finishing(0)
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert ended.wait(60) and exits == [143]   # from the timer: the print never said it ended
+
+
+def test_write_whole_writes_every_byte_through_short_writes(monkeypatch):
+    """An unbuffered stdout over a pipe returns short counts when a signal interrupts a write; the text
+    layer dropped the rest silently (a review: exit 0 with the JSON cut at 64 KiB)."""
+    import io
+
+    from torchdiag.render.jsondoc import write_whole
+
+    class Short(io.RawIOBase):   # writes at most 7 bytes per call, as an interrupted pipe write can
+        def __init__(self):
+            self.data = bytearray()
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            self.data += bytes(b[:7])
+            return min(7, len(b))
+
+    raw = Short()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="utf-8", write_through=True))
+    text = json.dumps({"exit_code": 0, "rows": ["é" * 50] * 40}) + "\n"
+    write_whole(text)
+    assert raw.data.decode("utf-8") == text
+
+
+def test_an_ignored_sigterm_stays_ignored_from_main_on(own_handlers):
+    from torchdiag.runner.isolation import sigterm_as_interrupt, sigterm_raises
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sigterm_raises()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    with sigterm_as_interrupt():
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN

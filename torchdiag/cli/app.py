@@ -175,10 +175,10 @@ def _interrupted(code: int) -> int:
 
 def _json_error(name: str | None, message: str, hint: str | None, code: int) -> None:
     import json
-    import sys
 
+    from ..render.jsondoc import write_whole
     from ..results import error_document
     from .common import to_stdout
 
     doc = error_document(name, message, hint, code)
-    to_stdout(lambda: sys.stdout.write(json.dumps(doc) + "\n"))
+    to_stdout(lambda: write_whole(json.dumps(doc) + "\n"))

@@ -141,11 +141,12 @@ def report(outcome, job) -> None:
     if job.json:
         import json
 
+        from ..render.jsondoc import write_whole
         from ..results import error_document
 
         doc = error_document(job.command.name, outcome.message, outcome.hint, outcome.code, outcome.partial)
         doc.update(outcome.document)
-        to_stdout(lambda: sys.stdout.write(json.dumps(doc) + "\n"))
+        to_stdout(lambda: write_whole(json.dumps(doc) + "\n"))
 
 
 def err(line: str) -> None:

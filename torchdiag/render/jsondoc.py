@@ -27,5 +27,27 @@ def to_json(result) -> str:
 
 
 def print_json(result) -> None:
-    sys.stdout.write(to_json(result) + "\n")
-    sys.stdout.flush()
+    write_whole(to_json(result) + "\n")
+
+
+def write_whole(text: str) -> None:
+    """`text` on stdout, every byte of it. Through the binary layer, in a loop: on an unbuffered stdout
+    (python -u, PYTHONUNBUFFERED=1) a write to a full pipe that a signal interrupts returns a short count,
+    and the text layer drops the rest without an error (a review: exit 0 with the JSON cut at 64 KiB)."""
+    import time
+
+    stream = sys.stdout
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None:   # a text-only stream (a test's capture): nothing below it to write to
+        stream.write(text)
+        stream.flush()
+        return
+    stream.flush()
+    view = memoryview(text.encode(getattr(stream, "encoding", None) or "utf-8", getattr(stream, "errors", None) or "strict"))
+    while view:
+        n = buffer.write(view)
+        if n is None:   # a non-blocking stdout that is full: wait for room
+            time.sleep(0.01)
+            continue
+        view = view[n:]
+    buffer.flush()

@@ -164,19 +164,27 @@ def unreported_interrupt() -> int | None:
 def sigterm_raises() -> None:
     """The CLI process from main() on: SIGTERM raises Terminated where Ctrl-C raises KeyboardInterrupt, so
     one arriving while options are parsed and checked ends with exit 143 and the --json error document
-    too, not a silent kill. Not restored: the process ends with the command (Finishing takes over)."""
+    too, not a silent kill. Not restored: the process ends with the command (Finishing takes over). A
+    SIGTERM the parent set to be ignored stays ignored."""
     with contextlib.suppress(ValueError, OSError):   # not the main thread
-        signal.signal(signal.SIGTERM, _raise_terminated)
+        if signal.getsignal(signal.SIGTERM) != signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+GRACE_S = 3.0   # a document being printed when a signal came gets this long to end, then the process does
 
 
 class Finishing:
-    """From a complete outcome to the process's exit, Ctrl-C and SIGTERM no longer interrupt anything: the
-    first one lets the document being printed end whole, then the process exits with the outcome's code
-    (the code the document states); a second one while printing exits at once, 130/143 (a stdout nobody
-    reads must not hold the process). An ignored signal stays ignored."""
+    """From a complete outcome to the process's exit a Ctrl-C or SIGTERM cannot change what ran. One arriving
+    while the outcome is printed lets the document end whole (render/jsondoc.write_whole) and the process then
+    exits with the code the document states; a second one, or GRACE_S without the end (a stdout nobody
+    reads), exits at once with 130/143 and the document cut short. One arriving after it is printed exits at
+    once with the document's code (not a kill at interpreter shutdown that contradicts the document). An
+    ignored signal stays ignored."""
 
     def __init__(self, code: int):
-        self.code, self.printing, self.signals = int(code), True, 0
+        self.code, self.printing, self.held = int(code), True, 0
+        self._timer: threading.Timer | None = None
         _seen["reported"] = True
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(ValueError, OSError, TypeError):
@@ -184,23 +192,27 @@ class Finishing:
                     signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum, frame):
-        self.signals += 1
-        if self.printing and self.signals == 1:
+        if not self.printing:
+            _REAL_EXIT(self.code)
             return
-        _exit_now(self.code if not self.printing else 128 + signum)
+        self.held += 1
+        if self.held > 1:
+            _REAL_EXIT(128 + signum)
+            return
+        self._timer = threading.Timer(GRACE_S, _REAL_EXIT, (128 + signum,))
+        self._timer.daemon = True
+        self._timer.start()
 
     def printed(self, code: int) -> None:
         """The outcome is on stdout/stderr with this code; a signal held while printing ends the process now."""
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        if self._timer is not None:
+            self._timer.cancel()
         self.code, self.printing = int(code), False
-        if self.signals:
-            _exit_now(self.code)
-
-
-def _exit_now(code: int) -> None:
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    _REAL_EXIT(code)
+        if self.held:
+            _REAL_EXIT(self.code)
 
 
 @contextlib.contextmanager
@@ -208,11 +220,14 @@ def sigterm_as_interrupt():
     """SIGTERM (CI timeouts, job schedulers) raises Terminated, a KeyboardInterrupt: what Ctrl-C
     leaves (partial result, flushed logs, JSON) SIGTERM leaves too, with exit 143."""
     try:
-        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous != signal.SIG_IGN:   # an ignored SIGTERM stays ignored
+            signal.signal(signal.SIGTERM, _raise_terminated)
     except (ValueError, OSError):  # not the main thread: leave signals alone
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if previous is not None:   # None: a handler set from C, which Python cannot put back
+            signal.signal(signal.SIGTERM, previous)
