@@ -1239,6 +1239,81 @@ def test_the_loss_curve_is_the_clocks_own_loss_with_two_optimizers():
     assert w.engine.series["loss"] == pytest.approx(losses)
 
 
+def _xy(g):
+    x = torch.randn(16, 8, generator=g)
+    return x, (x[:, :3].sum(1) > 0).long()
+
+
+def test_a_new_optimizer_each_epoch_goes_on_with_the_same_steps_and_rows():
+    """A review: the clock was the first epoch's optimizer; when the loop made a new one the step count stopped
+    at 25 of 100 and each later optimizer's parameters were `never-gets-grad` (12 warnings on a healthy run)."""
+    import gc
+    import weakref
+
+    model, g = _mlp(), torch.Generator().manual_seed(0)
+    firsts = []
+    with Watch(every=10) as w:
+        for epoch in range(4):
+            opt = torch.optim.SGD(model.parameters(), lr=0.05 / (epoch + 1))
+            firsts.append(weakref.ref(opt))
+            for _ in range(25):
+                x, y = _xy(g)
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+    r = w.result()
+    assert r.data["steps"] == 100 and codes(r) == set(), [f.to_dict() for f in r.findings]
+    assert [row["name"] for row in r.table("layers").rows] == ["0.weight", "0.bias", "3.weight", "3.bias"]
+    assert r.header["optimizers"] == ["SGD (lr 0.0125)"]
+    lrs = [v for v in w.engine.series["lr"]]
+    assert lrs[0] == 0.05 and lrs[-1] == 0.0125 and len(lrs) == 100
+    del opt
+    gc.collect()
+    assert all(ref() is None for ref in firsts)   # the watch holds no optimizer alive
+
+
+def test_an_attack_optimizer_made_per_step_is_not_the_clock_nor_reported():
+    """PGD adversarial training: a fresh optimizer over a perturbation each iteration, stepped 3 times before the
+    model's. It was the clock (180 "steps", the attack's negative loss judged as diverging, the model never
+    found); now the model's optimizer counts the steps and the attack's are let go."""
+    model, g = _mlp(), torch.Generator().manual_seed(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    with Watch(every=10) as w:
+        for _ in range(40):
+            x, y = _xy(g)
+            delta = torch.zeros_like(x, requires_grad=True)
+            attack = torch.optim.SGD([delta], lr=0.01)
+            for _ in range(3):
+                attack.zero_grad()
+                (-F.cross_entropy(model(x + delta), y)).backward()
+                attack.step()
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x + delta.detach()), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    r = w.result()
+    assert r.data["steps"] == 40 and r.header["models"] == ["Sequential"]
+    assert codes(r) == set(), [f.to_dict() for f in r.findings]
+    assert w.engine.series["loss"] == pytest.approx(losses)
+    assert "39 optimizer(s) of no model, let go by the run (not reported)" in r.header["optimizers"]
+
+
+def test_an_optimizer_of_an_input_counts_the_steps_when_no_model_trains():
+    """Style transfer: the network is frozen, the optimizer's only tensor is the image."""
+    net = _mlp().requires_grad_(False)
+    image = torch.randn(4, 8, requires_grad=True)
+    opt = torch.optim.Adam([image], lr=0.05)
+    with Watch(every=10) as w:
+        for _ in range(30):
+            opt.zero_grad()
+            net(image).pow(2).mean().backward()
+            opt.step()
+    r = w.result()
+    assert r.data["steps"] == 30 and codes(r) == set(), [f.to_dict() for f in r.findings]
+
+
 def _one_sample_spike(opt_name: str, autograd: bool = False):
     """Regression at batch size 1 with one sample 1000x larger at step 120, its target on the model's own
     prediction plus a typical residual: that step's loss is ordinary, its gradient norm ~1000x the median."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import weakref
 
 from ...errors import one_line
 from .options import Options
@@ -59,8 +60,10 @@ class Engine:
         self.on_histograms = on_histograms  # callback(step, named params): TensorBoard histograms
         self.step = 0                       # optimizer steps of the clock optimizer
         self.epoch = None
-        self.tracks: dict[int, Track] = {}
-        self.clock = None                   # the first optimizer that stepped
+        self.tracks: dict = {}              # id(optimizer) -> Track; ("gone", n) -> a model's, its optimizer let go
+        self._clock = None                  # weakref to the clock optimizer (see `clock`)
+        self._dead: list = []               # ids of watched optimizers the run let go, filed at the next step
+        self.let_go = 0                     # optimizers of no model let go (an attack's, made per step): dropped
         self.roots: dict[int, object] = {}  # id -> trained root module
         self.root_names: dict[int, str] = {}
         self.seen_roots: dict[int, object] = {}   # discovery: roots called with grad enabled
@@ -274,22 +277,76 @@ class Engine:
         self._losses.append(tensor.detach())   # one op; averaged per step at the read
 
     # ----------------------------------------------------------------- optimizer steps
+    @property
+    def clock(self):
+        """The optimizer whose steps are the run's steps: the first to step that trains a model. Held weakly:
+        when the run lets it go (a new optimizer each epoch), the next one to step that trains a model takes
+        over and the count goes on."""
+        return self._clock() if self._clock is not None else None
+
+    @clock.setter
+    def clock(self, opt) -> None:
+        self._clock = weakref.ref(opt) if opt is not None else None
+
     def _track(self, opt) -> Track | None:
+        self._file_dead()
         t = self.tracks.get(id(opt))
         if t is None:
             if not self._mine(opt):
                 return None
-            t = self.tracks[id(opt)] = Track(opt, self.opts)
-            if self.clock is None:
-                self.clock = opt
-            # a search for its model: for the first MAX_SEARCHES optimizers (one made every iteration, a PGD
-            # attack's, would keep every module call hooked for good)
-            t.first_step = self.step if self._searches < MAX_SEARCHES else None
-            self._searches += 1
-            self._adopt_roots(t) if not self.explicit_models else self._name_params()
+            if not self.explicit_opts:   # given ones live as long as the watch
+                weakref.finalize(opt, self._dead.append, id(opt))
+            t = self._successor(opt)
+            if t is not None:
+                self.tracks[id(opt)] = t
+            else:
+                t = self.tracks[id(opt)] = Track(opt, self.opts)
+                # a search for its model: for the first MAX_SEARCHES optimizers (one made every iteration, a PGD
+                # attack's, would keep every module call hooked for good)
+                t.first_step = self.step if self._searches < MAX_SEARCHES else None
+                self._searches += 1
+                self._adopt_roots(t) if not self.explicit_models else self._name_params()
         elif self._searching(t) and not self.explicit_models:
             self._adopt_roots(t)
+        if self.clock is None and self._may_clock(t):
+            self.clock = opt
         return t
+
+    def _may_clock(self, t: Track) -> bool:
+        """An optimizer of no model (an adversarial perturbation's, a temperature's) counts the steps only when no
+        model is trained around it: no optimizer of a model has stepped, and no module with trainable parameters
+        was called (PGD's attack steps before the model's optimizer first does; style transfer's frozen network
+        does not stop the image's optimizer)."""
+        if self.explicit_models or t.roots:
+            return True
+        if any(o.roots for o in self.tracks.values()):
+            return False
+        return not any(p.requires_grad for r in self.seen_roots.values() for p in r.parameters())
+
+    def _successor(self, opt) -> Track | None:
+        """A new optimizer over exactly the parameters of one the run let go (made again each epoch) goes on
+        with its track: the same rows, the same statistics, no parameter listed twice."""
+        params = [id(p) for g in opt.param_groups for p in g["params"]]
+        for key, t in list(self.tracks.items()):
+            if isinstance(key, tuple) and [id(p) for p in t.params] == params:
+                del self.tracks[key]
+                t.rebind(opt)
+                return t
+        return None
+
+    def _file_dead(self) -> None:
+        """Optimizers the run let go since the last step (weakref.finalize only notes their ids: a collection
+        can run inside our own loops): a model's track stays, for the report and a successor; one of no model
+        is dropped with what it held (an attack's, made per step, would pile up rows and never-gets-grad)."""
+        while self._dead:
+            t = self.tracks.pop(self._dead.pop(), None)
+            if t is None:
+                continue
+            t.disarm()
+            if t.roots or self.explicit_models:
+                self.tracks[("gone", id(t))] = t
+            else:
+                self.let_go += 1
 
     def _mine(self, opt) -> bool:
         """Without optimizers given, an optimizer is watched when it steps parameters of a model given
@@ -344,7 +401,8 @@ class Engine:
         model in eval mode under its own optimizer (a review's) counts too, once per step."""
         # an optimizer with no model of its own (a bare tensor, a temperature) says nothing of any model's mode;
         # with the models given (Watch(model, opt)), the clock's is theirs
-        roots = track.roots or (set(self.roots) if track.opt is self.clock and self.explicit_models else set())
+        roots = track.roots or (set(self.roots) if track.opt is not None and track.opt is self.clock
+                                and self.explicit_models else set())
         steps = self.checks["eval_steps"]
         evals = [r for r in roots if self._eval_roots.get(r, False)]
         if evals and (not steps or steps[-1] != self.step):
@@ -455,7 +513,7 @@ class Engine:
                 for i, n in enumerate(payload):
                     loss[i] = sum(vals[pos:pos + n]) / n if n else None
                     pos += n
-            elif kind == "grad_norm" and payload[0].opt is self.clock:
+            elif kind == "grad_norm" and payload[0].opt is not None and payload[0].opt is self.clock:
                 norms = vals[:len(steps)]
             else:
                 absorb(self, kind, payload, vals)

@@ -40,7 +40,7 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
     opts = engine.opts
     result = Result("watch")
     result.header["every"] = opts.every
-    result.header["optimizers"] = [_describe_opt(t.opt) for t in engine.tracks.values()]
+    result.header["optimizers"] = _optimizers(engine)
     result.header["models"] = [type(r).__name__ for r in engine.roots.values()]
     if opts.accumulate:
         result.header["accumulate"] = "gradients carried over steps on purpose: the zero_grad check is off"
@@ -95,8 +95,8 @@ def hparams(engine) -> dict:
     out: dict = {}
     track = next(iter(engine.tracks.values()), None)
     if track is not None:
-        group = track.opt.param_groups[0]
-        out["optimizer"] = type(track.opt).__name__
+        group = track.opt.param_groups[0] if track.opt is not None and track.opt.param_groups else track.group
+        out["optimizer"] = track.kind
         for key in ("lr", "weight_decay", "momentum", "eps"):
             v = group.get(key)
             if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -178,7 +178,7 @@ def _wiring(result: Result, engine) -> None:
         for i, p in enumerate(t.params):
             if i in ignored:   # said once above, not once per parameter
                 continue
-            if not t.seen_grad[i]:
+            if not t.seen_grad[i] and t.sampled:   # an optimizer that never stepped at a read step: not known
                 sev = "warning" if p.requires_grad else "info"
                 result.add("never-gets-grad", sev, t.names[i], f"{t.names[i]} is in the optimizer but never had a "
                            "gradient at a read step", "it does not reach the loss (unused, detached, or frozen)")
@@ -502,7 +502,14 @@ def _verdict(result: Result, engine, interrupted, failure) -> None:
         result.verdict = f"PASS: {engine.step} steps, nothing wrong found"
 
 
-def _describe_opt(opt) -> str:
-    g = opt.param_groups[0] if opt.param_groups else {}
-    lr = g.get("lr")
-    return f"{type(opt).__name__} (lr {lr:g})" if isinstance(lr, (int, float)) else type(opt).__name__
+def _optimizers(engine) -> list[str]:
+    """Each watched optimizer (as it is now, or as it was when the run let it go); a new one each epoch over the
+    same parameters is the same line; those of no model that were let go (an attack's) are counted."""
+    out = []
+    for t in engine.tracks.values():
+        g = t.opt.param_groups[0] if t.opt is not None and t.opt.param_groups else t.group
+        lr = g.get("lr")
+        out.append(f"{t.kind} (lr {lr:g})" if isinstance(lr, (int, float)) else t.kind)
+    if engine.let_go:
+        out.append(f"{engine.let_go} optimizer(s) of no model, let go by the run (not reported)")
+    return out

@@ -17,7 +17,7 @@ class Track:
     def __init__(self, opt, opts):
         import torch
 
-        self.opt = opt
+        self.rebind(opt)
         self.params = [p for g in opt.param_groups for p in g["params"]]
         self.ids = {id(p): i for i, p in enumerate(self.params)}
         self.first_step = None   # the clock's step when it first stepped; None: its model is not looked for
@@ -33,6 +33,7 @@ class Track:
         self._block_rows: tuple = ()   # the last block's rows, as views
         self.steps: list = []          # the step of each row since the last read
         self.seen_grad = [False] * n   # a gradient was present at some read step
+        self.sampled = 0               # read steps it stepped at: none, and seen_grad says nothing
         self.start = None              # device (2, n): L2 norm and sum of each parameter at the first step
         self.changed = None            # host: per parameter, did it change over the run (final read)
         self.weight_norm = None        # host: per parameter, at the last read
@@ -55,6 +56,18 @@ class Track:
         self._index_key = None
         self._index = None
 
+    @property
+    def opt(self):
+        """The optimizer, or None once the run let it go (held weakly: a track must not keep it alive)."""
+        return self._opt()
+
+    def rebind(self, opt) -> None:
+        """This track's optimizer is now `opt` (a new one over the same parameters); what the report says of
+        it is kept from it, for when it is gone."""
+        self._opt = weakref.ref(opt)
+        self.kind = type(opt).__name__
+        self.group = {k: v for k, v in (opt.param_groups[0] if opt.param_groups else {}).items() if k != "params"}
+
     def rename(self, names: dict[int, str]):
         self.names = [names.get(id(p), self.names[i]) for i, p in enumerate(self.params)]
 
@@ -70,6 +83,7 @@ class Track:
         grads = [p.grad for p in self.params]
         present = [g for g in grads if g is not None]
         if sample:
+            self.sampled += 1
             for i, g in enumerate(grads):
                 if g is not None:
                     self.seen_grad[i] = True
