@@ -95,7 +95,7 @@ def hparams(engine) -> dict:
     out: dict = {}
     track = next(iter(engine.tracks.values()), None)
     if track is not None:
-        group = track.opt.param_groups[0] if track.opt is not None and track.opt.param_groups else track.group
+        group = track.group
         out["optimizer"] = track.kind
         for key in ("lr", "weight_decay", "momentum", "eps"):
             v = group.get(key)
@@ -507,8 +507,7 @@ def _optimizers(engine) -> list[str]:
     same parameters is the same line; those of no model that were let go (an attack's) are counted."""
     out = []
     for t in engine.tracks.values():
-        g = t.opt.param_groups[0] if t.opt is not None and t.opt.param_groups else t.group
-        lr = g.get("lr")
+        lr = t.group.get("lr")
         out.append(f"{t.kind} (lr {lr:g})" if isinstance(lr, (int, float)) else t.kind)
     if engine.let_go:
         out.append(f"{engine.let_go} optimizer(s) of no model, let go by the run (not reported)")

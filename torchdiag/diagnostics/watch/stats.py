@@ -63,10 +63,11 @@ class Track:
 
     def rebind(self, opt) -> None:
         """This track's optimizer is now `opt` (a new one over the same parameters); what the report says of
-        it is kept from it, for when it is gone."""
+        it is kept for when it is gone: its type and its first param group (the dict itself, which a schedule
+        updates in place: the learning rate it ended with)."""
         self._opt = weakref.ref(opt)
         self.kind = type(opt).__name__
-        self.group = {k: v for k, v in (opt.param_groups[0] if opt.param_groups else {}).items() if k != "params"}
+        self.group = opt.param_groups[0] if opt.param_groups else {}
 
     def rename(self, names: dict[int, str]):
         self.names = [names.get(id(p), self.names[i]) for i, p in enumerate(self.params)]
