@@ -46,6 +46,8 @@ def _guarded(hook):
 
 SEARCH_STEPS = 3   # the clock's steps, from an optimizer's first, during which its model is looked for
 MAX_SEARCHES = 8   # optimizers whose model is looked for at all
+UNTRAINED_STEPS = 50   # the clock's steps during which a model called with trainable parameters that no optimizer
+                       # holds keeps discovery on (a WGAN's generator first steps after 5 critic steps)
 
 
 class Engine:
@@ -213,6 +215,12 @@ class Engine:
         self._search()
         self._name_params()
 
+    def _untrained_seen(self) -> bool:
+        """A model called with gradients on has trainable parameters no watched optimizer holds: its optimizer may
+        not have stepped yet."""
+        held = set().union(*(t.ids for t in self.tracks.values()))
+        return any(p.requires_grad and id(p) not in held for r in self.seen_roots.values() for p in r.parameters())
+
     def _searching(self, track: Track) -> bool:
         """Is the model of this optimizer still looked for: none found yet, within SEARCH_STEPS of the clock's steps
         since the optimizer first stepped (an optimizer stepped once, or over a bare tensor, ends its search too)."""
@@ -224,7 +232,8 @@ class Engine:
         and the roots seen but not adopted are let go."""
         if self.explicit_models:
             return
-        on = self.step <= 1 or any(self._searching(t) for t in self.tracks.values())
+        on = (self.step <= 1 or any(self._searching(t) for t in self.tracks.values())
+              or (self.step <= UNTRAINED_STEPS and self._untrained_seen()))
         self._discover(on)
         if not on:
             self.seen_roots.clear()
@@ -291,6 +300,7 @@ class Engine:
     def _track(self, opt) -> Track | None:
         self._file_dead()
         t = self.tracks.get(id(opt))
+        fresh = t is None
         if t is None:
             if not self._mine(opt):
                 return None
@@ -308,20 +318,47 @@ class Engine:
                 self._adopt_roots(t) if not self.explicit_models else self._name_params()
         elif self._searching(t) and not self.explicit_models:
             self._adopt_roots(t)
-        if self.clock is None and self._may_clock(t):
-            self.clock = opt
+        self._choose_clock(opt, t, new=fresh)
         return t
 
+    def _choose_clock(self, opt, t: Track, new: bool) -> None:
+        """Which optimizer's steps are the run's steps. The first to step, unless it trains no model while one
+        does: an optimizer of no model (an attack's perturbation, an input being optimised) is the clock only
+        until an optimizer of a model first steps, and the count then starts again (PGD's attack steps before the
+        model's optimizer). A new optimizer over all of the clock's parameters and more (the same ones made again
+        while the old is kept, or layers unfrozen) takes over, and the count goes on."""
+        clock = self.clock
+        if clock is None:
+            if self._may_clock(t):
+                self.clock = opt
+            return
+        if opt is clock or self.explicit_models or not t.roots:
+            return
+        held = self.tracks.get(id(clock))
+        if held is not None and not held.roots:
+            self._restart_count()
+            self.clock = opt
+        elif new and held is not None and set(held.ids) <= set(t.ids):
+            self.clock = opt
+
     def _may_clock(self, t: Track) -> bool:
-        """An optimizer of no model (an adversarial perturbation's, a temperature's) counts the steps only when no
-        model is trained around it: no optimizer of a model has stepped, and no module with trainable parameters
-        was called (PGD's attack steps before the model's optimizer first does; style transfer's frozen network
-        does not stop the image's optimizer)."""
-        if self.explicit_models or t.roots:
-            return True
-        if any(o.roots for o in self.tracks.values()):
-            return False
-        return not any(p.requires_grad for r in self.seen_roots.values() for p in r.parameters())
+        """No clock: an optimizer of no model takes it only while no optimizer of a model has stepped."""
+        return bool(self.explicit_models or t.roots) or not any(o.roots for o in self.tracks.values())
+
+    def _restart_count(self) -> None:
+        """The steps so far were an optimizer's of no model: what they put in the series and checks goes, and the
+        tracks of no model start again when they next step."""
+        self.step, self.reads = 0, 0
+        self.series = {"loss": [], "grad_norm": [], "lr": []}
+        self._window, self._loss_window, self._others, self.pending = [], [], [], []   # _losses: the new clock's
+        self.events, self.ratios = [], {}
+        self.checks.update(eval_steps=[], eval_models={}, eval_modules={}, not_in_optimizer={}, carried=[], dead={},
+                           dead_feeds={}, bn_nonfinite={}, param_nonfinite={})
+        for key, t in list(self.tracks.items()):
+            if not t.roots:
+                t.disarm()
+                del self.tracks[key]
+                self.let_go += 1
 
     def _successor(self, opt) -> Track | None:
         """A new optimizer over exactly the parameters of one the run let go (made again each epoch) goes on
@@ -342,10 +379,10 @@ class Engine:
             t = self.tracks.pop(self._dead.pop(), None)
             if t is None:
                 continue
-            t.disarm()
-            if t.roots or self.explicit_models:
-                self.tracks[("gone", id(t))] = t
+            if t.roots or self.explicit_models:   # armed probes stay: a successor's first step reads them
+                self.tracks[("gone", id(t))] = t  # (cut at another optimizer's step, they saw a false carry-over)
             else:
+                t.disarm()
                 self.let_go += 1
 
     def _mine(self, opt) -> bool:

@@ -301,14 +301,17 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts) -> None:
     peak = initial   # the highest the loss has been since its first window: a spike goes above it
     for i in range(w, len(values)):
         base = statistics.median(values[i - w:i])
-        if values[i] > opts.spike * base and values[i] > peak and _outside_spread(values, i, w):
+        # ratios need a positive scale: a loss that can be negative (a GAN's, an RL objective) has no spike ratio
+        if base > 0 and values[i] > opts.spike * base and values[i] > peak and _outside_spread(values, i, w):
             result.add("loss-spike", "warning", "", f"loss {values[i]:.4g} at step {pairs[i][0]} is "
                        f"{values[i] / base:.1f}× its running median ({base:.4g}), far outside the spread of the "
                        f"{min(i, SPREAD_STEPS * w)} steps before it and above any loss since step {pairs[w - 1][0]}",
                        "look at that batch; clip gradients")
             break
         peak = max(peak, values[i])
-    if med[-1] > 2 * med[best_i] and med[-1] > initial:
+    # a climb of more than the best median's own size (twice the best for a positive loss; a negative loss's
+    # wiggle of a few percent is not one: a review's WGAN, -0.0104 -> -0.0101, was "diverged")
+    if med[-1] - med[best_i] > abs(med[best_i]) and med[-1] > initial:
         hint = "lower the learning rate"
         rise = _lr_rise(pairs, lr_at, pairs[best_i][0], w)
         if rise:
@@ -510,5 +513,6 @@ def _optimizers(engine) -> list[str]:
         lr = t.group.get("lr")
         out.append(f"{t.kind} (lr {lr:g})" if isinstance(lr, (int, float)) else t.kind)
     if engine.let_go:
-        out.append(f"{engine.let_go} optimizer(s) of no model, let go by the run (not reported)")
+        out.append(f"{engine.let_go} optimizer(s) of no model not reported (let go by the run, or stepped before a "
+                   "model's optimizer first did)")
     return out
