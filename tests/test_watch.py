@@ -1244,6 +1244,22 @@ def _xy(g):
     return x, (x[:, :3].sum(1) > 0).long()
 
 
+def _pgd_step(model, opt, x, y, k: int = 3) -> float:
+    """One step of PGD adversarial training: a fresh optimizer over the input's perturbation, k attack steps,
+    then the model's step on the perturbed batch; the model's loss."""
+    delta = torch.zeros_like(x, requires_grad=True)
+    attack = torch.optim.SGD([delta], lr=0.1)
+    for _ in range(k):
+        attack.zero_grad()
+        (-F.cross_entropy(model(x + delta), y)).backward()
+        attack.step()
+    opt.zero_grad()
+    loss = F.cross_entropy(model(x + delta.detach()), y)
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
 def test_a_new_optimizer_each_epoch_goes_on_with_the_same_steps_and_rows():
     """A review: the clock was the first epoch's optimizer; when the loop made a new one the step count stopped
     at 25 of 100 and each later optimizer's parameters were `never-gets-grad` (12 warnings on a healthy run)."""
@@ -1281,18 +1297,7 @@ def test_an_attack_optimizer_made_per_step_is_not_the_clock_nor_reported():
     losses = []
     with Watch(every=10) as w:
         for _ in range(40):
-            x, y = _xy(g)
-            delta = torch.zeros_like(x, requires_grad=True)
-            attack = torch.optim.SGD([delta], lr=0.01)
-            for _ in range(3):
-                attack.zero_grad()
-                (-F.cross_entropy(model(x + delta), y)).backward()
-                attack.step()
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x + delta.detach()), y)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+            losses.append(_pgd_step(model, opt, *_xy(g)))
     r = w.result()
     assert r.data["steps"] == 40 and r.header["models"] == ["Sequential"]
     assert codes(r) == set(), [f.to_dict() for f in r.findings]
@@ -1325,16 +1330,7 @@ def test_optimizers_a_run_makes_again_or_keeps_beside_give_one_count_and_no_fals
         for _epoch in range(3):
             opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
             for _ in range(10):
-                x, y = _xy(g)
-                delta = torch.zeros_like(x, requires_grad=True)
-                attack = torch.optim.SGD([delta], lr=0.1)
-                for _ in range(3):
-                    attack.zero_grad()
-                    (-F.cross_entropy(model(x + delta), y)).backward()
-                    attack.step()
-                opt.zero_grad()
-                F.cross_entropy(model(x + delta.detach()), y).backward()
-                opt.step()
+                _pgd_step(model, opt, *_xy(g))
     r = w.result()
     assert r.data["steps"] == 30 and codes(r) == set(), [f.to_dict() for f in r.findings]
 
