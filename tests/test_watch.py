@@ -1367,6 +1367,83 @@ def test_optimizers_a_run_makes_again_or_keeps_beside_give_one_count_and_no_fals
     assert r.header["models"] == ["Sequential", "Sequential"] and "trained-in-eval-mode" in codes(r)
 
 
+def test_the_count_restarts_only_for_an_attack_and_loses_nothing_the_run_did():
+    """A review of the restart: 3D Gaussians (raw tensors, their own optimizer) joined by a deformation network
+    after 100 iterations lost their first 100 steps and a NaN at step 51; a restart after an attack's inf left
+    the first-non-finite search off, so the model's own NaN at step 61 went unreported; reads made on an
+    attack's steps reached the callbacks twice (TensorBoard had steps 1-10 twice)."""
+    torch.manual_seed(0)
+    xyz, target = torch.randn(64, 3).requires_grad_(True), torch.randn(64, 3) * 0.5
+    deform = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
+    scene, deform_opt = torch.optim.Adam([xyz], lr=1e-2), torch.optim.Adam(deform.parameters(), lr=1e-3)
+    with Watch(every=10) as w:
+        for it in range(150):
+            d = deform(torch.cat([xyz.detach(), torch.full((64, 1), it / 150)], 1)) if it >= 100 else 0.0
+            loss = ((xyz + d - target) ** 2).mean()
+            if it == 50:
+                loss = loss * float("nan")
+            scene.zero_grad()
+            deform_opt.zero_grad()
+            loss.backward()
+            if it == 50:
+                xyz.grad.nan_to_num_(0.0)
+            scene.step()
+            if it >= 100:
+                deform_opt.step()
+    r = w.result()
+    assert r.data["steps"] == 150 and len(w.engine.series["loss"]) == 150
+    assert "step 51" in finding(r, "non-finite-loss").message
+
+    model, g, reads = _mlp(), torch.Generator().manual_seed(0), []
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Watch(every=10, on_read=lambda snap: reads.append(snap["step"])) as w:
+        for it in range(70):
+            x, y = _xy(g)
+            delta = torch.zeros_like(x, requires_grad=True)
+            attack = torch.optim.SGD([delta], lr=0.1)
+            for _ in range(12):   # more attack steps than `every` before the model's first step
+                attack.zero_grad()
+                out = model(x + delta)
+                adv = -(out * 1e38).logsumexp(1).mean() * 10 if it == 0 else -F.cross_entropy(out, y)
+                adv.backward()
+                attack.step()
+            xin = x + delta.detach().nan_to_num(0.0)
+            if it == 60:
+                xin[0, 0] = float("nan")
+            opt.zero_grad()
+            F.cross_entropy(model(xin), y).backward()
+            opt.step()
+            if it == 60:
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.nan_to_num_(0.0)
+    r = w.result()
+    # every read once, in order (61: the NaN's own read; the last read repeats the last step)
+    assert r.data["steps"] == 70 and reads[:-1] == sorted(set(reads[:-1])) and reads[0] == 10, reads
+    assert "step 61" in finding(r, "non-finite-loss").message
+
+
+def test_a_network_made_in_each_loss_call_is_not_kept_alive_by_the_watch():
+    import gc
+    import weakref
+
+    model, g, alive = _mlp(), torch.Generator().manual_seed(0), weakref.WeakSet()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with Watch(every=10):
+        for _ in range(20):
+            proj = nn.Linear(2, 64)   # trainable, in no optimizer: discovery stays on, holding it weakly
+            alive.add(proj)
+            x, y = _xy(g)
+            out = model(x)
+            loss = F.cross_entropy(out, y) + F.mse_loss(proj(out), proj(out.detach()).detach())
+            del proj
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            gc.collect()
+            assert len(alive) <= 1
+
+
 def test_an_input_optimised_through_a_network_left_trainable_counts_its_steps():
     """DeepDream-style: the network's weights keep requires_grad but no optimizer holds them."""
     net, image = _mlp(), torch.randn(4, 8, requires_grad=True)
@@ -1389,6 +1466,11 @@ def test_a_negative_loss_wiggling_by_a_few_percent_has_not_diverged():
     report._loss_curve(result, list(enumerate(values, 1)), {}, Options())
     assert not result.findings, [f.to_dict() for f in result.findings]
     values = [-1.0 + 2.0 * i / 59 for i in range(60)]   # -1 to +1: a climb of twice its size
+    report._loss_curve(result, list(enumerate(values, 1)), {}, Options())
+    assert [f.code for f in result.findings] == ["loss-diverged"]
+    # -p instead of 1 - p (a review): down to -0.95, back up to -0.5 from a start of -0.8 is a divergence too
+    values = [-0.8 - 0.15 * i / 29 for i in range(30)] + [-0.95 + 0.45 * i / 29 for i in range(30)]
+    result = Result("watch")
     report._loss_curve(result, list(enumerate(values, 1)), {}, Options())
     assert [f.code for f in result.findings] == ["loss-diverged"]
 

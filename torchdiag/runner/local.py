@@ -26,12 +26,12 @@ def execute(job: Job) -> Outcome:
     registry says so, else on rank 0 alone (the other ranks get a quiet Outcome at once)."""
     from ..core.distributed import current
 
-    try:
-        _import_torch()
-    except KeyboardInterrupt as exc:   # held over the import, raised after it
-        return failed(exc, None, job.caller)
     ranks = current()
     if ranks is not None:
+        try:
+            _import_torch()
+        except KeyboardInterrupt as exc:   # held over the import, raised after it
+            return failed(exc, None, job.caller)
         if job.command.per_rank and job.produce is None:
             from .ranks import execute_ranks
 
@@ -40,7 +40,8 @@ def execute(job: Job) -> Outcome:
             return Outcome(quiet=True)
     ctx = None
     try:
-        spec, o = checked(job)
+        spec, o = checked(job)   # a mistyped spec or option is answered before torch loads (seconds)
+        _import_torch()
         if ranks is None:
             from ..core.distributed import refuse_wrap
 

@@ -64,11 +64,13 @@ class Engine:
         self.epoch = None
         self.tracks: dict = {}              # id(optimizer) -> Track; ("gone", n) -> a model's, its optimizer let go
         self._clock = None                  # weakref to the clock optimizer (see `clock`)
+        self._provisional = False           # the clock is an attack's until a model's optimizer steps (_choose_clock)
         self._dead: list = []               # ids of watched optimizers the run let go, filed at the next step
         self.let_go = 0                     # optimizers of no model let go (an attack's, made per step): dropped
         self.roots: dict[int, object] = {}  # id -> trained root module
         self.root_names: dict[int, str] = {}
-        self.seen_roots: dict[int, object] = {}   # discovery: roots called with grad enabled
+        # discovery: roots called with grad enabled, held weakly (a network built anew in each loss call must go)
+        self.seen_roots: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.last_call = None               # (root, args, kwargs) of the last training forward
         self._losses: list = []             # device: the (detached) losses backward saw since the last step
         self._others: list = []             # the losses taken by another optimizer's step since the clock's
@@ -300,7 +302,6 @@ class Engine:
     def _track(self, opt) -> Track | None:
         self._file_dead()
         t = self.tracks.get(id(opt))
-        fresh = t is None
         if t is None:
             if not self._mine(opt):
                 return None
@@ -318,42 +319,48 @@ class Engine:
                 self._adopt_roots(t) if not self.explicit_models else self._name_params()
         elif self._searching(t) and not self.explicit_models:
             self._adopt_roots(t)
-        self._choose_clock(opt, t, new=fresh)
+        self._choose_clock(opt, t)
         return t
 
-    def _choose_clock(self, opt, t: Track, new: bool) -> None:
-        """Which optimizer's steps are the run's steps. The first to step, unless it trains no model while one
-        does: an optimizer of no model (an attack's perturbation, an input being optimised) is the clock only
-        until an optimizer of a model first steps, and the count then starts again (PGD's attack steps before the
-        model's optimizer). A new optimizer over all of the clock's parameters and more (the same ones made again
-        while the old is kept, or layers unfrozen) takes over, and the count goes on."""
+    def _choose_clock(self, opt, t: Track) -> None:
+        """Which optimizer's steps are the run's steps: the first to step, with two exceptions.
+        - An optimizer of no model that first stepped while a model with trainable parameters no optimizer held was
+          being called (PGD's attack on the input, before the model's optimizer first steps) is the clock only
+          provisionally: no read is made on its steps, and when a model's optimizer steps within UNTRAINED_STEPS
+          the count starts again with it. Past that it is the clock for good (an image optimised through a
+          network left trainable). An optimizer of no model with nothing else around it (3D Gaussians, a NeRF's
+          grid) is the clock from its first step.
+        - An optimizer over all of the clock's parameters and more (the same ones made again while the old one is
+          kept, layers unfrozen) that steps twice with no step of the clock between takes over, and the count
+          goes on."""
         clock = self.clock
         if clock is None:
             if self._may_clock(t):
                 self.clock = opt
+                self._provisional = not t.roots and not self.explicit_models and self._untrained_seen()
             return
         if opt is clock or self.explicit_models or not t.roots:
             return
         held = self.tracks.get(id(clock))
-        if held is not None and not held.roots:
+        if self._provisional:
             self._restart_count()
             self.clock = opt
-        elif new and held is not None and set(held.ids) <= set(t.ids):
+        elif held is not None and t.since_clock >= 1 and set(held.ids) <= set(t.ids):
             self.clock = opt
+            self.step += 1   # its step before this one, which the clock it replaces did not count, with its loss
+            self._window.append((self.step, _lr(opt)))
+            self._loss_window.append(self._others)
+            self._others = []
 
     def _may_clock(self, t: Track) -> bool:
         """No clock: an optimizer of no model takes it only while no optimizer of a model has stepped."""
         return bool(self.explicit_models or t.roots) or not any(o.roots for o in self.tracks.values())
 
     def _restart_count(self) -> None:
-        """The steps so far were an optimizer's of no model: what they put in the series and checks goes, and the
-        tracks of no model start again when they next step."""
-        self.step, self.reads = 0, 0
-        self.series = {"loss": [], "grad_norm": [], "lr": []}
+        """The provisional clock's steps were an attack's: they were never read (no callback, no TensorBoard saw
+        them), and what they left in memory goes; the tracks of no model start again when they next step."""
+        self.step, self._provisional, self._first_bad_found = 0, False, False
         self._window, self._loss_window, self._others, self.pending = [], [], [], []   # _losses: the new clock's
-        self.events, self.ratios = [], {}
-        self.checks.update(eval_steps=[], eval_models={}, eval_modules={}, not_in_optimizer={}, carried=[], dead={},
-                           dead_feeds={}, bn_nonfinite={}, param_nonfinite={})
         for key, t in list(self.tracks.items()):
             if not t.roots:
                 t.disarm()
@@ -410,14 +417,22 @@ class Engine:
             return
         if opt is self.clock:
             self.step += 1
+            for t in self.tracks.values():
+                t.since_clock = 0
+            if self._provisional and self.step > UNTRAINED_STEPS:
+                self._provisional = False   # no model's optimizer came: it is the run's own
             if self.step >= 2 and self._discovery:
                 self._search()
             self._loss_window.append(self._losses or self._others)
             self._losses, self._others = [], []
             self._window.append((self.step, _lr(opt)))
+        else:
+            track.since_clock += 1
         self._check_mode(track)
-        read_step = self.step % self.opts.every == 0
+        read_step = self.step % self.opts.every == 0 and not self._provisional
         track.pre_step(self.step, read_step or self.step == 1, before_update)
+        if self._provisional:
+            return
         if read_step and opt is self.clock:
             self._before_update = before_update
             self._read_step_checks()

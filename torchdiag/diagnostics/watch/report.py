@@ -168,6 +168,8 @@ def _wiring(result: Result, engine) -> None:
                    "optimizer's param groups: it never trains", "pass model.parameters() (all of them) to the optimizer")
     many = len(engine.tracks) > 1
     for k, t in enumerate(engine.tracks.values()):
+        if _auxiliary(engine, t):
+            continue
         ignored = _loss_ignores(t, engine)
         if ignored:
             result.add("loss-ignores-parameters", "error", f"optimizer {k}" if many else "",
@@ -309,9 +311,7 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts) -> None:
                        "look at that batch; clip gradients")
             break
         peak = max(peak, values[i])
-    # a climb of more than the best median's own size (twice the best for a positive loss; a negative loss's
-    # wiggle of a few percent is not one: a review's WGAN, -0.0104 -> -0.0101, was "diverged")
-    if med[-1] - med[best_i] > abs(med[best_i]) and med[-1] > initial:
+    if _diverged(med[-1], med[best_i], initial):
         hint = "lower the learning rate"
         rise = _lr_rise(pairs, lr_at, pairs[best_i][0], w)
         if rise:
@@ -322,6 +322,17 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts) -> None:
     elif len(values) >= 4 * w and min(med[len(med) // 2:]) >= 0.99 * med[len(med) // 2] and med[-1] > 1e-3 * initial:
         result.add("loss-plateau", "info", "", f"the loss has not improved over the second half of the run "
                    f"(running median {med[len(med) // 2]:.4g} → {med[-1]:.4g})", "converged, or the learning rate is too small")
+
+
+def _diverged(last: float, best: float, initial: float) -> bool:
+    """Above where it started and, for a positive loss, above twice its best. A loss that goes negative (a GAN
+    critic's, -cos, -reward) has no such ratio: it must end above its start by a tenth of its scale (|start| +
+    |best|): a WGAN's -0.0104 -> -0.0101 is noise, -p's -0.95 -> -0.5 (from -0.79) is not."""
+    if last <= initial:
+        return False
+    if best > 0:
+        return last > 2 * best
+    return last - initial > 0.1 * (abs(initial) + abs(best))
 
 
 def _outside_spread(values: list[float], i: int, w: int, v: float | None = None) -> bool:
@@ -401,9 +412,16 @@ def _tiny_at_start(track, i: int, p) -> bool:
     return start is not None and p.numel() > 0 and 0 < start / p.numel() ** 0.5 < TINY_RMS
 
 
+def _auxiliary(engine, t) -> bool:
+    """An optimizer of no model beside one of a model (an attack's perturbation, a temperature): its tensors are
+    not weights, so no update/weight band or never-gets-grad is asked of them; non-finite values still are."""
+    return not t.roots and not engine.explicit_models and any(o.roots for o in engine.tracks.values())
+
+
 def _layers(result: Result, engine) -> None:
     rows = []
     for t in engine.tracks.values():
+        judged = not _auxiliary(engine, t)
         for i, p in enumerate(t.params):
             samples = engine.ratios.get(t.names[i], [])
             later = [v for s, v in samples if s > 1] or [v for _, v in samples]
@@ -412,6 +430,8 @@ def _layers(result: Result, engine) -> None:
                          "weight_norm": t.weight_norm[i] if t.weight_norm else None, "max_grad_norm": t.grad_max[i],
                          "got_grad": t.seen_grad[i],
                          "changed": None if t.changed is None else t.changed[i]})
+            if not judged:
+                continue
             if ratio is not None and p.dim() >= 2 and len(later) >= 2 and ratio > engine.opts.ratio_high \
                     and not _tiny_at_start(t, i, p):
                 result.add("update-ratio-high", "warning", t.names[i], f"updates of {t.names[i]} are {ratio:.3g} of its "

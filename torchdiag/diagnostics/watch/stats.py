@@ -34,6 +34,7 @@ class Track:
         self.steps: list = []          # the step of each row since the last read
         self.seen_grad = [False] * n   # a gradient was present at some read step
         self.sampled = 0               # read steps it stepped at: none, and seen_grad says nothing
+        self.since_clock = 0           # its steps since the clock's last (engine._choose_clock)
         self.start = None              # device (2, n): L2 norm and sum of each parameter at the first step
         self.changed = None            # host: per parameter, did it change over the run (final read)
         self.weight_norm = None        # host: per parameter, at the last read
