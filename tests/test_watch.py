@@ -1444,6 +1444,87 @@ def test_a_network_made_in_each_loss_call_is_not_kept_alive_by_the_watch():
             assert len(alive) <= 1
 
 
+def test_the_loss_under_a_grad_scaler_is_the_loss_before_it_was_scaled():
+    """A review: backward sees GradScaler's loss x 65536, doubling every growth_interval steps, and a healthy
+    fp16 run was `loss-diverged`. GradScaler.scale is wrapped while watching, and put back after."""
+    from torch.amp.grad_scaler import GradScaler
+
+    original = GradScaler.scale
+    model, g, losses = _mlp(), torch.Generator().manual_seed(0), []
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    scaler = torch.amp.GradScaler("cpu", growth_interval=10)
+    with Watch(every=10) as w:
+        for _ in range(60):
+            x, y = _xy(g)
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            losses.append(loss.item())
+    r = w.result()
+    assert scaler.get_scale() > 65536 and codes(r) == set(), [f.to_dict() for f in r.findings]
+    # steps an overflow made the scaler skip are not optimizer steps (their loss joins the next step's mean)
+    curve = [v for v in w.engine.series["loss"] if v is not None]
+    assert 50 <= r.data["steps"] == len(curve) <= 60 and max(curve) <= max(losses) and min(curve) >= min(losses)
+    assert GradScaler.scale is original
+
+
+def test_a_given_optimizer_made_again_each_epoch_is_followed():
+    """torchdiag.watch(model, optimizer), then a new optimizer over the same parameters each epoch: the count
+    stopped at the given one's 25 steps and a missing zero_grad in epoch 2 went unseen."""
+    model, g = _mlp(), torch.Generator().manual_seed(0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with Watch(model, opt, every=10) as w:
+        for epoch in range(4):
+            if epoch:
+                opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+            for _ in range(25):
+                x, y = _xy(g)
+                if epoch < 2:
+                    opt.zero_grad()   # the bug from epoch 2 on
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+    r = w.result()
+    assert r.data["steps"] == 100 and "grad-carried-over" in codes(r)
+    assert len(r.table("layers").rows) == 4
+
+
+def test_a_new_model_and_optimizer_each_fold_count_every_step_and_a_shared_parameter_is_one_row():
+    """k-fold: each fold a new model and optimizer (its first step was not counted: 97 of 100); unfreezing with
+    the head's optimizer kept: the head's parameters were two rows, one with stale values."""
+    g = torch.Generator().manual_seed(0)
+    with Watch(every=10) as w:
+        for _fold in range(4):
+            model = _mlp()
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+            for _ in range(25):
+                x, y = _xy(g)
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+    assert w.result().data["steps"] == 100
+
+    model = _mlp()
+    model[0].requires_grad_(False)
+    head = torch.optim.Adam(model[3].parameters(), 1e-2)
+    with Watch(every=10) as w:
+        for step in range(60):
+            if step == 30:
+                model[0].requires_grad_(True)
+                full = torch.optim.Adam(model.parameters(), 1e-3)
+            opt = head if step < 30 else full
+            x, y = _xy(g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    rows = w.result().table("layers").rows
+    assert [r["name"] for r in rows] == ["0.weight", "0.bias", "3.weight", "3.bias"]
+    # read before the last update (the stale row said 1.50 for 1.64)
+    assert rows[2]["weight_norm"] == pytest.approx(float(model[3].weight.norm()), rel=1e-2)
+
+
 def test_an_input_optimised_through_a_network_left_trainable_counts_its_steps():
     """DeepDream-style: the network's weights keep requires_grad but no optimizer holds them."""
     net, image = _mlp(), torch.randn(4, 8, requires_grad=True)

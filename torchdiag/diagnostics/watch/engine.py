@@ -91,6 +91,8 @@ class Engine:
         self._discovery: list = []
         self._depth = 0
         self._backward = None
+        self._scaler_scale = None           # GradScaler.scale while it is wrapped (_wrap_scaler)
+        self._scaled = None                 # (the scaled loss, the loss it was made from): the last scale() call
         self._sample_forward = True         # the next training forward of each model samples dead units
         self._sampled: set[int] = set()     # the models sampled since (a GAN's generator and discriminator each)
         self._eval_roots: dict[int, bool] = {}    # id(root) -> its last training forward ran in eval mode
@@ -109,17 +111,19 @@ class Engine:
     # ----------------------------------------------------------------- attach / detach
     def attach(self):
         import torch
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
 
         if self.explicit_opts:
             for opt in self.explicit_opts:
                 self._handles.append(opt.register_step_pre_hook(self._pre_step))
                 self._handles.append(opt.register_step_post_hook(self._post_step))
+            # a new optimizer over exactly a given one's parameters (made again each epoch) is its successor
+            self._handles.append(register_optimizer_step_pre_hook(self._successor_pre))
+            self._handles.append(register_optimizer_step_post_hook(self._successor_post))
         else:
-            from torch.optim.optimizer import (
-                register_optimizer_step_post_hook,
-                register_optimizer_step_pre_hook,
-            )
-
             self._handles.append(register_optimizer_step_pre_hook(self._pre_step))
             self._handles.append(register_optimizer_step_post_hook(self._post_step))
         for m in self.explicit_models:
@@ -135,7 +139,26 @@ class Engine:
 
         backward.__doc__ = original.__doc__
         torch.Tensor.backward = backward
+        self._wrap_scaler()
         return self
+
+    def _wrap_scaler(self) -> None:
+        """GradScaler.scale, wrapped while watching: the loss backward sees is the scaled one (x 65536, doubling
+        every growth_interval steps: a review's healthy fp16 run read as loss-diverged); the curve gets the loss
+        it was made from."""
+        from torch.amp.grad_scaler import GradScaler
+
+        engine, original = self, GradScaler.scale
+        self._scaler_scale = original
+
+        @functools.wraps(original)
+        def scale(scaler, outputs):
+            out = original(scaler, outputs)
+            if out is not outputs:
+                engine._scaled = (out, outputs)
+            return out
+
+        GradScaler.scale = scale
 
     def close(self):
         import torch
@@ -157,6 +180,11 @@ class Engine:
             t.disarm()
         if self._backward is not None:
             torch.Tensor.backward = self._backward
+        if self._scaler_scale is not None:
+            from torch.amp.grad_scaler import GradScaler
+
+            GradScaler.scale = self._scaler_scale
+        self._scaled = None
 
     def _discover(self, on: bool):
         if on and not self._discovery:
@@ -282,6 +310,8 @@ class Engine:
 
     @_guarded
     def _saw_loss(self, tensor):
+        if self._scaled is not None and tensor is self._scaled[0]:
+            tensor = self._scaled[1]   # GradScaler's: the loss before it was scaled
         if tensor.numel() != 1 or not tensor.requires_grad or not tensor.is_floating_point():
             return
         self.loss_seen = True
@@ -338,6 +368,7 @@ class Engine:
             if self._may_clock(t):
                 self.clock = opt
                 self._provisional = not t.roots and not self.explicit_models and self._untrained_seen()
+                self._credit(t)   # a new model's optimizer whose model was found a step late (k-fold)
             return
         if opt is clock or self.explicit_models or not t.roots:
             return
@@ -347,9 +378,16 @@ class Engine:
             self.clock = opt
         elif held is not None and t.since_clock >= 1 and set(held.ids) <= set(t.ids):
             self.clock = opt
-            self.step += 1   # its step before this one, which the clock it replaces did not count, with its loss
-            self._window.append((self.step, _lr(opt)))
-            self._loss_window.append(self._others)
+            self._credit(t)
+
+    def _credit(self, t: Track) -> None:
+        """The steps the new clock took before it was the clock (none counted them): counted now, the last with
+        the loss its step took."""
+        for k in range(t.since_clock):
+            self.step += 1
+            self._window.append((self.step, _lr(t.opt)))
+            self._loss_window.append(self._others if k == t.since_clock - 1 else [])
+        if t.since_clock:
             self._others = []
 
     def _may_clock(self, t: Track) -> bool:
@@ -372,8 +410,11 @@ class Engine:
         with its track: the same rows, the same statistics, no parameter listed twice."""
         params = [id(p) for g in opt.param_groups for p in g["params"]]
         for key, t in list(self.tracks.items()):
-            if isinstance(key, tuple) and [id(p) for p in t.params] == params:
+            # a gone one's; with optimizers given, a live one's too (the given optimizer kept by the watch)
+            if (isinstance(key, tuple) or self.explicit_opts) and [id(p) for p in t.params] == params:
                 del self.tracks[key]
+                if t.opt is not None and t.opt is self.clock:
+                    self.clock = opt
                 t.rebind(opt)
                 return t
         return None
@@ -399,6 +440,22 @@ class Engine:
             return True
         ids = {id(p) for m in self.explicit_models for p in m.parameters()}
         return any(id(p) in ids for g in opt.param_groups for p in g["params"])
+
+    def _succeeds_given(self, opt) -> bool:
+        """With optimizers given: is `opt` a new one over exactly the parameters of a watched one (the same
+        training made again), not one of those given (their own hooks see them)?"""
+        if any(opt is o for o in self.explicit_opts):
+            return False
+        if id(opt) in self.tracks:
+            return True
+        params = [id(p) for g in opt.param_groups for p in g["params"]]
+        return any([id(p) for p in t.params] == params for t in self.tracks.values())
+
+    def _successor_pre(self, opt, args, kwargs):
+        return self._pre_step(opt, args, kwargs) if self._succeeds_given(opt) else None
+
+    def _successor_post(self, opt, args, kwargs):
+        return self._post_step(opt, args, kwargs) if self._succeeds_given(opt) else None
 
     @_guarded
     def _pre_step(self, opt, args, kwargs):
@@ -428,6 +485,7 @@ class Engine:
             self._window.append((self.step, _lr(opt)))
         else:
             track.since_clock += 1
+        track.last_step = self.step
         self._check_mode(track)
         read_step = self.step % self.opts.every == 0 and not self._provisional
         track.pre_step(self.step, read_step or self.step == 1, before_update)

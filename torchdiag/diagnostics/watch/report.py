@@ -166,7 +166,7 @@ def _wiring(result: Result, engine) -> None:
     for name, step in engine.checks["not_in_optimizer"].items():
         result.add("not-in-optimizer", "warning", name, f"{name} gets a gradient (step {step}) but is in no "
                    "optimizer's param groups: it never trains", "pass model.parameters() (all of them) to the optimizer")
-    many = len(engine.tracks) > 1
+    many, owners = len(engine.tracks) > 1, _owners(engine)
     for k, t in enumerate(engine.tracks.values()):
         if _auxiliary(engine, t):
             continue
@@ -178,7 +178,7 @@ def _wiring(result: Result, engine) -> None:
                        "on them", "the output or the loss is constant: e.g. a softmax over a single unit (always 1), "
                        "an output detached from the model, a loss computed on the wrong tensor, or every unit dead")
         for i, p in enumerate(t.params):
-            if i in ignored:   # said once above, not once per parameter
+            if i in ignored or owners[id(p)] is not t:   # said once above; or another optimizer's row
                 continue
             if not t.seen_grad[i] and t.sampled:   # an optimizer that never stepped at a read step: not known
                 sev = "warning" if p.requires_grad else "info"
@@ -412,6 +412,16 @@ def _tiny_at_start(track, i: int, p) -> bool:
     return start is not None and p.numel() > 0 and 0 < start / p.numel() ** 0.5 < TINY_RMS
 
 
+def _owners(engine) -> dict:
+    """id(parameter) -> the track that stepped it last: a parameter two optimizers hold (a head's, kept in a
+    variable, and the whole model's after unfreezing) is one row, with the values the later one read."""
+    out: dict = {}
+    for t in sorted(engine.tracks.values(), key=lambda t: t.last_step):
+        for p in t.params:
+            out[id(p)] = t
+    return out
+
+
 def _auxiliary(engine, t) -> bool:
     """An optimizer of no model beside one of a model (an attack's perturbation, a temperature): its tensors are
     not weights, so no update/weight band or never-gets-grad is asked of them; non-finite values still are."""
@@ -419,10 +429,12 @@ def _auxiliary(engine, t) -> bool:
 
 
 def _layers(result: Result, engine) -> None:
-    rows = []
+    rows, owners = [], _owners(engine)
     for t in engine.tracks.values():
         judged = not _auxiliary(engine, t)
         for i, p in enumerate(t.params):
+            if owners[id(p)] is not t:
+                continue
             samples = engine.ratios.get(t.names[i], [])
             later = [v for s, v in samples if s > 1] or [v for _, v in samples]
             ratio = statistics.median(later) if later else None
