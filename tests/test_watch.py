@@ -1491,6 +1491,121 @@ def test_a_given_optimizer_made_again_each_epoch_is_followed():
     assert len(r.table("layers").rows) == 4
 
 
+class _SAM(torch.optim.Optimizer):
+    """Sharpness-aware minimisation as it is usually written: an inner optimizer over the same param groups,
+    stepped inside step(closure)."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, {"lr": lr})
+        self.base_optimizer = torch.optim.SGD(self.param_groups, lr=lr)
+        self.param_groups = self.base_optimizer.param_groups
+
+    def step(self, closure):
+        with torch.no_grad():
+            moved = [(p, p.grad * 0.05) for g in self.param_groups for p in g["params"] if p.grad is not None]
+            for p, e in moved:
+                p.add_(e)
+        self.zero_grad()
+        with torch.enable_grad():
+            closure()
+        with torch.no_grad():
+            for p, e in moved:
+                p.sub_(e)
+        self.base_optimizer.step()
+
+
+def test_optimizers_over_the_same_parameters_that_are_alive_are_not_successors():
+    """A review of following a given optimizer's successors: a SAM wrapper's inner optimizer (same parameters)
+    took the track and the clock back and forth, 199 steps for 100; so did a second optimizer used in turn with
+    the given one (its steps counted and mixed into the update ratio). Only one the loop let go has a successor."""
+    model, g = _mlp(), torch.Generator().manual_seed(0)
+    sam = _SAM(model.parameters(), lr=0.01)
+    with Watch(model, sam, every=10) as w:
+        for _ in range(40):
+            x, y = _xy(g)
+
+            def closure(x=x, y=y):
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                return loss
+
+            closure()
+            sam.step(closure)
+            sam.zero_grad()
+    assert w.result().data["steps"] == 40
+
+    model = _mlp()
+    given, other = torch.optim.SGD(model.parameters(), lr=0.01), torch.optim.Adam(model.parameters(), lr=1e-3)
+    with Watch(model, given, every=10) as w:
+        for step in range(40):
+            x, y = _xy(g)
+            opt = given if step % 2 else other
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    assert w.result().data["steps"] == 20
+
+
+def test_a_clock_let_go_mid_run_hands_over_without_counting_twice():
+    """A GAN's discriminator optimizer let go halfway: the generator's goes on, 100 steps in all (101 before:
+    its steps since the discriminator's last were credited again)."""
+    import gc
+
+    torch.manual_seed(0)
+    gen, disc = nn.Sequential(nn.Linear(4, 8)), nn.Sequential(nn.Linear(8, 1))
+    opt_d, opt_g = torch.optim.SGD(disc.parameters(), lr=0.01), torch.optim.SGD(gen.parameters(), lr=0.01)
+    with Watch(every=10) as w:
+        for i in range(100):
+            z = torch.randn(16, 4)
+            if i < 50:
+                (disc(gen(z).detach()).mean() - disc(torch.randn(16, 8)).mean()).backward()
+                opt_d.step()
+                opt_d.zero_grad()
+            elif i == 50:
+                del opt_d
+                gc.collect()
+            (-disc(gen(z)).mean()).backward()
+            opt_g.step()
+            opt_g.zero_grad()
+            disc.zero_grad()
+    assert w.result().data["steps"] == 100
+
+
+def test_scaled_losses_in_a_list_or_scaled_before_either_backward_are_unscaled():
+    model, g = _mlp(), torch.Generator().manual_seed(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", growth_interval=3)
+    with Watch(every=10) as w:
+        for step in range(20):
+            x, y = _xy(g)
+            out = model(x)
+            l1, l2 = F.cross_entropy(out[:8], y[:8]), F.cross_entropy(out[8:], y[8:])
+            s1, s2 = scaler.scale([l1, l2]) if step % 2 else (scaler.scale(l1), scaler.scale(l2))
+            opt.zero_grad()
+            s1.backward(retain_graph=True)
+            s2.backward()
+            scaler.step(opt)
+            scaler.update()
+    assert max(v for v in w.engine.series["loss"] if v is not None) < 10
+
+
+def test_a_watch_closed_under_another_collects_nothing_more():
+    """Closed out of order, a watch's wrappers of Tensor.backward and GradScaler.scale stay in the other's chain:
+    they pass through (before, the closed one kept collecting losses)."""
+    model, g = _mlp(), torch.Generator().manual_seed(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    a = Watch(every=10).__enter__()
+    b = Watch(every=10).__enter__()
+    a.__exit__(None, None, None)
+    for _ in range(5):
+        x, y = _xy(g)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    b.__exit__(None, None, None)
+    assert a.engine._losses == [] and b.result().data["steps"] == 5
+
+
 def test_a_new_model_and_optimizer_each_fold_count_every_step_and_a_shared_parameter_is_one_row():
     """k-fold: each fold a new model and optimizer (its first step was not counted: 97 of 100); unfreezing with
     the head's optimizer kept: the head's parameters were two rows, one with stale values."""

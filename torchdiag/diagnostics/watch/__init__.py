@@ -13,6 +13,8 @@ non-finite value. Drawing (status line, TensorBoard, plot) is render/watch.py, f
 callbacks `on_read(snapshot)`, `on_histograms(step, named_params)`, `on_finish(result)`."""
 from __future__ import annotations
 
+import weakref
+
 from ...errors import UsageError, interrupt_code, one_line
 from .options import DEFAULT_EVERY, Options
 
@@ -55,7 +57,10 @@ class Watch:
         # passes the runner's; a diagnostic does not import the runner)
         self.gather, self._gathered = gather, None
         self.models = list(model) if isinstance(model, (list, tuple)) else [model]
-        self.optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+        # held weakly: a given optimizer the loop lets go (a new one each epoch) must go, for its successor to be
+        # followed (engine._successor)
+        self._optimizers = [weakref.ref(o) for o in (optimizer if isinstance(optimizer, (list, tuple)) else [optimizer])
+                            if o is not None]
         self.on_read, self.on_histograms, self.on_finish = on_read, on_histograms, on_finish
         self.engine = None
         self._result = None
@@ -65,7 +70,8 @@ class Watch:
 
         self._result, self._gathered = None, None
         hist = self.on_histograms if self.opts.histograms else None
-        self.engine = Engine(self.opts, self.models, self.optimizers, on_read=self.on_read, on_histograms=hist)
+        optimizers = [o for o in (ref() for ref in self._optimizers) if o is not None]
+        self.engine = Engine(self.opts, self.models, optimizers, on_read=self.on_read, on_histograms=hist)
         self.engine.attach()
         _active.append(self)
         return self

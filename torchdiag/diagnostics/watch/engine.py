@@ -57,7 +57,9 @@ class Engine:
     def __init__(self, opts: Options, models=(), optimizers=(), on_read=None, on_histograms=None):
         self.opts = opts
         self.explicit_models = [m for m in models if m is not None]
-        self.explicit_opts = [o for o in optimizers if o is not None]
+        given = [o for o in optimizers if o is not None]
+        self.explicit_opts = bool(given)    # optimizers were given (held weakly: the loop may let them go)
+        self._given = weakref.WeakSet(given)
         self.on_read = on_read              # callback(engine): after each read (status line, TensorBoard)
         self.on_histograms = on_histograms  # callback(step, named params): TensorBoard histograms
         self.step = 0                       # optimizer steps of the clock optimizer
@@ -92,7 +94,7 @@ class Engine:
         self._depth = 0
         self._backward = None
         self._scaler_scale = None           # GradScaler.scale while it is wrapped (_wrap_scaler)
-        self._scaled = None                 # (the scaled loss, the loss it was made from): the last scale() call
+        self._scaled: dict | None = None    # id(scaled loss) -> (it, the loss it was made from): _saw_scaled
         self._sample_forward = True         # the next training forward of each model samples dead units
         self._sampled: set[int] = set()     # the models sampled since (a GAN's generator and discriminator each)
         self._eval_roots: dict[int, bool] = {}    # id(root) -> its last training forward ran in eval mode
@@ -117,7 +119,7 @@ class Engine:
         )
 
         if self.explicit_opts:
-            for opt in self.explicit_opts:
+            for opt in list(self._given):
                 self._handles.append(opt.register_step_pre_hook(self._pre_step))
                 self._handles.append(opt.register_step_post_hook(self._post_step))
             # a new optimizer over exactly a given one's parameters (made again each epoch) is its successor
@@ -134,13 +136,27 @@ class Engine:
         engine, original = self, torch.Tensor.backward
 
         def backward(tensor, *args, **kwargs):
-            engine._saw_loss(tensor)
+            if not engine.closed:   # closed out of order under another watch's wrapper: pass through
+                engine._saw_loss(tensor)
             return original(tensor, *args, **kwargs)
 
         backward.__doc__ = original.__doc__
         torch.Tensor.backward = backward
         self._wrap_scaler()
         return self
+
+    def _saw_scaled(self, out, outputs) -> None:
+        """GradScaler.scale(outputs) gave `out` (a tensor, or a list/tuple of them): each scaled tensor, by id, to
+        the one it was made from, until backward is called on it (a few at most: older ones are dropped)."""
+        import torch
+
+        pairs = zip(out, outputs) if isinstance(out, (list, tuple)) and isinstance(outputs, (list, tuple)) \
+            else [(out, outputs)]
+        if self._scaled is None or len(self._scaled) > 16:
+            self._scaled = {}
+        for o, i in pairs:
+            if isinstance(o, torch.Tensor) and o is not i:
+                self._scaled[id(o)] = (o, i)
 
     def _wrap_scaler(self) -> None:
         """GradScaler.scale, wrapped while watching: the loss backward sees is the scaled one (x 65536, doubling
@@ -154,8 +170,8 @@ class Engine:
         @functools.wraps(original)
         def scale(scaler, outputs):
             out = original(scaler, outputs)
-            if out is not outputs:
-                engine._scaled = (out, outputs)
+            if not engine.closed:
+                engine._saw_scaled(out, outputs)
             return out
 
         GradScaler.scale = scale
@@ -310,8 +326,9 @@ class Engine:
 
     @_guarded
     def _saw_loss(self, tensor):
-        if self._scaled is not None and tensor is self._scaled[0]:
-            tensor = self._scaled[1]   # GradScaler's: the loss before it was scaled
+        scaled = self._scaled.pop(id(tensor), None) if self._scaled else None
+        if scaled is not None and scaled[0] is tensor:
+            tensor = scaled[1]   # GradScaler's: the loss before it was scaled
         if tensor.numel() != 1 or not tensor.requires_grad or not tensor.is_floating_point():
             return
         self.loss_seen = True
@@ -335,8 +352,7 @@ class Engine:
         if t is None:
             if not self._mine(opt):
                 return None
-            if not self.explicit_opts:   # given ones live as long as the watch
-                weakref.finalize(opt, self._dead.append, id(opt))
+            weakref.finalize(opt, self._dead.append, id(opt))
             t = self._successor(opt)
             if t is not None:
                 self.tracks[id(opt)] = t
@@ -368,7 +384,7 @@ class Engine:
             if self._may_clock(t):
                 self.clock = opt
                 self._provisional = not t.roots and not self.explicit_models and self._untrained_seen()
-                self._credit(t)   # a new model's optimizer whose model was found a step late (k-fold)
+                self._credit(t, t.unclocked)   # steps it took with no clock at all (k-fold: its model found late)
             return
         if opt is clock or self.explicit_models or not t.roots:
             return
@@ -378,16 +394,15 @@ class Engine:
             self.clock = opt
         elif held is not None and t.since_clock >= 1 and set(held.ids) <= set(t.ids):
             self.clock = opt
-            self._credit(t)
+            self._credit(t, t.since_clock)   # its step before this one, which the clock it replaces did not count
 
-    def _credit(self, t: Track) -> None:
-        """The steps the new clock took before it was the clock (none counted them): counted now, the last with
-        the loss its step took."""
-        for k in range(t.since_clock):
+    def _credit(self, t: Track, n: int) -> None:
+        """n steps the new clock took that no clock counted: counted now, the last with the loss its step took."""
+        for k in range(n):
             self.step += 1
             self._window.append((self.step, _lr(t.opt)))
-            self._loss_window.append(self._others if k == t.since_clock - 1 else [])
-        if t.since_clock:
+            self._loss_window.append(self._others if k == n - 1 else [])
+        if n:
             self._others = []
 
     def _may_clock(self, t: Track) -> bool:
@@ -410,11 +425,10 @@ class Engine:
         with its track: the same rows, the same statistics, no parameter listed twice."""
         params = [id(p) for g in opt.param_groups for p in g["params"]]
         for key, t in list(self.tracks.items()):
-            # a gone one's; with optimizers given, a live one's too (the given optimizer kept by the watch)
-            if (isinstance(key, tuple) or self.explicit_opts) and [id(p) for p in t.params] == params:
+            # a gone one's only: a live one's optimizer is still stepping (a SAM wrapper's inner optimizer holds
+            # the same parameters; so does a second optimizer used in turn)
+            if isinstance(key, tuple) and [id(p) for p in t.params] == params:
                 del self.tracks[key]
-                if t.opt is not None and t.opt is self.clock:
-                    self.clock = opt
                 t.rebind(opt)
                 return t
         return None
@@ -444,12 +458,13 @@ class Engine:
     def _succeeds_given(self, opt) -> bool:
         """With optimizers given: is `opt` a new one over exactly the parameters of a watched one (the same
         training made again), not one of those given (their own hooks see them)?"""
-        if any(opt is o for o in self.explicit_opts):
+        if opt in self._given:
             return False
+        self._file_dead()   # the given one may just have been let go
         if id(opt) in self.tracks:
             return True
         params = [id(p) for g in opt.param_groups for p in g["params"]]
-        return any([id(p) for p in t.params] == params for t in self.tracks.values())
+        return any(isinstance(key, tuple) and [id(p) for p in t.params] == params for key, t in self.tracks.items())
 
     def _successor_pre(self, opt, args, kwargs):
         return self._pre_step(opt, args, kwargs) if self._succeeds_given(opt) else None
@@ -475,7 +490,7 @@ class Engine:
         if opt is self.clock:
             self.step += 1
             for t in self.tracks.values():
-                t.since_clock = 0
+                t.since_clock = t.unclocked = 0
             if self._provisional and self.step > UNTRAINED_STEPS:
                 self._provisional = False   # no model's optimizer came: it is the run's own
             if self.step >= 2 and self._discovery:
@@ -485,6 +500,8 @@ class Engine:
             self._window.append((self.step, _lr(opt)))
         else:
             track.since_clock += 1
+            if self.clock is None:
+                track.unclocked += 1
         track.last_step = self.step
         self._check_mode(track)
         read_step = self.step % self.opts.every == 0 and not self._provisional

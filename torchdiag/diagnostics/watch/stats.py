@@ -35,6 +35,7 @@ class Track:
         self.seen_grad = [False] * n   # a gradient was present at some read step
         self.sampled = 0               # read steps it stepped at: none, and seen_grad says nothing
         self.since_clock = 0           # its steps since the clock's last (engine._choose_clock)
+        self.unclocked = 0             # of those, the ones taken while there was no clock at all
         self.last_step = 0             # the run's step when it last stepped (a parameter two tracks hold: the later's)
         self.start = None              # device (2, n): L2 norm and sum of each parameter at the first step
         self.changed = None            # host: per parameter, did it change over the run (final read)
