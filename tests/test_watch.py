@@ -1244,6 +1244,25 @@ def _xy(g):
     return x, (x[:, :3].sum(1) > 0).long()
 
 
+def _unfreeze_run(g, at: int):
+    """60 steps: the head alone with its own optimizer, then from step `at` the whole model with a new one while
+    the head's stays in its variable (model, the watch)."""
+    model = _mlp()
+    model[0].requires_grad_(False)
+    head = torch.optim.Adam(model[3].parameters(), 1e-2)
+    with Watch(every=10) as w:
+        for step in range(60):
+            if step == at:
+                model[0].requires_grad_(True)
+                full = torch.optim.Adam(model.parameters(), 1e-3)
+            opt = head if step < at else full
+            x, y = _xy(g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    return model, w
+
+
 def _pgd_step(model, opt, x, y, k: int = 3) -> float:
     """One step of PGD adversarial training: a fresh optimizer over the input's perturbation, k attack steps,
     then the model's step on the perturbed batch; the model's loss."""
@@ -1334,19 +1353,7 @@ def test_optimizers_a_run_makes_again_or_keeps_beside_give_one_count_and_no_fals
     r = w.result()
     assert r.data["steps"] == 30 and codes(r) == set(), [f.to_dict() for f in r.findings]
 
-    model = _mlp()
-    model[0].requires_grad_(False)                          # phase 1: the head alone
-    head = torch.optim.Adam(model[3].parameters(), 1e-2)   # kept in its variable after the second phase starts
-    with Watch(every=10) as w:
-        for step in range(60):
-            if step == 20:
-                model[0].requires_grad_(True)
-                full = torch.optim.Adam(model.parameters(), 1e-3)
-            opt = head if step < 20 else full
-            x, y = _xy(g)
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
+    _, w = _unfreeze_run(g, at=20)
     r = w.result()
     assert r.data["steps"] == 60 and len(w.engine.series["loss"]) == 60 and codes(r) == set()
 
@@ -1621,19 +1628,7 @@ def test_a_new_model_and_optimizer_each_fold_count_every_step_and_a_shared_param
                 opt.step()
     assert w.result().data["steps"] == 100
 
-    model = _mlp()
-    model[0].requires_grad_(False)
-    head = torch.optim.Adam(model[3].parameters(), 1e-2)
-    with Watch(every=10) as w:
-        for step in range(60):
-            if step == 30:
-                model[0].requires_grad_(True)
-                full = torch.optim.Adam(model.parameters(), 1e-3)
-            opt = head if step < 30 else full
-            x, y = _xy(g)
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
+    model, w = _unfreeze_run(g, at=30)
     rows = w.result().table("layers").rows
     assert [r["name"] for r in rows] == ["0.weight", "0.bias", "3.weight", "3.bias"]
     # read before the last update (the stale row said 1.50 for 1.64)
