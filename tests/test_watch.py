@@ -1601,18 +1601,25 @@ def test_scaled_losses_in_a_list_or_scaled_before_either_backward_are_unscaled()
 def test_a_watch_closed_under_another_collects_nothing_more():
     """Closed out of order, a watch's wrappers of Tensor.backward and GradScaler.scale stay in the other's chain:
     they pass through (before, the closed one kept collecting losses)."""
+    from torch.amp.grad_scaler import GradScaler
+
     model, g = _mlp(), torch.Generator().manual_seed(0)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    a = Watch(every=10).__enter__()
-    b = Watch(every=10).__enter__()
-    a.__exit__(None, None, None)
-    for _ in range(5):
-        x, y = _xy(g)
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-    b.__exit__(None, None, None)
-    assert a.engine._losses == [] and b.result().data["steps"] == 5
+    backward, scale = torch.Tensor.backward, GradScaler.scale
+    try:
+        a = Watch(every=10).__enter__()
+        b = Watch(every=10).__enter__()
+        a.__exit__(None, None, None)
+        for _ in range(5):
+            x, y = _xy(g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        b.__exit__(None, None, None)
+        assert a.engine._losses == [] and b.result().data["steps"] == 5
+    finally:   # b put back a's pass-through wrappers: the rest of the run needs torch's own
+        torch.Tensor.backward, GradScaler.scale = backward, scale
+    assert hooks_gone()
 
 
 def test_a_new_model_and_optimizer_each_fold_count_every_step_and_a_shared_parameter_is_one_row():
