@@ -1555,6 +1555,29 @@ def test_optimizers_over_the_same_parameters_that_are_alive_are_not_successors()
     assert w.result().data["steps"] == 20
 
 
+def test_with_two_models_a_parameter_in_no_optimizer_is_named_as_its_row_would_be():
+    """A review: `not-in-optimizer` said `3.weight` where the rows say `Sequential#1.3.weight`."""
+    torch.manual_seed(0)
+    gen = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 16), nn.Linear(16, 2))
+    disc = nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt_d = torch.optim.SGD(disc.parameters(), lr=0.01)
+    opt_g = torch.optim.SGD(list(gen.parameters())[:4], lr=0.01)   # the bug: the last layer left out
+    with Watch(every=10) as w:
+        for _ in range(20):
+            z = torch.randn(16, 4)
+            opt_d.zero_grad()
+            (disc(gen(z).detach()).mean() - disc(torch.randn(16, 2)).mean()).backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            (-disc(gen(z)).mean()).backward()
+            opt_g.step()
+    r = w.result()
+    rows = {row["name"] for row in r.table("layers").rows}
+    where = {f.where for f in r.findings if f.code == "not-in-optimizer"}
+    assert len(where) == 2 and all(name.endswith(("3.weight", "3.bias")) and "#" in name for name in where), where
+    assert not where & rows and {n.rsplit(".", 2)[0] for n in where} <= {n.split(".", 1)[0] for n in rows}
+
+
 def test_a_clock_let_go_mid_run_hands_over_without_counting_twice():
     """A GAN's discriminator optimizer let go halfway: the generator's goes on, 100 steps in all (101 before:
     its steps since the discriminator's last were credited again)."""

@@ -569,14 +569,17 @@ class Engine:
         for _rid, root in self.roots.items():
             if not inner(root).training:
                 continue
+            prefix = self.root_prefix(root)   # the rows' names: `Type#i.` where there are several models
             for name, m in inner(root).named_modules():
                 if not m.training and isinstance(m, sensitive):
-                    self.checks["eval_modules"].setdefault(name, self.step)
+                    self.checks["eval_modules"].setdefault(prefix + name, self.step)
             for name, p in inner(root).named_parameters():
                 if p.grad is not None and id(p) not in in_opt:
-                    self.checks["not_in_optimizer"].setdefault(name, self.step)
+                    self.checks["not_in_optimizer"].setdefault(prefix + name, self.step)
         for root in self.roots.values():
-            stats += [(f"{name}.{b}", t) for name, m in inner(root).named_modules() if isinstance(m, sensitive[1])
+            prefix = self.root_prefix(root)
+            stats += [(f"{prefix}{name}.{b}", t) for name, m in inner(root).named_modules()
+                      if isinstance(m, sensitive[1])
                       for b, t in (("running_mean", m.running_mean), ("running_var", m.running_var)) if t is not None]
         if stats:
             with torch.no_grad():
