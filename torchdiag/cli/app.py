@@ -136,8 +136,8 @@ def main() -> None:
 
     try:
         code = app(standalone_mode=False)
-        if code == 130 and unreported_interrupt():
-            code = _interrupted(unreported_interrupt())
+        if code == 130 and (late := unreported_interrupt()):
+            code = _interrupted(late)
     except cx.NoArgsIsHelpError as e:
         # `torchdiag` alone asks for the overview (0); a command with nothing to run on is a usage error (2), so a
         # CI line that lost its model spec fails instead of passing on the help text (a review)

@@ -58,7 +58,7 @@ class Engine:
         self.opts = opts
         self.explicit_models = [m for m in models if m is not None]
         given = [o for o in optimizers if o is not None]
-        self.explicit_opts = bool(given)    # optimizers were given (held weakly: the loop may let them go)
+        self.opts_given = bool(given)    # optimizers were given (held weakly: the loop may let them go)
         self._given = weakref.WeakSet(given)
         self.on_read = on_read              # callback(engine): after each read (status line, TensorBoard)
         self.on_histograms = on_histograms  # callback(step, named params): TensorBoard histograms
@@ -118,7 +118,7 @@ class Engine:
             register_optimizer_step_pre_hook,
         )
 
-        if self.explicit_opts:
+        if self.opts_given:
             for opt in list(self._given):
                 self._handles.append(opt.register_step_pre_hook(self._pre_step))
                 self._handles.append(opt.register_step_post_hook(self._post_step))
@@ -450,7 +450,7 @@ class Engine:
     def _mine(self, opt) -> bool:
         """Without optimizers given, an optimizer is watched when it steps parameters of a model given
         (or, with no model given either, always)."""
-        if self.explicit_opts or not self.explicit_models:
+        if self.opts_given or not self.explicit_models:
             return True
         ids = {id(p) for m in self.explicit_models for p in m.parameters()}
         return any(id(p) in ids for g in opt.param_groups for p in g["params"])
