@@ -24,6 +24,7 @@ import math
 import weakref
 
 from ...errors import one_line
+from .double import DoubleSteps
 from .options import Options
 from .stats import Track, nonfinite_losses, read_parts
 
@@ -109,6 +110,8 @@ class Engine:
         self._closure_steps: set = set()    # optimizers inside a step(closure) call
         self._before_update = True          # the read being made sees the weights before this step's update
         self._first_bad_found = False       # the first non-finite loss or gradient is among the events
+        self.backwards = 0                  # Tensor.backward calls seen: a gradient since a step is a new one
+        self.doubles = DoubleSteps()        # one gradient applied twice (double.py)
 
     # ----------------------------------------------------------------- attach / detach
     def attach(self):
@@ -137,6 +140,7 @@ class Engine:
 
         def backward(tensor, *args, **kwargs):
             if not engine.closed:   # closed out of order under another watch's wrapper: pass through
+                engine.backwards += 1
                 engine._saw_loss(tensor)
             return original(tensor, *args, **kwargs)
 
@@ -474,11 +478,14 @@ class Engine:
 
     @_guarded
     def _pre_step(self, opt, args, kwargs):
+        nested = self.doubles.enter(opt)
         if (args[1] if len(args) > 1 else kwargs.get("closure")) is not None:   # args[0] is the optimizer
             # step(closure): the closure makes the gradients inside step() (Lightning, LBFGS): taken after it
             self._closure_steps.add(id(opt))
             return None
         self._begin(opt, before_update=True)
+        if not nested and id(opt) in self.tracks:
+            self.doubles.applied(opt, self.tracks, self.backwards, self.step)
         return None
 
     def _begin(self, opt, before_update: bool):
@@ -547,11 +554,14 @@ class Engine:
 
     @_guarded
     def _post_step(self, opt, args, kwargs):
+        nested = self.doubles.leave(opt)
         if id(opt) in self._closure_steps:
             self._closure_steps.discard(id(opt))
             self.checks["unhooked"].append("optimizer.step(closure): the gradients are made inside step(), so "
                                            "they are read after the update (no replay, no update/weight ratio)")
             self._begin(opt, before_update=False)
+            if not nested and id(opt) in self.tracks:   # the gradients the closure made, which this step applied
+                self.doubles.applied(opt, self.tracks, self.backwards, self.step)
         track = self.tracks.get(id(opt))
         if track is None:
             return

@@ -57,6 +57,7 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
         result.series[key] = list(engine.series.get(key, []))
     _nonfinite(result, engine)
     _wiring(result, engine)
+    _doubles(result, engine)
     _modes(result, engine)
     _curves(result, engine)
     _layers(result, engine)
@@ -197,6 +198,34 @@ def _wiring(result: Result, engine) -> None:
         result.add("grad-carried-over", "error", "", f"gradients from the previous step were still there at every backward "
                    f"before the next step (after read steps {', '.join(map(str, carried[:5]))}): they accumulate over every step",
                    "call optimizer.zero_grad() once per step (or pass accumulate=True if this is on purpose)")
+
+
+def _doubles(result: Result, engine) -> None:
+    """One gradient applied twice (double.py): by two optimizers that hold the same parameters, or by one
+    optimizer's step() called twice."""
+    for step, kind, _ in engine.doubles.repeated.values():
+        result.add("double-step", "warning", kind, f"{kind}.step() ran twice on the same gradients (first at step "
+                   f"{step}), with no backward between: every update is applied twice",
+                   "call step() once per backward (or zero_grad() and backward() before the second step)")
+    pairs: dict = {}
+    for pid, (step, first, second) in engine.doubles.found.items():
+        pairs.setdefault((first, second), []).append((step, _param_name(engine, pid)))
+    for (first, second), found in pairs.items():
+        names = [n for _, n in found]
+        which = f"two {first} optimizers" if first == second else f"two optimizers ({first}, then {second})"
+        listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        result.add("double-update", "warning", names[0], f"{listed}: in {which}, and both applied the same gradient "
+                   f"to {'it' if len(names) == 1 else 'them'} (first at step {min(s for s, _ in found)}): each update "
+                   "is applied twice", "give each parameter to one optimizer (leave a head with its own optimizer "
+                   "out of the model's), or drop the second optimizer")
+
+
+def _param_name(engine, pid: int) -> str:
+    for t in engine.tracks.values():
+        i = t.ids.get(pid)
+        if i is not None:
+            return t.names[i]
+    return "a parameter"
 
 
 def _loss_ignores(track, engine) -> set[int]:
