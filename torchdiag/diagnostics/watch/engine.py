@@ -471,21 +471,43 @@ class Engine:
         return any(isinstance(key, tuple) and [id(p) for p in t.params] == params for key, t in self.tracks.items())
 
     def _successor_pre(self, opt, args, kwargs):
-        return self._pre_step(opt, args, kwargs) if self._succeeds_given(opt) else None
+        return self._pre_step(opt, args, kwargs) if self._succeeds_given(opt) else self._other_pre(opt, args, kwargs)
 
     def _successor_post(self, opt, args, kwargs):
-        return self._post_step(opt, args, kwargs) if self._succeeds_given(opt) else None
+        return self._post_step(opt, args, kwargs) if self._succeeds_given(opt) else self._other_post(opt)
+
+    @_guarded
+    def _other_pre(self, opt, args, kwargs):
+        """With optimizers given, one not given (nor a successor) is not watched, but a second optimizer over
+        the given one's parameters is how a gradient is applied twice (double.py); a given one's hooks run after."""
+        if opt in self._given:
+            return
+        closure = (args[1] if len(args) > 1 else kwargs.get("closure")) is not None
+        nested, again = self.doubles.enter(opt, self.backwards, closure)
+        if not nested and not closure:
+            self.doubles.applied(opt, self.tracks, self.step)
+
+    @_guarded
+    def _other_post(self, opt):
+        if opt in self._given:
+            return
+        nested, closure, _ = self.doubles.leave(opt)
+        if closure and not nested:
+            self.doubles.applied(opt, self.tracks, self.step)
 
     @_guarded
     def _pre_step(self, opt, args, kwargs):
-        nested = self.doubles.enter(opt)
-        if (args[1] if len(args) > 1 else kwargs.get("closure")) is not None:   # args[0] is the optimizer
+        closure = (args[1] if len(args) > 1 else kwargs.get("closure")) is not None   # args[0] is the optimizer
+        nested, again = self.doubles.enter(opt, self.backwards, closure)
+        if again:   # a subclass's super().step(): the hooks of one update, run twice
+            return None
+        if closure:
             # step(closure): the closure makes the gradients inside step() (Lightning, LBFGS): taken after it
             self._closure_steps.add(id(opt))
             return None
         self._begin(opt, before_update=True)
-        if not nested and id(opt) in self.tracks:
-            self.doubles.applied(opt, self.tracks, self.backwards, self.step)
+        if not nested:
+            self.doubles.applied(opt, self.tracks, self.step)
         return None
 
     def _begin(self, opt, before_update: bool):
@@ -554,14 +576,16 @@ class Engine:
 
     @_guarded
     def _post_step(self, opt, args, kwargs):
-        nested = self.doubles.leave(opt)
+        nested, _, again = self.doubles.leave(opt)
+        if again:
+            return
         if id(opt) in self._closure_steps:
             self._closure_steps.discard(id(opt))
             self.checks["unhooked"].append("optimizer.step(closure): the gradients are made inside step(), so "
                                            "they are read after the update (no replay, no update/weight ratio)")
             self._begin(opt, before_update=False)
-            if not nested and id(opt) in self.tracks:   # the gradients the closure made, which this step applied
-                self.doubles.applied(opt, self.tracks, self.backwards, self.step)
+            if not nested:   # the gradients the closure made, which this step applied
+                self.doubles.applied(opt, self.tracks, self.step)
         track = self.tracks.get(id(opt))
         if track is None:
             return

@@ -203,21 +203,20 @@ def _wiring(result: Result, engine) -> None:
 def _doubles(result: Result, engine) -> None:
     """One gradient applied twice (double.py): by two optimizers that hold the same parameters, or by one
     optimizer's step() called twice."""
-    for step, kind, _ in engine.doubles.repeated.values():
-        result.add("double-step", "warning", kind, f"{kind}.step() ran twice on the same gradients (first at step "
-                   f"{step}), with no backward between: every update is applied twice",
+    for step, name in engine.doubles.repeated.values():
+        result.add("double-step", "warning", name, f"optimizer {name}: step() ran again on the gradients its last step "
+                   f"applied (first seen at step {step}): every update is applied twice",
                    "call step() once per backward (or zero_grad() and backward() before the second step)")
     pairs: dict = {}
     for pid, (step, first, second) in engine.doubles.found.items():
         pairs.setdefault((first, second), []).append((step, _param_name(engine, pid)))
     for (first, second), found in pairs.items():
         names = [n for _, n in found]
-        which = f"two {first} optimizers" if first == second else f"two optimizers ({first}, then {second})"
         listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        result.add("double-update", "warning", names[0], f"{listed}: in {which}, and both applied the same gradient "
-                   f"to {'it' if len(names) == 1 else 'them'} (first at step {min(s for s, _ in found)}): each update "
-                   "is applied twice", "give each parameter to one optimizer (leave a head with its own optimizer "
-                   "out of the model's), or drop the second optimizer")
+        result.add("double-update", "warning", names[0], f"{listed}: in two optimizers ({first}, then {second}), and "
+                   f"both applied the same gradient to {'it' if len(names) == 1 else 'them'} (first seen at step "
+                   f"{min(s for s, _ in found)}): each update is applied twice", "give each parameter to one optimizer "
+                   "(leave a head with its own optimizer out of the model's), or drop the second optimizer")
 
 
 def _param_name(engine, pid: int) -> str:
