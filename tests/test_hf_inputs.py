@@ -859,3 +859,23 @@ def test_a_layout_whose_output_is_all_zeros_but_its_loss_is_not_chosen():
     loaded = type("Loaded", (), {"model": LM(), "input_source": "test", "labels_from_ids": True})()
     got = inputs._first_that_runs([("1x3:int64[0,10)",), ("1x4:int64[0,10)",)], loaded, torch.device("cpu"), 0)
     assert tuple(got.args[0].shape) == (1, 4) and "gave all zeros" in got.source
+
+
+def test_a_vision_tower_reading_patch_rows_beside_their_positions_gets_them_on_a_grid():
+    # Gemma 4's vision tower: pixel_values (batch, patches, 3 x patch_size²) beside a required pixel_position_ids
+    # (batch, patches, 2) of each patch's (x, y); its pooling takes pooling_kernel_size² patches: g = 4 x 3
+    import types
+
+    import torch
+
+    from torchdiag.core import hf_inputs
+
+    class Tower(torch.nn.Module):
+        def forward(self, pixel_values, pixel_position_ids, **kwargs):
+            return pixel_values
+
+    config = types.SimpleNamespace(patch_size=4, num_channels=3, pooling_kernel_size=3)
+    assert hf_inputs.candidates(Tower, config)[0] == ("pixel_values=1x144x48:float32",
+                                                      "pixel_position_ids=1x144x2:int64~grid=12")
+    t = hf_inputs.make("p=2x6x2:int64~grid=3", torch.device("cpu"), torch.Generator())
+    assert t[1].tolist() == [[0, 0], [1, 0], [2, 0], [0, 1], [1, 1], [2, 1]]

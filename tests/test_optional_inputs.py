@@ -466,3 +466,84 @@ def test_a_probe_whose_error_cannot_be_printed_is_a_failed_layout_not_a_crash():
 
     got = optional_inputs.probe(_RaisesBadStr(), ModelInputs((torch.ones(2, 4),)))
     assert got.out is None and not got.said
+
+
+class Trajectory(nn.Module):
+    """Decision Transformer's contract: every input optional, states (batch, steps, state_dim) first, actions
+    (act_dim wide, a name the config does not spell after the input), returns (one wide), each read by an nn.Linear
+    the forward's own line hands it to, and an integer step index."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = types.SimpleNamespace(state_dim=5, act_dim=3, hidden_size=8)
+        self.state, self.action, self.ret = nn.Linear(5, 8), nn.Linear(3, 8), nn.Linear(1, 8)
+        self.step = nn.Embedding(16, 8)
+
+    def forward(self, states=None, actions=None, returns_to_go=None, timesteps=None):
+        s = self.state(states)
+        a = self.action(actions)
+        r = self.ret(returns_to_go)
+        return s + a + r + self.step(timesteps)
+
+
+def test_a_none_the_forwards_line_hands_a_module_is_named_and_an_added_input_gets_the_width_its_linear_reads():
+    from torchdiag.core import hf_inputs, inputs
+
+    model = Trajectory()
+    main = hf_inputs._main_shapes(model.config, "states")[0][0]
+    assert main == (128, 5)      # a one-word input's own size: state_dim
+    got = inputs._first_that_runs([(f"1x{main[0]}x{main[1]}:float32",)], loaded(model), torch.device("cpu"), 0)
+    assert got.kwargs["actions"].shape == (1, 128, 3) and got.kwargs["returns_to_go"].shape == (1, 128, 1)
+    assert "actions, returns_to_go, timesteps added" in got.source
+
+
+def test_a_none_the_failing_forward_reads_on_its_own_line_is_named():
+    # Idefics' forward reads image_attention_mask.size(-1) itself: no module receives the None
+    from torchdiag.core import optional_inputs
+    from torchdiag.core.tracking import ModuleTracker
+
+    class Reads(nn.Module):
+        def forward(self, x, extra_mask=None, other=None):
+            return x * extra_mask.size(-1)
+
+    model = Reads()
+    tracker = ModuleTracker(model, record_shapes=False)
+    with pytest.raises(AttributeError) as info, tracker:
+        model(torch.ones(2))
+    assert optional_inputs.named(tracker, info.value) == ["extra_mask"]
+
+
+class Frames(nn.Module):
+    """Voxtral Realtime's contract: token ids and optional filter banks, every 8 frames one audio token added to one
+    token's embedding: without the features the forward refuses, with them the ids must match their count."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = types.SimpleNamespace(num_mel_bins=4)
+        self.emb, self.conv = nn.Embedding(10, 6), nn.Conv1d(4, 6, 8, stride=8)
+
+    def forward(self, input_ids, input_features=None):
+        if input_features is None:
+            raise ValueError("You must specify input_features")
+        return self.emb(input_ids) + self.conv(input_features).transpose(1, 2)
+
+
+def test_an_added_input_that_fixes_the_layout_but_for_a_size_gets_the_size_its_error_asks_for():
+    from torchdiag.core import inputs
+
+    got = inputs._first_that_runs([("1x128:int64",), ("1x64:int64",)], loaded(Frames()), torch.device("cpu"), 0)
+    frames = got.kwargs["input_features"].shape
+    assert frames[1] == 4 and got.args[0].shape == (1, frames[2] // 8)
+    assert "the size the model's own error asked for" in got.source and "optional inputs its errors named" in got.source
+
+
+def test_a_per_sample_size_is_also_tried_as_one_row_for_a_batch():
+    # MiniCPM-V's vision tower packs a batch into one sequence and adds one row of positions to every sample
+    from torchdiag.core import hf_inputs
+
+    model = nn.Linear(2, 2)
+    model.config = types.SimpleNamespace(image_size=8, patch_size=4, num_channels=3)
+    specs = hf_inputs.optional_specs("target_sizes", ("2x3x8x8:float32",), model)
+    assert specs[:4] == ["target_sizes=2x2:int64~each=2,2", "target_sizes=2x2:int64~each=8,8",
+                         "target_sizes=1x2:int64~each=2,2", "target_sizes=1x2:int64~each=8,8"]
+    assert hf_inputs.optional_specs("target_sizes", ("1x3x8x8:float32",), model)[2] != "target_sizes=1x2:int64~each=2,2"

@@ -8,7 +8,8 @@ on the built model (core.inputs.source_inputs), which keeps the first candidate 
 
 A candidate is a tuple of specs: `SHAPE:DTYPE` is positional (the forward's first parameter), and
 `name=SHAPE:DTYPE` a keyword; a `~ones` / `~zeros` suffix fills the tensor (masks, padding), `~each=A,B,C` gives
-every row those values (a grid). A dimension after the first may be 0 (a config with no time features)."""
+every row those values (a grid), `~grid=G` each row the (x, y) of a patch on a grid G patches wide. A dimension
+after the first may be 0 (a config with no time features)."""
 from __future__ import annotations
 
 import inspect
@@ -138,6 +139,10 @@ def _main_shapes(config, main: str) -> list[tuple[tuple[int, ...], str, int | No
         return [((TEXT_LENGTH,), "int64", TEXT_LENGTH)]
     shapes: list[tuple[tuple[int, ...], str, int | None]] = []
     specific, generic = _features(config, generic=False), _features(config, generic=True)
+    # a one-word input's own size first (Decision Transformer's states: state_dim); a longer name's stems
+    # (input_values: input_) are the feature keys already
+    own = _named_sizes(main, config) if "_" not in main else []
+    specific = own + [f for f in specific if f not in own]
     for length in _lengths(config, main):   # a feature size the config names for inputs, then a plain sequence,
         if length > MAX_FRAMES:             # then the model's own width (embeddings of that width)
             # a waveform only (attention over it would not fit): flat, or as one channel (a codec's Conv1d)
@@ -197,7 +202,7 @@ def candidates(cls, config) -> list[tuple[str, ...]]:
     if mask in params and mask not in others:   # an optional mask of the main input some forwards read regardless
         out += _layouts(cls, config, main, others, first, mask)   # (AudioFlamingo3): tried after the others
     packed = _packed_patches(cls, config)
-    shaped = _patches_with_shapes(cls, config)
+    shaped = _patches_with_shapes(cls, config) or _patches_with_positions(cls, config)
     out = packed + ([shaped] if shaped and not packed else []) + out
     return [c for i, c in enumerate(out) if c not in out[:i]][:MAX_CANDIDATES]
 
@@ -228,18 +233,23 @@ def optional_specs(name: str, specs, model) -> list[str]:
     if boolean:   # a flag a sample (CLAP's is_longer) where the forward annotates a bool tensor
         out = [s.replace(":int64", ":bool") for s in out]
     out = list(dict.fromkeys(out))[:SHAPES_EACH]
-    return [f"{name}={batch}{s[1:]}" for s in out]
+    specs = [f"{name}={batch}{s[1:]}" for s in out]
+    if name.endswith(("_sizes", "_shapes")) and batch > 1:
+        # then one row for the whole batch: a forward that packs its images into one sequence reads one size for
+        # them all (MiniCPM-V's vision tower adds one row of positions to every sample)
+        specs[2:2] = [f"{name}={s}" for s in out[:2]]
+    return specs
 
 
 def _named_sizes(name: str, config) -> list[int]:
     """Feature sizes the config names after the input: keys that start with its name, its last word singular, or
     its words but the last (visual_pos: visual_pos_dim; visual_feats: visual_feat_dim; encoder_hidden_states:
-    encoder_hidden_size)."""
+    encoder_hidden_size; states: state_dim)."""
     words = name.split("_")
-    if len(words) < 2:
-        return []
     singular = words[-1][:-1] if words[-1].endswith("s") else words[-1]
     stems = [f"{name}_", "_".join(words[:-1] + [singular]) + "_", "_".join(words[:-1]) + "_"]
+    if len(words) < 2:   # one word: itself and its singular (states: state_dim), not the empty stem
+        stems = stems[:2]
     found = [v for stem in stems for k, v in _ints(config).items() if k.startswith(stem) and 0 < v <= 8192
              and k.endswith(("_dim", "_size", "_features", "_channels"))]
     return list(dict.fromkeys(found))
@@ -338,6 +348,20 @@ def _patches_with_shapes(cls, config) -> tuple[str, ...] | None:
     g = math.isqrt(n) if n > 0 and math.isqrt(n) ** 2 == n else 16
     masks = [f"{m}=1x{g * g}:int64~ones" for m in named if m.startswith("pixel") and "mask" in m]
     return (f"{patches}=1x{g * g}x{size}:float32", *masks, f"spatial_shapes=1x2:int64~each={g},{g}")
+
+
+def _patches_with_positions(cls, config) -> tuple[str, ...] | None:
+    """A vision tower that reads each image as a row of flattened patches beside a required `*position_ids` of
+    each patch's (x, y) (Gemma 4's): g x g patches a sample, g MERGES times the config's pooling kernel (or merge
+    size), so that its pooling takes whole windows; None for another forward or a config without patch sizes."""
+    _, required = forward_names(cls)
+    patches = next((n for n in required if n.startswith("pixel") and "mask" not in n), None)
+    positions = next((n for n in required if n.endswith("position_ids")), None)
+    size = _patch_size(config)
+    if patches is None or positions is None or size is None:
+        return None
+    g = MERGES * (_ints(config).get("pooling_kernel_size") or merge_of(config))
+    return f"{patches}=1x{g * g}x{size}:float32", f"{positions}=1x{g * g}x2:int64~grid={g}"
 
 
 def forward_params(cls) -> dict:
@@ -475,6 +499,9 @@ def make(spec: str, device, generator):
         start = int(fill[7:])
         row = torch.arange(start, start + (shape[-1] if shape else 1)).to(dt)
         return row.expand(shape).clone().to(device)
+    if fill and fill.startswith("grid=") and len(shape) >= 2:   # (x, y) of each row's patch on a grid G wide
+        side, i = int(fill[5:]), torch.arange(shape[-2])
+        return torch.stack([i % side, i // side], -1).to(dt).expand(shape).clone().to(device)
     if fill and fill.startswith("each="):
         row = torch.tensor([float(v) for v in fill[5:].split(",")]).to(dt)
         return row.expand(shape).clone().to(device)

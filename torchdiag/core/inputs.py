@@ -668,14 +668,16 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
         chosen.source = loaded.input_source + (f"; layout {k + 1} of {len(sets)} (the first {k} {how})" if k else "")
         return chosen
     labelled = lambda i: with_labels(i, loaded)   # noqa: E731 - every probe as the command will call the model
-    grown = optional_inputs.completed(sets, named, loaded, device, seed, dtype, labelled) \
+    furthest: list = []
+    grown = optional_inputs.completed(sets, named, loaded, device, seed, dtype, labelled, furthest) \
         if any(p.names for p in named) else None
     if grown is not None:
         return grown
     wide = _widened(sets, named, loaded, device, seed, dtype)
     if wide is not None:
         return wide
-    asked = error_sizes.resized(sets, named, loaded, device, seed, dtype)
+    asked = error_sizes.resized(sets, named, loaded, device, seed, dtype) or _resized_grown(furthest, loaded, device,
+                                                                                           seed, dtype)
     if asked is not None:
         return asked
     k = max(range(len(reached)), key=lambda i: (reached[i], -i))
@@ -683,6 +685,24 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
     chosen.source = loaded.input_source + (f"; none of {len(sets)} layouts ran: layout {k + 1}, which went furthest "
                                            f"into the model ({reached[k]} module calls before it failed), is used")
     return chosen
+
+
+GROWN_RESIZED = 3   # layouts grown with optional inputs given the sizes their errors ask for, furthest first
+
+
+def _resized_grown(furthest: list, loaded, device, seed: int, dtype: str | None) -> ModelInputs | None:
+    """The sizes a layout's error asks for (core.error_sizes), on the layouts that got optional inputs added and
+    then failed further in (optional_inputs.completed's `furthest`): an added input can fix the layout but for a
+    size that must agree with it (Voxtral Realtime: 128 feature frames make 16 audio tokens, added to 16 token ids)."""
+    from . import error_sizes
+
+    best = sorted(furthest, key=lambda t: -t[1].calls)[:GROWN_RESIZED]
+    if not best:
+        return None
+    asked = error_sizes.resized([s for s, _ in best], [p for _, p in best], loaded, device, seed, dtype)
+    if asked is not None:
+        asked.source += " (a layout given the optional inputs its errors named: the forward failed without them)"
+    return asked
 
 
 def with_labels(inputs: ModelInputs, loaded) -> ModelInputs:

@@ -76,7 +76,32 @@ def named(tracker, exc) -> list[str]:
     out = [p for p in free if re.search(rf"\b{re.escape(p)}\b", text)]
     nones = tracker.failing_nones()
     out += [p for p in free if any(p == k or p.endswith("_" + k) for k in nones)]
+    out += _none_on_line(exc, free, tracker.model if nones else None)
     return list(dict.fromkeys(out))
+
+
+def _none_on_line(exc, free: list[str], root=None) -> list[str]:
+    """The inputs in `free` that a forward's line where it failed reads while they are None: the innermost module
+    forward's (Idefics' own `image_attention_mask.size(-1)`), and (`root`: the module that raised got a None under
+    its own parameter's name, nn.Linear's `input`) the root forward's line that called it (Decision Transformer's
+    `self.embed_action(actions)`)."""
+    import linecache
+
+    import torch
+
+    frames = []
+    tb = getattr(exc, "__traceback__", None)
+    while tb is not None:
+        own = tb.tb_frame.f_locals.get("self")
+        if tb.tb_frame.f_code.co_name == "forward" and isinstance(own, torch.nn.Module):
+            frames.append((tb.tb_frame, tb.tb_lineno, own))
+        tb = tb.tb_next
+    chosen = frames[-1:] + [f for f in frames if root is not None and f[2] is root]
+    out = []
+    for frame, lineno, _ in chosen:
+        words = set(re.findall(r"\b\w+\b", linecache.getline(frame.f_code.co_filename, lineno)))
+        out += [p for p in free if p in words and p in frame.f_locals and frame.f_locals[p] is None]
+    return out
 
 
 def _free(tracker) -> list[str]:
@@ -100,7 +125,8 @@ def needs_probe(model, inputs) -> bool:
     return any(p.name not in inputs.kwargs and p.default is None for p in params)
 
 
-def completed(sets, probes: list[Probe], loaded, device, seed: int, dtype: str | None = None, prepare=None):
+def completed(sets, probes: list[Probe], loaded, device, seed: int, dtype: str | None = None, prepare=None,
+              furthest: list | None = None):
     """The first layout that runs with the optional inputs its errors name added (ModelInputs, its source saying
     what was added), or None. `probes`: each layout's own probe(). Breadth first: one input added to each layout,
     in their order, before any layout gets a second, so that a layout another one fixes (a shorter sequence) is not
@@ -108,7 +134,11 @@ def completed(sets, probes: list[Probe], loaded, device, seed: int, dtype: str |
     (hf_inputs.optional_specs); a forward that then fails naming another one, after more module calls than before
     or in its message (the added input was read or checked: a wrong shape fails where the None did), gets that
     one at the next level (MAX_ADDED levels, MAX_TRIES forwards in all). `prepare`: what the probe forward is given
-    instead of a layout (its labels added, as the command will call the model)."""
+    instead of a layout (its labels added, as the command will call the model). An added input an nn.Linear refuses
+    at its width is tried once more at that width (core.input_width: Decision Transformer's actions, its returns).
+    `furthest`: a list that gets (specs, probe) of the grown layouts that were read and failed, for
+    core.error_sizes (an added input that fixes the layout but for a size its error asks for: Voxtral Realtime's
+    audio frames set how many token ids it reads)."""
     from ..errors import UsageError
     from . import hf_inputs
     from .inputs import blank_rank, spec_inputs
@@ -133,15 +163,38 @@ def completed(sets, probes: list[Probe], loaded, device, seed: int, dtype: str |
                     except UsageError:   # a shape too large to allocate (hf_inputs.make): not this one
                         continue
                     got = probe(loaded.model, prepare(inputs) if prepare else inputs, dtype)
+                    wide = _at_width(spec, got)
+                    if wide and tries < MAX_TRIES:   # a Linear read it at another width: that width, one probe more
+                        tries += 1
+                        grown = specs + (wide,)
+                        inputs = spec_inputs(grown, loaded, device, seed)
+                        got = probe(loaded.model, prepare(inputs) if prepare else inputs, dtype)
                     if got.out is not None and not blank_rank(got.out):
                         which = f"; layout {k + 1} of {len(sets)}," if len(sets) > 1 else ";"
                         inputs.source = loaded.input_source + (
                             f"{which} {', '.join(added + [name])} added: optional in the forward, which failed without "
                             f"{'them' if added else 'it'} (its error named {'them' if added else 'it'})")
                         return inputs
+                    if furthest is not None and got.calls > reached:
+                        furthest.append((grown, got))
                     if got.names and (got.calls > reached or got.said):   # this shape was read: the next level
                         if len(added) + 1 < MAX_ADDED:
                             deeper.append((grown, got.names, got.calls, added + [name], k))
                         break
         level = deeper
     return None
+
+
+def _at_width(spec: str, got: Probe) -> str | None:
+    """`spec` with its last dimension the width an nn.Linear handed that input reads (Probe.width), None when the
+    probe failed otherwise."""
+    from . import hf_inputs
+
+    name, body, fill = hf_inputs.split(spec)
+    if got.out is not None or not got.width or got.width[0] != name:
+        return None
+    dims, _, dtype = body.partition(":")
+    shape = dims.split("x")
+    if len(shape) < 2 or not dtype.startswith("float"):
+        return None
+    return f"{name}={'x'.join(shape[:-1] + [str(got.width[1])])}:{dtype}" + (f"~{fill}" if fill else "")
