@@ -1667,6 +1667,35 @@ def test_a_new_model_and_optimizer_each_fold_count_every_step_and_a_shared_param
     assert rows[2]["weight_norm"] == pytest.approx(float(model[3].weight.norm()), rel=1e-2)
 
 
+def test_each_folds_model_is_let_go_and_still_reported():
+    """k-fold with watch around all folds kept every fold's model and parameters alive to the end (the roots, the
+    tracks' parameters and their param group): memory the run itself had freed. Models and parameters now go; the
+    report keeps each fold's rows, and a fold whose weights never moved (lr 0) is still `never-changes`."""
+    import gc
+    import weakref
+
+    g, kept = torch.Generator().manual_seed(0), []
+    with Watch(every=10) as w:
+        for fold in range(4):
+            model = _mlp()
+            opt = torch.optim.Adam(model.parameters(), lr=0.0 if fold == 1 else 1e-3)
+            kept.append((weakref.ref(model), weakref.ref(model[0].weight)))
+            for _ in range(15):
+                x, y = _xy(g)
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+            del model, opt
+            gc.collect()
+        alive = [(m() is not None, p() is not None) for m, p in kept[:-1]]
+    assert alive == [(False, False)] * 3, alive
+    r = w.result()
+    assert r.data["steps"] == 60 and r.header["models"] == ["Sequential"] * 4
+    assert len(r.table("layers").rows) == 16
+    frozen = [f for f in r.findings if f.code == "never-changes"]
+    assert len(frozen) == 4 and all(f.where.startswith("Sequential#1.") for f in frozen), [f.to_dict() for f in frozen]
+
+
 def test_a_negative_loss_wiggling_by_a_few_percent_has_not_diverged():
     """WGAN losses are negative: 'twice the best median' was always exceeded (-0.0104 -> -0.0101 was an error)."""
     from torchdiag.diagnostics.watch import report

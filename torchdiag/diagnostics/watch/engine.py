@@ -70,7 +70,11 @@ class Engine:
         self._provisional = False           # the clock is an attack's until a model's optimizer steps (_choose_clock)
         self._dead: list = []               # ids of watched optimizers the run let go, filed at the next step
         self.let_go = 0                     # optimizers of no model let go (an attack's, made per step): dropped
-        self.roots: dict[int, object] = {}  # id -> trained root module
+        # id -> trained root module, held weakly (a model per fold must go when the run lets it go); its order
+        self.roots: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # among all ever hooked: _order
+        self._order: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.models_seen: list[str] = []    # the type of every root hooked, in order (the report's header)
+        self._dead_roots: list[int] = []    # ids of hooked roots the run let go, cleaned up at the next step
         self.root_names: dict[int, str] = {}
         # discovery: roots called with grad enabled, held weakly (a network built anew in each loss call must go)
         self.seen_roots: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -90,7 +94,8 @@ class Engine:
         self._handles: list = []
         self._root_handles: dict[int, list] = {}
         self._probes: dict[int, object] = {}        # id(root) -> its dead-unit probe of the forward running
-        self._inner: dict[int, object] = {}         # id(root) -> the user's module under DDP/compile
+        self._inner: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # id(root) -> the user's module
+        self._root_refs: dict[int, weakref.ref] = {}   # id(root) -> a weak reference whose callback notes its end
         self._discovery: list = []
         self._depth = 0
         self._backward = None
@@ -241,7 +246,10 @@ class Engine:
         if id(root) in self._root_handles:
             return
         self.roots[id(root)] = root
+        self._order[root] = len(self.models_seen)
+        self.models_seen.append(type(root).__name__)
         self._inner[id(root)] = inner(root)
+        self._root_refs[id(root)] = weakref.ref(root, functools.partial(_noted, self._dead_roots, id(root)))
         self._root_handles[id(root)] = [root.register_forward_pre_hook(self._root_pre, with_kwargs=True),
                                         root.register_forward_hook(self._root_post, always_call=True)]
         if compiled(root):
@@ -300,10 +308,9 @@ class Engine:
     def root_prefix(self, root) -> str:
         """How a trained model's parameters and modules are named when there are several (a GAN's generator and
         discriminator both have a "0"): `Type#i.`; nothing with one."""
-        if len(self.roots) < 2:
+        if len(self.models_seen) < 2:
             return ""
-        i = list(self.roots).index(id(root)) if id(root) in self.roots else len(self.roots)
-        return f"{type(root).__name__}#{i}."
+        return f"{type(root).__name__}#{self._order.get(root, len(self.models_seen))}."
 
     # ----------------------------------------------------------------- the model's forward and backward
     @_guarded
@@ -431,22 +438,34 @@ class Engine:
         for key, t in list(self.tracks.items()):
             # a gone one's only: a live one's optimizer is still stepping (a SAM wrapper's inner optimizer holds
             # the same parameters; so does a second optimizer used in turn)
-            if isinstance(key, tuple) and [id(p) for p in t.params] == params:
+            if isinstance(key, tuple) and t.same_params(params):
                 del self.tracks[key]
-                t.rebind(opt)
+                t.adopt(opt)
                 return t
         return None
 
     def _file_dead(self) -> None:
         """Optimizers the run let go since the last step (weakref.finalize only notes their ids: a collection
-        can run inside our own loops): a model's track stays, for the report and a successor; one of no model
-        is dropped with what it held (an attack's, made per step, would pile up rows and never-gets-grad)."""
+        can run inside our own loops): a model's track stays, for the report and a successor, holding its
+        parameters weakly (Track.release); one of no model is dropped with what it held (an attack's, made per
+        step, would pile up rows and never-gets-grad). Models let go leave nothing behind but their names."""
+        while self._dead_roots:
+            rid = self._dead_roots.pop()
+            for h in self._root_handles.pop(rid, []):
+                h.remove()
+            self._root_refs.pop(rid, None)
+            self._probes.pop(rid, None)
+            self._eval_roots.pop(rid, None)
+            self._sampled.discard(rid)
+            for key in [k for k in self._dead_plans if k[0] == rid]:
+                del self._dead_plans[key]
         while self._dead:
             t = self.tracks.pop(self._dead.pop(), None)
             if t is None:
                 continue
             if t.roots or self.explicit_models:   # armed probes stay: a successor's first step reads them
                 self.tracks[("gone", id(t))] = t  # (cut at another optimizer's step, they saw a false carry-over)
+                t.release()
             else:
                 t.disarm()
                 self.let_go += 1
@@ -468,7 +487,7 @@ class Engine:
         if id(opt) in self.tracks:
             return True
         params = [id(p) for g in opt.param_groups for p in g["params"]]
-        return any(isinstance(key, tuple) and [id(p) for p in t.params] == params for key, t in self.tracks.items())
+        return any(isinstance(key, tuple) and t.same_params(params) for key, t in self.tracks.items())
 
     def _successor_pre(self, opt, args, kwargs):
         return self._pre_step(opt, args, kwargs) if self._succeeds_given(opt) else self._other_pre(opt, args, kwargs)
@@ -730,6 +749,11 @@ class Engine:
         with contextlib.suppress(Exception):
             value = float(value)   # a 0-dim tensor: the caller asked for it, their sync
         self.metrics.setdefault(name, []).append((self.step if step is None else step, value))
+
+
+def _noted(into: list, key, _ref) -> None:
+    """A weakref callback: only notes the key (a collection can run inside our own loops)."""
+    into.append(key)
 
 
 def _grad_enabled() -> bool:

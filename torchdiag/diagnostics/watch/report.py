@@ -11,6 +11,7 @@ import statistics
 
 from ...core.design import TINY_RMS
 from ...results import Column, Result, Table
+from .stats import param_key
 
 # a metric's direction by the names metrics are given; a lower-is-better word wins (top1_err, loss_giou)
 LOWER_IS_BETTER = re.compile(r"loss|perplexity|mape|mapd|distance|incorrect"
@@ -41,7 +42,7 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
     result = Result("watch")
     result.header["every"] = opts.every
     result.header["optimizers"] = _optimizers(engine)
-    result.header["models"] = [type(r).__name__ for r in engine.roots.values()]
+    result.header["models"] = list(engine.models_seen)
     if opts.accumulate:
         result.header["accumulate"] = "gradients carried over steps on purpose: the zero_grad check is off"
     result.data["steps"] = engine.step
@@ -179,7 +180,7 @@ def _wiring(result: Result, engine) -> None:
                        "on them", "the output or the loss is constant: e.g. a softmax over a single unit (always 1), "
                        "an output detached from the model, a loss computed on the wrong tensor, or every unit dead")
         for i, p in enumerate(t.params):
-            if i in ignored or owners[id(p)] is not t:   # said once above; or another optimizer's row
+            if i in ignored or owners[param_key(p)] is not t:   # said once above; or another optimizer's row
                 continue
             if not t.seen_grad[i] and t.sampled:   # an optimizer that never stepped at a read step: not known
                 sev = "warning" if p.requires_grad else "info"
@@ -446,7 +447,7 @@ def _owners(engine) -> dict:
     out: dict = {}
     for t in sorted(engine.tracks.values(), key=lambda t: t.last_step):
         for p in t.params:
-            out[id(p)] = t
+            out[param_key(p)] = t
     return out
 
 
@@ -461,7 +462,7 @@ def _layers(result: Result, engine) -> None:
     for t in engine.tracks.values():
         judged = not _auxiliary(engine, t)
         for i, p in enumerate(t.params):
-            if owners[id(p)] is not t:
+            if owners[param_key(p)] is not t:
                 continue
             samples = engine.ratios.get(t.names[i], [])
             later = [v for s, v in samples if s > 1] or [v for _, v in samples]

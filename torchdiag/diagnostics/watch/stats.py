@@ -20,6 +20,7 @@ class Track:
         self.rebind(opt)
         self.params = [p for g in opt.param_groups for p in g["params"]]
         self.ids = {id(p): i for i, p in enumerate(self.params)}
+        self.released = False    # its optimizer was let go: params are stand-ins (release)
         self.first_step = None   # the clock's step when it first stepped; None: its model is not looked for
         self.roots: set[int] = set()   # id() of the watched models that hold its parameters
         self.names = [f"param_groups[{gi}][{j}]" for gi, g in enumerate(opt.param_groups) for j in range(len(g["params"]))]
@@ -71,6 +72,35 @@ class Track:
         self._opt = weakref.ref(opt)
         self.kind = type(opt).__name__
         self.group = opt.param_groups[0] if opt.param_groups else {}
+
+    def release(self) -> None:
+        """Its optimizer was let go, and the run may let the model go too (a model per fold): the track keeps what
+        the report reads of each parameter (Released) and a weak reference, not the tensor, which would hold the
+        model's memory to the end. The end-of-run fingerprint (never-changes) is taken now, while they are here.
+        Armed carry probes stay (a successor's first step reads them; the hooks hold nothing but the tensor)."""
+        import torch
+
+        if self.released:
+            return
+        if self.start is not None and self.params:
+            with torch.no_grad():
+                self.queue.append(("changed", self, (self._fingerprint() != self.start).any(0).float()))
+        self.params = [Released(p) for p in self.params]
+        self.ids = {id(p): i for i, p in enumerate(self.params)}
+        self.group = {k: v for k, v in self.group.items() if k != "params"}   # the settings it ended with
+        self._views, self._before_views, self.before = [None] * len(self.params), [], None
+        self.released = True
+
+    def adopt(self, opt) -> None:
+        """A successor over the same parameters (same_params): its optimizer, and the tensors again."""
+        self.rebind(opt)
+        self.params = [p for g in opt.param_groups for p in g["params"]]
+        self.ids = {id(p): i for i, p in enumerate(self.params)}
+        self.released = False
+
+    def same_params(self, ids: list[int]) -> bool:
+        """Does an optimizer over these parameters (id() in order) hold exactly this track's, still alive?"""
+        return [param_key(p) for p in self.params] == ids
 
     def rename(self, names: dict[int, str]):
         self.names = [names.get(id(p), self.names[i]) for i, p in enumerate(self.params)]
@@ -226,7 +256,7 @@ class Track:
         out.append(("first_bad", self, self.first_bad_dev))
         out.extend(self.queue)
         self.queue = []
-        if final and self.start is not None:
+        if final and self.start is not None and not self.released:   # a released one's was taken at its release
             with torch.no_grad():
                 out.append(("changed", self, (self._fingerprint() != self.start).any(0).float()))
         return out
@@ -437,6 +467,30 @@ def _strided(flat):
 def _sample(p):
     """A parameter's strided sample, copied as float32 (for parameters with no sample view)."""
     return _strided(p.detach().reshape(-1)).float().clone()
+
+
+class Released:
+    """What the report reads of a parameter whose optimizer the run let go (Track.release), and a weak reference
+    to it: its model can go."""
+
+    def __init__(self, p):
+        self.ref = weakref.ref(p)
+        self.shape, self.requires_grad, self._numel, self._dim = p.shape, p.requires_grad, p.numel(), p.dim()
+
+    def numel(self) -> int:
+        return self._numel
+
+    def dim(self) -> int:
+        return self._dim
+
+
+def param_key(p) -> int:
+    """id() of the parameter, through a stand-in while its tensor lives (a row is one parameter however many
+    tracks hold it); a stand-in's own id once the tensor is gone (a new tensor may reuse that id)."""
+    if isinstance(p, Released):
+        alive = p.ref()
+        return id(alive) if alive is not None else id(p)
+    return id(p)
 
 
 def _view_key(p) -> tuple:
