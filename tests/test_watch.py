@@ -1696,6 +1696,43 @@ def test_each_folds_model_is_let_go_and_still_reported():
     assert len(frozen) == 4 and all(f.where.startswith("Sequential#1.") for f in frozen), [f.to_dict() for f in frozen]
 
 
+def test_ten_folds_are_all_watched_and_a_let_go_optimizers_live_parameters_are_still_held():
+    """A review: only the first 8 optimizers' models were looked for (a limit meant for an attack's optimizer made
+    per batch), so folds 9 and 10 went uncounted; and once the first phase's optimizer was let go, its parameters
+    (the body, frozen, with its old .grad) were `not-in-optimizer`."""
+    g = torch.Generator().manual_seed(0)
+    with Watch(every=5) as w:
+        for _fold in range(10):
+            model = _mlp()
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            for _ in range(6):
+                x, y = _xy(g)
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+    r = w.result()
+    assert r.data["steps"] == 60 and len(r.header["models"]) == 10
+    assert not codes(r), [f.to_dict() for f in r.findings if f.severity != "info"]
+
+    model = _mlp()
+    with Watch(every=5) as w:
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        for _ in range(10):
+            x, y = _xy(g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        del opt
+        model[0].requires_grad_(False)   # fine-tune the head only; the body keeps its last .grad
+        head = torch.optim.Adam(model[3].parameters(), lr=1e-3)
+        for _ in range(10):
+            x, y = _xy(g)
+            head.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            head.step()
+    assert "not-in-optimizer" not in codes(w.result()), [f.to_dict() for f in w.result().findings]
+
+
 def test_a_negative_loss_wiggling_by_a_few_percent_has_not_diverged():
     """WGAN losses are negative: 'twice the best median' was always exceeded (-0.0104 -> -0.0101 was an error)."""
     from torchdiag.diagnostics.watch import report

@@ -185,6 +185,11 @@ def _other(name: str, main_shape: tuple[int, ...], config, variant: int, boolean
         wave = AUDIO_SECONDS * ints.get("sampling_rate", 16000)   # channel (a codec's Conv1d), or flat
         return [f"{_dims((1, wave))}:float32", f"{_dims((wave,))}:float32", None, None][variant]
     hidden = next(iter(_features(config, generic=True) + _features(config, generic=False)), 32)
+    named = _named_sizes(name, config, _LENGTH_ENDS)
+    if named:   # a sequence of the length the config names after it (OneFormer's task_inputs: task_seq_len), as
+        # values (a forward that casts it for a Linear) or ids; then like the main one, or embeddings
+        return [f"{_dims((named[0],))}:float32", f"{_dims((named[0],))}:int64", f"{_dims(main_shape)}:float32",
+                f"{_dims((length, hidden))}:float32"][variant]
     # another input like the main one (a prompt image beside the image), an index per sample (as a column, or
     # flat), or embeddings
     return [f"{_dims(main_shape)}:float32", f"{_dims((1,))}:int64~zeros", f"{_dims(())}:int64~zeros",
@@ -241,17 +246,22 @@ def optional_specs(name: str, specs, model) -> list[str]:
     return specs
 
 
-def _named_sizes(name: str, config) -> list[int]:
+_SIZE_ENDS = ("_dim", "_size", "_features", "_channels")
+_LENGTH_ENDS = ("_len", "_length")
+
+
+def _named_sizes(name: str, config, ends: tuple[str, ...] = _SIZE_ENDS) -> list[int]:
     """Feature sizes the config names after the input: keys that start with its name, its last word singular, or
     its words but the last (visual_pos: visual_pos_dim; visual_feats: visual_feat_dim; encoder_hidden_states:
-    encoder_hidden_size; states: state_dim)."""
+    encoder_hidden_size; states: state_dim), and end in one of `ends` (_LENGTH_ENDS: a sequence's length,
+    task_inputs: task_seq_len)."""
     words = name.split("_")
     singular = words[-1][:-1] if words[-1].endswith("s") else words[-1]
     stems = [f"{name}_", "_".join(words[:-1] + [singular]) + "_", "_".join(words[:-1]) + "_"]
     if len(words) < 2:   # one word: itself and its singular (states: state_dim), not the empty stem
         stems = stems[:2]
     found = [v for stem in stems for k, v in _ints(config).items() if k.startswith(stem) and 0 < v <= 8192
-             and k.endswith(("_dim", "_size", "_features", "_channels"))]
+             and k.endswith(ends)]
     return list(dict.fromkeys(found))
 
 
@@ -316,7 +326,11 @@ def _packed_patches(cls, config) -> list[tuple[str, ...]]:
     mh, mw = merge_pair(config)
     count = PACKED_IMAGES * MERGES * mh * MERGES * mw
     shape = "x".join(str(d) for d in (count, c) + ((t,) if t > 1 else ()) + (p, p))
-    return [flat + sizes, (f"{patches}={shape}:float32", *flat[1:], *sizes)]
+    out = [flat + sizes, (f"{patches}={shape}:float32", *flat[1:], *sizes)]
+    if t == 1:   # or the grid counts merged patches, each cell a row of (merged rows, merged columns, channels)
+        # pixels (Inkling2's tower: one row per language-model image token, the grid in those tokens)
+        out.append((f"{patches}={count}x{mh * p}x{mw * p}x{c}:float32", *flat[1:], *sizes))
+    return out
 
 
 def packed_patches(patches: str, grid: str, config) -> tuple[str, ...] | None:

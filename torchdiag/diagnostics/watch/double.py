@@ -91,7 +91,7 @@ class DoubleSteps:
         """The shared parameters, found again; what was kept of optimizers let go goes (an attack's optimizer,
         made per step, must not leave an entry each)."""
         self._stale = False
-        self._watched = watched = set().union(*(t.ids for t in tracks.values()))
+        self._watched = watched = set().union(*(t.keys() for t in tracks.values()))
         self._opts = {k: r for k, r in self._opts.items() if r() is not None}
         holders: dict[int, set] = {}
         params: dict[int, object] = {}

@@ -78,7 +78,7 @@ class Engine:
         self.root_names: dict[int, str] = {}
         # discovery: roots called with grad enabled, held weakly (a network built anew in each loss call must go)
         self.seen_roots: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-        self.last_call = None               # (root, args, kwargs) of the last training forward
+        self.last_call = None               # (weakref to the root, args, kwargs) of the last training forward
         self._losses: list = []             # device: the (detached) losses backward saw since the last step
         self._others: list = []             # the losses taken by another optimizer's step since the clock's
         self.loss_seen = False
@@ -105,7 +105,7 @@ class Engine:
         self._sampled: set[int] = set()     # the models sampled since (a GAN's generator and discriminator each)
         self._eval_roots: dict[int, bool] = {}    # id(root) -> its last training forward ran in eval mode
         self._seen_eval: dict[int, bool] = {}     # discovery: the same, for roots not hooked yet
-        self._searches = 0                        # optimizers given a search for their model (at most MAX_SEARCHES)
+        self._vain = 0                            # optimizers of no model let go (searched for in vain)
         self._dead_first: dict[str, tuple] = {}   # module name -> (vector, offset, units): alive at its first sample
         self._dead_plans: dict = {}               # (root, device) -> the last probe's first-alive vector (stats.py)
         self._window = []                   # (step, lr) of steps since the last read
@@ -233,6 +233,8 @@ class Engine:
     def _global_pre(self, module, args):
         import torch
 
+        if self._depth == 0 and (self._dead or self._dead_roots):   # let go before the next model's forward
+            self._file_dead()
         if self._depth == 0 and torch.is_grad_enabled() and id(module) not in self._root_handles:
             self.seen_roots[id(module)] = module
             self._seen_eval[id(module)] = not inner(module).training   # its mode when called, not when stepped
@@ -276,7 +278,7 @@ class Engine:
     def _untrained_seen(self) -> bool:
         """A model called with gradients on has trainable parameters no watched optimizer holds: its optimizer may
         not have stepped yet."""
-        held = set().union(*(t.ids for t in self.tracks.values()))
+        held = set().union(*(t.keys() for t in self.tracks.values()))
         return any(p.requires_grad and id(p) not in held for r in self.seen_roots.values() for p in r.parameters())
 
     def _searching(self, track: Track) -> bool:
@@ -317,7 +319,9 @@ class Engine:
     def _root_pre(self, module, args, kwargs):
         if not _grad_enabled():
             return
-        self.last_call = (module, args, kwargs)
+        self.last_call = (weakref.ref(module), args, kwargs)   # weakly: a model the run lets go must go
+        if self._dead or self._dead_roots:
+            self._file_dead()
         self._eval_roots[id(module)] = not self._inner[id(module)].training   # torch.compile: the mode is on theirs
         if self.batch_size is None:
             self.batch_size = _batch_size(args, kwargs)
@@ -369,10 +373,9 @@ class Engine:
                 self.tracks[id(opt)] = t
             else:
                 t = self.tracks[id(opt)] = Track(opt, self.opts)
-                # a search for its model: for the first MAX_SEARCHES optimizers (one made every iteration, a PGD
-                # attack's, would keep every module call hooked for good)
-                t.first_step = self.step if self._searches < MAX_SEARCHES else None
-                self._searches += 1
+                # a search for its model, while fewer than MAX_SEARCHES optimizers were searched for in vain (one
+                # made every iteration for an attack would keep every module call hooked; one a fold is found)
+                t.first_step = self.step if self._fruitless() < MAX_SEARCHES else None
                 self._adopt_roots(t) if not self.explicit_models else self._name_params()
         elif self._searching(t) and not self.explicit_models:
             self._adopt_roots(t)
@@ -469,6 +472,13 @@ class Engine:
             else:
                 t.disarm()
                 self.let_go += 1
+                self._vain += t.first_step is not None
+
+    def _fruitless(self) -> int:
+        """Optimizers whose model was looked for in vain: let go with none (an attack's, made per batch), or alive
+        with none past their search."""
+        return self._vain + sum(1 for t in self.tracks.values() if not t.roots and t.first_step is not None
+                                and self.step - t.first_step >= SEARCH_STEPS)
 
     def _mine(self, opt) -> bool:
         """Without optimizers given, an optimizer is watched when it steps parameters of a model given
@@ -616,7 +626,7 @@ class Engine:
         """Host-side checks of a read step (attribute reads, no sync)."""
         import torch
 
-        in_opt = set().union(*(t.ids for t in self.tracks.values()))
+        in_opt = set().union(*(t.keys() for t in self.tracks.values()))
         sensitive = _mode_sensitive()
         stats = []
         for _rid, root in self.roots.items():
@@ -722,10 +732,10 @@ class Engine:
             event = {"kind": "loss", "step": bad_loss, "params": bad_grad[1] if bad_grad and bad_grad[0] == bad_loss else []}
         event["epoch"] = self.epoch
         if (self.opts.replay and event["step"] == self.step and self._before_update and not self.closed
-                and self.last_call is not None):
+                and self.last_call is not None and self.last_call[0]() is not None):
             from .replay import replay
 
-            event["replay"] = replay(*self.last_call)
+            event["replay"] = replay(self.last_call[0](), *self.last_call[1:])
         elif self.opts.replay:
             event["replay"] = None
             event["replay_note"] = (f"found at the read of step {self.step}: the weights of step {event['step']} "

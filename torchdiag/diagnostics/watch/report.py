@@ -222,7 +222,7 @@ def _doubles(result: Result, engine) -> None:
 
 def _param_name(engine, pid: int) -> str:
     for t in engine.tracks.values():
-        i = t.ids.get(pid)
+        i = t.ids.get(pid) if not t.released else next((k for k, p in enumerate(t.params) if param_key(p) == pid), None)
         if i is not None:
             return t.names[i]
     return "a parameter"

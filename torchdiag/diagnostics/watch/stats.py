@@ -98,6 +98,11 @@ class Track:
         self.ids = {id(p): i for i, p in enumerate(self.params)}
         self.released = False
 
+    def keys(self) -> set[int]:
+        """id() of its parameters that are alive (param_key): what "held by an optimizer" means for a let-go one's
+        tensors still in use (a body frozen after its optimizer went keeps its old .grad)."""
+        return {param_key(p) for p in self.params} if self.released else set(self.ids)
+
     def same_params(self, ids: list[int]) -> bool:
         """Does an optimizer over these parameters (id() in order) hold exactly this track's, still alive?"""
         return [param_key(p) for p in self.params] == ids
@@ -216,8 +221,10 @@ class Track:
         fired = self.fired = []
 
         def probe(p):
+            ref = weakref.ref(p)   # the hook lives on p: a strong reference would make a cycle only gc frees
+
             def hook(grad):
-                old = p.grad
+                old = ref().grad if ref() is not None else None
                 with torch.no_grad():
                     fired.append((old.detach().abs().sum() > 0).float() if old is not None else self._zero)
                 return None
