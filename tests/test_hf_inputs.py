@@ -879,3 +879,69 @@ def test_a_vision_tower_reading_patch_rows_beside_their_positions_gets_them_on_a
                                                       "pixel_position_ids=1x144x2:int64~grid=12")
     t = hf_inputs.make("p=2x6x2:int64~grid=3", torch.device("cpu"), torch.Generator())
     assert t[1].tolist() == [[0, 0], [1, 0], [2, 0], [0, 1], [1, 1], [2, 1]]
+
+
+def test_an_image_stacked_with_its_prompt_is_resized_by_the_ratio_its_error_names():
+    # SegGPT stacks the prompt image above the image (1792 rows from two of 896) and wants 896: each image 448 high
+    from torchdiag.core import error_sizes
+
+    text = "ValueError: Input image size (1792*448) doesn't match model (896*448)."
+    assert error_sizes.asked(text, {3, 896, 448})[0] == (896, 448)
+    assert error_sizes.asked("Input image size (448*448) doesn't match model (896*448).", {3, 448}) == [(448, 896)]
+
+
+def test_an_input_beside_the_main_one_gets_the_length_the_config_names_after_it():
+    # OneFormer's task_inputs (batch, task_seq_len): a tokenized task the forward casts for its task MLP's Linear
+    import types
+
+    import torch
+
+    from torchdiag.core import hf_inputs
+
+    class Segmenter(torch.nn.Module):
+        main_input_name = "pixel_values"
+
+        def forward(self, pixel_values, task_inputs, text_inputs=None):
+            return pixel_values
+
+    config = types.SimpleNamespace(image_size=32, num_channels=3, task_seq_len=77, hidden_dim=16)
+    got = hf_inputs.candidates(Segmenter, config)
+    assert ("1x3x32x32:float32", "task_inputs=1x77:float32") in got
+    assert ("1x3x32x32:float32", "task_inputs=1x77:int64") in got
+
+
+def test_packed_patches_are_also_tried_a_merged_patch_a_row_its_pixels_channels_last():
+    # Inkling2's tower: pixel_values (image tokens, patch x merge, patch x merge, channels) beside an image_grid_thw
+    # counted in those tokens: two images of 8 x 8 tokens, each 2 x 2 patches of 5 x 5 pixels
+    import types
+
+    import torch
+
+    from torchdiag.core import hf_inputs
+
+    class Tower(torch.nn.Module):
+        def forward(self, pixel_values, image_grid_thw, **kwargs):
+            return pixel_values
+
+    config = types.SimpleNamespace(patch_size=5, num_channels=3, spatial_merge_size=2)
+    got = hf_inputs.candidates(Tower, config)
+    assert ("pixel_values=128x10x10x3:float32", "image_grid_thw=2x3:int64~each=1,8,8") in got
+    assert got.index(("pixel_values=128x10x10x3:float32", "image_grid_thw=2x3:int64~each=1,8,8")) == 2   # last
+
+
+def test_video_pixels_required_beside_ids_are_shaped_as_video():
+    # PE Video: pixel_values_videos (batch, frames, channels, height, width) required beside input_ids
+    import types
+
+    import torch
+
+    from torchdiag.core import hf_inputs
+
+    class Dual(torch.nn.Module):
+        def forward(self, input_ids, pixel_values_videos, attention_mask=None):
+            return input_ids
+
+    config = types.SimpleNamespace(vocab_size=100, image_size=32, num_channels=3, num_frames=4)
+    got = hf_inputs.candidates(Dual, config)
+    assert got[0] == ("1x128:int64", "pixel_values_videos=1x4x3x32x32:float32")
+    assert ("1x128:int64", "pixel_values_videos=1x3x32x32:float32") in got

@@ -25,8 +25,6 @@ _PAIRS = [re.compile(r"size of tensor a \((\d{1,9})\) must match the size of ten
           re.compile(r"\((\d{1,9})\) doesn'?t match model \((\d{1,9})\)")]
 # "Input image size (1792*448) doesn't match model (896*448)": (height, width) given and wanted
 _SIDES = re.compile(r"\((\d{1,9})\*(\d{1,9})\) doesn'?t match model \((\d{1,9})\*(\d{1,9})\)")
-# "shape '[1, 9, -1]' is invalid for input of size 128": a view whose sizes do not divide the tensor's
-_VIEW = re.compile(r"shape '\[((?:-?\d{1,9}, ){0,11}-?\d{1,9})\]' is invalid for input of size (\d{1,12})")
 _CHANNELS = re.compile(r"to have (\d{1,9}) channels, but got (\d{1,9}) channels")
 # "a multiple of `n_window * 2` (100)": the value of the named expression; "a multiple of 1920": the number itself
 _MULTIPLE = [re.compile(r"(?:multiple of|divisible by) `[^`]{1,40}` \((\d{1,9})\)"),
@@ -47,8 +45,6 @@ def asked(text: str, sizes: set[int]) -> list[tuple[int, int]]:
     for m in _SIDES.finditer(text):
         for a, b in ((int(m.group(1)), int(m.group(3))), (int(m.group(2)), int(m.group(4)))):
             out += [(a, b)] if a in sizes else _scaled(a, b, sizes)
-    for m in _VIEW.finditer(text):
-        out += _viewable([int(d) for d in m.group(1).split(", ")], int(m.group(2)), sizes)
     found = _MULTIPLE[0].search(text) or _MULTIPLE[1].search(text)
     n = int(found.group(1)) if found else 0
     if n > 1:
@@ -62,24 +58,6 @@ def _scaled(seen: int, wanted: int, sizes: set[int]) -> list[tuple[int, int]]:
     such size first (the fewest copies of it)."""
     return [(v, wanted * v // seen) for v in sorted(sizes, reverse=True)
             if seen != v and seen % v == 0 and (wanted * v) % seen == 0 and wanted * v // seen > 0]
-
-
-def _viewable(shape: list[int], total: int, sizes: set[int]) -> list[tuple[int, int]]:
-    """A view of `shape` (-1: whatever is left) that a tensor of `total` values cannot take (Dia's decoder ids read
-    as (batch, 9 channels, -1)): each size of the layout that divides `total`, changed so that the tensor would
-    fit (the other factors of `total` kept), the next larger such size (the exact one without a -1)."""
-    known = math.prod(d for d in shape if d > 0)
-    out = []
-    for v in sorted(sizes):
-        if known <= 0 or not 0 < v <= total or total % v:
-            continue
-        rest = total // v
-        if -1 in shape:
-            step = known // math.gcd(known, rest)
-            out += [(v, math.ceil(v / step) * step)] if v % step else []
-        elif known % rest == 0:
-            out.append((v, known // rest))
-    return out
 
 
 def sizes_of(specs) -> set[int]:

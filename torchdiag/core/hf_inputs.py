@@ -184,6 +184,10 @@ def _other(name: str, main_shape: tuple[int, ...], config, variant: int, boolean
     if name.endswith("input_values"):   # a waveform beside another main input (PE Audio's beside its ids): one
         wave = AUDIO_SECONDS * ints.get("sampling_rate", 16000)   # channel (a codec's Conv1d), or flat
         return [f"{_dims((1, wave))}:float32", f"{_dims((wave,))}:float32", None, None][variant]
+    if name.startswith("pixel_values") and not name.endswith("mask"):   # images or video beside another main
+        # input (PE Video's pixel_values_videos beside its ids): shaped as a main input of that name is
+        images = [f"{_dims(shape)}:{dtype}" for shape, dtype, _ in _main_shapes(config, name)]
+        return images[variant] if variant < len(images) else None
     hidden = next(iter(_features(config, generic=True) + _features(config, generic=False)), 32)
     named = _named_sizes(name, config, _LENGTH_ENDS)
     if named:   # a sequence of the length the config names after it (OneFormer's task_inputs: task_seq_len), as

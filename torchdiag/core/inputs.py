@@ -479,25 +479,23 @@ def source_inputs(loaded, device, seed: int = 0, dtype: str | None = None) -> Mo
 def _with_optional(inputs: ModelInputs, loaded, device, seed: int, dtype: str | None) -> ModelInputs:
     """A source's one default layout as the command gets it (`inputs`: labels and all), or, when its forward fails
     for want of optional inputs the error names, that layout with them added (core.optional_inputs.completed,
-    breadth first), or with the sizes its error asks for (core.error_sizes: Dia reads its decoder ids as 9 channels
-    of whatever length, and 128 ids are no multiple of 9). One traceless probe forward, only for a forward that
-    takes optional inputs the default leaves out; none on meta."""
-    from . import error_sizes, optional_inputs
+    breadth first). One traceless probe forward, only for a forward that takes optional inputs the default leaves
+    out; none on meta."""
+    from . import optional_inputs
 
     if device.type == "meta" or not optional_inputs.needs_probe(loaded.model, inputs):
         return inputs
     probed = optional_inputs.probe(loaded.model, inputs, dtype)
     if probed.out is None and not probed.names and probed.width is not None:   # the layout as used, labels and all
         wide = _wide_runs(inputs, probed.width, loaded, seed, dtype)
-        if wide is not None:
-            wide.source = inputs.source + f"; {_wide_note(*probed.width)}"
-            return wide
-    if probed.out is not None:
+        if wide is None:
+            return inputs
+        wide.source = inputs.source + f"; {_wide_note(*probed.width)}"
+        return wide
+    if probed.out is not None or not probed.names:
         return inputs
     specs = tuple(loaded.default_inputs)
-    grown = optional_inputs.completed([specs], [probed], loaded, device, seed, dtype) if probed.names else None
-    if grown is None:
-        grown = error_sizes.resized([specs], [probed], loaded, device, seed, dtype)
+    grown = optional_inputs.completed([specs], [probed], loaded, device, seed, dtype)
     return inputs if grown is None else _finish_source(grown, loaded, device)
 
 
