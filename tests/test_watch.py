@@ -1006,6 +1006,8 @@ def test_hugging_face_trainer_callback(tmp_path):
     assert codes(r) == set(), [f.to_dict() for f in r.findings]
     assert {row["name"] for row in r.table("layers").rows} >= {"transformer.wte.weight", "transformer.h.0.attn.c_attn.weight"}
     assert hooks_gone()
+    trainer.train()   # the same Trainer, so the same callback, again (a review: its watch was never finished)
+    assert cb.result is not r and cb.result.data["steps"] == 40 and hooks_gone()
 
 
 def test_script_mode_syncs_once_per_every_steps(tmp_path, capsys):
@@ -1141,6 +1143,11 @@ def test_lightning_callback(tmp_path):
     assert codes(r) == set(), [f.to_dict() for f in r.findings]
     assert any("step(closure)" in n for n in r.notes) and hooks_gone()
     assert {row["name"] for row in r.table("layers").rows} == {"net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"}
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[cb],
+                         default_root_dir=str(tmp_path))
+    trainer.fit(Module(), train, val)   # the same callback for a second fit: its own result, nothing left hooked
+    assert cb.result is not r and cb.result.data["steps"] == 20 and hooks_gone()
 
 
 def test_closure_steps_count_the_gradients_of_their_own_step():
@@ -1731,6 +1738,56 @@ def test_ten_folds_are_all_watched_and_a_let_go_optimizers_live_parameters_are_s
             F.cross_entropy(model(x), y).backward()
             head.step()
     assert "not-in-optimizer" not in codes(w.result()), [f.to_dict() for f in w.result().findings]
+
+
+def test_a_copy_of_the_backward_wrapper_does_not_keep_the_engine():
+    """A review: torch dynamo, imported at a model's first call under watch, copies Tensor's attributes, our
+    backward wrapper among them, for good; the wrapper held the engine, and so the last fold's model."""
+    import gc
+    import weakref
+
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(0)
+    with Watch(every=5) as w:
+        kept = (torch.Tensor.backward, torch.amp.grad_scaler.GradScaler.scale)   # as dynamo's copy does
+        for _ in range(6):
+            x, y = _xy(g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    engine, weight = weakref.ref(w.engine), weakref.ref(model[0].weight)
+    del w, model, opt
+    gc.collect()
+    assert kept and engine() is None and weight() is None
+
+
+def test_after_its_optimizer_went_a_body_still_getting_gradients_is_not_trained_and_a_head_takes_the_count():
+    """A review: Adam over the whole model let go, then an optimizer over the head only: the body, still getting a
+    gradient at every step, was taken as held (no `not-in-optimizer`); and with the first optimizer kept (idle) in
+    a variable, the head's steps were not counted (12 of 42)."""
+    g = torch.Generator().manual_seed(0)
+    for keep in (False, True):
+        model = _mlp()
+        with Watch(every=5) as w:
+            first = torch.optim.Adam(model.parameters(), lr=1e-3)
+            for _ in range(12):
+                x, y = _xy(g)
+                first.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                first.step()
+            if not keep:
+                del first
+            head = torch.optim.Adam(model[3].parameters(), lr=1e-3)
+            for _ in range(30):
+                x, y = _xy(g)
+                model.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                head.step()
+        r = w.result()
+        assert r.data["steps"] == 42, (keep, r.data["steps"])
+        if not keep:
+            assert {f.where for f in r.findings if f.code == "not-in-optimizer"} == {"0.weight", "0.bias"}
 
 
 def test_a_negative_loss_wiggling_by_a_few_percent_has_not_diverged():

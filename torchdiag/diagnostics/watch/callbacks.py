@@ -16,18 +16,34 @@ import numbers
 from . import Watch
 
 
+class _Runs:
+    """One Watch per training run: a callback reused for a second run (Trainer.train() twice, fit() twice) finishes
+    the first run's watch if it is still open, and `result` is the latest run's (a review: the second run was never
+    finished, its global hooks stayed installed, and `result` still held the first run's)."""
+
+    def __init__(self):
+        self.watch = None
+        self.result = None
+
+    def _open(self, model, options) -> None:
+        self.close()
+        self.result = None
+        self.watch = Watch(model, None, **options)
+        self.watch.__enter__()
+
+    def close(self):
+        if self.watch is not None:
+            watch, self.watch = self.watch, None
+            self.result = watch.finish()
+
+
 def hf_callback(**options):
     """A transformers.TrainerCallback watching Trainer.train(); options as Watch's (every, accumulate, ...)."""
     from transformers import TrainerCallback
 
-    class TorchdiagWatch(TrainerCallback):
-        def __init__(self):
-            self.watch = None
-            self.result = None
-
+    class TorchdiagWatch(_Runs, TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kwargs):
-            self.watch = Watch(model, None, **options)
-            self.watch.__enter__()
+            self._open(model, options)
 
         def on_epoch_begin(self, args, state, control, **kwargs):
             if self.watch is not None and state.epoch is not None:
@@ -44,10 +60,6 @@ def hf_callback(**options):
         def on_train_end(self, args, state, control, **kwargs):
             self.close()
 
-        def close(self):
-            if self.watch is not None and self.result is None:
-                self.result = self.watch.finish()
-
     return TorchdiagWatch()
 
 
@@ -57,14 +69,9 @@ def lightning_callback(**options):
     them after the update (no replay, no update/weight ratio; the report says so)."""
     from lightning.pytorch.callbacks import Callback
 
-    class TorchdiagWatch(Callback):
-        def __init__(self):
-            self.watch = None
-            self.result = None
-
+    class TorchdiagWatch(_Runs, Callback):
         def on_fit_start(self, trainer, pl_module):
-            self.watch = Watch(pl_module, None, **options)
-            self.watch.__enter__()
+            self._open(pl_module, options)
 
         def on_train_epoch_start(self, trainer, pl_module):
             if self.watch is not None:
@@ -82,9 +89,5 @@ def lightning_callback(**options):
 
         def on_exception(self, trainer, pl_module, exception):
             self.close()
-
-        def close(self):
-            if self.watch is not None and self.result is None:
-                self.result = self.watch.finish()
 
     return TorchdiagWatch()

@@ -141,10 +141,13 @@ class Engine:
         if not self.explicit_models:
             self._discover(True)
         self._backward = torch.Tensor.backward
-        engine, original = self, torch.Tensor.backward
+        # the wrappers hold the engine weakly: a copy of Tensor's attributes taken while one is installed (torch
+        # dynamo's, at its first import) would otherwise keep the engine, and the model it tracks, for good
+        ref, original = weakref.ref(self), torch.Tensor.backward
 
         def backward(tensor, *args, **kwargs):
-            if not engine.closed:   # closed out of order under another watch's wrapper: pass through
+            engine = ref()
+            if engine is not None and not engine.closed:   # closed out of order under another's wrapper: pass
                 engine.backwards += 1
                 engine._saw_loss(tensor)
             return original(tensor, *args, **kwargs)
@@ -173,13 +176,14 @@ class Engine:
         it was made from."""
         from torch.amp.grad_scaler import GradScaler
 
-        engine, original = self, GradScaler.scale
+        ref, original = weakref.ref(self), GradScaler.scale
         self._scaler_scale = original
 
         @functools.wraps(original)
         def scale(scaler, outputs):
             out = original(scaler, outputs)
-            if not engine.closed:
+            engine = ref()
+            if engine is not None and not engine.closed:
                 engine._saw_scaled(out, outputs)
             return out
 
@@ -390,9 +394,10 @@ class Engine:
           the count starts again with it. Past that it is the clock for good (an image optimised through a
           network left trainable). An optimizer of no model with nothing else around it (3D Gaussians, a NeRF's
           grid) is the clock from its first step.
-        - An optimizer over all of the clock's parameters and more (the same ones made again while the old one is
-          kept, layers unfrozen) that steps twice with no step of the clock between takes over, and the count
-          goes on."""
+        - An optimizer over some of the clock's parameters (the same ones made again while the old one is kept,
+          layers unfrozen, the head alone after the body was frozen) that steps twice with no step of the clock
+          between takes over, and the count goes on (a review: the head's 30 steps were not counted while the
+          first phase's optimizer, idle, was kept in a variable)."""
         clock = self.clock
         if clock is None:
             if self._may_clock(t):
@@ -406,7 +411,7 @@ class Engine:
         if self._provisional:
             self._restart_count()
             self.clock = opt
-        elif held is not None and t.since_clock >= 1 and set(held.ids) <= set(t.ids):
+        elif held is not None and t.since_clock >= 1 and not held.ids.keys().isdisjoint(t.ids):
             self.clock = opt
             self._credit(t, t.since_clock)   # its step before this one, which the clock it replaces did not count
 
@@ -735,7 +740,8 @@ class Engine:
                 and self.last_call is not None and self.last_call[0]() is not None):
             from .replay import replay
 
-            event["replay"] = replay(self.last_call[0](), *self.last_call[1:])
+            root = self.last_call[0]()   # its modules named as the rows are where there are several models
+            event["replay"] = replay(root, *self.last_call[1:], prefix=self.root_prefix(root))
         elif self.opts.replay:
             event["replay"] = None
             event["replay_note"] = (f"found at the read of step {self.step}: the weights of step {event['step']} "

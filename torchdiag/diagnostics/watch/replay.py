@@ -39,8 +39,9 @@ def _floats(value, out=None) -> list:
     return out
 
 
-def replay(root, args, kwargs) -> dict:
-    """{"direction": "weights"|"forward"|"backward"|"loss", "module", "type", "detail"} or {"error": ...}."""
+def replay(root, args, kwargs, prefix: str = "") -> dict:
+    """{"direction": "weights"|"forward"|"backward"|"loss", "module", "type", "detail"} or {"error": ...}.
+    `prefix`: the model's `Type#i.` where there are several, as the rows name its parameters."""
     import copy
 
     import torch
@@ -52,14 +53,14 @@ def replay(root, args, kwargs) -> dict:
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     try:
         model = copy.deepcopy(module)
-        bad = [n for n, p in model.named_parameters() if not _finite(p)]
+        bad = [prefix + n for n, p in model.named_parameters() if not _finite(p)]
         if bad:
             return {"direction": "weights", "module": bad[0].rsplit(".", 1)[0] if "." in bad[0] else "",
                     "type": "", "detail": f"parameter {bad[0]} is already non-finite before this step"}
         for p in model.parameters():
             p.grad = None
         with torch.enable_grad():
-            return _localise(model, args, kwargs)
+            return _localise(model, args, kwargs, prefix)
     except Exception as exc:   # the replay is a help, never a new failure of the run
         return {"error": one_line(exc)}
     finally:
@@ -68,9 +69,8 @@ def replay(root, args, kwargs) -> dict:
             torch.cuda.set_rng_state_all(cuda)
 
 
-def _localise(model, args, kwargs) -> dict:
-
-    names = {id(m): n for n, m in model.named_modules()}
+def _localise(model, args, kwargs, prefix: str = "") -> dict:
+    names = {id(m): (prefix + n).rstrip(".") if prefix else n for n, m in model.named_modules()}
     calls: list = []        # [name, type, input tensors, output tensors, inputs finite]
     first: list = []
     handles = []
@@ -100,10 +100,10 @@ def _localise(model, args, kwargs) -> dict:
         name, kind, ins, _, _ = first[0]
         return {"direction": "forward", "module": name, "type": kind,
                 "detail": f"{name or '(root)'} ({kind}) made a non-finite output from finite inputs"}
-    return _backward(model, calls, _floats(output))
+    return _backward(model, calls, _floats(output), prefix)
 
 
-def _backward(model, calls, outputs) -> dict:
+def _backward(model, calls, outputs, prefix: str = "") -> dict:
     import torch
 
     order: list = []
@@ -129,8 +129,8 @@ def _backward(model, calls, outputs) -> dict:
         bad_in = [m for m in ins if m[0] is False]
         if out_ok and all(out_ok) and bad_in:
             suspects.append((min(m[1] for m in bad_in), rec[0], rec[1]))
-    params = {n.rsplit(".", 1)[0] if "." in n else "": n for n, p in model.named_parameters()
-              if p.grad is not None and not _finite(p.grad)}
+    params = {n.rsplit(".", 1)[0] if "." in n else "": n for n, p in
+              ((prefix + n, p) for n, p in model.named_parameters()) if p.grad is not None and not _finite(p.grad)}
     if suspects:
         _, name, kind = min(suspects)
         return {"direction": "backward", "module": name, "type": kind,

@@ -99,9 +99,12 @@ class Track:
         self.released = False
 
     def keys(self) -> set[int]:
-        """id() of its parameters that are alive (param_key): what "held by an optimizer" means for a let-go one's
-        tensors still in use (a body frozen after its optimizer went keeps its old .grad)."""
-        return {param_key(p) for p in self.params} if self.released else set(self.ids)
+        """id() of the parameters it holds. A let-go one's live tensors count while they get no new gradient: a
+        body frozen after its optimizer went keeps its old .grad (not a finding); a body still getting gradients
+        that nothing steps any more is `not-in-optimizer` (a review)."""
+        if not self.released:
+            return set(self.ids)
+        return {param_key(p) for p in self.params if not p.fresh_grad()}
 
     def same_params(self, ids: list[int]) -> bool:
         """Does an optimizer over these parameters (id() in order) hold exactly this track's, still alive?"""
@@ -483,6 +486,16 @@ class Released:
     def __init__(self, p):
         self.ref = weakref.ref(p)
         self.shape, self.requires_grad, self._numel, self._dim = p.shape, p.requires_grad, p.numel(), p.dim()
+        g = p.grad   # the gradient it had when its optimizer was let go (weakly), and its version
+        self._grad = (weakref.ref(g), g._version) if g is not None else None
+
+    def fresh_grad(self) -> bool:
+        """The live tensor got a gradient since its optimizer was let go (another tensor, or the same one changed)."""
+        p = self.ref()
+        g = p.grad if p is not None else None
+        if g is None:
+            return False
+        return self._grad is None or self._grad[0]() is not g or self._grad[1] != g._version
 
     def numel(self) -> int:
         return self._numel
