@@ -1712,10 +1712,7 @@ def test_ten_folds_are_all_watched():
             model = _mlp()
             opt = torch.optim.SGD(model.parameters(), lr=0.01)
             for _ in range(6):
-                x, y = _xy(g)
-                opt.zero_grad()
-                F.cross_entropy(model(x), y).backward()
-                opt.step()
+                _one_step(model, opt, g)
     r = w.result()
     assert r.data["steps"] == 60 and len(r.header["models"]) == 10
     assert not codes(r), [f.to_dict() for f in r.findings if f.severity != "info"]
