@@ -72,7 +72,7 @@ class Engine:
         self.let_go = 0                     # optimizers of no model let go (an attack's, made per step): dropped
         # id -> trained root module, held weakly (a model per fold must go when the run lets it go); its order
         self.roots: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # among all ever hooked: _order
-        self._order: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._order: dict[int, int] = {}   # by id: a module class may define __eq__ and so not hash
         self.models_seen: list[str] = []    # the type of every root hooked, in order (the report's header)
         self._dead_roots: list[int] = []    # ids of hooked roots the run let go, cleaned up at the next step
         self.root_names: dict[int, str] = {}
@@ -252,7 +252,7 @@ class Engine:
         if id(root) in self._root_handles:
             return
         self.roots[id(root)] = root
-        self._order[root] = len(self.models_seen)
+        self._order[id(root)] = len(self.models_seen)
         self.models_seen.append(type(root).__name__)
         self._inner[id(root)] = inner(root)
         self._root_refs[id(root)] = weakref.ref(root, functools.partial(_noted, self._dead_roots, id(root)))
@@ -316,7 +316,7 @@ class Engine:
         discriminator both have a "0"): `Type#i.`; nothing with one."""
         if len(self.models_seen) < 2:
             return ""
-        return f"{type(root).__name__}#{self._order.get(root, len(self.models_seen))}."
+        return f"{type(root).__name__}#{self._order.get(id(root), len(self.models_seen))}."
 
     # ----------------------------------------------------------------- the model's forward and backward
     @_guarded
