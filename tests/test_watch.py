@@ -1858,13 +1858,15 @@ def test_each_trained_model_is_probed_for_dead_units_under_its_own_name():
     assert [f.where for f in r.findings if f.code == "dead-units"] == ["Sequential#1.1"], [f.message for f in r.findings]
 
 
-def test_a_parameter_tiny_by_construction_is_not_update_ratio_high():
+@pytest.mark.parametrize("start", [1e-5, 0.0])
+def test_a_parameter_tiny_by_construction_is_not_update_ratio_high(start):
     """A layer scale shaped (C, 1, 1) at 1e-5 (timm fastvit): Adam moves it by ~lr a step, a large part of its norm
-    by design; the conv weight beside it, at an ordinary scale and a huge learning rate, still is flagged."""
+    by design; the conv weight beside it, at an ordinary scale and a huge learning rate, still is flagged. Exactly
+    zero is tiny too (ConvNeXt-V2's GRN, EfficientFormer-V2's attention biases warned on healthy 30-step runs)."""
     class Scaled(nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv, self.gamma = nn.Conv2d(3, 8, 3), nn.Parameter(torch.full((8, 1, 1), 1e-5))
+            self.conv, self.gamma = nn.Conv2d(3, 8, 3), nn.Parameter(torch.full((8, 1, 1), start))
             self.head = nn.Linear(8, 2)
 
         def forward(self, x):

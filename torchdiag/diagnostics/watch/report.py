@@ -435,10 +435,11 @@ def _sustained(vals, best: int, up: bool) -> bool:
 
 
 def _tiny_at_start(track, i: int, p) -> bool:
-    """Tiny by construction at the run's start (a layer scale or register token at 1e-5, as gradflow judges it):
-    it grows from there, so each update is a large part of its norm by design (timm fastvit's gammas: 0.1)."""
+    """Tiny by construction at the run's start (a layer scale or register token at 1e-5, as gradflow judges it; or
+    exactly zero: a GRN's gain, an attention-bias table, a zero convolution): it grows from there, so each update is
+    a large part of its norm by design (timm fastvit's gammas: 0.1)."""
     start = track.start_norm[i] if track.start_norm else None
-    return start is not None and p.numel() > 0 and 0 < start / p.numel() ** 0.5 < TINY_RMS
+    return start is not None and p.numel() > 0 and start / p.numel() ** 0.5 < TINY_RMS
 
 
 def _owners(engine) -> dict:
