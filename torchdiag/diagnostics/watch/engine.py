@@ -75,7 +75,6 @@ class Engine:
         self._order: dict[int, int] = {}   # by id: a module class may define __eq__ and so not hash
         self.models_seen: list[str] = []    # the type of every root hooked, in order (the report's header)
         self._dead_roots: list[int] = []    # ids of hooked roots the run let go, cleaned up at the next step
-        self.root_names: dict[int, str] = {}
         # discovery: roots called with grad enabled, held weakly (a network built anew in each loss call must go)
         self.seen_roots: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.last_call = None               # (weakref to the root, args, kwargs) of the last training forward
@@ -516,7 +515,7 @@ class Engine:
         the given one's parameters is how a gradient is applied twice (double.py); a given one's hooks run after."""
         if opt in self._given:
             return
-        closure = (args[1] if len(args) > 1 else kwargs.get("closure")) is not None
+        closure = _has_closure(args, kwargs)
         nested, again = self.doubles.enter(opt, self.backwards, closure)
         if not nested and not closure:
             self.doubles.applied(opt, self.tracks, self.step)
@@ -531,7 +530,7 @@ class Engine:
 
     @_guarded
     def _pre_step(self, opt, args, kwargs):
-        closure = (args[1] if len(args) > 1 else kwargs.get("closure")) is not None   # args[0] is the optimizer
+        closure = _has_closure(args, kwargs)
         nested, again = self.doubles.enter(opt, self.backwards, closure)
         if again:   # a subclass's super().step(): the hooks of one update, run twice
             return None
@@ -765,6 +764,11 @@ class Engine:
         with contextlib.suppress(Exception):
             value = float(value)   # a 0-dim tensor: the caller asked for it, their sync
         self.metrics.setdefault(name, []).append((self.step if step is None else step, value))
+
+
+def _has_closure(args, kwargs) -> bool:
+    """An optimizer step hook's step(closure) call (args[0] is the optimizer)."""
+    return (args[1] if len(args) > 1 else kwargs.get("closure")) is not None
 
 
 def _noted(into: list, key, _ref) -> None:

@@ -17,10 +17,7 @@ class Track:
     def __init__(self, opt, opts):
         import torch
 
-        self.rebind(opt)
-        self.params = [p for g in opt.param_groups for p in g["params"]]
-        self.ids = {id(p): i for i, p in enumerate(self.params)}
-        self.released = False    # its optimizer was let go: params are stand-ins (release)
+        self.adopt(opt)          # its optimizer (weakly), parameters, ids; released: params are stand-ins
         self.first_step = None   # the clock's step when it first stepped; None: its model is not looked for
         self.roots: set[int] = set()   # id() of the watched models that hold its parameters
         self.names = [f"param_groups[{gi}][{j}]" for gi, g in enumerate(opt.param_groups) for j in range(len(g["params"]))]
@@ -92,7 +89,8 @@ class Track:
         self.released = True
 
     def adopt(self, opt) -> None:
-        """A successor over the same parameters (same_params): its optimizer, and the tensors again."""
+        """Its optimizer and its parameters: at the start, and for a successor over the same parameters
+        (same_params), which takes the tensors back from a released track."""
         self.rebind(opt)
         self.params = [p for g in opt.param_groups for p in g["params"]]
         self.ids = {id(p): i for i, p in enumerate(self.params)}
