@@ -1686,7 +1686,7 @@ def test_each_folds_model_is_let_go_and_still_reported():
     with Watch(every=10) as w:
         for fold in range(4):
             model = _mlp()
-            opt = torch.optim.Adam(model.parameters(), lr=0.0 if fold == 1 else 1e-3)
+            opt = torch.optim.Adam(model.parameters(), lr=0.0 if fold in (0, 1) else 1e-3)
             kept.append((weakref.ref(model), weakref.ref(model[0].weight)))
             for _ in range(15):
                 x, y = _xy(g)
@@ -1699,9 +1699,12 @@ def test_each_folds_model_is_let_go_and_still_reported():
     assert alive == [(False, False)] * 3, alive
     r = w.result()
     assert r.data["steps"] == 60 and r.header["models"] == ["Sequential"] * 4
-    assert len(r.table("layers").rows) == 16
-    frozen = [f for f in r.findings if f.code == "never-changes"]
-    assert len(frozen) == 4 and all(f.where.startswith("Sequential#1.") for f in frozen), [f.to_dict() for f in frozen]
+    # every fold's rows are named with its model, the first fold's too (it was trained alone, and once kept its
+    # bare names: `0.weight` beside fold 2's `Sequential#1.0.weight`)
+    names = [row["name"] for row in r.table("layers").rows]
+    assert sorted(names) == sorted(f"Sequential#{k}.{n}" for k in range(4) for n in ("0.weight", "0.bias", "3.weight", "3.bias"))
+    frozen = sorted(f.where for f in r.findings if f.code == "never-changes")
+    assert frozen == sorted(f"Sequential#{k}.{n}" for k in (0, 1) for n in ("0.weight", "0.bias", "3.weight", "3.bias"))
 
 
 def test_ten_folds_are_all_watched():
@@ -2081,3 +2084,49 @@ def test_a_frozen_teachers_weights_in_the_students_optimizer_do_not_make_it_a_tr
             opt.step()
     r = w.result()
     assert "trained-in-eval-mode" not in codes(r) and r.header["models"] == ["Linear"], [f.to_dict() for f in r.findings]
+
+
+@pytest.mark.parametrize("given", [True, False])
+def test_an_optimizer_that_stopped_while_its_parameters_get_gradients(given):
+    """The head's optimizer steps 10 times and is never called again; the head still gets a gradient every step.
+    It is in an optimizer, so it was not `not-in-optimizer`, and there was no finding at all."""
+    torch.manual_seed(0)
+    body, head = nn.Sequential(nn.Linear(8, 32), nn.ReLU()), nn.Linear(32, 2)
+    model = nn.Sequential(body, head)
+    opt, opt_head = torch.optim.SGD(body.parameters(), lr=0.05), torch.optim.SGD(head.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with (Watch(model, [opt, opt_head], every=10) if given else Watch(every=10)) as w:
+        for step in range(60):
+            x, y = _xy(g)
+            opt.zero_grad()
+            opt_head.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            if step < 10:
+                opt_head.step()
+                last = head.weight.detach().clone()
+    r = w.result()
+    [f] = [f for f in r.findings if f.severity != "info"]
+    assert (f.code, f.where) == ("optimizer-idle", "1.weight"), f.to_dict()
+    assert "stepped 10 times up to step 10, then not in the last 50 steps" in f.message and "1.bias" in f.message
+    # independent truth: the head's weights stayed where its 10th step left them, gradients or not
+    assert torch.equal(head.weight.detach(), last) and head.weight.grad is not None
+
+
+def test_an_optimizer_that_steps_every_20_steps_on_purpose_is_not_idle():
+    torch.manual_seed(0)
+    body, head = nn.Sequential(nn.Linear(8, 32), nn.ReLU()), nn.Linear(32, 2)
+    model = nn.Sequential(body, head)
+    opt, opt_head = torch.optim.SGD(body.parameters(), lr=0.05), torch.optim.SGD(head.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(every=5) as w:
+        for step in range(100):
+            x, y = _xy(g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            if step % 20 == 19:   # the head's gradients accumulate over 20 steps, then one step (on purpose)
+                opt_head.step()
+                opt_head.zero_grad()
+    r = w.result()
+    assert "optimizer-idle" not in codes(r), [f.to_dict() for f in r.findings]

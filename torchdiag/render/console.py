@@ -25,6 +25,17 @@ def _text(value, style: str = ""):
     return Text(str(value), style=style)
 
 
+def _runs(items: list) -> list:
+    """A header list with runs of one item told once with their count (a model per task: 60 × 'Sequential')."""
+    out: list = []
+    for item in items:
+        if out and out[-1][0] == item:
+            out[-1][1] += 1
+        else:
+            out.append([item, 1])
+    return [item if n == 1 else f"{item} ×{n}" for item, n in out]
+
+
 def print_result(result, console=None) -> None:
     from rich.text import Text
 
@@ -43,7 +54,7 @@ def print_result(result, console=None) -> None:
     for key, value in head.items():
         if key in ("model", "device", "input_source") or key in _HEADER_SKIP:
             continue
-        con.print(_text(f"  {key.replace('_', ' ')}: {value}"))
+        con.print(_text(f"  {key.replace('_', ' ')}: {_runs(value) if isinstance(value, list) else value}"))
 
     for t in result.tables:
         if t.show and t.rows:

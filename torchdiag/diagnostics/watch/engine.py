@@ -253,6 +253,8 @@ class Engine:
         self.roots[id(root)] = root
         self._order[id(root)] = len(self.models_seen)
         self.models_seen.append(type(root).__name__)
+        if len(self.models_seen) == 2:   # names get `Type#i.` from now on: the first model's too, as if it always had
+            self._prefix_first(f"{self.models_seen[0]}#0.")
         self._inner[id(root)] = inner(root)
         self._root_refs[id(root)] = weakref.ref(root, functools.partial(_noted, self._dead_roots, id(root)))
         self._root_handles[id(root)] = [root.register_forward_pre_hook(self._root_pre, with_kwargs=True),
@@ -309,6 +311,28 @@ class Engine:
                 names.setdefault(id(p), self.root_prefix(root) + n)
         for t in self.tracks.values():
             t.rename(names)
+
+    def _prefix_first(self, prefix: str) -> None:
+        """The first model was named alone (no prefix); a second one came (a model per fold, a task's copy). Every
+        name made so far is the first model's: it gets its prefix everywhere it is kept, so a parameter has one
+        name over the run (fold 1 was `0.weight` and fold 2 `Sequential#1.0.weight`). A name no model gave
+        (`param_groups[0][1]`) stays."""
+        def ren(name: str) -> str:
+            return name if name.startswith("param_groups[") else prefix + name
+
+        def rekey(d: dict) -> dict:
+            return {ren(k): v for k, v in d.items()}
+
+        for t in self.tracks.values():
+            t.names = [ren(n) for n in t.names]
+            if t.first_bad is not None:
+                t.first_bad = (t.first_bad[0], [ren(n) for n in t.first_bad[1]])
+        self.ratios = rekey(self.ratios)
+        for key in ("eval_modules", "not_in_optimizer", "dead", "bn_nonfinite", "param_nonfinite"):
+            self.checks[key] = rekey(self.checks[key])
+        self.checks["dead_feeds"] = {ren(k): ren(v) for k, v in self.checks["dead_feeds"].items()}
+        named = {"bn": lambda n: ren(n), "dead": lambda e: (ren(e[0]), *e[1:])}   # reads not yet taken
+        self.pending = [(k, (pl[0], [named[k](e) for e in pl[1]]) if k in named else pl, t) for k, pl, t in self.pending]
 
     def root_prefix(self, root) -> str:
         """How a trained model's parameters and modules are named when there are several (a GAN's generator and
@@ -564,7 +588,7 @@ class Engine:
             track.since_clock += 1
             if self.clock is None:
                 track.unclocked += 1
-        track.last_step = self.step
+        track.stepped_now(self.step)
         self._check_mode(track)
         read_step = self.step % self.opts.every == 0 and not self._provisional
         track.pre_step(self.step, read_step or self.step == 1, before_update)
@@ -631,6 +655,9 @@ class Engine:
         import torch
 
         in_opt = set().union(*(t.keys() for t in self.tracks.values()))
+        for t in self.tracks.values():
+            if not t.released and t.opt is not self.clock:
+                t.idle_read(self.step)
         sensitive = _mode_sensitive()
         stats = []
         for _rid, root in self.roots.items():

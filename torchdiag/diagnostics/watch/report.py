@@ -27,6 +27,7 @@ SPREAD_STEPS = 4       # ... measured over this many windows before it
 VAL_TAIL = 3           # val-worsens: the last evaluations (up to this many after the best) all worse than it ...
 VAL_NOISE_K = 1.0      # ... their median by this many noise scales more than the best of n draws reaches by chance
 DIVERGE_K = 3.0        # loss-diverged: the climb clears the block medians' own noise by this many noise scales
+IDLE_READS = 2         # optimizer-idle: reads at which its parameters had new gradients since its last step
 RATIO_LOW = 1e-7       # update/weight ratio below which a weight matrix is said not to learn (info)
 
 
@@ -195,11 +196,34 @@ def _wiring(result: Result, engine) -> None:
                 result.add("never-changes", "warning", t.names[i], f"{t.names[i]} got non-zero gradients but its value "
                            f"never changed over {engine.step} steps", "a zero learning rate for its group, or gradients "
                            "zeroed between backward and step()")
+    _idle(result, engine, owners)
     carried = engine.checks["carried"]
     if carried and not engine.opts.accumulate:
         result.add("grad-carried-over", "error", "", f"gradients from the previous step were still there at every backward "
                    f"before the next step (after read steps {', '.join(map(str, carried[:5]))}): they accumulate over every step",
                    "call optimizer.zero_grad() once per step (or pass accumulate=True if this is on purpose)")
+
+
+def _idle(result: Result, engine, owners: dict) -> None:
+    """An optimizer that stepped and then stopped, still alive, while its parameters went on getting new gradients
+    at IDLE_READS reads or more, for a stretch more than twice the longest it ever left between two of its steps
+    (one stepping every 100 steps on purpose is not idle): the gradients are made and nothing applies them. A
+    parameter another optimizer stepped later is that one's."""
+    kinds = [t.kind for t in engine.tracks.values()]
+    for k, t in enumerate(engine.tracks.values()):
+        idle = engine.step - t.last_step
+        if t.released or t.idle_reads < IDLE_READS or idle <= 2 * max(t.gap_max, 1):
+            continue
+        names = [t.names[i] for i, p in enumerate(t.params) if owners[param_key(p)] is t and p.requires_grad]
+        if not names:
+            continue
+        label = t.kind if kinds.count(t.kind) == 1 else f"{t.kind} #{kinds[:k + 1].count(t.kind)}"
+        listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        result.add("optimizer-idle", "warning", names[0], f"{label} stepped {t.stepped} times up to step {t.last_step}, "
+                   f"then not in the last {idle} steps, while its parameters ({listed}) kept getting new gradients "
+                   f"(at {t.idle_reads} read steps): nothing applies them",
+                   "call its step() where the loop stopped calling it, or freeze them (requires_grad_(False)) if they "
+                   "are meant to stay as they are: their backward is then saved too")
 
 
 def _doubles(result: Result, engine) -> None:
@@ -494,7 +518,7 @@ def _layers(result: Result, engine) -> None:
             ratio = statistics.median(later) if later else None
             rows.append({"name": t.names[i], "shape": "x".join(map(str, p.shape)) or "scalar", "update_ratio": ratio,
                          "weight_norm": t.weight_norm[i] if t.weight_norm else None, "max_grad_norm": t.grad_max[i],
-                         "got_grad": t.seen_grad[i],
+                         "got_grad": _got_grad(t, i),
                          "changed": None if t.changed is None else t.changed[i]})
             if not judged:
                 continue
@@ -509,6 +533,15 @@ def _layers(result: Result, engine) -> None:
         Column("name", "parameter"), Column("shape", "shape"), Column("update_ratio", "update/weight", "float"),
         Column("weight_norm", "‖w‖", "float"), Column("max_grad_norm", "max ‖grad‖", "float"), Column("got_grad", "grad"), Column("changed", "changed")],
         rows, limit=30, tb_scalars=("update_ratio",)))
+
+
+def _got_grad(t, i: int):
+    """A gradient at a read step, or a non-zero gradient norm at any step (an optimizer that never stepped at a
+    read step, a task's copy trained for 5 steps between reads: its maximum is known, its presence was not looked
+    at); None when neither says."""
+    if t.seen_grad[i] or t.grad_max[i] > 0:
+        return True
+    return False if t.sampled else None
 
 
 def _dead(result: Result, engine) -> None:

@@ -35,6 +35,10 @@ class Track:
         self.since_clock = 0           # its steps since the clock's last (engine._choose_clock)
         self.unclocked = 0             # of those, the ones taken while there was no clock at all
         self.last_step = 0             # the run's step when it last stepped (a parameter two tracks hold: the later's)
+        self.stepped = 0               # its steps, the longest stretch between two of them, and the reads since its
+        self.gap_max = 0               # last step at which its parameters had new gradients (optimizer-idle)
+        self.idle_reads = 0
+        self._grad_marks: dict = {}    # id(parameter) -> a weak reference to the gradient the last read saw, its version
         self.start = None              # device (2, n): L2 norm and sum of each parameter at the first step
         self.changed = None            # host: per parameter, did it change over the run (final read)
         self.weight_norm = None        # host: per parameter, at the last read
@@ -83,6 +87,7 @@ class Track:
             with torch.no_grad():
                 self.queue.append(("changed", self, (self._fingerprint() != self.start).any(0).float()))
         self.params = [Released(p) for p in self.params]
+        self._grad_marks = {}
         self.ids = {id(p): i for i, p in enumerate(self.params)}
         self.group = {k: v for k, v in self.group.items() if k != "params"}   # the settings it ended with
         self._views, self._before_views, self.before = [None] * len(self.params), [], None
@@ -95,6 +100,28 @@ class Track:
         self.params = [p for g in opt.param_groups for p in g["params"]]
         self.ids = {id(p): i for i, p in enumerate(self.params)}
         self.released = False
+
+    def stepped_now(self, step: int) -> None:
+        if self.stepped:
+            self.gap_max = max(self.gap_max, step - self.last_step)
+        self.stepped += 1
+        self.last_step = step
+        self.idle_reads = 0
+
+    def idle_read(self, step: int) -> None:
+        """A read step: did its parameters get new gradients (another tensor, or the same one added to) since the
+        last read, while it has not stepped since? Host attribute reads over its parameters, once per read."""
+        fresh = False
+        for p in self.params:
+            g = p.grad
+            if g is None:
+                continue
+            mark = self._grad_marks.get(id(p))
+            if mark is None or mark[0]() is not g or mark[1] != g._version:
+                self._grad_marks[id(p)] = (weakref.ref(g), g._version)
+                fresh = True
+        if fresh and self.stepped and self.last_step < step:
+            self.idle_reads += 1
 
     def keys(self) -> set[int]:
         """id() of the parameters it holds. A let-go one's live tensors count while they get no new gradient: a
