@@ -47,6 +47,7 @@ def _guarded(hook):
 
 SEARCH_STEPS = 3   # the clock's steps, from an optimizer's first, during which its model is looked for
 MAX_SEARCHES = 8   # optimizers whose model is looked for at all
+CLOCK_STOPPED = 4   # another optimizer's steps between two of the clock's, over the most it took before: it stopped
 UNTRAINED_STEPS = 50   # the clock's steps during which a model called with trainable parameters that no optimizer
                        # holds keeps discovery on (a WGAN's generator first steps after 5 critic steps)
 
@@ -68,6 +69,8 @@ class Engine:
         self.tracks: dict = {}              # id(optimizer) -> Track; ("gone", n) -> a model's, its optimizer let go
         self._clock = None                  # weakref to the clock optimizer (see `clock`)
         self._provisional = False           # the clock is an attack's until a model's optimizer steps (_choose_clock)
+        self._last_read = 0                 # the step of the last read (optimizer-idle)
+        self._clock_backwards = 0           # self.backwards at the clock's last step
         self._dead: list = []               # ids of watched optimizers the run let go, filed at the next step
         self.let_go = 0                     # optimizers of no model let go (an attack's, made per step): dropped
         # id -> trained root module, held weakly (a model per fold must go when the run lets it go); its order
@@ -331,6 +334,12 @@ class Engine:
         for key in ("eval_modules", "not_in_optimizer", "dead", "bn_nonfinite", "param_nonfinite"):
             self.checks[key] = rekey(self.checks[key])
         self.checks["dead_feeds"] = {ren(k): ren(v) for k, v in self.checks["dead_feeds"].items()}
+        self._dead_first = rekey(self._dead_first)   # the units' first sample: a later one is compared with it
+        for event in self.events:
+            event["params"] = [ren(n) for n in event["params"]]
+            rep = event.get("replay") or {}
+            if "module" in rep:
+                rep["module"] = ren(rep["module"]) if rep["module"] else prefix.rstrip(".")
         named = {"bn": lambda n: ren(n), "dead": lambda e: (ren(e[0]), *e[1:])}   # reads not yet taken
         self.pending = [(k, (pl[0], [named[k](e) for e in pl[1]]) if k in named else pl, t) for k, pl, t in self.pending]
 
@@ -417,6 +426,9 @@ class Engine:
           the count starts again with it. Past that it is the clock for good (an image optimised through a
           network left trainable). An optimizer of no model with nothing else around it (3D Gaussians, a NeRF's
           grid) is the clock from its first step.
+        - An optimizer of a model that takes more than 2 × every steps, and CLOCK_STOPPED times the most it ever took,
+          with no step of the clock between takes over: the clock stopped while kept alive (a review: the head's
+          optimizer stepped first each iteration, stopped at step 10, and the run was 10 steps long).
         - An optimizer over some of the clock's parameters (the same ones made again while the old one is kept,
           layers unfrozen, the head alone after the body was frozen) that steps twice with no step of the clock
           between takes over, and the count goes on (a review: the head's 30 steps were not counted while the
@@ -437,6 +449,9 @@ class Engine:
         elif held is not None and t.since_clock >= 1 and not held.ids.keys().isdisjoint(t.ids):
             self.clock = opt
             self._credit(t, t.since_clock)   # its step before this one, which the clock it replaces did not count
+        elif t.since_clock > max(2 * self.opts.every, CLOCK_STOPPED * t.peak_since):
+            self.clock = opt   # the clock stopped (kept in a variable, never stepped again): the one stepping counts
+            self._credit(t, t.since_clock - t.paired)   # less its step of the clock's last iteration, counted then
 
     def _credit(self, t: Track, n: int) -> None:
         """n steps the new clock took that no clock counted: counted now, the last with the loss its step took."""
@@ -454,7 +469,7 @@ class Engine:
     def _restart_count(self) -> None:
         """The provisional clock's steps were an attack's: they were never read (no callback, no TensorBoard saw
         them), and what they left in memory goes; the tracks of no model start again when they next step."""
-        self.step, self._provisional, self._first_bad_found = 0, False, False
+        self.step, self._provisional, self._first_bad_found, self._last_read = 0, False, False, 0
         self._window, self._loss_window, self._others, self.pending = [], [], [], []   # _losses: the new clock's
         for key, t in list(self.tracks.items()):
             if not t.roots:
@@ -576,7 +591,10 @@ class Engine:
         if opt is self.clock:
             self.step += 1
             for t in self.tracks.values():
+                if t.since_clock > t.peak_since:
+                    t.peak_since = t.since_clock
                 t.since_clock = t.unclocked = 0
+            self._clock_backwards = self.backwards
             if self._provisional and self.step > UNTRAINED_STEPS:
                 self._provisional = False   # no model's optimizer came: it is the run's own
             if self.step >= 2 and self._discovery:
@@ -585,6 +603,8 @@ class Engine:
             self._losses, self._others = [], []
             self._window.append((self.step, _lr(opt)))
         else:
+            if track.since_clock == 0:   # its first step since the clock's: with no backward between, the same iteration's
+                track.paired = self.backwards == self._clock_backwards
             track.since_clock += 1
             if self.clock is None:
                 track.unclocked += 1
@@ -657,7 +677,8 @@ class Engine:
         in_opt = set().union(*(t.keys() for t in self.tracks.values()))
         for t in self.tracks.values():
             if not t.released and t.opt is not self.clock:
-                t.idle_read(self.step)
+                t.idle_read(self._last_read)
+        self._last_read = self.step
         sensitive = _mode_sensitive()
         stats = []
         for _rid, root in self.roots.items():
@@ -680,7 +701,7 @@ class Engine:
                 norms = torch.stack([n.float() for n in torch._foreach_norm([t for _, t in stats])])
             self.pending.append(("bn", (self.step, [n for n, _ in stats]), norms))
         if self.on_histograms is not None:
-            named = [(n, p) for root in self.roots.values() for n, p in inner(root).named_parameters()]
+            named = [(self.root_prefix(root) + n, p) for root in self.roots.values() for n, p in inner(root).named_parameters()]
             with torch.no_grad():
                 self.on_histograms(self.step, named)
 

@@ -27,7 +27,7 @@ SPREAD_STEPS = 4       # ... measured over this many windows before it
 VAL_TAIL = 3           # val-worsens: the last evaluations (up to this many after the best) all worse than it ...
 VAL_NOISE_K = 1.0      # ... their median by this many noise scales more than the best of n draws reaches by chance
 DIVERGE_K = 3.0        # loss-diverged: the climb clears the block medians' own noise by this many noise scales
-IDLE_READS = 2         # optimizer-idle: reads at which its parameters had new gradients since its last step
+IDLE_READS = 1         # optimizer-idle: whole read intervals after its last step in which a backward reached it
 RATIO_LOW = 1e-7       # update/weight ratio below which a weight matrix is said not to learn (info)
 
 
@@ -205,10 +205,10 @@ def _wiring(result: Result, engine) -> None:
 
 
 def _idle(result: Result, engine, owners: dict) -> None:
-    """An optimizer that stepped and then stopped, still alive, while its parameters went on getting new gradients
-    at IDLE_READS reads or more, for a stretch more than twice the longest it ever left between two of its steps
-    (one stepping every 100 steps on purpose is not idle): the gradients are made and nothing applies them. A
-    parameter another optimizer stepped later is that one's."""
+    """An optimizer that stepped and then stopped, still alive, while a backward went on reaching its parameters at
+    IDLE_READS reads or more (Track.idle_read), for a stretch more than twice the longest it ever left before or
+    between its steps (one stepping every 100 steps, or only in every other epoch, on purpose is not idle): the
+    gradients are made and nothing applies them. A parameter another optimizer stepped later is that one's."""
     kinds = [t.kind for t in engine.tracks.values()]
     for k, t in enumerate(engine.tracks.values()):
         idle = engine.step - t.last_step
@@ -219,11 +219,13 @@ def _idle(result: Result, engine, owners: dict) -> None:
             continue
         label = t.kind if kinds.count(t.kind) == 1 else f"{t.kind} #{kinds[:k + 1].count(t.kind)}"
         listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        result.add("optimizer-idle", "warning", names[0], f"{label} stepped {t.stepped} times up to step {t.last_step}, "
+        times = "once" if t.stepped == 1 else f"{t.stepped} times"
+        result.add("optimizer-idle", "warning", names[0], f"{label} stepped {times} up to step {t.last_step}, "
                    f"then not in the last {idle} steps, while its parameters ({listed}) kept getting new gradients "
                    f"(at {t.idle_reads} read steps): nothing applies them",
-                   "call its step() where the loop stopped calling it, or freeze them (requires_grad_(False)) if they "
-                   "are meant to stay as they are: their backward is then saved too")
+                   "call its step() where the loop stopped calling it; if its step is conditional on purpose (a GAN's "
+                   "discriminator stepped only while it is weak), it has not been taken since; to keep them as they "
+                   "are, freeze them (requires_grad_(False)), which saves their backward too")
 
 
 def _doubles(result: Result, engine) -> None:
@@ -365,7 +367,7 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts) -> None:
                        "look at that batch; clip gradients")
             break
         peak = max(peak, values[i])
-    if _diverged(med[-1], med[best_i], initial) and _climb_beyond_noise(values, w, med[-1], med[best_i]):
+    if _diverged(med[-1], med[best_i], initial) and _climb_beyond_noise(values, w, best_i, med[-1], med[best_i]):
         hint = "lower the learning rate"
         rise = _lr_rise(pairs, lr_at, pairs[best_i][0], w)
         if rise:
@@ -389,27 +391,28 @@ def _diverged(last: float, best: float, initial: float) -> bool:
     return last - initial > 0.1 * (abs(initial) + abs(best))
 
 
-def _climb_beyond_noise(values: list[float], w: int, last: float, best: float) -> bool:
-    """Is the climb from the best running median to the last more than the loss's own noise makes by chance?
-    Per-task or per-sample losses (meta-learning, batch size 1) spread over decades, so the lowest of many
+def _climb_beyond_noise(values: list[float], w: int, best_i: int, last: float, best: float) -> bool:
+    """Is the climb from the best running median (at best_i) to the last more than the loss's own noise makes by
+    chance? Per-task or per-sample losses (meta-learning, batch size 1) spread over decades, so the lowest of many
     window medians lies far below the typical one and the last one far above it with no trend at all (a Reptile
     loop's 30-step medians range 0.15–6 and "2× the best" was an error on 4 of 10 seeds). The noise of one
     window's median is measured from the run itself: the spread of the second differences of the medians of
     consecutive w-step blocks (which a steady fall or climb does not move; one kink moves one), in log space when
-    the losses are positive. The climb must clear DIVERGE_K noise scales plus what the best of the blocks reaches
-    by chance, and the last window must also clear DIVERGE_K above the typical block: a smooth climb has almost no
-    noise and passes at once."""
-    blocks = [statistics.median(values[len(values) - (k + 1) * w: len(values) - k * w]) for k in range(len(values) // w)][::-1]
-    if len(blocks) < 4:
+    the losses are positive. The climb must clear DIVERGE_K noise scales plus what the lowest of the blocks reaches
+    by chance, and the last window must clear DIVERGE_K above the typical block up to the best (a low best that is
+    one lucky block is not where the run was; a high plateau after the climb is not "typical")."""
+    n = len(values)
+    ends = [n - k * w for k in range(n // w)][::-1]   # blocks of w steps aligned to the end: [end - w, end)
+    if len(ends) < 4:
         return True
     f = math.log if min(values) > 0 else float
-    logs = [f(b) for b in blocks]
+    logs = [f(statistics.median(values[e - w:e])) for e in ends]
     second = [logs[j] - (logs[j - 1] + logs[j + 1]) / 2 for j in range(1, len(logs) - 1)]
     centre = statistics.median(second)
     noise = math.sqrt(2) * 1.4826 * statistics.median(abs(x - centre) for x in second) / math.sqrt(1.5)  # of a difference
-    chance = math.sqrt(2 * math.log(len(blocks)))
-    return (f(last) - f(best) > (DIVERGE_K + chance) * noise
-            and f(last) - statistics.median(logs[:-1]) > DIVERGE_K * noise)
+    chance = math.sqrt(2 * math.log(len(logs)))
+    typical = statistics.median([v for e, v in zip(ends, logs) if e <= best_i + w + 1] or logs[:1])
+    return f(last) - f(best) > (DIVERGE_K + chance) * noise and f(last) - typical > DIVERGE_K * noise
 
 
 def _outside_spread(values: list[float], i: int, w: int, v: float | None = None) -> bool:

@@ -2,6 +2,7 @@
 as tensors and read back together (`read_parts`: one sync per device); `absorb` files the values read."""
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 
@@ -35,10 +36,13 @@ class Track:
         self.since_clock = 0           # its steps since the clock's last (engine._choose_clock)
         self.unclocked = 0             # of those, the ones taken while there was no clock at all
         self.last_step = 0             # the run's step when it last stepped (a parameter two tracks hold: the later's)
-        self.stepped = 0               # its steps, the longest stretch between two of them, and the reads since its
-        self.gap_max = 0               # last step at which its parameters had new gradients (optimizer-idle)
-        self.idle_reads = 0
-        self._grad_marks: dict = {}    # id(parameter) -> a weak reference to the gradient the last read saw, its version
+        self.stepped = 0               # its steps, the longest stretch before or between them (the clock's steps),
+        self.gap_max = 0               # and the reads since its last step at which a backward had reached its
+        self.idle_reads = 0            # parameters (optimizer-idle)
+        self.peak_since = 0            # the most steps it took between two of the clock's (Engine._choose_clock),
+        self.paired = False            # and whether its first after the clock's last came with no backward between
+        self._reached: list | None = None   # [flag] the reach hooks set, while armed
+        self._reach_handles: list = []
         self.start = None              # device (2, n): L2 norm and sum of each parameter at the first step
         self.changed = None            # host: per parameter, did it change over the run (final read)
         self.weight_norm = None        # host: per parameter, at the last read
@@ -86,8 +90,8 @@ class Track:
         if self.start is not None and self.params:
             with torch.no_grad():
                 self.queue.append(("changed", self, (self._fingerprint() != self.start).any(0).float()))
+        self.idle_off()
         self.params = [Released(p) for p in self.params]
-        self._grad_marks = {}
         self.ids = {id(p): i for i, p in enumerate(self.params)}
         self.group = {k: v for k, v in self.group.items() if k != "params"}   # the settings it ended with
         self._views, self._before_views, self.before = [None] * len(self.params), [], None
@@ -102,26 +106,34 @@ class Track:
         self.released = False
 
     def stepped_now(self, step: int) -> None:
-        if self.stepped:
-            self.gap_max = max(self.gap_max, step - self.last_step)
+        self.gap_max = max(self.gap_max, step - self.last_step)   # from the run's start at its first step
         self.stepped += 1
         self.last_step = step
         self.idle_reads = 0
+        if self._reached is not None:
+            self.idle_off()
 
-    def idle_read(self, step: int) -> None:
-        """A read step: did its parameters get new gradients (another tensor, or the same one added to) since the
-        last read, while it has not stepped since? Host attribute reads over its parameters, once per read."""
-        fresh = False
-        for p in self.params:
-            g = p.grad
-            if g is None:
-                continue
-            mark = self._grad_marks.get(id(p))
-            if mark is None or mark[0]() is not g or mark[1] != g._version:
-                self._grad_marks[id(p)] = (weakref.ref(g), g._version)
-                fresh = True
-        if fresh and self.stepped and self.last_step < step:
+    def idle_read(self, last_read: int) -> None:
+        """A read step: has a backward reached its parameters since the last read, while it has not stepped since
+        that read? Asked with a hook on its parameters (post-accumulate-grad: a backward reached it), armed only
+        once a read finds it idle, so a stepping optimizer costs nothing; a gradient clipped or zeroed in place is
+        not a new one."""
+        if not self.stepped or self.last_step >= last_read:
+            if self._reached is not None:
+                self.idle_off()
+            return
+        if self._reached is None:
+            flag = self._reached = [False]
+            self._reach_handles = [p.register_post_accumulate_grad_hook(functools.partial(_set, flag))
+                                   for p in self.params if p.requires_grad]
+        elif self._reached[0]:
             self.idle_reads += 1
+            self._reached[0] = False
+
+    def idle_off(self) -> None:
+        for h in self._reach_handles:
+            h.remove()
+        self._reach_handles, self._reached = [], None
 
     def keys(self) -> set[int]:
         """id() of the parameters it holds. A let-go one's live tensors count while they get no new gradient: a
@@ -269,6 +281,8 @@ class Track:
         for h in self.probes:
             h.remove()
         self.probes = []
+        if self._reached is not None:
+            self.idle_off()
         if self.fired:
             self.queue.append(("carry", (self, self.armed_step), torch.stack(self.fired).min()))
         self.fired = []
@@ -527,6 +541,10 @@ class Released:
 
     def dim(self) -> int:
         return self._dim
+
+
+def _set(flag: list, _param) -> None:
+    flag[0] = True
 
 
 def param_key(p) -> int:
