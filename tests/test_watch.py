@@ -1825,7 +1825,12 @@ def test_loss_diverged_is_judged_against_the_losses_own_noise():
     plateau = [2.3 * math.exp(-i / 60) + 0.3 if i < 200 else 6.0 * math.exp(rng.gauss(0, 0.1)) for i in range(600)]
     assert judged(plateau) == ["loss-diverged"]
     steady = [[(1 + 9 * i / 600) * math.exp(rng.gauss(0, 1.2)) for i in range(600)] for _ in range(20)]
-    assert sum(bool(judged(v)) for v in steady) >= 14   # 40 seeds of a simulation: 31 (the old rule: 16)
+    assert sum(bool(judged(v)) for v in steady) >= 8   # 40 seeds of a simulation: 21 (the first version: 16)
+    # a second review: 300 steps at 2.3, learned down to 0.05, climbed to ~6; its lowest block is one lucky block
+    # no more (Reptile), its level held two blocks is (the first version's "typical block" was the slow start's)
+    relearn = [((2.3 if i < 300 else 2.3 * math.exp(-(i - 300) / 20) + 0.05) if i < 450
+                else 0.05 * math.exp((i - 450) / 28)) * math.exp(rng.gauss(0, 0.3)) for i in range(600)]
+    assert judged(relearn) == ["loss-diverged"]
 
 
 def _one_sample_spike(opt_name: str, autograd: bool = False):
@@ -2145,9 +2150,10 @@ def _body_head(seed=0):
     return model, torch.optim.SGD(model[0].parameters(), lr=0.05), torch.optim.SGD(model[1].parameters(), lr=0.05)
 
 
-def test_the_clock_that_stops_hands_over_and_is_idle():
+def test_a_clock_that_stops_is_said_not_replaced():
     """A review: the head's optimizer stepped first each iteration (so its steps were the run's), stopped at 10, and
-    the report said 10 steps for 60, with no finding."""
+    the report said 10 steps for 60 with nothing else. A second review broke handing the count over (a critic's 100
+    steps per generator step took it): the steps not counted are said."""
     model, body, head = _body_head()
     g = torch.Generator().manual_seed(0)
     with Watch(every=10) as w:
@@ -2160,8 +2166,9 @@ def test_the_clock_that_stops_hands_over_and_is_idle():
                 head.step()
             body.step()
     r = w.result()
-    assert r.data["steps"] == 60
-    assert [(f.code, f.where) for f in r.findings if f.severity != "info"] == [("optimizer-idle", "1.weight")]
+    assert r.data["steps"] == 10 and not codes(r)
+    assert any(n.startswith("SGD took 51 steps since the last step of the optimizer whose steps are counted (step 10)")
+               for n in r.notes), r.notes
 
 
 @pytest.mark.parametrize("case", ["alternating epochs", "clipped stale gradients", "zeroed in place"])
@@ -2223,3 +2230,26 @@ def test_a_second_model_later_keeps_the_first_models_dead_units_and_names():
     assert [f.where for f in r.findings if f.code == "dead-units"] == ["Sequential#0.1"]
     # independent truth: every unit of the ReLU is zero for fresh inputs
     assert int((torch.relu(model[0](torch.randn(256, 8))) > 0).sum()) == 0
+
+
+def test_a_task_optimizer_that_takes_the_count_starts_its_own_loss_curve():
+    """A review: two tasks on a shared trunk, each with its own optimizer, then task B alone with task A's kept. B's
+    optimizer takes the count (it holds some of the clock's parameters) and its MSE was judged against A's
+    cross-entropy: a loss-spike at the change. And A's optimizer, idle with a trunk B steps, is not idle: its own
+    head gets no gradient."""
+    torch.manual_seed(0)
+    trunk, ha, hb = nn.Sequential(nn.Linear(8, 32), nn.ReLU()), nn.Linear(32, 3), nn.Linear(32, 1)
+    oa = torch.optim.Adam(list(trunk.parameters()) + list(ha.parameters()), 1e-3)
+    ob = torch.optim.Adam(list(trunk.parameters()) + list(hb.parameters()), 1e-3)
+    with Watch(every=10) as w:
+        for step in range(200):
+            x = torch.randn(32, 8)
+            if step < 100:
+                oa.zero_grad()
+                F.cross_entropy(ha(trunk(x)), x[:, :3].argmax(1)).backward()
+                oa.step()
+            ob.zero_grad()
+            F.mse_loss(hb(trunk(x)).squeeze(1), x.sum(1)).backward()
+            ob.step()
+    r = w.result()
+    assert not codes(r), [f.to_dict() for f in r.findings if f.severity != "info"]

@@ -47,7 +47,7 @@ def _guarded(hook):
 
 SEARCH_STEPS = 3   # the clock's steps, from an optimizer's first, during which its model is looked for
 MAX_SEARCHES = 8   # optimizers whose model is looked for at all
-CLOCK_STOPPED = 4   # another optimizer's steps between two of the clock's, over the most it took before: it stopped
+CLOCK_STOPPED = 4   # another optimizer's steps after the clock's last, over the most it took between two: a note
 UNTRAINED_STEPS = 50   # the clock's steps during which a model called with trainable parameters that no optimizer
                        # holds keeps discovery on (a WGAN's generator first steps after 5 critic steps)
 
@@ -70,7 +70,7 @@ class Engine:
         self._clock = None                  # weakref to the clock optimizer (see `clock`)
         self._provisional = False           # the clock is an attack's until a model's optimizer steps (_choose_clock)
         self._last_read = 0                 # the step of the last read (optimizer-idle)
-        self._clock_backwards = 0           # self.backwards at the clock's last step
+        self.segments: list[int] = []       # the first step of each count another optimizer took over (_choose_clock)
         self._dead: list = []               # ids of watched optimizers the run let go, filed at the next step
         self.let_go = 0                     # optimizers of no model let go (an attack's, made per step): dropped
         # id -> trained root module, held weakly (a model per fold must go when the run lets it go); its order
@@ -426,9 +426,9 @@ class Engine:
           the count starts again with it. Past that it is the clock for good (an image optimised through a
           network left trainable). An optimizer of no model with nothing else around it (3D Gaussians, a NeRF's
           grid) is the clock from its first step.
-        - An optimizer of a model that takes more than 2 × every steps, and CLOCK_STOPPED times the most it ever took,
-          with no step of the clock between takes over: the clock stopped while kept alive (a review: the head's
-          optimizer stepped first each iteration, stopped at step 10, and the run was 10 steps long).
+        A clock that stops while kept alive is not replaced (a second review: handing over at any count stole the
+        clock of healthy GANs whose critic steps 100 times per generator step, and joined two models' loss curves);
+        the report says how many steps another optimizer took after the clock's last (report._clock_note).
         - An optimizer over some of the clock's parameters (the same ones made again while the old one is kept,
           layers unfrozen, the head alone after the body was frozen) that steps twice with no step of the clock
           between takes over, and the count goes on (a review: the head's 30 steps were not counted while the
@@ -448,10 +448,8 @@ class Engine:
             self.clock = opt
         elif held is not None and t.since_clock >= 1 and not held.ids.keys().isdisjoint(t.ids):
             self.clock = opt
+            self.segments.append(self.step + 1)   # its loss curve is judged apart (report._curves)
             self._credit(t, t.since_clock)   # its step before this one, which the clock it replaces did not count
-        elif t.since_clock > max(2 * self.opts.every, CLOCK_STOPPED * t.peak_since):
-            self.clock = opt   # the clock stopped (kept in a variable, never stepped again): the one stepping counts
-            self._credit(t, t.since_clock - t.paired)   # less its step of the clock's last iteration, counted then
 
     def _credit(self, t: Track, n: int) -> None:
         """n steps the new clock took that no clock counted: counted now, the last with the loss its step took."""
@@ -470,6 +468,7 @@ class Engine:
         """The provisional clock's steps were an attack's: they were never read (no callback, no TensorBoard saw
         them), and what they left in memory goes; the tracks of no model start again when they next step."""
         self.step, self._provisional, self._first_bad_found, self._last_read = 0, False, False, 0
+        self.segments = []
         self._window, self._loss_window, self._others, self.pending = [], [], [], []   # _losses: the new clock's
         for key, t in list(self.tracks.items()):
             if not t.roots:
@@ -594,7 +593,6 @@ class Engine:
                 if t.since_clock > t.peak_since:
                     t.peak_since = t.since_clock
                 t.since_clock = t.unclocked = 0
-            self._clock_backwards = self.backwards
             if self._provisional and self.step > UNTRAINED_STEPS:
                 self._provisional = False   # no model's optimizer came: it is the run's own
             if self.step >= 2 and self._discovery:
@@ -603,8 +601,6 @@ class Engine:
             self._losses, self._others = [], []
             self._window.append((self.step, _lr(opt)))
         else:
-            if track.since_clock == 0:   # its first step since the clock's: with no backward between, the same iteration's
-                track.paired = self.backwards == self._clock_backwards
             track.since_clock += 1
             if self.clock is None:
                 track.unclocked += 1
@@ -675,9 +671,10 @@ class Engine:
         import torch
 
         in_opt = set().union(*(t.keys() for t in self.tracks.values()))
-        for t in self.tracks.values():
-            if not t.released and t.opt is not self.clock:
-                t.idle_read(self._last_read)
+        live = [t for t in self.tracks.values() if not t.released]
+        for t in live:
+            if t.opt is not self.clock:
+                t.idle_read(self._last_read, lambda t=t: set().union(*(o.ids.keys() for o in live if o is not t)))
         self._last_read = self.step
         sensitive = _mode_sensitive()
         stats = []

@@ -197,6 +197,7 @@ def _wiring(result: Result, engine) -> None:
                            f"never changed over {engine.step} steps", "a zero learning rate for its group, or gradients "
                            "zeroed between backward and step()")
     _idle(result, engine, owners)
+    _clock_note(result, engine)
     carried = engine.checks["carried"]
     if carried and not engine.opts.accumulate:
         result.add("grad-carried-over", "error", "", f"gradients from the previous step were still there at every backward "
@@ -214,7 +215,7 @@ def _idle(result: Result, engine, owners: dict) -> None:
         idle = engine.step - t.last_step
         if t.released or t.idle_reads < IDLE_READS or idle <= 2 * max(t.gap_max, 1):
             continue
-        names = [t.names[i] for i, p in enumerate(t.params) if owners[param_key(p)] is t and p.requires_grad]
+        names = [t.names[i] for i, p in enumerate(t.params) if owners[param_key(p)] is t and id(p) in t.reached]
         if not names:
             continue
         label = t.kind if kinds.count(t.kind) == 1 else f"{t.kind} #{kinds[:k + 1].count(t.kind)}"
@@ -226,6 +227,19 @@ def _idle(result: Result, engine, owners: dict) -> None:
                    "call its step() where the loop stopped calling it; if its step is conditional on purpose (a GAN's "
                    "discriminator stepped only while it is weak), it has not been taken since; to keep them as they "
                    "are, freeze them (requires_grad_(False)), which saves their backward too")
+
+
+def _clock_note(result: Result, engine) -> None:
+    """The run's steps are the clock's (the first optimizer of a model to step). One that stopped while kept alive
+    is not replaced (engine._choose_clock): the steps another optimizer of a model took after its last, more than
+    2 × every and CLOCK_STOPPED times the most it took between two of the clock's, are said, not counted."""
+    from .engine import CLOCK_STOPPED
+
+    for t in engine.tracks.values():
+        if t.roots and not t.released and t.since_clock > max(2 * engine.opts.every, CLOCK_STOPPED * t.peak_since):
+            result.notes.append(f"{t.kind} took {t.since_clock} steps since the last step of the optimizer whose steps are "
+                                f"counted (step {engine.step}): they are not in the count (that optimizer stopped "
+                                "while kept alive; pass the one that trains to watch(model, optimizer) to count its steps)")
 
 
 def _doubles(result: Result, engine) -> None:
@@ -297,18 +311,25 @@ def _curves(result: Result, engine) -> None:
     pairs = _finite_pairs(steps, result.series["loss"])
     # a loss that depends on no parameter moves with the data only: its spikes and climbs say nothing of training
     constant = len(engine.tracks) == 1 and any(f.code == "loss-ignores-parameters" for f in result.findings)
-    if len(pairs) >= 10 and not constant:
-        _loss_curve(result, pairs, dict(zip(steps, result.series["lr"])), opts)
-    _grad_norm_explosion(result, steps, pairs, opts)
+    lr_at = dict(zip(steps, result.series["lr"]))
+    # another optimizer took the count (engine.segments: a task's own, after a phase of all tasks): its loss is
+    # another curve, judged on its own (a review: task B's MSE after task A's cross-entropy was a loss-spike)
+    cuts = [0, *engine.segments, math.inf]
+    for lo, hi in zip(cuts, cuts[1:]):
+        part = [(s, v) for s, v in pairs if lo <= s < hi]
+        if len(part) >= 10 and not constant:
+            _loss_curve(result, part, lr_at, opts)
+        norms = [(s, v) for s, v in zip(steps, result.series["grad_norm"]) if lo <= s < hi]
+        _grad_norm_explosion(result, [s for s, _ in norms], [v for _, v in norms], part, opts)
     _validation(result, engine, pairs)
 
 
-def _grad_norm_explosion(result: Result, steps, loss_pairs, opts) -> None:
+def _grad_norm_explosion(result: Result, steps, grad_norms, loss_pairs, opts) -> None:
     """A gradient-norm spike judged as a loss spike is (above `explode` x the running median, far outside the
     norms' own spread, above any norm of the spread's steps before it) that the run felt (_felt). At batch size 1
     a healthy run's per-sample norms span decades and a rare hard sample is a harmless spike (so_31880720's
     correct version: 34 after a median of 0.002, the loss unmoved, the norms back at once)."""
-    norms = _finite_pairs(steps, result.series["grad_norm"])
+    norms = _finite_pairs(steps, grad_norms)
     values = [v for _, v in norms]
     w = window(len(norms))
     for i in range(w, len(norms)):
@@ -367,7 +388,7 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts) -> None:
                        "look at that batch; clip gradients")
             break
         peak = max(peak, values[i])
-    if _diverged(med[-1], med[best_i], initial) and _climb_beyond_noise(values, w, best_i, med[-1], med[best_i]):
+    if _diverged(med[-1], med[best_i], initial) and _climb_beyond_noise(values, w, med[-1]):
         hint = "lower the learning rate"
         rise = _lr_rise(pairs, lr_at, pairs[best_i][0], w)
         if rise:
@@ -391,16 +412,15 @@ def _diverged(last: float, best: float, initial: float) -> bool:
     return last - initial > 0.1 * (abs(initial) + abs(best))
 
 
-def _climb_beyond_noise(values: list[float], w: int, best_i: int, last: float, best: float) -> bool:
-    """Is the climb from the best running median (at best_i) to the last more than the loss's own noise makes by
-    chance? Per-task or per-sample losses (meta-learning, batch size 1) spread over decades, so the lowest of many
-    window medians lies far below the typical one and the last one far above it with no trend at all (a Reptile
-    loop's 30-step medians range 0.15–6 and "2× the best" was an error on 4 of 10 seeds). The noise of one
-    window's median is measured from the run itself: the spread of the second differences of the medians of
-    consecutive w-step blocks (which a steady fall or climb does not move; one kink moves one), in log space when
-    the losses are positive. The climb must clear DIVERGE_K noise scales plus what the lowest of the blocks reaches
-    by chance, and the last window must clear DIVERGE_K above the typical block up to the best (a low best that is
-    one lucky block is not where the run was; a high plateau after the climb is not "typical")."""
+def _climb_beyond_noise(values: list[float], w: int, last: float) -> bool:
+    """Is the climb to the last running median more than the loss's own noise makes by chance? Per-task or
+    per-sample losses (meta-learning, batch size 1) spread over decades, so the lowest of many window medians lies
+    far below the typical one and the last one far above it with no trend at all (a Reptile loop's 30-step medians
+    range 0.15–6 and "2× the best" was an error on 4 of 10 seeds). The noise of one window's median is measured
+    from the run itself: the spread of the second differences of the medians of consecutive w-step blocks (which a
+    steady fall or climb does not move; one kink moves one), in log space when the losses are positive. The climb
+    is measured from the best level the run held for two blocks in a row (one lucky block is not where the run
+    was), and must clear DIVERGE_K noise scales plus what the lowest of the blocks reaches by chance."""
     n = len(values)
     ends = [n - k * w for k in range(n // w)][::-1]   # blocks of w steps aligned to the end: [end - w, end)
     if len(ends) < 4:
@@ -410,9 +430,8 @@ def _climb_beyond_noise(values: list[float], w: int, best_i: int, last: float, b
     second = [logs[j] - (logs[j - 1] + logs[j + 1]) / 2 for j in range(1, len(logs) - 1)]
     centre = statistics.median(second)
     noise = math.sqrt(2) * 1.4826 * statistics.median(abs(x - centre) for x in second) / math.sqrt(1.5)  # of a difference
-    chance = math.sqrt(2 * math.log(len(logs)))
-    typical = statistics.median([v for e, v in zip(ends, logs) if e <= best_i + w + 1] or logs[:1])
-    return f(last) - f(best) > (DIVERGE_K + chance) * noise and f(last) - typical > DIVERGE_K * noise
+    held = min(max(a, b) for a, b in zip(logs, logs[1:]))
+    return f(last) - held > (DIVERGE_K + math.sqrt(2 * math.log(len(logs)))) * noise
 
 
 def _outside_spread(values: list[float], i: int, w: int, v: float | None = None) -> bool:

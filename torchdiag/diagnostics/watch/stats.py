@@ -39,9 +39,9 @@ class Track:
         self.stepped = 0               # its steps, the longest stretch before or between them (the clock's steps),
         self.gap_max = 0               # and the reads since its last step at which a backward had reached its
         self.idle_reads = 0            # parameters (optimizer-idle)
-        self.peak_since = 0            # the most steps it took between two of the clock's (Engine._choose_clock),
-        self.paired = False            # and whether its first after the clock's last came with no backward between
-        self._reached: list | None = None   # [flag] the reach hooks set, while armed
+        self.peak_since = 0            # the most steps it took between two of the clock's (report._clock_note)
+        self._reached: set | None = None    # id() of the parameters a backward reached, while the hooks are armed
+        self.reached: set = set()      # of those, the ones seen at a read since its last step (the finding's names)
         self._reach_handles: list = []
         self.start = None              # device (2, n): L2 norm and sum of each parameter at the first step
         self.changed = None            # host: per parameter, did it change over the run (final read)
@@ -110,25 +110,29 @@ class Track:
         self.stepped += 1
         self.last_step = step
         self.idle_reads = 0
+        if self.reached:
+            self.reached = set()
         if self._reached is not None:
             self.idle_off()
 
-    def idle_read(self, last_read: int) -> None:
+    def idle_read(self, last_read: int, shared) -> None:
         """A read step: has a backward reached its parameters since the last read, while it has not stepped since
-        that read? Asked with a hook on its parameters (post-accumulate-grad: a backward reached it), armed only
-        once a read finds it idle, so a stepping optimizer costs nothing; a gradient clipped or zeroed in place is
-        not a new one."""
+        that read? Asked with a hook on each parameter only it holds (`shared`: another live optimizer's too) that a
+        backward accumulates into (a leaf), armed only once a read finds it idle, so a stepping optimizer costs
+        nothing; a gradient clipped or zeroed in place is not a new one. `shared()` is asked only when arming."""
         if not self.stepped or self.last_step >= last_read:
             if self._reached is not None:
                 self.idle_off()
             return
         if self._reached is None:
-            flag = self._reached = [False]
-            self._reach_handles = [p.register_post_accumulate_grad_hook(functools.partial(_set, flag))
-                                   for p in self.params if p.requires_grad]
-        elif self._reached[0]:
+            reached, others = set(), shared()
+            self._reached = reached
+            self._reach_handles = [p.register_post_accumulate_grad_hook(functools.partial(_reach, reached))
+                                   for p in self.params if p.requires_grad and p.is_leaf and id(p) not in others]
+        elif self._reached:
             self.idle_reads += 1
-            self._reached[0] = False
+            self.reached |= self._reached
+            self._reached.clear()
 
     def idle_off(self) -> None:
         for h in self._reach_handles:
@@ -543,8 +547,8 @@ class Released:
         return self._dim
 
 
-def _set(flag: list, _param) -> None:
-    flag[0] = True
+def _reach(reached: set, param) -> None:
+    reached.add(id(param))
 
 
 def param_key(p) -> int:
