@@ -945,3 +945,93 @@ def test_video_pixels_required_beside_ids_are_shaped_as_video():
     got = hf_inputs.candidates(Dual, config)
     assert got[0] == ("1x128:int64", "pixel_values_videos=1x4x3x32x32:float32")
     assert ("1x128:int64", "pixel_values_videos=1x3x32x32:float32") in got
+
+
+class _Codec:
+    """A codec's two required inputs (Xcodec2, NeuCodec): a waveform (batch, 1, samples) its Conv1d reads in hops of
+    320 samples, and filter banks (batch, frames, feature_size) for its semantic tower, joined frame by frame: the
+    features must have one frame per hop."""
+
+    @staticmethod
+    def build():
+        import torch
+        from torch import nn
+
+        class Codec(nn.Module):
+            main_input_name = "input_values"
+
+            def __init__(self):
+                super().__init__()
+                self.wave = nn.Conv1d(1, 4, 320, stride=320)
+                self.feat = nn.Linear(6, 4)
+
+            def forward(self, input_values, input_features, padding_mask=None):
+                acoustic = self.wave(input_values)                          # (batch, 4, samples / 320)
+                semantic = self.feat(input_features).transpose(1, 2)        # (batch, 4, frames)
+                return torch.cat([semantic, acoustic], dim=1)
+
+        return Codec
+
+
+def test_features_required_beside_a_waveform_are_shaped_as_features_from_the_config():
+    # a copy of the waveform's shape (or an index) is no spectrogram: the config's feature size and lengths are
+    import types
+
+    from torchdiag.core import hf_inputs
+
+    config = types.SimpleNamespace(sampling_rate=3200, feature_size=6)
+    got = hf_inputs.candidates(_Codec.build(), config)
+    assert ("1x1x3200:float32", "input_features=1x128x6:float32") in got
+    assert all(not s.startswith("input_features=1x1x3200") and ":int64" not in s for c in got for s in c[1:])
+    # time features keep their own rule (num_time_features wide, the main input's length): a forecaster's layouts
+    assert hf_inputs._beside("past_time_features", (8, 1), types.SimpleNamespace(num_time_features=2), 0) == \
+        hf_inputs._other("past_time_features", (8, 1), types.SimpleNamespace(num_time_features=2), 0)
+
+
+def test_a_codec_gets_one_feature_frame_per_hop_from_the_size_torch_cat_asks_for():
+    # torch.cat says the size the other tensor has: "Expected size 128 but got size 10 for tensor number 1 in the list"
+    import types
+
+    import torch
+
+    from torchdiag.core import error_sizes, hf_inputs
+    from torchdiag.core.inputs import _first_that_runs
+
+    text = ("Sizes of tensors must match except in dimension 1. Expected size 128 but got size 10 for tensor number 1 "
+            "in the list.")
+    assert error_sizes.asked(text, {1, 3200, 128, 6}) == [(128, 10)]
+    assert error_sizes.asked(text.replace("128", "10", 1).replace("size 10 for", "size 128 for"), {1, 128, 6}) == \
+        [(128, 10)]
+    torch.manual_seed(0)
+    model = _Codec.build()()
+    loaded = types.SimpleNamespace(model=model, input_source="test")
+    sets = hf_inputs.candidates(type(model), types.SimpleNamespace(sampling_rate=3200, feature_size=6))
+    got = _first_that_runs(sets, loaded, torch.device("cpu"), 0)
+    assert [(n, tuple(t.shape)) for n, t in got.tensors()] == [("input[0]", (1, 1, 3200)),
+                                                                ("input_features", (1, 10, 6))]
+    assert "128 → 10: the size the model's own error asked for" in got.source
+
+
+def test_a_resized_layout_that_runs_but_gives_all_zeros_is_a_last_resort():
+    # Xcodec2 at random initialisation: its quantizer rounds every latent to zero, and the audio decoded is all zeros;
+    # the variant that runs is still taken (said), not the layout that fails with the size it asked for
+    import types
+
+    import torch
+    from torch import nn
+
+    from torchdiag.core.inputs import _first_that_runs
+
+    class Quantized(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pos = nn.Parameter(torch.randn(1, 7, 4))
+
+        def forward(self, x):
+            return (x + self.pos) * 0.0
+
+    loaded = types.SimpleNamespace(model=Quantized(), input_source="test")
+    got = _first_that_runs([("1x5x4:float32",)], loaded, torch.device("cpu"), 0)
+    assert got.args[0].shape == (1, 7, 4)
+    assert got.source == ("test; layout 1 of 1 with 5 → 7: the size the model's own error asked for (no layout ran "
+                          "as made; the only ones that ran gave an output of all zeros)")

@@ -1,8 +1,9 @@
 """Sizes a model's own error asks for, when none of a source's default layouts runs (core.inputs._first_that_runs).
 
 A forward that refuses a made-up input often says the size it wanted: "The size of tensor a (80) must match the size
-of tensor b (560)", "must be a multiple of `n_window * 2` (100)", "expected input[1, 128, 160] to have 1 channels,
-but got 128 channels", "Input height (224) doesn't match model (336)". Each gives (old, new): a size of the layout
+of tensor b (560)", torch.cat's "Expected size 128 but got size 50 for tensor number 1 in the list", "must be a
+multiple of `n_window * 2` (100)", "expected input[1, 128, 160] to have 1 channels, but got 128 channels", "Input
+height (224) doesn't match model (336)". Each gives (old, new): a size of the layout
 after its batch dimension, and the one to try instead. Which dimensions hold it is not said, so the variants are
 the sets of its positions: each alone, then all, then the sets between (a feature map's height and width change
 together; a spectrogram's frame count in its features and in their mask together, not its mel bins). Each is one
@@ -22,7 +23,11 @@ MAX_GROWTH = 16     # a size asked for is at most this many times the one it rep
 
 _PAIRS = [re.compile(r"size of tensor a \((\d{1,9})\) must match the size of tensor b \((\d{1,9})\)"
                      r"(?! at non-singleton dimension 0\b)"),   # dimension 0: the batch, never resized
-          re.compile(r"\((\d{1,9})\) doesn'?t match model \((\d{1,9})\)")]
+          re.compile(r"\((\d{1,9})\) doesn'?t match model \((\d{1,9})\)"),
+          # torch.cat of tensors that differ outside the joined dimension: "Sizes of tensors must match except in
+          # dimension 1. Expected size 128 but got size 50 for tensor number 1 in the list." (a codec joins its
+          # spectrogram's frames to its waveform's)
+          re.compile(r"Expected size (\d{1,9}) but got size (\d{1,9}) for tensor number")]
 # "Input image size (1792*448) doesn't match model (896*448)": (height, width) given and wanted
 _SIDES = re.compile(r"\((\d{1,9})\*(\d{1,9})\) doesn'?t match model \((\d{1,9})\*(\d{1,9})\)")
 _CHANNELS = re.compile(r"to have (\d{1,9}) channels, but got (\d{1,9}) channels")
@@ -111,16 +116,24 @@ def _with(parsed, chosen: frozenset, new: int):
         yield prefix + "x".join(str(new) if (i, j) in chosen else d for j, d in enumerate(dims)) + tail
 
 
-def resized(sets, probes, loaded, device, seed: int, dtype: str | None):
+def resized(sets, probes, loaded, device, seed: int, dtype: str | None, last_resort: list | None = None):
     """The first layout that runs once given the sizes its own errors ask for, following up to ROUNDS errors in turn:
     when no variant of a round runs, the one whose forward got furthest with another error starts the next (FunASR's
     encoder asks for 560 features per frame, then for 127 frames). ModelInputs, its source saying which sizes
-    changed; None when none runs. `probes`: each layout's own (optional_inputs.probe)."""
-    tries = [0]
+    changed; None when none runs. `probes`: each layout's own (optional_inputs.probe). A variant that runs and gives
+    nothing (every float output all zeros, or NaN: core.inputs.blank_rank) is a last resort, as an unresized layout
+    that does so is: taken, and said, when no variant gives more (Xcodec2 at random initialisation: its quantizer
+    rounds every latent to the zero level, and the audio decoded from them is all zeros). With `last_resort` given,
+    that one is appended there and None returned: the caller tries its other ways first."""
+    tries, blanks, blank = [0], list[tuple](), None
     for i, first in enumerate(probes):
         specs, prev, steps = tuple(sets[i]), first, list[str]()
         for _ in range(ROUNDS):
-            ran, nxt = _round(specs, prev, loaded, device, seed, dtype, tries)
+            ran, nxt = _round(specs, prev, loaded, device, seed, dtype, tries, blanks)
+            for rank, inputs, step in blanks:   # the first of the lowest rank: all zeros before NaN
+                if blank is None or rank < blank[0]:
+                    blank = (rank, inputs, i, steps + [step])
+            blanks.clear()
             if ran is not None:
                 inputs, step = ran
                 inputs.source = loaded.input_source + (
@@ -130,14 +143,24 @@ def resized(sets, probes, loaded, device, seed: int, dtype: str | None):
             if nxt is None:
                 break
             specs, prev = nxt[0], nxt[1]
-            steps.append(nxt[2])
-    return None
+            steps = steps + [nxt[2]]
+    if blank is None:
+        return None
+    rank, inputs, i, steps = blank
+    inputs.source = loaded.input_source + (
+        f"; layout {i + 1} of {len(sets)} with {', '.join(steps)}: the size the model's own error asked for (no "
+        f"layout ran as made; the only ones that ran gave an output of {'all zeros' if rank == 1 else 'NaN'})")
+    if last_resort is not None:
+        last_resort.append(inputs)
+        return None
+    return inputs
 
 
-def _round(specs, prev, loaded, device, seed: int, dtype: str | None, tries: list):
+def _round(specs, prev, loaded, device, seed: int, dtype: str | None, tries: list, blanks: list | None = None):
     """((inputs, 'old → new') of the first variant that runs, None) or (None, (specs, probe, step) of the variant
     that got furthest with another error, or None). A variant that runs while a mask still holds the old size is
-    tried with the mask changed too, and taken that way when it runs (a frame count in features and mask)."""
+    tried with the mask changed too, and taken that way when it runs (a frame count in features and mask).
+    `blanks` gets (blank_rank, inputs, 'old → new') of each variant that ran and gave nothing."""
     from .inputs import blank_rank
 
     best = None
@@ -157,6 +180,8 @@ def _round(specs, prev, loaded, device, seed: int, dtype: str | None, tries: lis
                     if again is not None and again.out is not None and not blank_rank(again.out):
                         inputs = both
                 return (inputs, f"{old} → {new}"), None
+            if got.out is not None and blanks is not None:
+                blanks.append((blank_rank(got.out), inputs, f"{old} → {new}"))
             if got.out is None and got.error != prev.error and got.calls >= prev.calls \
                     and (best is None or got.calls > best[1].calls):
                 best = (grown, got, f"{old} → {new}")

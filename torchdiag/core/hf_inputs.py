@@ -200,6 +200,17 @@ def _other(name: str, main_shape: tuple[int, ...], config, variant: int, boolean
             f"{_dims((length, hidden))}:float32"][variant]
 
 
+def _beside(name: str, main_shape: tuple[int, ...], config, variant: int, boolean: bool = False) -> str | None:
+    """A required input beside the main one, for the forward's layouts (_layouts): as _other, but features
+    (`*_features`) are shaped as a main input of that name is, from the config's feature sizes and lengths (a
+    codec's filter banks beside its waveform: a (frames, feature_size) spectrogram, not a copy of the waveform's
+    shape), as images beside another main input are; `variant` picks the shape, most likely first."""
+    if name.endswith("_features") and "time_features" not in name:   # time features: _other (num_time_features)
+        shapes = [f"{_dims(shape)}:{dtype}" for shape, dtype, _ in _main_shapes(config, name)]
+        return shapes[variant] if variant < len(shapes) else None
+    return _other(name, main_shape, config, variant, boolean)
+
+
 def candidates(cls, config) -> list[tuple[str, ...]]:
     """Spec tuples to try in order (see the module's docstring)."""
     main, required = forward_names(cls)
@@ -287,7 +298,7 @@ def _layouts(cls, config, main: str, others: list[str], first, mask: str | None 
         head = f"{_dims(shape)}:{dtype}"
         head = head if main == first else f"{main}={head}"
         for variant in range(VARIANTS if others else 1):
-            specs = [_other(n, shape, config, variant, _boolean(params.get(n))) for n in others]
+            specs = [_beside(n, shape, config, variant, _boolean(params.get(n))) for n in others]
             if mask:
                 specs.append(f"{_dims((length,))}:{'bool' if _boolean(params.get(mask)) else 'int64'}~ones")
             if futures:   # what the model predicts, shaped like what it reads (prediction_length steps)

@@ -676,10 +676,11 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
     wide = _widened(sets, named, loaded, device, seed, dtype)
     if wide is not None:
         return wide
-    asked = error_sizes.resized(sets, named, loaded, device, seed, dtype) or _resized_grown(furthest, loaded, device,
-                                                                                           seed, dtype)
-    if asked is not None:
-        return asked
+    blank_only: list = []   # a resized layout that ran but gave nothing: after every other way (Voxtral's grown one)
+    asked = error_sizes.resized(sets, named, loaded, device, seed, dtype, blank_only) \
+        or _resized_grown(furthest, loaded, device, seed, dtype)
+    if asked is not None or blank_only:
+        return asked if asked is not None else blank_only[0]
     k = max(range(len(reached)), key=lambda i: (reached[i], -i))
     chosen = spec_inputs(sets[k], loaded, device, seed)
     chosen.source = loaded.input_source + (f"; none of {len(sets)} layouts ran: layout {k + 1}, which went furthest "
