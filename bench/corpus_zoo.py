@@ -114,7 +114,41 @@ def _token_ids(config) -> int:
 def shrink(config, derived: bool = True, floor: int = -1) -> None:
     """Every known size attribute of `config` and its sub-configs set small (in place); per-layer lists
     cut to the new depth; the vocabulary kept large enough for every token id the config or a parent names
-    (`floor`: a vision-language config's image_token_id is read by its text_config's embedding)."""
+    (`floor`: a vision-language config's image_token_id is read by its text_config's embedding); a `*_dim` that
+    was the sum of two widths is their new sum (_summed_dims)."""
+    before = _widths(config)
+    _shrink(config, derived, floor)
+    _summed_dims(config, before, _widths(config))
+
+
+def _widths(config) -> list[int]:
+    """The hidden sizes of a config and of its sub-configs, in order."""
+    from transformers import PretrainedConfig
+
+    own = vars(config)
+    out = [own["hidden_size"]] if isinstance(own.get("hidden_size"), int) else []
+    for v in own.values():
+        if isinstance(v, PretrainedConfig):
+            out += _widths(v)
+    return out
+
+
+def _summed_dims(config, before: list[int], after: list[int]) -> None:
+    """A `*_dim` of the top config that is the sum of two hidden sizes (its own and a sub-config's) is set to their
+    shrunk sum: Xcodec2's quantization_dim (2048) is the width of its semantic and acoustic features concatenated
+    (1024 + 1024), and left at 2048 the shrunk model cannot run. Only `*_dim` names, never a length or a count."""
+    if len(before) != len(after) or len(before) < 2:
+        return
+    for key, value in list(vars(config).items()):
+        if not key.endswith("_dim") or key in SMALL or not isinstance(value, int) or isinstance(value, bool):
+            continue
+        pairs = [(i, j) for i in range(len(before)) for j in range(i + 1, len(before)) if before[i] + before[j] == value]
+        if pairs:
+            i, j = pairs[0]
+            setattr(config, key, after[i] + after[j])
+
+
+def _shrink(config, derived: bool = True, floor: int = -1) -> None:
     from transformers import PretrainedConfig
 
     depth = {k: getattr(config, k) for k in LAYER_COUNTS if isinstance(getattr(config, k, None), int)}
@@ -130,7 +164,7 @@ def shrink(config, derived: bool = True, floor: int = -1) -> None:
                 and width > 0 and value > width and value % width == 0):
             limit = value // width * SMALL["hidden_size"]   # a multiple of the width stays one (Zamba2's 2x)
         if isinstance(value, PretrainedConfig):
-            shrink(value, derived, floor)
+            _shrink(value, derived, floor)
         elif limit and isinstance(value, int) and not isinstance(value, bool) and value > limit:
             setattr(config, key, limit)
         elif key == "vocab_size" and isinstance(value, int) and value <= floor:

@@ -81,3 +81,17 @@ def test_unset_experts_per_token_and_an_odd_expert_width():
     c = _completed("DeepseekV2Config")
     assert c.num_experts_per_tok == 2
     assert c.moe_intermediate_size == corpus_zoo.SMALL["intermediate_size"]
+
+
+def test_a_dim_that_is_the_sum_of_two_widths_follows_them():
+    """Xcodec's codebook_dim and Xcodec2's quantization_dim are the acoustic and semantic widths concatenated
+    (1024 + 1024); left at 2048 beside widths of 32 the shrunk Xcodec2 could not run its quantizer (a Linear of 2048
+    inputs given 64), and Xcodec fell back to its default config. A length or a count equal to such a sum stays."""
+    c = _shrunk("Xcodec2Config")
+    assert c.quantization_dim == c.hidden_size + c.semantic_model_config.hidden_size == 64
+    c = _shrunk("XcodecConfig")
+    assert c.codebook_dim == c.acoustic_model_config.hidden_size + c.semantic_model_config.hidden_size
+    c = transformers.Xcodec2Config()
+    c.sampling_rate = c.quantization_dim   # 2048: a rate, not a *_dim, though it equals the sum
+    corpus_zoo.shrink(c)
+    assert c.sampling_rate == 2048 and c.quantization_dim == 64
