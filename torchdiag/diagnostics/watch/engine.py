@@ -70,7 +70,6 @@ class Engine:
         self._clock = None                  # weakref to the clock optimizer (see `clock`)
         self._provisional = False           # the clock is an attack's until a model's optimizer steps (_choose_clock)
         self._last_read = 0                 # the step of the last read (optimizer-idle)
-        self.segments: list[int] = []       # the first step of each count another optimizer took over (_choose_clock)
         self._dead: list = []               # ids of watched optimizers the run let go, filed at the next step
         self.let_go = 0                     # optimizers of no model let go (an attack's, made per step): dropped
         # id -> trained root module, held weakly (a model per fold must go when the run lets it go); its order
@@ -448,7 +447,6 @@ class Engine:
             self.clock = opt
         elif held is not None and t.since_clock >= 1 and not held.ids.keys().isdisjoint(t.ids):
             self.clock = opt
-            self.segments.append(self.step + 1)   # its loss curve is judged apart (report._curves)
             self._credit(t, t.since_clock)   # its step before this one, which the clock it replaces did not count
 
     def _credit(self, t: Track, n: int) -> None:
@@ -468,7 +466,6 @@ class Engine:
         """The provisional clock's steps were an attack's: they were never read (no callback, no TensorBoard saw
         them), and what they left in memory goes; the tracks of no model start again when they next step."""
         self.step, self._provisional, self._first_bad_found, self._last_read = 0, False, False, 0
-        self.segments = []
         self._window, self._loss_window, self._others, self.pending = [], [], [], []   # _losses: the new clock's
         for key, t in list(self.tracks.items()):
             if not t.roots:
@@ -674,7 +671,9 @@ class Engine:
         live = [t for t in self.tracks.values() if not t.released]
         for t in live:
             if t.opt is not self.clock:
-                t.idle_read(self._last_read, lambda t=t: set().union(*(o.ids.keys() for o in live if o is not t)))
+                # a parameter another optimizer stepped since this one's last step is that one's to step
+                t.idle_read(self._last_read, lambda t=t: set().union(*(o.ids.keys() for o in live
+                                                                      if o is not t and o.last_step > t.last_step)))
         self._last_read = self.step
         sensitive = _mode_sensitive()
         stats = []

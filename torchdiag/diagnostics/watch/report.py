@@ -26,7 +26,7 @@ SPREAD_K = 5.0         # a loss spike is this many robust standard deviations ab
 SPREAD_STEPS = 4       # ... measured over this many windows before it
 VAL_TAIL = 3           # val-worsens: the last evaluations (up to this many after the best) all worse than it ...
 VAL_NOISE_K = 1.0      # ... their median by this many noise scales more than the best of n draws reaches by chance
-DIVERGE_K = 3.0        # loss-diverged: the climb clears the block medians' own noise by this many noise scales
+DIVERGE_K = 3.5        # loss-diverged: the climb clears the block medians' own noise by this many noise scales
 IDLE_READS = 1         # optimizer-idle: whole read intervals after its last step in which a backward reached it
 RATIO_LOW = 1e-7       # update/weight ratio below which a weight matrix is said not to learn (info)
 
@@ -311,16 +311,9 @@ def _curves(result: Result, engine) -> None:
     pairs = _finite_pairs(steps, result.series["loss"])
     # a loss that depends on no parameter moves with the data only: its spikes and climbs say nothing of training
     constant = len(engine.tracks) == 1 and any(f.code == "loss-ignores-parameters" for f in result.findings)
-    lr_at = dict(zip(steps, result.series["lr"]))
-    # another optimizer took the count (engine.segments: a task's own, after a phase of all tasks): its loss is
-    # another curve, judged on its own (a review: task B's MSE after task A's cross-entropy was a loss-spike)
-    cuts = [0, *engine.segments, math.inf]
-    for lo, hi in zip(cuts, cuts[1:]):
-        part = [(s, v) for s, v in pairs if lo <= s < hi]
-        if len(part) >= 10 and not constant:
-            _loss_curve(result, part, lr_at, opts)
-        norms = [(s, v) for s, v in zip(steps, result.series["grad_norm"]) if lo <= s < hi]
-        _grad_norm_explosion(result, [s for s, _ in norms], [v for _, v in norms], part, opts)
+    if len(pairs) >= 10 and not constant:
+        _loss_curve(result, pairs, dict(zip(steps, result.series["lr"])), opts)
+    _grad_norm_explosion(result, steps, result.series["grad_norm"], pairs, opts)
     _validation(result, engine, pairs)
 
 
@@ -417,21 +410,31 @@ def _climb_beyond_noise(values: list[float], w: int, last: float) -> bool:
     per-sample losses (meta-learning, batch size 1) spread over decades, so the lowest of many window medians lies
     far below the typical one and the last one far above it with no trend at all (a Reptile loop's 30-step medians
     range 0.15–6 and "2× the best" was an error on 4 of 10 seeds). The noise of one window's median is measured
-    from the run itself: the spread of the second differences of the medians of consecutive w-step blocks (which a
-    steady fall or climb does not move; one kink moves one), in log space when the losses are positive. The climb
-    is measured from the best level the run held for two blocks in a row (one lucky block is not where the run
-    was), and must clear DIVERGE_K noise scales plus what the lowest of the blocks reaches by chance."""
-    n = len(values)
-    ends = [n - k * w for k in range(n // w)][::-1]   # blocks of w steps aligned to the end: [end - w, end)
-    if len(ends) < 4:
-        return True
+    from the run itself (_block_noise), and the climb, from the best level the run held for two blocks in a row (one
+    lucky block is not where the run was), must clear DIVERGE_K noise scales plus what the lowest of the blocks
+    reaches by chance."""
     f = math.log if min(values) > 0 else float
-    logs = [f(statistics.median(values[e - w:e])) for e in ends]
-    second = [logs[j] - (logs[j - 1] + logs[j + 1]) / 2 for j in range(1, len(logs) - 1)]
-    centre = statistics.median(second)
-    noise = math.sqrt(2) * 1.4826 * statistics.median(abs(x - centre) for x in second) / math.sqrt(1.5)  # of a difference
+    logs, noise = _block_noise(values, w, f)
+    if len(logs) < 4:
+        return True
+    wide, noise2 = _block_noise(values, 2 * w, f)
+    if len(wide) >= 6:   # a loss periodic over two blocks (SGDR's restarts, unshuffled halves) is flat at 2w
+        noise = min(noise, math.sqrt(2) * noise2)
     held = min(max(a, b) for a, b in zip(logs, logs[1:]))
     return f(last) - held > (DIVERGE_K + math.sqrt(2 * math.log(len(logs)))) * noise
+
+
+def _block_noise(values: list[float], w: int, f) -> tuple[list[float], float]:
+    """The medians of consecutive w-step blocks aligned to the end (through f: log for a positive loss), and the
+    noise of a difference of two of them: the spread of their second differences, which a steady fall or climb does
+    not move and one kink moves once."""
+    n = len(values)
+    logs = [f(statistics.median(values[n - (k + 1) * w:n - k * w])) for k in range(n // w)][::-1]
+    if len(logs) < 3:
+        return logs, 0.0
+    second = [logs[j] - (logs[j - 1] + logs[j + 1]) / 2 for j in range(1, len(logs) - 1)]
+    centre = statistics.median(second)
+    return logs, math.sqrt(2) * 1.4826 * statistics.median(abs(x - centre) for x in second) / math.sqrt(1.5)
 
 
 def _outside_spread(values: list[float], i: int, w: int, v: float | None = None) -> bool:
