@@ -425,13 +425,13 @@ class Engine:
           the count starts again with it. Past that it is the clock for good (an image optimised through a
           network left trainable). An optimizer of no model with nothing else around it (3D Gaussians, a NeRF's
           grid) is the clock from its first step.
-        A clock that stops while kept alive is not replaced (a second review: handing over at any count stole the
-        clock of healthy GANs whose critic steps 100 times per generator step, and joined two models' loss curves);
-        the report says how many steps another optimizer took after the clock's last (report._clock_note).
         - An optimizer over some of the clock's parameters (the same ones made again while the old one is kept,
           layers unfrozen, the head alone after the body was frozen) that steps twice with no step of the clock
           between takes over, and the count goes on (a review: the head's 30 steps were not counted while the
-          first phase's optimizer, idle, was kept in a variable)."""
+          first phase's optimizer, idle, was kept in a variable).
+        A clock that stops while kept alive is not replaced (a second review: handing over at any count stole the
+        clock of healthy GANs whose critic steps 100 times per generator step, and joined two models' loss curves);
+        the report says how many steps another optimizer took after the clock's last (report._clock_note)."""
         clock = self.clock
         if clock is None:
             if self._may_clock(t):
