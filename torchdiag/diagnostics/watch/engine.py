@@ -47,7 +47,6 @@ def _guarded(hook):
 
 SEARCH_STEPS = 3   # the clock's steps, from an optimizer's first, during which its model is looked for
 MAX_SEARCHES = 8   # optimizers whose model is looked for at all
-CLOCK_STOPPED = 4   # another optimizer's steps after the clock's last, over the most it took between two: a note
 UNTRAINED_STEPS = 50   # the clock's steps during which a model called with trainable parameters that no optimizer
                        # holds keeps discovery on (a WGAN's generator first steps after 5 critic steps)
 
@@ -339,7 +338,7 @@ class Engine:
             rep = event.get("replay") or {}
             if "module" in rep:
                 rep["module"] = ren(rep["module"]) if rep["module"] else prefix.rstrip(".")
-        named = {"bn": lambda n: ren(n), "dead": lambda e: (ren(e[0]), *e[1:])}   # reads not yet taken
+        named = {"bn": ren, "dead": lambda e: (ren(e[0]), *e[1:])}   # reads not yet taken
         self.pending = [(k, (pl[0], [named[k](e) for e in pl[1]]) if k in named else pl, t) for k, pl, t in self.pending]
 
     def root_prefix(self, root) -> str:

@@ -27,6 +27,7 @@ SPREAD_STEPS = 4       # ... measured over this many windows before it
 VAL_TAIL = 3           # val-worsens: the last evaluations (up to this many after the best) all worse than it ...
 VAL_NOISE_K = 1.0      # ... their median by this many noise scales more than the best of n draws reaches by chance
 DIVERGE_K = 3.5        # loss-diverged: the climb clears the block medians' own noise by this many noise scales
+CLOCK_STOPPED = 4      # a note: another optimizer's steps since the clock's last, over the most it took between two
 IDLE_READS = 1         # optimizer-idle: whole read intervals after its last step in which a backward reached it
 RATIO_LOW = 1e-7       # update/weight ratio below which a weight matrix is said not to learn (info)
 
@@ -233,8 +234,6 @@ def _clock_note(result: Result, engine) -> None:
     """The run's steps are the clock's (the first optimizer of a model to step). One that stopped while kept alive
     is not replaced (engine._choose_clock): the steps another optimizer of a model took after its last, more than
     2 × every and CLOCK_STOPPED times the most it took between two of the clock's, are said, not counted."""
-    from .engine import CLOCK_STOPPED
-
     for t in engine.tracks.values():
         if t.roots and not t.released and t.since_clock > max(2 * engine.opts.every, CLOCK_STOPPED * t.peak_since):
             result.notes.append(f"{t.kind} took {t.since_clock} steps since the last step of the optimizer whose steps are "
