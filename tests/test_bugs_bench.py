@@ -42,6 +42,9 @@ def test_one_program_end_to_end(tmp_path):
         assert watch["rc"] in (0, 1), watch["stderr_tail"]
         assert watch["result"]["epochs"] == 2          # the script ran under watch to its end
         assert watch["steps"] == plain["result"]["steps"]
+        timing = runs[f"{PROGRAM}/{v}/timing/0"]   # the overhead pair, back to back, order alternating
+        assert timing["order"] == (["plain", "watch"] if v == "buggy" else ["watch", "plain"])
+        assert timing["plain"]["result"]["steps"] == timing["watch"]["result"]["steps"] == plain["result"]["steps"]
         for c in ONESHOT:
             shot = runs[f"{PROGRAM}/{v}/{c}/0"]
             assert shot["rc"] in (0, 1), (c, shot["stderr_tail"])
@@ -50,6 +53,9 @@ def test_one_program_end_to_end(tmp_path):
     assert summary["reproduction"]["status"] in ("reproduces", "does not reproduce")
     for v in ("buggy", "correct"):
         assert {"detected", "codes", "types", "diagnosed", "localised", "first_alarm_step", "overhead"} <= set(summary[v])
+        assert summary[v]["overhead_paired"] and summary[v]["overhead"] == pytest.approx(
+            runs[f"{PROGRAM}/{v}/timing/0"]["watch"]["result"]["cpu_seconds"]
+            / runs[f"{PROGRAM}/{v}/timing/0"]["plain"]["result"]["cpu_seconds"] - 1)
     assert "## Training-bug benchmarks" in (tmp_path / "README.md").read_text()
     again = _run(tmp_path)                              # resumable: nothing left to run
     assert again.returncode == 0 and f"{PROGRAM}/buggy/plain/0" not in again.stdout

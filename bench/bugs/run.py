@@ -10,6 +10,9 @@ For each program in bench/bugs/<id>/ (buggy.py, correct.py, meta.json):
    the script's own batch and loss: `--batch <variant>.py:batch --loss <variant>.py:loss`): doctor,
    overfit-batch, nancheck (with optimizer steps), gradflow; and `data` on the script's own training and
    validation data (bench/bugs/dataspec.py) with its model.
+3. timing: seed 0 plain and watched back to back (the order alternating from one variant to the next), so
+   that watch's overhead compares two runs made under the same load; the detection runs' pairs, made hours
+   apart, are the fallback.
 
 Every result is stored in the JSON file (--results) as soon as it exists, keyed by program/variant/mode/seed;
 a second run skips what is there. `--report` writes the table into bench/README.md from whatever is done.
@@ -132,6 +135,19 @@ def watched(m: dict, variant: str, seed: int, epochs: int | None, timeout: float
             "stderr_tail": err[-800:] if rc not in (0, 1) else ""}
 
 
+def timed(m: dict, variant: str, epochs: int | None, timeout: float, every: int, watch_first: bool) -> dict:
+    """One plain and one watched run of seed 0, back to back: the overhead pair (report.py prefers it)."""
+    order = ("watch", "plain") if watch_first else ("plain", "watch")
+    out: dict = {"order": list(order)}
+    t0 = time.time()
+    for kind in order:
+        r = watched(m, variant, 0, epochs, timeout * 3, every) if kind == "watch" \
+            else plain(m, variant, [0], epochs, timeout)[0]
+        out[kind] = {"rc": r["rc"], "result": r["result"]}
+    out["rc"], out["wall_s"] = out["plain"]["rc"], round(time.time() - t0, 3)
+    return out
+
+
 def _data_command(spec: str) -> list[str]:
     """`data` on the data the script trains and validates on, with its model (content checks: no loader timing,
     which on a shared machine would measure the machine)."""
@@ -163,11 +179,11 @@ def oneshot(m: dict, variant: str, command: str, timeout: float) -> dict:
             "stderr_tail": err[-800:] if rc not in (0, 1) else ""}
 
 
-def tasks(progs: list[dict], seeds: int, watch: bool, shots: bool, passes: str = "plain,detect,seeds",
+def tasks(progs: list[dict], seeds: int, watch: bool, shots: bool, passes: str = "plain,detect,seeds,timing",
           commands: tuple[str, ...] = ONESHOT):
-    """(program, key, kind, variant, seed or command), in three passes so that a partial run is useful:
-    every program's reproduction first, then watch on seed 0 and the one-shot commands, then watch on the
-    other seeds."""
+    """(program, key, kind, variant, seed or command), in passes so that a partial run is useful: every
+    program's reproduction first, then watch on seed 0 and the one-shot commands, then watch on the other
+    seeds, then the timing pairs."""
     if "plain" in passes:
         for m in progs:
             for v in ("buggy", "correct"):
@@ -184,6 +200,9 @@ def tasks(progs: list[dict], seeds: int, watch: bool, shots: bool, passes: str =
             for s in range(1, seeds):
                 for v in ("buggy", "correct"):
                     yield m, f"{m['id']}/{v}/watch/{s}", "watch", v, s
+    if watch and "timing" in passes:
+        for i, (m, v) in enumerate((m, v) for m in progs for v in ("buggy", "correct")):
+            yield m, f"{m['id']}/{v}/timing/0", "timing", v, i % 2 == 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,8 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-watch", action="store_true")
     ap.add_argument("--no-oneshot", action="store_true")
     ap.add_argument("--oneshot", default=",".join(ONESHOT), help="which one-shot commands, comma-separated (tests: fewer)")
-    ap.add_argument("--passes", default="plain,detect,seeds",
-                    help="which passes: plain (reproduction), detect (watch seed 0 + one-shots), seeds (watch, other seeds);"
+    ap.add_argument("--passes", default="plain,detect,seeds,timing",
+                    help="which passes: plain (reproduction), detect (watch seed 0 + one-shots), seeds (watch, other seeds),"
+                    " timing (seed 0 plain and watched back to back, for the overhead);"
                     " two workers on different passes may share one results file")
     ap.add_argument("--shard", default="0/1", help="k/n: this worker runs every n-th task from the k-th (parallel workers)")
     ap.add_argument("--report", action="store_true", help="only write the table from the results")
@@ -225,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if kind == "watch":
                 r = watched(m, v, arg, a.epochs, timeout * 3, a.every)
+            elif kind == "timing":
+                r = timed(m, v, a.epochs, timeout, a.every, arg)
             else:
                 r = oneshot(m, v, arg, timeout)
             results = load(path)      # another writer (a --report) may have saved meanwhile
