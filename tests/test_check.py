@@ -414,3 +414,14 @@ def test_overfit_batch_failing_under_a_slow_optimizer_says_what_to_change(cli, t
     row = next(r for r in res.json["checks"] if r["check"] == "overfit-batch")
     assert res.code == 1 and row["status"] == "FAIL", res.stdout
     assert row["message"].startswith("cannot-overfit") and "optimizer-cannot-fit: sgd (lr 1e-08" in row["message"]
+
+
+def test_a_figure_just_over_its_limit_is_printed_over_it(cli, tmp_path, monkeypatch):
+    """A review: 0.002425 GMACs against a limit of 0.0024 read "0.002 GMACs > limit 0.0024" (three decimals)."""
+    write(tmp_path, CONFIG.format(model=sample("cnn.py:build"), max_params=30000).replace("max-gmacs = 5.0", "max-gmacs = 0.0131"))
+    monkeypatch.chdir(tmp_path)
+    res = cli("check", "--json", "--no-overfit-batch", "--no-nancheck", "--no-gradflow")
+    assert res.code == 1, res.stderr
+    macs = 8 * 32 * 32 * 16 * 3 * 9 + 8 * 16 * 16 * 32 * 16 * 9 + 8 * 2048 * 10   # 13,139,968: convs and the head
+    row = next(r for r in res.json["checks"] if r["check"] == "max-gmacs")
+    assert row["status"] == "FAIL" and row["figure"] == f"{macs / 1e9:.4g} GMACs" == "0.01314 GMACs", row

@@ -443,8 +443,19 @@ def _size_checks(c: dict, model, inputs, ctx, record) -> None:
                 if "r" not in cache:
                     cache["r"] = invoke(flops, model, inputs, flops.Options(depth=0), ctx)
                 g = cache["r"].data[data_key] / 1e9
-                return g <= limit, f"{g:.3f} {unit}", "" if g <= limit else f"{g:.3f} {unit} > limit {limit:g}"
+                shown = f"{_against(g, limit)} {unit}"
+                return g <= limit, shown, "" if g <= limit else f"{shown} > limit {limit:g}"
             record(key, check_flops, f"{c[key]:g} {unit}")
+
+
+def _against(value: float, limit: float) -> str:
+    """The value with as many significant digits (4 at least) as it takes to be seen on the right side of the
+    limit: 2,424,832 MACs against 0.0024 GMACs is 0.002425, not 0.002 (a review: "0.002 > limit 0.0024")."""
+    for digits in range(4, 17):
+        text = f"{value:.{digits}g}"
+        if (float(text) > limit) == (value > limit) and (float(text) == limit) == (value == limit):
+            return text
+    return repr(value)
 
 
 def _own(diagnostic, ctx):
@@ -516,7 +527,10 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
 
         def mem():
             peak = int(invoke(memory, model, inputs, memory.Options(), _own(memory, ctx)).data["peak_bytes"])
-            return peak <= limit, human_bytes(peak), "" if peak <= limit else f"peak {human_bytes(peak)} > {human_bytes(limit)}"
+            shown = human_bytes(peak)
+            if shown == human_bytes(limit) and peak != limit:   # "1.00 GiB > 1.00 GiB" says nothing: the bytes do
+                shown += f" ({peak:,} bytes)"
+            return peak <= limit, shown, "" if peak <= limit else f"peak {shown} > {human_bytes(limit)}"
         record("max-peak-memory", mem, human_bytes(limit))
     if "data" in c:
         _data_check(c["data"], model, ctx, record)
