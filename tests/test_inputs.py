@@ -388,3 +388,48 @@ def test_a_write_of_nothing_still_gets_a_fresh_tensor_and_signed_zeros_and_nans_
     signed = ModelInputs((torch.tensor([-0.0, 1.0]),))
     assert [signed.call(Flip())[0].item() for _ in range(3)] == [float("-inf")] * 3
     assert signed.written() == ["input[0]"]
+
+
+ENC_DEC = '''
+import torch
+from torch import nn
+
+
+class Decoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 8)
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        return self.emb(input_ids)
+
+
+class EncDec(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc, self.decoder = nn.Embedding(50, 8), Decoder()
+
+    def forward(self, input_ids, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None):
+        memory = self.enc(input_ids)
+        return self.decoder(input_ids=decoder_input_ids, attention_mask=decoder_attention_mask).sum() + memory.sum()
+
+
+def build():
+    return EncDec()
+
+
+def example_inputs():
+    return {"input_ids": torch.randint(0, 50, (2, 6))}
+'''
+
+
+def test_a_missing_decoder_input_is_named_not_a_mask_the_decoder_does_not_need(cli, tmp_path):
+    """A review (T5 given input_ids only): the decoder got input_ids=None and attention_mask=None, and the hint said
+    to pass attention_mask; its error names input_ids, so decoder_input_ids is the one to pass."""
+    (tmp_path / "encdec.py").write_text(ENC_DEC)
+    res = cli("summary", f"{tmp_path / 'encdec.py'}:build")
+    assert res.code == 3, res.stderr
+    assert "was not given decoder_input_ids (" in res.stderr, res.stderr
+    assert "hint: pass decoder_input_ids as a keyword input" in res.stderr, res.stderr

@@ -1,6 +1,7 @@
 """Forward hooks that record which module ran, with what shapes — and which one raised."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,10 +149,12 @@ class ModuleTracker(ForwardHooks):
             self.none_kwargs = [k for k, v in kwargs.items() if v is None]
         return call
 
-    def missing_inputs(self) -> list[str]:
+    def missing_inputs(self, error: str = "") -> list[str]:
         """Optional inputs of the model's forward that were not given and whose absence the failing
         module saw as a None keyword (T5's decoder gets input_ids=None when decoder_input_ids is
-        missing): the names an error should give."""
+        missing): the names an error should give. Where the error names some of those keywords ("exactly one
+        of input_ids or inputs_embeds"), only theirs: T5's decoder also got attention_mask=None, which it
+        does not need (a review: the hint said to pass attention_mask)."""
         if self.failing is None or self.root_given is None or not self.none_kwargs:
             return []
         from .inputs import forward_parameters
@@ -159,7 +162,9 @@ class ModuleTracker(ForwardHooks):
         n_args, given = self.root_given
         params = forward_parameters(self.model)
         free = [p.name for i, p in enumerate(params) if i >= n_args and p.name not in given]
-        return [p for p in free if any(p == k or p.endswith("_" + k) for k in self.none_kwargs)]
+        named = [k for k in self.none_kwargs if re.search(rf"\b{re.escape(k)}\b", error)]
+        keys = [k for k in named if any(p == k or p.endswith("_" + k) for p in free)] or self.none_kwargs
+        return [p for p in free if any(p == k or p.endswith("_" + k) for k in keys)]
 
     def failing_nones(self) -> list[str]:
         """The inputs the module that raised (the innermost call still open) received as None, by keyword and by
@@ -220,7 +225,7 @@ def forward_error(exc: BaseException, tracker: ModuleTracker | None, phase: str 
         msg = (f"{call.name or '(root)'} ({call.type}) has no forward() of its own (it holds "
                f"{', '.join(parts[:6]) + (' …' if len(parts) > 6 else '') or 'no sub-modules'}), so it cannot be run")
         hint = "run one of the models it holds (a factory that returns it: module.py:factory)"
-    missing = tracker.missing_inputs() if isinstance(tracker, ModuleTracker) else []
+    missing = tracker.missing_inputs(str(exc)) if isinstance(tracker, ModuleTracker) else []
     if missing and call is not None:
         got = ", ".join(f"{k}=None" for k in tracker.none_kwargs)
         msg += f" — the model's forward was not given {' or '.join(missing)} ({call.name or '(root)'} received {got})"
