@@ -37,8 +37,9 @@ class TwoHeads(nn.Module):
         return torch.cat([self.big(x), self.small(x)], dim=1)
 
 
-def rounds_away() -> nn.Module:
-    return TwoHeads()
+def rounds_away(dtype: str = "float32") -> nn.Module:
+    """`dtype`: the weights as the factory builds them (a model that comes in bfloat16, not cast by --dtype)."""
+    return TwoHeads().to(getattr(torch, dtype))
 
 
 class Scale(nn.Module):

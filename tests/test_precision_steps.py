@@ -46,7 +46,9 @@ def test_doctor_names_the_bf16_parameter_whose_update_rounds_away(untouched, dev
         r = run("doctor", model, ones(BF16, device), loss="sum")
     f = finding(r, "update-rounds-away")
     assert f.severity == "warning" and f.where == "big.weight" and "big.weight 75%" in f.message
-    assert "amp bf16" in f.hint and "Kahan" in f.hint and "learning rate" in f.hint
+    assert "amp bf16" in f.hint and "Kahan" in f.hint and "learning rate (lr)" in f.hint
+    # the weights came in bf16 from the caller, not from a dtype option (a review: "instead of --dtype bfloat16")
+    assert "build the model in float32" in f.hint and "dtype" not in f.hint, f.hint
     # 3 of big.weight's 4 rows are 1.0 (8 elements each); every element has gradient 8 (sum loss, ones)
     assert r.data["rounded_away"] == [{"name": "big.weight", "dtype": "bfloat16", "unchanged": 24, "moving": 32,
                                        "fraction": 0.75}]
@@ -58,6 +60,18 @@ def test_dtype_bfloat16_through_the_api_casts_a_copy_and_finds_it(untouched):
     with untouched(model):
         r = run("doctor", model, ones(), loss="sum", dtype="bfloat16")
     assert r.data["rounded_away"][0]["fraction"] == 0.75
+    assert "instead of dtype bfloat16" in finding(r, "update-rounds-away").hint
+
+
+def test_doctors_command_line_hint_names_no_option_it_does_not_have(cli, tmp_path):
+    """A review: doctor's hint said "raise the learning rate (--lr)" (doctor has no --lr) and "instead of --dtype
+    bfloat16" for a model its factory built in bf16."""
+    from support import sample
+
+    res = cli("doctor", sample("precision_steps.py:rounds_away"), "--arg", "dtype=bfloat16", "--loss", "sum", "--json",
+              "-i", f"{M.BATCH}x{M.IN}:bfloat16")
+    f = next(f for f in res.json["findings"] if f["code"] == "update-rounds-away")
+    assert "--lr" not in f["hint"] and "--dtype" not in f["hint"] and "--amp bf16" in f["hint"], f["hint"]
 
 
 def test_a_parameter_that_rounds_away_entirely_is_not_also_param_not_updated():

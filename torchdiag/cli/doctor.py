@@ -20,7 +20,7 @@ devices (device-mismatch); in-place edits that break backward (inplace-autograd)
 BatchNorm modes (mode-dependent), BatchNorm with batch size 1 (batchnorm-batch-1), eval output
 that changes between runs (nondeterministic-eval); parameters that get a gradient but do not
 change after an optimizer step (param-not-updated), bf16/fp16 weights whose update rounds away
-(update-rounds-away, with --dtype) and frozen ones (frozen); mixed dtypes
+(update-rounds-away: --dtype, or a model built in them) and frozen ones (frozen); mixed dtypes
 (dtype-mismatch); input statistics, raw [0, 255] images (unnormalised-input), and class targets
 from --batch beyond the output width (target-out-of-range). --amp runs the forwards under
 autocast (fp16: the step through a GradScaler). Everything that runs the model works on a copy.

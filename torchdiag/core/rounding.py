@@ -17,11 +17,16 @@ STAGNANT_FRACTION = 0.5      # a parameter is reported when at least half its mo
 CODE = "update-rounds-away"
 
 
-def hint(ctx) -> str:
-    """The remedies, with the options named as the caller writes them."""
-    amp, dtype, lr = ctx.option("amp"), ctx.option("dtype"), ctx.option("lr")
-    return (f"keep float32 master weights: train with {amp} bf16 (autocast) instead of {dtype} bfloat16; or raise "
-            f"the learning rate ({lr}), or use an optimizer with Kahan summation / stochastic rounding for bf16 weights")
+def hint(ctx, lr_option: bool = True) -> str:
+    """The remedies, with the options named as the caller writes them: the dtype option only when the weights
+    were cast by it (a model built in bf16 was not: a review), the learning rate's only where the command has one
+    (`lr_option`: doctor's command line does not)."""
+    amp, dtype = ctx.option("amp"), ctx.spec.dtype
+    master = (f"train with {amp} bf16 (autocast) instead of {ctx.option('dtype')} {dtype}" if is_reduced(dtype or "")
+              else f"build the model in float32 and train it under autocast ({amp} bf16)")
+    lr = f" ({ctx.option('lr')})" if lr_option else ""
+    return (f"keep float32 master weights: {master}; or raise the learning rate{lr}, or use an optimizer with Kahan "
+            "summation / stochastic rounding for reduced-precision weights")
 
 
 def stagnation_counts(named, before) -> list:

@@ -266,7 +266,8 @@ def _report_rounding(rounding: list[dict], ctx, step: str, ck: Checklist, result
     if not rounding:
         return
     lr = ctx.spec.optimizer.learning_rate
-    ck.find("update", CODE, "warning", rounding[0]["name"], message(rounding, lr, f"1 {step} step"), rounding_rule.hint(ctx),
+    ck.find("update", CODE, "warning", rounding[0]["name"], message(rounding, lr, f"1 {step} step"),
+            rounding_rule.hint(ctx, lr_option=ctx.spec.caller == "python"),   # no --lr on doctor's command line
             verdict=f"{len(rounding)} {rounding[0]['dtype']} parameter(s): the update rounds away")
     result.data["rounded_away"] = rounding
 
