@@ -265,3 +265,25 @@ def test_a_gradient_lifted_by_additive_growth_is_not_a_path_that_opens():
 def test_which_gradients_get_the_longer_run(before, after, climbs):
     v = gates.Verdict(gates.Flag("w", "vanishing-grad", 1e-7), before, after, resolved=False, grew=False, steps=3)
     assert gates._climbing(v) is climbs
+
+
+def test_one_gated_parameter_is_said_in_the_singular_with_its_gate():
+    """A review: "1 parameter tensor … get exactly zero gradients". The branch's weight gets exactly zero gradient
+    because the scalar gate after it is zero; the gate gets the gradient and opens in the re-check's steps."""
+    from torchdiag.api import run as api_run
+
+    class Gated(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head, self.branch = torch.nn.Linear(8, 4), torch.nn.Linear(8, 4, bias=False)
+            self.gate = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, x):
+            return self.head(x) + self.gate * self.branch(x)
+
+    torch.manual_seed(0)
+    r = api_run("gradflow", Gated(), torch.randn(6, 8))
+    f = next(f for f in r.findings if f.code == "zero-init")
+    assert f.severity == "info" and f.where == "gate", f.to_dict()
+    assert f.message.startswith("1 parameter tensor (branch.weight) gets exactly zero gradients"), f.message
+    assert "the gate is gate," in f.message

@@ -210,10 +210,18 @@ def design_findings(result, rows, model=None) -> None:
             why = (f"as {members[0]['name']}: {members[0]['design']['why']}; the same {repeats.describe(e, model)}"
                    + (" (each block's own gate)" if gate else ""))
         else:
-            what = f"{n} parameter tensor{'s' if n > 1 else ''} ({_names(members)})"
+            what = (f"{n} parameter tensor{'s' if n > 1 else ''} ({_names(members)})"
+                    if n > 1 or e.where != members[0]["name"] else "the parameter")
             why = members[0]["design"]["why"] if n == 1 or not general else _why(kind, None)
-        result.add(kind, "info", e.where or "(root)", f"{what} {DESIGN_TITLES[kind]}: {why}",
+        result.add(kind, "info", e.where or "(root)", f"{what} {_title(kind, n)}: {why}",
                    members=[m["name"] for m in members] if e.folded else None)
+
+
+def _title(kind: str, n: int) -> str:
+    """DESIGN_TITLES[kind], its verb agreeing with one parameter ("gets", "has")."""
+    title = DESIGN_TITLES[kind]
+    verb, _, rest = title.partition(" ")
+    return f"{ {'get': 'gets', 'have': 'has'}.get(verb, verb)} {rest}" if n == 1 else title
 
 
 def _why(kind, cause) -> str:
