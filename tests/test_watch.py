@@ -418,7 +418,10 @@ def test_a_steady_climb_of_the_validation_loss_is_a_trend_from_its_first_evaluat
     ("val_top1_err", [92.0, 70.0, 55.0, 47.0, 41.0, 38.0, 35.8]),           # a top-k word, and lower is better
     ("val_loss_giou", [1.4, 1.1, 0.95, 0.85, 0.76, 0.7, 0.66]),
     ("val_mape", [79.7, 60.0, 48.0, 38.0, 31.0, 27.0, 24.3]),              # not mAP (third review)
-    ("val_incorrect", [40.0, 30.0, 24.0, 20.0, 17.0, 15.0, 14.0])])       # not corr
+    ("val_incorrect", [40.0, 30.0, 24.0, 20.0, 17.0, 15.0, 14.0]),        # not corr
+    ("val_hits_at_1", [0.90, 0.93, 0.95, 0.96, 0.965, 0.97, 0.9727]),      # a review: hits@1 rising was "worse"
+    ("val_AP50", [0.1, 0.2, 0.3, 0.38, 0.44, 0.48, 0.5]),
+    ("val_d_real", [0.3, 0.45, 0.55, 0.6, 0.62, 0.64, 0.65])])            # no better side (a GAN's D(real)): not judged
 def test_a_metric_improving_is_no_finding_whatever_its_direction(name, values):
     # review: the direction came from name words alone (mAP50 and dice read as losses, top1_err as an accuracy)
     torch.manual_seed(0)
@@ -428,6 +431,21 @@ def test_a_metric_improving_is_no_finding_whatever_its_direction(name, values):
     opt = torch.optim.SGD(model.parameters(), 0.1)
     r = _fit_logging(model, opt, x, y, 70, 10, iter(values).__next__, name)[0]
     assert not [f.message for f in r.findings if f.code == "val-worsens"]
+    assert any("not judged for val-worsens" in n and name in n for n in r.notes) == (name == "val_d_real"), r.notes
+
+
+def test_a_metric_whose_name_says_no_direction_is_not_judged_even_when_it_reverses():
+    """The same values as a val_loss climbing after its best: judged as a loss they are a finding; as `val_d_real`
+    (no better side) they are not, and a note names the metric."""
+    values = [0.9, 0.6, 0.45, 0.4, 0.38, 0.5, 0.62, 0.75, 0.9]
+    torch.manual_seed(0)
+    x = torch.randn(32, 8)
+    y = (x[:, 0] > 0).long()
+    for name, found in (("val_loss", True), ("val_d_real", False)):
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        opt = torch.optim.SGD(model.parameters(), 0.1)
+        r = _fit_logging(model, opt, x, y, 90, 10, iter(values).__next__, name)[0]
+        assert any(f.code == "val-worsens" for f in r.findings) == found, (name, [f.to_dict() for f in r.findings])
 
 
 def test_optimizer_param_that_never_gets_a_gradient():

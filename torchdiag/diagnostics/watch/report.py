@@ -17,7 +17,8 @@ from .stats import param_key
 LOWER_IS_BETTER = re.compile(r"loss|perplexity|mape|mapd|distance|incorrect"
                              r"|(?<![a-z])(err|errors?|wer|cer|ppl|mse|mae|rmse|nll|fid|bpc|bpd|dist)(?![a-z])", re.I)
 HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|bleu|rouge|score|iou|(?<![a-z])map(?![a-z])|top\d|dice"
-                              r"|psnr|ssim|r2\b|ndcg|mrr|jaccard|(?<![a-z])corr(?!upt)", re.I)
+                              r"|psnr|ssim|r2\b|ndcg|mrr|jaccard|(?<![a-z])corr(?!upt)|hits|reward|return|exact_match"
+                              r"|spearman|pearson|kendall|(?<![a-z])ap(\d+)?(?![a-z])", re.I)
 DEAD_SHARE = 0.5       # a layer with at least this share of its units newly dead (twice in a row)
 SPARED_READS = 5       # dead units a run spared: the median loss of this many steps before the death and at the end,
 SPARED_FALL = 0.5      # the end's at most this × the death's (it kept learning without them): info
@@ -476,9 +477,15 @@ def _validation(result: Result, engine, pairs) -> None:
         before = [s for s in med if s <= step]
         return med[before[-1]] if before else None
 
+    unknown = []
     for name, vals in engine.metrics.items():
         vals = [(s, float(v)) for s, v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
         if len(vals) < 3 or "train" in name.lower():
+            continue
+        # the direction is read from the name; a name that tells none is not judged (a review: hits@1 rising was
+        # "worse", and a GAN's D(real) has no better side)
+        if not LOWER_IS_BETTER.search(name) and not HIGHER_IS_BETTER.search(name):
+            unknown.append(name)
             continue
         up = bool(HIGHER_IS_BETTER.search(name)) and not LOWER_IS_BETTER.search(name)
         best = (max if up else min)(range(len(vals)), key=lambda i: vals[i][1])
@@ -488,6 +495,9 @@ def _validation(result: Result, engine, pairs) -> None:
             result.add("val-worsens", "warning", name, f"{name} got worse from {vals[best][1]:.4g} (step {vals[best][0]}) "
                        f"to {last:.4g} (step {vals[-1][0]}) while the training loss fell from {t0:.4g} to {t1:.4g}",
                        "overfitting: stop earlier, add regularisation or data")
+    if unknown:
+        result.notes.append(f"not judged for val-worsens, its name says no direction: {', '.join(unknown[:5])}"
+                            + (" …" if len(unknown) > 5 else "") + " (a name with loss/err or acc/score in it does)")
 
 
 def _sustained(vals, best: int, up: bool) -> bool:
