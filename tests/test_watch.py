@@ -2357,3 +2357,69 @@ def test_a_blow_up_right_after_an_unfreeze_with_a_new_optimizer_is_seen():
             o2.step()
     r = w.result()
     assert codes(r) & {"loss-spike", "grad-norm-explosion", "loss-diverged"}, [f.to_dict() for f in r.findings]
+
+
+def _lm_with_warmup(lr: float):
+    """A tiny transformer on a deterministic next-token task, AdamW with warm-up then linear decay to 0 and
+    gradient clipping at 1: the loop of a review."""
+    torch.manual_seed(0)
+    V = 64
+    model = nn.Sequential(nn.Embedding(V, 32), nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True), 2), nn.Linear(32, V))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 6) * max(0.0, (60 - s) / 60))
+    losses = []
+    with Watch(model, opt, every=10) as w:
+        for _ in range(60):
+            seq = [torch.randint(0, V, (16, 1))]
+            for _ in range(12):
+                seq.append((seq[-1] * 3 + 1) % V)
+            s = torch.cat(seq, 1)
+            loss = F.cross_entropy(model(s[:, :-1]).reshape(-1, V), s[:, 1:].reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+    return w.result(), losses
+
+
+def test_a_loss_that_climbed_and_came_back_is_a_warning():
+    """A review: AdamW at lr 1.0 (meant 1e-3) under warm-up and a decaying schedule, the loss 4.3 -> ~45 and back
+    near its start by the end as the rate decays to 0: no finding, since the end was not above the start. The
+    climb is a loss-diverged warning (the run came back); the same loop at lr 1e-3 has none."""
+    r, losses = _lm_with_warmup(1.0)
+    f = finding(r, "loss-diverged")
+    assert f.severity == "warning" and "came back to" in f.message and "learning rate rose" in f.hint, f.to_dict()
+    assert max(losses) > 5 * losses[0] and abs(losses[0] - math.log(64)) < 0.5   # the premise: from chance, up 5x
+    good, losses = _lm_with_warmup(1e-3)
+    assert "loss-diverged" not in codes(good) and losses[-1] < 0.7 * losses[0], [f.to_dict() for f in good.findings]
+
+
+def test_a_climb_that_came_back_is_judged_against_the_losses_own_noise():
+    from torchdiag.diagnostics.watch import report
+    from torchdiag.results import Result
+
+    def judged(values):
+        result = Result("watch")
+        report._loss_curve(result, list(enumerate(values, 1)), {}, Options())
+        return [f.severity for f in result.findings if f.code == "loss-diverged"]
+
+    def ramp(rng, n, factor, sigma):   # a decaying loss, x factor over n/10 steps from n/3, held n/10, back over n/5
+        out = []
+        for i in range(n):
+            t = i - n // 3
+            b = (1 if t < 0 else factor ** (t / (n // 10)) if t < n // 10 else factor if t < n // 5
+                 else factor ** (1 - (t - n // 5) / (n // 5)) if t < 2 * n // 5 else 1)
+            out.append((2 * math.exp(-8 * i / n) + 0.2) * b * math.exp(rng.gauss(0, sigma)))
+        return out
+
+    rng = random.Random(0)
+    assert sum(judged(ramp(rng, 300, 10, 0.1)) == ["warning"] for _ in range(20)) >= 18
+    assert sum(judged(ramp(rng, 1000, 10, 0.5)) == ["warning"] for _ in range(20)) >= 18
+    # no trend: per-sample losses, and warm restarts every two blocks (a periodic loss is judged at twice the block)
+    assert sum(bool(judged([math.exp(rng.gauss(0, 1.0)) for _ in range(300)])) for _ in range(40)) <= 1
+    restarts = [[0.05 * (1 + 4 * math.exp(-(i % 100) / 15)) * math.exp(rng.gauss(0, 0.2)) for i in range(1000)]
+                for _ in range(20)]
+    assert not any(judged(v) for v in restarts)

@@ -371,6 +371,7 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts) -> None:
     initial = med[w - 1]
     best_i = min(range(w - 1, len(med)), key=lambda i: med[i])
     peak = initial   # the highest the loss has been since its first window: a spike goes above it
+    spiked = None
     for i in range(w, len(values)):
         base = statistics.median(values[i - w:i])
         # ratios need a positive scale: a loss that can be negative (a GAN's, an RL objective) has no spike ratio
@@ -379,19 +380,64 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts) -> None:
                        f"{values[i] / base:.1f}× its running median ({base:.4g}), far outside the spread of the "
                        f"{min(i, SPREAD_STEPS * w)} steps before it and above any loss since step {pairs[w - 1][0]}",
                        "look at that batch; clip gradients")
+            spiked = i
             break
         peak = max(peak, values[i])
-    if _diverged(med[-1], med[best_i], initial) and _climb_beyond_noise(values, w, med[-1]):
-        hint = "lower the learning rate"
-        rise = _lr_rise(pairs, lr_at, pairs[best_i][0], w)
-        if rise:
-            hint = (f"the climb began after the learning rate rose from {rise[1]:.3g} to {rise[2]:.3g} at step "
-                    f"{rise[0]}: lower the peak learning rate or lengthen the warm-up")
+    diverged = _diverged(med[-1], med[best_i], initial) and _climb_beyond_noise(values, w, med[-1])
+    excursion = None if diverged else _excursion(values, [s for s, _ in pairs], w, initial, spiked)
+    if diverged:
         result.add("loss-diverged", "error", "", f"the loss climbed from {med[best_i]:.4g} (running median, step "
-                   f"{pairs[best_i][0]}) to {med[-1]:.4g} at step {pairs[-1][0]}, above where it started ({initial:.4g})", hint)
+                   f"{pairs[best_i][0]}) to {med[-1]:.4g} at step {pairs[-1][0]}, above where it started ({initial:.4g})",
+                   _climb_hint(pairs, lr_at, pairs[best_i][0], w))
+    elif excursion:
+        (low_at, low), (top_at, top) = excursion
+        result.add("loss-diverged", "warning", "", f"the loss climbed from {low:.4g} (median of {low_at}) to {top:.4g} "
+                   f"({top_at}), above where it started ({initial:.4g}), and came back to {med[-1]:.4g} by step "
+                   f"{pairs[-1][0]}", _climb_hint(pairs, lr_at, int(low_at.split("–")[1]), w))
     elif len(values) >= 4 * w and min(med[len(med) // 2:]) >= 0.99 * med[len(med) // 2] and med[-1] > 1e-3 * initial:
         result.add("loss-plateau", "info", "", f"the loss has not improved over the second half of the run "
                    f"(running median {med[len(med) // 2]:.4g} → {med[-1]:.4g})", "converged, or the learning rate is too small")
+
+
+def _climb_hint(pairs, lr_at: dict, low_step: int, w: int) -> str:
+    rise = _lr_rise(pairs, lr_at, low_step, w)
+    if rise:
+        return (f"the climb began after the learning rate rose from {rise[1]:.3g} to {rise[2]:.3g} at step {rise[0]}: "
+                "lower the peak learning rate or lengthen the warm-up")
+    return "lower the learning rate"
+
+
+def _excursion(values: list[float], steps: list, w: int, initial: float, spiked: int | None):
+    """((step range, median) of the low block, of the top block) when the loss climbed from one w-step block's median
+    to a later one's as far as loss-diverged asks of a run's end, and came back (a review: AdamW at lr 1.0 under a
+    decaying schedule, 4.3 -> 49 by step 9 and back to 5.2 at the end, was no finding). A climb that began with a
+    loss-spike (index `spiked`) is that finding's. The noise is the block medians' own (_block_noise, as for the
+    end's climb, over the whole run), and the climb must clear DIVERGE_K of it plus what the lowest and the highest of
+    the run's blocks reach by chance."""
+    f = math.log if min(values) > 0 else float
+    logs, noise = _block_noise(values, w, f)
+    if len(logs) < 4:
+        return None
+    wide, noise2 = _block_noise(values, 2 * w, f)
+    if len(wide) >= 6 and noise2 < noise:   # periodic over two blocks (warm restarts): judged at twice the block
+        logs, noise, w = wide, noise2, 2 * w
+    elif w >= 10:   # few blocks (10 up to 500 steps): the climb's own bends are most second differences; half blocks
+        half, noise_h = _block_noise(values, w // 2, f)   # hold more of them, and a median of twice the steps
+        noise = min(noise, noise_h / math.sqrt(2))        # has 1/sqrt(2) of the noise
+    n, k = len(values), len(logs)
+    first = n - k * w                       # blocks aligned to the end, as _block_noise makes them
+    blocks = [statistics.median(values[first + j * w:first + (j + 1) * w]) for j in range(k)]
+    low, found = 0, None
+    for j in range(k):
+        if blocks[j] < blocks[low]:
+            low = j
+        if _diverged(blocks[j], blocks[low], initial) and (found is None or blocks[j] > blocks[found[1]]):
+            found = (low, j)
+    if found is None or (spiked is not None and first + found[0] * w <= spiked <= first + (found[1] + 1) * w):
+        return None
+    if f(blocks[found[1]]) - f(blocks[found[0]]) <= (DIVERGE_K + 2 * math.sqrt(2 * math.log(k))) * noise:
+        return None
+    return tuple((f"steps {steps[first + j * w]}–{steps[first + (j + 1) * w - 1]}", blocks[j]) for j in found)
 
 
 def _diverged(last: float, best: float, initial: float) -> bool:
@@ -405,7 +451,7 @@ def _diverged(last: float, best: float, initial: float) -> bool:
     return last - initial > 0.1 * (abs(initial) + abs(best))
 
 
-def _climb_beyond_noise(values: list[float], w: int, last: float) -> bool:
+def _climb_beyond_noise(values: list[float], w: int, last: float, extra: float = 0.0) -> bool:
     """Is the climb to the last running median more than the loss's own noise makes by chance? Per-task or
     per-sample losses (meta-learning, batch size 1) spread over decades, so the lowest of many window medians lies
     far below the typical one and the last one far above it with no trend at all (a Reptile loop's 30-step medians
@@ -421,7 +467,7 @@ def _climb_beyond_noise(values: list[float], w: int, last: float) -> bool:
     if len(wide) >= 6:   # a loss periodic over two blocks (SGDR's restarts, unshuffled halves) is flat at 2w
         noise = min(noise, math.sqrt(2) * noise2)
     held = min(max(a, b) for a, b in zip(logs, logs[1:]))
-    return f(last) - held > (DIVERGE_K + math.sqrt(2 * math.log(len(logs)))) * noise
+    return f(last) - held > (DIVERGE_K + extra + math.sqrt(2 * math.log(len(logs)))) * noise
 
 
 def _block_noise(values: list[float], w: int, f) -> tuple[list[float], float]:
