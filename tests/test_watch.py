@@ -1062,6 +1062,26 @@ def test_compiled_model_is_watched_and_said_once():
     assert w.engine.checks["dead"] == {} and not any(m._forward_hooks for m in model.modules())
 
 
+def test_the_plain_model_watched_while_its_compiled_wrapper_runs_is_not_recompiled():
+    """A review: Watch(model, opt) with the loop calling torch.compile(model): the dead-unit probe's hooks, added
+    to the layers at read steps, were traced into the graph, each a new guard (18 graphs for one, the recompile
+    limit hit, the run twice as long). No probe is added while compiling, and a note says so."""
+    import torch._dynamo
+
+    model = _mlp()
+    compiled = torch.compile(model, backend="eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with Watch(model, opt, every=10) as w:
+        _loop(compiled, opt, 30, torch.Generator().manual_seed(0))
+    r = w.result()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1, dict(torch._dynamo.utils.counters["stats"])
+    assert codes(r) == set() and r.data["steps"] == 30
+    assert [n for n in r.notes if "ran inside torch.compile" in n]
+    assert not any(m._forward_hooks for m in model.modules())
+
+
 @pytest.mark.parametrize("given", [True, False], ids=["given", "found"])
 def test_a_data_parallel_model_is_watched_under_its_own_names(given):
     """nn.DataParallel (on a CPU it calls the module itself) is unwrapped as DDP is: the table names the

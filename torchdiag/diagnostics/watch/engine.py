@@ -102,6 +102,7 @@ class Engine:
         self._scaler_scale = None           # GradScaler.scale while it is wrapped (_wrap_scaler)
         self._scaled: dict | None = None    # id(scaled loss) -> (it, the loss it was made from): _saw_scaled
         self._sample_forward = True         # the next training forward of each model samples dead units
+        self.run_compiled = False           # a watched model ran inside a torch.compile of its caller's
         self._sampled: set[int] = set()     # the models sampled since (a GAN's generator and discriminator each)
         self._eval_roots: dict[int, bool] = {}    # id(root) -> its last training forward ran in eval mode
         self._seen_eval: dict[int, bool] = {}     # discovery: the same, for roots not hooked yet
@@ -360,6 +361,9 @@ class Engine:
         if self.batch_size is None:
             self.batch_size = _batch_size(args, kwargs)
         if self._sample_forward and id(module) not in self._sampled and not compiled(module):
+            if _compiling():   # torch.compile(model) called, the model watched: hooks added now would be traced
+                self.run_compiled = True   # into its graph and recompile it at every read (a review: 2x the time)
+                return
             self._sampled.add(id(module))
             self._sample_forward = len(self._sampled) < len(self.roots)   # until every trained model had one
             from .stats import DeadUnits
@@ -853,6 +857,13 @@ def _quiet_compile_warning(on: bool) -> None:
             warnings.filters.remove(f)
             getattr(warnings, "_filters_mutated", lambda: None)()   # the caches see the filter gone
             break
+
+
+def _compiling() -> bool:
+    """Is this code being traced by torch.compile (a hook of a model its caller compiled)?"""
+    import torch
+
+    return bool(torch.compiler.is_compiling())
 
 
 def compiled(root) -> bool:

@@ -71,6 +71,10 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
         result.notes.append(engine.broken)
     for note in dict.fromkeys(engine.checks["unhooked"]):
         result.notes.append(note)
+    if engine.run_compiled:
+        result.notes.append("a watched model ran inside torch.compile (compiled by the run): dead units are not "
+                            "checked, since hooks added to its layers would be traced into the compiled graph and "
+                            "recompile it at every read; steps, loss, gradients and modes are watched")
     if engine.loss_seen is False:
         result.notes.append("no loss was seen (backward was not called on a scalar through Tensor.backward): "
                             "loss findings need w.log('loss', value)")
