@@ -2443,3 +2443,26 @@ def test_a_climb_that_came_back_is_judged_against_the_losses_own_noise():
     restarts = [[0.05 * (1 + 4 * math.exp(-(i % 100) / 15)) * math.exp(rng.gauss(0, 0.2)) for i in range(1000)]
                 for _ in range(20)]
     assert not any(judged(v) for v in restarts)
+
+
+def test_a_clipped_loop_reports_the_norm_before_clipping():
+    """A review: with clip_grad_norm_(…, 1.0) the gradient norm watch saw at the step was 1.0 at every step, so no
+    explosion could show. clip_grad_norm_ returns the norm before clipping: that is the series, checked against the
+    norm computed here from the gradients before the call; the function is put back afterwards."""
+    original = torch.nn.utils.clip_grad_norm_
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    truth = []
+    with Watch(model, opt, every=5) as w:
+        for _ in range(20):
+            x = torch.randn(16, 8) * 10
+            loss = F.cross_entropy(model(x), (x[:, 0] > 0).long())
+            opt.zero_grad()
+            loss.backward()
+            truth.append(float(torch.stack([p.grad.norm() for p in model.parameters()]).norm()))
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            opt.step()
+    r = w.result()
+    assert r.series["grad_norm"] == pytest.approx(truth, rel=1e-4) and min(truth) > 0.5
+    assert torch.nn.utils.clip_grad_norm_ is original and torch.nn.utils.clip_grad.clip_grad_norm_ is original

@@ -24,6 +24,7 @@ import math
 import weakref
 
 from ...errors import one_line
+from .clip import ClipNorms, combined
 from .double import DoubleSteps
 from .options import Options
 from .stats import Track, nonfinite_losses, read_parts
@@ -111,6 +112,8 @@ class Engine:
         self._dead_plans: dict = {}               # (root, device) -> the last probe's first-alive vector (stats.py)
         self._window = []                   # (step, lr) of steps since the last read
         self._loss_window = []              # per step since the last read: its losses (device 0-dim; [] none)
+        self._clip_window: list = []        # ... and the norms clip_grad_norm_ returned before its step (clip.py)
+        self.clips = ClipNorms(self)
         self.closed = False
         self.broken: str | None = None      # an internal error stopped the watching (a note in the report)
         self._closure_steps: set = set()    # optimizers inside a step(closure) call
@@ -156,6 +159,7 @@ class Engine:
         backward.__doc__ = original.__doc__
         torch.Tensor.backward = backward
         self._wrap_scaler()
+        self.clips.attach()
         return self
 
     def _saw_scaled(self, out, outputs) -> None:
@@ -214,6 +218,7 @@ class Engine:
             from torch.amp.grad_scaler import GradScaler
 
             GradScaler.scale = self._scaler_scale
+        self.clips.close()
         self._scaled = None
 
     def _discover(self, on: bool):
@@ -458,6 +463,7 @@ class Engine:
             self.step += 1
             self._window.append((self.step, _lr(t.opt)))
             self._loss_window.append(self._others if k == n - 1 else [])
+            self._clip_window.append([])
         if n:
             self._others = []
 
@@ -470,6 +476,7 @@ class Engine:
         them), and what they left in memory goes; the tracks of no model start again when they next step."""
         self.step, self._provisional, self._first_bad_found, self._last_read = 0, False, False, 0
         self._window, self._loss_window, self._others, self.pending = [], [], [], []   # _losses: the new clock's
+        self._clip_window = []
         for key, t in list(self.tracks.items()):
             if not t.roots:
                 t.disarm()
@@ -585,6 +592,7 @@ class Engine:
         track = self._track(opt)
         if opt is not self.clock:   # an unwatched optimizer's too (an adversarial attack's loss is not the model's)
             self._took_losses()
+            self.clips.drop()
         if track is None:
             return
         if opt is self.clock:
@@ -599,6 +607,7 @@ class Engine:
                 self._search()
             self._loss_window.append(self._losses or self._others)
             self._losses, self._others = [], []
+            self._clip_window.append(self.clips.take())
             self._window.append((self.step, _lr(opt)))
         else:
             track.since_clock += 1
@@ -713,13 +722,17 @@ class Engine:
         if any(losses):
             parts.append(_stack([v for step in losses for v in step]))
             layout.append(("loss", [len(step) for step in losses]))
+        clips = self._clip_window
+        if any(clips):
+            parts.append(_stack([v for step in clips for v in step]))
+            layout.append(("clip", [len(step) for step in clips]))
         queued = [q for t in self.tracks.values() for q in t.queued(final)]
         for kind, payload, tensor in queued + self.pending:
             parts.append(tensor)
             layout.append((kind, payload))
         self.pending = []
         values = read_parts(parts) if parts else []
-        self._window, self._loss_window = [], []
+        self._window, self._loss_window, self._clip_window = [], [], []
         self.reads += 1 if parts else 0
         start = len(self.series["loss"])
         self._absorb(window, layout, values)
@@ -751,18 +764,24 @@ class Engine:
         steps = [s for s, _ in window]
         loss = [None] * len(steps)
         norms = [0.0] * len(steps)
+        clipped: list = [None] * len(steps)
         for (kind, payload), vals in zip(layout, values):
             if kind == "loss":   # the mean of each step's losses (micro-batches)
                 pos = 0
                 for i, n in enumerate(payload):
                     loss[i] = sum(vals[pos:pos + n]) / n if n else None
                     pos += n
+            elif kind == "clip":   # the norm before clipping, where the loop clipped (clip.py)
+                pos = 0
+                for i, n in enumerate(payload):
+                    clipped[i] = combined(vals[pos:pos + n])
+                    pos += n
             elif kind == "grad_norm" and payload[0].opt is not None and payload[0].opt is self.clock:
                 norms = vals[:len(steps)]
             else:
                 absorb(self, kind, payload, vals)
         self.series["loss"].extend(loss)
-        self.series["grad_norm"].extend(norms)
+        self.series["grad_norm"].extend(c if c is not None else v for c, v in zip(clipped, norms))
         self.series["lr"].extend(lr for _, lr in window)
         if steps:
             self.series.setdefault("step", []).extend(steps)

@@ -317,11 +317,11 @@ def _curves(result: Result, engine) -> None:
     constant = len(engine.tracks) == 1 and any(f.code == "loss-ignores-parameters" for f in result.findings)
     if len(pairs) >= 10 and not constant:
         _loss_curve(result, pairs, dict(zip(steps, result.series["lr"])), opts)
-    _grad_norm_explosion(result, steps, result.series["grad_norm"], pairs, opts)
+    _grad_norm_explosion(result, steps, result.series["grad_norm"], pairs, opts, engine.clips.seen)
     _validation(result, engine, pairs)
 
 
-def _grad_norm_explosion(result: Result, steps, grad_norms, loss_pairs, opts) -> None:
+def _grad_norm_explosion(result: Result, steps, grad_norms, loss_pairs, opts, clipped: bool = False) -> None:
     """A gradient-norm spike judged as a loss spike is (above `explode` x the running median, far outside the
     norms' own spread, above any norm of the spread's steps before it) that the run felt (_felt). At batch size 1
     a healthy run's per-sample norms span decades and a rare hard sample is a harmless spike (so_31880720's
@@ -337,6 +337,8 @@ def _grad_norm_explosion(result: Result, steps, grad_norms, loss_pairs, opts) ->
             result.add("grad-norm-explosion", "warning", "", f"gradient norm {values[i]:.3g} at step {norms[i][0]} "
                        f"is {values[i] / base:.0f}× its running median ({base:.3g}), far outside its spread over the "
                        f"{min(i, SPREAD_STEPS * w)} steps before it",
+                       "the loop clips gradients (the norms are clip_grad_norm_'s, before clipping): lower the "
+                       "learning rate, or look at that batch" if clipped else
                        "clip gradients (torch.nn.utils.clip_grad_norm_) or lower the learning rate")
             return
 
