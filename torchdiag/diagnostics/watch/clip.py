@@ -41,13 +41,13 @@ class ClipNorms:
                 # by name: the engine is deep-copied with a model that holds its hooks (watch's replay), and a
                 # module object cannot be
                 self._originals.append((module.__name__, original))
-                module.clip_grad_norm_ = clip_grad_norm_
+                setattr(module, "clip_grad_norm_", clip_grad_norm_)
 
     def close(self) -> None:
         import sys
 
         for name, original in self._originals:
-            sys.modules[name].clip_grad_norm_ = original
+            setattr(sys.modules[name], "clip_grad_norm_", original)
         self._originals, self._since = [], []
 
     def take(self) -> list:
