@@ -41,13 +41,13 @@ class ClipNorms:
                 # by name: the engine is deep-copied with a model that holds its hooks (watch's replay), and a
                 # module object cannot be
                 self._originals.append((module.__name__, original))
-                setattr(module, "clip_grad_norm_", clip_grad_norm_)
+                module.clip_grad_norm_ = clip_grad_norm_  # type: ignore[attr-defined]
 
     def close(self) -> None:
         import sys
 
         for name, original in self._originals:
-            setattr(sys.modules[name], "clip_grad_norm_", original)
+            sys.modules[name].clip_grad_norm_ = original  # type: ignore[attr-defined]
         self._originals, self._since = [], []
 
     def take(self) -> list:
