@@ -2466,3 +2466,77 @@ def test_a_clipped_loop_reports_the_norm_before_clipping():
     r = w.result()
     assert r.series["grad_norm"] == pytest.approx(truth, rel=1e-4) and min(truth) > 0.5
     assert torch.nn.utils.clip_grad_norm_ is original and torch.nn.utils.clip_grad.clip_grad_norm_ is original
+
+
+
+def _clipped_loop(clip, steps=20, scaler=None, bad_at=None):
+    """(series, the whole L2 norm before clipping per step) of a small loop calling clip(model) before each step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    truth = []
+    with Watch(model, opt, every=5) as w:
+        for t in range(steps):
+            x = torch.randn(16, 8) * 10
+            loss = F.cross_entropy(model(x), (x[:, 0] > 0).long())
+            opt.zero_grad()
+            (scaler.scale(loss) if scaler else loss).backward()
+            if t == bad_at:
+                model[0].weight.grad[0, 0] = float("inf")   # an overflow: GradScaler skips this step
+            if scaler:
+                scaler.unscale_(opt)
+            truth.append(float(torch.stack([p.grad.norm() for p in model.parameters()]).norm()))
+            clip(model)
+            scaler.step(opt) if scaler else opt.step()
+            if scaler:
+                scaler.update()
+    return w.result().series["grad_norm"], truth
+
+
+@pytest.mark.parametrize("how", ["measured-then-clipped", "two-groups", "subset", "empty-generator"])
+def test_clipping_is_read_only_where_it_tells_the_whole_norm(how, recwarn):
+    """A review of the first version: the same parameters measured (max_norm inf) then clipped gave sqrt(2) x the
+    norm; a subset clipped gave the subset's norm; an exhausted parameters generator gave 0 (an explosion missed,
+    torch's warning blamed on torchdiag). Now: the first call over a parameter counts, disjoint groups combine, and
+    a subset or an empty call leaves the norm watch measured itself (after clipping, or none applied)."""
+    def clip(*args):   # looked up at each call, as a loop written `torch.nn.utils.clip_grad_norm_(...)` does
+        return torch.nn.utils.clip_grad_norm_(*args)
+
+    gen = (p for p in [])
+    loops = {"measured-then-clipped": lambda m: (clip(m.parameters(), float("inf")), clip(m.parameters(), 0.5)),
+             "two-groups": lambda m: (clip(m[0].parameters(), 0.3), clip(m[2].parameters(), 0.3)),
+             "subset": lambda m: clip(m[2].parameters(), 0.01),
+             "empty-generator": lambda m: clip(gen, 0.5)}
+    series, truth = _clipped_loop(loops[how])
+    if how == "subset":      # the norm of what the optimizer applied: the body unclipped, the head clipped to 0.01
+        assert all(s < t for s, t in zip(series, truth)) and series[0] > 0.01
+    else:
+        assert series == pytest.approx(truth, rel=1e-4)
+    if how == "empty-generator":
+        said = [x for x in recwarn if "empty generator" in str(x.message)]
+        assert said and all(x.filename == __file__ for x in said), [(x.filename, str(x.message)) for x in said]
+
+
+def test_a_step_gradscaler_skipped_leaves_its_norm_behind():
+    """A review: an inf gradient makes GradScaler skip the step; its clip call's norm (inf) was charged to the next,
+    healthy step."""
+    series, truth = _clipped_loop(lambda m: torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0), steps=30,
+                                  scaler=torch.amp.GradScaler("cpu", init_scale=1024.0), bad_at=12)
+    assert len(series) == 29 and truth[12] == float("inf")   # the skipped step is not a step
+    assert series == pytest.approx(truth[:12] + truth[13:], rel=1e-4)
+
+
+def test_watches_closed_out_of_order_put_the_clip_function_back():
+    original = torch.nn.utils.clip_grad.clip_grad_norm_
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    a, b = Watch(model, opt, every=5), Watch(model, opt, every=5)
+    a.__enter__()
+    b.__enter__()
+    for _ in range(3):
+        model(torch.randn(2, 4)).sum().backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    a.__exit__(None, None, None)
+    b.__exit__(None, None, None)
+    assert torch.nn.utils.clip_grad_norm_ is original and torch.nn.utils.clip_grad.clip_grad_norm_ is original

@@ -3,21 +3,34 @@ gradients of norm at most max_norm, so the norm watch measures at the step is fl
 show (a review: AdamW at lr 1.0 clipped at 1, the norm 1.0 at every step). clip_grad_norm_ returns the total norm
 before clipping: while watching it is wrapped, and each step's returned norms (device tensors, no sync) go to the
 read with the losses. A loop that bound the function by name before watching started (`from torch.nn.utils import
-clip_grad_norm_` in the Python API) keeps the original: its norms stay the clipped ones."""
+clip_grad_norm_` in the Python API) keeps the original: its norms stay the clipped ones.
+
+A step's norm is taken from the calls only when they tell the whole L2 norm of the gradients it applies (a review
+broke the first version five ways): calls since the last backward (a step GradScaler skipped leaves its calls behind),
+with the L2 norm, the first call over a parameter counting (measured, then clipped, over the same ones: the first is
+the one before clipping), covering every parameter of the step's optimizer that has a gradient (a subset clipped:
+the watched norm stays); none over an empty list."""
 from __future__ import annotations
 
 import functools
+import sys
+import types
+import warnings
 import weakref
+
+_ORIGINAL = "_torchdiag_original"   # on a wrapper: the function it wraps
+_OWNER = "_torchdiag_owner"         # on a wrapper: its ClipNorms, weakly (closed or gone: a pass-through)
 
 
 class ClipNorms:
-    """clip_grad_norm_'s returned norms since the last step of the clock (taken) or of another optimizer (dropped)."""
+    """clip_grad_norm_'s calls since the last step of the clock (taken) or of another optimizer (dropped)."""
 
     def __init__(self, engine):
         self._engine = weakref.ref(engine)
-        self._since: list = []
-        self._originals: list = []
-        self.seen = False     # the loop clipped at least once while watched
+        self._since: list = []      # (norm tensor, ids of the parameters with a gradient, backward count)
+        self._wrapper = None
+        self._closed = False
+        self.seen = False           # the loop clipped at least once while watched
 
     def attach(self) -> None:
         import torch.nn.utils as utils
@@ -27,39 +40,74 @@ class ClipNorms:
         ref = weakref.ref(self)
 
         @functools.wraps(original)
-        def clip_grad_norm_(*args, **kwargs):
-            total = original(*args, **kwargs)
+        def clip_grad_norm_(parameters, max_norm, norm_type=2.0, *args, **kwargs):
             me = ref()
-            engine = me._engine() if me is not None else None
-            if engine is not None and not engine.closed and getattr(total, "ndim", None) == 0:
-                me._since.append(total.detach())
-                me.seen = True
+            if me is None or me._closed:
+                return original(parameters, max_norm, norm_type, *args, **kwargs)
+            params = [parameters] if _is_tensor(parameters) else list(parameters)
+            if not params and isinstance(parameters, types.GeneratorType):   # torch's warning, at the user's line
+                warnings.warn("`parameters` is an empty generator, no gradient clipping will occur.", stacklevel=2)
+            total = original(params, max_norm, norm_type, *args, **kwargs)
+            me._saw(total, params, norm_type)
             return total
 
+        setattr(clip_grad_norm_, _ORIGINAL, original)
+        setattr(clip_grad_norm_, _OWNER, ref)
+        self._wrapper = clip_grad_norm_
         for module in (clip_grad, utils):
             if getattr(module, "clip_grad_norm_", None) is original:
-                # by name: the engine is deep-copied with a model that holds its hooks (watch's replay), and a
-                # module object cannot be
-                self._originals.append((module.__name__, original))
                 module.clip_grad_norm_ = clip_grad_norm_  # type: ignore[attr-defined]
 
+    def _saw(self, total, params: list, norm_type) -> None:
+        engine = self._engine()
+        ids = frozenset(id(p) for p in params if getattr(p, "grad", None) is not None)
+        if engine is None or engine.closed or not ids or float(norm_type) != 2.0 or getattr(total, "ndim", None) != 0:
+            return
+        self._since.append((total.detach(), ids, engine.backwards))
+        self.seen = True
+
     def close(self) -> None:
-        import sys
+        """Put the function back where the wrapper is still the one installed, past any wrapper of a watch closed
+        before it (watches closed out of order); a wrapper installed over it later unwraps it when it closes."""
+        self._closed, self._since = True, []
+        for name in ("torch.nn.utils.clip_grad", "torch.nn.utils"):
+            module = sys.modules.get(name)
+            if module is not None and getattr(module, "clip_grad_norm_", None) is self._wrapper:
+                module.clip_grad_norm_ = _live(getattr(self._wrapper, _ORIGINAL))  # type: ignore[attr-defined]
 
-        for name, original in self._originals:
-            sys.modules[name].clip_grad_norm_ = original  # type: ignore[attr-defined]
-        self._originals, self._since = [], []
-
-    def take(self) -> list:
-        """The clock stepped: the norms its gradients had before clipping (several: param groups clipped apart)."""
-        out, self._since = self._since, []
-        return out
+    def take(self, params, backwards: int) -> list:
+        """The clock stepped over `params`: the norms before clipping of its gradients, or [] where the calls do not
+        tell the whole norm."""
+        calls, self._since = [v for v in self._since if v[2] == backwards], []
+        kept, covered = [], set()
+        for total, ids, _ in calls:
+            if ids.isdisjoint(covered):
+                kept.append(total)
+                covered |= ids
+        need = {id(p) for p in params if p.grad is not None}
+        return kept if kept and need <= covered else []
 
     def drop(self) -> None:
         """Another optimizer stepped: what was clipped since was its gradients."""
         self._since = []
 
 
+def _is_tensor(x) -> bool:
+    import torch
+
+    return isinstance(x, torch.Tensor)
+
+
+def _live(fn):
+    """`fn`, or what it wraps where it is a wrapper of a watch that has closed (or gone)."""
+    while getattr(fn, _OWNER, None) is not None:
+        owner = getattr(fn, _OWNER)()
+        if owner is not None and not owner._closed:
+            break
+        fn = getattr(fn, _ORIGINAL)
+    return fn
+
+
 def combined(norms: list[float]) -> float | None:
-    """One step's norm before clipping: the norms of parameter sets clipped apart, as one (root of the squares)."""
+    """One step's norm before clipping: the norms of disjoint parameter sets clipped apart, as one (L2)."""
     return sum(n * n for n in norms) ** 0.5 if norms else None

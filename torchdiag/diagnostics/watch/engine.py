@@ -607,7 +607,7 @@ class Engine:
                 self._search()
             self._loss_window.append(self._losses or self._others)
             self._losses, self._others = [], []
-            self._clip_window.append(self.clips.take())
+            self._clip_window.append(self.clips.take(track.params, self.backwards))
             self._window.append((self.step, _lr(opt)))
         else:
             track.since_clock += 1
