@@ -79,7 +79,8 @@ class ClipNorms:
         """The clock stepped over `params`: the norms before clipping of its gradients, or [] where the calls do not
         tell the whole norm."""
         calls, self._since = [v for v in self._since if v[2] == backwards], []
-        kept, covered = [], set()
+        kept: list = []
+        covered: set[int] = set()
         for total, ids, _ in calls:
             if ids.isdisjoint(covered):
                 kept.append(total)
