@@ -2445,6 +2445,34 @@ def test_a_climb_that_came_back_is_judged_against_the_losses_own_noise():
     assert not any(judged(v) for v in restarts)
 
 
+
+def test_a_climb_that_did_not_come_back_is_not_said_to_have():
+    """A second review: the warning said "came back to 2.114" of a loss that climbed 5x at step 332 of 500 and stayed
+    (the end is the climb's top), and a OneCycle run ending ~500x above its best (a 300-step run's 10 blocks, the
+    climb's bends most of their second differences) was only that warning. The end's rule reads the noise of half
+    blocks too (as they are, never shrunk): the OneCycle-like run ends diverged, an error; a climb whose end the
+    error's test does not confirm says where it was at the end."""
+    from torchdiag.diagnostics.watch import report
+    from torchdiag.results import Result
+
+    def judged(values):
+        result = Result("watch")
+        report._loss_curve(result, list(enumerate(values, 1)), {}, Options())
+        return [(f.severity, f.message) for f in result.findings if f.code == "loss-diverged"]
+
+    rng = random.Random(0)
+    # 300 steps: down from 1.4 to ~1, a blow-up from step 200 to ~600x, held to the end, per-step noise x1.6
+    blow = [(1.4 * math.exp(-i / 40) + 0.9) * (600 ** min(1, max(0, i - 200) / 30)) * math.exp(rng.gauss(0, 0.5))
+            for i in range(300)]
+    assert [sev for sev, _ in judged(blow)] == ["error"]
+    for seed in range(200):   # a climb held to the end never reads "came back"
+        rng = random.Random(seed)
+        n, amp, at = rng.choice([100, 200, 300, 500]), rng.uniform(2, 10), rng.uniform(0.4, 0.9)
+        held = [(0.3 + 2 * math.exp(-6 * min(i / n, at))) * (1 + (amp - 1) * min(1, max(0, i / n - at) / 0.05))
+                * math.exp(rng.gauss(0, 0.6)) for i in range(n)]
+        assert not [m for sev, m in judged(held) if "came back" in m], (seed, judged(held))
+
+
 def test_a_clipped_loop_reports_the_norm_before_clipping():
     """A review: with clip_grad_norm_(…, 1.0) the gradient norm watch saw at the step was 1.0 at every step, so no
     explosion could show. clip_grad_norm_ returns the norm before clipping: that is the series, checked against the

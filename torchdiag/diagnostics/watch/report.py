@@ -396,10 +396,11 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts) -> None:
                    f"{pairs[best_i][0]}) to {med[-1]:.4g} at step {pairs[-1][0]}, above where it started ({initial:.4g})",
                    _climb_hint(pairs, lr_at, pairs[best_i][0], w))
     elif excursion:
-        (low_at, low), (top_at, top) = excursion
+        (low_at, low), (top_at, top), came_back = excursion
+        back = "came back to" if came_back else "was still at"   # still: the end's own test found it within noise
         result.add("loss-diverged", "warning", "", f"the loss climbed from {low:.4g} (median of {low_at}) to {top:.4g} "
-                   f"({top_at}), above where it started ({initial:.4g}), and came back to {med[-1]:.4g} by step "
-                   f"{pairs[-1][0]}", _climb_hint(pairs, lr_at, int(low_at.split("–")[1]), w))
+                   f"({top_at}), above where it started ({initial:.4g}), and {back} {med[-1]:.4g} (running median) at "
+                   f"step {pairs[-1][0]}", _climb_hint(pairs, lr_at, int(low_at.split("–")[1]), w))
     elif len(values) >= 4 * w and min(med[len(med) // 2:]) >= 0.99 * med[len(med) // 2] and med[-1] > 1e-3 * initial:
         result.add("loss-plateau", "info", "", f"the loss has not improved over the second half of the run "
                    f"(running median {med[len(med) // 2]:.4g} → {med[-1]:.4g})", "converged, or the learning rate is too small")
@@ -414,8 +415,9 @@ def _climb_hint(pairs, lr_at: dict, low_step: int, w: int) -> str:
 
 
 def _excursion(values: list[float], steps: list, w: int, initial: float, spiked: int | None):
-    """((step range, median) of the low block, of the top block) when the loss climbed from one w-step block's median
-    to a later one's as far as loss-diverged asks of a run's end, and came back (a review: AdamW at lr 1.0 under a
+    """((step range, median) of the low block, of the top block, whether the last block is below the top by
+    DIVERGE_K noise scales) when the loss climbed from one w-step block's median to a later one's as far as
+    loss-diverged asks of a run's end, beyond noise, where the end's own rule did not fire (a review: AdamW at lr 1.0 under a
     decaying schedule, 4.3 -> 49 by step 9 and back to 5.2 at the end, was no finding). A climb that began with a
     loss-spike (index `spiked`) is that finding's. The noise is the block medians' own (_block_noise, as for the
     end's climb, over the whole run), and the climb must clear DIVERGE_K of it plus what the lowest and the highest of
@@ -425,11 +427,10 @@ def _excursion(values: list[float], steps: list, w: int, initial: float, spiked:
     if len(logs) < 4:
         return None
     wide, noise2 = _block_noise(values, 2 * w, f)
-    if len(wide) >= 6 and noise2 < noise:   # periodic over two blocks (warm restarts): judged at twice the block
+    if len(wide) >= 6 and math.sqrt(2) * noise2 < noise:   # periodic over two blocks: judged at twice the block
         logs, noise, w = wide, noise2, 2 * w
-    elif w >= 10:   # few blocks (10 up to 500 steps): the climb's own bends are most second differences; half blocks
-        half, noise_h = _block_noise(values, w // 2, f)   # hold more of them, and a median of twice the steps
-        noise = min(noise, noise_h / math.sqrt(2))        # has 1/sqrt(2) of the noise
+    else:
+        noise = _noise(values, w, f)
     n, k = len(values), len(logs)
     first = n - k * w                       # blocks aligned to the end, as _block_noise makes them
     blocks = [statistics.median(values[first + j * w:first + (j + 1) * w]) for j in range(k)]
@@ -443,7 +444,11 @@ def _excursion(values: list[float], steps: list, w: int, initial: float, spiked:
         return None
     if f(blocks[found[1]]) - f(blocks[found[0]]) <= (DIVERGE_K + 2 * math.sqrt(2 * math.log(k))) * noise:
         return None
-    return tuple((f"steps {steps[first + j * w]}–{steps[first + (j + 1) * w - 1]}", blocks[j]) for j in found)
+    # came back: the last block clearly below the level the climb held for two blocks in a row (the top block alone
+    # is the highest of several at one level, a lucky one)
+    held = max((min(a, b) for a, b in zip(blocks[found[0]:], blocks[found[0] + 1:])), default=blocks[found[1]])
+    back = f(held) - f(blocks[-1]) > DIVERGE_K * noise
+    return tuple((f"steps {steps[first + j * w]}–{steps[first + (j + 1) * w - 1]}", blocks[j]) for j in found) + (back,)
 
 
 def _diverged(last: float, best: float, initial: float) -> bool:
@@ -466,14 +471,32 @@ def _climb_beyond_noise(values: list[float], w: int, last: float, extra: float =
     lucky block is not where the run was), must clear DIVERGE_K noise scales plus what the lowest of the blocks
     reaches by chance."""
     f = math.log if min(values) > 0 else float
-    logs, noise = _block_noise(values, w, f)
+    logs, _ = _block_noise(values, w, f)
     if len(logs) < 4:
         return True
-    wide, noise2 = _block_noise(values, 2 * w, f)
-    if len(wide) >= 6:   # a loss periodic over two blocks (SGDR's restarts, unshuffled halves) is flat at 2w
-        noise = min(noise, math.sqrt(2) * noise2)
     held = min(max(a, b) for a, b in zip(logs, logs[1:]))
-    return f(last) - held > (DIVERGE_K + extra + math.sqrt(2 * math.log(len(logs)))) * noise
+    return f(last) - held > (DIVERGE_K + extra + math.sqrt(2 * math.log(len(logs)))) * _noise(values, w, f, False)
+
+
+def _noise(values: list[float], w: int, f, shrink: bool = True) -> float:
+    """The noise of a difference of two w-step block medians (through f), read from the run (_block_noise).
+    - A loss periodic over two blocks (SGDR's restarts, unshuffled halves) is flat at 2w: the noise there, x sqrt(2).
+    - Few blocks (10 for runs of up to 500 steps): a climb's own bends are most of their second differences (a
+      review: a 500x climb at the end of a 300-step run was within "noise"). Half blocks hold twice as many, and a
+      median of twice the steps has less noise by the factor the half blocks' noise shrank from the quarter blocks'
+      (1/sqrt(2) for independent steps; nearer 1 for a loss correlated over many steps, which a shrink assumed
+      independent would call a climb). Without `shrink` (the error of a run that ends diverged) the half blocks'
+      noise as it is, which a median of more steps has at most."""
+    logs, noise = _block_noise(values, w, f)
+    wide, noise2 = _block_noise(values, 2 * w, f)
+    if len(wide) >= 6:
+        noise = min(noise, math.sqrt(2) * noise2)
+    if len(logs) < 40 and w >= 8:
+        _, half = _block_noise(values, w // 2, f)
+        _, quarter = _block_noise(values, w // 4, f)
+        if half > 0 and quarter > 0:
+            noise = min(noise, half * (min(1.0, max(half / quarter, 1 / math.sqrt(2))) if shrink else 1.0))
+    return noise
 
 
 def _block_noise(values: list[float], w: int, f) -> tuple[list[float], float]:
