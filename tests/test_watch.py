@@ -1082,6 +1082,25 @@ def test_the_plain_model_watched_while_its_compiled_wrapper_runs_is_not_recompil
     assert not any(m._forward_hooks for m in model.modules())
 
 
+def test_a_compiled_part_of_a_watched_model_is_not_probed():
+    """A second review: `model[2] = torch.compile(model[2])`: the probe's hooks on that part's layers were traced into
+    its graph, 10 graphs for one, the recompile limit hit. Its layers are not probed (the rest are), and a note says so."""
+    import torch._dynamo
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 16), nn.ReLU()), nn.Linear(16, 2))
+    model[2] = torch.compile(model[2], backend="eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with Watch(model, opt, every=5) as w:
+        _loop(model, opt, 40, torch.Generator().manual_seed(0))
+    r = w.result()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1, dict(torch._dynamo.utils.counters["stats"])
+    assert [n for n in r.notes if n.startswith("compiled parts of a watched model (2)")], r.notes
+    assert codes(r) == set() and r.data["steps"] == 40
+
+
 @pytest.mark.parametrize("given", [True, False], ids=["given", "found"])
 def test_a_data_parallel_model_is_watched_under_its_own_names(given):
     """nn.DataParallel (on a CPU it calls the module itself) is unwrapped as DDP is: the table names the

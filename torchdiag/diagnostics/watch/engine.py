@@ -104,6 +104,7 @@ class Engine:
         self._scaled: dict | None = None    # id(scaled loss) -> (it, the loss it was made from): _saw_scaled
         self._sample_forward = True         # the next training forward of each model samples dead units
         self.run_compiled = False           # a watched model ran inside a torch.compile of its caller's
+        self.compiled_parts: set[str] = set()   # compiled submodules of a watched model (not probed for dead units)
         self._sampled: set[int] = set()     # the models sampled since (a GAN's generator and discriminator each)
         self._eval_roots: dict[int, bool] = {}    # id(root) -> its last training forward ran in eval mode
         self._seen_eval: dict[int, bool] = {}     # discovery: the same, for roots not hooked yet

@@ -75,6 +75,11 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
         result.notes.append("a watched model ran inside torch.compile (compiled by the run): dead units are not "
                             "checked, since hooks added to its layers would be traced into the compiled graph and "
                             "recompile it at every read; steps, loss, gradients and modes are watched")
+    if engine.compiled_parts:
+        parts = sorted(engine.compiled_parts)
+        result.notes.append(f"compiled parts of a watched model ({', '.join(parts[:4])}{' …' if len(parts) > 4 else ''}):"
+                            " dead units are not checked inside them (hooks on their layers would be traced into "
+                            "their graphs and recompile them at every read)")
     if engine.loss_seen is False:
         result.notes.append("no loss was seen (backward was not called on a scalar through Tensor.backward): "
                             "loss findings need w.log('loss', value)")

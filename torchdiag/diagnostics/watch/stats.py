@@ -400,7 +400,13 @@ class DeadUnits:
 
     def attach(self):
         prefix = self.engine.root_prefix(self.module)   # per model: two models' "0" are not one module
+        # a part the model compiled (`model.block = torch.compile(model.block)`): hooks on its layers would be traced
+        # into its graph and recompile it at every read (a review: 10 graphs for 1): not probed, and said
+        compiled = [name for name, m in self.root.named_modules() if type(m).__name__ == "OptimizedModule"]
+        self.engine.compiled_parts.update(prefix + n for n in compiled)
         for name, m in self.root.named_modules():
+            if any(name == c or name.startswith(c + ".") for c in compiled):
+                continue
             if not any(True for _ in m.children()):
                 self.handles.append(m.register_forward_hook(self._hook(prefix + name)))
 
