@@ -434,6 +434,27 @@ def test_a_metric_improving_is_no_finding_whatever_its_direction(name, values):
     assert any("not judged for val-worsens" in n and name in n for n in r.notes) == (name == "val_d_real"), r.notes
 
 
+@pytest.mark.parametrize("name, lower", [(n, True) for n in (
+    "val_cross_entropy", "val_ce", "val_xent", "val_bce", "val_kl", "val_nmse", "val_smooth_l1", "val_huber",
+    "val_regret", "val_ece", "val_brier", "val_lpips", "val_epe", "val_abs_rel", "val_chamfer", "val_rmsle",
+    "val_neg_log_likelihood")] + [(n, False) for n in (
+    "val_elbo", "val_log_likelihood", "val_success_rate", "bbox/APs", "bbox/AR100", "val_em", "val_pass@1", "val_mcc",
+    "val_kappa")])
+def test_metric_names_tell_their_direction(name, lower):
+    """A second review: the first version of "no direction, not judged" dropped these (a cross-entropy, a KL, an
+    ELBO...). Each climbs after its best while the training loss falls: worse when lower is better, better else."""
+    values = [0.9, 0.6, 0.45, 0.4, 0.38, 0.5, 0.62, 0.75, 0.9]
+    if not lower:
+        values = [1 - v for v in values]   # a higher-is-better metric falling after its best: worse
+    torch.manual_seed(0)
+    x = torch.randn(32, 8)
+    y = (x[:, 0] > 0).long()
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    r = _fit_logging(model, opt, x, y, 90, 10, iter(values).__next__, name)[0]
+    assert [f.where for f in r.findings if f.code == "val-worsens"] == [name], [f.to_dict() for f in r.findings]
+
+
 def test_a_metric_whose_name_says_no_direction_is_not_judged_even_when_it_reverses():
     """The same values as a val_loss climbing after its best: judged as a loss they are a finding; as `val_d_real`
     (no better side) they are not, and a note names the metric."""

@@ -14,11 +14,14 @@ from ...results import Column, Result, Table
 from .stats import param_key
 
 # a metric's direction by the names metrics are given; a lower-is-better word wins (top1_err, loss_giou)
-LOWER_IS_BETTER = re.compile(r"loss|perplexity|mape|mapd|distance|incorrect"
-                             r"|(?<![a-z])(err|errors?|wer|cer|ppl|mse|mae|rmse|nll|fid|bpc|bpd|dist)(?![a-z])", re.I)
+LOWER_IS_BETTER = re.compile(r"loss|perplexity|mape|mapd|distance|incorrect|cross_?entropy|xent|nmse|rmsle|huber"
+                             r"|regret|brier|lpips|chamfer|abs_rel|neg_log|cost"
+                             r"|(?<![a-z])(err|errors?|wer|cer|ppl|mse|mae|rmse|nll|fid|bpc|bpd|dist|ce|bce|kld?|ece|epe"
+                             r"|l[12])(?![a-z0-9])", re.I)
 HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|bleu|rouge|score|iou|(?<![a-z])map(?![a-z])|top\d|dice"
                               r"|psnr|ssim|r2\b|ndcg|mrr|jaccard|(?<![a-z])corr(?!upt)|hits|reward|return|exact_match"
-                              r"|spearman|pearson|kendall|(?<![a-z])ap(\d+)?(?![a-z])", re.I)
+                              r"|spearman|pearson|kendall|elbo|log_?likelihood|loglik|success|win_rate|kappa|pass@"
+                              r"|(?<![a-z])(ap(\d+|[sml])?|ar\d+|em|mcc)(?![a-z])", re.I)
 DEAD_SHARE = 0.5       # a layer with at least this share of its units newly dead (twice in a row)
 SPARED_READS = 5       # dead units a run spared: the median loss of this many steps before the death and at the end,
 SPARED_FALL = 0.5      # the end's at most this × the death's (it kept learning without them): info
@@ -576,8 +579,9 @@ def _validation(result: Result, engine, pairs) -> None:
                        f"to {last:.4g} (step {vals[-1][0]}) while the training loss fell from {t0:.4g} to {t1:.4g}",
                        "overfitting: stop earlier, add regularisation or data")
     if unknown:
-        result.notes.append(f"not judged for val-worsens, its name says no direction: {', '.join(unknown[:5])}"
-                            + (" …" if len(unknown) > 5 else "") + " (a name with loss/err or acc/score in it does)")
+        more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
+        result.notes.append(f"not judged for val-worsens, its name says no direction: {', '.join(unknown[:8])}{more} "
+                            "(a name with loss/err or acc/score in it does)")
 
 
 def _sustained(vals, best: int, up: bool) -> bool:
