@@ -424,12 +424,7 @@ def test_a_steady_climb_of_the_validation_loss_is_a_trend_from_its_first_evaluat
     ("val_d_real", [0.3, 0.45, 0.55, 0.6, 0.62, 0.64, 0.65])])            # no better side (a GAN's D(real)): not judged
 def test_a_metric_improving_is_no_finding_whatever_its_direction(name, values):
     # review: the direction came from name words alone (mAP50 and dice read as losses, top1_err as an accuracy)
-    torch.manual_seed(0)
-    x = torch.randn(32, 8)
-    y = (x[:, 0] > 0).long()
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
-    opt = torch.optim.SGD(model.parameters(), 0.1)
-    r = _fit_logging(model, opt, x, y, 70, 10, iter(values).__next__, name)[0]
+    r = _logging_a_metric(name, values)
     assert not [f.message for f in r.findings if f.code == "val-worsens"]
     assert any("not judged for val-worsens" in n and name in n for n in r.notes) == (name == "val_d_real"), r.notes
 
@@ -446,26 +441,26 @@ def test_metric_names_tell_their_direction(name, lower):
     values = [0.9, 0.6, 0.45, 0.4, 0.38, 0.5, 0.62, 0.75, 0.9]
     if not lower:
         values = [1 - v for v in values]   # a higher-is-better metric falling after its best: worse
+    r = _logging_a_metric(name, values)
+    assert [f.where for f in r.findings if f.code == "val-worsens"] == [name], [f.to_dict() for f in r.findings]
+
+
+def _logging_a_metric(name: str, values: list[float]):
+    """A small classifier trained 10 steps per value while `name` = each value in turn is logged: its Result."""
     torch.manual_seed(0)
     x = torch.randn(32, 8)
     y = (x[:, 0] > 0).long()
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
     opt = torch.optim.SGD(model.parameters(), 0.1)
-    r = _fit_logging(model, opt, x, y, 90, 10, iter(values).__next__, name)[0]
-    assert [f.where for f in r.findings if f.code == "val-worsens"] == [name], [f.to_dict() for f in r.findings]
+    return _fit_logging(model, opt, x, y, 10 * len(values), 10, iter(values).__next__, name)[0]
 
 
 def test_a_metric_whose_name_says_no_direction_is_not_judged_even_when_it_reverses():
     """The same values as a val_loss climbing after its best: judged as a loss they are a finding; as `val_d_real`
     (no better side) they are not, and a note names the metric."""
     values = [0.9, 0.6, 0.45, 0.4, 0.38, 0.5, 0.62, 0.75, 0.9]
-    torch.manual_seed(0)
-    x = torch.randn(32, 8)
-    y = (x[:, 0] > 0).long()
     for name, found in (("val_loss", True), ("val_d_real", False)):
-        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
-        opt = torch.optim.SGD(model.parameters(), 0.1)
-        r = _fit_logging(model, opt, x, y, 90, 10, iter(values).__next__, name)[0]
+        r = _logging_a_metric(name, values)
         assert any(f.code == "val-worsens" for f in r.findings) == found, (name, [f.to_dict() for f in r.findings])
 
 
@@ -1087,18 +1082,9 @@ def test_the_plain_model_watched_while_its_compiled_wrapper_runs_is_not_recompil
     """A review: Watch(model, opt) with the loop calling torch.compile(model): the dead-unit probe's hooks, added
     to the layers at read steps, were traced into the graph, each a new guard (18 graphs for one, the recompile
     limit hit, the run twice as long). No probe is added while compiling, and a note says so."""
-    import torch._dynamo
-
     model = _mlp()
-    compiled = torch.compile(model, backend="eager")
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    with Watch(model, opt, every=10) as w:
-        _loop(compiled, opt, 30, torch.Generator().manual_seed(0))
-    r = w.result()
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1, dict(torch._dynamo.utils.counters["stats"])
-    assert codes(r) == set() and r.data["steps"] == 30
+    r, graphs = _watched_graphs(model, torch.compile(model, backend="eager"), 30, every=10)
+    assert graphs == 1 and codes(r) == set() and r.data["steps"] == 30
     assert [n for n in r.notes if "ran inside torch.compile" in n]
     assert not any(m._forward_hooks for m in model.modules())
 
@@ -1106,20 +1092,24 @@ def test_the_plain_model_watched_while_its_compiled_wrapper_runs_is_not_recompil
 def test_a_compiled_part_of_a_watched_model_is_not_probed():
     """A second review: `model[2] = torch.compile(model[2])`: the probe's hooks on that part's layers were traced into
     its graph, 10 graphs for one, the recompile limit hit. Its layers are not probed (the rest are), and a note says so."""
-    import torch._dynamo
-
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 16), nn.ReLU()), nn.Linear(16, 2))
     model[2] = torch.compile(model[2], backend="eager")
+    r, graphs = _watched_graphs(model, model, 40, every=5)
+    assert graphs == 1 and codes(r) == set() and r.data["steps"] == 40
+    assert [n for n in r.notes if n.startswith("compiled parts of a watched model (2)")], r.notes
+
+
+def _watched_graphs(model, run, steps: int, every: int):
+    """(the result of `model` watched while the loop calls `run`, the graphs torch.compile made meanwhile)."""
+    import torch._dynamo
+
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    with Watch(model, opt, every=5) as w:
-        _loop(model, opt, 40, torch.Generator().manual_seed(0))
-    r = w.result()
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1, dict(torch._dynamo.utils.counters["stats"])
-    assert [n for n in r.notes if n.startswith("compiled parts of a watched model (2)")], r.notes
-    assert codes(r) == set() and r.data["steps"] == 40
+    with Watch(model, opt, every=every) as w:
+        _loop(run, opt, steps, torch.Generator().manual_seed(0))
+    return w.result(), torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 @pytest.mark.parametrize("given", [True, False], ids=["given", "found"])
