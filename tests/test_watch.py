@@ -434,7 +434,8 @@ def test_a_metric_improving_is_no_finding_whatever_its_direction(name, values):
     "val_regret", "val_ece", "val_brier", "val_lpips", "val_epe", "val_abs_rel", "val_chamfer", "val_rmsle",
     "val_neg_log_likelihood")] + [(n, False) for n in (
     "val_elbo", "val_log_likelihood", "val_success_rate", "bbox/APs", "bbox/AR100", "val_em", "val_pass@1", "val_mcc",
-    "val_kappa")])
+    "val_kappa")] + [(n, True) for n in (   # negated, a third review: read as higher-is-better
+    "val_neg_elbo", "val_nelbo", "val_negative_log_likelihood", "val_negloglik", "val_crps_score")])
 def test_metric_names_tell_their_direction(name, lower):
     """A second review: the first version of "no direction, not judged" dropped these (a cross-entropy, a KL, an
     ELBO...). Each climbs after its best while the training loss falls: worse when lower is better, better else."""
@@ -2476,6 +2477,25 @@ def test_a_climb_that_came_back_is_judged_against_the_losses_own_noise():
 
 
 
+def test_a_climb_of_one_block_that_came_back_says_so():
+    """A third review: a 3x bump within one block, back at 0.5 by the end, read "was still at 0.4986": the level the
+    climb held two blocks in a row was the low one."""
+    from torchdiag.diagnostics.watch import report
+    from torchdiag.results import Result
+
+    rng = random.Random(1)
+    values = []
+    for i in range(500):
+        k, base = i - 250, 0.5 + 0.5 * math.exp(-i / 25)
+        if 0 <= k < 50:
+            base *= 1 + 2 * max(0.0, min(1.0, k / 10, (49 - k) / 10))
+        values.append(base * math.exp(rng.gauss(0, 0.03)))
+    result = Result("watch")
+    report._loss_curve(result, list(enumerate(values, 1)), {}, Options())
+    f = finding(result, "loss-diverged")
+    assert f.severity == "warning" and "came back to 0.50" in f.message, f.message
+
+
 def test_a_climb_that_did_not_come_back_is_not_said_to_have():
     """A second review: the warning said "came back to 2.114" of a loss that climbed 5x at step 332 of 500 and stayed
     (the end is the climb's top), and a OneCycle run ending ~500x above its best (a 300-step run's 10 blocks, the
@@ -2551,7 +2571,12 @@ def _clipped_loop(clip, steps=20, scaler=None, bad_at=None):
     return w.result().series["grad_norm"], truth
 
 
-@pytest.mark.parametrize("how", ["measured-then-clipped", "two-groups", "subset", "empty-generator"])
+def _split_clip(m):
+    grads = [p.grad for p in m.parameters()]
+    torch.nn.utils.clip_grads_with_norm_(m.parameters(), 0.5, torch.nn.utils.get_total_norm(grads))
+
+
+@pytest.mark.parametrize("how", ["measured-then-clipped", "two-groups", "subset", "empty-generator", "get_total_norm"])
 def test_clipping_is_read_only_where_it_tells_the_whole_norm(how, recwarn):
     """A review of the first version: the same parameters measured (max_norm inf) then clipped gave sqrt(2) x the
     norm; a subset clipped gave the subset's norm; an exhausted parameters generator gave 0 (an explosion missed,
@@ -2564,7 +2589,8 @@ def test_clipping_is_read_only_where_it_tells_the_whole_norm(how, recwarn):
     loops = {"measured-then-clipped": lambda m: (clip(m.parameters(), float("inf")), clip(m.parameters(), 0.5)),
              "two-groups": lambda m: (clip(m[0].parameters(), 0.3), clip(m[2].parameters(), 0.3)),
              "subset": lambda m: clip(m[2].parameters(), 0.01),
-             "empty-generator": lambda m: clip(gen, 0.5)}
+             "empty-generator": lambda m: clip(gen, 0.5),
+             "get_total_norm": _split_clip}   # torch >= 2.6: the norm, then clip_grads_with_norm_ (a third review)
     series, truth = _clipped_loop(loops[how])
     if how == "subset":      # the norm of what the optimizer applied: the body unclipped, the head clipped to 0.01
         assert all(s < t for s, t in zip(series, truth)) and series[0] > 0.01
@@ -2598,3 +2624,57 @@ def test_watches_closed_out_of_order_put_the_clip_function_back():
     a.__exit__(None, None, None)
     b.__exit__(None, None, None)
     assert torch.nn.utils.clip_grad_norm_ is original and torch.nn.utils.clip_grad.clip_grad_norm_ is original
+
+
+def test_two_given_optimizers_stepped_one_after_the_other_at_every_step_own_their_parameters():
+    """A third review: every=1, one backward, the encoder's optimizer stepping before the decoder's: the read in the
+    first step came before the decoder's optimizer had stepped, and its parameters were `not-in-optimizer`. One
+    not owned at two reads in a row (or at the last read and the end) is."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 1))
+    enc, dec = torch.optim.SGD(model[0].parameters(), 0.1), torch.optim.SGD(model[2].parameters(), 0.1)
+    with Watch(model, [enc, dec], every=1) as w:
+        for _ in range(20):
+            x = torch.randn(8, 10)
+            loss = ((model(x) - x[:, :1]) ** 2).mean()
+            enc.zero_grad()
+            dec.zero_grad()
+            loss.backward()
+            enc.step()
+            dec.step()
+    assert "not-in-optimizer" not in codes(w.result()), [f.to_dict() for f in w.result().findings]
+    head = nn.Linear(32, 1)   # the bug, read at one step only (every=10, 12 steps): confirmed at the end
+    body = nn.Sequential(nn.Linear(10, 32), nn.Tanh())
+    opt = torch.optim.SGD(body.parameters(), 0.1)
+    model = nn.Sequential(body, head)
+    with Watch(model, opt, every=10) as w:
+        for _ in range(12):
+            x = torch.randn(8, 10)
+            opt.zero_grad()
+            ((model(x) - x[:, :1]) ** 2).mean().backward()
+            opt.step()
+    assert {f.where for f in w.result().findings if f.code == "not-in-optimizer"} == {"1.weight", "1.bias"}
+
+
+def test_a_part_compiled_in_place_is_not_probed():
+    """A third review: `model[2].compile()` keeps its type (no OptimizedModule): its layers were probed, 14 graphs for
+    one. A module whose call is compiled counts as compiled."""
+    class Block(nn.Module):   # a user's module (dynamo does not compile a torch.nn class's own frame)
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(16, 16)
+
+        def forward(self, x):
+            return torch.relu(self.lin(x))
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), Block(), nn.Linear(16, 2))
+    made = []
+
+    def backend(gm, example_inputs):   # counts the graphs compiled (dynamo's own counters miss this path)
+        made.append(gm)
+        return gm.forward
+
+    model[2].compile(backend=backend)
+    r, _ = _watched_graphs(model, model, 40, every=5)
+    assert len(made) == 1 and [n for n in r.notes if n.startswith("compiled parts of a watched model (2)")], r.notes

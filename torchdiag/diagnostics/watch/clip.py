@@ -9,7 +9,9 @@ A step's norm is taken from the calls only when they tell the whole L2 norm of t
 broke the first version five ways): calls since the last backward (a step GradScaler skipped leaves its calls behind),
 with the L2 norm, the first call over a parameter counting (measured, then clipped, over the same ones: the first is
 the one before clipping), covering every parameter of the step's optimizer that has a gradient (a subset clipped:
-the watched norm stays); none over an empty list."""
+the watched norm stays); none over an empty list. torch >= 2.6's split of it, `get_total_norm` then
+`clip_grads_with_norm_`, is read from the first (torch.nn.utils.get_total_norm; clip_grad_norm_'s own inner call is
+not the wrapped one)."""
 from __future__ import annotations
 
 import functools
@@ -23,12 +25,13 @@ _OWNER = "_torchdiag_owner"         # on a wrapper: its ClipNorms, weakly (close
 
 
 class ClipNorms:
-    """clip_grad_norm_'s calls since the last step of the clock (taken) or of another optimizer (dropped)."""
+    """clip_grad_norm_'s (and get_total_norm's) calls since the last step of the clock (taken) or of another
+    optimizer (dropped)."""
 
     def __init__(self, engine):
         self._engine = weakref.ref(engine)
-        self._since: list = []      # (norm tensor, ids of the parameters with a gradient, backward count)
-        self._wrapper = None
+        self._since: list = []      # (norm tensor, ids of the gradient tensors it read, backward count)
+        self._installed: list = []  # (module name, attribute, wrapper)
         self._closed = False
         self.seen = False           # the loop clipped at least once while watched
 
@@ -36,8 +39,8 @@ class ClipNorms:
         import torch.nn.utils as utils
         from torch.nn.utils import clip_grad
 
-        original = clip_grad.clip_grad_norm_
         ref = weakref.ref(self)
+        original = clip_grad.clip_grad_norm_
 
         @functools.wraps(original)
         def clip_grad_norm_(parameters, max_norm, norm_type=2.0, *args, **kwargs):
@@ -48,32 +51,49 @@ class ClipNorms:
             if not params and isinstance(parameters, types.GeneratorType):   # torch's warning, at the user's line
                 warnings.warn("`parameters` is an empty generator, no gradient clipping will occur.", stacklevel=2)
             total = original(params, max_norm, norm_type, *args, **kwargs)
-            me._saw(total, params, norm_type)
+            me._saw(total, [p.grad for p in params if getattr(p, "grad", None) is not None], norm_type)
             return total
 
-        setattr(clip_grad_norm_, _ORIGINAL, original)
-        setattr(clip_grad_norm_, _OWNER, ref)
-        self._wrapper = clip_grad_norm_
-        for module in (clip_grad, utils):
-            if getattr(module, "clip_grad_norm_", None) is original:
-                module.clip_grad_norm_ = clip_grad_norm_  # type: ignore[attr-defined]
+        self._install(clip_grad_norm_, original, "clip_grad_norm_", (clip_grad, utils))
+        total_norm = getattr(utils, "get_total_norm", None)   # torch >= 2.6: clipping split in two (a review)
+        if total_norm is not None:
+            @functools.wraps(total_norm)
+            def get_total_norm(tensors, norm_type=2.0, *args, **kwargs):
+                me = ref()
+                if me is None or me._closed:
+                    return total_norm(tensors, norm_type, *args, **kwargs)
+                grads = [tensors] if _is_tensor(tensors) else list(tensors)
+                total = total_norm(grads, norm_type, *args, **kwargs)
+                me._saw(total, grads, norm_type)
+                return total
 
-    def _saw(self, total, params: list, norm_type) -> None:
+            self._install(get_total_norm, total_norm, "get_total_norm", (utils,))
+
+    def _install(self, wrapper, original, attr: str, modules) -> None:
+        setattr(wrapper, _ORIGINAL, original)
+        setattr(wrapper, _OWNER, weakref.ref(self))
+        for module in modules:
+            if getattr(module, attr, None) is original:
+                setattr(module, attr, wrapper)
+                self._installed.append((module.__name__, attr, wrapper))
+
+    def _saw(self, total, grads: list, norm_type) -> None:
         engine = self._engine()
-        ids = frozenset(id(p) for p in params if getattr(p, "grad", None) is not None)
+        ids = frozenset(id(g) for g in grads)
         if engine is None or engine.closed or not ids or float(norm_type) != 2.0 or getattr(total, "ndim", None) != 0:
             return
         self._since.append((total.detach(), ids, engine.backwards))
         self.seen = True
 
     def close(self) -> None:
-        """Put the function back where the wrapper is still the one installed, past any wrapper of a watch closed
+        """Put each function back where the wrapper is still the one installed, past any wrapper of a watch closed
         before it (watches closed out of order); a wrapper installed over it later unwraps it when it closes."""
         self._closed, self._since = True, []
-        for name in ("torch.nn.utils.clip_grad", "torch.nn.utils"):
+        for name, attr, wrapper in self._installed:
             module = sys.modules.get(name)
-            if module is not None and getattr(module, "clip_grad_norm_", None) is self._wrapper:
-                module.clip_grad_norm_ = _live(getattr(self._wrapper, _ORIGINAL))  # type: ignore[attr-defined]
+            if module is not None and getattr(module, attr, None) is wrapper:
+                setattr(module, attr, _live(getattr(wrapper, _ORIGINAL)))
+        self._installed = []
 
     def take(self, params, backwards: int) -> list:
         """The clock stepped over `params`: the norms before clipping of its gradients, or [] where the calls do not
@@ -85,7 +105,7 @@ class ClipNorms:
             if ids.isdisjoint(covered):
                 kept.append(total)
                 covered |= ids
-        need = {id(p) for p in params if p.grad is not None}
+        need = {id(p.grad) for p in params if p.grad is not None}
         return kept if kept and need <= covered else []
 
     def drop(self) -> None:

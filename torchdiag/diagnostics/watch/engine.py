@@ -105,6 +105,8 @@ class Engine:
         self._sample_forward = True         # the next training forward of each model samples dead units
         self.run_compiled = False           # a watched model ran inside a torch.compile of its caller's
         self.compiled_parts: set[str] = set()   # compiled submodules of a watched model (not probed for dead units)
+        self._unowned: dict[str, tuple[int, int]] = {}   # parameter name -> (read step, id) of one with a
+        # gradient in no optimizer at the last read: not-in-optimizer when the next read (or the end) says it again
         self._sampled: set[int] = set()     # the models sampled since (a GAN's generator and discriminator each)
         self._eval_roots: dict[int, bool] = {}    # id(root) -> its last training forward ran in eval mode
         self._seen_eval: dict[int, bool] = {}     # discovery: the same, for roots not hooked yet
@@ -340,6 +342,7 @@ class Engine:
             self.checks[key] = rekey(self.checks[key])
         self.checks["dead_feeds"] = {ren(k): ren(v) for k, v in self.checks["dead_feeds"].items()}
         self._dead_first = rekey(self._dead_first)   # the units' first sample: a later one is compared with it
+        self._unowned = rekey(self._unowned)         # in no optimizer at the last read: the next one confirms it
         for event in self.events:
             event["params"] = [ren(n) for n in event["params"]]
             rep = event.get("replay") or {}
@@ -690,6 +693,7 @@ class Engine:
         self._last_read = self.step
         sensitive = _mode_sensitive()
         stats = []
+        unowned: dict[str, tuple[int, int]] = {}
         for _rid, root in self.roots.items():
             if not inner(root).training:
                 continue
@@ -699,7 +703,12 @@ class Engine:
                     self.checks["eval_modules"].setdefault(prefix + name, self.step)
             for name, p in inner(root).named_parameters():
                 if p.grad is not None and id(p) not in in_opt:
-                    self.checks["not_in_optimizer"].setdefault(prefix + name, self.step)
+                    unowned[prefix + name] = (self._unowned.get(prefix + name, (self.step,))[0], id(p))
+        # seen at two reads in a row (or at one and the end): at a read in the first optimizer's step, another that
+        # steps after it in the same iteration has not stepped yet (a review: every=1, two optimizers given)
+        for key in unowned.keys() & self._unowned.keys():
+            self.checks["not_in_optimizer"].setdefault(key, unowned[key][0])
+        self._unowned = unowned
         for root in self.roots.values():
             prefix = self.root_prefix(root)
             stats += [(f"{prefix}{name}.{b}", t) for name, m in inner(root).named_modules()
@@ -819,6 +828,10 @@ class Engine:
 
     def finish(self):
         """The last read (what the steps since the previous read left), then detach."""
+        in_opt = set().union(*(t.keys() for t in self.tracks.values()))
+        for key, (step, pid) in self._unowned.items():   # seen at the last read, in no optimizer still
+            if pid not in in_opt:
+                self.checks["not_in_optimizer"].setdefault(key, step)
         try:
             if not self.closed and not self.broken and (self._window or self.pending or self.tracks):
                 self.read(final=True)
@@ -888,7 +901,9 @@ def _compiling() -> bool:
 
 def compiled(root) -> bool:
     """A torch.compile'd module (its layers run inside a compiled graph, out of reach of hooks added later)."""
-    return type(root).__name__ == "OptimizedModule"
+    from .stats import compiled_module
+
+    return compiled_module(root)
 
 
 def _mode_sensitive() -> tuple:

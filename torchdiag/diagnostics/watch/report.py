@@ -15,10 +15,11 @@ from .stats import param_key
 
 # a metric's direction by the names metrics are given; a lower-is-better word wins (top1_err, loss_giou)
 LOWER_IS_BETTER = re.compile(r"loss|perplexity|mape|mapd|distance|incorrect|cross_?entropy|xent|nmse|rmsle|huber"
-                             r"|regret|brier|lpips|chamfer|abs_rel|neg_log|cost"
+                             r"|regret|brier|lpips|chamfer|abs_rel|neg_log|cost|crps|energy|nelbo|negloglik"
+                             r"|(?<![a-z])(neg|negative|minus)(?![a-z])"   # a negated ELBO or likelihood
                              r"|(?<![a-z])(err|errors?|wer|cer|ppl|mse|mae|rmse|nll|fid|bpc|bpd|dist|ce|bce|kld?|ece|epe"
                              r"|l[12])(?![a-z0-9])", re.I)
-HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|bleu|rouge|score|iou|(?<![a-z])map(?![a-z])|top\d|dice"
+HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|bleu|rouge|score|iou(?!s)|(?<![a-z])map(?![a-z])|top\d|dice"
                               r"|psnr|ssim|r2\b|ndcg|mrr|jaccard|(?<![a-z])corr(?!upt)|hits|reward|return|exact_match"
                               r"|spearman|pearson|kendall|elbo|log_?likelihood|loglik|success|win_rate|kappa|pass@"
                               r"|(?<![a-z])(ap(\d+|[sml])?|ar\d+|em|mcc)(?![a-z])", re.I)
@@ -453,8 +454,10 @@ def _excursion(values: list[float], steps: list, w: int, initial: float, spiked:
     if f(blocks[found[1]]) - f(blocks[found[0]]) <= (DIVERGE_K + 2 * math.sqrt(2 * math.log(k))) * noise:
         return None
     # came back: the last block clearly below the level the climb held for two blocks in a row (the top block alone
-    # is the highest of several at one level, a lucky one)
+    # is the highest of several at one level, a lucky one), or below its top where it held none
     held = max((min(a, b) for a, b in zip(blocks[found[0]:], blocks[found[0] + 1:])), default=blocks[found[1]])
+    if not _diverged(held, blocks[found[0]], initial):   # a climb of one block: its top is the level it reached
+        held = blocks[found[1]]
     back = f(held) - f(blocks[-1]) > DIVERGE_K * noise
     return tuple((f"steps {steps[first + j * w]}–{steps[first + (j + 1) * w - 1]}", blocks[j]) for j in found) + (back,)
 
@@ -563,7 +566,7 @@ def _validation(result: Result, engine, pairs) -> None:
     unknown = []
     for name, vals in engine.metrics.items():
         vals = [(s, float(v)) for s, v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
-        if len(vals) < 3 or "train" in name.lower():
+        if len(vals) < 3 or re.search(r"(?<![a-z])train", name, re.I):   # not "constraint", "strain"
             continue
         # the direction is read from the name; a name that tells none is not judged (a review: hits@1 rising was
         # "worse", and a GAN's D(real) has no better side)

@@ -402,7 +402,7 @@ class DeadUnits:
         prefix = self.engine.root_prefix(self.module)   # per model: two models' "0" are not one module
         # a part the model compiled (`model.block = torch.compile(model.block)`): hooks on its layers would be traced
         # into its graph and recompile it at every read (a review: 10 graphs for 1): not probed, and said
-        compiled = [name for name, m in self.root.named_modules() if type(m).__name__ == "OptimizedModule"]
+        compiled = [name for name, m in self.root.named_modules() if compiled_module(m)]
         self.engine.compiled_parts.update(prefix + n for n in compiled)
         for name, m in self.root.named_modules():
             if any(name == c or name.startswith(c + ".") for c in compiled):
@@ -649,3 +649,9 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
         for j, (name, units) in enumerate(modules):
             newly, dead, negative = vals[3 * j:3 * j + 3]
             checks["dead"].setdefault(name, []).append((step, newly, dead, negative == 0, units))
+
+
+def compiled_module(m) -> bool:
+    """A torch.compile'd module: the wrapper torch.compile(m) returns, or a module compiled in place (m.compile(),
+    which leaves its type and compiles its call: a review found its layers probed, 14 graphs for one)."""
+    return type(m).__name__ == "OptimizedModule" or getattr(m, "_compiled_call_impl", None) is not None
