@@ -10,10 +10,12 @@ broke the first version five ways): calls since the last backward (a step GradSc
 with the L2 norm, the first call over a parameter counting (measured, then clipped, over the same ones: the first is
 the one before clipping), covering every parameter of the step's optimizer that has a gradient (a subset clipped:
 the watched norm stays); none over an empty list. torch >= 2.6's split of it, `get_total_norm` then
-`clip_grads_with_norm_`, is read from the first (torch.nn.utils.get_total_norm; clip_grad_norm_'s own inner call is
+`clip_grads_with_norm_`, is read from the first, and clipping by value (`clip_grad_value_`) has the norm
+measured before it (torch.nn.utils.get_total_norm; clip_grad_norm_'s own inner call is
 not the wrapped one)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import types
@@ -69,6 +71,21 @@ class ClipNorms:
 
             self._install(get_total_norm, total_norm, "get_total_norm", (utils,))
 
+        by_value = clip_grad.clip_grad_value_   # clips each element: the norm before it is measured here (a review:
+
+        @functools.wraps(by_value)               # Lightning's gradient_clip_algorithm="value" hid a 90,000 norm)
+        def clip_grad_value_(parameters, clip_value, *args, **kwargs):
+            me = ref()
+            if me is None or me._closed:
+                return by_value(parameters, clip_value, *args, **kwargs)
+            params = [parameters] if _is_tensor(parameters) else list(parameters)
+            grads = [p.grad for p in params if getattr(p, "grad", None) is not None]
+            with contextlib.suppress(Exception):   # grads on several devices: not measured, the watched norm stays
+                me._saw(_l2(grads), grads, 2.0)
+            return by_value(params, clip_value, *args, **kwargs)
+
+        self._install(clip_grad_value_, by_value, "clip_grad_value_", (clip_grad, utils))
+
     def _install(self, wrapper, original, attr: str, modules) -> None:
         setattr(wrapper, _ORIGINAL, original)
         setattr(wrapper, _OWNER, weakref.ref(self))
@@ -111,6 +128,16 @@ class ClipNorms:
     def drop(self) -> None:
         """Another optimizer stepped: what was clipped since was its gradients."""
         self._since = []
+
+
+def _l2(grads: list):
+    """The L2 norm of all of them, on their device (no sync): None for none."""
+    import torch
+
+    if not grads:
+        return None
+    with torch.no_grad():
+        return torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)]))
 
 
 def _is_tensor(x) -> bool:

@@ -105,8 +105,8 @@ class Engine:
         self._sample_forward = True         # the next training forward of each model samples dead units
         self.run_compiled = False           # a watched model ran inside a torch.compile of its caller's
         self.compiled_parts: set[str] = set()   # compiled submodules of a watched model (not probed for dead units)
-        self._unowned: dict[str, tuple[int, int]] = {}   # parameter name -> (read step, id) of one with a
-        # gradient in no optimizer at the last read: not-in-optimizer when the next read (or the end) says it again
+        self._unowned: dict[str, tuple[int, int]] = {}   # parameter name -> (first read step, id) of one with a
+        # gradient in no optimizer: not-in-optimizer when no optimizer holds it at the end either
         self._sampled: set[int] = set()     # the models sampled since (a GAN's generator and discriminator each)
         self._eval_roots: dict[int, bool] = {}    # id(root) -> its last training forward ran in eval mode
         self._seen_eval: dict[int, bool] = {}     # discovery: the same, for roots not hooked yet
@@ -693,7 +693,6 @@ class Engine:
         self._last_read = self.step
         sensitive = _mode_sensitive()
         stats = []
-        unowned: dict[str, tuple[int, int]] = {}
         for _rid, root in self.roots.items():
             if not inner(root).training:
                 continue
@@ -703,12 +702,7 @@ class Engine:
                     self.checks["eval_modules"].setdefault(prefix + name, self.step)
             for name, p in inner(root).named_parameters():
                 if p.grad is not None and id(p) not in in_opt:
-                    unowned[prefix + name] = (self._unowned.get(prefix + name, (self.step,))[0], id(p))
-        # seen at two reads in a row (or at one and the end): at a read in the first optimizer's step, another that
-        # steps after it in the same iteration has not stepped yet (a review: every=1, two optimizers given)
-        for key in unowned.keys() & self._unowned.keys():
-            self.checks["not_in_optimizer"].setdefault(key, unowned[key][0])
-        self._unowned = unowned
+                    self._unowned.setdefault(prefix + name, (self.step, id(p)))
         for root in self.roots.values():
             prefix = self.root_prefix(root)
             stats += [(f"{prefix}{name}.{b}", t) for name, m in inner(root).named_modules()
@@ -828,10 +822,8 @@ class Engine:
 
     def finish(self):
         """The last read (what the steps since the previous read left), then detach."""
-        in_opt = set().union(*(t.keys() for t in self.tracks.values()))
-        for key, (step, pid) in self._unowned.items():   # seen at the last read, in no optimizer still
-            if pid not in in_opt:
-                self.checks["not_in_optimizer"].setdefault(key, step)
+        with contextlib.suppress(Exception):   # a help, never a new failure of the run
+            self._not_in_optimizer()
         try:
             if not self.closed and not self.broken and (self._window or self.pending or self.tracks):
                 self.read(final=True)
@@ -839,6 +831,22 @@ class Engine:
             self.broken = f"watch's last read failed ({one_line(exc)}); the report covers the reads before it"
         finally:
             self.close()
+
+    def _not_in_optimizer(self) -> None:
+        """At the end: a parameter seen with a gradient in no optimizer (at a read, or now: a run shorter than `every`)
+        that no optimizer holds now either. Not at the read itself: an optimizer that first steps later (a second
+        one stepped after the first in each iteration, a head's own one every 20 steps) or a param group added
+        later (a head unfrozen mid-run) holds it by the end (three reviews)."""
+        held = set().union(*(t.keys() for t in self.tracks.values()))
+        held |= {id(p) for t in self.tracks.values() if t.opt is not None for g in t.opt.param_groups for p in g["params"]}
+        for root in self.roots.values():
+            prefix = self.root_prefix(root)
+            for name, p in inner(root).named_parameters():
+                if p.grad is not None and id(p) not in held:
+                    self._unowned.setdefault(prefix + name, (self.step, id(p)))
+        for key, (step, pid) in self._unowned.items():
+            if pid not in held:
+                self.checks["not_in_optimizer"].setdefault(key, step)
 
     def log(self, name: str, value, step: int | None = None):
         with contextlib.suppress(Exception):

@@ -15,11 +15,12 @@ from .stats import param_key
 
 # a metric's direction by the names metrics are given; a lower-is-better word wins (top1_err, loss_giou)
 LOWER_IS_BETTER = re.compile(r"loss|perplexity|mape|mapd|distance|incorrect|cross_?entropy|xent|nmse|rmsle|huber"
-                             r"|regret|brier|lpips|chamfer|abs_rel|neg_log|cost|crps|energy|nelbo|negloglik"
-                             r"|(?<![a-z])(neg|negative|minus)(?![a-z])"   # a negated ELBO or likelihood
+                             r"|regret|brier|lpips|chamfer|abs_rel|neg_log|cost|crps|energy|nelbo|negloglik|gap"
+                             r"|(?<![a-z])(neg|negative|minus)_?(elbo|log|reward|return|likelihood)"   # negated
                              r"|(?<![a-z])(err|errors?|wer|cer|ppl|mse|mae|rmse|nll|fid|bpc|bpd|dist|ce|bce|kld?|ece|epe"
                              r"|l[12])(?![a-z0-9])", re.I)
-HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|bleu|rouge|score|iou(?!s)|(?<![a-z])map(?![a-z])|top\d|dice"
+HIGHER_IS_BETTER = re.compile(r"(?<![a-z])acc(?!ess)|f1|auc|auroc|aupr|precision|recall|bleu|rouge|score|iou(?!s)"
+                              r"|(?<![a-z])m?a[pr](?![a-z])|top\d|dice|hit_rate"
                               r"|psnr|ssim|r2\b|ndcg|mrr|jaccard|(?<![a-z])corr(?!upt)|hits|reward|return|exact_match"
                               r"|spearman|pearson|kendall|elbo|log_?likelihood|loglik|success|win_rate|kappa|pass@"
                               r"|(?<![a-z])(ap(\d+|[sml])?|ar\d+|em|mcc)(?![a-z])", re.I)
@@ -325,7 +326,7 @@ def _curves(result: Result, engine) -> None:
     # a loss that depends on no parameter moves with the data only: its spikes and climbs say nothing of training
     constant = len(engine.tracks) == 1 and any(f.code == "loss-ignores-parameters" for f in result.findings)
     if len(pairs) >= 10 and not constant:
-        _loss_curve(result, pairs, dict(zip(steps, result.series["lr"])), opts)
+        _loss_curve(result, pairs, dict(zip(steps, result.series["lr"])), opts, engine.clips.seen)
     _grad_norm_explosion(result, steps, result.series["grad_norm"], pairs, opts, engine.clips.seen)
     _validation(result, engine, pairs)
 
@@ -379,7 +380,7 @@ def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: 
                for k in range(max(at, lw), min(len(values), at + w)))
 
 
-def _loss_curve(result: Result, pairs, lr_at: dict, opts) -> None:
+def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False) -> None:
     values = [v for _, v in pairs]
     w = window(len(values))
     med = running_medians(values, w)
@@ -394,7 +395,8 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts) -> None:
             result.add("loss-spike", "warning", "", f"loss {values[i]:.4g} at step {pairs[i][0]} is "
                        f"{values[i] / base:.1f}× its running median ({base:.4g}), far outside the spread of the "
                        f"{min(i, SPREAD_STEPS * w)} steps before it and above any loss since step {pairs[w - 1][0]}",
-                       "look at that batch; clip gradients")
+                       "look at that batch; lower the learning rate (the loop clips gradients already)" if clipped
+                       else "look at that batch; clip gradients")
             spiked = i
             break
         peak = max(peak, values[i])
@@ -404,12 +406,15 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts) -> None:
         result.add("loss-diverged", "error", "", f"the loss climbed from {med[best_i]:.4g} (running median, step "
                    f"{pairs[best_i][0]}) to {med[-1]:.4g} at step {pairs[-1][0]}, above where it started ({initial:.4g})",
                    _climb_hint(pairs, lr_at, pairs[best_i][0], w))
-    elif excursion:
+    elif excursion and (rise := _lr_rise(pairs, lr_at, int(excursion[0][0].split("–")[1]), w)):
+        # a climb that came back is a divergence only after the learning rate rose: without that, a non-stationary
+        # objective climbs and comes back by design (BYOL's bump, a GAN's generator as its critic learns: a review)
         (low_at, low), (top_at, top), came_back = excursion
         back = "came back to" if came_back else "was still at"   # still: the end's own test found it within noise
         result.add("loss-diverged", "warning", "", f"the loss climbed from {low:.4g} (median of {low_at}) to {top:.4g} "
-                   f"({top_at}), above where it started ({initial:.4g}), and {back} {med[-1]:.4g} (running median) at "
-                   f"step {pairs[-1][0]}", _climb_hint(pairs, lr_at, int(low_at.split("–")[1]), w))
+                   f"({top_at}), above where it started ({initial:.4g}), after the learning rate rose from "
+                   f"{rise[1]:.3g} to {rise[2]:.3g} at step {rise[0]}, and {back} {med[-1]:.4g} (running median) at "
+                   f"step {pairs[-1][0]}", "lower the peak learning rate or lengthen the warm-up")
     elif len(values) >= 4 * w and min(med[len(med) // 2:]) >= 0.99 * med[len(med) // 2] and med[-1] > 1e-3 * initial:
         result.add("loss-plateau", "info", "", f"the loss has not improved over the second half of the run "
                    f"(running median {med[len(med) // 2]:.4g} → {med[-1]:.4g})", "converged, or the learning rate is too small")
@@ -564,13 +569,14 @@ def _validation(result: Result, engine, pairs) -> None:
         return med[before[-1]] if before else None
 
     unknown = []
+    spread = re.compile(r"(?<![a-z])(std|var|variance)(?![a-z])", re.I)   # a spread of a score has no better side
     for name, vals in engine.metrics.items():
         vals = [(s, float(v)) for s, v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
         if len(vals) < 3 or re.search(r"(?<![a-z])train", name, re.I):   # not "constraint", "strain"
             continue
         # the direction is read from the name; a name that tells none is not judged (a review: hits@1 rising was
         # "worse", and a GAN's D(real) has no better side)
-        if not LOWER_IS_BETTER.search(name) and not HIGHER_IS_BETTER.search(name):
+        if spread.search(name) or (not LOWER_IS_BETTER.search(name) and not HIGHER_IS_BETTER.search(name)):
             unknown.append(name)
             continue
         up = bool(HIGHER_IS_BETTER.search(name)) and not LOWER_IS_BETTER.search(name)

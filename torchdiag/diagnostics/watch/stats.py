@@ -652,6 +652,9 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
 
 
 def compiled_module(m) -> bool:
-    """A torch.compile'd module: the wrapper torch.compile(m) returns, or a module compiled in place (m.compile(),
-    which leaves its type and compiles its call: a review found its layers probed, 14 graphs for one)."""
-    return type(m).__name__ == "OptimizedModule" or getattr(m, "_compiled_call_impl", None) is not None
+    """A torch.compile'd module: the wrapper torch.compile(m) returns, a module compiled in place (m.compile(),
+    which leaves its type and compiles its call: a review found its layers probed, 14 graphs for one), or one whose
+    forward was compiled (`m.forward = torch.compile(m.forward)`, `@torch.compile` on forward: 11)."""
+    forward = getattr(m, "forward", None)
+    return (type(m).__name__ == "OptimizedModule" or getattr(m, "_compiled_call_impl", None) is not None
+            or getattr(getattr(forward, "__func__", forward), "_torchdynamo_orig_callable", None) is not None)
