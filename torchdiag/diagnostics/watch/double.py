@@ -18,6 +18,7 @@ class DoubleSteps:
         self.shared: list = []              # watched parameters that optimizers of distinct param_groups hold
         self._watched: set[int] = set()     # id() of the tracks' parameters, as of the last _refresh
         self._opts: dict[int, weakref.ref] = {}   # id -> every optimizer that took an outermost step, weakly
+        self.held: set[int] = set()   # id() of the watched models' parameters any of them held at its first step
         self._stale = True                  # an optimizer came or went: `shared` is found again
         # (id(optimizer), backwards when it began, its step has a closure, it is its own step again) of the steps
         self._open: list[tuple[int, int, bool, bool]] = []   # running, outermost first
@@ -50,11 +51,14 @@ class DoubleSteps:
                 return k > 0, closure, again
         return True, False, True   # a step this engine did not see begin: say nothing of it
 
-    def applied(self, opt, tracks: dict, step: int) -> None:
+    def applied(self, opt, tracks: dict, step: int, models=None) -> None:
         """`opt` applies the gradients its parameters hold now (outermost steps only). `tracks`: the engine's;
         only their parameters are looked at."""
         if id(opt) not in self._opts:
             self._opts[id(opt)] = weakref.ref(opt, self._gone)
+            if models is not None and id(opt) not in tracks:   # one not watched; only the watched models'
+                # parameters (an attack's optimizer made per step must not add any)
+                self.held.update({id(p) for g in opt.param_groups for p in g["params"]} & models())
             self._stale = True
         if self._stale:
             self._refresh(tracks)
@@ -82,6 +86,10 @@ class DoubleSteps:
         alive = [o for r in self._opts.values() if (o := r()) is not None and type(o).__name__ == kind]
         ids = [id(o) for o in alive]
         return f"{kind} #{ids.index(key) + 1}" if len(alive) > 1 and key in ids else kind
+
+    def live(self) -> list:
+        """The optimizers that took a step and are still alive."""
+        return [o for r in self._opts.values() if (o := r()) is not None]
 
     def _gone(self, ref) -> None:
         """An optimizer was let go (a weakref callback: only flags, a collection can run inside our loops)."""

@@ -27,7 +27,7 @@ from ...errors import one_line
 from .clip import ClipNorms, combined
 from .double import DoubleSteps
 from .options import Options
-from .stats import Track, nonfinite_losses, read_parts
+from .stats import Track, nonfinite_losses, param_key, read_parts
 
 
 def _guarded(hook):
@@ -87,7 +87,8 @@ class Engine:
         self.metrics: dict[str, list] = {}  # w.log(name, value): [(step, value)]
         self.events: list[dict] = []        # non-finite values (with replay), found at reads
         self.checks = {"eval_steps": [], "eval_models": {}, "eval_modules": {}, "not_in_optimizer": {}, "carried": [],
-                       "dead": {}, "dead_feeds": {}, "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": []}
+                       "dead": {}, "dead_feeds": {}, "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": [],
+                       "orphaned": set()}
         self.ratios: dict[str, list] = {}   # parameter name -> [(step, update/weight ratio)]
         self.reads = 0
         self.pending: list = []             # (kind, payload, tensor) waiting for the next read
@@ -105,6 +106,9 @@ class Engine:
         self._sample_forward = True         # the next training forward of each model samples dead units
         self.run_compiled = False           # a watched model ran inside a torch.compile of its caller's
         self.compiled_parts: set[str] = set()   # compiled submodules of a watched model (not probed for dead units)
+        self._traced: set[int] = set()      # roots a probe hook ran under torch.compile's tracing: not probed again
+        self._model_ids_key: tuple = ()
+        self._model_ids_cache: set[int] = set()
         self._unowned: dict[str, tuple[int, int]] = {}   # parameter name -> (first read step, id) of one with a
         # gradient in no optimizer: not-in-optimizer when no optimizer holds it at the end either
         self._sampled: set[int] = set()     # the models sampled since (a GAN's generator and discriminator each)
@@ -369,7 +373,8 @@ class Engine:
         self._eval_roots[id(module)] = not self._inner[id(module)].training   # torch.compile: the mode is on theirs
         if self.batch_size is None:
             self.batch_size = _batch_size(args, kwargs)
-        if self._sample_forward and id(module) not in self._sampled and not compiled(module):
+        if self._sample_forward and id(module) not in self._sampled and not compiled(module) \
+                and id(module) not in self._traced:
             if _compiling():   # torch.compile(model) called, the model watched: hooks added now would be traced
                 self.run_compiled = True   # into its graph and recompile it at every read (a review: 2x the time)
                 return
@@ -567,7 +572,7 @@ class Engine:
         closure = _has_closure(args, kwargs)
         nested, again = self.doubles.enter(opt, self.backwards, closure)
         if not nested and not closure:
-            self.doubles.applied(opt, self.tracks, self.step)
+            self.doubles.applied(opt, self.tracks, self.step, self._model_ids)
 
     @_guarded
     def _other_post(self, opt):
@@ -575,7 +580,7 @@ class Engine:
             return
         nested, closure, _ = self.doubles.leave(opt)
         if closure and not nested:
-            self.doubles.applied(opt, self.tracks, self.step)
+            self.doubles.applied(opt, self.tracks, self.step, self._model_ids)
 
     @_guarded
     def _pre_step(self, opt, args, kwargs):
@@ -589,7 +594,7 @@ class Engine:
             return None
         self._begin(opt, before_update=True)
         if not nested:
-            self.doubles.applied(opt, self.tracks, self.step)
+            self.doubles.applied(opt, self.tracks, self.step, self._model_ids)
         return None
 
     def _begin(self, opt, before_update: bool):
@@ -671,7 +676,7 @@ class Engine:
                                            "they are read after the update (no replay, no update/weight ratio)")
             self._begin(opt, before_update=False)
             if not nested:   # the gradients the closure made, which this step applied
-                self.doubles.applied(opt, self.tracks, self.step)
+                self.doubles.applied(opt, self.tracks, self.step, self._model_ids)
         track = self.tracks.get(id(opt))
         if track is None:
             return
@@ -832,13 +837,24 @@ class Engine:
         finally:
             self.close()
 
+    def _model_ids(self) -> set[int]:
+        """id() of the watched models' parameters (made again when the models change; a few hundred tensors)."""
+        key = tuple(self.roots)
+        if self._model_ids_key != key:
+            self._model_ids_key = key
+            self._model_ids_cache = {id(p) for root in self.roots.values() for p in inner(root).parameters()}
+        return self._model_ids_cache
+
     def _not_in_optimizer(self) -> None:
         """At the end: a parameter seen with a gradient in no optimizer (at a read, or now: a run shorter than `every`)
-        that no optimizer holds now either. Not at the read itself: an optimizer that first steps later (a second
+        that no watched optimizer ever held and no optimizer that stepped holds now. Not at the read itself: an optimizer that first steps later (a second
         one stepped after the first in each iteration, a head's own one every 20 steps) or a param group added
         later (a head unfrozen mid-run) holds it by the end (three reviews)."""
+        # held: by a watched optimizer (one the run let go: while they get no new gradient, Track.keys), or by one not
+        # watched that stepped (when it first did, or now)
         held = set().union(*(t.keys() for t in self.tracks.values()))
-        held |= {id(p) for t in self.tracks.values() if t.opt is not None for g in t.opt.param_groups for p in g["params"]}
+        held |= self.doubles.held | {id(p) for o in self.doubles.live() for g in o.param_groups for p in g["params"]}
+        was = {param_key(p) for t in self.tracks.values() for p in t.params}   # trained, by one the run let go
         for root in self.roots.values():
             prefix = self.root_prefix(root)
             for name, p in inner(root).named_parameters():
@@ -847,6 +863,8 @@ class Engine:
         for key, (step, pid) in self._unowned.items():
             if pid not in held:
                 self.checks["not_in_optimizer"].setdefault(key, step)
+                if pid in was:
+                    self.checks["orphaned"].add(key)
 
     def log(self, name: str, value, step: int | None = None):
         with contextlib.suppress(Exception):

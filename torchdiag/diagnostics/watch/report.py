@@ -184,8 +184,10 @@ def _nonfinite(result: Result, engine) -> None:
 
 def _wiring(result: Result, engine) -> None:
     for name, step in engine.checks["not_in_optimizer"].items():
+        why = ("was trained by an optimizer the run let go, and since then nothing applies its gradients"
+               if name in engine.checks["orphaned"] else "it never trains")
         result.add("not-in-optimizer", "warning", name, f"{name} gets a gradient (step {step}) but is in no "
-                   "optimizer's param groups: it never trains", "pass model.parameters() (all of them) to the optimizer")
+                   f"optimizer's param groups at the end: {why}", "pass model.parameters() (all of them) to the optimizer")
     many, owners = len(engine.tracks) > 1, _owners(engine)
     for k, t in enumerate(engine.tracks.values()):
         if _auxiliary(engine, t):
@@ -406,18 +408,29 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False)
         result.add("loss-diverged", "error", "", f"the loss climbed from {med[best_i]:.4g} (running median, step "
                    f"{pairs[best_i][0]}) to {med[-1]:.4g} at step {pairs[-1][0]}, above where it started ({initial:.4g})",
                    _climb_hint(pairs, lr_at, pairs[best_i][0], w))
-    elif excursion and (rise := _lr_rise(pairs, lr_at, int(excursion[0][0].split("–")[1]), w)):
-        # a climb that came back is a divergence only after the learning rate rose: without that, a non-stationary
+    elif excursion and (rise := _rise_during(lr_at, excursion[0], excursion[1])):
+        # a climb that came back is a divergence only while the learning rate rose: without that, a non-stationary
         # objective climbs and comes back by design (BYOL's bump, a GAN's generator as its critic learns: a review)
-        (low_at, low), (top_at, top), came_back = excursion
+        (a, b, low), (c, d, top), came_back = excursion
         back = "came back to" if came_back else "was still at"   # still: the end's own test found it within noise
-        result.add("loss-diverged", "warning", "", f"the loss climbed from {low:.4g} (median of {low_at}) to {top:.4g} "
-                   f"({top_at}), above where it started ({initial:.4g}), after the learning rate rose from "
-                   f"{rise[1]:.3g} to {rise[2]:.3g} at step {rise[0]}, and {back} {med[-1]:.4g} (running median) at "
-                   f"step {pairs[-1][0]}", "lower the peak learning rate or lengthen the warm-up")
+        result.add("loss-diverged", "warning", "", f"the loss climbed from {low:.4g} (median of steps {a}–{b}) to "
+                   f"{top:.4g} (steps {c}–{d}), above where it started ({initial:.4g}), as the learning rate rose from "
+                   f"{rise[1]:.3g} to {rise[2]:.3g} (step {rise[0]}), and {back} {med[-1]:.4g} (running median) at step "
+                   f"{pairs[-1][0]}", "lower the peak learning rate or lengthen the warm-up")
     elif len(values) >= 4 * w and min(med[len(med) // 2:]) >= 0.99 * med[len(med) // 2] and med[-1] > 1e-3 * initial:
         result.add("loss-plateau", "info", "", f"the loss has not improved over the second half of the run "
                    f"(running median {med[len(med) // 2]:.4g} → {med[-1]:.4g})", "converged, or the learning rate is too small")
+
+
+def _rise_during(lr_at: dict, low: tuple, top: tuple):
+    """(step, from, to): the learning rate at or above 1.5x its lowest over the low block, between that block and
+    the end of the top block (a warm-up that ended long before the climb is not it: a review), at its highest."""
+    before = [v for s, v in lr_at.items() if low[0] <= s <= low[1] and v is not None and v > 0]
+    during = [(v, s) for s, v in lr_at.items() if low[0] <= s <= top[1] and v is not None]
+    if not before or not during:
+        return None
+    peak, at = max(during)
+    return (at, min(before), peak) if peak >= 1.5 * min(before) else None
 
 
 def _climb_hint(pairs, lr_at: dict, low_step: int, w: int) -> str:
@@ -464,7 +477,7 @@ def _excursion(values: list[float], steps: list, w: int, initial: float, spiked:
     if not _diverged(held, blocks[found[0]], initial):   # a climb of one block: its top is the level it reached
         held = blocks[found[1]]
     back = f(held) - f(blocks[-1]) > DIVERGE_K * noise
-    return tuple((f"steps {steps[first + j * w]}–{steps[first + (j + 1) * w - 1]}", blocks[j]) for j in found) + (back,)
+    return tuple((steps[first + j * w], steps[first + (j + 1) * w - 1], blocks[j]) for j in found) + (back,)
 
 
 def _diverged(last: float, best: float, initial: float) -> bool:
@@ -569,17 +582,21 @@ def _validation(result: Result, engine, pairs) -> None:
         return med[before[-1]] if before else None
 
     unknown = []
-    spread = re.compile(r"(?<![a-z])(std|var|variance)(?![a-z])", re.I)   # a spread of a score has no better side
+    spread = re.compile(r"(?<![a-z])(std|stddev|stdev|var|variance|sem|sd|iqr|mad)(?![a-z])", re.I)   # no better side
     for name, vals in engine.metrics.items():
         vals = [(s, float(v)) for s, v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
         if len(vals) < 3 or re.search(r"(?<![a-z])train", name, re.I):   # not "constraint", "strain"
             continue
         # the direction is read from the name; a name that tells none is not judged (a review: hits@1 rising was
         # "worse", and a GAN's D(real) has no better side)
-        if spread.search(name) or (not LOWER_IS_BETTER.search(name) and not HIGHER_IS_BETTER.search(name)):
+        # camelCase read as words too (valAcc: val_Acc), and the name as written (mIoU)
+        forms = (name, re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name))
+        lower = any(LOWER_IS_BETTER.search(n) for n in forms)
+        higher = any(HIGHER_IS_BETTER.search(n) for n in forms)
+        if any(spread.search(n) for n in forms) or not (lower or higher):
             unknown.append(name)
             continue
-        up = bool(HIGHER_IS_BETTER.search(name)) and not LOWER_IS_BETTER.search(name)
+        up = higher and not lower
         best = (max if up else min)(range(len(vals)), key=lambda i: vals[i][1])
         last = vals[-1][1]
         t0, t1 = train_at(vals[best][0]), train_at(vals[-1][0])

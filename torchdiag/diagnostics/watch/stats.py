@@ -414,6 +414,10 @@ class DeadUnits:
         def hook(module, args, output):
             import torch
 
+            if torch.compiler.is_compiling():   # compiled code of its own calls this layer (a compiled helper
+                self.engine._traced.add(id(self.module))   # function: a review): no probe of this model again
+                self.engine.compiled_parts.add(name)
+                return None
             if (not isinstance(output, torch.Tensor) or not output.is_floating_point() or output.dim() < 2
                     or output.numel() == 0):
                 return None
@@ -657,4 +661,6 @@ def compiled_module(m) -> bool:
     forward was compiled (`m.forward = torch.compile(m.forward)`, `@torch.compile` on forward: 11)."""
     forward = getattr(m, "forward", None)
     return (type(m).__name__ == "OptimizedModule" or getattr(m, "_compiled_call_impl", None) is not None
-            or getattr(getattr(forward, "__func__", forward), "_torchdynamo_orig_callable", None) is not None)
+            or getattr(getattr(forward, "__func__", forward), "_torchdynamo_orig_callable", None) is not None
+            or any(getattr(v, "_torchdynamo_orig_callable", None) is not None for v in vars(m).values()
+                   if callable(v)))   # self.core = torch.compile(self._core): a compiled helper it calls
