@@ -225,7 +225,7 @@ def forward_error(exc: BaseException, tracker: ModuleTracker | None, phase: str 
         msg = (f"{call.name or '(root)'} ({call.type}) has no forward() of its own (it holds "
                f"{', '.join(parts[:6]) + (' …' if len(parts) > 6 else '') or 'no sub-modules'}), so it cannot be run")
         hint = "run one of the models it holds (a factory that returns it: module.py:factory)"
-    missing = tracker.missing_inputs(str(exc)) if isinstance(tracker, ModuleTracker) else []
+    missing = tracker.missing_inputs(one_line(exc)) if isinstance(tracker, ModuleTracker) else []
     if missing and call is not None:
         got = ", ".join(f"{k}=None" for k in tracker.none_kwargs)
         msg += f" — the model's forward was not given {' or '.join(missing)} ({call.name or '(root)'} received {got})"
