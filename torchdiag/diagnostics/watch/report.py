@@ -442,12 +442,11 @@ def _climb_hint(pairs, lr_at: dict, low_step: int, w: int) -> str:
 
 
 def _excursion(values: list[float], steps: list, w: int, initial: float, spiked: int | None):
-    """((step range, median) of the low block, of the top block, whether the last block is below the top by
-    DIVERGE_K noise scales) when the loss climbed from one w-step block's median to a later one's as far as
-    loss-diverged asks of a run's end, beyond noise, where the end's own rule did not fire (a review: AdamW at lr 1.0 under a
-    decaying schedule, 4.3 -> 49 by step 9 and back to 5.2 at the end, was no finding). A climb that began with a
-    loss-spike (index `spiked`) is that finding's. The noise is the block medians' own (_block_noise, as for the
-    end's climb, over the whole run), and the climb must clear DIVERGE_K of it plus what the lowest and the highest of
+    """((first step, last step, median) of the low block, the same of the top block, whether it came back) when the
+    loss climbed from one w-step block's median to a later one's as far as loss-diverged asks of a run's end, beyond
+    noise (a review: AdamW at lr 1.0 under a decaying schedule, 4.3 -> 49 by step 9 and back to 5.2 at the end, was no
+    finding). A climb that began with a loss-spike (index `spiked`) is that finding's. The noise is the block medians'
+    own over the whole run (_noise), and the climb must clear DIVERGE_K of it plus what the lowest and the highest of
     the run's blocks reach by chance."""
     f = math.log if min(values) > 0 else float
     logs, noise = _block_noise(values, w, f)
@@ -471,13 +470,16 @@ def _excursion(values: list[float], steps: list, w: int, initial: float, spiked:
         return None
     if f(blocks[found[1]]) - f(blocks[found[0]]) <= (DIVERGE_K + 2 * math.sqrt(2 * math.log(k))) * noise:
         return None
-    # came back: the last block clearly below the level the climb held for two blocks in a row (the top block alone
-    # is the highest of several at one level, a lucky one), or below its top where it held none
-    held = max((min(a, b) for a, b in zip(blocks[found[0]:], blocks[found[0] + 1:])), default=blocks[found[1]])
-    if not _diverged(held, blocks[found[0]], initial):   # a climb of one block: its top is the level it reached
-        held = blocks[found[1]]
-    back = f(held) - f(blocks[-1]) > DIVERGE_K * noise
+    back = f(_held_top(blocks, found, initial)) - f(blocks[-1]) > DIVERGE_K * noise
     return tuple((steps[first + j * w], steps[first + (j + 1) * w - 1], blocks[j]) for j in found) + (back,)
+
+
+def _held_top(blocks: list[float], found: tuple[int, int], initial: float) -> float:
+    """The level a climb held for two blocks in a row (its top block alone is the highest of several at one level, a
+    lucky one), or its top where it held none above its low (a climb of one block: a review)."""
+    low, top = found
+    held = max((min(a, b) for a, b in zip(blocks[low:], blocks[low + 1:])), default=blocks[top])
+    return held if _diverged(held, blocks[low], initial) else blocks[top]
 
 
 def _diverged(last: float, best: float, initial: float) -> bool:
