@@ -346,7 +346,7 @@ class Engine:
             self.checks[key] = rekey(self.checks[key])
         self.checks["dead_feeds"] = {ren(k): ren(v) for k, v in self.checks["dead_feeds"].items()}
         self._dead_first = rekey(self._dead_first)   # the units' first sample: a later one is compared with it
-        self._unowned = rekey(self._unowned)         # in no optimizer at the last read: the next one confirms it
+        self._unowned = rekey(self._unowned)         # seen in no optimizer at a read: the end judges them
         for event in self.events:
             event["params"] = [ren(n) for n in event["params"]]
             rep = event.get("replay") or {}
@@ -847,9 +847,10 @@ class Engine:
 
     def _not_in_optimizer(self) -> None:
         """At the end: a parameter seen with a gradient in no optimizer (at a read, or now: a run shorter than `every`)
-        that no watched optimizer ever held and no optimizer that stepped holds now. Not at the read itself: an optimizer that first steps later (a second
-        one stepped after the first in each iteration, a head's own one every 20 steps) or a param group added
-        later (a head unfrozen mid-run) holds it by the end (three reviews)."""
+        that no watched optimizer holds (one let go: while it gets no new gradient) and no optimizer that stepped
+        held or holds. Not at the read itself: an optimizer that first steps later (a second one stepped after the
+        first in each iteration, a head's own one every 20 steps) or a param group added later (a head unfrozen
+        mid-run) holds it by the end (reviews)."""
         # held: by a watched optimizer (one the run let go: while they get no new gradient, Track.keys), or by one not
         # watched that stepped (when it first did, or now)
         held = set().union(*(t.keys() for t in self.tracks.values()))
