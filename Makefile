@@ -7,6 +7,8 @@ PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV ?= .venv
 BIN := $(VENV)/bin
+# No pip cache: a fresh CI machine has once had under 300 MB free, and the cache would hold a second copy of each download.
+export PIP_NO_CACHE_DIR := 1
 
 .PHONY: install demo test test-fast lint typecheck bench docs corpus clean bugs
 
