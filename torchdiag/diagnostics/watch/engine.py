@@ -571,6 +571,9 @@ class Engine:
             return
         closure = _has_closure(args, kwargs)
         nested, again = self.doubles.enter(opt, self.backwards, closure)
+        if not nested:   # the losses before it were its own (`Watch(gen, opt_g)`: the discriminator's), as in _begin
+            self._took_losses()
+            self.clips.drop()
         if not nested and not closure:
             self.doubles.applied(opt, self.tracks, self.step, self._model_ids)
 

@@ -403,18 +403,16 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False)
             break
         peak = max(peak, values[i])
     diverged = _diverged(med[-1], med[best_i], initial) and _climb_beyond_noise(values, w, med[-1])
-    excursion = None if diverged else _excursion(values, [s for s, _ in pairs], w, initial, spiked)
+    excursion = None if diverged else _excursion_at_any(values, [s for s, _ in pairs], w, spiked, lr_at)
     if diverged:
         result.add("loss-diverged", "error", "", f"the loss climbed from {med[best_i]:.4g} (running median, step "
                    f"{pairs[best_i][0]}) to {med[-1]:.4g} at step {pairs[-1][0]}, above where it started ({initial:.4g})",
                    _climb_hint(pairs, lr_at, pairs[best_i][0], w))
-    elif excursion and (rise := _rise_during(lr_at, excursion[0], excursion[1])):
-        # a climb that came back is a divergence only while the learning rate rose: without that, a non-stationary
-        # objective climbs and comes back by design (BYOL's bump, a GAN's generator as its critic learns: a review)
-        (a, b, low), (c, d, top), came_back = excursion
+    elif excursion:
+        (a, b, low), (c, d, top), came_back, start, _, rise = excursion
         back = "came back to" if came_back else "was still at"   # still: the end's own test found it within noise
         result.add("loss-diverged", "warning", "", f"the loss climbed from {low:.4g} (median of steps {a}–{b}) to "
-                   f"{top:.4g} (steps {c}–{d}), above where it started ({initial:.4g}), as the learning rate rose from "
+                   f"{top:.4g} (steps {c}–{d}), above where it started ({start:.4g}), as the learning rate rose from "
                    f"{rise[1]:.3g} to {rise[2]:.3g} (step {rise[0]}), and {back} {med[-1]:.4g} (running median) at step "
                    f"{pairs[-1][0]}", "lower the peak learning rate or lengthen the warm-up")
     elif len(values) >= 4 * w and min(med[len(med) // 2:]) >= 0.99 * med[len(med) // 2] and med[-1] > 1e-3 * initial:
@@ -422,15 +420,25 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False)
                    f"(running median {med[len(med) // 2]:.4g} → {med[-1]:.4g})", "converged, or the learning rate is too small")
 
 
-def _rise_during(lr_at: dict, low: tuple, top: tuple):
-    """(step, from, to): the learning rate at or above 1.5x its lowest over the low block, between that block and
-    the end of the top block (a warm-up that ended long before the climb is not it: a review), at its highest."""
+def _rise_during(lr_at: dict, excursion: tuple, w: int):
+    """(step, from, to): the learning rate reached 1.5x its lowest over the low block or more, at its highest between
+    that block and the end of the top block (first reached at `step`), and the loss was half way up its climb by then
+    or soon after: within the rise's own length, or two blocks (the half way block is known to a block, and a blow-up
+    lags the rate: a step x3 that takes the loss up 10x over the next 100 steps).
+    - A climb that came back is a divergence only while the learning rate rose: without that, a non-stationary
+      objective climbs and comes back by design (BYOL's bump, a GAN's generator as its critic learns: a review).
+    - A warm-up that ended long before the climb is not it (a review), nor one the climb began long after (a healthy
+      loss's slow wander, up from a low block in the warm-up, simulated: bench/watch_curves.py)."""
+    low, top, _, _, mid = excursion
     before = [v for s, v in lr_at.items() if low[0] <= s <= low[1] and v is not None and v > 0]
     during = [(v, s) for s, v in lr_at.items() if low[0] <= s <= top[1] and v is not None]
     if not before or not during:
         return None
-    peak, at = max(during)
-    return (at, min(before), peak) if peak >= 1.5 * min(before) else None
+    peak = max(v for v, _ in during)
+    at = min(s for v, s in during if v >= peak)
+    if peak < 1.5 * min(before) or mid > at + max(2 * w, at - low[0]):
+        return None
+    return at, min(before), peak
 
 
 def _climb_hint(pairs, lr_at: dict, low_step: int, w: int) -> str:
@@ -441,37 +449,61 @@ def _climb_hint(pairs, lr_at: dict, low_step: int, w: int) -> str:
     return "lower the learning rate"
 
 
-def _excursion(values: list[float], steps: list, w: int, initial: float, spiked: int | None):
-    """((first step, last step, median) of the low block, the same of the top block, whether it came back) when the
+def _excursion_at_any(values: list[float], steps: list, w: int, spiked: int | None, lr_at: dict):
+    """_excursion at the block w, else at w/2, w/4, ... (3 steps at least). A climb during a warm-up shorter than a
+    block (most are: w is a tenth of the run) is smeared into the first block's median, which it raises with where the
+    run started (a review's run, 4.2 -> 29 within the first 6 of 60 steps and back to 4.8, was missed on some CPUs).
+    Each size has its own noise and its own count of blocks to clear, and a smaller one reads only climbs from a block
+    within the first w steps: all it adds is the level before a climb that began there (read anywhere, a slow wander
+    of a healthy loss gave twice the warnings, simulated: bench/watch_curves.py)."""
+    size, floor = w, 0.0
+    while size >= 3:
+        found, noise = _excursion(values, steps, size, spiked, w if size < w else None, floor)
+        floor = max(floor, noise)
+        if found and (rise := _rise_during(lr_at, found, size)):
+            return found + (rise,)
+        size //= 2
+    return None
+
+
+def _excursion(values: list[float], steps: list, w: int, spiked: int | None, low_within: int | None = None,
+               floor: float = 0.0):
+    """((first step, last step, median) of the low block, the same of the top block, whether it came back, the median
+    of the first w steps, the first step of the first block half way up the climb in log) when the
     loss climbed from one w-step block's median to a later one's as far as loss-diverged asks of a run's end, beyond
     noise (a review: AdamW at lr 1.0 under a decaying schedule, 4.3 -> 49 by step 9 and back to 5.2 at the end, was no
     finding). A climb that began with a loss-spike (index `spiked`) is that finding's. The noise is the block medians'
     own over the whole run (_noise), and the climb must clear DIVERGE_K of it plus what the lowest and the highest of
-    the run's blocks reach by chance."""
+    the run's blocks reach by chance. With `low_within`, the low block lies within that many first steps."""
+    initial = statistics.median(values[:w])
     f = math.log if min(values) > 0 else float
     logs, noise = _block_noise(values, w, f)
     if len(logs) < 4:
-        return None
+        return None, 0.0
     wide, noise2 = _block_noise(values, 2 * w, f)
     if len(wide) >= 6 and math.sqrt(2) * noise2 < noise:   # periodic over two blocks: judged at twice the block
         logs, noise, w = wide, noise2, 2 * w
     else:
         noise = _noise(values, w, f)
+    noise = max(noise, floor)
     n, k = len(values), len(logs)
     first = n - k * w                       # blocks aligned to the end, as _block_noise makes them
     blocks = [statistics.median(values[first + j * w:first + (j + 1) * w]) for j in range(k)]
     low, found = 0, None
     for j in range(k):
-        if blocks[j] < blocks[low]:
+        if blocks[j] < blocks[low] and (low_within is None or first + (j + 1) * w <= low_within):
             low = j
         if _diverged(blocks[j], blocks[low], initial) and (found is None or blocks[j] > blocks[found[1]]):
             found = (low, j)
     if found is None or (spiked is not None and first + found[0] * w <= spiked <= first + (found[1] + 1) * w):
-        return None
+        return None, noise
     if f(blocks[found[1]]) - f(blocks[found[0]]) <= (DIVERGE_K + 2 * math.sqrt(2 * math.log(k))) * noise:
-        return None
+        return None, noise
     back = f(_held_top(blocks, found, initial)) - f(blocks[-1]) > DIVERGE_K * noise
-    return tuple((steps[first + j * w], steps[first + (j + 1) * w - 1], blocks[j]) for j in found) + (back,)
+    half = (f(blocks[found[0]]) + f(blocks[found[1]])) / 2
+    mid = next(j for j in range(found[0], found[1] + 1) if f(blocks[j]) >= half)
+    return tuple((steps[first + j * w], steps[first + (j + 1) * w - 1], blocks[j]) for j in found) + (
+        back, initial, steps[first + mid * w]), noise
 
 
 def _held_top(blocks: list[float], found: tuple[int, int], initial: float) -> float:
