@@ -84,6 +84,10 @@ class Engine:
         self._others: list = []             # the losses taken by another optimizer's step since the clock's
         self.loss_seen = False
         self.series = {"loss": [], "grad_norm": [], "lr": []}
+        # (first step, id of the new clock's track, of the old one's, nested) at each hand-over of the count: a
+        # clock whose parameters are not nested with the one's before trains another objective (report._objectives)
+        self.handovers: list[tuple[int, int, int, bool]] = []
+        self._clock_keys: tuple[int, frozenset] | None = None   # the clock's track id and parameter ids
         self.metrics: dict[str, list] = {}  # w.log(name, value): [(step, value)]
         self.events: list[dict] = []        # non-finite values (with replay), found at reads
         self.checks = {"eval_steps": [], "eval_models": {}, "eval_modules": {}, "not_in_optimizer": {}, "carried": [],
@@ -452,6 +456,7 @@ class Engine:
         clock = self.clock
         if clock is None:
             if self._may_clock(t):
+                self._hand_over(t)
                 self.clock = opt
                 self._provisional = not t.roots and not self.explicit_models and self._untrained_seen()
                 self._credit(t, t.unclocked)   # steps it took with no clock at all (k-fold: its model found late)
@@ -461,13 +466,28 @@ class Engine:
         held = self.tracks.get(id(clock))
         if self._provisional:
             self._restart_count()
+            self._hand_over(t)
             self.clock = opt
         elif held is not None and t.since_clock >= 1 and not held.ids.keys().isdisjoint(t.ids):
+            self._hand_over(t)
             self.clock = opt
             self._credit(t, t.since_clock)   # its step before this one, which the clock it replaces did not count
 
+    def _hand_over(self, t: Track) -> None:
+        """The count passes to t's optimizer (the first, one taking over, one after the clock was let go): noted with
+        whether its parameters are nested with the last clock's (the same objective: made again, layers unfrozen, the
+        head alone) or not (another: report._objectives)."""
+        keys = frozenset(t.ids)
+        last = self._clock_keys
+        if last is not None and last[0] != id(t):
+            self.handovers.append((self.step + 1, id(t), last[0], last[1] <= keys or keys <= last[1]))
+        self._clock_keys = (id(t), keys)
+
     def _credit(self, t: Track, n: int) -> None:
-        """n steps the new clock took that no clock counted: counted now, the last with the loss its step took."""
+        """n steps the new clock took that no clock counted: counted now, the last with the loss its step took. Its rows
+        of them (gradient norms) had the old count's numbers: renumbered, so that the series' norms are its own."""
+        k = min(n, len(t.steps))
+        t.steps[len(t.steps) - k:] = range(self.step + n - k + 1, self.step + n + 1)
         for k in range(n):
             self.step += 1
             self._window.append((self.step, _lr(t.opt)))
@@ -485,6 +505,7 @@ class Engine:
         them), and what they left in memory goes; the tracks of no model start again when they next step."""
         self.step, self._provisional, self._first_bad_found, self._last_read = 0, False, False, 0
         self._window, self._loss_window, self._others, self.pending = [], [], [], []   # _losses: the new clock's
+        self.handovers, self._clock_keys = [], None
         self._clip_window = []
         for key, t in list(self.tracks.items()):
             if not t.roots:
@@ -571,9 +592,9 @@ class Engine:
             return
         closure = _has_closure(args, kwargs)
         nested, again = self.doubles.enter(opt, self.backwards, closure)
-        if not nested:   # the losses before it were its own (`Watch(gen, opt_g)`: the discriminator's), as in _begin
-            self._took_losses()
-            self.clips.drop()
+        if not nested:   # the losses before it were its own (`Watch(gen, opt_g)`: the discriminator's), as in _begin;
+            self._took_losses()   # its clip calls are not dropped (a review: a wrapper not given, stepping the given
+                                  # optimizer inside its step, lost the norm before clipping)
         if not nested and not closure:
             self.doubles.applied(opt, self.tracks, self.step, self._model_ids)
 
@@ -643,8 +664,8 @@ class Engine:
         """Another optimizer stepped: the losses since the last step were its own (a GAN's generator loss between
         two discriminator steps), not the clock's, unless the clock steps next with no backward of its own
         (one loss, two optimizers, the clock stepping second)."""
-        if self._losses:
-            self._others, self._losses = self._losses, []
+        if self._losses:   # added to: micro-batches each followed by an optimizer not given (a review)
+            self._others, self._losses = self._others + self._losses, []
 
     def _check_mode(self, track: Track) -> None:
         """Was the last training forward of a model this optimizer trains in eval mode? Per optimizer: a second
@@ -775,7 +796,7 @@ class Engine:
 
         steps = [s for s, _ in window]
         loss = [None] * len(steps)
-        norms = [0.0] * len(steps)
+        norms: list = [0.0] * len(steps)
         clipped: list = [None] * len(steps)
         for (kind, payload), vals in zip(layout, values):
             if kind == "loss":   # the mean of each step's losses (micro-batches)
@@ -789,7 +810,10 @@ class Engine:
                     clipped[i] = combined(vals[pos:pos + n])
                     pos += n
             elif kind == "grad_norm" and payload[0].opt is not None and payload[0].opt is self.clock:
-                norms = vals[:len(steps)]
+                # by step: a clock that took over within this window has rows for fewer steps (the ones before were
+                # another's), and a list cut to length shifted every later norm against its step (a review)
+                at = dict(zip(payload[1], vals))
+                norms = [at.get(s) for s in steps]
             else:
                 absorb(self, kind, payload, vals)
         self.series["loss"].extend(loss)

@@ -327,13 +327,46 @@ def _curves(result: Result, engine) -> None:
     pairs = _finite_pairs(steps, result.series["loss"])
     # a loss that depends on no parameter moves with the data only: its spikes and climbs say nothing of training
     constant = len(engine.tracks) == 1 and any(f.code == "loss-ignores-parameters" for f in result.findings)
-    if len(pairs) >= 10 and not constant:
-        _loss_curve(result, pairs, dict(zip(steps, result.series["lr"])), opts, engine.clips.seen)
-    _grad_norm_explosion(result, steps, result.series["grad_norm"], pairs, opts, engine.clips.seen)
+    for picked, of in _objectives(engine.handovers, steps):
+        at = [steps[i] for i in picked]
+        part = _finite_pairs(at, [result.series["loss"][i] for i in picked])
+        if len(part) >= 10 and not constant:
+            _loss_curve(result, part, dict(zip(at, [result.series["lr"][i] for i in picked])), opts,
+                        engine.clips.seen, of)
+        _grad_norm_explosion(result, at, [result.series["grad_norm"][i] for i in picked], part, opts,
+                             engine.clips.seen, of)
     _validation(result, engine, pairs)
 
 
-def _grad_norm_explosion(result: Result, steps, grad_norms, loss_pairs, opts, clipped: bool = False) -> None:
+def _objectives(handovers: list, steps: list) -> list[tuple[list[int], str]]:
+    """The series' indices of each objective the counted steps trained, with what a finding says of it ("" when one).
+    The count goes on when another optimizer takes it over (engine._choose_clock); one whose parameters are not nested
+    with those of the one before (a second task's head and the trunk, a fine-tuning head and the encoder after
+    pretraining the encoder with a decoder) trains another loss, whose curve is not the first one's (a review: two
+    tasks on a shared trunk, then one alone, joined a cross-entropy and an MSE into a spike and an error). Nested ones
+    (an optimizer made again, layers unfrozen, the head alone) go on with the same curve; tasks that take turns each
+    have theirs."""
+    group: dict[int, int] = {}
+    starts: list[tuple[int, int]] = []   # (first step, group)
+    for first, new, old, nested in handovers:
+        if not starts:
+            starts.append((0, group.setdefault(old, old)))
+        group[new] = group.get(old, old) if nested else group.get(new, new)
+        starts.append((first, group[new]))
+    if len({g for _, g in starts}) < 2:
+        return [(list(range(len(steps))), "")]
+    parts: dict[int, list[int]] = {}
+    k = 0
+    for i, step in enumerate(steps):
+        while k + 1 < len(starts) and step >= starts[k + 1][0]:
+            k += 1
+        parts.setdefault(starts[k][1], []).append(i)
+    return [(picked, f" (judged on the {len(picked)} steps of one objective, {steps[picked[0]]}–{steps[picked[-1]]}: "
+             "the count passed between optimizers over different parameters)") for picked in parts.values()]
+
+
+def _grad_norm_explosion(result: Result, steps, grad_norms, loss_pairs, opts, clipped: bool = False,
+                         of: str = "") -> None:
     """A gradient-norm spike judged as a loss spike is (above `explode` x the running median, far outside the
     norms' own spread, above any norm of the spread's steps before it) that the run felt (_felt). At batch size 1
     a healthy run's per-sample norms span decades and a rare hard sample is a harmless spike (so_31880720's
@@ -347,8 +380,8 @@ def _grad_norm_explosion(result: Result, steps, grad_norms, loss_pairs, opts, cl
         if (base > 0 and values[i] > opts.explode * base and values[i] >= peak and _outside_spread(values, i, w)
                 and _felt(result, loss_pairs, values, i, norms[i][0], w, math.sqrt(opts.explode))):
             result.add("grad-norm-explosion", "warning", "", f"gradient norm {values[i]:.3g} at step {norms[i][0]} "
-                       f"is {values[i] / base:.0f}× its running median ({base:.3g}), far outside its spread over the "
-                       f"{min(i, SPREAD_STEPS * w)} steps before it",
+                       f"is {values[i] / base:.3g}× its running median ({base:.3g}), far outside its spread over the "
+                       f"{min(i, SPREAD_STEPS * w)} steps before it{of}",
                        "the loop clips gradients (the norms are clip_grad_norm_'s, before clipping): lower the "
                        "learning rate, or look at that batch" if clipped else
                        "clip gradients (torch.nn.utils.clip_grad_norm_) or lower the learning rate")
@@ -382,7 +415,7 @@ def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: 
                for k in range(max(at, lw), min(len(values), at + w)))
 
 
-def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False) -> None:
+def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False, of: str = "") -> None:
     values = [v for _, v in pairs]
     w = window(len(values))
     med = running_medians(values, w)
@@ -396,7 +429,7 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False)
         if base > 0 and values[i] > opts.spike * base and values[i] > peak and _outside_spread(values, i, w):
             result.add("loss-spike", "warning", "", f"loss {values[i]:.4g} at step {pairs[i][0]} is "
                        f"{values[i] / base:.1f}× its running median ({base:.4g}), far outside the spread of the "
-                       f"{min(i, SPREAD_STEPS * w)} steps before it and above any loss since step {pairs[w - 1][0]}",
+                       f"{min(i, SPREAD_STEPS * w)} steps before it and above any loss since step {pairs[w - 1][0]}{of}",
                        "look at that batch; lower the learning rate (the loop clips gradients already)" if clipped
                        else "look at that batch; clip gradients")
             spiked = i
@@ -406,7 +439,7 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False)
     excursion = None if diverged else _excursion_at_any(values, [s for s, _ in pairs], w, spiked, lr_at)
     if diverged:
         result.add("loss-diverged", "error", "", f"the loss climbed from {med[best_i]:.4g} (running median, step "
-                   f"{pairs[best_i][0]}) to {med[-1]:.4g} at step {pairs[-1][0]}, above where it started ({initial:.4g})",
+                   f"{pairs[best_i][0]}) to {med[-1]:.4g} at step {pairs[-1][0]}, above where it started ({initial:.4g}){of}",
                    _climb_hint(pairs, lr_at, pairs[best_i][0], w))
     elif excursion:
         (a, b, low), (c, d, top), came_back, start, _, rise = excursion
@@ -414,10 +447,10 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False)
         result.add("loss-diverged", "warning", "", f"the loss climbed from {low:.4g} (median of steps {a}–{b}) to "
                    f"{top:.4g} (steps {c}–{d}), above where it started ({start:.4g}), as the learning rate rose from "
                    f"{rise[1]:.3g} to {rise[2]:.3g} (step {rise[0]}), and {back} {med[-1]:.4g} (running median) at step "
-                   f"{pairs[-1][0]}", "lower the peak learning rate or lengthen the warm-up")
+                   f"{pairs[-1][0]}{of}", "lower the peak learning rate or lengthen the warm-up")
     elif len(values) >= 4 * w and min(med[len(med) // 2:]) >= 0.99 * med[len(med) // 2] and med[-1] > 1e-3 * initial:
         result.add("loss-plateau", "info", "", f"the loss has not improved over the second half of the run "
-                   f"(running median {med[len(med) // 2]:.4g} → {med[-1]:.4g})", "converged, or the learning rate is too small")
+                   f"(running median {med[len(med) // 2]:.4g} → {med[-1]:.4g}){of}", "converged, or the learning rate is too small")
 
 
 def _rise_during(lr_at: dict, excursion: tuple, w: int):
@@ -454,13 +487,15 @@ def _excursion_at_any(values: list[float], steps: list, w: int, spiked: int | No
     block (most are: w is a tenth of the run) is smeared into the first block's median, which it raises with where the
     run started (a review's run, 4.2 -> 29 within the first 6 of 60 steps and back to 4.8, was missed on some CPUs).
     Each size has its own noise and its own count of blocks to clear, and a smaller one reads only climbs from a block
-    within the first w steps: all it adds is the level before a climb that began there (read anywhere, a slow wander
-    of a healthy loss gave twice the warnings, simulated: bench/watch_curves.py)."""
+    within the first w steps that came back: all it adds is the level before a climb that began there (read anywhere,
+    a slow wander of a healthy loss gave twice the warnings, simulated: bench/watch_curves.py; one held to the end is
+    the error's to judge, and a loss that rose early and levelled off, a GAN generator's as its critic learns, was a
+    warning: a review)."""
     size, floor = w, 0.0
     while size >= 3:
         found, noise = _excursion(values, steps, size, spiked, w if size < w else None, floor)
         floor = max(floor, noise)
-        if found and (rise := _rise_during(lr_at, found, size)):
+        if found and (size == w or found[2]) and (rise := _rise_during(lr_at, found, size)):
             return found + (rise,)
         size //= 2
     return None
