@@ -218,10 +218,10 @@ def design_findings(result, rows, model=None) -> None:
 
 
 def _title(kind: str, n: int) -> str:
-    """DESIGN_TITLES[kind], its verb agreeing with one parameter ("gets", "has")."""
+    """DESIGN_TITLES[kind], agreeing with one parameter ("gets", "has", "its")."""
     title = DESIGN_TITLES[kind]
     verb, _, rest = title.partition(" ")
-    return f"{ {'get': 'gets', 'have': 'has'}.get(verb, verb)} {rest}" if n == 1 else title
+    return f"{ {'get': 'gets', 'have': 'has'}.get(verb, verb)} {rest.replace('their ', 'its ')}" if n == 1 else title
 
 
 def _why(kind, cause) -> str:

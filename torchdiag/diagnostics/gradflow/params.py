@@ -113,7 +113,7 @@ def design_note(row, opts, lr: float = 1e-3) -> dict | None:
     if row["status"] != "ok" or raw is None:
         return None
     if is_tiny(row) and raw > opts.exploding_ratio:
-        return _note("tiny-by-construction", f"value tiny by construction (RMS {rms(row):.1e}): judged by its gradient "
+        return _note("tiny-by-construction", f"RMS {rms(row):.1e}; judged by its gradient "
                 f"(norm {row['grad_norm']:.3g} ≤ {opts.exploding:g}; one step at lr {lr:g} moves it by at most "
                 f"{lr * row['max_abs_grad']:.2g}); grad/weight {raw:.3g} says nothing about it")
     if row["scale_invariant"] and (row["grad_norm"] > opts.exploding or raw > opts.exploding_ratio):

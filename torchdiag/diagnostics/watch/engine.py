@@ -88,6 +88,7 @@ class Engine:
         # clock whose parameters are not nested with the one's before trains another objective (report._objectives)
         self.handovers: list[tuple[int, int, int, bool]] = []
         self._clock_keys: tuple[int, frozenset] | None = None   # the clock's track id and parameter ids
+        self._owners: dict[int, int] = {}   # a step since the last read -> id of the track that took it (the clock)
         self.metrics: dict[str, list] = {}  # w.log(name, value): [(step, value)]
         self.events: list[dict] = []        # non-finite values (with replay), found at reads
         self.checks = {"eval_steps": [], "eval_models": {}, "eval_modules": {}, "not_in_optimizer": {}, "carried": [],
@@ -490,11 +491,12 @@ class Engine:
         t.steps[len(t.steps) - k:] = range(self.step + n - k + 1, self.step + n + 1)
         for k in range(n):
             self.step += 1
+            self._owners[self.step] = id(t)
             self._window.append((self.step, _lr(t.opt)))
             self._loss_window.append(self._others if k == n - 1 else [])
-            self._clip_window.append([])
+            self._clip_window.append(t.last_clip if k == n - 1 else [])   # its norm before clipping (a review)
         if n:
-            self._others = []
+            self._others, t.last_clip = [], []
 
     def _may_clock(self, t: Track) -> bool:
         """No clock: an optimizer of no model takes it only while no optimizer of a model has stepped."""
@@ -505,7 +507,7 @@ class Engine:
         them), and what they left in memory goes; the tracks of no model start again when they next step."""
         self.step, self._provisional, self._first_bad_found, self._last_read = 0, False, False, 0
         self._window, self._loss_window, self._others, self.pending = [], [], [], []   # _losses: the new clock's
-        self.handovers, self._clock_keys = [], None
+        self.handovers, self._clock_keys, self._owners = [], None, {}
         self._clip_window = []
         for key, t in list(self.tracks.items()):
             if not t.roots:
@@ -625,7 +627,10 @@ class Engine:
         track = self._track(opt)
         if opt is not self.clock:   # an unwatched optimizer's too (an adversarial attack's loss is not the model's)
             self._took_losses()
-            self.clips.drop()
+            if track is None:
+                self.clips.drop()
+            else:   # kept for a credit, should it take the count (_credit)
+                track.last_clip = self.clips.take(track.params, self.backwards)
         if track is None:
             return
         if opt is self.clock:
@@ -642,6 +647,7 @@ class Engine:
             self._losses, self._others = [], []
             self._clip_window.append(self.clips.take(track.params, self.backwards))
             self._window.append((self.step, _lr(opt)))
+            self._owners[self.step] = id(track)
         else:
             track.since_clock += 1
             if self.clock is None:
@@ -766,9 +772,10 @@ class Engine:
         self.pending = []
         values = read_parts(parts) if parts else []
         self._window, self._loss_window, self._clip_window = [], [], []
+        owners, self._owners = self._owners, {}
         self.reads += 1 if parts else 0
         start = len(self.series["loss"])
-        self._absorb(window, layout, values)
+        self._absorb(window, layout, values, owners)
         if self.on_read is not None:
             self.on_read(self.snapshot(start, [(p, v) for (k, p), v in zip(layout, values) if k == "ratio"]))
 
@@ -791,12 +798,12 @@ class Engine:
         return (len(self.events) + bool(c["carried"]) + len(c["not_in_optimizer"]) + len(c["eval_modules"])
                 + bool(c["eval_steps"]) + len(c["param_nonfinite"]) + len(c["bn_nonfinite"]))
 
-    def _absorb(self, window, layout, values):
+    def _absorb(self, window, layout, values, owners: dict):
         from .stats import absorb
 
         steps = [s for s, _ in window]
         loss = [None] * len(steps)
-        norms: list = [0.0] * len(steps)
+        norms: dict = {}   # step -> the total gradient norm of the optimizer that took it (owners: the clock then)
         clipped: list = [None] * len(steps)
         for (kind, payload), vals in zip(layout, values):
             if kind == "loss":   # the mean of each step's losses (micro-batches)
@@ -809,15 +816,15 @@ class Engine:
                 for i, n in enumerate(payload):
                     clipped[i] = combined(vals[pos:pos + n])
                     pos += n
-            elif kind == "grad_norm" and payload[0].opt is not None and payload[0].opt is self.clock:
-                # by step: a clock that took over within this window has rows for fewer steps (the ones before were
-                # another's), and a list cut to length shifted every later norm against its step (a review)
-                at = dict(zip(payload[1], vals))
-                norms = [at.get(s) for s in steps]
+            elif kind == "grad_norm":
+                # by step, each the rows of its own optimizer: within a window the count can pass between
+                # optimizers, and the current clock's rows alone, cut to length, shifted every later norm (a review)
+                norms.update((s, v) for s, v in zip(payload[1], vals) if owners.get(s) == id(payload[0]))
             else:
                 absorb(self, kind, payload, vals)
         self.series["loss"].extend(loss)
-        self.series["grad_norm"].extend(c if c is not None else v for c, v in zip(clipped, norms))
+        self.series["grad_norm"].extend(c if c is not None else norms.get(s, 0.0 if not norms else None)
+                                        for c, s in zip(clipped, steps))
         self.series["lr"].extend(lr for _, lr in window)
         if steps:
             self.series.setdefault("step", []).extend(steps)

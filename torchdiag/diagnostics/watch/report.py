@@ -327,7 +327,7 @@ def _curves(result: Result, engine) -> None:
     pairs = _finite_pairs(steps, result.series["loss"])
     # a loss that depends on no parameter moves with the data only: its spikes and climbs say nothing of training
     constant = len(engine.tracks) == 1 and any(f.code == "loss-ignores-parameters" for f in result.findings)
-    for picked, of in _objectives(engine.handovers, steps):
+    for picked, of in _objectives(engine, steps):
         at = [steps[i] for i in picked]
         part = _finite_pairs(at, [result.series["loss"][i] for i in picked])
         if len(part) >= 10 and not constant:
@@ -338,7 +338,7 @@ def _curves(result: Result, engine) -> None:
     _validation(result, engine, pairs)
 
 
-def _objectives(handovers: list, steps: list) -> list[tuple[list[int], str]]:
+def _objectives(engine, steps: list) -> list[tuple[list[int], str]]:
     """The series' indices of each objective the counted steps trained, with what a finding says of it ("" when one).
     The count goes on when another optimizer takes it over (engine._choose_clock); one whose parameters are not nested
     with those of the one before (a second task's head and the trunk, a fine-tuning head and the encoder after
@@ -348,7 +348,7 @@ def _objectives(handovers: list, steps: list) -> list[tuple[list[int], str]]:
     have theirs."""
     group: dict[int, int] = {}
     starts: list[tuple[int, int]] = []   # (first step, group)
-    for first, new, old, nested in handovers:
+    for first, new, old, nested in engine.handovers:
         if not starts:
             starts.append((0, group.setdefault(old, old)))
         group[new] = group.get(old, old) if nested else group.get(new, new)
@@ -361,8 +361,23 @@ def _objectives(handovers: list, steps: list) -> list[tuple[list[int], str]]:
         while k + 1 < len(starts) and step >= starts[k + 1][0]:
             k += 1
         parts.setdefault(starts[k][1], []).append(i)
-    return [(picked, f" (judged on the {len(picked)} steps of one objective, {steps[picked[0]]}–{steps[picked[-1]]}: "
-             "the count passed between optimizers over different parameters)") for picked in parts.values()]
+    tracks = {id(t): t for t in engine.tracks.values()}
+    out = []
+    for key, picked in parts.items():
+        name = _objective(tracks.get(key), [tracks.get(k) for k in parts if k != key])
+        out.append((picked, f" (judged on the {len(picked)} steps of {name} apart: the count passed between optimizers "
+                            f"over different parameters, {len(parts)} objectives)"))
+    return out
+
+
+def _objective(t, others) -> str:
+    """An optimizer named by its type and the parameters it holds that the other objectives' optimizers do not (a
+    task's head: "SGD over 1.weight, 1.bias")."""
+    if t is None:
+        return "one objective"
+    theirs = set().union(*(o.ids.keys() for o in others if o is not None))
+    own = [t.names[i] for i, p in enumerate(t.params) if id(p) not in theirs] or list(t.names)
+    return f"{t.kind} over " + ", ".join(own[:2]) + (f" and {len(own) - 2} more" if len(own) > 2 else "")
 
 
 def _grad_norm_explosion(result: Result, steps, grad_norms, loss_pairs, opts, clipped: bool = False,

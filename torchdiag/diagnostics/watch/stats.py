@@ -35,6 +35,7 @@ class Track:
         self.sampled = 0               # read steps it stepped at: none, and seen_grad says nothing
         self.since_clock = 0           # its steps since the clock's last (engine._choose_clock)
         self.unclocked = 0             # of those, the ones taken while there was no clock at all
+        self.last_clip: list = []      # the norms before clipping of its last step, should it be credited with it
         self.last_step = 0             # the run's step when it last stepped (a parameter two tracks hold: the later's)
         self.stepped = 0               # its steps, the longest stretch before or between them (the clock's steps),
         self.gap_max = 0               # and the reads since its last step at which a backward had reached its
