@@ -518,11 +518,11 @@ def _excursion_at_any(values: list[float], steps: list, w: int, spiked: int | No
 
 def _excursion(values: list[float], steps: list, w: int, spiked: int | None, low_within: int | None = None,
                floor: float = 0.0):
-    """((first step, last step, median) of the low block, the same of the top block, whether it came back, the median
-    of the first w steps, the first step of the first block half way up the climb in log) when the
-    loss climbed from one w-step block's median to a later one's as far as loss-diverged asks of a run's end, beyond
-    noise (a review: AdamW at lr 1.0 under a decaying schedule, 4.3 -> 49 by step 9 and back to 5.2 at the end, was no
-    finding). A climb that began with a loss-spike (index `spiked`) is that finding's. The noise is the block medians'
+    """(found, noise). found: ((first step, last step, median) of the low block, the same of the top block, whether it
+    came back, the median of the first w steps, the first step of the first block half way up the climb in log) when
+    the loss climbed from one w-step block's median to a later one's as far as loss-diverged asks of a run's end,
+    beyond noise (a review: AdamW at lr 1.0 under a decaying schedule, 4.3 -> 49 by step 9 and back to 5.2 at the end,
+    was no finding); else None. A climb that began with a loss-spike (index `spiked`) is that finding's. The noise is the block medians'
     own over the whole run (_noise), and the climb must clear DIVERGE_K of it plus what the lowest and the highest of
     the run's blocks reach by chance. With `low_within`, the low block lies within that many first steps."""
     initial = statistics.median(values[:w])
