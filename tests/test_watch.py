@@ -2530,6 +2530,25 @@ def test_an_idle_optimizer_beside_a_kept_pretraining_one_over_the_same_parameter
     assert len(idle) == 1 and idle[0].where == "Sequential#1.0.weight", [f.to_dict() for f in r.findings]
 
 
+def test_a_loss_that_never_fell_is_not_called_converged():
+    """GPT-2 under Adam at lr 0.1 stayed at chance (4.06 -> 4.03 over 300 steps) and the plateau's hint said
+    "converged, or the learning rate is too small": a loss that never fell below where it started is said so."""
+    from torchdiag.diagnostics.watch import report
+    from torchdiag.results import Result
+
+    rng = random.Random(0)
+    flat = [4.06 * math.exp(rng.gauss(0, 0.01)) for _ in range(300)]
+    learned = [2 * math.exp(-i / 15) + 1 + 0.01 * rng.gauss(0, 1) for i in range(300)]
+    said = {}
+    for name, values in (("flat", flat), ("learned", learned)):
+        result = Result("watch")
+        report._loss_curve(result, list(enumerate(values, 1)), {}, Options())
+        said[name] = [f for f in result.findings if f.code == "loss-plateau"]
+    assert len(said["flat"]) == 1 and "never fell below where it started" in said["flat"][0].message
+    assert "too high" in said["flat"][0].hint and "converged" not in said["flat"][0].hint
+    assert len(said["learned"]) == 1 and "second half" in said["learned"][0].message
+
+
 def test_a_loss_periodic_over_two_blocks_that_climbs_has_diverged():
     """A third review: warm restarts every 100 steps (two 50-step blocks) make the block medians alternate, and the
     noise read from their second differences was 10^4 times too large: a 40x climb was missed. The noise is also

@@ -464,8 +464,15 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
                    f"{rise[1]:.3g} to {rise[2]:.3g} (step {rise[0]}), and {back} {med[-1]:.4g} (running median) at step "
                    f"{pairs[-1][0]}{of}", "lower the peak learning rate or lengthen the warm-up")
     elif len(values) >= 4 * w and min(med[len(med) // 2:]) >= 0.99 * med[len(med) // 2] and med[-1] > 1e-3 * initial:
-        result.add("loss-plateau", "info", "", f"the loss has not improved over the second half of the run "
-                   f"(running median {med[len(med) // 2]:.4g} → {med[-1]:.4g}){of}", "converged, or the learning rate is too small")
+        if initial > 0 and min(med[w - 1:]) >= 0.97 * initial:   # never learned: "converged" would mislead (GPT-2 at
+            result.add("loss-plateau", "info", "", f"the loss never fell below where it started (running median "   # lr 0.1)
+                       f"{initial:.4g} at step {pairs[w - 1][0]}, {med[-1]:.4g} at step {pairs[-1][0]}){of}",
+                       "if it should learn: a learning rate too high (weights that grew many times over, ‖w‖) or too "
+                       "small (update/weight), labels that do not match the inputs, or a loss that no parameter reaches")
+        else:
+            result.add("loss-plateau", "info", "", f"the loss has not improved over the second half of the run "
+                       f"(running median {med[len(med) // 2]:.4g} → {med[-1]:.4g}){of}",
+                       "converged, or the learning rate is too small")
 
 
 def _rise_during(lr_at: dict, excursion: tuple, w: int):
