@@ -433,3 +433,44 @@ def test_a_missing_decoder_input_is_named_not_a_mask_the_decoder_does_not_need(c
     assert res.code == 3, res.stderr
     assert "was not given decoder_input_ids (" in res.stderr, res.stderr
     assert "hint: pass decoder_input_ids as a keyword input" in res.stderr, res.stderr
+
+
+CONFIG_ERROR = '''
+import torch
+import torch.nn as nn
+
+
+class Inner(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.config = nn.Embedding(50, 8), type("Config", (), {})()
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.emb(input_ids)[:, : self.config.num_hidden_layers]
+
+
+class Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = Inner()
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None):
+        return self.model(input_ids, attention_mask=attention_mask)
+
+
+def build():
+    return Outer()
+
+
+def example_inputs():
+    return {"input_ids": torch.randint(0, 50, (2, 6))}
+'''
+
+
+def test_an_error_no_none_made_is_not_blamed_on_a_missing_input(cli, tmp_path):
+    """BLT built from its config raised "'BltConfig' object has no attribute 'num_hidden_layers'" and was told its
+    forward was not given attention_mask (it had received None there): the error is its config's, not a None's."""
+    (tmp_path / "cfg.py").write_text(CONFIG_ERROR)
+    res = cli("summary", f"{tmp_path / 'cfg.py'}:build")
+    assert res.code == 3 and "has no attribute 'num_hidden_layers'" in res.stderr, res.stderr
+    assert "was not given" not in res.stderr and "keyword input" not in res.stderr, res.stderr

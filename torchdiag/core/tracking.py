@@ -225,8 +225,12 @@ def forward_error(exc: BaseException, tracker: ModuleTracker | None, phase: str 
         msg = (f"{call.name or '(root)'} ({call.type}) has no forward() of its own (it holds "
                f"{', '.join(parts[:6]) + (' …' if len(parts) > 6 else '') or 'no sub-modules'}), so it cannot be run")
         hint = "run one of the models it holds (a factory that returns it: module.py:factory)"
-    missing = tracker.missing_inputs(one_line(exc)) if isinstance(tracker, ModuleTracker) else []
-    if missing and call is not None:
+    text = one_line(exc)
+    missing = tracker.missing_inputs(text) if isinstance(tracker, ModuleTracker) else []
+    # only where the error is one a None makes or names the input: BLT's "'BltConfig' object has no attribute
+    # 'num_hidden_layers'" (its config's) was told to pass attention_mask
+    if missing and call is not None and (re.search(r"\bNone(Type)?\b", text) or any(
+            re.search(rf"\b{re.escape(k)}\b", text) for k in [*missing, *tracker.none_kwargs])):
         got = ", ".join(f"{k}=None" for k in tracker.none_kwargs)
         msg += f" — the model's forward was not given {' or '.join(missing)} ({call.name or '(root)'} received {got})"
         hint = (f"pass {missing[0]} as a keyword input: an example_inputs() function in the model's module "
