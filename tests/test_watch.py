@@ -2437,6 +2437,9 @@ def test_tasks_that_take_turns_on_a_shared_trunk_are_judged_apart():
     steps are a curve of their own now: B's blow-up is found on B's."""
     healthy, _ = _two_tasks(3)
     assert codes(healthy) == set(), [f.to_dict() for f in healthy.findings if f.severity != "info"]
+    # the second head, first called after discovery went off for the first optimizer, is found as a model of its own
+    assert {row["name"] for row in healthy.table("layers").rows} == {
+        f"{m}.{p}" for m in ("Sequential#0.0", "Linear#1", "Linear#2") for p in ("weight", "bias")}
     blown, b_losses = _two_tasks(3, blow_up_at=200)
     assert max(b_losses[100:]) > 10 * statistics.median(b_losses[60:100])   # the premise: B's loss blew up
     found = [f for f in blown.findings if f.code in ("loss-spike", "grad-norm-explosion")]

@@ -296,6 +296,9 @@ class Engine:
                 del self.seen_roots[key]
                 self._eval_roots[key] = self._seen_eval.get(key, False)   # its forward ran before the hook: step 1
         track.roots = {key for key, r in self.roots.items() if any(id(p) in ids for p in r.parameters())}
+        # parameters no model found holds: a second head called apart, after discovery went off for the first
+        # optimizer (two tasks in turns: the head's rows were param_groups[0][2]); a bare tensor keeps it on too
+        track.unfound = len(ids - {id(p) for key in track.roots for p in self.roots[key].parameters()})
         self._search()
         self._name_params()
 
@@ -306,9 +309,11 @@ class Engine:
         return any(p.requires_grad and id(p) not in held for r in self.seen_roots.values() for p in r.parameters())
 
     def _searching(self, track: Track) -> bool:
-        """Is the model of this optimizer still looked for: none found yet, within SEARCH_STEPS of the clock's steps
+        """Is the model of this optimizer still looked for: none found yet (or not one holding some of its trainable
+        parameters), within SEARCH_STEPS of the clock's steps
         since the optimizer first stepped (an optimizer stepped once, or over a bare tensor, ends its search too)."""
-        return not track.roots and track.first_step is not None and self.step - track.first_step < SEARCH_STEPS
+        return ((not track.roots or track.unfound > 0) and track.first_step is not None
+                and self.step - track.first_step < SEARCH_STEPS)
 
     def _search(self) -> None:
         """Discovery on through the clock's first step (every optimizer stepping in that iteration finds its model

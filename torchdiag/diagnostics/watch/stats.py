@@ -21,6 +21,7 @@ class Track:
         self.adopt(opt)          # its optimizer (weakly), parameters, ids; released: params are stand-ins
         self.first_step = None   # the clock's step when it first stepped; None: its model is not looked for
         self.roots: set[int] = set()   # id() of the watched models that hold its parameters
+        self.unfound = 0               # of its trainable parameters, those no watched model holds (engine._searching)
         self.names = [f"param_groups[{gi}][{j}]" for gi, g in enumerate(opt.param_groups) for j in range(len(g["params"]))]
         self.device = self.params[0].device if self.params else torch.device("cpu")
         n = len(self.params)
