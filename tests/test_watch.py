@@ -2444,6 +2444,7 @@ def test_tasks_that_take_turns_on_a_shared_trunk_are_judged_apart():
     assert max(b_losses[100:]) > 10 * statistics.median(b_losses[60:100])   # the premise: B's loss blew up
     found = [f for f in blown.findings if f.code in ("loss-spike", "grad-norm-explosion")]
     assert found and all("2 objectives" in f.message for f in found), [f.to_dict() for f in blown.findings]
+    assert all("of Adam over Linear#2.weight, Linear#2.bias apart, 4–300" in f.message for f in found), found[0].message
     assert all(int(re.search(r"at step (\d+)", f.message).group(1)) >= 200 for f in found)
 
 
@@ -2468,6 +2469,26 @@ def test_each_counted_step_has_its_own_optimizers_norm_before_clipping(blocks):
             norms.append(float(torch.nn.utils.clip_grad_norm_(params, 0.5)))
             opts[k].step()
     assert w.engine.series["grad_norm"] == pytest.approx(norms, rel=1e-5)
+
+
+def test_the_clocks_norm_before_clipping_survives_another_optimizers_step():
+    """A review: two models, one backward, the clock's model clipped, then the other optimizer's step, then the
+    clock's: the other's step took every clip call, and the clock's series was max_norm at every step."""
+    torch.manual_seed(0)
+    a, b = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)), nn.Sequential(nn.Linear(8, 1))
+    opt_a, opt_b = torch.optim.SGD(a.parameters(), 0.01), torch.optim.SGD(b.parameters(), 0.01)
+    norms = []
+    with Watch(every=5) as w:
+        for i in range(30):
+            x = torch.randn(32, 8)
+            opt_a.zero_grad()
+            opt_b.zero_grad()
+            (F.mse_loss(a(x), 5 * x[:, :1]) + F.mse_loss(b(x), x[:, 1:2])).backward()
+            norms.append(float(torch.nn.utils.clip_grad_norm_(a.parameters(), 0.1)))
+            if i:                                               # the clock is opt_a: it stepped first
+                opt_b.step()
+            opt_a.step()
+    assert w.engine.series["grad_norm"] == pytest.approx(norms, rel=1e-5) and min(norms) > 0.1
 
 
 @pytest.mark.parametrize("kept", [True, False])
@@ -2548,8 +2569,13 @@ def test_a_loss_that_never_fell_is_not_called_converged():
         report._loss_curve(result, list(enumerate(values, 1)), {}, Options())
         said[name] = [f for f in result.findings if f.code == "loss-plateau"]
     assert len(said["flat"]) == 1 and "never fell below where it started" in said["flat"][0].message
-    assert "too high" in said["flat"][0].hint and "converged" not in said["flat"][0].hint
+    assert "too high" in said["flat"][0].hint and "converged checkpoint" in said["flat"][0].hint
     assert len(said["learned"]) == 1 and "second half" in said["learned"][0].message
+    # a review: a run that fell within its first window (12.3 -> 0.25 in three steps) fell
+    fast = [12.3, 0.35] + [0.25 * math.exp(rng.gauss(0, 0.01)) for _ in range(298)]
+    result = Result("watch")
+    report._loss_curve(result, list(enumerate(fast, 1)), {}, Options())
+    assert [f.message for f in result.findings if f.code == "loss-plateau"][0].startswith("the loss has not improved")
 
 
 def test_a_loss_periodic_over_two_blocks_that_climbs_has_diverged():

@@ -127,6 +127,21 @@ class ClipNorms:
         need = {id(p.grad) for p in params if p.grad is not None}
         return kept if kept and need <= covered else []
 
+    def take_own(self, params, backwards: int) -> list:
+        """Another watched optimizer stepped over `params`: the norms of its own gradients' calls, taken; the calls
+        over no gradient of its own stay for the clock (a review: the clock clipped, another optimizer stepped, then
+        the clock, and the clock's norm before clipping was lost)."""
+        if not self._since:
+            return []
+        mine = {id(p.grad) for p in params if p.grad is not None}
+        own = [v for v in self._since if not v[1].isdisjoint(mine)]
+        others = [v for v in self._since if v[1].isdisjoint(mine)]
+        self._since = own
+        try:
+            return self.take(params, backwards) if own else []
+        finally:
+            self._since = others
+
     def drop(self) -> None:
         """Another optimizer stepped: what was clipped since was its gradients."""
         self._since = []

@@ -209,11 +209,16 @@ def _wiring(result: Result, engine) -> None:
             elif t.changed is not None and not t.changed[i] and _negligible(t, i):
                 result.add("never-changes", "info", t.names[i], f"{t.names[i]} never changed over {engine.step} steps: "
                            f"its gradient was zero or negligible at every step (at most {t.grad_max[i]:.2g})", "the model cancels it (e.g. a bias right "
-                           "before a BatchNorm, which removes any constant): drop it, or look for what zeroes its gradient")
+                           "before a BatchNorm, which removes any constant): drop it, or look for what zeroes its gradient; "
+                           "or the model had converged (a fine-tune from a converged checkpoint)")
             elif t.changed is not None and not t.changed[i]:
+                norm = t.weight_norm[i] if t.weight_norm else None
+                scale = f" (largest gradient norm {t.grad_max[i]:.2g}" + (
+                    f", weight norm {norm:.2g})" if norm is not None else ")")
                 result.add("never-changes", "warning", t.names[i], f"{t.names[i]} got non-zero gradients but its value "
-                           f"never changed over {engine.step} steps", "a zero learning rate for its group, or gradients "
-                           "zeroed between backward and step()")
+                           f"never changed over {engine.step} steps{scale}", "a zero learning rate for its group, "
+                           "gradients zeroed between backward and step(), or steps too small to change a float32 value "
+                           "(below ~1e-7 of it: a fine-tune of a converged model at a small learning rate)")
     _idle(result, engine, owners)
     _clock_note(result, engine)
     carried = engine.checks["carried"]
@@ -364,18 +369,18 @@ def _objectives(engine, steps: list) -> list[tuple[list[int], str]]:
     tracks = {id(t): t for t in engine.tracks.values()}
     out = []
     for key, picked in parts.items():
-        name = _objective(tracks.get(key), [tracks.get(k) for k in parts if k != key])
-        out.append((picked, f" (judged on the {len(picked)} steps of {name} apart: the count passed between optimizers "
-                            f"over different parameters, {len(parts)} objectives)"))
+        theirs = set().union(*(t.ids.keys() for k, t in tracks.items() if group.get(k, k) != key))
+        out.append((picked, f" (judged on the {len(picked)} steps of {_objective(tracks.get(key), theirs)} apart, "
+                            f"{steps[picked[0]]}–{steps[picked[-1]]}: the count passed between optimizers over different "
+                            f"parameters, {len(parts)} objectives)"))
     return out
 
 
-def _objective(t, others) -> str:
+def _objective(t, theirs: set) -> str:
     """An optimizer named by its type and the parameters it holds that the other objectives' optimizers do not (a
     task's head: "SGD over 1.weight, 1.bias")."""
     if t is None:
         return "one objective"
-    theirs = set().union(*(o.ids.keys() for o in others if o is not None))
     own = [t.names[i] for i, p in enumerate(t.params) if id(p) not in theirs] or list(t.names)
     return f"{t.kind} over " + ", ".join(own[:2]) + (f" and {len(own) - 2} more" if len(own) > 2 else "")
 
@@ -464,11 +469,15 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
                    f"{rise[1]:.3g} to {rise[2]:.3g} (step {rise[0]}), and {back} {med[-1]:.4g} (running median) at step "
                    f"{pairs[-1][0]}{of}", "lower the peak learning rate or lengthen the warm-up")
     elif len(values) >= 4 * w and min(med[len(med) // 2:]) >= 0.99 * med[len(med) // 2] and med[-1] > 1e-3 * initial:
-        if initial > 0 and min(med[w - 1:]) >= 0.97 * initial:   # never learned: "converged" would mislead (GPT-2 at
-            result.add("loss-plateau", "info", "", f"the loss never fell below where it started (running median "   # lr 0.1)
+        # never learned (GPT-2 at lr 0.1 stayed at chance): "converged" would mislead. Where it started is the first
+        # window's median and the first 3 losses' (a run that fell within the first window fell: a review)
+        start = statistics.median(values[:3])
+        if initial > 0 and min(med[w - 1:]) >= 0.97 * max(initial, start):
+            result.add("loss-plateau", "info", "", f"the loss never fell below where it started (running median "
                        f"{initial:.4g} at step {pairs[w - 1][0]}, {med[-1]:.4g} at step {pairs[-1][0]}){of}",
                        "if it should learn: a learning rate too high (weights that grew many times over, ‖w‖) or too "
-                       "small (update/weight), labels that do not match the inputs, or a loss that no parameter reaches")
+                       "small (update/weight), labels that do not match the inputs, or a loss that no parameter "
+                       "reaches; or it was at its floor already (a fine-tune from a converged checkpoint)")
         else:
             result.add("loss-plateau", "info", "", f"the loss has not improved over the second half of the run "
                        f"(running median {med[len(med) // 2]:.4g} → {med[-1]:.4g}){of}",
