@@ -2471,6 +2471,24 @@ def test_each_counted_step_has_its_own_optimizers_norm_before_clipping(blocks):
     assert w.engine.series["grad_norm"] == pytest.approx(norms, rel=1e-5)
 
 
+def test_an_optimizer_over_the_unfrozen_model_takes_the_count_with_the_model_given():
+    """A review: `watch(model)`, the head's optimizer for 13 steps, then one over the whole model with the head's kept
+    alive: 13 steps of 40 were counted (no hand-over with a model given). Without the model given, all 40 were."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    head, whole = torch.optim.SGD(model[2].parameters(), 0.01), torch.optim.SGD(model.parameters(), 0.01)
+    norms = []
+    with Watch(model, every=7) as w:
+        for i in range(40):
+            opt = head if i < 13 else whole
+            x = torch.randn(32, 8)
+            model.zero_grad()
+            F.mse_loss(model(x), x[:, :1]).backward()
+            norms.append(float(torch.nn.utils.get_total_norm([p.grad for g in opt.param_groups for p in g["params"]])))
+            opt.step()
+    assert w.engine.step == 40 and w.engine.series["grad_norm"] == pytest.approx(norms, rel=1e-5)
+
+
 def test_the_clocks_norm_before_clipping_survives_another_optimizers_step():
     """A review: two models, one backward, the clock's model clipped, then the other optimizer's step, then the
     clock's: the other's step took every clip call, and the clock's series was max_norm at every step."""
