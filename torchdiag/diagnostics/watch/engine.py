@@ -556,6 +556,8 @@ class Engine:
                 self.tracks[("gone", id(t))] = t  # (cut at another optimizer's step, they saw a false carry-over)
                 t.release()
             else:
+                if id(t) in self._owners.values():   # the clock's rows of this window: its steps' norms (a review:
+                    self.pending += [q for q in t.queued(False) if q[0] == "grad_norm"]   # one re-made every 10 steps)
                 t.disarm()
                 self.let_go += 1
                 self._vain += t.first_step is not None
