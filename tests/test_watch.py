@@ -2507,6 +2507,70 @@ def test_an_optimizer_of_no_model_made_again_keeps_its_steps_norms():
     assert w.engine.series["grad_norm"] == pytest.approx(norms, rel=1e-5)
 
 
+def test_a_bare_temperature_does_not_make_a_wrapper_or_a_submodule_a_model_of_their_own():
+    """A review of the search for parameters in no model: with a temperature (a bare tensor) in the optimizer, the
+    search went on, and a wrapper around the model called once in eval (a check with gradients on) became a third
+    model in eval mode (a false trained-in-eval-mode), a submodule called directly a second model (every row renamed),
+    and a new optimizer each step kept the per-module hooks on for the whole run."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder, self.head = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16)), nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.head(self.encoder(x))
+
+    torch.manual_seed(0)
+    m, t = M(), nn.Parameter(torch.ones(()))
+    opt = torch.optim.Adam([*m.parameters(), t], 1e-2)
+    wrapper = nn.Sequential(m, nn.Softmax(-1))
+    hooked = []
+    with Watch(every=10) as w:
+        for i in range(40):
+            x, y = torch.randn(32, 8), torch.randint(0, 4, (32,))
+            loss = F.cross_entropy(m(x) / t, y) + (0.01 * m.encoder(x).pow(2).mean() if i % 2 else 0)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if i == 1:
+                wrapper.eval()
+                wrapper(x).argmax(-1)
+                wrapper.train()
+    r = w.result()
+    assert r.header["models"] == ["M"] and "encoder.0.weight" in {row["name"] for row in r.table("layers").rows}
+    assert "trained-in-eval-mode" not in codes(r), [f.to_dict() for f in r.findings]
+
+    with Watch(every=10) as w:
+        for i in range(60):
+            temperature = nn.Parameter(torch.ones(()))
+            opt = torch.optim.SGD([*m.parameters(), temperature], 1e-2)   # made each step (test-time adaptation)
+            opt.zero_grad()
+            F.cross_entropy(m(torch.randn(32, 8)) / temperature, torch.randint(0, 4, (32,))).backward()
+            opt.step()
+            hooked.append(bool(w.engine._discovery))
+    assert sum(hooked) <= 3 * 8 + 1, sum(hooked)   # SEARCH_STEPS for each of MAX_SEARCHES optimizers at most
+
+
+def test_two_models_clipped_apart_each_have_their_own_norm():
+    """A review: one backward, each model clipped by its own call, the clock stepping first: its norm was read as
+    the two models' together."""
+    torch.manual_seed(0)
+    a, b = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)), nn.Sequential(nn.Linear(8, 1))
+    opt_a, opt_b = torch.optim.SGD(a.parameters(), 0.01), torch.optim.SGD(b.parameters(), 0.01)
+    norms = []
+    with Watch(every=5) as w:
+        for _ in range(20):
+            x = torch.randn(32, 8)
+            opt_a.zero_grad()
+            opt_b.zero_grad()
+            (F.mse_loss(a(x), 5 * x[:, :1]) + F.mse_loss(b(x), 5 * x[:, 1:2])).backward()
+            norms.append(float(torch.nn.utils.clip_grad_norm_(a.parameters(), 0.1)))
+            torch.nn.utils.clip_grad_norm_(b.parameters(), 0.1)
+            opt_a.step()
+            opt_b.step()
+    assert w.engine.series["grad_norm"] == pytest.approx(norms, rel=1e-5)
+
+
 def test_the_clocks_norm_before_clipping_survives_another_optimizers_step():
     """A review: two models, one backward, the clock's model clipped, then the other optimizer's step, then the
     clock's: the other's step took every clip call, and the clock's series was max_norm at every step."""

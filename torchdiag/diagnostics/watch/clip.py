@@ -117,14 +117,16 @@ class ClipNorms:
         tell the whole norm. A loop that does not clip costs a list check a step."""
         if not self._since:
             return []
-        calls, self._since = [v for v in self._since if v[2] == backwards], []
+        need = {id(p.grad) for p in params if p.grad is not None}
+        # calls over none of its gradients are another's (a review: two models clipped apart, the clock's norm read as
+        # the two together)
+        calls, self._since = [v for v in self._since if v[2] == backwards and not v[1].isdisjoint(need)], []
         kept: list = []
         covered: set[int] = set()
         for total, ids, _ in calls:
             if ids.isdisjoint(covered):
                 kept.append(total)
                 covered |= ids
-        need = {id(p.grad) for p in params if p.grad is not None}
         return kept if kept and need <= covered else []
 
     def take_own(self, params, backwards: int) -> list:

@@ -290,8 +290,11 @@ class Engine:
         SEARCH_STEPS of the clock's steps (_searching): a second model called after the first optimizer's step (a
         review's two models with two optimizers, the second never watched) is found too."""
         ids = {id(p) for p in track.params if p.requires_grad}   # a frozen teacher's weights given to it: not its model
+        # once it has a model, only a module apart from every model found: a second head, not a wrapper around the
+        # model called once in eval, nor a submodule called directly (a review: a third model, in eval mode)
+        held = {id(p) for r in self.roots.values() for p in r.parameters()} if track.roots else set()
         for key, root in list(self.seen_roots.items()):   # the others stay: a later optimizer may train them
-            if any(id(p) in ids for p in root.parameters()):
+            if any(id(p) in ids for p in root.parameters()) and held.isdisjoint(map(id, root.parameters())):
                 self._hook_root(root)
                 del self.seen_roots[key]
                 self._eval_roots[key] = self._seen_eval.get(key, False)   # its forward ran before the hook: step 1
@@ -565,8 +568,8 @@ class Engine:
     def _fruitless(self) -> int:
         """Optimizers whose model was looked for in vain: let go with none (an attack's, made per batch), or alive
         with none past their search."""
-        return self._vain + sum(1 for t in self.tracks.values() if not t.roots and t.first_step is not None
-                                and self.step - t.first_step >= SEARCH_STEPS)
+        return self._vain + sum(1 for t in self.tracks.values() if (not t.roots or t.unfound) and t.first_step is not None
+                                and self.step - t.first_step >= SEARCH_STEPS)   # a bare temperature: its part in vain
 
     def _mine(self, opt) -> bool:
         """Without optimizers given, an optimizer is watched when it steps parameters of a model given
