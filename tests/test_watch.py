@@ -2541,7 +2541,7 @@ def test_a_bare_temperature_does_not_make_a_wrapper_or_a_submodule_a_model_of_th
     assert "trained-in-eval-mode" not in codes(r), [f.to_dict() for f in r.findings]
 
     with Watch(every=10) as w:
-        for i in range(60):
+        for _ in range(60):
             temperature = nn.Parameter(torch.ones(()))
             opt = torch.optim.SGD([*m.parameters(), temperature], 1e-2)   # made each step (test-time adaptation)
             opt.zero_grad()
