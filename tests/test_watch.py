@@ -2571,6 +2571,39 @@ def test_two_models_clipped_apart_each_have_their_own_norm():
     assert w.engine.series["grad_norm"] == pytest.approx(norms, rel=1e-5)
 
 
+def test_a_watched_model_can_be_copied_and_saved_whole():
+    """A review: `copy.deepcopy(model)` (an EMA model, the best so far) copied the whole engine through the model's
+    hooks, and raised for a model copied from a later episode; `torch.save(model)` raised (the engine cannot be
+    pickled): the user's script failed only when watched. The copy's and the saved model's hooks do nothing."""
+    import copy
+    import io
+    import pickle
+
+    torch.manual_seed(0)
+    base, head = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16)), nn.Linear(16, 4)
+    with Watch(every=10) as w:
+        for _ in range(3):   # a new copy each episode, trained by its own optimizer
+            model, head = copy.deepcopy(base), copy.deepcopy(head)
+            opt = torch.optim.SGD([*model.parameters(), *head.parameters()], 1e-2)
+            for _ in range(3):
+                opt.zero_grad()
+                F.cross_entropy(head(model(torch.randn(32, 8))), torch.randint(0, 4, (32,))).backward()
+                opt.step()
+            base = model
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        copied, pickled = copy.deepcopy(model), pickle.loads(pickle.dumps(model))
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        calls = w.engine.step, w.engine.last_call
+        for other in (copied, pickled, loaded):
+            hooks = [*other._forward_pre_hooks.values(), *other._forward_hooks.values()]
+            assert hooks and all(getattr(h, "fn", 0) is None for h in hooks)
+            other(torch.randn(4, 8))
+        assert (w.engine.step, w.engine.last_call) == calls   # the copies' forwards are not the run's
+    assert w.result().data["steps"] == 9
+
+
 def test_the_clocks_norm_before_clipping_survives_another_optimizers_step():
     """A review: two models, one backward, the clock's model clipped, then the other optimizer's step, then the
     clock's: the other's step took every clip call, and the clock's series was max_norm at every step."""
