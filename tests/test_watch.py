@@ -2604,6 +2604,35 @@ def test_a_watched_model_can_be_copied_and_saved_whole():
     assert w.result().data["steps"] == 9
 
 
+def test_a_shallow_copy_of_the_model_does_not_stop_the_watch():
+    """`copy.copy(model)` shares the model's hooks: the copy's forward ran the engine's hook for a module it did not
+    know, the watch stopped with a KeyError, and the report then said "every gradient exactly 0" (an error) for the
+    steps it never read. The hooks ignore other modules; a watch stopped before its first read judges no gradient."""
+    import copy
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = torch.optim.Adam(model.parameters(), 1e-2)
+
+    def run(breaks: bool):
+        with Watch(every=10) as w:
+            for i in range(30):
+                if i == 5:
+                    copy.copy(model)(torch.randn(2, 8))
+                    if breaks:
+                        w.engine._inner.clear()   # the next hook raises inside the engine, as the copy's did
+                opt.zero_grad()
+                F.cross_entropy(model(torch.randn(32, 8)), torch.randint(0, 4, (32,))).backward()
+                opt.step()
+        return w
+
+    w = run(False)
+    assert w.engine.broken is None and w.result().data["steps"] == 30
+    w = run(True)
+    assert w.engine.broken and w.engine.reads == 0
+    assert not [f for f in w.result().findings if f.severity in ("warning", "error")], w.result().findings
+
+
 def test_the_clocks_norm_before_clipping_survives_another_optimizers_step():
     """A review: two models, one backward, the clock's model clipped, then the other optimizer's step, then the
     clock's: the other's step took every clip call, and the clock's series was max_norm at every step."""

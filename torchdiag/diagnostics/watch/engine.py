@@ -50,14 +50,17 @@ class ModuleHook:
     """A watch's hook on a user's model. Copied with the model (copy.deepcopy: an EMA model, the best model so far)
     it is one that does nothing, not a copy of the engine (a review: the engine was copied whole with each copy, and a
     copy made of a later episode's model raised); pickled with it (torch.save(model), pickle.dumps) likewise, where
-    the engine could not be pickled at all and the user's save raised."""
-    __slots__ = ("fn",)
+    the engine could not be pickled at all and the user's save raised. A shallow copy (copy.copy) shares the model's
+    hooks: called for another module than its own, it does nothing (the engine stopped with a KeyError)."""
+    __slots__ = ("fn", "owner")
 
-    def __init__(self, fn=None):
-        self.fn = fn
+    def __init__(self, fn=None, owner=None):
+        self.fn, self.owner = fn, weakref.ref(owner) if owner is not None else None
 
-    def __call__(self, *args, **kwargs):
-        return self.fn(*args, **kwargs) if self.fn is not None else None
+    def __call__(self, module, *args, **kwargs):
+        if self.fn is None or self.owner is None or self.owner() is not module:
+            return None
+        return self.fn(module, *args, **kwargs)
 
     def __deepcopy__(self, memo) -> ModuleHook:
         return ModuleHook()
@@ -296,8 +299,8 @@ class Engine:
             self._prefix_first(f"{self.models_seen[0]}#0.")
         self._inner[id(root)] = inner(root)
         self._root_refs[id(root)] = weakref.ref(root, functools.partial(_noted, self._dead_roots, id(root)))
-        self._root_handles[id(root)] = [root.register_forward_pre_hook(ModuleHook(self._root_pre), with_kwargs=True),
-                                        root.register_forward_hook(ModuleHook(self._root_post), always_call=True)]
+        self._root_handles[id(root)] = [root.register_forward_pre_hook(ModuleHook(self._root_pre, root), with_kwargs=True),
+                                        root.register_forward_hook(ModuleHook(self._root_post, root), always_call=True)]
         if compiled(root):
             self.checks["unhooked"].append("a torch.compile'd model: watch hooks its outer module (steps, loss, "
                                            "gradients, modes); dead units are not checked: compiled code does not "

@@ -296,7 +296,8 @@ def _loss_ignores(track, engine) -> set[int]:
     parameter the model cancels while the others train (a bias before BatchNorm) is not this; neither is
     a non-finite gradient (its norm is left out of the maxima)."""
     got = {i for i, p in enumerate(track.params) if track.seen_grad[i] and p.requires_grad}
-    if not got or engine.step < 1 or engine.events or track.first_bad is not None:
+    # no read, no maxima: a watch stopped by an internal error before its first read said "every gradient exactly 0"
+    if not got or engine.step < 1 or engine.reads == 0 or engine.events or track.first_bad is not None:
         return set()
     return got if all(track.grad_max[i] == 0 for i in got) else set()
 
