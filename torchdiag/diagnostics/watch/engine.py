@@ -55,10 +55,10 @@ class ModuleHook:
     __slots__ = ("fn", "owner")
 
     def __init__(self, fn=None, owner=None):
-        self.fn, self.owner = fn, weakref.ref(owner) if owner is not None else None
+        self.fn, self.owner = fn, id(owner)   # an id: the hook lives in its owner's dict, and dies with it
 
     def __call__(self, module, *args, **kwargs):
-        if self.fn is None or self.owner is None or self.owner() is not module:
+        if self.fn is None or id(module) != self.owner:
             return None
         return self.fn(module, *args, **kwargs)
 
