@@ -55,8 +55,7 @@ class ModuleHook:
     __slots__ = ("fn", "owner")
 
     def __init__(self, fn=None, owner=None):
-        self.fn, self.owner = fn, id(owner)   # an id, not a weak reference: torch.compile traces hooks, and a weak
-                                              # reference's call breaks its graph
+        self.fn, self.owner = fn, id(owner)   # an id: the hook lives in its owner's dict, and dies with it
 
     def __call__(self, module, *args, **kwargs):
         if self.fn is None or id(module) != self.owner:
@@ -402,7 +401,7 @@ class Engine:
     # ----------------------------------------------------------------- the model's forward and backward
     @_guarded
     def _root_pre(self, module, args, kwargs):
-        if not _grad_enabled() or id(module) not in self._inner:   # a shallow copy's hook, its model's id reused
+        if not _grad_enabled():
             return
         self.last_call = (weakref.ref(module), args, kwargs)   # weakly: a model the run lets go must go
         if self._dead or self._dead_roots:
