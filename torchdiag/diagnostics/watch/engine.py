@@ -55,7 +55,8 @@ class ModuleHook:
     __slots__ = ("fn", "owner")
 
     def __init__(self, fn=None, owner=None):
-        self.fn, self.owner = fn, id(owner)   # an id: the hook lives in its owner's dict, and dies with it
+        self.fn, self.owner = fn, id(owner)   # an id, not a weak reference: torch.compile traces hooks, and a weak
+                                              # reference's call breaks its graph
 
     def __call__(self, module, *args, **kwargs):
         if self.fn is None or id(module) != self.owner:
