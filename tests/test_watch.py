@@ -2599,7 +2599,9 @@ def test_a_watched_model_can_be_copied_and_saved_whole():
         for other in (copied, pickled, loaded):
             hooks = [*other._forward_pre_hooks.values(), *other._forward_hooks.values()]
             assert hooks and all(getattr(h, "fn", 0) is None for h in hooks)
-            other(torch.randn(4, 8))
+            other(torch.randn(4, 8))   # a copy's hooks take themselves off at its first call
+            assert not other._forward_pre_hooks and not other._forward_hooks
+            assert b"torchdiag" not in pickle.dumps(other)
         assert (w.engine.step, w.engine.last_call) == calls   # the copies' forwards are not the run's
     assert w.result().data["steps"] == 9
 

@@ -26,6 +26,7 @@ import weakref
 from ...errors import one_line
 from .clip import ClipNorms, combined
 from .double import DoubleSteps
+from .hooks import ModuleHook
 from .options import Options
 from .stats import Track, nonfinite_losses, param_key, read_parts
 
@@ -44,30 +45,6 @@ def _guarded(hook):
                           "the report covers the steps before it"
             return None
     return run
-
-
-class ModuleHook:
-    """A watch's hook on a user's model. Copied with the model (copy.deepcopy: an EMA model, the best model so far)
-    it is one that does nothing, not a copy of the engine (a review: the engine was copied whole with each copy, and a
-    copy made of a later episode's model raised); pickled with it (torch.save(model), pickle.dumps) likewise, where
-    the engine could not be pickled at all and the user's save raised. A shallow copy (copy.copy) shares the model's
-    hooks: called for another module than its own, it does nothing (the engine stopped with a KeyError)."""
-    __slots__ = ("fn", "owner")
-
-    def __init__(self, fn=None, owner=None):
-        self.fn, self.owner = fn, id(owner)   # an id, not a weak reference: torch.compile traces hooks, and a weak
-                                              # reference's call breaks its graph
-
-    def __call__(self, module, *args, **kwargs):
-        if self.fn is None or id(module) != self.owner:
-            return None
-        return self.fn(module, *args, **kwargs)
-
-    def __deepcopy__(self, memo) -> ModuleHook:
-        return ModuleHook()
-
-    def __reduce__(self):
-        return ModuleHook, ()
 
 
 SEARCH_STEPS = 3   # the clock's steps, from an optimizer's first, during which its model is looked for
