@@ -2551,6 +2551,70 @@ def test_a_bare_temperature_does_not_make_a_wrapper_or_a_submodule_a_model_of_th
     assert sum(hooked) <= 3 * 8 + 1, sum(hooked)   # SEARCH_STEPS for each of MAX_SEARCHES optimizers at most
 
 
+def test_a_watched_model_can_be_copied_and_saved_whole():
+    """A review: `copy.deepcopy(model)` (an EMA model, the best so far) copied the whole engine through the model's
+    hooks, and raised for a model copied from a later episode; `torch.save(model)` raised (the engine cannot be
+    pickled): the user's script failed only when watched. The copy's and the saved model's hooks do nothing."""
+    import copy
+    import io
+    import pickle
+
+    torch.manual_seed(0)
+    base, head = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16)), nn.Linear(16, 4)
+    with Watch(every=10) as w:
+        for _ in range(3):   # a new copy each episode, trained by its own optimizer
+            model, head = copy.deepcopy(base), copy.deepcopy(head)
+            opt = torch.optim.SGD([*model.parameters(), *head.parameters()], 1e-2)
+            for _ in range(3):
+                opt.zero_grad()
+                F.cross_entropy(head(model(torch.randn(32, 8))), torch.randint(0, 4, (32,))).backward()
+                opt.step()
+            base = model
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        copied, pickled = copy.deepcopy(model), pickle.loads(pickle.dumps(model))
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        calls = w.engine.step, w.engine.last_call
+        for other in (copied, pickled, loaded):
+            hooks = [*other._forward_pre_hooks.values(), *other._forward_hooks.values()]
+            assert hooks and all(getattr(h, "fn", 0) is None for h in hooks)
+            other(torch.randn(4, 8))   # a copy's hooks take themselves off at its first call
+            assert not other._forward_pre_hooks and not other._forward_hooks
+            assert b"torchdiag" not in pickle.dumps(other)
+        assert (w.engine.step, w.engine.last_call) == calls   # the copies' forwards are not the run's
+    assert w.result().data["steps"] == 9
+
+
+def test_a_shallow_copy_of_the_model_does_not_stop_the_watch():
+    """`copy.copy(model)` shares the model's hooks: the copy's forward ran the engine's hook for a module it did not
+    know, the watch stopped with a KeyError, and the report then said "every gradient exactly 0" (an error) for the
+    steps it never read. The hooks ignore other modules; a watch stopped before its first read judges no gradient."""
+    import copy
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = torch.optim.Adam(model.parameters(), 1e-2)
+
+    def run(breaks: bool):
+        with Watch(every=10) as w:
+            for i in range(30):
+                if i == 5:
+                    copy.copy(model)(torch.randn(2, 8))
+                    if breaks:
+                        w.engine._inner.clear()   # the next hook raises inside the engine, as the copy's did
+                opt.zero_grad()
+                F.cross_entropy(model(torch.randn(32, 8)), torch.randint(0, 4, (32,))).backward()
+                opt.step()
+        return w
+
+    w = run(False)
+    assert w.engine.broken is None and w.result().data["steps"] == 30
+    w = run(True)
+    assert w.engine.broken and w.engine.reads == 0
+    assert not [f for f in w.result().findings if f.severity in ("warning", "error")], w.result().findings
+
+
 @pytest.mark.parametrize("order", ["clock first, both clipped", "other between"])
 def test_the_clocks_norm_before_clipping_is_its_own(order):
     """Two models, one backward, each with its own optimizer (the clock is the first to step). Reviews:
