@@ -496,8 +496,8 @@ class Engine:
     def _credit(self, t: Track, n: int) -> None:
         """n steps the new clock took that no clock counted: counted now, the last with the loss its step took. Its rows
         of them (gradient norms) had the old count's numbers: renumbered, so that the series' norms are its own."""
-        k = min(n, len(t.steps))
-        t.steps[len(t.steps) - k:] = range(self.step + n - k + 1, self.step + n + 1)
+        rows = min(n, len(t.steps))
+        t.steps[len(t.steps) - rows:] = range(self.step + n - rows + 1, self.step + n + 1)
         for k in range(n):
             self.step += 1
             self._owners[self.step] = id(t)
