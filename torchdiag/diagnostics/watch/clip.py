@@ -112,37 +112,24 @@ class ClipNorms:
                 setattr(module, attr, _live(getattr(wrapper, _ORIGINAL)))
         self._installed = []
 
-    def take(self, params, backwards: int) -> list:
-        """The clock stepped over `params`: the norms before clipping of its gradients, or [] where the calls do not
-        tell the whole norm. A loop that does not clip costs a list check a step."""
+    def take(self, params, backwards: int, keep_others: bool = False) -> list:
+        """An optimizer stepped over `params`: the norms before clipping of its gradients, or [] where the calls do
+        not tell the whole norm. Calls over none of its gradients are another's (a review: two models clipped apart,
+        the clock's norm read as the two together): dropped, or with `keep_others` (a watched optimizer that is not
+        the clock) kept for the clock (a review: the clock clipped, another optimizer stepped, then the clock, and the
+        clock's norm was lost). A loop that does not clip costs a list check a step."""
         if not self._since:
             return []
         need = {id(p.grad) for p in params if p.grad is not None}
-        # calls over none of its gradients are another's (a review: two models clipped apart, the clock's norm read as
-        # the two together)
-        calls, self._since = [v for v in self._since if v[2] == backwards and not v[1].isdisjoint(need)], []
+        own = [v for v in self._since if not v[1].isdisjoint(need)]
+        self._since = [v for v in self._since if v[1].isdisjoint(need)] if keep_others else []
         kept: list = []
         covered: set[int] = set()
-        for total, ids, _ in calls:
+        for total, ids, _ in (v for v in own if v[2] == backwards):
             if ids.isdisjoint(covered):
                 kept.append(total)
                 covered |= ids
         return kept if kept and need <= covered else []
-
-    def take_own(self, params, backwards: int) -> list:
-        """Another watched optimizer stepped over `params`: the norms of its own gradients' calls, taken; the calls
-        over no gradient of its own stay for the clock (a review: the clock clipped, another optimizer stepped, then
-        the clock, and the clock's norm before clipping was lost)."""
-        if not self._since:
-            return []
-        mine = {id(p.grad) for p in params if p.grad is not None}
-        own = [v for v in self._since if not v[1].isdisjoint(mine)]
-        others = [v for v in self._since if v[1].isdisjoint(mine)]
-        self._since = own
-        try:
-            return self.take(params, backwards) if own else []
-        finally:
-            self._since = others
 
     def drop(self) -> None:
         """Another optimizer stepped: what was clipped since was its gradients."""

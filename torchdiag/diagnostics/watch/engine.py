@@ -641,7 +641,7 @@ class Engine:
             if track is None:
                 self.clips.drop()
             else:   # kept for a credit, should it take the count (_credit)
-                track.last_clip = self.clips.take_own(track.params, self.backwards)
+                track.last_clip = self.clips.take(track.params, self.backwards, keep_others=True)
         if track is None:
             return
         if opt is self.clock:
