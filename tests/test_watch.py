@@ -2554,7 +2554,7 @@ def test_a_bare_temperature_does_not_make_a_wrapper_or_a_submodule_a_model_of_th
 def test_a_watched_model_can_be_copied_and_saved_whole():
     """A review: `copy.deepcopy(model)` (an EMA model, the best so far) copied the whole engine through the model's
     hooks, and raised for a model copied from a later episode; `torch.save(model)` raised (the engine cannot be
-    pickled): the user's script failed only when watched. The copy's and the saved model's hooks do nothing."""
+    pickled): the user's script failed only when watched. Copies and saved models come without the watch's hooks."""
     import copy
     import io
     import pickle
@@ -2576,14 +2576,81 @@ def test_a_watched_model_can_be_copied_and_saved_whole():
         buf.seek(0)
         loaded = torch.load(buf, weights_only=False)
         calls = w.engine.step, w.engine.last_call
-        for other in (copied, pickled, loaded):
-            hooks = [*other._forward_pre_hooks.values(), *other._forward_hooks.values()]
-            assert hooks and all(getattr(h, "fn", 0) is None for h in hooks)
-            other(torch.randn(4, 8))   # a copy's hooks take themselves off at its first call
+        assert b"torchdiag" not in buf.getvalue() and b"torchdiag" not in pickle.dumps(model)
+        for other in (copied, pickled, loaded, copy.copy(model)):
             assert not other._forward_pre_hooks and not other._forward_hooks
-            assert b"torchdiag" not in pickle.dumps(other)
+            assert not [*other._forward_hooks_always_called, *other._forward_pre_hooks_with_kwargs]
+            other(torch.randn(4, 8))
+        assert len(model._forward_pre_hooks) == len(model._forward_hooks) == 1   # the model keeps its own
         assert (w.engine.step, w.engine.last_call) == calls   # the copies' forwards are not the run's
     assert w.result().data["steps"] == 9
+
+
+def test_a_watched_model_scripts_and_its_hooks_come_back_in_order():
+    """`torch.jit.script` compiles every forward hook and failed on the watch's ("'ModuleHook' object has no
+    attribute '__name__'"): a script that exports its model failed only when watched. While it scripts, the watched
+    models are without the watch's hooks; the user's own hooks are scripted, and all come back in their order."""
+    import copyreg
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), 1e-2)
+    with Watch(model, opt, every=5) as w:
+        model.register_forward_hook(_scriptable_hook)
+        for _ in range(6):
+            opt.zero_grad()
+            F.cross_entropy(model(torch.randn(8, 8)), torch.randint(0, 4, (8,))).backward()
+            opt.step()
+        before = [list(getattr(model, n).items()) for n in _HOOK_ATTRS]
+        scripted = torch.jit.script(model)
+        assert [list(getattr(model, n).items()) for n in _HOOK_ATTRS] == before
+        assert len(scripted._c._get_forward_hooks()) == 1   # the user's hook, compiled; not the watch's
+        torch.jit.script(nn.Sequential(model, nn.ReLU()))(torch.randn(2, 8))   # a model inside another
+        assert type(model) in copyreg.dispatch_table and hasattr(torch.jit.script, "__wrapped__")
+        assert (w.engine.step, w.engine.last_call) == (6, w.engine.last_call)
+    assert type(model) not in copyreg.dispatch_table and not hasattr(torch.jit.script, "__wrapped__")
+    assert not model._forward_pre_hooks and list(model._forward_hooks.values()) == [_scriptable_hook]
+    assert w.result().data["steps"] == 6
+
+
+def test_a_copy_made_by_the_models_own_deepcopy_is_watched_when_trained():
+    """A class with its own `__deepcopy__` copies around copyreg: the copy's hooks are inert ones that take
+    themselves off at its first call, and only those: the copy, trained next, keeps the watch's live hooks."""
+    import copy
+
+    class OwnCopy(nn.Sequential):
+        def __deepcopy__(self, memo):
+            new = type(self).__new__(type(self))
+            memo[id(self)] = new
+            new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+            return new
+
+    def train(model, opt):
+        for _ in range(6):
+            opt.zero_grad()
+            F.cross_entropy(model(torch.randn(8, 8)), torch.randint(0, 4, (8,))).backward()
+            opt.step()
+
+    torch.manual_seed(0)
+    model = OwnCopy(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    with Watch(every=5):
+        train(model, torch.optim.SGD(model.parameters(), 1e-2))
+        copied = copy.deepcopy(model)
+    assert len(copied._forward_hooks) == 1 and all(h.fn is None for h in copied._forward_hooks.values())
+    opt = torch.optim.SGD(copied.parameters(), 1e-2)
+    with Watch(copied, opt, every=5) as w:
+        train(copied, opt)
+        assert len(copied._forward_hooks) == 1 and all(h.fn for h in copied._forward_hooks.values())
+    assert not copied._forward_hooks
+    assert w.result().data["steps"] == 6 and all(v is not None for v in w.result().series["loss"])
+
+
+_HOOK_ATTRS = ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs",
+               "_forward_hooks_always_called")
+
+
+def _scriptable_hook(module, args: tuple[torch.Tensor], output: torch.Tensor) -> None:
+    return None
 
 
 def test_a_shallow_copy_of_the_model_does_not_stop_the_watch():

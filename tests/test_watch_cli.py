@@ -377,3 +377,50 @@ def test_without_torchruns_shared_store_each_rank_keeps_its_own_report(monkeypat
     with pytest.raises(ModelError) as info:
         run_on_ranks(Ranks(1, 2, 1), fails)
     assert info.value.partial is partial
+
+
+SAVES = textwrap.dedent("""
+    import copy
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    best = None
+    for i in range(12):
+        x = torch.randn(8, 3)
+        loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        best = copy.deepcopy(model)
+    torch.save(model, "model.pt")
+    torch.save({"best": best, "step": i}, "best.pt")
+    torch.jit.script(model).save("scripted.pt")
+""")
+# loads them where torchdiag cannot be imported, as a server that serves the model would
+LOADS = textwrap.dedent("""
+    import sys
+    class Refuse:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] == "torchdiag":
+                raise ImportError(name)
+    sys.meta_path.insert(0, Refuse())
+    import torch
+    x = torch.randn(2, 3)
+    for m in (torch.load("model.pt", weights_only=False), torch.load("best.pt", weights_only=False)["best"],
+              torch.jit.load("scripted.pt")):
+        m(x)
+        assert not m._forward_hooks and not m._forward_pre_hooks, m._forward_hooks
+    print("LOADED")
+""")
+
+
+def test_a_script_that_saves_and_scripts_its_model_runs_as_unwatched(tmp_path):
+    """Under watch, `torch.save(model)` wrote a file that referred to torchdiag (it loaded only where torchdiag
+    imports) and `torch.jit.script(model)` raised on the watch's hooks: the same script ran unwatched. Saved, copied
+    and scripted models now come without them."""
+    (tmp_path / "train.py").write_text(SAVES)
+    (tmp_path / "serve.py").write_text(LOADS)
+    r = _torchdiag("--every", "5", "--", "python", "train.py", cwd=tmp_path)
+    assert r.returncode == 0 and "12 optimizer steps" in r.stdout, r.stdout + r.stderr
+    served = subprocess.run([sys.executable, "serve.py"], capture_output=True, text=True, cwd=tmp_path,
+                            env={**ENV, "PYTHONPATH": ""}, timeout=300)
+    assert served.returncode == 0 and "LOADED" in served.stdout, served.stderr

@@ -26,7 +26,7 @@ import weakref
 from ...errors import one_line
 from .clip import ClipNorms, combined
 from .double import DoubleSteps
-from .hooks import ModuleHook
+from .hooks import hook_root
 from .options import Options
 from .stats import Track, nonfinite_losses, param_key, read_parts
 
@@ -277,8 +277,7 @@ class Engine:
             self._prefix_first(f"{self.models_seen[0]}#0.")
         self._inner[id(root)] = inner(root)
         self._root_refs[id(root)] = weakref.ref(root, functools.partial(_noted, self._dead_roots, id(root)))
-        self._root_handles[id(root)] = [root.register_forward_pre_hook(ModuleHook(self._root_pre, root), with_kwargs=True),
-                                        root.register_forward_hook(ModuleHook(self._root_post, root), always_call=True)]
+        self._root_handles[id(root)] = [hook_root(root, self._root_pre, self._root_post)]
         if compiled(root):
             self.checks["unhooked"].append("a torch.compile'd model: watch hooks its outer module (steps, loss, "
                                            "gradients, modes); dead units are not checked: compiled code does not "

@@ -1,19 +1,31 @@
-"""The hook object a watch puts on a user's model (Engine._hook_root). Its name and place are kept: a model saved
-whole (torch.save(model)) while watched refers to it, and loads only where `torchdiag.diagnostics.watch.hooks` imports
-(a state_dict refers to nothing of ours)."""
+"""The hooks a watch puts on a user's model (Engine._hook_root), kept out of what the run makes of that model:
+- a copy or a save (copy.deepcopy, copy.copy, torch.save(model), pickle) is made without them, through a reducer for
+  the model's class in copyreg's dispatch table while it is watched: a checkpoint saved whole under watch loads where
+  torchdiag is not installed (it referred to this module before), and an EMA copy carries no hook;
+- torch.jit.script, wrapped while any model is watched, compiles the models with the watch's hooks set aside (it
+  compiles every forward hook, and failed on ours: a script that exports its model failed only when watched)."""
 from __future__ import annotations
+
+import contextlib
+import copyreg
+import functools
+import weakref
+from typing import Any
 
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
 _HOOK_FLAGS = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
 
+_hooked: dict[int, tuple[weakref.ref, int]] = {}   # every model a watch hooks (any engine): id -> (model, count)
+_claims: dict[type, tuple[int, Any]] = {}          # a hooked model's class -> (models, the reducer it had before)
+_script: list = []                                 # torch.jit.script before it was wrapped, while it is
+
 
 class ModuleHook:
     """A watch's forward (pre-)hook on a model: the engine's method, for that model only.
-    - Copied with the model (copy.deepcopy: an EMA model, the best model so far) or pickled with it (torch.save(model),
-      pickle.dumps), it is one that does nothing and takes itself off the copy at its first call (a review: deepcopy
-      copied the whole engine and raised for a later episode's model; torch.save raised, the engine cannot be pickled).
-    - A shallow copy (copy.copy) shares the model's hooks: called for another module, it does nothing (the engine
-      stopped with a KeyError)."""
+    - A shallow copy made around copy.copy (`obj.__dict__.update(model.__dict__)`) shares the model's hooks: called
+      for another module, it does nothing (the engine stopped with a KeyError).
+    - Copied or pickled by a pickler with a dispatch table of its own, it becomes one that does nothing and takes
+      itself off the copy at its first call (deepcopy copied the whole engine; torch.save raised)."""
     __slots__ = ("fn", "owner")
 
     def __init__(self, fn=None, owner=None):
@@ -22,7 +34,7 @@ class ModuleHook:
 
     def __call__(self, module, *args, **kwargs):
         if self.fn is None:
-            _drop(module, self)
+            _drop(module, inert_only=True)   # not the live ones of a watch that hooks the copy itself
             return None
         if id(module) != self.owner:
             return None
@@ -35,11 +47,128 @@ class ModuleHook:
         return ModuleHook, ()
 
 
-def _drop(module, hook: ModuleHook) -> None:
-    """Take `hook` off `module` (torch iterates over a tuple of the hooks made before calling them)."""
+class RootHandle:
+    """Both hooks on one model, and its part in the class's reducer and the script wrapper: removed as one."""
+
+    def __init__(self, root, handles: list):
+        self.rid, self.cls, self.handles = id(root), type(root), handles
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        if self.handles:
+            self.handles = []
+            _release(self.rid, self.cls)
+
+
+def hook_root(root, pre, post) -> RootHandle:
+    """`pre` and `post` as `root`'s forward pre-hook (with kwargs) and forward hook (always called)."""
+    handles = [root.register_forward_pre_hook(ModuleHook(pre, root), with_kwargs=True),
+               root.register_forward_hook(ModuleHook(post, root), always_call=True)]
+    ref, count = _hooked.get(id(root), (weakref.ref(root), 0))
+    _hooked[id(root)] = (ref, count + 1)
+    cls = type(root)
+    models, before = _claims.get(cls, (0, copyreg.dispatch_table.get(cls)))
+    _claims[cls] = (models + 1, before)
+    copyreg.dispatch_table[cls] = _reduce
+    _wrap_script()
+    return RootHandle(root, handles)
+
+
+def _release(rid: int, cls: type) -> None:
+    if rid in _hooked:
+        ref, count = _hooked.pop(rid)
+        if count > 1:
+            _hooked[rid] = (ref, count - 1)
+    models, before = _claims.pop(cls, (0, None))
+    if models > 1:
+        _claims[cls] = (models - 1, before)
+    elif copyreg.dispatch_table.get(cls) is _reduce:   # another's entry made since stays
+        if before is None:
+            del copyreg.dispatch_table[cls]
+        else:
+            copyreg.dispatch_table[cls] = before
+    if not _hooked:
+        _unwrap_script()
+
+
+def _reduce(obj):
+    """A watched model's class, pickled or copied: as it would be (its class's own reducer where it had one), with
+    the watch's hooks left out of its state."""
+    before = _claims.get(type(obj), (0, None))[1]
+    rv = before(obj) if before is not None else obj.__reduce_ex__(2)
+    if not isinstance(rv, tuple) or len(rv) < 3 or not isinstance(rv[2], dict):
+        return rv
+    return (*rv[:2], _without_ours(rv[2]), *rv[3:])
+
+
+def _without_ours(state: dict) -> dict:
+    """A module's state with new hook dicts that hold none of ModuleHook, nor their flags."""
+    state = dict(state)
+    ours: set = set()
+    for name in _HOOK_DICTS:
+        hooks = state.get(name)
+        if hooks:
+            ours.update(k for k, h in hooks.items() if isinstance(h, ModuleHook))
+    for name in _HOOK_DICTS + _HOOK_FLAGS:
+        d = state.get(name)
+        if d and ours & d.keys():
+            state[name] = type(d)((k, v) for k, v in d.items() if k not in ours)
+    return state
+
+
+def _drop(module, inert_only: bool = False) -> None:
+    """Take the ModuleHooks off `module`, and their flags (torch iterates over a tuple of the hooks made before
+    calling them)."""
+    ours: set = set()
     for name in _HOOK_DICTS:
         hooks = getattr(module, name, None) or {}
-        for key in [k for k, h in hooks.items() if h is hook]:
-            del hooks[key]
-            for flags in _HOOK_FLAGS:
-                getattr(module, flags, {}).pop(key, None)
+        ours.update(k for k, h in hooks.items() if isinstance(h, ModuleHook) and not (inert_only and h.fn))
+    for name in _HOOK_DICTS + _HOOK_FLAGS:
+        d = getattr(module, name, None) or {}
+        for key in ours & d.keys():
+            del d[key]
+
+
+@contextlib.contextmanager
+def _set_aside():
+    """The watched models without the watch's hooks for a while; each hook dict in its order again after."""
+    saved = []
+    for ref, _ in list(_hooked.values()):
+        module = ref()
+        if module is None:
+            continue
+        saved += [(d, list(d.items())) for d in (getattr(module, n, None) for n in _HOOK_DICTS + _HOOK_FLAGS)
+                  if d is not None]
+        _drop(module)
+    try:
+        yield
+    finally:
+        for d, items in saved:
+            d.clear()
+            d.update(items)
+
+
+def _wrap_script() -> None:
+    import torch
+
+    if _script:
+        return
+    original = torch.jit.script
+
+    @functools.wraps(original)
+    def script(*args, **kwargs):
+        with _set_aside():
+            return original(*args, **kwargs)
+
+    _script.append((original, script))
+    torch.jit.script = script
+
+
+def _unwrap_script() -> None:
+    import torch
+
+    if _script:
+        original, script = _script.pop()
+        if torch.jit.script is script:   # a wrapper made over ours since stays, and passes through
+            torch.jit.script = original
