@@ -2645,6 +2645,52 @@ def test_a_copy_made_by_the_models_own_deepcopy_is_watched_when_trained():
     assert w.result().data["steps"] == 6 and all(v is not None for v in w.result().series["loss"])
 
 
+def _double(x: torch.Tensor) -> torch.Tensor:
+    return 2 * x
+
+
+def test_while_watched_torchscript_finds_the_callers_names_and_a_users_reducer_is_kept():
+    """A review: (1) the script wrapper called torch's from its own frame, and torch looks a scripted class's free
+    names up in the caller's: a class calling a module-level function failed only when watched ("undefined value");
+    (2) a reducer the user registered for the watched class while it was watched was bypassed, then deleted."""
+    import copyreg
+    import pickle
+
+    calls = []
+
+    def mine(obj):
+        calls.append(obj)
+        return obj.__reduce_ex__(2)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), 1e-2)
+    with Watch(model, opt, every=5):
+        for _ in range(3):
+            opt.zero_grad()
+            F.cross_entropy(model(torch.randn(8, 8)), torch.randint(0, 4, (8,))).backward()
+            opt.step()
+
+        @torch.jit.script
+        class Scale:
+            def __init__(self, k: float):
+                self.k = k
+
+            def apply(self, x: torch.Tensor) -> torch.Tensor:
+                return _double(x) * self.k
+
+        assert torch.equal(Scale(1.5).apply(torch.ones(2)), torch.full((2,), 3.0))
+        copyreg.pickle(nn.Sequential, mine)
+        pickle.dumps(model)   # theirs from now on (the watch's hooks pickle as inert ones)
+        pickle.dumps(nn.Sequential(nn.Linear(2, 2)))
+        assert len(calls) == 2
+    try:
+        assert copyreg.dispatch_table.get(nn.Sequential) is mine   # the user's, not ours, nor gone
+        assert not model._forward_hooks and not model._forward_pre_hooks
+    finally:
+        copyreg.dispatch_table.pop(nn.Sequential, None)
+
+
 _HOOK_ATTRS = ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs",
                "_forward_hooks_always_called")
 

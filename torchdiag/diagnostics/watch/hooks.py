@@ -15,7 +15,7 @@ from typing import Any
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
 _HOOK_FLAGS = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
 
-_hooked: dict[int, tuple[weakref.ref, int]] = {}   # every model a watch hooks (any engine): id -> (model, count)
+_live: set = set()                                 # the RootHandles not removed yet, of any engine
 _claims: dict[type, tuple[int, Any]] = {}          # a hooked model's class -> (models, the reducer it had before)
 _script: list = []                                 # torch.jit.script before it was wrapped, while it is
 
@@ -51,35 +51,33 @@ class RootHandle:
     """Both hooks on one model, and its part in the class's reducer and the script wrapper: removed as one."""
 
     def __init__(self, root, handles: list):
-        self.rid, self.cls, self.handles = id(root), type(root), handles
+        self.root, self.cls, self.handles = weakref.ref(root), type(root), handles
 
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
-        if self.handles:
-            self.handles = []
-            _release(self.rid, self.cls)
+        if self in _live:
+            _live.discard(self)
+            _release(self.cls)
 
 
 def hook_root(root, pre, post) -> RootHandle:
     """`pre` and `post` as `root`'s forward pre-hook (with kwargs) and forward hook (always called)."""
-    handles = [root.register_forward_pre_hook(ModuleHook(pre, root), with_kwargs=True),
-               root.register_forward_hook(ModuleHook(post, root), always_call=True)]
-    ref, count = _hooked.get(id(root), (weakref.ref(root), 0))
-    _hooked[id(root)] = (ref, count + 1)
+    handle = RootHandle(root, [root.register_forward_pre_hook(ModuleHook(pre, root), with_kwargs=True),
+                               root.register_forward_hook(ModuleHook(post, root), always_call=True)])
+    _live.add(handle)
     cls = type(root)
-    models, before = _claims.get(cls, (0, copyreg.dispatch_table.get(cls)))
+    models, before = _claims.get(cls, (0, None))
+    current = copyreg.dispatch_table.get(cls)
+    if current is not _reduce:   # the class's own, or one the user registered while it was watched: ours calls it
+        before = current
     _claims[cls] = (models + 1, before)
     copyreg.dispatch_table[cls] = _reduce
     _wrap_script()
-    return RootHandle(root, handles)
+    return handle
 
 
-def _release(rid: int, cls: type) -> None:
-    if rid in _hooked:
-        ref, count = _hooked.pop(rid)
-        if count > 1:
-            _hooked[rid] = (ref, count - 1)
+def _release(cls: type) -> None:
     models, before = _claims.pop(cls, (0, None))
     if models > 1:
         _claims[cls] = (models - 1, before)
@@ -88,7 +86,7 @@ def _release(rid: int, cls: type) -> None:
             del copyreg.dispatch_table[cls]
         else:
             copyreg.dispatch_table[cls] = before
-    if not _hooked:
+    if not _live:
         _unwrap_script()
 
 
@@ -117,9 +115,9 @@ def _without_ours(state: dict) -> dict:
     return state
 
 
-def _drop(module, inert_only: bool = False) -> None:
+def _drop(module, inert_only: bool = False) -> set:
     """Take the ModuleHooks off `module`, and their flags (torch iterates over a tuple of the hooks made before
-    calling them)."""
+    calling them): the keys taken."""
     ours: set = set()
     for name in _HOOK_DICTS:
         hooks = getattr(module, name, None) or {}
@@ -128,25 +126,31 @@ def _drop(module, inert_only: bool = False) -> None:
         d = getattr(module, name, None) or {}
         for key in ours & d.keys():
             del d[key]
+    return ours
 
 
 @contextlib.contextmanager
 def _set_aside():
-    """The watched models without the watch's hooks for a while; each hook dict in its order again after."""
-    saved = []
-    for ref, _ in list(_hooked.values()):
-        module = ref()
-        if module is None:
+    """The watched models without the watch's hooks for a while; each hook dict in its order again after, with
+    what was added or removed meanwhile (another thread's hooks) kept so."""
+    saved, seen = [], set()
+    for handle in list(_live):
+        module = handle.root()
+        if module is None or id(module) in seen:
             continue
-        saved += [(d, list(d.items())) for d in (getattr(module, n, None) for n in _HOOK_DICTS + _HOOK_FLAGS)
-                  if d is not None]
-        _drop(module)
+        seen.add(id(module))
+        dicts = [d for d in (getattr(module, n, None) for n in _HOOK_DICTS + _HOOK_FLAGS) if d is not None]
+        items = [list(d.items()) for d in dicts]
+        ours = _drop(module)
+        saved += [(d, kept, ours) for d, kept in zip(dicts, items)]
     try:
         yield
     finally:
-        for d, items in saved:
+        for d, items, ours in saved:
+            now = dict(d)
             d.clear()
-            d.update(items)
+            d.update((k, v) for k, v in items if k in ours or k in now)
+            d.update((k, v) for k, v in now.items() if k not in d)
 
 
 def _wrap_script() -> None:
@@ -156,10 +160,13 @@ def _wrap_script() -> None:
         return
     original = torch.jit.script
 
+    # torch's own signature: _frames_up tells it where the caller's names are (a class's free names are looked up
+    # in the frame above; a review: a scripted class that calls a module-level function failed only when watched)
     @functools.wraps(original)
-    def script(*args, **kwargs):
-        with _set_aside():
-            return original(*args, **kwargs)
+    def script(obj, optimize=None, _frames_up=0, _rcb=None, example_inputs=None):
+        aside = _set_aside() if isinstance(obj, torch.nn.Module) else contextlib.nullcontext()
+        with aside:
+            return original(obj, optimize, _frames_up + 1, _rcb, example_inputs)
 
     _script.append((original, script))
     torch.jit.script = script
