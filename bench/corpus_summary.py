@@ -73,5 +73,23 @@ def summary(results: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or argv[0] in ("-h", "--help"):
+        print("usage: corpus_summary.py RESULTS.json   (a corpus run's --json-out, e.g. bench/corpus-zoo-results.json)",
+              file=sys.stderr)
+        return 2
+    try:
+        with open(argv[0]) as f:
+            results = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"corpus_summary.py: cannot read {argv[0]}: {e}", file=sys.stderr)
+        return 2
+    if not isinstance(results, list):
+        print(f"corpus_summary.py: {argv[0]} is not a corpus run's result list", file=sys.stderr)
+        return 2
+    print(summary(results))
+    return 0
+
+
 if __name__ == "__main__":
-    print(summary(json.load(open(sys.argv[1]))))
+    sys.exit(main(sys.argv[1:]))
