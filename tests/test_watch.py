@@ -1871,6 +1871,30 @@ def test_ten_folds_are_all_watched():
     assert not codes(r), [f.to_dict() for f in r.findings if f.severity != "info"]
 
 
+@pytest.mark.parametrize("per_model", [1, 2])
+def test_a_model_and_optimizer_made_anew_every_step_or_two_count_every_step(per_model):
+    """A model and its optimizer made anew at every step: discovery went off after the first, so the next model's
+    forward went unseen, its optimizer (of no model found) could not take the count, and 6 of 10 steps were counted.
+    A temperature fitted after training (an optimizer of no model) still takes no step of the run."""
+    g = torch.Generator().manual_seed(0)
+    with Watch(every=5) as w:
+        for _ in range(12 // per_model):
+            model = _mlp()
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            for _ in range(per_model):
+                _one_step(model, opt, g)
+        temperature = nn.Parameter(torch.ones(1))
+        fit = torch.optim.Adam([temperature], 0.05)
+        logits, target = torch.randn(32, 4), torch.randint(0, 4, (32,))
+        for _ in range(10):
+            fit.zero_grad()
+            F.cross_entropy(logits / temperature, target).backward()
+            fit.step()
+    r = w.result()
+    assert r.data["steps"] == 12 and len(r.header["models"]) == 12 // per_model
+    assert not codes(r), [f.to_dict() for f in r.findings if f.severity != "info"]
+
+
 def test_a_copy_of_the_backward_wrapper_does_not_keep_the_engine():
     """A review: torch dynamo, imported at a model's first call under watch, copies Tensor's attributes, our
     backward wrapper among them, for good; the wrapper held the engine, and so the last fold's model."""

@@ -121,6 +121,7 @@ class Engine:
         self._eval_roots: dict[int, bool] = {}    # id(root) -> its last training forward ran in eval mode
         self._seen_eval: dict[int, bool] = {}     # discovery: the same, for roots not hooked yet
         self._vain = 0                            # optimizers of no model let go (searched for in vain)
+        self._young_gone = -SEARCH_STEPS          # the step at which a clock let go within SEARCH_STEPS steps was filed
         self._dead_first: dict[str, tuple] = {}   # module name -> (vector, offset, units): alive at its first sample
         self._dead_plans: dict = {}               # (root, device) -> the last probe's first-alive vector (stats.py)
         self._window = []                   # (step, lr) of steps since the last read
@@ -320,12 +321,15 @@ class Engine:
 
     def _search(self) -> None:
         """Discovery on through the clock's first step (every optimizer stepping in that iteration finds its model
-        at its own first step) and while an optimizer's model is still looked for; off after: no per-module cost,
-        and the roots seen but not adopted are let go."""
+        at its own first step), while an optimizer's model is still looked for, and for SEARCH_STEPS steps after a
+        clock of a few steps was let go with its model (a model and its optimizer made anew at every step: off, the next model's
+        forward went unseen, its optimizer of no model found could not take the count, and 6 of 10 steps were
+        counted); off after: no per-module cost, and the roots seen but not adopted are let go."""
         if self.explicit_models:
             return
         on = (self.step <= 1 or any(self._searching(t) for t in self.tracks.values())
-              or (self.step <= UNTRAINED_STEPS and self._untrained_seen()))
+              or (self.step <= UNTRAINED_STEPS and self._untrained_seen())
+              or self.step - self._young_gone < SEARCH_STEPS)
         self._discover(on)
         if not on:
             self.seen_roots.clear()
@@ -558,6 +562,9 @@ class Engine:
             if t.roots or self.explicit_models:   # armed probes stay: a successor's first step reads them
                 self.tracks[("gone", id(t))] = t  # (cut at another optimizer's step, they saw a false carry-over)
                 t.release()
+                if (self._clock_keys is not None and self._clock_keys[0] == id(t) and t.stepped <= SEARCH_STEPS
+                        and not any(r in self._root_refs for r in t.roots)):   # its model let go too: a model and
+                    self._young_gone = self.step   # its optimizer made anew every step or two (_search)
             else:
                 if id(t) in self._owners.values():   # the clock's rows of this window: its steps' norms (a review:
                     self.pending += [q for q in t.queued(False) if q[0] == "grad_norm"]   # one re-made every 10 steps)
