@@ -299,3 +299,29 @@ def test_the_shared_parameters_are_found_again_only_when_optimizers_change(monke
     for h in handles:
         h.remove()
     assert len(calls) <= 2 * len(opts), len(calls)
+
+
+def test_an_optimizer_has_one_name_in_every_finding():
+    """A review: optimizer-idle numbered the optimizers of a type among every track (the Adam of a model let go
+    too) and double-update among the live ones: one Adam was "Adam #2" in one finding and "Adam #1" in the other."""
+    def step(model, opts, x, y):
+        for o in opts:
+            o.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        for o in opts:
+            o.step()
+
+    data = _data(130)
+    with Watch(every=10) as w:
+        first = _mlp()
+        opt = torch.optim.Adam(first.parameters(), 1e-3)
+        for x, y in data[:10]:
+            step(first, [opt], x, y)
+        del first, opt   # a first model let go with its Adam
+        model = _mlp()
+        body_and_head, head = torch.optim.Adam(model.parameters(), 1e-3), torch.optim.Adam(model[2].parameters(), 1e-3)
+        for i, (x, y) in enumerate(data[10:]):   # both step the head; the first stops at 30, still alive
+            step(model, [body_and_head, head] if i < 30 else [head], x, y)
+    found = {f.code: f.message for f in w.result().findings}
+    assert found["optimizer-idle"].startswith("Adam #1 stepped 30 times"), found
+    assert "(Adam #1, then Adam #2)" in found["double-update"], found

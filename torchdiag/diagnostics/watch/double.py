@@ -76,13 +76,14 @@ class DoubleSteps:
         last = seen.get(key)
         if last is not None and last[0]() is grad and last[1] == grad._version:
             if last[2] == id(opt):
-                self.repeated.setdefault(id(opt), (step, self._label(id(opt), type(opt).__name__)))
+                self.repeated.setdefault(id(opt), (step, self.label(id(opt), type(opt).__name__)))
             elif id(p) not in self.found:
-                self.found[id(p)] = (step, self._label(last[2], last[3]), self._label(id(opt), type(opt).__name__))
+                self.found[id(p)] = (step, self.label(last[2], last[3]), self.label(id(opt), type(opt).__name__))
         seen[key] = (weakref.ref(grad), grad._version, id(opt), type(opt).__name__)
 
-    def _label(self, key: int, kind: str) -> str:
-        """The optimizer's type, numbered in the order they first stepped where several live ones have it."""
+    def label(self, key: int, kind: str) -> str:
+        """The optimizer's type, numbered in the order they first stepped where several live ones have it: the one
+        name every finding gives an optimizer (report._idle's too)."""
         alive = [o for r in self._opts.values() if (o := r()) is not None and type(o).__name__ == kind]
         ids = [id(o) for o in alive]
         return f"{kind} #{ids.index(key) + 1}" if len(alive) > 1 and key in ids else kind

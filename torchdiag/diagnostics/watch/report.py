@@ -233,15 +233,14 @@ def _idle(result: Result, engine, owners: dict) -> None:
     IDLE_READS reads or more (Track.idle_read), for a stretch more than twice the longest it ever left before or
     between its steps (one stepping every 100 steps, or only in every other epoch, on purpose is not idle): the
     gradients are made and nothing applies them. A parameter another optimizer stepped later is that one's."""
-    kinds = [t.kind for t in engine.tracks.values()]
-    for k, t in enumerate(engine.tracks.values()):
+    for t in engine.tracks.values():
         idle = engine.step - t.last_step
         if t.released or t.idle_reads < IDLE_READS or idle <= 2 * max(t.gap_max, 1):
             continue
         names = [t.names[i] for i, p in enumerate(t.params) if owners[param_key(p)] is t and id(p) in t.reached]
         if not names:
             continue
-        label = t.kind if kinds.count(t.kind) == 1 else f"{t.kind} #{kinds[:k + 1].count(t.kind)}"
+        label = engine.doubles.label(id(t.opt), t.kind)   # as double-update names it (a review: the two differed)
         listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         times = "once" if t.stepped == 1 else f"{t.stepped} times"
         result.add("optimizer-idle", "warning", names[0], f"{label} stepped {times} up to step {t.last_step}, "
