@@ -693,6 +693,8 @@ class Engine:
     def _check_mode(self, track: Track) -> None:
         """Was the last training forward of a model this optimizer trains in eval mode? Per optimizer: a second
         model in eval mode under its own optimizer (a review's) counts too, once per step."""
+        if not any(self._eval_roots.values()):   # no model's last forward in eval mode: the per-step path's usual case
+            return
         # an optimizer with no model of its own (a bare tensor, a temperature) says nothing of any model's mode;
         # with the models given (Watch(model, opt)), the clock's is theirs
         roots = track.roots or (set(self.roots) if track.opt is not None and track.opt is self.clock
