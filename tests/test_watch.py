@@ -1895,6 +1895,29 @@ def test_a_model_and_optimizer_made_anew_every_step_or_two_count_every_step(per_
     assert not codes(r), [f.to_dict() for f in r.findings if f.severity != "info"]
 
 
+@pytest.mark.parametrize("seed", [0, 2])
+def test_a_scale_invariant_gain_at_one_that_moves_is_seen_to_change(seed):
+    """A sweep's false never-changes on RegNet: a BatchNorm gain at 1 before a ReLU and the next BatchNorm is
+    scale-invariant, so its gradients sum to 0 and are orthogonal to it; its sum and L2 norm held to float32's last
+    bit while it moved by 1e-3 (the fingerprint was those two). Here, 512 gains, 30 SGD steps."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 512), nn.BatchNorm1d(512), nn.ReLU(), nn.Linear(512, 64), nn.BatchNorm1d(64),
+                          nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    start = model[1].weight.detach().clone()
+    g = torch.Generator().manual_seed(seed)
+    with Watch(model, opt, every=10) as w:
+        for _ in range(30):
+            x = torch.randn(64, 16, generator=g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long()).backward()
+            opt.step()
+    moved = model[1].weight.detach() - start
+    assert moved.abs().max() > 5e-4 and moved.sum().abs() < 1e-4   # it moved; its sum did not, to float32
+    unchanged = {f.where for f in w.result().findings if f.code == "never-changes"}
+    assert "1.weight" not in unchanged and "0.bias" in unchanged   # the bias a BatchNorm cancels is (info)
+
+
 def test_a_copy_of_the_backward_wrapper_does_not_keep_the_engine():
     """A review: torch dynamo, imported at a model's first call under watch, copies Tensor's attributes, our
     backward wrapper among them, for good; the wrapper held the engine, and so the last fold's model."""
