@@ -1895,6 +1895,32 @@ def test_a_model_and_optimizer_made_anew_every_step_or_two_count_every_step(per_
     assert not codes(r), [f.to_dict() for f in r.findings if f.severity != "info"]
 
 
+def test_a_model_made_anew_every_step_for_long_costs_no_more_per_step():
+    """A review: each one-step model's optimizer, kept as a track for the report, was walked at every later step
+    (56 ms a step by the 4,000th), every model seen was kept alive, and the header listed 2,000 models. Such a track
+    goes with its model (said in the header); the count stays whole; discovery is on only while needed (a model made
+    anew every other step is credited its missed step, as before: discovery on one step in two)."""
+    g = torch.Generator().manual_seed(0)
+    with Watch(every=50) as w:
+        for i in range(300):
+            model = _mlp()
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            _one_step(model, opt, g)
+            assert len(w.engine.tracks) <= 2 and len(w.engine.seen_roots) <= 2, i
+    r = w.result()
+    assert r.data["steps"] == 300 and r.header["models"] == ["Sequential ×300"]
+    assert any("299 optimizer(s) let go with their model after one step" in o for o in r.header["optimizers"])
+    on = []
+    with Watch(every=50) as w:
+        for i in range(24):
+            if i % 2 == 0:
+                model = _mlp()
+                opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            _one_step(model, opt, g)
+            on.append(bool(w.engine._discovery))
+    assert w.result().data["steps"] == 24 and sum(on) <= 13, on
+
+
 @pytest.mark.parametrize("seed", [0, 2])
 def test_a_scale_invariant_gain_at_one_that_moves_is_seen_to_change(seed):
     """A sweep's false never-changes on RegNet: a BatchNorm gain at 1 before a ReLU and the next BatchNorm is
@@ -2736,6 +2762,62 @@ def test_while_watched_torchscript_finds_the_callers_names_and_a_users_reducer_i
         assert not model._forward_hooks and not model._forward_pre_hooks
     finally:
         copyreg.dispatch_table.pop(nn.Sequential, None)
+
+
+def test_an_fx_graph_module_saves_without_the_watchs_hooks():
+    """A review: torch.fx's GraphModule pickles its __dict__ as an argument of its reduce, not as its state, so the
+    saved file still referred to torchdiag."""
+    import pickle
+
+    torch.manual_seed(0)
+    gm = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)))
+    opt = torch.optim.SGD(gm.parameters(), 1e-2)
+    with Watch(every=5) as w:
+        for _ in range(3):
+            opt.zero_grad()
+            F.cross_entropy(gm(torch.randn(8, 8)), torch.randint(0, 4, (8,))).backward()
+            opt.step()
+        assert gm._forward_hooks and b"torchdiag" not in pickle.dumps(gm)
+    assert w.result().data["steps"] == 3
+
+
+def test_a_watch_that_ends_while_another_thread_scripts_leaves_no_hook():
+    """A review: a thread scripting a module (an export) while the main thread left the watch put the watch's hooks
+    back when it finished: they stayed on the model for good, holding the engine."""
+    import threading
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), 1e-2)
+    inside, leave = threading.Event(), threading.Event()
+
+    class Slow(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.lin(x)
+
+        def __prepare_scriptable__(self):   # torch calls it inside torch.jit.script: a compile that takes a while
+            inside.set()
+            leave.wait(60)
+            return self
+
+    w = Watch(every=5)
+    w.__enter__()
+    for _ in range(3):
+        opt.zero_grad()
+        F.cross_entropy(model(torch.randn(8, 8)), torch.randint(0, 4, (8,))).backward()
+        opt.step()
+    export = threading.Thread(target=lambda: torch.jit.script(Slow()))
+    export.start()
+    assert inside.wait(60)
+    w.__exit__(None, None, None)
+    leave.set()
+    export.join(60)
+    assert not model._forward_hooks and not model._forward_pre_hooks
+    assert w.result().data["steps"] == 3
 
 
 _HOOK_ATTRS = ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs",

@@ -73,6 +73,7 @@ class Engine:
         self._last_read = 0                 # the step of the last read (optimizer-idle)
         self._dead: list = []               # ids of watched optimizers the run let go, filed at the next step
         self.let_go = 0                     # optimizers of no model let go (an attack's, made per step): dropped
+        self.one_offs = 0                   # ... and of a model let go with it after one step (made anew each step)
         # id -> trained root module, held weakly (a model per fold must go when the run lets it go); its order
         self.roots: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # among all ever hooked: _order
         self._order: dict[int, int] = {}   # by id: a module class may define __eq__ and so not hash
@@ -322,17 +323,18 @@ class Engine:
     def _search(self) -> None:
         """Discovery on through the clock's first step (every optimizer stepping in that iteration finds its model
         at its own first step), while an optimizer's model is still looked for, and for SEARCH_STEPS steps after a
-        clock of a few steps was let go with its model (a model and its optimizer made anew at every step: off, the next model's
-        forward went unseen, its optimizer of no model found could not take the count, and 6 of 10 steps were
-        counted); off after: no per-module cost, and the roots seen but not adopted are let go."""
+        clock of one step was let go with its model (a model and its optimizer made anew at every step: off, the next
+        model's forward went unseen, its optimizer of no model found could not take the count, and 6 of 10 steps were
+        counted, 10 of 2,000 once MAX_SEARCHES ran out); off after: no per-module cost, and the roots seen but not
+        adopted are let go."""
         if self.explicit_models:
             return
-        on = (self.step <= 1 or any(self._searching(t) for t in self.tracks.values())
-              or (self.step <= UNTRAINED_STEPS and self._untrained_seen())
-              or self.step - self._young_gone < SEARCH_STEPS)
+        looking = (self.step <= 1 or any(self._searching(t) for t in self.tracks.values())
+                   or (self.step <= UNTRAINED_STEPS and self._untrained_seen()))
+        on = looking or self.step - self._young_gone < SEARCH_STEPS
         self._discover(on)
-        if not on:
-            self.seen_roots.clear()
+        if not looking:   # on for the next model made anew only: what was seen before was adopted, or is not
+            self.seen_roots.clear()   # trained (a review: every model of the run was kept, 4,000 of them)
             self._seen_eval.clear()
 
     def _name_params(self):
@@ -559,18 +561,23 @@ class Engine:
             t = self.tracks.pop(self._dead.pop(), None)
             if t is None:
                 continue
-            if t.roots or self.explicit_models:   # armed probes stay: a successor's first step reads them
-                self.tracks[("gone", id(t))] = t  # (cut at another optimizer's step, they saw a false carry-over)
+            one_off = bool(t.roots) and t.stepped <= 1 and not self.explicit_models and (
+                not any(r in self._root_refs for r in t.roots))   # a model and its optimizer made anew
+            if one_off and self._clock_keys is not None and self._clock_keys[0] == id(t):   # at every step (_search)
+                self._young_gone = self.step
+            if (t.roots or self.explicit_models) and not one_off:   # armed probes stay: a successor's first step
+                self.tracks[("gone", id(t))] = t  # reads them (cut at another optimizer's step: a false carry-over)
                 t.release()
-                if (self._clock_keys is not None and self._clock_keys[0] == id(t) and t.stepped <= SEARCH_STEPS
-                        and not any(r in self._root_refs for r in t.roots)):   # its model let go too: a model and
-                    self._young_gone = self.step   # its optimizer made anew every step or two (_search)
-            else:
+            else:   # one of no model, or of a one-step model let go with it: each kept would cost every later step
+                # (a review: 56 ms a step by the 4,000th model)
                 if id(t) in self._owners.values():   # the clock's rows of this window: its steps' norms (a review:
                     self.pending += [q for q in t.queued(False) if q[0] == "grad_norm"]   # one re-made every 10 steps)
                 t.disarm()
-                self.let_go += 1
-                self._vain += t.first_step is not None
+                if one_off:
+                    self.one_offs += 1
+                else:
+                    self.let_go += 1
+                    self._vain += t.first_step is not None
 
     def _fruitless(self) -> int:
         """Optimizers whose model was looked for in vain: let go with none (an attack's, made per batch), or alive

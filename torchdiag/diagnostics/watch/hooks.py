@@ -95,9 +95,18 @@ def _reduce(obj):
     the watch's hooks left out of its state."""
     before = _claims.get(type(obj), (0, None))[1]
     rv = before(obj) if before is not None else obj.__reduce_ex__(2)
-    if not isinstance(rv, tuple) or len(rv) < 3 or not isinstance(rv[2], dict):
+    if not isinstance(rv, tuple) or len(rv) < 2:
         return rv
-    return (*rv[:2], _without_ours(rv[2]), *rv[3:])
+    out = list(rv)
+    if isinstance(out[1], tuple):   # a module's state among the arguments (torch.fx's GraphModule: a review)
+        out[1] = tuple(_without_ours(a) if _is_state(a) else a for a in out[1])
+    if len(out) > 2 and _is_state(out[2]):
+        out[2] = _without_ours(out[2])
+    return tuple(out)
+
+
+def _is_state(d) -> bool:
+    return isinstance(d, dict) and any(name in d for name in _HOOK_DICTS)
 
 
 def _without_ours(state: dict) -> dict:
@@ -142,14 +151,17 @@ def _set_aside():
         dicts = [d for d in (getattr(module, n, None) for n in _HOOK_DICTS + _HOOK_FLAGS) if d is not None]
         items = [list(d.items()) for d in dicts]
         ours = _drop(module)
-        saved += [(d, kept, ours) for d, kept in zip(dicts, items)]
+        saved += [(d, kept, ours, module) for d, kept in zip(dicts, items)]
     try:
         yield
     finally:
-        for d, items, ours in saved:
+        for d, items, ours, module in saved:
+            # the watch's only where it still watches the model (a review: a watch ended on another thread while
+            # this one scripted, and its hooks came back for good)
+            back = ours if any(h.root() is module for h in _live) else set()
             now = dict(d)
             d.clear()
-            d.update((k, v) for k, v in items if k in ours or k in now)
+            d.update((k, v) for k, v in items if k in back or k in now)
             d.update((k, v) for k, v in now.items() if k not in d)
 
 

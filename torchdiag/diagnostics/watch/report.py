@@ -51,7 +51,7 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
     result = Result("watch")
     result.header["every"] = opts.every
     result.header["optimizers"] = _optimizers(engine)
-    result.header["models"] = list(engine.models_seen)
+    result.header["models"] = _models(engine.models_seen)
     if opts.accumulate:
         result.header["accumulate"] = "gradients carried over steps on purpose: the zero_grad check is off"
     result.data["steps"] = engine.step
@@ -868,6 +868,20 @@ def _verdict(result: Result, engine, interrupted, failure) -> None:
         result.verdict = f"PASS: {engine.step} steps, nothing wrong found"
 
 
+def _models(seen: list[str], most: int = 16) -> list[str]:
+    """The models trained, in order; past `most` (a model made anew each step: 2,000 of them), each run of one type
+    as one line, `Sequential ×2000`."""
+    if len(seen) <= most:
+        return list(seen)
+    runs: list[list] = []
+    for name in seen:
+        if runs and runs[-1][0] == name:
+            runs[-1][1] += 1
+        else:
+            runs.append([name, 1])
+    return [name if n == 1 else f"{name} ×{n}" for name, n in runs]
+
+
 def _optimizers(engine) -> list[str]:
     """Each watched optimizer (as it is now, or as it was when the run let it go); a new one each epoch over the
     same parameters is the same line; those of no model that were let go (an attack's) are counted."""
@@ -878,4 +892,7 @@ def _optimizers(engine) -> list[str]:
     if engine.let_go:
         out.append(f"{engine.let_go} optimizer(s) of no model not reported (let go by the run, or stepped before a "
                    "model's optimizer first did)")
+    if engine.one_offs:
+        out.append(f"{engine.one_offs} optimizer(s) let go with their model after one step (a model made anew each "
+                   "step) not listed; their steps are counted")
     return out
