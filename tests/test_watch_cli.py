@@ -414,6 +414,7 @@ LOADS = textwrap.dedent("""
 
 
 @pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_script_that_saves_and_scripts_its_model_runs_as_unwatched(tmp_path):
     """Under watch, `torch.save(model)` wrote a file that referred to torchdiag (it loaded only where torchdiag
     imports) and `torch.jit.script(model)` raised on the watch's hooks: the same script ran unwatched. Saved, copied
