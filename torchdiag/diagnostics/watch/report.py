@@ -51,7 +51,7 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
     result = Result("watch")
     result.header["every"] = opts.every
     result.header["optimizers"] = _optimizers(engine)
-    result.header["models"] = _models(engine.models_seen)
+    result.header["models"] = list(engine.models_seen)
     if opts.accumulate:
         result.header["accumulate"] = "gradients carried over steps on purpose: the zero_grad check is off"
     result.data["steps"] = engine.step
@@ -866,20 +866,6 @@ def _verdict(result: Result, engine, interrupted, failure) -> None:
         result.verdict = f"WARN: {len(warnings)} warning(s) in {engine.step} steps"
     else:
         result.verdict = f"PASS: {engine.step} steps, nothing wrong found"
-
-
-def _models(seen: list[str], most: int = 16) -> list[str]:
-    """The models trained, in order; past `most` (a model made anew each step: 2,000 of them), each run of one type
-    as one line, `Sequential ×2000`."""
-    if len(seen) <= most:
-        return list(seen)
-    runs: list[list] = []
-    for name in seen:
-        if runs and runs[-1][0] == name:
-            runs[-1][1] += 1
-        else:
-            runs.append([name, 1])
-    return [name if n == 1 else f"{name} ×{n}" for name, n in runs]
 
 
 def _optimizers(engine) -> list[str]:
