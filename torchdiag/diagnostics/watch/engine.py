@@ -74,6 +74,7 @@ class Engine:
         self._dead: list = []               # ids of watched optimizers the run let go, filed at the next step
         self.let_go = 0                     # optimizers of no model let go (an attack's, made per step): dropped
         self.one_offs = 0                   # ... and of a model let go with it after one step (made anew each step)
+        self._one_off_keys: list = []       # the tracks of those, kept until a read has read them
         # id -> trained root module, held weakly (a model per fold must go when the run lets it go); its order
         self.roots: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # among all ever hooked: _order
         self._order: dict[int, int] = {}   # by id: a module class may define __eq__ and so not hash
@@ -565,19 +566,27 @@ class Engine:
                 not any(r in self._root_refs for r in t.roots))   # a model and its optimizer made anew
             if one_off and self._clock_keys is not None and self._clock_keys[0] == id(t):   # at every step (_search)
                 self._young_gone = self.step
-            if (t.roots or self.explicit_models) and not one_off:   # armed probes stay: a successor's first step
-                self.tracks[("gone", id(t))] = t  # reads them (cut at another optimizer's step: a false carry-over)
+            if t.roots or self.explicit_models:   # armed probes stay: a successor's first step reads them (cut at
+                self.tracks[("gone", id(t))] = t  # another optimizer's step, they saw a false carry-over)
                 t.release()
-            else:   # one of no model, or of a one-step model let go with it: each kept would cost every later step
-                # (a review: 56 ms a step by the 4,000th model)
+                if one_off:   # kept through the next read (its non-finite gradient, a smoke run's findings)
+                    self._one_off_keys.append(("gone", id(t)))
+            else:
                 if id(t) in self._owners.values():   # the clock's rows of this window: its steps' norms (a review:
                     self.pending += [q for q in t.queued(False) if q[0] == "grad_norm"]   # one re-made every 10 steps)
                 t.disarm()
-                if one_off:
-                    self.one_offs += 1
-                else:
-                    self.let_go += 1
-                    self._vain += t.first_step is not None
+                self.let_go += 1
+                self._vain += t.first_step is not None
+
+    def _drop_one_offs(self) -> None:
+        """After a read: the one-step models' tracks it read go, but the last (a smoke run's one step keeps its
+        findings). Each kept would cost every later step (a review: 56 ms a step by a 4,000th model made anew)."""
+        for key in self._one_off_keys[:-1]:
+            t = self.tracks.pop(key, None)
+            if t is not None:
+                t.disarm()
+                self.one_offs += 1
+        self._one_off_keys = self._one_off_keys[-1:]
 
     def _fruitless(self) -> int:
         """Optimizers whose model was looked for in vain: let go with none (an attack's, made per batch), or alive
@@ -802,6 +811,8 @@ class Engine:
         self.reads += 1 if parts else 0
         start = len(self.series["loss"])
         self._absorb(window, layout, values, owners)
+        if not final:
+            self._drop_one_offs()
         if self.on_read is not None:
             self.on_read(self.snapshot(start, [(p, v) for (k, p), v in zip(layout, values) if k == "ratio"]))
 

@@ -158,7 +158,7 @@ def _set_aside():
         for d, items, ours, module in saved:
             # the watch's only where it still watches the model (a review: a watch ended on another thread while
             # this one scripted, and its hooks came back for good)
-            back = ours if any(h.root() is module for h in _live) else set()
+            back = ours & {h.id for rh in _live if rh.root() is module for h in rh.handles}   # another watch's too
             now = dict(d)
             d.clear()
             d.update((k, v) for k, v in items if k in back or k in now)
