@@ -580,7 +580,9 @@ class Engine:
 
     def _drop_one_offs(self) -> None:
         """After a read: the one-step models' tracks it read go, but the last (a smoke run's one step keeps its
-        findings). Each kept would cost every later step (a review: 56 ms a step by a 4,000th model made anew)."""
+        findings). Each kept would cost every later step (a review: 56 ms a step by a 4,000th model made anew). What a
+        read reads of them stays (a non-finite gradient, eval mode, parameters in no optimizer); what the report
+        decides from a track at the end (never-gets-grad, never-changes, loss-ignores-parameters) is the last one's."""
         for key in self._one_off_keys[:-1]:
             t = self.tracks.pop(key, None)
             if t is not None:
@@ -811,8 +813,7 @@ class Engine:
         self.reads += 1 if parts else 0
         start = len(self.series["loss"])
         self._absorb(window, layout, values, owners)
-        if not final:
-            self._drop_one_offs()
+        self._drop_one_offs()   # the final read's too: the report lists the last (a review: 51 tracks, 204 findings)
         if self.on_read is not None:
             self.on_read(self.snapshot(start, [(p, v) for (k, p), v in zip(layout, values) if k == "ratio"]))
 
