@@ -123,7 +123,7 @@ class Engine:
         self._eval_roots: dict[int, bool] = {}    # id(root) -> its last training forward ran in eval mode
         self._seen_eval: dict[int, bool] = {}     # discovery: the same, for roots not hooked yet
         self._vain = 0                            # optimizers of no model let go (searched for in vain)
-        self._young_gone = -SEARCH_STEPS          # the step at which a clock let go within SEARCH_STEPS steps was filed
+        self._young_gone = -SEARCH_STEPS          # the step at which a one-step clock let go with its model was filed
         self._dead_first: dict[str, tuple] = {}   # module name -> (vector, offset, units): alive at its first sample
         self._dead_plans: dict = {}               # (root, device) -> the last probe's first-alive vector (stats.py)
         self._window = []                   # (step, lr) of steps since the last read

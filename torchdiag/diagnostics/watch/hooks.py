@@ -112,11 +112,7 @@ def _is_state(d) -> bool:
 def _without_ours(state: dict) -> dict:
     """A module's state with new hook dicts that hold none of ModuleHook, nor their flags."""
     state = dict(state)
-    ours: set = set()
-    for name in _HOOK_DICTS:
-        hooks = state.get(name)
-        if hooks:
-            ours.update(k for k, h in hooks.items() if isinstance(h, ModuleHook))
+    ours = _our_keys(state.get(name) or {} for name in _HOOK_DICTS)
     for name in _HOOK_DICTS + _HOOK_FLAGS:
         d = state.get(name)
         if d and ours & d.keys():
@@ -124,13 +120,16 @@ def _without_ours(state: dict) -> dict:
     return state
 
 
+def _our_keys(hook_dicts, inert_only: bool = False) -> set:
+    """The keys of the ModuleHooks in these hook dicts (only the inert ones, a copy's, with `inert_only`)."""
+    return {k for hooks in hook_dicts for k, h in hooks.items()
+            if isinstance(h, ModuleHook) and not (inert_only and h.fn)}
+
+
 def _drop(module, inert_only: bool = False) -> set:
     """Take the ModuleHooks off `module`, and their flags (torch iterates over a tuple of the hooks made before
     calling them): the keys taken."""
-    ours: set = set()
-    for name in _HOOK_DICTS:
-        hooks = getattr(module, name, None) or {}
-        ours.update(k for k, h in hooks.items() if isinstance(h, ModuleHook) and not (inert_only and h.fn))
+    ours = _our_keys((getattr(module, name, None) or {} for name in _HOOK_DICTS), inert_only)
     for name in _HOOK_DICTS + _HOOK_FLAGS:
         d = getattr(module, name, None) or {}
         for key in ours & d.keys():
