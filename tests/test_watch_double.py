@@ -3,6 +3,8 @@ twice, are found; the loops that legitimately step twice per backward (wrappers 
 step, closures, optimizers over the same parameters used in turn) are not."""
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 import torch.nn as nn
@@ -325,3 +327,23 @@ def test_an_optimizer_has_one_name_in_every_finding():
     found = {f.code: f.message for f in w.result().findings}
     assert found["optimizer-idle"].startswith("Adam #1 stepped 30 times"), found
     assert "(Adam #1, then Adam #2)" in found["double-update"], found
+
+
+def test_an_optimizer_on_a_let_go_ones_id_numbers_as_new():
+    """CI: an Adam let go and a new Adam made at the same address. The entry under that id was the dead one's, so
+    the new Adam was not filed until it stepped after another: the two findings' numbers depended on the allocator."""
+    from torchdiag.diagnostics.watch.double import DoubleSteps
+
+    class Gone:
+        pass
+
+    model = _mlp()
+    first, second = torch.optim.Adam(model.parameters()), torch.optim.Adam(model[2].parameters())
+    d = DoubleSteps()
+    dead = Gone()
+    d._opts[id(first)] = weakref.ref(dead)   # what a let-go optimizer at this address left
+    del dead
+    F.cross_entropy(model(torch.randn(4, 8)), torch.tensor([0, 1, 2, 0])).backward()
+    d.applied(first, {}, 1)
+    d.applied(second, {}, 1)
+    assert [d.label(id(o), "Adam") for o in (first, second)] == ["Adam #1", "Adam #2"]

@@ -54,7 +54,9 @@ class DoubleSteps:
     def applied(self, opt, tracks: dict, step: int, models=None) -> None:
         """`opt` applies the gradients its parameters hold now (outermost steps only). `tracks`: the engine's;
         only their parameters are looked at."""
-        if id(opt) not in self._opts:
+        ref = self._opts.get(id(opt))
+        if ref is None or ref() is not opt:   # new, or a let-go optimizer's id reused (it must number as new)
+            self._opts.pop(id(opt), None)
             self._opts[id(opt)] = weakref.ref(opt, self._gone)
             if models is not None and id(opt) not in tracks:   # one not watched; only the watched models'
                 # parameters (an attack's optimizer made per step must not add any)
