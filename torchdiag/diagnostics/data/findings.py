@@ -57,26 +57,16 @@ def _overlap(r, st) -> None:
     share = f"{v.overlap:,} of {v.samples:,} validation samples ({100 * v.overlap / max(v.samples, 1):.1f}%) are " \
             f"also in the training split (first: val sample {b} = train sample {a})"
     where = f"val:{'+'.join(v.roles.inputs)}"
-    if not c.leak:   # a small input space, drawn from again and again, makes as many twins
-        pairs = t.hashes.pairs_within + v.hashes.pairs_within
-        r.add("train-val-overlap", "info", where, f"{share}, as many as chance makes ({c.expected:,.1f} expected): "
-              f"these discrete inputs repeat inside the splits too ({pairs:,} equal pairs: two draws are alike with "
-              f"probability {c.collision:.2g})",
+    if not c.leak:   # an input space this small makes as many twins by chance
+        r.add("train-val-overlap", "info", where, f"{share}, as many as chance gives inputs this discrete (two draws "
+              f"agree on every feature with probability {c.collision:.2g}: {c.expected:,.1f} expected): repeated "
+              "values, not a leak",
               "none needed when both splits are drawn from one source: the validation score then counts repeats "
-              "as often as new data from it will")
+              "as often as new data will")
         return
-    r.add("train-val-overlap", "error", where, f"{share}; validation scores are inflated{_not_chance(c)}",
+    r.add("train-val-overlap", "error", where, f"{share}; validation scores are inflated" + (
+          f" (chance would give {c.expected:,.1f})" if c.expected >= 0.05 else ""),
           "split by a key that identifies a sample (file, subject, source) and remove the shared ones from one side")
-
-
-def _not_chance(c) -> str:
-    if c.features == 0:
-        return ""   # continuous or wide inputs: exact twins are copies
-    if c.copies:
-        return " (the splits hold copies: too few inputs seen once for independent draws, as in a file written twice)"
-    if c.within == 0:
-        return " (no input repeats inside either split, so chance makes none across)"
-    return f" (chance would give {c.expected:,.1f})"
 
 
 def overlap_chance(st):

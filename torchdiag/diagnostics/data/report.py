@@ -28,9 +28,7 @@ def build(st, partial: str | None = None) -> Result:
                              "pairs": [list(p) for p in v.overlap_pairs]}
         if "train" in st.scans:
             c = F.overlap_chance(st)
-            r.data["overlap"].update(chance_collision=c.collision, chance_expected=c.expected, chance_p=c.p,
-                                     chance_from_features=c.features, chance_from_repeats=c.within,
-                                     copies_inside=c.copies)
+            r.data["overlap"].update(chance_collision=c.collision, chance_expected=c.expected, chance_p=c.p)
     _tables(r, st)
     F.add_all(r, st)
     _pictures(r, st)
