@@ -3,7 +3,6 @@ where there is one."""
 from __future__ import annotations
 
 from .options import INPUT_BOUND
-from .pool import chance
 
 IMBALANCE = 10.0          # largest class / smallest present class
 RAW_MAX = 2.0             # a float image whose values reach past this (and stay ≥ 0, ≤ 255): raw pixels
@@ -49,30 +48,14 @@ def add_all(r, st) -> None:
 
 
 def _overlap(r, st) -> None:
-    v, t = st.scans.get("val"), st.scans.get("train")
-    if v is None or t is None or not v.overlap:
+    v = st.scans.get("val")
+    if v is None or not v.overlap:
         return
     a, b = v.overlap_pairs[0]
-    c = overlap_chance(st)
-    share = f"{v.overlap:,} of {v.samples:,} validation samples ({100 * v.overlap / max(v.samples, 1):.1f}%) are " \
-            f"also in the training split (first: val sample {b} = train sample {a})"
-    where = f"val:{'+'.join(v.roles.inputs)}"
-    if not c.leak:   # an input space this small makes as many twins by chance
-        r.add("train-val-overlap", "info", where, f"{share}, as many as chance gives inputs this discrete (two draws "
-              f"agree on every feature with probability {c.collision:.2g}: {c.expected:,.1f} expected): repeated "
-              "values, not a leak",
-              "none needed when both splits are drawn from one source: the validation score then counts repeats "
-              "as often as new data will")
-        return
-    r.add("train-val-overlap", "error", where, f"{share}; validation scores are inflated" + (
-          f" (chance would give {c.expected:,.1f})" if c.expected >= 0.05 else ""),
+    r.add("train-val-overlap", "error", f"val:{'+'.join(v.roles.inputs)}",
+          f"{v.overlap:,} of {v.samples:,} validation samples ({100 * v.overlap / max(v.samples, 1):.1f}%) are "
+          f"also in the training split (first: val sample {b} = train sample {a}); validation scores are inflated",
           "split by a key that identifies a sample (file, subject, source) and remove the shared ones from one side")
-
-
-def overlap_chance(st):
-    """How many validation inputs meet a training twin by chance (pool.py)."""
-    v, t = st.scans["val"], st.scans["train"]
-    return chance(t.pool, t.hashes, v.hashes, v.overlap)
 
 
 def _hang(r, st) -> None:

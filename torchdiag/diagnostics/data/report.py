@@ -26,9 +26,6 @@ def build(st, partial: str | None = None) -> Result:
         v = st.scans["val"]
         r.data["overlap"] = {"val_samples_in_train": v.overlap, "val_samples": v.samples,
                              "pairs": [list(p) for p in v.overlap_pairs]}
-        if "train" in st.scans:
-            c = F.overlap_chance(st)
-            r.data["overlap"].update(chance_collision=c.collision, chance_expected=c.expected, chance_p=c.p)
     _tables(r, st)
     F.add_all(r, st)
     _pictures(r, st)

@@ -12,7 +12,6 @@ import torch
 from ...core import batches as B
 from ...core.datasets import settings
 from ...core.fetch import guarded
-from .pool import Pool
 from .stats import FieldStats, Hashes, layout
 
 ITERABLE_BATCHES = 100      # an iterable without --samples: at most this many batches
@@ -63,7 +62,6 @@ class SplitScan:
     roles: Any = None                         # core.batches.Roles
     fields: dict[str, FieldStats] = field(default_factory=dict)
     hashes: Hashes = field(default_factory=Hashes)
-    pool: Pool = field(default_factory=Pool)  # the training split's: both splits' distinct rows (pool.py)
     samples: int = 0
     total: int | None = None                  # len of the data set, when known
     subset: bool = False                      # a random subset of --samples was read
@@ -188,7 +186,7 @@ def _feed(out: SplitScan, batch, idx: list[int], opts, against: SplitScan | None
     inputs = [named[n] for n in roles.inputs if n in named and named[n].dim() > 0]
     if inputs and all(t.shape[0] == len(idx) for t in inputs):
         digests = Hashes.digests(inputs)
-        new = out.hashes.add(digests, idx)
+        out.hashes.add(digests, idx)
         if against is not None:
             for d, i in zip(digests, idx):
                 j = against.hashes.first.get(d)
@@ -196,8 +194,6 @@ def _feed(out: SplitScan, batch, idx: list[int], opts, against: SplitScan | None
                     out.overlap += 1
                     if len(out.overlap_pairs) < 20:
                         out.overlap_pairs.append((j, i))
-            new = [k for k in new if digests[k] not in against.hashes.first]
-        (against or out).pool.add(inputs, new)   # one pool of both splits' distinct rows, on the training split
     if opts.pictures and opts.per_class and inputs:
         _collect(out, inputs[0], named.get(roles.target), opts.per_class)
 

@@ -204,9 +204,6 @@ class Hashes:
         self.first: dict[bytes, int] = {}
         self.duplicates = 0
         self.pairs: list[tuple[int, int]] = []
-        self.seen = 0                               # samples hashed
-        self.copies: dict[bytes, int] = {}          # a repeated input -> how many times it came after its first
-        self.pairs_within = 0                       # equal pairs of samples in this split
 
     @staticmethod
     def digests(tensors: list[torch.Tensor]) -> list[bytes]:
@@ -224,19 +221,10 @@ class Hashes:
             out.append(h.digest()[:8])
         return out
 
-    def add(self, digests: list[bytes], indices: list[int]) -> list[int]:
-        """The positions (in this batch) of the inputs seen for the first time."""
-        new = []
-        for pos, (d, i) in enumerate(zip(digests, indices)):
-            self.seen += 1
+    def add(self, digests: list[bytes], indices: list[int]) -> None:
+        for d, i in zip(digests, indices):
             j = self.first.setdefault(d, i)
-            if j == i:
-                new.append(pos)
-                continue
-            self.duplicates += 1
-            before = self.copies.get(d, 0)
-            self.pairs_within += before + 1   # this copy pairs with the first and each earlier copy
-            self.copies[d] = before + 1
-            if len(self.pairs) < 20:
-                self.pairs.append((j, i))
-        return new
+            if j != i:
+                self.duplicates += 1
+                if len(self.pairs) < 20:
+                    self.pairs.append((j, i))
