@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from torchdiag.core import batches as B
 from torchdiag.core.datasets import load_data
@@ -646,6 +647,40 @@ def test_repeated_rows_split_at_random_stay_a_leak():
                  val=_pool_loader(xv, xv.sum(1, keepdim=True)))
     assert one(r, "train-val-overlap").severity == "error" and r.exit_code == 1
     assert all(f.severity == "warning" for f in r.findings if f.code == "duplicate-samples")
+
+
+def _discrete_leak(kind: str, g: torch.Generator):
+    """Leaks on discrete tabular data that a rule reading chance from the data's own repeats passed (reviews of the
+    twenty-fifth session's withdrawn pool rule): (train, val)."""
+    ints = torch.randint(0, 100, (12_000, 6), generator=g).float()
+    if kind == "oversampled":      # a minority class's rows repeated 5 times, then an 80/20 split
+        rows = torch.cat([ints[:2_000], ints[:300].repeat(5, 1)])
+    elif kind == "partly-doubled":   # a quarter of the rows written twice, then split
+        rows = torch.cat([ints[:8_000], ints[:2_000]])
+    elif kind == "one-hot-doubled":  # one-hot categories, every distinct row written twice, split 50/50
+        a, b = torch.randint(0, 40, (400,), generator=g), torch.randint(0, 12, (400,), generator=g)
+        one = torch.unique(torch.cat([F.one_hot(a, 40), F.one_hot(b, 12)], 1), dim=0).float()
+        rows = torch.cat([one, one])
+        rows = rows[torch.randperm(len(rows), generator=g)]
+        return rows[:len(rows) // 2], rows[len(rows) // 2:]
+    elif kind == "grid-copied":      # every combination of six categories once, 6 training rows copied
+        grid = torch.cartesian_prod(*[torch.arange(k) for k in (4, 4, 4, 3, 3, 3)]).float()
+        grid = grid[torch.randperm(len(grid), generator=g)]
+        return grid[:1_382], torch.cat([grid[1_382:], grid[:6]])
+    else:                            # "defaults": 5% all-zero records, validation copied from training
+        ints[torch.rand(12_000, generator=g) < 0.05] = 0
+        return ints[:10_000], ints[3_000:5_000].clone()
+    rows = rows[torch.randperm(len(rows), generator=g)]
+    cut = len(rows) * 4 // 5
+    return rows[:cut], rows[cut:]
+
+
+@pytest.mark.parametrize("kind", ["oversampled", "partly-doubled", "one-hot-doubled", "grid-copied", "defaults"])
+def test_leaks_on_discrete_data_stay_errors(kind):
+    x, xv = _discrete_leak(kind, torch.Generator().manual_seed(0))
+    r = run_data(_pool_loader(x, torch.arange(len(x)) % 3), Options(**QUICK), context("cpu"),
+                 val=_pool_loader(xv, torch.arange(len(xv)) % 3))
+    assert one(r, "train-val-overlap").severity == "error" and r.exit_code == 1
 
 
 class _Stream(torch.utils.data.IterableDataset):
