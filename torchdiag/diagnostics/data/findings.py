@@ -38,7 +38,8 @@ def add_all(r, st) -> None:
             a, b = s.hashes.pairs[0]
             r.add("duplicate-samples", "warning", f"{split}:{'+'.join(s.roles.inputs)}",
                   f"{s.hashes.duplicates:,} sample(s) repeat an earlier one exactly (first: sample {b} = sample {a})",
-                  "drop the repeats (they weigh some samples twice), unless the repetition is deliberate")
+                  "drop the repeats (they weigh some samples twice), unless the repetition is deliberate or the inputs "
+                  "are draws from a small discrete space (there repeats are the data's own frequencies)")
     _overlap(r, st)
     _order(r, st)
     _last(r, st)
@@ -55,7 +56,8 @@ def _overlap(r, st) -> None:
     r.add("train-val-overlap", "error", f"val:{'+'.join(v.roles.inputs)}",
           f"{v.overlap:,} of {v.samples:,} validation samples ({100 * v.overlap / max(v.samples, 1):.1f}%) are "
           f"also in the training split (first: val sample {b} = train sample {a}); validation scores are inflated",
-          "split by a key that identifies a sample (file, subject, source) and remove the shared ones from one side")
+          "split by a key that identifies a sample (file, subject, source) and remove the shared ones from one side; "
+          "where the inputs are draws from a small discrete space, some overlap is chance (docs/data.md)")
 
 
 def _hang(r, st) -> None:
