@@ -436,6 +436,9 @@ class Engine:
     def _track(self, opt) -> Track | None:
         self._file_dead()
         t = self.tracks.get(id(opt))
+        grown = t is not None and len(opt.param_groups) != t.groups
+        if grown:
+            t = self._regroup(opt, t)
         if t is None:
             if not self._mine(opt):
                 return None
@@ -451,8 +454,20 @@ class Engine:
                 self._adopt_roots(t) if not self.explicit_models else self._name_params()
         elif self._searching(t) and not self.explicit_models:
             self._adopt_roots(t)
+        if grown and opt is self.clock:
+            self._hand_over(t)   # nested with the old track's: the same objective, one loss curve
         self._choose_clock(opt, t)
         return t
+
+    def _regroup(self, opt, old: Track) -> None:
+        """`opt` took a param group more (a backbone unfrozen with add_param_group): its track stays as a let-go
+        optimizer's, and a new one, made by the caller, holds every parameter from this step on (a sweep: the added
+        ones were never watched, their NaN gradient applied unseen). Nested with the old: one objective."""
+        del self.tracks[id(opt)]
+        self.tracks[("gone", id(old))] = old
+        old.retire()
+        self.doubles._stale = True
+        return None
 
     def _choose_clock(self, opt, t: Track) -> None:
         """Which optimizer's steps are the run's steps: the first to step, with two exceptions.

@@ -872,7 +872,7 @@ def _optimizers(engine) -> list[str]:
     """Each watched optimizer (as it is now, or as it was when the run let it go); a new one each epoch over the
     same parameters is the same line; those of no model that were let go (an attack's) are counted."""
     out = []
-    for t in engine.tracks.values():
+    for t in (t for t in engine.tracks.values() if not t.retired):
         lr = t.group.get("lr")
         out.append(f"{t.kind} (lr {lr:g})" if isinstance(lr, (int, float)) else t.kind)
     if engine.let_go:

@@ -105,7 +105,17 @@ class Track:
         self.rebind(opt)
         self.params = [p for g in opt.param_groups for p in g["params"]]
         self.ids = {id(p): i for i, p in enumerate(self.params)}
+        self.groups = len(opt.param_groups)   # add_param_group adds one: the engine makes a new track (_regroup)
         self.released = False
+        self.retired = False                  # ... and this one ends (its optimizer is listed by the new one)
+
+    def retire(self) -> None:
+        """Its optimizer took more parameters (add_param_group): this track ends as a let-go optimizer's does, and
+        holds the optimizer no more (a new track has it)."""
+        self.disarm()
+        self.release()
+        self._opt = _no_optimizer
+        self.retired = True
 
     def stepped_now(self, step: int) -> None:
         self.gap_max = max(self.gap_max, step - self.last_step)   # from the run's start at its first step
@@ -561,6 +571,10 @@ class Released:
 
     def dim(self) -> int:
         return self._dim
+
+
+def _no_optimizer():
+    return None
 
 
 def _reach(reached: set, param) -> None:

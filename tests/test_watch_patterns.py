@@ -1,0 +1,63 @@
+"""watch on training loops a sweep of realistic patterns broke (twenty-fifth session): a backbone unfrozen with
+add_param_group, Lightning's manual optimisation, update ratios of a first layer, checkpointed blocks."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from torchdiag.diagnostics.watch import Watch
+
+
+def _data(steps: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(16, 4, generator=g)
+    out = []
+    for _ in range(steps):
+        x = torch.randn(32, 16, generator=g)
+        out.append((x, (x @ w).argmax(1)))
+    return out
+
+
+def _frozen_then_unfrozen(nan_at: int | None, given: bool, steps: int = 120, unfreeze: int = 40):
+    """A head trained alone, then the backbone unfrozen with add_param_group at `unfreeze`; optionally a NaN
+    gradient in the backbone's first weight at step `nan_at` (1-based)."""
+    torch.manual_seed(0)
+    backbone = nn.Sequential(nn.Linear(16, 32), nn.ReLU())
+    model = nn.Sequential(backbone, nn.Linear(32, 4))
+    backbone.requires_grad_(False)
+    opt = torch.optim.Adam(model[1].parameters(), 3e-3)
+    step = [0]   # the hook reads the loop's step
+    with Watch(*([model] if given else []), every=10, replay=False) as w:
+        for i, (x, y) in enumerate(_data(steps)):
+            if i == unfreeze:
+                backbone.requires_grad_(True)
+                opt.add_param_group({"params": backbone.parameters(), "lr": 1e-3})
+                backbone[0].weight.register_hook(lambda g: g * float("nan") if step[0] == nan_at else g)
+            step[0] = i + 1
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    return w.result()
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_parameters_added_with_add_param_group_are_watched(given):
+    """A sweep: the added parameters were never watched. Their NaN gradient was applied unseen, and the next step's
+    non-finite loss named the head."""
+    r = _frozen_then_unfrozen(nan_at=70, given=given)
+    bad = [f for f in r.findings if f.code == "non-finite-gradient"]
+    assert len(bad) == 1 and "at step 70" in bad[0].message and "0.0.weight" in bad[0].message, \
+        [(f.code, f.message) for f in r.findings]
+    assert "1.weight" not in bad[0].message
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_a_healthy_unfreeze_is_one_optimizer_one_curve_and_every_row(given):
+    r = _frozen_then_unfrozen(nan_at=None, given=given)
+    assert [f.code for f in r.findings if f.severity != "info"] == [], [(f.code, f.message) for f in r.findings]
+    assert r.header["optimizers"] == ["Adam (lr 0.003)"] and r.data["steps"] == 120
+    rows = {row["name"]: row for row in r.table("layers").rows}
+    assert {"0.0.weight", "0.0.bias", "1.weight", "1.bias"} <= set(rows), sorted(rows)
+    assert rows["0.0.weight"]["changed"] and rows["1.weight"]["changed"]
