@@ -133,6 +133,7 @@ class Engine:
         self.closed = False
         self.broken: str | None = None      # an internal error stopped the watching (a note in the report)
         self._closure_steps: set = set()    # optimizers inside a step(closure) call
+        self._closure_calls: dict = {}     # id(optimizer) -> its closure's returns in the step running
         self._before_update = True          # the read being made sees the weights before this step's update
         self._first_bad_found = False       # the first non-finite loss or gradient is among the events
         self.backwards = 0                  # Tensor.backward calls seen: a gradient since a step is a new one
@@ -282,7 +283,7 @@ class Engine:
         self._root_refs[id(root)] = weakref.ref(root, functools.partial(_noted, self._dead_roots, id(root)))
         self._root_handles[id(root)] = [hook_root(root, self._root_pre, self._root_post)]
         if compiled(root):
-            self.checks["unhooked"].append("a torch.compile'd model: watch hooks its outer module (steps, loss, "
+            self._unhooked("a torch.compile'd model: watch hooks its outer module (steps, loss, "
                                            "gradients, modes); dead units are not checked: compiled code does not "
                                            "call hooks added to its layers after it compiled, and hooks present "
                                            "while it compiles are traced into its graph")
@@ -665,13 +666,31 @@ class Engine:
         if again:   # a subclass's super().step(): the hooks of one update, run twice
             return None
         if closure:
-            # step(closure): the closure makes the gradients inside step() (Lightning, LBFGS): taken after it
+            # step(closure): the gradients are complete when the closure first returns, before the update (LBFGS's
+            # first evaluation; Lightning's, whose manual optimisation passes one that does nothing)
             self._closure_steps.add(id(opt))
-            return None
+            calls = self._closure_calls[id(opt)] = []
+            return _wrap_closure(args, kwargs, functools.partial(self._closure_done, weakref.ref(opt), nested), calls)
         self._begin(opt, before_update=True)
         if not nested:
             self.doubles.applied(opt, self.tracks, self.step, self._model_ids)
         return None
+
+    def _unhooked(self, note: str) -> None:
+        """A note of what watch could not see, once (a step's own would grow a list a step)."""
+        if note not in self.checks["unhooked"]:
+            self.checks["unhooked"].append(note)
+
+    @_guarded
+    def _closure_done(self, ref, nested: bool) -> None:
+        """The closure of a step(closure) returned for the first time: its gradients, read before the update."""
+        opt = ref()
+        if opt is None or id(opt) not in self._closure_steps:
+            return
+        self._closure_steps.discard(id(opt))
+        self._begin(opt, before_update=True)
+        if not nested:
+            self.doubles.applied(opt, self.tracks, self.step, self._model_ids)
 
     def _begin(self, opt, before_update: bool):
         track = self._track(opt)
@@ -752,16 +771,20 @@ class Engine:
         nested, _, again = self.doubles.leave(opt)
         if again:
             return
-        if id(opt) in self._closure_steps:
+        if id(opt) in self._closure_steps:   # an optimizer that never called its closure
             self._closure_steps.discard(id(opt))
-            self.checks["unhooked"].append("optimizer.step(closure): the gradients are made inside step(), so "
-                                           "they are read after the update (no replay, no update/weight ratio)")
+            self._unhooked("optimizer.step(closure) that did not call its closure: the gradients "
+                                           "are read after the update (no replay, no update/weight ratio)")
             self._begin(opt, before_update=False)
             if not nested:   # the gradients the closure made, which this step applied
                 self.doubles.applied(opt, self.tracks, self.step, self._model_ids)
         track = self.tracks.get(id(opt))
         if track is None:
             return
+        if len(self._closure_calls.pop(id(opt), ())) > 1:   # several evaluations, several updates (LBFGS): a ratio
+            track.before = None                             # per step is not the band's per update
+            self._unhooked("a step(closure) that evaluated its closure several times (LBFGS): "
+                                           "several updates in one step, so no update/weight ratio for them")
         track.post_step(self.step, carry_probe=not self.opts.accumulate)
         if opt is self.clock and self.step % self.opts.every == 0:
             self._sample_forward, self._sampled = True, set()
@@ -958,6 +981,22 @@ class Engine:
         with contextlib.suppress(Exception):
             value = float(value)   # a 0-dim tensor: the caller asked for it, their sync
         self.metrics.setdefault(name, []).append((self.step if step is None else step, value))
+
+
+def _wrap_closure(args, kwargs, done, calls: list) -> tuple:
+    """The step's (args, kwargs) with its closure wrapped: `done()` when it first returns; each return noted."""
+    closure = args[1] if len(args) > 1 else kwargs["closure"]
+
+    def closure_watched(*a, **k):
+        out = closure(*a, **k)
+        calls.append(True)
+        if len(calls) == 1:
+            done()
+        return out
+
+    if len(args) > 1:
+        return (args[0], closure_watched, *args[2:]), kwargs
+    return args, {**kwargs, "closure": closure_watched}
 
 
 def _has_closure(args, kwargs) -> bool:
