@@ -121,3 +121,27 @@ def test_an_optimizer_that_never_calls_its_closure_is_read_after_its_step():
     r = _closure_run("lazy", call_closure=False)
     assert r.data["steps"] == 30
     assert any("did not call its closure" in n for n in r.notes), r.notes
+
+
+def test_a_first_layer_ratio_samples_every_input_column():
+    """A sweep: the ratio's sample of Linear(64, 128) took every 32nd element, which is input columns 0 and 32 of
+    every row. Inputs blank there (digits' border pixels) left those weights without a gradient: the ratio read 0
+    for a layer that trained. The sample's ratio must agree with the whole weight's, measured here."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(64, 10, generator=g)
+    truth = []
+    with Watch(model, every=10) as watch:
+        for step in range(1, 21):
+            x = torch.randn(32, 64, generator=g)
+            x[:, ::32] = 0                     # blank columns: their weights get no gradient
+            opt.zero_grad()
+            F.cross_entropy(model(x), (x @ w).argmax(1)).backward()
+            before = model[0].weight.detach().clone()
+            opt.step()
+            if step % 10 == 0:
+                truth.append(float((model[0].weight.detach() - before).norm() / before.norm()))
+    got = {row["name"]: row["update_ratio"] for row in watch.result().table("layers").rows}["0.weight"]
+    assert got == pytest.approx(truth[-1], rel=0.5), (got, truth)
