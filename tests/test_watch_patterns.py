@@ -145,3 +145,34 @@ def test_a_first_layer_ratio_samples_every_input_column():
                 truth.append(float((model[0].weight.detach() - before).norm() / before.norm()))
     got = {row["name"]: row["update_ratio"] for row in watch.result().table("layers").rows}["0.weight"]
     assert got == pytest.approx(truth[-1], rel=0.5), (got, truth)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpointed_blocks_are_not_models_of_their_own(reentrant):
+    """A sweep: with no model given, each torch.utils.checkpoint block's recomputation (a forward run inside the
+    backward) was found as a model: `models: Net, Block, Block` and every name prefixed `Net#0.`."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp, self.out = nn.Linear(16, 32), nn.Linear(32, 4)
+            self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 32), nn.ReLU()) for _ in range(2))
+
+        def forward(self, x):
+            x = self.inp(x)
+            for b in self.blocks:
+                x = x + checkpoint(b, x, use_reentrant=reentrant)
+            return self.out(x)
+
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    with Watch(every=10) as w:
+        for x, y in _data(30):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    r = w.result()
+    assert r.header["models"] == ["Net"], r.header["models"]
+    assert "blocks.0.1.weight" in {row["name"] for row in r.table("layers").rows}

@@ -262,7 +262,10 @@ class Engine:
 
         if self._depth == 0 and (self._dead or self._dead_roots):   # let go before the next model's forward
             self._file_dead()
-        if self._depth == 0 and torch.is_grad_enabled() and id(module) not in self._root_handles:
+        # a forward run inside a backward is a checkpointed block's recomputation, not a model (a sweep: each
+        # torch.utils.checkpoint block was listed as a model of its own)
+        if self._depth == 0 and torch.is_grad_enabled() and id(module) not in self._root_handles \
+                and torch._C._current_graph_task_id() == -1:
             self.seen_roots[id(module)] = module
             self._seen_eval[id(module)] = not inner(module).training   # its mode when called, not when stepped
         self._depth += 1
