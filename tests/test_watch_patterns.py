@@ -176,3 +176,49 @@ def test_checkpointed_blocks_are_not_models_of_their_own(reentrant):
     r = w.result()
     assert r.header["models"] == ["Net"], r.header["models"]
     assert "blocks.0.1.weight" in {row["name"] for row in r.table("layers").rows}
+
+
+def test_an_optimizer_that_came_later_is_judged_on_its_own_steps():
+    """A sweep: a LoRA whose A and B both start at zero (no gradient ever), trained after 30 steps of pre-training
+    by an optimizer let go, was said to get no gradient "in 260 steps"; its AdamW took 230."""
+    class LoRA(nn.Module):
+        def __init__(self, base):
+            super().__init__()
+            self.base = base.requires_grad_(False)
+            self.a, self.b = nn.Parameter(torch.zeros(2, 16)), nn.Parameter(torch.zeros(4, 2))
+
+        def forward(self, x):
+            return self.base(x) + x @ self.a.t() @ self.b.t()
+
+    torch.manual_seed(0)
+    base = nn.Linear(16, 4)
+    data = _data(80)
+    with Watch(every=10) as w:
+        pre = torch.optim.SGD(base.parameters(), lr=0.1)
+        for x, y in data[:30]:
+            pre.zero_grad()
+            F.cross_entropy(base(x), y).backward()
+            pre.step()
+        del pre
+        model = LoRA(base)
+        lora = torch.optim.AdamW([model.a, model.b], 1e-3)
+        for x, y in data[30:]:
+            lora.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            lora.step()
+    r = w.result()
+    found = [f for f in r.findings if f.code == "loss-ignores-parameters"]
+    assert r.data["steps"] == 80 and len(found) == 1 and "its 50 steps of the run's 80" in found[0].message, \
+        [(f.code, f.message) for f in r.findings]
+
+
+def test_a_run_that_failed_before_its_first_step_says_nothing_of_losses(tmp_path):
+    """A sweep: a script that raised before any step got, beside its error, "no loss was seen ... need w.log"."""
+    from torchdiag.diagnostics.watch.script import run_command
+    from torchdiag.errors import ModelError
+
+    path = tmp_path / "train.py"
+    path.write_text("import torch\nmodel = torch.nn.Linear(4, 2)\nraise RuntimeError('no data')\n")
+    with pytest.raises(ModelError, match="no data") as e:
+        run_command(["python", str(path)], Watch(every=10))
+    assert not any("no loss was seen" in n for n in e.value.partial.notes), e.value.partial.notes

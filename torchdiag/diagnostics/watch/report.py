@@ -85,7 +85,7 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
         result.notes.append(f"compiled parts of a watched model ({', '.join(parts[:4])}{' …' if len(parts) > 4 else ''}):"
                             " dead units are not checked inside them (hooks on their layers would be traced into "
                             "their graphs and recompile them at every read)")
-    if engine.loss_seen is False:
+    if engine.loss_seen is False and engine.step:   # no step: nothing to say of losses (a script that failed first)
         result.notes.append("no loss was seen (backward was not called on a scalar through Tensor.backward): "
                             "loss findings need w.log('loss', value)")
     _verdict(result, engine, interrupted, failure)
@@ -182,6 +182,12 @@ def _nonfinite(result: Result, engine) -> None:
                    "a non-finite activation reached the BatchNorm in training mode; eval outputs will be wrong")
 
 
+def _its_steps(t, engine) -> str:
+    """The steps an optimizer took: the run's, or its own where another took some (a sweep: a LoRA's AdamW after 30
+    steps of pre-training was said to have trained 260 steps, its 230 and the other's)."""
+    return f"{engine.step} steps" if t.stepped >= engine.step else f"its {t.stepped} steps of the run's {engine.step}"
+
+
 def _wiring(result: Result, engine) -> None:
     for name, step in engine.checks["not_in_optimizer"].items():
         why = ("was trained by an optimizer the run let go, and since then nothing applies its gradients"
@@ -196,7 +202,7 @@ def _wiring(result: Result, engine) -> None:
         if ignored:
             result.add("loss-ignores-parameters", "error", f"optimizer {k}" if many else "",
                        f"none of the {len(ignored)} parameters {'this optimizer' if many else 'the optimizer'} trains got a "
-                       f"non-zero gradient in {engine.step} steps (every gradient exactly 0): the loss does not depend "
+                       f"non-zero gradient in {_its_steps(t, engine)} (every gradient exactly 0): the loss does not depend "
                        "on them", "the output or the loss is constant: e.g. a softmax over a single unit (always 1), "
                        "an output detached from the model, a loss computed on the wrong tensor, or every unit dead")
         for i, p in enumerate(t.params):
@@ -207,7 +213,7 @@ def _wiring(result: Result, engine) -> None:
                 result.add("never-gets-grad", sev, t.names[i], f"{t.names[i]} is in the optimizer but never had a "
                            "gradient at a read step", "it does not reach the loss (unused, detached, or frozen)")
             elif t.changed is not None and not t.changed[i] and _negligible(t, i):
-                result.add("never-changes", "info", t.names[i], f"{t.names[i]} never changed over {engine.step} steps: "
+                result.add("never-changes", "info", t.names[i], f"{t.names[i]} never changed over {_its_steps(t, engine)}: "
                            f"its gradient was zero or negligible at every step (at most {t.grad_max[i]:.2g})", "the model cancels it (e.g. a bias right "
                            "before a BatchNorm, which removes any constant): drop it, or look for what zeroes its gradient; "
                            "or the model had converged (a fine-tune from a converged checkpoint)")
@@ -216,7 +222,7 @@ def _wiring(result: Result, engine) -> None:
                 scale = f" (largest gradient norm {t.grad_max[i]:.2g}" + (
                     f", weight norm {norm:.2g})" if norm is not None else ")")
                 result.add("never-changes", "warning", t.names[i], f"{t.names[i]} got non-zero gradients but its value "
-                           f"never changed over {engine.step} steps{scale}", "a zero learning rate for its group, "
+                           f"never changed over {_its_steps(t, engine)}{scale}", "a zero learning rate for its group, "
                            "gradients zeroed between backward and step(), or steps too small to change a float32 value "
                            "(below ~1e-7 of it: a fine-tune of a converged model at a small learning rate)")
     _idle(result, engine, owners)
