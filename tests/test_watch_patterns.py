@@ -222,3 +222,20 @@ def test_a_run_that_failed_before_its_first_step_says_nothing_of_losses(tmp_path
     with pytest.raises(ModelError, match="no data") as e:
         run_command(["python", str(path)], Watch(every=10))
     assert not any("no loss was seen" in n for n in e.value.partial.notes), e.value.partial.notes
+
+
+def test_the_run_learning_rate_is_its_fastest_groups():
+    """A sweep: a body group held at lr 0 (a warm-up freeze) before the head's group made the run's rate 0 in the
+    hparams and the series."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.AdamW([{"params": model[0].parameters(), "lr": 0.0},
+                             {"params": model[2].parameters(), "lr": 3e-3}])
+    with Watch(model, every=10) as w:
+        for x, y in _data(30):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    r = w.result()
+    assert r.header["optimizers"] == ["AdamW (lr 0.003)"] and r.data["hparams"]["lr"] == pytest.approx(3e-3)
+    assert all(v == pytest.approx(3e-3) for v in r.series["lr"])

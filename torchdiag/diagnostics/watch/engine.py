@@ -28,7 +28,7 @@ from .clip import ClipNorms, combined
 from .double import DoubleSteps
 from .hooks import hook_root
 from .options import Options
-from .stats import Track, nonfinite_losses, param_key, read_parts
+from .stats import Track, group_lr, nonfinite_losses, param_key, read_parts
 
 
 def _guarded(hook):
@@ -1070,13 +1070,8 @@ def _mode_sensitive() -> tuple:
 
 
 def _lr(opt):
-    lr = opt.param_groups[0].get("lr") if opt.param_groups else None
-    if isinstance(lr, (int, float)):
-        return float(lr)
-    try:
-        return float(lr) if lr is not None and lr.device.type == "cpu" else None
-    except Exception:
-        return None
+    """The largest learning rate of its groups (a sweep: a group frozen at lr 0 first read as the run's rate 0)."""
+    return group_lr(opt.param_groups)
 
 
 def _stack(values):

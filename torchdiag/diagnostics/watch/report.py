@@ -11,7 +11,7 @@ import statistics
 
 from ...core.design import TINY_RMS
 from ...results import Column, Result, Table
-from .stats import param_key
+from .stats import group_lr, param_key
 
 # a metric's direction by the names metrics are given; a lower-is-better word wins (top1_err, loss_giou)
 LOWER_IS_BETTER = re.compile(r"loss|perplexity|mape|mapd|distance|incorrect|cross_?entropy|xent|nmse|rmsle|huber"
@@ -879,7 +879,8 @@ def _optimizers(engine) -> list[str]:
     same parameters is the same line; those of no model that were let go (an attack's) are counted."""
     out = []
     for t in (t for t in engine.tracks.values() if not t.retired):
-        lr = t.group.get("lr")
+        opt = t.opt
+        lr = group_lr(opt.param_groups) if opt is not None else t.group.get("lr")
         out.append(f"{t.kind} (lr {lr:g})" if isinstance(lr, (int, float)) else t.kind)
     if engine.let_go:
         out.append(f"{engine.let_go} optimizer(s) of no model not reported (let go by the run, or stepped before a "

@@ -587,6 +587,19 @@ class Released:
         return self._dim
 
 
+def group_lr(groups) -> float | None:
+    """The largest learning rate of these param groups (a float, or a CPU tensor's value), None for none."""
+    rates = []
+    for g in groups:
+        lr = g.get("lr")
+        try:
+            if isinstance(lr, (int, float)) or (lr is not None and lr.device.type == "cpu"):
+                rates.append(float(lr))
+        except Exception:
+            continue
+    return max(rates) if rates else None
+
+
 def _no_optimizer():
     return None
 
