@@ -57,7 +57,7 @@ def test_parameters_added_with_add_param_group_are_watched(given):
 def test_a_healthy_unfreeze_is_one_optimizer_one_curve_and_every_row(given):
     r = _frozen_then_unfrozen(nan_at=None, given=given)
     assert [f.code for f in r.findings if f.severity != "info"] == [], [(f.code, f.message) for f in r.findings]
-    assert r.header["optimizers"] == ["Adam (lr 0.003)"] and r.data["steps"] == 120
+    assert r.header["optimizers"] == ["Adam (lr 0.001)"] and r.data["steps"] == 120   # the largest group's
     rows = {row["name"]: row for row in r.table("layers").rows}
     assert {"0.0.weight", "0.0.bias", "1.weight", "1.bias"} <= set(rows), sorted(rows)
     assert rows["0.0.weight"]["changed"] and rows["1.weight"]["changed"]
@@ -224,9 +224,9 @@ def test_a_run_that_failed_before_its_first_step_says_nothing_of_losses(tmp_path
     assert not any("no loss was seen" in n for n in e.value.partial.notes), e.value.partial.notes
 
 
-def test_the_run_learning_rate_is_its_fastest_groups():
+def test_the_run_learning_rate_is_its_largest_groups_unless_held_at_0():
     """A sweep: a body group held at lr 0 (a warm-up freeze) before the head's group made the run's rate 0 in the
-    hparams and the series."""
+    hparams and the series: the fastest group's then."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     opt = torch.optim.AdamW([{"params": model[0].parameters(), "lr": 0.0},
@@ -239,3 +239,160 @@ def test_the_run_learning_rate_is_its_fastest_groups():
     r = w.result()
     assert r.header["optimizers"] == ["AdamW (lr 0.003)"] and r.data["hparams"]["lr"] == pytest.approx(3e-3)
     assert all(v == pytest.approx(3e-3) for v in r.series["lr"])
+
+
+def test_a_small_group_added_at_a_higher_rate_is_no_rise_of_the_schedule():
+    """A review: with the run's rate the fastest group's, an auxiliary head added at 10x the rate read as a warm-up
+    rise, and the loss's bump from its new term as a loss-diverged warning."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+    aux = nn.Linear(64, 1)
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    with Watch(every=10) as w:
+        for i, (x, y) in enumerate(_data(90)):
+            if i == 30:
+                opt.add_param_group({"params": aux.parameters(), "lr": 1e-2})
+            h = model[1](model[0](x))
+            loss = F.cross_entropy(model[2](h), y) + (aux(h).pow(2).mean() * 5 if i >= 30 else 0)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    r = w.result()
+    assert all(v == pytest.approx(1e-3) for v in r.series["lr"]) and r.header["optimizers"] == ["Adam (lr 0.001)"]
+    assert "loss-diverged" not in {f.code for f in r.findings}
+
+
+def test_a_group_added_then_one_finding_over_every_step():
+    """A review: the track left at add_param_group was judged too (two loss-ignores-parameters for one optimizer)
+    and the new one counted only its own steps ("its 50 steps of the run's 80")."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
+    model[0].requires_grad_(False)
+    opt = torch.optim.SGD(model[2].parameters(), 0.1)
+    with Watch(every=10) as w:
+        for i, (x, _) in enumerate(_data(80)):
+            if i == 30:
+                model[0].requires_grad_(True)
+                opt.add_param_group({"params": model[0].parameters()})
+            opt.zero_grad()
+            (torch.softmax(model(x), 1) * 3).sum().backward()   # a softmax over one unit: always 1
+            opt.step()
+    found = [f for f in w.result().findings if f.code == "loss-ignores-parameters"]
+    assert len(found) == 1 and "in 80 steps" in found[0].message and "none of the 4" in found[0].message, found
+
+
+def test_a_group_added_every_step_leaves_no_tracks_behind():
+    """A review: each add_param_group left a track for good; a group a step kept 400 of them, 4x the time."""
+    torch.manual_seed(0)
+    model = nn.Linear(16, 4)
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    extra = []
+    with Watch(model, every=10) as w:
+        for x, y in _data(100):
+            p = nn.Parameter(torch.zeros(4))
+            extra.append(p)
+            opt.add_param_group({"params": [p]})
+            opt.zero_grad()
+            (F.cross_entropy(model(x), y) + sum(q.sum() for q in extra) * 0.0).backward()
+            opt.step()
+        kept = len(w.engine.tracks)
+    assert w.result().data["steps"] == 100 and kept <= 11, kept
+
+
+def test_sam_ascent_before_its_closure_is_not_an_update():
+    """A review: SAM moves the weights to the ascent point before it calls the closure; read when the closure
+    returned, the way back read as part of the update: a false update-ratio-high at rho 0.5."""
+    class SAM(torch.optim.Optimizer):
+        def __init__(self, params, rho):
+            super().__init__(params, dict(rho=rho))
+            self.base = torch.optim.SGD(self.param_groups, lr=0.05)
+
+        @torch.no_grad()
+        def step(self, closure):
+            norm = torch.norm(torch.stack([p.grad.norm() for g in self.param_groups for p in g["params"]]))
+            moved = []
+            for g in self.param_groups:
+                for p in g["params"]:
+                    e = p.grad * g["rho"] / (norm + 1e-12)
+                    p.add_(e)
+                    moved.append((p, e))
+            with torch.enable_grad():
+                closure()
+            for p, e in moved:
+                p.sub_(e)
+            self.base.step()
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+    opt = SAM(model.parameters(), rho=0.5)
+    with Watch(model, every=10) as w:
+        for x, y in _data(40):
+            def closure(x=x, y=y):
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+            closure()
+            opt.step(closure)
+    r = w.result()
+    assert "update-ratio-high" not in {f.code for f in r.findings}, [(f.code, f.message) for f in r.findings]
+
+
+def test_lbfgs_is_read_after_each_step_its_losses_its_own_and_a_nan_at_its_step():
+    """A review: read when the closure first returned, an LBFGS step's later evaluations went to the next step's
+    loss, and a NaN in a later evaluation was found a step late, "before the optimizer applied it"."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=5)
+    evaluations: list = []
+    state = {"step": 0, "calls": 0}
+    model[2].weight.register_hook(lambda g: g * float("nan") if (state["step"], state["calls"]) == (7, 3) else g)
+    with Watch(model, every=10, replay=False) as w:
+        for i, (x, y) in enumerate(_data(12)):
+            state["step"], state["calls"] = i + 1, 0
+            evaluations.append([])
+
+            def closure(x=x, y=y):
+                state["calls"] += 1
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                evaluations[-1].append(float(loss))
+                return loss
+            opt.step(closure)
+    r = w.result()
+    losses = r.series["loss"]
+    for k in range(6):   # each step's loss is the mean of its own evaluations
+        assert losses[k] == pytest.approx(sum(evaluations[k]) / len(evaluations[k]), rel=1e-5), (k, losses, evaluations)
+    bad = [f for f in r.findings if f.code in ("non-finite-gradient", "non-finite-loss")]
+    assert bad and "at step 7" in bad[0].message and "before the optimizer applied it" not in bad[0].message, \
+        [(f.code, f.message) for f in r.findings]
+
+
+def test_a_closure_that_raised_leaves_the_next_steps_alone():
+    """A review: a step(closure) whose closure raised (caught by the loop) left its mark, and the next plain step was
+    read twice: a false double-step, 40 steps counted for 39 taken."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+    opt = torch.optim.Adam(model.parameters(), 1e-2)
+    taken = 0
+    with Watch(model, every=10) as w:
+        for i, (x, y) in enumerate(_data(40)):
+            def closure(x=x, y=y, i=i):
+                opt.zero_grad()
+                if i == 4:
+                    raise RuntimeError("out of memory")
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                return loss
+            try:
+                if i > 4:
+                    opt.zero_grad()
+                    F.cross_entropy(model(x), y).backward()
+                    opt.step()
+                else:
+                    opt.step(closure)
+                taken += 1
+            except RuntimeError:
+                pass
+    r = w.result()
+    assert r.data["steps"] == taken == 39 and not [f for f in r.findings if f.severity != "info"], \
+        [(f.code, f.message) for f in r.findings]

@@ -65,8 +65,8 @@ def hf_callback(**options):
 
 def lightning_callback(**options):
     """A lightning.pytorch.Callback watching Trainer.fit(): `cb.result` once fit ends (or raised).
-    Lightning steps with `optimizer.step(closure)`: the gradients are made inside step(), so watch reads
-    them after the update (no replay, no update/weight ratio; the report says so)."""
+    Lightning steps with `optimizer.step(closure)`: watch reads the gradients when the closure returns, before
+    the update (engine._closure_done)."""
     from lightning.pytorch.callbacks import Callback
 
     class TorchdiagWatch(_Runs, Callback):

@@ -28,7 +28,7 @@ from .clip import ClipNorms, combined
 from .double import DoubleSteps
 from .hooks import hook_root
 from .options import Options
-from .stats import Track, group_lr, nonfinite_losses, param_key, read_parts
+from .stats import Track, nonfinite_losses, param_key, read_parts
 
 
 def _guarded(hook):
@@ -134,6 +134,9 @@ class Engine:
         self.broken: str | None = None      # an internal error stopped the watching (a note in the report)
         self._closure_steps: set = set()    # optimizers inside a step(closure) call
         self._closure_calls: dict = {}     # id(optimizer) -> its closure's returns in the step running
+        self._evaluates_often: set = set()  # optimizers whose closure ran several times a step (LBFGS)
+        self._retired_keys: list = []       # tracks left by add_param_group, until a read has read them
+        self._heir = None                   # the one just left, for the new track to take its counts from
         self._before_update = True          # the read being made sees the weights before this step's update
         self._first_bad_found = False       # the first non-finite loss or gradient is among the events
         self.backwards = 0                  # Tensor.backward calls seen: a gradient since a step is a new one
@@ -458,8 +461,11 @@ class Engine:
                 self._adopt_roots(t) if not self.explicit_models else self._name_params()
         elif self._searching(t) and not self.explicit_models:
             self._adopt_roots(t)
-        if grown and opt is self.clock:
-            self._hand_over(t)   # nested with the old track's: the same objective, one loss curve
+        if grown:
+            t.inherit(self._heir)   # one optimizer: its steps go on counting
+            self._heir = None
+            if opt is self.clock:
+                self._hand_over(t)   # nested with the old track's: the same objective, one loss curve
         self._choose_clock(opt, t)
         return t
 
@@ -470,7 +476,9 @@ class Engine:
         del self.tracks[id(opt)]
         self.tracks[("gone", id(old))] = old
         old.retire()
-        self.doubles._stale = True
+        self._retired_keys.append(("gone", id(old)))   # kept until a read has read its rows (a review: a group
+        self.doubles._stale = True                      # added each step kept 400 tracks, 4x the time)
+        self._heir = old
         return None
 
     def _choose_clock(self, opt, t: Track) -> None:
@@ -526,7 +534,7 @@ class Engine:
         for k in range(n):
             self.step += 1
             self._owners[self.step] = id(t)
-            self._window.append((self.step, _lr(t.opt)))
+            self._window.append((self.step, t.lr()))
             self._loss_window.append(self._others if k == n - 1 else [])
             self._clip_window.append(t.last_clip if k == n - 1 else [])   # its norm before clipping (a review)
         if n:
@@ -578,7 +586,9 @@ class Engine:
             for key in [k for k in self._dead_plans if k[0] == rid]:
                 del self._dead_plans[key]
         while self._dead:
-            t = self.tracks.pop(self._dead.pop(), None)
+            key = self._dead.pop()
+            self._evaluates_often.discard(key)   # its id may be reused by a new optimizer
+            t = self.tracks.pop(key, None)
             if t is None:
                 continue
             one_off = bool(t.roots) and t.stepped <= 1 and not self.explicit_models and (
@@ -596,6 +606,15 @@ class Engine:
                 t.disarm()
                 self.let_go += 1
                 self._vain += t.first_step is not None
+
+    def _drop_retired(self) -> None:
+        """After a read: the tracks that optimizers left when they took a param group more (_regroup) go, their rows
+        read; their parameters are the new tracks' (a group deleted leaves its parameters in no optimizer)."""
+        for key in self._retired_keys:
+            t = self.tracks.pop(key, None)
+            if t is not None:
+                t.disarm()
+        self._retired_keys = []
 
     def _drop_one_offs(self) -> None:
         """After a read: the one-step models' tracks it read go, but the last (a smoke run's one step keeps its
@@ -668,12 +687,18 @@ class Engine:
         nested, again = self.doubles.enter(opt, self.backwards, closure)
         if again:   # a subclass's super().step(): the hooks of one update, run twice
             return None
+        self._closure_steps.discard(id(opt))   # a step(closure) of it that raised is over (a review: its next plain
+        self._closure_calls.pop(id(opt), None)  # step was read twice, a false double-step)
         if closure:
-            # step(closure): the gradients are complete when the closure first returns, before the update (LBFGS's
-            # first evaluation; Lightning's, whose manual optimisation passes one that does nothing)
             self._closure_steps.add(id(opt))
+            if id(opt) in self._evaluates_often:   # LBFGS: read after the step, its loss and gradients its own
+                return None
+            # the gradients are complete when the closure first returns, before the update (Lightning's manual
+            # optimisation passes a closure that does nothing after manual_backward)
             calls = self._closure_calls[id(opt)] = []
-            return _wrap_closure(args, kwargs, functools.partial(self._closure_done, weakref.ref(opt), nested), calls)
+            versions = [p._version for g in opt.param_groups for p in g["params"]]
+            done = functools.partial(self._closure_done, weakref.ref(opt), nested, versions)
+            return _wrap_closure(args, kwargs, done, calls)
         self._begin(opt, before_update=True)
         if not nested:
             self.doubles.applied(opt, self.tracks, self.step, self._model_ids)
@@ -685,10 +710,14 @@ class Engine:
             self.checks["unhooked"].append(note)
 
     @_guarded
-    def _closure_done(self, ref, nested: bool) -> None:
-        """The closure of a step(closure) returned for the first time: its gradients, read before the update."""
+    def _closure_done(self, ref, nested: bool, versions: list) -> None:
+        """The closure of a step(closure) returned for the first time: its gradients, read before the update,
+        unless the weights moved before it ran (SAM's ascent: read after the step, as before; a review: the ascent's
+        way back read as an update, a false update-ratio-high)."""
         opt = ref()
         if opt is None or id(opt) not in self._closure_steps:
+            return
+        if versions != [p._version for g in opt.param_groups for p in g["params"]]:
             return
         self._closure_steps.discard(id(opt))
         self._begin(opt, before_update=True)
@@ -718,7 +747,7 @@ class Engine:
             self._loss_window.append(self._losses or self._others)
             self._losses, self._others = [], []
             self._clip_window.append(self.clips.take(track.params, self.backwards))
-            self._window.append((self.step, _lr(opt)))
+            self._window.append((self.step, track.lr()))
             self._owners[self.step] = id(track)
         else:
             track.since_clock += 1
@@ -774,20 +803,23 @@ class Engine:
         nested, _, again = self.doubles.leave(opt)
         if again:
             return
-        if id(opt) in self._closure_steps:   # an optimizer that never called its closure
+        calls = len(self._closure_calls.pop(id(opt), ()))
+        if calls > 1:   # several evaluations, several updates: from its next step on, read after the step
+            self._evaluates_often.add(id(opt))
+            if opt is self.clock and self._loss_window and isinstance(self._loss_window[-1], list):
+                self._loss_window[-1].extend(self._losses)   # this step's later evaluations are its own
+                self._losses = []
+        if id(opt) in self._closure_steps:   # not read when its closure returned
             self._closure_steps.discard(id(opt))
-            self._unhooked("optimizer.step(closure) that did not call its closure: the gradients "
-                                           "are read after the update (no replay, no update/weight ratio)")
+            self._unhooked(_AFTER_NOTES[min(calls, 2) if id(opt) not in self._evaluates_often else 2])
             self._begin(opt, before_update=False)
             if not nested:   # the gradients the closure made, which this step applied
                 self.doubles.applied(opt, self.tracks, self.step, self._model_ids)
         track = self.tracks.get(id(opt))
         if track is None:
             return
-        if len(self._closure_calls.pop(id(opt), ())) > 1:   # several evaluations, several updates (LBFGS): a ratio
-            track.before = None                             # per step is not the band's per update
-            self._unhooked("a step(closure) that evaluated its closure several times (LBFGS): "
-                                           "several updates in one step, so no update/weight ratio for them")
+        if calls > 1:   # several evaluations, several updates (LBFGS): a ratio per step is not the band's per update
+            track.before = None
         track.post_step(self.step, carry_probe=not self.opts.accumulate)
         if opt is self.clock and self.step % self.opts.every == 0:
             self._sample_forward, self._sampled = True, set()
@@ -854,6 +886,8 @@ class Engine:
         self.reads += 1 if parts else 0
         start = len(self.series["loss"])
         self._absorb(window, layout, values, owners)
+        if not final:
+            self._drop_retired()
         self._drop_one_offs()   # the final read's too: the report lists the last (a review: 51 tracks, 204 findings)
         if self.on_read is not None:
             self.on_read(self.snapshot(start, [(p, v) for (k, p), v in zip(layout, values) if k == "ratio"]))
@@ -923,6 +957,7 @@ class Engine:
         else:
             event = {"kind": "loss", "step": bad_loss, "params": bad_grad[1] if bad_grad and bad_grad[0] == bad_loss else []}
         event["epoch"] = self.epoch
+        event["before_update"] = event["step"] == self.step and self._before_update   # read before it was applied
         if (self.opts.replay and event["step"] == self.step and self._before_update and not self.closed
                 and self.last_call is not None and self.last_call[0]() is not None):
             from .replay import replay
@@ -984,6 +1019,16 @@ class Engine:
         with contextlib.suppress(Exception):
             value = float(value)   # a 0-dim tensor: the caller asked for it, their sync
         self.metrics.setdefault(name, []).append((self.step if step is None else step, value))
+
+
+_AFTER_NOTES = [   # a step(closure) read after its update: the closure not called, the weights moved first, LBFGS
+    "an optimizer.step(closure) that did not call its closure: its gradients are read after the update (no replay, "
+    "no update/weight ratio)",
+    "an optimizer.step(closure) that moved the weights before its closure ran (SAM's ascent): its gradients are read "
+    "after the update (no replay, no update/weight ratio)",
+    "an optimizer.step(closure) that evaluated its closure several times (LBFGS: several updates in one step): read "
+    "after each step from its second on, with no update/weight ratio and no replay",
+]
 
 
 def _wrap_closure(args, kwargs, done, calls: list) -> tuple:
@@ -1067,11 +1112,6 @@ def _mode_sensitive() -> tuple:
     import torch
 
     return (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._BatchNorm)
-
-
-def _lr(opt):
-    """The largest learning rate of its groups (a sweep: a group frozen at lr 0 first read as the run's rate 0)."""
-    return group_lr(opt.param_groups)
 
 
 def _stack(values):

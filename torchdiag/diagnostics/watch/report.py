@@ -11,7 +11,7 @@ import statistics
 
 from ...core.design import TINY_RMS
 from ...results import Column, Result, Table
-from .stats import group_lr, param_key
+from .stats import param_key
 
 # a metric's direction by the names metrics are given; a lower-is-better word wins (top1_err, loss_giou)
 LOWER_IS_BETTER = re.compile(r"loss|perplexity|mape|mapd|distance|incorrect|cross_?entropy|xent|nmse|rmsle|huber"
@@ -155,7 +155,8 @@ def _nonfinite(result: Result, engine) -> None:
         params = e.get("params") or []
         what = "loss" if e["kind"] == "loss" else "gradient"
         where = params[0] if params and e["kind"] == "gradient" else ""
-        msg = f"first non-finite {what} at {_where_step(e['step'], e.get('epoch'))}, before the optimizer applied it"
+        when = "before the optimizer applied it" if e.get("before_update", True) else "read after that step's update"
+        msg = f"first non-finite {what} at {_where_step(e['step'], e.get('epoch'))}, {when}"
         if params:
             msg += f"; parameters with a non-finite gradient: {', '.join(params[:5])}" + (" …" if len(params) > 5 else "")
         rep = e.get("replay")
@@ -194,8 +195,9 @@ def _wiring(result: Result, engine) -> None:
                if name in engine.checks["orphaned"] else "it never trains")
         result.add("not-in-optimizer", "warning", name, f"{name} gets a gradient (step {step}) but is in no "
                    f"optimizer's param groups at the end: {why}", "pass model.parameters() (all of them) to the optimizer")
-    many, owners = len(engine.tracks) > 1, _owners(engine)
-    for k, t in enumerate(engine.tracks.values()):
+    judged = [t for t in engine.tracks.values() if not t.retired]   # a retired one's parameters are its heir's
+    many, owners = len(judged) > 1, _owners(engine)
+    for k, t in enumerate(judged):
         if _auxiliary(engine, t):
             continue
         ignored = _loss_ignores(t, engine)
@@ -879,8 +881,7 @@ def _optimizers(engine) -> list[str]:
     same parameters is the same line; those of no model that were let go (an attack's) are counted."""
     out = []
     for t in (t for t in engine.tracks.values() if not t.retired):
-        opt = t.opt
-        lr = group_lr(opt.param_groups) if opt is not None else t.group.get("lr")
+        lr = t.lr()
         out.append(f"{t.kind} (lr {lr:g})" if isinstance(lr, (int, float)) else t.kind)
     if engine.let_go:
         out.append(f"{engine.let_go} optimizer(s) of no model not reported (let go by the run, or stepped before a "

@@ -106,8 +106,26 @@ class Track:
         self.params = [p for g in opt.param_groups for p in g["params"]]
         self.ids = {id(p): i for i, p in enumerate(self.params)}
         self.groups = len(opt.param_groups)   # add_param_group adds one: the engine makes a new track (_regroup)
+        sizes = [sum(p.numel() for p in g["params"]) for g in opt.param_groups]
+        self.main = sizes.index(max(sizes)) if sizes else 0   # the group whose rate is the run's (lr())
         self.released = False
         self.retired = False                  # ... and this one ends (its optimizer is listed by the new one)
+
+    def lr(self) -> float | None:
+        """The learning rate of its largest group; where that one is held at 0 (a warm-up freeze), the fastest
+        group's (a sweep: the run's rate read 0). Not the fastest always: a small head added at 10x the rate is no
+        rise of a schedule (a review: a false loss-diverged warm-up)."""
+        opt = self.opt
+        if opt is None:
+            return self.group.get("lr") if isinstance(self.group.get("lr"), (int, float)) else None
+        groups = opt.param_groups
+        main = group_lr(groups[self.main:self.main + 1])
+        return main if main else group_lr(groups)
+
+    def inherit(self, old) -> None:
+        """The counts of the track its optimizer left (add_param_group): one optimizer, its steps counted on."""
+        if old is not None:
+            self.stepped, self.gap_max, self.last_step = old.stepped, old.gap_max, old.last_step
 
     def retire(self) -> None:
         """Its optimizer took more parameters (add_param_group): this track ends as a let-go optimizer's does, and
@@ -545,12 +563,18 @@ def _strided(flat, fan_in: int = 1):
 
 @functools.lru_cache(maxsize=1024)
 def _stride(numel: int, fan_in: int) -> int:
-    """numel // SAMPLE, made coprime with the row length: a stride that divides it samples the same few input
-    columns of every row (a sweep: Linear(64, 128)'s stride 32 read only digits' two blank pixels, its ratio 0)."""
-    s = max(1, numel // SAMPLE)
-    while s > 1 and fan_in > 1 and math.gcd(s, fan_in) != 1:
-        s += 1
-    return s
+    """At least numel // SAMPLE, coprime with the row length, and where a sample falls in each row, stepping through
+    the columns by a residue near fan_in / φ, so that the samples' columns spread over the row. A stride that divides the row length samples the same few columns of
+    every row (a sweep: Linear(64, 128)'s 32 read only digits' two blank pixels, its ratio 0); one that is 1 more
+    than it samples the first columns in order (a review: Linear(784, 256)'s 785, the top of an image, 2x off)."""
+    base = max(1, numel // SAMPLE)
+    if base == 1 or fan_in <= 1 or numel // fan_in < 2:
+        return base
+    if base < fan_in:   # several samples a row: a coprime stride walks the row's columns spread out
+        return next(s for s in range(base, 2 * fan_in) if math.gcd(s, fan_in) == 1)
+    target = round(fan_in / 1.618033988749895)
+    residue = next(r for k in range(fan_in) for r in (target + k, target - k) if 0 < r < fan_in and math.gcd(r, fan_in) == 1)
+    return base + (residue - base) % fan_in
 
 
 def _fan_in(p) -> int:
