@@ -299,9 +299,11 @@ def test_a_group_added_every_step_leaves_no_tracks_behind():
     assert w.result().data["steps"] == 100 and kept <= 11, kept
 
 
-def test_sam_ascent_before_its_closure_is_not_an_update():
+@pytest.mark.parametrize("how", ["inplace", "data"])
+def test_sam_ascent_before_its_closure_is_not_an_update(how):
     """A review: SAM moves the weights to the ascent point before it calls the closure; read when the closure
-    returned, the way back read as part of the update: a false update-ratio-high at rho 0.5."""
+    returned, the way back read as part of the update: a false update-ratio-high at rho 0.5. A second review: a
+    version check missed an ascent written through .data (no version bump). The samples are taken at the start."""
     class SAM(torch.optim.Optimizer):
         def __init__(self, params, rho):
             super().__init__(params, dict(rho=rho))
@@ -314,12 +316,12 @@ def test_sam_ascent_before_its_closure_is_not_an_update():
             for g in self.param_groups:
                 for p in g["params"]:
                     e = p.grad * g["rho"] / (norm + 1e-12)
-                    p.add_(e)
+                    (p.data if how == "data" else p).add_(e)
                     moved.append((p, e))
             with torch.enable_grad():
                 closure()
             for p, e in moved:
-                p.sub_(e)
+                (p.data if how == "data" else p).sub_(e)
             self.base.step()
 
     torch.manual_seed(0)
@@ -396,3 +398,109 @@ def test_a_closure_that_raised_leaves_the_next_steps_alone():
     r = w.result()
     assert r.data["steps"] == taken == 39 and not [f for f in r.findings if f.severity != "info"], \
         [(f.code, f.message) for f in r.findings]
+
+
+def test_a_forward_that_writes_a_weight_keeps_its_closure_steps_read_before_the_update():
+    """A review: an Embedding with max_norm renormalises its weight in place in the forward, inside the closure; a
+    version check took that for SAM's ascent and every step lost its ratios."""
+    torch.manual_seed(0)
+    emb, head = nn.Embedding(50, 16, max_norm=1.0), nn.Linear(16, 4)
+    model = nn.Sequential(emb, head)
+    opt = torch.optim.Adam(model.parameters(), 1e-2)
+    g = torch.Generator().manual_seed(0)
+    with Watch(model, every=10) as w:
+        for _ in range(30):
+            ids = torch.randint(0, 50, (32,), generator=g)
+
+            def closure(ids=ids):
+                opt.zero_grad()
+                loss = F.cross_entropy(model(ids), ids % 4)
+                loss.backward()
+                return loss
+            opt.step(closure)
+    r = w.result()
+    assert not any("closure" in n for n in r.notes), r.notes
+    assert all(row["update_ratio"] is not None and row["update_ratio"] > 0 for row in r.table("layers").rows)
+
+
+def test_a_nan_found_at_a_later_read_of_a_plain_loop_was_before_its_update():
+    """A review: with replay off a NaN gradient of step 7, found at the read of step 10, was said to be "read after
+    that step's update"; its norm was taken before the update."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    at = [0]
+    model[2].weight.register_hook(lambda g: g * float("nan") if at[0] == 7 else g)
+    with Watch(model, every=10, replay=False) as w:
+        for i, (x, y) in enumerate(_data(20)):
+            at[0] = i + 1
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    bad = [f for f in w.result().findings if f.code == "non-finite-gradient"]
+    assert len(bad) == 1 and "at step 7, before the optimizer applied it" in bad[0].message, bad
+
+
+def test_an_lbfgs_beside_the_clock_keeps_its_losses():
+    """A review: an LBFGS over another model stepping after the clock's Adam left its first step's later
+    evaluations in the Adam's next loss."""
+    torch.manual_seed(0)
+    a, b = nn.Linear(16, 4), nn.Sequential(nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 4))
+    adam, lbfgs = torch.optim.Adam(a.parameters(), 1e-2), torch.optim.LBFGS(b.parameters(), lr=0.5, max_iter=4)
+    own = []
+    with Watch(every=10) as w:
+        for x, y in _data(12):
+            adam.zero_grad()
+            loss = F.cross_entropy(a(x), y)
+            loss.backward()
+            adam.step()
+            own.append(float(loss))
+
+            def closure(x=x, y=y):
+                lbfgs.zero_grad()
+                out = F.cross_entropy(b(x), y) * 100   # far from the Adam's: a leak would show
+                out.backward()
+                return out
+            lbfgs.step(closure)
+    r = w.result()
+    assert r.series["loss"] == pytest.approx(own, rel=1e-5), (r.series["loss"], own)
+
+
+def test_a_body_warming_up_from_0_is_the_runs_rate():
+    """A review: the body's LambdaLR warm-up starts at exactly 0 while a small head keeps 1e-3; the rule "the
+    fastest group's while the largest is at 0" made the series start at the head's 1e-3 and max_lr 1e-3."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.Adam([{"params": model[0].parameters(), "lr": 1e-4},
+                            {"params": model[2].parameters(), "lr": 1e-3}])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, [lambda s: min(1.0, s / 20), lambda s: 1.0])
+    with Watch(model, every=10) as w:
+        for x, y in _data(40):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            sched.step()
+    r = w.result()
+    assert r.series["lr"][0] == 0.0 and r.data["hparams"]["max_lr"] == pytest.approx(1e-4), r.series["lr"][:3]
+
+
+def test_a_group_added_after_the_last_read_keeps_what_the_reads_saw():
+    """A review: a group added after the last read left a track nobody judged and a new one that had read nothing:
+    never-gets-grad of an unused layer was lost, and the table's columns were empty."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    unused = nn.Linear(4, 4)
+    extra = nn.Parameter(torch.zeros(4))
+    opt = torch.optim.Adam(list(model.parameters()) + list(unused.parameters()), 1e-3)
+    with Watch(every=10) as w:
+        for i, (x, y) in enumerate(_data(95)):
+            if i == 92:
+                opt.add_param_group({"params": [extra]})
+            opt.zero_grad()
+            (F.cross_entropy(model(x), y) + extra.sum() * 0).backward()
+            opt.step()
+    r = w.result()
+    never = [f.where for f in r.findings if f.code == "never-gets-grad"]
+    assert never == ["param_groups[0][4]", "param_groups[0][5]"], [(f.code, f.where) for f in r.findings]
+    rows = {row["name"]: row for row in r.table("layers").rows}
+    assert rows["0.weight"]["got_grad"] and rows["0.weight"]["max_grad_norm"] > 0.3, rows["0.weight"]

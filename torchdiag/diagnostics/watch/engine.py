@@ -136,6 +136,7 @@ class Engine:
         self._closure_calls: dict = {}     # id(optimizer) -> its closure's returns in the step running
         self._evaluates_often: set = set()  # optimizers whose closure ran several times a step (LBFGS)
         self._retired_keys: list = []       # tracks left by add_param_group, until a read has read them
+        self._read_after: set = set()       # steps of this read's window whose gradients were read after the update
         self._heir = None                   # the one just left, for the new track to take its counts from
         self._before_update = True          # the read being made sees the weights before this step's update
         self._first_bad_found = False       # the first non-finite loss or gradient is among the events
@@ -687,6 +688,7 @@ class Engine:
         nested, again = self.doubles.enter(opt, self.backwards, closure)
         if again:   # a subclass's super().step(): the hooks of one update, run twice
             return None
+        self._file_dead()   # a let-go LBFGS's id, reused by this optimizer, is not an LBFGS (a review)
         self._closure_steps.discard(id(opt))   # a step(closure) of it that raised is over (a review: its next plain
         self._closure_calls.pop(id(opt), None)  # step was read twice, a false double-step)
         if closure:
@@ -694,10 +696,12 @@ class Engine:
             if id(opt) in self._evaluates_often:   # LBFGS: read after the step, its loss and gradients its own
                 return None
             # the gradients are complete when the closure first returns, before the update (Lightning's manual
-            # optimisation passes a closure that does nothing after manual_backward)
+            # optimisation passes a closure that does nothing after manual_backward). The weights before the update
+            # are sampled now: SAM moves them to its ascent point before the closure (a review: the way back read
+            # as an update, a false update-ratio-high, through .data too, which no version counter sees)
+            self._sample_early(opt)
             calls = self._closure_calls[id(opt)] = []
-            versions = [p._version for g in opt.param_groups for p in g["params"]]
-            done = functools.partial(self._closure_done, weakref.ref(opt), nested, versions)
+            done = functools.partial(self._closure_done, weakref.ref(opt), nested)
             return _wrap_closure(args, kwargs, done, calls)
         self._begin(opt, before_update=True)
         if not nested:
@@ -709,15 +713,20 @@ class Engine:
         if note not in self.checks["unhooked"]:
             self.checks["unhooked"].append(note)
 
+    def _sample_early(self, opt) -> None:
+        """A step(closure) about to be a sampled step of a known track: its weights sampled at the step's start."""
+        t = self.tracks.get(id(opt))
+        if t is None or t.released or self._provisional:
+            return
+        step = self.step + 1 if opt is self.clock else self.step
+        if step % self.opts.every == 0:
+            t.sample_early()
+
     @_guarded
-    def _closure_done(self, ref, nested: bool, versions: list) -> None:
-        """The closure of a step(closure) returned for the first time: its gradients, read before the update,
-        unless the weights moved before it ran (SAM's ascent: read after the step, as before; a review: the ascent's
-        way back read as an update, a false update-ratio-high)."""
+    def _closure_done(self, ref, nested: bool) -> None:
+        """The closure of a step(closure) returned for the first time: its gradients, read before the update."""
         opt = ref()
         if opt is None or id(opt) not in self._closure_steps:
-            return
-        if versions != [p._version for g in opt.param_groups for p in g["params"]]:
             return
         self._closure_steps.discard(id(opt))
         self._begin(opt, before_update=True)
@@ -806,13 +815,17 @@ class Engine:
         calls = len(self._closure_calls.pop(id(opt), ()))
         if calls > 1:   # several evaluations, several updates: from its next step on, read after the step
             self._evaluates_often.add(id(opt))
-            if opt is self.clock and self._loss_window and isinstance(self._loss_window[-1], list):
+            if opt is not self.clock:
+                self._took_losses()   # its later evaluations' losses are its own, not the clock's next step's
+            elif self._loss_window and isinstance(self._loss_window[-1], list):
                 self._loss_window[-1].extend(self._losses)   # this step's later evaluations are its own
                 self._losses = []
         if id(opt) in self._closure_steps:   # not read when its closure returned
             self._closure_steps.discard(id(opt))
-            self._unhooked(_AFTER_NOTES[min(calls, 2) if id(opt) not in self._evaluates_often else 2])
+            self._unhooked(_AFTER_NOTES[1 if id(opt) in self._evaluates_often else 0])
             self._begin(opt, before_update=False)
+            if opt is self.clock:
+                self._read_after.add(self.step)   # a non-finite value of this step was seen after its update
             if not nested:   # the gradients the closure made, which this step applied
                 self.doubles.applied(opt, self.tracks, self.step, self._model_ids)
         track = self.tracks.get(id(opt))
@@ -886,6 +899,7 @@ class Engine:
         self.reads += 1 if parts else 0
         start = len(self.series["loss"])
         self._absorb(window, layout, values, owners)
+        self._read_after = set()
         if not final:
             self._drop_retired()
         self._drop_one_offs()   # the final read's too: the report lists the last (a review: 51 tracks, 204 findings)
@@ -957,7 +971,7 @@ class Engine:
         else:
             event = {"kind": "loss", "step": bad_loss, "params": bad_grad[1] if bad_grad and bad_grad[0] == bad_loss else []}
         event["epoch"] = self.epoch
-        event["before_update"] = event["step"] == self.step and self._before_update   # read before it was applied
+        event["before_update"] = event["step"] not in self._read_after   # its gradients read before the update
         if (self.opts.replay and event["step"] == self.step and self._before_update and not self.closed
                 and self.last_call is not None and self.last_call[0]() is not None):
             from .replay import replay
@@ -1021,11 +1035,9 @@ class Engine:
         self.metrics.setdefault(name, []).append((self.step if step is None else step, value))
 
 
-_AFTER_NOTES = [   # a step(closure) read after its update: the closure not called, the weights moved first, LBFGS
+_AFTER_NOTES = [   # a step(closure) read after its update: the closure not called, or LBFGS
     "an optimizer.step(closure) that did not call its closure: its gradients are read after the update (no replay, "
     "no update/weight ratio)",
-    "an optimizer.step(closure) that moved the weights before its closure ran (SAM's ascent): its gradients are read "
-    "after the update (no replay, no update/weight ratio)",
     "an optimizer.step(closure) that evaluated its closure several times (LBFGS: several updates in one step): read "
     "after each step from its second on, with no update/weight ratio and no replay",
 ]

@@ -210,7 +210,7 @@ def _wiring(result: Result, engine) -> None:
         for i, p in enumerate(t.params):
             if i in ignored or owners[param_key(p)] is not t:   # said once above; or another optimizer's row
                 continue
-            if not t.seen_grad[i] and t.sampled:   # an optimizer that never stepped at a read step: not known
+            if not t.seen_grad[i] and t.sampled > t.joined[i]:   # never at a read step since it joined: not known
                 sev = "warning" if p.requires_grad else "info"
                 result.add("never-gets-grad", sev, t.names[i], f"{t.names[i]} is in the optimizer but never had a "
                            "gradient at a read step", "it does not reach the loss (unused, detached, or frozen)")

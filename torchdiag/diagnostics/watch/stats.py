@@ -33,6 +33,7 @@ class Track:
         self._block_rows: tuple = ()   # the last block's rows, as views
         self.steps: list = []          # the step of each row since the last read
         self.seen_grad = [False] * n   # a gradient was present at some read step
+        self.joined = [0] * n          # the read steps sampled before it joined (add_param_group: inherit)
         self.sampled = 0               # read steps it stepped at: none, and seen_grad says nothing
         self.since_clock = 0           # its steps since the clock's last (engine._choose_clock)
         self.unclocked = 0             # of those, the ones taken while there was no clock at all
@@ -96,6 +97,7 @@ class Track:
         self.params = [Released(p) for p in self.params]
         self.ids = {id(p): i for i, p in enumerate(self.params)}
         self.group = {k: v for k, v in self.group.items() if k != "params"}   # the settings it ended with
+        self.main_group = {k: v for k, v in self.main_group.items() if k != "params"}
         self._views, self._before_views, self.before = [None] * len(self.params), [], None
         self.released = True
 
@@ -106,26 +108,42 @@ class Track:
         self.params = [p for g in opt.param_groups for p in g["params"]]
         self.ids = {id(p): i for i, p in enumerate(self.params)}
         self.groups = len(opt.param_groups)   # add_param_group adds one: the engine makes a new track (_regroup)
-        sizes = [sum(p.numel() for p in g["params"]) for g in opt.param_groups]
-        self.main = sizes.index(max(sizes)) if sizes else 0   # the group whose rate is the run's (lr())
+        self.main_group = _main_group(opt.param_groups)   # whose rate is the run's (lr())
         self.released = False
         self.retired = False                  # ... and this one ends (its optimizer is listed by the new one)
+        self.early = False                    # the samples before the update were taken at the step's start
+        self._inherited = None                # (old start, [(new index, old index)]) until the first step's start
 
     def lr(self) -> float | None:
-        """The learning rate of its largest group; where that one is held at 0 (a warm-up freeze), the fastest
-        group's (a sweep: the run's rate read 0). Not the fastest always: a small head added at 10x the rate is no
-        rise of a schedule (a review: a false loss-diverged warm-up)."""
-        opt = self.opt
-        if opt is None:
-            return self.group.get("lr") if isinstance(self.group.get("lr"), (int, float)) else None
-        groups = opt.param_groups
-        main = group_lr(groups[self.main:self.main + 1])
-        return main if main else group_lr(groups)
+        """The learning rate of its main group (_main_group), as a schedule sets it now."""
+        return group_lr([self.main_group])
 
     def inherit(self, old) -> None:
         """The counts of the track its optimizer left (add_param_group): one optimizer, its steps counted on."""
-        if old is not None:
-            self.stepped, self.gap_max, self.last_step = old.stepped, old.gap_max, old.last_step
+        if old is None:
+            return
+        self.stepped, self.gap_max, self.last_step, self.sampled = old.stepped, old.gap_max, old.last_step, old.sampled
+        pairs = [(self.ids[param_key(p)], j) for j, p in enumerate(old.params) if param_key(p) in self.ids]
+        self.joined = [old.sampled] * len(self.params)   # the new ones: no read saw them before now
+        for i, j in pairs:
+            self.joined[i] = old.joined[j]
+        for i, j in pairs:   # what the reads saw of the parameters it held (never-gets-grad, the table's columns)
+            self.seen_grad[i], self.grad_max[i] = old.seen_grad[j], old.grad_max[j]
+        if old.start is not None and pairs:
+            self._inherited = (old.start, pairs)
+        if old.weight_norm is not None:
+            self.weight_norm = [None] * len(self.params)
+            for i, j in pairs:
+                self.weight_norm[i] = old.weight_norm[j]
+
+    def _take_start(self, start, pairs) -> None:
+        """The fingerprints the left track took at its first step, for the parameters it held: never-changes
+        compares the run's first step with its last."""
+        import torch
+
+        new, old = zip(*pairs)
+        self.start[:, torch.tensor(new, device=self.start.device)] = start[:, torch.tensor(old, device=start.device)]
+        self._inherited = None
 
     def retire(self) -> None:
         """Its optimizer took more parameters (add_param_group): this track ends as a let-go optimizer's does, and
@@ -235,10 +253,25 @@ class Track:
         fresh = self.start is None and self.params
         if fresh:
             self.start = self._fingerprint()
+        if self._inherited is not None and fresh:
+            self._take_start(*self._inherited)
+        early, self.early = self.early, False
         if sample and self.params:
             self.queue.append(("weights", (self, step), self.start[0].clone() if fresh else self._norms()))
-            self.before = self._samples_before() if before_update else None
+            self.before = (self.before if early else self._samples_before()) if before_update else None
             self._probe_next = True
+        elif early:
+            self.before = None
+
+    def sample_early(self) -> None:
+        """The samples before the update, taken at the step's start (a step(closure), read at its closure: SAM
+        moves the weights before calling it)."""
+        import torch
+
+        if self.params:
+            with torch.no_grad():
+                self.before = self._samples_before()
+            self.early = True
 
     def nonfinite_now(self) -> bool:
         """On the CPU: did this step's gradients hold a NaN/Inf (the flag written by pre_step)? False elsewhere."""
@@ -570,7 +603,8 @@ def _stride(numel: int, fan_in: int) -> int:
     base = max(1, numel // SAMPLE)
     if base == 1 or fan_in <= 1 or numel // fan_in < 2:
         return base
-    if base < fan_in:   # several samples a row: a coprime stride walks the row's columns spread out
+    if base < fan_in:   # several samples a row: a coprime stride reaches every column, though in bands where
+        # it is near a simple fraction of the row (128x784: a 17% gap per row; a review)
         return next(s for s in range(base, 2 * fan_in) if math.gcd(s, fan_in) == 1)
     target = round(fan_in / 1.618033988749895)
     residue = next(r for k in range(fan_in) for r in (target + k, target - k) if 0 < r < fan_in and math.gcd(r, fan_in) == 1)
@@ -609,6 +643,21 @@ class Released:
 
     def dim(self) -> int:
         return self._dim
+
+
+def _main_group(groups) -> dict:
+    """The group whose learning rate is the run's: the largest of those a schedule or the user set above 0 (its
+    `initial_lr`, a scheduler's base, else `lr`). A group held at 0 (a warm-up freeze) made the run's rate 0 (a
+    sweep); the fastest group, a small head added at 10x, made a false warm-up rise (a review)."""
+    def size(g):
+        return sum(p.numel() for p in g["params"])
+
+    def base(g):
+        v = g.get("initial_lr", g.get("lr"))
+        return group_lr([{"lr": v}]) or 0.0
+
+    live = [g for g in groups if base(g) > 0] or list(groups)
+    return max(live, key=size) if live else {}
 
 
 def group_lr(groups) -> float | None:
