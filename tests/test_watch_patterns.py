@@ -504,3 +504,100 @@ def test_a_group_added_after_the_last_read_keeps_what_the_reads_saw():
     assert never == ["param_groups[0][4]", "param_groups[0][5]"], [(f.code, f.where) for f in r.findings]
     rows = {row["name"]: row for row in r.table("layers").rows}
     assert rows["0.weight"]["got_grad"] and rows["0.weight"]["max_grad_norm"] > 0.3, rows["0.weight"]
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_a_nan_in_an_lbfgs_step_is_said_read_after_its_update(replay):
+    """A review: read inside the _begin that read the step, an LBFGS step's NaN was "before the optimizer applied
+    it" while its replay note said the weights were already updated (at a read step, or at once on the CPU)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+    at = [0]
+    model[2].weight.register_hook(lambda g: g * float("nan") if at[0] == 5 else g)
+    with Watch(model, every=5, replay=replay) as w:
+        for i, (x, y) in enumerate(_data(8)):
+            at[0] = i + 1
+
+            def closure(x=x, y=y):
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                return loss
+            opt.step(closure)
+    bad = [f for f in w.result().findings if f.code in ("non-finite-loss", "non-finite-gradient")]
+    assert bad and "at step 5, read after that step's update" in bad[0].message, [f.message for f in bad]
+
+
+def test_the_rate_follows_the_schedule_after_load_state_dict():
+    """A review: load_state_dict replaces the group dicts; a track holding the old dict stopped following StepLR."""
+    torch.manual_seed(0)
+    model = nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 10, 0.5)
+    truth = []
+    with Watch(model, every=5) as w:
+        for i, (x, y) in enumerate(_data(60)):
+            if i == 20:
+                saved = opt.state_dict()
+            if i == 25:
+                opt.load_state_dict(saved)   # a rollback
+            truth.append(opt.param_groups[0]["lr"])
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            sched.step()
+    assert w.result().series["lr"] == pytest.approx(truth)
+
+
+def test_a_closure_that_raised_after_sams_ascent_leaves_no_stale_samples():
+    """A review: the early samples of a step(closure) that raised after SAM's ascent stayed, and the next read's
+    ratio started from the ascent point (16x off). Layers of at most 64 elements: the sample is the whole tensor."""
+    class SAM(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, dict(rho=0.5, lr=0.05))
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            moved = []
+            if closure is not None:
+                norm = torch.norm(torch.stack([p.grad.norm() for g in self.param_groups for p in g["params"]]))
+                for g in self.param_groups:
+                    for p in g["params"]:
+                        e = p.grad * g["rho"] / (norm + 1e-12)
+                        p.add_(e)
+                        moved.append((p, e))
+                with torch.enable_grad():
+                    closure()
+                for p, e in moved:
+                    p.sub_(e)
+            for g in self.param_groups:
+                for p in g["params"]:
+                    p.add_(p.grad, alpha=-g["lr"])
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4))
+    opt = SAM(model.parameters())
+    g = torch.Generator().manual_seed(0)
+    truth = {}
+    with Watch(model, every=5) as w:
+        for i in range(12):
+            x = torch.randn(32, 8, generator=g)
+            y = x[:, :4].argmax(1)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+
+            def closure(x=x, y=y, i=i):
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                if i == 4:
+                    raise RuntimeError("out of memory")
+            before = model[2].weight.detach().clone()
+            try:
+                opt.step(closure)
+            except RuntimeError:
+                before = model[2].weight.detach().clone()   # this step starts from the ascent point left behind
+                opt.step()
+            truth[i + 1] = float((model[2].weight.detach() - before).norm() / before.norm())
+    got = dict(w.engine.ratios["2.weight"])
+    assert got[5] == pytest.approx(truth[5], rel=1e-4) and got[10] == pytest.approx(truth[10], rel=1e-4), (got, truth)

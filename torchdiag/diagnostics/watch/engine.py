@@ -689,6 +689,9 @@ class Engine:
         if again:   # a subclass's super().step(): the hooks of one update, run twice
             return None
         self._file_dead()   # a let-go LBFGS's id, reused by this optimizer, is not an LBFGS (a review)
+        t = self.tracks.get(id(opt))
+        if t is not None and t.early:   # a step(closure) of it raised after its early samples (a review: the next
+            t.early, t.before = False, None   # read's ratio started from SAM's ascent point, 16x off)
         self._closure_steps.discard(id(opt))   # a step(closure) of it that raised is over (a review: its next plain
         self._closure_calls.pop(id(opt), None)  # step was read twice, a false double-step)
         if closure:
@@ -745,6 +748,8 @@ class Engine:
             return
         if opt is self.clock:
             self.step += 1
+            if not before_update:   # its gradients read after the update: a non-finite one is said so (before
+                self._read_after.add(self.step)   # the read this _begin may make, a review)
             for t in self.tracks.values():
                 if t.since_clock > t.peak_since:
                     t.peak_since = t.since_clock
@@ -824,8 +829,6 @@ class Engine:
             self._closure_steps.discard(id(opt))
             self._unhooked(_AFTER_NOTES[1 if id(opt) in self._evaluates_often else 0])
             self._begin(opt, before_update=False)
-            if opt is self.clock:
-                self._read_after.add(self.step)   # a non-finite value of this step was seen after its update
             if not nested:   # the gradients the closure made, which this step applied
                 self.doubles.applied(opt, self.tracks, self.step, self._model_ids)
         track = self.tracks.get(id(opt))

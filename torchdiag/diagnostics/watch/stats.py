@@ -108,14 +108,19 @@ class Track:
         self.params = [p for g in opt.param_groups for p in g["params"]]
         self.ids = {id(p): i for i, p in enumerate(self.params)}
         self.groups = len(opt.param_groups)   # add_param_group adds one: the engine makes a new track (_regroup)
-        self.main_group = _main_group(opt.param_groups)   # whose rate is the run's (lr())
+        self.main = _main_group(opt.param_groups)   # the index of the group whose rate is the run's (lr())
+        self.main_group = opt.param_groups[self.main] if opt.param_groups else {}
         self.released = False
         self.retired = False                  # ... and this one ends (its optimizer is listed by the new one)
         self.early = False                    # the samples before the update were taken at the step's start
         self._inherited = None                # (old start, [(new index, old index)]) until the first step's start
 
     def lr(self) -> float | None:
-        """The learning rate of its main group (_main_group), as a schedule sets it now."""
+        """The learning rate of its main group (_main_group), as a schedule sets it now: looked up in the optimizer
+        each time, since load_state_dict replaces the group dicts (a review: the series stopped following StepLR)."""
+        opt = self.opt
+        if opt is not None and self.main < len(opt.param_groups):
+            self.main_group = opt.param_groups[self.main]
         return group_lr([self.main_group])
 
     def inherit(self, old) -> None:
@@ -142,7 +147,8 @@ class Track:
         import torch
 
         new, old = zip(*pairs)
-        self.start[:, torch.tensor(new, device=self.start.device)] = start[:, torch.tensor(old, device=start.device)]
+        taken = start[:, torch.tensor(old, device=start.device)].to(self.start.device)   # the model may have moved
+        self.start[:, torch.tensor(new, device=self.start.device)] = taken
         self._inherited = None
 
     def retire(self) -> None:
@@ -227,6 +233,8 @@ class Track:
                 torch.sum(row, 0, keepdim=True, out=self._flag)
             if sample or self.start is None:
                 self._sample(step, sample, before_update)
+            elif self.early:   # sampled early for a read step that did not come (the count changed hands)
+                self.early, self.before = False, None
         finally:
             torch._C._set_grad_enabled(grad_mode)
 
@@ -645,19 +653,19 @@ class Released:
         return self._dim
 
 
-def _main_group(groups) -> dict:
-    """The group whose learning rate is the run's: the largest of those a schedule or the user set above 0 (its
-    `initial_lr`, a scheduler's base, else `lr`). A group held at 0 (a warm-up freeze) made the run's rate 0 (a
-    sweep); the fastest group, a small head added at 10x, made a false warm-up rise (a review)."""
-    def size(g):
-        return sum(p.numel() for p in g["params"])
+def _main_group(groups) -> int:
+    """The index of the group whose learning rate is the run's: the largest of those a schedule or the user set
+    above 0 (its `initial_lr`, a scheduler's base, else `lr`). A group held at 0 (a warm-up freeze) made the run's
+    rate 0 (a sweep); the fastest group, a small head added at 10x, made a false warm-up rise (a review)."""
+    def size(k):
+        return sum(p.numel() for p in groups[k]["params"])
 
-    def base(g):
-        v = g.get("initial_lr", g.get("lr"))
+    def base(k):
+        v = groups[k].get("initial_lr", groups[k].get("lr"))
         return group_lr([{"lr": v}]) or 0.0
 
-    live = [g for g in groups if base(g) > 0] or list(groups)
-    return max(live, key=size) if live else {}
+    live = [k for k in range(len(groups)) if base(k) > 0] or list(range(len(groups)))
+    return max(live, key=size) if live else 0
 
 
 def group_lr(groups) -> float | None:
