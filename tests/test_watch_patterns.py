@@ -63,11 +63,14 @@ def test_a_healthy_unfreeze_is_one_optimizer_one_curve_and_every_row(given):
     assert rows["0.0.weight"]["changed"] and rows["1.weight"]["changed"]
 
 
-def _closure_run(opt_kind: str, nan_at: int | None = None, call_closure: bool = True, steps: int = 30):
+def _closure_run(opt_kind: str, nan_at: int | None = None, call_closure: bool = True, steps: int = 30,
+                 every: int = 10, replay: bool = True):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
     if opt_kind == "lbfgs":
         opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4, line_search_fn="strong_wolfe")
+    elif opt_kind == "lbfgs-plain":
+        opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
     elif opt_kind == "lazy":   # an optimizer that ignores its closure (the gradients were made before step)
         class Lazy(torch.optim.SGD):
             def step(self, closure=None):
@@ -77,7 +80,7 @@ def _closure_run(opt_kind: str, nan_at: int | None = None, call_closure: bool = 
         opt = torch.optim.Adam(model.parameters(), 1e-2)
     calls = [0]
     model[2].weight.register_hook(lambda g: g * float("nan") if calls[0] == nan_at else g)
-    with Watch(model, every=10) as w:
+    with Watch(model, every=every, replay=replay) as w:
         for i, (x, y) in enumerate(_data(steps)):
             calls[0] = i + 1
 
@@ -510,22 +513,8 @@ def test_a_group_added_after_the_last_read_keeps_what_the_reads_saw():
 def test_a_nan_in_an_lbfgs_step_is_said_read_after_its_update(replay):
     """A review: read inside the _begin that read the step, an LBFGS step's NaN was "before the optimizer applied
     it" while its replay note said the weights were already updated (at a read step, or at once on the CPU)."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
-    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
-    at = [0]
-    model[2].weight.register_hook(lambda g: g * float("nan") if at[0] == 5 else g)
-    with Watch(model, every=5, replay=replay) as w:
-        for i, (x, y) in enumerate(_data(8)):
-            at[0] = i + 1
-
-            def closure(x=x, y=y):
-                opt.zero_grad()
-                loss = F.cross_entropy(model(x), y)
-                loss.backward()
-                return loss
-            opt.step(closure)
-    bad = [f for f in w.result().findings if f.code in ("non-finite-loss", "non-finite-gradient")]
+    r = _closure_run("lbfgs-plain", nan_at=5, steps=8, every=5, replay=replay)
+    bad = [f for f in r.findings if f.code in ("non-finite-loss", "non-finite-gradient")]
     assert bad and "at step 5, read after that step's update" in bad[0].message, [f.message for f in bad]
 
 
