@@ -137,7 +137,6 @@ class Engine:
         self._evaluates_often: set = set()  # optimizers whose closure ran several times a step (LBFGS)
         self._retired_keys: list = []       # tracks left by add_param_group, until a read has read them
         self._read_after: set = set()       # steps of this read's window whose gradients were read after the update
-        self._heir = None                   # the one just left, for the new track to take its counts from
         self._before_update = True          # the read being made sees the weights before this step's update
         self._first_bad_found = False       # the first non-finite loss or gradient is among the events
         self.backwards = 0                  # Tensor.backward calls seen: a gradient since a step is a new one
@@ -444,9 +443,9 @@ class Engine:
     def _track(self, opt) -> Track | None:
         self._file_dead()
         t = self.tracks.get(id(opt))
-        grown = t is not None and len(opt.param_groups) != t.groups
-        if grown:
-            t = self._regroup(opt, t)
+        left = self._regroup(opt, t) if t is not None and len(opt.param_groups) != t.groups else None
+        if left is not None:
+            t = None
         if t is None:
             if not self._mine(opt):
                 return None
@@ -462,25 +461,24 @@ class Engine:
                 self._adopt_roots(t) if not self.explicit_models else self._name_params()
         elif self._searching(t) and not self.explicit_models:
             self._adopt_roots(t)
-        if grown:
-            t.inherit(self._heir)   # one optimizer: its steps go on counting
-            self._heir = None
+        if left is not None:
+            t.inherit(left)   # one optimizer: its steps go on counting
             if opt is self.clock:
                 self._hand_over(t)   # nested with the old track's: the same objective, one loss curve
         self._choose_clock(opt, t)
         return t
 
-    def _regroup(self, opt, old: Track) -> None:
+    def _regroup(self, opt, old: Track) -> Track:
         """`opt` took a param group more (a backbone unfrozen with add_param_group): its track stays as a let-go
         optimizer's, and a new one, made by the caller, holds every parameter from this step on (a sweep: the added
-        ones were never watched, their NaN gradient applied unseen). Nested with the old: one objective."""
+        ones were never watched, their NaN gradient applied unseen). Nested with the old: one objective. Returns
+        the track left, for the new one to take its counts from."""
         del self.tracks[id(opt)]
         self.tracks[("gone", id(old))] = old
         old.retire()
         self._retired_keys.append(("gone", id(old)))   # kept until a read has read its rows (a review: a group
         self.doubles._stale = True                      # added each step kept 400 tracks, 4x the time)
-        self._heir = old
-        return None
+        return old
 
     def _choose_clock(self, opt, t: Track) -> None:
         """Which optimizer's steps are the run's steps: the first to step, with two exceptions.

@@ -121,7 +121,7 @@ class Track:
         opt = self.opt
         if opt is not None and self.main < len(opt.param_groups):
             self.main_group = opt.param_groups[self.main]
-        return group_lr([self.main_group])
+        return rate(self.main_group.get("lr"))
 
     def inherit(self, old) -> None:
         """The counts of the track its optimizer left (add_param_group): one optimizer, its steps counted on."""
@@ -130,16 +130,14 @@ class Track:
         self.stepped, self.gap_max, self.last_step, self.sampled = old.stepped, old.gap_max, old.last_step, old.sampled
         pairs = [(self.ids[param_key(p)], j) for j, p in enumerate(old.params) if param_key(p) in self.ids]
         self.joined = [old.sampled] * len(self.params)   # the new ones: no read saw them before now
-        for i, j in pairs:
-            self.joined[i] = old.joined[j]
+        norms = old.weight_norm
+        self.weight_norm = [None] * len(self.params) if norms is not None else None
         for i, j in pairs:   # what the reads saw of the parameters it held (never-gets-grad, the table's columns)
-            self.seen_grad[i], self.grad_max[i] = old.seen_grad[j], old.grad_max[j]
+            self.joined[i], self.seen_grad[i], self.grad_max[i] = old.joined[j], old.seen_grad[j], old.grad_max[j]
+            if norms is not None:
+                self.weight_norm[i] = norms[j]
         if old.start is not None and pairs:
             self._inherited = (old.start, pairs)
-        if old.weight_norm is not None:
-            self.weight_norm = [None] * len(self.params)
-            for i, j in pairs:
-                self.weight_norm[i] = old.weight_norm[j]
 
     def _take_start(self, start, pairs) -> None:
         """The fingerprints the left track took at its first step, for the parameters it held: never-changes
@@ -604,10 +602,11 @@ def _strided(flat, fan_in: int = 1):
 
 @functools.lru_cache(maxsize=1024)
 def _stride(numel: int, fan_in: int) -> int:
-    """At least numel // SAMPLE, coprime with the row length, and where a sample falls in each row, stepping through
-    the columns by a residue near fan_in / φ, so that the samples' columns spread over the row. A stride that divides the row length samples the same few columns of
-    every row (a sweep: Linear(64, 128)'s 32 read only digits' two blank pixels, its ratio 0); one that is 1 more
-    than it samples the first columns in order (a review: Linear(784, 256)'s 785, the top of an image, 2x off)."""
+    """At least numel // SAMPLE and coprime with the row length; where one sample falls in each row, stepping
+    through the columns by a residue near fan_in / φ, so that the samples' columns spread over the row. A stride
+    that divides the row length samples the same few columns of every row (a sweep: Linear(64, 128)'s 32 read only
+    digits' two blank pixels, its ratio 0); one 1 more than it samples the first columns in order (a review:
+    Linear(784, 256)'s 785, the top of an image, 2x off)."""
     base = max(1, numel // SAMPLE)
     if base == 1 or fan_in <= 1 or numel // fan_in < 2:
         return base
@@ -661,24 +660,20 @@ def _main_group(groups) -> int:
         return sum(p.numel() for p in groups[k]["params"])
 
     def base(k):
-        v = groups[k].get("initial_lr", groups[k].get("lr"))
-        return group_lr([{"lr": v}]) or 0.0
+        return rate(groups[k].get("initial_lr", groups[k].get("lr"))) or 0.0
 
     live = [k for k in range(len(groups)) if base(k) > 0] or list(range(len(groups)))
     return max(live, key=size) if live else 0
 
 
-def group_lr(groups) -> float | None:
-    """The largest learning rate of these param groups (a float, or a CPU tensor's value), None for none."""
-    rates = []
-    for g in groups:
-        lr = g.get("lr")
-        try:
-            if isinstance(lr, (int, float)) or (lr is not None and lr.device.type == "cpu"):
-                rates.append(float(lr))
-        except Exception:
-            continue
-    return max(rates) if rates else None
+def rate(lr) -> float | None:
+    """A learning rate as a float (a CPU tensor's value too), None where there is none to read without a sync."""
+    try:
+        if isinstance(lr, (int, float)) or (lr is not None and lr.device.type == "cpu"):
+            return float(lr)
+    except Exception:
+        pass
+    return None
 
 
 def _no_optimizer():
