@@ -1456,3 +1456,62 @@ def test_an_exploding_gradient_whose_units_saturate_while_the_head_fits_stays_an
     res = run(_SaturatingTanh(seed=2, width=128, gain=1e4), x, target=y, loss="mse", lr=3e-3)
     rows = {r["name"]: r for r in res.table("params").rows}
     assert rows["l1.weight"]["status"] == "exploding-grad" and res.exit_code == 1, rows["l1.weight"]
+
+
+class _FunctionalAttention(nn.Module):
+    """WavLM's attention (transformers modeling_wavlm.py): q/k/v Linear modules that never run; their weights
+    and `torch.cat` of their biases go to `F.multi_head_attention_forward`. The key bias is cancelled by the
+    softmax (q·(k + b) shifts every key of a query alike), but there is no k_proj output to measure."""
+
+    def __init__(self, dim=16, heads=4):
+        super().__init__()
+        self.dim, self.heads = dim, heads
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(dim, dim) for _ in range(4))
+
+    def forward(self, x):   # (T, B, E)
+        out, _ = nn.functional.multi_head_attention_forward(
+            x, x, x, self.dim, self.heads, torch.empty([0]),
+            torch.cat((self.q_proj.bias, self.k_proj.bias, self.v_proj.bias)), None, None, False, 0.0,
+            self.out_proj.weight, self.out_proj.bias, training=self.training, need_weights=False,
+            use_separate_proj_weight=True, q_proj_weight=self.q_proj.weight, k_proj_weight=self.k_proj.weight,
+            v_proj_weight=self.v_proj.weight)
+        return out
+
+
+class _FunctionalSigmoids(nn.Module):
+    """The control: a Linear that never runs as a module, read by F.linear, then 16 sigmoids of small weights
+    (sample_models/broken_grad_vanishing.py's attenuation): its bias truly vanishes; no softmax cancels it."""
+
+    def __init__(self, width=16, depth=16):
+        super().__init__()
+        self.first = nn.Linear(width, width)
+        self.rest = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        with torch.no_grad():
+            for lin in self.rest:
+                lin.weight.normal_(0.0, 0.5 / math.sqrt(width))
+
+    def forward(self, x):
+        x = torch.sigmoid(nn.functional.linear(x, self.first.weight, self.first.bias))
+        for lin in self.rest:
+            x = torch.sigmoid(lin(x))
+        return x
+
+
+def test_a_key_bias_used_outside_its_module_is_invariant():
+    """A parameter whose own module never runs is measured at the ops it reaches inside its parent
+    (core/derived.py): WavLM's key bias was a `vanishing-grad` warning (grad/weight 1.6e-12 in the zoo)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(_FunctionalAttention(), nn.Linear(16, 4))
+    res = run(model, torch.randn(10, 2, 16))
+    st = statuses(res)
+    assert st["0.k_proj.bias"] == "invariant", st
+    assert st["0.q_proj.bias"] == st["0.v_proj.bias"] == "ok"
+    assert res.exit_code == 0 and "warning" not in severities(res), [f.message for f in res.findings]
+
+
+def test_a_vanishing_path_read_outside_its_module_keeps_its_warning():
+    torch.manual_seed(0)
+    res = run(_FunctionalSigmoids(), torch.randn(8, 16))
+    st = statuses(res)
+    assert st["first.bias"] == st["first.weight"] == "vanishing-grad", st
+    assert any(f.code == "vanishing-grad" and "first." in (f.where + f.message) for f in res.findings)

@@ -87,7 +87,7 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
 
     def bound(n: str) -> float | None:
         if n not in bounds:
-            bounds[n] = calls.bound(n, lambda m: test.shifted([n], m), ctx, wide)
+            bounds[n] = calls.bound(n, lambda m: test.shifted([n], m), ctx, wide, loss)
         return bounds[n]
 
     # what its own float64 gradient already says moves the loss is no cancellation (_stays): asking it in the

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .module_paths import owner
+from . import derived
+from .module_paths import ancestors, owner
 
 SEEN = 10.0   # the bound must be this many times the shift test's threshold on the loss
 
@@ -25,13 +26,19 @@ class FirstCalls:
         self.modules = {n: m for n, m in work.named_modules() if n in wanted}
         self.args: dict[str, tuple] = {}
         self.grads: dict[str, list] = {}
-        self.count: dict[str, int] = {}     # calls of each wanted module
+        self.count: dict[str, int] = {}     # calls of each wanted module and of their ancestors
+        # an ancestor's calls are counted: a parameter whose own module never runs acts inside one (derived.py)
+        above = {a for w in wanted for a in ancestors(w)[1:]} - wanted
+        self.hosts = {n: m for n, m in work.named_modules() if n in above}
+        self.work = work
         self.handles: list = []
 
     def __enter__(self):
         for n, m in self.modules.items():
             self.handles += [m.register_forward_pre_hook(self._keep(n), with_kwargs=True),
                              m.register_forward_hook(self._watch(n))]
+        for n, m in self.hosts.items():
+            self.handles.append(m.register_forward_pre_hook(self._counted(n)))
         return self
 
     def __exit__(self, *exc):
@@ -42,6 +49,11 @@ class FirstCalls:
         def hook(_mod, args, kwargs):
             self.count[name] = self.count.get(name, 0) + 1
             self.args.setdefault(name, _cloned((args, kwargs)))
+        return hook
+
+    def _counted(self, name):
+        def hook(*_):
+            self.count[name] = self.count.get(name, 0) + 1
         return hook
 
     def _watch(self, name):
@@ -59,14 +71,23 @@ class FirstCalls:
         """Its module ran exactly once: its first call is its only one."""
         return self.count.get(owner(name)) == 1
 
-    def bound(self, name: str, shifted, ctx, wide) -> float | None:
+    def bound(self, name: str, shifted, ctx, wide, loss=None) -> float | None:
         """How far shifting `name` would move the loss, to first order, through its module's output had nothing
         after it cancelled the move: sum |gradient| × |move| (core/invariance.py compares it with what the shift
-        test sees). None when unknown (its module never called, fails alone, or its outputs change shape): the
-        parameter keeps its verdict."""
+        test sees). A module that never ran is measured at the ops its parameter reaches inside the ancestor
+        that uses it (derived.py; `loss`: the seeded forward's loss). None when unknown (no module of it ran,
+        it fails alone, or its outputs change shape): the parameter keeps its verdict."""
         import torch
 
         mod, call = self.modules.get(owner(name)), self.args.get(owner(name))
+        if mod is not None and call is None:
+            at = derived.host(name, self.count)
+            if at is None or loss is None:
+                return None
+            try:
+                return derived.bound(self.work, name, at, loss, shifted)
+            except Exception:   # noqa: BLE001 - what cannot be measured is not known to act: keep the verdict
+                return None
         if mod is None or call is None:
             return None
 
