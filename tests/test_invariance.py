@@ -580,3 +580,14 @@ def test_cancelled_biases_among_quiet_real_dependences_are_all_found():
     assert len(cancelled) == 79
     assert [n for n in cancelled if rows[n]["status"] != "invariant"] == []
     assert rows[last_bn]["status"] == "ok" and rows["head.bias"]["status"] == "ok"
+
+
+def test_the_first_order_bound_ignores_a_fill_both_forwards_share():
+    """A mask's -inf in both forwards does not move (their difference is NaN); a non-finite term is left out."""
+    from torchdiag.core.reach import first_order
+
+    inf = float("inf")
+    before = torch.tensor([1.0, -inf, 2.0, 0.0])
+    after = torch.tensor([1.5, -inf, 2.0, inf])
+    grad = torch.tensor([2.0, 0.0, 3.0, 1.0])
+    assert float(first_order(grad, before, after)) == 1.0

@@ -14,7 +14,7 @@ import functools
 
 from .module_paths import ancestors, owner
 
-MAX_KEPT = 512   # tensors kept per call at most: the cuts nearest the parameter come first
+MAX_KEPT = 64    # tensors kept per forward at most: the cuts nearest the parameter come first
 
 
 def host(name: str, count: dict[str, int]) -> str | None:
@@ -27,6 +27,8 @@ def bound(work, name: str, at: str, loss, shifted) -> float | None:
     (see the module's doc); `loss` runs the seeded forward and returns the loss, `shifted(measure)` runs
     measure with the parameter shifted. None when the two forwards keep different tensors."""
     import torch
+
+    from .reach import first_order
 
     param, mod = dict(work.named_parameters())[name], dict(work.named_modules())[at]
     with torch.enable_grad(), _Kept(mod, param) as base:
@@ -42,7 +44,7 @@ def bound(work, name: str, at: str, loss, shifted) -> float | None:
     after = shifted(measure)
     if len(after) != len(base.tensors) or any(a.shape != b.shape for a, b in zip(after, base.tensors)):
         return None
-    terms = [(g.double().abs() * (a.double() - b.detach().double()).abs()).sum()
+    terms = [first_order(g, b.detach(), a)
              for a, b in zip(after, base.tensors) if (g := grads.get(id(b))) is not None and g.shape == b.shape]
     return float(torch.stack(terms).max()) if terms else 0.0
 
@@ -78,23 +80,25 @@ class _Kept:
 
 @functools.cache
 def _reach_mode():
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
+    from torch.utils.weak import WeakIdKeyDictionary
 
     class Reach(TorchDispatchMode):
         def __init__(self, param, kept: list):
             super().__init__()
-            self.ids, self.kept, self.hold = {id(param)}, kept, [param]   # held: an id is not reused
+            # what ops made from the parameter, held weakly (a dead tensor's id may be reused; it leaves the set)
+            self.made, self.kept = WeakIdKeyDictionary({param: True}), kept
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            if any(id(a) in self.ids for a in tree_flatten((args, kwargs))[0]):
+            if len(self.kept) < MAX_KEPT and any(isinstance(a, torch.Tensor) and a in self.made
+                                                 for a in tree_flatten((args, kwargs))[0]):
                 for t in tree_flatten(out)[0]:
-                    if getattr(t, "is_floating_point", None) and t.is_floating_point():
-                        self.ids.add(id(t))
-                        self.hold.append(t)
-                        if len(self.kept) < MAX_KEPT:
-                            self.kept.append(t)
+                    if isinstance(t, torch.Tensor) and t.is_floating_point() and len(self.kept) < MAX_KEPT:
+                        self.made[t] = True
+                        self.kept.append(t)
             return out
 
     return Reach

@@ -119,8 +119,8 @@ def _stays(bound: float | None, test, slope: float, name: str) -> bool:
     parameter's own gradient along the shift, `slope`, times the scale, is SEEN × that too)? A cancellation
     holds for any shift; a dependence below RESOLUTION × rtol of the bound (1e-10 in float64) is not told from
     rounding. The scale is at most MAX_SCALE."""
-    if not bound:   # None: not known; 0: it moves nothing the loss's gradient reaches: the verdict stays
-        return False
+    if not bound or not math.isfinite(bound):   # None: not known; 0: it moves nothing the loss's gradient
+        return False                               # reaches: the verdict stays
     need = reach.SEEN * test.seen
     if slope >= need:   # its gradient says a unit shift moves the loss, and it did not: not a cancellation
         return False

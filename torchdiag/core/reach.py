@@ -111,9 +111,20 @@ def _first_order(before: list, after: list, grads: list) -> float | None:
 
     if len(before) != len(after) or any(a.shape != b.shape for a, b in zip(before, after)):
         return None
-    terms = [(g.double().abs() * (a.double() - b.double()).abs()).sum() for a, b, g in zip(before, after, grads)
+    terms = [first_order(g, b, a) for a, b, g in zip(after, before, grads)
              if g is not None and g.shape == a.shape and a.numel()]
     return float(torch.stack(terms).sum()) if terms else 0.0
+
+
+def first_order(grad, before, after):
+    """sum |grad| × |after − before| (a float64 tensor): no move where the two agree (a mask's −inf in both, whose
+    difference is NaN), and non-finite terms left out (a review: 0 × NaN made the bound NaN, and a NaN bound passed
+    for a cancellation)."""
+    import torch
+
+    a, b = after.double(), before.double()
+    terms = grad.double().abs() * torch.where(a == b, torch.zeros_like(a), (a - b).abs())
+    return terms[torch.isfinite(terms)].sum()
 
 
 def _cloned(obj):
