@@ -254,6 +254,52 @@ def test_keyword_token_ids_made_as_zeros_span_their_embedding():
     assert any(n.startswith("input_ids: integer values in [0, 500)") for n in inputs.notes), inputs.notes
 
 
+class PerFrameText(nn.Module):
+    """InstructBLIP-Video's layout: the Q-Former's text ids are repeated once per frame before its word embedding
+    reads them, so the tensor it gets is not the one given; made as zeros they were all its padding index, and
+    the word embedding got exactly zero gradient (the zoo's instructblipvideo row)."""
+
+    def __init__(self, frames=4):
+        super().__init__()
+        self.frames = frames
+        self.words = nn.Embedding(300, 8, padding_idx=0)
+        self.conv = nn.Conv2d(3, 8, 3)
+
+    def forward(self, pixel_values, qformer_input_ids=None):   # pixels (B, frames, C, H, W)
+        b = pixel_values.shape[0]
+        image = self.conv(pixel_values.flatten(0, 1)).mean((2, 3))            # (B·frames, 8)
+        text = self.words(qformer_input_ids.repeat_interleave(self.frames, 0))  # (B·frames, T, 8)
+        return (image + text.mean(1)).view(b, self.frames, 8).mean(1)
+
+
+@pytest.mark.parametrize("repeat", ["interleave", "whole"])
+def test_keyword_ids_made_as_zeros_are_found_where_the_model_repeats_them(repeat):
+    model = PerFrameText()
+    if repeat == "whole":
+        model.forward = lambda pixel_values, qformer_input_ids=None: model.words(qformer_input_ids.repeat(4, 1)).mean()
+    zeros = torch.zeros(2, 16, dtype=torch.int64)
+    inputs = realistic_inputs(model, [torch.randn(2, 4, 3, 8, 8)], [parse_input_spec("2x4x3x8x8")], [None],
+                              torch.device("cpu"), 0, keywords={"qformer_input_ids": zeros})
+    ids = inputs.kwargs["qformer_input_ids"]
+    assert 30 < int(ids.max()) < 300 and int(ids.min()) >= 0 and float((ids == 0).float().mean()) < 0.1
+    assert any(n.startswith("qformer_input_ids: integer values in [0, 300)") for n in inputs.notes), inputs.notes
+
+
+def test_keyword_ids_no_embedding_reads_keep_their_zeros():
+    class Unread(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.words, self.conv = nn.Embedding(300, 8), nn.Conv2d(3, 8, 3)
+
+        def forward(self, pixel_values, mask_ids=None):   # ids that are only compared, never looked up
+            return self.conv(pixel_values).mean((2, 3)) * (mask_ids == 0).float().mean()
+
+    zeros = torch.zeros(2, 16, dtype=torch.int64)
+    inputs = realistic_inputs(Unread(), [torch.randn(2, 3, 8, 8)], [parse_input_spec("2x3x8x8")], [None],
+                              torch.device("cpu"), 0, keywords={"mask_ids": zeros})
+    assert inputs.kwargs["mask_ids"] is zeros
+
+
 def test_labels_of_int32_ids_are_compared_as_class_indices():
     from torchdiag.core.inputs import _next_if_unshifted
 

@@ -335,10 +335,11 @@ def same_data(x, t) -> bool:
         return False
 
 
-def embedding_consumers(model, inputs: ModelInputs, wanted: list[str]) -> dict[str, tuple[str, int]]:
+def embedding_consumers(model, inputs: ModelInputs, wanted: list[str], by_value=()) -> dict[str, tuple[str, int]]:
     """name of an integer input -> (path, num_embeddings) of the first nn.Embedding/EmbeddingBag it
     reaches. One traceless forward (buffers, written parameters and the RNG restored; lookups guarded on a GPU)
-    that stops once every wanted input has been mapped."""
+    that stops once every wanted input has been mapped. The names in `by_value` (ids of a distinct random
+    pattern) are also found repeated along the batch (_repeated: a video model's text ids, once per frame)."""
     import torch
     from torch import nn
 
@@ -353,7 +354,7 @@ def embedding_consumers(model, inputs: ModelInputs, wanted: list[str]) -> dict[s
         x = args[0] if args else kwargs.get("input")
         if isinstance(x, torch.Tensor):
             for key, t in targets.items():
-                if key not in found and same_data(x, t):
+                if key not in found and (same_data(x, t) or (key in by_value and _repeated(x, t))):
                     found[key] = (path[id(mod)], int(mod.num_embeddings))
         if len(found) == len(targets):
             raise _ProbeDone
@@ -368,6 +369,18 @@ def embedding_consumers(model, inputs: ModelInputs, wanted: list[str]) -> dict[s
         for h in handles:
             h.remove()
     return found
+
+
+def _repeated(x, t) -> bool:
+    """x holds t's values repeated along the first dimension (each row k times in turn, or the whole k times)."""
+    import torch
+
+    if x.dtype != t.dtype or x.dim() != t.dim() or x.dim() == 0 or x.shape[1:] != t.shape[1:] or x.device != t.device:
+        return False
+    k, rest = divmod(x.shape[0], t.shape[0]) if t.shape[0] else (0, 1)
+    if k == 0 or rest:
+        return False
+    return bool(torch.equal(x, t.repeat_interleave(k, 0)) or torch.equal(x, t.repeat(k, *[1] * (t.dim() - 1))))
 
 
 def realistic_inputs(model, tensors: list, specs: list[InputSpec], notes: list, device, seed: int,
@@ -412,12 +425,17 @@ def realistic_inputs(model, tensors: list, specs: list[InputSpec], notes: list, 
             kwargs["decoder_input_ids"] = _random_decoder_ids(first, model, seed)
         out_notes.append(f"decoder_input_ids: {shape_str(first)} added (the model is an encoder-decoder: "
                          "its forward takes decoder_input_ids)")
-    inputs = ModelInputs(tuple(tensors), kwargs, "--input")
     made = [] if meta else _zero_keyword_ids(kwargs)
+    zeros = {key: kwargs[key] for key in made}
+    if model is not None:   # a pattern to be recognised by, where the model copies them (ranged again below)
+        kwargs.update(_patterned(zeros, model, seed))
+    inputs = ModelInputs(tuple(tensors), kwargs, "--input")
     wanted = [] if meta else [f"input[{i}]" for i in ids] + (["decoder_input_ids"] if "decoder_input_ids" in kwargs else []) + made
-    found = embedding_consumers(model, inputs, wanted) if wanted and model is not None else {}
+    found = embedding_consumers(model, inputs, wanted, made) if wanted and model is not None else {}
     for key in wanted:
         if key not in found:
+            if key in zeros:
+                kwargs[key] = zeros[key]
             continue
         where, size = found[key]
         if key == "decoder_input_ids" or key in made:
@@ -448,6 +466,22 @@ def _zero_keyword_ids(kwargs: dict) -> list[str]:
     return [k for k, t in kwargs.items() if k.endswith("_ids") and "type" not in k and k != "decoder_input_ids"
             and torch.is_tensor(t) and not t.is_floating_point() and t.dim() >= 1 and t.numel() > 1
             and not bool(t.any())]
+
+
+def _patterned(zeros: dict, model, seed: int) -> dict:
+    """The all-zero keyword ids, each given random values in [1, the model's smallest vocabulary): values the
+    embedding that reads them can be recognised by, also when the model repeats them (once per video frame:
+    InstructBLIP-Video's Q-Former ids) and no longer the same tensor."""
+    import torch
+
+    high = default_int_high(model)[0]
+    if high < 3:
+        return {}
+    out = {}
+    for k, (key, t) in enumerate(zeros.items()):
+        g = torch.Generator().manual_seed(seeds.keyword_ids(seed, k))
+        out[key] = torch.randint(1, high, tuple(t.shape), generator=g, dtype=t.dtype).to(t.device)
+    return out
 
 
 def _random_decoder_ids(like, model, seed: int):
