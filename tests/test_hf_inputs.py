@@ -1035,3 +1035,28 @@ def test_a_resized_layout_that_runs_but_gives_all_zeros_is_a_last_resort():
     assert got.args[0].shape == (1, 7, 4)
     assert got.source == ("test; layout 1 of 1 with 5 → 7: the size the model's own error asked for (no layout ran "
                           "as made; the only ones that ran gave an output of all zeros)")
+
+
+def test_a_video_placeholder_model_gets_one_token_per_frame_query(tmp_path):
+    """InstructBLIP-Video: a `video_token_index` only, pixels as (frames, C, H, W) a sample, and the mask made
+    inline (`input_ids == video_token_id`, then `masked_scatter`): its ids held no placeholder, so the language
+    projection got exactly zero gradient. Now 4 queries × 8 frames placeholders, counted from the model."""
+    import torch
+
+    from torchdiag.core import inputs, loading
+
+    cfg = transformers.InstructBlipVideoConfig(
+        vision_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "image_size": 32, "patch_size": 16},
+        qformer_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                        "vocab_size": 60, "encoder_hidden_size": 16, "max_position_embeddings": 64},
+        text_config={"model_type": "opt", "hidden_size": 16, "word_embed_proj_dim": 16, "ffn_dim": 32,
+                     "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 100,
+                     "max_position_embeddings": 128},
+        num_query_tokens=4, video_token_index=90)
+    loaded = loading.load_model(f"hf:{save(tmp_path, cfg, 'InstructBlipVideoModel')}", device=torch.device("cpu"))
+    got = inputs.source_inputs(loaded, torch.device("cpu"))
+    ids = got.kwargs.get("input_ids", got.args[0] if not got.args[0].is_floating_point() else None)
+    assert ids is not None and int((ids == 90).sum(1).min()) == int((ids == 90).sum(1).max()) == 4 * 8, got.notes
+    assert any(n.startswith("input[0]: 32 placeholder ids 90 per sequence") for n in got.notes), got.notes
+    assert inputs.runs(loaded.model, got)

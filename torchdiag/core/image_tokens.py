@@ -26,25 +26,29 @@ class _Counted(Exception):
 
 
 def token_of(config) -> int | None:
-    """The config's image placeholder id (image_token_id, or image_token_index in older configs)."""
-    for key in ("image_token_id", "image_token_index"):
+    """The config's image placeholder id (image_token_id, or image_token_index in older configs), else its video
+    placeholder's (InstructBLIP-Video swaps `video_token_index` ids for the frames' query features)."""
+    for key in ("image_token_id", "image_token_index", "video_token_id", "video_token_index"):
         value = getattr(config, key, None)
         if type(value) is int and value >= 0:
             return value
     return None
 
 
-def count(model, inputs) -> int | None:
+def count(model, inputs, ids=None, token: int | None = None) -> int | None:
     """Image features per sample the model computes for these inputs' pixels, or None when its forward does not
     reach a get_placeholder_mask (Idefics: inputs_merger) that is given them or whose mask it then fills
     (`masked_scatter`: BLIP-2's forward, which checks no count and leaves the image out when the ids hold no
-    placeholder)."""
+    placeholder). With `ids` and `token`: also a mask the forward makes itself as `ids == token`
+    (InstructBLIP-Video's), followed through its reshapes to the masked_scatter that fills it."""
     import torch
     from torch.overrides import TorchFunctionMode
 
     holders = [(m, name) for m in model.modules() for name in METHODS if callable(getattr(type(m), name, None))]
     found: list[int] = []
-    masks: dict[int, tuple[int, int]] = {}   # id of a mask get_placeholder_mask returned -> (rows, embedding width)
+    # id of a mask -> (rows, embedding width): get_placeholder_mask's (its width known), or `ids == token` (None)
+    masks: dict[int, tuple[int, int | None]] = {}
+    keep: list = []   # the masks followed, alive: an id is not reused
 
     def capture(original):
         def wrapped(*args, **kwargs):
@@ -71,9 +75,15 @@ def count(model, inputs) -> int | None:
             kwargs = kwargs or {}
             if func is torch.Tensor.masked_scatter and len(args) == 3 and id(args[1]) in masks:
                 rows, width = masks[id(args[1])]
-                found.append(args[2].numel() // width // max(1, rows))
-                raise _Counted
-            return func(*args, **kwargs)
+                width = width or (args[0].shape[-1] if args[0].dim() else 0)
+                if width:
+                    found.append(args[2].numel() // width // max(1, rows))
+                    raise _Counted
+            out = func(*args, **kwargs)
+            if args and torch.is_tensor(out) and out.dtype == torch.bool and _is_mask(func, args, ids, token, masks):
+                masks[id(out)] = masks.get(id(args[0]), (ids.shape[0] if ids is not None else 1, None))
+                keep.append(out)
+            return out
 
     from .inputs import runs
 
@@ -86,6 +96,23 @@ def count(model, inputs) -> int | None:
         for m, name in holders:
             m.__dict__.pop(name, None)
     return found[0] if found and found[0] > 0 else None
+
+
+_FOLLOWED = ("unsqueeze", "to", "expand", "expand_as", "reshape", "view", "bool")
+
+
+def _is_mask(func, args, ids, token, masks) -> bool:
+    """Does this op make `ids == token`, or reshape a mask already followed?"""
+    import torch
+
+    if id(args[0]) in masks:
+        return getattr(func, "__name__", "") in _FOLLOWED
+    if ids is None or token is None or len(args) < 2 or func not in (torch.Tensor.__eq__, torch.Tensor.eq, torch.eq):
+        return False
+    from .inputs import same_data
+
+    a, b = args[0], args[1]
+    return torch.is_tensor(a) and same_data(a, ids) and not torch.is_tensor(b) and b == token
 
 
 def rebuild(inputs, model, token: int) -> bool:
@@ -103,7 +130,7 @@ def rebuild(inputs, model, token: int) -> bool:
     # on meta the model's own count check reads a value (transformers' VLMs): no image layout runs there anyway
     if not torch.is_tensor(ids) or ids.dim() != 2 or ids.device.type == "meta":
         return False
-    n = count(model, inputs)
+    n = count(model, inputs, ids, token)
     if n is None:
         return False
     rows, k = ids.shape[0], _images_per_row(inputs, ids.shape[0], n)
@@ -121,8 +148,8 @@ def rebuild(inputs, model, token: int) -> bool:
         inputs.kwargs["input_ids"] = ids
     if "mm_token_type_ids" in forward_params(type(model)):
         inputs.kwargs["mm_token_type_ids"] = ids.eq(token).long()
-    inputs.notes.append(f"input[0]: {n} image_token_id {token} per sequence ({k} image(s)), one per image feature the "
-                        f"model computes (as its processor writes them), then {TEXT_AFTER} text ids")
+    inputs.notes.append(f"input[0]: {n} placeholder ids {token} per sequence ({k} image(s) or video(s)), one per "
+                        f"image feature the model computes (as its processor writes them), then {TEXT_AFTER} text ids")
     return True
 
 

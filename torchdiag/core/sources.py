@@ -561,8 +561,10 @@ def _pixels_with_tokens(model_cls, config) -> tuple[tuple[str, ...], ...]:
     c, h, w = hf_inputs.image_of(config, nested=True) or (3, DEFAULT_IMAGE, DEFAULT_IMAGE)
     # a prompt of distinct ids from 2 (zeros would all be a padding id: a Q-Former's embedding got no gradient)
     others = [f"{n}=1x{PROMPT_LENGTH}:int64~arange=2" for n in required if n.endswith("_ids") and n != "input_ids"]
-    return ((f"1x{c}x{h}x{w}:float32", f"input_ids=1x{PROMPT_LENGTH}:int64", *others,
-             f"{image_tokens.SPEC}=token:{token}"),)
+    rest = (f"input_ids=1x{PROMPT_LENGTH}:int64", *others, f"{image_tokens.SPEC}=token:{token}")
+    # then as frames of a video (InstructBLIP-Video: its placeholders take each frame's queries)
+    t = hf_inputs.frames_of(config) or hf_inputs.frames_of(config, nested=True) or hf_inputs.VIDEO_FRAMES
+    return ((f"1x{c}x{h}x{w}:float32", *rest), (f"1x{t}x{c}x{h}x{w}:float32", *rest))
 
 
 def _ids_beside_pixels(model_cls, config) -> str | None:
