@@ -313,6 +313,21 @@ def test_checked_runs_judged_and_picked_by_hand():
     assert rules.pick(dead, tol) is None
 
 
+def test_a_rise_before_any_progress_is_weighed_against_the_whole_run():
+    """A sweep's find: a ViT's checked run at the suggestion rose 0.697 -> 0.721 at its first Adam update, then
+    fell to 0.010; "gave back a quarter of its progress" when none was made yet called it unstable, and 0.1x (which
+    ended at 0.27) was recommended. Compared with the whole run's progress the bump is 3%; a bump of half the run's
+    progress stays unstable."""
+    tol = 0.01
+    vit = rules.judge(rules.Check(1.0, 3.35e-3, [0.697, 0.721, 0.6, 0.45, 0.3, 0.1, 0.03, 0.012, 0.0101]), tol, 4.0)
+    assert vit.trained and not vit.unstable and vit.rebound == pytest.approx(0.024)
+    bump = rules.judge(rules.Check(1.0, 1e-3, [5.0, 6.0, 7.0, 4.0, 1.0]), tol, 4.0)
+    assert bump.trained and bump.unstable                 # rose 2 before falling 4: more than a quarter
+    # 0.01 (tol) is no progress yet: a rise of 1.21 is 30% of the run's 4, one of 0.31 is 8%
+    assert rules.judge(rules.Check(1.0, 1e-3, [5.0, 4.99, 6.2, 2.0, 1.0]), tol, 4.0).unstable
+    assert not rules.judge(rules.Check(1.0, 1e-3, [5.0, 4.99, 5.3, 2.0, 1.0]), tol, 4.0).unstable
+
+
 # --- under torchrun: the stop agreed, a peer's failure followed ----------------------------------------
 
 def _with_fake_ranks(monkeypatch, peer):

@@ -195,7 +195,9 @@ def judge(c: Check, tol: float, diverge: float) -> Check:
       unstable — not diverged, and at some step it gave back more than 25% of the progress made so far
                  (the rise above the lowest earlier loss, compared with L0 − that lowest loss) and more
                  than tol (the range test's noise level), or a loss exceeded `diverge` × L0 (the range
-                 test's stop rule) before it came back down;
+                 test's stop rule) before it came back down; a rise before any progress (within tol of L0)
+                 is compared with the whole run's progress instead (a ViT's first Adam update lifted its
+                 loss 3% on the way to a 98% fall: not a run that gives its progress back);
       trained  — not diverged and L0 − final > tol."""
     ls = c.losses
     l0 = ls[0]
@@ -205,10 +207,11 @@ def judge(c: Check, tol: float, diverge: float) -> Check:
     c.diverged = not finite or c.final > l0
     c.unstable = not c.diverged and any(exceeds(v, l0, diverge) for v in ls[1:])
     if not c.diverged:
-        low = ls[0]
+        low, whole = ls[0], l0 - min(ls)
         for v in ls[1:]:
             back = v - low
-            if back > tol and back > GIVE_BACK * (l0 - low):
+            made = l0 - low if l0 - low > tol else whole
+            if back > tol and back > GIVE_BACK * made:
                 c.unstable = True
             c.rebound = max(c.rebound, back)
             low = min(low, v)
