@@ -87,6 +87,76 @@ def test_saturated_and_dead_and_nonfinite_findings():
     assert f and f[0].where == "1" and res3.exit_code == 1
 
 
+class _ZeroInitBlock:
+    """timm's zero-init residual (cs3darknet, resnet50_gn): a branch's last norm has its weight at 0, so the norm,
+    its activation and the drop-path after it output exactly zero; a sweep found 70 `dead-activations` warnings
+    ("dead ReLUs") on a healthy cs3darknet_m, each zero output said once per module it passed."""
+
+    @staticmethod
+    def build(depth=3):
+        import torch
+        from torch import nn
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv, self.norm = nn.Conv2d(8, 8, 3, padding=1), nn.GroupNorm(2, 8)
+                self.act, self.drop = nn.ReLU(), nn.Dropout(0.0)
+                nn.init.zeros_(self.norm.weight)
+
+            def forward(self, x):
+                return x + self.drop(self.act(self.norm(self.conv(x))))
+
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), *[Block() for _ in range(depth)])
+
+
+def test_a_zero_initialised_norm_is_info_said_once_with_what_passes_it_on():
+    import torch
+
+    from torchdiag.core.inputs import ModelInputs
+
+    res = run("activations", _ZeroInitBlock.build(), ModelInputs((torch.randn(2, 3, 8, 8),), {}))
+    assert res.exit_code == 0 and not [f for f in res.findings if f.severity != "info"], res.findings
+    (f,) = [f for f in res.findings if f.code == "zero-init"]
+    assert f.members == ["1.norm", "2.norm", "3.norm"] and "their weight is zero at initialisation" in f.message
+    assert "6 module(s) pass the zeros on" in f.message   # each block's act and drop
+
+
+def test_a_dead_relu_after_a_zero_init_norm_is_still_a_warning_where_its_own_inputs_die():
+    """The control: a ReLU whose inputs are all negative has no parameter to draw; a norm whose weight is not 0
+    but whose bias pushes every value below 0 is dead ReLUs, not a gate."""
+    import torch
+
+    from torchdiag.core.inputs import ModelInputs
+
+    model = _ZeroInitBlock.build(depth=1)
+    with torch.no_grad():
+        model[1].norm.weight.fill_(0.1)
+        model[1].norm.bias.fill_(-5.0)
+    res = run("activations", model, ModelInputs((torch.randn(2, 3, 8, 8),), {}))
+    assert [(f.code, f.where) for f in res.findings if f.severity != "info"] == [("dead-activations", "1.act")]
+    assert "1 module(s) pass its zeros on (1.drop)" in res.findings[0].message
+
+
+def test_relu6_zeros_are_not_saturation():
+    """ReLU6's clip at 0 is a ReLU's zero (half of a healthy MobileNetV2's outputs): only its top, 6, saturates."""
+    import torch
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 64), nn.ReLU6())
+    res = run("activations", model, ModelInputs((torch.randn(16, 4),), {}))
+    row = {r["name"]: r for r in res.table("modules").rows}["1"]
+    assert 0.3 < row["zero_fraction"] < 0.7 and row["saturated_fraction"] == 0.0 and not res.findings
+    with torch.no_grad():
+        model[0].bias.fill_(10.0)
+    res = run("activations", model, ModelInputs((torch.randn(16, 4),), {}))
+    assert ("saturated-activations", "1") in {(f.code, f.where) for f in res.findings}
+
+
 def test_cli_json_and_pictures(cli, tmp_path):
 
     out = tmp_path / "act"

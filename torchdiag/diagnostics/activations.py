@@ -2,7 +2,8 @@
 
 Per module: output shape, mean, std, min, max, fraction of exact zeros, fraction saturated (for
 bounded activations: Sigmoid/Hardsigmoid within `eps` of 0 or 1, Tanh/Softsign within `eps` of
-±1, Hardtanh/ReLU6 at their clip values; other modules have no saturation and show "—"). A module
+±1, Hardtanh/ReLU6 at their clip values, a clip at 0 being a ReLU's zero; other modules have no saturation and
+show "—"). An all-zero output is said at its origin (activation_zeros.py). A module
 called several times is pooled over its calls. Statistics are computed in float64 inside the
 forward hook, so no output is kept unless a picture of it was asked for.
 
@@ -29,6 +30,7 @@ from ..core.tracking import (
 from ..errors import UsageError
 from ..pictures import grid_figure_size, tile_scale
 from ..results import Column, Result, Table
+from .activation_zeros import DEAD, origins, zero_gate
 
 MAX_MAPS = 64          # feature-map tiles per layer
 MAX_FILTER_TILES = 256
@@ -78,10 +80,10 @@ def saturation_bounds(module, eps: float):
         return eps, 1 - eps
     if isinstance(module, (nn.Tanh, nn.Softsign)):
         return -1 + eps, 1 - eps
-    if isinstance(module, nn.ReLU6):
-        return 0.0, 6.0
-    if isinstance(module, nn.Hardtanh):
-        return module.min_val, module.max_val
+    # a lower clip at 0 is a ReLU's zero, counted under zeros (half of ReLU6's outputs are 0 in a healthy
+    # MobileNetV2: a sweep found every one of its 51 ReLU6 called 50% saturated)
+    if isinstance(module, nn.Hardtanh):   # ReLU6 too
+        return (-math.inf if module.min_val == 0 else module.min_val), module.max_val
     return None
 
 
@@ -97,6 +99,8 @@ class Recorder(ForwardHooks):
         self.kept: dict[str, object] = {}   # name -> first output (detached, cpu) for pictures
         self.order: list[str] = []
         self._bounds: dict[int, tuple | None] = {}
+        self.zero_in: dict[str, bool] = {}          # its first call's input was zero (activation_zeros.DEAD)
+        self.zero_calls: dict[str, tuple] = {}      # (module, first call's args) where that call's output was zero
 
     def __enter__(self):
         self._bounds = {id(m): saturation_bounds(m, self.opts.eps) for m in self.model.modules()}
@@ -137,7 +141,15 @@ class Recorder(ForwardHooks):
         if bounds is not None:
             lo, hi = bounds
             parts.append(((xf <= lo) | (xf >= hi)).sum().double())
+        given = first_tensor(args) if s.calls == 1 else None   # the first call's input: did zeros come in?
+        if given is not None and (not given.is_floating_point() or given.numel() == 0 or given.device != x.device
+                                  or getattr(given, "is_nested", False)):
+            given = None
+        if given is not None:
+            parts.append((given == 0).sum().double())
         vals = torch.stack(parts).tolist()   # one device→host transfer per call
+        if given is not None:
+            self.zero_in[name] = vals.pop() >= DEAD * given.numel()
         s.zeros += int(vals[0])
         if xf.numel():
             s.total += vals[1]
@@ -146,12 +158,21 @@ class Recorder(ForwardHooks):
             s.hi = max(s.hi, vals[4])
         if bounds is not None:
             s.saturated = (s.saturated or 0) + int(vals[-1])
+        if s.calls == 1 and vals[0] >= DEAD * x.numel():   # asked later where its zeros come from
+            self.zero_calls[name] = (module, _detached(args))
         if self.opts.tb and len(s.values) == 0 and xf.numel():
             flat = xf.flatten()
             step = max(1, flat.numel() // HIST_SAMPLES)
             s.values.append(flat[::step].float().cpu().numpy())
         if name in self.keep and name not in self.kept and not nested:
             self.kept[name] = x.float().cpu()
+
+
+def _detached(args):
+    import torch
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda a: a.detach().clone() if isinstance(a, torch.Tensor) else a, args)
 
 
 def _resolve_layers(model, names: list[str]) -> list[str]:
@@ -253,14 +274,15 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         r["_label"] = r["name"]
         if r["nonfinite"]:
             r["_style"] = "red"
-    _findings(result, rows, opts)
+    _findings(result, rows, opts, rec)
     cols = [Column("_label", "module"), Column("type", "type"), Column("shape", "output shape"),
             Column("mean", "mean", "float"), Column("std", "std", "float"), Column("min", "min", "float"),
             Column("max", "max", "float"), Column("zero_fraction", "zeros", "pct"),
             Column("saturated_fraction", "saturated", "pct")]
     result.tables.append(Table("modules", "Module outputs (execution order)", cols, rows,
                                note=f"zeros: exact 0.0; saturated: bounded activations within {opts.eps} of their limits "
-                                    "(Sigmoid, Tanh, Softsign, Hardtanh, ReLU6); — = not a bounded activation"))
+                                    "(Sigmoid, Tanh, Softsign, Hardtanh, ReLU6; a clip at 0 counts as a zero); "
+                                    "— = not a bounded activation"))
     result.data["modules_recorded"] = len(rows)
     result.data["eps"] = opts.eps
     if opts.tb:
@@ -349,19 +371,52 @@ def _filter_caption(shape, kind: str, cols, shown_out: int, shown_in: int) -> st
     return text + ", one input channel each"
 
 
-def _findings(result, rows, opts) -> None:
+def _findings(result, rows, opts, rec) -> None:
     for r in rows:
         if r["nonfinite"]:
             result.add("non-finite-activation", "error", r["name"],
                        f"{r['nonfinite']:,} of {r['elements']:,} output values are NaN or Inf",
                        hint="run `torchdiag nancheck` to find the first module that produced them")
-    leafy = [r for r in rows if r["name"] != "(model)"]
-    for r in leafy:
-        if r["zero_fraction"] is not None and r["zero_fraction"] >= 0.99 and r["elements"] >= 16:
-            result.add("dead-activations", "warning", r["name"],
-                       f"{r['zero_fraction']:.1%} of the output values are exactly zero",
-                       hint="dead ReLUs: check the initialisation, learning rate, or use LeakyReLU/GELU")
-        if r["saturated_fraction"] is not None and r["saturated_fraction"] >= 0.5:
+    gated: dict[tuple, list] = {}   # the zero parameters' names -> the origins they gate
+    for r, passed in origins(rows, rec.zero_in):
+        module, args = rec.zero_calls.get(r["name"], (None, None))
+        gate = zero_gate(module, args) if module is not None else []
+        if gate:
+            gated.setdefault(tuple(gate), []).append((r, passed))
+            continue
+        after = f"; {len(passed)} module(s) pass its zeros on ({_listed(passed)})" if passed else ""
+        result.add("dead-activations", "warning", r["name"],
+                   f"{r['zero_fraction']:.1%} of the output values are exactly zero{after}",
+                   hint="dead ReLUs: check the initialisation, learning rate, or use LeakyReLU/GELU")
+    for gate, found in gated.items():
+        names = [r["name"] for r, _ in found]
+        passed = [n for _, p in found for n in p]
+        which = (f"{len(names)} modules ({_listed(names)}) output exactly zero because their" if len(names) > 1
+                 else f"{found[0][0]['zero_fraction']:.1%} of the output values are exactly zero because its")
+        after = f"; {len(passed)} module(s) pass the zeros on ({_listed(passed)})" if passed else ""
+        result.add("zero-init", "info", names[0] if len(names) == 1 else _common(names),
+                   f"{which} {_listed(list(gate))} {'is' if len(gate) == 1 else 'are'} zero at initialisation: "
+                   f"drawn at random on a copy, the same input gives an output that is not zero and follows the input "
+                   f"(a zero-initialised gate, as a residual branch's last norm: by design, training moves it){after}",
+                   members=names)
+    for r in rows:
+        if r["name"] != "(model)" and r["saturated_fraction"] is not None and r["saturated_fraction"] >= 0.5:
             result.add("saturated-activations", "warning", r["name"],
                        f"{r['saturated_fraction']:.1%} of the output values are saturated (within {opts.eps} of the limits)",
                        hint="gradients vanish through saturated units: normalise the inputs or rescale the preceding layer")
+
+
+def _common(names: list[str]) -> str:
+    """The longest dotted path all names start with ("(model)" when none)."""
+    parts = [n.split(".") for n in names]
+    common = []
+    for level in zip(*parts):
+        if len(set(level)) > 1:
+            break
+        common.append(level[0])
+    return ".".join(common) or "(model)"
+
+
+def _listed(names: list[str], most: int = 4) -> str:
+    more = f" … (+{len(names) - most} more)" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
