@@ -208,6 +208,16 @@ def test_usage_errors(cli, image, tmp_path, monkeypatch):
     one_error_line(r)
 
 
+def test_the_text_report_needs_no_matplotlib(cli, image, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    r = cli("gradcam", REGION, "--layer", "features.3", "--image", image, "--json")
+    assert r.code == 0, r.stderr
+    r = cli("gradcam", REGION, "--layer", "features.3", "--image", image, "--out", tmp_path / "cam.png")
+    assert r.code == 2 and "writing Grad-CAM pictures needs matplotlib" in r.stderr
+
+
 def test_frozen_model_untouched_and_no_grads(image, untouched):
 
 

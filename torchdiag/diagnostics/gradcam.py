@@ -68,7 +68,10 @@ class Options:
         """--size and the image file against the machine's memory, before any pixel is allocated."""
         from ..core.image_file import image_size
 
-        need_pictures("writing Grad-CAM pictures")     # PIL reads the image, matplotlib colours the map
+        if self.out or self.tb:   # PIL reads the image, matplotlib colours the map the pictures show
+            need_pictures("writing Grad-CAM pictures")
+        else:                     # the text report: only the image is read (a sweep: exit 2 asking for matplotlib)
+            need_pictures("reading the image", libraries=("PIL",))
         limit = memory_limit()
         if self.size is not None:
             _fits("size", self.size, limit)
