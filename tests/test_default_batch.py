@@ -20,6 +20,11 @@ def test_batched_specs_and_the_users_own_inputs():
     assert own.default_inputs == () and own.input_source == ""
     assert [c for c in ("summary", "flops", "gradflow", "doctor", "nancheck") if sources.trains(c)] == \
         ["gradflow", "doctor", "nancheck"]
+    # profile runs inference unless --mode train: its reason says it can train (a sweep read "the command runs
+    # train mode" above "mode: inference")
+    prof = SimpleNamespace(default_inputs=("1x3x32x32",), input_source="timm:x default", module=None)
+    sources.for_training(prof, "profile")
+    assert "the command can run train mode (--mode train)" in prof.input_source
 
 
 def test_the_training_commands_are_the_registrys():

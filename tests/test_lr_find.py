@@ -313,6 +313,12 @@ def test_checked_runs_judged_and_picked_by_hand():
     assert rules.pick(dead, tol) is None
 
 
+def test_a_span_of_one_value_is_that_value():
+    from torchdiag.diagnostics.lr_find.report import span
+
+    assert span(1.2912, 1.2934) == "1.29" and span(0.89, 3.27) == "0.89–3.27"
+
+
 def test_a_rise_before_any_progress_is_weighed_against_the_whole_run():
     """A sweep's find: a ViT's checked run at the suggestion rose 0.697 -> 0.721 at its first Adam update, then
     fell to 0.010; "gave back a quarter of its progress" when none was made yet called it unstable, and 0.1x (which

@@ -189,7 +189,7 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
     check_supported(spec, device)
     loaded = load_model(spec.model, list(spec.args), device, spec.seed, spec.download)
     if sources.trains(spec.command):
-        sources.for_training(loaded)   # a source's default batch of 1 breaks BatchNorm in train mode
+        sources.for_training(loaded, spec.command)   # a source's default batch of 1 breaks BatchNorm in train mode
     checkpoints = load_checkpoints(spec, loaded, device)
     cast_model(loaded.model, spec.dtype)   # --dtype, once, after the weights: the CLI's model is ours
     batch_target = None

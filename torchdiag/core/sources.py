@@ -626,9 +626,11 @@ def batched(specs: tuple[str, ...], batch: int) -> tuple[str, ...]:
     return tuple(out)
 
 
-def for_training(loaded) -> None:
+def for_training(loaded, command: str = "") -> None:
     """A source model's default inputs at TRAIN_BATCH, for a command that runs train mode (in place on
-    the LoadedModel; said in its input_source). A user's own -i or example_inputs are never changed."""
+    the LoadedModel; said in its input_source). A user's own -i or example_inputs are never changed.
+    `profile` runs inference unless asked to train: its reason says so (a sweep read "the command runs train
+    mode" above "mode: inference")."""
     loaded.trains = True
     if loaded.default_inputs:
         if getattr(loaded, "input_alternatives", ()):
@@ -636,7 +638,8 @@ def for_training(loaded) -> None:
         wider = batched(tuple(loaded.default_inputs), TRAIN_BATCH)
         if wider != tuple(loaded.default_inputs):
             loaded.default_inputs = wider
-            loaded.input_source += f"; batch {TRAIN_BATCH}: the command runs train mode, where BatchNorm needs more than one sample"
+            runs = "the command can run train mode (--mode train)" if command == "profile" else "the command runs train mode"
+            loaded.input_source += f"; batch {TRAIN_BATCH}: {runs}, where BatchNorm needs more than one sample"
     elif getattr(loaded.module, "example_inputs", None) is _one_image:
         loaded.module.example_inputs = _two_images
         loaded.input_source += (f"; {TRAIN_BATCH} images with targets (boxes, labels, masks, keypoints): the command "

@@ -16,6 +16,12 @@ def g(v) -> str:
     return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3g}"
 
 
+def span(lo, hi) -> str:
+    """lo–hi, or the one value where they read the same (not "1.29–1.29")."""
+    a, b = g(lo), g(hi)
+    return a if a == b else f"{a}–{b}"
+
+
 def describe_optimizer(spec) -> str:
     if spec.name == "sgd":
         return f"SGD (momentum {spec.momentum:g})" if spec.momentum else "SGD"
@@ -166,7 +172,7 @@ def _curve_findings(result, runner, analyses, s, opts, ctx) -> None:
     if stops:
         why = sorted({r.stopped for r in reps if r.stopped})
         result.add("diverges-above", "info", "", f"{len(stops)} of {len(reps)} repeat(s) stopped early ({', '.join(why)}) "
-                   f"at lr {g(min(stops))}–{g(max(stops))}: above that the loss blows up")
+                   f"at lr {span(min(stops), max(stops))}: above that the loss blows up")
     if s.status == "rises":
         up = [a for a in analyses if a.status == "rises"]
         result.add("no-rate-trains", "error", "", f"no rate in {g(opts.min_lr)}–{g(opts.max_lr)} reduced the loss "
@@ -233,7 +239,7 @@ def _verdict(result, s, checks, best, opts) -> None:
         error = next((f for f in result.findings if f.severity == "error"), None)
         result.verdict = f"FAIL: {error.message}" if error else f"NO SUGGESTION: the curve is {s.status}"
         return
-    head = f"lr {g(s.lr)} (band {g(s.band[0])}–{g(s.band[1])}, {s.ok} repeat(s))"
+    head = f"lr {g(s.lr)} (band {span(*s.band)}, {s.ok} repeat(s))"
     if not checks:
         result.verdict = f"SUGGESTED {head}, not checked"
         return
@@ -244,4 +250,4 @@ def _verdict(result, s, checks, best, opts) -> None:
         result.verdict = f"SUGGESTED {head}; checked: {others}; 1× kept"
     else:
         result.verdict = (f"RECOMMENDED lr {g(best.lr)} = {LABEL[best.factor]} the curve's suggestion {g(s.lr)} "
-                          f"(band {g(s.band[0])}–{g(s.band[1])}, {s.ok} repeat(s)); checked: {others}")
+                          f"(band {span(*s.band)}, {s.ok} repeat(s)); checked: {others}")
