@@ -196,3 +196,15 @@ def test_labels_from_python_and_the_batch_target(tmp_path):
     assert (tmp_path / "embeddings" / "00001" / "head.0" / "tensors.tsv").is_file()
     res = run("embeddings", model, inputs, layer="head.0", target=torch.arange(8) % 4)
     assert res.data["classes"] == 4
+
+
+def test_one_vector_is_said_to_show_nothing():
+    import torch
+
+    from torchdiag.core.inputs import ModelInputs
+
+    model, _ = load("cnn.py:build")
+    res = run("embeddings", model, ModelInputs((torch.randn(1, 3, 32, 32),), {}), layer="head.0")
+    assert res.data["samples"] == 1 and any(n.startswith("1 vector: the projector needs several") for n in res.notes)
+    many = run("embeddings", model, ModelInputs((torch.randn(4, 3, 32, 32),), {}), layer="head.0")
+    assert not any("vector:" in n for n in many.notes)

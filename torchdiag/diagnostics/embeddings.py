@@ -133,6 +133,9 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         result.data["classes"] = len(set(labels))
     if not finite:
         result.add("non-finite-embedding", "error", opts.layer, "the layer's output holds NaN or Inf: the projector cannot show it")
+    if n < 2:   # a projector of one point shows nothing (a source's default input is one sample)
+        result.notes.append(f"{n} vector: the projector needs several samples to show anything; give a batch "
+                            "(-i N×…, or --batch PATH:fn returning (inputs, labels))")
     rows = [{"sample": i, "label": labels[i] if labels else None, "norm": float(norms[i])} for i in range(min(n, 1000))]
     result.tables.append(Table("sample_norms", "Samples (first 1000)", [Column("sample", "sample", "int"),
                                                                   Column("label", "label"), Column("norm", "L2 norm", "float")],
