@@ -104,8 +104,8 @@ class _ZeroInitBlock:
                 self.act, self.drop = nn.ReLU(), nn.Dropout(0.0)
                 nn.init.zeros_(self.norm.weight)
 
-            def forward(self, x):
-                return x + self.drop(self.act(self.norm(self.conv(x))))
+            def forward(self, x):   # the activation after the sum, as timm's blocks: the zero norm gets a gradient
+                return self.act(x + self.drop(self.norm(self.conv(x))))
 
         torch.manual_seed(0)
         return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), *[Block() for _ in range(depth)])
@@ -120,7 +120,122 @@ def test_a_zero_initialised_norm_is_info_said_once_with_what_passes_it_on():
     assert res.exit_code == 0 and not [f for f in res.findings if f.severity != "info"], res.findings
     (f,) = [f for f in res.findings if f.code == "zero-init"]
     assert f.members == ["1.norm", "2.norm", "3.norm"] and "their weight is zero at initialisation" in f.message
-    assert "6 module(s) pass the zeros on" in f.message   # each block's act and drop
+    assert "3 module(s) pass the zeros on (1.drop, 2.drop, 3.drop)" in f.message
+
+
+class _Dead:
+    """Dead units the old per-module warning caught, which a zero-init gate must not hide (a review's cases)."""
+
+    @staticmethod
+    def relu_after_zero_norm():   # the norm's zero weight feeds a ReLU's zero: no gradient reaches it, ever
+        block = _ZeroInitBlock.build(depth=1)
+        block[1].forward = lambda x: x + block[1].act(block[1].norm(block[1].conv(x)))
+        return block
+
+    @staticmethod
+    def inplace_relu():
+        import torch
+        from torch import nn
+
+        m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(inplace=True), nn.Linear(32, 2))
+        with torch.no_grad():
+            m[0].bias.fill_(-50.0)
+        return m
+
+    @staticmethod
+    def functional_relu_with_zero_bias():   # F.relu inside a module whose Linear has the ordinary zero bias
+        import torch
+        from torch import nn
+
+        class MLP(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(32, 64)
+                nn.init.zeros_(self.fc.bias)
+                with torch.no_grad():
+                    self.fc.weight.copy_(-self.fc.weight.abs())
+
+            def forward(self, x):
+                return torch.relu(self.fc(x))
+
+        return nn.Sequential(nn.Linear(16, 32), nn.Sigmoid(), MLP(), nn.Linear(64, 4))
+
+    @staticmethod
+    def zero_layer(frozen=False):   # a zeroed hidden layer before a ReLU never trains
+        from torch import nn
+
+        m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+        nn.init.zeros_(m[2].weight)
+        nn.init.zeros_(m[2].bias)
+        m[2].requires_grad_(not frozen)
+        return m
+
+    @staticmethod
+    def shared_relu():   # one ReLU: after a zero-init norm, then after a dead Linear (its second call)
+        import torch
+        from torch import nn
+
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv, self.norm, self.dead = nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 16)
+                nn.init.zeros_(self.norm.weight)
+                with torch.no_grad():
+                    self.dead.bias.fill_(-50.0)
+                self.act, self.head = nn.ReLU(), nn.Linear(32, 2)
+
+            def forward(self, x):
+                a = x + self.act(self.norm(self.conv(x)))
+                return self.head(torch.cat([a, self.act(self.dead(x))], -1))
+
+        return M()
+
+
+@pytest.mark.parametrize("case", ["relu_after_zero_norm", "inplace_relu", "functional_relu_with_zero_bias",
+                                  "zero_layer", "frozen_zero_layer", "shared_relu"])
+def test_dead_units_a_zero_gate_does_not_hide(case):
+    import torch
+
+    from torchdiag.core.inputs import ModelInputs
+
+    torch.manual_seed(0)
+    model = _Dead.zero_layer(frozen=True) if case == "frozen_zero_layer" else getattr(_Dead, case)()
+    shape = (2, 3, 8, 8) if case == "relu_after_zero_norm" else (8, 16)
+    res = run("activations", model, ModelInputs((torch.randn(*shape),), {}))
+    warned = [f.where for f in res.findings if f.code == "dead-activations"]
+    assert warned and not [f for f in res.findings if f.code == "zero-init"], [(f.code, f.where) for f in res.findings]
+    if case == "shared_relu":
+        assert "act" in warned
+
+
+def test_a_zero_output_made_by_a_keyword_mask_is_not_a_gate():
+    """The re-run keeps the call's keywords: run without its all-zero mask, the copy's output was not zero, and the
+    block's zero bias was blamed (a review)."""
+    import torch
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+
+    class Masked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(16, 16)
+            nn.init.zeros_(self.proj.bias)
+
+        def forward(self, x, mask=None):
+            return self.proj(x) if mask is None else self.proj(x) * mask
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp, self.block, self.head = nn.Linear(16, 16), Masked(), nn.Linear(16, 2)
+
+        def forward(self, x, mask):
+            return self.head(self.block(self.inp(x), mask=mask))
+
+    torch.manual_seed(0)
+    res = run("activations", M(), ModelInputs((torch.randn(4, 8, 16), torch.zeros(4, 8, 1)), {}))
+    assert [(f.code, f.where) for f in res.findings] == [("dead-activations", "block")]
 
 
 def test_a_dead_relu_after_a_zero_init_norm_is_still_a_warning_where_its_own_inputs_die():
@@ -136,7 +251,7 @@ def test_a_dead_relu_after_a_zero_init_norm_is_still_a_warning_where_its_own_inp
         model[1].norm.bias.fill_(-5.0)
     res = run("activations", model, ModelInputs((torch.randn(2, 3, 8, 8),), {}))
     assert [(f.code, f.where) for f in res.findings if f.severity != "info"] == [("dead-activations", "1.act")]
-    assert "1 module(s) pass its zeros on (1.drop)" in res.findings[0].message
+    assert "1 module(s) pass its zeros on (1)" in res.findings[0].message   # the block (act after its sum)
 
 
 def test_relu6_zeros_are_not_saturation():

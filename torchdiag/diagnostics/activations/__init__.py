@@ -18,19 +18,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..core.guard import leave_no_trace
-from ..core.run import flag, number
-from ..core.tracking import (
+from ...core.guard import leave_no_trace
+from ...core.run import flag, number
+from ...core.tracking import (
     ForwardHooks,
     ModuleTracker,
     first_tensor,
     forward_error,
     nested_shape,
 )
-from ..errors import UsageError
-from ..pictures import grid_figure_size, tile_scale
-from ..results import Column, Result, Table
-from .activation_zeros import DEAD, origins, zero_gate
+from ...errors import UsageError
+from ...pictures import grid_figure_size, tile_scale
+from ...results import Column, Result, Table
+from .zeros import DEAD, detached, origins, reached, zero_gate, zero_parameters
 
 MAX_MAPS = 64          # feature-map tiles per layer
 MAX_FILTER_TILES = 256
@@ -88,9 +88,10 @@ def saturation_bounds(module, eps: float):
 
 
 class Recorder(ForwardHooks):
-    """A forward hook on every module: running statistics of its first floating output."""
+    """A forward hook on every module: running statistics of its first floating output. A pre-hook reads, before
+    the forward (an in-place ReLU overwrites its input), whether the call's floating inputs were zero."""
 
-    _pre = None
+    pre_kwargs = True
 
     def __init__(self, model, opts: Options, keep: set[str]):
         super().__init__(model)
@@ -99,16 +100,27 @@ class Recorder(ForwardHooks):
         self.kept: dict[str, object] = {}   # name -> first output (detached, cpu) for pictures
         self.order: list[str] = []
         self._bounds: dict[int, tuple | None] = {}
-        self.zero_in: dict[str, bool] = {}          # its first call's input was zero (activation_zeros.DEAD)
-        self.zero_calls: dict[str, tuple] = {}      # (module, first call's args) where that call's output was zero
+        self._inputs: dict[int, list] = {}          # id(module) -> stack of (zeros of its inputs, their count, kwargs)
+        self.made_zeros: dict[str, tuple] = {}      # (module, args, kwargs) of its first zero output from non-zero input
 
     def __enter__(self):
         self._bounds = {id(m): saturation_bounds(m, self.opts.eps) for m in self.model.modules()}
         return super().__enter__()
 
+    def _pre(self, module, args, kwargs):
+        import torch
+        from torch.utils._pytree import tree_flatten
+
+        floats = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.is_floating_point()
+                  and t.numel() and t.device.type != "meta" and not getattr(t, "is_nested", False)]
+        zeros = sum((t == 0).sum() for t in floats) if floats else None   # a device scalar: read with the output's
+        self._inputs.setdefault(id(module), []).append((zeros, sum(t.numel() for t in floats), kwargs))
+
     def _post(self, module, args, output):
         import torch
 
+        stack = self._inputs.get(id(module))
+        zeros_in, count_in, kwargs = stack.pop() if stack else (None, 0, {})
         name = self.names.get(id(module)) or "(model)"
         bounds = self._bounds.get(id(module))
         t = first_tensor(output)
@@ -141,15 +153,10 @@ class Recorder(ForwardHooks):
         if bounds is not None:
             lo, hi = bounds
             parts.append(((xf <= lo) | (xf >= hi)).sum().double())
-        given = first_tensor(args) if s.calls == 1 else None   # the first call's input: did zeros come in?
-        if given is not None and (not given.is_floating_point() or given.numel() == 0 or given.device != x.device
-                                  or getattr(given, "is_nested", False)):
-            given = None
-        if given is not None:
-            parts.append((given == 0).sum().double())
+        if zeros_in is not None:
+            parts.append(zeros_in.double().to(x.device))
         vals = torch.stack(parts).tolist()   # one device→host transfer per call
-        if given is not None:
-            self.zero_in[name] = vals.pop() >= DEAD * given.numel()
+        came_zero = zeros_in is not None and vals.pop() >= DEAD * count_in
         s.zeros += int(vals[0])
         if xf.numel():
             s.total += vals[1]
@@ -158,21 +165,15 @@ class Recorder(ForwardHooks):
             s.hi = max(s.hi, vals[4])
         if bounds is not None:
             s.saturated = (s.saturated or 0) + int(vals[-1])
-        if s.calls == 1 and vals[0] >= DEAD * x.numel():   # asked later where its zeros come from
-            self.zero_calls[name] = (module, _detached(args))
+        # a zero output made here, from inputs that were not zero: asked later where its zeros come from
+        if vals[0] >= DEAD * x.numel() and not came_zero and name not in self.made_zeros:
+            self.made_zeros[name] = (module, detached(args), detached(kwargs))
         if self.opts.tb and len(s.values) == 0 and xf.numel():
             flat = xf.flatten()
             step = max(1, flat.numel() // HIST_SAMPLES)
             s.values.append(flat[::step].float().cpu().numpy())
         if name in self.keep and name not in self.kept and not nested:
             self.kept[name] = x.float().cpu()
-
-
-def _detached(args):
-    import torch
-    from torch.utils._pytree import tree_map
-
-    return tree_map(lambda a: a.detach().clone() if isinstance(a, torch.Tensor) else a, args)
 
 
 def _resolve_layers(model, names: list[str]) -> list[str]:
@@ -274,7 +275,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         r["_label"] = r["name"]
         if r["nonfinite"]:
             r["_style"] = "red"
-    _findings(result, rows, opts, rec)
+    _findings(result, rows, opts, rec, lambda names: reached(model, inputs, names, ctx))
     cols = [Column("_label", "module"), Column("type", "type"), Column("shape", "output shape"),
             Column("mean", "mean", "float"), Column("std", "std", "float"), Column("min", "min", "float"),
             Column("max", "max", "float"), Column("zero_fraction", "zeros", "pct"),
@@ -371,34 +372,39 @@ def _filter_caption(shape, kind: str, cols, shown_out: int, shown_in: int) -> st
     return text + ", one input channel each"
 
 
-def _findings(result, rows, opts, rec) -> None:
+def _findings(result, rows, opts, rec, trains) -> None:
     for r in rows:
         if r["nonfinite"]:
             result.add("non-finite-activation", "error", r["name"],
                        f"{r['nonfinite']:,} of {r['elements']:,} output values are NaN or Inf",
                        hint="run `torchdiag nancheck` to find the first module that produced them")
-    gated: dict[tuple, list] = {}   # the zero parameters' names -> the origins they gate
-    for r, passed in origins(rows, rec.zero_in):
-        module, args = rec.zero_calls.get(r["name"], (None, None))
-        gate = zero_gate(module, args) if module is not None else []
+    gated: dict[tuple, list] = {}   # (the origin's type, its gate's names) -> the origins it gates
+    found = origins(rows, set(rec.made_zeros))
+    asked = {r["name"]: rec.made_zeros[r["name"]] for r, _ in found if r["name"] in rec.made_zeros}
+    zero = [f"{n}.{p}" for n, (m, _, _) in asked.items() for p in zero_parameters(m)]
+    moved = trains(zero) if zero else set()   # one backward of the model, only when a zero parameter is there
+    for r, passed in found:
+        module, args, kwargs = asked.get(r["name"], (None, None, None))
+        mine = {p for p in zero_parameters(module) if f"{r['name']}.{p}" in moved} if module is not None else set()
+        gate = zero_gate(module, args, kwargs, mine) if mine else []
         if gate:
-            gated.setdefault(tuple(gate), []).append((r, passed))
+            gated.setdefault((r["type"], tuple(gate)), []).append((r, passed))
             continue
         after = f"; {len(passed)} module(s) pass its zeros on ({_listed(passed)})" if passed else ""
         result.add("dead-activations", "warning", r["name"],
                    f"{r['zero_fraction']:.1%} of the output values are exactly zero{after}",
                    hint="dead ReLUs: check the initialisation, learning rate, or use LeakyReLU/GELU")
-    for gate, found in gated.items():
+    for (kind, gate), found in gated.items():
         names = [r["name"] for r, _ in found]
         passed = [n for _, p in found for n in p]
-        which = (f"{len(names)} modules ({_listed(names)}) output exactly zero because their" if len(names) > 1
+        which = (f"{len(names)} {kind} modules ({_listed(names)}) output exactly zero because their" if len(names) > 1
                  else f"{found[0][0]['zero_fraction']:.1%} of the output values are exactly zero because its")
         after = f"; {len(passed)} module(s) pass the zeros on ({_listed(passed)})" if passed else ""
         result.add("zero-init", "info", names[0] if len(names) == 1 else _common(names),
-                   f"{which} {_listed(list(gate))} {'is' if len(gate) == 1 else 'are'} zero at initialisation: "
-                   f"drawn at random on a copy, the same input gives an output that is not zero and follows the input "
-                   f"(a zero-initialised gate, as a residual branch's last norm: by design, training moves it){after}",
-                   members=names)
+                   f"{which} {_listed(list(gate))} {'is' if len(gate) == 1 else 'are'} zero at initialisation, and "
+                   f"a zero-initialised gate: it gets a gradient (training moves it), and drawn at random on a copy "
+                   f"the same input gives an output that is not zero and follows the input (a residual branch's last "
+                   f"norm, as timm's zero-init residual){after}", members=names)
     for r in rows:
         if r["name"] != "(model)" and r["saturated_fraction"] is not None and r["saturated_fraction"] >= 0.5:
             result.add("saturated-activations", "warning", r["name"],
