@@ -396,6 +396,9 @@ def test_modules_the_default_input_never_runs_are_not_judged(cli, tmp_path, comm
     assert reached and all(f["severity"] == "info" for f in reached)
     assert [f["where"] for f in reached] == ["model.vision_tower", "model.multi_modal_projector"]
     assert "never ran" in reached[0]["message"] or "did not use them" in reached[0]["message"]
+    if command == "overfit-batch":   # a sweep: the batch memorised, exit 0, and the verdict line read "FAIL"
+        shown = cli(command, spec, "--device", "cpu", "--steps", "50")
+        assert r.code == shown.code == 0 and "FAIL" not in shown.stdout, shown.stdout[-600:]
     if command == "gradflow":   # the verdict says what was not judged (review: it said "every trainable parameter")
         assert doc["status_counts"]["not-reached"] == 27
         shown = cli(command, spec, "--device", "cpu")

@@ -32,6 +32,7 @@ class Curve:
     lrs: list[float] = field(default_factory=list)
     accs: list[float] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)    # trainable tensors without a gradient at step 0
+    no_grad: list[str] = field(default_factory=list)    # of those, the ones judged (not-reached ones left out)
     step: int = 0
     no_graph: bool = False
     nonfinite_at: int | None = None

@@ -159,8 +159,8 @@ def _cause_findings(result, trainer, curve, causes, opts) -> int:
                    + (" (the very first forward)" if curve.nonfinite_at == 0 else "") + stepped[0],
                    hint=stepped[1] or "run `torchdiag nancheck` on this model to find the first module with a non-finite value")
     if curve.no_graph or curve.missing:
-        found += 1
         _no_grad(result, trainer, curve, limit)
+        found += bool(curve.no_graph or curve.no_grad)   # parameters the inputs never reached are no cause
     if causes.zero:
         found += 1
         result.add("zero-grad", "warning", causes.zero[0],
@@ -213,6 +213,7 @@ def _no_grad(result, trainer, curve, limit: int) -> None:
         result.add(NOT_REACHED, "info", top_module(group, trainer.work), not_reached_message(group, trainer.batch),
                    hint=NOT_REACHED_HINT)
     missing = [n for n in missing if n not in set(quiet)]
+    curve.no_grad = missing
     if missing:
         result.add(NO_GRAD, NO_GRAD_SEVERITY, top_module(missing, trainer.work),
                    no_grad_message(missing, len(trainer.trainable), limit), hint=NO_GRAD_HINT)
@@ -289,8 +290,8 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
         if final < 0.999 * tail:
             result.notes.append(f"the loss was still falling at the end ({100 * (final / tail - 1):.1f}% over the last "
                                 f"10% of steps): more {ctx.option('steps')} or a larger {ctx.option('lr')} may reach the target")
-    if d["passed"] and curve.missing:   # memorised without them: still the no-grad error
-        result.verdict = (f"FAIL: {len(curve.missing)} trainable parameter tensor(s) get no gradient (the batch was "
+    if d["passed"] and curve.no_grad:   # memorised without them: still the no-grad error (not-reached ones are info)
+        result.verdict = (f"FAIL: {len(curve.no_grad)} trainable parameter tensor(s) get no gradient (the batch was "
                           f"memorised without them: loss {_fmt(initial)} → {_fmt(final)} in {curve.reached_at} step(s))")
         return
     if d["passed"]:
