@@ -183,6 +183,78 @@ def test_tensorboard_images(cli, tmp_path):
     assert {"attention/layers.0.self_attention", "attention/layers.1.self_attention"} <= set(acc.Tags()["images"])
 
 
+class _OwnSoftmax:
+    """Attention the model's code computes itself (DeBERTa's disentangled attention, CaiT's talking heads): a sweep
+    found `attention` exiting 2, "no attention weights found", on DeBERTa and DeBERTa-v2."""
+
+    @staticmethod
+    def build(returns=False, mask=None):
+        import torch
+        from torch import nn
+
+        class Att(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.qk = nn.Linear(8, 16)
+
+            def forward(self, x):   # (N, L, 8) -> 2 heads of 4
+                q, k = self.qk(x).view(x.shape[0], x.shape[1], 2, 2, 4).permute(2, 0, 3, 1, 4)
+                scores = q @ k.transpose(-2, -1) / 2.0
+                if mask is not None:
+                    scores = scores + mask
+                w = torch.softmax(scores, dim=-1)
+                out = (w @ k).transpose(1, 2).reshape(x.shape[0], x.shape[1], 8)
+                return (out, w) if returns else out
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.att, self.head = Att(), nn.Linear(8, 3)
+
+            def forward(self, x):
+                out = self.att(x)
+                return self.head(out[0] if returns else out)
+
+        torch.manual_seed(0)
+        return Net()
+
+
+def test_a_softmax_the_model_computes_is_captured_once():
+    import torch
+
+    from torchdiag.core.inputs import ModelInputs
+
+    x = torch.randn(2, 5, 8)
+    model = _OwnSoftmax.build()
+    res = run("attention", model, ModelInputs((x,), {}))
+    (cap,) = res.artefacts["captures"]
+    with torch.no_grad():
+        q, k = model.att.qk(x).view(2, 5, 2, 2, 4).permute(2, 0, 3, 1, 4)
+        expected = torch.softmax(q @ k.transpose(-2, -1) / 2.0, dim=-1)
+    assert cap.key == "att" and cap.source == "softmax" and torch.allclose(cap.weights, expected, atol=1e-6)
+    # a module that returns the weights its softmax made: one capture, from its output
+    (cap,) = run("attention", _OwnSoftmax.build(returns=True), ModelInputs((x,), {})).artefacts["captures"]
+    assert cap.source == "module output"
+
+
+def test_keys_an_additive_mask_hides_are_not_visible():
+    """Swin's shifted windows add −100 to the logits of keys outside a query's window: weights of ~e^-100, not 0.
+    Counted as visible, an untrained model's uniform heads read 82–96% (a sweep); they are masked keys."""
+    import torch
+
+    from torchdiag.core.inputs import ModelInputs
+
+    mask = torch.zeros(5, 5)
+    mask[:, 3:] = -100.0   # each query sees keys 0-2
+    model = _OwnSoftmax.build(mask=mask)
+    with torch.no_grad():
+        model.att.qk.weight.zero_()
+        model.att.qk.bias.zero_()   # q = k = 0: uniform over the visible keys
+    res = run("attention", model, ModelInputs((torch.randn(2, 5, 8),), {}))
+    for h in res.table("heads").rows:
+        assert h["entropy_fraction"] == pytest.approx(1.0) and h["entropy"] == pytest.approx(math.log(3))
+
+
 def test_usage_errors(cli, tmp_path, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # CPU-only machine for every case, even on a GPU box
     r = cli("attention", VIT, "--tokens", "a,b,c")

@@ -8,9 +8,14 @@ Three sources, in eval mode under no_grad:
   or a dict value whose key mentions "attn"/"attention", that is a 3-D/4-D non-negative tensor
   whose last dimension sums to 1;
 - F.scaled_dot_product_attention calls (patched for the run, restored after): the weights
-  softmax(q·kᵀ·scale + mask) are recomputed from q and k and credited to the calling module.
+  softmax(q·kᵀ·scale + mask) are recomputed from q and k and credited to the calling module;
+- a softmax over the last dimension of a 4-D tensor (N×H×L×S) that the model's own code computes
+  (DeBERTa's disentangled attention, CaiT's talking heads: a TorchFunctionMode sees it), credited to the
+  module that called it, where none of the above captured that call (an attention module that returns its
+  weights, one inside nn.MultiheadAttention or inside the SDPA recomputation is not counted twice).
 Per head: mean entropy of a query's distribution (nats, and as a fraction of log(keys the query
-can see), keys with exactly zero weight being masked; queries seeing one key are left out), mean
+can see), keys with a weight below e^-60 of the query's largest being masked: exactly 0 after a −inf mask,
+~e^-100 after Swin's additive −100; queries seeing one key are left out), mean
 max weight, mean weight on the first key (CLS / attention sink) and on the diagonal. Pictures are data
 (the weights of the drawn sample, `result.artefacts["heatmaps"]`), drawn and written by
 render/attention.py; the captured weights are in `result.artefacts["captures"]`."""
@@ -92,9 +97,12 @@ class Catcher:
         self.model, self.opts = model, opts
         self.captures: list[Capture] = []
         self.stack: list[tuple[str, object]] = []
+        self.starts: list[int] = []        # per frame of the stack: len(captures) when the module was called
         self.pending: dict[int, list] = {}
         self._handles = []
         self._orig_sdpa = None
+        self._softmax = None               # the TorchFunctionMode that sees softmax calls
+        self.in_sdpa = False
 
     def __enter__(self):
         import torch
@@ -128,7 +136,12 @@ class Catcher:
                 out = orig(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kw)
                 owner = catcher.stack[-1] if catcher.stack else ("(model)", None)
                 if not isinstance(owner[1], nn.MultiheadAttention):
-                    w = sdpa_weights(query.detach(), key.detach(), attn_mask, is_causal, scale, kw.get("enable_gqa", False))
+                    catcher.in_sdpa = True   # its own softmax is not another capture
+                    try:
+                        w = sdpa_weights(query.detach(), key.detach(), attn_mask, is_causal, scale,
+                                         kw.get("enable_gqa", False))
+                    finally:
+                        catcher.in_sdpa = False
                     if w.dim() == 3:
                         w = w.unsqueeze(1)
                     if w.dim() == 4:
@@ -138,9 +151,14 @@ class Catcher:
 
             F.scaled_dot_product_attention = patched
         torch.backends.mha.set_fastpath_enabled(False)
+        self._softmax = _softmax_mode()(self)
+        self._softmax.__enter__()
         return self
 
     def __exit__(self, *exc):
+        if self._softmax is not None:
+            mode, self._softmax = self._softmax, None
+            mode.__exit__(None, None, None)
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -156,6 +174,7 @@ class Catcher:
 
         def pre(module, args, kwargs):
             self.stack.append((name, module))
+            self.starts.append(len(self.captures))
             if isinstance(module, nn.MultiheadAttention):
                 args = list(args)
                 need = kwargs.get("need_weights", args[4] if len(args) > 4 else True)
@@ -177,6 +196,17 @@ class Catcher:
     def _pop(self, module, args, output):
         if self.stack:
             self.stack.pop()
+            self.starts.pop()
+
+    def softmax(self, w) -> None:
+        """A softmax the model's code computed over the last dimension of a 4-D tensor: its weights."""
+        from torch import nn
+
+        owner = self.stack[-1] if self.stack else ("(model)", None)
+        if self.in_sdpa or any(isinstance(m, nn.MultiheadAttention) for _, m in self.stack):
+            return
+        self.captures.append(Capture(owner[0], type(owner[1]).__name__ if owner[1] is not None else "", "softmax",
+                                     w.detach().float().cpu()))
 
     def _mha_post(self, name, mod):
         def post(module, args, output):
@@ -196,6 +226,7 @@ class Catcher:
 
     def _generic_post(self, name, mod):
         def post(module, args, output):
+            start = self.starts[-1] if self.starts else 0
             self._pop(module, args, output)
             cands = []
             if isinstance(output, (tuple, list)):
@@ -205,6 +236,8 @@ class Catcher:
             for c in cands:
                 for t in (c if isinstance(c, (tuple, list)) else [c]):
                     if _looks_like_attention(t):
+                        # the module returns the weights a softmax inside it made: that one capture, not two
+                        self.captures[start:] = [c for c in self.captures[start:] if c.source != "softmax"]
                         w = t.detach().float()
                         self.captures.append(Capture(name, type(module).__name__, "module output",
                                                      (w if w.dim() == 4 else w.unsqueeze(1)).cpu()))
@@ -214,6 +247,33 @@ class Catcher:
         return post
 
 
+def _softmax_mode():
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    funcs = {torch.softmax, torch.nn.functional.softmax, torch.Tensor.softmax, torch.special.softmax}
+
+    class Softmaxes(TorchFunctionMode):
+        def __init__(self, catcher):
+            super().__init__()
+            self.catcher = catcher
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            if func in funcs and isinstance(out, torch.Tensor) and out.is_floating_point() and out.dim() == 4 \
+                    and out.shape[-1] > 1:
+                dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+                if isinstance(dim, int) and dim % 4 == 3:
+                    self.catcher.softmax(out)
+            return out
+
+    return Softmaxes
+
+
+MASKED = math.exp(-60)   # a weight below this × its query's largest: a masked key (−inf → 0; Swin's −100 → e^-100)
+
+
 def head_stats(w) -> list[dict]:
     """w: N×H×L×S. Per head, averaged over batch and queries."""
     import torch
@@ -221,9 +281,9 @@ def head_stats(w) -> list[dict]:
     p = w.double().clamp_min(0)
     S = p.shape[-1]
     ent = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)            # N×H×L
-    # a query's largest possible entropy is log(keys it can see): masked keys (causal, padding)
-    # get exactly 0 weight, so a uniform causal head reads 100%, not log(i+1)/log(S)
-    visible = (p > 0).sum(-1)                                        # N×H×L
+    # a query's largest possible entropy is log(keys it can see): masked keys (causal, padding) get 0 weight
+    # (or ~e^-100 under an additive mask), so a uniform causal head reads 100%, not log(i+1)/log(S)
+    visible = (p > p.amax(-1, keepdim=True) * MASKED).sum(-1)        # N×H×L
     frac = ent / torch.log(visible.clamp_min(2).double())
     counted = visible >= 2
     rows = []
@@ -257,8 +317,9 @@ def run(model, inputs, opts: Options, ctx) -> Result:
             except Exception as exc:
                 raise forward_error(exc, tracker) from exc
     if not catcher.captures:
-        raise UsageError("no attention weights found: no nn.MultiheadAttention, no module returning attention weights "
-                         "and no F.scaled_dot_product_attention call ran in forward",
+        raise UsageError("no attention weights found: no nn.MultiheadAttention, no module returning attention weights, "
+                         "no F.scaled_dot_product_attention call and no softmax over a 4-D (N×H×L×S) tensor ran in "
+                         "forward",
                          hint="point MODEL_SPEC at a model with attention layers")
     counts: dict[str, int] = {}
     layers, heads = [], []
