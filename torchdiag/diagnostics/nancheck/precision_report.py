@@ -150,7 +150,7 @@ def report_underflow(result: Result, reduced_grads: dict, ref_work, prec) -> lis
         unscaled = (" in this unscaled pass; training's GradScaler multiplies the loss by its scale to keep them "
                     "(--steps shows it)" if prec.scaled else "")
         result.add("grad-underflow", "info" if prec.scaled else "warning", top["module"],
-                   f"{top['module']}: {top['underflow']:,} of {top['nonzero_float32']:,} parameter-gradient values "
+                   f"{top['underflow']:,} of {top['nonzero_float32']:,} parameter-gradient values "
                    f"({top['fraction']:.1%}) that are nonzero in float32 are below {dtype}'s range (at most half its "
                    f"smallest subnormal {g(prec.facts.smallest_subnormal)}: they round to 0) and exactly 0 in "
                    f"{dtype} (same weights and inputs, float32 reference){unscaled}{more}",
@@ -182,7 +182,9 @@ def check_precision(result: Result, model, inputs, loss_fn, ctx, rep, watch, sta
     data = dict(prec.as_dict(), headroom_factor=HEADROOM, reference=None, cause=None)
     failed = any(f.severity == "error" for f in result.findings)
     report_headroom(result, watch)
-    why = "a non-finite value was found" if failed else "parameter gradients hold exact zeros" if watch.has_zero_grads else None
+    why = ("a non-finite value was found" if failed else
+           "the reduced run's parameter gradients hold exact zeros: underflow or rounding, told apart against it"
+           if watch.has_zero_grads else None)
     ref_work = None
     if why is not None:
         ref_work, ref_rep, ref_watch = reference_pass(model, inputs, loss_fn, ctx, state)
