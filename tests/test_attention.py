@@ -255,6 +255,92 @@ def test_keys_an_additive_mask_hides_are_not_visible():
         assert h["entropy_fraction"] == pytest.approx(1.0) and h["entropy"] == pytest.approx(math.log(3))
 
 
+def test_the_softmax_source_takes_only_attention_and_each_once():
+    """A review of the softmax source: a layer that returns its self-attention weights lost its cross-attention
+    capture, a softmax of a Linear's output (Deformable DETR's sampling weights, a router, a channels-last
+    segmentation head) was taken for attention, and a module that calls SDPA and also computes the weights for a
+    picture was counted twice."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+
+    def heads(t):   # (N, L, 8) -> (N, 2, L, 4)
+        return t.view(t.shape[0], t.shape[1], 2, 4).transpose(1, 2)
+
+    class Layer(nn.Module):   # returns (x, its self-attention weights); its cross-attention is not returned
+        def __init__(self):
+            super().__init__()
+            self.q, self.k = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x, mem):
+            w_self = torch.softmax(heads(self.q(x)) @ heads(self.k(x)).transpose(-1, -2), dim=-1)
+            w_cross = torch.softmax(heads(self.q(x)) @ heads(self.k(mem)).transpose(-1, -2), dim=-1)
+            return x + (w_cross @ heads(self.k(mem))).transpose(1, 2).reshape(x.shape), w_self
+
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer, self.router = Layer(), nn.Linear(8, 4 * 3)
+            self.plot = nn.Linear(8, 8)
+
+        def forward(self, x, mem):
+            x, _ = self.layer(x, mem)
+            gates = torch.softmax(self.router(x).view(x.shape[0], x.shape[1], 4, 3), dim=-1)   # a router: not attention
+            q = heads(self.plot(x))
+            out = F.scaled_dot_product_attention(q, q, q)
+            _ = torch.softmax(q @ q.transpose(-1, -2) / 2.0, dim=-1)   # the same weights, for a picture
+            return out.sum() + gates.sum()
+
+    torch.manual_seed(0)
+    res = run("attention", Decoder(), ModelInputs((torch.randn(2, 5, 8), torch.randn(2, 7, 8)), {}))
+    got = [(c.key, c.source, tuple(c.weights.shape)) for c in res.artefacts["captures"]]
+    assert got == [("layer", "module output", (2, 2, 5, 5)), ("layer#2", "softmax", (2, 2, 5, 7)),
+                   ("(model)", "F.scaled_dot_product_attention", (2, 2, 5, 5))], got
+
+
+def test_a_softmax_capture_is_a_copy_of_the_models_tensor():
+    """The model may change its weights in place after the softmax (a gate, a masked_fill_): the capture keeps
+    the softmax's values (on a CPU, .float().cpu() of a float32 tensor was the model's own tensor)."""
+    import torch
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+
+    class Gated(nn.Module):
+        def forward(self, x):   # (N, 2, L, 4)
+            w = torch.softmax(x @ x.transpose(-1, -2), dim=-1)
+            expected.append(w.clone())
+            w.mul_(0.5)
+            return w @ x
+
+    expected: list = []
+    res = run("attention", Gated(), ModelInputs((torch.randn(2, 2, 5, 4),), {}))
+    (cap,) = res.artefacts["captures"]
+    assert torch.equal(cap.weights, expected[0])
+
+
+def test_a_peaked_head_is_not_read_as_masked():
+    """Logit gaps of 70-80 (a trained, peaked head) leave weights of 1e-35…1e-31, not a mask's e^-100: a head
+    splitting each query between 2 of 32 keys reads log 2 / log 32 (a review: 100% under an e^-60 threshold)."""
+    import torch
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+
+    class Peaked(nn.Module):
+        def forward(self, x, y):   # scores of 1×1×4×32 from a matmul, set to 0 on 2 keys and −75 on the rest
+            logits = torch.full((1, 1, 4, 32), -75.0)
+            logits[..., :2] = 0.0
+            w = torch.softmax((x @ y) * 0 + logits, dim=-1)
+            return w.sum()
+
+    res = run("attention", Peaked(), ModelInputs((torch.randn(1, 1, 4, 3), torch.randn(1, 1, 3, 32)), {}))
+    (h,) = res.table("heads").rows
+    assert h["entropy_fraction"] == pytest.approx(math.log(2) / math.log(32), rel=1e-4)
+
+
 def test_usage_errors(cli, tmp_path, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # CPU-only machine for every case, even on a GPU box
     r = cli("attention", VIT, "--tokens", "a,b,c")

@@ -9,12 +9,13 @@ Three sources, in eval mode under no_grad:
   whose last dimension sums to 1;
 - F.scaled_dot_product_attention calls (patched for the run, restored after): the weights
   softmax(q·kᵀ·scale + mask) are recomputed from q and k and credited to the calling module;
-- a softmax over the last dimension of a 4-D tensor (N×H×L×S) that the model's own code computes
-  (DeBERTa's disentangled attention, CaiT's talking heads: a TorchFunctionMode sees it), credited to the
-  module that called it, where none of the above captured that call (an attention module that returns its
-  weights, one inside nn.MultiheadAttention or inside the SDPA recomputation is not counted twice).
+- a softmax over the last dimension of 4-D attention scores (N×H×L×S: what ops made, at the same size, from a
+  batched matmul q·kᵀ) that the model's own code computes (DeBERTa's disentangled attention, CaiT's talking
+  heads: a TorchFunctionMode sees it), credited to the module that called it (not an nn.Softmax inside it);
+  once: the module that returns that tensor takes it over, one inside nn.MultiheadAttention or the SDPA
+  recomputation is not counted, nor one beside an SDPA call of the same module and shape.
 Per head: mean entropy of a query's distribution (nats, and as a fraction of log(keys the query
-can see), keys with a weight below e^-60 of the query's largest being masked: exactly 0 after a −inf mask,
+can see), keys with a weight below e^-90 of the query's largest being masked: exactly 0 after a −inf mask,
 ~e^-100 after Swin's additive −100; queries seeing one key are left out), mean
 max weight, mean weight on the first key (CLS / attention sink) and on the diagonal. Pictures are data
 (the weights of the drawn sample, `result.artefacts["heatmaps"]`), drawn and written by
@@ -58,6 +59,10 @@ class Capture:
     type: str
     source: str
     weights: object  # N×H×L×S float32 cpu
+    ref: tuple = ()  # a softmax's: (data_ptr, shape) of the model's own tensor, to know it when a module returns it
+
+
+SOFTMAX, SDPA = "softmax", "F.scaled_dot_product_attention"
 
 
 def _looks_like_attention(t) -> bool:
@@ -146,7 +151,7 @@ class Catcher:
                         w = w.unsqueeze(1)
                     if w.dim() == 4:
                         catcher.captures.append(Capture(owner[0], type(owner[1]).__name__ if owner[1] is not None else "",
-                                                        "F.scaled_dot_product_attention", w.cpu()))
+                                                        SDPA, w.cpu()))
                 return out
 
             F.scaled_dot_product_attention = patched
@@ -199,14 +204,38 @@ class Catcher:
             self.starts.pop()
 
     def softmax(self, w) -> None:
-        """A softmax the model's code computed over the last dimension of a 4-D tensor: its weights."""
+        """A softmax the model's code computed over the last dimension of a 4-D tensor of attention scores: its
+        weights (a copy: the model may change its tensor in place after), credited to the module that called it
+        (the attention module, not an nn.Softmax inside it)."""
+        import torch
         from torch import nn
 
-        owner = self.stack[-1] if self.stack else ("(model)", None)
         if self.in_sdpa or any(isinstance(m, nn.MultiheadAttention) for _, m in self.stack):
             return
-        self.captures.append(Capture(owner[0], type(owner[1]).__name__ if owner[1] is not None else "", "softmax",
-                                     w.detach().float().cpu()))
+        frames = [f for f in self.stack if not isinstance(f[1], nn.Softmax)] or [("(model)", None)]
+        name, mod = frames[-1]
+        self.captures.append(Capture(name, type(mod).__name__ if mod is not None else "", SOFTMAX,
+                                     w.detach().to("cpu", torch.float32, copy=True), (w.data_ptr(), tuple(w.shape))))
+
+    def _returned(self, module, name, t, start: int) -> None:
+        """A module returned attention weights `t`: the softmax capture of that very tensor, made inside its call,
+        becomes this module's (one capture, credited as before the softmax source); else a capture of its own."""
+        ref = (t.data_ptr(), tuple(t.shape))
+        same = [c for c in self.captures[start:] if c.source == SOFTMAX and c.ref == ref]
+        if same:
+            same[0].name, same[0].type, same[0].source = name, type(module).__name__, "module output"
+            return
+        w = t.detach().float()
+        self.captures.append(Capture(name, type(module).__name__, "module output",
+                                     (w if w.dim() == 4 else w.unsqueeze(1)).cpu()))
+
+    def _one_per_call(self, start: int) -> None:
+        """A module that calls SDPA and computes the same weights with its own softmax (for a picture): one."""
+        made = self.captures[start:]
+        sdpa = {(c.name, tuple(c.weights.shape)) for c in made if c.source == SDPA}
+        if sdpa:
+            self.captures[start:] = [c for c in made if not (c.source == SOFTMAX
+                                                             and (c.name, tuple(c.weights.shape)) in sdpa)]
 
     def _mha_post(self, name, mod):
         def post(module, args, output):
@@ -233,14 +262,11 @@ class Catcher:
                 cands = list(output[1:])
             elif isinstance(output, dict):
                 cands = [v for k, v in output.items() if "attn" in str(k).lower() or "attention" in str(k).lower()]
+            self._one_per_call(start)
             for c in cands:
                 for t in (c if isinstance(c, (tuple, list)) else [c]):
                     if _looks_like_attention(t):
-                        # the module returns the weights a softmax inside it made: that one capture, not two
-                        self.captures[start:] = [c for c in self.captures[start:] if c.source != "softmax"]
-                        w = t.detach().float()
-                        self.captures.append(Capture(name, type(module).__name__, "module output",
-                                                     (w if w.dim() == 4 else w.unsqueeze(1)).cpu()))
+                        self._returned(module, name, t, start)
                         return None
             return None
 
@@ -248,30 +274,60 @@ class Catcher:
 
 
 def _softmax_mode():
+    """The TorchFunctionMode of the softmax source: it marks the output of a batched matmul (both operands at
+    least 3-D: q·kᵀ) as attention scores, and what ops make from scores at the same size (a scale, a bias, a
+    mask, a view, CaiT's talking-heads projection); a softmax over the last dimension of 4-D scores is captured.
+    A softmax of anything else (a Linear's output: Deformable DETR's sampling weights, a router, a segmentation
+    head's classes) is not attention."""
+    import operator
+
     import torch
     from torch.overrides import TorchFunctionMode
+    from torch.utils.weak import WeakIdKeyDictionary
 
-    funcs = {torch.softmax, torch.nn.functional.softmax, torch.Tensor.softmax, torch.special.softmax}
+    softmaxes = {torch.softmax, torch.nn.functional.softmax, torch.Tensor.softmax, torch.special.softmax}
+    matmuls = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm,
+               torch.einsum, torch.baddbmm, torch.Tensor.baddbmm}
+
+    def tensors(args, kwargs):
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, torch.Tensor):
+                yield a
+            elif isinstance(a, (list, tuple)):
+                yield from (t for t in a if isinstance(t, torch.Tensor))
+
+    def last_dim(args, kwargs) -> bool:
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+        try:
+            return operator.index(dim) % 4 == 3
+        except TypeError:
+            return False
 
     class Softmaxes(TorchFunctionMode):
         def __init__(self, catcher):
             super().__init__()
-            self.catcher = catcher
+            self.catcher, self.scores = catcher, WeakIdKeyDictionary()
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
-            if func in funcs and isinstance(out, torch.Tensor) and out.is_floating_point() and out.dim() == 4 \
-                    and out.shape[-1] > 1:
-                dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
-                if isinstance(dim, int) and dim % 4 == 3:
+            if not isinstance(out, torch.Tensor) or not out.is_floating_point():
+                return out
+            if func in softmaxes:
+                if out.dim() == 4 and out.shape[-1] > 1 and args and args[0] in self.scores and last_dim(args, kwargs):
                     self.catcher.softmax(out)
+            elif func in matmuls:
+                if out.dim() >= 3 and all(t.dim() >= 3 for t in tensors(args, kwargs)):
+                    self.scores[out] = True
+            elif any(t in self.scores and t.numel() == out.numel() for t in tensors(args, kwargs)):
+                self.scores[out] = True
             return out
 
     return Softmaxes
 
 
-MASKED = math.exp(-60)   # a weight below this × its query's largest: a masked key (−inf → 0; Swin's −100 → e^-100)
+MASKED = math.exp(-90)   # a weight below this × its query's largest: a masked key (−inf → 0; Swin's −100 → e^-100);
+                         # a trained head's logits rarely spread over 90 nats, a masked key's over 100 or more
 
 
 def head_stats(w) -> list[dict]:
