@@ -1060,3 +1060,28 @@ def test_a_video_placeholder_model_gets_one_token_per_frame_query(tmp_path):
     assert ids is not None and int((ids == 90).sum(1).min()) == int((ids == 90).sum(1).max()) == 4 * 8, got.notes
     assert any(n.startswith("input[0]: 32 placeholder ids 90 per sequence") for n in got.notes), got.notes
     assert inputs.runs(loaded.model, got)
+
+
+def test_when_no_layout_runs_and_one_ran_out_of_memory_that_is_the_error():
+    """hf tvp under the zoo's memory cap: its pixel layout (48 frames at 448², batch 2) could not allocate, the token
+    ids alone failed in the model, and the command reported that model error ("'NoneType' object has no attribute
+    'dtype'"), not that the layout it needs did not fit."""
+    import torch
+    from torch import nn
+
+    from torchdiag.core import inputs
+    from torchdiag.errors import ModelError
+
+    class Video(nn.Module):
+        def forward(self, x):
+            if x.shape[-1] == 5:
+                raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                                   "memory: you tried to allocate 67108864 bytes")
+            raise AttributeError("'NoneType' object has no attribute 'dtype'")
+
+    loaded = type("Loaded", (), {"model": Video(), "input_source": "test"})()
+    with pytest.raises(ModelError) as got:
+        inputs._first_that_runs([("1x3:float32",), ("1x5:float32",)], loaded, torch.device("cpu"), 0)
+    assert got.value.message.startswith("no default input layout ran on this machine: 1 probe forward(s) ran out of "
+                                        "memory (RuntimeError: [enforce fail")
+    assert "'NoneType' object has no attribute 'dtype'" in got.value.message and "-i" in got.value.hint

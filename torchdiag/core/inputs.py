@@ -671,6 +671,7 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
         calls[0] += 1
 
     chosen, k, reached, blank, named = None, -1, [], None, []
+    optional_inputs.OUT_OF_MEMORY.clear()
     handle = register_module_forward_pre_hook(count)
     try:
         for i, specs in enumerate(sets):
@@ -716,10 +717,25 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
     if asked is not None or blank_only:
         return asked if asked is not None else blank_only[0]
     k = max(range(len(reached)), key=lambda i: (reached[i], -i))
+    if optional_inputs.OUT_OF_MEMORY:   # the error of a layout that did not fit, not the wrong layouts' (hf tvp)
+        _none_fit(optional_inputs.OUT_OF_MEMORY, named[k], k, len(sets))
     chosen = spec_inputs(sets[k], loaded, device, seed)
     chosen.source = loaded.input_source + (f"; none of {len(sets)} layouts ran: layout {k + 1}, which went furthest "
                                            f"into the model ({reached[k]} module calls before it failed), is used")
     return chosen
+
+
+def _none_fit(oom: list[str], furthest, k: int, n: int) -> None:
+    """No default layout ran, and some ran out of memory: that is the error (exit 3), said with the furthest
+    layout's own, not the model's error on a layout it does not take (a video model given token ids alone)."""
+    from ..errors import ModelError
+
+    said = " ".join(furthest.error.split())[:300] or "no message"
+    raise ModelError(f"no default input layout ran on this machine: {len(oom)} probe forward(s) ran out of memory "
+                     f"({oom[0]}); of the {n} first layouts, the one that went furthest into the model (layout "
+                     f"{k + 1}) failed with: {said}",
+                     hint="give the model's inputs with -i (a smaller image, fewer frames, a batch of 1) or run it "
+                          "where there is more memory")
 
 
 GROWN_RESIZED = 3   # layouts grown with optional inputs given the sizes their errors ask for, furthest first
