@@ -214,7 +214,9 @@ def forward_error(exc: BaseException, tracker: ModuleTracker | None, phase: str 
         return gpu
     if call is not None:
         where = call.name or "(root)"
-        msg = f"{phase} failed in {where} ({call.type}) with input shapes {call.inputs or '()'}: {one_line(exc)}"
+        # shapes only where the tracker recorded them (nancheck's does not: "with input shapes ()" was not true)
+        shapes = f" with input shapes {call.inputs or '()'}" if getattr(tracker, "record_shapes", True) else ""
+        msg = f"{phase} failed in {where} ({call.type}){shapes}: {one_line(exc)}"
     else:
         msg = f"{phase} failed: {one_line(exc)}"
     hint = "the model's own code raised; fix it or the inputs (-i) and run again"
