@@ -148,3 +148,23 @@ def test_running_out_of_memory_in_backward_says_so(cli, tmp_path):
     assert r.code == 3, r.stderr
     err = r.json["error"]
     assert err["message"].startswith("out of GPU memory (surfaced in backward): OutOfMemoryError") and err["hint"] == OOM_HINT
+
+
+def test_a_failure_names_input_shapes_only_where_they_were_recorded():
+    """nancheck's recorded pass keeps no shapes: its message said "with input shapes ()" (the zoo's dia, tvp)."""
+    import torch
+    from torch import nn
+
+    from torchdiag.core.tracking import ModuleTracker, forward_error
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(16, 2))
+    for record, said in ((True, "forward failed in 1 (Linear) with input shapes (3x8): "),
+                         (False, "forward failed in 1 (Linear): ")):
+        tracker = ModuleTracker(model, record_shapes=record)
+        try:
+            with tracker:
+                model(torch.randn(3, 4))
+        except RuntimeError as exc:
+            assert forward_error(exc, tracker).message.startswith(said)
+        else:
+            raise AssertionError("the forward should fail")
