@@ -1527,3 +1527,25 @@ def test_a_vanishing_path_read_outside_its_module_keeps_its_warning(masked):
     st = statuses(res)
     assert st["first.bias"] == st["first.weight"] == "vanishing-grad", st
     assert any(f.code == "vanishing-grad" and "first." in (f.where + f.message) for f in res.findings)
+
+
+def test_fp16_autocast_gradients_are_judged_as_a_grad_scaler_gives_them():
+    """Under --amp fp16 training scales the loss (GradScaler, 2**16): a gradient behind a 1e-6 layer scale is below
+    float16's range unscaled and was judged exactly 0 (timm edgenext_xx_small: zero-grad errors, a sweep). The
+    judged backward is scaled and unscaled as the scaler does: the gradient agrees with float32's."""
+    torch.manual_seed(0)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.gamma = nn.Linear(64, 64), nn.Parameter(torch.full((64,), 1e-6))
+
+        def forward(self, x):
+            return x + self.gamma * self.fc(x)
+
+    model = nn.Sequential(nn.Linear(16, 64), *[Block() for _ in range(3)], nn.Linear(64, 4))
+    x = torch.randn(8, 16)
+    full = {r["name"]: r for r in run(model, x).table("params").rows}
+    half = {r["name"]: r for r in run(model, x, amp="fp16").table("params").rows}
+    assert half["1.fc.weight"]["status"] == "ok" and full["1.fc.weight"]["grad_norm"] > 1e-7
+    assert half["1.fc.weight"]["grad_norm"] == pytest.approx(full["1.fc.weight"]["grad_norm"], rel=0.05)

@@ -33,6 +33,7 @@ from typing import Any
 from . import train
 from .readback import read_back
 from .recording import float_tensors, kinds, saturated
+from .scaling import judged_backward
 from .tracking import run_forward
 
 STEPS = 3             # optimizer steps of the short training run
@@ -354,7 +355,7 @@ def _measure(work, inputs, flags, ctx, loss_fn, start: dict) -> list:
             for t in outs:
                 t.retain_grad()
             loss = loss_fn(output)
-        train.backward(loss)
+        judged_backward(loss, ctx, work.parameters())   # under --amp fp16, scaled as its GradScaler would
     finally:
         for h in handles:
             h.remove()

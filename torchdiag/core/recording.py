@@ -177,8 +177,8 @@ def record_pass(model, inputs, opts, ctx, call=None) -> Pass:
 
     from .guard import leave_no_trace
     from .local_leaves import describe_leaf, local_leaves
+    from .scaling import judged_backward
     from .tracking import ModuleTracker, run_forward
-    from .train import backward
 
     params = dict(model.named_parameters())
     stats_for = stats_modules(model, opts.depth) if opts is not None else set()
@@ -199,7 +199,7 @@ def record_pass(model, inputs, opts, ctx, call=None) -> Pass:
             loss = loss_fn(output)
         reach = reachable(loss.grad_fn)
         local = [describe_leaf(t) for t in local_leaves(loss, model, [t for _, t in inputs.tensors()])]
-        backward(loss)
+        judged_backward(loss, ctx, params.values())   # under --amp fp16, scaled as its GradScaler would
         grads = {n: p.grad for n, p in params.items()}
         for p in params.values():
             p.grad = None

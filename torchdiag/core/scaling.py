@@ -10,6 +10,39 @@ from __future__ import annotations
 
 from . import train
 
+INITIAL_SCALE = 2.0 ** 16   # torch.amp.GradScaler's starting scale
+BACKOFF = 2.0 ** -4         # per retry of a judged backward whose scaled gradients overflowed
+
+
+def judged_backward(loss, ctx, params) -> float:
+    """The backward whose gradients a diagnostic judges (gradflow, doctor, their re-checks). Under --amp fp16 a
+    training step's backward is scaled by its GradScaler: gradients below float16's range in the unscaled backward
+    are not lost there (timm edgenext_xx_small's 1e-6 layer scales left its blocks' gradients exactly 0: a false
+    `zero-grad`). So the loss is multiplied by the scaler's starting scale and the gradients divided by it, as
+    scaler.unscale_ does; while they hold an inf/NaN the scale backs off (×1/16, down to 1), as the scaler would
+    over skipped steps. Returns the scale used (1.0 without fp16 autocast: a plain backward)."""
+    import torch
+
+    params = [p for p in params if p.requires_grad]
+    if not ctx.precision.scaled or not loss.requires_grad:
+        train.backward(loss)
+        return 1.0
+    scale = INITIAL_SCALE
+    while True:
+        last = scale <= 1.0
+        for p in params:
+            p.grad = None
+        train.backward(loss * scale if scale != 1.0 else loss, retain_graph=not last)
+        grads = [p.grad for p in params if p.grad is not None]
+        if last or not grads or bool(torch.stack([g.isfinite().all() for g in grads]).all()):
+            break
+        scale = max(1.0, scale * BACKOFF)
+    if scale != 1.0:
+        with torch.no_grad():
+            for g in grads:
+                g.div_(scale)
+    return scale
+
 
 class ScaledStep:
     """scaler.step + scaler.update behind an optimizer's step(), so core.train.step reports a failure."""
