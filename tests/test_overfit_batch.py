@@ -953,3 +953,21 @@ def test_the_two_samples_are_rows_with_usable_different_targets_and_only_per_sam
     assert pick(4, ignored_first, x) == [1, 2]
     # a (B*T,) target beside a B-row batch (logits reshaped to (B*T, C)) is not per sample: nothing is claimed
     assert not limited(10, 4, torch.zeros(48, dtype=torch.long)) and limited(10, 4, torch.zeros(4, 3))
+
+
+def test_a_falling_loss_with_a_cause_found_says_why_it_is_an_error():
+    """A sweep: `--dtype bfloat16 --steps 100` gave cannot-overfit beside a note that more steps may reach the target
+    (a LayerNorm's updates round away in bfloat16: the cause the error stands on). The note says so."""
+    import torch
+    from torch import nn
+
+    from torchdiag.api import run
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.LayerNorm(64), nn.ReLU(), nn.Linear(64, 4))
+    r = run("overfit-batch", model, torch.randn(8, 16), dtype="bfloat16", steps=20)
+    assert r.data["trend"]["kind"] == "falling" and r.exit_code == 1
+    assert {f.code for f in r.findings} >= {"cannot-overfit", "update-rounds-away"}
+    (note,) = [n for n in r.notes if n.startswith("the loss was still falling")]
+    assert "the cause found above (update-rounds-away) may stop it before the target" in note
+    assert "may reach the target" not in note
