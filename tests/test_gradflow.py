@@ -1549,3 +1549,47 @@ def test_fp16_autocast_gradients_are_judged_as_a_grad_scaler_gives_them():
     half = {r["name"]: r for r in run(model, x, amp="fp16").table("params").rows}
     assert half["1.fc.weight"]["status"] == "ok" and full["1.fc.weight"]["grad_norm"] > 1e-7
     assert half["1.fc.weight"]["grad_norm"] == pytest.approx(full["1.fc.weight"]["grad_norm"], rel=0.05)
+
+
+def test_the_fp16_judged_backward_is_per_tensor_and_needs_no_retained_graph():
+    """A review: the scaled backward retried on a retained graph, and a custom Function that frees its state in
+    backward then failed (exit 3); one NaN gradient backed the whole model off to scale 1 and its layer-scaled
+    blocks were zero-grad errors again. Now a fresh forward, and each tensor keeps the scaled gradient where it is
+    finite."""
+    torch.manual_seed(0)
+
+    class Once(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.x = x.detach()
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            del ctx.x   # its state, freed: a second backward over this graph raises
+            return g * 2
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.gamma = nn.Linear(32, 32), nn.Parameter(torch.full((32,), 1e-6))
+
+        def forward(self, x):
+            return x + self.gamma * self.fc(x)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp, self.block, self.out = nn.Linear(16, 32), Block(), nn.Linear(32, 4)
+            self.p = nn.Parameter(torch.zeros(1))
+            with torch.no_grad():
+                self.out.weight.mul_(300.0)   # its gradients overflow float16 at the scaler's 2**16
+
+        def forward(self, x):
+            return self.out(Once.apply(self.block(self.inp(x)))) + torch.sqrt(self.p) * 0   # p's gradient: NaN
+
+    res = run(Net(), torch.randn(8, 16), amp="fp16")
+    st = {r["name"]: r for r in res.table("params").rows}
+    assert st["p"]["status"] == "non-finite-grad"
+    assert st["block.fc.weight"]["status"] == "ok" and st["block.fc.weight"]["grad_norm"] > 1e-7
+    assert "as a GradScaler gives them" in res.header["mode"]

@@ -29,7 +29,8 @@ detached, dropped inside its holder's forward, discarded by the caller of a comp
 or left out of the loss). Per layer, in execution order,
 a log-scale bar of mean |grad|. Activation health from the same pass: dead ReLU units and
 saturated tanh/sigmoid outputs. Under --amp/--dtype bf16/fp16 an underflow column: the share of
-gradient values below the dtype's smallest normal (no loss scaling in this pass). The model is
+gradient values below the dtype's smallest normal, unscaled (under --amp fp16 the verdicts judge the
+gradients scaled by 2**16 and unscaled, as a GradScaler gives them). The model is
 left as it was (grads, buffers, flags)."""
 
 OWN = {

@@ -355,10 +355,17 @@ def _measure(work, inputs, flags, ctx, loss_fn, start: dict) -> list:
             for t in outs:
                 t.retain_grad()
             loss = loss_fn(output)
-        judged_backward(loss, ctx, work.parameters())   # under --amp fp16, scaled as its GradScaler would
     finally:
         for h in handles:
             h.remove()
+
+    def again():   # the same forward again, for the fp16 judged backward (its buffers as they were)
+        from .guard import leave_no_trace
+
+        with leave_no_trace(work, buffers=True), torch.enable_grad(), ctx.seeded(), ctx.autocast():
+            return loss_fn(run_forward(work, inputs, phase="forward (re-check, scaled as a GradScaler's)"))
+
+    judged_backward(loss, ctx, work.parameters(), again)   # under --amp fp16, scaled as its GradScaler would
     params = _params(work)
     zero = torch.zeros((), device=ctx.device)
     whole = [_real(p.grad).pow(2).sum() for p in params.values() if p.grad is not None]

@@ -167,6 +167,24 @@ class Pass:
     rng: Any = None                  # the CPU RNG state the forward started from (a follow-up forward draws the same)
 
 
+def _rng(state):
+    """The global RNG at `state` for the block (the first forward's draws: dropout alike), put back after."""
+    import contextlib
+
+    import torch
+
+    @contextlib.contextmanager
+    def kept():
+        now = torch.random.get_rng_state()
+        torch.random.set_rng_state(state)
+        try:
+            yield
+        finally:
+            torch.random.set_rng_state(now)
+
+    return kept()
+
+
 def record_pass(model, inputs, opts, ctx, call=None) -> Pass:
     """Forward (train mode unless opts.eval_mode; stochastic depth off) + loss + backward. `opts`: gradflow's
     (depth, saturation_margin, eval_mode); None: the gradients alone (no activation statistics, train mode).
@@ -199,7 +217,11 @@ def record_pass(model, inputs, opts, ctx, call=None) -> Pass:
             loss = loss_fn(output)
         reach = reachable(loss.grad_fn)
         local = [describe_leaf(t) for t in local_leaves(loss, model, [t for _, t in inputs.tensors()])]
-        judged_backward(loss, ctx, params.values())   # under --amp fp16, scaled as its GradScaler would
+        def again():   # the same forward, for the fp16 judged backward (the recorder's hooks are off by now)
+            with ctx.autocast(), _rng(rng):
+                return loss_fn(run_forward(model if call is None else call, inputs))
+
+        judged_backward(loss, ctx, params.values(), again)   # under --amp fp16, scaled as its GradScaler would
         grads = {n: p.grad for n, p in params.items()}
         for p in params.values():
             p.grad = None

@@ -11,37 +11,39 @@ from __future__ import annotations
 from . import train
 
 INITIAL_SCALE = 2.0 ** 16   # torch.amp.GradScaler's starting scale
-BACKOFF = 2.0 ** -4         # per retry of a judged backward whose scaled gradients overflowed
 
 
-def judged_backward(loss, ctx, params) -> float:
-    """The backward whose gradients a diagnostic judges (gradflow, doctor, their re-checks). Under --amp fp16 a
-    training step's backward is scaled by its GradScaler: gradients below float16's range in the unscaled backward
-    are not lost there (timm edgenext_xx_small's 1e-6 layer scales left its blocks' gradients exactly 0: a false
-    `zero-grad`). So the loss is multiplied by the scaler's starting scale and the gradients divided by it, as
-    scaler.unscale_ does; while they hold an inf/NaN the scale backs off (×1/16, down to 1), as the scaler would
-    over skipped steps. Returns the scale used (1.0 without fp16 autocast: a plain backward)."""
+def judged_backward(loss, ctx, params, again=None) -> None:
+    """The backward whose gradients a diagnostic judges (gradflow, doctor, their re-check runs). Under --amp fp16 a
+    training step's backward is scaled by its GradScaler: gradients below float16's range unscaled are not lost
+    there (timm edgenext_xx_small's 1e-6 layer scales left its blocks' gradients exactly 0: false `zero-grad`). So,
+    after the plain backward, `again()` (a fresh forward and loss, seeded as the first) is run backward times the
+    scaler's starting scale, and each parameter takes that gradient divided by the scale (scaler.unscale_) where it
+    is finite, its plain one where not (an overflow at that scale: the scaler would skip the step and back off; one
+    tensor's NaN no longer costs the others theirs). A fresh forward, not a retained graph: a custom Function may
+    free its state in backward. Without fp16 autocast, or without `again`: the plain backward only."""
     import torch
 
+    train.backward(loss)
+    if not ctx.precision.scaled or again is None:
+        return
     params = [p for p in params if p.requires_grad]
-    if not ctx.precision.scaled or not loss.requires_grad:
-        train.backward(loss)
-        return 1.0
-    scale = INITIAL_SCALE
-    while True:
-        last = scale <= 1.0
-        for p in params:
-            p.grad = None
-        train.backward(loss * scale if scale != 1.0 else loss, retain_graph=not last)
-        grads = [p.grad for p in params if p.grad is not None]
-        if last or not grads or bool(torch.stack([g.isfinite().all() for g in grads]).all()):
-            break
-        scale = max(1.0, scale * BACKOFF)
-    if scale != 1.0:
-        with torch.no_grad():
-            for g in grads:
-                g.div_(scale)
-    return scale
+    plain = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    try:
+        scaled = again()
+        if scaled.requires_grad:
+            train.backward(scaled * INITIAL_SCALE)
+    except Exception:   # noqa: BLE001 - the plain gradients stand (a second forward the model refuses)
+        for p, g in zip(params, plain):
+            p.grad = g
+        return
+    with torch.no_grad():
+        for p, g in zip(params, plain):
+            s = p.grad
+            finite = s is not None and bool(torch.isfinite(s).all())
+            p.grad = s.div_(INITIAL_SCALE) if finite else g
 
 
 class ScaledStep:

@@ -60,6 +60,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     result.header["loss"] = pas.loss_text
     if pas.stochastic:
         result.header["mode"] += f"; stochastic depth off for the judged pass ({len(pas.stochastic)} module(s))"
+    if ctx.precision.scaled:   # core/scaling.py judged_backward
+        result.header["mode"] += "; gradients as a GradScaler gives them (the loss scaled by 2**16, then unscaled)"
     reduced = reduced_dtype(ctx, params)
     stats = read_stats(pas, params, ctx.device, smallest_normal(reduced) if reduced else None)
 

@@ -4,8 +4,8 @@ A gradient value counts as underflowed when its magnitude is below the smallest 
 reduced dtype (torch.finfo(dtype).tiny: float16 6.1e-05, bfloat16 1.2e-38), exact zeros included:
 flushed to zero, or subnormal with few significant bits left. Under --amp the gradients of float32
 weights are computed by fp16/bf16 ops and cast up, so the same threshold says which values those ops
-could not hold; gradflow runs no GradScaler, so a large fraction under fp16 is the reason loss
-scaling exists. Counted on the device and read back with the other statistics (stats.read_stats):
+could not hold unscaled: a large fraction under fp16 is the reason loss scaling exists (the verdicts judge
+the gradients as a GradScaler at its starting scale gives them: core/scaling.py judged_backward). Counted on the device and read back with the other statistics (stats.read_stats):
 nothing is counted, and nothing extra is read, in float32."""
 from __future__ import annotations
 
@@ -49,4 +49,4 @@ def add_fractions(rows: list[dict], layers: list[dict], underflow: dict[str, flo
 
 def note(dtype: str) -> str:
     return (f"underflow: share of gradient values with |g| below {dtype}'s smallest normal "
-            f"{smallest_normal(dtype):.2g} (zeros included); no loss scaling in this pass")
+            f"{smallest_normal(dtype):.2g} (zeros included): what the dtype cannot hold without loss scaling")
