@@ -425,3 +425,25 @@ def test_a_figure_just_over_its_limit_is_printed_over_it(cli, tmp_path, monkeypa
     macs = 8 * 32 * 32 * 16 * 3 * 9 + 8 * 16 * 16 * 32 * 16 * 9 + 8 * 2048 * 10   # 13,139,968: convs and the head
     row = next(r for r in res.json["checks"] if r["check"] == "max-gmacs")
     assert row["status"] == "FAIL" and row["figure"] == f"{macs / 1e9:.4g} GMACs" == "0.01314 GMACs", row
+
+
+def test_strict_fails_doctors_warnings_as_gradflows(cli, tmp_path, monkeypatch):
+    """A sweep: with dtype = "bfloat16" doctor warns update-rounds-away, yet check's doctor row read clean, PASS,
+    under strict = true. Its figure counts the warnings; strict fails them, as it fails gradflow's."""
+    config = f"""
+[tool.torchdiag]
+model = "{sample('resnet.py:build')}"
+device = "cpu"
+dtype = "bfloat16"
+[tool.torchdiag.check]
+doctor = true
+"""
+    write(tmp_path, config)
+    monkeypatch.chdir(tmp_path)
+    res = cli("check", "--json")
+    (row,) = res.json["checks"]
+    assert res.code == 0 and row["status"] == "PASS" and row["figure"].endswith("warning(s)"), row
+    write(tmp_path, config + "strict = true\n")
+    res = cli("check", "--json")
+    (row,) = res.json["checks"]
+    assert res.code == 1 and row["status"] == "FAIL" and "warnings fail under strict: update-rounds-away" in row["message"]

@@ -518,7 +518,12 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             r = invoke(doctor, model, inputs, doctor.Options(), _own(doctor, ctx))
             n = sum(1 for f in r.findings if f.severity == "error" and not f.accepted_by(allow))
             bad = _first_error(r, allow).split(" (+")[0]
-            return not bad, "clean" if not bad else f"{n} error finding(s)", bad
+            # under strict its warnings fail too, as gradflow's (a sweep: bfloat16's update-rounds-away read clean)
+            warned = [f for f in r.findings if f.severity == "warning" and not f.accepted_by(allow)]
+            if not bad and warned and c.get("strict", False):
+                return False, f"{len(warned)} warning(s)", f"warnings fail under strict: {warned[0].code}: {warned[0].message}"
+            return not bad, ("clean" if not warned else f"{len(warned)} warning(s)") if not bad else \
+                f"{n} error finding(s)", bad
         record("doctor", doc)
     if "max-peak-memory" in c:
         from ..fmt import human_bytes
