@@ -9,6 +9,7 @@ overfit-batch and profile go through stepper()."""
 from __future__ import annotations
 
 from . import train
+from .readback import read_back
 
 INITIAL_SCALE = 2.0 ** 16   # torch.amp.GradScaler's starting scale
 
@@ -40,10 +41,11 @@ def judged_backward(loss, ctx, params, again=None) -> None:
             p.grad = g
         return
     with torch.no_grad():
-        for p, g in zip(params, plain):
-            s = p.grad
-            finite = s is not None and bool(torch.isfinite(s).all())
-            p.grad = s.div_(INITIAL_SCALE) if finite else g
+        got = [p.grad for p in params]
+        flags = [torch.isfinite(s).all() for s in got if s is not None]
+        finite = iter(read_back(flags)) if flags else iter(())   # one read for every tensor
+        for p, g, s in zip(params, plain, got):
+            p.grad = s.div_(INITIAL_SCALE) if s is not None and next(finite) else g
 
 
 class ScaledStep:
