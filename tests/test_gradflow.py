@@ -1529,21 +1529,24 @@ def test_a_vanishing_path_read_outside_its_module_keeps_its_warning(masked):
     assert any(f.code == "vanishing-grad" and "first." in (f.where + f.message) for f in res.findings)
 
 
+class _LayerScaled(nn.Module):
+    """A residual branch behind a 1e-6 layer scale (timm's LayerScale): its gradients are below float16's range."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.fc, self.gamma = nn.Linear(width, width), nn.Parameter(torch.full((width,), 1e-6))
+
+    def forward(self, x):
+        return x + self.gamma * self.fc(x)
+
+
 def test_fp16_autocast_gradients_are_judged_as_a_grad_scaler_gives_them():
     """Under --amp fp16 training scales the loss (GradScaler, 2**16): a gradient behind a 1e-6 layer scale is below
     float16's range unscaled and was judged exactly 0 (timm edgenext_xx_small: zero-grad errors, a sweep). The
     judged backward is scaled and unscaled as the scaler does: the gradient agrees with float32's."""
     torch.manual_seed(0)
 
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc, self.gamma = nn.Linear(64, 64), nn.Parameter(torch.full((64,), 1e-6))
-
-        def forward(self, x):
-            return x + self.gamma * self.fc(x)
-
-    model = nn.Sequential(nn.Linear(16, 64), *[Block() for _ in range(3)], nn.Linear(64, 4))
+    model = nn.Sequential(nn.Linear(16, 64), *[_LayerScaled(64) for _ in range(3)], nn.Linear(64, 4))
     x = torch.randn(8, 16)
     full = {r["name"]: r for r in run(model, x).table("params").rows}
     half = {r["name"]: r for r in run(model, x, amp="fp16").table("params").rows}
@@ -1569,18 +1572,10 @@ def test_the_fp16_judged_backward_is_per_tensor_and_needs_no_retained_graph():
             del ctx.x   # its state, freed: a second backward over this graph raises
             return g * 2
 
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc, self.gamma = nn.Linear(32, 32), nn.Parameter(torch.full((32,), 1e-6))
-
-        def forward(self, x):
-            return x + self.gamma * self.fc(x)
-
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.inp, self.block, self.out = nn.Linear(16, 32), Block(), nn.Linear(32, 4)
+            self.inp, self.block, self.out = nn.Linear(16, 32), _LayerScaled(32), nn.Linear(32, 4)
             self.p = nn.Parameter(torch.zeros(1))
             with torch.no_grad():
                 self.out.weight.mul_(300.0)   # its gradients overflow float16 at the scaler's 2**16
