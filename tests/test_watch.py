@@ -2923,6 +2923,40 @@ def test_the_clocks_norm_before_clipping_is_its_own(order):
     assert w.engine.series["grad_norm"] == pytest.approx(norms, rel=1e-5) and min(norms) > 0.1
 
 
+@pytest.mark.parametrize("how", ["norm", "value", "norm twice", "other first"])
+def test_one_clip_over_two_optimizers_gives_the_clocks_own_norm(how):
+    """A review: one clip_grad_norm_ over a model two optimizers step (the clock holds the first model only) gave the
+    norm of both models' gradients, larger than the clock's. Each step's norm is the clock's own before clipping,
+    computed here by hand; clipping by value too. Clipped twice over the superset (measured at max_norm inf, then
+    clipped), the factors multiply. The other optimizer stepping first leaves the clock its part of the call."""
+    torch.manual_seed(0)
+    a, b = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)), nn.Sequential(nn.Linear(8, 1))
+    opt_a, opt_b = torch.optim.SGD(a.parameters(), 0.01), torch.optim.SGD(b.parameters(), 0.01)
+    both = list(a.parameters()) + list(b.parameters())
+    norms, wholes = [], []
+    with Watch(every=5) as w:
+        for _ in range(30):
+            x = torch.randn(32, 8)
+            opt_a.zero_grad()
+            opt_b.zero_grad()
+            (F.mse_loss(a(x), 5 * x[:, :1]) + F.mse_loss(b(x), 50 * x[:, 1:2])).backward()
+            norms.append(float(torch.stack([p.grad.norm() for p in a.parameters()]).norm()))
+            if how == "value":
+                wholes.append(float(torch.stack([p.grad.norm() for p in both]).norm()))
+                torch.nn.utils.clip_grad_value_(both, 0.05)
+            else:
+                if how == "norm twice":
+                    torch.nn.utils.clip_grad_norm_(both, float("inf"))
+                wholes.append(float(torch.nn.utils.clip_grad_norm_(both, 0.1)))
+            if how == "other first" and len(norms) > 1:   # opt_a stepped first: it is the clock
+                opt_b.step()
+            opt_a.step()
+            if how != "other first":
+                opt_b.step()
+    assert min(x / y for x, y in zip(wholes, norms)) > 2   # the whole is not the clock's: the test can tell
+    assert w.engine.series["grad_norm"] == pytest.approx(norms, rel=1e-4)
+
+
 @pytest.mark.parametrize("kept", [True, False])
 def test_pretraining_then_fine_tuning_in_one_script_is_two_curves(kept):
     """An autoencoder pretrained (MSE ~0.01), then its encoder fine-tuned with a classifier head under a new

@@ -9,7 +9,8 @@ A step's norm is taken from the calls only when they tell the whole L2 norm of t
 broke the first version five ways): calls since the last backward (a step GradScaler skipped leaves its calls behind),
 with the L2 norm, the first call over a parameter counting (measured, then clipped, over the same ones: the first is
 the one before clipping), covering every parameter of the step's optimizer that has a gradient (a subset clipped:
-the watched norm stays); none over an empty list. torch >= 2.6's split of it, `get_total_norm` then
+the watched norm stays); none over an empty list. A call over more than the optimizer's gradients (one clip over a
+model that two optimizers step) gives the optimizer's own part (_part), not the whole. torch >= 2.6's split of it, `get_total_norm` then
 `clip_grads_with_norm_`, is read from the first, and clipping by value (`clip_grad_value_`) has the norm
 measured before it (torch.nn.utils.get_total_norm; clip_grad_norm_'s own inner call is
 not the wrapped one)."""
@@ -21,6 +22,7 @@ import sys
 import types
 import warnings
 import weakref
+from typing import Any, NamedTuple
 
 _ORIGINAL = "_torchdiag_original"   # on a wrapper: the function it wraps
 _OWNER = "_torchdiag_owner"         # on a wrapper: its ClipNorms, weakly (closed or gone: a pass-through)
@@ -53,7 +55,8 @@ class ClipNorms:
             if not params and isinstance(parameters, types.GeneratorType):   # torch's warning, at the user's line
                 warnings.warn("`parameters` is an empty generator, no gradient clipping will occur.", stacklevel=2)
             total = original(params, max_norm, norm_type, *args, **kwargs)
-            me._saw(total, [p.grad for p in params if getattr(p, "grad", None) is not None], norm_type)
+            me._saw(total, [p.grad for p in params if getattr(p, "grad", None) is not None], norm_type,
+                    scale=_coefficient(total, max_norm))
             return total
 
         self._install(clip_grad_norm_, original, "clip_grad_norm_", (clip_grad, utils))
@@ -81,7 +84,8 @@ class ClipNorms:
             params = [parameters] if _is_tensor(parameters) else list(parameters)
             grads = [p.grad for p in params if getattr(p, "grad", None) is not None]
             with contextlib.suppress(Exception):   # grads on several devices: not measured, the watched norm stays
-                me._saw(_l2(grads), grads, 2.0)
+                each = _norms(grads)
+                me._saw(_l2(each), grads, 2.0, each=each)
             return by_value(params, clip_value, *args, **kwargs)
 
         self._install(clip_grad_value_, by_value, "clip_grad_value_", (clip_grad, utils))
@@ -94,12 +98,16 @@ class ClipNorms:
                 setattr(module, attr, wrapper)
                 self._installed.append((module.__name__, attr, wrapper))
 
-    def _saw(self, total, grads: list, norm_type) -> None:
+    def _saw(self, total, grads: list, norm_type, scale=None, each=None) -> None:
+        """One call: its norm before clipping over `grads`, with what lets a part of it be read where the call covered
+        more than one optimizer's gradients: the factor it multiplied them by (`scale`, clip_grad_norm_) or each
+        tensor's norm (`each`, clip_grad_value_)."""
         engine = self._engine()
         ids = frozenset(id(g) for g in grads)
         if engine is None or engine.closed or not ids or float(norm_type) != 2.0 or getattr(total, "ndim", None) != 0:
             return
-        self._since.append((total.detach(), ids, engine.backwards))
+        order = [id(g) for g in grads] if each is not None else None
+        self._since.append(_Call(total.detach(), ids, engine.backwards, scale, (order, each) if order else None))
         self.seen = True
 
     def close(self) -> None:
@@ -121,29 +129,80 @@ class ClipNorms:
         if not self._since:
             return []
         need = {id(p.grad) for p in params if p.grad is not None}
-        own = [v for v in self._since if not v[1].isdisjoint(need)]
-        self._since = [v for v in self._since if v[1].isdisjoint(need)] if keep_others else []
+        own = [v for v in self._since if not v.ids.isdisjoint(need)]
+        # a call over more than these gradients keeps the rest's part for the optimizer that steps them next
+        self._since = [v for v in self._since if not v.ids <= need] if keep_others else []
+        now = [v for v in own if v.backwards == backwards]
         kept: list = []
         covered: set[int] = set()
-        for total, ids, _ in (v for v in own if v[2] == backwards):
-            if ids.isdisjoint(covered):
-                kept.append(total)
-                covered |= ids
-        return kept if kept and need <= covered else []
+        for call in now:
+            if call.ids.isdisjoint(covered):
+                kept.append(call)
+                covered |= call.ids
+        if not kept or not need <= covered:
+            return []
+        if covered == need:
+            return [c.total for c in kept]
+        return _part(kept, now, params, need)
 
     def drop(self) -> None:
         """Another optimizer stepped: what was clipped since was its gradients."""
         self._since = []
 
 
-def _l2(grads: list):
-    """The L2 norm of all of them, on their device (no sync): None for none."""
+class _Call(NamedTuple):
+    total: Any            # the norm before clipping it returned (a device tensor)
+    ids: frozenset        # ids of the gradient tensors it read
+    backwards: int        # the engine's backward count when it was made
+    scale: Any = None     # clip_grad_norm_: the factor every gradient it read was multiplied by
+    each: Any = None      # clip_grad_value_: (ids in order, each one's norm before clipping)
+
+
+def _part(kept: list, now: list, params, need: set) -> list:
+    """The norm before clipping of the optimizer's own gradients (`need`) where calls read more than them (one clip over
+    a model that two optimizers step: the whole model's norm is not the clock's; a review). By value, from each tensor's
+    norm the call kept; by norm, the clipped gradients' norm now over the product of the factors of every call since the
+    backward (each covering all of `need`: a part clipped apart is not known); else [] (the watched norm stays)."""
     import torch
 
-    if not grads:
+    if all(c.each is not None for c in kept):
+        picked = [norm for c in kept for i, norm in zip(c.each[0], c.each[1]) if i in need]
+        return [_l2(torch.stack(picked))]
+    if not all(c.scale is not None and need <= c.ids for c in now):
+        return []
+    with torch.no_grad():
+        factor = torch.stack([c.scale for c in now]).prod()
+        clipped = _l2(_norms([p.grad for p in params if p.grad is not None]))
+        # a non-finite norm clipped everything to 0 or NaN: only the whole call's norm is known
+        return [torch.where(factor > 0, clipped / factor.clamp_min(1e-30), kept[0].total)]
+
+
+def _coefficient(total, max_norm):
+    """clip_grad_norm_'s factor (torch's own: max_norm / (total + 1e-6), at most 1), on the device."""
+    import torch
+
+    if getattr(total, "ndim", None) != 0:
         return None
     with torch.no_grad():
-        return torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)]))
+        return torch.clamp(float(max_norm) / (total.detach().float() + 1e-6), max=1.0)
+
+
+def _norms(grads: list):
+    """Each tensor's L2 norm, stacked on their device (no sync)."""
+    import torch
+
+    with torch.no_grad():
+        return torch.stack([n.float() for n in torch._foreach_norm(grads)])
+
+
+def _l2(each):
+    """The L2 norm of the norms (`_norms`): None for none."""
+    import torch
+
+    if each is None or not len(each):
+        return None
+    with torch.no_grad():
+        return torch.linalg.vector_norm(each)
 
 
 def _is_tensor(x) -> bool:
