@@ -2923,38 +2923,42 @@ def test_the_clocks_norm_before_clipping_is_its_own(order):
     assert w.engine.series["grad_norm"] == pytest.approx(norms, rel=1e-5) and min(norms) > 0.1
 
 
-@pytest.mark.parametrize("how", ["norm", "value", "norm twice", "other first"])
+@pytest.mark.parametrize("how", ["norm", "value", "norm twice", "tensor max_norm", "other first",
+                                 "other unwatched first", "tied value", "max_norm 0"])
 def test_one_clip_over_two_optimizers_gives_the_clocks_own_norm(how):
     """A review: one clip_grad_norm_ over a model two optimizers step (the clock holds the first model only) gave the
     norm of both models' gradients, larger than the clock's. Each step's norm is the clock's own before clipping,
-    computed here by hand; clipping by value too. Clipped twice over the superset (measured at max_norm inf, then
-    clipped), the factors multiply. The other optimizer stepping first leaves the clock its part of the call."""
+    computed here by hand; clipping by value too. Measured at max_norm inf then clipped, the factors multiply. The
+    other optimizer stepping first, watched or not, leaves the clock its part. A second review: a gradient listed
+    twice (tied) is not counted twice; max_norm 0 leaves nothing to read back (the norm applied, 0, not the whole)."""
     torch.manual_seed(0)
     a, b = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)), nn.Sequential(nn.Linear(8, 1))
     opt_a, opt_b = torch.optim.SGD(a.parameters(), 0.01), torch.optim.SGD(b.parameters(), 0.01)
-    both = list(a.parameters()) + list(b.parameters())
+    both = list(a.parameters()) + ([a[0].weight] if how.startswith("tied") else []) + list(b.parameters())
+    first = how.startswith("other")
     norms, wholes = [], []
-    with Watch(every=5) as w:
+    with Watch(*((a, opt_a) if how == "other unwatched first" else ()), every=5) as w:
         for _ in range(30):
             x = torch.randn(32, 8)
             opt_a.zero_grad()
             opt_b.zero_grad()
             (F.mse_loss(a(x), 5 * x[:, :1]) + F.mse_loss(b(x), 50 * x[:, 1:2])).backward()
             norms.append(float(torch.stack([p.grad.norm() for p in a.parameters()]).norm()))
-            if how == "value":
-                wholes.append(float(torch.stack([p.grad.norm() for p in both]).norm()))
+            wholes.append(float(torch.stack([p.grad.norm() for p in set(both)]).norm()))
+            if how.endswith("value"):
                 torch.nn.utils.clip_grad_value_(both, 0.05)
             else:
                 if how == "norm twice":
                     torch.nn.utils.clip_grad_norm_(both, float("inf"))
-                wholes.append(float(torch.nn.utils.clip_grad_norm_(both, 0.1)))
-            if how == "other first" and len(norms) > 1:   # opt_a stepped first: it is the clock
+                max_norm = {"tensor max_norm": torch.tensor(0.1), "max_norm 0": 0.0}.get(how, 0.1)
+                torch.nn.utils.clip_grad_norm_(both, max_norm)
+            if first and len(norms) > 1:   # opt_a stepped first: it is the clock
                 opt_b.step()
             opt_a.step()
-            if how != "other first":
+            if not first:
                 opt_b.step()
     assert min(x / y for x, y in zip(wholes, norms)) > 2   # the whole is not the clock's: the test can tell
-    assert w.engine.series["grad_norm"] == pytest.approx(norms, rel=1e-4)
+    assert w.engine.series["grad_norm"] == pytest.approx([0.0] * 30 if how == "max_norm 0" else norms, rel=1e-4)
 
 
 @pytest.mark.parametrize("kept", [True, False])

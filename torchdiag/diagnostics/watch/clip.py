@@ -56,7 +56,7 @@ class ClipNorms:
                 warnings.warn("`parameters` is an empty generator, no gradient clipping will occur.", stacklevel=2)
             total = original(params, max_norm, norm_type, *args, **kwargs)
             me._saw(total, [p.grad for p in params if getattr(p, "grad", None) is not None], norm_type,
-                    scale=_coefficient(total, max_norm))
+                    max_norm=max_norm)
             return total
 
         self._install(clip_grad_norm_, original, "clip_grad_norm_", (clip_grad, utils))
@@ -69,7 +69,7 @@ class ClipNorms:
                     return total_norm(tensors, norm_type, *args, **kwargs)
                 grads = [tensors] if _is_tensor(tensors) else list(tensors)
                 total = total_norm(grads, norm_type, *args, **kwargs)
-                me._saw(total, grads, norm_type)
+                me._saw(total, grads, norm_type, max_norm=float("inf"))   # measured, not clipped: a factor of 1
                 return total
 
             self._install(get_total_norm, total_norm, "get_total_norm", (utils,))
@@ -98,16 +98,19 @@ class ClipNorms:
                 setattr(module, attr, wrapper)
                 self._installed.append((module.__name__, attr, wrapper))
 
-    def _saw(self, total, grads: list, norm_type, scale=None, each=None) -> None:
+    def _saw(self, total, grads: list, norm_type, max_norm=None, each=None) -> None:
         """One call: its norm before clipping over `grads`, with what lets a part of it be read where the call covered
-        more than one optimizer's gradients: the factor it multiplied them by (`scale`, clip_grad_norm_) or each
-        tensor's norm (`each`, clip_grad_value_)."""
+        more than one optimizer's gradients: the max_norm it clipped to (clip_grad_norm_; inf where it only measured)
+        or each tensor's norm (`each`, clip_grad_value_). A gradient listed twice (tied weights) is multiplied twice by
+        clip_grad_norm_: no part is read from such a call (a review)."""
         engine = self._engine()
         ids = frozenset(id(g) for g in grads)
         if engine is None or engine.closed or not ids or float(norm_type) != 2.0 or getattr(total, "ndim", None) != 0:
             return
+        once = len(ids) == len(grads)
         order = [id(g) for g in grads] if each is not None else None
-        self._since.append(_Call(total.detach(), ids, engine.backwards, scale, (order, each) if order else None))
+        self._since.append(_Call(total.detach(), ids, engine.backwards, max_norm if once else None,
+                                 (order, each) if order else None))
         self.seen = True
 
     def close(self) -> None:
@@ -145,16 +148,19 @@ class ClipNorms:
             return [c.total for c in kept]
         return _part(kept, now, params, need)
 
-    def drop(self) -> None:
-        """Another optimizer stepped: what was clipped since was its gradients."""
-        self._since = []
+    def drop(self, params) -> None:
+        """An optimizer not watched stepped over `params`: the calls over its gradients alone were its own; one over
+        more keeps the rest's part (a review: one clip over both models, the unwatched optimizer stepping first, lost
+        the clock's)."""
+        need = {id(p.grad) for p in params if p.grad is not None}
+        self._since = [v for v in self._since if not v.ids <= need]
 
 
 class _Call(NamedTuple):
     total: Any            # the norm before clipping it returned (a device tensor)
     ids: frozenset        # ids of the gradient tensors it read
     backwards: int        # the engine's backward count when it was made
-    scale: Any = None     # clip_grad_norm_: the factor every gradient it read was multiplied by
+    max_norm: Any = None  # clip_grad_norm_: what it clipped to (its factor: _factor)
     each: Any = None      # clip_grad_value_: (ids in order, each one's norm before clipping)
 
 
@@ -165,26 +171,31 @@ def _part(kept: list, now: list, params, need: set) -> list:
     backward (each covering all of `need`: a part clipped apart is not known); else [] (the watched norm stays)."""
     import torch
 
-    if all(c.each is not None for c in kept):
-        picked = [norm for c in kept for i, norm in zip(c.each[0], c.each[1]) if i in need]
-        return [_l2(torch.stack(picked))]
-    if not all(c.scale is not None and need <= c.ids for c in now):
+    try:   # gradients on several devices: not read here, the watched norm stays
+        if all(c.each is not None for c in kept):
+            picked = {i: norm for c in kept for i, norm in zip(c.each[0], c.each[1]) if i in need}   # once each
+            return [_l2(torch.stack(list(picked.values())))]
+        if not all(c.max_norm is not None and need <= c.ids for c in now):
+            return []
+        with torch.no_grad():
+            factor = torch.stack([_factor(c) for c in now]).prod()
+            clipped = _l2(_norms([p.grad for p in params if p.grad is not None]))
+            # a factor of 0 (max_norm 0, or a non-finite norm) left nothing to divide: the clipped norm where the
+            # call's was finite, else the call's (inf or NaN: what the clip put in every gradient it read)
+            whole = kept[0].total.to(clipped.dtype)
+            return [torch.where(factor > 0, clipped / factor.clamp_min(1e-30),
+                                torch.where(torch.isfinite(whole), clipped, whole))]
+    except RuntimeError:
         return []
-    with torch.no_grad():
-        factor = torch.stack([c.scale for c in now]).prod()
-        clipped = _l2(_norms([p.grad for p in params if p.grad is not None]))
-        # a non-finite norm clipped everything to 0 or NaN: only the whole call's norm is known
-        return [torch.where(factor > 0, clipped / factor.clamp_min(1e-30), kept[0].total)]
 
 
-def _coefficient(total, max_norm):
-    """clip_grad_norm_'s factor (torch's own: max_norm / (total + 1e-6), at most 1), on the device."""
+def _factor(call: _Call):
+    """The factor clip_grad_norm_ multiplied its gradients by (torch's own: max_norm / (total + 1e-6), at most 1), on
+    the device; a tensor max_norm stays one (float() would be a sync)."""
     import torch
 
-    if getattr(total, "ndim", None) != 0:
-        return None
-    with torch.no_grad():
-        return torch.clamp(float(max_norm) / (total.detach().float() + 1e-6), max=1.0)
+    total = call.total.float()
+    return torch.clamp(call.max_norm / (total + 1e-6), max=1.0)
 
 
 def _norms(grads: list):

@@ -739,7 +739,7 @@ class Engine:
         if opt is not self.clock:   # an unwatched optimizer's too (an adversarial attack's loss is not the model's)
             self._took_losses()
             if track is None:
-                self.clips.drop()
+                self.clips.drop(p for g in opt.param_groups for p in g["params"])
             else:   # kept for a credit, should it take the count (_credit)
                 track.last_clip = self.clips.take(track.params, self.backwards, keep_others=True)
         if track is None:
