@@ -2988,6 +2988,33 @@ def test_pretraining_then_fine_tuning_in_one_script_is_two_curves(kept):
     assert r.data["steps"] == 300
 
 
+@pytest.mark.parametrize("blow_up", [False, True])
+def test_the_same_loss_under_an_optimizer_over_other_parameters_is_one_curve(blow_up):
+    """A review: one MSE trained by an optimizer over layers 0 and 2, then by a new one over layers 2 and 4 (not
+    nested): judged as two objectives, a blow-up after the handover (lr 1.0) was said "of Adam over 4.weight, 4.bias
+    apart ... 2 objectives", against the second optimizer's 100 steps. The new optimizer's first loss goes on from the
+    last ones: one curve, its spike and explosion judged against the whole run."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1))
+    oa = torch.optim.Adam(list(m[0].parameters()) + list(m[2].parameters()), 1e-3)
+    ob = torch.optim.Adam(list(m[2].parameters()) + list(m[4].parameters()), 1e-3)
+    with Watch(every=10) as w:
+        for step in range(300):
+            x = torch.randn(32, 8)
+            opt = oa if step < 100 else ob
+            if blow_up and step == 200:
+                ob.param_groups[0]["lr"] = 1.0
+            opt.zero_grad()
+            F.mse_loss(m(x), 5 * x[:, :1]).backward()
+            opt.step()
+    r = w.result()
+    # true of the run: layer 0 left without an optimizer (optimizer-idle), units killed by lr 1.0 (dead-units)
+    said = [f for f in r.findings if f.severity != "info" and f.code not in ("optimizer-idle", "dead-units")]
+    assert not any("objectives" in f.message for f in r.findings), [f.message for f in said]
+    assert {f.code for f in said} == ({"loss-spike", "grad-norm-explosion"} if blow_up else set()), said
+    assert all("120 steps before it" in f.message for f in said)   # the window reaches back past the handover
+
+
 def test_an_idle_optimizer_beside_a_kept_pretraining_one_over_the_same_parameters():
     """A third review: a SeqGAN-style run keeps its pretraining optimizers; the adversarial loop's discriminator
     optimizer stops at iteration 50 while D's backward goes on. Every D parameter was also in the idle pretraining

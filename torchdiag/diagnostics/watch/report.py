@@ -340,7 +340,7 @@ def _curves(result: Result, engine) -> None:
     pairs = _finite_pairs(steps, result.series["loss"])
     # a loss that depends on no parameter moves with the data only: its spikes and climbs say nothing of training
     constant = len(engine.tracks) == 1 and any(f.code == "loss-ignores-parameters" for f in result.findings)
-    for picked, of in _objectives(engine, steps):
+    for picked, of in _objectives(engine, steps, result.series["loss"]):
         at = [steps[i] for i in picked]
         part = _finite_pairs(at, [result.series["loss"][i] for i in picked])
         if len(part) >= 10 and not constant:
@@ -351,20 +351,24 @@ def _curves(result: Result, engine) -> None:
     _validation(result, engine, pairs)
 
 
-def _objectives(engine, steps: list) -> list[tuple[list[int], str]]:
+def _objectives(engine, steps: list, losses: list) -> list[tuple[list[int], str]]:
     """The series' indices of each objective the counted steps trained, with what a finding says of it ("" when one).
     The count goes on when another optimizer takes it over (engine._choose_clock); one whose parameters are not nested
     with those of the one before (a second task's head and the trunk, a fine-tuning head and the encoder after
     pretraining the encoder with a decoder) trains another loss, whose curve is not the first one's (a review: two
-    tasks on a shared trunk, then one alone, joined a cross-entropy and an MSE into a spike and an error). Nested ones
-    (an optimizer made again, layers unfrozen, the head alone) go on with the same curve; tasks that take turns each
-    have theirs."""
+    tasks on a shared trunk, then one alone, joined a cross-entropy and an MSE into a spike and an error), unless its
+    first loss goes on from the last ones (_goes_on: the same loss over overlapping parameters; a review's blow-up
+    there was judged as "2 objectives"). Nested ones (an optimizer made again, layers unfrozen, the head alone) go on
+    with the same curve; tasks that take turns each have theirs."""
     group: dict[int, int] = {}
     starts: list[tuple[int, int]] = []   # (first step, group)
+    at = {s: i for i, s in enumerate(steps)}
     for first, new, old, nested in engine.handovers:
         if not starts:
             starts.append((0, group.setdefault(old, old)))
-        group[new] = group.get(old, old) if nested else group.get(new, new)
+        since = at.get(starts[-1][0], 0)
+        same = nested or (first in at and _goes_on(losses[since:at[first] + 1]))
+        group[new] = group.get(old, old) if same else group.get(new, new)
         starts.append((first, group[new]))
     if len({g for _, g in starts}) < 2:
         return [(list(range(len(steps))), "")]
@@ -382,6 +386,17 @@ def _objectives(engine, steps: list) -> list[tuple[list[int], str]]:
                             f"{steps[picked[0]]}–{steps[picked[-1]]}: the count passed between optimizers over different "
                             f"parameters, {len(parts)} objectives)"))
     return out
+
+
+def _goes_on(losses: list, w: int = 10) -> bool:
+    """`losses`: the old optimizer's run, then the new one's first. Is that one within the range of the last w before
+    it, the old one having held the count for w steps at least? The first step of a new optimizer is computed on the
+    weights the last one left: the same loss goes on from where it was, another starts at its own level (an MSE of
+    0.01 after a cross-entropy of 1). Shorter runs are not read (tasks that take turns every 3 steps, a meta-learning
+    loop's 5 inner steps a task: a task's loss within the last one's range by chance joined them)."""
+    before = [v for v in losses[-w - 1:-1] if v is not None and math.isfinite(v)]
+    v = losses[-1] if losses else None
+    return len(before) >= w and v is not None and math.isfinite(v) and min(before) <= v <= max(before)
 
 
 def _objective(t, theirs: set) -> str:
