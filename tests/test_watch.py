@@ -1458,7 +1458,7 @@ def test_a_new_optimizer_each_epoch_goes_on_with_the_same_steps_and_rows():
     r = w.result()
     assert r.data["steps"] == 100 and codes(r) == set(), [f.to_dict() for f in r.findings]
     assert [row["name"] for row in r.table("layers").rows] == ["0.weight", "0.bias", "3.weight", "3.bias"]
-    assert r.header["optimizers"] == ["SGD (lr 0.0125)"]
+    assert r.header["optimizers"] == ["SGD (lr 0.0125 at the end)"]   # made anew each epoch at a lower rate
     lrs = [v for v in w.engine.series["lr"]]
     assert lrs[0] == 0.05 and lrs[-1] == 0.0125 and len(lrs) == 100
     del opt
@@ -2986,6 +2986,54 @@ def test_pretraining_then_fine_tuning_in_one_script_is_two_curves(kept):
     r = w.result()
     assert codes(r) == set(), [f.to_dict() for f in r.findings if f.severity != "info"]
     assert r.data["steps"] == 300
+
+
+def test_a_half_gradient_whose_norm_is_past_float16_is_finite():
+    """A float16 gradient of finite values whose norm passes 65,504 (1.4e5 here) had its norm taken in float16: inf,
+    and a false non-finite-gradient error at step 1. Half norms are taken in float32; a model with float16 and
+    float32 parameters keeps each row its own norm."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1)).half()
+    model[2].float()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-12)   # updates that round away: the same gradients each step
+    with Watch(model, opt, every=5) as w:
+        for _ in range(10):
+            out = model[2](model[1](model[0](torch.randn(128, 64, dtype=torch.half))).float())
+            opt.zero_grad()
+            (out.sum() * 3000).backward()
+            norms = [float(p.grad.float().norm()) for p in model.parameters()]
+            opt.step()
+    r = w.result()
+    assert norms[0] > 65504 and all(math.isfinite(v) for v in norms)   # the premise
+    assert not [f for f in r.findings if f.code.startswith("non-finite")], [f.to_dict() for f in r.findings]
+    assert r.series["grad_norm"][-1] == pytest.approx(math.sqrt(sum(v * v for v in norms)), rel=1e-2)
+
+
+def test_a_gradient_norm_past_float32_behind_a_finite_loss_is_said_so():
+    """A sweep: SGD at lr 0.5 (momentum 0.9, warm-up) on an unnormalised regression; at step 23 the loss was finite
+    (2.9e23) and every gradient finite (|g| up to 3e20), but their norm overflowed float32: "first non-finite
+    gradient", and the replay's hint said it "came from the loss computed on its output". Both say what happened."""
+    torch.manual_seed(0)
+    w_true = torch.randn(16, 1) * 3
+    model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 30))
+    losses = []
+    with Watch(model, opt, every=1) as w:
+        for _ in range(40):
+            x = torch.randn(32, 16)
+            loss = F.mse_loss(model(x), x @ w_true + 0.1 * torch.randn(32, 1))
+            opt.zero_grad()
+            loss.backward()
+            losses.append((loss.item(), all(torch.isfinite(p.grad).all() for p in model.parameters())))
+            opt.step()
+            sched.step()
+    found = [f for f in w.result().findings if f.code == "non-finite-gradient"]
+    assert len(found) == 1, [f.to_dict() for f in w.result().findings]
+    step = int(re.search(r"at step (\d+)", found[0].message).group(1))
+    assert math.isfinite(losses[step - 1][0]) and losses[step - 1][1]   # the premise: finite loss and gradients
+    assert found[0].message.startswith(f"first gradient norm past float32's range at step {step}"), found[0].message
+    assert "every gradient of that step is finite" in found[0].hint and "outside the model" not in found[0].hint
 
 
 @pytest.mark.parametrize("blow_up", [False, True])

@@ -203,7 +203,9 @@ def _norms(grads: list):
     import torch
 
     with torch.no_grad():
-        return torch.stack([n.float() for n in torch._foreach_norm(grads)])
+        from .stats import norms32
+
+        return torch.stack([n.float() for n in norms32(grads)])
 
 
 def _l2(each):

@@ -28,7 +28,7 @@ from .clip import ClipNorms, combined
 from .double import DoubleSteps
 from .hooks import hook_root
 from .options import Options
-from .stats import Track, nonfinite_losses, param_key, read_parts
+from .stats import Track, nonfinite_losses, norms32, param_key, read_parts
 
 
 def _guarded(hook):
@@ -869,7 +869,7 @@ class Engine:
                       for b, t in (("running_mean", m.running_mean), ("running_var", m.running_var)) if t is not None]
         if stats:
             with torch.no_grad():
-                norms = torch.stack([n.float() for n in torch._foreach_norm([t for _, t in stats])])
+                norms = torch.stack([n.float() for n in norms32([t for _, t in stats])])
             self.pending.append(("bn", (self.step, [n for n, _ in stats]), norms))
         if self.on_histograms is not None:
             named = [(self.root_prefix(root) + n, p) for root in self.roots.values() for n, p in inner(root).named_parameters()]
@@ -978,7 +978,8 @@ class Engine:
             from .replay import replay
 
             root = self.last_call[0]()   # its modules named as the rows are where there are several models
-            event["replay"] = replay(root, *self.last_call[1:], prefix=self.root_prefix(root))
+            event["replay"] = _norm_overflow(replay(root, *self.last_call[1:], prefix=self.root_prefix(root)), event,
+                                         dict(zip(steps, loss)).get(event["step"]), root)
         elif self.opts.replay:
             event["replay"] = None
             event["replay_note"] = (f"found at the read of step {self.step}: the weights of step {event['step']} "
@@ -1125,6 +1126,35 @@ def _mode_sensitive() -> tuple:
     import torch
 
     return (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._BatchNorm)
+
+
+def _norm_overflow(rep: dict, event: dict, loss, root) -> dict:
+    """A replay that found the model's forward and output.sum()'s backward finite blames the loss. Where the step's
+    loss was finite and a gradient norm was not (a sweep: SGD at lr 0.5, a loss of 2.9e23, said to come from the loss
+    "computed on its output"), every gradient may be finite and only their norm past float32's range (|g| ~3e20 there):
+    the event says so."""
+    if event["kind"] != "gradient" or loss is None or not math.isfinite(loss):
+        return rep
+    largest = _largest_finite_gradient(root)
+    if largest is None:   # a gradient is non-finite: the replay's finding stands (a loss whose own backward is
+        return rep        # inf at a finite value, sqrt at 0, comes from the loss)
+    event["norm_overflow"] = largest
+    return dict(rep, direction="backward", detail=(
+        f"every gradient of that step is finite (the largest |g| {largest:.3g}, the loss {loss:.3g}), and their "
+        "norm is past float32's range: a run blowing up; lower the learning rate, or clip gradients"))
+
+
+def _largest_finite_gradient(root) -> float | None:
+    """The largest |gradient| of the model where every one is finite, else None (one sync, at an event only)."""
+    import torch
+
+    grads = [p.grad for p in inner(root).parameters() if p.grad is not None]
+    if not grads:
+        return None
+    with torch.no_grad():
+        top = torch.stack([n.float() for n in torch._foreach_norm(grads, float("inf"))]).max()
+    value = float(top)
+    return value if math.isfinite(value) else None
 
 
 def _stack(values):

@@ -157,8 +157,12 @@ def _nonfinite(result: Result, engine) -> None:
         where = params[0] if params and e["kind"] == "gradient" else ""
         when = "before the optimizer applied it" if e.get("before_update", True) else "read after that step's update"
         msg = f"first non-finite {what} at {_where_step(e['step'], e.get('epoch'))}, {when}"
+        if e.get("norm_overflow"):   # finite gradients whose norm float32 cannot hold (engine._norm_overflow)
+            msg = (f"first gradient norm past float32's range at {_where_step(e['step'], e.get('epoch'))}, {when} "
+                   f"(the gradients themselves finite, the largest |g| {e['norm_overflow']:.3g})")
         if params:
-            msg += f"; parameters with a non-finite gradient: {', '.join(params[:5])}" + (" …" if len(params) > 5 else "")
+            msg += (f"; parameters with a {'gradient norm past it' if e.get('norm_overflow') else 'non-finite gradient'}: "
+                    f"{', '.join(params[:5])}" + (" …" if len(params) > 5 else ""))
         rep = e.get("replay")
         if rep and "error" not in rep:
             hint = f"replayed the batch on the weights of that step: {rep['detail']}"
@@ -895,9 +899,13 @@ def _optimizers(engine) -> list[str]:
     """Each watched optimizer (as it is now, or as it was when the run let it go); a new one each epoch over the
     same parameters is the same line; those of no model that were let go (an attack's) are counted."""
     out = []
+    # under a schedule the rate now is its last (a sweep: "AdamW (lr 0)" after a decay to 0 read as a setup error);
+    # the summary gives the run's range
+    lrs = [v for v in engine.series.get("lr", []) if v is not None]
+    end = " at the end" if lrs and max(lrs) - min(lrs) > 1e-6 * max(abs(v) for v in lrs) else ""
     for t in (t for t in engine.tracks.values() if not t.retired):
         lr = t.lr()
-        out.append(f"{t.kind} (lr {lr:g})" if isinstance(lr, (int, float)) else t.kind)
+        out.append(f"{t.kind} (lr {lr:g}{end})" if isinstance(lr, (int, float)) else t.kind)
     if engine.let_go:
         out.append(f"{engine.let_go} optimizer(s) of no model not reported (let go by the run, or stepped before a "
                    "model's optimizer first did)")

@@ -244,7 +244,7 @@ class Track:
         if not present:
             row.zero_()
             return
-        norms = torch._foreach_norm(present)
+        norms = norms32(present)
         if len(present) == len(grads):
             try:
                 torch.stack(norms, out=row)
@@ -317,8 +317,8 @@ class Track:
             return
         with torch.no_grad():
             after = self._samples_after()
-            moved = torch.stack([n.float() for n in torch._foreach_norm(torch._foreach_sub(after, self.before))])
-            size = torch.stack([n.float() for n in torch._foreach_norm(self.before)])
+            moved = torch.stack([n.float() for n in norms32(torch._foreach_sub(after, self.before))])
+            size = torch.stack([n.float() for n in norms32(self.before)])
             ratio = torch.where(size > 0, moved / size.clamp_min(1e-30), torch.full_like(size, float("nan")))
         self.before = None
         self.queue.append(("ratio", (self, step), ratio))
@@ -388,7 +388,7 @@ class Track:
         import torch
 
         with torch.no_grad():
-            return torch.stack([n.float().to(self.device) for n in torch._foreach_norm(self.params)])
+            return torch.stack([n.float().to(self.device) for n in norms32(self.params)])
 
     def _fingerprint(self):
         """Per parameter, its L2 norm, the sum of its elements and the sum of every other one (a changed parameter
@@ -787,3 +787,18 @@ def compiled_module(m) -> bool:
             or getattr(getattr(forward, "__func__", forward), "_torchdynamo_orig_callable", None) is not None
             or any(getattr(v, "_torchdynamo_orig_callable", None) is not None for v in vars(m).values()
                    if callable(v)))   # self.core = torch.compile(self._core): a compiled helper it calls
+
+
+def norms32(tensors: list) -> tuple:
+    """Each tensor's L2 norm, float16/bfloat16 ones accumulated and returned in float32: a half gradient's norm
+    past 65,504 was inf in its own dtype, a non-finite gradient of finite values."""
+    import torch
+
+    half = (torch.float16, torch.bfloat16)
+    if tensors and all(t.dtype in half for t in tensors):
+        return torch._foreach_norm(tensors, 2, dtype=torch.float32)
+    if any(t.dtype in half for t in tensors):   # mixed: the half ones and the rest apart, put back in order
+        lows = iter(norms32([t for t in tensors if t.dtype in half]))
+        rest = iter(torch._foreach_norm([t for t in tensors if t.dtype not in half]))
+        return tuple(next(lows) if t.dtype in half else next(rest) for t in tensors)
+    return torch._foreach_norm(tensors)
