@@ -2988,6 +2988,27 @@ def test_pretraining_then_fine_tuning_in_one_script_is_two_curves(kept):
     assert r.data["steps"] == 300
 
 
+def test_a_nan_gradient_of_a_tensor_in_no_model_behind_a_finite_loss_is_non_finite():
+    """A review of the norm-overflow message: a learnable tensor the optimizer holds and no model does got a NaN
+    gradient (sqrt at 0, the loss finite), and the check of the model's gradients alone called it finite, "past
+    float32's range". Every watched optimizer's gradients are read."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    t = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.SGD(list(m.parameters()) + [t], lr=0.01)
+    x, y = torch.randn(64, 8), torch.randn(64, 1)
+    with Watch(m, opt, every=1) as w:
+        for i in range(20):
+            opt.zero_grad()
+            loss = F.mse_loss(m(x), y) + (torch.sqrt(t * 0).sum() if i == 12 else 0)
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                t.nan_to_num_(0.0)
+    found = [f for f in w.result().findings if f.code == "non-finite-gradient"]
+    assert len(found) == 1 and found[0].message.startswith("first non-finite gradient at step 13"), found
+
+
 def test_a_half_gradient_whose_norm_is_past_float16_is_finite():
     """A float16 gradient of finite values whose norm passes 65,504 (1.4e5 here) had its norm taken in float16: inf,
     and a false non-finite-gradient error at step 1. Half norms are taken in float32; a model with float16 and

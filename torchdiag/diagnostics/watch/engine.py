@@ -979,7 +979,7 @@ class Engine:
 
             root = self.last_call[0]()   # its modules named as the rows are where there are several models
             event["replay"] = _norm_overflow(replay(root, *self.last_call[1:], prefix=self.root_prefix(root)), event,
-                                         dict(zip(steps, loss)).get(event["step"]), root)
+                                         dict(zip(steps, loss)).get(event["step"]), self.tracks.values())
         elif self.opts.replay:
             event["replay"] = None
             event["replay_note"] = (f"found at the read of step {self.step}: the weights of step {event['step']} "
@@ -1128,14 +1128,14 @@ def _mode_sensitive() -> tuple:
     return (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._BatchNorm)
 
 
-def _norm_overflow(rep: dict, event: dict, loss, root) -> dict:
+def _norm_overflow(rep: dict, event: dict, loss, tracks) -> dict:
     """A replay that found the model's forward and output.sum()'s backward finite blames the loss. Where the step's
     loss was finite and a gradient norm was not (a sweep: SGD at lr 0.5, a loss of 2.9e23, said to come from the loss
     "computed on its output"), every gradient may be finite and only their norm past float32's range (|g| ~3e20 there):
     the event says so."""
     if event["kind"] != "gradient" or loss is None or not math.isfinite(loss):
         return rep
-    largest = _largest_finite_gradient(root)
+    largest = _largest_finite_gradient(tracks)
     if largest is None:   # a gradient is non-finite: the replay's finding stands (a loss whose own backward is
         return rep        # inf at a finite value, sqrt at 0, comes from the loss)
     event["norm_overflow"] = largest
@@ -1144,16 +1144,20 @@ def _norm_overflow(rep: dict, event: dict, loss, root) -> dict:
         "norm is past float32's range: a run blowing up; lower the learning rate, or clip gradients"))
 
 
-def _largest_finite_gradient(root) -> float | None:
-    """The largest |gradient| of the model where every one is finite, else None (one sync, at an event only)."""
+def _largest_finite_gradient(tracks) -> float | None:
+    """The largest |gradient| of every watched optimizer's parameters (a review: the model last called was another
+    model, a tensor the optimizer holds was in no model) where every one is finite, else None. One sync, at an event
+    only; in float64 (a float64 model's 1e40 is finite)."""
     import torch
 
-    grads = [p.grad for p in inner(root).parameters() if p.grad is not None]
+    grads = [p.grad for t in tracks for p in t.params if p.grad is not None]
     if not grads:
         return None
-    with torch.no_grad():
-        top = torch.stack([n.float() for n in torch._foreach_norm(grads, float("inf"))]).max()
-    value = float(top)
+    try:
+        with torch.no_grad():
+            value = float(torch.stack([n.to(torch.float64).cpu() for n in torch._foreach_norm(grads, float("inf"))]).max())
+    except (RuntimeError, TypeError):   # a device without float64: the event stays as it is
+        return None
     return value if math.isfinite(value) else None
 
 
