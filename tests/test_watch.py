@@ -250,6 +250,26 @@ def test_missing_zero_grad_is_an_error_unless_accumulating_on_purpose():
     assert "grad-carried-over" not in codes(r)
 
 
+def test_a_zero_grad_every_tenth_step_is_said_for_the_steps_looked_at():
+    """A sweep: zero_grad() indented into a logging block (every 10th step) was said to leave gradients "at every
+    backward ... they accumulate over every step". It is looked at after read steps only: said as how many of them."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 3))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with Watch(model, opt, every=5) as w:
+        for step in range(60):
+            x = torch.randn(32, 10)
+            loss = F.cross_entropy(model(x), x[:, :3].argmax(1))
+            if step % 10 == 0:
+                opt.zero_grad()
+            loss.backward()
+            opt.step()
+    found = [f for f in w.result().findings if f.code == "grad-carried-over"]
+    said = re.search(r"after (\d+) of the (\d+) read steps looked at", found[0].message) if found else None
+    assert said and 0 < int(said.group(1)) < int(said.group(2)), [f.message for f in found]
+    assert "every step" not in found[0].message
+
+
 @pytest.mark.parametrize("style", ["accumulate4", "set_to_none_false", "zero_between_forward_and_backward"])
 def test_zero_grad_styles_that_are_fine(style):
     model = _mlp()
@@ -489,6 +509,9 @@ def test_optimizer_param_that_never_gets_a_gradient():
         _loop(model, opt, 20, torch.Generator().manual_seed(0))
     r = w.result()
     assert {f.where for f in r.findings if f.code == "never-gets-grad"} == {"unused.weight", "unused.bias"}
+    # a sweep: rows named by index (param_groups[0][60]) said nothing of what they were; the shape says it
+    assert {f.message.split(" is in")[0] for f in r.findings if f.code == "never-gets-grad"} == {
+        "unused.weight (2x8)", "unused.bias (2)"}
 
 
 def test_parameter_with_zero_learning_rate_never_changes():

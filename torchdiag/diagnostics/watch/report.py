@@ -216,8 +216,10 @@ def _wiring(result: Result, engine) -> None:
                 continue
             if not t.seen_grad[i] and t.sampled > t.joined[i]:   # never at a read step since it joined: not known
                 sev = "warning" if p.requires_grad else "info"
-                result.add("never-gets-grad", sev, t.names[i], f"{t.names[i]} is in the optimizer but never had a "
-                           "gradient at a read step", "it does not reach the loss (unused, detached, or frozen)")
+                shape = "x".join(map(str, p.shape)) or "scalar"   # a row named by index says what it is by its shape
+                result.add("never-gets-grad", sev, t.names[i], f"{t.names[i]} ({shape}) is in the optimizer but never "
+                           "had a gradient at a read step", "it does not reach the loss (unused, detached, or frozen; or "
+                           "its module was replaced after the optimizer was built, as a classifier reset)")
             elif t.changed is not None and not t.changed[i] and _negligible(t, i):
                 result.add("never-changes", "info", t.names[i], f"{t.names[i]} never changed over {_its_steps(t, engine)}: "
                            f"its gradient was zero or negligible at every step (at most {t.grad_max[i]:.2g})", "the model cancels it (e.g. a bias right "
@@ -235,8 +237,11 @@ def _wiring(result: Result, engine) -> None:
     _clock_note(result, engine)
     carried = engine.checks["carried"]
     if carried and not engine.opts.accumulate:
-        result.add("grad-carried-over", "error", "", f"gradients from the previous step were still there at every backward "
-                   f"before the next step (after read steps {', '.join(map(str, carried[:5]))}): they accumulate over every step",
+        # looked at after read steps only: "every step" overstated a loop that zeroes every 10th step (a sweep)
+        more = f" and {len(carried) - 5} more" if len(carried) > 5 else ""
+        result.add("grad-carried-over", "error", "", f"gradients from the previous step were still there at the next "
+                   f"backward after {len(carried)} of the {engine.checks.get('carry_looks', len(carried))} read steps looked at ({', '.join(map(str, carried[:5]))}"
+                   f"{more}): they add up across steps",
                    "call optimizer.zero_grad() once per step (or pass accumulate=True if this is on purpose)")
 
 

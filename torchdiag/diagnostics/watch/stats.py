@@ -750,7 +750,8 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
         for i, v in enumerate(vals):
             if math.isfinite(v) and track.seen_grad[i]:
                 engine.ratios.setdefault(track.names[i], []).append((step, v))
-    elif kind == "carry":
+    elif kind == "carry":   # one look at the backward after a read step
+        checks["carry_looks"] = checks.get("carry_looks", 0) + 1
         if vals[0] > 0:
             checks["carried"].append(payload[1])
     elif kind == "weights":
