@@ -3107,6 +3107,31 @@ def test_the_same_loss_under_an_optimizer_over_other_parameters_is_one_curve(blo
     assert all("120 steps before it" in f.message for f in said)   # the window reaches back past the handover
 
 
+def test_tasks_in_turns_whose_losses_met_once_stay_two_objectives():
+    """A review: tasks taking turns every 20 steps (a cross-entropy, an MSE scaled so its first loss, 1.38, falls
+    within the cross-entropy's last 10, 1.31-1.46) were joined at the first handover for the rest of the run, while
+    their floors part (0.79 and 0.013). Two optimizers are one loss only while every handover between them goes on."""
+    from torchdiag.diagnostics.watch import report
+
+    torch.manual_seed(0)
+    trunk, ha, hb = nn.Sequential(nn.Linear(8, 32), nn.ReLU()), nn.Linear(32, 4), nn.Linear(32, 1)
+    oa = torch.optim.Adam(list(trunk.parameters()) + list(ha.parameters()), 1e-3)
+    ob = torch.optim.Adam(list(trunk.parameters()) + list(hb.parameters()), 3e-3)
+    with Watch(every=10) as w:
+        for step in range(400):
+            x = torch.randn(32, 8)
+            opt = oa if (step // 20) % 2 == 0 else ob
+            opt.zero_grad()
+            (F.cross_entropy(ha(trunk(x)), (x[:, :2].sum(1) > 0).long() + 2 * (x[:, 2] > 0).long()) if opt is oa
+             else F.mse_loss(hb(trunk(x)), 1.25 * x[:, :1])).backward()
+            opt.step()
+    r = w.result()
+    losses = r.series["loss"]
+    assert min(losses[10:20]) <= losses[20] <= max(losses[10:20])   # the premise: they met at the first handover
+    assert len(report._objectives(w.engine, r.series["step"], losses)) == 2
+    assert codes(r) == set(), [f.to_dict() for f in r.findings if f.severity != "info"]
+
+
 def test_an_idle_optimizer_beside_a_kept_pretraining_one_over_the_same_parameters():
     """A third review: a SeqGAN-style run keeps its pretraining optimizers; the adversarial loop's discriminator
     optimizer stops at iteration 50 while D's backward goes on. Every D parameter was also in the idle pretraining
