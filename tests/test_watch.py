@@ -333,6 +333,39 @@ def test_dead_units_passed_on_by_a_pool_and_a_flatten_are_one_finding():
     assert 8 <= dead <= int(found[0].message.split(" of ")[0]) <= 16, (dead, found[0].message)
 
 
+@pytest.mark.parametrize("activation", ["function", "module"])
+def test_dead_units_a_dropout_passes_on_from_a_functional_activation_are_said_to_arrive(activation):
+    """A sweep: nn.TransformerEncoderLayer applies its ReLU as a function, so the first hooked module after it, a
+    Dropout, was named as the dead layer. A module without parameters whose input held those zeros already says so,
+    and where they come from; a ReLU module that makes them is the dead layer as before."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.act, self.drop, self.out = nn.Linear(8, 64), nn.ReLU(), nn.Dropout(0.0), nn.Linear(64, 1)
+
+        def forward(self, x):
+            h = F.relu(self.lin(x)) if activation == "function" else self.act(self.lin(x))
+            return self.out(self.drop(h))
+
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = torch.randn(8, 1).abs()
+    with Watch(model, opt, every=10) as wt:
+        for step in range(1, 101):
+            x = torch.rand(32, 8)
+            y = torch.full((32, 1), -30.0) if step == 40 else x @ w   # one bad batch kills ReLU units
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+    found = [f for f in wt.result().findings if f.code == "dead-units"]
+    assert [f.where for f in found] == (["drop"] if activation == "function" else ["act"]), [f.message for f in found]
+    arrived = "they were zero at its input already: drop has no parameters and passes them on from code of the model"
+    assert (arrived in found[0].message) == (activation == "function"), found[0].message
+    if activation == "module":
+        assert "passed on by drop" in found[0].message
+
+
 def test_divergence_after_the_learning_rate_rose():
     r = script("watch_diverge", "--bad-step", 60)
     f = finding(r, "loss-diverged")

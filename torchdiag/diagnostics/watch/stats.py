@@ -467,7 +467,7 @@ class DeadUnits:
 
         self.module, self.root = root, inner(root)
         self.handles: list = []
-        self.seen: list = []   # (name, per-unit max, per-unit min)
+        self.seen: list = []   # (name, per-unit max, per-unit min, per-unit input alive or None)
         self.calls: dict[str, int] = {}   # calls of each module in this forward
         self.made: dict[int, tuple] = {}  # storage of an output seen -> (the entry that made it, a weakref to it)
 
@@ -501,13 +501,14 @@ class DeadUnits:
                 # units: its own entry, `name#2`, compared with its own first sample
                 k = self.calls[name] = self.calls.get(name, 0) + 1
                 entry = name if k == 1 else f"{name}#{k}"
-                self._passed_on(module, args, entry)
+                fed = self._passed_on(module, args, entry)
                 self.made[output.untyped_storage().data_ptr()] = (entry, weakref.ref(output))
-                self.seen.append((entry, output.amax(rest), output.amin(rest)))
+                self.seen.append((entry, output.amax(rest), output.amin(rest), None if fed else _input_range(
+                    module, args, output, rest)))
             return None
         return hook
 
-    def _passed_on(self, module, args, entry: str) -> None:
+    def _passed_on(self, module, args, entry: str) -> bool:
         """A module without parameters whose input is another module's output (a pool or a flatten after a
         ReLU) passes that module's dead units on: noted (host-side names only) so the report names them once."""
         import torch
@@ -517,6 +518,8 @@ class DeadUnits:
             made = self.made.get(x.untyped_storage().data_ptr())
             if made is not None and made[1]() is not None:   # still alive: its memory was not reused since
                 self.engine.checks["dead_feeds"][entry] = made[0]
+                return True
+        return False
 
     def remove(self):
         """Off without a verdict (watching ended during the forward it sampled)."""
@@ -542,16 +545,47 @@ class DeadUnits:
         import torch
 
         eng = self.engine
-        names = [name for name, _, _ in entries]
-        sizes = [int(mx.numel()) for _, mx, _ in entries]
+        names = [e[0] for e in entries]
+        sizes = [int(e[1].numel()) for e in entries]
         mx = torch.cat([e[1] for e in entries])
         mn = torch.cat([e[2] for e in entries])
         alive = mx.ne(0) | mn.ne(0)   # some element non-zero (a NaN counts, as ne(0) does)
         first, seg = _first_alive(eng, id(self.root), names, sizes, alive)
         dead = alive.logical_not()
-        per_unit = torch.stack([first & dead, dead, (mn >= 0).logical_not()], 1).float()
-        counts = torch.zeros((len(entries), 3), device=alive.device).index_add_(0, seg, per_unit)
+        came = _came_dead(entries, sizes, alive)
+        per_unit = torch.stack([first & dead, dead, (mn >= 0).logical_not(),
+                                first & dead & came if came is not None else torch.zeros_like(dead)], 1).float()
+        counts = torch.zeros((len(entries), 4), device=alive.device).index_add_(0, seg, per_unit)
         eng.pending.append(("dead", (eng.step, list(zip(names, sizes))), counts))
+
+
+def _input_range(module, args, output, rest):
+    """Per unit, the max and min of the input of a module without parameters that is not another module's output (None
+    where that is not read: the module has parameters, or its input is not shaped as its output). A dropout after an
+    activation called as a function (nn.TransformerEncoderLayer's F.relu) passes on zeros it did not make: the report
+    says they arrive at its input (a sweep: the finding named the Dropout)."""
+    import torch
+
+    x = args[0] if args else None
+    if (not torch.is_tensor(x) or x.shape != output.shape or not x.is_floating_point()
+            or any(True for _ in module.parameters(recurse=False))):
+        return None
+    return x.amax(rest), x.amin(rest)
+
+
+def _came_dead(entries, sizes, alive):
+    """Per unit of all modules: zero at its module's input as well (_input_range; False where not read), in a fixed
+    number of ops whatever the modules; None when no module's input was read."""
+    import torch
+
+    offsets = list(_offsets(sizes))
+    have = [(offsets[j], e[3]) for j, e in enumerate(entries) if e[3] is not None]
+    if not have:
+        return None
+    mx = torch.cat([m for _, (m, _) in have])
+    mn = torch.cat([m for _, (_, m) in have])
+    idx = torch.tensor([off + k for off, (m, _) in have for k in range(m.numel())], device=alive.device)
+    return torch.zeros_like(alive).index_copy_(0, idx, mx.eq(0) & mn.eq(0))
 
 
 def _first_alive(eng, root_id, names, sizes, alive) -> tuple:
@@ -772,11 +806,12 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
         for name, v in zip(names, vals):
             if not math.isfinite(v):
                 checks["bn_nonfinite"].setdefault(name, step)
-    elif kind == "dead":   # per module: units newly dead, dead, with a negative (or NaN) minimum
-        step, modules = payload
+    elif kind == "dead":   # per module: units newly dead, dead, with a negative (or NaN) minimum, newly dead that
+        step, modules = payload   # were zero at its input already
         for j, (name, units) in enumerate(modules):
-            newly, dead, negative = vals[3 * j:3 * j + 3]
+            newly, dead, negative, came = vals[4 * j:4 * j + 4]
             checks["dead"].setdefault(name, []).append((step, newly, dead, negative == 0, units))
+            checks.setdefault("dead_arrived", {})[name] = came
 
 
 def compiled_module(m) -> bool:
