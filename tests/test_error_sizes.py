@@ -18,6 +18,12 @@ from torchdiag.core.inputs import _first_that_runs
     ("must be a multiple of `n_window * 2` (100)", {128, 80}, [(80, 100), (128, 200)]),
     ("mat1 and mat2 shapes cannot be multiplied (2x32 and 512x32)", {32}, []),      # a width: core.input_width's
     ("The size of tensor a (5) must match the size of tensor b (7)", {3}, []),      # neither is a size given
+    # a masked assignment, x[mask] = values (Kosmos-2's image embeddings at the positions its mask marks): the rows the
+    # mask selects, batch 2 x 16, scaled to the 128 values; or a size given itself
+    ("shape mismatch: value tensor of shape [128, 32] cannot be broadcast to indexing result of shape [32, 32]",
+     {3, 224, 16}, [(16, 64)]),
+    ("shape mismatch: value tensor of shape [64, 32] cannot be broadcast to indexing result of shape [16, 32]",
+     {3, 224, 16}, [(16, 64)]),
 ])
 def test_the_sizes_an_error_asks_for(text, sizes, want):
     assert error_sizes.asked(text, sizes) == want

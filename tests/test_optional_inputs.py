@@ -537,6 +537,35 @@ def test_an_added_input_that_fixes_the_layout_but_for_a_size_gets_the_size_its_e
     assert "the size the model's own error asked for" in got.source and "optional inputs its errors named" in got.source
 
 
+class Placed(nn.Module):
+    """Kosmos-2's contract: pixels, token ids, and a mask of the ids' positions where its image embeddings (4 per
+    image here, 64 there) go, optional in the forward but read without a check (`mask.to(bool)`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = types.SimpleNamespace()
+        self.emb, self.patch = nn.Embedding(10, 6), nn.Conv2d(3, 6, 4, stride=4)
+
+    def forward(self, pixel_values, input_ids=None, image_embeds_position_mask=None):
+        if input_ids is None:
+            raise ValueError("You have to specify either input_ids or inputs_embeds")
+        image = self.patch(pixel_values).flatten(2).transpose(1, 2)   # (batch, 4, 6) from 8x8 pixels
+        embeds = self.emb(input_ids)
+        embeds[image_embeds_position_mask.to(dtype=torch.bool)] = image.reshape(-1, 6)
+        return embeds
+
+
+def test_a_mask_beside_ids_is_shaped_as_the_ids_and_the_size_its_assignment_asks_for_is_given():
+    """Kosmos-2 exited 3: its mask was tried shaped as the pixels (the main input), never as the ids, and the masked
+    assignment's error (64 values for 16 marked positions) asked for no size. A mask beside keyword ids is tried as
+    long as they are, all ones, and the assignment's rows are a size."""
+    from torchdiag.core import inputs
+
+    got = inputs._first_that_runs([("1x3x8x8", "input_ids=1x16:int64")], loaded(Placed()), torch.device("cpu"), 0)
+    assert got.kwargs["input_ids"].shape == (1, 4) and got.kwargs["image_embeds_position_mask"].shape == (1, 4)
+    assert "16 → 4" in got.source, got.source
+
+
 def test_a_per_sample_size_is_also_tried_as_one_row_for_a_batch():
     # MiniCPM-V's vision tower packs a batch into one sequence and adds one row of positions to every sample
     from torchdiag.core import hf_inputs

@@ -31,6 +31,11 @@ _PAIRS = [re.compile(r"size of tensor a \((\d{1,9})\) must match the size of ten
 # "Input image size (1792*448) doesn't match model (896*448)": (height, width) given and wanted
 _SIDES = re.compile(r"\((\d{1,9})\*(\d{1,9})\) doesn'?t match model \((\d{1,9})\*(\d{1,9})\)")
 _CHANNELS = re.compile(r"to have (\d{1,9}) channels, but got (\d{1,9}) channels")
+# a masked assignment `x[mask] = values` whose mask selects another count of rows than the values hold: "value tensor
+# of shape [128, 32] cannot be broadcast to indexing result of shape [32, 32]" (Kosmos-2 puts its 64 image
+# embeddings at the positions image_embeds_position_mask marks: with every position marked, the sequence is 64 long)
+_MASKED = re.compile(r"value tensor of shape \[(\d{1,9})(?:, \d{1,9})*\] cannot be broadcast to indexing result of "
+                     r"shape \[(\d{1,9})")
 # "a multiple of `n_window * 2` (100)": the value of the named expression; "a multiple of 1920": the number itself
 _MULTIPLE = [re.compile(r"(?:multiple of|divisible by) `[^`]{1,40}` \((\d{1,9})\)"),
              re.compile(r"(?:multiple of|divisible by) (\d{1,9})\b")]
@@ -47,6 +52,9 @@ def asked(text: str, sizes: set[int]) -> list[tuple[int, int]]:
     for m in _CHANNELS.finditer(text):
         want, got = int(m.group(1)), int(m.group(2))
         out += [(got, want)] if got in sizes else []
+    for m in _MASKED.finditer(text):   # the rows selected (a product of the mask's sizes) scaled to the values'
+        a, b = int(m.group(2)), int(m.group(1))
+        out += [(a, b)] if a in sizes else _scaled(a, b, sizes)
     for m in _SIDES.finditer(text):
         for a, b in ((int(m.group(1)), int(m.group(3))), (int(m.group(2)), int(m.group(4)))):
             out += [(a, b)] if a in sizes else _scaled(a, b, sizes)

@@ -249,6 +249,7 @@ def optional_specs(name: str, specs, model) -> list[str]:
             out.append(f"{_dims(shape)}:{dtype}")
             if len(shape) == 2 and dtype == "float32":   # filter banks as one channel (an image of them: CLAP)
                 out.append(f"{_dims((1,) + shape)}:{dtype}")
+    out += _along_ids(name, specs, main, boolean)
     out += [s for v in range(VARIANTS) if (s := _other(name, main, config, v, boolean))]
     if boolean:   # a flag a sample (CLAP's is_longer) where the forward annotates a bool tensor
         out = [s.replace(":int64", ":bool") for s in out]
@@ -259,6 +260,22 @@ def optional_specs(name: str, specs, model) -> list[str]:
         # them all (MiniCPM-V's vision tower adds one row of positions to every sample)
         specs[2:2] = [f"{name}={s}" for s in out[:2]]
     return specs
+
+
+def _along_ids(name: str, specs, main: tuple[int, ...], boolean: bool) -> list[str]:
+    """A mask or ids beside token ids given as a keyword, where the main input is not a sequence (pixels first): as
+    long as those ids, all ones (Kosmos-2's image_embeds_position_mask marks where its image embeddings go, one per
+    position of its ids: shaped as the pixels, it was no layout the forward could read)."""
+    if len(main) < 2 or not ("mask" in name or name.endswith("_ids")):
+        return []
+    out = []
+    for spec in specs[1:]:
+        key, _, rest = spec.partition("=")
+        shape, _, tail = rest.partition(":")
+        dims = shape.split("x")
+        if key.endswith("input_ids") and tail.startswith("int64") and len(dims) == 2 and dims[1].isdigit():
+            out.append(f"{_dims((int(dims[1]),))}:{'bool' if boolean else 'int64'}~ones")
+    return out
 
 
 _SIZE_ENDS = ("_dim", "_size", "_features", "_channels")

@@ -747,7 +747,10 @@ def _resized_grown(furthest: list, loaded, device, seed: int, dtype: str | None)
     size that must agree with it (Voxtral Realtime: 128 feature frames make 16 audio tokens, added to 16 token ids)."""
     from . import error_sizes
 
-    best = sorted(furthest, key=lambda t: -t[1].calls)[:GROWN_RESIZED]
+    # furthest first; of those as far, one whose error asks for a size (Kosmos-2's mask shaped as the ids, beside
+    # one shaped as the pixels that failed at the same module)
+    best = sorted(furthest, key=lambda t: (-t[1].calls, not error_sizes.asked(t[1].error, error_sizes.sizes_of(t[0]))))
+    best = best[:GROWN_RESIZED]
     if not best:
         return None
     asked = error_sizes.resized([s for s, _ in best], [p for _, p in best], loaded, device, seed, dtype)

@@ -186,7 +186,7 @@ def completed(sets, probes: list[Probe], loaded, device, seed: int, dtype: str |
                             f"{which} {', '.join(added + [name])} added: optional in the forward, which failed without "
                             f"{'them' if added else 'it'} (its error named {'them' if added else 'it'})")
                         return inputs
-                    if furthest is not None and got.calls > reached:
+                    if furthest is not None and (got.calls > reached or _asks_a_size(got, grown)):
                         furthest.append((grown, got))
                     if got.names and (got.calls > reached or got.said):   # this shape was read: the next level
                         if len(added) + 1 < MAX_ADDED:
@@ -194,6 +194,14 @@ def completed(sets, probes: list[Probe], loaded, device, seed: int, dtype: str |
                         break
         level = deeper
     return None
+
+
+def _asks_a_size(got: Probe, specs) -> bool:
+    """Its error asks for a size of the layout (core.error_sizes): the added input was read, where it failed no later
+    than without it (Kosmos-2: the image positions marked in a mask as long as the ids, 16, for 64 embeddings)."""
+    from . import error_sizes
+
+    return got.out is None and bool(error_sizes.asked(got.error, error_sizes.sizes_of(specs)))
 
 
 def _at_width(spec: str, got: Probe) -> str | None:
