@@ -530,6 +530,84 @@ def test_indicator_inputs_are_not_asked_to_be_standardised():
     counts = words * torch.randint(1, 40, words.shape, generator=g)
     r = run_data(_pool_loader(counts, y), Options(**QUICK), context("cpu"))
     assert one(r, "not-standardised").severity == "warning"
+    # a sweep: token ids (int64 indices into an nn.Embedding, mean ~8000) were told to Normalize
+    ids = torch.randint(0, 30000, (800, 64), generator=g)
+    r = run_data(_pool_loader(ids, y), Options(**QUICK), context("cpu"))
+    assert "not-standardised" not in codes(r), [f.message for f in r.findings]
+
+
+@pytest.mark.parametrize("wait_s,severity", [(0.002, "info"), (0.2, "warning")])
+def test_waiting_a_fraction_of_a_millisecond_a_batch_is_no_warning(wait_s, severity):
+    """A sweep: an in-memory set behind a 0.5 ms step read 62% waiting for data, a warning that said to add workers
+    where the sweep had measured them worse. Under 1 ms a batch it is said (info); more workers measured no better
+    are not advised."""
+    import types
+
+    from torchdiag.diagnostics.data import findings
+    from torchdiag.diagnostics.data.speed import Timing
+    from torchdiag.results import Result
+
+    t = Timing(0, batches=10, wait_s=wait_s, step_s=0.003, stepped=True)
+    worse = Timing(2, batches=10, wait_s=3 * wait_s, step_s=0.003, stepped=True)
+    r = Result("data")
+    findings._input_bound(r, types.SimpleNamespace(training=t, sweep=[t, worse]))
+    f = one(r, "input-bound")
+    assert f.severity == severity and "more workers were no better here" in f.hint, (f.message, f.hint)
+    assert f"{1e3 * wait_s / 10:.2g} ms a batch" in f.message
+
+
+def test_a_held_out_split_s_imbalance_is_said_with_how_to_judge_it_and_a_binary_logit_gets_pos_weight():
+    """A sweep: the validation split's imbalance repeated the training hint (weight the loss, resample), and a model
+    with one output per sample was told CrossEntropyLoss(weight=...)."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(2000, 8, generator=g), (torch.rand(2000, generator=g) < 0.02).long()
+    model = torch.nn.Linear(8, 1)
+    r = run_data(_pool_loader(x, y), Options(**QUICK), context("cpu"), val=_pool_loader(x[:500], y[:500]),
+                 model=model)
+    said = {f.where.split(":")[0]: f for f in r.findings if f.code == "class-imbalance"}
+    assert said["train"].severity == "warning" and "pos_weight" in said["train"].hint
+    assert said["val"].severity == "info" and "per-class" in said["val"].hint and "Sampler" not in said["val"].hint
+
+
+def test_a_field_padded_per_batch_has_no_constant_features():
+    """A sweep: an attention mask padded per batch read "5 of 59 features never vary" (its first positions are
+    never padding); a fixed-width field keeps the finding."""
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(5, 60, (400,), generator=g)
+
+    def collate(items):
+        n = max(int(k) for k, _ in items)
+        mask = torch.stack([(torch.arange(n) < k).long() for k, _ in items])
+        return mask, torch.stack([y for _, y in items])
+
+    data = list(zip(lengths, torch.randint(0, 2, (400,), generator=g)))
+    loader = torch.utils.data.DataLoader(data, batch_size=32, collate_fn=collate)
+    assert "constant-features" not in codes(run_data(loader, Options(**QUICK), context("cpu")))
+    fixed = torch.randn(400, 8, generator=g)
+    fixed[:, 3] = 1.0
+    assert one(run_data(_pool_loader(fixed, torch.zeros(400, 1)), Options(**QUICK), context("cpu")),
+               "constant-features").severity == "info"
+
+
+def test_a_fetcher_left_early_waits_for_its_thread():
+    """A sweep: `data` aborted at exit now and then (exit 134, "terminate called without an active exception"): the
+    fetching thread, a daemon, was still running the collate function's torch ops (a batch fetched ahead) when the
+    interpreter finalised. Left early, the fetcher waits for its thread; a stuck loader's is not waited for."""
+    from torchdiag.core.fetch import Fetcher
+
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 4)), batch_size=4)
+    fetcher = Fetcher(loader, timeout=30.0, ahead=1)
+    for _ in fetcher:
+        break
+    assert fetcher._thread is not None and not fetcher._thread.is_alive()
+
+
+def test_one_based_labels_are_said_so_without_a_class_count():
+    """A sweep: labels 1..10 with no --classes or --model read "1 class(es) of [0, 11) have no sample: [0]"."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(1000, 8, generator=g), torch.randint(1, 11, (1000,), generator=g)
+    f = one(run_data(_pool_loader(x, y), Options(**QUICK), context("cpu")), "classes-absent")
+    assert "the labels run 1–10 with no 0: one-based" in f.message and "subtract 1" in f.hint
 
 
 def test_a_small_input_read_as_it_is_is_not_called_scaled_inside():
@@ -791,6 +869,8 @@ def test_empty_data_is_one_line_and_exit_2(cli, tmp_path, factory):
         "def empty_loader():\n    return DataLoader(empty_dataset(), batch_size=4)\n")
     r = cli("data", f"{tmp_path}/empty.py:{factory}", "--no-speed")
     assert r.code == 2 and "the training data gave no batch (it is empty)" in r.stderr, r.stderr
+    said = " ".join(r.stdout.split())   # wrapped at the terminal's width
+    assert "nothing was measured" in said and "the numbers above" not in said, r.stdout   # a sweep: none above
     assert "Traceback" not in r.stderr and "internal error" not in r.stderr
 
 

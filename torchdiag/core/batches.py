@@ -73,7 +73,8 @@ def find_roles(batch, input_field: str | None = None, target_field: str | None =
     names = [n for n, _ in flatten(batch)]
     kind = structure(batch)
     if not names:
-        raise UsageError(f"a batch holds no tensors (it is a {type(batch).__name__})",
+        kind = type(batch).__name__
+        raise UsageError(f"a batch holds no tensors (it is {'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind})",
                          hint="batches must be tensors, or tuples/lists/dicts of tensors (numpy arrays are read too)")
     for given, opt in ((input_field, "input_field"), (target_field, "target_field")):
         if given is not None and given not in names:

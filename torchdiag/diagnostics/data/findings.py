@@ -2,7 +2,7 @@
 where there is one."""
 from __future__ import annotations
 
-from .options import INPUT_BOUND
+from .options import INPUT_BOUND, WAIT_FLOOR_S
 
 IMBALANCE = 10.0          # largest class / smallest present class
 RAW_MAX = 2.0             # a float image whose values reach past this (and stay ≥ 0, ≤ 255): raw pixels
@@ -128,6 +128,11 @@ def range_finding(f) -> tuple[str, str, str, str] | None:
                 "0–255 pixel values, not normalised", "scale to [0, 1] (x / 255), then Normalize" + _norm_hint(f, 255.0))
     if f.integral and f.lo >= 0 and f.hi <= 1:   # 0/1 indicators (bag of words, one-hot, binary): a unit scale already
         return None
+    if f.dtypes and all(d.startswith("int") for d in f.dtypes):
+        # integer tensors other than uint8 pixels are indices (token ids into an nn.Embedding, positions, categories):
+        # no weighted layer takes them as values, and normalising them would break them (a sweep: every text set's
+        # input_ids read "not-standardised", mean 8028)
+        return None
     ch = f.channel_stats()
     means, stds = ch if ch is not None else ([f.mean], [f.std])
     far = any(abs(m) > FAR_MEAN for m in means) or any(not FAR_STD[0] <= s <= FAR_STD[1] for s in stds if s > 0)
@@ -152,7 +157,8 @@ def _constant(r, f, where) -> None:
               "information", "check the transform (a mask, a wrong channel, an image that failed to load)")
         return
     same, n = f.constant_features()
-    if same and n:
+    if same and n and f.other_shape is None:   # padded per batch: its "features" are positions (a sweep: a mask's
+        # first 5 positions, never padding, read as constant features)
         shown = ", ".join(map(str, same[:10])) + (" …" if len(same) > 10 else "")
         r.add("constant-features", "info", where, f"{len(same)} of {n} features never vary (indices {shown})",
               "they carry no information: drop them, or leave them (harmless to most models)")
@@ -218,13 +224,23 @@ def _labels(r, st, f, where, split) -> None:
     top = max(counts.values())
     low_c = min(counts, key=counts.get)
     if top / counts[low_c] >= IMBALANCE:
-        r.add("class-imbalance", "warning", where, f"the largest class has {top / counts[low_c]:.1f}× the samples of "
-              f"the smallest (class {low_c}: {counts[low_c]:,})",
-              "weight the loss (CrossEntropyLoss(weight=...)) or sample by class (WeightedRandomSampler)")
+        # a split held out for evaluation is not trained on: the training hint is wrong there (a sweep); one output
+        # per sample (binary, BCEWithLogitsLoss) is weighted by pos_weight, not CrossEntropyLoss's weight
+        held_out = split != "train"
+        weight = "BCEWithLogitsLoss(pos_weight=...)" if expected == 1 or st.one_output else "CrossEntropyLoss(weight=...)"
+        r.add("class-imbalance", "info" if held_out else "warning", where, f"the largest class has "
+              f"{top / counts[low_c]:.1f}× the samples of the smallest (class {low_c}: {counts[low_c]:,})",
+              "judge it by per-class metrics (balanced accuracy, F1, per-class recall), not accuracy alone" if held_out
+              else f"weight the loss ({weight}) or sample by class (WeightedRandomSampler)")
     span = expected if expected is not None else (max(counts) + 1 if min(counts) >= 0 and max(counts) < 100_000 else None)
     if span is not None and span <= 100_000 and not values:
         absent = [c for c in range(span) if c not in counts]
-        if absent and not outside:
+        if absent == [0] and expected is None and len(counts) > 2 and sorted(counts) == list(range(1, span)):
+            # every class but 0, with no class count given: labels 1..N, off by one (a sweep: "class 0 has no sample")
+            r.add("classes-absent", "warning", where, f"the labels run 1–{span - 1} with no 0: one-based (class 0 has "
+                  "no sample)", "cross_entropy wants labels 0..N-1: subtract 1 (give --classes or --model to check "
+                  "the count)")
+        elif absent and not outside:
             r.add("classes-absent", "warning", where, f"{len(absent)} class(es) of [0, {span}) have no sample: "
                   f"{absent[:20]}" + (" …" if len(absent) > 20 else ""),
                   "a split or filter dropped them; the model never learns (or is never tested on) them")
@@ -370,7 +386,16 @@ def _input_bound(r, st) -> None:
     best = balanced(st)
     fix = next((x for x in st.sweep if x.num_workers == best and x.wait_share is not None), None)
     measured = (f"; measured with num_workers={best}: {100 * fix.wait_share:.1f}% waiting" if fix is not None else "")
-    r.add("input-bound", "warning", "train", f"{100 * t.wait_share:.1f}% of each training step waits for data "
-          f"({bound_level(t.wait_share)}: ≥ {100 * INPUT_BOUND[0]:.0f}%; num_workers={t.num_workers})" + measured,
+    per = t.wait_s / t.batches if t.batches else None
+    # a wait of a fraction of a millisecond a batch is the loader's own overhead beside a step as short (a sweep: a
+    # 40 ms epoch of an in-memory set read 62% waiting): said, not a warning
+    small = per is not None and per < WAIT_FLOOR_S
+    more = [x for x in st.sweep if x.wait_share is not None and (x.num_workers or 0) > (t.num_workers or 0)]
+    r.add("input-bound", "info" if small else "warning", "train", f"{100 * t.wait_share:.1f}% of each training step "
+          f"waits for data ({bound_level(t.wait_share)}: ≥ {100 * INPUT_BOUND[0]:.0f}%; num_workers={t.num_workers}"
+          + (f"; {1e3 * per:.2g} ms a batch" if per is not None else "") + ")" + measured
+          + (f": under {1e3 * WAIT_FLOOR_S:g} ms a batch, the loader's own overhead beside a step as short" if small
+             else ""),
           f"set num_workers={best}" if best is not None and best != t.num_workers else
-          "make loading cheaper (decode once, cache, lighter transforms) or use more workers")
+          "make loading cheaper (decode once, cache, lighter transforms)" + (
+              "; more workers were no better here" if more else " or use more workers"))

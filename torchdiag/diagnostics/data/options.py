@@ -9,6 +9,7 @@ from ...errors import OptionError
 NEEDS_VALUES = True
 # TensorFlow's input-pipeline analyzer: the share of step time spent waiting for input
 INPUT_BOUND = (0.05, 0.20)      # < 5%: not input-bound; 5–20%: moderately; ≥ 20%: highly
+WAIT_FLOOR_S = 1e-3             # waiting under this a batch is no warning: the loader's own overhead
 
 
 @dataclass

@@ -33,11 +33,14 @@ def build(st, partial: str | None = None) -> Result:
     r.notes += [s.note for s in st.scans.values() if s.note] + list(st.skipped)
     if partial:
         r.notes.append(partial)
+    # a run that stopped before any sample was read has no numbers above (a sweep: an empty dataset)
+    what = ("partial result (the numbers above are what was measured)" if any(t.rows for t in r.tables) or r.summary
+            else "nothing was measured")
     if st.interrupted is not None:
         r.code = st.interrupted
-        r.verdict = f"INTERRUPTED during {st.phase}: partial result (the numbers above are what was measured)"
+        r.verdict = f"INTERRUPTED during {st.phase}: {what}"
     elif partial:   # shown above the error line: never an "OK" for a run that did not finish
-        r.verdict = f"STOPPED during {st.phase}: partial result (the numbers above are what was measured)"
+        r.verdict = f"STOPPED during {st.phase}: {what}"
     else:
         bad = [f for f in r.findings if f.severity == "error"]
         warn = [f for f in r.findings if f.severity == "warning"]
