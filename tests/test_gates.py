@@ -287,3 +287,54 @@ def test_one_gated_parameter_is_said_in_the_singular_with_its_gate():
     assert f.severity == "info" and f.where == "gate", f.to_dict()
     assert f.message.startswith("1 parameter tensor (branch.weight) gets exactly zero gradients"), f.message
     assert "the gate is gate," in f.message
+
+
+def test_zero_biases_beside_a_zero_init_residual_gain_are_not_named_gates():
+    """A sweep: torchvision resnet50(zero_init_residual=True) read "the gate is one of bn1.bias, layer1.0.bn1.bias,
+    layer1.0.bn2.bias, layer1.0.bn3.weight …": every BatchNorm bias starts at 0 and grows, and the bisection ran out
+    of passes. A zero gain silences its module (the same output for every sample) and scales how the samples
+    differ; a zero bias does neither. The truth, measured here: the branch's gradient opens with the gain set and
+    stays 0 with every bias set."""
+    from torchdiag.api import run as api_run
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+            self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+            nn.init.zeros_(self.bn2.weight)
+
+        def forward(self, x):
+            out = self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x)))))
+            out += x   # in place, as torchvision's blocks: the module's output changes after its call
+            return torch.relu(out)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem, self.bn = nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+            self.blocks = nn.Sequential(*[Block(8) for _ in range(4)])
+            self.head = nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.head(self.blocks(torch.relu(self.bn(self.stem(x)))).mean((2, 3)))
+
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(4, 3, 8, 8)
+    r = api_run("gradflow", net, x)
+    named = [f.message.split("the gate is ")[1].split(", zero or tiny")[0] for f in r.findings if f.code == "zero-init"]
+    assert named and all(".bias" not in g for g in named), named
+    assert all("bn2.weight" in g for g in named), named
+
+    def branch_grad(setting):
+        torch.manual_seed(0)
+        m = Net()
+        with torch.no_grad():
+            for p in setting(m):
+                p.fill_(0.5)
+        m(x).sum().backward()
+        return float(m.blocks[0].conv1.weight.grad.abs().max())
+
+    assert branch_grad(lambda m: [m.blocks[0].bn2.weight]) > 0
+    assert branch_grad(lambda m: [mod.bias for mod in m.modules() if isinstance(mod, nn.BatchNorm2d)]) == 0

@@ -551,6 +551,15 @@ def _name_gates(model, inputs, live, grown, nonzero, trained, ctx, eval_mode, pr
         rest = [n for n in grown if n not in nonzero]
         for name in groups:
             groups[name] = tiny if got.get(name) else rest
+    if groups and used < budget - confirm:   # a multiplicative zero silences its module (a sweep: zero BatchNorm
+        quiet = _silencing(model, inputs, grown, ctx, eval_mode, prepare)   # biases were named beside the gains)
+        for shared in {tuple(g) for g in groups.values()}:
+            part = [n for n in shared if n in quiet]
+            if part and len(part) < len(shared) and used < budget - confirm:
+                got = responds(part)
+                for name, g in groups.items():
+                    if tuple(g) == shared:
+                        groups[name] = part if got.get(name) else [n for n in shared if n not in quiet]
     while used < budget - confirm:
         wide = [g for g in groups.values() if len(g) > 1]
         if not wide:
@@ -568,6 +577,50 @@ def _name_gates(model, inputs, live, grown, nonzero, trained, ctx, eval_mode, pr
             v.gates = groups[v.flag.name]
             v.by_design = True
     return used
+
+
+SILENT_REL = 1e-3   # of the largest: a gradient below this in the spread's projection is rounding
+
+
+def _silencing(model, inputs, names, ctx, eval_mode, prepare) -> set[str]:
+    """Of the candidate parameters `names`, those that silence their module at initialisation (one forward and one
+    backward on a fresh copy): its output is the same for every sample of the batch, and the parameter scales how the
+    samples differ (a random projection of the output minus its batch mean has a gradient in it). A zero gain (a
+    BatchNorm weight at 0) does; a zero bias, beside it or beside a live weight, does not (a sweep: zero BatchNorm
+    biases were named with the gains). Read in the hook: a residual's `out += identity` changes the output after it.
+    Nothing for a batch of one (every output is then alike)."""
+    import torch
+
+    work = fresh_copy(model, ctx, eval_mode, prepare)
+    modules = dict(work.named_modules())
+    params = dict(work.named_parameters())
+    owner = {n: n.rsplit(".", 1)[0] if "." in n else "" for n in names if n in params}
+    seen: dict[str, tuple] = {}   # module -> (alike across the batch, the spread's random projection)
+    handles = []
+    for mod_name in set(owner.values()):
+        if mod_name in modules:
+            def hook(mod, args, y, key=mod_name):
+                if key not in seen and torch.is_tensor(y) and y.is_floating_point() and y.dim() >= 1 and y.shape[0] >= 2:
+                    seen[key] = ((y.amax(0) == y.amin(0)).all(), (torch.randn_like(y) * (y - y.mean(0, keepdim=True))).sum())
+            handles.append(modules[mod_name].register_forward_hook(hook))
+    try:
+        with torch.enable_grad(), ctx.seeded(), ctx.autocast():
+            run_forward(work, inputs, phase="forward (re-check: which candidate silences its module)")
+        keys = list(seen)
+        alike = read_back([seen[k][0] for k in keys]) if keys else []
+        quiet = {k for k, a in zip(keys, alike) if a}
+        cand = [n for n, m in owner.items() if m in quiet and params[n].requires_grad]
+        if not cand:
+            return set()
+        grads = torch.autograd.grad(sum(seen[k][1] for k in quiet), [params[n] for n in cand], allow_unused=True)
+        moved = read_back([g.detach().abs().amax() if g is not None else torch.zeros(()) for g in grads])
+    except Exception:   # noqa: BLE001 - a screen only: without it the bisection goes on as before
+        return set()
+    finally:
+        for h in handles:
+            h.remove()
+    top = max(moved, default=0.0)   # a bias's gradient there is rounding (its shift cancels exactly): relative
+    return {n for n, m in zip(cand, moved) if m > SILENT_REL * top}
 
 
 def _multiplies(model, inputs, flags, groups, trained, ctx, eval_mode, prepare, loss_fn) -> int:
