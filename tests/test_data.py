@@ -602,6 +602,44 @@ def test_a_fetcher_left_early_waits_for_its_thread():
     assert fetcher._thread is not None and not fetcher._thread.is_alive()
 
 
+def test_a_fetcher_stopped_by_an_exception_does_not_wait_for_its_thread():
+    """A review of the join above: Ctrl-C while a loader hung in __getitem__ waited 2 x --timeout (the join ran from
+    the generator's finally and again from the caller). Stopped by an exception, the thread is not waited for."""
+    import threading
+    import time
+
+    from torchdiag.core.fetch import Fetcher
+
+    release = threading.Event()
+
+    class Hangs(torch.utils.data.Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            if i >= 4:
+                release.wait(60)   # hung until the test lets it go
+            return torch.zeros(2)
+
+    waited = []
+    for how in ("Ctrl-C inside the fetcher", "the consumer fails"):
+        fetcher = Fetcher(torch.utils.data.DataLoader(Hangs(), batch_size=4), timeout=30.0, ahead=1)
+        t0 = time.monotonic()
+        with pytest.raises((KeyboardInterrupt, RuntimeError)):
+            batches = iter(fetcher)
+            next(batches)   # the first batch; the thread now fetches the second, which hangs
+            if how == "the consumer fails":
+                raise RuntimeError("the consumer failed while the next batch hangs")
+            batches.throw(KeyboardInterrupt)   # as Ctrl-C arrives in the generator's wait
+        if how == "the consumer fails":
+            batches.close()   # the generator let go (GeneratorExit): the bounded wait
+        fetcher.close()   # the caller's close too: not a second wait
+        waited.append(time.monotonic() - t0)
+        assert fetcher._stuck
+    release.set()
+    assert max(waited) < 15, waited   # not the 30 s --timeout, twice (a bound, not a timing: 60 s was the bug)
+
+
 def test_one_based_labels_are_said_so_without_a_class_count():
     """A sweep: labels 1..10 with no --classes or --model read "1 class(es) of [0, 11) have no sample: [0]"."""
     g = torch.Generator().manual_seed(0)

@@ -295,8 +295,9 @@ def test_zero_biases_beside_a_zero_init_residual_gain_are_not_named_gates():
     of passes. A zero gain silences its module (the same output for every sample) and scales how the samples
     differ; a zero bias does neither. The truth, measured here: the branch's gradient opens with the gain set and
     stays 0 with every bias set."""
-    from torchdiag.api import run as api_run
     from torch import nn
+
+    from torchdiag.api import run as api_run
 
     class Block(nn.Module):
         def __init__(self, c):

@@ -976,6 +976,36 @@ def test_a_cause_that_has_not_stopped_the_fall_is_not_an_error():
     assert run("overfit-batch", model(), x, dtype="bfloat16", steps=60, lr=3e-3).data["passed"]
 
 
+def test_a_cause_found_keeps_the_error_for_a_loss_still_far_from_the_target():
+    """A review of the rule above: a head fitting noisy targets (its floor 0.042 x initial, the target 0.01 x) beside
+    a detached layer (no-grad, the cause) was "about 10 step(s) away" at 26 steps, 5.8x the target, after a bump: the
+    error stands unless the loss is within 2x of the target. Checked: 400 steps stay above 0.04 x initial."""
+    import torch
+    from torch import nn
+
+    from torchdiag.api import run
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.frozen, self.head = nn.Linear(16, 16), nn.Linear(16, 1)
+
+        def forward(self, x):
+            return self.head(x) + 0 * self.frozen(x).detach().sum(1, keepdim=True)
+
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(64, 16, generator=g), torch.randn(16, 1, generator=g) * 0.5
+    y = x @ w + 0.35 * torch.randn(64, 1, generator=g)
+
+    def fit(steps):
+        torch.manual_seed(0)
+        return run("overfit-batch", Net(), x, target=y, loss="mse", steps=steps, lr=0.05)
+
+    r = fit(26)
+    assert r.data["trend"]["kind"] == "falling" and "cannot-overfit" in {f.code for f in r.findings}, r.verdict
+    assert fit(400).data["best_loss"] > 0.04 * r.data["initial_loss"]
+
+
 def test_a_falling_loss_with_a_cause_found_says_why_it_is_an_error():
     """A sweep: `--dtype bfloat16 --steps 100` gave cannot-overfit beside a note that more steps may reach the target
     (a LayerNorm's updates round away in bfloat16: the cause the error stands on). The note says so."""

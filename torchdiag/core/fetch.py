@@ -28,6 +28,7 @@ from ..errors import ModelError, one_line
 
 DEATH_WAIT = 2.0              # seconds a broken connection to a worker is given to show as the worker's death
 WATCH = 0.25                  # seconds between looks at the workers while a batch is awaited
+CLOSE_WAIT_S = 2.0   # seconds close() waits for the thread's fetch ahead (a cleanup bound, not a verdict)
 DIED_HINT = ("a worker process died without a Python error (a crash in native code, os._exit, or out of memory); run "
              "with num_workers=0 to see it in this process")
 KEEP = 64                     # index lists remembered (batches in flight: workers × prefetch)
@@ -194,6 +195,11 @@ class Fetcher:
                     raise self._failure(value) from value
                 self.count += 1
                 yield value
+        except GeneratorExit:   # the consumer stopped early: the batch fetched ahead is waited for (close)
+            raise
+        except BaseException:   # Ctrl-C, SIGTERM, a failure: the thread may be stuck in the user's code (a
+            self._stuck = True  # review: Ctrl-C on a hung loader waited 2 x --timeout)
+            raise
         finally:
             self.close()
 
@@ -204,7 +210,8 @@ class Fetcher:
         self._stop.set()
         t = self._thread
         if t is not None and t is not threading.current_thread() and t.is_alive() and not self._stuck:
-            t.join(self.timeout)
+            t.join(min(self.timeout, CLOSE_WAIT_S))   # a batch fetched ahead takes milliseconds; a hung one is let be
+            self._stuck = t.is_alive()   # once: a second close does not wait again
 
     def _next(self) -> tuple:
         """The next item within `timeout`, watching the workers meanwhile: DataLoader itself sees a dead worker

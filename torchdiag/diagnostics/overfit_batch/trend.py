@@ -30,6 +30,8 @@ class Trend:
     to_go: int | None = None      # falling: projected further steps to the target
     floor: float | None = None    # levelling: where the loss is heading
     rate: float = 0.0             # the recent drop of the best loss per step
+    slowing: bool = False         # falling, though its slowing (geometric) trend would stop short of the target:
+                                  # the linear projection is what says it gets there
 
     @property
     def falling(self) -> bool:
@@ -67,4 +69,5 @@ def judge(losses: list[float], goal: float) -> Trend:
         if left > need:                       # windows k with d2·(ρ + … + ρ^k) = need
             k = math.log(1 - need * (1 - rho) / (d2 * rho)) / math.log(rho)
             return Trend("falling", to_go=max(1, math.ceil(k * w)), rate=rate)
+        return Trend("falling", to_go=max(1, math.ceil(need / rate)), rate=rate, slowing=True)
     return Trend("falling", to_go=max(1, math.ceil(need / rate)), rate=rate)
