@@ -129,9 +129,9 @@ def range_finding(f) -> tuple[str, str, str, str] | None:
     if f.integral and f.lo >= 0 and f.hi <= 1:   # 0/1 indicators (bag of words, one-hot, binary): a unit scale already
         return None
     if f.dtypes and all(d.startswith("int") for d in f.dtypes):
-        # integer tensors other than uint8 pixels are indices (token ids into an nn.Embedding, positions, categories):
-        # no weighted layer takes them as values, and normalising them would break them (a sweep: every text set's
-        # input_ids read "not-standardised", mean 8028)
+        # integer tensors other than uint8 pixels are taken as indices (token ids into an nn.Embedding, positions,
+        # categories), which normalising would break (a sweep: every text set's input_ids read "not-standardised",
+        # mean 8028); an int feature a model casts itself is not judged either (docs/data.md says so)
         return None
     ch = f.channel_stats()
     means, stds = ch if ch is not None else ([f.mean], [f.std])
