@@ -2548,15 +2548,22 @@ def test_a_second_model_later_keeps_the_first_models_dead_units_and_names():
     assert int((torch.relu(model[0](torch.randn(256, 8))) > 0).sum()) == 0
 
 
+def _shared_trunk(classes: int, lr_b: float = 1e-3):
+    """A trunk with a classifier head (task A) and a regression head (task B), an Adam per task over the trunk and its
+    head: (trunk, head A, head B, optimizer A, optimizer B)."""
+    torch.manual_seed(0)
+    trunk, ha, hb = nn.Sequential(nn.Linear(8, 32), nn.ReLU()), nn.Linear(32, classes), nn.Linear(32, 1)
+    oa = torch.optim.Adam(list(trunk.parameters()) + list(ha.parameters()), 1e-3)
+    ob = torch.optim.Adam(list(trunk.parameters()) + list(hb.parameters()), lr_b)
+    return trunk, ha, hb, oa, ob
+
+
 def test_a_task_optimizer_kept_while_another_task_trains_the_trunk_is_not_idle():
     """A review: two tasks on a shared trunk, each with its own optimizer, then task B alone with task A's kept. A's
     optimizer is idle, but the trunk it holds is B's to step, and its own head gets no gradient: no optimizer-idle.
     B's MSE was then judged against A's cross-entropy in one loss curve (a loss-spike at the change); B's optimizer
     holds parameters A's does not and the other way round, so its curve is another objective's, judged apart."""
-    torch.manual_seed(0)
-    trunk, ha, hb = nn.Sequential(nn.Linear(8, 32), nn.ReLU()), nn.Linear(32, 3), nn.Linear(32, 1)
-    oa = torch.optim.Adam(list(trunk.parameters()) + list(ha.parameters()), 1e-3)
-    ob = torch.optim.Adam(list(trunk.parameters()) + list(hb.parameters()), 1e-3)
+    trunk, ha, hb, oa, ob = _shared_trunk(3)
     with Watch(every=10) as w:
         for step in range(200):
             x = torch.randn(32, 8)
@@ -3146,10 +3153,7 @@ def test_tasks_in_turns_whose_losses_met_once_stay_two_objectives():
     their floors part (0.79 and 0.013). Two optimizers are one loss only while every handover between them goes on."""
     from torchdiag.diagnostics.watch import report
 
-    torch.manual_seed(0)
-    trunk, ha, hb = nn.Sequential(nn.Linear(8, 32), nn.ReLU()), nn.Linear(32, 4), nn.Linear(32, 1)
-    oa = torch.optim.Adam(list(trunk.parameters()) + list(ha.parameters()), 1e-3)
-    ob = torch.optim.Adam(list(trunk.parameters()) + list(hb.parameters()), 3e-3)
+    trunk, ha, hb, oa, ob = _shared_trunk(4, lr_b=3e-3)
     with Watch(every=10) as w:
         for step in range(400):
             x = torch.randn(32, 8)
