@@ -640,6 +640,21 @@ def test_a_fetcher_stopped_by_an_exception_does_not_wait_for_its_thread():
     assert max(waited) < 15, waited   # not the 30 s --timeout, twice (a bound, not a timing: 60 s was the bug)
 
 
+def test_inputs_that_are_no_tensors_are_said_not_checked():
+    """A sweep: a dataset of (string, label) read "OK: no problem found in the data or the loader", its inputs never
+    looked at. The verdict and a note say only the targets were checked."""
+    class Texts(torch.utils.data.Dataset):
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):
+            return f"hello {i}", i % 2
+
+    r = run_data(Texts(), Options(**QUICK), context("cpu"))
+    assert r.verdict == "OK: no problem found in the targets (the inputs are no tensors: not checked)", r.verdict
+    assert any("only the target was checked" in n for n in r.notes)
+
+
 def test_one_based_labels_are_said_so_without_a_class_count():
     """A sweep: labels 1..10 with no --classes or --model read "1 class(es) of [0, 11) have no sample: [0]"."""
     g = torch.Generator().manual_seed(0)

@@ -44,8 +44,15 @@ def build(st, partial: str | None = None) -> Result:
     else:
         bad = [f for f in r.findings if f.severity == "error"]
         warn = [f for f in r.findings if f.severity == "warning"]
+        # inputs that are no tensors (strings a model's tokenizer reads) were not checked: the verdict says so (a
+        # sweep: "OK: no problem found in the data" on a dataset of strings)
+        unread = st.roles is not None and not st.roles.inputs
+        if unread:
+            r.notes.append("no input of a batch is a tensor (strings, or objects a later step turns into tensors): "
+                           "only the target was checked; --input-field names one")
         r.verdict = (f"FAIL: {len(bad)} error(s): {', '.join(sorted({f.code for f in bad}))}" if bad else
                      f"OK with {len(warn)} warning(s): {', '.join(sorted({f.code for f in warn}))}" if warn else
+                     "OK: no problem found in the targets (the inputs are no tensors: not checked)" if unread else
                      "OK: no problem found in the data or the loader")
     return r
 
