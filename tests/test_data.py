@@ -830,6 +830,9 @@ def test_an_iterable_dataset_is_read_not_crashed_on(workers):
     assert r.data["splits"]["train"]["samples"] == 300 * max(workers, 1)
     dups = [f for f in r.findings if f.code == "duplicate-samples"]
     assert (len(dups) == 1 and "300 sample(s) repeat" in dups[0].message) if workers else not dups
+    if workers:   # a sweep: the cause is said, and the fix (it said "drop the repeats")
+        assert "each of the loader's 2 workers yields the whole stream" in dups[0].message, dups[0].message
+        assert "get_worker_info" in dups[0].hint
     r = run_data(_Stream(), Options(batches=3, sweep=False), context("cpu"))   # the bare dataset, batched by data
     assert r.data["splits"]["train"]["samples"] == 300 and quiet(r) == []
 

@@ -36,8 +36,12 @@ def add_all(r, st) -> None:
         constant = any(f.role == "input" and f.constant for f in s.fields.values())
         if s.hashes.duplicates and not constant:   # a constant input repeats by definition
             a, b = s.hashes.pairs[0]
+            copies = _stream_copies(st, split, s)
             r.add("duplicate-samples", "warning", f"{split}:{'+'.join(s.roles.inputs)}",
-                  f"{s.hashes.duplicates:,} sample(s) repeat an earlier one exactly (first: sample {b} = sample {a})",
+                  f"{s.hashes.duplicates:,} sample(s) repeat an earlier one exactly (first: sample {b} = sample {a})"
+                  + (f": {copies[1]:.0%} of the samples read, as when each of the loader's {copies[0]} workers yields "
+                     "the whole stream" if copies else ""),
+                  "shard the IterableDataset by worker (torch.utils.data.get_worker_info() in __iter__)" if copies else
                   "drop the repeats (they weigh some samples twice), unless the repetition is deliberate or the inputs "
                   "are draws from a small discrete space (there repeats are the data's own frequencies)")
     _overlap(r, st)
@@ -149,6 +153,21 @@ def _norm_hint(f, scale: float) -> str:
     ch = f.channel_stats()
     means, stds = ch if ch is not None else ([f.mean], [f.std])
     return f": after /{scale:g}, Normalize(mean={_vals([m / scale for m in means])}, std={_vals([s / scale for s in stds])})"
+
+
+def _stream_copies(st, split: str, s) -> tuple[int, float] | None:
+    """(workers, the share of repeats) where the split is an IterableDataset read by a DataLoader with several workers
+    and about (workers − 1) / workers of its samples repeat: every worker yielded the same stream, unsharded (a
+    sweep: 2,000 repeats said only "drop the repeats")."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    data = st.train if split == "train" else st.val
+    loader = getattr(data, "loader", None) if data is not None else None
+    n = s.samples
+    if not isinstance(loader, DataLoader) or not isinstance(loader.dataset, IterableDataset) or not n:
+        return None
+    workers, share = loader.num_workers, s.hashes.duplicates / n
+    return (workers, share) if workers > 1 and abs(share - (workers - 1) / workers) < 0.1 else None
 
 
 def _constant(r, f, where) -> None:
