@@ -530,6 +530,10 @@ def test_indicator_inputs_are_not_asked_to_be_standardised():
     counts = words * torch.randint(1, 40, words.shape, generator=g)
     r = run_data(_pool_loader(counts, y), Options(**QUICK), context("cpu"))
     assert one(r, "not-standardised").severity == "warning"
+    # a sweep: features on scales 1000x apart (wine's proline beside the rest) were told one overall Normalize
+    mixed = torch.randn(800, 4, generator=g) * torch.tensor([1.0, 1.0, 1000.0, 2.0]) + 500
+    f = one(run_data(_pool_loader(mixed, y), Options(**QUICK), context("cpu")), "not-standardised")
+    assert f.hint.startswith("standardise each feature") and "feature 2:" in f.hint, f.hint
     # a sweep: token ids (int64 indices into an nn.Embedding, mean ~8000) were told to Normalize
     ids = torch.randint(0, 30000, (800, 64), generator=g)
     r = run_data(_pool_loader(ids, y), Options(**QUICK), context("cpu"))

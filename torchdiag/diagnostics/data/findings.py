@@ -2,7 +2,7 @@
 where there is one."""
 from __future__ import annotations
 
-from .options import INPUT_BOUND, WAIT_FLOOR_S
+from .options import FEATURE_SPREAD, INPUT_BOUND, WAIT_FLOOR_S
 
 IMBALANCE = 10.0          # largest class / smallest present class
 RAW_MAX = 2.0             # a float image whose values reach past this (and stay ≥ 0, ≤ 255): raw pixels
@@ -146,7 +146,25 @@ def range_finding(f) -> tuple[str, str, str, str] | None:
     what = "per channel" if ch is not None else "over all values"
     return ("not-standardised", "warning" if far else "info",
             f"mean {_vals(means)}, std {_vals(stds)} {what}: " + ("far from 0 and 1" if far else "not standardised"),
-            f"Normalize(mean={_vals(means)}, std={_vals(stds)}) (measured on {f.count:,} samples)")
+            _per_feature(f) or f"Normalize(mean={_vals(means)}, std={_vals(stds)}) (measured on {f.count:,} samples)")
+
+
+def _per_feature(f) -> str | None:
+    """For 1-D samples whose features span ranges 100x apart or more, the hint is to standardise each (a sweep: wine's
+    proline, ~750, beside features ~1 was told one overall Normalize, which leaves them as far apart)."""
+    if f.f_lo is None:
+        return None
+    spans = (f.f_hi - f.f_lo).double()
+    live = (spans > 0).nonzero().flatten()
+    if live.numel() < 2:
+        return None
+    wide, narrow = int(live[spans[live].argmax()]), int(live[spans[live].argmin()])
+    ratio = float(spans[wide] / spans[narrow])
+    if ratio < FEATURE_SPREAD:
+        return None
+    return (f"standardise each feature over the training set (sklearn's StandardScaler, or (x - mean) / std per "
+            f"column): their ranges are {ratio:.3g}x apart (feature {wide}: {float(spans[wide]):.3g} wide, feature "
+            f"{narrow}: {float(spans[narrow]):.3g})")
 
 
 def _norm_hint(f, scale: float) -> str:

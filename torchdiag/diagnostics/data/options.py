@@ -10,6 +10,7 @@ NEEDS_VALUES = True
 # TensorFlow's input-pipeline analyzer: the share of step time spent waiting for input
 INPUT_BOUND = (0.05, 0.20)      # < 5%: not input-bound; 5–20%: moderately; ≥ 20%: highly
 WAIT_FLOOR_S = 1e-3             # waiting under this a batch is no warning: the loader's own overhead
+FEATURE_SPREAD = 100.0          # 1-D features whose ranges are this far apart: standardise each, not all as one
 
 
 @dataclass
