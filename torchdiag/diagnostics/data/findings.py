@@ -329,8 +329,10 @@ def _order(r, st) -> None:
     sampler = (getattr(st.train.obj, "sampler", None))
     seq = type(sampler).__name__ == "SequentialSampler"
     if o["not_shuffled"]:
+        # measured on the samples the probe read: a run can be no longer (a sweep: runs of ~134 read "longest 32")
         r.add("not-shuffled", "warning", "train", f"the training loader gives labels in runs of {o['mean_run']:.1f} on "
-              f"average (longest {o['longest_run']}) where shuffled data gives {o['shuffled_mean_run']:.2f}"
+              f"average (longest {o['longest_run']}, in the first {o['samples']} samples read) where shuffled data "
+              f"gives {o['shuffled_mean_run']:.2f}"
               + (" (its sampler is a SequentialSampler)" if seq else ""),
               "shuffle the training loader (DataLoader(..., shuffle=True)): batches of one class make the "
               "gradient swing from class to class")
