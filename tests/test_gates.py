@@ -339,3 +339,22 @@ def test_zero_biases_beside_a_zero_init_residual_gain_are_not_named_gates():
 
     assert branch_grad(lambda m: [m.blocks[0].bn2.weight]) > 0
     assert branch_grad(lambda m: [mod.bias for mod in m.modules() if isinstance(mod, nn.BatchNorm2d)]) == 0
+
+
+def test_a_design_finding_over_several_parameters_lists_them_all():
+    """A sweep: a zero-init finding over 63 tensors said "… (+45 more)" and its JSON had no members (only folded
+    findings had them). Every parameter a finding over several covers is in `members`."""
+    from torchdiag.api import run as api_run
+
+    class Gated(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head, self.branch = torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)
+            self.gate = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, x):
+            return self.head(x) + self.gate * self.branch(x)
+
+    torch.manual_seed(0)
+    f = next(f for f in api_run("gradflow", Gated(), torch.randn(6, 8)).findings if f.code == "zero-init")
+    assert sorted(f.to_dict()["members"]) == ["branch.bias", "branch.weight"], f.to_dict()

@@ -213,8 +213,10 @@ def design_findings(result, rows, model=None) -> None:
             what = (f"{n} parameter tensor{'s' if n > 1 else ''} ({_names(members)})"
                     if n > 1 or e.where != members[0]["name"] else "the parameter")
             why = members[0]["design"]["why"] if n == 1 or not general else _why(kind, None)
+        # every parameter a finding over several covers, folded or not (a sweep: "(root)" over 63 tensors, "… (+45
+        # more)", and JSON could not say which)
         result.add(kind, "info", e.where or "(root)", f"{what} {_title(kind, n)}: {why}",
-                   members=[m["name"] for m in members] if e.folded else None)
+                   members=[m["name"] for m in members] if e.folded or n > 1 else None)
 
 
 def _title(kind: str, n: int) -> str:
