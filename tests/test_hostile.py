@@ -535,3 +535,7 @@ def test_a_float_input_into_an_embedding_says_to_use_integer_ids(cli, tmp_path, 
     assert "0 is an nn.Embedding and was given floating-point values" in r.stderr
     assert "hint: give the input an integer dtype: -i 3x32:int64[0,100)" in r.stderr
     assert r.stderr.count("\n") == 2 and "Traceback" not in r.stderr
+    # a sweep: ids past the vocabulary said only "IndexError: index out of range in self"
+    r = cli(command, f"{tmp_path}/emb.py:build", "-i", "3x32:int64[0,500)", "--device", "cpu")
+    assert r.code == 3 and "0 is an nn.Embedding of 100 rows: an id is 100 or more" in r.stderr, r.stderr
+    assert "hint: give ids in [0, 100)" in r.stderr and r.stderr.count("\n") == 2

@@ -241,9 +241,26 @@ def forward_error(exc: BaseException, tracker: ModuleTracker | None, phase: str 
         rows, shape = call.float_ids
         msg += f" — {call.name or '(root)'} is an nn.Embedding and was given floating-point values, not integer ids"
         hint = f"give the input an integer dtype: -i {shape}:int64[0,{rows}) on the command line (ids in [0, {rows}))"
+    rows = _embedding_rows(model, call) if isinstance(exc, IndexError) and call is not None else None
+    if rows is not None:   # a sweep: ids past the vocabulary read "IndexError: index out of range in self" alone
+        msg += f" — {call.name or '(root)'} is an nn.Embedding of {rows} rows: an id is {rows} or more (or negative)"
+        hint = f"give ids in [0, {rows}): -i SHAPE:int64[0,{rows}) on the command line"
     err = ModelError(msg, hint=hint, partial=partial)
     err.where = call.name if call else ""
     return err
+
+
+def _embedding_rows(model, call) -> int | None:
+    """The rows of the nn.Embedding (or EmbeddingBag) that raised, None when the failing module is none."""
+    import torch
+
+    try:
+        mod = model.get_submodule(call.name) if model is not None and call.name else model
+    except AttributeError:
+        return None
+    if isinstance(mod, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+        return int(mod.num_embeddings)
+    return None
 
 
 def run_forward(model, inputs, tracker: ModuleTracker | None = None, phase: str = "forward"):
