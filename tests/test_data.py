@@ -534,6 +534,15 @@ def test_indicator_inputs_are_not_asked_to_be_standardised():
     mixed = torch.randn(800, 4, generator=g) * torch.tensor([1.0, 1.0, 1000.0, 2.0]) + 500
     f = one(run_data(_pool_loader(mixed, y), Options(**QUICK), context("cpu")), "not-standardised")
     assert f.hint.startswith("standardise each feature") and "feature 2:" in f.hint, f.hint
+    # a review: a windowed waveform's positions (ranges that change gradually, 8e3x end to end) and a near-constant
+    # column (5.0 but one 5.001) are no features to standardise one by one: the overall Normalize
+    wave = torch.randn(800, 256, generator=g) * torch.hann_window(256) + 0.5
+    nearly = torch.cat([torch.randn(800, 4, generator=g) * 10 + 9, torch.full((800, 1), 5.0)], 1)
+    nearly[0, 4] = 5.001
+    for x in (wave, nearly):
+        found = [f for f in run_data(_pool_loader(x, y), Options(**QUICK), context("cpu")).findings
+                 if f.code == "not-standardised"]
+        assert found and found[0].hint.startswith("Normalize("), [f.hint for f in found]
     # a sweep: token ids (int64 indices into an nn.Embedding, mean ~8000) were told to Normalize
     ids = torch.randint(0, 30000, (800, 64), generator=g)
     r = run_data(_pool_loader(ids, y), Options(**QUICK), context("cpu"))
@@ -825,6 +834,17 @@ class _Stream(torch.utils.data.IterableDataset):
             yield torch.randn(4, generator=g), i % 3
 
 
+class _Twice(torch.utils.data.IterableDataset):
+    """Sharded by worker (each its own contiguous half), each record twice in a row in the source."""
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        k, n = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(k * 150 // n, (k + 1) * 150 // n):
+            for _ in range(2):
+                yield torch.full((4,), float(i)), i % 3
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_iterable_dataset_is_read_not_crashed_on(workers):
     """An IterableDataset has no sampler to rebuild its loader with (it was an internal error); with two workers each
@@ -837,6 +857,11 @@ def test_an_iterable_dataset_is_read_not_crashed_on(workers):
     if workers:   # a sweep: the cause is said, and the fix (it said "drop the repeats")
         assert "each of the loader's 2 workers yields the whole stream" in dups[0].message, dups[0].message
         assert "get_worker_info" in dups[0].hint
+        # a review: a stream sharded by worker whose source holds each record twice in a row is not told to shard
+        r = run_data(torch.utils.data.DataLoader(_Twice(), batch_size=16, num_workers=workers),
+                     Options(batches=3, sweep=False, speed=False), context("cpu"))
+        dups = [f for f in r.findings if f.code == "duplicate-samples"]
+        assert dups and "get_worker_info" not in dups[0].hint and "workers yields" not in dups[0].message
     r = run_data(_Stream(), Options(batches=3, sweep=False), context("cpu"))   # the bare dataset, batched by data
     assert r.data["splits"]["train"]["samples"] == 300 and quiet(r) == []
 

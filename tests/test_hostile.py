@@ -537,5 +537,29 @@ def test_a_float_input_into_an_embedding_says_to_use_integer_ids(cli, tmp_path, 
     assert r.stderr.count("\n") == 2 and "Traceback" not in r.stderr
     # a sweep: ids past the vocabulary said only "IndexError: index out of range in self"
     r = cli(command, f"{tmp_path}/emb.py:build", "-i", "3x32:int64[0,500)", "--device", "cpu")
-    assert r.code == 3 and "0 is an nn.Embedding of 100 rows: an id is 100 or more" in r.stderr, r.stderr
-    assert "hint: give ids in [0, 100)" in r.stderr and r.stderr.count("\n") == 2
+    assert r.code == 3 and "0 is an nn.Embedding of 100 rows and got an index of 100 or more" in r.stderr, r.stderr
+    assert "give ids in [0, 100)" in r.stderr and r.stderr.count("\n") == 2
+
+
+def test_an_index_past_a_position_table_says_both_causes_and_another_index_error_neither(cli, tmp_path):
+    """A review of the message above: a position table (32 rows) read by positions the model makes was told to take
+    ids in [0, 32) (the sequence, 64, was the cause), and a list index error inside an Embedding subclass was read as
+    an id out of range."""
+    (tmp_path / "pos.py").write_text(
+        "import torch\nfrom torch import nn\n"
+        "class Pos(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.tok, self.pos = nn.Embedding(1000, 8), nn.Embedding(32, 8)\n"
+        "    def forward(self, x):\n"
+        "        return self.tok(x) + self.pos(torch.arange(x.shape[1]))\n"
+        "class Listed(nn.Embedding):\n"
+        "    def forward(self, x):\n"
+        "        return super().forward(x) * [1.0][5]\n"
+        "def pos():\n    return Pos()\n"
+        "def listed():\n    return Listed(10, 4)\n")
+    r = cli("summary", f"{tmp_path}/pos.py:pos", "-i", "2x64:int64[0,1000)", "--device", "cpu")
+    assert r.code == 3 and "pos is an nn.Embedding of 32 rows" in r.stderr, r.stderr
+    assert "a sequence of at most 32" in r.stderr
+    r = cli("summary", f"{tmp_path}/pos.py:listed", "-i", "4:int64[0,10)", "--device", "cpu")
+    assert r.code == 3 and "list index out of range" in r.stderr and "nn.Embedding of" not in r.stderr, r.stderr

@@ -241,10 +241,16 @@ def forward_error(exc: BaseException, tracker: ModuleTracker | None, phase: str 
         rows, shape = call.float_ids
         msg += f" — {call.name or '(root)'} is an nn.Embedding and was given floating-point values, not integer ids"
         hint = f"give the input an integer dtype: -i {shape}:int64[0,{rows}) on the command line (ids in [0, {rows}))"
-    rows = _embedding_rows(model, call) if isinstance(exc, IndexError) and call is not None else None
-    if rows is not None:   # a sweep: ids past the vocabulary read "IndexError: index out of range in self" alone
-        msg += f" — {call.name or '(root)'} is an nn.Embedding of {rows} rows: an id is {rows} or more (or negative)"
-        hint = f"give ids in [0, {rows}): -i SHAPE:int64[0,{rows}) on the command line"
+    # a sweep: ids past the vocabulary read "IndexError: index out of range in self" alone. torch's own lookup error
+    # only (a subclass's list index is another), and either cause: ids given, or positions the model makes past its
+    # table (GPT-2's wpe with a sequence longer than it: a review)
+    rows = (_embedding_rows(model, call) if isinstance(exc, IndexError) and call is not None
+            and "index out of range in self" in text else None)
+    if rows is not None:
+        msg += (f" — {call.name or '(root)'} is an nn.Embedding of {rows} rows and got an index of {rows} or more (or "
+                "negative)")
+        hint = (f"if it reads the input ids: give ids in [0, {rows}) (-i SHAPE:int64[0,{rows})); if it reads positions "
+                f"the model makes: a sequence of at most {rows}")
     err = ModelError(msg, hint=hint, partial=partial)
     err.where = call.name if call else ""
     return err

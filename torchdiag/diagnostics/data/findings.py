@@ -2,6 +2,8 @@
 where there is one."""
 from __future__ import annotations
 
+import math
+
 from .options import FEATURE_SPREAD, INPUT_BOUND, WAIT_FLOOR_S
 
 IMBALANCE = 10.0          # largest class / smallest present class
@@ -149,15 +151,27 @@ def range_finding(f) -> tuple[str, str, str, str] | None:
             _per_feature(f) or f"Normalize(mean={_vals(means)}, std={_vals(stds)}) (measured on {f.count:,} samples)")
 
 
+SPAN_FLOOR = 1e-3   # a feature's range under this share of its magnitude: near-constant, not a scale
+NEIGHBOUR_JUMP = 10.0   # tabular columns jump in scale from one to the next; a signal's positions change gradually
+
+
 def _per_feature(f) -> str | None:
     """For 1-D samples whose features span ranges 100x apart or more, the hint is to standardise each (a sweep: wine's
     proline, ~750, beside features ~1 was told one overall Normalize, which leaves them as far apart)."""
+    import torch
+
     if f.f_lo is None:
         return None
     spans = (f.f_hi - f.f_lo).double()
-    live = (spans > 0).nonzero().flatten()
+    size = torch.maximum(f.f_hi.abs(), f.f_lo.abs()).double()
+    # a column that barely moves for its size (5.0 everywhere but one 5.001: a review) is no scale to standardise to
+    live = (spans > SPAN_FLOOR * size).nonzero().flatten()
     if live.numel() < 2:
         return None
+    logs = spans[live].log()
+    if float((logs[1:] - logs[:-1]).abs().max()) < math.log(NEIGHBOUR_JUMP):
+        return None   # ranges 100x apart reached with no jump of 10x between neighbours: a signal's samples (a
+        # windowed waveform, a review), whose positions are not features to standardise one by one
     wide, narrow = int(live[spans[live].argmax()]), int(live[spans[live].argmin()])
     ratio = float(spans[wide] / spans[narrow])
     if ratio < FEATURE_SPREAD:
@@ -185,7 +199,11 @@ def _stream_copies(st, split: str, s) -> tuple[int, float] | None:
     if not isinstance(loader, DataLoader) or not isinstance(loader.dataset, IterableDataset) or not n:
         return None
     workers, share = loader.num_workers, s.hashes.duplicates / n
-    return (workers, share) if workers > 1 and abs(share - (workers - 1) / workers) < 0.1 else None
+    # copies from other workers come in other batches, a whole batch apart (a review: a sharded stream whose source
+    # holds each record twice in a row, pairs inside one batch, was told to shard)
+    bs = loader.batch_size or 1
+    apart = all(b - a >= bs and (b - a) % bs == 0 for a, b in s.hashes.pairs)
+    return (workers, share) if workers > 1 and apart and abs(share - (workers - 1) / workers) < 0.1 else None
 
 
 def _constant(r, f, where) -> None:

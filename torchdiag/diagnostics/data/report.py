@@ -49,7 +49,7 @@ def build(st, partial: str | None = None) -> Result:
         unread = st.roles is not None and not st.roles.inputs
         if unread:
             r.notes.append("no input of a batch is a tensor (strings, or objects a later step turns into tensors): "
-                           "only the target was checked; --input-field names one")
+                           "only the target was checked")
         r.verdict = (f"FAIL: {len(bad)} error(s): {', '.join(sorted({f.code for f in bad}))}" if bad else
                      f"OK with {len(warn)} warning(s): {', '.join(sorted({f.code for f in warn}))}" if warn else
                      "OK: no problem found in the targets (the inputs are no tensors: not checked)" if unread else
