@@ -133,8 +133,7 @@ class ClipNorms:
             return []
         need = {id(p.grad) for p in params if p.grad is not None}
         own = [v for v in self._since if not v.ids.isdisjoint(need)]
-        # a call over more than these gradients keeps the rest's part for the optimizer that steps them next
-        self._since = [v for v in self._since if not v.ids <= need] if keep_others else []
+        self._since = self._beyond(need) if keep_others else []
         now = [v for v in own if v.backwards == backwards]
         kept: list = []
         covered: set[int] = set()
@@ -152,8 +151,12 @@ class ClipNorms:
         """An optimizer not watched stepped over `params`: the calls over its gradients alone were its own; one over
         more keeps the rest's part (a review: one clip over both models, the unwatched optimizer stepping first, lost
         the clock's)."""
-        need = {id(p.grad) for p in params if p.grad is not None}
-        self._since = [v for v in self._since if not v.ids <= need]
+        self._since = self._beyond({id(p.grad) for p in params if p.grad is not None})
+
+    def _beyond(self, need: set) -> list:
+        """The calls that read gradients besides `need`: a call over more keeps the rest's part for the optimizer
+        that steps them next."""
+        return [v for v in self._since if not v.ids <= need]
 
 
 class _Call(NamedTuple):
