@@ -514,7 +514,7 @@ class DeadUnits:
         import torch
 
         x = args[0] if args else None
-        if torch.is_tensor(x) and not any(True for _ in module.parameters(recurse=False)):
+        if torch.is_tensor(x) and not _holds_parameters(module):
             made = self.made.get(x.untyped_storage().data_ptr())
             if made is not None and made[1]() is not None:   # still alive: its memory was not reused since
                 self.engine.checks["dead_feeds"][entry] = made[0]
@@ -559,6 +559,10 @@ class DeadUnits:
         eng.pending.append(("dead", (eng.step, list(zip(names, sizes))), counts))
 
 
+def _holds_parameters(module) -> bool:
+    return any(True for _ in module.parameters(recurse=False))
+
+
 def _input_range(module, args, output, rest):
     """Per unit, the max and min of the input of a module without parameters that is not another module's output (None
     where that is not read: the module has parameters, or its input is not shaped as its output). A dropout after an
@@ -568,7 +572,7 @@ def _input_range(module, args, output, rest):
 
     x = args[0] if args else None
     if (not torch.is_tensor(x) or x.shape != output.shape or not x.is_floating_point()
-            or any(True for _ in module.parameters(recurse=False))):
+            or _holds_parameters(module)):
         return None
     return x.amax(rest), x.amin(rest)
 
