@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from torchdiag.core import batches as B
-from torchdiag.core.datasets import load_data
+from torchdiag.core.datasets import kind_of, load_data
 from torchdiag.core.loading import load_model
 from torchdiag.diagnostics.data import Options, context, run_data
 from torchdiag.diagnostics.data.traps import label_runs
@@ -59,6 +59,19 @@ def test_spec_kinds_and_dotted_module():
     assert load_data(f"{SAMPLES}/data_errors.py:stream").kind == "iterable"
     assert load_data("data_fake:val").kind == "dataset"          # module:factory (on sys.path)
     assert load_data(f"{SAMPLES}/data_fake.py:dataset", ["size=7"]).obj.size == 7   # --arg
+
+
+def test_a_list_of_samples_is_a_dataset_and_a_list_of_batches_is_not():
+    """[(x, 3), …] is samples (collate would have made 3 a tensor with a batch axis): its int labels are kept."""
+    import torchdiag
+
+    samples = [(torch.randn(4), i % 3) for i in range(30)]
+    r = torchdiag.data(samples, speed=False, sweep=False)
+    fields = r.data["splits"]["train"]["fields"]
+    assert [f["role"] for f in fields] == ["input", "target"], fields
+    assert r.data["splits"]["train"]["samples"] == 30
+    batches = [(torch.randn(8, 4), torch.randint(0, 3, (8,))) for _ in range(4)]
+    assert kind_of(batches, "x") == "iterable" and kind_of([(torch.randn(4), torch.tensor(1))], "x") == "dataset"
 
 
 @pytest.mark.parametrize("factory,said", [("a_number", "returned an int"), ("a_tensor", "torch.Tensor of shape (10, 3)")])

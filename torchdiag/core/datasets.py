@@ -55,7 +55,7 @@ def kind_of(obj, what: str) -> str:
     if isinstance(obj, IterableDataset):
         return "iterable-dataset"
     refused = isinstance(obj, (str, bytes, dict, torch.Tensor, torch.nn.Module)) or obj is None
-    if not refused and is_map_style(obj) and not isinstance(obj, (list, tuple)):
+    if not refused and is_map_style(obj) and (not isinstance(obj, (list, tuple)) or _holds_samples(obj)):
         return "dataset"
     if not refused and (hasattr(obj, "__iter__") or hasattr(obj, "__next__")):
         return "iterable"
@@ -65,6 +65,18 @@ def kind_of(obj, what: str) -> str:
     raise UsageError(f"{what} returned {got}{shape}, not {WHAT}",
                      hint="return the Dataset or DataLoader itself (e.g. torch.utils.data.TensorDataset(x, y)); "
                           "a tensor of samples can be wrapped in TensorDataset")
+
+
+def _holds_samples(seq) -> bool:
+    """A list whose first item holds a Python number or a 0-d tensor is a list of samples (DataLoader's
+    collate makes every field of a batch a tensor with a batch axis), not a list of batches."""
+    import torch
+
+    if not seq:
+        return False
+    first = seq[0]
+    fields = first.values() if isinstance(first, dict) else first if isinstance(first, (list, tuple)) else (first,)
+    return any(isinstance(f, (bool, int, float)) or (isinstance(f, torch.Tensor) and f.dim() == 0) for f in fields)
 
 
 def load_data(spec: str, arg_pairs: list[str] | None = None, seed: int | None = 0, option: str = "DATA_SPEC") -> LoadedData:
