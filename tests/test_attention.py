@@ -237,6 +237,26 @@ def test_a_softmax_the_model_computes_is_captured_once():
     assert cap.source == "module output"
 
 
+@pytest.mark.parametrize("output_attentions", [False, True])
+def test_weights_handed_up_by_outer_modules_are_one_capture(output_attentions):
+    """BERT's BertAttention returns its BertSelfAttention's weights, and BertModel all of them under
+    output_attentions: each layer's weights once, named where they were made (each row was listed 2-3 times)."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from torchdiag.core.inputs import ModelInputs
+
+    cfg = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=100,
+                     attn_implementation="eager", output_attentions=output_attentions)
+    ids = torch.randint(0, 100, (2, 6))
+    model = BertModel(cfg).eval()
+    caps = run("attention", model, ModelInputs((ids,), {})).artefacts["captures"]
+    assert [c.key for c in caps] == ["encoder.layer.0.attention.self", "encoder.layer.1.attention.self"]
+    with torch.no_grad():
+        truth = model(ids, output_attentions=True).attentions
+    assert all(torch.allclose(c.weights, t, atol=1e-6) for c, t in zip(caps, truth))
+
+
 def test_keys_an_additive_mask_hides_are_not_visible():
     """Swin's shifted windows add −100 to the logits of keys outside a query's window: weights of ~e^-100, not 0.
     Counted as visible, an untrained model's uniform heads read 82–96% (a sweep); they are masked keys."""

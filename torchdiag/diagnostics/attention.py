@@ -59,7 +59,7 @@ class Capture:
     type: str
     source: str
     weights: object  # N×H×L×S float32 cpu
-    ref: tuple = ()  # a softmax's: (data_ptr, shape) of the model's own tensor, to know it when a module returns it
+    ref: tuple = ()  # (data_ptr, shape) of the model's own tensor, to know it when a module returns it (again)
 
 
 SOFTMAX, SDPA = "softmax", "F.scaled_dot_product_attention"
@@ -219,15 +219,18 @@ class Catcher:
 
     def _returned(self, module, name, t, start: int) -> None:
         """A module returned attention weights `t`: the softmax capture of that very tensor, made inside its call,
-        becomes this module's (one capture, credited as before the softmax source); else a capture of its own."""
+        becomes this module's (one capture, credited as before the softmax source); the same tensor handed up by a
+        module around the one that returned it first is that capture already (BERT's BertAttention returns its
+        BertSelfAttention's weights, BertModel all of them under output_attentions); else a capture of its own."""
         ref = (t.data_ptr(), tuple(t.shape))
-        same = [c for c in self.captures[start:] if c.source == SOFTMAX and c.ref == ref]
+        same = [c for c in self.captures[start:] if c.ref == ref]
         if same:
-            same[0].name, same[0].type, same[0].source = name, type(module).__name__, "module output"
+            if same[0].source == SOFTMAX:
+                same[0].name, same[0].type, same[0].source = name, type(module).__name__, "module output"
             return
         w = t.detach().float()
         self.captures.append(Capture(name, type(module).__name__, "module output",
-                                     (w if w.dim() == 4 else w.unsqueeze(1)).cpu()))
+                                     (w if w.dim() == 4 else w.unsqueeze(1)).cpu(), ref))
 
     def _one_per_call(self, start: int) -> None:
         """A module that calls SDPA and computes the same weights with its own softmax (for a picture): one."""
