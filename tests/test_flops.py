@@ -291,6 +291,7 @@ class ClassTokenBlocks(nn.Module):
         self.block = nn.Linear(8, 8)
 
     def forward(self, x):
+        self.recording = torch.is_grad_enabled()
         token = self.cls_token.expand(x.shape[0], -1, -1)
         return self.block(token) + x.mean(dim=1, keepdim=True)
 
@@ -306,4 +307,5 @@ def test_a_parameter_view_passed_to_a_module_is_counted(device, untouched):
     with untouched(model):
         r = count(model, x)
     assert r.data["forward_macs"] == 3 * 8 * 8   # the block: one token per sample, 8 -> 8
-    assert any("autograd recording on" in n for n in r.notes)
+    # counted under no_grad: a retry with recording on kept every activation (pe_video's ViT-L: out of memory)
+    assert model.recording is False

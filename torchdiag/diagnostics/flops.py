@@ -163,7 +163,26 @@ def _counter():
             self.calls[func_packet] += 1
             return super()._count_flops(func_packet, out, args, kwargs)
 
-    return CallCountingFlopCounter()
+    counter = CallCountingFlopCounter()
+    counter.mod_tracker = _forward_only_tracker(type(counter.mod_tracker))()
+    return counter
+
+
+def _forward_only_tracker(base):
+    """torch's ModuleTracker, which hooks a module's tensors for the backward only while autograd records. Under
+    no_grad a view of a parameter (CaiT's `cls_token.expand(...)` passed to a block) requires grad with no grad_fn,
+    and its hook asserts; flops once retried with recording on, which keeps every activation (timm ViT-L in
+    pe_video: out of memory)."""
+    import torch
+
+    class ForwardOnly(base):
+        def _fw_pre_hook(self, mod, input):
+            return super()._fw_pre_hook(mod, input if torch.is_grad_enabled() else ())
+
+        def _fw_post_hook(self, mod, input, output):
+            return super()._fw_post_hook(mod, input, output if torch.is_grad_enabled() else ())
+
+    return ForwardOnly
 
 
 def _op_name(packet) -> str:
@@ -228,7 +247,6 @@ class _Counts:
     total_calls: Counter
     registry: dict
     loss: str | None = None
-    recorded: bool = False   # the forward ran with autograd recording on (see _tracker_refused)
 
 
 def run(model, inputs, opts: Options | None, ctx) -> Result:
@@ -258,26 +276,13 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
     n_unc = sum(r["calls"] for r in uncounted)
     result.summary.append(("Not counted", f"{len(uncounted)} op type(s), {n_unc:,} call(s) (table above; "
                                           "elementwise, normalisation and pooling are not counted by convention)"))
-    if counts.recorded:
-        result.notes.append("counted with autograd recording on (the same forward ops): torch's module tracker refuses "
-                            "a view of a parameter made under no_grad that is passed to a module")
     result.notes.append("published model tables (e.g. torchvision 'GFLOPS') are MACs of conv/matmul/attention at batch 1")
     return result
 
 
-def _tracker_refused(exc: BaseException) -> bool:
-    """torch's ModuleTracker (inside FlopCounterMode) asserts on a module input that requires grad but has no
-    grad_fn: a view of a parameter made under no_grad (e.g. `self.cls_token.expand(...)` passed to a block,
-    CaiT's class-attention blocks). Not the model's fault: the same forward runs with recording on."""
-    import traceback
-
-    return isinstance(exc, AssertionError) and any(
-        f.filename.replace("\\", "/").endswith("torch/utils/module_tracker.py") for f in traceback.extract_tb(exc.__traceback__))
-
-
-def _count(model, inputs, opts: Options, ctx, record: bool = False) -> _Counts:
+def _count(model, inputs, opts: Options, ctx) -> _Counts:
     """One forward (and with `backward` one backward of ctx.loss()) under the counter, in eval mode.
-    Without `backward` the forward runs under no_grad (`record`: with recording on; the same ops run)."""
+    Without `backward` the forward runs under no_grad."""
     import torch
 
     from ..core.tracking import ModuleTracker
@@ -286,13 +291,12 @@ def _count(model, inputs, opts: Options, ctx, record: bool = False) -> _Counts:
     tracker = ModuleTracker(model, record_shapes=False)
     grad = opts.backward
     loss_rule = ctx.loss() if grad else None
-    retry = False
     with leave_no_trace(model):
         model.eval()  # eval: BatchNorm running stats stay as they are, dropout off
         torch.backends.mha.set_fastpath_enabled(False)  # fused MHA hides its projections from counters
         try:
             # --amp: the same matmuls, in the autocast dtype; its casts are listed as uncounted ops
-            with _rnn_unfused(model), ctx.autocast(), counter, tracker, torch.set_grad_enabled(grad or record):
+            with _rnn_unfused(model), ctx.autocast(), counter, tracker, torch.set_grad_enabled(grad):
                 out = inputs.call(model)
                 fwd_counts, fwd_calls = _snapshot(counter)
                 if grad:
@@ -300,15 +304,11 @@ def _count(model, inputs, opts: Options, ctx, record: bool = False) -> _Counts:
         except (UsageError, ModelError):
             raise
         except Exception as exc:
-            retry = not (grad or record) and _tracker_refused(exc)
-            if not retry:
-                phase = "backward" if grad and tracker.failing is None else "forward"
-                raise forward_error(exc, tracker if phase == "forward" else None, phase) from exc
-    if retry:
-        return _count(model, inputs, opts, ctx, record=True)
+            phase = "backward" if grad and tracker.failing is None else "forward"
+            raise forward_error(exc, tracker if phase == "forward" else None, phase) from exc
     total_counts, total_calls = _snapshot(counter)
     return _Counts(fwd_counts, fwd_calls, total_counts, total_calls, counter.flop_registry,
-                   loss_rule.describe() if grad else None, record)
+                   loss_rule.describe() if grad else None)
 
 
 def _module_table(result, model, counts: _Counts, opts: Options, fwd_total: int) -> None:
