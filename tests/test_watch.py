@@ -548,12 +548,20 @@ def test_optimizer_param_that_never_gets_a_gradient():
 
 
 def test_parameter_with_zero_learning_rate_never_changes():
+    """A group at lr 0 beside one that trains is a part frozen on purpose (a sweep: a backbone given lr 0 was four
+    warnings): one info naming the rate. An optimizer whose every group is at 0 trains nothing: warnings."""
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
     opt = torch.optim.SGD([{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.0}], lr=0.1)
     with Watch(model, opt, every=10) as w:
         _loop(model, opt, 20, torch.Generator().manual_seed(0))
+    (f,) = [f for f in w.result().findings if f.code == "never-changes"]
+    assert f.severity == "info" and "2.weight, 2.bias never changed" in f.message and "learning rate was 0" in f.message
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with Watch(model, opt, every=10) as w:
+        _loop(model, opt, 20, torch.Generator().manual_seed(0))
     r = w.result()
-    assert {f.where for f in r.findings if f.code == "never-changes" and f.severity == "warning"} == {"2.weight", "2.bias"}
+    assert {f.where for f in r.findings if f.code == "never-changes" and f.severity == "warning"} == {
+        "0.weight", "0.bias", "2.weight", "2.bias"}
 
 
 @pytest.mark.parametrize("loss", ["bce", "ce"])

@@ -10,6 +10,7 @@ import re
 import statistics
 
 from ...core.design import TINY_RMS
+from ...core.repeats import compact
 from ...results import Column, Result, Table
 from .stats import param_key
 
@@ -211,6 +212,7 @@ def _wiring(result: Result, engine) -> None:
                        f"non-zero gradient in {_its_steps(t, engine)} (every gradient exactly 0): the loss does not depend "
                        "on them", "the output or the loss is constant: e.g. a softmax over a single unit (always 1), "
                        "an output detached from the model, a loss computed on the wrong tensor, or every unit dead")
+        frozen = []   # never changed with its group's rate 0 at every read: one info for them all
         for i, p in enumerate(t.params):
             if i in ignored or owners[param_key(p)] is not t:   # said once above; or another optimizer's row
                 continue
@@ -225,6 +227,8 @@ def _wiring(result: Result, engine) -> None:
                            f"its gradient was zero or negligible at every step (at most {t.grad_max[i]:.2g})", "the model cancels it (e.g. a bias right "
                            "before a BatchNorm, which removes any constant): drop it, or look for what zeroes its gradient; "
                            "or the model had converged (a fine-tune from a converged checkpoint)")
+            elif t.changed is not None and not t.changed[i] and t.lr_max[i] == 0 and _trains_some(t):
+                frozen.append(t.names[i])
             elif t.changed is not None and not t.changed[i]:
                 norm = t.weight_norm[i] if t.weight_norm else None
                 scale = f" (largest gradient norm {t.grad_max[i]:.2g}" + (
@@ -233,6 +237,11 @@ def _wiring(result: Result, engine) -> None:
                            f"never changed over {_its_steps(t, engine)}{scale}", "a zero learning rate for its group, "
                            "gradients zeroed between backward and step(), or steps too small to change a float32 value "
                            "(below ~1e-7 of it: a fine-tune of a converged model at a small learning rate)")
+        if frozen:
+            result.add("never-changes", "info", frozen[0] if len(frozen) == 1 else "",
+                       f"{compact(frozen)} never changed over {_its_steps(t, engine)}: "
+                       f"{'its' if len(frozen) == 1 else 'their'} param group's learning rate was 0 at every read step",
+                       "frozen on purpose, as a backbone given lr 0; if not, the schedule or the group's lr")
     _idle(result, engine, owners)
     _clock_note(result, engine)
     carried = engine.checks["carried"]
@@ -243,6 +252,12 @@ def _wiring(result: Result, engine) -> None:
                    f"backward after {len(carried)} of the {engine.checks.get('carry_looks', len(carried))} read steps looked at ({', '.join(map(str, carried[:5]))}"
                    f"{more}): they add up across steps",
                    "call optimizer.zero_grad() once per step (or pass accumulate=True if this is on purpose)")
+
+
+def _trains_some(t) -> bool:
+    """Some of the optimizer's groups have a rate above 0: the ones at 0 are frozen on purpose. An optimizer whose
+    every rate is 0 trains nothing, and its parameters stay warnings."""
+    return bool(t.sampled) and any(m > 0 for m in t.lr_max)
 
 
 def _idle(result: Result, engine, owners: dict) -> None:

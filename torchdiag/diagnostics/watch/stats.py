@@ -51,6 +51,7 @@ class Track:
         self.weight_norm = None        # host: per parameter, at the last read
         self.start_norm = None         # host: per parameter, before the first update (the first read's)
         self.grad_max = [0.0] * n      # host: the largest gradient norm each parameter had at a read step
+        self.lr_max = [0.0] * n        # host: the highest rate of its param group at a read step (inf: unreadable)
         self.before = None             # the samples before the update (read steps), until post_step
         self._views: list = [None] * n # per parameter: (key, sample view or None, float32 buffer) for the ratio
         self._before_views: list = []  # the entries the samples before the update came from
@@ -134,6 +135,7 @@ class Track:
         self.weight_norm = [None] * len(self.params) if norms is not None else None
         for i, j in pairs:   # what the reads saw of the parameters it held (never-gets-grad, the table's columns)
             self.joined[i], self.seen_grad[i], self.grad_max[i] = old.joined[j], old.seen_grad[j], old.grad_max[j]
+            self.lr_max[i] = old.lr_max[j]
             if norms is not None:
                 self.weight_norm[i] = norms[j]
         if old.start is not None and pairs:
@@ -263,11 +265,20 @@ class Track:
             self._take_start(*self._inherited)
         early, self.early = self.early, False
         if sample and self.params:
+            self._group_rates()
             self.queue.append(("weights", (self, step), self.start[0].clone() if fresh else self._norms()))
             self.before = (self.before if early else self._samples_before()) if before_update else None
             self._probe_next = True
         elif early:
             self.before = None
+
+    def _group_rates(self) -> None:
+        """Each parameter's group rate, kept at its highest: a group at lr 0 all run is frozen on purpose (a backbone
+        given lr 0 was `never-changes` warnings: a sweep). A rate not readable without a sync counts as not 0."""
+        opt = self.opt
+        rates = [] if opt is None else [rate(g.get("lr")) for g in opt.param_groups for _ in g["params"]]
+        if len(rates) == len(self.lr_max):
+            self.lr_max = [max(m, math.inf if r is None else r) for m, r in zip(self.lr_max, rates)]
 
     def sample_early(self) -> None:
         """The samples before the update, taken at the step's start (a step(closure), read at its closure: SAM
