@@ -547,6 +547,20 @@ def test_optimizer_param_that_never_gets_a_gradient():
         "unused.weight (2x8)", "unused.bias (2)"}
 
 
+def test_an_optimizer_over_tensors_the_backward_never_reaches_is_one_finding():
+    """A sweep: the optimizer built before `.to()` made new parameters (or over a model made again) trained nothing,
+    and the report was six `never-gets-grad` warnings named param_groups[0][k] and a pass. Now one finding: an error
+    when nothing of the run was trained (a warning when another optimizer trained)."""
+    import copy
+
+    model = _mlp()
+    stale = torch.optim.SGD(copy.deepcopy(model).parameters(), lr=0.1)
+    with Watch(every=10) as w:
+        _loop(model, stale, 30, torch.Generator().manual_seed(0))
+    (f,) = [f for f in w.result().findings if f.code == "never-gets-grad"]
+    assert f.severity == "error" and "none of the 4 trainable parameters" in f.message
+
+
 def test_parameter_with_zero_learning_rate_never_changes():
     """A group at lr 0 beside one that trains is a part frozen on purpose (a sweep: a backbone given lr 0 was four
     warnings): one info naming the rate. An optimizer whose every group is at 0 trains nothing: warnings."""

@@ -212,6 +212,8 @@ def _wiring(result: Result, engine) -> None:
                        f"non-zero gradient in {_its_steps(t, engine)} (every gradient exactly 0): the loss does not depend "
                        "on them", "the output or the loss is constant: e.g. a softmax over a single unit (always 1), "
                        "an output detached from the model, a loss computed on the wrong tensor, or every unit dead")
+        if _starved(result, engine, t, judged, owners, f"optimizer {k}" if many else ""):
+            continue
         frozen = []   # never changed with its group's rate 0 at every read: one info for them all
         for i, p in enumerate(t.params):
             if i in ignored or owners[param_key(p)] is not t:   # said once above; or another optimizer's row
@@ -252,6 +254,24 @@ def _wiring(result: Result, engine) -> None:
                    f"backward after {len(carried)} of the {engine.checks.get('carry_looks', len(carried))} read steps looked at ({', '.join(map(str, carried[:5]))}"
                    f"{more}): they add up across steps",
                    "call optimizer.zero_grad() once per step (or pass accumulate=True if this is on purpose)")
+
+
+def _starved(result: Result, engine, t, judged: list, owners: dict, where: str) -> bool:
+    """None of the trainable parameters an optimizer holds got a gradient at any read it stepped at: it was built over
+    other tensors than the backward reaches (before `.to()` made new ones, over a model made again). One finding, not
+    one per parameter named by index; an error when no optimizer of the run got any gradient (nothing trained)."""
+    mine = [i for i, p in enumerate(t.params) if p.requires_grad and owners[param_key(p)] is t]
+    if not mine or any(t.seen_grad[i] or t.grad_max[i] > 0 or t.sampled <= t.joined[i] for i in mine):
+        return False
+    trained = any(o is not t and any(o.seen_grad) for o in judged)
+    result.add("never-gets-grad", "warning" if trained else "error", where,
+               f"none of the {len(mine)} trainable parameters {'this optimizer' if where else 'the optimizer'} holds "
+               f"got a gradient at any read step of its {t.stepped} steps"
+               + ("" if trained else ": nothing this run stepped was trained")
+               + ("" if t.roots else "; no model called in the run holds them"),
+               "build the optimizer from the model you train, after it is final: after .to() when it makes new "
+               "parameters, and not over a model made again since")
+    return True
 
 
 def _trains_some(t) -> bool:
