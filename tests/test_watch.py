@@ -199,6 +199,9 @@ def test_nan_in_forward_at_step_k_is_named_with_module_and_direction():
     assert r.data["replay"]["direction"] == "forward" and r.data["replay"]["module"] == "0"
     assert r.data["replay"]["type"] == "LogFeatures" and f.where == "0"
     assert r.exit_code == ExitCode.CHECK_FAILED
+    # the loss line's medians are of finite steps: it says how many were not (a sweep's NaN run read "3.06 → 8e6")
+    bad = sum(1 for v in r.series["loss"] if v is not None and not math.isfinite(v))
+    assert bad > 0 and f"{bad} of 60 steps non-finite, the first at step 30" in dict(r.summary)["loss"]
 
 
 def test_nan_between_reads_on_the_cpu_is_replayed_at_its_own_step():
@@ -290,6 +293,8 @@ def test_zero_grad_styles_that_are_fine(style):
     r = w.result()
     assert codes(r) == set(), [f.to_dict() for f in r.findings]
     assert r.data["steps"] == (20 if style == "accumulate4" else 80)
+    # the loss line says a step's loss is the mean of its micro-batches' (here each divided by 4: a quarter of it)
+    assert ("up to 4 losses" in dict(r.summary)["loss"]) == (style == "accumulate4")
 
 
 def test_training_in_eval_mode_from_the_step_it_starts():
@@ -1536,7 +1541,7 @@ def test_a_new_optimizer_each_epoch_goes_on_with_the_same_steps_and_rows():
     r = w.result()
     assert r.data["steps"] == 100 and codes(r) == set(), [f.to_dict() for f in r.findings]
     assert [row["name"] for row in r.table("layers").rows] == ["0.weight", "0.bias", "3.weight", "3.bias"]
-    assert r.header["optimizers"] == ["SGD (lr 0.0125 at the end)"]   # made anew each epoch at a lower rate
+    assert r.header["optimizers"] == ["SGD (lr 0.0125 after the last step)"]   # made anew each epoch at a lower rate
     lrs = [v for v in w.engine.series["lr"]]
     assert lrs[0] == 0.05 and lrs[-1] == 0.0125 and len(lrs) == 100
     del opt

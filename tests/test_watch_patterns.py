@@ -57,7 +57,7 @@ def test_parameters_added_with_add_param_group_are_watched(given):
 def test_a_healthy_unfreeze_is_one_optimizer_one_curve_and_every_row(given):
     r = _frozen_then_unfrozen(nan_at=None, given=given)
     assert [f.code for f in r.findings if f.severity != "info"] == [], [(f.code, f.message) for f in r.findings]
-    assert r.header["optimizers"] == ["Adam (lr 0.001 at the end)"] and r.data["steps"] == 120   # the largest group's
+    assert r.header["optimizers"] == ["Adam (lr 0.001 after the last step)"] and r.data["steps"] == 120   # the largest group's
     rows = {row["name"]: row for row in r.table("layers").rows}
     assert {"0.0.weight", "0.0.bias", "1.weight", "1.bias"} <= set(rows), sorted(rows)
     assert rows["0.0.weight"]["changed"] and rows["1.weight"]["changed"]

@@ -140,6 +140,7 @@ class Engine:
         self._before_update = True          # the read being made sees the weights before this step's update
         self._first_bad_found = False       # the first non-finite loss or gradient is among the events
         self.backwards = 0                  # Tensor.backward calls seen: a gradient since a step is a new one
+        self.micro = 0                      # the most losses one step's backward calls took (accumulation)
         self.doubles = DoubleSteps()        # one gradient applied twice (double.py)
 
     # ----------------------------------------------------------------- attach / detach
@@ -936,6 +937,7 @@ class Engine:
         for (kind, payload), vals in zip(layout, values):
             if kind == "loss":   # the mean of each step's losses (micro-batches)
                 pos = 0
+                self.micro = max(self.micro, *payload)
                 for i, n in enumerate(payload):
                     loss[i] = sum(vals[pos:pos + n]) / n if n else None
                     pos += n

@@ -101,10 +101,14 @@ def _summary(result: Result, engine) -> None:
     losses = [v for v in result.series["loss"] if v is not None and math.isfinite(v)]
     if losses:
         w = window(len(losses))
+        # accumulation: a step's loss is the mean of what backward took, which a loop dividing by K makes 1/K of its
+        # loss (a sweep read 0.57 for 2.26); said, as the tool cannot know K from the tensors
+        micro = (f"; each step's the mean of the up to {engine.micro} losses its backward calls took, which a loop "
+                 "dividing each by their count shows that many times smaller") if engine.micro > 1 else ""
         result.summary.append(("loss", f"{statistics.median(losses[:w]):.4g} → {statistics.median(losses[-w:]):.4g} "
-                                       f"(median of the first and last {w} steps)"))
+                                       f"(median of the first and last {w}{_gone_bad(result)}{micro})"))
     lrs = [v for v in result.series["lr"] if v is not None]
-    if lrs:
+    if lrs:   # the rates the steps used; the header's is the optimizer's after the last step (a schedule moved it)
         result.summary.append(("learning rate", f"{lrs[0]:.3g} → {lrs[-1]:.3g} (max {max(lrs):.3g})"))
     for name, pairs in engine.metrics.items():
         if pairs:
@@ -946,6 +950,13 @@ def _verdict(result: Result, engine, interrupted, failure) -> None:
         result.verdict = f"PASS: {engine.step} steps, nothing wrong found"
 
 
+def _gone_bad(result: Result) -> str:
+    """The finite medians hid a run whose last ~250 losses were NaN (a sweep): how many were not finite, from when."""
+    pairs = [(s, v) for s, v in zip(result.series["step"], result.series["loss"]) if v is not None]
+    bad = [s for s, v in pairs if not math.isfinite(v)]
+    return f" finite steps; {len(bad)} of {len(pairs)} steps non-finite, the first at step {bad[0]}" if bad else " steps"
+
+
 def _optimizers(engine) -> list[str]:
     """Each watched optimizer (as it is now, or as it was when the run let it go); a new one each epoch over the
     same parameters is the same line; those of no model that were let go (an attack's) are counted."""
@@ -953,7 +964,7 @@ def _optimizers(engine) -> list[str]:
     # under a schedule the rate now is its last (a sweep: "AdamW (lr 0)" after a decay to 0 read as a setup error);
     # the summary gives the run's range
     lrs = [v for v in engine.series.get("lr", []) if v is not None]
-    end = " at the end" if lrs and max(lrs) - min(lrs) > 1e-6 * max(abs(v) for v in lrs) else ""
+    end = " after the last step" if lrs and max(lrs) - min(lrs) > 1e-6 * max(abs(v) for v in lrs) else ""
     for t in (t for t in engine.tracks.values() if not t.retired):
         lr = t.lr()
         out.append(f"{t.kind} (lr {lr:g}{end})" if isinstance(lr, (int, float)) else t.kind)
