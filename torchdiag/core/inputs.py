@@ -162,6 +162,13 @@ class ModelInputs:
 
     @property
     def batch_size(self) -> int | None:
+        """The first tensor's leading size; a first argument that is a list of tensors is a list of samples
+        (torchvision's detection models take `list[Tensor[C, H, W]]`: its channels were read as the batch)."""
+        import torch
+
+        first = self.args[0] if self.args else None
+        if type(first) is list and first and all(isinstance(t, torch.Tensor) for t in first):
+            return len(first)
         ts = self.tensors()
         if ts and getattr(ts[0][1], "is_nested", False):
             return int(ts[0][1].size(0))
