@@ -121,6 +121,31 @@ def test_estimate_within_10pct_of_measured(name, untouched):
     assert abs(measured.peak - ref) <= 0.10 * ref
 
 
+class _ListHeld(torch.nn.Module):
+    """Tensors kept in a plain list attribute, as torchvision's AnchorGenerator keeps `cell_anchors`."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 64)
+        self.tabs = [torch.ones(64), {"scale": torch.full((64,), 2.0)}]
+
+    def forward(self, x):
+        return self.lin(x) * self.tabs[0] * self.tabs[1]["scale"]
+
+
+def test_tensors_held_in_lists_are_faked_too(untouched):
+    """A sweep: the estimate's deep copy put the list's real tensor into a fake one, and every torchvision detector's
+    memory exited 4 (internal error)."""
+    from torchdiag.core.inputs import ModelInputs
+
+    model, inputs = _ListHeld(), ModelInputs((torch.randn(32, 64),), {})
+    with untouched(model):
+        measured = M.measure(model, inputs, M.Options(), _ctx(model))
+        est = M.estimate(model, inputs, M.Options(), _ctx(model))
+    assert abs(est.peak - measured.peak) <= 0.10 * measured.peak
+    assert model.tabs[0].device.type == "cpu" and not isinstance(model.tabs[0], torch._subclasses.FakeTensor)
+
+
 def test_batch_sizes_and_budget(cli):
     r = cli("memory", sample("mlp.py:build"), "-i", "8x784", "--batch-sizes", "1,8,64", "--budget", "12MB", "--json")
     assert r.code == 0, r.stderr

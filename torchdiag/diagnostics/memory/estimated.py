@@ -26,14 +26,29 @@ def _fake_copy(model, dtype):
         dt = dtype if (dtype is not None and p.is_floating_point()) else p.dtype
         memo[id(p)] = nn.Parameter(torch.empty(tuple(p.shape), dtype=dt, device="cpu"), requires_grad=p.requires_grad)
     others = list(model.buffers())
-    for mod in model.modules():  # plain tensor attributes (masks, example_input_array …)
-        others += [v for v in vars(mod).values() if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter)]
+    for mod in model.modules():  # plain tensor attributes (masks, example_input_array …), in lists and dicts too
+        others += [v for v in _held(list(vars(mod).values())) if not isinstance(v, nn.Parameter)]
     for b in unique(others):
         if id(b) in memo:
             continue
         dt = dtype if (dtype is not None and b.is_floating_point()) else b.dtype
         memo[id(b)] = torch.empty(tuple(b.shape), dtype=dt, device="cpu")
     return copy.deepcopy(model, memo)
+
+
+def _held(values, depth: int = 0) -> list:
+    """The tensors among `values` and inside their lists, tuples and dicts: a real one left there made the deep copy
+    put real storage into a fake tensor (torchvision's AnchorGenerator keeps `cell_anchors` in a list: every
+    detector's memory exited 4)."""
+    import torch
+
+    out = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple, dict)) and depth < 4:
+            out += _held(list(v.values()) if isinstance(v, dict) else list(v), depth + 1)
+    return out
 
 
 def _fake_inputs(inputs, batch_size, dtype):
