@@ -489,3 +489,26 @@ def _run_model(model, x, **opts):
     from torchdiag.api import run
 
     return run("profile", model, x, **{**FAST, **opts})
+
+
+def test_a_compiled_model_is_profiled_as_one_graph_and_other_commands_run_its_module():
+    """A sweep: profile's module labels inside a torch.compile'd MLP broke it into three graphs (16x slower than the
+    user's), and summary exited 3 ("no forward() of its own": dynamo refused its hooks). profile now labels only
+    outside the compiled part; every other command diagnoses the module it wraps, run eagerly, and says so."""
+    import torch
+    from torch import nn
+    from torch._dynamo.utils import counters
+
+    from torchdiag.api import run
+
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+    model, x = torch.compile(plain, backend="eager"), torch.randn(8, 16)
+    torch._dynamo.reset()
+    counters.clear()
+    r = run("profile", model, x, **FAST)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert set(_modules(r)) == {""} and any("run compiled" in n for n in r.notes)
+    s = run("summary", model, x)
+    assert [row["name"] for row in s.table("layers").rows][:3] == ["0", "1", "2"]
+    assert "run eagerly" in s.header["compiled"] and "compiled" not in run("summary", plain, x).header

@@ -90,6 +90,7 @@ def run(command: str, model, inputs=None, *, loss: Any = "auto", target=None, **
     """Any diagnostic by its command name: `torchdiag.api.run("gradflow", model, x, strict=True)`."""
     from .commands import get
     from .core.context import context_for
+    from .core.loading import eager
     from .core.precision import cast_copy, cast_inputs
     from .runner.local import invoke
 
@@ -98,7 +99,10 @@ def run(command: str, model, inputs=None, *, loss: Any = "auto", target=None, **
     for key in (*RUN_KEYS, *OPTIMIZER_KEYS):
         options.pop(key, None)
     opts = _options(d, **options)
+    said: dict = {}
+    model = eager(model, command, said)   # a torch.compile'd model: the module it wraps (profile: as it is)
     ctx = context_for(model, spec, loss=loss, target=target)
+    ctx.header.update(said)
     # dtype=: the diagnostic gets a cast copy and cast float inputs; the caller's model is never changed
     work = cast_copy(model, spec.dtype)
     given = cast_inputs(as_inputs(model, inputs), spec.dtype) if getattr(d, "TAKES_INPUTS", True) else None

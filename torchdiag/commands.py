@@ -99,6 +99,9 @@ class Command:
     cross_rank: bool = False                # ... and the ranks are compared after a real step (consistency)
     python: str | None = None            # the torchdiag.<name> function, when the Python API has one
     defaults: dict = field(default_factory=dict)   # run-wide defaults of its own (gradcheck: device cpu)
+    # a torch.compile'd model is run compiled (profile: the time is the compiled graph's); every other command
+    # diagnoses the module it wraps, run eagerly (hooks inside a compiled graph break it or crash dynamo)
+    compiled: bool = False
 
     @property
     def module_name(self) -> str:
@@ -141,7 +144,7 @@ COMMANDS: tuple[Command, ...] = (
     _c("lr-find", "Which learning rate? The range test, repeated over seeds, with its suggestion checked by short "
        "runs at 0.1×, 1× and 10× of it.", _TRAIN, renderer=True, per_rank=True),
     _c("profile", "Where the time goes: step time (mean, median, p90), throughput, top operators by self time, time "
-       "per module, and a Chrome/Perfetto trace.", _TRAIN, renderer=True, per_rank=True),
+       "per module, and a Chrome/Perfetto trace.", _TRAIN, renderer=True, per_rank=True, compiled=True),
     _c("memory", "Where the memory goes in a training step: parameters, gradients, optimizer state, activations "
        "(saved for backward), temporaries; the peak and when it happens; per-module activation memory.",
        _TRAIN, renderer=True, per_rank=True),

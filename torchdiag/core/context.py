@@ -180,7 +180,7 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
     from . import sources
     from .device import resolve_device
     from .inputs import ModelInputs, resolve_inputs
-    from .loading import load_model
+    from .loading import eager, load_model
     from .precision import cast_inputs, cast_model, check_supported
 
     device = resolve_device(spec.device)
@@ -188,6 +188,7 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
         raise_meta(spec.command)
     check_supported(spec, device)
     loaded = load_model(spec.model, list(spec.args), device, spec.seed, spec.download)
+    loaded.model = eager(loaded.model, spec.command, loaded.header)
     if sources.trains(spec.command):
         sources.for_training(loaded, spec.command)   # a source's default batch of 1 breaks BatchNorm in train mode
     checkpoints = load_checkpoints(spec, loaded, device)

@@ -175,6 +175,29 @@ def _load_source(spec: str, kwargs: dict[str, Any], device, seed: int | None, do
                        source.labels_from_ids, source.alternatives)
 
 
+def compiled_root(model):
+    """The module a torch.compile'd model wraps, or None when it is not one (no torch._dynamo loaded: nothing was
+    compiled)."""
+    import sys
+
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")
+    wrapper = getattr(dynamo, "OptimizedModule", None)
+    return model._orig_mod if wrapper is not None and isinstance(model, wrapper) else None
+
+
+def eager(model, command: str, header: dict):
+    """A torch.compile'd model, for a command that hooks its modules, is the module it wraps, run eagerly, and the
+    header says so (summary exited 3 "has no forward() of its own": dynamo refused its hooks; profile timed a graph
+    its labels broke into pieces, 16x slower). profile keeps it compiled (commands.py `compiled`)."""
+    from ..commands import get
+
+    inner = compiled_root(model)
+    if inner is None or get(command).compiled:
+        return model
+    header["compiled"] = "torch.compile: diagnosed as the module it wraps, run eagerly"
+    return inner
+
+
 def refuse_scripted(model, what: str) -> None:
     """TorchScript modules take no hooks, and every diagnostic hooks modules: a usage error, not a crash."""
     import torch

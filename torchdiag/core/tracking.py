@@ -93,8 +93,12 @@ class ForwardHooks:
         self.names = module_names(model)
         self._handles: list = []
 
+    def hooked(self):
+        """The modules it hooks: every one, once."""
+        return {id(m): m for m in self.model.modules()}.values()
+
     def __enter__(self):
-        for mod in {id(m): m for m in self.model.modules()}.values():
+        for mod in self.hooked():
             if self._pre is not None:
                 self._handles.append(mod.register_forward_pre_hook(self._pre, with_kwargs=self.pre_kwargs))
             if self._post is not None:

@@ -19,6 +19,16 @@ class ModuleLabels(ForwardHooks):
         super().__init__(model)
         self.types = {name: type(mod).__name__ for name, mod in model.named_modules()}
         self.stack: list = []
+        self.compiled = False   # a torch.compile'd part, timed as one (hooked)
+
+    def hooked(self):
+        """Not the modules inside a torch.compile'd one: a label there breaks its graph (a compiled MLP ran as three
+        graphs, 16x slower than the user's), so a compiled part is timed as one."""
+        from ...core.loading import compiled_root
+
+        inside = {id(m) for w in self.model.modules() if (inner := compiled_root(w)) is not None for m in inner.modules()}
+        self.compiled = bool(inside)
+        return [m for m in super().hooked() if id(m) not in inside]
 
     def __enter__(self):
         # torch's _RecordFunctionFast (what torch.compile uses for its own annotations) opens the same

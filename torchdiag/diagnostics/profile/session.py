@@ -101,6 +101,9 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
         op_dtypes.report(result, seen, ctx, "one more step, not profiled")
     result.notes.append(f"operator and module times are totals over the {opts.active} active step(s); "
                         "profiled steps include the overhead of the profiler and of the module labels")
+    if labels.compiled:
+        result.notes.append("torch.compile'd: run compiled, its modules timed as one (a label inside the compiled "
+                            "part would break its graph); the first steps, which compile it, are the warm-up's")
     if not ctx.on_cuda and torch.cuda.is_available():
         result.notes.append(f"a CUDA GPU is available; profile it with {ctx.option('device')} cuda")
     return result
