@@ -210,7 +210,10 @@ def test_training_commands_get_a_default_batch_of_two(tmp_path, cli):
     assert r.json["inputs"][0] == "input[0]: 1x64 int64"
     r = cli("gradflow", f"hf:{folder}", "--json")
     assert r.code == 0, r.stderr
-    assert r.json["inputs"][0] == "input[0]: 2x64 int64" and "batch 2: the command runs train mode" in r.json["input_source"]
+    assert r.json["inputs"][0] == "input[0]: 2x64 int64" and "batch 2 (1 for commands that do not train): the command " \
+        "runs train mode" in r.json["input_source"]
+    # said as it applies: GPT-2 has no BatchNorm (a sweep read "where BatchNorm needs more than one sample" on it)
+    assert "its BatchNorm" not in r.json["input_source"] and "a BatchNorm would need it" in r.json["input_source"]
     assert all(line.split(": ", 1)[1].startswith("2x") for line in r.json["inputs"])   # labels too: the same rows
 
 

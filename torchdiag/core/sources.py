@@ -639,11 +639,20 @@ def for_training(loaded, command: str = "") -> None:
         if wider != tuple(loaded.default_inputs):
             loaded.default_inputs = wider
             runs = "the command can run train mode (--mode train)" if command == "profile" else "the command runs train mode"
-            loaded.input_source += f"; batch {TRAIN_BATCH}: {runs}, where BatchNorm needs more than one sample"
+            # said as it applies: a sweep read "where BatchNorm needs" on GPT-2, which has none
+            why = ("where its BatchNorm needs more than one sample" if _batch_statistics(loaded.model) else
+                   "where the default is more than one sample (a BatchNorm would need it)")
+            loaded.input_source += f"; batch {TRAIN_BATCH} (1 for commands that do not train): {runs}, {why}"
     elif getattr(loaded.module, "example_inputs", None) is _one_image:
         loaded.module.example_inputs = _two_images
         loaded.input_source += (f"; {TRAIN_BATCH} images with targets (boxes, labels, masks, keypoints): the command "
                                 "runs train mode, where a detection model takes targets and returns its losses")
+
+
+def _batch_statistics(model) -> bool:
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    return any(isinstance(m, _BatchNorm) for m in model.modules())
 
 
 def example_module(spec: str, source: Source) -> types.ModuleType:
