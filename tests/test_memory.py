@@ -255,6 +255,8 @@ def test_json_keys(cli):
         assert key in d, key
     assert set(d["batch_sizes"][0]) == {"batch_size", "peak_bytes", "fits"}
     assert d["batch_sizes"][0]["fits"] is None  # no budget on CPU
+    # the loss its training step took, as docs/models.md says every training command gives it (a sweep: absent)
+    assert d["loss"] == "cross_entropy on output against random class targets"
 
 
 def test_model_untouched_transformer(untouched):

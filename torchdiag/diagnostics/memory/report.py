@@ -104,6 +104,8 @@ def _unit(model, opts: Options, ctx) -> Units:
 def _fill(result: Result, r: StepReport, opts: Options, ctx, est_peak, inputs) -> None:
     """The step's data and its tables: categories, phases, modules."""
     result.header["method"] = r.method
+    if r.loss:
+        result.header["loss"] = r.loss
     result.data.update({
         "peak_bytes": r.peak, "peak_phase": r.peak_phase,
         "peak_module": (r.peak_modules[-1] if r.peak_modules else None),

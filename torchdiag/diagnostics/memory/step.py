@@ -31,6 +31,7 @@ class StepReport:
     cuda: dict[str, Any] | None = None
     snapshot: bytes | None = None       # CUDA allocator history (pickle), when asked
     op_dtypes: Any = None               # core.op_dtypes counts of the step, when asked (--amp/--dtype)
+    loss: str | None = None             # the loss the training step took (header and JSON, as other commands)
 
 
 def unique(ts):
@@ -115,7 +116,8 @@ def run_step(model, inputs, opts, ctx, *, emulate: str, round_to: int = 1, metho
         method=method, peak=int(tracker.peak), peak_phase=tracker.peak_phase,
         peak_modules=tracker.peak_modules, at_peak={k: int(v) for k, v in tracker.peak_by_cat.items() if v},
         phase_peaks=dict(tracker.phase_peak), phase_at_peak={k: dict(v) for k, v in tracker.phase_peak_by_cat.items()},
-        modules=[m for m in tracker.modules.values() if m.calls], op_dtypes=getattr(dtypes, "seen", None), **sizes)
+        modules=[m for m in tracker.modules.values() if m.calls], op_dtypes=getattr(dtypes, "seen", None),
+        loss=loss_rule.describe() if loss_rule is not None else None, **sizes)
 
 
 def _tracked(model, inputs, tracker, names, amp_ctx, loss_rule, opt, trainable, sizes: dict) -> None:
