@@ -566,6 +566,29 @@ def test_an_optimizer_over_tensors_the_backward_never_reaches_is_one_finding():
     assert f.severity == "error" and "none of the 4 trainable parameters" in f.message
 
 
+@pytest.mark.parametrize("schedule", ["step_per_batch", "cosine_to_zero", "none"])
+def test_a_rate_that_collapses_early_is_a_warning(schedule):
+    """A sweep: StepLR(gamma=0.9) stepped per batch took the rate to 4e-14 and the loss froze; watch said pass. A
+    cosine that ends at 0 reaches the same floor only at its end: no finding."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = {"step_per_batch": torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.8),
+             "cosine_to_zero": torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=120), "none": None}[schedule]
+    g = torch.Generator().manual_seed(0)
+    with Watch(model, opt, every=10) as w:
+        for _ in range(120):
+            x, y = _xy(g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            if sched is not None:
+                sched.step()
+    found = [f for f in w.result().findings if f.code == "lr-collapsed"]
+    assert len(found) == (schedule == "step_per_batch"), [f.message for f in found]
+    if found:   # 0.1 * 0.8**k < 1e-4 from k = 31: the 32nd step's rate
+        assert found[0].severity == "warning" and "by step 32," in found[0].message, found[0].message
+
+
 def test_parameter_with_zero_learning_rate_never_changes():
     """A group at lr 0 beside one that trains is a part frozen on purpose (a sweep: a backbone given lr 0 was four
     warnings): one info naming the rate. An optimizer whose every group is at 0 trains nothing: warnings."""

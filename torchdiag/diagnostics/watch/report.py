@@ -33,6 +33,7 @@ SPREAD_K = 5.0         # a loss spike is this many robust standard deviations ab
 SPREAD_STEPS = 4       # ... measured over this many windows before it
 VAL_TAIL = 3           # val-worsens: the last evaluations (up to this many after the best) all worse than it ...
 VAL_NOISE_K = 1.0      # ... their median by this many noise scales more than the best of n draws reaches by chance
+LR_COLLAPSE = 1e-3     # lr-collapsed: the rate, as a share of its highest, under which a run trains nothing more
 DIVERGE_K = 3.5        # loss-diverged: the climb clears the block medians' own noise by this many noise scales
 CLOCK_STOPPED = 4      # a note: another optimizer's steps since the clock's last, over the most it took between two
 IDLE_READS = 1         # optimizer-idle: whole read intervals after its last step in which a backward reached it
@@ -392,11 +393,41 @@ def _curves(result: Result, engine) -> None:
         at = [steps[i] for i in picked]
         part = _finite_pairs(at, [result.series["loss"][i] for i in picked])
         if len(part) >= 10 and not constant:
-            _loss_curve(result, part, dict(zip(at, [result.series["lr"][i] for i in picked])), opts,
-                        engine.clips.seen, of)
+            lr_at = dict(zip(at, [result.series["lr"][i] for i in picked]))
+            _loss_curve(result, part, lr_at, opts, engine.clips.seen, of)
+            _lr_collapse(result, part, lr_at, of)
         _grad_norm_explosion(result, at, [result.series["grad_norm"][i] for i in picked], part, opts,
                              engine.clips.seen, of)
     _validation(result, engine, pairs)
+
+
+def _lr_collapse(result: Result, pairs, lr_at: dict, of: str) -> None:
+    """The rate fell under LR_COLLAPSE of its highest in the first half of the run and stayed there to the end, and
+    the loss did not fall 5% after it: the rest of the run trained nothing (a sweep: StepLR(gamma=0.9) stepped per
+    batch took 0.05 to 4e-14 and the loss froze at 1.54, 0.72 accuracy against 0.95; watch said pass). A schedule
+    that decays to 0 reaches that only near its end (a linear decay at 99.9%, OneCycle's floor 4e-6 at its end);
+    warm restarts come back up."""
+    known = [(s, lr_at.get(s)) for s, _ in pairs if lr_at.get(s) is not None]
+    top = max((v for _, v in known), default=0.0)
+    if len(known) < 10 or top <= 0:
+        return
+    k = len(known)
+    while k > 0 and known[k - 1][1] < LR_COLLAPSE * top:   # the first of the steps that stay under it
+        k -= 1
+    if k == len(known) or k > len(known) // 2:
+        return
+    step = known[k][0]
+    values = [v for _, v in pairs]
+    w = window(len(values))
+    i = next(j for j, (s, _) in enumerate(pairs) if s >= step)
+    before, end = statistics.median(values[max(0, i - w):i + 1]), statistics.median(values[-w:])
+    if end < before - 0.05 * abs(before):
+        return
+    result.add("lr-collapsed", "warning", "", f"the learning rate fell from {top:.3g} to {known[k][1]:.3g} by step "
+               f"{step}, {100 * k // len(known)}% into the run, and stayed under {LR_COLLAPSE:g}× its highest to the "
+               f"end; the loss went from {before:.4g} to {end:.4g} over the rest{of}",
+               "a scheduler stepped per batch where it was meant per epoch (StepLR and ExponentialLR count their own "
+               "step() calls), or a gamma or milestones far too small")
 
 
 def _objectives(engine, steps: list, losses: list) -> list[tuple[list[int], str]]:
