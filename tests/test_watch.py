@@ -430,6 +430,34 @@ def test_validation_metric_worsens_while_training_loss_falls():
     assert vals[-1] > min(vals) * 1.02   # the truth the finding must state
     f = finding(r, "val-worsens")
     assert f.where == "val_loss" and f"{vals[-1]:.4g}" in f.message
+    assert "label" in f.hint, f.hint   # labels that carry nothing: never better than at first
+
+
+def test_a_validation_loss_never_better_than_at_first_points_at_the_labels():
+    """A sweep: labels shuffled apart from their inputs (the training loss at chance, 2.33 -> 2.26) and the hint said
+    "overfitting: stop earlier". Overfitting proper improves first; labels that carry nothing never do."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(1024, 32, generator=g), torch.randint(0, 10, (1024,), generator=g)
+    vx, vy = torch.randn(512, 32, generator=g), torch.randint(0, 10, (512,), generator=g)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+    opt = torch.optim.SGD(model.parameters(), 0.05, momentum=0.9)
+    vals = []
+    with Watch(model, opt, every=10) as w:
+        for _ in range(8):
+            order = torch.randperm(1024, generator=g)
+            for i in range(0, 1024, 32):
+                b = order[i:i + 32]
+                loss = F.cross_entropy(model(x[b]), y[b])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            with torch.no_grad():
+                vals.append(F.cross_entropy(model(vx), vy).item())
+            w.log("val_loss", vals[-1])
+    assert min(vals) == vals[0] and vals[-1] > vals[0]   # the truth: never better than at first
+    f = finding(w.result(), "val-worsens")
+    assert "never better than at its first evaluation" in f.hint and "label" in f.hint, f.hint
 
 
 def test_a_validation_accuracy_that_moves_by_one_sample_is_no_trend():
@@ -449,6 +477,7 @@ def test_a_validation_accuracy_that_moves_by_one_sample_is_no_trend():
     # the same run whose accuracy then stays down by 6 samples is a trend, and is said
     f = finding(run([0.90, 0.94, 0.96, 0.98, 0.96, 0.98, 0.90, 0.88, 0.86]), "val-worsens")
     assert "0.98" in f.message and "0.86" in f.message
+    assert f.hint.startswith("overfitting"), f.hint   # it improved first, and the training loss fell
 
 
 def test_a_steady_climb_of_the_validation_loss_is_a_trend_from_its_first_evaluations():

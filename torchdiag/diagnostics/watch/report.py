@@ -812,11 +812,26 @@ def _validation(result: Result, engine, pairs) -> None:
         if best <= len(vals) - 3 and _sustained(vals, best, up) and t0 and t1 and t1 < t0:
             result.add("val-worsens", "warning", name, f"{name} got worse from {vals[best][1]:.4g} (step {vals[best][0]}) "
                        f"to {last:.4g} (step {vals[-1][0]}) while the training loss fell from {t0:.4g} to {t1:.4g}",
-                       "overfitting: stop earlier, add regularisation or data")
+                       _val_hint(pairs, t1, best == 0))
     if unknown:
         more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
         result.notes.append(f"not judged for val-worsens, its name says no direction: {', '.join(unknown[:8])}{more} "
                             "(a name with loss/err or acc/score in it does)")
+
+
+def _val_hint(pairs, end: float, first_best: bool) -> str:
+    """Overfitting, unless the metric was never better than at its first evaluation or the training loss itself
+    hardly fell (within 10% of its first window's median): a model that learns nothing that carries over (a sweep:
+    labels shuffled apart from their inputs, training loss 2.33 -> 2.26 at chance, was told to stop earlier).
+    Overfitting proper improves first."""
+    start = statistics.median([v for _, v in pairs][:window(len(pairs))])
+    hardly = start > 0 and end >= 0.9 * start
+    if first_best or hardly:
+        why = (f"the training loss hardly fell ({start:.4g} → {end:.4g})" if hardly else
+               "it was never better than at its first evaluation")
+        return (f"{why}: nothing learned carries over to it; check that each label belongs to its input (shuffled "
+                "or misaligned apart) and that validation inputs are prepared as training's, before regularising")
+    return "overfitting: stop earlier, add regularisation or data"
 
 
 def _sustained(vals, best: int, up: bool) -> bool:
