@@ -460,6 +460,33 @@ def test_a_validation_loss_never_better_than_at_first_points_at_the_labels():
     assert "never better than at its first evaluation" in f.hint and "label" in f.hint, f.hint
 
 
+def test_a_loss_against_the_models_own_argmax_is_said_beside_the_validation_loss():
+    """A sweep: `cross_entropy(out, out.argmax(1))` is 0 within a few steps while the validation loss climbs; watch
+    passed, as val-worsens asked the training loss to fall between the two evaluations (it was 0 at both)."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 16, generator=g)
+    y = (x[:, :4].argmax(1))
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), 0.5, momentum=0.9)
+    vals = []
+    with Watch(model, opt, every=10) as w:
+        for _ in range(8):
+            for i in range(0, 512, 32):
+                out = model(x[i:i + 32])
+                loss = F.cross_entropy(out, out.argmax(1))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            with torch.no_grad():
+                vals.append(F.cross_entropy(model(x), y).item())
+            w.log("val_loss", vals[-1])
+    r = w.result()
+    assert r.series["loss"][-1] == 0.0 and vals[-1] > vals[0]   # the truth
+    f = finding(r, "val-worsens")
+    assert "(exactly 0)" in f.message and "argmax" in f.hint, (f.message, f.hint)
+
+
 def test_a_validation_accuracy_that_moves_by_one_sample_is_no_trend():
     # the accuracy of 50 validation samples after each epoch: up to 0.98, then one sample either way (0.02 is 2% of
     # the best, past the old fixed margin); the training loss falls throughout

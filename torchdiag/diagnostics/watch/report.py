@@ -809,10 +809,13 @@ def _validation(result: Result, engine, pairs) -> None:
         best = (max if up else min)(range(len(vals)), key=lambda i: vals[i][1])
         last = vals[-1][1]
         t0, t1 = train_at(vals[best][0]), train_at(vals[-1][0])
-        if best <= len(vals) - 3 and _sustained(vals, best, up) and t0 and t1 and t1 < t0:
+        # a training loss held at exactly 0 counts as falling: a loss against the model's own argmax is 0 from its
+        # first steps while the validation loss climbs (a sweep's run passed)
+        if (best <= len(vals) - 3 and _sustained(vals, best, up) and t0 is not None and t1 is not None
+                and (t1 < t0 or t0 == t1 == 0)):
+            fell = "was exactly 0" if t0 == t1 == 0 else f"fell from {t0:.4g} to {t1:.4g}" + (" (exactly 0)" if t1 == 0 else "")
             result.add("val-worsens", "warning", name, f"{name} got worse from {vals[best][1]:.4g} (step {vals[best][0]}) "
-                       f"to {last:.4g} (step {vals[-1][0]}) while the training loss fell from {t0:.4g} to {t1:.4g}",
-                       _val_hint(pairs, t1, best == 0))
+                       f"to {last:.4g} (step {vals[-1][0]}) while the training loss {fell}", _val_hint(pairs, t1, best == 0))
     if unknown:
         more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
         result.notes.append(f"not judged for val-worsens, its name says no direction: {', '.join(unknown[:8])}{more} "
@@ -824,6 +827,9 @@ def _val_hint(pairs, end: float, first_best: bool) -> str:
     hardly fell (within 10% of its first window's median): a model that learns nothing that carries over (a sweep:
     labels shuffled apart from their inputs, training loss 2.33 -> 2.26 at chance, was told to stop earlier).
     Overfitting proper improves first."""
+    if end == 0:
+        return ("a training loss of exactly 0 fits every batch perfectly: a margin loss can, a cross-entropy only when "
+                "its target is made from the output (its argmax, a detached copy) rather than from the labels")
     start = statistics.median([v for _, v in pairs][:window(len(pairs))])
     hardly = start > 0 and end >= 0.9 * start
     if first_best or hardly:
