@@ -487,6 +487,41 @@ def test_a_loss_against_the_models_own_argmax_is_said_beside_the_validation_loss
     assert "(exactly 0)" in f.message and "argmax" in f.hint, (f.message, f.hint)
 
 
+def test_a_training_loss_back_near_its_start_beside_a_worse_validation_loss_is_diverged():
+    """A sweep: SGD at 10x the rate (0.5, momentum 0.9, on scikit-learn's digits) took the loss 1.26 -> 2.38, back at
+    chance but under the error's twice its best, and the validation loss 1.28 -> 2.36; watch gave only dead units.
+    Both worse together: loss-diverged, a warning. The sweep's run, reduced."""
+    datasets = pytest.importorskip("sklearn.datasets")
+    d = datasets.load_digits()
+    g = torch.Generator().manual_seed(0)
+    order = torch.randperm(len(d.target), generator=g)
+    x, y = torch.tensor(d.data / 16.0, dtype=torch.float32)[order], torch.tensor(d.target)[order]
+    x, y, vx, vy = x[:1400], y[:1400], x[1400:], y[1400:]
+    torch.manual_seed(0)
+    fc1, bn, drop, fc2, head = nn.Linear(64, 64), nn.BatchNorm1d(64), nn.Dropout(0.3), nn.Linear(64, 64), nn.Linear(64, 10)
+    model = nn.Sequential(fc1, bn, nn.ReLU(), drop, fc2, nn.ReLU(), head)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    vals = []
+    with Watch(model, opt, every=10) as w:
+        for _ in range(6):
+            model.train()
+            order = torch.randperm(1400, generator=g)
+            for i in range(0, 1400, 32):
+                b = order[i:i + 32]
+                loss = F.cross_entropy(model(x[b]), y[b])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            model.eval()
+            with torch.no_grad():
+                vals.append(F.cross_entropy(model(vx), vy).item())
+            w.log("val_loss", vals[-1])
+    r = w.result()
+    assert vals[-1] > 1.5 * min(vals), vals   # the truth: the validation loss went back up
+    f = finding(r, "loss-diverged")
+    assert f.severity == "warning" and "val_loss got worse with it" in f.message, f.message
+
+
 def test_a_validation_accuracy_that_moves_by_one_sample_is_no_trend():
     # the accuracy of 50 validation samples after each epoch: up to 0.98, then one sample either way (0.02 is 2% of
     # the best, past the old fixed margin); the training loss falls throughout

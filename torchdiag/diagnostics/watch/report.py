@@ -816,6 +816,13 @@ def _validation(result: Result, engine, pairs) -> None:
             fell = "was exactly 0" if t0 == t1 == 0 else f"fell from {t0:.4g} to {t1:.4g}" + (" (exactly 0)" if t1 == 0 else "")
             result.add("val-worsens", "warning", name, f"{name} got worse from {vals[best][1]:.4g} (step {vals[best][0]}) "
                        f"to {last:.4g} (step {vals[-1][0]}) while the training loss {fell}", _val_hint(pairs, t1, best == 0))
+        elif (best <= len(vals) - 3 and _sustained(vals, best, up) and t0 is not None and t1 is not None and t0 > 0
+              and t1 > 1.5 * t0 and not any(f.code == "loss-diverged" for f in result.findings)):
+            # both worse together: the run diverged, which the training loss alone did not show as far as its own
+            # rule asks (a sweep: SGD at 10x the rate, 1.26 -> 2.38, back at chance, and the validation loss with it)
+            result.add("loss-diverged", "warning", "", f"the training loss climbed from {t0:.4g} (running median, step "
+                       f"{vals[best][0]}) to {t1:.4g} (step {vals[-1][0]}) and {name} got worse with it, from "
+                       f"{vals[best][1]:.4g} to {last:.4g}", "lower the learning rate")
     if unknown:
         more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
         result.notes.append(f"not judged for val-worsens, its name says no direction: {', '.join(unknown[:8])}{more} "
