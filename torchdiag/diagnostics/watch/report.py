@@ -939,9 +939,11 @@ def _dead(result: Result, engine) -> None:
         after = f"; passed on by {', '.join(passed)}" if passed else ""
         message = (f"{int(newly)} of {units} units of {name} went dead over the run (alive at step {samples[0][0]}, "
                    f"zero for the whole batch at step {step}{after})")
-        if newly and engine.checks.get("dead_arrived", {}).get(name, 0) >= newly:   # stats._input_range
+        came = int(engine.checks.get("dead_arrived", {}).get(name, 0))   # stats._input_range
+        if newly and came >= newly / 2:   # most: a dropout in train mode also zeroes a unit alive in a few samples
             inside = name.rsplit(".", 1)[0] if "." in name else "the model"
-            message += (f"; they were zero at its input already: {name} has no parameters and passes them on from code "
+            which = "they were" if came >= newly else f"{came} of them were"
+            message += (f"; {which} zero at its input already: {name} has no parameters and passes them on from code "
                         f"of {inside} that is not a module (an activation called as a function)")
         # a layer left with (almost) no live units passes (almost) nothing on: a loss that falls after is the rest of
         # the model's (an output bias fitting an offset), not the layer's spare capacity (a review)
