@@ -682,6 +682,28 @@ def test_a_rate_that_collapses_early_is_a_warning(schedule):
         assert found[0].severity == "warning" and "by step 32," in found[0].message, found[0].message
 
 
+@pytest.mark.parametrize("made", ["adam_each_step", "adam_each_epoch", "sgd_each_step"])
+def test_an_optimizer_made_again_at_every_step_is_said_when_it_keeps_state(made):
+    """A sweep: Adam made inside the loop restarts its moment estimates at every step; the report said one optimizer
+    and pass. Made each epoch (many steps each) is fine, and plain SGD keeps no state to lose."""
+    model = _mlp()
+    g = torch.Generator().manual_seed(0)
+    opt = None
+    with Watch(every=10) as w:
+        for step in range(60):
+            if opt is None or made.endswith("each_step") or step % 20 == 0:
+                opt = (torch.optim.SGD(model.parameters(), lr=0.05) if made.startswith("sgd")
+                       else torch.optim.Adam(model.parameters(), lr=1e-3))
+            x, y = _xy(g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    found = [f for f in w.result().findings if f.code == "optimizer-remade"]
+    assert len(found) == (made == "adam_each_step"), [f.message for f in found]
+    if found:
+        assert "59 times in 60 steps" in found[0].message and found[0].severity == "warning", found[0].message
+
+
 def test_parameter_with_zero_learning_rate_never_changes():
     """A group at lr 0 beside one that trains is a part frozen on purpose (a sweep: a backbone given lr 0 was four
     warnings): one info naming the rate. An optimizer whose every group is at 0 trains nothing: warnings."""

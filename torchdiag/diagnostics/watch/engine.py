@@ -72,6 +72,7 @@ class Engine:
         self._provisional = False           # the clock is an attack's until a model's optimizer steps (_choose_clock)
         self._last_read = 0                 # the step of the last read (optimizer-idle)
         self._dead: list = []               # ids of watched optimizers the run let go, filed at the next step
+        self.remade = 0                     # optimizers made again over the same parameters after one step
         self.let_go = 0                     # optimizers of no model let go (an attack's, made per step): dropped
         self.one_offs = 0                   # ... and of a model let go with it after one step (made anew each step)
         self._one_off_keys: list = []       # the tracks of those, kept until a read has read them
@@ -566,6 +567,8 @@ class Engine:
             # the same parameters; so does a second optimizer used in turn)
             if isinstance(key, tuple) and t.same_params(params):
                 del self.tracks[key]
+                if t.stepped - t.adopted_at <= 1:   # the one before took one step: made anew at every step
+                    self.remade += 1
                 t.adopt(opt)
                 return t
         return None

@@ -250,6 +250,7 @@ def _wiring(result: Result, engine) -> None:
                        f"{'its' if len(frozen) == 1 else 'their'} param group's learning rate was 0 at every read step",
                        "frozen on purpose, as a backbone given lr 0; if not, the schedule or the group's lr")
     _idle(result, engine, owners)
+    _remade(result, engine)
     _clock_note(result, engine)
     carried = engine.checks["carried"]
     if carried and not engine.opts.accumulate:
@@ -277,6 +278,19 @@ def _starved(result: Result, engine, t, judged: list, owners: dict, where: str) 
                "build the optimizer from the model you train, after it is final: after .to() when it makes new "
                "parameters, and not over a model made again since")
     return True
+
+
+def _remade(result: Result, engine) -> None:
+    """An optimizer made again over the same parameters after each single step, for most of the run, while it keeps
+    state (Adam's moments, momentum): that state starts over at every step (a sweep: Adam made inside the loop, the
+    report said one optimizer and pass). An optimizer made again each epoch takes many steps each time."""
+    live = [t.opt for t in engine.tracks.values() if not t.retired and t.opt is not None]
+    stateful = [o for o in live if any(len(s) for s in o.state.values())]
+    if engine.remade >= 5 and engine.remade >= engine.step // 2 and stateful:
+        result.add("optimizer-remade", "warning", "", f"the optimizer ({type(stateful[0]).__name__}) was made again over "
+                   f"the same parameters after a single step {engine.remade} times in {engine.step} steps: its state "
+                   "(moment estimates, momentum) starts over at every step",
+                   "build the optimizer once, before the loop")
 
 
 def _trains_some(t) -> bool:

@@ -106,6 +106,7 @@ class Track:
         """Its optimizer and its parameters: at the start, and for a successor over the same parameters
         (same_params), which takes the tensors back from a released track."""
         self.rebind(opt)
+        self.adopted_at = getattr(self, "stepped", 0)   # its steps when this optimizer took it (optimizer-remade)
         self.params = [p for g in opt.param_groups for p in g["params"]]
         self.ids = {id(p): i for i, p in enumerate(self.params)}
         self.groups = len(opt.param_groups)   # add_param_group adds one: the engine makes a new track (_regroup)
