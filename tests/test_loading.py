@@ -175,3 +175,13 @@ def test_a_builder_that_raises_typeerror_without_arg_values_is_the_models_error_
         sources.build(sources.Source(build, {}, "fake"), torch.device("cpu"), 0)
     with pytest.raises(UsageError, match="does not accept these --arg values"):
         sources.build(sources.Source(build, {"widht": 3}, "fake"), torch.device("cpu"), 0)
+
+
+def test_factory_args_are_in_the_json_as_their_values(cli, tmp_path):
+    """A sweep: `--arg weights_backbone=None` showed as the string 'None' in the header (the factory got None)."""
+    f = tmp_path / "m.py"
+    f.write_text("import torch.nn as nn\n\ndef build(width=8, norm=None):\n    assert norm is None\n"
+                 "    return nn.Linear(4, width)\n")
+    r = cli("summary", f"{f}:build", "--arg", "norm=None", "--arg", "width=6", "-i", "2x4", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["factory_args"] == {"norm": None, "width": 6}

@@ -232,7 +232,7 @@ def _header(spec: RunSpec, device, loaded, inputs) -> dict[str, Any]:
     header: dict[str, Any] = {"model": spec.model, "device": str(device), "seed": spec.seed}
     header.update(loaded.header)
     if loaded.kwargs:
-        header["factory_args"] = {k: repr(v) if not isinstance(v, (int, float, str, bool)) else v
+        header["factory_args"] = {k: repr(v) if not isinstance(v, (int, float, str, bool, type(None))) else v
                                   for k, v in loaded.kwargs.items()}
     if loaded.built_on:
         header["built_on_meta_via"] = loaded.built_on
