@@ -309,3 +309,25 @@ def test_a_parameter_view_passed_to_a_module_is_counted(device, untouched):
     assert r.data["forward_macs"] == 3 * 8 * 8   # the block: one token per sample, 8 -> 8
     # counted under no_grad: a retry with recording on kept every activation (pe_video's ViT-L: out of memory)
     assert model.recording is False
+
+
+class _KeepsSome(nn.Module):
+    """Rows kept by a mask made from the input's values, as a detector keeps the proposals that pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.head(x[x.sum(1) > 0])
+
+
+def test_a_count_the_input_values_size_says_so():
+    """A sweep: a detector's FLOPs (75% in roi_heads, over the proposals that survived) were printed beside a note
+    inviting comparison with published figures, and nothing said that another image gives another count."""
+    x = torch.randn(16, 8)
+    r = count(_KeepsSome(), x)
+    kept = int((x.sum(1) > 0).sum())
+    assert r.data["forward_macs"] == kept * 8 * 8   # the rows that passed, and only those
+    assert any("depends on the input's values: boolean-mask indexing" in n for n in r.notes), r.notes
+    assert not any("depends on the input" in n for n in count(nn.Linear(8, 8), x).notes)

@@ -156,16 +156,26 @@ def _counter():
             super().__init__(display=False, custom_mapping=_extra_formulas())
             self.calls: Counter = Counter()
             self.paused = False   # torchdiag's own ops (the loss, its random target, the backward seed)
+            self.value_sized: set[str] = set()   # ops whose output size the input's values set (VALUE_SIZED)
 
         def _count_flops(self, func_packet, out, args, kwargs):  # private hook, stable since torch 2.1
             if self.paused:
                 return out
             self.calls[func_packet] += 1
+            name = _op_name(func_packet).split(".")[0]
+            if name in VALUE_SIZED or (name == "index" and _bool_index(args)):
+                self.value_sized.add("boolean-mask indexing" if name == "index" else name)
             return super()._count_flops(func_packet, out, args, kwargs)
 
     counter = CallCountingFlopCounter()
     counter.mod_tracker = _forward_only_tracker(type(counter.mod_tracker))()
     return counter
+
+
+def _bool_index(args) -> bool:
+    import torch
+
+    return any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for a in args[1:2] for t in (a or []))
 
 
 def _forward_only_tracker(base):
@@ -235,6 +245,9 @@ def _snapshot(counter):
 
 
 NEEDS_VALUES = False   # counts on meta too: shapes are all it needs
+# ops whose output size is read from tensor values: the work after them depends on the input's values
+VALUE_SIZED = {"nonzero", "masked_select", "unique", "_unique2", "unique_consecutive", "_local_scalar_dense",
+               "repeat_interleave"}
 
 
 @dataclass
@@ -247,6 +260,7 @@ class _Counts:
     total_calls: Counter
     registry: dict
     loss: str | None = None
+    value_sized: tuple = ()   # ops of the pass whose output size its input's values set
 
 
 def run(model, inputs, opts: Options | None, ctx) -> Result:
@@ -276,6 +290,10 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
     n_unc = sum(r["calls"] for r in uncounted)
     result.summary.append(("Not counted", f"{len(uncounted)} op type(s), {n_unc:,} call(s) (table above; "
                                           "elementwise, normalisation and pooling are not counted by convention)"))
+    sized = sorted(counts.value_sized)
+    if sized:   # a detector's heads run on the proposals that survive: another image gives another count
+        result.notes.append(f"the count depends on the input's values: {', '.join(sized)} ran, which size what follows "
+                            "by what passes (boxes kept, tokens routed); another input gives another count")
     result.notes.append("published model tables (e.g. torchvision 'GFLOPS') are MACs of conv/matmul/attention at batch 1")
     return result
 
@@ -308,7 +326,7 @@ def _count(model, inputs, opts: Options, ctx) -> _Counts:
             raise forward_error(exc, tracker if phase == "forward" else None, phase) from exc
     total_counts, total_calls = _snapshot(counter)
     return _Counts(fwd_counts, fwd_calls, total_counts, total_calls, counter.flop_registry,
-                   loss_rule.describe() if grad else None)
+                   loss_rule.describe() if grad else None, tuple(counter.value_sized))
 
 
 def _module_table(result, model, counts: _Counts, opts: Options, fwd_total: int) -> None:
