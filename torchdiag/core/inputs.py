@@ -84,6 +84,7 @@ class ModelInputs:
     source: str = ""
     notes: list[str] = field(default_factory=list)
     chosen: bool = False    # a source's default (torchvision:/timm:/hf:), made up by torchdiag, not the user's
+    samples: int | None = None   # how many samples where the layout does not say (the list of images torchdiag makes)
     _written: list[str] = field(default_factory=list, repr=False, compare=False)   # inputs a forward changed
     _kept: dict | None = field(default=None, repr=False, compare=False)   # id -> (tensor, version, first values)
 
@@ -162,20 +163,19 @@ class ModelInputs:
 
     @property
     def batch_size(self) -> int | None:
-        """The first tensor's leading size; a first argument that is a list of tensors is a list of samples
-        (torchvision's detection models take `list[Tensor[C, H, W]]`: its channels were read as the batch)."""
-        import torch
-
-        first = self.args[0] if self.args else None
-        if type(first) is list and first and all(isinstance(t, torch.Tensor) for t in first):
-            return len(first)
+        """The first tensor's leading size, unless whoever made the inputs said how many samples they are: the list
+        of images torchdiag makes for torchvision's detection models (their channels were read as the batch). A list
+        the user gives keeps the leading-size rule: it may hold batched feature maps (an FPN head's levels)."""
+        if self.samples is not None:
+            return self.samples
         ts = self.tensors()
         if ts and getattr(ts[0][1], "is_nested", False):
             return int(ts[0][1].size(0))
         return int(ts[0][1].shape[0]) if ts and ts[0][1].dim() else None
 
     def map(self, fn) -> ModelInputs:
-        return ModelInputs(_map(self.args, fn), _map(self.kwargs, fn), self.source, list(self.notes), self.chosen)
+        return ModelInputs(_map(self.args, fn), _map(self.kwargs, fn), self.source, list(self.notes), self.chosen,
+                           samples=self.samples)
 
     def to(self, device) -> ModelInputs:
         return self.map(lambda t: t.to(device))
@@ -959,7 +959,7 @@ def resolve_inputs(specs: list[str] | None, loaded, device, seed: int = 0, keywo
 
         value = user_call(seed, fn, "example_inputs()")
         args, kwargs = _normalise(value, "example_inputs()")
-        return ModelInputs(args, kwargs, "example_inputs()").to(device)
+        return ModelInputs(args, kwargs, "example_inputs()", samples=getattr(fn, "samples", None)).to(device)
     if getattr(loaded, "default_inputs", ()):
         return source_inputs(loaded, device, seed, dtype)
     value = getattr(loaded.model, "example_input_array", None)

@@ -177,6 +177,9 @@ def _one_image():
     return ([torch.rand(3, 320, 320)],)
 
 
+_one_image.samples = 1   # type: ignore[attr-defined]  # a list of images: ModelInputs.batch_size reads this
+
+
 def _two_images():
     """A detection model in train mode takes (images, targets) and returns its own loss dict (summed by
     the auto loss): two images, each with seven boxes (xyxy inside the image), labels, instance masks
@@ -200,6 +203,9 @@ def _two_images():
         targets.append({"boxes": boxes.clone(), "labels": torch.ones(len(boxes), dtype=torch.int64), "masks": masks,
                         "keypoints": keypoints})
     return images, targets
+
+
+_two_images.samples = TRAIN_BATCH   # type: ignore[attr-defined]
 
 
 # ---- timm --------------------------------------------------------------------------------------------
