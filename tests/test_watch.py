@@ -659,41 +659,52 @@ def test_an_optimizer_over_tensors_the_backward_never_reaches_is_one_finding():
     assert f.severity == "error" and "none of the 4 trainable parameters" in f.message
 
 
-@pytest.mark.parametrize("schedule", ["step_per_batch", "cosine_to_zero", "none"])
+@pytest.mark.parametrize("schedule", ["step_per_batch", "cosine_to_zero", "plateau", "none"])
 def test_a_rate_that_collapses_early_is_a_warning(schedule):
     """A sweep: StepLR(gamma=0.9) stepped per batch took the rate to 4e-14 and the loss froze; watch said pass. A
-    cosine that ends at 0 reaches the same floor only at its end: no finding."""
+    cosine that ends at 0 reaches the same floor only at its end, and ReduceLROnPlateau cuts it in a few steps once
+    the metric stops improving (a review: a run at its noise floor): no finding."""
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = {"step_per_batch": torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.8),
-             "cosine_to_zero": torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=120), "none": None}[schedule]
+             "cosine_to_zero": torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=120),
+             "plateau": torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.1, patience=1), "none": None}[schedule]
     g = torch.Generator().manual_seed(0)
     with Watch(model, opt, every=10) as w:
-        for _ in range(120):
+        for step in range(120):
             x, y = _xy(g)
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
             opt.step()
-            if sched is not None:
+            if schedule == "plateau":
+                if step % 5 == 4:
+                    sched.step(1.0)   # a metric that stopped improving: cut every other call
+            elif sched is not None:
                 sched.step()
+    if schedule == "plateau":   # the truth: it did go under 1e-3 of its highest within the first half
+        assert opt.param_groups[0]["lr"] < 1e-4 and w.result().series["lr"][59] < 1e-4
     found = [f for f in w.result().findings if f.code == "lr-collapsed"]
     assert len(found) == (schedule == "step_per_batch"), [f.message for f in found]
     if found:   # 0.1 * 0.8**k < 1e-4 from k = 31: the 32nd step's rate
         assert found[0].severity == "warning" and "by step 32," in found[0].message, found[0].message
 
 
-@pytest.mark.parametrize("made", ["adam_each_step", "adam_each_epoch", "sgd_each_step"])
+@pytest.mark.parametrize("made", ["adam_each_step", "adam_each_epoch", "sgd_each_step", "adam_each_step_state_loaded"])
 def test_an_optimizer_made_again_at_every_step_is_said_when_it_keeps_state(made):
     """A sweep: Adam made inside the loop restarts its moment estimates at every step; the report said one optimizer
-    and pass. Made each epoch (many steps each) is fine, and plain SGD keeps no state to lose."""
+    and pass. Made each epoch (many steps each) is fine, plain SGD keeps no state to lose, and one given the last
+    one's state with load_state_dict starts nothing over (a review)."""
     model = _mlp()
     g = torch.Generator().manual_seed(0)
     opt = None
     with Watch(every=10) as w:
         for step in range(60):
-            if opt is None or made.endswith("each_step") or step % 20 == 0:
+            if opt is None or "each_step" in made or step % 20 == 0:
+                state = opt.state_dict() if made.endswith("state_loaded") and opt is not None else None
                 opt = (torch.optim.SGD(model.parameters(), lr=0.05) if made.startswith("sgd")
                        else torch.optim.Adam(model.parameters(), lr=1e-3))
+                if state is not None:
+                    opt.load_state_dict(state)
             x, y = _xy(g)
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()

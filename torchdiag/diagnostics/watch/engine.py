@@ -567,7 +567,8 @@ class Engine:
             # the same parameters; so does a second optimizer used in turn)
             if isinstance(key, tuple) and t.same_params(params):
                 del self.tracks[key]
-                if t.stepped - t.adopted_at <= 1:   # the one before took one step: made anew at every step
+                # the one before took one step, and this one starts with no state (not load_state_dict's: a review)
+                if t.stepped - t.adopted_at <= 1 and not any(len(s) for s in opt.state.values()):
                     self.remade += 1
                 t.adopt(opt)
                 return t
@@ -940,7 +941,7 @@ class Engine:
         for (kind, payload), vals in zip(layout, values):
             if kind == "loss":   # the mean of each step's losses (micro-batches)
                 pos = 0
-                self.micro = max(self.micro, *payload)
+                self.micro = max([self.micro, *payload])
                 for i, n in enumerate(payload):
                     loss[i] = sum(vals[pos:pos + n]) / n if n else None
                     pos += n

@@ -435,13 +435,21 @@ def _lr_collapse(result: Result, pairs, lr_at: dict, of: str) -> None:
     w = window(len(values))
     i = next(j for j, (s, _) in enumerate(pairs) if s >= step)
     before, end = statistics.median(values[max(0, i - w):i + 1]), statistics.median(values[-w:])
-    if end < before - 0.05 * abs(before):
+    if end < before - 0.05 * abs(before) or not _decays_per_step(known, k):
         return
     result.add("lr-collapsed", "warning", "", f"the learning rate fell from {top:.3g} to {known[k][1]:.3g} by step "
                f"{step}, {100 * k // len(known)}% into the run, and stayed under {LR_COLLAPSE:g}× its highest to the "
                f"end; the loss went from {before:.4g} to {end:.4g} over the rest{of}",
                "a scheduler stepped per batch where it was meant per epoch (StepLR and ExponentialLR count their own "
                "step() calls), or a gamma or milestones far too small")
+
+
+def _decays_per_step(known: list, k: int) -> bool:
+    """Did the rate change at more than half of the steps before it went under (a scheduler stepped per batch)? One
+    stepped per epoch, or ReduceLROnPlateau, changes it a few times with long flat stretches between (a review: a run
+    at its noise floor, cut 0.5 -> 5e-5 by ReduceLROnPlateau as designed, was called collapsed)."""
+    changes = sum(1 for (_, a), (_, b) in zip(known[:k], known[1:k + 1]) if a != b)
+    return changes > k / 2
 
 
 def _objectives(engine, steps: list, losses: list) -> list[tuple[list[int], str]]:
