@@ -72,6 +72,10 @@ def test_a_list_of_samples_is_a_dataset_and_a_list_of_batches_is_not():
     assert r.data["splits"]["train"]["samples"] == 30
     batches = [(torch.randn(8, 4), torch.randint(0, 3, (8,))) for _ in range(4)]
     assert kind_of(batches, "x") == "iterable" and kind_of([(torch.randn(4), torch.tensor(1))], "x") == "dataset"
+    # a review: a batch may carry a number of its own (a loss weight, a step); a one-hot label is a sample's
+    assert kind_of([(torch.randn(16, 8), torch.randint(0, 3, (16,)), 1.0)], "x") == "iterable"
+    assert kind_of([{"x": torch.randn(16, 8), "y": torch.randint(0, 3, (16,)), "step": 0}], "x") == "iterable"
+    assert kind_of([(torch.randn(8), F.one_hot(torch.tensor(1), 3).float())], "x") == "dataset"
 
 
 @pytest.mark.parametrize("factory,said", [("a_number", "returned an int"), ("a_tensor", "torch.Tensor of shape (10, 3)")])

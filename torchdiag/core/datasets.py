@@ -68,15 +68,23 @@ def kind_of(obj, what: str) -> str:
 
 
 def _holds_samples(seq) -> bool:
-    """A list whose first item holds a Python number or a 0-d tensor is a list of samples (DataLoader's
-    collate makes every field of a batch a tensor with a batch axis), not a list of batches."""
+    """Is a list a list of samples rather than of batches? DataLoader's collate gives every field of a batch one
+    leading batch size, and makes numbers tensors: a first item whose tensors differ in leading size (an input and
+    its one-hot label) is a sample, and so is one holding a Python number or a 0-d tensor beside at most one tensor
+    (`(x, 3)`). A number beside tensors sharing a leading size is a batch's own field (a loss weight, a step: a
+    review). Tensors alone, sharing one leading size, stay batches: the two readings are not told apart there."""
     import torch
 
     if not seq:
         return False
     first = seq[0]
     fields = first.values() if isinstance(first, dict) else first if isinstance(first, (list, tuple)) else (first,)
-    return any(isinstance(f, (bool, int, float)) or (isinstance(f, torch.Tensor) and f.dim() == 0) for f in fields)
+    fields = list(fields)
+    tensors = [f for f in fields if isinstance(f, torch.Tensor) and f.dim() >= 1]
+    if len({t.shape[0] for t in tensors}) > 1:
+        return True
+    scalar = any(isinstance(f, (bool, int, float)) or (isinstance(f, torch.Tensor) and f.dim() == 0) for f in fields)
+    return scalar and len(tensors) <= 1
 
 
 def load_data(spec: str, arg_pairs: list[str] | None = None, seed: int | None = 0, option: str = "DATA_SPEC") -> LoadedData:
