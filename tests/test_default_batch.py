@@ -12,9 +12,12 @@ def test_batched_specs_and_the_users_own_inputs():
     from torchdiag.core import sources
 
     assert sources.batched(("1x3x224x224", "1x128:int64", "3x8", "1"), 2) == ("2x3x224x224", "2x128:int64", "3x8", "1")
-    loaded = SimpleNamespace(default_inputs=("1x3x32x32",), input_source="timm:x default", module=None)
+    from torch import nn
+
+    bn = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    loaded = SimpleNamespace(default_inputs=("1x3x32x32",), input_source="timm:x default", module=None, model=bn)
     sources.for_training(loaded)
-    assert loaded.default_inputs == ("2x3x32x32",) and loaded.input_source.endswith("more than one sample")
+    assert loaded.default_inputs == ("2x3x32x32",) and loaded.input_source.endswith("its BatchNorm needs more than one sample")
     own = SimpleNamespace(default_inputs=(), input_source="", module=SimpleNamespace(example_inputs=lambda: 1))
     sources.for_training(own)      # a user's example_inputs are the user's: never changed
     assert own.default_inputs == () and own.input_source == ""
@@ -22,7 +25,7 @@ def test_batched_specs_and_the_users_own_inputs():
         ["gradflow", "doctor", "nancheck"]
     # profile runs inference unless --mode train: its reason says it can train (a sweep read "the command runs
     # train mode" above "mode: inference")
-    prof = SimpleNamespace(default_inputs=("1x3x32x32",), input_source="timm:x default", module=None)
+    prof = SimpleNamespace(default_inputs=("1x3x32x32",), input_source="timm:x default", module=None, model=bn)
     sources.for_training(prof, "profile")
     assert "the command can run train mode (--mode train)" in prof.input_source
 
@@ -33,6 +36,9 @@ def test_the_training_commands_are_the_registrys():
     from torchdiag.core.sources import TRAINING_COMMANDS
 
     assert set(TRAINING_COMMANDS) == {c.name for c in COMMANDS if c.groups == MODEL} | {"check"}
+    from torchdiag.core.loading import COMPILED_COMMANDS
+
+    assert set(COMPILED_COMMANDS) == {c.name for c in COMMANDS if c.compiled}
 
 
 def test_detection_models_train_on_two_images_with_targets():

@@ -972,7 +972,9 @@ def test_a_cause_that_has_not_stopped_the_fall_is_not_an_error():
     r = run("overfit-batch", model(), x, dtype="bfloat16", steps=22, lr=3e-3)
     assert {f.code for f in r.findings if f.severity != "info"} == {"update-rounds-away", "not-overfit-yet"}, \
         [(f.code, f.message) for f in r.findings]
-    assert r.exit_code == 0 and any("has not stopped the loss" in n for n in r.notes), r.notes
+    # 71 of the 2,948 elements: too few to stop the fall alone (a sweep's bfloat16 LLaMA, its norm
+    # gains, reached --target-ratio 0.1 at step 192 of a --steps 100 run called cannot-overfit)
+    assert r.exit_code == 0 and any("too few to stop the fall alone" in n for n in r.notes), r.notes
     assert run("overfit-batch", model(), x, dtype="bfloat16", steps=60, lr=3e-3).data["passed"]
 
 
@@ -1008,7 +1010,8 @@ def test_a_cause_found_keeps_the_error_for_a_loss_still_far_from_the_target():
 
 def test_a_falling_loss_with_a_cause_found_says_why_it_is_an_error():
     """A sweep: `--dtype bfloat16 --steps 100` gave cannot-overfit beside a note that more steps may reach the target
-    (a LayerNorm's updates round away in bfloat16: the cause the error stands on). The note says so."""
+    (updates that round away in bfloat16: the cause the error stands on). The note says so. At lr 3e-4 the first
+    layer's and the LayerNorm's updates round away: 580 of 1,476 elements, a cause that can stop the fall."""
     import torch
     from torch import nn
 
@@ -1016,7 +1019,8 @@ def test_a_falling_loss_with_a_cause_found_says_why_it_is_an_error():
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.LayerNorm(64), nn.ReLU(), nn.Linear(64, 4))
-    r = run("overfit-batch", model, torch.randn(8, 16), dtype="bfloat16", steps=20)
+    r = run("overfit-batch", model, torch.randn(8, 16), dtype="bfloat16", steps=20, lr=3e-4)
+    assert sum(row["unchanged"] for row in r.data["rounded_away"]) >= 0.1 * sum(p.numel() for p in model.parameters())
     assert r.data["trend"]["kind"] == "falling" and r.exit_code == 1
     assert {f.code for f in r.findings} >= {"cannot-overfit", "update-rounds-away"}
     (note,) = [n for n in r.notes if n.startswith("the loss was still falling")]

@@ -185,14 +185,17 @@ def compiled_root(model):
     return model._orig_mod if wrapper is not None and isinstance(model, wrapper) else None
 
 
+# the commands that run a torch.compile'd model compiled (commands.py `compiled`; core cannot import the registry,
+# tests/test_default_batch.py keeps the two one list)
+COMPILED_COMMANDS = ("profile",)
+
+
 def eager(model, command: str, header: dict):
     """A torch.compile'd model, for a command that hooks its modules, is the module it wraps, run eagerly, and the
     header says so (summary exited 3 "has no forward() of its own": dynamo refused its hooks; profile timed a graph
-    its labels broke into pieces, 16x slower). profile keeps it compiled (commands.py `compiled`)."""
-    from ..commands import get
-
+    its labels broke into pieces, 16x slower). profile keeps it compiled."""
     inner = compiled_root(model)
-    if inner is None or get(command).compiled:
+    if inner is None or command in COMPILED_COMMANDS:
         return model
     header["compiled"] = "torch.compile: diagnosed as the module it wraps, run eagerly"
     return inner
