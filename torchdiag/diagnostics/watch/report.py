@@ -421,7 +421,7 @@ def _lr_collapse(result: Result, pairs, lr_at: dict, of: str) -> None:
     batch took 0.05 to 4e-14 and the loss froze at 1.54, 0.72 accuracy against 0.95; watch said pass). A schedule
     that decays to 0 reaches that only near its end (a linear decay at 99.9%, OneCycle's floor 4e-6 at its end);
     warm restarts come back up."""
-    known = [(s, lr_at.get(s)) for s, _ in pairs if lr_at.get(s) is not None]
+    known: list[tuple[int, float]] = [(s, float(lr_at[s])) for s, _ in pairs if lr_at.get(s) is not None]
     top = max((v for _, v in known), default=0.0)
     if len(known) < 10 or top <= 0:
         return
