@@ -506,3 +506,48 @@ def test_instance_attributes_of_an_unpickled_dict_are_not_its_methods(spec, tmp_
     model, ctx = loaded_model(spec, tmp_path / "w.pt")
     assert all(torch.equal(model.state_dict()[k], v) for k, v in random_state().items())
     assert ctx.header["checkpoint"] == [f"{tmp_path / 'w.pt'}: 4 tensors loaded"]
+
+
+TIED = """
+import torch
+from torch import nn
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.out = nn.Linear(4, 10, bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.out(self.embed(ids))
+
+def build():
+    return Tied()
+
+def example_inputs():
+    return (torch.randint(0, 10, (2, 3)),)
+"""
+
+
+def test_tied_weights_that_differ_in_the_file_are_said_and_casts_counted(tmp_path, cli):
+    """A sweep: a checkpoint of an untied model loaded into a tied one kept one of the two values and dropped the
+    other without a word; a bfloat16 file loaded into float32 said only "20 tensors loaded"."""
+    from safetensors.torch import save_file
+
+    (tmp_path / "tied.py").write_text(TIED)
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(10, 4, generator=g), torch.randn(10, 4, generator=g)
+    save_file({"embed.weight": a, "out.weight": b}, str(tmp_path / "untied.safetensors"))
+    r = cli("summary", f"{tmp_path}/tied.py:build", "--checkpoint", str(tmp_path / "untied.safetensors"), "--json")
+    assert r.code == 0, r.stderr
+    (f,) = [f for f in r.json["findings"] if f["code"] == "checkpoint-tied-differ"]
+    assert f["severity"] == "warning" and "one tensor in the model (tied)" in f["message"]
+    kept = "embed.weight" if f["where"] == "out.weight" else "out.weight"
+    assert f"holds {kept}'s values" in f["message"]
+    save_file({"embed.weight": a, "out.weight": a.clone()}, str(tmp_path / "same.safetensors"))
+    r = cli("summary", f"{tmp_path}/tied.py:build", "--checkpoint", str(tmp_path / "same.safetensors"), "--json")
+    assert not [f for f in r.json["findings"] if f["code"] == "checkpoint-tied-differ"]
+    save_file({"embed.weight": a.bfloat16()}, str(tmp_path / "half.safetensors"))
+    r = cli("summary", f"{tmp_path}/tied.py:build", "--checkpoint", str(tmp_path / "half.safetensors"), "--json")
+    assert r.code == 0 and "1 cast bfloat16 → float32" in r.json["checkpoint"][0], r.json["checkpoint"]

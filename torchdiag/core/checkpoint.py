@@ -54,6 +54,8 @@ class Report:
     mismatched: list[tuple[str, tuple, tuple]] = field(default_factory=list)   # key, checkpoint shape, model shape
     stripped: str = ""
     header_only: bool = False
+    tied: list[tuple[str, str]] = field(default_factory=list)   # (kept, dropped): one tensor in the model, two in the file
+    cast: dict[str, int] = field(default_factory=dict)          # "bfloat16 → float32": tensors the copy cast
 
     @property
     def fits(self) -> bool:
@@ -65,6 +67,7 @@ class Report:
             parts.append(f"prefix '{self.stripped}' stripped")
         if self.header_only:
             parts.append("header only (meta: shapes and dtypes, no data read)")
+        parts += [f"{n} cast {how}" for how, n in self.cast.items()]
         if not self.fits:
             parts.append(self.mismatch_summary())
         return ", ".join(parts)
@@ -97,6 +100,11 @@ class Report:
             result.add("checkpoint-shape-mismatch", "error", key,
                        f"{key} is {_shape(theirs)} in {self.path} but {_shape(ours)} in the model: not loaded",
                        hint="the model was built with other sizes (--arg) than the checkpoint's")
+        for kept, dropped in self.tied:
+            result.add("checkpoint-tied-differ", "warning", dropped, f"{kept} and {dropped} are one tensor in the model "
+                       f"(tied) but differ in {self.path}: the model holds {kept}'s values, {dropped}'s were dropped",
+                       hint="the checkpoint is of a model that does not tie them (tie_word_embeddings off): build the "
+                            "model untied, or check which of the two it should hold")
         if not self.fits and getattr(result, "failed", None) is False:
             result.failed = True
 
@@ -484,7 +492,39 @@ def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-
                          hint="the model's own state-dict loading code (_load_from_state_dict, set_extra_state or "
                               "a load hook) failed; run model.load_state_dict in Python to see the traceback") from exc
     report.loaded = len(fitting)
+    if not meta:
+        report.tied = _tied_apart(ours, fitting)
+        report.cast = _casts(ours, fitting)
     return report
+
+
+def _tied_apart(ours: dict[str, Any], fitting: dict[str, Any]) -> list[tuple[str, str]]:
+    """Keys that are one tensor in the model (tied: an output layer sharing the embedding) whose values differ in the
+    file: loading kept one and dropped the other without a word (a sweep: an untied checkpoint into a tied LLaMA).
+    (kept, dropped), the kept one the key whose values the model holds now."""
+    import torch
+
+    groups: dict[int, list[str]] = {}
+    for k in fitting:
+        if isinstance(ours[k], torch.Tensor):
+            groups.setdefault(id(ours[k]), []).append(k)
+    out = []
+    for keys in (g for g in groups.values() if len(g) > 1):
+        now = ours[keys[0]].detach()
+        same = [k for k in keys if torch.equal(fitting[k].to(now.device, now.dtype), now)]
+        kept = same[0] if same else keys[0]
+        out += [(kept, k) for k in keys if k != kept and not torch.equal(fitting[k].to(now.device, now.dtype), now)]
+    return out
+
+
+def _casts(ours: dict[str, Any], fitting: dict[str, Any]) -> dict[str, int]:
+    """How many floating tensors the copy into the model cast, per pair of dtypes (bfloat16 → float32)."""
+    out: dict[str, int] = {}
+    for k, t in fitting.items():
+        if hasattr(t, "dtype") and hasattr(ours[k], "dtype") and t.dtype != ours[k].dtype and t.is_floating_point():
+            how = f"{str(t.dtype).replace('torch.', '')} → {str(ours[k].dtype).replace('torch.', '')}"
+            out[how] = out.get(how, 0) + 1
+    return out
 
 
 def _missing(ours: dict[str, Any], state: dict[str, Any], fitting: dict[str, Any]) -> list[str]:
