@@ -447,3 +447,29 @@ doctor = true
     res = cli("check", "--json")
     (row,) = res.json["checks"]
     assert res.code == 1 and row["status"] == "FAIL" and "warnings fail under strict: update-rounds-away" in row["message"]
+
+
+FROZEN = """
+from torch import nn
+
+def build(freeze=False):
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    model[0].requires_grad_(not freeze)
+    return model
+"""
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_a_layer_frozen_by_mistake_fails_the_trainable_floor_and_the_figure_counts_it(cli, tmp_path, freeze):
+    """A sweep: a layer frozen by mistake passed every check, and gradflow's figure read "all parameters get
+    gradients". min-trainable-params is a floor; the figure counts the frozen values."""
+    write(tmp_path, FROZEN, "m.py")
+    cfg = write(tmp_path, f'[tool.torchdiag]\nmodel = "{tmp_path}/m.py:build"\ninputs = ["4x8"]\ndevice = "cpu"\n'
+                          f'args = {{freeze = {str(freeze).lower()}}}\n'
+                          '[tool.torchdiag.check]\nmin-trainable-params = 200\ngradflow = true\n', "c.toml")
+    res = cli("check", "--config", cfg, "--json")
+    rows = {r["check"]: r for r in res.json["checks"]}
+    trainable = 16 * 4 + 4 + (0 if freeze else 8 * 16 + 16)   # 212 in all; the first layer's 144 frozen
+    assert rows["min-trainable-params"]["figure"] == f"{trainable:,}"
+    assert rows["min-trainable-params"]["status"] == ("FAIL" if freeze else "PASS") and res.code == int(freeze)
+    assert rows["gradflow"]["figure"] == "all trainable parameters get gradients" + (", 144 values frozen" if freeze else "")

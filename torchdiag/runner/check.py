@@ -19,7 +19,7 @@ from ..results import Column, Result, Table
 # the run-wide options a config takes (commands.RUN_OPTIONS, spelled with '-'), and the entry's own keys
 CONFIG = {o.config_key: o.name for o in RUN_OPTIONS if o.config}
 MODEL_KEYS = set(CONFIG) | {"model", "name", "check"}
-CHECK_KEYS = {"max-params", "max-trainable-params", "max-gmacs", "max-gflops", "nancheck", "gradflow",
+CHECK_KEYS = {"max-params", "max-trainable-params", "min-trainable-params", "max-gmacs", "max-gflops", "nancheck", "gradflow",
               "overfit-batch", "lr-find", "doctor", "allow", "strict", "max-peak-memory", "data"}
 OVERFIT_KEYS = {"steps", "target-ratio", "target-loss", "lr", "optimizer", "momentum", "seed"}
 LR_FIND_KEYS = {"min-lr", "max-lr", "steps", "diverge", "repeats", "check-steps", "optimizer", "momentum", "seed"}   # no lr: unused
@@ -86,7 +86,7 @@ def validate_check(check: dict, where: str) -> dict:
                 raise UsageError(f"allow = {value!r} in {where} must be a list of parameter globs",
                                  hint='e.g. allow = ["aux_head.*"]')
             out[key] = value
-        if key in ("max-params", "max-trainable-params"):
+        if key in ("max-params", "max-trainable-params", "min-trainable-params"):
             out[key] = parse_count(value, key)
         if key in ("max-gmacs", "max-gflops"):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -425,7 +425,7 @@ def _checkpoint_outcomes(ctx, record):
 
 
 def _size_checks(c: dict, model, inputs, ctx, record) -> None:
-    """max-params, max-trainable-params, max-gmacs, max-gflops."""
+    """max-params, max-trainable-params, min-trainable-params, max-gmacs, max-gflops."""
     from ..diagnostics import flops
     from .local import invoke
 
@@ -436,6 +436,11 @@ def _size_checks(c: dict, model, inputs, ctx, record) -> None:
                 n = sum(p.numel() for p in ps if p.requires_grad or not trainable_only)
                 return n <= limit, f"{n:,}", "" if n <= limit else f"{n:,} parameters > limit {int(limit):,}"
             record(key, params, f"{int(c[key]):,}")
+    if "min-trainable-params" in c:   # a floor: a layer frozen by mistake (requires_grad=False) fails it
+        def trainable(floor=c["min-trainable-params"]):
+            n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values() if p.requires_grad)
+            return n >= floor, f"{n:,}", "" if n >= floor else f"{n:,} trainable parameters < floor {int(floor):,}"
+        record("min-trainable-params", trainable, f"{int(c['min-trainable-params']):,}")
     cache: dict = {}
     for key, data_key, unit in (("max-gmacs", "forward_macs", "GMACs"), ("max-gflops", "forward_flops", "GFLOPs")):
         if key in c:
@@ -485,7 +490,9 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             bad = _first_error(r) or ("" if r.exit_code == 0 else "warnings fail under strict")
             n = len([f for f in r.findings if f.severity == "error"])
             quiet = sum(1 for f in r.findings if f.code == "not-reached")
-            good = "all parameters get gradients" + (" (some not reached by the default inputs)" if quiet else "")
+            frozen = sum(row["numel"] for row in r.table("params").rows if row.get("status") == "frozen")
+            good = ("all trainable parameters get gradients" + (f", {frozen:,} values frozen" if frozen else "")
+                    + (" (some not reached by the default inputs)" if quiet else ""))
             return not bad, (good if not bad else f"{n} problem(s)"), bad
         record("gradflow", grads, f"allow {allow}" if allow else "")
     if c.get("overfit-batch", False) is not False:
