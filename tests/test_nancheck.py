@@ -126,6 +126,9 @@ def test_non_finite_parameter_and_input_are_reported_first(cli, tmp_path):
     assert r.code == 1
     doc = r.json
     assert codes(doc)[:2] == [("non-finite-param", "2.weight"), ("non-finite-output", "2")]
+    # a sweep: the output's hint blamed the module's forward operations; the weight itself carries the NaN
+    (out,) = [f for f in doc["findings"] if f["code"] == "non-finite-output"]
+    assert "its own parameter 2.weight is non-finite already" in out["hint"] and "log/sqrt" not in out["hint"]
     assert doc["non_finite_tensors"] == [{"tensor": "2.weight", "kind": "parameter", "shape": "2x4", "nan": 1, "inf": 0}]
     # the NaN weight feeds output column 1 only: 3 rows × 1 column
     assert (doc["forward"]["nan"], doc["forward"]["inf"]) == (3, 0)

@@ -106,8 +106,13 @@ def report_forward(result: Result, rep: PassReport) -> list:
                    "outputs": [{"output": lb, "nan": n, "inf": i} for lb, n, i in origin.bad_outputs],
                    "input_min": lo, "input_max": hi, "later_modules_affected": len(bad) - 1,
                    "own_code": own_code(origin, done)}
-        result.add("non-finite-output", "error", forward["module"], _origin_message(origin, forward, len(bad)),
-                   hint="look at the operations in this module's forward (log/sqrt/division/exp/pow) for these inputs")
+        # its own weight already non-finite (a checkpoint's NaN): the values are the weight's, not an operation's
+        own = [f.where for f in result.findings if f.code == "non-finite-param"
+               and (f.where.rsplit(".", 1)[0] if "." in f.where else "(root)") == forward["module"]]
+        hint = (f"its own parameter {own[0]} is non-finite already (above): the weight carries it, not an operation; "
+                "look at the checkpoint or the initialisation" if own else
+                "look at the operations in this module's forward (log/sqrt/division/exp/pow) for these inputs")
+        result.add("non-finite-output", "error", forward["module"], _origin_message(origin, forward, len(bad)), hint=hint)
     elif bad:
         # non-finite from the start (inputs or parameters): name the first module anyway
         result.notes.append(f"forward: the first non-finite output is at {bad[0].name or '(root)'} ({bad[0].type}), "
