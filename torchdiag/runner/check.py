@@ -354,7 +354,8 @@ def _first_error(result, allow=()) -> str:
     if not errors:
         return ""
     f = errors[0]
-    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    # said as findings: "(+3 more)" after a message read as more NaN or more names (a sweep)
+    more = f" (and {len(errors) - 1} more error finding{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
     return f"{f.code} {f.where}: {f.message}{more}"
 
 
