@@ -512,3 +512,6 @@ def test_a_compiled_model_is_profiled_as_one_graph_and_other_commands_run_its_mo
     s = run("summary", model, x)
     assert [row["name"] for row in s.table("layers").rows][:3] == ["0", "1", "2"]
     assert "run eagerly" in s.header["compiled"] and "compiled" not in run("summary", plain, x).header
+    # a compiled model holding a compiled part: that part stays compiled, and the header says so (a review)
+    nested = torch.compile(nn.Sequential(torch.compile(nn.Linear(16, 4), backend="eager")), backend="eager")
+    assert run("summary", nested, x).header["compiled"].endswith("the compiled modules inside it stay compiled")

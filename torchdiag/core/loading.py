@@ -197,7 +197,9 @@ def eager(model, command: str, header: dict):
     inner = compiled_root(model)
     if inner is None or command in COMPILED_COMMANDS:
         return model
-    header["compiled"] = "torch.compile: diagnosed as the module it wraps, run eagerly"
+    inside = any(compiled_root(m) is not None for m in inner.modules())   # compiled parts of its own (a review)
+    header["compiled"] = ("torch.compile: diagnosed as the module it wraps, run eagerly"
+                          + ("; the compiled modules inside it stay compiled" if inside else ""))
     return inner
 
 
