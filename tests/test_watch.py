@@ -1179,6 +1179,21 @@ def test_status_line_tensorboard_and_plot(tmp_path):
     assert any("hparams" in d for d in os.listdir(tmp_path / "tb" / "watch"))
     png = write_plot(r, tmp_path / "curve.png")
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    # a log axis only over a decade or more (a sweep: a loss within one read 4.8x10^0, 4.6x10^0 on its axis)
+    from torchdiag.render import watch as rendered
+
+    scales = []
+    saved = rendered.save
+    rendered.save = lambda fig, path: scales.extend(ax.get_yscale() for ax in fig.axes) or saved(fig, path)
+    try:
+        losses = [v for v in r.series["loss"] if v is not None]
+        assert max(losses) < 10 * min(losses)   # this run's loss stays within a decade
+        write_plot(r, tmp_path / "narrow.png")
+        r.series["loss"] = [10.0 ** -k for k in range(len(r.series["loss"]))]
+        write_plot(r, tmp_path / "wide.png")
+    finally:
+        rendered.save = saved
+    assert scales[0] == "linear" and scales[2] == "log"
     quiet = io.StringIO()
     StatusLine(quiet)({"step": 1, "loss": 1.0, "problems": 0})   # not a terminal: nothing drawn
     assert quiet.getvalue() == ""

@@ -140,7 +140,8 @@ class Live:
 
 
 def write_plot(result, path) -> str:
-    """Loss and gradient norm per step (log scale where positive), with the steps of error findings."""
+    """Loss and gradient norm per step (log scale where positive over a decade or more), with the steps of error
+    findings."""
     plt = pyplot()
 
     steps = result.series.get("step", [])
@@ -150,7 +151,8 @@ def write_plot(result, path) -> str:
             pairs = [(s, v) for s, v in zip(steps, result.series.get(key, [])) if v is not None and math.isfinite(v)]
             if pairs:
                 ax.plot([s for s, _ in pairs], [v for _, v in pairs], lw=1.2, label=label)
-                if min(v for _, v in pairs) > 0:
+                lo, hi = min(v for _, v in pairs), max(v for _, v in pairs)
+                if lo > 0 and hi >= 10 * lo:   # within a decade a log axis labels 4.8x10^0, 4.6x10^0 (a sweep)
                     ax.set_yscale("log")
             ax.set_ylabel(label)
             ax.grid(alpha=0.3)
