@@ -220,15 +220,13 @@ def _wiring(result: Result, engine) -> None:
         if _starved(result, engine, t, judged, owners, f"optimizer {k}" if many else ""):
             continue
         frozen = []   # never changed with its group's rate 0 at every read: one info for them all
-        for i, p in enumerate(t.params):
+        never: dict[str, list[str]] = {}   # never-gets-grad, per severity: one finding each (a sweep: a detached
+        for i, p in enumerate(t.params):    # block's four weights were four findings, each with the same hint)
             if i in ignored or owners[param_key(p)] is not t:   # said once above; or another optimizer's row
                 continue
             if not t.seen_grad[i] and t.sampled > t.joined[i]:   # never at a read step since it joined: not known
-                sev = "warning" if p.requires_grad else "info"
                 shape = "x".join(map(str, p.shape)) or "scalar"   # a row named by index says what it is by its shape
-                result.add("never-gets-grad", sev, t.names[i], f"{t.names[i]} ({shape}) is in the optimizer but never "
-                           "had a gradient at a read step", "it does not reach the loss (unused, detached, or frozen; or "
-                           "its module was replaced after the optimizer was built, as a classifier reset)")
+                never.setdefault("warning" if p.requires_grad else "info", []).append(f"{t.names[i]} ({shape})")
             elif t.changed is not None and not t.changed[i] and _negligible(t, i):
                 result.add("never-changes", "info", t.names[i], f"{t.names[i]} never changed over {_its_steps(t, engine)}: "
                            f"its gradient was zero or negligible at every step (at most {t.grad_max[i]:.2g})", "the model cancels it (e.g. a bias right "
@@ -244,6 +242,14 @@ def _wiring(result: Result, engine) -> None:
                            f"never changed over {_its_steps(t, engine)}{scale}", "a zero learning rate for its group, "
                            "gradients zeroed between backward and step(), or steps too small to change a float32 value "
                            "(below ~1e-7 of it: a fine-tune of a converged model at a small learning rate)")
+        for sev, rows in never.items():
+            names = [r.rsplit(" (", 1)[0] for r in rows]
+            result.add("never-gets-grad", sev, names[0] if len(names) == 1 else _common(names),
+                       f"{_some_rows(rows)} {'is' if len(rows) == 1 else 'are'} in the optimizer but never had a gradient "
+                       "at a read step", "it does not reach the loss (unused, detached, or frozen; or its module was "
+                       "replaced after the optimizer was built, as a classifier reset)" if sev == "warning" else
+                       "frozen (requires_grad=False): in the optimizer, it is never updated",
+                       members=names if len(names) > 1 else None)
         if frozen:
             result.add("never-changes", "info", frozen[0] if len(frozen) == 1 else "",
                        f"{compact(frozen)} never changed over {_its_steps(t, engine)}: "
@@ -260,6 +266,21 @@ def _wiring(result: Result, engine) -> None:
                    f"backward after {len(carried)} of the {engine.checks.get('carry_looks', len(carried))} read steps looked at ({', '.join(map(str, carried[:5]))}"
                    f"{more}): they add up across steps",
                    "call optimizer.zero_grad() once per step (or pass accumulate=True if this is on purpose)")
+
+
+def _some_rows(rows: list[str], limit: int = 6) -> str:
+    return ", ".join(rows[:limit]) + (f" … (+{len(rows) - limit} more)" if len(rows) > limit else "")
+
+
+def _common(names: list[str]) -> str:
+    """The module every name is under ('' for none): where a finding over several parameters is."""
+    parts = [n.split(".")[:-1] for n in names]
+    out = []
+    for level in zip(*parts):
+        if len(set(level)) > 1:
+            break
+        out.append(level[0])
+    return ".".join(out)
 
 
 def _starved(result: Result, engine, t, judged: list, owners: dict, where: str) -> bool:
