@@ -45,6 +45,14 @@ def _blocked(pid: int) -> bool:
     return wchan in ("", "0") or "futex" in wchan   # no wchan exposed: nothing to wait for
 
 
+def _still_blocked(pid: int, looks: int = 20) -> bool:
+    for _ in range(looks):
+        if not _blocked(pid):
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -67,7 +75,9 @@ def launch(tmp_path, command, hold, send, how, *extra, blocked_rank=None):
         _until(lambda: all(f.exists() for f in files), proc)
         assert all(f.exists() for f in files), proc.communicate()[1]
         pids = [int(f.read_text()) for f in files]
-        if blocked_rank is not None:
+        if blocked_rank == "both":   # both in native waits, for good: sampled over a few seconds
+            _until(lambda: all(_still_blocked(p) for p in pids), proc)
+        elif blocked_rank is not None:
             _until(lambda: _blocked(pids[blocked_rank]), proc)
         if how == "group":
             os.killpg(proc.pid, send)
@@ -147,6 +157,25 @@ def test_ctrl_c_while_a_rank_waits_in_ddp_allreduce(ctrl_c_in_allreduce):
     code, out, err, pids = ctrl_c_in_allreduce
     _check_ended(code, out, err, pids, "interrupted")
     assert out == ""   # no partial report under torchrun: the interrupted ranks hand in nothing
+
+
+@pytest.fixture(scope="module")
+def ctrl_c_both_blocked(tmp_path_factory):
+    """A sweep: a layer used on rank 0 only under DDP (gradflow --wrap ddp). Rank 0 waits in the allreduce of that
+    layer's bucket, rank 1 in the next collective: both in native code, where Python's signal handler never runs.
+    torchrun killed both 30 s after Ctrl-C and nothing was printed; a thread that reads the signal now reports and
+    ends each rank (runner/isolation.py stuck_exit)."""
+    return launch(tmp_path_factory.mktemp("both"), "gradflow", "9", signal.SIGINT, "group", "--wrap", "ddp",
+                  "--arg", "aux_on=0", "--json", blocked_rank="both")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_ctrl_c_while_both_ranks_are_blocked_in_native_code(ctrl_c_both_blocked):
+    code, out, err, pids = ctrl_c_both_blocked
+    _check_ended(code, out, err, pids, "interrupted")
+    doc = json.loads(out)
+    assert doc["exit_code"] == 130 and doc["error"]["message"] == "interrupted" and doc["command"] == "gradflow"
 
 
 # ------------------------------------------- the cross-rank report's wording (torch-free, hand-built dicts)

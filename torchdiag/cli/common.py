@@ -88,6 +88,7 @@ def execute(job, render_extra: Callable | None = None) -> None:
     from ..runner.local import execute as run
 
     job.after = render_extra
+    job.show = lambda outcome: show(outcome, job)   # a rank blocked when interrupted reports from another thread
     outcome = run(job)
     finishing = Finishing(outcome.code)   # what ran is decided: a late Ctrl-C/SIGTERM cannot split the document
     code = show(outcome, job)

@@ -69,14 +69,79 @@ def _stdout_to_stderr():
         fd = None
     saved = sys.stdout
     sys.stdout = sys.stderr
+    _HELD_STDOUT.append((saved, saved_fd, fd))
     try:
         yield
     finally:
+        _HELD_STDOUT.pop()
         sys.stderr.flush()
         sys.stdout = saved
         if saved_fd is not None:
             os.dup2(saved_fd, fd)
             os.close(saved_fd)
+
+
+_HELD_STDOUT: list = []   # (stream, saved descriptor, fd) while _stdout_to_stderr holds stdout (stuck_exit's)
+
+
+def _real_stdout() -> None:
+    """stdout back to the real one, from another thread, at the end of a process (stuck_exit)."""
+    if _HELD_STDOUT:
+        stream, saved_fd, fd = _HELD_STDOUT[0]
+        sys.stdout = stream
+        if saved_fd is not None:
+            os.dup2(saved_fd, fd)
+
+
+STUCK_S = 5.0   # seconds a signal's handler gets to start unwinding before the rank is taken to be blocked
+
+
+@contextlib.contextmanager
+def stuck_exit(on_stuck):
+    """Under torchrun a rank whose main thread is blocked in native code (a collective a peer never joins: a
+    parameter used on one rank only under DDP) never runs Python's signal handler, and torchrun killed every rank
+    30 s later with nothing printed (a sweep). Python's C handler still writes the signal's number to a wakeup
+    descriptor: a thread reads it and, when the block has not ended STUCK_S later, calls `on_stuck(signum)` (it
+    reports, and returns the exit code) and ends the process. Off the main thread, or where a wakeup descriptor
+    cannot be set, the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    try:
+        old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        os.close(r)
+        os.close(w)
+        yield
+        return
+    done = threading.Event()
+
+    def watch():
+        try:
+            while data := os.read(r, 64):
+                sig = next((b for b in data if b in (signal.SIGINT, signal.SIGTERM)), None)
+                if sig is None or done.is_set():
+                    continue
+                if done.wait(STUCK_S):
+                    return
+                try:
+                    code = on_stuck(sig)
+                except BaseException:   # noqa: B036 — the process ends either way
+                    code = 128 + sig
+                _REAL_EXIT(int(code))
+        finally:
+            os.close(r)
+
+    threading.Thread(target=watch, daemon=True, name="torchdiag-stuck-signal").start()
+    try:
+        yield
+    finally:
+        done.set()
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(old)
+        os.close(w)   # the thread reads the end and closes its side
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ class Job:
     run: Callable | None = None
     produce: Callable | None = None
     after: Callable | None = None                 # after(result, written) once the files are written
+    show: Callable | None = None                  # show(outcome) -> exit code: how the caller prints an outcome
     progress: Callable[[str], Any] = lambda message: contextlib.nullcontext()
     caller: str = "cli"
 

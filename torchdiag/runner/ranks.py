@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import DiagError, ExitCode, Terminated, one_line
-from .isolation import isolated, sigterm_as_interrupt
+from .isolation import _real_stdout, isolated, sigterm_as_interrupt, stuck_exit
 from .job import Job
 from .outcome import Outcome, failed, produced
 
@@ -59,7 +59,7 @@ def execute_ranks(job: Job, ranks) -> Outcome:
     try:
         # SIGTERM as Terminated over the whole rank, not only where the user's code runs: a rank waiting
         # in the gather (or in a collective) when torchrun forwards SIGTERM would otherwise die silently
-        with sigterm_as_interrupt():
+        with sigterm_as_interrupt(), stuck_exit(lambda signum: _stuck(job, ranks, signum)):
             spec, o = checked(job)
             with session(ranks, spec) as sess:
                 return _in_session(job, spec, sess, o)
@@ -72,6 +72,24 @@ def execute_ranks(job: Job, ranks) -> Outcome:
         elif not ranks.main:
             out.quiet = True
         return out
+
+
+def _stuck(job: Job, ranks, signum: int) -> int:
+    """This rank stayed blocked in native code after Ctrl-C/SIGTERM (isolation.stuck_exit): rank 0 reports the
+    interruption as an unblocked rank does (one line, or the --json error document), the others end quietly."""
+    import signal
+    import sys
+
+    from ..errors import Terminated
+
+    out = failed(Terminated() if signum == signal.SIGTERM else KeyboardInterrupt(), None, job.caller)
+    if not ranks.main or job.show is None:
+        return int(out.code)
+    _real_stdout()
+    code = job.show(out)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    return int(code)
 
 
 def _in_session(job: Job, spec, sess, o) -> Outcome:
