@@ -963,3 +963,38 @@ def test_a_forward_that_reads_its_input_only_has_no_edits_input():
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(inplace=True), nn.Linear(8, 4))   # in place on its own values
     d = run_diag(model, torch.randn(4, 8)).to_dict()
     assert not found(d, "edits-input") and row(d, "inputs")["status"] == "ok"
+
+
+class DropPath(nn.Module):
+    """Stochastic depth as timm writes it: in train mode the whole branch is dropped for a sample at random."""
+
+    def __init__(self, p):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        if not self.training or self.p == 0:
+            return x
+        keep = (torch.rand(x.shape[0], 1) >= self.p).to(x.dtype)
+        return x * keep / (1 - self.p)
+
+
+class _Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.drop, self.b = nn.Linear(8, 8), DropPath(0.5), nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.b(x + self.drop(self.a(x)))
+
+
+def test_stochastic_depth_is_a_mode_dependent_module_not_ok():
+    """A sweep: swin_t's 12 StochasticDepth (turned off for the training checks) read "no Dropout/BatchNorm;
+    train = eval output", though its train and eval outputs differ (0.29, measured by hand)."""
+    torch.manual_seed(0)
+    model, x = _Branchy(), torch.randn(16, 8)
+    outs = [model.train()(x), model.eval()(x)]
+    assert (outs[0] - outs[1]).abs().max() > 0   # the truth: train and eval differ
+    r = run_diag(model, x)
+    (f,) = [f for f in r.findings if f.code == "mode-dependent"]
+    assert "1 DropPath make train and eval outputs differ" in f.message and "stochastic depth off" in f.message

@@ -10,14 +10,21 @@ MODE_TYPES_HINT = "call model.eval() before validation/inference and model.train
 
 
 def mode_modules(model) -> list[tuple[str, str]]:
+    """Modules whose output depends on train/eval mode: dropout with p > 0, batch-statistics norms, stochastic
+    depth (a sweep: swin_t's 12 StochasticDepth, which the training checks turn off, read "no Dropout/BatchNorm;
+    train = eval output")."""
     from torch import nn
     from torch.nn.modules.batchnorm import _BatchNorm
     from torch.nn.modules.dropout import _DropoutNd
     from torch.nn.modules.instancenorm import _InstanceNorm
 
+    from ...core.design import is_stochastic_depth
+
     out = []
     for n, m in model.named_modules():
-        if isinstance(m, (_DropoutNd, nn.AlphaDropout, nn.FeatureAlphaDropout)) and getattr(m, "p", 0) > 0:
+        if is_stochastic_depth(m):
+            out.append((n, type(m).__name__))
+        elif isinstance(m, (_DropoutNd, nn.AlphaDropout, nn.FeatureAlphaDropout)) and getattr(m, "p", 0) > 0:
             out.append((n, type(m).__name__))
         elif isinstance(m, _BatchNorm) or (isinstance(m, _InstanceNorm) and m.track_running_stats):
             out.append((n, type(m).__name__))
@@ -26,8 +33,9 @@ def mode_modules(model) -> list[tuple[str, str]]:
     return out
 
 
-def check_modes(mods, eval_out, train_out, ck: Checklist, result: Result) -> None:
-    """`mods`: mode_modules of the model; the outputs of one eval and one train forward."""
+def check_modes(mods, eval_out, train_out, ck: Checklist, result: Result, depth_off: int = 0) -> None:
+    """`mods`: mode_modules of the model; the outputs of one eval and one train forward (`depth_off` stochastic
+    depth modules turned off in it)."""
     bad = [w for w, out in (("eval", eval_out), ("train", train_out)) if not finite(out)]
     diff = None if bad else max_diff(eval_out, train_out)   # NaN compares unequal: no difference to state
     dtxt = "" if diff is None else f" (max |train − eval| output difference {diff:.4g})"
@@ -35,6 +43,8 @@ def check_modes(mods, eval_out, train_out, ck: Checklist, result: Result) -> Non
         dtxt = f" (the {' and '.join(bad)} output{'s hold' if len(bad) > 1 else ' holds'} NaN/Inf: not compared)"
     if mods:   # by design in most models: one compact generic note, said once
         kinds, where = _kinds(mods), ", ".join(name(n) for n, _ in mods[:3]) + (" …" if len(mods) > 3 else "")
+        if dtxt and depth_off:   # the outputs compared had stochastic depth off (training.py): its part is not in it
+            dtxt = dtxt[:-1] + ", stochastic depth off)"
         result.add("mode-dependent", "info", where, f"{kinds} make train and eval outputs differ{dtxt}, as designed: "
                    "model.eval() for validation/inference, model.train() for training")
         ck.row("modes", "info", f"{kinds} differ in train and eval{dtxt}", where, "", "mode-dependent")

@@ -44,7 +44,7 @@ def train_checks(probe: Probe) -> None:
     probe = replace(probe, scaler=probe.ctx.grad_scaler(), wrapped=None)
     work, ctx = probe.work, probe.ctx
     work.train()
-    _depth_off(work, probe.result)
+    off = _depth_off(work, probe.result)
     for p in work.parameters():
         p.grad = None
     tracker = ModuleTracker(work, record_shapes=False)
@@ -57,18 +57,19 @@ def train_checks(probe: Probe) -> None:
         if retry is not None:   # a batch of 1 BatchNorm refuses: the other checks run on a batch of 2
             train_checks(replace(probe, inputs=retry))
         return
-    check_modes(mode_modules(work), probe.eval_out, out, probe.ck, probe.result)
+    check_modes(mode_modules(work), probe.eval_out, out, probe.ck, probe.result, off)
     if _backward(probe, out):
         probe.ck.row("inplace", "ok", "backward runs")
         update_check(probe)
 
 
-def _depth_off(model, result: Result) -> None:
+def _depth_off(model, result: Result) -> int:
     # a random whole-branch drop would make the gradient checks depend on the draw (gradflow's rule)
     dropped = stochastic_depth_off(model)
     note = f"stochastic depth off for the training checks ({len(dropped)} module(s))"
     if dropped and note not in result.notes:
         result.notes.append(note)
+    return len(dropped)
 
 
 def _wrapped_checks(probe: Probe) -> bool:
@@ -79,7 +80,7 @@ def _wrapped_checks(probe: Probe) -> bool:
 
     w, ctx, result = probe.wrapped, probe.ctx, probe.result
     w.model.train()
-    _depth_off(w.user, result)
+    off = _depth_off(w.user, result)
     report_dropped_hooks(w, result)
     scaler = ctx.grad_scaler()
     out = value = None
@@ -99,7 +100,7 @@ def _wrapped_checks(probe: Probe) -> bool:
         failed = True
     if _fall_back(w, failed, "backward", result):
         return False
-    check_modes(mode_modules(w.user), probe.eval_out, out, probe.ck, result)
+    check_modes(mode_modules(w.user), probe.eval_out, out, probe.ck, result, off)
     probe.ck.row("inplace", "ok", "backward runs")
     update_check(replace(probe, work=w.user, scaler=scaler))
     return True
