@@ -42,7 +42,7 @@ def check_target(eval_out, loss, target, ck: Checklist) -> bool:
         ck.find("target", "target-out-of-range", "error", picked,
                 f"class targets span [{lo}, {hi}] but {picked} has {classes} classes (valid 0…{classes - 1}); "
                 f"{bad:,} of {valid.numel():,} targets are out of range",
-                ("labels look 1-based: subtract 1" if lo >= 1 and hi == classes else
+                (f"labels look 1-based (the largest is {hi}, one past the last class): subtract 1" if lo >= 1 and hi == classes else
                  f"make labels 0…{classes - 1}, or give the last layer {hi + 1} outputs"),
                 verdict=f"targets reach {hi} but the output has {classes} classes" if hi >= classes
                 else f"negative targets ({lo})")
