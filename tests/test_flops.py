@@ -331,3 +331,14 @@ def test_a_count_the_input_values_size_says_so():
     assert r.data["forward_macs"] == kept * 8 * 8   # the rows that passed, and only those
     assert any("depends on the input's values: boolean-mask indexing" in n for n in r.notes), r.notes
     assert not any("depends on the input" in n for n in count(nn.Linear(8, 8), x).notes)
+    assert not any("depends on the input" in n for n in count(_Checked(), x).notes)   # a review: .item()/bool()
+
+
+class _Checked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(8, 8)
+
+    def forward(self, x):
+        assert torch.isfinite(x).all()   # reads a value, sizes nothing
+        return self.head(x)

@@ -235,3 +235,47 @@ def test_an_ignored_sigterm_stays_ignored_from_main_on(own_handlers):
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
     with sigterm_as_interrupt():
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+
+
+def _stuck_run(monkeypatch, fork_child: bool):
+    """stuck_exit around a main thread that sleeps (as a rank blocked in a collective): what on_stuck was called
+    with, and the code it exited with (os._exit recorded, not taken)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from torchdiag.runner import isolation
+
+    monkeypatch.setattr(isolation, "STUCK_S", 0.3)
+    ended: list = []
+    monkeypatch.setattr(isolation, "_REAL_EXIT", ended.append)
+    called: list = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)   # a Python handler, as under torchdiag
+    try:
+        def child_signalled():   # a Pool worker terminated: its signal is its own (a review)
+            pid = os.fork()
+            if pid == 0:
+                os.kill(os.getpid(), signal.SIGTERM)
+                os._exit(0)
+            os.waitpid(pid, 0)
+
+        with isolation.stuck_exit(lambda signum: called.append(signum) or 143):
+            threading.Timer(0.05, child_signalled if fork_child else os.kill,
+                            () if fork_child else (os.getpid(), signal.SIGTERM)).start()
+            time.sleep(1.5)   # the same frame throughout: blocked, to the watcher
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return called, ended
+
+
+def test_a_rank_blocked_when_signalled_is_ended_by_the_watcher(monkeypatch):
+    called, ended = _stuck_run(monkeypatch, fork_child=False)
+    assert called == [15] and ended == [143]
+
+
+def test_a_forked_childs_signal_is_not_the_parents(monkeypatch):
+    """A review: a multiprocessing Pool's SIGTERM to its idle workers reached the parent's wakeup pipe, and a
+    healthy torchrun run reported "terminated (SIGTERM)" 5 s later."""
+    called, ended = _stuck_run(monkeypatch, fork_child=True)
+    assert called == [] and ended == []

@@ -511,10 +511,20 @@ def _tied_apart(ours: dict[str, Any], fitting: dict[str, Any]) -> list[tuple[str
     out = []
     for keys in (g for g in groups.values() if len(g) > 1):
         now = ours[keys[0]].detach()
-        same = [k for k in keys if torch.equal(fitting[k].to(now.device, now.dtype), now)]
+        same = [k for k in keys if _same(fitting[k], now)]
         kept = same[0] if same else keys[0]
-        out += [(kept, k) for k in keys if k != kept and not torch.equal(fitting[k].to(now.device, now.dtype), now)]
+        out += [(kept, k) for k in keys if k != kept and not _same(fitting[k], now)]
     return out
+
+
+def _same(t, now) -> bool:
+    """The file's tensor holds the model's values, NaN where NaN is (a review: torch.equal calls NaN unequal)."""
+    import torch
+
+    a = t.to(now.device, now.dtype)
+    if not now.is_floating_point():
+        return bool(torch.equal(a, now))
+    return bool(torch.equal(a.isnan(), now.isnan()) and torch.equal(a.nan_to_num(0.0), now.nan_to_num(0.0)))
 
 
 def _casts(ours: dict[str, Any], fitting: dict[str, Any]) -> dict[str, int]:

@@ -246,8 +246,8 @@ def _snapshot(counter):
 
 NEEDS_VALUES = False   # counts on meta too: shapes are all it needs
 # ops whose output size is read from tensor values: the work after them depends on the input's values
-VALUE_SIZED = {"nonzero", "masked_select", "unique", "_unique2", "unique_consecutive", "_local_scalar_dense",
-               "repeat_interleave"}
+# (not .item()/bool(): an input check reads a value without sizing anything, a review)
+VALUE_SIZED = {"nonzero", "masked_select", "unique", "_unique2", "unique_consecutive", "repeat_interleave"}
 
 
 @dataclass

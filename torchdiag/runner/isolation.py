@@ -116,7 +116,9 @@ def stuck_exit(on_stuck):
         os.close(w)
         yield
         return
+    _FORKED_OFF.append(w)
     done = threading.Event()
+    main = threading.main_thread().ident
 
     def watch():
         try:
@@ -124,8 +126,9 @@ def stuck_exit(on_stuck):
                 sig = next((b for b in data if b in (signal.SIGINT, signal.SIGTERM)), None)
                 if sig is None or done.is_set():
                     continue
-                if done.wait(STUCK_S):
-                    return
+                at = _where(main)
+                if done.wait(STUCK_S) or _where(main) != at:   # it ran Python since: its own handler had its turn
+                    continue
                 try:
                     code = on_stuck(sig)
                 except BaseException:   # noqa: B036 — the process ends either way
@@ -139,9 +142,32 @@ def stuck_exit(on_stuck):
         yield
     finally:
         done.set()
+        _FORKED_OFF.remove(w)
         with contextlib.suppress(ValueError, OSError):
             signal.set_wakeup_fd(old)
         os.close(w)   # the thread reads the end and closes its side
+
+
+def _where(ident) -> tuple:
+    """The main thread's frame and line now: unchanged over STUCK_S, it is blocked in native code."""
+    frame = sys._current_frames().get(ident)
+    return (id(frame), getattr(frame, "f_lineno", None), id(getattr(frame, "f_back", None)))
+
+
+_FORKED_OFF: list = []   # wakeup descriptors set by stuck_exit: a forked child must not write its signals there
+
+
+def _child_wakeup_off() -> None:
+    """In a child forked while stuck_exit runs (a multiprocessing.Pool in the model's code): its signals are its
+    own, not the parent's (a review: a Pool's SIGTERM to its idle workers reached the parent's pipe, and the
+    parent reported "terminated (SIGTERM)" 5 s later)."""
+    if _FORKED_OFF:
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(-1)
+        _FORKED_OFF.clear()
+
+
+os.register_at_fork(after_in_child=_child_wakeup_off)
 
 
 @contextlib.contextmanager
