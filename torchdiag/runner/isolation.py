@@ -84,7 +84,7 @@ def _stdout_to_stderr():
 _HELD_STDOUT: list = []   # (stream, saved descriptor, fd) while _stdout_to_stderr holds stdout (stuck_exit's)
 
 
-def _real_stdout() -> None:
+def real_stdout() -> None:
     """stdout back to the real one, from another thread, at the end of a process (stuck_exit)."""
     if _HELD_STDOUT:
         stream, saved_fd, fd = _HELD_STDOUT[0]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import DiagError, ExitCode, Terminated, one_line
-from .isolation import _real_stdout, isolated, sigterm_as_interrupt, stuck_exit
+from .isolation import isolated, real_stdout, sigterm_as_interrupt, stuck_exit
 from .job import Job
 from .outcome import Outcome, failed, produced
 
@@ -85,7 +85,7 @@ def _stuck(job: Job, ranks, signum: int) -> int:
     out = failed(Terminated() if signum == signal.SIGTERM else KeyboardInterrupt(), None, job.caller)
     if not ranks.main or job.show is None:
         return int(out.code)
-    _real_stdout()
+    real_stdout()
     code = job.show(out)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
