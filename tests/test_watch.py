@@ -420,6 +420,28 @@ def _fit_logging(model, opt, x, y, steps, log_every, evaluate, name, every=10):
     return w.result(), vals
 
 
+def _epochs_logging(model, opt, data, epochs, g, batch=32):
+    """Epochs of shuffled mini-batches under Watch, the validation loss logged after each (in eval mode, the model
+    put back in train mode for the next): (result, values). `data`: x, y, validation x, validation y."""
+    x, y, vx, vy = data
+    vals = []
+    with Watch(model, opt, every=10) as w:
+        for _ in range(epochs):
+            model.train()
+            order = torch.randperm(len(x), generator=g)
+            for i in range(0, len(x), batch):
+                b = order[i:i + batch]
+                loss = F.cross_entropy(model(x[b]), y[b])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            model.eval()
+            with torch.no_grad():
+                vals.append(F.cross_entropy(model(vx), vy).item())
+            w.log("val_loss", vals[-1])
+    return w.result(), vals
+
+
 def test_validation_metric_worsens_while_training_loss_falls():
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
@@ -444,21 +466,9 @@ def test_a_validation_loss_never_better_than_at_first_points_at_the_labels():
     vx, vy = torch.randn(512, 32, generator=g), torch.randint(0, 10, (512,), generator=g)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
     opt = torch.optim.SGD(model.parameters(), 0.05, momentum=0.9)
-    vals = []
-    with Watch(model, opt, every=10) as w:
-        for _ in range(8):
-            order = torch.randperm(1024, generator=g)
-            for i in range(0, 1024, 32):
-                b = order[i:i + 32]
-                loss = F.cross_entropy(model(x[b]), y[b])
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-            with torch.no_grad():
-                vals.append(F.cross_entropy(model(vx), vy).item())
-            w.log("val_loss", vals[-1])
+    r, vals = _epochs_logging(model, opt, (x, y, vx, vy), 8, g)
     assert min(vals) == vals[0] and vals[-1] > vals[0]   # the truth: never better than at first
-    f = finding(w.result(), "val-worsens")
+    f = finding(r, "val-worsens")
     assert "never better than at its first evaluation" in f.hint and "label" in f.hint, f.hint
 
 
@@ -503,22 +513,7 @@ def test_a_training_loss_back_near_its_start_beside_a_worse_validation_loss_is_d
     fc1, bn, drop, fc2, head = nn.Linear(64, 64), nn.BatchNorm1d(64), nn.Dropout(0.3), nn.Linear(64, 64), nn.Linear(64, 10)
     model = nn.Sequential(fc1, bn, nn.ReLU(), drop, fc2, nn.ReLU(), head)
     opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
-    vals = []
-    with Watch(model, opt, every=10) as w:
-        for _ in range(6):
-            model.train()
-            order = torch.randperm(1400, generator=g)
-            for i in range(0, 1400, 32):
-                b = order[i:i + 32]
-                loss = F.cross_entropy(model(x[b]), y[b])
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-            model.eval()
-            with torch.no_grad():
-                vals.append(F.cross_entropy(model(vx), vy).item())
-            w.log("val_loss", vals[-1])
-    r = w.result()
+    r, vals = _epochs_logging(model, opt, (x, y, vx, vy), 6, g)
     assert vals[-1] > 1.5 * min(vals), vals   # the truth: the validation loss went back up
     f = finding(r, "loss-diverged")
     assert f.severity == "warning" and "val_loss got worse with it" in f.message, f.message
