@@ -358,3 +358,20 @@ def test_a_design_finding_over_several_parameters_lists_them_all():
     torch.manual_seed(0)
     f = next(f for f in api_run("gradflow", Gated(), torch.randn(6, 8)).findings if f.code == "zero-init")
     assert sorted(f.to_dict()["members"]) == ["branch.bias", "branch.weight"], f.to_dict()
+
+
+@pytest.mark.parametrize("relative, median, moderate", [
+    (0.61, 0.565, True),    # a sweep's trained ConvNeXt: its stem bias moved with the whole model (3 steps)
+    (0.25, 0.10, True),     # under 0.1 of its norm a step: moderate, as before
+    (0.61, 0.20, False),    # three times the median, and past 0.1 a step: a large step of its own
+    (0.90, 0.50, False),    # 1.8 x the median, and past 0.1 a step
+])
+def test_a_step_no_further_than_the_whole_models_is_moderate(relative, median, moderate):
+    """bounded-step asked for at most 0.1 of a parameter's norm a step; a checkpoint's small weights under the run's
+    rate all move further than that (ConvNeXt 10 AdamW steps from its initialisation: median 0.565 of the norm in 3
+    steps), and biases moving with them (0.61) were exploding-grad errors. Moving no more than 1.5 x the median
+    parameter is moderate too."""
+    flag = gates.Flag("b", "exploding-grad", 100.0)
+    v = gates.Verdict(flag, 719.0, 31.5, False, False, median_update=1e-3, median_relative=median,
+                      update=1e-3, relative=relative)
+    assert v.steps_moderately(3) is moderate
