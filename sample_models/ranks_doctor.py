@@ -71,5 +71,13 @@ def masked() -> nn.Module:
     return model
 
 
+def frozen_on_one() -> nn.Module:
+    """A layer frozen on rank 1 only: DistributedDataParallel refuses to wrap models that differ across ranks."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    model[0].requires_grad_(_rank() != 1)
+    return model
+
+
 def example_inputs():
     return (torch.randn(8, 8, generator=torch.Generator().manual_seed(1)),)

@@ -20,10 +20,23 @@ NOT_UPDATED = {"dead.weight", "dead.bias", "gain"}
 @pytest.fixture(scope="module")
 def launched():
     """One launch for both wraps (support.torchrun_many)."""
-    return torchrun_many({wrap: ["doctor", sample(SPEC), "--wrap", wrap, "--loss", "sum"] for wrap in ("ddp", "fsdp")})
+    runs = {wrap: ["doctor", sample(SPEC), "--wrap", wrap, "--loss", "sum"] for wrap in ("ddp", "fsdp")}
+    runs["frozen_on_one"] = ["doctor", sample("ranks_doctor.py:frozen_on_one"), "--wrap", "ddp"]
+    return torchrun_many(runs)
 
 
-ddp, fsdp = launched_fixtures("ddp", "fsdp")
+ddp, fsdp, frozen_on_one = launched_fixtures("ddp", "fsdp", "frozen_on_one")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_model_the_wrapper_refuses_is_an_error(frozen_on_one):
+    """A sweep: a layer frozen on rank 1 only, which DDP refuses to wrap (gradflow exits 3 on it), passed doctor:
+    its training checks fell back to each rank's own copy with a note."""
+    code, doc, _ = frozen_on_one
+    (f,) = [f for f in doc["findings"] if f["code"] == "wrap-failed"]
+    assert f["severity"] == "error" and "DDP expects same model across all ranks" in f["message"]
+    assert doc["exit_code"] == 1 and code != 0
 
 
 def _grads(monkeypatch, rank: int, steps: int = 0) -> dict:

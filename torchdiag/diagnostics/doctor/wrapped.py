@@ -157,6 +157,10 @@ def make(work, ctx, result) -> Wrapped | None:
         model = ctx.wrapped_copy(work, "to run the training checks wrapped")
     except ModelError as exc:
         result.notes.append(f"the training checks ran on this rank's own copy, not the wrapped one: {exc.message}")
+        if exc.message.startswith("wrapping the model in"):   # the user's own wrapping fails so: an error (a sweep:
+            result.add("wrap-failed", "error", "", f"{exc.message}: training under it fails the same way",   # PASS)
+                       hint="the wrapper needs the same parameters on every rank (shapes, and requires_grad: a layer "
+                            "frozen on one rank only)")
         return None
     return Wrapped(model, work, ctx.device)
 
