@@ -3869,3 +3869,16 @@ def test_a_model_calling_a_compiled_helper_is_not_probed():
     model = Net()
     r, graphs = _watched_graphs(model, model, 40, every=5)
     assert graphs == 1 and codes(r) == set(), (graphs, r.notes)
+
+
+def test_a_replay_of_a_batch_holding_nan_names_the_input():
+    """A sweep: a NaN in one rank's batch was replayed as "the gradient of 0.weight is non-finite while every
+    module's output gradient is finite", never naming the input."""
+    from torchdiag.diagnostics.watch.replay import replay
+
+    model = _mlp()
+    x = torch.randn(4, 8)
+    x[0, 0] = float("nan")
+    found = replay(model, (x,), {})
+    assert found["direction"] == "input" and "input already holds NaN/Inf" in found["detail"], found
+    assert replay(model, (torch.randn(4, 8),), {})["direction"] != "input"

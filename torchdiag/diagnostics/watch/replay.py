@@ -39,8 +39,14 @@ def _floats(value, out=None) -> list:
     return out
 
 
+def _ranks() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def replay(root, args, kwargs, prefix: str = "") -> dict:
-    """{"direction": "weights"|"forward"|"backward"|"loss", "module", "type", "detail"} or {"error": ...}.
+    """{"direction": "weights"|"input"|"forward"|"backward"|"loss", "module", "type", "detail"} or {"error": ...}.
     `prefix`: the model's `Type#i.` where there are several, as the rows name its parameters."""
     import copy
 
@@ -57,10 +63,20 @@ def replay(root, args, kwargs, prefix: str = "") -> dict:
         if bad:
             return {"direction": "weights", "module": bad[0].rsplit(".", 1)[0] if "." in bad[0] else "",
                     "type": "", "detail": f"parameter {bad[0]} is already non-finite before this step"}
+        if not all(_finite(t) for t in _floats(list(args) + list(kwargs.values()))):
+            # the batch itself (a sweep: the hint named a weight's gradient and never the NaN in the input)
+            return {"direction": "input", "module": "", "type": "",
+                    "detail": "the batch's input already holds NaN/Inf: the data, not the model"}
         for p in model.parameters():
             p.grad = None
         with torch.enable_grad():
-            return _localise(model, args, kwargs, prefix)
+            found = _localise(model, args, kwargs, prefix)
+        if found.get("direction") == "loss" and module is not root and _ranks() > 1:
+            # under DDP/FSDP a peer's non-finite gradient arrives through the reduction (a sweep: rank 0 was told its
+            # own loss was the culprit for rank 1's NaN batch)
+            found["detail"] += (", or from another rank's gradient through the wrapper's reduction: look at the other "
+                                "ranks' reports")
+        return found
     except Exception as exc:   # the replay is a help, never a new failure of the run
         return {"error": one_line(exc)}
     finally:
