@@ -231,3 +231,21 @@ def test_init_difference_with_an_unreduced_gradient_is_not_called_equal_at_start
 def test_init_difference_without_ddp_is_unchanged():
     found = _report([_diff("side.weight")], ignored=["side.weight"], wrap="none")
     assert found["side.weight"].code == "rank-divergence" and "built it differently" in found["side.weight"].hint
+
+
+def test_the_ranks_table_says_what_its_findings_count_leaves_out():
+    """A sweep: both ranks' rows said 0 findings above "FAIL: rank-divergence", a finding only the ranks together
+    show."""
+    from torchdiag.results import Result
+    from torchdiag.runner.merge import finish, rank_table
+
+    records = [{"rank": r, "device": "cpu", "header": {}, "findings": [], "error": None, "exit_code": 0} for r in (0, 1)]
+    merged = Result("gradflow")
+    merged.tables.insert(0, rank_table(records))
+    merged.add("rank-divergence", "error", "offset", "buffer offset differs across ranks")
+    finish(merged, records)
+    assert "1 more come from comparing the ranks" in merged.tables[0].note
+    alone = Result("gradflow")
+    alone.tables.insert(0, rank_table(records))
+    finish(alone, records)
+    assert alone.tables[0].note is None

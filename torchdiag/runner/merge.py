@@ -59,6 +59,13 @@ def rank_table(records: list[dict]) -> Table:
 
 def finish(merged: Result, records: list[dict]) -> None:
     """The verdict, once every finding is in (the generic merge, the cross-rank findings, the command's hook)."""
+    from .report import CROSS_RANK
+
+    cross = sum(1 for f in merged.findings if f.code in CROSS_RANK)
+    table = next((t for t in merged.tables if t.key == "ranks"), None)
+    if cross and table is not None:   # a sweep: both rows said 0 findings above a FAIL: rank-divergence
+        table.note = (f"findings counts each rank's own; {cross} more come from comparing the ranks "
+                      "(below, named for every rank)")
     _verdict(merged, records)
     failed = [str(r["rank"]) for r in records if r["error"]]
     if failed:

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from .merge import tag
 
+# the findings only the ranks together show (not one rank's: the Ranks table's per-rank counts leave them out)
+CROSS_RANK = ("batchnorm-stats-differ", "ddp-unused-parameter", "rank-check-failed", "rank-divergence",
+              "rank-grads-differ", "rank-init-differs")
+
 SYNC_BN_HINT = ("to normalise with the statistics of the whole global batch, convert the model with "
                 "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before wrapping it")
 
