@@ -249,3 +249,17 @@ def test_the_ranks_table_says_what_its_findings_count_leaves_out():
     alone.tables.insert(0, rank_table(records))
     finish(alone, records)
     assert alone.tables[0].note is None
+
+
+def test_a_buffer_updated_per_rank_is_info_under_ddp_and_an_error_under_fsdp():
+    """A sweep: an EMA of each rank's batch mean was a rank-divergence error under DDP, whose default
+    broadcast_buffers puts rank 0's buffers on every rank at each forward (as for BatchNorm's statistics, info);
+    FSDP never synchronises buffers, and a buffer DDP was told to ignore is never broadcast."""
+    f = _report([_diff("ema", step=1, kind="buffer")])["ema"]
+    assert (f.code, f.severity) == ("rank-buffer-differs", "info") and "broadcasts rank 0's buffers" in f.message
+    f = _report([_diff("ema", step=1, kind="buffer")], wrap="fsdp")["ema"]
+    assert (f.code, f.severity) == ("rank-divergence", "error")
+    f = _report([_diff("ema", step=1, kind="buffer")], ignored=["ema"])["ema"]
+    assert (f.code, f.severity) == ("rank-divergence", "error")
+    f = _report([_diff("w", step=1)])["w"]   # a parameter: DDP syncs gradients only, never parameter values
+    assert (f.code, f.severity) == ("rank-divergence", "error")

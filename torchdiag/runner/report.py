@@ -6,8 +6,8 @@ from __future__ import annotations
 from .merge import tag
 
 # the findings only the ranks together show (not one rank's: the Ranks table's per-rank counts leave them out)
-CROSS_RANK = ("batchnorm-stats-differ", "ddp-unused-parameter", "rank-check-failed", "rank-divergence",
-              "rank-grads-differ", "rank-init-differs")
+CROSS_RANK = ("batchnorm-stats-differ", "ddp-unused-parameter", "rank-buffer-differs", "rank-check-failed",
+              "rank-divergence", "rank-grads-differ", "rank-init-differs")
 
 SYNC_BN_HINT = ("to normalise with the statistics of the whole global batch, convert the model with "
                 "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before wrapping it")
@@ -70,6 +70,16 @@ def _differs(merged, d: dict, wrap: str, unreduced: bool = False, ignored: bool 
     what = f"{d['kind']} {d['name']}"
     if d["step"] == 0 and wrap == "ddp" and (ignored or unreduced):
         return _not_broadcast(merged, d, what, ignored)
+    if d["step"] > 0 and wrap == "ddp" and d["kind"] == "buffer" and not ignored:
+        # DDP (broadcast_buffers, its default) puts rank 0's buffers on every rank at each forward: a buffer each
+        # rank updates from its own rows is rank 0's in training, as BatchNorm's statistics are (a sweep: an EMA of
+        # the batch mean was a rank-divergence error)
+        return merged.add("rank-buffer-differs", "info", d["name"],
+                          f"{what} differs across ranks from step {d['step']} ({_diffs(d)}): each rank updates it from "
+                          "its own rows or code, and DDP broadcasts rank 0's buffers at every forward, so training uses "
+                          "rank 0's; a checkpoint saved on another rank holds that rank's",
+                          "save checkpoints from rank 0; if every rank's rows should count, reduce the buffer yourself "
+                          "(as SyncBatchNorm does for its statistics)")
     if d["step"] == 0 and wrap == "ddp":
         return merged.add("rank-init-differs", "info", d["name"],
                           f"{what} differs across ranks as built ({_diffs(d)}); DDP broadcasts rank 0's value when "
