@@ -366,3 +366,21 @@ def test_a_made_up_target_follows_the_seed_alone_whatever_the_output_holds():
     assert float(value) == pytest.approx(float(F.mse_loss(const.detach(), target)))
     value.backward()
     assert torch.allclose(const.grad, 2 * (5000.0 - target) / const.numel())
+
+
+def test_cross_entropy_on_a_models_own_scalar_loss_says_where_it_came_from():
+    """A sweep: `--loss cross_entropy` on a causal LM given labels took output['loss'] (a scalar) and said only
+    "got shape ()"."""
+    import torch
+
+    from torchdiag.core.loss import Loss
+    from torchdiag.errors import UsageError
+
+    out = {"loss": torch.tensor(2.3, requires_grad=True), "logits": torch.randn(2, 5, 11)}
+    with pytest.raises(UsageError) as e:
+        Loss("cross_entropy")(out)
+    assert "returned its own loss first (output['loss'], a scalar)" in e.value.message
+    assert "--loss auto" in e.value.hint
+    with pytest.raises(UsageError) as e:
+        Loss("cross_entropy")(torch.randn(4))
+    assert "its own loss" not in e.value.message

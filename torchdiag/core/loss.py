@@ -228,8 +228,13 @@ class Loss:
             return y.float().sum()
         if kind == "cross_entropy":
             if y.dim() < 2 or y.shape[1] < 2:
-                raise UsageError(f"cross_entropy needs an (N, C) output with C ≥ 2 classes; got shape {tuple(y.shape)}",
-                                 hint="use --loss mse or sum, or a --loss PATH:fn of your own")
+                # a sweep: on a causal LM the model's own scalar loss came first, and "got shape ()" did not say so
+                own = (f"the model returned its own loss first ({self.picked}, a scalar), which cross_entropy takes "
+                       "as the output; " if self.picked == "output['loss']" else "")
+                raise UsageError(f"{own}cross_entropy needs an (N, C) output with C ≥ 2 classes; got shape "
+                                 f"{tuple(y.shape)}", hint="--loss auto uses the model's own loss (a language model "
+                                 "without one: next-token cross_entropy); or --loss mse or sum, or a --loss PATH:fn "
+                                 "of your own")
             if self.target is None:
                 g = torch.Generator().manual_seed(self.seed)
                 shape = (y.shape[0],) + tuple(y.shape[2:])
