@@ -190,3 +190,11 @@ def test_doctors_no_grad_is_accepted_only_by_globs_that_hold_every_parameter_it_
     (f,) = [f for f in run("doctor", model, torch.randn(4, 4)).findings if f.code == "no-grad"]
     assert sorted(f.members) == sorted(f"blocks.{i}.spare.{p}" for i in range(8) for p in ("weight", "bias"))
     assert not f.accepted_by(["blocks.0.spare.*"]) and f.accepted_by(["blocks.*.spare.*"])
+
+
+def test_the_blocks_counted_are_those_holding_parameters():
+    """A sweep: a huge-init finding said "in 6 of the 12 modules of body", the 12 counting the ReLUs between them."""
+    body = nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(4, 4), nn.ReLU())])
+    model = nn.Module()
+    model.body = body
+    assert repeats._block_count(model, "body") == 6

@@ -123,8 +123,14 @@ def _block_count(model, container: str) -> int | None:
         mod = model.get_submodule(container) if container else model
     except AttributeError:
         return None
-    names = [n for n, _ in mod.named_children()] or [n for n, _ in mod.named_parameters(recurse=False)]
-    return len(names) if names and all(_index(n) for n in names) else None
+    children = list(mod.named_children())
+    names = [n for n, _ in children] or [n for n, _ in mod.named_parameters(recurse=False)]
+    if not (names and all(_index(n) for n in names)):
+        return None
+    # blocks that hold parameters: a Sequential's activations are no place a parameter finding could be (a sweep:
+    # "in 6 of the 12 modules of body", the 12 counting its ReLUs)
+    holding = [n for n, c in children if any(True for _ in c.parameters())]
+    return len(holding) if children and holding else len(names)
 
 
 def ranges(blocks: list[str], limit: int = RUNS_LISTED) -> str:
