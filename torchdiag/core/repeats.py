@@ -89,11 +89,11 @@ def describe(e: Entry, model=None) -> str:
     kind = "entries" if any(not p for p, _ in e.places) else "modules"
     head = f"in {len(e.blocks)}{of} {kind} of {e.where or '(root)'}"
     if all(bs == e.places[0][1] for _, bs in e.places):
-        return f"{head} ({ranges(e.blocks)}), at " + _cut([p or "the entry itself" for p, _ in e.places], ", ")
-    return f"{head} (" + _cut([f"{p or 'the entry itself'} in {ranges(bs)}" for p, bs in e.places], "; ") + ")"
+        return f"{head} ({ranges(e.blocks)}), at " + cut([p or "the entry itself" for p, _ in e.places], ", ")
+    return f"{head} (" + cut([f"{p or 'the entry itself'} in {ranges(bs)}" for p, bs in e.places], "; ") + ")"
 
 
-def _cut(items: list[str], sep: str, limit: int = PLACES_LISTED) -> str:
+def cut(items: list[str], sep: str, limit: int = PLACES_LISTED) -> str:
     return sep.join(items[:limit]) + (f"{sep}… (+{len(items) - limit} more)" if len(items) > limit else "")
 
 
@@ -144,6 +144,14 @@ def ranges(blocks: list[str], limit: int = RUNS_LISTED) -> str:
     said = [f"{a}" if a == b else f"{a}–{b}" for a, b in runs]
     left = sum(b - a + 1 for a, b in runs[limit:])
     return ", ".join(said[:limit]) + (f", … (+{left} more)" if left else "")
+
+
+def common_path(names: list[str]) -> str:
+    """The dotted path every name starts with, whole components only ('' for none): where a finding over several
+    parameters or modules is."""
+    from os.path import commonprefix
+
+    return ".".join(commonprefix([n.split(".") for n in names]))
 
 
 def compact(names: list[str], limit: int = 6) -> str:

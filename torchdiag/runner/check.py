@@ -430,16 +430,18 @@ def _size_checks(c: dict, model, inputs, ctx, record) -> None:
     from ..diagnostics import flops
     from .local import invoke
 
+    def count(trainable_only: bool) -> int:   # tied parameters once
+        return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values() if p.requires_grad or not trainable_only)
+
     for key, trainable_only in (("max-params", False), ("max-trainable-params", True)):
         if key in c:
             def params(limit=c[key], trainable_only=trainable_only):
-                ps = {id(p): p for p in model.parameters()}.values()
-                n = sum(p.numel() for p in ps if p.requires_grad or not trainable_only)
+                n = count(trainable_only)
                 return n <= limit, f"{n:,}", "" if n <= limit else f"{n:,} parameters > limit {int(limit):,}"
             record(key, params, f"{int(c[key]):,}")
     if "min-trainable-params" in c:   # a floor: a layer frozen by mistake (requires_grad=False) fails it
         def trainable(floor=c["min-trainable-params"]):
-            n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values() if p.requires_grad)
+            n = count(True)
             return n >= floor, f"{n:,}", "" if n >= floor else f"{n:,} trainable parameters < floor {int(floor):,}"
         record("min-trainable-params", trainable, f"{int(c['min-trainable-params']):,}")
     cache: dict = {}

@@ -80,8 +80,6 @@ def _stuck(job: Job, ranks, signum: int) -> int:
     import signal
     import sys
 
-    from ..errors import Terminated
-
     out = failed(Terminated() if signum == signal.SIGTERM else KeyboardInterrupt(), None, job.caller)
     if not ranks.main or job.show is None:
         return int(out.code)

@@ -166,7 +166,6 @@ def _prefix(ranks: list[int], records: list[dict]) -> str:
 
 
 def _common(names: list[str]) -> str:
-    from os.path import commonprefix
+    from ..core.repeats import common_path
 
-    common = ".".join(commonprefix([n.split(".") for n in names]))
-    return common or "(root)"
+    return common_path(names) or "(root)"

@@ -251,11 +251,7 @@ def _why(kind, cause) -> str:
 
 
 def _common(members) -> str:
-    from os.path import commonprefix
-
-    parts = [m["name"].split(".") for m in members]
-    common = ".".join(commonprefix(parts)) if parts else ""
-    return common or "(root)"
+    return repeats.common_path([m["name"] for m in members]) or "(root)"
 
 
 def status_counts(rows) -> dict[str, int]:

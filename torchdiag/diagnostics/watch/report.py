@@ -10,7 +10,7 @@ import re
 import statistics
 
 from ...core.design import TINY_RMS
-from ...core.repeats import compact
+from ...core.repeats import common_path, compact, cut
 from ...results import Column, Result, Table
 from .stats import param_key
 
@@ -244,8 +244,8 @@ def _wiring(result: Result, engine) -> None:
                            "(below ~1e-7 of it: a fine-tune of a converged model at a small learning rate)")
         for sev, rows in never.items():
             names = [r.rsplit(" (", 1)[0] for r in rows]
-            result.add("never-gets-grad", sev, names[0] if len(names) == 1 else _common(names),
-                       f"{_some_rows(rows)} {'is' if len(rows) == 1 else 'are'} in the optimizer but never had a gradient "
+            result.add("never-gets-grad", sev, names[0] if len(names) == 1 else common_path(names),
+                       f"{cut(rows, ', ', 6)} {'is' if len(rows) == 1 else 'are'} in the optimizer but never had a gradient "
                        "at a read step", "it does not reach the loss (unused, detached, or frozen; or its module was "
                        "replaced after the optimizer was built, as a classifier reset)" if sev == "warning" else
                        "frozen (requires_grad=False): in the optimizer, it is never updated",
@@ -266,21 +266,6 @@ def _wiring(result: Result, engine) -> None:
                    f"backward after {len(carried)} of the {engine.checks.get('carry_looks', len(carried))} read steps looked at ({', '.join(map(str, carried[:5]))}"
                    f"{more}): they add up across steps",
                    "call optimizer.zero_grad() once per step (or pass accumulate=True if this is on purpose)")
-
-
-def _some_rows(rows: list[str], limit: int = 6) -> str:
-    return ", ".join(rows[:limit]) + (f" … (+{len(rows) - limit} more)" if len(rows) > limit else "")
-
-
-def _common(names: list[str]) -> str:
-    """The module every name is under ('' for none): where a finding over several parameters is."""
-    parts = [n.split(".")[:-1] for n in names]
-    out = []
-    for level in zip(*parts):
-        if len(set(level)) > 1:
-            break
-        out.append(level[0])
-    return ".".join(out)
 
 
 def _starved(result: Result, engine, t, judged: list, owners: dict, where: str) -> bool:
