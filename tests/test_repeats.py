@@ -198,3 +198,65 @@ def test_the_blocks_counted_are_those_holding_parameters():
     model = nn.Module()
     model.body = body
     assert repeats._block_count(model, "body") == 6
+
+
+class Bottleneck(nn.Module):
+    """A residual block whose last norm starts at zero (timm's zero-init-last)."""
+
+    def __init__(self, width=4):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Linear(width, width), nn.Linear(width, width)
+        self.bn = nn.LayerNorm(width)
+        nn.init.zeros_(self.bn.weight)
+
+    def forward(self, x):
+        return x + self.bn(self.conv2(torch.relu(self.conv1(x))))
+
+
+class Stage(nn.Module):
+    def __init__(self, blocks):
+        super().__init__()
+        for j in range(1, blocks + 1):
+            self.add_module(f"b{j}", Bottleneck())
+
+    def forward(self, x):
+        for b in self.children():
+            x = b(x)
+        return x
+
+
+def numbered_stack(stages=(2, 3)):
+    """timm RegNet's layout: stages s1, s2 … of blocks b1, b2 …, named, not a ModuleList."""
+    model = nn.Sequential()
+    for i, n in enumerate(stages, 1):
+        model.add_module(f"s{i}", Stage(n))
+    model.add_module("head", nn.Linear(4, 2))
+    return model
+
+
+def test_numbered_blocks_count_where_a_path_has_no_index():
+    model = numbered_stack((2, 3))
+    named = repeats.named_blocks(model)
+    # each block's conv1 and conv2 are layers, not blocks
+    assert named == {"s1", "s2"} | {f"s{i}.b{j}" for i, n in ((1, 2), (2, 3)) for j in range(1, n + 1)}
+    assert repeats.split("s2.b3.bn.weight", 1, named) == ("s2", "b3", "bn.weight")
+    assert repeats.split("s2.b3.bn.weight") is None            # without the model: no index
+    assert repeats.split("s2.b3", 1, named) is None            # a whole block is no place in it
+    # an index in the path wins: numbered names beside it are names
+    assert repeats.split("s2.b3.layers.0.w", 0, named | {"s2.b3.layers"}) == ("s2.b3.layers", "0", "w")
+    # one prefix over two classes, or a run of one, is not a stack
+    mixed = nn.Module()
+    mixed.b1, mixed.b2, mixed.c1 = nn.Sequential(nn.Linear(2, 2)), Bottleneck(), Bottleneck()
+    assert repeats.named_blocks(mixed) == frozenset()
+    assert repeats.ranges(["b7", "b1", "b2", "b3", "b5"]) == "b1–b3, b5, b7"
+
+
+def test_doctor_folds_each_numbered_blocks_zero_init_over_the_stage():
+    """timm regnetx_002: 13 zero-init lines, one per named block (s4.b1 … s4.b7), were 2 folded ones."""
+    torch.manual_seed(0)
+    model = numbered_stack((2, 5))
+    res = run("doctor", model, torch.randn(8, 4))
+    zero = [f for f in res.findings if f.code == "zero-init"]
+    assert len(zero) == 2, [f.message for f in zero]
+    assert "in 2 modules of (root) (s1–s2), at b1.bn, b2.bn" in zero[0].message + zero[1].message
+    assert "in 3 of the 5 modules of s2 (b3–b5), at bn" in zero[0].message + zero[1].message

@@ -1,10 +1,12 @@
 """The same verdict block after block (layer 0, 1, ... 23 of a stack) said once: findings on the same place of
 every repeated block of a container (a ModuleList, a Sequential: the indexed components of a path) fold into one
 finding on the container that names the blocks and the places. Presentation only: which parameters are flagged,
-and why, is decided before; nothing here reads a name for its meaning, only the path's indices."""
+and why, is decided before; nothing here reads a name for its meaning, only the path's indices, or, in a model
+whose paths have none, the blocks that are numbered (b1, b2, …: siblings of one class and one prefix)."""
 from __future__ import annotations
 
 import fnmatch
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +31,7 @@ class Entry:
     @property
     def blocks(self) -> list[str]:
         seen = [b for _, bs in self.places for b in bs]
-        return sorted(set(seen), key=int)
+        return sorted(set(seen), key=_number)
 
 
 def _index(part: str) -> bool:
@@ -38,32 +40,65 @@ def _index(part: str) -> bool:
     return part.isascii() and part.isdigit() and (part == "0" or not part.startswith("0"))
 
 
-def split(path: str, level: int = 0) -> tuple[str, str, str] | None:
+NUMBERED = re.compile(r"([A-Za-z_]+?)(0|[1-9][0-9]*)")
+
+
+def _number(block: str) -> tuple[str, int]:
+    """'7' → ('', 7), 'b7' → ('b', 7): a block's prefix and number, to sort and to write runs."""
+    m = NUMBERED.fullmatch(block)
+    return (m.group(1), int(m.group(2))) if m else ("", int(block))
+
+
+def named_blocks(model) -> frozenset[str]:
+    """The paths of the numbered blocks of a stack written without a container (timm RegNet's s4.b1 … s4.b7):
+    ≥ MIN_BLOCKS children of one module, of one class, made of modules holding parameters, named one prefix and
+    a number (a CNN's conv1 and conv2 are layers, not blocks)."""
+    if model is None:
+        return frozenset()
+    out: set[str] = set()
+    for path, mod in model.named_modules():
+        runs: dict[tuple[str, type], list[str]] = {}
+        for n, c in mod.named_children():
+            m = NUMBERED.fullmatch(n)
+            if m and any(True for _ in c.children()) and any(True for _ in c.parameters()):
+                runs.setdefault((m.group(1), type(c)), []).append(n)
+        prefixes = [p for p, _ in runs]
+        for (p, _), names in runs.items():
+            if len(names) >= MIN_BLOCKS and prefixes.count(p) == 1:     # one prefix, two classes: not one stack
+                out.update(f"{path}.{n}" if path else n for n in names)
+    return frozenset(out)
+
+
+def split(path: str, level: int = 0, named: frozenset[str] = frozenset()) -> tuple[str, str, str] | None:
     """'enc.layer.3.attn.q.weight' → ('enc.layer', '3', 'attn.q.weight'), at the path's `level`-th index (a nested
     stack: 'stages.0.blocks.1.conv' → ('stages', '0', 'blocks.1.conv') at 0, ('stages.0.blocks', '1', 'conv') at
-    1); None for a path without that many indices."""
+    1); None for a path without that many indices. A path with no index counts the `named` blocks on it
+    (named_blocks) as indices: 's4.b7.conv3.bn' → ('s4', 'b7', 'conv3.bn') at 1."""
     parts = path.split(".")
     idx = [i for i, p in enumerate(parts) if _index(p)]
+    if not idx and named:
+        # not the path's end: a whole block is no place in it (gradflow's "one of s3.b3, s3.b4" gates are on s3)
+        idx = [i for i in range(len(parts) - 1) if ".".join(parts[:i + 1]) in named]
     if len(idx) <= level:
         return None
     at = idx[level]
     return ".".join(parts[:at]), parts[at], ".".join(parts[at + 1:])
 
 
-def fold(entries: list[Entry]) -> list[Entry]:
+def fold(entries: list[Entry], model=None) -> list[Entry]:
     """Entries with the same key on the same place of ≥ MIN_BLOCKS blocks of one container become one finding
     on the container, with the other places so repeated there; nested stacks outer index first. Order: where
-    each fold's first entry stood."""
-    out = list(entries)
+    each fold's first entry stood. With the `model`, numbered blocks count where a path has no index."""
+    out, named = list(entries), named_blocks(model)
     for level in range(LEVELS):
-        out = _fold_at(out, level)
+        out = _fold_at(out, level, named)
     return out
 
 
-def _fold_at(entries: list[Entry], level: int) -> list[Entry]:
+def _fold_at(entries: list[Entry], level: int, named: frozenset[str]) -> list[Entry]:
     by_place: dict[tuple, list[int]] = {}
     for i, e in enumerate(entries):
-        s = None if e.folded else split(e.where, level)
+        s = None if e.folded else split(e.where, level, named)
         if s is not None:
             by_place.setdefault((e.key, s[0], s[2]), []).append(i)
     by_container: dict[tuple, list[tuple[str, list[int]]]] = {}
@@ -75,7 +110,8 @@ def _fold_at(entries: list[Entry], level: int) -> list[Entry]:
     for (key, container), places in by_container.items():
         idx = sorted(i for _, ii in places for i in ii)
         members = [m for i in idx for m in entries[i].members]
-        where = [(p, [split(entries[i].where, level)[1] for i in ii]) for p, ii in places]   # type: ignore[index]
+        where = [(p, [split(entries[i].where, level, named)[1] for i in ii])   # type: ignore[index]
+                 for p, ii in places]
         merged[idx[0]] = Entry(key, container, members, where)
         absorbed.update(idx)
     return [merged[i] if i in merged else e for i, e in enumerate(entries) if i in merged or i not in absorbed]
@@ -125,7 +161,9 @@ def _block_count(model, container: str) -> int | None:
         return None
     children = list(mod.named_children())
     names = [n for n, _ in children] or [n for n, _ in mod.named_parameters(recurse=False)]
-    if not (names and all(_index(n) for n in names)):
+    numbered = named_blocks(model)
+    if not (names and (all(_index(n) for n in names) or
+                       all((f"{container}.{n}" if container else n) in numbered for n in names))):
         return None
     # blocks that hold parameters: a Sequential's activations are no place a parameter finding could be (a sweep:
     # "in 6 of the 12 modules of body", the 12 counting its ReLUs)
@@ -134,15 +172,15 @@ def _block_count(model, container: str) -> int | None:
 
 
 def ranges(blocks: list[str], limit: int = RUNS_LISTED) -> str:
-    """'0–3, 5, 7–9' (the first `limit` runs; the rest counted)."""
-    runs: list[list[int]] = []
-    for n in sorted(int(b) for b in blocks):
-        if runs and n == runs[-1][1] + 1:
-            runs[-1][1] = n
+    """'0–3, 5, 7–9' or 'b1–b7' (the first `limit` runs; the rest counted)."""
+    runs: list[list] = []
+    for p, n in sorted(_number(b) for b in blocks):
+        if runs and (p, n) == (runs[-1][0], runs[-1][2] + 1):
+            runs[-1][2] = n
         else:
-            runs.append([n, n])
-    said = [f"{a}" if a == b else f"{a}–{b}" for a, b in runs]
-    left = sum(b - a + 1 for a, b in runs[limit:])
+            runs.append([p, n, n])
+    said = [f"{p}{a}" if a == b else f"{p}{a}–{p}{b}" for p, a, b in runs]
+    left = sum(b - a + 1 for _, a, b in runs[limit:])
     return ", ".join(said[:limit]) + (f", … (+{left} more)" if left else "")
 
 

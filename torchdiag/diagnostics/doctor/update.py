@@ -99,7 +99,7 @@ def update_check(probe: Probe) -> None:
         ck.row("update", "ok", f"{len(with_grad)}/{len(with_grad)} params change after 1 {step} step"
                + (f" ({len(quiet)} not reached by the default inputs: not judged)" if quiet else ""))
     _report_rounding(rounding, ctx, step, ck, result)
-    _report_zero_init(by_design, ck, result)
+    _report_zero_init(by_design, ck, result, work)
     gated.report(designed, ck, result, step)
 
 
@@ -207,7 +207,7 @@ def _report_not_updated(bad: list[tuple[str, str, str]], kinds: dict[str, str], 
     the same kind (`kinds`: what happens to it) and hint in ≥ 2 blocks of a stack, said once with the first one's
     full message)."""
     verdict = f"{len(bad)} parameter(s) get a gradient but do not change after a step"
-    entries = repeats.fold([repeats.Entry((kinds[n], hint), n, [(n, msg, hint)]) for n, msg, hint in bad])
+    entries = repeats.fold([repeats.Entry((kinds[n], hint), n, [(n, msg, hint)]) for n, msg, hint in bad], model)
     for e in entries[:MAX_LISTED]:
         n, msg, hint = e.members[0]
         if e.folded:
@@ -349,7 +349,7 @@ def _grown(zero, grads: dict) -> set[str]:
     return {n for n in zero if norms.get(n, 0.0) > 0 and n not in small}
 
 
-def _report_zero_init(by_design: dict[str, str], ck: Checklist, result: Result) -> None:
+def _report_zero_init(by_design: dict[str, str], ck: Checklist, result: Result, model) -> None:
     if not by_design:
         return
     from ...core import repeats
@@ -357,10 +357,10 @@ def _report_zero_init(by_design: dict[str, str], ck: Checklist, result: Result) 
     # each block's own zero-initialised module, once over the stack (a sweep: 16 lines on resnet50), as gradflow
     entries = [repeats.Entry("zero-init", name(src), [n for n, s in by_design.items() if s == src])
                for src in sorted(set(by_design.values()))]
-    for e in repeats.fold(entries):
+    for e in repeats.fold(entries, model):
         names = list(e.members)
         shown = ", ".join(names[:6]) + (f" … (+{len(names) - 6})" if len(names) > 6 else "")
-        where = (f"each block's own zero-initialised module, {repeats.describe(e)}" if e.folded else
+        where = (f"each block's own zero-initialised module, {repeats.describe(e, model)}" if e.folded else
                  f"{e.where}, initialised to exactly zero")
         result.add("zero-init", "info", e.where or "(root)",
                    f"{len(names)} parameter(s) ({shown}) get an all-zero gradient at initialisation, by design: they "

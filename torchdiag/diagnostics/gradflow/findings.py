@@ -83,8 +83,9 @@ def _entries(rows, model) -> list[repeats.Entry]:
     the blocks of a stack, a parameter flagged alike in ≥ 2 blocks is one entry on the stack (core/repeats.py).
     In the rows' order."""
     order = {r["name"]: i for i, r in enumerate(rows)}
-    inside = [r for where, ms in groups(rows, model, _key) if repeats.split(where) for r in ms]
-    folds = [e for e in repeats.fold([repeats.Entry(_alike(r), r["name"], [r]) for r in inside]) if e.folded]
+    named = repeats.named_blocks(model)
+    inside = [r for where, ms in groups(rows, model, _key) if repeats.split(where, 0, named) for r in ms]
+    folds = [e for e in repeats.fold([repeats.Entry(_alike(r), r["name"], [r]) for r in inside], model) if e.folded]
     folded = {m["name"] for e in folds for m in e.members}
     entries = folds + [repeats.Entry(_key(ms[0]), where, ms)
                        for where, ms in groups([r for r in rows if r["name"] not in folded], model, _key)]
@@ -202,7 +203,7 @@ def design_findings(result, rows, model=None) -> None:
         # folded by the gate's place, or the parameter's, and never the one kind with the other
         gate = cause is not None and cause not in {m["name"] for m in members}
         entries.append(repeats.Entry((kind, cause is None, gate), where, members))
-    for e in repeats.fold(entries):
+    for e in repeats.fold(entries, model):
         members, (kind, general, gate) = e.members, e.key
         n = len(members)
         if e.folded:     # the same cause in each block (its own layer scale, its own zero-initialised norm)
