@@ -404,6 +404,19 @@ def test_shard_cuts_batch_tensors_and_target_only():
     assert torch.equal(tgt, target[3:6]) and text == "rows 3:6 of 6"
 
 
+def test_an_error_every_rank_had_is_said_once_and_the_others_by_their_rank():
+    from torchdiag.runner.ranks import _own_line
+
+    same = [{"message": "boom", "at": 1.0}, {"message": "boom", "at": 2.0}]
+    assert _own_line(0, same) == [] and _own_line(1, same) == []        # rank 0's report says "[ranks 0,1] boom"
+    # the lead is the first failure that is not an echo of a peer's: the echo is said by its rank
+    echoed = [{"message": "timed out", "at": 3.0, "echo": True}, {"message": "boom", "at": 2.0}]
+    assert _own_line(0, echoed) == ["error: [rank 0] timed out"] and _own_line(1, echoed) == []
+    # a rank that failed beside one that ran is said by its rank (the report holds it as rank-failed)
+    some = [None, {"message": "boom", "at": 2.0}]
+    assert _own_line(0, some) == [] and _own_line(1, some) == ["error: [rank 1] boom"]
+
+
 def test_merge_tags_ranks_and_takes_the_worst_code():
     from torchdiag.results import Result
     from torchdiag.runner.merge import finish, merge, record

@@ -585,6 +585,8 @@ def test_ranks_with_different_models_are_refused_by_name_before_wrapping(refused
     assert doc["exit_code"] == 3
     message = doc["error"]["message"]
     assert "[ranks 0,1]" in message      # every rank refused, each saying the same
+    # said once, by rank 0, not once per rank (a sweep)
+    assert stderr.count("error: [rank") == 1 and "error: [ranks 0,1]" in stderr, stderr
     assert "0.weight (rank 0: 4x4 float32, rank 1: 5x4 float32)" in message
     assert "collective mismatch" not in stderr and "Connection closed" not in stderr
 

@@ -127,12 +127,11 @@ def show(outcome, job) -> int:
 
 def report(outcome, job) -> None:
     """`error:`/`hint:` lines, the error in the TensorBoard log, the --json error document."""
-    if not outcome.said:
-        err(f"error: {outcome.message}")
+    err(f"error: {outcome.message}")
     if outcome.hint:
         err(f"hint: {outcome.hint}")
     tb = job.given("tb")
-    if tb and not outcome.said and outcome.code != 2:  # the log says what happened, and is flushed
+    if tb and outcome.code != 2:  # the log says what happened, and is flushed
         try:
             from ..render.tensorboard import write_error
 

@@ -33,7 +33,6 @@ class Outcome:
     partial: Any = None                    # what ran before the failure (a Result), shown with the error
     trace: str | None = None            # the traceback, shown under --debug
     lines: list = field(default_factory=list)   # stderr lines to show first (`error: [rank N] …`)
-    said: bool = False                     # the error line itself was already said (each rank said its own)
     quiet: bool = False                    # show nothing: another rank reports (torchrun, ranks other than 0)
     document: dict = field(default_factory=dict)   # more keys for the --json error document
 

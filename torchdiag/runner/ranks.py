@@ -2,7 +2,7 @@
 batch (on a copy wrapped per --wrap where its diagnostic declares WRAP); every rank hands rank 0 a record
 (its Result as data, or its error), so a rank that fails never leaves the others waiting at the gather;
 rank 0 merges and its Outcome is shown once. Other ranks show nothing unless they fail (one
-`error: [rank N] …` line). Torch-free at import (`--help`)."""
+`error: [rank N] …` line, unless every rank failed alike: rank 0 says that once). Torch-free at import."""
 from __future__ import annotations
 
 import time
@@ -94,18 +94,33 @@ def _in_session(job: Job, spec, sess, o) -> Outcome:
     local = Local()
     diagnostic = job.diagnostic()
     rec = _run_rank(job, spec, sess, diagnostic, o, local)
+    errors = sess.all_gather(rec["error"])
     # the cross-rank step exchanges data: every rank runs it, or none does (a rank that failed cannot)
-    if job.command.cross_rank and all(sess.all_gather(rec["error"] is None)):
+    if job.command.cross_rank and not any(errors):
         rec["consistency"] = _consistency(job, spec, sess, local)
     rec["unused"] = local.unused
     records = sess.gather(rec)
-    lines = [f"error: [rank {sess.ranks.rank}] {rec['error']['message']}"] if rec["error"] else []
+    lines = _own_line(sess.ranks.rank, errors)
     if not sess.ranks.main:   # rank 0's exit code is the worst over ranks: torchrun reports one failure
         return Outcome(ExitCode.OK, lines=lines, quiet=True, trace=local.trace)
     out = all_failed(spec, records) if all(r["error"] for r in records) else \
         _merged(job, spec, sess, diagnostic, records, local)
     out.lines, out.trace = lines + out.lines, local.trace
     return out
+
+
+def _own_line(rank: int, errors: list) -> list[str]:
+    """This rank's error line, unless rank 0 says it once for every rank: when every rank failed, the lead
+    failure (all_failed) is one line tagged with the ranks that had it (a sweep: each rank printed the same)."""
+    mine = errors[rank]
+    if mine is None or (all(errors) and mine["message"] == _lead(errors)["message"]):
+        return []
+    return [f"error: [rank {rank}] {mine['message']}"]
+
+
+def _lead(errors: list[dict]) -> dict:
+    """The first failure, not its echoes (a rank stopped by a peer's failure says so; else the earliest)."""
+    return min(errors, key=lambda e: (bool(e.get("echo")), e["at"]))
 
 
 def _run_rank(job: Job, spec, sess, diagnostic, o, local: Local) -> dict:
@@ -273,11 +288,10 @@ def all_failed(spec, records: list[dict]) -> Outcome:
     from .merge import tag
     from .report import unused_hint
 
-    # the first failure, not its echoes (a rank stopped by a peer's failure says so; else the earliest)
-    first = min((r["error"] for r in records), key=lambda e: (bool(e.get("echo")), e["at"]))
+    first = _lead([r["error"] for r in records])
     same = [r["rank"] for r in records if r["error"]["message"] == first["message"]]
     code = max(r["exit_code"] for r in records)
     hint = unused_hint(records) if spec.wrap == "ddp" else None
-    return Outcome(code, message=f"[{tag(same)}] {first['message']}", hint=hint or first.get("hint"), said=True,
+    return Outcome(code, message=f"[{tag(same)}] {first['message']}", hint=hint or first.get("hint"),
                    document={"world_size": len(records),
                              "ranks": [{k: v for k, v in r.items() if k != "result"} for r in records]})
