@@ -88,9 +88,16 @@ def test_bad_commands_are_one_clear_usage_error(tmp_path):
 
 def test_a_run_without_optimizer_step_is_a_usage_error():
     with pytest.raises(UsageError, match="no optimizer step was seen") as e:
-        script("watch_no_step")
+        script("watch_no_step")     # its loop calls backward() only
     assert e.value.code == ExitCode.USAGE
     assert hooks_gone()
+    # its backward passes are counted, and the hint is a hand-written update's (a sweep: `p -= lr * p.grad`)
+    assert "5 backward pass(es) ran" in e.value.message and "torch.optim.SGD" in e.value.hint
+    with Watch() as w:
+        torch.zeros(1)
+    with pytest.raises(UsageError) as e:
+        w.result()
+    assert "backward" not in e.value.message and "optimizer.step()" in e.value.hint
 
 
 def test_the_scripts_failure_is_exit_3_with_the_report_so_far():

@@ -45,6 +45,20 @@ NO_STEP = "no optimizer step was seen: watch reports on training steps (optimize
 NO_STEP_HINT = "run a training loop that calls optimizer.step() inside the watch"
 
 
+def no_step(engine, prefix: str = ""):
+    """The UsageError of a run with no optimizer step; backward passes without one are a hand-written update (a
+    sweep: `p -= lr * p.grad` under no_grad, told only to call optimizer.step())."""
+    from ...errors import UsageError
+
+    backwards = engine.backwards if engine is not None else 0
+    if not backwards:
+        return UsageError(prefix + NO_STEP, NO_STEP_HINT)
+    return UsageError(f"{prefix}no optimizer step was seen, though {backwards} backward pass(es) ran: watch counts "
+                      "and judges the steps of torch.optim optimizers, not an update written by hand",
+                      "make the update an optimizer's step (torch.optim.SGD(model.parameters(), lr=…) does "
+                      "p -= lr * p.grad), with zero_grad()")
+
+
 class Watch:
     """A context manager around the user's loop. `model`/`optimizer` may be None (or lists): without an
     optimizer, every optimizer that steps the model's parameters is watched (torch's global step hooks);
@@ -126,5 +140,5 @@ class Watch:
     def _own(self):
         result = self.finish()
         if self.engine is not None and self.engine.step == 0 and result.code is None:
-            raise UsageError(NO_STEP, NO_STEP_HINT)
+            raise no_step(self.engine)
         return result

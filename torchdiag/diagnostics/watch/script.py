@@ -105,9 +105,9 @@ def run_command(argv, watch) -> object:
         raise ModelError(f"the script failed: {failure}", hint=_where(error, watch.engine.step),
                          partial=result) from error
     if watch.engine.step == 0:
-        from . import NO_STEP, NO_STEP_HINT
+        from . import no_step
 
-        raise UsageError(f"watch: {NO_STEP}", NO_STEP_HINT)
+        raise no_step(watch.engine, "watch: ")
     return result
 
 
