@@ -10,6 +10,16 @@ from .shared import dense, max_diff, name, scale, tensors
 
 RANDOM_EVAL_HINT = ("randomness in eval: use self.training to gate it (F.dropout(x, p, training=self.training)), "
                     "no torch.rand/randn in forward outside training")
+SAMPLING_HINT = ("if the model samples by design, validate with a fixed seed or with the mean in eval; if the noise is "
+                 "meant for training only, gate it with self.training")
+# random ops by what they are (aten names): a dropout mask (F.dropout's bernoulli_, CUDA's fused native_dropout, rrelu's
+# noise) on in eval is the classic bug; drawing samples (randn_like, normal, randperm, multinomial, bernoulli(p)) is
+# also how a VAE reparameterises, MAE and ViLT pick patches, a vocoder or VITS draws noise: by design as often
+DROPOUT_OPS = {"bernoulli_", "native_dropout", "_fused_dropout", "rrelu_with_noise", "rrelu_with_noise_",
+               "dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout"}
+RANDOM_OPS = DROPOUT_OPS | {"bernoulli", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like",
+                            "randperm", "normal", "normal_", "uniform_", "multinomial", "exponential_", "poisson",
+                            "cauchy_", "geometric_", "log_normal_", "random_", "_standard_gamma", "binomial"}
 
 
 WEIGHTS = 1021      # a fixed ±1 pattern this long, repeated along a tensor: its weighted sum sees an order
@@ -147,5 +157,33 @@ def check_determinism(work, inputs, ck: Checklist) -> None:
     message = (f"in eval mode the same input gives {what}; {name(culprit)} ({kind or '?'}) is where they part: "
                "the first module whose output changes while its input does not, or whose own forward hands its "
                "calls different inputs")
-    ck.find("determinism", "nondeterministic-eval", "error", name(culprit), message, RANDOM_EVAL_HINT,
+    drawn = _random_ops(work, inputs)
+    sampling = bool(drawn) and not drawn & DROPOUT_OPS
+    if sampling:   # a sampling model (a VAE) is not failed for it; a dropout left on, or a state that moves, is
+        message += (f"; the forward draws samples in eval ({', '.join(sorted(drawn))}): by design in a VAE's "
+                     "reparameterisation or a masked autoencoder, a bug where the noise is meant for training")
+    ck.find("determinism", "nondeterministic-eval", "warning" if sampling else "error", name(culprit), message,
+            SAMPLING_HINT if sampling else RANDOM_EVAL_HINT,
             verdict=f"eval output changes between two runs: {name(culprit)}")
+
+
+def _random_ops(work, inputs) -> set[str]:
+    """The random ops (RANDOM_OPS) a third eval forward calls: what kind of randomness the model has."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Drawn(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            op = func.overloadpacket.__name__
+            if op in RANDOM_OPS:
+                self.ops.add(op)
+            return func(*args, **(kwargs or {}))
+
+    mode = Drawn()
+    with torch.no_grad(), mode:
+        run_forward(work, inputs, phase="forward (eval mode, determinism check)")
+    return mode.ops
