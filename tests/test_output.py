@@ -359,3 +359,20 @@ def test_a_fifo_nothing_reads_yet_is_waited_for_and_said(tmp_path, monkeypatch):
     t.join(timeout=HANG_GUARD)
     assert got == [b"after the wait"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert f"--plot {fifo}: a FIFO that nothing reads yet; waiting for a reader" in err.getvalue()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+@pytest.mark.parametrize("args", [["summary", sample("mlp.py:build"), "--json"],
+                                  ["summary", sample("mlp.py:build")],
+                                  ["summary", sample("mlp.py:nope"), "--json"]])
+def test_stdout_on_a_full_disk_is_a_file_error_not_a_traceback(args):
+    """A review: `--json > /dev/full` exited 1 (a check failed) with a 55-line traceback."""
+    import sys
+
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "torchdiag", *args], stdout=full, stderr=subprocess.PIPE,
+                           text=True, timeout=HANG_GUARD, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == ExitCode.USAGE and "Traceback" not in r.stderr, r.stderr
+    assert "error: could not write the output to stdout: No space left on device" in r.stderr
+    # a failure before the output keeps its own line first
+    assert ("has no factory named 'nope'" in r.stderr.splitlines()[0]) == ("mlp.py:nope" in args[1])

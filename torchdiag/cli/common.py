@@ -141,12 +141,16 @@ def report(outcome, job) -> None:
     if job.json:
         import json
 
+        from ..errors import UsageError
         from ..render.jsondoc import write_whole
         from ..results import error_document
 
         doc = error_document(job.command.name, outcome.message, outcome.hint, outcome.code, outcome.partial)
         doc.update(outcome.document)
-        to_stdout(lambda: write_whole(json.dumps(doc) + "\n"))
+        try:
+            to_stdout(lambda: write_whole(json.dumps(doc) + "\n"))
+        except UsageError as e:   # the error itself is said above; the exit code stays its own
+            err(f"error: {e.message}")
 
 
 def err(line: str) -> None:
@@ -172,11 +176,22 @@ def to_stdout(write: Callable[[], object]) -> None:
         write()
         sys.stdout.flush()
     except (BrokenPipeError, SystemExit):
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError, AttributeError):  # no real file descriptor (tests capture stdout)
-            pass
+        _stdout_gone()
+    except OSError as e:   # a full disk or a device that refuses (> /dev/full): a file error, said once on stderr
+        from ..errors import UsageError
+
+        _stdout_gone()
+        raise UsageError(f"could not write the output to stdout: {e.strerror or e}",
+                         "free space where stdout goes, or send it elsewhere") from None
+
+
+def _stdout_gone() -> None:
+    """The rest of our output, and the final flush, to /dev/null: nothing more can be written where stdout was."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (tests capture stdout)
+        pass
 
 
 def env_flag(name: str) -> bool:
