@@ -5,6 +5,7 @@ import errno
 import os
 import stat
 import subprocess
+import sys
 import threading
 
 import pytest
@@ -241,6 +242,15 @@ def test_tensorboard_on_a_full_or_read_only_disk_is_one_line(cli, tmp_path):
         _one_error_line(r)
         assert r.stderr.startswith(f"error: no space left on device writing {disk / 'activations'}"), r.stderr
         assert [p.stat().st_size for p in (disk / "activations").iterdir()] == []   # no partial event file
+    with tiny_tmpfs(tmp_path / "full", "16k") as disk:   # full before the writer's first record (a review)
+        (disk / "tb").mkdir()
+        with contextlib.suppress(OSError), open(disk / "fill", "wb") as fill:
+            fill.write(b"\0" * 64 * 1024)
+        r = subprocess.run([sys.executable, "-m", "torchdiag", "summary", sample("mlp.py:build"), "--tb", disk / "tb"],
+                           capture_output=True, text=True, timeout=HANG_GUARD)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and "Exception in thread" not in r.stderr, r.stderr
+        assert r.stderr.startswith(f"error: no space left on device writing {disk / 'tb' / 'summary'}"), r.stderr
+        assert list((disk / "tb" / "summary").iterdir()) == []     # its 0-byte event file is gone
     if os.geteuid() == 0:
         with tiny_tmpfs(tmp_path / "ro") as folder:
             (folder / "summary").mkdir()

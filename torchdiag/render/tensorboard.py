@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 from pathlib import Path
+from typing import Any
 
 from ..errors import UsageError
 from ..fmt import cell
@@ -30,19 +31,27 @@ def write_row_scalars(writer, command: str, t) -> None:
 
 
 def open_writer(logdir, command: str):
-    """A SummaryWriter for DIR/<command>/; callers must close() it (inside `guarded`)."""
+    """A SummaryWriter for DIR/<command>/; callers must close() it (inside `guarded`). A writer that cannot
+    even write its file's first record (a full disk) is one line, exit 2, and leaves no event file."""
     from ..core.interrupts import deferred
 
     with deferred():   # tensorboard and protobuf imported whole: an error path imports them again (core/interrupts)
         from torch.utils.tensorboard import SummaryWriter
 
     path = Path(logdir) / command
+    before = set(path.glob("events.out.tfevents.*")) if path.is_dir() else set()
     try:
         path.mkdir(parents=True, exist_ok=True)
-        return SummaryWriter(log_dir=str(path), flush_secs=5), path
+        with _quiet_threads():
+            writer = SummaryWriter(log_dir=str(path), flush_secs=5)
+            if _worker(writer) is not None:
+                _OURS.add(_worker(writer))
+        return writer, path
     except FileExistsError:
         raise UsageError(f"--tb {logdir}: {path} is a file, not a folder", hint="give a folder name") from None
-    except OSError as exc:
+    except OSError as exc:   # a review: a 0-byte event file was left, and the writer thread's traceback shown
+        for name in set(path.glob("events.out.tfevents.*")) - before:
+            _unlink(name)
         raise output_error(path, "--tb", exc) from None
 
 
@@ -50,24 +59,62 @@ def _event_file(writer) -> str | None:
     return getattr(getattr(getattr(writer, "file_writer", None), "event_writer", None), "_file_name", None)
 
 
+def _worker(writer):
+    """The thread that writes the writer's events (TensorBoard's _AsyncWriterThread), or None."""
+    events = getattr(getattr(writer, "file_writer", None), "event_writer", None)
+    return getattr(getattr(events, "_async_writer", None), "_worker", None)
+
+
+class _Threads:
+    """TensorBoard's writer thread prints the traceback of what it could not write, then the writer raises it again
+    in the main thread at its next write or close: we report that one, once. The hook, put in place once, keeps
+    quiet the OSErrors of our writers' threads, and of any while ours is being made (its thread may fail before it
+    is known); every other thread's go to the hook that was there."""
+
+    def __init__(self):
+        self.making = 0
+        self.previous = None
+
+    def hook(self, args) -> None:
+        if isinstance(args.exc_value, OSError) and (self.making or args.thread in _OURS):
+            return
+        (self.previous or _threading().__excepthook__)(args)
+
+
+_OURS: Any = None
+_THREADS = _Threads()
+
+
+def _threading():
+    import threading
+
+    return threading
+
+
+@contextlib.contextmanager
+def _quiet_threads():
+    global _OURS
+    threading = _threading()
+    if _OURS is None:
+        import weakref
+
+        _OURS = weakref.WeakSet()
+    if threading.excepthook is not _THREADS.hook:
+        _THREADS.previous, threading.excepthook = threading.excepthook, _THREADS.hook
+    _THREADS.making += 1
+    try:
+        yield
+    finally:
+        _THREADS.making -= 1
+
+
 @contextlib.contextmanager
 def guarded(writer, path, option: str = "--tb", extra=()):
     """Write through `writer` and close it. A failed write (full disk, read-only folder) is one line,
-    exit 2: the writer thread's own traceback is kept off stderr, and the event file (and any `extra`
-    paths) this write created are removed, so no partial or empty file is left."""
+    exit 2: the writer thread's own traceback is kept off stderr (_Threads), and the event file (and any
+    `extra` paths) this write created are removed, so no partial or empty file is left."""
     import shutil
-    import threading
 
-    failures = []
-    previous = threading.excepthook
-
-    def quiet(args):   # TensorBoard's writer thread re-raises what it could not write; we report it once
-        if isinstance(args.exc_value, OSError):
-            failures.append(args.exc_value)
-            return
-        previous(args)
-
-    threading.excepthook = quiet
     try:
         try:
             yield writer
@@ -78,8 +125,6 @@ def guarded(writer, path, option: str = "--tb", extra=()):
             if name:
                 shutil.rmtree(name, ignore_errors=True) if Path(name).is_dir() else _unlink(name)
         raise output_error(path, option, exc) from None
-    finally:
-        threading.excepthook = previous
 
 
 def _unlink(name) -> None:
