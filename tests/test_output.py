@@ -116,7 +116,7 @@ def test_fifo_is_written_in_place_not_replaced(tmp_path):
     reader.join(timeout=HANG_GUARD)
     assert got[1] == b"from a library" and stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert _leftovers(tmp_path) == []
-    assert output._kind(output._target("/dev/null")) == "special"    # what /dev/null and /dev/full take
+    assert output._kind(output._target("/dev/null", "--out")) == "special"    # what /dev/null and /dev/full take
 
 
 def test_directory_target_is_refused(tmp_path):
@@ -386,3 +386,21 @@ def test_stdout_on_a_full_disk_is_a_file_error_not_a_traceback(args):
     assert "error: could not write the output to stdout: No space left on device" in r.stderr
     # a failure before the output keeps its own line first
     assert ("has no factory named 'nope'" in r.stderr.splitlines()[0]) == ("mlp.py:nope" in args[1])
+
+
+@pytest.mark.parametrize("args", [["check", "--junit"],
+                                  ["overfit-batch", sample("mlp.py:build"), "--steps", "2", "--plot"],
+                                  ["gradflow", sample("mlp.py:build"), "--plot"]])
+def test_a_loop_of_links_is_refused_and_dev_null_is_written(cli, tmp_path, monkeypatch, args):
+    """A review: a symlink loop given as the file was replaced by a regular file; /dev/null, which output.md says
+    is written in place, was refused for its name (or, past that, its temporary file's name was read as the format)."""
+    (tmp_path / "pyproject.toml").write_text(CONFIG.format(model=sample("cnn.py:build")))
+    monkeypatch.chdir(tmp_path)
+    os.symlink("b.xml", "a.xml")
+    os.symlink("a.xml", "b.xml")
+    r = cli(*args, "a.xml")
+    assert r.code == 2 and "a.xml: Too many levels of symbolic links" in r.stderr, r.stderr
+    assert os.readlink("a.xml") == "b.xml" and os.readlink("b.xml") == "a.xml"
+    r = cli(*args, os.devnull)
+    assert r.code in (0, 1) and "error:" not in r.stderr, r.stderr      # overfit-batch at 2 steps may fail its check
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)

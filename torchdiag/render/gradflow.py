@@ -23,6 +23,7 @@ def plot_rows(result) -> list[dict]:
 def write_plot(result, path) -> str:
     """The classic gradient-flow figure: max and mean |grad| per layer, log scale, execution order."""
     from .output import atomic_path
+    from .plots import image_format
 
     check_plot_backend()
     import matplotlib
@@ -34,7 +35,7 @@ def write_plot(result, path) -> str:
     try:
         with atomic_path(path, "--plot") as tmp:
             try:
-                fig.savefig(tmp)
+                fig.savefig(tmp, format=image_format(path))
             except ValueError as exc:
                 raise UsageError(f"--plot: cannot write {path}: {one_line(exc)}") from exc
     finally:

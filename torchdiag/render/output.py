@@ -35,10 +35,19 @@ def write_error(path, option: str, exc: OSError) -> UsageError:
     return UsageError(f"cannot write {path} ({option}): {why}")
 
 
-def _target(path) -> Path:
-    """The file a write to `path` lands in: symlinks followed (a dangling link names the file to create)."""
+def _target(path, option: str) -> Path:
+    """The file a write to `path` lands in: symlinks followed (a dangling link names the file to create); a loop
+    of links is refused (a review: the link was replaced by a regular file)."""
     p = Path(path)
-    return Path(os.path.realpath(p)) if p.is_symlink() else p
+    if not p.is_symlink():
+        return p
+    try:
+        os.stat(p)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UsageError(f"{option} {path}: {os.strerror(errno.ELOOP)}",
+                             hint="point the link at a file, or give another path") from None
+    return Path(os.path.realpath(p))
 
 
 def _kind(target: Path) -> str:
@@ -153,7 +162,7 @@ def atomic_write(path, data: bytes | str, option: str) -> Path:
     """Write `data` (str is UTF-8) to `path` as described in the module docstring. Returns `path`."""
     if isinstance(data, str):
         data = data.encode("utf-8")
-    target = _target(path)
+    target = _target(path, option)
     kind = _kind(target)
     if kind == "directory":
         _refuse_directory(path, option)
@@ -190,7 +199,7 @@ def atomic_path(path, option: str) -> Iterator[str]:
     (same suffix, so libraries that pick the format from the name still do) for a library that
     insists on writing to a path itself. On success it replaces `path` (or is copied into a device
     or FIFO); on failure it is removed and an OSError becomes a one-line UsageError."""
-    target = _target(path)
+    target = _target(path, option)
     kind = _kind(target)
     if kind == "directory":
         _refuse_directory(path, option)
@@ -223,10 +232,11 @@ def check_file(path, option: str, suffixes: tuple[str, ...] = ()) -> Path | None
     path = Path(path)
     if path.is_dir():
         _refuse_directory(path, option)
-    if suffixes and path.suffix.lower() not in suffixes:
+    target = _target(path, option)
+    # a device or FIFO (/dev/null) is written in place whatever its name: the format is the option's first
+    if suffixes and path.suffix.lower() not in suffixes and _kind(target) != "special":
         raise UsageError(f"{option} {path}: unsupported file type '{path.suffix or '(none)'}'",
                          hint="use a name ending in " + " or ".join(suffixes))
-    target = _target(path)
     parent = target.parent if str(target.parent) else Path(".")
     if parent.exists() and not parent.is_dir():
         raise UsageError(f"{option} {path}: {parent} is a file, not a folder", hint="give a path inside a folder")

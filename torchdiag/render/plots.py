@@ -26,12 +26,20 @@ def pyplot():
     return plt
 
 
+def image_format(path) -> str:
+    """The format a figure is saved in: the name's suffix; PNG for a name without one (/dev/null, a FIFO), whose
+    temporary file's own suffix matplotlib would read (a review: "Format 'tmp' is not supported", exit 4)."""
+    from pathlib import Path
+
+    return Path(path).suffix.lstrip(".").lower() or "png"
+
+
 def save(fig, path, option: str = "--plot") -> str:
     """The figure written atomically to `path`, then closed; returns the path."""
     plt = pyplot()
     try:
         with atomic_path(path, option) as tmp:
-            fig.savefig(tmp)
+            fig.savefig(tmp, format=image_format(path))
     finally:
         plt.close(fig)
     return str(path)
