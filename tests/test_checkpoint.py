@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import pickle
 import struct
 import sys
@@ -86,6 +87,76 @@ def test_lightning_ckpt_state_dict_with_prefix_stripped(spec, tmp_path, cli):
     r = cli("summary", spec, "--checkpoint", path, "--json")
     assert r.code == 0, r.stderr
     assert r.json["checkpoint"] == [f"{path}: 4 tensors loaded, prefix 'model.' stripped"]
+
+
+@pytest.mark.parametrize("layout, stripped", [
+    (lambda sd: {"module._orig_mod." + k: v for k, v in sd.items()}, "module._orig_mod."),   # DDP around compile
+    (lambda sd: {"_orig_mod.module." + k: v for k, v in sd.items()}, "_orig_mod.module."),
+    (lambda sd: {"module": sd}, ""),                                                         # DeepSpeed's layout
+    (lambda sd: {"checkpoint": {"model": sd}, "step": 3}, ""),                               # one level deeper
+    (lambda sd: {"weights": {"net.": 1, **{"module." + k: v for k, v in sd.items()}}, "epoch": 1}, "module."),
+])
+def test_trainer_layouts_a_review_found_load(spec, tmp_path, layout, stripped):
+    path = tmp_path / "w.pt"
+    torch.save(layout(trained()), path)
+    model, ctx = loaded_model(spec, path)
+    assert all(torch.equal(p, torch.full_like(p, 0.5)) for p in model.parameters())
+    assert ctx.header["checkpoint"] == [f"{path}: 4 tensors loaded" + (f", prefix '{stripped}' stripped" if stripped else "")]
+
+
+def test_two_candidate_state_dicts_are_not_guessed(spec, tmp_path, cli):
+    path = tmp_path / "w.pt"
+    torch.save({"ema": trained(), "student": trained()}, path)
+    r = cli("summary", spec, "--checkpoint", path)
+    assert r.code == 2 and "holds no state dict (found: ema, student)" in r.stderr, r.stderr
+
+
+def test_index_shards_outside_their_folder_or_not_matching_are_refused(spec, tmp_path, cli):
+    from safetensors.torch import save_file
+
+    sd = trained()
+    save_file({k: v for k, v in sd.items() if k.startswith("0.")}, str(tmp_path / "a.safetensors"))
+    save_file({k: v for k, v in sd.items() if k.startswith("2.")}, str(tmp_path / "b.safetensors"))
+    os.mkfifo(tmp_path / "f.safetensors")
+    cases = {"abs": ({k: "/etc/hostname" for k in sd}, "outside the index's folder"),
+             "up": ({k: "../a.safetensors" for k in sd}, "outside the index's folder"),
+             "swapped": ({k: "b.safetensors" if k.startswith("0.") else "a.safetensors" for k in sd},
+                         "maps 2 key(s) to a.safetensors that it does not hold"),
+             "fifo": ({k: "f.safetensors" for k in sd}, "f.safetensors is a FIFO (named pipe)"),
+             "good": ({k: "a.safetensors" if k.startswith("0.") else "b.safetensors" for k in sd}, None)}
+    for name, (weight_map, words) in cases.items():
+        index = tmp_path / f"{name}.safetensors.index.json"
+        index.write_text(json.dumps({"weight_map": weight_map}))
+        r = cli("summary", spec, "--checkpoint", index)
+        assert r.code == (0 if words is None else 2), (name, r.stderr)
+        if words:
+            one_error_line(r)
+            assert words in r.stderr, (name, r.stderr)
+
+
+def test_a_method_named_as_a_global_is_hostile_and_a_path_is_not(tmp_path):
+    """A review: `pathlib.Path.touch` (protocol 4 names a method) got the 'if you trust the file' hint; the scan read
+    it as `Path.touch.PosixPath`. A Lightning hparam's PosixPath is a value, not a call."""
+    from torchdiag.core.checkpoint import _hostile, unsafe_globals
+
+    assert _hostile("pathlib.Path.touch") == "pathlib.Path.touch" and _hostile("Path.touch.PosixPath") == "Path.touch"
+    assert _hostile("pathlib.PosixPath") is None and _hostile("argparse.Namespace") is None
+    import timeit
+
+    class Evil:
+        def __reduce__(self):
+            return timeit.timeit, ("pass",)
+
+    path = tmp_path / "plain.pt"
+    path.write_bytes(pickle.dumps({"h": Evil()}, protocol=4))
+    assert "timeit.timeit" in unsafe_globals(str(path))   # the name said twice is one memoised string
+
+
+def test_a_loop_of_links_is_said_as_such(spec, tmp_path, cli):
+    os.symlink(tmp_path / "b.pt", tmp_path / "a.pt")
+    os.symlink(tmp_path / "a.pt", tmp_path / "b.pt")
+    r = cli("summary", spec, "--checkpoint", tmp_path / "a.pt")
+    assert r.code == 2 and "Too many levels of symbolic links" in r.stderr and "not found" not in r.stderr
 
 
 def temp_module(tmp_path, name, source):
@@ -176,7 +247,8 @@ def test_lightning_checkpoint_with_hyper_parameters_loads_exactly(spec, tmp_path
 def evil_module(tmp_path, name, call, marker):
     """A class whose pickle calls `call` with arguments that would create `marker`."""
     args = {"os.system": f"('touch {marker}',)", "builtins.exec": f"(\"open({str(marker)!r}, 'w').close()\",)",
-            "subprocess.Popen": f"(['touch', {str(marker)!r}],)"}[call]
+            "subprocess.Popen": f"(['touch', {str(marker)!r}],)", "pydoc.pipepager": f"('x', 'touch {marker}')",
+            "timeit.timeit": f"(\"open({str(marker)!r}, 'w').close()\",)"}[call]
     module = call.split(".")[0]
     return temp_module(tmp_path, name, f"import {module}\nclass Evil:\n"
                                        f"    def __reduce__(self):\n        return ({call}, {args})\n")
@@ -184,7 +256,7 @@ def evil_module(tmp_path, name, call, marker):
 
 @pytest.mark.slow
 @pytest.mark.subprocess
-@pytest.mark.parametrize("call", ["os.system", "builtins.exec", "subprocess.Popen"])
+@pytest.mark.parametrize("call", ["os.system", "builtins.exec", "subprocess.Popen", "pydoc.pipepager", "timeit.timeit"])
 def test_pickle_that_would_run_code_is_refused_and_never_executed(spec, tmp_path, cli, call):
     from torch import _weights_only_unpickler as wo
 

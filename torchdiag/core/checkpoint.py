@@ -6,8 +6,9 @@
   callbacks, loops) are read as inert stand-ins of ours, so nothing from the file's world is imported or
   called; a file whose tensors need them, or that names code-running globals (os.system, exec, Popen),
   is refused with one line that says why and how to convert it, and never executed;
-- a Lightning `.ckpt` (or any dict with a `state_dict`/`model_state_dict`/`model` entry): that entry,
-  with a prefix the model does not have (`model.`, `module.`, `_orig_mod.`) stripped;
+- a Lightning `.ckpt` (or any dict with a `state_dict`/`model_state_dict`/`model`/`module` entry, or one entry
+  that holds the tensors): that entry, with prefixes the model does not have (`model.`, `module.`, `_orig_mod.`,
+  stacked as DDP around a compiled model saves them) stripped;
 - on `--device meta` a safetensors file is read up to its header only (shapes and dtypes), a torch.save
   file up to its pickle and zip directory (mmap, map_location meta): the data of a 70B model is never read.
 
@@ -26,7 +27,7 @@ from ..errors import ModelError, UsageError, one_line
 from .limits import json_depth, read_text, regular_file, safetensors_entries
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
-NESTED_KEYS = ("state_dict", "model_state_dict", "model")   # Lightning, common training loops
+NESTED_KEYS = ("state_dict", "model_state_dict", "model", "module")   # Lightning, training loops, DeepSpeed
 STRIP_PREFIXES = ("model.", "module.", "_orig_mod.", "net.")
 SAFETENSORS_DTYPES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
@@ -38,7 +39,10 @@ SHOW_KEYS = 6                   # keys named in the one-line strict error
 # one is hostile, not a checkpoint, and is refused saying so (torch itself blocks os, posix, nt and sys).
 HOSTILE_MODULES = {"os", "posix", "nt", "sys", "subprocess", "_posixsubprocess", "shutil", "socket", "pty", "signal",
                    "importlib", "runpy", "ctypes", "pickle", "_pickle", "marshal", "code", "codeop", "io", "_io",
-                   "webbrowser", "multiprocessing"}
+                   "webbrowser", "multiprocessing", "pydoc", "timeit", "tempfile", "glob", "zipfile",
+                   "tarfile", "urllib", "http", "ftplib", "smtplib", "asyncio", "threading", "_thread", "pdb", "bdb",
+                   "trace", "cProfile", "profile", "doctest", "platform", "sysconfig", "site", "ensurepip", "venv",
+                   "pip", "setuptools", "distutils"}
 HOSTILE_BUILTINS = {"exec", "eval", "compile", "__import__", "open", "getattr", "setattr", "delattr", "globals",
                     "locals", "vars", "breakpoint", "input", "exit", "quit", "help", "__build_class__"}
 
@@ -62,7 +66,7 @@ class Report:
         return not (self.missing or self.unexpected or self.mismatched)
 
     def describe(self) -> str:
-        parts = [f"{self.path}: {self.loaded} tensors loaded"]
+        parts = [f"{self.path}: {self.loaded} tensor{'' if self.loaded == 1 else 's'} loaded"]
         if self.stripped:
             parts.append(f"prefix '{self.stripped}' stripped")
         if self.header_only:
@@ -118,6 +122,8 @@ def _shape(shape) -> str:
 def read_state(path: str, device) -> tuple[dict[str, Any], bool]:
     """(state dict, header_only). On meta a safetensors file gives meta tensors from its header."""
     if not os.path.exists(path):
+        if os.path.islink(path):   # a dangling link or a loop of links: said as such, not "not found" (a review)
+            regular_file(path, "--checkpoint", hint="point the link at the checkpoint file")
         raise UsageError(f"checkpoint not found: {path}", hint="check the path given to --checkpoint")
     if os.path.isdir(path):
         raise UsageError(f"--checkpoint {path} is a folder",
@@ -203,11 +209,20 @@ def _read_index(path: str, meta: bool) -> dict[str, Any]:
     folder = os.path.dirname(path)
     state: dict[str, Any] = {}
     for shard in shards:
+        if not isinstance(shard, str) or os.path.isabs(shard) or os.pardir in shard.replace("\\", "/").split("/"):
+            raise UsageError(f"{path} names shard {shard!r}, outside the index's folder",   # a review: /etc/hostname
+                             hint="an index names its shards by file name, next to it")
         file = os.path.join(folder, shard)
-        if not os.path.isfile(file):
+        if not os.path.lexists(file):
             raise UsageError(f"{path} names shard {shard}, which is not in {folder or '.'}",
                              hint="torchdiag never downloads: put every shard next to the index")
-        state.update(_read_header(file) if meta else _read_safetensors(file))
+        regular_file(file, f"{path}: shard", hint="every shard is a .safetensors file on disk")
+        part = _read_header(file) if meta else _read_safetensors(file)
+        strays = sorted(k for k, v in weight_map.items() if v == shard and k not in part)
+        if strays:   # the index and its shards disagree: the map is what a loader trusts
+            raise UsageError(f"{path} maps {len(strays)} key(s) to {shard} that it does not hold ({strays[0]}…)",
+                             hint="the index does not belong to these shards: save them again with save_pretrained")
+        state.update(part)
     return state
 
 
@@ -304,6 +319,16 @@ def _hostile(name: str) -> str | None:
     module, attr = NAME_MAPPING.get((module, attr), (IMPORT_MAPPING.get(module, module), attr))
     if module.split(".")[0] in HOSTILE_MODULES or (module == "builtins" and attr in HOSTILE_BUILTINS):
         return f"{module}.{attr}"
+    return _method(name)
+
+
+def _method(name: str) -> str | None:
+    """A class's method named as a global (protocol 4's `pathlib.Path.touch`): a checkpoint stores classes and
+    values, never a method to call. Read from the scan's own name, `Path.touch.PosixPath` there too."""
+    parts = name.split(".")
+    classes = [i for i, p in enumerate(parts) if p[:1].isupper()]
+    if classes and classes[0] + 1 < len(parts) and parts[classes[0] + 1][:1].islower():
+        return ".".join(parts[:classes[0] + 2])
     return None
 
 
@@ -366,14 +391,25 @@ def unsafe_globals(path: str) -> list[str]:
             return []
     found, strings, stream = [], [], io.BytesIO(data)
     for _ in range(5):   # the legacy torch.save format is pickles in a row: magic, protocol, info, the object
+        memo: dict[int, Any] = {}   # a string said twice is fetched from the memo (`timeit.timeit`: one object)
+        last: Any = None
         try:
             for op, arg, _ in pickletools.genops(stream):
-                if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+                if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
                     strings.append(arg)
+                    last = arg
+                    continue
+                if op.name == "MEMOIZE":
+                    memo[len(memo)] = last
+                elif op.name in ("BINPUT", "LONG_BINPUT", "PUT"):
+                    memo[int(arg)] = last
+                elif op.name in ("BINGET", "LONG_BINGET", "GET") and isinstance(memo.get(int(arg)), str):
+                    strings.append(memo[int(arg)])
                 elif op.name == "GLOBAL":
                     found.append(arg.replace(" ", "."))
                 elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
                     found.append(f"{strings[-2]}.{strings[-1]}")
+                last = memo.get(int(arg)) if op.name in ("BINGET", "LONG_BINGET", "GET") else None
         except Exception:  # a damaged stream, or the raw storage bytes after the pickles: what was found so far
             break
         if stream.tell() >= len(data):
@@ -388,9 +424,9 @@ def _unwrap(obj, path: str, made: dict | None = None, meta: bool = False) -> dic
     import torch
 
     made = made or {}
-    for _ in range(2):   # a Lightning/trainer dict around the state dict
+    for _ in range(3):   # a Lightning/trainer dict around the state dict ({'checkpoint': {'model': …}} too)
         if isinstance(obj, dict) and not _is_state(obj):
-            inner = next((obj[k] for k in NESTED_KEYS if isinstance(dict.get(obj, k), dict)), None)
+            inner = _inner(obj)
             if inner is None:
                 break
             obj = inner
@@ -408,6 +444,24 @@ def _unwrap(obj, path: str, made: dict | None = None, meta: bool = False) -> dic
 
 
 EXTRA_STATE = "_extra_state"   # torch's suffix for get_extra_state(): plain containers under weights_only
+
+
+def _inner(obj: dict):
+    """The dict a trainer's checkpoint holds the weights in: a NESTED_KEYS entry, else its one entry that is a
+    dict holding tensors somewhere inside (an EMA copy beside the model is two: not guessed)."""
+    named = next((dict.get(obj, k) for k in NESTED_KEYS if isinstance(dict.get(obj, k), dict)), None)
+    if named is not None:
+        return named
+    inside = [v for v in dict.values(obj) if isinstance(v, dict) and _holds_tensors(v, 3)]
+    return inside[0] if len(inside) == 1 else None
+
+
+def _holds_tensors(obj, depth: int) -> bool:
+    import torch
+
+    if depth <= 0 or not isinstance(obj, dict):
+        return False
+    return any(isinstance(v, torch.Tensor) or _holds_tensors(v, depth - 1) for v in dict.values(obj))
 
 
 def _plain_tensor(key: str, t, path: str, meta: bool) -> None:
@@ -448,9 +502,21 @@ def _is_state(obj: dict) -> bool:
 def strip_prefix(state: dict[str, Any], model_keys: set[str]) -> tuple[dict[str, Any], str]:
     """Strip a prefix the model's keys do not have (`model.` of a LightningModule, `module.` of DDP,
     `_orig_mod.` of torch.compile, or any first name all keys share) when that makes more keys fit."""
+    done = ""
+    for _ in range(3):   # stacked: DDP around a compiled model saves `module._orig_mod.` (a review)
+        state, prefix = _strip_once(state, model_keys)
+        if not prefix:
+            break
+        done += prefix
+    return state, done
+
+
+def _strip_once(state: dict[str, Any], model_keys: set[str]) -> tuple[dict[str, Any], str]:
     best, best_hits = "", len(model_keys & state.keys())
     firsts = {k.split(".", 1)[0] + "." for k in state if "." in k}
-    candidates = list(STRIP_PREFIXES) + sorted(firsts - set(STRIP_PREFIXES))
+    shared = _shared_head(list(state))   # every key's leading names: `module._orig_mod.` stripped as one
+    heads = {".".join(shared[:i]) + "." for i in range(2, len(shared) + 1)}
+    candidates = list(STRIP_PREFIXES) + sorted((firsts | heads) - set(STRIP_PREFIXES))
     for prefix in candidates:
         for twice in (prefix, prefix * 2):
             stripped = {k[len(twice):] if k.startswith(twice) else k: v for k, v in state.items()}
@@ -460,6 +526,14 @@ def strip_prefix(state: dict[str, Any], model_keys: set[str]) -> tuple[dict[str,
     if not best:
         return state, ""
     return {k[len(best):] if k.startswith(best) else k: v for k, v in state.items()}, best
+
+
+def _shared_head(keys: list[str]) -> list[str]:
+    """The dotted names every key starts with, short of the last (a key's own name is not a prefix)."""
+    from os.path import commonprefix
+
+    parts = [k.split(".")[:-1] for k in keys]
+    return commonprefix(parts) if parts else []
 
 
 def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-checkpoint") -> Report:
