@@ -176,6 +176,10 @@ model = "{sample('transformer_lm.py:build')}"
     ('model = "{m}"\n[check]\nmax-params = inf', "must be > 0 and finite"),
     ('model = "{m}"\n[check]\nmax-params = "1.2.3M"', "is not a number"),
     ('model = "{m}"\n[check]\nmax-params = "0k"', "must be > 0"),
+    # a count of parameters is whole (a review: 58.9 was shown as 58, 0.5 was a limit of 0), and said where
+    ('model = "{m}"\n[check]\nmin-trainable-params = 58.9', "min-trainable-params = 58.9 in [tool.torchdiag] of c.toml is not a whole number"),
+    ('model = "{m}"\n[check]\nmax-params = 0.5', "max-params = 0.5 in [tool.torchdiag] of c.toml is not a whole number"),
+    ('model = "{m}"\n[check]\nmax-params = true', "max-params = True in [tool.torchdiag] of c.toml must be a number"),
     ('model = "{m}"\n[check]\nnancheck = true\nmax-peak-memory = "lots"', "bad memory size 'lots'"),
 ])
 def test_config_of_the_wrong_type_is_a_usage_error_not_a_crash(cli, tmp_path, monkeypatch, text, words):

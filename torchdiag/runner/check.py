@@ -87,7 +87,7 @@ def validate_check(check: dict, where: str) -> dict:
                                  hint='e.g. allow = ["aux_head.*"]')
             out[key] = value
         if key in ("max-params", "max-trainable-params", "min-trainable-params"):
-            out[key] = parse_count(value, key)
+            out[key] = parse_count(value, key, where)
         if key in ("max-gmacs", "max-gflops"):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise UsageError(f"{key} = {value!r} in {where} must be a number of G{key[5:].upper()}",
@@ -98,21 +98,25 @@ def validate_check(check: dict, where: str) -> dict:
     return out
 
 
-def parse_count(value, key: str) -> float:
-    """30000, "25M", "1.5G", "800k" → a positive number."""
+def parse_count(value, key: str, where: str = "") -> int:
+    """30000, "25M", "1.5G", "800k" → a whole, positive number of parameters (a review: 58.9 was shown as 58, and
+    0.5 accepted as a limit of 0)."""
+    at = f"{key} = {value!r}" + (f" in {where}" if where else "")
+    example = "write an integer or a string like \"25M\""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise UsageError(f"{key} must be a number, got {value!r}", hint="write an integer or a string like \"25M\"")
+        raise UsageError(f"{at} must be a number", hint=example)
     if isinstance(value, (int, float)):
-        if not 0 < value < float("inf"):
-            raise UsageError(f"{key} = {value!r} must be > 0 and finite")
-        return float(value)
-    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kKmMgGtT]?)\s*", value)
-    if not m:
-        raise UsageError(f"{key} = {value!r} is not a number", hint="write an integer or a string like \"25M\"")
-    n = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2).lower()]
-    if n <= 0:
-        raise UsageError(f"{key} = {value!r} must be > 0")
-    return n
+        n = float(value)
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kKmMgGtT]?)\s*", value)
+        if not m:
+            raise UsageError(f"{at} is not a number", hint=example)
+        n = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2).lower()]
+    if not 0 < n < float("inf"):
+        raise UsageError(f"{at} must be > 0 and finite", hint=example)
+    if n != round(n):
+        raise UsageError(f"{at} is not a whole number of parameters", hint=example)
+    return int(round(n))
 
 
 def _type_error(key, value, where, expected, example):
