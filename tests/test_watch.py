@@ -321,6 +321,31 @@ def test_submodule_left_in_eval_mode():
     assert "trained-in-eval-mode" not in codes(r)
 
 
+def test_eval_mode_that_changes_nothing_or_freezes_a_layer_is_info():
+    """A sweep: a plain MLP trained in eval mode got `trained-in-eval-mode`, and a BatchNorm frozen for fine-tuning
+    (eval, requires_grad=False) `module-in-eval-mode`, both warnings with a hint that would undo the freeze."""
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2)).eval()
+    opt = torch.optim.SGD(plain.parameters(), lr=0.05)
+    rng = torch.random.get_rng_state()
+    with Watch(plain, opt, every=10) as w:
+        _loop(plain, opt, 30, torch.Generator().manual_seed(0))
+        rng = torch.random.get_rng_state()
+    r = w.result()
+    f = finding(r, "trained-in-eval-mode")
+    assert f.severity == "info" and "changes nothing in this model" in f.message and r.exit_code == 0
+    assert not plain.training and torch.equal(torch.random.get_rng_state(), rng)   # the probe put both back
+    frozen = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 2))
+    frozen[1].eval().requires_grad_(False)
+    stats = frozen[1].running_mean.clone()
+    opt = torch.optim.SGD([p for p in frozen.parameters() if p.requires_grad], lr=0.05)
+    with Watch(frozen, opt, every=10) as w:
+        _loop(frozen, opt, 30, torch.Generator().manual_seed(0))
+    r = w.result()
+    assert [(f.where, f.severity) for f in r.findings if f.code == "module-in-eval-mode"] == [("1", "info")]
+    assert codes(r) == set() and torch.equal(frozen[1].running_mean, stats)
+
+
 def test_dead_units_passed_on_by_a_pool_and_a_flatten_are_one_finding():
     # the same mix-up as watch_dead_units.py on a conv net: the ReLU's channels die, and the max-pool and the
     # flatten after it (no parameters, reading its output) carry the same dead units: named once, with them

@@ -95,7 +95,8 @@ class Engine:
         self._owners: dict[int, int] = {}   # a step since the last read -> id of the track that took it (the clock)
         self.metrics: dict[str, list] = {}  # w.log(name, value): [(step, value)]
         self.events: list[dict] = []        # non-finite values (with replay), found at reads
-        self.checks = {"eval_steps": [], "eval_models": {}, "eval_modules": {}, "not_in_optimizer": {}, "carried": [],
+        self.checks = {"eval_steps": [], "eval_models": {}, "eval_modules": {}, "eval_frozen": {}, "mode_inert": None,
+                       "not_in_optimizer": {}, "carried": [],
                        "dead": {}, "dead_feeds": {}, "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": [],
                        "orphaned": set()}
         self.ratios: dict[str, list] = {}   # parameter name -> [(step, update/weight ratio)]
@@ -371,7 +372,7 @@ class Engine:
             if t.first_bad is not None:
                 t.first_bad = (t.first_bad[0], [ren(n) for n in t.first_bad[1]])
         self.ratios = rekey(self.ratios)
-        for key in ("eval_modules", "not_in_optimizer", "dead", "bn_nonfinite", "param_nonfinite"):
+        for key in ("eval_modules", "eval_frozen", "not_in_optimizer", "dead", "bn_nonfinite", "param_nonfinite"):
             self.checks[key] = rekey(self.checks[key])
         self.checks["dead_feeds"] = {ren(k): ren(v) for k, v in self.checks["dead_feeds"].items()}
         self._dead_first = rekey(self._dead_first)   # the units' first sample: a later one is compared with it
@@ -863,7 +864,10 @@ class Engine:
             prefix = self.root_prefix(root)   # the rows' names: `Type#i.` where there are several models
             for name, m in inner(root).named_modules():
                 if not m.training and isinstance(m, sensitive):
-                    self.checks["eval_modules"].setdefault(prefix + name, self.step)
+                    # kept in eval with its own weights frozen: a frozen layer, as in fine-tuning (a sweep)
+                    own = [p.requires_grad for p in m.parameters()]
+                    key = "eval_frozen" if own and not any(own) else "eval_modules"
+                    self.checks[key].setdefault(prefix + name, self.step)
             for name, p in inner(root).named_parameters():
                 if p.grad is not None and id(p) not in in_opt:
                     self._unowned.setdefault(prefix + name, (self.step, id(p)))
@@ -1006,6 +1010,21 @@ class Engine:
             self.broken = f"watch's last read failed ({one_line(exc)}); the report covers the reads before it"
         finally:
             self.close()
+        with contextlib.suppress(Exception):
+            self._probe_modes()
+
+    def _probe_modes(self) -> None:
+        """Steps trained in eval mode: does the mode change what the model computes? Its last training batch run
+        once in each mode (watch/modes.py), after the hooks are gone."""
+        if not self.checks["eval_steps"] or self.last_call is None:
+            return
+        ref, args, kwargs = self.last_call
+        root = ref()
+        if root is None or compiled(root):
+            return
+        from .modes import mode_inert
+
+        self.checks["mode_inert"] = (id(root), mode_inert(inner(root), args, kwargs))
 
     def _model_ids(self) -> set[int]:
         """id() of the watched models' parameters (made again when the models change; a few hundred tensors)."""

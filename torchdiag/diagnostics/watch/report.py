@@ -387,7 +387,13 @@ def _negligible(track, i: int) -> bool:
 
 def _modes(result: Result, engine) -> None:
     steps = engine.checks["eval_steps"]
-    if steps:
+    inert = engine.checks.get("mode_inert")
+    if steps and inert and inert[1] and set(engine.checks.get("eval_models", {})) <= {inert[0]}:
+        result.add("trained-in-eval-mode", "info", "", f"{len(steps)} of {engine.step} steps trained on a forward made "
+                   f"in eval mode (first: step {steps[0]}), which changes nothing in this model: its last training "
+                   "batch gives the same output in train and in eval mode (no dropout, BatchNorm or self.training "
+                   "code acts on it)")
+    elif steps:
         several = len(engine.roots) > 1   # named only where there are several models, as their parameters are
         which = [engine.root_prefix(engine.roots[r]).rstrip(".") for r in engine.checks.get("eval_models", {})
                  if several and r in engine.roots]
@@ -397,6 +403,12 @@ def _modes(result: Result, engine) -> None:
     for name, step in engine.checks["eval_modules"].items():
         result.add("module-in-eval-mode", "warning", name, f"{name} (dropout/BatchNorm) was in eval mode while the "
                    f"model trained (step {step})", "something called .eval() on this submodule; call model.train()")
+    frozen = list(engine.checks.get("eval_frozen", {}))
+    if frozen:   # BatchNorm frozen for fine-tuning: eval mode and requires_grad=False together, on purpose
+        result.add("module-in-eval-mode", "info", common_path(frozen) or frozen[0],
+                   f"{len(frozen)} BatchNorm/dropout module(s) ({cut(frozen, ', ', 4)}) stayed in eval mode with "
+                   "their own weights frozen while the model trained: a frozen layer, as in fine-tuning",
+                   members=frozen if len(frozen) > 1 else None)
 
 
 def _finite_pairs(steps, values):
