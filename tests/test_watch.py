@@ -321,6 +321,62 @@ def test_submodule_left_in_eval_mode():
     assert "trained-in-eval-mode" not in codes(r)
 
 
+@pytest.mark.parametrize("bug", ["zero_grad_after_backward", "detached_output"])
+def test_parameters_starved_by_the_loop_are_told_the_loops_own_cause(bug):
+    """A sweep: zero_grad() between backward() and step(), and a loss on a detached output, were told to rebuild the
+    optimizer. What the next backward gives the parameters tells the two apart."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(model, opt, every=10) as w:
+        for _ in range(30):
+            x = torch.randn(16, 8, generator=g)
+            out = model(x)
+            if bug == "detached_output":
+                out = out.detach().requires_grad_()
+            loss = F.cross_entropy(out, (x[:, 0] > 0).long())
+            if bug == "detached_output":
+                opt.zero_grad()
+            loss.backward()
+            if bug == "zero_grad_after_backward":
+                opt.zero_grad()
+            opt.step()
+    f = finding(w.result(), "never-gets-grad")
+    assert f.severity == "error"
+    if bug == "zero_grad_after_backward":
+        assert "a backward gave them gradients, and they were gone by the step" in f.message
+        assert f.hint.startswith("call optimizer.zero_grad() before loss.backward()")
+    else:
+        assert "the backward did not reach them" in f.message and ".detach()" in f.hint
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_a_softmax_before_cross_entropy_loss_is_found_from_its_input(fixed):
+    """A sweep: softmax then nn.CrossEntropyLoss passed (loss stuck at 1.6 against a floor of 1.46)."""
+    r = script("watch_softmax_ce", *(["--fixed"] if fixed else []))
+    if fixed:
+        assert codes(r) == set(), [f.to_dict() for f in r.findings]
+        return
+    f = finding(r, "probabilities-into-loss")
+    assert f.severity == "warning" and "CrossEntropyLoss got probabilities at step 1" in f.message
+    assert f"cannot fall below {math.log(1 + 3 / math.e):.4g}" in f.message and "logits" in f.hint
+    assert r.exit_code == 0
+
+
+def test_nll_loss_given_probabilities_not_their_log():
+    model = nn.Sequential(nn.Linear(8, 4), nn.Softmax(dim=1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Watch(every=5) as w:     # no model given: loss modules are seen by the global hooks
+        for _ in range(10):
+            x = torch.randn(16, 8)
+            loss = nn.NLLLoss()(model(x), (x[:, 0] > 0).long())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    f = finding(w.result(), "probabilities-into-loss")
+    assert "NLLLoss got values ≥ 0" in f.message and "log_softmax" in f.hint
+
+
 def test_eval_mode_that_changes_nothing_or_freezes_a_layer_is_info():
     """A sweep: a plain MLP trained in eval mode got `trained-in-eval-mode`, and a BatchNorm frozen for fine-tuning
     (eval, requires_grad=False) `module-in-eval-mode`, both warnings with a hint that would undo the freeze."""

@@ -142,6 +142,10 @@ class Engine:
         self._before_update = True          # the read being made sees the weights before this step's update
         self._first_bad_found = False       # the first non-finite loss or gradient is among the events
         self.backwards = 0                  # Tensor.backward calls seen: a gradient since a step is a new one
+        # an optimizer's first steps found none of its parameters with a gradient after a backward: the next
+        # backward is asked whether it gives them one (then zero_grad() ran between it and step()) or not
+        self._starved_probe: list | None = None
+        self._loss_looks = 0                # loss modules' inputs looked at (_look_at_loss_input)
         self.micro = 0                      # the most losses one step's backward calls took (accumulation)
         self.doubles = DoubleSteps()        # one gradient applied twice (double.py)
 
@@ -177,7 +181,10 @@ class Engine:
             if engine is not None and not engine.closed:   # closed out of order under another's wrapper: pass
                 engine.backwards += 1
                 engine._saw_loss(tensor)
-            return original(tensor, *args, **kwargs)
+            out = original(tensor, *args, **kwargs)
+            if engine is not None and engine._starved_probe is not None:
+                engine._after_backward()
+            return out
 
         backward.__doc__ = original.__doc__
         torch.Tensor.backward = backward
@@ -266,6 +273,9 @@ class Engine:
     def _global_pre(self, module, args):
         import torch
 
+        if self._loss_looks < LOSS_LOOKS and isinstance(module, _class_losses()) and args:
+            self._look_at_loss_input(module, args[0])
+
         if self._depth == 0 and (self._dead or self._dead_roots):   # let go before the next model's forward
             self._file_dead()
         # a forward run inside a backward is a checkpointed block's recomputation, not a model (a sweep: each
@@ -279,6 +289,22 @@ class Engine:
     @_guarded
     def _global_post(self, module, args, output):
         self._depth = max(0, self._depth - 1)
+
+    def _look_at_loss_input(self, module, x) -> None:
+        """CrossEntropyLoss given probabilities (a softmax before it), NLLLoss given them rather than their log: the
+        loss module's input at its first calls, judged on the device and read at the next read."""
+        import torch
+
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 2 or x.shape[1] < 2:
+            return
+        self._loss_looks += 1
+        with torch.no_grad():
+            p = x.detach().float()
+            flag = p.min() >= 0
+            if isinstance(module, torch.nn.CrossEntropyLoss):
+                flag = flag & (p.max() <= 1) & ((p.sum(1) - 1).abs().max() < 1e-3)
+            self.pending.append(("probs", (self.step + 1, type(module).__name__, int(x.shape[1])),
+                                 flag.float().reshape(1)))
 
     def _hook_root(self, root):
         if id(root) in self._root_handles:
@@ -772,6 +798,7 @@ class Engine:
             if self.clock is None:
                 track.unclocked += 1
         track.stepped_now(self.step)
+        self._starving(track)
         self._check_mode(track)
         read_step = self.step % self.opts.every == 0 and not self._provisional
         track.pre_step(self.step, read_step or self.step == 1, before_update)
@@ -784,6 +811,22 @@ class Engine:
         elif self._bad_here(track, opt):   # on the CPU: a read now, while the weights are the step's own
             self._before_update = before_update
             self.read()
+
+    def _starving(self, track: Track) -> None:
+        """At an optimizer's first steps after a backward, none of its trainable parameters has a gradient: the
+        next backward is asked (_after_backward). Attribute reads only, and only in the first steps."""
+        if track.stepped > 2 or not self.backwards or self.checks.get("backward_gave") is not None:
+            return
+        mine = [p for p in track.params if p.requires_grad]
+        if mine and all(p.grad is None for p in mine):
+            self._starved_probe = mine
+
+    @_guarded
+    def _after_backward(self) -> None:
+        """Did this backward give the starved parameters gradients? Yes: something cleared them before the step
+        (zero_grad() between backward() and step()); no: the loss does not reach them."""
+        params, self._starved_probe = self._starved_probe, None
+        self.checks["backward_gave"] = any(p.grad is not None for p in params or ())
 
     def _took_losses(self) -> None:
         """Another optimizer stepped: the losses since the last step were its own (a GAN's generator loss between
@@ -1026,6 +1069,11 @@ class Engine:
 
         self.checks["mode_inert"] = (id(root), mode_inert(inner(root), args, kwargs))
 
+    def holds_any(self, params) -> bool:
+        """Whether a watched model (given, or found training) holds any of `params`."""
+        ids = self._model_ids()
+        return any(id(p) in ids for p in params)
+
     def _model_ids(self) -> set[int]:
         """id() of the watched models' parameters (made again when the models change; a few hundred tensors)."""
         key = tuple(self.roots)
@@ -1144,6 +1192,16 @@ def compiled(root) -> bool:
     from .stats import compiled_module
 
     return compiled_module(root)
+
+
+LOSS_LOOKS = 3   # a loss module's first calls: a softmax before it is there from the first step
+
+
+def _class_losses() -> tuple:
+    """Loss modules that take class scores: CrossEntropyLoss wants logits, NLLLoss log-probabilities."""
+    import torch
+
+    return (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)
 
 
 def _mode_sensitive() -> tuple:

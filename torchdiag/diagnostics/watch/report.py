@@ -71,6 +71,7 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
     _wiring(result, engine)
     _doubles(result, engine)
     _modes(result, engine)
+    _probabilities(result, engine)
     _curves(result, engine)
     _layers(result, engine)
     _dead(result, engine)
@@ -276,14 +277,31 @@ def _starved(result: Result, engine, t, judged: list, owners: dict, where: str) 
     if not mine or any(t.seen_grad[i] or t.grad_max[i] > 0 or t.sampled <= t.joined[i] for i in mine):
         return False
     trained = any(o is not t and any(o.seen_grad) for o in judged)
+    why, hint = _starved_why(engine, t)
     result.add("never-gets-grad", "warning" if trained else "error", where,
                f"none of the {len(mine)} trainable parameters {'this optimizer' if where else 'the optimizer'} holds "
                f"got a gradient at any read step of its {t.stepped} steps"
-               + ("" if trained else ": nothing this run stepped was trained")
-               + ("" if t.roots else "; no model called in the run holds them"),
-               "build the optimizer from the model you train, after it is final: after .to() when it makes new "
-               "parameters, and not over a model made again since")
+               + ("" if trained else ": nothing this run stepped was trained") + why, hint)
     return True
+
+
+def _starved_why(engine, t) -> tuple[str, str]:
+    """Why an optimizer's parameters never had a gradient at its steps, from what the run did (a sweep: zero_grad()
+    between backward() and step(), and a loss on a detached output, were both told to rebuild the optimizer)."""
+    if not (t.roots or engine.holds_any(t.params)):
+        return ("; no model called in the run holds them", "build the optimizer from the model you train, after it "
+                "is final: after .to() when it makes new parameters, and not over a model made again since")
+    gave = engine.checks.get("backward_gave")
+    if gave:
+        return ("; a backward gave them gradients, and they were gone by the step",
+                "call optimizer.zero_grad() before loss.backward() (or at the loop's start), not between backward() "
+                "and step()")
+    if gave is False:
+        return ("; the model that holds them was called, but the backward did not reach them",
+                "compute the loss from the model's output as it comes back: not through .detach(), .item(), "
+                ".numpy(), torch.no_grad() or a new tensor made from its values")
+    return ("", "build the optimizer from the model you train, after it is final: after .to() when it makes new "
+                "parameters, and not over a model made again since")
 
 
 def _remade(result: Result, engine) -> None:
@@ -409,6 +427,26 @@ def _modes(result: Result, engine) -> None:
                    f"{len(frozen)} BatchNorm/dropout module(s) ({cut(frozen, ', ', 4)}) stayed in eval mode with "
                    "their own weights frozen while the model trained: a frozen layer, as in fine-tuning",
                    members=frozen if len(frozen) > 1 else None)
+
+
+def _probabilities(result: Result, engine) -> None:
+    """A class loss module that got probabilities (engine._look_at_loss_input): a softmax before CrossEntropyLoss,
+    which applies log_softmax itself, so the loss cannot fall below log(1 + (C − 1)/e); NLLLoss wants their log."""
+    got = engine.checks.get("probs_into_loss")
+    if not got:
+        return
+    step, loss, classes = got
+    if loss == "CrossEntropyLoss":
+        floor = math.log(1 + (classes - 1) / math.e)
+        result.add("probabilities-into-loss", "warning", "", f"CrossEntropyLoss got probabilities at step {step} "
+                   f"(every value in [0, 1], each row summing to 1 over its {classes} classes): a softmax before it. "
+                   "CrossEntropyLoss applies log_softmax itself, so the gradients are squashed and the loss cannot "
+                   f"fall below {floor:.4g}", "return the logits (drop the softmax at the end of the model); apply "
+                   "softmax only for predictions")
+    else:
+        result.add("probabilities-into-loss", "warning", "", f"{loss} got values ≥ 0 at step {step}, over {classes} "
+                   "classes: probabilities, where it takes log-probabilities", "apply log_softmax, not softmax, "
+                   "before NLLLoss (or give the logits to CrossEntropyLoss)")
 
 
 def _finite_pairs(steps, values):

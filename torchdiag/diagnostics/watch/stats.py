@@ -817,6 +817,9 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
         track.grad_max = [max(a, b) if math.isfinite(b) else a for a, b in zip(track.grad_max, vals)]
     elif kind == "changed":
         payload.changed = [v > 0 for v in vals]
+    elif kind == "probs":   # a class loss module's input was probabilities (engine._look_at_loss_input)
+        if vals[0] > 0:
+            checks.setdefault("probs_into_loss", payload)
     elif kind == "bn":
         step, names = payload
         for name, v in zip(names, vals):
