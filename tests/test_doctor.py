@@ -1,4 +1,6 @@
 """doctor: each broken sample model is caught by its own check, naming the exact culprit."""
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -1004,3 +1006,19 @@ def test_stochastic_depth_is_a_mode_dependent_module_not_ok():
     r = run_diag(model, x)
     (f,) = [f for f in r.findings if f.code == "mode-dependent"]
     assert "1 DropPath make train and eval outputs differ" in f.message and "stochastic depth off" in f.message
+
+
+@pytest.mark.parametrize("end, loss, found", [(nn.Softmax(dim=1), "auto", True), (nn.Identity(), "auto", False),
+                                             (nn.LogSoftmax(dim=1), "auto", False),
+                                             (nn.Softmax(dim=1), "mse", False)])
+def test_a_softmax_before_cross_entropy_is_said(end, loss, found):
+    """A sweep: doctor passed a model ending in a softmax (only overfit-batch warned); log_softmax is harmless (it is
+    its own log_softmax), and a loss that is not cross-entropy reads probabilities on purpose."""
+    from torchdiag.api import run
+
+    torch.manual_seed(0)
+    res = run("doctor", nn.Sequential(nn.Linear(8, 6), end), torch.randn(4, 8), loss=loss)
+    got = [f for f in res.findings if f.code == "softmax-before-cross-entropy"]
+    assert bool(got) == found, [f.to_dict() for f in res.findings]
+    if found:
+        assert got[0].severity == "warning" and f"cannot fall below {math.log(1 + 5 / math.e):.4g}" in got[0].message

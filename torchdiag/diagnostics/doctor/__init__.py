@@ -17,7 +17,7 @@ or parameter:
   dtypes        dtype-mismatch     parameters of mixed floating dtypes; float inputs of another dtype
   input_stats   non-finite-input, unnormalised-input (image-like float input in [0, 255])
   edits         edits-input        the forward writes into its own input tensors in place (warning)
-  target        target-out-of-range (class targets vs the output width)
+  target        target-out-of-range (class targets vs the output width), softmax-before-cross-entropy
   wrapped       param-hook-dropped  under torchrun --wrap fsdp: gradient hooks on parameters fully_shard drops
 
 `checklist` holds the row/finding bookkeeping, `training` the train-mode pass, `shared` the helpers.
@@ -45,7 +45,7 @@ from .modes import mode_modules
 from .options import NEEDS_VALUES, OPTIMIZER, WRAP, Options
 from .probe import Probe
 from .shared import failing_call, mixes_devices_or_dtypes, name, workspace
-from .target import check_target
+from .target import check_probabilities, check_target
 from .training import train_checks
 from .wrapped import Gate
 from .wrapped import make as make_wrapped
@@ -147,6 +147,7 @@ def _eval_checks(work, inputs, ctx, loss, main_dtype, ck: Checklist, result: Res
     if check_target(eval_out, loss, target, ck):
         train_loss = ctx.loss("auto")
         result.notes.append("training checks used random class targets: the given targets are out of range")
+    check_probabilities(eval_out, loss, ck)
     return eval_out, train_loss
 
 

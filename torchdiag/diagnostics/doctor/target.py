@@ -1,4 +1,5 @@
-"""target-out-of-range: class targets (from --batch, or target= in Python) against the output width."""
+"""target-out-of-range: class targets (from --batch, or target= in Python) against the output width;
+softmax-before-cross-entropy: the output a cross-entropy loss reads is already probabilities."""
 from __future__ import annotations
 
 from ...core.tracking import describe
@@ -49,3 +50,39 @@ def check_target(eval_out, loss, target, ck: Checklist) -> bool:
         return True
     ck.row("target", "ok", f"class targets in [{lo}, {hi}], output has {classes} classes")
     return False
+
+
+def check_probabilities(eval_out, loss, ck: Checklist) -> None:
+    """An output that cross-entropy reads (the loss asked for, or auto's choice for (N, C) scores) is a probability
+    distribution over dim 1: a softmax at the end of the model. CrossEntropyLoss applies log_softmax itself, so
+    training it so squashes the gradients (a sweep: gradflow and doctor passed it; overfit-batch alone warned)."""
+    import math
+
+    import torch
+
+    from ...core.loss import primary_output
+
+    if loss is None or loss.custom is not None or loss.kind not in ("auto", "cross_entropy"):
+        return
+    try:
+        y, picked = primary_output(eval_out)
+    except Exception:
+        return
+    if not (isinstance(y, torch.Tensor) and y.is_floating_point() and y.dim() >= 2 and y.shape[1] > 1):
+        return
+    if loss.kind == "auto" and y.dim() != 2:   # auto reads (N, C) scores as classes, anything else by mse
+        return
+    with torch.no_grad():
+        p = y.detach().float()
+        flags = torch.stack([p.min() >= 0, p.max() <= 1, (p.sum(1) - 1).abs().max() < 1e-3]).tolist()
+    if not all(flags):
+        return
+    classes = int(y.shape[1])
+    floor = math.log(1 + (classes - 1) / math.e)
+    ck.find("target", "softmax-before-cross-entropy", "warning", picked,
+            f"{picked} is a probability distribution over its {classes} classes (every value in [0, 1], each row "
+            "summing to 1): a softmax at the end of the model. Trained with cross-entropy, which applies log_softmax "
+            f"itself, its gradients are squashed and the loss cannot fall below {floor:.4g}",
+            "return the logits (drop the final softmax) and apply softmax only for predictions; a model meant to "
+            "output probabilities trains with NLLLoss on their log",
+            verdict=f"{picked} is already probabilities")
