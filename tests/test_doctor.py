@@ -1022,3 +1022,51 @@ def test_a_softmax_before_cross_entropy_is_said(end, loss, found):
     assert bool(got) == found, [f.to_dict() for f in res.findings]
     if found:
         assert got[0].severity == "warning" and f"cannot fall below {math.log(1 + 5 / math.e):.4g}" in got[0].message
+
+
+class LoRA(nn.Module):
+    """peft's recipe: a frozen base, a random A and a zero B in the same module."""
+
+    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.base = nn.Linear(d_in, d_out).requires_grad_(False)
+        self.lora_A = nn.Parameter(torch.randn(2, d_in) * 0.1)
+        self.lora_B = nn.Parameter(torch.zeros(d_out, 2))
+
+    def forward(self, x):
+        return self.base(x) + x @ self.lora_A.t() @ self.lora_B.t()
+
+
+class ReZero(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.ff, self.alpha = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, d)), nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        return x + self.alpha * self.ff(x)
+
+
+class LoRANet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.head = LoRA(8, 16), LoRA(16, 4)
+
+    def forward(self, x):
+        return self.head(torch.nn.functional.gelu(self.fc1(x)))
+
+
+def test_zero_init_names_the_gate_beside_or_above_the_parameters():
+    """A sweep: LoRA's lora_A was said to sit upstream of the next layer ("fc2, initialised to exactly zero"), and
+    ReZero's attention of block 0 upstream of block 1."""
+    from torchdiag.api import run
+
+    torch.manual_seed(0)
+    lora = LoRANet()
+    zi = {f.where: f for f in run("doctor", lora, torch.randn(4, 8)).findings if f.code == "zero-init"}
+    assert set(zi) == {"fc1", "head"}, [f.message for f in zi.values()]
+    assert "(fc1.lora_A)" in zi["fc1"].message
+    assert "upstream of fc1, whose lora_B is initialised to exactly zero" in zi["fc1"].message
+    rezero = nn.Sequential(*[ReZero(8) for _ in range(3)], nn.Linear(8, 2))
+    (f,) = [f for f in run("doctor", rezero, torch.randn(4, 8)).findings if f.code == "zero-init"]
+    assert f.where == "(root)" and sorted(f.members) == sorted(n for n, _ in rezero.named_parameters() if ".ff." in n)
+    assert "each block's own alpha, at exactly zero: blocks 0–2 of the model" in f.message, f.message

@@ -99,7 +99,7 @@ def update_check(probe: Probe) -> None:
         ck.row("update", "ok", f"{len(with_grad)}/{len(with_grad)} params change after 1 {step} step"
                + (f" ({len(quiet)} not reached by the default inputs: not judged)" if quiet else ""))
     _report_rounding(rounding, ctx, step, ck, result)
-    _report_zero_init(by_design, ck, result, work)
+    _report_zero_init(by_design, sources, ck, result, work)
     gated.report(designed, ck, result, step)
 
 
@@ -335,9 +335,35 @@ def _zero_init(probe: Probe, zero, sources) -> dict[str, str]:
     grown = _grown(zero, grads)
     for n in sorted(zero, key=lambda n: (order.get(module_of(n), 0), index.get(n, 0))):
         if n in grown:
-            at = order.get(module_of(n), 0)
-            out[n] = next((m for m in src_mods if order.get(m, 0) > at), src_mods[-1])
+            out[n] = _gate_module(module_of(n), src_mods, order)
     return out
+
+
+def _gate_module(mod: str, src_mods: list[str], order: dict) -> str:
+    """The zero-initialised module a parameter of `mod` sits upstream of: its own or an ancestor's (LoRA's lora_B
+    beside lora_A, ReZero's alpha on the block that holds the attention: a sweep named the next block's), else the
+    first registered after it (a bottleneck's last BatchNorm), else the last."""
+    ancestors = [m for m in src_mods if m == mod or not m or mod.startswith(m + ".")]
+    if ancestors:
+        return max(ancestors, key=len)
+    at = order.get(mod, 0)
+    return next((m for m in src_mods if order.get(m, 0) > at), src_mods[-1])
+
+
+def _gate_words(e, sources: list[str], model) -> str:
+    """What a zero-init finding's parameters sit upstream of: the module and its parameters at zero (a sweep: LoRA's
+    was named as the next layer), or each block's own, said once over the stack."""
+    from ...core import repeats
+
+    blocks = {f"{e.where}.{b}" if e.where else b for b in e.blocks} if e.folded else {e.where}
+    own = list(dict.fromkeys(n.rpartition(".")[2] for n in sources if module_of(n) in blocks))
+    zero = f"{', '.join(own)} {'is' if len(own) == 1 else 'are'} initialised to exactly zero"
+    if e.folded and all(not p for p, _ in e.places):   # the blocks themselves hold the gate (ReZero's alpha)
+        return (f"each block's own {', '.join(own)}, at exactly zero: blocks {repeats.ranges(e.blocks)} of "
+                f"{e.where or 'the model'}")
+    if e.folded:
+        return f"each block's own zero-initialised module, {repeats.describe(e, model)}"
+    return f"{e.where}, whose {zero}" if own else f"{e.where}, initialised to exactly zero"
 
 
 def _grown(zero, grads: dict) -> set[str]:
@@ -349,7 +375,7 @@ def _grown(zero, grads: dict) -> set[str]:
     return {n for n in zero if norms.get(n, 0.0) > 0 and n not in small}
 
 
-def _report_zero_init(by_design: dict[str, str], ck: Checklist, result: Result, model) -> None:
+def _report_zero_init(by_design: dict[str, str], sources: list[str], ck: Checklist, result: Result, model) -> None:
     if not by_design:
         return
     from ...core import repeats
@@ -360,8 +386,7 @@ def _report_zero_init(by_design: dict[str, str], ck: Checklist, result: Result, 
     for e in repeats.fold(entries, model):
         names = list(e.members)
         shown = ", ".join(names[:6]) + (f" … (+{len(names) - 6})" if len(names) > 6 else "")
-        where = (f"each block's own zero-initialised module, {repeats.describe(e, model)}" if e.folded else
-                 f"{e.where}, initialised to exactly zero")
+        where = _gate_words(e, sources, model)
         result.add("zero-init", "info", e.where or "(root)",
                    f"{len(names)} parameter(s) ({shown}) get an all-zero gradient at initialisation, by design: they "
                    f"sit upstream of {where}; after one optimizer step their gradients are non-zero (re-checked on the "
