@@ -1588,3 +1588,32 @@ def test_the_fp16_judged_backward_is_per_tensor_and_needs_no_retained_graph():
     assert st["p"]["status"] == "non-finite-grad"
     assert st["block.fc.weight"]["status"] == "ok" and st["block.fc.weight"]["grad_norm"] > 1e-7
     assert "as a GradScaler gives them" in res.header["mode"]
+
+
+class TopOne(nn.Module):
+    """An MoE in miniature: each sample goes to the expert its router picks; a small batch leaves some without one."""
+
+    def __init__(self):
+        super().__init__()
+        self.router, self.experts = nn.Linear(4, 4), nn.ModuleList(nn.Linear(4, 4) for _ in range(4))
+
+    def forward(self, x):
+        gate = self.router(x).softmax(1)
+        weight, pick = gate.max(1)
+        return torch.stack([self.experts[int(e)](row) * w for e, w, row in zip(pick, weight, x)])
+
+
+def test_an_expert_no_sample_was_routed_to_is_named_not_its_module_list():
+    """A sweep: 'module experts (ModuleList) never ran in forward' for the experts a 3-token batch did not reach."""
+    from torchdiag.api import run
+
+    torch.manual_seed(0)
+    model = TopOne()
+    x = torch.randn(2, 4)
+    used = {int(e) for e in model.router(x).argmax(1)}
+    assert len(used) < 4
+    res = run("gradflow", model, x)
+    (f,) = [f for f in res.findings if f.code == "no-grad"]
+    first = min(set(range(4)) - used)
+    assert f"module experts.{first} (Linear) never ran in forward" in f.message, f.message
+    assert f"while {len(used)} other Linear of experts ran" in f.message and "MoE router" in f.message

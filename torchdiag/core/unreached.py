@@ -17,16 +17,40 @@ def why(name, rec, reach: set[int], modules) -> tuple[str, str]:
         # the highest ancestor that never ran either (an unused submodule, not just its leaf)
         top = mod
         for a in ancestors(mod)[1:]:
-            if a in ran or a == "":
+            if a in ran or a == "" or not _callable(modules[a]):   # a ModuleList never runs: its entry did not
                 break
             top = a
-        return "unused", f"module {label(top)} ({type(modules[top]).__name__}) never ran in forward"
+        return "unused", f"module {label(top)} ({type(modules[top]).__name__}) never ran in forward" + _skipped(
+            top, ran, modules)
     cut = _cut(mod, rec, reach)
     if cut is not None:
         return "detached", _detached(cut, rec)
     kind = rec.types.get(mod) or type(modules[mod]).__name__
     return "unused", (f"module {label(mod)} ({kind}) ran and reached the loss, but this parameter "
                       "was not used (or was detached) in its forward")
+
+
+def _skipped(top: str, ran, modules) -> str:
+    """An entry of a container whose siblings of its class ran: either the forward chose among them by the input
+    (an MoE's router gave it no token in this batch) or a loop skipped it; both are said."""
+    parent = owner(top)
+    if top == "" or parent not in modules or _callable(modules[parent]):
+        return ""
+    kind = type(modules[top])
+    ran_too = [n for n, m in modules[parent].named_children() if type(m) is kind
+               and (f"{parent}.{n}" if parent else n) in ran]
+    if not ran_too:
+        return ""
+    return (f", while {len(ran_too)} other {kind.__name__} of {label(parent)} ran: a forward that picks among them "
+            "by the input (an MoE router) may send it nothing in a small batch; a loop that stops early never calls it")
+
+
+def _callable(module) -> bool:
+    """A module with a forward of its own: a container (ModuleList, ModuleDict) is never called, so its not running
+    says nothing (a sweep: experts 2, 6 and 7 of an MoE that got no token were "experts (ModuleList) never ran")."""
+    from torch import nn
+
+    return type(module).forward is not nn.Module.forward
 
 
 def cut_of(name: str, rec, reach: set[int]) -> str | None:
