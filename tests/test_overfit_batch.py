@@ -1026,3 +1026,26 @@ def test_a_falling_loss_with_a_cause_found_says_why_it_is_an_error():
     (note,) = [n for n in r.notes if n.startswith("the loss was still falling")]
     assert "the cause found above (update-rounds-away) may stop it before the target" in note
     assert "may reach the target" not in note
+
+
+class NothingTrains(torch.nn.Module):
+    """A frozen layer whose outputs are small, and a trainable tensor the loss multiplies by 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.base = torch.nn.Linear(8, 4).requires_grad_(False)
+        with torch.no_grad():
+            self.base.weight.mul_(0.01)
+        self.gain = torch.nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return self.base(x) + 0 * self.gain
+
+
+def test_a_model_where_nothing_trains_is_not_told_its_output_is_squashed():
+    """A sweep: a LoRA whose B was frozen at zero got 'every output value stays within [-1, 1] (a tanh at the end?)':
+    nothing trained, so the output's range says nothing of a squash."""
+    torch.manual_seed(0)
+    res = api_run("overfit-batch", NothingTrains(), torch.randn(8, 8), steps=20)
+    got = {f.code for f in res.findings}
+    assert "cannot-overfit" in got and "zero-grad" in got and "bounded-output" not in got, got

@@ -182,7 +182,8 @@ def _cause_findings(result, trainer, curve, causes, opts) -> int:
     if causes.final_same:
         found += 1
         _identical_outputs(result, curve, causes)
-    if causes.bounded:
+    still = set(causes.unchanged) | set(curve.missing) | set(causes.zero)
+    if causes.bounded and len(still) < n_trainable:   # nothing trained: the output's range says nothing of a squash
         found += 1
         _bounded_output(result, causes.bounded, trainer.ctx)
     return found + _precision_findings(result, trainer, curve, causes)
