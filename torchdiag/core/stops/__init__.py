@@ -108,7 +108,7 @@ class Stop:
             return ("the logits into the softmax are too far apart: scale them down (a temperature, a 1/√d factor) "
                     "or normalise what makes them")
         op = f"the `{self.op}` op" if self.op else "what the code does with that output"
-        return (f"look at {op}: units below an activation's zero point (see dead-units), or a round, sign, argmax or "
+        return (f"look at {op}: units below an activation's zero point (dead units), or a round, sign, argmax or "
                 "comparison, which needs a straight-through estimator to pass a gradient; a mask or selection that "
                 "never picks it means the input never exercises it")
 

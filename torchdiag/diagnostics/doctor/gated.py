@@ -17,6 +17,7 @@ from ...errors import ModelError
 from .shared import name
 
 CODE = "by-design-init"
+ZERO_GUESS = " (a hook, mask or multiplication by 0 wipes it)"   # param-not-updated's guess, until a stop is found
 
 
 def initial_copy(work, before: dict, dtype=None):
@@ -72,8 +73,9 @@ def with_stops(work, before, inputs, ctx, bad: list, zero: set, result, prepare)
         result.add(NOT_REACHED, "info", n, f"{n} does not change after the step: {padding_why(found[n])} with the "
                    f"default inputs torchdiag chose ({inputs.source}); not judged", NOT_REACHED_HINT)
         result.data.setdefault("params_not_reached", []).append(n)
-    return [(n, f"{msg}; {found[n].describe()}", found[n].hint()) if n in found else (n, msg, hint)
-            for n, msg, hint in bad if n not in padded]
+    # where it stops is the cause: the generic guess goes (a sweep: a dead ReLU led with "a hook, mask or * 0")
+    return [(n, f"{msg.replace(ZERO_GUESS, '')}; {found[n].describe()}", found[n].hint()) if n in found
+            else (n, msg, hint) for n, msg, hint in bad if n not in padded]
 
 
 def invariant(work, before, inputs, ctx, names: list[str], result, prepare) -> set[str]:

@@ -33,6 +33,7 @@ from ...errors import ModelError
 from ...results import Result
 from . import gated
 from .checklist import Checklist
+from .gated import ZERO_GUESS
 from .probe import Probe
 from .scaled import fit_scale
 from .shared import module_of, name, short_dtype
@@ -207,18 +208,38 @@ def _report_not_updated(bad: list[tuple[str, str, str]], kinds: dict[str, str], 
     the same kind (`kinds`: what happens to it) and hint in ≥ 2 blocks of a stack, said once with the first one's
     full message)."""
     verdict = f"{len(bad)} parameter(s) get a gradient but do not change after a step"
-    entries = repeats.fold([repeats.Entry((kinds[n], hint), n, [(n, msg, hint)]) for n, msg, hint in bad], model)
+    entries = _by_module(repeats.fold([repeats.Entry((kinds[n], hint), n, [(n, msg, hint)]) for n, msg, hint in bad],
+                                      model))
     for e in entries[:MAX_LISTED]:
         n, msg, hint = e.members[0]
+        names = [m for m, _, _ in e.members]
         if e.folded:
             ck.find("update", "param-not-updated", "error", e.where or "(root)", f"{len(e.members)} parameters, "
-                    f"{repeats.describe(e, model)}: as {n}, which {msg}", hint, verdict=verdict,
-                    members=[m for m, _, _ in e.members])
+                    f"{repeats.describe(e, model)}: as {n}, which {msg}", hint, verdict=verdict, members=names)
+        elif len(names) > 1:   # a module's parameters alike (a sweep: weight and bias, two errors word for word)
+            ck.find("update", "param-not-updated", "error", e.where, f"{', '.join(names)}: each {msg}", hint,
+                    verdict=verdict, members=names)
         else:
             ck.find("update", "param-not-updated", "error", n, f"{n} {msg}", hint, verdict=verdict)
     if len(entries) > MAX_LISTED:
         left = sum(len(e.members) for e in entries[MAX_LISTED:])
         result.notes.append(f"{left} more param-not-updated parameters not listed")
+
+
+def _by_module(entries: list) -> list:
+    """Unfolded entries of one module with the same message and hint, one entry on the module; in order."""
+    out: list = []
+    at: dict[tuple, int] = {}
+    for e in entries:
+        n, msg, hint = e.members[0]
+        key = (module_of(n), msg, hint)
+        if e.folded or key not in at:
+            if not e.folded:
+                at[key] = len(out)
+            out.append(e if e.folded else repeats.Entry(e.key, module_of(n) or "(root)", list(e.members)))
+            continue
+        out[at[key]].members.extend(e.members)
+    return out
 
 
 def _not_updated(with_grad, skip, zero, moved, kept, reset_to) -> list[tuple[str, str, str]]:
@@ -228,8 +249,8 @@ def _not_updated(with_grad, skip, zero, moved, kept, reset_to) -> list[tuple[str
         if n in skip:
             continue
         if n in zero:
-            bad.append((n, "receives a gradient, but it is all zeros (a hook, mask or multiplication by 0 "
-                           "wipes it), so the optimizer step leaves it unchanged",
+            bad.append((n, f"receives a gradient, but it is all zeros{ZERO_GUESS}, so the optimizer step leaves it "
+                           "unchanged",
                         "find what zeroes the gradient (p.register_hook, grad masks, * 0); freeze it on purpose "
                         "with requires_grad_(False) if it is not meant to train"))
         elif not moved[n]:
