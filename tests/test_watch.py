@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
 import pytest
 import torch
@@ -361,6 +362,29 @@ def test_a_softmax_before_cross_entropy_loss_is_found_from_its_input(fixed):
     assert f.severity == "warning" and "CrossEntropyLoss got probabilities at step 1" in f.message
     assert f"cannot fall below {math.log(1 + 3 / math.e):.4g}" in f.message and "logits" in f.hint
     assert r.exit_code == 0
+
+
+@pytest.mark.parametrize("target_shape, found", [((16,), True), ((16, 1), False), ((), False)])
+def test_an_elementwise_loss_that_broadcasts_both_sides_is_said(target_shape, found):
+    """A sweep: MSELoss on a (N, 1) output and a (N,) target (every prediction against every target) passed. A
+    scalar target is grown alone: no finding."""
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Watch(every=5) as w:     # no model given: loss modules are seen by the global hooks
+        for _ in range(10):
+            x = torch.randn(16, 8)
+            y = x[:, 0].reshape(target_shape) if target_shape != () else torch.zeros(())
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")   # torch's own UserWarning on the size mismatch
+                loss = nn.MSELoss()(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    r = w.result()
+    assert ("loss-broadcasts" in codes(r)) == found, [f.to_dict() for f in r.findings]
+    if found:
+        f = finding(r, "loss-broadcasts")
+        assert "MSELoss got an input of 16x1 and a target of 16 at step 1: they broadcast to 16x16" in f.message
 
 
 def test_nll_loss_given_probabilities_not_their_log():

@@ -146,6 +146,7 @@ class Engine:
         # backward is asked whether it gives them one (then zero_grad() ran between it and step()) or not
         self._starved_probe: list | None = None
         self._loss_looks = 0                # loss modules' inputs looked at (_look_at_loss_input)
+        self._shape_looks = 0               # elementwise losses' shapes looked at (_look_at_loss_shapes)
         self.micro = 0                      # the most losses one step's backward calls took (accumulation)
         self.doubles = DoubleSteps()        # one gradient applied twice (double.py)
 
@@ -275,6 +276,8 @@ class Engine:
 
         if self._loss_looks < LOSS_LOOKS and isinstance(module, _class_losses()) and args:
             self._look_at_loss_input(module, args[0])
+        if self._shape_looks < LOSS_LOOKS and isinstance(module, _elementwise_losses()) and len(args) >= 2:
+            self._look_at_loss_shapes(module, args[0], args[1])
 
         if self._depth == 0 and (self._dead or self._dead_roots):   # let go before the next model's forward
             self._file_dead()
@@ -305,6 +308,22 @@ class Engine:
                 flag = flag & (p.max() <= 1) & ((p.sum(1) - 1).abs().max() < 1e-3)
             self.pending.append(("probs", (self.step + 1, type(module).__name__, int(x.shape[1])),
                                  flag.float().reshape(1)))
+
+    def _look_at_loss_shapes(self, module, x, y) -> None:
+        """An elementwise loss whose input and target differ in shape broadcasts them: (N, 1) against (N,) compares
+        every prediction with every target (torch warns once; the run goes on). Shapes only: no device read."""
+        import torch
+
+        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+            return
+        self._shape_looks += 1
+        if x.shape != y.shape and "loss_broadcast" not in self.checks:
+            with contextlib.suppress(RuntimeError):
+                both = torch.broadcast_shapes(x.shape, y.shape)
+                # both sides grown: (N, 1) with (N,) is (N, N); a scalar or per-feature target is grown alone
+                if math.prod(both) > max(x.numel(), y.numel()):
+                    self.checks["loss_broadcast"] = (self.step + 1, type(module).__name__, tuple(x.shape),
+                                                     tuple(y.shape), tuple(both))
 
     def _hook_root(self, root):
         if id(root) in self._root_handles:
@@ -1202,6 +1221,14 @@ def _class_losses() -> tuple:
     import torch
 
     return (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)
+
+
+def _elementwise_losses() -> tuple:
+    """Loss modules that compare input and target element by element, broadcasting a shape mismatch (with a
+    warning) where BCE raises."""
+    import torch
+
+    return (torch.nn.MSELoss, torch.nn.L1Loss, torch.nn.SmoothL1Loss, torch.nn.HuberLoss)
 
 
 def _mode_sensitive() -> tuple:

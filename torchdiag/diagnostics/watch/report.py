@@ -432,6 +432,7 @@ def _modes(result: Result, engine) -> None:
 def _probabilities(result: Result, engine) -> None:
     """A class loss module that got probabilities (engine._look_at_loss_input): a softmax before CrossEntropyLoss,
     which applies log_softmax itself, so the loss cannot fall below log(1 + (C − 1)/e); NLLLoss wants their log."""
+    _broadcast(result, engine)
     got = engine.checks.get("probs_into_loss")
     if not got:
         return
@@ -447,6 +448,18 @@ def _probabilities(result: Result, engine) -> None:
         result.add("probabilities-into-loss", "warning", "", f"{loss} got values ≥ 0 at step {step}, over {classes} "
                    "classes: probabilities, where it takes log-probabilities", "apply log_softmax, not softmax, "
                    "before NLLLoss (or give the logits to CrossEntropyLoss)")
+
+
+def _broadcast(result: Result, engine) -> None:
+    got = engine.checks.get("loss_broadcast")
+    if not got:
+        return
+    step, loss, x, y, both = got
+    shape = lambda s: "x".join(map(str, s)) or "a scalar"   # noqa: E731
+    result.add("loss-broadcasts", "warning", "", f"{loss} got an input of {shape(x)} and a target of {shape(y)} at step "
+               f"{step}: they broadcast to {shape(both)}, so each prediction is compared with other samples' targets"
+               + (" (every prediction with every target)" if len(both) == 2 and both[0] == both[1] > 1 else ""),
+               "give both the same shape (target.view_as(output), or output.squeeze(-1))")
 
 
 def _finite_pairs(steps, values):
