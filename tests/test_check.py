@@ -180,6 +180,7 @@ model = "{sample('transformer_lm.py:build')}"
     ('model = "{m}"\n[check]\nmin-trainable-params = 58.9', "min-trainable-params = 58.9 in [tool.torchdiag] of c.toml is not a whole number"),
     ('model = "{m}"\n[check]\nmax-params = 0.5', "max-params = 0.5 in [tool.torchdiag] of c.toml is not a whole number"),
     ('model = "{m}"\n[check]\nmax-params = true', "max-params = True in [tool.torchdiag] of c.toml must be a number"),
+    ('model = "{m}"\n[check]\nmax-params = "1.5e0"', "max-params = '1.5e0' in [tool.torchdiag] of c.toml is not a whole"),
     ('model = "{m}"\n[check]\nnancheck = true\nmax-peak-memory = "lots"', "bad memory size 'lots'"),
 ])
 def test_config_of_the_wrong_type_is_a_usage_error_not_a_crash(cli, tmp_path, monkeypatch, text, words):

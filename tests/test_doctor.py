@@ -837,8 +837,18 @@ def test_dropout_on_in_eval_or_a_state_that_moves_stays_an_error():
         def forward(self, x):
             return torch.nn.functional.dropout(x, 0.3)
 
+    class DropPath(nn.Module):   # transformers' ConvNextDropPath, left on: keep_prob + torch.rand, floored
+        def forward(self, x):
+            mask = (0.8 + torch.rand(x.shape[0], 1)).floor_()
+            return x.div(0.8) * mask
+
+    class RandMask(nn.Module):   # a hand-made mask (a review), and a coin flip per unit
+        def forward(self, x):
+            return x * (torch.rand_like(x) > 0.3) * torch.bernoulli(torch.full_like(x, 0.9))
+
     torch.manual_seed(0)
-    for model in (nn.Sequential(nn.Linear(4, 4), HandDropout()), nn.Sequential(Flip(), nn.Linear(4, 2))):
+    for model in (nn.Sequential(nn.Linear(4, 4), HandDropout()), nn.Sequential(Flip(), nn.Linear(4, 2)),
+                  nn.Sequential(nn.Linear(4, 4), DropPath()), nn.Sequential(nn.Linear(4, 4), RandMask())):
         res = run("doctor", model, torch.randn(2, 4))
         (f,) = [f for f in res.findings if f.code == "nondeterministic-eval"]
         assert f.severity == "error" and "draws samples" not in f.message and res.exit_code == 1
@@ -1020,6 +1030,10 @@ def test_a_softmax_before_cross_entropy_is_said(end, loss, found):
     res = run("doctor", nn.Sequential(nn.Linear(8, 6), end), torch.randn(4, 8), loss=loss)
     got = [f for f in res.findings if f.code == "softmax-before-cross-entropy"]
     assert bool(got) == found, [f.to_dict() for f in res.findings]
+    if found:   # soft targets (distillation): auto trains the probabilities by mse, which reads them as they are
+        soft = run("doctor", nn.Sequential(nn.Linear(8, 6), end), torch.randn(4, 8),
+                   target=torch.softmax(torch.randn(4, 6), 1))
+        assert "softmax-before-cross-entropy" not in {f.code for f in soft.findings}
     if found:
         assert got[0].severity == "warning" and f"cannot fall below {math.log(1 + 5 / math.e):.4g}" in got[0].message
 
@@ -1070,3 +1084,25 @@ def test_zero_init_names_the_gate_beside_or_above_the_parameters():
     (f,) = [f for f in run("doctor", rezero, torch.randn(4, 8)).findings if f.code == "zero-init"]
     assert f.where == "(root)" and sorted(f.members) == sorted(n for n, _ in rezero.named_parameters() if ".ff." in n)
     assert "each block's own alpha, at exactly zero: blocks 0–2 of the model" in f.message, f.message
+
+
+class ZeroHeadAndBias(nn.Module):
+    """A zero head, and a zero output bias held by the root itself (a review: the root, an ancestor of every module,
+    was named the gate)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = nn.Sequential(nn.Linear(8, 8), nn.Tanh()), nn.Linear(8, 2)
+        nn.init.zeros_(self.head.weight)
+        self.out_bias = nn.Parameter(torch.zeros(2))
+
+    def forward(self, x):
+        return self.head(self.body(x)) + self.out_bias
+
+
+def test_the_roots_own_zero_parameter_is_not_every_modules_gate():
+    from torchdiag.api import run
+
+    torch.manual_seed(0)
+    (f,) = [f for f in run("doctor", ZeroHeadAndBias(), torch.randn(4, 8)).findings if f.code == "zero-init"]
+    assert f.where == "head" and "upstream of head, whose weight" in f.message, f.message

@@ -371,6 +371,8 @@ def test_a_fifo_nothing_reads_yet_is_waited_for_and_said(tmp_path, monkeypatch):
     assert f"--plot {fifo}: a FIFO that nothing reads yet; waiting for a reader" in err.getvalue()
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
 @pytest.mark.parametrize("args", [["summary", sample("mlp.py:build"), "--json"],
                                   ["summary", sample("mlp.py:build")],

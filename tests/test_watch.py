@@ -348,7 +348,29 @@ def test_parameters_starved_by_the_loop_are_told_the_loops_own_cause(bug):
         assert "a backward gave them gradients, and they were gone by the step" in f.message
         assert f.hint.startswith("call optimizer.zero_grad() before loss.backward()")
     else:
-        assert "the backward did not reach them" in f.message and ".detach()" in f.hint
+        assert "a backward left them no gradient" in f.message and ".detach()" in f.hint
+
+
+def test_two_starved_optimizers_each_get_their_own_cause():
+    """A review: one optimizer's zero_grad() ran between backward and step, the other's loss was detached; the
+    cause was one value for the run, so both got the first one's."""
+    a, b = nn.Linear(8, 1), nn.Linear(8, 1)
+    oa, ob = torch.optim.SGD(a.parameters(), lr=0.01), torch.optim.SGD(b.parameters(), lr=0.01)
+    with Watch(every=5) as w:
+        for _ in range(10):
+            x = torch.randn(16, 8)
+            la = a(x).square().mean()
+            lb = b(x).detach().requires_grad_().square().mean()
+            la.backward()
+            oa.zero_grad()     # a: cleared before its step
+            oa.step()
+            ob.zero_grad()
+            lb.backward()      # b: its loss does not reach it
+            ob.step()
+    got = {f.where: f.message for f in w.result().findings if f.code == "never-gets-grad"}
+    assert len(got) == 2, got
+    messages = sorted(got.values())
+    assert sum("gone by the step" in m for m in messages) == 1 and sum("left them no gradient" in m for m in messages) == 1
 
 
 @pytest.mark.parametrize("fixed", [False, True])
@@ -387,6 +409,25 @@ def test_an_elementwise_loss_that_broadcasts_both_sides_is_said(target_shape, fo
         assert "MSELoss got an input of 16x1 and a target of 16 at step 1: they broadcast to 16x16" in f.message
 
 
+def test_an_empty_selection_into_cross_entropy_does_not_stop_watch():
+    """A review: a (0, C) input (no positives in the batch) made the look at the loss input raise, which stopped
+    watch at step 1 ("no optimizer step was seen" when it came first)."""
+    model = nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Watch(every=5) as w:
+        for step in range(10):
+            x = torch.randn(16, 8)
+            keep = torch.zeros(16, dtype=torch.bool) if step == 0 else torch.ones(16, dtype=torch.bool)
+            out, y = model(x)[keep], (x[:, 0] > 0).long()[keep]
+            loss = nn.CrossEntropyLoss(reduction="sum")(out, y) / 16   # 0 over no rows
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    r = w.result()
+    assert r.data["steps"] == 10 and "internal error" not in " ".join(r.notes), r.notes
+    assert codes(r) == set(), [f.to_dict() for f in r.findings]
+
+
 def test_nll_loss_given_probabilities_not_their_log():
     model = nn.Sequential(nn.Linear(8, 4), nn.Softmax(dim=1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -415,15 +456,66 @@ def test_eval_mode_that_changes_nothing_or_freezes_a_layer_is_info():
     f = finding(r, "trained-in-eval-mode")
     assert f.severity == "info" and "changes nothing in this model" in f.message and r.exit_code == 0
     assert not plain.training and torch.equal(torch.random.get_rng_state(), rng)   # the probe put both back
-    frozen = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 2))
-    frozen[1].eval().requires_grad_(False)
-    stats = frozen[1].running_mean.clone()
-    opt = torch.optim.SGD([p for p in frozen.parameters() if p.requires_grad], lr=0.05)
-    with Watch(frozen, opt, every=10) as w:
-        _loop(frozen, opt, 30, torch.Generator().manual_seed(0))
+    for pretrained in (True, False):
+        frozen = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 2))
+        if pretrained:   # its statistics from data, as a checkpoint brings them
+            frozen(torch.randn(64, 8))
+        frozen[1].eval().requires_grad_(False)
+        stats = frozen[1].running_mean.clone()
+        opt = torch.optim.SGD([p for p in frozen.parameters() if p.requires_grad], lr=0.05)
+        with Watch(frozen, opt, every=10) as w:
+            _loop(frozen, opt, 30, torch.Generator().manual_seed(0))
+        r = w.result()
+        # frozen as built (a review): its statistics never saw a batch, it normalises nothing: still the warning
+        expect = "info" if pretrained else "warning"
+        assert [(f.where, f.severity) for f in r.findings if f.code == "module-in-eval-mode"] == [("1", expect)]
+        assert torch.equal(frozen[1].running_mean, stats)
+        assert codes(r) == (set() if pretrained else {"module-in-eval-mode"})
+
+
+class EditsItsInput(nn.Module):
+    """A forward that scales its input in place, and a train() that unfreezes a layer eval() froze (a review: the
+    end-of-run probe doubled the user's batch twice more and left the layer trainable)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        x.mul_(2)
+        return self.b(torch.relu(self.a(x)))
+
+    def train(self, mode=True):
+        self.b.requires_grad_(mode)
+        return super().train(mode)
+
+
+def test_the_eval_mode_probe_leaves_the_users_batch_model_and_random_states_as_they_were():
+    import random
+
+    import numpy as np
+
+    model = EditsItsInput().eval()
+    opt = torch.optim.SGD(model.a.parameters(), lr=0.05)
+    with Watch(model, opt, every=10) as w:
+        for _ in range(20):
+            x = torch.ones(4, 8)
+            loss = model(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        states = random.getstate(), np.random.get_state()[1].copy()
     r = w.result()
-    assert [(f.where, f.severity) for f in r.findings if f.code == "module-in-eval-mode"] == [("1", "info")]
-    assert codes(r) == set() and torch.equal(frozen[1].running_mean, stats)
+    assert finding(r, "trained-in-eval-mode").severity == "info"
+    assert torch.equal(x, torch.full((4, 8), 2.0))          # scaled once, by the loop's own forward
+    assert not model.b.weight.requires_grad and not model.training
+    assert random.getstate() == states[0] and np.array_equal(np.random.get_state()[1], states[1])
+    # a model that holds a dropout is not asked: its train mode acts whatever one batch shows
+    drop = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 2)).eval()
+    opt = torch.optim.SGD(drop.parameters(), lr=0.05)
+    with Watch(drop, opt, every=10) as w:
+        _loop(drop, opt, 20, torch.Generator().manual_seed(0))
+    assert finding(w.result(), "trained-in-eval-mode").severity == "warning"
 
 
 def test_dead_units_passed_on_by_a_pool_and_a_flatten_are_one_finding():

@@ -324,11 +324,11 @@ def _hostile(name: str) -> str | None:
 
 def _method(name: str) -> str | None:
     """A class's method named as a global (protocol 4's `pathlib.Path.touch`): a checkpoint stores classes and
-    values, never a method to call. Read from the scan's own name, `Path.touch.PosixPath` there too."""
+    values, never a method to call. The last name a function's (lower case), the one before it a class's (a
+    review: a user package `Models.net.Cfg` was read as a method)."""
     parts = name.split(".")
-    classes = [i for i, p in enumerate(parts) if p[:1].isupper()]
-    if classes and classes[0] + 1 < len(parts) and parts[classes[0] + 1][:1].islower():
-        return ".".join(parts[:classes[0] + 2])
+    if len(parts) >= 2 and parts[-1][:1].islower() and parts[-2][:1].isupper() and not parts[-1].startswith("__"):
+        return name
     return None
 
 

@@ -264,6 +264,14 @@ class Loss:
             return draw((n,) + shape[1:], generator=g)[start:stop]
         return draw(shape, generator=g)
 
+    def auto_kind(self, y, picked: str) -> str:
+        """What `--loss auto` chooses for the output `y` (labelled `picked`), before any call."""
+        saved, self.picked = self.picked, picked
+        try:
+            return self._auto(y)
+        finally:
+            self.picked = saved
+
     def _auto(self, y) -> str:
         if y.dim() == 0 or self.picked == "output['loss']":
             return "model"

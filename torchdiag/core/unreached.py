@@ -17,9 +17,10 @@ def why(name, rec, reach: set[int], modules) -> tuple[str, str]:
         # the highest ancestor that never ran either (an unused submodule, not just its leaf)
         top = mod
         for a in ancestors(mod)[1:]:
-            if a in ran or a == "" or not _callable(modules[a]):   # a ModuleList never runs: its entry did not
+            if a in ran or a == "":
                 break
-            top = a
+            if _callable(modules[a]):   # a ModuleList never runs by itself: passed over, not named
+                top = a
         return "unused", f"module {label(top)} ({type(modules[top]).__name__}) never ran in forward" + _skipped(
             top, ran, modules)
     cut = _cut(mod, rec, reach)

@@ -108,7 +108,7 @@ def parse_count(value, key: str, where: str = "") -> int:
     if isinstance(value, (int, float)):
         n = float(value)
     else:
-        m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kKmMgGtT]?)\s*", value)
+        m = re.fullmatch(r"\s*((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*([kKmMgGtT]?)\s*", value)   # "1e6" too
         if not m:
             raise UsageError(f"{at} is not a number", hint=example)
         n = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2).lower()]

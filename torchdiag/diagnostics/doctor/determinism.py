@@ -12,14 +12,16 @@ RANDOM_EVAL_HINT = ("randomness in eval: use self.training to gate it (F.dropout
                     "no torch.rand/randn in forward outside training")
 SAMPLING_HINT = ("if the model samples by design, validate with a fixed seed or with the mean in eval; if the noise is "
                  "meant for training only, gate it with self.training")
-# random ops by what they are (aten names): a dropout mask (F.dropout's bernoulli_, CUDA's fused native_dropout, rrelu's
-# noise) on in eval is the classic bug; drawing samples (randn_like, normal, randperm, multinomial, bernoulli(p)) is
-# also how a VAE reparameterises, MAE and ViLT pick patches, a vocoder or VITS draws noise: by design as often
-DROPOUT_OPS = {"bernoulli_", "native_dropout", "_fused_dropout", "rrelu_with_noise", "rrelu_with_noise_",
-               "dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout"}
-RANDOM_OPS = DROPOUT_OPS | {"bernoulli", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like",
-                            "randperm", "normal", "normal_", "uniform_", "multinomial", "exponential_", "poisson",
-                            "cauchy_", "geometric_", "log_normal_", "random_", "_standard_gamma", "binomial"}
+# random ops by what they draw (aten names). Samples from a distribution (a Gaussian, a categorical, a permutation)
+# are how a VAE reparameterises, ViLT picks patches, a vocoder or VITS draws noise: by design as often as not.
+# Uniform numbers and coin flips are what dropout masks and stochastic depth are made of (F.dropout's bernoulli_,
+# CUDA's native_dropout, HF's DropPath `keep_prob + torch.rand(...)`, a hand-made `rand_like(x) > p`): left on in eval
+# the classic bug (a review: ConvNextDropPath on in eval was told "by design").
+SAMPLING_OPS = {"randn", "randn_like", "normal", "normal_", "multinomial", "randperm", "poisson", "_standard_gamma",
+                "binomial", "exponential_", "cauchy_", "log_normal_", "geometric_"}
+RANDOM_OPS = SAMPLING_OPS | {"bernoulli", "bernoulli_", "native_dropout", "_fused_dropout", "rrelu_with_noise",
+                             "rrelu_with_noise_", "dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout",
+                             "rand", "rand_like", "uniform_", "randint", "randint_like", "random_"}
 
 
 WEIGHTS = 1021      # a fixed ±1 pattern this long, repeated along a tensor: its weighted sum sees an order
@@ -158,8 +160,8 @@ def check_determinism(work, inputs, ck: Checklist) -> None:
                "the first module whose output changes while its input does not, or whose own forward hands its "
                "calls different inputs")
     drawn = _random_ops(work, inputs)
-    sampling = bool(drawn) and not drawn & DROPOUT_OPS
-    if sampling:   # a sampling model (a VAE) is not failed for it; a dropout left on, or a state that moves, is
+    sampling = bool(drawn) and drawn <= SAMPLING_OPS
+    if sampling:   # a sampling model (a VAE) is not failed for it; a mask left on, or a state that moves, is
         message += (f"; the forward draws samples in eval ({', '.join(sorted(drawn))}): by design in a VAE's "
                      "reparameterisation or a masked autoencoder, a bug where the noise is meant for training")
     ck.find("determinism", "nondeterministic-eval", "warning" if sampling else "error", name(culprit), message,

@@ -70,7 +70,7 @@ def check_probabilities(eval_out, loss, ck: Checklist) -> None:
         return
     if not (isinstance(y, torch.Tensor) and y.is_floating_point() and y.dim() >= 2 and y.shape[1] > 1):
         return
-    if loss.kind == "auto" and y.dim() != 2:   # auto reads (N, C) scores as classes, anything else by mse
+    if loss.kind == "auto" and loss.auto_kind(y, picked) != "cross_entropy":   # mse on a float target (a review)
         return
     with torch.no_grad():
         p = y.detach().float()

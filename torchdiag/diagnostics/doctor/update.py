@@ -361,14 +361,14 @@ def _zero_init(probe: Probe, zero, sources) -> dict[str, str]:
 
 
 def _gate_module(mod: str, src_mods: list[str], order: dict) -> str:
-    """The zero-initialised module a parameter of `mod` sits upstream of: its own or an ancestor's (LoRA's lora_B
-    beside lora_A, ReZero's alpha on the block that holds the attention: a sweep named the next block's), else the
-    first registered after it (a bottleneck's last BatchNorm), else the last."""
-    ancestors = [m for m in src_mods if m == mod or not m or mod.startswith(m + ".")]
+    """The zero-initialised module a parameter of `mod` sits upstream of: its own or an ancestor's below the root
+    (LoRA's lora_B beside lora_A, ReZero's alpha on the block that holds the attention: a sweep named the next
+    block's), else the first registered after it (a bottleneck's last BatchNorm), else the last (the root's own)."""
+    ancestors = [m for m in src_mods if m and (m == mod or mod.startswith(m + "."))]
     if ancestors:
         return max(ancestors, key=len)
-    at = order.get(mod, 0)
-    return next((m for m in src_mods if order.get(m, 0) > at), src_mods[-1])
+    at = order.get(mod, 0)   # the root's own zero parameters (an output bias) only when nothing else is there
+    return next((m for m in src_mods if m and order.get(m, 0) > at), src_mods[-1])
 
 
 def _gate_words(e, sources: list[str], model) -> str:

@@ -144,8 +144,9 @@ class Engine:
         self.backwards = 0                  # Tensor.backward calls seen: a gradient since a step is a new one
         # an optimizer's first steps found none of its parameters with a gradient after a backward: the next
         # backward is asked whether it gives them one (then zero_grad() ran between it and step()) or not
-        self._starved_probe: list | None = None
+        self._starved_probe: dict | None = None
         self._loss_looks = 0                # loss modules' inputs looked at (_look_at_loss_input)
+        self._frozen_refs: dict = {}        # name -> the module kept in eval (its running statistics read at the end)
         self._shape_looks = 0               # elementwise losses' shapes looked at (_look_at_loss_shapes)
         self.micro = 0                      # the most losses one step's backward calls took (accumulation)
         self.doubles = DoubleSteps()        # one gradient applied twice (double.py)
@@ -298,14 +299,17 @@ class Engine:
         loss module's input at its first calls, judged on the device and read at the next read."""
         import torch
 
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 2 or x.shape[1] < 2:
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 2 or x.shape[1] < 2 \
+                or x.numel() == 0:   # a review: an empty selection (no positives in the batch) stopped watch
             return
         self._loss_looks += 1
+        # a row's sum is off by its rounding: ~eps per class (a review: bfloat16 softmax rows missed 1e-3)
+        tol = max(1e-3, 4 * torch.finfo(x.dtype).eps * math.sqrt(x.shape[1]))
         with torch.no_grad():
             p = x.detach().float()
             flag = p.min() >= 0
             if isinstance(module, torch.nn.CrossEntropyLoss):
-                flag = flag & (p.max() <= 1) & ((p.sum(1) - 1).abs().max() < 1e-3)
+                flag = flag & (p.max() <= 1) & ((p.sum(1) - 1).abs().max() < tol)
             self.pending.append(("probs", (self.step + 1, type(module).__name__, int(x.shape[1])),
                                  flag.float().reshape(1)))
 
@@ -422,6 +426,7 @@ class Engine:
         self.checks["dead_feeds"] = {ren(k): ren(v) for k, v in self.checks["dead_feeds"].items()}
         self._dead_first = rekey(self._dead_first)   # the units' first sample: a later one is compared with it
         self._unowned = rekey(self._unowned)         # seen in no optimizer at a read: the end judges them
+        self._frozen_refs = rekey(self._frozen_refs)
         for event in self.events:
             event["params"] = [ren(n) for n in event["params"]]
             rep = event.get("replay") or {}
@@ -834,18 +839,30 @@ class Engine:
     def _starving(self, track: Track) -> None:
         """At an optimizer's first steps after a backward, none of its trainable parameters has a gradient: the
         next backward is asked (_after_backward). Attribute reads only, and only in the first steps."""
-        if track.stepped > 2 or not self.backwards or self.checks.get("backward_gave") is not None:
+        probes = self._starved_probe or {}
+        if id(track) in probes:   # no backward gave them one before this next step: the loss does not reach them
+            del probes[id(track)]
+            track.backward_gave = False
+            self._starved_probe = probes or None
+        if track.stepped > 2 or not self.backwards or track.backward_gave is not None:
             return
         mine = [p for p in track.params if p.requires_grad]
         if mine and all(p.grad is None for p in mine):
-            self._starved_probe = mine
+            self._starved_probe = {**probes, id(track): (weakref.ref(track), mine)}
 
     @_guarded
     def _after_backward(self) -> None:
-        """Did this backward give the starved parameters gradients? Yes: something cleared them before the step
-        (zero_grad() between backward() and step()); no: the loss does not reach them."""
-        params, self._starved_probe = self._starved_probe, None
-        self.checks["backward_gave"] = any(p.grad is not None for p in params or ())
+        """Did a backward give a starved optimizer's parameters gradients before its next step? Yes: something
+        cleared them before the step (zero_grad() between backward() and step()); none did by then: the loss does
+        not reach them (_starving). Per optimizer: a review's two, one of each, both got the first one's cause."""
+        probes = self._starved_probe or {}
+        for key, (ref, params) in list(probes.items()):
+            track = ref()
+            if track is None or any(p.grad is not None for p in params):
+                if track is not None:
+                    track.backward_gave = True
+                del probes[key]
+        self._starved_probe = probes or None
 
     def _took_losses(self) -> None:
         """Another optimizer stepped: the losses since the last step were its own (a GAN's generator loss between
@@ -929,7 +946,9 @@ class Engine:
                     # kept in eval with its own weights frozen: a frozen layer, as in fine-tuning (a sweep)
                     own = [p.requires_grad for p in m.parameters()]
                     key = "eval_frozen" if own and not any(own) else "eval_modules"
-                    self.checks[key].setdefault(prefix + name, self.step)
+                    if prefix + name not in self.checks[key]:
+                        self.checks[key][prefix + name] = self.step
+                        self._frozen_refs[prefix + name] = weakref.ref(m)
             for name, p in inner(root).named_parameters():
                 if p.grad is not None and id(p) not in in_opt:
                     self._unowned.setdefault(prefix + name, (self.step, id(p)))
@@ -1086,7 +1105,15 @@ class Engine:
             return
         from .modes import mode_inert
 
-        self.checks["mode_inert"] = (id(root), mode_inert(inner(root), args, kwargs))
+        self.checks["mode_inert"] = (id(root), mode_inert(inner(root), args, kwargs, _mode_sensitive()))
+
+    def never_normalised(self, name: str) -> bool:
+        """A BatchNorm kept in eval whose running statistics never saw a batch (num_batches_tracked 0, as built):
+        it normalises with mean 0 and variance 1, nothing it was frozen for. Read at the end (one read each)."""
+        ref = self._frozen_refs.get(name)
+        m = ref() if ref is not None else None
+        tracked = getattr(m, "num_batches_tracked", None)
+        return tracked is not None and int(tracked) == 0
 
     def holds_any(self, params) -> bool:
         """Whether a watched model (given, or found training) holds any of `params`."""

@@ -1,6 +1,7 @@
 """Does train/eval mode change what a model computes? Asked once, at the end of a run that trained in eval mode: a
 model without dropout, BatchNorm or code that reads self.training computes the same either way, and training it
-in eval mode is no mistake (a sweep: a plain MLP left in eval got `trained-in-eval-mode`)."""
+in eval mode is no mistake (a sweep: a plain MLP left in eval got `trained-in-eval-mode`). A model that holds a
+dropout or BatchNorm is not asked: their train mode acts whatever one batch shows (a review: an all-zero batch)."""
 from __future__ import annotations
 
 import contextlib
@@ -8,29 +9,68 @@ import contextlib
 RTOL, ATOL = 1e-5, 1e-7   # kernels may differ by rounding between two calls (a GPU's reductions)
 
 
-def mode_inert(model, args, kwargs) -> bool | None:
-    """True when the model's output on (args, kwargs) is the same in eval and in train mode; None when that
-    cannot be told (the forward raised). Under no_grad, with every module's mode, every buffer (BatchNorm's
-    running statistics) and the random state put back: the user's model and run are as they were."""
+def mode_inert(model, args, kwargs, sensitive: tuple) -> bool | None:
+    """True when the model holds none of the `sensitive` module types (dropout, BatchNorm: they act in train mode
+    whatever the batch) and its output on a copy of (args, kwargs) is the same in eval and in train mode (code
+    that reads self.training); None when that cannot be told (the forward raised). Under no_grad, with every
+    module's mode, every parameter's requires_grad (a train() override may set it), every buffer (running
+    statistics) and the random states (torch's, Python's, NumPy's) put back. The forward runs twice more: a
+    user's forward hooks and counters see two more calls."""
+    import random
+
     import torch
 
+    if any(isinstance(m, sensitive) for m in model.modules()):
+        return False
     modes = [(m, m.training) for m in model.modules()]
+    grads = [(p, p.requires_grad) for p in model.parameters()]
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     devices = sorted({p.device.index or 0 for p in model.parameters() if p.is_cuda})
+    py, np_state = random.getstate(), _numpy_state()
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=devices):
             model.eval()
-            seen = _flat(model(*args, **kwargs))
+            seen = _flat(model(*_copied(args), **_copied(kwargs)))   # a forward that edits its input in place
             model.train()
-            return _same(seen, _flat(model(*args, **kwargs)))
+            return _same(seen, _flat(model(*_copied(args), **_copied(kwargs))))
     except Exception:   # the model's own failure on a second call: the warning stands as it was
         return None
     finally:
         for m, training in modes:
             m.training = training
+        for p, flag in grads:
+            p.requires_grad_(flag)
         with torch.no_grad(), contextlib.suppress(Exception):
             for b, value in buffers:
                 b.copy_(value)
+        random.setstate(py)
+        _numpy_state(np_state)
+
+
+def _copied(obj):
+    """Tensors cloned, containers rebuilt: the user's batch is never the one the probe runs on."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _copied(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
+        return type(obj)(_copied(v) for v in obj)
+    return obj
+
+
+def _numpy_state(state=None):
+    """NumPy's global random state (read, or put back), where NumPy is imported already."""
+    import sys
+
+    np = sys.modules.get("numpy")
+    if np is None:
+        return None
+    if state is None:
+        return np.random.get_state()
+    np.random.set_state(state)
+    return None
 
 
 def _flat(obj) -> list:

@@ -291,13 +291,13 @@ def _starved_why(engine, t) -> tuple[str, str]:
     if not (t.roots or engine.holds_any(t.params)):
         return ("; no model called in the run holds them", "build the optimizer from the model you train, after it "
                 "is final: after .to() when it makes new parameters, and not over a model made again since")
-    gave = engine.checks.get("backward_gave")
+    gave = t.backward_gave
     if gave:
         return ("; a backward gave them gradients, and they were gone by the step",
                 "call optimizer.zero_grad() before loss.backward() (or at the loop's start), not between backward() "
                 "and step()")
     if gave is False:
-        return ("; the model that holds them was called, but the backward did not reach them",
+        return ("; the model that holds them was called, but a backward left them no gradient",
                 "compute the loss from the model's output as it comes back: not through .detach(), .item(), "
                 ".numpy(), torch.no_grad() or a new tensor made from its values")
     return ("", "build the optimizer from the model you train, after it is final: after .to() when it makes new "
@@ -408,9 +408,8 @@ def _modes(result: Result, engine) -> None:
     inert = engine.checks.get("mode_inert")
     if steps and inert and inert[1] and set(engine.checks.get("eval_models", {})) <= {inert[0]}:
         result.add("trained-in-eval-mode", "info", "", f"{len(steps)} of {engine.step} steps trained on a forward made "
-                   f"in eval mode (first: step {steps[0]}), which changes nothing in this model: its last training "
-                   "batch gives the same output in train and in eval mode (no dropout, BatchNorm or self.training "
-                   "code acts on it)")
+                   f"in eval mode (first: step {steps[0]}), which changes nothing in this model: it holds no dropout "
+                   "or BatchNorm, and its last training batch gives the same output in train and in eval mode")
     elif steps:
         several = len(engine.roots) > 1   # named only where there are several models, as their parameters are
         which = [engine.root_prefix(engine.roots[r]).rstrip(".") for r in engine.checks.get("eval_models", {})
@@ -421,7 +420,13 @@ def _modes(result: Result, engine) -> None:
     for name, step in engine.checks["eval_modules"].items():
         result.add("module-in-eval-mode", "warning", name, f"{name} (dropout/BatchNorm) was in eval mode while the "
                    f"model trained (step {step})", "something called .eval() on this submodule; call model.train()")
-    frozen = list(engine.checks.get("eval_frozen", {}))
+    fresh = [n for n in engine.checks.get("eval_frozen", {}) if engine.never_normalised(n)]
+    for name in fresh:   # a review: a BatchNorm frozen as built normalises nothing, from scratch that is a mistake
+        result.add("module-in-eval-mode", "warning", name, f"{name} (BatchNorm) was in eval mode with its weights "
+                   f"frozen while the model trained (step {engine.checks['eval_frozen'][name]}), and its running "
+                   "statistics never saw a batch: it normalises with mean 0 and variance 1",
+                   "load the pretrained statistics it was frozen for, or let it train (model.train())")
+    frozen = [n for n in engine.checks.get("eval_frozen", {}) if n not in fresh]
     if frozen:   # BatchNorm frozen for fine-tuning: eval mode and requires_grad=False together, on purpose
         result.add("module-in-eval-mode", "info", common_path(frozen) or frozen[0],
                    f"{len(frozen)} BatchNorm/dropout module(s) ({cut(frozen, ', ', 4)}) stayed in eval mode with "
@@ -446,8 +451,8 @@ def _probabilities(result: Result, engine) -> None:
                    "softmax only for predictions")
     else:
         result.add("probabilities-into-loss", "warning", "", f"{loss} got values ≥ 0 at step {step}, over {classes} "
-                   "classes: probabilities, where it takes log-probabilities", "apply log_softmax, not softmax, "
-                   "before NLLLoss (or give the logits to CrossEntropyLoss)")
+                   "classes (probabilities, or logits): it takes log-probabilities, which are ≤ 0",
+                   "apply log_softmax, not softmax, before NLLLoss (or give the logits to CrossEntropyLoss)")
 
 
 def _broadcast(result: Result, engine) -> None:

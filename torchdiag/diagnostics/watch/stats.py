@@ -43,6 +43,7 @@ class Track:
         self.gap_max = 0               # and the reads since its last step at which a backward had reached its
         self.idle_reads = 0            # parameters (optimizer-idle)
         self.peak_since = 0            # the most steps it took between two of the clock's (report._clock_note)
+        self.backward_gave: bool | None = None   # starved at its first steps: did the next backward give them one?
         self._reached: set | None = None    # id() of the parameters a backward reached, while the hooks are armed
         self.reached: set = set()      # of those, the ones seen at a read since its last step (the finding's names)
         self._reach_handles: list = []
