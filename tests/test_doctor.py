@@ -1106,3 +1106,32 @@ def test_the_roots_own_zero_parameter_is_not_every_modules_gate():
     torch.manual_seed(0)
     (f,) = [f for f in run("doctor", ZeroHeadAndBias(), torch.randn(4, 8)).findings if f.code == "zero-init"]
     assert f.where == "head" and "upstream of head, whose weight" in f.message, f.message
+
+
+class LayerDrop(nn.Module):
+    """HF's LayerDrop in miniature: in train mode each layer is skipped at random (Wav2Vec2's layerdrop 0.1)."""
+
+    def __init__(self, p=0.15):
+        super().__init__()
+        self.p, self.layers, self.head = p, nn.ModuleList(nn.Linear(8, 8) for _ in range(4)), nn.Linear(8, 2)
+
+    def forward(self, x):
+        for layer in self.layers:
+            if self.training and torch.rand([]) < self.p:
+                continue
+            x = x + torch.tanh(layer(x))
+        return self.head(x)
+
+
+def test_a_layer_skipped_at_random_is_info_not_a_no_grad_error():
+    """A sweep: doctor (and so `check`) failed a healthy Wav2Vec2ForCTC whose LayerDrop skipped layer 1 in its pass;
+    gradflow already drew again."""
+    from torchdiag.api import run
+
+    skipped = []
+    for seed in range(8):
+        torch.manual_seed(seed)   # the judged pass draws from the run's seed; the other draws from their own
+        res = run("doctor", LayerDrop(), torch.randn(4, 8), seed=seed)
+        assert "no-grad" not in {f.code for f in res.findings}, [f.to_dict() for f in res.findings]
+        skipped += [f for f in res.findings if f.code == "skipped-at-random"]
+    assert skipped and all(f.severity == "info" and "LayerDrop-like" in f.message for f in skipped)

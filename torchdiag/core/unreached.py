@@ -234,3 +234,30 @@ def not_reached_message(names: list[str], inputs, limit: int = 6) -> str:
     shown = ", ".join(names[:limit]) + (f" … (+{len(names) - limit} more)" if len(names) > limit else "")
     return (f"{len(names)} trainable parameter tensor(s) got no gradient because the forward did not use them with "
             f"the default inputs torchdiag chose ({inputs.source}): {shown}; not judged")
+
+
+RANDOM_DRAWS = 3    # further seeded passes for parameters the judged pass gave no gradient
+SKIPPED_AT_RANDOM = ("the forward draws at random which layers run in train mode (LayerDrop-like), and the judged "
+                     "pass skipped them; another draw of the RNG gives them a gradient")
+
+
+def reached_by_other_draws(work, inputs, names: list[str], ctx) -> tuple[set[str], int]:
+    """Of `names` (no gradient in the judged pass), those another draw of the RNG reaches: the forward itself
+    chose at random to skip them (LayerDrop: `if self.training and torch.rand([]) < layerdrop: skip the layer`),
+    which stochastic depth off (modules only) cannot switch off. Up to RANDOM_DRAWS more seeded passes on `work`,
+    a copy in train mode: (reached, draws made)."""
+    from . import seeds, train
+    from .tracking import run_forward
+
+    params = dict(work.named_parameters())
+    reached: set[str] = set()
+    draws = 0
+    for k in range(1, RANDOM_DRAWS + 1):
+        draws = k
+        work.zero_grad(set_to_none=True)
+        with train.seeded(seeds.other_draw(ctx.seed, k)):
+            train.backward(ctx.loss()(run_forward(work, inputs, phase="forward (another random draw, on a copy)")))
+        reached |= {n for n in names if n in params and params[n].grad is not None}
+        if len(reached) == len(names):
+            break
+    return reached, draws

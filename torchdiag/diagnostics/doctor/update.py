@@ -23,10 +23,12 @@ from ...core.unreached import (
     NO_GRAD_SEVERITY,
     NOT_REACHED,
     NOT_REACHED_HINT,
+    SKIPPED_AT_RANDOM,
     by_top_module,
     no_grad_message,
     not_reached,
     not_reached_message,
+    reached_by_other_draws,
     top_module,
 )
 from ...errors import ModelError
@@ -129,10 +131,35 @@ def _report_no_grad(probe: Probe, no_grad: list[str], total: int) -> None:
         ck.result.add(NOT_REACHED, "info", top_module(group, work), not_reached_message(group, probe.inputs),
                       NOT_REACHED_HINT)
     no_grad = [n for n in no_grad if n not in set(quiet)]
+    drawn = _skipped_at_random(probe, no_grad)
+    no_grad = [n for n in no_grad if n not in drawn]
     if no_grad:
         ck.find("update", NO_GRAD, NO_GRAD_SEVERITY, top_module(no_grad, work), no_grad_message(no_grad, total),
                 NO_GRAD_HINT, verdict=f"{len(no_grad)} of {total} trainable parameter tensor(s) get no gradient",
                 members=list(no_grad))     # an allow glob accepts it only when it holds every one
+
+
+def _skipped_at_random(probe: Probe, names: list[str]) -> set[str]:
+    """Of the no-grad `names`, those another draw of the RNG reaches on a copy (a sweep: Wav2Vec2's LayerDrop 0.1
+    skipped layer 1 in doctor's pass, an error in `check`): info, as gradflow says it. Not under torchrun (every
+    rank would have to draw alike) nor in eval mode (nothing is drawn)."""
+    if not names or probe.wrapped is not None or not probe.work.training:
+        return set()
+    from ...core.design import stochastic_depth_off
+
+    try:
+        copy = probe.ctx.train_copy(probe.work, "to re-check parameters without a gradient with other random draws")
+        stochastic_depth_off(copy)
+        reached, draws = reached_by_other_draws(copy, probe.inputs, names, probe.ctx)
+    except ModelError as exc:   # no room for a copy, or its forward failed: the verdicts stand
+        probe.result.notes.append(f"parameters without a gradient not re-checked with other random draws: {exc.message}")
+        return set()
+    if reached:
+        probe.result.add("skipped-at-random", "info", repeats.common_path(sorted(reached)) or "(root)",
+                         f"{len(reached)} parameter tensor(s) ({', '.join(sorted(reached)[:6])}"
+                         f"{' …' if len(reached) > 6 else ''}) got no gradient only because the judged pass skipped "
+                         f"them at random: {SKIPPED_AT_RANDOM} ({draws} more draw(s) on a copy)")
+    return reached
 
 
 def _forward_after_step(probe: Probe, with_grad, before, after_step) -> tuple:

@@ -25,10 +25,10 @@ from ...core.invariance import (
     small_beside_siblings,
 )
 from ...core.tracking import run_forward
+from ...core.unreached import SKIPPED_AT_RANDOM, reached_by_other_draws
 from ...errors import ModelError
 from .params import ORTHOGONAL, mark_scale_invariant
 
-RANDOM_DRAWS = 3    # further seeded passes for parameters the judged pass gave no gradient
 SCALE = 2.0         # the scale test doubles the candidates:
 LOSS_STAYS = 0.05   # the loss moves by at most this fraction of itself (ConvMixer: 0.7%, an embedding: 100%),
 HALVES = (0.4, 0.625)   # and each gradient's norm is multiplied by about 1/SCALE
@@ -117,29 +117,14 @@ def _loss_and_norms(work, inputs, names: list[str], ctx) -> list:
 
 
 def _skipped_at_random(work, inputs, rows, ctx, result) -> None:
-    """no-grad parameters that another draw of the RNG reaches: the forward itself chose at random to skip
-    them (LayerDrop: `if self.training and torch.rand([]) < layerdrop: skip the layer`), which stochastic
-    depth off (modules only) cannot switch off. Up to RANDOM_DRAWS more seeded passes on a copy; a parameter
-    no draw reaches keeps no-grad (unused or detached)."""
-    from ...core import seeds, train
-
+    """no-grad parameters that another draw of the RNG reaches (core/unreached.reached_by_other_draws): the
+    forward itself chose at random to skip them; a parameter no draw reaches keeps no-grad."""
     cands = [r for r in rows if r["status"] == "no-grad"]
-    params = dict(work.named_parameters())
-    reached: set[str] = set()
-    draws = 0
-    for k in range(1, RANDOM_DRAWS + 1):
-        draws = k
-        work.zero_grad(set_to_none=True)
-        with train.seeded(seeds.other_draw(ctx.seed, k)):
-            train.backward(ctx.loss()(run_forward(work, inputs, phase="forward (another random draw, on a copy)")))
-        reached |= {r["name"] for r in cands if r["name"] in params and params[r["name"]].grad is not None}
-        if len(reached) == len(cands):
-            break
+    reached, draws = reached_by_other_draws(work, inputs, [r["name"] for r in cands], ctx)
     for r in cands:
         if r["name"] in reached:
             r.update(status="skipped-at-random", allowed=False, design={
-                "kind": "skipped-at-random", "why": "the forward draws at random which layers run in train mode "
-                "(LayerDrop-like), and the judged pass skipped them; another draw of the RNG gives them a gradient"})
+                "kind": "skipped-at-random", "why": SKIPPED_AT_RANDOM})
     result.notes.append(f"{len(cands)} parameter tensor(s) without a gradient re-checked on a copy with {draws} "
                         f"other random draw(s): {len(reached)} reached")
 
