@@ -1135,3 +1135,22 @@ def test_a_layer_skipped_at_random_is_info_not_a_no_grad_error():
         assert "no-grad" not in {f.code for f in res.findings}, [f.to_dict() for f in res.findings]
         skipped += [f for f in res.findings if f.code == "skipped-at-random"]
     assert skipped and all(f.severity == "info" and "LayerDrop-like" in f.message for f in skipped)
+
+
+class OwnLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 3)
+
+    def forward(self, x):
+        logits = self.lin(x)
+        return {"loss": torch.nn.functional.cross_entropy(logits, (x[:, 0] > 0).long()), "logits": logits}
+
+
+def test_the_class_targets_row_says_the_model_computes_its_own_loss():
+    """A sweep: with labels in the batch and the model's own loss, the row said "random valid ones used"."""
+    from torchdiag.api import run
+
+    torch.manual_seed(0)
+    row = next(r for r in run("doctor", OwnLoss(), torch.randn(4, 8)).table("checks").rows if r["id"] == "target")
+    assert row["status"] == "ok" and "the model computes its own loss" in row["verdict"], row

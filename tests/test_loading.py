@@ -185,3 +185,20 @@ def test_factory_args_are_in_the_json_as_their_values(cli, tmp_path):
     r = cli("summary", f"{f}:build", "--arg", "norm=None", "--arg", "width=6", "-i", "2x4", "--json")
     assert r.code == 0, r.stderr
     assert r.json["factory_args"] == {"norm": None, "width": 6}
+
+
+def test_a_model_with_its_own_training_step_is_told_it_is_not_run(cli, tmp_path):
+    """A sweep: a LightningModule's training_step (which detached its logits) passed gradflow, doctor and
+    overfit-batch; nothing said those commands never run it."""
+    (tmp_path / "lit.py").write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "class Lit(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.net = nn.Linear(8, 3)\n"
+        "    def forward(self, x):\n        return self.net(x)\n"
+        "    def training_step(self, batch, i):\n        return self(batch[0]).detach().sum()\n\n"
+        "def build():\n    return Lit()\n\n"
+        "def example_inputs():\n    return (torch.randn(4, 8),)\n")
+    r = cli("gradflow", f"{tmp_path}/lit.py:build", "--device", "cpu", "--json")
+    assert r.json["training_step"].startswith("not run: torchdiag trains forward()'s output")
+    r = cli("summary", f"{tmp_path}/lit.py:build", "--device", "cpu", "--json")
+    assert "training_step" not in r.json        # summary trains nothing

@@ -203,6 +203,15 @@ def eager(model, command: str, header: dict):
     return inner
 
 
+def own_step_note(model, header: dict) -> None:
+    """A model that brings its own training step (a LightningModule's training_step and configure_optimizers): the
+    header says they are not run, so a verdict is not read as one on them (a sweep: a training_step that detached
+    its logits passed gradflow, doctor and overfit-batch unsaid)."""
+    if callable(getattr(model, "training_step", None)):
+        header["training_step"] = ("not run: torchdiag trains forward()'s output with --loss and an optimizer of its "
+                                   "own, not the model's training_step or configure_optimizers")
+
+
 def refuse_scripted(model, what: str) -> None:
     """TorchScript modules take no hooks, and every diagnostic hooks modules: a usage error, not a crash."""
     import torch
