@@ -1049,3 +1049,23 @@ def test_a_model_where_nothing_trains_is_not_told_its_output_is_squashed():
     res = api_run("overfit-batch", NothingTrains(), torch.randn(8, 8), steps=20)
     got = {f.code for f in res.findings}
     assert "cannot-overfit" in got and "zero-grad" in got and "bounded-output" not in got, got
+
+
+def _smoothed(out, y):
+    return F.cross_entropy(out, y, label_smoothing=0.1)
+
+
+def test_a_custom_loss_at_its_own_floor_with_every_sample_right_is_memorised():
+    """A sweep: a label-smoothed cross-entropy at exactly its floor (the smoothed target's entropy) was cannot-overfit
+    with "try more --steps"; every prediction was right."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 8, generator=g), torch.randint(0, 3, (8,), generator=g)
+    res = api_run("overfit-batch", model, x, target=y, loss=_smoothed)
+    f = finding(res, "loss-floor")
+    assert f.severity == "warning" and "batch accuracy 100%" in f.message and res.exit_code == 0
+    assert res.data["memorised"] and res.data["final_accuracy"] == 1.0 and res.verdict.startswith("PASS")
+    # the smoothed target's entropy: (1 − 0.1 + 0.1/3) true class, 0.1/3 each other one
+    p = [1 - 0.1 + 0.1 / 3, 0.1 / 3, 0.1 / 3]
+    assert abs(res.data["final_loss"] - -sum(q * math.log(q) for q in p)) < 1e-3

@@ -114,6 +114,7 @@ class Loss:
     target: Any = None            # fixed once made, so every step sees the same batch
     rows: Any = None              # under torchrun: (start, stop, n), this rank's rows of the whole batch
     custom: Any = None
+    class_target: bool | None = None   # a custom loss's integer target names classes of the output (asked once)
     chosen: str = ""              # what auto resolved to, filled on first call
     picked: str = ""              # which output it applies to
     loss_values: int = 0          # the model's own loss came as this many values (not one): their mean

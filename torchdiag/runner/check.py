@@ -513,6 +513,9 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             figure = f"loss {d.get('initial_loss', float('nan')):.4g} → {d.get('final_loss', float('nan')):.4g}"
             if d.get("passed"):
                 return True, figure, ""
+            if d.get("memorised") and not _first_error(r):   # every sample right, the loss at its own floor
+                floor = next(f for f in r.findings if f.code == "loss-floor")
+                return True, figure + " (memorised; the loss at its own floor)", f"{floor.code}: {floor.message}"
             bad = _first_error(r)
             held = next((f for f in r.findings if f.code == "capacity-limited"), None)
             if held and not bad:   # the batch is beyond the model's capacity; two samples are memorised (info)

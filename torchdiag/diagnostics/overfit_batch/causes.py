@@ -66,11 +66,13 @@ def accuracy_counts(out, loss):
     ignore_index -100 skipped); None for other losses. Nothing is read back here."""
     import torch
 
-    if getattr(loss, "chosen", "") != "cross_entropy" or loss.target is None:
+    if loss.target is None:
         return None
     from ...core.loss import primary_output
 
     y, _ = primary_output(out)
+    if getattr(loss, "chosen", "") != "cross_entropy" and not _class_target(y, loss):
+        return None
     target = loss.target.to(y.device)
     with torch.no_grad():
         pred = y.detach().argmax(1)
@@ -78,6 +80,23 @@ def accuracy_counts(out, loss):
             target = target.argmax(1)
         keep = target != -100
         return ((pred == target) & keep).sum(), keep.sum()
+
+
+def _class_target(y, loss) -> bool:
+    """A custom loss (label smoothing, focal) whose target is class indices of the (N, C, …) output: its accuracy
+    says whether the batch was memorised (a sweep: a label-smoothed loss at its floor was cannot-overfit). Asked
+    once (one read), kept on the loss."""
+    import torch
+
+    if getattr(loss, "custom", None) is None:
+        return False
+    if loss.class_target is None:
+        t = loss.target
+        loss.class_target = bool(
+            isinstance(y, torch.Tensor) and isinstance(t, torch.Tensor) and y.dim() >= 2 and y.is_floating_point()
+            and not t.is_floating_point() and t.dtype != torch.bool and tuple(t.shape) == (y.shape[0], *y.shape[2:])
+            and bool((((t >= 0) & (t < y.shape[1])) | (t == -100)).all()))
+    return loss.class_target
 
 
 def accuracy(out, loss) -> float | None:

@@ -144,7 +144,9 @@ class Trainer:
         counts as reached when it is reached on every rank's rows. A peer whose forward or loss
         raised (_evaluated) ends this rank's run too."""
         c, opts = self.curve, self.opts
-        flags = [not math.isfinite(lv), not reached(lv, c.losses[0], acc, opts), not value.requires_grad]
+        # a custom loss's accuracy is told, not required: its target is the loss's (report._at_its_floor)
+        counted = acc if getattr(self.loss_fn, "custom", None) is None else None
+        flags = [not math.isfinite(lv), not reached(lv, c.losses[0], counted, opts), not value.requires_grad]
         bad, short, no_graph, failed = flags + [False] if self.agree is None else self.agree(flags + [False])
         if failed:
             err = ModelError(f"stopped at step {c.step}: the model raised on another rank (its error comes first)",

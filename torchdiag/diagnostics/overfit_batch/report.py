@@ -307,6 +307,9 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
             return
         _trend_note(result, trend)
     settled = trend is not None and trend.kind in ("plateau", "levelling")
+    if settled and final_acc == 1.0 and getattr(trainer.loss_fn, "custom", None) is not None and not found:
+        _at_its_floor(result, d, opts, ctx)
+        return
     if not d["passed"] and curve.nonfinite_at is None and steps >= 20 and final is not None and not settled:
         tail = losses[int(0.9 * steps)]
         if final < 0.999 * tail:
@@ -349,6 +352,21 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
         result.verdict = f"INTERRUPTED in the second opinion; the run itself: {result.verdict}"
     elif small == "interrupted":
         result.verdict = f"INTERRUPTED in the two-sample run; the run itself: {result.verdict}"
+
+
+def _at_its_floor(result, d, opts, ctx) -> None:
+    """A custom loss that levelled above the target while every sample of the batch is predicted right: the batch
+    is memorised, and the loss has a floor of its own (label smoothing's: the smoothed target's entropy; a
+    regulariser's). A sweep: a label-smoothed cross-entropy at exactly its floor, 0.2911, was cannot-overfit with
+    "try more --steps"."""
+    initial, final = d["initial_loss"], d["final_loss"]
+    d["memorised"] = True
+    result.add("loss-floor", "warning", "", f"every sample of the batch is predicted right (batch accuracy 100%) and "
+               f"the loss levelled at {_fmt(final)}, {final / initial:.3g} × initial, above the target "
+               f"({opts.target_ratio:g} × initial): a floor of the loss itself (label smoothing, a regulariser)",
+               hint=f"judge it by the loss's own floor: {ctx.option('target_loss')} {_fmt(final * 1.01)}")
+    result.verdict = (f"PASS: the batch is memorised (batch accuracy 100%); the loss levelled at {_fmt(final)}, its own "
+                      "floor, above the target")
 
 
 def _beyond_capacity(result, trainer, few, bits: list[str], done: int) -> str:
