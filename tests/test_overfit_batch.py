@@ -1069,3 +1069,14 @@ def test_a_custom_loss_at_its_own_floor_with_every_sample_right_is_memorised():
     # the smoothed target's entropy: (1 − 0.1 + 0.1/3) true class, 0.1/3 each other one
     p = [1 - 0.1 + 0.1 / 3, 0.1 / 3, 0.1 / 3]
     assert abs(res.data["final_loss"] - -sum(q * math.log(q) for q in p)) < 1e-3
+
+
+@pytest.mark.slow
+def test_a_failure_with_no_cause_names_the_frozen_layers():
+    """A sweep: a classifier frozen by mistake got only "try more --steps or another --lr"."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Tanh(), torch.nn.Linear(4, 10))
+    model[2].requires_grad_(False)
+    res = api_run("overfit-batch", model, torch.randn(32, 8), lr=0.05)   # a plateau by ~1500 steps
+    f = finding(res, "cannot-overfit")
+    assert "2 parameter tensor(s) are frozen (requires_grad=False), in module(s) 2" in f.hint, f.hint

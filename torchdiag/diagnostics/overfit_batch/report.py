@@ -333,7 +333,7 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
     if final_acc is not None and final_acc < 1:
         bits.append(f"batch accuracy {100 * final_acc:.1f}%")
     hint = None if found else (f"no mechanical cause found: try more {ctx.option('steps')} (now {curve.step}) "
-                               f"or another {ctx.option('lr')} (now {d['lr']:g})")
+                               f"or another {ctx.option('lr')} (now {d['lr']:g})" + _frozen_words(trainer))
     other, fits = _second_opinion(result, second)
     if fits:
         _optimizer_fails(result, ctx, other, steps)
@@ -352,6 +352,19 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
         result.verdict = f"INTERRUPTED in the second opinion; the run itself: {result.verdict}"
     elif small == "interrupted":
         result.verdict = f"INTERRUPTED in the two-sample run; the run itself: {result.verdict}"
+
+
+def _frozen_words(trainer) -> str:
+    """The frozen layers, by module, as a lead for a failure with no cause found (a sweep: a BERT whose classifier
+    was frozen by mistake got "try more --steps")."""
+    if not trainer.frozen:
+        return ""
+    from ...core.repeats import compact
+
+    mods = list(dict.fromkeys(n.rpartition(".")[0] or n for n, p in trainer.work.named_parameters()
+                              if not p.requires_grad))
+    return (f"; or unfreeze: {trainer.frozen} parameter tensor(s) are frozen (requires_grad=False), in module(s) "
+            f"{compact(mods, 4)}, and a frozen layer (an output layer above all) can keep a batch out of reach")
 
 
 def _at_its_floor(result, d, opts, ctx) -> None:
