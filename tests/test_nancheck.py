@@ -683,3 +683,29 @@ def test_steps_with_the_auto_loss_train_the_run_they_say(cli):
     r = cli("nancheck", sample("broken_nan_after_steps.py:build"), "--steps", 30, "--lr", 0.01, "--json")
     assert r.code == 1 and ("non-finite-loss", "loss") in codes(r.json), r.stdout[-500:]
     assert "against a random target" in r.json["loss"] and "scaled" not in r.json["loss"]
+
+
+class OwnLossLabels(torch.nn.Module):
+    """A model that takes its labels and computes its own cross-entropy, as HF models do."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+
+    def forward(self, x, labels):
+        logits = self.lin(x)
+        return {"loss": torch.nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+def test_labels_all_ignore_index_are_named_as_the_nan_loss_cause():
+    """A sweep: GPT-2 given labels all -100 got 'look at log/sqrt/division in its forward'."""
+    from torchdiag.api import run
+    from torchdiag.core.inputs import ModelInputs
+
+    x = torch.randn(5, 4)
+    res = run("nancheck", OwnLossLabels(), ModelInputs((x,), {"labels": torch.full((5,), -100)}))
+    hints = {f.code: f.hint for f in res.findings if f.severity == "error"}
+    assert "non-finite-output" in hints, hints
+    assert all(h.startswith("every value of labels is -100, cross-entropy's ignore_index") for h in hints.values())
+    ok = run("nancheck", OwnLossLabels(), ModelInputs((x,), {"labels": torch.tensor([0, 1, 2, -100, -100])}))
+    assert ok.exit_code == 0

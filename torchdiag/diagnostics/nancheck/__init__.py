@@ -48,6 +48,28 @@ def nonfinite_tensors(model, inputs) -> tuple[list, list]:
             [row(name, kind, t) for kind, name, t in state if not finite(t)])
 
 
+IGNORE_INDEX = -100   # cross-entropy's default ignore_index (torch and transformers)
+
+
+def _all_ignored(result, inputs, loss_fn) -> None:
+    """A non-finite loss or output, and an integer input (or target) whose every value is -100: a cross-entropy
+    averaged over no target is 0/0 = NaN (a sweep: GPT-2 given labels all -100 was told to look at log/sqrt in its
+    forward). Said in the finding's hint; one read per integer tensor, only when something went non-finite."""
+    bad = [f for f in result.findings if f.code in ("non-finite-output", "non-finite-loss") and f.severity == "error"]
+    if not bad:
+        return
+    named = list(inputs.tensors()) + ([("the target", loss_fn.target)] if loss_fn.target is not None else [])
+    import torch
+
+    ignored = [n for n, t in named if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.numel()
+               and t.dtype != torch.bool and bool((t == IGNORE_INDEX).all())]
+    if ignored:
+        words = (f"every value of {ignored[0]} is {IGNORE_INDEX}, cross-entropy's ignore_index: a loss averaged over "
+                 "no target is 0/0 = NaN; give the batch at least one real label (the padding or masking left none)")
+        for f in bad:
+            f.hint = words
+
+
 def _passes(model, inputs, loss_fn, opts: Options, ctx, state, watch=None):
     """The pass on the user's model in train mode (buffers, grads, flags, RNG put back), and the
     anomaly pass from the same RNG state when asked: (PassReport, anomaly dict or None)."""
@@ -96,6 +118,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         result.header["loss"] = report.loss_desc
     report_tensors(result, *tensors, finite_pass=finite_pass(report))
     report_pass(result, report)
+    _all_ignored(result, inputs, loss_fn)
     if wrapped:
         report_reduced(result, reduced is not None)
     check_precision(result, model, inputs, loss_fn, ctx, report, watch, state)
