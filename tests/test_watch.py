@@ -428,6 +428,22 @@ def test_an_empty_selection_into_cross_entropy_does_not_stop_watch():
     assert codes(r) == set(), [f.to_dict() for f in r.findings]
 
 
+def test_a_plateau_on_unnormalised_inputs_says_so():
+    """A sweep: pixels in 0..255 that kept the loss at chance were told "converged, or the rate is too small"."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-9)    # too small to move: a plateau either way
+    x, y = torch.rand(16, 8) * 255, torch.randint(0, 4, (16,))
+    with Watch(model, opt, every=10) as w:
+        for _ in range(120):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    f = finding(w.result(), "loss-plateau")
+    assert f.hint.startswith("the model's float inputs reach |x| = 25") and "normalise them" in f.hint, f.hint
+
+
 def test_nll_loss_given_probabilities_not_their_log():
     model = nn.Sequential(nn.Linear(8, 4), nn.Softmax(dim=1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -148,6 +148,7 @@ class Engine:
         self._loss_looks = 0                # loss modules' inputs looked at (_look_at_loss_input)
         self._frozen_refs: dict = {}        # name -> the module kept in eval (its running statistics read at the end)
         self._shape_looks = 0               # elementwise losses' shapes looked at (_look_at_loss_shapes)
+        self._scale_looked = False          # the first training forward's input scale (_look_at_input_scale)
         self.micro = 0                      # the most losses one step's backward calls took (accumulation)
         self.doubles = DoubleSteps()        # one gradient applied twice (double.py)
 
@@ -275,10 +276,11 @@ class Engine:
     def _global_pre(self, module, args):
         import torch
 
-        if self._loss_looks < LOSS_LOOKS and isinstance(module, _class_losses()) and args:
-            self._look_at_loss_input(module, args[0])
-        if self._shape_looks < LOSS_LOOKS and isinstance(module, _elementwise_losses()) and len(args) >= 2:
-            self._look_at_loss_shapes(module, args[0], args[1])
+        if isinstance(module, _losses()) and args and not _compiling():   # a compiled graph would trace them in
+            if self._loss_looks < LOSS_LOOKS and isinstance(module, _class_losses()):
+                self._look_at_loss_input(module, args[0])
+            if self._shape_looks < LOSS_LOOKS and isinstance(module, _elementwise_losses()) and len(args) >= 2:
+                self._look_at_loss_shapes(module, args[0], args[1])
 
         if self._depth == 0 and (self._dead or self._dead_roots):   # let go before the next model's forward
             self._file_dead()
@@ -312,6 +314,19 @@ class Engine:
                 flag = flag & (p.max() <= 1) & ((p.sum(1) - 1).abs().max() < tol)
             self.pending.append(("probs", (self.step + 1, type(module).__name__, int(x.shape[1])),
                                  flag.float().reshape(1)))
+
+    def _look_at_input_scale(self, args, kwargs) -> None:
+        """The first training forward's float inputs, their largest |x|, read with the next read: a plateau's hint
+        names unnormalised inputs (a sweep: pixels in 0..255 were told "converged, or the rate is too small")."""
+        import torch
+
+        floats = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                  and t.numel()]
+        self._scale_looked = True
+        if floats:
+            with torch.no_grad():
+                top = torch.stack([t.detach().abs().amax().float() for t in floats]).amax()
+            self.pending.append(("inscale", self.step + 1, top.reshape(1)))
 
     def _look_at_loss_shapes(self, module, x, y) -> None:
         """An elementwise loss whose input and target differ in shape broadcasts them: (N, 1) against (N,) compares
@@ -448,6 +463,8 @@ class Engine:
         if not _grad_enabled():
             return
         self.last_call = (weakref.ref(module), args, kwargs)   # weakly: a model the run lets go must go
+        if not self._scale_looked and not _compiling():   # traced into a compiled caller's graph: a graph more
+            self._look_at_input_scale(args, kwargs)
         if self._dead or self._dead_roots:
             self._file_dead()
         self._eval_roots[id(module)] = not self._inner[id(module)].training   # torch.compile: the mode is on theirs
@@ -1248,6 +1265,12 @@ def _class_losses() -> tuple:
     import torch
 
     return (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)
+
+
+def _losses() -> type:
+    import torch
+
+    return torch.nn.modules.loss._Loss
 
 
 def _elementwise_losses() -> tuple:

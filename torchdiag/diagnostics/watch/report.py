@@ -482,7 +482,7 @@ def _curves(result: Result, engine) -> None:
         part = _finite_pairs(at, [result.series["loss"][i] for i in picked])
         if len(part) >= 10 and not constant:
             lr_at = dict(zip(at, [result.series["lr"][i] for i in picked]))
-            _loss_curve(result, part, lr_at, opts, engine.clips.seen, of)
+            _loss_curve(result, part, lr_at, opts, engine.clips.seen, of, _unscaled(engine))
             _lr_collapse(result, part, lr_at, of)
         _grad_norm_explosion(result, at, [result.series["grad_norm"][i] for i in picked], part, opts,
                              engine.clips.seen, of)
@@ -640,7 +640,8 @@ def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: 
                for k in range(max(at, lw), min(len(values), at + w)))
 
 
-def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False, of: str = "") -> None:
+def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False, of: str = "",
+                unscaled: str = "") -> None:
     values = [v for _, v in pairs]
     w = window(len(values))
     med = running_medians(values, w)
@@ -680,13 +681,24 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
         if initial > 0 and min(med[w - 1:]) >= 0.97 * max(initial, start):
             result.add("loss-plateau", "info", "", f"the loss never fell below where it started (running median "
                        f"{initial:.4g} at step {pairs[w - 1][0]}, {med[-1]:.4g} at step {pairs[-1][0]}){of}",
-                       "if it should learn: a learning rate too high (weights that grew many times over, ‖w‖) or too "
-                       "small (update/weight), labels that do not match the inputs, or a loss that no parameter "
-                       "reaches; or it was at its floor already (a fine-tune from a converged checkpoint)")
+                       unscaled + "if it should learn: a learning rate too high (weights that grew many times "
+                       "over, ‖w‖) or too small (update/weight), labels that do not match the inputs, or a loss that no "
+                       "parameter reaches; or it was at its floor already (a fine-tune from a converged checkpoint)")
         else:
             result.add("loss-plateau", "info", "", f"the loss has not improved over the second half of the run "
                        f"(running median {med[len(med) // 2]:.4g} → {med[-1]:.4g}){of}",
-                       "converged, or the learning rate is too small")
+                       unscaled + "converged, or the learning rate is too small")
+
+
+UNSCALED = 100.0   # a float input this large is raw (pixels in 0..255, counts, prices), not standardised
+
+
+def _unscaled(engine) -> str:
+    top = engine.checks.get("input_absmax")
+    if top is None or not math.isfinite(top) or top < UNSCALED:
+        return ""
+    return (f"the model's float inputs reach |x| = {top:.4g} at the first step: normalise them (x / 255 for pixels, "
+            "standardised features) before anything else; ")
 
 
 def _rise_during(lr_at: dict, excursion: tuple, w: int):
@@ -1048,7 +1060,8 @@ def _dead(result: Result, engine) -> None:
         if spared:
             result.add("dead-units", "info", name, f"{message}; {spared}")
         else:
-            result.add("dead-units", "warning", name, message, "lower the learning rate, or use LeakyReLU/GELU")
+            result.add("dead-units", "warning", name, message,
+                       _unscaled(engine) + "lower the learning rate, or use LeakyReLU/GELU")
 
 
 def _alive_until(samples, units) -> int | None:

@@ -818,6 +818,8 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
         track.grad_max = [max(a, b) if math.isfinite(b) else a for a, b in zip(track.grad_max, vals)]
     elif kind == "changed":
         payload.changed = [v > 0 for v in vals]
+    elif kind == "inscale":   # the first training forward's largest |x| (engine._look_at_input_scale)
+        checks["input_absmax"] = vals[0]
     elif kind == "probs":   # a class loss module's input was probabilities (engine._look_at_loss_input)
         if vals[0] > 0:
             checks.setdefault("probs_into_loss", payload)
