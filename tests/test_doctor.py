@@ -1154,3 +1154,29 @@ def test_the_class_targets_row_says_the_model_computes_its_own_loss():
     torch.manual_seed(0)
     row = next(r for r in run("doctor", OwnLoss(), torch.randn(4, 8)).table("checks").rows if r["id"] == "target")
     assert row["status"] == "ok" and "the model computes its own loss" in row["verdict"], row
+
+
+class RandomCut(nn.Module):
+    """A bug: half the time the encoder's output is detached (a review: called LayerDrop-like, doctor passed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc, self.head = nn.Linear(8, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = self.enc(x)
+        if torch.rand(()) < 0.5:
+            h = h.detach()
+        return self.head(h)
+
+
+def test_a_random_detach_is_a_cut_not_a_skip():
+    from torchdiag.api import run
+
+    for seed in range(4):
+        res = run("doctor", RandomCut(), torch.randn(4, 8), seed=seed)
+        codes = {f.code for f in res.findings}
+        assert "skipped-at-random" not in codes, [f.message for f in res.findings]
+        if "no-grad" in codes:
+            return
+    pytest.fail("no seed of 4 cut the encoder")

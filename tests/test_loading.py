@@ -195,10 +195,16 @@ def test_a_model_with_its_own_training_step_is_told_it_is_not_run(cli, tmp_path)
         "class Lit(nn.Module):\n"
         "    def __init__(self):\n        super().__init__()\n        self.net = nn.Linear(8, 3)\n"
         "    def forward(self, x):\n        return self.net(x)\n"
-        "    def training_step(self, batch, i):\n        return self(batch[0]).detach().sum()\n\n"
+        "    def training_step(self, batch, i):\n        return self(batch[0]).detach().sum()\n"
+        "    def configure_optimizers(self):\n        return torch.optim.AdamW(self.parameters())\n\n"
+        "class Sched(nn.Linear):\n"
+        "    def __init__(self):\n        super().__init__(8, 3)\n        self.training_step = lambda step: 1.0\n\n"
+        "def sched():\n    return Sched()\n\n"
         "def build():\n    return Lit()\n\n"
         "def example_inputs():\n    return (torch.randn(4, 8),)\n")
     r = cli("gradflow", f"{tmp_path}/lit.py:build", "--device", "cpu", "--json")
     assert r.json["training_step"].startswith("not run: torchdiag trains forward()'s output")
     r = cli("summary", f"{tmp_path}/lit.py:build", "--device", "cpu", "--json")
     assert "training_step" not in r.json        # summary trains nothing
+    r = cli("gradflow", f"{tmp_path}/lit.py:sched", "--device", "cpu", "--json")
+    assert "training_step" not in r.json        # an attribute of that name is no Lightning contract (a review)

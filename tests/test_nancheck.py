@@ -709,3 +709,20 @@ def test_labels_all_ignore_index_are_named_as_the_nan_loss_cause():
     assert all(h.startswith("every value of labels is -100, cross-entropy's ignore_index") for h in hints.values())
     ok = run("nancheck", OwnLossLabels(), ModelInputs((x,), {"labels": torch.tensor([0, 1, 2, -100, -100])}))
     assert ok.exit_code == 0
+
+
+class SqrtPlusOffset(torch.nn.Module):
+    """A NaN of its own (sqrt of a negative) beside an int input that happens to be all -100 (a review: the -100
+    hint replaced the real one)."""
+
+    def forward(self, x, offset):
+        return torch.sqrt(x - 100) + offset.float()
+
+
+def test_an_int_input_of_minus_100_is_not_blamed_for_a_nan_it_did_not_make():
+    from torchdiag.api import run
+    from torchdiag.core.inputs import ModelInputs
+
+    res = run("nancheck", SqrtPlusOffset(), ModelInputs((torch.randn(5, 3), torch.full((5, 3), -100)), {}))
+    hints = [f.hint for f in res.findings if f.severity == "error"]
+    assert hints and not any("ignore_index" in (h or "") for h in hints), hints

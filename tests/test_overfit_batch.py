@@ -1080,3 +1080,22 @@ def test_a_failure_with_no_cause_names_the_frozen_layers():
     res = api_run("overfit-batch", model, torch.randn(32, 8), lr=0.05)   # a plateau by ~1500 steps
     f = finding(res, "cannot-overfit")
     assert "2 parameter tensor(s) are frozen (requires_grad=False), in module(s) 2" in f.hint, f.hint
+
+
+def _plain_ce(out, y):
+    return F.cross_entropy(out, y)
+
+
+def test_a_squashed_output_under_a_custom_loss_is_no_floor_of_the_loss():
+    """A review: a softmax at the end under a custom cross-entropy, every sample right, was passed as memorised at
+    'the loss's own floor'. Scaling its output lowers the loss: the output's range is the limit."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4), torch.nn.Softmax(-1))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)
+    res = api_run("overfit-batch", model, x, target=y, loss=_plain_ce)
+    codes = {f.code for f in res.findings}
+    assert "loss-floor" not in codes and "cannot-overfit" in codes and res.exit_code == 1, codes
+    assert "scaling the trained output by" in finding(res, "bounded-output").message
+    # a custom loss's accuracy is told, not required: the header's target does not promise it
+    assert "batch accuracy 100%" not in res.header["target"]

@@ -506,6 +506,22 @@ class EditsItsInput(nn.Module):
         return super().train(mode)
 
 
+class LayerDropRunNorm(nn.Module):
+    """Skips its block at random in train mode, and keeps a running mean by assigning a new tensor to its buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.block, self.head = nn.Linear(8, 8), nn.Linear(8, 2)
+        self.register_buffer("mu", torch.zeros(8))
+
+    def forward(self, x):
+        if self.training:
+            self.mu = 0.9 * self.mu + 0.1 * x.detach().mean(0)
+        if not (self.training and torch.rand(()) < 0.1):
+            x = x + torch.tanh(self.block(x))
+        return self.head(x - self.mu)
+
+
 def test_the_eval_mode_probe_leaves_the_users_batch_model_and_random_states_as_they_were():
     import random
 
@@ -526,6 +542,15 @@ def test_the_eval_mode_probe_leaves_the_users_batch_model_and_random_states_as_t
     assert torch.equal(x, torch.full((4, 8), 2.0))          # scaled once, by the loop's own forward
     assert not model.b.weight.requires_grad and not model.training
     assert random.getstate() == states[0] and np.array_equal(np.random.get_state()[1], states[1])
+    # a train mode that draws at random (LayerDrop, no dropout module) acts whatever one draw shows: still the
+    # warning; a forward that assigns a new tensor to a buffer gets the old one back (a review)
+    ld = LayerDropRunNorm().eval()
+    opt = torch.optim.SGD(ld.parameters(), lr=0.01)
+    with Watch(ld, opt, every=10) as w:
+        _loop(ld, opt, 20, torch.Generator().manual_seed(0))
+        mu = ld.mu
+    assert finding(w.result(), "trained-in-eval-mode").severity == "warning"
+    assert ld.mu is mu and torch.equal(ld.mu, torch.zeros(8))
     # a model that holds a dropout is not asked: its train mode acts whatever one batch shows
     drop = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 2)).eval()
     opt = torch.optim.SGD(drop.parameters(), lr=0.05)

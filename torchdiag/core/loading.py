@@ -207,7 +207,9 @@ def own_step_note(model, header: dict) -> None:
     """A model that brings its own training step (a LightningModule's training_step and configure_optimizers): the
     header says they are not run, so a verdict is not read as one on them (a sweep: a training_step that detached
     its logits passed gradflow, doctor and overfit-batch unsaid)."""
-    if callable(getattr(model, "training_step", None)):
+    # both methods on its class: Lightning's contract (a review: an attribute named training_step, a schedule's
+    # lambda on a plain module, got the note)
+    if all(callable(getattr(type(model), m, None)) for m in ("training_step", "configure_optimizers")):
         header["training_step"] = ("not run: torchdiag trains forward()'s output with --loss and an optimizer of its "
                                    "own, not the model's training_step or configure_optimizers")
 

@@ -261,3 +261,16 @@ def reached_by_other_draws(work, inputs, names: list[str], ctx) -> tuple[set[str
         if len(reached) == len(names):
             break
     return reached, draws
+
+
+def never_ran(model, inputs, names: list[str], ctx) -> list[str]:
+    """Of `names` (no gradient), those whose module the forward never ran or ran without them ("unused"), not cut
+    off after running ("detached"): one recorded pass on the model, left as it was. What another random draw may
+    reach (LayerDrop); a random `.detach()` is a cut, and stays one."""
+    if not names:
+        return []
+    from .recording import record_pass
+
+    pas = record_pass(model, inputs, None, ctx)
+    modules = dict(model.named_modules())
+    return [n for n in names if unused(n, pas.rec, pas.reach, modules)]

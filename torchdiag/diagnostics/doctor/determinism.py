@@ -4,6 +4,7 @@ equal inputs into different outputs, else the module running when a call first g
 forward that draws torch.randn itself, as a GAN vocoder's noise)."""
 from __future__ import annotations
 
+from ...core.random_ops import SAMPLING_OPS
 from ...core.tracking import ForwardHooks, run_forward
 from .checklist import Checklist
 from .shared import dense, max_diff, name, scale, tensors
@@ -12,16 +13,8 @@ RANDOM_EVAL_HINT = ("randomness in eval: use self.training to gate it (F.dropout
                     "no torch.rand/randn in forward outside training")
 SAMPLING_HINT = ("if the model samples by design, validate with a fixed seed or with the mean in eval; if the noise is "
                  "meant for training only, gate it with self.training")
-# random ops by what they draw (aten names). Samples from a distribution (a Gaussian, a categorical, a permutation)
-# are how a VAE reparameterises, ViLT picks patches, a vocoder or VITS draws noise: by design as often as not.
-# Uniform numbers and coin flips are what dropout masks and stochastic depth are made of (F.dropout's bernoulli_,
-# CUDA's native_dropout, HF's DropPath `keep_prob + torch.rand(...)`, a hand-made `rand_like(x) > p`): left on in eval
-# the classic bug (a review: ConvNextDropPath on in eval was told "by design").
-SAMPLING_OPS = {"randn", "randn_like", "normal", "normal_", "multinomial", "randperm", "poisson", "_standard_gamma",
-                "binomial", "exponential_", "cauchy_", "log_normal_", "geometric_"}
-RANDOM_OPS = SAMPLING_OPS | {"bernoulli", "bernoulli_", "native_dropout", "_fused_dropout", "rrelu_with_noise",
-                             "rrelu_with_noise_", "dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout",
-                             "rand", "rand_like", "uniform_", "randint", "randint_like", "random_"}
+# the random ops are read by core/random_ops.py: a distribution's samples may be the model's design, uniform numbers and
+# coin flips (masks, stochastic depth) left on in eval are the classic bug (a review: a DropPath was told "by design")
 
 
 WEIGHTS = 1021      # a fixed ±1 pattern this long, repeated along a tensor: its weighted sum sees an order
@@ -156,7 +149,8 @@ def check_determinism(work, inputs, ck: Checklist) -> None:
         return
     culprit, kind = _culprit(*_read(runs))
     what = "different outputs" + (f" (max abs difference {diff:.4g})" if diff not in (None, float("inf")) else "")
-    message = (f"in eval mode the same input gives {what}; {name(culprit)} ({kind or '?'}) is where they part: "
+    kind = f" ({kind})" if kind else ""   # a review: "(root) (?)"
+    message = (f"in eval mode the same input gives {what}; {name(culprit)}{kind} is where they part: "
                "the first module whose output changes while its input does not, or whose own forward hands its "
                "calls different inputs")
     drawn = _random_ops(work, inputs)
@@ -170,22 +164,11 @@ def check_determinism(work, inputs, ck: Checklist) -> None:
 
 
 def _random_ops(work, inputs) -> set[str]:
-    """The random ops (RANDOM_OPS) a third eval forward calls: what kind of randomness the model has."""
+    """The random ops a third eval forward calls: what kind of randomness the model has."""
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
-    class Drawn(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops: set[str] = set()
+    from ...core.random_ops import drawn
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            op = func.overloadpacket.__name__
-            if op in RANDOM_OPS:
-                self.ops.add(op)
-            return func(*args, **(kwargs or {}))
-
-    mode = Drawn()
-    with torch.no_grad(), mode:
+    with torch.no_grad(), drawn() as ops:
         run_forward(work, inputs, phase="forward (eval mode, determinism check)")
-    return mode.ops
+    return ops

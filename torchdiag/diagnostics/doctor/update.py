@@ -25,6 +25,7 @@ from ...core.unreached import (
     NOT_REACHED_HINT,
     SKIPPED_AT_RANDOM,
     by_top_module,
+    never_ran,
     no_grad_message,
     not_reached,
     not_reached_message,
@@ -150,7 +151,8 @@ def _skipped_at_random(probe: Probe, names: list[str]) -> set[str]:
     try:
         copy = probe.ctx.train_copy(probe.work, "to re-check parameters without a gradient with other random draws")
         stochastic_depth_off(copy)
-        reached, draws = reached_by_other_draws(copy, probe.inputs, names, probe.ctx)
+        names = never_ran(copy, probe.inputs, names, probe.ctx)   # a random .detach() is a cut, not a skip (a review)
+        reached, draws = reached_by_other_draws(copy, probe.inputs, names, probe.ctx) if names else (set(), 0)
     except ModelError as exc:   # no room for a copy, or its forward failed: the verdicts stand
         probe.result.notes.append(f"parameters without a gradient not re-checked with other random draws: {exc.message}")
         return set()

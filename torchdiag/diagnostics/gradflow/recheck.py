@@ -119,7 +119,9 @@ def _loss_and_norms(work, inputs, names: list[str], ctx) -> list:
 def _skipped_at_random(work, inputs, rows, ctx, result) -> None:
     """no-grad parameters that another draw of the RNG reaches (core/unreached.reached_by_other_draws): the
     forward itself chose at random to skip them; a parameter no draw reaches keeps no-grad."""
-    cands = [r for r in rows if r["status"] == "no-grad"]
+    # a module the judged pass never ran (LayerDrop skips it); one that ran and was cut off is no skip (a review: a
+    # random `.detach()` was called LayerDrop-like)
+    cands = [r for r in rows if r["status"] == "no-grad" and r.get("reason") == "unused"]
     reached, draws = reached_by_other_draws(work, inputs, [r["name"] for r in cands], ctx)
     for r in cands:
         if r["name"] in reached:

@@ -58,7 +58,11 @@ def _all_ignored(result, inputs, loss_fn) -> None:
     bad = [f for f in result.findings if f.code in ("non-finite-output", "non-finite-loss") and f.severity == "error"]
     if not bad:
         return
-    named = list(inputs.tensors()) + ([("the target", loss_fn.target)] if loss_fn.target is not None else [])
+    # where a cross-entropy took them: the model's own loss is the first non-finite output (a review: an int input
+    # of -100 added to a sqrt's NaN was named), or torchdiag's cross-entropy took them as its target
+    own = (result.data.get("forward") or {}).get("output") == "output['loss']"
+    ce = getattr(loss_fn, "chosen", "") == "cross_entropy" and loss_fn.target is not None
+    named = (list(inputs.tensors()) if own else []) + ([("the target", loss_fn.target)] if ce else [])
     import torch
 
     ignored = [n for n, t in named if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.numel()

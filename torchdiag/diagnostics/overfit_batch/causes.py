@@ -19,6 +19,8 @@ class Causes:
     bounded: dict | None = None      # {box, classes, floor, needed}
     rounding: list | None = None     # core.rounding rows: reduced-precision weights whose first update rounded away
     skip_culprit: tuple | None = None   # (module, how) of the first non-finite gradient when fp16 skipped every update
+    own_floor: bool = False          # a custom loss at a minimum of its own: scaling the output does not lower it
+    scaled: tuple | None = None      # (k, loss at k × output, loss): a custom loss the trained output's scale holds back
 
 
 def sample_tensor(out, batch: int | None):
@@ -93,7 +95,8 @@ def _class_target(y, loss) -> bool:
     if loss.class_target is None:
         t = loss.target
         loss.class_target = bool(
-            isinstance(y, torch.Tensor) and isinstance(t, torch.Tensor) and y.dim() >= 2 and y.is_floating_point()
+            isinstance(y, torch.Tensor) and isinstance(t, torch.Tensor) and y.dim() >= 2 and y.shape[1] > 1
+            and y.is_floating_point()
             and not t.is_floating_point() and t.dtype != torch.bool and tuple(t.shape) == (y.shape[0], *y.shape[2:])
             and bool((((t >= 0) & (t < y.shape[1])) | (t == -100)).all()))
     return loss.class_target
@@ -280,5 +283,27 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
                              opts.target_loss if opts.target_loss is not None else -math.inf)
                 if needed < floor:
                     causes.bounded = {"box": box, "classes": classes, "floor": floor, "needed": needed}
+            causes.own_floor, causes.scaled = _own_floor(out, trainer.loss_fn)
         except Exception:
             causes.final_same = False
+
+
+SCALES = (0.5, 2.0, 4.0)
+
+
+def _own_floor(out, loss) -> tuple[bool, tuple | None]:
+    """(the floor is the loss's own, (k, loss at k × output, loss) when a scale lowers it by 5% or more). A custom
+    loss whose value the trained output cannot lower by being scaled (0.5x, 2x, 4x) is at a minimum of its own (label
+    smoothing's margin is reached), not at the output's range; a softmax or a tanh x 0.05 before a custom
+    cross-entropy is lowered 2x or 4x over (a review: both were passed as 'memorised at the loss's floor')."""
+    import torch
+
+    if getattr(loss, "custom", None) is None or not isinstance(out, torch.Tensor) or not out.is_floating_point():
+        return False, None
+    here = float(loss(out))
+    if not math.isfinite(here):
+        return False, None
+    at = [(k, float(loss(out * k))) for k in SCALES]
+    best = min(at, key=lambda a: a[1])
+    lower = best if best[1] < here - 0.05 * abs(here) else None
+    return here > 0 and all(v >= here - 1e-3 * abs(here) for _, v in at), (lower + (here,)) if lower else None

@@ -46,7 +46,7 @@ def build(trainer, curve, causes, opts, ctx, second=None, few=None) -> Result:
     if curve.peer_stop:   # under torchrun with a wrapper: the stop is every rank's
         result.notes.append(curve.peer_stop)
     found = _cause_findings(result, trainer, curve, causes, opts)
-    _verdict(result, trainer, curve, opts, ctx, found, second, few)
+    _verdict(result, trainer, curve, opts, ctx, found, second, few, causes.own_floor)
     return result
 
 
@@ -57,7 +57,8 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
     initial, final = (losses[0], losses[-1]) if losses else (None, None)
     finite = [v for v in losses if math.isfinite(v)]
     final_acc = curve.accs[-1] if curve.accs and final is not None and math.isfinite(final) else None
-    target = f"loss ≤ {opts.target_ratio:g} × initial" + (" and batch accuracy 100%" if curve.accs else "")
+    custom = getattr(trainer.loss_fn, "custom", None) is not None   # its accuracy is told, not required (a review)
+    target = f"loss ≤ {opts.target_ratio:g} × initial" + (" and batch accuracy 100%" if curve.accs and not custom else "")
     if opts.target_loss is not None:
         target += f", or loss ≤ {opts.target_loss:g}"
     # Header keys must not collide with data/series keys ("loss" is the per-step list in JSON).
@@ -186,6 +187,12 @@ def _cause_findings(result, trainer, curve, causes, opts) -> int:
     if causes.bounded and len(still) < n_trainable:   # nothing trained: the output's range says nothing of a squash
         found += 1
         _bounded_output(result, causes.bounded, trainer.ctx)
+    elif causes.scaled and len(still) < n_trainable:   # a custom loss: what its value does when the output is scaled
+        found += 1
+        k, lower, here = causes.scaled
+        result.add("bounded-output", "warning", "", f"scaling the trained output by {k:g} lowers the loss from "
+                   f"{_fmt(here)} to {_fmt(lower)}: the output's range holds the loss back (a softmax, sigmoid or tanh "
+                   "at the end, or a small output scale?)", hint="give the loss the raw scores (logits) it expects")
     return found + _precision_findings(result, trainer, curve, causes)
 
 
@@ -283,7 +290,7 @@ def _bounded_output(result, bounded: dict, ctx) -> None:
                     f"log-softmax itself), or pick a loss that fits the output ({loss} mse, {loss} PATH:fn, {batch})")
 
 
-def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=None) -> None:
+def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=None, own_floor: bool = False) -> None:
     d, steps, losses = result.data, curve.step, curve.losses
     initial, final, final_acc = d["initial_loss"], d["final_loss"], d["final_accuracy"]
     trend = None
@@ -307,7 +314,7 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
             return
         _trend_note(result, trend)
     settled = trend is not None and trend.kind in ("plateau", "levelling")
-    if settled and final_acc == 1.0 and getattr(trainer.loss_fn, "custom", None) is not None and not found:
+    if settled and final_acc == 1.0 and own_floor and not found and initial and initial > 0:
         _at_its_floor(result, d, opts, ctx)
         return
     if not d["passed"] and curve.nonfinite_at is None and steps >= 20 and final is not None and not settled:
@@ -361,7 +368,7 @@ def _frozen_words(trainer) -> str:
         return ""
     from ...core.repeats import compact
 
-    mods = list(dict.fromkeys(n.rpartition(".")[0] or n for n, p in trainer.work.named_parameters()
+    mods = list(dict.fromkeys(n.rpartition(".")[0] or "(root)" for n, p in trainer.work.named_parameters()
                               if not p.requires_grad))
     return (f"; or unfreeze: {trainer.frozen} parameter tensor(s) are frozen (requires_grad=False), in module(s) "
             f"{compact(mods, 4)}, and a frozen layer (an output layer above all) can keep a batch out of reach")

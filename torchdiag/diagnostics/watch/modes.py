@@ -20,11 +20,14 @@ def mode_inert(model, args, kwargs, sensitive: tuple) -> bool | None:
 
     import torch
 
+    from ...core.random_ops import drawn
+
     if any(isinstance(m, sensitive) for m in model.modules()):
         return False
     modes = [(m, m.training) for m in model.modules()]
     grads = [(p, p.requires_grad) for p in model.parameters()]
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    # the buffer objects too: a forward that assigns a new tensor to one (`self.mu = 0.9 * self.mu + …`) is put back
+    buffers = [(m, k, b, b.detach().clone()) for m in model.modules() for k, b in m._buffers.items() if b is not None]
     devices = sorted({p.device.index or 0 for p in model.parameters() if p.is_cuda})
     py, np_state = random.getstate(), _numpy_state()
     try:
@@ -32,7 +35,9 @@ def mode_inert(model, args, kwargs, sensitive: tuple) -> bool | None:
             model.eval()
             seen = _flat(model(*_copied(args), **_copied(kwargs)))   # a forward that edits its input in place
             model.train()
-            return _same(seen, _flat(model(*_copied(args), **_copied(kwargs))))
+            with drawn() as ops:   # a train mode that draws (LayerDrop) acts whatever one draw shows (a review)
+                same = _same(seen, _flat(model(*_copied(args), **_copied(kwargs))))
+            return same and not ops
     except Exception:   # the model's own failure on a second call: the warning stands as it was
         return None
     finally:
@@ -41,7 +46,8 @@ def mode_inert(model, args, kwargs, sensitive: tuple) -> bool | None:
         for p, flag in grads:
             p.requires_grad_(flag)
         with torch.no_grad(), contextlib.suppress(Exception):
-            for b, value in buffers:
+            for m, k, b, value in buffers:
+                m._buffers[k] = b
                 b.copy_(value)
         random.setstate(py)
         _numpy_state(np_state)
