@@ -1180,3 +1180,30 @@ def test_a_random_detach_is_a_cut_not_a_skip():
         if "no-grad" in codes:
             return
     pytest.fail("no seed of 4 cut the encoder")
+
+
+class SparseRecommender(nn.Module):
+    """A two-tower scorer on sparse embeddings (a sweep: exit 4 in doctor, overfit-batch and nancheck)."""
+
+    def __init__(self):
+        super().__init__()
+        self.user = nn.Embedding(50, 8, sparse=True)
+        self.items = nn.EmbeddingBag(80, 8, mode="mean", sparse=True)
+
+    def forward(self, u, hist):
+        return (self.user(u) * self.items(hist)).sum(-1)
+
+
+@pytest.mark.parametrize("command", ["doctor", "nancheck", "overfit-batch", "lr-find"])
+def test_sparse_embeddings_are_diagnosed_with_dense_gradients_and_left_sparse(command):
+    from torchdiag.api import run
+    from torchdiag.core.inputs import ModelInputs
+
+    torch.manual_seed(0)
+    model = SparseRecommender()
+    inputs = ModelInputs((torch.randint(0, 50, (16,)), torch.randint(0, 80, (16, 4))), {})
+    extra = {"steps": 30} if command in ("overfit-batch", "lr-find") else {}
+    res = run(command, model, inputs, loss="mse", target=torch.randn(16), **extra)
+    assert int(res.exit_code) in (0, 1), [f.to_dict() for f in res.findings]
+    assert res.header["sparse_gradients"].startswith("2 embedding(s) with sparse=True made dense gradients")
+    assert model.user.sparse and model.items.sparse        # the caller's model as it was

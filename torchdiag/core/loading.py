@@ -203,6 +203,21 @@ def eager(model, command: str, header: dict):
     return inner
 
 
+def dense_embeddings(model, header: dict) -> list:
+    """Embeddings with sparse=True make sparse gradients, which Adam, norms and comparisons refuse (a sweep: a
+    recommender's EmbeddingBag(sparse=True) exited 4 in doctor, overfit-batch and nancheck): for the run they make
+    dense ones, said in the header. Returns the modules switched, for the caller to switch back."""
+    from torch import nn
+
+    switched = [m for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse]
+    for m in switched:
+        m.sparse = False
+    if switched:
+        header["sparse_gradients"] = (f"{len(switched)} embedding(s) with sparse=True made dense gradients for this run "
+                                      "(torchdiag's steps, norms and checks read dense ones)")
+    return switched
+
+
 def own_step_note(model, header: dict) -> None:
     """A model that brings its own training step (a LightningModule's training_step and configure_optimizers): the
     header says they are not run, so a verdict is not read as one on them (a sweep: a training_step that detached
