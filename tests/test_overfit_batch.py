@@ -1099,3 +1099,24 @@ def test_a_squashed_output_under_a_custom_loss_is_no_floor_of_the_loss():
     assert "scaling the trained output by" in finding(res, "bounded-output").message
     # a custom loss's accuracy is told, not required: the header's target does not promise it
     assert "batch accuracy 100%" not in res.header["target"]
+
+
+def _gaussian_nll(out, y):
+    return torch.nn.functional.gaussian_nll_loss(out[:, 0], y, torch.nn.functional.softplus(out[:, 1]) ** 2 + 1e-6)
+
+
+def test_a_loss_that_crosses_zero_is_not_passed_by_the_ratio_target():
+    """A sweep: a Gaussian NLL passed "≤ 0.01 × initial" the moment it crossed 0 (step 48, a quarter of the
+    variance explained). A ratio to a loss with no floor at 0 says nothing: one line, exit 2, the curve so far."""
+    from torchdiag.errors import UsageError
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2))
+    x = torch.randn(32, 4)
+    y = 0.7 * x[:, 0] + 0.1 * torch.randn(32)
+    with pytest.raises(UsageError, match="the loss went below 0 at step") as e:
+        api_run("overfit-batch", model, x, target=y, loss=_gaussian_nll, lr=0.01)
+    assert "--target-loss" in e.value.hint or "target_loss" in e.value.hint
+    assert e.value.partial is not None and e.value.partial.data["loss"][0] > 0
+    ok = api_run("overfit-batch", model, x, target=y, loss=_gaussian_nll, lr=0.01, target_loss=-0.5, steps=300)
+    assert ok.data["target_loss"] == -0.5

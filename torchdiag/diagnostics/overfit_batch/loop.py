@@ -236,6 +236,14 @@ class Trainer:
                 raise UsageError(f"the initial loss is {lv:.6g} (< 0): a ratio to it says nothing",
                                  hint=f"give an absolute target with {self.ctx.option('target_loss')}, "
                                       f"or a loss ≥ 0 ({self.ctx.option('loss')})")
+        elif lv < -1e-4 * c.losses[0] and c.losses[0] >= 0 and self.opts.target_loss is None:   # not rounding at 0
+            # a likelihood crosses 0 on its way down: "≤ 0.01 × initial" would pass it there (a sweep: a Gaussian
+            # NLL passed at step 48, a quarter of the variance explained)
+            err = UsageError(f"the loss went below 0 at step {step} ({lv:.6g}, from {c.losses[0]:.6g}): it is not "
+                             "bounded below by 0 (a negative log-likelihood), so a ratio to its start says nothing",
+                             hint=f"give an absolute target with {self.ctx.option('target_loss')}")
+            err.partial = self.partial(f"stopped at step {step}: the loss went below 0")
+            raise err
         return value, lv, acc
 
     def _read(self, value=None, counts=None):
