@@ -1207,3 +1207,22 @@ def test_sparse_embeddings_are_diagnosed_with_dense_gradients_and_left_sparse(co
     assert int(res.exit_code) in (0, 1), [f.to_dict() for f in res.findings]
     assert res.header["sparse_gradients"].startswith("2 embedding(s) with sparse=True made dense gradients")
     assert model.user.sparse and model.items.sparse        # the caller's model as it was
+
+
+class Forecaster(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn, self.head = nn.LSTM(3, 16, num_layers=2, dropout=0.1, batch_first=True), nn.Linear(16, 4)
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return self.head(out[:, -1])
+
+
+def test_an_lstms_own_dropout_is_named_as_the_mode_dependence():
+    """A sweep: an LSTM(dropout=0.1) forecaster was told its "forward code reads self.training"."""
+    from torchdiag.api import run
+
+    torch.manual_seed(0)
+    (f,) = [f for f in run("doctor", Forecaster(), torch.randn(8, 12, 3)).findings if f.code == "mode-dependent"]
+    assert f.where == "rnn" and "1 LSTM make train and eval outputs differ" in f.message, f.message

@@ -30,6 +30,8 @@ def mode_modules(model) -> list[tuple[str, str]]:
             out.append((n, type(m).__name__))
         elif isinstance(m, nn.MultiheadAttention) and m.dropout > 0:
             out.append((n, type(m).__name__))
+        elif isinstance(m, nn.RNNBase) and m.dropout > 0 and m.num_layers > 1:   # dropout between its layers (a sweep)
+            out.append((n, type(m).__name__))
     return out
 
 
