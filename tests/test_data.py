@@ -994,3 +994,31 @@ def test_samples_laid_out_differently_are_said_as_such(cli, tmp_path):
     msgs = [f["message"] for f in r.json["findings"] if f["code"] == "inconsistent-shapes"]
     assert r.code == 1 and msgs and all("not laid out like the others" in m for m in msgs), msgs
     assert not any("where the others have" in m for m in msgs)
+
+
+class TwoInputs(torch.nn.Module):
+    """A tabular model: categorical codes through an embedding, numeric features beside them."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = torch.nn.Embedding(11, 4), torch.nn.Linear(4 * 4 + 6, 3)
+
+    def forward(self, x_cat, x_num):
+        return self.head(torch.cat([self.emb(x_cat).flatten(1), x_num], 1))
+
+
+def test_a_tuple_of_two_inputs_and_a_target_is_read_by_the_models_forward():
+    """A sweep: TensorDataset(x_cat, x_num, y) was read as (input, target, other): x_num the target, the model
+    called with one input (exit 3), and duplicates counted on the categorical column alone."""
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    x_cat, x_num = torch.randint(0, 11, (300, 4), generator=g), torch.randn(300, 6, generator=g)
+    y = torch.randint(0, 3, (300,), generator=g)
+    res = run_data(TensorDataset(x_cat, x_num, y), Options(speed=False), context("cpu"), model=TwoInputs())
+    roles = {r["field"]: r["role"] for r in res.table("field_stats").rows if r["split"] == "train"}
+    assert roles == {"[0]": "input", "[1]": "input", "[2]": "target"}, roles
+    assert int(res.exit_code) == 0 and "duplicate-samples" not in {f.code for f in res.findings}
+    # without a model the (input, target) convention stands
+    alone = run_data(TensorDataset(x_cat, x_num, y), Options(speed=False), context("cpu"))
+    assert {r["field"]: r["role"] for r in alone.table("field_stats").rows}["[1]"] == "target"

@@ -68,8 +68,10 @@ def structure(batch) -> str:
 
 
 def find_roles(batch, input_field: str | None = None, target_field: str | None = None,
-               option=lambda name: name) -> Roles:
-    """The input and target fields of a batch: named ones first, else the conventions above."""
+               option=lambda name: name, positional: int = 1) -> Roles:
+    """The input and target fields of a batch: named ones first, else the conventions above. `positional`: the
+    inputs the model's forward requires (model_inputs): a tuple of more fields than that is (inputs…, target), as
+    TensorDataset(x_cat, x_num, y) makes it (a sweep: x_num was read as the target, and the model refused one input)."""
     names = [n for n, _ in flatten(batch)]
     kind = structure(batch)
     if not names:
@@ -81,9 +83,15 @@ def find_roles(batch, input_field: str | None = None, target_field: str | None =
             raise UsageError(f"{option(opt)} '{given}': the batch has no such field",
                              hint=f"its fields: {', '.join(names)}")
     target, how = target_field, "as named"
-    if target is None:
+    several = (kind == "tuple" and positional > 1 and input_field is None and target_field is None
+               and all(f"[{i}]" in names for i in range(positional + 1)))
+    if several:
+        target, how = f"[{positional}]", f"({positional} inputs, target) tuple: the model's forward takes {positional}"
+    elif target is None:
         target, how = _conventional_target(batch, kind, names)
-    if input_field is not None:
+    if several:
+        inputs = [f"[{i}]" for i in range(positional)]
+    elif input_field is not None:
         inputs = [input_field]
     elif kind == "dict":   # every other top-level key goes to the model (input_ids, attention_mask, ...)
         top = [n for n in names if n != target and not (target and n.startswith(target + "."))]
@@ -130,4 +138,15 @@ def model_call(batch, roles: Roles):
     if roles.structure == "dict" and len(roles.inputs) > 1:
         tops = {n.split(".")[0] for n in roles.inputs}
         return (), {k: batch[k] for k in batch.keys() if k in tops}
-    return (get(batch, roles.inputs[0]),), {}
+    return tuple(get(batch, n) for n in roles.inputs), {}
+
+
+def model_inputs(model) -> int:
+    """How many positional inputs the model's forward requires (1 without a model, or when unknown)."""
+    from .inputs import forward_parameters
+
+    if model is None:
+        return 1
+    need = [p for p in forward_parameters(model) if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY,
+                                                                                      p.POSITIONAL_OR_KEYWORD)]
+    return max(1, len(need))

@@ -129,6 +129,8 @@ def _stages(st: State) -> None:
     except Hang as h:
         st.hang, st.hang_phase = h, st.phase
         return
+    from ...core.batches import model_inputs
+
     for split, data in (("train", st.train), ("val", st.val)):
         if data is None:
             continue
@@ -136,7 +138,7 @@ def _stages(st: State) -> None:
         st.scans[split] = S.SplitScan(split)
         try:
             S.scan_into(st.scans[split], data, opts, roles if split == "train" else None,
-                        st.scans.get("train") if split == "val" else None, ctx.seed)
+                        st.scans.get("train") if split == "val" else None, ctx.seed, model_inputs(st.model))
         except Hang as h:
             st.hang, st.hang_phase = h, st.phase
             return
@@ -190,7 +192,7 @@ def _probe(st: State, loader):
         parts = batch.parts if isinstance(batch, Ragged) else [batch]
         if "roles" not in roles_box:
             roles_box["roles"] = B.find_roles(parts[0], opts.input_field, opts.target_field,
-                                              lambda n: "--" + n.replace("_", "-"))
+                                              lambda n: "--" + n.replace("_", "-"), B.model_inputs(st.model))
             st.first_batch = parts[0] if len(parts) == 1 else None
         target = roles_box["roles"].target
         if target is not None and len(st.probe.labels) < 100_000:

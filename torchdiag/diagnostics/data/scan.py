@@ -82,7 +82,7 @@ def scan(data, opts, split: str, roles_hint=None, against: SplitScan | None = No
     return out
 
 
-def scan_into(out: SplitScan, data, opts, roles_hint, against, seed: int) -> None:
+def scan_into(out: SplitScan, data, opts, roles_hint, against, seed: int, positional: int = 1) -> None:
     source, chunks, dataset = _source(out, data, opts, seed)
     # one batch read ahead: loading the next overlaps the checks of this one (nothing is timed here)
     fetcher, cleanup = guarded(source, opts.timeout, dataset=dataset, label=f"{out.split} data", ahead=1)
@@ -96,7 +96,7 @@ def scan_into(out: SplitScan, data, opts, roles_hint, against, seed: int) -> Non
             n = sum(B.batch_size(p) for p in parts)
             idx = chunks[k] if chunks is not None else list(range(pos, pos + n))
             if out.roles is None:
-                out.roles = roles_hint or B.find_roles(parts[0], opts.input_field, opts.target_field, _cli)
+                out.roles = roles_hint or B.find_roles(parts[0], opts.input_field, opts.target_field, _cli, positional)
             if isinstance(batch, Ragged):
                 _mark_ragged(out, parts, idx)
             j = 0
