@@ -1022,3 +1022,15 @@ def test_a_tuple_of_two_inputs_and_a_target_is_read_by_the_models_forward():
     # without a model the (input, target) convention stands
     alone = run_data(TensorDataset(x_cat, x_num, y), Options(speed=False), context("cpu"))
     assert {r["field"]: r["role"] for r in alone.table("field_stats").rows}["[1]"] == "target"
+
+
+def test_scikit_learn_arrays_are_read_as_a_dataset():
+    """A sweep: `return X, y` numpy arrays were read as two batches, and a list of (ndarray, np.int64) pairs as
+    1-tuples: false duplicates, shapes and statistics mixed over labels and features."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(120, 5)).astype(np.float32), rng.integers(0, 3, size=120)
+    for data in ((x, y), [(x[i], np.int64(y[i])) for i in range(120)]):
+        res = run_data(data, Options(speed=False), context("cpu"))
+        roles = {r["field"]: (r["role"], r["shape"]) for r in res.table("field_stats").rows}
+        assert roles == {"[0]": ("input", "5"), "[1]": ("target", "scalar")}, roles
+        assert not {"duplicate-samples", "inconsistent-shapes"} & {f.code for f in res.findings}

@@ -73,17 +73,22 @@ def _holds_samples(seq) -> bool:
     its one-hot label) is a sample, and so is one holding a Python number or a 0-d tensor beside at most one tensor
     (`(x, 3)`). A number beside tensors sharing a leading size is a batch's own field (a loss weight, a step: a
     review). Tensors alone, sharing one leading size, stay batches: the two readings are not told apart there."""
+    import sys
+
     import torch
 
     if not seq:
         return False
+    np = sys.modules.get("numpy")   # numpy's arrays and scalars as torch's (a sweep: (ndarray, np.int64) pairs)
+    arrays = (torch.Tensor,) + ((np.ndarray,) if np is not None else ())
+    numbers = (bool, int, float) + ((np.generic,) if np is not None else ())
     first = seq[0]
     fields = first.values() if isinstance(first, dict) else first if isinstance(first, (list, tuple)) else (first,)
     fields = list(fields)
-    tensors = [f for f in fields if isinstance(f, torch.Tensor) and f.dim() >= 1]
+    tensors = [f for f in fields if isinstance(f, arrays) and f.ndim >= 1]
     if len({t.shape[0] for t in tensors}) > 1:
         return True
-    scalar = any(isinstance(f, (bool, int, float)) or (isinstance(f, torch.Tensor) and f.dim() == 0) for f in fields)
+    scalar = any(isinstance(f, numbers) or (isinstance(f, arrays) and f.ndim == 0) for f in fields)
     return scalar and len(tensors) <= 1
 
 
@@ -103,8 +108,33 @@ def load_data(spec: str, arg_pairs: list[str] | None = None, seed: int | None = 
     module = loading.import_module(where, "data file")
     factory = loading.find_factory(module, name, where)
     obj = _call(factory, name, kwargs, seed)
+    made = as_columns(obj)
+    if made is not None:
+        return LoadedData(made, spec, "dataset", f"{name}() → ({', '.join(type(c).__name__ for c in obj)}) as a TensorDataset")
     kind = kind_of(obj, f"{name}()")
     return LoadedData(obj, spec, kind, f"{name}() → {type(obj).__name__}")
+
+
+def as_columns(obj):
+    """`return X, y` (scikit-learn's arrays, or tensors): a tuple of 2–8 arrays sharing one leading size is a
+    dataset's columns, read as TensorDataset(X, y) (a sweep: two numpy arrays were read as two batches, and their
+    duplicates and shapes reported on that). None for anything else (a list stays a list of batches or samples)."""
+    import sys
+
+    import torch
+
+    np = sys.modules.get("numpy")
+    arrays = (torch.Tensor,) + ((np.ndarray,) if np is not None else ())
+    if not (isinstance(obj, tuple) and 2 <= len(obj) <= 8 and all(isinstance(c, arrays) for c in obj)):
+        return None
+    if any(c.ndim < 1 for c in obj) or len({c.shape[0] for c in obj}) != 1 or obj[0].shape[0] < 2:
+        return None
+    from torch.utils.data import TensorDataset
+
+    try:
+        return TensorDataset(*[c if isinstance(c, torch.Tensor) else torch.as_tensor(c) for c in obj])
+    except (TypeError, RuntimeError):   # an object array torch cannot hold: read as it comes
+        return None
 
 
 def _call(factory, name: str, kwargs: dict, seed: int | None):

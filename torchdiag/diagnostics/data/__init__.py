@@ -65,10 +65,13 @@ def context(device: str = "auto", seed: int = 0, loss: str = "auto", caller: str
 
 
 def as_data(obj, what: str):
-    from ...core.datasets import LoadedData, kind_of
+    from ...core.datasets import LoadedData, as_columns, kind_of
 
     if obj is None or isinstance(obj, LoadedData):
         return obj
+    made = as_columns(obj)
+    if made is not None:
+        return LoadedData(made, what, "dataset", f"({', '.join(type(c).__name__ for c in obj)}) as a TensorDataset")
     return LoadedData(obj, what, kind_of(obj, what), type(obj).__name__)
 
 
