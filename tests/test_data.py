@@ -1034,3 +1034,17 @@ def test_scikit_learn_arrays_are_read_as_a_dataset():
         roles = {r["field"]: (r["role"], r["shape"]) for r in res.table("field_stats").rows}
         assert roles == {"[0]": ("input", "5"), "[1]": ("target", "scalar")}, roles
         assert not {"duplicate-samples", "inconsistent-shapes"} & {f.code for f in res.findings}
+
+
+def test_a_regression_target_of_a_large_scale_is_said():
+    """A sweep: targets ~1e5 under MSE (a loss of 1e10) passed `data`; only gradflow said exploding-grad."""
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 5, generator=g)
+    for scale, found in ((1e5, True), (100.0, False)):
+        y = scale * (1 + 0.3 * x[:, 0])
+        res = run_data(TensorDataset(x, y), Options(speed=False), context("cpu"))
+        got = [f for f in res.findings if f.code == "target-scale"]
+        assert bool(got) == found, [f.to_dict() for f in res.findings]
+    assert got == [] and int(res.exit_code) == 0

@@ -32,6 +32,8 @@ def add_all(r, st) -> None:
             if f.role == "input":
                 _range(r, f, where, st.scaling if _only_float_input(s, f) else None)
                 _constant(r, f, where)
+            elif f.role == "target":
+                _target_scale(r, f, where)
             if f.role == "target":
                 _labels(r, st, f, where, split)
                 _reach(r, st, f, where)
@@ -114,6 +116,22 @@ def _range(r, f, where, scaling=None) -> None:
                                            f"scaled inside the model: {scaling.describe()}"), \
             "nothing to do: the model scales its input itself"
     r.add(code, severity, where, message, hint)
+
+
+TARGET_SCALE = 1e3   # a float target's |mean| or std beyond this: a squared error on it is ~1e6 or more
+
+
+def _target_scale(r, f, where) -> None:
+    """A float (regression) target of a large scale: a squared error on it, and its gradients, are that scale squared
+    (a sweep: house prices ~1e5 under MSE gave a loss of 1e10, which only gradflow's exploding-grad noticed, with a
+    hint to clip). Class indices and probabilities are not judged."""
+    if f.mean is None or not f.dtypes or not all(d.startswith(("float", "bfloat", "half")) for d in f.dtypes):
+        return
+    if abs(f.mean) < TARGET_SCALE and (f.std or 0) < TARGET_SCALE:
+        return
+    r.add("target-scale", "warning", where, f"the target has mean {_fmt(f.mean)}, std {_fmt(f.std)}: a squared error "
+          f"on it is of the order of {_fmt(max(abs(f.mean), f.std or 0) ** 2)}, and its gradients as large",
+          f"standardise the target ((y − {_fmt(f.mean)}) / {_fmt(f.std or 1)}) and undo it on the predictions")
 
 
 def _only_float_input(s, f) -> bool:
