@@ -423,6 +423,11 @@ def _worker_gain(st) -> str:
     return f" (measured: {best.batches_per_s / base.batches_per_s:.1f}× faster with num_workers={best.num_workers})"
 
 
+def _floor_of(share: float) -> float:
+    """The threshold of the level `share` is at (a sweep: "highly input-bound: ≥ 5%" showed the moderate one)."""
+    return INPUT_BOUND[1] if share >= INPUT_BOUND[1] else INPUT_BOUND[0]
+
+
 def bound_level(share) -> str | None:
     if share is None:
         return None
@@ -467,7 +472,8 @@ def _input_bound(r, st) -> None:
     small = per is not None and per < WAIT_FLOOR_S
     more = [x for x in st.sweep if x.wait_share is not None and (x.num_workers or 0) > (t.num_workers or 0)]
     r.add("input-bound", "info" if small else "warning", "train", f"{100 * t.wait_share:.1f}% of each training step "
-          f"waits for data ({bound_level(t.wait_share)}: ≥ {100 * INPUT_BOUND[0]:.0f}%; num_workers={t.num_workers}"
+          f"waits for data ({bound_level(t.wait_share)}: ≥ {100 * _floor_of(t.wait_share):.0f}%; "
+          f"num_workers={t.num_workers}"
           + (f"; {1e3 * per:.2g} ms a batch" if per is not None else "") + ")" + measured
           + (f": under {1e3 * WAIT_FLOOR_S:g} ms a batch, the loader's own overhead beside a step as short" if small
              else ""),
