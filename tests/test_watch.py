@@ -444,6 +444,25 @@ def test_a_plateau_on_unnormalised_inputs_says_so():
     assert f.hint.startswith("the model's float inputs reach |x| = 25") and "normalise them" in f.hint, f.hint
 
 
+def test_a_flat_but_noisy_curve_is_a_plateau():
+    """A sweep: a sigmoid on a regression output (targets 25–346), batch losses 18k–34k, flat for 88 steps: the
+    running median dipped by chance and nothing was said. The halves' medians, within their noise, say it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1), nn.Sigmoid())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    with Watch(model, opt, every=10) as w:
+        for _ in range(90):
+            x = torch.randn(32, 8, generator=g)
+            y = 25 + 321 * torch.rand(32, 1, generator=g)
+            loss = F.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    f = finding(w.result(), "loss-plateau")
+    assert f.severity == "info" and "not improved over the second half" in f.message, f.message
+
+
 def test_nll_loss_given_probabilities_not_their_log():
     model = nn.Sequential(nn.Linear(8, 4), nn.Softmax(dim=1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

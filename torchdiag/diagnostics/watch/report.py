@@ -674,7 +674,11 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
                    f"{top:.4g} (steps {c}–{d}), above where it started ({start:.4g}), as the learning rate rose from "
                    f"{rise[1]:.3g} to {rise[2]:.3g} (step {rise[0]}), and {back} {med[-1]:.4g} (running median) at step "
                    f"{pairs[-1][0]}{of}", "lower the peak learning rate or lengthen the warm-up")
-    elif len(values) >= 4 * w and min(med[len(med) // 2:]) >= 0.99 * med[len(med) // 2] and med[-1] > 1e-3 * initial:
+    elif len(values) >= 4 * w and med[-1] > 1e-3 * initial and (
+            min(med[len(med) // 2:]) >= 0.99 * med[len(med) // 2]
+            # a noisy curve whose running median dips by chance: the halves' medians (a sweep: a sigmoid on a
+            # regression output, batch losses 18k–34k, flat for 88 steps, said nothing)
+            or _halves_flat(values)):
         # never learned (GPT-2 at lr 0.1 stayed at chance): "converged" would mislead. Where it started is the first
         # window's median and the first 3 losses' (a run that fell within the first window fell: a review)
         start = statistics.median(values[:3])
@@ -685,9 +689,23 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
                        "over, ‖w‖) or too small (update/weight), labels that do not match the inputs, or a loss that no "
                        "parameter reaches; or it was at its floor already (a fine-tune from a converged checkpoint)")
         else:
+            h = len(values) // 2
+            seen = (f"running median {med[len(med) // 2]:.4g} → {med[-1]:.4g}"
+                    if min(med[len(med) // 2:]) >= 0.99 * med[len(med) // 2] else
+                    f"median {statistics.median(values[:h]):.4g} over the first half, "
+                    f"{statistics.median(values[h:]):.4g} over the second: within the steps' own noise")
             result.add("loss-plateau", "info", "", f"the loss has not improved over the second half of the run "
-                       f"(running median {med[len(med) // 2]:.4g} → {med[-1]:.4g}){of}",
-                       unscaled + "converged, or the learning rate is too small")
+                       f"({seen}){of}", unscaled + "converged, or the learning rate is too small")
+
+
+def _halves_flat(values: list[float]) -> bool:
+    """The second half's median no lower than the first half's by more than twice the first half's standard error
+    of a median (1.253 × 1.4826 × MAD / √n): a flat curve, whatever its batch-to-batch noise."""
+    h = len(values) // 2
+    first, second = values[:h], values[h:]
+    m1 = statistics.median(first)
+    mad = statistics.median(abs(v - m1) for v in first)
+    return statistics.median(second) >= m1 - 2 * 1.253 * 1.4826 * mad / math.sqrt(len(first))
 
 
 UNSCALED = 100.0   # a float input this large is raw (pixels in 0..255, counts, prices), not standardised
