@@ -1617,3 +1617,15 @@ def test_an_expert_no_sample_was_routed_to_is_named_not_its_module_list():
     first = min(set(range(4)) - used)
     assert f"module experts.{first} (Linear) never ran in forward" in f.message, f.message
     assert f"while {len(used)} other Linear of experts ran" in f.message and "MoE router" in f.message
+
+
+def test_an_exploding_gradient_under_a_huge_loss_points_at_the_target_scale():
+    """A sweep: house prices ~1e5 under MSE (a loss of 9.6e9) got "check initialisation scale … clip gradients"."""
+    from torchdiag.api import run
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 1))
+    x = torch.randn(32, 5)
+    res = run("gradflow", model, x, loss="mse", target=1e5 * (1 + 0.3 * x[:, :1]))
+    f = next(f for f in res.findings if f.code == "exploding-grad")
+    assert f.hint.startswith("the loss itself is 1.") and "standardise it first" in f.hint, f.hint

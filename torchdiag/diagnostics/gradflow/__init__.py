@@ -44,6 +44,9 @@ from .underflow import add_fractions, reduced_dtype, smallest_normal
 __all__ = ["NEEDS_VALUES", "OPTIMIZER", "WRAP", "Options", "STATUS_ORDER", "STATUS_SEVERITY", "frontier", "run"]
 
 
+
+LARGE_LOSS = 1e6   # a loss this large scales every gradient with it (a sweep: a house-price MSE of 9.6e9)
+
 def run(model, inputs, opts: Options, ctx) -> Result:
     result = Result("gradflow")
     result.header["mode"] = ("eval" if opts.eval_mode else "train") + " mode, one forward + backward"
@@ -78,6 +81,11 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     if not pas.local:   # the short training run needs a copy that holds every weight
         gated(model, inputs, rows, result, opts, ctx, stochastic_depth_off)   # only when something is flagged
     param_findings(result, rows, model, opts, allow)
+    if math.isfinite(stats.loss) and abs(stats.loss) > LARGE_LOSS:   # every gradient is as large as the loss is
+        for f in result.findings:
+            if f.code == "exploding-grad":
+                f.hint = (f"the loss itself is {stats.loss:.3g}: a target of a large scale (an unstandardised "
+                          f"regression target) makes every gradient large; standardise it first. Else: {f.hint}")
     if not math.isfinite(stats.loss):
         bad = sum(1 for r in rows if r["nan"] or r["inf"])
         got = sum(1 for r in rows if r["grad_norm"] is not None)
