@@ -1048,3 +1048,13 @@ def test_a_regression_target_of_a_large_scale_is_said():
         got = [f for f in res.findings if f.code == "target-scale"]
         assert bool(got) == found, [f.to_dict() for f in res.findings]
     assert got == [] and int(res.exit_code) == 0
+
+
+def test_flipped_or_big_endian_arrays_are_read_as_columns():
+    """A review: `return X[:, ::-1], y` and big-endian arrays exited 4 (torch.as_tensor refuses them as they are)."""
+    from torchdiag.core.datasets import as_columns
+
+    x, y = np.arange(40, dtype=np.float32).reshape(10, 4), np.arange(10)
+    for cols in ((x[:, ::-1], y), (x.astype(">f4"), y)):
+        ds = as_columns(cols)
+        assert ds is not None and torch.equal(ds[3][0], torch.as_tensor(np.ascontiguousarray(cols[0][3], "=f4")))

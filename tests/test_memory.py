@@ -518,3 +518,20 @@ def test_tracker_sees_storages_resized_in_place_only_when_told(resizable):
         assert tracker.current == 8192
     assert tracker.peak == (8192 if resizable else 12288)
     assert tracker.by_cat["parameters"] == 4096
+
+
+def test_sparse_embeddings_are_measured_as_they_train():
+    """A review: memory reported the dense gradients of a sparse table it never makes (the run had switched it);
+    as the model trains, its sparse gradients refuse the default Adam: a choice of optimizer, exit 2, not the
+    model's own failure; with SGD it runs, the embedding left sparse."""
+    from torchdiag.api import run
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.errors import UsageError
+
+    model = torch.nn.Sequential(torch.nn.Embedding(1000, 8, sparse=True), torch.nn.Flatten(), torch.nn.Linear(32, 1))
+    inputs = ModelInputs((torch.randint(0, 1000, (4, 4)),), {})
+    with pytest.raises(UsageError, match="sparse gradients") as e:
+        run("memory", model, inputs, loss="sum")
+    assert "sgd" in e.value.hint
+    res = run("memory", model, inputs, loss="sum", optimizer="sgd")
+    assert "sparse_gradients" not in res.header and model[0].sparse

@@ -441,7 +441,7 @@ def test_a_plateau_on_unnormalised_inputs_says_so():
             loss.backward()
             opt.step()
     f = finding(w.result(), "loss-plateau")
-    assert f.hint.startswith("the model's float inputs reach |x| = 25") and "normalise them" in f.hint, f.hint
+    assert f.hint.startswith("the model's input reaches |x| = 25") and "normalise it" in f.hint, f.hint
 
 
 def test_a_flat_but_noisy_curve_is_a_plateau():

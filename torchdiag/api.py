@@ -90,9 +90,8 @@ def run(command: str, model, inputs=None, *, loss: Any = "auto", target=None, **
     """Any diagnostic by its command name: `torchdiag.api.run("gradflow", model, x, strict=True)`."""
     from .commands import get
     from .core.context import context_for
-    from .core.loading import dense_embeddings, eager
+    from .core.loading import DENSE_GRAD_COMMANDS, dense_embeddings, eager
     from .core.precision import cast_copy, cast_inputs
-    from .core.sources import trains
     from .runner.local import invoke
 
     d = get(command).diagnostic_module()
@@ -108,7 +107,7 @@ def run(command: str, model, inputs=None, *, loss: Any = "auto", target=None, **
     work = cast_copy(model, spec.dtype)
     given = cast_inputs(as_inputs(model, inputs), spec.dtype) if getattr(d, "TAKES_INPUTS", True) else None
     ctx.observe(work, given)   # the auto loss sees what the inputs feed (a language model's ids)
-    switched = dense_embeddings(work, ctx.header) if trains(command) else []
+    switched = dense_embeddings(work, ctx.header) if command in DENSE_GRAD_COMMANDS else []
     try:
         return invoke(d, work, given, opts, ctx)
     finally:

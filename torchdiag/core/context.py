@@ -180,7 +180,13 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
     from . import sources
     from .device import resolve_device
     from .inputs import ModelInputs, resolve_inputs
-    from .loading import dense_embeddings, eager, load_model, own_step_note
+    from .loading import (
+        DENSE_GRAD_COMMANDS,
+        dense_embeddings,
+        eager,
+        load_model,
+        own_step_note,
+    )
     from .precision import cast_inputs, cast_model, check_supported
 
     device = resolve_device(spec.device)
@@ -192,7 +198,8 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
     if sources.trains(spec.command):
         sources.for_training(loaded, spec.command)   # a source's default batch of 1 breaks BatchNorm in train mode
         own_step_note(loaded.model, loaded.header)
-        dense_embeddings(loaded.model, loaded.header)   # the CLI's model is ours: not switched back
+        if spec.command in DENSE_GRAD_COMMANDS:
+            dense_embeddings(loaded.model, loaded.header)   # the CLI's model is ours: not switched back
     checkpoints = load_checkpoints(spec, loaded, device)
     cast_model(loaded.model, spec.dtype)   # --dtype, once, after the weights: the CLI's model is ours
     batch_target = None

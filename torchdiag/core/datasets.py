@@ -131,9 +131,12 @@ def as_columns(obj):
         return None
     from torch.utils.data import TensorDataset
 
+    def tensor(c):   # a flipped (negative-stride) or big-endian array copied to one torch can hold (a review)
+        return c if isinstance(c, torch.Tensor) else torch.as_tensor(np.ascontiguousarray(c, c.dtype.newbyteorder("=")))
+
     try:
-        return TensorDataset(*[c if isinstance(c, torch.Tensor) else torch.as_tensor(c) for c in obj])
-    except (TypeError, RuntimeError):   # an object array torch cannot hold: read as it comes
+        return TensorDataset(*[tensor(c) for c in obj])
+    except Exception:   # an object or string array torch cannot hold: read as it comes
         return None
 
 

@@ -203,6 +203,12 @@ def eager(model, command: str, header: dict):
     return inner
 
 
+# the commands whose steps, norms and comparisons read gradients that must be dense; memory and profile measure the
+# model as it trains (sparse gradients are its own), gradflow reads sparse ones (a review: memory reported the
+# dense gradients of a 1M-row table it never makes)
+DENSE_GRAD_COMMANDS = ("doctor", "overfit-batch", "nancheck", "lr-find", "check")
+
+
 def dense_embeddings(model, header: dict) -> list:
     """Embeddings with sparse=True make sparse gradients, which Adam, norms and comparisons refuse (a sweep: a
     recommender's EmbeddingBag(sparse=True) exited 4 in doctor, overfit-batch and nancheck): for the run they make

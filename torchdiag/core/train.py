@@ -41,10 +41,16 @@ def backward(loss, hint: str = "the model's own code raised in backward", retain
 
 
 def step(optimizer) -> None:
-    """optimizer.step(); a failure is the user's (exit 3)."""
+    """optimizer.step(); a failure is the user's (exit 3), but sparse gradients torchdiag's own optimizer refuses are
+    a choice of optimizer (exit 2: memory on an `Embedding(sparse=True)` under the default Adam, a review)."""
     try:
         optimizer.step()
     except Exception as exc:
+        if "does not support sparse gradients" in str(exc):
+            from ..errors import UsageError
+
+            raise UsageError(f"the model makes sparse gradients (an embedding with sparse=True), which "
+                             f"{type(optimizer).__name__} does not take", hint="--optimizer sgd takes them") from exc
         raise (device_error(exc, "the optimizer step") or ModelError(f"optimizer step failed: {one_line(exc)}")) from exc
 
 

@@ -406,6 +406,8 @@ def grad_norm(grads):
 def reached(lv: float, initial: float, acc: float | None, opts) -> bool:
     if opts.target_loss is not None and lv <= opts.target_loss:
         return True
-    if initial < 0:
+    # a ratio judges a loss bounded below by 0 only: not a negative value, nor a run whose given target is below 0
+    # (a review: a Gaussian NLL passed the ratio as it crossed 0 once --target-loss -2 was given)
+    if initial < 0 or lv < 0 or (opts.target_loss is not None and opts.target_loss < 0):
         return False
     return lv <= opts.target_ratio * initial and (acc is None or acc >= 1.0)

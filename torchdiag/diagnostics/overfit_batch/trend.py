@@ -41,6 +41,8 @@ class Trend:
 def goal_of(initial: float, opts) -> float:
     """The loss the target asks for: the larger of target_ratio × initial and target_loss (either reaches it)."""
     goal = opts.target_ratio * initial if initial >= 0 else -math.inf
+    if opts.target_loss is not None and opts.target_loss < 0:   # a loss below 0 is judged by that target alone
+        return opts.target_loss
     return max(goal, opts.target_loss) if opts.target_loss is not None else goal
 
 

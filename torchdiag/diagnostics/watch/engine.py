@@ -320,12 +320,14 @@ class Engine:
         names unnormalised inputs (a sweep: pixels in 0..255 were told "converged, or the rate is too small")."""
         import torch
 
-        floats = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.is_floating_point()
-                  and t.numel()]
+        # the first input only, its finite values: a float attention mask beside it (-1e9, -inf) is no feature scale
+        # (a review)
+        x = args[0] if args else None
         self._scale_looked = True
-        if floats:
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel():
             with torch.no_grad():
-                top = torch.stack([t.detach().abs().amax().float() for t in floats]).amax()
+                v = x.detach().float()
+                top = v.abs().masked_fill(~v.isfinite(), 0).amax()
             self.pending.append(("inscale", self.step + 1, top.reshape(1)))
 
     def _look_at_loss_shapes(self, module, x, y) -> None:

@@ -715,8 +715,8 @@ def _unscaled(engine) -> str:
     top = engine.checks.get("input_absmax")
     if top is None or not math.isfinite(top) or top < UNSCALED:
         return ""
-    return (f"the model's float inputs reach |x| = {top:.4g} at the first step: normalise them (x / 255 for pixels, "
-            "standardised features) before anything else; ")
+    return (f"the model's input reaches |x| = {top:.4g} at the first step: unless the model scales it first, normalise "
+            "it (x / 255 for pixels, standardised features); ")
 
 
 def _rise_during(lr_at: dict, excursion: tuple, w: int):
