@@ -203,10 +203,10 @@ def eager(model, command: str, header: dict):
     return inner
 
 
-# the commands whose steps, norms and comparisons read gradients that must be dense; memory and profile measure the
-# model as it trains (sparse gradients are its own), gradflow reads sparse ones (a review: memory reported the
+# the commands whose steps, norms and comparisons read gradients that must be dense (gradflow's re-check trains with
+# Adam); memory and profile measure the model as it trains, sparse gradients its own (a review: memory reported the
 # dense gradients of a 1M-row table it never makes)
-DENSE_GRAD_COMMANDS = ("doctor", "overfit-batch", "nancheck", "lr-find", "check")
+DENSE_GRAD_COMMANDS = ("doctor", "overfit-batch", "nancheck", "lr-find", "gradflow", "check")
 
 
 def dense_embeddings(model, header: dict) -> list:
