@@ -533,3 +533,23 @@ def test_a_list_of_images_is_that_many_samples_where_its_maker_says_so():
     levels = [torch.rand(8, 16, 32, 32), torch.rand(8, 16, 16, 16), torch.rand(8, 16, 8, 8)]
     assert ModelInputs((levels,), {}).batch_size == 8
     assert ModelInputs((torch.rand(5, 3, 8, 8),), {}).batch_size == 5
+
+
+class TablePerColumn(torch.nn.Module):
+    """A tabular model: one embedding per categorical column, of different sizes (a sweep: the ids took the first
+    table's range, 11, and the third, of 3 rows, refused them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embs = torch.nn.ModuleList(torch.nn.Embedding(c, 4) for c in (11, 7, 3, 5))
+        self.head = torch.nn.Linear(16 + 6, 2)
+
+    def forward(self, x_cat, x_num):
+        return self.head(torch.cat([e(x_cat[:, i]) for i, e in enumerate(self.embs)] + [x_num], 1))
+
+
+def test_ids_read_by_a_table_per_column_fit_the_smallest_table():
+    from torchdiag.core.inputs import ModelInputs
+
+    inputs = ModelInputs((torch.zeros(16, 4, dtype=torch.long), torch.randn(16, 6)), {})
+    assert embedding_consumers(TablePerColumn(), inputs, ["input[0]"]) == {"input[0]": ("embs.2", 3)}

@@ -376,7 +376,25 @@ def embedding_consumers(model, inputs: ModelInputs, wanted: list[str], by_value=
     finally:
         for h in handles:
             h.remove()
-    return found
+    return {k: _smallest_sibling(model, where, rows) for k, (where, rows) in found.items()}
+
+
+def _smallest_sibling(model, where: str, rows: int) -> tuple[str, int]:
+    """An embedding that is one of a container's tables (a ModuleList/ModuleDict of one per categorical column,
+    `embs[i](x_cat[:, i])`): the smallest of them, which every column's ids must fit (a sweep: the first table's 11
+    rows gave ids up to 10 to a table of 3). The probe stops at the first lookup; the others come after it."""
+    from torch import nn
+
+    parent = where.rpartition(".")[0]
+    try:
+        box = model.get_submodule(parent) if parent else model
+    except AttributeError:
+        return where, rows
+    if not isinstance(box, (nn.ModuleList, nn.ModuleDict)):
+        return where, rows
+    tables = [(f"{parent}.{n}", int(m.num_embeddings)) for n, m in box.named_children()
+              if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
+    return min(tables, key=lambda t: t[1]) if len(tables) > 1 else (where, rows)
 
 
 def _repeated(x, t) -> bool:
