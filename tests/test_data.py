@@ -1022,6 +1022,17 @@ def test_a_tuple_of_two_inputs_and_a_target_is_read_by_the_models_forward():
     # without a model the (input, target) convention stands
     alone = run_data(TensorDataset(x_cat, x_num, y), Options(speed=False), context("cpu"))
     assert {r["field"]: r["role"] for r in alone.table("field_stats").rows}["[1]"] == "target"
+    # nested ((x_cat, x_num), y), and a namedtuple by its fields (a review: both called the model with one input)
+    import collections
+
+    Row = collections.namedtuple("Row", "xc xn y")
+    nested = [((x_cat[i:i + 20], x_num[i:i + 20]), y[i:i + 20]) for i in range(0, 300, 20)]
+    named = [Row(x_cat[i:i + 20], x_num[i:i + 20], y[i:i + 20]) for i in range(0, 300, 20)]
+    for batches, expect in ((nested, {"[0][0]": "input", "[0][1]": "input", "[1]": "target"}),
+                            (named, {"xc": "input", "xn": "input", "y": "target"})):
+        res = run_data(batches, Options(speed=False), context("cpu"), model=TwoInputs())
+        assert {r["field"]: r["role"] for r in res.table("field_stats").rows} == expect
+        assert int(res.exit_code) == 0, [f.to_dict() for f in res.findings]
 
 
 def test_scikit_learn_arrays_are_read_as_a_dataset():

@@ -83,15 +83,14 @@ def find_roles(batch, input_field: str | None = None, target_field: str | None =
             raise UsageError(f"{option(opt)} '{given}': the batch has no such field",
                              hint=f"its fields: {', '.join(names)}")
     target, how = target_field, "as named"
-    several = (kind == "tuple" and positional > 1 and input_field is None and target_field is None
-               and all(f"[{i}]" in names for i in range(positional + 1)))
+    several = _several(batch, names, positional) if kind == "tuple" and input_field is None and target_field is None \
+        else None
     if several:
-        target, how = f"[{positional}]", f"({positional} inputs, target) tuple: the model's forward takes {positional}"
-    elif target is None:
+        inputs, target, how = several
+        return Roles(inputs, target, how, kind, names)
+    if target is None:
         target, how = _conventional_target(batch, kind, names)
-    if several:
-        inputs = [f"[{i}]" for i in range(positional)]
-    elif input_field is not None:
+    if input_field is not None:
         inputs = [input_field]
     elif kind == "dict":   # every other top-level key goes to the model (input_ids, attention_mask, ...)
         top = [n for n in names if n != target and not (target and n.startswith(target + "."))]
@@ -102,7 +101,39 @@ def find_roles(batch, input_field: str | None = None, target_field: str | None =
     return Roles(inputs, target, how, kind, names)
 
 
+def _tops(batch) -> list[str]:
+    """The names of a tuple's own elements (a namedtuple's fields, else `[i]`)."""
+    fields = getattr(batch, "_fields", None)
+    return list(fields) if fields else [f"[{i}]" for i in range(len(batch))]
+
+
+def _under(names: list[str], top: str) -> list[str]:
+    return [n for n in names if n == top or n.startswith(top + ".") or n.startswith(top + "[")]
+
+
+def _several(batch, names: list[str], k: int) -> tuple[list[str], str, str] | None:
+    """A model whose forward takes k > 1 inputs, and a tuple that holds them: (inputs, target, how) for `(x1, …, xk,
+    y, …)` flat, or `((x1, …, xk), y)` nested (a namedtuple by its fields). None when the tuple holds neither."""
+    if k < 2:
+        return None
+    tops = _tops(batch)
+    if len(tops) > k and all(len(_under(names, t)) == 1 for t in tops[:k + 1]):
+        return [_under(names, t)[0] for t in tops[:k]], _under(names, tops[k])[0], \
+            f"({k} inputs, target) tuple: the model's forward takes {k}"
+    first = _under(names, tops[0]) if tops else []
+    if len(tops) >= 2 and len(first) == k and len(_under(names, tops[1])) == 1:
+        return first, _under(names, tops[1])[0], f"((inputs), target) tuple: the model's forward takes {k}"
+    return None
+
+
 def _conventional_target(batch, kind: str, names: list[str]) -> tuple[str | None, str]:
+    fields = getattr(batch, "_fields", None)
+    if kind == "tuple" and fields:   # a namedtuple: by its field names first, as a dict's keys
+        for key in TARGET_KEYS:
+            if key in names:
+                return key, f"field '{key}'"
+        if len(fields) >= 2 and fields[1] in names:
+            return fields[1], "(inputs, target) namedtuple"
     if kind == "dict":
         for key in TARGET_KEYS:
             if key in names:
