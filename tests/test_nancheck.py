@@ -697,6 +697,12 @@ class OwnLossLabels(torch.nn.Module):
         return {"loss": torch.nn.functional.cross_entropy(logits, labels), "logits": logits}
 
 
+class OwnLossTuple(OwnLossLabels):
+    def forward(self, x, labels):   # transformers' return_dict=False: (loss, logits)
+        out = super().forward(x, labels)
+        return out["loss"], out["logits"]
+
+
 def test_labels_all_ignore_index_are_named_as_the_nan_loss_cause():
     """A sweep: GPT-2 given labels all -100 got 'look at log/sqrt/division in its forward'."""
     from torchdiag.api import run
@@ -707,6 +713,9 @@ def test_labels_all_ignore_index_are_named_as_the_nan_loss_cause():
     hints = {f.code: f.hint for f in res.findings if f.severity == "error"}
     assert "non-finite-output" in hints, hints
     assert all(h.startswith("every value of labels is -100, cross-entropy's ignore_index") for h in hints.values())
+    res = run("nancheck", OwnLossTuple(), ModelInputs((x,), {"labels": torch.full((5,), -100)}))
+    hints = [f.hint for f in res.findings if f.severity == "error"]
+    assert hints and all(h.startswith("every value of labels is -100") for h in hints), hints
     ok = run("nancheck", OwnLossLabels(), ModelInputs((x,), {"labels": torch.tensor([0, 1, 2, -100, -100])}))
     assert ok.exit_code == 0
 

@@ -60,7 +60,9 @@ def _all_ignored(result, inputs, loss_fn) -> None:
         return
     # where a cross-entropy took them: the model's own loss is the first non-finite output (a review: an int input
     # of -100 added to a sqrt's NaN was named), or torchdiag's cross-entropy took them as its target
-    own = (result.data.get("forward") or {}).get("output") == "output['loss']"
+    out = (result.data.get("forward") or {}).get("output")
+    # the model's own loss: its 'loss' key, or the scalar output the auto loss took as it (return_dict=False: a review)
+    own = out == "output['loss']" or (getattr(loss_fn, "chosen", "") == "model" and out == loss_fn.picked)
     ce = getattr(loss_fn, "chosen", "") == "cross_entropy" and loss_fn.target is not None
     named = (list(inputs.tensors()) if own else []) + ([("the target", loss_fn.target)] if ce else [])
     import torch
