@@ -128,7 +128,7 @@ def _c(name, summary, groups, *, diagnostic=True, renderer=False, python=True, *
 
 
 _TRAIN = MODEL
-_FORWARD = ("model", "hub", "inputs", "precision", "output")
+_FORWARD = ("model", "hub", "inputs", "batch", "precision", "output")   # a batch of keyword inputs too (a sweep)
 COMMANDS: tuple[Command, ...] = (
     _c("summary", "What is in this model: layers, output shapes, parameters (trainable, frozen, shared), sizes.",
        _FORWARD),
