@@ -142,6 +142,9 @@ def test_a_method_named_as_a_global_is_hostile_and_a_path_is_not(tmp_path):
     assert _hostile("pathlib.Path.touch") == "pathlib.Path.touch"
     assert _hostile("pathlib.PosixPath") is None and _hostile("argparse.Namespace") is None
     assert _hostile("Models.net.Cfg") is None    # a user package with a capital letter (a review)
+    # a project's own module named like a stdlib one that runs nothing by its name
+    assert _hostile("profile.Config") is None and _hostile("trace.Settings") is None
+    assert _hostile("pydoc.pipepager") == "pydoc.pipepager" and _hostile("timeit.timeit") == "timeit.timeit"
     import timeit
 
     class Evil:
