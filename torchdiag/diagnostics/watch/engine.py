@@ -315,8 +315,8 @@ class Engine:
             self.pending.append(("probs", (self.step + 1, type(module).__name__, int(x.shape[1])),
                                  flag.float().reshape(1)))
 
-    def _look_at_input_scale(self, args, kwargs) -> None:
-        """The first training forward's float inputs, their largest |x|, read with the next read: a plateau's hint
+    def _look_at_input_scale(self, args) -> None:
+        """The first training forward's first input, its largest finite |x|, read with the next read: a plateau's hint
         names unnormalised inputs (a sweep: pixels in 0..255 were told "converged, or the rate is too small")."""
         import torch
 
@@ -466,7 +466,7 @@ class Engine:
             return
         self.last_call = (weakref.ref(module), args, kwargs)   # weakly: a model the run lets go must go
         if not self._scale_looked and not _compiling():   # traced into a compiled caller's graph: a graph more
-            self._look_at_input_scale(args, kwargs)
+            self._look_at_input_scale(args)
         if self._dead or self._dead_roots:
             self._file_dead()
         self._eval_roots[id(module)] = not self._inner[id(module)].training   # torch.compile: the mode is on theirs
@@ -967,7 +967,8 @@ class Engine:
                     key = "eval_frozen" if own and not any(own) else "eval_modules"
                     if prefix + name not in self.checks[key]:
                         self.checks[key][prefix + name] = self.step
-                        self._frozen_refs[prefix + name] = weakref.ref(m)
+                        if key == "eval_frozen":   # its statistics are read at the end (never_normalised)
+                            self._frozen_refs[prefix + name] = weakref.ref(m)
             for name, p in inner(root).named_parameters():
                 if p.grad is not None and id(p) not in in_opt:
                     self._unowned.setdefault(prefix + name, (self.step, id(p)))

@@ -79,29 +79,16 @@ def _numpy_state(state=None):
     return None
 
 
-def _flat(obj) -> list:
-    import torch
+def _flat(out) -> list:
+    from ...core.loss import float_outputs
 
-    if isinstance(obj, torch.Tensor):
-        return [obj.detach()]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _flat(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in _flat(v)]
-    return []
+    return [t.detach() for _, t in float_outputs(out)]
 
 
 def _same(a: list, b: list) -> bool:
+    """The float outputs of two calls equal within kernel rounding (RTOL, ATOL)."""
     import torch
 
-    if len(a) != len(b) or not a:
-        return False
-    for x, y in zip(a, b):
-        if x.shape != y.shape or x.dtype != y.dtype:
-            return False
-        if x.is_floating_point() or x.is_complex():
-            if not torch.allclose(x, y, rtol=RTOL, atol=ATOL, equal_nan=True):
-                return False
-        elif not torch.equal(x, y):
-            return False
-    return True
+    return bool(a) and len(a) == len(b) and all(
+        x.shape == y.shape and x.dtype == y.dtype and torch.allclose(x, y, rtol=RTOL, atol=ATOL, equal_nan=True)
+        for x, y in zip(a, b))
