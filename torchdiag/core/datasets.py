@@ -73,15 +73,9 @@ def _holds_samples(seq) -> bool:
     its one-hot label) is a sample, and so is one holding a Python number or a 0-d tensor beside at most one tensor
     (`(x, 3)`). A number beside tensors sharing a leading size is a batch's own field (a loss weight, a step: a
     review). Tensors alone, sharing one leading size, stay batches: the two readings are not told apart there."""
-    import sys
-
-    import torch
-
     if not seq:
         return False
-    np = sys.modules.get("numpy")   # numpy's arrays and scalars as torch's (a sweep: (ndarray, np.int64) pairs)
-    arrays = (torch.Tensor,) + ((np.ndarray,) if np is not None else ())
-    numbers = (bool, int, float) + ((np.generic,) if np is not None else ())
+    arrays, numbers = _array_types()   # numpy's arrays and scalars as torch's (a sweep: (ndarray, np.int64) pairs)
     first = seq[0]
     fields = first.values() if isinstance(first, dict) else first if isinstance(first, (list, tuple)) else (first,)
     fields = list(fields)
@@ -108,23 +102,36 @@ def load_data(spec: str, arg_pairs: list[str] | None = None, seed: int | None = 
     module = loading.import_module(where, "data file")
     factory = loading.find_factory(module, name, where)
     obj = _call(factory, name, kwargs, seed)
+    return loaded(obj, spec, f"{name}()", f"{name}() → ")
+
+
+def loaded(obj, spec: str, what: str, label: str = "") -> LoadedData:
+    """What a data factory (or a caller) handed over, read: `X, y` arrays as a TensorDataset (as_columns), else as
+    it is, its kind told (kind_of); `label` leads the header's description."""
     made = as_columns(obj)
     if made is not None:
-        return LoadedData(made, spec, "dataset", f"{name}() → ({', '.join(type(c).__name__ for c in obj)}) as a TensorDataset")
-    kind = kind_of(obj, f"{name}()")
-    return LoadedData(obj, spec, kind, f"{name}() → {type(obj).__name__}")
+        return LoadedData(made, spec, "dataset", f"{label}({', '.join(type(c).__name__ for c in obj)}) as a TensorDataset")
+    return LoadedData(obj, spec, kind_of(obj, what), f"{label}{type(obj).__name__}")
+
+
+def _array_types() -> tuple[tuple, tuple]:
+    """(array types, number types): torch's, and numpy's where numpy is imported already."""
+    import sys
+
+    import torch
+
+    np = sys.modules.get("numpy")
+    return ((torch.Tensor,) + ((np.ndarray,) if np is not None else ()),
+            (bool, int, float) + ((np.generic,) if np is not None else ()))
 
 
 def as_columns(obj):
     """`return X, y` (scikit-learn's arrays, or tensors): a tuple of 2–8 arrays sharing one leading size is a
     dataset's columns, read as TensorDataset(X, y) (a sweep: two numpy arrays were read as two batches, and their
     duplicates and shapes reported on that). None for anything else (a list stays a list of batches or samples)."""
-    import sys
-
     import torch
 
-    np = sys.modules.get("numpy")
-    arrays = (torch.Tensor,) + ((np.ndarray,) if np is not None else ())
+    arrays, _ = _array_types()
     if not (isinstance(obj, tuple) and 2 <= len(obj) <= 8 and all(isinstance(c, arrays) for c in obj)):
         return None
     if any(c.ndim < 1 for c in obj) or len({c.shape[0] for c in obj}) != 1 or obj[0].shape[0] < 2:
@@ -132,6 +139,8 @@ def as_columns(obj):
     from torch.utils.data import TensorDataset
 
     def tensor(c):   # a flipped (negative-stride) or big-endian array copied to one torch can hold (a review)
+        import numpy as np
+
         return c if isinstance(c, torch.Tensor) else torch.as_tensor(np.ascontiguousarray(c, c.dtype.newbyteorder("=")))
 
     try:

@@ -65,14 +65,11 @@ def context(device: str = "auto", seed: int = 0, loss: str = "auto", caller: str
 
 
 def as_data(obj, what: str):
-    from ...core.datasets import LoadedData, as_columns, kind_of
+    from ...core.datasets import LoadedData, loaded
 
     if obj is None or isinstance(obj, LoadedData):
         return obj
-    made = as_columns(obj)
-    if made is not None:
-        return LoadedData(made, what, "dataset", f"({', '.join(type(c).__name__ for c in obj)}) as a TensorDataset")
-    return LoadedData(obj, what, kind_of(obj, what), type(obj).__name__)
+    return loaded(obj, what, what)
 
 
 def run_data(train, opts: Options | None = None, ctx=None, val=None, model=None):

@@ -403,8 +403,6 @@ def _gate_module(mod: str, src_mods: list[str], order: dict) -> str:
 def _gate_words(e, sources: list[str], model) -> str:
     """What a zero-init finding's parameters sit upstream of: the module and its parameters at zero (a sweep: LoRA's
     was named as the next layer), or each block's own, said once over the stack."""
-    from ...core import repeats
-
     blocks = {f"{e.where}.{b}" if e.where else b for b in e.blocks} if e.folded else {e.where}
     own = list(dict.fromkeys(n.rpartition(".")[2] for n in sources if module_of(n) in blocks))
     zero = f"{', '.join(own)} {'is' if len(own) == 1 else 'are'} initialised to exactly zero"
@@ -428,8 +426,6 @@ def _grown(zero, grads: dict) -> set[str]:
 def _report_zero_init(by_design: dict[str, str], sources: list[str], ck: Checklist, result: Result, model) -> None:
     if not by_design:
         return
-    from ...core import repeats
-
     # each block's own zero-initialised module, once over the stack (a sweep: 16 lines on resnet50), as gradflow
     entries = [repeats.Entry("zero-init", name(src), [n for n, s in by_design.items() if s == src])
                for src in sorted(set(by_design.values()))]
