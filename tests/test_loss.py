@@ -242,11 +242,27 @@ def test_cli_a_language_model_without_labels_overfits_at_default_settings(cli):
     assert j["loss_rule"].startswith("next-token cross_entropy")
 
 
-@pytest.mark.parametrize("option, words", [("--loss", "loss file not found: nothere.py"),
-                                           ("--batch", "batch file not found: nothere.py")])
-def test_a_missing_loss_or_batch_file_is_named_for_what_it_is(cli, option, words):
-    r = cli("nancheck", sample("mlp.py:build"), option, "nothere.py:fn")
+@pytest.mark.parametrize("command, option, words", [("nancheck", "--loss", "loss file not found: nothere.py"),
+                                                    ("nancheck", "--batch", "batch file not found: nothere.py"),
+                                                    ("summary", "--batch", "batch file not found: nothere.py"),
+                                                    ("activations", "--batch", "batch file not found: nothere.py")])
+def test_a_missing_loss_or_batch_file_is_named_for_what_it_is(cli, command, option, words):
+    r = cli(command, sample("mlp.py:build"), option, "nothere.py:fn")
     assert r.code == 2 and r.stderr.startswith(f"error: {words}"), r.stderr
+
+
+@pytest.mark.parametrize("command", ["summary", "activations"])
+def test_summary_and_activations_take_a_batch_of_keyword_inputs(cli, tmp_path, command):
+    """A sweep: a model with keyword inputs had no way into summary but an example_inputs module."""
+    (tmp_path / "kw.py").write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "class KW(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.e = nn.Embedding(10, 4)\n"
+        "    def forward(self, input_ids, mask):\n        return self.e(input_ids) * mask[..., None]\n\n"
+        "def build():\n    return KW()\n\n"
+        "def batch():\n    return {'input_ids': torch.randint(0, 10, (2, 5)), 'mask': torch.ones(2, 5)}, None\n")
+    r = cli(command, f"{tmp_path}/kw.py:build", "--batch", f"{tmp_path}/kw.py:batch", "--device", "cpu", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input_ids: 2x5 int64", "mask: 2x5 float32"], r.json["inputs"]
 
 
 # ------------------------------------------------------------- an encoder-decoder's logits
