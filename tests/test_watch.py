@@ -2221,6 +2221,71 @@ def test_optimizers_over_the_same_parameters_that_are_alive_are_not_successors()
     assert w.result().data["steps"] == 20
 
 
+def _gan_step(model, opt, loss):   # a helper: its `model` is every model's name, not the one the user chose
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def test_two_models_are_named_as_the_script_names_them(tmp_path):
+    """A sweep: a GAN's generator and discriminator, both nn.Sequential, were `Sequential#0`/`Sequential#1`. The
+    variables the script binds them to name them, not the helper's argument; the hint names the model to fix."""
+    path = tmp_path / "gan.py"
+    path.write_text(textwrap.dedent("""
+        import torch, torch.nn as nn
+        from torch.nn.functional import binary_cross_entropy_with_logits as bce
+        torch.manual_seed(0)
+        netG = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+        netD = nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 1))
+        og = torch.optim.Adam(netG.parameters(), 1e-3)
+        od = torch.optim.Adam(list(netD.parameters())[:2], 1e-3)   # the bug: netD's last layer left out
+        def step(model, opt, loss):
+            opt.zero_grad(); loss.backward(); opt.step()
+        def main(lr=1e-3):
+            config = locals()   # held by the script: watch's look at the frames must not empty it
+            for i in range(30):
+                z, real = torch.randn(32, 4), torch.randn(32, 2) + 3
+                step(netD, od, bce(netD(real), torch.ones(32, 1)) + bce(netD(netG(z).detach()), torch.zeros(32, 1)))
+                step(netG, og, bce(netD(netG(z)), torch.ones(32, 1)))
+            assert config["lr"] == 1e-3, config
+        main()
+    """))
+    r = run_command(["python", str(path)], Watch(every=10))
+    rows = {row["name"] for row in r.table("layers").rows}
+    assert rows == {f"{m}.{i}.{p}" for m, i in (("netG", 0), ("netG", 2), ("netD", 0)) for p in ("weight", "bias")}
+    missing = [f for f in r.findings if f.code == "not-in-optimizer"]
+    assert {f.where for f in missing} == {"netD.2.weight", "netD.2.bias"}, [f.to_dict() for f in r.findings]
+    assert all("pass netD.parameters()" in f.hint for f in missing)
+
+
+def test_models_held_by_a_module_are_named_by_its_attributes():
+    """A LightningModule-like holder calls its generator and discriminator itself: they are the trained models,
+    named by the attributes that hold them; a model bound only to a helper's argument keeps `Type#i`."""
+    class Holder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.generator, self.critic = nn.Sequential(nn.Linear(4, 2)), nn.Sequential(nn.Linear(2, 1))
+
+        def train_steps(self, og, oc, steps):
+            for _ in range(steps):
+                z = torch.randn(8, 4)
+                _gan_step(self.critic, oc, self.critic(self.generator(z).detach()).mean())
+                _gan_step(self.generator, og, -self.critic(self.generator(z)).mean())
+
+    torch.manual_seed(0)
+    holder = Holder()
+    og = torch.optim.SGD(holder.generator.parameters(), lr=0.01)
+    oc = torch.optim.SGD(holder.critic.parameters(), lr=0.01)
+    with Watch(every=10) as w:
+        holder.train_steps(og, oc, 20)
+    assert {row["name"].split(".")[0] for row in w.result().table("layers").rows} == {"generator", "critic"}
+    with Watch(every=10) as w:
+        for _ in range(20):
+            for opt, m in ((og, holder.generator), (oc, holder.critic)):   # bound to `m` in turn: taken by the first
+                _gan_step(m, opt, m(torch.randn(8, m[0].in_features)).pow(2).mean())
+    assert {row["name"].split(".")[0] for row in w.result().table("layers").rows} == {"generator", "critic"}
+
+
 def test_with_two_models_a_parameter_in_no_optimizer_is_named_as_its_row_would_be():
     """A review: `not-in-optimizer` said `3.weight` where the rows say `Sequential#1.3.weight`."""
     torch.manual_seed(0)
@@ -2240,7 +2305,7 @@ def test_with_two_models_a_parameter_in_no_optimizer_is_named_as_its_row_would_b
     r = w.result()
     rows = {row["name"] for row in r.table("layers").rows}
     where = {f.where for f in r.findings if f.code == "not-in-optimizer"}
-    assert len(where) == 2 and all(name.endswith(("3.weight", "3.bias")) and "#" in name for name in where), where
+    assert len(where) == 2 and all(name in ("gen.3.weight", "gen.3.bias") for name in where), where
     assert not where & rows and {n.rsplit(".", 2)[0] for n in where} <= {n.split(".", 1)[0] for n in rows}
 
 
@@ -2358,11 +2423,11 @@ def test_each_folds_model_is_let_go_and_still_reported():
     r = w.result()
     assert r.data["steps"] == 60 and r.header["models"] == ["Sequential"] * 4
     # every fold's rows are named with its model, the first fold's too (it was trained alone, and once kept its
-    # bare names: `0.weight` beside fold 2's `Sequential#1.0.weight`)
+    # bare names: `0.weight` beside fold 2's `model#1.0.weight`); all four are bound to `model` in turn
     names = [row["name"] for row in r.table("layers").rows]
-    assert sorted(names) == sorted(f"Sequential#{k}.{n}" for k in range(4) for n in ("0.weight", "0.bias", "3.weight", "3.bias"))
+    assert sorted(names) == sorted(f"model#{k}.{n}" for k in range(4) for n in ("0.weight", "0.bias", "3.weight", "3.bias"))
     frozen = sorted(f.where for f in r.findings if f.code == "never-changes")
-    assert frozen == sorted(f"Sequential#{k}.{n}" for k in (0, 1) for n in ("0.weight", "0.bias", "3.weight", "3.bias"))
+    assert frozen == sorted(f"model#{k}.{n}" for k in (0, 1) for n in ("0.weight", "0.bias", "3.weight", "3.bias"))
 
 
 def test_ten_folds_are_all_watched():
@@ -2666,7 +2731,7 @@ def test_each_trained_model_is_probed_for_dead_units_under_its_own_name():
                 with torch.no_grad():
                     D[0].bias.fill_(-100.0)
     r = w.result()
-    assert [f.where for f in r.findings if f.code == "dead-units"] == ["Sequential#1.1"], [f.message for f in r.findings]
+    assert [f.where for f in r.findings if f.code == "dead-units"] == ["D.1"], [f.message for f in r.findings]
 
 
 @pytest.mark.parametrize("start", [1e-5, 0.0])
@@ -2775,12 +2840,12 @@ def _two_models(b_eval: bool, steps: int = 30):
 def test_two_models_with_their_own_optimizers_are_both_watched():
     r = _two_models(b_eval=False)
     names = {row["name"] for row in r.table("layers").rows}
-    assert {"Linear#0.weight", "Sequential#1.0.weight", "Sequential#1.3.bias"} <= names, names
+    assert {"a.weight", "b.0.weight", "b.3.bias"} <= names, names
     assert r.header["models"] == ["Linear", "Sequential"]
     assert codes(r) == set(), [f.to_dict() for f in r.findings]
     r = _two_models(b_eval=True)
     f = finding(r, "trained-in-eval-mode")
-    assert "30 of 30 steps" in f.message and "first: step 1" in f.message and f.where == "Sequential#1", f.message
+    assert "30 of 30 steps" in f.message and "first: step 1" in f.message and f.where == "b", f.message
     assert hooks_gone()
 
 
@@ -2995,7 +3060,7 @@ def test_a_second_model_later_keeps_the_first_models_dead_units_and_names():
                 F.cross_entropy(probe(x), y).backward()
                 popt.step()
     r = w.result()
-    assert [f.where for f in r.findings if f.code == "dead-units"] == ["Sequential#0.1"]
+    assert [f.where for f in r.findings if f.code == "dead-units"] == ["model.1"]
     # independent truth: every unit of the ReLU is zero for fresh inputs
     assert int((torch.relu(model[0](torch.randn(256, 8))) > 0).sum()) == 0
 
@@ -3065,12 +3130,12 @@ def test_tasks_that_take_turns_on_a_shared_trunk_are_judged_apart():
     assert codes(healthy) == set(), [f.to_dict() for f in healthy.findings if f.severity != "info"]
     # the second head, first called after discovery went off for the first optimizer, is found as a model of its own
     assert {row["name"] for row in healthy.table("layers").rows} == {
-        f"{m}.{p}" for m in ("Sequential#0.0", "Linear#1", "Linear#2") for p in ("weight", "bias")}
+        f"{m}.{p}" for m in ("trunk.0", "ha", "hb") for p in ("weight", "bias")}
     blown, b_losses = _two_tasks(3, blow_up_at=200)
     assert max(b_losses[100:]) > 10 * statistics.median(b_losses[60:100])   # the premise: B's loss blew up
     found = [f for f in blown.findings if f.code in ("loss-spike", "grad-norm-explosion")]
     assert found and all("2 objectives" in f.message for f in found), [f.to_dict() for f in blown.findings]
-    assert all("of Adam over Linear#2.weight, Linear#2.bias apart, 4–300" in f.message for f in found), found[0].message
+    assert all("of Adam over hb.weight, hb.bias apart, 4–300" in f.message for f in found), found[0].message
     assert all(int(re.search(r"at step (\d+)", f.message).group(1)) >= 200 for f in found)
 
 
@@ -3654,7 +3719,7 @@ def test_an_idle_optimizer_beside_a_kept_pretraining_one_over_the_same_parameter
                 od.step()
     r = w.result()
     idle = [f for f in r.findings if f.code == "optimizer-idle"]
-    assert len(idle) == 1 and idle[0].where == "Sequential#1.0.weight", [f.to_dict() for f in r.findings]
+    assert len(idle) == 1 and idle[0].where == "D.0.weight", [f.to_dict() for f in r.findings]
 
 
 def test_a_loss_that_never_fell_is_not_called_converged():

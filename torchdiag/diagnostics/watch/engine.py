@@ -27,6 +27,7 @@ from ...errors import one_line
 from .clip import ClipNorms, combined
 from .double import DoubleSteps
 from .hooks import hook_root
+from .names import label, user_names
 from .options import Options
 from .stats import Track, nonfinite_losses, norms32, param_key, read_parts
 
@@ -80,6 +81,7 @@ class Engine:
         self.roots: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # among all ever hooked: _order
         self._order: dict[int, int] = {}   # by id: a module class may define __eq__ and so not hash
         self.models_seen: list[str] = []    # the type of every root hooked, in order (the report's header)
+        self._labels: list[str] = []       # by order: what the user's code calls each root hooked (names.py)
         self._dead_roots: list[int] = []    # ids of hooked roots the run let go, cleaned up at the next step
         # discovery: roots called with grad enabled, held weakly (a network built anew in each loss call must go)
         self.seen_roots: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -351,9 +353,13 @@ class Engine:
             return
         self.roots[id(root)] = root
         self._order[id(root)] = len(self.models_seen)
+        self._labels.append(label(user_names(root, lambda v: inner(v) is inner(root)), set(self._labels),
+                                  type(root).__name__, len(self.models_seen)))
         self.models_seen.append(type(root).__name__)
-        if len(self.models_seen) == 2:   # names get `Type#i.` from now on: the first model's too, as if it always had
-            self._prefix_first(f"{self.models_seen[0]}#0.")
+        if len(self.models_seen) == 2:   # names get a model's label from now on: the first's too, as if it always had
+            if self._labels[1] == f"{self._labels[0]}#1":   # one variable for both (a model per fold): `model#0`
+                self._labels[0] += "#0"
+            self._prefix_first(self._labels[0] + ".")
         self._inner[id(root)] = inner(root)
         self._root_refs[id(root)] = weakref.ref(root, functools.partial(_noted, self._dead_roots, id(root)))
         self._root_handles[id(root)] = [hook_root(root, self._root_pre, self._root_post)]
@@ -454,10 +460,17 @@ class Engine:
 
     def root_prefix(self, root) -> str:
         """How a trained model's parameters and modules are named when there are several (a GAN's generator and
-        discriminator both have a "0"): `Type#i.`; nothing with one."""
+        discriminator both have a "0"): the name the user's code gives it (`netG.`), else `Type#i.`; nothing with
+        one."""
         if len(self.models_seen) < 2:
             return ""
-        return f"{type(root).__name__}#{self._order.get(id(root), len(self.models_seen))}."
+        order = self._order.get(id(root))
+        return f"{self._labels[order]}." if order is not None else f"{type(root).__name__}#{len(self.models_seen)}."
+
+    def model_word(self, name: str) -> str:
+        """What a hint calls the model a parameter name is in: its label where there are several (`netD`)."""
+        head = name.split(".", 1)[0]
+        return head if len(self.models_seen) > 1 and head in self._labels else "model"
 
     # ----------------------------------------------------------------- the model's forward and backward
     @_guarded

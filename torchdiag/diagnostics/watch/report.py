@@ -205,7 +205,8 @@ def _wiring(result: Result, engine) -> None:
         why = ("was trained by an optimizer the run let go, and since then nothing applies its gradients"
                if name in engine.checks["orphaned"] else "it never trains")
         result.add("not-in-optimizer", "warning", name, f"{name} gets a gradient (step {step}) but is in no "
-                   f"optimizer's param groups at the end: {why}", "pass model.parameters() (all of them) to the optimizer")
+                   f"optimizer's param groups at the end: {why}",
+                   f"pass {engine.model_word(name)}.parameters() (all of them) to the optimizer")
     judged = [t for t in engine.tracks.values() if not t.retired]   # a retired one's parameters are its heir's
     many, owners = len(judged) > 1, _owners(engine)
     for k, t in enumerate(judged):

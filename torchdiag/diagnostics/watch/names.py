@@ -1,0 +1,65 @@
+"""What the user's own code calls a trained model: with several (a GAN's generator and discriminator, both
+`nn.Sequential`), their parameters are named after the variables or attributes the code holds them in
+(`netG.0.weight`), not `Sequential#0.0.weight`. Looked up once per model, when it is first hooked, in the frames of
+the code that called us; the frames of torch, of torchdiag and of the trainers are skipped."""
+from __future__ import annotations
+
+import inspect
+import sys
+from types import FrameType
+
+# frames whose locals are not the user's names (a trainer's `model` is every model it is given)
+LIBRARIES = frozenset({"torch", "torchdiag", "functools", "contextlib", "lightning", "pytorch_lightning",
+                       "transformers", "accelerate"})
+NOT_NAMES = frozenset({"self", "cls", "_"})
+
+
+def user_names(root, same) -> list[str]:
+    """The names the calling frames give `root` (`same(value)` says whether a value is it, or a wrapper of it):
+    a local bound to it, or the attribute of a local module that holds it (`self.generator` in a LightningModule).
+    The outermost frame's first: a helper's `model` argument is one word for every model it is given, while the
+    script or `main()` that made the models holds the names the user chose."""
+    import torch
+
+    found: list[str] = []
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if (frame.f_globals.get("__name__") or "").split(".")[0] not in LIBRARIES:
+            here = []
+            for name, value in _bindings(frame):
+                if not isinstance(value, torch.nn.Module):
+                    continue
+                if same(value) and name not in NOT_NAMES:
+                    here.append(name)
+                elif not same(value):
+                    here += [child for child, module in value.named_children() if same(module)]
+            found[:0] = [name for name in dict.fromkeys(here) if name.isidentifier() and name not in found]
+        frame = frame.f_back
+    return found
+
+
+def _bindings(frame) -> list:
+    """A frame's locals, read without keeping them: before Python 3.13 a function's `f_locals` is a snapshot the
+    frame keeps, which held every model the loop had bound (a model per task stayed alive, its optimizer's end was
+    seen late and steps were miscounted). It is emptied after reading when nothing else holds it (the frame, our
+    local and getrefcount's argument: 3); `locals()` and debuggers fill it anew before they read it. One the user
+    holds (`config = locals()`) is left as is, and a module's or class's locals are its real namespace: only read."""
+    try:
+        snapshot = frame.f_locals
+        items = list(snapshot.items())
+        if sys.version_info < (3, 13) and frame.f_code.co_flags & inspect.CO_OPTIMIZED and type(snapshot) is dict \
+                and sys.getrefcount(snapshot) <= 3:
+            snapshot.clear()
+        return items
+    except Exception:   # a frame's locals that cannot be read: no names from it
+        return []
+
+
+def label(candidates: list[str], taken: set[str], kind: str, order: int) -> str:
+    """The first name no other model has. Every name taken (a model per fold, each bound to `model` in turn):
+    `model#i`, its order among the models; no name at all: `Type#i`."""
+    bases = {name.split("#")[0] for name in taken}   # `model#0` takes `model`: a third fold is `model#2`
+    free = next((name for name in candidates if name not in bases), None)
+    if free is not None:
+        return free
+    return f"{candidates[0] if candidates else kind}#{order}"
