@@ -668,6 +668,11 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
         result.add("loss-diverged", "error", "", f"the loss climbed from {med[best_i]:.4g} (running median, step "
                    f"{pairs[best_i][0]}) to {med[-1]:.4g} at step {pairs[-1][0]}, above where it started ({initial:.4g}){of}",
                    _climb_hint(pairs, lr_at, pairs[best_i][0], w))
+    elif _to_zero(med[-1], med[best_i]) and _climbed(med[-1], med[best_i], initial):
+        result.add("loss-diverged", "info", "", f"the loss rose from {med[best_i]:.4g} (running median, step "
+                   f"{pairs[best_i][0]}) to {med[-1]:.4g} at step {pairs[-1][0]}, to 0 from below: its terms vanished{of}",
+                   "a converged policy's surrogate loss and entropy bonus do this; if the loss is a quantity to maximise "
+                   "(a reward, a probability), it collapsed")
     elif excursion:
         (a, b, low), (c, d, top), came_back, start, _, rise = excursion
         back = "came back to" if came_back else "was still at"   # still: the end's own test found it within noise
@@ -817,6 +822,11 @@ def _held_top(blocks: list[float], found: tuple[int, int], initial: float) -> fl
 
 
 def _diverged(last: float, best: float, initial: float) -> bool:
+    """A climb (_climbed) that is not a negative loss's rise to 0 (_to_zero)."""
+    return _climbed(last, best, initial) and not _to_zero(last, best)
+
+
+def _climbed(last: float, best: float, initial: float) -> bool:
     """Above where it started and, for a positive loss, above twice its best. A loss that goes negative (a GAN
     critic's, -cos, -reward) has no such ratio: it must end above its start by a tenth of its scale (|start| +
     |best|): a WGAN's -0.0104 -> -0.0101 is noise, -p's -0.95 -> -0.5 (from -0.79) is not."""
@@ -825,6 +835,13 @@ def _diverged(last: float, best: float, initial: float) -> bool:
     if best > 0:
         return last > 2 * best
     return last - initial > 0.1 * (abs(initial) + abs(best))
+
+
+def _to_zero(last: float, best: float) -> bool:
+    """A negative loss that rose to within a tenth of its best's size of 0, from below: every term of it vanished (a
+    sweep: an actor-critic's surrogate plus entropy bonus, -0.0026 -> -0.00005 as the policy grew sure, was a
+    loss-diverged error on a healthy run). A maximised quantity that collapsed (a reward to 0) does the same: info."""
+    return best < 0 and best * 0.1 <= last <= 0
 
 
 def _climb_beyond_noise(values: list[float], w: int, last: float, extra: float = 0.0) -> bool:
