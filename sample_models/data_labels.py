@@ -2,7 +2,7 @@
 model's 10 outputs."""
 import torch
 from torch import nn
-from torch.utils.data import TensorDataset
+from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler
 
 N = 600
 OUT_OF_RANGE_AT = 77     # the first sample labelled 10 or 11
@@ -20,6 +20,18 @@ def imbalanced():
     y = torch.arange(N) % 10
     y[(y == 3)] = torch.where(torch.arange(int((y == 3).sum())) < 3, 3, 4)   # class 3 keeps 3 samples of 60
     return TensorDataset(_x(), y)
+
+
+def imbalanced_weighted(power: float = 1.0):
+    """The imbalanced set drawn by a WeightedRandomSampler at 1 / count**power per sample: 1 balances the classes."""
+    ds = imbalanced()
+    y = ds.tensors[1]
+    weights = (1.0 / torch.bincount(y).double() ** power)[y]
+    return DataLoader(ds, batch_size=32, sampler=WeightedRandomSampler(weights, len(weights)))
+
+
+def imbalanced_weighted_weakly():
+    return imbalanced_weighted(0.25)
 
 
 def absent():

@@ -206,6 +206,20 @@ def test_imbalance_ratio_and_absent_class():
     assert "[7]" in one(run("data_labels.py:absent"), "classes-absent").message
 
 
+@pytest.mark.parametrize("spec, severity", [("imbalanced_weighted", "info"), ("imbalanced_weighted_weakly", "warning")])
+def test_imbalance_under_a_weighted_sampler_is_judged_by_what_it_draws(spec, severity):
+    """A sweep: 20x imbalanced classes drawn by a WeightedRandomSampler at 1/count were a warning whose hint was that
+    sampler. The classes' summed weights are what training draws: their shares, checked against the weights."""
+    r = run(f"data_labels.py:{spec}")
+    f = one(r, "class-imbalance")
+    assert f.severity == severity and "WeightedRandomSampler draws" in f.message, f.message
+    loader = load_data(f"{SAMPLES}/data_labels.py:{spec}").obj
+    y = loader.dataset.tensors[1]
+    sums = torch.zeros(10, dtype=torch.float64).index_add_(0, y, loader.sampler.weights)
+    shares = {row["class"]: row["train_drawn"] for row in r.table("class_counts").rows}
+    assert shares == pytest.approx({c: float(sums[c] / sums.sum()) for c in range(10)})
+
+
 def test_labels_outside_model_output():
     mod = load_module("data_labels.py")
     r = run("data_labels.py:out_of_range", model="data_labels.py:model")

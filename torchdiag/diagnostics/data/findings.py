@@ -296,7 +296,10 @@ def _labels(r, st, f, where, split) -> None:
         return
     top = max(counts.values())
     low_c = min(counts, key=counts.get)
-    if top / counts[low_c] >= IMBALANCE:
+    drawn = {c: w for c, w in (f.drawn or {}).items() if c in counts}
+    if top / counts[low_c] >= IMBALANCE and drawn and split == "train":
+        _drawn(r, where, counts, drawn)
+    elif top / counts[low_c] >= IMBALANCE:
         # a split held out for evaluation is not trained on: the training hint is wrong there (a sweep); one output
         # per sample (binary, BCEWithLogitsLoss) is weighted by pos_weight, not CrossEntropyLoss's weight
         held_out = split != "train"
@@ -346,6 +349,22 @@ def _reach(r, st, f, where) -> None:
           "target: drop the final squashing, or scale the target into its range")
 
 
+def _drawn(r, where, counts: dict, drawn: dict) -> None:
+    """An imbalanced data set under a WeightedRandomSampler: what training sees is the weighted draw (a sweep: 45.7x
+    was a warning, hinting at the sampler the loader had)."""
+    total = sum(drawn.values())
+    low_c = min(counts, key=lambda c: drawn.get(c, 0.0))
+    ratio = max(drawn.values()) / drawn[low_c] if drawn.get(low_c, 0.0) > 0 else math.inf
+    raw = max(counts.values()) / min(counts.values())
+    said = (f"the data set's largest class has {raw:.1f}× the samples of the smallest; the loader's "
+            f"WeightedRandomSampler draws the most likely class {ratio:.1f}× as often as the rarest (class {low_c}: "
+            f"{drawn.get(low_c, 0.0) / total:.1%} of draws)")
+    if ratio < IMBALANCE:
+        r.add("class-imbalance", "info", where, said, "")
+    else:
+        r.add("class-imbalance", "warning", where, said, "weight each sample by 1 / (its class's count)")
+
+
 def class_rows(st) -> list[dict]:
     per = {}
     for split, s in st.scans.items():
@@ -353,6 +372,10 @@ def class_rows(st) -> list[dict]:
             if f.role == "target" and f.classes and f.integral:
                 for c, n in f.classes.items():
                     per.setdefault(c, {"class": c})[split] = n
+                total = sum((f.drawn or {}).values())
+                for c, w in (f.drawn or {}).items():   # a weighted sampler's: the share training draws
+                    if total > 0 and c in per:
+                        per[c][f"{split}_drawn"] = w / total
     if len(per) > 10_000:
         return []
     return [per[c] for c in sorted(per)]

@@ -108,6 +108,8 @@ def _tables(r: Result, st) -> None:
     counts = F.class_rows(st)
     if counts:
         cols = [Column("class", "class")] + [Column(s, f"{s} samples", "count") for s in st.scans]
+        cols += [Column(f"{s}_drawn", f"{s} drawn (sampler)", "pct") for s in st.scans
+                 if any(f"{s}_drawn" in row for row in counts)]
         r.tables.append(Table("class_counts", "Samples per class", cols, counts, limit=30))
     timings = ([{"run": "as configured", **st.probe.row()}] if st.probe is not None and st.probe.batches else [])
     if st.training is not None:

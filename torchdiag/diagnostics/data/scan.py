@@ -72,6 +72,7 @@ class SplitScan:
     overlap_pairs: list = field(default_factory=list)
     done: bool = False
     note: str | None = None
+    weights: Any = None                       # per dataset index: the loader's WeightedRandomSampler's weights
 
 
 def scan(data, opts, split: str, roles_hint=None, against: SplitScan | None = None, seed: int = 0) -> SplitScan:
@@ -140,6 +141,9 @@ def _source(out: SplitScan, data, opts, seed: int):
         idx = sorted(torch.randperm(n, generator=g)[: opts.samples].tolist())
         out.subset = True
     loader = data.loader
+    weights = getattr(getattr(loader, "sampler", None), "weights", None)
+    if isinstance(weights, torch.Tensor) and weights.dim() == 1 and len(weights) == n:
+        out.weights = weights.to(torch.float64)   # read in index order, drawn by weight: the classes training sees
     auto = loader is not None and loader.batch_sampler is not None
     bs = (settings(loader)["batch_size"] if auto else None) or opts.batch_size
     chunks = [idx[i:i + bs] for i in range(0, len(idx), bs)]
@@ -182,6 +186,8 @@ def _feed(out: SplitScan, batch, idx: list[int], opts, against: SplitScan | None
         if st is None:
             st = out.fields[name] = FieldStats(name, _role(roles, name))
         st.update(t, idx)
+        if out.weights is not None and st.role == "target":
+            st.drawn_by(t, out.weights[idx])
     named = dict(fields)
     inputs = [named[n] for n in roles.inputs if n in named and named[n].dim() > 0]
     if inputs and all(t.shape[0] == len(idx) for t in inputs):

@@ -44,6 +44,7 @@ class FieldStats:
     f_hi: Any = None
     classes: dict[int, int] | None = None      # label value -> count (integral targets)
     first_of_class: dict[int, int] = field(default_factory=dict)
+    drawn: dict[int, float] | None = None     # label -> the sampler's weight over its samples (a weighted loader)
     seen: int = 0
 
     def update(self, t: torch.Tensor, indices: list[int]) -> None:
@@ -129,6 +130,16 @@ class FieldStats:
         lo, hi = x.min(dim=0).values, x.max(dim=0).values
         self.f_lo = lo if self.f_lo is None else torch.minimum(self.f_lo, lo)
         self.f_hi = hi if self.f_hi is None else torch.maximum(self.f_hi, hi)
+
+    def drawn_by(self, t, weights) -> None:
+        """A loader that samples by weight draws a class in proportion to its samples' summed weights."""
+        if t.dim() != 1 or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            return
+        self.drawn = self.drawn if self.drawn is not None else {}
+        values, inverse = torch.unique(t.cpu().to(torch.int64), return_inverse=True)
+        sums = torch.zeros(len(values), dtype=torch.float64).index_add_(0, inverse, weights)
+        for v, w in zip(values.tolist(), sums.tolist()):
+            self.drawn[v] = self.drawn.get(v, 0.0) + w
 
     def _labels(self, t, indices) -> None:
         if self.classes is None:
