@@ -215,6 +215,16 @@ def test_check_data_section_passes_and_fails(cli, tmp_path, monkeypatch):
     assert finding(r.json, "check-failed")["where"].endswith("::data")
 
 
+def test_check_data_warnings_are_counted_and_fail_under_strict(cli, tmp_path):
+    """A sweep: raw pixels and a 45x class imbalance passed the gate as `clean`, strict or not."""
+    data = f'spec = "{sample("data_labels.py:imbalanced")}", speed = false'
+    r = cli("check", "--config", _config(tmp_path, data), "--json")
+    assert r.code == 0 and r.json["checks"][0]["figure"] == "1 warning(s)", r.json["checks"]
+    r = cli("check", "--config", _config(tmp_path, data, extra="strict = true\n"), "--json")
+    row = r.json["checks"][0]
+    assert r.code == 1 and row["status"] == "FAIL" and "class-imbalance" in row["message"], r.json["checks"]
+
+
 @pytest.mark.parametrize("data, said", [
     ('spec = "x.py:train", sampels = 3', "unknown key 'sampels' in data in [tool.torchdiag] of"),
     ('val = "x.py:val"', "data in [tool.torchdiag] of"),

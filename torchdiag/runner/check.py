@@ -532,15 +532,8 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
         _lr_find_check(c["_lr-find"], model, inputs, ctx, record)
     if c.get("doctor"):
         def doc():
-            r = invoke(doctor, model, inputs, doctor.Options(), _own(doctor, ctx))
-            n = sum(1 for f in r.findings if f.severity == "error" and not f.accepted_by(allow))
-            bad = _first_error(r, allow).split(" (+")[0]
-            # under strict its warnings fail too, as gradflow's (a sweep: bfloat16's update-rounds-away read clean)
-            warned = [f for f in r.findings if f.severity == "warning" and not f.accepted_by(allow)]
-            if not bad and warned and c.get("strict", False):
-                return False, f"{len(warned)} warning(s)", f"warnings fail under strict: {warned[0].code}: {warned[0].message}"
-            return not bad, ("clean" if not warned else f"{len(warned)} warning(s)") if not bad else \
-                f"{n} error finding(s)", bad
+            return _findings_verdict(invoke(doctor, model, inputs, doctor.Options(), _own(doctor, ctx)), allow,
+                                     bool(c.get("strict", False)))
         record("doctor", doc)
     if "max-peak-memory" in c:
         from ..fmt import human_bytes
@@ -555,11 +548,12 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             return peak <= limit, shown, "" if peak <= limit else f"peak {shown} > {human_bytes(limit)}"
         record("max-peak-memory", mem, human_bytes(limit))
     if "data" in c:
-        _data_check(c["data"], model, ctx, record)
+        _data_check(c["data"], model, ctx, record, allow, bool(c.get("strict", False)))
 
 
-def _data_check(dc: DataCheck, model, ctx, record) -> None:
-    """`data` on the configured data (the entry's model too with with-model): an error finding fails it."""
+def _data_check(dc: DataCheck, model, ctx, record, allow, strict: bool) -> None:
+    """`data` on the configured data (the entry's model too with with-model): an error finding fails it, and a
+    warning under strict."""
     from ..core.datasets import load_data
     from ..diagnostics import data
 
@@ -570,10 +564,20 @@ def _data_check(dc: DataCheck, model, ctx, record) -> None:
         r = data.run_data(train, dc.opts, own, val=val, model=model if dc.with_model else None)
         if r.data.get("interrupted"):   # run_data keeps its partial result on Ctrl-C; check records it as such
             raise Terminated() if r.exit_code == ExitCode.TERMINATED else KeyboardInterrupt()
-        bad = _first_error(r)
-        n = sum(1 for f in r.findings if f.severity == "error")
-        return not bad, "clean" if not bad else f"{n} error finding(s)", bad
+        return _findings_verdict(r, allow, strict)
     record("data", run_data, dc.spec + (f" + {dc.val}" if dc.val else ""))
+
+
+def _findings_verdict(r, allow, strict: bool) -> tuple[bool, str, str]:
+    """(passed, the figure, why not) of a result judged by its findings: an error fails; under strict a warning
+    too (a sweep: bfloat16's update-rounds-away read clean under doctor; raw 0-255 pixels read `clean` under data)."""
+    n = sum(1 for f in r.findings if f.severity == "error" and not f.accepted_by(allow))
+    bad = _first_error(r, allow).split(" (+")[0]
+    warned = [f for f in r.findings if f.severity == "warning" and not f.accepted_by(allow)]
+    if not bad and warned and strict:
+        return False, f"{len(warned)} warning(s)", f"warnings fail under strict: {warned[0].code}: {warned[0].message}"
+    return not bad, ("clean" if not warned else f"{len(warned)} warning(s)") if not bad else \
+        f"{n} error finding(s)", bad
 
 
 def _lr_find_check(settings, model, inputs, ctx, record) -> None:
