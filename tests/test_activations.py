@@ -524,3 +524,18 @@ def test_non_finite_activations_are_magenta_and_counted(tmp_path):
     assert "1 NaN/Inf in magenta" in words["Description"] and words["Model"] == "model given from Python"
     finite = x[torch.isfinite(x)]
     assert f"shared colour scale {float(finite.min()):.4g} … {float(finite.max()):.4g}" in words["Description"]
+
+
+def test_pictures_and_histograms_of_a_layer_followed_by_an_in_place_op_are_its_output(tmp_path):
+    """A sweep: bn1's feature maps (ReLU(inplace=True) after it) were drawn from 0: a view kept, written by the ReLU."""
+    import torch
+
+    model, inputs = load("resnet.py:resnet18", inputs=["2x3x32x32"])
+    res = run("activations", model, inputs, layers=["bn1"], images=True, tb=True)
+    write_images(res, tmp_path)
+    with torch.no_grad():
+        model.eval()
+        out = model.bn1(model.conv1(inputs.args[0]))[0]
+    lo, hi = float(out.min()), float(out.max())
+    assert lo < 0 and f"shared colour scale {lo:.4g} … {hi:.4g}" in _words(tmp_path / "bn1_features.png")["Description"]
+    assert float(res.histograms["activations/bn1"].min()) < 0

@@ -208,3 +208,24 @@ def test_one_vector_is_said_to_show_nothing():
     assert res.data["samples"] == 1 and any(n.startswith("1 vector: the projector needs several") for n in res.notes)
     many = run("embeddings", model, ModelInputs((torch.randn(4, 3, 32, 32),), {}), layer="head.0")
     assert not any("vector:" in n for n in many.notes)
+
+
+def test_a_layer_followed_by_an_in_place_op_is_written_as_it_output():
+    """A sweep: a BatchNorm followed by ReLU(inplace=True) was written after the ReLU (min 0): the hook kept a view of
+    the output on the CPU, not a copy, and the ReLU wrote into it."""
+    import torch
+
+    model, inputs = load("resnet.py:resnet18", inputs=["2x3x32x32"])
+    res = run("embeddings", model, inputs, layer="bn1", reduce="flatten")
+    kept = {}
+
+    def keep(module, args, out):
+        kept["x"] = out.detach().clone()
+
+    handle = model.bn1.register_forward_hook(keep)
+    with torch.no_grad():
+        model.eval()
+        model(inputs.args[0])
+    handle.remove()
+    assert float(kept["x"].min()) < 0   # the premise: the BatchNorm's output has negative values the ReLU zeroes
+    assert torch.equal(res.artefacts["vectors"], kept["x"].flatten(1))

@@ -151,7 +151,7 @@ class Catcher:
                         w = w.unsqueeze(1)
                     if w.dim() == 4:
                         catcher.captures.append(Capture(owner[0], type(owner[1]).__name__ if owner[1] is not None else "",
-                                                        SDPA, w.cpu()))
+                                                        SDPA, w.to("cpu", copy=True)))
                 return out
 
             F.scaled_dot_product_attention = patched
@@ -230,7 +230,7 @@ class Catcher:
             return
         w = t.detach().float()
         self.captures.append(Capture(name, type(module).__name__, "module output",
-                                     (w if w.dim() == 4 else w.unsqueeze(1)).cpu(), ref))
+                                     (w if w.dim() == 4 else w.unsqueeze(1)).to("cpu", copy=True), ref))
 
     def _one_per_call(self, start: int) -> None:
         """A module that calls SDPA and computes the same weights with its own softmax (for a picture): one."""
@@ -247,7 +247,7 @@ class Catcher:
             out, w = output
             if w is not None:
                 w4 = w.detach() if w.dim() == 4 else w.detach().unsqueeze(0)
-                self.captures.append(Capture(name, type(module).__name__, "need_weights=True", w4.float().cpu()))
+                self.captures.append(Capture(name, type(module).__name__, "need_weights=True", w4.float().to("cpu", copy=True)))
                 if not need:
                     return out, None
                 if avg:

@@ -84,7 +84,7 @@ def layer_output(model, inputs, layer: str):
     def hook(mod, args, out):
         t = first_tensor(out)
         if t is not None and "x" not in kept:
-            kept["x"] = t.detach().cpu()
+            kept["x"] = t.detach().to("cpu", copy=True)   # a copy: an in-place op after the layer (ReLU) changes it
 
     tracker = ModuleTracker(model, record_shapes=False)
     with leave_no_trace(model):

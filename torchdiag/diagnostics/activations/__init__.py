@@ -171,9 +171,9 @@ class Recorder(ForwardHooks):
         if self.opts.tb and len(s.values) == 0 and xf.numel():
             flat = xf.flatten()
             step = max(1, flat.numel() // HIST_SAMPLES)
-            s.values.append(flat[::step].float().cpu().numpy())
+            s.values.append(flat[::step].to("cpu", torch.float32, copy=True).numpy())
         if name in self.keep and name not in self.kept and not nested:
-            self.kept[name] = x.float().cpu()
+            self.kept[name] = x.detach().to("cpu", torch.float32, copy=True)   # an in-place op after it (ReLU) must not change it
 
 
 def _resolve_layers(model, names: list[str]) -> list[str]:
