@@ -229,3 +229,30 @@ def test_a_layer_followed_by_an_in_place_op_is_written_as_it_output():
     handle.remove()
     assert float(kept["x"].min()) < 0   # the premise: the BatchNorm's output has negative values the ReLU zeroes
     assert torch.equal(res.artefacts["vectors"], kept["x"].flatten(1))
+
+
+def test_a_sequence_first_layer_gives_one_vector_per_sample(tmp_path):
+    """A sweep: nn.MultiheadAttention(batch_first=False) outputs L×N×D; its 6 per-position means over the batch of 10
+    were written as 6 samples. Read as N×L×D: each sample's mean over its own tokens."""
+    import torch
+    import torch.nn as nn
+
+    from torchdiag.core.inputs import ModelInputs
+
+    class SeqFirst(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj, self.att = nn.Linear(8, 32), nn.MultiheadAttention(32, 4)
+
+        def forward(self, x):
+            h = self.proj(x).transpose(0, 1)
+            return self.att(h, h, h)[0].transpose(0, 1).mean(1)
+
+    torch.manual_seed(0)
+    model, x = SeqFirst(), torch.randn(10, 6, 8)
+    res = run("embeddings", model, ModelInputs((x,), {}), layer="att")
+    with torch.no_grad():
+        h = model.proj(x).transpose(0, 1)
+        expect = model.att(h, h, h)[0].mean(0)   # L×N×D: per sample, the mean over its L tokens
+    assert res.data["samples"] == 10 and "sequence-first" in res.data["reduction"]
+    assert torch.allclose(res.artefacts["vectors"], expect, atol=1e-6)

@@ -65,6 +65,8 @@ def test_split_on_last_colon_and_args():
     assert split_spec("C:/models/net.py:build") == ("C:/models/net.py", "build")
     assert parse_args(["depth=50", "name=resnet", "dims=(1, 2)", "flag=True"]) == {
         "depth": 50, "name": "resnet", "dims": (1, 2), "flag": True}
+    # a shell's or TOML's spelling of a bool (a sweep: batch_first=false reached the factory as "false", truthy)
+    assert parse_args(["a=false", "b=TRUE", "c=none", "d=falsey"]) == {"a": False, "b": True, "c": "none", "d": "falsey"}
     with pytest.raises(UsageError):
         parse_args(["=3"])
 

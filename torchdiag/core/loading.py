@@ -48,7 +48,8 @@ def split_spec(spec: str) -> tuple[str, str]:
 
 
 def parse_args(pairs: list[str] | None) -> dict[str, Any]:
-    """`--arg key=value`: the value as a Python literal when it parses, else the string."""
+    """`--arg key=value`: the value as a Python literal when it parses, `true`/`false` (any case: a shell's, TOML's
+    spelling) as a bool, else the string (a sweep: batch_first=false reached the factory as "false", truthy)."""
     out: dict[str, Any] = {}
     for pair in pairs or []:
         key, sep, raw = pair.partition("=")
@@ -58,7 +59,7 @@ def parse_args(pairs: list[str] | None) -> dict[str, Any]:
         try:
             out[key] = ast.literal_eval(raw)
         except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):  # deep nesting: a string too
-            out[key] = raw
+            out[key] = {"true": True, "false": False}.get(raw.strip().lower(), raw)
     return out
 
 

@@ -43,6 +43,14 @@ class Options:
         flag("sprite", self.sprite, "torchdiag.render.embeddings.write_projector")
 
 
+def _batch_first(raw, n: int | None):
+    """A sequence-first layer's L×N×D output (nn.MultiheadAttention, batch_first=False) as N×L×D: its leading size is
+    not the batch's and its second is (a sweep: 6 per-position means over the batch were written as 6 samples)."""
+    if n is not None and raw.dim() == 3 and raw.shape[0] != n and raw.shape[1] == n:
+        return raw.transpose(0, 1)
+    return raw
+
+
 def vectors(t, how: str):
     """(N×D float32 tensor, what was done)."""
     if t.dim() == 1:
@@ -110,7 +118,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     import torch
 
     raw = layer_output(model, inputs, opts.layer)
-    x, how = vectors(raw, opts.reduce)
+    x, how = vectors(_batch_first(raw, inputs.batch_size), opts.reduce)
     n, d = x.shape
     result = Result("embeddings", header={"layer": opts.layer, "mode": "eval, no grad (one forward pass)"})
     labels = None
@@ -125,6 +133,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
             labels = [int(v) if not lab.is_floating_point() else float(v) for v in lab]
     finite = bool(torch.isfinite(x).all())
     norms = x.double().norm(dim=1)
+    if raw.dim() == 3 and raw.shape[1] == n != raw.shape[0]:
+        how = f"sequence-first L×N×D read as N×L×D; {how}"
     result.data.update({"layer_output_shape": list(raw.shape), "reduction": how, "samples": n, "dim": d,
                         "labels": labels is not None, "mean_norm": float(norms.mean()),
                         "finite": finite})
