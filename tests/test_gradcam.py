@@ -192,6 +192,9 @@ def test_usage_errors(cli, image, tmp_path, monkeypatch):
     r = cli("gradcam", REGION, "--layer", "features.3", "--image", tmp_path / "nope.png")
     assert r.code == 2 and "not found" in r.stderr
     one_error_line(r)
+    r = cli("gradcam", REGION, "--layer", "features.3", "--image", tmp_path)   # a sweep: "image file not found"
+    assert r.code == 2 and "is a directory" in r.stderr
+    one_error_line(r)
     r = cli("gradcam", REGION, "--layer", "feature.3", "--image", image)
     assert r.code == 2 and "features.3" in r.stderr
     one_error_line(r)
@@ -464,3 +467,44 @@ def test_heatmap_in_artefacts_and_out_written_by_the_renderer(image, tmp_path):
     assert write_out(res, tmp_path / "cam.png") == str(tmp_path / "cam.png")
     with Image.open(tmp_path / "cam.png") as im:
         assert im.size == (690, 264) and [res.data["out_size"][1], res.data["out_size"][0]] == [690, 264]
+
+
+def test_a_channels_last_layer_is_read_as_such(image):
+    """A sweep: timm's Swin stages output N×H×W×C; a 7×768 "map" was drawn. A layer that permutes a conv's output to
+    channels-last explains the class exactly as the conv itself does."""
+    import torch
+    from torch import nn
+
+    class Last(nn.Module):
+        def forward(self, x):
+            return x.permute(0, 2, 3, 1)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.last, self.head = nn.Conv2d(3, 24, 4, stride=4), Last(), nn.Linear(24, 5)
+
+        def forward(self, x):
+            return self.head(torch.relu(self.last(self.conv(x))).mean(dim=(1, 2)))
+
+    torch.manual_seed(0)
+    model = Net()
+    first = run("gradcam", model, None, layer="conv", image=str(image), target_class=2)
+    last = run("gradcam", model, None, layer="last", image=str(image), target_class=2)
+    assert last.data["cam_shape"] == first.data["cam_shape"] == [8, 8]
+    assert last.data["cam_peak"] == first.data["cam_peak"] and any("channels-last" in n for n in last.notes)
+    assert abs(last.data["heatmap_mean"] - first.data["heatmap_mean"]) < 1e-6
+
+
+def test_a_one_by_one_map_is_said_to_hold_no_place_and_the_explained_class_is_in_the_table(image):
+    """A sweep: a layer after global pooling gave a flat heatmap with a 'peak' of float noise, said as a place; a
+    class asked for outside the top 5 had no row."""
+    model, _ = load("gradcam_region.py:build")
+    res = run("gradcam", model, None, layer="features.3", image=str(image), topk=2, target_class=3)
+    rows = res.table("top_classes").rows
+    assert len(rows) == 3 and rows[-1]["class"] == 3 and rows[-1]["_mark"] == "◀ explained", rows
+    from torch import nn
+
+    pooled = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+    res = run("gradcam", pooled, None, layer="1", image=str(image))
+    assert [f.code for f in res.findings] == ["no-spatial-map"]

@@ -16,6 +16,8 @@ def _open(path):
     from PIL import Image, UnidentifiedImageError
 
     p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"--image {path} is a directory, not an image file", hint="give one PNG/JPEG file with --image")
     if not p.is_file():
         raise UsageError(f"image file not found: {path}", hint="give an existing PNG/JPEG file with --image")
     try:

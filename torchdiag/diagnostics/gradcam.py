@@ -10,6 +10,7 @@ models work; the model continues on a copy of that leaf, so in-place ops after t
 last call. The image is read, resized (`size`) and normalised ((x/255 − mean)/std) as asked."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..core.guard import leave_no_trace
@@ -147,6 +148,15 @@ def image_tensor(rgb, mean, std, device):
     return ((x - m) / s).unsqueeze(0).to(device)
 
 
+def channels_last(shape: tuple, image: tuple) -> bool:
+    """Is a 4-D layer output N×H×W×C (timm's Swin and ConvNeXt-style stages)? Its sizes 1-2 have the image's aspect
+    and sizes 2-3 do not (a sweep: Swin's 7×7×768 was read as a 7×768 map). N×C×H×W where both read alike."""
+    def aspect(h: int, w: int) -> bool:
+        return h > 0 and w > 0 and abs(math.log((h / w) / (image[0] / image[1]))) < 0.2
+
+    return not aspect(shape[2], shape[3]) and aspect(shape[1], shape[2])
+
+
 def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None = None):
     """(cam h×w at layer resolution (≥0, unnormalised), cam resized to x (normalised to [0,1]),
     logits, class used). Runs with the caller's guard around it. `info` (optional) gets
@@ -188,11 +198,14 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
 
     logits, _ = primary_output(out)
     if logits.dim() != 2:
-        raise UsageError(f"Grad-CAM needs (N, classes) scores; the model gave shape {tuple(logits.shape)}")
+        raise UsageError(f"Grad-CAM needs (N, classes) scores; the model gave shape {tuple(logits.shape)}",
+                         hint="a dense output (N, classes, H, W): explain one class over the pixels with a factory "
+                              "that wraps the model to return model(x).mean((2, 3))" if logits.dim() == 4 else "")
     a = captured["a"]
     if a.dim() != 4:
         raise UsageError(f"layer {layer} gives a {a.dim()}-D output of shape {tuple(a.shape)}; Grad-CAM needs N×C×H×W",
                          hint="choose a convolutional layer (the last conv block usually works best)")
+    last = channels_last(tuple(a.shape), tuple(x.shape[-2:]))
     k = int(logits[0].argmax()) if target_class is None else target_class
     if not 0 <= k < logits.shape[1]:
         raise OptionError("target_class", f"{k} is out of range: the model has {logits.shape[1]} classes")
@@ -202,14 +215,17 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
         raise (device_error(exc, "backward") or ModelError(f"backward from class {k} failed: {one_line(exc)}")) from exc
     if grad is None:
         grad = torch.zeros_like(a)
+    act = a.detach()
+    if last:   # N×H×W×C (timm's Swin stages): its channels are the last dimension
+        act, grad = act.permute(0, 3, 1, 2), grad.permute(0, 3, 1, 2)
     weights = grad[0].mean(dim=(1, 2))                               # C
-    cam = torch.relu((weights[:, None, None] * a[0].detach()).sum(0))  # h×w
+    cam = torch.relu((weights[:, None, None] * act[0]).sum(0))       # h×w
     up = F.interpolate(cam[None, None], size=tuple(x.shape[-2:]), mode="bilinear", align_corners=False)[0, 0]
     up = up.clamp_min(0)
     peak = float(up.max())
     norm = up / peak if peak > 0 else up
     if info is not None:
-        info["calls"] = captured["calls"]
+        info["calls"], info["channels_last"] = captured["calls"], last
     return cam.detach().cpu(), norm.detach().cpu(), logits.detach().cpu(), k
 
 
@@ -247,8 +263,9 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     cam, heat, logits = cam.float(), heat.float(), logits.float()   # numpy has no bfloat16
     probs = torch.softmax(logits[0].double(), 0)
     top = torch.topk(probs, min(opts.topk, probs.numel()))
-    rows = [{"class": int(c), "logit": float(logits[0, c]), "probability": float(p),
-             "_mark": "◀ explained" if int(c) == k else ""} for p, c in zip(top.values, top.indices)]
+    shown = [int(c) for c in top.indices] + ([k] if k not in top.indices.tolist() else [])   # the explained one too
+    rows = [{"class": c, "name": class_name(model, c), "logit": float(logits[0, c]), "probability": float(probs[c]),
+             "_mark": "◀ explained" if c == k else ""} for c in shown]
     hm = heat.numpy()
     peak = divmod(int(hm.argmax()), hm.shape[1])
     cam_np = cam.numpy()
@@ -266,9 +283,14 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     result.data["layer_calls"] = info["calls"]
     if info["calls"] > 1:
         result.notes.append(f"layer {opts.layer} ran {info['calls']} times in forward; the map explains its last call")
-    result.tables.append(Table("top_classes", "Top classes", [
-        Column("class", "class", "int"), Column("logit", "logit", "float"), Column("probability", "probability", "pct"),
-        Column("_mark", "")], rows))
+    if info["channels_last"]:
+        result.notes.append(f"layer {opts.layer}'s output is channels-last (N×H×W×C): read as such")
+    named = [Column("name", "name")] if any(r["name"] is not None for r in rows) else []
+    result.tables.append(Table("top_classes", "Top classes", [Column("class", "class", "int")] + named + [
+        Column("logit", "logit", "float"), Column("probability", "probability", "pct"), Column("_mark", "")], rows))
+    if cam_np.size == 1:
+        result.add("no-spatial-map", "warning", opts.layer, f"layer {opts.layer}'s map is 1×1: it has no spatial "
+                   "information, and the heatmap is flat", "choose an earlier layer, before the global pooling")
     if float(cam_np.max()) == 0.0:
         result.add("empty-cam", "warning", opts.layer,
                    f"the Grad-CAM map is zero everywhere for class {k}: no positive evidence at this layer",
