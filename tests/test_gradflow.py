@@ -1629,3 +1629,42 @@ def test_an_exploding_gradient_under_a_huge_loss_points_at_the_target_scale():
     res = run("gradflow", model, x, loss="mse", target=1e5 * (1 + 0.3 * x[:, :1]))
     f = next(f for f in res.findings if f.code == "exploding-grad")
     assert f.hint.startswith("the loss itself is 9.") and "standardise it first" in f.hint, f.hint
+
+
+class _Depth(nn.Module):
+    """A depth head: sigmoid(conv) × 10 against depths 1–9 (MSE), its single output bias drawn near zero (-0.0019):
+    a bias that sums the gradient over every pixel, against a weight that small, has grad/weight ≈ 590."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 1, 3, padding=1))
+        with torch.no_grad():
+            self.body[3].bias.fill_(-0.0019)
+
+    def forward(self, x):
+        return torch.sigmoid(self.body(x)) * 10
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_a_weight_near_zero_by_chance_is_not_exploding(optimizer):
+    """A sweep: a depth net's last bias, ratio 590 with a gradient norm of 1.1, was an exploding-grad error on a model
+    that trains smoothly (plain torch: 300 steps of either optimizer, the loss falls and the bias's gradient too)."""
+    g = torch.Generator().manual_seed(4)
+    x, depth = torch.randn(4, 3, 32, 32, generator=g), 1 + 8 * torch.rand(4, 1, 32, 32, generator=g)
+    res = run(_Depth(), x, target=depth, loss="mse", optimizer=optimizer)
+    row = by(res.table("params").rows, "name", "body.3.bias")
+    assert row["grad_weight_ratio"] > 100 and row["grad_norm"] < 1e3 and row["status"] == "small-weight", row
+    assert res.exit_code == 0, [f.to_dict() for f in res.findings]
+    model = _Depth()   # the premise, in plain torch: it trains, and the bias's gradient does not grow
+    opt = torch.optim.Adam(model.parameters(), 1e-3) if optimizer == "adam" else \
+        torch.optim.SGD(model.parameters(), 1e-2, momentum=0.9)
+    losses, grads = [], []
+    for _ in range(100):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), depth)
+        loss.backward()
+        losses.append(float(loss))
+        grads.append(float(model.body[3].bias.grad.abs()))
+        opt.step()
+    assert losses[-1] < 0.9 * losses[0] and max(grads[50:]) <= grads[0]

@@ -109,6 +109,19 @@ class Verdict:
         return (self.compared() and self.update > 0 and self.update >= ADAPTIVE * self.median_update
                 and self.relative >= ORDINARY * self.median_relative)
 
+    def steps_alike(self) -> bool:
+        """A large grad/weight of a weight near zero (a scalar bias drawn at -0.002): per element the run's optimizer
+        moved it no more than MODERATE × the median step of the others, while the loss fell. Relative to a weight
+        that small any step is large; the step itself is the others' (a sweep: a depth net's last bias, ratio 590
+        with a gradient of norm 1.1, was an exploding-grad error on a run that trained smoothly)."""
+        fell = math.isfinite(self.losses[1]) and self.losses[1] < self.losses[0]
+        return fell and ((self.compared() and 0 < self.update <= MODERATE * self.median_update)
+                         or self.grew_out())
+
+    def grew_out(self) -> bool:
+        """The ratio at least halved in the run (plain SGD: the weight grew away from zero, the gradient did not)."""
+        return math.isfinite(self.after) and 0 <= self.after <= self.before / 2
+
     def steps_moderately(self, steps: int) -> bool:
         """A large grad/weight the run's optimizer does not turn into a large step: relative to its weight the
         parameter moved at most MODERATE × the median relative step, and at most MAX_RELATIVE of its norm a step or

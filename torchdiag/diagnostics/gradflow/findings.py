@@ -183,6 +183,8 @@ DESIGN_TITLES = {
                     "the model",
     "transient-grad": "have large gradients only at the starting point: a few real optimizer steps bring them to the "
                       "level of the rest of the model",
+    "small-weight": "have a large grad/weight ratio only because their weight is near zero, while a few real "
+                    "optimizer steps lower the loss",
 }
 
 
@@ -247,6 +249,9 @@ def _why(kind, cause) -> str:
                               "went below its start: a property of the "
                               "initial values, which the first steps leave (judged with the re-check's optimizer: "
                               "--optimizer sgd takes steps that scale with the gradient)",
+            "small-weight": "their gradient's norm is within --exploding, and in a short training run on a copy the "
+                            "loss fell while the optimizer moved each, per element, at most 4x the median step of the "
+                            "other parameters that moved, or their grad/weight at least halved as the weight grew",
             "skipped-at-random": "the forward draws at random which layers run in train mode (LayerDrop-like); "
                                  "another draw of the RNG, on a copy, gives them a gradient"}.get(kind, "")
 

@@ -19,6 +19,7 @@ ADAPTIVE = "adaptive-step"     # a small gradient the optimizer steps like the r
 BOUNDED = "bounded-step"       # a large grad/weight the optimizer does not turn into a large step
 INVARIANT = "invariant"       # the loss does not depend on it (a zero gradient back only as rounding)
 TRANSIENT = "transient-grad"   # a large gradient of the starting point that a few real steps bring to the others
+SMALL = "small-weight"         # a large grad/weight of a weight near zero whose step is the others' or that grew out
 ADAM_EPS = 1e-8                # torch's Adam/AdamW eps, which core.train.make_optimizer keeps
 
 
@@ -59,6 +60,8 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                                  f"{v.losses[1]:.3g}")
             if step_claim(r, opts) and v.steps_moderately(v.steps):
                 r.update(status=BOUNDED, allowed=False, design={"kind": BOUNDED, "why": moderate_why(v, v.steps, ctx)})
+            elif step_claim(r, opts) and v.steps_alike():
+                r.update(status=SMALL, allowed=False, design={"kind": SMALL, "why": alike_why(r, v, ctx)})
             continue
         # the step measured is the optimizer's own, eps included (a gradient far below Adam's eps gets a step
         # far below lr, and does not step normally); only a decoupled weight decay (AdamW) moves a weight
@@ -171,6 +174,18 @@ def moderate_why(v, steps: int, ctx) -> str:
             f"move it by {opt.learning_rate * v.before:.2g} of its norm), yet {opt.describe()} moved it by "
             f"{v.relative:.3g} of its norm in {steps} steps on a copy, against a median of {v.median_relative:.3g} "
             f"over the other parameters that moved: the step is bounded, not the gradient{sgd}")
+
+
+def alike_why(r, v, ctx) -> str:
+    start = (f"grad/weight {v.before:.3g} at initialisation from a weight near zero (‖w‖ {r['weight_norm']:.3g}, "
+             f"‖grad‖ {r['grad_norm']:.3g})")
+    fell = f"the loss fell {v.losses[0]:.3g} → {v.losses[1]:.3g}"
+    if v.grew_out():
+        return (f"{start}; in {v.steps} steps of {ctx.spec.optimizer.describe()} on a copy the ratio fell to "
+                f"{v.after:.3g} as the weight grew away from zero, and {fell}")
+    return (f"{start}, yet {ctx.spec.optimizer.describe()} moved each element by {v.update:.3g} (RMS) in {v.steps} "
+            f"steps on a copy, against a median of {v.median_update:.3g} over the other parameters that moved, and "
+            f"{fell}: the step is like the others', only the weight is small")
 
 
 def adaptive_why(v, steps: int, ctx) -> str:
