@@ -1668,3 +1668,31 @@ def test_a_weight_near_zero_by_chance_is_not_exploding(optimizer):
         grads.append(float(model.body[3].bias.grad.abs()))
         opt.step()
     assert losses[-1] < 0.9 * losses[0] and max(grads[50:]) <= grads[0]
+
+
+class _ZeroGainBlock(nn.Module):
+    """A residual block whose last BatchNorm's gain starts at zero (timm's ResNets): its body gets exactly zero
+    gradients until a step opens the gain."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.body = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                                  nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8))
+        nn.init.zeros_(self.body[4].weight)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = self.stem(x)
+        return self.head(torch.relu(h + self.body(h)).mean((2, 3)))
+
+
+def test_a_zero_initialised_gain_in_float16_is_zero_init_under_adam():
+    """A sweep: under --dtype float16 Adam's eps (1e-8) is 0, the re-check's copy went NaN at its first step, and the
+    zero-initialised gain's body was a zero-grad error; --amp and bfloat16 said zero-init. The copy's Adam takes an eps
+    float16 holds, said in the note."""
+    x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    res = run(_ZeroGainBlock(), x, dtype="float16")
+    assert res.exit_code == 0 and "zero-init" in {f.code for f in res.findings}, [f.to_dict() for f in res.findings]
+    assert any("eps 0.0001" in n for n in res.notes), res.notes

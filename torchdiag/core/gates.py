@@ -160,6 +160,7 @@ class Recheck:
     passes: int                 # forward/backward passes spent in all (runs + gate tests)
     candidates: list[str]
     longer: int = 0             # flags given the longer run (LONG_STEPS, on a fresh copy)
+    eps: float | None = None    # Adam's eps raised for a float16 copy (half_eps), else None
 
     def gate_passes(self) -> int:
         return self.passes - self.steps - 1 - (LONG_STEPS + 1 if self.longer else 0)
@@ -167,7 +168,9 @@ class Recheck:
     def cost(self) -> str:
         again = (f", then {LONG_STEPS} steps on a fresh copy for {self.longer} gradient(s) still climbing towards "
                  "the threshold" if self.longer else "")
-        return (f"re-checked on a copy: {self.steps} optimizer steps on the same batch{again} and "
+        eps = (f" (Adam's eps {self.eps:g}: float16 holds no 1e-8, whose step divides a gradient that vanished "
+               "by 0)") if self.eps else ""
+        return (f"re-checked on a copy: {self.steps} optimizer steps on the same batch{again}{eps} and "
                 f"{self.gate_passes()} gate test(s), {self.passes} forward/backward passes")
 
 
@@ -230,6 +233,7 @@ def _run(model, inputs, flags: list[Flag], ctx, steps: int, eval_mode: bool, pre
     start = _start_norms(params, flags)
     m0 = _measure(work, inputs, flags, ctx, loss_fn, start)
     optimizer = ctx.optimizer([p for p in params.values() if p.requires_grad])
+    eps = half_eps(optimizer)
     mk, moved, run = m0, {}, []
     for k in range(steps):
         last = k == steps - 1
@@ -283,7 +287,25 @@ def _run(model, inputs, flags: list[Flag], ctx, steps: int, eval_mode: bool, pre
         trained = {n: params[n].detach() for n in grown}
         nonzero = {n for n in grown if bool(v0[n].ne(0).any())}
         used += _name_gates(model, inputs, live, grown, nonzero, trained, ctx, eval_mode, prepare, loss_fn, passes)
-    return Recheck(verdicts, steps, used, grown)
+    return Recheck(verdicts, steps, used, grown, eps=eps)
+
+
+HALF_EPS = 1e-4   # Adam's eps for a float16 copy: the usual advice for pure float16 training
+
+
+def half_eps(optimizer) -> float | None:
+    """A float16 copy under Adam/AdamW: torch's eps 1e-8 is 0 in float16, so a gradient whose square underflows is
+    divided by 0 and the copy's weights go NaN at the first step (a sweep: `gradflow timm:resnet18 --dtype float16`
+    called its zero-initialised BatchNorm gains `zero-grad` errors, the re-check's copy broken). The re-check asks
+    whether a few real steps open a path, not whether this eps trains: raised to HALF_EPS there (returned), as is."""
+    import torch
+
+    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return None
+    groups = [g for g in optimizer.param_groups if any(p.dtype == torch.float16 for p in g["params"])]
+    for g in groups:
+        g["eps"] = max(g["eps"], HALF_EPS)
+    return HALF_EPS if groups else None
 
 
 def _invariant(work, inputs, verdicts: dict, whole: float, ctx) -> int:
