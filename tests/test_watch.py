@@ -4222,3 +4222,40 @@ def test_a_replay_of_a_batch_holding_nan_names_the_input():
     found = replay(model, (x,), {})
     assert found["direction"] == "input" and "input already holds NaN/Inf" in found["detail"], found
     assert replay(model, (torch.randn(4, 8),), {})["direction"] != "input"
+
+
+_AMP = """
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+class Norm(nn.Module):   # x / |x|: a zero row is 0/0
+    def forward(self, x):
+        return x / torch.sqrt((x * x).sum(1, keepdim=True))
+model = nn.Sequential(nn.Linear(8, 16), {norm}, nn.Linear(16, 4))
+nn.init.zeros_(model[0].bias)
+opt = torch.optim.Adam(model.parameters(), 1e-3)
+scaler = torch.amp.GradScaler("cpu")
+for i in range(40):
+    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+    x[0] = 0
+    with torch.autocast("cpu", torch.float16):
+        loss = F.cross_entropy(model(x), y)
+    opt.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+"""
+
+
+@pytest.mark.parametrize("norm", ["Norm()", "nn.LayerNorm(16)"])
+def test_a_grad_scaler_that_skips_every_step_is_an_error_not_a_missing_step(tmp_path, norm):
+    """A sweep: a NaN at every backward under autocast + GradScaler: every scaler.step skipped its update, and watch
+    said "no optimizer step was seen", hinting at a hand-written update to a user who called scaler.step. Counted as
+    the scaler's steps ran: every one skipped is an error; a healthy AMP run is clean."""
+    path = tmp_path / "amp.py"
+    path.write_text(_AMP.format(norm=norm))
+    r = run_command(["python", str(path)], Watch(every=10))
+    if norm == "Norm()":
+        f = finding(r, "every-step-skipped")
+        assert r.data["steps"] == 0 and f.severity == "error" and "skipped 40 of its 40 steps" in f.message, f.message
+    else:
+        assert r.data["steps"] >= 30 and not codes(r), [f.to_dict() for f in r.findings]   # a few skipped at first

@@ -139,6 +139,6 @@ class Watch:
 
     def _own(self):
         result = self.finish()
-        if self.engine is not None and self.engine.step == 0 and result.code is None:
+        if self.engine is not None and self.engine.step == 0 and result.code is None and not self.engine.scaler_calls:
             raise no_step(self.engine)
         return result

@@ -114,6 +114,11 @@ class Engine:
         self._depth = 0
         self._backward = None
         self._scaler_scale = None           # GradScaler.scale while it is wrapped (_wrap_scaler)
+        self._scaler_step = None            # ... and GradScaler.step
+        self.scaler_calls = 0               # GradScaler.step calls, and the optimizer steps they applied (not skipped
+        self.scaler_applied = 0             # for inf/NaN gradients): counted on the host, no read
+        self._in_scaler = 0
+        self.scaler = None                  # weakref to the last GradScaler that stepped (its scale, read at the end)
         self._scaled: dict | None = None    # id(scaled loss) -> (it, the loss it was made from): _saw_scaled
         self._sample_forward = True         # the next training forward of each model samples dead units
         self.run_compiled = False           # a watched model ran inside a torch.compile of its caller's
@@ -216,8 +221,8 @@ class Engine:
         it was made from."""
         from torch.amp.grad_scaler import GradScaler
 
-        ref, original = weakref.ref(self), GradScaler.scale
-        self._scaler_scale = original
+        ref, original, step = weakref.ref(self), GradScaler.scale, GradScaler.step
+        self._scaler_scale, self._scaler_step = original, step
 
         @functools.wraps(original)
         def scale(scaler, outputs):
@@ -227,7 +232,20 @@ class Engine:
                 engine._saw_scaled(out, outputs)
             return out
 
-        GradScaler.scale = scale
+        @functools.wraps(step)
+        def scaled_step(scaler, optimizer, *args, **kwargs):
+            engine = ref()
+            if engine is None or engine.closed or (engine.opts_given and optimizer not in engine._given):
+                return step(scaler, optimizer, *args, **kwargs)
+            engine.scaler_calls += 1
+            engine.scaler = weakref.ref(scaler)
+            engine._in_scaler += 1
+            try:
+                return step(scaler, optimizer, *args, **kwargs)
+            finally:
+                engine._in_scaler -= 1
+
+        GradScaler.scale, GradScaler.step = scale, scaled_step
 
     def close(self):
         import torch
@@ -252,7 +270,7 @@ class Engine:
         if self._scaler_scale is not None:
             from torch.amp.grad_scaler import GradScaler
 
-            GradScaler.scale = self._scaler_scale
+            GradScaler.scale, GradScaler.step = self._scaler_scale, self._scaler_step
         self.clips.close()
         self._scaled = None
 
@@ -774,6 +792,8 @@ class Engine:
         nested, again = self.doubles.enter(opt, self.backwards, closure)
         if again:   # a subclass's super().step(): the hooks of one update, run twice
             return None
+        if self._in_scaler and not nested:   # GradScaler.step found the gradients finite and applies them
+            self.scaler_applied += 1
         self._file_dead()   # a let-go LBFGS's id, reused by this optimizer, is not an LBFGS (a review)
         t = self.tracks.get(id(opt))
         if t is not None and t.early:   # a step(closure) of it raised after its early samples (a review: the next

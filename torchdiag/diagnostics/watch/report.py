@@ -68,6 +68,7 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
     for key in ("step", "loss", "grad_norm", "lr"):
         result.series[key] = list(engine.series.get(key, []))
     _nonfinite(result, engine)
+    _scaler(result, engine)
     _wiring(result, engine)
     _doubles(result, engine)
     _modes(result, engine)
@@ -192,6 +193,28 @@ def _nonfinite(result: Result, engine) -> None:
         result.add("non-finite-bn-stats", "error", name.rsplit(".", 1)[0],
                    f"BatchNorm statistic {name} is non-finite at step {step}",
                    "a non-finite activation reached the BatchNorm in training mode; eval outputs will be wrong")
+
+
+def _scaler(result: Result, engine) -> None:
+    """GradScaler's skipped steps (inf/NaN gradients at the scale then), counted on the host as its step() ran: a
+    few while the scale settles are normal; every one skipped is a run that never trained (a sweep: a NaN every
+    backward was "no optimizer step was seen", hinting at a hand-written update, to a user who called
+    scaler.step)."""
+    calls, applied = engine.scaler_calls, engine.scaler_applied
+    skipped = calls - applied
+    if not calls or skipped <= 0:
+        return
+    scaler = engine.scaler() if engine.scaler is not None else None
+    scale = f", its scale {float(scaler.get_scale()):.3g} at the end" if scaler is not None else ""
+    said = f"GradScaler skipped {skipped} of its {calls} steps: the gradients held inf or NaN then{scale}"
+    hint = ("an inf or NaN the model or loss makes at any scale is not fixed by scaling (log(0), sqrt(0), x/0): "
+            "`torchdiag nancheck MODEL --amp fp16` finds the module")
+    if not applied:
+        result.add("every-step-skipped", "error", "", f"{said}: no update was ever applied", hint)
+    elif skipped >= max(10, calls // 2):
+        result.add("steps-skipped", "warning", "", f"{said}: most updates were not applied", hint)
+    else:
+        result.notes.append(f"{said} (a few while the scale settles are normal)")
 
 
 def _its_steps(t, engine) -> str:
