@@ -4291,3 +4291,38 @@ def test_a_grad_scaler_that_skips_every_step_is_an_error_not_a_missing_step(tmp_
         assert r.data["steps"] == 0 and f.severity == "error" and "skipped 40 of its 40 steps" in f.message, f.message
     else:
         assert r.data["steps"] >= 30 and not codes(r), [f.to_dict() for f in r.findings]   # a few skipped at first
+
+
+_GAN = """
+import torch, torch.nn as nn
+from torch.nn.functional import binary_cross_entropy_with_logits as bce
+torch.manual_seed(0)
+G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+D = nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 1))
+opt_d = torch.optim.Adam(D.parameters(), 1e-3)
+opt_g = torch.optim.Adam({g_params}.parameters(), 1e-3)
+for _ in range(60):
+    z, real = torch.randn(32, 4), torch.randn(32, 2) + 3
+    opt_d.zero_grad()
+    (bce(D(real), torch.ones(32, 1)) + bce(D(G(z).detach()), torch.zeros(32, 1))).backward()
+    opt_d.step()
+    opt_g.zero_grad()
+    bce(D(G(z)), torch.ones(32, 1)).backward()
+    opt_g.step()
+"""
+
+
+@pytest.mark.parametrize("g_params", ["G", "D"])
+def test_a_model_whose_optimizer_holds_another_models_parameters_is_said(tmp_path, g_params):
+    """A sweep: the generator's optimizer built over the discriminator's parameters: G got a gradient every step and
+    never changed, and watch, which found the models from their optimizers, never watched G (PASS). A model called
+    with gradients whose parameters got them, held by no optimizer, is watched: one finding for the whole model."""
+    path = tmp_path / "gan.py"
+    path.write_text(_GAN.format(g_params=g_params))
+    r = run_command(["python", str(path)], Watch(every=10))
+    if g_params == "G":
+        assert not codes(r), [f.to_dict() for f in r.findings]
+        return
+    found = [f for f in r.findings if f.code == "not-in-optimizer"]
+    assert [f.where for f in found] == ["G"] and "every trainable parameter of G (4 tensors)" in found[0].message
+    assert "pass G.parameters()" in found[0].hint

@@ -83,6 +83,7 @@ class Engine:
         self._order: dict[int, int] = {}   # by id: a module class may define __eq__ and so not hash
         self.models_seen: list[str] = []    # the type of every root hooked, in order (the report's header)
         self._labels: list[str] = []       # by order: what the user's code calls each root hooked (names.py)
+        self._untrained: dict[str, list] = {}   # a model watched for gradients no optimizer holds: its parameters
         self._dead_roots: list[int] = []    # ids of hooked roots the run let go, cleaned up at the next step
         # discovery: roots called with grad enabled, held weakly (a network built anew in each loss call must go)
         self.seen_roots: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -412,6 +413,25 @@ class Engine:
         self._search()
         self._name_params()
 
+    def _adopt_untrained(self) -> None:
+        """Models called with gradients on whose trainable parameters got gradients that no optimizer holds: watched
+        from now (named, and `not-in-optimizer` at the end). A sweep: a GAN's generator optimizer built over the
+        discriminator's parameters left the generator unwatched, and the run passed."""
+        if self.explicit_models or not self.roots:
+            return
+        held = set().union(*(t.keys() for t in self.tracks.values()))
+        held |= {id(p) for r in self.roots.values() for p in r.parameters()}
+        for key, root in list(self.seen_roots.items()):
+            if any(p.requires_grad and p.grad is not None and id(p) not in held for p in root.parameters()) \
+                    and id(root) not in self._root_handles:
+                self._hook_root(root)
+                held |= {id(p) for p in root.parameters()}
+                del self.seen_roots[key]
+                prefix = self.root_prefix(root)   # a second model at least: it has one
+                self._untrained[prefix.rstrip(".")] = [prefix + n for n, p in inner(root).named_parameters()
+                                                       if p.requires_grad]
+        self._name_params()
+
     def _untrained_seen(self) -> bool:
         """A model called with gradients on has trainable parameters no watched optimizer holds: its optimizer may
         not have stepped yet."""
@@ -439,7 +459,8 @@ class Engine:
         on = looking or self.step - self._young_gone < SEARCH_STEPS
         self._discover(on)
         if not looking:   # on for the next model made anew only: what was seen before was adopted, or is not
-            self.seen_roots.clear()   # trained (a review: every model of the run was kept, 4,000 of them)
+            self._adopt_untrained()   # trained (a review: every model of the run was kept, 4,000 of them)
+            self.seen_roots.clear()
             self._seen_eval.clear()
 
     def _name_params(self):
@@ -1140,6 +1161,7 @@ class Engine:
     def finish(self):
         """The last read (what the steps since the previous read left), then detach."""
         with contextlib.suppress(Exception):   # a help, never a new failure of the run
+            self._adopt_untrained()
             self._not_in_optimizer()
         try:
             if not self.closed and not self.broken and (self._window or self.pending or self.tracks):
@@ -1206,6 +1228,10 @@ class Engine:
                 self.checks["not_in_optimizer"].setdefault(key, step)
                 if pid in was:
                     self.checks["orphaned"].add(key)
+        out = self.checks["not_in_optimizer"]
+        for model, names in self._untrained.items():   # a whole model no optimizer holds (its names when adopted)
+            if all(n in out for n in names):
+                self.checks.setdefault("model_not_in_optimizer", {})[model] = names
 
     def log(self, name: str, value, step: int | None = None):
         with contextlib.suppress(Exception):

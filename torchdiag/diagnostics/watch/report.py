@@ -224,7 +224,17 @@ def _its_steps(t, engine) -> str:
 
 
 def _wiring(result: Result, engine) -> None:
+    whole = engine.checks.get("model_not_in_optimizer", {})
+    for model, names in whole.items():
+        step = min(engine.checks["not_in_optimizer"][n] for n in names)
+        result.add("not-in-optimizer", "warning", model, f"every trainable parameter of {model} ({len(names)} "
+                   f"tensors) gets a gradient (from step {step}) but none is in an optimizer's param groups: {model} "
+                   "never trains", f"pass {model}.parameters() to its optimizer (is another optimizer built over the "
+                   "wrong model's parameters?)")
+    covered = {n for names in whole.values() for n in names}
     for name, step in engine.checks["not_in_optimizer"].items():
+        if name in covered:
+            continue
         why = ("was trained by an optimizer the run let go, and since then nothing applies its gradients"
                if name in engine.checks["orphaned"] else "it never trains")
         result.add("not-in-optimizer", "warning", name, f"{name} gets a gradient (step {step}) but is in no "
