@@ -550,6 +550,19 @@ def test_python_api_target_and_optimizer_come_from_the_run(untouched):
     assert r.exit_code == 1
 
 
+def test_an_ignore_label_in_segmentation_targets_is_named_as_one():
+    """A sweep: 255 pixels (VOC's unlabelled) gave `target-out-of-range` with the hint "give the last layer 256
+    outputs"; the fix is the loss's ignore_index."""
+    import torchdiag
+
+    model = nn.Conv2d(3, 5, 1)
+    y = torch.randint(0, 5, (2, 4, 4), generator=torch.Generator().manual_seed(0))
+    y[:, 0] = 255
+    r = torchdiag.doctor(model, torch.randn(2, 3, 4, 4), target=y)
+    (f,) = [f for f in r.findings if f.code == "target-out-of-range"]
+    assert "ignore_index=255" in f.hint and "256 outputs" not in f.hint, f.hint
+
+
 def test_default_optimizer_is_adam_lr_1e3():
     from torchdiag.core.run import OptimizerSpec
     from torchdiag.diagnostics import doctor

@@ -63,6 +63,17 @@ def test_auto_with_a_given_target():
     assert loss.describe() == "mse on output against the given target"
 
 
+@pytest.mark.parametrize("target, ignore", [(torch.tensor([[0, 255], [2, 255]]), True),
+                                            (torch.tensor([[0, 255], [2, 7]]), False),
+                                            (torch.tensor([[255, 255], [255, 255]]), False)])
+def test_an_ignore_label_is_named_as_one(target, ignore):
+    """A sweep: 255, VOC's and Cityscapes' unlabelled pixels, was told to give the model 256 outputs. One value
+    outside [0, C) beside targets inside it is an ignore label; two values, or nothing inside, are not said so."""
+    with pytest.raises(UsageError) as exc:
+        Loss("cross_entropy", target=target)(torch.randn(2, 3, 2))
+    assert ("ignore_index=255" in exc.value.hint) == ignore, exc.value.hint
+
+
 @pytest.mark.parametrize("kind,y,target,message", [
     ("auto", torch.randn(5, 3), torch.tensor([0, 1, 2, 7, 0]), "holds class 7, outside [0, 3)"),
     ("cross_entropy", torch.randn(5, 3), torch.tensor([0, -2, 1, 1, 0]), "holds class -2"),

@@ -408,9 +408,21 @@ def _check_classes(target, y) -> None:
     if hi < 0:   # every entry ignored
         return
     if lo < 0 or hi >= y.shape[1]:
+        wrong = keep & ((target < 0) | (target >= y.shape[1]))
         raise UsageError(f"cross_entropy: the target holds class {lo if lo < 0 else hi}, outside [0, {y.shape[1]}) "
                          f"for an output of shape {tuple(y.shape)}",
-                         hint="the model's class dimension (dim 1) must cover every target class")
+                         hint=ignore_label_hint(target[wrong].unique().tolist(), bool((keep & ~wrong).any()))
+                         or "the model's class dimension (dim 1) must cover every target class")
+
+
+def ignore_label_hint(outside: list[int], others: bool) -> str:
+    """A single value outside [0, C) beside targets inside it is an ignore label (VOC's and Cityscapes' 255, -1),
+    not a class (a sweep: 255 was told to give the model 256 outputs): the loss's ignore_index, or -100."""
+    if len(outside) != 1 or not others:
+        return ""
+    v = outside[0]
+    return (f"{v} looks like an ignore label (VOC and Cityscapes mark unlabelled pixels 255): give a loss with "
+            f"ignore_index={v} (--loss PATH:fn), or map {v} to -100, cross_entropy's default ignore_index")
 
 
 def _checked(fn, y, target, name):
