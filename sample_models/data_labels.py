@@ -60,3 +60,37 @@ def dict_batches():
 
 def model():
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+
+
+def _sentences(n: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, 50, (int(torch.randint(3, 20, (1,), generator=g)),), generator=g) for _ in range(n)]
+
+
+def _padded(batch):
+    """Pads token ids to the batch's longest (id 0), with the attention mask and all-zero token_type_ids."""
+    length = max(len(s) for s, _ in batch)
+    ids = torch.zeros(len(batch), length, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, (s, _) in enumerate(batch):
+        ids[i, :len(s)], mask[i, :len(s)] = s, 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids),
+            "labels": torch.tensor([y for _, y in batch])}
+
+
+TEXT_TRAIN = _sentences(120, 0)
+
+
+def text_train():
+    """Variable-length sentences in batches of 16, padded per batch."""
+    return DataLoader([(s, i % 2) for i, s in enumerate(TEXT_TRAIN)], batch_size=16, collate_fn=_padded)
+
+
+def text_val_leaky(batch_size: int = 1):
+    """40 new sentences and 20 of the training split's, read one at a time (no padding) or in batches."""
+    data = [(s, i % 2) for i, s in enumerate(_sentences(40, 1) + TEXT_TRAIN[:20])]
+    return DataLoader(data, batch_size=batch_size, collate_fn=_padded)
+
+
+def text_val_leaky_batched():
+    return text_val_leaky(7)
