@@ -1123,3 +1123,27 @@ def test_a_loss_that_crosses_zero_is_not_passed_by_the_ratio_target():
     assert ok.data["target_loss"] == -0.5
     assert not ok.data["passed"] or ok.data["final_loss"] <= -0.5, (ok.data["final_loss"], ok.verdict)
 
+
+
+def test_updates_that_round_away_later_in_the_run_are_counted_there():
+    """A sweep: a bfloat16 CNN that could not memorise its batch was told its updates that round away were "too few
+    to stop the fall alone", counted at the first step only (16 of 650 elements here); at step 513, 484 of them did
+    not move. Counted again at steps 64, 128, 256, … the latest is the cause named. Truth: where bfloat16 levels off
+    (1.07), float32 weights go on falling (0.61 in the same steps)."""
+    import torch
+    from torch import nn
+
+    from torchdiag.api import run
+
+    def model():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                             nn.Flatten(), nn.Linear(16, 10))
+
+    x = torch.randn(8, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    r = run("overfit-batch", model(), x, dtype="bfloat16", steps=600)
+    (f,) = [f for f in r.findings if f.code == "update-rounds-away"]
+    assert r.exit_code == 1 and "after Adam step 513" in f.message, f.message
+    assert sum(row["unchanged"] for row in r.data["rounded_away"]) > 0.5 * 650
+    assert not any("too few to stop the fall" in n for n in r.notes), r.notes
+    assert run("overfit-batch", model(), x, steps=600).data["best_loss"] < 0.7 * r.data["final_loss"]

@@ -17,7 +17,8 @@ class Causes:
     collapse: dict | None = None     # find_collapse()
     floor: float | None = None       # label entropy, when a batch-constant prediction is the best possible
     bounded: dict | None = None      # {box, classes, floor, needed}
-    rounding: list | None = None     # core.rounding rows: reduced-precision weights whose first update rounded away
+    rounding: list | None = None     # core.rounding rows: reduced-precision weights whose update rounded away
+    rounded_at: int = 0              # ... at this step (0: the first)
     skip_culprit: tuple | None = None   # (module, how) of the first non-finite gradient when fp16 skipped every update
     own_floor: bool = False          # a custom loss at a minimum of its own: scaling the output does not lower it
     scaled: tuple | None = None      # (k, loss at k × output, loss): a custom loss the trained output's scale holds back
@@ -224,12 +225,12 @@ def diagnose(trainer, curve, opts) -> Causes:
     step = curve.step
     changed, ever_nonzero = trainer.final_flags() if step > 0 else ([], [])
     names = [n for n, _ in trainer.trainable]
-    rounding = _rounding(trainer) if step > 0 else []
+    rounding, rounded_at = _rounding(trainer) if step > 0 else ([], 0)
     stuck = {r["name"] for r in rounding}     # never changed because the update rounds away: said once, there
     causes = Causes(
         unchanged=[n for n, moved in zip(names, changed) if not moved and n not in stuck],
         zero=[n for n, nonzero in zip(names, ever_nonzero) if not nonzero and n not in curve.missing],
-        rounding=rounding)
+        rounding=rounding, rounded_at=rounded_at)
     if curve.skipped and all(curve.skipped) and not curve.interrupted:
         causes.skip_culprit = _skip_culprit(trainer, curve)
     failed_plainly = not curve.interrupted and not curve.no_graph and curve.nonfinite_at is None \
@@ -245,14 +246,21 @@ def diagnose(trainer, curve, opts) -> Causes:
     return causes
 
 
-def _rounding(trainer) -> list[dict]:
-    """Reduced-precision weights whose first update mostly rounded away (counts read in final_flags)."""
+def _rounding(trainer) -> tuple[list[dict], int]:
+    """Reduced-precision weights whose update mostly rounded away (counts read in final_flags), at the first step or
+    at the latest later one counted, whichever left more elements unchanged; and that step (0: the first)."""
     from ...core.rounding import rounded_away
 
-    names = [n for n, _ in trainer.stagnation]
     params = dict(trainer.trainable)
-    dtypes = {n: str(params[n].dtype).replace("torch.", "") for n in names}
-    return rounded_away(names, trainer.stagnant_counts, dtypes) if names else []
+    best: tuple[list[dict], int] = ([], 0)
+    for step, counted, values in ((0, trainer.stagnation, trainer.stagnant_counts),
+                                  (trainer.late[0], trainer.late[1], trainer.late_counts)):
+        names = [n for n, _ in counted]
+        dtypes = {n: str(params[n].dtype).replace("torch.", "") for n in names}
+        rows = rounded_away(names, values, dtypes) if names else []
+        if sum(r["unchanged"] for r in rows) > sum(r["unchanged"] for r in best[0]):
+            best = (rows, step)
+    return best
 
 
 def _skip_culprit(trainer, curve):

@@ -256,7 +256,9 @@ def _precision_findings(result, trainer, curve, causes) -> int:
                                 "elements: too few to stop the fall alone, so they are no cause of a failure")
         optimizer = trainer.ctx.spec.optimizer
         result.add(CODE, "warning", causes.rounding[0]["name"],
-                   message(causes.rounding, optimizer.learning_rate, f"the first {describe_optimizer(optimizer)} step"),
+                   message(causes.rounding, optimizer.learning_rate,
+                           f"the first {describe_optimizer(optimizer)} step" if not causes.rounded_at else
+                           f"{describe_optimizer(optimizer)} step {causes.rounded_at + 1}"),
                    hint=hint(trainer.ctx))
         result.data["rounded_away"] = causes.rounding
     return found
