@@ -409,38 +409,6 @@ def test_an_elementwise_loss_that_broadcasts_both_sides_is_said(target_shape, fo
         assert "MSELoss got an input of 16x1 and a target of 16 at step 1: they broadcast to 16x16" in f.message
 
 
-@pytest.mark.parametrize("call", ["F.cross_entropy", "F.mse_loss", "F.cross_entropy (validation)"])
-def test_functional_losses_are_looked_at_with_the_model_given(call):
-    """A sweep: softmax into F.cross_entropy and an (N, 1) output against an (N,) target in F.mse_loss passed; only
-    nn.*Loss modules were looked at, and only where watch found the model itself. torch.nn.functional's losses are
-    looked at, the modules' calls through them; a loss under no_grad (a validation) is not the step's."""
-    torch.manual_seed(0)
-    model = nn.Linear(8, 4 if "cross" in call else 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    with Watch(model, opt, every=5) as w:
-        for _ in range(10):
-            x = torch.randn(16, 8)
-            if call == "F.mse_loss":
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")   # torch's own UserWarning on the size mismatch
-                    loss = F.mse_loss(model(x), x[:, 0])
-            else:
-                y = (x[:, 0] > 0).long()
-                if "validation" in call:
-                    with torch.no_grad():
-                        F.cross_entropy(F.softmax(model(x), 1), y)   # probabilities scored, not trained on
-                loss = F.cross_entropy(model(x) if "validation" in call else F.softmax(model(x), 1), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    r = w.result()
-    if "validation" in call:
-        assert codes(r) == set(), [f.to_dict() for f in r.findings]
-        return
-    f = finding(r, "loss-broadcasts" if call == "F.mse_loss" else "probabilities-into-loss")
-    assert f.message.startswith(f"{call} got"), f.message
-
-
 def test_an_empty_selection_into_cross_entropy_does_not_stop_watch():
     """A review: a (0, C) input (no positives in the batch) made the look at the loss input raise, which stopped
     watch at step 1 ("no optimizer step was seen" when it came first)."""

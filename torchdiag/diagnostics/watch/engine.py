@@ -27,7 +27,6 @@ from ...errors import one_line
 from .clip import ClipNorms, combined
 from .double import DoubleSteps
 from .hooks import hook_root
-from .losses import LossLooks
 from .names import label, user_names
 from .options import Options
 from .stats import Track, nonfinite_losses, norms32, param_key, read_parts
@@ -154,8 +153,9 @@ class Engine:
         # an optimizer's first steps found none of its parameters with a gradient after a backward: the next
         # backward is asked whether it gives them one (then zero_grad() ran between it and step()) or not
         self._starved_probe: dict | None = None
-        self.losses = LossLooks(self)       # torch.nn.functional's losses, patched while watching (losses.py)
+        self._loss_looks = 0                # loss modules' inputs looked at (_look_at_loss_input)
         self._frozen_refs: dict = {}        # name -> the module kept in eval (its running statistics read at the end)
+        self._shape_looks = 0               # elementwise losses' shapes looked at (_look_at_loss_shapes)
         self._scale_looked = False          # the first training forward's input scale (_look_at_input_scale)
         self.micro = 0                      # the most losses one step's backward calls took (accumulation)
         self.doubles = DoubleSteps()        # one gradient applied twice (double.py)
@@ -201,7 +201,6 @@ class Engine:
         torch.Tensor.backward = backward
         self._wrap_scaler()
         self.clips.attach()
-        self.losses.attach()
         return self
 
     def _saw_scaled(self, out, outputs) -> None:
@@ -274,7 +273,6 @@ class Engine:
 
             GradScaler.scale, GradScaler.step = self._scaler_scale, self._scaler_step
         self.clips.close()
-        self.losses.close()
         self._scaled = None
 
     def _discover(self, on: bool):
@@ -299,6 +297,12 @@ class Engine:
     def _global_pre(self, module, args):
         import torch
 
+        if isinstance(module, _losses()) and args and not _compiling():   # a compiled graph would trace them in
+            if self._loss_looks < LOSS_LOOKS and isinstance(module, _class_losses()):
+                self._look_at_loss_input(module, args[0])
+            if self._shape_looks < LOSS_LOOKS and isinstance(module, _elementwise_losses()) and len(args) >= 2:
+                self._look_at_loss_shapes(module, args[0], args[1])
+
         if self._depth == 0 and (self._dead or self._dead_roots):   # let go before the next model's forward
             self._file_dead()
         # a forward run inside a backward is a checkpointed block's recomputation, not a model (a sweep: each
@@ -313,33 +317,24 @@ class Engine:
     def _global_post(self, module, args, output):
         self._depth = max(0, self._depth - 1)
 
-    @_guarded
-    def look_at_loss(self, function: str, said: str, x, y) -> bool:
-        """A loss function's call (losses.py; `said`: the loss module that called it, or the function): whether it
-        was looked at. Not while torch.compile traces it: a graph would hold the look."""
-        if _compiling():
-            return False
-        if function in ("cross_entropy", "nll_loss"):
-            return self._look_at_loss_input(said, function == "cross_entropy", x)
-        return self._look_at_loss_shapes(said, x, y)
-
-    def _look_at_loss_input(self, said: str, logits: bool, x) -> bool:
-        """cross_entropy given probabilities (a softmax before it), nll_loss given them rather than their log: the
-        loss's input at its first calls, judged on the device and read at the next read."""
+    def _look_at_loss_input(self, module, x) -> None:
+        """CrossEntropyLoss given probabilities (a softmax before it), NLLLoss given them rather than their log: the
+        loss module's input at its first calls, judged on the device and read at the next read."""
         import torch
 
         if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 2 or x.shape[1] < 2 \
-                or x.numel() == 0 or not x.requires_grad:   # a review: an empty selection (no positives in the
-            return False   # batch) stopped watch; a loss no backward follows (an evaluation) is not the step's
+                or x.numel() == 0:   # a review: an empty selection (no positives in the batch) stopped watch
+            return
+        self._loss_looks += 1
         # a row's sum is off by its rounding: ~eps per class (a review: bfloat16 softmax rows missed 1e-3)
         tol = max(1e-3, 4 * torch.finfo(x.dtype).eps * math.sqrt(x.shape[1]))
         with torch.no_grad():
             p = x.detach().float()
             flag = p.min() >= 0
-            if logits:
+            if isinstance(module, torch.nn.CrossEntropyLoss):
                 flag = flag & (p.max() <= 1) & ((p.sum(1) - 1).abs().max() < tol)
-            self.pending.append(("probs", (self.step + 1, said, int(x.shape[1]), logits), flag.float().reshape(1)))
-        return True
+            self.pending.append(("probs", (self.step + 1, type(module).__name__, int(x.shape[1])),
+                                 flag.float().reshape(1)))
 
     def _look_at_input_scale(self, args) -> None:
         """The first training forward's first input, its largest finite |x|, read with the next read: a plateau's hint
@@ -356,20 +351,21 @@ class Engine:
                 top = v.abs().masked_fill(~v.isfinite(), 0).amax()
             self.pending.append(("inscale", self.step + 1, top.reshape(1)))
 
-    def _look_at_loss_shapes(self, said: str, x, y) -> bool:
+    def _look_at_loss_shapes(self, module, x, y) -> None:
         """An elementwise loss whose input and target differ in shape broadcasts them: (N, 1) against (N,) compares
         every prediction with every target (torch warns once; the run goes on). Shapes only: no device read."""
         import torch
 
-        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)) or not x.requires_grad:
-            return False
+        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+            return
+        self._shape_looks += 1
         if x.shape != y.shape and "loss_broadcast" not in self.checks:
             with contextlib.suppress(RuntimeError):
                 both = torch.broadcast_shapes(x.shape, y.shape)
                 # both sides grown: (N, 1) with (N,) is (N, N); a scalar or per-feature target is grown alone
                 if math.prod(both) > max(x.numel(), y.numel()):
-                    self.checks["loss_broadcast"] = (self.step + 1, said, tuple(x.shape), tuple(y.shape), tuple(both))
-        return True
+                    self.checks["loss_broadcast"] = (self.step + 1, type(module).__name__, tuple(x.shape),
+                                                     tuple(y.shape), tuple(both))
 
     def _hook_root(self, root):
         if id(root) in self._root_handles:
@@ -1321,6 +1317,30 @@ def compiled(root) -> bool:
     from .stats import compiled_module
 
     return compiled_module(root)
+
+
+LOSS_LOOKS = 3   # a loss module's first calls: a softmax before it is there from the first step
+
+
+def _class_losses() -> tuple:
+    """Loss modules that take class scores: CrossEntropyLoss wants logits, NLLLoss log-probabilities."""
+    import torch
+
+    return (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)
+
+
+def _losses() -> type:
+    import torch
+
+    return torch.nn.modules.loss._Loss
+
+
+def _elementwise_losses() -> tuple:
+    """Loss modules that compare input and target element by element, broadcasting a shape mismatch (with a
+    warning) where BCE raises."""
+    import torch
+
+    return (torch.nn.MSELoss, torch.nn.L1Loss, torch.nn.SmoothL1Loss, torch.nn.HuberLoss)
 
 
 def _mode_sensitive() -> tuple:
