@@ -409,6 +409,50 @@ def test_an_elementwise_loss_that_broadcasts_both_sides_is_said(target_shape, fo
         assert "MSELoss got an input of 16x1 and a target of 16 at step 1: they broadcast to 16x16" in f.message
 
 
+@pytest.mark.parametrize("call", ["F.cross_entropy", "log_softmax + nll", "F.mse_loss", "label smoothing",
+                                  "soft targets", "segmentation", "scripted loss"])
+def test_losses_are_read_from_their_graph_with_the_model_given(call):
+    """A sweep: softmax into F.cross_entropy and an (N, 1) output against an (N,) target in F.mse_loss passed; only
+    nn.*Loss modules were looked at, and only where watch found the model itself. The ops nearest each loss, read
+    from its autograd graph, say it however the loss is written; nothing is patched, so a scripted loss runs (a
+    review: patching torch.nn.functional broke TorchScript). Healthy losses are not findings."""
+    torch.manual_seed(0)
+    seg = call == "segmentation"
+    model = nn.Conv2d(3, 4, 1) if seg else nn.Linear(8, 1 if call == "F.mse_loss" else 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scripted = torch.jit.script(nn.CrossEntropyLoss()) if call == "scripted loss" else None
+    with Watch(model, opt, every=5) as w:
+        for _ in range(10):
+            x = torch.randn(16, 3, 4, 4) if seg else torch.randn(16, 8)
+            out = model(x)
+            y = (x[:, 0] > 0).long()
+            if call == "F.mse_loss":
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")   # torch's own UserWarning on the size mismatch
+                    loss = F.mse_loss(out, x[:, 0])
+            elif call == "F.cross_entropy":
+                loss = F.cross_entropy(F.softmax(out, 1), y)
+            elif call == "log_softmax + nll":
+                loss = F.nll_loss(F.log_softmax(F.softmax(out, 1), 1), y)
+            elif call == "label smoothing":
+                loss = F.cross_entropy(out, y, label_smoothing=0.1)
+            elif call == "soft targets":
+                loss = F.cross_entropy(out, F.softmax(torch.randn(16, 4), 1))
+            else:
+                loss = (scripted or F.cross_entropy)(out, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    r = w.result()
+    if call in ("label smoothing", "soft targets", "segmentation", "scripted loss"):
+        assert r.data["steps"] == 10 and codes(r) == set(), [f.to_dict() for f in r.findings]
+        return
+    f = finding(r, "loss-broadcasts" if call == "F.mse_loss" else "probabilities-into-loss")
+    said = "mse_loss got an input of 16x1 and a target of 16" if call == "F.mse_loss" else \
+        "cross_entropy got probabilities at step 1 (every value in [0, 1], each row summing to 1 over its 4 classes)"
+    assert f.message.startswith(said), f.message
+
+
 def test_an_empty_selection_into_cross_entropy_does_not_stop_watch():
     """A review: a (0, C) input (no positives in the batch) made the look at the loss input raise, which stopped
     watch at step 1 ("no optimizer step was seen" when it came first)."""

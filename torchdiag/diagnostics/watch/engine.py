@@ -154,6 +154,7 @@ class Engine:
         # backward is asked whether it gives them one (then zero_grad() ran between it and step()) or not
         self._starved_probe: dict | None = None
         self._loss_looks = 0                # loss modules' inputs looked at (_look_at_loss_input)
+        self._graph_looks = 0               # losses whose autograd graph was looked at (_look_at_graph)
         self._frozen_refs: dict = {}        # name -> the module kept in eval (its running statistics read at the end)
         self._shape_looks = 0               # elementwise losses' shapes looked at (_look_at_loss_shapes)
         self._scale_looked = False          # the first training forward's input scale (_look_at_input_scale)
@@ -333,7 +334,8 @@ class Engine:
             flag = p.min() >= 0
             if isinstance(module, torch.nn.CrossEntropyLoss):
                 flag = flag & (p.max() <= 1) & ((p.sum(1) - 1).abs().max() < tol)
-            self.pending.append(("probs", (self.step + 1, type(module).__name__, int(x.shape[1])),
+            self.pending.append(("probs", (self.step + 1, type(module).__name__, int(x.shape[1]),
+                                           isinstance(module, torch.nn.CrossEntropyLoss)),
                                  flag.float().reshape(1)))
 
     def _look_at_input_scale(self, args) -> None:
@@ -551,6 +553,20 @@ class Engine:
             return
         self.loss_seen = True
         self._losses.append(tensor.detach())   # one op; averaged per step at the read
+        if self._graph_looks < LOSS_LOOKS and tensor.grad_fn is not None:
+            self._graph_looks += 1
+            self._look_at_graph(tensor.grad_fn)
+
+    def _look_at_graph(self, fn) -> None:
+        """The ops nearest the loss (graph.py): a softmax into cross_entropy or nll_loss, an elementwise loss that
+        broadcast both sides, however the loss was written (F.cross_entropy, a module, by hand). Shapes only."""
+        from .graph import loss_faults
+
+        for fault in loss_faults(fn):
+            if fault[0] == "probs":
+                self.checks.setdefault("probs_into_loss", (self.step + 1, *fault[1:]))
+            else:
+                self.checks.setdefault("loss_broadcast", (self.step + 1, *fault[1:]))
 
     # ----------------------------------------------------------------- optimizer steps
     @property

@@ -475,12 +475,12 @@ def _probabilities(result: Result, engine) -> None:
     got = engine.checks.get("probs_into_loss")
     if not got:
         return
-    step, loss, classes = got
-    if loss == "CrossEntropyLoss":
+    step, loss, classes, logits = got
+    if logits:
         floor = math.log(1 + (classes - 1) / math.e)
-        result.add("probabilities-into-loss", "warning", "", f"CrossEntropyLoss got probabilities at step {step} "
+        result.add("probabilities-into-loss", "warning", "", f"{loss} got probabilities at step {step} "
                    f"(every value in [0, 1], each row summing to 1 over its {classes} classes): a softmax before it. "
-                   "CrossEntropyLoss applies log_softmax itself, so the gradients are squashed and the loss cannot "
+                   "cross-entropy applies log_softmax itself, so the gradients are squashed and the loss cannot "
                    f"fall below {floor:.4g}", "return the logits (drop the softmax at the end of the model); apply "
                    "softmax only for predictions")
     else:

@@ -821,8 +821,9 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
     elif kind == "inscale":   # the first training forward's largest |x| (engine._look_at_input_scale)
         checks["input_absmax"] = vals[0]
     elif kind == "probs":   # a class loss module's input was probabilities (engine._look_at_loss_input)
-        if vals[0] > 0:
-            checks.setdefault("probs_into_loss", payload)
+        seen = checks.get("probs_into_loss")   # the graph's (function names) gives way to the module's own name
+        if vals[0] > 0 and (seen is None or seen[1] in ("cross_entropy", "nll_loss")):
+            checks["probs_into_loss"] = payload
     elif kind == "bn":
         step, names = payload
         for name, v in zip(names, vals):

@@ -1,0 +1,61 @@
+"""What a loss did, read from its autograd graph before its backward runs: the nodes nearest the loss say which
+ops made it, whether it came from `nn.CrossEntropyLoss`, `F.cross_entropy` or a hand-written log_softmax and nll.
+Shapes and op kinds only: no value is read, so no device sync. Nothing is patched (a patched torch.nn.functional broke
+TorchScript and pickling in a review)."""
+from __future__ import annotations
+
+import math
+
+NEAR = 64   # nodes looked at, nearest the loss first: a loss's own ops are within a few of it
+ELEMENTWISE = {"MseLossBackward0": "mse_loss", "SmoothL1LossBackward0": "smooth_l1_loss",
+               "HuberLossBackward0": "huber_loss"}
+
+
+def loss_faults(fn) -> list[tuple]:
+    """[("probs", loss, classes, logits) | ("broadcast", loss, input shape, target shape, both)] found near `fn`:
+    - log_softmax (cross_entropy's first op) or nll_loss applied straight to a softmax's output;
+    - an elementwise loss whose input was grown by broadcasting against a target grown too ((N, 1) against (N,))."""
+    found: list[tuple] = []
+    seen: set[int] = set()
+    queue = [fn]
+    while queue and len(seen) < NEAR:
+        node = queue.pop(0)
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        kind = type(node).__name__
+        first = node.next_functions[0][0] if node.next_functions else None
+        if kind == "LogSoftmaxBackward0" and _softmax(first):
+            found.append(("probs", "cross_entropy", _classes(first), True))
+        elif kind.startswith("NllLoss") and _softmax(first):
+            found.append(("probs", "nll_loss", _classes(first), False))
+        elif kind in ELEMENTWISE and type(first).__name__ == "ExpandBackward0":
+            grown = _broadcast(node, first)
+            if grown is not None:
+                found.append(("broadcast", ELEMENTWISE[kind], *grown))
+        queue.extend(f for f, _ in node.next_functions)
+    return found
+
+
+def _softmax(node) -> bool:
+    return type(node).__name__ == "SoftmaxBackward0"
+
+
+def _classes(node) -> int:
+    shape, dim = node._saved_result.shape, node._saved_dim
+    return int(shape[dim]) if shape else 0
+
+
+def _broadcast(node, expand):
+    """(input, target, broadcast) shapes of an elementwise loss whose input was expanded, when both sides grew: a
+    per-feature or scalar target grows alone and is no finding. The target's own shape: its expanded view's
+    dimensions of stride 0 were added or grown by the broadcast."""
+    both = tuple(node._saved_self.shape)
+    x = tuple(expand._saved_self_sym_sizes)
+    target = node._saved_target
+    y = tuple(s if st else 1 for s, st in zip(target.shape, target.stride()))
+    while len(y) > 1 and y[0] == 1 and target.stride()[0] == 0:   # dimensions the broadcast put in front
+        y, target = y[1:], target[0]
+    if math.prod(both) > max(math.prod(x), math.prod(y)):
+        return x, y, both
+    return None
