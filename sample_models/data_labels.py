@@ -94,3 +94,19 @@ def text_val_leaky(batch_size: int = 1):
 
 def text_val_leaky_batched():
     return text_val_leaky(7)
+
+
+def imbalanced_weighted_once():
+    """The imbalanced set under a WeightedRandomSampler without replacement: each sample once an epoch, whatever the
+    weights (the classes drawn as they are in the set)."""
+    ds = imbalanced()
+    y = ds.tensors[1]
+    weights = (1.0 / torch.bincount(y).double())[y]
+    return DataLoader(ds, batch_size=32, sampler=WeightedRandomSampler(weights, len(weights), replacement=False))
+
+
+def balanced_weighted_wrongly():
+    """Balanced classes drawn 10:1 and 1:20 by wrong weights (class 0 ten times, class 1 a twentieth)."""
+    y = torch.arange(N) % 10
+    weights = torch.where(y == 0, 10.0, 1.0).double() * torch.where(y == 1, 0.05, 1.0).double()
+    return DataLoader(TensorDataset(_x(), y), batch_size=32, sampler=WeightedRandomSampler(weights, N))

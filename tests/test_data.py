@@ -216,7 +216,8 @@ def test_imbalance_ratio_and_absent_class():
     assert "[7]" in one(run("data_labels.py:absent"), "classes-absent").message
 
 
-@pytest.mark.parametrize("spec, severity", [("imbalanced_weighted", "info"), ("imbalanced_weighted_weakly", "warning")])
+@pytest.mark.parametrize("spec, severity", [("imbalanced_weighted", "info"), ("imbalanced_weighted_weakly", "warning"),
+                                            ("balanced_weighted_wrongly", "warning")])
 def test_imbalance_under_a_weighted_sampler_is_judged_by_what_it_draws(spec, severity):
     """A sweep: 20x imbalanced classes drawn by a WeightedRandomSampler at 1/count were a warning whose hint was that
     sampler. The classes' summed weights are what training draws: their shares, checked against the weights."""
@@ -228,6 +229,13 @@ def test_imbalance_under_a_weighted_sampler_is_judged_by_what_it_draws(spec, sev
     sums = torch.zeros(10, dtype=torch.float64).index_add_(0, y, loader.sampler.weights)
     shares = {row["class"]: row["train_drawn"] for row in r.table("class_counts").rows}
     assert shares == pytest.approx({c: float(sums[c] / sums.sum()) for c in range(10)})
+
+
+def test_a_weighted_sampler_without_replacement_draws_the_set_as_it_is():
+    """A review: replacement=False draws each sample once an epoch, whatever the weights; its 1/count weights were read
+    as balancing a 20x imbalance (info)."""
+    f = one(run("data_labels.py:imbalanced_weighted_once"), "class-imbalance")
+    assert f.severity == "warning" and "WeightedRandomSampler" not in f.message, f.message
 
 
 def test_labels_outside_model_output():

@@ -225,6 +225,14 @@ def test_check_data_warnings_are_counted_and_fail_under_strict(cli, tmp_path):
     assert r.code == 1 and row["status"] == "FAIL" and "class-imbalance" in row["message"], r.json["checks"]
 
 
+def test_check_allow_globs_do_not_accept_data_errors(cli, tmp_path):
+    """A review: allow's parameter globs were applied to data findings (places like `train:[1]`): `allow = ["t*"]`
+    made a single-class error `clean`."""
+    data = f'spec = "{sample("data_labels.py:all_zero")}", speed = false'
+    r = cli("check", "--config", _config(tmp_path, data, extra='allow = ["t*"]\n'), "--json")
+    assert r.code == 1 and r.json["checks"][0]["figure"] == "1 error finding(s)", r.json["checks"]
+
+
 @pytest.mark.parametrize("data, said", [
     ('spec = "x.py:train", sampels = 3', "unknown key 'sampels' in data in [tool.torchdiag] of"),
     ('val = "x.py:val"', "data in [tool.torchdiag] of"),

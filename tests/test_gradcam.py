@@ -508,3 +508,16 @@ def test_a_one_by_one_map_is_said_to_hold_no_place_and_the_explained_class_is_in
     pooled = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
     res = run("gradcam", pooled, None, layer="1", image=str(image))
     assert [f.code for f in res.findings] == ["no-spatial-map"]
+
+
+def test_a_pooled_map_whose_channels_match_its_height_is_not_channels_last(image):
+    """A review: a CRNN-like 1×16×16×8 map (16 channels, MaxPool2d((2, 4))) was read as channels-last, its
+    channels × height drawn. Channels-last needs more channels than height and width."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.MaxPool2d((2, 4)), nn.Conv2d(16, 16, 3, padding=1),
+                          nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+    res = run("gradcam", model, None, layer="3", image=str(image))
+    assert res.data["cam_shape"] == [16, 8] and not any("channels-last" in n for n in res.notes)

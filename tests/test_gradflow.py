@@ -1696,3 +1696,11 @@ def test_a_zero_initialised_gain_in_float16_is_zero_init_under_adam():
     res = run(_ZeroGainBlock(), x, dtype="float16")
     assert res.exit_code == 0 and "zero-init" in {f.code for f in res.findings}, [f.to_dict() for f in res.findings]
     assert any("eps 0.0001" in n for n in res.notes), res.notes
+
+
+def test_a_default_scale_layer_beside_oversized_ones_is_not_a_small_weight(cli):
+    """A review of small-weight: broken_exploding at gain 2.6 (loss 131 against ln 10) has a head of PyTorch's default
+    scale (RMS 0.07) beside hidden layers of 0.32; its ratio halved as the gradient fell with the loss, the weight
+    unmoved. Neither near zero nor grown out of it: the error stands."""
+    doc = cli("gradflow", sample("broken_exploding.py:build"), "--arg", "gain=2.6", "--json").json
+    assert doc["exit_code"] == 1 and "small-weight" not in {p["status"] for p in doc["params"]}, doc["findings"]

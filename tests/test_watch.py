@@ -2286,13 +2286,20 @@ def test_two_models_are_named_as_the_script_names_them(tmp_path):
         def step(model, opt, loss):
             opt.zero_grad(); loss.backward(); opt.step()
         def main(lr=1e-3):
-            config = locals()   # held by the script: watch's look at the frames must not empty it
+            config = locals()   # held by the script: watch's look at the frames must leave it as it was
             for i in range(30):
                 z, real = torch.randn(32, 4), torch.randn(32, 2) + 3
                 step(netD, od, bce(netD(real), torch.ones(32, 1)) + bce(netD(netG(z).detach()), torch.zeros(32, 1)))
                 step(netG, og, bce(netD(netG(z)), torch.ones(32, 1)))
-            assert config["lr"] == 1e-3, config
+            assert config == {"lr": 1e-3}, config
+        def train():   # a name exec put in the frame's locals snapshot stays there (a review: erased)
+            exec("extra = 41")
+            for i in range(5):
+                z = torch.randn(8, 4)
+                step(netD, od, bce(netD(netG(z).detach()), torch.zeros(8, 1)))
+            assert locals()["extra"] == 41
         main()
+        train()
     """))
     r = run_command(["python", str(path)], Watch(every=10))
     rows = {row["name"] for row in r.table("layers").rows}
@@ -2680,6 +2687,28 @@ def test_a_negative_loss_that_rises_to_zero_is_info_not_diverged():
     said = finding(r, "loss-diverged")
     assert said.severity == "info" and "to 0 from below" in said.message, said.message
     assert max(r.series["loss"][-100:]) <= 0 and statistics.median(r.series["loss"][-100:]) > -1e-3   # the premise
+
+
+def test_a_bounded_reward_that_collapses_to_zero_after_a_learning_rate_rise_is_still_said():
+    """A review of the rule above: -exp(-(pred - y)^2), trained to -0.99, collapsed to -0.003 when the learning rate
+    jumped 0.1 -> 50 at step 151, and passed with only the info. A climb to 0 while the rate rose is the warning."""
+    torch.manual_seed(0)
+    x = torch.randn(512, 8)
+    y = x[:, :2].sum(1, keepdim=True)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with Watch(model, opt, every=20) as w:
+        for step in range(400):
+            if step == 150:
+                for g in opt.param_groups:
+                    g["lr"] = 50.0
+            loss = -torch.exp(-(model(x) - y) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    f = finding(w.result(), "loss-diverged")
+    assert f.severity == "warning" and "as the learning rate rose from 0.1 to 50" in f.message, f.message
+    assert float(loss) > -0.05   # the premise: the reward collapsed
 
 
 @pytest.mark.parametrize("seed", [0, 3, 6, 8])
@@ -4301,6 +4330,7 @@ def test_a_grad_scaler_that_skips_every_step_is_an_error_not_a_missing_step(tmp_
     if norm == "Norm()":
         f = finding(r, "every-step-skipped")
         assert r.data["steps"] == 0 and f.severity == "error" and "skipped 40 of its 40 steps" in f.message, f.message
+        assert "not-in-optimizer" not in codes(r)   # a review: its parameters are in the optimizer the scaler held
     else:
         assert r.data["steps"] >= 30 and not codes(r), [f.to_dict() for f in r.findings]   # a few skipped at first
 

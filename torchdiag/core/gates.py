@@ -119,8 +119,10 @@ class Verdict:
                          or self.grew_out())
 
     def grew_out(self) -> bool:
-        """The ratio at least halved in the run (plain SGD: the weight grew away from zero, the gradient did not)."""
-        return math.isfinite(self.after) and 0 <= self.after <= self.before / 2
+        """The ratio at least halved as the weight moved at least its own norm (plain SGD: it grew away from zero;
+        a review: a gradient that fell with an exploding loss halves the ratio too, the weight unmoved)."""
+        return (math.isfinite(self.after) and 0 <= self.after <= self.before / 2 and math.isfinite(self.relative)
+                and self.relative >= 1)
 
     def steps_moderately(self, steps: int) -> bool:
         """A large grad/weight the run's optimizer does not turn into a large step: relative to its weight the

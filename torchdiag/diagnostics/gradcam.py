@@ -154,7 +154,9 @@ def channels_last(shape: tuple, image: tuple) -> bool:
     def aspect(h: int, w: int) -> bool:
         return h > 0 and w > 0 and abs(math.log((h / w) / (image[0] / image[1]))) < 0.2
 
-    return not aspect(shape[2], shape[3]) and aspect(shape[1], shape[2])
+    # and its channels outnumber its height and width: a pooled N×C×H×W map of C ≈ H is not (a review's CRNN-like
+    # 1×16×16×8 after MaxPool2d((2, 4)))
+    return not aspect(shape[2], shape[3]) and aspect(shape[1], shape[2]) and shape[3] > max(shape[1], shape[2])
 
 
 def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None = None):

@@ -564,7 +564,7 @@ def _data_check(dc: DataCheck, model, ctx, record, allow, strict: bool) -> None:
         r = data.run_data(train, dc.opts, own, val=val, model=model if dc.with_model else None)
         if r.data.get("interrupted"):   # run_data keeps its partial result on Ctrl-C; check records it as such
             raise Terminated() if r.exit_code == ExitCode.TERMINATED else KeyboardInterrupt()
-        return _findings_verdict(r, allow, strict)
+        return _findings_verdict(r, (), strict)   # allow's globs are parameters' places, not the data's
     record("data", run_data, dc.spec + (f" + {dc.val}" if dc.val else ""))
 
 
@@ -574,10 +574,11 @@ def _findings_verdict(r, allow, strict: bool) -> tuple[bool, str, str]:
     n = sum(1 for f in r.findings if f.severity == "error" and not f.accepted_by(allow))
     bad = _first_error(r, allow).split(" (+")[0]
     warned = [f for f in r.findings if f.severity == "warning" and not f.accepted_by(allow)]
+    accepted = sum(1 for f in r.findings if f.severity in ("error", "warning") and f.accepted_by(allow))
     if not bad and warned and strict:
         return False, f"{len(warned)} warning(s)", f"warnings fail under strict: {warned[0].code}: {warned[0].message}"
-    return not bad, ("clean" if not warned else f"{len(warned)} warning(s)") if not bad else \
-        f"{n} error finding(s)", bad
+    figure = f"{len(warned)} warning(s)" if warned else f"{accepted} accepted by allow" if accepted else "clean"
+    return not bad, figure if not bad else f"{n} error finding(s)", bad
 
 
 def _lr_find_check(settings, model, inputs, ctx, record) -> None:

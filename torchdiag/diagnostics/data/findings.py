@@ -297,7 +297,7 @@ def _labels(r, st, f, where, split) -> None:
     top = max(counts.values())
     low_c = min(counts, key=counts.get)
     drawn = {c: w for c, w in (f.drawn or {}).items() if c in counts}
-    if top / counts[low_c] >= IMBALANCE and drawn and split == "train":
+    if drawn and split == "train":   # what training draws, imbalanced by its weights or balanced by them
         _drawn(r, where, counts, drawn)
     elif top / counts[low_c] >= IMBALANCE:
         # a split held out for evaluation is not trained on: the training hint is wrong there (a sweep); one output
@@ -359,8 +359,10 @@ def _drawn(r, where, counts: dict, drawn: dict) -> None:
     said = (f"the data set's largest class has {raw:.1f}× the samples of the smallest; the loader's "
             f"WeightedRandomSampler draws the most likely class {ratio:.1f}× as often as the rarest (class {low_c}: "
             f"{drawn.get(low_c, 0.0) / total:.1%} of draws)")
-    if ratio < IMBALANCE:
+    if ratio < IMBALANCE and raw >= IMBALANCE:
         r.add("class-imbalance", "info", where, said, "")
+    elif ratio < IMBALANCE:
+        return
     else:
         r.add("class-imbalance", "warning", where, said, "weight each sample by 1 / (its class's count)")
 

@@ -141,8 +141,11 @@ def _source(out: SplitScan, data, opts, seed: int):
         idx = sorted(torch.randperm(n, generator=g)[: opts.samples].tolist())
         out.subset = True
     loader = data.loader
-    weights = getattr(getattr(loader, "sampler", None), "weights", None)
-    if isinstance(weights, torch.Tensor) and weights.dim() == 1 and len(weights) == n:
+    sampler = getattr(loader, "sampler", None)
+    weights = getattr(sampler, "weights", None)
+    # without replacement every sample is drawn once an epoch whatever its weight (a review): the weights say nothing
+    if isinstance(weights, torch.Tensor) and weights.dim() == 1 and len(weights) == n \
+            and getattr(sampler, "replacement", True):
         out.weights = weights.to(torch.float64)   # read in index order, drawn by weight: the classes training sees
     auto = loader is not None and loader.batch_sampler is not None
     bs = (settings(loader)["batch_size"] if auto else None) or opts.batch_size

@@ -12,7 +12,7 @@ from ...core.module_paths import owner
 from ...core.unreached import NOT_REACHED, made_up_padding, padding_why
 from ...errors import ModelError
 from .dead import zero_edge
-from .design import is_tiny
+from .design import is_tiny, rms
 
 KIND = "by-design-init"
 ADAPTIVE = "adaptive-step"     # a small gradient the optimizer steps like the rest
@@ -44,6 +44,7 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
         return
     result.notes.append(f"{len(flags)} flagged finding(s) {rc.cost()}, with {ctx.spec.optimizer.describe()}")
     decoupled = ctx.spec.optimizer.name == "adamw"
+    typical = _typical_rms(rows)
     for r in flagged:
         v = rc.verdicts[r["name"]]
         r["rechecked"] = v.steps
@@ -60,7 +61,7 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                                  f"{v.losses[1]:.3g}")
             if step_claim(r, opts) and v.steps_moderately(v.steps):
                 r.update(status=BOUNDED, allowed=False, design={"kind": BOUNDED, "why": moderate_why(v, v.steps, ctx)})
-            elif step_claim(r, opts) and v.steps_alike():
+            elif step_claim(r, opts) and _near_zero(r, typical) and v.steps_alike():
                 r.update(status=SMALL, allowed=False, design={"kind": SMALL, "why": alike_why(r, v, ctx)})
             continue
         # the step measured is the optimizer's own, eps included (a gradient far below Adam's eps gets a step
@@ -174,6 +175,24 @@ def moderate_why(v, steps: int, ctx) -> str:
             f"move it by {opt.learning_rate * v.before:.2g} of its norm), yet {opt.describe()} moved it by "
             f"{v.relative:.3g} of its norm in {steps} steps on a copy, against a median of {v.median_relative:.3g} "
             f"over the other parameters that moved: the step is bounded, not the gradient{sgd}")
+
+
+NEAR_ZERO = 0.1   # a weight near zero: its per-element RMS under this × the median over the model's parameters
+
+
+def _typical_rms(rows) -> float:
+    import statistics
+
+    sizes = [r["weight_norm"] / r["numel"] ** 0.5 for r in rows if r["numel"] and r["weight_norm"]]
+    return float(statistics.median(sizes)) if sizes else 0.0
+
+
+def _near_zero(r, typical: float) -> bool:
+    """Small by chance against the model's own scale (a scalar bias drawn at -0.002 beside weights of ~0.05), not
+    a layer of the default scale beside oversized ones (a review: broken_exploding's head at gain 2.6, RMS 0.07
+    against hidden layers of 0.32)."""
+    size = rms(r)
+    return size is not None and typical > 0 and size < NEAR_ZERO * typical
 
 
 def alike_why(r, v, ctx) -> str:

@@ -120,6 +120,7 @@ class Engine:
         self.scaler_applied = 0             # for inf/NaN gradients): counted on the host, no read
         self._in_scaler = 0
         self.scaler = None                  # weakref to the last GradScaler that stepped (its scale, read at the end)
+        self.scaled_opts: weakref.WeakSet = weakref.WeakSet()   # the optimizers GradScaler.step was given
         self._scaled: dict | None = None    # id(scaled loss) -> (it, the loss it was made from): _saw_scaled
         self._sample_forward = True         # the next training forward of each model samples dead units
         self.run_compiled = False           # a watched model ran inside a torch.compile of its caller's
@@ -238,6 +239,9 @@ class Engine:
         def scaled_step(scaler, optimizer, *args, **kwargs):
             engine = ref()
             if engine is None or engine.closed or (engine.opts_given and optimizer not in engine._given):
+                return step(scaler, optimizer, *args, **kwargs)
+            engine.scaled_opts.add(optimizer)   # its parameters are held, stepped or not
+            if getattr(optimizer, "_step_supports_amp_scaling", False):   # fused: it steps and skips inside (a read)
                 return step(scaler, optimizer, *args, **kwargs)
             engine.scaler_calls += 1
             engine.scaler = weakref.ref(scaler)
@@ -1228,7 +1232,8 @@ class Engine:
         # held: by a watched optimizer (one the run let go: while they get no new gradient, Track.keys), or by one not
         # watched that stepped (when it first did, or now)
         held = set().union(*(t.keys() for t in self.tracks.values()))
-        held |= self.doubles.held | {id(p) for o in self.doubles.live() for g in o.param_groups for p in g["params"]}
+        held |= self.doubles.held | {id(p) for o in [*self.doubles.live(), *self.scaled_opts]
+                                     for g in o.param_groups for p in g["params"]}
         was = {param_key(p) for t in self.tracks.values() for p in t.params}   # trained, by one the run let go
         for root in self.roots.values():
             prefix = self.root_prefix(root)

@@ -4,6 +4,8 @@
 the code that called us; the frames of torch, of torchdiag and of the trainers are skipped."""
 from __future__ import annotations
 
+import dis
+import functools
 import inspect
 import sys
 from types import FrameType
@@ -12,6 +14,7 @@ from types import FrameType
 LIBRARIES = frozenset({"torch", "torchdiag", "functools", "contextlib", "lightning", "pytorch_lightning",
                        "transformers", "accelerate"})
 NOT_NAMES = frozenset({"self", "cls", "_"})
+READS_LOCALS = frozenset({"locals", "vars", "exec", "eval"})   # a function naming these: its locals are not read
 
 
 def user_names(root, same) -> list[str]:
@@ -41,18 +44,30 @@ def user_names(root, same) -> list[str]:
 def _bindings(frame) -> list:
     """A frame's locals, read without keeping them: before Python 3.13 a function's `f_locals` is a snapshot the
     frame keeps, which held every model the loop had bound (a model per task stayed alive, its optimizer's end was
-    seen late and steps were miscounted). It is emptied after reading when nothing else holds it (the frame, our
-    local and getrefcount's argument: 3); `locals()` and debuggers fill it anew before they read it. One the user
-    holds (`config = locals()`) is left as is, and a module's or class's locals are its real namespace: only read."""
+    seen late and steps were miscounted). Its variables are taken out again after reading when nothing else holds it
+    (the frame, our local and getrefcount's argument: 3); `locals()` and debuggers fill it anew before they read it.
+    A function that names locals, vars, exec or eval is not read at all: a review's `config = locals()` was rewritten
+    with every model (kept alive), and names exec put only in the snapshot were erased. A module's or class's locals
+    are its real namespace: only read."""
+    code = frame.f_code
+    snapshots = sys.version_info < (3, 13) and code.co_flags & inspect.CO_OPTIMIZED
+    if snapshots and _reads_locals(code):   # it may hold the snapshot, or exec names into it: not read
+        return []
     try:
         snapshot = frame.f_locals
         items = list(snapshot.items())
-        if sys.version_info < (3, 13) and frame.f_code.co_flags & inspect.CO_OPTIMIZED and type(snapshot) is dict \
-                and sys.getrefcount(snapshot) <= 3:
-            snapshot.clear()
+        if snapshots and type(snapshot) is dict and sys.getrefcount(snapshot) <= 3:
+            for name in (*code.co_varnames, *code.co_cellvars, *code.co_freevars):   # refilled at the next read
+                snapshot.pop(name, None)
         return items
     except Exception:   # a frame's locals that cannot be read: no names from it
         return []
+
+
+@functools.lru_cache(maxsize=256)
+def _reads_locals(code) -> bool:
+    """Does the function call locals, vars, exec or eval (a global or builtin load, not `model.eval()`)?"""
+    return any(i.opname in ("LOAD_GLOBAL", "LOAD_NAME") and i.argval in READS_LOCALS for i in dis.get_instructions(code))
 
 
 def label(candidates: list[str], taken: set[str], kind: str, order: int) -> str:

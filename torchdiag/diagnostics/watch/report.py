@@ -701,11 +701,6 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
         result.add("loss-diverged", "error", "", f"the loss climbed from {med[best_i]:.4g} (running median, step "
                    f"{pairs[best_i][0]}) to {med[-1]:.4g} at step {pairs[-1][0]}, above where it started ({initial:.4g}){of}",
                    _climb_hint(pairs, lr_at, pairs[best_i][0], w))
-    elif _to_zero(med[-1], med[best_i]) and _climbed(med[-1], med[best_i], initial):
-        result.add("loss-diverged", "info", "", f"the loss rose from {med[best_i]:.4g} (running median, step "
-                   f"{pairs[best_i][0]}) to {med[-1]:.4g} at step {pairs[-1][0]}, to 0 from below: its terms vanished{of}",
-                   "a converged policy's surrogate loss and entropy bonus do this; if the loss is a quantity to maximise "
-                   "(a reward, a probability), it collapsed")
     elif excursion:
         (a, b, low), (c, d, top), came_back, start, _, rise = excursion
         back = "came back to" if came_back else "was still at"   # still: the end's own test found it within noise
@@ -713,6 +708,11 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
                    f"{top:.4g} (steps {c}–{d}), above where it started ({start:.4g}), as the learning rate rose from "
                    f"{rise[1]:.3g} to {rise[2]:.3g} (step {rise[0]}), and {back} {med[-1]:.4g} (running median) at step "
                    f"{pairs[-1][0]}{of}", "lower the peak learning rate or lengthen the warm-up")
+    elif _to_zero(med[-1], med[best_i]) and _climbed(med[-1], med[best_i], initial):
+        result.add("loss-diverged", "info", "", f"the loss rose from {med[best_i]:.4g} (running median, step "
+                   f"{pairs[best_i][0]}) to {med[-1]:.4g} at step {pairs[-1][0]}, to 0 from below: its terms vanished{of}",
+                   "a converged policy's surrogate loss and entropy bonus do this; if the loss is a quantity to maximise "
+                   "(a reward, a probability), it collapsed")
     elif len(values) >= 4 * w and med[-1] > 1e-3 * initial and (
             min(med[len(med) // 2:]) >= 0.99 * med[len(med) // 2]
             # a noisy curve whose running median dips by chance: the halves' medians (a sweep: a sigmoid on a
@@ -833,7 +833,7 @@ def _excursion(values: list[float], steps: list, w: int, spiked: int | None, low
     for j in range(k):
         if blocks[j] < blocks[low] and (low_within is None or first + (j + 1) * w <= low_within):
             low = j
-        if _diverged(blocks[j], blocks[low], initial) and (found is None or blocks[j] > blocks[found[1]]):
+        if _climbed(blocks[j], blocks[low], initial) and (found is None or blocks[j] > blocks[found[1]]):
             found = (low, j)
     if found is None or (spiked is not None and first + found[0] * w <= spiked <= first + (found[1] + 1) * w):
         return None, noise
@@ -851,7 +851,7 @@ def _held_top(blocks: list[float], found: tuple[int, int], initial: float) -> fl
     lucky one), or its top where it held none above its low (a climb of one block: a review)."""
     low, top = found
     held = max((min(a, b) for a, b in zip(blocks[low:], blocks[low + 1:])), default=blocks[top])
-    return held if _diverged(held, blocks[low], initial) else blocks[top]
+    return held if _climbed(held, blocks[low], initial) else blocks[top]
 
 
 def _diverged(last: float, best: float, initial: float) -> bool:
