@@ -110,3 +110,23 @@ def balanced_weighted_wrongly():
     y = torch.arange(N) % 10
     weights = torch.where(y == 0, 10.0, 1.0).double() * torch.where(y == 1, 0.05, 1.0).double()
     return DataLoader(TensorDataset(_x(), y), batch_size=32, sampler=WeightedRandomSampler(weights, N))
+
+
+def _pixels():
+    """64 RGB images in [0, 1] with ImageNet-like statistics per channel."""
+    g = torch.Generator().manual_seed(3)
+    return (torch.rand(64, 3, 16, 16, generator=g) * 0.9 + 0.05).clamp(0, 1), torch.arange(64) % 4
+
+
+def normalised_at_255():
+    """0–255 pixels normalised with [0, 1] statistics (PILToTensor + float, then Normalize(ImageNet))."""
+    x, y = _pixels()
+    mean, std = torch.tensor([0.485, 0.456, 0.406])[:, None, None], torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+    return TensorDataset((x * 255 - mean) / std, y)
+
+
+def normalised_at_1():
+    """[0, 1] pixels normalised with 0–255 statistics."""
+    x, y = _pixels()
+    mean, std = torch.tensor([125.3, 123.0, 113.9])[:, None, None], torch.tensor([63.0, 62.1, 66.7])[:, None, None]
+    return TensorDataset((x - mean) / std, y)

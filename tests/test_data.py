@@ -238,6 +238,15 @@ def test_a_weighted_sampler_without_replacement_draws_the_set_as_it_is():
     assert f.severity == "warning" and "WeightedRandomSampler" not in f.message, f.message
 
 
+@pytest.mark.parametrize("spec, said", [("normalised_at_255", "scale to [0, 1] first"),
+                                        ("normalised_at_1", "divide that Normalize's mean and std by 255")])
+def test_a_normalisation_off_by_the_pixel_scale_says_so(spec, said):
+    """A sweep: 0–255 pixels normalised with [0, 1] statistics (values to 858) were told to Normalize again with the
+    measured mean and std; the 255 of the scale is the fix."""
+    f = one(run(f"data_labels.py:{spec}"), "not-standardised")
+    assert said in f.hint and "Normalize(mean=" not in f.hint, f.hint
+
+
 def test_labels_outside_model_output():
     mod = load_module("data_labels.py")
     r = run("data_labels.py:out_of_range", model="data_labels.py:model")

@@ -166,7 +166,23 @@ def range_finding(f) -> tuple[str, str, str, str] | None:
     what = "per channel" if ch is not None else "over all values"
     return ("not-standardised", "warning" if far else "info",
             f"mean {_vals(means)}, std {_vals(stds)} {what}: " + ("far from 0 and 1" if far else "not standardised"),
-            _per_feature(f) or f"Normalize(mean={_vals(means)}, std={_vals(stds)}) (measured on {f.count:,} samples)")
+            _scale_mismatch(f, stds) or _per_feature(f)
+            or f"Normalize(mean={_vals(means)}, std={_vals(stds)}) (measured on {f.count:,} samples)")
+
+
+def _scale_mismatch(f, stds) -> str | None:
+    """Images off by the 255 of a pixel scale: 0–255 pixels normalised with statistics of [0, 1] ones (std ~255 × 0.25)
+    or the reverse (std ~0.25 / 255). A second Normalize on top was the hint (a sweep); the scale is the fix."""
+    live = [s for s in stds if s > 0]
+    if f.layout is None or not live:
+        return None
+    if all(30 <= s <= 1000 for s in live):
+        return ("0–255 pixels normalised with the statistics of [0, 1] ones (std ≈ 255 × theirs): scale to [0, 1] "
+                "first (ToTensor, or x / 255, before Normalize)")
+    if all(1e-3 <= s <= 1 / 60 for s in live):
+        return ("[0, 1] pixels normalised with the statistics of 0–255 ones (std ≈ theirs / 255): divide that "
+                "Normalize's mean and std by 255, or give it 0–255 pixels")
+    return None
 
 
 SPAN_FLOOR = 1e-3   # a feature's range under this share of its magnitude: near-constant, not a scale
