@@ -632,3 +632,15 @@ def test_checked_findings_from_what_the_losses_did(losses, want, recommended):
     assert set(codes(r)) == want
     assert (best.factor if best else None) == recommended
     assert r.exit_code == (1 if "no-rate-trains" in want else 0)
+
+
+def test_a_nan_in_the_batch_is_blamed_on_the_data_not_the_model(tmp_path, cli):
+    """A sweep: a NaN in one input sample gave `non-finite-loss` with the hint to run nancheck on the model."""
+    path = tmp_path / "nanb.py"
+    path.write_text("import torch, torch.nn as nn\n"
+                    "def build():\n    torch.manual_seed(0)\n    return nn.Linear(4, 3)\n"
+                    "def batch():\n    x = torch.randn(8, 4)\n    x[3, 1] = float('nan')\n"
+                    "    return (x,), torch.randint(0, 3, (8,))\n")
+    r = cli("lr-find", f"{path}:build", "--batch", f"{path}:batch", "--json")
+    (f,) = [f for f in r.json["findings"] if f["code"] == "non-finite-loss"]
+    assert r.code == 1 and "the batch itself holds NaN/Inf (input[0])" in f["message"] and "data" in f["hint"], f

@@ -161,12 +161,25 @@ def _series(result, runner, analyses, checks) -> None:
         result.series[f"checked_{LABEL.get(c.factor, c.factor).replace('×', 'x')}"] = list(c.losses)
 
 
+def _nonfinite_batch(batch, ctx) -> list[str]:
+    """The batch's inputs and target holding NaN/Inf (a sweep: a NaN in the data was sent to nancheck the model)."""
+    import torch
+
+    named = list(batch.tensors()) + [("target", ctx.batch_target)]
+    return [name for name, t in named if isinstance(t, torch.Tensor) and t.is_floating_point()
+            and not bool(torch.isfinite(t).all())]
+
+
 def _curve_findings(result, runner, analyses, s, opts, ctx) -> None:
     lo, hi = ctx.option("min_lr"), ctx.option("max_lr")
     reps = runner.repeats
     if reps and not math.isfinite(reps[0].initial):
-        result.add("non-finite-loss", "error", "", f"the loss before any update is {reps[0].initial}: nothing to "
-                   "measure", hint="run `torchdiag nancheck` on this model")
+        bad = _nonfinite_batch(runner.batch, ctx)
+        result.add("non-finite-loss", "error", bad[0] if bad else "", f"the loss before any update is "
+                   f"{reps[0].initial}: nothing to measure" + (f"; the batch itself holds NaN/Inf ({', '.join(bad)})"
+                                                               if bad else ""),
+                   hint="the data, not the model: `torchdiag data` names the samples" if bad else
+                   "run `torchdiag nancheck` on this model")
         return
     stops = [r.stop_lr for r in reps if r.stop_lr is not None]
     if stops:
