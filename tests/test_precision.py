@@ -444,3 +444,36 @@ def test_fp16_underflow_counts_only_values_below_the_range_exactly():
                             "subnormal": 0, "zero_reduced": 1, "fraction": 0.0}
     [f] = [f for f in r.findings if f.code == "grad-underflow"]
     assert (f.where, f.severity) == ("(root)", "warning") and "1 of 3" in f.message and r.exit_code == 0
+
+
+class _CancellingNorm(torch.nn.Module):
+    """A LayerNorm written as E[x²] − E[x]²: around 100 the two terms cancel, and in float16 the difference goes
+    below 0 (its ulp at 1e4 is 8), so the sqrt of it is NaN; in float32 it is finite."""
+
+    def forward(self, x):
+        mu = x.mean(-1, keepdim=True)
+        var = (x * x).mean(-1, keepdim=True) - mu * mu
+        return (x - mu) / torch.sqrt(var + 1e-5)
+
+
+def test_a_cancellation_inside_a_module_names_the_op_that_made_the_nan():
+    """A sweep: the variance's cancellation was said to be "float16 rounding or underflow earlier in the forward",
+    though the module's inputs were finite: the first op inside it that made a non-finite value from finite inputs
+    is named, with what its input held."""
+    import torchdiag
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), _CancellingNorm(), torch.nn.Linear(64, 4))
+    with torch.no_grad():
+        model[0].bias.fill_(100.0)
+        model[0].weight.mul_(0.5)
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    r = torchdiag.api.run("nancheck", model, (x,), dtype="float16")
+    f = next(f for f in r.findings if f.code == "non-finite-output")
+    assert f.where == "1" and "inside its forward, sqrt gave the first non-finite value" in f.message, f.message
+    assert "below 0" in f.message and "earlier in the forward" not in f.message
+    with torch.no_grad():   # the premise: in float16 the variance goes negative, in float32 it does not
+        h = model[0].half()(x.half())
+        assert float(((h * h).mean(-1) - h.mean(-1) ** 2).min()) < 0
+        h32 = model[0].float()(x)
+        assert float(((h32 * h32).mean(-1) - h32.mean(-1) ** 2).min()) > 0

@@ -187,6 +187,68 @@ def inner_max(work, inputs, module: str, ctx, state) -> tuple[str, float] | None
     return seen[i][0], values[i]
 
 
+def inner_origin(model, inputs, module: str, ctx, state) -> dict | None:
+    """The first op inside `module`'s forward (its own code and its submodules) whose output is non-finite while its
+    floating inputs are finite, in one more forward of the reduced-precision model as the pass ran it (same inputs
+    and RNG state, no grad): {"op", "detail"}, the detail what its inputs held that made it (a negative under a
+    sqrt, a zero divisor). The module's own output said where; this says which op (a sweep: a variance by
+    E[x²] − E[x]² that cancels below 0 in float16 was "rounding earlier in the forward"). None when none is found."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    from .flags import set_rng_state
+
+    found: list = []
+    depth = [0]
+
+    class First(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if depth[0] and not found:
+                floats = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+                outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+                if outs and not all(bool(torch.isfinite(t).all()) for t in outs) \
+                        and all(bool(torch.isfinite(t).all()) for t in floats):
+                    found.append((str(func.overloadpacket.__name__), floats))
+            return out
+
+    target = dict(model.named_modules()).get("" if module == "(root)" else module)
+    if target is None:
+        return None
+    handles = [target.register_forward_pre_hook(lambda *_: depth.__setitem__(0, depth[0] + 1)),
+               target.register_forward_hook(lambda *_: depth.__setitem__(0, depth[0] - 1))]
+    try:
+        with torch.random.fork_rng(devices=[ctx.device] if ctx.on_cuda else []), torch.no_grad(), ctx.autocast(), \
+                First():
+            set_rng_state(state, ctx.device)
+            inputs.call(model)
+    except Exception:       # the pass ran once already; a second failure is not news
+        return None
+    finally:
+        for h in handles:
+            h.remove()
+    if not found:
+        return None
+    op, floats = found[0]
+    return {"op": op, "detail": _op_detail(op, floats)}
+
+
+def _op_detail(op: str, floats: list) -> str:
+    """What the finite inputs of the op that made the first non-finite value held, where the op says what to look
+    at: a root or log of values ≤ 0, a division by 0."""
+    if not floats:
+        return ""
+    x = floats[0].detach().float()
+    if op in ("sqrt", "rsqrt", "log", "log2", "log10", "pow") and bool((x < 0).any()):
+        return f"its input reaches {float(x.min()):.3g}, below 0"
+    if op in ("sqrt", "rsqrt", "log", "log2", "log10", "reciprocal") and bool((x == 0).any()):
+        return "its input holds exact zeros"
+    if op == "div" and len(floats) > 1 and bool((floats[1] == 0).any()):
+        return "its divisor holds exact zeros"
+    return ""
+
+
 def underflow_rows(reduced: dict, work, dtype: str) -> list:
     """Per module, of its parameter-gradient values nonzero in float32 (the reference): how many are below
     `dtype`'s range (cast to it they are 0: at most half its smallest subnormal) and exactly 0 in the reduced

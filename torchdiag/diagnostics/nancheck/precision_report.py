@@ -81,6 +81,17 @@ def _inner_overflow(cause, ref_work, inputs, ctx, state) -> None:
         cause.update(kind="inner-overflow", float32_inner_op=top[0], float32_inner_max_abs=top[1])
 
 
+def _inner_origin(cause, model, inputs, ctx, state) -> None:
+    """A forward cause that is no overflow: the op inside the module that made the first non-finite value."""
+    if not cause or cause["phase"] != "forward" or cause["kind"] != "reduced-precision":
+        return
+    from .precision import inner_origin
+
+    found = inner_origin(model, inputs, cause["module"], ctx, state)
+    if found is not None:
+        cause.update(inner_op=found["op"], inner_detail=found["detail"])
+
+
 def cause_text(c: dict) -> str:
     """The precision reason, appended to the finding that names the module."""
     dt, lim = c["dtype"], g(c["largest_finite"])
@@ -97,8 +108,13 @@ def cause_text(c: dict) -> str:
             return (f"; why: inside its forward, {c['float32_inner_op']} reaches max |x| {g(c['float32_inner_max_abs'])} "
                     f"in the float32 reference, above {dt}'s largest finite {lim}: that intermediate overflows in {dt} "
                     f"(the module's output, max |x| {g(m)} in float32, is in range)")
+        if c.get("inner_op"):
+            detail = f" ({c['inner_detail']})" if c.get("inner_detail") else ""
+            return (f"; why: inside its forward, {c['inner_op']} gave the first non-finite value from finite inputs"
+                    f"{detail}; in the float32 reference it is finite (max |x| {g(m)}): {dt} rounding or underflow "
+                    "in this module (a cancellation, an eps below its smallest normal, a value that underflowed to 0)")
         return (f"; in the float32 reference this output is finite (max |x| {g(m)}), inside {dt}'s range: {dt} "
-                "rounding or underflow earlier in the forward made it (the float32 run is clean)")
+                "rounding or underflow made it (the float32 run is clean)")
     if c["kind"] == "overflow":
         return (f"; why: in the float32 reference the gradient reaches max |g| {g(c['float32_max_grad'])} (arriving at "
                 f"the output of {c['float32_max_grad_at']}), above {dt}'s largest finite {lim}: it overflows in {dt}")
@@ -192,6 +208,7 @@ def check_precision(result: Result, model, inputs, loss_fn, ctx, rep, watch, sta
                              and not ref_rep.param_grad_rows and not ref_rep.output_grad_bad}
         data["cause"] = forward_cause(rep, ref_rep, ref_watch, prec) or backward_cause(rep, ref_rep, ref_watch, prec)
         _inner_overflow(data["cause"], ref_work, inputs, ctx, state)
+        _inner_origin(data["cause"], model, inputs, ctx, state)
         explain(result, data["cause"])
     report_underflow(result, watch.grads if not failed else {}, ref_work if not failed else None, prec)
     result.data["reduced_precision"] = data
