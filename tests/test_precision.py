@@ -477,3 +477,22 @@ def test_a_cancellation_inside_a_module_names_the_op_that_made_the_nan():
         assert float(((h * h).mean(-1) - h.mean(-1) ** 2).min()) < 0
         h32 = model[0].float()(x)
         assert float(((h32 * h32).mean(-1) - h32.mean(-1) ** 2).min()) > 0
+
+
+class _NaiveSoftmax(torch.nn.Module):
+    def forward(self, x):   # exp without subtracting the max: exp(24) is past float16's 65,504, its sum more so
+        e = torch.exp(x)
+        return e / e.sum(-1, keepdim=True)
+
+
+def test_the_first_op_past_the_range_is_named_not_the_largest():
+    """A sweep: a softmax written as exp / sum blamed `sum` (the largest value, 4e10) where `exp` overflowed first."""
+    import torchdiag
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), _NaiveSoftmax(), torch.nn.Linear(16, 4))
+    with torch.no_grad():
+        model[0].weight.fill_(0.0)
+        model[0].bias.copy_(torch.linspace(-20, 24, 16))
+    r = torchdiag.api.run("nancheck", model, (torch.randn(4, 8),), dtype="float16")
+    cause = r.data["reduced_precision"]["cause"]
+    assert cause["kind"] == "inner-overflow" and cause["float32_inner_op"] == "exp", cause

@@ -143,7 +143,7 @@ def reference_pass(model, inputs, loss_fn, ctx, state):
     return work, rep, watch
 
 
-def inner_max(work, inputs, module: str, ctx, state) -> tuple[str, float] | None:
+def inner_max(work, inputs, module: str, ctx, state, above: float | None = None) -> tuple[str, float] | None:
     """(op, largest |x|) over the floating outputs of the ops that run inside `module`'s forward (its
     own code and its submodules) in one more forward of the float32 reference copy `work` (same inputs and
     RNG state, no grad): the intermediate a module output does not show (q @ k^T before a softmax).
@@ -184,6 +184,8 @@ def inner_max(work, inputs, module: str, ctx, state) -> tuple[str, float] | None
         return None
     values = read_back([v for _, v in seen])
     i = max(range(len(values)), key=lambda k: values[k] if math.isfinite(values[k]) else -1.0)
+    if above is not None:   # the first op past the dtype's range, in running order: exp before the sum of its outputs
+        i = next((k for k, v in enumerate(values) if v > above), i)
     return seen[i][0], values[i]
 
 

@@ -76,7 +76,7 @@ def _inner_overflow(cause, ref_work, inputs, ctx, state) -> None:
         return
     from .precision import inner_max
 
-    top = inner_max(ref_work, inputs, cause["module"], ctx, state)
+    top = inner_max(ref_work, inputs, cause["module"], ctx, state, above=cause["largest_finite"])
     if top is not None and top[1] > cause["largest_finite"]:
         cause.update(kind="inner-overflow", float32_inner_op=top[0], float32_inner_max_abs=top[1])
 
