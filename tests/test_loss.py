@@ -411,3 +411,16 @@ def test_cross_entropy_on_a_models_own_scalar_loss_says_where_it_came_from():
     with pytest.raises(UsageError) as e:
         Loss("cross_entropy")(torch.randn(4))
     assert "its own loss" not in e.value.message
+
+
+def test_class_ids_stored_as_floats_are_named_in_the_hint():
+    """A sweep: a segmentation mask of class ids as floats, (N, H, W) against (N, C, H, W), was read as a regression:
+    "mse: target shape differs", no hint. Whole numbers in [0, C) one dimension short are named; others are not."""
+    y = torch.randn(2, 5, 4, 4)
+    ids = torch.randint(0, 5, (2, 4, 4)).float()
+    with pytest.raises(UsageError) as exc:
+        Loss("auto", target=ids)(y)
+    assert "target.long()" in exc.value.hint, exc.value.hint
+    with pytest.raises(UsageError) as exc:
+        Loss("auto", target=ids + 0.5)(y)
+    assert "target.long()" not in (exc.value.hint or "")

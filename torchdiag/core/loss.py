@@ -252,7 +252,8 @@ class Loss:
                 self.target = self._random(torch.randn, y.shape, g).to(y.device, y.dtype)
                 self.made_target = True
             if self.target.shape != y.shape:
-                raise UsageError(f"mse: target shape {tuple(self.target.shape)} differs from output shape {tuple(y.shape)}")
+                raise UsageError(f"mse: target shape {tuple(self.target.shape)} differs from output shape {tuple(y.shape)}",
+                                 hint=_float_classes_hint(self.target, y))
             return _checked(F.mse_loss, y.float(), self.target.to(y.device).float(), "mse")
         raise UsageError(f"unknown loss '{self.kind}'", hint=f"choose {LOSS_CHOICES}")
 
@@ -395,6 +396,22 @@ def _reached_through(y, others: list) -> set:
         if mine and mine <= primary:
             out.add(label)
     return out
+
+
+def _float_classes_hint(target, y) -> str:
+    """A float target of whole numbers in [0, C), shaped as the output without its class dimension (N, H, W against
+    N, C, H, W): class ids stored as floats, which the auto loss reads as a regression (a sweep's segmentation mask
+    forgot its .long())."""
+    import torch
+
+    if y.dim() < 2 or target.shape != (y.shape[0], *y.shape[2:]) or not target.is_floating_point():
+        return ""
+    t = target.detach()
+    if not bool(torch.isfinite(t).all()) or not bool((t == t.round()).all()) or float(t.min()) < 0 \
+            or float(t.max()) >= y.shape[1]:
+        return ""
+    return (f"the target holds whole numbers in [0, {y.shape[1]}) as floats: class ids for the output's {y.shape[1]} "
+            "classes? make it integer (target.long()): the auto loss then takes cross_entropy")
 
 
 def _check_classes(target, y) -> None:
