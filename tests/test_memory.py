@@ -535,3 +535,19 @@ def test_sparse_embeddings_are_measured_as_they_train():
     assert "sgd" in e.value.hint
     res = run("memory", model, inputs, loss="sum", optimizer="sgd")
     assert "sparse_gradients" not in res.header and model[0].sparse
+
+
+def test_class_targets_do_not_stop_the_fake_tensor_estimate():
+    """A sweep: a UNet given per-pixel class targets got "measured only: the model's code reads tensor values"; the
+    value read was the loss's own check of the class range, which fake tensors cannot answer. The estimate is made,
+    and a target out of range is still refused on the real pass."""
+    import torch
+
+    import torchdiag
+    from torchdiag.errors import UsageError
+
+    model, x = torch.nn.Conv2d(3, 5, 1), torch.randn(2, 3, 8, 8)
+    r = torchdiag.api.run("memory", model, (x,), target=torch.randint(0, 5, (2, 8, 8)))
+    assert r.data["estimate_peak_bytes"] and not any("measured only" in n for n in r.notes), r.notes
+    with pytest.raises(UsageError, match="holds class 7"):
+        torchdiag.api.run("memory", model, (x,), target=torch.full((2, 8, 8), 7))
