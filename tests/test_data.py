@@ -247,6 +247,15 @@ def test_a_normalisation_off_by_the_pixel_scale_says_so(spec, said):
     assert said in f.hint and "Normalize(mean=" not in f.hint, f.hint
 
 
+def test_a_class_whose_images_are_blank_is_said_so():
+    """A sweep: every image of one class black was `duplicate-samples` with the hint to drop the repeats."""
+    r = run("data_labels.py:one_class_blank")
+    f = one(r, "blank-inputs")
+    assert f.severity == "warning" and "class 2: 16 of its 16" in f.message, f.message
+    assert "duplicate-samples" not in codes(r)
+    assert "blank-inputs" not in codes(run("data_labels.py:normalised_at_1"))
+
+
 def test_labels_outside_model_output():
     mod = load_module("data_labels.py")
     r = run("data_labels.py:out_of_range", model="data_labels.py:model")

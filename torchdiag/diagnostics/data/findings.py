@@ -38,7 +38,8 @@ def add_all(r, st) -> None:
                 _labels(r, st, f, where, split)
                 _reach(r, st, f, where)
         constant = any(f.role == "input" and f.constant for f in s.fields.values())
-        if s.hashes.duplicates and not constant:   # a constant input repeats by definition
+        blanks = _blank(r, s, split) if not constant else 0
+        if s.hashes.duplicates > blanks and not constant:   # a constant input repeats by definition, a blank too
             a, b = s.hashes.pairs[0]
             copies = _stream_copies(st, split, s)
             r.add("duplicate-samples", "warning", f"{split}:{'+'.join(s.roles.inputs)}",
@@ -54,6 +55,26 @@ def add_all(r, st) -> None:
     _repeat(r, st)
     _settings(r, st)
     _input_bound(r, st)
+
+
+def _blank(r, s, split: str) -> int:
+    """Image samples one value throughout (blank-inputs): how many. Warned, naming a class most of whose samples are
+    blank; a few blanks among many are info."""
+    n = sum(s.blank.values())
+    if not n:
+        return 0
+    index, value = s.blank_first
+    counts = {c: k for c, k in (s.fields[s.roles.target].classes or {}).items()} if s.roles and s.roles.target in \
+        s.fields else {}
+    whole = [c for c, k in s.blank.items() if c is not None and counts.get(c) and k >= 0.5 * counts[c]]
+    said = f"{n:,} sample(s) have an image input that is one value throughout ({value:g}; first: sample {index})"
+    if whole:
+        said += "; " + ", ".join(f"class {c}: {s.blank[c]:,} of its {counts[c]:,}" for c in whole[:5])
+    r.add("blank-inputs", "warning" if whole or n >= 0.01 * max(s.samples, 1) else "info",
+          f"{split}:{'+'.join(s.roles.inputs)}", said,
+          "look at how those samples load (a file that failed to open, a transform or mask that blanks them)" +
+          ("; the model can tell that class by its blankness alone" if whole else ""))
+    return n
 
 
 def _overlap(r, st) -> None:

@@ -73,6 +73,8 @@ class SplitScan:
     done: bool = False
     note: str | None = None
     weights: Any = None                       # per dataset index: the loader's WeightedRandomSampler's weights
+    blank: dict = field(default_factory=dict)  # label (or None) -> samples whose image input is one value throughout
+    blank_first: tuple | None = None          # (sample index, that value) of the first
 
 
 def scan(data, opts, split: str, roles_hint=None, against: SplitScan | None = None, seed: int = 0) -> SplitScan:
@@ -203,8 +205,27 @@ def _feed(out: SplitScan, batch, idx: list[int], opts, against: SplitScan | None
                     out.overlap += 1
                     if len(out.overlap_pairs) < 20:
                         out.overlap_pairs.append((j, i))
+    if inputs:
+        _blank(out, inputs[0], named.get(roles.target), idx)
     if opts.pictures and opts.per_class and inputs:
         _collect(out, inputs[0], named.get(roles.target), opts.per_class)
+
+
+def _blank(out: SplitScan, x, y, idx: list[int]) -> None:
+    """Image samples that are one value throughout (a black image: a file that failed to load, a transform that
+    blanked a class), per label (a sweep: every image of one class black was only `duplicate-samples`)."""
+    if x.dim() < 3 or layout(tuple(x.shape[1:])) is None or x.is_complex() or x.shape[0] != len(idx):
+        return
+    flat = x.detach().reshape(x.shape[0], -1)
+    same = (flat == flat[:, :1]).all(1)
+    if not bool(same.any()):
+        return
+    labels = y.reshape(-1).tolist() if y is not None and y.dim() >= 1 and y.numel() == y.shape[0] \
+        and not y.is_floating_point() else [None] * len(idx)
+    for j in same.nonzero().flatten().tolist():
+        out.blank[labels[j]] = out.blank.get(labels[j], 0) + 1
+        if out.blank_first is None:
+            out.blank_first = (idx[j], float(flat[j, 0]))
 
 
 def _collect(out: SplitScan, x, y, per_class: int) -> None:
