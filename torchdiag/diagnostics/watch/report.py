@@ -298,7 +298,7 @@ def _wiring(result: Result, engine) -> None:
         # looked at after read steps only: "every step" overstated a loop that zeroes every 10th step (a sweep)
         more = f" and {len(carried) - 5} more" if len(carried) > 5 else ""
         result.add("grad-carried-over", "error", "", f"gradients from the previous step were still there at the next "
-                   f"backward after {len(carried)} of the {engine.checks.get('carry_looks', len(carried))} read steps looked at ({', '.join(map(str, carried[:5]))}"
+                   f"backward after {len(carried)} of the {len(engine.checks.get('carry_steps', carried))} read steps looked at ({', '.join(map(str, carried[:5]))}"
                    f"{more}): they add up across steps",
                    "call optimizer.zero_grad() once per step (or pass accumulate=True if this is on purpose)")
 

@@ -802,8 +802,8 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
             if math.isfinite(v) and track.seen_grad[i]:
                 engine.ratios.setdefault(track.names[i], []).append((step, v))
     elif kind == "carry":   # one look at the backward after a read step
-        checks["carry_looks"] = checks.get("carry_looks", 0) + 1
-        if vals[0] > 0:
+        checks.setdefault("carry_steps", set()).add(payload[1])   # read steps looked after (a step may take
+        if vals[0] > 0 and payload[1] not in checks["carried"]:    # several backwards: a sweep's "3 of the 204")
             checks["carried"].append(payload[1])
     elif kind == "weights":
         track, step = payload
