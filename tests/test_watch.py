@@ -4404,3 +4404,24 @@ def test_a_second_phase_after_the_first_optimizer_stopped_takes_the_count(zero_g
         assert codes(r) == set(), [f.to_dict() for f in r.findings]
     else:
         assert "grad-carried-over" in codes(r), [f.to_dict() for f in r.findings]
+
+
+def test_grad_carried_over_counts_read_steps_not_backward_calls():
+    """A sweep: a clock that stopped while another optimizer took a few more steps read "after 3 of the 204 read
+    steps looked at": every later backward was counted as a read step looked at."""
+    torch.manual_seed(0)
+    a, b = nn.Linear(8, 2), nn.Linear(8, 2)
+    oa, ob = torch.optim.SGD(a.parameters(), lr=0.01), torch.optim.SGD(b.parameters(), lr=0.01)
+    with Watch(every=10) as w:
+        for _ in range(20):
+            x = torch.randn(16, 8)
+            F.cross_entropy(a(x), (x[:, 0] > 0).long()).backward()   # no zero_grad: the bug
+            oa.step()
+        for _ in range(35):   # under the 40 steps that would take the count
+            x = torch.randn(16, 8)
+            ob.zero_grad()
+            F.cross_entropy(b(x), (x[:, 0] > 0).long()).backward()
+            ob.step()
+    f = finding(w.result(), "grad-carried-over")
+    looked = int(re.search(r"of the (\d+) read steps", f.message).group(1))
+    assert looked <= 3, f.message
