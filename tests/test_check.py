@@ -448,6 +448,8 @@ doctor = true
     res = cli("check", "--json")
     (row,) = res.json["checks"]
     assert res.code == 0 and row["status"] == "PASS" and row["figure"].endswith("warning(s)"), row
+    (said,) = res.json["precision"]   # a sweep: nothing said the config's dtype applied
+    assert said.endswith(": dtype bfloat16"), said
     write(tmp_path, config + "strict = true\n")
     res = cli("check", "--json")
     (row,) = res.json["checks"]

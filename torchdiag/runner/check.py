@@ -605,6 +605,10 @@ def _lr_find_check(settings, model, inputs, ctx, record) -> None:
 
 def run(models: list[ModelConfig], source: str) -> Result:
     result = Result("check", header={"config": source, "models": [m.name for m in models]})
+    precision = [f"{m.name}: " + ", ".join(f"{k} {v}" for k, v in (("dtype", m.spec.dtype), ("amp", m.spec.amp)) if v)
+                 for m in models if m.spec.dtype or m.spec.amp]
+    if precision:   # a sweep: a config's dtype did apply, and nothing said so
+        result.header["precision"] = precision
     outcomes: list[CheckOutcome] = []
     for cfg in models:
         outcomes.extend(run_checks(cfg))
