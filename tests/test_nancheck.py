@@ -735,3 +735,62 @@ def test_an_int_input_of_minus_100_is_not_blamed_for_a_nan_it_did_not_make():
     res = run("nancheck", SqrtPlusOffset(), ModelInputs((torch.randn(5, 3), torch.full((5, 3), -100)), {}))
     hints = [f.hint for f in res.findings if f.severity == "error"]
     assert hints and not any("ignore_index" in (h or "") for h in hints), hints
+
+
+class _CausalLM(torch.nn.Module):
+    """A causal encoder LM whose additive mask (0 / -inf, torch's generate_square_subsequent_mask) is a forward
+    input, as in PyTorch's word_language_model example."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(50, 16)
+        self.enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True), 1)
+        self.head = torch.nn.Linear(16, 50)
+
+    def forward(self, ids, mask):
+        return self.head(self.enc(self.emb(ids), mask=mask))
+
+
+def _attend(mask):
+    """Attention by hand with an additive mask: a row the mask sets to -inf throughout softmaxes to NaN."""
+    class Attend(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.out = torch.nn.Linear(8, 24), torch.nn.Linear(8, 3)
+
+        def forward(self, x, m):
+            q, k, v = self.qkv(x).chunk(3, -1)
+            w = torch.softmax(q @ k.transpose(1, 2) / 8 ** 0.5 + m, -1)
+            return self.out((w @ v).mean(1))
+
+    torch.manual_seed(0)
+    return Attend(), (torch.randn(2, 5, 8), mask)
+
+
+def test_an_additive_mask_input_is_info_when_the_pass_stays_finite_and_traced_when_it_does_not():
+    """A sweep: a causal LM given its 0/-inf mask as an input was a non-finite-input error (exit 1) on a healthy
+    model; a row masked to -inf throughout (a sample of only padding) was blamed on the mask as bad data, the NaN the
+    softmax makes never traced to its module."""
+    from torchdiag.api import run
+
+    ids = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))
+    r = run("nancheck", _CausalLM(), (ids, torch.nn.Transformer.generate_square_subsequent_mask(16)))
+    assert r.exit_code == 0 and [f.code for f in r.findings] == ["inf-input"], [f.to_dict() for f in r.findings]
+    mask = torch.zeros(2, 5, 5)
+    mask[1] = float("-inf")   # sample 1: every key masked
+    model, args = _attend(mask)
+    r = run("nancheck", model, args)
+    f = next(f for f in r.findings if f.code == "non-finite-output")
+    assert f.where == "(root)" and "from inputs holding ±Inf but no NaN" in f.message and "-inf" in f.hint, f.to_dict()
+
+
+def test_a_nan_in_the_target_is_the_datas_not_the_losss():
+    """A sweep: a NaN in the --batch target was "the loss function itself produced it"."""
+    from torchdiag.api import run
+
+    y = torch.randn(4, 3)
+    y[2, 2] = float("nan")
+    r = run("nancheck", torch.nn.Linear(5, 3), (torch.randn(4, 5),), target=y, loss="mse")
+    codes = [f.code for f in r.findings]
+    assert codes[0] == "non-finite-target" and "the target is non-finite" in r.findings[1].message, codes

@@ -32,9 +32,12 @@ __all__ = ["Options", "run", "NEEDS_VALUES", "OPTIMIZER", "WRAP", "all_finite", 
            "parse_frames", "checked_pass", "flagged_pass", "localized_pass", "Checker", "PassReport"]
 
 
-def nonfinite_tensors(model, inputs) -> tuple[list, list]:
-    """Rows of non-finite model inputs and of non-finite parameters/buffers: one sync when all are finite."""
+def nonfinite_tensors(model, inputs, target=None) -> tuple[list, list]:
+    """Rows of non-finite model inputs (the batch's target too) and of non-finite parameters/buffers: one sync when
+    all are finite."""
     named_inputs = [(name, t) for name, t in inputs.tensors() if is_float(t)]
+    if hasattr(target, "is_floating_point") and is_float(target):   # a sweep: a NaN in the target was "the loss function itself produced it"
+        named_inputs.append(("target", target))
     state = [(kind, name, t) for kind, items in (("parameter", model.named_parameters()),
                                                   ("buffer", model.named_buffers())) for name, t in items if is_float(t)]
     if all_finite([t for _, t in named_inputs] + [t for _, _, t in state]):
@@ -44,7 +47,8 @@ def nonfinite_tensors(model, inputs) -> tuple[list, list]:
         nan, inf = counts(t)
         return {"tensor": name, "kind": kind, "shape": shape_text(t), "nan": nan, "inf": inf}
 
-    return ([row(name, "input", t) for name, t in named_inputs if not finite(t)],
+    return ([row(name, "target" if name == "target" and t is target else "input", t) for name, t in named_inputs
+             if not finite(t)],
             [row(name, kind, t) for kind, name, t in state if not finite(t)])
 
 
@@ -112,7 +116,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         result.header["training"] = (f"{opts.steps} × {optimizer.name} (lr={optimizer.learning_rate:g}) "
                                      "on a copy, same batch" + (", fp16 autocast with a GradScaler" if ctx.precision.scaled else ""))
     loss_fn = ctx.loss()   # one rule for every pass: its random target is drawn once
-    tensors = nonfinite_tensors(model, inputs)   # before any pass touches the model
+    tensors = nonfinite_tensors(model, inputs, ctx.batch_target)   # before any pass touches the model
     state = rng_state(ctx.device)
     watch = Watch() if ctx.precision.reduced else None
     wrapped, reduced = wrapped_pass(model, inputs, loss_fn, ctx, state)   # under torchrun --wrap ddp only

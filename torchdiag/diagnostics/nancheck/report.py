@@ -35,8 +35,19 @@ def report_tensors(result: Result, input_rows: list, state_rows: list, finite_pa
     pass that stayed finite are bounds or fills, judged by what the pass did (Gemma 4's audio layers clip
     with input_min/input_max buffers at ∓Inf, no clipping until calibrated): one info finding, not an error each."""
     for r in input_rows:
+        if r["kind"] == "target":
+            result.add("non-finite-target", "error", "target", f"the batch's target holds {fmt_counts(r['nan'], r['inf'])}",
+                       hint="the data, not the model or the loss: `torchdiag data` names the samples")
+            continue
+        if finite_pass and not r["nan"]:   # an additive attention mask (0 / -inf) the pass stays finite with
+            result.add("inf-input", "info", r["tensor"], f"model input {r['tensor']} holds {fmt_counts(0, r['inf'])} "
+                       "(no NaN), and the forward, the loss and every gradient stayed finite: a mask or a bound (an "
+                       "additive attention mask's -inf), not data the model computes with")
+            continue
         result.add("non-finite-input", "error", r["tensor"], f"model input {r['tensor']} holds {fmt_counts(r['nan'], r['inf'])}",
-                   hint="the data is bad before the model runs: check the data pipeline")
+                   hint="the data is bad before the model runs: check the data pipeline" if r["nan"] else
+                   "an input with ±Inf (no NaN): a mask is fine where the model keeps every value finite; here the "
+                   "pass did not (see the first module below)")
     bounds = [r for r in state_rows if finite_pass and r["kind"] == "buffer" and not r["nan"]]
     if bounds:
         names = ", ".join(r["tensor"] for r in bounds[:6]) + (f" … (+{len(bounds) - 6} more)" if len(bounds) > 6 else "")
@@ -76,8 +87,10 @@ def own_code(origin, done) -> dict | None:
 
 def _origin_message(origin, forward: dict, n_bad: int) -> str:
     where, own, label = forward["module"], forward["own_code"], forward["output"]
-    msg = (f"{where} ({origin.type}) produced {fmt_counts(forward['nan'], forward['inf'])} in {label} from finite "
-           f"inputs (input range {fmt_range(forward['input_min'], forward['input_max'])})")
+    held, span = (("finite inputs", "input range") if origin.inputs_finite else
+                  ("inputs holding ±Inf but no NaN (an additive mask's -inf)", "finite values' range"))
+    msg = (f"{where} ({origin.type}) produced {fmt_counts(forward['nan'], forward['inf'])} in {label} from {held} "
+           f"({span} {fmt_range(forward['input_min'], forward['input_max'])})")
     if origin.input_note:
         msg += f"; {origin.input_note}"
     if own and own["first_consumer"]:
@@ -111,7 +124,10 @@ def report_forward(result: Result, rep: PassReport) -> list:
                and (f.where.rsplit(".", 1)[0] if "." in f.where else "(root)") == forward["module"]]
         hint = (f"its own parameter {own[0]} is non-finite already (above): the weight carries it, not an operation; "
                 "look at the checkpoint or the initialisation" if own else
-                "look at the operations in this module's forward (log/sqrt/division/exp/pow) for these inputs")
+                "look at the operations in this module's forward (log/sqrt/division/exp/pow) for these inputs"
+                if origin.inputs_finite else
+                "a softmax over a row its mask sets to -inf throughout (a sample of only padding) is NaN: keep one key "
+                "per row unmasked, or mask with torch.finfo(dtype).min instead of -inf")
         result.add("non-finite-output", "error", forward["module"], _origin_message(origin, forward, len(bad)), hint=hint)
     elif bad:
         # non-finite from the start (inputs or parameters): name the first module anyway
@@ -138,11 +154,13 @@ def report_loss(result: Result, rep: PassReport) -> None:
     if rep.loss_finite:
         return
     forward_bad = bool(rep.output_bad)
+    target = any(f.code == "non-finite-target" for f in result.findings)
     why = ("because the model output is already non-finite" if forward_bad else
+           "from a finite model output: the target is non-finite (above)" if target else
            "from a finite model output: the loss function itself produced it")
     result.add("non-finite-loss", "error", "loss", f"loss ({rep.loss_desc}) = {rep.loss_value} {why}",
-               hint=None if forward_bad else "check the loss for log(0), division by zero or overflow; "
-                                              "a custom --loss PATH:fn is called as fn(output, target)")
+               hint=None if forward_bad or target else "check the loss for log(0), division by zero or overflow; "
+                                                        "a custom --loss PATH:fn is called as fn(output, target)")
 
 
 def report_backward(result: Result, rep: PassReport, upstream: bool) -> None:
