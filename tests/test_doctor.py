@@ -563,6 +563,26 @@ def test_an_ignore_label_in_segmentation_targets_is_named_as_one():
     assert "ignore_index=255" in f.hint and "256 outputs" not in f.hint, f.hint
 
 
+def test_an_additive_mask_given_as_an_input_is_not_bad_data():
+    """A sweep: a causal LM given torch's 0/-inf square-subsequent mask as a forward input failed doctor with
+    non-finite-input ("clean the data"); ±Inf with no NaN is a mask, info, and the pass's own rows judge the rest."""
+    import torchdiag
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(50, 16), nn.Linear(16, 50)
+            self.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True), 1)
+
+        def forward(self, ids, mask):
+            return self.head(self.enc(self.emb(ids), mask=mask))
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))
+    r = torchdiag.doctor(LM(), (ids, nn.Transformer.generate_square_subsequent_mask(16)))
+    assert r.exit_code == 0 and "inf-input" in {f.code for f in r.findings}, [(f.code, f.message) for f in r.findings]
+
+
 def test_default_optimizer_is_adam_lr_1e3():
     from torchdiag.core.run import OptimizerSpec
     from torchdiag.diagnostics import doctor
