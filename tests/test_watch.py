@@ -3067,12 +3067,10 @@ def _body_head(seed=0):
     return model, torch.optim.SGD(model[0].parameters(), lr=0.05), torch.optim.SGD(model[1].parameters(), lr=0.05)
 
 
-def test_a_clock_that_stops_while_another_goes_on_hands_over_and_is_idle():
+def test_a_clock_that_stops_is_said_not_replaced():
     """A review: the head's optimizer stepped first each iteration (so its steps were the run's), stopped at 10, and
-    the report said 10 steps for 60 with nothing else; a second review broke handing the count over at any count (a
-    critic's 100 steps per generator step took it), and the steps not counted were only noted. The body's optimizer,
-    past 4 reads' worth and 4 times the most it took between two of the head's steps, takes the count: every step is
-    counted, and the head, left with gradients nothing applies, is optimizer-idle."""
+    the report said 10 steps for 60 with nothing else. A second review broke handing the count over (a critic's 100
+    steps per generator step took it): the steps not counted are said."""
     model, body, head = _body_head()
     g = torch.Generator().manual_seed(0)
     with Watch(every=10) as w:
@@ -3085,9 +3083,9 @@ def test_a_clock_that_stops_while_another_goes_on_hands_over_and_is_idle():
                 head.step()
             body.step()
     r = w.result()
-    assert r.data["steps"] == 60 and not r.notes, r.notes
-    idle = finding(r, "optimizer-idle")
-    assert idle.where == "1.weight" and "stepped 10 times up to step 10, then not in the last 50 steps" in idle.message
+    assert r.data["steps"] == 10 and not codes(r)
+    assert any(n.startswith("SGD took 51 steps since the last step of the optimizer whose steps are counted (step 10)")
+               for n in r.notes), r.notes
 
 
 @pytest.mark.parametrize("case", ["alternating epochs", "clipped stale gradients", "zeroed in place"])
@@ -4372,40 +4370,6 @@ def test_a_model_whose_optimizer_holds_another_models_parameters_is_said(tmp_pat
     assert "pass G.parameters()" in found[0].hint
 
 
-@pytest.mark.parametrize("zero_grad", [True, False])
-def test_a_second_phase_after_the_first_optimizer_stopped_takes_the_count(zero_grad):
-    """A sweep: a teacher trained first, then a student under its own SGD: the idle teacher's Adam, kept in a variable,
-    held the count, and the student's 300 steps were judged on nothing (its missing zero_grad passed). Another model's
-    optimizer that took 4 × every steps, all after the clock's last, takes the count."""
-    torch.manual_seed(0)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(256, 8, generator=g)
-    y = (x[:, 0] + x[:, 1] > 0).long()
-    teacher, student = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2)), nn.Linear(8, 2)
-    topt, sopt = torch.optim.Adam(teacher.parameters(), 1e-2), torch.optim.SGD(student.parameters(), 0.05)
-    with Watch(every=20) as w:
-        for i in range(100):
-            b = slice(i % 8 * 32, i % 8 * 32 + 32)
-            topt.zero_grad()
-            F.cross_entropy(teacher(x[b]), y[b]).backward()
-            topt.step()
-        teacher.eval()
-        for i in range(200):
-            b = slice(i % 8 * 32, i % 8 * 32 + 32)
-            if zero_grad:
-                sopt.zero_grad()
-            with torch.no_grad():
-                soft = F.softmax(teacher(x[b]), 1)
-            F.cross_entropy(student(x[b]), soft).backward()
-            sopt.step()
-    r = w.result()
-    assert r.data["steps"] == 300, r.data["steps"]
-    if zero_grad:
-        assert codes(r) == set(), [f.to_dict() for f in r.findings]
-    else:
-        assert "grad-carried-over" in codes(r), [f.to_dict() for f in r.findings]
-
-
 def test_grad_carried_over_counts_read_steps_not_backward_calls():
     """A sweep: a clock that stopped while another optimizer took a few more steps read "after 3 of the 204 read
     steps looked at": every later backward was counted as a read step looked at."""
@@ -4417,7 +4381,7 @@ def test_grad_carried_over_counts_read_steps_not_backward_calls():
             x = torch.randn(16, 8)
             F.cross_entropy(a(x), (x[:, 0] > 0).long()).backward()   # no zero_grad: the bug
             oa.step()
-        for _ in range(35):   # under the 40 steps that would take the count
+        for _ in range(60):   # the clock stopped: b's steps are not the run's
             x = torch.randn(16, 8)
             ob.zero_grad()
             F.cross_entropy(b(x), (x[:, 0] > 0).long()).backward()

@@ -49,8 +49,6 @@ def _guarded(hook):
 
 
 SEARCH_STEPS = 3   # the clock's steps, from an optimizer's first, during which its model is looked for
-PHASE = 4          # × every: another model's optimizer stepping that long after the clock's last step takes the count
-CLOCK_STOPPED = 4  # ... and this many times the most steps it took between two of the clock's
 MAX_SEARCHES = 8   # optimizers whose model is looked for at all
 UNTRAINED_STEPS = 50   # the clock's steps during which a model called with trainable parameters that no optimizer
                        # holds keeps discovery on (a WGAN's generator first steps after 5 critic steps)
@@ -639,10 +637,8 @@ class Engine:
           between takes over, and the count goes on (a review: the head's 30 steps were not counted while the
           first phase's optimizer, idle, was kept in a variable).
         A clock that stops while kept alive is not replaced (a second review: handing over at any count stole the
-        clock of healthy GANs whose critic steps 100 times per generator step, and joined two models' loss curves),
-        unless another optimizer took PHASE × every steps since the clock's last, and CLOCK_STOPPED times the most it
-        took between two of the clock's (a second phase: a student after its teacher; a GAN whose discriminator's
-        optimizer stopped while the generator's went on)."""
+        clock of healthy GANs whose critic steps 100 times per generator step, and joined two models' loss curves);
+        the report says how many steps another optimizer took after the clock's last (report._clock_note)."""
         clock = self.clock
         if clock is None:
             if self._may_clock(t):
@@ -662,21 +658,6 @@ class Engine:
             self._hand_over(t)
             self.clock = opt
             self._credit(t, t.since_clock)   # its step before this one, which the clock it replaces did not count
-        elif held is not None and t.since_clock >= max(PHASE * self.opts.every, CLOCK_STOPPED * t.peak_since):
-            # the clock stopped: another model's optimizer took PHASE reads' worth of steps since its last, and
-            # CLOCK_STOPPED times the most it ever took between two of its steps (a sweep: a student trained after
-            # its teacher, 315 steps judged on nothing while the idle teacher's Adam held the count; a GAN's critic
-            # taking 100 steps per generator step is not: the generator still steps)
-            self._hand_over(t)
-            self.clock = opt
-            self._credit(t, t.since_clock - t.peak_since)   # the steps it took within the clock's last iteration
-            for other in self.tracks.values():   # measured against the new clock from now: a third optimizer stepping
-                if other is not t:               # beside the second (a GAN after its pretraining) is not a phase
-                    other.since_clock = 0
-            # the stopped clock is judged for idleness from now, as a read would (the credit passed its reads)
-            live = [o for o in self.tracks.values() if not o.released and o is not held]
-            held.idle_read(self.step, lambda: set().union(*(o.ids.keys() for o in live if o.last_step > held.last_step)))
-            self._last_read = self.step
 
     def _hand_over(self, t: Track) -> None:
         """The count passes to t's optimizer (the first, one taking over, one after the clock was let go): noted with
@@ -693,12 +674,11 @@ class Engine:
         of them (gradient norms) had the old count's numbers: renumbered, so that the series' norms are its own."""
         rows = min(n, len(t.steps))
         t.steps[len(t.steps) - rows:] = range(self.step + n - rows + 1, self.step + n + 1)
-        own = len(self._others) == n   # one loss per step taken (a second phase's): each its own, not their mean
         for k in range(n):
             self.step += 1
             self._owners[self.step] = id(t)
             self._window.append((self.step, t.lr()))
-            self._loss_window.append([self._others[k]] if own else self._others if k == n - 1 else [])
+            self._loss_window.append(self._others if k == n - 1 else [])
             self._clip_window.append(t.last_clip if k == n - 1 else [])   # its norm before clipping (a review)
         if n:
             self._others, t.last_clip = [], []
