@@ -410,7 +410,8 @@ def test_an_elementwise_loss_that_broadcasts_both_sides_is_said(target_shape, fo
 
 
 @pytest.mark.parametrize("call", ["F.cross_entropy", "log_softmax + nll", "F.mse_loss", "label smoothing",
-                                  "soft targets", "segmentation", "scripted loss"])
+                                  "soft targets", "segmentation", "scripted loss", "softmax(-1) viewed",
+                                  "both expanded"])
 def test_losses_are_read_from_their_graph_with_the_model_given(call):
     """A sweep: softmax into F.cross_entropy and an (N, 1) output against an (N,) target in F.mse_loss passed; only
     nn.*Loss modules were looked at, and only where watch found the model itself. The ops nearest each loss, read
@@ -434,6 +435,10 @@ def test_losses_are_read_from_their_graph_with_the_model_given(call):
                 loss = F.cross_entropy(F.softmax(out, 1), y)
             elif call == "log_softmax + nll":
                 loss = F.nll_loss(F.log_softmax(F.softmax(out, 1), 1), y)
+            elif call == "softmax(-1) viewed":   # a review: softmax(-1) saves dim 2**64 - 1 (an IndexError stopped
+                loss = F.cross_entropy(out.view(4, 4, 4).softmax(-1).reshape(16, 4), y)   # watch), and a view hid it
+            elif call == "both expanded":   # the caller grew both sides alike: the loss broadcast nothing
+                loss = F.mse_loss(out[:, :1].expand(-1, 3), x[:, :1].expand(-1, 3))
             elif call == "label smoothing":
                 loss = F.cross_entropy(out, y, label_smoothing=0.1)
             elif call == "soft targets":
@@ -444,7 +449,7 @@ def test_losses_are_read_from_their_graph_with_the_model_given(call):
             loss.backward()
             opt.step()
     r = w.result()
-    if call in ("label smoothing", "soft targets", "segmentation", "scripted loss"):
+    if call in ("label smoothing", "soft targets", "segmentation", "scripted loss", "both expanded"):
         assert r.data["steps"] == 10 and codes(r) == set(), [f.to_dict() for f in r.findings]
         return
     f = finding(r, "loss-broadcasts" if call == "F.mse_loss" else "probabilities-into-loss")

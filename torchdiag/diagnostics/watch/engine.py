@@ -82,7 +82,7 @@ class Engine:
         self._order: dict[int, int] = {}   # by id: a module class may define __eq__ and so not hash
         self.models_seen: list[str] = []    # the type of every root hooked, in order (the report's header)
         self._labels: list[str] = []       # by order: what the user's code calls each root hooked (names.py)
-        self._untrained: dict[str, list] = {}   # a model watched for gradients no optimizer holds: its parameters
+        self._untrained: dict[str, tuple] = {}   # a model watched for gradients no optimizer holds: its parameters
         self._dead_roots: list[int] = []    # ids of hooked roots the run let go, cleaned up at the next step
         # discovery: roots called with grad enabled, held weakly (a network built anew in each loss call must go)
         self.seen_roots: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -430,8 +430,11 @@ class Engine:
                 held |= {id(p) for p in root.parameters()}
                 del self.seen_roots[key]
                 prefix = self.root_prefix(root)   # a second model at least: it has one
-                self._untrained[prefix.rstrip(".")] = [prefix + n for n, p in inner(root).named_parameters()
-                                                       if p.requires_grad]
+                named = [(prefix + n, p) for n, p in inner(root).named_parameters() if p.requires_grad]
+                # its values now (a sum per tensor, on the device): one the run changes by other means (by hand, an
+                # EMA, a copy: a review's DQN target network) is trained, not "never trains"
+                self._untrained[prefix.rstrip(".")] = ([n for n, _ in named], [weakref.ref(p) for _, p in named],
+                                                       _sums([p for _, p in named]))
         self._name_params()
 
     def _untrained_seen(self) -> bool:
@@ -557,7 +560,7 @@ class Engine:
             return
         self.loss_seen = True
         self._losses.append(tensor.detach())   # one op; averaged per step at the read
-        if self._graph_looks < LOSS_LOOKS and tensor.grad_fn is not None:
+        if self._graph_looks < GRAPH_LOOKS and tensor.grad_fn is not None:
             self._graph_looks += 1
             self._look_at_graph(tensor.grad_fn)
 
@@ -566,7 +569,11 @@ class Engine:
         broadcast both sides, however the loss was written (F.cross_entropy, a module, by hand). Shapes only."""
         from .graph import loss_faults
 
-        for fault in loss_faults(fn):
+        try:
+            faults = loss_faults(fn)
+        except Exception:   # a help only: a graph it cannot read (an op's saved values released) says nothing
+            return
+        for fault in faults:
             if fault[0] == "probs":
                 self.checks.setdefault("probs_into_loss", (self.step + 1, *fault[1:]))
             else:
@@ -1246,8 +1253,13 @@ class Engine:
                 if pid in was:
                     self.checks["orphaned"].add(key)
         out = self.checks["not_in_optimizer"]
-        for model, names in self._untrained.items():   # a whole model no optimizer holds (its names when adopted)
-            if all(n in out for n in names):
+        for model, (names, refs, before) in self._untrained.items():   # a whole model no optimizer holds
+            params = [r() for r in refs]
+            moved = any(p is None for p in params) or not bool((_sums(params) == before).all())
+            if moved:   # changed since it was adopted: trained by other means
+                for n in names:
+                    out.pop(n, None)
+            elif all(n in out for n in names):
                 self.checks.setdefault("model_not_in_optimizer", {})[model] = names
 
     def log(self, name: str, value, step: int | None = None):
@@ -1326,6 +1338,13 @@ def _quiet_compile_warning(on: bool) -> None:
             break
 
 
+def _sums(params):
+    """One sum per tensor, on the device (a fingerprint of the values: a change shows, no copy is kept)."""
+    import torch
+
+    return torch.stack([p.detach().float().sum() for p in params])
+
+
 def _compiling() -> bool:
     """Is this code being traced by torch.compile (a hook of a model its caller compiled)?"""
     import torch
@@ -1341,6 +1360,7 @@ def compiled(root) -> bool:
 
 
 LOSS_LOOKS = 3   # a loss module's first calls: a softmax before it is there from the first step
+GRAPH_LOOKS = 16  # losses whose graph is read: a generator's comes after its critic's 5 (a review), a few µs each
 
 
 def _class_losses() -> tuple:

@@ -25,10 +25,11 @@ def loss_faults(fn) -> list[tuple]:
         seen.add(id(node))
         kind = type(node).__name__
         first = node.next_functions[0][0] if node.next_functions else None
-        if kind == "LogSoftmaxBackward0" and _softmax(first):
-            found.append(("probs", "cross_entropy", _classes(first), True))
-        elif kind.startswith("NllLoss") and _softmax(first):
-            found.append(("probs", "nll_loss", _classes(first), False))
+        source = _through_shapes(first)
+        if kind == "LogSoftmaxBackward0" and _softmax(source):
+            found.append(("probs", "cross_entropy", _classes(source), True))
+        elif kind.startswith("NllLoss") and _softmax(source):
+            found.append(("probs", "nll_loss", _classes(source), False))
         elif kind in ELEMENTWISE and type(first).__name__ == "ExpandBackward0":
             grown = _broadcast(node, first)
             if grown is not None:
@@ -37,13 +38,32 @@ def loss_faults(fn) -> list[tuple]:
     return found
 
 
+SHAPES = {"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "TransposeBackward0", "TransposeBackward1",
+          "PermuteBackward0", "ToCopyBackward0", "CloneBackward0", "SqueezeBackward0", "SqueezeBackward1",
+          "UnsqueezeBackward0", "SliceBackward0", "SelectBackward0"}   # values moved or cast, not computed
+
+
+def _through_shapes(node):
+    """The node that computed the values `node` only reshapes, transposes or casts (a language model's
+    softmax(-1).view(-1, V) into cross_entropy: a review)."""
+    for _ in range(8):
+        if type(node).__name__ not in SHAPES or not node.next_functions:
+            return node
+        node = node.next_functions[0][0]
+    return node
+
+
 def _softmax(node) -> bool:
     return type(node).__name__ == "SoftmaxBackward0"
 
 
 def _classes(node) -> int:
-    shape, dim = node._saved_result.shape, node._saved_dim
-    return int(shape[dim]) if shape else 0
+    """The softmax's own dimension's size: its saved dim is unsigned (softmax(-1) saves 2**64 - 1: a review's
+    IndexError stopped watch)."""
+    shape, dim = node._saved_result.shape, int(node._saved_dim)
+    if dim >= 2 ** 63:
+        dim -= 2 ** 64
+    return int(shape[dim]) if shape and -len(shape) <= dim < len(shape) else 0
 
 
 def _broadcast(node, expand):
@@ -56,6 +76,7 @@ def _broadcast(node, expand):
     y = tuple(s if st else 1 for s, st in zip(target.shape, target.stride()))
     while len(y) > 1 and y[0] == 1 and target.stride()[0] == 0:   # dimensions the broadcast put in front
         y, target = y[1:], target[0]
-    if math.prod(both) > max(math.prod(x), math.prod(y)):
+    # both sides alike were grown by the caller (x.expand, y.expand): the loss broadcast nothing (a review)
+    if x != y and math.prod(both) > max(math.prod(x), math.prod(y)):
         return x, y, both
     return None

@@ -228,8 +228,8 @@ def _wiring(result: Result, engine) -> None:
     for model, names in whole.items():
         step = min(engine.checks["not_in_optimizer"][n] for n in names)
         result.add("not-in-optimizer", "warning", model, f"every trainable parameter of {model} ({len(names)} "
-                   f"tensors) gets a gradient (from step {step}) but none is in an optimizer's param groups: {model} "
-                   "never trains", f"pass {model}.parameters() to its optimizer (is another optimizer built over the "
+                   f"tensors) gets gradients (seen from step {step}) but none is in an optimizer's param groups, and none "
+                   f"changed since: {model} never trains", f"pass {model}.parameters() to its optimizer (is another optimizer built over the "
                    "wrong model's parameters?)")
     covered = {n for names in whole.values() for n in names}
     for name, step in engine.checks["not_in_optimizer"].items():
