@@ -153,7 +153,6 @@ def inner_max(work, inputs, module: str, ctx, state, above: float | None = None)
     from torch.utils._pytree import tree_leaves
 
     from ...core.precision import cast_inputs
-    from .flags import set_rng_state
 
     seen, depth = [], [0]
 
@@ -165,22 +164,8 @@ def inner_max(work, inputs, module: str, ctx, state, above: float | None = None)
                             if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel())
             return out
 
-    target = dict(work.named_modules()).get("" if module == "(root)" else module)
-    if target is None:
-        return None
-    handles = [target.register_forward_pre_hook(lambda *_: depth.__setitem__(0, depth[0] + 1)),
-               target.register_forward_hook(lambda *_: depth.__setitem__(0, depth[0] - 1))]
     x = cast_inputs(inputs, "float32") if ctx.spec.dtype else inputs
-    try:
-        with torch.random.fork_rng(devices=[ctx.device] if ctx.on_cuda else []), torch.no_grad(), Inner():
-            set_rng_state(state, ctx.device)
-            x.call(work)
-    except Exception:       # the reference forward ran once already; a second failure is not news
-        return None
-    finally:
-        for h in handles:
-            h.remove()
-    if not seen:
+    if not _inside(work, x, module, ctx, state, Inner(), depth) or not seen:
         return None
     values = read_back([v for _, v in seen])
     i = max(range(len(values)), key=lambda k: values[k] if math.isfinite(values[k]) else -1.0)
@@ -199,7 +184,6 @@ def inner_origin(model, inputs, module: str, ctx, state) -> dict | None:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
 
-    from .flags import set_rng_state
 
     found: list = []
     depth = [0]
@@ -215,25 +199,36 @@ def inner_origin(model, inputs, module: str, ctx, state) -> dict | None:
                     found.append((str(func.overloadpacket.__name__), floats))
             return out
 
-    target = dict(model.named_modules()).get("" if module == "(root)" else module)
-    if target is None:
-        return None
-    handles = [target.register_forward_pre_hook(lambda *_: depth.__setitem__(0, depth[0] + 1)),
-               target.register_forward_hook(lambda *_: depth.__setitem__(0, depth[0] - 1))]
-    try:
-        with torch.random.fork_rng(devices=[ctx.device] if ctx.on_cuda else []), torch.no_grad(), ctx.autocast(), \
-                First():
-            set_rng_state(state, ctx.device)
-            inputs.call(model)
-    except Exception:       # the pass ran once already; a second failure is not news
-        return None
-    finally:
-        for h in handles:
-            h.remove()
-    if not found:
+    with ctx.autocast():
+        ran = _inside(model, inputs, module, ctx, state, First(), depth)
+    if not ran or not found:
         return None
     op, floats = found[0]
     return {"op": op, "detail": _op_detail(op, floats)}
+
+
+def _inside(model, inputs, module: str, ctx, state, mode, depth: list) -> bool:
+    """One more forward of `model` (no grad, the pass's RNG state) under the dispatch `mode`, with depth[0] > 0 while
+    `module` runs. False when there is no such module or the forward raised (it ran once already: not news)."""
+    import torch
+
+    from .flags import set_rng_state
+
+    target = dict(model.named_modules()).get("" if module == "(root)" else module)
+    if target is None:
+        return False
+    handles = [target.register_forward_pre_hook(lambda *_: depth.__setitem__(0, depth[0] + 1)),
+               target.register_forward_hook(lambda *_: depth.__setitem__(0, depth[0] - 1))]
+    try:
+        with torch.random.fork_rng(devices=[ctx.device] if ctx.on_cuda else []), torch.no_grad(), mode:
+            set_rng_state(state, ctx.device)
+            inputs.call(model)
+        return True
+    except Exception:
+        return False
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def _op_detail(op: str, floats: list) -> str:
