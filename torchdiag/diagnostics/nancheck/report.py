@@ -88,7 +88,7 @@ def own_code(origin, done) -> dict | None:
 def _origin_message(origin, forward: dict, n_bad: int) -> str:
     where, own, label = forward["module"], forward["own_code"], forward["output"]
     held, span = (("finite inputs", "input range") if origin.inputs_finite else
-                  ("inputs holding ±Inf but no NaN (an additive mask's -inf)", "finite values' range"))
+                  ("inputs holding ±Inf but no NaN (an additive mask's -inf, or an Inf in the data)", "finite values' range"))
     msg = (f"{where} ({origin.type}) produced {fmt_counts(forward['nan'], forward['inf'])} in {label} from {held} "
            f"({span} {fmt_range(forward['input_min'], forward['input_max'])})")
     if origin.input_note:
