@@ -125,8 +125,6 @@ class Loss:
     lm: Any = None                # LanguageModel: the integer ids and the vocabularies they feed (auto only)
     reached_already: Any = None   # auto: labels of other outputs whose every weight the first one reaches
     with_path: Any = None         # auto: labels of the other outputs with a gradient path, from a call with grad on
-    reach: Any = None             # overfit-batch: () -> the output of the model with its weights perturbed (a target
-    reached: bool = False         # the model can reach, for a made-up mse target); whether it gave the target
 
     def describe(self) -> str:
         if self.chosen == "model":
@@ -136,8 +134,6 @@ class Loss:
                 text = f"the mean of the model's own loss ({self.picked}, {self.loss_values} values)"
         else:
             target = " against random class targets" if self.chosen == "cross_entropy" and self.made_target else \
-                " against a reachable target (the output of the model with its weights perturbed)" if \
-                self.chosen == "mse" and self.reached else \
                 " against a random target" if self.chosen == "mse" and self.made_target else \
                 " against the given target" if self.chosen in ("cross_entropy", "mse") and self.target is not None \
                 else ""
@@ -251,8 +247,6 @@ class Loss:
                     self.checked_classes = y.shape[1]
             return _checked(F.cross_entropy, y.float(), self.target.to(y.device), "cross_entropy")
         if kind == "mse":
-            if self.target is None and self.reach is not None:
-                self._reachable(y)
             if self.target is None:
                 g = torch.Generator().manual_seed(self.seed)
                 self.target = self._random(torch.randn, y.shape, g).to(y.device, y.dtype)
@@ -262,16 +256,6 @@ class Loss:
                                  hint=_float_classes_hint(self.target, y))
             return _checked(F.mse_loss, y.float(), self.target.to(y.device).float(), "mse")
         raise UsageError(f"unknown loss '{self.kind}'", hint=f"choose {LOSS_CHOICES}")
-
-    def _reachable(self, y) -> None:
-        """The mse target a model can reach (overfit-batch): its own output under perturbed weights, picked as its
-        output is. A random normal target is out of reach of a bounded output (a sigmoid's (0, 1), rows scaled to
-        length 1: a sweep's ColQwen2 and PP-OCR failed overfit-batch on targets no model of theirs could fit)."""
-        made, self.reach = self.reach(), None
-        ref = primary_output(made)[0] if made is not None else None
-        if ref is not None and tuple(ref.shape) == tuple(y.shape) and ref.is_floating_point():
-            self.target = ref.detach().to(y.device, y.dtype)
-            self.made_target = self.reached = True
 
     def _random(self, draw, shape, g):
         """draw(shape, generator=g); under torchrun (self.rows) drawn for the whole batch and cut to this

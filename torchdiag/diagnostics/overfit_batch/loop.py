@@ -8,7 +8,6 @@ single-tensor Adam reads each parameter's `step`) and the loss rule's are not th
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -82,8 +81,6 @@ class Trainer:
         self.group = getattr(work, "process_group", None)   # DDP's; FSDP (and the agreement) use the default one
         self.agree = _agreement(ctx, self.group)   # under a wrapper: the stop decided by every rank
         self.sharded = is_sharded(p for _, p in self.trainable)  # --wrap fsdp: DTensor parameters, read through their shards
-        if loss_fn.custom is None and loss_fn.target is None and ctx.wrapper is None and not self.sharded:
-            loss_fn.reach = functools.partial(perturbed_output, work, batch, ctx)   # a made-up mse target it can fit
 
     def release(self) -> None:
         """Drop the trained copy, its optimizer and the start values once the verdict no longer reads them (the
@@ -400,30 +397,6 @@ class Trainer:
                                                     {n: local_shard(t) for n, t in self.start.items()})
             else:
                 self.stagnation = stagnation_counts(self.trainable, self.start)
-
-
-PERTURB = 0.5   # the reachable target's weights: each tensor moved by this × its mean |w| of normal noise
-
-
-def perturbed_output(work, batch, ctx):
-    """The output of a copy of the model with every trainable weight moved by noise of PERTURB × its tensor's mean |w|
-    (a zero tensor stays; frozen ones too): a function of the model's own form, which it can reach by training
-    (core.loss._reachable), unless a weight it should train gets no gradient."""
-    import copy
-
-    import torch
-
-    twin = copy.deepcopy(work)
-    g = torch.Generator().manual_seed(ctx.seed + 1)
-    with torch.no_grad():
-        for p in twin.parameters():
-            if p.is_floating_point() and p.numel() and p.requires_grad:   # frozen weights stay: a head fine-tuned
-                noise = torch.randn(p.shape, generator=g) * (PERTURB * float(p.detach().float().abs().mean()))
-                p.add_(noise.to(p.device, p.dtype))
-        with ctx.autocast():
-            out = batch.call(twin)
-    del twin
-    return out
 
 
 def _agreement(ctx, group):
