@@ -794,3 +794,38 @@ def test_a_nan_in_the_target_is_the_datas_not_the_losss():
     r = run("nancheck", torch.nn.Linear(5, 3), (torch.randn(4, 5),), target=y, loss="mse")
     codes = [f.code for f in r.findings]
     assert codes[0] == "non-finite-target" and "the target is non-finite" in r.findings[1].message, codes
+
+
+def test_an_inf_made_inside_the_model_or_in_the_data_is_not_a_mask():
+    """A review of the mask rules: an exp's +Inf between two layers was blamed on the next Linear as if a mask's -inf
+    (it arose in the parent's own code), a -inf feature a ReLU clamps passed as a mask, and NaN labels a loss masks
+    failed a finite pass."""
+    from torchdiag.api import run
+
+    class Overflow(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.a, self.b = torch.nn.Linear(4, 8), torch.nn.Linear(8, 3)
+            with torch.no_grad():
+                self.a.weight.mul_(200.0)
+
+        def forward(self, x):
+            return self.b(torch.exp(self.a(x)))
+
+    r = run("nancheck", Overflow(), (torch.randn(4, 4, generator=torch.Generator().manual_seed(0)),))
+    f = next(f for f in r.findings if f.code == "non-finite-output")
+    assert f.where == "(root)" and "own forward code" in f.message and "mask" not in f.hint, f.to_dict()
+    x = torch.randn(4, 4)
+    x[1, 2] = float("-inf")   # log(0) in a feature: bad data, even though the ReLU below makes it 0
+    clamped = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(4, 3))
+    assert "non-finite-input" in {f.code for f in run("nancheck", clamped, (x,)).findings}
+    y = torch.randn(4, 3)
+    y[0, 1] = float("nan")   # a missing label the loss masks
+
+    def masked(out, target):
+        keep = ~torch.isnan(target)
+        return ((out - torch.nan_to_num(target)) ** 2)[keep].mean()
+
+    r = run("nancheck", torch.nn.Linear(5, 3), (torch.randn(4, 5),), target=y, loss=masked)
+    assert r.exit_code == 0 and [f.severity for f in r.findings if f.code == "non-finite-target"] == ["info"]

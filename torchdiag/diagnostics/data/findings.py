@@ -73,7 +73,8 @@ def _blank(r, s, split: str) -> int:
     r.add("blank-inputs", "warning" if whole or n >= 0.01 * max(s.samples, 1) else "info",
           f"{split}:{'+'.join(s.roles.inputs)}", said,
           "look at how those samples load (a file that failed to open, a transform or mask that blanks them)" +
-          ("; the model can tell that class by its blankness alone" if whole else ""))
+          ("; the model can tell that class by its blankness alone (unless blank is what the class is: an empty "
+           "cell, a background tile)" if whole else ""))
     return n
 
 

@@ -3,6 +3,7 @@ scales it before any weighted layer reads it)."""
 from __future__ import annotations
 
 from ...core.input_scale import image_like
+from ..nancheck.finite import additive_mask
 from .checklist import Checklist
 from .shared import short_dtype
 
@@ -28,9 +29,9 @@ def input_stats(inputs, ck: Checklist) -> tuple[list[dict], list[tuple[str, dict
         if vals.numel():
             row.update(min=float(vals.min()), max=float(vals.max()), mean=float(vals.mean()),
                        std=float(vals.std()) if vals.numel() > 1 else 0.0)
-        if bad and not bool(torch.isnan(xf).any()):   # a sweep: a causal LM's 0/-inf mask input failed doctor
-            ck.find("inputs", "inf-input", "info", label, f"{bad:,} of {x.numel():,} values are ±Inf, none NaN: a mask "
-                    "or a bound (an additive attention mask's -inf); whether the model stays finite is the forward's "
+        if bad and additive_mask(x):   # a sweep: a causal LM's 0/-inf mask input failed doctor
+            ck.find("inputs", "inf-input", "info", label, f"{bad:,} of {x.numel():,} values are -inf, every other one "
+                    "0: an additive attention mask; whether the model stays finite is the forward's "
                     "and the training step's rows", "")
         elif bad:
             ck.find("inputs", "non-finite-input", "error", label, f"{bad:,} of {x.numel():,} values are NaN/Inf",

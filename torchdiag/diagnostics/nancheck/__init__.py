@@ -18,7 +18,15 @@ from ...core.guard import leave_no_trace, restore_buffers, snapshot_buffers
 from ...results import Result
 from .anomaly import anomaly_pass, parse_frames, report_anomaly
 from .checked import Checker, PassReport, checked_pass
-from .finite import all_finite, counts, finite, flatten, is_float, shape_text
+from .finite import (
+    additive_mask,
+    all_finite,
+    counts,
+    finite,
+    flatten,
+    is_float,
+    shape_text,
+)
 from .flags import flagged_pass, localized_pass, rng_state, set_rng_state
 from .options import NEEDS_VALUES, OPTIMIZER, WRAP, Options
 from .precision import Watch
@@ -36,8 +44,9 @@ def nonfinite_tensors(model, inputs, target=None) -> tuple[list, list]:
     """Rows of non-finite model inputs (the batch's target too) and of non-finite parameters/buffers: one sync when
     all are finite."""
     named_inputs = [(name, t) for name, t in inputs.tensors() if is_float(t)]
-    if hasattr(target, "is_floating_point") and is_float(target):   # a sweep: a NaN in the target was "the loss function itself produced it"
-        named_inputs.append(("target", target))
+    # a sweep: a NaN in the target was "the loss function itself produced it" (a tuple or dict target's tensors too)
+    targets = flatten(target, "target", []) if target is not None else []
+    named_inputs += targets
     state = [(kind, name, t) for kind, items in (("parameter", model.named_parameters()),
                                                   ("buffer", model.named_buffers())) for name, t in items if is_float(t)]
     if all_finite([t for _, t in named_inputs] + [t for _, _, t in state]):
@@ -45,10 +54,13 @@ def nonfinite_tensors(model, inputs, target=None) -> tuple[list, list]:
 
     def row(name, kind, t):
         nan, inf = counts(t)
-        return {"tensor": name, "kind": kind, "shape": shape_text(t), "nan": nan, "inf": inf}
+        out = {"tensor": name, "kind": kind, "shape": shape_text(t), "nan": nan, "inf": inf}
+        if kind == "input" and additive_mask(t):
+            out["additive_mask"] = True   # read by report_tensors, not a column
+        return out
 
-    return ([row(name, "target" if name == "target" and t is target else "input", t) for name, t in named_inputs
-             if not finite(t)],
+    ids = {id(t) for _, t in targets}
+    return ([row(name, "target" if id(t) in ids else "input", t) for name, t in named_inputs if not finite(t)],
             [row(name, kind, t) for kind, name, t in state if not finite(t)])
 
 

@@ -17,6 +17,7 @@ from ...core import train
 from ...core.tracking import Call, ForwardHooks, describe, float_ids, forward_error
 from ...errors import ModelError
 from .finite import (
+    additive_mask,
     all_finite,
     counts,
     finite,
@@ -38,7 +39,7 @@ class CallRecord:
     depth: int
     inputs: list = field(default_factory=list)    # [(label, tensor, version)]
     inputs_finite: bool = True
-    inputs_nan_free: bool = True   # no NaN among its inputs (±Inf allowed: an additive mask's -inf)
+    inputs_nan_free: bool = True   # its non-finite inputs are additive masks (0 / -inf), no NaN, no +Inf
     in_keys: list = field(default_factory=list)
     out_keys: list = field(default_factory=list)
     done: int = -1             # completion order
@@ -133,7 +134,7 @@ class Checker(ForwardHooks):
         for label, t in floating_inputs(args, kwargs):
             if not self.known_finite(t):
                 ok = False
-                nan_free = nan_free and not bool(t.isnan().any())   # a non-finite input only: rare, one read
+                nan_free = nan_free and additive_mask(t)   # 0 / -inf only: a non-finite input, rare, one read
             rec.inputs.append((label, t, t._version))
             if self.track_grads:
                 slot = self._grad_slot(t)

@@ -34,15 +34,20 @@ def report_tensors(result: Result, input_rows: list, state_rows: list, finite_pa
     """Non-finite model inputs, parameters and buffers (before the forward). Buffers holding ±Inf (no NaN) in a
     pass that stayed finite are bounds or fills, judged by what the pass did (Gemma 4's audio layers clip
     with input_min/input_max buffers at ∓Inf, no clipping until calibrated): one info finding, not an error each."""
+    masks = {r["tensor"] for r in input_rows if r.pop("additive_mask", False)}
     for r in input_rows:
-        if r["kind"] == "target":
-            result.add("non-finite-target", "error", "target", f"the batch's target holds {fmt_counts(r['nan'], r['inf'])}",
-                       hint="the data, not the model or the loss: `torchdiag data` names the samples")
+        if r["kind"] == "target":   # a loss that masks missing labels (NaN) keeps a finite pass: info (a review)
+            result.add("non-finite-target", "info" if finite_pass else "error", r["tensor"],
+                       f"the batch's {r['tensor']} holds {fmt_counts(r['nan'], r['inf'])}" + (
+                           ", and the loss and every gradient stayed finite: missing labels the loss masks"
+                           if finite_pass else ""),
+                       hint=None if finite_pass else "the data, not the model or the loss: `torchdiag data` names "
+                                                     "the samples")
             continue
-        if finite_pass and not r["nan"]:   # an additive attention mask (0 / -inf) the pass stays finite with
+        if finite_pass and r["tensor"] in masks:   # 0 / -inf (an attention mask) the pass stays finite with
             result.add("inf-input", "info", r["tensor"], f"model input {r['tensor']} holds {fmt_counts(0, r['inf'])} "
-                       "(no NaN), and the forward, the loss and every gradient stayed finite: a mask or a bound (an "
-                       "additive attention mask's -inf), not data the model computes with")
+                       "(every one -inf, every other value 0), and the forward, the loss and every gradient stayed "
+                       "finite: an additive attention mask, not data the model computes with")
             continue
         result.add("non-finite-input", "error", r["tensor"], f"model input {r['tensor']} holds {fmt_counts(r['nan'], r['inf'])}",
                    hint="the data is bad before the model runs: check the data pipeline" if r["nan"] else
@@ -154,7 +159,7 @@ def report_loss(result: Result, rep: PassReport) -> None:
     if rep.loss_finite:
         return
     forward_bad = bool(rep.output_bad)
-    target = any(f.code == "non-finite-target" for f in result.findings)
+    target = any(f.code == "non-finite-target" and f.severity == "error" for f in result.findings)
     why = ("because the model output is already non-finite" if forward_bad else
            "from a finite model output: the target is non-finite (above)" if target else
            "from a finite model output: the loss function itself produced it")
