@@ -829,3 +829,51 @@ def test_an_inf_made_inside_the_model_or_in_the_data_is_not_a_mask():
 
     r = run("nancheck", torch.nn.Linear(5, 3), (torch.randn(4, 5),), target=y, loss=masked)
     assert r.exit_code == 0 and [f.severity for f in r.findings if f.code == "non-finite-target"] == ["info"]
+
+
+def test_the_mask_rules_leave_other_causes_to_their_own_findings():
+    """A fifth review: a loss masking NaN labels after subtracting (torch.where over (out - y)**2) made NaN gradients,
+    which the target's error hid; a masked max-pool's -inf turned into NaN by the next Linear was the container's with
+    a softmax hint; an ALiBi-style mask (-inf beside negative biases) was a non-finite-input error."""
+    from torchdiag.api import run
+
+    y = torch.randn(4, 3)
+    y[0, 1] = float("nan")
+
+    def where_loss(out, target):   # NaN gradients: d/dout of (out - nan)**2 is NaN, where() only hides the value
+        return torch.where(torch.isnan(target), torch.zeros(()), (out - target) ** 2).mean()
+
+    r = run("nancheck", torch.nn.Linear(5, 3), (torch.randn(4, 5),), target=y, loss=where_loss)
+    codes = {f.code: f.severity for f in r.findings}
+    assert codes.get("non-finite-target") == "info" and "non-finite-grad" in codes, codes
+
+    class Pool(torch.nn.Module):
+        def forward(self, x, mask):
+            return (x + mask[..., None]).amax(1)
+
+    class PoolNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pool, self.head = Pool(), torch.nn.Linear(4, 2)
+
+        def forward(self, x, mask):
+            return self.head(self.pool(x, mask))
+
+    x, mask = torch.randn(2, 3, 4), torch.zeros(2, 3)
+    mask[1] = float("-inf")   # a sample of only padding: its max is -inf, the Linear makes NaN of it
+    r = run("nancheck", PoolNet(), (x, mask))
+    assert not [f for f in r.findings if f.code == "non-finite-output" and f.where == "(root)"], \
+        [f.to_dict() for f in r.findings]
+    alibi = torch.triu(torch.full((5, 5), float("-inf")), 1) - 0.5 * torch.arange(5.0).view(1, 5).abs()
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+
+    class Att(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha, self.out = mha, torch.nn.Linear(8, 2)
+
+        def forward(self, h, m):
+            return self.out(self.mha(h, h, h, attn_mask=m)[0].mean(1))
+
+    r = run("nancheck", Att(), (torch.randn(2, 5, 8), alibi.tril(0) + torch.triu(torch.full((5, 5), float("-inf")), 1)))
+    assert r.exit_code == 0 and "inf-input" in {f.code for f in r.findings}, [f.to_dict() for f in r.findings]

@@ -31,7 +31,7 @@ def input_stats(inputs, ck: Checklist) -> tuple[list[dict], list[tuple[str, dict
                        std=float(vals.std()) if vals.numel() > 1 else 0.0)
         if bad and additive_mask(x):   # a sweep: a causal LM's 0/-inf mask input failed doctor
             ck.find("inputs", "inf-input", "info", label, f"{bad:,} of {x.numel():,} values are -inf, every other one "
-                    "0: an additive attention mask; whether the model stays finite is the forward's "
+                    "≤ 0: an additive attention mask, it seems; whether the model stays finite is the forward's "
                     "and the training step's rows", "")
         elif bad:
             ck.find("inputs", "non-finite-input", "error", label, f"{bad:,} of {x.numel():,} values are NaN/Inf",

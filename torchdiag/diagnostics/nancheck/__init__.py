@@ -59,8 +59,9 @@ def nonfinite_tensors(model, inputs, target=None) -> tuple[list, list]:
             out["additive_mask"] = True   # read by report_tensors, not a column
         return out
 
-    ids = {id(t) for _, t in targets}
-    return ([row(name, "target" if id(t) in ids else "input", t) for name, t in named_inputs if not finite(t)],
+    given = len(named_inputs) - len(targets)   # a tensor both an input and the target is named as each
+    return ([row(name, "target" if i >= given else "input", t) for i, (name, t) in enumerate(named_inputs)
+             if not finite(t)],
             [row(name, kind, t) for kind, name, t in state if not finite(t)])
 
 
@@ -138,7 +139,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         report, anomaly = _passes(model, inputs, loss_fn, opts, ctx, state, watch)
     if report.loss_desc:
         result.header["loss"] = report.loss_desc
-    report_tensors(result, *tensors, finite_pass=finite_pass(report))
+    report_tensors(result, *tensors, finite_pass=finite_pass(report), loss_finite=report.loss_finite)
     report_pass(result, report)
     _all_ignored(result, inputs, loss_fn)
     if wrapped:

@@ -159,7 +159,11 @@ class Checker(ForwardHooks):
                     rec.out_keys.append(slot)
         # a NaN out of inputs holding no NaN is made here, -inf among them or not (softmax over a row every key of
         # which an additive mask set to -inf: a sweep's GPT-2 was blamed on its mask, the NaN never traced)
-        made = rec.inputs_finite or (rec.inputs_nan_free and any(nan for _, nan, _ in rec.bad_outputs))
+        made = rec.inputs_finite or (rec.inputs_nan_free and any(nan for _, nan, _ in rec.bad_outputs)
+                                     and not any(c.bad_outputs and (c.inputs_finite or c.inputs_nan_free)
+                                                 for c in self.calls[rec.index + 1:]))
+        # (a call inside it that made non-finite values from finite or mask inputs made it: a masked max-pool's -inf
+        # that a Linear turns into NaN is the pool's, not the container's, a review)
         if rec.bad_outputs and made and self.origin is None:
             self.origin = rec
             _input_range(rec)

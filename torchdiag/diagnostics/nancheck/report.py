@@ -30,29 +30,27 @@ def finite_pass(rep: PassReport) -> bool:
             and rep.backward_origin is None and not rep.param_grad_rows)
 
 
-def report_tensors(result: Result, input_rows: list, state_rows: list, finite_pass: bool = False) -> None:
+def report_tensors(result: Result, input_rows: list, state_rows: list, finite_pass: bool = False,
+                   loss_finite: bool = True) -> None:
     """Non-finite model inputs, parameters and buffers (before the forward). Buffers holding ±Inf (no NaN) in a
     pass that stayed finite are bounds or fills, judged by what the pass did (Gemma 4's audio layers clip
     with input_min/input_max buffers at ∓Inf, no clipping until calibrated): one info finding, not an error each."""
     masks = {r["tensor"] for r in input_rows if r.pop("additive_mask", False)}
     for r in input_rows:
-        if r["kind"] == "target":   # a loss that masks missing labels (NaN) keeps a finite pass: info (a review)
-            result.add("non-finite-target", "info" if finite_pass else "error", r["tensor"],
+        if r["kind"] == "target":   # a loss that masks missing labels (NaN) stays finite: info (a review)
+            result.add("non-finite-target", "info" if loss_finite else "error", r["tensor"],
                        f"the batch's {r['tensor']} holds {fmt_counts(r['nan'], r['inf'])}" + (
-                           ", and the loss and every gradient stayed finite: missing labels the loss masks"
-                           if finite_pass else ""),
-                       hint=None if finite_pass else "the data, not the model or the loss: `torchdiag data` names "
+                           ", and the loss stayed finite: missing labels the loss masks" if loss_finite else ""),
+                       hint=None if loss_finite else "the data, not the model or the loss: `torchdiag data` names "
                                                      "the samples")
             continue
         if finite_pass and r["tensor"] in masks:   # 0 / -inf (an attention mask) the pass stays finite with
             result.add("inf-input", "info", r["tensor"], f"model input {r['tensor']} holds {fmt_counts(0, r['inf'])} "
-                       "(every one -inf, every other value 0), and the forward, the loss and every gradient stayed "
+                       "(every one -inf, every other value ≤ 0), and the forward, the loss and every gradient stayed "
                        "finite: an additive attention mask, not data the model computes with")
             continue
         result.add("non-finite-input", "error", r["tensor"], f"model input {r['tensor']} holds {fmt_counts(r['nan'], r['inf'])}",
-                   hint="the data is bad before the model runs: check the data pipeline" if r["nan"] else
-                   "an input with ±Inf (no NaN): a mask is fine where the model keeps every value finite; here the "
-                   "pass did not (see the first module below)")
+                   hint="the data is bad before the model runs: check the data pipeline")
     bounds = [r for r in state_rows if finite_pass and r["kind"] == "buffer" and not r["nan"]]
     if bounds:
         names = ", ".join(r["tensor"] for r in bounds[:6]) + (f" … (+{len(bounds) - 6} more)" if len(bounds) > 6 else "")
@@ -131,8 +129,9 @@ def report_forward(result: Result, rep: PassReport) -> list:
                 "look at the checkpoint or the initialisation" if own else
                 "look at the operations in this module's forward (log/sqrt/division/exp/pow) for these inputs"
                 if origin.inputs_finite else
-                "a softmax over a row its mask sets to -inf throughout (a sample of only padding) is NaN: keep one key "
-                "per row unmasked, or mask with torch.finfo(dtype).min instead of -inf")
+                "a mask's -inf reached an op that makes NaN of it (softmax or max over a row masked throughout, a sample "
+                "of only padding; -inf − -inf; 0 × -inf): keep one position per row unmasked, or mask with "
+                "torch.finfo(dtype).min instead of -inf")
         result.add("non-finite-output", "error", forward["module"], _origin_message(origin, forward, len(bad)), hint=hint)
     elif bad:
         # non-finite from the start (inputs or parameters): name the first module anyway
@@ -221,7 +220,10 @@ def report_pass(result: Result, rep: PassReport) -> None:
     result.data["loss_value"] = rep.loss_value
     bad = report_forward(result, rep)
     report_loss(result, rep)
-    upstream = bool(rep.output_bad) or not rep.loss_finite or bool(result.findings)
+    # a NaN target under a finite loss (missing labels a loss masks) leaves the backward to be localised: a review's
+    # torch.where over (out - y)**2 made NaN gradients, the loss's backward, which "follows from" hid
+    upstream = bool(rep.output_bad) or not rep.loss_finite or any(
+        f.severity == "error" and f.code != "non-finite-target" for f in result.findings)
     report_backward(result, rep, upstream)
     report_param_grads(result, rep, upstream)
     result.summary += pass_summary(result, rep, bad, upstream)
@@ -230,7 +232,10 @@ def report_pass(result: Result, rep: PassReport) -> None:
 def pass_summary(result: Result, rep: PassReport, bad: list, upstream: bool) -> list:
     """The summary lines of the pass (presentation)."""
     def state(code):
-        return "finite" if not any(f.code == code for f in result.findings) else "NON-FINITE"
+        if any(f.code == code for f in result.findings):
+            return "NON-FINITE"
+        return "finite but an additive mask's -inf (inf-input)" if any(f.code == "inf-input" for f in result.findings) \
+            else "finite"
 
     first = rep.origin if rep.origin is not None else (bad[0] if bad else None)
     b = rep.backward_origin

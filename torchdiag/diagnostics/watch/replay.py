@@ -12,6 +12,7 @@ whatever the loss; when the model's own forward and backward stay finite, the lo
 from __future__ import annotations
 
 from ...errors import one_line
+from ..nancheck.finite import additive_mask
 
 
 def _finite(t) -> bool:
@@ -63,11 +64,11 @@ def replay(root, args, kwargs, prefix: str = "") -> dict:
         if bad:
             return {"direction": "weights", "module": bad[0].rsplit(".", 1)[0] if "." in bad[0] else "",
                     "type": "", "detail": f"parameter {bad[0]} is already non-finite before this step"}
-        if any(bool(t.isnan().any()) for t in _floats(list(args) + list(kwargs.values()))):
-            # the batch itself (a sweep: the hint named a weight's gradient and never the NaN in the input); ±Inf
-            # alone is an additive mask's -inf, its NaN made by the model (localised below)
+        if any(not _finite(t) and not additive_mask(t) for t in _floats(list(args) + list(kwargs.values()))):
+            # the batch itself (a sweep: the hint named a weight's gradient and never the NaN in the input); an
+            # additive mask's -inf is no bad data, its NaN made by the model (localised below), as nancheck says
             return {"direction": "input", "module": "", "type": "",
-                    "detail": "the batch's input already holds NaN: the data, not the model"}
+                    "detail": "the batch's input already holds NaN/Inf: the data, not the model"}
         for p in model.parameters():
             p.grad = None
         with torch.enable_grad():
@@ -88,7 +89,7 @@ def replay(root, args, kwargs, prefix: str = "") -> dict:
 
 def _localise(model, args, kwargs, prefix: str = "") -> dict:
     names = {id(m): (prefix + n).rstrip(".") if prefix else n for n, m in model.named_modules()}
-    calls: list = []        # [name, type, input tensors, output tensors, inputs finite, inputs hold no NaN]
+    calls: list = []   # [name, type, input tensors, output tensors, inputs finite, non-finite ones masks only, order]
     first: list = []
     handles = []
 
@@ -96,14 +97,15 @@ def _localise(model, args, kwargs, prefix: str = "") -> dict:
         ins = _floats(list(a) + list(kw.values()))
         finite = all(_finite(t) for t in ins)
         calls.append([names.get(id(mod), "?"), type(mod).__name__, ins, [], finite,
-                      finite or not any(bool(t.isnan().any()) for t in ins)])
+                      finite or all(_finite(t) or additive_mask(t) for t in ins), len(calls)])
         mod._watch_call = len(calls) - 1
 
     def post(mod, a, kw, out):
         rec = calls[mod._watch_call]
         rec[3] = _floats(out)
         # a NaN out of inputs holding none is made here, an additive mask's -inf among them or not (as nancheck)
-        made = rec[4] or (rec[5] and any(bool(t.isnan().any()) for t in rec[3]))
+        made = rec[4] or (rec[5] and any(bool(t.isnan().any()) for t in rec[3])
+                          and not any((c[4] or c[5]) and not all(_finite(t) for t in c[3]) for c in calls[rec[6] + 1:]))
         if not first and made and not all(_finite(t) for t in rec[3]):
             first.append(rec)
 
@@ -118,7 +120,7 @@ def _localise(model, args, kwargs, prefix: str = "") -> dict:
         for m in model.modules():
             m.__dict__.pop("_watch_call", None)
     if first:
-        name, kind, _, _, finite, _ = first[0]
+        name, kind, _, _, finite, _, _ = first[0]
         held = "finite inputs" if finite else "inputs holding ±Inf but no NaN (an additive mask's -inf, or an Inf in the data)"
         return {"direction": "forward", "module": name, "type": kind,
                 "detail": f"{name or '(root)'} ({kind}) made a non-finite output from {held}"}
