@@ -3,7 +3,7 @@ scales it before any weighted layer reads it)."""
 from __future__ import annotations
 
 from ...core.input_scale import image_like
-from ..nancheck.finite import additive_mask
+from ...core.masks import additive_mask
 from .checklist import Checklist
 from .shared import short_dtype
 

@@ -15,11 +15,11 @@ the pass under autograd anomaly detection and captures the forward trace of the 
 from __future__ import annotations
 
 from ...core.guard import leave_no_trace, restore_buffers, snapshot_buffers
+from ...core.masks import additive_mask
 from ...results import Result
 from .anomaly import anomaly_pass, parse_frames, report_anomaly
 from .checked import Checker, PassReport, checked_pass
 from .finite import (
-    additive_mask,
     all_finite,
     counts,
     finite,

@@ -14,10 +14,10 @@ import weakref
 from dataclasses import dataclass, field
 
 from ...core import train
+from ...core.masks import additive_mask
 from ...core.tracking import Call, ForwardHooks, describe, float_ids, forward_error
 from ...errors import ModelError
 from .finite import (
-    additive_mask,
     all_finite,
     counts,
     finite,

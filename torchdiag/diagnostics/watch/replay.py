@@ -11,8 +11,8 @@ the gradient of `output.sum()`: a module that makes a non-finite gradient out of
 whatever the loss; when the model's own forward and backward stay finite, the loss is the culprit."""
 from __future__ import annotations
 
+from ...core.masks import additive_mask
 from ...errors import one_line
-from ..nancheck.finite import additive_mask
 
 
 def _finite(t) -> bool:
