@@ -59,9 +59,10 @@ def nonfinite_tensors(model, inputs, target=None) -> tuple[list, list]:
             out["additive_mask"] = True   # read by report_tensors, not a column
         return out
 
-    given = len(named_inputs) - len(targets)   # a tensor both an input and the target is named as each
+    given = len(named_inputs) - len(targets)
+    as_target = {id(t) for _, t in targets}   # an input that is also the target (HF's labels=) is judged as the target
     return ([row(name, "target" if i >= given else "input", t) for i, (name, t) in enumerate(named_inputs)
-             if not finite(t)],
+             if not finite(t) and (i >= given or id(t) not in as_target)],
             [row(name, kind, t) for kind, name, t in state if not finite(t)])
 
 
@@ -139,7 +140,11 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         report, anomaly = _passes(model, inputs, loss_fn, opts, ctx, state, watch)
     if report.loss_desc:
         result.header["loss"] = report.loss_desc
-    report_tensors(result, *tensors, finite_pass=finite_pass(report), loss_finite=report.loss_finite)
+    # the target is the data's when the loss is non-finite from a finite output (a review: a model's own NaN was
+    # headlined as the target's, a masked missing label beside it)
+    made = report.origin is not None and not report.origin.inputs_finite   # a NaN a module made of a mask's -inf
+    report_tensors(result, *tensors, finite_pass=finite_pass(report), loss_finite=report.loss_finite,
+                   output_finite=not report.output_bad, mask_made=made)
     report_pass(result, report)
     _all_ignored(result, inputs, loss_fn)
     if wrapped:

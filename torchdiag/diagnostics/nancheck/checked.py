@@ -40,6 +40,7 @@ class CallRecord:
     inputs: list = field(default_factory=list)    # [(label, tensor, version)]
     inputs_finite: bool = True
     inputs_nan_free: bool = True   # its non-finite inputs are additive masks (0 / -inf), no NaN, no +Inf
+    made_nan: bool = False         # its output's NaN was made here, from finite or mask inputs
     in_keys: list = field(default_factory=list)
     out_keys: list = field(default_factory=list)
     done: int = -1             # completion order
@@ -160,10 +161,10 @@ class Checker(ForwardHooks):
         # a NaN out of inputs holding no NaN is made here, -inf among them or not (softmax over a row every key of
         # which an additive mask set to -inf: a sweep's GPT-2 was blamed on its mask, the NaN never traced)
         made = rec.inputs_finite or (rec.inputs_nan_free and any(nan for _, nan, _ in rec.bad_outputs)
-                                     and not any(c.bad_outputs and (c.inputs_finite or c.inputs_nan_free)
-                                                 for c in self.calls[rec.index + 1:]))
-        # (a call inside it that made non-finite values from finite or mask inputs made it: a masked max-pool's -inf
-        # that a Linear turns into NaN is the pool's, not the container's, a review)
+                                     and not any(c.made_nan for c in self.calls[rec.index + 1:]))
+        rec.made_nan = made and any(nan for _, nan, _ in rec.bad_outputs)
+        # (a call inside it that made the NaN from finite or mask inputs is where it arose; one that only passed the
+        # mask's -inf on, a mask's reshaping or an added bias, is not: reviews)
         if rec.bad_outputs and made and self.origin is None:
             self.origin = rec
             _input_range(rec)

@@ -31,23 +31,25 @@ def finite_pass(rep: PassReport) -> bool:
 
 
 def report_tensors(result: Result, input_rows: list, state_rows: list, finite_pass: bool = False,
-                   loss_finite: bool = True) -> None:
+                   loss_finite: bool = True, output_finite: bool = True, mask_made: bool = False) -> None:
     """Non-finite model inputs, parameters and buffers (before the forward). Buffers holding ±Inf (no NaN) in a
     pass that stayed finite are bounds or fills, judged by what the pass did (Gemma 4's audio layers clip
     with input_min/input_max buffers at ∓Inf, no clipping until calibrated): one info finding, not an error each."""
     masks = {r["tensor"] for r in input_rows if r.pop("additive_mask", False)}
     for r in input_rows:
-        if r["kind"] == "target":   # a loss that masks missing labels (NaN) stays finite: info (a review)
-            result.add("non-finite-target", "info" if loss_finite else "error", r["tensor"],
-                       f"the batch's {r['tensor']} holds {fmt_counts(r['nan'], r['inf'])}" + (
-                           ", and the loss stayed finite: missing labels the loss masks" if loss_finite else ""),
-                       hint=None if loss_finite else "the data, not the model or the loss: `torchdiag data` names "
-                                                     "the samples")
+        if r["kind"] == "target":   # the loss's NaN is the target's only from a finite output (reviews)
+            blamed = not loss_finite and output_finite
+            said = ("" if blamed else ", and the loss stayed finite: missing labels the loss masks" if loss_finite
+                    else "; the model's own output is non-finite already (below)")
+            result.add("non-finite-target", "error" if blamed else "info", r["tensor"],
+                       f"the batch's {r['tensor']} holds {fmt_counts(r['nan'], r['inf'])}{said}",
+                       hint="the data, not the model or the loss: `torchdiag data` names the samples" if blamed else None)
             continue
-        if finite_pass and r["tensor"] in masks:   # 0 / -inf (an attention mask) the pass stays finite with
+        if (finite_pass or mask_made) and r["tensor"] in masks:   # 0 / -inf: an attention mask, no bad data
             result.add("inf-input", "info", r["tensor"], f"model input {r['tensor']} holds {fmt_counts(0, r['inf'])} "
-                       "(every one -inf, every other value ≤ 0), and the forward, the loss and every gradient stayed "
-                       "finite: an additive attention mask, not data the model computes with")
+                       "(every one -inf, every other value ≤ 0): an additive attention mask, not bad data; " + (
+                           "the forward, the loss and every gradient stayed finite" if finite_pass else
+                           "the NaN below is made of it by the model"))
             continue
         result.add("non-finite-input", "error", r["tensor"], f"model input {r['tensor']} holds {fmt_counts(r['nan'], r['inf'])}",
                    hint="the data is bad before the model runs: check the data pipeline")
@@ -158,7 +160,7 @@ def report_loss(result: Result, rep: PassReport) -> None:
     if rep.loss_finite:
         return
     forward_bad = bool(rep.output_bad)
-    target = any(f.code == "non-finite-target" and f.severity == "error" for f in result.findings)
+    target = any(f.code == "non-finite-target" and f.severity == "error" for f in result.findings)   # blamed
     why = ("because the model output is already non-finite" if forward_bad else
            "from a finite model output: the target is non-finite (above)" if target else
            "from a finite model output: the loss function itself produced it")
@@ -234,8 +236,8 @@ def pass_summary(result: Result, rep: PassReport, bad: list, upstream: bool) -> 
     def state(code):
         if any(f.code == code for f in result.findings):
             return "NON-FINITE"
-        return "finite but an additive mask's -inf (inf-input)" if any(f.code == "inf-input" for f in result.findings) \
-            else "finite"
+        masked = code == "non-finite-input" and any(f.code == "inf-input" for f in result.findings)
+        return "finite but an additive mask's -inf (inf-input)" if masked else "finite"
 
     first = rep.origin if rep.origin is not None else (bad[0] if bad else None)
     b = rep.backward_origin

@@ -89,7 +89,7 @@ def replay(root, args, kwargs, prefix: str = "") -> dict:
 
 def _localise(model, args, kwargs, prefix: str = "") -> dict:
     names = {id(m): (prefix + n).rstrip(".") if prefix else n for n, m in model.named_modules()}
-    calls: list = []   # [name, type, input tensors, output tensors, inputs finite, non-finite ones masks only, order]
+    calls: list = []   # [name, type, ins, outs, inputs finite, non-finite ones masks only, order, made a NaN]
     first: list = []
     handles = []
 
@@ -97,7 +97,7 @@ def _localise(model, args, kwargs, prefix: str = "") -> dict:
         ins = _floats(list(a) + list(kw.values()))
         finite = all(_finite(t) for t in ins)
         calls.append([names.get(id(mod), "?"), type(mod).__name__, ins, [], finite,
-                      finite or all(_finite(t) or additive_mask(t) for t in ins), len(calls)])
+                      finite or all(_finite(t) or additive_mask(t) for t in ins), len(calls), False])
         mod._watch_call = len(calls) - 1
 
     def post(mod, a, kw, out):
@@ -105,7 +105,8 @@ def _localise(model, args, kwargs, prefix: str = "") -> dict:
         rec[3] = _floats(out)
         # a NaN out of inputs holding none is made here, an additive mask's -inf among them or not (as nancheck)
         made = rec[4] or (rec[5] and any(bool(t.isnan().any()) for t in rec[3])
-                          and not any((c[4] or c[5]) and not all(_finite(t) for t in c[3]) for c in calls[rec[6] + 1:]))
+                          and not any(c[7] for c in calls[rec[6] + 1:]))
+        rec[7] = made and any(bool(t.isnan().any()) for t in rec[3])   # it made a NaN (not a mask passed on)
         if not first and made and not all(_finite(t) for t in rec[3]):
             first.append(rec)
 
@@ -120,7 +121,7 @@ def _localise(model, args, kwargs, prefix: str = "") -> dict:
         for m in model.modules():
             m.__dict__.pop("_watch_call", None)
     if first:
-        name, kind, _, _, finite, _, _ = first[0]
+        name, kind, _, _, finite, _, _, _ = first[0]
         held = "finite inputs" if finite else "inputs holding ±Inf but no NaN (an additive mask's -inf, or an Inf in the data)"
         return {"direction": "forward", "module": name, "type": kind,
                 "detail": f"{name or '(root)'} ({kind}) made a non-finite output from {held}"}
