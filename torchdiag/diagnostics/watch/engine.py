@@ -1360,7 +1360,7 @@ def compiled(root) -> bool:
 
 
 LOSS_LOOKS = 3   # a loss module's first calls: a softmax before it is there from the first step
-GRAPH_LOOKS = 16  # losses whose graph is read: a generator's comes after its critic's 5 (a review), a few µs each
+GRAPH_LOOKS = 16  # losses whose graph is read: a generator's comes after its critic's 5 (a review); ~90 µs each (64 nodes of a ResNet-10's graph on CPU, against a 19 ms backward), the first 16 steps only
 
 
 def _class_losses() -> tuple:
