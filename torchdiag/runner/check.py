@@ -548,10 +548,10 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             return peak <= limit, shown, "" if peak <= limit else f"peak {shown} > {human_bytes(limit)}"
         record("max-peak-memory", mem, human_bytes(limit))
     if "data" in c:
-        _data_check(c["data"], model, ctx, record, allow, bool(c.get("strict", False)))
+        _data_check(c["data"], model, ctx, record, bool(c.get("strict", False)))
 
 
-def _data_check(dc: DataCheck, model, ctx, record, allow, strict: bool) -> None:
+def _data_check(dc: DataCheck, model, ctx, record, strict: bool) -> None:
     """`data` on the configured data (the entry's model too with with-model): an error finding fails it, and a
     warning under strict."""
     from ..core.datasets import load_data

@@ -183,7 +183,7 @@ NEAR_ZERO = 0.1   # a weight near zero: its per-element RMS under this × the me
 def _typical_rms(rows) -> float:
     import statistics
 
-    sizes = [r["weight_norm"] / r["numel"] ** 0.5 for r in rows if r["numel"] and r["weight_norm"]]
+    sizes = [s for s in map(rms, rows) if s]   # the parameters that are not all zero
     return float(statistics.median(sizes)) if sizes else 0.0
 
 
