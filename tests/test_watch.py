@@ -41,6 +41,16 @@ def codes(result, severities=("error", "warning")):
     return {f.code for f in result.findings if f.severity in severities}
 
 
+def _nio(findings) -> set[str]:
+    """The parameters the not-in-optimizer findings name (one finding per cause lists them as members)."""
+    out = set()
+    for f in findings:
+        f = f if isinstance(f, dict) else f.to_dict()
+        if f["code"] == "not-in-optimizer":
+            out.update(f.get("members") or [f["where"]])
+    return out
+
+
 def finding(result, code):
     found = [f for f in result.findings if f.code == code]
     assert found, [f.to_dict() for f in result.findings]
@@ -250,15 +260,35 @@ def test_nan_born_in_backward_is_named():
 
 def test_head_not_in_optimizer():
     r = script("watch_not_in_optimizer")
-    assert {f.where for f in r.findings if f.code == "not-in-optimizer"} == {"head.weight", "head.bias"}
+    assert _nio(r.findings) == {"head.weight", "head.bias"}
     assert codes(r) == {"not-in-optimizer"}
+    f = finding(r, "not-in-optimizer")   # a sweep: one finding per tensor (hundreds for a backbone unfrozen)
+    assert len([g for g in r.findings if g.code == "not-in-optimizer"]) == 1 and f.where == "head", f.to_dict()
+    assert "2 parameter tensors (head.weight, head.bias)" in f.message and "add_param_group" in f.hint
 
 
 def test_missing_zero_grad_is_an_error_unless_accumulating_on_purpose():
     r = script("watch_no_zero_grad")
     assert codes(r) == {"grad-carried-over"} and r.exit_code == ExitCode.CHECK_FAILED
     r = script("watch_no_zero_grad", accumulate=True)
-    assert "grad-carried-over" not in codes(r)
+    assert "grad-carried-over" not in codes(r) and "accumulate-unneeded" not in codes(r)
+
+
+def test_accumulate_given_to_a_loop_that_zeroes_every_step_is_said():
+    """A sweep: a user accumulating micro-batches (zero_grad after each optimizer step) passes accumulate=True,
+    which they do not need, and the missing-zero_grad check went silent for them. Said, as info."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(model, opt, every=5, accumulate=True) as w:
+        for i in range(80):
+            x = torch.randn(16, 8, generator=g)
+            (F.cross_entropy(model(x), (x[:, 0] > 0).long()) / 4).backward()
+            if i % 4 == 3:
+                opt.step()
+                opt.zero_grad()
+    f = finding(w.result(), "accumulate-unneeded")
+    assert f.severity == "info" and "does not need it" in f.message, f.message
 
 
 def test_a_zero_grad_every_tenth_step_is_said_for_the_steps_looked_at():
@@ -1569,11 +1599,11 @@ def test_each_rank_watches_under_ddp_and_rank_0_reports_every_rank(tmp_path):
     docs = {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)}
     # rank 1: its own run's report, the user's names (DDP's "module." prefix dropped)
     assert docs[1]["steps"] == 30 and docs[1]["rank"] == 1
-    assert {f["where"] for f in docs[1]["findings"] if f["code"] == "not-in-optimizer"} == {"2.weight", "2.bias"}
+    assert _nio(docs[1]["findings"]) == {"2.weight", "2.bias"}
     # rank 0 (healthy itself): both ranks' reports, rank 1's finding tagged with its rank
     assert [rk["rank"] for rk in docs[0]["ranks"]] == [0, 1]
     assert not [f for f in docs[0]["ranks"][0]["findings"] if f["severity"] in ("warning", "error")]
-    found = {f["where"]: f for f in docs[0]["findings"] if f["code"] == "not-in-optimizer"}
+    found = {n: f for f in docs[0]["findings"] if f["code"] == "not-in-optimizer" for n in f.get("members") or [f["where"]]}
     assert set(found) == {"2.weight", "2.bias"} and all(f["ranks"] == [1] for f in found.values()), found
     second = json.loads((tmp_path / "second.json").read_text())
     assert [rk["rank"] for rk in second["ranks"]] == [0, 1] and [rk["data"]["steps"] for rk in second["ranks"]] == [20, 20]
@@ -1841,7 +1871,72 @@ def test_gan_two_models_two_optimizers_found_by_the_global_hooks():
     assert codes(r) == set(), [f.to_dict() for f in r.findings]
     assert r.data["steps"] == 40 and len(r.header["optimizers"]) == 2 and sorted(r.header["models"]) == ["Sequential"] * 2
     assert len(r.table("layers").rows) == 8
-    assert codes(run(False)) == {"grad-carried-over"}
+    r = run(False)
+    assert codes(r) == {"grad-carried-over"}
+    f = finding(r, "grad-carried-over")   # a sweep: with two optimizers, which one was not said
+    assert f.where == "disc.0.weight" and "(Adam #1 over disc.0.weight and more)" in f.message, f.message
+
+
+@pytest.mark.parametrize("detach,zero_at", [(True, "top"), (False, "top"), (False, "own"), (False, "micro")])
+def test_a_gradient_made_before_another_optimizers_step_is_said(detach, zero_at):
+    """A sweep's planted bug: a GAN's fakes not detached in the discriminator's loss, both zero_grad() calls at the
+    loop's top: the generator's step applies the discriminator loss's gradient too. Detached, or the generator's
+    zero_grad() right before its own backward(s) (two micro-batches after it): clean."""
+    torch.manual_seed(0)
+    gen = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+    disc = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+    opt_g, opt_d = torch.optim.Adam(gen.parameters(), 1e-3), torch.optim.Adam(disc.parameters(), 1e-3)
+    with Watch(every=10) as w:
+        for _ in range(40):
+            if zero_at == "top":
+                opt_g.zero_grad()
+                opt_d.zero_grad()
+            else:
+                opt_d.zero_grad()
+            fake = gen(torch.randn(32, 4))
+            d_fake = disc(fake.detach() if detach else fake)
+            (F.softplus(-disc(torch.randn(32, 2) + 2)).mean() + F.softplus(d_fake).mean()).backward(retain_graph=True)
+            opt_d.step()
+            if zero_at != "top":
+                opt_g.zero_grad()
+            for _ in range(2 if zero_at == "micro" else 1):
+                F.softplus(-disc(fake)).mean().backward(retain_graph=True)
+            opt_g.step()
+    r = w.result()
+    if detach or zero_at != "top":
+        assert codes(r) == set(), [f.to_dict() for f in r.findings]
+        return
+    f = finding(r, "grad-from-other-loss")
+    assert f.severity == "warning" and f.where == "gen" and "the other way" in f.message, f.message
+    assert float(re.search(r"cosine (-?[\d.]+)", f.message).group(1)) < -0.5
+    assert codes(r) == {"grad-from-other-loss"}
+
+
+def test_an_internal_error_of_watch_is_exit_4_never_a_pass(monkeypatch):
+    """A sweep: a hook of ours that raised stopped the watching (right: the user's run goes on) and the report said
+    "PASS: 1 steps, nothing wrong found", exit 0, over a loop that never zeroed its gradients."""
+    from torchdiag.diagnostics.watch import stats
+
+    calls = []
+    real = stats.Track.pre_step
+
+    def flaky(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise AttributeError("planted")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(stats.Track, "pre_step", flaky)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Watch(every=10) as w:
+        for _ in range(20):
+            x = torch.randn(16, 8)
+            F.cross_entropy(model(x), (x[:, 0] > 0).long()).backward()
+            opt.step()
+    r = w.result()
+    assert int(r.exit_code) == 4 and r.verdict.startswith("INCOMPLETE"), r.verdict
+    assert any("planted" in n for n in r.notes)
 
 
 def test_the_loss_curve_is_the_clocks_own_loss_with_two_optimizers():
@@ -2310,7 +2405,7 @@ def test_two_models_are_named_as_the_script_names_them(tmp_path):
     rows = {row["name"] for row in r.table("layers").rows}
     assert rows == {f"{m}.{i}.{p}" for m, i in (("netG", 0), ("netG", 2), ("netD", 0)) for p in ("weight", "bias")}
     missing = [f for f in r.findings if f.code == "not-in-optimizer"]
-    assert {f.where for f in missing} == {"netD.2.weight", "netD.2.bias"}, [f.to_dict() for f in r.findings]
+    assert _nio(missing) == {"netD.2.weight", "netD.2.bias"}, [f.to_dict() for f in r.findings]
     assert all("pass netD.parameters()" in f.hint for f in missing)
 
 
@@ -2360,7 +2455,7 @@ def test_with_two_models_a_parameter_in_no_optimizer_is_named_as_its_row_would_b
             opt_g.step()
     r = w.result()
     rows = {row["name"] for row in r.table("layers").rows}
-    where = {f.where for f in r.findings if f.code == "not-in-optimizer"}
+    where = _nio(r.findings)
     assert len(where) == 2 and all(name in ("gen.3.weight", "gen.3.bias") for name in where), where
     assert not where & rows and {n.rsplit(".", 2)[0] for n in where} <= {n.split(".", 1)[0] for n in rows}
 
@@ -2653,7 +2748,7 @@ def test_the_head_alone_after_the_whole_model(then):
             _one_step(model, head, g, zero=model)
     r = w.result()
     assert r.data["steps"] == 42
-    orphans = {f.where for f in r.findings if f.code == "not-in-optimizer"}
+    orphans = _nio(r.findings)
     assert orphans == ({"0.weight", "0.bias"} if then == "let-go" else set()), [f.to_dict() for f in r.findings]
 
 
@@ -3064,6 +3159,8 @@ def test_an_optimizer_that_steps_every_20_steps_on_purpose_is_not_idle():
                 opt_head.zero_grad()
     r = w.result()
     assert "optimizer-idle" not in codes(r), [f.to_dict() for f in r.findings]
+    # its gradient was made before the body's steps and was there when it stepped, pulling the same way: not a GAN's
+    assert "grad-from-other-loss" not in codes(r), [f.to_dict() for f in r.findings]
 
 
 def _body_head(seed=0):
@@ -4160,7 +4257,7 @@ def test_two_given_optimizers_stepped_one_after_the_other_at_every_step_own_thei
             opt.zero_grad()
             ((model(x) - x[:, :1]) ** 2).mean().backward()
             opt.step()
-    assert {f.where for f in w.result().findings if f.code == "not-in-optimizer"} == {"1.weight", "1.bias"}
+    assert _nio(w.result().findings) == {"1.weight", "1.bias"}
 
 
 def test_a_part_compiled_in_place_is_not_probed():
@@ -4220,7 +4317,7 @@ def test_a_head_added_to_the_optimizer_mid_run_or_stepped_by_its_own_later_is_in
                 if own_every and step % own_every == 0:
                     head_opt.step()
                     head_opt.zero_grad()
-        return {f.where for f in w.result().findings if f.code == "not-in-optimizer"}
+        return _nio(w.result().findings)
 
     assert run(add_at=30) == set() and run(own_every=20) == set()
     assert run() == {"1.weight", "1.bias"}                 # never added: named
@@ -4233,7 +4330,7 @@ def test_a_head_added_to_the_optimizer_mid_run_or_stepped_by_its_own_later_is_in
             opt.zero_grad()
             model(torch.randn(4, 8)).sum().backward()
             opt.step()
-    assert {f.where for f in w.result().findings if f.code == "not-in-optimizer"} == {"1.weight", "1.bias"}
+    assert _nio(w.result().findings) == {"1.weight", "1.bias"}
 
 
 def test_parameters_a_let_go_or_unwatched_optimizer_stepped_are_in_an_optimizer():
@@ -4260,7 +4357,7 @@ def test_parameters_a_let_go_or_unwatched_optimizer_stepped_are_in_an_optimizer(
                     if head:
                         head.step()
                 del head
-        return {f.where: f.message for f in w.result().findings if f.code == "not-in-optimizer"}
+        return {n: f.message for f in w.result().findings if f.code == "not-in-optimizer" for n in f.members or [f.where]}
 
     assert run(head_per_epoch=True) == {}
     found = run(stage2_body_only=True)

@@ -317,7 +317,7 @@ def test_under_torchrun_rank_0_reports_a_bug_that_only_rank_1_has(tmp_path):
     assert [rk["rank"] for rk in doc["ranks"]] == [0, 1] and doc["torchrun"].startswith("2 ranks")
     assert doc["steps"] == doc["ranks"][0]["data"]["steps"] == doc["ranks"][1]["data"]["steps"] == 30
     assert not [f for f in doc["ranks"][0]["findings"] if f["severity"] in ("warning", "error")]   # rank 0 is healthy
-    found = {f["where"]: f for f in doc["findings"] if f["code"] == "not-in-optimizer"}
+    found = {n: f for f in doc["findings"] if f["code"] == "not-in-optimizer" for n in f.get("members") or [f["where"]]}
     assert set(found) == {"2.weight", "2.bias"}   # the user's names, found on rank 1 and reported by rank 0
     for f in found.values():
         assert f["ranks"] == [1] and f["message"].startswith("[rank 1] ")

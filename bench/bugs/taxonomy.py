@@ -34,7 +34,7 @@ CODES: dict[str, tuple[str, ...]] = {
     # the loss and the targets do not fit the output
     "target-out-of-range": ("loss",), "labels-out-of-range": ("loss", "wrong_prep"),
     # the optimizer is wired wrongly (what it steps, what it zeroes)
-    "not-in-optimizer": ("opt",), "grad-carried-over": ("opt",), "param-not-updated": ("opt",),
+    "not-in-optimizer": ("opt",), "grad-carried-over": ("opt",), "grad-from-other-loss": ("opt",), "param-not-updated": ("opt",),
     "unchanged-params": ("opt",), "never-changes": ("opt",), "never-gets-grad": ("opt",), "optimizer-idle": ("opt",),
     "optimizer-cannot-fit": ("opt", "lr"),      # the default optimizer memorises the batch the run's cannot
     # initialisation

@@ -24,7 +24,9 @@ Command = Annotated[list[str], typer.Argument(metavar="COMMAND", show_default=Fa
 Every = Annotated[int, typer.Option("--every", metavar="N", help="Optimizer steps between read-backs (one host sync "
                                                                  "each on a healthy run); findings are decided there.")]
 Accumulate = Annotated[bool, typer.Option("--accumulate", help="The loop carries gradients over optimizer steps on "
-                                                               "purpose: the missing-zero_grad check is off.")]
+                                                               "purpose: the missing-zero_grad check is off. Not "
+                                                               "needed for micro-batch accumulation that calls "
+                                                               "zero_grad() after each optimizer step.")]
 Status = Annotated[bool | None, typer.Option("--status/--no-status", show_default=False,
                                                 help="The live status line on stderr (default: only when stderr is a "
                                                      "terminal; never under --json).")]

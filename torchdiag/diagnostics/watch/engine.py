@@ -99,7 +99,7 @@ class Engine:
         self.metrics: dict[str, list] = {}  # w.log(name, value): [(step, value)]
         self.events: list[dict] = []        # non-finite values (with replay), found at reads
         self.checks = {"eval_steps": [], "eval_models": {}, "eval_modules": {}, "eval_frozen": {}, "mode_inert": None,
-                       "not_in_optimizer": {}, "carried": [],
+                       "not_in_optimizer": {}, "carried": [], "crossed": {},
                        "dead": {}, "dead_feeds": {}, "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": [],
                        "orphaned": set()}
         self.ratios: dict[str, list] = {}   # parameter name -> [(step, update/weight ratio)]
@@ -151,6 +151,7 @@ class Engine:
         self._before_update = True          # the read being made sees the weights before this step's update
         self._first_bad_found = False       # the first non-finite loss or gradient is among the events
         self.backwards = 0                  # Tensor.backward calls seen: a gradient since a step is a new one
+        self.opt_steps = 0                  # outermost optimizer steps of any optimizer (the carry probes' marks)
         # an optimizer's first steps found none of its parameters with a gradient after a backward: the next
         # backward is asked whether it gives them one (then zero_grad() ran between it and step()) or not
         self._starved_probe: dict | None = None
@@ -606,6 +607,7 @@ class Engine:
                 self.tracks[id(opt)] = t
             else:
                 t = self.tracks[id(opt)] = Track(opt, self.opts)
+                t.marks = self._marks()
                 # a search for its model, while fewer than MAX_SEARCHES optimizers were searched for in vain (one
                 # made every iteration for an attack would keep every module call hooked; one a fold is found)
                 t.first_step = self.step if self._fruitless() < MAX_SEARCHES else None
@@ -618,6 +620,15 @@ class Engine:
                 self._hand_over(t)   # nested with the old track's: the same objective, one loss curve
         self._choose_clock(opt, t)
         return t
+
+    def _marks(self):
+        """(optimizer steps, backward calls) so far, for a track's carry probes; the engine held weakly."""
+        ref = weakref.ref(self)
+
+        def marks() -> tuple[int, int]:
+            engine = ref()
+            return (engine.opt_steps, engine.backwards) if engine is not None else (0, 0)
+        return marks
 
     def _regroup(self, opt, old: Track) -> Track:
         """`opt` took a param group more (a backbone unfrozen with add_param_group): its track stays as a let-go
@@ -820,6 +831,7 @@ class Engine:
             return
         closure = _has_closure(args, kwargs)
         nested, again = self.doubles.enter(opt, self.backwards, closure)
+        self.opt_steps += not nested
         if not nested:   # the losses before it were its own (`Watch(gen, opt_g)`: the discriminator's), as in _begin;
             self._took_losses()   # its clip calls are not dropped (a review: a wrapper not given, stepping the given
                                   # optimizer inside its step, lost the norm before clipping)
@@ -840,6 +852,7 @@ class Engine:
         nested, again = self.doubles.enter(opt, self.backwards, closure)
         if again:   # a subclass's super().step(): the hooks of one update, run twice
             return None
+        self.opt_steps += not nested
         if self._in_scaler and not nested:   # GradScaler.step found the gradients finite and applies them
             self.scaler_applied += 1
         self._file_dead()   # a let-go LBFGS's id, reused by this optimizer, is not an LBFGS (a review)
@@ -1019,7 +1032,7 @@ class Engine:
             return
         if calls > 1:   # several evaluations, several updates (LBFGS): a ratio per step is not the band's per update
             track.before = None
-        track.post_step(self.step, carry_probe=not self.opts.accumulate)
+        track.post_step(self.step, carry_probe=True)   # with accumulate too: said when it was not needed
         if opt is self.clock and self.step % self.opts.every == 0:
             self._sample_forward, self._sampled = True, set()
 

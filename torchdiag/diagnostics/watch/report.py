@@ -232,14 +232,22 @@ def _wiring(result: Result, engine) -> None:
                    f"changed since: {model} never trains", f"pass {model}.parameters() to its optimizer (is another optimizer built over the "
                    "wrong model's parameters?)")
     covered = {n for names in whole.values() for n in names}
-    for name, step in engine.checks["not_in_optimizer"].items():
-        if name in covered:
-            continue
-        why = ("was trained by an optimizer the run let go, and since then nothing applies its gradients"
-               if name in engine.checks["orphaned"] else "it never trains")
-        result.add("not-in-optimizer", "warning", name, f"{name} gets a gradient (step {step}) but is in no "
-                   f"optimizer's param groups at the end: {why}",
-                   f"pass {engine.model_word(name)}.parameters() (all of them) to the optimizer")
+    groups: dict[bool, list[str]] = {}   # one finding per cause (a sweep: an unfrozen block's 4 tensors were 4)
+    for name in engine.checks["not_in_optimizer"]:
+        if name not in covered:
+            groups.setdefault(name in engine.checks["orphaned"], []).append(name)
+    for orphaned, names in groups.items():
+        step = min(engine.checks["not_in_optimizer"][n] for n in names)
+        what = names[0] if len(names) == 1 else f"{len(names)} parameter tensors ({compact(names)})"
+        verb = "gets a gradient" if len(names) == 1 else "get gradients"
+        why = ("was trained by an optimizer the run let go, and since then nothing applies its gradients" if orphaned
+               else "it never trains" if len(names) == 1 else "they never train")
+        result.add("not-in-optimizer", "warning", names[0] if len(names) == 1 else common_path(names) or names[0],
+                   f"{what} {verb} (first seen at the read of step {step}) but {'is' if len(names) == 1 else 'are'} in "
+                   f"no optimizer's param groups at the end: {why}",
+                   f"pass {engine.model_word(names[0])}.parameters() (all of them) to the optimizer; for layers unfrozen "
+                   "during the run, optimizer.add_param_group({'params': [...]}) them",
+                   members=names if len(names) > 1 else None)
     judged = [t for t in engine.tracks.values() if not t.retired]   # a retired one's parameters are its heir's
     many, owners = len(judged) > 1, _owners(engine)
     for k, t in enumerate(judged):
@@ -251,7 +259,9 @@ def _wiring(result: Result, engine) -> None:
                        f"none of the {len(ignored)} parameters {'this optimizer' if many else 'the optimizer'} trains got a "
                        f"non-zero gradient in {_its_steps(t, engine)} (every gradient exactly 0): the loss does not depend "
                        "on them", "the output or the loss is constant: e.g. a softmax over a single unit (always 1), "
-                       "an output detached from the model, a loss computed on the wrong tensor, or every unit dead")
+                       "an output detached from the model, a loss computed on the wrong tensor, every unit dead, or a product "
+                       "of factors all initialised to zero (a LoRA adapter's A and B both 0: each gradient is the other's "
+                       "value)")
         if _starved(result, engine, t, judged, owners, f"optimizer {k}" if many else ""):
             continue
         frozen = []   # never changed with its group's rate 0 at every read: one info for them all
@@ -297,10 +307,49 @@ def _wiring(result: Result, engine) -> None:
     if carried and not engine.opts.accumulate:
         # looked at after read steps only: "every step" overstated a loop that zeroes every 10th step (a sweep)
         more = f" and {len(carried) - 5} more" if len(carried) > 5 else ""
-        result.add("grad-carried-over", "error", "", f"gradients from the previous step were still there at the next "
-                   f"backward after {len(carried)} of the {len(engine.checks.get('carry_steps', carried))} read steps looked at ({', '.join(map(str, carried[:5]))}"
+        where, whose = _carriers(engine)
+        result.add("grad-carried-over", "error", where, f"gradients from the previous step{whose} were still there at "
+                   f"the next backward after {len(carried)} of the {len(engine.checks.get('carry_steps', carried))} read steps looked at ({', '.join(map(str, carried[:5]))}"
                    f"{more}): they add up across steps",
                    "call optimizer.zero_grad() once per step (or pass accumulate=True if this is on purpose)")
+    elif not engine.opts.accumulate:
+        _crossed(result, engine)
+    elif engine.checks.get("carry_steps"):   # declared, yet cleared every time (a sweep: the flag a user doing
+        looked = len(engine.checks["carry_steps"])   # micro-batch accumulation passes hid their missing zero_grad)
+        result.add("accumulate-unneeded", "info", "", f"accumulate was given, yet at each of the {looked} read steps "
+                   "looked at the gradients were cleared before the next backward: accumulation over micro-batches "
+                   "that calls zero_grad() after each optimizer step does not need it, and without it a missing "
+                   "zero_grad() is an error (grad-carried-over)", "drop accumulate unless the gradients are meant to "
+                   "carry over optimizer steps")
+
+
+def _carriers(engine) -> tuple[str, str]:
+    """Where grad-carried-over points, and which optimizer it names, where the run has several (a sweep: an
+    embedding's own Adam never zeroed, beside a head's that was, was named by neither)."""
+    live = [t for t in engine.tracks.values() if not t.retired]
+    by = list(engine.checks.get("carried_by", {}).values())
+    if len(live) < 2 or not by:
+        return "", ""
+    said = [f"{engine.doubles.label(id(t.opt), t.kind) if not t.released else t.kind} over {t.names[0]}"
+            + (" and more" if len(t.names) > 1 else "") for t in by]
+    return by[0].names[0], f" ({'; '.join(said)})"
+
+
+def _crossed(result: Result, engine) -> None:
+    """An optimizer whose step applied a gradient that a backward made before another optimizer's step (stats.Track
+    disarm), which its own backward's gradient pulled against: a loss another optimizer stepped on trained these
+    parameters the other way (a GAN's discriminator loss on fakes not detached, both zero_grad calls at the loop's
+    top). A head accumulating one loss over its body's steps, or a trunk two losses train, pulls the same way."""
+    for t, step, cos in engine.checks["crossed"].values():
+        label = engine.doubles.label(id(t.opt), t.kind) if not t.released else t.kind
+        where = t.names[0].split(".", 1)[0] if len(engine.models_seen) > 1 else ""
+        over = where or (t.names[0] + (" and more" if len(t.names) > 1 else ""))
+        result.add("grad-from-other-loss", "warning", where,
+                   f"{label} (over {over}) applied at step {step + 1} a gradient made of two that pull apart (cosine "
+                   f"{cos:.2f}): one from a backward before another optimizer stepped, never cleared, and its own "
+                   "backward's after it: the loss that other optimizer stepped on trained these parameters the other way",
+                   "in a GAN, the discriminator's loss on fakes not detached reaches the generator: use "
+                   "fake.detach() there, or call the generator optimizer's zero_grad() right before its own backward")
 
 
 def _starved(result: Result, engine, t, judged: list, owners: dict, where: str) -> bool:
@@ -1181,6 +1230,13 @@ def _verdict(result: Result, engine, interrupted, failure) -> None:
         result.verdict = f"INTERRUPTED after {engine.step} step(s): the report covers the steps up to then"
     elif failure:
         result.verdict = f"STOPPED at step {engine.step}: {failure}"
+    elif engine.broken:   # a bug of ours: never a PASS over the steps it did not watch (a sweep: PASS, exit 0)
+        from ...errors import ExitCode
+
+        result.code = int(ExitCode.INTERNAL)
+        found = f"; before it: {errors[0].code}" if errors else f"; before it: {len(warnings)} warning(s)" if warnings else ""
+        result.verdict = f"INCOMPLETE: watch stopped watching at step {engine.step} after an internal error in torchdiag " \
+                         f"(please report it){found}"
     elif errors:
         result.verdict = f"FAIL: {errors[0].code}" + (f" at {errors[0].where}" if errors[0].where else "")
     elif warnings:

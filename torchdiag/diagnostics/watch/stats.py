@@ -8,6 +8,7 @@ import weakref
 
 SAMPLE = 256          # elements per parameter sampled for the update/weight ratio
 CARRY_PROBES = 4      # parameters per optimizer whose old gradient is looked at in the next backward
+OPPOSED = -0.5        # cosine under which the gradient a backward adds pulls against the one already there
 
 
 class Track:
@@ -58,10 +59,14 @@ class Track:
         self._before_views: list = []  # the entries the samples before the update came from
         self._probe_next = False       # arm the zero_grad probes after this step (a read step)
         self.fired: list = []          # the probes' flags since they were armed
+        self.fired_at: list = []       # per flag, (outermost optimizer steps, backward calls) when it fired
+        self.fired_dots: list = []     # per flag, (old·new, |old|², |new|²) of the gradients, float64
+        self.marks = None              # the engine's (steps, backwards) counter (engine._marks), set by it
         self.armed_step = 0
         self.queue: list = []          # (kind, payload, tensor)
         self.probes: list = []
         self._zero = torch.zeros((), device=self.device)   # the carry probe's "no gradient"
+        self._zero3 = torch.zeros(3, dtype=torch.float64, device=self.device)
         # on the CPU the device is the host: a one-element flag per step is looked at through a shared
         # numpy view (no op, nothing waits), so a non-finite gradient is known at its own step
         self._flag = torch.zeros(1) if host_visible(self.device) else None
@@ -344,15 +349,20 @@ class Track:
         so is accumulating micro-batches after a zero_grad)."""
         import torch
 
-        fired = self.fired = []
+        fired, at, dots, marks = self.fired, self.fired_at, self.fired_dots, self.marks
+        fired.clear()
+        at.clear()
+        dots.clear()
 
         def probe(p):
             ref = weakref.ref(p)   # the hook lives on p: a strong reference would make a cycle only gc frees
 
-            def hook(grad):
+            def hook(grad):   # `grad`: the gradient this backward adds; .grad: the one already there
                 old = ref().grad if ref() is not None else None
                 with torch.no_grad():
                     fired.append((old.detach().abs().sum() > 0).float() if old is not None else self._zero)
+                    dots.append(_dot_norms(old, grad) if old is not None else self._zero3)
+                at.append(marks() if marks is not None else (0, 0))
                 return None
             return hook
 
@@ -371,7 +381,15 @@ class Track:
             self.idle_off()
         if self.fired:
             self.queue.append(("carry", (self, self.armed_step), torch.stack(self.fired).min()))
-        self.fired = []
+            crossed = _after_other_step(self.fired_at)
+            if crossed:   # still there all the way (min), and the cosine between what was there and what came
+                first = [i for i in crossed if self.fired_at[i] == self.fired_at[crossed[0]]]
+                dot, old, new = torch.stack([self.fired_dots[i] for i in first]).sum(0)
+                cos = dot / (old * new).sqrt().clamp_min(1e-30)
+                self.queue.append(("crossed", (self, self.armed_step),
+                                   torch.stack([torch.stack([self.fired[i] for i in crossed]).min(), cos.float()])))
+        self.fired, self.fired_at, self.fired_dots = [], [], []
+
 
     def queued(self, final: bool) -> list:
         """What this optimizer hands to a read: per step the total gradient norm (k), per parameter the
@@ -805,6 +823,11 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
         checks.setdefault("carry_steps", set()).add(payload[1])   # read steps looked after (a step may take
         if vals[0] > 0 and payload[1] not in checks["carried"]:    # several backwards: a sweep's "3 of the 204")
             checks["carried"].append(payload[1])
+        if vals[0] > 0:   # which optimizer's (named where there are several)
+            checks.setdefault("carried_by", {})[id(payload[0])] = payload[0]
+    elif kind == "crossed":   # a gradient made before another optimizer's step, still there when this one stepped,
+        if vals[0] > 0 and vals[1] < OPPOSED:   # and the next backward's pulling against it
+            checks["crossed"].setdefault(id(payload[0]), (payload[0], payload[1], vals[1]))
     elif kind == "weights":
         track, step = payload
         track.weight_norm = vals
@@ -861,3 +884,21 @@ def norms32(tensors: list) -> tuple:
         rest = iter(torch._foreach_norm([t for t in tensors if t.dtype not in half]))
         return tuple(next(lows) if t.dtype in half else next(rest) for t in tensors)
     return torch._foreach_norm(tensors)
+
+
+def _dot_norms(old, new):
+    """(old·new, |old|², |new|²) in float64, on old's device: three reductions, no sync."""
+    import torch
+
+    a, b = old.detach().double().reshape(-1), new.detach().to(old.device).double().reshape(-1)
+    return torch.stack([a @ b, a @ a, b @ b])
+
+
+def _after_other_step(at: list) -> list[int]:
+    """The flags from the first backward after another optimizer's last step (counted from an earlier backward that
+    reached the probed parameters) to this optimizer's step. All non-zero: a gradient made before that other step was
+    still there when this one applied it (a GAN's discriminator loss reaching the generator through fakes not
+    detached, its zero_grad at the loop's top). A zero_grad after the other step (a PGD attack's steps before the
+    model's own zero_grad and backward) or micro-batches after one leave a zero flag among them."""
+    last = max((i for i in range(1, len(at)) if at[i][0] > at[i - 1][0]), default=None)
+    return list(range(last, len(at))) if last is not None else []
