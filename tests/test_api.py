@@ -173,3 +173,42 @@ def test_optimizer_keywords_for_a_command_that_takes_no_steps_are_refused():
         with pytest.raises(OptionError, match="takes no optimizer steps"):
             run(command, model, x, **given)
     assert run("gradflow", model, x, optimizer="sgd", momentum=0.0).exit_code == 0
+
+
+class _Counter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 4)
+        self.register_buffer("step", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        self.step += 1
+        return self.b(torch.relu(self.a(x)))
+
+
+class _SmallConv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
+
+
+def _qat():
+    m = _SmallConv().train()
+    m.qconfig = torch.ao.quantization.get_default_qat_qconfig("x86")
+    return torch.ao.quantization.prepare_qat(m)
+
+
+@pytest.mark.parametrize("make,shape", [(_Counter, (4, 8)), (_qat, (2, 3, 8, 8))], ids=["step-counter", "qat"])
+@pytest.mark.parametrize("command", ["summary", "flops", "nancheck", "gradflow"])
+def test_a_forward_that_writes_buffers_leaves_the_model_as_it_was(untouched, make, shape, command):
+    """A sweep: summary and flops left a step-counter buffer at 1 and a fake-quant model's observers changed; on the
+    fake-quant model nancheck and gradflow raised (exit 4) putting back observer buffers its first forward had
+    resized (min_val (0,) -> (8,)), and left them changed."""
+    torch.manual_seed(0)
+    model, x = make(), torch.randn(*shape)
+    with untouched(model):
+        r = getattr(torchdiag, command)(model, x)
+    assert int(r.exit_code) == 0, [f.to_dict() for f in r.findings]

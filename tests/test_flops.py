@@ -1,4 +1,6 @@
 """flops: closed-form counts for Linear, Conv2d, matmul and attention; CPU == meta; published tables."""
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -142,6 +144,36 @@ def test_grouped_matmul_closed_form():
     r = count(_Experts(), torch.randn(16, 8))
     assert r.data["forward_macs"] == 16 * 8 * 4
     assert "unsupported-op" not in {f.code for f in r.findings}
+
+
+def test_matrix_vector_products_counted_and_matrix_functions_warned():
+    """A sweep: spectral_norm's power iteration (mv, vdot), an orthogonal parametrisation's matrix_exp and FFTs were
+    'not counted by convention', with no warning. mv/vdot/dot and FFTs now have formulas; matrix functions,
+    compute with none, are unsupported-op."""
+    from torch.nn.utils import parametrizations
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    parametrizations.spectral_norm(model[0])
+    r = count(model, torch.randn(4, 8))
+    # sigma = u · (W v): one (16x8)@8 mv and one 16-long vdot, besides the two Linears
+    assert r.data["forward_macs"] == 4 * (8 * 16 + 16 * 4) + 16 * 8 + 16
+    assert "unsupported-op" not in {f.code for f in r.findings}
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    parametrizations.orthogonal(model[0])
+    ops = {f.where for f in count(model, torch.randn(4, 8)).findings if f.code == "unsupported-op"}
+    assert any("matrix_exp" in o for o in ops), ops
+    # FFTs by FFTW's convention: 5·n·log2(n) FLOPs for n complex points, half that for real data
+    r = count(lambda_module(lambda x: torch.fft.irfft(torch.fft.fft(torch.fft.rfft(x)), n=16)), torch.randn(2, 16))
+    assert "unsupported-op" not in {f.code for f in r.findings}
+    assert r.data["forward_flops"] == 2 * (2.5 * 16 * 4) + 2 * (5 * 9 * math.log2(9)) // 1 + 2 * (2.5 * 16 * 4)
+
+
+def lambda_module(fn):
+    class Fn(nn.Module):
+        def forward(self, x):
+            return fn(x)
+    return Fn()
 
 
 def test_interpolation_is_pointwise_not_a_missing_formula():

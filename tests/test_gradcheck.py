@@ -375,3 +375,43 @@ def test_checkpoint_on_a_target_without_weights_is_exit_2(cli, tmp_path, name):
     assert "hint:" in r.stderr
     r = cli("gradcheck", sample(f"{CA}:{name}"), *inputs, "--checkpoint", tmp_path / "w.pt", "--json")
     assert r.code == 2 and r.json["error"]["message"].startswith("--checkpoint: does not apply")
+
+
+
+def test_complex_tensors_are_checked_with_their_imaginary_parts():
+    """A sweep: complex parameters were cast to float64, losing their imaginary part (torch's 'discards the
+    imaginary part' warning), and the check passed on another function. Now they are checked as real and
+    imaginary parts: a complex backward missing its conjugate fails, a complex filter's parameter passes."""
+    import torch
+    from torch import nn
+
+    import torchdiag
+
+    class Square(torch.autograd.Function):   # z -> z², its backward right for real z only (no conjugate)
+        @staticmethod
+        def forward(ctx, z):
+            ctx.save_for_backward(z)
+            return z * z
+
+        @staticmethod
+        def backward(ctx, grad):
+            (z,) = ctx.saved_tensors
+            return grad * 2 * z
+
+    class ComplexFilter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.filt = nn.Parameter(torch.randn(5, dtype=torch.cfloat))
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.head(torch.fft.irfft(torch.fft.rfft(x, dim=-1) * self.filt, n=8, dim=-1))
+
+    z = torch.randn(3, dtype=torch.cdouble)
+    r = torchdiag.gradcheck(Square, z)
+    assert r.exit_code == 1 and "wrong-gradient" in {f.code for f in r.findings}, r.verdict
+    assert torchdiag.gradcheck(lambda t: t * t, z).exit_code == 0   # autograd's own complex backward: right
+    torch.manual_seed(0)
+    r = torchdiag.gradcheck(ComplexFilter(), torch.randn(2, 8), params=True)
+    rows = {row["input"]: row for row in r.table("per_input").rows}
+    assert r.exit_code == 0 and rows["filt"]["shape"] == "5x2", rows

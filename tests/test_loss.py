@@ -50,6 +50,32 @@ def test_auto_on_other_outputs():
     assert loss.chosen == "mse"
 
 
+def test_a_plain_dataclass_output_is_read_by_its_fields():
+    """A sweep: a model returning a @dataclass was refused by every training command ("cannot pick a tensor to
+    compute a loss from a Out output", exit 2); the same fields in a dict worked. Now they are read as a dict's."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Out:
+        ids: torch.Tensor
+        logits: torch.Tensor
+        feats: torch.Tensor
+
+    from torchdiag.core.tracking import describe
+
+    logits, feats = torch.randn(6, 4, requires_grad=True), torch.randn(6, 3, requires_grad=True)   # both trained
+    out = Out(torch.arange(6), logits, feats)
+    loss = Loss("auto", seed=3)
+    value = loss(out)
+    from torchdiag.core import seeds
+
+    g = torch.Generator().manual_seed(seeds.output_target(3, 1))   # the first other output's own target
+    other = F.mse_loss(feats, torch.randn((6, 3), generator=g))
+    assert loss.describe().startswith("cross_entropy on output['logits']") and "output['feats']" in loss.describe()
+    assert float(value) == pytest.approx(float(F.cross_entropy(logits, seeded_classes(6, 4, 3)) + other), rel=1e-6)
+    assert describe(out) == "Out(ids: 6 int64, logits: 6x4, feats: 6x3)"
+
+
 def test_auto_with_a_given_target():
     y = torch.randn(5, 3)
     classes = torch.tensor([0, 2, 1, 1, 0])

@@ -76,6 +76,18 @@ def test_initial_loss_and_first_grad_norm_match_independent_computation():
     assert r.data["passed"] is False and "cannot-overfit" in codes(r)   # budget of 3 steps is too small
 
 
+def test_a_float64_model_overfits_and_its_norm_is_its_own():
+    """A sweep: a float64 model raised (exit 4): its gradient norm was asked in float32, a narrowing torch refuses."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).double()
+    x = torch.randn(4, 8, dtype=torch.float64)
+    r = overfit(model, x, steps=3, target_ratio=1e-9)
+    out = model(x)
+    F.cross_entropy(out, seeded_targets(4, 4, seed=0)).backward()
+    norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in model.parameters()))
+    assert r.series["grad_norm"][0] == pytest.approx(norm, rel=1e-6)
+
+
 def test_dropout_is_off_on_the_trained_copy_and_said_so(untouched):
     # dropout on the output is a floor under a regression loss (its noise): p/(1-p) of the output's power,
     # here 1.0, far above the 1% target; with it off on the copy the model memorises the batch

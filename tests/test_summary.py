@@ -173,3 +173,17 @@ def test_graph_is_data_and_says_plainly_when_it_cannot_trace():
     assert any("Linear" in node.op or "linear" in node.op for node in graph_def.node)
     assert "model graph written (TensorBoard → Graphs)" in r.notes
     assert "tb_graph" not in run("summary", nn.Linear(3, 2), torch.randn(2, 3)).artefacts
+
+
+def test_a_dynamically_quantized_model_counts_its_packed_weights():
+    """A sweep: summary said 'Total params 0' for a quantize_dynamic model, with nothing else, and a note that its
+    packed params 'never ran' and 'are still counted'. Its int8 weights and float biases are state_dict entries that
+    are neither parameters nor buffers: listed as other state, counted by hand here."""
+    from torchdiag.core.inputs import ModelInputs
+
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    q = torch.ao.quantization.quantize_dynamic(m, {nn.Linear}, dtype=torch.qint8)
+    r = run("summary", q, ModelInputs((torch.randn(4, 8),)))
+    weights, biases, scalars = 16 * 8 + 4 * 16, 16 + 4, 2 * 2   # each Linear's scale and zero_point besides
+    assert r.data["total_params"] == 0 and r.data["other_state"]["values"] == weights + biases + scalars
+    assert not any("still counted" in n for n in r.notes), r.notes

@@ -16,27 +16,45 @@ def _hook_count(model) -> int:
 
 
 def snapshot_buffers(model) -> list:
-    """Copies of every buffer (BatchNorm running stats, counters), to put back with restore_buffers."""
+    """Every buffer slot (module, name, the tensor there, a copy of its value), to put back with restore_buffers:
+    BatchNorm running stats, counters, a fake-quant observer's scale, which its first forward resizes in place. A
+    lazy module's uninitialised buffer keeps no copy (it has no value yet)."""
     import torch
+    from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]
 
+    saved = []
     with torch.no_grad():
-        return [(b, b.detach().clone()) for b in {id(b): b for b in model.buffers()}.values()]
+        for m in model.modules():
+            for name, b in m._buffers.items():
+                keep = b is not None and not isinstance(b, UninitializedTensorMixin)
+                saved.append((m, name, b, b.detach().clone() if keep else None))
+    return saved
 
 
 def restore_buffers(saved) -> None:
+    """Each slot holds its tensor again (a forward that assigned a new one is undone), with its value and shape (a
+    QAT observer's min_val resized from (0,) to (8,) made copy_ raise, and the model kept the new values)."""
     import torch
 
     with torch.no_grad():
-        for b, value in saved:
-            b.copy_(value)
+        for m, name, b, value in saved:
+            if m._buffers.get(name) is not b:
+                m._buffers[name] = b
+            if value is None:
+                continue
+            if b.shape != value.shape:
+                b.set_(value.clone())
+            else:
+                b.copy_(value)
 
 
 @contextlib.contextmanager
-def leave_no_trace(model, buffers: bool = False):
+def leave_no_trace(model, buffers: bool = True):
     """Run a diagnostic on `model` in place and put back everything it may touch: training
     flags, requires_grad flags, .grad tensors, RNG state, grad mode, anomaly mode, default
-    dtype and MHA fast-path setting; with buffers=True also buffer values, for diagnostics that
-    run forward in train mode (BatchNorm updates its running stats there). Parameters
+    dtype and MHA fast-path setting, and buffer values: any forward may write them (BatchNorm in
+    train mode, a step counter, a fake-quant observer in eval too: summary and flops changed them, a
+    sweep). buffers=False for a caller that restores them itself. Parameters
     themselves must not be written (commands that train work on a copy); tests check that bit
     for bit."""
     import torch

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..errors import ModelError, UsageError, device_error, one_line
 from . import seeds
+from .tracking import dataclass_fields
 
 LOSS_CHOICES = "auto|cross_entropy|mse|sum|PATH:fn"
 
@@ -49,6 +50,9 @@ def primary_output(out) -> tuple[Any, str]:
         for i, v in enumerate(out):
             if isinstance(v, torch.Tensor) and v.is_floating_point():
                 return v, f"output[{i}]"
+    fields = dataclass_fields(out)   # a plain @dataclass: its fields, as a dict's (a sweep: exit 2)
+    if fields is not None:
+        return primary_output(dict(fields))
     nested = _one_level_down(out)
     if nested is not None:
         return nested
@@ -95,6 +99,9 @@ def float_outputs(out, label: str = "output", found: list | None = None, seen: s
         names = getattr(out, "_fields", None)
         for i, v in enumerate(out):
             float_outputs(v, f"{label}[{i}]" + (f" ({names[i]})" if names else ""), found, seen)
+    elif dataclass_fields(out) is not None:
+        for k, v in dataclass_fields(out) or []:
+            float_outputs(v, f"{label}['{k}']", found, seen)
     return found
 
 

@@ -28,9 +28,20 @@ def describe(obj: Any, limit: int = 4) -> str:
         return "{" + body + (", …" if len(items) > limit else "") + "}"
     if obj is None:
         return "None"
-    if hasattr(obj, "__dataclass_fields__") or hasattr(obj, "_fields"):
-        return type(obj).__name__
+    fields = dataclass_fields(obj)
+    if fields is not None:   # a plain @dataclass output: its fields, as a dict's
+        body = ", ".join(f"{k}: {describe(v, limit)}" for k, v in fields[:limit])
+        return f"{type(obj).__name__}(" + body + (", …" if len(fields) > limit else "") + ")"
     return type(obj).__name__
+
+
+def dataclass_fields(obj: Any) -> list[tuple[str, Any]] | None:
+    """A @dataclass instance's (name, value) fields (not a dict-like model output: those are dicts), else None."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type) or hasattr(obj, "keys"):
+        return None
+    return [(f.name, getattr(obj, f.name, None)) for f in dataclasses.fields(obj)]
 
 
 def nested_shape(t, limit: int = 4) -> str:

@@ -39,7 +39,9 @@ _MOVEMENT = re.compile(
     r"masked_select|nonzero|item|diagonal|movedim|expand_as|view_as|type_as|select_backward|slice_backward|"
     r"_softmax_backward_data|detach_|threshold_backward|where\..*|split_with_sizes|constant_pad_nd|pad)$")
 # Compute-heavy ops: missing a formula here makes a total materially low.
-_HEAVY = re.compile(r"(conv|mm|matmul|linear|einsum|attention|lstm|gru|rnn|_cudnn|mkldnn|baddbmm|addbmm|tensordot)")
+_HEAVY = re.compile(r"(conv|mm|matmul|linear|einsum|attention|lstm|gru|rnn|_cudnn|mkldnn|baddbmm|addbmm|tensordot"
+                    r"|fft|matrix_exp|matrix_power|linalg_(solve|inv|cholesky|eig|svd|qr|det|lstsq|lu|pinv)|cholesky|"
+                    r"^(add)?mv$|^v?dot$)")   # FFTs and matrix functions: compute with no formula (a sweep)
 # Interpolation is pointwise arithmetic per output element, not counted by convention (as torch and the published
 # tables do not count activations): upsample_bilinear2d matched `linear` above and warned on DPT, PVT, SAM, RAFT.
 _INTERPOLATION = re.compile(r"^_?(upsample_|grid_sampler)")
@@ -101,6 +103,33 @@ def _extra_formulas():
             return 2 * a_shape[0] * a_shape[1] * b_shape[1]
         return 2 * math.prod(out_shape) * a_shape[-1]
 
+    def mv(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+        return 2 * a_shape[0] * a_shape[1]   # (m, n) @ (n,): m dot products of length n
+
+    def addmv(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+        return mv(a_shape, b_shape)
+
+    def dot(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+        return 2 * a_shape[0]
+
+    def fft(shape, dims, per_point: float) -> int:
+        # FFTW's convention: a complex FFT of n points is 5·n·log2(n) real FLOPs, one of real data half that
+        n = math.prod(shape[d] for d in dims) if dims else 1
+        return int(math.prod(shape) // max(n, 1) * per_point * n * math.log2(n)) if n > 1 else 0
+
+    def fft_r2c(x_shape, dim, *args, out_shape=None, **kwargs) -> int:
+        return fft(x_shape, dim, 2.5)
+
+    def fft_c2c(x_shape, dim, *args, out_shape=None, **kwargs) -> int:
+        return fft(x_shape, dim, 5.0)
+
+    def fft_c2r(x_shape, dim, *args, out_shape=None, **kwargs) -> int:
+        return fft(out_shape, dim, 2.5)   # n is the real output's length
+
+    # matrix-vector products, dot products and FFTs torch's counter has no formula for (spectral_norm's power
+    # iteration, FNet's mixing: "not counted by convention" before, a sweep)
+    extra.update({aten.mv: mv, aten.addmv: addmv, aten.dot: dot, aten.vdot: dot,
+                  aten._fft_r2c: fft_r2c, aten._fft_c2c: fft_c2c, aten._fft_c2r: fft_c2r})
     if hasattr(aten, "_grouped_mm"):
         extra[aten._grouped_mm] = grouped_mm
     if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):

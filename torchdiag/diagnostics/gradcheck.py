@@ -166,7 +166,7 @@ def check_arity(kind: str, target, given: int, label: str, source: str = "") -> 
 def build(kind: str, target, inputs: list, input_names: list[str], opts: Options, label: str) -> Checked:
     import torch
 
-    diff = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    diff = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())]
     if kind != "nn.Module":
         fixed = list(inputs)
 
@@ -178,7 +178,8 @@ def build(kind: str, target, inputs: list, input_names: list[str], opts: Options
 
         return Checked(fn, [inputs[i] for i in diff], [input_names[i] for i in diff], kind, label)
 
-    module = copy.deepcopy(target).double()
+    module = copy.deepcopy(target).double()   # complex tensors stay complex, in double precision (complex128)
+    module._apply(lambda t: t.to(torch.complex128) if t.is_complex() else t)
     pnames, pvals = [], []
     if opts.params:
         for n, p in module.named_parameters():
@@ -206,10 +207,30 @@ def _outputs(value) -> list:
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (tuple, list)):
-        return [v for v in value if isinstance(v, torch.Tensor) and v.is_floating_point()]
+        return [v for v in value if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex())]
     if isinstance(value, dict):
-        return [v for v in value.values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+        return [v for v in value.values() if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex())]
     raise UsageError(f"the target returned a {type(value).__name__}; gradcheck needs tensor outputs")
+
+
+def realified(fn, xs: list):
+    """(fn, xs) as a real function: each complex tensor in as its real view (..., 2) in float64 (its real and
+    imaginary parts), each complex output out as its real view. The real Jacobian of that is what autograd's
+    gradient of a real loss uses; a sweep: complex parameters cast to float64 lost their imaginary part, and the
+    check passed on another function."""
+    import torch
+
+    cplx = [x.is_complex() for x in xs]
+    real = [torch.view_as_real(x.detach().to(torch.complex128)).clone() if c else x.detach().double() for x, c in
+            zip(xs, cplx)]
+
+    def g(*ts):
+        args = [torch.view_as_complex(t) if c else t for t, c in zip(ts, cplx)]
+        out = fn(*args)
+        outs = [torch.view_as_real(o) if o.is_complex() else o for o in _outputs(out)]
+        return outs[0] if isinstance(out, torch.Tensor) else tuple(outs)   # one tensor stays one (its dtype said)
+
+    return g, real
 
 
 def _call(fn, xs, what="forward"):
@@ -350,9 +371,12 @@ def run(checked: Checked, opts: Options | None = None) -> Result:
     import torch
 
     opts = opts or Options()
-    xs = [x.detach().double() for x in checked.tensors]
+    fn, xs = realified(checked.fn, checked.tensors)
     result = Result("gradcheck", header={"target": checked.label, "kind": checked.kind,
                                          "precision": "float64", "eps": opts.eps, "atol": opts.atol, "rtol": opts.rtol})
+    if any(x.is_complex() for x in checked.tensors):
+        result.notes.append("complex tensors are checked as their real and imaginary parts (complex128; a shape's "
+                            "last 2), as are complex outputs")
     if not xs:
         raise UsageError(f"{checked.label} has no floating-point input to differentiate",
                          hint="give float inputs with -i, e.g. -i 3x4")
@@ -360,19 +384,19 @@ def run(checked: Checked, opts: Options | None = None) -> Result:
     if total > opts.max_elements:
         raise UsageError(f"{total:,} input elements to check; the numerical gradient needs two forwards per element",
                          hint=f"use smaller shapes with -i (≤ {opts.max_elements:,} elements in all)")
-    _deterministic(checked, xs, result)
+    _deterministic(checked, fn, xs, result)
     grad_mode = torch.is_grad_enabled()
     torch.set_grad_enabled(True)
     try:
-        analytical, numerical, out_shapes = jacobians(checked.fn, xs, opts.eps)
+        analytical, numerical, out_shapes = jacobians(fn, xs, opts.eps)
         rows = compare(checked.names, xs, analytical, numerical, out_shapes, opts, 1)
-        torch_ok, torch_msg = torch_check(checked.fn, xs, opts, False)
+        torch_ok, torch_msg = torch_check(fn, xs, opts, False)
         result.data["torch_gradcheck"] = {"passed": torch_ok, "message": torch_msg}
         if opts.second_order:
-            g = _second_order_fn(checked.fn, xs)
+            g = _second_order_fn(fn, xs)
             a2, n2, s2 = jacobians(g, xs, opts.eps)
             rows += compare(checked.names, xs, a2, n2, s2, opts, 2)
-            ok2, msg2 = torch_check(checked.fn, xs, opts, True)
+            ok2, msg2 = torch_check(fn, xs, opts, True)
             result.data["torch_gradgradcheck"] = {"passed": ok2, "message": msg2}
     finally:
         torch.set_grad_enabled(grad_mode)
@@ -416,24 +440,24 @@ def _same(a, b) -> bool:
     return all(x.shape == y.shape and bool(torch.equal(torch.nan_to_num(x), torch.nan_to_num(y))) for x, y in zip(a, b))
 
 
-def _deterministic(checked: Checked, xs, result) -> None:
+def _deterministic(checked: Checked, fn, xs, result) -> None:
     """Finite differences need f to give the same output for the same input, and a float output.
     An nn.Module that is random in training mode (Dropout) is checked in eval mode, with a note;
     anything else random is a usage error (it would read as a wrong backward)."""
     import torch
 
     with torch.no_grad():
-        first = _call(checked.fn, xs)
+        first = _call(fn, xs)
         if not any(o.is_floating_point() or o.is_complex() for o in first):
             raise UsageError(f"{checked.label} returns no floating-point output "
                              f"({', '.join(str(o.dtype).replace('torch.', '') for o in first) or 'nothing'}): "
                              "there is no gradient to check")
-        if _same(first, _call(checked.fn, xs)):
+        if _same(first, _call(fn, xs)):
             result.data["mode"] = "train" if checked.module is not None and checked.module.training else None
             return
         if checked.module is not None and checked.module.training:
             checked.module.eval()
-            if _same(_call(checked.fn, xs), _call(checked.fn, xs)):
+            if _same(_call(fn, xs), _call(fn, xs)):
                 result.data["mode"] = "eval"
                 result.notes.append(f"{checked.label} gives different outputs for the same input in training mode "
                                     "(Dropout or other random ops): checked in eval mode")

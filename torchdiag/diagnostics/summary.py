@@ -163,11 +163,41 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         why = (f"it counts each of {len(shared)} shared tensor(s) once per module using it; " if shared else "")
         result.notes.append(f"torchinfo 1.8.0 reports {torchinfo_total:,} params: {why}"
                             f"torchdiag counts each tensor once ({total:,}).")
+    other = other_state(model)
+    if other:
+        count, nbytes = sum(t.numel() for _, t in other), sum(t.numel() * t.element_size() for _, t in other)
+        result.data["other_state"] = {"tensors": len(other), "values": count, "bytes": nbytes}
+        result.summary.append(("Other state", f"{count:,} values in {len(other)} tensor(s) of the state_dict that are "
+                               f"neither parameters nor buffers ({', '.join(k for k, _ in other[:3])}"
+                               f"{' …' if len(other) > 3 else ''}: packed or quantized weights), {_hb(nbytes)}"))
     if uncalled:
         top = [n for n in uncalled if not any(n.startswith(u + ".") for u in uncalled)]
+        modules = dict(model.named_modules())
+        held = sum(any(True for _ in modules[n].parameters()) for n in top if n in modules)
         result.notes.append(f"{len(uncalled)} module(s) never ran in forward: " + ", ".join(top[:10]) +
-                            (" …" if len(top) > 10 else "") + " (their parameters are still counted)")
+                            (" …" if len(top) > 10 else "") +
+                            (f" ({held} of them hold parameters, still counted)" if held else ""))
     return result
+
+
+def other_state(model) -> list[tuple[str, object]]:
+    """(key, tensor) of the state_dict's tensors that are neither parameters nor buffers: a dynamically quantized
+    Linear's packed int8 weight and bias (a sweep: summary said 0 params for such a model, and called its packed
+    params unused). A state_dict that cannot be made (a module's hook raising) gives none."""
+    import torch
+
+    known = {id(t) for t in model.parameters()} | {id(t) for t in model.buffers()}
+    out = []
+    try:
+        state = model.state_dict(keep_vars=True)
+    except Exception:   # noqa: BLE001 - an extra line only
+        return []
+    for key, value in state.items():
+        values = value if isinstance(value, (tuple, list)) else [value]
+        for i, t in enumerate(values):
+            if isinstance(t, torch.Tensor) and id(t) not in known:
+                out.append((key if len(values) == 1 else f"{key}[{i}]", t))
+    return out
 
 
 def _layer_table(rows, depth, title) -> Table:

@@ -410,14 +410,15 @@ def _agreement(ctx, group):
 
 
 def grad_norm(grads):
-    """The total L2 norm of `grads` in float32, on the device: one `_foreach_norm` per kind (real
-    gradients upcast inside the norm; complex ones give their modulus norm, then float32)."""
+    """The total L2 norm of `grads` in float32, on the device: one `_foreach_norm` per kind (float16/bfloat16
+    gradients upcast inside the norm; float32/float64 and complex ones in their own precision (a float64 model's
+    norm asked in float32 raised: a narrowing), then float32)."""
     import torch
 
-    real = [g for g in grads if not g.is_complex()]
-    cplx = [g for g in grads if g.is_complex()]
-    norms = list(torch._foreach_norm(real, 2, dtype=torch.float32)) if real else []
-    norms += [n.float() for n in torch._foreach_norm(cplx, 2)] if cplx else []
+    half = [g for g in grads if g.dtype in (torch.float16, torch.bfloat16)]
+    rest = [g for g in grads if g.dtype not in (torch.float16, torch.bfloat16)]
+    norms = list(torch._foreach_norm(half, 2, dtype=torch.float32)) if half else []
+    norms += [n.float() for n in torch._foreach_norm(rest, 2)] if rest else []
     return torch.stack(norms).norm()
 
 
