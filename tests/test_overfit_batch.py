@@ -88,6 +88,49 @@ def test_a_float64_model_overfits_and_its_norm_is_its_own():
     assert r.series["grad_norm"][0] == pytest.approx(norm, rel=1e-6)
 
 
+class _Reversal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return -grad
+
+
+class _TwoHeads(torch.nn.Module):
+    """Logits, and a second output no training can fit to a random target: two copies of one tensor, or a domain
+    head behind a gradient reversal (the trunk is trained to defeat it)."""
+
+    def __init__(self, second: str):
+        super().__init__()
+        self.second = second
+        self.trunk, self.cls, self.dom = torch.nn.Linear(8, 32), torch.nn.Linear(32, 4), torch.nn.Linear(32, 2)
+
+    def forward(self, x):
+        h = torch.relu(self.trunk(x))
+        if self.second == "copies":
+            return self.cls(h), self.dom(h)[:, :1].expand(-1, 2)
+        return {"logits": self.cls(h), "domain": self.dom(_Reversal.apply(h))}
+
+
+@pytest.mark.parametrize("second", ["copies", "reversal"])
+def test_memorised_on_the_first_output_when_the_others_random_targets_are_out_of_reach(second):
+    """A sweep: a domain-adversarial model and one returning a tensor twice were cannot-overfit ("no mechanical cause
+    found"): the auto loss adds mse on the other outputs against random targets those outputs cannot reach. The
+    first output's own term is judged; the others are said."""
+    torch.manual_seed(0)
+    model, x = _TwoHeads(second), torch.randn(4, 8)
+    r = overfit(model, x, steps=600)
+    f = finding(r, "other-outputs-unfitted")
+    assert r.data["passed"] and r.exit_code == 0 and "cannot-overfit" not in codes(r), [g.to_dict() for g in r.findings]
+    assert f.severity == "info" and r.verdict.startswith("PASS: the batch is memorised on output"), r.verdict
+    out = model(x)   # the first output on the untrained model: the term's start, computed by hand
+    logits = out[0] if second == "copies" else out["logits"]
+    start = float(F.cross_entropy(logits, seeded_targets(4, 4)))
+    assert f"{start:.6g} →" in f.message, f.message
+
+
 def test_dropout_is_off_on_the_trained_copy_and_said_so(untouched):
     # dropout on the output is a floor under a regression loss (its noise): p/(1-p) of the output's power,
     # here 1.0, far above the 1% target; with it off on the copy the model memorises the batch

@@ -132,6 +132,7 @@ class Loss:
     lm: Any = None                # LanguageModel: the integer ids and the vocabularies they feed (auto only)
     reached_already: Any = None   # auto: labels of other outputs whose every weight the first one reaches
     with_path: Any = None         # auto: labels of the other outputs with a gradient path, from a call with grad on
+    terms: Any = None             # auto with other outputs covered: [(label, term detached)] of the last call
 
     def describe(self) -> str:
         if self.chosen == "model":
@@ -192,7 +193,7 @@ class Loss:
         import torch.nn.functional as F
 
         known = {label: (rule, t) for label, rule, t in self.extra or ()}
-        extra = []
+        extra, terms = [], [(self.picked, value.detach())]
         others = gradient_outputs(out, y)
         if torch.is_grad_enabled():
             self.with_path = {label for label, _ in others}
@@ -205,19 +206,22 @@ class Loss:
                 continue
             if t.dim() == 0:
                 rule, target = "model", None
-                value = value + t.float()
+                term = t.float()
             elif kind in ("cross_entropy", "mse") and tuple(t.shape) == tuple(y.shape):
                 rule, target = "same", None
-                value = value + (F.cross_entropy(t.float(), self.target.to(t.device)) if kind == "cross_entropy"
-                                 else F.mse_loss(t.float(), self.target.to(t.device).float()))
+                term = (F.cross_entropy(t.float(), self.target.to(t.device)) if kind == "cross_entropy"
+                        else F.mse_loss(t.float(), self.target.to(t.device).float()))
             else:
                 rule, target = "mse", known.get(label, (None, None))[1]
                 if target is None or tuple(target.shape) != tuple(t.shape):
                     g = torch.Generator().manual_seed(seeds.output_target(self.seed, k))
                     target = self._random(torch.randn, t.shape, g).to(t.device, torch.float32)
-                value = value + F.mse_loss(t.float(), target.to(t.device))
+                term = F.mse_loss(t.float(), target.to(t.device))
+            value = value + term
+            terms.append((label, term.detach()))
             extra.append((label, rule, target))
         self.extra = extra or None
+        self.terms = terms if extra else None   # each term, for a run that judges the first output alone
         return value
 
     def _primary(self, kind, y):

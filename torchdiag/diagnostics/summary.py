@@ -180,7 +180,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     return result
 
 
-def other_state(model) -> list[tuple[str, object]]:
+def other_state(model) -> list:
     """(key, tensor) of the state_dict's tensors that are neither parameters nor buffers: a dynamically quantized
     Linear's packed int8 weight and bias (a sweep: summary said 0 params for such a model, and called its packed
     params unused). A state_dict that cannot be made (a module's hook raising) gives none."""

@@ -49,6 +49,8 @@ class Curve:
     budget: int = 0                         # the step budget run under: --steps, or more while still falling (_extend)
     levelled: bool = False                  # the trend was seen levelling off once (_extend looked again)
     cap: int | None = None                  # the step cap the last extension used (cost.fast_cap)
+    first_terms: list | None = None         # auto over several outputs: [(label, value)] of each term at step 0
+    last_terms: list | None = None          # and of the last evaluation, on the device until the verdict reads them
 
 
 class Trainer:
@@ -230,6 +232,12 @@ class Trainer:
             raise ModelError(f"loss (step {step}) failed: {one_line(exc)}",
                              hint=f"check the loss/target: {self.ctx.option('loss')}, {self.ctx.option('batch')}") from exc
         lv, acc = self._read(value, accuracy_counts(out, self.loss_fn))
+        c.last_terms = getattr(self.loss_fn, "terms", None)
+        if step == 0 and c.last_terms:   # one more read, at the start only
+            import torch
+
+            c.first_terms = list(zip([k for k, _ in c.last_terms],
+                                     torch.stack([v.float().reshape(()) for _, v in c.last_terms]).tolist()))
         c.losses.append(lv)
         if acc is not None:
             c.accs.append(acc)
