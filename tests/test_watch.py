@@ -341,6 +341,22 @@ def test_training_in_eval_mode_from_the_step_it_starts():
     assert "40 of 60 steps" in f.message and "first: step 21" in f.message
 
 
+def test_the_eval_mode_finding_names_the_epoch_the_loop_told():
+    """A sweep: the loop called set_epoch, and 'first: step 33' did not say the epoch (2) it was in."""
+    from torchdiag.diagnostics.watch import set_epoch
+
+    model = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(model, opt, every=10) as w:
+        for epoch in range(3):
+            set_epoch(epoch)
+            _loop(model, opt, 16, g)
+            model.eval()   # the bug: validation, and no model.train() after it
+    f = finding(w.result(), "trained-in-eval-mode")
+    assert "first: step 17, epoch 1" in f.message, f.message
+
+
 def test_submodule_left_in_eval_mode():
     model = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)

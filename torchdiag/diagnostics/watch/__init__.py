@@ -104,7 +104,7 @@ class Watch:
 
     def set_epoch(self, epoch: int) -> None:
         if self.engine is not None:
-            self.engine.epoch = epoch
+            self.engine.set_epoch(epoch)
 
     def finish(self, interrupted=None, failure: str | None = None):
         """The last read, hooks removed, the Result built (once)."""

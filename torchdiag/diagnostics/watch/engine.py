@@ -68,6 +68,7 @@ class Engine:
         self.on_histograms = on_histograms  # callback(step, named params): TensorBoard histograms
         self.step = 0                       # optimizer steps of the clock optimizer
         self.epoch = None
+        self.epochs: list[tuple[int, object]] = []   # (the step it began after, epoch) at each set_epoch that changed it
         self.tracks: dict = {}              # id(optimizer) -> Track; ("gone", n) -> a model's, its optimizer let go
         self._clock = None                  # weakref to the clock optimizer (see `clock`)
         self._provisional = False           # the clock is an attack's until a model's optimizer steps (_choose_clock)
@@ -1274,6 +1275,19 @@ class Engine:
                     out.pop(n, None)
             elif all(n in out for n in names):
                 self.checks.setdefault("model_not_in_optimizer", {})[model] = names
+
+    def set_epoch(self, epoch) -> None:
+        if epoch != self.epoch:
+            self.epochs.append((self.step, epoch))
+        self.epoch = epoch
+
+    def epoch_at(self, step: int):
+        """The epoch step `step` was taken in (the loop told set_epoch), else None."""
+        found = None
+        for after, epoch in self.epochs:
+            if after < step:
+                found = epoch
+        return found
 
     def log(self, name: str, value, step: int | None = None):
         with contextlib.suppress(Exception):

@@ -323,6 +323,12 @@ def _wiring(result: Result, engine) -> None:
                    "carry over optimizer steps")
 
 
+def _step_words(engine, step: int) -> str:
+    """'step 33', with its epoch where the loop told it (a sweep: set_epoch was called, no finding said one)."""
+    epoch = engine.epoch_at(step)
+    return f"step {step}" + (f", epoch {epoch}" if epoch is not None else "")
+
+
 def _carriers(engine) -> tuple[str, str]:
     """Where grad-carried-over points, and which optimizer it names, where the run has several (a sweep: an
     embedding's own Adam never zeroed, beside a head's that was, was named by neither)."""
@@ -498,11 +504,12 @@ def _modes(result: Result, engine) -> None:
         which = [engine.root_prefix(engine.roots[r]).rstrip(".") for r in engine.checks.get("eval_models", {})
                  if several and r in engine.roots]
         result.add("trained-in-eval-mode", "warning", ", ".join(which), f"{len(steps)} of {engine.step} steps trained "
-                   f"on a forward made in eval mode (first: step {steps[0]})" + (f"; the model(s) in eval mode: "
+                   f"on a forward made in eval mode (first: {_step_words(engine, steps[0])})" + (f"; the model(s) in eval mode: "
                    f"{', '.join(which)}" if which else ""), "call model.train() after evaluating")
     for name, step in engine.checks["eval_modules"].items():
         result.add("module-in-eval-mode", "warning", name, f"{name} (dropout/BatchNorm) was in eval mode while the "
-                   f"model trained (step {step})", "something called .eval() on this submodule; call model.train()")
+                   f"model trained ({_step_words(engine, step)})", "something called .eval() on this submodule; call "
+                   "model.train()")
     fresh = [n for n in engine.checks.get("eval_frozen", {}) if engine.never_normalised(n)]
     for name in fresh:   # a review: a BatchNorm frozen as built normalises nothing, from scratch that is a mistake
         result.add("module-in-eval-mode", "warning", name, f"{name} (BatchNorm) was in eval mode with its weights "
