@@ -4312,6 +4312,26 @@ def test_a_part_compiled_in_place_is_not_probed():
         assert [n for n in r.notes if n.startswith("compiled parts of a watched model (2)")], (how, r.notes)
 
 
+def test_the_rate_series_follows_its_group_when_a_larger_one_is_added():
+    """A sweep: a head trained at 0.01, then a larger backbone unfrozen with add_param_group at 0.001: the summary
+    said 'learning rate 0.01 → 0.001', a decay that never happened (the main group was picked again by size)."""
+    torch.manual_seed(0)
+    backbone, head = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU()), nn.Linear(64, 2)
+    model = nn.Sequential(backbone, head)
+    opt = torch.optim.Adam(head.parameters(), 0.01)
+    g = torch.Generator().manual_seed(0)
+    with Watch(model, opt, every=10) as w:
+        for step in range(40):
+            if step == 20:
+                opt.add_param_group({"params": backbone.parameters(), "lr": 0.001})
+            x = torch.randn(16, 8, generator=g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), (x[:, 0] > 0).long()).backward()
+            opt.step()
+    r = w.result()
+    assert set(r.series["lr"]) == {0.01}, r.series["lr"]
+
+
 def test_a_head_added_to_the_optimizer_mid_run_or_stepped_by_its_own_later_is_in_an_optimizer():
     """A fourth review: a head unfrozen and added with add_param_group at step 30 was "in no optimizer … it never
     trains" (the optimizer's parameters were those of its first step), and so was a head whose own optimizer first

@@ -136,6 +136,9 @@ class Track:
         if old is None:
             return
         self.stepped, self.gap_max, self.last_step, self.sampled = old.stepped, old.gap_max, old.last_step, old.sampled
+        if old.main < len(self.opt.param_groups) if self.opt is not None else False:   # the same group's rate on:
+            self.main = old.main   # a larger group added (a backbone unfrozen) read as a decay 0.01 -> 0.001 (a sweep)
+            self.main_group = self.opt.param_groups[self.main]
         pairs = [(self.ids[param_key(p)], j) for j, p in enumerate(old.params) if param_key(p) in self.ids]
         self.joined = [old.sampled] * len(self.params)   # the new ones: no read saw them before now
         norms = old.weight_norm
