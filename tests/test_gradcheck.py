@@ -411,6 +411,8 @@ def test_complex_tensors_are_checked_with_their_imaginary_parts():
     r = torchdiag.gradcheck(Square, z)
     assert r.exit_code == 1 and "wrong-gradient" in {f.code for f in r.findings}, r.verdict
     assert torchdiag.gradcheck(lambda t: t * t, z).exit_code == 0   # autograd's own complex backward: right
+    assert torchdiag.gradcheck(lambda t: t.conj(), z).exit_code == 0   # a review: a conjugate view raised
+    assert torchdiag.gradcheck(lambda t: t * 2, z.conj()).exit_code == 0
     torch.manual_seed(0)
     r = torchdiag.gradcheck(ComplexFilter(), torch.randn(2, 8), params=True)
     rows = {row["input"]: row for row in r.table("per_input").rows}

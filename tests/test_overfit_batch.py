@@ -111,17 +111,23 @@ class _TwoHeads(torch.nn.Module):
         h = torch.relu(self.trunk(x))
         if self.second == "copies":
             return self.cls(h), self.dom(h)[:, :1].expand(-1, 2)
+        if self.second == "batch-mean":   # a fault: the head sees the batch's mean, the same for every sample
+            return self.cls(h), self.dom(h.mean(0, keepdim=True).expand_as(h))
         return {"logits": self.cls(h), "domain": self.dom(_Reversal.apply(h))}
 
 
-@pytest.mark.parametrize("second", ["copies", "reversal"])
+@pytest.mark.parametrize("second", ["copies", "reversal", "batch-mean"])
 def test_memorised_on_the_first_output_when_the_others_random_targets_are_out_of_reach(second):
     """A sweep: a domain-adversarial model and one returning a tensor twice were cannot-overfit ("no mechanical cause
     found"): the auto loss adds mse on the other outputs against random targets those outputs cannot reach. The
-    first output's own term is judged; the others are said."""
+    first output's own term is judged; the others are said. A review: a second head that sees only the batch's mean
+    passed that way; an output the same for every sample is a fault, and the error stands."""
     torch.manual_seed(0)
     model, x = _TwoHeads(second), torch.randn(4, 8)
     r = overfit(model, x, steps=600)
+    if second == "batch-mean":
+        assert "cannot-overfit" in codes(r) and finding(r, "identical-outputs").where == "output[1]", codes(r)
+        return
     f = finding(r, "other-outputs-unfitted")
     assert r.data["passed"] and r.exit_code == 0 and "cannot-overfit" not in codes(r), [g.to_dict() for g in r.findings]
     assert f.severity == "info" and r.verdict.startswith("PASS: the batch is memorised on output"), r.verdict

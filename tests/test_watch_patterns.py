@@ -57,7 +57,8 @@ def test_parameters_added_with_add_param_group_are_watched(given):
 def test_a_healthy_unfreeze_is_one_optimizer_one_curve_and_every_row(given):
     r = _frozen_then_unfrozen(nan_at=None, given=given)
     assert [f.code for f in r.findings if f.severity != "info"] == [], [(f.code, f.message) for f in r.findings]
-    assert r.header["optimizers"] == ["Adam (lr 0.001 after the last step)"] and r.data["steps"] == 120   # the largest group's
+    # the rate of the group it had before the larger one was added (a sweep: "0.003 → 0.001" read as a decay)
+    assert r.header["optimizers"] == ["Adam (lr 0.003)"] and r.data["steps"] == 120
     rows = {row["name"]: row for row in r.table("layers").rows}
     assert {"0.0.weight", "0.0.bias", "1.weight", "1.bias"} <= set(rows), sorted(rows)
     assert rows["0.0.weight"]["changed"] and rows["1.weight"]["changed"]

@@ -16,36 +16,87 @@ def _hook_count(model) -> int:
 
 
 def snapshot_buffers(model) -> list:
-    """Every buffer slot (module, name, the tensor there, a copy of its value), to put back with restore_buffers:
-    BatchNorm running stats, counters, a fake-quant observer's scale, which its first forward resizes in place. A
-    lazy module's uninitialised buffer keeps no copy (it has no value yet)."""
+    """Every buffer slot, to put back with restore_buffers: (module, its buffer names then, and per slot (name, the
+    tensor there, a copy of its value)). BatchNorm running stats, counters, a fake-quant observer's scale, which its
+    first forward resizes in place. A lazy module's uninitialised buffer keeps no copy (it has no value yet)."""
     import torch
     from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]
 
     saved = []
     with torch.no_grad():
         for m in model.modules():
+            slots = []
             for name, b in m._buffers.items():
                 keep = b is not None and not isinstance(b, UninitializedTensorMixin)
-                saved.append((m, name, b, b.detach().clone() if keep else None))
+                slots.append((name, b, b.detach().clone() if keep else None))
+            saved.append((m, set(m._buffers), slots))
     return saved
 
 
 def restore_buffers(saved) -> None:
-    """Each slot holds its tensor again (a forward that assigned a new one is undone), with its value and shape (a
-    QAT observer's min_val resized from (0,) to (8,) made copy_ raise, and the model kept the new values)."""
+    """Each slot holds its tensor again (a forward that assigned a new one, or registered one, is undone), with its
+    value, shape and dtype (a QAT observer's min_val resized from (0,) to (8,) made copy_ raise, and the model kept the
+    new values). Only a slot whose value, shape, dtype or device changed is written, told by one comparison read for
+    all (BatchNorm's running stats change without a version bump): an expanded buffer (one memory location for many
+    elements) or an inference tensor cannot be written in place (a review: every command raised on them). One slot
+    that cannot be put back does not stop the others; the first such error is raised after them all."""
     import torch
 
+    slots = []
     with torch.no_grad():
-        for m, name, b, value in saved:
-            if m._buffers.get(name) is not b:
-                m._buffers[name] = b
-            if value is None:
-                continue
-            if b.shape != value.shape:
-                b.set_(value.clone())
-            else:
-                b.copy_(value)
+        for m, names, kept in saved:
+            for name in [n for n in m._buffers if n not in names]:   # registered during the forward
+                del m._buffers[name]
+            for name, b, value in kept:
+                if m._buffers.get(name) is not b:
+                    m._buffers[name] = b
+                if value is not None:
+                    slots.append((b, value))
+        changed = _changed(slots)
+        failed = None
+        for (b, value), moved in zip(slots, changed):
+            if moved:
+                try:
+                    _put_back(b, value)
+                except Exception as exc:   # noqa: BLE001 - the others first
+                    failed = failed or exc
+    if failed is not None:
+        raise failed
+
+
+def _changed(slots) -> list[bool]:
+    """Per (tensor, saved value): does it differ in shape, dtype, device or value? One read per device for all the
+    values (a NaN compares unequal: written back as it was); a dtype that cannot be compared (quantized) is written."""
+    import torch
+
+    out = [not (b.shape == v.shape and b.dtype == v.dtype and b.device == v.device) for b, v in slots]
+    by_device: dict = {}
+    for i, (b, v) in enumerate(slots):
+        if out[i] or not b.numel():
+            continue
+        try:
+            by_device.setdefault(b.device, []).append((i, (b != v).any()))
+        except RuntimeError:
+            out[i] = True
+    for items in by_device.values():
+        for (i, _), moved in zip(items, torch.stack([f for _, f in items]).tolist()):
+            out[i] = bool(moved)
+    return out
+
+
+def _put_back(b, value) -> None:
+    import torch
+
+    if b.is_inference():   # writable in place only in inference mode
+        with torch.inference_mode():
+            b.copy_(value)
+        return
+    try:
+        if b.shape != value.shape or b.dtype != value.dtype or b.device != value.device:
+            raise RuntimeError("another shape, dtype or device")
+        b.copy_(value)
+    except RuntimeError:
+        b.data = value.clone()
 
 
 @contextlib.contextmanager

@@ -221,13 +221,13 @@ def realified(fn, xs: list):
     import torch
 
     cplx = [x.is_complex() for x in xs]
-    real = [torch.view_as_real(x.detach().to(torch.complex128)).clone() if c else x.detach().double() for x, c in
-            zip(xs, cplx)]
+    real = [torch.view_as_real(x.detach().to(torch.complex128).resolve_conj()).clone() if c else x.detach().double()
+            for x, c in zip(xs, cplx)]   # a conjugate view has no real view until resolved (a review)
 
     def g(*ts):
         args = [torch.view_as_complex(t) if c else t for t, c in zip(ts, cplx)]
         out = fn(*args)
-        outs = [torch.view_as_real(o) if o.is_complex() else o for o in _outputs(out)]
+        outs = [torch.view_as_real(o.resolve_conj()) if o.is_complex() else o for o in _outputs(out)]
         return outs[0] if isinstance(out, torch.Tensor) else tuple(outs)   # one tensor stays one (its dtype said)
 
     return g, real

@@ -296,8 +296,11 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
     d, steps, losses = result.data, curve.step, curve.losses
     initial, final, final_acc = d["initial_loss"], d["final_loss"], d["final_accuracy"]
     trend = None
-    if not d["passed"] and not found and curve.nonfinite_at is None and _first_memorised(result, curve, opts):
-        return
+    if not d["passed"] and not found and curve.nonfinite_at is None:
+        memorised = _first_memorised(result, trainer, curve, opts)
+        if memorised is True:
+            return
+        found += memorised is False
     if not d["passed"] and curve.nonfinite_at is None and not curve.peer_stop and initial is not None:
         trend = judge(losses, goal_of(initial, opts))
         d["trend"] = {"kind": trend.kind, "steps_to_go": trend.to_go, "floor": trend.floor}
@@ -365,19 +368,28 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
         result.verdict = f"INTERRUPTED in the two-sample run; the run itself: {result.verdict}"
 
 
-def _first_memorised(result, curve, opts) -> bool:
+def _first_memorised(result, trainer, curve, opts) -> bool | None:
     """auto over several outputs: the first output's own term reached the target (and its batch accuracy 100%) while
     the sum did not, with no cause found. The other outputs' random targets are torchdiag's, and some cannot be reached
     by any training (a sweep: a domain branch behind a gradient reversal, an output that repeats one tensor twice):
-    the batch is memorised on the first output, the others' terms said as info."""
+    the batch is memorised on the first output, the others' terms said as info. An other output the same for every
+    sample of the batch (a review: a head that averages over the batch) is a fault, not a target out of reach."""
     first, last = curve.first_terms, curve.last_terms
-    if not first or not last or opts.target_loss is not None or result.data["final_accuracy"] not in (None, 1.0):
-        return False
+    if not first or not last or opts.target_loss is not None or result.data["final_accuracy"] not in (None, 1.0) \
+            or trainer.sharded:
+        return None
     import torch
 
     now = torch.stack([v.float().reshape(()) for _, v in last]).tolist()
     (label, start), end = first[0], now[0]
     if not (start > 0 and math.isfinite(end) and 0 <= end <= opts.target_ratio * start):
+        return None
+    same = _same_rows(trainer, [k for k, _ in first[1:]])
+    if same:   # False: a cause found
+        result.add("identical-outputs", "warning", same[0], f"{label} memorised the batch, but {', '.join(same)} is the "
+                   "same for every sample of it after training: it cannot tell them apart",
+                   hint="look for an operation across the batch dimension (a mean or sum over dim 0, a view that mixes "
+                        "samples) on its path")
         return False
     others = ", ".join(f"{k} {_fmt(a)} → {_fmt(b)}" for (k, a), b in zip(first[1:], now[1:]))
     result.data.update(passed=True, memorised_on=label)
@@ -388,6 +400,25 @@ def _first_memorised(result, curve, opts) -> bool:
                hint="judge them with a --loss PATH:fn of your own, or a --batch with their real targets")
     result.verdict = f"PASS: the batch is memorised on {label} ({_fmt(start)} → {_fmt(end)} in {curve.step} step(s))"
     return True
+
+
+def _same_rows(trainer, labels: list[str]) -> list[str]:
+    """Of the outputs `labels`, those whose rows along the batch dimension are all equal on the trained copy (one
+    no-grad forward, at a failure only)."""
+    import torch
+
+    from ...core.loss import float_outputs
+    from .causes import same_flag
+
+    with torch.no_grad(), trainer.autocast():
+        out = trainer.batch.call(trainer.work)
+    n = trainer.batch.batch_size
+    flags = [(k, same_flag(t)) for k, t in float_outputs(out) if k in labels and t.dim() and t.shape[0] == n]
+    flags = [(k, f) for k, f in flags if f is not None]
+    if not flags:
+        return []
+    read = torch.stack([f[0].float().to(flags[0][1][0].device) for _, f in flags]).tolist()
+    return [k for (k, _), v in zip(flags, read) if v == 1.0]
 
 
 def _frozen_words(trainer) -> str:

@@ -240,9 +240,11 @@ def _wiring(result: Result, engine) -> None:
         step = min(engine.checks["not_in_optimizer"][n] for n in names)
         what = names[0] if len(names) == 1 else f"{len(names)} parameter tensors ({compact(names)})"
         verb = "gets a gradient" if len(names) == 1 else "get gradients"
-        why = ("was trained by an optimizer the run let go, and since then nothing applies its gradients" if orphaned
-               else "it never trains" if len(names) == 1 else "they never train")
-        result.add("not-in-optimizer", "warning", names[0] if len(names) == 1 else common_path(names) or names[0],
+        one = len(names) == 1
+        why = (f"{'it was' if one else 'they were'} trained by an optimizer the run let go, and since then nothing "
+               f"applies {'its' if one else 'their'} gradients" if orphaned else "it never trains" if one
+               else "they never train")
+        result.add("not-in-optimizer", "warning", names[0] if one else common_path(names),
                    f"{what} {verb} (first seen at the read of step {step}) but {'is' if len(names) == 1 else 'are'} in "
                    f"no optimizer's param groups at the end: {why}",
                    f"pass {engine.model_word(names[0])}.parameters() (all of them) to the optimizer; for layers unfrozen "
@@ -314,7 +316,7 @@ def _wiring(result: Result, engine) -> None:
                    "call optimizer.zero_grad() once per step (or pass accumulate=True if this is on purpose)")
     elif not engine.opts.accumulate:
         _crossed(result, engine)
-    elif engine.checks.get("carry_steps"):   # declared, yet cleared every time (a sweep: the flag a user doing
+    elif engine.checks.get("carry_steps") and not carried:   # declared, yet cleared every time (a sweep: the flag a user doing
         looked = len(engine.checks["carry_steps"])   # micro-batch accumulation passes hid their missing zero_grad)
         result.add("accumulate-unneeded", "info", "", f"accumulate was given, yet at each of the {looked} read steps "
                    "looked at the gradients were cleared before the next backward: accumulation over micro-batches "
@@ -351,7 +353,7 @@ def _crossed(result: Result, engine) -> None:
         where = t.names[0].split(".", 1)[0] if len(engine.models_seen) > 1 else ""
         over = where or (t.names[0] + (" and more" if len(t.names) > 1 else ""))
         result.add("grad-from-other-loss", "warning", where,
-                   f"{label} (over {over}) applied at step {step + 1} a gradient made of two that pull apart (cosine "
+                   f"{label} (over {over}) applied at step {step} a gradient made of two that pull apart (cosine "
                    f"{cos:.2f}): one from a backward before another optimizer stepped, never cleared, and its own "
                    "backward's after it: the loss that other optimizer stepped on trained these parameters the other way",
                    "in a GAN, the discriminator's loss on fakes not detached reaches the generator: use "

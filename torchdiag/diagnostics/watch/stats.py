@@ -226,7 +226,7 @@ class Track:
         import torch
 
         if self.probes or self.fired:
-            self.disarm()
+            self.disarm(applied_at=step)   # the step whose update the probes' gradients went into
         grads = [p.grad for p in self.params]
         present = [g for g in grads if g is not None]
         if sample:
@@ -364,7 +364,7 @@ class Track:
                 old = ref().grad if ref() is not None else None
                 with torch.no_grad():
                     fired.append((old.detach().abs().sum() > 0).float() if old is not None else self._zero)
-                    dots.append(_dot_norms(old, grad) if old is not None else self._zero3)
+                    dots.append(_dot_norms(old, grad, self._zero3) if old is not None else self._zero3)
                 at.append(marks() if marks is not None else (0, 0))
                 return None
             return hook
@@ -373,8 +373,9 @@ class Track:
         chosen = [p for p in self.params if p.grad is not None and p.requires_grad][:CARRY_PROBES]
         self.probes = [p.register_hook(probe(p)) for p in chosen]
 
-    def disarm(self):
-        """At the next step (or the end): the probes' verdict, queued for the read."""
+    def disarm(self, applied_at: int | None = None):
+        """At the next step (or the end): the probes' verdict, queued for the read; a crossing only when this
+        optimizer's step applied the gradients (`applied_at`, its step), not at the end or when it was let go."""
         import torch
 
         for h in self.probes:
@@ -384,12 +385,12 @@ class Track:
             self.idle_off()
         if self.fired:
             self.queue.append(("carry", (self, self.armed_step), torch.stack(self.fired).min()))
-            crossed = _after_other_step(self.fired_at)
+            crossed = _after_other_step(self.fired_at) if applied_at is not None else []
             if crossed:   # still there all the way (min), and the cosine between what was there and what came
                 first = [i for i in crossed if self.fired_at[i] == self.fired_at[crossed[0]]]
                 dot, old, new = torch.stack([self.fired_dots[i] for i in first]).sum(0)
                 cos = dot / (old * new).sqrt().clamp_min(1e-30)
-                self.queue.append(("crossed", (self, self.armed_step),
+                self.queue.append(("crossed", (self, applied_at),
                                    torch.stack([torch.stack([self.fired[i] for i in crossed]).min(), cos.float()])))
         self.fired, self.fired_at, self.fired_dots = [], [], []
 
@@ -879,8 +880,13 @@ def norms32(tensors: list) -> tuple:
     past 65,504 was inf in its own dtype, a non-finite gradient of finite values."""
     import torch
 
+    if any(t.is_sparse for t in tensors):   # nn.Embedding(sparse=True): its values' norm, duplicates summed first
+        dense = iter(norms32([t for t in tensors if not t.is_sparse]))   # (a review: every step raised, watch stopped)
+        return tuple(t.coalesce()._values().float().norm() if t.is_sparse else next(dense) for t in tensors)
     half = (torch.float16, torch.bfloat16)
-    if tensors and all(t.dtype in half for t in tensors):
+    if not tensors:
+        return ()
+    if all(t.dtype in half for t in tensors):
         return torch._foreach_norm(tensors, 2, dtype=torch.float32)
     if any(t.dtype in half for t in tensors):   # mixed: the half ones and the rest apart, put back in order
         lows = iter(norms32([t for t in tensors if t.dtype in half]))
@@ -889,12 +895,19 @@ def norms32(tensors: list) -> tuple:
     return torch._foreach_norm(tensors)
 
 
-def _dot_norms(old, new):
-    """(old·new, |old|², |new|²) in float64, on old's device: three reductions, no sync."""
+def _dot_norms(old, new, zero3):
+    """(old·new, |old|², |new|²) on old's device: three reductions, no sync, in float32 (a float32 gradient is not
+    copied: a review's float64 copies of a 30000x512 embedding's two gradients cost 176 MB at a read). Inside autograd's
+    backward: a gradient it cannot reduce (sparse) gives zeros, never an error in the user's backward."""
     import torch
 
-    a, b = old.detach().double().reshape(-1), new.detach().to(old.device).double().reshape(-1)
-    return torch.stack([a @ b, a @ a, b @ b])
+    try:
+        a, b = old.detach().reshape(-1), new.detach().reshape(-1)
+        a, b = (a if a.dtype == torch.float32 else a.float()), (b if b.dtype == torch.float32 else b.float())
+        b = b.to(a.device)
+        return torch.stack([a @ b, a @ a, b @ b]).double()
+    except Exception:   # noqa: BLE001 - a look only
+        return zero3
 
 
 def _after_other_step(at: list) -> list[int]:
