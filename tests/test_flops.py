@@ -169,6 +169,18 @@ def test_matrix_vector_products_counted_and_matrix_functions_warned():
     assert r.data["forward_flops"] == 2 * (2.5 * 16 * 4) + 2 * (5 * 9 * math.log2(9)) // 1 + 2 * (2.5 * 16 * 4)
 
 
+def test_scatter_and_index_adds_are_arithmetic_not_data_movement():
+    """A sweep: a GNN's message passing (index_add_, scatter_add_, scatter_reduce) was listed as data movement."""
+    def passing(x):
+        dst = torch.tensor([0, 1, 1, 2])
+        out = torch.zeros(3, 4).index_add_(0, dst, x)
+        return out + torch.zeros(3, 4).scatter_add_(0, dst[:, None].expand(-1, 4), x) \
+            + torch.zeros(3, 4).scatter_reduce(0, dst[:, None].expand(-1, 4), x, "amax")
+    kinds = {row["op"].split(".")[0]: row["kind"] for row in count(lambda_module(passing), torch.randn(4, 4))
+             .table("uncounted_ops").rows}
+    assert {kinds[k] for k in ("index_add_", "scatter_add_", "scatter_reduce")} == {"not counted by convention"}, kinds
+
+
 def lambda_module(fn):
     class Fn(nn.Module):
         def forward(self, x):

@@ -72,7 +72,7 @@ def _changed(slots) -> list[bool]:
     out = [not (b.shape == v.shape and b.dtype == v.dtype and b.device == v.device) for b, v in slots]
     by_device: dict = {}
     for i, (b, v) in enumerate(slots):
-        if out[i] or not b.numel():
+        if out[i] or not b.numel() or b.is_meta:   # a meta tensor holds no value to compare or put back
             continue
         try:
             by_device.setdefault(b.device, []).append((i, (b != v).any()))

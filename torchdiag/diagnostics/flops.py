@@ -30,6 +30,7 @@ from ..errors import ModelError, OptionError, UsageError, one_line
 from ..results import Column, Result, Table
 
 # Ops that only move or view data: no arithmetic to count.
+_REDUCING = re.compile(r"^(index_add_?|index_reduce_?|scatter_add_?|scatter_reduce.*|_scatter_reduce.*)$")
 _MOVEMENT = re.compile(
     r"^(view|_unsafe_view|reshape|permute|transpose|t|expand|slice|select|unsqueeze|squeeze|cat|stack|clone|"
     r"copy_?|_to_copy|to|empty.*|zeros.*|ones.*|full.*|fill_?|new_.*|detach|alias|split.*|chunk|unbind|contiguous|"
@@ -49,6 +50,8 @@ _INTERPOLATION = re.compile(r"^_?(upsample_|grid_sampler)")
 
 def op_kind(name: str) -> str:
     base = name.split(".")[0]
+    if _REDUCING.match(base):   # adds into rows, elementwise arithmetic (a GNN's message passing), not a move
+        return "not counted by convention"
     if _MOVEMENT.match(base):
         return "data movement"
     if _HEAVY.search(base) and not _INTERPOLATION.match(base):
