@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from ..errors import ModelError, one_line
-from . import keep_float64, reach
+from . import derived, keep_float64, reach
 from .module_paths import owner
 from .tracking import run_forward
 
@@ -87,7 +87,8 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
 
     def bound(n: str) -> float | None:
         if n not in bounds:
-            bounds[n] = calls.bound(n, lambda m: test.shifted([n], m), ctx, wide, loss)
+            bounds[n] = _widest(calls, work, n, lambda m: test.shifted([n], m), ctx, wide, loss,
+                                reach.SEEN * test.seen / MAX_SCALE)
         return bounds[n]
 
     # what its own float64 gradient already says moves the loss is no cancellation (_stays): asking it in the
@@ -102,6 +103,26 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
     # reached within MAX_SHIFTS in model order, 39 of 39 ordered by slope)
     ordered = sorted(quiet, key=slopes.__getitem__)
     return {n for n in bisect(ordered, test.moved) if _stays(bound(n), test, slopes[n], n)}
+
+
+def _widest(calls, work, name: str, shifted, ctx, wide, loss, faint: float) -> float | None:
+    """calls.bound at the module's own output; where that is too faint for any shift to show (below `faint`), the
+    bound at the ops inside the nearest ancestor that ran (derived.py), the larger of the two. A cancellation
+    after a broadcast (a per-channel time embedding added to a feature map, then a GroupNorm of one channel per
+    group: a sweep's tiny diffusers UNet) leaves the module's own output gradient at rounding, while the sum it
+    is added into has a live one. What moves nothing (a weight fed zeros) or only what no gradient reaches (a
+    discarded half) is 0 at every cut, and keeps its verdict."""
+    b = calls.bound(name, shifted, ctx, wide, loss)
+    if b is None or b >= faint or not calls.count.get(owner(name)):
+        return b
+    at = derived.host(name, calls.count)
+    if at is None:
+        return b
+    try:
+        inner = derived.bound(work, name, at, loss, shifted)   # `loss` runs the forward under `wide` itself
+    except Exception:   # noqa: BLE001 - what cannot be measured keeps the module's own bound
+        return b
+    return max(b, inner) if inner is not None else b
 
 
 def _sums_to_nothing(slope: float, bound: float | None) -> bool:
