@@ -212,3 +212,31 @@ def test_a_forward_that_writes_buffers_leaves_the_model_as_it_was(untouched, mak
     with untouched(model):
         r = getattr(torchdiag, command)(model, x)
     assert int(r.exit_code) == 0, [f.to_dict() for f in r.findings]
+
+
+class _AttrThenBuffer(nn.Module):
+    """Its first forward turns a plain attribute into a buffer; a later one reads it either way."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+        self.scale = 2.0
+        self.register_buffer("acc", torch.full((4,), -0.0))
+
+    def forward(self, x):
+        if not isinstance(self.scale, torch.Tensor):
+            del self.scale
+            self.register_buffer("scale", torch.tensor(2.0))
+        self.acc.mul_(0).add_(0.0)   # -0.0 becomes +0.0: equal as numbers, not as bits
+        return self.lin(x) * self.scale
+
+
+@pytest.mark.parametrize("command", ["summary", "flops", "nancheck", "gradflow"])
+def test_a_forward_that_registers_a_buffer_over_an_attribute_is_undone(untouched, command):
+    """Reviews: a buffer the forward registers stayed in the state_dict (an unexpected key for a fresh model); removing
+    it lost the plain attribute it replaced (the model then raised); a -0.0 set to +0.0 compared equal and kept."""
+    model, x = _AttrThenBuffer(), torch.randn(4, 8)
+    with untouched(model):
+        getattr(torchdiag, command)(model, x)
+    assert model.scale == 2.0 and "scale" not in model.state_dict() and torch.signbit(model.acc).all()
+    model(x)   # still runs

@@ -1952,6 +1952,28 @@ def test_a_sparse_embedding_with_sparse_adam_is_watched():
     assert row["max_grad_norm"] == pytest.approx(max(norms), rel=1e-4), (row, norms)
 
 
+@pytest.mark.parametrize("detach", [False, True])
+def test_a_sparse_generator_whose_fakes_are_not_detached_is_said(detach):
+    """A review: a generator that is only a sparse embedding, its fakes not detached, zero_grad at the top: the probes'
+    products raised on the sparse gradient, were swallowed as zeros, and the bug went unsaid (plain torch: cosine
+    -0.999 between the two losses' gradients on it)."""
+    torch.manual_seed(0)
+    emb = nn.Embedding(10, 2, sparse=True)
+    disc = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+    opt_g, opt_d = torch.optim.SGD(emb.parameters(), 1e-2), torch.optim.Adam(disc.parameters(), 1e-3)
+    with Watch(every=10) as w:
+        for _ in range(40):
+            opt_g.zero_grad()
+            opt_d.zero_grad()
+            fake = emb(torch.randint(0, 10, (32,)))
+            d_fake = disc(fake.detach() if detach else fake)
+            (F.softplus(-disc(torch.randn(32, 2) + 2)).mean() + F.softplus(d_fake).mean()).backward(retain_graph=True)
+            opt_d.step()
+            F.softplus(-disc(fake)).mean().backward()
+            opt_g.step()
+    assert codes(w.result()) == (set() if detach else {"grad-from-other-loss"}), [f.to_dict() for f in w.result().findings]
+
+
 def test_an_internal_error_of_watch_is_exit_4_never_a_pass(monkeypatch):
     """A sweep: a hook of ours that raised stopped the watching (right: the user's run goes on) and the report said
     "PASS: 1 steps, nothing wrong found", exit 0, over a loop that never zeroed its gradients."""

@@ -29,7 +29,7 @@ def snapshot_buffers(model) -> list:
             for name, b in m._buffers.items():
                 keep = b is not None and not isinstance(b, UninitializedTensorMixin)
                 slots.append((name, b, b.detach().clone() if keep else None))
-            saved.append((m, set(m._buffers), slots))
+            saved.append((m, (list(m._buffers), dict(vars(m))), slots))   # names in order; attributes by reference
     return saved
 
 
@@ -44,14 +44,19 @@ def restore_buffers(saved) -> None:
 
     slots = []
     with torch.no_grad():
-        for m, names, kept in saved:
+        for m, (names, attrs), kept in saved:
             for name in [n for n in m._buffers if n not in names]:   # registered during the forward
                 del m._buffers[name]
+                if name in attrs:   # over a plain attribute of that name (a review: the model then raised)
+                    object.__setattr__(m, name, attrs[name])
             for name, b, value in kept:
                 if m._buffers.get(name) is not b:
                     m._buffers[name] = b
                 if value is not None:
                     slots.append((b, value))
+            if list(m._buffers) != names:   # deleted and registered again: the state_dict's key order as it was
+                ordered = [(n, m._buffers.pop(n)) for n in names if n in m._buffers]
+                m._buffers.update(ordered)
         changed = _changed(slots)
         failed = None
         for (b, value), moved in zip(slots, changed):
@@ -75,7 +80,10 @@ def _changed(slots) -> list[bool]:
         if out[i] or not b.numel() or b.is_meta:   # a meta tensor holds no value to compare or put back
             continue
         try:
-            by_device.setdefault(b.device, []).append((i, (b != v).any()))
+            differs = b != v
+            if b.is_floating_point():   # -0.0 == +0.0, yet their bits differ (a review)
+                differs = differs | (torch.signbit(b) != torch.signbit(v))
+            by_device.setdefault(b.device, []).append((i, differs.any()))
         except RuntimeError:
             out[i] = True
     for items in by_device.values():

@@ -403,22 +403,39 @@ def _first_memorised(result, trainer, curve, opts) -> bool | None:
 
 
 def _same_rows(trainer, labels: list[str]) -> list[str]:
-    """Of the outputs `labels`, those whose rows along the batch dimension are all equal on the trained copy (one
-    no-grad forward, at a failure only)."""
+    """Of the outputs `labels`, those whose rows along the batch dimension are all equal on the trained copy and
+    that still depend on the batch: with every batch-first input replaced by its first sample, the row changes (a
+    head over the batch's mean). A constant of the model's own broadcast to every row (a learned temperature, a
+    review's) is the same whatever the batch holds, and is no fault. Two no-grad forwards, at a failure only."""
     import torch
 
     from ...core.loss import float_outputs
     from .causes import same_flag
 
-    with torch.no_grad(), trainer.autocast():
-        out = trainer.batch.call(trainer.work)
     n = trainer.batch.batch_size
-    flags = [(k, same_flag(t)) for k, t in float_outputs(out) if k in labels and t.dim() and t.shape[0] == n]
-    flags = [(k, f) for k, f in flags if f is not None]
+
+    def rows(batch) -> dict:
+        with torch.no_grad(), trainer.autocast():
+            out = batch.call(trainer.work)
+        return {k: t.detach() for k, t in float_outputs(out) if k in labels and t.dim() and t.shape[0] == n}
+
+    first = rows(trainer.batch)
+    flags = [(k, f) for k, t in first.items() if (f := same_flag(t)) is not None]
     if not flags:
         return []
     read = torch.stack([f[0].float().to(flags[0][1][0].device) for _, f in flags]).tolist()
-    return [k for (k, _), v in zip(flags, read) if v == 1.0]
+    same = [k for (k, _), v in zip(flags, read) if v == 1.0]
+    if not same:
+        return []
+    one = trainer.batch.map(lambda t: t[:1].expand_as(t).clone() if t.dim() and t.shape[0] == n else t)
+    again = rows(one)
+    asked = [k for k in same if k in again and again[k].shape == first[k].shape]
+    if not asked:
+        return []
+    # the first row's move when the rest of the batch changes, against its own size (one read)
+    moved = torch.stack([(again[k][0].float() - first[k][0].float()).abs().amax()
+                         - 1e-6 * (1 + first[k].float().abs().amax()) for k in asked]).tolist()
+    return [k for k, d in zip(asked, moved) if d > 0]
 
 
 def _frozen_words(trainer) -> str:

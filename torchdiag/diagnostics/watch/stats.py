@@ -902,6 +902,13 @@ def _dot_norms(old, new, zero3):
     import torch
 
     try:
+        if old.is_sparse or new.is_sparse:   # a sparse embedding's: products of its rows (dense of the other)
+            a, b = old.detach().coalesce() if old.is_sparse else old.detach(), \
+                new.detach().coalesce() if new.is_sparse else new.detach()
+            sq = [(t._values() if t.is_sparse else t).float().pow(2).sum() for t in (a, b)]
+            dot = (a * b).coalesce()._values().float().sum() if a.is_sparse and b.is_sparse else \
+                (a.to_dense() * b if a.is_sparse else a * b.to_dense()).float().sum()
+            return torch.stack([dot, sq[0], sq[1]]).double()
         a, b = old.detach().reshape(-1), new.detach().reshape(-1)
         a, b = (a if a.dtype == torch.float32 else a.float()), (b if b.dtype == torch.float32 else b.float())
         b = b.to(a.device)
