@@ -140,6 +140,32 @@ def test_memorised_on_the_first_output_when_the_others_random_targets_are_out_of
     assert f"{start:.6g} →" in f.message, f.message
 
 
+class _UnitRows(torch.nn.Module):
+    """Normalised embeddings, one per position (a retrieval model's multi-vector output)."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = torch.nn.Linear(8, 32), torch.nn.Linear(32, 16)
+
+    def forward(self, x):
+        return F.normalize(self.l2(torch.relu(self.l1(x))), dim=-1)
+
+
+def test_unit_rows_against_torchdiags_own_target_pass_at_the_floor_of_their_range():
+    """A sweep: ColQwen2's unit-length rows levelled at 0.65 x the start against the made-up N(0, 1) target and were
+    cannot-overfit. No unit row gets closer to a target row than its direction: the floor is mse(t/|t|, t), computed
+    here by hand; reached, the batch is memorised as far as the range allows."""
+    torch.manual_seed(0)
+    model, x = _UnitRows(), torch.randn(2, 6, 8)
+    r = overfit(model, x)
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn((2, 6, 16), generator=g)
+    floor = float(F.mse_loss(F.normalize(t, dim=-1), t))
+    f = finding(r, "made-target-out-of-range")
+    assert r.exit_code == 0 and f.severity == "info" and r.data["floor"] == pytest.approx(floor, rel=1e-5), r.verdict
+    assert r.data["final_loss"] - floor <= 0.01 * (r.data["initial_loss"] - floor)
+
+
 def test_dropout_is_off_on_the_trained_copy_and_said_so(untouched):
     # dropout on the output is a floor under a regression loss (its noise): p/(1-p) of the output's power,
     # here 1.0, far above the 1% target; with it off on the copy the model memorises the batch

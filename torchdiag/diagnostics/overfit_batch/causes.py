@@ -22,6 +22,7 @@ class Causes:
     skip_culprit: tuple | None = None   # (module, how) of the first non-finite gradient when fp16 skipped every update
     own_floor: bool = False          # a custom loss at a minimum of its own: scaling the output does not lower it
     scaled: tuple | None = None      # (k, loss at k × output, loss): a custom loss the trained output's scale holds back
+    out_of_range: dict | None = None  # {kind, floor}: mse against torchdiag's own target that the output's range cuts
 
 
 def sample_tensor(out, batch: int | None):
@@ -292,8 +293,45 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
                 if needed < floor:
                     causes.bounded = {"box": box, "classes": classes, "floor": floor, "needed": needed}
             causes.own_floor, causes.scaled = _own_floor(out, trainer.loss_fn)
+            causes.out_of_range = made_target_floor(out, trainer.loss_fn)
         except Exception:
             causes.final_same = False
+
+
+def made_target_floor(out, loss) -> dict | None:
+    """mse against a target torchdiag drew (N(0, 1)), on an output whose trained values still keep to a range (every
+    value in [0, 1] or [-1, 1]: a sigmoid or tanh map; every row of unit length: normalised embeddings): the lowest
+    loss any output in that range reaches is the target's distance to it, mse(projection of the target, target). A
+    sweep: PP-OCRv5's sigmoid map levelled at 0.46 x its start, ColQwen2's unit rows at 0.65 x, both cannot-overfit.
+    {kind, floor}, or None (a given target, another loss, a single value, several terms)."""
+    import torch
+    import torch.nn.functional as F
+
+    from ...core.loss import primary_output
+
+    if getattr(loss, "chosen", "") != "mse" or not getattr(loss, "made_target", False) or loss.terms \
+            or loss.target is None:
+        return None
+    y, _ = primary_output(out)
+    t = loss.target.to(y.device).float()
+    if not isinstance(y, torch.Tensor) or y.shape != t.shape or y.numel() < 2:
+        return None
+    y = y.detach().float()
+    rows = (y.norm(dim=-1) - 1).abs().amax() if y.dim() >= 2 and y.shape[-1] > 1 else torch.tensor(math.inf)
+    finite, lo, hi, unit = torch.stack([torch.isfinite(y).all().float(), y.amin(), y.amax(),
+                                        rows.to(y.device).float()]).tolist()   # one read
+    if finite != 1.0:
+        return None
+    eps = 1e-6
+    if unit < 1e-4:   # first: unit rows keep to [-1, 1] too, and the sphere is the tighter range
+        kind, near = "unit-length rows", F.normalize(t, dim=-1)
+    elif lo >= -eps and hi <= 1 + eps:
+        kind, near = "[0, 1]", t.clamp(0, 1)
+    elif lo >= -1 - eps and hi <= 1 + eps:
+        kind, near = "[-1, 1]", t.clamp(-1, 1)
+    else:
+        return None
+    return {"kind": kind, "floor": float(F.mse_loss(near, t))}
 
 
 SCALES = (0.5, 2.0, 4.0)

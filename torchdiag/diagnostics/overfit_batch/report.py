@@ -46,7 +46,7 @@ def build(trainer, curve, causes, opts, ctx, second=None, few=None) -> Result:
     if curve.peer_stop:   # under torchrun with a wrapper: the stop is every rank's
         result.notes.append(curve.peer_stop)
     found = _cause_findings(result, trainer, curve, causes, opts)
-    _verdict(result, trainer, curve, opts, ctx, found, second, few, causes.own_floor)
+    _verdict(result, trainer, curve, opts, ctx, found, second, few, causes.own_floor, causes.out_of_range)
     return result
 
 
@@ -292,10 +292,13 @@ def _bounded_output(result, bounded: dict, ctx) -> None:
                     f"log-softmax itself), or pick a loss that fits the output ({loss} mse, {loss} PATH:fn, {batch})")
 
 
-def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=None, own_floor: bool = False) -> None:
+def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=None, own_floor: bool = False,
+             out_of_range: dict | None = None) -> None:
     d, steps, losses = result.data, curve.step, curve.losses
     initial, final, final_acc = d["initial_loss"], d["final_loss"], d["final_accuracy"]
     trend = None
+    if not d["passed"] and not found and curve.nonfinite_at is None and _within_range(result, curve, opts, out_of_range):
+        return
     if not d["passed"] and not found and curve.nonfinite_at is None:
         memorised = _first_memorised(result, trainer, curve, opts)
         if memorised is True:
@@ -399,6 +402,35 @@ def _first_memorised(result, trainer, curve, opts) -> bool | None:
                "tensor, a branch behind a gradient reversal) keeps the sum above the target",
                hint="judge them with a --loss PATH:fn of your own, or a --batch with their real targets")
     result.verdict = f"PASS: the batch is memorised on {label} ({_fmt(start)} → {_fmt(end)} in {curve.step} step(s))"
+    return True
+
+
+def _within_range(result, curve, opts, out_of_range: dict | None) -> bool:
+    """The loss reached the floor that torchdiag's own random target leaves an output of a fixed range (causes'
+    made_target_floor): what is left of the fall from the start to that floor is within the target ratio. The
+    batch is memorised as far as that output can go; info, PASS."""
+    d = result.data
+    initial, final = d["initial_loss"], d["final_loss"]
+    if not out_of_range or opts.target_loss is not None or initial is None or final is None:
+        return False
+    floor = out_of_range["floor"]
+    if not (0 < floor < initial and math.isfinite(final)):
+        return False
+    if final - floor > opts.target_ratio * (initial - floor):   # said, the verdict as it is: a sigmoid or tanh nears
+        result.notes.append(   # its bounds only as its logits grow without end, and the floor lies at those bounds
+            f"every output value keeps to {out_of_range['kind']}: against the random target torchdiag drew, no output in "
+            f"that range gets below {_fmt(floor)} ({floor / initial:.3g} × the start); the loss went "
+            f"{100 * (initial - final) / (initial - floor):.0f}% of the way there (judge it against its real targets: "
+            "--batch, or a --loss PATH:fn)")
+        return False
+    d.update(passed=True, floor=floor)
+    result.add("made-target-out-of-range", "info", "", f"every output value keeps to {out_of_range['kind']}, and "
+               f"the random target torchdiag drew (normal, mean 0, std 1) lies partly outside it: no output in that range "
+               f"gets below {_fmt(floor)} ({floor / initial:.3g} × the start); the loss reached {_fmt(final)}, the "
+               f"batch memorised as far as the range allows",
+               hint="judge it against its real targets: --batch with them, or a --loss PATH:fn of your own")
+    result.verdict = (f"PASS: the batch is memorised within the output's range ({out_of_range['kind']}): loss "
+                      f"{_fmt(initial)} → {_fmt(final)}, its floor {_fmt(floor)}")
     return True
 
 
