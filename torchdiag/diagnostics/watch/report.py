@@ -238,15 +238,14 @@ def _wiring(result: Result, engine) -> None:
             groups.setdefault(name in engine.checks["orphaned"], []).append(name)
     for orphaned, names in groups.items():
         step = min(engine.checks["not_in_optimizer"][n] for n in names)
-        what = names[0] if len(names) == 1 else f"{len(names)} parameter tensors ({compact(names)})"
-        verb = "gets a gradient" if len(names) == 1 else "get gradients"
         one = len(names) == 1
+        what = names[0] if one else f"{len(names)} parameter tensors ({compact(names)})"
         why = (f"{'it was' if one else 'they were'} trained by an optimizer the run let go, and since then nothing "
                f"applies {'its' if one else 'their'} gradients" if orphaned else "it never trains" if one
                else "they never train")
         result.add("not-in-optimizer", "warning", names[0] if one else common_path(names),
-                   f"{what} {verb} (first seen at the read of step {step}) but {'is' if len(names) == 1 else 'are'} in "
-                   f"no optimizer's param groups at the end: {why}",
+                   f"{what} {'gets a gradient' if one else 'get gradients'} (first seen at the read of step {step}) but "
+                   f"{'is' if one else 'are'} in no optimizer's param groups at the end: {why}",
                    f"pass {engine.model_word(names[0])}.parameters() (all of them) to the optimizer; for layers unfrozen "
                    "during the run, optimizer.add_param_group({'params': [...]}) them",
                    members=names if len(names) > 1 else None)

@@ -60,7 +60,7 @@ class Track:
         self._probe_next = False       # arm the zero_grad probes after this step (a read step)
         self.fired: list = []          # the probes' flags since they were armed
         self.fired_at: list = []       # per flag, (outermost optimizer steps, backward calls) when it fired
-        self.fired_dots: list = []     # per flag, (old·new, |old|², |new|²) of the gradients, float64
+        self.fired_dots: list = []     # per flag, (old·new, |old|², |new|²) of the gradients (float32 sums, as float64)
         self.marks = None              # the engine's (steps, backwards) counter (engine._marks), set by it
         self.armed_step = 0
         self.queue: list = []          # (kind, payload, tensor)
@@ -136,9 +136,9 @@ class Track:
         if old is None:
             return
         self.stepped, self.gap_max, self.last_step, self.sampled = old.stepped, old.gap_max, old.last_step, old.sampled
-        if old.main < len(self.opt.param_groups) if self.opt is not None else False:   # the same group's rate on:
-            self.main = old.main   # a larger group added (a backbone unfrozen) read as a decay 0.01 -> 0.001 (a sweep)
-            self.main_group = self.opt.param_groups[self.main]
+        opt = self.opt
+        if opt is not None and old.main < len(opt.param_groups):   # the same group's rate on: a larger group added
+            self.main, self.main_group = old.main, opt.param_groups[old.main]   # read as a decay 0.01 -> 0.001 (a sweep)
         pairs = [(self.ids[param_key(p)], j) for j, p in enumerate(old.params) if param_key(p) in self.ids]
         self.joined = [old.sampled] * len(self.params)   # the new ones: no read saw them before now
         norms = old.weight_norm
@@ -393,7 +393,6 @@ class Track:
                 self.queue.append(("crossed", (self, applied_at),
                                    torch.stack([torch.stack([self.fired[i] for i in crossed]).min(), cos.float()])))
         self.fired, self.fired_at, self.fired_dots = [], [], []
-
 
     def queued(self, final: bool) -> list:
         """What this optimizer hands to a read: per step the total gradient norm (k), per parameter the
