@@ -45,6 +45,7 @@ def run(model, inputs, opts: Options | None, ctx) -> Result:
 
         op_dtypes.report(result, report.op_dtypes, ctx, "the measured step")
     _batch_tables(result, report, opts, ctx, sizes, best, budget, units, inputs)
+    _estimate_off(result, sizes)
     _summary(result, report, opts, ctx, est_peak, best)
     fsdp_check(result, model, inputs, opts, ctx)   # under torchrun --wrap fsdp only (memory/ranks.py)
     return result
@@ -207,6 +208,22 @@ def _batch_tables(result: Result, r: StepReport, opts: Options, ctx, sizes, best
     elif r.peak > opts.budget:
         result.add("over-budget", "warning", "", f"batch size {inputs.batch_size} peaks at {human_bytes(r.peak)}, "
                    f"above the budget of {human_bytes(opts.budget)}; the largest batch size that fits is {best}")
+
+
+ESTIMATE_OFF = 0.10   # the fake-tensor estimate of the measured step further than this from the measurement
+
+
+def _estimate_off(result: Result, sizes) -> None:
+    """The batch-size and budget rows are fake-tensor estimates; where the estimate of the step measured here is
+    more than ESTIMATE_OFF from its measurement, they are said to be in doubt (a sweep: an LSTM's estimate 23% under
+    at batch 4, and 6x under at the batch the budget picked: its fused kernel runs another way on fake tensors)."""
+    err = result.data.get("estimate_error")
+    if not sizes or err is None or abs(err) <= ESTIMATE_OFF:
+        return
+    result.add("estimate-off", "warning", "", f"the fake-tensor estimate of the step measured here is "
+               f"{100 * err:+.1f}% off its measurement: the estimated batch sizes and budget above may be off by as "
+               "much or more (an op that runs another way on fake tensors, such as a fused LSTM kernel)",
+               hint="measure the batch size you plan to use: run memory again with that input (-i)")
 
 
 def _summary(result: Result, r: StepReport, opts: Options, ctx, est_peak, best) -> None:
