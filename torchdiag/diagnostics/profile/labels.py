@@ -52,13 +52,18 @@ class ModuleLabels(ForwardHooks):
     # never opened, raises there and is ignored).
     def _pre(self, mod, args):
         name = self.names.get(id(mod), "?")
+        if _in_backward():   # activation checkpointing's recompute: backward's time, not a second forward (a sweep:
+            self.stack.append((name, mod, args, None))   # the root's self time went negative, ranges unclosed)
+            return
         rf = self._rf(MODULE_PREFIX + (name or ROOT_LABEL))
         self.stack.append((name, mod, args, rf))
         rf.__enter__()
 
     def _post(self, mod, args, output):
         if self.stack:
-            self.stack[-1][3].__exit__(None, None, None)
+            rf = self.stack[-1][3]
+            if rf is not None:
+                rf.__exit__(None, None, None)
             self.stack.pop()
 
     @property
@@ -72,9 +77,21 @@ class ModuleLabels(ForwardHooks):
     def close_open(self):
         while self.stack:
             try:
-                self.stack.pop()[3].__exit__(None, None, None)
+                rf = self.stack.pop()[3]
+                if rf is not None:
+                    rf.__exit__(None, None, None)
             except Exception:
                 pass
+
+
+def _in_backward() -> bool:
+    """Inside autograd's backward (a module's forward run again there by torch.utils.checkpoint)."""
+    import torch
+
+    try:
+        return torch._C._current_graph_task_id() != -1
+    except Exception:   # noqa: BLE001 - private: without it, the recompute is labelled as before
+        return False
 
 
 def module_label(event_name: str) -> str | None:
