@@ -115,10 +115,15 @@ class _TwoHeads(torch.nn.Module):
             return self.cls(h), self.dom(h.mean(0, keepdim=True).expand_as(h))
         if self.second == "temperature":   # by design: a learned constant, the same for every sample
             return self.cls(h), self.dom(torch.ones_like(h[:1])).expand(x.shape[0], -1)
+        if self.second == "mean-time-first":   # the fault, its output (T, N, C): the batch is dimension 1
+            return self.cls(h), self.dom(h.mean(0, keepdim=True).expand_as(h)).unsqueeze(0).expand(3, -1, -1)
+        if self.second == "whitened":   # refuses a batch of one sample repeated (its covariance is singular)
+            spread = torch.linalg.cholesky(torch.cov(self.trunk(x)[:, :3].T)).diagonal().log().sum()
+            return self.cls(h), self.dom(h.mean(0, keepdim=True).expand_as(h) * spread)
         return {"logits": self.cls(h), "domain": self.dom(_Reversal.apply(h))}
 
 
-@pytest.mark.parametrize("second", ["copies", "reversal", "batch-mean", "temperature"])
+@pytest.mark.parametrize("second", ["copies", "reversal", "batch-mean", "temperature", "mean-time-first", "whitened"])
 def test_memorised_on_the_first_output_when_the_others_random_targets_are_out_of_reach(second):
     """A sweep: a domain-adversarial model and one returning a tensor twice were cannot-overfit ("no mechanical cause
     found"): the auto loss adds mse on the other outputs against random targets those outputs cannot reach. The
@@ -128,8 +133,11 @@ def test_memorised_on_the_first_output_when_the_others_random_targets_are_out_of
     torch.manual_seed(0)
     model, x = _TwoHeads(second), torch.randn(4, 8)
     r = overfit(model, x, steps=600)
-    if second == "batch-mean":
+    if second in ("batch-mean", "mean-time-first"):   # a review: a sequence-first output's batch is dimension 1
         assert "cannot-overfit" in codes(r) and finding(r, "identical-outputs").where == "output[1]", codes(r)
+        return
+    if second == "whitened":   # a review: the repeated batch raised out of the guard (exit 4); not told, not blamed
+        assert r.exit_code == 0 and "identical-outputs" not in codes(r), [g.to_dict() for g in r.findings]
         return
     f = finding(r, "other-outputs-unfitted")
     assert r.data["passed"] and r.exit_code == 0 and "cannot-overfit" not in codes(r), [g.to_dict() for g in r.findings]
@@ -140,30 +148,66 @@ def test_memorised_on_the_first_output_when_the_others_random_targets_are_out_of
     assert f"{start:.6g} →" in f.message, f.message
 
 
-class _UnitRows(torch.nn.Module):
-    """Normalised embeddings, one per position (a retrieval model's multi-vector output)."""
+class _Ranged(torch.nn.Module):
+    """Outputs that keep to a range: normalised embeddings per position (a retrieval model's multi-vector output), a
+    channel-first descriptor map normalised over channels (SuperPoint), a softmax per position."""
 
-    def __init__(self):
+    def __init__(self, kind: str):
         super().__init__()
-        self.l1, self.l2 = torch.nn.Linear(8, 32), torch.nn.Linear(32, 16)
+        self.kind = kind
+        if kind == "channels":
+            self.net = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(32, 8, 1))
+        else:
+            self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
 
     def forward(self, x):
-        return F.normalize(self.l2(torch.relu(self.l1(x))), dim=-1)
+        y = self.net(x)
+        return F.normalize(y, dim=1 if self.kind == "channels" else -1) if self.kind != "softmax" else y.softmax(-1)
 
 
-def test_unit_rows_against_torchdiags_own_target_pass_at_the_floor_of_their_range():
+def _simplex_by_hand(t):
+    """Each row's nearest distribution, by bisection on the threshold theta of max(t - theta, 0) summing to 1."""
+    lo, hi = t.min(-1, keepdim=True).values - 1, t.max(-1, keepdim=True).values
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        over = (t - mid).clamp_min(0).sum(-1, keepdim=True) > 1
+        lo, hi = torch.where(over, mid, lo), torch.where(over, hi, mid)
+    return (t - (lo + hi) / 2).clamp_min(0)
+
+
+@pytest.mark.parametrize("kind,shape", [("unit", (2, 6, 8)), ("channels", (2, 3, 6, 6))])
+def test_ranged_outputs_against_torchdiags_own_target_pass_at_the_floor_of_their_range(kind, shape):
     """A sweep: ColQwen2's unit-length rows levelled at 0.65 x the start against the made-up N(0, 1) target and were
-    cannot-overfit. No unit row gets closer to a target row than its direction: the floor is mse(t/|t|, t), computed
-    here by hand; reached, the batch is memorised as far as the range allows."""
+    cannot-overfit. No output in the range gets closer to the target than the target's projection onto it: the floor
+    is mse(projection, target), computed here by hand (a review: a channel-first normalisation and a softmax were
+    given a box's lower floor and failed); reached, the batch is memorised as far as the range allows."""
     torch.manual_seed(0)
-    model, x = _UnitRows(), torch.randn(2, 6, 8)
+    model, x = _Ranged(kind), torch.randn(*shape)
     r = overfit(model, x)
-    g = torch.Generator().manual_seed(0)
-    t = torch.randn((2, 6, 16), generator=g)
-    floor = float(F.mse_loss(F.normalize(t, dim=-1), t))
+    out_shape = tuple(model(x).shape)
+    t = torch.randn(out_shape, generator=torch.Generator().manual_seed(0))
+    near = F.normalize(t, dim=1 if kind == "channels" else -1) if kind != "softmax" else _simplex_by_hand(t)
+    floor = float(F.mse_loss(near, t))
     f = finding(r, "made-target-out-of-range")
-    assert r.exit_code == 0 and f.severity == "info" and r.data["floor"] == pytest.approx(floor, rel=1e-5), r.verdict
+    assert r.exit_code == 0 and f.severity == "info" and r.data["floor"] == pytest.approx(floor, rel=1e-4), r.verdict
     assert r.data["final_loss"] - floor <= 0.01 * (r.data["initial_loss"] - floor)
+
+
+def test_a_softmax_output_against_torchdiags_own_target_is_judged_by_the_simplex():
+    """A review: a softmax per position was given the [0, 1] box's floor (0.54 where the simplex's is 0.68). The floor
+    is each target row's distance to its nearest distribution (by hand: bisection on the threshold)."""
+    from torchdiag.core.loss import Loss
+    from torchdiag.diagnostics.overfit_batch.causes import made_target_floor
+
+    torch.manual_seed(0)
+    model, x = _Ranged("softmax"), torch.randn(2, 6, 8)
+    loss = Loss("auto", seed=0)
+    out = model(x)
+    loss(out)
+    t = torch.randn(tuple(out.shape), generator=torch.Generator().manual_seed(0))
+    got = made_target_floor(out, loss)
+    assert got["kind"].startswith("rows that are distributions")
+    assert got["floor"] == pytest.approx(float(F.mse_loss(_simplex_by_hand(t), t)), rel=1e-5)
 
 
 def test_dropout_is_off_on_the_trained_copy_and_said_so(untouched):

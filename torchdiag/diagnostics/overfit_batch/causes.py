@@ -299,11 +299,13 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
 
 
 def made_target_floor(out, loss) -> dict | None:
-    """mse against a target torchdiag drew (N(0, 1)), on an output whose trained values still keep to a range (every
-    value in [0, 1] or [-1, 1]: a sigmoid or tanh map; every row of unit length: normalised embeddings): the lowest
-    loss any output in that range reaches is the target's distance to it, mse(projection of the target, target). A
-    sweep: PP-OCRv5's sigmoid map levelled at 0.46 x its start, ColQwen2's unit rows at 0.65 x, both cannot-overfit.
-    {kind, floor}, or None (a given target, another loss, a single value, several terms)."""
+    """mse against a target torchdiag drew (N(0, 1)), on an output whose trained values still keep to a range: unit
+    length along the last dimension or dimension 1 (normalised embeddings, a channel-first descriptor map), each row
+    a distribution (a softmax), or every value in [0, 1] or [-1, 1] (a sigmoid or tanh map). The lowest loss any
+    output in that range reaches is the target's distance to it, mse(projection of the target, target). A sweep:
+    PP-OCRv5's sigmoid map levelled at 0.46 x its start, ColQwen2's unit rows at 0.65 x, both cannot-overfit. Told
+    within the output dtype's rounding (bfloat16 rows are unit to ~4e-3). {kind, floor}, or None (a given target,
+    another loss, a single value, several terms)."""
     import torch
     import torch.nn.functional as F
 
@@ -314,24 +316,42 @@ def made_target_floor(out, loss) -> dict | None:
         return None
     y, _ = primary_output(out)
     t = loss.target.to(y.device).float()
-    if not isinstance(y, torch.Tensor) or y.shape != t.shape or y.numel() < 2:
+    if not isinstance(y, torch.Tensor) or y.shape != t.shape or y.numel() < 2 or not y.is_floating_point():
         return None
+    tol = max(1e-4, 8 * torch.finfo(y.dtype).eps)
     y = y.detach().float()
-    rows = (y.norm(dim=-1) - 1).abs().amax() if y.dim() >= 2 and y.shape[-1] > 1 else torch.tensor(math.inf)
-    finite, lo, hi, unit = torch.stack([torch.isfinite(y).all().float(), y.amin(), y.amax(),
-                                        rows.to(y.device).float()]).tolist()   # one read
+    dims = [d for d in ((y.dim() - 1, 1) if y.dim() >= 3 else (y.dim() - 1,)) if y.dim() >= 2 and y.shape[d] > 1]
+    checks = [(y.norm(dim=d) - 1).abs().amax() for d in dims]
+    checks += [(y.sum(-1) - 1).abs().amax() if y.dim() >= 2 else torch.tensor(math.inf, device=y.device)]
+    finite, lo, hi, *off = torch.stack([torch.isfinite(y).all().float(), y.amin(), y.amax(),
+                                        *[c.to(y.device).float() for c in checks]]).tolist()   # one read
     if finite != 1.0:
         return None
-    eps = 1e-6
-    if unit < 1e-4:   # first: unit rows keep to [-1, 1] too, and the sphere is the tighter range
-        kind, near = "unit-length rows", F.normalize(t, dim=-1)
-    elif lo >= -eps and hi <= 1 + eps:
+    unit = [d for d, o in zip(dims, off) if o < tol]
+    if unit:   # first: unit rows keep to [-1, 1] too, and the sphere is the tighter range
+        kind, near = "unit length along dimension " + str(unit[0] if unit[0] != y.dim() - 1 else -1), \
+            F.normalize(t, dim=unit[0])
+    elif lo >= -tol and off[-1] < tol:
+        kind, near = "rows that are distributions (non-negative, summing to 1)", _simplex(t)
+    elif lo >= -tol and hi <= 1 + tol:
         kind, near = "[0, 1]", t.clamp(0, 1)
-    elif lo >= -1 - eps and hi <= 1 + eps:
+    elif lo >= -1 - tol and hi <= 1 + tol:
         kind, near = "[-1, 1]", t.clamp(-1, 1)
     else:
         return None
     return {"kind": kind, "floor": float(F.mse_loss(near, t))}
+
+
+def _simplex(t):
+    """Each last-dimension row of `t` projected onto the probability simplex (the sort-based projection)."""
+    import torch
+
+    u = torch.sort(t, dim=-1, descending=True).values
+    css = u.cumsum(-1) - 1
+    k = torch.arange(1, t.shape[-1] + 1, device=t.device, dtype=t.dtype)
+    rho = ((u - css / k) > 0).sum(-1, keepdim=True).clamp_min(1)
+    theta = css.gather(-1, rho - 1) / rho.to(t.dtype)
+    return (t - theta).clamp_min(0)
 
 
 SCALES = (0.5, 2.0, 4.0)

@@ -427,7 +427,8 @@ def _within_range(result, curve, opts, out_of_range: dict | None) -> bool:
     result.add("made-target-out-of-range", "info", "", f"every output value keeps to {out_of_range['kind']}, and "
                f"the random target torchdiag drew (normal, mean 0, std 1) lies partly outside it: no output in that range "
                f"gets below {_fmt(floor)} ({floor / initial:.3g} × the start); the loss reached {_fmt(final)}, the "
-               f"batch memorised as far as the range allows",
+               f"batch memorised as far as the range allows. If the real targets go beyond that range (a regression "
+               f"target behind a final sigmoid or tanh), the output cannot fit them: that is a bug",
                hint="judge it against its real targets: --batch with them, or a --loss PATH:fn of your own")
     result.verdict = (f"PASS: the batch is memorised within the output's range ({out_of_range['kind']}): loss "
                       f"{_fmt(initial)} → {_fmt(final)}, its floor {_fmt(floor)}")
@@ -435,10 +436,13 @@ def _within_range(result, curve, opts, out_of_range: dict | None) -> bool:
 
 
 def _same_rows(trainer, labels: list[str]) -> list[str]:
-    """Of the outputs `labels`, those whose rows along the batch dimension are all equal on the trained copy and
-    that still depend on the batch: with every batch-first input replaced by its first sample, the row changes (a
-    head over the batch's mean). A constant of the model's own broadcast to every row (a learned temperature, a
-    review's) is the same whatever the batch holds, and is no fault. Two no-grad forwards, at a failure only."""
+    """Of the outputs `labels`, those whose rows along the batch dimension (the first of the batch's size: a
+    sequence-first output's is dim 1) are all equal on the trained copy and that still depend on the batch: with
+    every batch-first input replaced by its first sample, the row changes or stops being finite (a head over the
+    batch's mean, or over its spread). A constant of the model's own broadcast to every row (a learned temperature,
+    a review's) is the same whatever the batch holds, and is no fault; a model that refuses a batch of one sample
+    repeated (a Cholesky of the batch's covariance) cannot tell, and is not blamed. Two no-grad forwards, at a
+    failure only."""
     import torch
 
     from ...core.loss import float_outputs
@@ -449,7 +453,12 @@ def _same_rows(trainer, labels: list[str]) -> list[str]:
     def rows(batch) -> dict:
         with torch.no_grad(), trainer.autocast():
             out = batch.call(trainer.work)
-        return {k: t.detach() for k, t in float_outputs(out) if k in labels and t.dim() and t.shape[0] == n}
+        found = {}
+        for k, t in float_outputs(out):
+            dims = [d for d in range(t.dim()) if t.shape[d] == n] if k in labels else []
+            if dims:
+                found[k] = t.detach().movedim(dims[0], 0)
+        return found
 
     first = rows(trainer.batch)
     flags = [(k, f) for k, t in first.items() if (f := same_flag(t)) is not None]
@@ -460,12 +469,16 @@ def _same_rows(trainer, labels: list[str]) -> list[str]:
     if not same:
         return []
     one = trainer.batch.map(lambda t: t[:1].expand_as(t).clone() if t.dim() and t.shape[0] == n else t)
-    again = rows(one)
+    try:
+        again = rows(one)
+    except Exception:   # noqa: BLE001 - it refuses the repeated batch: whether the rows depend on it is not known
+        return []
     asked = [k for k in same if k in again and again[k].shape == first[k].shape]
     if not asked:
         return []
-    # the first row's move when the rest of the batch changes, against its own size (one read)
-    moved = torch.stack([(again[k][0].float() - first[k][0].float()).abs().amax()
+    # the first row's move when the rest of the batch changes, against float32 rounding of its size (one read);
+    # a row that stops being finite moved
+    moved = torch.stack([torch.nan_to_num((again[k][0].float() - first[k][0].float()).abs().amax(), nan=math.inf)
                          - 1e-6 * (1 + first[k].float().abs().amax()) for k in asked]).tolist()
     return [k for k, d in zip(asked, moved) if d > 0]
 
