@@ -515,3 +515,32 @@ def test_a_compiled_model_is_profiled_as_one_graph_and_other_commands_run_its_mo
     # a compiled model holding a compiled part: that part stays compiled, and the header says so (a review)
     nested = torch.compile(nn.Sequential(torch.compile(nn.Linear(16, 4), backend="eager")), backend="eager")
     assert run("summary", nested, x).header["compiled"].endswith("the compiled modules inside it stay compiled")
+
+
+def test_activation_checkpointing_recompute_is_backward_time_not_a_second_forward():
+    """A sweep: with torch.utils.checkpoint the recompute inside backward opened the blocks' forward ranges again:
+    each block counted 10 forward calls for 5 steps, the blocks' forward time exceeded the root's, and the root's
+    self time was negative (a C++ warning about an unclosed range on stderr)."""
+    import torch
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+    from torchdiag.api import run
+    from torchdiag.core.inputs import ModelInputs
+
+    class Ckpt(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(64, 64), nn.GELU()) for _ in range(3))
+            self.head = nn.Linear(64, 4)
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = x + checkpoint(b, x, use_reentrant=False)
+            return self.head(x)
+
+    r = run("profile", Ckpt(), ModelInputs((torch.randn(8, 64),)), mode="train")
+    mods = {row["name"]: row for row in r.table("modules").rows}
+    steps = mods[""]["calls"]
+    assert all(mods[f"blocks.{i}"]["calls"] == steps for i in range(3)), {k: v["calls"] for k, v in mods.items()}
+    assert mods[""]["self_cpu_time_us"] >= 0 and mods["blocks"]["cpu_time_us"] <= mods[""]["cpu_time_us"]
