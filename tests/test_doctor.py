@@ -122,6 +122,32 @@ def test_device_mismatch_names_the_creator_not_the_consumer():
     assert f.where == "1" and "_Encoder" in f.message and "1x2x8" in f.message and "used in 1.rnn (GRU)" in f.message
 
 
+class _Masked(nn.Module):
+    """Boolean-mask indexing (nonzero: no meta kernel), then a tensor made without device= (the bug, or not)."""
+
+    def __init__(self, bug: bool):
+        super().__init__()
+        self.lin, self.bug = nn.Linear(8, 4), bug
+
+    def forward(self, x):
+        h = self.lin(x[x[:, 0] > 0]).sum(0)
+        return h + (torch.ones(4) if self.bug else torch.ones(4, device=x.device))
+
+
+@pytest.mark.skipif(not torch.backends.cuda.is_built(), reason="fake CUDA tensors need a CUDA build of torch (no GPU)")
+@pytest.mark.parametrize("bug", [True, False])
+def test_a_masked_forward_that_meta_cannot_run_is_checked_on_fake_cuda(bug):
+    """A sweep: every torch_geometric GCNConv/GATConv model skipped the device check (a boolean mask's nonzero has no
+    meta kernel) and the run said PASS over a tensor made without device=. The fake-CUDA run now gives such ops a
+    symbolic size (a shape environment): the bug is caught, the healthy model is ok."""
+    from torchdiag.core.inputs import ModelInputs
+
+    res = run_diag(_Masked(bug), ModelInputs((torch.randn(16, 8, generator=torch.Generator().manual_seed(0)),)))
+    found = [f for f in res.findings if f.code == "device-mismatch"]
+    assert bool(found) == bug, [f.to_dict() for f in res.findings]
+    assert row(res.to_dict(), "device")["status"] == ("error" if bug else "ok"), row(res.to_dict(), "device")
+
+
 def test_plain_tensor_attribute_left_behind_by_to():
     from torchdiag.core.inputs import ModelInputs
 

@@ -187,7 +187,12 @@ def fake_cuda_run(meta_model, meta_inputs, training: bool) -> FakeRun:
         from torch.func import functional_call
     except ImportError:
         return FakeRun("unknown")
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+    try:   # a shape environment: a boolean mask's nonzero gets a symbolic size (a GNN's self-loop removal)
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=ShapeEnv())
+    except Exception:   # noqa: BLE001 - private: without it, data-dependent code is "unknown" as before
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
     cuda = torch.device("cuda")
 
     def fake(t):
