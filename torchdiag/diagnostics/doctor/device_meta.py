@@ -24,7 +24,8 @@ class DeviceMix(RuntimeError):
 
     def __init__(self, op: str, tensor, creator: str | None, where: str):
         self.op, self.creator, self.where = op, creator, where
-        self.shape = "x".join(map(str, tensor.shape))
+        # a size only known at run time (a boolean mask's, symbolic in the fake run: torch names it u0) is "?"
+        self.shape = "x".join(str(d) if isinstance(d, int) else "?" for d in tensor.shape)
         self.device = str(tensor.device)
         super().__init__(f"Tensor on device {self.device} is not on the expected device meta! "
                          f"(aten.{op} got a {self.device} tensor of shape {self.shape})")
