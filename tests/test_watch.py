@@ -275,6 +275,27 @@ def test_missing_zero_grad_is_an_error_unless_accumulating_on_purpose():
     assert "grad-carried-over" not in every and "accumulate-unneeded" not in every, every
 
 
+def test_gradients_set_from_autograd_grad_are_not_carried_over():
+    """A sweep: a loop that takes torch.autograd.grad and sets p.grad = g (no zero_grad, none needed: .grad is
+    replaced) was a false `grad-carried-over` error: autograd.grad runs a leaf's hooks without accumulating.
+    Forgetting to reset in a loop that accumulates with .backward() stays caught (the second run)."""
+    for via_grad in (True, False):
+        torch.manual_seed(0)
+        model = _mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        with Watch(model, opt, every=5) as w:
+            for _ in range(40):
+                x = torch.randn(16, 8)
+                loss = F.cross_entropy(model(x), (x[:, 0] > 0).long())
+                if via_grad:
+                    for p, g in zip(model.parameters(), torch.autograd.grad(loss, list(model.parameters()))):
+                        p.grad = g
+                else:
+                    loss.backward()
+                opt.step()
+        assert ("grad-carried-over" in codes(w.result())) is not via_grad, codes(w.result())
+
+
 def test_accumulate_given_to_a_loop_that_zeroes_every_step_is_said():
     """A sweep: a user accumulating micro-batches (zero_grad after each optimizer step) passes accumulate=True,
     which they do not need, and the missing-zero_grad check went silent for them. Said, as info."""

@@ -349,29 +349,42 @@ class Track:
         backward that reaches one, they look at the gradient already there (a leaf's hooks run before
         accumulation). Carried over = non-zero at every such backward: nothing reset it before the next
         step (a GAN's other loss reaching these parameters after their step, then zero_grad, is fine;
-        so is accumulating micro-batches after a zero_grad)."""
+        so is accumulating micro-batches after a zero_grad). A look counts once the gradient is accumulated
+        into .grad (a post-accumulate hook): torch.autograd.grad runs the first hook but leaves .grad alone (a
+        loop that sets p.grad = g from it replaces the old gradient: a false `grad-carried-over`, a sweep)."""
+        chosen = [p for p in self.params if p.grad is not None and p.requires_grad and p.is_leaf][:CARRY_PROBES]
+        self.fired.clear()
+        self.fired_at.clear()
+        self.fired_dots.clear()
+        self.armed_step = step
+        self.probes = []
+        for p in chosen:
+            look, keep = self._probe(p)
+            self.probes += [p.register_hook(look), p.register_post_accumulate_grad_hook(keep)]
+
+    def _probe(self, p):
+        """The two hooks of one probed parameter: `look` reads the gradient already there and the one coming,
+        `keep` files that reading when the coming one was accumulated into .grad."""
         import torch
 
-        fired, at, dots, marks = self.fired, self.fired_at, self.fired_dots, self.marks
-        fired.clear()
-        at.clear()
-        dots.clear()
+        ref = weakref.ref(p)   # the hooks live on p: a strong reference would make a cycle only gc frees
+        fired, at, dots, marks, pending = self.fired, self.fired_at, self.fired_dots, self.marks, []
 
-        def probe(p):
-            ref = weakref.ref(p)   # the hook lives on p: a strong reference would make a cycle only gc frees
+        def look(grad):   # `grad`: the gradient this backward adds; .grad: the one already there
+            old = ref().grad if ref() is not None else None
+            with torch.no_grad():
+                flag = (old.detach().abs().sum() > 0).float() if old is not None else self._zero
+                dot = _dot_norms(old, grad, self._zero3) if old is not None else self._zero3
+            pending[:] = [(flag, dot, marks() if marks is not None else (0, 0))]
+            return None
 
-            def hook(grad):   # `grad`: the gradient this backward adds; .grad: the one already there
-                old = ref().grad if ref() is not None else None
-                with torch.no_grad():
-                    fired.append((old.detach().abs().sum() > 0).float() if old is not None else self._zero)
-                    dots.append(_dot_norms(old, grad, self._zero3) if old is not None else self._zero3)
-                at.append(marks() if marks is not None else (0, 0))
-                return None
-            return hook
-
-        self.armed_step = step
-        chosen = [p for p in self.params if p.grad is not None and p.requires_grad][:CARRY_PROBES]
-        self.probes = [p.register_hook(probe(p)) for p in chosen]
+        def keep(_param):
+            if pending:
+                flag, dot, mark = pending.pop()
+                fired.append(flag)
+                dots.append(dot)
+                at.append(mark)
+        return look, keep
 
     def disarm(self, applied_at: int | None = None):
         """At the next step (or the end): the probes' verdict, queued for the read; a crossing only when this
