@@ -90,6 +90,7 @@ def run(command: str, model, inputs=None, *, loss: Any = "auto", target=None, **
     """Any diagnostic by its command name: `torchdiag.api.run("gradflow", model, x, strict=True)`."""
     from .commands import get
     from .core.context import context_for
+    from .core.lazy import materialise
     from .core.loading import DENSE_GRAD_COMMANDS, dense_embeddings, eager
     from .core.precision import cast_copy, cast_inputs
     from .runner.local import invoke
@@ -103,9 +104,11 @@ def run(command: str, model, inputs=None, *, loss: Any = "auto", target=None, **
     model = eager(model, command, said)   # a torch.compile'd model: the module it wraps (profile: as it is)
     ctx = context_for(model, spec, loss=loss, target=target)
     ctx.header.update(said)
+    raw = as_inputs(model, inputs) if getattr(d, "TAKES_INPUTS", True) else None
+    materialise(model, raw, ctx.header)   # lazy modules: as the caller's own first forward would (core/lazy.py)
     # dtype=: the diagnostic gets a cast copy and cast float inputs; the caller's model is never changed
     work = cast_copy(model, spec.dtype)
-    given = cast_inputs(as_inputs(model, inputs), spec.dtype) if getattr(d, "TAKES_INPUTS", True) else None
+    given = cast_inputs(raw, spec.dtype) if raw is not None else None
     ctx.observe(work, given)   # the auto loss sees what the inputs feed (a language model's ids)
     switched = dense_embeddings(work, ctx.header) if command in DENSE_GRAD_COMMANDS else []
     try:

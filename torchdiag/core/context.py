@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import ExitCode, UsageError, option_name
 from . import train
+from .lazy import materialise
 from .places import model_places
 from .precision import refuse_scaled_complex
 from .run import RunSpec
@@ -215,6 +216,7 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
     inputs = cast_inputs(inputs, spec.dtype)
     ctx = Context(spec, device, loaded, batch_target, header=_header(spec, device, loaded, inputs), checkpoints=checkpoints,
                   places=model_places(loaded.model))
+    materialise(loaded.model, inputs if spec.needs_inputs or spec.batch else None, ctx.header)
     ctx.observe(loaded.model, inputs)
     if checkpoints:
         ctx.header["checkpoint"] = [r.describe() for r in checkpoints]

@@ -120,7 +120,10 @@ def leave_no_trace(model, buffers: bool = True):
 
     saved_buffers = snapshot_buffers(model) if buffers else None
     training = [(m, m.training) for m in model.modules()]
-    params = list({id(p): p for p in model.parameters()}.values())
+    from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]
+
+    # a lazy module's uninitialised parameter raises on any op, and its flag and .grad are its initial ones
+    params = [p for p in {id(p): p for p in model.parameters()}.values() if not isinstance(p, UninitializedTensorMixin)]
     requires = [(p, p.requires_grad) for p in params]
     grads = [(p, p.grad) for p in params]
     cpu_rng = torch.random.get_rng_state()

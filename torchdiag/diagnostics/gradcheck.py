@@ -163,6 +163,12 @@ def check_arity(kind: str, target, given: int, label: str, source: str = "") -> 
                      hint="give one -i per input, e.g. " + (" ".join(["-i 3"] * n) if n else "no -i"))
 
 
+def _floating(t) -> bool:
+    import torch
+
+    return isinstance(t, torch.Tensor) and t.is_floating_point()
+
+
 def build(kind: str, target, inputs: list, input_names: list[str], opts: Options, label: str) -> Checked:
     import torch
 
@@ -495,6 +501,7 @@ def check_spec(spec, opts: Options | None = None) -> Result:
     from ..core.context import Context
     from ..core.device import resolve_device
     from ..core.inputs import ModelInputs
+    from ..core.lazy import materialise
     from ..core.loading import find_factory, import_module, parse_args, split_spec
 
     opts = opts or Options()
@@ -509,10 +516,17 @@ def check_spec(spec, opts: Options | None = None) -> Result:
     tensors, source = _inputs(spec, module, target if kind == "nn.Module" else None, device)
     check_arity(kind, target, len(tensors), name, "" if source == "--input" else source)
     names = [f"input[{i}]" for i in range(len(tensors))]
-    result = run(build(kind, target, tensors, names, opts, name), opts)
     shown = ModelInputs(tuple(tensors), {}, source)
+    said: dict = {}
+    if kind == "nn.Module":   # a lazy module cannot be copied before its first forward: given the inputs as its own
+        import torch
+
+        dtype = torch.get_default_dtype()   # (float32, until build makes a float64 copy)
+        materialise(target, ModelInputs(tuple(t.to(dtype) if _floating(t) else t for t in tensors), {},
+                                        source), said)
+    result = run(build(kind, target, tensors, names, opts, name), opts)
     result.header = {"model": spec.model, "device": str(device), "inputs": shown.describe(), "input_source": source,
-                     **result.header}
+                     **said, **result.header}
     if loaded:
         result.header["checkpoint"] = [r.describe() for r in loaded]
         for report in loaded:   # keys that did not fit (--no-strict-checkpoint): findings, exit 1
