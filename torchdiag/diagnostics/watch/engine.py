@@ -32,6 +32,13 @@ from .options import Options
 from .stats import Track, nonfinite_losses, norms32, param_key, read_parts
 
 
+def _under_functorch() -> bool:
+    """A torch.func transform (vmap, grad, jacrev, ...) is running."""
+    import torch
+
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
 def _guarded(hook):
     """A hook of ours that raises must never break the user's training: the engine stops watching
     (every hook becomes a no-op), and the report says why."""
@@ -126,6 +133,7 @@ class Engine:
         self._sample_forward = True         # the next training forward of each model samples dead units
         self.run_compiled = False           # a watched model ran inside a torch.compile of its caller's
         self.compiled_parts: set[str] = set()   # compiled submodules of a watched model (not probed for dead units)
+        self.under_functorch = False            # a probed forward ran under torch.func (not probed for dead units)
         self._traced: set[int] = set()      # roots a probe hook ran under torch.compile's tracing: not probed again
         self._model_ids_key: tuple = ()
         self._model_ids_cache: set[int] = set()
@@ -526,6 +534,9 @@ class Engine:
     @_guarded
     def _root_pre(self, module, args, kwargs):
         if not _grad_enabled():
+            return
+        if _under_functorch():   # vmap/grad's wrapped tensors: kept for a replay or reduced here, they would escape the
+            self.under_functorch = True   # transform (a sweep: DP-SGD's per-sample gradients stopped watch)
             return
         self.last_call = (weakref.ref(module), args, kwargs)   # weakly: a model the run lets go must go
         if not self._scale_looked and not _compiling():   # traced into a compiled caller's graph: a graph more

@@ -89,6 +89,9 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
         result.notes.append(f"compiled parts of a watched model ({', '.join(parts[:4])}{' …' if len(parts) > 4 else ''}):"
                             " dead units are not checked inside them (hooks on their layers would be traced into "
                             "their graphs and recompile them at every read)")
+    if engine.under_functorch:
+        result.notes.append("a watched model ran under a torch.func transform (vmap, grad): dead units are not checked "
+                            "in those forwards (their tensors are the transform's wrappers)")
     if engine.loss_seen is False and engine.step:   # no step: nothing to say of losses (a script that failed first)
         result.notes.append("no loss was seen (backward was not called on a scalar through Tensor.backward): "
                             "loss findings need w.log('loss', value)")

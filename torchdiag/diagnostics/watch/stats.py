@@ -538,6 +538,9 @@ class DeadUnits:
                 self.engine._traced.add(id(self.module))   # function: a review): no probe of this model again
                 self.engine.compiled_parts.add(name)
                 return None
+            if torch._C._functorch.peek_interpreter_stack() is not None:   # under torch.func (vmap, grad): its
+                self.engine.under_functorch = True   # tensors are wrappers with no storage, whose reductions must
+                return None                          # not escape the transform (a sweep: DP-SGD's script raised)
             if (not isinstance(output, torch.Tensor) or not output.is_floating_point() or output.dim() < 2
                     or output.numel() == 0):
                 return None
