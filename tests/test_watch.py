@@ -327,6 +327,53 @@ def test_per_sample_gradients_under_torch_func_run_as_without_watch():
     assert any("torch.func" in n for n in r.notes) and r.data["steps"] == 30
 
 
+def test_a_parameter_updated_by_hand_is_not_said_to_never_train():
+    """A sweep: a learned temperature updated by hand (`t -= lr * t.grad`, in no optimizer) was a `not-in-optimizer`
+    warning, "it never trains", while it moved 0 -> -0.6. Changed over the run: a note. Left alone, it stays a warning."""
+    for by_hand in (True, False):
+        torch.manual_seed(0)
+        model = _mlp()
+        log_t = nn.Parameter(torch.zeros(()))
+        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+        with Watch(model, opt, every=5) as w:
+            for _ in range(40):
+                x = torch.randn(32, 8)
+                model.register_parameter("log_t", log_t) if not hasattr(model, "log_t") else None
+                loss = F.cross_entropy(model(x) / log_t.exp(), (x[:, 0] > 0).long())
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if by_hand:
+                    with torch.no_grad():
+                        log_t -= 0.05 * log_t.grad
+                log_t.grad = None
+        r = w.result()
+        assert ("not-in-optimizer" in codes(r)) is not by_hand, (by_hand, codes(r), r.notes)
+        assert any("log_t" in n and "by hand" in n for n in r.notes) is by_hand, r.notes
+
+
+def test_a_model_built_with_spectral_norm_under_watch_is_one_model(tmp_path):
+    """A sweep: a discriminator built with parametrizations.spectral_norm while discovery was on (a script run under
+    `torchdiag watch`) was three models more: each ParametrizationList, called when its weight is read at construction,
+    was taken for a model holding the optimizer's parameters, and its rows were named `ParametrizationList#0.original`."""
+    path = tmp_path / "sn.py"
+    path.write_text(textwrap.dedent("""
+        import torch, torch.nn as nn, torch.nn.functional as F
+        from torch.nn.utils.parametrizations import spectral_norm
+        torch.manual_seed(0)
+        D = nn.Sequential(spectral_norm(nn.Linear(2, 32)), nn.ReLU(), spectral_norm(nn.Linear(32, 1)))
+        opt = torch.optim.Adam(D.parameters(), lr=1e-3)
+        for _ in range(20):
+            x = torch.randn(32, 2)
+            loss = F.binary_cross_entropy_with_logits(D(x).squeeze(1), (x[:, 0] > 0).float())
+            opt.zero_grad(); loss.backward(); opt.step()
+    """))
+    r = run_command(["python", str(path)], Watch(every=5))
+    assert r.header["models"] == ["Sequential"], r.header["models"]
+    names = [row["name"] for row in r.tables[0].rows] if r.tables else []
+    assert "0.parametrizations.weight.original" in names, names
+
+
 def test_accumulate_given_to_a_loop_that_zeroes_every_step_is_said():
     """A sweep: a user accumulating micro-batches (zero_grad after each optimizer step) passes accumulate=True,
     which they do not need, and the missing-zero_grad check went silent for them. Said, as info."""

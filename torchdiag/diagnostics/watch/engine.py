@@ -107,7 +107,7 @@ class Engine:
         self.metrics: dict[str, list] = {}  # w.log(name, value): [(step, value)]
         self.events: list[dict] = []        # non-finite values (with replay), found at reads
         self.checks = {"eval_steps": [], "eval_models": {}, "eval_modules": {}, "eval_frozen": {}, "mode_inert": None,
-                       "not_in_optimizer": {}, "carried": [], "crossed": {},
+                       "not_in_optimizer": {}, "updated_by_hand": [], "carried": [], "crossed": {},
                        "dead": {}, "dead_feeds": {}, "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": [],
                        "orphaned": set()}
         self.ratios: dict[str, list] = {}   # parameter name -> [(step, update/weight ratio)]
@@ -137,6 +137,7 @@ class Engine:
         self._traced: set[int] = set()      # roots a probe hook ran under torch.compile's tracing: not probed again
         self._model_ids_key: tuple = ()
         self._model_ids_cache: set[int] = set()
+        self._unowned_sums: dict[int, tuple] = {}   # id -> (weakref, its sum when first seen unowned)
         self._unowned: dict[str, tuple[int, int]] = {}   # parameter name -> (first read step, id) of one with a
         # gradient in no optimizer: not-in-optimizer when no optimizer holds it at the end either
         self._sampled: set[int] = set()     # the models sampled since (a GAN's generator and discriminator each)
@@ -413,8 +414,13 @@ class Engine:
         # once it has a model, only a module apart from every model found: a second head, not a wrapper around the
         # model called once in eval, nor a submodule called directly (a review: a third model, in eval mode)
         held = {id(p) for r in self.roots.values() for p in r.parameters()} if track.roots else set()
-        for key, root in list(self.seen_roots.items()):   # the others stay: a later optimizer may train them
-            if any(id(p) in ids for p in root.parameters()) and held.isdisjoint(map(id, root.parameters())):
+        found = [(key, root) for key, root in list(self.seen_roots.items())   # the others stay: a later optimizer
+                 if any(id(p) in ids for p in root.parameters()) and held.isdisjoint(map(id, root.parameters()))]
+        # a module called on its own that another one found holds (a parametrization, called whenever its weight is
+        # read: spectral_norm's, at the model's construction) is part of that model (a sweep: 3 of 5 "models")
+        inside = {id(m) for _, root in found for m in root.modules() if m is not root}
+        for key, root in found:
+            if id(root) not in inside:
                 self._hook_root(root)
                 del self.seen_roots[key]
                 self._eval_roots[key] = self._seen_eval.get(key, False)   # its forward ran before the hook: step 1
@@ -535,8 +541,10 @@ class Engine:
     def _root_pre(self, module, args, kwargs):
         if not _grad_enabled():
             return
-        if _under_functorch():   # vmap/grad's wrapped tensors: kept for a replay or reduced here, they would escape the
-            self.under_functorch = True   # transform (a sweep: DP-SGD's per-sample gradients stopped watch)
+        # vmap/grad's wrapped tensors, kept for a replay or reduced here, would escape the transform (a sweep:
+        # DP-SGD's per-sample gradients stopped watch); torch.compile traces under functorch too: its case is below
+        if _under_functorch() and not _compiling():
+            self.under_functorch = True
             return
         self.last_call = (weakref.ref(module), args, kwargs)   # weakly: a model the run lets go must go
         if not self._scale_looked and not _compiling():   # traced into a compiled caller's graph: a graph more
@@ -1077,7 +1085,7 @@ class Engine:
                             self._frozen_refs[prefix + name] = weakref.ref(m)
             for name, p in inner(root).named_parameters():
                 if p.grad is not None and id(p) not in in_opt:
-                    self._unowned.setdefault(prefix + name, (self.step, id(p)))
+                    self._saw_unowned(prefix + name, p)
         for root in self.roots.values():
             prefix = self.root_prefix(root)
             stats += [(f"{prefix}{name}.{b}", t) for name, m in inner(root).named_modules()
@@ -1255,6 +1263,28 @@ class Engine:
             self._model_ids_cache = {id(p) for root in self.roots.values() for p in inner(root).parameters()}
         return self._model_ids_cache
 
+    def _saw_unowned(self, key: str, p) -> None:
+        """A parameter with a gradient that no optimizer holds, first seen now: its sum kept on the device, to tell at
+        the end whether something else changed it (one op, once per such parameter)."""
+        import torch
+
+        if key not in self._unowned:
+            self._unowned[key] = (self.step, id(p))
+            with torch.no_grad():
+                self._unowned_sums[id(p)] = (weakref.ref(p), p.detach().float().sum())
+
+    def _moved_unowned(self) -> set[int]:
+        """id() of the unowned parameters whose values changed since first seen (one read for them all)."""
+        import torch
+
+        live = [(pid, ref(), before) for pid, (ref, before) in self._unowned_sums.items() if ref() is not None]
+        if not live:
+            return set()
+        with torch.no_grad():
+            now = torch.stack([p.detach().float().sum().to(b.device) for _, p, b in live])
+            same = (now == torch.stack([b for _, _, b in live])).tolist()
+        return {pid for (pid, _, _), kept in zip(live, same) if not kept}
+
     def _not_in_optimizer(self) -> None:
         """At the end: a parameter seen with a gradient in no optimizer (at a read, or now: a run shorter than `every`)
         that no watched optimizer holds (one let go: while it gets no new gradient) and no optimizer that stepped
@@ -1271,9 +1301,12 @@ class Engine:
             prefix = self.root_prefix(root)
             for name, p in inner(root).named_parameters():
                 if p.grad is not None and id(p) not in held:
-                    self._unowned.setdefault(prefix + name, (self.step, id(p)))
+                    self._saw_unowned(prefix + name, p)
+        moved = self._moved_unowned()
         for key, (step, pid) in self._unowned.items():
-            if pid not in held:
+            if pid in moved and pid not in was:   # changed with no optimizer: updated by hand (a sweep's temperature)
+                self.checks["updated_by_hand"].append(key)
+            elif pid not in held:
                 self.checks["not_in_optimizer"].setdefault(key, step)
                 if pid in was:
                     self.checks["orphaned"].add(key)

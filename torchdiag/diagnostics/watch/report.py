@@ -234,6 +234,11 @@ def _wiring(result: Result, engine) -> None:
                    f"tensors) gets gradients (seen from step {step}) but none is in an optimizer's param groups, and none "
                    f"changed since: {model} never trains", f"pass {model}.parameters() to its optimizer (is another optimizer built over the "
                    "wrong model's parameters?)")
+    by_hand = list(dict.fromkeys(engine.checks["updated_by_hand"]))
+    if by_hand:   # a sweep: a temperature updated with `p -= lr * p.grad` was "never trains"
+        result.notes.append(f"{compact(by_hand)} {'gets' if len(by_hand) == 1 else 'get'} gradients and changed over the "
+                            "run in no optimizer's param groups (updated by hand, or by a library's own step): watch "
+                            "does not look at those updates")
     covered = {n for names in whole.values() for n in names}
     groups: dict[bool, list[str]] = {}   # one finding per cause (a sweep: an unfrozen block's 4 tensors were 4)
     for name in engine.checks["not_in_optimizer"]:
