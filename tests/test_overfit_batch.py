@@ -1281,3 +1281,22 @@ def test_updates_that_round_away_later_in_the_run_are_counted_there():
     assert sum(row["unchanged"] for row in r.data["rounded_away"]) > 0.5 * 650
     assert not any("too few to stop the fall" in n for n in r.notes), r.notes
     assert run("overfit-batch", model(), x, steps=600).data["best_loss"] < 0.7 * r.data["final_loss"]
+
+
+def test_identical_outputs_under_a_bounded_output_names_the_range_not_the_label_entropy():
+    """A sweep: the sample BERT's tanh output read by cross-entropy over 768 classes levels at 4.6603, 0.008 above the
+    range's floor 4.652, one answer for both samples; identical-outputs quoted the label entropy 0.6931, a floor
+    unbounded logits have and this output does not."""
+    from types import SimpleNamespace
+
+    from torchdiag.diagnostics.overfit_batch.causes import Causes
+    from torchdiag.diagnostics.overfit_batch.report import _identical_outputs
+    from torchdiag.results import Result
+
+    for bounded in (None, {"box": (-1.0, 1.0), "classes": 768, "floor": 4.652, "needed": 0.066}):
+        r = Result("overfit-batch")
+        causes = Causes(unchanged=[], zero=[], final_same=True, floor=0.6931, bounded=bounded)
+        _identical_outputs(r, SimpleNamespace(first_same=False), causes)
+        message = finding(r, "identical-outputs").message
+        assert ("label entropy" in message) is (bounded is None), message
+        assert ("4.652" in message) is (bounded is not None), message

@@ -274,7 +274,11 @@ def _identical_outputs(result, curve, causes) -> None:
         what += "; the inputs themselves are identical across samples"
     if curve.first_same:
         what += " (already before training)"
-    if causes.floor is not None:
+    if causes.bounded is not None:   # the range's floor is the cause (a sweep: a tanh output read by cross-entropy
+        # over 768 classes levels 0.008 above it as one answer for all; the label entropy, 0.69, was quoted)
+        what += (f"; the output's range keeps the loss above {causes.bounded['floor']:.4g} whatever it answers "
+                 "(bounded-output), which leaves little to gain from telling the samples apart")
+    elif causes.floor is not None:
         what += f"; a batch-constant prediction cannot go below the label entropy {causes.floor:.4g}"
     result.add("identical-outputs", "warning", where, what,
                hint="look for a mean, pooling or normalisation over the batch dimension (dim 0), "
