@@ -374,6 +374,35 @@ def test_a_model_built_with_spectral_norm_under_watch_is_one_model(tmp_path):
     assert "0.parametrizations.weight.original" in names, names
 
 
+@pytest.mark.parametrize("how", ["rebuilt", "frozen", "healthy"])
+def test_an_optimizer_stepping_on_after_its_gradients_stopped(how):
+    """A sweep: a model widened at step 40 (Net2Net-style) with its optimizer left on the old one stepped 40 more
+    times over parameters no loss reached; the new model never trained and the run passed. `gradients-stopped` is a
+    warning; a part frozen on purpose (requires_grad=False) while its optimizer steps on is info."""
+    torch.manual_seed(0)
+    body, head = nn.Linear(8, 16), nn.Linear(16, 2)
+    opt_body, opt_head = torch.optim.SGD(body.parameters(), lr=0.05), torch.optim.SGD(head.parameters(), lr=0.05)
+    with Watch(every=5) as w:
+        for step in range(80):
+            if step == 40 and how == "rebuilt":
+                body = nn.Linear(8, 16)
+            if step == 40 and how == "frozen":
+                body.requires_grad_(False)
+            x = torch.randn(32, 8)
+            loss = F.cross_entropy(head(torch.relu(body(x))), (x[:, 0] > 0).long())
+            opt_body.zero_grad()
+            opt_head.zero_grad()
+            loss.backward()
+            opt_body.step()
+            opt_head.step()
+    found = [f for f in w.result().findings if f.code == "gradients-stopped"]
+    if how == "healthy":
+        assert not found
+        return
+    assert len(found) == 1 and "40 more times after step 40" in found[0].message, [f.message for f in found]
+    assert found[0].severity == ("warning" if how == "rebuilt" else "info")
+
+
 def test_accumulate_given_to_a_loop_that_zeroes_every_step_is_said():
     """A sweep: a user accumulating micro-batches (zero_grad after each optimizer step) passes accumulate=True,
     which they do not need, and the missing-zero_grad check went silent for them. Said, as info."""

@@ -1173,6 +1173,7 @@ class Engine:
                 # by step, each the rows of its own optimizer: within a window the count can pass between
                 # optimizers, and the current clock's rows alone, cut to length, shifted every later norm (a review)
                 norms.update((s, v) for s, v in zip(payload[1], vals) if owners.get(s) == id(payload[0]))
+                _fed(payload[0], payload[1], vals)
             else:
                 absorb(self, kind, payload, vals)
         self.series["loss"].extend(loss)
@@ -1407,6 +1408,15 @@ def _quiet_compile_warning(on: bool) -> None:
             warnings.filters.remove(f)
             getattr(warnings, "_filters_mutated", lambda: None)()   # the caches see the filter gone
             break
+
+
+def _fed(track, steps: list, totals: list) -> None:
+    """The track's last step with any gradient, and the steps it took since with none (gradients-stopped)."""
+    for s, v in zip(steps, totals):
+        if v != 0:   # (a NaN counts as a gradient)
+            track.last_fed, track.unfed_after = s, 0
+        elif track.last_fed is not None:
+            track.unfed_after += 1
 
 
 def _sums(params):

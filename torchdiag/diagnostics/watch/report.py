@@ -12,7 +12,7 @@ import statistics
 from ...core.design import TINY_RMS
 from ...core.repeats import common_path, compact, cut
 from ...results import Column, Result, Table
-from .stats import param_key
+from .stats import Released, param_key
 
 # a metric's direction by the names metrics are given; a lower-is-better word wins (top1_err, loss_giou)
 LOWER_IS_BETTER = re.compile(r"loss|perplexity|mape|mapd|distance|incorrect|cross_?entropy|xent|nmse|rmsle|huber"
@@ -273,6 +273,7 @@ def _wiring(result: Result, engine) -> None:
                        "value)")
         if _starved(result, engine, t, judged, owners, f"optimizer {k}" if many else ""):
             continue
+        _stopped(result, t, f"optimizer {k}" if many else "")
         frozen = []   # never changed with its group's rate 0 at every read: one info for them all
         never: dict[str, list[str]] = {}   # never-gets-grad, per severity: one finding each (a sweep: a detached
         for i, p in enumerate(t.params):    # block's four weights were four findings, each with the same hint)
@@ -381,6 +382,26 @@ def _starved(result: Result, engine, t, judged: list, owners: dict, where: str) 
                f"got a gradient at any read step of its {t.stepped} steps"
                + ("" if trained else ": nothing this run stepped was trained") + why, hint)
     return True
+
+
+STOPPED_SHARE = 0.25   # of an optimizer's steps, the last ones taken with no gradient at all (and at least 20)
+
+
+def _stopped(result: Result, t, where: str) -> None:
+    """An optimizer whose parameters had gradients, then none at all for the rest of the run while it kept stepping
+    (a sweep: a model widened mid-run, Net2Net-style, with the optimizer left on the old one: 150 steps of nothing,
+    the new model never trained). A warning while they still require grad; info when they were frozen since."""
+    if t.last_fed is None or t.unfed_after < max(20, STOPPED_SHARE * t.stepped):
+        return
+    live = [p for p in t.params if not isinstance(p, Released)]
+    frozen = bool(live) and not any(p.requires_grad for p in live)
+    result.add("gradients-stopped", "info" if frozen else "warning", where,
+               f"{'this optimizer' if where else 'the optimizer'} stepped {t.unfed_after} more times after step "
+               f"{t.last_fed} with no gradient on any of its {len(t.params)} parameter tensors, which had them before"
+               + (": they were frozen (requires_grad=False)" if frozen else ": the loss no longer reaches them"),
+               "nothing to do if freezing them was the plan (or take them out of the optimizer)" if frozen else
+               "a model made again (or replaced) after its optimizer was built: build the optimizer over the new "
+               "model's parameters; or an output detached from them since that step")
 
 
 def _starved_why(engine, t) -> tuple[str, str]:

@@ -45,6 +45,8 @@ class Track:
         self.idle_reads = 0            # parameters (optimizer-idle)
         self.peak_since = 0            # the most steps it took between two of the clock's (report._clock_note)
         self.backward_gave: bool | None = None   # starved at its first steps: did the next backward give them one?
+        self.last_fed = None           # the last step its gradients' total norm was not 0 (read at reads), and the
+        self.unfed_after = 0           # steps it took since with no gradient at all (None or exactly 0)
         self._reached: set | None = None    # id() of the parameters a backward reached, while the hooks are armed
         self.reached: set = set()      # of those, the ones seen at a read since its last step (the finding's names)
         self._reach_handles: list = []
