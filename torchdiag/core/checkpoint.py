@@ -536,6 +536,12 @@ def _shared_head(keys: list[str]) -> list[str]:
     return commonprefix(parts) if parts else []
 
 
+def _uninitialised(t) -> bool:
+    from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]
+
+    return isinstance(t, UninitializedTensorMixin)
+
+
 def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-checkpoint") -> Report:
     """Read `path` and load what fits into `model` (in place: torchdiag built it). `off` is how the
     caller turns strictness off (the flag, or strict_checkpoint=False)."""
@@ -550,6 +556,8 @@ def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-
             report.unexpected.append(key)
         elif key.endswith(EXTRA_STATE) and not hasattr(ours[key], "shape"):
             fitting[key] = t   # get_extra_state()'s own value: the module's set_extra_state takes it
+        elif _uninitialised(ours[key]) and hasattr(t, "shape"):
+            fitting[key] = t   # a lazy module's: torch's load hook gives it the checkpoint's shape (a review: exit 4)
         elif not hasattr(t, "shape") or tuple(t.shape) != tuple(ours[key].shape):
             report.mismatched.append((key, tuple(getattr(t, "shape", ())), tuple(ours[key].shape)))
         else:

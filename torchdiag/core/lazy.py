@@ -15,18 +15,34 @@ def uninitialised(model) -> list[str]:
 def materialise(model, inputs, header: dict) -> None:
     """One forward in eval mode, without grad, under the guard: the parameters and buffers get their shapes and
     initial values, and nothing else is left changed (eval: a lazy BatchNorm's running stats stay at 0 and 1; the
-    RNG state the initialisation drew from is put back). Said in the header. A forward that fails is the model's
-    error (ModelError, naming the module)."""
+    RNG state the initialisation drew from is put back; the other modules' buffers as they were, while the buffers a
+    lazy module registers as it materialises stay: a review's custom one lost its mask). Said in the header. A
+    forward that fails is the model's error (ModelError, naming the module); a lazy module the inputs do not reach
+    is one too: its parameters have no shape for any command to read."""
     lazy = uninitialised(model)
     if not lazy or inputs is None:
         return
     import torch
 
-    from .guard import leave_no_trace
+    from ..errors import ModelError
+    from .guard import leave_no_trace, restore_buffers, snapshot_buffers
     from .tracking import run_forward
 
-    with leave_no_trace(model), torch.no_grad():
+    modules = dict(model.named_modules())
+    held = {id(modules[n if n != "(root)" else ""]) for n in lazy}
+    saved = [entry for entry in snapshot_buffers(model) if id(entry[0]) not in held]
+    with leave_no_trace(model, buffers=False), torch.no_grad():
         model.eval()
-        run_forward(model, inputs, phase="forward (materialising lazy modules)")
+        try:
+            run_forward(model, inputs, phase="forward (materialising lazy modules)")
+        finally:
+            restore_buffers(saved)
+    left = uninitialised(model)
+    if left:
+        raise ModelError(f"lazy module{'s' if len(left) > 1 else ''} {', '.join(left[:4])} still without a shape after a "
+                         "forward on the inputs: the forward does not reach "
+                         f"{'them' if len(left) > 1 else 'it'}, and no command can read an uninitialised parameter",
+                         hint="give inputs that reach every lazy module (-i, example_inputs()), or run the model once "
+                              "on such inputs in its factory")
     shown = ", ".join(lazy[:4]) + (f" and {len(lazy) - 4} more" if len(lazy) > 4 else "")
     header["lazy_modules"] = f"materialised by one forward in eval mode, without grad, before the run: {shown}"
