@@ -142,6 +142,8 @@ class Engine:
         # gradient in no optimizer: not-in-optimizer when no optimizer holds it at the end either
         self._sampled: set[int] = set()     # the models sampled since (a GAN's generator and discriminator each)
         self._eval_roots: dict[int, bool] = {}    # id(root) -> its last training forward ran in eval mode
+        self._calls = 0                           # root forwards so far, and id(root) -> the count at its last one
+        self._called: dict[int, float] = {}
         self._seen_eval: dict[int, bool] = {}     # discovery: the same, for roots not hooked yet
         self._vain = 0                            # optimizers of no model let go (searched for in vain)
         self._young_gone = -SEARCH_STEPS          # the step at which a one-step clock let go with its model was filed
@@ -327,6 +329,7 @@ class Engine:
                 and torch._C._current_graph_task_id() == -1:
             self.seen_roots[id(module)] = module
             self._seen_eval[id(module)] = not inner(module).training   # its mode when called, not when stepped
+            self._called_now(module)
         self._depth += 1
 
     @_guarded
@@ -417,8 +420,10 @@ class Engine:
         found = [(key, root) for key, root in list(self.seen_roots.items())   # the others stay: a later optimizer
                  if any(id(p) in ids for p in root.parameters()) and held.isdisjoint(map(id, root.parameters()))]
         # a module called on its own that another one found holds (a parametrization, called whenever its weight is
-        # read: spectral_norm's, at the model's construction) is part of that model (a sweep: 3 of 5 "models")
-        inside = {id(m) for _, root in found for m in root.modules() if m is not root}
+        # read: spectral_norm's, at the model's construction) is part of that model (a sweep: 3 of 5 "models"), when
+        # that one was called in train mode (a review: a wrapper called once in eval as a check took the model's place)
+        inside = {id(m) for key, root in found if not self._seen_eval.get(key, False)
+                  for m in root.modules() if m is not root}
         for key, root in found:
             if id(root) not in inside:
                 self._hook_root(root)
@@ -552,6 +557,7 @@ class Engine:
         if self._dead or self._dead_roots:
             self._file_dead()
         self._eval_roots[id(module)] = not self._inner[id(module)].training   # torch.compile: the mode is on theirs
+        self._called_now(module)
         if self.batch_size is None:
             self.batch_size = _batch_size(args, kwargs)
         if self._sample_forward and id(module) not in self._sampled and not compiled(module) \
@@ -1014,11 +1020,27 @@ class Engine:
         roots = track.roots or (set(self.roots) if track.opt is not None and track.opt is self.clock
                                 and self.explicit_models else set())
         steps = self.checks["eval_steps"]
-        evals = [r for r in roots if self._eval_roots.get(r, False)]
+        recent = [r for r in roots if self._called.get(r, 0) > track.mode_mark]   # called since its last step
+        track.mode_mark = self._calls
+        evals = [r for r in recent if self._eval_roots.get(r, False) and not self._trained_after(r, recent)]
         if evals and (not steps or steps[-1] != self.step):
             steps.append(self.step)
         for r in evals:   # which model (named at the report, as their parameters are, where there are several)
             self.checks["eval_models"].setdefault(r, self.step)
+
+    def _called_now(self, module) -> None:
+        if _compiling():   # traced into a graph, a count would be a guard that changes at every call (a recompile):
+            self._called[id(module)] = math.inf   # a constant, "called since any step", as before the count
+            return
+        self._calls += 1
+        self._called[id(module)] = self._calls
+
+    def _trained_after(self, r: int, recent: list[int]) -> bool:
+        """A root called in eval whose parameters a later root's train-mode forward took again before the step (a
+        review: a wrapper around the model, called once in eval as a check, made every step an eval-mode one)."""
+        mine = {id(p) for p in self.roots[r].parameters()}
+        return any(self._called.get(o, 0) > self._called.get(r, 0) and not self._eval_roots.get(o, False)
+                   and mine <= {id(p) for p in self.roots[o].parameters()} for o in recent if o != r)
 
     def _bad_here(self, track: Track, opt) -> bool:
         """Between reads, on the CPU only (stats.host_visible): did this step's gradients or loss go non-finite
@@ -1305,9 +1327,11 @@ class Engine:
                     self._saw_unowned(prefix + name, p)
         moved = self._moved_unowned()
         for key, (step, pid) in self._unowned.items():
+            if pid in held:
+                continue
             if pid in moved and pid not in was:   # changed with no optimizer: updated by hand (a sweep's temperature)
                 self.checks["updated_by_hand"].append(key)
-            elif pid not in held:
+            else:
                 self.checks["not_in_optimizer"].setdefault(key, step)
                 if pid in was:
                     self.checks["orphaned"].add(key)

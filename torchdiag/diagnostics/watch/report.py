@@ -235,10 +235,15 @@ def _wiring(result: Result, engine) -> None:
                    f"changed since: {model} never trains", f"pass {model}.parameters() to its optimizer (is another optimizer built over the "
                    "wrong model's parameters?)")
     by_hand = list(dict.fromkeys(engine.checks["updated_by_hand"]))
-    if by_hand:   # a sweep: a temperature updated with `p -= lr * p.grad` was "never trains"
-        result.notes.append(f"{compact(by_hand)} {'gets' if len(by_hand) == 1 else 'get'} gradients and changed over the "
-                            "run in no optimizer's param groups (updated by hand, or by a library's own step): watch "
-                            "does not look at those updates")
+    if by_hand:   # a sweep: a temperature updated with `p -= lr * p.grad` was "never trains"; a review: a decay applied
+        one = len(by_hand) == 1   # by hand to a head left out of the optimizer changes it too, so it is still said
+        result.add("not-in-optimizer", "info", by_hand[0] if one else common_path(by_hand),
+                   f"{by_hand[0] if one else f'{len(by_hand)} parameter tensors ({compact(by_hand)})'} "
+                   f"{'gets' if one else 'get'} gradients in no optimizer's param groups, and changed over the run by "
+                   "other means (an update written by hand, a decay, a copy): if nothing applies the gradients, "
+                   f"{'it does' if one else 'they do'} not train", "nothing to do if the loop updates "
+                   f"{'it' if one else 'them'} itself; else pass {'it' if one else 'them'} to the optimizer",
+                   members=by_hand if not one else None)
     covered = {n for names in whole.values() for n in names}
     groups: dict[bool, list[str]] = {}   # one finding per cause (a sweep: an unfrozen block's 4 tensors were 4)
     for name in engine.checks["not_in_optimizer"]:

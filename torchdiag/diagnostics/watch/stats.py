@@ -65,8 +65,10 @@ class Track:
         self.fired_dots: list = []     # per flag, (old·new, |old|², |new|²) of the gradients (float32 sums, as float64)
         self.marks = None              # the engine's (steps, backwards) counter (engine._marks), set by it
         self.armed_step = 0
+        self.mode_mark = 0             # the engine's root-forward count at its last step (engine._check_mode)
         self.queue: list = []          # (kind, payload, tensor)
         self.probes: list = []
+        self._unkept: list = []        # per probed parameter (weakref, its look no accumulation followed, if any)
         self._zero = torch.zeros((), device=self.device)   # the carry probe's "no gradient"
         self._zero3 = torch.zeros(3, dtype=torch.float64, device=self.device)
         # on the CPU the device is the host: a one-element flag per step is looked at through a shared
@@ -359,7 +361,7 @@ class Track:
         self.fired_at.clear()
         self.fired_dots.clear()
         self.armed_step = step
-        self.probes = []
+        self.probes, self._unkept = [], []
         for p in chosen:
             look, keep = self._probe(p)
             self.probes += [p.register_hook(look), p.register_post_accumulate_grad_hook(keep)]
@@ -371,6 +373,7 @@ class Track:
 
         ref = weakref.ref(p)   # the hooks live on p: a strong reference would make a cycle only gc frees
         fired, at, dots, marks, pending = self.fired, self.fired_at, self.fired_dots, self.marks, []
+        self._unkept.append((ref, pending))
 
         def look(grad):   # `grad`: the gradient this backward adds; .grad: the one already there
             old = ref().grad if ref() is not None else None
@@ -388,6 +391,25 @@ class Track:
                 at.append(mark)
         return look, keep
 
+    def _settle_unkept(self) -> None:
+        """A look no accumulation followed (torch.autograd.grad's): what the loop then put in .grad tells. Nearer the
+        old gradient plus the new one than the new one alone (by squared norm): the loop added it to what was there
+        (`p.grad += g` with no reset, a review's miss); nearer the new one: it replaced it (`p.grad = g`)."""
+        import torch
+
+        for ref, pending in self._unkept:
+            p = ref()
+            if not pending or p is None or p.grad is None:
+                continue
+            flag, dot, mark = pending.pop()
+            with torch.no_grad():
+                now = p.grad.detach().double().square().sum()
+                added = dot[1] + 2 * dot[0] + dot[2]
+                self.fired.append(flag * ((now - added).abs() < (now - dot[2]).abs()).float())
+            self.fired_dots.append(dot)
+            self.fired_at.append(mark)
+        self._unkept = []
+
     def disarm(self, applied_at: int | None = None):
         """At the next step (or the end): the probes' verdict, queued for the read; a crossing only when this
         optimizer's step applied the gradients (`applied_at`, its step), not at the end or when it was let go."""
@@ -396,6 +418,7 @@ class Track:
         for h in self.probes:
             h.remove()
         self.probes = []
+        self._settle_unkept()
         if self._reached is not None:
             self.idle_off()
         if self.fired:
