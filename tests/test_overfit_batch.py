@@ -1300,3 +1300,33 @@ def test_identical_outputs_under_a_bounded_output_names_the_range_not_the_label_
         message = finding(r, "identical-outputs").message
         assert ("label entropy" in message) is (bounded is None), message
         assert ("4.652" in message) is (bounded is not None), message
+
+
+def test_outputs_collapsed_by_a_step_too_large_are_retried_at_a_tenth_of_it():
+    """A sweep: Hugging Face BERT-base at Adam 1e-3 answers one class for every sample and was cannot-overfit (an
+    error on a healthy model); at 1e-4 it memorises the batch in 30 steps. A small post-LN transformer encoder does
+    the same at lr 0.03 against 0.003. Outputs that training made identical, with nothing else found, are trained
+    again on a fresh copy at a tenth of the rate: memorised there, lr-too-large (a warning) and no cannot-overfit."""
+    import torch.nn as nn
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(100, 64)
+            layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+            self.enc = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+            self.head = nn.Linear(64, 10)
+
+        def forward(self, ids):
+            return self.head(self.enc(self.emb(ids))[:, 0])
+
+    ids = torch.randint(0, 100, (8, 16), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    r = api_run("overfit-batch", Encoder(), (ids,), lr=0.03)
+    assert "lr-too-large" in codes(r) and "cannot-overfit" not in codes(r), codes(r)
+    assert r.data["lower_lr"]["passed"] and r.data["lower_lr"]["lr"] == pytest.approx(0.003)
+    assert r.exit_code == 0 and "lr 0.003" in finding(r, "lr-too-large").message
+    # a model broken by a mean over the batch is the same for every sample from the start: not retried, still an error
+    model, x = load("broken_cannot_overfit.py:build")
+    r = api_run("overfit-batch", model, x.args)
+    assert "cannot-overfit" in codes(r) and "lower_lr" not in r.data, codes(r)

@@ -54,6 +54,12 @@ def run(model, inputs, opts: Options | None, ctx):
         trainer.release()             # the judged copy and its optimizer state: not held beside a second one
         return _default_optimizer(model, inputs, opts, ctx, curve.step)
 
+    def lower():
+        if not _collapsed(found, curve) or ctx.wrapper is not None or opts.steps is not None:
+            return None
+        trainer.release()
+        return _lower_rate(model, inputs, opts, ctx, curve.step)
+
     trainable = sum(p.numel() for _, p in trainer.trainable)   # before a release empties the list
 
     def few(done: int):
@@ -69,7 +75,7 @@ def run(model, inputs, opts: Options | None, ctx):
             return train_few(model, trainer, trainable, _continued(opts, done), ctx,
                              lambda m, i, loss, o: _trainer(m, i, o, ctx, loss=loss))
 
-    return build(trainer, curve, found, opts, ctx, second, few)
+    return build(trainer, curve, found, opts, ctx, second, few, lower)
 
 
 def _asks(opts: Options, ctx) -> bool:
@@ -100,6 +106,31 @@ def _default_optimizer(model, inputs, opts: Options, ctx, done: int):
     again = _continued(opts, done)
     with leave_no_trace(model), ctx.seeded():
         return _trainer(model, inputs, again, ctx, optimizer=OPTIMIZER).train()
+
+
+LOWER = 10   # the step size a collapse is re-tried at: the run's divided by this
+
+
+def _collapsed(causes, curve) -> bool:
+    """Training made the outputs identical across samples (they differed at the start), with nothing else found: a
+    step too large for the model (a sweep: Hugging Face BERT-base at Adam 1e-3 answers one class for all, at 1e-4
+    memorises the batch in 30 steps; post-LN transformers want a smaller step) or a fault a smaller one cannot undo."""
+    return bool(causes.final_same and curve.first_same is False and not causes.zero and not causes.unchanged
+                and causes.bounded is None and causes.scaled is None and curve.nonfinite_at is None
+                and not curve.missing)
+
+
+def _lower_rate(model, inputs, opts: Options, ctx, done: int):
+    """The same batch, loss and optimizer on a fresh copy at a LOWER times smaller learning rate, with the default
+    budget (extended while still falling); its Curve, its progress continuing the run's."""
+    import dataclasses
+
+    from ...core.guard import leave_no_trace
+
+    spec = ctx.spec.optimizer
+    slower = dataclasses.replace(spec, lr=spec.learning_rate / LOWER)
+    with leave_no_trace(model), ctx.seeded():
+        return _trainer(model, inputs, _continued(opts, done), ctx, optimizer=slower).train()
 
 
 def _continued(opts: Options, done: int) -> Options:

@@ -29,7 +29,7 @@ def _names(names: list[str], limit: int) -> str:
     return ", ".join(names[:limit]) + (f" … (+{len(names) - limit} more)" if len(names) > limit else "")
 
 
-def build(trainer, curve, causes, opts, ctx, second=None, few=None) -> Result:
+def build(trainer, curve, causes, opts, ctx, second=None, few=None, lower=None) -> Result:
     """`second`: a callable that trains a fresh copy with the default optimizer (its Curve, or None), asked only
     when the run fails or ends still falling toward the target. `few`: one that trains a fresh copy on two of the
     batch's samples (capacity.Few, or None), asked only when the run fails with no cause found."""
@@ -46,8 +46,49 @@ def build(trainer, curve, causes, opts, ctx, second=None, few=None) -> Result:
     if curve.peer_stop:   # under torchrun with a wrapper: the stop is every rank's
         result.notes.append(curve.peer_stop)
     found = _cause_findings(result, trainer, curve, causes, opts)
-    _verdict(result, trainer, curve, opts, ctx, found, second, few, causes.own_floor, causes.out_of_range)
+    if not (found == 1 and _at_a_lower_rate(result, curve, ctx, lower)):   # (identical-outputs the one cause)
+        _verdict(result, trainer, curve, opts, ctx, found, second, few, causes.own_floor, causes.out_of_range)
     return result
+
+
+def _at_a_lower_rate(result, curve, ctx, lower) -> bool:
+    """A run that failed with outputs training made identical, nothing else found (__init__._collapsed): the same on a
+    fresh copy at a 10x smaller learning rate. Memorised there: the step was too large for this model, a warning
+    naming the rate that works, and no cannot-overfit. Not memorised: the run's verdict stands, with a note."""
+    from ...errors import ModelError
+    from . import LOWER
+
+    d = result.data
+    if d["passed"] or lower is None:
+        return False
+    try:
+        other = lower()
+    except ModelError as exc:
+        result.notes.append(f"a fresh copy at a {LOWER}x smaller learning rate failed: {exc.message}")
+        return False
+    if other is None:
+        return False
+    slower = d["lr"] / LOWER
+    fits = other.reached_at is not None and not other.interrupted
+    d["lower_lr"] = {"lr": slower, "passed": fits, "steps": other.step,
+                     "final_loss": other.losses[-1] if other.losses else None}
+    if other.interrupted:
+        result.code, d["interrupted"] = int(other.interrupted), True
+        result.notes.append(f"interrupted while a fresh copy trained at lr {slower:g}: the run's own numbers are complete")
+        return False
+    if not fits:
+        result.notes.append(f"a fresh copy at lr {slower:g} did not memorise the batch either (final loss "
+                            f"{_fmt(other.losses[-1]) if other.losses else '—'} in {other.step} step(s))")
+        return False
+    d["passed_at_lower_lr"] = True
+    result.add("lr-too-large", "warning", "", f"at lr {d['lr']:g} training made every sample's output the same "
+               f"(identical-outputs) and the batch was not memorised in {curve.step} step(s); a fresh copy at lr "
+               f"{slower:g} memorised it in {other.reached_at} step(s): the step is too large for this model, not the "
+               "model broken", hint=f"train it at lr {slower:g} or lower, or with a warm-up (post-LN transformers such "
+                                     "as BERT want one)")
+    result.verdict = (f"NOT AT THIS LR: the outputs collapsed at lr {d['lr']:g}; at lr {slower:g} the batch is "
+                      f"memorised in {other.reached_at} step(s)")
+    return True
 
 
 def _header_and_data(result, trainer, curve, opts, ctx) -> None:
