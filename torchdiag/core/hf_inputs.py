@@ -486,6 +486,51 @@ def _futures(names: list[str], cls, config):
     return [f for _, f in pairs], length, pairs[0][1] if pairs[0][0] == names[0] else None
 
 
+CODEBOOK_KEYS = ("num_codebooks", "num_channels")   # a config's count of parallel token streams (codebooks)
+
+
+def codebook_layouts(cls, config, ids: str) -> tuple[tuple[str, ...], ...]:
+    """Layouts for a forward that reads token ids of several parallel streams, one per codebook of an audio codec,
+    stacked on a trailing axis (tried after plain ids do not run). The ids (batch, length, K + 1), a text stream
+    beside K codebooks, then (batch, length, K), for a config that names num_codebooks K, with values below its
+    smallest vocabulary (vocab_size, codebook_vocab_size: the embedding adds each stream's offset into one table);
+    then decoder ids (batch, length, K) beside the plain ids, where the forward takes decoder_input_ids and its
+    decoder's sub-config (decoder_config) names num_codebooks or num_channels K. () otherwise."""
+    params = forward_params(cls)
+    dims = ids.split(":")[0].split("x")
+    if len(dims) != 2 or not all(d.isdigit() for d in dims):
+        return ()
+    batch, length = dims
+    out: list[tuple[str, ...]] = []
+    k = getattr(config, "num_codebooks", None)
+    if type(k) is int and k > 0 and next(iter(list(params)[1:]), None) == "input_ids":
+        vocabs = [v for key in ("vocab_size", "codebook_vocab_size", "codebook_size")
+                  if type(v := getattr(config, key, None)) is int and v > 1]
+        high = f"[0,{min(vocabs)})" if vocabs else ""
+        out += [(f"{batch}x{length}x{n}:int64{high}",) for n in (k + 1, k)]
+    decoder = getattr(config, "decoder_config", None) or getattr(config, "decoder", None)
+    if "decoder_input_ids" in params and hasattr(decoder, "to_dict"):
+        k = next((v for key in CODEBOOK_KEYS if type(v := getattr(decoder, key, None)) is int and v > 1), None)
+        if k is not None:
+            out.append((ids, f"decoder_input_ids={batch}x{min(int(length), 16)}x{k}:int64"))
+    return tuple(out)
+
+
+def images_per_sample(cls, config, ids: str) -> tuple[tuple[str, ...], ...]:
+    """A layout for a forward that reads token ids and cross-attends to images it takes as (batch, images, C, H, W)
+    pixel_values, beside a required `image_attention_mask` of which images each token sees (batch, length, images):
+    one image every token sees. () for a forward without both parameters."""
+    params = forward_params(cls)
+    if "pixel_values" not in params or "image_attention_mask" not in params:
+        return ()
+    dims = ids.split(":")[0].split("x")
+    if len(dims) != 2:
+        return ()
+    c, h, w = image_of(config) or (3, 224, 224)
+    return ((ids, f"pixel_values={dims[0]}x1x{c}x{h}x{w}:float32",
+             f"image_attention_mask={dims[0]}x{dims[1]}x1:int64~ones"),)
+
+
 def _token_boxes(shape, dt):
     """(..., L, 4) boxes (x0, y0, x1, y1): the L tokens read as lines of text, ceil(sqrt(L)) words a line, each
     word's box its cell; on LayoutLM's 0..1000 grid for an integer dtype, in [0, 1] for a float one (Bros). Boxes
