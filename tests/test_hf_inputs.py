@@ -1135,3 +1135,20 @@ def test_cross_attended_images_come_one_a_sample_with_their_image_attention_mask
     assert hf_inputs.images_per_sample(CrossAttends, cfg, "1x16:int64") == (
         ("1x16:int64", "pixel_values=1x1x3x32x32:float32", "image_attention_mask=1x16x1:int64~ones"),)
     assert hf_inputs.images_per_sample(PixelsOnly, cfg, "1x16:int64") == ()
+
+
+def test_an_image_read_scaled_down_is_large_enough_for_its_smallest_scale(tmp_path, cli):
+    # DepthPro: the image is scaled by each of scaled_images_ratios and cut into patch_size patches, so a side
+    # of patch_size / min(ratios) at least (64 / 0.25 = 256); its sub-configs' image_size (64) is refused
+    sub = dict(model_type="dinov2", hidden_size=16, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2,
+               image_size=64, patch_size=16)
+    cfg = transformers.DepthProConfig(patch_size=64, scaled_images_ratios=[0.25, 0.5, 1],
+                                      scaled_images_overlap_ratios=[0.0, 0.5, 0.25],
+                                      scaled_images_feature_dims=[32, 32, 16], intermediate_hook_ids=[1, 0],
+                                      intermediate_feature_dims=[16, 16], fusion_hidden_size=16, use_fov_model=False,
+                                      image_model_config=dict(sub), patch_model_config=dict(sub),
+                                      fov_model_config=dict(sub))
+    folder = save(tmp_path, cfg, "DepthProModel")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 1x3x256x256 float32"]

@@ -108,14 +108,24 @@ def image_of(config, nested: bool = True) -> tuple[int, int, int] | None:
     """(channels, height, width) from the config's image_size, else (`nested`) its sub-configs' (a detector's
     backbone, a segmenter's vision encoder: SAM keeps 1024 in vision_config); None when no config names one."""
     found = _image(config)
-    if found is not None or not nested:
+    if found is None and nested:
+        found = next((f for value in vars(config).values() if hasattr(value, "to_dict") and hasattr(value, "model_type")
+                      and (f := image_of(value)) is not None), None)
+    return _scaled_down(config, found)
+
+
+def _scaled_down(config, found):
+    """The image at least patch_size / min(scaled_images_ratios) a side, for a config whose model also reads the
+    image scaled down by each of those ratios and cuts every scaled copy into patch_size patches (DepthPro:
+    384 / 0.25 = 1536; its encoder refuses a smaller image, modeling_depth_pro.py:244)."""
+    ratios = getattr(config, "scaled_images_ratios", None)
+    patch = getattr(config, "patch_size", None)
+    if found is None or type(patch) is not int or not (isinstance(ratios, (list, tuple)) and ratios and all(
+            isinstance(r, (int, float)) and not isinstance(r, bool) and 0 < r <= 1 for r in ratios)):
         return found
-    for value in vars(config).values():
-        if hasattr(value, "to_dict") and hasattr(value, "model_type"):
-            found = image_of(value)
-            if found is not None:
-                return found
-    return None
+    side = math.ceil(patch / min(ratios) - 1e-9)
+    c, h, w = found
+    return c, max(h, side), max(w, side)
 
 
 def _image(config) -> tuple[int, int, int] | None:
