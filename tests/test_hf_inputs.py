@@ -1085,3 +1085,70 @@ def test_when_no_layout_runs_and_one_ran_out_of_memory_that_is_the_error():
     assert got.value.message.startswith("no default input layout ran on this machine: 1 probe forward(s) ran out of "
                                         "memory (RuntimeError: [enforce fail")
     assert "'NoneType' object has no attribute 'dtype'" in got.value.message and "-i" in got.value.hint
+
+
+def test_token_ids_of_parallel_codebook_streams_get_a_trailing_axis(tmp_path, cli):
+    # Kyutai speech-to-text: input_ids (batch, length, 1 + num_codebooks), a text stream beside each codebook's,
+    # each stream offset into one embedding table (values below codebook_vocab_size); 2-D ids fail in its embedding
+    cfg = transformers.KyutaiSpeechToTextConfig(
+        num_codebooks=4, codebook_vocab_size=17, vocab_size=40, hidden_size=16, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=8, ffn_dim=32, max_position_embeddings=32,
+        audio_pad_token_id=40 + 4 * 17, pad_token_id=0, sliding_window=32)
+    folder = save(tmp_path, cfg, "KyutaiSpeechToTextModel")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 1x32x5 int64"]
+
+
+def test_decoder_ids_of_parallel_channels_get_a_trailing_axis(tmp_path, cli):
+    # Dia: decoder_input_ids (batch, length, num_channels) of its decoder_config; 2-D decoder ids as long as the
+    # encoder's fail in its reshape to (batch, num_channels, -1)
+    enc = transformers.DiaEncoderConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                        num_key_value_heads=2, head_dim=8, max_position_embeddings=32, vocab_size=20)
+    dec = transformers.DiaDecoderConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                        num_key_value_heads=2, head_dim=8, cross_num_attention_heads=2,
+                                        cross_head_dim=8, cross_num_key_value_heads=2, cross_hidden_size=16,
+                                        max_position_embeddings=32, num_channels=3, vocab_size=30,
+                                        pad_token_id=29, eos_token_id=28, bos_token_id=27)
+    cfg = transformers.DiaConfig(encoder_config=enc, decoder_config=dec, delay_pattern=[0, 1, 2],
+                                 pad_token_id=None, eos_token_id=None, bos_token_id=None)
+    folder = save(tmp_path, cfg, "DiaModel")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"][1:] == ["decoder_input_ids: 1x16x3 int64"]
+
+
+def test_cross_attended_images_come_one_a_sample_with_their_image_attention_mask():
+    # IDEFICS: pixel_values (batch, images, C, H, W) and image_attention_mask (batch, text length, images)
+    from torchdiag.core import hf_inputs
+
+    class CrossAttends:
+        def forward(self, input_ids=None, pixel_values=None, image_attention_mask=None):
+            raise NotImplementedError
+
+    class PixelsOnly:
+        def forward(self, input_ids=None, pixel_values=None):
+            raise NotImplementedError
+
+    cfg = transformers.PretrainedConfig()
+    cfg.image_size, cfg.num_channels = 32, 3
+    assert hf_inputs.images_per_sample(CrossAttends, cfg, "1x16:int64") == (
+        ("1x16:int64", "pixel_values=1x1x3x32x32:float32", "image_attention_mask=1x16x1:int64~ones"),)
+    assert hf_inputs.images_per_sample(PixelsOnly, cfg, "1x16:int64") == ()
+
+
+def test_an_image_read_scaled_down_is_large_enough_for_its_smallest_scale(tmp_path, cli):
+    # DepthPro: the image is scaled by each of scaled_images_ratios and cut into patch_size patches, so a side
+    # of patch_size / min(ratios) at least (64 / 0.25 = 256); its sub-configs' image_size (64) is refused
+    sub = dict(model_type="dinov2", hidden_size=16, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2,
+               image_size=64, patch_size=16)
+    cfg = transformers.DepthProConfig(patch_size=64, scaled_images_ratios=[0.25, 0.5, 1],
+                                      scaled_images_overlap_ratios=[0.0, 0.5, 0.25],
+                                      scaled_images_feature_dims=[32, 32, 16], intermediate_hook_ids=[1, 0],
+                                      intermediate_feature_dims=[16, 16], fusion_hidden_size=16, use_fov_model=False,
+                                      image_model_config=dict(sub), patch_model_config=dict(sub),
+                                      fov_model_config=dict(sub))
+    folder = save(tmp_path, cfg, "DepthProModel")
+    r = cli("summary", f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 1x3x256x256 float32"]

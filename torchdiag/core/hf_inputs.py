@@ -108,14 +108,24 @@ def image_of(config, nested: bool = True) -> tuple[int, int, int] | None:
     """(channels, height, width) from the config's image_size, else (`nested`) its sub-configs' (a detector's
     backbone, a segmenter's vision encoder: SAM keeps 1024 in vision_config); None when no config names one."""
     found = _image(config)
-    if found is not None or not nested:
+    if found is None and nested:
+        found = next((f for value in vars(config).values() if hasattr(value, "to_dict") and hasattr(value, "model_type")
+                      and (f := image_of(value)) is not None), None)
+    return _scaled_down(config, found)
+
+
+def _scaled_down(config, found):
+    """The image at least patch_size / min(scaled_images_ratios) a side, for a config whose model also reads the
+    image scaled down by each of those ratios and cuts every scaled copy into patch_size patches (DepthPro:
+    384 / 0.25 = 1536; its encoder refuses a smaller image, modeling_depth_pro.py:244)."""
+    ratios = getattr(config, "scaled_images_ratios", None)
+    patch = getattr(config, "patch_size", None)
+    if found is None or type(patch) is not int or not (isinstance(ratios, (list, tuple)) and ratios and all(
+            isinstance(r, (int, float)) and not isinstance(r, bool) and 0 < r <= 1 for r in ratios)):
         return found
-    for value in vars(config).values():
-        if hasattr(value, "to_dict") and hasattr(value, "model_type"):
-            found = image_of(value)
-            if found is not None:
-                return found
-    return None
+    side = math.ceil(patch / min(ratios) - 1e-9)
+    c, h, w = found
+    return c, max(h, side), max(w, side)
 
 
 def _image(config) -> tuple[int, int, int] | None:
@@ -484,6 +494,51 @@ def _futures(names: list[str], cls, config):
     if not pairs or not (isinstance(length, int) and length > 0):
         return None
     return [f for _, f in pairs], length, pairs[0][1] if pairs[0][0] == names[0] else None
+
+
+CODEBOOK_KEYS = ("num_codebooks", "num_channels")   # a config's count of parallel token streams (codebooks)
+
+
+def codebook_layouts(cls, config, ids: str) -> tuple[tuple[str, ...], ...]:
+    """Layouts for a forward that reads token ids of several parallel streams, one per codebook of an audio codec,
+    stacked on a trailing axis (tried after plain ids do not run). The ids (batch, length, K + 1), a text stream
+    beside K codebooks, then (batch, length, K), for a config that names num_codebooks K, with values below its
+    smallest vocabulary (vocab_size, codebook_vocab_size: the embedding adds each stream's offset into one table);
+    then decoder ids (batch, length, K) beside the plain ids, where the forward takes decoder_input_ids and its
+    decoder's sub-config (decoder_config) names num_codebooks or num_channels K. () otherwise."""
+    params = forward_params(cls)
+    dims = ids.split(":")[0].split("x")
+    if len(dims) != 2 or not all(d.isdigit() for d in dims):
+        return ()
+    batch, length = dims
+    out: list[tuple[str, ...]] = []
+    k = getattr(config, "num_codebooks", None)
+    if type(k) is int and k > 0 and next(iter(list(params)[1:]), None) == "input_ids":
+        vocabs = [v for key in ("vocab_size", "codebook_vocab_size", "codebook_size")
+                  if type(v := getattr(config, key, None)) is int and v > 1]
+        high = f"[0,{min(vocabs)})" if vocabs else ""
+        out += [(f"{batch}x{length}x{n}:int64{high}",) for n in (k + 1, k)]
+    decoder = getattr(config, "decoder_config", None) or getattr(config, "decoder", None)
+    if "decoder_input_ids" in params and hasattr(decoder, "to_dict"):
+        k = next((v for key in CODEBOOK_KEYS if type(v := getattr(decoder, key, None)) is int and v > 1), None)
+        if k is not None:
+            out.append((ids, f"decoder_input_ids={batch}x{min(int(length), 16)}x{k}:int64"))
+    return tuple(out)
+
+
+def images_per_sample(cls, config, ids: str) -> tuple[tuple[str, ...], ...]:
+    """A layout for a forward that reads token ids and cross-attends to images it takes as (batch, images, C, H, W)
+    pixel_values, beside a required `image_attention_mask` of which images each token sees (batch, length, images):
+    one image every token sees. () for a forward without both parameters."""
+    params = forward_params(cls)
+    if "pixel_values" not in params or "image_attention_mask" not in params:
+        return ()
+    dims = ids.split(":")[0].split("x")
+    if len(dims) != 2:
+        return ()
+    c, h, w = image_of(config) or (3, 224, 224)
+    return ((ids, f"pixel_values={dims[0]}x1x{c}x{h}x{w}:float32",
+             f"image_attention_mask={dims[0]}x{dims[1]}x1:int64~ones"),)
 
 
 def _token_boxes(shape, dt):

@@ -472,6 +472,14 @@ def _hf_inputs(config, path: str, source: Source, cls=None) -> None:
         source.inputs, source.alternatives = images[0], images[1:] + (source.inputs,) + source.alternatives
         extra = (f"; first with an image ({' '.join(s.split(':')[0].replace('=', ' ') for s in images[0][1:-1])}) and "
                  "its placeholder tokens in the ids, as its processor writes them" + extra)
+    streams = hf_inputs.codebook_layouts(model_cls, config, f"1x{length}:int64") if model_cls is not None else ()
+    if streams:   # ids of parallel codebook streams (an audio codec's tokens): tried when the layouts above do not run
+        source.alternatives += streams
+        extra += "; with a codebook axis on the ids when plain ids do not run"
+    crossed = hf_inputs.images_per_sample(model_cls, config, f"1x{length}:int64") if model_cls is not None else ()
+    if crossed:   # images a sample beside a mask of which tokens see them (IDEFICS-style cross-attention)
+        source.alternatives += crossed
+        extra += "; with images a sample and their image_attention_mask when those do not run"
     source.input_source = f"hf:{path} default (token ids, length {length}" + (f", vocab {vocab}" if vocab else "") + extra + ")"
     if vocab and _lm_head(cls):
         source.labels_from_ids = True
