@@ -144,6 +144,7 @@ class Engine:
         self._eval_roots: dict[int, bool] = {}    # id(root) -> its last training forward ran in eval mode
         self._calls = 0                           # root forwards so far, and id(root) -> the count at its last one
         self._called: dict[int, float] = {}
+        self.called_at: dict[int, float] = {}     # id(root) -> the steps taken before its last call
         self._seen_eval: dict[int, bool] = {}     # discovery: the same, for roots not hooked yet
         self._vain = 0                            # optimizers of no model let go (searched for in vain)
         self._young_gone = -SEARCH_STEPS          # the step at which a one-step clock let go with its model was filed
@@ -1030,10 +1031,11 @@ class Engine:
 
     def _called_now(self, module) -> None:
         if _compiling():   # traced into a graph, a count would be a guard that changes at every call (a recompile):
-            self._called[id(module)] = math.inf   # a constant, "called since any step", as before the count
+            self._called[id(module)] = self.called_at[id(module)] = math.inf   # a constant: "called since any step"
             return
         self._calls += 1
         self._called[id(module)] = self._calls
+        self.called_at[id(module)] = self.step   # (steps taken before this call)
 
     def _trained_after(self, r: int, recent: list[int]) -> bool:
         """A root called in eval whose parameters a later root's train-mode forward took again before the step (a

@@ -278,7 +278,7 @@ def _wiring(result: Result, engine) -> None:
                        "value)")
         if _starved(result, engine, t, judged, owners, f"optimizer {k}" if many else ""):
             continue
-        _stopped(result, t, f"optimizer {k}" if many else "")
+        _stopped(result, engine, t, f"optimizer {k}" if many else "")
         frozen = []   # never changed with its group's rate 0 at every read: one info for them all
         never: dict[str, list[str]] = {}   # never-gets-grad, per severity: one finding each (a sweep: a detached
         for i, p in enumerate(t.params):    # block's four weights were four findings, each with the same hint)
@@ -392,21 +392,30 @@ def _starved(result: Result, engine, t, judged: list, owners: dict, where: str) 
 STOPPED_SHARE = 0.25   # of an optimizer's steps, the last ones taken with no gradient at all (and at least 20)
 
 
-def _stopped(result: Result, t, where: str) -> None:
+def _stopped(result: Result, engine, t, where: str) -> None:
     """An optimizer whose parameters had gradients, then none at all for the rest of the run while it kept stepping
     (a sweep: a model widened mid-run, Net2Net-style, with the optimizer left on the old one: 150 steps of nothing,
-    the new model never trained). A warning while they still require grad; info when they were frozen since."""
+    the new model never trained). A warning when no model holding them was called since (it was replaced); info when
+    one still runs without reaching them (a review: a task head the curriculum stopped using, stepped on harmlessly)
+    or when they were frozen since."""
     if t.last_fed is None or t.unfed_after < max(20, STOPPED_SHARE * t.stepped):
         return
     live = [p for p in t.params if not isinstance(p, Released)]
     frozen = bool(live) and not any(p.requires_grad for p in live)
-    result.add("gradients-stopped", "info" if frozen else "warning", where,
-               f"{'this optimizer' if where else 'the optimizer'} stepped {t.unfed_after} more times after step "
-               f"{t.last_fed} with no gradient on any of its {len(t.params)} parameter tensors, which had them before"
-               + (": they were frozen (requires_grad=False)" if frozen else ": the loss no longer reaches them"),
-               "nothing to do if freezing them was the plan (or take them out of the optimizer)" if frozen else
-               "a model made again (or replaced) after its optimizer was built: build the optimizer over the new "
-               "model's parameters; or an output detached from them since that step")
+    running = any(engine.called_at.get(r, -1) >= t.last_fed for r in t.roots)
+    said = (f"{'this optimizer' if where else 'the optimizer'} stepped {t.unfed_after} more times after step "
+            f"{t.last_fed} with no gradient on any of its {len(t.params)} parameter tensors, which had them before")
+    if frozen:
+        result.add("gradients-stopped", "info", where, said + ": they were frozen (requires_grad=False)",
+                   "nothing to do if freezing them was the plan (or take them out of the optimizer)")
+    elif running:
+        result.add("gradients-stopped", "info", where, said + ": the model holding them still runs, and the loss no "
+                   "longer reaches them (a branch or task the loop stopped using?)",
+                   "nothing to do if that part is done on purpose; else look for what cut it off since that step")
+    else:
+        result.add("gradients-stopped", "warning", where, said + ": no model holding them was called since (replaced?)",
+                   "a model made again (or replaced) after its optimizer was built: build the optimizer over the new "
+                   "model's parameters")
 
 
 def _starved_why(engine, t) -> tuple[str, str]:

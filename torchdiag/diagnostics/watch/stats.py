@@ -380,32 +380,39 @@ class Track:
             with torch.no_grad():
                 flag = (old.detach().abs().sum() > 0).float() if old is not None else self._zero
                 dot = _dot_norms(old, grad, self._zero3) if old is not None else self._zero3
-            pending[:] = [(flag, dot, marks() if marks is not None else (0, 0))]
+            pending[:] = [(flag, dot, marks() if marks is not None else (0, 0), grad)]
             return None
 
         def keep(_param):
             if pending:
-                flag, dot, mark = pending.pop()
+                flag, dot, mark, _ = pending.pop()
                 fired.append(flag)
                 dots.append(dot)
                 at.append(mark)
         return look, keep
 
     def _settle_unkept(self) -> None:
-        """A look no accumulation followed (torch.autograd.grad's): what the loop then put in .grad tells. Nearer the
-        old gradient plus the new one than the new one alone (by squared norm): the loop added it to what was there
-        (`p.grad += g` with no reset, a review's miss); nearer the new one: it replaced it (`p.grad = g`)."""
+        """A look no accumulation followed (torch.autograd.grad's): what the loop then put in .grad tells. Added
+        (`p.grad += g` with no reset, a review's miss) when .grad minus the new gradient is the old one, as far as the
+        look's sums tell: the same squared norm and the same product with the new gradient (1e-3 relative). Anything
+        else was written in its place (`p.grad = g`, `g.sign()`, `2 * g`, clipped or noised: a review's false error
+        under the first, nearer-norm test)."""
         import torch
 
         for ref, pending in self._unkept:
             p = ref()
             if not pending or p is None or p.grad is None:
                 continue
-            flag, dot, mark = pending.pop()
+            flag, dot, mark, new = pending.pop()
+            if p.grad.is_sparse or new.is_sparse or p.grad.shape != new.shape:
+                continue
             with torch.no_grad():
-                now = p.grad.detach().double().square().sum()
-                added = dot[1] + 2 * dot[0] + dot[2]
-                self.fired.append(flag * ((now - added).abs() < (now - dot[2]).abs()).float())
+                rest = p.grad.detach().double() - new.detach().double()
+                old2, on = dot[1], dot[0]
+                scale = (old2 * dot[2]).sqrt()
+                same = ((rest.square().sum() - old2).abs() <= 1e-3 * old2) & \
+                    (((rest * new.detach().double()).sum() - on).abs() <= 1e-3 * scale)
+                self.fired.append(flag * same.float())
             self.fired_dots.append(dot)
             self.fired_at.append(mark)
         self._unkept = []
