@@ -1321,11 +1321,19 @@ def test_outputs_collapsed_by_a_step_too_large_are_retried_at_a_tenth_of_it():
             return self.head(self.enc(self.emb(ids))[:, 0])
 
     ids = torch.randint(0, 100, (8, 16), generator=torch.Generator().manual_seed(0))
+    for zero_head in (False, True):   # a review: a zero-initialised head, the same for all at step 0, was not retried
+        torch.manual_seed(0)
+        model = Encoder()
+        if zero_head:
+            nn.init.zeros_(model.head.weight)
+            nn.init.zeros_(model.head.bias)
+        r = api_run("overfit-batch", model, (ids,), lr=0.03)
+        assert "lr-too-large" in codes(r) and "cannot-overfit" not in codes(r), (zero_head, codes(r))
+        assert r.data["lower_lr"]["passed"] and r.data["lower_lr"]["lr"] == pytest.approx(0.003)
+        assert r.exit_code == 0 and "lr 0.003" in finding(r, "lr-too-large").message
     torch.manual_seed(0)
-    r = api_run("overfit-batch", Encoder(), (ids,), lr=0.03)
-    assert "lr-too-large" in codes(r) and "cannot-overfit" not in codes(r), codes(r)
-    assert r.data["lower_lr"]["passed"] and r.data["lower_lr"]["lr"] == pytest.approx(0.003)
-    assert r.exit_code == 0 and "lr 0.003" in finding(r, "lr-too-large").message
+    r = api_run("overfit-batch", Encoder(), (ids,), lr=0.03, steps=300)   # a budget given: said, not spent again
+    assert "cannot-overfit" in codes(r) and any("a tenth of the rate was not tried" in n for n in r.notes), r.notes
     # a model broken by a mean over the batch is the same for every sample from the start: not retried, still an error
     model, x = load("broken_cannot_overfit.py:build")
     r = api_run("overfit-batch", model, x.args)

@@ -55,8 +55,10 @@ def run(model, inputs, opts: Options | None, ctx):
         return _default_optimizer(model, inputs, opts, ctx, curve.step)
 
     def lower():
-        if not _collapsed(found, curve) or ctx.wrapper is not None or opts.steps is not None:
+        if not _collapsed(found, curve) or ctx.wrapper is not None:
             return None
+        if opts.steps is not None:   # the budget the user set is the run's whole cost: said, not spent again
+            return f"a tenth of the rate was not tried ({ctx.option('steps')} was given)"
         trainer.release()
         return _lower_rate(model, inputs, opts, ctx, curve.step)
 
@@ -112,10 +114,11 @@ LOWER = 10   # the step size a collapse is re-tried at: the run's divided by thi
 
 
 def _collapsed(causes, curve) -> bool:
-    """Training made the outputs identical across samples (they differed at the start), with nothing else found: a
+    """Training made the outputs identical across samples (they differed at the start, or after a few steps: a
+    zero-initialised head answers the same for all at step 0, a review), with nothing else found: a
     step too large for the model (a sweep: Hugging Face BERT-base at Adam 1e-3 answers one class for all, at 1e-4
     memorises the batch in 30 steps; post-LN transformers want a smaller step) or a fault a smaller one cannot undo."""
-    return bool(causes.final_same and curve.first_same is False and not causes.zero and not causes.unchanged
+    return bool(causes.final_same and curve.differed and not causes.zero and not causes.unchanged
                 and causes.bounded is None and causes.scaled is None and curve.nonfinite_at is None
                 and not curve.missing)
 

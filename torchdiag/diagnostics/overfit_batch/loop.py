@@ -22,6 +22,7 @@ from .causes import accuracy_counts, output_box, same_across_samples, sample_ten
 from .sharded import global_norm, local_view
 from .trend import goal_of, judge
 
+SAME_AGAIN = (10, 50)   # steps whose outputs are asked again whether they differ across samples, while they did not
 LATE = 64   # the first step of the later counts of updates that round away (_late_start)
 
 
@@ -41,6 +42,7 @@ class Curve:
     reached_at: int | None = None
     interrupted: int = 0                    # 0, or the exit code of the interrupt (130 Ctrl-C, 143 SIGTERM)
     first_same: bool | None = None
+    differed: bool = False   # the outputs differed across samples at step 0 or at a step of SAME_AGAIN
     first_box: tuple | None = None
     seconds: float = 0.0
     scales: list[float] = field(default_factory=list)     # fp16: the GradScaler's scale each update used
@@ -243,12 +245,15 @@ class Trainer:
             c.accs.append(acc)
         if step == 0:
             c.first_same = same_across_samples(sample_tensor(out, self.batch.batch_size))[0]
+            c.differed = not c.first_same
             c.first_box = output_box(out, self.loss_fn)
             if lv < 0 and self.opts.target_loss is None and math.isfinite(lv):
                 raise UsageError(f"the initial loss is {lv:.6g} (< 0): a ratio to it says nothing",
                                  hint=f"give an absolute target with {self.ctx.option('target_loss')}, "
                                       f"or a loss ≥ 0 ({self.ctx.option('loss')})")
-        elif lv < -1e-4 * c.losses[0] and c.losses[0] >= 0 and self.opts.target_loss is None:   # not rounding at 0
+        elif step in SAME_AGAIN and not c.differed:   # the same from the start: by design (a zero-initialised head)
+            c.differed = not same_across_samples(sample_tensor(out, self.batch.batch_size))[0]   # or broken
+        if step and lv < -1e-4 * c.losses[0] and c.losses[0] >= 0 and self.opts.target_loss is None:   # not rounding at 0
             # a likelihood crosses 0 on its way down: "≤ 0.01 × initial" would pass it there (a sweep: a Gaussian
             # NLL passed at step 48, a quarter of the variance explained)
             err = UsageError(f"the loss went below 0 at step {step} ({lv:.6g}, from {c.losses[0]:.6g}): it is not "

@@ -68,6 +68,9 @@ def _at_a_lower_rate(result, curve, ctx, lower) -> bool:
         return False
     if other is None:
         return False
+    if isinstance(other, str):   # not tried, and why
+        result.notes.append(f"the outputs collapsed in training: {other}")
+        return False
     slower = d["lr"] / LOWER
     fits = other.reached_at is not None and not other.interrupted
     d["lower_lr"] = {"lr": slower, "passed": fits, "steps": other.step,
