@@ -37,6 +37,8 @@ CODES: dict[str, tuple[str, ...]] = {
     "not-in-optimizer": ("opt",), "grad-carried-over": ("opt",), "grad-from-other-loss": ("opt",), "param-not-updated": ("opt",),
     "unchanged-params": ("opt",), "never-changes": ("opt",), "never-gets-grad": ("opt",), "optimizer-idle": ("opt",),
     "optimizer-cannot-fit": ("opt", "lr"),      # the default optimizer memorises the batch the run's cannot
+    "lr-too-large": ("lr",),                    # a tenth of the rate memorises the batch the run collapsed on
+    "gradients-stopped": ("opt",),              # an optimizer stepping over parameters the loss stopped reaching
     # initialisation
     "zero-init": ("init",),
     # the input is not preprocessed
