@@ -521,3 +521,46 @@ def test_a_pooled_map_whose_channels_match_its_height_is_not_channels_last(image
                           nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
     res = run("gradcam", model, None, layer="3", image=str(image))
     assert res.data["cam_shape"] == [16, 8] and not any("channels-last" in n for n in res.notes)
+
+
+TWO_INPUTS = '''
+import torch, torch.nn as nn
+class Net(nn.Module):   # an image and a timestep
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+        self.emb, self.head = nn.Linear(1, 8), nn.Linear(8, 5)
+    def forward(self, x, t):
+        h = torch.relu(self.conv1(x)) + self.emb(t.float().view(-1, 1))[:, :, None, None]
+        return self.head(torch.relu(self.conv2(h)).mean((2, 3)))
+def build():
+    return Net()
+'''
+
+
+def test_a_model_taking_more_than_the_image_gets_its_other_inputs(cli, tmp_path, image):
+    """A sweep: a model whose forward takes an image and a timestep failed (exit 3, "missing 1 required positional
+    argument"). Its example_inputs() give the others, the image in place of their image tensor, each cut to one sample;
+    without them, one clear line that says what to define."""
+    path = tmp_path / "two.py"
+    path.write_text(TWO_INPUTS)
+    r = cli("gradcam", f"{path}:build", "--layer", "conv2", "--image", image, "--size", "32", "--device", "cpu")
+    assert r.code == 2 and "takes 2 inputs (x, t)" in r.stderr and "example_inputs()" in r.stderr, r.stderr
+    one_error_line(r)
+    path.write_text(TWO_INPUTS + "def example_inputs():\n    return (torch.randn(4, 3, 32, 32), torch.arange(4))\n")
+    r = cli("gradcam", f"{path}:build", "--layer", "conv2", "--image", image, "--size", "32", "--device", "cpu", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["inputs"] == ["input[0]: 1x3x32x32 float32", "input[1]: 1 int64"], r.json["inputs"]
+    # the score is the one of model(image, t[:1]) computed here, on the model built as the command builds it
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from torchdiag.core.loading import load_model
+
+    model = load_model(f"{path}:build", [], torch.device("cpu"), 0).model.eval()
+    x = torch.from_numpy(np.asarray(Image.open(image).convert("RGB"), dtype=np.float32) / 255).permute(2, 0, 1)[None]
+    with torch.no_grad():
+        logits = model(x, torch.arange(4)[:1])
+    assert r.json["target_class"] == int(logits.argmax()) and r.json["score"] == pytest.approx(float(logits.max()),
+                                                                                                rel=1e-5)

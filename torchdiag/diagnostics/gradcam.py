@@ -159,10 +159,11 @@ def channels_last(shape: tuple, image: tuple) -> bool:
     return not aspect(shape[2], shape[3]) and aspect(shape[1], shape[2]) and shape[3] > max(shape[1], shape[2])
 
 
-def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None = None):
+def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None = None, inputs=None):
     """(cam h×w at layer resolution (≥0, unnormalised), cam resized to x (normalised to [0,1]),
     logits, class used). Runs with the caller's guard around it. `info` (optional) gets
-    "calls": how often the layer ran (the last call is explained)."""
+    "calls": how often the layer ran (the last call is explained). `inputs` (ModelInputs): the forward's
+    inputs with the image among them, for a model that takes more than the image (other_inputs)."""
     import torch
     import torch.nn.functional as F
 
@@ -184,7 +185,7 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
     try:
         with torch.enable_grad(), tracker:
             try:
-                out = model(x)
+                out = inputs.call(model) if inputs is not None else model(x)
             except UsageError:
                 raise
             except Exception as exc:
@@ -231,6 +232,55 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
     return cam.detach().cpu(), norm.detach().cpu(), logits.detach().cpu(), k
 
 
+def other_inputs(model, x, ctx, channels: int):
+    """None for a forward that takes the image alone. For one that needs more (an image and a timestep, an image and
+    its metadata: a sweep's UNet got the image alone and raised), the model's own inputs (-i, example_inputs(),
+    example_input_array) with the image in place of their image tensor (the first N×C×H×W float tensor with the
+    image's C channels, or N×H×W×C), every other batch-first tensor cut to its first sample. No such inputs, or no
+    image among them: one clear line."""
+    import torch
+
+    from ..core.inputs import resolve_inputs
+
+    needed = _required(model)
+    if len(needed) <= 1:
+        return None
+    takes = f"the model's forward takes {len(needed)} inputs ({', '.join(needed)}); Grad-CAM gives it the image"
+    if ctx.loaded is None:
+        raise UsageError(takes + " alone", hint="wrap the model so its forward takes the image alone")
+    try:
+        given = resolve_inputs(list(ctx.spec.inputs), ctx.loaded, ctx.device, ctx.spec.seed)
+    except UsageError as exc:
+        raise UsageError(takes + " alone, and no inputs for the others were given",
+                         hint="define example_inputs() in the model's module: the image takes the place of its image "
+                              "tensor") from exc
+    slot = next((i for i, t in enumerate(given.args) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                 and t.dim() == 4 and channels in (t.shape[1], t.shape[-1])), None)
+    if slot is None:
+        raise UsageError(takes + f", and its inputs ({given.describe()}) hold no N×{channels}×H×W image to put it in",
+                         hint="put a N×C×H×W image tensor among example_inputs(): the image takes its place")
+    batch = given.args[slot].shape[0]
+
+    def first(t):
+        return t[:1] if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == batch else t
+
+    image = x if x.shape[1] == given.args[slot].shape[1] else x.permute(0, 2, 3, 1)
+    args = tuple(image if i == slot else first(t) for i, t in enumerate(given.args))
+    return type(given)(args, {k: first(v) for k, v in given.kwargs.items()}, f"{given.source}, the image in input[{slot}]")
+
+
+def _required(model) -> list[str]:
+    """The forward's parameters that have no default (the ones a call must give)."""
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in params if p.kind in kinds and p.default is inspect.Parameter.empty]
+
+
 def class_name(model, k: int) -> str | None:
     """The name the model gives class k: its config's id2label (the Hugging Face convention), if any."""
     labels = getattr(getattr(model, "config", None), "id2label", None)
@@ -257,11 +307,14 @@ def run(model, inputs, opts: Options, ctx) -> Result:
                                        "channels": "RGB" if c == 3 else "grayscale",
                                        "normalisation": f"(x/255 - {list(mean)}) / {list(std)}",
                                        "mode": "eval; gradient of the class logit w.r.t. the layer output"})
+    given = other_inputs(model, x, ctx, c)
+    if given is not None:
+        result.header.update(inputs=given.describe(), input_source=given.source)
     with leave_no_trace(model):
         model.eval()
         info: dict = {}
         with ctx.autocast():   # --amp: the forward as it trains
-            cam, heat, logits, k = grad_cam(model, x, opts.layer, opts.target_class, info)
+            cam, heat, logits, k = grad_cam(model, x, opts.layer, opts.target_class, info, given)
     cam, heat, logits = cam.float(), heat.float(), logits.float()   # numpy has no bfloat16
     probs = torch.softmax(logits[0].double(), 0)
     top = torch.topk(probs, min(opts.topk, probs.numel()))
