@@ -145,6 +145,9 @@ class Engine:
         self._calls = 0                           # root forwards so far, and id(root) -> the count at its last one
         self._called: dict[int, float] = {}
         self.called_at: dict[int, float] = {}     # id(root) -> the steps taken before its last call
+        self._fed_calls: dict[int, float] = {}    # id(root) -> its last call before a backward (_feed), its mode then,
+        self._fed_mode: dict[int, bool] = {}      # and the call count at the last backward
+        self._fed_mark = 0
         self._seen_eval: dict[int, bool] = {}     # discovery: the same, for roots not hooked yet
         self._vain = 0                            # optimizers of no model let go (searched for in vain)
         self._young_gone = -SEARCH_STEPS          # the step at which a one-step clock let go with its model was filed
@@ -207,6 +210,7 @@ class Engine:
             engine = ref()
             if engine is not None and not engine.closed:   # closed out of order under another's wrapper: pass
                 engine.backwards += 1
+                engine._feed()
                 engine._saw_loss(tensor)
             out = original(tensor, *args, **kwargs)
             if engine is not None and engine._starved_probe is not None:
@@ -1021,9 +1025,13 @@ class Engine:
         roots = track.roots or (set(self.roots) if track.opt is not None and track.opt is self.clock
                                 and self.explicit_models else set())
         steps = self.checks["eval_steps"]
-        recent = [r for r in roots if self._called.get(r, 0) > track.mode_mark]   # called since its last step
-        track.mode_mark = self._calls
-        evals = [r for r in recent if self._eval_roots.get(r, False) and not self._trained_after(r, recent)]
+        # the forwards a backward took since its last step (a forward after it, an eval-mode metric through autograd.grad
+        # between backward and step, fed nothing: a review); with no backward seen (autograd.grad loops), every call
+        fed = self.backwards > track.bw_mark
+        calls, modes = (self._fed_calls, self._fed_mode) if fed else (self._called, self._eval_roots)
+        recent = [r for r in roots if calls.get(r, 0) > track.mode_mark]
+        track.mode_mark, track.bw_mark = self._calls, self.backwards
+        evals = [r for r in recent if modes.get(r, False) and not self._trained_after(r, recent, calls, modes)]
         if evals and (not steps or steps[-1] != self.step):
             steps.append(self.step)
         for r in evals:   # which model (named at the report, as their parameters are, where there are several)
@@ -1037,12 +1045,20 @@ class Engine:
         self._called[id(module)] = self._calls
         self.called_at[id(module)] = self.step   # (steps taken before this call)
 
-    def _trained_after(self, r: int, recent: list[int]) -> bool:
+    def _trained_after(self, r: int, recent: list[int], calls: dict, modes: dict) -> bool:
         """A root called in eval whose parameters a later root's train-mode forward took again before the step (a
         review: a wrapper around the model, called once in eval as a check, made every step an eval-mode one)."""
         mine = {id(p) for p in self.roots[r].parameters()}
-        return any(self._called.get(o, 0) > self._called.get(r, 0) and not self._eval_roots.get(o, False)
+        return any(calls.get(o, 0) > calls.get(r, 0) and not modes.get(o, False)
                    and mine <= {id(p) for p in self.roots[o].parameters()} for o in recent if o != r)
+
+    def _feed(self) -> None:
+        """A backward: the roots called since the last one fed it, each in the mode of its last call."""
+        for r, c in self._called.items():
+            if c > self._fed_mark:
+                # (a root not adopted yet, found at the first step: its mode as discovery saw it)
+                self._fed_calls[r], self._fed_mode[r] = c, self._eval_roots.get(r, self._seen_eval.get(r, False))
+        self._fed_mark = self._calls
 
     def _bad_here(self, track: Track, opt) -> bool:
         """Between reads, on the CPU only (stats.host_visible): did this step's gradients or loss go non-finite

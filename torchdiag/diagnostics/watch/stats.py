@@ -65,7 +65,8 @@ class Track:
         self.fired_dots: list = []     # per flag, (old·new, |old|², |new|²) of the gradients (float32 sums, as float64)
         self.marks = None              # the engine's (steps, backwards) counter (engine._marks), set by it
         self.armed_step = 0
-        self.mode_mark = 0             # the engine's root-forward count at its last step (engine._check_mode)
+        self.mode_mark = 0             # the engine's root-forward and backward counts at its last step
+        self.bw_mark = 0               # (engine._check_mode)
         self.queue: list = []          # (kind, payload, tensor)
         self.probes: list = []
         self._unkept: list = []        # per probed parameter (weakref, its look no accumulation followed, if any)
