@@ -1,5 +1,6 @@
 """gradcam: closed-form CAM, maximum inside the only region that matters, valid pictures."""
 import re
+import textwrap
 
 import pytest
 
@@ -564,3 +565,42 @@ def test_a_model_taking_more_than_the_image_gets_its_other_inputs(cli, tmp_path,
         logits = model(x, torch.arange(4)[:1])
     assert r.json["target_class"] == int(logits.argmax()) and r.json["score"] == pytest.approx(float(logits.max()),
                                                                                                 rel=1e-5)
+
+
+def test_two_image_like_inputs_are_refused_not_guessed(cli, tmp_path, image):
+    """A review: a mask (N×1×H×W) before a grayscale image took the image's place, and the map was another's (exit 0).
+    Two tensors that could be the image: one clear line. Keyword example inputs and a forward of *args are read too."""
+    path = tmp_path / "mask.py"
+    path.write_text(textwrap.dedent('''
+        import torch, torch.nn as nn
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(1, 4, 3, padding=1)
+                self.head = nn.Linear(4, 3)
+            def forward(self, mask, x):
+                return self.head(torch.relu(self.conv(x * mask)).mean((2, 3)))
+        def build():
+            return Net()
+        def example_inputs():
+            return (torch.ones(2, 1, 32, 32), torch.randn(2, 1, 32, 32))
+    '''))
+    r = cli("gradcam", f"{path}:build", "--layer", "conv", "--image", image, "--size", "32", "--channels", "1")
+    assert r.code == 2 and "cannot tell which is the" in r.stderr, r.stderr
+    path.write_text(textwrap.dedent('''
+        import torch, torch.nn as nn
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(3, 4, 3, padding=1)
+                self.head = nn.Linear(4 + 2, 3)
+            def forward(self, *args, **kwargs):
+                h = torch.relu(self.conv(kwargs["pixels"])).mean((2, 3))
+                return self.head(torch.cat([h, kwargs["meta"]], 1))
+        def build():
+            return Net()
+        def example_inputs():
+            return {"pixels": torch.randn(2, 3, 32, 32), "meta": torch.randn(2, 2)}
+    '''))
+    r = cli("gradcam", f"{path}:build", "--layer", "conv", "--image", image, "--size", "32", "--json")
+    assert r.code == 0 and r.json["inputs"] == ["pixels: 1x3x32x32 float32", "meta: 1x2 float32"], (r.stderr, r.stdout[-300:])

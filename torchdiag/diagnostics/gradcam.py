@@ -233,40 +233,75 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
 
 
 def other_inputs(model, x, ctx, channels: int):
-    """None for a forward that takes the image alone. For one that needs more (an image and a timestep, an image and
-    its metadata: a sweep's UNet got the image alone and raised), the model's own inputs (-i, example_inputs(),
-    example_input_array) with the image in place of their image tensor (the first N×C×H×W float tensor with the
-    image's C channels, or N×H×W×C), every other batch-first tensor cut to its first sample. No such inputs, or no
-    image among them: one clear line."""
+    """None for a model that takes the image alone. For one that takes more (an image and a timestep, an image and its
+    metadata, pixel values beside token ids: a sweep's model raised), the model's own inputs (example_inputs(),
+    example_input_array, an hf: spec's defaults) with the image in place of their one image tensor (N×C×H×W or
+    N×H×W×C float, the image's C channels; positional or keyword) and every other input whose first size is the
+    batch's cut to its first sample (a list of captions too), cast as --dtype casts. Used when those inputs hold more
+    than one value, or the forward requires more than one; two image-like tensors (a mask beside the image), or none,
+    or no such inputs: one clear line (a review: a mask first took the image's place, the map was wrong, exit 0)."""
+    from ..core.precision import cast_inputs
+
+    given = _own_inputs(model, ctx)
+    needed = _required(model)
+    many = given is not None and len(given.args) + len(given.kwargs) > 1
+    if not many and len(needed) <= 1:
+        return None
+    takes = (f"the model's forward takes {len(needed)} inputs ({', '.join(needed)})" if len(needed) > 1 else
+             f"the model's inputs are {given.describe() if given is not None else ''}")
+    if given is None:
+        raise UsageError(takes + "; Grad-CAM gives it the image alone, and no inputs for the others were given",
+                         hint="define example_inputs() in the model's module (or example_input_array on the model): "
+                              "the image takes the place of its image tensor")
+    slots = [k for k, t in [*enumerate(given.args), *given.kwargs.items()] if _image_like(t, channels)]
+    if len(slots) != 1:
+        what = "hold no" if not slots else f"hold {len(slots)} ({', '.join(map(_slot_name, slots))}): Grad-CAM cannot " \
+                                          "tell which is the"
+        raise UsageError(f"{takes}, and they {what} N×{channels}×H×W image", hint="wrap the model so its forward takes "
+                         "the image alone (the other inputs fixed inside), or give example_inputs() one image tensor")
+    slot = slots[0]
+    example = given.args[slot] if isinstance(slot, int) else given.kwargs[slot]
+    batch = example.shape[0]
+    image = x if example.shape[1] == channels else x.permute(0, 2, 3, 1)
+
+    def first(v):
+        if hasattr(v, "shape") and getattr(v, "dim", lambda: 0)() and v.shape[0] == batch:
+            return v[:1]
+        return v[:1] if isinstance(v, (list, tuple)) and len(v) == batch and batch > 1 else v
+
+    args = tuple(image if i == slot else first(t) for i, t in enumerate(given.args))
+    kwargs = {k: image if k == slot else first(v) for k, v in given.kwargs.items()}
+    out = type(given)(args, kwargs, f"{given.source}, the image in {_slot_name(slot)}")
+    return cast_inputs(out, ctx.spec.dtype)
+
+
+def _own_inputs(model, ctx):
+    """The model's own inputs: example_inputs(), example_input_array, an hf: spec's defaults (through the loader), or
+    on a model given from Python, its example_input_array; None when it has none."""
+    from ..core.inputs import ModelInputs, resolve_inputs
+
+    if ctx.loaded is None:
+        value = getattr(model, "example_input_array", None)
+        if value is None:
+            return None
+        if isinstance(value, dict):
+            return ModelInputs((), dict(value), "example_input_array").to(ctx.device)
+        return ModelInputs(tuple(value) if isinstance(value, (list, tuple)) else (value,), {},
+                           "example_input_array").to(ctx.device)
+    try:
+        return resolve_inputs([], ctx.loaded, ctx.device, ctx.spec.seed)
+    except UsageError:
+        return None
+
+
+def _image_like(t, channels: int) -> bool:
     import torch
 
-    from ..core.inputs import resolve_inputs
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() == 4 and channels in (t.shape[1], t.shape[-1])
 
-    needed = _required(model)
-    if len(needed) <= 1:
-        return None
-    takes = f"the model's forward takes {len(needed)} inputs ({', '.join(needed)}); Grad-CAM gives it the image"
-    if ctx.loaded is None:
-        raise UsageError(takes + " alone", hint="wrap the model so its forward takes the image alone")
-    try:
-        given = resolve_inputs(list(ctx.spec.inputs), ctx.loaded, ctx.device, ctx.spec.seed)
-    except UsageError as exc:
-        raise UsageError(takes + " alone, and no inputs for the others were given",
-                         hint="define example_inputs() in the model's module: the image takes the place of its image "
-                              "tensor") from exc
-    slot = next((i for i, t in enumerate(given.args) if isinstance(t, torch.Tensor) and t.is_floating_point()
-                 and t.dim() == 4 and channels in (t.shape[1], t.shape[-1])), None)
-    if slot is None:
-        raise UsageError(takes + f", and its inputs ({given.describe()}) hold no N×{channels}×H×W image to put it in",
-                         hint="put a N×C×H×W image tensor among example_inputs(): the image takes its place")
-    batch = given.args[slot].shape[0]
 
-    def first(t):
-        return t[:1] if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == batch else t
-
-    image = x if x.shape[1] == given.args[slot].shape[1] else x.permute(0, 2, 3, 1)
-    args = tuple(image if i == slot else first(t) for i, t in enumerate(given.args))
-    return type(given)(args, {k: first(v) for k, v in given.kwargs.items()}, f"{given.source}, the image in input[{slot}]")
+def _slot_name(slot) -> str:
+    return f"input[{slot}]" if isinstance(slot, int) else slot
 
 
 def _required(model) -> list[str]:
