@@ -380,6 +380,34 @@ def test_a_model_built_with_spectral_norm_under_watch_is_one_model(tmp_path):
     assert "0.parametrizations.weight.original" in names, names
 
 
+def test_gradients_that_became_exactly_zero_while_the_loss_stays_are_a_warning():
+    """The bugs benchmark: a network whose every unit died at step 34 (so_47724077) got `gradients-stopped` as info,
+    "the loss no longer reaches them (a branch the loop stopped using?)": its gradients were there, exactly 0, and the
+    loss stayed. A warning naming dead units; a loss at exactly 0 (a hinge met) is not one."""
+    for how in ("dead", "met"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1), nn.ReLU())
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        with Watch(model, opt, every=5) as w:
+            for step in range(80):
+                if step == 20:   # the output unit dies: every gradient exactly 0 from here
+                    with torch.no_grad():
+                        model[2].bias.fill_(-100.0)
+                x = torch.randn(32, 8)
+                out = model(x).squeeze(1)
+                # "met": a loss that reaches exactly 0 there (the output it pushes down to 0 is 0)
+                loss = F.mse_loss(out, x[:, 0].abs()) if how == "dead" else out.mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        found = [f for f in w.result().findings if f.code == "gradients-stopped"]
+        if how == "dead":
+            assert found and found[0].severity == "warning" and "exactly 0 since step 20" in found[0].message, \
+                [f.message for f in found]
+        else:
+            assert found and all(f.severity == "info" for f in found), [f.message for f in found]
+
+
 class _Paths(nn.Module):
     """A body and a head, and a second body a loop may switch to (`second`)."""
     def __init__(self):

@@ -402,7 +402,21 @@ def _stopped(result: Result, engine, t, where: str) -> None:
         return
     live = [p for p in t.params if not isinstance(p, Released)]
     frozen = bool(live) and not any(p.requires_grad for p in live)
-    running = any(engine.called_at.get(r, -1) >= t.last_fed for r in t.roots)
+    roots = t.roots or (set(engine.roots) if engine.explicit_models else set())   # Watch(model, opt): the given ones
+    running = any(engine.called_at.get(r, -1) >= t.last_fed for r in roots)
+    zeros = any(p.grad is not None for p in live)   # present and exactly 0 (the per-step norms tell no more)
+    losses = [v for v in engine.series["loss"][-10:] if v is not None]
+    if zeros and not frozen and losses and all(v > 0 and math.isfinite(v) for v in losses):
+        result.add("gradients-stopped", "warning", where,
+                   f"every gradient {'this optimizer' if where else 'the optimizer'} applies has been exactly 0 since "
+                   f"step {t.last_fed} ({t.unfed_after} steps) while the loss is still {losses[-1]:.4g}: nothing it "
+                   "holds has trained since", "every unit dead or saturated (see dead-units, gradflow), or an output "
+                   "the loss reads through a constant (a clamp, a step function, argmax)")
+        return
+    if zeros and losses and all(v == 0 for v in losses):
+        result.add("gradients-stopped", "info", where, f"every gradient has been exactly 0 since step {t.last_fed}, "
+                   "with the loss at exactly 0: nothing is left to fit", "nothing to do (a margin every sample meets)")
+        return
     said = (f"{'this optimizer' if where else 'the optimizer'} stepped {t.unfed_after} more times after step "
             f"{t.last_fed} with no gradient on any of its {len(t.params)} parameter tensors, which had them before")
     if frozen:
