@@ -406,6 +406,21 @@ def test_gradients_that_became_exactly_zero_while_the_loss_stays_are_a_warning()
                 [f.message for f in found]
         else:
             assert found and all(f.severity == "info" for f in found), [f.message for f in found]
+    # fitted: Keras' clipped cross-entropy (the benchmark's so_59325381, every label one class) stops every gradient at
+    # exactly 0 once the clip is met, at a loss of 1.2e-7: info, not "nothing has trained"
+    torch.manual_seed(0)
+    model = nn.Linear(8, 3)
+    opt = torch.optim.Adam(model.parameters(), lr=0.5)
+    x = torch.ones(64, 8)   # (met within 20 steps)
+    with Watch(model, opt, every=5) as w:
+        for _ in range(200):
+            p = torch.softmax(model(x), 1).clamp(1e-7, 1 - 1e-7)
+            loss = -p[:, 0].log().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    found = [f for f in w.result().findings if f.code == "gradients-stopped"]
+    assert found and all(f.severity == "info" for f in found), [f.message for f in found]
 
 
 class _Paths(nn.Module):

@@ -389,6 +389,7 @@ def _starved(result: Result, engine, t, judged: list, owners: dict, where: str) 
     return True
 
 
+FITTED = 1e-4          # the loss at most this share of its first value: what it fits is fitted
 STOPPED_SHARE = 0.25   # of an optimizer's steps, the last ones taken with no gradient at all (and at least 20)
 
 
@@ -406,16 +407,21 @@ def _stopped(result: Result, engine, t, where: str) -> None:
     running = any(engine.called_at.get(r, -1) >= t.last_fed for r in roots)
     zeros = any(p.grad is not None for p in live)   # present and exactly 0 (the per-step norms tell no more)
     losses = [v for v in engine.series["loss"][-10:] if v is not None]
-    if zeros and not frozen and losses and all(v > 0 and math.isfinite(v) for v in losses):
+    start = next((v for v in engine.series["loss"] if v is not None and math.isfinite(v)), None)
+    # fitted: a softmax saturated on what it fits rounds its gradient to exactly 0 at a loss of ~1e-7 (the bugs
+    # benchmark's so_59325381, every label one class)
+    fitted = bool(losses) and start is not None and start > 0 and max(losses) <= FITTED * start
+    if zeros and not frozen and losses and not fitted and all(v > 0 and math.isfinite(v) for v in losses):
         result.add("gradients-stopped", "warning", where,
                    f"every gradient {'this optimizer' if where else 'the optimizer'} applies has been exactly 0 since "
                    f"step {t.last_fed} ({t.unfed_after} steps) while the loss is still {losses[-1]:.4g}: nothing it "
                    "holds has trained since", "every unit dead or saturated (see dead-units, gradflow), or an output "
                    "the loss reads through a constant (a clamp, a step function, argmax)")
         return
-    if zeros and losses and all(v == 0 for v in losses):
+    if zeros and losses and (fitted or all(v == 0 for v in losses)):
         result.add("gradients-stopped", "info", where, f"every gradient has been exactly 0 since step {t.last_fed}, "
-                   "with the loss at exactly 0: nothing is left to fit", "nothing to do (a margin every sample meets)")
+                   f"with the loss at {losses[-1]:.3g}" + (f" (from {start:.3g})" if start else "") + ": nothing is "
+                   "left to fit (its gradients round to 0)", "nothing to do if the fit is what you wanted")
         return
     said = (f"{'this optimizer' if where else 'the optimizer'} stepped {t.unfed_after} more times after step "
             f"{t.last_fed} with no gradient on any of its {len(t.params)} parameter tensors, which had them before")
