@@ -38,7 +38,8 @@ CODES: dict[str, tuple[str, ...]] = {
     "unchanged-params": ("opt",), "never-changes": ("opt",), "never-gets-grad": ("opt",), "optimizer-idle": ("opt",),
     "optimizer-cannot-fit": ("opt", "lr"),      # the default optimizer memorises the batch the run's cannot
     "lr-too-large": ("lr",),                    # a tenth of the rate memorises the batch the run collapsed on
-    "gradients-stopped": ("opt",),              # an optimizer stepping over parameters the loss stopped reaching
+    "gradients-stopped": ("opt", "act"),        # stepping over parameters the loss stopped reaching (a model replaced
+                                                # after its optimizer was built), or whose gradients are all 0 (dead units)
     # initialisation
     "zero-init": ("init",),
     # the input is not preprocessed
