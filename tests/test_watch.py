@@ -423,6 +423,49 @@ def test_gradients_that_became_exactly_zero_while_the_loss_stays_are_a_warning()
     assert found and all(f.severity == "info" for f in found), [f.message for f in found]
 
 
+def test_one_micro_batch_in_eval_mode_of_four_is_caught_wherever_it_falls():
+    """A review: of four micro-batches per step, the second run in eval by mistake was missed (only the last forward's
+    mode reached the step); the last one was caught."""
+    for which in (1, 3):
+        torch.manual_seed(0)
+        model = _mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        with Watch(model, opt, every=5) as w:
+            for _ in range(20):
+                opt.zero_grad()
+                for k in range(4):
+                    model.train(k != which)
+                    x = torch.randn(16, 8)
+                    (F.cross_entropy(model(x), (x[:, 0] > 0).long()) / 4).backward()
+                model.train()
+                opt.step()
+        f = finding(w.result(), "trained-in-eval-mode")
+        assert "20 of 20 steps" in f.message, (which, f.message)
+
+
+def test_a_fitted_head_beside_one_still_training_is_info():
+    """A review: a hinge head whose margin every sample meets (its gradients exactly 0) beside a regression head still
+    training, each with its own optimizer, was a `gradients-stopped` warning quoting the other head's loss."""
+    torch.manual_seed(0)
+    trunk, head_a, head_b = nn.Linear(8, 16), nn.Linear(16, 1), nn.Linear(16, 1)
+    xs, ya = torch.randn(64, 8), torch.randn(64)
+    yb = torch.sign(xs[:, 0])
+    xs[:, 0] += 2 * yb   # separable: the hinge is met within a few steps, its gradients exactly 0 from then
+    opt_a = torch.optim.SGD([*trunk.parameters(), *head_a.parameters()], lr=1e-3)
+    opt_b = torch.optim.SGD(head_b.parameters(), lr=0.5)
+    with Watch(every=10) as w:
+        for _ in range(300):
+            opt_a.zero_grad()
+            opt_b.zero_grad()
+            h = torch.tanh(trunk(xs))
+            loss = ((head_a(h).squeeze(1) - ya) ** 2).mean() + torch.relu(1 - yb * head_b(h).squeeze(1)).mean()
+            loss.backward()
+            opt_a.step()
+            opt_b.step()
+    found = [f for f in w.result().findings if f.code == "gradients-stopped"]
+    assert found and all(f.severity == "info" for f in found), [f.message for f in found]
+
+
 class _Paths(nn.Module):
     """A body and a head, and a second body a loop may switch to (`second`)."""
     def __init__(self):

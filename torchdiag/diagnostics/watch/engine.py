@@ -148,6 +148,7 @@ class Engine:
         self._fed_calls: dict[int, float] = {}    # id(root) -> its last call before a backward (_feed), its mode then,
         self._fed_mode: dict[int, bool] = {}      # and the call count at the last backward
         self._fed_mark = 0
+        self._step_mark = 0                       # the call count at the last optimizer step's mode check
         self._seen_eval: dict[int, bool] = {}     # discovery: the same, for roots not hooked yet
         self._vain = 0                            # optimizers of no model let go (searched for in vain)
         self._young_gone = -SEARCH_STEPS          # the step at which a one-step clock let go with its model was filed
@@ -1018,7 +1019,8 @@ class Engine:
     def _check_mode(self, track: Track) -> None:
         """Was the last training forward of a model this optimizer trains in eval mode? Per optimizer: a second
         model in eval mode under its own optimizer (a review's) counts too, once per step."""
-        if not any(self._eval_roots.values()):   # no model's last forward in eval mode: the per-step path's usual case
+        self._step_mark = self._calls   # (the next backwards or their modes into a new step)
+        if not any(self._eval_roots.values()) and not any(self._fed_mode.values()):   # the per-step path's usual case
             return
         # an optimizer with no model of its own (a bare tensor, a temperature) says nothing of any model's mode;
         # with the models given (Watch(model, opt)), the clock's is theirs
@@ -1053,11 +1055,15 @@ class Engine:
                    and mine <= {id(p) for p in self.roots[o].parameters()} for o in recent if o != r)
 
     def _feed(self) -> None:
-        """A backward: the roots called since the last one fed it, each in the mode of its last call."""
+        """A backward: the roots called since the last one fed it, each in the mode of its last call, or-ed with what
+        earlier backwards since the last step gave (a review: one micro-batch of four run in eval was missed unless it
+        was the last)."""
         for r, c in self._called.items():
             if c > self._fed_mark:
                 # (a root not adopted yet, found at the first step: its mode as discovery saw it)
-                self._fed_calls[r], self._fed_mode[r] = c, self._eval_roots.get(r, self._seen_eval.get(r, False))
+                mode = self._eval_roots.get(r, self._seen_eval.get(r, False))
+                before = self._fed_calls.get(r, 0) > self._step_mark and self._fed_mode.get(r, False)
+                self._fed_calls[r], self._fed_mode[r] = c, mode or before
         self._fed_mark = self._calls
 
     def _bad_here(self, track: Track, opt) -> bool:

@@ -278,7 +278,7 @@ def _wiring(result: Result, engine) -> None:
                        "value)")
         if _starved(result, engine, t, judged, owners, f"optimizer {k}" if many else ""):
             continue
-        _stopped(result, engine, t, f"optimizer {k}" if many else "")
+        _stopped(result, engine, t, f"optimizer {k}" if many else "", judged)
         frozen = []   # never changed with its group's rate 0 at every read: one info for them all
         never: dict[str, list[str]] = {}   # never-gets-grad, per severity: one finding each (a sweep: a detached
         for i, p in enumerate(t.params):    # block's four weights were four findings, each with the same hint)
@@ -393,7 +393,7 @@ FITTED = 1e-4          # the loss at most this share of its first value: what it
 STOPPED_SHARE = 0.25   # of an optimizer's steps, the last ones taken with no gradient at all (and at least 20)
 
 
-def _stopped(result: Result, engine, t, where: str) -> None:
+def _stopped(result: Result, engine, t, where: str, judged: list) -> None:
     """An optimizer whose parameters had gradients, then none at all for the rest of the run while it kept stepping
     (a sweep: a model widened mid-run, Net2Net-style, with the optimizer left on the old one: 150 steps of nothing,
     the new model never trained). A warning when no model holding them was called since (it was replaced); info when
@@ -411,12 +411,21 @@ def _stopped(result: Result, engine, t, where: str) -> None:
     # fitted: a softmax saturated on what it fits rounds its gradient to exactly 0 at a loss of ~1e-7 (the bugs
     # benchmark's so_59325381, every label one class)
     fitted = bool(losses) and start is not None and start > 0 and max(losses) <= FITTED * start
-    if zeros and not frozen and losses and not fitted and all(v > 0 and math.isfinite(v) for v in losses):
+    # the loss is the run's: with another optimizer still getting gradients, it says nothing of this one's part (a
+    # review: a hinge head met beside a regression head still training was "nothing has trained")
+    others = any(o is not t and o.last_fed is not None and o.last_fed > t.last_fed for o in judged)
+    if zeros and not frozen and losses and not fitted and not others and all(v > 0 and math.isfinite(v) for v in losses):
         result.add("gradients-stopped", "warning", where,
                    f"every gradient {'this optimizer' if where else 'the optimizer'} applies has been exactly 0 since "
                    f"step {t.last_fed} ({t.unfed_after} steps) while the loss is still {losses[-1]:.4g}: nothing it "
                    "holds has trained since", "every unit dead or saturated (see dead-units, gradflow), or an output "
                    "the loss reads through a constant (a clamp, a step function, argmax)")
+        return
+    if zeros and others and not frozen:
+        result.add("gradients-stopped", "info", where, f"every gradient {'this optimizer' if where else 'the optimizer'} "
+                   f"applies has been exactly 0 since step {t.last_fed} ({t.unfed_after} steps), while another "
+                   "optimizer's parameters still get gradients: its part is fitted, or its units dead",
+                   "nothing to do if its part is done (a margin met); else look for dead units (gradflow)")
         return
     if zeros and losses and (fitted or all(v == 0 for v in losses)):
         result.add("gradients-stopped", "info", where, f"every gradient has been exactly 0 since step {t.last_fed}, "
