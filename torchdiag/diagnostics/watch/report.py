@@ -394,44 +394,20 @@ STOPPED_SHARE = 0.25   # of an optimizer's steps, the last ones taken with no gr
 
 
 def _stopped(result: Result, engine, t, where: str, judged: list) -> None:
-    """An optimizer whose parameters had gradients, then none at all for the rest of the run while it kept stepping
-    (a sweep: a model widened mid-run, Net2Net-style, with the optimizer left on the old one: 150 steps of nothing,
-    the new model never trained). A warning when no model holding them was called since (it was replaced); info when
-    one still runs without reaching them (a review: a task head the curriculum stopped using, stepped on harmlessly)
-    or when they were frozen since."""
+    """An optimizer whose parameters had gradients, then none for the rest of the run while it kept stepping (a sweep:
+    a model widened mid-run, Net2Net-style, with the optimizer left on the old one: 150 steps of nothing, the new model
+    never trained). Gradients there and exactly 0 are _stopped_at_zero's; none at all: a warning when no model holding
+    them was called since (replaced), info when one still runs without reaching them (a review: a task head the
+    curriculum stopped using, stepped on harmlessly) or when they were frozen since."""
     if t.last_fed is None or t.unfed_after < max(20, STOPPED_SHARE * t.stepped):
         return
     live = [p for p in t.params if not isinstance(p, Released)]
     frozen = bool(live) and not any(p.requires_grad for p in live)
+    if not frozen and any(p.grad is not None for p in live):   # present and exactly 0 (the norms tell no more)
+        _stopped_at_zero(result, engine, t, where, judged)
+        return
     roots = t.roots or (set(engine.roots) if engine.explicit_models else set())   # Watch(model, opt): the given ones
     running = any(engine.called_at.get(r, -1) >= t.last_fed for r in roots)
-    zeros = any(p.grad is not None for p in live)   # present and exactly 0 (the per-step norms tell no more)
-    losses = [v for v in engine.series["loss"][-10:] if v is not None]
-    start = next((v for v in engine.series["loss"] if v is not None and math.isfinite(v)), None)
-    # fitted: a softmax saturated on what it fits rounds its gradient to exactly 0 at a loss of ~1e-7 (the bugs
-    # benchmark's so_59325381, every label one class)
-    fitted = bool(losses) and start is not None and start > 0 and max(losses) <= FITTED * start
-    # the loss is the run's: with another optimizer still getting gradients, it says nothing of this one's part (a
-    # review: a hinge head met beside a regression head still training was "nothing has trained")
-    others = any(o is not t and o.last_fed is not None and o.last_fed > t.last_fed for o in judged)
-    if zeros and not frozen and losses and not fitted and not others and all(v > 0 and math.isfinite(v) for v in losses):
-        result.add("gradients-stopped", "warning", where,
-                   f"every gradient {'this optimizer' if where else 'the optimizer'} applies has been exactly 0 since "
-                   f"step {t.last_fed} ({t.unfed_after} steps) while the loss is still {losses[-1]:.4g}: nothing it "
-                   "holds has trained since", "every unit dead or saturated (see dead-units, gradflow), or an output "
-                   "the loss reads through a constant (a clamp, a step function, argmax)")
-        return
-    if zeros and others and not frozen:
-        result.add("gradients-stopped", "info", where, f"every gradient {'this optimizer' if where else 'the optimizer'} "
-                   f"applies has been exactly 0 since step {t.last_fed} ({t.unfed_after} steps), while another "
-                   "optimizer's parameters still get gradients: its part is fitted, or its units dead",
-                   "nothing to do if its part is done (a margin met); else look for dead units (gradflow)")
-        return
-    if zeros and losses and (fitted or all(v == 0 for v in losses)):
-        result.add("gradients-stopped", "info", where, f"every gradient has been exactly 0 since step {t.last_fed}, "
-                   f"with the loss at {losses[-1]:.3g}" + (f" (from {start:.3g})" if start else "") + ": nothing is "
-                   "left to fit (its gradients round to 0)", "nothing to do if the fit is what you wanted")
-        return
     said = (f"{'this optimizer' if where else 'the optimizer'} stepped {t.unfed_after} more times after step "
             f"{t.last_fed} with no gradient on any of its {len(t.params)} parameter tensors, which had them before")
     if frozen:
@@ -445,6 +421,31 @@ def _stopped(result: Result, engine, t, where: str, judged: list) -> None:
         result.add("gradients-stopped", "warning", where, said + ": no model holding them was called since (replaced?)",
                    "a model made again (or replaced) after its optimizer was built: build the optimizer over the new "
                    "model's parameters")
+
+
+def _stopped_at_zero(result: Result, engine, t, where: str, judged: list) -> None:
+    """Gradients there and exactly 0 since a step: a warning while the run's loss stays (every unit dead: the bugs
+    benchmark's so_48251943, a dead ReLU output); info when the loss is fitted (0, or at most FITTED of its start: a
+    clipped softmax met rounds its gradient to 0, so_59325381) or another optimizer still trains (the loss is the
+    run's, not this optimizer's part: a review's met hinge head beside a regression head)."""
+    who = "this optimizer" if where else "the optimizer"
+    since = f"every gradient {who} applies has been exactly 0 since step {t.last_fed} ({t.unfed_after} steps)"
+    losses = [v for v in engine.series["loss"][-10:] if v is not None]
+    start = next((v for v in engine.series["loss"] if v is not None and math.isfinite(v)), None)
+    fitted = bool(losses) and (all(v == 0 for v in losses) or (
+        start is not None and start > 0 and max(losses) <= FITTED * start))
+    if any(o is not t and o.last_fed is not None and o.last_fed > t.last_fed for o in judged):
+        result.add("gradients-stopped", "info", where, since + ", while another optimizer's parameters still get "
+                   "gradients: its part is fitted, or its units dead",
+                   "nothing to do if its part is done (a margin met); else look for dead units (gradflow)")
+    elif fitted:
+        result.add("gradients-stopped", "info", where, since + f", with the loss at {losses[-1]:.3g}"
+                   + (f" (from {start:.3g})" if start else "") + ": nothing is left to fit (its gradients round to 0)",
+                   "nothing to do if the fit is what you wanted")
+    elif losses and all(v > 0 and math.isfinite(v) for v in losses):
+        result.add("gradients-stopped", "warning", where, since + f" while the loss is still {losses[-1]:.4g}: nothing "
+                   "it holds has trained since", "every unit dead or saturated (see dead-units, gradflow), or an output "
+                   "the loss reads through a constant (a clamp, a step function, argmax)")
 
 
 def _starved_why(engine, t) -> tuple[str, str]:
