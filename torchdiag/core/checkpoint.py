@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ModelError, UsageError, one_line
+from .lazy import is_uninitialised
 from .limits import json_depth, read_text, regular_file, safetensors_entries
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
@@ -536,12 +537,6 @@ def _shared_head(keys: list[str]) -> list[str]:
     return commonprefix(parts) if parts else []
 
 
-def _uninitialised(t) -> bool:
-    from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]
-
-    return isinstance(t, UninitializedTensorMixin)
-
-
 def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-checkpoint") -> Report:
     """Read `path` and load what fits into `model` (in place: torchdiag built it). `off` is how the
     caller turns strictness off (the flag, or strict_checkpoint=False)."""
@@ -556,7 +551,7 @@ def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-
             report.unexpected.append(key)
         elif key.endswith(EXTRA_STATE) and not hasattr(ours[key], "shape"):
             fitting[key] = t   # get_extra_state()'s own value: the module's set_extra_state takes it
-        elif _uninitialised(ours[key]) and hasattr(t, "shape"):
+        elif is_uninitialised(ours[key]) and hasattr(t, "shape"):
             fitting[key] = t   # a lazy module's: torch's load hook gives it the checkpoint's shape (a review: exit 4)
         elif not hasattr(t, "shape") or tuple(t.shape) != tuple(ours[key].shape):
             report.mismatched.append((key, tuple(getattr(t, "shape", ())), tuple(ours[key].shape)))

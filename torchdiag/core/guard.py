@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import contextlib
 
+from .lazy import is_uninitialised
+
 
 def _hook_count(model) -> int:
     n = 0
@@ -20,14 +22,13 @@ def snapshot_buffers(model) -> list:
     tensor there, a copy of its value)). BatchNorm running stats, counters, a fake-quant observer's scale, which its
     first forward resizes in place. A lazy module's uninitialised buffer keeps no copy (it has no value yet)."""
     import torch
-    from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]
 
     saved = []
     with torch.no_grad():
         for m in model.modules():
             slots = []
             for name, b in m._buffers.items():
-                keep = b is not None and not isinstance(b, UninitializedTensorMixin)
+                keep = b is not None and not is_uninitialised(b)
                 slots.append((name, b, b.detach().clone() if keep else None))
             saved.append((m, (list(m._buffers), dict(vars(m))), slots))   # names in order; attributes by reference
     return saved
@@ -120,10 +121,8 @@ def leave_no_trace(model, buffers: bool = True):
 
     saved_buffers = snapshot_buffers(model) if buffers else None
     training = [(m, m.training) for m in model.modules()]
-    from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]
-
     # a lazy module's uninitialised parameter raises on any op, and its flag and .grad are its initial ones
-    params = [p for p in {id(p): p for p in model.parameters()}.values() if not isinstance(p, UninitializedTensorMixin)]
+    params = [p for p in {id(p): p for p in model.parameters()}.values() if not is_uninitialised(p)]
     requires = [(p, p.requires_grad) for p in params]
     grads = [(p, p.grad) for p in params]
     cpu_rng = torch.random.get_rng_state()

@@ -4,6 +4,13 @@ given inputs materialises them, as the user's own first forward would (torch's a
 from __future__ import annotations
 
 
+def is_uninitialised(t) -> bool:
+    """A lazy module's parameter or buffer before its first forward (every op on it raises)."""
+    from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]
+
+    return isinstance(t, UninitializedTensorMixin)
+
+
 def uninitialised(model) -> list[str]:
     """Names of the modules holding uninitialised parameters or buffers."""
     from torch.nn.modules.lazy import LazyModuleMixin

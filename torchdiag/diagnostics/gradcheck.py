@@ -163,12 +163,6 @@ def check_arity(kind: str, target, given: int, label: str, source: str = "") -> 
                      hint="give one -i per input, e.g. " + (" ".join(["-i 3"] * n) if n else "no -i"))
 
 
-def _floating(t) -> bool:
-    import torch
-
-    return isinstance(t, torch.Tensor) and t.is_floating_point()
-
-
 def build(kind: str, target, inputs: list, input_names: list[str], opts: Options, label: str) -> Checked:
     import torch
 
@@ -503,6 +497,7 @@ def check_spec(spec, opts: Options | None = None) -> Result:
     from ..core.inputs import ModelInputs
     from ..core.lazy import materialise
     from ..core.loading import find_factory, import_module, parse_args, split_spec
+    from ..core.precision import cast_inputs
 
     opts = opts or Options()
     device = resolve_device(spec.device)
@@ -519,11 +514,7 @@ def check_spec(spec, opts: Options | None = None) -> Result:
     shown = ModelInputs(tuple(tensors), {}, source)
     said: dict = {}
     if kind == "nn.Module":   # a lazy module cannot be copied before its first forward: given the inputs as its own
-        import torch
-
-        dtype = torch.get_default_dtype()   # (float32, until build makes a float64 copy)
-        materialise(target, ModelInputs(tuple(t.to(dtype) if _floating(t) else t for t in tensors), {},
-                                        source), said)
+        materialise(target, cast_inputs(shown, "float32"), said)   # dtype (until build makes a float64 copy)
     result = run(build(kind, target, tensors, names, opts, name), opts)
     result.header = {"model": spec.model, "device": str(device), "inputs": shown.describe(), "input_source": source,
                      **said, **result.header}

@@ -29,14 +29,14 @@ from .double import DoubleSteps
 from .hooks import hook_root
 from .names import label, user_names
 from .options import Options
-from .stats import Track, nonfinite_losses, norms32, param_key, read_parts
-
-
-def _under_functorch() -> bool:
-    """A torch.func transform (vmap, grad, jacrev, ...) is running."""
-    import torch
-
-    return torch._C._functorch.peek_interpreter_stack() is not None
+from .stats import (
+    Track,
+    nonfinite_losses,
+    norms32,
+    param_key,
+    read_parts,
+    under_functorch,
+)
 
 
 def _guarded(hook):
@@ -554,7 +554,7 @@ class Engine:
             return
         # vmap/grad's wrapped tensors, kept for a replay or reduced here, would escape the transform (a sweep:
         # DP-SGD's per-sample gradients stopped watch); torch.compile traces under functorch too: its case is below
-        if _under_functorch() and not _compiling():
+        if under_functorch() and not _compiling():
             self.under_functorch = True
             return
         self.last_call = (weakref.ref(module), args, kwargs)   # weakly: a model the run lets go must go

@@ -571,7 +571,7 @@ class DeadUnits:
                 self.engine._traced.add(id(self.module))   # function: a review): no probe of this model again
                 self.engine.compiled_parts.add(name)
                 return None
-            if torch._C._functorch.peek_interpreter_stack() is not None:   # under torch.func (vmap, grad): its
+            if under_functorch():   # under torch.func (vmap, grad): its
                 self.engine.under_functorch = True   # tensors are wrappers with no storage, whose reductions must
                 return None                          # not escape the transform (a sweep: DP-SGD's script raised)
             if (not isinstance(output, torch.Tensor) or not output.is_floating_point() or output.dim() < 2
@@ -817,6 +817,13 @@ def param_key(p) -> int:
 def _view_key(p) -> tuple:
     """What a sample view of p depends on: a changed one means p's storage or layout was replaced."""
     return p.data_ptr(), p.shape, p.stride(), p.dtype, p.device
+
+
+def under_functorch() -> bool:
+    """A torch.func transform (vmap, grad, jacrev, ...) is running."""
+    import torch
+
+    return torch._C._functorch.peek_interpreter_stack() is not None
 
 
 def host_visible(device) -> bool:
