@@ -210,6 +210,70 @@ def test_a_softmax_output_against_torchdiags_own_target_is_judged_by_the_simplex
     assert got["floor"] == pytest.approx(float(F.mse_loss(_simplex_by_hand(t), t)), rel=1e-5)
 
 
+def _layernorm_rows(n, k, seed=0):
+    """Rows a LayerNorm with a scale and shift of its own makes, and rows that are only centred."""
+    g = torch.Generator().manual_seed(seed)
+    ln = torch.nn.LayerNorm(k)
+    with torch.no_grad():
+        ln.weight.copy_(torch.rand(k, generator=g) * 2.5 + 0.2)
+        ln.bias.copy_(torch.randn(k, generator=g))
+        x = torch.randn(n, k, generator=g) * 5 + 1
+        return ln(x), x - x.mean(-1, keepdim=True)
+
+
+def test_rows_that_keep_one_linear_relation_are_floored_by_the_best_hyperplane():
+    """Centred rows (each row's mean taken out) keep one relation; no output keeping one gets closer to a target than
+    the target's spread across its best hyperplane: the smallest singular value of the centred target, squared, over
+    its values (numpy's SVD here). Rows with no relation (random, RMS-normalised) have no floor."""
+    np = pytest.importorskip("numpy")
+    from torchdiag.diagnostics.overfit_batch.causes import _hyperplane_floor
+
+    _, centred = _layernorm_rows(128, 32)
+    t = torch.randn(128, 32, generator=torch.Generator().manual_seed(1))
+    got = _hyperplane_floor(centred, t, [1], 1e-4)
+    tc = t.double().numpy() - t.double().numpy().mean(0)
+    assert got["kind"].startswith("one hyperplane along the last dimension")
+    assert got["floor"] == pytest.approx(np.linalg.svd(tc, compute_uv=False)[-1] ** 2 / tc.size, rel=1e-9)
+    for rows in (torch.randn(128, 32), F.rms_norm(torch.randn(128, 32), (32,)), centred[:60]):   # 60 < 2 x 33 rows
+        assert _hyperplane_floor(rows, t[:len(rows)], [1], 1e-4) is None
+
+
+def test_a_layernorms_rows_are_floored_by_a_layernorm_fitted_to_the_target():
+    """A LayerNorm's rows also keep each row's weighted spread: the floor is the best LayerNorm output fitted to the
+    target, an estimate from above. Checked against a longer fit made here (8,000 Adam steps at a fixed rate) and
+    the hyperplane bound below it."""
+    from torchdiag.diagnostics.overfit_batch.causes import _hyperplane_floor
+
+    rows, _ = _layernorm_rows(128, 32)
+    t = torch.randn(128, 32, generator=torch.Generator().manual_seed(1))
+    got = _hyperplane_floor(rows, t, [1], 1e-4)
+    u, w, b = t.clone().requires_grad_(), torch.ones(32, requires_grad=True), torch.zeros(32, requires_grad=True)
+    opt = torch.optim.Adam([u, w, b], lr=5e-3)
+    for _ in range(8000):
+        opt.zero_grad()
+        F.mse_loss(F.layer_norm(u, (32,), w, b), t).backward()
+        opt.step()
+    fitted = float(F.mse_loss(F.layer_norm(u, (32,), w, b), t).detach())
+    tc = t.double() - t.double().mean(0)
+    bound = float(torch.linalg.svdvals(tc)[-1] ** 2 / tc.numel())
+    assert got["kind"].startswith("a LayerNorm's range along the last dimension") and got["fitted"]
+    assert bound < got["floor"] and got["floor"] == pytest.approx(fitted, rel=0.1)
+
+
+@pytest.mark.slow
+def test_a_narrow_layernorm_output_against_torchdiags_own_target_passes_at_its_floor():
+    """A sweep: TIPSv2's text model (width 32, 128 token rows) levelled at 0.0113 x the start against the made-up
+    target and was cannot-overfit; a LayerNorm's rows cannot fit N(0, 1) rows closer than about 0.011 x. Here width
+    16 over 64 rows: the floor is 0.0225 x the start."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 128), torch.nn.ReLU(), torch.nn.Linear(128, 16), torch.nn.LayerNorm(16))
+    r = overfit(model, torch.randn(2, 32, 8))
+    f = finding(r, "made-target-out-of-range")
+    assert r.exit_code == 0 and f.severity == "info" and "LayerNorm" in f.message and "fitted" in f.message
+    assert r.data["final_loss"] - r.data["floor"] <= 0.01 * (r.data["initial_loss"] - r.data["floor"])
+    assert r.data["floor"] > 0.01 * r.data["initial_loss"]
+
+
 def test_dropout_is_off_on_the_trained_copy_and_said_so(untouched):
     # dropout on the output is a floor under a regression loss (its noise): p/(1-p) of the output's power,
     # here 1.0, far above the 1% target; with it off on the copy the model memorises the batch

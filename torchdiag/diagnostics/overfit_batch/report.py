@@ -464,17 +464,19 @@ def _within_range(result, curve, opts, out_of_range: dict | None) -> bool:
     floor = out_of_range["floor"]
     if not (0 < floor < initial and math.isfinite(final)):
         return False
+    below = ("the closest output in that range torchdiag fitted to it gets to" if out_of_range.get("fitted")
+             else "no output in that range gets below")   # a fit is an estimate from above, not a bound
     if final - floor > opts.target_ratio * (initial - floor):   # said, the verdict as it is: a sigmoid or tanh nears
         result.notes.append(   # its bounds only as its logits grow without end, and the floor lies at those bounds
-            f"every output value keeps to {out_of_range['kind']}: against the random target torchdiag drew, no output in "
-            f"that range gets below {_fmt(floor)} ({floor / initial:.3g} × the start); the loss went "
+            f"every output value keeps to {out_of_range['kind']}: against the random target torchdiag drew, {below} "
+            f"{_fmt(floor)} ({floor / initial:.3g} × the start); the loss went "
             f"{100 * (initial - final) / (initial - floor):.0f}% of the way there (judge it against its real targets: "
             "--batch, or a --loss PATH:fn)")
         return False
     d.update(passed=True, floor=floor)
     result.add("made-target-out-of-range", "info", "", f"every output value keeps to {out_of_range['kind']}, and "
-               f"the random target torchdiag drew (normal, mean 0, std 1) lies partly outside it: no output in that range "
-               f"gets below {_fmt(floor)} ({floor / initial:.3g} × the start); the loss reached {_fmt(final)}, the "
+               f"the random target torchdiag drew (normal, mean 0, std 1) lies partly outside it: {below} "
+               f"{_fmt(floor)} ({floor / initial:.3g} × the start); the loss reached {_fmt(final)}, the "
                f"batch memorised as far as the range allows. If the real targets go beyond that range (a regression "
                f"target behind a final sigmoid or tanh), the output cannot fit them: that is a bug",
                hint="judge it against its real targets: --batch with them, or a --loss PATH:fn of your own")
