@@ -443,6 +443,32 @@ def test_one_micro_batch_in_eval_mode_of_four_is_caught_wherever_it_falls():
         assert "20 of 20 steps" in f.message, (which, f.message)
 
 
+def test_an_eval_mode_metric_between_forward_and_backward_is_not_eval_training():
+    """A loop that computes a held-out accuracy in eval mode between its training forward and backward, grad on and
+    the result only read (no backward reaches it), was `trained-in-eval-mode` on every step: the last forward before
+    the backward was an eval one. A backward that does reach an eval-mode forward (the model left in eval) is."""
+    for leave_in_eval in (False, True):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        xv = torch.randn(32, 8)
+        with Watch(model, opt, every=5) as w:
+            for _ in range(20):
+                x = torch.randn(16, 8)
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x), (x[:, 0] > 0).long())
+                model.eval()
+                acc = (model(xv).argmax(1) == (xv[:, 0] > 0).long()).float().mean()   # grad on, never backpropagated
+                w.log("val_acc", float(acc))
+                model.train(not leave_in_eval)
+                if leave_in_eval:
+                    loss = F.cross_entropy(model(x), (x[:, 0] > 0).long())
+                loss.backward()
+                opt.step()
+        found = [f.code for f in w.result().findings if f.severity != "info"]
+        assert ("trained-in-eval-mode" in found) == leave_in_eval, (leave_in_eval, found)
+
+
 def test_a_fitted_head_beside_one_still_training_is_info():
     """A review: a hinge head whose margin every sample meets (its gradients exactly 0) beside a regression head still
     training, each with its own optimizer, was a `gradients-stopped` warning quoting the other head's loss."""

@@ -150,6 +150,8 @@ class Engine:
         self._fed_mark = 0
         self._step_mark = 0                       # the call count at the last optimizer step's mode check
         self._seen_eval: dict[int, bool] = {}     # discovery: the same, for roots not hooked yet
+        self._eval_probed: dict[int, float] = {}  # id(root) -> the call count of its last eval-mode forward whose
+        self._eval_reached: dict[int, float] = {}   # output was probed, and of the last one a backward reached
         self._vain = 0                            # optimizers of no model let go (searched for in vain)
         self._young_gone = -SEARCH_STEPS          # the step at which a one-step clock let go with its model was filed
         self._dead_first: dict[str, tuple] = {}   # module name -> (vector, offset, units): alive at its first sample
@@ -583,6 +585,32 @@ class Engine:
         probe = self._probes.pop(id(module), None) if self._probes else None
         if probe is not None:
             probe.collect()
+        if self._eval_roots.get(id(module)) and _grad_enabled() and not _compiling() and not under_functorch():
+            self._probe_eval_output(id(module), output)
+
+    def _probe_eval_output(self, r: int, output) -> None:
+        """An eval-mode forward with grad on: does a backward reach its output? A hook on the output's graph node says
+        so when one does (a held-out accuracy taken between the training forward and its backward, only read, was
+        `trained-in-eval-mode` on every step: a sweep). Rare on a healthy run, so free where it matters."""
+        from ...core.recording import float_tensors
+
+        fns = {id(t.grad_fn): t.grad_fn for t in float_tensors(output) if t.grad_fn is not None}
+        if not fns:   # nothing a backward could reach (or outputs not found): judged as before, by the mode
+            return
+        call, ref = self._called.get(r, 0), weakref.ref(self)
+        self._eval_probed[r] = call
+
+        def reached(*_):
+            engine = ref()
+            if engine is not None:
+                engine._eval_reached[r] = max(engine._eval_reached.get(r, 0), call)
+
+        for fn in fns.values():
+            fn.register_prehook(reached)
+
+    def _fed_in_eval(self, r: int, since: float) -> bool:
+        """No eval-mode forward of `r` probed since `since`, or one a backward reached."""
+        return self._eval_probed.get(r, 0) <= since or self._eval_reached.get(r, 0) > since
 
     @_guarded
     def _saw_loss(self, tensor):
@@ -1031,9 +1059,11 @@ class Engine:
         # between backward and step, fed nothing: a review); with no backward seen (autograd.grad loops), every call
         fed = self.backwards > track.bw_mark
         calls, modes = (self._fed_calls, self._fed_mode) if fed else (self._called, self._eval_roots)
-        recent = [r for r in roots if calls.get(r, 0) > track.mode_mark]
+        since = track.mode_mark
+        recent = [r for r in roots if calls.get(r, 0) > since]
         track.mode_mark, track.bw_mark = self._calls, self.backwards
-        evals = [r for r in recent if modes.get(r, False) and not self._trained_after(r, recent, calls, modes)]
+        evals = [r for r in recent if modes.get(r, False) and self._fed_in_eval(r, since)
+                 and not self._trained_after(r, recent, calls, modes)]
         if evals and (not steps or steps[-1] != self.step):
             steps.append(self.step)
         for r in evals:   # which model (named at the report, as their parameters are, where there are several)
