@@ -443,30 +443,45 @@ def test_one_micro_batch_in_eval_mode_of_four_is_caught_wherever_it_falls():
         assert "20 of 20 steps" in f.message, (which, f.message)
 
 
-def test_an_eval_mode_metric_between_forward_and_backward_is_not_eval_training():
-    """A loop that computes a held-out accuracy in eval mode between its training forward and backward, grad on and
-    the result only read (no backward reaches it), was `trained-in-eval-mode` on every step: the last forward before
-    the backward was an eval one. A backward that does reach an eval-mode forward (the model left in eval) is."""
-    for leave_in_eval in (False, True):
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 2))
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        xv = torch.randn(32, 8)
-        with Watch(model, opt, every=5) as w:
-            for _ in range(20):
-                x = torch.randn(16, 8)
-                opt.zero_grad()
-                loss = F.cross_entropy(model(x), (x[:, 0] > 0).long())
-                model.eval()
-                acc = (model(xv).argmax(1) == (xv[:, 0] > 0).long()).float().mean()   # grad on, never backpropagated
-                w.log("val_acc", float(acc))
-                model.train(not leave_in_eval)
-                if leave_in_eval:
-                    loss = F.cross_entropy(model(x), (x[:, 0] > 0).long())
-                loss.backward()
-                opt.step()
-        found = [f.code for f in w.result().findings if f.severity != "info"]
-        assert ("trained-in-eval-mode" in found) == leave_in_eval, (leave_in_eval, found)
+def _eval_between(model, x, y, how: str):
+    """One training step's loss, with `how` run in eval mode around it (the model left in train mode, but for the
+    faults, which take no train-mode forward). Returns the loss to backpropagate."""
+    loss = F.cross_entropy(model(x), y) if how in ("metric", "saliency") else None
+    model.eval()
+    xv = torch.randn(32, 8, requires_grad=True)
+    if how == "metric":        # a held-out accuracy, grad on, only read
+        float((model(xv).argmax(1) == (xv[:, 0] > 0).long()).float().mean())
+    elif how == "saliency":    # an input saliency map by autograd.grad, in eval
+        torch.autograd.grad(model(xv).sum(), xv)
+    elif how == "left-in-eval":   # the fault: the loss is taken from an eval-mode forward
+        loss = F.cross_entropy(model(x), y)
+    elif how == "hooked-feature":   # the fault: the loss from a feature a hook kept, the output unread
+        model(x)
+        return model.kept.pow(2).mean()
+    model.train(how not in ("left-in-eval",))
+    return loss
+
+
+@pytest.mark.parametrize("how,fault", [("metric", False), ("saliency", False), ("left-in-eval", True),
+                                       ("hooked-feature", True)])
+def test_an_eval_mode_forward_counts_as_training_only_when_the_steps_gradients_come_from_it(how, fault):
+    """A held-out accuracy taken in eval mode between the training forward and its backward, grad on and only read,
+    was `trained-in-eval-mode` on every step (the last forward before the backward was an eval one); so was an input
+    saliency map by autograd.grad (a review). A loss taken from an eval-mode forward is the fault, whether through
+    its output or through a feature a forward hook kept (a review: missed when only the output was followed)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 2))
+    model[2].register_forward_hook(lambda m, a, out: setattr(model, "kept", out))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Watch(model, opt, every=5) as w:
+        for _ in range(20):
+            x = torch.randn(16, 8)
+            opt.zero_grad()
+            _eval_between(model, x, (x[:, 0] > 0).long(), how).backward()
+            model.train()
+            opt.step()
+    found = [f.code for f in w.result().findings if f.severity != "info"]
+    assert ("trained-in-eval-mode" in found) == fault, (how, found)
 
 
 def test_a_fitted_head_beside_one_still_training_is_info():

@@ -151,7 +151,10 @@ class Engine:
         self._step_mark = 0                       # the call count at the last optimizer step's mode check
         self._seen_eval: dict[int, bool] = {}     # discovery: the same, for roots not hooked yet
         self._eval_probed: dict[int, float] = {}  # id(root) -> the call count of its last eval-mode forward whose
-        self._eval_reached: dict[int, float] = {}   # output was probed, and of the last one a backward reached
+        self._eval_reached: dict[int, float] = {}   # output was probed, of the last one autograd reached, of the
+        self._eval_reached_bw: dict[int, float] = {}  # last one a Tensor.backward reached,
+        self._train_called: dict[int, float] = {}   # and of its last train-mode forward
+        self._in_backward = 0                       # inside Tensor.backward (the wrapper's depth)
         self._vain = 0                            # optimizers of no model let go (searched for in vain)
         self._young_gone = -SEARCH_STEPS          # the step at which a one-step clock let go with its model was filed
         self._dead_first: dict[str, tuple] = {}   # module name -> (vector, offset, units): alive at its first sample
@@ -215,7 +218,13 @@ class Engine:
                 engine.backwards += 1
                 engine._feed()
                 engine._saw_loss(tensor)
-            out = original(tensor, *args, **kwargs)
+            if engine is not None:
+                engine._in_backward += 1
+            try:
+                out = original(tensor, *args, **kwargs)
+            finally:
+                if engine is not None:
+                    engine._in_backward -= 1
             if engine is not None and engine._starved_probe is not None:
                 engine._after_backward()
             return out
@@ -566,6 +575,8 @@ class Engine:
             self._file_dead()
         self._eval_roots[id(module)] = not self._inner[id(module)].training   # torch.compile: the mode is on theirs
         self._called_now(module)
+        if not self._eval_roots[id(module)]:
+            self._train_called[id(module)] = self._called[id(module)]
         if self.batch_size is None:
             self.batch_size = _batch_size(args, kwargs)
         if self._sample_forward and id(module) not in self._sampled and not compiled(module) \
@@ -604,13 +615,20 @@ class Engine:
             engine = ref()
             if engine is not None:
                 engine._eval_reached[r] = max(engine._eval_reached.get(r, 0), call)
+                if engine._in_backward:
+                    engine._eval_reached_bw[r] = max(engine._eval_reached_bw.get(r, 0), call)
 
         for fn in fns.values():
             fn.register_prehook(reached)
 
-    def _fed_in_eval(self, r: int, since: float) -> bool:
-        """No eval-mode forward of `r` probed since `since`, or one a backward reached."""
-        return self._eval_probed.get(r, 0) <= since or self._eval_reached.get(r, 0) > since
+    def _fed_in_eval(self, r: int, since: float, fed: bool) -> bool:
+        """Since `since`: no eval-mode forward of `r` probed; or no train-mode one (the gradients came from the eval
+        ones, by whatever path: a review's loss on a feature a hook kept, the output unread); or a backward reached
+        an eval one's output (with backwards seen, a Tensor.backward: a review's input saliency taken by
+        autograd.grad in eval, between the training forward and its backward, reached it too)."""
+        if self._eval_probed.get(r, 0) <= since or self._train_called.get(r, 0) <= since:
+            return True
+        return (self._eval_reached_bw if fed else self._eval_reached).get(r, 0) > since
 
     @_guarded
     def _saw_loss(self, tensor):
@@ -1062,7 +1080,7 @@ class Engine:
         since = track.mode_mark
         recent = [r for r in roots if calls.get(r, 0) > since]
         track.mode_mark, track.bw_mark = self._calls, self.backwards
-        evals = [r for r in recent if modes.get(r, False) and self._fed_in_eval(r, since)
+        evals = [r for r in recent if modes.get(r, False) and self._fed_in_eval(r, since, fed)
                  and not self._trained_after(r, recent, calls, modes)]
         if evals and (not steps or steps[-1] != self.step):
             steps.append(self.step)
