@@ -85,10 +85,20 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
     test = _ShiftTest(params, base, loss, ctx, rtol)
     bounds: dict[str, float | None] = {}
 
+    hushed: list[set[str]] = []
+
+    def silent(n: str) -> bool:   # derived.silent's one pass for every name, at the first that needs it
+        if not hushed:
+            try:
+                hushed.append(derived.silent(work, names, calls.count, loss))
+            except Exception:   # noqa: BLE001 - not known: each name is measured alone
+                hushed.append(set())
+        return n in hushed[0]
+
     def bound(n: str) -> float | None:
         if n not in bounds:
             bounds[n] = _widest(calls, work, n, lambda m: test.shifted([n], m), ctx, wide, loss,
-                                reach.SEEN * test.seen / MAX_SCALE)
+                                reach.SEEN * test.seen / MAX_SCALE, silent)
         return bounds[n]
 
     # what its own float64 gradient already says moves the loss is no cancellation (_stays): asking it in the
@@ -105,18 +115,19 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
     return {n for n in bisect(ordered, test.moved) if _stays(bound(n), test, slopes[n], n)}
 
 
-def _widest(calls, work, name: str, shifted, ctx, wide, loss, faint: float) -> float | None:
+def _widest(calls, work, name: str, shifted, ctx, wide, loss, faint: float, silent) -> float | None:
     """calls.bound at the module's own output; where that is too faint for any shift to show (below `faint`), the
     bound at the ops inside the nearest ancestor that ran (derived.py), the larger of the two. A cancellation
     after a broadcast (a per-channel time embedding added to a feature map, then a GroupNorm of one channel per
     group: a sweep's tiny diffusers UNet) leaves the module's own output gradient at rounding, while the sum it
     is added into has a live one. What moves nothing (a weight fed zeros) or only what no gradient reaches (a
-    discarded half) is 0 at every cut, and keeps its verdict."""
+    discarded half) is 0 at every cut, and keeps its verdict. `silent(name)`: no op inside the ancestor gets a
+    gradient from it (derived.silent), so its bound there is 0 and is not measured."""
     b = calls.bound(name, shifted, ctx, wide, loss)
     if b is None or b >= faint or not calls.count.get(owner(name)):
         return b
     at = derived.host(name, calls.count)
-    if at is None:
+    if at is None or silent(name):
         return b
     try:
         inner = derived.bound(work, name, at, loss, shifted)   # `loss` runs the forward under `wide` itself
