@@ -20,6 +20,7 @@ BOUNDED = "bounded-step"       # a large grad/weight the optimizer does not turn
 INVARIANT = "invariant"       # the loss does not depend on it (a zero gradient back only as rounding)
 TRANSIENT = "transient-grad"   # a large gradient of the starting point that a few real steps bring to the others
 SMALL = "small-weight"         # a large grad/weight of a weight near zero whose step is the others' or that grew out
+LOSS_SCALE = "loss-scale"      # a large gradient of the made-up loss's scale that does not grow through the depth
 ADAM_EPS = 1e-8                # torch's Adam/AdamW eps, which core.train.make_optimizer keeps
 
 
@@ -45,6 +46,7 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
     result.notes.append(f"{len(flags)} flagged finding(s) {rc.cost()}, with {ctx.spec.optimizer.describe()}")
     decoupled = ctx.spec.optimizer.name == "adamw"
     typical = _typical_rms(rows)
+    depth = _depth(model, inputs, ctx, prepare, result)
     for r in flagged:
         v = rc.verdicts[r["name"]]
         r["rechecked"] = v.steps
@@ -63,6 +65,8 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                 r.update(status=BOUNDED, allowed=False, design={"kind": BOUNDED, "why": moderate_why(v, v.steps, ctx)})
             elif step_claim(r, opts) and _near_zero(r, typical) and v.steps_alike():
                 r.update(status=SMALL, allowed=False, design={"kind": SMALL, "why": alike_why(r, v, ctx)})
+            elif (flat := depth()) is not None:
+                r.update(status=LOSS_SCALE, allowed=False, design={"kind": LOSS_SCALE, "why": flat})
             continue
         # the step measured is the optimizer's own, eps included (a gradient far below Adam's eps gets a step
         # far below lr, and does not step normally); only a decoupled weight decay (AdamW) moves a weight
@@ -145,6 +149,34 @@ def _locate_stops(model, inputs, rows, result, opts, ctx, prepare) -> None:
             r["stop"] = {"module": stop.module, "why": stop.describe(), "hint": stop.hint()}
             if made_up_padding(stop, inputs):   # torchdiag's own ids hit a padding row: not judged
                 r.update(status=NOT_REACHED, reason="padding", why=padding_why(stop))
+
+
+def _depth(model, inputs, ctx, prepare, result):
+    """A function: why an exploding gradient left after the other re-checks is the made-up loss's scale (depth.py),
+    or None (a loss of the user's, no run of repeated blocks, a growth through one). Measured once, at the first
+    such gradient."""
+    from .depth import GROWS, MODEST, growth
+
+    memo: list = []
+
+    def why() -> str | None:
+        if memo:
+            return memo[0]
+        memo.append(None)
+        try:
+            g = growth(model, inputs, ctx, prepare)
+        except ModelError as exc:
+            result.notes.append(f"the gradient's growth through the depth not measured: {exc.message}")
+            return None
+        if g is not None and g.made_up and g.factor <= GROWS and abs(g.loss) <= MODEST:
+            memo[0] = (f"the loss ({g.loss:.3g}) is torchdiag's own, against a made-up target, and the gradient at the outputs of the "
+                       f"model's {g.runs} run(s) of repeated blocks grows at most {g.factor:.3g}x from a later block to "
+                       f"an earlier one (the largest: {g.run or '(root)'}'s {g.length}; one more forward and backward "
+                       "on a copy): an exploding gradient grows block by block; this one's size is the made-up "
+                       "loss's (judge it with the real loss: --batch, --loss)")
+        return memo[0]
+
+    return why
 
 
 def _threshold(r, opts) -> float:
