@@ -20,7 +20,7 @@ BOUNDED = "bounded-step"       # a large grad/weight the optimizer does not turn
 INVARIANT = "invariant"       # the loss does not depend on it (a zero gradient back only as rounding)
 TRANSIENT = "transient-grad"   # a large gradient of the starting point that a few real steps bring to the others
 SMALL = "small-weight"         # a large grad/weight of a weight near zero whose step is the others' or that grew out
-LOSS_SCALE = "loss-scale"      # a large gradient of the made-up loss's scale that does not grow through the depth
+LOSS_SCALE = "loss-scale"      # a large gradient the made-up loss's reading of the output's scale makes
 ADAM_EPS = 1e-8                # torch's Adam/AdamW eps, which core.train.make_optimizer keeps
 
 
@@ -46,7 +46,7 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
     result.notes.append(f"{len(flags)} flagged finding(s) {rc.cost()}, with {ctx.spec.optimizer.describe()}")
     decoupled = ctx.spec.optimizer.name == "adamw"
     typical = _typical_rms(rows)
-    depth = _depth(model, inputs, ctx, prepare, result)
+    scaled = _loss_scale(model, inputs, flagged, opts, ctx, prepare, result)
     for r in flagged:
         v = rc.verdicts[r["name"]]
         r["rechecked"] = v.steps
@@ -65,8 +65,8 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                 r.update(status=BOUNDED, allowed=False, design={"kind": BOUNDED, "why": moderate_why(v, v.steps, ctx)})
             elif step_claim(r, opts) and _near_zero(r, typical) and v.steps_alike():
                 r.update(status=SMALL, allowed=False, design={"kind": SMALL, "why": alike_why(r, v, ctx)})
-            elif (flat := depth()) is not None:
-                r.update(status=LOSS_SCALE, allowed=False, design={"kind": LOSS_SCALE, "why": flat})
+            elif (why := scaled(r["name"])) is not None:
+                r.update(status=LOSS_SCALE, allowed=False, design={"kind": LOSS_SCALE, "why": why})
             continue
         # the step measured is the optimizer's own, eps included (a gradient far below Adam's eps gets a step
         # far below lr, and does not step normally); only a decoupled weight decay (AdamW) moves a weight
@@ -151,30 +151,28 @@ def _locate_stops(model, inputs, rows, result, opts, ctx, prepare) -> None:
                 r.update(status=NOT_REACHED, reason="padding", why=padding_why(stop))
 
 
-def _depth(model, inputs, ctx, prepare, result):
-    """A function: why an exploding gradient left after the other re-checks is the made-up loss's scale (depth.py),
-    or None (a loss of the user's, no run of repeated blocks, a growth through one). Measured once, at the first
-    such gradient."""
-    from .depth import GROWS, MODEST, growth
+def _loss_scale(model, inputs, rows, opts, ctx, prepare, result):
+    """A function: why an exploding gradient left after the other re-checks is the made-up loss's reading of the
+    output's scale (scale.py), or None. Measured once, for all of them, at the first."""
+    from .scale import at_unit_scale
 
     memo: list = []
 
-    def why() -> str | None:
-        if memo:
-            return memo[0]
-        memo.append(None)
-        try:
-            g = growth(model, inputs, ctx, prepare)
-        except ModelError as exc:
-            result.notes.append(f"the gradient's growth through the depth not measured: {exc.message}")
+    def why(name: str) -> str | None:
+        if not memo:
+            left = [r["name"] for r in rows if r["status"] == "exploding-grad"]
+            try:
+                memo.append(at_unit_scale(model, inputs, left, opts, ctx, prepare))
+            except ModelError as exc:
+                result.notes.append(f"the exploding gradients not re-checked at the output's own scale: {exc.message}")
+                memo.append(None)
+        got = memo[0]
+        if got is None or name not in got.within:
             return None
-        if g is not None and g.made_up and g.factor <= GROWS and abs(g.loss) <= MODEST:
-            memo[0] = (f"the loss ({g.loss:.3g}) is torchdiag's own, against a made-up target, and the gradient at the outputs of the "
-                       f"model's {g.runs} run(s) of repeated blocks grows at most {g.factor:.3g}x from a later block to "
-                       f"an earlier one (the largest: {g.run or '(root)'}'s {g.length}; one more forward and backward "
-                       "on a copy): an exploding gradient grows block by block; this one's size is the made-up "
-                       "loss's (judge it with the real loss: --batch, --loss)")
-        return memo[0]
+        return (f"the loss is torchdiag's own, against a made-up target, and reads an output of RMS {got.rms:.3g}; "
+                f"with the outputs divided by that (one more forward and backward on a copy; the loss {got.loss:.3g}) "
+                f"this gradient is within --exploding and --exploding-ratio: its size is the made-up loss's reading of "
+                "the output's scale, not the model's (judge it with the real loss: --batch, --loss)")
 
     return why
 
