@@ -51,27 +51,53 @@ def bound(work, name: str, at: str, loss, shifted) -> float | None:
     return float(torch.stack(terms).max()) if terms else 0.0
 
 
-def silent(work, names: list[str], count: dict[str, int], loss) -> set[str]:
-    """Of `names`, those whose tensors inside their host's first call (what `bound` keeps) all get a zero or no
-    gradient from the loss: their bound is 0 whatever the shift, and its forwards are not run. One forward and one
-    backward for all (a sweep: timm's gMLP zero-initialises its head, so 304 of its 306 tensors get an exactly-zero
-    gradient, and `bound`'s forwards per name took 553 of gradflow's 575 s)."""
+def silent(work, names: list[str], count: dict[str, int], loss, shifted=None) -> set[str]:
+    """Of `names`, those whose bound (`bound`) is 0 whatever the shift, found together: the tensors each reaches
+    inside its host's first call all get a zero or no gradient from the loss (one forward and one backward for all:
+    timm's gMLP zero-initialises its head, so 304 of its 306 tensors get an exactly-zero gradient, and `bound`'s
+    passes per name took 553 of gradflow's 575 s); or, with `shifted(group, measure)` (the names left shifted at
+    once, one more forward), none of those with a gradient moves (LeViT's residual branches end in a BatchNorm
+    whose weight starts at 0: its output has a gradient and does not move). Independent random shifts do not
+    cancel one another exactly, as core/invariance.py's group shifts assume too; a tensor another name's shift
+    moves leaves that name to `bound`."""
     import torch
 
+    from .reach import first_order
     from .readback import read_back
 
     params, mods = dict(work.named_parameters()), dict(work.named_modules())
     hosts = {n: h for n in names if n in params and (h := host(n, count)) is not None}
     if not hosts:
         return set()
-    with torch.enable_grad(), _Kept({n: params[n] for n in hosts}, hosts, mods) as kept:
+    watched = {n: params[n] for n in hosts}
+    with torch.enable_grad(), _Kept(watched, hosts, mods) as kept:
         value = loss()
         live = list({id(t): t for ts in kept.tensors.values() for t in ts if t.requires_grad}.values())
         grads = torch.autograd.grad(value, live, allow_unused=True) if live else ()
-    flags = read_back([g.ne(0).any() for g in grads if g is not None])   # one read
-    nonzero = iter(flags)
-    moving = {id(t) for t, g in zip(live, grads) if g is not None and next(nonzero)}
-    return {n for n in hosts if not any(id(t) in moving for t in kept.tensors[n])}
+    by_id = {id(t): g for t, g in zip(live, grads) if g is not None}
+    flags = read_back([g.ne(0).any() for g in by_id.values()])   # one read
+    moving = {i for i, f in zip(by_id, flags) if f}
+    quiet = {n for n in hosts if not any(id(t) in moving for t in kept.tensors[n])}
+    rest = [n for n in hosts if n not in quiet]
+    if shifted is None or not rest:
+        return quiet
+
+    def measure():
+        with torch.enable_grad(), _Kept(watched, hosts, mods) as moved:
+            loss()
+        return {n: [t.detach() for t in moved.tensors[n]] for n in rest}
+
+    after = shifted(rest, measure)
+    asked, sums = [], []
+    for n in rest:
+        before = kept.tensors[n]
+        if len(after[n]) != len(before) or any(a.shape != b.shape for a, b in zip(after[n], before)):
+            continue
+        terms = [first_order(by_id[id(b)], b.detach(), a) for a, b in zip(after[n], before)
+                 if id(b) in by_id and by_id[id(b)].shape == b.shape]
+        asked.append(n)
+        sums.append(torch.stack([t.to(terms[0].device) for t in terms]).sum() if terms else 0.0)
+    return quiet | {n for n, v in zip(asked, read_back(sums)) if v == 0}
 
 
 class _Kept:

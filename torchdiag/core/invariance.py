@@ -90,7 +90,7 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
     def silent(n: str) -> bool:   # derived.silent's one pass for every name, at the first that needs it
         if not hushed:
             try:
-                hushed.append(derived.silent(work, names, calls.count, loss))
+                hushed.append(derived.silent(work, names, calls.count, loss, test.shifted))
             except Exception:   # noqa: BLE001 - not known: each name is measured alone
                 hushed.append(set())
         return n in hushed[0]
