@@ -85,22 +85,45 @@ class GrowingStem(nn.Module):
         return self.head(self.blocks(self.stem(x)))
 
 
+class WithAux(nn.Module):
+    """A review's: a regression output of RMS ~25 and a second output (or the model's own regulariser term) whose
+    branch's gradients explode on their own, with no made-up target on them."""
+
+    def __init__(self, term: bool):
+        super().__init__()
+        self.term = term
+        self.body, self.head, self.aux = nn.Linear(32, 64), nn.Linear(64, 4), nn.Linear(64, 8)
+        with torch.no_grad():
+            self.head.weight.mul_(150.0)
+            self.aux.weight.mul_(200.0)
+
+    def forward(self, x):
+        h = torch.relu(self.body(x))
+        a = self.aux(h)
+        return self.head(h).unsqueeze(-1), (a.pow(2).mean() if self.term else a)
+
+
 @pytest.mark.parametrize("case", ["an output far off the target's scale", "a stem that explodes, read by cross-entropy",
-                                  "the user's named loss"])
+                                  "the user's named loss", "a second output", "the model's own term"])
 def test_a_large_gradient_is_not_excused_where_the_scale_cannot_say(case):
     """An output far beyond the unit target's scale (RMS > 30) is a fault of its own, whatever the gradient at unit
     scale; cross-entropy's gradient at the logits is bounded whatever the labels, so its scale is the model's (a
     review: an exploding stem before flat blocks was excused); a loss the user named (`--loss mse`) is theirs, its
-    scale too (a review)."""
+    scale too; a second output or the model's own term, whose exploding gradients no made-up target sets, was
+    divided by the first output's RMS and excused (reviews)."""
     torch.manual_seed(0)
     if case.startswith("an output"):
         model, x, opts = Latent(gain=300.0), _inputs(), {}
     elif case.startswith("a stem"):
         model, x, opts = GrowingStem(), torch.randn(16, 32), {}
-    else:
+    elif case == "the user's named loss":
         model, x, opts = Latent(), _inputs(), {"loss": "mse"}
+    else:
+        model, x, opts = WithAux(term=case.startswith("the model's")), torch.randn(16, 32), {}
     with torch.no_grad():
-        assert (model(x).pow(2).mean().sqrt() > 30) == (case != "the user's named loss")
+        y = model(x)
+        y = y if isinstance(y, torch.Tensor) else y[0]
+        assert (y.pow(2).mean().sqrt() > 30) == case.startswith(("an output", "a stem"))
     res = api_run("gradflow", model, x, **opts)
     assert res.exit_code == 1 and "loss-scale" not in {f.code for f in res.findings}, \
         [(f.code, f.severity) for f in res.findings]

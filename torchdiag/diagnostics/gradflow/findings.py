@@ -185,8 +185,8 @@ DESIGN_TITLES = {
                       "level of the rest of the model",
     "small-weight": "have a large grad/weight ratio only because their weight is near zero, while a few real "
                     "optimizer steps lower the loss",
-    "loss-scale": "have large gradients only as torchdiag's made-up loss reads the output's scale: at the output's "
-                  "own scale they are within the thresholds",
+    "loss-scale": "have large gradients because torchdiag's made-up MSE reads an output of a large scale: with that "
+                  "output at unit scale they are within the thresholds",
 }
 
 
@@ -254,9 +254,10 @@ def _why(kind, cause) -> str:
             "small-weight": "their gradient's norm is within --exploding, and in a short training run on a copy the "
                             "loss fell while the optimizer moved each, per element, at most 4x the median step of the "
                             "other parameters that moved, or their grad/weight at least halved as the weight grew",
-            "loss-scale": "the loss is torchdiag's own, against a made-up target, and with the outputs divided by "
-                          "the RMS of the one it reads (between 1 and 30) each gradient is within --exploding and "
-                          "--exploding-ratio (judge it with the real loss: --batch, --loss)",
+            "loss-scale": "the loss is torchdiag's own MSE against a made-up target, and with the output it reads "
+                          "divided by its RMS (between 1 and 30) each gradient is within --exploding and "
+                          "--exploding-ratio; Adam's step does not depend on the gradient's scale, plain SGD needs a "
+                          "learning rate that RMS squared smaller (judge it with the real loss: --batch, --loss)",
             "skipped-at-random": "the forward draws at random which layers run in train mode (LayerDrop-like); "
                                  "another draw of the RNG, on a copy, gives them a gradient"}.get(kind, "")
 

@@ -169,10 +169,11 @@ def _loss_scale(model, inputs, rows, opts, ctx, prepare, result):
         got = memo[0]
         if got is None or name not in got.within:
             return None
-        return (f"the loss is torchdiag's own, against a made-up target, and reads an output of RMS {got.rms:.3g}; "
-                f"with the outputs divided by that (one more forward and backward on a copy; the loss {got.loss:.3g}) "
-                f"this gradient is within --exploding and --exploding-ratio: its size is the made-up loss's reading of "
-                "the output's scale, not the model's (judge it with the real loss: --batch, --loss)")
+        return (f"the loss is torchdiag's own MSE against a made-up target, on an output of RMS {got.rms:.3g}; with that "
+                f"output divided by its RMS (one more forward and backward on a copy: the loss {got.loss:.3g}, its "
+                "gradients about that RMS squared smaller) this gradient is within --exploding and --exploding-ratio: "
+                "it is large because the MSE reads an output of that scale. Adam's step does not depend on it; plain "
+                "SGD needs a learning rate about that RMS squared smaller (judge it with the real loss: --batch, --loss)")
 
     return why
 

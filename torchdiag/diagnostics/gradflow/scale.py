@@ -3,9 +3,11 @@ target, reads the output at whatever scale it comes out, and its gradients grow 
 zoo's mimi and pocket_tts encoders (latents of std 7.8, loss 65.6 and 80.2; a helper's measure: at the output's own
 scale nothing was flagged). A real target is at the data's scale, which torchdiag does not know. Asked of the
 exploding gradients left after the other re-checks, with the loss auto and an MSE against a target it drew: on a
-copy, one forward and backward with every floating output divided by the RMS of the one the loss reads (a constant,
-detached). A gradient still over the thresholds at that scale is the model's; one back within them is the loss's
-reading of the output's scale: `loss-scale` (info). Not asked of an output whose RMS is at most 1 (nothing to
+copy, one forward and backward with the output the loss reads divided by its RMS s (a constant, detached; the loss
+and its gradients shrink by about s²), asked only when the loss covers that output alone. A gradient still over the
+thresholds at that scale is large whatever the output's scale; one back within them is large because an MSE reads
+an output of RMS s: `loss-scale` (info). Adam's step does not depend on the gradient's scale; plain SGD needs a
+learning rate about s² smaller. Not asked of an output whose RMS is at most 1 (nothing to
 divide) or above MAX_RMS (an output that far off any target's scale is a fault of its own: a stem whose activations
 grow 2x a layer), nor under cross-entropy: its gradient at the logits is bounded whatever the labels, so the
 made-up labels do not set its scale (a review: a classifier's ratio under SGD is real with any labels)."""
@@ -49,15 +51,23 @@ def at_unit_scale(model, inputs, names: list[str], opts, ctx, prepare) -> Rescal
         seen.append(s)
         if not 1.0 < s <= MAX_RMS:
             return None
-        return tree_map(lambda t: t / s if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
+        def one(t):   # only the tensor the loss reads (a review: dividing a second output, or the model's own
+            if t is not y:   # loss term, hid their own exploding gradients); inside a container tree_map cannot
+                return t     # rebuild (a plain dataclass) it stays as it was, and nothing is asked
+            divided.append(True)
+            return t / s
 
+        return tree_map(one, out)
+
+    divided: list[bool] = []
     handle = work.register_forward_hook(rescale)
     try:
         with torch.enable_grad(), ctx.seeded(), ctx.autocast():
             loss = loss_fn(run_forward(work, inputs, phase="forward (re-check at the output's own scale)"))
     finally:
         handle.remove()
-    if not seen or not 1.0 < seen[0] <= MAX_RMS or not loss_fn.made_target or loss_fn.chosen != "mse":
+    if not seen or not 1.0 < seen[0] <= MAX_RMS or not divided or not loss_fn.made_target \
+            or loss_fn.chosen != "mse" or loss_fn.extra:   # other outputs' terms: not the one scale asked about
         return None
     loss.backward()
     params = dict(work.named_parameters())
