@@ -484,6 +484,26 @@ def test_an_eval_mode_forward_counts_as_training_only_when_the_steps_gradients_c
     assert ("trained-in-eval-mode" in found) == fault, (how, found)
 
 
+def test_a_frozen_teacher_given_beside_the_student_in_eval_is_not_eval_training():
+    """A review: Watch([student, teacher], opt) with the teacher in eval (its forward with grad on, its parameters in
+    no optimizer) was `trained-in-eval-mode` on every step; the student left in eval is."""
+    for student_eval in (False, True):
+        torch.manual_seed(0)
+        student = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 2))
+        teacher = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 2)).eval()
+        opt = torch.optim.SGD(student.parameters(), lr=0.05)
+        with Watch([student, teacher], opt, every=5) as w:
+            for _ in range(20):
+                x = torch.randn(16, 8)
+                opt.zero_grad()
+                student.train(not student_eval)
+                soft = teacher(x).softmax(-1)
+                F.kl_div(student(x).log_softmax(-1), soft, reduction="batchmean").backward()
+                opt.step()
+        found = [f.code for f in w.result().findings if f.severity != "info"]
+        assert ("trained-in-eval-mode" in found) == student_eval, (student_eval, found)
+
+
 def test_a_fitted_head_beside_one_still_training_is_info():
     """A review: a hinge head whose margin every sample meets (its gradients exactly 0) beside a regression head still
     training, each with its own optimizer, was a `gradients-stopped` warning quoting the other head's loss."""

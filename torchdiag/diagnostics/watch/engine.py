@@ -1070,7 +1070,7 @@ class Engine:
             return
         # an optimizer with no model of its own (a bare tensor, a temperature) says nothing of any model's mode;
         # with the models given (Watch(model, opt)), the clock's is theirs
-        roots = track.roots or (set(self.roots) if track.opt is not None and track.opt is self.clock
+        roots = track.roots or (self._given_roots(track) if track.opt is not None and track.opt is self.clock
                                 and self.explicit_models else set())
         steps = self.checks["eval_steps"]
         # the forwards a backward took since its last step (a forward after it, an eval-mode metric through autograd.grad
@@ -1094,6 +1094,16 @@ class Engine:
         self._calls += 1
         self._called[id(module)] = self._calls
         self.called_at[id(module)] = self.step   # (steps taken before this call)
+
+    def _given_roots(self, track: Track) -> set[int]:
+        """Of the models given (Watch(models, opt)), those holding a parameter the optimizer trains; all of them when
+        none does (a bare tensor). A review: a frozen teacher given beside the student, in eval, was
+        `trained-in-eval-mode`. Found once per optimizer."""
+        if track.given_roots is None:
+            ids = {id(p) for p in track.params if getattr(p, "requires_grad", False)}
+            held = {key for key, r in self.roots.items() if any(id(p) in ids for p in r.parameters())}
+            track.given_roots = held or set(self.roots)
+        return track.given_roots
 
     def _trained_after(self, r: int, recent: list[int], calls: dict, modes: dict) -> bool:
         """A root called in eval whose parameters a later root's train-mode forward took again before the step (a
