@@ -127,13 +127,15 @@ def _report_no_grad(probe: Probe, no_grad: list[str], total: int) -> None:
     whose modules the default inputs torchdiag chose never ran are not-reached (info, core/unreached.py)."""
     work, ck = probe.work, probe.ck
     quiet = [] if probe.wrapped is not None else not_reached(work, probe.inputs, no_grad, probe.ctx)
+    # first: a layer LayerDrop skipped is not the default inputs' doing (a sweep: HF autoformer's layerdrop 0.1 was
+    # not-reached, and doctor and gradflow named different layers)
+    drawn = _skipped_at_random(probe, no_grad)
+    quiet = [n for n in quiet if n not in drawn]
     probe.result.data["params_not_reached"] = quiet
     for group in by_top_module(quiet, work):
         ck.result.add(NOT_REACHED, "info", top_module(group, work), not_reached_message(group, probe.inputs),
                       NOT_REACHED_HINT)
-    no_grad = [n for n in no_grad if n not in set(quiet)]
-    drawn = _skipped_at_random(probe, no_grad)
-    no_grad = [n for n in no_grad if n not in drawn]
+    no_grad = [n for n in no_grad if n not in set(quiet) and n not in drawn]
     if no_grad:
         ck.find("update", NO_GRAD, NO_GRAD_SEVERITY, top_module(no_grad, work), no_grad_message(no_grad, total),
                 NO_GRAD_HINT, verdict=f"{len(no_grad)} of {total} trainable parameter tensor(s) get no gradient",

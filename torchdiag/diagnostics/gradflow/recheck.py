@@ -58,7 +58,7 @@ def recheck(model, inputs, pas, rows, opts, ctx, result) -> None:
             except ModelError as exc:   # a forward that makes float32 tensors of its own: float32, looser
                 result.notes.append(f"cancelled parameters re-checked in float32 (the float64 copy failed: {exc.message})")
                 _invariant(_copy(model, opts, ctx), inputs, cands, strict, ctx.loss(), ctx, LOSS_RTOL_FLOAT32)
-        if any(r["status"] == "no-grad" for r in rows) and not opts.eval_mode:
+        if any(r["status"] in ("no-grad", "not-reached") for r in rows) and not opts.eval_mode:
             _skipped_at_random(_copy(model, opts, ctx), inputs, rows, ctx, result)
     except ModelError as exc:   # no copy, or the copy's forward failed: keep the plain verdicts
         result.notes.append(f"cancelled gradients not re-checked on a copy: {exc.message}")
@@ -121,7 +121,9 @@ def _skipped_at_random(work, inputs, rows, ctx, result) -> None:
     forward itself chose at random to skip them; a parameter no draw reaches keeps no-grad."""
     # a module the judged pass never ran (LayerDrop skips it); one that ran and was cut off is no skip (a review: a
     # random `.detach()` was called LayerDrop-like)
-    cands = [r for r in rows if r["status"] == "no-grad" and r.get("reason") == "unused"]
+    # not-reached too: a layer LayerDrop skipped is not the default inputs' doing (a sweep: HF autoformer's layerdrop
+    # 0.1 was "not reached by the default inputs", and doctor and gradflow named different layers)
+    cands = [r for r in rows if (r["status"] == "no-grad" and r.get("reason") == "unused") or r["status"] == "not-reached"]
     reached, draws = reached_by_other_draws(work, inputs, [r["name"] for r in cands], ctx)
     for r in cands:
         if r["name"] in reached:
