@@ -689,13 +689,17 @@ def test_the_invariance_recheck_costs_no_pass_per_zero_gradient_parameter():
     counts = {}
     for depth in (4, 12):
         torch.manual_seed(0)
-        model = ZeroHead(depth)
-        calls = [0]
-        model.register_forward_pre_hook(lambda *_, calls=calls: calls.__setitem__(0, calls[0] + 1))
-        res = api_run("gradflow", model, torch.randn(2, 16))
-        counts[depth] = calls[0]
+        counts[depth], res = _forwards(ZeroHead(depth), torch.randn(2, 16))
         assert all(s != "zero-grad" or n.startswith("blocks.") for n, s in statuses(res).items())
     assert counts[12] == counts[4], counts
+
+
+def _forwards(model, x) -> tuple[int, object]:
+    """gradflow on `model`: (the forwards of the whole model it ran, the result)."""
+    calls = [0]
+    model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    res = api_run("gradflow", model, x)
+    return calls[0], res
 
 
 class ZeroGatedBranches(nn.Module):
@@ -764,9 +768,5 @@ def test_zero_gated_branches_cost_no_pass_per_parameter():
     counts = {}
     for depth in (4, 12):
         torch.manual_seed(0)
-        model = ZeroGatedBranches(depth)
-        calls = [0]
-        model.register_forward_pre_hook(lambda *_, calls=calls: calls.__setitem__(0, calls[0] + 1))
-        api_run("gradflow", model, torch.randn(8, 16))
-        counts[depth] = calls[0]
+        counts[depth], _ = _forwards(ZeroGatedBranches(depth), torch.randn(8, 16))
     assert counts[12] - counts[4] <= 4, counts
