@@ -465,3 +465,23 @@ def test_a_layer_layerdrop_skipped_under_the_default_inputs_is_skipped_at_random
         if "skipped-at-random" in seen:
             break
     assert "skipped-at-random" in seen
+
+
+def test_only_a_skipped_member_of_a_stack_is_drawn_again():
+    """A review: every not-reached module was drawn again three times on a copy, an image tower the text-only default
+    inputs never feed too. Only an entry of a ModuleList or Sequential whose siblings of the same class ran is."""
+    from torch import nn
+
+    from torchdiag.core.unreached import in_a_stack
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+            self.image = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+            self.head = nn.Linear(4, 2)
+
+    model = Model()
+    reached = {"layers.0.weight", "layers.0.bias", "layers.2.weight", "layers.2.bias", "head.weight", "head.bias"}
+    unreached = ["layers.1.weight", "layers.1.bias", "image.0.weight", "image.0.bias"]
+    assert in_a_stack(unreached, model, reached) == ["layers.1.weight", "layers.1.bias"]

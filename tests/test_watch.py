@@ -504,6 +504,25 @@ def test_a_frozen_teacher_given_beside_the_student_in_eval_is_not_eval_training(
         assert ("trained-in-eval-mode" in found) == student_eval, (student_eval, found)
 
 
+def test_a_given_model_unfrozen_later_in_eval_is_eval_training_from_then():
+    """A review: the models asked were found once per optimizer, so a body frozen (and in eval) at the start, in
+    the optimizer, unfrozen at step 10 and left in eval, was never asked."""
+    torch.manual_seed(0)
+    head = nn.Linear(32, 2)
+    body = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU()).eval().requires_grad_(False)
+    opt = torch.optim.SGD([*body.parameters(), *head.parameters()], lr=0.05)
+    with Watch([head, body], opt, every=5) as w:
+        for step in range(30):
+            if step == 10:
+                body.requires_grad_(True)
+            x = torch.randn(16, 8)
+            opt.zero_grad()
+            F.cross_entropy(head(body(x)), (x[:, 0] > 0).long()).backward()
+            opt.step()
+    f = finding(w.result(), "trained-in-eval-mode")
+    assert "20 of 30 steps" in f.message and "first: step 11" in f.message, f.message
+
+
 def test_a_fitted_head_beside_one_still_training_is_info():
     """A review: a hinge head whose margin every sample meets (its gradients exactly 0) beside a regression head still
     training, each with its own optimizer, was a `gradients-stopped` warning quoting the other head's loss."""

@@ -236,6 +236,29 @@ def not_reached_message(names: list[str], inputs, limit: int = 6) -> str:
             f"the default inputs torchdiag chose ({inputs.source}): {shown}; not judged")
 
 
+def in_a_stack(names: list[str], model, reached: set[str]) -> list[str]:
+    """Of `names` (parameters whose module the judged pass never ran), those inside an entry of a ModuleList or
+    Sequential another entry of which, of the same class, holds a parameter in `reached`: what LayerDrop skips is
+    a layer of a stack whose siblings ran. A branch the default inputs never feed (an image tower under text ids)
+    is no such entry, and is not drawn again (a review: three more passes on a copy, for nothing)."""
+    import torch.nn as nn
+
+    modules = dict(model.named_modules())
+    out = []
+    for name in names:
+        for path in ancestors(owner(name))[:-1]:
+            parent, mod = modules.get(owner(path)), modules.get(path)
+            if not isinstance(parent, (nn.ModuleList, nn.Sequential)) or mod is None:
+                continue
+            prefix = owner(path) + "." if owner(path) else ""
+            if any(type(m) is type(mod) and f"{prefix}{c}" != path
+                   and any(f"{prefix}{c}.{n}" in reached for n, _ in m.named_parameters())
+                   for c, m in parent.named_children()):
+                out.append(name)
+                break
+    return out
+
+
 RANDOM_DRAWS = 3    # further seeded passes for parameters the judged pass gave no gradient
 SKIPPED_AT_RANDOM = ("the forward draws at random which layers run in train mode (LayerDrop-like), and the judged "
                      "pass skipped them; another draw of the RNG gives them a gradient")

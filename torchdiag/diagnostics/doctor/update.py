@@ -25,6 +25,7 @@ from ...core.unreached import (
     NOT_REACHED_HINT,
     SKIPPED_AT_RANDOM,
     by_top_module,
+    in_a_stack,
     never_ran,
     no_grad_message,
     not_reached,
@@ -129,7 +130,9 @@ def _report_no_grad(probe: Probe, no_grad: list[str], total: int) -> None:
     quiet = [] if probe.wrapped is not None else not_reached(work, probe.inputs, no_grad, probe.ctx)
     # first: a layer LayerDrop skipped is not the default inputs' doing (a sweep: HF autoformer's layerdrop 0.1 was
     # not-reached, and doctor and gradflow named different layers)
-    drawn = _skipped_at_random(probe, no_grad)
+    reached = {n for n, p in work.named_parameters() if p.requires_grad and n not in set(no_grad)}
+    asked = [n for n in no_grad if n not in set(quiet)] + in_a_stack(quiet, work, reached)
+    drawn = _skipped_at_random(probe, asked)
     quiet = [n for n in quiet if n not in drawn]
     probe.result.data["params_not_reached"] = quiet
     for group in by_top_module(quiet, work):

@@ -25,7 +25,7 @@ from ...core.invariance import (
     small_beside_siblings,
 )
 from ...core.tracking import run_forward
-from ...core.unreached import SKIPPED_AT_RANDOM, reached_by_other_draws
+from ...core.unreached import SKIPPED_AT_RANDOM, in_a_stack, reached_by_other_draws
 from ...errors import ModelError
 from .params import ORTHOGONAL, mark_scale_invariant
 
@@ -58,8 +58,9 @@ def recheck(model, inputs, pas, rows, opts, ctx, result) -> None:
             except ModelError as exc:   # a forward that makes float32 tensors of its own: float32, looser
                 result.notes.append(f"cancelled parameters re-checked in float32 (the float64 copy failed: {exc.message})")
                 _invariant(_copy(model, opts, ctx), inputs, cands, strict, ctx.loss(), ctx, LOSS_RTOL_FLOAT32)
-        if any(r["status"] in ("no-grad", "not-reached") for r in rows) and not opts.eval_mode:
-            _skipped_at_random(_copy(model, opts, ctx), inputs, rows, ctx, result)
+        cands = _drawn_again(model, rows)
+        if cands and not opts.eval_mode:
+            _skipped_at_random(_copy(model, opts, ctx), inputs, cands, ctx, result)
     except ModelError as exc:   # no copy, or the copy's forward failed: keep the plain verdicts
         result.notes.append(f"cancelled gradients not re-checked on a copy: {exc.message}")
 
@@ -116,14 +117,21 @@ def _loss_and_norms(work, inputs, names: list[str], ctx) -> list:
         params[n].grad.detach().double().norm() if params[n].grad is not None else zero for n in names]
 
 
-def _skipped_at_random(work, inputs, rows, ctx, result) -> None:
-    """no-grad parameters that another draw of the RNG reaches (core/unreached.reached_by_other_draws): the
-    forward itself chose at random to skip them; a parameter no draw reaches keeps no-grad."""
-    # a module the judged pass never ran (LayerDrop skips it); one that ran and was cut off is no skip (a review: a
-    # random `.detach()` was called LayerDrop-like)
-    # not-reached too: a layer LayerDrop skipped is not the default inputs' doing (a sweep: HF autoformer's layerdrop
-    # 0.1 was "not reached by the default inputs", and doctor and gradflow named different layers)
-    cands = [r for r in rows if (r["status"] == "no-grad" and r.get("reason") == "unused") or r["status"] == "not-reached"]
+def _drawn_again(model, rows) -> list[dict]:
+    """The rows another draw of the RNG is asked about: no-grad ones whose module the judged pass never ran (one
+    that ran and was cut off is no skip: a review's random `.detach()` was called LayerDrop-like), and not-reached
+    ones inside a stack whose siblings ran (a sweep: HF autoformer's layerdrop 0.1 was "not reached by the default
+    inputs"; a branch the inputs never feed is not drawn again: core/unreached.in_a_stack)."""
+    reached = {r["name"] for r in rows if r["status"] not in ("no-grad", "not-reached", "frozen")}
+    unreached = [r["name"] for r in rows if r["status"] == "not-reached"]
+    stacked = set(in_a_stack(unreached, model, reached))
+    return [r for r in rows if (r["status"] == "no-grad" and r.get("reason") == "unused") or r["name"] in stacked]
+
+
+def _skipped_at_random(work, inputs, cands, ctx, result) -> None:
+    """no-grad or not-reached parameters (`cands`, rows) that another draw of the RNG reaches
+    (core/unreached.reached_by_other_draws): the forward itself chose at random to skip them; a parameter no draw
+    reaches keeps its status."""
     reached, draws = reached_by_other_draws(work, inputs, [r["name"] for r in cands], ctx)
     for r in cands:
         if r["name"] in reached:

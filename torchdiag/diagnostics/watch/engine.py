@@ -1096,14 +1096,15 @@ class Engine:
         self.called_at[id(module)] = self.step   # (steps taken before this call)
 
     def _given_roots(self, track: Track) -> set[int]:
-        """Of the models given (Watch(models, opt)), those holding a parameter the optimizer trains; all of them when
-        none does (a bare tensor). A review: a frozen teacher given beside the student, in eval, was
-        `trained-in-eval-mode`. Found once per optimizer."""
-        if track.given_roots is None:
-            ids = {id(p) for p in track.params if getattr(p, "requires_grad", False)}
-            held = {key for key, r in self.roots.items() if any(id(p) in ids for p in r.parameters())}
-            track.given_roots = held or set(self.roots)
-        return track.given_roots
+        """Of the models given (Watch(models, opt)), those holding a parameter the optimizer trains now; all of them
+        when none does (a bare tensor). A review: a frozen teacher given beside the student, in eval, was
+        `trained-in-eval-mode`. Asked at each check (a model unfrozen later trains from then: a review), only past
+        the check's early return (a model in eval) and only with several models given."""
+        if len(self.roots) < 2:
+            return set(self.roots)
+        ids = {id(p) for p in track.params if getattr(p, "requires_grad", False)}
+        held = {key for key, r in self.roots.items() if any(id(p) in ids for p in r.parameters())}
+        return held or set(self.roots)
 
     def _trained_after(self, r: int, recent: list[int], calls: dict, modes: dict) -> bool:
         """A root called in eval whose parameters a later root's train-mode forward took again before the step (a

@@ -19,7 +19,6 @@ class Track:
     def __init__(self, opt, opts):
         import torch
 
-        self.given_roots: set | None = None   # engine._given_roots: the given models holding its parameters
         self.adopt(opt)          # its optimizer (weakly), parameters, ids; released: params are stand-ins
         self.first_step = None   # the clock's step when it first stepped; None: its model is not looked for
         self.roots: set[int] = set()   # id() of the watched models that hold its parameters
