@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MAX_RMS = 30.0
+MAX_RMS = 30.0   # an output this far above a unit target's scale is a finding of its own, not asked about
 
 
 @dataclass
@@ -41,7 +41,8 @@ def at_unit_scale(model, inputs, names: list[str], opts, ctx, prepare) -> Rescal
     if loss_fn.kind != "auto":
         return None
     work = fresh_copy(model, ctx, prepare=prepare)
-    seen: list[float] = []
+    seen: list[float] = []       # the RMS of the output the loss reads
+    divided: list[bool] = []     # it was found in the output and divided
 
     def rescale(mod, args, out):
         y, _ = primary_output(out)
@@ -51,6 +52,7 @@ def at_unit_scale(model, inputs, names: list[str], opts, ctx, prepare) -> Rescal
         seen.append(s)
         if not 1.0 < s <= MAX_RMS:
             return None
+
         def one(t):   # only the tensor the loss reads (a review: dividing a second output, or the model's own
             if t is not y:   # loss term, hid their own exploding gradients); inside a container tree_map cannot
                 return t     # rebuild (a plain dataclass) it stays as it was, and nothing is asked
@@ -59,7 +61,6 @@ def at_unit_scale(model, inputs, names: list[str], opts, ctx, prepare) -> Rescal
 
         return tree_map(one, out)
 
-    divided: list[bool] = []
     handle = work.register_forward_hook(rescale)
     try:
         with torch.enable_grad(), ctx.seeded(), ctx.autocast():
