@@ -16,18 +16,23 @@ def save(tmp_path, cfg, arch):
     return folder
 
 
+def ran(cli, command: str, folder):
+    """`command` on the saved config with --json; it must exit 0 (stderr shown if not)."""
+    r = cli(command, f"hf:{folder}", "--json")
+    assert r.code == 0, r.stderr
+    return r
+
+
 def test_time_series_past_values_from_context_length_and_channels(tmp_path, cli):
     # PatchTST: past_values (batch, context_length, num_input_channels), future_values (batch,
     # prediction_length, num_input_channels)
     cfg = transformers.PatchTSTConfig(context_length=24, prediction_length=6, num_input_channels=3, patch_length=4, patch_stride=4,
                                       d_model=16, num_attention_heads=2, num_hidden_layers=1, ffn_dim=32)
     folder = save(tmp_path, cfg, "PatchTSTModel")
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     assert r.json["inputs"] == ["input[0]: 1x24x3 float32", "future_values: 1x6x3 float32"]
     assert "reads past_values" in r.json["input_source"]
-    r = cli("gradflow", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "gradflow", folder)
     assert r.json["inputs"] == ["input[0]: 2x24x3 float32", "future_values: 2x6x3 float32"]   # batch 2: it trains
 
 
@@ -39,13 +44,11 @@ def test_time_series_required_features_and_mask(tmp_path, cli):
                                                    encoder_attention_heads=2, decoder_attention_heads=2,
                                                    encoder_ffn_dim=16, decoder_ffn_dim=16)
     folder = save(tmp_path, cfg, "TimeSeriesTransformerModel")
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     assert r.json["inputs"] == ["input[0]: 1x11x1 float32", "past_time_features: 1x11x2 float32",
                                 "past_observed_mask: 1x11x1 float32", "future_values: 1x4x1 float32",
                                 "future_time_features: 1x4x2 float32"]   # what it predicts: prediction_length steps
-    r = cli("gradflow", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "gradflow", folder)
 
 
 def test_audio_waveform_one_second_at_the_sampling_rate(tmp_path, cli):
@@ -54,8 +57,7 @@ def test_audio_waveform_one_second_at_the_sampling_rate(tmp_path, cli):
                                       conv_dim=(8, 8), conv_kernel=(10, 3), conv_stride=(5, 2),
                                       num_conv_pos_embeddings=4, num_conv_pos_embedding_groups=2, vocab_size=20)
     folder = save(tmp_path, cfg, "Wav2Vec2Model")
-    r = cli("nancheck", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "nancheck", folder)
     assert r.json["inputs"] == ["input[0]: 2x16000 float32"]
 
 
@@ -67,8 +69,7 @@ def test_audio_filter_banks_in_the_layout_the_model_reads(tmp_path, cli):
                                      decoder_attention_heads=2, decoder_ffn_dim=16, vocab_size=60,
                                      max_target_positions=16, num_labels=3)
     folder = save(tmp_path, cfg, "WhisperForAudioClassification")
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     assert r.json["inputs"] == ["input[0]: 1x12x20 float32"]
 
 
@@ -97,11 +98,9 @@ def test_required_padding_and_an_index_per_sample(tmp_path, cli):
     cfg = transformers.TimesFmConfig(patch_length=32, context_length=64, horizon_length=32, hidden_size=16,
                                      intermediate_size=32, head_dim=8, num_attention_heads=2, num_hidden_layers=1)
     folder = save(tmp_path, cfg, "TimesFmModel")
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     assert r.json["inputs"] == ["input[0]: 1x64 float32", "past_values_padding: 1x64 int64", "freq: 1x1 int64"]
-    r = cli("nancheck", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "nancheck", folder)
     assert r.json["inputs"][2] == "freq: 2x1 int64"
 
 
@@ -110,8 +109,7 @@ def test_an_encoder_decoder_gets_decoder_inputs_of_its_own_kind(tmp_path, cli):
     cfg = transformers.SpeechT5Config(hidden_size=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
                                       decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, vocab_size=40)
     folder = save(tmp_path, cfg, "SpeechT5Model")
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     assert r.json["inputs"] == ["input[0]: 1x128x16 float32", "decoder_input_values: 1x128x16 float32"]
 
 
@@ -145,14 +143,12 @@ def test_a_speech_recogniser_gets_token_ids_for_its_decoder(tmp_path, cli):
                                          decoder_ffn_dim=16, input_feat_per_channel=20, input_channels=1,
                                          max_source_positions=64, max_target_positions=12, conv_channels=8)
     folder = save(tmp_path, cfg, "Speech2TextModel")
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     assert r.json["inputs"][-1] == "decoder_input_ids: 1x12 int64"        # max_target_positions, under 16
     assert r.json["inputs"][0].endswith("x20 float32")                     # the filter banks it reads
     # random ids in the decoder's vocabulary, not zeros (a pad id of 0 would make every token padding)
     assert any("values in [0, 50)" in n and "decoder_input_ids" in n for n in r.json["input_notes"])
-    r = cli("gradflow", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "gradflow", folder)
 
 
 def test_a_dual_tower_gets_pixels_beside_ids_that_end_with_eos(tmp_path, cli):
@@ -181,8 +177,7 @@ def test_no_eos_at_the_end_where_eos_is_the_padding(tmp_path, cli):
     cfg = transformers.GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=32,
                                   eos_token_id=5, pad_token_id=5)
     folder = save(tmp_path, cfg, "GPT2ForSequenceClassification")
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     assert not any("eos_token_id" in n for n in r.json["input_notes"])
 
 
@@ -193,8 +188,7 @@ def test_a_waveform_reader_with_one_channel_gets_that_layout(tmp_path, cli):
     folder = tmp_path / "dac"
     cfg.architectures = ["DacModel"]
     cfg.save_pretrained(folder)
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     assert r.json["inputs"] == ["input[0]: 1x1x800 float32"]
 
 
@@ -210,8 +204,7 @@ def test_a_vision_tower_reading_packed_patches_gets_them_with_their_grid(tmp_pat
                                  patch_size=14, temporal_patch_size=2, spatial_merge_size=2, in_channels=3,
                                  fullatt_block_indexes=[1])
     folder = save(tmp_path, cfg, "Qwen2_5_VisionTransformerPretrainedModel")
-    r = cli("gradflow", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "gradflow", folder)
     assert r.json["inputs"] == ["hidden_states: 128x1176 float32", "grid_thw: 2x3 int64"]
     assert "reads hidden_states" in r.json["input_source"]
     assert not [f for f in r.json["findings"] if f["severity"] != "info"]
@@ -236,8 +229,7 @@ def test_packed_patches_read_the_configs_names_for_their_sizes(tmp_path, cli, ki
     cfg = transformers.AutoConfig.for_model(kind, hidden_size=32, intermediate_size=64, num_attention_heads=2,
                                             num_hidden_layers=1, **sizes)
     folder = save(tmp_path, cfg, arch)
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     assert r.json["inputs"] == expected
 
 
@@ -251,8 +243,7 @@ def test_a_video_tower_s_frame_count_comes_from_its_sub_config(tmp_path, cli):
         text_config=dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_hidden_layers=1,
                          vocab_size=100, max_position_embeddings=64))
     folder = save(tmp_path, cfg, "VideoPrismClipModel")
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     assert r.json["inputs"][0] == "input[0]: 1x4x3x36x36 float32"
 
 
@@ -271,12 +262,10 @@ def test_a_vision_tower_reading_patch_rows_gets_their_shapes_and_mask(tmp_path, 
     cfg = transformers.Siglip2VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                            num_attention_heads=2, num_channels=3, patch_size=4, num_patches=16)
     folder = save(tmp_path, cfg, "Siglip2VisionModel")
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     assert r.json["inputs"] == ["pixel_values: 1x16x48 float32", "pixel_attention_mask: 1x16 int64",
                                 "spatial_shapes: 1x2 int64"]
-    r = cli("gradflow", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "gradflow", folder)
     assert r.json["inputs"][0] == "pixel_values: 2x16x48 float32"     # batch 2: it trains
 
 
@@ -307,8 +296,7 @@ def test_a_vision_language_model_reading_ids_first_gets_ids_with_its_text_vocabu
                                                "intermediate_size": 64, "num_hidden_layers": 1,
                                                "num_attention_heads": 2}, image_size=30, patch_size=30, hidden_size=32)
     folder = save(tmp_path, cfg, "FuyuForCausalLM")
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     assert r.json["inputs"][0] == "input[0]: 1x128 int64" and "vocab 100" in r.json["input_source"]
 
 
@@ -318,8 +306,7 @@ def test_a_byte_reader_under_another_input_name_gets_integer_ids(tmp_path, cli):
                                        num_self_attends_per_block=1, num_self_attention_heads=2,
                                        num_cross_attention_heads=2, vocab_size=50, max_position_embeddings=256)
     folder = save(tmp_path, cfg, "PerceiverForMaskedLM")
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     assert r.json["inputs"] == ["input[0]: 1x128 int64"]
 
 
@@ -439,8 +426,7 @@ def test_a_vision_language_model_whose_image_path_does_not_run_falls_back_to_ids
     cfg = json.loads((folder / "config.json").read_text())
     cfg["image_token_id"] = 500
     (folder / "config.json").write_text(json.dumps(cfg))
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     assert r.json["inputs"] == ["input[0]: 1x64 int64", "labels: 1x64 int64"]
     assert "did not run)" in r.json["input_source"]   # after the image layouts
 
@@ -457,13 +443,11 @@ def test_a_vision_language_model_with_packed_images_gets_a_block_of_tokens_per_i
                            spatial_merge_size=2, temporal_patch_size=2, in_channels=3),
         image_token_id=150, video_token_id=151, vision_start_token_id=152, vision_end_token_id=153)
     folder = save(tmp_path, cfg, "Qwen2VLForConditionalGeneration")
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     # one sequence holds both images: 16 tokens, a text id, 16 tokens, a text id, 16 text ids
     assert r.json["inputs"] == ["input[0]: 1x50 int64", "pixel_values: 128x96 float32", "image_grid_thw: 2x3 int64",
                                 "mm_token_type_ids: 1x50 int64", "labels: 1x50 int64"]
-    r = cli("gradflow", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "gradflow", folder)
     # two sequences (it trains), one image each: 16 + 1 + 16
     assert r.json["inputs"][0] == "input[0]: 2x33 int64"
     assert {p["status"] for p in r.json["params"]} == {"ok"}
@@ -498,8 +482,7 @@ def test_a_q_former_model_gets_one_placeholder_per_query(tmp_path, cli):
     assert ids.shape == (1, 20) and ids[0, :4].tolist() == [99] * 4 and not (ids[0, 4:] == 99).any()
     assert len(set(ids[0, 4:].tolist())) > 1   # a prompt, not the zeros of a keyword spec
     assert image_tokens.count(loaded.model, got) == 4
-    r = cli("gradflow", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "gradflow", folder)
     status = {p["name"]: p["status"] for p in r.json["params"]}
     assert status["vision_model.embeddings.patch_embedding.weight"] in ("ok", "transient-grad")
     assert "zero-grad" not in status.values() and "not-reached" not in status.values()
@@ -516,8 +499,7 @@ def test_a_tiling_vision_language_model_gets_its_views_and_their_size(tmp_path, 
     cfg = transformers.LlavaNextConfig(vision_config=vision, text_config=text, image_token_index=90,
                                        image_grid_pinpoints=[[32, 64], [64, 32]])
     folder = save(tmp_path, cfg, "LlavaNextForConditionalGeneration")
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     assert r.json["inputs"][1:] == ["pixel_values: 1x5x3x32x32 float32", "image_sizes: 1x2 int64", "labels: 1x53 int64"]
     r = cli("gradflow", f"hf:{folder}", "--json")
     status = {p["name"]: p["status"] for p in r.json["params"]}
@@ -566,8 +548,7 @@ def test_a_layout_model_that_refuses_ids_alone_gets_a_box_per_token(tmp_path, cl
     cfg = transformers.UdopConfig(d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
                                   vocab_size=100, image_size=32, patch_size=8)
     folder = save(tmp_path, cfg, "UdopModel")
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     assert r.json["inputs"][:2] == ["input[0]: 1x128 int64", "bbox: 1x128x4 float32"], r.json["inputs"]
     assert "box per token" in r.json["input_source"]
     r = cli("gradflow", f"hf:{folder}", "--json")
@@ -702,8 +683,7 @@ def test_a_bool_mask_that_hides_everything_when_true_gets_the_layout_that_gives_
     cfg = transformers.Gemma3nAudioConfig(hidden_size=32, input_feat_size=32, conf_num_attention_heads=4,
                                           conf_num_hidden_layers=1, sscp_conv_channel_size=[16, 8])
     folder = save(tmp_path, cfg, "Gemma3nAudioEncoder")
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     assert r.json["inputs"][1].endswith("bool") and "audio_mel_mask" in r.json["inputs"][1], r.json["inputs"]
     assert "gave all zeros" in r.json["input_source"]
 
@@ -714,8 +694,7 @@ def test_an_optional_mask_of_the_main_input_is_tried_when_the_forward_needs_it(t
     cfg = transformers.AudioFlamingo3EncoderConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2,
                                                    num_hidden_layers=1, num_mel_bins=8, max_source_positions=50)
     folder = save(tmp_path, cfg, "AudioFlamingo3Encoder")
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     # the mask over the frames, (batch, sequence_length) as documented: the forward sums it into each length
     assert r.json["inputs"] == ["input[0]: 1x8x100 float32", "input_features_mask: 1x100 int64"], r.json["inputs"]
 
@@ -776,8 +755,7 @@ def test_an_input_the_first_linear_reads_wider_than_the_config_says_gets_that_wi
                                             head_dim=8, num_mel_bins=20, subsample_layers=[0, 1], context_size=16,
                                             max_position_embeddings=128)
     folder = save(tmp_path, cfg, "GraniteSpeech5Encoder")
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     (shape,) = [s for s in r.json["inputs"] if s.startswith("input[0]")]
     assert shape.split()[1].endswith("x80") and "80 wide: the width of the linear layer" in r.json["input_source"]
 
@@ -809,8 +787,7 @@ def test_a_config_with_an_infinite_value_saved_by_transformers_loads(tmp_path, c
                                     n_groups=1, state_size=16, vocab_size=100, chunk_size=16)
     folder = save(tmp_path, cfg, "Mamba2ForCausalLM")
     assert '"__float__": "Infinity"' in (folder / "config.json").read_text()
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    ran(cli, "summary", folder)
 
 
 def test_a_config_that_is_only_a_float_tag_is_one_line_exit_2(tmp_path, cli):
@@ -1095,8 +1072,7 @@ def test_token_ids_of_parallel_codebook_streams_get_a_trailing_axis(tmp_path, cl
         num_attention_heads=2, num_key_value_heads=2, head_dim=8, ffn_dim=32, max_position_embeddings=32,
         audio_pad_token_id=40 + 4 * 17, pad_token_id=0, sliding_window=32)
     folder = save(tmp_path, cfg, "KyutaiSpeechToTextModel")
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     assert r.json["inputs"] == ["input[0]: 1x32x5 int64"]
 
 
@@ -1113,8 +1089,7 @@ def test_decoder_ids_of_parallel_channels_get_a_trailing_axis(tmp_path, cli):
     cfg = transformers.DiaConfig(encoder_config=enc, decoder_config=dec, delay_pattern=[0, 1, 2],
                                  pad_token_id=None, eos_token_id=None, bos_token_id=None)
     folder = save(tmp_path, cfg, "DiaModel")
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     assert r.json["inputs"][1:] == ["decoder_input_ids: 1x16x3 int64"]
 
 
@@ -1149,6 +1124,5 @@ def test_an_image_read_scaled_down_is_large_enough_for_its_smallest_scale(tmp_pa
                                       image_model_config=dict(sub), patch_model_config=dict(sub),
                                       fov_model_config=dict(sub))
     folder = save(tmp_path, cfg, "DepthProModel")
-    r = cli("summary", f"hf:{folder}", "--json")
-    assert r.code == 0, r.stderr
+    r = ran(cli, "summary", folder)
     assert r.json["inputs"] == ["input[0]: 1x3x256x256 float32"]
