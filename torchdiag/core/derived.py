@@ -29,25 +29,11 @@ def bound(work, name: str, at: str, loss, shifted) -> float | None:
     measure with the parameter shifted. None when the two forwards keep different tensors."""
     import torch
 
-    from .reach import first_order
-
-    param, mods = dict(work.named_parameters())[name], dict(work.named_modules())
-    with torch.enable_grad(), _Kept({name: param}, {name: at}, mods) as base:
-        value = loss()
-        live = [t for t in base.tensors[name] if t.requires_grad]
-        grads = dict(zip(map(id, live), torch.autograd.grad(value, live, allow_unused=True))) if live else {}
-
-    def measure():   # with grad as the base forward: some ops differ without it (a detach, another kernel)
-        with torch.enable_grad(), _Kept({name: param}, {name: at}, mods) as moved:
-            loss()
-        return [t.detach() for t in moved.tensors[name]]
-
-    before = base.tensors[name]
-    after = shifted(measure)
-    if len(after) != len(before) or any(a.shape != b.shape for a, b in zip(after, before)):
+    params, hosts, mods = {name: dict(work.named_parameters())[name]}, {name: at}, dict(work.named_modules())
+    kept, grads = _traced(params, hosts, mods, loss)
+    terms = _terms(kept.tensors[name], shifted(_measure(params, hosts, mods, loss, [name]))[name], grads)
+    if terms is None:
         return None
-    terms = [first_order(g, b.detach(), a)
-             for a, b in zip(after, before) if (g := grads.get(id(b))) is not None and g.shape == b.shape]
     return float(torch.stack(terms).max()) if terms else 0.0
 
 
@@ -62,7 +48,6 @@ def silent(work, names: list[str], count: dict[str, int], loss, shifted=None) ->
     moves leaves that name to `bound`."""
     import torch
 
-    from .reach import first_order
     from .readback import read_back
 
     params, mods = dict(work.named_parameters()), dict(work.named_modules())
@@ -70,34 +55,57 @@ def silent(work, names: list[str], count: dict[str, int], loss, shifted=None) ->
     if not hosts:
         return set()
     watched = {n: params[n] for n in hosts}
-    with torch.enable_grad(), _Kept(watched, hosts, mods) as kept:
-        value = loss()
-        live = list({id(t): t for ts in kept.tensors.values() for t in ts if t.requires_grad}.values())
-        grads = torch.autograd.grad(value, live, allow_unused=True) if live else ()
-    by_id = {id(t): g for t, g in zip(live, grads) if g is not None}
-    flags = read_back([g.ne(0).any() for g in by_id.values()])   # one read
-    moving = {i for i, f in zip(by_id, flags) if f}
+    kept, grads = _traced(watched, hosts, mods, loss)
+    flags = read_back([g.ne(0).any() for g in grads.values()])   # one read
+    moving = {i for i, f in zip(grads, flags) if f}
     quiet = {n for n in hosts if not any(id(t) in moving for t in kept.tensors[n])}
     rest = [n for n in hosts if n not in quiet]
     if shifted is None or not rest:
         return quiet
-
-    def measure():
-        with torch.enable_grad(), _Kept(watched, hosts, mods) as moved:
-            loss()
-        return {n: [t.detach() for t in moved.tensors[n]] for n in rest}
-
-    after = shifted(rest, measure)
+    after = shifted(rest, _measure(watched, hosts, mods, loss, rest))
     asked, sums = [], []
     for n in rest:
-        before = kept.tensors[n]
-        if len(after[n]) != len(before) or any(a.shape != b.shape for a, b in zip(after[n], before)):
-            continue
-        terms = [first_order(by_id[id(b)], b.detach(), a) for a, b in zip(after[n], before)
-                 if id(b) in by_id and by_id[id(b)].shape == b.shape]
-        asked.append(n)
-        sums.append(torch.stack([t.to(terms[0].device) for t in terms]).sum() if terms else 0.0)
+        terms = _terms(kept.tensors[n], after[n], grads)
+        if terms is not None:
+            asked.append(n)
+            sums.append(torch.stack([t.to(terms[0].device) for t in terms]).sum() if terms else 0.0)
     return quiet | {n for n, v in zip(asked, read_back(sums)) if v == 0}
+
+
+def _traced(params: dict, hosts: dict[str, str], mods: dict, loss):
+    """One forward keeping what each parameter reaches in its host's first call (_Kept), and the loss's gradient
+    at each kept tensor that has one: (kept, {id(tensor): gradient})."""
+    import torch
+
+    with torch.enable_grad(), _Kept(params, hosts, mods) as kept:
+        value = loss()
+        live = list({id(t): t for ts in kept.tensors.values() for t in ts if t.requires_grad}.values())
+        grads = torch.autograd.grad(value, live, allow_unused=True) if live else ()
+    return kept, {id(t): g for t, g in zip(live, grads) if g is not None}
+
+
+def _measure(params: dict, hosts: dict[str, str], mods: dict, loss, names: list[str]):
+    """The forward to run shifted: {name: the tensors it reaches, detached}. With grad as the base forward: some
+    ops differ without it (a detach, another kernel)."""
+    def measure():
+        import torch
+
+        with torch.enable_grad(), _Kept(params, hosts, mods) as moved:
+            loss()
+        return {n: [t.detach() for t in moved.tensors[n]] for n in names}
+
+    return measure
+
+
+def _terms(before: list, after: list, grads: dict) -> list | None:
+    """sum |gradient| x |move| per kept tensor that has a gradient (reach.first_order), or None when the shifted
+    forward kept other tensors."""
+    from .reach import first_order
+
+    if len(after) != len(before) or any(a.shape != b.shape for a, b in zip(after, before)):
+        return None
+    return [first_order(g, b.detach(), a)
+            for a, b in zip(after, before) if (g := grads.get(id(b))) is not None and g.shape == b.shape]
 
 
 class _Kept:
