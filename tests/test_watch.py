@@ -706,6 +706,66 @@ def test_submodule_left_in_eval_mode():
     assert "trained-in-eval-mode" not in codes(r)
 
 
+class Probe(nn.Module):
+    """A body with BatchNorm and dropout, and a head: a linear probe trains the head alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.3))
+        self.head = nn.Linear(32, 2)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+@pytest.mark.parametrize("frozen", ["requires_grad", "optimizer"])
+def test_a_linear_probes_body_in_eval_and_out_of_the_optimizer_is_info(frozen):
+    """A sweep: a linear probe (the body put in eval, the head alone in the optimizer) was warned three times: its
+    dropout in eval, its BatchNorm in eval, and (left requiring grad) its weights in no optimizer. Nothing the
+    optimizer trains feeds the body's dropout, and the part put in eval holds weights none of which train."""
+    torch.manual_seed(0)
+    model = Probe()
+    model.body(torch.randn(64, 8))   # statistics from data, as a checkpoint brings them
+    model.train()
+    model.body.eval()
+    if frozen == "requires_grad":
+        model.body.requires_grad_(False)
+    opt = torch.optim.SGD(model.head.parameters(), lr=0.05)
+    with Watch(model, opt, every=10) as w:
+        _loop(model, opt, 30, torch.Generator().manual_seed(0))
+    r = w.result()
+    assert codes(r) == set() and r.exit_code == 0, [(f.code, f.message) for f in r.findings]
+    f = [f for f in r.findings if f.code == "module-in-eval-mode"]
+    assert len(f) == 1 and f[0].severity == "info" and set(f[0].members) == {"body.1", "body.3"}
+    said = {f.where for f in r.findings if f.code == "not-in-optimizer" and f.severity == "info"}
+    assert said == (set() if frozen == "requires_grad" else {"body"})
+
+
+@pytest.mark.parametrize("case", ["input_dropout", "trained_encoder", "forgotten_body"])
+def test_eval_mode_that_changes_what_trains_stays_a_warning(case):
+    """What the linear probe's rule must not let through: a dropout on the input put in eval alone (nothing before it,
+    but the trained layers after it see its mode), an encoder shared with an eval teacher that the student trains,
+    and a body in train mode left out of the optimizer (a forgotten part)."""
+    torch.manual_seed(0)
+    model = Probe()
+    params = list(model.parameters())
+    if case == "input_dropout":
+        model = nn.Sequential(nn.Dropout(0.2), model)
+        model[0].eval()
+    elif case == "trained_encoder":
+        teacher = nn.Sequential(model.body, nn.Linear(32, 2)).eval()   # shares the body, puts it in eval
+        assert not model.body.training and teacher is not None
+    else:
+        params = list(model.head.parameters())
+    opt = torch.optim.SGD(params, lr=0.05)
+    with Watch(model, opt, every=10) as w:
+        _loop(model, opt, 30, torch.Generator().manual_seed(0))
+    r = w.result()
+    want = {"input_dropout": "module-in-eval-mode", "trained_encoder": "module-in-eval-mode",
+            "forgotten_body": "not-in-optimizer"}[case]
+    assert want in codes(r), [(f.code, f.severity, f.message) for f in r.findings]
+
+
 @pytest.mark.parametrize("bug", ["zero_grad_after_backward", "detached_output"])
 def test_parameters_starved_by_the_loop_are_told_the_loops_own_cause(bug):
     """A sweep: zero_grad() between backward() and step(), and a loss on a detached output, were told to rebuild the

@@ -106,7 +106,8 @@ class Engine:
         self._owners: dict[int, int] = {}   # a step since the last read -> id of the track that took it (the clock)
         self.metrics: dict[str, list] = {}  # w.log(name, value): [(step, value)]
         self.events: list[dict] = []        # non-finite values (with replay), found at reads
-        self.checks = {"eval_steps": [], "eval_models": {}, "eval_modules": {}, "eval_frozen": {}, "mode_inert": None,
+        self.checks = {"eval_steps": [], "eval_models": {}, "eval_modules": {}, "eval_frozen": {}, "eval_fed": {},
+                       "eval_region": {}, "unowned_eval": {}, "mode_inert": None,
                        "not_in_optimizer": {}, "updated_by_hand": [], "carried": [], "crossed": {},
                        "dead": {}, "dead_feeds": {}, "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": [],
                        "orphaned": set()}
@@ -530,7 +531,8 @@ class Engine:
             if t.first_bad is not None:
                 t.first_bad = (t.first_bad[0], [ren(n) for n in t.first_bad[1]])
         self.ratios = rekey(self.ratios)
-        for key in ("eval_modules", "eval_frozen", "not_in_optimizer", "dead", "bn_nonfinite", "param_nonfinite"):
+        for key in ("eval_modules", "eval_frozen", "eval_fed", "eval_region", "unowned_eval",
+                    "not_in_optimizer", "dead", "bn_nonfinite", "param_nonfinite"):
             self.checks[key] = rekey(self.checks[key])
         self.checks["dead_feeds"] = {ren(k): ren(v) for k, v in self.checks["dead_feeds"].items()}
         self._dead_first = rekey(self._dead_first)   # the units' first sample: a later one is compared with it
@@ -1179,18 +1181,25 @@ class Engine:
             if not inner(root).training:
                 continue
             prefix = self.root_prefix(root)   # the rows' names: `Type#i.` where there are several models
+            in_eval = set()
             for name, m in inner(root).named_modules():
+                if not m.training:
+                    in_eval.add(name)
                 if not m.training and isinstance(m, sensitive):
-                    # kept in eval with its own weights frozen: a frozen layer, as in fine-tuning (a sweep)
-                    own = [p.requires_grad for p in m.parameters()]
+                    # kept in eval with its own weights not trained: a frozen layer, as in fine-tuning (a sweep);
+                    # one in no optimizer is not trained either (a linear probe's body, left out of it)
+                    own = [p.requires_grad and id(p) in in_opt for p in m.parameters()]
                     key = "eval_frozen" if own and not any(own) else "eval_modules"
                     if prefix + name not in self.checks[key]:
                         self.checks[key][prefix + name] = self.step
                         if key == "eval_frozen":   # its statistics are read at the end (never_normalised)
                             self._frozen_refs[prefix + name] = weakref.ref(m)
+            self._eval_regions(inner(root), prefix, in_eval, in_opt)
             for name, p in inner(root).named_parameters():
                 if p.grad is not None and id(p) not in in_opt:
                     self._saw_unowned(prefix + name, p)
+                    if name.rpartition(".")[0] in in_eval:   # its module put in eval while the model trains
+                        self.checks["unowned_eval"].setdefault(prefix + name, self.step)
         for root in self.roots.values():
             prefix = self.root_prefix(root)
             stats += [(f"{prefix}{name}.{b}", t) for name, m in inner(root).named_modules()
@@ -1347,6 +1356,36 @@ class Engine:
         from .modes import mode_inert
 
         self.checks["mode_inert"] = (id(root), mode_inert(inner(root), args, kwargs, _mode_sensitive()))
+
+    def _eval_regions(self, root, prefix: str, in_eval: set, in_opt: set) -> None:
+        """Each dropout/BatchNorm in eval seen at this read: is the part put in eval around it (its outermost ancestor
+        in eval) one that holds weights, none of them trained? A linear probe's body is; an input dropout put in eval
+        alone is not (its mode changes what the trained layers after it see), and stays a warning."""
+        for name in self.checks["eval_modules"]:
+            if not name.startswith(prefix) or name in self.checks["eval_region"]:
+                continue
+            parts = name[len(prefix):].split(".")
+            top = next((".".join(parts[:k]) for k in range(1, len(parts) + 1) if ".".join(parts[:k]) in in_eval), None)
+            if top is None:
+                continue
+            params = list(root.get_submodule(top).parameters())
+            self.checks["eval_region"][name] = bool(params) and not any(
+                q.requires_grad and id(q) in in_opt for q in params)
+
+    def saw_eval_module(self, name: str, module, args) -> None:
+        """A dropout/BatchNorm in eval mode in a sampled training forward: does a parameter an optimizer trains feed
+        its input (a walk of the graph so far, no read)? Where none does, its mode changes no gradient that trains:
+        a frozen part (a linear probe's body). Or-ed over the samples."""
+        import torch
+
+        if self.checks["eval_fed"].get(name) or not isinstance(module, _mode_sensitive()):
+            return
+        from .graph import fed_by
+
+        trained = set().union(*(t.keys() for t in self.tracks.values())) | self.doubles.held
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        own = any(id(p) in trained and p.requires_grad for p in module.parameters())   # its own weights train
+        self.checks["eval_fed"][name] = own or fed_by(tensors, trained)
 
     def never_normalised(self, name: str) -> bool:
         """A BatchNorm kept in eval whose running statistics never saw a batch (num_batches_tracked 0, as built):

@@ -80,3 +80,28 @@ def _broadcast(node, expand):
     if x != y and math.prod(both) > max(math.prod(x), math.prod(y)):
         return x, y, both
     return None
+
+
+REACH_LIMIT = 20_000   # autograd nodes walked before giving up (and answering yes: the warning stands)
+
+
+def fed_by(tensors, wanted: set[int]) -> bool:
+    """Whether a gradient flowing back from `tensors` reaches a parameter whose id() is in `wanted` (an AccumulateGrad
+    node of one on their graph). A walk of the graph the forward built so far: no value is read. A graph larger
+    than REACH_LIMIT answers True, so a finding that needs False is kept."""
+    queue = [t.grad_fn for t in tensors if getattr(t, "grad_fn", None) is not None]
+    if any(t.requires_grad and t.grad_fn is None and id(t) in wanted for t in tensors):
+        return True   # a trained parameter itself
+    seen: set[int] = set()
+    while queue:
+        node = queue.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if len(seen) > REACH_LIMIT:
+            return True
+        var = getattr(node, "variable", None)
+        if var is not None and id(var) in wanted:
+            return True
+        queue.extend(f for f, _ in node.next_functions)
+    return False

@@ -245,6 +245,19 @@ def _wiring(result: Result, engine) -> None:
                    f"{'it' if one else 'them'} itself; else pass {'it' if one else 'them'} to the optimizer",
                    members=by_hand if not one else None)
     covered = {n for names in whole.values() for n in names}
+    probe = [n for n in engine.checks["not_in_optimizer"] if n not in covered and n in engine.checks["unowned_eval"]
+             and n not in engine.checks["orphaned"]]
+    if probe:   # a linear probe's body: put in eval and left out of the optimizer, both on purpose (a sweep)
+        one = len(probe) == 1
+        result.add("not-in-optimizer", "info", probe[0] if one else common_path(probe),
+                   f"{probe[0] if one else f'{len(probe)} parameter tensors ({compact(probe)})'} "
+                   f"{'gets a gradient' if one else 'get gradients'} but {'is' if one else 'are'} in no optimizer's "
+                   f"param groups, and {'its module was' if one else 'their modules were'} put in eval mode while the "
+                   "model trained: a frozen part, as in a linear probe",
+                   f"requires_grad_(False) on {'it' if one else 'them'} saves the backward through {'it' if one else 'them'}; "
+                   f"if {'it is' if one else 'they are'} meant to train, pass {'it' if one else 'them'} to the optimizer",
+                   members=probe if not one else None)
+        covered |= set(probe)
     groups: dict[bool, list[str]] = {}   # one finding per cause (a sweep: an unfrozen block's 4 tensors were 4)
     for name in engine.checks["not_in_optimizer"]:
         if name not in covered:
@@ -580,7 +593,14 @@ def _modes(result: Result, engine) -> None:
         result.add("trained-in-eval-mode", "warning", ", ".join(which), f"{len(steps)} of {engine.step} steps trained "
                    f"on a forward made in eval mode (first: {_step_words(engine, steps[0])})" + (f"; the model(s) in eval mode: "
                    f"{', '.join(which)}" if which else ""), "call model.train() after evaluating")
+    fed = engine.checks.get("eval_fed", {})
+    # in eval where nothing trained feeds it and its own weights do not train: its mode changes no gradient that
+    # trains (a linear probe's body, a frozen encoder in the trained model): as a frozen layer
+    region = engine.checks.get("eval_region", {})
+    apart = {n: s for n, s in engine.checks["eval_modules"].items() if fed.get(n) is False and region.get(n)}
     for name, step in engine.checks["eval_modules"].items():
+        if name in apart:
+            continue
         result.add("module-in-eval-mode", "warning", name, f"{name} (dropout/BatchNorm) was in eval mode while the "
                    f"model trained ({_step_words(engine, step)})", "something called .eval() on this submodule; call "
                    "model.train()")
@@ -590,12 +610,13 @@ def _modes(result: Result, engine) -> None:
                    f"frozen while the model trained (step {engine.checks['eval_frozen'][name]}), and its running "
                    "statistics never saw a batch: it normalises with mean 0 and variance 1",
                    "load the pretrained statistics it was frozen for, or let it train (model.train())")
-    frozen = [n for n in engine.checks.get("eval_frozen", {}) if n not in fresh]
+    frozen = [n for n in engine.checks.get("eval_frozen", {}) if n not in fresh] + list(apart)
     if frozen:   # BatchNorm frozen for fine-tuning: eval mode and requires_grad=False together, on purpose
         result.add("module-in-eval-mode", "info", common_path(frozen) or frozen[0],
-                   f"{len(frozen)} BatchNorm/dropout module(s) ({cut(frozen, ', ', 4)}) stayed in eval mode with "
-                   "their own weights frozen while the model trained: a frozen layer, as in fine-tuning",
-                   members=frozen if len(frozen) > 1 else None)
+                   f"{len(frozen)} BatchNorm/dropout module(s) ({cut(frozen, ', ', 4)}) stayed in eval mode while "
+                   "the model trained, with their own weights not trained (frozen, or in no optimizer)"
+                   + (", in a part put in eval whose weights do not train either" if apart else "") + ": a frozen part, as in "
+                   "fine-tuning or a linear probe", members=frozen if len(frozen) > 1 else None)
 
 
 def _probabilities(result: Result, engine) -> None:

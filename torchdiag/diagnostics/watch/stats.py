@@ -574,6 +574,8 @@ class DeadUnits:
             if under_functorch():   # under torch.func (vmap, grad): its
                 self.engine.under_functorch = True   # tensors are wrappers with no storage, whose reductions must
                 return None                          # not escape the transform (a sweep: DP-SGD's script raised)
+            if not module.training:
+                self.engine.saw_eval_module(name, module, args)
             if (not isinstance(output, torch.Tensor) or not output.is_floating_point() or output.dim() < 2
                     or output.numel() == 0):
                 return None
