@@ -108,6 +108,8 @@ def test_a_closure_step_is_read_before_its_update(kind):
     if kind == "lbfgs":   # several updates a step: a ratio per step is not the band's (it read 0.34 here)
         assert any("evaluated its closure several times" in n for n in r.notes), r.notes
         assert all(row["update_ratio"] is None for row in rows)
+        loss = dict(r.summary)["loss"]   # a line search's evaluations, not micro-batches of a backward (a sweep)
+        assert "losses its closure evaluated" in loss and "backward calls" not in loss, loss
     else:
         assert not any("closure" in n for n in r.notes), r.notes
         assert all(row["update_ratio"] is not None and row["update_ratio"] > 0 for row in rows)

@@ -1387,6 +1387,10 @@ class Engine:
         own = any(id(p) in trained and p.requires_grad for p in module.parameters())   # its own weights train
         self.checks["eval_fed"][name] = own or fed_by(tensors, trained)
 
+    def evaluates_often(self) -> bool:
+        """Whether the clock's closure ran several times a step (LBFGS): its losses are its evaluations."""
+        return self.clock is not None and id(self.clock) in self._evaluates_often
+
     def never_normalised(self, name: str) -> bool:
         """A BatchNorm kept in eval whose running statistics never saw a batch (num_batches_tracked 0, as built):
         it normalises with mean 0 and variance 1, nothing it was frozen for. Read at the end (one read each)."""

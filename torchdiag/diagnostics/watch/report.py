@@ -109,8 +109,10 @@ def _summary(result: Result, engine) -> None:
         w = window(len(losses))
         # accumulation: a step's loss is the mean of what backward took, which a loop dividing by K makes 1/K of its
         # loss (a sweep read 0.57 for 2.26); said, as the tool cannot know K from the tensors
-        micro = (f"; each step's the mean of the up to {engine.micro} losses its backward calls took, which a loop "
-                 "dividing each by their count shows that many times smaller") if engine.micro > 1 else ""
+        micro = (f"; each step's the mean of the up to {engine.micro} losses its closure evaluated (a line search "
+                 "evaluates the loss several times a step)" if engine.micro > 1 and engine.evaluates_often() else
+                 f"; each step's the mean of the up to {engine.micro} losses its backward calls took, which a loop "
+                 "dividing each by their count shows that many times smaller" if engine.micro > 1 else "")
         result.summary.append(("loss", f"{statistics.median(losses[:w]):.4g} → {statistics.median(losses[-w:]):.4g} "
                                        f"(median of the first and last {w}{_gone_bad(result)}{micro})"))
     lrs = [v for v in result.series["lr"] if v is not None]
