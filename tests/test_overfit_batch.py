@@ -1411,3 +1411,48 @@ def test_outputs_collapsed_by_a_step_too_large_are_retried_at_a_tenth_of_it():
     model, x = load("broken_cannot_overfit.py:build")
     r = api_run("overfit-batch", model, x.args)
     assert "cannot-overfit" in codes(r) and "lower_lr" not in r.data, codes(r)
+
+
+def test_a_loss_that_rose_and_stuck_is_not_flat_and_the_lower_rate_is_tried():
+    """A sweep (so_48594888's correct version): a softmax that Adam saturated on its first steps into a Keras-style
+    clamp (its gradient then exactly 0) left the loss 5.7x above its start for good. It was "flat from the start"
+    (best = initial), and that second cause kept the run from a tenth of the rate, which memorises the batch."""
+    import torch.nn as nn
+
+    def clamped(p, y):
+        return -(F.one_hot(y, 10) * p.clamp(1e-7, 1 - 1e-7).log()).sum(-1).mean()
+
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.rand(32, 2048, generator=g), torch.randint(0, 10, (32,), generator=g)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2048, 512), nn.ReLU(), nn.Linear(512, 10), nn.Softmax(-1))
+    r = api_run("overfit-batch", model, (x,), loss=clamped, target=y, lr=1e-2)
+    assert "flat-loss" not in codes(r) and max(r.series["loss"]) > 5 * r.series["loss"][0], codes(r)
+    assert "lr-too-large" in codes(r) and "cannot-overfit" not in codes(r) and r.exit_code == 0, codes(r)
+
+
+def test_samples_a_dead_layer_strands_are_named_as_the_cause():
+    """A sweep (so_39525358's correct version): one sample with every unit of a 3-wide ReLU bottleneck off carried
+    77% of the plateau's loss, and cannot-overfit said "no mechanical cause found: try more steps". Built here: the
+    first layer's units are off (by 5.5) for every sample with x0 < 0, whose labels are mixed, so no weight before
+    the ReLU moves their shared output; the others are memorised."""
+    import torch.nn as nn
+
+    g = torch.Generator().manual_seed(0)
+    side = torch.tensor([1.0, -1.0]).repeat_interleave(16)
+    x = torch.stack([side, 0.1 * torch.randn(32, generator=g)], 1)
+    y = torch.arange(32) % 2
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 2))
+    with torch.no_grad():
+        model[0].weight.copy_(torch.tensor([[5.0, 3.0], [5.0, -3.0], [5.0, 1.0]]))
+        model[0].bias.fill_(-0.5)
+    dead = {k: v.clone() for k, v in model[0].state_dict().items()}
+    r = api_run("overfit-batch", model, (x,), loss="cross_entropy", target=y, steps=300)
+    assert "cannot-overfit" in codes(r), codes(r)
+    f = finding(r, "stranded-samples")
+    assert f.severity == "warning" and f.where == "1" and f.message.startswith("16 of 32 samples (16, 17,"), f.message
+    assert "no mechanical cause" not in (finding(r, "cannot-overfit").hint or "")
+    # labels that follow the side: the dead side's shared output (the head's bias) fits them, nothing is said
+    model[0].load_state_dict(dead)
+    r = api_run("overfit-batch", model, (x,), loss="cross_entropy", target=(side < 0).long(), steps=300)
+    assert "stranded-samples" not in codes(r), codes(r)

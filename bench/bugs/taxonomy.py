@@ -25,6 +25,7 @@ CODES: dict[str, tuple[str, ...]] = {
     "non-finite-activation": ("lr", "act"),
     # what the activations do: dead ReLUs, saturation, vanishing gradient, outputs squashed or collapsed
     "dead-units": ("act",), "dead-activations": ("act",), "saturated-activations": ("act",),
+    "stranded-samples": ("act", "init"),       # samples a dead activation cuts off (its units off: init or act)
     "saturated": ("act",),                      # gradflow's name for saturated tanh/sigmoid outputs
     "vanishing-grad": ("act", "init"), "identical-outputs": ("act",),
     "bounded-output": ("act", "loss"),          # a final sigmoid/softmax that the loss cannot work with

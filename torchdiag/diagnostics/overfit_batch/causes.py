@@ -23,6 +23,7 @@ class Causes:
     own_floor: bool = False          # a custom loss at a minimum of its own: scaling the output does not lower it
     scaled: tuple | None = None      # (k, loss at k × output, loss): a custom loss the trained output's scale holds back
     out_of_range: dict | None = None  # {kind, floor}: mse against torchdiag's own target that the output's range cuts
+    stranded: dict | None = None     # stranded.find(): samples a dead layer cuts off from every weight before it
 
 
 def sample_tensor(out, batch: int | None):
@@ -240,6 +241,10 @@ def diagnose(trainer, curve, opts) -> Causes:
         _final_output(trainer, curve, opts, causes)
         if causes.final_same:
             causes.collapse = find_collapse(trainer.work, trainer.batch)
+        else:
+            from .stranded import find
+
+            causes.stranded = find(trainer)
     target = trainer.loss_fn.target
     if causes.collapse and getattr(trainer.loss_fn, "chosen", "") == "cross_entropy" and target is not None \
             and not target.is_floating_point() and target.dim() == 1:

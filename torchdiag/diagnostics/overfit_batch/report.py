@@ -10,6 +10,7 @@ from .options import OPTIMIZER
 from .trend import PLATEAU_REL, Trend, goal_of, judge
 
 FLAT_REL = 1e-3          # best loss within 0.1% of the initial loss: "flat from the start"
+ROSE_REL = 0.1           # ... unless it rose more than 10% above it on the way: it moved, upwards
 MINOR_SHARE = 0.1        # updates that round away in fewer of the trainable elements cannot stop a fall alone
 NEAR_GOAL = 2.0          # with a cause found, a fall is not yet a failure only within this factor of the target
 
@@ -192,6 +193,13 @@ def _nonfinite_params(trainer) -> tuple[str, str]:
                   "the update itself is non-finite: lower the learning rate (--lr) or clip the gradients")
 
 
+def _never_moved(curve, initial: float) -> bool:
+    """No step's loss rose above the initial one by more than ROSE_REL: a loss that rose 4.9x on the first steps and
+    stuck there (a softmax Adam saturated into a clamp) was "flat from the start", and that second cause kept the
+    run from being tried at a lower rate (a sweep, so_48594888's correct version). A noisy flat loss stays flat."""
+    return all(v - initial <= ROSE_REL * abs(initial) for v in curve.losses if math.isfinite(v))
+
+
 def _cause_findings(result, trainer, curve, causes, opts) -> int:
     """Findings that explain a failure (cannot-overfit decides; the causes gradflow and doctor call errors,
     non-finite-loss and no-grad, are errors here too); returns how many causes were found."""
@@ -220,7 +228,7 @@ def _cause_findings(result, trainer, curve, causes, opts) -> int:
                    f"{len(unchanged)} of {n_trainable} trainable parameter tensor(s) never changed in {steps} "
                    f"step(s): {_names(unchanged, limit)}")
     if steps >= 2 and initial is not None and best is not None and initial != 0 and \
-            (initial - best) <= FLAT_REL * abs(initial) and curve.nonfinite_at is None:
+            (initial - best) <= FLAT_REL * abs(initial) and curve.nonfinite_at is None and _never_moved(curve, initial):
         found += 1
         result.add("flat-loss", "warning", "", f"the loss is flat from the start: best {best:.6g} vs initial {initial:.6g} "
                    f"over {steps} steps", hint="gradients vanish or the output ignores the parameters; try `torchdiag gradflow`")
@@ -237,7 +245,22 @@ def _cause_findings(result, trainer, curve, causes, opts) -> int:
         result.add("bounded-output", "warning", "", f"scaling the trained output by {k:g} lowers the loss from "
                    f"{_fmt(here)} to {_fmt(lower)}: the output's range holds the loss back (a softmax, sigmoid or tanh "
                    "at the end, or a small output scale?)", hint="give the loss the raw scores (logits) it expects")
+    if causes.stranded:
+        found += 1
+        _stranded(result, causes.stranded)
     return found + _precision_findings(result, trainer, curve, causes)
+
+
+def _stranded(result, s: dict) -> None:
+    k, n = len(s["samples"]), s["batch"]
+    shown = ", ".join(map(str, s["samples"][:8])) + (" …" if k > 8 else "")
+    result.add("stranded-samples", "warning", s["module"],
+               f"{k} of {n} samples ({shown}) get no unit of {s['module']} ({s['type']}): every output of it is 0 for "
+               f"them in the trained copy, so no weight before it changes their output, and they all get one output while "
+               f"their targets differ; they carry {s['share']:.0%} "
+               f"of the final loss ({_fmt(s['stranded_loss'])} a sample, the others {_fmt(s['rest_loss'])})",
+               hint=f"a unit of {s['module']} must be alive for them: another seed or initialisation, a wider layer "
+                    "there, or an activation with a gradient below zero (LeakyReLU)")
 
 
 def _no_grad(result, trainer, curve, limit: int) -> None:
