@@ -766,6 +766,53 @@ def test_eval_mode_that_changes_what_trains_stays_a_warning(case):
     assert want in codes(r), [(f.code, f.severity, f.message) for f in r.findings]
 
 
+def _distil(teacher_mode: str, steps: int, every: int = 10):
+    """A student distilled from a frozen teacher (BatchNorm, dropout) called under no_grad; the models are locals of
+    this function, gone before the result is built when `steps` < `every` (as in a script's main())."""
+    torch.manual_seed(0)
+    teacher = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 2))
+    teacher.requires_grad_(False)
+    if teacher_mode == "eval":
+        teacher.eval()
+    student = _mlp()
+    opt = torch.optim.SGD(student.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(every=every) as w:
+        for _ in range(steps):
+            x = torch.randn(16, 8, generator=g)
+            with torch.no_grad():
+                soft = teacher(x).softmax(-1)
+            loss = F.kl_div(F.log_softmax(student(x), -1), soft, reduction="batchmean")
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if teacher_mode == "ema":   # a mean teacher: moved towards the student after each step
+                with torch.no_grad():
+                    for t, s_ in zip(teacher.parameters(), [student[0].weight, student[0].bias]):
+                        if t.shape == s_.shape:
+                            t.mul_(0.9).add_(s_, alpha=0.1)
+                    teacher[0].bias.add_(1e-3)
+    return w
+
+
+@pytest.mark.parametrize("steps", [40, 6])
+def test_a_frozen_teacher_left_in_train_mode_is_told(steps):
+    """A sweep's miss: a distillation loop that forgot teacher.eval() (its BatchNorm statistics follow the batches,
+    its dropout makes every soft target noisy) passed. Seen at its no_grad calls while watch looks for the models;
+    judged at the reads, so a teacher gone by the end (a short run, locals of main()) is still told."""
+    r = _distil("train", steps).result()
+    f = finding(r, "frozen-in-train-mode")
+    assert f.severity == "warning" and f.where == "teacher", f.message
+    assert "dropout (3)" in f.message and "BatchNorm" in f.message and "teacher.eval()" in f.hint
+
+
+@pytest.mark.parametrize("mode", ["eval", "ema"])
+def test_a_teacher_in_eval_or_moved_as_a_mean_teacher_is_not_told(mode):
+    """teacher.eval(), or an EMA teacher (its weights move with the student: train mode is its design)."""
+    r = _distil(mode, 40).result()
+    assert "frozen-in-train-mode" not in codes(r, ("error", "warning", "info")), r.findings
+
+
 @pytest.mark.parametrize("bug", ["zero_grad_after_backward", "detached_output"])
 def test_parameters_starved_by_the_loop_are_told_the_loops_own_cause(bug):
     """A sweep: zero_grad() between backward() and step(), and a loss on a detached output, were told to rebuild the

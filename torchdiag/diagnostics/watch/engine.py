@@ -26,6 +26,7 @@ import weakref
 from ...errors import one_line
 from .clip import ClipNorms, combined
 from .double import DoubleSteps
+from .frozen import frozen_probe, take
 from .hooks import hook_root
 from .names import label, user_names
 from .options import Options
@@ -185,6 +186,7 @@ class Engine:
         self._scale_looked = False          # the first training forward's input scale (_look_at_input_scale)
         self.micro = 0                      # the most losses one step's backward calls took (accumulation)
         self.doubles = DoubleSteps()        # one gradient applied twice (double.py)
+        self._nograd: dict[int, object] = {}   # id -> frozen.Probe (or None) of modules called under no_grad in discovery
 
     # ----------------------------------------------------------------- attach / detach
     def attach(self):
@@ -343,6 +345,9 @@ class Engine:
             self._file_dead()
         # a forward run inside a backward is a checkpointed block's recomputation, not a model (a sweep: each
         # torch.utils.checkpoint block was listed as a model of its own)
+        if self._depth == 0 and not torch.is_grad_enabled() and id(module) not in self._nograd \
+                and id(module) not in self._root_handles:
+            self._nograd[id(module)] = frozen_probe(module, self.step, _mode_sensitive())
         if self._depth == 0 and torch.is_grad_enabled() and id(module) not in self._root_handles \
                 and torch._C._current_graph_task_id() == -1:
             self.seen_roots[id(module)] = module
@@ -1021,6 +1026,10 @@ class Engine:
         track.pre_step(self.step, read_step or self.step == 1, before_update)
         if self._provisional:
             return
+        if self.step == 2 and opt is self.clock and not read_step:
+            # read with the next read: a model local to the script's main() is gone by the end; after one whole step,
+            # so an EMA teacher updated after it has changed
+            self._observe_frozen()
         if read_step and opt is self.clock:
             self._before_update = before_update
             self._read_step_checks()
@@ -1175,6 +1184,7 @@ class Engine:
                 t.idle_read(self._last_read, lambda t=t: set().union(*(o.ids.keys() for o in live
                                                                       if o is not t and o.last_step > t.last_step)))
         self._last_read = self.step
+        self._observe_frozen()
         sensitive = _mode_sensitive()
         stats = []
         for _rid, root in self.roots.items():
@@ -1283,6 +1293,8 @@ class Engine:
                 for i, n in enumerate(payload):
                     clipped[i] = combined(vals[pos:pos + n])
                     pos += n
+            elif kind == "frozen":   # a model called under no_grad (frozen.py)
+                take(payload[0], payload[1], vals)
             elif kind == "grad_norm":
                 # by step, each the rows of its own optimizer: within a window the count can pass between
                 # optimizers, and the current clock's rows alone, cut to length, shifted every later norm (a review)
@@ -1334,6 +1346,8 @@ class Engine:
         with contextlib.suppress(Exception):   # a help, never a new failure of the run
             self._adopt_untrained()
             self._not_in_optimizer()
+        with contextlib.suppress(Exception):
+            self._observe_frozen()   # a run shorter than `every`, or a model put in eval since the last read
         try:
             if not self.closed and not self.broken and (self._window or self.pending or self.tracks):
                 self.read(final=True)
@@ -1386,6 +1400,23 @@ class Engine:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         own = any(id(p) in trained and p.requires_grad for p in module.parameters())   # its own weights train
         self.checks["eval_fed"][name] = own or fed_by(tensors, trained)
+
+    def _observe_frozen(self) -> None:
+        """At a read: each module called under no_grad in discovery, its values queued for this read (frozen.py)."""
+        from .frozen import observe
+
+        probes = [p for p in self._nograd.values() if p is not None]
+        if not probes:
+            return
+        trained = set().union(*(t.keys() for t in self.tracks.values())) | self.doubles.held | self._model_ids()
+        for probe in probes:
+            seen = observe(probe, trained)
+            if seen is not None:
+                self.pending.append(("frozen", (probe, seen[0]), seen[1]))
+
+    def frozen_in_train_mode(self) -> list[dict]:
+        """The models called under no_grad in train mode that no optimizer trains, as of the last read (frozen.py)."""
+        return [p.verdict for p in self._nograd.values() if p is not None and p.verdict is not None]
 
     def evaluates_often(self) -> bool:
         """Whether the clock's closure ran several times a step (LBFGS): its losses are its evaluations."""

@@ -72,6 +72,7 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
     _wiring(result, engine)
     _doubles(result, engine)
     _modes(result, engine)
+    _frozen_in_train(result, engine)
     _probabilities(result, engine)
     _curves(result, engine)
     _layers(result, engine)
@@ -619,6 +620,22 @@ def _modes(result: Result, engine) -> None:
                    "the model trained, with their own weights not trained (frozen, or in no optimizer)"
                    + (", in a part put in eval whose weights do not train either" if apart else "") + ": a frozen part, as in "
                    "fine-tuning or a linear probe", members=frozen if len(frozen) > 1 else None)
+
+
+def _frozen_in_train(result: Result, engine) -> None:
+    """A frozen model (a teacher) run under no_grad in train mode while another trained (frozen.py)."""
+    for f in engine.frozen_in_train_mode():
+        bn = "; ".join(f"{n or '(root)'}: {b - a} more batches counted" for n, a, b in f["bns"][:3]) + (
+            f" (+{len(f['bns']) - 3})" if len(f["bns"]) > 3 else "")
+        said = [f"its dropout ({cut(f['dropout'], ', ', 3)}) draws new noise into every output it gives"] \
+            if f["dropout"] else []
+        said += [f"its BatchNorm running statistics followed the batches ({bn})"] if f["bns"] else []
+        result.add("frozen-in-train-mode", "warning", f["name"],
+                   f"{f['name']} ran under no_grad in train mode while the model trained (first at step {f['step']}), "
+                   "with weights no optimizer holds that never changed (a frozen model, a teacher?): "
+                   + ", and ".join(said),
+                   f"call {f['name']}.eval() once after building it: its outputs are then deterministic and its "
+                   "statistics stay those it was trained with")
 
 
 def _probabilities(result: Result, engine) -> None:

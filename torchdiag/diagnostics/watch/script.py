@@ -76,13 +76,14 @@ def run_command(argv, watch) -> object:
     sys.argv = [os.path.abspath(target) if kind == "path" else target, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(target)) if kind == "path" else os.getcwd())
     failure = interrupted = error = None
+    kept = None   # the script's globals, alive until watch's last read (its models, judged at the end)
     try:
         with watch:
             try:
                 if kind == "path":
-                    runpy.run_path(target, run_name="__main__")
+                    kept = runpy.run_path(target, run_name="__main__")
                 else:
-                    runpy.run_module(target, run_name="__main__", alter_sys=True)
+                    kept = runpy.run_module(target, run_name="__main__", alter_sys=True)
             except SystemExit as exc:
                 if exc.code not in (None, 0):   # sys.exit("message") exits 1 after printing the message
                     what = (f"status {int(exc.code)}" if isinstance(exc.code, int)   # True is 1, as Python exits
@@ -95,6 +96,7 @@ def run_command(argv, watch) -> object:
     finally:
         sys.argv[:] = saved_argv
         sys.path[:] = saved_path
+        del kept
     result = watch._result
     if interrupted:
         result.code = int(interrupted)
