@@ -1456,3 +1456,41 @@ def test_samples_a_dead_layer_strands_are_named_as_the_cause():
     model[0].load_state_dict(dead)
     r = api_run("overfit-batch", model, (x,), loss="cross_entropy", target=(side < 0).long(), steps=300)
     assert "stranded-samples" not in codes(r), codes(r)
+
+
+def test_a_loss_the_steps_raise_is_a_cause_and_an_output_relu_strands_nothing():
+    """A review: with flat-loss no longer said of a loss that rose, a gradient reversal left on the output path (the
+    loss climbs 1.08 → 25.9; no rate or step count helps) got "no mechanical cause found: try more steps". It is
+    `loss-rose` now. And a ReLU at the output against negative regression targets is the output's range, not samples
+    a dead layer strands."""
+    import torch.nn as nn
+
+    class Reverse(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return -g
+
+    class Reversed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+
+        def forward(self, x):
+            return Reverse.apply(self.net(x))
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 8, generator=g), torch.randint(0, 3, (32,), generator=g)
+    torch.manual_seed(0)
+    r = api_run("overfit-batch", Reversed(), (x,), loss="cross_entropy", target=y, steps=300)
+    f = finding(r, "loss-rose")
+    assert f.severity == "warning" and "cannot-overfit" in codes(r) and "gradient of the wrong sign" in f.hint
+    assert "no mechanical cause" not in (finding(r, "cannot-overfit").hint or "")
+    torch.manual_seed(0)
+    relu_out = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1), nn.ReLU())
+    t = torch.randn(32, 1, generator=g)
+    r = api_run("overfit-batch", relu_out, (x,), loss="mse", target=t, steps=300)
+    assert "cannot-overfit" in codes(r) and "stranded-samples" not in codes(r), codes(r)

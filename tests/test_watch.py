@@ -718,6 +718,26 @@ class Probe(nn.Module):
         return self.head(self.body(x))
 
 
+def test_a_partial_fine_tune_with_the_frozen_blocks_in_eval_is_info():
+    """A review: blocks.eval(), then the last block put back in train mode and trained alone: the frozen blocks' dropout
+    was warned, as the part in eval was taken to hold the trained block's weights too."""
+    torch.manual_seed(0)
+    blocks = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Dropout(0.2)) for _ in range(3)])
+    model = nn.Sequential(blocks, nn.Linear(8, 2))
+    blocks.eval()
+    blocks[2].train()
+    params = [*blocks[2].parameters(), *model[1].parameters()]
+    for p in blocks[:2].parameters():
+        p.requires_grad_(False)
+    opt = torch.optim.SGD(params, lr=0.05)
+    with Watch(model, opt, every=10) as w:
+        _loop(model, opt, 30, torch.Generator().manual_seed(0))
+    r = w.result()
+    assert codes(r) == set(), [(f.code, f.message) for f in r.findings]
+    f = [f for f in r.findings if f.code == "module-in-eval-mode"]
+    assert len(f) == 1 and f[0].severity == "info" and set(f[0].members) == {"0.0.2", "0.1.2"}
+
+
 @pytest.mark.parametrize("frozen", ["requires_grad", "optimizer"])
 def test_a_linear_probes_body_in_eval_and_out_of_the_optimizer_is_info(frozen):
     """A sweep: a linear probe (the body put in eval, the head alone in the optimizer) was warned three times: its
@@ -741,29 +761,54 @@ def test_a_linear_probes_body_in_eval_and_out_of_the_optimizer_is_info(frozen):
     assert said == (set() if frozen == "requires_grad" else {"body"})
 
 
-@pytest.mark.parametrize("case", ["input_dropout", "trained_encoder", "forgotten_body"])
+@pytest.mark.parametrize("case", ["input_dropout", "trained_encoder", "forgotten_body", "no_decay_group",
+                                  "unfrozen_later"])
 def test_eval_mode_that_changes_what_trains_stays_a_warning(case):
     """What the linear probe's rule must not let through: a dropout on the input put in eval alone (nothing before it,
     but the trained layers after it see its mode), an encoder shared with an eval teacher that the student trains,
-    and a body in train mode left out of the optimizer (a forgotten part)."""
+    a body in train mode left out of the optimizer (a forgotten part), and two a review broke the first version
+    with: BatchNorms held in eval between trained layers whose affine weights a forgotten no-decay group left out,
+    and a probe's body unfrozen at step 20 by a second optimizer with its .train() forgotten."""
     torch.manual_seed(0)
     model = Probe()
-    params = list(model.parameters())
+    model.body(torch.randn(64, 8))
+    params, later = list(model.parameters()), None
     if case == "input_dropout":
         model = nn.Sequential(nn.Dropout(0.2), model)
         model[0].eval()
     elif case == "trained_encoder":
         teacher = nn.Sequential(model.body, nn.Linear(32, 2)).eval()   # shares the body, puts it in eval
         assert not model.body.training and teacher is not None
-    else:
+    elif case == "forgotten_body":
         params = list(model.head.parameters())
+    elif case == "no_decay_group":
+        model.body[1].eval()
+        params = [p for p in model.parameters() if p.dim() > 1]
+    else:
+        model.body.eval().requires_grad_(False)
+        params, later = list(model.head.parameters()), model.body
     opt = torch.optim.SGD(params, lr=0.05)
+    g, opts = torch.Generator().manual_seed(0), [opt]
     with Watch(model, opt, every=10) as w:
-        _loop(model, opt, 30, torch.Generator().manual_seed(0))
+        for step in range(40):
+            if later is not None and step == 20:   # unfrozen, its own optimizer (not given to watch), still in eval
+                later.requires_grad_(True)
+                opts.append(torch.optim.SGD(later.parameters(), lr=0.01))
+            x = torch.randn(16, 8, generator=g)
+            loss = F.cross_entropy(model(x), (x[:, :3].sum(1) > 0).long())
+            for o in opts:
+                o.zero_grad()
+            loss.backward()
+            for o in opts:
+                o.step()
     r = w.result()
-    want = {"input_dropout": "module-in-eval-mode", "trained_encoder": "module-in-eval-mode",
-            "forgotten_body": "not-in-optimizer"}[case]
-    assert want in codes(r), [(f.code, f.severity, f.message) for f in r.findings]
+    want = {"input_dropout": {"module-in-eval-mode"}, "trained_encoder": {"module-in-eval-mode"},
+            "forgotten_body": {"not-in-optimizer"}, "no_decay_group": {"not-in-optimizer", "module-in-eval-mode"},
+            "unfrozen_later": {"module-in-eval-mode"}}[case]
+    assert want <= set(codes(r)), [(f.code, f.severity, f.message) for f in r.findings]
+    if case == "unfrozen_later":   # every module of the body named once, as a warning (a review: also as info)
+        said = [(f.where, f.severity) for f in r.findings if f.code == "module-in-eval-mode"]
+        assert sorted(said) == [("body.1", "warning"), ("body.3", "warning")], said
 
 
 def _distil(teacher_mode: str, steps: int, every: int = 10):

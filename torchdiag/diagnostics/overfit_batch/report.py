@@ -47,7 +47,10 @@ def build(trainer, curve, causes, opts, ctx, second=None, few=None, lower=None) 
     if curve.peer_stop:   # under torchrun with a wrapper: the stop is every rank's
         result.notes.append(curve.peer_stop)
     found = _cause_findings(result, trainer, curve, causes, opts)
-    if not (found == 1 and _at_a_lower_rate(result, curve, ctx, lower)):   # (identical-outputs the one cause)
+    rose = any(f.code == "loss-rose" for f in result.findings)   # a rate too large is what the lower rate asks
+    if found - rose == 1 and _at_a_lower_rate(result, curve, ctx, lower):   # (identical-outputs the other cause)
+        result.findings = [f for f in result.findings if f.code != "loss-rose"]   # lr-too-large says it
+    else:
         _verdict(result, trainer, curve, opts, ctx, found, second, few, causes.own_floor, causes.out_of_range)
     return result
 
@@ -193,6 +196,13 @@ def _nonfinite_params(trainer) -> tuple[str, str]:
                   "the update itself is non-finite: lower the learning rate (--lr) or clip the gradients")
 
 
+def _rose(curve, initial, final) -> bool:
+    """The loss ended more than ROSE_REL above its start, finite (a review: a gradient reversal left on the output
+    path climbed 1.08 → 25.9, and with flat-loss gone no cause was said)."""
+    return (curve.step >= 2 and curve.nonfinite_at is None and initial is not None and final is not None
+            and math.isfinite(final) and initial > 0 and final > (1 + ROSE_REL) * initial)
+
+
 def _never_moved(curve, initial: float) -> bool:
     """No step's loss rose above the initial one by more than ROSE_REL: a loss that rose 4.9x on the first steps and
     stuck there (a softmax Adam saturated into a clamp) was "flat from the start", and that second cause kept the
@@ -232,6 +242,14 @@ def _cause_findings(result, trainer, curve, causes, opts) -> int:
         found += 1
         result.add("flat-loss", "warning", "", f"the loss is flat from the start: best {best:.6g} vs initial {initial:.6g} "
                    f"over {steps} steps", hint="gradients vanish or the output ignores the parameters; try `torchdiag gradflow`")
+    if _rose(curve, initial, final):
+        found += 1
+        result.add("loss-rose", "warning", "", f"the loss rose from {_fmt(initial)} to {_fmt(final)} (at most "
+                   f"{_fmt(max(v for v in curve.losses if math.isfinite(v)))}) and ended above its start: the steps "
+                   "make it worse", hint=f"a learning rate too large for this model ({trainer.ctx.option('lr')}, now "
+                                        f"{result.data['lr']:g}), or a gradient "
+                   "of the wrong sign on the loss path (a gradient reversal, an objective maximised by mistake): "
+                   "`torchdiag gradflow` on it")
     if causes.final_same:
         found += 1
         _identical_outputs(result, curve, causes)
@@ -247,11 +265,11 @@ def _cause_findings(result, trainer, curve, causes, opts) -> int:
                    "at the end, or a small output scale?)", hint="give the loss the raw scores (logits) it expects")
     if causes.stranded:
         found += 1
-        _stranded(result, causes.stranded)
+        _stranded(result, causes.stranded, trainer.ctx)
     return found + _precision_findings(result, trainer, curve, causes)
 
 
-def _stranded(result, s: dict) -> None:
+def _stranded(result, s: dict, ctx) -> None:
     k, n = len(s["samples"]), s["batch"]
     shown = ", ".join(map(str, s["samples"][:8])) + (" …" if k > 8 else "")
     result.add("stranded-samples", "warning", s["module"],
@@ -259,8 +277,9 @@ def _stranded(result, s: dict) -> None:
                f"them in the trained copy, so no weight before it changes their output, and they all get one output while "
                f"their targets differ; they carry {s['share']:.0%} "
                f"of the final loss ({_fmt(s['stranded_loss'])} a sample, the others {_fmt(s['rest_loss'])})",
-               hint=f"a unit of {s['module']} must be alive for them: another seed or initialisation, a wider layer "
-                    "there, or an activation with a gradient below zero (LeakyReLU)")
+               hint=f"a unit of {s['module']} must be alive for them: a smaller {ctx.option('lr')} (a step too large "
+                    f"can push units off for good; now {result.data['lr']:g}), another seed or initialisation, a wider "
+                    "layer there, or an activation with a gradient below zero (LeakyReLU)")
 
 
 def _no_grad(result, trainer, curve, limit: int) -> None:

@@ -536,7 +536,8 @@ class Engine:
             if t.first_bad is not None:
                 t.first_bad = (t.first_bad[0], [ren(n) for n in t.first_bad[1]])
         self.ratios = rekey(self.ratios)
-        for key in ("eval_modules", "eval_frozen", "eval_fed", "eval_region", "unowned_eval",
+        self.checks["unowned_eval"] = {ren(k): ren(v) for k, v in self.checks["unowned_eval"].items()}
+        for key in ("eval_modules", "eval_frozen", "eval_fed", "eval_region",
                     "not_in_optimizer", "dead", "bn_nonfinite", "param_nonfinite"):
             self.checks[key] = rekey(self.checks[key])
         self.checks["dead_feeds"] = {ren(k): ren(v) for k, v in self.checks["dead_feeds"].items()}
@@ -1196,20 +1197,24 @@ class Engine:
                 if not m.training:
                     in_eval.add(name)
                 if not m.training and isinstance(m, sensitive):
-                    # kept in eval with its own weights not trained: a frozen layer, as in fine-tuning (a sweep);
-                    # one in no optimizer is not trained either (a linear probe's body, left out of it)
-                    own = [p.requires_grad and id(p) in in_opt for p in m.parameters()]
+                    # kept in eval with its own weights frozen: a frozen layer, as in fine-tuning (a sweep); one whose
+                    # weights are only in no optimizer is asked what feeds it (a review: a forgotten no-decay group
+                    # of BatchNorm weights between trained convolutions passed as a frozen part)
+                    own = [p.requires_grad for p in m.parameters()]
                     key = "eval_frozen" if own and not any(own) else "eval_modules"
                     if prefix + name not in self.checks[key]:
                         self.checks[key][prefix + name] = self.step
-                        if key == "eval_frozen":   # its statistics are read at the end (never_normalised)
-                            self._frozen_refs[prefix + name] = weakref.ref(m)
-            self._eval_regions(inner(root), prefix, in_eval, in_opt)
+                        self._frozen_refs[prefix + name] = weakref.ref(m)   # its statistics, read at the end if
+                                                                            # it is told frozen (never_normalised)
+            asked = [n[len(prefix):] for n in self.checks["eval_modules"] if n.startswith(prefix)]
             for name, p in inner(root).named_parameters():
                 if p.grad is not None and id(p) not in in_opt:
                     self._saw_unowned(prefix + name, p)
-                    if name.rpartition(".")[0] in in_eval:   # its module put in eval while the model trains
-                        self.checks["unowned_eval"].setdefault(prefix + name, self.step)
+                    owner = name.rpartition(".")[0]
+                    if owner in in_eval:   # its module put in eval while the model trains: asked as the above
+                        self.checks["unowned_eval"].setdefault(prefix + name, prefix + owner)
+                        asked.append(owner)
+            self._eval_regions(inner(root), prefix, asked, in_eval, in_opt | self.doubles.held)   # (+ not given)
         for root in self.roots.values():
             prefix = self.root_prefix(root)
             stats += [(f"{prefix}{name}.{b}", t) for name, m in inner(root).named_modules()
@@ -1371,28 +1376,30 @@ class Engine:
 
         self.checks["mode_inert"] = (id(root), mode_inert(inner(root), args, kwargs, _mode_sensitive()))
 
-    def _eval_regions(self, root, prefix: str, in_eval: set, in_opt: set) -> None:
-        """Each dropout/BatchNorm in eval seen at this read: is the part put in eval around it (its outermost ancestor
-        in eval) one that holds weights, none of them trained? A linear probe's body is; an input dropout put in eval
-        alone is not (its mode changes what the trained layers after it see), and stays a warning."""
-        for name in self.checks["eval_modules"]:
-            if not name.startswith(prefix) or name in self.checks["eval_region"]:
-                continue
-            parts = name[len(prefix):].split(".")
+    def _eval_regions(self, root, prefix: str, names: list[str], in_eval: set, trained: set) -> None:
+        """Modules in eval seen at this read (`names`, relative to `root`): is the part put in eval around each (its
+        outermost ancestor in eval, without the submodules put back in train mode) one that holds weights, none of
+        them trained? A linear probe's body is; an input dropout put in eval alone is not (its mode changes what the
+        trained layers after it see), and stays a warning. And-ed over the reads: a body unfrozen later while left
+        in eval is a trained part from then (a review)."""
+        for name in dict.fromkeys(names):
+            parts = name.split(".") if name else []
             top = next((".".join(parts[:k]) for k in range(1, len(parts) + 1) if ".".join(parts[:k]) in in_eval), None)
             if top is None:
                 continue
-            params = list(root.get_submodule(top).parameters())
-            self.checks["eval_region"][name] = bool(params) and not any(
-                q.requires_grad and id(q) in in_opt for q in params)
+            region = root.get_submodule(top)
+            params = [q for sub in region.modules() if not sub.training for q in sub.parameters(recurse=False)]
+            frozen = bool(params) and not any(q.requires_grad and id(q) in trained for q in params)
+            key = prefix + name
+            self.checks["eval_region"][key] = self.checks["eval_region"].get(key, True) and frozen
 
     def saw_eval_module(self, name: str, module, args) -> None:
-        """A dropout/BatchNorm in eval mode in a sampled training forward: does a parameter an optimizer trains feed
-        its input (a walk of the graph so far, no read)? Where none does, its mode changes no gradient that trains:
-        a frozen part (a linear probe's body). Or-ed over the samples."""
+        """A module in eval mode in a sampled training forward: does a parameter an optimizer trains feed its input
+        (a walk of the graph so far, no read), or is one of its own weights trained? Where neither, its mode and its
+        weights change no gradient that trains: a frozen part (a linear probe's body). Or-ed over the samples."""
         import torch
 
-        if self.checks["eval_fed"].get(name) or not isinstance(module, _mode_sensitive()):
+        if self.checks["eval_fed"].get(name):
             return
         from .graph import fed_by
 

@@ -248,8 +248,9 @@ def _wiring(result: Result, engine) -> None:
                    f"{'it' if one else 'them'} itself; else pass {'it' if one else 'them'} to the optimizer",
                    members=by_hand if not one else None)
     covered = {n for names in whole.values() for n in names}
-    probe = [n for n in engine.checks["not_in_optimizer"] if n not in covered and n in engine.checks["unowned_eval"]
-             and n not in engine.checks["orphaned"]]
+    fed, region, owners = engine.checks["eval_fed"], engine.checks["eval_region"], engine.checks["unowned_eval"]
+    probe = [n for n in engine.checks["not_in_optimizer"] if n not in covered and n in owners
+             and n not in engine.checks["orphaned"] and fed.get(owners[n]) is False and region.get(owners[n])]
     if probe:   # a linear probe's body: put in eval and left out of the optimizer, both on purpose (a sweep)
         one = len(probe) == 1
         result.add("not-in-optimizer", "info", probe[0] if one else common_path(probe),
@@ -596,10 +597,9 @@ def _modes(result: Result, engine) -> None:
         result.add("trained-in-eval-mode", "warning", ", ".join(which), f"{len(steps)} of {engine.step} steps trained "
                    f"on a forward made in eval mode (first: {_step_words(engine, steps[0])})" + (f"; the model(s) in eval mode: "
                    f"{', '.join(which)}" if which else ""), "call model.train() after evaluating")
-    fed = engine.checks.get("eval_fed", {})
-    # in eval where nothing trained feeds it and its own weights do not train: its mode changes no gradient that
-    # trains (a linear probe's body, a frozen encoder in the trained model): as a frozen layer
-    region = engine.checks.get("eval_region", {})
+    fed, region = engine.checks.get("eval_fed", {}), engine.checks.get("eval_region", {})
+    # in eval where nothing trained feeds it and its own weights do not train, inside a part put in eval whose weights
+    # none train: its mode changes no gradient that trains (a linear probe's body, a frozen encoder): a frozen layer
     apart = {n: s for n, s in engine.checks["eval_modules"].items() if fed.get(n) is False and region.get(n)}
     for name, step in engine.checks["eval_modules"].items():
         if name in apart:
@@ -607,19 +607,22 @@ def _modes(result: Result, engine) -> None:
         result.add("module-in-eval-mode", "warning", name, f"{name} (dropout/BatchNorm) was in eval mode while the "
                    f"model trained ({_step_words(engine, step)})", "something called .eval() on this submodule; call "
                    "model.train()")
-    fresh = [n for n in engine.checks.get("eval_frozen", {}) if engine.never_normalised(n)]
+    warned = set(engine.checks["eval_modules"]) - set(apart)   # frozen first, unfrozen later while still in eval
+    kept = [n for n in [*engine.checks.get("eval_frozen", {}), *apart] if n not in warned]
+    fresh = [n for n in kept if engine.never_normalised(n)]
     for name in fresh:   # a review: a BatchNorm frozen as built normalises nothing, from scratch that is a mistake
+        step = engine.checks["eval_frozen"].get(name, apart.get(name))
         result.add("module-in-eval-mode", "warning", name, f"{name} (BatchNorm) was in eval mode with its weights "
-                   f"frozen while the model trained (step {engine.checks['eval_frozen'][name]}), and its running "
-                   "statistics never saw a batch: it normalises with mean 0 and variance 1",
+                   f"not trained while the model trained (step {step}), and its running statistics never saw a "
+                   "batch: it normalises with mean 0 and variance 1",
                    "load the pretrained statistics it was frozen for, or let it train (model.train())")
-    frozen = [n for n in engine.checks.get("eval_frozen", {}) if n not in fresh] + list(apart)
+    frozen = [n for n in kept if n not in fresh]
     if frozen:   # BatchNorm frozen for fine-tuning: eval mode and requires_grad=False together, on purpose
         result.add("module-in-eval-mode", "info", common_path(frozen) or frozen[0],
                    f"{len(frozen)} BatchNorm/dropout module(s) ({cut(frozen, ', ', 4)}) stayed in eval mode while "
                    "the model trained, with their own weights not trained (frozen, or in no optimizer)"
-                   + (", in a part put in eval whose weights do not train either" if apart else "") + ": a frozen part, as in "
-                   "fine-tuning or a linear probe", members=frozen if len(frozen) > 1 else None)
+                   + (", in a part put in eval whose weights do not train either" if apart else "") + ": a frozen part, "
+                   "as in fine-tuning or a linear probe", members=frozen if len(frozen) > 1 else None)
 
 
 def _frozen_in_train(result: Result, engine) -> None:
