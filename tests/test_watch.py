@@ -673,6 +673,41 @@ def test_zero_grad_styles_that_are_fine(style):
     assert ("up to 4 losses" in dict(r.summary)["loss"]) == (style == "accumulate4")
 
 
+@pytest.mark.parametrize("left_in_eval", [True, False])
+def test_a_wrapper_given_whose_own_forward_never_runs_is_judged_by_its_mode(left_in_eval):
+    """A sweep's miss: a Lightning-style wrapper given to watch whose training_step calls self.net (its own forward
+    never runs), put in eval for validation after the first epoch and never back: 32 of 48 steps trained with its
+    dropout off, and nothing was said."""
+    class Lit(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = _mlp()
+
+        def training_step(self, x, y):
+            return F.cross_entropy(self.net(x), y)
+
+    lit = Lit()
+    opt = torch.optim.SGD(lit.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(lit, opt, every=10) as w:
+        for epoch in range(3):
+            for _ in range(16):
+                x = torch.randn(16, 8, generator=g)
+                loss = lit.training_step(x, (x[:, :3].sum(1) > 0).long())
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            lit.eval()   # validation
+            if not left_in_eval:
+                lit.train()
+    r = w.result()
+    if left_in_eval:
+        f = finding(r, "trained-in-eval-mode")
+        assert f.severity == "warning" and f.message.startswith("32 of 48 steps") and "first: step 17" in f.message
+    else:
+        assert "trained-in-eval-mode" not in codes(r), r.findings
+
+
 def test_training_in_eval_mode_from_the_step_it_starts():
     r = script("watch_eval_mode", "--bad-step", 20)
     f = finding(r, "trained-in-eval-mode")

@@ -1078,6 +1078,8 @@ class Engine:
         """Was the last training forward of a model this optimizer trains in eval mode? Per optimizer: a second
         model in eval mode under its own optimizer (a review's) counts too, once per step."""
         self._step_mark = self._calls   # (the next backwards or their modes into a new step)
+        if self.explicit_models and len(self._called) < len(self.roots):
+            self._check_uncalled(track)
         if not any(self._eval_roots.values()) and not any(self._fed_mode.values()):   # the per-step path's usual case
             return
         # an optimizer with no model of its own (a bare tensor, a temperature) says nothing of any model's mode;
@@ -1098,6 +1100,24 @@ class Engine:
             steps.append(self.step)
         for r in evals:   # which model (named at the report, as their parameters are, where there are several)
             self.checks["eval_models"].setdefault(r, self.step)
+
+    def _check_uncalled(self, track: Track) -> None:
+        """A model given whose own forward never ran while the optimizer trains its parameters (a Lightning-style
+        wrapper whose training_step calls self.net): its mode at the step is the mode its layers ran in, as its hooks
+        see no forward. In eval, holding dropout/BatchNorm, with a parameter the optimizer trains: an eval step (a
+        sweep: a wrapper put in eval for validation and never back was not told)."""
+        ids = None
+        for key, root in self.roots.items():
+            if key in self._called or inner(root).training:
+                continue
+            if ids is None:
+                ids = {id(p) for p in track.params if getattr(p, "requires_grad", False)}
+            m = inner(root)
+            if any(id(p) in ids for p in m.parameters()) and any(isinstance(s, _mode_sensitive()) for s in m.modules()):
+                steps = self.checks["eval_steps"]
+                if not steps or steps[-1] != self.step:
+                    steps.append(self.step)
+                self.checks["eval_models"].setdefault(key, self.step)
 
     def _called_now(self, module) -> None:
         if _compiling():   # traced into a graph, a count would be a guard that changes at every call (a recompile):
