@@ -690,7 +690,7 @@ def test_a_wrapper_given_whose_own_forward_never_runs_is_judged_by_its_mode(left
     opt = torch.optim.SGD(lit.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(0)
     with Watch(lit, opt, every=10) as w:
-        for epoch in range(3):
+        for _epoch in range(3):
             for _ in range(16):
                 x = torch.randn(16, 8, generator=g)
                 loss = lit.training_step(x, (x[:, :3].sum(1) > 0).long())
