@@ -773,6 +773,38 @@ def test_a_partial_fine_tune_with_the_frozen_blocks_in_eval_is_info():
     assert len(f) == 1 and f[0].severity == "info" and set(f[0].members) == {"0.0.2", "0.1.2"}
 
 
+def test_a_frozen_transformer_body_left_out_of_the_optimizer_gets_one_verdict():
+    """A review: a linear probe on an eval nn.TransformerEncoder left requiring grad was info for its linear and norm
+    weights and a warning for its attention's projections (no leaf module called, so nothing asked what feeds
+    them): one frozen part, one verdict."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+    body = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    head = nn.Linear(16, 2)
+    opt = torch.optim.SGD(head.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+
+    class Probed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.head = body, head
+
+        def forward(self, x):
+            return self.head(self.body(x)[:, 0])
+
+    model = Probed()
+    with Watch(model, opt, every=10) as w:
+        for _ in range(30):
+            x = torch.randn(8, 5, 16, generator=g)
+            loss = F.cross_entropy(model(x), (x[:, 0, 0] > 0).long())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    r = w.result()
+    said = [(f.severity, f.code) for f in r.findings if f.code == "not-in-optimizer"]
+    assert said == [("info", "not-in-optimizer")], [(f.severity, f.code, f.message) for f in r.findings]
+
+
 @pytest.mark.parametrize("frozen", ["requires_grad", "optimizer"])
 def test_a_linear_probes_body_in_eval_and_out_of_the_optimizer_is_info(frozen):
     """A sweep: a linear probe (the body put in eval, the head alone in the optimizer) was warned three times: its
@@ -891,6 +923,60 @@ def test_a_teacher_in_eval_or_moved_as_a_mean_teacher_is_not_told(mode):
     """teacher.eval(), or an EMA teacher (its weights move with the student: train mode is its design)."""
     r = _distil(mode, 40).result()
     assert "frozen-in-train-mode" not in codes(r, ("error", "warning", "info")), r.findings
+
+
+@pytest.mark.parametrize("how", ["inside", "detached", "copy", "lazy"])
+def test_the_frozen_teacher_rule_where_the_teacher_sits_and_what_it_is(how):
+    """A review of the first version: a teacher inside a distiller's forward (under no_grad there, and switched back
+    to train mode by the distiller's .train()) and one called with grad on, its output detached, were missed; an EMA
+    copy of the student updated every 50 steps was warned in a 40-step run (a copy of the trained model, told
+    before the first update); a student with lazy layers, set up by a dry run under no_grad, stopped watch."""
+    torch.manual_seed(0)
+    teacher = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 2))
+    teacher.requires_grad_(False)
+    student = nn.Sequential(nn.LazyLinear(32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 2)) if how == "lazy" \
+        else _mlp()
+    if how == "lazy":
+        with torch.no_grad():
+            student(torch.zeros(2, 8))
+    if how == "copy":   # an EMA of the student, updated every 50 steps: not within this run
+        teacher = __import__("copy").deepcopy(student).requires_grad_(False)
+
+    class Distiller(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.student, self.teacher = student, teacher
+
+        def forward(self, x):
+            with torch.no_grad():
+                soft = self.teacher(x).softmax(-1)
+            return self.student(x), soft
+
+    model = Distiller()
+    opt = torch.optim.SGD(student.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(every=10) as w:
+        for _ in range(40):
+            x = torch.randn(16, 8, generator=g)
+            if how in ("inside", "lazy"):
+                out, soft = model(x)
+            elif how == "detached":   # grad on, the teacher's weights frozen, its output detached
+                out, soft = student(x), teacher(x).detach().softmax(-1)
+            else:
+                with torch.no_grad():
+                    soft = teacher(x).softmax(-1)
+                out = student(x)
+            loss = F.kl_div(F.log_softmax(out, -1), soft, reduction="batchmean")
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    r = w.result()
+    said = [f for f in r.findings if f.code == "frozen-in-train-mode"]
+    assert not w.engine.broken and r.data["steps"] == 40, w.engine.broken
+    if how == "copy":
+        assert not said and r.exit_code == 0, r.findings
+    else:   # the lazy student's teacher is a frozen one left in train mode too
+        assert len(said) == 1 and said[0].severity == "warning" and said[0].where == "teacher", r.findings
 
 
 @pytest.mark.parametrize("bug", ["zero_grad_after_backward", "detached_output"])

@@ -26,7 +26,7 @@ import weakref
 from ...errors import one_line
 from .clip import ClipNorms, combined
 from .double import DoubleSteps
-from .frozen import frozen_probe, take
+from .frozen import LATER, all_frozen, frozen_probe, take
 from .hooks import hook_root
 from .names import label, user_names
 from .options import Options
@@ -108,7 +108,7 @@ class Engine:
         self.metrics: dict[str, list] = {}  # w.log(name, value): [(step, value)]
         self.events: list[dict] = []        # non-finite values (with replay), found at reads
         self.checks = {"eval_steps": [], "eval_models": {}, "eval_modules": {}, "eval_frozen": {}, "eval_fed": {},
-                       "eval_region": {}, "unowned_eval": {}, "mode_inert": None,
+                       "eval_region": {}, "eval_top": {}, "unowned_eval": {}, "mode_inert": None,
                        "not_in_optimizer": {}, "updated_by_hand": [], "carried": [], "crossed": {},
                        "dead": {}, "dead_feeds": {}, "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": [],
                        "orphaned": set()}
@@ -187,6 +187,8 @@ class Engine:
         self.micro = 0                      # the most losses one step's backward calls took (accumulation)
         self.doubles = DoubleSteps()        # one gradient applied twice (double.py)
         self._nograd: dict[int, object] = {}   # id -> frozen.Probe (or None) of modules called under no_grad in discovery
+        self._grads: list[bool] = []            # discovery: grad mode of each module call open (frozen.py's tops)
+        self._fed_memo: tuple = (None, set(), set())   # saw_eval_module: per sampled forward (trained, clean nodes)
 
     # ----------------------------------------------------------------- attach / detach
     def attach(self):
@@ -320,7 +322,7 @@ class Engine:
                 register_module_forward_pre_hook,
             )
 
-            self._depth = 0
+            self._depth, self._grads = 0, []
             self._discovery = [register_module_forward_pre_hook(self._global_pre),
                                register_module_forward_hook(self._global_post, always_call=True)]
             _quiet_compile_warning(True)
@@ -345,19 +347,27 @@ class Engine:
             self._file_dead()
         # a forward run inside a backward is a checkpointed block's recomputation, not a model (a sweep: each
         # torch.utils.checkpoint block was listed as a model of its own)
-        if self._depth == 0 and not torch.is_grad_enabled() and id(module) not in self._nograd \
-                and id(module) not in self._root_handles:
-            self._nograd[id(module)] = frozen_probe(module, self.step, _mode_sensitive())
-        if self._depth == 0 and torch.is_grad_enabled() and id(module) not in self._root_handles \
+        grad = torch.is_grad_enabled()
+        if id(module) not in self._nograd and id(module) not in self._root_handles:
+            # a forward under no_grad where its caller's had grad (a teacher inside a distiller's forward too), or
+            # a model called with grad whose weights are all frozen (its output detached): a frozen model (frozen.py)
+            if (not grad and (not self._grads or self._grads[-1])) or (grad and self._depth == 0 and all_frozen(module)):
+                probe = frozen_probe(module, self.step, _mode_sensitive())
+                if probe is not LATER:   # lazy weights not made yet: asked again at its next call
+                    self._nograd[id(module)] = probe
+        if self._depth == 0 and grad and id(module) not in self._root_handles \
                 and torch._C._current_graph_task_id() == -1:
             self.seen_roots[id(module)] = module
             self._seen_eval[id(module)] = not inner(module).training   # its mode when called, not when stepped
             self._called_now(module)
         self._depth += 1
+        self._grads.append(grad)
 
     @_guarded
     def _global_post(self, module, args, output):
         self._depth = max(0, self._depth - 1)
+        if self._grads:
+            self._grads.pop()
 
     def _look_at_loss_input(self, module, x) -> None:
         """CrossEntropyLoss given probabilities (a softmax before it), NLLLoss given them rather than their log: the
@@ -537,6 +547,7 @@ class Engine:
                 t.first_bad = (t.first_bad[0], [ren(n) for n in t.first_bad[1]])
         self.ratios = rekey(self.ratios)
         self.checks["unowned_eval"] = {ren(k): ren(v) for k, v in self.checks["unowned_eval"].items()}
+        self.checks["eval_top"] = {ren(k): ren(v) for k, v in self.checks["eval_top"].items()}
         for key in ("eval_modules", "eval_frozen", "eval_fed", "eval_region",
                     "not_in_optimizer", "dead", "bn_nonfinite", "param_nonfinite"):
             self.checks[key] = rekey(self.checks[key])
@@ -1027,6 +1038,8 @@ class Engine:
         track.pre_step(self.step, read_step or self.step == 1, before_update)
         if self._provisional:
             return
+        if self.step == 1 and opt is self.clock:   # before the first update: a copy of the trained model (an EMA or
+            self._frozen_copies(track)           # target network, made from it) is no frozen teacher (frozen.py)
         if self.step == 2 and opt is self.clock and not read_step:
             # read with the next read: a model local to the script's main() is gone by the end; after one whole step,
             # so an EMA teacher updated after it has changed
@@ -1401,17 +1414,20 @@ class Engine:
         outermost ancestor in eval, without the submodules put back in train mode) one that holds weights, none of
         them trained? A linear probe's body is; an input dropout put in eval alone is not (its mode changes what the
         trained layers after it see), and stays a warning. And-ed over the reads: a body unfrozen later while left
-        in eval is a trained part from then (a review)."""
+        in eval is a trained part from then (a review). Each part's weights are looked at once a read."""
+        parts_seen: dict[str, bool] = {}
         for name in dict.fromkeys(names):
             parts = name.split(".") if name else []
             top = next((".".join(parts[:k]) for k in range(1, len(parts) + 1) if ".".join(parts[:k]) in in_eval), None)
             if top is None:
                 continue
-            region = root.get_submodule(top)
-            params = [q for sub in region.modules() if not sub.training for q in sub.parameters(recurse=False)]
-            frozen = bool(params) and not any(q.requires_grad and id(q) in trained for q in params)
+            if top not in parts_seen:
+                region = root.get_submodule(top)
+                params = [q for sub in region.modules() if not sub.training for q in sub.parameters(recurse=False)]
+                parts_seen[top] = bool(params) and not any(q.requires_grad and id(q) in trained for q in params)
             key = prefix + name
-            self.checks["eval_region"][key] = self.checks["eval_region"].get(key, True) and frozen
+            self.checks["eval_region"][key] = self.checks["eval_region"].get(key, True) and parts_seen[top]
+            self.checks["eval_top"][key] = prefix + top
 
     def saw_eval_module(self, name: str, module, args) -> None:
         """A module in eval mode in a sampled training forward: does a parameter an optimizer trains feed its input
@@ -1421,12 +1437,17 @@ class Engine:
 
         if self.checks["eval_fed"].get(name):
             return
+        if not isinstance(module, _mode_sensitive()) and next(module.parameters(recurse=False), None) is None:
+            return   # neither a dropout/BatchNorm nor a holder of weights: nothing to ask (a review: the cost)
         from .graph import fed_by
 
-        trained = set().union(*(t.keys() for t in self.tracks.values())) | self.doubles.held
+        key = (self.step, self.reads)
+        if self._fed_memo[0] != key:   # per sampled forward: the trained set, and the graph nodes known not to reach it
+            self._fed_memo = (key, set().union(*(t.keys() for t in self.tracks.values())) | self.doubles.held, set())
+        _, trained, clean = self._fed_memo
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         own = any(id(p) in trained and p.requires_grad for p in module.parameters())   # its own weights train
-        self.checks["eval_fed"][name] = own or fed_by(tensors, trained)
+        self.checks["eval_fed"][name] = own or fed_by(tensors, trained, clean)
 
     def _observe_frozen(self) -> None:
         """At a read: each module called under no_grad in discovery, its values queued for this read (frozen.py)."""
@@ -1435,11 +1456,22 @@ class Engine:
         probes = [p for p in self._nograd.values() if p is not None]
         if not probes:
             return
-        trained = set().union(*(t.keys() for t in self.tracks.values())) | self.doubles.held | self._model_ids()
+        # what the optimizers hold (a teacher inside the trained model is the model's, and not trained)
+        trained = set().union(*(t.keys() for t in self.tracks.values())) | self.doubles.held
+        if trained.isdisjoint(self._model_ids()):   # no model trains: an input optimised through a frozen network
+            return                                  # (style transfer) has no teacher beside a student
         for probe in probes:
             seen = observe(probe, trained)
             if seen is not None:
                 self.pending.append(("frozen", (probe, seen[0]), seen[1]))
+
+    def _frozen_copies(self, track: Track) -> None:
+        from .frozen import copies
+
+        probes = [p for p in self._nograd.values() if p is not None]
+        if probes:
+            with contextlib.suppress(Exception):   # a help: a failure keeps the probes
+                copies(probes, [p for t in self.tracks.values() for p in t.params if hasattr(p, "detach")])
 
     def frozen_in_train_mode(self) -> list[dict]:
         """The models called under no_grad in train mode that no optimizer trains, as of the last read (frozen.py)."""

@@ -1,11 +1,12 @@
-"""A model no optimizer trains, run under no_grad in train mode while another one trains: a frozen teacher whose
-`.eval()` was forgotten. Its dropout draws new noise into every target it gives, and its BatchNorm running
-statistics follow the training batches instead of the ones it was trained with. Seen while watch looks for the
-models (discovery, the first steps: `watch --` and `Watch()` without a model), judged at the end: still in train
-mode, weights in no optimizer and unchanged over the run (an EMA teacher's change: not this), none of them a
-trained model's, and a dropout with p > 0 or a BatchNorm whose batch count grew. Observed at each read, with the
-read's values (no sync of its own), so a model the script let go by the end keeps its last verdict. Cost: a scan of
-the module's submodules at its first call under no_grad, and a few values per read."""
+"""A model no optimizer trains, run under no_grad (or with its weights frozen) in train mode while another one trains:
+a frozen teacher whose `.eval()` was forgotten, called at the top of the loop or inside a distiller's forward. Its
+dropout draws new noise into every target it gives, and its BatchNorm running statistics follow the training batches
+instead of the ones it was trained with. Seen while watch looks for the models (discovery, the first steps: `watch
+--` and `Watch()` without a model); judged at each read (with the read's values, no sync of its own, so a model the
+script let go by the end keeps its last verdict): still in train mode, weights in no optimizer and unchanged, not a
+copy of the trained model (an EMA teacher, a target network: compared before the first update, one read), and a
+dropout with p > 0 or a BatchNorm whose batch count grew. Cost: a scan of the module's submodules at its first such
+call, one read at the first step, and a few values per read."""
 from __future__ import annotations
 
 import weakref
@@ -34,15 +35,66 @@ class Probe:
                 if self.relevant else None
         self.live_names: list[str] = []
         self.verdict: dict | None = None   # as of the last read (take)
+        self.copy_checked = False          # compared with the trained weights before the first update (copies)
         if self.relevant:   # the name the calling frames give it (`teacher`), else its type
             names = user_names(module, lambda v: v is module)
             self.name = names[0] if names else type(m).__name__
 
 
-def frozen_probe(module, step: int, sensitive: tuple) -> Probe | None:
-    """A Probe of `module` when it is worth judging at the end (weights, train mode, a dropout or BatchNorm)."""
-    probe = Probe(module, step, sensitive)
+LATER = object()   # frozen_probe: its lazy weights are not made yet, ask at its next call
+
+
+def all_frozen(module) -> bool:
+    """Weights, none of which requires grad (a teacher called with grad on, its output detached)."""
+    found = False
+    for p in module.parameters():
+        if p.requires_grad:
+            return False
+        found = True
+    return found
+
+
+def frozen_probe(module, step: int, sensitive: tuple):
+    """A Probe of `module` when it is worth judging (weights, train mode, a dropout or BatchNorm); None when not;
+    LATER while a lazy weight is not made (a dry run under no_grad materialises them: a review's lazy student
+    stopped watch). A failure here is never the run's: None."""
+    from torch.nn.parameter import is_lazy
+
+    try:
+        if any(is_lazy(p) for p in module.parameters()):
+            return LATER
+        probe = Probe(module, step, sensitive)
+    except Exception:   # noqa: BLE001 - a help, never a new failure of the run
+        return None
     return probe if probe.relevant else None
+
+
+TWINS = 0.9   # of a model's weights with an equal twin among the trained ones: a copy of the trained model
+
+
+def copies(probes: list, trained: list) -> None:
+    """Before the first update: probes whose weights (at least TWINS of them) equal trained parameters, shape and
+    values (a fingerprint: sum and sum of squares, one read), are copies of the trained model: an EMA teacher, a
+    target network, a momentum encoder. Their train mode is their design (BYOL, DINO, DQN): not judged (a review:
+    an EMA updated every 50 steps, and a DQN target synced every 100, were warned in a 40-step run)."""
+    import torch
+
+    live = [(p, list(p.ref().parameters())) for p in probes if p.ref() is not None and not p.copy_checked]
+    if not live or not trained:
+        return
+    tensors = [q for _, ps in live for q in ps] + trained
+    with torch.no_grad():
+        prints = torch.stack([torch.stack([q.detach().double().sum(), q.detach().double().square().sum()]).cpu()
+                              for q in tensors]).tolist()   # one read (a device's values each moved to the CPU)
+    keys = [(tuple(q.shape), *v) for q, v in zip(tensors, prints)]
+    theirs = set(keys[-len(trained):])
+    at = 0
+    for probe, ps in live:
+        mine = keys[at:at + len(ps)]
+        at += len(ps)
+        probe.copy_checked = True
+        if ps and sum(k in theirs for k in mine) >= TWINS * len(ps):
+            probe.relevant, probe.verdict = False, None
 
 
 def observe(probe: Probe, trained: set[int]):
@@ -53,7 +105,7 @@ def observe(probe: Probe, trained: set[int]):
     from .engine import inner
 
     module = probe.ref()
-    if module is None or probe.sum is None:
+    if module is None or probe.sum is None or not probe.relevant:
         return None
     m = inner(module)
     params = list(m.parameters())
@@ -76,5 +128,5 @@ def take(probe: Probe, host: bool, read: list) -> None:
     grew = [(n, int(read[1 + k + i]), int(read[1 + i])) for i, n in enumerate(probe.live_names)
             if read[1 + i] > read[1 + k + i]]
     # its weights changed (an EMA teacher, a copy loaded now and then), it was put in eval, or it is trained: not this
-    ok = host and read[0] == 1.0 and bool(grew or probe.dropout)
+    ok = host and probe.relevant and read[0] == 1.0 and bool(grew or probe.dropout)
     probe.verdict = {"name": probe.name, "step": probe.step, "dropout": probe.dropout, "bns": grew} if ok else None

@@ -248,9 +248,10 @@ def _wiring(result: Result, engine) -> None:
                    f"{'it' if one else 'them'} itself; else pass {'it' if one else 'them'} to the optimizer",
                    members=by_hand if not one else None)
     covered = {n for names in whole.values() for n in names}
-    fed, region, owners = engine.checks["eval_fed"], engine.checks["eval_region"], engine.checks["unowned_eval"]
+    owners, region, tops = engine.checks["unowned_eval"], engine.checks["eval_region"], engine.checks["eval_top"]
+    fed = _parts_fed(engine)
     probe = [n for n in engine.checks["not_in_optimizer"] if n not in covered and n in owners
-             and n not in engine.checks["orphaned"] and fed.get(owners[n]) is False and region.get(owners[n])]
+             and n not in engine.checks["orphaned"] and region.get(owners[n]) and fed.get(tops.get(owners[n])) is False]
     if probe:   # a linear probe's body: put in eval and left out of the optimizer, both on purpose (a sweep)
         one = len(probe) == 1
         result.add("not-in-optimizer", "info", probe[0] if one else common_path(probe),
@@ -583,6 +584,18 @@ def _negligible(track, i: int) -> bool:
     return track.grad_max[i] == 0 or (norm is not None and math.isfinite(norm) and track.grad_max[i] <= 1e-6 * norm)
 
 
+def _parts_fed(engine) -> dict:
+    """Each part put in eval (its top module's name) -> whether a trained parameter feeds any module of it that a
+    sampled forward asked (None: none asked). One verdict for a part's weights in no optimizer: a transformer
+    layer's attention, whose projections are no leaf called, shares its layer's (a review)."""
+    out: dict = {}
+    for name, fed in engine.checks["eval_fed"].items():
+        for top in set(engine.checks["eval_top"].values()):
+            if name == top or name.startswith(top + "."):
+                out[top] = bool(out.get(top)) or fed
+    return out
+
+
 def _modes(result: Result, engine) -> None:
     steps = engine.checks["eval_steps"]
     inert = engine.checks.get("mode_inert")
@@ -634,7 +647,8 @@ def _frozen_in_train(result: Result, engine) -> None:
             if f["dropout"] else []
         said += [f"its BatchNorm running statistics followed the batches ({bn})"] if f["bns"] else []
         result.add("frozen-in-train-mode", "warning", f["name"],
-                   f"{f['name']} ran under no_grad in train mode while the model trained (first at step {f['step']}), "
+                   f"{f['name']} ran in train mode without training (under no_grad, or with its weights frozen) while "
+                   f"the model trained (first at step {f['step']}), "
                    "with weights no optimizer holds that never changed (a frozen model, a teacher?): "
                    + ", and ".join(said),
                    f"call {f['name']}.eval() once after building it: its outputs are then deterministic and its "
