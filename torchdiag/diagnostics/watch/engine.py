@@ -188,7 +188,8 @@ class Engine:
         self.doubles = DoubleSteps()        # one gradient applied twice (double.py)
         self._nograd: dict[int, object] = {}   # id -> frozen.Probe (or None) of modules called under no_grad in discovery
         self._grads: list[bool] = []            # discovery: grad mode of each module call open (frozen.py's tops)
-        self._fed_memo: tuple = (None, set(), set())   # saw_eval_module: per sampled forward (trained, clean nodes)
+        self.fed_memo: tuple | None = None   # saw_eval_module, during one sampled forward: (trained, clean nodes)
+        self._owner_memo: dict = {}          # _owners_of: id(root) -> (key, modules holding trained parameters)
 
     # ----------------------------------------------------------------- attach / detach
     def attach(self):
@@ -348,7 +349,8 @@ class Engine:
         # a forward run inside a backward is a checkpointed block's recomputation, not a model (a sweep: each
         # torch.utils.checkpoint block was listed as a model of its own)
         grad = torch.is_grad_enabled()
-        if id(module) not in self._nograd and id(module) not in self._root_handles:
+        if id(module) not in self._nograd and id(module) not in self._root_handles \
+                and torch._C._current_graph_task_id() == -1:   # not a checkpointed block's recomputation
             # a forward under no_grad where its caller's had grad (a teacher inside a distiller's forward too), or
             # a model called with grad whose weights are all frozen (its output detached): a frozen model (frozen.py)
             if (not grad and (not self._grads or self._grads[-1])) or (grad and self._depth == 0 and all_frozen(module)):
@@ -1116,21 +1118,31 @@ class Engine:
 
     def _check_uncalled(self, track: Track) -> None:
         """A model given whose own forward never ran while the optimizer trains its parameters (a Lightning-style
-        wrapper whose training_step calls self.net): its mode at the step is the mode its layers ran in, as its hooks
-        see no forward. In eval, holding dropout/BatchNorm, with a parameter the optimizer trains: an eval step (a
-        sweep: a wrapper put in eval for validation and never back was not told)."""
-        ids = None
+        wrapper whose training_step calls self.net): its hooks see no forward, so the mode the step trained in is
+        that of the modules holding the parameters the optimizer trains. All of them in eval, with a dropout or
+        BatchNorm in eval among the model's modules: an eval step (a sweep: a wrapper put in eval for validation and
+        never back was not told; a review: a container put in eval whose parts were put back in train is not)."""
+        sensitive = _mode_sensitive()
         for key, root in self.roots.items():
-            if key in self._called or inner(root).training:
+            if key in self._called:
                 continue
-            if ids is None:
-                ids = {id(p) for p in track.params if getattr(p, "requires_grad", False)}
-            m = inner(root)
-            if any(id(p) in ids for p in m.parameters()) and any(isinstance(s, _mode_sensitive()) for s in m.modules()):
+            owners = self._owners_of(key, root, track)
+            if owners and not any(m.training for m in owners) and any(
+                    isinstance(s, sensitive) and not s.training for s in inner(root).modules()):
                 steps = self.checks["eval_steps"]
                 if not steps or steps[-1] != self.step:
                     steps.append(self.step)
                 self.checks["eval_models"].setdefault(key, self.step)
+
+    def _owners_of(self, key: int, root, track: Track) -> list:
+        """The modules of `root` that hold a parameter `track`'s optimizer trains (kept per model and parameter count:
+        a per-step look at their flags only)."""
+        ids = {id(p) for p in track.params if getattr(p, "requires_grad", False)}
+        memo = self._owner_memo.get(key)
+        if memo is None or memo[0] != (id(track), len(ids)):
+            mods = [m for m in inner(root).modules() if any(id(p) in ids for p in m.parameters(recurse=False))]
+            memo = self._owner_memo[key] = ((id(track), len(ids)), mods)
+        return memo[1]
 
     def _called_now(self, module) -> None:
         if _compiling():   # traced into a graph, a count would be a guard that changes at every call (a recompile):
@@ -1441,10 +1453,10 @@ class Engine:
             return   # neither a dropout/BatchNorm nor a holder of weights: nothing to ask (a review: the cost)
         from .graph import fed_by
 
-        key = (self.step, self.reads)
-        if self._fed_memo[0] != key:   # per sampled forward: the trained set, and the graph nodes known not to reach it
-            self._fed_memo = (key, set().union(*(t.keys() for t in self.tracks.values())) | self.doubles.held, set())
-        _, trained, clean = self._fed_memo
+        if self.fed_memo is None:   # one sampled forward (DeadUnits.attach/remove): the trained set, and the graph
+            # nodes known not to reach it, held for that forward only (ids of freed nodes are reused: a review)
+            self.fed_memo = (set().union(*(t.keys() for t in self.tracks.values())) | self.doubles.held, {})
+        trained, clean = self.fed_memo
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         own = any(id(p) in trained and p.requires_grad for p in module.parameters())   # its own weights train
         self.checks["eval_fed"][name] = own or fed_by(tensors, trained, clean)

@@ -4,8 +4,8 @@ dropout draws new noise into every target it gives, and its BatchNorm running st
 instead of the ones it was trained with. Seen while watch looks for the models (discovery, the first steps: `watch
 --` and `Watch()` without a model); judged at each read (with the read's values, no sync of its own, so a model the
 script let go by the end keeps its last verdict): still in train mode, weights in no optimizer and unchanged, not a
-copy of the trained model (an EMA teacher, a target network: compared before the first update, one read), and a
-dropout with p > 0 or a BatchNorm whose batch count grew. Cost: a scan of the module's submodules at its first such
+a dropout with p > 0 or a BatchNorm whose batch count grew. A copy of the trained model (compared before the first
+update, one read) is said to be one: an EMA or target update may come after the run's steps. Cost: a scan of the module's submodules at its first such
 call, one read at the first step, and a few values per read."""
 from __future__ import annotations
 
@@ -31,11 +31,12 @@ class Probe:
         params = [p for p in m.parameters()]
         self.relevant = bool(params) and m.training and bool(self.dropout or self.bns)
         with torch.no_grad():
-            self.sum = torch.stack([p.detach().float().sum().to(params[0].device) for p in params]).sum() \
+            self.sum = torch.stack([_fingerprint(p).to(params[0].device) for p in params]).sum() \
                 if self.relevant else None
         self.live_names: list[str] = []
         self.verdict: dict | None = None   # as of the last read (take)
         self.copy_checked = False          # compared with the trained weights before the first update (copies)
+        self.copy = False                  # ... and found a copy of them
         if self.relevant:   # the name the calling frames give it (`teacher`), else its type
             names = user_names(module, lambda v: v is module)
             self.name = names[0] if names else type(m).__name__
@@ -63,10 +64,35 @@ def frozen_probe(module, step: int, sensitive: tuple):
     try:
         if any(is_lazy(p) for p in module.parameters()):
             return LATER
+        if _in_checkpoint() or any(p.is_meta for p in module.parameters()):
+            return None   # a block torch.utils.checkpoint runs (a layer of the trained model), or weights not there
         probe = Probe(module, step, sensitive)
     except Exception:   # noqa: BLE001 - a help, never a new failure of the run
         return None
     return probe if probe.relevant else None
+
+
+def _in_checkpoint() -> bool:
+    """Called from torch.utils.checkpoint's forward (its reentrant form runs the block under no_grad, inside the
+    trained model's forward: a frozen layer of it, not a teacher; a review). A look at the calling frames, once
+    per module."""
+    import sys
+    from types import FrameType
+
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.replace("\\", "/").endswith("torch/utils/checkpoint.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _fingerprint(p):
+    """A weight's sum, as a real float (a complex weight's real and imaginary parts: a review's cast warned)."""
+    import torch
+
+    t = p.detach()
+    return (torch.view_as_real(t) if t.is_complex() else t).float().sum()
 
 
 TWINS = 0.9   # of a model's weights with an equal twin among the trained ones: a copy of the trained model
@@ -74,9 +100,10 @@ TWINS = 0.9   # of a model's weights with an equal twin among the trained ones: 
 
 def copies(probes: list, trained: list) -> None:
     """Before the first update: probes whose weights (at least TWINS of them) equal trained parameters, shape and
-    values (a fingerprint: sum and sum of squares, one read), are copies of the trained model: an EMA teacher, a
-    target network, a momentum encoder. Their train mode is their design (BYOL, DINO, DQN): not judged (a review:
-    an EMA updated every 50 steps, and a DQN target synced every 100, were warned in a 40-step run)."""
+    values (a fingerprint: sum and sum of squares, one read), are copies of the trained model: an EMA teacher or a
+    target network whose update may come after the run's steps (a review: one updated every 50 steps was warned in a
+    40-step run), or a reference model that never changes (PPO's, DPO's: a later review, whose dropout in train
+    mode is that bug). Still judged; the message says it is a copy."""
     import torch
 
     live = [(p, list(p.ref().parameters())) for p in probes if p.ref() is not None and not p.copy_checked]
@@ -84,8 +111,9 @@ def copies(probes: list, trained: list) -> None:
         return
     tensors = [q for _, ps in live for q in ps] + trained
     with torch.no_grad():
-        prints = torch.stack([torch.stack([q.detach().double().sum(), q.detach().double().square().sum()]).cpu()
-                              for q in tensors]).tolist()   # one read (a device's values each moved to the CPU)
+        real = [torch.view_as_real(q.detach()) if q.is_complex() else q.detach() for q in tensors]
+        prints = torch.stack([torch.stack([q.double().sum(), q.double().square().sum()]).cpu()
+                              for q in real]).tolist()   # one read (a device's values each moved to the CPU)
     keys = [(tuple(q.shape), *v) for q, v in zip(tensors, prints)]
     theirs = set(keys[-len(trained):])
     at = 0
@@ -93,8 +121,7 @@ def copies(probes: list, trained: list) -> None:
         mine = keys[at:at + len(ps)]
         at += len(ps)
         probe.copy_checked = True
-        if ps and sum(k in theirs for k in mine) >= TWINS * len(ps):
-            probe.relevant, probe.verdict = False, None
+        probe.copy = bool(ps) and sum(k in theirs for k in mine) >= TWINS * len(ps)
 
 
 def observe(probe: Probe, trained: set[int]):
@@ -115,7 +142,7 @@ def observe(probe: Probe, trained: set[int]):
     live = [(n, bn, before) for n, r, before in probe.bns if (bn := r()) is not None]
     probe.live_names = [n for n, _, _ in live]
     with torch.no_grad():
-        now = torch.stack([p.detach().float().sum().to(params[0].device) for p in params]).sum()
+        now = torch.stack([_fingerprint(p).to(params[0].device) for p in params]).sum()
         values = torch.stack([(now == probe.sum.to(now.device)).double()]
                              + [b.num_batches_tracked.double().to(now.device) for _, b, _ in live]
                              + [before.double().to(now.device) for _, _, before in live])
@@ -129,4 +156,5 @@ def take(probe: Probe, host: bool, read: list) -> None:
             if read[1 + i] > read[1 + k + i]]
     # its weights changed (an EMA teacher, a copy loaded now and then), it was put in eval, or it is trained: not this
     ok = host and probe.relevant and read[0] == 1.0 and bool(grew or probe.dropout)
-    probe.verdict = {"name": probe.name, "step": probe.step, "dropout": probe.dropout, "bns": grew} if ok else None
+    probe.verdict = {"name": probe.name, "step": probe.step, "dropout": probe.dropout, "bns": grew,
+                     "copy": probe.copy} if ok else None

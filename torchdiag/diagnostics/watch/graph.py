@@ -85,26 +85,27 @@ def _broadcast(node, expand):
 REACH_LIMIT = 20_000   # autograd nodes walked before giving up (and answering yes: the warning stands)
 
 
-def fed_by(tensors, wanted: set[int], clean: set[int] | None = None) -> bool:
+def fed_by(tensors, wanted: set[int], clean: dict | None = None) -> bool:
     """Whether a gradient flowing back from `tensors` reaches a parameter whose id() is in `wanted` (an AccumulateGrad
     node of one on their graph). A walk of the graph the forward built so far: no value is read. `clean`: the ids of
     nodes known not to reach one (a walk that found none adds what it saw), so the modules of one forward walk each
-    node once between them. A graph larger than REACH_LIMIT answers True, so a finding that needs False is kept."""
-    clean = set() if clean is None else clean
+    node once between them; it holds the nodes themselves (a freed node's id is reused by the next graph's). A graph
+    larger than REACH_LIMIT answers True, so a finding that needs False is kept."""
+    clean = {} if clean is None else clean
     if any(t.requires_grad and t.grad_fn is None and id(t) in wanted for t in tensors):
         return True   # a trained parameter itself
     queue = [t.grad_fn for t in tensors if getattr(t, "grad_fn", None) is not None]
-    seen: set[int] = set()
+    seen: dict = {}
     while queue:
         node = queue.pop()
         if node is None or id(node) in seen or id(node) in clean:
             continue
-        seen.add(id(node))
+        seen[id(node)] = node
         if len(seen) > REACH_LIMIT:
             return True
         var = getattr(node, "variable", None)
         if var is not None and id(var) in wanted:
             return True
         queue.extend(f for f, _ in node.next_functions)
-    clean |= seen
+    clean.update(seen)
     return False

@@ -649,8 +649,10 @@ def _frozen_in_train(result: Result, engine) -> None:
         result.add("frozen-in-train-mode", "warning", f["name"],
                    f"{f['name']} ran in train mode without training (under no_grad, or with its weights frozen) while "
                    f"the model trained (first at step {f['step']}), "
-                   "with weights no optimizer holds that never changed (a frozen model, a teacher?): "
-                   + ", and ".join(said),
+                   + ("as a copy of the trained model made before its first step that never changed in these "
+                      f"{engine.step} steps (a reference model, or an EMA or target network whose update comes later?): "
+                      if f.get("copy") else "with weights no optimizer holds that never changed (a frozen model, a "
+                      "teacher?): ") + ", and ".join(said),
                    f"call {f['name']}.eval() once after building it: its outputs are then deterministic and its "
                    "statistics stay those it was trained with")
 

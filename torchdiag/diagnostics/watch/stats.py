@@ -552,6 +552,7 @@ class DeadUnits:
         self.made: dict[int, tuple] = {}  # storage of an output seen -> (the entry that made it, a weakref to it)
 
     def attach(self):
+        self.engine.fed_memo = None
         prefix = self.engine.root_prefix(self.module)   # per model: two models' "0" are not one module
         # a part the model compiled (`model.block = torch.compile(model.block)`): hooks on its layers would be traced
         # into its graph and recompile it at every read (a review: 10 graphs for 1): not probed, and said
@@ -611,6 +612,7 @@ class DeadUnits:
         for h in self.handles:
             h.remove()
         self.handles = []
+        self.engine.fed_memo = None   # the eval-mode walks' memo is this forward's (engine.saw_eval_module)
 
     def collect(self):
         import torch
