@@ -1344,7 +1344,7 @@ class Engine:
                     clipped[i] = combined(vals[pos:pos + n])
                     pos += n
             elif kind == "frozen":   # a model called under no_grad (frozen.py)
-                take(payload[0], payload[1], vals)
+                take(payload[0], payload[1], payload[2], vals)
             elif kind == "grad_norm":
                 # by step, each the rows of its own optimizer: within a window the count can pass between
                 # optimizers, and the current clock's rows alone, cut to length, shifted every later norm (a review)
@@ -1475,7 +1475,7 @@ class Engine:
         for probe in probes:
             seen = observe(probe, trained)
             if seen is not None:
-                self.pending.append(("frozen", (probe, seen[0]), seen[1]))
+                self.pending.append(("frozen", (probe, seen[0], seen[1]), seen[2]))
 
     def _frozen_copies(self, track: Track) -> None:
         from .frozen import copies

@@ -3,10 +3,10 @@ a frozen teacher whose `.eval()` was forgotten, called at the top of the loop or
 dropout draws new noise into every target it gives, and its BatchNorm running statistics follow the training batches
 instead of the ones it was trained with. Seen while watch looks for the models (discovery, the first steps: `watch
 --` and `Watch()` without a model); judged at each read (with the read's values, no sync of its own, so a model the
-script let go by the end keeps its last verdict): still in train mode, weights in no optimizer and unchanged, not a
-a dropout with p > 0 or a BatchNorm whose batch count grew. A copy of the trained model (compared before the first
-update, one read) is said to be one: an EMA or target update may come after the run's steps. Cost: a scan of the module's submodules at its first such
-call, one read at the first step, and a few values per read."""
+script let go by the end keeps its last verdict): still in train mode, weights in no optimizer and unchanged, and a
+dropout with p > 0 or a BatchNorm whose batch count grew. A copy of the trained model (compared before the first
+update, one read) is said to be one: an EMA or target update may come after the run's steps. Cost: a scan of the
+module's submodules at its first such call, one read at the first step, and a few values per read."""
 from __future__ import annotations
 
 import weakref
@@ -33,7 +33,6 @@ class Probe:
         with torch.no_grad():
             self.sum = torch.stack([_fingerprint(p).to(params[0].device) for p in params]).sum() \
                 if self.relevant else None
-        self.live_names: list[str] = []
         self.verdict: dict | None = None   # as of the last read (take)
         self.copy_checked = False          # compared with the trained weights before the first update (copies)
         self.copy = False                  # ... and found a copy of them
@@ -125,8 +124,9 @@ def copies(probes: list, trained: list) -> None:
 
 
 def observe(probe: Probe, trained: set[int]):
-    """What a read takes of a probe: (still in train mode with weights none of `trained`, the device values to read:
-    [weights unchanged, each BatchNorm's batch count now, then at first sight]), or None when the module is gone."""
+    """What a read takes of a probe: (still in train mode with weights none of `trained`, the names of its BatchNorms
+    still there, the device values to read: [weights unchanged, each one's batch count now, then at first sight]), or
+    None when the module is gone."""
     import torch
 
     from .engine import inner
@@ -140,19 +140,18 @@ def observe(probe: Probe, trained: set[int]):
         return None
     host = m.training and not any(id(p) in trained for p in params)
     live = [(n, bn, before) for n, r, before in probe.bns if (bn := r()) is not None]
-    probe.live_names = [n for n, _, _ in live]
     with torch.no_grad():
         now = torch.stack([_fingerprint(p).to(params[0].device) for p in params]).sum()
         values = torch.stack([(now == probe.sum.to(now.device)).double()]
                              + [b.num_batches_tracked.double().to(now.device) for _, b, _ in live]
                              + [before.double().to(now.device) for _, _, before in live])
-    return host, values
+    return host, [n for n, _, _ in live], values
 
 
-def take(probe: Probe, host: bool, read: list) -> None:
+def take(probe: Probe, host: bool, names: list[str], read: list) -> None:
     """A read's values (observe's): the probe's verdict as of that read, kept for the end (the model may be gone)."""
-    k = len(probe.live_names)
-    grew = [(n, int(read[1 + k + i]), int(read[1 + i])) for i, n in enumerate(probe.live_names)
+    k = len(names)
+    grew = [(n, int(read[1 + k + i]), int(read[1 + i])) for i, n in enumerate(names)
             if read[1 + i] > read[1 + k + i]]
     # its weights changed (an EMA teacher, a copy loaded now and then), it was put in eval, or it is trained: not this
     ok = host and probe.relevant and read[0] == 1.0 and bool(grew or probe.dropout)
