@@ -1473,7 +1473,10 @@ class Engine:
         if trained.isdisjoint(self._model_ids()):   # no model trains: an input optimised through a frozen network
             return                                  # (style transfer) has no teacher beside a student
         for probe in probes:
-            seen = observe(probe, trained)
+            try:
+                seen = observe(probe, trained)
+            except Exception:   # noqa: BLE001 - a help, never a new failure of the run: this probe is dropped
+                probe.relevant, seen = False, None
             if seen is not None:
                 self.pending.append(("frozen", (probe, seen[0], seen[1]), seen[2]))
 
