@@ -108,7 +108,7 @@ class Engine:
         self.metrics: dict[str, list] = {}  # w.log(name, value): [(step, value)]
         self.events: list[dict] = []        # non-finite values (with replay), found at reads
         self.checks = {"eval_steps": [], "eval_models": {}, "eval_modules": {}, "eval_frozen": {}, "eval_fed": {},
-                       "eval_region": {}, "eval_top": {}, "unowned_eval": {}, "mode_inert": None,
+                       "eval_region": {}, "eval_top": {}, "eval_sensitive": {}, "unowned_eval": {}, "mode_inert": None,
                        "not_in_optimizer": {}, "updated_by_hand": [], "carried": [], "crossed": {},
                        "dead": {}, "dead_feeds": {}, "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": [],
                        "orphaned": set()}
@@ -550,7 +550,7 @@ class Engine:
         self.ratios = rekey(self.ratios)
         self.checks["unowned_eval"] = {ren(k): ren(v) for k, v in self.checks["unowned_eval"].items()}
         self.checks["eval_top"] = {ren(k): ren(v) for k, v in self.checks["eval_top"].items()}
-        for key in ("eval_modules", "eval_frozen", "eval_fed", "eval_region",
+        for key in ("eval_modules", "eval_frozen", "eval_fed", "eval_region", "eval_sensitive",
                     "not_in_optimizer", "dead", "bn_nonfinite", "param_nonfinite"):
             self.checks[key] = rekey(self.checks[key])
         self.checks["dead_feeds"] = {ren(k): ren(v) for k, v in self.checks["dead_feeds"].items()}
@@ -1120,28 +1120,40 @@ class Engine:
         """A model given whose own forward never ran while the optimizer trains its parameters (a Lightning-style
         wrapper whose training_step calls self.net): its hooks see no forward, so the mode the step trained in is
         that of the modules holding the parameters the optimizer trains. All of them in eval, with a dropout or
-        BatchNorm in eval among the model's modules: an eval step (a sweep: a wrapper put in eval for validation and
+        BatchNorm in eval beside a trained weight: an eval step (a sweep: a wrapper put in eval for validation and
         never back was not told; a review: a container put in eval whose parts were put back in train is not)."""
-        sensitive = _mode_sensitive()
         for key, root in self.roots.items():
             if key in self._called:
                 continue
             owners = self._owners_of(key, root, track)
-            if owners and not any(m.training for m in owners) and any(
-                    isinstance(s, sensitive) and not s.training for s in inner(root).modules()):
+            if owners and not any(m.training for m in owners) and self._eval_beside_trained(root, owners):
                 steps = self.checks["eval_steps"]
                 if not steps or steps[-1] != self.step:
                     steps.append(self.step)
                 self.checks["eval_models"].setdefault(key, self.step)
 
+    @staticmethod
+    def _eval_beside_trained(root, owners: list) -> bool:
+        """A dropout/BatchNorm in eval whose parent also holds a trained weight: its mode is on the trained layers'
+        path. A frozen body's BatchNorm beside a trained head one level up is not (MoCo's lincls, the wrapper's
+        forward unused: a review)."""
+        sensitive = _mode_sensitive()
+        held = {id(m) for m in owners}
+        for m in inner(root).modules():
+            kids = list(m.children())
+            if any(isinstance(c, sensitive) and not c.training for c in kids) and (
+                    id(m) in held or any(id(c) in held for c in kids if not isinstance(c, sensitive))):
+                return True
+        return False
+
     def _owners_of(self, key: int, root, track: Track) -> list:
-        """The modules of `root` that hold a parameter `track`'s optimizer trains (kept per model and parameter count:
-        a per-step look at their flags only)."""
-        ids = {id(p) for p in track.params if getattr(p, "requires_grad", False)}
+        """The modules of `root` that hold a parameter `track`'s optimizer trains (kept per model and set of trained
+        parameters)."""
+        ids = frozenset(id(p) for p in track.params if getattr(p, "requires_grad", False))
         memo = self._owner_memo.get(key)
-        if memo is None or memo[0] != (id(track), len(ids)):
+        if memo is None or memo[0] != ids:   # the set itself: a swap of as many tensors is another set (a review)
             mods = [m for m in inner(root).modules() if any(id(p) in ids for p in m.parameters(recurse=False))]
-            memo = self._owner_memo[key] = ((id(track), len(ids)), mods)
+            memo = self._owner_memo[key] = (ids, mods)
         return memo[1]
 
     def _called_now(self, module) -> None:
@@ -1457,6 +1469,8 @@ class Engine:
             # nodes known not to reach it, held for that forward only (ids of freed nodes are reused: a review)
             self.fed_memo = (set().union(*(t.keys() for t in self.tracks.values())) | self.doubles.held, {})
         trained, clean = self.fed_memo
+        if isinstance(module, _mode_sensitive()):
+            self.checks["eval_sensitive"][name] = True
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         own = any(id(p) in trained and p.requires_grad for p in module.parameters())   # its own weights train
         self.checks["eval_fed"][name] = own or fed_by(tensors, trained, clean)

@@ -72,15 +72,18 @@ def frozen_probe(module, step: int, sensitive: tuple):
 
 
 def _in_checkpoint() -> bool:
-    """Called from torch.utils.checkpoint's forward (its reentrant form runs the block under no_grad, inside the
-    trained model's forward: a frozen layer of it, not a teacher; a review). A look at the calling frames, once
-    per module."""
+    """Called from inside an autograd Function's forward (a checkpoint's: torch.utils.checkpoint's reentrant form,
+    Megatron's, DeepSpeed's, fairscale's run the block under no_grad there, inside the trained model's forward: a
+    frozen layer of it, not a teacher; two reviews). A look at the calling frames for a Function's `ctx`, once per
+    module."""
     import sys
     from types import FrameType
 
+    from torch.autograd.function import FunctionCtx
+
     frame: FrameType | None = sys._getframe(2)
     while frame is not None:
-        if frame.f_code.co_filename.replace("\\", "/").endswith("torch/utils/checkpoint.py"):
+        if frame.f_code.co_name == "forward" and isinstance(frame.f_locals.get("ctx"), FunctionCtx):
             return True
         frame = frame.f_back
     return False

@@ -596,6 +596,15 @@ def _parts_fed(engine) -> dict:
     return out
 
 
+def _eval_feeds_nothing(engine) -> bool:
+    """Every dropout/BatchNorm a sampled forward found in eval had no trained parameter before it and no weight of
+    its own trained (engine.saw_eval_module): a linear probe with the whole model in eval (MoCo's lincls; a
+    review), not a model left in eval after validation, whose trained layers feed them."""
+    sens = engine.checks.get("eval_sensitive", {})
+    fed = engine.checks.get("eval_fed", {})
+    return bool(sens) and all(fed.get(n) is False for n in sens)
+
+
 def _modes(result: Result, engine) -> None:
     steps = engine.checks["eval_steps"]
     inert = engine.checks.get("mode_inert")
@@ -603,6 +612,11 @@ def _modes(result: Result, engine) -> None:
         result.add("trained-in-eval-mode", "info", "", f"{len(steps)} of {engine.step} steps trained on a forward made "
                    f"in eval mode (first: step {steps[0]}), which changes nothing in this model: it holds no dropout "
                    "or BatchNorm, and its last training batch gives the same output in train and in eval mode")
+    elif steps and _eval_feeds_nothing(engine):
+        result.add("trained-in-eval-mode", "info", "", f"{len(steps)} of {engine.step} steps trained on a forward made "
+                   f"in eval mode (first: step {steps[0]}), where no trained parameter feeds any dropout/BatchNorm and "
+                   "none of their weights train: a frozen body under a trained head (a linear probe), whose mode is "
+                   "its recipe")
     elif steps:
         several = len(engine.roots) > 1   # named only where there are several models, as their parameters are
         which = [engine.root_prefix(engine.roots[r]).rstrip(".") for r in engine.checks.get("eval_models", {})
@@ -640,15 +654,21 @@ def _modes(result: Result, engine) -> None:
 
 def _frozen_in_train(result: Result, engine) -> None:
     """A frozen model (a teacher) run under no_grad in train mode while another trained (frozen.py)."""
-    for f in engine.frozen_in_train_mode():
+    found = engine.frozen_in_train_mode()
+    names = [f["name"] for f in found]
+    for i, f in enumerate(found):
+        if names.count(f["name"]) > 1:   # two modules bound in turn to one loop variable (a review: `b`, said twice)
+            f["name"] = f"{f['name']}#{names[:i + 1].count(f['name']) - 1}"
         bn = "; ".join(f"{n or '(root)'}: {b - a} more batches counted" for n, a, b in f["bns"][:3]) + (
             f" (+{len(f['bns']) - 3})" if len(f["bns"]) > 3 else "")
         said = [f"its dropout ({cut(f['dropout'], ', ', 3)}) draws new noise into every output it gives"] \
             if f["dropout"] else []
         said += [f"its BatchNorm running statistics followed the batches ({bn})"] if f["bns"] else []
-        result.add("frozen-in-train-mode", "warning", f["name"],
+        # a copy of the trained model that never changed: a reference model left in train mode, or an EMA or target
+        # network whose update comes after these steps (diffusers' update_after_step): info, the fact said (a review)
+        result.add("frozen-in-train-mode", "info" if f.get("copy") else "warning", f["name"],
                    f"{f['name']} ran in train mode without training (under no_grad, or with its weights frozen) while "
-                   f"the model trained (first at step {f['step']}), "
+                   f"the model trained (first at step {f['step'] + 1}), "
                    + ("as a copy of the trained model made before its first step that never changed in these "
                       f"{engine.step} steps (a reference model, or an EMA or target network whose update comes later?): "
                       if f.get("copy") else "with weights no optimizer holds that never changed (a frozen model, a "
