@@ -880,6 +880,18 @@ def test_a_linear_probe_with_the_whole_model_in_eval_is_not_eval_training(called
     assert "trained-in-eval-mode" not in codes(r), [(f.code, f.message) for f in r.findings]
 
 
+def test_a_model_left_in_eval_whose_only_dropout_is_on_its_input_is_still_eval_training():
+    """What the linear probe's info must not take: a model left in eval after validation whose only dropout is on its
+    input. Nothing trained feeds that dropout, but it sits beside the trained layers: its mode changes what they see."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Dropout(0.2), nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2)).eval()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Watch(model, opt, every=10) as w:
+        _loop(model, opt, 30, torch.Generator().manual_seed(0))
+    f = finding(w.result(), "trained-in-eval-mode")
+    assert f.severity == "warning", f.message
+
+
 def test_a_frozen_transformer_body_left_out_of_the_optimizer_gets_one_verdict():
     """A review: a linear probe on an eval nn.TransformerEncoder left requiring grad was info for its linear and norm
     weights and a warning for its attention's projections (no leaf module called, so nothing asked what feeds

@@ -1453,7 +1453,7 @@ class Engine:
             self.checks["eval_region"][key] = self.checks["eval_region"].get(key, True) and parts_seen[top]
             self.checks["eval_top"][key] = prefix + top
 
-    def saw_eval_module(self, name: str, module, args) -> None:
+    def saw_eval_module(self, name: str, module, args, parent=None) -> None:
         """A module in eval mode in a sampled training forward: does a parameter an optimizer trains feed its input
         (a walk of the graph so far, no read), or is one of its own weights trained? Where neither, its mode and its
         weights change no gradient that trains: a frozen part (a linear probe's body). Or-ed over the samples."""
@@ -1470,7 +1470,12 @@ class Engine:
             self.fed_memo = (set().union(*(t.keys() for t in self.tracks.values())) | self.doubles.held, {})
         trained, clean = self.fed_memo
         if isinstance(module, _mode_sensitive()):
-            self.checks["eval_sensitive"][name] = True
+            # beside a trained weight (its parent, or a sibling, holds one): on the trained layers' path whatever feeds
+            # it (an input dropout of a model left in eval; a frozen body's BatchNorm under a trained head is not)
+            near = [parent, *parent.children()] if parent is not None else []
+            self.checks["eval_sensitive"][name] = self.checks["eval_sensitive"].get(name, False) or any(
+                id(p) in trained for m in near if not isinstance(m, _mode_sensitive())
+                for p in m.parameters(recurse=False))
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         own = any(id(p) in trained and p.requires_grad for p in module.parameters())   # its own weights train
         self.checks["eval_fed"][name] = own or fed_by(tensors, trained, clean)

@@ -600,9 +600,9 @@ def _eval_feeds_nothing(engine) -> bool:
     """Every dropout/BatchNorm a sampled forward found in eval had no trained parameter before it and no weight of
     its own trained (engine.saw_eval_module): a linear probe with the whole model in eval (MoCo's lincls; a
     review), not a model left in eval after validation, whose trained layers feed them."""
-    sens = engine.checks.get("eval_sensitive", {})
+    sens = engine.checks.get("eval_sensitive", {})   # name -> beside a trained weight
     fed = engine.checks.get("eval_fed", {})
-    return bool(sens) and all(fed.get(n) is False for n in sens)
+    return bool(sens) and all(fed.get(n) is False and not beside for n, beside in sens.items())
 
 
 def _modes(result: Result, engine) -> None:
