@@ -841,11 +841,12 @@ def test_a_container_given_in_eval_whose_trained_parts_run_in_train_is_not_eval_
     assert "trained-in-eval-mode" not in codes(r), r.findings
 
 
-@pytest.mark.parametrize("called", [True, False])
-def test_a_linear_probe_with_the_whole_model_in_eval_is_not_eval_training(called):
+@pytest.mark.parametrize("nested", [False, True])
+def test_an_unused_wrapper_in_eval_is_eval_training_only_where_its_mode_is_on_the_trained_path(nested):
     """A fourth review: MoCo's lincls keeps the whole model in eval (the frozen body's BatchNorm on its running
-    statistics is the recipe) and trains the head alone; `trained-in-eval-mode` warned, through the model's forward
-    and through a wrapper given whose own forward never runs. Nothing trained feeds the body's BatchNorm."""
+    statistics is the recipe) and trains the head alone; through a wrapper given whose own forward never runs,
+    `trained-in-eval-mode` warned (a frozen branch of weights is no path of the trained layers). A fifth: an input
+    dropout nested in containers of its own, beside the trained layers, must still count."""
     class Lin(nn.Module):
         def __init__(self):
             super().__init__()
@@ -866,10 +867,13 @@ def test_a_linear_probe_with_the_whole_model_in_eval_is_not_eval_training(called
     torch.manual_seed(0)
     wrap = Wrap()
     wrap.net.body(torch.randn(64, 8))   # statistics from data
+    if nested:   # Sequential(Sequential(Dropout), the model), every weight trained
+        wrap.net = nn.Sequential(nn.Sequential(nn.Dropout(0.2)), nn.Sequential(nn.Linear(8, 32), nn.ReLU(),
+                                                                               nn.Linear(32, 2)))
     wrap.eval()
-    opt = torch.optim.SGD(wrap.net.fc.parameters(), lr=0.05)
+    opt = torch.optim.SGD(wrap.net.parameters() if nested else wrap.net.fc.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(0)
-    with Watch(wrap.net if called else wrap, opt, every=10) as w:
+    with Watch(wrap, opt, every=10) as w:
         for _ in range(30):
             x = torch.randn(16, 8, generator=g)
             loss = wrap.step(x, (x[:, :3].sum(1) > 0).long())
@@ -877,7 +881,7 @@ def test_a_linear_probe_with_the_whole_model_in_eval_is_not_eval_training(called
             loss.backward()
             opt.step()
     r = w.result()
-    assert "trained-in-eval-mode" not in codes(r), [(f.code, f.message) for f in r.findings]
+    assert ("trained-in-eval-mode" in codes(r)) is nested, [(f.code, f.message) for f in r.findings]
 
 
 def test_a_model_left_in_eval_whose_only_dropout_is_on_its_input_is_still_eval_training():
@@ -1044,7 +1048,7 @@ def test_a_teacher_in_eval_or_moved_as_a_mean_teacher_is_not_told(mode):
     assert "frozen-in-train-mode" not in codes(r, ("error", "warning", "info")), r.findings
 
 
-@pytest.mark.parametrize("how", ["inside", "detached", "copy", "lazy"])
+@pytest.mark.parametrize("how", ["inside", "detached", "copy", "lazy", "in_a_function"])
 def test_the_frozen_teacher_rule_where_the_teacher_sits_and_what_it_is(how):
     """A review of the first version: a teacher inside a distiller's forward (under no_grad there, and switched back
     to train mode by the distiller's .train()) and one called with grad on, its output detached, were missed; a
@@ -1078,6 +1082,8 @@ def test_the_frozen_teacher_rule_where_the_teacher_sits_and_what_it_is(how):
             x = torch.randn(16, 8, generator=g)
             if how in ("inside", "lazy"):
                 out, soft = model(x)
+            elif how == "in_a_function":   # a fused distillation loss whose Function runs the teacher (a fifth review)
+                out, soft = student(x), _Recompute.apply(teacher, x).softmax(-1)
             elif how == "detached":   # grad on, the teacher's weights frozen, its output detached
                 out, soft = student(x), teacher(x).detach().softmax(-1)
             else:

@@ -108,7 +108,7 @@ class Engine:
         self.metrics: dict[str, list] = {}  # w.log(name, value): [(step, value)]
         self.events: list[dict] = []        # non-finite values (with replay), found at reads
         self.checks = {"eval_steps": [], "eval_models": {}, "eval_modules": {}, "eval_frozen": {}, "eval_fed": {},
-                       "eval_region": {}, "eval_top": {}, "eval_sensitive": {}, "unowned_eval": {}, "mode_inert": None,
+                       "eval_region": {}, "eval_top": {}, "unowned_eval": {}, "mode_inert": None,
                        "not_in_optimizer": {}, "updated_by_hand": [], "carried": [], "crossed": {},
                        "dead": {}, "dead_feeds": {}, "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": [],
                        "orphaned": set()}
@@ -188,6 +188,7 @@ class Engine:
         self.doubles = DoubleSteps()        # one gradient applied twice (double.py)
         self._nograd: dict[int, object] = {}   # id -> frozen.Probe (or None) of modules called under no_grad in discovery
         self._grads: list[bool] = []            # discovery: grad mode of each module call open (frozen.py's tops)
+        self._outer = None                      # discovery: the outermost module call open
         self.fed_memo: tuple | None = None   # saw_eval_module, during one sampled forward: (trained, clean nodes)
         self._owner_memo: dict = {}          # _owners_of: id(root) -> (key, modules holding trained parameters)
 
@@ -349,12 +350,14 @@ class Engine:
         # a forward run inside a backward is a checkpointed block's recomputation, not a model (a sweep: each
         # torch.utils.checkpoint block was listed as a model of its own)
         grad = torch.is_grad_enabled()
+        if self._depth == 0:
+            self._outer = module   # the outermost call running (frozen_probe: a layer of it is not a teacher)
         if id(module) not in self._nograd and id(module) not in self._root_handles \
                 and torch._C._current_graph_task_id() == -1:   # not a checkpointed block's recomputation
             # a forward under no_grad where its caller's had grad (a teacher inside a distiller's forward too), or
             # a model called with grad whose weights are all frozen (its output detached): a frozen model (frozen.py)
             if (not grad and (not self._grads or self._grads[-1])) or (grad and self._depth == 0 and all_frozen(module)):
-                probe = frozen_probe(module, self.step, _mode_sensitive())
+                probe = frozen_probe(module, self.step, _mode_sensitive(), self._outer if self._depth else None)
                 if probe is not LATER:   # lazy weights not made yet: asked again at its next call
                     self._nograd[id(module)] = probe
         if self._depth == 0 and grad and id(module) not in self._root_handles \
@@ -370,6 +373,8 @@ class Engine:
         self._depth = max(0, self._depth - 1)
         if self._grads:
             self._grads.pop()
+        if self._depth == 0:
+            self._outer = None   # never kept past its call: a model the run lets go must go (a model per step)
 
     def _look_at_loss_input(self, module, x) -> None:
         """CrossEntropyLoss given probabilities (a softmax before it), NLLLoss given them rather than their log: the
@@ -550,7 +555,7 @@ class Engine:
         self.ratios = rekey(self.ratios)
         self.checks["unowned_eval"] = {ren(k): ren(v) for k, v in self.checks["unowned_eval"].items()}
         self.checks["eval_top"] = {ren(k): ren(v) for k, v in self.checks["eval_top"].items()}
-        for key in ("eval_modules", "eval_frozen", "eval_fed", "eval_region", "eval_sensitive",
+        for key in ("eval_modules", "eval_frozen", "eval_fed", "eval_region",
                     "not_in_optimizer", "dead", "bn_nonfinite", "param_nonfinite"):
             self.checks[key] = rekey(self.checks[key])
         self.checks["dead_feeds"] = {ren(k): ren(v) for k, v in self.checks["dead_feeds"].items()}
@@ -1134,15 +1139,21 @@ class Engine:
 
     @staticmethod
     def _eval_beside_trained(root, owners: list) -> bool:
-        """A dropout/BatchNorm in eval whose parent also holds a trained weight: its mode is on the trained layers'
-        path. A frozen body's BatchNorm beside a trained head one level up is not (MoCo's lincls, the wrapper's
-        forward unused: a review)."""
+        """A dropout/BatchNorm in eval on the trained layers' path: climbing from it while no trained weight is below,
+        the branch it comes from, where one first is, holds no weight at all (an input dropout, a BatchNorm of its own
+        slot, however nested: a review). A branch of frozen weights (a linear probe's body under a trained head, MoCo's
+        lincls through an unused wrapper) is a frozen part, not counted."""
         sensitive = _mode_sensitive()
         held = {id(m) for m in owners}
-        for m in inner(root).modules():
-            kids = list(m.children())
-            if any(isinstance(c, sensitive) and not c.training for c in kids) and (
-                    id(m) in held or any(id(c) in held for c in kids if not isinstance(c, sensitive))):
+        parents = {id(c): m for m in inner(root).modules() for c in m.children()}
+        for s in inner(root).modules():
+            if not isinstance(s, sensitive) or s.training:
+                continue
+            branch, up = s, parents.get(id(s))
+            while up is not None and not any(id(m) in held for m in up.modules()):
+                branch, up = up, parents.get(id(up))
+            if up is not None and not any(True for m in branch.modules() if not isinstance(m, sensitive)
+                                          for _ in m.parameters(recurse=False)):
                 return True
         return False
 
@@ -1453,7 +1464,7 @@ class Engine:
             self.checks["eval_region"][key] = self.checks["eval_region"].get(key, True) and parts_seen[top]
             self.checks["eval_top"][key] = prefix + top
 
-    def saw_eval_module(self, name: str, module, args, parent=None) -> None:
+    def saw_eval_module(self, name: str, module, args) -> None:
         """A module in eval mode in a sampled training forward: does a parameter an optimizer trains feed its input
         (a walk of the graph so far, no read), or is one of its own weights trained? Where neither, its mode and its
         weights change no gradient that trains: a frozen part (a linear probe's body). Or-ed over the samples."""
@@ -1469,13 +1480,6 @@ class Engine:
             # nodes known not to reach it, held for that forward only (ids of freed nodes are reused: a review)
             self.fed_memo = (set().union(*(t.keys() for t in self.tracks.values())) | self.doubles.held, {})
         trained, clean = self.fed_memo
-        if isinstance(module, _mode_sensitive()):
-            # beside a trained weight (its parent, or a sibling, holds one): on the trained layers' path whatever feeds
-            # it (an input dropout of a model left in eval; a frozen body's BatchNorm under a trained head is not)
-            near = [parent, *parent.children()] if parent is not None else []
-            self.checks["eval_sensitive"][name] = self.checks["eval_sensitive"].get(name, False) or any(
-                id(p) in trained for m in near if not isinstance(m, _mode_sensitive())
-                for p in m.parameters(recurse=False))
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         own = any(id(p) in trained and p.requires_grad for p in module.parameters())   # its own weights train
         self.checks["eval_fed"][name] = own or fed_by(tensors, trained, clean)

@@ -54,7 +54,7 @@ def all_frozen(module) -> bool:
     return found
 
 
-def frozen_probe(module, step: int, sensitive: tuple):
+def frozen_probe(module, step: int, sensitive: tuple, outer=None):
     """A Probe of `module` when it is worth judging (weights, train mode, a dropout or BatchNorm); None when not;
     LATER while a lazy weight is not made (a dry run under no_grad materialises them: a review's lazy student
     stopped watch). A failure here is never the run's: None."""
@@ -63,8 +63,10 @@ def frozen_probe(module, step: int, sensitive: tuple):
     try:
         if any(is_lazy(p) for p in module.parameters()):
             return LATER
-        if _in_checkpoint() or any(p.is_meta for p in module.parameters()):
-            return None   # a block torch.utils.checkpoint runs (a layer of the trained model), or weights not there
+        if any(p.is_meta for p in module.parameters()):
+            return None   # weights not there
+        if outer is not None and any(m is module for m in outer.modules()) and _in_checkpoint():
+            return None   # a block of the model being called, run by a checkpoint: a layer of it, not a teacher
         probe = Probe(module, step, sensitive)
     except Exception:   # noqa: BLE001 - a help, never a new failure of the run
         return None
@@ -74,8 +76,9 @@ def frozen_probe(module, step: int, sensitive: tuple):
 def _in_checkpoint() -> bool:
     """Called from inside an autograd Function's forward (a checkpoint's: torch.utils.checkpoint's reentrant form,
     Megatron's, DeepSpeed's, fairscale's run the block under no_grad there, inside the trained model's forward: a
-    frozen layer of it, not a teacher; two reviews). A look at the calling frames for a Function's `ctx`, once per
-    module."""
+    frozen layer of it, not a teacher; two reviews). Asked only for a module of the model being called: a teacher
+    in a fused distillation loss's Function is not one (a fifth review). A look at the calling frames for a
+    Function's `ctx`, once per module."""
     import sys
     from types import FrameType
 

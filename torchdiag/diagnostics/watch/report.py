@@ -596,15 +596,6 @@ def _parts_fed(engine) -> dict:
     return out
 
 
-def _eval_feeds_nothing(engine) -> bool:
-    """Every dropout/BatchNorm a sampled forward found in eval had no trained parameter before it and no weight of
-    its own trained (engine.saw_eval_module): a linear probe with the whole model in eval (MoCo's lincls; a
-    review), not a model left in eval after validation, whose trained layers feed them."""
-    sens = engine.checks.get("eval_sensitive", {})   # name -> beside a trained weight
-    fed = engine.checks.get("eval_fed", {})
-    return bool(sens) and all(fed.get(n) is False and not beside for n, beside in sens.items())
-
-
 def _modes(result: Result, engine) -> None:
     steps = engine.checks["eval_steps"]
     inert = engine.checks.get("mode_inert")
@@ -612,11 +603,6 @@ def _modes(result: Result, engine) -> None:
         result.add("trained-in-eval-mode", "info", "", f"{len(steps)} of {engine.step} steps trained on a forward made "
                    f"in eval mode (first: step {steps[0]}), which changes nothing in this model: it holds no dropout "
                    "or BatchNorm, and its last training batch gives the same output in train and in eval mode")
-    elif steps and _eval_feeds_nothing(engine):
-        result.add("trained-in-eval-mode", "info", "", f"{len(steps)} of {engine.step} steps trained on a forward made "
-                   f"in eval mode (first: step {steps[0]}), where no trained parameter feeds any dropout/BatchNorm and "
-                   "none of their weights train: a frozen body under a trained head (a linear probe), whose mode is "
-                   "its recipe")
     elif steps:
         several = len(engine.roots) > 1   # named only where there are several models, as their parameters are
         which = [engine.root_prefix(engine.roots[r]).rstrip(".") for r in engine.checks.get("eval_models", {})

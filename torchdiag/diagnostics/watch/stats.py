@@ -553,7 +553,6 @@ class DeadUnits:
 
     def attach(self):
         self.engine.fed_memo = None
-        self.parents = {id(c): m for m in self.root.modules() for c in m.children()}   # (saw_eval_module)
         prefix = self.engine.root_prefix(self.module)   # per model: two models' "0" are not one module
         # a part the model compiled (`model.block = torch.compile(model.block)`): hooks on its layers would be traced
         # into its graph and recompile it at every read (a review: 10 graphs for 1): not probed, and said
@@ -577,7 +576,7 @@ class DeadUnits:
                 self.engine.under_functorch = True   # tensors are wrappers with no storage, whose reductions must
                 return None                          # not escape the transform (a sweep: DP-SGD's script raised)
             if not module.training:
-                self.engine.saw_eval_module(name, module, args, self.parents.get(id(module)))
+                self.engine.saw_eval_module(name, module, args)
             if (not isinstance(output, torch.Tensor) or not output.is_floating_point() or output.dim() < 2
                     or output.numel() == 0):
                 return None
