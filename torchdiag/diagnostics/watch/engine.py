@@ -188,7 +188,6 @@ class Engine:
         self.doubles = DoubleSteps()        # one gradient applied twice (double.py)
         self._nograd: dict[int, object] = {}   # id -> frozen.Probe (or None) of modules called under no_grad in discovery
         self._grads: list[bool] = []            # discovery: grad mode of each module call open (frozen.py's tops)
-        self._outer = None                      # discovery: the outermost module call open
         self.fed_memo: tuple | None = None   # saw_eval_module, during one sampled forward: (trained, clean nodes)
         self._owner_memo: dict = {}          # _owners_of: id(root) -> (key, modules holding trained parameters)
 
@@ -350,14 +349,15 @@ class Engine:
         # a forward run inside a backward is a checkpointed block's recomputation, not a model (a sweep: each
         # torch.utils.checkpoint block was listed as a model of its own)
         grad = torch.is_grad_enabled()
-        if self._depth == 0:
-            self._outer = module   # the outermost call running (frozen_probe: a layer of it is not a teacher)
-        if id(module) not in self._nograd and id(module) not in self._root_handles \
-                and torch._C._current_graph_task_id() == -1:   # not a checkpointed block's recomputation
+        if torch._C._current_graph_task_id() != -1:   # run again inside a backward: a checkpointed block, a layer of
+            probe = self._nograd.get(id(module))      # the trained model, whichever checkpoint ran it (reviews)
+            if probe is not None and probe is not LATER:
+                probe.relevant, probe.verdict = False, None
+        elif id(module) not in self._nograd and id(module) not in self._root_handles:
             # a forward under no_grad where its caller's had grad (a teacher inside a distiller's forward too), or
             # a model called with grad whose weights are all frozen (its output detached): a frozen model (frozen.py)
             if (not grad and (not self._grads or self._grads[-1])) or (grad and self._depth == 0 and all_frozen(module)):
-                probe = frozen_probe(module, self.step, _mode_sensitive(), self._outer if self._depth else None)
+                probe = frozen_probe(module, self.step, _mode_sensitive())
                 if probe is not LATER:   # lazy weights not made yet: asked again at its next call
                     self._nograd[id(module)] = probe
         if self._depth == 0 and grad and id(module) not in self._root_handles \
@@ -373,8 +373,7 @@ class Engine:
         self._depth = max(0, self._depth - 1)
         if self._grads:
             self._grads.pop()
-        if self._depth == 0:
-            self._outer = None   # never kept past its call: a model the run lets go must go (a model per step)
+
 
     def _look_at_loss_input(self, module, x) -> None:
         """CrossEntropyLoss given probabilities (a softmax before it), NLLLoss given them rather than their log: the
@@ -1125,37 +1124,19 @@ class Engine:
         """A model given whose own forward never ran while the optimizer trains its parameters (a Lightning-style
         wrapper whose training_step calls self.net): its hooks see no forward, so the mode the step trained in is
         that of the modules holding the parameters the optimizer trains. All of them in eval, with a dropout or
-        BatchNorm in eval beside a trained weight: an eval step (a sweep: a wrapper put in eval for validation and
-        never back was not told; a review: a container put in eval whose parts were put back in train is not)."""
+        BatchNorm in eval in the model: an eval step, as a called model in eval is (a sweep: a wrapper put in eval for
+        validation and never back was not told; a review: a container put in eval whose parts were put back in train is
+        not). A structural guess at which dropout is on the trained path was withdrawn: reviews broke it both ways."""
         for key, root in self.roots.items():
             if key in self._called:
                 continue
             owners = self._owners_of(key, root, track)
-            if owners and not any(m.training for m in owners) and self._eval_beside_trained(root, owners):
+            if owners and not any(m.training for m in owners) and any(
+                    isinstance(s, _mode_sensitive()) and not s.training for s in inner(root).modules()):
                 steps = self.checks["eval_steps"]
                 if not steps or steps[-1] != self.step:
                     steps.append(self.step)
                 self.checks["eval_models"].setdefault(key, self.step)
-
-    @staticmethod
-    def _eval_beside_trained(root, owners: list) -> bool:
-        """A dropout/BatchNorm in eval on the trained layers' path: climbing from it while no trained weight is below,
-        the branch it comes from, where one first is, holds no weight at all (an input dropout, a BatchNorm of its own
-        slot, however nested: a review). A branch of frozen weights (a linear probe's body under a trained head, MoCo's
-        lincls through an unused wrapper) is a frozen part, not counted."""
-        sensitive = _mode_sensitive()
-        held = {id(m) for m in owners}
-        parents = {id(c): m for m in inner(root).modules() for c in m.children()}
-        for s in inner(root).modules():
-            if not isinstance(s, sensitive) or s.training:
-                continue
-            branch, up = s, parents.get(id(s))
-            while up is not None and not any(id(m) in held for m in up.modules()):
-                branch, up = up, parents.get(id(up))
-            if up is not None and not any(True for m in branch.modules() if not isinstance(m, sensitive)
-                                          for _ in m.parameters(recurse=False)):
-                return True
-        return False
 
     def _owners_of(self, key: int, root, track: Track) -> list:
         """The modules of `root` that hold a parameter `track`'s optimizer trains (kept per model and set of trained

@@ -4,8 +4,10 @@ dropout draws new noise into every target it gives, and its BatchNorm running st
 instead of the ones it was trained with. Seen while watch looks for the models (discovery, the first steps: `watch
 --` and `Watch()` without a model); judged at each read (with the read's values, no sync of its own, so a model the
 script let go by the end keeps its last verdict): still in train mode, weights in no optimizer and unchanged, and a
-dropout with p > 0 or a BatchNorm whose batch count grew. A copy of the trained model (compared before the first
-update, one read) is said to be one: an EMA or target update may come after the run's steps. Cost: a scan of the
+dropout with p > 0 or a BatchNorm whose batch count grew. A module run again inside a backward is a checkpointed
+layer of the trained model (any checkpoint recomputes there; a teacher is not run in a backward), and not judged.
+A copy of the trained model (compared before the first update, one read) is said to be one: an EMA or target update
+may come after the run's steps. Cost: a scan of the
 module's submodules at its first such call, one read at the first step, and a few values per read."""
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ def all_frozen(module) -> bool:
     return found
 
 
-def frozen_probe(module, step: int, sensitive: tuple, outer=None):
+def frozen_probe(module, step: int, sensitive: tuple):
     """A Probe of `module` when it is worth judging (weights, train mode, a dropout or BatchNorm); None when not;
     LATER while a lazy weight is not made (a dry run under no_grad materialises them: a review's lazy student
     stopped watch). A failure here is never the run's: None."""
@@ -65,31 +67,10 @@ def frozen_probe(module, step: int, sensitive: tuple, outer=None):
             return LATER
         if any(p.is_meta for p in module.parameters()):
             return None   # weights not there
-        if outer is not None and any(m is module for m in outer.modules()) and _in_checkpoint():
-            return None   # a block of the model being called, run by a checkpoint: a layer of it, not a teacher
         probe = Probe(module, step, sensitive)
     except Exception:   # noqa: BLE001 - a help, never a new failure of the run
         return None
     return probe if probe.relevant else None
-
-
-def _in_checkpoint() -> bool:
-    """Called from inside an autograd Function's forward (a checkpoint's: torch.utils.checkpoint's reentrant form,
-    Megatron's, DeepSpeed's, fairscale's run the block under no_grad there, inside the trained model's forward: a
-    frozen layer of it, not a teacher; two reviews). Asked only for a module of the model being called: a teacher
-    in a fused distillation loss's Function is not one (a fifth review). A look at the calling frames for a
-    Function's `ctx`, once per module."""
-    import sys
-    from types import FrameType
-
-    from torch.autograd.function import FunctionCtx
-
-    frame: FrameType | None = sys._getframe(2)
-    while frame is not None:
-        if frame.f_code.co_name == "forward" and isinstance(frame.f_locals.get("ctx"), FunctionCtx):
-            return True
-        frame = frame.f_back
-    return False
 
 
 def _fingerprint(p):
