@@ -794,16 +794,22 @@ class _Recompute(torch.autograd.Function):
 
 
 class _Fused(torch.autograd.Function):
-    """A fused distillation term: the teacher runs under no_grad in forward, never in backward."""
+    """A fused distillation loss: the teacher runs under no_grad in forward, and again under no_grad in backward (a
+    memory-saving recompute: a seventh review's, which a first check latched as a checkpointed layer)."""
 
     @staticmethod
-    def forward(ctx, fn, x):
+    def forward(ctx, fn, x, s):
+        ctx.fn = fn
+        ctx.save_for_backward(x, s)
         with torch.no_grad():
-            return fn(x)
+            return F.kl_div(F.log_softmax(s, -1), fn(x).softmax(-1), reduction="batchmean")
 
     @staticmethod
     def backward(ctx, g):
-        return None, None
+        x, s = ctx.saved_tensors
+        with torch.no_grad():
+            pt = ctx.fn(x).softmax(-1)   # recomputed, not saved
+        return None, None, g * (s.softmax(-1) - pt) / s.shape[0]
 
 
 @pytest.mark.parametrize("reentrant", [True, False, "custom"])
@@ -855,6 +861,32 @@ def test_frozen_blocks_checkpointed_from_the_loop_are_no_teachers():
             opt.step()
     r = w.result()
     assert "frozen-in-train-mode" not in codes(r, ("error", "warning", "info")), r.findings
+
+
+def test_an_unused_wrapper_in_eval_holding_an_eval_teacher_and_a_plain_student_is_not_eval_training():
+    """A seventh review: a wrapper given whose forward never runs, left in eval, holding a student with no dropout or
+    BatchNorm (its mode changes nothing) and a frozen teacher rightly in eval, was `trained-in-eval-mode` on every
+    step, for the teacher's dropout. The parts holding trained weights are judged, as called models are."""
+    class Wrap(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.student = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+            self.teacher = _mlp().requires_grad_(False)
+
+    torch.manual_seed(0)
+    wrap = Wrap().eval()
+    opt = torch.optim.SGD(wrap.student.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(wrap, opt, every=10) as w:
+        for _ in range(30):
+            x = torch.randn(16, 8, generator=g)
+            with torch.no_grad():
+                soft = wrap.teacher(x).softmax(-1)
+            loss = F.kl_div(F.log_softmax(wrap.student(x), -1), soft, reduction="batchmean")
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert "trained-in-eval-mode" not in codes(w.result()), w.result().findings
 
 
 def test_a_container_given_in_eval_whose_trained_parts_run_in_train_is_not_eval_training():
@@ -1107,8 +1139,8 @@ def test_the_frozen_teacher_rule_where_the_teacher_sits_and_what_it_is(how):
             self.student, self.teacher = student, teacher
 
         def forward(self, x):
-            if how == "distiller_function":   # a fused distillation term in the distiller's forward (a sixth review)
-                return self.student(x), _Fused.apply(self.teacher, x).softmax(-1)
+            if how == "distiller_function":   # a fused distillation loss in the distiller's forward (a sixth review)
+                return _Fused.apply(self.teacher, x, self.student(x)), None
             with torch.no_grad():
                 soft = self.teacher(x).softmax(-1)
             return self.student(x), soft
@@ -1122,7 +1154,7 @@ def test_the_frozen_teacher_rule_where_the_teacher_sits_and_what_it_is(how):
             if how in ("inside", "lazy"):
                 out, soft = model(x)
             elif how == "in_a_function":   # a fused distillation loss whose Function runs the teacher (a fifth review)
-                out, soft = student(x), _Fused.apply(teacher, x).softmax(-1)
+                out, soft = _Fused.apply(teacher, x, student(x)), None
             elif how == "distiller_function":
                 out, soft = model(x)
             elif how == "detached":   # grad on, the teacher's weights frozen, its output detached
@@ -1131,7 +1163,7 @@ def test_the_frozen_teacher_rule_where_the_teacher_sits_and_what_it_is(how):
                 with torch.no_grad():
                     soft = teacher(x).softmax(-1)
                 out = student(x)
-            loss = F.kl_div(F.log_softmax(out, -1), soft, reduction="batchmean")
+            loss = out if soft is None else F.kl_div(F.log_softmax(out, -1), soft, reduction="batchmean")
             opt.zero_grad()
             loss.backward()
             opt.step()

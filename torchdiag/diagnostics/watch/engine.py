@@ -349,9 +349,12 @@ class Engine:
         # a forward run inside a backward is a checkpointed block's recomputation, not a model (a sweep: each
         # torch.utils.checkpoint block was listed as a model of its own)
         grad = torch.is_grad_enabled()
-        if torch._C._current_graph_task_id() != -1:   # run again inside a backward: a checkpointed block, a layer of
-            probe = self._nograd.get(id(module))      # the trained model, whichever checkpoint ran it (reviews)
-            if probe is not None and probe is not LATER:
+        if torch._C._current_graph_task_id() != -1:   # inside a backward
+            probe = self._nograd.get(id(module))
+            # run again there with grad on: a checkpoint's recomputation (its output backpropagated to the layers
+            # before it), a layer of the trained model, whichever checkpoint ran it (reviews); a teacher recomputed
+            # under no_grad by a fused loss's backward, or called from a hook, is not (a seventh review)
+            if probe is not None and probe is not LATER and grad:
                 probe.relevant, probe.verdict = False, None
         elif id(module) not in self._nograd and id(module) not in self._root_handles:
             # a forward under no_grad where its caller's had grad (a teacher inside a distiller's forward too), or
@@ -1131,12 +1134,23 @@ class Engine:
             if key in self._called:
                 continue
             owners = self._owners_of(key, root, track)
-            if owners and not any(m.training for m in owners) and any(
-                    isinstance(s, _mode_sensitive()) and not s.training for s in inner(root).modules()):
+            if owners and not any(m.training for m in owners) and self._eval_in_a_trained_part(root, owners):
                 steps = self.checks["eval_steps"]
                 if not steps or steps[-1] != self.step:
                     steps.append(self.step)
                 self.checks["eval_models"].setdefault(key, self.step)
+
+    @staticmethod
+    def _eval_in_a_trained_part(root, owners: list) -> bool:
+        """A dropout/BatchNorm in eval inside a part of the model given (one of its children, or itself when it holds
+        trained weights directly) that holds a trained weight: that part is a model a called root would be, judged
+        as one is (a teacher in eval beside an untouched student, in a wrapper left in eval: not; a review)."""
+        sensitive = _mode_sensitive()
+        held = {id(m) for m in owners}
+        m = inner(root)
+        parts = [m] if any(id(x) in held for x in (m,)) else list(m.children())
+        return any(any(id(x) in held for x in part.modules()) and any(
+            isinstance(x, sensitive) and not x.training for x in part.modules()) for part in parts)
 
     def _owners_of(self, key: int, root, track: Track) -> list:
         """The modules of `root` that hold a parameter `track`'s optimizer trains (kept per model and set of trained
