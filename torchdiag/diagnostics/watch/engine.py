@@ -354,7 +354,7 @@ class Engine:
             # run again there with grad on: a checkpoint's recomputation (its output backpropagated to the layers
             # before it), a layer of the trained model, whichever checkpoint ran it (reviews); a teacher recomputed
             # under no_grad by a fused loss's backward, or called from a hook, is not (a seventh review)
-            if probe is not None and probe is not LATER and grad:
+            if probe is not None and grad:   # (LATER is never kept)
                 probe.relevant, probe.verdict = False, None
         elif id(module) not in self._nograd and id(module) not in self._root_handles:
             # a forward under no_grad where its caller's had grad (a teacher inside a distiller's forward too), or
