@@ -3970,6 +3970,78 @@ def test_an_optimizer_of_no_model_says_nothing_of_a_models_mode_and_ends_its_sea
     assert after == 2 and hooks_gone()   # the temperature's optimizer looks for its model: until the end here
 
 
+@pytest.mark.parametrize("how", ["eval_after", "eval_helper_first", "optimizer_over_all"])
+def test_a_forgotten_teacher_eval_is_told_however_the_script_goes_on(how):
+    """An eighth review's misses: the usual `model.eval()` after training (or at an epoch's end) cleared a verdict
+    kept as of the last read; an evaluate() helper that checked the teacher in eval before training (and put it back
+    in train mode) left it cached as not judged; an optimizer over a distiller's parameters, the frozen teacher's
+    included, made the teacher a trained model. Each teacher gave 40 steps of targets in train mode."""
+    torch.manual_seed(0)
+    teacher = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 2))
+    teacher.requires_grad_(False)
+    student = _mlp()
+    params = [*student.parameters(), *teacher.parameters()] if how == "optimizer_over_all" else student.parameters()
+    opt = torch.optim.SGD(params, lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(every=10) as w:
+        if how == "eval_helper_first":
+            teacher.eval()
+            with torch.no_grad():
+                teacher(torch.randn(64, 8, generator=g))
+            teacher.train()
+        batches = int(teacher[1].num_batches_tracked)
+        for _ in range(40):
+            x = torch.randn(16, 8, generator=g)
+            with torch.no_grad():
+                soft = teacher(x).softmax(-1)
+            loss = F.kl_div(F.log_softmax(student(x), -1), soft, reduction="batchmean")
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        grew = int(teacher[1].num_batches_tracked) - batches
+        teacher.eval()
+        student.eval()
+    assert grew == 40   # the bug, in plain torch: its BatchNorm followed every training batch
+    f = finding(w.result(), "frozen-in-train-mode")
+    assert f.severity == "warning" and f.where == "teacher", f.message
+
+
+def test_a_frozen_lm_that_a_trained_prompt_runs_through_is_no_teacher():
+    """An eighth review's false alarm: prompt tuning trains a soft prompt through a frozen LM kept in train mode (its
+    dropout on, as the recipe trains; its output is backpropagated into the prompt): frozen-in-train-mode told
+    `lm.eval()`. A frozen model whose output a backward goes through is on the trained path."""
+    torch.manual_seed(0)
+    embed = nn.Embedding(50, 32)
+    lm = nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True), 2,
+                               enable_nested_tensor=False)
+    cls = nn.Linear(32, 4)
+    for m in (embed, lm, cls):
+        m.requires_grad_(False)
+
+    class Prompt(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Parameter(torch.randn(4, 32) * 0.02)
+
+        def forward(self, h):
+            return torch.cat([self.emb.expand(h.shape[0], -1, -1), h], 1)
+
+    prompt = Prompt()
+    opt = torch.optim.Adam(prompt.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    with Watch(every=10) as w:
+        for _ in range(30):
+            ids, y = torch.randint(0, 50, (16, 10), generator=g), torch.randint(0, 4, (16,), generator=g)
+            h = lm(prompt(embed(ids)))
+            loss = F.cross_entropy(cls(h[:, 0]), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    r = w.result()
+    assert r.data["steps"] == 30
+    assert "frozen-in-train-mode" not in codes(r, ("error", "warning", "info")), [f.to_dict() for f in r.findings]
+
+
 def test_a_frozen_teachers_weights_in_the_students_optimizer_do_not_make_it_a_trained_model():
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)

@@ -374,8 +374,12 @@ class Engine:
     @_guarded
     def _global_post(self, module, args, output):
         self._depth = max(0, self._depth - 1)
-        if self._grads:
-            self._grads.pop()
+        grad = self._grads.pop() if self._grads else False
+        probe = self._nograd.get(id(module)) if grad else None
+        if probe is not None and probe.relevant and _requires_grad(output):
+            # frozen weights, an output a backward can go through: its input is trained (prompt tuning's soft prompt
+            # into a frozen LM, whose dropout the recipe keeps on; a review), a part of the trained path, no teacher
+            probe.relevant, probe.verdict = False, None
 
 
     def _look_at_loss_input(self, module, x) -> None:
@@ -1486,8 +1490,10 @@ class Engine:
         probes = [p for p in self._nograd.values() if p is not None]
         if not probes:
             return
-        # what the optimizers hold (a teacher inside the trained model is the model's, and not trained)
-        trained = set().union(*(t.keys() for t in self.tracks.values())) | self.doubles.held
+        # what the optimizers train (a teacher inside the trained model is the model's, and not trained; a frozen
+        # teacher's weights in the optimizer, over the distiller's parameters, are not trained: a review)
+        trained = {id(p) for t in self.tracks.values() for p in t.params if getattr(p, "requires_grad", False)} \
+            | self.doubles.held
         if trained.isdisjoint(self._model_ids()):   # no model trains: an input optimised through a frozen network
             return                                  # (style transfer) has no teacher beside a student
         for probe in probes:
@@ -1504,7 +1510,8 @@ class Engine:
         probes = [p for p in self._nograd.values() if p is not None]
         if probes:
             with contextlib.suppress(Exception):   # a help: a failure keeps the probes
-                copies(probes, [p for t in self.tracks.values() for p in t.params if hasattr(p, "detach")])
+                copies(probes, [p for t in self.tracks.values() for p in t.params   # (its own frozen weights in the
+                                if hasattr(p, "detach") and p.requires_grad])       # optimizer: no twin of its own)
 
     def frozen_in_train_mode(self) -> list[dict]:
         """The models called under no_grad in train mode that no optimizer trains, as of the last read (frozen.py)."""
@@ -1645,6 +1652,12 @@ def _has_closure(args, kwargs) -> bool:
 def _noted(into: list, key, _ref) -> None:
     """A weakref callback: only notes the key (a collection can run inside our own loops)."""
     into.append(key)
+
+
+def _requires_grad(output) -> bool:
+    from ...core.recording import float_tensors
+
+    return any(t.requires_grad for t in float_tensors(output))
 
 
 def _grad_enabled() -> bool:

@@ -62,7 +62,11 @@ def frozen_probe(module, step: int, sensitive: tuple):
     stopped watch). A failure here is never the run's: None."""
     from torch.nn.parameter import is_lazy
 
+    from .engine import inner
+
     try:
+        if not inner(module).training:   # in eval now (an evaluate() helper before training): asked again at its
+            return LATER                  # next call, which may be in train mode (a review: cached as not judged)
         if any(is_lazy(p) for p in module.parameters()):
             return LATER
         if any(p.is_meta for p in module.parameters()):
@@ -111,7 +115,7 @@ def copies(probes: list, trained: list) -> None:
 
 
 def observe(probe: Probe, trained: set[int]):
-    """What a read takes of a probe: (still in train mode with weights none of `trained`, the names of its BatchNorms
+    """What a read takes of a probe: (still in train mode, any weight one of `trained`, the names of its BatchNorms
     still there, the device values to read: [weights unchanged, each one's batch count now, then at first sight]), or
     None when the module is gone."""
     import torch
@@ -125,22 +129,28 @@ def observe(probe: Probe, trained: set[int]):
     params = list(m.parameters())
     if not params:
         return None
-    host = m.training and not any(id(p) in trained for p in params)
+    held = any(id(p) in trained for p in params)
     live = [(n, bn, before) for n, r, before in probe.bns if (bn := r()) is not None]
     with torch.no_grad():
         now = torch.stack([_fingerprint(p).to(params[0].device) for p in params]).sum()
         values = torch.stack([(now == probe.sum.to(now.device)).double()]
                              + [b.num_batches_tracked.double().to(now.device) for _, b, _ in live]
                              + [before.double().to(now.device) for _, _, before in live])
-    return host, [n for n, _, _ in live], values
+    return (m.training, held), [n for n, _, _ in live], values
 
 
-def take(probe: Probe, host: bool, names: list[str], read: list) -> None:
-    """A read's values (observe's): the probe's verdict as of that read, kept for the end (the model may be gone)."""
+def take(probe: Probe, state: tuple[bool, bool], names: list[str], read: list) -> None:
+    """A read's values (observe's): the probe's verdict as of that read, kept for the end (the model may be gone).
+    Its weights changed (an EMA teacher, a copy loaded now and then) or an optimizer trains them: not this, whatever
+    an earlier read said. Put in eval since: what an earlier read saw stands (a review: the usual `model.eval()`
+    after training hid a teacher that gave 40 steps of targets in train mode)."""
+    training, held = state
+    if held or not probe.relevant or read[0] != 1.0:
+        probe.verdict = None
+        return
     k = len(names)
     grew = [(n, int(read[1 + k + i]), int(read[1 + i])) for i, n in enumerate(names)
             if read[1 + i] > read[1 + k + i]]
-    # its weights changed (an EMA teacher, a copy loaded now and then), it was put in eval, or it is trained: not this
-    ok = host and probe.relevant and read[0] == 1.0 and bool(grew or probe.dropout)
-    probe.verdict = {"name": probe.name, "step": probe.step, "dropout": probe.dropout, "bns": grew,
-                     "copy": probe.copy} if ok else None
+    if training and (grew or probe.dropout):
+        probe.verdict = {"name": probe.name, "step": probe.step, "dropout": probe.dropout, "bns": grew,
+                         "copy": probe.copy}
