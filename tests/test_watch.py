@@ -4042,6 +4042,56 @@ def test_a_frozen_lm_that_a_trained_prompt_runs_through_is_no_teacher():
     assert "frozen-in-train-mode" not in codes(r, ("error", "warning", "info")), [f.to_dict() for f in r.findings]
 
 
+@pytest.mark.parametrize("case", ["probe", "teacher_in_eval", "trained_stem"])
+def test_a_wrapper_given_whose_forward_never_runs_is_asked_what_feeds_its_eval_parts(case):
+    """An eighth review: a Lightning-style wrapper given to watch (training_step calls its parts, never its own
+    forward) with a linear probe's frozen body in eval, or a teacher rightly in eval, was `module-in-eval-mode`
+    (warning): with no forward of the model given, nothing asked what feeds them. Its layers' forwards in train mode
+    between two steps are its sample now. A frozen body in eval behind a trained stem still warns: the stem's
+    gradient passes through its dropout in eval."""
+    torch.manual_seed(0)
+
+    def pretrained():   # its BatchNorm statistics seen data, then frozen and put in eval
+        body = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 4))
+        with torch.no_grad():
+            for _ in range(5):
+                body(torch.randn(64, 16))
+        return body.requires_grad_(False).eval()
+
+    class Lit(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem, self.body, self.head = nn.Linear(16, 16), pretrained(), nn.Linear(4, 4)
+
+        def training_step(self, x, y):
+            if case == "teacher_in_eval":   # the body gives soft targets to a student made of stem and head
+                with torch.no_grad():
+                    soft = self.body(x).softmax(-1)
+                out = self.head(self.stem(x)[:, :4])
+                return F.kl_div(F.log_softmax(out, -1), soft, reduction="batchmean")
+            h = self.stem(x) if case == "trained_stem" else x
+            return F.cross_entropy(self.head(self.body(h)), y)
+
+    lit = Lit()
+    trained = [*lit.head.parameters(), *(lit.stem.parameters() if case != "probe" else [])]
+    opt = torch.optim.SGD(trained, lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(lit, opt, every=10) as w:
+        for _ in range(30):
+            x, y = torch.randn(16, 16, generator=g), torch.randint(0, 4, (16,), generator=g)
+            loss = lit.training_step(x, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    r = w.result()
+    said = [(f.where, f.severity) for f in r.findings if f.code == "module-in-eval-mode"]
+    if case == "trained_stem":
+        assert ("body.3", "warning") in said, [f.to_dict() for f in r.findings]
+    else:
+        assert said and all(s == "info" for _, s in said), [f.to_dict() for f in r.findings]
+        assert not codes(r), [f.to_dict() for f in r.findings if f.severity != "info"]
+
+
 def test_a_frozen_teachers_weights_in_the_students_optimizer_do_not_make_it_a_trained_model():
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)

@@ -143,6 +143,7 @@ class Engine:
         self._unowned: dict[str, tuple[int, int]] = {}   # parameter name -> (first read step, id) of one with a
         # gradient in no optimizer: not-in-optimizer when no optimizer holds it at the end either
         self._sampled: set[int] = set()     # the models sampled since (a GAN's generator and discriminator each)
+        self._uncalled_sampling: set[int] = set()   # given models whose forward never ran, sampled over one step
         self._eval_roots: dict[int, bool] = {}    # id(root) -> its last training forward ran in eval mode
         self._calls = 0                           # root forwards so far, and id(root) -> the count at its last one
         self._called: dict[int, float] = {}
@@ -1040,6 +1041,7 @@ class Engine:
             self._clip_window.append(self.clips.take(track.params, self.backwards))
             self._window.append((self.step, track.lr()))
             self._owners[self.step] = id(track)
+            self._sample_uncalled()
         else:
             track.since_clock += 1
             if self.clock is None:
@@ -1064,6 +1066,29 @@ class Engine:
         elif self._bad_here(track, opt):   # on the CPU: a read now, while the weights are the step's own
             self._before_update = before_update
             self.read()
+
+    def _sample_uncalled(self) -> None:
+        """A model given whose own forward never runs (a Lightning-style wrapper whose training_step calls self.net):
+        its layers' training forwards from one step of the clock to the next are its sampled forward, collected at the
+        next (an eighth review: a linear probe's frozen body in eval, given so, was a warning; nothing had asked what
+        feeds it). Attached where a called model's would be: after a read, and at the first step."""
+        for key in self._uncalled_sampling:
+            probe = self._probes.pop(key, None)
+            if probe is not None:
+                probe.collect()
+        self._uncalled_sampling = set()
+        if not self._sample_forward:
+            return
+        from .stats import DeadUnits
+
+        for key, root in self.roots.items():
+            if key in self._called or key in self._sampled or key in self._traced or compiled(root):
+                continue
+            probe = self._probes[key] = DeadUnits(self, root, grad_only=True)
+            probe.attach()
+            self._sampled.add(key)
+            self._uncalled_sampling.add(key)
+        self._sample_forward = len(self._sampled) < len(self.roots)
 
     def _starving(self, track: Track) -> None:
         """At an optimizer's first steps after a backward, none of its trainable parameters has a gradient: the

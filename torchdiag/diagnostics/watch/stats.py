@@ -541,8 +541,9 @@ class DeadUnits:
     the first sample: units alive then and zero now (outputs that are never negative only). The hooks take
     two reductions per module; collect() compares all modules at once (a fixed number of ops per device)."""
 
-    def __init__(self, engine, root):
+    def __init__(self, engine, root, grad_only: bool = False):
         self.engine = engine
+        self.grad_only = grad_only   # a model whose own forward never runs: its layers' forwards in train mode
         from .engine import inner
 
         self.module, self.root = root, inner(root)
@@ -568,6 +569,8 @@ class DeadUnits:
         def hook(module, args, output):
             import torch
 
+            if self.grad_only and (not self.root.training or torch._C._current_graph_task_id() != -1):
+                return None   # a validation forward (the model in eval), a checkpoint's recomputation: not training
             if torch.compiler.is_compiling():   # compiled code of its own calls this layer (a compiled helper
                 self.engine._traced.add(id(self.module))   # function: a review): no probe of this model again
                 self.engine.compiled_parts.add(name)
