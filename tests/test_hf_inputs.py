@@ -1126,3 +1126,20 @@ def test_an_image_read_scaled_down_is_large_enough_for_its_smallest_scale(tmp_pa
     folder = save(tmp_path, cfg, "DepthProModel")
     r = ran(cli, "summary", folder)
     assert r.json["inputs"] == ["input[0]: 1x3x256x256 float32"]
+
+
+def test_a_video_model_gets_frames_at_the_side_its_config_pads_them_to(tmp_path, cli):
+    # TVP: pixel_values (batch, num_frames, 3, max_img_size, max_img_size); its frame prompter builds a
+    # max_img_size² mask and reads pixel_values.dtype (a forward given ids alone raised "'NoneType' object has no
+    # attribute 'dtype'": the side was read from image_size only, which TVP's config does not have)
+    backbone = transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 8, 8, 16], depths=[1, 1, 1, 1],
+                                         out_features=["stage4"])
+    cfg = transformers.TvpConfig(backbone_config=backbone, num_frames=2, max_img_size=96, visual_prompt_size=16,
+                                 hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                 vocab_size=100, max_position_embeddings=64)
+    folder = save(tmp_path, cfg, "TvpModel")
+    r = ran(cli, "summary", folder)
+    assert "pixel_values: 1x2x3x96x96 float32" in r.json["inputs"], r.json["inputs"]
+    # read from the config, not repaired from the model's error at 224 (a probe forward per size tried: 3 minutes on
+    # TVP's own config)
+    assert "the model's own error" not in r.json["input_source"], r.json["input_source"]

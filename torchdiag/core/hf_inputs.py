@@ -128,8 +128,12 @@ def _scaled_down(config, found):
     return c, max(h, side), max(w, side)
 
 
+IMAGE_SIDES = ("image_size", "img_size", "max_image_size", "max_img_size")   # the keys a config names an image's
+# side by (TVP's frame prompter pads every frame to max_img_size, transformers' modeling_tvp.py:650-668)
+
+
 def _image(config) -> tuple[int, int, int] | None:
-    size = getattr(config, "image_size", None)
+    size = next((v for k in IMAGE_SIDES if (v := getattr(config, k, None)) is not None), None)
     if type(size) is int:
         size = (size, size)
     if not (isinstance(size, (list, tuple)) and len(size) >= 2 and all(type(v) is int for v in size[:2])):
