@@ -3970,15 +3970,16 @@ def test_an_optimizer_of_no_model_says_nothing_of_a_models_mode_and_ends_its_sea
     assert after == 2 and hooks_gone()   # the temperature's optimizer looks for its model: until the end here
 
 
-@pytest.mark.parametrize("how", ["eval_after", "eval_helper_first", "optimizer_over_all"])
+@pytest.mark.parametrize("how", ["eval_after", "eval_helper_first", "optimizer_over_all", "detached"])
 def test_a_forgotten_teacher_eval_is_told_however_the_script_goes_on(how):
     """An eighth review's misses: the usual `model.eval()` after training (or at an epoch's end) cleared a verdict
     kept as of the last read; an evaluate() helper that checked the teacher in eval before training (and put it back
     in train mode) left it cached as not judged; an optimizer over a distiller's parameters, the frozen teacher's
-    included, made the teacher a trained model. Each teacher gave 40 steps of targets in train mode."""
+    included, made the teacher a trained model; a teacher never frozen, called with grad on and its output detached,
+    was not asked. Each teacher gave 40 steps of targets in train mode."""
     torch.manual_seed(0)
     teacher = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 2))
-    teacher.requires_grad_(False)
+    teacher.requires_grad_(how == "detached")
     student = _mlp()
     params = [*student.parameters(), *teacher.parameters()] if how == "optimizer_over_all" else student.parameters()
     opt = torch.optim.SGD(params, lr=0.05)
@@ -3992,8 +3993,11 @@ def test_a_forgotten_teacher_eval_is_told_however_the_script_goes_on(how):
         batches = int(teacher[1].num_batches_tracked)
         for _ in range(40):
             x = torch.randn(16, 8, generator=g)
-            with torch.no_grad():
-                soft = teacher(x).softmax(-1)
+            if how == "detached":
+                soft = teacher(x).detach().softmax(-1)
+            else:
+                with torch.no_grad():
+                    soft = teacher(x).softmax(-1)
             loss = F.kl_div(F.log_softmax(student(x), -1), soft, reduction="batchmean")
             opt.zero_grad()
             loss.backward()

@@ -26,7 +26,7 @@ import weakref
 from ...errors import one_line
 from .clip import ClipNorms, combined
 from .double import DoubleSteps
-from .frozen import LATER, all_frozen, frozen_probe, take
+from .frozen import LATER, frozen_probe, has_weights, take
 from .hooks import hook_root
 from .names import label, user_names
 from .options import Options
@@ -359,8 +359,9 @@ class Engine:
                 probe.relevant, probe.verdict = False, None
         elif id(module) not in self._nograd and id(module) not in self._root_handles:
             # a forward under no_grad where its caller's had grad (a teacher inside a distiller's forward too), or
-            # a model called with grad whose weights are all frozen (its output detached): a frozen model (frozen.py)
-            if (not grad and (not self._grads or self._grads[-1])) or (grad and self._depth == 0 and all_frozen(module)):
+            # a model called with grad (its weights frozen, or its output detached: a review; the trained model too,
+            # until a read finds it trained): a frozen model (frozen.py)
+            if (not grad and (not self._grads or self._grads[-1])) or (grad and self._depth == 0 and has_weights(module)):
                 probe = frozen_probe(module, self.step, _mode_sensitive())
                 if probe is not LATER:   # lazy weights not made yet: asked again at its next call
                     self._nograd[id(module)] = probe
@@ -377,7 +378,7 @@ class Engine:
         self._depth = max(0, self._depth - 1)
         grad = self._grads.pop() if self._grads else False
         probe = self._nograd.get(id(module)) if grad else None
-        if probe is not None and probe.relevant and _requires_grad(output):
+        if probe is not None and probe.relevant and not probe.trainable and _requires_grad(output):
             # frozen weights, an output a backward can go through: its input is trained (prompt tuning's soft prompt
             # into a frozen LM, whose dropout the recipe keeps on; a review), a part of the trained path, no teacher
             probe.relevant, probe.verdict = False, None

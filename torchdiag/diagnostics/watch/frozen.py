@@ -32,6 +32,9 @@ class Probe:
                     if isinstance(s, bn) and s.training and s.track_running_stats and s.num_batches_tracked is not None]
         params = [p for p in m.parameters()]
         self.relevant = bool(params) and m.training and bool(self.dropout or self.bns)
+        # weights that require grad, called with grad on: a teacher whose output the loop detaches, or the trained
+        # model itself (dropped at the first read that finds its weights trained or given a gradient)
+        self.trainable = any(p.requires_grad for p in params)
         with torch.no_grad():
             self.sum = torch.stack([_fingerprint(p).to(params[0].device) for p in params]).sum() \
                 if self.relevant else None
@@ -46,14 +49,8 @@ class Probe:
 LATER = object()   # frozen_probe: its lazy weights are not made yet, ask at its next call
 
 
-def all_frozen(module) -> bool:
-    """Weights, none of which requires grad (a teacher called with grad on, its output detached)."""
-    found = False
-    for p in module.parameters():
-        if p.requires_grad:
-            return False
-        found = True
-    return found
+def has_weights(module) -> bool:
+    return next(iter(module.parameters()), None) is not None
 
 
 def frozen_probe(module, step: int, sensitive: tuple):
@@ -130,6 +127,9 @@ def observe(probe: Probe, trained: set[int]):
     if not params:
         return None
     held = any(id(p) in trained for p in params)
+    if held or (probe.trainable and any(p.grad is not None for p in params)):
+        probe.relevant, probe.verdict = False, None   # a model that trains, or one a backward reaches: not this
+        return None
     live = [(n, bn, before) for n, r, before in probe.bns if (bn := r()) is not None]
     with torch.no_grad():
         now = torch.stack([_fingerprint(p).to(params[0].device) for p in params]).sum()

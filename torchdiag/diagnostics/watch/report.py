@@ -653,7 +653,8 @@ def _frozen_in_train(result: Result, engine) -> None:
         # a copy of the trained model that never changed: a reference model left in train mode, or an EMA or target
         # network whose update comes after these steps (diffusers' update_after_step): info, the fact said (a review)
         result.add("frozen-in-train-mode", "info" if f.get("copy") else "warning", f["name"],
-                   f"{f['name']} ran in train mode without training (under no_grad, or with its weights frozen) while "
+                   f"{f['name']} ran in train mode without training (under no_grad, its weights frozen, or none of them ever given "
+                   "a gradient) while "
                    f"the model trained (first at step {f['step'] + 1}), "
                    + ("as a copy of the trained model made before its first step that never changed in these "
                       f"{engine.step} steps (a reference model, or an EMA or target network whose update comes later?): "
