@@ -367,6 +367,50 @@ def test_local_weight_is_an_error_never_an_internal_note(cli, tmp_path, command)
     assert not any("re-check" in n or "double" in n for n in d["notes"]), d["notes"]
 
 
+ZERO_START = '''
+import torch
+from torch import nn
+
+
+class ZeroStart(nn.Module):
+    """A decoder whose queries start at zero (made in forward with requires_grad, as MaskFormer's): the first
+    LayerNorm reads a near-constant input and multiplies its gradient by ~1/sqrt(eps) until the bias before it moves."""
+
+    def __init__(self, queries=50, width=32):
+        super().__init__()
+        self.queries, self.width = queries, width
+        self.pos = nn.Parameter(torch.randn(queries, width))
+        self.proj = nn.Linear(width, width)
+        nn.init.zeros_(self.proj.bias)
+        self.norm = nn.LayerNorm(width)
+        self.mix = nn.Linear(width, width)
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x):
+        start = torch.zeros(x.shape[0], self.queries, self.width, requires_grad=self.training)
+        h = self.norm(self.proj(start))
+        return self.head(torch.relu(self.mix(h + self.pos + x.unsqueeze(1))))
+
+
+def build():
+    return ZeroStart()
+'''
+
+
+def test_weights_made_in_forward_leave_the_rechecks_running(cli, tmp_path):
+    """A decoder whose queries start at zero, made in forward with requires_grad (MaskFormer's): gradflow skipped
+    every re-check on a copy when such a weight existed, so a LayerNorm reading the zero start (its weight's
+    gradient exactly 0 at initialisation, 0.003 after 3 steps) was a zero-grad error. The copy remakes the weight
+    at each forward, as training does: zero-init (info) now; the projection that multiplies the zeros stays."""
+    p = tmp_path / "m.py"
+    p.write_text(ZERO_START)
+    d = cli("gradflow", f"{p}:build", "-i", "8x32", "--device", "cpu", "--json").json
+    assert {(f["code"], f["where"]) for f in d["findings"] if f["severity"] == "error"} == {
+        ("local-weight", ""), ("zero-grad", "proj.weight")}, d["findings"]
+    (f,) = [f for f in d["findings"] if f["where"] == "norm.weight"]
+    assert f["code"] == "zero-init" and f["severity"] == "info", f
+
+
 def _tiny_llava(folder, image_token_index=500):
     """A vision-language model (LLaVA: a CLIP vision tower, a projector, a Llama) from a small config. Its image
     placeholder id lies outside the text vocabulary by default, so the default inputs cannot run the image path

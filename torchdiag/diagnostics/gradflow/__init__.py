@@ -72,14 +72,14 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     rows = param_rows(params, pas, stats, modules, opts, ctx.spec.optimizer.learning_rate, getattr(inputs, "chosen", False))
     if wrapped is None:
         _follow_cut_outputs(watched, inputs, rows, pas, ctx, train=not opts.eval_mode)
-    if pas.local:   # weights made in forward: a copy re-run (float64, a step) cannot hold them; said as the cause
+    if pas.local:   # weights made in forward: no optimizer can hold them; said as the cause
         result.add(LOCAL_CODE, "error", "", local_message(pas.local), LOCAL_HINT)
         result.data["local_weights"] = pas.local
-    else:
-        recheck(model, inputs, pas, rows, opts, ctx, result)    # only when a candidate exists
+    # the re-checks on a copy remake those weights at each forward, as the user's training does (MaskFormer's zero
+    # queries made with requires_grad: skipping them left a starting point's gradient an error; a helper's measure)
+    recheck(model, inputs, pas, rows, opts, ctx, result)    # only when a candidate exists
     acts = activation_rows(pas.rec, stats, opts, result, allow, inputs=inputs, ctx=ctx)   # dead units re-judged (dead.py)
-    if not pas.local:   # the short training run needs a copy that holds every weight
-        gated(model, inputs, rows, result, opts, ctx, stochastic_depth_off)   # only when something is flagged
+    gated(model, inputs, rows, result, opts, ctx, stochastic_depth_off)   # only when something is flagged
     param_findings(result, rows, model, opts, allow)
     if math.isfinite(stats.loss) and abs(stats.loss) > LARGE_LOSS:   # every gradient is as large as the loss is
         for f in result.findings:

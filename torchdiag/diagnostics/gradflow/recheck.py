@@ -56,7 +56,9 @@ def recheck(model, inputs, pas, rows, opts, ctx, result) -> None:
             try:
                 _invariant(_copy(model, opts, ctx, as_double=True), inputs.map(double), cands, strict, ctx.loss(), ctx)
             except ModelError as exc:   # a forward that makes float32 tensors of its own: float32, looser
-                result.notes.append(f"cancelled parameters re-checked in float32 (the float64 copy failed: {exc.message})")
+                if not pas.local:   # (weights made in forward: their own dtype, said as local-weight already)
+                    result.notes.append(f"cancelled parameters re-checked in float32 (the float64 copy failed: "
+                                        f"{exc.message})")
                 _invariant(_copy(model, opts, ctx), inputs, cands, strict, ctx.loss(), ctx, LOSS_RTOL_FLOAT32)
         cands = _drawn_again(model, rows)
         if cands and not opts.eval_mode:
