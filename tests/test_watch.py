@@ -3970,18 +3970,24 @@ def test_an_optimizer_of_no_model_says_nothing_of_a_models_mode_and_ends_its_sea
     assert after == 2 and hooks_gone()   # the temperature's optimizer looks for its model: until the end here
 
 
-@pytest.mark.parametrize("how", ["eval_after", "eval_helper_first", "optimizer_over_all", "detached"])
+@pytest.mark.parametrize("how", ["eval_after", "eval_helper_first", "optimizer_over_all", "detached", "stale_grad",
+                                 "unfrozen_in_optimizer"])
 def test_a_forgotten_teacher_eval_is_told_however_the_script_goes_on(how):
     """An eighth review's misses: the usual `model.eval()` after training (or at an epoch's end) cleared a verdict
     kept as of the last read; an evaluate() helper that checked the teacher in eval before training (and put it back
     in train mode) left it cached as not judged; an optimizer over a distiller's parameters, the frozen teacher's
     included, made the teacher a trained model; a teacher never frozen, called with grad on and its output detached,
-    was not asked. Each teacher gave 40 steps of targets in train mode."""
+    was not asked. A ninth: a teacher trained just before (its last .grad kept) was taken as one a backward reaches;
+    one never frozen, in an optimizer over the distiller's parameters (no gradient ever), as trained, then as a copy
+    of itself. Each teacher gave 40 steps of targets in train mode."""
     torch.manual_seed(0)
     teacher = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 2))
-    teacher.requires_grad_(how == "detached")
+    teacher.requires_grad_(how in ("detached", "stale_grad", "unfrozen_in_optimizer"))
+    if how == "stale_grad":   # its own training just before: zero_grad() before backward() leaves the last .grad
+        teacher(torch.randn(16, 8)).square().mean().backward()
     student = _mlp()
-    params = [*student.parameters(), *teacher.parameters()] if how == "optimizer_over_all" else student.parameters()
+    over_all = how in ("optimizer_over_all", "unfrozen_in_optimizer")
+    params = [*student.parameters(), *teacher.parameters()] if over_all else student.parameters()
     opt = torch.optim.SGD(params, lr=0.05)
     g = torch.Generator().manual_seed(0)
     with Watch(every=10) as w:
@@ -4008,6 +4014,26 @@ def test_a_forgotten_teacher_eval_is_told_however_the_script_goes_on(how):
     assert grew == 40   # the bug, in plain torch: its BatchNorm followed every training batch
     f = finding(w.result(), "frozen-in-train-mode")
     assert f.severity == "warning" and f.where == "teacher", f.message
+
+
+def test_a_frozen_loss_network_left_in_train_mode_is_told_by_its_batchnorm():
+    """A ninth review: the prompt-tuning exemption (a frozen model whose output a backward goes through) dropped a
+    frozen perceptual network left in train mode, whose BatchNorm followed the generator's batches. Only the dropout is
+    the recipe's; a BatchNorm whose count grows is told."""
+    torch.manual_seed(0)
+    feat = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU()).requires_grad_(False)
+    gen = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8))
+    opt = torch.optim.Adam(gen.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    with Watch(every=10) as w:
+        for _ in range(30):
+            z, real = torch.randn(16, 4, generator=g), torch.randn(16, 8, generator=g)
+            loss = F.mse_loss(feat(gen(z)), feat(real).detach())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    f = finding(w.result(), "frozen-in-train-mode")
+    assert f.severity == "warning" and f.where == "feat" and "BatchNorm" in f.message, f.message
 
 
 def test_a_frozen_lm_that_a_trained_prompt_runs_through_is_no_teacher():

@@ -26,7 +26,7 @@ import weakref
 from ...errors import one_line
 from .clip import ClipNorms, combined
 from .double import DoubleSteps
-from .frozen import LATER, frozen_probe, has_weights, take
+from .frozen import LATER, frozen_probe, has_weights, on_trained_path, take
 from .hooks import hook_root
 from .names import label, user_names
 from .options import Options
@@ -378,10 +378,8 @@ class Engine:
         self._depth = max(0, self._depth - 1)
         grad = self._grads.pop() if self._grads else False
         probe = self._nograd.get(id(module)) if grad else None
-        if probe is not None and probe.relevant and not probe.trainable and _requires_grad(output):
-            # frozen weights, an output a backward can go through: its input is trained (prompt tuning's soft prompt
-            # into a frozen LM, whose dropout the recipe keeps on; a review), a part of the trained path, no teacher
-            probe.relevant, probe.verdict = False, None
+        if probe is not None and probe.relevant and not probe.trainable and probe.dropout and _requires_grad(output):
+            on_trained_path(probe)   # frozen weights, an output a backward can go through (frozen.py)
 
 
     def _look_at_loss_input(self, module, x) -> None:
@@ -1516,12 +1514,12 @@ class Engine:
         probes = [p for p in self._nograd.values() if p is not None]
         if not probes:
             return
-        # what the optimizers train (a teacher inside the trained model is the model's, and not trained; a frozen
-        # teacher's weights in the optimizer, over the distiller's parameters, are not trained: a review)
-        trained = {id(p) for t in self.tracks.values() for p in t.params if getattr(p, "requires_grad", False)} \
-            | self.doubles.held
-        if trained.isdisjoint(self._model_ids()):   # no model trains: an input optimised through a frozen network
-            return                                  # (style transfer) has no teacher beside a student
+        # what the optimizers hold (a teacher inside the trained model is the model's; its weights in the optimizer,
+        # over the distiller's parameters, train only if given a gradient: frozen.observe asks)
+        trained = set().union(*(t.keys() for t in self.tracks.values())) | self.doubles.held
+        live = {id(p) for t in self.tracks.values() for p in t.params if getattr(p, "requires_grad", False)}
+        if (live | self.doubles.held).isdisjoint(self._model_ids()):   # no model trains: an input optimised
+            return                                  # through a frozen network (style transfer) has no teacher
         for probe in probes:
             try:
                 seen = observe(probe, trained)
@@ -1536,8 +1534,8 @@ class Engine:
         probes = [p for p in self._nograd.values() if p is not None]
         if probes:
             with contextlib.suppress(Exception):   # a help: a failure keeps the probes
-                copies(probes, [p for t in self.tracks.values() for p in t.params   # (its own frozen weights in the
-                                if hasattr(p, "detach") and p.requires_grad])       # optimizer: no twin of its own)
+                copies(probes, [p for t in self.tracks.values() for p in t.params
+                                if hasattr(p, "detach") and p.requires_grad])
 
     def frozen_in_train_mode(self) -> list[dict]:
         """The models called under no_grad in train mode that no optimizer trains, as of the last read (frozen.py)."""

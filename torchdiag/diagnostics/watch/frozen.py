@@ -35,6 +35,9 @@ class Probe:
         # weights that require grad, called with grad on: a teacher whose output the loop detaches, or the trained
         # model itself (dropped at the first read that finds its weights trained or given a gradient)
         self.trainable = any(p.requires_grad for p in params)
+        # the gradients its weights held at first sight (a teacher trained before the run keeps its last .grad; a
+        # review): only a gradient given since says a backward reaches it
+        self.grads = [weakref.ref(p.grad) if p.grad is not None else None for p in params]
         with torch.no_grad():
             self.sum = torch.stack([_fingerprint(p).to(params[0].device) for p in params]).sum() \
                 if self.relevant else None
@@ -102,13 +105,15 @@ def copies(probes: list, trained: list) -> None:
         prints = torch.stack([torch.stack([q.double().sum(), q.double().square().sum()]).cpu()
                               for q in real]).tolist()   # one read (a device's values each moved to the CPU)
     keys = [(tuple(q.shape), *v) for q, v in zip(tensors, prints)]
-    theirs = set(keys[-len(trained):])
+    theirs = list(zip(map(id, trained), keys[-len(trained):]))
     at = 0
     for probe, ps in live:
         mine = keys[at:at + len(ps)]
         at += len(ps)
+        own = {id(q) for q in ps}   # its own weights in the optimizer (over a distiller's parameters) are no twins
+        twins = {k for i, k in theirs if i not in own}
         probe.copy_checked = True
-        probe.copy = bool(ps) and sum(k in theirs for k in mine) >= TWINS * len(ps)
+        probe.copy = bool(ps) and sum(k in twins for k in mine) >= TWINS * len(ps)
 
 
 def observe(probe: Probe, trained: set[int]):
@@ -126,8 +131,10 @@ def observe(probe: Probe, trained: set[int]):
     params = list(m.parameters())
     if not params:
         return None
-    held = any(id(p) in trained for p in params)
-    if held or (probe.trainable and any(p.grad is not None for p in params)):
+    # trained: in an optimizer and given a gradient (a teacher never frozen, in an optimizer over a distiller's
+    # parameters, gets none and never changes: a review), or given one since first sight (a backward reaches it)
+    held = any(id(p) in trained and p.requires_grad and p.grad is not None for p in params)
+    if held or (probe.trainable and _new_grad(probe, params)):
         probe.relevant, probe.verdict = False, None   # a model that trains, or one a backward reaches: not this
         return None
     live = [(n, bn, before) for n, r, before in probe.bns if (bn := r()) is not None]
@@ -137,6 +144,21 @@ def observe(probe: Probe, trained: set[int]):
                              + [b.num_batches_tracked.double().to(now.device) for _, b, _ in live]
                              + [before.double().to(now.device) for _, _, before in live])
     return (m.training, held), [n for n, _, _ in live], values
+
+
+def _new_grad(probe: Probe, params: list) -> bool:
+    if len(probe.grads) != len(params):
+        return any(p.grad is not None for p in params)
+    return any(p.grad is not None and (g is None or g() is not p.grad) for p, g in zip(params, probe.grads))
+
+
+def on_trained_path(probe: Probe) -> None:
+    """Frozen weights, an output a backward goes through: its input is trained (prompt tuning's soft prompt into a
+    frozen LM, whose dropout the recipe keeps on). Its dropout is the recipe's; a BatchNorm whose count grows still
+    follows the batches (a frozen perceptual network left in train mode: a review)."""
+    probe.dropout = []
+    if not probe.bns:
+        probe.relevant, probe.verdict = False, None
 
 
 def take(probe: Probe, state: tuple[bool, bool], names: list[str], read: list) -> None:
