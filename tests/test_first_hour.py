@@ -529,3 +529,17 @@ def test_only_a_skipped_member_of_a_stack_is_drawn_again():
     reached = {"layers.0.weight", "layers.0.bias", "layers.2.weight", "layers.2.bias", "head.weight", "head.bias"}
     unreached = ["layers.1.weight", "layers.1.bias", "image.0.weight", "image.0.bias"]
     assert in_a_stack(unreached, model, reached) == ["layers.1.weight", "layers.1.bias"]
+
+
+def test_a_module_made_in_forward_is_said_not_a_traceback(cli, tmp_path):
+    """A review: `self.mid = nn.Linear(...)` inside forward (a module made at every call) stopped gradflow with an
+    internal KeyError (its layer table read the modules named before the pass)."""
+    p = tmp_path / "m.py"
+    p.write_text("import torch\nfrom torch import nn\nclass Net(nn.Module):\n    def __init__(self):\n"
+                 "        super().__init__()\n        self.inp, self.out = nn.Linear(20, 32), nn.Linear(32, 4)\n"
+                 "    def forward(self, x):\n        self.mid = nn.Linear(32, 32)\n"
+                 "        return self.out(torch.relu(self.mid(torch.relu(self.inp(x)))))\n"
+                 "def build():\n    return Net()\n")
+    r = cli("gradflow", f"{p}:build", "-i", "8x20", "--device", "cpu", "--json")
+    assert r.code == 0, r.stderr
+    assert any("mid.weight" in n and "param-recreated" in n for n in r.json["notes"]), r.json["notes"]

@@ -22,6 +22,7 @@ from ...core.local_leaves import CODE as LOCAL_CODE
 from ...core.local_leaves import HINT as LOCAL_HINT
 from ...core.local_leaves import message as local_message
 from ...core.recording import record_pass
+from ...core.repeats import cut as listed
 from ...results import Result
 from . import display
 from .activations import activation_rows
@@ -58,6 +59,12 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     modules = dict(watched.named_modules())
     known = {id(p) for p in watched.parameters()}      # a forward may register more (gradflow judges these)
     pas = record_pass(watched, inputs, opts, ctx, call=wrapped)
+    modules = dict(watched.named_modules())   # with any the forward registered (`self.mid = nn.Linear(...)` in it)
+    made = [n for n, p in watched.named_parameters() if id(p) not in known]
+    if made:   # not judged here: one pass cannot tell a module built at the first call from one made at every call
+        result.notes.append(f"{len(made)} parameter tensor(s) registered by the forward itself ({listed(made, ', ', 3)}), "
+                            "not judged: if the forward makes them at every call, no optimizer steps them (`torchdiag "
+                            "doctor` runs a second forward and says so: param-recreated)")
     params, pas.grads = ctx.whole(params), ctx.whole(pas.grads)   # fsdp: shards gathered (every rank)
     pas.rec.model = model     # dead units are re-judged on this rank's own model
     result.header["loss"] = pas.loss_text
