@@ -131,9 +131,10 @@ def observe(probe: Probe, trained: set[int]):
     params = list(m.parameters())
     if not params:
         return None
-    # trained: in an optimizer and given a gradient (a teacher never frozen, in an optimizer over a distiller's
-    # parameters, gets none and never changes: a review), or given one since first sight (a backward reaches it)
-    held = any(id(p) in trained and p.requires_grad and p.grad is not None for p in params)
+    # trained: weights that require grad in an optimizer (one never given a gradient is never-gets-grad: a teacher
+    # never frozen in an optimizer over a distiller, or a model the loop cut off by mistake, which no read can tell
+    # apart), or given a gradient since first sight (a backward reaches it)
+    held = any(id(p) in trained and p.requires_grad for p in params)
     if held or (probe.trainable and _new_grad(probe, params)):
         probe.relevant, probe.verdict = False, None   # a model that trains, or one a backward reaches: not this
         return None
