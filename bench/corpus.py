@@ -42,9 +42,9 @@ def make_inputs(entry, model, device: str = "cpu", seed: int = 0):
     return resolve_inputs(list(entry.inputs), loaded, torch.device(device), seed)
 
 
-def load_spec(entry, device: str):
+def load_spec(entry, device: str, training: bool = True):
     """A source entry (timm:NAME, torchvision:NAME, hf:FOLDER) loaded as the CLI loads it, with the
-    default inputs a user gets: (model, inputs)."""
+    default inputs a user gets (a training command's batch; `training=False`: an eval command's): (model, inputs)."""
     import torch
 
     from torchdiag.core.inputs import resolve_inputs
@@ -55,7 +55,7 @@ def load_spec(entry, device: str):
         from torchdiag.core.sources import for_training
     except ImportError:
         for_training = None
-    if for_training is not None and device != "meta":
+    if for_training is not None and device != "meta" and training:
         for_training(loaded)
     return loaded.model, resolve_inputs([], loaded, torch.device(device), 0)
 

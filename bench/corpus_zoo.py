@@ -175,6 +175,10 @@ def _shrink(config, derived: bool = True, floor: int = -1) -> None:
             setattr(config, key, cut[:4])
     if mha:
         config.num_key_value_heads = config.num_attention_heads
+    if isinstance(own.get("visual_prompt_size"), int) and isinstance(own.get("max_img_size"), int):
+        # a frame prompter that pads every frame to max_img_size (TVP: 48 frames of 448², a ResNet-50 per frame, more
+        # than the worker's 900 s): 4 frames of 96², the pad a sixth of the side (it must stay under half)
+        config.num_frames, config.max_img_size, config.visual_prompt_size = 4, 96, 16
     _consistent_heads(config)
     for key, old in depth.items():
         new = _every_kind(config, old, getattr(config, key))
@@ -359,9 +363,14 @@ def _pick_config(model_type: str, cls, folder: Path):
             continue
         config.architectures = [cls.__name__]
         config.save_pretrained(folder)
-        built = built or (how, config, params)
         if _summary_runs(folder):
             return how, config, params, None
+        if built is None and _summary_runs(folder, training=False):
+            # it runs at an eval command's batch of 1 and not at a training command's 2: a model that takes one
+            # sample at a time (TVP's position table, transformers 5.24), whatever the config; kept, the zoo row says
+            # why (the configs after it, default sizes, only cost: TVP's 48 frames of 448² took 10 GB and minutes)
+            return how, config, params, None
+        built = built or (how, config, params)
     if built is None:    # the default config saved all the same; the row says why it is not run
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -373,7 +382,7 @@ def _pick_config(model_type: str, cls, folder: Path):
     return (*built, None)
 
 
-def _summary_runs(folder: Path) -> bool:
+def _summary_runs(folder: Path, training: bool = True) -> bool:
     """Whether `torchdiag summary hf:FOLDER` (in process, default inputs, CPU) gets past the model's forward: any
     exit but 3 (exit 4, torchdiag's own failure, is not a reason to try another config)."""
     from types import SimpleNamespace
@@ -382,7 +391,7 @@ def _summary_runs(folder: Path) -> bool:
 
     entry = SimpleNamespace(spec=f"hf:{folder}", args=[])
     try:
-        model, inputs = corpus.load_spec(entry, "cpu")
+        model, inputs = corpus.load_spec(entry, "cpu", training)
     except Exception:  # noqa: BLE001 - a model the loader refuses: the zoo run records why
         return False
     return corpus.run_command("summary", model, inputs)["exit"] != 3
