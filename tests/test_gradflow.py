@@ -1631,6 +1631,21 @@ def test_an_exploding_gradient_under_a_huge_loss_points_at_the_target_scale():
     assert f.hint.startswith("the loss itself is 9.") and "standardise it first" in f.hint, f.hint
 
 
+def test_a_huge_made_up_loss_does_not_blame_a_target():
+    """The zoo's pp_doclayout: its made-up MSE of 5e7 (a -1e4 fill in its order logits) got "a target of a large scale
+    … standardise it first" on its exploding gradients, about a unit target torchdiag drew itself."""
+    from torchdiag.api import run
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 64), nn.Unflatten(1, (4, 16)))
+    with torch.no_grad():
+        model[2].weight.mul_(1e4)   # a head far off its scale: a large output, a large gradient
+    res = run("gradflow", model, torch.randn(16, 5))
+    assert res.data["loss_value"] > 1e6 and "against a random target" in res.header["loss"], res.header
+    f = next(f for f in res.findings if f.code == "exploding-grad")
+    assert "standardise it first" not in (f.hint or ""), f.hint
+
+
 class _Depth(nn.Module):
     """A depth head: sigmoid(conv) × 10 against depths 1–9 (MSE), its single output bias drawn near zero (-0.0019):
     a bias that sums the gradient over every pixel, against a weight that small, has grad/weight ≈ 590."""

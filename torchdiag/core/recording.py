@@ -165,6 +165,7 @@ class Pass:
     stochastic: list = field(default_factory=list)   # stochastic-depth modules switched off for the pass
     local: list = field(default_factory=list)        # weights made in forward (core/local_leaves.py), described
     rng: Any = None                  # the CPU RNG state the forward started from (a follow-up forward draws the same)
+    made_target: bool = False        # the loss's target was drawn by torchdiag (no data's scale in it)
 
 
 def _rng(state):
@@ -225,4 +226,4 @@ def record_pass(model, inputs, opts, ctx, call=None) -> Pass:
         grads = {n: p.grad for n, p in params.items()}
         for p in params.values():
             p.grad = None
-    return Pass(rec, reach, grads, loss.detach(), loss_fn.describe(), stochastic, local, rng)
+    return Pass(rec, reach, grads, loss.detach(), loss_fn.describe(), stochastic, local, rng, loss_fn.made_target)
