@@ -4077,13 +4077,14 @@ def test_a_frozen_lm_that_a_trained_prompt_runs_through_is_no_teacher():
     assert "frozen-in-train-mode" not in codes(r, ("error", "warning", "info")), [f.to_dict() for f in r.findings]
 
 
-@pytest.mark.parametrize("case", ["probe", "teacher_in_eval", "trained_stem"])
+@pytest.mark.parametrize("case", ["probe", "teacher_in_eval", "trained_stem", "teacher_in_train"])
 def test_a_wrapper_given_whose_forward_never_runs_is_asked_what_feeds_its_eval_parts(case):
     """An eighth review: a Lightning-style wrapper given to watch (training_step calls its parts, never its own
     forward) with a linear probe's frozen body in eval, or a teacher rightly in eval, was `module-in-eval-mode`
     (warning): with no forward of the model given, nothing asked what feeds them. Its layers' forwards in train mode
     between two steps are its sample now. A frozen body in eval behind a trained stem still warns: the stem's
-    gradient passes through its dropout in eval."""
+    gradient passes through its dropout in eval. A teacher left in train mode inside such a wrapper was not seen
+    (a model given turns the search for models off): its calls under no_grad in a sampled step are asked."""
     torch.manual_seed(0)
 
     def pretrained():   # its BatchNorm statistics seen data, then frozen and put in eval
@@ -4099,7 +4100,7 @@ def test_a_wrapper_given_whose_forward_never_runs_is_asked_what_feeds_its_eval_p
             self.stem, self.body, self.head = nn.Linear(16, 16), pretrained(), nn.Linear(4, 4)
 
         def training_step(self, x, y):
-            if case == "teacher_in_eval":   # the body gives soft targets to a student made of stem and head
+            if case.startswith("teacher"):   # the body gives soft targets to a student made of stem and head
                 with torch.no_grad():
                     soft = self.body(x).softmax(-1)
                 out = self.head(self.stem(x)[:, :4])
@@ -4108,6 +4109,8 @@ def test_a_wrapper_given_whose_forward_never_runs_is_asked_what_feeds_its_eval_p
             return F.cross_entropy(self.head(self.body(h)), y)
 
     lit = Lit()
+    if case == "teacher_in_train":   # the forgotten teacher.eval()
+        lit.body.train()
     trained = [*lit.head.parameters(), *(lit.stem.parameters() if case != "probe" else [])]
     opt = torch.optim.SGD(trained, lr=0.05)
     g = torch.Generator().manual_seed(0)
@@ -4120,6 +4123,10 @@ def test_a_wrapper_given_whose_forward_never_runs_is_asked_what_feeds_its_eval_p
             opt.step()
     r = w.result()
     said = [(f.where, f.severity) for f in r.findings if f.code == "module-in-eval-mode"]
+    if case == "teacher_in_train":
+        f = finding(r, "frozen-in-train-mode")
+        assert f.severity == "warning" and f.where == "body", f.message
+        return
     if case == "trained_stem":
         assert ("body.3", "warning") in said, [f.to_dict() for f in r.findings]
     else:

@@ -144,6 +144,7 @@ class Engine:
         # gradient in no optimizer: not-in-optimizer when no optimizer holds it at the end either
         self._sampled: set[int] = set()     # the models sampled since (a GAN's generator and discriminator each)
         self._uncalled_sampling: set[int] = set()   # given models whose forward never ran, sampled over one step
+        self._child_hooks: list = []                 # ... and their children's calls under no_grad (a teacher)
         self._eval_roots: dict[int, bool] = {}    # id(root) -> its last training forward ran in eval mode
         self._calls = 0                           # root forwards so far, and id(root) -> the count at its last one
         self._called: dict[int, float] = {}
@@ -306,6 +307,9 @@ class Engine:
         for probe in self._probes.values():
             probe.remove()
         self._probes.clear()
+        for h in self._child_hooks:
+            h.remove()
+        self._child_hooks = []
         for t in self.tracks.values():
             t.disarm()
         if self._backward is not None:
@@ -1076,6 +1080,9 @@ class Engine:
             if probe is not None:
                 probe.collect()
         self._uncalled_sampling = set()
+        for h in self._child_hooks:
+            h.remove()
+        self._child_hooks = []
         if not self._sample_forward:
             return
         from .stats import DeadUnits
@@ -1087,7 +1094,20 @@ class Engine:
             probe.attach()
             self._sampled.add(key)
             self._uncalled_sampling.add(key)
+            # a child called under no_grad in that step (a distiller's teacher: `Watch(model, opt)` turns the search
+            # for models off, which sees one elsewhere) is asked as the search asks (frozen.py)
+            self._child_hooks += [c.register_forward_pre_hook(self._child_nograd) for c in inner(root).children()]
         self._sample_forward = len(self._sampled) < len(self.roots)
+
+    @_guarded
+    def _child_nograd(self, module, args):
+        import torch
+
+        if torch.is_grad_enabled() or torch._C._current_graph_task_id() != -1 or id(module) in self._nograd:
+            return
+        probe = frozen_probe(module, self.step, _mode_sensitive())
+        if probe is not LATER:   # lazy weights, or in eval now: asked at its next call in a sampled step
+            self._nograd[id(module)] = probe
 
     def _starving(self, track: Track) -> None:
         """At an optimizer's first steps after a backward, none of its trainable parameters has a gradient: the
