@@ -4134,6 +4134,56 @@ def test_a_wrapper_given_whose_forward_never_runs_is_asked_what_feeds_its_eval_p
         assert not codes(r), [f.to_dict() for f in r.findings if f.severity != "info"]
 
 
+@pytest.mark.parametrize("case", ["nested_after_warm_up", "detached", "ema_copy", "prompt"])
+def test_a_teacher_anywhere_in_a_given_wrapper_is_asked_as_the_search_asks(case):
+    """A tenth review of the wrapper's probing (its direct children, called under no_grad, in sampled steps): a
+    teacher in a ModuleDict first used after a 5-step warm-up, and one called with grad on and detached, were missed;
+    an EMA copy updated later was a warning (info outside a wrapper); a frozen LM a trained prompt runs through, its
+    no_grad call logging accuracy, was a warning (nothing outside one)."""
+    torch.manual_seed(0)
+
+    def net(norm=True):   # (a transformer LM has no BatchNorm: its dropout alone is the recipe's)
+        return nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32) if norm else nn.Identity(), nn.ReLU(),
+                             nn.Dropout(0.2), nn.Linear(32, 2))
+
+    class Lit(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.student = net()
+            teacher = __import__("copy").deepcopy(self.student) if case == "ema_copy" else net(case != "prompt")
+            self.models = nn.ModuleDict({"teacher": teacher.requires_grad_(case == "detached")})
+
+        def training_step(self, x, step):
+            teacher = self.models["teacher"]
+            if case == "prompt":   # the frozen net as the LM: the student's output runs through it, then a log
+                out = teacher(self.student(x).repeat(1, 4))
+                with torch.no_grad():
+                    teacher(x)
+                return out.square().mean()
+            if case == "nested_after_warm_up" and step < 5:
+                return self.student(x).square().mean()
+            soft = teacher(x).detach() if case == "detached" else None
+            if soft is None:
+                with torch.no_grad():
+                    soft = teacher(x)
+            return F.kl_div(F.log_softmax(self.student(x), -1), soft.softmax(-1), reduction="batchmean")
+
+    lit = Lit()
+    opt = torch.optim.SGD(lit.student.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(lit, opt, every=20) as w:
+        for step in range(30):
+            loss = lit.training_step(torch.randn(16, 8, generator=g), step)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert not any(m._forward_pre_hooks for m in lit.modules())   # nothing left behind
+    said = [(f.where, f.severity) for f in w.result().findings if f.code == "frozen-in-train-mode"]
+    want = {"nested_after_warm_up": [("teacher", "warning")], "detached": [("teacher", "warning")],
+            "ema_copy": [("teacher", "info")], "prompt": []}[case]
+    assert said == want, [f.to_dict() for f in w.result().findings]
+
+
 def test_a_frozen_teachers_weights_in_the_students_optimizer_do_not_make_it_a_trained_model():
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)

@@ -24,6 +24,7 @@ import math
 import weakref
 
 from ...errors import one_line
+from .children import Children
 from .clip import ClipNorms, combined
 from .double import DoubleSteps
 from .frozen import LATER, frozen_probe, has_weights, on_trained_path, take
@@ -144,7 +145,8 @@ class Engine:
         # gradient in no optimizer: not-in-optimizer when no optimizer holds it at the end either
         self._sampled: set[int] = set()     # the models sampled since (a GAN's generator and discriminator each)
         self._uncalled_sampling: set[int] = set()   # given models whose forward never ran, sampled over one step
-        self._child_hooks: list = []                 # ... and their children's calls under no_grad (a teacher)
+        self.children = Children(self)               # ... and their submodules' calls (a teacher inside them)
+        self._first_prints: list | None = None       # the trained weights before the first update (frozen.copies)
         self._eval_roots: dict[int, bool] = {}    # id(root) -> its last training forward ran in eval mode
         self._calls = 0                           # root forwards so far, and id(root) -> the count at its last one
         self._called: dict[int, float] = {}
@@ -307,9 +309,7 @@ class Engine:
         for probe in self._probes.values():
             probe.remove()
         self._probes.clear()
-        for h in self._child_hooks:
-            h.remove()
-        self._child_hooks = []
+        self.children.unhook()
         for t in self.tracks.values():
             t.disarm()
         if self._backward is not None:
@@ -597,6 +597,8 @@ class Engine:
     # ----------------------------------------------------------------- the model's forward and backward
     @_guarded
     def _root_pre(self, module, args, kwargs):
+        if self.children.hooks:   # its own forward runs: judged as a called model (children.py)
+            self.children.unhook(id(module))
         if not _grad_enabled():
             return
         # vmap/grad's wrapped tensors, kept for a replay or reduced here, would escape the transform (a sweep:
@@ -1080,9 +1082,8 @@ class Engine:
             if probe is not None:
                 probe.collect()
         self._uncalled_sampling = set()
-        for h in self._child_hooks:
-            h.remove()
-        self._child_hooks = []
+        if self.step >= self.opts.every:   # after the first read: hooked in the sampled steps only
+            self.children.unhook()
         if not self._sample_forward:
             return
         from .stats import DeadUnits
@@ -1094,20 +1095,8 @@ class Engine:
             probe.attach()
             self._sampled.add(key)
             self._uncalled_sampling.add(key)
-            # a child called under no_grad in that step (a distiller's teacher: `Watch(model, opt)` turns the search
-            # for models off, which sees one elsewhere) is asked as the search asks (frozen.py)
-            self._child_hooks += [c.register_forward_pre_hook(self._child_nograd) for c in inner(root).children()]
+            self.children.hook(key, root)   # a teacher inside it (children.py)
         self._sample_forward = len(self._sampled) < len(self.roots)
-
-    @_guarded
-    def _child_nograd(self, module, args):
-        import torch
-
-        if torch.is_grad_enabled() or torch._C._current_graph_task_id() != -1 or id(module) in self._nograd:
-            return
-        probe = frozen_probe(module, self.step, _mode_sensitive())
-        if probe is not LATER:   # lazy weights, or in eval now: asked at its next call in a sampled step
-            self._nograd[id(module)] = probe
 
     def _starving(self, track: Track) -> None:
         """At an optimizer's first steps after a backward, none of its trainable parameters has a gradient: the
@@ -1540,6 +1529,11 @@ class Engine:
         live = {id(p) for t in self.tracks.values() for p in t.params if getattr(p, "requires_grad", False)}
         if (live | self.doubles.held).isdisjoint(self._model_ids()):   # no model trains: an input optimised
             return                                  # through a frozen network (style transfer) has no teacher
+        if self._first_prints is not None:   # probes made after the first update (children.py) asked as copies
+            with contextlib.suppress(Exception):
+                from .frozen import copies
+
+                copies(probes, [], self._first_prints)
         for probe in probes:
             try:
                 seen = observe(probe, trained)
@@ -1549,13 +1543,15 @@ class Engine:
                 self.pending.append(("frozen", (probe, seen[0], seen[1]), seen[2]))
 
     def _frozen_copies(self, track: Track) -> None:
-        from .frozen import copies
+        from .frozen import copies, prints
 
         probes = [p for p in self._nograd.values() if p is not None]
-        if probes:
-            with contextlib.suppress(Exception):   # a help: a failure keeps the probes
-                copies(probes, [p for t in self.tracks.values() for p in t.params
-                                if hasattr(p, "detach") and p.requires_grad])
+        trained = [p for t in self.tracks.values() for p in t.params if hasattr(p, "detach") and p.requires_grad]
+        with contextlib.suppress(Exception):   # a help: a failure keeps the probes
+            if probes:
+                copies(probes, trained)
+            if self.children.hooks:   # a teacher inside a given wrapper is seen from step 2: the weights kept
+                self._first_prints = list(zip(map(id, trained), prints(trained)))
 
     def frozen_in_train_mode(self) -> list[dict]:
         """The models called under no_grad in train mode that no optimizer trains, as of the last read (frozen.py)."""

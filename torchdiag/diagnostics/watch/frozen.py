@@ -88,24 +88,30 @@ def _fingerprint(p):
 TWINS = 0.9   # of a model's weights with an equal twin among the trained ones: a copy of the trained model
 
 
-def copies(probes: list, trained: list) -> None:
-    """Before the first update: probes whose weights (at least TWINS of them) equal trained parameters, shape and
-    values (a fingerprint: sum and sum of squares, one read), are copies of the trained model: an EMA teacher or a
-    target network whose update may come after the run's steps (a review: one updated every 50 steps was warned in a
-    40-step run), or a reference model that never changes (PPO's, DPO's: a later review, whose dropout in train
-    mode is that bug). Still judged; the message says it is a copy."""
+def prints(tensors: list) -> list[tuple]:
+    """Each tensor's (shape, sum, sum of squares) in float64: one read (a device's values each moved to the CPU)."""
     import torch
 
-    live = [(p, list(p.ref().parameters())) for p in probes if p.ref() is not None and not p.copy_checked]
-    if not live or not trained:
-        return
-    tensors = [q for _, ps in live for q in ps] + trained
+    if not tensors:
+        return []
     with torch.no_grad():
         real = [torch.view_as_real(q.detach()) if q.is_complex() else q.detach() for q in tensors]
-        prints = torch.stack([torch.stack([q.double().sum(), q.double().square().sum()]).cpu()
-                              for q in real]).tolist()   # one read (a device's values each moved to the CPU)
-    keys = [(tuple(q.shape), *v) for q, v in zip(tensors, prints)]
-    theirs = list(zip(map(id, trained), keys[-len(trained):]))
+        got = torch.stack([torch.stack([q.double().sum(), q.double().square().sum()]).cpu() for q in real]).tolist()
+    return [(tuple(q.shape), *v) for q, v in zip(tensors, got)]
+
+
+def copies(probes: list, trained: list, first: list | None = None) -> None:
+    """Probes whose weights (at least TWINS of them) equal trained parameters as they were before the first update,
+    shape and values (prints), are copies of the trained model: an EMA teacher or a target network whose update may
+    come after the run's steps (a review: one updated every 50 steps was warned in a 40-step run), or a reference
+    model that never changes (PPO's, DPO's: a later review, whose dropout in train mode is that bug). Still judged;
+    the message says it is a copy. `first`: the trained parameters' (id, print) kept from before the first update,
+    for a probe made later (a teacher inside a given wrapper, seen from step 2: a review); else taken now."""
+    live = [(p, list(p.ref().parameters())) for p in probes if p.ref() is not None and not p.copy_checked]
+    if not live or not (trained or first):
+        return
+    keys = prints([q for _, ps in live for q in ps] + ([] if first is not None else trained))
+    theirs = first if first is not None else list(zip(map(id, trained), keys[-len(trained):]))
     at = 0
     for probe, ps in live:
         mine = keys[at:at + len(ps)]

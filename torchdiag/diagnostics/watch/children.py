@@ -1,0 +1,94 @@
+"""A model given to watch whose own forward never runs (a Lightning-style wrapper whose `training_step` calls
+`self.student` and `self.teacher`): a model given turns the search for models off, so nothing would see a teacher
+inside it. Its submodules' calls are asked as the search asks them (frozen.py): the outermost call under no_grad, and
+a call with grad at the top (a teacher whose output the loop detaches); a frozen one whose output a backward goes
+through is on the trained path. Hooked from the start until the first read (a teacher first used after a warm-up),
+then in the steps sampled after each read; unhooked as soon as the model's own forward runs. Cost: two Python calls
+per submodule call while hooked."""
+from __future__ import annotations
+
+import functools
+
+from .frozen import LATER, frozen_probe, has_weights, on_trained_path
+
+
+class Children:
+    def __init__(self, engine):
+        self.engine = engine
+        self.hooks: dict[int, list] = {}   # model id -> its submodules' hook handles
+        self.grads: list = []              # grad mode of each hooked call open (None: not asked)
+
+    def hook(self, key: int, root) -> None:
+        if key in self.hooks:
+            return
+        mods = [m for m in inner(root).modules() if m is not inner(root)]
+        self.hooks[key] = [h for m in mods for h in (
+            m.register_forward_pre_hook(functools.partial(self._pre, key)),
+            m.register_forward_hook(functools.partial(self._post, key), always_call=True))]
+
+    def unhook(self, key: int | None = None) -> None:
+        for k in [key] if key is not None else list(self.hooks):
+            for h in self.hooks.pop(k, []):
+                h.remove()
+        if not self.hooks:
+            self.grads = []
+
+    def _pre(self, key, module, args):
+        grad = None
+        try:
+            grad = self._ask(key, module)
+        except Exception:   # noqa: BLE001 - a help, never a failure of the run: this call is not asked
+            grad = None
+        finally:
+            self.grads.append(grad)
+
+    def _ask(self, key, module) -> bool | None:
+        """The call's grad mode (None: not asked), a probe made where the search would make one."""
+        import torch
+
+        eng = self.engine
+        if eng.broken or key in eng._called:   # its own forward runs: the model is judged as a called one
+            return None
+        grad = torch.is_grad_enabled()
+        probe = eng._nograd.get(id(module))
+        if torch._C._current_graph_task_id() != -1:   # a checkpoint's recomputation: a layer of the trained model
+            if probe is not None and grad:
+                probe.relevant, probe.verdict = False, None
+            return None
+        top = not any(g is not None for g in self.grads)
+        outer = top or self.grads[-1] is not False
+        if id(module) not in eng._nograd and ((not grad and outer) or (grad and top and has_weights(module))):
+            made = frozen_probe(module, eng.step, _mode_sensitive())
+            if made is not LATER:   # lazy weights, or in eval now: asked again at its next call
+                eng._nograd[id(module)] = made
+        return grad
+
+    def _post(self, key, module, args, output):
+        grad = self.grads.pop() if self.grads else None
+        if not grad:
+            return
+        probe = self.engine._nograd.get(id(module))
+        if probe is not None and probe.relevant and not probe.trainable and probe.dropout:
+            try:
+                if _requires_grad(output):
+                    on_trained_path(probe)
+            except Exception:   # noqa: BLE001 - a help, never a failure of the run
+                pass
+
+
+def _mode_sensitive():
+    from .engine import _mode_sensitive as sensitive
+
+    return sensitive()
+
+
+def _requires_grad(output) -> bool:
+    from .engine import _requires_grad as requires
+
+    return requires(output)
+
+
+def inner(root):
+    from .engine import inner as unwrap
+
+    return unwrap(root)
