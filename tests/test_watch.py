@@ -1070,6 +1070,19 @@ def test_eval_mode_that_changes_what_trains_stays_a_warning(case):
         assert sorted(said) == [("body.1", "warning"), ("body.3", "warning")], said
 
 
+def _distil_step(teacher, student, opt, x, detached: bool = False) -> None:
+    """One distillation step: the teacher's soft targets under no_grad (or with grad on, detached), KL to them."""
+    if detached:
+        soft = teacher(x).detach().softmax(-1)
+    else:
+        with torch.no_grad():
+            soft = teacher(x).softmax(-1)
+    loss = F.kl_div(F.log_softmax(student(x), -1), soft, reduction="batchmean")
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
 def _distil(teacher_mode: str, steps: int, every: int = 10):
     """A student distilled from a frozen teacher (BatchNorm, dropout) called under no_grad; the models are locals of
     this function, gone before the result is built when `steps` < `every` (as in a script's main())."""
@@ -1083,13 +1096,7 @@ def _distil(teacher_mode: str, steps: int, every: int = 10):
     g = torch.Generator().manual_seed(0)
     with Watch(every=every) as w:
         for _ in range(steps):
-            x = torch.randn(16, 8, generator=g)
-            with torch.no_grad():
-                soft = teacher(x).softmax(-1)
-            loss = F.kl_div(F.log_softmax(student(x), -1), soft, reduction="batchmean")
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+            _distil_step(teacher, student, opt, torch.randn(16, 8, generator=g))
             if teacher_mode == "ema":   # a mean teacher: moved towards the student after each step
                 with torch.no_grad():
                     for t, s_ in zip(teacher.parameters(), [student[0].weight, student[0].bias]):
@@ -3998,16 +4005,7 @@ def test_a_forgotten_teacher_eval_is_told_however_the_script_goes_on(how):
             teacher.train()
         batches = int(teacher[1].num_batches_tracked)
         for _ in range(40):
-            x = torch.randn(16, 8, generator=g)
-            if how == "detached":
-                soft = teacher(x).detach().softmax(-1)
-            else:
-                with torch.no_grad():
-                    soft = teacher(x).softmax(-1)
-            loss = F.kl_div(F.log_softmax(student(x), -1), soft, reduction="batchmean")
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+            _distil_step(teacher, student, opt, torch.randn(16, 8, generator=g), detached=how == "detached")
         grew = int(teacher[1].num_batches_tracked) - batches
         teacher.eval()
         student.eval()
