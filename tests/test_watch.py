@@ -4182,6 +4182,35 @@ def test_a_teacher_anywhere_in_a_given_wrapper_is_asked_as_the_search_asks(case)
     assert said == want, [f.to_dict() for f in w.result().findings]
 
 
+def test_a_compiled_child_of_a_given_wrapper_is_not_broken_up_by_its_probing():
+    """An eleventh review: a teacher compiled by the user and first called after watch hooked the wrapper's
+    submodules: dynamo traced the probing hooks and broke the graph at each module type (12 graphs, 9 breaks, the
+    recompile limit hit). Nothing of ours runs while compiling."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    lit = nn.Module()
+    lit.student = _mlp()
+    teacher = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.GELU(), nn.Tanh(), nn.SiLU(),
+                            nn.LayerNorm(32), nn.Sigmoid(), nn.ELU(), nn.Softplus(), nn.Linear(32, 2))
+    lit.teacher = torch.compile(teacher.requires_grad_(False), backend="eager")
+    opt = torch.optim.SGD(lit.student.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(lit, opt, every=20):
+        for i in range(25):
+            x = torch.randn(16, 8, generator=g)
+            with torch.no_grad():
+                soft = lit.teacher(x) if i >= 3 else torch.zeros(16, 2)
+            loss = F.kl_div(F.log_softmax(lit.student(x), -1), soft.softmax(-1), reduction="batchmean")
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert sum(counters["graph_break"].values()) == 0 and counters["stats"]["unique_graphs"] <= 2, dict(counters)
+
+
 def test_a_frozen_teachers_weights_in_the_students_optimizer_do_not_make_it_a_trained_model():
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)

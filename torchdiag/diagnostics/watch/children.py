@@ -17,6 +17,7 @@ class Children:
         self.engine = engine
         self.hooks: dict[int, list] = {}   # model id -> its submodules' hook handles
         self.grads: list = []              # grad mode of each hooked call open (None: not asked)
+        self.asked = 0                     # how many of them were asked
 
     def hook(self, key: int, root) -> None:
         if key in self.hooks:
@@ -31,9 +32,13 @@ class Children:
             for h in self.hooks.pop(k, []):
                 h.remove()
         if not self.hooks:
-            self.grads = []
+            self.grads, self.asked = [], 0
 
     def _pre(self, key, module, args):
+        import torch
+
+        if torch.compiler.is_compiling():   # traced into a compiled child's graph: nothing of ours in it (a review:
+            return                          # graph breaks at each module type); _post skips alike
         grad = None
         try:
             grad = self._ask(key, module)
@@ -41,6 +46,7 @@ class Children:
             grad = None
         finally:
             self.grads.append(grad)
+            self.asked += grad is not None
 
     def _ask(self, key, module) -> bool | None:
         """The call's grad mode (None: not asked), a probe made where the search would make one."""
@@ -55,7 +61,7 @@ class Children:
             if probe is not None and grad:
                 probe.relevant, probe.verdict = False, None
             return None
-        top = not any(g is not None for g in self.grads)
+        top = not self.asked   # no asked call open around this one
         outer = top or self.grads[-1] is not False
         if id(module) not in eng._nograd and ((not grad and outer) or (grad and top and has_weights(module))):
             made = frozen_probe(module, eng.step, _mode_sensitive())
@@ -64,7 +70,12 @@ class Children:
         return grad
 
     def _post(self, key, module, args, output):
+        import torch
+
+        if torch.compiler.is_compiling():
+            return
         grad = self.grads.pop() if self.grads else None
+        self.asked -= grad is not None
         if not grad:
             return
         probe = self.engine._nograd.get(id(module))
