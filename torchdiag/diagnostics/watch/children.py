@@ -64,7 +64,7 @@ class Children:
         top = not self.asked   # no asked call open around this one
         outer = top or self.grads[-1] is not False
         if id(module) not in eng._nograd and ((not grad and outer) or (grad and top and has_weights(module))):
-            made = frozen_probe(module, eng.step, _mode_sensitive())
+            made = frozen_probe(module, eng.step, mode_sensitive())
             if made is not LATER:   # lazy weights, or in eval now: asked again at its next call
                 eng._nograd[id(module)] = made
         return grad
@@ -81,25 +81,25 @@ class Children:
         probe = self.engine._nograd.get(id(module))
         if probe is not None and probe.relevant and not probe.trainable and probe.dropout:
             try:
-                if _requires_grad(output):
+                if output_requires_grad(output):
                     on_trained_path(probe)
             except Exception:   # noqa: BLE001 - a help, never a failure of the run
                 pass
-
-
-def _mode_sensitive():
-    from .engine import _mode_sensitive as sensitive
-
-    return sensitive()
-
-
-def _requires_grad(output) -> bool:
-    from .engine import _requires_grad as requires
-
-    return requires(output)
 
 
 def inner(root):
     from .engine import inner as unwrap
 
     return unwrap(root)
+
+
+def mode_sensitive():
+    from .engine import mode_sensitive as sensitive
+
+    return sensitive()
+
+
+def output_requires_grad(output) -> bool:
+    from .engine import output_requires_grad as requires
+
+    return requires(output)

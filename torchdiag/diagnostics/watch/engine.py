@@ -366,7 +366,7 @@ class Engine:
             # a model called with grad (its weights frozen, or its output detached: a review; the trained model too,
             # until a read finds it trained): a frozen model (frozen.py)
             if (not grad and (not self._grads or self._grads[-1])) or (grad and self._depth == 0 and has_weights(module)):
-                probe = frozen_probe(module, self.step, _mode_sensitive())
+                probe = frozen_probe(module, self.step, mode_sensitive())
                 if probe is not LATER:   # lazy weights not made yet: asked again at its next call
                     self._nograd[id(module)] = probe
         if self._depth == 0 and grad and id(module) not in self._root_handles \
@@ -382,7 +382,7 @@ class Engine:
         self._depth = max(0, self._depth - 1)
         grad = self._grads.pop() if self._grads else False
         probe = self._nograd.get(id(module)) if grad else None
-        if probe is not None and probe.relevant and not probe.trainable and probe.dropout and _requires_grad(output):
+        if probe is not None and probe.relevant and not probe.trainable and probe.dropout and output_requires_grad(output):
             on_trained_path(probe)   # frozen weights, an output a backward can go through (frozen.py)
 
 
@@ -1182,7 +1182,7 @@ class Engine:
         """A dropout/BatchNorm in eval inside a part of the model given (one of its children, or itself when it holds
         trained weights directly) that holds a trained weight: that part is a model a called root would be, judged
         as one is (a teacher in eval beside an untouched student, in a wrapper left in eval: not; a review)."""
-        sensitive = _mode_sensitive()
+        sensitive = mode_sensitive()
         held = {id(m) for m in owners}
         m = inner(root)
         parts = [m] if any(id(x) in held for x in (m,)) else list(m.children())
@@ -1286,7 +1286,7 @@ class Engine:
                                                                       if o is not t and o.last_step > t.last_step)))
         self._last_read = self.step
         self._observe_frozen()
-        sensitive = _mode_sensitive()
+        sensitive = mode_sensitive()
         stats = []
         for _rid, root in self.roots.items():
             if not inner(root).training:
@@ -1474,7 +1474,7 @@ class Engine:
             return
         from .modes import mode_inert
 
-        self.checks["mode_inert"] = (id(root), mode_inert(inner(root), args, kwargs, _mode_sensitive()))
+        self.checks["mode_inert"] = (id(root), mode_inert(inner(root), args, kwargs, mode_sensitive()))
 
     def _eval_regions(self, root, prefix: str, names: list[str], in_eval: set, trained: set) -> None:
         """Modules in eval seen at this read (`names`, relative to `root`): is the part put in eval around each (its
@@ -1504,7 +1504,7 @@ class Engine:
 
         if self.checks["eval_fed"].get(name):
             return
-        if not isinstance(module, _mode_sensitive()) and next(module.parameters(recurse=False), None) is None:
+        if not isinstance(module, mode_sensitive()) and next(module.parameters(recurse=False), None) is None:
             return   # neither a dropout/BatchNorm nor a holder of weights: nothing to ask (a review: the cost)
         from .graph import fed_by
 
@@ -1694,7 +1694,7 @@ def _noted(into: list, key, _ref) -> None:
     into.append(key)
 
 
-def _requires_grad(output) -> bool:
+def output_requires_grad(output) -> bool:
     from ...core.recording import float_tensors
 
     return any(t.requires_grad for t in float_tensors(output))
@@ -1791,7 +1791,7 @@ def _elementwise_losses() -> tuple:
     return (torch.nn.MSELoss, torch.nn.L1Loss, torch.nn.SmoothL1Loss, torch.nn.HuberLoss)
 
 
-def _mode_sensitive() -> tuple:
+def mode_sensitive() -> tuple:
     """Modules whose forward depends on train/eval mode (dropout, batch norm)."""
     import torch
 
