@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 
-from .frozen import LATER, frozen_probe, has_weights, on_trained_path
+from .frozen import LATER, frozen_probe, passed_through, recomputed, worth_asking
 
 
 class Children:
@@ -56,14 +56,13 @@ class Children:
         if eng.broken or key in eng._called:   # its own forward runs: the model is judged as a called one
             return None
         grad = torch.is_grad_enabled()
-        probe = eng._nograd.get(id(module))
-        if torch._C._current_graph_task_id() != -1:   # a checkpoint's recomputation: a layer of the trained model
-            if probe is not None and grad:
-                probe.relevant, probe.verdict = False, None
+        if torch._C._current_graph_task_id() != -1:   # inside a backward
+            if grad:
+                recomputed(eng._nograd.get(id(module)))
             return None
         top = not self.asked   # no asked call open around this one
         outer = top or self.grads[-1] is not False
-        if id(module) not in eng._nograd and ((not grad and outer) or (grad and top and has_weights(module))):
+        if id(module) not in eng._nograd and worth_asking(module, grad, outer, top):
             made = frozen_probe(module, eng.step, mode_sensitive())
             if made is not LATER:   # lazy weights, or in eval now: asked again at its next call
                 eng._nograd[id(module)] = made
@@ -78,13 +77,10 @@ class Children:
         self.asked -= grad is not None
         if not grad:
             return
-        probe = self.engine._nograd.get(id(module))
-        if probe is not None and probe.relevant and not probe.trainable and probe.dropout:
-            try:
-                if output_requires_grad(output):
-                    on_trained_path(probe)
-            except Exception:   # noqa: BLE001 - a help, never a failure of the run
-                pass
+        try:
+            passed_through(self.engine._nograd.get(id(module)), output)
+        except Exception:   # noqa: BLE001 - a help, never a failure of the run
+            pass
 
 
 def inner(root):
@@ -98,8 +94,3 @@ def mode_sensitive():
 
     return sensitive()
 
-
-def output_requires_grad(output) -> bool:
-    from .engine import output_requires_grad as requires
-
-    return requires(output)

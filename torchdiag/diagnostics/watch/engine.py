@@ -27,7 +27,7 @@ from ...errors import one_line
 from .children import Children
 from .clip import ClipNorms, combined
 from .double import DoubleSteps
-from .frozen import LATER, frozen_probe, has_weights, on_trained_path, take
+from .frozen import LATER, frozen_probe, passed_through, recomputed, take, worth_asking
 from .hooks import hook_root
 from .names import label, user_names
 from .options import Options
@@ -359,13 +359,13 @@ class Engine:
             # run again there with grad on: a checkpoint's recomputation (its output backpropagated to the layers
             # before it), a layer of the trained model, whichever checkpoint ran it (reviews); a teacher recomputed
             # under no_grad by a fused loss's backward, or called from a hook, is not (a seventh review)
-            if probe is not None and grad:   # (LATER is never kept)
-                probe.relevant, probe.verdict = False, None
+            if grad:   # (LATER is never kept)
+                recomputed(probe)
         elif id(module) not in self._nograd and id(module) not in self._root_handles:
             # a forward under no_grad where its caller's had grad (a teacher inside a distiller's forward too), or
             # a model called with grad (its weights frozen, or its output detached: a review; the trained model too,
             # until a read finds it trained): a frozen model (frozen.py)
-            if (not grad and (not self._grads or self._grads[-1])) or (grad and self._depth == 0 and has_weights(module)):
+            if worth_asking(module, grad, not self._grads or self._grads[-1], self._depth == 0):
                 probe = frozen_probe(module, self.step, mode_sensitive())
                 if probe is not LATER:   # lazy weights not made yet: asked again at its next call
                     self._nograd[id(module)] = probe
@@ -380,10 +380,8 @@ class Engine:
     @_guarded
     def _global_post(self, module, args, output):
         self._depth = max(0, self._depth - 1)
-        grad = self._grads.pop() if self._grads else False
-        probe = self._nograd.get(id(module)) if grad else None
-        if probe is not None and probe.relevant and not probe.trainable and probe.dropout and output_requires_grad(output):
-            on_trained_path(probe)   # frozen weights, an output a backward can go through (frozen.py)
+        if self._grads and self._grads.pop():
+            passed_through(self._nograd.get(id(module)), output)   # frozen.py
 
 
     def _look_at_loss_input(self, module, x) -> None:
@@ -1692,12 +1690,6 @@ def _has_closure(args, kwargs) -> bool:
 def _noted(into: list, key, _ref) -> None:
     """A weakref callback: only notes the key (a collection can run inside our own loops)."""
     into.append(key)
-
-
-def output_requires_grad(output) -> bool:
-    from ...core.recording import float_tensors
-
-    return any(t.requires_grad for t in float_tensors(output))
 
 
 def _grad_enabled() -> bool:

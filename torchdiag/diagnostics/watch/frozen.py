@@ -56,6 +56,31 @@ def has_weights(module) -> bool:
     return next(iter(module.parameters()), None) is not None
 
 
+def worth_asking(module, grad: bool, outer: bool, top: bool) -> bool:
+    """Where the search makes a probe: the outermost call under no_grad (its caller had grad), or a call with grad at
+    the top (a teacher whose output the loop detaches; the trained model too, until a read finds it trained)."""
+    return (not grad and outer) or (grad and top and has_weights(module))
+
+
+def recomputed(probe) -> None:
+    """Run again inside a backward with grad on: a checkpoint's recomputation, a layer of the trained model (any
+    checkpoint recomputes there; a teacher recomputed under no_grad by a fused loss's backward is not)."""
+    if probe is not None:
+        probe.relevant, probe.verdict = False, None
+
+
+def passed_through(probe, output) -> None:
+    """After a call with grad: frozen weights and an output a backward can go through are on the trained path."""
+    if probe is not None and probe.relevant and not probe.trainable and probe.dropout and _requires_grad(output):
+        on_trained_path(probe)
+
+
+def _requires_grad(output) -> bool:
+    from ...core.recording import float_tensors
+
+    return any(t.requires_grad for t in float_tensors(output))
+
+
 def frozen_probe(module, step: int, sensitive: tuple):
     """A Probe of `module` when it is worth judging (weights, train mode, a dropout or BatchNorm); None when not;
     LATER while a lazy weight is not made (a dry run under no_grad materialises them: a review's lazy student
@@ -123,9 +148,9 @@ def copies(probes: list, trained: list, first: list | None = None) -> None:
 
 
 def observe(probe: Probe, trained: set[int]):
-    """What a read takes of a probe: (still in train mode, any weight one of `trained`, the names of its BatchNorms
-    still there, the device values to read: [weights unchanged, each one's batch count now, then at first sight]), or
-    None when the module is gone."""
+    """What a read takes of a probe: (still in train mode, the names of its BatchNorms still there, the device values
+    to read: [weights unchanged, each one's batch count now, then at first sight]), or None when the module is gone
+    or trains (any weight one of `trained`, or given a gradient since first sight)."""
     import torch
 
     from .engine import inner
@@ -150,7 +175,7 @@ def observe(probe: Probe, trained: set[int]):
         values = torch.stack([(now == probe.sum.to(now.device)).double()]
                              + [b.num_batches_tracked.double().to(now.device) for _, b, _ in live]
                              + [before.double().to(now.device) for _, _, before in live])
-    return (m.training, held), [n for n, _, _ in live], values
+    return m.training, [n for n, _, _ in live], values
 
 
 def _new_grad(probe: Probe, params: list) -> bool:
@@ -168,13 +193,12 @@ def on_trained_path(probe: Probe) -> None:
         probe.relevant, probe.verdict = False, None
 
 
-def take(probe: Probe, state: tuple[bool, bool], names: list[str], read: list) -> None:
+def take(probe: Probe, training: bool, names: list[str], read: list) -> None:
     """A read's values (observe's): the probe's verdict as of that read, kept for the end (the model may be gone).
-    Its weights changed (an EMA teacher, a copy loaded now and then) or an optimizer trains them: not this, whatever
-    an earlier read said. Put in eval since: what an earlier read saw stands (a review: the usual `model.eval()`
-    after training hid a teacher that gave 40 steps of targets in train mode)."""
-    training, held = state
-    if held or not probe.relevant or read[0] != 1.0:
+    Its weights changed (an EMA teacher, a copy loaded now and then): not this, whatever an earlier read said. Put in
+    eval since: what an earlier read saw stands (a review: the usual `model.eval()` after training hid a teacher that
+    gave 40 steps of targets in train mode)."""
+    if not probe.relevant or read[0] != 1.0:
         probe.verdict = None
         return
     k = len(names)
