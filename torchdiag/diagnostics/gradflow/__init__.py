@@ -56,7 +56,6 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     wrapped = ctx.wrapped_copy(model, "to run the pass wrapped")
     watched = model if wrapped is None else inner(wrapped)
     params = dict(watched.named_parameters())          # unique tensors (ties once)
-    modules = dict(watched.named_modules())
     known = {id(p) for p in watched.parameters()}      # a forward may register more (gradflow judges these)
     pas = record_pass(watched, inputs, opts, ctx, call=wrapped)
     modules = dict(watched.named_modules())   # with any the forward registered (`self.mid = nn.Linear(...)` in it)
