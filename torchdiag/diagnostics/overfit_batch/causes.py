@@ -298,12 +298,12 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
                 if needed < floor:
                     causes.bounded = {"box": box, "classes": classes, "floor": floor, "needed": needed}
             causes.own_floor, causes.scaled = _own_floor(out, trainer.loss_fn)
-            causes.out_of_range = made_target_floor(out, trainer.loss_fn, opts.target_ratio * curve.losses[0])
+            causes.out_of_range = made_target_floor(out, trainer.loss_fn, opts.target_ratio * curve.losses[0], trainer.fits)
         except Exception:
             causes.final_same = False
 
 
-def made_target_floor(out, loss, goal: float = 0.0) -> dict | None:
+def made_target_floor(out, loss, goal: float = 0.0, fits: dict | None = None) -> dict | None:
     """mse against a target torchdiag drew (N(0, 1)), on an output whose trained values still keep to a range: unit
     length along the last dimension or dimension 1 (normalised embeddings, a channel-first descriptor map), each row
     a distribution (a softmax), or every value in [0, 1] or [-1, 1] (a sigmoid or tanh map). The lowest loss any
@@ -311,7 +311,8 @@ def made_target_floor(out, loss, goal: float = 0.0) -> dict | None:
     PP-OCRv5's sigmoid map levelled at 0.46 x its start, ColQwen2's unit rows at 0.65 x, both cannot-overfit. Told
     within the output dtype's rounding (bfloat16 rows are unit to ~4e-3). {kind, floor}, or None (a given target,
     another loss, a single value, several terms). `goal`: the loss the run had to reach (a LayerNorm's floor far below
-    it is not fitted: `_layernorm_floor`)."""
+    it is not fitted: `_layernorm_floor`). `fits`: LayerNorm floors fitted before, by dimension (the target is the
+    run's own, so a fit holds for the run)."""
     import torch
     import torch.nn.functional as F
 
@@ -344,11 +345,11 @@ def made_target_floor(out, loss, goal: float = 0.0) -> dict | None:
     elif lo >= -1 - tol and hi <= 1 + tol:
         kind, near = "[-1, 1]", t.clamp(-1, 1)
     else:
-        return _layernorm_floor(y, t, dims, tol, goal)
+        return _layernorm_floor(y, t, dims, tol, goal, fits)
     return {"kind": kind, "floor": float(F.mse_loss(near, t))}
 
 
-def _layernorm_floor(y, t, dims, tol: float, goal: float) -> dict | None:
+def _layernorm_floor(y, t, dims, tol: float, goal: float, fits: dict | None = None) -> dict | None:
     """Rows along a dimension that a LayerNorm made (each standardised, then one scale and shift per feature), told
     by their values, with at least twice as many rows as unknowns: every row keeps one linear relation, the same
     for all (its mean taken out: the centred rows, columns at unit length, have a singular value near 0, where a
@@ -376,9 +377,12 @@ def _layernorm_floor(y, t, dims, tol: float, goal: float) -> dict | None:
             continue
         if start <= goal / 10:
             return None
+        fits = {} if fits is None else fits
+        if d not in fits:
+            fits[d] = _fit_standardised(trows)
         where = "the last dimension" if d == y.dim() - 1 else f"dimension {d}"
         return {"kind": f"a LayerNorm's range along {where} (each row standardised, then one scale and shift "
-                        "per feature)", "floor": _fit_standardised(trows), "fitted": True}
+                        "per feature)", "floor": fits[d], "fitted": True}
     return None
 
 

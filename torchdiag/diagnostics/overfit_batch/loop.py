@@ -85,6 +85,7 @@ class Trainer:
         self.group = getattr(work, "process_group", None)   # DDP's; FSDP (and the agreement) use the default one
         self.agree = _agreement(ctx, self.group)   # under a wrapper: the stop decided by every rank
         self.sharded = is_sharded(p for _, p in self.trainable)  # --wrap fsdp: DTensor parameters, read through their shards
+        self.fits: dict = {}              # causes.made_target_floor's fitted LayerNorm floors, fitted once a run
 
     def release(self) -> None:
         """Drop the trained copy, its optimizer and the start values once the verdict no longer reads them (the
@@ -120,10 +121,10 @@ class Trainer:
         try:
             while True:
                 self.optimizer.zero_grad(set_to_none=True)
-                value, lv, acc = self._evaluated(c.step)
+                value, lv, acc, out = self._evaluated(c.step)
                 if opts.on_step:
                     opts.on_step(c.step, lv)
-                if self._stop(value, lv, acc):
+                if self._stop(value, lv, acc, out):
                     break
                 self._update(value, c.step)
                 c.step += 1
@@ -145,7 +146,7 @@ class Trainer:
                     self.agree([False, False, False, True])
             raise
 
-    def _stop(self, value, lv: float, acc: float | None) -> bool:
+    def _stop(self, value, lv: float, acc: float | None, out) -> bool:
         """Stop at a non-finite loss, the target, the budget or no graph. Under a wrapper (self.agree)
         the decision is every rank's: one all_reduce per step (the loop reads the loss each step
         anyway), so every rank takes the same number of steps and the same collectives; the target
@@ -170,7 +171,7 @@ class Trainer:
         if not short:
             c.reached_at = c.step
             return True
-        if c.step >= c.budget and not self._extend():
+        if c.step >= c.budget and not self._extend(out):
             return True
         if no_graph:
             if flags[2]:
@@ -180,7 +181,7 @@ class Trainer:
             return True
         return False
 
-    def _extend(self) -> bool:
+    def _extend(self, out) -> bool:
         """At the budget, short of the target, --steps left out: run on by another DEFAULT_STEPS (to the cap) while
         the loss's own recent trend (trend.judge) puts the target within that cap, or it is levelling off
         for the first time (confirmed by one more stretch before it is called a floor). A model whose steps are
@@ -194,7 +195,7 @@ class Trainer:
         if self.agree is not None or opts.steps is not None:
             return False
         cap = self._cap()
-        if c.budget >= cap:
+        if c.budget >= cap or self._at_made_floor(out):
             return False
         t = judge(c.losses, goal_of(c.losses[0], opts))
         if cap > opts.cap:
@@ -209,6 +210,23 @@ class Trainer:
                 opts.on_budget(c.budget)
         return go
 
+    def _at_made_floor(self, out) -> bool:
+        """The loss is within the target ratio of the floor that torchdiag's own random target leaves an output of a
+        fixed range (causes.made_target_floor, read from this step's output: no extra forward). The verdict calls it
+        memorised (report._within_range); running on toward a target below the floor only costs time (a LayerNorm
+        output ran to the 20,000-step cap, 13 s, for the verdict it had at step 1500)."""
+        import torch
+
+        from .causes import made_target_floor
+
+        c, ratio = self.curve, self.opts.target_ratio
+        if self.opts.target_loss is not None or not getattr(self.loss_fn, "made_target", False):
+            return False
+        with torch.no_grad():
+            found = made_target_floor(out, self.loss_fn, ratio * c.losses[0], self.fits)
+        floor = found["floor"] if found else math.nan
+        return 0 < floor < c.losses[0] and c.losses[-1] - floor <= ratio * (c.losses[0] - floor)
+
     def _cap(self) -> int:
         """The most steps this run may take without --steps: opts.cap, or more when its steps are fast (cost.fast_cap,
         at the rate measured so far: a slower stretch lowers it)."""
@@ -218,7 +236,8 @@ class Trainer:
         return self.curve.cap
 
     def _evaluate(self, step: int):
-        """Forward and loss at `step`; records the loss (and accuracy), and at step 0 the output's shape facts."""
+        """Forward and loss at `step`; records the loss (and accuracy), and at step 0 the output's shape facts.
+        (value, loss, accuracy, output)."""
         c = self.curve
         try:
             with self.autocast():
@@ -261,7 +280,7 @@ class Trainer:
                              hint=f"give an absolute target with {self.ctx.option('target_loss')}")
             err.partial = self.partial(f"stopped at step {step}: the loss went below 0")
             raise err
-        return value, lv, acc
+        return value, lv, acc, out
 
     def _read(self, value=None, counts=None):
         """The one host read of a step: (loss, batch accuracy or None). Also records the previous
