@@ -4182,6 +4182,77 @@ def test_a_teacher_anywhere_in_a_given_wrapper_is_asked_as_the_search_asks(case)
     assert said == want, [f.to_dict() for f in w.result().findings]
 
 
+@pytest.mark.parametrize("teacher_mode", ["train", "eval", "detached", "after_warm_up"])
+def test_a_teacher_beside_a_given_model_is_asked_as_the_search_asks(teacher_mode):
+    """Watch(student, opt) with the teacher called beside it (the documented way in for the student alone): a model
+    given turns the search for models off, so a teacher left in train mode was never seen. Every call is asked as
+    the search asks it until the first read and in the step after each read: the forgotten teacher.eval() is told,
+    under no_grad, detached, or first used after a warm-up; one in eval is not."""
+    torch.manual_seed(0)
+    teacher = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 2))
+    teacher.requires_grad_(teacher_mode == "detached")
+    if teacher_mode == "eval":
+        teacher.eval()
+    student = _mlp()
+    opt = torch.optim.SGD(student.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(student, opt, every=10) as w:
+        for step in range(30):
+            x = torch.randn(16, 8, generator=g)
+            if teacher_mode == "after_warm_up" and step < 12:
+                loss = student(x).square().mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                continue
+            _distil_step(teacher, student, opt, x, detached=teacher_mode == "detached")
+    r = w.result()
+    said = [(f.where, f.severity) for f in r.findings if f.code == "frozen-in-train-mode"]
+    assert said == ([] if teacher_mode == "eval" else [("teacher", "warning")]), r.findings
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in teacher.modules())
+    assert not [f for f in r.findings if f.severity != "info" and f.code != "frozen-in-train-mode"], r.findings
+
+
+@pytest.mark.parametrize("teacher_mode", ["train", "eval"])
+def test_a_teacher_in_a_given_wrapper_whose_forward_runs_is_asked(teacher_mode):
+    """Lightning's distillation module: forward is the student (`self(x)`), training_step calls `self.teacher` under
+    no_grad. The wrapper's forward runs, so its submodules were not asked (children.py stops there): a teacher left in
+    train mode passed, and one rightly in eval had its dropout warned `module-in-eval-mode` (called under no_grad
+    only, it feeds no gradient: info now)."""
+    torch.manual_seed(0)
+
+    def net():
+        return nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 2))
+
+    class Lit(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.student, self.teacher = net(), net().requires_grad_(False)
+            self.teacher(torch.randn(64, 8))   # its BatchNorm statistics, as a trained teacher's
+            self.teacher.train(teacher_mode == "train")
+
+        def forward(self, x):
+            return self.student(x)
+
+        def training_step(self, x):
+            with torch.no_grad():
+                soft = self.teacher(x).softmax(-1)
+            return F.kl_div(F.log_softmax(self(x), -1), soft, reduction="batchmean")
+
+    lit = Lit()
+    opt = torch.optim.SGD(lit.student.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(lit, opt, every=10) as w:
+        for _ in range(30):
+            loss = lit.training_step(torch.randn(16, 8, generator=g))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    r = w.result()
+    bad = [(f.code, f.where) for f in r.findings if f.severity != "info"]
+    assert bad == ([("frozen-in-train-mode", "teacher")] if teacher_mode == "train" else []), r.findings
+
+
 def test_a_compiled_child_of_a_given_wrapper_is_not_broken_up_by_its_probing():
     """An eleventh review: a teacher compiled by the user and first called after watch hooked the wrapper's
     submodules: dynamo traced the probing hooks and broke the graph at each module type (12 graphs, 9 breaks, the

@@ -1,6 +1,6 @@
 """A model given to watch whose own forward never runs (a Lightning-style wrapper whose `training_step` calls
-`self.student` and `self.teacher`): a model given turns the search for models off, so nothing would see a teacher
-inside it. Its submodules' calls are asked as the search asks them (frozen.py): the outermost call under no_grad, and
+`self.student` and `self.teacher`): a model given turns the search for models off (the engine asks every call only
+in the first steps and the step after each read), and a teacher inside it is asked here, in its sampled steps too. Its submodules' calls are asked as the search asks them (frozen.py): the outermost call under no_grad, and
 a call with grad at the top (a teacher whose output the loop detaches); a frozen one whose output a backward goes
 through is on the trained path. Hooked from the start until the first read (a teacher first used after a warm-up),
 then in the steps sampled after each read; unhooked as soon as the model's own forward runs. Cost: two Python calls

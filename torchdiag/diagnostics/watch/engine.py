@@ -70,6 +70,7 @@ class Engine:
     def __init__(self, opts: Options, models=(), optimizers=(), on_read=None, on_histograms=None):
         self.opts = opts
         self.explicit_models = [m for m in models if m is not None]
+        self._given_models = bool(self.explicit_models)   # (a bool: a compiled graph's hooks read it, not the models)
         given = [o for o in optimizers if o is not None]
         self.opts_given = bool(given)    # optimizers were given (held weakly: the loop may let them go)
         self._given = weakref.WeakSet(given)
@@ -123,6 +124,8 @@ class Engine:
         self._inner: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # id(root) -> the user's module
         self._root_refs: dict[int, weakref.ref] = {}   # id(root) -> a weak reference whose callback notes its end
         self._discovery: list = []
+        self._beside = False                     # models given: a teacher beside them is asked (_search)
+        self._inert = False                      # ... until a compiled graph traced the asking hooks
         self._depth = 0
         self._backward = None
         self._scaler_scale = None           # GradScaler.scale while it is wrapped (_wrap_scaler)
@@ -146,7 +149,8 @@ class Engine:
         self._sampled: set[int] = set()     # the models sampled since (a GAN's generator and discriminator each)
         self._uncalled_sampling: set[int] = set()   # given models whose forward never ran, sampled over one step
         self.children = Children(self)               # ... and their submodules' calls (a teacher inside them)
-        self._first_prints: list | None = None       # the trained weights before the first update (frozen.copies)
+        self._first_prints: list | tuple | None = None   # the trained weights before the first update (frozen.copies;
+                                                               # a tuple: their prints still on the device)
         self._eval_roots: dict[int, bool] = {}    # id(root) -> its last training forward ran in eval mode
         self._calls = 0                           # root forwards so far, and id(root) -> the count at its last one
         self._called: dict[int, float] = {}
@@ -186,6 +190,7 @@ class Engine:
         self._loss_looks = 0                # loss modules' inputs looked at (_look_at_loss_input)
         self._graph_looks = 0               # losses whose autograd graph was looked at (_look_at_graph)
         self._frozen_refs: dict = {}        # name -> the module kept in eval (its running statistics read at the end)
+        self._eval_grad: dict[int, bool] = {}   # id -> a dropout/BatchNorm called in eval while asked: any call with grad
         self._shape_looks = 0               # elementwise losses' shapes looked at (_look_at_loss_shapes)
         self._scale_looked = False          # the first training forward's input scale (_look_at_input_scale)
         self.micro = 0                      # the most losses one step's backward calls took (accumulation)
@@ -215,7 +220,10 @@ class Engine:
             self._handles.append(register_optimizer_step_post_hook(self._post_step))
         for m in self.explicit_models:
             self._hook_root(m)
-        if not self.explicit_models:
+        # with models given: a model called beside them (a teacher), asked until the first read and in the step after
+        # each (_search); not where a given model has a compiled part (the global hooks coming and going recompile it)
+        self._beside = not any(compiled(m) for r in self.explicit_models for m in inner(r).modules())
+        if not self.explicit_models or self._beside:
             self._discover(True)
         self._backward = torch.Tensor.backward
         # the wrappers hold the engine weakly: a copy of Tensor's attributes taken while one is installed (torch
@@ -343,6 +351,9 @@ class Engine:
     def _global_pre(self, module, args):
         import torch
 
+        if self._given_models and (self._inert or _compiling()):   # no model is looked for: nothing of ours in a
+            self._inert = True   # compiled graph, and the hooks stay till the end, inert (their going would recompile)
+            return
         if isinstance(module, _losses()) and args and not _compiling():   # a compiled graph would trace them in
             if self._loss_looks < LOSS_LOOKS and isinstance(module, _class_losses()):
                 self._look_at_loss_input(module, args[0])
@@ -361,6 +372,8 @@ class Engine:
             # under no_grad by a fused loss's backward, or called from a hook, is not (a seventh review)
             if grad:   # (LATER is never kept)
                 recomputed(probe)
+        elif not module.training and isinstance(module, mode_sensitive()):   # under no_grad only: it feeds no
+            self._eval_grad[id(module)] = self._eval_grad.get(id(module), False) or grad   # gradient (_read_step_checks)
         elif id(module) not in self._nograd and id(module) not in self._root_handles:
             # a forward under no_grad where its caller's had grad (a teacher inside a distiller's forward too), or
             # a model called with grad (its weights frozen, or its output detached: a review; the trained model too,
@@ -369,7 +382,7 @@ class Engine:
                 probe = frozen_probe(module, self.step, mode_sensitive())
                 if probe is not LATER:   # lazy weights not made yet: asked again at its next call
                     self._nograd[id(module)] = probe
-        if self._depth == 0 and grad and id(module) not in self._root_handles \
+        if self._depth == 0 and grad and id(module) not in self._root_handles and not self.explicit_models \
                 and torch._C._current_graph_task_id() == -1:
             self.seen_roots[id(module)] = module
             self._seen_eval[id(module)] = not inner(module).training   # its mode when called, not when stepped
@@ -379,6 +392,8 @@ class Engine:
 
     @_guarded
     def _global_post(self, module, args, output):
+        if self._given_models and (self._inert or _compiling()):
+            return
         self._depth = max(0, self._depth - 1)
         if self._grads and self._grads.pop():
             passed_through(self._nograd.get(id(module)), output)   # frozen.py
@@ -526,7 +541,9 @@ class Engine:
         model's forward went unseen, its optimizer of no model found could not take the count, and 6 of 10 steps were
         counted, 10 of 2,000 once MAX_SEARCHES ran out); off after: no per-module cost, and the roots seen but not
         adopted are let go."""
-        if self.explicit_models:
+        if self.explicit_models:   # no model is looked for: a teacher beside them is asked until the first read, then
+            if not self._inert:    # in the step after each read
+                self._discover(self._beside and (self.step < self.opts.every or self.step % self.opts.every == 0))
             return
         looking = (self.step <= 1 or any(self._searching(t) for t in self.tracks.values())
                    or (self.step <= UNTRAINED_STEPS and self._untrained_seen()))
@@ -1037,7 +1054,7 @@ class Engine:
                 t.since_clock = t.unclocked = 0
             if self._provisional and self.step > UNTRAINED_STEPS:
                 self._provisional = False   # no model's optimizer came: it is the run's own
-            if self.step >= 2 and self._discovery:
+            if self.step >= 2 and (self._discovery or self.explicit_models):   # (given: on again after a read)
                 self._search()
             self._loss_window.append(self._losses or self._others)
             self._losses, self._others = [], []
@@ -1302,6 +1319,8 @@ class Engine:
                     key = "eval_frozen" if own and not any(own) else "eval_modules"
                     if prefix + name not in self.checks[key]:
                         self.checks[key][prefix + name] = self.step
+                        if self._eval_grad.get(id(m)) is False:   # seen called under no_grad only (a teacher rightly in
+                            self.checks["eval_fed"].setdefault(prefix + name, False)   # eval, beside the trained forward)
                         self._frozen_refs[prefix + name] = weakref.ref(m)   # its statistics, read at the end if
                                                                             # it is told frozen (never_normalised)
             asked = [n[len(prefix):] for n in self.checks["eval_modules"] if n.startswith(prefix)]
@@ -1527,10 +1546,13 @@ class Engine:
         live = {id(p) for t in self.tracks.values() for p in t.params if getattr(p, "requires_grad", False)}
         if (live | self.doubles.held).isdisjoint(self._model_ids()):   # no model trains: an input optimised
             return                                  # through a frozen network (style transfer) has no teacher
-        if self._first_prints is not None:   # probes made after the first update (children.py) asked as copies
+        if self._first_prints is not None:   # probes made after the first update (children.py, _search) asked as copies
             with contextlib.suppress(Exception):
-                from .frozen import copies
+                from .frozen import copies, read_prints
 
+                if isinstance(self._first_prints, tuple):   # read with the first probe that needs it, not at step 1
+                    ids, pending = self._first_prints
+                    self._first_prints = list(zip(ids, read_prints(pending)))
                 copies(probes, [], self._first_prints)
         for probe in probes:
             try:
@@ -1541,15 +1563,16 @@ class Engine:
                 self.pending.append(("frozen", (probe, seen[0], seen[1]), seen[2]))
 
     def _frozen_copies(self, track: Track) -> None:
-        from .frozen import copies, prints
+        from .frozen import copies, pending_prints
 
         probes = [p for p in self._nograd.values() if p is not None]
         trained = [p for t in self.tracks.values() for p in t.params if hasattr(p, "detach") and p.requires_grad]
         with contextlib.suppress(Exception):   # a help: a failure keeps the probes
             if probes:
                 copies(probes, trained)
-            if self.children.hooks:   # a teacher inside a given wrapper is seen from step 2: the weights kept
-                self._first_prints = list(zip(map(id, trained), prints(trained)))
+            if self.children.hooks or self.explicit_models:   # a teacher inside a given wrapper, or beside the given
+                # models, may be seen after the first update (asked in the steps after reads): the weights kept
+                self._first_prints = (list(map(id, trained)), pending_prints(trained))
 
     def frozen_in_train_mode(self) -> list[dict]:
         """The models called under no_grad in train mode that no optimizer trains, as of the last read (frozen.py)."""

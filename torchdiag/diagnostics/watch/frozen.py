@@ -2,7 +2,7 @@
 a frozen teacher whose `.eval()` was forgotten, called at the top of the loop or inside a distiller's forward. Its
 dropout draws new noise into every target it gives, and its BatchNorm running statistics follow the training batches
 instead of the ones it was trained with. Seen while watch looks for the models (discovery, the first steps: `watch
---` and `Watch()` without a model); judged at each read (with the read's values, no sync of its own, so a model the
+--` and `Watch()` without a model; with models given, the steps up to the first read and the step after each read); judged at each read (with the read's values, no sync of its own, so a model the
 script let go by the end keeps its last verdict): still in train mode, weights in no optimizer and unchanged, and a
 dropout with p > 0 or a BatchNorm whose batch count grew. A module run again inside a backward is a checkpointed
 layer of the trained model (any checkpoint recomputes there; a teacher is not run in a backward), and not judged.
@@ -115,14 +115,27 @@ TWINS = 0.9   # of a model's weights with an equal twin among the trained ones: 
 
 def prints(tensors: list) -> list[tuple]:
     """Each tensor's (shape, sum, sum of squares) in float64: one read (a device's values each moved to the CPU)."""
+    return read_prints(pending_prints(tensors))
+
+
+def pending_prints(tensors: list) -> tuple[list, list]:
+    """prints' values still on their devices, unread: (shapes, [sum and sum of squares per tensor])."""
     import torch
 
-    if not tensors:
-        return []
     with torch.no_grad():
         real = [torch.view_as_real(q.detach()) if q.is_complex() else q.detach() for q in tensors]
-        got = torch.stack([torch.stack([q.double().sum(), q.double().square().sum()]).cpu() for q in real]).tolist()
-    return [(tuple(q.shape), *v) for q, v in zip(tensors, got)]
+        return [tuple(q.shape) for q in tensors], [torch.stack([q.double().sum(), q.double().square().sum()])
+                                                   for q in real]
+
+
+def read_prints(pending: tuple[list, list]) -> list[tuple]:
+    import torch
+
+    shapes, values = pending
+    if not shapes:
+        return []
+    got = torch.stack([v.cpu() for v in values]).tolist()
+    return [(shape, *v) for shape, v in zip(shapes, got)]
 
 
 def copies(probes: list, trained: list, first: list | None = None) -> None:
