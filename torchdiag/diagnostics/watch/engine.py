@@ -110,7 +110,7 @@ class Engine:
         self.metrics: dict[str, list] = {}  # w.log(name, value): [(step, value)]
         self.events: list[dict] = []        # non-finite values (with replay), found at reads
         self.checks = {"eval_steps": [], "eval_models": {}, "eval_modules": {}, "eval_frozen": {}, "eval_fed": {},
-                       "eval_region": {}, "eval_top": {}, "unowned_eval": {}, "mode_inert": None,
+                       "eval_unfed": {}, "eval_region": {}, "eval_top": {}, "unowned_eval": {}, "mode_inert": None,
                        "not_in_optimizer": {}, "updated_by_hand": [], "carried": [], "crossed": {},
                        "dead": {}, "dead_feeds": {}, "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": [],
                        "orphaned": set()}
@@ -372,8 +372,10 @@ class Engine:
             # under no_grad by a fused loss's backward, or called from a hook, is not (a seventh review)
             if grad:   # (LATER is never kept)
                 recomputed(probe)
-        elif not module.training and isinstance(module, mode_sensitive()):   # under no_grad only: it feeds no
-            self._eval_grad[id(module)] = self._eval_grad.get(id(module), False) or grad   # gradient (_read_step_checks)
+        elif not module.training and isinstance(module, mode_sensitive()):   # no input that carries a gradient (under
+            # no_grad, or all frozen before it: a teacher in eval): its mode changes no gradient (_read_step_checks)
+            fed = grad and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+            self._eval_grad[id(module)] = self._eval_grad.get(id(module), False) or fed
         elif id(module) not in self._nograd and id(module) not in self._root_handles:
             # a forward under no_grad where its caller's had grad (a teacher inside a distiller's forward too), or
             # a model called with grad (its weights frozen, or its output detached: a review; the trained model too,
@@ -580,7 +582,7 @@ class Engine:
         self.ratios = rekey(self.ratios)
         self.checks["unowned_eval"] = {ren(k): ren(v) for k, v in self.checks["unowned_eval"].items()}
         self.checks["eval_top"] = {ren(k): ren(v) for k, v in self.checks["eval_top"].items()}
-        for key in ("eval_modules", "eval_frozen", "eval_fed", "eval_region",
+        for key in ("eval_modules", "eval_frozen", "eval_fed", "eval_unfed", "eval_region",
                     "not_in_optimizer", "dead", "bn_nonfinite", "param_nonfinite"):
             self.checks[key] = rekey(self.checks[key])
         self.checks["dead_feeds"] = {ren(k): ren(v) for k, v in self.checks["dead_feeds"].items()}
@@ -1319,10 +1321,11 @@ class Engine:
                     key = "eval_frozen" if own and not any(own) else "eval_modules"
                     if prefix + name not in self.checks[key]:
                         self.checks[key][prefix + name] = self.step
-                        if self._eval_grad.get(id(m)) is False:   # seen called under no_grad only (a teacher rightly in
-                            self.checks["eval_fed"].setdefault(prefix + name, False)   # eval, beside the trained forward)
                         self._frozen_refs[prefix + name] = weakref.ref(m)   # its statistics, read at the end if
                                                                             # it is told frozen (never_normalised)
+                    # as of this read: its calls seen (in the steps the global hooks are on) took no input that carries
+                    # a gradient (a teacher rightly in eval beside the trained forward); a later one that does clears it
+                    self.checks["eval_unfed"][prefix + name] = self._eval_grad.get(id(m)) is False
             asked = [n[len(prefix):] for n in self.checks["eval_modules"] if n.startswith(prefix)]
             for name, p in inner(root).named_parameters():
                 if p.grad is not None and id(p) not in in_opt:

@@ -611,9 +611,12 @@ def _modes(result: Result, engine) -> None:
                    f"on a forward made in eval mode (first: {_step_words(engine, steps[0])})" + (f"; the model(s) in eval mode: "
                    f"{', '.join(which)}" if which else ""), "call model.train() after evaluating")
     fed, region = engine.checks.get("eval_fed", {}), engine.checks.get("eval_region", {})
-    # in eval where nothing trained feeds it and its own weights do not train, inside a part put in eval whose weights
-    # none train: its mode changes no gradient that trains (a linear probe's body, a frozen encoder): a frozen layer
-    apart = {n: s for n, s in engine.checks["eval_modules"].items() if fed.get(n) is False and region.get(n)}
+    unfed = engine.checks.get("eval_unfed", {})
+    # in eval where nothing trained feeds it (a sampled forward's graph, or calls seen whose inputs carry no gradient)
+    # and its own weights do not train, inside a part put in eval whose weights none train: its mode changes no
+    # gradient that trains (a linear probe's body, a frozen encoder, a teacher in eval): a frozen layer
+    apart = {n: s for n, s in engine.checks["eval_modules"].items()
+             if (fed.get(n) is False or (fed.get(n) is None and unfed.get(n))) and region.get(n)}
     for name, step in engine.checks["eval_modules"].items():
         if name in apart:
             continue
