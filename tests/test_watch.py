@@ -4167,14 +4167,7 @@ def test_a_teacher_anywhere_in_a_given_wrapper_is_asked_as_the_search_asks(case)
             return F.kl_div(F.log_softmax(self.student(x), -1), soft.softmax(-1), reduction="batchmean")
 
     lit = Lit()
-    opt = torch.optim.SGD(lit.student.parameters(), lr=0.05)
-    g = torch.Generator().manual_seed(0)
-    with Watch(lit, opt, every=20) as w:
-        for step in range(30):
-            loss = lit.training_step(torch.randn(16, 8, generator=g), step)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+    w = _train_steps(lit, every=20)
     assert not any(m._forward_pre_hooks for m in lit.modules())   # nothing left behind
     said = [(f.where, f.severity) for f in w.result().findings if f.code == "frozen-in-train-mode"]
     want = {"nested_after_warm_up": [("teacher", "warning")], "detached": [("teacher", "warning")],
@@ -4254,20 +4247,24 @@ def test_a_teacher_in_a_given_wrapper_whose_forward_runs_is_asked(teacher_mode):
                     soft = self.teacher(x).softmax(-1)
             return F.kl_div(F.log_softmax(self(x), -1), soft, reduction="batchmean")
 
-    lit = Lit()
-    opt = torch.optim.SGD(lit.student.parameters(), lr=0.05)
-    g = torch.Generator().manual_seed(0)
-    with Watch(lit, opt, every=10) as w:
-        for step in range(30):
-            loss = lit.training_step(torch.randn(16, 8, generator=g), step)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    r = w.result()
+    r = _train_steps(Lit(), every=10).result()
     bad = [(f.code, f.where) for f in r.findings if f.severity != "info"]
     want = {"train": [("frozen-in-train-mode", "teacher")],
             "adapter_then_trained_path": [("module-in-eval-mode", "adapter.1")]}.get(teacher_mode, [])
     assert bad == want, r.findings
+
+
+def _train_steps(lit, every: int, steps: int = 30):
+    """A Lightning-style loop over `lit.training_step(x, step)`, its student trained by SGD, watched with lit given."""
+    opt = torch.optim.SGD(lit.student.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(lit, opt, every=every) as w:
+        for step in range(steps):
+            loss = lit.training_step(torch.randn(16, 8, generator=g), step)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return w
 
 
 def test_a_compiled_child_of_a_given_wrapper_is_not_broken_up_by_its_probing():
