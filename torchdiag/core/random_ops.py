@@ -29,3 +29,55 @@ def drawn():
 
     with Drawn():
         yield ops
+
+
+DROPOUT_OPS = {"bernoulli", "bernoulli_", "native_dropout", "_fused_dropout", "dropout", "feature_dropout",
+               "alpha_dropout", "feature_alpha_dropout"}   # the coin flips a dropout mask is made of
+
+
+@contextlib.contextmanager
+def dropout_callers():
+    """`with dropout_callers() as found:` the modules whose own forward drew a dropout mask (DROPOUT_OPS) inside the
+    block, the innermost module running when it was drawn, in order, each once: a dropout called through
+    torch.nn.functional (`F.dropout(x, self.p, self.training)`, as BART's layers do), which no module's type shows."""
+    from torch.nn.modules.module import (
+        register_module_forward_hook,
+        register_module_forward_pre_hook,
+    )
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    found: list = []
+    stack: list = []
+
+    class Callers(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if stack and _drops(func.overloadpacket.__name__, args, kwargs or {}) and all(m is not stack[-1]
+                                                                                          for m in found):
+                found.append(stack[-1])
+            return func(*args, **(kwargs or {}))
+
+    def pre(module, args):
+        stack.append(module)
+
+    def post(module, args, output):
+        if stack:
+            stack.pop()
+
+    handles = [register_module_forward_pre_hook(pre), register_module_forward_hook(post, always_call=True)]
+    try:
+        with Callers():
+            yield found
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _drops(op: str, args, kwargs: dict) -> bool:
+    """A dropout op, or a fused attention given a dropout probability (`scaled_dot_product_attention(...,
+    dropout_p=self.dropout if self.training else 0.0)`: BART's and most Hugging Face attentions)."""
+    if op in DROPOUT_OPS:
+        return True
+    if "scaled_dot_product" not in op:
+        return False
+    p = kwargs.get("dropout_p", args[3] if len(args) > 3 else 0.0)
+    return isinstance(p, (int, float)) and not isinstance(p, bool) and p > 0
