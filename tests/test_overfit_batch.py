@@ -384,23 +384,6 @@ def test_a_random_draw_that_is_not_a_dropout_to_switch_off_is_kept(case):
     assert r.data["dropout_off"] == [], r.data["dropout_off"]
 
 
-class _RefusesDispatchModes(torch.nn.Linear):
-    def forward(self, x):   # as a forward some mode cannot trace would fail under the step-0 watch
-        from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-        if _get_current_dispatch_mode() is not None:
-            raise RuntimeError("not under a dispatch mode")
-        return super().forward(x)
-
-
-def test_a_forward_the_step_0_dropout_watch_breaks_runs_as_it_would_plainly():
-    """The dispatch mode that finds functional dropout at step 0 must never be what fails a model: step 0 is run
-    plainly then (and such a model's dropout is not looked for)."""
-    torch.manual_seed(0)
-    r = overfit(_RefusesDispatchModes(8, 4), torch.randn(6, 8), loss="mse", target=torch.randn(6, 4))
-    assert r.exit_code == 0 and r.data["passed"], r.verdict
-
-
 def test_a_fused_attentions_dropout_is_read_where_its_schema_puts_it():
     """A review: the CUDA attention kernels take dropout_p after attn_bias and compute_log_sumexp (argument 5), the
     CPU one as argument 3: read by name from the op's schema, not by place."""

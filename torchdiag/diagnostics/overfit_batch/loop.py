@@ -386,11 +386,8 @@ class Trainer:
 
         if self.agree is not None or self.sharded:
             return self._forward(0)
-        try:
-            with dropout_callers() as found:
-                out = self._forward(0)
-        except ModelError:   # a forward the dispatch mode breaks (or a model's own error): run as it would, plainly
-            return self._forward(0)
+        with dropout_callers() as found:
+            out = self._forward(0)
         names = {id(m): n or "(the model)" for n, m in self.work.named_modules()}
         flipped = [m for m in found if id(m) in names and m.training and not hasattr(m, "running_mean")]
         if not flipped:
