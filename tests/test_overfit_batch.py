@@ -343,61 +343,6 @@ def test_dropout_drawn_through_functional_calls_is_off_on_the_trained_copy(untou
     assert r.data["passed"] is True and r.exit_code == 0, r.verdict
 
 
-class _LossInTrainMode(torch.nn.Module):
-    """Its own loss in a dict in train mode, logits in eval, and a functional dropout of its own."""
-
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = torch.nn.Linear(8, 32), torch.nn.Linear(32, 4)
-        self.register_buffer("y", torch.randn(6, 4, generator=torch.Generator().manual_seed(1)))
-
-    def forward(self, x):
-        out = self.b(F.dropout(torch.tanh(self.a(x)), 0.1, self.training))
-        return {"loss": F.mse_loss(out, self.y), "logits": out} if self.training else out
-
-
-class _NoisyNorm(torch.nn.BatchNorm1d):
-    def forward(self, x):   # MC dropout by design, inside a norm whose flag chooses its statistics
-        return F.dropout(super().forward(x), 0.1, True)
-
-
-class _StochasticUnit(torch.nn.Linear):
-    def forward(self, x):   # a straight-through binary unit: sampled in train mode, thresholded in eval
-        p = torch.sigmoid(super().forward(x))
-        return (torch.bernoulli(p) - p).detach() + p if self.training else (p > 0.5).float()
-
-
-@pytest.mark.parametrize("case", ["loss_in_train_mode", "norm", "stochastic_unit"])
-def test_a_random_draw_that_is_not_a_dropout_to_switch_off_is_kept(case):
-    """A review of the functional-dropout rule: the model's own flag chose what it returned (its loss dict became
-    logits from step 1, and another loss was trained), a BatchNorm subclass drawing MC dropout was put on its running
-    statistics (a false cannot-overfit), and a straight-through unit's bernoulli of a tensor of probabilities was
-    thresholded (its weights lost their gradient). None is switched: the run is as it was."""
-    torch.manual_seed(0)
-    if case == "loss_in_train_mode":
-        r = overfit(_LossInTrainMode(), torch.randn(6, 8))
-        assert r.data["dropout_off"] == [] and "the model's own loss" in r.header["loss_rule"], r.header
-        return
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), _NoisyNorm(16) if case == "norm" else _StochasticUnit(16, 16),
-                                torch.nn.Linear(16, 4))
-    r = overfit(model, torch.randn(6, 8), loss="mse", target=torch.randn(6, 4))
-    assert r.data["dropout_off"] == [], r.data["dropout_off"]
-
-
-def test_a_fused_attentions_dropout_is_read_where_its_schema_puts_it():
-    """A review: the CUDA attention kernels take dropout_p after attn_bias and compute_log_sumexp (argument 5), the
-    CPU one as argument 3: read by name from the op's schema, not by place."""
-    from torchdiag.core.random_ops import _drops
-
-    q = torch.zeros(1, 1, 2, 4)
-    efficient = torch.ops.aten._scaled_dot_product_efficient_attention.default
-    cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-    assert _drops(efficient, (q, q, q, None, False, 0.1), {}) and not _drops(efficient, (q, q, q, None, False, 0.0), {})
-    assert _drops(cpu, (q, q, q, 0.1), {}) and _drops(cpu, (q, q, q), {"dropout_p": 0.2}) and not _drops(cpu, (q, q, q), {})
-    assert _drops(torch.ops.aten.bernoulli_.float, (q, 0.9), {})
-    assert not _drops(torch.ops.aten.bernoulli.default, (q,), {})   # a tensor of probabilities: a unit's draw
-
-
 def test_dropout_is_off_on_the_trained_copy_and_said_so(untouched):
     # dropout on the output is a floor under a regression loss (its noise): p/(1-p) of the output's power,
     # here 1.0, far above the 1% target; with it off on the copy the model memorises the batch

@@ -31,8 +31,8 @@ def drawn():
         yield ops
 
 
-DROPOUT_OPS = {"native_dropout", "_fused_dropout", "dropout", "feature_dropout", "alpha_dropout",
-               "feature_alpha_dropout"}   # and a coin flip of one probability for all (F.dropout's bernoulli_(p))
+DROPOUT_OPS = {"bernoulli", "bernoulli_", "native_dropout", "_fused_dropout", "dropout", "feature_dropout",
+               "alpha_dropout", "feature_alpha_dropout"}   # the coin flips a dropout mask is made of
 
 
 @contextlib.contextmanager
@@ -51,7 +51,8 @@ def dropout_callers():
 
     class Callers(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if stack and _drops(func, args, kwargs or {}) and all(m is not stack[-1] for m in found):
+            if stack and _drops(func.overloadpacket.__name__, args, kwargs or {}) and all(m is not stack[-1]
+                                                                                          for m in found):
                 found.append(stack[-1])
             return func(*args, **(kwargs or {}))
 
@@ -71,28 +72,12 @@ def dropout_callers():
             h.remove()
 
 
-def _drops(func, args, kwargs: dict) -> bool:
-    """A dropout op; a coin flip of one probability given as a number (F.dropout's mask, `bernoulli_(1 - p)`; not a
-    tensor of probabilities, which a stochastic unit draws as its function: a review's straight-through binary
-    layer); or a fused attention given a dropout probability (`scaled_dot_product_attention(..., dropout_p=...)`, at
-    the place its schema gives: the CUDA kernels take it later than the CPU one, a review)."""
-    op = func.overloadpacket.__name__
+def _drops(op: str, args, kwargs: dict) -> bool:
+    """A dropout op, or a fused attention given a dropout probability (`scaled_dot_product_attention(...,
+    dropout_p=self.dropout if self.training else 0.0)`: BART's and most Hugging Face attentions)."""
     if op in DROPOUT_OPS:
         return True
-    if op in ("bernoulli", "bernoulli_"):
-        return _number(_argument(func, args, kwargs, "p")) is not None
     if "scaled_dot_product" not in op:
         return False
-    p = _number(_argument(func, args, kwargs, "dropout_p"))
-    return p is not None and p > 0
-
-
-def _argument(func, args, kwargs: dict, name: str):
-    if name in kwargs:
-        return kwargs[name]
-    names = [a.name for a in func._schema.arguments]
-    return args[names.index(name)] if name in names and names.index(name) < len(args) else None
-
-
-def _number(v) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    p = kwargs.get("dropout_p", args[3] if len(args) > 3 else 0.0)
+    return isinstance(p, (int, float)) and not isinstance(p, bool) and p > 0

@@ -379,9 +379,7 @@ class Trainer:
         turned off from step 1, their children's kept (a sweep: a BART encoder's output against the made-up target
         levelled at 0.031 x the start, cannot-overfit, the noise of its dropout; 0.013 x with it off, as the
         LayerNorm's range allows). The model's own forward too (a classic `F.dropout(x, training=self.training)`
-        net), unless its flag changes what it returns (a review: a loss dict in train mode, a tensor in eval). Not a
-        norm with running statistics (its flag chooses them). Step 0 is run again with them off, the start the ratio
-        is taken from. Not under a wrapper (every rank's copy must stay the same)."""
+        net). Not under a wrapper (every rank's copy must stay the same)."""
         from ...core.random_ops import dropout_callers
 
         if self.agree is not None or self.sharded:
@@ -389,18 +387,11 @@ class Trainer:
         with dropout_callers() as found:
             out = self._forward(0)
         names = {id(m): n or "(the model)" for n, m in self.work.named_modules()}
-        flipped = [m for m in found if id(m) in names and m.training and not hasattr(m, "running_mean")]
-        if not flipped:
-            return out
-        for m in flipped:
-            m.training = False
-        clean = self._forward(0)
-        if any(m is self.work for m in flipped) and _signature(clean) != _signature(out):
-            self.work.training = True
-            flipped = [m for m in flipped if m is not self.work]
-            clean = self._forward(0) if flipped else out
-        self.dropped += [names[id(m)] for m in flipped]
-        return clean
+        for m in found:
+            if id(m) in names and m.training:
+                m.training = False
+                self.dropped.append(names[id(m)])
+        return out
 
     def _forward(self, step: int):
         """One forward; a failure becomes a ModelError naming the module (re-run under a tracker)."""
@@ -491,16 +482,3 @@ def reached(lv: float, initial: float, acc: float | None, opts) -> bool:
     if initial < 0 or lv < 0 or (opts.target_loss is not None and opts.target_loss < 0):
         return False
     return lv <= opts.target_ratio * initial and (acc is None or acc >= 1.0)
-
-
-def _signature(out):
-    """What a forward returns, without its values: types, keys, tensor shapes and dtypes, nested."""
-    import torch
-
-    if isinstance(out, torch.Tensor):
-        return ("tensor", tuple(out.shape), out.dtype)
-    if isinstance(out, dict):
-        return ("dict", tuple((k, _signature(v)) for k, v in out.items()))
-    if isinstance(out, (list, tuple)):
-        return (type(out).__name__, tuple(_signature(v) for v in out))
-    return type(out).__name__
