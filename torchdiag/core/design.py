@@ -33,8 +33,7 @@ def stochastic_depth_off(model) -> list[str]:
 def dropout_off(model) -> list[str]:
     """Put every dropout module (torch's Dropout family, by type) and every stochastic-depth module in
     eval mode (on a copy the caller owns); returns their paths. Dropout a model draws through
-    torch.nn.functional inside another module stays on (overfit-batch turns off the modules that drew one at its
-    first step: loop.Trainer._first_forward)."""
+    torch.nn.functional inside another module stays on."""
     from torch.nn.modules.dropout import _DropoutNd
 
     names = []

@@ -241,7 +241,7 @@ class Trainer:
         c = self.curve
         try:
             with self.autocast():
-                out = self._first_forward() if step == 0 else self._forward(step)
+                out = self._forward(step)
                 value = self.loss_fn(out)
         except ModelError as e:
             if step and e.partial is None:
@@ -372,26 +372,6 @@ class Trainer:
         else:
             index = torch.as_tensor(have).to(flags.device, non_blocking=True)
             self.ever_nonzero[index] |= flags
-
-    def _first_forward(self):
-        """Step 0's forward, watched for dropout drawn through torch.nn.functional inside a module (BART's layers:
-        `F.dropout(x, self.dropout, self.training)`), which dropout_off cannot reach: those modules' own train flag is
-        turned off from step 1, their children's kept (a sweep: a BART encoder's output against the made-up target
-        levelled at 0.031 x the start, cannot-overfit, the noise of its dropout; 0.013 x with it off, as the
-        LayerNorm's range allows). The model's own forward too (a classic `F.dropout(x, training=self.training)`
-        net). Not under a wrapper (every rank's copy must stay the same)."""
-        from ...core.random_ops import dropout_callers
-
-        if self.agree is not None or self.sharded:
-            return self._forward(0)
-        with dropout_callers() as found:
-            out = self._forward(0)
-        names = {id(m): n or "(the model)" for n, m in self.work.named_modules()}
-        for m in found:
-            if id(m) in names and m.training:
-                m.training = False
-                self.dropped.append(names[id(m)])
-        return out
 
     def _forward(self, step: int):
         """One forward; a failure becomes a ModelError naming the module (re-run under a tracker)."""
