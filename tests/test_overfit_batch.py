@@ -331,6 +331,51 @@ def test_dropout_is_off_on_the_trained_copy_and_said_so(untouched):
     assert r.data["initial_loss"] == pytest.approx(expected, rel=1e-6)
 
 
+class _DrawnDropout(torch.nn.Module):
+    """Dropout drawn through torch's functions only, never an nn.Dropout: F.dropout at its default p (0.5), a fused
+    attention's dropout_p inside a checkpointed block (its recompute in backward must not draw a mask its forward
+    did not: checkpoint compares the saved tensors), nn.MultiheadAttention's own dropout."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.qkv = torch.nn.Linear(8, 32), torch.nn.Linear(32, 32)
+        self.mha = torch.nn.MultiheadAttention(32, 2, dropout=0.5, batch_first=True)
+        self.out = torch.nn.Linear(32, 4)
+
+    def attend(self, h):
+        q = self.qkv(h).view(h.shape[0], h.shape[1], 2, 16).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5 if self.training else 0.0)
+        return a.transpose(1, 2).reshape(h.shape)
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        h = self.inp(x)
+        h = F.dropout(h) if self.training else h
+        h = h + checkpoint(self.attend, h, use_reentrant=False)
+        return self.out(h + self.mha(h, h, h, need_weights=False)[0])
+
+
+def test_dropout_drawn_through_functions_is_off_and_said_so(untouched):
+    """BART-family layers call F.dropout(x, p, training=self.training) and fused attention takes dropout_p: no
+    module to put in eval. Their noise held a tiny BART encoder above the target (a false verdict, 2026-12-02). The
+    calls are made as eval mode makes them, on the copy alone; the model's train flags (which also choose gradient
+    checkpointing, a VAE's sampling) stay on."""
+    torch.manual_seed(0)
+    model = _DrawnDropout()
+    x, target = torch.randn(4, 6, 8), torch.randn(4, 6, 4)
+    with untouched(model):
+        r = overfit(model, x, loss="mse", target=target)
+    assert model.training and all(m.training for m in model.modules())
+    assert not model._forward_pre_hooks and not any(m._forward_hooks for m in model.modules())
+    assert r.data["passed"] is True, r.verdict
+    assert r.data["functional_dropout_off"] == 3 and r.data["dropout_off"] == []
+    assert "train mode (dropout off: 3 functional calls a step)" in r.header["training"]
+    model.eval()   # the first loss is the model's without dropout, which eval mode also gives here
+    with torch.no_grad():
+        assert r.data["initial_loss"] == pytest.approx(float(F.mse_loss(model(x), target)), rel=1e-5)
+
+
 def test_target_loss_stops_at_first_step_below_it():
     torch.manual_seed(0)
     model, x = load("mlp.py:build")

@@ -32,8 +32,10 @@ def stochastic_depth_off(model) -> list[str]:
 
 def dropout_off(model) -> list[str]:
     """Put every dropout module (torch's Dropout family, by type) and every stochastic-depth module in
-    eval mode (on a copy the caller owns); returns their paths. Dropout a model draws through
-    torch.nn.functional inside another module stays on."""
+    eval mode, and a recurrent layer's dropout between its layers to 0 (on a copy the caller owns); returns
+    their paths. Dropout a model draws through torch.nn.functional inside another module is
+    FunctionalDropoutOff's."""
+    from torch import nn
     from torch.nn.modules.dropout import _DropoutNd
 
     names = []
@@ -41,7 +43,138 @@ def dropout_off(model) -> list[str]:
         if (isinstance(m, _DropoutNd) and m.p > 0) or is_stochastic_depth(m):
             m.eval()
             names.append(n)
+        elif isinstance(m, nn.RNNBase) and m.dropout > 0:
+            m.dropout = 0.0
+            names.append(n)
     return names
+
+
+def _train_flags() -> dict:
+    """{function: (position, name, default) of its train flag}: torch's dropout functions, whose call with the
+    flag off is what eval mode runs (the input itself)."""
+    import torch
+    import torch.nn.functional as F
+
+    flags: dict = {f: (2, "training", True) for f in (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d)}
+    flags.update({f: (2, "training", False) for f in (F.alpha_dropout, F.feature_alpha_dropout)})
+    flags.update({f: (2, "train", None) for f in (torch.dropout, torch.dropout_, torch.feature_dropout,
+                                                   torch.feature_dropout_, torch.alpha_dropout, torch.alpha_dropout_,
+                                                   torch.feature_alpha_dropout, torch.feature_alpha_dropout_)})
+    return flags
+
+
+def _rates() -> dict:
+    """{function: (position, name) of its dropout rate}: attention ops that drop attention weights themselves."""
+    import torch.nn.functional as F
+
+    return {F.scaled_dot_product_attention: (4, "dropout_p"), F.multi_head_attention_forward: (10, "dropout_p")}
+
+
+class FunctionalDropoutOff:
+    """Dropout a model draws through torch's functions inside its own forward (BART's layers call F.dropout with
+    `training=self.training`; fused attention takes `dropout_p`), made the call eval mode makes, by a
+    TorchFunctionMode held over the forwards (`attach`: the model's outermost call) and backwards (`backward`) of one
+    model, a copy the caller owns: its train flags, which also choose gradient checkpointing and a VAE's sampling, are
+    untouched. The backward holds it through the engine's run, where a checkpointed block's recompute draws again
+    (Tensor.backward is itself a torch function, and a mode's calls run with the mode off the stack); the mode's
+    state travels to autograd's device threads with torch's other thread-local state. `draws` counts the calls that
+    would have dropped; `idle()`, once a step dropped nothing, takes it off (it costs a Python call per torch
+    function)."""
+
+    def __init__(self):
+        from torch.overrides import TorchFunctionMode
+
+        flags, rates = _train_flags(), _rates()
+        owner = self
+
+        class _Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                kwargs = dict(kwargs or {})
+                if func in flags:
+                    args = _set(args, kwargs, flags[func][:2], False, owner._flag_on(args, kwargs, flags[func]))
+                elif func in rates:
+                    args = _set(args, kwargs, rates[func], 0.0, owner._rate_on(args, kwargs, rates[func]))
+                return func(*args, **kwargs)
+
+        self.mode = _Mode()
+        self.draws = 0
+        self.live = True
+        self._depth = 0
+        self._handles: list = []
+
+    def _flag_on(self, args, kwargs, spec) -> bool:
+        at, name, default = spec
+        dropped = bool(_arg(args, kwargs, at, name, default)) and _positive(_arg(args, kwargs, 1, "p", 0.5))
+        self.draws += dropped
+        return dropped
+
+    def _rate_on(self, args, kwargs, spec) -> bool:
+        at, name = spec
+        dropped = _positive(_arg(args, kwargs, at, name, 0.0))
+        self.draws += dropped
+        return dropped
+
+    def attach(self, model) -> None:
+        self._detach()
+        if self.live:
+            self._handles = [model.register_forward_pre_hook(self._enter),
+                             model.register_forward_hook(self._leave, always_call=True)]
+
+    def _detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _enter(self, *_):
+        if not self._depth:
+            self.mode.__enter__()
+        self._depth += 1
+
+    def _leave(self, *_):
+        if self._depth:
+            self._depth -= 1
+            if not self._depth:
+                self.mode.__exit__(None, None, None)
+
+    def backward(self, loss, retain_graph: bool = False) -> None:
+        """loss.backward(), the mode held through the engine's run."""
+        import torch
+
+        run = getattr(torch.autograd.graph, "_engine_run_backward", None)   # torch's own backward ends in it
+        if not self.live or run is None or loss.numel() != 1 or self._depth:
+            loss.backward(retain_graph=retain_graph)
+            return
+        seed = torch.ones_like(loss)
+        with self.mode:
+            run((loss,), (seed,), retain_graph, False, (), allow_unreachable=True, accumulate_grad=True)
+
+    def idle(self) -> None:
+        """Once a step dropped nothing: later forwards and backwards run without the mode."""
+        if not self.draws:
+            self.live = False
+            self._detach()
+
+
+def _arg(args, kwargs, at: int, name: str, default):
+    return args[at] if len(args) > at else kwargs.get(name, default)
+
+
+def _positive(rate) -> bool:
+    try:
+        return float(rate) > 0
+    except (TypeError, ValueError, RuntimeError):
+        return True   # a tensor rate, or something odd: taken as a draw
+
+
+def _set(args, kwargs, spec, value, change: bool):
+    """args with the argument at `spec` (position, name) set to `value` when `change`."""
+    if not change:
+        return args
+    at, name = spec
+    if len(args) > at:
+        return args[:at] + (value,) + args[at + 1:]
+    kwargs[name] = value
+    return args
 
 
 def is_batch_norm_like(mod) -> bool:

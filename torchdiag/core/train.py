@@ -28,16 +28,21 @@ def nothing_to_train(model) -> UsageError:
                       hint="nothing can be trained: unfreeze some parameters")
 
 
-def backward(loss, hint: str = "the model's own code raised in backward", retain_graph: bool = False) -> bool:
-    """loss.backward(); False when the loss has no gradient path (nothing trainable reached it). A
-    failure is the user's (exit 3), named as a backward failure."""
+def backward(loss, hint: str = "the model's own code raised in backward", retain_graph: bool = False,
+             run=None) -> bool:
+    """loss.backward() (or `run(loss, retain_graph)`); False when the loss has no gradient path (nothing trainable
+    reached it). A failure is the user's (exit 3), named as a backward failure."""
     if not loss.requires_grad:
         return False
     try:
-        loss.backward(retain_graph=retain_graph)
+        (run or _plain_backward)(loss, retain_graph)
     except Exception as exc:
         raise (device_error(exc, "backward") or ModelError(f"backward failed: {one_line(exc)}", hint=hint)) from exc
     return True
+
+
+def _plain_backward(loss, retain_graph: bool) -> None:
+    loss.backward(retain_graph=retain_graph)
 
 
 def step(optimizer) -> None:

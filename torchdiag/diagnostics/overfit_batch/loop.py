@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from ...core import train
+from ...core.design import FunctionalDropoutOff
 from ...core.distributed import is_sharded, local_shard
 from ...core.rounding import stagnation_counts
 from ...core.scaling import scale_facts, stepper
@@ -86,6 +87,9 @@ class Trainer:
         self.agree = _agreement(ctx, self.group)   # under a wrapper: the stop decided by every rank
         self.sharded = is_sharded(p for _, p in self.trainable)  # --wrap fsdp: DTensor parameters, read through their shards
         self.fits: dict = {}              # causes.made_target_floor's fitted LayerNorm floors, fitted once a run
+        self.quiet = FunctionalDropoutOff()   # dropout drawn through torch's functions, off like the modules'
+        self.quiet.attach(self._plain())
+        self.functional = 0               # such draws in step 0 (the calls made as in eval mode each step)
 
     def release(self) -> None:
         """Drop the trained copy, its optimizer and the start values once the verdict no longer reads them (the
@@ -126,7 +130,11 @@ class Trainer:
                     opts.on_step(c.step, lv)
                 if self._stop(value, lv, acc, out):
                     break
+                if c.step == 0:   # the forward's (a checkpointed block's recompute in backward draws again)
+                    self.functional = self.quiet.draws
                 self._update(value, c.step)
+                if c.step == 0:
+                    self.quiet.idle()
                 c.step += 1
         except KeyboardInterrupt as exc:   # Ctrl-C, or SIGTERM (Terminated): keep the partial curve
             c.interrupted = interrupt_code(exc)
@@ -406,7 +414,7 @@ class Trainer:
         try:
             # under fp16 the scaled loss goes backward; the gradients are unscaled before they are read
             train.backward(self.scaler.scale(value) if self.scaler else value,
-                           hint="the model's backward raised; try `torchdiag gradflow`")
+                           hint="the model's backward raised; try `torchdiag gradflow`", run=self.quiet.backward)
         except ModelError as e:
             e.partial = self.partial(f"backward failed at step {step}")
             raise

@@ -116,8 +116,7 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
                     + (f" (extended to {curve.budget} while the loss still fell toward the target, at most "
                        f"{_cap(curve, opts)}{' for its fast steps' if _cap(curve, opts) > opts.cap else ''})"
                        if curve.budget > opts.budget else "") + ", train mode"
-                    + (f" (dropout off: {len(trainer.dropped)} module{'s' * (len(trainer.dropped) != 1)})"
-                       if trainer.dropped else "") + ", on a copy"
+                    + _dropout_off(trainer) + ", on a copy"
                     + (f", autocast {trainer.amp}" if trainer.amp else ""),
         "target": target,
     })
@@ -132,7 +131,7 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
         "seconds": round(seconds, 3), "steps_per_second": round(steps / seconds, 2) if seconds > 0 else None,
         "batch_size": trainer.batch.batch_size, "trainable_tensors": len(trainer.trainable),
         "trainable_values": sum(p.numel() for _, p in trainer.trainable),
-        "frozen_tensors": trainer.frozen, "dropout_off": trainer.dropped,
+        "frozen_tensors": trainer.frozen, "dropout_off": trainer.dropped, "functional_dropout_off": trainer.functional,
     })
     result.series["loss"] = losses
     result.series["grad_norm"] = curve.grad_norms
@@ -143,6 +142,14 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
         result.series["loss_scale"] = curve.scales
         result.data["skipped_steps"] = sum(curve.skipped)
         result.data["skipped_at"] = [i for i, s in enumerate(curve.skipped) if s]
+
+
+def _dropout_off(trainer) -> str:
+    """" (dropout off: 3 modules, 12 functional calls a step)", or nothing."""
+    parts = [f"{len(trainer.dropped)} module{'s' * (len(trainer.dropped) != 1)}"] if trainer.dropped else []
+    if trainer.functional:
+        parts.append(f"{trainer.functional} functional call{'s' * (trainer.functional != 1)} a step")
+    return f" (dropout off: {', '.join(parts)})" if parts else ""
 
 
 def _cap(curve, opts) -> int:

@@ -39,6 +39,7 @@ def localise(trainer, model, why: str) -> None:
 
     plain = unwrapped(model, trainer.work, why)
     dropout_off(plain)   # as the trained copy ran
+    trainer.quiet.attach(plain)
     if trainer.sharded:
         trainer.start = gathered(trainer.start, trainer.ctx.device)
         _sum_flags(trainer)
