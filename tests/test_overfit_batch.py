@@ -376,6 +376,81 @@ def test_dropout_drawn_through_functions_is_off_and_said_so(untouched):
         assert r.data["initial_loss"] == pytest.approx(float(F.mse_loss(model(x), target)), rel=1e-5)
 
 
+class _NestedCheckpoints(torch.nn.Module):
+    """A reentrant checkpoint around a function that checkpoints its own function (neither a module call), which
+    draws F.dropout: the inner recompute runs in a nested backward, where a torch-function mode is off the stack."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(8, 64), torch.nn.Linear(64, 8), torch.nn.Linear(8, 4)
+
+    def mlp(self, x):
+        return self.b(F.dropout(torch.relu(self.a(x)), 0.5, training=self.training))
+
+    def layer(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        return x + checkpoint(self.mlp, x, use_reentrant=False)
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        return self.c(checkpoint(self.layer, x.requires_grad_(), use_reentrant=True))
+
+
+def test_functional_dropout_a_checkpoint_draws_again_is_left_on_and_said(untouched):
+    """Where the recompute drew a mask its forward did not, checkpoint refused it (exit 3 blamed the model, a review):
+    the run starts again with the dropout drawn as the model draws it, and says so."""
+    torch.manual_seed(0)
+    model, x, target = _NestedCheckpoints(), torch.randn(16, 8), torch.randn(16, 4)
+    with untouched(model):
+        r = overfit(model, x, loss="mse", target=target, steps=30)
+    assert r.exit_code in (0, 1) and r.data["steps"] == 30 and r.data["functional_dropout_kept"] is True
+    assert r.data["functional_dropout_off"] == 0 and "left on: a checkpointed function" in r.header["training"]
+    assert torch._C._len_torch_function_stack() == 0
+
+
+def test_functional_dropout_off_leaves_no_mode_behind_an_interrupt():
+    """Ctrl-C inside a forward skips the always-call hook (KeyboardInterrupt is no Exception): the mode it pushed
+    would stay on the caller's stack, and the caller's own dropout would stop dropping (a review)."""
+    class Interrupted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.calls = torch.nn.Linear(8, 4), 0
+
+        def forward(self, x):
+            self.calls += 1
+            if self.calls == 4:
+                raise KeyboardInterrupt
+            return F.dropout(self.a(x), 0.5, training=self.training)
+
+    torch.manual_seed(0)
+    r = overfit(Interrupted(), torch.randn(16, 8), loss="mse", target=torch.randn(16, 4))
+    assert r.data["interrupted"] and r.data["functional_dropout_off"] == 1
+    assert torch._C._len_torch_function_stack() == 0
+    assert 0.3 < float((F.dropout(torch.ones(10_000), 0.5, training=True) == 0).float().mean()) < 0.7
+
+
+def test_a_loss_that_checkpoints_its_own_dropout_is_left_alone(tmp_path):
+    """A model that draws no dropout, a loss that checkpoints a projection drawing its own: the backward is plain
+    (the mode is held through a backward only after a forward that dropped; a review: exit 3 before)."""
+    path = tmp_path / "ckpt_loss.py"
+    path.write_text(textwrap.dedent("""
+        import torch, torch.nn.functional as F
+        from torch.utils.checkpoint import checkpoint
+
+        def _proj(o):
+            return F.dropout(o * 2.0, 0.1, training=True)
+
+        def loss(output, target):
+            return F.mse_loss(checkpoint(_proj, output, use_reentrant=False), target)
+    """))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    r = overfit(model, torch.randn(16, 8), loss=f"{path}:loss", target=torch.zeros(16, 4), steps=20)
+    assert r.exit_code in (0, 1) and r.data["steps"] >= 1 and r.data["functional_dropout_off"] == 0
+
+
 def test_target_loss_stops_at_first_step_below_it():
     torch.manual_seed(0)
     model, x = load("mlp.py:build")

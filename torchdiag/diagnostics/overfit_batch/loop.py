@@ -90,12 +90,14 @@ class Trainer:
         self.quiet = FunctionalDropoutOff()   # dropout drawn through torch's functions, off like the modules'
         self.quiet.attach(self._plain())
         self.functional = 0               # such draws in step 0 (the calls made as in eval mode each step)
+        self.functional_kept = False      # ... left on: a checkpoint's recompute drew them where the mode was off
 
     def release(self) -> None:
         """Drop the trained copy, its optimizer and the start values once the verdict no longer reads them (the
         second opinion trains another copy: two would be held at once)."""
         import gc
 
+        self.quiet.off()
         self.work = self.optimizer = self.stepper = self.scaler = None
         self.start, self.trainable, self.ever_nonzero = {}, [], None
         gc.collect()   # a copy in a reference cycle (hooks, closures) is freed now, not at the next collection
@@ -125,22 +127,45 @@ class Trainer:
         try:
             while True:
                 self.optimizer.zero_grad(set_to_none=True)
-                value, lv, acc, out = self._evaluated(c.step)
-                if opts.on_step:
-                    opts.on_step(c.step, lv)
-                if self._stop(value, lv, acc, out):
-                    break
-                if c.step == 0:   # the forward's (a checkpointed block's recompute in backward draws again)
-                    self.functional = self.quiet.draws
-                self._update(value, c.step)
-                if c.step == 0:
-                    self.quiet.idle()
+                try:
+                    if self._one_step(c):
+                        break
+                except ModelError as e:
+                    if not self._drawn_again(e, c.step):
+                        raise
+                    c = self.curve = Curve(budget=opts.budget)   # step 0 again, the dropout drawn as the model draws it
+                    continue
                 c.step += 1
         except KeyboardInterrupt as exc:   # Ctrl-C, or SIGTERM (Terminated): keep the partial curve
+            self.quiet.reset()   # a forward left by it did not run its always-call hook
             c.interrupted = interrupt_code(exc)
         self._read()                        # a norm still pending (interrupted between update and loss)
         c.seconds = time.perf_counter() - t0
         return c
+
+    def _one_step(self, c: Curve) -> bool:
+        """Evaluate at c.step, then update unless the run stops there (True)."""
+        value, lv, acc, out = self._evaluated(c.step)
+        if self.opts.on_step:
+            self.opts.on_step(c.step, lv)
+        if self._stop(value, lv, acc, out):
+            return True
+        if c.step == 0:   # the forward's draws (a checkpointed block's recompute in backward draws again)
+            self.functional = self.quiet.draws if self.quiet.live else 0
+        self._update(value, c.step)
+        if c.step == 0:
+            self.quiet.idle()
+        return False
+
+    def _drawn_again(self, error, step: int) -> bool:
+        """A checkpoint refused its recompute at step 0 under FunctionalDropoutOff (a checkpointed function that is
+        no module call, inside a nested backward or an autograd.grad, drew its dropout there): the run starts again
+        with the functional dropout on, as the model draws it (said in the header). Not under torchrun (its peers)."""
+        if step or not self.quiet.live or self.agree is not None or not _checkpoint_refused(error):
+            return False
+        self.quiet.off()
+        self.functional, self.functional_kept = 0, True
+        return True
 
     def _evaluated(self, step: int):
         """_evaluate; under a wrapper, a rank whose forward or loss raised still makes the step's
@@ -437,6 +462,19 @@ class Trainer:
                                                     {n: local_shard(t) for n, t in self.start.items()})
             else:
                 self.stagnation = stagnation_counts(self.trainable, self.start)
+
+
+def _checkpoint_refused(exc) -> bool:
+    """torch.utils.checkpoint's CheckpointError somewhere in the exception's chain."""
+    from torch.utils.checkpoint import CheckpointError
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, CheckpointError):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _agreement(ctx, group):

@@ -132,6 +132,7 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
         "batch_size": trainer.batch.batch_size, "trainable_tensors": len(trainer.trainable),
         "trainable_values": sum(p.numel() for _, p in trainer.trainable),
         "frozen_tensors": trainer.frozen, "dropout_off": trainer.dropped, "functional_dropout_off": trainer.functional,
+        "functional_dropout_kept": trainer.functional_kept,
     })
     result.series["loss"] = losses
     result.series["grad_norm"] = curve.grad_norms
@@ -149,7 +150,11 @@ def _dropout_off(trainer) -> str:
     parts = [f"{len(trainer.dropped)} module{'s' * (len(trainer.dropped) != 1)}"] if trainer.dropped else []
     if trainer.functional:
         parts.append(f"{trainer.functional} functional call{'s' * (trainer.functional != 1)} a step")
-    return f" (dropout off: {', '.join(parts)})" if parts else ""
+    said = f"dropout off: {', '.join(parts)}" if parts else ""
+    if trainer.functional_kept:
+        said += ("; " if said else "") + ("dropout drawn through torch's functions left on: a checkpointed function "
+                                          "drew it again in backward")
+    return f" ({said})" if said else ""
 
 
 def _cap(curve, opts) -> int:
