@@ -410,6 +410,33 @@ def test_functional_dropout_a_checkpoint_draws_again_is_left_on_and_said(untouch
     assert torch._C._len_torch_function_stack() == 0
 
 
+def test_a_checkpoint_refusal_with_nothing_dropped_stays_the_models_error():
+    """A checkpointed block that saves other tensors on its first call (a cache) fails the user's own first step too:
+    with no dropout drawn, it is the model's error, not a reason to start again (a review: a PASS said dropout)."""
+    from torchdiag.errors import ModelError
+
+    class Cached(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.cache = torch.nn.Linear(8, 32), torch.nn.Linear(32, 4), None
+
+        def block(self, x):
+            h = torch.tanh(self.a(x))
+            if self.cache is None:
+                self.cache = (h * h).mean().detach()
+            return h
+
+        def forward(self, x):
+            from torch.utils.checkpoint import checkpoint
+
+            return self.b(checkpoint(self.block, x, use_reentrant=False))
+
+    torch.manual_seed(0)
+    with pytest.raises(ModelError, match="CheckpointError"):
+        overfit(Cached(), torch.randn(16, 8), loss="mse", target=torch.randn(16, 4), steps=20)
+    assert torch._C._len_torch_function_stack() == 0
+
+
 def test_functional_dropout_off_leaves_no_mode_behind_an_interrupt():
     """Ctrl-C inside a forward skips the always-call hook (KeyboardInterrupt is no Exception): the mode it pushed
     would stay on the caller's stack, and the caller's own dropout would stop dropping (a review)."""

@@ -42,8 +42,7 @@ def _run(model, inputs, opts: Options | None, ctx):
 
     opts = opts or Options()
     with leave_no_trace(model), ctx.seeded():
-        trainer = _trainer(model, inputs, opts, ctx)
-        curve = trainer.train()
+        trainer, curve = _trained(model, inputs, opts, ctx)
         if ctx.wrapper is not None and curve.interrupted:   # no verdict, and no collective: a peer may be gone
             from .causes import Causes
 
@@ -82,7 +81,7 @@ def _run(model, inputs, opts: Options | None, ctx):
         trainer.release()
         with leave_no_trace(model), ctx.seeded():
             return train_few(model, trainer, trainable, _continued(opts, done), ctx,
-                             lambda m, i, loss, o: _trainer(m, i, o, ctx, loss=loss))
+                             lambda m, i, loss, o: _trained(m, i, o, ctx, loss=loss)[1])
 
     return build(trainer, curve, found, opts, ctx, second, few, lower)
 
@@ -92,17 +91,34 @@ def _asks(opts: Options, ctx) -> bool:
     return ctx.wrapper is None and opts.steps is None and ctx.spec.optimizer.describe() != OPTIMIZER.describe()
 
 
-def _trainer(model, inputs, opts: Options, ctx, optimizer=None, loss=None):
+def _trainer(model, inputs, opts: Options, ctx, optimizer=None, loss=None, functional: bool = True):
     """A Trainer on a fresh training copy of `model` with dropout off (memorising needs no regularisation:
-    core/design.py); the copy is held by the trainer alone (Trainer.release drops it)."""
+    core/design.py; `functional`: the dropout drawn through torch's functions too); the copy is held by the trainer
+    alone (Trainer.release drops it)."""
     from ...core.design import dropout_off
     from .loop import Trainer
 
     work = ctx.train_copy(model)
     dropped = dropout_off(work)
-    trainer = Trainer(work, inputs.clone(), loss or ctx.loss(), opts, ctx, optimizer=optimizer)
+    trainer = Trainer(work, inputs.clone(), loss or ctx.loss(), opts, ctx, optimizer=optimizer, functional=functional)
     trainer.dropped = dropped
     return trainer
+
+
+def _trained(model, inputs, opts: Options, ctx, optimizer=None, loss=None):
+    """(trainer, curve) of a run on a fresh copy. Where a checkpoint refused its recompute at step 0 after a forward
+    that dropped through torch's functions (a checkpointed function that is no module call, in a nested backward,
+    drew a mask there), the run starts again on another fresh copy with that dropout on (the step-0 copy's buffers,
+    caches and lazy weights have moved), said in the header."""
+    from .loop import DrawnAgain
+
+    trainer = _trainer(model, inputs, opts, ctx, optimizer, loss)
+    try:
+        return trainer, trainer.train()
+    except DrawnAgain:
+        trainer.release()
+    trainer = _trainer(model, inputs, opts, ctx, optimizer, loss, functional=False)
+    return trainer, trainer.train()
 
 
 def _default_optimizer(model, inputs, opts: Options, ctx, done: int):
@@ -114,7 +130,7 @@ def _default_optimizer(model, inputs, opts: Options, ctx, done: int):
 
     again = _continued(opts, done)
     with leave_no_trace(model), ctx.seeded():
-        return _trainer(model, inputs, again, ctx, optimizer=OPTIMIZER).train()
+        return _trained(model, inputs, again, ctx, optimizer=OPTIMIZER)[1]
 
 
 LOWER = 10   # the step size a collapse is re-tried at: the run's divided by this
@@ -140,7 +156,7 @@ def _lower_rate(model, inputs, opts: Options, ctx, done: int):
     spec = ctx.spec.optimizer
     slower = dataclasses.replace(spec, lr=spec.learning_rate / LOWER)
     with leave_no_trace(model), ctx.seeded():
-        return _trainer(model, inputs, _continued(opts, done), ctx, optimizer=slower).train()
+        return _trained(model, inputs, _continued(opts, done), ctx, optimizer=slower)[1]
 
 
 def _continued(opts: Options, done: int) -> Options:

@@ -65,9 +65,9 @@ def _first_float(inputs, batch: int):
     return None
 
 
-def train_few(model, trainer, trainable: int, opts, ctx, make_trainer) -> Few | None:
+def train_few(model, trainer, trainable: int, opts, ctx, train) -> Few | None:
     """A fresh copy trained on `pick`'s samples of the run's batch, with the run's loss rule and target rows
-    (`make_trainer(model, inputs, loss, opts)` builds the Trainer as the run's was built). None when the model
+    (`train(model, inputs, loss, opts)` trains it as the run's copy was trained: its Curve). None when the model
     is not `limited` (`trainable` values) or no pair is there to pick."""
     import torch
 
@@ -82,7 +82,7 @@ def train_few(model, trainer, trainable: int, opts, ctx, make_trainer) -> Few | 
 
     loss = ctx.loss()
     loss.target, loss.made_target = rows(target), trainer.loss_fn.made_target
-    return Few(idx, make_trainer(model, trainer.batch.map(rows), loss, opts).train())
+    return Few(idx, train(model, trainer.batch.map(rows), loss, opts))
 
 
 def memorised(few: Few | None) -> bool:

@@ -59,7 +59,7 @@ class Curve:
 class Trainer:
     """One batch, one copy, one optimizer (ctx.optimizer), optionally under autocast with a GradScaler."""
 
-    def __init__(self, work, batch, loss_fn, opts, ctx, optimizer=None):
+    def __init__(self, work, batch, loss_fn, opts, ctx, optimizer=None, functional=True):
         self.work, self.batch, self.loss_fn, self.opts, self.ctx = work, batch, loss_fn, opts, ctx
         # an empty tensor (DINOv3 without register tokens) has nothing to train or judge
         self.trainable = [(n, p) for n, p in work.named_parameters() if p.requires_grad and p.numel()]
@@ -89,8 +89,10 @@ class Trainer:
         self.fits: dict = {}              # causes.made_target_floor's fitted LayerNorm floors, fitted once a run
         self.quiet = FunctionalDropoutOff()   # dropout drawn through torch's functions, off like the modules'
         self.quiet.attach(self._plain())
+        if not functional:
+            self.quiet.off()
         self.functional = 0               # such draws in step 0 (the calls made as in eval mode each step)
-        self.functional_kept = False      # ... left on: a checkpoint's recompute drew them where the mode was off
+        self.functional_kept = not functional   # ... left on: a checkpoint's recompute drew them where it was off
 
     def release(self) -> None:
         """Drop the trained copy, its optimizer and the start values once the verdict no longer reads them (the
@@ -122,7 +124,7 @@ class Trainer:
     def train(self) -> Curve:
         """Evaluate; stop at the target, a non-finite loss, no graph or the budget; else update.
         Ctrl-C stops the loop and keeps the curve so far."""
-        c, opts = self.curve, self.opts
+        c = self.curve
         t0 = self._t0 = time.perf_counter()
         try:
             while True:
@@ -131,10 +133,9 @@ class Trainer:
                     if self._one_step(c):
                         break
                 except ModelError as e:
-                    if not self._drawn_again(e, c.step):
-                        raise
-                    c = self.curve = Curve(budget=opts.budget)   # step 0 again, the dropout drawn as the model draws it
-                    continue
+                    if self._drawn_again(e, c.step):
+                        raise DrawnAgain() from e
+                    raise
                 c.step += 1
         except KeyboardInterrupt as exc:   # Ctrl-C, or SIGTERM (Terminated): keep the partial curve
             self.quiet.reset()   # a forward left by it did not run its always-call hook
@@ -158,13 +159,15 @@ class Trainer:
         return False
 
     def _drawn_again(self, error, step: int) -> bool:
-        """A checkpoint refused its recompute at step 0 under FunctionalDropoutOff (a checkpointed function that is
-        no module call, inside a nested backward or an autograd.grad, drew its dropout there): the run starts again
-        with the functional dropout on, as the model draws it (said in the header). Not under torchrun (its peers)."""
-        if step or not self.quiet.live or self.agree is not None or not _checkpoint_refused(error):
+        """A checkpoint refused its recompute at step 0 after a forward that dropped under FunctionalDropoutOff (a
+        checkpointed function that is no module call, inside a nested backward or an autograd.grad, drew its dropout
+        there): the run is to start again with that dropout on (overfit_batch._trained). A refusal with nothing
+        dropped is the model's own (a block that saves other tensors on its first call). Not under torchrun."""
+        if step or not (self.quiet.live and self.quiet.draws) or self.agree is not None:
+            return False
+        if not _checkpoint_refused(error):
             return False
         self.quiet.off()
-        self.functional, self.functional_kept = 0, True
         return True
 
     def _evaluated(self, step: int):
@@ -462,6 +465,10 @@ class Trainer:
                                                     {n: local_shard(t) for n, t in self.start.items()})
             else:
                 self.stagnation = stagnation_counts(self.trainable, self.start)
+
+
+class DrawnAgain(Exception):
+    """Trainer.train: start again on a fresh copy with the functional dropout on (Trainer._drawn_again)."""
 
 
 def _checkpoint_refused(exc) -> bool:
