@@ -55,6 +55,17 @@ class ModelError(DiagError):
         self.partial = partial
 
 
+def caused_by(exc: BaseException | None, kinds) -> bool:
+    """`exc`, or an exception in its chain (what raised it, or what it was raised while handling), is one of `kinds`."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kinds):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def one_line(exc: BaseException, limit: int = 300) -> str:
     """`TypeName: first line of the message`, cut to `limit` characters (even when str(exc) raises)."""
     try:

@@ -97,11 +97,6 @@ def _value_reading_errors() -> tuple[type, ...]:
 
 def _reads_values(exc) -> bool:
     """The failure, or what caused it, is fake tensors refusing a value-dependent op."""
-    kinds = _value_reading_errors()
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, kinds):
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
+    from ...errors import caused_by
+
+    return caused_by(exc, _value_reading_errors())

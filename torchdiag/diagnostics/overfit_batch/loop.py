@@ -17,7 +17,14 @@ from ...core.design import FunctionalDropoutOff
 from ...core.distributed import is_sharded, local_shard
 from ...core.rounding import stagnation_counts
 from ...core.scaling import scale_facts, stepper
-from ...errors import DiagError, ModelError, UsageError, interrupt_code, one_line
+from ...errors import (
+    DiagError,
+    ModelError,
+    UsageError,
+    caused_by,
+    interrupt_code,
+    one_line,
+)
 from ...results import Result
 from .causes import accuracy_counts, output_box, same_across_samples, sample_tensor
 from .sharded import global_norm, local_view
@@ -475,13 +482,7 @@ def _checkpoint_refused(exc) -> bool:
     """torch.utils.checkpoint's CheckpointError somewhere in the exception's chain."""
     from torch.utils.checkpoint import CheckpointError
 
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, CheckpointError):
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
+    return caused_by(exc, CheckpointError)
 
 
 def _agreement(ctx, group):
