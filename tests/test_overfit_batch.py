@@ -380,9 +380,10 @@ class _NestedCheckpoints(torch.nn.Module):
     """A reentrant checkpoint around a function that checkpoints its own function (neither a module call), which
     draws F.dropout: the inner recompute runs in a nested backward, where a torch-function mode is off the stack."""
 
-    def __init__(self):
+    def __init__(self, late=False):
         super().__init__()
         self.a, self.b, self.c = torch.nn.Linear(8, 64), torch.nn.Linear(64, 8), torch.nn.Linear(8, 4)
+        self.late, self.calls = late, 0   # late: checkpointing from the second forward on (the refusal at step 1)
 
     def mlp(self, x):
         return self.b(F.dropout(torch.relu(self.a(x)), 0.5, training=self.training))
@@ -395,14 +396,19 @@ class _NestedCheckpoints(torch.nn.Module):
     def forward(self, x):
         from torch.utils.checkpoint import checkpoint
 
+        self.calls += 1
+        if self.late and self.calls == 1:
+            return self.c(x + self.mlp(x))
         return self.c(checkpoint(self.layer, x.requires_grad_(), use_reentrant=True))
 
 
-def test_functional_dropout_a_checkpoint_draws_again_is_left_on_and_said(untouched):
-    """Where the recompute drew a mask its forward did not, checkpoint refused it (exit 3 blamed the model, a review):
-    the run starts again with the dropout drawn as the model draws it, and says so."""
+@pytest.mark.parametrize("late", [False, True])
+def test_functional_dropout_a_checkpoint_draws_again_is_left_on_and_said(untouched, late):
+    """Where the recompute drew a mask its forward did not, checkpoint refused it (exit 3 blamed the model, reviews;
+    at step 1 where checkpointing starts late): the run starts again with the dropout drawn as the model draws it,
+    and says so."""
     torch.manual_seed(0)
-    model, x, target = _NestedCheckpoints(), torch.randn(16, 8), torch.randn(16, 4)
+    model, x, target = _NestedCheckpoints(late), torch.randn(16, 8), torch.randn(16, 4)
     with untouched(model):
         r = overfit(model, x, loss="mse", target=target, steps=30)
     assert r.exit_code in (0, 1) and r.data["steps"] == 30 and r.data["functional_dropout_kept"] is True

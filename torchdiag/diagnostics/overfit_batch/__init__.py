@@ -106,10 +106,10 @@ def _trainer(model, inputs, opts: Options, ctx, optimizer=None, loss=None, funct
 
 
 def _trained(model, inputs, opts: Options, ctx, optimizer=None, loss=None):
-    """(trainer, curve) of a run on a fresh copy. Where a checkpoint refused its recompute at step 0 after a forward
-    that dropped through torch's functions (a checkpointed function that is no module call, in a nested backward,
-    drew a mask there), the run starts again on another fresh copy with that dropout on (the step-0 copy's buffers,
-    caches and lazy weights have moved), said in the header."""
+    """(trainer, curve) of a run on a fresh copy. Where a checkpoint refused its recompute after forwards that
+    dropped through torch's functions (a checkpointed function that is no module call, in a nested backward, drew a
+    mask there), the run starts again on another fresh copy with that dropout on (the first copy's buffers, caches
+    and lazy weights have moved), said in the header."""
     from .loop import DrawnAgain
 
     trainer = _trainer(model, inputs, opts, ctx, optimizer, loss)

@@ -166,11 +166,13 @@ class Trainer:
         return False
 
     def _drawn_again(self, error, step: int) -> bool:
-        """A checkpoint refused its recompute at step 0 after a forward that dropped under FunctionalDropoutOff (a
-        checkpointed function that is no module call, inside a nested backward or an autograd.grad, drew its dropout
-        there): the run is to start again with that dropout on (overfit_batch._trained). A refusal with nothing
-        dropped is the model's own (a block that saves other tensors on its first call). Not under torchrun."""
-        if step or not (self.quiet.live and self.quiet.draws) or self.agree is not None:
+        """A checkpoint refused its recompute after forwards that dropped under FunctionalDropoutOff (a checkpointed
+        function that is no module call, inside a nested backward or an autograd.grad, drew its dropout there), at
+        any step (checkpointing may start late): the run is to start again with that dropout on
+        (overfit_batch._trained; a refusal of the model's own comes again there, and stands). A refusal with nothing
+        dropped is the model's own (a block that saves other tensors on its first call). Not under torchrun (its
+        peers would have to start again in step)."""
+        if not (self.quiet.live and self.quiet.draws) or self.agree is not None:
             return False
         if not _checkpoint_refused(error):
             return False
