@@ -29,7 +29,7 @@ __all__ = ["Options", "run", "NEEDS_VALUES", "OPTIMIZER", "WRAP", "DEFAULT_LR", 
 
 def run(model, inputs, opts: Options | None, ctx):
     """Train a copy of `model` on one batch; the Result holds the curve, the verdict and the causes."""
-    from ...core.design import modes_restored
+    from ...core.functional_dropout import modes_restored
 
     with modes_restored():
         return _run(model, inputs, opts, ctx)

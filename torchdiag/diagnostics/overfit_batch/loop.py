@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 
 from ...core import train
-from ...core.design import FunctionalDropoutOff
 from ...core.distributed import is_sharded, local_shard
+from ...core.functional_dropout import FunctionalDropoutOff
 from ...core.rounding import stagnation_counts
 from ...core.scaling import scale_facts, stepper
 from ...errors import (
