@@ -95,8 +95,9 @@ class Trainer:
         self.sharded = is_sharded(p for _, p in self.trainable)  # --wrap fsdp: DTensor parameters, read through their shards
         self.fits: dict = {}              # causes.made_target_floor's fitted LayerNorm floors, fitted once a run
         self.quiet = FunctionalDropoutOff()   # dropout drawn through torch's functions, off like the modules'
-        self.quiet.attach(self._plain())
-        if not functional:
+        if functional:
+            self.quiet.attach(self._plain())
+        else:
             self.quiet.off()
         self.functional = 0               # such draws in step 0 (the calls made as in eval mode each step)
         self.functional_kept = not functional   # ... left on: a checkpoint's recompute drew them where it was off
@@ -172,9 +173,9 @@ class Trainer:
         (overfit_batch._trained; a refusal of the model's own comes again there, and stands). A refusal with nothing
         dropped is the model's own (a block that saves other tensors on its first call). Not under torchrun (its
         peers would have to start again in step)."""
-        if not (self.quiet.live and self.quiet.draws) or self.agree is not None:
-            return False
-        if not _checkpoint_refused(error):
+        from torch.utils.checkpoint import CheckpointError
+
+        if not (self.quiet.live and self.quiet.draws) or self.agree is not None or not caused_by(error, CheckpointError):
             return False
         self.quiet.off()
         return True
@@ -478,13 +479,6 @@ class Trainer:
 
 class DrawnAgain(Exception):
     """Trainer.train: start again on a fresh copy with the functional dropout on (Trainer._drawn_again)."""
-
-
-def _checkpoint_refused(exc) -> bool:
-    """torch.utils.checkpoint's CheckpointError somewhere in the exception's chain."""
-    from torch.utils.checkpoint import CheckpointError
-
-    return caused_by(exc, CheckpointError)
 
 
 def _agreement(ctx, group):
