@@ -16,12 +16,13 @@ def _bar(label: str, unit: str):
         MofNCompleteColumn,
         Progress,
         TextColumn,
-        TimeElapsedColumn,
+        TimeRemainingColumn,
     )
 
     return Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(),
                     TextColumn("loss {task.fields[loss]}"), TextColumn(f"{{task.fields[rate]}} {unit}/s"),
-                    TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+                    TimeRemainingColumn(), TextColumn("left"),   # to the budget as it stands (a slow model's
+                    console=Console(stderr=True), transient=True)   # default budget can take half an hour on a CPU)
 
 
 def with_progress(diag, json_mode: bool, label: str, unit: str, total):

@@ -23,6 +23,7 @@ class Causes:
     own_floor: bool = False          # a custom loss at a minimum of its own: scaling the output does not lower it
     scaled: tuple | None = None      # (k, loss at k × output, loss): a custom loss the trained output's scale holds back
     out_of_range: dict | None = None  # {kind, floor}: mse against torchdiag's own target that the output's range cuts
+    term_floors: list | None = None  # several terms, the first of a range: each term's {kind, floor} or None (term_floors)
     stranded: dict | None = None     # stranded.find(): samples a dead layer cuts off from every weight before it
 
 
@@ -298,7 +299,10 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
                 if needed < floor:
                     causes.bounded = {"box": box, "classes": classes, "floor": floor, "needed": needed}
             causes.own_floor, causes.scaled = _own_floor(out, trainer.loss_fn)
-            causes.out_of_range = made_target_floor(out, trainer.loss_fn, opts.target_ratio * curve.losses[0], trainer.fits)
+            start = curve.first_terms[0][1] if curve.first_terms else curve.losses[0]   # the first output's own term
+            causes.out_of_range = made_target_floor(out, trainer.loss_fn, opts.target_ratio * start, trainer.fits)
+            if causes.out_of_range and curve.first_terms:
+                causes.term_floors = term_floors(out, trainer.loss_fn, causes.out_of_range, curve.first_terms, opts)
         except Exception:
             causes.final_same = False
 
@@ -310,21 +314,50 @@ def made_target_floor(out, loss, goal: float = 0.0, fits: dict | None = None) ->
     output in that range reaches is the target's distance to it, mse(projection of the target, target). A sweep:
     PP-OCRv5's sigmoid map levelled at 0.46 x its start, ColQwen2's unit rows at 0.65 x, both cannot-overfit. Told
     within the output dtype's rounding (bfloat16 rows are unit to ~4e-3). {kind, floor}, or None (a given target,
-    another loss, a single value, several terms). `goal`: the loss the run had to reach (a LayerNorm's floor far below
+    another loss, a single value). `goal`: the loss the run had to reach (a LayerNorm's floor far below
     it is not fitted: `_layernorm_floor`). `fits`: LayerNorm floors fitted before, by dimension (the target is the
-    run's own, so a fit holds for the run)."""
+    run's own, so a fit holds for the run). With several terms (other outputs covered), the first output's floor
+    (each term against its own: `term_floors`, report._at_term_floors)."""
+    from ...core.loss import primary_output
+
+    if getattr(loss, "chosen", "") != "mse" or not getattr(loss, "made_target", False) or loss.target is None:
+        return None
+    return range_floor(primary_output(out)[0], loss.target, goal, fits)
+
+
+def term_floors(out, loss, first: dict, starts: list, opts) -> list | None:
+    """With other outputs covered (the first keeping to a range, `first`): each term's floor in the loss's order,
+    {kind, floor} or None where the output keeps to no range, each against its own made-up target (LayerNorm fits
+    made afresh: read once, at the end). None when a term has no floor to tell: a scalar output counted as it is
+    (a loss of the model's own), or a target that was given."""
+    from ...core.loss import float_outputs
+
+    tensors = dict(float_outputs(out))
+    rules = {label: (rule, target) for label, rule, target in loss.extra or ()}
+    floors: list = [first]
+    for label, start in starts[1:]:
+        rule, target = rules.get(label, ("model", None))
+        if rule == "same" and loss.chosen == "mse":
+            target = loss.target
+        elif rule == "same":   # cross_entropy against the first output's classes: no range to read
+            floors.append(None)
+            continue
+        if rule == "model" or target is None or label not in tensors:
+            return None
+        floors.append(range_floor(tensors[label], target, opts.target_ratio * start, {}))
+    return floors
+
+
+def range_floor(y, t, goal: float = 0.0, fits: dict | None = None) -> dict | None:
+    """made_target_floor's reading of one output `y` against its made-up target `t`."""
     import torch
     import torch.nn.functional as F
 
-    from ...core.loss import primary_output
-
-    if getattr(loss, "chosen", "") != "mse" or not getattr(loss, "made_target", False) or loss.terms \
-            or loss.target is None:
-        return None
-    y, _ = primary_output(out)
-    t = loss.target.to(y.device).float()
     if not isinstance(y, torch.Tensor) or y.shape != t.shape or y.numel() < 2 or not y.is_floating_point():
         return None
+    t = t.to(y.device).float()
+    if y.dim() >= 1 and y.shape[0] > 1 and same_across_samples(y)[0]:
+        return None   # a stuck output's values tell no range (a review: a head at one prediction, inside [-1, 1])
     tol = max(1e-4, 8 * torch.finfo(y.dtype).eps)
     y = y.detach().float()
     dims = [d for d in ((y.dim() - 1, 1) if y.dim() >= 3 else (y.dim() - 1,)) if y.dim() >= 2 and y.shape[d] > 1]

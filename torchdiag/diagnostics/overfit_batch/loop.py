@@ -57,7 +57,7 @@ class Curve:
     skipped: list[bool] = field(default_factory=list)     # fp16: the update was skipped (non-finite gradients)
     peer_stop: str | None = None            # under a wrapper: another rank's loss stopped the run
     budget: int = 0                         # the step budget run under: --steps, or more while still falling (_extend)
-    levelled: bool = False                  # the trend was seen levelling off once (_extend looked again)
+    levelled: bool = False                  # the trend was seen levelling off at an extension (the run looked again)
     cap: int | None = None                  # the step cap the last extension used (cost.fast_cap)
     first_terms: list | None = None         # auto over several outputs: [(label, value)] of each term at step 0
     last_terms: list | None = None          # and of the last evaluation, on the device until the verdict reads them
@@ -246,6 +246,7 @@ class Trainer:
         t = judge(c.losses, goal_of(c.losses[0], opts))
         if cap > opts.cap:
             go = t.falling or t.kind == "levelling"
+            c.levelled = c.levelled or t.kind == "levelling"   # seen once: a later sighting confirms it
         elif t.kind == "levelling":   # a slowing fall may be a phase: look once more before calling it a floor
             go, c.levelled = not c.levelled, True
         else:
