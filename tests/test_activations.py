@@ -254,6 +254,40 @@ def test_a_dead_relu_after_a_zero_init_norm_is_still_a_warning_where_its_own_inp
     assert "1 module(s) pass its zeros on (1)" in res.findings[0].message   # the block (act after its sum)
 
 
+def test_zero_outputs_inside_an_origin_are_not_said_to_pass_its_zeros_on():
+    """A sweep: XCodec2's attention made zeros from a zero hidden state and a position input that was not zero; its
+    q/k/v projections, called inside it before it returned, were said to "pass its zeros on"."""
+    import torch
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+
+    class Att(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.proj(x - x)   # zero in, zero out: inside the origin, not after it
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.att, self.act = Att(), nn.ReLU()
+
+        def forward(self, x):
+            return self.act(self.att(x))
+
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model = Net()
+        model.att.proj.bias.zero_()
+    res = run("activations", model, ModelInputs((torch.randn(4, 8),), {}))
+    (f,) = [f for f in res.findings if f.code == "dead-activations"]
+    assert f.where == "att" and "1 module(s) inside it output zeros too (att.proj)" in f.message, f.message
+    assert "1 module(s) pass its zeros on (act)" in f.message, f.message
+
+
 def test_relu6_zeros_are_not_saturation():
     """ReLU6's clip at 0 is a ReLU's zero (half of a healthy MobileNetV2's outputs): only its top, 6, saturates."""
     import torch

@@ -372,6 +372,15 @@ def _filter_caption(shape, kind: str, cols, shown_out: int, shown_in: int) -> st
     return text + ", one input channel each"
 
 
+def _passed_on(origin: str, passed: list[str], its: str) -> str:
+    """The other zero outputs an origin accounts for: its submodules, called inside it (a sweep: XCodec2's
+    attention, whose q/k/v projections ran before it returned, were said to pass its zeros on), and the rest."""
+    inside = [n for n in passed if origin and n.startswith(origin + ".")]
+    rest = [n for n in passed if n not in inside]
+    return (f"; {len(inside)} module(s) inside it output zeros too ({_listed(inside)})" if inside else "") + \
+        (f"; {len(rest)} module(s) pass {its} zeros on ({_listed(rest)})" if rest else "")
+
+
 def _findings(result, rows, opts, rec, trains) -> None:
     for r in rows:
         if r["nonfinite"]:
@@ -390,7 +399,7 @@ def _findings(result, rows, opts, rec, trains) -> None:
         if gate:
             gated.setdefault((r["type"], tuple(gate)), []).append((r, passed))
             continue
-        after = f"; {len(passed)} module(s) pass its zeros on ({_listed(passed)})" if passed else ""
+        after = _passed_on(r["name"], passed, "its")
         result.add("dead-activations", "warning", r["name"],
                    f"{r['zero_fraction']:.1%} of the output values are exactly zero{after}",
                    hint="dead ReLUs: check the initialisation, learning rate, or use LeakyReLU/GELU")
@@ -399,7 +408,7 @@ def _findings(result, rows, opts, rec, trains) -> None:
         passed = [n for _, p in found for n in p]
         which = (f"{len(names)} {kind} modules ({_listed(names)}) output exactly zero because their" if len(names) > 1
                  else f"{found[0][0]['zero_fraction']:.1%} of the output values are exactly zero because its")
-        after = f"; {len(passed)} module(s) pass the zeros on ({_listed(passed)})" if passed else ""
+        after = _passed_on(names[0] if len(names) == 1 else "", passed, "the")
         result.add("zero-init", "info", names[0] if len(names) == 1 else _common(names),
                    f"{which} {_listed(list(gate))} {'is' if len(gate) == 1 else 'are'} zero at initialisation, and "
                    f"a zero-initialised gate: it gets a gradient (training moves it), and drawn at random on a copy "
