@@ -320,6 +320,40 @@ def test_the_softmax_source_takes_only_attention_and_each_once():
                    ("(model)", "F.scaled_dot_product_attention", (2, 2, 5, 5))], got
 
 
+def test_a_softmax_over_heads_folded_into_the_batch_is_attention_per_head():
+    """A sweep: `attention` on transformers' FSMT exited 2, "no attention weights found": fairseq's layout folds the
+    heads into the batch, (N·H)×L×S scores from torch.bmm, a softmax over a 3-D tensor. Captured and split by the
+    inputs' batch size (N outer, as fairseq views it), each head's weights equal the ones computed here; a 3-D
+    softmax of a Linear's output (a router) is still not attention."""
+    import torch
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+
+    class Fairseq(nn.Module):   # (N, L, 12) -> 3 heads of 4, bmm on (N·3, L, 4)
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.router = nn.Linear(12, 12), nn.Linear(12, 12), nn.Linear(12, 5)
+
+        def fold(self, t):
+            return t.view(t.shape[0], t.shape[1], 3, 4).transpose(1, 2).reshape(t.shape[0] * 3, t.shape[1], 4)
+
+        def forward(self, x):
+            w = torch.bmm(self.fold(self.q(x)), self.fold(self.k(x)).transpose(1, 2))
+            gates = torch.softmax(self.router(x), dim=-1)   # (N, L, 5): not attention
+            return torch.nn.functional.softmax(w, dim=-1).sum() + gates.sum()
+
+    torch.manual_seed(0)
+    model, x = Fairseq(), torch.randn(2, 6, 12)
+    (cap,) = run("attention", model, ModelInputs((x,), {})).artefacts["captures"]
+    with torch.no_grad():
+        q = model.q(x).view(2, 6, 3, 4).transpose(1, 2)
+        k = model.k(x).view(2, 6, 3, 4).transpose(1, 2)
+        expected = torch.softmax(q @ k.transpose(-2, -1), dim=-1)   # (N, H, L, S), by hand
+    assert cap.source == "softmax" and tuple(cap.weights.shape) == (2, 3, 6, 6)
+    assert torch.allclose(cap.weights, expected, atol=1e-6)
+
+
 def test_a_softmax_capture_is_a_copy_of_the_models_tensor():
     """The model may change its weights in place after the softmax (a gate, a masked_fill_): the capture keeps
     the softmax's values (on a CPU, .float().cpu() of a float32 tensor was the model's own tensor)."""

@@ -11,7 +11,8 @@ Three sources, in eval mode under no_grad:
   softmax(q·kᵀ·scale + mask) are recomputed from q and k and credited to the calling module;
 - a softmax over the last dimension of 4-D attention scores (N×H×L×S: what ops made, at the same size, from a
   batched matmul q·kᵀ) that the model's own code computes (DeBERTa's disentangled attention, CaiT's talking
-  heads: a TorchFunctionMode sees it), credited to the module that called it (not an nn.Softmax inside it);
+  heads: a TorchFunctionMode sees it), or of 3-D ones ((N·H)×L×S, fairseq's layout: FSMT), split by the
+  inputs' batch size (one head per row where it does not divide), credited to the module that called it (not an nn.Softmax inside it);
   once: the module that returns that tensor takes it over, one inside nn.MultiheadAttention or the SDPA
   recomputation is not counted, nor one beside an SDPA call of the same module and shape.
 Per head: mean entropy of a query's distribution (nats, and as a fraction of log(keys the query
@@ -108,6 +109,7 @@ class Catcher:
         self._orig_sdpa = None
         self._softmax = None               # the TorchFunctionMode that sees softmax calls
         self.in_sdpa = False
+        self.batch: int | None = None      # the inputs' batch size: splits a 3-D softmax's (N·H) dimension
 
     def __enter__(self):
         import torch
@@ -214,8 +216,12 @@ class Catcher:
             return
         frames = [f for f in self.stack if not isinstance(f[1], nn.Softmax)] or [("(model)", None)]
         name, mod = frames[-1]
+        ref = (w.data_ptr(), tuple(w.shape))
+        if w.dim() == 3:   # fairseq's layout (FSMT): batch and heads in one dimension, the batch outer
+            n = self.batch if self.batch and w.shape[0] % self.batch == 0 else w.shape[0]
+            w = w.reshape(n, w.shape[0] // n, *w.shape[1:])
         self.captures.append(Capture(name, type(mod).__name__ if mod is not None else "", SOFTMAX,
-                                     w.detach().to("cpu", torch.float32, copy=True), (w.data_ptr(), tuple(w.shape))))
+                                     w.detach().to("cpu", torch.float32, copy=True), ref))
 
     def _returned(self, module, name, t, start: int) -> None:
         """A module returned attention weights `t`: the softmax capture of that very tensor, made inside its call,
@@ -299,10 +305,10 @@ def _softmax_mode():
             elif isinstance(a, (list, tuple)):
                 yield from (t for t in a if isinstance(t, torch.Tensor))
 
-    def last_dim(args, kwargs) -> bool:
+    def last_dim(args, kwargs, ndim: int) -> bool:
         dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
         try:
-            return operator.index(dim) % 4 == 3
+            return operator.index(dim) % ndim == ndim - 1
         except TypeError:
             return False
 
@@ -317,7 +323,8 @@ def _softmax_mode():
             if not isinstance(out, torch.Tensor) or not out.is_floating_point():
                 return out
             if func in softmaxes:
-                if out.dim() == 4 and out.shape[-1] > 1 and args and args[0] in self.scores and last_dim(args, kwargs):
+                if out.dim() in (3, 4) and out.shape[-1] > 1 and args and args[0] in self.scores \
+                        and last_dim(args, kwargs, out.dim()):
                     self.catcher.softmax(out)
             elif func in matmuls:
                 if out.dim() >= 3 and all(t.dim() >= 3 for t in tensors(args, kwargs)):
@@ -364,6 +371,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
 
     result = Result("attention", header={"mode": "eval, no grad (one forward pass); MHA fast path off"})
     catcher = Catcher(model, opts)
+    catcher.batch = inputs.batch_size
     tracker = ModuleTracker(model, record_shapes=False)
     with leave_no_trace(model):
         model.eval()
@@ -377,8 +385,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
                 raise forward_error(exc, tracker) from exc
     if not catcher.captures:
         raise UsageError("no attention weights found: no nn.MultiheadAttention, no module returning attention weights, "
-                         "no F.scaled_dot_product_attention call and no softmax over a 4-D (N×H×L×S) tensor ran in "
-                         "forward",
+                         "no F.scaled_dot_product_attention call and no softmax over 4-D (N×H×L×S) or 3-D ((N·H)×L×S) "
+                         "attention scores ran in forward",
                          hint="point MODEL_SPEC at a model with attention layers")
     counts: dict[str, int] = {}
     layers, heads = [], []
