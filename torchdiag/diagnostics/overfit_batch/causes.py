@@ -405,7 +405,10 @@ def _layernorm_floor(y, t, dims, tol: float, goal: float, fits: dict | None = No
         if n < 2 * (k + 1):
             continue
         centred = rows - rows.mean(0)
-        scale = centred.norm(dim=0).clamp_min(1e-300)
+        scale = centred.norm(dim=0)
+        if not bool(scale.amin() > tol * scale.amax()):   # a constant column (a dead channel, a zeroed position)
+            continue                                       # keeps the relation trivially (a review): no LayerNorm's
+        scale = scale.clamp_min(1e-300)
         spread, vecs = torch.linalg.eigh((centred / scale).T @ (centred / scale))   # n·k² work, no SVD copy
         near = F.mse_loss(F.layer_norm(trows, (k,)), trows)   # a LayerNorm output: the floor is at most this
         flat, start = torch.stack([spread[0].clamp_min(0) / spread[-1], near]).tolist()   # one read
