@@ -322,36 +322,44 @@ def test_the_softmax_source_takes_only_attention_and_each_once():
 
 def test_a_softmax_over_heads_folded_into_the_batch_is_attention_per_head():
     """A sweep: `attention` on transformers' FSMT exited 2, "no attention weights found": fairseq's layout folds the
-    heads into the batch, (N·H)×L×S scores from torch.bmm, a softmax over a 3-D tensor. Captured and split by the
-    inputs' batch size (N outer, as fairseq views it), each head's weights equal the ones computed here; a 3-D
-    softmax of a Linear's output (a router) is still not attention."""
+    heads into the batch, (N·H)×L×S scores from torch.bmm, a softmax over a 3-D tensor. Each row is a head of one
+    sample, in the model's order (a review: a head-outer fold, torch.cat(q.split(d, -1)), split as sample-outer hid a
+    dead head), said in a note when the batch has several samples; a module that returns them viewed N×H×L×S gives
+    the split (a review: FSMT under output_attentions counted each layer twice). A 3-D softmax of a Linear's output
+    (a router) is still not attention."""
     import torch
     from torch import nn
 
     from torchdiag.core.inputs import ModelInputs
 
-    class Fairseq(nn.Module):   # (N, L, 12) -> 3 heads of 4, bmm on (N·3, L, 4)
-        def __init__(self):
+    class Fairseq(nn.Module):   # (N, L, 12) -> 3 heads of 4, bmm on (N·3, L, 4), samples outer
+        def __init__(self, returns=False):
             super().__init__()
+            self.returns = returns
             self.q, self.k, self.router = nn.Linear(12, 12), nn.Linear(12, 12), nn.Linear(12, 5)
 
         def fold(self, t):
             return t.view(t.shape[0], t.shape[1], 3, 4).transpose(1, 2).reshape(t.shape[0] * 3, t.shape[1], 4)
 
         def forward(self, x):
-            w = torch.bmm(self.fold(self.q(x)), self.fold(self.k(x)).transpose(1, 2))
+            w = torch.nn.functional.softmax(torch.bmm(self.fold(self.q(x)), self.fold(self.k(x)).transpose(1, 2)), -1)
             gates = torch.softmax(self.router(x), dim=-1)   # (N, L, 5): not attention
-            return torch.nn.functional.softmax(w, dim=-1).sum() + gates.sum()
+            return (w.sum() + gates.sum(), w.view(x.shape[0], 3, 6, 6)) if self.returns else w.sum() + gates.sum()
 
     torch.manual_seed(0)
     model, x = Fairseq(), torch.randn(2, 6, 12)
-    (cap,) = run("attention", model, ModelInputs((x,), {})).artefacts["captures"]
+    res = run("attention", model, ModelInputs((x,), {}))
+    (cap,) = res.artefacts["captures"]
     with torch.no_grad():
         q = model.q(x).view(2, 6, 3, 4).transpose(1, 2)
         k = model.k(x).view(2, 6, 3, 4).transpose(1, 2)
         expected = torch.softmax(q @ k.transpose(-2, -1), dim=-1)   # (N, H, L, S), by hand
-    assert cap.source == "softmax" and tuple(cap.weights.shape) == (2, 3, 6, 6)
-    assert torch.allclose(cap.weights, expected, atol=1e-6)
+    assert cap.source == "softmax" and tuple(cap.weights.shape) == (1, 6, 6, 6)
+    assert torch.allclose(cap.weights, expected.reshape(1, 6, 6, 6), atol=1e-6)
+    assert any("folded" in n for n in res.notes), res.notes
+    model.returns = True
+    (cap,) = run("attention", model, ModelInputs((x,), {})).artefacts["captures"]
+    assert cap.source == "module output" and torch.allclose(cap.weights, expected, atol=1e-6)
 
 
 def test_a_softmax_capture_is_a_copy_of_the_models_tensor():

@@ -11,8 +11,8 @@ Three sources, in eval mode under no_grad:
   softmax(q·kᵀ·scale + mask) are recomputed from q and k and credited to the calling module;
 - a softmax over the last dimension of 4-D attention scores (N×H×L×S: what ops made, at the same size, from a
   batched matmul q·kᵀ) that the model's own code computes (DeBERTa's disentangled attention, CaiT's talking
-  heads: a TorchFunctionMode sees it), or of 3-D ones ((N·H)×L×S, fairseq's layout: FSMT), split by the
-  inputs' batch size (one head per row where it does not divide), credited to the module that called it (not an nn.Softmax inside it);
+  heads: a TorchFunctionMode sees it), or of 3-D ones ((N·H)×L×S, fairseq's layout: FSMT), each row a head of one
+  sample (the model alone knows whether samples or heads are outer), credited to the module that called it (not an nn.Softmax inside it);
   once: the module that returns that tensor takes it over, one inside nn.MultiheadAttention or the SDPA
   recomputation is not counted, nor one beside an SDPA call of the same module and shape.
 Per head: mean entropy of a query's distribution (nats, and as a fraction of log(keys the query
@@ -60,7 +60,8 @@ class Capture:
     type: str
     source: str
     weights: object  # N×H×L×S float32 cpu
-    ref: tuple = ()  # (data_ptr, shape) of the model's own tensor, to know it when a module returns it (again)
+    ref: tuple = ()  # (data_ptr, numel) of the model's own tensor, to know it when a module returns it (again)
+    folded: bool = False   # a 3-D softmax's (N·H) rows, one head each (Catcher.softmax)
 
 
 SOFTMAX, SDPA = "softmax", "F.scaled_dot_product_attention"
@@ -109,7 +110,6 @@ class Catcher:
         self._orig_sdpa = None
         self._softmax = None               # the TorchFunctionMode that sees softmax calls
         self.in_sdpa = False
-        self.batch: int | None = None      # the inputs' batch size: splits a 3-D softmax's (N·H) dimension
 
     def __enter__(self):
         import torch
@@ -216,23 +216,25 @@ class Catcher:
             return
         frames = [f for f in self.stack if not isinstance(f[1], nn.Softmax)] or [("(model)", None)]
         name, mod = frames[-1]
-        ref = (w.data_ptr(), tuple(w.shape))
-        if w.dim() == 3:   # fairseq's layout (FSMT): batch and heads in one dimension, the batch outer
-            n = self.batch if self.batch and w.shape[0] % self.batch == 0 else w.shape[0]
-            w = w.reshape(n, w.shape[0] // n, *w.shape[1:])
+        ref = (w.data_ptr(), w.numel())
+        folded = w.dim() == 3   # fairseq's layout (FSMT): samples and heads in one dimension, in an order only the
+        w = w.unsqueeze(0) if folded else w   # model knows (sample-outer, or head-outer: torch.cat(q.split(d, -1)))
         self.captures.append(Capture(name, type(mod).__name__ if mod is not None else "", SOFTMAX,
-                                     w.detach().to("cpu", torch.float32, copy=True), ref))
+                                     w.detach().to("cpu", torch.float32, copy=True), ref, folded))
 
     def _returned(self, module, name, t, start: int) -> None:
         """A module returned attention weights `t`: the softmax capture of that very tensor, made inside its call,
         becomes this module's (one capture, credited as before the softmax source); the same tensor handed up by a
         module around the one that returned it first is that capture already (BERT's BertAttention returns its
         BertSelfAttention's weights, BertModel all of them under output_attentions); else a capture of its own."""
-        ref = (t.data_ptr(), tuple(t.shape))
+        ref = (t.data_ptr(), t.numel())   # (a view of the same weights: FSMT returns its 3-D softmax viewed 4-D)
         same = [c for c in self.captures[start:] if c.ref == ref]
         if same:
             if same[0].source == SOFTMAX:
                 same[0].name, same[0].type, same[0].source = name, type(module).__name__, "module output"
+                if same[0].folded:   # the model's own view says which are samples, which heads (3-D: one head)
+                    shape = t.shape if t.dim() == 4 else (t.shape[0], 1, *t.shape[1:])
+                    same[0].weights, same[0].folded = same[0].weights.reshape(shape), False
             return
         w = t.detach().float()
         self.captures.append(Capture(name, type(module).__name__, "module output",
@@ -371,7 +373,6 @@ def run(model, inputs, opts: Options, ctx) -> Result:
 
     result = Result("attention", header={"mode": "eval, no grad (one forward pass); MHA fast path off"})
     catcher = Catcher(model, opts)
-    catcher.batch = inputs.batch_size
     tracker = ModuleTracker(model, record_shapes=False)
     with leave_no_trace(model):
         model.eval()
@@ -409,6 +410,11 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         note="entropy near 100% = uniform over the keys a query can see (masked keys excluded); a high 'on first key' = a CLS/sink head; high 'on diagonal' = attends to itself"))
     _check_against(catcher.captures, opts)
     result.data["images"] = _pictures(result, catcher.captures, opts)
+    folded = [c.key for c in catcher.captures if c.folded]
+    if folded and (inputs.batch_size or 1) > 1:
+        result.notes.append(f"{', '.join(folded)}: scores with samples and heads folded into one dimension "
+                            "((N·H)×L×S): each row is shown as a head of one sample, in the model's order (samples "
+                            "outer, or heads outer); the model alone knows which")
     result.data["attention_layers"] = len(layers)
     result.summary.append(("Attention layers", f"{len(layers)} ({sum(row['heads'] for row in layers)} heads)"))
     result.artefacts["captures"] = catcher.captures

@@ -512,18 +512,13 @@ def _first_memorised(result, trainer, curve, opts) -> bool | None:
     return True
 
 
-OTHER_NEAR = 0.1   # another output's term: within this share of its fall to its own floor (below)
-
-
 def _at_term_floors(result, trainer, curve, opts, floors: list | None) -> bool:
     """auto over several outputs, the first keeping to a range (causes.term_floors): each term reached its own
-    output's floor against its own made-up target, the first within the target ratio of its fall, each other within
-    OTHER_NEAR of it (a bounded output nears its bounds only as its logits grow without end: DPT's tanh pooler was
-    2% short at 3000 steps; a head frozen, or reading only its bias, stays half its fall short or more); another
-    output of no range within the target ratio of its fall to 0. A sweep: DPT (a LayerNorm's rows beside a tanh
-    pooler) was a false cannot-overfit. Reviews: a floor summed over the terms let a head stuck at one prediction
-    hide in the sum; the first's floor alone let a frozen or bias-only second head pass; OTHER_NEAR for an output of
-    no range let a 7-wide bottleneck under an 8-channel head pass."""
+    output's floor against its own made-up target (0 for an output of no range), within the target ratio of its
+    fall to it. A sweep: DPT (a LayerNorm's rows beside a tanh pooler) was a false cannot-overfit; its pooler ends
+    0.04% of its fall above its floor. Reviews: a floor summed over the terms let a head stuck at one prediction
+    hide in the sum; the first's floor alone let a frozen or bias-only second head pass; a tenth of the fall for
+    the others let a 7-wide bottleneck under 8 channels, and a sigmoid head with one position in 12 stuck, pass."""
     first, last = curve.first_terms, curve.last_terms
     if not floors or not first or not last or opts.target_loss is not None or curve.reached_at is not None \
             or trainer.sharded:
@@ -534,9 +529,8 @@ def _at_term_floors(result, trainer, curve, opts, floors: list | None) -> bool:
     rows = []
     for i, ((label, start), end, found) in enumerate(zip(first, now, floors)):
         floor = found["floor"] if found and 0 < found["floor"] < start else 0.0
-        share = OTHER_NEAR if i and floor else opts.target_ratio
         if (i == 0 and not floor) or not (start > 0 and math.isfinite(end) and 0 <= end) \
-                or end - floor > share * (start - floor):
+                or end - floor > opts.target_ratio * (start - floor):
             return False
         rows.append({"output": label, "start": start, "end": end, "floor": floor,
                      "range": found["kind"] if floor else None, "fitted": bool(floor and found.get("fitted"))})
@@ -545,7 +539,7 @@ def _at_term_floors(result, trainer, curve, opts, floors: list | None) -> bool:
         f" (its floor {_fmt(r['floor'])}: {r['range']}{', fitted' if r['fitted'] else ''})" if r["range"] else "")
         for r in rows)
     result.add("made-target-out-of-range", "info", "", f"each output's term reached the random target torchdiag drew "
-               f"for it (normal, mean 0, std 1), or, where the output keeps to a range the target lies partly outside, "
+               f"(normal, mean 0, std 1), or, where the output keeps to a range the target lies partly outside, "
                f"that range's floor: {said}. The batch is memorised as far as the outputs' ranges allow. If the real targets go "
                "beyond a range (a regression target behind a final sigmoid or tanh), the output cannot fit them: "
                "that is a bug", hint="judge it against its real targets: --batch with them, or a --loss PATH:fn of your own")
