@@ -527,13 +527,20 @@ def _at_term_floors(result, trainer, curve, opts, floors: list | None) -> bool:
 
     now = torch.stack([v.float().reshape(()) for _, v in last]).tolist()
     rows = []
-    for i, ((label, start), end, found) in enumerate(zip(first, now, floors)):
+    for (label, start), end, found in zip(first, now, floors):
         floor = found["floor"] if found and 0 < found["floor"] < start else 0.0
-        if (i == 0 and not floor) or not (start > 0 and math.isfinite(end) and 0 <= end) \
-                or end - floor > opts.target_ratio * (start - floor):
+        if not (start > 0 and math.isfinite(end) and 0 <= end):
             return False
         rows.append({"output": label, "start": start, "end": end, "floor": floor,
                      "range": found["kind"] if floor else None, "fitted": bool(floor and found.get("fitted"))})
+    short = [r for r in rows if r["end"] - r["floor"] > opts.target_ratio * (r["start"] - r["floor"])]
+    if short or not rows[0]["floor"]:
+        result.data.update(terms=rows)   # said: how far each went (a sweep: CANINE at --steps 300, 97-99% of the way)
+        result.notes.append("each output against its own floor (0 where it keeps to no range): " + "; ".join(
+            f"{r['output']} {_fmt(r['start'])} → {_fmt(r['end'])}, "
+            f"{100 * (r['start'] - r['end']) / (r['start'] - r['floor']):.1f}% of the way to {_fmt(r['floor'])}"
+            for r in rows) + f" (each must go {100 * (1 - opts.target_ratio):g}%)")
+        return False
     result.data.update(passed=True, terms=rows)
     said = "; ".join(f"{r['output']} {_fmt(r['start'])} → {_fmt(r['end'])}" + (
         f" (its floor {_fmt(r['floor'])}: {r['range']}{', fitted' if r['fitted'] else ''})" if r["range"] else "")
