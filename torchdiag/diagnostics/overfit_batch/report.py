@@ -535,7 +535,7 @@ def _at_term_floors(result, trainer, curve, opts, floors: list | None) -> bool:
                      "range": found["kind"] if floor else None, "fitted": bool(floor and found.get("fitted"))})
     short = [r for r in rows if r["end"] - r["floor"] > opts.target_ratio * (r["start"] - r["floor"])]
     if short or not rows[0]["floor"]:
-        result.data.update(terms=rows)   # said: how far each went (a sweep: CANINE at --steps 300, 97-99% of the way)
+        result.data.update(terms=rows)   # said: how far each went (a sweep: CANINE at --steps 300, 98.8% and 99.6% of the way)
         result.notes.append("each output against its own floor (0 where it keeps to no range): " + "; ".join(
             f"{r['output']} {_fmt(r['start'])} → {_fmt(r['end'])}, "
             f"{100 * (r['start'] - r['end']) / (r['start'] - r['floor']):.1f}% of the way to {_fmt(r['floor'])}"
