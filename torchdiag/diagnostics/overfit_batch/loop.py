@@ -261,13 +261,15 @@ class Trainer:
         """The loss is within the target ratio of the floor that torchdiag's own random target leaves an output of a
         fixed range (causes.made_target_floor, read from this step's output: no extra forward). The verdict calls it
         memorised (report._within_range); running on toward a target below the floor only costs time (a LayerNorm
-        output ran to the 20,000-step cap, 13 s, for the verdict it had at step 1500)."""
+        output ran to the 20,000-step cap, 13 s, for the verdict it had at step 1500). One output only: with several,
+        the floor is the first output's, not the sum's, and a review's stop at the first's floor cut off a NaN due
+        1,500 steps later."""
         import torch
 
         from .causes import made_target_floor
 
         c, ratio = self.curve, self.opts.target_ratio
-        if self.opts.target_loss is not None or not getattr(self.loss_fn, "made_target", False):
+        if self.opts.target_loss is not None or not getattr(self.loss_fn, "made_target", False) or c.first_terms:
             return False
         with torch.no_grad():
             found = made_target_floor(out, self.loss_fn, ratio * c.losses[0], self.fits)
