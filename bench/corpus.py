@@ -1,5 +1,5 @@
 """Corpus run (issue 14): public architectures with random init through summary, flops, nancheck,
-gradflow and doctor at batch 2 on CPU, recording per model and command the exit code, the error-level
+gradflow and doctor at batch 2 (3 with BatchNorm) on CPU, recording per model and command the exit code, the error-level
 findings (code, where, message), the warnings and internal errors. Writes a markdown table (and JSON).
 
     .venv-corpus/bin/python bench/corpus.py                       # everything (see bench/README.md)

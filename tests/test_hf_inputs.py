@@ -33,7 +33,7 @@ def test_time_series_past_values_from_context_length_and_channels(tmp_path, cli)
     assert r.json["inputs"] == ["input[0]: 1x24x3 float32", "future_values: 1x6x3 float32"]
     assert "reads past_values" in r.json["input_source"]
     r = ran(cli, "gradflow", folder)
-    assert r.json["inputs"] == ["input[0]: 2x24x3 float32", "future_values: 2x6x3 float32"]   # batch 2: it trains
+    assert r.json["inputs"] == ["input[0]: 3x24x3 float32", "future_values: 3x6x3 float32"]   # 3: it trains, with BatchNorm
 
 
 def test_time_series_required_features_and_mask(tmp_path, cli):

@@ -213,7 +213,7 @@ def test_training_commands_get_a_default_batch_of_two(tmp_path, cli):
     assert r.json["inputs"][0] == "input[0]: 2x64 int64" and "batch 2 (1 for commands that do not train): the command " \
         "runs train mode" in r.json["input_source"]
     # said as it applies: GPT-2 has no BatchNorm (a sweep read "where BatchNorm needs more than one sample" on it)
-    assert "its BatchNorm" not in r.json["input_source"] and "a BatchNorm would need it" in r.json["input_source"]
+    assert "BatchNorm" not in r.json["input_source"] and "one sample is an edge case" in r.json["input_source"]
     assert all(line.split(": ", 1)[1].startswith("2x") for line in r.json["inputs"])   # labels too: the same rows
 
 
@@ -239,7 +239,7 @@ def test_a_forward_that_reads_pixels_gets_an_image_when_the_config_names_no_size
     config.save_pretrained(tmp_path / "resnet")
     r = cli("gradflow", f"hf:{tmp_path / 'resnet'}", "--device", "cpu", "--json")
     assert r.code == 0, r.stdout + r.stderr
-    assert r.json["inputs"] == ["input[0]: 2x3x224x224 float32"]
+    assert r.json["inputs"] == ["input[0]: 3x3x224x224 float32"]   # 3: it has BatchNorm
     assert "reads pixel_values; no image_size in its config" in r.json["input_source"]
 
 

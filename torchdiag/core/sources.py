@@ -41,6 +41,10 @@ TEXT_LENGTH = 128          # default sequence length of a text model (capped by 
 # the others (summary, flops, ...) keep 1: their numbers are per sample.
 TRAINING_COMMANDS = ("nancheck", "gradflow", "doctor", "overfit-batch", "lr-find", "memory", "profile", "check")
 TRAIN_BATCH = 2
+# A model with BatchNorm gets 3: two samples through a BatchNorm then a mean pool come out as exact negatives
+# (each channel loses its batch mean), and against made-up targets [0, 1] of a two-class head their gradients
+# on the head's bias cancel: mobilevitv2 under bf16 got false zero-grad errors (a sweep, 2026-12-02).
+BATCH_NORM_BATCH = 3
 VIDEO_FRAMES = 16          # torchvision video models: (N, C, T, H, W)
 
 
@@ -181,7 +185,8 @@ _one_image.samples = 1   # type: ignore[attr-defined]  # a list of images: Model
 
 
 def _two_images():
-    """A detection model in train mode takes (images, targets) and returns its own loss dict (summed by
+    """Two images even with BatchNorm: no mean pool and made-up class targets follow it here.
+    A detection model in train mode takes (images, targets) and returns its own loss dict (summed by
     the auto loss): two images, each with seven boxes (xyxy inside the image), labels, instance masks
     (Mask R-CNN reads them) and 17 keypoints per box (Keypoint R-CNN's default). Every label is 1: the one
     class every detection model has (Keypoint R-CNN's default knows only background and person)."""
@@ -647,16 +652,18 @@ def for_training(loaded, command: str = "") -> None:
     mode" above "mode: inference")."""
     loaded.trains = True
     if loaded.default_inputs:
+        norm = _batch_statistics(loaded.model)
+        batch = BATCH_NORM_BATCH if norm else TRAIN_BATCH
         if getattr(loaded, "input_alternatives", ()):
-            loaded.input_alternatives = tuple(batched(a, TRAIN_BATCH) for a in loaded.input_alternatives)
-        wider = batched(tuple(loaded.default_inputs), TRAIN_BATCH)
+            loaded.input_alternatives = tuple(batched(a, batch) for a in loaded.input_alternatives)
+        wider = batched(tuple(loaded.default_inputs), batch)
         if wider != tuple(loaded.default_inputs):
             loaded.default_inputs = wider
             runs = "the command can run train mode (--mode train)" if command == "profile" else "the command runs train mode"
-            # said as it applies: a sweep read "where BatchNorm needs" on GPT-2, which has none
-            why = ("where its BatchNorm needs more than one sample" if _batch_statistics(loaded.model) else
-                   "where the default is more than one sample (a BatchNorm would need it)")
-            loaded.input_source += f"; batch {TRAIN_BATCH} (1 for commands that do not train): {runs}, {why}"
+            # said as it applies: a sweep read "where BatchNorm needs" on GPT-2, which has none (and edgenext)
+            why = ("where its BatchNorm needs more than one sample, and two would come out of it as exact negatives"
+                   if norm else "where one sample is an edge case of its own (a squeezed batch dimension, batch statistics in functions)")
+            loaded.input_source += f"; batch {batch} (1 for commands that do not train): {runs}, {why}"
     elif getattr(loaded.module, "example_inputs", None) is _one_image:
         loaded.module.example_inputs = _two_images
         loaded.input_source += (f"; {TRAIN_BATCH} images with targets (boxes, labels, masks, keypoints): the command "
