@@ -513,45 +513,51 @@ def _first_memorised(result, trainer, curve, opts) -> bool | None:
 
 
 def _at_term_floors(result, trainer, curve, opts, floors: list | None) -> bool:
-    """auto over several outputs, the first keeping to a range (causes.term_floors): each term reached its own
-    output's floor against its own made-up target (0 for an output of no range), within the target ratio of its
+    """auto over several outputs, the first keeping to a range (causes.term_floors): at some step, each term was at its
+    own output's floor against its own made-up target (0 for an output of no range), within the target ratio of its
     fall to it. A sweep: DPT (a LayerNorm's rows beside a tanh pooler) was a false cannot-overfit; its pooler ends
     0.04% of its fall above its floor. Reviews: a floor summed over the terms let a head stuck at one prediction
     hide in the sum; the first's floor alone let a frozen or bias-only second head pass; a tenth of the fall for
-    the others let a 7-wide bottleneck under 8 channels, and a sigmoid head with one position in 12 stuck, pass."""
-    first, last = curve.first_terms, curve.last_terms
-    if not floors or not first or not last or opts.target_loss is not None or curve.reached_at is not None \
+    the others let a 7-wide bottleneck under 8 channels, and a sigmoid head with one position in 12 stuck, pass.
+    Any step, as one loss is judged where it first reaches the target (a sweep: CANINE at --steps 300 had both terms
+    there at step 275, then Adam's oscillation left the last step 1.2% of the way above the first's floor)."""
+    first = curve.first_terms
+    if not floors or not first or not curve.term_steps or opts.target_loss is not None or curve.reached_at is not None \
             or trainer.sharded:
         return False
     import torch
 
-    now = torch.stack([v.float().reshape(()) for _, v in last]).tolist()
+    steps = torch.stack(curve.term_steps).tolist()   # the one read of every step's terms
     rows = []
-    for (label, start), end, found in zip(first, now, floors):
+    for (label, start), end, found in zip(first, steps[-1], floors):
         floor = found["floor"] if found and 0 < found["floor"] < start else 0.0
         if not (start > 0 and math.isfinite(end) and 0 <= end):
             return False
         rows.append({"output": label, "start": start, "end": end, "floor": floor,
                      "range": found["kind"] if floor else None, "fitted": bool(floor and found.get("fitted"))})
-    short = [r for r in rows if r["end"] - r["floor"] > opts.target_ratio * (r["start"] - r["floor"])]
-    if short or not rows[0]["floor"]:
+    at = next((k for k, terms in enumerate(steps) if all(
+        v - r["floor"] <= opts.target_ratio * (r["start"] - r["floor"]) for v, r in zip(terms, rows))), None)
+    if at is None:
         result.data.update(terms=rows)   # said: how far each went (a sweep: CANINE at --steps 300, 98.8% and 99.6% of the way)
         result.notes.append("each output against its own floor (0 where it keeps to no range): " + "; ".join(
             f"{r['output']} {_fmt(r['start'])} → {_fmt(r['end'])}, "
             f"{100 * (r['start'] - r['end']) / (r['start'] - r['floor']):.1f}% of the way to {_fmt(r['floor'])}"
-            for r in rows) + f" (each must go {100 * (1 - opts.target_ratio):g}%)")
+            for r in rows) + f" (each must go {100 * (1 - opts.target_ratio):g}% at one step)")
         return False
-    result.data.update(passed=True, terms=rows)
+    for r, v in zip(rows, steps[at]):
+        r["end"], r["at"] = v, at
+    result.data.update(passed=True, terms=rows, steps_to_target=at)
     said = "; ".join(f"{r['output']} {_fmt(r['start'])} → {_fmt(r['end'])}" + (
         f" (its floor {_fmt(r['floor'])}: {r['range']}{', fitted' if r['fitted'] else ''})" if r["range"] else "")
         for r in rows)
     result.add("made-target-out-of-range", "info", "", f"each output's term reached the random target torchdiag drew "
                f"(normal, mean 0, std 1), or, where the output keeps to a range the target lies partly outside, "
-               f"that range's floor: {said}. The batch is memorised as far as the outputs' ranges allow. If the real targets go "
-               "beyond a range (a regression target behind a final sigmoid or tanh), the output cannot fit them: "
-               "that is a bug", hint="judge it against its real targets: --batch with them, or a --loss PATH:fn of your own")
+               f"that range's floor, at step {at}: {said}. The batch is memorised as far as the outputs' ranges allow. "
+               "If the real targets go beyond a range (a regression target behind a final sigmoid or tanh), the output "
+               "cannot fit them: that is a bug",
+               hint="judge it against its real targets: --batch with them, or a --loss PATH:fn of your own")
     result.verdict = (f"PASS: the batch is memorised as far as each output's range allows (loss {_fmt(curve.losses[0])}"
-                      f" → {_fmt(curve.losses[-1])} in {curve.step} step(s))")
+                      f" → {_fmt(curve.losses[at])} at step {at} of {curve.step})")
     return True
 
 
