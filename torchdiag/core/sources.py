@@ -661,7 +661,7 @@ def for_training(loaded, command: str = "") -> None:
             loaded.default_inputs = wider
             runs = "the command can run train mode (--mode train)" if command == "profile" else "the command runs train mode"
             # said as it applies: a sweep read "where BatchNorm needs" on GPT-2, which has none (and edgenext)
-            why = ("where its BatchNorm needs more than one sample, and two would come out of it as exact negatives"
+            why = ("where its BatchNorm needs more than one sample, and two, once mean-pooled, come out of it as exact negatives"
                    if norm else "where one sample is an edge case of its own (a squeezed batch dimension, batch statistics in functions)")
             loaded.input_source += f"; batch {batch} (1 for commands that do not train): {runs}, {why}"
     elif getattr(loaded.module, "example_inputs", None) is _one_image:
