@@ -770,3 +770,42 @@ def test_zero_gated_branches_cost_no_pass_per_parameter():
         torch.manual_seed(0)
         counts[depth], _ = _forwards(ZeroGatedBranches(depth), torch.randn(8, 16))
     assert counts[12] - counts[4] <= 4, counts
+
+
+class _LayerDropped(nn.Module):
+    """An attention block that the forward skips at random, as Hugging Face's LayerDrop does
+    (`torch.rand([]) < layerdrop`): no module torchdiag can switch off. Its key bias adds one constant to each
+    query's scores, which the softmax cancels."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v, self.out = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        if torch.rand([]) < 0.5:
+            return self.out(x)
+        return self.out(x + torch.softmax(self.q(x) @ self.k(x).transpose(-1, -2), -1) @ self.v(x))
+
+
+def test_a_key_bias_in_a_block_the_copys_draw_skipped_is_asked_again_in_another_draw():
+    """A zoo re-run: wav2vec2-conformer's last key bias (softmax-invariant) kept `vanishing-grad` at a batch of 3.
+    The float64 copy's seeded forward drew differently from the judged pass and skipped its layer (LayerDrop):
+    no gradient there, so the shift test could not ask it. Another seeded draw runs the layer and asks it."""
+    from types import SimpleNamespace
+
+    from torchdiag.core import seeds, train
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.core.invariance import cancelled
+
+    def skips(seed):
+        with train.seeded(seed):
+            return bool(torch.rand([]) < 0.5)
+
+    seed = next(s for s in range(100) if skips(s) and not skips(seeds.other_draw(s, 1)))
+    ctx = SimpleNamespace(seed=seed, seeded=lambda: train.seeded(seed))
+    torch.manual_seed(0)
+    work = _LayerDropped().double()
+    x = torch.randn(3, 5, 4, dtype=torch.float64)
+    target = torch.randn(3, 5, 2, dtype=torch.float64)
+    found = cancelled(work, ModelInputs((x,), {}, "test"), ["k.bias", "q.bias"], lambda y: (y - target).pow(2).mean(), ctx)
+    assert found == {"k.bias"}

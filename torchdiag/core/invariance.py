@@ -17,6 +17,7 @@ from ..errors import ModelError, one_line
 from . import derived, keep_float64, reach
 from .module_paths import owner
 from .tracking import run_forward
+from .unreached import RANDOM_DRAWS
 
 LOSS_RTOL = 1e-9     # relative loss change still counted as "did not move" (float64 rounding)
 LOSS_RTOL_FLOAT32 = 1e-5   # the same in float32, for a forward that cannot run in float64 (it makes float32
@@ -79,10 +80,43 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
     forward per name the loss cannot tell at a unit shift."""
     params = dict(work.named_parameters())
     names = [n for n in names if n in params]
-    if not names:
-        return set()
+    found: set[str] = set()
+    for k in range(RANDOM_DRAWS + 1):
+        if not names:
+            break
+        got, names = _in_draw(work, inputs, names, loss_fn, ctx if not k else _Drawn(ctx, k), rtol, strict)
+        found |= got
+    return found
+
+
+class _Drawn:
+    """The run's context with the k-th other seed (unreached.reached_by_other_draws' draws): a forward that skips
+    layers at random (LayerDrop, which stochastic depth off cannot reach) drew differently on the float64 copy and
+    skipped the module of a name the judged pass reached (a zoo re-run: wav2vec2-conformer's last key bias, softmax-
+    invariant, kept `vanishing-grad` at a batch of 3)."""
+
+    def __init__(self, ctx, k: int):
+        from . import seeds
+
+        self.ctx, self.seed = ctx, seeds.other_draw(ctx.seed, k)
+
+    def seeded(self):
+        from . import train
+
+        return train.seeded(self.seed)
+
+    def __getattr__(self, name):
+        return getattr(self.ctx, name)
+
+
+def _in_draw(work, inputs, names: list[str], loss_fn, ctx, rtol: float, strict) -> tuple[set[str], list[str]]:
+    """cancelled in one draw of the RNG: (the cancelled names, the names its pass gave no gradient: not asked)."""
     base, calls, wide, loss, grads = _base(work, inputs, names, loss_fn, ctx)
-    test = _ShiftTest(params, base, loss, ctx, rtol)
+    skipped = [n for n in names if n not in grads]
+    names = [n for n in names if n in grads]
+    if not names:
+        return set(), skipped
+    test = _ShiftTest(dict(work.named_parameters()), base, loss, ctx, rtol)
     bounds: dict[str, float | None] = {}
 
     hushed: list[set[str]] = []
@@ -112,7 +146,7 @@ def cancelled(work, inputs, names: list[str], loss_fn, ctx, rtol: float = LOSS_R
     # them (a weight behind a tiny gate) split few groups (timm ghostnetv3: 9 of 39 cancelled biases
     # reached within MAX_SHIFTS in model order, 39 of 39 ordered by slope)
     ordered = sorted(quiet, key=slopes.__getitem__)
-    return {n for n in bisect(ordered, test.moved) if _stays(bound(n), test, slopes[n], n)}
+    return {n for n in bisect(ordered, test.moved) if _stays(bound(n), test, slopes[n], n)}, skipped
 
 
 def _widest(calls, work, name: str, shifted, ctx, wide, loss, faint: float, silent) -> float | None:
