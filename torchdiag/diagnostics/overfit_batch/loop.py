@@ -61,8 +61,8 @@ class Curve:
     cap: int | None = None                  # the step cap the last extension used (cost.fast_cap)
     first_terms: list | None = None         # auto over several outputs: [(label, value)] of each term at step 0
     last_terms: list | None = None          # and of the last evaluation, on the device until the verdict reads them
-    term_steps: list = field(default_factory=list)   # each evaluation's terms stacked, on the device: read once, by
-                                                     # the verdict (report._term_trend)
+    term_steps: list = field(default_factory=list)   # (step, labels, the terms stacked on the device): read once,
+                                                     # by the verdict (report._at_term_floors)
 
 
 class Trainer:
@@ -305,10 +305,11 @@ class Trainer:
                              hint=f"check the loss/target: {self.ctx.option('loss')}, {self.ctx.option('batch')}") from exc
         lv, acc = self._read(value, accuracy_counts(out, self.loss_fn))
         c.last_terms = getattr(self.loss_fn, "terms", None)
-        if c.last_terms:
+        if c.last_terms:   # with its step and labels: an output cut from the loss for a step leaves a term out
             import torch
 
-            c.term_steps.append(torch.stack([v.detach().float().reshape(()) for _, v in c.last_terms]))
+            c.term_steps.append((step, tuple(k for k, _ in c.last_terms),
+                                 torch.stack([v.detach().float().reshape(()) for _, v in c.last_terms])))
         if step == 0 and c.last_terms:   # one more read, at the start only
             c.first_terms = list(zip([k for k, _ in c.last_terms],
                                      torch.stack([v.float().reshape(()) for _, v in c.last_terms]).tolist()))
