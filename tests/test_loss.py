@@ -450,3 +450,29 @@ def test_class_ids_stored_as_floats_are_named_in_the_hint():
     with pytest.raises(UsageError) as exc:
         Loss("auto", target=ids + 0.5)(y)
     assert "target.long()" not in (exc.value.hint or "")
+
+
+def _padded(y, pad: float = float("-inf")):
+    """An output padded along its last axis with a constant fill (Grounding DINO pads its class logits' text axis
+    to max_text_len with -inf)."""
+    return torch.cat([y, torch.full((y.shape[0], 4), pad)], 1)
+
+
+def test_a_made_up_target_leaves_an_outputs_infinite_fill_out():
+    """A zoo row: Grounding DINO's -inf padding made the auto loss +inf (an mse term against torchdiag's random
+    target) and every gradient non-finite, so gradflow and doctor judged nothing. No target is fitted where an
+    output is ±inf: those values are left out of the term (and said); NaN is not."""
+    lin, head = torch.nn.Linear(4, 5), torch.nn.Linear(4, 2)   # a second head: its weights reach no other output
+    x = torch.randn(6, 4)
+    logits, second = lin(x), _padded(head(x))
+    loss = Loss("auto", seed=0)
+    value = loss((logits, second))
+    target = loss.extra[0][2]
+    fitted = torch.where(torch.isinf(second), target, second)
+    by_hand = F.cross_entropy(logits, seeded_classes(6, 5, 0)) + ((fitted - target) ** 2).mean()
+    assert torch.isfinite(value) and float(value.detach()) == pytest.approx(float(by_hand.detach()))
+    assert "(24 ±inf values left out: no target is fitted there)" in loss.describe(), loss.describe()
+    value.backward()
+    assert all(torch.isfinite(p.grad).all() for p in [*lin.parameters(), *head.parameters()])
+    nan = Loss("auto", seed=0)((lin(x), _padded(head(x), float("nan"))))
+    assert torch.isnan(nan)   # a NaN is a fault, not a fill: it stays
