@@ -24,7 +24,7 @@ ids), the logits are next-token predictions of the ones they are causal in: one 
 candidate (`_causal_in`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ModelError, UsageError, device_error, one_line
@@ -133,7 +133,6 @@ class Loss:
     reached_already: Any = None   # auto: labels of other outputs whose every weight the first one reaches
     with_path: Any = None         # auto: labels of the other outputs with a gradient path, from a call with grad on
     terms: Any = None             # auto with other outputs covered: [(label, term detached)] of the last call
-    infinite: dict = field(default_factory=dict)   # label -> ±inf values a made-up target's term leaves out
 
     def describe(self) -> str:
         if self.chosen == "model":
@@ -154,9 +153,7 @@ class Loss:
         for label, rule, _ in self.extra or ():
             text += f" + {label} itself" if rule == "model" else \
                 f" + {self.chosen} on {label} against the same target" if rule == "same" else \
-                f" + mse on {label} against a random target" + (
-                    f" ({self.infinite[label]:,} ±inf values left out: no target is fitted there)"
-                    if self.infinite.get(label) else "")
+                f" + mse on {label} against a random target"
         if self.left_out:
             text += (f"; left out: {', '.join(self.left_out)} (--loss auto covers every output, or give "
                      "--loss PATH:fn)")
@@ -219,7 +216,7 @@ class Loss:
                 if target is None or tuple(target.shape) != tuple(t.shape):
                     g = torch.Generator().manual_seed(seeds.output_target(self.seed, k))
                     target = self._random(torch.randn, t.shape, g).to(t.device, torch.float32)
-                term = F.mse_loss(self._fitted(label, t.float(), target.to(t.device)), target.to(t.device))
+                term = F.mse_loss(t.float(), target.to(t.device))
             value = value + term
             terms.append((label, term.detach()))
             extra.append((label, rule, target))
@@ -270,17 +267,6 @@ class Loss:
                                  hint=_float_classes_hint(self.target, y))
             return _checked(F.mse_loss, y.float(), self.target.to(y.device).float(), "mse")
         raise UsageError(f"unknown loss '{self.kind}'", hint=f"choose {LOSS_CHOICES}")
-
-    def _fitted(self, label: str, y, target):
-        """`y` with its ±inf values replaced by the made-up target there: no target can be fitted where an output is
-        infinite, and one such value made the whole loss inf and every gradient NaN (Grounding DINO pads its class
-        logits' text axis with -inf by design). NaN stays (a fault). Counted once, at the first call, for describe."""
-        import torch
-
-        inf = torch.isinf(y)
-        if label not in self.infinite:
-            self.infinite[label] = int(inf.sum())   # once per output: the first call's read
-        return torch.where(inf, target.to(y.dtype), y)
 
     def _random(self, draw, shape, g):
         """draw(shape, generator=g); under torchrun (self.rows) drawn for the whole batch and cut to this
