@@ -1719,3 +1719,21 @@ def test_a_default_scale_layer_beside_oversized_ones_is_not_a_small_weight(cli):
     unmoved. Neither near zero nor grown out of it: the error stands."""
     doc = cli("gradflow", sample("broken_exploding.py:build"), "--arg", "gain=2.6", "--json").json
     assert doc["exit_code"] == 1 and "small-weight" not in {p["status"] for p in doc["params"]}, doc["findings"]
+
+
+def test_an_exploding_gradient_behind_a_steep_dropout_names_the_dropout():
+    """A zoo re-run: transformers' MobileNetV1 config defaults to classifier_dropout_prob 0.999 (TensorFlow's keep
+    probability read as a drop probability); in train mode what survives is scaled by 1000 and the classifier's
+    grad/weight was 196: a true exploding-grad, whose hint now says where it comes from. p = 0.1 is healthy."""
+    from torchdiag.api import run as api_run
+
+    def built(p):
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(64, 2048), torch.nn.ReLU(), torch.nn.Dropout(p), torch.nn.Linear(2048, 3))
+
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(0))
+    res = api_run("gradflow", built(0.999), (x,))
+    f = next(f for f in res.findings if f.code == "exploding-grad")
+    assert f.severity == "error" and f.where == "3.weight"
+    assert f.hint.startswith("2 (a Dropout) has p = 0.999: in train mode it scales what survives by 1,000x"), f.hint
+    assert not [f for f in api_run("gradflow", built(0.1), (x,)).findings if f.severity != "info"]

@@ -94,6 +94,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
             if f.code == "exploding-grad" and not pas.made_target:
                 f.hint = (f"the loss itself is {stats.loss:.3g}: a target of a large scale (an unstandardised "
                           f"regression target) makes every gradient large; standardise it first. Else: {f.hint}")
+    _steep_dropout(model, result, opts)
     if not math.isfinite(stats.loss):
         bad = sum(1 for r in rows if r["nan"] or r["inf"])
         got = sum(1 for r in rows if r["grad_norm"] is not None)
@@ -166,3 +167,26 @@ def _histograms(result, params, grads) -> None:
         result.histograms[f"gradflow/weight/{n}"] = host(p)
         if grads[n] is not None:
             result.histograms[f"gradflow/grad/{n}"] = host(grad_values(grads[n]))
+
+
+STEEP_DROPOUT = 0.9   # a dropout whose p scales what survives by 10x or more in train mode
+
+
+def _steep_dropout(model, result, opts) -> None:
+    """An exploding gradient's hint names a dropout of p >= STEEP_DROPOUT in train mode: it scales the values that
+    survive by 1/(1-p) (a zoo re-run: transformers' MobileNetV1 config defaults to classifier_dropout_prob 0.999,
+    TensorFlow's keep probability read as a drop probability, and its classifier's grad/weight was 196)."""
+    from torch.nn.modules.dropout import _DropoutNd
+
+    exploding = [f for f in result.findings if f.code == "exploding-grad"]
+    steep = [(n, m) for n, m in model.named_modules() if isinstance(m, _DropoutNd) and m.p >= STEEP_DROPOUT
+             and not opts.eval_mode] if exploding else []
+    if not steep:
+        return
+    name, module = steep[0]
+    p = module.p
+    scales = f"scales what survives by {1 / (1 - p):,.0f}x" if p < 1 else "zeroes everything"
+    said = f"{name or '(root)'} (a {type(module).__name__}) has p = {p:g}: in train mode it {scales}" + (
+        f" ({len(steep) - 1} more such dropout module(s))" if len(steep) > 1 else "")
+    for f in exploding:
+        f.hint = f"{said}; a p that large is usually a keep probability given as the drop probability. Else: {f.hint}"
