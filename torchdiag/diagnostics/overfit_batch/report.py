@@ -555,7 +555,7 @@ def _at_term_floors(result, trainer, curve, opts, floors: list | None) -> bool:
                     for r in rows)
     if at is None or not within(values[-1], KEPT) or not rows[0]["floor"]:
         result.notes.append(f"each output against its own floor (0 where it keeps to no range): {way} (each must go "
-                            f"{100 * (1 - opts.target_ratio):g}% at one step, and keep {100 * (1 - KEPT * opts.target_ratio):g}%)"
+                            f"{100 * (1 - opts.target_ratio):g}% at one step, and keep {max(0.0, 100 * (1 - KEPT * opts.target_ratio)):g}%)"
                             + (f"; every term was at its floor at step {kept[at][0]}: what the run reached there it "
                                "lost by the last step" if at is not None else ""))
         return False
