@@ -310,9 +310,9 @@ class Trainer:
 
             c.term_steps.append((step, tuple(k for k, _ in c.last_terms),
                                  torch.stack([v.detach().float().reshape(()) for _, v in c.last_terms])))
-        if step == 0 and c.last_terms:   # one more read, at the start only
-            c.first_terms = list(zip([k for k, _ in c.last_terms],
-                                     torch.stack([v.float().reshape(()) for _, v in c.last_terms]).tolist()))
+        if step == 0 and c.last_terms:   # one more read, at the start only: the row just stacked
+            _, labels, terms = c.term_steps[-1]
+            c.first_terms = list(zip(labels, terms.tolist()))
         c.losses.append(lv)
         if acc is not None:
             c.accs.append(acc)
