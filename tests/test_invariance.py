@@ -121,6 +121,45 @@ def test_the_invariance_test_falls_back_to_float32():
     assert statuses(res)["conv.bias"] == "invariant"
 
 
+class Float64OutOfMemory(nn.Module):
+    """A model whose float64 forward runs out of memory part-way (torchvision efficientnet_b7 at 600² under a
+    16 GiB cap), after the activations in front of it were made. Each float64 instance that failed is kept in
+    `failed` (weakly); each later float32 forward records how many of them are still alive."""
+
+    failed: list = []
+    alive_at_float32: list = []
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        import weakref
+
+        h = self.conv(x)
+        if h.dtype == torch.float64:
+            Float64OutOfMemory.failed.append(weakref.ref(self))
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 69120000 bytes")
+        if Float64OutOfMemory.failed:
+            Float64OutOfMemory.alive_at_float32.append(sum(r() is not None for r in Float64OutOfMemory.failed))
+        return self.head(torch.relu(self.bn(h)).mean((2, 3)))
+
+
+def test_the_float32_recheck_runs_after_the_failed_float64_copy_is_let_go():
+    # the float32 attempt ran inside the handler of the float64 one, whose traceback held the float64 copy and
+    # what its forward had made: efficientnet_b7's float32 attempt then failed at its first convolution
+    Float64OutOfMemory.failed.clear()
+    Float64OutOfMemory.alive_at_float32.clear()
+    torch.manual_seed(0)
+    res = api_run("gradflow", Float64OutOfMemory(), (torch.randn(2, 3, 8, 8),))
+    assert any("re-checked in float32" in n and "float64 copy" in n for n in res.notes), res.notes
+    assert statuses(res)["conv.bias"] == "invariant"
+    assert Float64OutOfMemory.alive_at_float32 and not any(Float64OutOfMemory.alive_at_float32), \
+        Float64OutOfMemory.alive_at_float32
+
+
 class Affine(nn.Module):   # HGNetV2's learnable affine block, named unlike any weight/bias pair
     def __init__(self):
         super().__init__()

@@ -260,7 +260,7 @@ def _base(work, inputs, names, loss_fn, ctx):
     for k, wide in enumerate(policies):
         def loss(wide=wide):
             with ctx.seeded(), wide():
-                out = run_forward(work, inputs, phase="forward (re-check on a float64 copy)")
+                out = run_forward(work, inputs, phase=f"forward (re-check on a {_dtype(work)} copy)")
                 return loss_fn(out).double().reshape(())
 
         try:
@@ -280,6 +280,10 @@ def _base(work, inputs, names, loss_fn, ctx):
         finally:
             work.zero_grad(set_to_none=True)
     raise AssertionError("unreachable")
+
+
+def _dtype(work) -> str:
+    return str(next(work.parameters()).dtype).replace("torch.", "")
 
 
 def bisect(names: list[str], moved) -> set[str]:

@@ -53,12 +53,11 @@ def recheck(model, inputs, pas, rows, opts, ctx, result) -> None:
         result.notes.append(f"large orthogonal gradients not re-checked for scale invariance: {exc.message}")
     try:
         if cands:
-            try:
-                _invariant(_copy(model, opts, ctx, as_double=True), inputs.map(double), cands, strict, ctx.loss(), ctx)
-            except ModelError as exc:   # a forward that makes float32 tensors of its own: float32, looser
+            failed = _invariant_in_float64(model, inputs, cands, strict, opts, ctx)
+            if failed is not None:   # a forward that makes float32 tensors of its own, or no room: float32, looser
                 if not pas.local:   # (weights made in forward: their own dtype, said as local-weight already)
                     result.notes.append(f"cancelled parameters re-checked in float32 (the float64 copy failed: "
-                                        f"{exc.message})")
+                                        f"{failed})")
                 _invariant(_copy(model, opts, ctx), inputs, cands, strict, ctx.loss(), ctx, LOSS_RTOL_FLOAT32)
         cands = _drawn_again(model, rows)
         if cands and not opts.eval_mode:
@@ -152,6 +151,22 @@ def _copy(model, opts, ctx, as_double=False):
     work.train(not opts.eval_mode)
     stochastic_depth_off(work)
     return work.double() if as_double else work
+
+
+def _invariant_in_float64(model, inputs, cands, strict, opts, ctx) -> str | None:
+    """_invariant on a float64 copy; what failed, or None. The float32 attempt that follows a failure starts only
+    after this returns: the error's traceback holds the float64 copy and the activations its forward had made
+    (torchvision efficientnet_b7 at 600² under a 16 GiB cap: float64 ran out of memory deep in the model, and the
+    float32 attempt, made inside the handler, then failed at the first convolution)."""
+    import gc
+
+    try:
+        _invariant(_copy(model, opts, ctx, as_double=True), inputs.map(double), cands, strict, ctx.loss(), ctx)
+        return None
+    except ModelError as exc:
+        failed = exc.message
+    gc.collect()   # the traceback's frames sit in reference cycles
+    return failed
 
 
 def _invariant(work, inputs, cands, strict, loss_fn, ctx, rtol: float = LOSS_RTOL) -> None:
