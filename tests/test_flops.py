@@ -198,6 +198,17 @@ def test_interpolation_is_pointwise_not_a_missing_formula():
     assert r.data["forward_macs"] == 4 * 3 * 8 * 8
 
 
+def test_a_running_max_is_a_scan_not_a_matrix_product():
+    """cummax/cummin hold `mm` in their names: they were taken for a matrix product without a formula and warned on
+    Grounding DINO (a zoo row). A scan compares neighbours, per element, as cumsum adds them: listed, not warned."""
+    model = nn.Sequential(nn.Linear(8, 8), lambda_module(lambda x: torch.cummax(x, 1).values + torch.cummin(x, 1).values))
+    r = count(model, torch.randn(2, 8))
+    unc = {row["op"].split(".")[0]: row["kind"] for row in r.table("uncounted_ops").rows}
+    assert unc["cummax"] == unc["cummin"] == "not counted by convention", unc
+    assert "unsupported-op" not in {f.code for f in r.findings}
+    assert r.data["forward_macs"] == 8 * 8 * 2
+
+
 def test_fvcore_engine_reports_macs_and_unsupported(cli):
     res = cli("flops", sample("cnn.py:build"), "-i", "1x3x32x32", "--engine", "fvcore", "--json")
     assert res.code == 0, res.stderr

@@ -40,7 +40,9 @@ _MOVEMENT = re.compile(
     r"masked_select|nonzero|item|diagonal|movedim|expand_as|view_as|type_as|select_backward|slice_backward|"
     r"_softmax_backward_data|detach_|threshold_backward|where\..*|split_with_sizes|constant_pad_nd|pad)$")
 # Compute-heavy ops: missing a formula here makes a total materially low.
-_HEAVY = re.compile(r"(conv|mm|matmul|linear|einsum|attention|lstm|gru|rnn|_cudnn|mkldnn|baddbmm|addbmm|tensordot"
+# (`mm` as a word of the name: mm, bmm, addmm, baddbmm, _int_mm, _scaled_mm; the scans cummax and cummin are no
+# matrix product, and matched a bare `mm` on Grounding DINO)
+_HEAVY = re.compile(r"(conv|(^|_)(add|b|addb|baddb)?mm(_|$)|matmul|linear|einsum|attention|lstm|gru|rnn|_cudnn|mkldnn|tensordot"
                     r"|fft|matrix_exp|matrix_power|linalg_(solve|inv|cholesky|eig|svd|qr|det|lstsq|lu|pinv)|cholesky|"
                     r"^(add)?mv$|^v?dot$)")   # FFTs and matrix functions: compute with no formula (a sweep)
 # Interpolation is pointwise arithmetic per output element, not counted by convention (as torch and the published
