@@ -34,6 +34,8 @@ class Context:
     rows: Any = None                     # under torchrun: (start, stop, n), this rank's rows of the batch
     places: Any = None                   # core.places.model_places of the model: findings in model order
     lm: Any = None                       # core.loss.LanguageModel: integer ids feeding an embedding (auto loss)
+    observed: Any = None                 # (model, inputs) the run judges, as observe() saw them
+    _fills: Any = None                   # core.fills.Fills of the observed forward, asked once (fills())
 
     @property
     def seed(self) -> int:
@@ -95,7 +97,17 @@ class Context:
             made = loss_rule(rule, None, None, self.seed)
         made.rows = self.rows
         made.lm = self.lm
+        made.fills = self.fills if self.observed is not None else None
         return made
+
+    def fills(self):
+        """core.fills.Fills of the observed model's forward on its inputs: which ops made its ±inf values (one
+        forward, asked once, only by whoever meets a non-finite output)."""
+        if self._fills is None:
+            from .fills import ask
+
+            self._fills = ask(*self.observed, self)
+        return self._fills
 
     def optimizer(self, params, spec=None, *, foreach: bool | None = None):
         params = list(params)
@@ -146,6 +158,7 @@ class Context:
         feed an embedding make (N, T, V) logits a language model's (core.loss.language_model)."""
         from .loss import language_model
 
+        self.observed = (model, inputs) if inputs is not None else None
         if self.spec.loss == "auto" and self.batch_target is None and inputs is not None:
             self.lm = language_model(model, inputs)
 

@@ -133,6 +133,8 @@ class Loss:
     reached_already: Any = None   # auto: labels of other outputs whose every weight the first one reaches
     with_path: Any = None         # auto: labels of the other outputs with a gradient path, from a call with grad on
     terms: Any = None             # auto with other outputs covered: [(label, term detached)] of the last call
+    fills: Any = None             # () -> core.fills.Fills of the run's forward (Context.fills), or None
+    fill_masks: Any = None        # label -> the ±inf fill positions a made-up term leaves out, or None (decided once)
 
     def describe(self) -> str:
         if self.chosen == "model":
@@ -146,6 +148,8 @@ class Loss:
                 " against the given target" if self.chosen in ("cross_entropy", "mse") and self.target is not None \
                 else ""
             text = f"{self.chosen or self.kind} on {self.picked or 'output'}{target}"
+            if self.chosen == "mse" and self.made_target:
+                text += self._fills_said(self.picked)
             if self.chosen == "next_token":
                 text = (f"next-token cross_entropy on {self.picked} against {self.lm.name} shifted by one "
                         f"(a language model: {self.lm.name} feeds an embedding of {self.lm.vocab} rows, the logits' "
@@ -153,7 +157,7 @@ class Loss:
         for label, rule, _ in self.extra or ():
             text += f" + {label} itself" if rule == "model" else \
                 f" + {self.chosen} on {label} against the same target" if rule == "same" else \
-                f" + mse on {label} against a random target"
+                f" + mse on {label} against a random target" + self._fills_said(label)
         if self.left_out:
             text += (f"; left out: {', '.join(self.left_out)} (--loss auto covers every output, or give "
                      "--loss PATH:fn)")
@@ -161,6 +165,12 @@ class Loss:
             text += (f"; not added: {', '.join(sorted(self.reached_already))} (every weight behind it already "
                      f"reaches {self.picked})")
         return text
+
+    def _fills_said(self, label: str) -> str:
+        mask = (self.fill_masks or {}).get(label)
+        if mask is None:
+            return ""
+        return f" ({int(mask.sum()):,} ±inf left out: constants the model writes)"
 
     @property
     def covered(self) -> list[str]:
@@ -216,7 +226,7 @@ class Loss:
                 if target is None or tuple(target.shape) != tuple(t.shape):
                     g = torch.Generator().manual_seed(seeds.output_target(self.seed, k))
                     target = self._random(torch.randn, t.shape, g).to(t.device, torch.float32)
-                term = F.mse_loss(t.float(), target.to(t.device))
+                term = F.mse_loss(self._fitted(label, t.float(), target.to(t.device)), target.to(t.device))
             value = value + term
             terms.append((label, term.detach()))
             extra.append((label, rule, target))
@@ -265,8 +275,27 @@ class Loss:
             if self.target.shape != y.shape:
                 raise UsageError(f"mse: target shape {tuple(self.target.shape)} differs from output shape {tuple(y.shape)}",
                                  hint=_float_classes_hint(self.target, y))
+            y = self._fitted(self.picked, y.float(), self.target.to(y.device).float()) if self.made_target else y
             return _checked(F.mse_loss, y.float(), self.target.to(y.device).float(), "mse")
         raise UsageError(f"unknown loss '{self.kind}'", hint=f"choose {LOSS_CHOICES}")
+
+    def _fitted(self, label: str, y, target):
+        """`y` with the ±inf values the model writes as constants (core/fills.py: Grounding DINO's -inf padding)
+        replaced by the made-up target there: no target can be fitted to a constant, and one such value made the
+        whole loss inf and every gradient NaN. Only the positions of a forward in which fills made every non-finite
+        value are left out; any other ±inf or NaN (an overflow, at any step) stays in and makes the loss
+        non-finite, as it should."""
+        import torch
+
+        if self.fill_masks is None:
+            self.fill_masks = {}
+        if label not in self.fill_masks:   # once per output: one read, and the fills' forward only when needed
+            inf = self.fills is not None and _has_values(y) and bool(torch.isinf(y.detach()).any())
+            self.fill_masks[label] = self.fills().mask(label, y) if inf else None
+        mask = self.fill_masks[label]
+        if mask is None or mask.shape != y.shape or mask.device != y.device:
+            return y
+        return torch.where(mask, target.to(y.dtype), y)
 
     def _random(self, draw, shape, g):
         """draw(shape, generator=g); under torchrun (self.rows) drawn for the whole batch and cut to this
@@ -425,13 +454,19 @@ def _float_classes_hint(target, y) -> str:
             "classes? make it integer (target.long()): the auto loss then takes cross_entropy")
 
 
+def _has_values(*ts) -> bool:
+    """Values that can be read: not meta, not fake (memory's estimate, flops on --device meta)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return not any(is_fake(t) or t.device.type == "meta" for t in ts)
+
+
 def _check_classes(target, y) -> bool:
     """Class indices within [0, C) (ignore_index -100 aside), read back with one host sync. Not on values that cannot
     be read (memory's estimate on fake tensors: a sweep's UNet was said to "read tensor values" for this check)."""
     import torch
-    from torch._subclasses.fake_tensor import is_fake
 
-    if is_fake(target) or is_fake(y) or "meta" in (target.device.type, y.device.type):
+    if not _has_values(target, y):
         return False
 
     keep = target != -100

@@ -69,6 +69,7 @@ class Stats:
     zeros: int = 0
     saturated: int | None = None
     nonfinite: int = 0
+    nan: int = 0
     values: list = field(default_factory=list)
 
 
@@ -144,6 +145,7 @@ class Recorder(ForwardHooks):
         else:
             finite = torch.isfinite(x)
             nf = int((~finite).sum())
+            s.nan += int(torch.isnan(x).sum())
             xf = x[finite].double()
         s.nonfinite += nf
         s.n += xf.numel()
@@ -208,7 +210,7 @@ def row_of(s: Stats) -> dict:
         "min": s.lo if n else None, "max": s.hi if n else None,
         "zero_fraction": s.zeros / count if count else None,
         "saturated_fraction": (s.saturated / count if count else None) if s.saturated is not None else None,
-        "nonfinite": s.nonfinite, "elements": count,
+        "nonfinite": s.nonfinite, "nan": s.nan, "elements": count,
     }
 
 
@@ -275,7 +277,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         r["_label"] = r["name"]
         if r["nonfinite"]:
             r["_style"] = "red"
-    _findings(result, rows, opts, rec, lambda names: reached(model, inputs, names, ctx))
+    _findings(result, rows, opts, rec, lambda names: reached(model, inputs, names, ctx), ctx.fills)
     cols = [Column("_label", "module"), Column("type", "type"), Column("shape", "output shape"),
             Column("mean", "mean", "float"), Column("std", "std", "float"), Column("min", "min", "float"),
             Column("max", "max", "float"), Column("zero_fraction", "zeros", "pct"),
@@ -381,9 +383,13 @@ def _passed_on(origin: str, passed: list[str], its: str) -> str:
         (f"; {len(rest)} module(s) pass {its} zeros on ({_listed(rest)})" if rest else "")
 
 
-def _findings(result, rows, opts, rec, trains) -> None:
+def _findings(result, rows, opts, rec, trains, fills) -> None:
     for r in rows:
-        if r["nonfinite"]:
+        if r["nonfinite"] and not r["nan"] and fills().only_fills:   # core/fills.py: -inf written as a mask
+            result.add("inf-fill", "info", r["name"], f"{r['nonfinite']:,} of {r['elements']:,} output values are "
+                       f"±Inf the model writes as constants ({fills().describe()}), and no op of its forward computed a "
+                       "non-finite value: masked positions, by design")
+        elif r["nonfinite"]:
             result.add("non-finite-activation", "error", r["name"],
                        f"{r['nonfinite']:,} of {r['elements']:,} output values are NaN or Inf",
                        hint="run `torchdiag nancheck` to find the first module that produced them")

@@ -31,7 +31,7 @@ from .flags import flagged_pass, localized_pass, rng_state, set_rng_state
 from .options import NEEDS_VALUES, OPTIMIZER, WRAP, Options
 from .precision import Watch
 from .precision_report import check_precision
-from .report import finite_pass, report_pass, report_tensors
+from .report import filled, finite_pass, report_pass, report_tensors
 from .scaled import report_scaled, train_scaled
 from .steps import report_steps, train_until_non_finite
 from .wrapped import report_reduced, wrapped_pass
@@ -145,7 +145,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     made = report.origin is not None and not report.origin.inputs_finite   # a NaN a module made of a mask's -inf
     report_tensors(result, *tensors, finite_pass=finite_pass(report), loss_finite=report.loss_finite,
                    output_finite=not report.output_bad, mask_made=made)
-    report_pass(result, report)
+    fill = filled(report, ctx)   # the forward's ±Inf are constants the model writes (core/fills.py)
+    report_pass(result, report, fill)
     _all_ignored(result, inputs, loss_fn)
     if wrapped:
         report_reduced(result, reduced is not None)
@@ -159,13 +160,14 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         result.data["steps"] = None
         result.data["loss_per_step"] = None
     elif ctx.precision.scaled:   # the GradScaler's own story: does it rescue the non-finite steps?
-        report_scaled(result, train_scaled(model, inputs, loss_fn, ctx, opts.steps), opts.steps, optimizer)
+        report_scaled(result, train_scaled(model, inputs, loss_fn, ctx, opts.steps, fill), opts.steps, optimizer)
     elif any(f.severity == "error" for f in result.findings):
         result.notes.append("--steps skipped: values are already non-finite before any optimizer step")
         result.data["steps"] = {"requested": opts.steps, "ran": 0, "first_non_finite_step": None}
         result.series["loss_per_step"] = []
     else:
-        report_steps(result, train_until_non_finite(model, inputs, loss_fn, ctx, opts.steps), opts.steps, optimizer)
+        report_steps(result, train_until_non_finite(model, inputs, loss_fn, ctx, opts.steps, fill), opts.steps,
+                     optimizer)
 
     failed = [f for f in result.findings if f.severity == "error"]
     if failed:

@@ -111,8 +111,19 @@ def _origin_message(origin, forward: dict, n_bad: int) -> str:
     return msg
 
 
-def report_forward(result: Result, rep: PassReport) -> list:
-    """The forward origin (finding + data["forward"]) and the table of calls with non-finite outputs."""
+def filled(rep: PassReport, ctx) -> dict | None:
+    """The pass's first non-finite module output when the model writes its values as constants (core/fills.py:
+    Grounding DINO's -inf padding): {module, inf}; None otherwise (a NaN, non-finite inputs, or any non-finite value
+    of the forward an op computed)."""
+    o = rep.origin
+    if o is None or not o.inputs_finite or sum(b[1] for b in o.bad_outputs) or not ctx.fills().only_fills:
+        return None
+    return {"module": o.name or "(root)", "inf": sum(b[2] for b in o.bad_outputs), "how": ctx.fills().describe()}
+
+
+def report_forward(result: Result, rep: PassReport, fill: dict | None = None) -> list:
+    """The forward origin (finding + data["forward"]) and the table of calls with non-finite outputs; `fill`
+    (filled()): the origin's ±Inf are constants the model writes, an info finding."""
     done = sorted((c for c in rep.calls if c.done >= 0), key=lambda c: c.done)
     bad = [c for c in done if c.bad_outputs]
     origin = rep.origin
@@ -134,7 +145,16 @@ def report_forward(result: Result, rep: PassReport) -> list:
                 "a mask's -inf reached an op that makes NaN of it (softmax or max over a row masked throughout, a sample "
                 "of only padding; -inf − -inf; 0 × -inf): keep one position per row unmasked, or mask with "
                 "torch.finfo(dtype).min instead of -inf")
-        result.add("non-finite-output", "error", forward["module"], _origin_message(origin, forward, len(bad)), hint=hint)
+        if fill is not None:
+            forward["fill"] = True
+            result.add("inf-fill", "info", forward["module"], f"{forward['module']} ({origin.type}) writes "
+                       f"{forward['inf']:,} ±Inf in {forward['output']} as constants ({fill['how']}), and no op of the "
+                       "forward computed a non-finite value: masked positions, by design" + (
+                           f"; {len(bad) - 1} other module call(s) downstream carry them on" if len(bad) > 1 else ""),
+                       hint="a loss on this output must leave those positions out (torchdiag's made-up loss does)")
+        else:
+            result.add("non-finite-output", "error", forward["module"], _origin_message(origin, forward, len(bad)),
+                       hint=hint)
     elif bad:
         # non-finite from the start (inputs or parameters): name the first module anyway
         result.notes.append(f"forward: the first non-finite output is at {bad[0].name or '(root)'} ({bad[0].type}), "
@@ -217,14 +237,14 @@ def report_param_grads(result: Result, rep: PassReport, upstream: bool) -> None:
         Column("inf", "Inf", "count")], list(rows[:MAX_ROWS])))
 
 
-def report_pass(result: Result, rep: PassReport) -> None:
+def report_pass(result: Result, rep: PassReport, fill: dict | None = None) -> None:
     result.data["modules_checked"] = rep.modules_checked
     result.data["loss_value"] = rep.loss_value
-    bad = report_forward(result, rep)
+    bad = report_forward(result, rep, fill)
     report_loss(result, rep)
     # a NaN target under a finite loss (missing labels a loss masks) leaves the backward to be localised: a review's
     # torch.where over (out - y)**2 made NaN gradients, the loss's backward, which "follows from" hid
-    upstream = bool(rep.output_bad) or not rep.loss_finite or any(
+    upstream = bool(rep.output_bad) and fill is None or not rep.loss_finite or any(
         f.severity == "error" and f.code != "non-finite-target" for f in result.findings)
     report_backward(result, rep, upstream)
     report_param_grads(result, rep, upstream)

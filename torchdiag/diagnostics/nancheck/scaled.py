@@ -70,8 +70,9 @@ def _scaled_step(work, inputs, scaled, ctx, opt, scaler, step: int):
     return rep, skipped, None if skipped else _bad_update(step, work)
 
 
-def train_scaled(model, inputs, loss_fn, ctx, steps: int) -> dict | None:
-    """{losses, scales, skipped, first, ran, final_scale, bad_update} after `steps` scaled steps on a copy."""
+def train_scaled(model, inputs, loss_fn, ctx, steps: int, fill: dict | None = None) -> dict | None:
+    """{losses, scales, skipped, first, ran, final_scale, bad_update} after `steps` scaled steps on a copy (`fill`: as
+    steps.train_until_non_finite's)."""
     import torch
 
     with ctx.seeded(), torch.enable_grad():
@@ -90,7 +91,7 @@ def train_scaled(model, inputs, loss_fn, ctx, steps: int) -> dict | None:
             mirror.update(skipped)
             if skipped:
                 out["skipped"].append(step)
-                out["first"] = out["first"] or first_bad(step, rep)
+                out["first"] = out["first"] or first_bad(step, rep, fill)
             if bad is not None:
                 out["bad_update"] = bad
                 break

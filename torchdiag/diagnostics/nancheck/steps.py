@@ -44,9 +44,18 @@ def grew_most(work, start: dict) -> dict | None:
     return best
 
 
-def first_bad(step: int, rep: PassReport) -> dict | None:
+def _same_fill(rep: PassReport, fill: dict | None) -> bool:
+    """The step's first non-finite module output is the first pass's constant fill (report.filled): the same module,
+    as many ±Inf, no NaN. An overflow before it moves the origin; one inside it changes the count; one after it that
+    reaches the loss leaves the loss non-finite (only the fill's positions are left out of it)."""
+    o = rep.origin
+    return (fill is not None and o is not None and o.inputs_finite and (o.name or "(root)") == fill["module"]
+            and sum(b[1] for b in o.bad_outputs) == 0 and sum(b[2] for b in o.bad_outputs) == fill["inf"])
+
+
+def first_bad(step: int, rep: PassReport, fill: dict | None = None) -> dict | None:
     """Where the pass of `step` first saw a non-finite value (None when it saw none)."""
-    if rep.origin is not None:
+    if rep.origin is not None and not _same_fill(rep, fill):
         o = rep.origin
         return {"step": step, "phase": "forward", "where": o.name or "(root)", "type": o.type,
                 "nan": sum(b[1] for b in o.bad_outputs), "inf": sum(b[2] for b in o.bad_outputs),
@@ -69,8 +78,9 @@ def _bad_update(step: int, work) -> dict | None:
     return {"step": step, "phase": "update", "where": bad[0][0], "nan": nan, "inf": inf, "parameters": [n for n, _ in bad]}
 
 
-def train_until_non_finite(model, inputs, loss_fn, ctx, steps: int) -> dict | None:
-    """{losses, ran, first} after up to `steps` optimizer steps on a copy; None when nothing is trainable."""
+def train_until_non_finite(model, inputs, loss_fn, ctx, steps: int, fill: dict | None = None) -> dict | None:
+    """{losses, ran, first} after up to `steps` optimizer steps on a copy; None when nothing is trainable. `fill`: the
+    first pass's constant ±Inf (report.filled), not counted again at each step."""
     import torch
 
     with ctx.seeded(), torch.enable_grad():
@@ -89,7 +99,7 @@ def train_until_non_finite(model, inputs, loss_fn, ctx, steps: int) -> dict | No
                                      autocast=ctx.autocast if ctx.precision.amp else None)
                 ran = step
                 losses.append(rep.loss_value)
-                first = first_bad(step, rep)
+                first = first_bad(step, rep, fill)
                 if first is None:
                     train.step(opt)
                     first = _bad_update(step, work)

@@ -1,0 +1,149 @@
+"""±inf a model writes as constants (core/fills.py) against ±inf it computes. A zoo row: Grounding DINO pads its class
+logits' text axis with `torch.full(..., -inf)` and `masked_fill(-inf)`, and marks invalid box proposals with +inf;
+torchdiag's made-up mse terms over them were +inf, every gradient NaN, and nancheck, gradflow and doctor failed a
+healthy model. A version that left every ±inf out was reverted (a real overflow passed): only the positions of a
+forward in which fills made every non-finite value are left out."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torchdiag.api import run as api_run
+from torchdiag.core.fills import _mode, classify
+from torchdiag.core.loss import Loss
+
+
+def origins(fn, *args):
+    mode = _mode()
+    with torch.no_grad(), mode:
+        fn(*args)
+    return classify(mode.rows)
+
+
+def test_constants_are_fills_and_arithmetic_is_computed():
+    x = torch.randn(3, 4)
+    mask = torch.tensor([True, False, True, False])
+    made, computed = origins(lambda: x.masked_fill(mask, float("-inf")))
+    assert made == {"masked_fill": 6} and not computed
+    made, computed = origins(lambda: torch.full((2, 5), float("inf")))
+    assert made == {"full": 10} and not computed
+    made, computed = origins(lambda: torch.where(mask, x, float("-inf")))
+    assert sum(made.values()) and not computed, (made, computed)
+    # an overflow, a division by zero, log(0), a NaN made of fills: computed, whatever the constants around them
+    for fn in (lambda: (x * 1e9).half(), lambda: x / torch.zeros(4), lambda: torch.log(torch.zeros(3)),
+               lambda: torch.full((3,), float("-inf")) - torch.full((3,), float("-inf")),
+               lambda: x.masked_fill(mask, float("nan"))):
+        made, computed = origins(fn)
+        assert computed, (made, computed)
+    made, computed = origins(lambda: torch.empty_like(x).fill_(1.0))   # uninitialised memory makes nothing
+    assert not made and not computed
+
+
+class PadToWidth(nn.Module):
+    """Class logits masked with -inf and padded to a fixed width with -inf (Grounding DINO's contrastive embedding,
+    modeling_grounding_dino.py: masked_fill, then torch.full(-inf) with the logits copied in)."""
+
+    def forward(self, logits):
+        logits = logits.masked_fill(torch.tensor([False, False, True], device=logits.device), float("-inf"))
+        padded = torch.full((logits.shape[0], 6), float("-inf"), device=logits.device)
+        padded[:, :3] = logits
+        return padded
+
+
+class Padded(nn.Module):
+    """Two heads, the second's logits padded with -inf (PadToWidth). `overflow`: one channel of the first head scaled
+    by 1e9 and cast to float16 (a real fault); `late`: that overflow only from the given call on (a buffer counts)."""
+
+    def __init__(self, overflow: bool = False, late: int = 0):
+        super().__init__()
+        self.a, self.b, self.pad = nn.Linear(8, 5), nn.Linear(8, 3), PadToWidth()
+        self.overflow, self.late = overflow, late
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        self.calls += 1
+        first = self.a(x)
+        if self.overflow or (self.late and int(self.calls) >= self.late):
+            first = (first * torch.tensor([1.0, 1.0, 1.0, 1.0, 1e9], device=x.device)).half().float()
+        return first, self.pad(self.b(x))
+
+
+def codes(res, severity=("error", "warning")):
+    return {f.code for f in res.findings if f.severity in severity}
+
+
+@pytest.mark.parametrize("command", ["nancheck", "gradflow", "doctor"])
+def test_constant_fills_leave_a_healthy_model_healthy(command):
+    torch.manual_seed(0)
+    res = api_run(command, Padded(), (torch.randn(4, 8),))
+    assert not codes(res), [(f.code, f.message) for f in res.findings if f.severity != "info"]
+    assert "(16 ±inf left out: constants the model writes)" in res.header["loss"], res.header["loss"]
+    if command == "nancheck":
+        (f,) = [f for f in res.findings if f.code == "inf-fill"]
+        assert f.severity == "info" and "full" in f.message and "masked_fill" in f.message
+
+
+def test_the_left_out_positions_are_the_fills_only():
+    from torchdiag.core.fills import Fills
+
+    torch.manual_seed(0)
+    first, padded = Padded()(torch.randn(4, 8))
+    padded = padded.clone()
+    padded[0, 0] = float("inf")   # an overflow the fills' forward did not see: it stays in
+    fills = Fills(made={"full": 24}, masks={"output[1]": torch.isinf(Padded()(torch.randn(4, 8))[1])})
+    loss = Loss("auto", seed=0, fills=lambda: fills)
+    assert loss((first, padded)) == float("inf")
+    kept = padded.clone()
+    kept[0, 0] = 0.5
+    value = loss((first, kept))
+    target = loss.extra[0][2]
+    by_hand = F.cross_entropy(first, loss.target) + F.mse_loss(torch.where(torch.isinf(kept), target, kept), target)
+    assert float(value.detach()) == pytest.approx(float(by_hand.detach()))
+    computed = Loss("auto", seed=0, fills=lambda: Fills(made={"full": 24}, computed={"mul": 1}, masks=fills.masks))
+    assert computed((first, kept)) == float("inf")   # an op computed a non-finite value: nothing is left out
+
+
+@pytest.mark.parametrize("command", ["nancheck", "gradflow", "doctor"])
+def test_a_fill_beside_an_overflow_is_no_excuse(command):
+    torch.manual_seed(0)
+    res = api_run(command, Padded(overflow=True), (torch.randn(4, 8),))
+    assert codes(res, ("error",)) & {"non-finite-output", "non-finite-loss"}, [f.code for f in res.findings]
+    assert "left out" not in res.header.get("loss", "")
+
+
+def test_an_overflow_that_starts_after_the_first_step_is_found():
+    # the fills' positions are fixed at the first call; an overflow from the copy's third call on is outside them
+    torch.manual_seed(0)
+    res = api_run("nancheck", Padded(late=3), (torch.randn(4, 8),), steps=5)
+    assert "non-finite-output" in codes(res, ("error",)) or "non-finite-loss" in codes(res, ("error",)), \
+        [(f.code, f.message) for f in res.findings]
+    assert res.data["steps"]["first_non_finite_step"] is not None
+
+
+def test_overfit_batch_on_a_padded_output_reports_a_late_overflow():
+    torch.manual_seed(0)
+    healthy = api_run("overfit-batch", Padded(), (torch.randn(4, 8),), steps=40)
+    assert "non-finite-loss" not in codes(healthy), [(f.code, f.message) for f in healthy.findings]
+    torch.manual_seed(0)
+    late = api_run("overfit-batch", Padded(late=10), (torch.randn(4, 8),), steps=40)
+    assert codes(late, ("error",)), [(f.code, f.message) for f in late.findings]
+
+
+def test_activations_call_a_fill_by_design_and_an_overflow_an_error():
+    torch.manual_seed(0)
+    res = api_run("activations", Padded(), (torch.randn(4, 8),))
+    assert "non-finite-activation" not in codes(res), [(f.code, f.message) for f in res.findings]
+    assert "inf-fill" in codes(res, ("info",))
+    torch.manual_seed(0)
+    res = api_run("activations", Padded(overflow=True), (torch.randn(4, 8),))
+    assert "non-finite-activation" in codes(res, ("error",)) and "inf-fill" not in codes(res, ("info",))
+
+
+@pytest.mark.parametrize("command", ["flops", "memory"])
+def test_shapes_only_runs_do_not_read_the_outputs_values(command):
+    # the first call's read of an output's ±inf raised on meta tensors (flops --backward, memory's estimate)
+    opts = {"backward": True} if command == "flops" else {}
+    res = api_run(command, Padded().to("meta"), (torch.randn(4, 8, device="meta"),), **opts)
+    assert not codes(res, ("error",)) and "left out" not in res.header["loss"], res.header
