@@ -160,6 +160,46 @@ def test_the_float32_recheck_runs_after_the_failed_float64_copy_is_let_go():
         Float64OutOfMemory.alive_at_float32
 
 
+class Float64OutOfMemoryAtThree(Float64OutOfMemory):
+    """As Float64OutOfMemory, only for more than one sample (efficientnet_b7 and ALIGN at a batch of 3: their
+    re-check fit at a batch of 2)."""
+
+    def forward(self, x):
+        if x.dtype == torch.float64 and x.shape[0] > 1:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 69120000 bytes")
+        return self.head(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+def test_a_recheck_that_ran_out_of_memory_runs_on_half_the_samples():
+    torch.manual_seed(0)
+    res = api_run("gradflow", Float64OutOfMemoryAtThree(), (torch.randn(3, 3, 8, 8),))
+    assert statuses(res)["conv.bias"] == "invariant", (statuses(res), res.notes)
+    assert any(n.startswith("cancelled gradients re-checked on a float64 copy on 1 of the 3 samples: with all 3 the "
+                            "copy ran out of memory") for n in res.notes), res.notes
+    assert not any("float32" in n for n in res.notes), res.notes
+
+
+def test_only_made_up_targets_and_inputs_that_lead_with_the_batch_are_cut():
+    from types import SimpleNamespace
+
+    from torchdiag.core.fewer import first_samples
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.errors import ModelError, out_of_memory
+
+    ctx = SimpleNamespace(batch_target=None, rows=None)
+    x, mask = torch.randn(3, 5), torch.ones(3, 5)
+    cut, k, n = first_samples(ModelInputs((x,), {"mask": mask}), ctx)
+    assert (k, n) == (1, 3) and torch.equal(cut.args[0], x[:1]) and torch.equal(cut.kwargs["mask"], mask[:1])
+    assert first_samples(ModelInputs((x,), {"pos": torch.arange(5)}), ctx) is None   # not all lead with the batch
+    assert first_samples(ModelInputs((x[:1],)), ctx) is None                          # one sample: nothing to cut
+    assert first_samples(ModelInputs((x,)), SimpleNamespace(batch_target=torch.zeros(3), rows=None)) is None
+    assert first_samples(ModelInputs((x,)), SimpleNamespace(batch_target=None, rows=(0, 3, 6))) is None
+    oom = RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")
+    wrapped = ModelError("forward failed in conv")
+    wrapped.__cause__ = oom
+    assert out_of_memory(wrapped) and out_of_memory(MemoryError()) and not out_of_memory(ModelError("shape"))
+
+
 class Affine(nn.Module):   # HGNetV2's learnable affine block, named unlike any weight/bias pair
     def __init__(self):
         super().__init__()

@@ -66,6 +66,18 @@ def caused_by(exc: BaseException | None, kinds) -> bool:
     return False
 
 
+def out_of_memory(exc: BaseException | None) -> bool:
+    """`exc` or what raised it ran out of memory: a MemoryError, a GPU's OOM, or the CPU allocator's refusal (a
+    RuntimeError "can't allocate memory", under a worker's address-space cap)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, MemoryError) or _gpu_kind(exc) == "oom" or "can't allocate memory" in one_line(exc, 10**4):
+            return True
+        exc = exc.__cause__
+    return False
+
+
 def one_line(exc: BaseException, limit: int = 300) -> str:
     """`TypeName: first line of the message`, cut to `limit` characters (even when str(exc) raises)."""
     try:

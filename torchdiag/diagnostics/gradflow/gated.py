@@ -8,6 +8,7 @@ flagged: a healthy pass pays nothing."""
 from __future__ import annotations
 
 from ...core import gates
+from ...core.fewer import retried
 from ...core.module_paths import owner
 from ...core.unreached import NOT_REACHED, made_up_padding, padding_why
 from ...errors import ModelError
@@ -39,7 +40,8 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
     flags += [gates.Flag(f.where, "dead-units", opts.dead, zero_edge(modules[f.where])) for f in dead]
     flags += [gates.Flag(f.where, "saturated", opts.saturated, opts.saturation_margin) for f in sat]
     try:
-        rc = gates.recheck(model, inputs, flags, ctx, eval_mode=opts.eval_mode, prepare=prepare)
+        rc = retried(lambda x: gates.recheck(model, x, flags, ctx, eval_mode=opts.eval_mode, prepare=prepare),
+                     inputs, ctx, result.notes, "flagged gradients re-checked with a short training run")
     except ModelError as exc:   # no copy, or the copy's step/forward failed: keep the plain verdicts
         result.notes.append(f"flagged gradients not re-checked with a short training run: {exc.message}")
         return

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 from ...core.design import stochastic_depth_off
+from ...core.fewer import retried
 from ...core.invariance import (
     LOSS_RTOL,
     LOSS_RTOL_FLOAT32,
@@ -53,12 +54,14 @@ def recheck(model, inputs, pas, rows, opts, ctx, result) -> None:
         result.notes.append(f"large orthogonal gradients not re-checked for scale invariance: {exc.message}")
     try:
         if cands:
-            failed = _invariant_in_float64(model, inputs, cands, strict, opts, ctx)
+            failed = _invariant_in_float64(model, inputs, cands, strict, opts, ctx, result.notes)
             if failed is not None:   # a forward that makes float32 tensors of its own, or no room: float32, looser
                 if not pas.local:   # (weights made in forward: their own dtype, said as local-weight already)
                     result.notes.append(f"cancelled parameters re-checked in float32 (the float64 copy failed: "
                                         f"{failed})")
-                _invariant(_copy(model, opts, ctx), inputs, cands, strict, ctx.loss(), ctx, LOSS_RTOL_FLOAT32)
+                retried(lambda x: _invariant(_copy(model, opts, ctx), x, cands, strict, ctx.loss(), ctx,
+                                             LOSS_RTOL_FLOAT32), inputs, ctx, result.notes, "cancelled parameters "
+                        "re-checked in float32")
         cands = _drawn_again(model, rows)
         if cands and not opts.eval_mode:
             _skipped_at_random(_copy(model, opts, ctx), inputs, cands, ctx, result)
@@ -153,15 +156,17 @@ def _copy(model, opts, ctx, as_double=False):
     return work.double() if as_double else work
 
 
-def _invariant_in_float64(model, inputs, cands, strict, opts, ctx) -> str | None:
-    """_invariant on a float64 copy; what failed, or None. The float32 attempt that follows a failure starts only
-    after this returns: the error's traceback holds the float64 copy and the activations its forward had made
-    (torchvision efficientnet_b7 at 600² under a 16 GiB cap: float64 ran out of memory deep in the model, and the
-    float32 attempt, made inside the handler, then failed at the first convolution)."""
+def _invariant_in_float64(model, inputs, cands, strict, opts, ctx, notes: list) -> str | None:
+    """_invariant on a float64 copy (on half the samples when all of them ran out of memory: core/fewer.py); what
+    failed, or None. The float32 attempt that follows a failure starts only after this returns: the error's traceback
+    holds the float64 copy and the activations its forward had made (torchvision efficientnet_b7 at 600² under a
+    16 GiB cap: float64 ran out of memory deep in the model, and the float32 attempt, made inside the handler, then
+    failed at the first convolution)."""
     import gc
 
     try:
-        _invariant(_copy(model, opts, ctx, as_double=True), inputs.map(double), cands, strict, ctx.loss(), ctx)
+        retried(lambda x: _invariant(_copy(model, opts, ctx, as_double=True), x.map(double), cands, strict, ctx.loss(),
+                                     ctx), inputs, ctx, notes, "cancelled gradients re-checked on a float64 copy")
         return None
     except ModelError as exc:
         failed = exc.message
