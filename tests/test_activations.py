@@ -573,3 +573,44 @@ def test_pictures_and_histograms_of_a_layer_followed_by_an_in_place_op_are_its_o
     lo, hi = float(out.min()), float(out.max())
     assert lo < 0 and f"shared colour scale {lo:.4g} … {hi:.4g}" in _words(tmp_path / "bn1_features.png")["Description"]
     assert float(res.histograms["activations/bn1"].min()) < 0
+
+
+def test_a_zero_initialised_table_read_without_inputs_is_zero_init():
+    """transformers' Swin: `SwinRelativePositionBias.forward(self)` reads a position-bias table initialised at zero by
+    index; its output is exactly zero and follows no input (it has none). Activations warned `dead-activations` on
+    every attention layer of a freshly built Swin (Grounding DINO's backbone): the table trains, by design."""
+    import torch
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+
+    class Bias(nn.Module):
+        def __init__(self, heads=2, n=4):
+            super().__init__()
+            self.table = nn.Parameter(torch.zeros(2 * n - 1, heads))
+            idx = torch.arange(n)
+            self.register_buffer("index", (idx[:, None] - idx[None, :] + n - 1), persistent=False)
+
+        def forward(self):
+            return self.table[self.index].permute(2, 0, 1).unsqueeze(0)
+
+    class Attention(nn.Module):
+        def __init__(self, dim=8, heads=2):
+            super().__init__()
+            self.qkv, self.bias, self.heads = nn.Linear(dim, 3 * dim), Bias(heads), heads
+
+        def forward(self, x):
+            b, n, d = x.shape
+            q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+            att = (q @ k.transpose(-1, -2) + self.bias()).softmax(-1)
+            return (att @ v).transpose(1, 2).reshape(b, n, d)
+
+    torch.manual_seed(0)
+    res = run("activations", nn.Sequential(nn.Linear(8, 8), Attention()), ModelInputs((torch.randn(2, 4, 8),), {}))
+    assert not [f for f in res.findings if f.severity != "info"], [(f.code, f.where) for f in res.findings]
+    (f,) = [f for f in res.findings if f.code == "zero-init"]
+    assert f.where == "1.bias" and "the module reads no input" in f.message, f.message
+    dead = nn.Sequential(nn.Linear(8, 8), Attention())
+    dead[1].bias.table.requires_grad_(False)   # a frozen zero table never trains: the warning stays
+    res = run("activations", dead, ModelInputs((torch.randn(2, 4, 8),), {}))
+    assert [f for f in res.findings if f.code == "dead-activations" and f.severity == "warning"]

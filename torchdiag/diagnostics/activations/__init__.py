@@ -30,7 +30,15 @@ from ...core.tracking import (
 from ...errors import UsageError
 from ...pictures import grid_figure_size, tile_scale
 from ...results import Column, Result, Table
-from .zeros import DEAD, detached, origins, reached, zero_gate, zero_parameters
+from .zeros import (
+    DEAD,
+    detached,
+    origins,
+    reached,
+    reads_input,
+    zero_gate,
+    zero_parameters,
+)
 
 MAX_MAPS = 64          # feature-map tiles per layer
 MAX_FILTER_TILES = 256
@@ -403,13 +411,13 @@ def _findings(result, rows, opts, rec, trains, fills) -> None:
         mine = {p for p in zero_parameters(module) if f"{r['name']}.{p}" in moved} if module is not None else set()
         gate = zero_gate(module, args, kwargs, mine) if mine else []
         if gate:
-            gated.setdefault((r["type"], tuple(gate)), []).append((r, passed))
+            gated.setdefault((r["type"], tuple(gate), reads_input(args, kwargs)), []).append((r, passed))
             continue
         after = _passed_on(r["name"], passed, "its")
         result.add("dead-activations", "warning", r["name"],
                    f"{r['zero_fraction']:.1%} of the output values are exactly zero{after}",
                    hint="dead ReLUs: check the initialisation, learning rate, or use LeakyReLU/GELU")
-    for (kind, gate), found in gated.items():
+    for (kind, gate, reads), found in gated.items():
         names = [r["name"] for r, _ in found]
         passed = [n for _, p in found for n in p]
         which = (f"{len(names)} {kind} modules ({_listed(names)}) output exactly zero because their" if len(names) > 1
@@ -418,8 +426,10 @@ def _findings(result, rows, opts, rec, trains, fills) -> None:
         result.add("zero-init", "info", names[0] if len(names) == 1 else _common(names),
                    f"{which} {_listed(list(gate))} {'is' if len(gate) == 1 else 'are'} zero at initialisation, and "
                    f"a zero-initialised gate: it gets a gradient (training moves it), and drawn at random on a copy "
-                   f"the same input gives an output that is not zero and follows the input (a residual branch's last "
-                   f"norm, as timm's zero-init residual){after}", members=names)
+                   + ("the same input gives an output that is not zero and follows the input (a residual branch's last "
+                      "norm, as timm's zero-init residual)" if reads else "it gives an output that is not zero (the "
+                      "module reads no input: a learned table, as Swin's relative position bias)") + after,
+                   members=names)
     for r in rows:
         if r["name"] != "(model)" and r["saturated_fraction"] is not None and r["saturated_fraction"] >= 0.5:
             result.add("saturated-activations", "warning", r["name"],

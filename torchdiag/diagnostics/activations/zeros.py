@@ -12,7 +12,8 @@ weight whose output a ReLU then zeroes gets none and never trains); on a copy of
 first such call's arguments (and keywords), the copy as it is must give the zero output again; and drawn at random,
 alone or together, those parameters must make the output not zero and a function of the input (the input moved by
 noise moves it). Then they are a zero-initialised gate (timm's zero-init residual: a block's last norm
-with its weight at 0), by design at initialisation: `zero-init` (info). Otherwise (a ReLU whose inputs are all
+with its weight at 0), by design at initialisation: `zero-init` (info). A call with no floating input (a learned
+position-bias table read by index) has no input to follow: a zero-initialised table that trains is such a gate too. Otherwise (a ReLU whose inputs are all
 negative, a zero bias inside a dead block, a frozen or untrainable zero layer) the warning stays. A module with
 more than MAX_ELEMENTS parameter elements or MAX_TRIED zero parameters is not copied to be asked."""
 from __future__ import annotations
@@ -125,7 +126,9 @@ def _all_zero(out) -> bool:
 
 
 def _opens(work, args, kwargs, names: list[str], seed: int) -> bool:
-    """Drawn at random (then put back to zero), do `names` make the output not zero and follow the input?"""
+    """Drawn at random (then put back to zero), do `names` make the output not zero and follow the input? A call with
+    no floating input has none to follow: its output is a function of its parameters alone (transformers'
+    SwinRelativePositionBias, `forward(self)` reading a zero-initialised table), and not zero is enough."""
     import torch
 
     params = dict(work.named_parameters())
@@ -140,8 +143,19 @@ def _opens(work, args, kwargs, names: list[str], seed: int) -> bool:
         finally:
             for n in names:
                 params[n].zero_()
-    return out is not None and moved is not None and out.shape == moved.shape and not _all_zero(out) \
-        and not bool(torch.equal(out, moved))
+    if out is None or _all_zero(out):
+        return False
+    if not reads_input(args, kwargs):
+        return True
+    return moved is not None and out.shape == moved.shape and not bool(torch.equal(out, moved))
+
+
+def reads_input(args, kwargs) -> bool:
+    """The call was given a floating tensor (a module that reads only its own parameters was not)."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    return any(isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel() for a in tree_leaves((args, kwargs)))
 
 
 def _moved(call, g):
