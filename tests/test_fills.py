@@ -147,3 +147,97 @@ def test_shapes_only_runs_do_not_read_the_outputs_values(command):
     opts = {"backward": True} if command == "flops" else {}
     res = api_run(command, Padded().to("meta"), (torch.randn(4, 8, device="meta"),), **opts)
     assert not codes(res, ("error",)) and "left out" not in res.header["loss"], res.header
+
+
+class AfterTheFill(nn.Module):
+    """A review's cases (2026-12-02), each a fault in an op whose input already holds a fill's -inf, which the first
+    version did not count (it asked only ops whose inputs were all finite): `cast`, a class ×1e9 cast to float16
+    after the mask; `amax` and `logsumexp`, a reduction over a row that is all fills (a sample of only padding: an
+    empty set, not a fill); `eval_div`, a division by zero in eval mode only (activations' pass)."""
+
+    def __init__(self, fault: str):
+        super().__init__()
+        self.a, self.b, self.fault = nn.Linear(8, 5), nn.Linear(8, 6), fault
+
+    def forward(self, x):
+        h = self.b(x)
+        mask = torch.zeros(h.shape, dtype=torch.bool, device=x.device)
+        mask[:, 4:] = True
+        if self.fault in ("amax", "logsumexp"):
+            mask[0] = True
+        h = h.masked_fill(mask, float("-inf"))
+        if self.fault == "cast":
+            h = (h * torch.tensor([1.0, 1.0, 1.0, 1e9, 1.0, 1.0], device=x.device)).half().float()
+        elif self.fault == "amax":
+            h = h.amax(1, keepdim=True)
+        elif self.fault == "logsumexp":
+            h = torch.logsumexp(h, 1, keepdim=True)
+        elif self.fault == "eval_div" and not self.training:
+            h = h / torch.zeros((), device=x.device)
+        return self.a(x), h
+
+
+@pytest.mark.parametrize("fault", ["cast", "amax", "logsumexp"])
+@pytest.mark.parametrize("command", ["nancheck", "gradflow", "doctor"])
+def test_a_fault_in_an_op_given_fills_is_still_a_fault(command, fault):
+    torch.manual_seed(0)
+    res = api_run(command, AfterTheFill(fault), (torch.randn(4, 8),))
+    assert codes(res, ("error",)) & {"non-finite-output", "non-finite-loss"}, [f.code for f in res.findings]
+    assert "inf-fill" not in codes(res, ("info",)) and "left out" not in res.header.get("loss", "")
+
+
+def test_the_fills_forward_runs_in_the_mode_of_the_pass_it_judges():
+    from torchdiag.core.context import context_for
+    from torchdiag.core.fills import ask
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.core.run import RunSpec
+
+    torch.manual_seed(0)
+    model = AfterTheFill("eval_div")
+    ctx = context_for(model, RunSpec(command="nancheck"))
+    inputs = ModelInputs((torch.randn(4, 8),))
+    assert ask(model, inputs, ctx, training=True).only_fills
+    assert not ask(model, inputs, ctx, training=False).only_fills
+    assert model.training   # put back
+
+
+class RandomFill(nn.Module):
+    """Fill positions drawn at random in train mode: the fills' forward draws other ones than the judged pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 5), nn.Linear(8, 6)
+
+    def forward(self, x):
+        h = self.b(x)
+        return self.a(x), h.masked_fill(torch.rand(h.shape, device=x.device) < 0.3, float("-inf"))
+
+
+def test_fills_at_other_positions_than_the_fills_forward_are_not_called_by_design():
+    # the loss left only the fills' own forward's positions out: still inf, so the output is an error, as before,
+    # not "by design" beside an infinite loss
+    torch.manual_seed(0)
+    res = api_run("nancheck", RandomFill(), (torch.randn(4, 8),))
+    assert {"non-finite-output", "non-finite-loss"} <= codes(res, ("error",)), [f.code for f in res.findings]
+    assert "inf-fill" not in codes(res, ("info",))
+
+
+class RefusesTracing(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 5), nn.Linear(8, 3)
+
+    def forward(self, x):
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+        if _get_current_dispatch_mode() is not None:
+            raise RuntimeError("this forward does not run under a dispatch mode")
+        return self.a(x), self.b(x).masked_fill(torch.tensor([False, True, True]), float("-inf"))
+
+
+def test_a_forward_that_cannot_be_traced_keeps_the_verdict_and_says_why():
+    torch.manual_seed(0)
+    res = api_run("nancheck", RefusesTracing(), (torch.randn(4, 8),))
+    assert "non-finite-output" in codes(res, ("error",))
+    assert any(n.startswith("the forward's ±Inf not traced to the ops that made them") and "dispatch mode" in n
+               for n in res.notes), res.notes

@@ -100,14 +100,16 @@ class Context:
         made.fills = self.fills if self.observed is not None else None
         return made
 
-    def fills(self):
-        """core.fills.Fills of the observed model's forward on its inputs: which ops made its ±inf values (one
-        forward, asked once, only by whoever meets a non-finite output)."""
+    def fills(self, training: bool = True):
+        """core.fills.Fills of the observed model's forward on its inputs in that mode: which ops made its ±inf
+        values (one forward per mode, asked once, only by whoever meets a non-finite output)."""
         if self._fills is None:
+            self._fills = {}
+        if training not in self._fills:
             from .fills import ask
 
-            self._fills = ask(*self.observed, self)
-        return self._fills
+            self._fills[training] = ask(*self.observed, self, training)
+        return self._fills[training]
 
     def optimizer(self, params, spec=None, *, foreach: bool | None = None):
         params = list(params)

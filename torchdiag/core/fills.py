@@ -6,15 +6,24 @@ A model may return ±inf on purpose: Grounding DINO pads its class logits' text 
 is a constant the code wrote, whatever the weights are: no target can be fitted there, and a made-up loss term
 over it is +inf (every gradient NaN), an artefact of torchdiag's loss. An overflow is the model's fault. The
 two are told apart by what each op did, not by the values (a gradient path does not tell: a fill plus a weighted
-value has one; nor does float64: casts and divisions overflow there too): one forward under a dispatch mode
-counts, per op, the non-finite values of its floating inputs before it runs and of its outputs after.
+value has one; nor does float64: casts and divisions overflow there too): one forward under a dispatch mode compares,
+per op, the non-finite values of its output with those its floating inputs held before it ran.
 
-- an op whose inputs are all finite and whose output is not *made* them: a fill when the call passes ±inf as a
-  number (`masked_fill(m, -inf)`, `full(shape, -inf)`, `scalar_tensor(-inf)`) and makes no NaN; computed
-  otherwise (a cast to float16 of 1e9, `x / 0`, `exp(1000)`);
-- an op that makes NaN from inputs without NaN (`-inf - -inf`, a softmax over a row masked throughout, 0 × inf)
+- an op that makes ±inf its inputs did not hand it, by position where every input broadcasts to the output
+  (elementwise ops, in-place writes), and makes no NaN: a fill when the call passes ±inf as a number
+  (`masked_fill(m, -inf)`, `full(shape, -inf)`, `scalar_tensor(-inf)`); computed otherwise (a cast to float16 of
+  1e9, `x / 0`, `exp(1000)`), also where its input held fills elsewhere (a review: a cast after the mask);
+- an op that makes NaN where its inputs held none (`-inf - -inf`, a softmax over a row masked throughout, 0 × inf)
   computed it;
-- an uninitialised allocation (`empty_like`) makes nothing: its contents are whatever the memory held.
+- an op whose output does not map onto its inputs by position: a selection (`cat`, `gather`, `index_select`, …)
+  passes ±inf on if it outputs no more than it was given; any other (a matmul, a reduction: `amax` or `logsumexp`
+  over a row that is all fills, an empty set such as a sample of only padding) computed every non-finite value it
+  outputs;
+- a view makes nothing; an uninitialised allocation (`empty_like`) makes nothing: its contents are whatever the
+  memory held.
+
+The forward runs in the judged pass's mode (a fault may be eval's only). Fills at positions drawn at random differ
+from the judged pass's: the loss then stays non-finite and nancheck keeps its error.
 
 `only_fills`: every non-finite value of the forward came from fills. Only then does the auto loss leave an
 output's ±inf positions of that forward out of a made-up target's term (core/loss.py), and nancheck call the
@@ -43,6 +52,10 @@ class Fills:
     def only_fills(self) -> bool:
         return self.failed is None and not self.computed and bool(self.made)
 
+    @property
+    def written(self) -> int:
+        return sum(self.made.values())
+
     def mask(self, label: str, like) -> Any | None:
         """Output `label`'s ±inf positions when fills alone made every non-finite value of the forward and the
         output has `like`'s shape and device; else None."""
@@ -58,6 +71,15 @@ def _op(func) -> str:
     return str(getattr(func, "overloadpacket", func)).replace("aten.", "")
 
 
+# ops that only copy elements to other places (no arithmetic): a non-finite output value is one of the inputs', so
+# they pass fills on as long as they make no more non-finite values than they were given. Reductions are not here
+# (amax or logsumexp over a row that is all fills is an empty set, not a fill: a sample of only padding)
+SELECTIONS = frozenset({"cat", "stack", "gather", "index", "index_select", "take", "clone", "repeat", "flip", "roll",
+                        "constant_pad_nd", "sort", "masked_select", "narrow_copy", "_unsafe_index", "contiguous",
+                        "permute_copy", "transpose_copy", "unbind_copy", "split_copy", "slice_copy", "select_copy",
+                        "expand_copy", "alias_copy", "view_copy", "_to_copy"})
+
+
 def _mode():
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -67,14 +89,33 @@ def _mode():
         return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and (t.is_floating_point() or
                                                                                   t.is_complex()) and t.numel()]
 
-    def bad(ts) -> Any:   # (non-finite, NaN) counts over the tensors, on the first one's device
-        if not ts:
-            return None
-        return torch.stack([torch.stack([(~torch.isfinite(t)).sum(), torch.isnan(t).sum()]).to(ts[0].device)
-                            for t in ts]).sum(0)
+    def new_values(o, given, name: str):
+        """(non-finite, NaN) values of output `o` its inputs did not hand it, on the device. Where every input
+        broadcasts to o's shape (elementwise ops, in-place writes) by position; a view makes none; elsewhere what a
+        selection copies beyond its inputs' count, and every one a computing op outputs (a matmul or a reduction
+        over non-finite values computed with them)."""
+        bad, nan = ~torch.isfinite(o), torch.isnan(o)
+        if any(o.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() and o.shape != t.shape
+               for t, _, _ in given):
+            return bad.sum() * 0, nan.sum() * 0   # a view of an input: nothing made
+        try:
+            elementwise = torch.broadcast_shapes(*[t.shape for t, _, _ in given], o.shape) == o.shape
+        except RuntimeError:
+            elementwise = False
+        if not elementwise:
+            had_bad = sum((b.sum() for _, b, _ in given), bad.sum() * 0)
+            had_nan = sum((n.sum() for _, _, n in given), nan.sum() * 0)
+            if name in SELECTIONS:
+                return (bad.sum() - had_bad).clamp(min=0), (nan.sum() - had_nan).clamp(min=0)
+            return bad.sum(), nan.sum()
+        for _, b, n in given:
+            bad = bad & ~b.to(o.device).expand(o.shape)
+            nan = nan & ~n.to(o.device).expand(o.shape)
+        return bad.sum(), nan.sum()
 
     class Origins(TorchDispatchMode):
-        """Per op call: (op, passes ±inf as a number, inputs' counts, outputs' counts), counts on the device."""
+        """Per op call: (op, passes ±inf as a number, the non-finite values it made, the NaN it made), counts on
+        the device."""
 
         def __init__(self):
             super().__init__()
@@ -85,45 +126,44 @@ def _mode():
             name = _op(func)
             if name in UNINITIALISED:
                 return func(*args, **kwargs)
-            before = bad(floats((args, kwargs)))   # before: an in-place op overwrites its input
+            # before it runs: an in-place op overwrites its input
+            given = [(t, ~torch.isfinite(t), torch.isnan(t)) for t in floats((args, kwargs))]
             out = func(*args, **kwargs)
-            after = bad(floats(out))
-            if after is not None:
+            made = [new_values(o, given, name) for o in floats(out)]
+            if made:
                 number = any(isinstance(a, float) and math.isinf(a) for a in tree_leaves((args, kwargs)))
-                self.rows.append((name, number, before, after))
+                self.rows.append((name, number, sum(m[0] for m in made), sum(m[1] for m in made)))
             return out
 
     return Origins()
 
 
 def classify(rows) -> tuple[dict[str, int], dict[str, int]]:
-    """(made, computed) from the mode's rows, read back in one go."""
+    """(made, computed) from the mode's rows, read back once per device: an op that made ±inf and no NaN, given ±inf
+    as a number, wrote fills; any other op that made a non-finite value computed it."""
     import torch
 
     if not rows:
         return {}, {}
-    by_device: dict = {}   # one read per device
-    for k, (_, _, before, after) in enumerate(rows):
-        row = torch.cat([before.to(after.device) if before is not None else torch.zeros_like(after), after])
-        by_device.setdefault(after.device, []).append((k, row))
+    by_device: dict = {}
+    for k, (_, _, bad, nan) in enumerate(rows):
+        by_device.setdefault(bad.device, []).append((k, torch.stack([bad, nan.to(bad.device)]).to(torch.int64)))
     values: list = [None] * len(rows)
     for items in by_device.values():
         for (k, _), v in zip(items, torch.stack([r for _, r in items]).tolist()):
             values[k] = v
     made: dict[str, int] = {}
     computed: dict[str, int] = {}
-    for (name, number, _, _), v in zip(rows, values):
-        (in_bad, in_nan, out_bad, out_nan) = (int(x) for x in v)
-        if out_bad and not in_bad:
-            into = made if number and not out_nan else computed
-            into[name] = into.get(name, 0) + out_bad
-        elif out_nan and not in_nan:
-            computed[name] = computed.get(name, 0) + out_nan
+    for (name, number, _, _), (bad, nan) in zip(rows, values):
+        if bad and number and not nan:
+            made[name] = made.get(name, 0) + bad
+        elif bad or nan:
+            computed[name] = computed.get(name, 0) + max(bad, nan)
     return made, computed
 
 
-def ask(model, inputs, ctx) -> Fills:
-    """One forward of `model` (in place, in train mode, under no_grad, seeded as the run, autocast as the
+def ask(model, inputs, ctx, training: bool = True) -> Fills:
+    """One forward of `model` (in place, in train mode or eval as the judged pass, under no_grad, seeded as the run, autocast as the
     run; buffers and flags put back) under the dispatch mode: what made its non-finite values, and each output's
     ±inf positions."""
     import torch
@@ -137,7 +177,7 @@ def ask(model, inputs, ctx) -> Fills:
     mode = _mode()
     try:
         with leave_no_trace(model), torch.no_grad(), ctx.seeded():
-            model.train()   # the mode of the passes whose loss asks (flags put back)
+            model.train(training)   # the judged pass's mode (flags put back): a fault may be one mode's
             amp = ctx.autocast() if ctx.precision.amp else _nothing()
             with amp, mode:
                 out = run_forward(model, inputs, phase="forward (where its ±inf come from)")

@@ -285,7 +285,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         r["_label"] = r["name"]
         if r["nonfinite"]:
             r["_style"] = "red"
-    _findings(result, rows, opts, rec, lambda names: reached(model, inputs, names, ctx), ctx.fills)
+    _findings(result, rows, opts, rec, lambda names: reached(model, inputs, names, ctx),
+              lambda: ctx.fills(training=False))   # its pass runs in eval mode
     cols = [Column("_label", "module"), Column("type", "type"), Column("shape", "output shape"),
             Column("mean", "mean", "float"), Column("std", "std", "float"), Column("min", "min", "float"),
             Column("max", "max", "float"), Column("zero_fraction", "zeros", "pct"),

@@ -116,9 +116,21 @@ def filled(rep: PassReport, ctx) -> dict | None:
     Grounding DINO's -inf padding): {module, inf}; None otherwise (a NaN, non-finite inputs, or any non-finite value
     of the forward an op computed)."""
     o = rep.origin
-    if o is None or not o.inputs_finite or sum(b[1] for b in o.bad_outputs) or not ctx.fills().only_fills:
+    if o is None or not o.inputs_finite or sum(b[1] for b in o.bad_outputs):
         return None
-    return {"module": o.name or "(root)", "inf": sum(b[2] for b in o.bad_outputs), "how": ctx.fills().describe()}
+    fills, inf = ctx.fills(), sum(b[2] for b in o.bad_outputs)
+    # the loss left them out (fills at other positions than the fills' own forward, drawn at random, it did not)
+    if not fills.only_fills or not rep.loss_finite or inf > fills.written:
+        return None
+    return {"module": o.name or "(root)", "inf": inf, "how": fills.describe()}
+
+
+def fills_note(rep: PassReport, ctx) -> str | None:
+    """Why a forward's ±Inf were not traced to their ops, when the tracing itself could not run."""
+    o = rep.origin
+    if o is None or not o.inputs_finite or sum(b[1] for b in o.bad_outputs) or ctx.fills().failed is None:
+        return None
+    return f"the forward's ±Inf not traced to the ops that made them (a fill or a computation): {ctx.fills().failed}"
 
 
 def report_forward(result: Result, rep: PassReport, fill: dict | None = None) -> list:
