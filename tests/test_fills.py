@@ -41,6 +41,30 @@ def test_constants_are_fills_and_arithmetic_is_computed():
     assert not made and not computed
 
 
+def padded_logits():
+    x = torch.randn(3, 4)
+    return torch.cat([x, torch.full((3, 2), float("-inf"))], 1)
+
+
+@pytest.mark.parametrize("fn", [lambda p: p.flip(1), lambda p: p.repeat(2, 1), lambda p: p.topk(5, 1).values,
+                                lambda p: p.sort(1).values, lambda p: p[:, [0, 4, 4]],
+                                lambda p: torch.zeros(3, 6).index_put_((torch.arange(3),), p)],
+                         ids=["flip", "repeat", "topk", "sort", "index", "index_put"])
+def test_ops_that_copy_pass_fills_on(fn):
+    # a review: these copy values, no arithmetic, and were counted as computing the fills they moved
+    made, computed = origins(lambda: fn(padded_logits()))
+    assert made and not computed, (made, computed)
+
+
+def test_a_constant_given_as_a_tensor_is_a_fill_and_an_accumulating_write_computes():
+    x = torch.randn(3, 4)
+    made, computed = origins(lambda: x.masked_fill(x > 0, torch.tensor(float("-inf"))))
+    assert made and not computed, (made, computed)
+    big = torch.full((3, 4), 3e38)
+    made, computed = origins(lambda: big.clone().index_put_((torch.arange(3),), big, accumulate=True))
+    assert computed, (made, computed)
+
+
 class PadToWidth(nn.Module):
     """Class logits masked with -inf and padded to a fixed width with -inf (Grounding DINO's contrastive embedding,
     modeling_grounding_dino.py: masked_fill, then torch.full(-inf) with the logits copied in)."""
@@ -241,3 +265,28 @@ def test_a_forward_that_cannot_be_traced_keeps_the_verdict_and_says_why():
     assert "non-finite-output" in codes(res, ("error",))
     assert any(n.startswith("the forward's ±Inf not traced to the ops that made them") and "dispatch mode" in n
                for n in res.notes), res.notes
+
+
+class InPlaceOnAView(Padded):
+    """A review's case: points at infinity divided in place through views of one tensor (x[:, :2] /= x[:, 2:]), the
+    first version took the division for a view and counted nothing it made."""
+
+    def forward(self, x):
+        pts = -x[:, :3].abs() - 1.0
+        pts[:, 2:] = 0.0
+        pts[:, :2] /= pts[:, 2:]
+        return self.a(x), self.pad(self.b(x)) + pts[:, :1]
+
+
+def test_an_in_place_division_through_a_view_is_computed():
+    from torchdiag.core.context import context_for
+    from torchdiag.core.fills import ask
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.core.run import RunSpec
+
+    torch.manual_seed(0)
+    model = InPlaceOnAView()
+    fills = ask(model, ModelInputs((torch.randn(4, 8),)), context_for(model, RunSpec(command="nancheck")))
+    assert fills.computed and not fills.only_fills, (fills.made, fills.computed)
+    res = api_run("nancheck", model, (torch.randn(4, 8),))
+    assert "non-finite-output" in codes(res, ("error",)) and "inf-fill" not in codes(res, ("info",))

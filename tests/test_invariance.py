@@ -174,9 +174,68 @@ def test_a_recheck_that_ran_out_of_memory_runs_on_half_the_samples():
     torch.manual_seed(0)
     res = api_run("gradflow", Float64OutOfMemoryAtThree(), (torch.randn(3, 3, 8, 8),))
     assert statuses(res)["conv.bias"] == "invariant", (statuses(res), res.notes)
-    assert any(n.startswith("cancelled gradients re-checked on a float64 copy on 1 of the 3 samples: with all 3 the "
-                            "copy ran out of memory") for n in res.notes), res.notes
+    assert any(n.startswith("cancelled gradients re-checked on a float64 copy on 1 of the 3 samples: with all 3 "
+                            "samples the copy ran out of memory") for n in res.notes), res.notes
     assert not any("float32" in n for n in res.notes), res.notes
+
+
+class CentredSide(nn.Module):
+    """A review's case (2026-12-02): a weak side branch centred over the batch (h - h.mean(0)) is identically 0 on one
+    sample, so on a cut batch its weight looked invariant and its true `vanishing-grad` went. The float64 copy runs
+    out of memory above one sample."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.side, self.head = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        if x.dtype == torch.float64 and x.shape[0] > 1:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 69120000 bytes")
+        h = self.side(x)
+        return self.head(torch.relu(self.a(x)) + 1e-8 * (h - h.mean(0, keepdim=True)))
+
+
+def test_a_cut_batch_that_asks_another_question_is_not_asked():
+    torch.manual_seed(0)
+    res = api_run("gradflow", CentredSide(), (torch.randn(3, 8),))
+    assert statuses(res)["side.weight"] == "vanishing-grad", statuses(res)
+    assert any("ran out of memory" in n and "do not ask the same question" in n and "side." in n for n in res.notes), \
+        res.notes
+
+
+class GraphOverTheBatch(nn.Module):
+    """A review's case: nodes (n, 8) and their (n, n) adjacency, n the batch size: the adjacency cannot be cut."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.bn, self.head = nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 4)
+
+    def forward(self, x, adj):
+        if x.dtype == torch.float64 and x.shape[0] > 2:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 69120000 bytes")
+        return self.head(torch.relu(adj @ self.bn(self.lin(x))))
+
+
+def test_a_samples_by_samples_input_is_not_cut():
+    torch.manual_seed(0)
+    res = api_run("gradflow", GraphOverTheBatch(), (torch.randn(4, 8), torch.softmax(torch.randn(4, 4), 1)))
+    assert not any("mat1 and mat2" in n or "of the 4 samples" in n for n in res.notes), res.notes
+
+
+class PooledOutOfMemory(PooledBatchNorm):
+    def forward(self, x):
+        if x.dtype == torch.float64 and x.shape[0] > 1:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 69120000 bytes")
+        return super().forward(x)
+
+
+def test_a_retry_that_fails_on_the_cut_says_the_copy_ran_out_of_memory_first():
+    # a review: BatchNorm1d on one sample raised, and the note blamed the model for torchdiag's own cut
+    torch.manual_seed(0)
+    res = api_run("gradflow", PooledOutOfMemory(), (torch.randn(3, 8),), loss="cross_entropy")
+    said = [n for n in res.notes if "Expected more than 1 value" in n]
+    assert said and all("with all 3 samples the copy ran out of memory" in n and "on the first 1" in n
+                        for n in said), res.notes
 
 
 def test_only_made_up_targets_and_inputs_that_lead_with_the_batch_are_cut():

@@ -3,16 +3,22 @@
 The re-checks copy the model and run it again (core/invariance.py in float64, core/gates.py's short training run):
 where the judged pass itself only just fit, they do not (torchvision efficientnet_b7 at 600² and transformers ALIGN,
 at a batch of 3 under the zoo's 16 GiB cap: their `vanishing-grad` warnings stayed unchecked, where at a batch of 2
-the same re-check had cleared them). What they ask holds for any batch (does the loss depend on a parameter at all;
-does a few steps' training lift a gradient), so the first half of the samples answers it too, at half the memory.
-Only torchdiag's own made-up targets can follow the cut: not with a --batch target, nor under torchrun (each rank's
-rows), nor for inputs whose tensors do not all lead with the batch."""
+the same re-check had cleared them). Run again on the first half of the samples, at about half the memory.
+
+A cut batch is not always the same question: what mixes samples (a batch-statistics normalisation, `h - h.mean(0)`)
+can change an answer there (a review: a branch centred over the batch is exactly 0 on one sample, and its weight
+looked invariant). So the retry runs only where the parameters asked get, on the cut, gradients of the size they got
+on the whole batch (`agrees`: within SAME, neither of them zero); else the plain verdicts stand, said. Only
+torchdiag's own made-up targets can follow the cut: not with a --batch target, nor under torchrun (each rank's rows),
+nor for inputs whose tensors do not all lead with the batch (or hold a batch × batch matrix, an adjacency)."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import ModelError, out_of_memory
+
+SAME = 100.0   # a parameter's grad/weight on the cut within this factor of the whole batch's: the same question
 
 
 def first_samples(inputs, ctx) -> tuple[Any, int, int] | None:
@@ -23,13 +29,17 @@ def first_samples(inputs, ctx) -> tuple[Any, int, int] | None:
         return None
     if not tensors or any(t.dim() == 0 or t.shape[0] != n or getattr(t, "is_nested", False) for t in tensors):
         return None
+    if any(tuple(t.shape) == (n, n) for t in tensors):   # samples × samples (an adjacency), not per sample
+        return None
     k = n // 2
     return inputs.map(lambda t: t[:k]), k, n
 
 
-def retried(attempt: Callable, inputs, ctx, notes: list, what: str):
+def retried(attempt: Callable, inputs, ctx, notes: list, what: str, agrees: Callable | None = None):
     """attempt(inputs); when it runs out of memory, attempt(the first half of the samples) once, said in `notes`
-    ("<what> on k of n samples: ..."). Any other failure, or one that cannot be cut, is raised as it was."""
+    ("<what> on k of n samples: ..."), if `agrees(cut inputs)` finds nothing that differs there (it returns why,
+    or None). Any other failure, or one that cannot be cut, is raised as it was; a retry that differs or fails is
+    raised saying both."""
     import gc
 
     try:
@@ -41,6 +51,23 @@ def retried(attempt: Callable, inputs, ctx, notes: list, what: str):
         why = exc.message
     gc.collect()   # the failed attempt's copy and activations, held by its traceback until here
     fewer, k, n = cut
-    out = attempt(fewer)
-    notes.append(f"{what} on {k} of the {n} samples: with all {n} the copy ran out of memory ({why})")
+    ran_out = f"with all {n} samples the copy ran out of memory ({why})"
+    try:
+        differs = agrees(fewer) if agrees is not None else None
+        out = attempt(fewer) if differs is None else None
+    except ModelError as exc:
+        raise ModelError(f"{ran_out}; on the first {k}: {exc.message}") from exc
+    if differs is not None:
+        raise ModelError(f"{ran_out}, and the first {k} do not ask the same question: {differs}")
+    notes.append(f"{what} on {k} of the {n} samples: {ran_out}")
     return out
+
+
+def alike(ratios: dict[str, float], cut: dict[str, float]) -> str | None:
+    """None when each name's grad/weight on the cut (`cut`) is within SAME of the whole batch's (`ratios`), neither
+    zero; else which one differs."""
+    for n, full in ratios.items():
+        part = cut.get(n, 0.0)
+        if not (full > 0 and part > 0 and 1 / SAME <= part / full <= SAME):
+            return f"{n}'s gradient is {part:.3g} of its weight there, {full:.3g} on the whole batch"
+    return None

@@ -15,11 +15,14 @@ per op, the non-finite values of its output with those its floating inputs held 
   1e9, `x / 0`, `exp(1000)`), also where its input held fills elsewhere (a review: a cast after the mask);
 - an op that makes NaN where its inputs held none (`-inf - -inf`, a softmax over a row masked throughout, 0 × inf)
   computed it;
-- an op whose output does not map onto its inputs by position: a selection (`cat`, `gather`, `index_select`, …)
-  passes ±inf on if it outputs no more than it was given; any other (a matmul, a reduction: `amax` or `logsumexp`
-  over a row that is all fills, an empty set such as a sample of only padding) computed every non-finite value it
-  outputs;
-- a view makes nothing; an uninitialised allocation (`empty_like`) makes nothing: its contents are whatever the
+- an op that only copies (`cat`, `gather`, `repeat`, `flip`, `topk`, `index_put` without accumulating: SELECTIONS)
+  passes ±inf on, however often it copies them, and makes only what a ±inf number it is given writes (padding); an
+  op that neither maps its output onto its inputs by position nor only copies (a matmul, a reduction: `amax` or
+  `logsumexp` over a row that is all fills, an empty set such as a sample of only padding) computed every
+  non-finite value it outputs;
+- a 0-dim ±inf tensor given to an op is a number (`masked_fill(m, torch.tensor(-inf))`);
+- a view makes nothing (its schema returns `Tensor(a)`; an in-place op, `Tensor(a!)`, is judged: a review's
+  `x[:, :2] /= x[:, 2:]`); an uninitialised allocation (`empty_like`) makes nothing: its contents are whatever the
   memory held.
 
 The forward runs in the judged pass's mode (a fault may be eval's only). Fills at positions drawn at random differ
@@ -71,13 +74,30 @@ def _op(func) -> str:
     return str(getattr(func, "overloadpacket", func)).replace("aten.", "")
 
 
-# ops that only copy elements to other places (no arithmetic): a non-finite output value is one of the inputs', so
-# they pass fills on as long as they make no more non-finite values than they were given. Reductions are not here
-# (amax or logsumexp over a row that is all fills is an empty set, not a fill: a sample of only padding)
+# ops that only copy elements to other places, with no arithmetic: a non-finite value in their output is one of their
+# inputs', however many times they copy it (`repeat`, a `gather` that picks one twice); they make only what a ±inf
+# number they are given writes (`constant_pad_nd(x, pad, -inf)`). `index_put` without accumulating writes values in.
+# Reductions are not here (amax or logsumexp over a row that is all fills is an empty set, not a fill: a sample of
+# only padding); topk and sort return some of their input's values, reordered
 SELECTIONS = frozenset({"cat", "stack", "gather", "index", "index_select", "take", "clone", "repeat", "flip", "roll",
-                        "constant_pad_nd", "sort", "masked_select", "narrow_copy", "_unsafe_index", "contiguous",
-                        "permute_copy", "transpose_copy", "unbind_copy", "split_copy", "slice_copy", "select_copy",
-                        "expand_copy", "alias_copy", "view_copy", "_to_copy"})
+                        "constant_pad_nd", "sort", "topk", "masked_select", "narrow_copy", "_unsafe_index",
+                        "contiguous", "permute_copy", "transpose_copy", "unbind_copy", "split_copy", "slice_copy",
+                        "select_copy", "expand_copy", "alias_copy", "view_copy", "index_put", "index_put_",
+                        "_index_put_impl_"})
+
+
+def _selects(name: str, args, kwargs) -> bool:
+    accumulate = kwargs.get("accumulate", args[3] if len(args) > 3 else False)
+    return name in SELECTIONS and not (name.startswith(("index_put", "_index_put")) and accumulate)
+
+
+def _is_view(func) -> bool:
+    """The op returns a view of an input without writing it (its schema's `Tensor(a)`, not `Tensor(a!)`)."""
+    try:
+        alias = func._schema.returns[0].alias_info
+    except (AttributeError, IndexError):
+        return False
+    return alias is not None and not alias.is_write
 
 
 def _mode():
@@ -89,24 +109,22 @@ def _mode():
         return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and (t.is_floating_point() or
                                                                                   t.is_complex()) and t.numel()]
 
-    def new_values(o, given, name: str):
+    def new_values(o, given, view: bool, selects: bool, number: bool):
         """(non-finite, NaN) values of output `o` its inputs did not hand it, on the device. Where every input
         broadcasts to o's shape (elementwise ops, in-place writes) by position; a view makes none; elsewhere what a
         selection copies beyond its inputs' count, and every one a computing op outputs (a matmul or a reduction
         over non-finite values computed with them)."""
         bad, nan = ~torch.isfinite(o), torch.isnan(o)
-        if any(o.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() and o.shape != t.shape
-               for t, _, _ in given):
-            return bad.sum() * 0, nan.sum() * 0   # a view of an input: nothing made
+        if view:   # a view of an input makes nothing (an in-place op writes, and is judged: x[:, :2] /= x[:, 2:])
+            return bad.sum() * 0, nan.sum() * 0
+        if selects:   # copies: what it outputs beyond its inputs' count a ±inf number wrote (padding), else nothing
+            had_bad = sum((b.sum() for _, b, _ in given), bad.sum() * 0)
+            return (bad.sum() - had_bad).clamp(min=0) * number, nan.sum() * 0
         try:
             elementwise = torch.broadcast_shapes(*[t.shape for t, _, _ in given], o.shape) == o.shape
         except RuntimeError:
             elementwise = False
-        if not elementwise:
-            had_bad = sum((b.sum() for _, b, _ in given), bad.sum() * 0)
-            had_nan = sum((n.sum() for _, _, n in given), nan.sum() * 0)
-            if name in SELECTIONS:
-                return (bad.sum() - had_bad).clamp(min=0), (nan.sum() - had_nan).clamp(min=0)
+        if not elementwise:   # a matmul, a reduction: it computed what it outputs
             return bad.sum(), nan.sum()
         for _, b, n in given:
             bad = bad & ~b.to(o.device).expand(o.shape)
@@ -126,12 +144,16 @@ def _mode():
             name = _op(func)
             if name in UNINITIALISED:
                 return func(*args, **kwargs)
-            # before it runs: an in-place op overwrites its input
-            given = [(t, ~torch.isfinite(t), torch.isnan(t)) for t in floats((args, kwargs))]
+            # before it runs: an in-place op overwrites its input. A 0-dim ±inf tensor is a number given as a tensor
+            # (`masked_fill(m, torch.tensor(-inf))`): a constant, not a value the op passes on
+            inputs = floats((args, kwargs))
+            constant = [t for t in inputs if t.dim() == 0 and bool(torch.isinf(t))]
+            given = [(t, ~torch.isfinite(t), torch.isnan(t)) for t in inputs if not any(t is c for c in constant)]
+            number = bool(constant) or any(isinstance(a, float) and math.isinf(a) for a in tree_leaves((args, kwargs)))
             out = func(*args, **kwargs)
-            made = [new_values(o, given, name) for o in floats(out)]
+            selects, view = _selects(name, args, kwargs), _is_view(func)
+            made = [new_values(o, given, view, selects, number) for o in floats(out)]
             if made:
-                number = any(isinstance(a, float) and math.isinf(a) for a in tree_leaves((args, kwargs)))
                 self.rows.append((name, number, sum(m[0] for m in made), sum(m[1] for m in made)))
             return out
 

@@ -14,6 +14,7 @@ from ...core.unreached import NOT_REACHED, made_up_padding, padding_why
 from ...errors import ModelError
 from .dead import zero_edge
 from .design import is_tiny, rms
+from .recheck import cut_agrees
 
 KIND = "by-design-init"
 ADAPTIVE = "adaptive-step"     # a small gradient the optimizer steps like the rest
@@ -41,7 +42,9 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
     flags += [gates.Flag(f.where, "saturated", opts.saturated, opts.saturation_margin) for f in sat]
     try:
         rc = retried(lambda x: gates.recheck(model, x, flags, ctx, eval_mode=opts.eval_mode, prepare=prepare),
-                     inputs, ctx, result.notes, "flagged gradients re-checked with a short training run")
+                     inputs, ctx, result.notes, "flagged gradients re-checked with a short training run",
+                     _units_whole if dead or sat else cut_agrees(model, rows, {r["name"] for r in flagged}, opts, ctx,
+                                                                 prepare))
     except ModelError as exc:   # no copy, or the copy's step/forward failed: keep the plain verdicts
         result.notes.append(f"flagged gradients not re-checked with a short training run: {exc.message}")
         return
@@ -113,6 +116,12 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                           f"training run on a copy they stay below the threshold ({v.describe()}; "
                           f"a unit is dead when its input stays below the zero point by more than "
                           f"{gates.MARGIN:g}× the spread of the module's inputs)")
+
+
+def _units_whole(_fewer) -> str:
+    """core.fewer.retried's `agrees` where dead or saturated units are asked: they are judged on the samples
+    themselves, and fewer of them may leave a unit dead by chance."""
+    return "dead or saturated units are judged on the samples themselves"
 
 
 def _transient_saturation(findings, rc) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 from ...core.design import stochastic_depth_off
-from ...core.fewer import retried
+from ...core.fewer import alike, retried
 from ...core.invariance import (
     LOSS_RTOL,
     LOSS_RTOL_FLOAT32,
@@ -54,14 +54,15 @@ def recheck(model, inputs, pas, rows, opts, ctx, result) -> None:
         result.notes.append(f"large orthogonal gradients not re-checked for scale invariance: {exc.message}")
     try:
         if cands:
-            failed = _invariant_in_float64(model, inputs, cands, strict, opts, ctx, result.notes)
+            agrees = cut_agrees(model, rows, {r["name"] for r in cands}, opts, ctx)
+            failed = _invariant_in_float64(model, inputs, cands, strict, opts, ctx, result.notes, agrees)
             if failed is not None:   # a forward that makes float32 tensors of its own, or no room: float32, looser
                 if not pas.local:   # (weights made in forward: their own dtype, said as local-weight already)
                     result.notes.append(f"cancelled parameters re-checked in float32 (the float64 copy failed: "
                                         f"{failed})")
                 retried(lambda x: _invariant(_copy(model, opts, ctx), x, cands, strict, ctx.loss(), ctx,
                                              LOSS_RTOL_FLOAT32), inputs, ctx, result.notes, "cancelled parameters "
-                        "re-checked in float32")
+                        "re-checked in float32", agrees)
         cands = _drawn_again(model, rows)
         if cands and not opts.eval_mode:
             _skipped_at_random(_copy(model, opts, ctx), inputs, cands, ctx, result)
@@ -145,6 +146,37 @@ def _skipped_at_random(work, inputs, cands, ctx, result) -> None:
                         f"other random draw(s): {len(reached)} reached")
 
 
+def cut_agrees(model, rows, names, opts, ctx, prepare=stochastic_depth_off):
+    """core.fewer.retried's `agrees` for `names`: one float32 forward/backward of a copy on the cut samples, and
+    each name's grad/weight there against the judged pass's (core.fewer.alike)."""
+    ratios = {r["name"]: _ratio(r["grad_norm"], r["weight_norm"]) for r in rows if r["name"] in names}
+
+    def agrees(fewer) -> str | None:
+        import torch
+
+        from ...core import train
+        from ...core.readback import read_back
+
+        work = ctx.train_copy(model, "to compare its gradients on fewer samples")
+        work.train(not opts.eval_mode)
+        prepare(work)
+        with ctx.seeded(), torch.enable_grad():
+            loss = ctx.loss()(run_forward(work, fewer, phase="forward (the first samples, on a copy)"))
+            train.backward(loss)
+        params = dict(work.named_parameters())
+        asked = [n for n in ratios if n in params and params[n].grad is not None]
+        got = read_back([v for n in asked for v in (params[n].grad.detach().double().norm(),
+                                                     params[n].detach().double().norm())]) if asked else []
+        return alike(ratios, {n: _ratio(g, w) for n, g, w in zip(asked, got[::2], got[1::2])})
+
+    return agrees
+
+
+def _ratio(grad: float | None, weight: float | None) -> float:
+    """grad/weight, or the gradient's norm for a weight of zero (a zero-initialised bias)."""
+    return 0.0 if not grad else grad / weight if weight else grad
+
+
 def _copy(model, opts, ctx, as_double=False):
     import torch
 
@@ -156,7 +188,7 @@ def _copy(model, opts, ctx, as_double=False):
     return work.double() if as_double else work
 
 
-def _invariant_in_float64(model, inputs, cands, strict, opts, ctx, notes: list) -> str | None:
+def _invariant_in_float64(model, inputs, cands, strict, opts, ctx, notes: list, agrees) -> str | None:
     """_invariant on a float64 copy (on half the samples when all of them ran out of memory: core/fewer.py); what
     failed, or None. The float32 attempt that follows a failure starts only after this returns: the error's traceback
     holds the float64 copy and the activations its forward had made (torchvision efficientnet_b7 at 600² under a
@@ -166,7 +198,8 @@ def _invariant_in_float64(model, inputs, cands, strict, opts, ctx, notes: list) 
 
     try:
         retried(lambda x: _invariant(_copy(model, opts, ctx, as_double=True), x.map(double), cands, strict, ctx.loss(),
-                                     ctx), inputs, ctx, notes, "cancelled gradients re-checked on a float64 copy")
+                                     ctx), inputs, ctx, notes, "cancelled gradients re-checked on a float64 copy",
+                agrees)
         return None
     except ModelError as exc:
         failed = exc.message
