@@ -185,9 +185,9 @@ def classify(rows) -> tuple[dict[str, int], dict[str, int]]:
 
 
 def ask(model, inputs, ctx, training: bool = True) -> Fills:
-    """One forward of `model` (in place, in train mode or eval as the judged pass, under no_grad, seeded as the run, autocast as the
-    run; buffers and flags put back) under the dispatch mode: what made its non-finite values, and each output's
-    ±inf positions."""
+    """One forward of `model` under the dispatch mode: what made its non-finite values, and each output's ±inf
+    positions. In place, in the judged pass's mode (`training`), under no_grad, seeded and autocast as the run;
+    buffers, flags and the RNG put back."""
     import torch
 
     from .guard import leave_no_trace
