@@ -190,6 +190,43 @@ def test_inplace_relu_after_sigmoid_is_named():
     assert f.where == "2" and "ReLU" in f.message and "saved for backward by 1" in f.message
 
 
+class _OutOfMemoryInBackward(torch.autograd.Function):
+    failed = False
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        _OutOfMemoryInBackward.failed = True
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")
+
+
+class _RunsOutOfMemory(nn.Module):
+    """A backward out of memory, and every forward after it (as efficientnet_b7 at 600² under a 16 GiB cap)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(5, 2)
+
+    def forward(self, x):
+        if _OutOfMemoryInBackward.failed and torch.is_grad_enabled():
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")
+        return _OutOfMemoryInBackward.apply(self.fc(x))
+
+
+def test_a_backward_out_of_memory_is_said_as_such_not_as_an_in_place_search():
+    # a zoo row: efficientnet_b7's doctor exited 3 on "forward in train mode (locating the in-place edit) failed"
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.errors import ModelError
+
+    _OutOfMemoryInBackward.failed = False
+    with pytest.raises(ModelError) as exc:
+        run_diag(_RunsOutOfMemory(), ModelInputs((torch.randn(3, 5),)))
+    assert "can't allocate memory" in exc.value.message and "locating the in-place edit" not in exc.value.message
+
+
 # ---------------------------------------------------------------- modes
 def test_batchnorm_batch_one_fails_in_train_mode(cli):
     r, d = doc(cli, "broken_doctor_batchnorm.py:build")

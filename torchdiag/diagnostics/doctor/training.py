@@ -21,7 +21,7 @@ from ...core.unreached import (
     no_grad_message,
     top_module,
 )
-from ...errors import ModelError
+from ...errors import ModelError, out_of_memory
 from ...results import Result
 from .batchnorm import one_value_per_channel, report_train_failure, two_samples
 from .inplace import leaf_inplace_watch, locate_inplace, report_inplace
@@ -164,7 +164,9 @@ def _backward(probe: Probe, out) -> bool:
     try:
         train.backward(scaler.scale(value) if scaler is not None else value, hint=BACKWARD_HINT)
     except ModelError as err:
-        if not locate_inplace(work, probe.inputs, ck, err.__cause__ or err):
+        # a backward out of memory is not an in-place edit: another forward to locate one would only run out too,
+        # and say so in its own words (a zoo row: efficientnet_b7's doctor named "locating the in-place edit")
+        if out_of_memory(err) or not locate_inplace(work, probe.inputs, ck, err.__cause__ or err):
             raise
         ck.row("update", "skipped", "backward fails (see in-place check)")
         return False
