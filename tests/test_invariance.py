@@ -121,19 +121,14 @@ def test_the_invariance_test_falls_back_to_float32():
     assert statuses(res)["conv.bias"] == "invariant"
 
 
-class Float64OutOfMemory(nn.Module):
-    """A model whose float64 forward runs out of memory part-way (torchvision efficientnet_b7 at 600² under a
-    16 GiB cap), after the activations in front of it were made. Each float64 instance that failed is kept in
-    `failed` (weakly); each later float32 forward records how many of them are still alive."""
+class Float64OutOfMemory(MakesFloat32):
+    """A model (MakesFloat32's layers) whose float64 forward runs out of memory part-way (torchvision
+    efficientnet_b7 at 600² under a 16 GiB cap), after the activations in front of it were made. Each float64
+    instance that failed is kept in `failed` (weakly); each later float32 forward records how many of them are
+    still alive."""
 
     failed: list = []
     alive_at_float32: list = []
-
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3)
-        self.bn = nn.BatchNorm2d(4)
-        self.head = nn.Linear(4, 3)
 
     def forward(self, x):
         import weakref
