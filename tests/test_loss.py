@@ -473,3 +473,42 @@ def test_an_overflowing_second_output_is_not_left_out_of_the_made_up_loss(comman
     torch.manual_seed(0)
     res = api_run(command, _OverflowingSecond(), (torch.randn(4, 8),))
     assert "non-finite-loss" in {f.code for f in res.findings if f.severity == "error"}, [f.code for f in res.findings]
+
+
+class Refines(torch.nn.Module):
+    """RAFT's shape of output: a list of predictions of one quantity, each refining the last from a flow that starts
+    at exactly 0 (torchvision raft_small, a zoo row). The convolution that reads the flow gets no gradient from the
+    first prediction: on it alone it was `zero-grad` (an error), an artefact of the auto loss."""
+
+    def __init__(self, steps: int = 3):
+        super().__init__()
+        self.enc, self.read_flow, self.head, self.steps = torch.nn.Linear(6, 8), torch.nn.Linear(1, 8), \
+            torch.nn.Linear(8, 1), steps
+
+    def forward(self, x):   # (N, 1) predictions: the auto loss's mse, as on RAFT's (N, 2, H, W) flows
+        h, flow, preds = self.enc(x), torch.zeros(x.shape[0], 1), []
+        for _ in range(self.steps):
+            flow = flow + self.head(torch.tanh(h + self.read_flow(flow)))
+            preds.append(flow)
+        return preds
+
+
+def test_refinements_of_the_first_output_are_averaged_with_it_against_one_target():
+    from torchdiag.api import run as api_run
+
+    torch.manual_seed(0)
+    model, x = Refines(), torch.randn(4, 6)
+    loss = Loss("auto", seed=0)
+    preds = model(x)
+    value = loss(preds)
+    expected = sum(F.mse_loss(p, loss.target) for p in preds) / 3
+    assert float(value.detach()) == pytest.approx(float(expected.detach()))
+    assert loss.describe().startswith("the mean of 3 terms, mse on output[0] against a random target, and the same "
+                                      "on output[1], output[2]"), loss.describe()
+    res = api_run("gradflow", Refines(), (torch.randn(4, 6),))
+    assert not [f for f in res.findings if f.severity != "info"], [(f.code, f.where) for f in res.findings]
+    # a tuple (logits, aux) whose aux head has weights of its own keeps its own term (test above); a differently
+    # shaped sibling the first reaches is still not added
+    short = Loss("auto", seed=0)
+    short((preds[0], preds[1].repeat(1, 2)))
+    assert short.refined is None and short.reached_already == {"output[1]"}
