@@ -135,7 +135,6 @@ class Loss:
     terms: Any = None             # auto with other outputs covered: [(label, term detached)] of the last call
     fills: Any = None             # () -> core.fills.Fills of the run's forward (Context.fills), or None
     fill_masks: Any = None        # label -> the ±inf fill positions a made-up term leaves out, or None (decided once)
-    refined: Any = None           # auto: labels of outputs that refine the primary (_refines), averaged with it
 
     def describe(self) -> str:
         if self.chosen == "model":
@@ -155,12 +154,7 @@ class Loss:
                 text = (f"next-token cross_entropy on {self.picked} against {self.lm.name} shifted by one "
                         f"(a language model: {self.lm.name} feeds an embedding of {self.lm.vocab} rows, the logits' "
                         "last dimension)")
-        if self.refined:
-            text = (f"the mean of {len(self.refined) + 1} terms, {text}, and the same on "
-                    f"{_labels(self.refined)} (the same quantity again: each a refinement of the first)")
         for label, rule, _ in self.extra or ():
-            if label in (self.refined or ()):
-                continue
             text += f" + {label} itself" if rule == "model" else \
                 f" + {self.chosen} on {label} against the same target" if rule == "same" else \
                 f" + mse on {label} against a random target" + self._fills_said(label)
@@ -209,20 +203,14 @@ class Loss:
         import torch.nn.functional as F
 
         known = {label: (rule, t) for label, rule, t in self.extra or ()}
+        extra, terms = [], [(self.picked, value.detach())]
         others = gradient_outputs(out, y)
         if torch.is_grad_enabled():
             self.with_path = {label for label, _ in others}
         elif self.with_path is not None:   # no_grad cannot tell a path: the same loss as the calls with grad
             others = [(label, t) for label, t in others if label in self.with_path]
         if self.reached_already is None:   # decided on the first call, kept for every step
-            reached = _reached_through(y, [(label, t) for label, t in others if t.dim()])
-            # of those, the same quantity again (_refines): averaged with the primary's term (one prediction's scale)
-            self.refined = [label for label, t in others if label in reached and _refines(self.picked, label, t, y)] \
-                or None
-            self.reached_already = reached - set(self.refined or ())
-        share = 1.0 / (1 + len(self.refined or ()))
-        value = value * share if self.refined else value
-        extra, terms = [], [(self.picked, value.detach())]
+            self.reached_already = _reached_through(y, [(label, t) for label, t in others if t.dim()])
         for k, (label, t) in enumerate(others, start=1):
             if label in self.reached_already:
                 continue
@@ -233,7 +221,6 @@ class Loss:
                 rule, target = "same", None
                 term = (F.cross_entropy(t.float(), self.target.to(t.device)) if kind == "cross_entropy"
                         else F.mse_loss(t.float(), self.target.to(t.device).float()))
-                term = term * share if label in (self.refined or ()) else term
             else:
                 rule, target = "mse", known.get(label, (None, None))[1]
                 if target is None or tuple(target.shape) != tuple(t.shape):
@@ -433,23 +420,6 @@ def _weights(t) -> set | None:
             leaves.add(id(var))
         stack.extend(f for f, _ in fn.next_functions)
     return leaves
-
-
-def _labels(labels: list[str]) -> str:
-    """output[1], …, output[11] for a run of sequence items; the labels themselves otherwise."""
-    return f"{labels[0]} … {labels[-1]}" if len(labels) > 3 else ", ".join(labels)
-
-
-def _refines(picked: str, label: str, t, y) -> bool:
-    """`t` is another element of the sequence the model returns, shaped as the primary output `y`: the same
-    quantity again, as RAFT's 12 flow predictions, each a refinement of the last. It gets the primary's rule and
-    target (a deep supervision, as RAFT's sequence loss), even though every weight behind it reaches `y`: the first
-    prediction of RAFT reads an input flow of exactly 0, and on it alone the convolution that reads the flow got no
-    gradient at all (a zoo row: `zero-grad`, an artefact of the loss)."""
-    import re
-
-    seq = re.compile(r"output\[\d+\]")
-    return bool(seq.fullmatch(picked) and seq.fullmatch(label)) and tuple(t.shape) == tuple(y.shape)
 
 
 def _reached_through(y, others: list) -> set:
