@@ -473,3 +473,28 @@ def test_an_overflowing_second_output_is_not_left_out_of_the_made_up_loss(comman
     torch.manual_seed(0)
     res = api_run(command, _OverflowingSecond(), (torch.randn(4, 8),))
     assert "non-finite-loss" in {f.code for f in res.findings if f.severity == "error"}, [f.code for f in res.findings]
+
+
+class _GatedWithReadOut(torch.nn.Module):
+    """A review's counterexample (2026-12-02) to a reverted rule that averaged, against the same target, every
+    element of the returned tuple shaped as the first whose weights the first reaches (meant for RAFT's 12 flow
+    predictions): the prediction's encoder branch is multiplied by a mask of zeros (a bug), and a read-out of the
+    same shape reaches the encoder; averaged in, it gave the encoder a gradient and hid the bug."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc, self.skip, self.head = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+        self.register_buffer("gate", torch.zeros(8))
+
+    def forward(self, x):
+        h = torch.relu(self.enc(x))
+        return self.head(h * self.gate + self.skip(x)), self.head(h)
+
+
+def test_a_same_shaped_read_out_the_first_output_reaches_does_not_hide_its_zero_gradient():
+    from torchdiag.api import run as api_run
+
+    torch.manual_seed(0)
+    res = api_run("gradflow", _GatedWithReadOut(), (torch.randn(4, 8),))
+    assert {f.code for f in res.findings if f.severity == "error"} & {"zero-grad"}, [f.code for f in res.findings]
+    assert "not added: output[1]" in res.header["loss"], res.header["loss"]
