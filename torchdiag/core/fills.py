@@ -200,8 +200,7 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
     try:
         with leave_no_trace(model), torch.no_grad(), ctx.seeded():
             model.train(training)   # the judged pass's mode (flags put back): a fault may be one mode's
-            amp = ctx.autocast() if ctx.precision.amp else _nothing()
-            with amp, mode:
+            with ctx.autocast(), mode:   # a nullcontext without --amp
                 out = run_forward(model, inputs, phase="forward (where its ±inf come from)")
             made, computed = classify(mode.rows)
             masks = {label: torch.isinf(t.detach()) for label, t in float_outputs(out)}
@@ -210,9 +209,3 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
     except Exception as exc:   # noqa: BLE001 - a second opinion only: without it, ±inf count as computed
         return Fills(failed=f"{type(exc).__name__}: {exc}")
     return Fills(made, computed, masks)
-
-
-def _nothing():
-    import contextlib
-
-    return contextlib.nullcontext()

@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
+from ..errors import one_line, out_of_memory
+
 OUT_OF_MEMORY: list[str] = []   # the probes since the last clear() that ran out of memory (their messages)
 MAX_ADDED = 3      # optional inputs added to one layout at most
 MAX_TRIES = 48     # probe forwards at most, over all layouts
@@ -53,18 +55,10 @@ def probe(model, inputs, dtype: str | None = None) -> Probe:
         from .input_width import refused
 
         names, text = named(tracker, exc), _text(exc)
-        if _out_of_memory(exc, text):   # the layout may be right and too large: said if none runs
-            from ..errors import one_line
-
+        if out_of_memory(exc) or "can't allocate memory" in text:   # the layout may be right and too large
             OUT_OF_MEMORY.append(one_line(exc))
         return Probe(None, names, len(tracker.calls), any(re.search(rf"\b{n}\b", text) for n in names),
                      refused(tracker, cast, exc), text)
-
-
-def _out_of_memory(exc, text: str) -> bool:
-    from ..errors import device_failure
-
-    return isinstance(exc, MemoryError) or device_failure(exc) == "oom" or "can't allocate memory" in text
 
 
 def _text(exc) -> str:

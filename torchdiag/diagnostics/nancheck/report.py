@@ -115,8 +115,8 @@ def filled(rep: PassReport, ctx) -> dict | None:
     """The pass's first non-finite module output when the model writes its values as constants (core/fills.py:
     Grounding DINO's -inf padding): {module, inf}; None otherwise (a NaN, non-finite inputs, or any non-finite value
     of the forward an op computed)."""
-    o = rep.origin
-    if o is None or not o.inputs_finite or sum(b[1] for b in o.bad_outputs):
+    o = _inf_origin(rep)
+    if o is None:
         return None
     fills, inf = ctx.fills(), sum(b[2] for b in o.bad_outputs)
     # the loss left them out (fills at other positions than the fills' own forward, drawn at random, it did not)
@@ -125,10 +125,15 @@ def filled(rep: PassReport, ctx) -> dict | None:
     return {"module": o.name or "(root)", "inf": inf, "how": fills.describe()}
 
 
+def _inf_origin(rep: PassReport):
+    """The pass's origin when it made ±Inf, no NaN, from finite inputs: what core/fills.py is asked about."""
+    o = rep.origin
+    return None if o is None or not o.inputs_finite or sum(b[1] for b in o.bad_outputs) else o
+
+
 def fills_note(rep: PassReport, ctx) -> str | None:
     """Why a forward's ±Inf were not traced to their ops, when the tracing itself could not run."""
-    o = rep.origin
-    if o is None or not o.inputs_finite or sum(b[1] for b in o.bad_outputs) or ctx.fills().failed is None:
+    if _inf_origin(rep) is None or ctx.fills().failed is None:
         return None
     return f"the forward's ±Inf not traced to the ops that made them (a fill or a computation): {ctx.fills().failed}"
 
