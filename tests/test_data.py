@@ -616,6 +616,40 @@ def test_indicator_inputs_are_not_asked_to_be_standardised():
     assert "not-standardised" not in codes(r), [f.message for f in r.findings]
 
 
+class _Offset(torch.nn.Module):
+    """x * 0 + a fixed draw: the first layer reads values of a unit scale that are not the input's."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.register_buffer("noise", torch.randn(64, n, generator=torch.Generator().manual_seed(1)))
+
+    def forward(self, x):
+        return x * 0 + self.noise[: len(x)]
+
+
+@pytest.mark.parametrize("opening,severity", [
+    (lambda n: [torch.nn.BatchNorm1d(n)], "info"),                         # standardised with the batch's statistics
+    (lambda n: [], "warning"),                                             # nothing: the first Linear reads ~100
+    (lambda n: [torch.nn.Linear(n, n), torch.nn.BatchNorm1d(n)], "warning"),   # after the first weighted layer
+    (lambda n: [_Offset(n)], "warning"),                                   # unit scale, but not the input
+    (lambda n: [torch.nn.BatchNorm1d(n), torch.nn.Dropout(0.5)], "warning"),   # half the values zeroed: not affine
+])
+def test_an_input_the_model_standardises_itself_is_info(opening, severity):
+    """A tabular input of mean ~100, std ~50: a model that opens with BatchNorm standardises it in training (the
+    ported SO 34673164's fix); anything else that reaches its first weighted layer keeps the warning."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(600, 8, generator=g) * 50 + 100
+    y = (x[:, 0] > 100).long()
+    model = torch.nn.Sequential(*opening(8), torch.nn.Linear(8, 2))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    r = run_data(_pool_loader(x, y), Options(**QUICK, speed=False), context("cpu"), model=model)
+    f = one(r, "not-standardised")
+    assert f.severity == severity, f.message
+    if severity == "info":
+        assert "standardised inside the model" in f.message and "its first weighted layer, 1," in f.message
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())   # BatchNorm's stats: a copy's
+
+
 @pytest.mark.parametrize("wait_s,severity", [(0.002, "info"), (0.2, "warning")])
 def test_waiting_a_fraction_of_a_millisecond_a_batch_is_no_warning(wait_s, severity):
     """A sweep: an in-memory set behind a 0.5 ms step read 62% waiting for data, a warning that said to add workers
@@ -874,10 +908,10 @@ def _discrete_leak(kind: str, g: torch.Generator):
         rows = torch.cat([one, one])
         rows = rows[torch.randperm(len(rows), generator=g)]
         return rows[:len(rows) // 2], rows[len(rows) // 2:]
-    elif kind == "grid-copied":      # every combination of six categories once, 6 training rows copied
+    elif kind == "grid-copied":      # every combination of six categories once, 30 training rows copied (8%)
         grid = torch.cartesian_prod(*[torch.arange(k) for k in (4, 4, 4, 3, 3, 3)]).float()
         grid = grid[torch.randperm(len(grid), generator=g)]
-        return grid[:1_382], torch.cat([grid[1_382:], grid[:6]])
+        return grid[:1_382], torch.cat([grid[1_382:], grid[:30]])
     else:                            # "defaults": 5% all-zero records, validation copied from training
         ints[torch.rand(12_000, generator=g) < 0.05] = 0
         return ints[:10_000], ints[3_000:5_000].clone()
@@ -892,6 +926,37 @@ def test_leaks_on_discrete_data_stay_errors(kind):
     r = run_data(_pool_loader(x, torch.arange(len(x)) % 3), Options(**QUICK), context("cpu"),
                  val=_pool_loader(xv, torch.arange(len(xv)) % 3))
     assert one(r, "train-val-overlap").severity == "error" and r.exit_code == 1
+
+
+def _grid_with_copies(copies: int):
+    g = torch.Generator().manual_seed(0)
+    grid = torch.cartesian_prod(*[torch.arange(k) for k in (4, 4, 4, 3, 3, 3)]).float()
+    grid = grid[torch.randperm(len(grid), generator=g)]
+    return grid[:1_382], torch.cat([grid[1_382:], grid[:copies]])
+
+
+def test_an_overlap_within_the_scores_sampling_error_is_info():
+    """6 of 352 validation rows copied from training move an accuracy by at most 1.7 points; measured on 352 samples
+    it is uncertain by up to 0.5/sqrt(352) = 2.7 points. 10 copies (2.8%) are over that: an error."""
+    x, xv = _grid_with_copies(6)
+    r = run_data(_pool_loader(x, torch.arange(len(x)) % 3), Options(**QUICK), context("cpu"),
+                 val=_pool_loader(xv, torch.arange(len(xv)) % 3))
+    f = one(r, "train-val-overlap")
+    assert f.severity == "info" and r.exit_code == 0
+    assert "6 of 352" in f.message and "1.7%" in f.message and "±2.7%" in f.message
+    x, xv = _grid_with_copies(10)
+    r = run_data(_pool_loader(x, torch.arange(len(x)) % 3), Options(**QUICK), context("cpu"),
+                 val=_pool_loader(xv, torch.arange(len(xv)) % 3))
+    assert one(r, "train-val-overlap").severity == "error" and r.exit_code == 1
+
+
+def test_an_overlap_counted_on_a_subset_stays_an_error():
+    """A training split read in part undercounts the overlap: the bound is not asked of it."""
+    x, xv = _grid_with_copies(6)
+    r = run_data(_pool_loader(x, torch.arange(len(x)) % 3), Options(**QUICK, samples=1_000), context("cpu"),
+                 val=_pool_loader(xv, torch.arange(len(xv)) % 3))
+    f = one(r, "train-val-overlap")
+    assert f.severity == "error" and r.exit_code == 1 and "inflated" in f.message
 
 
 class _Stream(torch.utils.data.IterableDataset):

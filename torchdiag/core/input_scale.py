@@ -79,3 +79,72 @@ def image_like(t) -> bool:
     if t.dim() == 3:
         return t.shape[0] in (1, 3, 4) and min(t.shape[1:]) >= 8
     return False
+
+
+class Standardised:
+    """What the first weighted layer reads in train mode, per feature (dim 1: a tabular column, an image channel):
+    its mean and std, and how well an affine map of the raw feature explains it (correlation, over the batch and
+    any further dims). A model that opens with BatchNorm standardises its input itself, with the batch's statistics
+    in training and their running averages after."""
+
+    def __init__(self, name: str, means: list[float], stds: list[float], corrs: list[float]):
+        self.name, self.means, self.stds, self.corrs = name, means, stds, corrs
+
+    def holds(self, far_mean: float, far_std: tuple[float, float]) -> bool:
+        return bool(self.means) and all(abs(m) <= far_mean for m in self.means) \
+            and all(far_std[0] <= s <= far_std[1] for s in self.stds) and all(c >= AFFINE for c in self.corrs)
+
+    def describe(self) -> str:
+        lo, hi = min(self.stds), max(self.stds)
+        return (f"its first weighted layer, {self.name or '(root)'}, reads per-feature means within "
+                f"±{max(abs(m) for m in self.means):.3g} and stds {lo:.3g}–{hi:.3g} in training (each an affine "
+                f"image of its raw feature: correlation ≥ {min(self.corrs):.3g})")
+
+
+def standardised_in_training(work, inputs, ctx, raw_input) -> Standardised | None:
+    """Standardised for the first weighted layer that reads a tensor of the raw input's shape, from one seeded
+    train-mode forward of `work` (a copy: BatchNorm's running statistics move) under no_grad, read back once; None
+    when no such layer runs first among the weighted ones, the input has one feature or one sample, or the forward
+    raises."""
+    import torch
+
+    from .index_guard import guarded
+
+    if raw_input.dim() < 2 or raw_input.shape[0] < 2 or raw_input.shape[1] < 1:
+        return None
+    raw = _per_feature(raw_input.detach().float().clone())
+    names = {m: n for n, m in work.named_modules()}
+    seen: list = []
+
+    def pre(module, args, kwargs):
+        if seen:
+            return
+        x = next((a for a in (*args, *kwargs.values()) if torch.is_tensor(a) and a.is_floating_point()), None)
+        seen.append((module, x.detach().float().clone() if x is not None and x.shape == raw_input.shape else None))
+
+    handles = [m.register_forward_pre_hook(pre, with_kwargs=True) for m in work.modules() if weighted(m)]
+    try:
+        work.train()
+        with torch.no_grad(), ctx.seeded(), ctx.autocast(), guarded(work):
+            inputs.call(work)
+    except Exception:   # the other checks name it
+        return None
+    finally:
+        for h in handles:
+            h.remove()
+    if not seen or seen[0][1] is None:
+        return None
+    x = _per_feature(seen[0][1])
+    live = raw.std(1) > 0   # a constant raw feature has nothing to standardise (a constant column is its own finding)
+    raw, x = raw[live], x[live]
+    if not raw.shape[0]:
+        return None
+    rc, xc = raw - raw.mean(1, keepdim=True), x - x.mean(1, keepdim=True)
+    corr = (rc * xc).sum(1) / (rc.norm(dim=1) * xc.norm(dim=1)).clamp_min(1e-30)
+    means, stds, corrs = torch.stack([x.mean(1), x.std(1), corr]).to("cpu").tolist()
+    return Standardised(names.get(seen[0][0], "?"), means, stds, corrs)
+
+
+def _per_feature(t):
+    """(features, values): dim 1 of (N, F, ...) as the feature, the batch and the rest as its values."""
+    return t.transpose(0, 1).reshape(t.shape[1], -1)

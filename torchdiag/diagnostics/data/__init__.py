@@ -40,6 +40,7 @@ class State:
     classes: int | None = None        # the model's output size (C ≥ 2 classes)
     one_output: bool = False          # the model gives one value per sample: its targets are values, not classes
     scaling: Any = None               # core.input_scale.Seen: what the model's weighted layers read (with --model)
+    standardised: Any = None          # core.input_scale.Standardised: the first one's input in training (with --model)
     box: tuple | None = None          # reach.output_box: the bound of a single squashed output (with --model)
     batch_of_one: str | None = None   # the error a batch of one raises in train mode
     last: tuple | None = None         # (epoch samples, last batch samples)
@@ -150,6 +151,8 @@ def _stages(st: State) -> None:
         st.classes, st.one_output = (width, False) if width != 1 else (None, True)
         if _unscaled_input(st):   # one more forward of a copy, only when a raw-pixels finding exists
             st.scaling = speed.input_scaling(st.model, first, roles, ctx)
+        if _unstandardised_input(st):   # one more, only when a far not-standardised finding exists
+            st.standardised = speed.input_standardised(st.model, first, roles, ctx)
         if st.one_output and _targets_beyond_unit(st):   # one output per sample: can it reach the targets?
             st.box = reach.output_box(st.model, first, roles, ctx, batch_size(first))
     _last_batch(st, loader, roles)
@@ -176,6 +179,13 @@ def _unscaled_input(st: State) -> bool:
     from .findings import range_finding
 
     return any(f.role == "input" and (range_finding(f) or ("",))[0] == "raw-pixels"
+               for s in st.scans.values() for f in s.fields.values())
+
+
+def _unstandardised_input(st: State) -> bool:
+    from .findings import range_finding
+
+    return any(f.role == "input" and (range_finding(f) or ("", ""))[:2] == ("not-standardised", "warning")
                for s in st.scans.values() for f in s.fields.values())
 
 

@@ -227,6 +227,20 @@ def input_scaling(model, batch, roles, ctx):
     return weighted_inputs(copy.deepcopy(model), inputs, ctx, floats[0])
 
 
+def input_standardised(model, batch, roles, ctx):
+    """core.input_scale.Standardised for the model's only float input on one batch (train mode, on a copy), or None."""
+    from ...core.input_scale import standardised_in_training
+    from ...core.inputs import ModelInputs
+    from ...core.train import train_copy
+
+    args, kwargs = B.model_call(batch, roles)
+    inputs = ModelInputs(args, kwargs, "the data").to(ctx.device)
+    floats = [t for _, t in inputs.tensors() if t.is_floating_point()]
+    if len(floats) != 1:
+        return None
+    return standardised_in_training(train_copy(model, "to see what its first layer reads"), inputs, ctx, floats[0])
+
+
 def batch_of_one_fails(model, batch, roles, ctx) -> str | None:
     """The one-line error a train-mode forward raises on a batch of one sample (BatchNorm refuses it), or None."""
     from ...core.train import train_copy
