@@ -1715,6 +1715,24 @@ def test_a_validation_accuracy_that_moves_by_one_sample_is_no_trend():
     assert f.hint.startswith("overfitting"), f.hint   # it improved first, and the training loss fell
 
 
+def test_a_validation_accuracy_held_one_sample_down_is_no_trend():
+    # the ported SO 45337371's correct version, seed 4: val_acc 0.98, then 0.96 at every later evaluation (50
+    # samples); the evaluations' neighbour spread is 0, so one sample was "beyond the noise". Two samples down is.
+    torch.manual_seed(0)
+    x = torch.randn(64, 8)
+    y = (x[:, 0] > 0).long()
+
+    def run(accs):
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        opt = torch.optim.SGD(model.parameters(), 0.1)
+        return _fit_logging(model, opt, x, y, 90, 10, iter(accs).__next__, "val_acc")[0]
+
+    r = run([0.90, 0.94, 0.96, 0.98, 0.96, 0.96, 0.96, 0.96, 0.96])
+    assert not [f.message for f in r.findings if f.code == "val-worsens"]
+    f = finding(run([0.90, 0.94, 0.96, 0.98, 0.94, 0.94, 0.94, 0.94, 0.94]), "val-worsens")
+    assert "0.98" in f.message and "0.94" in f.message
+
+
 def test_a_steady_climb_of_the_validation_loss_is_a_trend_from_its_first_evaluations():
     # review: noise measured as the median change called a steady climb its own noise (missed below); 200 samples
     # with a quarter of the labels flipped, memorised: every evaluation worse than the last
