@@ -136,12 +136,14 @@ def room_for_copy(model, why: str, dtype=None) -> None:
 def _copy_bytes(model, dtype=None):
     """(device, bytes) per tensor a deep copy makes: a parameter is cloned whole (Parameter.__deepcopy__); a buffer
     copies its storage, once for buffers sharing one (an expanded buffer is its few stored values); a sparse
-    tensor its indices and values. Meta tensors take nothing."""
+    tensor its indices and values. Meta tensors and a lazy module's uninitialised ones take nothing."""
     import torch
+    from torch.nn.parameter import UninitializedTensorMixin
 
     seen: set = set()
     for t, param in [(p, True) for p in model.parameters()] + [(b, False) for b in model.buffers()]:
-        if id(t) in seen or t.device.type == "meta":
+        # a lazy module's parameter has no size until its first forward (a review: `data --model` crashed on it)
+        if id(t) in seen or t.device.type == "meta" or isinstance(t, UninitializedTensorMixin):
             continue
         seen.add(id(t))
         size = (torch.empty((), dtype=dtype).element_size() if dtype is not None and t.is_floating_point()

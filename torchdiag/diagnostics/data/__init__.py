@@ -40,7 +40,7 @@ class State:
     classes: int | None = None        # the model's output size (C ≥ 2 classes)
     one_output: bool = False          # the model gives one value per sample: its targets are values, not classes
     scaling: Any = None               # core.input_scale.Seen: what the model's weighted layers read (with --model)
-    standardised: Any = None          # core.input_scale.Standardised: the first one's input in training (with --model)
+    standardising: Any = None         # core.input_scale.Standardising: what standardising first changes (with --model)
     box: tuple | None = None          # reach.output_box: the bound of a single squashed output (with --model)
     batch_of_one: str | None = None   # the error a batch of one raises in train mode
     last: tuple | None = None         # (epoch samples, last batch samples)
@@ -152,7 +152,7 @@ def _stages(st: State) -> None:
         if _unscaled_input(st):   # one more forward of a copy, only when a raw-pixels finding exists
             st.scaling = speed.input_scaling(st.model, first, roles, ctx)
         if _unstandardised_input(st):   # one more, only when a far not-standardised finding exists
-            st.standardised = speed.input_standardised(st.model, first, roles, ctx)
+            st.standardising = speed.input_standardising(st.model, first, roles, ctx)
         if st.one_output and _targets_beyond_unit(st):   # one output per sample: can it reach the targets?
             st.box = reach.output_box(st.model, first, roles, ctx, batch_size(first))
     _last_batch(st, loader, roles)

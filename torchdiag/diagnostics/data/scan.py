@@ -70,6 +70,7 @@ class SplitScan:
     gallery: dict[Any, list] = field(default_factory=dict)   # label -> sample inputs (numpy) for the grid
     overlap: int = 0                          # (validation) samples whose hash is in the training split
     overlap_pairs: list = field(default_factory=list)
+    by_label: dict = field(default_factory=dict)   # (validation) label -> [samples, of them in the training split]
     done: bool = False
     note: str | None = None
     weights: Any = None                       # per dataset index: the loader's WeightedRandomSampler's weights
@@ -199,8 +200,13 @@ def _feed(out: SplitScan, batch, idx: list[int], opts, against: SplitScan | None
         digests = Hashes.digests(inputs)
         out.hashes.add(digests, idx)
         if against is not None:
-            for d, i in zip(digests, idx):
+            labels = _sample_labels(named.get(roles.target), len(idx))
+            for k, (d, i) in enumerate(zip(digests, idx)):
                 j = against.hashes.first.get(d)
+                if labels is not None:
+                    count = out.by_label.setdefault(labels[k], [0, 0])
+                    count[0] += 1
+                    count[1] += j is not None
                 if j is not None:
                     out.overlap += 1
                     if len(out.overlap_pairs) < 20:
@@ -209,6 +215,19 @@ def _feed(out: SplitScan, batch, idx: list[int], opts, against: SplitScan | None
         _blank(out, inputs[0], named.get(roles.target), idx)
     if opts.pictures and opts.per_class and inputs:
         _collect(out, inputs[0], named.get(roles.target), opts.per_class)
+
+
+def _sample_labels(y, n: int) -> list | None:
+    """One class per sample: an (N,) or (N, 1) integral target, or an (N, C) one-hot (its argmax); else None."""
+    if not isinstance(y, torch.Tensor) or not y.dim() or y.shape[0] != n or y.is_complex():
+        return None
+    flat = y.detach().reshape(n, -1)
+    if flat.shape[1] == 1:
+        column = flat[:, 0]
+        whole = not column.is_floating_point() or bool((column == column.round()).all())
+        return column.to(torch.int64).tolist() if whole else None
+    one_hot = flat.is_floating_point() and bool(((flat == 0) | (flat == 1)).all()) and bool((flat.sum(1) == 1).all())
+    return flat.argmax(1).tolist() if one_hot else None
 
 
 def _blank(out: SplitScan, x, y, idx: list[int]) -> None:

@@ -227,18 +227,21 @@ def input_scaling(model, batch, roles, ctx):
     return weighted_inputs(copy.deepcopy(model), inputs, ctx, floats[0])
 
 
-def input_standardised(model, batch, roles, ctx):
-    """core.input_scale.Standardised for the model's only float input on one batch (train mode, on a copy), or None."""
-    from ...core.input_scale import standardised_in_training
+def input_standardising(model, batch, roles, ctx):
+    """core.input_scale.Standardising for the model's only float input on one batch (train mode, on a copy), or
+    None."""
+    import copy
+
+    from ...core.input_scale import standardising_changes
     from ...core.inputs import ModelInputs
-    from ...core.train import train_copy
 
     args, kwargs = B.model_call(batch, roles)
     inputs = ModelInputs(args, kwargs, "the data").to(ctx.device)
     floats = [t for _, t in inputs.tensors() if t.is_floating_point()]
     if len(floats) != 1:
         return None
-    return standardised_in_training(train_copy(model, "to see what its first layer reads"), inputs, ctx, floats[0])
+    # a plain copy, as input_scaling's: train_copy's room check reads sizes a lazy parameter does not have yet
+    return standardising_changes(copy.deepcopy(model), inputs, ctx, floats[0])
 
 
 def batch_of_one_fails(model, batch, roles, ctx) -> str | None:
