@@ -1733,6 +1733,24 @@ def test_a_validation_accuracy_held_one_sample_down_is_no_trend():
     assert "0.98" in f.message and "0.94" in f.message
 
 
+@pytest.mark.parametrize("name,series,log_every", [
+    ("val_loss", [0.16, 0.14, 0.12, 0.10, 0.08, 0.10, 0.10, 0.10, 0.10], 10),    # rounded to 2 places: +25%
+    ("val_loss", [0.9] * 10 + [0.7] * 10 + [0.5] * 10 + [0.7] * 40, 1),       # re-logged each step, evenly spaced
+    ("val_loss", [0.69] * 10 + [0.35] * 10 + [0.69] * 40, 1),                 # two distinct values
+    ("val_error", [12, 9, 7, 5, 6, 6, 6, 6, 6], 10),                          # an integer percentage: +20%
+    ("val_acc", [0.90, 0.94, 0.96, 0.98, 0.90, 0.90, 0.90, 0.90, 0.90], 10),   # 4 samples of 50 down
+])
+def test_a_metric_on_a_grid_by_chance_still_shows_its_trend(name, series, log_every):
+    """A review of the lattice rule: these are no accuracy's 1/n steps, or more than one of them."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 8)
+    y = (x[:, 0] > 0).long()
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    r = _fit_logging(model, opt, x, y, log_every * len(series), log_every, iter(series).__next__, name)[0]
+    assert finding(r, "val-worsens").where == name
+
+
 def test_a_steady_climb_of_the_validation_loss_is_a_trend_from_its_first_evaluations():
     # review: noise measured as the median change called a steady climb its own noise (missed below); 200 samples
     # with a quarter of the labels flipped, memorised: every evaluation worse than the last
