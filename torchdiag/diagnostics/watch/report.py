@@ -33,7 +33,6 @@ SPREAD_K = 5.0         # a loss spike is this many robust standard deviations ab
 SPREAD_STEPS = 4       # ... measured over this many windows before it
 VAL_TAIL = 3           # val-worsens: the last evaluations (up to this many after the best) all worse than it ...
 VAL_NOISE_K = 1.0      # ... their median by this many noise scales more than the best of n draws reaches by chance
-PROPORTION = re.compile(r"acc|(?<![a-z])err(or)?(?![a-z])|error_rate", re.I)   # ... a share of samples: steps of 1/n
 LR_COLLAPSE = 1e-3     # lr-collapsed: the rate, as a share of its highest, under which a run trains nothing more
 DIVERGE_K = 3.5        # loss-diverged: the climb clears the block medians' own noise by this many noise scales
 CLOCK_STOPPED = 4      # a note: another optimizer's steps since the clock's last, over the most it took between two
@@ -1188,12 +1187,12 @@ def _validation(result: Result, engine, pairs) -> None:
         t0, t1 = train_at(vals[best][0]), train_at(vals[-1][0])
         # a training loss held at exactly 0 counts as falling: a loss against the model's own argmax is 0 from its
         # first steps while the validation loss climbs (a sweep's run passed)
-        if (best <= len(vals) - 3 and _sustained(vals, best, up, name) and t0 is not None and t1 is not None
+        if (best <= len(vals) - 3 and _sustained(vals, best, up) and t0 is not None and t1 is not None
                 and (t1 < t0 or t0 == t1 == 0)):
             fell = "was exactly 0" if t0 == t1 == 0 else f"fell from {t0:.4g} to {t1:.4g}" + (" (exactly 0)" if t1 == 0 else "")
             result.add("val-worsens", "warning", name, f"{name} got worse from {vals[best][1]:.4g} (step {vals[best][0]}) "
                        f"to {last:.4g} (step {vals[-1][0]}) while the training loss {fell}", _val_hint(pairs, t1, best == 0))
-        elif (best <= len(vals) - 3 and _sustained(vals, best, up, name) and t0 is not None and t1 is not None and t0 > 0
+        elif (best <= len(vals) - 3 and _sustained(vals, best, up) and t0 is not None and t1 is not None and t0 > 0
               and t1 > 1.5 * t0 and not any(f.code == "loss-diverged" for f in result.findings)):
             # both worse together: the run diverged, which the training loss alone did not show as far as its own
             # rule asks (a sweep: SGD at 10x the rate, 1.26 -> 2.38, back at chance, and the validation loss with it)
@@ -1224,7 +1223,7 @@ def _val_hint(pairs, end: float, first_best: bool) -> str:
     return "overfitting: stop earlier, add regularisation or data"
 
 
-def _sustained(vals, best: int, up: bool, name: str = "") -> bool:
+def _sustained(vals, best: int, up: bool) -> bool:
     """The evaluations after the best (the last VAL_TAIL of them) are all worse than it, and their median by more
     than 2% of it and by more than the metric's own noise allows: the best of n noisy evaluations lies about
     sqrt(2 ln n) noise scales beyond their level by chance, and VAL_NOISE_K more is asked. The noise scale is the
@@ -1236,25 +1235,8 @@ def _sustained(vals, best: int, up: bool, name: str = "") -> bool:
     centre = statistics.median(off)
     # 1.4826 x MAD: a normal's standard deviation; a neighbour residual's is sqrt(1.5) x the evaluations'
     noise = 1.4826 * statistics.median(abs(x - centre) for x in off) / math.sqrt(1.5)
-    need = max(0.02 * max(abs(v[best]), 1e-12), noise * (VAL_NOISE_K + math.sqrt(2 * math.log(len(v)))),
-               1.5 * _quantum(name, v))
+    need = max(0.02 * max(abs(v[best]), 1e-12), noise * (VAL_NOISE_K + math.sqrt(2 * math.log(len(v)))))
     return min(worse) > 0 and statistics.median(worse) > need
-
-
-def _quantum(name: str, v: list[float]) -> float:
-    """The step of an accuracy or error rate (by its name) over n samples: 1/n, where every value lies in [0, 1] on
-    the grid of the smallest gap between its distinct values counted from 0, and that gap is 1/n for a whole n (an
-    accuracy over n samples, or one logged rounded to 1/n); else 0. One step is one sample answered the other way
-    (or a rounding), which a flat run's neighbour spread (0) does not count as noise (a run: val_acc 0.98 -> 0.96
-    on 50 samples was val-worsens). A review: a loss re-logged between evaluations, its two or three distinct
-    values evenly spaced, or rounded, or an integer percentage, is no such grid."""
-    distinct = sorted(set(v))
-    if len(distinct) < 2 or distinct[0] < 0 or distinct[-1] > 1 or not PROPORTION.search(name):
-        return 0.0
-    q = min(b - a for a, b in zip(distinct, distinct[1:]))
-    if abs(1 / q - round(1 / q)) > 0.01 * (1 / q) or any(abs(x / q - round(x / q)) > 0.05 for x in distinct):
-        return 0.0
-    return q
 
 
 def _tiny_at_start(track, i: int, p) -> bool:
