@@ -224,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", action="store_true", help="only write the table from the results")
     ap.add_argument("--readme", default=str(ROOT / "bench" / "README.md"), help="'' to skip the README")
     a = ap.parse_args(argv)
+    if a.seeds < 1:   # the summary's medians need one seed at least (--seeds 1 runs seed 0 only)
+        ap.error("--seeds must be 1 or more")
     path = Path(a.results)
     results = load(path)
     progs = programs(a.programs)
