@@ -290,3 +290,60 @@ def test_an_in_place_division_through_a_view_is_computed():
     assert fills.computed and not fills.only_fills, (fills.made, fills.computed)
     res = api_run("nancheck", model, (torch.randn(4, 8),))
     assert "non-finite-output" in codes(res, ("error",)) and "inf-fill" not in codes(res, ("info",))
+
+
+class Banned(nn.Module):
+    """Class logits with banned classes masked by a -inf buffer (constrained decoding, a log-prior of impossible
+    classes): constants the model holds. `use`: how the forward reads it."""
+
+    def __init__(self, use: str = "add"):
+        super().__init__()
+        self.head, self.use = nn.Linear(8, 10), use
+        mask = torch.zeros(10)
+        mask[7:] = float("-inf")
+        self.register_buffer("banned", mask)
+
+    def forward(self, x):
+        y = self.head(x)
+        if self.use == "view":      # a view of the buffer first (mask[None]): held under the same name
+            return y + self.banned[None]
+        if self.use == "reduced":   # computed with: a reduction over the buffer's -inf times the logits
+            return (y[:, :, None] * self.banned[None, None, :]).sum(1)
+        if self.use == "overflow":  # the mask beside an overflow in the same output
+            return (y + self.banned).index_put((torch.tensor([0]), torch.tensor([0])), torch.tensor(3e38) * 10)
+        return y + self.banned
+
+
+@pytest.mark.parametrize("use", ["add", "view"])
+def test_a_buffers_inf_carried_to_the_output_is_a_fill(use):
+    torch.manual_seed(0)
+    res = api_run("nancheck", Banned(use), (torch.randn(4, 8),))   # made-up class targets
+    assert not codes(res), [(f.code, f.message) for f in res.findings if f.severity != "info"]
+    fill = [f for f in res.findings if f.code == "inf-fill"]
+    assert fill and "of banned" in fill[0].message, [f.message for f in res.findings]
+    assert [f.code for f in res.findings if f.code == "inf-buffer"] == ["inf-buffer"]
+    for command in ("gradflow", "doctor"):
+        assert not codes(api_run(command, Banned(use), (torch.randn(4, 8),)))
+
+
+@pytest.mark.parametrize("use", ["reduced", "overflow"])
+def test_a_buffers_inf_computed_with_or_beside_an_overflow_stays_an_error(use):
+    torch.manual_seed(0)
+    res = api_run("nancheck", Banned(use), (torch.randn(4, 8),))
+    assert codes(res, ("error",)) & {"non-finite-output", "non-finite-param", "non-finite-loss"}, \
+        [(f.code, f.message) for f in res.findings]
+    assert not [f for f in res.findings if f.code in ("inf-fill", "inf-buffer")]
+
+
+def test_made_up_class_targets_avoid_classes_the_model_rules_out():
+    # each sample's drawn class lands on a -inf logit half the time here; none does after the move, and the drawn
+    # classes elsewhere are kept
+    y = torch.randn(64, 10)
+    y[:, 5:] = float("-inf")
+    loss = Loss("cross_entropy", seed=0)
+    value = loss(y)
+    assert torch.isfinite(value) and int(loss.target.max()) < 5
+    free = Loss("cross_entropy", seed=0)
+    free(torch.randn(64, 10))
+    kept = free.target < 5
+    assert torch.equal(loss.target[kept], free.target[kept]) and int((~kept).sum()) > 10

@@ -100,10 +100,23 @@ def _is_view(func) -> bool:
     return alias is not None and not alias.is_write
 
 
-def _mode():
+def _mode(held: dict | None = None):
+    """`held`: id(buffer) -> name for the model's buffers that hold ±inf and no NaN before the forward (a vocabulary
+    mask, a log-prior of an impossible class): constants the model holds. An elementwise op or a copy given one
+    writes its ±inf as a fill, as one given ±inf as a number; an op that computes with one (a reduction over it, a
+    matmul with an inner dimension) does not. A view or a copy of one alone (`mask[None]`, `mask[:n]`) is held too,
+    under the same name."""
+    import weakref
+
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
+
+    held = {k: (None, name) for k, name in (held or {}).items()}   # id -> (weakref or None for a buffer, name)
+
+    def holds(t) -> str | None:
+        entry = held.get(id(t))
+        return entry[1] if entry is not None and (entry[0] is None or entry[0]() is t) else None
 
     def floats(tree) -> list:
         return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and (t.is_floating_point() or
@@ -148,16 +161,48 @@ def _mode():
             # (`masked_fill(m, torch.tensor(-inf))`): a constant, not a value the op passes on
             inputs = floats((args, kwargs))
             constant = [t for t in inputs if t.dim() == 0 and bool(torch.isinf(t))]
-            given = [(t, ~torch.isfinite(t), torch.isnan(t)) for t in inputs if not any(t is c for c in constant)]
+            kept = [t for t in inputs if holds(t)]   # a buffer's ±inf: the model's constants
+            given = [(t, ~torch.isfinite(t), torch.isnan(t)) for t in inputs
+                     if not any(t is c for c in constant) and not holds(t)]
             number = bool(constant) or any(isinstance(a, float) and math.isinf(a) for a in tree_leaves((args, kwargs)))
             out = func(*args, **kwargs)
             selects, view = _selects(name, args, kwargs), _is_view(func)
-            made = [new_values(o, given, view, selects, number) for o in floats(out)]
+            outs = floats(out)
+            if kept and len(inputs) == 1 and (view or selects):   # a view or copy of a held buffer alone: held too
+                for o in outs:
+                    held[id(o)] = (weakref.ref(o), holds(kept[0]))
+                return out
+            # a held buffer counts as a number where the op maps it onto the output by position or copies it
+            number = number or bool(kept) and (selects or _maps(kept, outs))
+            made = [new_values(o, given, view, selects, number) for o in outs]
             if made:
-                self.rows.append((name, number, sum(m[0] for m in made), sum(m[1] for m in made)))
+                label = name + (f" of {holds(kept[0])}" if kept else "")
+                self.rows.append((label, number, sum(m[0] for m in made), sum(m[1] for m in made)))
             return out
 
     return Origins()
+
+
+def _maps(kept, outs) -> bool:
+    """Every held buffer broadcasts onto every output's shape: the op works by position (an add, a where)."""
+    import torch
+
+    try:
+        return bool(outs) and all(torch.broadcast_shapes(t.shape, o.shape) == o.shape for t in kept for o in outs)
+    except RuntimeError:
+        return False
+
+
+def _held(model) -> dict:
+    """id -> name of the model's buffers that hold ±inf and no NaN (read back once)."""
+    import torch
+
+    named = [(n, b) for n, b in model.named_buffers() if b.is_floating_point() and b.numel()]
+    if not named:
+        return {}
+    home = named[0][1].device
+    flags = torch.stack([torch.stack([torch.isinf(b).any(), torch.isnan(b).any()]).to(home) for _, b in named]).tolist()
+    return {id(b): n for (n, b), (inf, nan) in zip(named, flags) if inf and not nan}
 
 
 def classify(rows) -> tuple[dict[str, int], dict[str, int]]:
@@ -196,7 +241,7 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
 
     if ctx.wrapper is not None or ctx.pass_wrapper is not None:   # a plain forward of one rank's (sharded) model
         return Fills(failed="not asked under torchrun")               # would wait for the others' collectives
-    mode = _mode()
+    mode = _mode(_held(model))
     try:
         with leave_no_trace(model), torch.no_grad(), ctx.seeded():
             model.train(training)   # the judged pass's mode (flags put back): a fault may be one mode's

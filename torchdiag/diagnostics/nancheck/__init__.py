@@ -31,7 +31,14 @@ from .flags import flagged_pass, localized_pass, rng_state, set_rng_state
 from .options import NEEDS_VALUES, OPTIMIZER, WRAP, Options
 from .precision import Watch
 from .precision_report import check_precision
-from .report import filled, fills_note, finite_pass, report_pass, report_tensors
+from .report import (
+    backward_finite,
+    filled,
+    fills_note,
+    finite_pass,
+    report_pass,
+    report_tensors,
+)
 from .scaled import report_scaled, train_scaled
 from .steps import report_steps, train_until_non_finite
 from .wrapped import report_reduced, wrapped_pass
@@ -143,9 +150,10 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     # the target is the data's when the loss is non-finite from a finite output (a review: a model's own NaN was
     # headlined as the target's, a masked missing label beside it)
     made = report.origin is not None and not report.origin.inputs_finite   # a NaN a module made of a mask's -inf
-    report_tensors(result, *tensors, finite_pass=finite_pass(report), loss_finite=report.loss_finite,
-                   output_finite=not report.output_bad, mask_made=made)
     fill = filled(report, ctx)   # the forward's ±Inf are constants the model writes (core/fills.py)
+    report_tensors(result, *tensors, finite_pass=finite_pass(report), loss_finite=report.loss_finite,
+                   output_finite=not report.output_bad, mask_made=made,
+                   carried=fill is not None and backward_finite(report))
     if (why := fills_note(report, ctx)) is not None:
         result.notes.append(why)
     report_pass(result, report, fill)

@@ -26,15 +26,22 @@ def fmt_range(lo, hi) -> str:
 
 def finite_pass(rep: PassReport) -> bool:
     """No NaN or Inf anywhere in the pass: forward outputs, loss, gradients."""
-    return (rep.origin is None and not rep.output_bad and rep.loss_finite and not rep.output_grad_bad
-            and rep.backward_origin is None and not rep.param_grad_rows)
+    return rep.origin is None and not rep.output_bad and backward_finite(rep)
+
+
+def backward_finite(rep: PassReport) -> bool:
+    """The loss and every gradient finite."""
+    return rep.loss_finite and not rep.output_grad_bad and rep.backward_origin is None and not rep.param_grad_rows
 
 
 def report_tensors(result: Result, input_rows: list, state_rows: list, finite_pass: bool = False,
-                   loss_finite: bool = True, output_finite: bool = True, mask_made: bool = False) -> None:
+                   loss_finite: bool = True, output_finite: bool = True, mask_made: bool = False,
+                   carried: bool = False) -> None:
     """Non-finite model inputs, parameters and buffers (before the forward). Buffers holding ±Inf (no NaN) in a
     pass that stayed finite are bounds or fills, judged by what the pass did (Gemma 4's audio layers clip
-    with input_min/input_max buffers at ∓Inf, no clipping until calibrated): one info finding, not an error each."""
+    with input_min/input_max buffers at ∓Inf, no clipping until calibrated): one info finding, not an error each.
+    So are they when the forward's only ±Inf are constants it carries (`carried`: core/fills.py, a vocabulary mask
+    added to the logits) and the loss and gradients stayed finite."""
     masks = {r["tensor"] for r in input_rows if r.pop("additive_mask", False)}
     for r in input_rows:
         if r["kind"] == "target":   # the loss's NaN is the target's only from a finite output (reviews)
@@ -53,12 +60,15 @@ def report_tensors(result: Result, input_rows: list, state_rows: list, finite_pa
             continue
         result.add("non-finite-input", "error", r["tensor"], f"model input {r['tensor']} holds {fmt_counts(r['nan'], r['inf'])}",
                    hint="the data is bad before the model runs: check the data pipeline")
-    bounds = [r for r in state_rows if finite_pass and r["kind"] == "buffer" and not r["nan"]]
+    bounds = [r for r in state_rows if (finite_pass or carried) and r["kind"] == "buffer" and not r["nan"]]
     if bounds:
         names = ", ".join(r["tensor"] for r in bounds[:6]) + (f" … (+{len(bounds) - 6} more)" if len(bounds) > 6 else "")
         result.add("inf-buffer", "info", bounds[0]["tensor"] if len(bounds) == 1 else "",
-                   f"{len(bounds)} buffer(s) hold ±Inf ({names}), and the forward, the loss and every gradient stayed "
-                   "finite: bounds or fill values (a clamp's limits, a mask), not values the model computes with")
+                   f"{len(bounds)} buffer(s) hold ±Inf ({names}), and " + (
+                       "the forward, the loss and every gradient stayed finite" if finite_pass else
+                       "the forward's only ±Inf are constants it carries to its output (below), the loss and every "
+                       "gradient finite") + ": bounds or fill values (a clamp's limits, a mask), not values the model "
+                   "computes with")
     for r in state_rows:
         if r in bounds:
             continue
