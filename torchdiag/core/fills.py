@@ -59,6 +59,11 @@ class Fills:
     def written(self) -> int:
         return sum(self.made.values())
 
+    @property
+    def sources(self) -> set[str]:
+        """The buffers whose ±inf an op carried onto an output as fills (rows `add of <buffer>`)."""
+        return {k.split(" of ", 1)[1] for k in self.made if " of " in k} if self.only_fills else set()
+
     def mask(self, label: str, like) -> Any | None:
         """Output `label`'s ±inf positions when fills alone made every non-finite value of the forward and the
         output has `like`'s shape and device; else None."""
@@ -83,7 +88,7 @@ SELECTIONS = frozenset({"cat", "stack", "gather", "index", "index_select", "take
                         "constant_pad_nd", "sort", "topk", "masked_select", "narrow_copy", "_unsafe_index",
                         "contiguous", "permute_copy", "transpose_copy", "unbind_copy", "split_copy", "slice_copy",
                         "select_copy", "expand_copy", "alias_copy", "view_copy", "index_put", "index_put_",
-                        "_index_put_impl_"})
+                        "_index_put_impl_", "embedding"})
 
 
 def _selects(name: str, args, kwargs) -> bool:
@@ -102,10 +107,11 @@ def _is_view(func) -> bool:
 
 def _mode(held: dict | None = None):
     """`held`: id(buffer) -> name for the model's buffers that hold ±inf and no NaN before the forward (a vocabulary
-    mask, a log-prior of an impossible class): constants the model holds. An elementwise op or a copy given one
-    writes its ±inf as a fill, as one given ±inf as a number; an op that computes with one (a reduction over it, a
-    matmul with an inner dimension) does not. A view or a copy of one alone (`mask[None]`, `mask[:n]`) is held too,
-    under the same name."""
+    mask, a causal mask): constants the model holds. A view or a copy of one alone (`mask[None]`, `mask.to(dtype)`)
+    is held too, under the same name. An add, a sub or a where (CARRIERS) that puts one onto its output by
+    broadcasting writes fills there, where the buffer is ±inf and the output is too (a row `add of <buffer>`); the
+    op's other non-finite values are judged as any op's. Any other op given one computes with it (a review: a frozen
+    BatchNorm's running mean, exp of the buffer, a division by it, a matmul)."""
     import weakref
 
     import torch
@@ -162,25 +168,33 @@ def _mode(held: dict | None = None):
             inputs = floats((args, kwargs))
             constant = [t for t in inputs if t.dim() == 0 and bool(torch.isinf(t))]
             kept = [t for t in inputs if holds(t)]   # a buffer's ±inf: the model's constants
-            given = [(t, ~torch.isfinite(t), torch.isnan(t)) for t in inputs
-                     if not any(t is c for c in constant) and not holds(t)]
+            given = [(t, ~torch.isfinite(t), torch.isnan(t)) for t in inputs if not any(t is c for c in constant)]
             number = bool(constant) or any(isinstance(a, float) and math.isinf(a) for a in tree_leaves((args, kwargs)))
             out = func(*args, **kwargs)
             selects, view = _selects(name, args, kwargs), _is_view(func)
             outs = floats(out)
-            if kept and len(inputs) == 1 and (view or selects):   # a view or copy of a held buffer alone: held too
-                for o in outs:
-                    held[id(o)] = (weakref.ref(o), holds(kept[0]))
-                return out
-            # a held buffer counts as a number where the op maps it onto the output by position or copies it
-            number = number or bool(kept) and (selects or _maps(kept, outs))
+            source = holds(kept[0]) if kept else None
+            if kept and len(inputs) == 1 and (view or name in COPIES):   # a view or copy of it alone: held too
+                for o in outs:                                            # (mask[None], mask.to(x.dtype))
+                    held[id(o)] = (weakref.ref(o), source)
+            elif kept and name in CARRIERS and _maps(kept, outs):   # put onto the output: fills where it is ±inf
+                mine = [sum(torch.isinf(t).expand(o.shape) for t in kept).bool() & torch.isinf(o) for o in outs]
+                self.rows.append((f"{name} of {source}", True, sum(m.sum() for m in mine), mine[0].sum() * 0))
+            # the rest as any op's, a held buffer's ±inf handed over like any input's (a cast that overflows one more
+            # value, exp of the buffer, a division by it: computed)
             made = [new_values(o, given, view, selects, number) for o in outs]
             if made:
-                label = name + (f" of {holds(kept[0])}" if kept else "")
-                self.rows.append((label, number, sum(m[0] for m in made), sum(m[1] for m in made)))
+                self.rows.append((name, number, sum(m[0] for m in made), sum(m[1] for m in made)))
             return out
 
     return Origins()
+
+
+# ops that put a held buffer's ±inf onto their output by position, unchanged: an additive mask, a where; and those
+# that copy one held buffer alone (its view, a cast). Anything else that reads one computes with it (a product, a
+# batch norm over running statistics, exp, a division)
+CARRIERS = frozenset({"add", "add_", "sub", "sub_", "rsub", "where"})
+COPIES = SELECTIONS | {"_to_copy", "to", "expand", "detach", "alias", "lift_fresh", "lift_fresh_copy"}
 
 
 def _maps(kept, outs) -> bool:

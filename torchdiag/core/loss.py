@@ -260,8 +260,8 @@ class Loss:
             if self.target is None:
                 g = torch.Generator().manual_seed(self.seed)
                 shape = (y.shape[0],) + tuple(y.shape[2:])
-                self.target = _off_impossible(y, self._random(
-                    lambda s, generator: torch.randint(0, y.shape[1], s, generator=generator), shape, g).to(y.device))
+                self.target = self._random(lambda s, generator: torch.randint(0, y.shape[1], s, generator=generator),
+                                           shape, g).to(y.device)
                 self.made_target = True
             elif not self.target.is_floating_point() and self.checked_classes != y.shape[1]:
                 if _check_classes(self.target, y):   # once: on CUDA a bad index is a device assert
@@ -452,16 +452,6 @@ def _float_classes_hint(target, y) -> str:
         return ""
     return (f"the target holds whole numbers in [0, {y.shape[1]}) as floats: class ids for the output's {y.shape[1]} "
             "classes? make it integer (target.long()): the auto loss then takes cross_entropy")
-
-
-def _off_impossible(y, target):
-    """A made-up class target moved off a class whose logit is -inf (a vocabulary mask, padded classes: no label
-    can sit there, and cross_entropy there is inf) onto the sample's argmax; on the device, no read. A -inf an op
-    computed is still the output's (nancheck judges it); only the made-up label avoids it."""
-    import torch
-
-    picked = y.detach().gather(1, target.unsqueeze(1)).squeeze(1)
-    return torch.where(picked == float("-inf"), y.detach().argmax(1), target)
 
 
 def _has_values(*ts) -> bool:

@@ -36,12 +36,13 @@ def backward_finite(rep: PassReport) -> bool:
 
 def report_tensors(result: Result, input_rows: list, state_rows: list, finite_pass: bool = False,
                    loss_finite: bool = True, output_finite: bool = True, mask_made: bool = False,
-                   carried: bool = False) -> None:
+                   carried: set | frozenset = frozenset()) -> None:
     """Non-finite model inputs, parameters and buffers (before the forward). Buffers holding ±Inf (no NaN) in a
     pass that stayed finite are bounds or fills, judged by what the pass did (Gemma 4's audio layers clip
     with input_min/input_max buffers at ∓Inf, no clipping until calibrated): one info finding, not an error each.
-    So are they when the forward's only ±Inf are constants it carries (`carried`: core/fills.py, a vocabulary mask
-    added to the logits) and the loss and gradients stayed finite."""
+    So are the buffers whose ±Inf the forward carries to its output as its only non-finite values (`carried`, by
+    name: core/fills.py, a vocabulary mask added to the logits) when the loss and gradients stayed finite; any other
+    buffer holding ±Inf keeps its error (a review: an overflowed running_var beside the mask)."""
     masks = {r["tensor"] for r in input_rows if r.pop("additive_mask", False)}
     for r in input_rows:
         if r["kind"] == "target":   # the loss's NaN is the target's only from a finite output (reviews)
@@ -60,15 +61,16 @@ def report_tensors(result: Result, input_rows: list, state_rows: list, finite_pa
             continue
         result.add("non-finite-input", "error", r["tensor"], f"model input {r['tensor']} holds {fmt_counts(r['nan'], r['inf'])}",
                    hint="the data is bad before the model runs: check the data pipeline")
-    bounds = [r for r in state_rows if (finite_pass or carried) and r["kind"] == "buffer" and not r["nan"]]
+    bounds = [r for r in state_rows if (finite_pass or r["tensor"] in carried) and r["kind"] == "buffer"
+              and not r["nan"]]
     if bounds:
         names = ", ".join(r["tensor"] for r in bounds[:6]) + (f" … (+{len(bounds) - 6} more)" if len(bounds) > 6 else "")
         result.add("inf-buffer", "info", bounds[0]["tensor"] if len(bounds) == 1 else "",
                    f"{len(bounds)} buffer(s) hold ±Inf ({names}), and " + (
-                       "the forward, the loss and every gradient stayed finite" if finite_pass else
-                       "the forward's only ±Inf are constants it carries to its output (below), the loss and every "
-                       "gradient finite") + ": bounds or fill values (a clamp's limits, a mask), not values the model "
-                   "computes with")
+                       "the forward, the loss and every gradient stayed finite: bounds or fill values (a clamp's "
+                       "limits, a mask), not values the model computes with" if finite_pass else
+                       "the forward only adds them to its output where they are (below), the loss and every gradient "
+                       "finite: a mask it holds, or a checkpoint's fault if they should be finite"))
     for r in state_rows:
         if r in bounds:
             continue
@@ -123,8 +125,8 @@ def _origin_message(origin, forward: dict, n_bad: int) -> str:
 
 def filled(rep: PassReport, ctx) -> dict | None:
     """The pass's first non-finite module output when the model writes its values as constants (core/fills.py:
-    Grounding DINO's -inf padding): {module, inf}; None otherwise (a NaN, non-finite inputs, or any non-finite value
-    of the forward an op computed)."""
+    Grounding DINO's -inf padding, a mask buffer added to the logits): {module, inf, how, sources}; None otherwise (a
+    NaN, non-finite inputs, or any non-finite value of the forward an op computed)."""
     o = _inf_origin(rep)
     if o is None:
         return None
@@ -132,7 +134,7 @@ def filled(rep: PassReport, ctx) -> dict | None:
     # the loss left them out (fills at other positions than the fills' own forward, drawn at random, it did not)
     if not fills.only_fills or not rep.loss_finite or inf > fills.written:
         return None
-    return {"module": o.name or "(root)", "inf": inf, "how": fills.describe()}
+    return {"module": o.name or "(root)", "inf": inf, "how": fills.describe(), "sources": sorted(fills.sources)}
 
 
 def _inf_origin(rep: PassReport):
@@ -177,6 +179,8 @@ def report_forward(result: Result, rep: PassReport, fill: dict | None = None) ->
             result.add("inf-fill", "info", forward["module"], f"{forward['module']} ({origin.type}) writes "
                        f"{forward['inf']:,} ±Inf in {forward['output']} as constants ({fill['how']}), and no op of the "
                        "forward computed a non-finite value: masked positions, by design" + (
+                           f" (buffer {', '.join(fill['sources'])} held them before the forward: a mask, or a "
+                           "checkpoint's fault if it should be finite)" if fill["sources"] else "") + (
                            f"; {len(bad) - 1} other module call(s) downstream carry them on" if len(bad) > 1 else ""),
                        hint="a loss on this output must leave those positions out (torchdiag's made-up loss does)")
         else:
