@@ -214,25 +214,24 @@ def output_size(model, batch, roles, ctx) -> int | None:
 def input_scaling(model, batch, roles, ctx):
     """core.input_scale.Seen for the model's only float input on one batch (eval, on a copy), or None
     (several float inputs, none, or a forward that raises)."""
-    import copy
-
     from ...core.input_scale import weighted_inputs
-    from ...core.inputs import ModelInputs
 
-    args, kwargs = B.model_call(batch, roles)
-    inputs = ModelInputs(args, kwargs, "the data").to(ctx.device)
-    floats = [t for _, t in inputs.tensors() if t.is_floating_point()]
-    if len(floats) != 1:
-        return None
-    return weighted_inputs(copy.deepcopy(model), inputs, ctx, floats[0])
+    return _on_only_float_input(weighted_inputs, model, batch, roles, ctx)
 
 
 def input_standardising(model, batch, roles, ctx):
     """core.input_scale.Standardising for the model's only float input on one batch (train mode, on a copy), or
     None."""
+    from ...core.input_scale import standardising_changes
+
+    return _on_only_float_input(standardising_changes, model, batch, roles, ctx)
+
+
+def _on_only_float_input(measure, model, batch, roles, ctx):
+    """measure(copy of the model, inputs, ctx, the only float input), or None when the batch has several or none.
+    A plain copy: train_copy's room check reads sizes a lazy parameter does not have before its first forward."""
     import copy
 
-    from ...core.input_scale import standardising_changes
     from ...core.inputs import ModelInputs
 
     args, kwargs = B.model_call(batch, roles)
@@ -240,8 +239,7 @@ def input_standardising(model, batch, roles, ctx):
     floats = [t for _, t in inputs.tensors() if t.is_floating_point()]
     if len(floats) != 1:
         return None
-    # a plain copy, as input_scaling's: train_copy's room check reads sizes a lazy parameter does not have yet
-    return standardising_changes(copy.deepcopy(model), inputs, ctx, floats[0])
+    return measure(copy.deepcopy(model), inputs, ctx, floats[0])
 
 
 def batch_of_one_fails(model, batch, roles, ctx) -> str | None:
