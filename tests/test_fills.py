@@ -369,10 +369,53 @@ def test_held_buffers_count_only_their_own_positions():
             # a frozen BatchNorm's statistic is passed on by position, not written as a fill (the review's case)
             (lambda: F.batch_norm(y, mask.neg(), torch.ones(10), training=False), {}, {}),
             (lambda: F.embedding(torch.tensor([[1, 2]]), mask[None].expand(3, 10)) + 0, None, {})]:
-        mode = _mode({id(mask): "m"})
+        mode = _mode({id(mask): ("m", "mask")})
         with torch.no_grad(), mode:
             fn()
         got = classify(mode.rows)
         if made is not None:
             assert got[0] == made, got
         assert got[1] == computed, got
+
+
+class CausalBesideOutsider(nn.Module):
+    """A second review (/tmp/rev34): a causal mask buffer inside attention (its fills vanish in the softmax) beside
+    an unregistered tensor attribute whose init overflowed to +inf; or a BatchNorm whose running mean overflowed,
+    beside a vocabulary mask on the logits."""
+
+    def __init__(self, fault: str):
+        super().__init__()
+        self.qkv, self.head, self.bn, self.fault = nn.Linear(16, 48), nn.Linear(16, 10), nn.BatchNorm1d(10), fault
+        self.register_buffer("causal", torch.full((8, 8), float("-inf")).triu(1))
+        mask = torch.zeros(10)
+        mask[7:] = float("-inf")
+        self.register_buffer("banned", mask)
+        self.scale = torch.exp(torch.linspace(0, 100, 10))   # not a buffer: its last value is +inf
+        self.bn.running_mean[2] = float("inf")
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        y = self.head(((q @ k.transpose(-1, -2) / 4 + self.causal).softmax(-1) @ v).mean(1))
+        return y * self.scale if self.fault == "attribute" else F.batch_norm(
+            y, self.bn.running_mean, self.bn.running_var, training=False) + self.banned
+
+
+@pytest.mark.parametrize("fault", ["attribute", "statistic"])
+def test_a_mask_excuses_no_non_finite_value_from_elsewhere(fault):
+    torch.manual_seed(0)
+    res = api_run("activations", CausalBesideOutsider(fault), (torch.randn(4, 8, 16),))
+    assert "non-finite-activation" in codes(res, ("error",)), [(f.code, f.message) for f in res.findings]
+    res = api_run("nancheck", CausalBesideOutsider(fault), (torch.randn(4, 8, 16),), target=_targets())
+    assert "non-finite-output" in codes(res, ("error",)), [(f.code, f.message) for f in res.findings]
+    assert not [f for f in res.findings if f.code == "inf-fill"]
+
+
+def test_a_mask_buffer_inside_attention_beside_an_unused_odd_buffer_is_traced():
+    # a second review: a meta or float8 buffer ended the tracing (an internal error, or no fills at all)
+    from torchdiag.core.fills import _state
+
+    model = CausalBesideOutsider("attribute")
+    model.register_buffer("odd", torch.tensor([float("inf"), 0.0]).to(torch.float8_e5m2))
+    model.register_buffer("meta", torch.zeros(3, device="meta"))
+    kinds = {name: kind for name, kind in _state(model).values()}
+    assert kinds == {"causal": "mask", "banned": "mask", "bn.running_mean": "alien", "odd": "alien"}, kinds

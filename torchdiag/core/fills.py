@@ -61,7 +61,7 @@ class Fills:
 
     @property
     def sources(self) -> set[str]:
-        """The buffers whose ±inf an op carried onto an output as fills (rows `add of <buffer>`)."""
+        """The mask buffers whose -inf an op carried onto an output as fills (rows `add of <buffer>`)."""
         return {k.split(" of ", 1)[1] for k in self.made if " of " in k} if self.only_fills else set()
 
     def mask(self, label: str, like) -> Any | None:
@@ -105,24 +105,33 @@ def _is_view(func) -> bool:
     return alias is not None and not alias.is_write
 
 
-def _mode(held: dict | None = None):
-    """`held`: id(buffer) -> name for the model's buffers that hold ±inf and no NaN before the forward (a vocabulary
-    mask, a causal mask): constants the model holds. A view or a copy of one alone (`mask[None]`, `mask.to(dtype)`)
-    is held too, under the same name. An add, a sub or a where (CARRIERS) that puts one onto its output by
-    broadcasting writes fills there, where the buffer is ±inf and the output is too (a row `add of <buffer>`); the
-    op's other non-finite values are judged as any op's. Any other op given one computes with it (a review: a frozen
-    BatchNorm's running mean, exp of the buffer, a division by it, a matmul)."""
+def _mode(state: dict | None = None):
+    """`state`: id(tensor) -> (name, kind) for the model's parameters and buffers that hold non-finite values before
+    the forward. Kind "mask": a buffer whose every non-finite value is -inf and every other value ≤ 0, an additive
+    mask (a vocabulary mask, a causal mask, a log-prior of impossible classes); an add or a where (CARRIERS) that
+    puts it onto its output by broadcasting writes fills where it is -inf and the output too (a row `add of
+    <buffer>`). Kind "alien": any other (an overflowed statistic, a corrupted weight); an op whose output is
+    non-finite where one is, or that computes with one, computed that (a row `<op> of <name>`): a fill elsewhere
+    excuses nothing it carries (reviews: a hand-written normaliser's +inf mean, a frozen BatchNorm's beside a mask).
+    A view or a copy of either alone (`mask[None]`, `mask.to(dtype)`) is the same kind, under the same name."""
     import weakref
 
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
 
-    held = {k: (None, name) for k, name in (held or {}).items()}   # id -> (weakref or None for a buffer, name)
+    known = {k: (None, name, kind) for k, (name, kind) in (state or {}).items()}   # id -> (weakref or None, ...)
+    produced: dict = {}   # id -> weakref of every tensor an op of the forward returned
 
-    def holds(t) -> str | None:
-        entry = held.get(id(t))
-        return entry[1] if entry is not None and (entry[0] is None or entry[0]() is t) else None
+    def entry(t) -> tuple | None:
+        e = known.get(id(t))
+        return e[1:] if e is not None and (e[0] is None or e[0]() is t) else None
+
+    def outside(t) -> bool:
+        """Neither made by the forward nor the model's named state: a plain tensor attribute, a closure's, an
+        input (a review: a +inf in an unregistered attribute beside a causal mask passed as a fill)."""
+        p = produced.get(id(t))
+        return entry(t) is None and (p is None or p() is not t)
 
     def floats(tree) -> list:
         return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and (t.is_floating_point() or
@@ -167,21 +176,34 @@ def _mode(held: dict | None = None):
             # (`masked_fill(m, torch.tensor(-inf))`): a constant, not a value the op passes on
             inputs = floats((args, kwargs))
             constant = [t for t in inputs if t.dim() == 0 and bool(torch.isinf(t))]
-            kept = [t for t in inputs if holds(t)]   # a buffer's ±inf: the model's constants
+            for t in inputs:   # what it reads from outside the forward is judged as the model's alien state
+                if outside(t) and not any(t is c for c in constant):
+                    known[id(t)] = (weakref.ref(t), "a tensor from outside the forward", "alien")
+            marked = [(t, entry(t)) for t in inputs if entry(t)]   # the model's non-finite state, or views of it
             given = [(t, ~torch.isfinite(t), torch.isnan(t)) for t in inputs if not any(t is c for c in constant)]
             number = bool(constant) or any(isinstance(a, float) and math.isinf(a) for a in tree_leaves((args, kwargs)))
             out = func(*args, **kwargs)
             selects, view = _selects(name, args, kwargs), _is_view(func)
             outs = floats(out)
-            source = holds(kept[0]) if kept else None
-            if kept and len(inputs) == 1 and (view or name in COPIES):   # a view or copy of it alone: held too
-                for o in outs:                                            # (mask[None], mask.to(x.dtype))
-                    held[id(o)] = (weakref.ref(o), source)
-            elif kept and name in CARRIERS and _maps(kept, outs):   # put onto the output: fills where it is ±inf
-                mine = [sum(torch.isinf(t).expand(o.shape) for t in kept).bool() & torch.isinf(o) for o in outs]
-                self.rows.append((f"{name} of {source}", True, sum(m.sum() for m in mine), mine[0].sum() * 0))
-            # the rest as any op's, a held buffer's ±inf handed over like any input's (a cast that overflows one more
-            # value, exp of the buffer, a division by it: computed)
+            for o in outs:
+                produced[id(o)] = weakref.ref(o)
+            if marked and len(inputs) == 1 and (view or name in COPIES):   # a view or copy of it alone: the same
+                for o in outs:                                              # (mask[None], mask.to(x.dtype))
+                    known[id(o)] = (weakref.ref(o), *marked[0][1])
+                return out
+            masks = [t for t, (_, kind) in marked if kind == "mask"]
+            if masks and outs and name in CARRIERS and _maps(masks, outs):   # onto the output: fills where it is -inf
+                mine = [_where_any(masks, o, torch.isinf) & torch.isinf(o) for o in outs]
+                self.rows.append((f"{name} of {entry(masks[0])[0]}", True, sum(m.sum() for m in mine),
+                                  mine[0].sum() * 0))
+            aliens = [t for t, (_, kind) in marked if kind == "alien"]
+            if aliens and outs:   # whatever non-finite it outputs where an alien is (or anywhere, if not by position)
+                carried = [(_where_any(aliens, o, lambda a: ~torch.isfinite(a)) if _maps(aliens, [o])
+                            else torch.ones_like(o, dtype=torch.bool)) & ~torch.isfinite(o) for o in outs]
+                self.rows.append((f"{name} of {entry(aliens[0])[0]}", False, sum(c.sum() for c in carried),
+                                  carried[0].sum() * 0))
+            # the rest as any op's, the state's non-finite values handed over like any input's (a cast that
+            # overflows one more value, exp of the mask, a division by it: computed)
             made = [new_values(o, given, view, selects, number) for o in outs]
             if made:
                 self.rows.append((name, number, sum(m[0] for m in made), sum(m[1] for m in made)))
@@ -190,11 +212,15 @@ def _mode(held: dict | None = None):
     return Origins()
 
 
-# ops that put a held buffer's ±inf onto their output by position, unchanged: an additive mask, a where; and those
-# that copy one held buffer alone (its view, a cast). Anything else that reads one computes with it (a product, a
-# batch norm over running statistics, exp, a division)
-CARRIERS = frozenset({"add", "add_", "sub", "sub_", "rsub", "where"})
+# ops that put an additive mask onto their output by position, unchanged: an add, a where; and those that copy one
+# tensor alone (its view, a cast). Anything else that reads a mask computes with it (a product, exp, a division)
+CARRIERS = frozenset({"add", "add_", "where"})
 COPIES = SELECTIONS | {"_to_copy", "to", "expand", "detach", "alias", "lift_fresh", "lift_fresh_copy"}
+
+
+def _where_any(ts, o, test):
+    """Positions of output `o` where any of `ts` (each broadcasting onto it) passes `test`."""
+    return sum(test(t).expand(o.shape) for t in ts).bool()
 
 
 def _maps(kept, outs) -> bool:
@@ -207,16 +233,34 @@ def _maps(kept, outs) -> bool:
         return False
 
 
-def _held(model) -> dict:
-    """id -> name of the model's buffers that hold ±inf and no NaN (read back once)."""
+def _state(model) -> dict:
+    """id -> (name, "mask" or "alien") for the model's parameters and buffers holding non-finite values (read back
+    once): a buffer whose every non-finite value is -inf and every other ≤ 0 is an additive mask; anything else is
+    alien. Tensors a dense read cannot scan (meta, sparse) are left out."""
     import torch
 
-    named = [(n, b) for n, b in model.named_buffers() if b.is_floating_point() and b.numel()]
+    named = [(n, t, False) for n, t in model.named_parameters()] + [(n, t, True) for n, t in model.named_buffers()]
+    named = [(n, t, b) for n, t, b in named if t.is_floating_point() and t.numel() and t.layout == torch.strided
+             and t.device.type != "meta"]
     if not named:
         return {}
     home = named[0][1].device
-    flags = torch.stack([torch.stack([torch.isinf(b).any(), torch.isnan(b).any()]).to(home) for _, b in named]).tolist()
-    return {id(b): n for (n, b), (inf, nan) in zip(named, flags) if inf and not nan}
+
+    def flags(t):
+        bad = ~torch.isfinite(t)
+        mask = (bad.any() & ~torch.isnan(t).any() & (t[bad] == float("-inf")).all() & (t[~bad] <= 0).all())
+        return torch.stack([bad.any(), mask]).to(home)
+
+    def scanned(t):   # float8 has no isfinite: its float32 copy (a review's fp8 buffer ended the tracing)
+        try:
+            return flags(t)
+        except (RuntimeError, NotImplementedError):
+            return flags(t.float())
+
+    with torch.no_grad():
+        read = torch.stack([scanned(t.detach()) for _, t, _ in named]).tolist()
+    return {id(t): (n, "mask" if is_buffer and mask else "alien") for (n, t, is_buffer), (bad, mask) in zip(named, read)
+            if bad}
 
 
 def classify(rows) -> tuple[dict[str, int], dict[str, int]]:
@@ -255,8 +299,8 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
 
     if ctx.wrapper is not None or ctx.pass_wrapper is not None:   # a plain forward of one rank's (sharded) model
         return Fills(failed="not asked under torchrun")               # would wait for the others' collectives
-    mode = _mode(_held(model))
     try:
+        mode = _mode(_state(model))
         with leave_no_trace(model), torch.no_grad(), ctx.seeded():
             model.train(training)   # the judged pass's mode (flags put back): a fault may be one mode's
             with ctx.autocast(), mode:   # a nullcontext without --amp
