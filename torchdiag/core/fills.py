@@ -21,6 +21,10 @@ per op, the non-finite values of its output with those its floating inputs held 
   `logsumexp` over a row that is all fills, an empty set such as a sample of only padding) computed every
   non-finite value it outputs;
 - a 0-dim ±inf tensor given to an op is a number (`masked_fill(m, torch.tensor(-inf))`);
+- a buffer that is an additive mask (every non-finite value -inf, every other ≤ 0) is a constant the model holds:
+  an add or a where that puts it onto an output writes fills where it is -inf; any other parameter or buffer
+  holding a non-finite value, or a tensor neither made in the forward nor the model's state (an unregistered
+  attribute, an input), is alien: what an op outputs non-finite where one is non-finite it computed;
 - a view makes nothing (its schema returns `Tensor(a)`; an in-place op, `Tensor(a!)`, is judged: a review's
   `x[:, :2] /= x[:, 2:]`); an uninitialised allocation (`empty_like`) makes nothing: its contents are whatever the
   memory held.
