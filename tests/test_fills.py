@@ -366,8 +366,8 @@ def test_held_buffers_count_only_their_own_positions():
             (lambda: torch.where(y > 0, mask, y), None, {}),
             (lambda: (mask + 100).exp(), {"add of m": 3}, {"exp": 7}),   # exp(100) overflows where the mask is 0
             (lambda: y / (mask.clamp(min=-1) + 1), {}, {"div": 12}),  # a division by what it became: computed
-            # a frozen BatchNorm's statistic is passed on by position, not written as a fill (the review's case)
-            (lambda: F.batch_norm(y, mask.neg(), torch.ones(10), training=False), {}, {}),
+            # negating the mask computes with it; a frozen BatchNorm over the result writes no fill (a review's case)
+            (lambda: F.batch_norm(y, mask.neg(), torch.ones(10), training=False), {}, {"neg of m": 3}),
             (lambda: F.embedding(torch.tensor([[1, 2]]), mask[None].expand(3, 10)) + 0, None, {})]:
         mode = _mode({id(mask): ("m", "mask")})
         with torch.no_grad(), mode:
@@ -419,3 +419,46 @@ def test_a_mask_buffer_inside_attention_beside_an_unused_odd_buffer_is_traced():
     model.register_buffer("meta", torch.zeros(3, device="meta"))
     kinds = {name: kind for name, kind in _state(model).values()}
     assert kinds == {"causal": "mask", "banned": "mask", "bn.running_mean": "alien", "odd": "alien"}, kinds
+
+
+class MaskedInputs(nn.Module):
+    """A third review (/tmp/rev35): healthy models the first forms of the alien rule called faulty. `kind`:
+    an additive attention mask given as an input (0 / -inf) beside class logits filled with -inf; learned logits
+    padded with -inf (F.pad of a parameter); a finite learned logit concatenated after filled ones; a log-prior slice
+    of the input (≤ 0, -inf for impossible classes) added to the logits."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind, self.q, self.o = kind, nn.Linear(8, 8), nn.Linear(8, 4)
+        self.extra = nn.Parameter(torch.zeros(1, 3))
+
+    def forward(self, x, mask=None):
+        if self.kind == "attention":
+            h = ((self.q(x) @ x.transpose(-1, -2) + mask).softmax(-1) @ x).mean(1)
+            return self.o(h).masked_fill(torch.tensor([False, False, False, True]), float("-inf"))
+        if self.kind == "pad":
+            return F.pad(self.extra.expand(x.shape[0], 3), (0, 3), value=float("-inf")) + 0.0 * x[:, :1]
+        if self.kind == "cat":
+            return torch.cat([self.o(x).masked_fill(torch.tensor([False, True, False, True]), float("-inf")),
+                              self.extra.expand(x.shape[0], 3)], 1)
+        return self.o(x[:, :8]) + x[:, 8:]   # "prior"
+
+
+@pytest.mark.parametrize("kind", ["attention", "pad", "cat", "prior"])
+def test_inputs_and_parameters_beside_fills_are_not_faults(kind):
+    torch.manual_seed(0)
+    if kind == "attention":
+        x, mask = torch.randn(2, 5, 8), torch.zeros(2, 1, 5)
+        mask[:, :, 4] = float("-inf")
+        inputs: tuple = (x, mask)
+    elif kind == "prior":
+        prior = torch.log(torch.tensor([[1.0, 0.5, 0.0, 1.0]])).expand(4, 4)
+        inputs = (torch.cat([torch.randn(4, 8), prior], 1),)
+    else:
+        inputs = (torch.randn(4, 8),)
+    model = MaskedInputs(kind)
+    res = api_run("activations", model, inputs)
+    assert "non-finite-activation" not in codes(res, ("error",)), [(f.code, f.message) for f in res.findings]
+    res = api_run("nancheck", model, inputs, target=torch.zeros(inputs[0].shape[0], dtype=torch.long))   # class 0
+    assert not codes(res, ("error",)) & {"non-finite-output", "non-finite-loss"}, [(f.code, f.message)
+                                                                                   for f in res.findings]

@@ -110,14 +110,17 @@ def _is_view(func) -> bool:
 
 
 def _mode(state: dict | None = None):
-    """`state`: id(tensor) -> (name, kind) for the model's parameters and buffers that hold non-finite values before
-    the forward. Kind "mask": a buffer whose every non-finite value is -inf and every other value ≤ 0, an additive
-    mask (a vocabulary mask, a causal mask, a log-prior of impossible classes); an add or a where (CARRIERS) that
-    puts it onto its output by broadcasting writes fills where it is -inf and the output too (a row `add of
-    <buffer>`). Kind "alien": any other (an overflowed statistic, a corrupted weight); an op whose output is
-    non-finite where one is, or that computes with one, computed that (a row `<op> of <name>`): a fill elsewhere
-    excuses nothing it carries (reviews: a hand-written normaliser's +inf mean, a frozen BatchNorm's beside a mask).
-    A view or a copy of either alone (`mask[None]`, `mask.to(dtype)`) is the same kind, under the same name."""
+    """`state`: id(tensor) -> (name, kind) for the model's parameters, buffers and inputs that hold non-finite values
+    before the forward (`_state`). Kind "mask": an additive mask (every non-finite value -inf, every other ≤ 0: a
+    vocabulary mask, a causal mask, an attention mask input); "alien": any other (an overflowed statistic, a
+    corrupted weight). A tensor an op reads that no op of the forward made and that is not the model's named state
+    (an unregistered attribute) is alien too, and is measured as a mask where it is put onto an output (an input's
+    log-prior slice). An add or a where (CARRIERS) that puts a mask onto its output by broadcasting writes fills where
+    it is -inf and the output too; any other non-finite value an op outputs where such a tensor is non-finite (or
+    anywhere, if the op does not map it by position and it holds one) it computed: a fill elsewhere excuses nothing
+    (reviews: a hand-written normaliser's +inf mean, a frozen BatchNorm's beside a mask, an unregistered +inf
+    attribute beside a causal mask). A view or a copy of one alone (`mask[None]`, `mask.to(dtype)`) is the same
+    kind, under the same name; one that writes new values (`F.pad(x, value=-inf)`) is judged as any op."""
     import weakref
 
     import torch
@@ -163,6 +166,13 @@ def _mode(state: dict | None = None):
             nan = nan & ~n.to(o.device).expand(o.shape)
         return bad.sum(), nan.sum()
 
+    def additive(t, kind):
+        """A device bool: `t` is an additive mask (every non-finite value -inf, every other ≤ 0); known for the
+        model's named state, measured here for a tensor from outside (an input's log-prior slice: a review)."""
+        if kind != "alien" or not t.numel():
+            return torch.tensor(kind == "mask", device=t.device)
+        return torch.where(torch.isfinite(t), t <= 0, t == float("-inf")).all()
+
     class Origins(TorchDispatchMode):
         """Per op call: (op, passes ±inf as a number, the non-finite values it made, the NaN it made), counts on
         the device."""
@@ -180,32 +190,26 @@ def _mode(state: dict | None = None):
             # (`masked_fill(m, torch.tensor(-inf))`): a constant, not a value the op passes on
             inputs = floats((args, kwargs))
             constant = [t for t in inputs if t.dim() == 0 and bool(torch.isinf(t))]
+            literal = name in LITERALS   # torch.tensor([-inf, ...]) in the forward: a constant the code writes
             for t in inputs:   # what it reads from outside the forward is judged as the model's alien state
-                if outside(t) and not any(t is c for c in constant):
+                if outside(t) and not literal and not any(t is c for c in constant):
                     known[id(t)] = (weakref.ref(t), "a tensor from outside the forward", "alien")
             marked = [(t, entry(t)) for t in inputs if entry(t)]   # the model's non-finite state, or views of it
-            given = [(t, ~torch.isfinite(t), torch.isnan(t)) for t in inputs if not any(t is c for c in constant)]
-            number = bool(constant) or any(isinstance(a, float) and math.isinf(a) for a in tree_leaves((args, kwargs)))
+            given = [(t, ~torch.isfinite(t), torch.isnan(t)) for t in inputs
+                     if not any(t is c for c in constant) and not literal]
+            number = literal or bool(constant) or any(isinstance(a, float) and math.isinf(a)
+                                                      for a in tree_leaves((args, kwargs)))
             out = func(*args, **kwargs)
             selects, view = _selects(name, args, kwargs), _is_view(func)
             outs = floats(out)
             for o in outs:
                 produced[id(o)] = weakref.ref(o)
-            if marked and len(inputs) == 1 and (view or name in COPIES):   # a view or copy of it alone: the same
-                for o in outs:                                              # (mask[None], mask.to(x.dtype))
+            alone = len(inputs) == 1 and (view or name in COPIES) and not number   # F.pad(-inf) writes new values
+            if marked and alone:   # a view or copy of it alone: the same (mask[None], mask.to(x.dtype)); judged where
+                for o in outs:     # it is read
                     known[id(o)] = (weakref.ref(o), *marked[0][1])
-                return out
-            masks = [t for t, (_, kind) in marked if kind == "mask"]
-            if masks and outs and name in CARRIERS and _maps(masks, outs):   # onto the output: fills where it is -inf
-                mine = [_where_any(masks, o, torch.isinf) & torch.isinf(o) for o in outs]
-                self.rows.append((f"{name} of {entry(masks[0])[0]}", True, sum(m.sum() for m in mine),
-                                  mine[0].sum() * 0))
-            aliens = [t for t, (_, kind) in marked if kind == "alien"]
-            if aliens and outs:   # whatever non-finite it outputs where an alien is (or anywhere, if not by position)
-                carried = [(_where_any(aliens, o, lambda a: ~torch.isfinite(a)) if _maps(aliens, [o])
-                            else torch.ones_like(o, dtype=torch.bool)) & ~torch.isfinite(o) for o in outs]
-                self.rows.append((f"{name} of {entry(aliens[0])[0]}", False, sum(c.sum() for c in carried),
-                                  carried[0].sum() * 0))
+            elif marked and outs:
+                self._judge(name, marked, outs)
             # the rest as any op's, the state's non-finite values handed over like any input's (a cast that
             # overflows one more value, exp of the mask, a division by it: computed)
             made = [new_values(o, given, view, selects, number) for o in outs]
@@ -213,18 +217,38 @@ def _mode(state: dict | None = None):
                 self.rows.append((name, number, sum(m[0] for m in made), sum(m[1] for m in made)))
             return out
 
+        def _judge(self, name, marked, outs) -> None:
+            """An op reading the model's non-finite state or a tensor from outside: an add or a where that puts an
+            additive mask onto its output by broadcasting writes fills where the mask is -inf (a row `<op> of
+            <name>`); any other non-finite value it outputs where such an input is non-finite (anywhere, if the op
+            does not map it by position and it holds one) it computed."""
+            named = [e for _, e in marked if e[1] == "mask"] or [e for _, e in marked]
+            label = f"{name} of {named[0][0]}"
+            ts = [t for t, _ in marked]
+            carrier = name in CARRIERS and _maps(ts, outs)
+            oks = [additive(t, kind) if carrier else torch.tensor(False, device=t.device) for t, (_, kind) in marked]
+            fills, alien = [], []
+            for o in outs:
+                bad = ~torch.isfinite(o)
+                if _maps(ts, [o]):
+                    mine = torch.stack([(torch.isinf(t) & ok).expand(o.shape) for t, ok in zip(ts, oks)]).any(0)
+                    theirs = torch.stack([(~torch.isfinite(t) & ~ok).expand(o.shape) for t, ok in zip(ts, oks)]).any(0)
+                else:   # not by position: a finite weight beside a concatenated fill vetoes nothing (a review)
+                    mine, theirs = torch.zeros_like(bad), torch.stack([(~torch.isfinite(t)).any() for t in ts]).any()
+                fills.append(mine & torch.isinf(o))
+                alien.append(theirs & bad & ~(mine & torch.isinf(o)))
+            if carrier:
+                self.rows.append((label, True, sum(f.sum() for f in fills), fills[0].sum() * 0))
+            self.rows.append((label, False, sum(a.sum() for a in alien), alien[0].sum() * 0))
+
     return Origins()
 
 
 # ops that put an additive mask onto their output by position, unchanged: an add, a where; and those that copy one
 # tensor alone (its view, a cast). Anything else that reads a mask computes with it (a product, exp, a division)
 CARRIERS = frozenset({"add", "add_", "where"})
-COPIES = SELECTIONS | {"_to_copy", "to", "expand", "detach", "alias", "lift_fresh", "lift_fresh_copy"}
-
-
-def _where_any(ts, o, test):
-    """Positions of output `o` where any of `ts` (each broadcasting onto it) passes `test`."""
-    return sum(test(t).expand(o.shape) for t in ts).bool()
+COPIES = SELECTIONS | {"_to_copy", "to", "expand", "detach", "alias"}
+LITERALS = frozenset({"lift_fresh", "lift_fresh_copy"})   # a tensor made from Python data: its values are the code's
 
 
 def _maps(kept, outs) -> bool:
@@ -237,13 +261,15 @@ def _maps(kept, outs) -> bool:
         return False
 
 
-def _state(model) -> dict:
-    """id -> (name, "mask" or "alien") for the model's parameters and buffers holding non-finite values (read back
-    once): a buffer whose every non-finite value is -inf and every other ≤ 0 is an additive mask; anything else is
-    alien. Tensors a dense read cannot scan (meta, sparse) are left out."""
+def _state(model, inputs=None) -> dict:
+    """id -> (name, "mask" or "alien") for the model's parameters, buffers and inputs holding non-finite values (read
+    back once): a buffer or an input whose every non-finite value is -inf and every other ≤ 0 is an additive mask
+    (an attention mask given as a float input: a review); anything else is alien. Tensors a dense read cannot scan
+    (meta, sparse) are left out."""
     import torch
 
     named = [(n, t, False) for n, t in model.named_parameters()] + [(n, t, True) for n, t in model.named_buffers()]
+    named += [(f"input {n}", t, True) for n, t in (inputs.tensors() if inputs is not None else [])]
     named = [(n, t, b) for n, t, b in named if t.is_floating_point() and t.numel() and t.layout == torch.strided
              and t.device.type != "meta"]
     if not named:
@@ -252,7 +278,7 @@ def _state(model) -> dict:
 
     def flags(t):
         bad = ~torch.isfinite(t)
-        mask = (bad.any() & ~torch.isnan(t).any() & (t[bad] == float("-inf")).all() & (t[~bad] <= 0).all())
+        mask = (bad.any() & torch.where(bad, t == float("-inf"), t <= 0).all())
         return torch.stack([bad.any(), mask]).to(home)
 
     def scanned(t):   # float8 has no isfinite: its float32 copy (a review's fp8 buffer ended the tracing)
@@ -304,7 +330,7 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
     if ctx.wrapper is not None or ctx.pass_wrapper is not None:   # a plain forward of one rank's (sharded) model
         return Fills(failed="not asked under torchrun")               # would wait for the others' collectives
     try:
-        mode = _mode(_state(model))
+        mode = _mode(_state(model, inputs))
         with leave_no_trace(model), torch.no_grad(), ctx.seeded():
             model.train(training)   # the judged pass's mode (flags put back): a fault may be one mode's
             with ctx.autocast(), mode:   # a nullcontext without --amp
