@@ -462,3 +462,25 @@ def test_inputs_and_parameters_beside_fills_are_not_faults(kind):
     res = api_run("nancheck", model, inputs, target=torch.zeros(inputs[0].shape[0], dtype=torch.long))   # class 0
     assert not codes(res, ("error",)) & {"non-finite-output", "non-finite-loss"}, [(f.code, f.message)
                                                                                    for f in res.findings]
+
+
+def test_an_unused_mask_buffer_beside_fills_is_no_error():
+    # a causal mask made in the forward (full -inf, triu) beside a vocabulary mask added to the logits; a second
+    # mask buffer the forward does not use was non-finite-param only because other fills existed
+    class TwoMasks(Banned):
+        def __init__(self):
+            super().__init__()
+            self.running_mean.zero_()
+            spare = torch.zeros(10)
+            spare[5:7] = float("-inf")
+            self.register_buffer("spare", spare)
+
+        def forward(self, x):
+            y = self.head(x)
+            causal = torch.triu(torch.full((x.shape[0], x.shape[0]), float("-inf")), 1)
+            return (y @ y.t() + causal).softmax(-1) @ y + self.banned
+
+    torch.manual_seed(0)
+    res = api_run("nancheck", TwoMasks(), (torch.randn(4, 8),), target=_targets())
+    assert not codes(res, ("error",)), [(f.code, f.where, f.message) for f in res.findings]
+    assert [f.code for f in res.findings if f.code in ("inf-buffer", "inf-fill")] == ["inf-buffer", "inf-fill"]

@@ -54,6 +54,7 @@ class Fills:
     computed: dict[str, int] = field(default_factory=dict)   # op -> non-finite values it computed
     masks: dict[str, Any] = field(default_factory=dict)      # output label -> its ±inf positions (on its device)
     failed: str | None = None                                # why the forward could not be asked
+    mask_buffers: set = field(default_factory=set)           # buffers holding an additive mask (-inf, else ≤ 0)
 
     @property
     def only_fills(self) -> bool:
@@ -67,6 +68,12 @@ class Fills:
     def sources(self) -> set[str]:
         """The mask buffers whose -inf an op carried onto an output as fills (rows `add of <buffer>`)."""
         return {k.split(" of ", 1)[1] for k in self.made if " of " in k} if self.only_fills else set()
+
+    @property
+    def harmless(self) -> set[str]:
+        """Buffers whose ±inf did no harm in a forward whose every non-finite value is a fill: the mask buffers (one
+        the forward computed with would have made a computed value), carried to an output or not used."""
+        return self.sources | self.mask_buffers if self.only_fills else set()
 
     def mask(self, label: str, like) -> Any | None:
         """Output `label`'s ±inf positions when fills alone made every non-finite value of the forward and the
@@ -330,7 +337,8 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
     if ctx.wrapper is not None or ctx.pass_wrapper is not None:   # a plain forward of one rank's (sharded) model
         return Fills(failed="not asked under torchrun")               # would wait for the others' collectives
     try:
-        mode = _mode(_state(model, inputs))
+        state = _state(model, inputs)
+        mode = _mode(state)
         with leave_no_trace(model), torch.no_grad(), ctx.seeded():
             model.train(training)   # the judged pass's mode (flags put back): a fault may be one mode's
             with ctx.autocast(), mode:   # a nullcontext without --amp
@@ -341,4 +349,5 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
         return Fills(failed=exc.message)
     except Exception as exc:   # noqa: BLE001 - a second opinion only: without it, ±inf count as computed
         return Fills(failed=f"{type(exc).__name__}: {exc}")
-    return Fills(made, computed, masks)
+    buffers = {n for n, _ in model.named_buffers()}
+    return Fills(made, computed, masks, mask_buffers={n for n, kind in state.values() if kind == "mask" and n in buffers})

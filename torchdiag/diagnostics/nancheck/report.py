@@ -40,9 +40,9 @@ def report_tensors(result: Result, input_rows: list, state_rows: list, finite_pa
     """Non-finite model inputs, parameters and buffers (before the forward). Buffers holding ±Inf (no NaN) in a
     pass that stayed finite are bounds or fills, judged by what the pass did (Gemma 4's audio layers clip
     with input_min/input_max buffers at ∓Inf, no clipping until calibrated): one info finding, not an error each.
-    So are the buffers whose ±Inf the forward carries to its output as its only non-finite values (`carried`, by
-    name: core/fills.py, a vocabulary mask added to the logits) when the loss and gradients stayed finite; any other
-    buffer holding ±Inf keeps its error (a review: an overflowed running_var beside the mask)."""
+    So are additive-mask buffers in a forward whose every non-finite value is a fill (`carried`, by name:
+    core/fills.py, a vocabulary mask added to the logits, or one not used) when the loss and gradients stayed finite;
+    any other buffer holding ±Inf keeps its error (a review: an overflowed running_var beside the mask)."""
     masks = {r["tensor"] for r in input_rows if r.pop("additive_mask", False)}
     for r in input_rows:
         if r["kind"] == "target":   # the loss's NaN is the target's only from a finite output (reviews)
@@ -69,8 +69,9 @@ def report_tensors(result: Result, input_rows: list, state_rows: list, finite_pa
                    f"{len(bounds)} buffer(s) hold ±Inf ({names}), and " + (
                        "the forward, the loss and every gradient stayed finite: bounds or fill values (a clamp's "
                        "limits, a mask), not values the model computes with" if finite_pass else
-                       "the forward only adds them to its output where they are (below), the loss and every gradient "
-                       "finite: a mask it holds, or a checkpoint's fault if they should be finite"))
+                       "each is an additive mask (-inf, else ≤ 0) the forward adds to its output or does not use, "
+                       "every other non-finite value a fill (below), the loss and every gradient finite: a mask it "
+                       "holds, or a checkpoint's fault if it should be finite"))
     for r in state_rows:
         if r in bounds:
             continue
