@@ -425,7 +425,9 @@ class MaskedInputs(nn.Module):
     """A third review (/tmp/rev35): healthy models the first forms of the alien rule called faulty. `kind`:
     an additive attention mask given as an input (0 / -inf) beside class logits filled with -inf; learned logits
     padded with -inf (F.pad of a parameter); a finite learned logit concatenated after filled ones; a log-prior slice
-    of the input (≤ 0, -inf for impossible classes) added to the logits."""
+    of the input (≤ 0, -inf for impossible classes) added to logits that are also masked. An input with a mask's
+    pattern is passed on, neither a fill nor a fault (a fourth review: a log-probability cache that underflowed has
+    the same pattern, so it is not called a fill either)."""
 
     def __init__(self, kind: str):
         super().__init__()
@@ -441,7 +443,8 @@ class MaskedInputs(nn.Module):
         if self.kind == "cat":
             return torch.cat([self.o(x).masked_fill(torch.tensor([False, True, False, True]), float("-inf")),
                               self.extra.expand(x.shape[0], 3)], 1)
-        return self.o(x[:, :8]) + x[:, 8:]   # "prior"
+        # "prior": a masked class beside the input's log-prior slice, whose -inf the forward passes on
+        return (self.o(x[:, :8]) + x[:, 8:]).masked_fill(torch.tensor([False, False, False, True]), float("-inf"))
 
 
 @pytest.mark.parametrize("kind", ["attention", "pad", "cat", "prior"])

@@ -173,11 +173,11 @@ def _mode(state: dict | None = None):
             nan = nan & ~n.to(o.device).expand(o.shape)
         return bad.sum(), nan.sum()
 
-    def additive(t, kind):
-        """A device bool: `t` is an additive mask (every non-finite value -inf, every other ≤ 0); known for the
-        model's named state, measured here for a tensor from outside (an input's log-prior slice: a review)."""
-        if kind != "alien" or not t.numel():
-            return torch.tensor(kind == "mask", device=t.device)
+    def additive(t):
+        """A device bool: `t` (from outside the forward) has an additive mask's pattern: every non-finite value -inf,
+        every other ≤ 0 (an attention-mask input; also a log-probability that underflowed: reviews)."""
+        if not t.numel():
+            return torch.tensor(True, device=t.device)
         return torch.where(torch.isfinite(t), t <= 0, t == float("-inf")).all()
 
     class Origins(TorchDispatchMode):
@@ -200,7 +200,7 @@ def _mode(state: dict | None = None):
             literal = name in LITERALS   # torch.tensor([-inf, ...]) in the forward: a constant the code writes
             for t in inputs:   # what it reads from outside the forward is judged as the model's alien state
                 if outside(t) and not literal and not any(t is c for c in constant):
-                    known[id(t)] = (weakref.ref(t), "a tensor from outside the forward", "alien")
+                    known[id(t)] = (weakref.ref(t), "a tensor from outside the forward", "outside")
             marked = [(t, entry(t)) for t in inputs if entry(t)]   # the model's non-finite state, or views of it
             given = [(t, ~torch.isfinite(t), torch.isnan(t)) for t in inputs
                      if not any(t is c for c in constant) and not literal]
@@ -225,23 +225,29 @@ def _mode(state: dict | None = None):
             return out
 
         def _judge(self, name, marked, outs) -> None:
-            """An op reading the model's non-finite state or a tensor from outside: an add or a where that puts an
-            additive mask onto its output by broadcasting writes fills where the mask is -inf (a row `<op> of
-            <name>`); any other non-finite value it outputs where such an input is non-finite (anywhere, if the op
-            does not map it by position and it holds one) it computed."""
+            """An op reading the model's non-finite state or a tensor from outside: an add or a where that puts a
+            mask buffer onto its output by broadcasting writes fills where the mask is -inf (a row `<op> of
+            <name>`); what it outputs non-finite where an alien (a parameter or buffer of another pattern) or a
+            tensor from outside of another pattern is non-finite (anywhere, if the op does not map it by position
+            and it holds one) it computed. A tensor from outside with a mask's pattern is passed on, neither a fill
+            nor a fault (an attention-mask input; a log-probability cache that underflowed passes as before)."""
             named = [e for _, e in marked if e[1] == "mask"] or [e for _, e in marked]
             label = f"{name} of {named[0][0]}"
             ts = [t for t, _ in marked]
             carrier = name in CARRIERS and _maps(ts, outs)
-            oks = [additive(t, kind) if carrier else torch.tensor(False, device=t.device) for t, (_, kind) in marked]
+            no = torch.tensor(False, device=outs[0].device)
+            fill_ok = [no | (carrier and kind == "mask") for _, (_, kind) in marked]
+            passed = [additive(t).to(no.device) if kind == "outside" else no for t, (_, kind) in marked]
             fills, alien = [], []
             for o in outs:
                 bad = ~torch.isfinite(o)
                 if _maps(ts, [o]):
-                    mine = torch.stack([(torch.isinf(t) & ok).expand(o.shape) for t, ok in zip(ts, oks)]).any(0)
-                    theirs = torch.stack([(~torch.isfinite(t) & ~ok).expand(o.shape) for t, ok in zip(ts, oks)]).any(0)
+                    mine = torch.stack([(torch.isinf(t) & ok).expand(o.shape) for t, ok in zip(ts, fill_ok)]).any(0)
+                    theirs = torch.stack([(~torch.isfinite(t) & ~ok & ~p).expand(o.shape)
+                                          for t, ok, p in zip(ts, fill_ok, passed)]).any(0)
                 else:   # not by position: a finite weight beside a concatenated fill vetoes nothing (a review)
-                    mine, theirs = torch.zeros_like(bad), torch.stack([(~torch.isfinite(t)).any() for t in ts]).any()
+                    mine = torch.zeros_like(bad)
+                    theirs = torch.stack([(~torch.isfinite(t)).any() & ~p for t, p in zip(ts, passed)]).any()
                 fills.append(mine & torch.isinf(o))
                 alien.append(theirs & bad & ~(mine & torch.isinf(o)))
             if carrier:
@@ -268,15 +274,14 @@ def _maps(kept, outs) -> bool:
         return False
 
 
-def _state(model, inputs=None) -> dict:
-    """id -> (name, "mask" or "alien") for the model's parameters, buffers and inputs holding non-finite values (read
-    back once): a buffer or an input whose every non-finite value is -inf and every other ≤ 0 is an additive mask
-    (an attention mask given as a float input: a review); anything else is alien. Tensors a dense read cannot scan
-    (meta, sparse) are left out."""
+def _state(model) -> dict:
+    """id -> (name, "mask" or "alien") for the model's parameters and buffers holding non-finite values (read back
+    once): a buffer whose every non-finite value is -inf and every other ≤ 0 is an additive mask; anything else is
+    alien. Tensors a dense read cannot scan (meta, sparse) are left out; inputs are judged where the forward reads
+    them (`_mode`)."""
     import torch
 
     named = [(n, t, False) for n, t in model.named_parameters()] + [(n, t, True) for n, t in model.named_buffers()]
-    named += [(f"input {n}", t, True) for n, t in (inputs.tensors() if inputs is not None else [])]
     named = [(n, t, b) for n, t, b in named if t.is_floating_point() and t.numel() and t.layout == torch.strided
              and t.device.type != "meta"]
     if not named:
@@ -337,7 +342,7 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
     if ctx.wrapper is not None or ctx.pass_wrapper is not None:   # a plain forward of one rank's (sharded) model
         return Fills(failed="not asked under torchrun")               # would wait for the others' collectives
     try:
-        state = _state(model, inputs)
+        state = _state(model)
         mode = _mode(state)
         with leave_no_trace(model), torch.no_grad(), ctx.seeded():
             model.train(training)   # the judged pass's mode (flags put back): a fault may be one mode's
