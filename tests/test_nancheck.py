@@ -932,3 +932,21 @@ def test_a_masked_missing_label_is_neither_the_headline_nor_an_input_error():
 
     r = run("nancheck", Labelled(), (torch.randn(4, 5), y), target=y)
     assert r.exit_code == 0 and "non-finite-input" not in {f.code for f in r.findings}, [f.to_dict() for f in r.findings]
+
+
+def test_a_float8_buffer_is_read_not_an_internal_error():
+    """A review (/tmp/rev36): a float8 buffer holding inf ended nancheck with 'Promotion for Float8 Types is not
+    supported' (its sum and norm in float32); it is read as float32 now, and reported as any buffer."""
+    from torchdiag.api import run as api_run
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Linear(8, 10)
+            self.register_buffer("amax_history", torch.tensor([float("inf"), 0.0]).to(torch.float8_e5m2))
+
+        def forward(self, x):
+            return self.head(x)
+
+    res = api_run("nancheck", Scaled(), (torch.randn(4, 8),))
+    assert [(f.severity, f.code, f.where) for f in res.findings] == [("info", "inf-buffer", "amax_history")]

@@ -26,13 +26,19 @@ def is_float(t) -> bool:
     return t.is_floating_point() or t.is_complex()
 
 
+def _wide(d):
+    """float8 has no sum, norm or isfinite of its own (a review's fp8 buffer was an internal error): its float32
+    copy; any other tensor as it is."""
+    return d.float() if d.is_floating_point() and d.element_size() == 1 else d
+
+
 def finite(t) -> bool:
     """True when every element is finite. One reduction; the exact test only on suspicion."""
     import torch
 
     if not _FULL:
         _init_dtypes()
-    d = t.detach()
+    d = _wide(t.detach())
     if d.dtype in _FULL:
         if math.isfinite(d.sum().item()):
             return True
@@ -51,7 +57,7 @@ def device_sum(t):
 
     if not _FULL:
         _init_dtypes()
-    d = t.detach()
+    d = _wide(t.detach())
     if d.dtype in _FULL:
         return d.sum()
     if d.is_complex():
@@ -68,7 +74,7 @@ def totals(tensors) -> list:
         _init_dtypes()
     groups: dict = {}
     for t in tensors:
-        d = t.detach()
+        d = _wide(t.detach())
         if d.numel() and (d.is_floating_point() or d.is_complex()):   # int/bool values are always finite
             low = d.dtype not in _FULL and not d.is_complex()   # float16/bfloat16: norm in float32
             groups.setdefault((d.device, low, d.is_complex()), []).append(d)
@@ -113,7 +119,7 @@ def counts(t) -> tuple[int, int]:
     """(NaN count, Inf count)."""
     import torch
 
-    d = t.detach()
+    d = _wide(t.detach())
     return int(torch.isnan(d).sum()), int(torch.isinf(d).sum())
 
 
@@ -121,7 +127,7 @@ def value_range(t) -> tuple[float | None, float | None]:
     """(min, max) over the finite elements."""
     import torch
 
-    d = t.detach()
+    d = _wide(t.detach())
     if d.is_complex():
         d = d.abs()
     d = d[torch.isfinite(d)]
