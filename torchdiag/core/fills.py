@@ -24,7 +24,8 @@ per op, the non-finite values of its output with those its floating inputs held 
 - a buffer that is an additive mask (every non-finite value -inf, every other ≤ 0) is a constant the model holds:
   an add or a where that puts it onto an output writes fills where it is -inf; any other parameter or buffer
   holding a non-finite value, or a tensor neither made in the forward nor the model's state (an unregistered
-  attribute, an input), is alien: what an op outputs non-finite where one is non-finite it computed;
+  attribute, an input) without a mask's pattern, is alien: what an op outputs non-finite where one is non-finite it
+  computed; such a tensor with the pattern is passed on, neither a fill nor a fault;
 - a view makes nothing (its schema returns `Tensor(a)`; an in-place op, `Tensor(a!)`, is judged: a review's
   `x[:, :2] /= x[:, 2:]`); an uninitialised allocation (`empty_like`) makes nothing: its contents are whatever the
   memory held.
@@ -117,14 +118,14 @@ def _is_view(func) -> bool:
 
 
 def _mode(state: dict | None = None):
-    """`state`: id(tensor) -> (name, kind) for the model's parameters, buffers and inputs that hold non-finite values
-    before the forward (`_state`). Kind "mask": an additive mask (every non-finite value -inf, every other ≤ 0: a
-    vocabulary mask, a causal mask, an attention mask input); "alien": any other (an overflowed statistic, a
-    corrupted weight). A tensor an op reads that no op of the forward made and that is not the model's named state
-    (an unregistered attribute) is alien too, and is measured as a mask where it is put onto an output (an input's
-    log-prior slice). An add or a where (CARRIERS) that puts a mask onto its output by broadcasting writes fills where
-    it is -inf and the output too; any other non-finite value an op outputs where such a tensor is non-finite (or
-    anywhere, if the op does not map it by position and it holds one) it computed: a fill elsewhere excuses nothing
+    """`state`: id(tensor) -> (name, kind) for the model's parameters and buffers that hold non-finite values before
+    the forward (`_state`). Kind "mask": a buffer that is an additive mask (every non-finite value -inf, every other
+    ≤ 0: a vocabulary mask, a causal mask); "alien": any other (an overflowed statistic, a corrupted weight). A tensor
+    an op reads that no op of the forward made and that is not the model's named state (an input, an unregistered
+    attribute) is "outside": passed on where it has a mask's pattern, alien where it does not. An add or a where
+    (CARRIERS) that puts a mask buffer onto its output by broadcasting writes fills where it is -inf and the output
+    too; any other non-finite value an op outputs where an alien is non-finite (or anywhere, if the op does not map
+    it by position and it holds one) it computed: a fill elsewhere excuses nothing
     (reviews: a hand-written normaliser's +inf mean, a frozen BatchNorm's beside a mask, an unregistered +inf
     attribute beside a causal mask). A view or a copy of one alone (`mask[None]`, `mask.to(dtype)`) is the same
     kind, under the same name; one that writes new values (`F.pad(x, value=-inf)`) is judged as any op."""
@@ -172,13 +173,6 @@ def _mode(state: dict | None = None):
             bad = bad & ~b.to(o.device).expand(o.shape)
             nan = nan & ~n.to(o.device).expand(o.shape)
         return bad.sum(), nan.sum()
-
-    def additive(t):
-        """A device bool: `t` (from outside the forward) has an additive mask's pattern: every non-finite value -inf,
-        every other ≤ 0 (an attention-mask input; also a log-probability that underflowed: reviews)."""
-        if not t.numel():
-            return torch.tensor(True, device=t.device)
-        return torch.where(torch.isfinite(t), t <= 0, t == float("-inf")).all()
 
     class Origins(TorchDispatchMode):
         """Per op call: (op, passes ±inf as a number, the non-finite values it made, the NaN it made), counts on
@@ -237,7 +231,7 @@ def _mode(state: dict | None = None):
             carrier = name in CARRIERS and _maps(ts, outs)
             no = torch.tensor(False, device=outs[0].device)
             fill_ok = [no | (carrier and kind == "mask") for _, (_, kind) in marked]
-            passed = [additive(t).to(no.device) if kind == "outside" else no for t, (_, kind) in marked]
+            passed = [_additive(t).to(no.device) if kind == "outside" else no for t, (_, kind) in marked]
             fills, alien = [], []
             for o in outs:
                 bad = ~torch.isfinite(o)
@@ -264,8 +258,16 @@ COPIES = SELECTIONS | {"_to_copy", "to", "expand", "detach", "alias"}
 LITERALS = frozenset({"lift_fresh", "lift_fresh_copy"})   # a tensor made from Python data: its values are the code's
 
 
+def _additive(t):
+    """A device bool: `t` has an additive mask's pattern, every non-finite value -inf and every other ≤ 0 (a causal
+    mask; also a log-probability that underflowed, which is why an input's pattern makes no fill: a review)."""
+    import torch
+
+    return torch.where(torch.isfinite(t), t <= 0, t == float("-inf")).all()
+
+
 def _maps(kept, outs) -> bool:
-    """Every held buffer broadcasts onto every output's shape: the op works by position (an add, a where)."""
+    """Every tensor of `kept` broadcasts onto every output's shape: the op works by position (an add, a where)."""
     import torch
 
     try:
@@ -289,9 +291,8 @@ def _state(model) -> dict:
     home = named[0][1].device
 
     def flags(t):
-        bad = ~torch.isfinite(t)
-        mask = (bad.any() & torch.where(bad, t == float("-inf"), t <= 0).all())
-        return torch.stack([bad.any(), mask]).to(home)
+        bad = (~torch.isfinite(t)).any()
+        return torch.stack([bad, bad & _additive(t)]).to(home)
 
     def scanned(t):   # float8 has no isfinite: its float32 copy (a review's fp8 buffer ended the tracing)
         try:
