@@ -487,3 +487,41 @@ def test_an_unused_mask_buffer_beside_fills_is_no_error():
     res = api_run("nancheck", TwoMasks(), (torch.randn(4, 8),), target=_targets())
     assert not codes(res, ("error",)), [(f.code, f.where, f.message) for f in res.findings]
     assert [f.code for f in res.findings if f.code in ("inf-buffer", "inf-fill")] == ["inf-buffer", "inf-fill"]
+
+
+@pytest.mark.parametrize("command", ["nancheck", "gradflow", "doctor", "overfit-batch"])
+def test_made_up_class_targets_keep_off_the_classes_a_mask_bans(command):
+    """No --batch: torchdiag's random class target landed on a class the mask buffer bans (-inf there), the
+    cross-entropy was inf and every gradient NaN: a healthy model failed with non-finite-loss."""
+    torch.manual_seed(0)
+    model = Banned("add")
+    model.running_mean.zero_()
+    drawn = torch.randint(0, 10, (8,), generator=torch.Generator().manual_seed(0))
+    assert (drawn >= 7).any()                  # the premise: the seeded draw hits a banned class
+    res = api_run(command, model, (torch.randn(8, 8),))
+    assert not codes(res), [(f.code, f.message) for f in res.findings if f.severity != "info"]
+    if command == "nancheck":
+        assert "kept off 24 -inf logits" in res.header["loss"], res.header
+
+
+def test_only_targets_on_a_banned_class_move():
+    torch.manual_seed(0)
+    model = Banned("add")
+    model.running_mean.zero_()
+    from torchdiag.core.fills import Fills
+    y = model(torch.randn(8, 8))
+    loss = Loss("auto", seed=0)
+    loss.fills = lambda: Fills(made={"add of banned": 24}, masks={"output": torch.isinf(y)})
+    assert torch.isfinite(loss(y))
+    drawn = torch.randint(0, 10, (8,), generator=torch.Generator().manual_seed(0))
+    kept = drawn < 7
+    assert torch.equal(loss.target[kept], drawn[kept]) and (loss.target < 7).all()
+
+
+@pytest.mark.parametrize("use", ["reduced", "overflow", "exp"])
+def test_made_up_class_targets_do_not_move_off_a_computed_inf(use):
+    torch.manual_seed(0)
+    model = Banned(use)
+    model.running_mean.zero_()
+    res = api_run("nancheck", model, (torch.randn(8, 8),))
+    assert codes(res, ("error",)) & {"non-finite-output", "non-finite-loss"}, [(f.code, f.message) for f in res.findings]

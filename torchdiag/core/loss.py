@@ -150,6 +150,9 @@ class Loss:
             text = f"{self.chosen or self.kind} on {self.picked or 'output'}{target}"
             if self.chosen == "mse" and self.made_target:
                 text += self._fills_said(self.picked)
+            mask = (self.fill_masks or {}).get(self.picked) if self.chosen == "cross_entropy" else None
+            if mask is not None and self.made_target:
+                text += f" (kept off {int(mask.sum()):,} -inf logits: constants the model writes)"
             if self.chosen == "next_token":
                 text = (f"next-token cross_entropy on {self.picked} against {self.lm.name} shifted by one "
                         f"(a language model: {self.lm.name} feeds an embedding of {self.lm.vocab} rows, the logits' "
@@ -262,7 +265,8 @@ class Loss:
                 shape = (y.shape[0],) + tuple(y.shape[2:])
                 self.target = self._random(lambda s, generator: torch.randint(0, y.shape[1], s, generator=generator),
                                            shape, g).to(y.device)
-                self.made_target = True
+                self.made_target, self.checked_classes = True, y.shape[1]   # in range as drawn: no check to read
+                self.target = self._off_fills(y, self.target, g)
             elif not self.target.is_floating_point() and self.checked_classes != y.shape[1]:
                 if _check_classes(self.target, y):   # once: on CUDA a bad index is a device assert
                     self.checked_classes = y.shape[1]
@@ -296,6 +300,24 @@ class Loss:
         if mask is None or mask.shape != y.shape or mask.device != y.device:
             return y
         return torch.where(mask, target.to(y.dtype), y)
+
+    def _off_fills(self, y, target, g):
+        """A made-up class target moved off the classes whose logit is a -inf the model writes as a constant (a
+        registered mask that bans classes, core/fills.py): no target can be fitted there, and one such target made
+        the loss inf and every gradient NaN. Only fills move it (one read, at the target's making); a -inf the
+        model computed (an overflow) keeps its target and makes the loss non-finite, as it should. A row whose
+        every class is a fill keeps its target."""
+        import torch
+
+        if self.fills is None or not _has_values(y) or not bool(torch.isinf(y.detach()).any()):
+            return target
+        mask = self.fills().mask(self.picked, y)
+        if mask is None:
+            return target
+        self.fill_masks = {**(self.fill_masks or {}), self.picked: mask}
+        hit = mask.gather(1, target.unsqueeze(1)).squeeze(1) & ~mask.all(1)
+        scores = self._random(torch.rand, y.shape, g).to(y.device).masked_fill(mask, -1.0)
+        return torch.where(hit, scores.argmax(1), target)
 
     def _random(self, draw, shape, g):
         """draw(shape, generator=g); under torchrun (self.rows) drawn for the whole batch and cut to this
