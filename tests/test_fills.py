@@ -525,3 +525,61 @@ def test_made_up_class_targets_do_not_move_off_a_computed_inf(use):
     model.running_mean.zero_()
     res = api_run("nancheck", model, (torch.randn(8, 8),))
     assert codes(res, ("error",)) & {"non-finite-output", "non-finite-loss"}, [(f.code, f.message) for f in res.findings]
+
+
+class MaskedVocabLM(nn.Module):
+    """A causal LM whose vocabulary mask bans ids 0-3 (special tokens it never predicts), or (computed) whose logit
+    for id 3 is log(0)."""
+
+    def __init__(self, computed: bool = False):
+        super().__init__()
+        self.emb, self.head, self.computed = nn.Embedding(50, 16), nn.Linear(16, 50), computed
+        mask = torch.zeros(50)
+        mask[:4] = float("-inf")
+        self.register_buffer("vocab_mask", mask)
+
+    def forward(self, ids):
+        y = self.head(torch.cumsum(self.emb(ids), 1))
+        if self.computed:
+            return torch.cat([y[..., :3], torch.log(torch.zeros_like(y[..., :1])), y[..., 4:]], -1)
+        return y + self.vocab_mask
+
+
+def _ids():
+    ids = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(0))
+    assert (ids[:, 1:] < 4).sum() == 2     # the premise: two next ids are banned ones
+    return ids
+
+
+@pytest.mark.parametrize("command", ["nancheck", "gradflow", "doctor"])
+def test_next_ids_a_vocabulary_mask_bans_are_left_out_of_the_loss(command):
+    """The next-token loss over ids the model bans (-inf logits from a registered mask) was inf, every gradient NaN:
+    a healthy language model failed. Those positions are left out, and the header says how many."""
+    torch.manual_seed(0)
+    res = api_run(command, MaskedVocabLM(), (_ids(),))
+    assert not codes(res), [(f.code, f.message) for f in res.findings if f.severity != "info"]
+    assert "2 positions left out: their next id is a -inf logit" in res.header["loss"], res.header
+
+
+def test_the_next_token_loss_leaves_out_only_the_banned_positions():
+    import torch.nn.functional as F
+
+    from torchdiag.core.fills import Fills
+    from torchdiag.core.loss import LanguageModel
+    torch.manual_seed(0)
+    model, ids = MaskedVocabLM(), _ids()
+    y = model(ids)
+    loss = Loss("auto")
+    loss.lm = LanguageModel("input[0]", ids, (50,))
+    loss.fills = lambda: Fills(made={"add of vocab_mask": 96}, masks={"output": torch.isinf(y)})
+    kept = ids[:, 1:] >= 4
+    truth = F.cross_entropy(y[:, :-1][kept], ids[:, 1:][kept])     # by hand, over the kept positions
+    assert loss(y).item() == pytest.approx(truth.item(), rel=1e-6)
+
+
+def test_a_computed_minus_inf_on_a_next_id_keeps_the_loss_inf():
+    torch.manual_seed(0)
+    ids = _ids()
+    assert (ids[:, 1:] == 3).any()
+    res = api_run("nancheck", MaskedVocabLM(computed=True), (ids,))
+    assert codes(res, ("error",)) & {"non-finite-output", "non-finite-loss"}, [(f.code, f.message) for f in res.findings]

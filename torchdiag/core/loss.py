@@ -32,6 +32,7 @@ from . import seeds
 from .tracking import dataclass_fields
 
 LOSS_CHOICES = "auto|cross_entropy|mse|sum|PATH:fn"
+LEFT_OUT = -100     # cross_entropy's ignore_index: a next-token position the loss leaves out
 
 
 def primary_output(out) -> tuple[Any, str]:
@@ -157,6 +158,9 @@ class Loss:
                 text = (f"next-token cross_entropy on {self.picked} against {self.lm.name} shifted by one "
                         f"(a language model: {self.lm.name} feeds an embedding of {self.lm.vocab} rows, the logits' "
                         "last dimension)")
+                if self.lm.left_out is not None:
+                    text += (f"; {int(self.lm.left_out.sum()):,} positions left out: their next id is a -inf logit, "
+                             "a constant the model writes")
         for label, rule, _ in self.extra or ():
             text += f" + {label} itself" if rule == "model" else \
                 f" + {self.chosen} on {label} against the same target" if rule == "same" else \
@@ -247,8 +251,10 @@ class Loss:
                 return y.float().mean()
             return _scalar(y, self.picked)
         if kind == "next_token":
-            ids = self.lm.ids.to(y.device)
-            return F.cross_entropy(y[:, :-1].float().reshape(-1, y.shape[-1]), ids[:, 1:].reshape(-1))
+            if self.lm.targets is None or self.lm.targets.device != y.device:
+                self.lm.targets = self._next_targets(y)
+            return F.cross_entropy(y[:, :-1].float().reshape(-1, y.shape[-1]), self.lm.targets.reshape(-1),
+                                   ignore_index=LEFT_OUT)
         if kind == "sum":
             return y.float().sum()
         if kind == "cross_entropy":
@@ -301,6 +307,30 @@ class Loss:
             return y
         return torch.where(mask, target.to(y.dtype), y)
 
+    def _fill_mask(self, y):
+        """The ±inf positions of output `y` the model writes as constants (core/fills.py), or None: one read (does `y`
+        hold ±inf?), and the fills' forward only when it does. Kept for the header."""
+        import torch
+
+        if self.fills is None or not _has_values(y) or not bool(torch.isinf(y.detach()).any()):
+            return None
+        mask = self.fills().mask(self.picked, y)
+        if mask is not None:
+            self.fill_masks = {**(self.fill_masks or {}), self.picked: mask}
+        return mask
+
+    def _next_targets(self, y):
+        """The ids shifted by one, with the positions whose next id is a -inf logit the model writes as a constant
+        (a vocabulary mask that bans padding or special tokens) left out: the model says it never predicts them.
+        Every position banned, or a -inf the model computed: all kept (the loss is inf)."""
+        targets = self.lm.ids[:, 1:].to(y.device)
+        mask = self._fill_mask(y)
+        if mask is None:
+            return targets
+        hit = mask[:, :-1].gather(2, targets.unsqueeze(2)).squeeze(2)
+        self.lm.left_out = hit
+        return targets if bool(hit.all()) else targets.masked_fill(hit, LEFT_OUT)
+
     def _off_fills(self, y, target, g):
         """A made-up class target moved off the classes whose logit is a -inf the model writes as a constant (a
         registered mask that bans classes, core/fills.py): no target can be fitted there, and one such target made
@@ -309,12 +339,9 @@ class Loss:
         every class is a fill keeps its target."""
         import torch
 
-        if self.fills is None or not _has_values(y) or not bool(torch.isinf(y.detach()).any()):
-            return target
-        mask = self.fills().mask(self.picked, y)
+        mask = self._fill_mask(y)
         if mask is None:
             return target
-        self.fill_masks = {**(self.fill_masks or {}), self.picked: mask}
         hit = mask.gather(1, target.unsqueeze(1)).squeeze(1) & ~mask.all(1)
         scores = self._random(torch.rand, y.shape, g).to(y.device).masked_fill(mask, -1.0)
         return torch.where(hit, scores.argmax(1), target)
@@ -361,6 +388,8 @@ class LanguageModel:
     ids: Any
     vocabs: tuple          # the sizes of the embeddings every id indexes into
     vocab: int = 0         # the one the logits match (set by fits)
+    targets: Any = None    # the ids shifted by one, LEFT_OUT where the next id is a -inf the model writes (once)
+    left_out: Any = None   # where they are (for the header), or None
 
     def fits(self, y) -> bool:
         if (y.dim() == 3 and y.is_floating_point() and tuple(y.shape[:2]) == tuple(self.ids.shape)
