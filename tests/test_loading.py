@@ -210,3 +210,26 @@ def test_a_model_with_its_own_training_step_is_told_it_is_not_run(cli, tmp_path)
     assert "training_step" not in r.json        # summary trains nothing
     r = cli("gradflow", f"{tmp_path}/lit.py:sched", "--device", "cpu", "--json")
     assert "training_step" not in r.json        # an attribute of that name is no Lightning contract (a review)
+
+
+def test_a_model_holding_meta_tensors_is_one_line_exit_2(cli, tmp_path):
+    """A factory that leaves a buffer on the meta device: every command ended in torch's "Cannot copy out of meta
+    tensor" (exit 4); the Python API's model partly on meta as well. A model wholly on meta stays a meta run."""
+    f = tmp_path / "m.py"
+    f.write_text("import torch\nclass M(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                 "        self.fc = torch.nn.Linear(8, 4)\n        self.register_buffer('unused', torch.empty(3, "
+                 "device='meta'))\n    def forward(self, x):\n        return self.fc(x)\n"
+                 "def build():\n    return M()\n")
+    for command in ("summary", "nancheck", "gradflow"):
+        r = cli(command, f"{f}:build", "--input", "2x8", "--device", "cpu")
+        assert r.code == 2 and "1 tensor(s) on the meta device" in r.stderr and "buffer unused" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+    assert cli("summary", f"{f}:build", "--input", "2x8", "--device", "meta").code == 0
+    import importlib.util
+
+    from torchdiag.api import run as api_run
+    spec = importlib.util.spec_from_file_location("m_meta", f)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(UsageError, match="buffer unused"):
+        api_run("nancheck", mod.build(), (torch.randn(2, 8),))

@@ -950,3 +950,26 @@ def test_a_float8_buffer_is_read_not_an_internal_error():
 
     res = api_run("nancheck", Scaled(), (torch.randn(4, 8),))
     assert [(f.severity, f.code, f.where) for f in res.findings] == [("info", "inf-buffer", "amax_history")]
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_a_sparse_buffer_is_read_by_its_stored_values(layout):
+    """A graph's sparse adjacency buffer ended nancheck with "Could not run 'aten::linalg_vector_norm' with arguments
+    from the 'SparseCPU' backend" (an internal error); its stored values are read, and a NaN among them is found."""
+    from torchdiag.api import run as api_run
+
+    class Graph(torch.nn.Module):
+        def __init__(self, adj):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 4)
+            self.register_buffer("adj", adj.to_sparse() if layout == "coo" else adj.to_sparse_csr())
+
+        def forward(self, x):
+            return (self.adj.to_dense() @ self.fc(x).t()).t()
+
+    res = api_run("nancheck", Graph(torch.eye(4)), (torch.randn(4, 8),))
+    assert res.exit_code == 0 and not [f for f in res.findings if f.severity != "info"]
+    bad = torch.eye(4)
+    bad[1, 2] = float("nan")
+    res = api_run("nancheck", Graph(bad), (torch.randn(4, 8),))
+    assert [f.where for f in res.findings if f.code == "non-finite-param"] == ["adj"]

@@ -285,10 +285,12 @@ def context_for(model, spec: RunSpec, *, loss=None, target=None) -> Context:
     """The Python API's context: the device is the model's own; `loss` may be a callable."""
     from .distributed import refuse_sharded
     from .loading import refuse_scripted
+    from .meta import refuse_meta_tensors
     from .precision import check_supported
 
     refuse_scripted(model, "the model given")
     refuse_sharded(model, "the model given")
+    refuse_meta_tensors(model, "the model given", partly=True)
     custom = loss if callable(loss) and not isinstance(loss, str) else None
     ctx = Context(spec, model_device(model), None, target, custom_loss=custom, places=model_places(model))
     check_supported(spec, ctx.device)

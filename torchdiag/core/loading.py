@@ -130,7 +130,7 @@ def load_model(spec: str, arg_pairs: list[str] | None = None, device=None, seed:
     import torch
     from torch import nn
 
-    from .meta import build_on_meta
+    from .meta import build_on_meta, refuse_meta_tensors
 
     kwargs = parse_args(arg_pairs)
     if sources.is_source(spec):
@@ -161,15 +161,19 @@ def load_model(spec: str, arg_pairs: list[str] | None = None, device=None, seed:
     refuse_scripted(model, f"{name}()")
     refuse_sharded(model, f"the model {name}() returned")
     if device is not None and device.type != "meta":
+        refuse_meta_tensors(model, f"the model {name}() returned")
         model = model.to(device)
     return LoadedModel(model, spec, module, name, kwargs, built_on, factory)
 
 
 def _load_source(spec: str, kwargs: dict[str, Any], device, seed: int | None, download: str | None = None) -> LoadedModel:
     """`torchvision:NAME`, `timm:NAME`, `hf:PATH`, `hf:NAME` (core.sources)."""
+    from .meta import refuse_meta_tensors
+
     source = sources.resolve(spec, kwargs, download)
     model, built_on = sources.build(source, device, seed)
     if device is not None and device.type != "meta":
+        refuse_meta_tensors(model, f"the model {source.label} built")
         model = model.to(device)
     return LoadedModel(model, spec, sources.example_module(spec, source), source.label, source.kwargs, built_on,
                        source.build, source.inputs, source.input_source, tuple(source.weights), dict(source.header),

@@ -48,3 +48,20 @@ def build_on_meta(factory, kwargs):
         if hasattr(model, "to"):
             model = model.to("meta")
         return model, "parameters moved to meta as registered"
+
+
+def refuse_meta_tensors(model, what: str, partly: bool = False) -> None:
+    """A model holding parameters or buffers on the meta device has no values to move or compute with (a factory
+    that built on meta and never materialised, a buffer left unassigned): exit 2 naming the first, not torch's
+    "Cannot copy out of meta tensor" from deep inside. `partly`: only when some tensors have values (the Python
+    API's model wholly on meta is a meta run)."""
+    from ..errors import UsageError
+
+    state = [(f"parameter {n}", t) for n, t in model.named_parameters()] + \
+        [(f"buffer {n}", t) for n, t in model.named_buffers()]
+    on_meta = [n for n, t in state if t.device.type == "meta"]
+    if not on_meta or (partly and len(on_meta) == len(state)):
+        return
+    raise UsageError(f"{what} holds {len(on_meta)} tensor(s) on the meta device, without values (first: "
+                     f"{on_meta[0]})", hint="materialise them in the factory (to_empty() then initialise, or load "
+                     "the weights there); --device meta runs the commands that need shapes only")

@@ -28,7 +28,14 @@ def is_float(t) -> bool:
 
 def _wide(d):
     """float8 has no sum, norm or isfinite of its own (a review's fp8 buffer was an internal error): its float32
-    copy; any other tensor as it is."""
+    copy; a sparse tensor (a graph's adjacency buffer: no norm on SparseCPU, an internal error) its stored values;
+    any other tensor as it is."""
+    import torch
+
+    if d.layout == torch.sparse_coo:
+        d = d.coalesce().values()
+    elif d.layout != torch.strided:   # CSR, CSC, BSR, BSC
+        d = d.values()
     return d.float() if d.is_floating_point() and d.element_size() == 1 else d
 
 
