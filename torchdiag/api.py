@@ -95,14 +95,15 @@ def run(command: str, model, inputs=None, *, loss: Any = "auto", target=None, **
     from .core.precision import cast_copy, cast_inputs
     from .runner.local import invoke
 
-    d = get(command).diagnostic_module()
+    entry = get(command)
+    d = entry.diagnostic_module()
     spec = run_spec(command, d, loss=loss, **options)   # pops the run-wide keywords from options
     for key in (*RUN_KEYS, *OPTIMIZER_KEYS):
         options.pop(key, None)
     opts = _options(d, **options)
     said: dict = {}
     model = eager(model, command, said)   # a torch.compile'd model: the module it wraps (profile: as it is)
-    ctx = context_for(model, spec, loss=loss, target=target)
+    ctx = context_for(model, spec, loss=loss, target=target, spread=entry.spread)
     ctx.header.update(said)
     raw = as_inputs(model, inputs) if getattr(d, "TAKES_INPUTS", True) else None
     materialise(model, raw, ctx.header)   # lazy modules: as the caller's own first forward would (core/lazy.py)

@@ -102,6 +102,9 @@ class Command:
     # a torch.compile'd model is run compiled (profile: the time is the compiled graph's); every other command
     # diagnoses the module it wraps, run eagerly (hooks inside a compiled graph break it or crash dynamo)
     compiled: bool = False
+    # a model the Python API hands over partly on the meta device is diagnosed (doctor: device-mismatch names
+    # each tensor there), not refused with exit 2 as every other command does (core/meta.refuse_meta_tensors)
+    spread: bool = False
 
     @property
     def module_name(self) -> str:
@@ -149,7 +152,7 @@ COMMANDS: tuple[Command, ...] = (
        "(saved for backward), temporaries; the peak and when it happens; per-module activation memory.",
        _TRAIN, renderer=True, per_rank=True),
     _c("doctor", "Run the checklist of bugs that let a model train while quietly doing the wrong thing.",
-       _TRAIN, per_rank=True, cross_rank=True),
+       _TRAIN, per_rank=True, cross_rank=True, spread=True),
     _c("watch", "Watch your own training run (a script, or your loop in Python): non-finite values with the step and "
        "module, missing zero_grad, loss spikes and divergence, dead units, update/weight ratios; a report at the end.",
        ("output",), renderer=True, target="script"),

@@ -281,8 +281,9 @@ def model_device(model):
     return torch.device("cpu")
 
 
-def context_for(model, spec: RunSpec, *, loss=None, target=None) -> Context:
-    """The Python API's context: the device is the model's own; `loss` may be a callable."""
+def context_for(model, spec: RunSpec, *, loss=None, target=None, spread=False) -> Context:
+    """The Python API's context: the device is the model's own; `loss` may be a callable. `spread`: a model
+    partly on meta is the command's to diagnose (Command.spread), not refused."""
     from .distributed import refuse_sharded
     from .loading import refuse_scripted
     from .meta import refuse_meta_tensors
@@ -290,7 +291,8 @@ def context_for(model, spec: RunSpec, *, loss=None, target=None) -> Context:
 
     refuse_scripted(model, "the model given")
     refuse_sharded(model, "the model given")
-    refuse_meta_tensors(model, "the model given", partly=True)
+    if not spread:
+        refuse_meta_tensors(model, "the model given", partly=True)
     custom = loss if callable(loss) and not isinstance(loss, str) else None
     ctx = Context(spec, model_device(model), None, target, custom_loss=custom, places=model_places(model))
     check_supported(spec, ctx.device)
