@@ -1236,6 +1236,86 @@ def test_two_starved_optimizers_each_get_their_own_cause():
     assert sum("gone by the step" in m for m in messages) == 1 and sum("left them no gradient" in m for m in messages) == 1
 
 
+class _NormEvalNet(nn.Module):
+    """A backbone whose train() keeps its BatchNorm in eval when norm_eval (mmdetection's ResNet does): statistics
+    frozen for small detection batches, the affine weights trained."""
+
+    def __init__(self, norm_eval: bool):
+        super().__init__()
+        self.norm_eval = norm_eval
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3),
+                                  nn.BatchNorm2d(8), nn.ReLU())
+        self.head = nn.Linear(8, 2)
+
+    def train(self, mode=True):
+        super().train(mode)
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, nn.BatchNorm2d):
+                    m.eval()
+        return self
+
+    def forward(self, x):
+        return self.head(self.body(x).mean((2, 3)))
+
+
+@pytest.mark.parametrize("case", ["norm_eval", "left_over", "norm_eval_from_scratch"])
+def test_batchnorm_kept_in_eval_by_the_models_own_train_is_a_design(case):
+    """A review: mmdetection's norm_eval (its train() puts BatchNorm back in eval, the affine weights trained) was
+    `module-in-eval-mode` warnings. The model's own train() tells a design (info) from a .eval() left over (warning);
+    statistics that never saw a batch stay a warning either way. The probe leaves every mode as it found it."""
+    torch.manual_seed(0)
+    model = _NormEvalNet(norm_eval=case != "left_over")
+    if case != "norm_eval_from_scratch":   # "pretrained" statistics
+        model.norm_eval = False
+        with torch.no_grad():
+            model.train()
+            for _ in range(5):
+                model(torch.randn(8, 3, 16, 16))
+        model.norm_eval = case != "left_over"
+    model.train()
+    if case == "left_over":
+        model.body[1].eval()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Watch(model, opt, every=10) as w:
+        for _ in range(40):
+            x = torch.randn(8, 3, 16, 16)
+            opt.zero_grad()
+            F.cross_entropy(model(x), (x[:, 0].mean((1, 2)) > 0).long()).backward()
+            opt.step()
+    said = [(f.severity, f.where) for f in w.result().findings if f.code == "module-in-eval-mode"]
+    assert said == {"norm_eval": [("info", "body")], "left_over": [("warning", "body.1")],
+                    "norm_eval_from_scratch": [("warning", "body.1"), ("warning", "body.4")]}[case], said
+    in_eval = {"body.1"} if case == "left_over" else {"body.1", "body.4"}
+    assert {n for n, m in model.named_modules() if not m.training} == in_eval
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_an_expert_routed_to_only_between_reads_got_gradients():
+    """A review: a sparse mixture of experts at every=50 had experts 0 and 5 called never-gets-grad, though the
+    table's largest gradient norms showed they got them at steps between reads. The per-step norms decide: the
+    expert routed to at steps 3 and 17 is not named, the one never routed to is."""
+    class Experts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.experts = nn.ModuleList([nn.Linear(8, 2) for _ in range(3)])
+
+        def forward(self, x, k):
+            return self.experts[k](x)
+
+    torch.manual_seed(0)
+    model = Experts()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Watch(model, opt, every=10) as w:
+        for step in range(40):
+            x = torch.randn(16, 8)
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x, 1 if step in (3, 17) else 0), (x[:, 0] > 0).long()).backward()
+            opt.step()
+    (f,) = [f for f in w.result().findings if f.code == "never-gets-grad"]
+    assert f.where == "experts.2" and "experts.1" not in f.message, f.message
+
+
 @pytest.mark.parametrize("fixed", [False, True])
 def test_a_softmax_before_cross_entropy_loss_is_found_from_its_input(fixed):
     """A sweep: softmax then nn.CrossEntropyLoss passed (loss stuck at 1.6 against a floor of 1.46)."""
@@ -1790,10 +1870,30 @@ def test_metric_names_tell_their_direction(name, lower):
     """A second review: the first version of "no direction, not judged" dropped these (a cross-entropy, a KL, an
     ELBO...). Each climbs after its best while the training loss falls: worse when lower is better, better else."""
     values = [0.9, 0.6, 0.45, 0.4, 0.38, 0.5, 0.62, 0.75, 0.9]
-    if not lower:
-        values = [1 - v for v in values]   # a higher-is-better metric falling after its best: worse
+    if not lower:   # a higher-is-better metric falling after its best: worse (an ELBO of discrete data is <= 0)
+        values = [-v if "elbo" in name or "likelihood" in name else 1 - v for v in values]
     r = _logging_a_metric(name, values)
     assert [f.where for f in r.findings if f.code == "val-worsens"] == [name], [f.to_dict() for f in r.findings]
+
+
+@pytest.mark.parametrize("name, worse", [
+    ("val_neg_mean_squared_error", [-0.9, -0.6, -0.45, -0.4, -0.38, -0.5, -0.62, -0.75, -0.9]),   # scikit-learn's
+    ("val_neg_log_loss", [-0.9, -0.6, -0.45, -0.4, -0.38, -0.5, -0.62, -0.75, -0.9]),
+    ("val_neg_loss", [0.9, 0.6, 0.45, 0.4, 0.38, 0.5, 0.62, 0.75, 0.9])])   # a loss on negatives: >= 0, not negated
+def test_a_negated_loss_is_read_by_its_sign(name, worse):
+    """A review: val_neg_mean_squared_error and val_neg_log_loss (negative, rising as the model learns) were read as
+    an error and a loss, and called worse on a healthy regression and classifier. Negative throughout, a loss or
+    error negated is higher-is-better; its improvement (the values up to its best) is no finding."""
+    assert [f.where for f in _logging_a_metric(name, worse).findings if f.code == "val-worsens"] == [name]
+    assert not [f for f in _logging_a_metric(name, worse[:5]).findings if f.code == "val-worsens"]
+
+
+def test_a_positive_elbo_is_not_judged():
+    """A review: a VAE loop logging the bound it minimises as val_elbo (positive, falling with the training loss)
+    was "worse" all the way. An ELBO or log-likelihood above 0 is a density's or the negated bound: not judged."""
+    r = _logging_a_metric("val_elbo", [180.0, 150.0, 130.0, 118.0, 110.0, 105.0, 101.0, 99.0, 98.0])
+    assert not [f for f in r.findings if f.code == "val-worsens"]
+    assert any("not judged for val-worsens" in n and "val_elbo" in n for n in r.notes), r.notes
 
 
 def _logging_a_metric(name: str, values: list[float]):
@@ -3747,9 +3847,9 @@ def test_loss_diverged_is_judged_against_the_losses_own_noise():
     assert judged(relearn) == ["loss-diverged"]
 
 
-def _one_sample_spike(opt_name: str, autograd: bool = False):
-    """Regression at batch size 1 with one sample 1000x larger at step 120, its target on the model's own
-    prediction plus a typical residual: that step's loss is ordinary, its gradient norm ~1000x the median."""
+def _one_sample_spike(opt_name: str, autograd: bool = False, scale: float = 1000, residual: float = 0.5):
+    """Regression at batch size 1 with one sample `scale`x larger at step 120, its target on the model's own
+    prediction plus `residual`: at 1000 and 0.5 that step's loss is ordinary, its gradient norm ~1000x the median."""
     torch.manual_seed(0)
     model, w_true = nn.Linear(8, 1), torch.randn(8, 1)
     opt = (torch.optim.Adam(model.parameters(), lr=1e-3) if opt_name == "adam"
@@ -3759,9 +3859,9 @@ def _one_sample_spike(opt_name: str, autograd: bool = False):
             x = torch.randn(1, 8)
             y = x @ w_true + 0.1 * torch.randn(1, 1)
             if step == 120:
-                x = 1000 * x
+                x = scale * x
                 with torch.no_grad():
-                    y = model(x) + 0.5
+                    y = model(x) + residual
             opt.zero_grad()
             loss = nn.functional.mse_loss(model(x), y)
             torch.autograd.backward(loss) if autograd else loss.backward()   # the first: watch sees no loss
@@ -3773,6 +3873,16 @@ def test_a_harmless_per_sample_gradient_spike_is_not_an_explosion():
     # Adam bounds the step whatever the gradient: the loss never leaves its spread
     r = _one_sample_spike("adam")
     assert not [f for f in r.findings if f.code == "grad-norm-explosion"], [f.message for f in r.findings]
+
+
+def test_a_hard_samples_own_loss_is_not_the_run_feeling_its_gradient():
+    """One sample 300 off its prediction: its loss (9e4) and gradient norm (180x) spike at that step, then both are
+    back where they were (Adam bounds the step). The step's own loss is the spike's cause, not its effect: the
+    loss spike is said, the gradient norm is no explosion (a review: healthy digits runs at batch size 2 warned)."""
+    r = _one_sample_spike("adam", scale=1, residual=300)
+    assert [f.code for f in r.findings if f.severity != "info"] == ["loss-spike"], [f.message for f in r.findings]
+    at = r.series["step"].index(121)
+    assert r.series["loss"][at] > 1e4 and r.series["grad_norm"][at] > 10 * r.series["grad_norm"][at + 1]
 
 
 def test_a_gradient_spike_that_moves_the_loss_is_an_explosion():

@@ -1482,6 +1482,19 @@ class Engine:
             self.close()
         with contextlib.suppress(Exception):
             self._probe_modes()
+        with contextlib.suppress(Exception):
+            self._probe_kept_in_eval()
+
+    def _probe_kept_in_eval(self) -> None:
+        """Submodules in eval while their model trained: which does the model's own train() keep there (modes.py)?"""
+        from .modes import kept_in_eval
+
+        kept = self.checks["eval_kept"] = set()
+        for root in list(self.roots.values()):
+            prefix = self.root_prefix(root)
+            names = [n[len(prefix):] for n in self.checks["eval_modules"] if n.startswith(prefix)]
+            if names and not compiled(root):
+                kept |= {prefix + n for n in kept_in_eval(inner(root), names)}
 
     def _probe_modes(self) -> None:
         """Steps trained in eval mode: does the mode change what the model computes? Its last training batch run

@@ -53,6 +53,26 @@ def mode_inert(model, args, kwargs, sensitive: tuple) -> bool | None:
         _numpy_state(np_state)
 
 
+def kept_in_eval(model, names: list[str]) -> set[str]:
+    """Of the submodules `names` found in eval mode while the model trained, those the model's own train() leaves in
+    eval: its train() is overridden to keep them so (mmdetection's norm_eval: BatchNorm statistics frozen for small
+    detection batches, the affine weights trained), a design, not a .eval() left over. Every module's mode and every
+    parameter's requires_grad (an override may freeze stages) are put back; a train() that raises tells nothing."""
+    modules = dict(model.named_modules())
+    modes = [(m, m.training) for m in modules.values()]
+    grads = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        model.train()
+        return {n for n in names if n in modules and not modules[n].training}
+    except Exception:
+        return set()
+    finally:
+        for m, training in modes:
+            m.training = training
+        for p, flag in grads:
+            p.requires_grad_(flag)
+
+
 def _copied(obj):
     """Tensors cloned, containers rebuilt: the user's batch is never the one the probe runs on."""
     import torch

@@ -25,6 +25,14 @@ HIGHER_IS_BETTER = re.compile(r"(?<![a-z])acc(?!ess)|f1|auc|auroc|aupr|precision
                               r"|psnr|ssim|r2\b|ndcg|mrr|jaccard|(?<![a-z])corr(?!upt)|hits|reward|return|exact_match"
                               r"|spearman|pearson|kendall|elbo|log_?likelihood|loglik|success|win_rate|kappa|pass@"
                               r"|(?<![a-z])(ap(\d+|[sml])?|ar\d+|em|mcc)(?![a-z])", re.I)
+# a loss or error negated so that higher is better (scikit-learn's neg_mean_squared_error, neg_log_loss): a loss on
+# negatives (a contrastive neg_loss) is >= 0, a negated one <= 0, so the values must say it too. Not a negated
+# log-likelihood or ELBO: that is a loss already (NLL), lower is better
+NEGATED_LOSS = re.compile(r"(?<![a-z])(neg|negative|minus)_(?!log_?lik|elbo|log_?prob)[a-z_]*?"
+                          r"(loss|error|err|mse|mae|rmse|brier|deviance)(?![a-z])", re.I)
+# a log-probability bound or likelihood: <= 0 for discrete data, where higher is better; a positive one is a density's
+# or, as many VAE codes name it, the negated bound they minimise (a review: val_elbo falling with the training loss)
+LIKELIHOOD = re.compile(r"elbo|log_?likelihood|loglik", re.I)
 DEAD_SHARE = 0.5       # a layer with at least this share of its units newly dead (twice in a row)
 SPARED_READS = 5       # dead units a run spared: the median loss of this many steps before the death and at the end,
 SPARED_FALL = 0.5      # the end's at most this × the death's (it kept learning without them): info
@@ -302,7 +310,9 @@ def _wiring(result: Result, engine) -> None:
         for i, p in enumerate(t.params):    # block's four weights were four findings, each with the same hint)
             if i in ignored or owners[param_key(p)] is not t:   # said once above; or another optimizer's row
                 continue
-            if not t.seen_grad[i] and t.sampled > t.joined[i]:   # never at a read step since it joined: not known
+            # never at a read step since it joined, and no non-zero norm at any step (the per-step rows): a sparse
+            # MoE's expert routed to between reads got gradients (a review: experts 0 and 5 were named)
+            if not t.seen_grad[i] and t.sampled > t.joined[i] and not t.grad_max[i] > 0:
                 shape = "x".join(map(str, p.shape)) or "scalar"   # a row named by index says what it is by its shape
                 never.setdefault("warning" if p.requires_grad else "info", []).append(f"{t.names[i]} ({shape})")
             elif t.changed is not None and not t.changed[i] and _negligible(t, i):
@@ -324,7 +334,7 @@ def _wiring(result: Result, engine) -> None:
             names = [r.rsplit(" (", 1)[0] for r in rows]
             result.add("never-gets-grad", sev, names[0] if len(names) == 1 else common_path(names),
                        f"{cut(rows, ', ', 6)} {'is' if len(rows) == 1 else 'are'} in the optimizer but never had a gradient "
-                       "at a read step", "it does not reach the loss (unused, detached, or frozen; or its module was "
+                       "at a read step, nor a non-zero one at any step", "it does not reach the loss (unused, detached, or frozen; or its module was "
                        "replaced after the optimizer was built, as a classifier reset)" if sev == "warning" else
                        "frozen (requires_grad=False): in the optimizer, it is never updated",
                        members=names if len(names) > 1 else None)
@@ -617,21 +627,31 @@ def _modes(result: Result, engine) -> None:
     # gradient that trains (a linear probe's body, a frozen encoder, a teacher in eval): a frozen layer
     apart = {n: s for n, s in engine.checks["eval_modules"].items()
              if (fed.get(n) is False or (fed.get(n) is None and unfed.get(n))) and region.get(n)}
+    # kept in eval by the model's own train() (modes.kept_in_eval): a design, judged below as a frozen one is
+    kept_set = engine.checks.get("eval_kept", set())
+    by_train = [n for n in engine.checks["eval_modules"] if n in kept_set and n not in apart]
     for name, step in engine.checks["eval_modules"].items():
-        if name in apart:
+        if name in apart or name in by_train:
             continue
         result.add("module-in-eval-mode", "warning", name, f"{name} (dropout/BatchNorm) was in eval mode while the "
                    f"model trained ({_step_words(engine, step)})", "something called .eval() on this submodule; call "
                    "model.train()")
-    warned = set(engine.checks["eval_modules"]) - set(apart)   # frozen first, unfrozen later while still in eval
-    kept = [n for n in [*engine.checks.get("eval_frozen", {}), *apart] if n not in warned]
-    fresh = [n for n in kept if engine.never_normalised(n)]
+    warned = set(engine.checks["eval_modules"]) - set(apart) - set(by_train)   # frozen first, unfrozen later in eval
+    kept = [n for n in [*engine.checks.get("eval_frozen", {}), *apart] if n not in warned and n not in by_train]
+    fresh = [n for n in [*kept, *by_train] if engine.never_normalised(n)]
     for name in fresh:   # a review: a BatchNorm frozen as built normalises nothing, from scratch that is a mistake
-        step = engine.checks["eval_frozen"].get(name, apart.get(name))
-        result.add("module-in-eval-mode", "warning", name, f"{name} (BatchNorm) was in eval mode with its weights "
-                   f"not trained while the model trained (step {step}), and its running statistics never saw a "
-                   "batch: it normalises with mean 0 and variance 1",
+        step = engine.checks["eval_frozen"].get(name, apart.get(name, engine.checks["eval_modules"].get(name)))
+        result.add("module-in-eval-mode", "warning", name, f"{name} (BatchNorm) was in eval mode "
+                   + ("" if name in by_train else "with its weights not trained ") + f"while the model trained (step "
+                   f"{step}), and its running statistics never saw a batch: it normalises with mean 0 and variance 1",
                    "load the pretrained statistics it was frozen for, or let it train (model.train())")
+    by_train = [n for n in by_train if n not in fresh]
+    if by_train:
+        result.add("module-in-eval-mode", "info", common_path(by_train) or by_train[0],
+                   f"{len(by_train)} dropout/BatchNorm module(s) ({cut(by_train, ', ', 4)}) stayed in eval mode while "
+                   "the model trained, and the model's own train() keeps them there: a design (BatchNorm statistics "
+                   "frozen, as detection backbones' norm_eval), not a .eval() left over",
+                   members=by_train if len(by_train) > 1 else None)
     frozen = [n for n in kept if n not in fresh]
     if frozen:   # BatchNorm frozen for fine-tuning: eval mode and requires_grad=False together, on purpose
         result.add("module-in-eval-mode", "info", common_path(frozen) or frozen[0],
@@ -839,7 +859,7 @@ def _grad_norm_explosion(result: Result, steps, grad_norms, loss_pairs, opts, cl
                 and _felt(result, loss_pairs, values, i, norms[i][0], w, math.sqrt(opts.explode))):
             result.add("grad-norm-explosion", "warning", "", f"gradient norm {values[i]:.3g} at step {norms[i][0]} "
                        f"is {values[i] / base:.3g}× its running median ({base:.3g}), far outside its spread over the "
-                       f"{min(i, SPREAD_STEPS * w)} steps before it{of}",
+                       f"{min(i, SPREAD_STEPS * w)} steps before it and above any of them (the highest: {peak:.3g}){of}",
                        "the loop clips gradients (the norms are clip_grad_norm_'s, before clipping): lower the "
                        "learning rate, or look at that batch" if clipped else
                        "clip gradients (torch.nn.utils.clip_grad_norm_) or lower the learning rate")
@@ -852,7 +872,9 @@ def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: 
       `factor` of the spike itself (after a harmless spike they fall back: so_31880720, 34 -> 0.06), or the run
       ends there;
     - the loss goes non-finite at or after it;
-    - the loss leaves its own spread within a window, by a tenth of where it started at least.
+    - the loss leaves its own spread within a window after that step, by a tenth of where it started at least.
+      The loss of the spike's own step is its cause, not what the update did (a hard sample at batch size 2: a high
+      loss and a high norm, then both back; a review's healthy digits runs warned there).
     With no loss seen at all (backward not through Tensor.backward) the norms alone decide."""
     after = norms[i + 1:i + 1 + w]
     base = statistics.median(norms[i - w:i])
@@ -863,7 +885,7 @@ def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: 
     values = [v for _, v in loss_pairs]
     if not values:
         return True
-    at = next((k for k, (s, _) in enumerate(loss_pairs) if s >= step), len(loss_pairs))
+    at = next((k for k, (s, _) in enumerate(loss_pairs) if s > step), len(loss_pairs))
     lw = window(len(values))
     # a rise that matters at the run's own scale: a tenth of where the loss started at least (a loss sitting at
     # float32's floor, 1e-7, spreads by nothing, so 3e-5 would be "outside" it)
@@ -1167,21 +1189,14 @@ def _validation(result: Result, engine, pairs) -> None:
         return med[before[-1]] if before else None
 
     unknown = []
-    spread = re.compile(r"(?<![a-z])(std|stddev|stdev|var|variance|sem|sd|iqr|mad)(?![a-z])", re.I)   # no better side
     for name, vals in engine.metrics.items():
         vals = [(s, float(v)) for s, v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
         if len(vals) < 3 or re.search(r"(?<![a-z])train", name, re.I):   # not "constraint", "strain"
             continue
-        # the direction is read from the name; a name that tells none is not judged (a review: hits@1 rising was
-        # "worse", and a GAN's D(real) has no better side)
-        # camelCase read as words too (valAcc: val_Acc), and the name as written (mIoU)
-        forms = (name, re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name))
-        lower = any(LOWER_IS_BETTER.search(n) for n in forms)
-        higher = any(HIGHER_IS_BETTER.search(n) for n in forms)
-        if any(spread.search(n) for n in forms) or not (lower or higher):
+        up = _direction(name, [v for _, v in vals])
+        if up is None:
             unknown.append(name)
             continue
-        up = higher and not lower
         best = (max if up else min)(range(len(vals)), key=lambda i: vals[i][1])
         last = vals[-1][1]
         t0, t1 = train_at(vals[best][0]), train_at(vals[-1][0])
@@ -1202,7 +1217,29 @@ def _validation(result: Result, engine, pairs) -> None:
     if unknown:
         more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
         result.notes.append(f"not judged for val-worsens, its name says no direction: {', '.join(unknown[:8])}{more} "
-                            "(a name with loss/err or acc/score in it does)")
+                            "(a name with loss/err or acc/score in it does; an ELBO or likelihood does when it is <= 0, "
+                            "else it may be the negated bound a loop minimises)")
+
+
+SPREAD = re.compile(r"(?<![a-z])(std|stddev|stdev|var|variance|sem|sd|iqr|mad)(?![a-z])", re.I)   # no better side
+
+
+def _direction(name: str, values: list[float]) -> bool | None:
+    """Is higher better (True), lower (False), or does the name tell no direction (None: not judged; a review: hits@1
+    rising was "worse", and a GAN's D(real) has no better side)? Read from the name's words, camelCase read as words
+    too (valAcc: val_Acc) and as written (mIoU); where a convention goes both ways its sign decides (NEGATED_LOSS,
+    LIKELIHOOD)."""
+    forms = (name, re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name))
+    lower = any(LOWER_IS_BETTER.search(n) for n in forms)
+    higher = any(HIGHER_IS_BETTER.search(n) for n in forms)
+    if any(SPREAD.search(n) for n in forms) or not (lower or higher):
+        return None
+    if any(NEGATED_LOSS.search(n) for n in forms) and max(values) <= 0:
+        return True
+    up = higher and not lower
+    if up and any(LIKELIHOOD.search(n) for n in forms) and min(values) > 0:
+        return None
+    return up
 
 
 def _val_hint(pairs, end: float, first_best: bool) -> str:

@@ -54,7 +54,7 @@ class Track:
         self.changed = None            # host: per parameter, did it change over the run (final read)
         self.weight_norm = None        # host: per parameter, at the last read
         self.start_norm = None         # host: per parameter, before the first update (the first read's)
-        self.grad_max = [0.0] * n      # host: the largest gradient norm each parameter had at a read step
+        self.grad_max = [0.0] * n      # host: the largest finite gradient norm each parameter had at any step
         self.lr_max = [0.0] * n        # host: the highest rate of its param group at a read step (inf: unreadable)
         self.before = None             # the samples before the update (read steps), until post_step
         self._views: list = [None] * n # per parameter: (key, sample view or None, float32 buffer) for the ratio
