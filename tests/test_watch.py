@@ -1594,6 +1594,33 @@ def test_dead_units_passed_on_by_a_pool_and_a_flatten_are_one_finding():
     assert 8 <= dead <= int(found[0].message.split(" of ")[0]) <= 16, (dead, found[0].message)
 
 
+def test_a_flatten_whose_positions_go_dark_while_each_channel_lives_is_no_dead_units():
+    """bench/bugs so_47352366's correct version: a Flatten after conv/ReLU/pool was `dead-units` (1696 of 3136): its
+    units are a channel at one position, and the digits' blank border went dark while every channel lived at the
+    centre. A parameter-free module passing on a layer's output has no units of its own. Here the bias turns
+    negative at step 15: the border, which sees only zeros, is 0; the centre stays lit."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64, 2))
+    with torch.no_grad():
+        model[0].weight.abs_().mul_(0.5)
+        model[0].bias.fill_(0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    with Watch(model, opt, every=10) as w:
+        for step in range(60):
+            x = torch.zeros(16, 1, 8, 8)
+            x[:, :, 3:5, 3:5] = torch.rand(16, 1, 2, 2) + 0.5
+            if step == 15:
+                with torch.no_grad():
+                    model[0].bias.fill_(-0.05)
+            opt.zero_grad()
+            F.cross_entropy(model(x), torch.randint(0, 2, (16,))).backward()
+            opt.step()
+    # the truth the run holds: every channel alive, three quarters of the flattened positions zero for the batch
+    out = model[:4](x)
+    assert bool((model[1](model[0](x)).amax((0, 2, 3)) > 0).all()) and int((out.amax(0) == 0).sum()) == 48
+    assert not [f.message for f in w.result().findings if f.code == "dead-units"]
+
+
 @pytest.mark.parametrize("activation", ["function", "function_dropout", "module"])
 def test_dead_units_a_dropout_passes_on_from_a_functional_activation_are_said_to_arrive(activation):
     """A sweep: nn.TransformerEncoderLayer applies its ReLU as a function, so the first hooked module after it, a

@@ -112,7 +112,7 @@ class Engine:
         self.checks = {"eval_steps": [], "eval_models": {}, "eval_modules": {}, "eval_frozen": {}, "eval_fed": {},
                        "eval_unfed": {}, "eval_region": {}, "eval_top": {}, "unowned_eval": {}, "mode_inert": None,
                        "not_in_optimizer": {}, "updated_by_hand": [], "carried": [], "crossed": {},
-                       "dead": {}, "dead_feeds": {}, "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": [],
+                       "dead": {}, "dead_feeds": {}, "dead_regrouped": set(), "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": [],
                        "orphaned": set()}
         self.ratios: dict[str, list] = {}   # parameter name -> [(step, update/weight ratio)]
         self.reads = 0
@@ -586,6 +586,7 @@ class Engine:
                     "not_in_optimizer", "dead", "bn_nonfinite", "param_nonfinite"):
             self.checks[key] = rekey(self.checks[key])
         self.checks["dead_feeds"] = {ren(k): ren(v) for k, v in self.checks["dead_feeds"].items()}
+        self.checks["dead_regrouped"] = {ren(k) for k in self.checks["dead_regrouped"]}
         self._dead_first = rekey(self._dead_first)   # the units' first sample: a later one is compared with it
         self._unowned = rekey(self._unowned)         # seen in no optimizer at a read: the end judges them
         self._frozen_refs = rekey(self._frozen_refs)

@@ -1343,10 +1343,13 @@ def _dead(result: Result, engine) -> None:
             if len(samples) >= 3 and all(nonneg and units >= 4 and newly >= DEAD_SHARE * units
                                          for _, newly, _, nonneg, units in samples[-2:])}
     feeds = engine.checks.get("dead_feeds", {})
+    regrouped = engine.checks["dead_regrouped"]
     roots = {name: _dead_root(name, dead, feeds) for name in dead}
     for name, samples in dead.items():
         if roots[name] != name:   # a pool or flatten passing on the dead units of a layer before it
             continue
+        if name in regrouped:   # a layer's output regrouped (a Flatten's units are a channel at one position: a border
+            continue            # that sees only zeros goes dark while the channel lives; bench/bugs so_47352366)
         passed = [n for n, r in roots.items() if r == name and n != name]
         step, newly, _, _, units = samples[-1]
         after = f"; passed on by {', '.join(passed)}" if passed else ""

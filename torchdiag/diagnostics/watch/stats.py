@@ -590,23 +590,28 @@ class DeadUnits:
                 # units: its own entry, `name#2`, compared with its own first sample
                 k = self.calls[name] = self.calls.get(name, 0) + 1
                 entry = name if k == 1 else f"{name}#{k}"
-                fed = self._passed_on(module, args, entry)
+                fed = self._passed_on(module, args, output, entry)
                 self.made[output.untyped_storage().data_ptr()] = (entry, weakref.ref(output))
                 self.seen.append((entry, output.amax(rest), output.amin(rest), None if fed else _input_range(
                     module, args, output, rest)))
             return None
         return hook
 
-    def _passed_on(self, module, args, entry: str) -> bool:
+    def _passed_on(self, module, args, output, entry: str) -> bool:
         """A module without parameters whose input is another module's output (a pool or a flatten after a
-        ReLU) passes that module's dead units on: noted (host-side names only) so the report names them once."""
+        ReLU) passes that module's dead units on: noted (host-side names only) so the report names them once.
+        One whose units are not its input's (a Flatten: a channel at one position) is noted as regrouped: its
+        zeros are the input's, told at a finer grain than a unit (the report does not judge it alone)."""
         import torch
 
         x = args[0] if args else None
         if torch.is_tensor(x) and not _holds_parameters(module):
             made = self.made.get(x.untyped_storage().data_ptr())
             if made is not None and made[1]() is not None:   # still alive: its memory was not reused since
-                self.engine.checks["dead_feeds"][entry] = made[0]
+                checks = self.engine.checks
+                checks["dead_feeds"][entry] = made[0]
+                if x.dim() >= 2 and x.shape[2 if x.dim() == 3 else 1] != output.shape[2 if output.dim() == 3 else 1]:
+                    checks["dead_regrouped"].add(entry)
                 return True
         return False
 
