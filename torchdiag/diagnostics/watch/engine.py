@@ -32,6 +32,7 @@ from .hooks import hook_root
 from .names import label, user_names
 from .options import Options
 from .stats import (
+    CLOCK_STOPPED,
     Track,
     nonfinite_losses,
     norms32,
@@ -788,9 +789,11 @@ class Engine:
           layers unfrozen, the head alone after the body was frozen) that steps twice with no step of the clock
           between takes over, and the count goes on (a review: the head's 30 steps were not counted while the
           first phase's optimizer, idle, was kept in a variable).
-        A clock that stops while kept alive is not replaced (a second review: handing over at any count stole the
-        clock of healthy GANs whose critic steps 100 times per generator step, and joined two models' loss curves);
-        the report says how many steps another optimizer took after the clock's last (report._clock_note)."""
+        - A clock that stops while kept alive (a teacher's optimizer, then a student's; a first stage's, then the
+          next) gives way to a model's optimizer that took more steps since its last than it ever took between two of
+          the clock's, CLOCK_STOPPED times over, and more than 2 x every (_stopped). Not at any count: a second review
+          saw that steal the clock of healthy GANs whose critic steps 100 times per generator step. Until then its
+          rows pile up unread (a review: a student's 171 steps at lr 20 passed unjudged)."""
         clock = self.clock
         if clock is None:
             if self._may_clock(t):
@@ -810,6 +813,18 @@ class Engine:
             self._hand_over(t)
             self.clock = opt
             self._credit(t, t.since_clock)   # its step before this one, which the clock it replaces did not count
+        elif held is not None and self._stopped(t):
+            self._hand_over(t)
+            self.clock = opt
+            self._credit(t, t.since_clock, t.own_losses)   # its steps since the clock's last, each with its losses
+
+    def _stopped(self, t: Track) -> bool:
+        """Has the clock stopped for t's optimizer (_choose_clock)? Asked at t's step, of t's steps since the clock's
+        last; the clock itself must have held the count for 2 x every steps (a first burst of a GAN's critic after one
+        generator step has no history to be judged against)."""
+        every = self.opts.every
+        return (bool(t.roots) and not t.released and self.step >= 2 * every
+                and t.since_clock > max(2 * every, CLOCK_STOPPED * t.peak_since))
 
     def _hand_over(self, t: Track) -> None:
         """The count passes to t's optimizer (the first, one taking over, one after the clock was let go): noted with
@@ -821,16 +836,21 @@ class Engine:
             self.handovers.append((self.step + 1, id(t), last[0], last[1] <= keys or keys <= last[1]))
         self._clock_keys = (id(t), keys)
 
-    def _credit(self, t: Track, n: int) -> None:
-        """n steps the new clock took that no clock counted: counted now, the last with the loss its step took. Its rows
-        of them (gradient norms) had the old count's numbers: renumbered, so that the series' norms are its own."""
+    def _credit(self, t: Track, n: int, losses: list | None = None) -> None:
+        """n steps the new clock took that no clock counted: counted now, the last with the loss its step took (or, given
+        `losses` of each of them, each with its own). Its rows of them (gradient norms) had the old count's numbers:
+        renumbered, so that the series' norms are its own."""
         rows = min(n, len(t.steps))
         t.steps[len(t.steps) - rows:] = range(self.step + n - rows + 1, self.step + n + 1)
+        own = losses[-n:] if losses else None
         for k in range(n):
             self.step += 1
             self._owners[self.step] = id(t)
             self._window.append((self.step, t.lr()))
-            self._loss_window.append(self._others if k == n - 1 else [])
+            if own is not None:   # the last len(own) steps' own losses (the first ones', before it was tracked: none)
+                self._loss_window.append(own[k - (n - len(own))] if k >= n - len(own) else [])
+            else:
+                self._loss_window.append(self._others if k == n - 1 else [])
             self._clip_window.append(t.last_clip if k == n - 1 else [])   # its norm before clipping (a review)
         if n:
             self._others, t.last_clip = [], []
@@ -1040,6 +1060,8 @@ class Engine:
     def _begin(self, opt, before_update: bool):
         track = self._track(opt)
         if opt is not self.clock:   # an unwatched optimizer's too (an adversarial attack's loss is not the model's)
+            if track is not None and track.since_clock < track.OWN_LOSSES:
+                track.own_losses.append(list(self._losses))   # its step's own, should the clock stop (_stopped)
             self._took_losses()
             if track is None:
                 self.clips.drop(p for g in opt.param_groups for p in g["params"])
@@ -1055,6 +1077,7 @@ class Engine:
                 if t.since_clock > t.peak_since:
                     t.peak_since = t.since_clock
                 t.since_clock = t.unclocked = 0
+                t.own_losses = []
             if self._provisional and self.step > UNTRAINED_STEPS:
                 self._provisional = False   # no model's optimizer came: it is the run's own
             if self.step >= 2 and (self._discovery or self.explicit_models):   # (given: on again after a read)

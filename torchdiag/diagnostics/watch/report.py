@@ -12,7 +12,7 @@ import statistics
 from ...core.design import TINY_RMS
 from ...core.repeats import common_path, compact, cut
 from ...results import Column, Result, Table
-from .stats import Released, param_key
+from .stats import CLOCK_STOPPED, Released, param_key
 
 # a metric's direction by the names metrics are given; a lower-is-better word wins (top1_err, loss_giou)
 LOWER_IS_BETTER = re.compile(r"loss|perplexity|mape|mapd|distance|incorrect|cross_?entropy|xent|nmse|rmsle|huber"
@@ -43,7 +43,6 @@ VAL_TAIL = 3           # val-worsens: the last evaluations (up to this many afte
 VAL_NOISE_K = 1.0      # ... their median by this many noise scales more than the best of n draws reaches by chance
 LR_COLLAPSE = 1e-3     # lr-collapsed: the rate, as a share of its highest, under which a run trains nothing more
 DIVERGE_K = 3.5        # loss-diverged: the climb clears the block medians' own noise by this many noise scales
-CLOCK_STOPPED = 4      # a note: another optimizer's steps since the clock's last, over the most it took between two
 IDLE_READS = 1         # optimizer-idle: whole read intervals after its last step in which a backward reached it
 RATIO_LOW = 1e-7       # update/weight ratio below which a weight matrix is said not to learn (info)
 
@@ -351,8 +350,12 @@ def _wiring(result: Result, engine) -> None:
         # looked at after read steps only: "every step" overstated a loop that zeroes every 10th step (a sweep)
         more = f" and {len(carried) - 5} more" if len(carried) > 5 else ""
         where, whose = _carriers(engine)
+        # the read steps looked after of the optimizers that carried (another's, after the count passed to it, are not
+        # theirs to be counted against)
+        by, looked = engine.checks.get("carried_by", {}), engine.checks.get("carry_looked", {})
+        steps = set().union(*(looked.get(k, set()) for k in by)) or engine.checks.get("carry_steps", carried)
         result.add("grad-carried-over", "error", where, f"gradients from the previous step{whose} were still there at "
-                   f"the next backward after {len(carried)} of the {len(engine.checks.get('carry_steps', carried))} read steps looked at ({', '.join(map(str, carried[:5]))}"
+                   f"the next backward after {len(carried)} of the {len(steps)} read steps looked at ({', '.join(map(str, carried[:5]))}"
                    f"{more}): they add up across steps",
                    "call optimizer.zero_grad() once per step (or pass accumulate=True if this is on purpose)")
     elif not engine.opts.accumulate:

@@ -9,12 +9,16 @@ import weakref
 SAMPLE = 256          # elements per parameter sampled for the update/weight ratio
 CARRY_PROBES = 4      # parameters per optimizer whose old gradient is looked at in the next backward
 OPPOSED = -0.5        # cosine under which the gradient a backward adds pulls against the one already there
+CLOCK_STOPPED = 4     # the clock stopped: a model's optimizer took more steps since its last than this many times the
+                      # most it took between two of the clock's, and more than 2 x every (engine._stopped)
 
 
 class Track:
     """One optimizer's parameters. Per step: gradient norms, their total, the first non-finite step per
     parameter. On read steps: a strided sample of each parameter before/after the update (ratio), and
     probes that look at the old gradient when the next backward reaches the parameter (zero_grad)."""
+
+    OWN_LOSSES = 10_000   # steps since the clock's last whose losses are kept for a handover (engine._stopped)
 
     def __init__(self, opt, opts):
         import torch
@@ -37,6 +41,7 @@ class Track:
         self.joined = [0] * n          # the read steps sampled before it joined (add_param_group: inherit)
         self.sampled = 0               # read steps it stepped at: none, and seen_grad says nothing
         self.since_clock = 0           # its steps since the clock's last (engine._choose_clock)
+        self.own_losses: list = []     # the losses of each of them, up to OWN_LOSSES (engine._stopped)
         self.unclocked = 0             # of those, the ones taken while there was no clock at all
         self.last_clip: list = []      # the norms before clipping of its last step, should it be credited with it
         self.last_step = 0             # the run's step when it last stepped (a parameter two tracks hold: the later's)
@@ -892,6 +897,7 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
                 engine.ratios.setdefault(track.names[i], []).append((step, v))
     elif kind == "carry":   # one look at the backward after a read step
         checks.setdefault("carry_steps", set()).add(payload[1])   # read steps looked after (a step may take
+        checks.setdefault("carry_looked", {}).setdefault(id(payload[0]), set()).add(payload[1])   # ... per optimizer
         if vals[0] > 0 and payload[1] not in checks["carried"]:    # several backwards: a sweep's "3 of the 204")
             checks["carried"].append(payload[1])
         if vals[0] > 0:   # which optimizer's (named where there are several)
