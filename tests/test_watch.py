@@ -4560,6 +4560,28 @@ def test_a_second_stage_takes_the_count_when_the_first_stops(lr):
         assert said & {"loss-spike", "loss-diverged", "non-finite-loss", "grad-norm-explosion"}, said
 
 
+def test_steps_no_read_takes_stay_bounded_in_memory():
+    """The memory contract (O(parameters), not O(steps)): an optimizer of no model (an input optimised through the
+    trained net) stepping on after the clock stopped never takes the count, and its per-step rows were kept until the
+    end. A read is made once they reach 100 x every (one sync each)."""
+    torch.manual_seed(0)
+    a = nn.Linear(8, 2)
+    z = torch.zeros(8, requires_grad=True)
+    oa, oz = torch.optim.SGD(a.parameters(), 0.1), torch.optim.SGD([z], 0.1)
+    with Watch(every=5) as w:
+        for _ in range(20):
+            x = torch.randn(16, 8)
+            oa.zero_grad()
+            F.cross_entropy(a(x), (x[:, 0] > 0).long()).backward()
+            oa.step()
+        for _ in range(1600):
+            oz.zero_grad()
+            (a(z) ** 2).sum().backward()
+            oz.step()
+        rows = [len(t.steps) for t in w.engine.tracks.values()]
+    assert max(rows) < 500 and w.result().data["steps"] == 20, rows
+
+
 def test_a_clock_that_stops_is_said_not_replaced():
     """A review: the head's optimizer stepped first each iteration (so its steps were the run's), stopped at 10, and
     the report said 10 steps for 60 with nothing else. A second review broke handing the count over (a critic's 100

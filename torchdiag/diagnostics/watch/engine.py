@@ -58,6 +58,7 @@ def _guarded(hook):
     return run
 
 
+ROWS_UNREAD = 100   # an optimizer's per-step rows no read took, in units of `every`, at which one is made (one sync)
 SEARCH_STEPS = 3   # the clock's steps, from an optimizer's first, during which its model is looked for
 MAX_SEARCHES = 8   # optimizers whose model is looked for at all
 UNTRAINED_STEPS = 50   # the clock's steps during which a model called with trainable parameters that no optimizer
@@ -1111,6 +1112,9 @@ class Engine:
             self.read()
         elif self._bad_here(track, opt):   # on the CPU: a read now, while the weights are the step's own
             self._before_update = before_update
+            self.read()
+        elif len(track.steps) >= ROWS_UNREAD * self.opts.every:   # steps no read takes (a clock that stopped for an
+            self._before_update = before_update                   # optimizer of no model): memory stays bounded
             self.read()
 
     def _sample_uncalled(self) -> None:
