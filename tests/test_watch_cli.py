@@ -426,3 +426,21 @@ def test_a_script_that_saves_and_scripts_its_model_runs_as_unwatched(tmp_path):
     served = subprocess.run([sys.executable, "serve.py"], capture_output=True, text=True, cwd=tmp_path,
                             env={**ENV, "PYTHONPATH": ""}, timeout=300)
     assert served.returncode == 0 and "LOADED" in served.stdout, served.stderr
+
+
+def test_a_failure_of_watchs_own_report_is_an_internal_error_naming_it(cli, tmp_path, monkeypatch):
+    """A bench run met a report build that raised (code loaded in two versions): the script's success was then read as
+    its failure and `watch._result` None ended in "AttributeError: 'NoneType' object has no attribute 'verdict'". The
+    error is ours (exit 4), named as what it is."""
+    from torchdiag.diagnostics.watch import report
+
+    def broken(*args, **kwargs):
+        raise KeyError("the report's own failure")
+
+    monkeypatch.setattr(report, "build", broken)
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nm = torch.nn.Linear(2, 1)\no = torch.optim.SGD(m.parameters(), 0.1)\n"
+                      "for _ in range(3):\n    o.zero_grad()\n    m(torch.randn(4, 2)).sum().backward()\n    o.step()\n")
+    r = cli("watch", "--", "python", script)
+    assert r.code == 4 and "KeyError" in r.stderr and "the report's own failure" in r.stderr, r.stderr
+    assert "NoneType" not in r.stderr

@@ -98,6 +98,8 @@ def run_command(argv, watch) -> object:
         sys.path[:] = saved_path
         del kept
     result = watch._result
+    if result is None:   # watch's own end raised (a bug of ours), caught above as the script's: that error, said as
+        raise error if error is not None else RuntimeError("watch built no report")   # what it is, not a None here
     if interrupted:
         result.code = int(interrupted)
         result.verdict = f"INTERRUPTED after {watch.engine.step} step(s): the report covers the steps up to then"
