@@ -4560,6 +4560,43 @@ def test_a_second_stage_takes_the_count_when_the_first_stops(lr):
         assert said & {"loss-spike", "loss-diverged", "non-finite-loss", "grad-norm-explosion"}, said
 
 
+def test_two_models_trained_in_turns_each_take_the_count_in_their_blocks():
+    """Blocks of 150 steps in turns (a task A model, then a task B model, four rounds; every=50): each block takes the
+    count after 100 steps and every step is counted. A first version recorded the steps a taker had made before it
+    took the count as a gap between the clock's own steps, and from the second round on B needed 400: its blocks were
+    not judged. A GAN's generator stepping first, its critic 100 steps after each, keeps the count."""
+    torch.manual_seed(0)
+    a = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+    b = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    oa, ob = torch.optim.Adam(a.parameters(), 1e-3), torch.optim.Adam(b.parameters(), 1e-3)
+    with Watch() as w:
+        for _ in range(4):
+            for _ in range(150):
+                x = torch.randn(32, 8)
+                oa.zero_grad()
+                F.cross_entropy(a(x), (x[:, 0] > 0).long()).backward()
+                oa.step()
+            for _ in range(150):
+                x = torch.randn(32, 8)
+                ob.zero_grad()
+                F.mse_loss(b(x), x[:, :1] * 0.1).backward()
+                ob.step()
+    r = w.result()
+    assert r.data["steps"] == 1200 and not [f.message for f in r.findings if f.severity != "info"]
+    g, d = nn.Linear(4, 2), nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 1))
+    og, od = torch.optim.Adam(g.parameters(), 1e-3), torch.optim.Adam(d.parameters(), 1e-3)
+    with Watch(every=10) as w:
+        for _ in range(30):
+            og.zero_grad()
+            (-d(g(torch.randn(32, 4))).mean()).backward()
+            og.step()
+            for _ in range(100):
+                od.zero_grad()
+                (d(g(torch.randn(32, 4)).detach()).mean() - d(torch.randn(32, 2) + 3).mean()).backward()
+                od.step()
+    assert w.result().data["steps"] == 30
+
+
 def test_steps_no_read_takes_stay_bounded_in_memory():
     """The memory contract (O(parameters), not O(steps)): an optimizer of no model (an input optimised through the
     trained net) stepping on after the clock stopped never takes the count, and its per-step rows were kept until the

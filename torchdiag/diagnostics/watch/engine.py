@@ -855,6 +855,7 @@ class Engine:
             self._clip_window.append(t.last_clip if k == n - 1 else [])   # its norm before clipping (a review)
         if n:
             self._others, t.last_clip = [], []
+        t.since_clock, t.own_losses = 0, []   # counted now: no gap between the clock's steps (its peak_since)
 
     def _may_clock(self, t: Track) -> bool:
         """No clock: an optimizer of no model takes it only while no optimizer of a model has stepped."""
