@@ -1,6 +1,7 @@
 """nancheck: the exact culprit for each way numbers go bad, checked against hand-computed truth."""
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -973,3 +974,52 @@ def test_a_sparse_buffer_is_read_by_its_stored_values(layout):
     bad[1, 2] = float("nan")
     res = api_run("nancheck", Graph(bad), (torch.randn(4, 8),))
     assert [f.where for f in res.findings if f.code == "non-finite-param"] == ["adj"]
+
+
+_RELU_OUT = textwrap.dedent('''
+    import torch, torch.nn as nn
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+            self.act = nn.ReLU() if ACT == "relu" else nn.Softplus()   # the fault: a ReLU on the class outputs
+            with torch.no_grad():
+                self.body[2].bias.fill_(-5.0)
+        def forward(self, x):
+            return self.act(self.body(x))
+    def build():
+        return Net()
+    def loss(out, target):   # Keras' categorical cross-entropy on outputs: normalised by each row's sum
+        p = out / out.sum(1, keepdim=True)
+        return -(torch.nn.functional.one_hot(target, 4) * torch.log(p)).sum(1).mean() * SCALE
+    def batch():
+        torch.manual_seed(0)
+        return torch.randn(16, 8), torch.randint(0, 4, (16,))
+''')
+
+
+@pytest.mark.parametrize("act", ["relu", "softplus"])
+def test_a_loss_non_finite_from_a_finite_output_says_what_the_output_held(cli, tmp_path, act):
+    """bench/bugs so_47352366 ported a ReLU on the class outputs under a loss that normalises by each row's sum: the
+    loss was nan "from a finite model output" and no rule named the activation. The rows all exactly 0, and the
+    module that made the output, are said. A Softplus output (positive) under a loss scaled to inf says nothing of
+    the output: it held no zero or negative value."""
+    f = tmp_path / "m.py"
+    scale = "1.0" if act == "relu" else "float('inf')"
+    f.write_text(f"ACT = {act!r}\nSCALE = {scale}\n" + _RELU_OUT)
+    r = cli("nancheck", f"{f}:build", "--batch", f"{f}:batch", "--loss", f"{f}:loss", "--device", "cpu", "--json")
+    (found,) = [x for x in json.loads(r.stdout)["findings"] if x["code"] == "non-finite-loss"]
+    if act == "relu":   # the truth: every output is ReLU(-5 + small) = 0
+        assert "16 of 16 rows all exactly 0" in found["message"] and "made by act (ReLU)" in found["message"], found
+    else:
+        assert "the output holds" not in found["message"], found
+
+
+def test_output_facts_count_zero_rows_and_values_at_or_below_zero():
+    from torchdiag.diagnostics.nancheck.checked import output_facts
+
+    out = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, -2.0], [3.0, 4.0, 5.0], [0.0, 0.0, 0.0]])
+    said = output_facts(out, [])
+    assert "2 of 4 rows all exactly 0" in said and "8 of 12 values <= 0" in said and "min -2" in said, said
+    assert output_facts(torch.ones(3, 2), []) == ""
+    assert output_facts(torch.zeros(3, 2).to_sparse(), []) == ""   # a sparse output tells nothing: no error

@@ -216,7 +216,8 @@ def report_loss(result: Result, rep: PassReport) -> None:
     why = ("because the model output is already non-finite" if forward_bad else
            "from a finite model output: the target is non-finite (above)" if target else
            "from a finite model output: the loss function itself produced it")
-    result.add("non-finite-loss", "error", "loss", f"loss ({rep.loss_desc}) = {rep.loss_value} {why}",
+    facts = f"; {rep.output_note}" if rep.output_note and not forward_bad and not target else ""
+    result.add("non-finite-loss", "error", "loss", f"loss ({rep.loss_desc}) = {rep.loss_value} {why}{facts}",
                hint=None if forward_bad or target else "check the loss for log(0), division by zero or overflow; "
                                                         "a custom --loss PATH:fn is called as fn(output, target)")
 

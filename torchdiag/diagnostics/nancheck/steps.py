@@ -61,7 +61,7 @@ def first_bad(step: int, rep: PassReport, fill: dict | None = None) -> dict | No
                 "nan": sum(b[1] for b in o.bad_outputs), "inf": sum(b[2] for b in o.bad_outputs),
                 "input_min": o.input_range[0], "input_max": o.input_range[1]}
     if not rep.loss_finite:
-        return {"step": step, "phase": "loss", "where": "loss", "value": rep.loss_value}
+        return {"step": step, "phase": "loss", "where": "loss", "value": rep.loss_value, "output": rep.output_note}
     if rep.backward_origin or rep.output_grad_bad or rep.param_grad_rows:
         b = rep.backward_origin
         return {"step": step, "phase": "backward", "where": (b["name"] or "(root)") if b else "loss",
@@ -146,7 +146,7 @@ def _step_findings(result: Result, first: dict, cfg: str) -> None:
     elif phase == "loss":
         result.add("non-finite-loss", "error", "loss",
                    f"the loss became {first['value']} {after} while the model output and all parameters were "
-                   f"finite{grown}", hint=HINT)
+                   f"finite{grown}" + (f"; {first['output']}" if first.get("output") else ""), hint=HINT)
     else:
         params = first["parameters"]
         named = first["where"] != "loss" and first["type"]
