@@ -1016,10 +1016,11 @@ def test_a_loss_non_finite_from_a_finite_output_says_what_the_output_held(cli, t
 
 
 def test_output_facts_count_zero_rows_and_values_at_or_below_zero():
-    from torchdiag.diagnostics.nancheck.checked import output_facts
+    from torchdiag.core.output_facts import output_facts
 
     out = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, -2.0], [3.0, 4.0, 5.0], [0.0, 0.0, 0.0]])
-    said = output_facts(out, [])
+    said = output_facts(out, "head (ReLU)")
     assert "2 of 4 rows all exactly 0" in said and "8 of 12 values <= 0" in said and "min -2" in said, said
-    assert output_facts(torch.ones(3, 2), []) == ""
-    assert output_facts(torch.zeros(3, 2).to_sparse(), []) == ""   # a sparse output tells nothing: no error
+    assert "made by head (ReLU)" in said
+    assert output_facts(torch.ones(3, 2)) == ""
+    assert output_facts(torch.zeros(3, 2).to_sparse()) == ""   # a sparse output tells nothing: no error

@@ -5967,6 +5967,32 @@ def test_grad_carried_over_counts_read_steps_not_backward_calls():
     assert looked <= 3 and w.result().data["steps"] == 80, f.message
 
 
+def test_the_replay_of_a_loss_non_finite_outside_the_model_says_what_the_output_held():
+    """bench/bugs so_47352366: a ReLU on the class outputs under a loss that normalises by each row's sum. The replay
+    found the model's forward and backward finite and said the loss made it; now it says the output's rows were all
+    exactly 0, made by the output ReLU. Here the last bias is pushed to -100 at step 25: every output is 0."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4), nn.ReLU())
+    with torch.no_grad():
+        model[2].bias.fill_(3.0)
+    opt = torch.optim.SGD(model.parameters(), 0.01)
+    with Watch(model, opt, every=10) as w:
+        for step in range(1, 41):
+            x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+            if step == 25:
+                with torch.no_grad():
+                    model[2].bias.fill_(-100.0)
+            out = model(x)
+            p = out / out.sum(1, keepdim=True)
+            loss = -(F.one_hot(y, 4) * torch.log(p)).sum(1).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    f = finding(w.result(), "non-finite-loss")
+    assert "at step 25" in f.message, f.message
+    assert "16 of 16 rows all exactly 0" in f.hint and "made by 3 (ReLU)" in f.hint, f.hint
+
+
 def test_the_replay_traces_a_nan_made_from_an_additive_masks_minus_inf():
     """A sweep: a NaN made by softmax over a row an additive mask sets to -inf throughout (a sample of only padding)
     was not traced: the module's inputs held -inf, so none was "finite" and the replay found no origin."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from ...core import train
 from ...core.masks import additive_mask
+from ...core.output_facts import output_facts, storage_ptr
 from ...core.tracking import Call, ForwardHooks, describe, float_ids, forward_error
 from ...errors import ModelError
 from .finite import (
@@ -154,7 +155,7 @@ class Checker(ForwardHooks):
         rec.done = self.completed
         self.completed += 1
         outs = flatten(output, "output", [])
-        rec.out_ptr = _storage(outs[0][1]) if outs else 0
+        rec.out_ptr = storage_ptr(outs[0][1]) if outs else 0
         for label, t in outs:
             if not self.known_finite(t):
                 rec.bad_outputs.append((label, *counts(t)))
@@ -260,48 +261,20 @@ def checked_pass(model, inputs, loss_fn, *, backward: bool = True, track_grads: 
         out_grad_bad = any(not e[1] for e in (events[s] for s in root.out_keys) if e is not None)
     checked, param_rows = param_grad_rows(model)
     rows, origin = backward_culprit(checker.calls, events, param_rows) if backward_ran else ([], None)
-    facts = output_facts(output, checker.calls) if not math.isfinite(loss_value) and not output_bad else ""
+    facts = output_note(output, checker.calls) if not math.isfinite(loss_value) and not output_bad else ""
     checker.release()
     return PassReport(len(checker.calls), checker.calls, checker.origin, output_bad, loss_value, loss_fn.describe(),
                       math.isfinite(loss_value), out_grad_bad, origin, rows, param_rows, checked, backward_ran, note,
                       output_note=facts)
 
 
-def _strided():
-    import torch
-
-    return torch.strided
-
-
-def _storage(t) -> int:
-    """The address of a tensor's storage; 0 where it has none to give (sparse, nested, a subclass)."""
-    try:
-        return t.untyped_storage().data_ptr()
-    except Exception:   # noqa: BLE001 - only an identity: a tensor without one matches nothing
-        return 0
-
-
-def output_facts(output, calls) -> str:
-    """A loss non-finite from a finite output: what in the output a loss can find undefined, its rows all exactly 0
-    (a sum to normalise by is 0) and its values <= 0 (outside a log's domain), with the module that made it (the
-    last call whose output is the model's: an output ReLU, a bench/bugs port's fault). "" when neither. One read."""
-    from ...core.readback import read_back
-
-    t = next((t for _, t in flatten(output, "output", []) if t.layout == _strided() and t.numel()), None)
-    if t is None:
-        return ""
-    x = t.detach().float()
-    rows = x.reshape(x.shape[0], -1) if x.dim() >= 2 else x.reshape(1, -1)
-    zero_rows, nonpos, lo, hi = read_back([(rows == 0).all(1).sum(), (x <= 0).sum(), x.min(), x.max()])
-    if not zero_rows and not nonpos:
-        return ""
-    ptr = _storage(t)
+def output_note(output, calls) -> str:
+    """A loss non-finite from a finite output: core.output_facts of its first floating output, with the module that made
+    it (the last call whose output is the model's)."""
+    t = next((t for _, t in flatten(output, "output", []) if t.numel()), None)
+    ptr = storage_ptr(t) if t is not None else 0
     maker = max((c for c in calls if c.name and ptr and c.out_ptr == ptr), key=lambda c: c.done, default=None)
-    said = [f"{int(zero_rows)} of {rows.shape[0]} rows all exactly 0"] if zero_rows else []
-    said += [f"{int(nonpos)} of {x.numel()} values <= 0"] if nonpos else []
-    return (f"the output holds {' and '.join(said)} (min {lo:.4g}, max {hi:.4g})"
-            + (f", made by {maker.name} ({maker.type})" if maker else "")
-            + ": a log of 0 or below, or a division by a row's sum of 0, is undefined there")
+    return output_facts(t, f"{maker.name} ({maker.type})" if maker else None)
 
 
 def backward_culprit(calls, events, param_rows) -> tuple[list, dict | None]:

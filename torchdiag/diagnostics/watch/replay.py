@@ -125,7 +125,21 @@ def _localise(model, args, kwargs, prefix: str = "") -> dict:
         held = "finite inputs" if finite else "inputs holding ±Inf but no NaN (an additive mask's -inf, or an Inf in the data)"
         return {"direction": "forward", "module": name, "type": kind,
                 "detail": f"{name or '(root)'} ({kind}) made a non-finite output from {held}"}
-    return _backward(model, calls, _floats(output), prefix)
+    found = _backward(model, calls, _floats(output), prefix)
+    if found.get("direction") == "loss" and found.get("module") == "" and "outside the model" in found["detail"]:
+        facts = _output_facts(calls, _floats(output))
+        found["detail"] += f"; {facts}" if facts else ""
+    return found
+
+
+def _output_facts(calls, outputs) -> str:
+    """What in the finite output a loss finds undefined (core.output_facts), with the module that made it."""
+    from ...core.output_facts import output_facts, storage_ptr
+
+    t = next((t for t in outputs if t.is_floating_point()), None)
+    ptr = storage_ptr(t) if t is not None else 0
+    maker = next((rec for rec in reversed(calls) if ptr and rec[0] and any(storage_ptr(o) == ptr for o in rec[3])), None)
+    return output_facts(t, f"{maker[0]} ({maker[1]})" if maker else None)
 
 
 def _backward(model, calls, outputs, prefix: str = "") -> dict:

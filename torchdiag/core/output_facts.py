@@ -1,0 +1,33 @@
+"""What a loss finds undefined in a finite model output: rows all exactly 0 (a loss that divides by a row's sum) and
+values <= 0 (a log's domain). Said where a loss went non-finite from a finite output (nancheck, watch's replay), with
+the module that made the output: a ReLU on the class outputs under a row-normalising loss (bench/bugs so_47352366)."""
+from __future__ import annotations
+
+
+def storage_ptr(t) -> int:
+    """The address of a tensor's storage; 0 where it has none to give (sparse, nested, a subclass)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:   # noqa: BLE001 - only an identity: a tensor without one matches nothing
+        return 0
+
+
+def output_facts(t, maker: str | None = None) -> str:
+    """`t`: the model's (first floating) output; `maker`: "name (Type)" of the module that made it. "" when the output
+    holds neither rows all 0 nor values <= 0, or cannot be read so (not a strided tensor). One read."""
+    import torch
+
+    from .readback import read_back
+
+    if t is None or t.layout != torch.strided or not t.is_floating_point() or not t.numel():
+        return ""
+    x = t.detach().float()
+    rows = x.reshape(x.shape[0], -1) if x.dim() >= 2 else x.reshape(1, -1)
+    zero_rows, nonpos, lo, hi = read_back([(rows == 0).all(1).sum(), (x <= 0).sum(), x.min(), x.max()])
+    if not zero_rows and not nonpos:
+        return ""
+    said = [f"{int(zero_rows)} of {rows.shape[0]} rows all exactly 0"] if zero_rows else []
+    said += [f"{int(nonpos)} of {x.numel()} values <= 0"] if nonpos else []
+    return (f"the output holds {' and '.join(said)} (min {lo:.4g}, max {hi:.4g})"
+            + (f", made by {maker}" if maker else "")
+            + ": a log of 0 or below, or a division by a row's sum of 0, is undefined there")
