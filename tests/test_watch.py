@@ -1291,6 +1291,38 @@ def test_batchnorm_kept_in_eval_by_the_models_own_train_is_a_design(case):
     assert all(p.requires_grad for p in model.parameters())
 
 
+def test_the_eval_mode_probe_leaves_a_train_override_that_swaps_weights_alone():
+    """A second review: a train() that puts the trained weights back (an EMA's are swapped in on eval()) ran on the
+    model itself at the end, and the EMA weights the loop had just put in were lost. The probe runs on a weightless
+    copy: the weights after the `with` block are the ones the loop left, and a BatchNorm the user puts in eval each
+    epoch stays a warning."""
+    class Swapping(_NormEvalNet):
+        def train(self, mode=True):
+            nn.Module.train(self, mode)
+            with torch.no_grad():
+                for p, e in zip(self.parameters(), self.ema if not mode else self.raw):
+                    p.copy_(e)
+            return self
+
+    torch.manual_seed(0)
+    model = Swapping(norm_eval=False)
+    model.ema = [p.detach().clone() + 1 for p in model.parameters()]
+    model.raw = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Watch(model, opt, every=10) as w:
+        nn.Module.train(model)
+        model.body[1].eval()
+        for _ in range(30):
+            x = torch.randn(8, 3, 16, 16)
+            opt.zero_grad()
+            F.cross_entropy(model(x), (x[:, 0].mean((1, 2)) > 0).long()).backward()
+            opt.step()
+        left = [p.detach().clone() for p in model.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(left, model.parameters()))
+    assert [(f.severity, f.where) for f in w.result().findings if f.code == "module-in-eval-mode"] == \
+        [("warning", "body.1")]
+
+
 def test_an_expert_routed_to_only_between_reads_got_gradients():
     """A review: a sparse mixture of experts at every=50 had experts 0 and 5 called never-gets-grad, though the
     table's largest gradient norms showed they got them at steps between reads. The per-step norms decide: the
@@ -1898,7 +1930,7 @@ def test_metric_names_tell_their_direction(name, lower):
     ELBO...). Each climbs after its best while the training loss falls: worse when lower is better, better else."""
     values = [0.9, 0.6, 0.45, 0.4, 0.38, 0.5, 0.62, 0.75, 0.9]
     if not lower:   # a higher-is-better metric falling after its best: worse (an ELBO of discrete data is <= 0)
-        values = [-v if "elbo" in name or "likelihood" in name else 1 - v for v in values]
+        values = [-v if "elbo" in name else 1 - v for v in values]
     r = _logging_a_metric(name, values)
     assert [f.where for f in r.findings if f.code == "val-worsens"] == [name], [f.to_dict() for f in r.findings]
 
@@ -1906,6 +1938,10 @@ def test_metric_names_tell_their_direction(name, lower):
 @pytest.mark.parametrize("name, worse", [
     ("val_neg_mean_squared_error", [-0.9, -0.6, -0.45, -0.4, -0.38, -0.5, -0.62, -0.75, -0.9]),   # scikit-learn's
     ("val_neg_log_loss", [-0.9, -0.6, -0.45, -0.4, -0.38, -0.5, -0.62, -0.75, -0.9]),
+    ("val_neg_mape", [-0.9, -0.6, -0.45, -0.4, -0.38, -0.5, -0.62, -0.75, -0.9]),   # a second review's
+    ("val_neg_huber", [-0.9, -0.6, -0.45, -0.4, -0.38, -0.5, -0.62, -0.75, -0.9]),
+    ("val_neg_nll", [-0.9, -0.6, -0.45, -0.4, -0.38, -0.5, -0.62, -0.75, -0.9]),
+    ("neg-mse", [-0.9, -0.6, -0.45, -0.4, -0.38, -0.5, -0.62, -0.75, -0.9]),
     ("val_neg_loss", [0.9, 0.6, 0.45, 0.4, 0.38, 0.5, 0.62, 0.75, 0.9])])   # a loss on negatives: >= 0, not negated
 def test_a_negated_loss_is_read_by_its_sign(name, worse):
     """A review: val_neg_mean_squared_error and val_neg_log_loss (negative, rising as the model learns) were read as
@@ -1913,6 +1949,13 @@ def test_a_negated_loss_is_read_by_its_sign(name, worse):
     error negated is higher-is-better; its improvement (the values up to its best) is no finding."""
     assert [f.where for f in _logging_a_metric(name, worse).findings if f.code == "val-worsens"] == [name]
     assert not [f for f in _logging_a_metric(name, worse[:5]).findings if f.code == "val-worsens"]
+
+
+def test_a_positive_log_likelihood_is_judged_higher_is_better():
+    """A second review: a continuous density's log-likelihood is above 0 and higher is better; the first form of the
+    ELBO rule left it unjudged. Falling from 2.3 to 0.5 after its best is worse."""
+    r = _logging_a_metric("val_log_likelihood", [1.0, 1.6, 2.1, 2.3, 1.5, 0.9, 0.6, 0.5, 0.45])
+    assert [f.where for f in r.findings if f.code == "val-worsens"] == ["val_log_likelihood"]
 
 
 def test_a_positive_elbo_is_not_judged():
@@ -3910,6 +3953,37 @@ def test_a_hard_samples_own_loss_is_not_the_run_feeling_its_gradient():
     assert [f.code for f in r.findings if f.severity != "info"] == ["loss-spike"], [f.message for f in r.findings]
     at = r.series["step"].index(121)
     assert r.series["loss"][at] > 1e4 and r.series["grad_norm"][at] > 10 * r.series["grad_norm"][at + 1]
+
+
+def test_a_corrupted_batch_whose_damage_stays_is_an_explosion():
+    """A second review: digits at batch 32, SGD with momentum; at step 301 a batch scaled 4x with shifted labels. Its
+    own loss (65) is the cause; the next ones, 0.83, 1.83, 2.94 after 0.06, are the damage, each inside this noisy
+    run's spread on its own. The median of the 3 after the spike, against the spread a median of 3 has, says so."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x_all, y_all = torch.tensor(digits.data, dtype=torch.float32) / 16.0, torch.tensor(digits.target)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(0)
+    order = torch.cat([torch.randperm(1400, generator=g) for _ in range(10)])
+    with Watch(model, opt, every=50) as w:
+        for step in range(400):
+            idx = order[32 * step:32 * step + 32]
+            x, y = x_all[idx], y_all[idx]
+            if step == 300:
+                x, y = 4 * x, (y + 3) % 10
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    r = w.result()
+    loss = r.series["loss"]
+    assert loss[300] > 100 * statistics.median(loss[250:300]) and statistics.median(loss[301:304]) > 10 * \
+        statistics.median(loss[250:300]), loss[298:305]   # the truth: a spike, and damage that stays
+    (f,) = [f for f in r.findings if f.code == "grad-norm-explosion"]
+    assert "at step 301" in f.message, f.message
 
 
 def test_a_gradient_spike_that_moves_the_loss_is_an_explosion():

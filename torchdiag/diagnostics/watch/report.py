@@ -28,11 +28,12 @@ HIGHER_IS_BETTER = re.compile(r"(?<![a-z])acc(?!ess)|f1|auc|auroc|aupr|precision
 # a loss or error negated so that higher is better (scikit-learn's neg_mean_squared_error, neg_log_loss): a loss on
 # negatives (a contrastive neg_loss) is >= 0, a negated one <= 0, so the values must say it too. Not a negated
 # log-likelihood or ELBO: that is a loss already (NLL), lower is better
-NEGATED_LOSS = re.compile(r"(?<![a-z])(neg|negative|minus)_(?!log_?lik|elbo|log_?prob)[a-z_]*?"
-                          r"(loss|error|err|mse|mae|rmse|brier|deviance)(?![a-z])", re.I)
-# a log-probability bound or likelihood: <= 0 for discrete data, where higher is better; a positive one is a density's
-# or, as many VAE codes name it, the negated bound they minimise (a review: val_elbo falling with the training loss)
-LIKELIHOOD = re.compile(r"elbo|log_?likelihood|loglik", re.I)
+NEGATED_LOSS = re.compile(r"(?<![a-z])(neg|negative|minus)[_-](?!log_?lik|elbo|log_?prob)[a-z_-]*?"
+                          r"(loss|error|err|mse|mae|rmse|rmsle|mape|huber|nll|brier|deviance)(?![a-z])", re.I)
+# an evidence lower bound: <= 0 for discrete data, where higher is better; a positive one is a density's or, as many VAE
+# codes name it, the negated bound they minimise (a review: val_elbo falling with the training loss). A log-likelihood
+# above 0 (a continuous density's) is higher-is-better: a second review
+ELBO = re.compile(r"elbo", re.I)
 DEAD_SHARE = 0.5       # a layer with at least this share of its units newly dead (twice in a row)
 SPARED_READS = 5       # dead units a run spared: the median loss of this many steps before the death and at the end,
 SPARED_FALL = 0.5      # the end's at most this × the death's (it kept learning without them): info
@@ -877,7 +878,10 @@ def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: 
     - the loss goes non-finite at or after it;
     - the loss leaves its own spread within a window after that step, by a tenth of where it started at least.
       The loss of the spike's own step is its cause, not what the update did (a hard sample at batch size 2: a high
-      loss and a high norm, then both back; a review's healthy digits runs warned there).
+      loss and a high norm, then both back; a review's healthy digits runs warned there);
+    - the spike's own loss left its spread and the median of the next 3 stays above the one before by that tenth and
+      outside the spread a median of 3 has (a corrupted batch: 0.06, 65, then 0.83, 1.83, 2.94, each inside a noisy
+      run's spread on its own: a second review).
     With no loss seen at all (backward not through Tensor.backward) the norms alone decide."""
     after = norms[i + 1:i + 1 + w]
     base = statistics.median(norms[i - w:i])
@@ -893,6 +897,12 @@ def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: 
     # a rise that matters at the run's own scale: a tenth of where the loss started at least (a loss sitting at
     # float32's floor, 1e-7, spreads by nothing, so 3e-5 would be "outside" it)
     scale = 0.1 * abs(statistics.median(values[:lw]))
+    own = at - 1 if at > 0 and loss_pairs[at - 1][0] == step else None
+    if own is not None and own >= lw and _outside_spread(values, own, lw) and len(values[own + 1:own + 4]) == 3:
+        after = statistics.median(values[own + 1:own + 4])   # the median of 3 spreads 0.67x one value (a normal's)
+        if (after - statistics.median(values[own - lw:own]) > scale
+                and _outside_spread(values, own, lw, v=after, k=0.67 * SPREAD_K)):
+            return True
     return any(_outside_spread(values, k, lw) and values[k] > statistics.median(values[k - lw:k])
                and values[k] - statistics.median(values[k - lw:k]) > scale
                for k in range(max(at, lw), min(len(values), at + w)))
@@ -1151,7 +1161,7 @@ def _block_noise(values: list[float], w: int, f) -> tuple[list[float], float]:
     return logs, math.sqrt(2) * 1.4826 * statistics.median(abs(x - centre) for x in second) / math.sqrt(1.5)
 
 
-def _outside_spread(values: list[float], i: int, w: int, v: float | None = None) -> bool:
+def _outside_spread(values: list[float], i: int, w: int, v: float | None = None, k: float = SPREAD_K) -> bool:
     """Is loss i far outside what the loss did over the SPREAD_STEPS·w steps before it: more than
     SPREAD_K robust standard deviations (1.4826 × the median absolute deviation) above the running median?
     In log space when the losses are positive (a loss is a ratio-scale quantity: per-sample losses at batch
@@ -1165,7 +1175,7 @@ def _outside_spread(values: list[float], i: int, w: int, v: float | None = None)
         recent, last, v = [f(x) for x in recent], [f(x) for x in last], f(v)
     centre = statistics.median(recent)
     mad = statistics.median(abs(x - centre) for x in recent)
-    return v - statistics.median(last) > SPREAD_K * 1.4826 * mad
+    return v - statistics.median(last) > k * 1.4826 * mad
 
 
 def _lr_rise(pairs, lr_at: dict, best_step: int, w: int):
@@ -1220,8 +1230,8 @@ def _validation(result: Result, engine, pairs) -> None:
     if unknown:
         more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
         result.notes.append(f"not judged for val-worsens, its name says no direction: {', '.join(unknown[:8])}{more} "
-                            "(a name with loss/err or acc/score in it does; an ELBO or likelihood does when it is <= 0, "
-                            "else it may be the negated bound a loop minimises)")
+                            "(a name with loss/err or acc/score in it does; an ELBO above 0 may be the negated bound a loop "
+                            "minimises)")
 
 
 SPREAD = re.compile(r"(?<![a-z])(std|stddev|stdev|var|variance|sem|sd|iqr|mad)(?![a-z])", re.I)   # no better side
@@ -1240,7 +1250,7 @@ def _direction(name: str, values: list[float]) -> bool | None:
     if any(NEGATED_LOSS.search(n) for n in forms) and max(values) <= 0:
         return True
     up = higher and not lower
-    if up and any(LIKELIHOOD.search(n) for n in forms) and min(values) > 0:
+    if up and any(ELBO.search(n) for n in forms) and min(values) > 0:
         return None
     return up
 
