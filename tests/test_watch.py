@@ -4624,6 +4624,7 @@ def test_a_second_stage_takes_the_count_when_the_first_stops(lr):
         rows = max(len(t.steps) for t in w.engine.tracks.values())
     r = w.result()
     assert r.data["steps"] == 300 and rows <= 10 and not any("not in the count" in n for n in r.notes), r.notes
+    assert any(n.startswith("from step 101 the steps counted are SGD over ") for n in r.notes), r.notes
     loss = r.series["loss"]
     assert all(v is not None for v in loss[100:])   # each student step with its own loss
     said = {f.code for f in r.findings if f.severity != "info"}

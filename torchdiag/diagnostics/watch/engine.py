@@ -42,6 +42,11 @@ from .stats import (
 )
 
 
+def _kind_over(t: Track) -> str:
+    """An optimizer named for a note: its type and its first parameter ("SGD over student.0.weight")."""
+    return f"{t.kind} over {t.names[0]}" if t.names else t.kind
+
+
 def _guarded(hook):
     """A hook of ours that raises must never break the user's training: the engine stops watching
     (every hook becomes a no-op), and the report says why."""
@@ -107,6 +112,7 @@ class Engine:
         # (first step, id of the new clock's track, of the old one's, nested) at each hand-over of the count: a
         # clock whose parameters are not nested with the one's before trains another objective (report._objectives)
         self.handovers: list[tuple[int, int, int, bool]] = []
+        self.stop_handovers: list[tuple[int, str, str, int]] = []   # (step, new, old, its steps before): a note each
         self._clock_keys: tuple[int, frozenset] | None = None   # the clock's track id and parameter ids
         self._owners: dict[int, int] = {}   # a step since the last read -> id of the track that took it (the clock)
         self.metrics: dict[str, list] = {}  # w.log(name, value): [(step, value)]
@@ -815,6 +821,7 @@ class Engine:
             self.clock = opt
             self._credit(t, t.since_clock)   # its step before this one, which the clock it replaces did not count
         elif held is not None and self._stopped(t):
+            self.stop_handovers.append((self.step + 1, _kind_over(t), _kind_over(held), t.since_clock))
             self._hand_over(t)
             self.clock = opt
             self._credit(t, t.since_clock, t.own_losses)   # its steps since the clock's last, each with its losses
@@ -866,7 +873,7 @@ class Engine:
         them), and what they left in memory goes; the tracks of no model start again when they next step."""
         self.step, self._provisional, self._first_bad_found, self._last_read = 0, False, False, 0
         self._window, self._loss_window, self._others, self.pending = [], [], [], []   # _losses: the new clock's
-        self.handovers, self._clock_keys, self._owners = [], None, {}
+        self.handovers, self._clock_keys, self._owners, self.stop_handovers = [], None, {}, []
         self._clip_window = []
         for key, t in list(self.tracks.items()):
             if not t.roots:

@@ -346,6 +346,7 @@ def _wiring(result: Result, engine) -> None:
     _idle(result, engine, owners)
     _remade(result, engine)
     _clock_note(result, engine)
+    _handover_notes(result, engine)
     carried = engine.checks["carried"]
     if carried and not engine.opts.accumulate:
         # looked at after read steps only: "every step" overstated a loop that zeroes every 10th step (a sweep)
@@ -539,6 +540,14 @@ def _idle(result: Result, engine, owners: dict) -> None:
                    "call its step() where the loop stopped calling it; if its step is conditional on purpose (a GAN's "
                    "discriminator stepped only while it is weak), it has not been taken since; to keep them as they "
                    "are, freeze them (requires_grad_(False)), which saves their backward too")
+
+
+def _handover_notes(result: Result, engine) -> None:
+    """The count passed from a clock that stopped while kept alive (engine._stopped): said, so that a run whose
+    counted optimizer changed (a student after its teacher, a critic after a long burst) reads as such."""
+    for step, new, old, before in engine.stop_handovers:
+        result.notes.append(f"from step {step} the steps counted are {new}'s: {old}, counted before, stopped while "
+                            f"kept alive ({before} steps of the other after its last)")
 
 
 def _clock_note(result: Result, engine) -> None:
