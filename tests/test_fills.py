@@ -527,6 +527,31 @@ def test_made_up_class_targets_do_not_move_off_a_computed_inf(use):
     assert codes(res, ("error",)) & {"non-finite-output", "non-finite-loss"}, [(f.code, f.message) for f in res.findings]
 
 
+@pytest.mark.parametrize("mask", ["top_k", "input"])
+def test_a_mask_computed_from_the_logits_is_no_ban(mask):
+    """A review: a forward that keeps its top 3 logits and fills the rest with -inf (sampling code left in training)
+    is written by masked_fill like a ban, and made-up targets were moved onto the top 3: PASS, where any real label
+    outside them makes the loss inf. A mask whose positions move when the weights do is no class the model bans: the
+    targets stay and nancheck fails it. A mask made from the input does not move with the weights: still a ban."""
+    class Filtered(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(10, 8)
+
+        def forward(self, x):
+            y = self.fc(x)
+            banned = y < y.topk(3, 1).values[:, -1:] if mask == "top_k" else x[:, :8] > 0
+            return y.masked_fill(banned, float("-inf"))
+
+    torch.manual_seed(0)
+    res = api_run("nancheck", Filtered(), (torch.randn(4, 10),))
+    if mask == "top_k":
+        assert codes(res, ("error",)) & {"non-finite-output", "non-finite-loss"}, res.header
+        assert "kept off" not in res.header["loss"]
+    else:
+        assert not codes(res, ("error",)) and "kept off" in res.header["loss"], res.header
+
+
 class MaskedVocabLM(nn.Module):
     """A causal LM whose vocabulary mask bans ids 0-3 (special tokens it never predicts), or (computed) whose logit
     for id 3 is log(0)."""

@@ -351,9 +351,41 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
                 out = run_forward(model, inputs, phase="forward (where its ±inf come from)")
             made, computed = classify(mode.rows)
             masks = {label: torch.isinf(t.detach()) for label, t in float_outputs(out)}
+            moved = _moved_by_weights(model, inputs, ctx, masks)
     except ModelError as exc:
         return Fills(failed=exc.message)
     except Exception as exc:   # noqa: BLE001 - a second opinion only: without it, ±inf count as computed
         return Fills(failed=f"{type(exc).__name__}: {exc}")
     buffers = {n for n, _ in model.named_buffers()}
+    masks = {label: m for label, m in masks.items() if label not in moved}
     return Fills(made, computed, masks, mask_buffers={n for n, kind in state.values() if kind == "mask" and n in buffers})
+
+
+def _moved_by_weights(model, inputs, ctx, masks: dict) -> set[str]:
+    """The outputs whose ±inf positions move when the weights do: a mask computed from the values it masks (a top-k
+    filter over the logits, sampling code left in the forward) is no class a model bans, and a made-up target moved
+    off it would hide that a real label there makes the loss inf (a review). One more forward, with every floating
+    parameter scaled elementwise by 1 + 0.5·N(0, 1) (torch.func.functional_call: the model's own are not touched);
+    asked only when an output holds ±inf. A ban by a buffer or by the input stays where it was."""
+    import torch
+    from torch.func import functional_call
+
+    from .loss import float_outputs
+
+    if not any(bool(m.any()) for m in masks.values()):
+        return set()
+    g = torch.Generator().manual_seed(0)
+    params = {n: p * (1 + 0.5 * torch.randn(p.shape, generator=g)).to(p.device, p.dtype) if p.is_floating_point()
+              else p for n, p in model.named_parameters()}
+
+    class Shaken:   # inputs.call(model) calls it as the model, on the shaken weights
+        def __call__(self, *args, **kwargs):
+            return functional_call(model, params, args, kwargs)
+
+    try:
+        with ctx.seeded(), ctx.autocast():
+            out = dict(float_outputs(inputs.call(Shaken())))
+    except Exception:   # noqa: BLE001 - the shaken weights' forward failed: nothing is told, the first one's stand
+        return set()
+    return {label for label, m in masks.items()
+            if label not in out or out[label].shape != m.shape or not torch.equal(torch.isinf(out[label]), m)}
