@@ -65,3 +65,20 @@ def refuse_meta_tensors(model, what: str, partly: bool = False) -> None:
     raise UsageError(f"{what} holds {len(on_meta)} tensor(s) on the meta device, without values (first: "
                      f"{on_meta[0]})", hint="materialise them in the factory (to_empty() then initialise, or load "
                      "the weights there); --device meta runs the commands that need shapes only")
+
+
+def weightless_copy(model):
+    """A deep copy of `model` whose parameters, buffers and the tensors its modules hold in attributes, lists and dicts
+    (an EMA's weights) are meta tensors: the structure and the code, no values, no memory."""
+    import copy
+
+    import torch
+
+    from .train import held_tensors
+
+    memo: dict = {}
+    for t in held_tensors(model):
+        if id(t) not in memo:
+            m = t.detach().to("meta")
+            memo[id(t)] = torch.nn.Parameter(m, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else m
+    return copy.deepcopy(model, memo)

@@ -164,29 +164,35 @@ def _copy_bytes(model, dtype=None):
                 yield t.device, nbytes
 
 
-def _graph_tensors(model) -> dict:
-    """deepcopy's memo: a detached clone for every tensor with a grad_fn the model holds as an attribute (a
-    cache its forward left, e.g. torchvision RAFT's correlation pyramid), which deepcopy refuses ("Only
-    Tensors created explicitly by the user (graph leaves) support the deepcopy protocol")."""
+def held_tensors(model):
+    """Every tensor the model's modules hold in attributes, directly or in lists, tuples, sets and dicts up to three
+    deep (parameters and buffers among them, a cache or an EMA's weights beside them); a tensor may come twice."""
     import torch
 
-    memo: dict = {}
-
-    def visit(v, depth: int) -> None:
+    def visit(v, depth: int):
         if isinstance(v, torch.Tensor):
-            if not v.is_leaf and id(v) not in memo:
-                memo[id(v)] = v.detach().clone()
-        elif depth < 3 and isinstance(v, (list, tuple)):
+            yield v
+        elif depth < 3 and isinstance(v, (list, tuple, set)):
             for x in v:
-                visit(x, depth + 1)
+                yield from visit(x, depth + 1)
         elif depth < 3 and isinstance(v, dict):
             for x in v.values():
-                visit(x, depth + 1)
+                yield from visit(x, depth + 1)
 
     for m in model.modules():
         for key, v in vars(m).items():
             if key != "_modules":
-                visit(v, 0)
+                yield from visit(v, 0)
+
+
+def _graph_tensors(model) -> dict:
+    """deepcopy's memo: a detached clone for every tensor with a grad_fn the model holds as an attribute (a
+    cache its forward left, e.g. torchvision RAFT's correlation pyramid), which deepcopy refuses ("Only
+    Tensors created explicitly by the user (graph leaves) support the deepcopy protocol")."""
+    memo: dict = {}
+    for v in held_tensors(model):
+        if not v.is_leaf and id(v) not in memo:
+            memo[id(v)] = v.detach().clone()
     return memo
 
 

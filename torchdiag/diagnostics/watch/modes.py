@@ -60,44 +60,15 @@ def kept_in_eval(model, names: list[str]) -> set[str]:
     (every tensor on meta): a train() that swaps weights (an EMA's in on eval(), the trained ones back on train()) runs
     on nothing of the user's (a second review: the probe on the model itself put the trained weights back). A copy
     that cannot be made, or a train() that raises there, tells nothing."""
+    from ...core.meta import weightless_copy
+
     try:
-        shadow = _weightless(model)
+        shadow = weightless_copy(model)
         shadow.train()
         modules = dict(shadow.named_modules())
         return {n for n in names if n in modules and not modules[n].training}
     except Exception:   # noqa: BLE001 - a help only
         return set()
-
-
-def _weightless(model):
-    """A deep copy of `model` whose parameters, buffers and the tensors its modules hold in attributes, lists and dicts
-    (an EMA's weights) are meta tensors: the structure and the code, no values, no memory."""
-    import copy
-
-    import torch
-
-    memo: dict = {}
-
-    def meta(t):
-        if id(t) not in memo:
-            m = t.detach().to("meta")
-            memo[id(t)] = torch.nn.Parameter(m, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else m
-        return memo[id(t)]
-
-    def walk(v, depth=0):
-        if isinstance(v, torch.Tensor):
-            meta(v)
-        elif depth < 3 and isinstance(v, (list, tuple, set)):
-            for x in v:
-                walk(x, depth + 1)
-        elif depth < 3 and isinstance(v, dict):
-            for x in v.values():
-                walk(x, depth + 1)
-
-    for m in model.modules():
-        for v in vars(m).values():
-            walk(v)
-    return copy.deepcopy(model, memo)
 
 
 def _copied(obj):
