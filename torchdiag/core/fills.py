@@ -365,8 +365,9 @@ def _moved_by_weights(model, inputs, ctx, masks: dict) -> set[str]:
     """The outputs whose ±inf positions move when the weights do: a mask computed from the values it masks (a top-k
     filter over the logits, sampling code left in the forward) is no class a model bans, and a made-up target moved
     off it would hide that a real label there makes the loss inf (a review). One more forward, with every floating
-    parameter scaled elementwise by 1 + 0.5·N(0, 1) (torch.func.functional_call: the model's own are not touched);
-    asked only when an output holds ±inf. A ban by a buffer or by the input stays where it was."""
+    parameter scaled elementwise by 1 + 0.5·N(0, 1) (torch.func.functional_call: the model's own are not touched, at
+    the cost of a copy of its floating parameters for that forward); asked only when an output holds ±inf. A ban by a
+    buffer or by the input stays where it was."""
     import torch
     from torch.func import functional_call
 

@@ -312,7 +312,7 @@ def _wiring(result: Result, engine) -> None:
                 continue
             # never at a read step since it joined, and no non-zero norm at any step (the per-step rows): a sparse
             # MoE's expert routed to between reads got gradients (a review: experts 0 and 5 were named)
-            if not t.seen_grad[i] and t.sampled > t.joined[i] and not t.grad_max[i] > 0:
+            if not _got_grad(t, i) and t.sampled > t.joined[i]:
                 shape = "x".join(map(str, p.shape)) or "scalar"   # a row named by index says what it is by its shape
                 never.setdefault("warning" if p.requires_grad else "info", []).append(f"{t.names[i]} ({shape})")
             elif t.changed is not None and not t.changed[i] and _negligible(t, i):
