@@ -45,6 +45,19 @@ from typing import Any
 
 from ..errors import ModelError
 
+# a finite output value this far from 0 that no weight moves is a fill: a made-up target there is unfit, and on
+# finfo(float32).min the loss overflows. Not lower: a healthy 64-layer residual MLP's logits reach 1.5e6, and each
+# such output would cost the fills' two forwards
+EXTREME = 1e9
+
+
+def as_extreme_as_a_fill(t):
+    """Positions of `t` as extreme as a fill: ±inf, ±finfo(dtype).max (`torch.finfo(dtype).min`, as Hugging Face
+    models write it, -65504 in float16), or |value| ≥ EXTREME."""
+    import torch
+
+    a = t.detach().abs()
+    return a >= EXTREME if t.is_complex() else (a >= EXTREME) | (a == torch.finfo(t.dtype).max)
 UNINITIALISED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
                            "empty_permuted"})
 
@@ -56,6 +69,8 @@ class Fills:
     masks: dict[str, Any] = field(default_factory=dict)      # output label -> its ±inf positions (on its device)
     failed: str | None = None                                # why the forward could not be asked
     mask_buffers: set = field(default_factory=set)           # buffers holding an additive mask (-inf, else ≤ 0)
+    constants: dict[str, Any] = field(default_factory=dict)  # output label -> its finite EXTREME positions the
+                                                             # shaken weights left unchanged (a finfo.min fill)
 
     @property
     def only_fills(self) -> bool:
@@ -81,6 +96,15 @@ class Fills:
         output has `like`'s shape and device; else None."""
         m = self.masks.get(label) if self.only_fills else None
         return m if m is not None and m.shape == like.shape and m.device == like.device else None
+
+    def unfit(self, label: str, like) -> Any | None:
+        """Output `label`'s positions no weight can fit, for a made-up target to stay off: its ±inf fills (`mask`)
+        and its finite constants as extreme as a fill (`torch.finfo(dtype).min`, -1e9 written over banned classes)
+        that did not move when the weights did. None when there are none, or they do not match `like`."""
+        inf, const = self.mask(label, like), self.constants.get(label)
+        if const is None or const.shape != like.shape or const.device != like.device:
+            return inf
+        return const if inf is None else inf | const
 
     def describe(self) -> str:
         ops = ", ".join(f"{op} ({n:,})" for op, n in sorted(self.made.items(), key=lambda kv: -kv[1]))
@@ -350,31 +374,37 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
             with ctx.autocast(), mode:   # a nullcontext without --amp
                 out = run_forward(model, inputs, phase="forward (where its ±inf come from)")
             made, computed = classify(mode.rows)
-            masks = {label: torch.isinf(t.detach()) for label, t in float_outputs(out)}
-            moved = _moved_by_weights(model, inputs, ctx, masks)
+            outs = {label: t.detach() for label, t in float_outputs(out)}
+            masks = {label: torch.isinf(t) for label, t in outs.items()}
+            extreme = {label: torch.isfinite(t) & as_extreme_as_a_fill(t) for label, t in outs.items()}
+            moved, constants = _moved_by_weights(model, inputs, ctx, masks, outs, extreme)
     except ModelError as exc:
         return Fills(failed=exc.message)
     except Exception as exc:   # noqa: BLE001 - a second opinion only: without it, ±inf count as computed
         return Fills(failed=f"{type(exc).__name__}: {exc}")
     buffers = {n for n, _ in model.named_buffers()}
     masks = {label: m for label, m in masks.items() if label not in moved}
-    return Fills(made, computed, masks, mask_buffers={n for n, kind in state.values() if kind == "mask" and n in buffers})
+    return Fills(made, computed, masks, mask_buffers={n for n, kind in state.values() if kind == "mask" and n in buffers},
+                 constants=constants)
 
 
-def _moved_by_weights(model, inputs, ctx, masks: dict) -> set[str]:
-    """The outputs whose ±inf positions move when the weights do: a mask computed from the values it masks (a top-k
-    filter over the logits, sampling code left in the forward) is no class a model bans, and a made-up target moved
-    off it would hide that a real label there makes the loss inf (a review). One more forward, with every floating
-    parameter scaled elementwise by 1 + 0.5·N(0, 1) (torch.func.functional_call: the model's own are not touched, at
-    the cost of a copy of its floating parameters for that forward); asked only when an output holds ±inf. A ban by a
+def _moved_by_weights(model, inputs, ctx, masks: dict, outs: dict, extreme: dict) -> tuple[set[str], dict]:
+    """(the outputs whose ±inf positions move when the weights do, label -> the EXTREME finite positions that keep
+    their value). A mask computed from the values it masks (a top-k filter over the logits, sampling code left in the
+    forward) is no class a model bans, and a made-up target moved off it would hide that a real label there makes
+    the loss inf (a review). A finite value as extreme as a fill that no weight changes (`torch.finfo(dtype).min` or
+    -1e9 written over banned classes) is a constant the code wrote: no target can be fitted there, and one made-up
+    target on finfo.min makes the loss inf. One more forward, with every floating parameter scaled elementwise by
+    1 + 0.5·N(0, 1) (torch.func.functional_call: the model's own are not touched, at the cost of a copy of its
+    floating parameters for that forward); asked only when an output holds ±inf or an EXTREME value. A ban by a
     buffer or by the input stays where it was."""
     import torch
     from torch.func import functional_call
 
     from .loss import float_outputs
 
-    if not any(bool(m.any()) for m in masks.values()):
-        return set()
+    if not any(bool(m.any()) for m in (*masks.values(), *extreme.values())):
+        return set(), {}
     g = torch.Generator().manual_seed(0)
     params = {n: p * (1 + 0.5 * torch.randn(p.shape, generator=g)).to(p.device, p.dtype) if p.is_floating_point()
               else p for n, p in model.named_parameters()}
@@ -385,8 +415,10 @@ def _moved_by_weights(model, inputs, ctx, masks: dict) -> set[str]:
 
     try:
         with ctx.seeded(), ctx.autocast():
-            out = dict(float_outputs(inputs.call(Shaken())))
+            shaken = dict(float_outputs(inputs.call(Shaken())))
     except Exception:   # noqa: BLE001 - the shaken weights' forward failed: nothing is told, the first one's stand
-        return set()
-    return {label for label, m in masks.items()
-            if label not in out or out[label].shape != m.shape or not torch.equal(torch.isinf(out[label]), m)}
+        return set(), {}
+    same = {label: shaken[label].shape == t.shape for label, t in outs.items() if label in shaken}
+    moved = {label for label, m in masks.items() if not same.get(label) or not torch.equal(torch.isinf(shaken[label]), m)}
+    constants = {label: m & (shaken[label] == outs[label]) for label, m in extreme.items() if same.get(label)}
+    return moved, {label: m for label, m in constants.items() if bool(m.any())}

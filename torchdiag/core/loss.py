@@ -24,6 +24,7 @@ ids), the logits are next-token predictions of the ones they are causal in: one 
 candidate (`_causal_in`)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,7 +136,8 @@ class Loss:
     with_path: Any = None         # auto: labels of the other outputs with a gradient path, from a call with grad on
     terms: Any = None             # auto with other outputs covered: [(label, term detached)] of the last call
     fills: Any = None             # () -> core.fills.Fills of the run's forward (Context.fills), or None
-    fill_masks: Any = None        # label -> the ±inf fill positions a made-up term leaves out, or None (decided once)
+    fill_masks: Any = None        # label -> the fill positions a made-up term leaves out, or None (decided once)
+    fill_notes: Any = None        # label -> what the header says of them ("" when they changed nothing)
 
     def describe(self) -> str:
         if self.chosen == "model":
@@ -151,19 +153,15 @@ class Loss:
             text = f"{self.chosen or self.kind} on {self.picked or 'output'}{target}"
             if self.chosen == "mse" and self.made_target:
                 text += self._fills_said(self.picked)
-            mask = (self.fill_masks or {}).get(self.picked) if self.chosen == "cross_entropy" else None
-            if mask is not None and self.made_target:
-                text += f" (kept off {int(mask.sum()):,} -inf logits: constants the model writes)"
+            if self.chosen == "cross_entropy" and self.made_target:
+                text += self._fills_said(self.picked)
             if self.chosen == "next_token":
                 text = (f"next-token cross_entropy on {self.picked} against {self.lm.name} shifted by one "
                         f"(a language model: {self.lm.name} feeds an embedding of {self.lm.vocab} rows, the logits' "
-                        "last dimension)")
-                if self.lm.left_out is not None:
-                    text += (f"; {int(self.lm.left_out.sum()):,} positions left out: their next id is a -inf logit, "
-                             "a constant the model writes")
+                        "last dimension)") + self._fills_said(self.picked)
         for label, rule, _ in self.extra or ():
             text += f" + {label} itself" if rule == "model" else \
-                f" + {self.chosen} on {label} against the same target" if rule == "same" else \
+                f" + {self.chosen} on {label} against the same target" + self._fills_said(label) if rule == "same" else \
                 f" + mse on {label} against a random target" + self._fills_said(label)
         if self.left_out:
             text += (f"; left out: {', '.join(self.left_out)} (--loss auto covers every output, or give "
@@ -174,10 +172,37 @@ class Loss:
         return text
 
     def _fills_said(self, label: str) -> str:
-        mask = (self.fill_masks or {}).get(label)
-        if mask is None:
-            return ""
-        return f" ({int(mask.sum()):,} ±inf left out: constants the model writes)"
+        return (self.fill_notes or {}).get(label, "")
+
+    def _note_fills(self, label: str, y, mask, counted, said: str) -> None:
+        """The header's words on output `label`'s fills: `said` with the count of `counted` and the values the model
+        writes there (one read, once per output); nothing when the count is 0 (a review: "kept off 32" where every
+        class was banned and no target could move)."""
+        import torch
+
+        yd = y.detach().double()
+        lo, hi = yd.masked_fill(~mask, math.inf).amin(), yd.masked_fill(~mask, -math.inf).amax()
+        n, lo, hi = torch.stack([counted.sum().double(), lo, hi]).tolist()
+        values = f"{lo:g}" if lo == hi else f"{lo:g} to {hi:g}"
+        note = said.format(n=f"{int(n):,}", values=values) if n else ""
+        self.fill_notes = {**(self.fill_notes or {}), label: note}
+
+    def _unfit(self, label: str, y):
+        """The positions of output `y` no weight can fit (core/fills.py: its ±inf fills, its finite constants as
+        extreme as one), or None: one read (does `y` hold a value that extreme?), the fills' forward only when it
+        does, and one more read that they are `y`'s own (a mask drawn at random each forward is not). A ±inf elsewhere
+        stays in, and makes the loss non-finite."""
+        from .fills import as_extreme_as_a_fill
+
+        if self.fills is None or not _has_values(y):
+            return None
+        special = as_extreme_as_a_fill(y)
+        if not bool(special.any()):
+            return None
+        mask = self.fills().unfit(label, y)
+        if mask is None or bool((mask & ~special).any()):   # its fills elsewhere: not this forward's
+            return None
+        return mask
 
     @property
     def covered(self) -> list[str]:
@@ -225,9 +250,14 @@ class Loss:
                 rule, target = "model", None
                 term = t.float()
             elif kind in ("cross_entropy", "mse") and tuple(t.shape) == tuple(y.shape):
-                rule, target = "same", None
-                term = (F.cross_entropy(t.float(), self.target.to(t.device)) if kind == "cross_entropy"
-                        else F.mse_loss(t.float(), self.target.to(t.device).float()))
+                rule, target = "same", known.get(label, (None, None))[1]
+                if target is None:   # a made-up class target moved off this output's own fills (an aux head's ban)
+                    g = torch.Generator().manual_seed(seeds.output_target(self.seed, k))
+                    target = self._off_fills(t, self.target, g, label) if kind == "cross_entropy" and \
+                        self.made_target else self.target
+                term = (F.cross_entropy(t.float(), target.to(t.device)) if kind == "cross_entropy" else
+                        F.mse_loss(self._fitted(label, t.float(), target.to(t.device).float()) if self.made_target
+                                   else t.float(), target.to(t.device).float()))
             else:
                 rule, target = "mse", known.get(label, (None, None))[1]
                 if target is None or tuple(target.shape) != tuple(t.shape):
@@ -300,23 +330,21 @@ class Loss:
         if self.fill_masks is None:
             self.fill_masks = {}
         if label not in self.fill_masks:   # once per output: one read, and the fills' forward only when needed
-            inf = self.fills is not None and _has_values(y) and bool(torch.isinf(y.detach()).any())
-            self.fill_masks[label] = self.fills().mask(label, y) if inf else None
+            self.fill_masks[label] = mask = self._unfit(label, y)
+            if mask is not None:
+                self._note_fills(label, y, mask, mask, " ({n} values left out: constants the model writes, {values})")
         mask = self.fill_masks[label]
         if mask is None or mask.shape != y.shape or mask.device != y.device:
             return y
         return torch.where(mask, target.to(y.dtype), y)
 
-    def _fill_mask(self, y):
-        """The ±inf positions of output `y` the model writes as constants (core/fills.py), or None: one read (does `y`
-        hold ±inf?), and the fills' forward only when it does. Kept for the header."""
-        import torch
-
-        if self.fills is None or not _has_values(y) or not bool(torch.isinf(y.detach()).any()):
-            return None
-        mask = self.fills().mask(self.picked, y)
+    def _fill_mask(self, y, label: str | None = None):
+        """The positions of output `y` (default: the picked one) no weight can fit (`_unfit`), or None. Kept for the
+        header."""
+        label = label or self.picked
+        mask = self._unfit(label, y)
         if mask is not None:
-            self.fill_masks = {**(self.fill_masks or {}), self.picked: mask}
+            self.fill_masks = {**(self.fill_masks or {}), label: mask}
         return mask
 
     def _next_targets(self, y):
@@ -329,9 +357,13 @@ class Loss:
             return targets
         hit = mask[:, :-1].gather(2, targets.unsqueeze(2)).squeeze(2)
         self.lm.left_out = hit
-        return targets if bool(hit.all()) else targets.masked_fill(hit, LEFT_OUT)
+        if bool(hit.all()):
+            return targets
+        self._note_fills(self.picked, y, mask, hit, "; {n} positions left out: their next id is a logit the model "
+                         "writes as a constant ({values})")
+        return targets.masked_fill(hit, LEFT_OUT)
 
-    def _off_fills(self, y, target, g):
+    def _off_fills(self, y, target, g, label: str | None = None):
         """A made-up class target moved off the classes whose logit is a -inf the model writes as a constant (a
         registered mask that bans classes, core/fills.py): no target can be fitted there, and one such target made
         the loss inf and every gradient NaN. Only fills move it (one read, at the target's making); a -inf the
@@ -339,11 +371,13 @@ class Loss:
         every class is a fill keeps its target."""
         import torch
 
-        mask = self._fill_mask(y)
+        mask = self._fill_mask(y, label)
         if mask is None:
             return target
         hit = mask.gather(1, target.unsqueeze(1)).squeeze(1) & ~mask.all(1)
         scores = self._random(torch.rand, y.shape, g).to(y.device).masked_fill(mask, -1.0)
+        self._note_fills(label or self.picked, y, mask, hit, " ({n} made-up targets moved off logits the model writes as a "
+                         "constant, {values})")
         return torch.where(hit, scores.argmax(1), target)
 
     def _random(self, draw, shape, g):
