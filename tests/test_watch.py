@@ -3,6 +3,7 @@ run in-process through the script runner, and loops written here), each bug at a
 checked against what the loop itself computes."""
 from __future__ import annotations
 
+import copy
 import functools
 import io
 import json
@@ -1602,17 +1603,22 @@ def test_the_eval_mode_probe_leaves_the_users_batch_model_and_random_states_as_t
     assert finding(w.result(), "trained-in-eval-mode").severity == "warning"
 
 
-def test_dead_units_passed_on_by_a_pool_and_a_flatten_are_one_finding():
+@pytest.mark.parametrize("dims", [2, 1])
+def test_dead_units_passed_on_by_a_pool_and_a_flatten_are_one_finding(dims):
     # the same mix-up as watch_dead_units.py on a conv net: the ReLU's channels die, and the max-pool and the
-    # flatten after it (no parameters, reading its output) carry the same dead units: named once, with them
+    # flatten after it (no parameters, reading its output) carry the same dead units: named once, with them. A
+    # Conv1d's (B, C, L) map was judged per position, as a sequence's (B, T, C): its dead channels went unseen
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(256, 1))
+    conv, pool = (nn.Conv2d, nn.MaxPool2d) if dims == 2 else (nn.Conv1d, nn.MaxPool1d)
+    shape = (1, 8, 8) if dims == 2 else (1, 64)
+    model = nn.Sequential(conv(1, 16, 3, padding=1), nn.ReLU(), pool(2), nn.Flatten(), nn.Linear(256 * (3 - dims), 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    w = torch.randn(1, 1, 8, 8).abs()
+    w = torch.randn(1, *shape).abs()
+    start = copy.deepcopy(model[0])
     with Watch(model, opt, every=10) as wt:
         for step in range(1, 101):
-            x = torch.rand(32, 1, 8, 8)
-            y = torch.full((32, 1), -30.0) if step == 40 else (x * w).sum((1, 2, 3)).unsqueeze(1) / 8
+            x = torch.rand(32, *shape)
+            y = torch.full((32, 1), -30.0) if step == 40 else (x * w).flatten(1).sum(1).unsqueeze(1) / 8
             loss = F.mse_loss(model(x), y)
             opt.zero_grad()
             loss.backward()
@@ -1622,7 +1628,10 @@ def test_dead_units_passed_on_by_a_pool_and_a_flatten_are_one_finding():
     assert "passed on by 2, 3" in found[0].message
     # independent truth: the ReLU's channels zero for 512 fresh inputs are dead for a batch of 32 too (the finding's
     # count, measured on the run's own batch, can only be larger)
-    dead = int((torch.relu(model[0](torch.rand(512, 1, 8, 8))).amax((0, 2, 3)) == 0).sum())
+    x = torch.rand(512, *shape)
+    alive = [torch.relu(c(x)).amax([0, *range(2, x.dim())]) > 0 for c in (start, model[0])]
+    dead = int((alive[0] & ~alive[1]).sum())   # alive at the start, dead now, for 512 fresh inputs
+    # the finding's count, on the run's own batch of 32, can only be larger
     assert 8 <= dead <= int(found[0].message.split(" of ")[0]) <= 16, (dead, found[0].message)
 
 

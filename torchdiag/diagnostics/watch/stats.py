@@ -555,7 +555,8 @@ class DeadUnits:
         self.handles: list = []
         self.seen: list = []   # (name, per-unit max, per-unit min, per-unit input alive or None)
         self.calls: dict[str, int] = {}   # calls of each module in this forward
-        self.made: dict[int, tuple] = {}  # storage of an output seen -> (the entry that made it, a weakref to it)
+        self.made: dict[int, tuple] = {}  # storage of an output seen -> (the entry that made it, a weakref to it,
+                                          # the dimension of its units)
 
     def attach(self):
         self.engine.fed_memo = None
@@ -589,35 +590,56 @@ class DeadUnits:
                     or output.numel() == 0):
                 return None
             with torch.no_grad():
-                unit = 2 if output.dim() == 3 else 1
+                unit = self._unit(module, args, output)
                 rest = [d for d in range(output.dim()) if d != unit]
                 # a module called again in one forward (a ResNet block's one ReLU, twice) is another layer of
                 # units: its own entry, `name#2`, compared with its own first sample
                 k = self.calls[name] = self.calls.get(name, 0) + 1
                 entry = name if k == 1 else f"{name}#{k}"
                 fed = self._passed_on(module, args, output, entry)
-                self.made[output.untyped_storage().data_ptr()] = (entry, weakref.ref(output))
+                self.made[output.untyped_storage().data_ptr()] = (entry, weakref.ref(output), unit)
                 self.seen.append((entry, output.amax(rest), output.amin(rest), None if fed else _input_range(
                     module, args, output, rest)))
             return None
         return hook
+
+    def _fed_by(self, args) -> tuple | None:
+        """(entry, weakref, unit dim) of the module output this module reads first, while it is alive (its memory
+        not reused since), or None."""
+        import torch
+
+        x = args[0] if args else None
+        made = self.made.get(x.untyped_storage().data_ptr()) if torch.is_tensor(x) else None
+        return made if made is not None and made[1]() is not None else None
+
+    def _unit(self, module, args, output) -> int:
+        """The dimension of `output` that holds its units: a convolution's channels (1, a Conv1d's (B, C, L) too: a
+        review found its dead channels unseen, judged per position), kept by what reads another module's output
+        and keeps that dimension's size (its ReLU, BatchNorm, pooling); else the last of a 3-D sequence (B, T, C),
+        else 1."""
+        import torch
+
+        if isinstance(module, torch.nn.modules.conv._ConvNd):
+            return 1
+        made, x = self._fed_by(args), args[0] if args else None
+        if made is not None and x.dim() == output.dim() and x.shape[made[2]] == output.shape[made[2]]:
+            return made[2]
+        return 2 if output.dim() == 3 else 1
 
     def _passed_on(self, module, args, output, entry: str) -> bool:
         """A module without parameters whose input is another module's output (a pool or a flatten after a
         ReLU) passes that module's dead units on: noted (host-side names only) so the report names them once.
         One whose units are not its input's (a Flatten: a channel at one position) is noted as regrouped: its
         zeros are the input's, told at a finer grain than a unit (the report does not judge it alone)."""
-        import torch
 
-        x = args[0] if args else None
-        if torch.is_tensor(x) and not _holds_parameters(module):
-            made = self.made.get(x.untyped_storage().data_ptr())
-            if made is not None and made[1]() is not None:   # still alive: its memory was not reused since
-                checks = self.engine.checks
-                checks["dead_feeds"][entry] = made[0]
-                if x.dim() >= 2 and x.shape[2 if x.dim() == 3 else 1] != output.shape[2 if output.dim() == 3 else 1]:
-                    checks["dead_regrouped"].add(entry)
-                return True
+        x, made = args[0] if args else None, self._fed_by(args)
+        if made is not None and not _holds_parameters(module):
+            checks = self.engine.checks
+            checks["dead_feeds"][entry] = made[0]
+            unit = self._unit(module, args, output)
+            if x.dim() != output.dim() or x.shape[made[2]] != output.shape[unit]:
+                checks["dead_regrouped"].add(entry)
+            return True
         return False
 
     def remove(self):
