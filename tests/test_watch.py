@@ -6113,3 +6113,64 @@ def test_the_replay_traces_a_nan_made_from_an_additive_masks_minus_inf():
                 break
     event = next(e for e in w.engine.events if e.get("replay"))
     assert event["replay"]["module"] == "attn" and "±Inf but no NaN" in event["replay"]["detail"], event
+
+
+class _ModeNet(nn.Module):
+    """Linear, BatchNorm, ReLU, Dropout, Linear. `variant`: "noprop" overrides train() to set its own flag only (a
+    review: validation ran with dropout on and BatchNorm learning its batches, and watch said nothing); "mc" is MC
+    dropout at validation (eval(), then the dropouts put back in train on purpose); "ok" a plain model."""
+
+    def __init__(self, variant):
+        super().__init__()
+        self.variant = variant
+        self.body = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 2))
+
+    def forward(self, x):
+        return self.body(x)
+
+    def train(self, mode=True):
+        if self.variant == "noprop":
+            self.training = mode
+            return self
+        return super().train(mode)
+
+
+@pytest.mark.parametrize("variant", ["noprop", "mc", "ok"])
+def test_an_eval_that_does_not_reach_the_dropout_and_batchnorm_is_said(variant):
+    torch.manual_seed(0)
+    model = _ModeNet(variant)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(model, opt, every=10) as w:
+        for _ in range(3):
+            model.train()
+            _loop(model, opt, 10, g)
+            model.eval()
+            if variant == "mc":
+                for m in model.modules():
+                    if isinstance(m, nn.Dropout):
+                        m.train()
+            stats = model.body[1].num_batches_tracked.item()
+            with torch.no_grad():
+                model(torch.randn(16, 8, generator=g))
+            # the truth the model holds: BatchNorm counted the validation batch exactly when eval() missed it
+            assert (model.body[1].num_batches_tracked.item() > stats) == (variant == "noprop")
+    found = [f for f in w.result().findings if f.code == "eval-not-reached"]
+    if variant != "noprop":
+        assert not found, [f.message for f in found]
+        return
+    (f,) = found
+    assert f.severity == "warning" and "after step 10" in f.message and "body.1, body.3" in f.message, f.message
+
+
+def test_a_flatten_after_an_unflatten_is_probed_without_an_internal_error():
+    """An Unflatten's (B, 2, 16) read by a Flatten: the units' dimension of the one fed (2) was looked up in the
+    Flatten's 2-D output, and watch stopped with an internal error at its first probe."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Unflatten(1, (2, 16)), nn.Flatten(), nn.Linear(32, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Watch(model, opt, every=10) as w:
+        _loop(model, opt, 30, torch.Generator().manual_seed(0))
+    res = w.result()
+    assert not [n for n in res.notes if "internal error" in n], res.notes
+    assert res.data["steps"] == 30

@@ -121,7 +121,7 @@ class Engine:
                        "eval_unfed": {}, "eval_region": {}, "eval_top": {}, "unowned_eval": {}, "mode_inert": None,
                        "not_in_optimizer": {}, "updated_by_hand": [], "carried": [], "crossed": {},
                        "dead": {}, "dead_feeds": {}, "dead_regrouped": set(), "bn_nonfinite": {}, "param_nonfinite": {}, "unhooked": [],
-                       "orphaned": set()}
+                       "orphaned": set(), "eval_unreached": {}}
         self.ratios: dict[str, list] = {}   # parameter name -> [(step, update/weight ratio)]
         self.reads = 0
         self.pending: list = []             # (kind, payload, tensor) waiting for the next read
@@ -160,6 +160,7 @@ class Engine:
         self._first_prints: list | tuple | None = None   # the trained weights before the first update (frozen.copies;
                                                                # a tuple: their prints still on the device)
         self._eval_roots: dict[int, bool] = {}    # id(root) -> its last training forward ran in eval mode
+        self._eval_walked: dict[int, int] = {}    # id(root) -> the step its eval-mode forward was last walked at
         self._calls = 0                           # root forwards so far, and id(root) -> the count at its last one
         self._called: dict[int, float] = {}
         self.called_at: dict[int, float] = {}     # id(root) -> the steps taken before its last call
@@ -625,6 +626,11 @@ class Engine:
     def _root_pre(self, module, args, kwargs):
         if self.children.hooks:   # its own forward runs: judged as a called model (children.py)
             self.children.unhook(id(module))
+        if not self._inner[id(module)].training and not _grad_enabled() and not _compiling() \
+                and self._eval_walked.get(id(module)) != self.step:   # a validation pass (a head trained with the
+            # rest put in eval, a linear probe's, runs with grad on)
+            self._eval_walked[id(module)] = self.step
+            self._eval_reaches(module)
         if not _grad_enabled():
             return
         # vmap/grad's wrapped tensors, kept for a replay or reduced here, would escape the transform (a sweep:
@@ -662,6 +668,20 @@ class Engine:
             probe.collect()
         if self._eval_roots.get(id(module)) and _grad_enabled() and not _compiling() and not under_functorch():
             self._probe_eval_output(id(module), output)
+
+    def _eval_reaches(self, module) -> None:
+        """A forward of a model put in eval (a validation pass): did eval() reach its dropout and BatchNorm? A
+        train()/eval() override that sets only its own flag (`self.training = mode`, no super().train) leaves every
+        submodule in train mode: validation runs with dropout on and BatchNorm learning the validation batches (a
+        review). Said when a dropout of p > 0 or a BatchNorm is in train mode and so is a module of neither kind (a
+        Linear, a container): eval() missed them all, where MC dropout's own .train() on its dropouts leaves the
+        rest in eval. Asked of forwards under no_grad (a validation pass); walked once per model per step (host
+        flags only, no sync)."""
+        sensitive = mode_sensitive()
+        on = [(n, m) for n, m in self._inner[id(module)].named_modules() if n and m.training]
+        acting = [n for n, m in on if isinstance(m, sensitive) and (not hasattr(m, "p") or m.p > 0)]
+        if acting and any(not isinstance(m, sensitive) for _, m in on):
+            self.checks["eval_unreached"].setdefault(id(module), (self.step, acting))
 
     def _probe_eval_output(self, r: int, output) -> None:
         """An eval-mode forward with grad on: does a backward reach its output? A hook on the output's graph node says

@@ -80,6 +80,7 @@ def build(engine, interrupted: int | None = None, failure: str | None = None) ->
     _wiring(result, engine)
     _doubles(result, engine)
     _modes(result, engine)
+    _eval_unreached(result, engine)
     _frozen_in_train(result, engine)
     _probabilities(result, engine)
     _curves(result, engine)
@@ -672,6 +673,20 @@ def _modes(result: Result, engine) -> None:
                    "the model trained, with their own weights not trained (frozen, or in no optimizer)"
                    + (", in a part put in eval whose weights do not train either" if apart else "") + ": a frozen part, "
                    "as in fine-tuning or a linear probe", members=frozen if len(frozen) > 1 else None)
+
+
+def _eval_unreached(result: Result, engine) -> None:
+    """A model put in eval whose dropout/BatchNorm stayed in train mode (engine._eval_reaches)."""
+    for r, (step, acting) in engine.checks["eval_unreached"].items():
+        root = engine.roots.get(r)
+        prefix = engine.root_prefix(root) if root is not None else ""
+        names = [prefix + n for n in acting]
+        result.add("eval-not-reached", "warning", prefix.rstrip("."),
+                   f"the model was put in eval mode (after {_step_words(engine, step)}: a validation pass?) but "
+                   f"{len(names)} of its dropout/BatchNorm module(s) ({cut(names, ', ', 4)}) stayed in train mode: "
+                   "dropout stays on in its outputs and BatchNorm normalises with each batch and learns its statistics",
+                   "a train()/eval() override must call super().train(mode), which sets every submodule's mode",
+                   members=names if len(names) > 1 else None)
 
 
 def _frozen_in_train(result: Result, engine) -> None:

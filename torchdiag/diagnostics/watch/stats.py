@@ -604,13 +604,19 @@ class DeadUnits:
         return hook
 
     def _fed_by(self, args) -> tuple | None:
-        """(entry, weakref, unit dim) of the module output this module reads first, while it is alive (its memory
-        not reused since), or None."""
+        """(entry, the tensor, the dimension of its units) of the module output this module reads first (or a view
+        of it), while it is alive (its memory not reused since), or None."""
         import torch
 
         x = args[0] if args else None
         made = self.made.get(x.untyped_storage().data_ptr()) if torch.is_tensor(x) else None
-        return made if made is not None and made[1]() is not None else None
+        src = made[1]() if made is not None else None
+        return None if src is None else (made[0], src, made[2])
+
+    @staticmethod
+    def _units_of(x, made: tuple) -> int:
+        """The dimension of `x`'s units: its maker's where `x` has its shape (not a view that selects or reshapes)."""
+        return made[2] if made[1].shape == x.shape else 2 if x.dim() == 3 else 1
 
     def _unit(self, module, args, output) -> int:
         """The dimension of `output` that holds its units: a convolution's channels (1, a Conv1d's (B, C, L) too: a
@@ -622,7 +628,8 @@ class DeadUnits:
         if isinstance(module, torch.nn.modules.conv._ConvNd):
             return 1
         made, x = self._fed_by(args), args[0] if args else None
-        if made is not None and x.dim() == output.dim() and x.shape[made[2]] == output.shape[made[2]]:
+        if made is not None and made[1].shape == x.shape and x.dim() == output.dim() \
+                and x.shape[made[2]] == output.shape[made[2]]:
             return made[2]
         return 2 if output.dim() == 3 else 1
 
@@ -636,8 +643,8 @@ class DeadUnits:
         if made is not None and not _holds_parameters(module):
             checks = self.engine.checks
             checks["dead_feeds"][entry] = made[0]
-            unit = self._unit(module, args, output)
-            if x.dim() != output.dim() or x.shape[made[2]] != output.shape[unit]:
+            if x.dim() >= 2 and (x.dim() != output.dim() or
+                                 x.shape[self._units_of(x, made)] != output.shape[self._unit(module, args, output)]):
                 checks["dead_regrouped"].add(entry)
             return True
         return False
