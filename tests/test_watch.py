@@ -6174,3 +6174,28 @@ def test_a_flatten_after_an_unflatten_is_probed_without_an_internal_error():
     res = w.result()
     assert not [n for n in res.notes if "internal error" in n], res.notes
     assert res.data["steps"] == 30
+
+
+def test_a_nan_in_a_second_stage_before_it_takes_the_count_is_said_at_its_own_step():
+    """A review: a teacher's 30 steps, then a student's with NaN in its input at its 5th step; the student's
+    optimizer takes the count only later (when the teacher's has stopped long enough), and the NaN was reported at
+    step 30 (the teacher's last) as a gradient. It is the student's 5th step, 35, and its loss went NaN."""
+    torch.manual_seed(0)
+    teacher, student = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)), nn.Linear(8, 2)
+    topt = torch.optim.SGD(teacher.parameters(), lr=0.05)
+    sopt = torch.optim.SGD(student.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(every=10) as w:
+        _loop(teacher, topt, 30, g)
+        for step in range(1, 61):
+            x = torch.randn(16, 8, generator=g)
+            if step == 5:
+                x[3, 5] = float("nan")
+            loss = F.cross_entropy(student(x), (x[:, :3].sum(1) > 0).long())
+            sopt.zero_grad()
+            loss.backward()
+            sopt.step()
+    res = w.result()
+    f = finding(res, "non-finite-loss")
+    assert "at step 35" in f.message and res.data["first_non_finite_step"] == 35, f.message
+    assert any("from step 31" in n for n in res.notes), res.notes

@@ -191,6 +191,8 @@ class Engine:
         self._read_after: set = set()       # steps of this read's window whose gradients were read after the update
         self._before_update = True          # the read being made sees the weights before this step's update
         self._first_bad_found = False       # the first non-finite loss or gradient is among the events
+        self._bad_in: tuple | None = None   # (track, its steps since the clock's) of a read a non-clock step made
+        self._uncounted: list = []          # (event, id of its track, its steps since the clock's): _credit numbers it
         self.backwards = 0                  # Tensor.backward calls seen: a gradient since a step is a new one
         self.opt_steps = 0                  # outermost optimizer steps of any optimizer (the carry probes' marks)
         # an optimizer's first steps found none of its parameters with a gradient after a backward: the next
@@ -882,7 +884,24 @@ class Engine:
             self._clip_window.append(t.last_clip if k == n - 1 else [])   # its norm before clipping (a review)
         if n:
             self._others, t.last_clip = [], []
+        self._renumber_uncounted(t, self.step - n, losses[-n:] if losses and n else None)
         t.since_clock, t.own_losses = 0, []   # counted now: no gap between the clock's steps (its peak_since)
+
+    def _renumber_uncounted(self, t: Track, base: int, losses: list | None) -> None:
+        """The first non-finite value found in a step of t's that no clock had counted (a review: a second stage's
+        NaN at its 11th step was said at the first stage's last step, 300, as a gradient): now that t's steps are
+        base + 1 on, the event gets its step, and is a loss when that step's own loss was non-finite."""
+        mine = [u for u in self._uncounted if u[1] == id(t)]
+        self._uncounted = [u for u in self._uncounted if u[1] != id(t)]
+        for e, _, k in mine:
+            if k < 1:
+                continue
+            e["step"] = base + k
+            own = losses[k - 1] if losses and k <= len(losses) else None
+            if own and nonfinite_losses(own):
+                e["kind"] = "loss"
+            if t.first_bad is not None:
+                t.first_bad = (e["step"], t.first_bad[1])
 
     def _may_clock(self, t: Track) -> bool:
         """No clock: an optimizer of no model takes it only while no optimizer of a model has stepped."""
@@ -1140,7 +1159,11 @@ class Engine:
             self.read()
         elif self._bad_here(track, opt):   # on the CPU: a read now, while the weights are the step's own
             self._before_update = before_update
-            self.read()
+            self._bad_in = (track, track.since_clock) if opt is not self.clock else None
+            try:
+                self.read()
+            finally:
+                self._bad_in = None
         elif len(track.steps) >= ROWS_UNREAD * self.opts.every:   # steps no read takes (a clock that stopped for an
             self._before_update = before_update                   # optimizer of no model): memory stays bounded
             self.read()
@@ -1502,6 +1525,10 @@ class Engine:
             return
         if bad_grad is not None and (bad_loss is None or bad_grad[0] < bad_loss):
             event = {"kind": "gradient", "step": bad_grad[0], "params": bad_grad[1]}
+            if self._bad_in is not None and self._bad_in[0].first_bad is bad_grad and bad_grad[0] == self.step:
+                # a step of an optimizer the clock has not counted (a second stage's, before it takes the count):
+                # numbered, and its loss judged, when a handover counts it (_credit)
+                self._uncounted.append((event, id(self._bad_in[0]), self._bad_in[1]))
         else:
             event = {"kind": "loss", "step": bad_loss, "params": bad_grad[1] if bad_grad and bad_grad[0] == bad_loss else []}
         event["epoch"] = self.epoch
