@@ -30,6 +30,12 @@ per op, the non-finite values of its output with those its floating inputs held 
   `x[:, :2] /= x[:, 2:]`); an uninitialised allocation (`empty_like`) makes nothing: its contents are whatever the
   memory held.
 
+A finite value as extreme as a fill (`torch.finfo(dtype).min`, -1e9) is judged the same way, per op: written where
+an op given that number as a number writes it (`masked_fill`, `full`, `where`, a 0-dim tensor holding it), computed
+anywhere else (`x + 1.7e9` rounds to it; nan_to_num clips an overflow to it; a sum reaches it). Only when no op
+computed one (nor any ±inf) are an output's positions holding a written number, unchanged, every one, under shaken
+weights, its constants (`Fills.constants`).
+
 The forward runs in the judged pass's mode (a fault may be eval's only). Fills at positions drawn at random differ
 from the judged pass's: the loss then stays non-finite and nancheck keeps its error.
 
@@ -39,6 +45,7 @@ output's ±inf by design. Cost: one forward with a few reductions per op, only w
 output is non-finite; values are read back once."""
 from __future__ import annotations
 
+import cmath
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +65,17 @@ def as_extreme_as_a_fill(t):
 
     a = t.detach().abs()
     return a >= EXTREME if t.is_complex() else (a >= EXTREME) | (a == torch.finfo(t.dtype).max)
+
+
+F16_MAX = 65504.0
+
+
+def _extreme_number(v) -> bool:
+    """A Python number as extreme as a fill: |v| ≥ EXTREME, or float16's finfo.max (-65504 is its finfo.min)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and \
+        (abs(v) >= EXTREME or abs(v) == F16_MAX)
+
+
 UNINITIALISED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
                            "empty_permuted"})
 
@@ -71,10 +89,13 @@ class Fills:
     mask_buffers: set = field(default_factory=set)           # buffers holding an additive mask (-inf, else ≤ 0)
     constants: dict[str, Any] = field(default_factory=dict)  # output label -> its finite EXTREME positions the
                                                              # shaken weights left unchanged (a finfo.min fill)
+    numbers: tuple = ()                                      # the finite extreme numbers ops wrote as fills,
+                                                             # when no op computed one
 
     @property
     def only_fills(self) -> bool:
         return self.failed is None and not self.computed and bool(self.made)
+
 
     @property
     def written(self) -> int:
@@ -172,9 +193,18 @@ def _mode(state: dict | None = None):
         p = produced.get(id(t))
         return entry(t) is None and (p is None or p() is not t)
 
+    def extreme(t):   # finite values as extreme as a fill (finfo.min, -1e9)
+        return torch.isfinite(t) & as_extreme_as_a_fill(t)
+
     def floats(tree) -> list:
         return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and (t.is_floating_point() or
                                                                                   t.is_complex()) and t.numel()]
+
+    def elementwise(o, given) -> bool:
+        try:
+            return torch.broadcast_shapes(*[g[0].shape for g in given], o.shape) == o.shape
+        except RuntimeError:
+            return False
 
     def new_values(o, given, view: bool, selects: bool, number: bool):
         """(non-finite, NaN) values of output `o` its inputs did not hand it, on the device. Where every input
@@ -185,18 +215,36 @@ def _mode(state: dict | None = None):
         if view:   # a view of an input makes nothing (an in-place op writes, and is judged: x[:, :2] /= x[:, 2:])
             return bad.sum() * 0, nan.sum() * 0
         if selects:   # copies: what it outputs beyond its inputs' count a ±inf number wrote (padding), else nothing
-            had_bad = sum((b.sum() for _, b, _ in given), bad.sum() * 0)
+            had_bad = sum((g[1].sum() for g in given), bad.sum() * 0)
             return (bad.sum() - had_bad).clamp(min=0) * number, nan.sum() * 0
-        try:
-            elementwise = torch.broadcast_shapes(*[t.shape for t, _, _ in given], o.shape) == o.shape
-        except RuntimeError:
-            elementwise = False
-        if not elementwise:   # a matmul, a reduction: it computed what it outputs
+        if not elementwise(o, given):   # a matmul, a reduction: it computed what it outputs
             return bad.sum(), nan.sum()
-        for _, b, n in given:
+        for _, b, n, _ in given:
             bad = bad & ~b.to(o.device).expand(o.shape)
             nan = nan & ~n.to(o.device).expand(o.shape)
         return bad.sum(), nan.sum()
+
+    def new_extremes(name: str, o, given, view: bool, selects: bool, numbers: list):
+        """(written, computed) finite values of output `o` as extreme as a fill that its inputs did not hand it:
+        written where the op was given that value as a number and writes it (`masked_fill(m, finfo.min)`,
+        `full(shape, -1e9)`, `where(m, -1e9, y)`), computed anywhere else (a sum, an overflow nan_to_num clipped,
+        `x + 1.7e9`: an offset rounds to its number, and is no fill). A review: fills judged by their values alone
+        passed a top-k filter, nan_to_num's clipped overflow, and a prediction absorbed by an epoch offset."""
+        ext = extreme(o)
+        zero = ext.sum() * 0
+        if view:
+            return zero, zero
+        if selects:   # copies: beyond its inputs' count a number wrote (padding), else nothing
+            new = (ext.sum() - sum((g[3].sum() for g in given), zero)).clamp(min=0)
+            return (new, zero) if numbers else (zero, new)
+        if not elementwise(o, given) or o.is_complex():
+            return zero, ext.sum()
+        for g in given:
+            ext = ext & ~g[3].to(o.device).expand(o.shape)
+        if not numbers or name in OFFSETS:
+            return zero, ext.sum()
+        hit = ext & (o.unsqueeze(-1) == torch.tensor(numbers, dtype=o.dtype, device=o.device)).any(-1)
+        return hit.sum(), (ext & ~hit).sum()
 
     class Origins(TorchDispatchMode):
         """Per op call: (op, passes ±inf as a number, the non-finite values it made, the NaN it made), counts on
@@ -205,6 +253,7 @@ def _mode(state: dict | None = None):
         def __init__(self):
             super().__init__()
             self.rows: list = []
+            self.extremes: list = []   # (op, finite extremes it wrote, those it computed, the numbers it was given)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -214,14 +263,17 @@ def _mode(state: dict | None = None):
             # before it runs: an in-place op overwrites its input. A 0-dim ±inf tensor is a number given as a tensor
             # (`masked_fill(m, torch.tensor(-inf))`): a constant, not a value the op passes on
             inputs = floats((args, kwargs))
-            constant = [t for t in inputs if t.dim() == 0 and bool(torch.isinf(t))]
+            scalars = [(t, t.item()) for t in inputs if t.dim() == 0]   # one read each
+            constant = [t for t, v in scalars if cmath.isinf(v)]
+            numbered = [t for t, v in scalars if cmath.isinf(v) or _extreme_number(v)]
+            numbers = [v for v in [*tree_leaves((args, kwargs)), *(v for _, v in scalars)] if _extreme_number(v)]
             literal = name in LITERALS   # torch.tensor([-inf, ...]) in the forward: a constant the code writes
             for t in inputs:   # what it reads from outside the forward is judged as the model's alien state
                 if outside(t) and not literal and not any(t is c for c in constant):
                     known[id(t)] = (weakref.ref(t), "a tensor from outside the forward", "outside")
             marked = [(t, entry(t)) for t in inputs if entry(t)]   # the model's non-finite state, or views of it
-            given = [(t, ~torch.isfinite(t), torch.isnan(t)) for t in inputs
-                     if not any(t is c for c in constant) and not literal]
+            given = [(t, ~torch.isfinite(t), torch.isnan(t), extreme(t)) for t in inputs
+                     if not any(t is c for c in numbered) and not literal]
             number = literal or bool(constant) or any(isinstance(a, float) and math.isinf(a)
                                                       for a in tree_leaves((args, kwargs)))
             out = func(*args, **kwargs)
@@ -240,6 +292,11 @@ def _mode(state: dict | None = None):
             made = [new_values(o, given, view, selects, number) for o in outs]
             if made:
                 self.rows.append((name, number, sum(m[0] for m in made), sum(m[1] for m in made)))
+            if literal:   # torch.tensor([-1e9, 0.]) in the forward: the values it holds are the numbers it writes
+                numbers = [v for o in outs for v in o[extreme(o)].unique().tolist()]
+            ext = [new_extremes(name, o, given, view, selects, numbers) for o in outs]
+            if ext:
+                self.extremes.append((name, sum(e[0] for e in ext), sum(e[1] for e in ext), numbers))
             return out
 
         def _judge(self, name, marked, outs) -> None:
@@ -278,6 +335,8 @@ def _mode(state: dict | None = None):
 # ops that put an additive mask onto their output by position, unchanged: an add, a where; and those that copy one
 # tensor alone (its view, a cast). Anything else that reads a mask computes with it (a product, exp, a division)
 CARRIERS = frozenset({"add", "add_", "where"})
+# ops that offset their input by a number: `x + 1.7e9` rounds to 1.7e9 where |x| is small, a computed value
+OFFSETS = frozenset({"add", "add_", "sub", "sub_", "rsub"})
 COPIES = SELECTIONS | {"_to_copy", "to", "expand", "detach", "alias"}
 LITERALS = frozenset({"lift_fresh", "lift_fresh_copy"})   # a tensor made from Python data: its values are the code's
 
@@ -354,6 +413,20 @@ def classify(rows) -> tuple[dict[str, int], dict[str, int]]:
     return made, computed
 
 
+def written_numbers(rows) -> tuple:
+    """The finite numbers as extreme as a fill that the mode's ops wrote (`masked_fill(m, finfo.min)`), read back
+    once; () when none did, or when an op computed a value that extreme (its provenance is then unknown: a
+    prediction an offset absorbed, an overflow nan_to_num clipped, a top-k filter's kth value)."""
+    import torch
+
+    if not rows:
+        return ()
+    counts = torch.stack([torch.stack([w, c]).to("cpu", torch.int64) for _, w, c, _ in rows]).tolist()
+    if any(c for _, c in counts):
+        return ()
+    return tuple(sorted({v for (_, _, _, numbers), (w, _) in zip(rows, counts) if w for v in numbers}))
+
+
 def ask(model, inputs, ctx, training: bool = True) -> Fills:
     """One forward of `model` under the dispatch mode: what made its non-finite values, and each output's ±inf
     positions. In place, in the judged pass's mode (`training`), under no_grad, seeded and autocast as the run;
@@ -374,9 +447,10 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
             with ctx.autocast(), mode:   # a nullcontext without --amp
                 out = run_forward(model, inputs, phase="forward (where its ±inf come from)")
             made, computed = classify(mode.rows)
+            written = () if computed else written_numbers(mode.extremes)
             outs = {label: t.detach() for label, t in float_outputs(out)}
             masks = {label: torch.isinf(t) for label, t in outs.items()}
-            extreme = {label: torch.isfinite(t) & as_extreme_as_a_fill(t) for label, t in outs.items()}
+            extreme = {label: _written(t, written) for label, t in outs.items()} if written else {}
             moved, constants = _moved_by_weights(model, inputs, ctx, masks, outs, extreme)
     except ModelError as exc:
         return Fills(failed=exc.message)
@@ -385,7 +459,16 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
     buffers = {n for n, _ in model.named_buffers()}
     masks = {label: m for label, m in masks.items() if label not in moved}
     return Fills(made, computed, masks, mask_buffers={n for n, kind in state.values() if kind == "mask" and n in buffers},
-                 constants=constants)
+                 constants=constants, numbers=written)
+
+
+def _written(t, numbers: tuple):
+    """Positions of output `t` holding one of the extreme numbers the forward's ops wrote."""
+    import torch
+
+    if t.is_complex():
+        return torch.zeros(t.shape, dtype=torch.bool, device=t.device)
+    return (t.unsqueeze(-1) == torch.tensor(numbers, dtype=t.dtype, device=t.device)).any(-1)
 
 
 def _moved_by_weights(model, inputs, ctx, masks: dict, outs: dict, extreme: dict) -> tuple[set[str], dict]:
@@ -420,5 +503,9 @@ def _moved_by_weights(model, inputs, ctx, masks: dict, outs: dict, extreme: dict
         return set(), {}
     same = {label: shaken[label].shape == t.shape for label, t in outs.items() if label in shaken}
     moved = {label for label, m in masks.items() if not same.get(label) or not torch.equal(torch.isinf(shaken[label]), m)}
-    constants = {label: m & (shaken[label] == outs[label]) for label, m in extreme.items() if same.get(label)}
-    return moved, {label: m for label, m in constants.items() if bool(m.any())}
+    # a constant is where it was and what it was, every one of them: a set that moves is computed (a top-k filter)
+    constants = {label: m for label, m in extreme.items() if same.get(label) and bool(m.any())
+                 and torch.equal(m & (shaken[label] == outs[label]), m)
+                 and torch.equal(torch.isfinite(shaken[label]) & as_extreme_as_a_fill(shaken[label]),
+                                 torch.isfinite(outs[label]) & as_extreme_as_a_fill(outs[label]))}
+    return moved, constants
