@@ -1635,6 +1635,30 @@ def test_dead_units_passed_on_by_a_pool_and_a_flatten_are_one_finding(dims):
     assert 8 <= dead <= int(found[0].message.split(" of ")[0]) <= 16, (dead, found[0].message)
 
 
+def test_a_linear_over_a_conv1d_length_counts_its_own_features():
+    """A review: a Linear over the last axis of a Conv1d's (B, C, L) map (time mixing) inherited the conv's channel
+    dimension: 18 of its 24 output features killed at step 12 were judged per channel, and never all dead."""
+    torch.manual_seed(0)
+    lin = nn.Linear(20, 24)
+    model = nn.Sequential(nn.Conv1d(4, 16, 3, padding=1), nn.ReLU(), lin, nn.ReLU(), nn.Flatten(), nn.Linear(384, 3))
+    x, y = torch.randn(32, 4, 20), torch.randint(0, 3, (32,))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with Watch(model, opt, every=5) as w:
+        for step in range(40):
+            if step == 12:   # features 0..17 die: a bias of -50 against pre-activations of a few units
+                with torch.no_grad():
+                    lin.bias[:18] = -50.0
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    found = [f for f in w.result().findings if f.code == "dead-units"]
+    assert [f.where for f in found] == ["3"], [f.message for f in found]
+    pre = lin(torch.relu(model[0](x)))   # independent truth: the features zero for the whole batch after the ReLU
+    assert int((torch.relu(pre).amax((0, 1)) == 0).sum()) == 18
+    assert found[0].message.startswith("18 of 24 units"), found[0].message
+
+
 def test_a_flatten_whose_positions_go_dark_while_each_channel_lives_is_no_dead_units():
     """bench/bugs so_47352366's correct version: a Flatten after conv/ReLU/pool was `dead-units` (1696 of 3136): its
     units are a channel at one position, and the digits' blank border went dark while every channel lived at the

@@ -621,15 +621,16 @@ class DeadUnits:
     def _unit(self, module, args, output) -> int:
         """The dimension of `output` that holds its units: a convolution's channels (1, a Conv1d's (B, C, L) too: a
         review found its dead channels unseen, judged per position), kept by what reads another module's output
-        and keeps that dimension's size (its ReLU, BatchNorm, pooling); else the last of a 3-D sequence (B, T, C),
-        else 1."""
+        and keeps that dimension's size with no weights across it (its ReLU, BatchNorm, pooling; a Linear over a
+        Conv1d's length mixes the last dimension, its own units: a review); else the last of a 3-D sequence
+        (B, T, C), else 1."""
         import torch
 
         if isinstance(module, torch.nn.modules.conv._ConvNd):
             return 1
         made, x = self._fed_by(args), args[0] if args else None
         if made is not None and made[1].shape == x.shape and x.dim() == output.dim() \
-                and x.shape[made[2]] == output.shape[made[2]]:
+                and x.shape[made[2]] == output.shape[made[2]] and _per_unit(module, x.shape[made[2]]):
             return made[2]
         return 2 if output.dim() == 3 else 1
 
@@ -690,6 +691,12 @@ class DeadUnits:
 
 def _holds_parameters(module) -> bool:
     return any(True for _ in module.parameters(recurse=False))
+
+
+def _per_unit(module, units: int) -> bool:
+    """Every parameter of `module` is one value per unit (a BatchNorm's weight and bias over a conv's channels, a
+    PReLU's), or it has none: it keeps its input's units."""
+    return all(p.dim() == 1 and p.shape[0] == units for p in module.parameters(recurse=False))
 
 
 def _input_range(module, args, output, rest):
