@@ -6142,7 +6142,8 @@ def test_the_replay_traces_a_nan_made_from_an_additive_masks_minus_inf():
 class _ModeNet(nn.Module):
     """Linear, BatchNorm, ReLU, Dropout, Linear. `variant`: "noprop" overrides train() to set its own flag only (a
     review: validation ran with dropout on and BatchNorm learning its batches, and watch said nothing); "mc" is MC
-    dropout at validation (eval(), then the dropouts put back in train on purpose); "ok" a plain model."""
+    dropout at validation (eval(), then the dropouts put back in train on purpose); "head" puts the head (the dropout
+    and the last Linear) back in train after eval() (a review: called eval-not-reached); "ok" a plain model."""
 
     def __init__(self, variant):
         super().__init__()
@@ -6159,7 +6160,7 @@ class _ModeNet(nn.Module):
         return super().train(mode)
 
 
-@pytest.mark.parametrize("variant", ["noprop", "mc", "ok"])
+@pytest.mark.parametrize("variant", ["noprop", "mc", "head", "ok"])
 def test_an_eval_that_does_not_reach_the_dropout_and_batchnorm_is_said(variant):
     torch.manual_seed(0)
     model = _ModeNet(variant)
@@ -6174,6 +6175,8 @@ def test_an_eval_that_does_not_reach_the_dropout_and_batchnorm_is_said(variant):
                 for m in model.modules():
                     if isinstance(m, nn.Dropout):
                         m.train()
+            if variant == "head":
+                model.body[3:].train()
             stats = model.body[1].num_batches_tracked.item()
             with torch.no_grad():
                 model(torch.randn(16, 8, generator=g))

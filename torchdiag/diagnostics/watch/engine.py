@@ -675,14 +675,17 @@ class Engine:
         """A forward of a model put in eval (a validation pass): did eval() reach its dropout and BatchNorm? A
         train()/eval() override that sets only its own flag (`self.training = mode`, no super().train) leaves every
         submodule in train mode: validation runs with dropout on and BatchNorm learning the validation batches (a
-        review). Said when a dropout of p > 0 or a BatchNorm is in train mode and so is a module of neither kind (a
-        Linear, a container): eval() missed them all, where MC dropout's own .train() on its dropouts leaves the
-        rest in eval. Asked of forwards under no_grad (a validation pass); walked once per model per step (host
-        flags only, no sync)."""
+        review). Said when a dropout of p > 0 or a BatchNorm is in train mode and eval() reached no module below the
+        model at all: MC dropout's .train() on its stochastic layers, a head put back in train for a linear probe,
+        leave the rest in eval, and are not this (a review). An override that misses only some submodules (a
+        direct-child Dropout) is not told from those, and is not said. Asked of forwards under no_grad (a validation
+        pass); walked once per model per step (host flags only, no sync)."""
         sensitive = mode_sensitive()
-        on = [(n, m) for n, m in self._inner[id(module)].named_modules() if n and m.training]
-        acting = [n for n, m in on if isinstance(m, sensitive) and (not hasattr(m, "p") or m.p > 0)]
-        if acting and any(not isinstance(m, sensitive) for _, m in on):
+        below = [(n, m) for n, m in self._inner[id(module)].named_modules() if n]
+        if not all(m.training for _, m in below):
+            return
+        acting = [n for n, m in below if isinstance(m, sensitive) and (not hasattr(m, "p") or m.p > 0)]
+        if acting:
             self.checks["eval_unreached"].setdefault(id(module), (self.step, acting))
 
     def _probe_eval_output(self, r: int, output) -> None:
