@@ -161,7 +161,7 @@ class Loss:
                         "last dimension)") + self._fills_said(self.picked)
         for label, rule, _ in self.extra or ():
             text += f" + {label} itself" if rule == "model" else \
-                f" + {self.chosen} on {label} against the same target" + self._fills_said(label) if rule == "same" else \
+                f" + {self.chosen} on {label} against the same target" + self._moved_said(label) if rule == "same" else \
                 f" + mse on {label} against a random target" + self._fills_said(label)
         if self.left_out:
             text += (f"; left out: {', '.join(self.left_out)} (--loss auto covers every output, or give "
@@ -173,6 +173,11 @@ class Loss:
 
     def _fills_said(self, label: str) -> str:
         return (self.fill_notes or {}).get(label, "")
+
+    def _moved_said(self, label: str) -> str:
+        """A same-target term's fills note: the targets its own fills moved make it not quite the same (a review)."""
+        said = self._fills_said(label)
+        return f" (but for {said[2:]}" if said.startswith(" (") and "targets moved off" in said else said
 
     def _note_fills(self, label: str, y, mask, counted, said: str) -> None:
         """The header's words on output `label`'s fills: `said` with the count of `counted` and the values the model
