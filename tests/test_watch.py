@@ -6226,3 +6226,34 @@ def test_a_nan_in_a_second_stage_before_it_takes_the_count_is_said_at_its_own_st
     f = finding(res, "non-finite-loss")
     assert "at step 35" in f.message and res.data["first_non_finite_step"] == 35, f.message
     assert any("from step 31" in n for n in res.notes), res.notes
+
+
+@pytest.mark.parametrize("loop", ["stages", "interleaved"])
+def test_an_optimizer_not_given_that_trains_on_after_the_given_one_stopped_is_said(loop):
+    """A review: `Watch(model, opt)`, then a second stage trains the head with its own optimizer, not given: its 60
+    steps (a NaN among them) were neither counted nor said. Two optimizers stepping each iteration, one given, are
+    the user's choice: nothing said."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters() if loop == "stages" else model[0].parameters(), lr=0.05)
+    head = torch.optim.SGD(model[2].parameters(), lr=0.05)
+    x, y = torch.randn(32, 8), torch.randint(0, 2, (32,))
+    with Watch(model, opt, every=5) as w:
+        for step in range(90):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            head.zero_grad()
+            loss.backward()
+            if loop == "interleaved" or step < 30:
+                opt.step()
+            if loop == "interleaved" or step >= 30:
+                head.step()
+    res = w.result()
+    said = [n for n in res.notes if "not given to watch" in n]
+    if loop == "interleaved":
+        assert not said, said
+        return
+    assert res.data["steps"] == 30
+    assert said == ["SGD over 2.weight, not given to watch, stepped 60 times after the last step of the optimizer "
+                    "given: those steps were not watched (give it too, or give no optimizer and every one that trains "
+                    "the model is watched)"], res.notes

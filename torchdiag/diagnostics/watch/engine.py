@@ -210,6 +210,9 @@ class Engine:
         self._grads: list[bool] = []            # discovery: grad mode of each module call open (frozen.py's tops)
         self.fed_memo: tuple | None = None   # saw_eval_module, during one sampled forward: (trained, clean nodes)
         self._owner_memo: dict = {}          # _owners_of: id(root) -> (key, modules holding trained parameters)
+        # optimizers given: one not given that steps a given model's parameters -> [its name, its steps since a
+        # given one's last] (a second stage's optimizer after the given one stopped: said, not watched)
+        self.unwatched: dict[int, list] = {}
 
     # ----------------------------------------------------------------- attach / detach
     def attach(self):
@@ -1040,8 +1043,21 @@ class Engine:
         if not nested:   # the losses before it were its own (`Watch(gen, opt_g)`: the discriminator's), as in _begin;
             self._took_losses()   # its clip calls are not dropped (a review: a wrapper not given, stepping the given
                                   # optimizer inside its step, lost the norm before clipping)
+            self._count_unwatched(opt)
         if not nested and not closure:
             self.doubles.applied(opt, self.tracks, self.step, self._model_ids)
+
+    def _count_unwatched(self, opt) -> None:
+        """A step of an optimizer not given over a given model's parameters: counted since a given one's last step
+        (a second stage's optimizer after the given one stopped: its steps are said, not watched)."""
+        entry = self.unwatched.get(id(opt))
+        if entry is None:
+            names = {id(p): self.root_prefix(r) + n for r in self.explicit_models for n, p in inner(r).named_parameters()}
+            mine = [names[id(p)] for g in opt.param_groups for p in g["params"] if id(p) in names]
+            if not mine:
+                return
+            entry = self.unwatched[id(opt)] = [f"{type(opt).__name__} over {mine[0]}", 0]
+        entry[1] += 1
 
     @_guarded
     def _other_post(self, opt):
@@ -1081,6 +1097,8 @@ class Engine:
         self._begin(opt, before_update=True)
         if not nested:
             self.doubles.applied(opt, self.tracks, self.step, self._model_ids)
+            for entry in self.unwatched.values():   # a given one stepped: the others' count starts again
+                entry[1] = 0
         return None
 
     def _unhooked(self, note: str) -> None:

@@ -348,6 +348,7 @@ def _wiring(result: Result, engine) -> None:
     _remade(result, engine)
     _clock_note(result, engine)
     _handover_notes(result, engine)
+    _unwatched_note(result, engine)
     carried = engine.checks["carried"]
     if carried and not engine.opts.accumulate:
         # looked at after read steps only: "every step" overstated a loop that zeroes every 10th step (a sweep)
@@ -549,6 +550,16 @@ def _handover_notes(result: Result, engine) -> None:
     for step, new, old, before in engine.stop_handovers:
         result.notes.append(f"from step {step} the steps counted are {new}'s: {old}, counted before, stopped while "
                             f"kept alive ({before} steps of the other after its last)")
+
+
+def _unwatched_note(result: Result, engine) -> None:
+    """Optimizers given: one not given that stepped a given model's parameters more than 2 x every times after the
+    given ones' last step (a second stage's) is not watched, and said (a review: a NaN in its steps went unseen)."""
+    for name, steps in engine.unwatched.values():
+        if steps > 2 * engine.opts.every:
+            result.notes.append(f"{name}, not given to watch, stepped {steps} times after the last step of the "
+                                "optimizer given: those steps were not watched (give it too, or give no optimizer "
+                                "and every one that trains the model is watched)")
 
 
 def _clock_note(result: Result, engine) -> None:
