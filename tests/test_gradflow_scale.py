@@ -136,3 +136,33 @@ def test_the_model_is_untouched_by_the_rescaled_pass():
     api_run("gradflow", model, _inputs())
     assert all(torch.equal(before[n], p) and p.grad is None for n, p in model.named_parameters())
     assert not model._forward_hooks
+
+
+class Detector(Latent):
+    """A review's OWL-ViT detection head, in small: class logits of RMS ~17 whose padded queries hold finfo.min (a
+    fill the loss leaves out), and boxes through a sigmoid: two MSE terms against made-up targets. The fills made the
+    logits' RMS 1e37, and a second term stopped the question: `exploding-grad` errors on a healthy model."""
+
+    def __init__(self):
+        super().__init__()
+        self.box = nn.Linear(64, 4)
+        pad = torch.zeros(256, 1, dtype=torch.bool)
+        pad[200:] = True
+        self.register_buffer("pad", pad)
+
+    def forward(self, x):
+        h = self.blocks(self.inp(x))
+        logits = (self.out(h) * self.gain).masked_fill(self.pad, torch.finfo(torch.float32).min)
+        return {"logits": logits, "boxes": torch.sigmoid(self.box(h))}
+
+
+def test_every_made_up_mse_term_is_read_at_its_own_scale_with_its_fills_left_out():
+    torch.manual_seed(0)
+    model, x = Detector(), _inputs()
+    with torch.no_grad():
+        y = model(x)["logits"][:, :200]
+        assert 1 < float(y.pow(2).mean().sqrt()) <= 30   # the premise: the logits' own scale, fills left out
+    res = api_run("gradflow", model, x)
+    assert "values left out" in res.header["loss"] and "output['boxes']" in res.header["loss"], res.header["loss"]
+    f = next(f for f in res.findings if f.code == "loss-scale")
+    assert f.severity == "info" and res.exit_code == 0, [(g.code, g.severity, g.message[:80]) for g in res.findings]

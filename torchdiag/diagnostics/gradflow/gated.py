@@ -180,9 +180,10 @@ def _loss_scale(model, inputs, rows, opts, ctx, prepare, result):
         got = memo[0]
         if got is None or name not in got.within:
             return None
-        return (f"the loss is torchdiag's own MSE against a made-up target, on an output of RMS {got.rms:.3g}; with that "
-                f"output divided by its RMS (one more forward and backward on a copy: the loss {got.loss:.3g}, its "
-                "gradients about that RMS squared smaller) this gradient is within --exploding and --exploding-ratio: "
+        read = (f"an output of RMS {got.rms:.3g}; with that output divided by its RMS" if got.divided == 1 else
+                f"{got.divided} outputs of RMS up to {got.rms:.3g}; with each divided by its own RMS")
+        return (f"the loss is torchdiag's own MSE against a made-up target, on {read} (one more forward and backward "
+                f"on a copy: the loss {got.loss:.3g}, its gradients about that RMS squared smaller) this gradient is within --exploding and --exploding-ratio: "
                 "it is large because the MSE reads an output of that scale. Adam's step does not depend on it; plain "
                 "SGD needs a learning rate about that RMS squared smaller (judge it with the real loss: --batch, --loss)")
 
