@@ -96,7 +96,6 @@ class Fills:
     def only_fills(self) -> bool:
         return self.failed is None and not self.computed and bool(self.made)
 
-
     @property
     def written(self) -> int:
         return sum(self.made.values())
@@ -243,7 +242,7 @@ def _mode(state: dict | None = None):
             ext = ext & ~g[3].to(o.device).expand(o.shape)
         if not numbers or name in OFFSETS:
             return zero, ext.sum()
-        hit = ext & (o.unsqueeze(-1) == torch.tensor(numbers, dtype=o.dtype, device=o.device)).any(-1)
+        hit = ext & _written(o, numbers)
         return hit.sum(), (ext & ~hit).sum()
 
     class Origins(TorchDispatchMode):
@@ -389,23 +388,28 @@ def _state(model) -> dict:
             if bad}
 
 
-def classify(rows) -> tuple[dict[str, int], dict[str, int]]:
-    """(made, computed) from the mode's rows, read back once per device: an op that made ±inf and no NaN, given ±inf
-    as a number, wrote fills; any other op that made a non-finite value computed it."""
+def _read_pairs(pairs) -> list:
+    """[a, b] as ints for each pair of 0-dim count tensors, read back once per device."""
     import torch
 
-    if not rows:
-        return {}, {}
     by_device: dict = {}
-    for k, (_, _, bad, nan) in enumerate(rows):
-        by_device.setdefault(bad.device, []).append((k, torch.stack([bad, nan.to(bad.device)]).to(torch.int64)))
-    values: list = [None] * len(rows)
+    for k, (a, b) in enumerate(pairs):
+        by_device.setdefault(a.device, []).append((k, torch.stack([a, b.to(a.device)]).to(torch.int64)))
+    values: list = [None] * len(pairs)
     for items in by_device.values():
         for (k, _), v in zip(items, torch.stack([r for _, r in items]).tolist()):
             values[k] = v
+    return values
+
+
+def classify(rows) -> tuple[dict[str, int], dict[str, int]]:
+    """(made, computed) from the mode's rows, read back once per device: an op that made ±inf and no NaN, given ±inf
+    as a number, wrote fills; any other op that made a non-finite value computed it."""
+    if not rows:
+        return {}, {}
     made: dict[str, int] = {}
     computed: dict[str, int] = {}
-    for (name, number, _, _), (bad, nan) in zip(rows, values):
+    for (name, number, _, _), (bad, nan) in zip(rows, _read_pairs([(bad, nan) for _, _, bad, nan in rows])):
         if bad and number and not nan:
             made[name] = made.get(name, 0) + bad
         elif bad or nan:
@@ -417,11 +421,9 @@ def written_numbers(rows) -> tuple:
     """The finite numbers as extreme as a fill that the mode's ops wrote (`masked_fill(m, finfo.min)`), read back
     once; () when none did, or when an op computed a value that extreme (its provenance is then unknown: a
     prediction an offset absorbed, an overflow nan_to_num clipped, a top-k filter's kth value)."""
-    import torch
-
     if not rows:
         return ()
-    counts = torch.stack([torch.stack([w, c]).to("cpu", torch.int64) for _, w, c, _ in rows]).tolist()
+    counts = _read_pairs([(w, c) for _, w, c, _ in rows])
     if any(c for _, c in counts):
         return ()
     return tuple(sorted({v for (_, _, _, numbers), (w, _) in zip(rows, counts) if w for v in numbers}))
@@ -462,7 +464,7 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
                  constants=constants, numbers=written)
 
 
-def _written(t, numbers: tuple):
+def _written(t, numbers):
     """Positions of output `t` holding one of the extreme numbers the forward's ops wrote."""
     import torch
 
