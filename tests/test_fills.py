@@ -656,6 +656,99 @@ def test_a_finite_fill_as_extreme_as_inf_keeps_made_up_targets_off(command, fill
         assert res.to_dict()["loss_value"] < 10
 
 
+class WrittenOtherwise(FiniteBan):
+    """Classes 0, 2 and 5 banned with -1e9 or finfo.min written in ways a review found the fills' forward missed: a
+    sign flip of the number given (`y - 1e9 * ban`, `(ok - 1) * 1e9`), a (1,)-shaped buffer a where writes, a logit
+    bias buffer, a scatter of `full(-1e9)`; a finfo.min key-padding mask repeated over the heads (`.repeat`) or
+    added by nn.MultiheadAttention's baddbmm before the banned head."""
+
+    def __init__(self, kind):
+        super().__init__(-1e9)
+        self.kind = kind
+        self.register_buffer("neg", torch.full((1,), -1e9))
+        self.register_buffer("bias", torch.zeros(8).masked_fill(self.ban, -1e9))
+        self.emb, self.att = nn.Linear(2, 16), nn.MultiheadAttention(16, 2, batch_first=True)
+        self.qkv, self.out = nn.Linear(16, 48), nn.Linear(16, 8)
+
+    def attend(self, x):
+        """5 tokens of 2 features, the last one padding."""
+        b = x.shape[0]
+        h = self.emb(x.view(b, 5, 2))
+        pad = torch.zeros(b, 5, dtype=torch.bool)
+        pad[:, -1] = True
+        if self.kind == "mha":
+            return self.out(self.att(h, h, h, key_padding_mask=pad)[0].mean(1))
+        q, k, v = [t.view(b, 5, 2, 8).transpose(1, 2).reshape(b * 2, 5, 8) for t in self.qkv(h).chunk(3, -1)]
+        m = torch.zeros(b, 1, 5).masked_fill(pad[:, None], torch.finfo(x.dtype).min).repeat(2, 1, 1)
+        o = ((q @ k.transpose(1, 2) / 8 ** 0.5 + m).softmax(-1) @ v).view(b, 2, 5, 8).transpose(1, 2)
+        return self.out(o.reshape(b, 5, 16).mean(1))
+
+    def forward(self, x):
+        if self.kind in ("mha", "repeat"):
+            return self.attend(x).masked_fill(self.ban, -1e9)
+        if self.kind == "bfloat16":   # -1e9 rounds to -998,244,352 there; the logits cast to float32 after
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return self.fc(x).masked_fill(self.ban, -1e9).float()
+        y, ban = self.fc(x), self.ban.float()
+        return {"sub": lambda: y - 1e9 * ban, "one_minus": lambda: y + (1.0 - ban - 1.0) * 1e9,
+                "where_buffer": lambda: torch.where(self.ban, self.neg, y), "bias_buffer": lambda: y + self.bias,
+                "scatter": lambda: y.scatter(1, torch.tensor([[0, 2, 5]]).expand(len(y), 3),
+                                             torch.full((len(y), 3), -1e9))}[self.kind]()
+
+
+@pytest.mark.parametrize("kind", ["sub", "one_minus", "where_buffer", "bias_buffer", "scatter", "repeat", "mha",
+                                  "bfloat16"])
+def test_a_fill_written_otherwise_keeps_made_up_targets_off(kind):
+    """A review: each of these healthy models got a loss of 5e8 or inf (overfit-batch failed them: cannot-overfit)."""
+    moved = _drawn_on_ban()
+    torch.manual_seed(0)
+    res = api_run("nancheck", WrittenOtherwise(kind), (torch.randn(4, 10),))
+    assert not codes(res), [(f.code, f.message) for f in res.findings if f.severity != "info"]
+    value = f"{float(torch.tensor(-1e9).bfloat16()):g}" if kind == "bfloat16" else "-1e+09"
+    assert f"({moved} made-up targets moved off logits the model writes as a constant, {value})" in \
+        res.header["loss"], res.header["loss"]
+    assert res.to_dict()["loss_value"] < 10
+
+
+class Offsets(nn.Module):
+    """A regression head whose whole output is one extreme constant (a review's loopholes): an offset of 1.7e9 held
+    in a tensor the forward makes (`full_like`, a literal, `ones * 1.7e9`), or a clamp with the wrong bound."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.fc, self.kind = nn.Linear(10, 1), kind
+
+    def forward(self, x):
+        y = self.fc(x)
+        return {"full_like": lambda: y + torch.full_like(y, 1.7e9), "literal": lambda: y + torch.tensor([1.7e9]),
+                "product": lambda: torch.ones_like(y).mul(1.7e9).add(y), "clamp": lambda: y.clamp(min=1e9)}[self.kind]()
+
+
+@pytest.mark.parametrize("kind", ["full_like", "literal", "product", "clamp"])
+def test_an_output_that_is_one_constant_throughout_bans_nothing(kind):
+    torch.manual_seed(0)
+    res = api_run("nancheck", Offsets(kind), (torch.randn(4, 10),))
+    assert "left out" not in res.header["loss"], res.header["loss"]
+    assert res.to_dict()["loss_value"] > 1e15, res.header
+
+
+class ClippedOverflow(FiniteBan):
+    """An overflow on class 1 (+inf whatever the weights, no finite value on the way) nan_to_num clips to the 1e9
+    it is given, beside a -1e9 ban: the clipped values are no constants, however fixed they look."""
+
+    def forward(self, x):
+        y = self.fc(x)
+        clipped = torch.nan_to_num((y[:, 1:2].abs() + 1) * 1e39, posinf=1e9)   # class 1: +inf, then 1e9
+        return torch.cat([y[:, :1], clipped, y[:, 2:]], 1).masked_fill(self.ban, -1e9)
+
+
+def test_a_number_written_over_a_computed_inf_is_no_fill():
+    torch.manual_seed(0)
+    res = api_run("nancheck", ClippedOverflow(-1e9), (torch.randn(4, 10),))
+    assert "moved off" not in res.header["loss"], res.header["loss"]
+    assert res.to_dict()["loss_value"] > 1e6, res.header
+
+
 def test_extreme_values_the_weights_make_are_no_fill():
     torch.manual_seed(0)
     res = api_run("nancheck", FiniteBan("weights"), (torch.randn(4, 10),))

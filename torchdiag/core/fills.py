@@ -15,11 +15,12 @@ per op, the non-finite values of its output with those its floating inputs held 
   1e9, `x / 0`, `exp(1000)`), also where its input held fills elsewhere (a review: a cast after the mask);
 - an op that makes NaN where its inputs held none (`-inf - -inf`, a softmax over a row masked throughout, 0 × inf)
   computed it;
-- an op that only copies (`cat`, `gather`, `repeat`, `flip`, `topk`, `index_put` without accumulating: SELECTIONS)
-  passes ±inf on, however often it copies them, and makes only what a ±inf number it is given writes (padding); an
-  op that neither maps its output onto its inputs by position nor only copies (a matmul, a reduction: `amax` or
-  `logsumexp` over a row that is all fills, an empty set such as a sample of only padding) computed every
-  non-finite value it outputs;
+- an op that only copies (`cat`, `gather`, `repeat`, `flip`, `topk`, `index_put` without accumulating, `scatter`
+  without reducing: SELECTIONS) passes ±inf on, however often it copies them, and makes only what a ±inf number it
+  is given writes (padding); an op that neither maps its output onto its inputs by position nor only copies (a
+  matmul, a reduction: `amax` or `logsumexp` over a row that is all fills, an empty set such as a sample of only
+  padding) computed every non-finite value it outputs; one that adds a product to a bias (`baddbmm`, `addmm`)
+  passes the bias's on, by position, where the product's factors hold none (nn.MultiheadAttention's mask);
 - a 0-dim ±inf tensor given to an op is a number (`masked_fill(m, torch.tensor(-inf))`);
 - a buffer that is an additive mask (every non-finite value -inf, every other ≤ 0) is a constant the model holds:
   an add or a where that puts it onto an output writes fills where it is -inf; any other parameter or buffer
@@ -31,10 +32,12 @@ per op, the non-finite values of its output with those its floating inputs held 
   memory held.
 
 A finite value as extreme as a fill (`torch.finfo(dtype).min`, -1e9) is judged the same way, per op: written where
-an op given that number as a number writes it (`masked_fill`, `full`, `where`, a 0-dim tensor holding it), computed
-anywhere else (`x + 1.7e9` rounds to it; nan_to_num clips an overflow to it; a sum reaches it). Only when no op
-computed one (nor any ±inf) are an output's positions holding a written number, unchanged, every one, under shaken
-weights, its constants (`Fills.constants`).
+an op given that number as a number, or its negation, writes it (`masked_fill`, `full`, `where`, a 0-dim tensor holding
+it, `-1e9 * ban`), or where a buffer of the model holds it (a logit bias, a (1,)-shaped `neg`); computed anywhere else
+(`x + 1.7e9` rounds to it; nan_to_num clips an overflow to it; a sum reaches it). Only when no op computed one, nor
+wrote one over a ±inf the forward computed, are an output's positions holding a written number (as bfloat16 may round
+it), unchanged, every one, under shaken weights, its constants (`Fills.constants`); an output that is one such
+constant throughout bans nothing, and has none.
 
 The forward runs in the judged pass's mode (a fault may be eval's only). Fills at positions drawn at random differ
 from the judged pass's: the loss then stays non-finite and nancheck keeps its error.
@@ -56,24 +59,27 @@ from ..errors import ModelError
 # finfo(float32).min the loss overflows. Not lower: a healthy 64-layer residual MLP's logits reach 1.5e6, and each
 # such output would cost the fills' two forwards
 EXTREME = 1e9
+# and as bfloat16 rounds it (-1e9 is -998,244,352 there): a review's -1e9 ban written in bfloat16 passed unseen
+EXTREME_ROUNDED = EXTREME * (1 - 2 ** -8)
 
 
 def as_extreme_as_a_fill(t):
     """Positions of `t` as extreme as a fill: ±inf, ±finfo(dtype).max (`torch.finfo(dtype).min`, as Hugging Face
-    models write it, -65504 in float16), or |value| ≥ EXTREME."""
+    models write it, -65504 in float16), or |value| ≥ EXTREME (as bfloat16 rounds it)."""
     import torch
 
     a = t.detach().abs()
-    return a >= EXTREME if t.is_complex() else (a >= EXTREME) | (a == torch.finfo(t.dtype).max)
+    return a >= EXTREME_ROUNDED if t.is_complex() else (a >= EXTREME_ROUNDED) | (a == torch.finfo(t.dtype).max)
 
 
 F16_MAX = 65504.0
 
 
 def _extreme_number(v) -> bool:
-    """A Python number as extreme as a fill: |v| ≥ EXTREME, or float16's finfo.max (-65504 is its finfo.min)."""
+    """A Python number as extreme as a fill: |v| ≥ EXTREME (as bfloat16 rounds it), or float16's finfo.max (-65504
+    is its finfo.min)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and \
-        (abs(v) >= EXTREME or abs(v) == F16_MAX)
+        (abs(v) >= EXTREME_ROUNDED or abs(v) == F16_MAX)
 
 
 UNINITIALISED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
@@ -137,19 +143,22 @@ def _op(func) -> str:
 
 # ops that only copy elements to other places, with no arithmetic: a non-finite value in their output is one of their
 # inputs', however many times they copy it (`repeat`, a `gather` that picks one twice); they make only what a ±inf
-# number they are given writes (`constant_pad_nd(x, pad, -inf)`). `index_put` without accumulating writes values in.
+# number they are given writes (`constant_pad_nd(x, pad, -inf)`). `index_put` without accumulating and `scatter`
+# without reducing write values in.
 # Reductions are not here (amax or logsumexp over a row that is all fills is an empty set, not a fill: a sample of
 # only padding); topk and sort return some of their input's values, reordered
 SELECTIONS = frozenset({"cat", "stack", "gather", "index", "index_select", "take", "clone", "repeat", "flip", "roll",
                         "constant_pad_nd", "sort", "topk", "masked_select", "narrow_copy", "_unsafe_index",
                         "contiguous", "permute_copy", "transpose_copy", "unbind_copy", "split_copy", "slice_copy",
                         "select_copy", "expand_copy", "alias_copy", "view_copy", "index_put", "index_put_",
-                        "_index_put_impl_", "embedding"})
+                        "_index_put_impl_", "embedding", "_unsafe_view", "scatter", "scatter_"})
 
 
 def _selects(name: str, args, kwargs) -> bool:
-    accumulate = kwargs.get("accumulate", args[3] if len(args) > 3 else False)
-    return name in SELECTIONS and not (name.startswith(("index_put", "_index_put")) and accumulate)
+    """A copy: in SELECTIONS, and not an index_put that accumulates or a scatter that reduces."""
+    if name.startswith(("index_put", "_index_put")):
+        return not kwargs.get("accumulate", args[3] if len(args) > 3 else False)
+    return name in SELECTIONS and not (name.startswith("scatter") and kwargs.get("reduce"))
 
 
 def _is_view(func) -> bool:
@@ -199,51 +208,76 @@ def _mode(state: dict | None = None):
         return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and (t.is_floating_point() or
                                                                                   t.is_complex()) and t.numel()]
 
-    def elementwise(o, given) -> bool:
-        try:
-            return torch.broadcast_shapes(*[g[0].shape for g in given], o.shape) == o.shape
-        except RuntimeError:
-            return False
+    def split(name: str, o, given, first) -> tuple[list, list]:
+        """(the inputs read by position, the others the op computes with): all of them where every one broadcasts
+        to o's shape (an elementwise op, an in-place write); the bias of an op that adds a product to it (baddbmm,
+        addmm: a review's nn.MultiheadAttention adds its -inf mask to q·kᵀ with baddbmm); none elsewhere (a
+        matmul, a reduction)."""
+        if _maps([g[0] for g in given], [o]):
+            return given, []
+        if name in BIASED and given and given[0][0] is first and _maps([first], [o]):
+            return given[:1], given[1:]
+        return [], given
 
-    def new_values(o, given, view: bool, selects: bool, number: bool):
-        """(non-finite, NaN) values of output `o` its inputs did not hand it, on the device. Where every input
-        broadcasts to o's shape (elementwise ops, in-place writes) by position; a view makes none; elsewhere what a
-        selection copies beyond its inputs' count, and every one a computing op outputs (a matmul or a reduction
-        over non-finite values computed with them)."""
+    def by_position(counts, pos, rest, o, flag: int):
+        """`counts(pos)`: what o holds that the positional inputs do not hand it by position; all it holds where an
+        input it computes with holds a value flagged `flag` (a matmul over -inf computed what it outputs)."""
+        judged = counts(pos)
+        if not rest or not pos:
+            return judged
+        tainted = torch.stack([g[flag].any().to(o.device) for g in rest]).any()
+        return tuple(torch.where(tainted, a, b) for a, b in zip(counts([]), judged))
+
+    def new_values(name: str, o, given, first, view: bool, selects: bool, number: bool):
+        """(non-finite, NaN) values of output `o` its inputs did not hand it, on the device: by position (`split`);
+        a view makes none; a selection what it copies beyond its inputs' count, when a ±inf number wrote it
+        (padding)."""
         bad, nan = ~torch.isfinite(o), torch.isnan(o)
         if view:   # a view of an input makes nothing (an in-place op writes, and is judged: x[:, :2] /= x[:, 2:])
             return bad.sum() * 0, nan.sum() * 0
-        if selects:   # copies: what it outputs beyond its inputs' count a ±inf number wrote (padding), else nothing
+        if selects:
             had_bad = sum((g[1].sum() for g in given), bad.sum() * 0)
             return (bad.sum() - had_bad).clamp(min=0) * number, nan.sum() * 0
-        if not elementwise(o, given):   # a matmul, a reduction: it computed what it outputs
-            return bad.sum(), nan.sum()
-        for _, b, n, _ in given:
-            bad = bad & ~b.to(o.device).expand(o.shape)
-            nan = nan & ~n.to(o.device).expand(o.shape)
-        return bad.sum(), nan.sum()
 
-    def new_extremes(name: str, o, given, view: bool, selects: bool, numbers: list):
-        """(written, computed) finite values of output `o` as extreme as a fill that its inputs did not hand it:
-        written where the op was given that value as a number and writes it (`masked_fill(m, finfo.min)`,
-        `full(shape, -1e9)`, `where(m, -1e9, y)`), computed anywhere else (a sum, an overflow nan_to_num clipped,
-        `x + 1.7e9`: an offset rounds to its number, and is no fill). A review: fills judged by their values alone
-        passed a top-k filter, nan_to_num's clipped overflow, and a prediction absorbed by an epoch offset."""
+        def counts(pos):
+            b, n = bad, nan
+            for g in pos:
+                b = b & ~g[1].to(o.device).expand(o.shape)
+                n = n & ~g[2].to(o.device).expand(o.shape)
+            return b.sum(), n.sum()
+
+        return by_position(counts, *split(name, o, given, first), o, 1)
+
+    def new_extremes(name: str, o, given, first, view: bool, selects: bool, numbers: list):
+        """(written, computed, over) finite values of output `o` as extreme as a fill that its inputs did not hand it:
+        written where the op was given that value as a number (its sign aside) and writes it (`masked_fill(m,
+        finfo.min)`, `full(shape, -1e9)`, `where(m, -1e9, y)`, `-1e9 * ban`), computed anywhere else (a sum, an
+        overflow nan_to_num clipped, `x + 1.7e9`: an offset rounds to its number, and is no fill); `over`, those
+        written where an input was non-finite (`nan_to_num(x, neginf=-1e9)`: a fill only if that ±inf was one). A
+        selection makes only what a number it is given writes (padding): a mask it repeats is still the one
+        written. A review: fills judged by their values alone passed a top-k filter, nan_to_num's clipped overflow,
+        and a prediction absorbed by an epoch offset."""
         ext = extreme(o)
         zero = ext.sum() * 0
         if view:
-            return zero, zero
-        if selects:   # copies: beyond its inputs' count a number wrote (padding), else nothing
+            return zero, zero, zero
+        if selects:
             new = (ext.sum() - sum((g[3].sum() for g in given), zero)).clamp(min=0)
-            return (new, zero) if numbers else (zero, new)
-        if not elementwise(o, given) or o.is_complex():
-            return zero, ext.sum()
-        for g in given:
-            ext = ext & ~g[3].to(o.device).expand(o.shape)
-        if not numbers or name in OFFSETS:
-            return zero, ext.sum()
-        hit = ext & _written(o, numbers)
-        return hit.sum(), (ext & ~hit).sum()
+            return (new, zero, zero) if numbers else (zero, zero, zero)
+        if o.is_complex():
+            return zero, ext.sum(), zero
+
+        def counts(pos):
+            e, over = ext, torch.zeros_like(ext)
+            for g in pos:
+                e = e & ~g[3].to(o.device).expand(o.shape)
+                over = over | g[1].to(o.device).expand(o.shape)
+            if not numbers or name in OFFSETS:
+                return zero, e.sum(), zero
+            hit = e & _written(o, numbers)
+            return hit.sum(), (e & ~hit).sum(), (hit & over).sum()
+
+        return by_position(counts, *split(name, o, given, first), o, 3)
 
     class Origins(TorchDispatchMode):
         """Per op call: (op, passes ±inf as a number, the non-finite values it made, the NaN it made), counts on
@@ -252,7 +286,8 @@ def _mode(state: dict | None = None):
         def __init__(self):
             super().__init__()
             self.rows: list = []
-            self.extremes: list = []   # (op, finite extremes it wrote, those it computed, the numbers it was given)
+            # (op, finite extremes it wrote, those it computed, those it wrote over a non-finite input, its numbers)
+            self.extremes: list = []
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -288,14 +323,15 @@ def _mode(state: dict | None = None):
                 self._judge(name, marked, outs)
             # the rest as any op's, the state's non-finite values handed over like any input's (a cast that
             # overflows one more value, exp of the mask, a division by it: computed)
-            made = [new_values(o, given, view, selects, number) for o in outs]
+            first = args[0] if args else None
+            made = [new_values(name, o, given, first, view, selects, number) for o in outs]
             if made:
                 self.rows.append((name, number, sum(m[0] for m in made), sum(m[1] for m in made)))
             if literal:   # torch.tensor([-1e9, 0.]) in the forward: the values it holds are the numbers it writes
                 numbers = [v for o in outs for v in o[extreme(o)].unique().tolist()]
-            ext = [new_extremes(name, o, given, view, selects, numbers) for o in outs]
+            ext = [new_extremes(name, o, given, first, view, selects, numbers) for o in outs]
             if ext:
-                self.extremes.append((name, sum(e[0] for e in ext), sum(e[1] for e in ext), numbers))
+                self.extremes.append((name, *(sum(e[k] for e in ext) for k in range(3)), numbers))
             return out
 
         def _judge(self, name, marked, outs) -> None:
@@ -334,6 +370,8 @@ def _mode(state: dict | None = None):
 # ops that put an additive mask onto their output by position, unchanged: an add, a where; and those that copy one
 # tensor alone (its view, a cast). Anything else that reads a mask computes with it (a product, exp, a division)
 CARRIERS = frozenset({"add", "add_", "where"})
+# ops that add a product to their first input (the bias): they read it by position, what it holds passed on
+BIASED = frozenset({"addmm", "baddbmm", "addbmm", "addmv", "addr"})
 # ops that offset their input by a number: `x + 1.7e9` rounds to 1.7e9 where |x| is small, a computed value
 OFFSETS = frozenset({"add", "add_", "sub", "sub_", "rsub"})
 COPIES = SELECTIONS | {"_to_copy", "to", "expand", "detach", "alias"}
@@ -388,14 +426,15 @@ def _state(model) -> dict:
             if bad}
 
 
-def _read_pairs(pairs) -> list:
-    """[a, b] as ints for each pair of 0-dim count tensors, read back once per device."""
+def _read_counts(rows) -> list:
+    """Each tuple of 0-dim count tensors as a list of ints, read back once per device."""
     import torch
 
     by_device: dict = {}
-    for k, (a, b) in enumerate(pairs):
-        by_device.setdefault(a.device, []).append((k, torch.stack([a, b.to(a.device)]).to(torch.int64)))
-    values: list = [None] * len(pairs)
+    for k, row in enumerate(rows):
+        home = row[0].device
+        by_device.setdefault(home, []).append((k, torch.stack([c.to(home) for c in row]).to(torch.int64)))
+    values: list = [None] * len(rows)
     for items in by_device.values():
         for (k, _), v in zip(items, torch.stack([r for _, r in items]).tolist()):
             values[k] = v
@@ -409,7 +448,7 @@ def classify(rows) -> tuple[dict[str, int], dict[str, int]]:
         return {}, {}
     made: dict[str, int] = {}
     computed: dict[str, int] = {}
-    for (name, number, _, _), (bad, nan) in zip(rows, _read_pairs([(bad, nan) for _, _, bad, nan in rows])):
+    for (name, number, _, _), (bad, nan) in zip(rows, _read_counts([(bad, nan) for _, _, bad, nan in rows])):
         if bad and number and not nan:
             made[name] = made.get(name, 0) + bad
         elif bad or nan:
@@ -417,16 +456,26 @@ def classify(rows) -> tuple[dict[str, int], dict[str, int]]:
     return made, computed
 
 
-def written_numbers(rows) -> tuple:
-    """The finite numbers as extreme as a fill that the mode's ops wrote (`masked_fill(m, finfo.min)`), read back
-    once; () when none did, or when an op computed a value that extreme (its provenance is then unknown: a
-    prediction an offset absorbed, an overflow nan_to_num clipped, a top-k filter's kth value)."""
-    if not rows:
+def written_numbers(rows, held: tuple = (), computed_inf: bool = False) -> tuple:
+    """The finite numbers as extreme as a fill that the mode's ops wrote (`masked_fill(m, finfo.min)`) and the
+    model's buffers hold (a logit bias of -1e9 on banned classes, a (1,)-shaped `neg` a where writes), read back
+    once; () when none did, when an op computed a value that extreme (its provenance is then unknown: a prediction
+    an offset absorbed, an overflow nan_to_num clipped, a top-k filter's kth value), or when one was written over a
+    ±inf the forward computed (nan_to_num(x, neginf=-1e9) clipping an overflow)."""
+    counts = _read_counts([row[1:4] for row in rows]) if rows else []
+    if any(c or (over and computed_inf) for _, c, over in counts):
         return ()
-    counts = _read_pairs([(w, c) for _, w, c, _ in rows])
-    if any(c for _, c in counts):
-        return ()
-    return tuple(sorted({v for (_, _, _, numbers), (w, _) in zip(rows, counts) if w for v in numbers}))
+    return tuple(sorted({*held, *(v for row, (w, _, _) in zip(rows, counts) if w for v in row[4])}))
+
+
+def _held_numbers(model) -> tuple:
+    """The finite values as extreme as a fill that the model's floating buffers hold, read back once."""
+    import torch
+
+    found = [t[torch.isfinite(t) & as_extreme_as_a_fill(t)].unique().double().cpu()
+             for t in model.buffers() if t.is_floating_point() and t.numel() and t.layout == torch.strided
+             and t.device.type != "meta"]
+    return tuple(torch.cat(found).unique().tolist()) if found else ()
 
 
 def ask(model, inputs, ctx, training: bool = True) -> Fills:
@@ -449,7 +498,7 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
             with ctx.autocast(), mode:   # a nullcontext without --amp
                 out = run_forward(model, inputs, phase="forward (where its ±inf come from)")
             made, computed = classify(mode.rows)
-            written = () if computed else written_numbers(mode.extremes)
+            written = written_numbers(mode.extremes, _held_numbers(model), bool(computed))
             outs = {label: t.detach() for label, t in float_outputs(out)}
             masks = {label: torch.isinf(t) for label, t in outs.items()}
             extreme = {label: _written(t, written) for label, t in outs.items()} if written else {}
@@ -465,12 +514,17 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
 
 
 def _written(t, numbers):
-    """Positions of output `t` holding one of the extreme numbers the forward's ops wrote."""
+    """Positions of output `t` holding one of the extreme numbers the forward's ops wrote, or its negation (a sign
+    flip: `y - 1e9 * ban`, `(ok - 1) * 1e9`), also as a lower precision rounds it (a review: -1e9 written in
+    bfloat16, the logits then cast to float32 as Hugging Face language models do)."""
     import torch
 
     if t.is_complex():
         return torch.zeros(t.shape, dtype=torch.bool, device=t.device)
-    return (t.unsqueeze(-1) == torch.tensor(numbers, dtype=t.dtype, device=t.device)).any(-1)
+    exact = torch.tensor([abs(v) for v in numbers], dtype=torch.float64)
+    held = torch.cat([exact.to(dt).to(t.dtype) for dt in (t.dtype, torch.bfloat16, torch.float16)])
+    held = held[torch.isfinite(held)].to(t.device)
+    return (t.abs().unsqueeze(-1) == held).any(-1)
 
 
 def _moved_by_weights(model, inputs, ctx, masks: dict, outs: dict, extreme: dict) -> tuple[set[str], dict]:
@@ -505,8 +559,10 @@ def _moved_by_weights(model, inputs, ctx, masks: dict, outs: dict, extreme: dict
         return set(), {}
     same = {label: shaken[label].shape == t.shape for label, t in outs.items() if label in shaken}
     moved = {label for label, m in masks.items() if not same.get(label) or not torch.equal(torch.isinf(shaken[label]), m)}
-    # a constant is where it was and what it was, every one of them: a set that moves is computed (a top-k filter)
-    constants = {label: m for label, m in extreme.items() if same.get(label) and bool(m.any())
+    # a constant is where it was and what it was, every one of them: a set that moves is computed (a top-k filter).
+    # An output that is a constant throughout bans nothing, it is broken (a review: a prediction an offset held in a
+    # tensor absorbed, a clamp with the wrong bound)
+    constants = {label: m for label, m in extreme.items() if same.get(label) and bool(m.any()) and not bool(m.all())
                  and torch.equal(m & (shaken[label] == outs[label]), m)
                  and torch.equal(torch.isfinite(shaken[label]) & as_extreme_as_a_fill(shaken[label]),
                                  torch.isfinite(outs[label]) & as_extreme_as_a_fill(outs[label]))}
