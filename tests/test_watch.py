@@ -1659,6 +1659,59 @@ def test_a_linear_over_a_conv1d_length_counts_its_own_features():
     assert found[0].message.startswith("18 of 24 units"), found[0].message
 
 
+class _Gain(nn.Module):
+    """A learned gain of any shape, multiplied in."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.g = nn.Parameter(torch.ones(shape))
+
+    def forward(self, x):
+        return x * self.g
+
+
+class _ChannelsLast(nn.Module):
+    def forward(self, x):
+        return x.permute(0, 2, 3, 1)
+
+
+@pytest.mark.parametrize("between", ["gain (1, C, 1)", "gain (C, 1)", "gain ()", "PReLU()", "LayerNorm([C, L])",
+                                     "Linear, channels last"])
+def test_dead_channels_behind_a_module_that_keeps_them_are_found(between):
+    """A review: 10 of 16 channels killed at step 12 went unseen behind each of these (their parameters were not
+    (C,)-shaped, so the module was taken to mix the channels); and a Linear over a channels-last map counted its
+    units on dimension 1 (H)."""
+    torch.manual_seed(0)
+    if between == "Linear, channels last":
+        kill = nn.Linear(8, 16)
+        model = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), _ChannelsLast(), kill, nn.ReLU(), nn.Flatten(),
+                              nn.Linear(576, 3))
+        x, dim = torch.randn(32, 4, 6, 6), 3
+    else:
+        kill = nn.Conv1d(4, 16, 3, padding=1)
+        keep = {"gain (1, C, 1)": _Gain((1, 16, 1)), "gain (C, 1)": _Gain((16, 1)), "gain ()": _Gain(()),
+                "PReLU()": nn.PReLU(), "LayerNorm([C, L])": nn.LayerNorm([16, 20])}[between]
+        model = nn.Sequential(kill, keep, nn.ReLU(), nn.Flatten(), nn.Linear(320, 3))
+        x, dim = torch.randn(32, 4, 20), 1
+    y = torch.randint(0, 3, (32,))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with Watch(model, opt, every=5) as w:
+        for step in range(40):
+            if step == 12:   # 10 of 16 units die: a bias of -50 against pre-activations of a few units
+                with torch.no_grad():
+                    kill.bias[:10] = -50.0
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with torch.no_grad():   # independent truth: the units zero for the whole batch after the ReLU
+        h = model[:4](x) if dim == 3 else model[:3](x)
+        truth = int((h.amax([d for d in range(h.dim()) if d != dim]) == 0).sum())
+    assert truth == 10
+    found = [f for f in w.result().findings if f.code == "dead-units"]
+    assert len(found) == 1 and found[0].message.startswith("10 of 16 units"), [f.message for f in found]
+
+
 def test_a_flatten_whose_positions_go_dark_while_each_channel_lives_is_no_dead_units():
     """bench/bugs so_47352366's correct version: a Flatten after conv/ReLU/pool was `dead-units` (1696 of 3136): its
     units are a channel at one position, and the digits' blank border went dark while every channel lived at the
@@ -6157,10 +6210,14 @@ class _ModeNet(nn.Module):
         if self.variant == "noprop":
             self.training = mode
             return self
+        if self.variant == "frozen":   # keeps a frozen encoder in eval, forgets super(): the head is never switched
+            self.training = mode
+            self.body[:3].eval()
+            return self
         return super().train(mode)
 
 
-@pytest.mark.parametrize("variant", ["noprop", "mc", "head", "ok"])
+@pytest.mark.parametrize("variant", ["noprop", "frozen", "mc", "head", "ok"])
 def test_an_eval_that_does_not_reach_the_dropout_and_batchnorm_is_said(variant):
     torch.manual_seed(0)
     model = _ModeNet(variant)
@@ -6178,16 +6235,49 @@ def test_an_eval_that_does_not_reach_the_dropout_and_batchnorm_is_said(variant):
             if variant == "head":
                 model.body[3:].train()
             stats = model.body[1].num_batches_tracked.item()
+            flags = [m.training for m in model.modules()]
             with torch.no_grad():
                 model(torch.randn(16, 8, generator=g))
+            assert [m.training for m in model.modules()] == flags   # watch's eval() put every flag back
             # the truth the model holds: BatchNorm counted the validation batch exactly when eval() missed it
             assert (model.body[1].num_batches_tracked.item() > stats) == (variant == "noprop")
     found = [f for f in w.result().findings if f.code == "eval-not-reached"]
-    if variant != "noprop":
+    if variant not in ("noprop", "frozen"):
         assert not found, [f.message for f in found]
         return
     (f,) = found
-    assert f.severity == "warning" and "after step 10" in f.message and "body.1, body.3" in f.message, f.message
+    left = "body.1, body.3" if variant == "noprop" else "1 of its dropout/BatchNorm module(s) (body.3)"
+    assert f.severity == "warning" and "after step 10" in f.message and left in f.message, f.message
+
+
+class _FunctionalMC(nn.Module):
+    """Weights as raw parameters (F.linear): its only submodule is its Dropout, put back in train after eval() for
+    MC dropout (a review: called eval-not-reached)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w2 = nn.Parameter(torch.randn(32, 8) * 0.3), nn.Parameter(torch.randn(2, 32) * 0.3)
+        self.drop = nn.Dropout(0.2)
+
+    def forward(self, x):
+        return F.linear(self.drop(F.relu(F.linear(x, self.w1))), self.w2)
+
+
+def test_mc_dropout_on_a_model_whose_only_module_is_its_dropout_is_no_unreached_eval():
+    torch.manual_seed(0)
+    model = _FunctionalMC()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(model, opt, every=10) as w:
+        for _ in range(2):
+            model.train()
+            _loop(model, opt, 10, g)
+            model.eval()
+            model.drop.train()
+            with torch.no_grad():
+                torch.stack([model(torch.randn(16, 8, generator=g)) for _ in range(4)])
+    assert model.drop.training and not model.training
+    assert not [f.message for f in w.result().findings if f.code == "eval-not-reached"]
 
 
 def test_a_flatten_after_an_unflatten_is_probed_without_an_internal_error():

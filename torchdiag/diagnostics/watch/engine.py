@@ -676,20 +676,21 @@ class Engine:
 
     def _eval_reaches(self, module) -> None:
         """A forward of a model put in eval (a validation pass): did eval() reach its dropout and BatchNorm? A
-        train()/eval() override that sets only its own flag (`self.training = mode`, no super().train) leaves every
-        submodule in train mode: validation runs with dropout on and BatchNorm learning the validation batches (a
-        review). Said when a dropout of p > 0 or a BatchNorm is in train mode and eval() reached no module below the
-        model at all: MC dropout's .train() on its stochastic layers, a head put back in train for a linear probe,
-        leave the rest in eval, and are not this (a review). An override that misses only some submodules (a
-        direct-child Dropout) is not told from those, and is not said. Asked of forwards under no_grad (a validation
-        pass); walked once per model per step (host flags only, no sync)."""
+        train()/eval() override that sets only its own flag (`self.training = mode`, no super().train), or switches
+        only part of the model (a frozen encoder's), leaves submodules in train mode: validation runs with dropout
+        on and BatchNorm learning the validation batches (reviews). A module in train mode now may also have been
+        put back on purpose after eval() (MC dropout's stochastic passes, a head trained apart): what tells them
+        apart is what eval() does, so it is asked (`_missed_by_eval`). Asked of forwards under no_grad (a validation
+        pass) with a dropout of p > 0 or a BatchNorm in train mode; once per model per step (host flags only, no
+        sync)."""
+        inner = self._inner[id(module)]
         sensitive = mode_sensitive()
-        below = [(n, m) for n, m in self._inner[id(module)].named_modules() if n]
-        if not all(m.training for _, m in below):
-            return
-        acting = [n for n, m in below if isinstance(m, sensitive) and (not hasattr(m, "p") or m.p > 0)]
-        if acting:
-            self.checks["eval_unreached"].setdefault(id(module), (self.step, acting))
+        acting = [(n, m) for n, m in inner.named_modules() if n and m.training and isinstance(m, sensitive)
+                  and (not hasattr(m, "p") or m.p > 0)]
+        missed = _missed_by_eval(inner, [m for _, m in acting]) if acting else set()
+        names = [n for n, m in acting if id(m) in missed]
+        if names:
+            self.checks["eval_unreached"].setdefault(id(module), (self.step, names))
 
     def _probe_eval_output(self, r: int, output) -> None:
         """An eval-mode forward with grad on: does a backward reach its output? A hook on the output's graph node says
@@ -1924,6 +1925,21 @@ def _elementwise_losses() -> tuple:
     import torch
 
     return (torch.nn.MSELoss, torch.nn.L1Loss, torch.nn.SmoothL1Loss, torch.nn.HuberLoss)
+
+
+def _missed_by_eval(model, acting: list) -> set:
+    """id() of the modules of `acting` that the model's own eval() leaves in train mode. The model is in eval
+    already (the loop just called it), so eval() again is what the loop did; every module's flag is put back after,
+    those put back in train on purpose too. An eval() that raises tells nothing."""
+    flags = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        return {id(m) for m in acting if m.training}
+    except Exception:   # noqa: BLE001 - the user's override failed: no verdict on it
+        return set()
+    finally:
+        for m, flag in flags:
+            m.training = flag
 
 
 def mode_sensitive() -> tuple:

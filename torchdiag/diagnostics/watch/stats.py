@@ -630,8 +630,10 @@ class DeadUnits:
             return 1
         made, x = self._fed_by(args), args[0] if args else None
         if made is not None and made[1].shape == x.shape and x.dim() == output.dim() \
-                and x.shape[made[2]] == output.shape[made[2]] and _per_unit(module, x.shape[made[2]]):
+                and x.shape[made[2]] == output.shape[made[2]] and _per_unit(module, x, output, made[2]):
             return made[2]
+        if torch.is_tensor(x) and x.dim() == output.dim() > 3 and _over_last(module, x, output):
+            return output.dim() - 1   # a Linear over a channels-last map (B, H, W, C): its features
         return 2 if output.dim() == 3 else 1
 
     def _passed_on(self, module, args, output, entry: str) -> bool:
@@ -693,10 +695,30 @@ def _holds_parameters(module) -> bool:
     return any(True for _ in module.parameters(recurse=False))
 
 
-def _per_unit(module, units: int) -> bool:
-    """Every parameter of `module` is one value per unit (a BatchNorm's weight and bias over a conv's channels, a
-    PReLU's), or it has none: it keeps its input's units."""
-    return all(p.dim() == 1 and p.shape[0] == units for p in module.parameters(recurse=False))
+def _per_unit(module, x, output, unit: int) -> bool:
+    """`module` keeps the units of its input `x` (on dimension `unit`): it has no parameters, or each is one value
+    for all (PReLU's one slope, a 0-dim gain), one per unit (a BatchNorm's weight over a conv's channels, a PReLU's),
+    or elementwise where the output has x's shape: it broadcasts against x (a (1, C, 1) or (C, 1) gain, a LayerNorm's
+    (C, L) over a Conv1d's map). A review found dead channels behind each of these unseen. Not told apart by shape: a
+    Linear(L, L) over a square (C = L) map, taken for one."""
+    import torch
+
+    def keeps(p) -> bool:
+        if p.numel() == 1 or (p.dim() == 1 and p.shape[0] == x.shape[unit]):
+            return True
+        try:
+            return output.shape == x.shape and torch.broadcast_shapes(p.shape, x.shape) == x.shape
+        except RuntimeError:
+            return False
+
+    return all(keeps(p) for p in module.parameters(recurse=False))
+
+
+def _over_last(module, x, output) -> bool:
+    """`module` holds an (out, in) matrix from x's last dimension to the output's, the rest of the shape kept: a
+    Linear, whatever the rank of its input."""
+    return output.shape[:-1] == x.shape[:-1] and any(
+        p.dim() == 2 and tuple(p.shape) == (output.shape[-1], x.shape[-1]) for p in module.parameters(recurse=False))
 
 
 def _input_range(module, args, output, rest):
