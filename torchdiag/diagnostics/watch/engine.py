@@ -1928,9 +1928,16 @@ def _elementwise_losses() -> tuple:
 
 
 def _missed_by_eval(model, acting: list) -> set:
-    """id() of the modules of `acting` that the model's own eval() leaves in train mode. The model is in eval
-    already (the loop just called it), so eval() again is what the loop did; every module's flag is put back after,
-    those put back in train on purpose too. An eval() that raises tells nothing."""
+    """id() of the modules of `acting` that the model's own eval() leaves in train mode. Only a model with a module
+    that overrides train() or eval() can leave one (torch's reach every submodule): only such a model's eval() is
+    called. The model is in eval already (the loop just called it), so eval() again is what the loop did; every
+    module's flag is put back after, those put back in train on purpose too. An eval() that raises tells nothing."""
+    import torch
+
+    base = torch.nn.Module
+    if not any(type(m).train is not base.train or type(m).eval is not base.eval or "train" in vars(m)
+               or "eval" in vars(m) for m in model.modules()):
+        return set()
     flags = [(m, m.training) for m in model.modules()]
     try:
         model.eval()
