@@ -732,6 +732,26 @@ def test_an_output_that_is_one_constant_throughout_bans_nothing(kind):
     assert res.to_dict()["loss_value"] > 1e15, res.header
 
 
+class ForcedColumn(nn.Module):
+    """Two outputs, the first absorbed by +1.7e9 held in a (1,)-shaped buffer: constant under any weights, and a
+    buffer's extreme value is a written number, but a value pushed up bans nothing (a class it forces)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(10, 2)
+        self.register_buffer("base", torch.tensor([1.7e9]))
+
+    def forward(self, x):
+        y = self.fc(x)
+        return torch.cat([y[:, :1] + self.base, y[:, 1:]], 1)
+
+
+def test_a_constant_pushed_up_is_no_ban():
+    torch.manual_seed(0)
+    res = api_run("nancheck", ForcedColumn(), (torch.randn(4, 10),))
+    assert "moved off" not in res.header["loss"], res.header["loss"]
+
+
 class ClippedOverflow(FiniteBan):
     """An overflow on class 1 (+inf whatever the weights, no finite value on the way) nan_to_num clips to the 1e9
     it is given, beside a -1e9 ban: the clipped values are no constants, however fixed they look."""

@@ -35,8 +35,8 @@ A finite value as extreme as a fill (`torch.finfo(dtype).min`, -1e9) is judged t
 an op given that number as a number, or its negation, writes it (`masked_fill`, `full`, `where`, a 0-dim tensor holding
 it, `-1e9 * ban`), or where a buffer of the model holds it (a logit bias, a (1,)-shaped `neg`); computed anywhere else
 (`x + 1.7e9` rounds to it; nan_to_num clips an overflow to it; a sum reaches it). Only when no op computed one, nor
-wrote one over a ±inf the forward computed, are an output's positions holding a written number (as bfloat16 may round
-it), unchanged, every one, under shaken weights, its constants (`Fills.constants`); an output that is one such
+wrote one over a ±inf the forward computed, are an output's positions holding a written number below 0 (as bfloat16
+may round it; a ban pushes a value down), unchanged, every one, under shaken weights, its constants (`Fills.constants`); an output that is one such
 constant throughout bans nothing, and has none.
 
 The forward runs in the judged pass's mode (a fault may be eval's only). Fills at positions drawn at random differ
@@ -501,7 +501,7 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
             written = written_numbers(mode.extremes, _held_numbers(model), bool(computed))
             outs = {label: t.detach() for label, t in float_outputs(out)}
             masks = {label: torch.isinf(t) for label, t in outs.items()}
-            extreme = {label: _written(t, written) for label, t in outs.items()} if written else {}
+            extreme = {label: _banned(t, written) for label, t in outs.items()} if written else {}
             moved, constants = _moved_by_weights(model, inputs, ctx, masks, outs, extreme)
     except ModelError as exc:
         return Fills(failed=exc.message)
@@ -525,6 +525,13 @@ def _written(t, numbers):
     held = torch.cat([exact.to(dt).to(t.dtype) for dt in (t.dtype, torch.bfloat16, torch.float16)])
     held = held[torch.isfinite(held)].to(t.device)
     return (t.abs().unsqueeze(-1) == held).any(-1)
+
+
+def _banned(t, numbers):
+    """Positions of output `t` holding a written number below 0: a ban pushes a value down, below every real one; a
+    constant +1e9 forces its position instead, and is what the model outputs (an offset held in a buffer)."""
+    written = _written(t, numbers)
+    return written if t.is_complex() else written & (t < 0)
 
 
 def _moved_by_weights(model, inputs, ctx, masks: dict, outs: dict, extreme: dict) -> tuple[set[str], dict]:
