@@ -169,6 +169,24 @@ def test_matrix_vector_products_counted_and_matrix_functions_warned():
     assert r.data["forward_flops"] == 2 * (2.5 * 16 * 4) + 2 * (5 * 9 * math.log2(9)) // 1 + 2 * (2.5 * 16 * 4)
 
 
+def test_a_triangular_solve_counts_its_substitution():
+    """A zoo row (OLMo-Hybrid's gated delta net: `linalg.solve_triangular`, unitriangular) warned unsupported-op. Row
+    i of a substitution takes i-1 multiplies, i-1 subtractions and a division (none on a unit diagonal), per
+    right-hand side: counted here row by row, not from the formula."""
+    n, k, batch = 8, 5, 3
+    per_rhs = sum(2 * (i - 1) + 1 for i in range(1, n + 1))
+    per_rhs_unit = sum(2 * (i - 1) for i in range(1, n + 1))
+    a = torch.randn(batch, n, n).tril() + 3 * torch.eye(n)
+
+    def solves(b):
+        return (torch.linalg.solve_triangular(a, b, upper=False)
+                + torch.linalg.solve_triangular(a, b.transpose(-1, -2), upper=False, left=False).transpose(-1, -2)
+                + torch.linalg.solve_triangular(a, b, upper=False, unitriangular=True))
+    r = count(lambda_module(solves), torch.randn(batch, n, k))
+    assert "unsupported-op" not in {f.code for f in r.findings}
+    assert r.data["forward_flops"] == batch * k * (2 * per_rhs + per_rhs_unit)
+
+
 def test_scatter_and_index_adds_are_arithmetic_not_data_movement():
     """A sweep: a GNN's message passing (index_add_, scatter_add_, scatter_reduce) was listed as data movement."""
     def passing(x):

@@ -117,6 +117,13 @@ def _extra_formulas():
     def dot(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
         return 2 * a_shape[0]
 
+    def solve_triangular(a_shape, b_shape, *args, out_shape=None, unitriangular=False, **kwargs) -> int:
+        # substitution, per right-hand side: row i takes i-1 multiply-adds and a division (none when the diagonal
+        # is ones): n² FLOPs, n(n-1) unitriangular. A gated delta net's chunked scan (OLMo-Hybrid, Qwen3-Next)
+        n = a_shape[-1]
+        rhs = math.prod(out_shape) // n
+        return rhs * n * (n - 1 if unitriangular else n)
+
     def fft(shape, dims, per_point: float) -> int:
         # FFTW's convention: a complex FFT of n points is 5·n·log2(n) real FLOPs, one of real data half that
         n = math.prod(shape[d] for d in dims) if dims else 1
@@ -134,7 +141,8 @@ def _extra_formulas():
     # matrix-vector products, dot products and FFTs torch's counter has no formula for (spectral_norm's power
     # iteration, FNet's mixing: "not counted by convention" before, a sweep)
     extra.update({aten.mv: mv, aten.addmv: addmv, aten.dot: dot, aten.vdot: dot,
-                  aten._fft_r2c: fft_r2c, aten._fft_c2c: fft_c2c, aten._fft_c2r: fft_c2r})
+                  aten._fft_r2c: fft_r2c, aten._fft_c2c: fft_c2c, aten._fft_c2r: fft_c2r,
+                  aten.linalg_solve_triangular: solve_triangular})
     if hasattr(aten, "_grouped_mm"):
         extra[aten._grouped_mm] = grouped_mm
     if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
