@@ -3972,6 +3972,59 @@ def test_a_reptile_loop_whose_per_task_losses_spread_over_decades_has_not_diverg
     assert r.data["steps"] == 300 and not codes(r), [f.to_dict() for f in r.findings]
 
 
+def _blown(lr: float, steps: int = 300):
+    torch.manual_seed(0)
+    x = torch.randn(512, 20)
+    y = x[:, :3].argmax(1)
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 3))
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    with Watch(model, opt, every=50) as w:
+        for _ in range(steps):
+            i = torch.randint(0, 512, (32,))
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x[i]), y[i])
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return w.result(), losses
+
+
+def test_a_loss_that_blew_up_at_the_start_and_stayed_has_diverged():
+    """A sweep: Adam at lr 3 or 10 took a 3-class MLP's loss from 1.13 at step 1 to a running median of 200-2900 within
+    its first window, where it stayed to step 300. The climb rule measures from the first window's median, already up:
+    only a chance loss-spike warning, and loss-plateau's hint said the rate might be too small. Its mechanism: the
+    updates outgrew the weights (their norm 371x and 1138x over the run)."""
+    for lr in (3.0, 10.0):
+        r, losses = _blown(lr)
+        assert statistics.median(losses[30:]) > 50 * losses[0]   # the premise: it never came back
+        f = finding(r, "loss-diverged")
+        assert f.severity == "error" and "before its update" in f.message and "weights' norm grew" in f.message, \
+            f.message
+        assert "loss-plateau" not in {x.code for x in r.findings}
+    r, losses = _blown(0.003)   # the same model at a healthy rate: its weights grow 1.7x, its loss falls
+    assert "loss-diverged" not in {x.code for x in r.findings}, [x.to_dict() for x in r.findings]
+
+
+def test_a_loss_above_its_first_step_is_not_diverged_without_the_weights_outgrown():
+    """A GAN generator's loss jumps as its discriminator learns and stays up (0.7 -> 3, healthy), and a first batch can
+    be a lucky one among per-sample losses spread over decades: neither is a divergence from the start."""
+    from torchdiag.diagnostics.watch import report
+    from torchdiag.results import Result
+
+    def judged(values, growth):
+        result = Result("watch")
+        report._loss_curve(result, list(enumerate(values, 1)), {}, Options(), growth=growth)
+        return [f.severity for f in result.findings if f.code == "loss-diverged"]
+
+    rng = random.Random(0)
+    jumped = [0.7] + [3.0 * math.exp(rng.gauss(0, 0.3)) for _ in range(299)]
+    assert judged(jumped, 1.4) == [] and judged(jumped, None) == []
+    assert judged(jumped, 40.0) == ["error"]   # the same curve with the weights grown 40x is the rule's case
+    lucky = [0.01] + [math.exp(rng.gauss(0, 2.0)) for _ in range(299)]   # the first draw 4.6 sigma low
+    assert judged(lucky, 40.0) == []
+
+
 def test_loss_diverged_is_judged_against_the_losses_own_noise():
     from torchdiag.diagnostics.watch import report
     from torchdiag.results import Result

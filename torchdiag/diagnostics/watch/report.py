@@ -44,6 +44,8 @@ VAL_TAIL = 3           # val-worsens: the last evaluations (up to this many afte
 VAL_NOISE_K = 1.0      # ... their median by this many noise scales more than the best of n draws reaches by chance
 LR_COLLAPSE = 1e-3     # lr-collapsed: the rate, as a share of its highest, under which a run trains nothing more
 DIVERGE_K = 3.5        # loss-diverged: the climb clears the block medians' own noise by this many noise scales
+BLOWN_K = 3.0          # loss-diverged from the start: above the first loss by this many robust per-step spreads ...
+BLOWN_GROWTH = 10.0    # ... while the weights' norm grew this many times over (steps too large for the weights)
 IDLE_READS = 1         # optimizer-idle: whole read intervals after its last step in which a backward reached it
 RATIO_LOW = 1e-7       # update/weight ratio below which a weight matrix is said not to learn (info)
 
@@ -774,7 +776,7 @@ def _curves(result: Result, engine) -> None:
         part = _finite_pairs(at, [result.series["loss"][i] for i in picked])
         if len(part) >= 10 and not constant:
             lr_at = dict(zip(at, [result.series["lr"][i] for i in picked]))
-            _loss_curve(result, part, lr_at, opts, engine.clips.seen, of, _unscaled(engine))
+            _loss_curve(result, part, lr_at, opts, engine.clips.seen, of, _unscaled(engine), _weight_growth(engine))
             _lr_collapse(result, part, lr_at, of)
         _grad_norm_explosion(result, at, [result.series["grad_norm"][i] for i in picked], part, opts,
                              engine.clips.seen, of)
@@ -944,7 +946,7 @@ def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: 
 
 
 def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False, of: str = "",
-                unscaled: str = "") -> None:
+                unscaled: str = "", growth: float | None = None) -> None:
     values = [v for _, v in pairs]
     w = window(len(values))
     med = running_medians(values, w)
@@ -965,6 +967,15 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
             break
         peak = max(peak, values[i])
     diverged = _diverged(med[-1], med[best_i], initial) and _climb_beyond_noise(values, w, med[-1])
+    if not diverged and growth is not None and growth >= BLOWN_GROWTH and _held_above_first(values, med, w):
+        low = min(range(w - 1, len(med)), key=lambda i: med[i])
+        result.add("loss-diverged", "error", "", f"the loss went from {values[0]:.4g} at step {pairs[0][0]} (before its "
+                   f"update) to {med[w - 1]:.4g} (running median, step {pairs[w - 1][0]}) and "
+                   f"never came back: at least {med[low]:.4g} (step {pairs[low][0]}), {med[-1]:.4g} at step "
+                   f"{pairs[-1][0]}, while the weights' norm grew {growth:.3g}× over the run{of}",
+                   "the updates outgrew the weights and left the model worse than it started: lower the learning rate "
+                   "(10× for a start), or look for an update that climbs the loss (a negated loss, maximize=True)")
+        return
     excursion = None if diverged else _excursion_at_any(values, [s for s, _ in pairs], w, spiked, lr_at)
     if diverged:
         result.add("loss-diverged", "error", "", f"the loss climbed from {med[best_i]:.4g} (running median, step "
@@ -1004,6 +1015,34 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
                     f"{statistics.median(values[h:]):.4g} over the second: within the steps' own noise")
             result.add("loss-plateau", "info", "", f"the loss has not improved over the second half of the run "
                        f"({seen}){of}", unscaled + "converged, or the learning rate is too small")
+
+
+def _held_above_first(values: list[float], med: list[float], w: int) -> bool:
+    """Every running median from the first full window on at least twice the first step's loss (the weights as they
+    came, before any update) and above it by BLOWN_K robust standard deviations of the run's per-step log-losses (a
+    first batch that was only a lucky one is not where the run started). Losses that are never negative only (a
+    saturated cross-entropy reads exactly 0 on some batches: those count at a floor, as the robust spread allows)."""
+    if values[0] <= 0 or min(values) < 0:
+        return False
+    low = min(med[w - 1:])
+    if low < 2 * values[0]:
+        return False
+    logs = [math.log(max(v, 1e-30)) for v in values]
+    mid = statistics.median(logs)
+    spread = 1.4826 * statistics.median(abs(x - mid) for x in logs)
+    return math.log(low / values[0]) > BLOWN_K * spread
+
+
+def _weight_growth(engine) -> float | None:
+    """The norm of every watched parameter at the last read over the same at the first (None where not read)."""
+    first = last = 0.0
+    for t in engine.tracks.values():
+        if t.start_norm is None or t.weight_norm is None or len(t.start_norm) != len(t.weight_norm):
+            continue
+        pairs = [(a, b) for a, b in zip(t.start_norm, t.weight_norm) if math.isfinite(a) and math.isfinite(b)]
+        first += sum(a * a for a, _ in pairs)
+        last += sum(b * b for _, b in pairs)
+    return math.sqrt(last / first) if first > 0 else None
 
 
 def _halves_flat(values: list[float]) -> bool:
