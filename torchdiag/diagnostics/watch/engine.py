@@ -676,21 +676,21 @@ class Engine:
 
     def _eval_reaches(self, module) -> None:
         """A forward of a model put in eval (a validation pass): did eval() reach its dropout and BatchNorm? A
-        train()/eval() override that sets only its own flag (`self.training = mode`, no super().train), or switches
-        only part of the model (a frozen encoder's), leaves submodules in train mode: validation runs with dropout
-        on and BatchNorm learning the validation batches (reviews). A module in train mode now may also have been
-        put back on purpose after eval() (MC dropout's stochastic passes, a head trained apart): what tells them
-        apart is what eval() does, so it is asked (`_missed_by_eval`). Asked of forwards under no_grad (a validation
-        pass) with a dropout of p > 0 or a BatchNorm in train mode; once per model per step (host flags only, no
-        sync)."""
-        inner = self._inner[id(module)]
+        train()/eval() override that sets only its own flag (`self.training = mode`, no super().train) leaves every
+        submodule in train mode: validation runs with dropout on and BatchNorm learning the validation batches (a
+        review). Said when a dropout of p > 0 or a BatchNorm is in train mode and so is every other module below the
+        model (at least one): MC dropout's .train() on its stochastic layers, a head put back in train, leave the
+        rest in eval. Flags only: calling the model's eval() to ask would run the user's code a second time (a
+        review: an eval() that swaps in EMA weights lost its backup, and the run trained on the EMA). Asked of
+        forwards under no_grad; once per model per step (host flags only, no sync)."""
         sensitive = mode_sensitive()
-        acting = [(n, m) for n, m in inner.named_modules() if n and m.training and isinstance(m, sensitive)
-                  and (not hasattr(m, "p") or m.p > 0)]
-        missed = _missed_by_eval(inner, [m for _, m in acting]) if acting else set()
-        names = [n for n, m in acting if id(m) in missed]
-        if names:
-            self.checks["eval_unreached"].setdefault(id(module), (self.step, names))
+        below = [(n, m) for n, m in self._inner[id(module)].named_modules() if n]
+        rest = [m for _, m in below if not isinstance(m, sensitive)]
+        if not rest or not all(m.training for m in rest):
+            return
+        acting = [n for n, m in below if m.training and isinstance(m, sensitive) and (not hasattr(m, "p") or m.p > 0)]
+        if acting:
+            self.checks["eval_unreached"].setdefault(id(module), (self.step, acting))
 
     def _probe_eval_output(self, r: int, output) -> None:
         """An eval-mode forward with grad on: does a backward reach its output? A hook on the output's graph node says
@@ -1925,28 +1925,6 @@ def _elementwise_losses() -> tuple:
     import torch
 
     return (torch.nn.MSELoss, torch.nn.L1Loss, torch.nn.SmoothL1Loss, torch.nn.HuberLoss)
-
-
-def _missed_by_eval(model, acting: list) -> set:
-    """id() of the modules of `acting` that the model's own eval() leaves in train mode. Only a model with a module
-    that overrides train() or eval() can leave one (torch's reach every submodule): only such a model's eval() is
-    called. The model is in eval already (the loop just called it), so eval() again is what the loop did; every
-    module's flag is put back after, those put back in train on purpose too. An eval() that raises tells nothing."""
-    import torch
-
-    base = torch.nn.Module
-    if not any(type(m).train is not base.train or type(m).eval is not base.eval or "train" in vars(m)
-               or "eval" in vars(m) for m in model.modules()):
-        return set()
-    flags = [(m, m.training) for m in model.modules()]
-    try:
-        model.eval()
-        return {id(m) for m in acting if m.training}
-    except Exception:   # noqa: BLE001 - the user's override failed: no verdict on it
-        return set()
-    finally:
-        for m, flag in flags:
-            m.training = flag
 
 
 def mode_sensitive() -> tuple:
