@@ -953,6 +953,28 @@ def test_a_float8_buffer_is_read_not_an_internal_error():
     assert [(f.severity, f.code, f.where) for f in res.findings] == [("info", "inf-buffer", "amax_history")]
 
 
+def test_a_float8_weight_copy_beside_a_masked_fill_leaves_the_fill_a_fill():
+    """A review (/tmp/rev47): an fp8 copy of a weight kept as a buffer stopped the fill trace (isfinite is not
+    implemented for float8), and a healthy -inf ban of classes 0, 2, 5 was non-finite-output and loss errors."""
+    from torchdiag.api import run as api_run
+
+    class Banned(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(10, 8)
+            self.register_buffer("ban", torch.tensor([True, False, True, False, False, True, False, False]))
+            self.register_buffer("w8", self.fc.weight.detach().to(torch.float8_e4m3fn))
+
+        def forward(self, x):
+            return self.fc(x).masked_fill(self.ban, float("-inf"))
+
+    torch.manual_seed(0)
+    res = api_run("nancheck", Banned(), (torch.randn(4, 10),))
+    assert not [f for f in res.findings if f.severity == "error"], \
+        [(f.code, f.message) for f in res.findings]
+    assert [f.code for f in res.findings if f.code == "inf-fill"] == ["inf-fill"]
+
+
 @pytest.mark.parametrize("layout", ["coo", "csr"])
 def test_a_sparse_buffer_is_read_by_its_stored_values(layout):
     """A graph's sparse adjacency buffer ended nancheck with "Could not run 'aten::linalg_vector_norm' with arguments

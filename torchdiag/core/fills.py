@@ -472,9 +472,14 @@ def _held_numbers(model) -> tuple:
     """The finite values as extreme as a fill that the model's floating buffers hold, read back once."""
     import torch
 
-    found = [t[torch.isfinite(t) & as_extreme_as_a_fill(t)].unique().double().cpu()
-             for t in model.buffers() if t.is_floating_point() and t.numel() and t.layout == torch.strided
-             and t.device.type != "meta"]
+    def held(t):
+        try:
+            return t[torch.isfinite(t) & as_extreme_as_a_fill(t)].unique().double().cpu()
+        except (RuntimeError, NotImplementedError):   # float8 has no isfinite (a review: an fp8 weight copy ended
+            return held(t.float()) if t.dtype != torch.float32 else t.new_zeros(0, dtype=torch.float64)  # the trace)
+
+    found = [held(t.detach()) for t in model.buffers() if t.is_floating_point() and t.numel()
+             and t.layout == torch.strided and t.device.type != "meta"]
     return tuple(torch.cat(found).unique().tolist()) if found else ()
 
 
