@@ -752,6 +752,65 @@ def test_a_constant_pushed_up_is_no_ban():
     assert "moved off" not in res.header["loss"], res.header["loss"]
 
 
+class PairCost(nn.Module):
+    """A matcher's cost between 5 queries and 5 keys, the last key padding, its cost written as +1e9 by masked_fill."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.q, self.k = nn.Linear(2, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.emb(x.view(x.shape[0], 5, 2))
+        pad = torch.zeros(x.shape[0], 1, 5, dtype=torch.bool)
+        pad[..., -1] = True
+        return (-(self.q(h) @ self.k(h).transpose(1, 2))).masked_fill(pad, 1e9)
+
+
+def test_a_positive_number_an_op_writes_is_a_fill():
+    """A review: once every constant had to be below 0, a cost matrix's +1e9 padding was in the made-up MSE, whose
+    loss was 2e17 (overfit-batch flat-loss). Written by masked_fill, it is left out, whatever its sign (20 positions:
+    4 samples x 5 queries x the one padding key); the loss is then of the costs' size, not of 1e9 squared."""
+    torch.manual_seed(0)
+    model, x = PairCost(), torch.randn(4, 10)
+    res = api_run("nancheck", model, (x,))
+    assert "20 values left out" in res.header["loss"] and "1e+09" in res.header["loss"], res.header["loss"]
+    with torch.no_grad():
+        y = model(x)
+    assert 0 < res.to_dict()["loss_value"] < 100 < float(y.abs().max())
+
+
+class AttentionOverCausalBuffer(nn.Module):
+    """nn.MultiheadAttention given a registered -inf causal mask (it adds the mask to q·kᵀ with baddbmm), classes 0,
+    2, 5 banned with -inf. `overflow`: the keys overflow to inf before the product, so baddbmm computes non-finite
+    scores whatever its bias holds."""
+
+    def __init__(self, overflow=False):
+        super().__init__()
+        self.overflow = overflow
+        self.emb, self.mha, self.out = nn.Linear(2, 16), nn.MultiheadAttention(16, 2, batch_first=True), nn.Linear(16, 8)
+        self.register_buffer("causal", torch.full((5, 5), float("-inf")).triu(1))
+        self.register_buffer("ban", torch.tensor([True, False, True, False, False, True, False, False]))
+
+    def forward(self, x):
+        h = self.emb(x.view(x.shape[0], 5, 2))
+        k = h * 1e39 if self.overflow else h
+        return self.out(self.mha(h, k, h, attn_mask=self.causal)[0].mean(1)).masked_fill(self.ban, float("-inf"))
+
+
+@pytest.mark.parametrize("overflow", [False, True])
+def test_a_causal_buffer_added_by_baddbmm_is_a_fill_when_the_product_is_finite(overflow):
+    """A review: the mask buffer's -inf that nn.MultiheadAttention's baddbmm adds to the scores were counted computed,
+    and a healthy model with a -inf class ban was non-finite-output and loss errors."""
+    torch.manual_seed(0)
+    res = api_run("nancheck", AttentionOverCausalBuffer(overflow), (torch.randn(4, 10),))
+    errors = codes(res, ("error",))
+    if overflow:
+        assert "non-finite-output" in errors, [(f.code, f.message) for f in res.findings]
+        return
+    assert not errors, [(f.code, f.message) for f in res.findings]
+    assert "moved off" in res.header["loss"] and "-inf" in res.header["loss"], res.header["loss"]
+
+
 class ClippedOverflow(FiniteBan):
     """An overflow on class 1 (+inf whatever the weights, no finite value on the way) nan_to_num clips to the 1e9
     it is given, beside a -1e9 ban: the clipped values are no constants, however fixed they look."""

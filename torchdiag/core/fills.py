@@ -35,9 +35,10 @@ A finite value as extreme as a fill (`torch.finfo(dtype).min`, -1e9) is judged t
 an op given that number as a number, or its negation, writes it (`masked_fill`, `full`, `where`, a 0-dim tensor holding
 it, `-1e9 * ban`), or where a buffer of the model holds it (a logit bias, a (1,)-shaped `neg`); computed anywhere else
 (`x + 1.7e9` rounds to it; nan_to_num clips an overflow to it; a sum reaches it). Only when no op computed one, nor
-wrote one over a ±inf the forward computed, are an output's positions holding a written number below 0 (as bfloat16
-may round it; a ban pushes a value down), unchanged, every one, under shaken weights, its constants (`Fills.constants`); an output that is one such
-constant throughout bans nothing, and has none.
+wrote one over a ±inf the forward computed, are an output's positions holding a number an op wrote (as bfloat16 may
+round it; either sign: a cost matrix's padding is +1e9), or one a buffer holds below 0 (a bias buffer bans by pushing
+a value down; +1.7e9 added forces it), unchanged, every one, under shaken weights, its constants
+(`Fills.constants`); an output that is one such constant throughout bans nothing, and has none.
 
 The forward runs in the judged pass's mode (a fault may be eval's only). Fills at positions drawn at random differ
 from the judged pass's: the loss then stays non-finite and nancheck keeps its error.
@@ -320,7 +321,7 @@ def _mode(state: dict | None = None):
                 for o in outs:     # it is read
                     known[id(o)] = (weakref.ref(o), *marked[0][1])
             elif marked and outs:
-                self._judge(name, marked, outs)
+                self._judge(name, marked, outs, args[0] if args else None, inputs)
             # the rest as any op's, the state's non-finite values handed over like any input's (a cast that
             # overflows one more value, exp of the mask, a division by it: computed)
             first = args[0] if args else None
@@ -334,7 +335,7 @@ def _mode(state: dict | None = None):
                 self.extremes.append((name, *(sum(e[k] for e in ext) for k in range(3)), numbers))
             return out
 
-        def _judge(self, name, marked, outs) -> None:
+        def _judge(self, name, marked, outs, first, inputs) -> None:
             """An op reading the model's non-finite state or a tensor from outside: an add or a where that puts a
             mask buffer onto its output by broadcasting writes fills where the mask is -inf (a row `<op> of
             <name>`); what it outputs non-finite where an alien (a parameter or buffer of another pattern) or a
@@ -344,9 +345,14 @@ def _mode(state: dict | None = None):
             named = [e for _, e in marked if e[1] == "mask"] or [e for _, e in marked]
             label = f"{name} of {named[0][0]}"
             ts = [t for t, _ in marked]
-            carrier = name in CARRIERS and _maps(ts, outs)
+            # the bias of an op that adds a product to it (nn.MultiheadAttention's baddbmm of its attn_mask buffer)
+            # is carried by position when the product's factors are finite (a review: a causal buffer was computed)
+            biased = name in BIASED and len(ts) == 1 and ts[0] is first and _maps(ts, outs)
+            carrier = (name in CARRIERS and _maps(ts, outs)) or biased
             no = torch.tensor(False, device=outs[0].device)
-            fill_ok = [no | (carrier and kind == "mask") for _, (_, kind) in marked]
+            factors = [t for t in inputs if t is not first] if biased else []
+            finite = torch.stack([torch.isfinite(t).all().to(no.device) for t in factors]).all() if factors else ~no
+            fill_ok = [(no | (carrier and kind == "mask")) & finite for _, (_, kind) in marked]
             passed = [_additive(t).to(no.device) if kind == "outside" else no for t, (_, kind) in marked]
             fills, alien = [], []
             for o in outs:
@@ -456,16 +462,17 @@ def classify(rows) -> tuple[dict[str, int], dict[str, int]]:
     return made, computed
 
 
-def written_numbers(rows, held: tuple = (), computed_inf: bool = False) -> tuple:
-    """The finite numbers as extreme as a fill that the mode's ops wrote (`masked_fill(m, finfo.min)`) and the
-    model's buffers hold (a logit bias of -1e9 on banned classes, a (1,)-shaped `neg` a where writes), read back
-    once; () when none did, when an op computed a value that extreme (its provenance is then unknown: a prediction
-    an offset absorbed, an overflow nan_to_num clipped, a top-k filter's kth value), or when one was written over a
-    ±inf the forward computed (nan_to_num(x, neginf=-1e9) clipping an overflow)."""
+def written_numbers(rows, held: tuple = (), computed_inf: bool = False) -> tuple[tuple, tuple]:
+    """(the finite numbers as extreme as a fill that the mode's ops wrote: `masked_fill(m, finfo.min)`, `full`; those
+    only the model's buffers hold: a logit bias of -1e9 on banned classes), read back once; both () when an op
+    computed a value that extreme (its provenance is then unknown: a prediction an offset absorbed, an overflow
+    nan_to_num clipped, a top-k filter's kth value), or when one was written over a ±inf the forward computed
+    (nan_to_num(x, neginf=-1e9) clipping an overflow)."""
     counts = _read_counts([row[1:4] for row in rows]) if rows else []
     if any(c or (over and computed_inf) for _, c, over in counts):
-        return ()
-    return tuple(sorted({*held, *(v for row, (w, _, _) in zip(rows, counts) if w for v in row[4])}))
+        return (), ()
+    ops = {v for row, (w, _, _) in zip(rows, counts) if w for v in row[4]}
+    return tuple(sorted(ops)), tuple(sorted(set(held) - ops))
 
 
 def _held_numbers(model) -> tuple:
@@ -503,10 +510,10 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
             with ctx.autocast(), mode:   # a nullcontext without --amp
                 out = run_forward(model, inputs, phase="forward (where its ±inf come from)")
             made, computed = classify(mode.rows)
-            written = written_numbers(mode.extremes, _held_numbers(model), bool(computed))
+            ops, held = written_numbers(mode.extremes, _held_numbers(model), bool(computed))
             outs = {label: t.detach() for label, t in float_outputs(out)}
             masks = {label: torch.isinf(t) for label, t in outs.items()}
-            extreme = {label: _banned(t, written) for label, t in outs.items()} if written else {}
+            extreme = {label: _unfit_numbers(t, ops, held) for label, t in outs.items()} if ops or held else {}
             moved, constants = _moved_by_weights(model, inputs, ctx, masks, outs, extreme)
     except ModelError as exc:
         return Fills(failed=exc.message)
@@ -515,7 +522,7 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
     buffers = {n for n, _ in model.named_buffers()}
     masks = {label: m for label, m in masks.items() if label not in moved}
     return Fills(made, computed, masks, mask_buffers={n for n, kind in state.values() if kind == "mask" and n in buffers},
-                 constants=constants, numbers=written)
+                 constants=constants, numbers=tuple(sorted({*ops, *held})))
 
 
 def _written(t, numbers):
@@ -532,11 +539,15 @@ def _written(t, numbers):
     return (t.abs().unsqueeze(-1) == held).any(-1)
 
 
-def _banned(t, numbers):
-    """Positions of output `t` holding a written number below 0: a ban pushes a value down, below every real one; a
-    constant +1e9 forces its position instead, and is what the model outputs (an offset held in a buffer)."""
-    written = _written(t, numbers)
-    return written if t.is_complex() else written & (t < 0)
+def _unfit_numbers(t, ops, held):
+    """Positions of output `t` holding a number an op wrote (either sign: a ban's -1e9, a cost matrix's +1e9 over its
+    padding), or one only a buffer holds, below 0: a bias buffer added bans by pushing a value down; +1.7e9 added
+    forces its position, and is what the model outputs (a review: an offset held in a buffer was left out; the
+    rule then asked every number to be below 0, and a cost matrix's +1e9 padding made the loss 2e17)."""
+    hit = _written(t, ops) if ops else t.new_zeros(t.shape, dtype=bool)
+    if not held:
+        return hit
+    return hit | (_written(t, held) if t.is_complex() else _written(t, held) & (t < 0))
 
 
 def _moved_by_weights(model, inputs, ctx, masks: dict, outs: dict, extreme: dict) -> tuple[set[str], dict]:
