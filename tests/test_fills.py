@@ -811,6 +811,75 @@ def test_a_causal_buffer_added_by_baddbmm_is_a_fill_when_the_product_is_finite(o
     assert "moved off" in res.header["loss"] and "-inf" in res.header["loss"], res.header["loss"]
 
 
+class WrittenOffset(nn.Module):
+    """A review's: [timestamp, value] per step, de-normalised by an offset of +1.7e9 on column 0 that an op writes
+    (`how`: an index fill, a where, a full then cat), or +1e9 held in a buffer beside a healthy -1e9 padding fill of
+    the last step ("buffer+pad"). float32 absorbs column 0's prediction: it is 1.7e9 whatever the weights."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how, self.fc = how, nn.Linear(10, 2)
+        self.register_buffer("offset", torch.tensor([1e9, 0.0]))   # the padding's number, at the other sign
+
+    def forward(self, x):
+        y = self.fc(x.view(x.shape[0], 3, 10))
+        if self.how == "fill":
+            off = torch.zeros(2)
+            off[0] = 1.7e9
+        elif self.how == "where":
+            off = torch.where(torch.arange(2) == 0, 1.7e9, 0.0)
+        elif self.how == "full":
+            off = torch.cat([torch.full((1,), 1.7e9), torch.zeros(1)])
+        else:
+            pad = torch.zeros(3, 1, dtype=torch.bool)
+            pad[-1] = True
+            return (y + self.offset).masked_fill(pad, -1e9)
+        return y + off
+
+
+@pytest.mark.parametrize("how", ["fill", "where", "full", "buffer+pad"])
+def test_an_offset_pushed_up_to_a_written_number_is_no_fill(how):
+    """Once an op's number counted at either sign, these were left out of the made-up loss (loss 0.6, overfit-batch
+    silent; beside the padding, the buffer's +1e9 matched the padding's -1e9 by size). An add that pushes a value up
+    to such a number is an offset: only values below 0 count then, and the padding stays a fill."""
+    torch.manual_seed(0)
+    model, x = WrittenOffset(how), torch.randn(4, 30)
+    res = api_run("nancheck", model, (x,))
+    assert res.to_dict()["loss_value"] > 1e17, res.header["loss"]
+    assert "1.7e+09" not in res.header["loss"] and "to 1e+09" not in res.header["loss"], res.header["loss"]
+    if how == "buffer+pad":   # 4 samples x the last step x 2 columns written as -1e9: those alone left out
+        assert "8 values left out" in res.header["loss"] and "-1e+09)" in res.header["loss"], res.header["loss"]
+
+
+class TiedHeadWithBan(nn.Module):
+    """A review's: a tied head, F.linear(h, emb.weight, vocab_mask), the -inf vocabulary ban a registered buffer
+    given as the bias (addmm(mask, h, W.t())). `overflow`: h overflows to inf before the product."""
+
+    def __init__(self, overflow=False):
+        super().__init__()
+        self.overflow, self.emb, self.fc = overflow, nn.Embedding(8, 16), nn.Linear(16, 16)
+        self.register_buffer("vocab_mask", torch.zeros(8).masked_fill(
+            torch.tensor([True, False, True, False, False, True, False, False]), float("-inf")))
+
+    def forward(self, ids):
+        h = torch.tanh(self.fc(self.emb(ids).mean(1)))
+        return F.linear(h * 1e39 if self.overflow else h, self.emb.weight, self.vocab_mask)
+
+
+@pytest.mark.parametrize("overflow", [False, True])
+def test_a_mask_buffer_given_as_a_linears_bias_beside_a_weight_is_carried(overflow):
+    """The product's weight, a parameter read from outside the forward, was marked beside the mask, and the mask's
+    -inf were counted computed: non-finite-output and loss errors on a healthy model."""
+    torch.manual_seed(0)
+    res = api_run("nancheck", TiedHeadWithBan(overflow), (torch.randint(0, 8, (4, 6)),))
+    errors = codes(res, ("error",))
+    if overflow:
+        assert "non-finite-output" in errors, [(f.code, f.message) for f in res.findings]
+        return
+    assert not errors, [(f.code, f.message) for f in res.findings]
+    assert "moved off" in res.header["loss"] and "-inf" in res.header["loss"], res.header["loss"]
+
+
 class ClippedOverflow(FiniteBan):
     """An overflow on class 1 (+inf whatever the weights, no finite value on the way) nan_to_num clips to the 1e9
     it is given, beside a -1e9 ban: the clipped values are no constants, however fixed they look."""

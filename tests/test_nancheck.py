@@ -953,9 +953,11 @@ def test_a_float8_buffer_is_read_not_an_internal_error():
     assert [(f.severity, f.code, f.where) for f in res.findings] == [("info", "inf-buffer", "amax_history")]
 
 
-def test_a_float8_weight_copy_beside_a_masked_fill_leaves_the_fill_a_fill():
-    """A review (/tmp/rev47): an fp8 copy of a weight kept as a buffer stopped the fill trace (isfinite is not
-    implemented for float8), and a healthy -inf ban of classes 0, 2, 5 was non-finite-output and loss errors."""
+@pytest.mark.parametrize("used", [False, True])
+def test_a_float8_weight_copy_beside_a_masked_fill_leaves_the_fill_a_fill(used):
+    """Reviews (/tmp/rev47, /tmp/rev48): an fp8 copy of a weight kept as a buffer stopped the fill trace (isfinite is
+    not implemented for float8), kept or cast to float32 in the forward, and a healthy -inf ban of classes 0, 2, 5 was
+    non-finite-output and loss errors."""
     from torchdiag.api import run as api_run
 
     class Banned(torch.nn.Module):
@@ -966,7 +968,8 @@ def test_a_float8_weight_copy_beside_a_masked_fill_leaves_the_fill_a_fill():
             self.register_buffer("w8", self.fc.weight.detach().to(torch.float8_e4m3fn))
 
         def forward(self, x):
-            return self.fc(x).masked_fill(self.ban, float("-inf"))
+            y = x @ self.w8.to(torch.float32).t() + self.fc.bias if used else self.fc(x)
+            return y.masked_fill(self.ban, float("-inf"))
 
     torch.manual_seed(0)
     res = api_run("nancheck", Banned(), (torch.randn(4, 10),))

@@ -205,9 +205,10 @@ def _mode(state: dict | None = None):
     def extreme(t):   # finite values as extreme as a fill (finfo.min, -1e9)
         return torch.isfinite(t) & as_extreme_as_a_fill(t)
 
-    def floats(tree) -> list:
-        return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and (t.is_floating_point() or
-                                                                                  t.is_complex()) and t.numel()]
+    def floats(tree) -> list:   # float8 aside: no isfinite of its own (a review: an fp8 weight the forward
+        return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and (t.is_floating_point() or  # casts
+                                                                                  t.is_complex()) and t.numel()
+                and t.dtype.itemsize > 1]   # stopped the trace); its cast's output is traced as any op's
 
     def split(name: str, o, given, first) -> tuple[list, list]:
         """(the inputs read by position, the others the op computes with): all of them where every one broadcasts
@@ -261,24 +262,37 @@ def _mode(state: dict | None = None):
         ext = extreme(o)
         zero = ext.sum() * 0
         if view:
-            return zero, zero, zero
+            return zero, zero, zero, zero
         if selects:
             new = (ext.sum() - sum((g[3].sum() for g in given), zero)).clamp(min=0)
-            return (new, zero, zero) if numbers else (zero, zero, zero)
+            return (new, zero, zero, zero) if numbers else (zero, zero, zero, zero)
         if o.is_complex():
-            return zero, ext.sum(), zero
+            return zero, ext.sum(), zero, zero
 
         def counts(pos):
             e, over = ext, torch.zeros_like(ext)
             for g in pos:
                 e = e & ~g[3].to(o.device).expand(o.shape)
                 over = over | g[1].to(o.device).expand(o.shape)
+            absorbed = _absorbed(name, o, ext, pos)
             if not numbers or name in OFFSETS:
-                return zero, e.sum(), zero
+                return zero, e.sum(), zero, absorbed
             hit = e & _written(o, numbers)
-            return hit.sum(), (e & ~hit).sum(), (hit & over).sum()
+            return hit.sum(), (e & ~hit).sum(), (hit & over).sum(), absorbed
 
         return by_position(counts, *split(name, o, given, first), o, 3)
+
+    def _absorbed(name: str, o, ext, pos):
+        """Extreme values above 0 that an add handed on from one input where another held a value (`y + off`, off
+        holding +1.7e9 however it was written: the prediction rounds away). A ban pushes down; a value pushed up
+        this way is an offset (a review: a timestamp's de-normalising offset written by `where` was left out)."""
+        zero = ext.sum() * 0
+        if name not in OFFSETS or len(pos) < 2:
+            return zero
+        shape = o.shape
+        handed = torch.stack([g[3].to(o.device).expand(shape) for g in pos]).any(0)
+        held = torch.stack([((g[0] != 0) & ~g[3] & ~g[1]).to(o.device).expand(shape) for g in pos]).any(0)
+        return (ext & handed & held & (o > 0)).sum()
 
     class Origins(TorchDispatchMode):
         """Per op call: (op, passes ±inf as a number, the non-finite values it made, the NaN it made), counts on
@@ -287,7 +301,8 @@ def _mode(state: dict | None = None):
         def __init__(self):
             super().__init__()
             self.rows: list = []
-            # (op, finite extremes it wrote, those it computed, those it wrote over a non-finite input, its numbers)
+            # (op, finite extremes it wrote, those it computed, those it wrote over a non-finite input, those above 0
+            # it added onto a value, its numbers)
             self.extremes: list = []
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -332,7 +347,7 @@ def _mode(state: dict | None = None):
                 numbers = [v for o in outs for v in o[extreme(o)].unique().tolist()]
             ext = [new_extremes(name, o, given, first, view, selects, numbers) for o in outs]
             if ext:
-                self.extremes.append((name, *(sum(e[k] for e in ext) for k in range(3)), numbers))
+                self.extremes.append((name, *(sum(e[k] for e in ext) for k in range(4)), numbers))
             return out
 
         def _judge(self, name, marked, outs, first, inputs) -> None:
@@ -347,7 +362,8 @@ def _mode(state: dict | None = None):
             ts = [t for t, _ in marked]
             # the bias of an op that adds a product to it (nn.MultiheadAttention's baddbmm of its attn_mask buffer)
             # is carried by position when the product's factors are finite (a review: a causal buffer was computed)
-            biased = name in BIASED and len(ts) == 1 and ts[0] is first and _maps(ts, outs)
+            # (a finite weight the product reads, F.linear(h, W, mask)'s W.t(), is marked too: from outside)
+            biased = name in BIASED and any(t is first for t in ts) and _maps([first], outs)
             carrier = (name in CARRIERS and _maps(ts, outs)) or biased
             no = torch.tensor(False, device=outs[0].device)
             factors = [t for t in inputs if t is not first] if biased else []
@@ -357,10 +373,11 @@ def _mode(state: dict | None = None):
             fills, alien = [], []
             for o in outs:
                 bad = ~torch.isfinite(o)
-                if _maps(ts, [o]):
-                    mine = torch.stack([(torch.isinf(t) & ok).expand(o.shape) for t, ok in zip(ts, fill_ok)]).any(0)
-                    theirs = torch.stack([(~torch.isfinite(t) & ~ok & ~p).expand(o.shape)
-                                          for t, ok, p in zip(ts, fill_ok, passed)]).any(0)
+                if biased or _maps(ts, [o]):   # by position (the bias alone, of a product: the factors are finite
+                    at = [k for k, t in enumerate(ts) if not biased or t is first]   # or `finite` vetoed it)
+                    mine = torch.stack([(torch.isinf(ts[k]) & fill_ok[k]).expand(o.shape) for k in at]).any(0)
+                    theirs = torch.stack([(~torch.isfinite(ts[k]) & ~fill_ok[k] & ~passed[k]).expand(o.shape)
+                                          for k in at]).any(0)
                 else:   # not by position: a finite weight beside a concatenated fill vetoes nothing (a review)
                     mine = torch.zeros_like(bad)
                     theirs = torch.stack([(~torch.isfinite(t)).any() & ~p for t, p in zip(ts, passed)]).any()
@@ -462,17 +479,17 @@ def classify(rows) -> tuple[dict[str, int], dict[str, int]]:
     return made, computed
 
 
-def written_numbers(rows, held: tuple = (), computed_inf: bool = False) -> tuple[tuple, tuple]:
+def written_numbers(rows, held: tuple = (), computed_inf: bool = False) -> tuple[tuple, tuple, bool]:
     """(the finite numbers as extreme as a fill that the mode's ops wrote: `masked_fill(m, finfo.min)`, `full`; those
-    only the model's buffers hold: a logit bias of -1e9 on banned classes), read back once; both () when an op
-    computed a value that extreme (its provenance is then unknown: a prediction an offset absorbed, an overflow
-    nan_to_num clipped, a top-k filter's kth value), or when one was written over a ±inf the forward computed
-    (nan_to_num(x, neginf=-1e9) clipping an overflow)."""
-    counts = _read_counts([row[1:4] for row in rows]) if rows else []
-    if any(c or (over and computed_inf) for _, c, over in counts):
-        return (), ()
-    ops = {v for row, (w, _, _) in zip(rows, counts) if w for v in row[4]}
-    return tuple(sorted(ops)), tuple(sorted(set(held) - ops))
+    only the model's buffers hold: a logit bias of -1e9 on banned classes; whether a value above 0 may be one: no add
+    pushed a value up to one), read back once; nothing when an op computed a value that extreme (its provenance is
+    then unknown: a prediction an offset absorbed, an overflow nan_to_num clipped, a top-k filter's kth value), or
+    when one was written over a ±inf the forward computed (nan_to_num(x, neginf=-1e9) clipping an overflow)."""
+    counts = _read_counts([row[1:5] for row in rows]) if rows else []
+    if any(c or (over and computed_inf) for _, c, over, _ in counts):
+        return (), (), False
+    ops = {v for row, (w, _, _, _) in zip(rows, counts) if w for v in row[5]}
+    return tuple(sorted(ops)), tuple(sorted(set(held) - ops)), not any(up for *_, up in counts)
 
 
 def _held_numbers(model) -> tuple:
@@ -510,10 +527,10 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
             with ctx.autocast(), mode:   # a nullcontext without --amp
                 out = run_forward(model, inputs, phase="forward (where its ±inf come from)")
             made, computed = classify(mode.rows)
-            ops, held = written_numbers(mode.extremes, _held_numbers(model), bool(computed))
+            ops, held, up = written_numbers(mode.extremes, _held_numbers(model), bool(computed))
             outs = {label: t.detach() for label, t in float_outputs(out)}
             masks = {label: torch.isinf(t) for label, t in outs.items()}
-            extreme = {label: _unfit_numbers(t, ops, held) for label, t in outs.items()} if ops or held else {}
+            extreme = {label: _unfit_numbers(t, ops, held, up) for label, t in outs.items()} if ops or held else {}
             moved, constants = _moved_by_weights(model, inputs, ctx, masks, outs, extreme)
     except ModelError as exc:
         return Fills(failed=exc.message)
@@ -539,15 +556,17 @@ def _written(t, numbers):
     return (t.abs().unsqueeze(-1) == held).any(-1)
 
 
-def _unfit_numbers(t, ops, held):
+def _unfit_numbers(t, ops, held, up: bool):
     """Positions of output `t` holding a number an op wrote (either sign: a ban's -1e9, a cost matrix's +1e9 over its
     padding), or one only a buffer holds, below 0: a bias buffer added bans by pushing a value down; +1.7e9 added
     forces its position, and is what the model outputs (a review: an offset held in a buffer was left out; the
-    rule then asked every number to be below 0, and a cost matrix's +1e9 padding made the loss 2e17)."""
+    rule then asked every number to be below 0, and a cost matrix's +1e9 padding made the loss 2e17). Where an add
+    pushed a value up to such a number (`up` False: an offset, however written), only values below 0 count."""
+    below = t < 0 if not t.is_complex() else t.new_ones(t.shape, dtype=bool)
     hit = _written(t, ops) if ops else t.new_zeros(t.shape, dtype=bool)
-    if not held:
-        return hit
-    return hit | (_written(t, held) if t.is_complex() else _written(t, held) & (t < 0))
+    if not up:
+        hit = hit & below
+    return hit | (_written(t, held) & below) if held else hit
 
 
 def _moved_by_weights(model, inputs, ctx, masks: dict, outs: dict, extreme: dict) -> tuple[set[str], dict]:
