@@ -6264,10 +6264,14 @@ class _ModeNet(nn.Module):
         if self.variant == "noprop":
             self.training = mode
             return self
+        if self.variant == "frozen":   # keeps a frozen encoder in eval, forgets super(): the head is never switched
+            self.training = mode
+            self.body[:3].eval()
+            return self
         return super().train(mode)
 
 
-@pytest.mark.parametrize("variant", ["noprop", "mc", "head", "ok"])
+@pytest.mark.parametrize("variant", ["noprop", "frozen", "mc", "head", "ok"])
 def test_an_eval_that_does_not_reach_the_dropout_and_batchnorm_is_said(variant):
     torch.manual_seed(0)
     model = _ModeNet(variant)
@@ -6292,11 +6296,68 @@ def test_an_eval_that_does_not_reach_the_dropout_and_batchnorm_is_said(variant):
             # the truth the model holds: BatchNorm counted the validation batch exactly when eval() missed it
             assert (model.body[1].num_batches_tracked.item() > stats) == (variant == "noprop")
     found = [f for f in w.result().findings if f.code == "eval-not-reached"]
-    if variant != "noprop":
+    if variant not in ("noprop", "frozen"):
         assert not found, [f.message for f in found]
         return
     (f,) = found
-    assert f.severity == "warning" and "after step 10" in f.message and "body.1, body.3" in f.message, f.message
+    left = "body.1, body.3" if variant == "noprop" else "1 of its dropout/BatchNorm module(s) (body.3)"
+    assert f.severity == "warning" and "after step 10" in f.message and left in f.message, f.message
+
+
+class _Block(nn.Module):
+    """A block whose train() sets only its own flag: its BatchNorm and Dropout never leave train mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.bn, self.drop = nn.Linear(16, 16), nn.BatchNorm1d(16), nn.Dropout(0.3)
+
+    def forward(self, x):
+        return self.drop(torch.relu(self.bn(self.fc(x))))
+
+    def train(self, mode=True):
+        self.training = mode
+        return self
+
+
+class _RawMC(nn.Module):
+    """MC dropout on raw parameters (F.linear), the dropouts in a ModuleList put back in train after eval()."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w2 = nn.Parameter(torch.randn(32, 8) * 0.3), nn.Parameter(torch.randn(2, 32) * 0.3)
+        self.drops = nn.ModuleList([nn.Dropout(0.2), nn.Dropout(0.2)])
+
+    def forward(self, x):
+        return F.linear(self.drops[1](F.relu(F.linear(self.drops[0](x), self.w1))), self.w2)
+
+
+@pytest.mark.parametrize("kind", ["block override", "mc in a container"])
+def test_eval_not_reached_is_what_the_models_eval_leaves_asked_of_a_weightless_copy(kind):
+    """A review: read from flags alone, a block one level down whose train() forgets super() was not said, and MC
+    dropout whose dropouts sit in a ModuleList was (the container counted as a module eval() missed)."""
+    torch.manual_seed(0)
+    if kind == "block override":
+        model = nn.Sequential(nn.Linear(8, 16), _Block(), _Block(), nn.Linear(16, 2))
+    else:
+        model = _RawMC()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(model, opt, every=10) as w:
+        for _ in range(2):
+            model.train()
+            _loop(model, opt, 10, g)
+            model.eval()
+            if kind == "mc in a container":
+                model.drops.train()
+            with torch.no_grad():
+                model(torch.randn(16, 8, generator=g))
+    found = [f for f in w.result().findings if f.code == "eval-not-reached"]
+    if kind == "mc in a container":
+        assert not found, [f.message for f in found]
+        return
+    assert model[1].bn.training   # the truth the model holds: its eval() left the block's modules in train
+    (f,) = found
+    assert "1.bn, 1.drop, 2.bn, 2.drop" in f.message, f.message
 
 
 class _EMASwap(nn.Module):
@@ -6356,6 +6417,47 @@ def test_watch_never_calls_the_models_eval_an_ema_swap_trains_on_its_own_weights
     assert torch.equal(watched.body[0].weight, plain.body[0].weight)
     found = [f for f in w.result().findings if f.code == "eval-not-reached"]
     assert bool(found) == forget, [f.message for f in found]
+
+
+class _EMASwapPlain(_EMASwap):
+    """_EMASwap without dropout, counting its train() calls: the mode changes nothing it computes."""
+
+    def __init__(self):
+        super().__init__(forget=False)
+        self.body = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+        self.shadow = {k: v.detach().clone() for k, v in self.body.state_dict().items()}
+        self.train_calls = 0
+
+    def train(self, mode=True):
+        self.train_calls += 1
+        return super().train(mode)
+
+
+def test_asking_whether_the_mode_changes_anything_never_calls_the_models_eval_or_train():
+    """A review: a loop that forgot model.train() after validation trained in eval mode; at the end watch asked whether
+    the mode changes what the model computes by calling its eval() and train(), and an EMA-swapping pair lost the
+    trained weights (0.019 apart from an unwatched run). The modes are set flag by flag now."""
+    def run(watched):
+        torch.manual_seed(0)
+        model = _EMASwapPlain()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(0)
+        with Watch(model, opt, every=10) if watched else contextlib.nullcontext() as w:
+            model.train()
+            for _ in range(2):   # model.train() only before the first epoch
+                _loop(model, opt, 10, g)
+                model.eval()
+                with torch.no_grad():
+                    model(torch.randn(16, 8, generator=g))
+        model.train()
+        return model, w
+
+    plain, _ = run(False)
+    watched, w = run(True)
+    assert (watched.eval_calls, watched.train_calls) == (plain.eval_calls, plain.train_calls)
+    assert torch.equal(watched.body[0].weight, plain.body[0].weight)
+    found = [f for f in w.result().findings if f.code == "trained-in-eval-mode"]
+    assert found and found[0].severity == "info", [(f.severity, f.message) for f in found]
 
 
 class _FunctionalMC(nn.Module):

@@ -169,6 +169,8 @@ class Engine:
         self._fed_mark = 0
         self._step_mark = 0                       # the call count at the last optimizer step's mode check
         self._seen_eval: dict[int, bool] = {}     # discovery: the same, for roots not hooked yet
+        self._left_in_train: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> what its eval()
+        # leaves in train (modes.left_in_train)
         self._eval_probed: dict[int, float] = {}  # id(root) -> the call count of its last eval-mode forward whose
         self._eval_reached: dict[int, float] = {}   # output was probed, of the last one autograd reached, of the
         self._eval_reached_bw: dict[int, float] = {}  # last one a Tensor.backward reached,
@@ -676,21 +678,28 @@ class Engine:
 
     def _eval_reaches(self, module) -> None:
         """A forward of a model put in eval (a validation pass): did eval() reach its dropout and BatchNorm? A
-        train()/eval() override that sets only its own flag (`self.training = mode`, no super().train) leaves every
-        submodule in train mode: validation runs with dropout on and BatchNorm learning the validation batches (a
-        review). Said when a dropout of p > 0 or a BatchNorm is in train mode and so is every other module below the
-        model (at least one): MC dropout's .train() on its stochastic layers, a head put back in train, leave the
-        rest in eval. Flags only: calling the model's eval() to ask would run the user's code a second time (a
-        review: an eval() that swaps in EMA weights lost its backup, and the run trained on the EMA). Asked of
-        forwards under no_grad; once per model per step (host flags only, no sync)."""
+        train()/eval() override that sets only its own flag (`self.training = mode`, no super().train), at the root or
+        in a block, or switches only part of the model (a frozen encoder's), leaves submodules in train mode:
+        validation runs with dropout on and BatchNorm learning the validation batches (reviews). A module in train
+        mode now may also have been put back on purpose after eval() (MC dropout's stochastic passes, a head trained
+        apart): what tells them apart is what the model's eval() does, asked of a weightless copy once per model
+        (modes.left_in_train: never of the model itself, whose eval() may swap weights), and only where a module
+        overrides train() or eval(). Asked of forwards under no_grad with a dropout of p > 0 or a BatchNorm in train
+        mode; once per model per step (host flags only, no sync)."""
+        inner = self._inner[id(module)]
         sensitive = mode_sensitive()
-        below = [(n, m) for n, m in self._inner[id(module)].named_modules() if n]
-        rest = [m for _, m in below if not isinstance(m, sensitive)]
-        if not rest or not all(m.training for m in rest):
+        acting = [n for n, m in inner.named_modules() if n and m.training and isinstance(m, sensitive)
+                  and (not hasattr(m, "p") or m.p > 0)]
+        if not acting:
             return
-        acting = [n for n, m in below if m.training and isinstance(m, sensitive) and (not hasattr(m, "p") or m.p > 0)]
-        if acting:
-            self.checks["eval_unreached"].setdefault(id(module), (self.step, acting))
+        if inner not in self._left_in_train:
+            from .modes import left_in_train
+
+            self._left_in_train[inner] = left_in_train(inner)
+        left = self._left_in_train[inner]
+        names = [n for n in acting if left is not None and n in left]
+        if names:
+            self.checks["eval_unreached"].setdefault(id(module), (self.step, names))
 
     def _probe_eval_output(self, r: int, output) -> None:
         """An eval-mode forward with grad on: does a backward reach its output? A hook on the output's graph node says

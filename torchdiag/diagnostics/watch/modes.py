@@ -14,8 +14,9 @@ def mode_inert(model, args, kwargs, sensitive: tuple) -> bool | None:
     whatever the batch) and its output on a copy of (args, kwargs) is the same in eval and in train mode (code
     that reads self.training); None when that cannot be told (the forward raised). Under no_grad, with every
     module's mode, every parameter's requires_grad (a train() override may set it), every buffer (running
-    statistics) and the random states (torch's, Python's, NumPy's) put back. The forward runs twice more: a
-    user's forward hooks and counters see two more calls."""
+    statistics) and the random states (torch's, Python's, NumPy's) put back. The modes are set flag by flag, the
+    model's own eval()/train() not called. The forward runs twice more: a user's forward hooks and counters see two
+    more calls."""
     import random
 
     import torch
@@ -32,9 +33,9 @@ def mode_inert(model, args, kwargs, sensitive: tuple) -> bool | None:
     py, np_state = random.getstate(), _numpy_state()
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=devices):
-            model.eval()
-            seen = _flat(model(*_copied(args), **_copied(kwargs)))   # a forward that edits its input in place
-            model.train()
+            _flags(model, False)   # the flags alone: the model's own eval()/train() may do more (swap in EMA
+            seen = _flat(model(*_copied(args), **_copied(kwargs)))   # weights: a review); a forward that edits
+            _flags(model, True)                                      # its input in place gets a copy
             with drawn() as ops:   # a train mode that draws (LayerDrop) acts whatever one draw shows (a review)
                 same = _same(seen, _flat(model(*_copied(args), **_copied(kwargs))))
             return same and not ops
@@ -51,6 +52,32 @@ def mode_inert(model, args, kwargs, sensitive: tuple) -> bool | None:
                 b.copy_(value)
         random.setstate(py)
         _numpy_state(np_state)
+
+
+def _flags(model, training: bool) -> None:
+    for m in model.modules():
+        m.training = training
+
+
+def left_in_train(model) -> set[str] | None:
+    """The submodules the model's own eval() leaves in train mode, asked of a weightless copy (every tensor on meta)
+    as it is now: an eval() that swaps in EMA weights runs on nothing of the user's (a review: asked of the model
+    itself, the run went on training on the EMA). None when no module overrides train() or eval() (torch's own
+    reach every submodule), or when the copy cannot be made or its eval() raises (nothing is told)."""
+    import torch
+
+    from ...core.meta import weightless_copy
+
+    base = torch.nn.Module
+    if not any(type(m).train is not base.train or type(m).eval is not base.eval or "train" in vars(m)
+               or "eval" in vars(m) for m in model.modules()):
+        return None
+    try:
+        shadow = weightless_copy(model)
+        shadow.eval()
+        return {n for n, m in shadow.named_modules() if n and m.training}
+    except Exception:   # noqa: BLE001 - the user's override failed on the copy: no verdict on it
+        return None
 
 
 def kept_in_eval(model, names: list[str]) -> set[str]:
