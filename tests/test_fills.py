@@ -880,6 +880,30 @@ def test_a_mask_buffer_given_as_a_linears_bias_beside_a_weight_is_carried(overfl
     assert "moved off" in res.header["loss"] and "-inf" in res.header["loss"], res.header["loss"]
 
 
+class HalfBanCastUp(nn.Module):
+    """Classes 0, 2, 5 banned with float16's finfo.min in float16, the logits then cast to float32 (as a model run in
+    half precision returns float32 logits)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(10, 8)
+        self.register_buffer("ban", torch.tensor([True, False, True, False, False, True, False, False]))
+
+    def forward(self, x):
+        return self.fc(x).half().masked_fill(self.ban, torch.finfo(torch.float16).min).float()
+
+
+def test_a_float16_ban_cast_up_to_float32_is_a_fill():
+    """A review: -65504 is float16's finfo.min, not float32's; cast up it was no fill, a made-up target landed on it
+    and overfit-batch said cannot-overfit and flat-loss on a healthy model."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 10)
+    res = api_run("nancheck", HalfBanCastUp(), (x,))
+    assert "moved off" in res.header["loss"] and "-65504" in res.header["loss"], res.header["loss"]
+    res = api_run("overfit-batch", HalfBanCastUp(), (x,))
+    assert not codes(res, ("error", "warning")), [(f.code, f.message) for f in res.findings]
+
+
 class ClippedOverflow(FiniteBan):
     """An overflow on class 1 (+inf whatever the weights, no finite value on the way) nan_to_num clips to the 1e9
     it is given, beside a -1e9 ban: the clipped values are no constants, however fixed they look."""

@@ -66,11 +66,14 @@ EXTREME_ROUNDED = EXTREME * (1 - 2 ** -8)
 
 def as_extreme_as_a_fill(t):
     """Positions of `t` as extreme as a fill: ±inf, ±finfo(dtype).max (`torch.finfo(dtype).min`, as Hugging Face
-    models write it, -65504 in float16), or |value| ≥ EXTREME (as bfloat16 rounds it)."""
+    models write it), float16's -65504 in any dtype (written in float16, then cast up: a review's logits), or
+    |value| ≥ EXTREME (as bfloat16 rounds it)."""
     import torch
 
     a = t.detach().abs()
-    return a >= EXTREME_ROUNDED if t.is_complex() else (a >= EXTREME_ROUNDED) | (a == torch.finfo(t.dtype).max)
+    if t.is_complex():
+        return a >= EXTREME_ROUNDED
+    return (a >= EXTREME_ROUNDED) | (a == torch.finfo(t.dtype).max) | (a == F16_MAX)
 
 
 F16_MAX = 65504.0
