@@ -1713,6 +1713,40 @@ def test_dead_channels_behind_a_module_that_keeps_them_are_found(between):
     assert len(found) == 1 and found[0].message.startswith("10 of 16 units"), [f.message for f in found]
 
 
+class _WidthLinear(nn.Module):
+    def __init__(self, w):
+        super().__init__()
+        self.lin = nn.Linear(w, w)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("h", [6, 8])
+def test_a_linear_along_a_square_maps_width_counts_its_own_features(h):
+    """A review: a Linear(W, W) over a (B, C, H, W) map with H == W was taken for an elementwise (H, W) gain that keeps
+    the channels, and 6 of its 8 features killed at step 30 went unseen (found at H = 6)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), _WidthLinear(8), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(0)
+    with Watch(model, opt, every=10) as w:
+        for step in range(1, 61):
+            if step == 30:
+                with torch.no_grad():
+                    model[2].lin.bias[:6] = -100.0
+            loss = F.cross_entropy(model(torch.randn(16, 3, h, 8, generator=g)), torch.randint(0, 2, (16,), generator=g))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with torch.no_grad():   # independent truth: the features zero over every sample, channel and row
+        truth = int((model[:4](torch.randn(16, 3, h, 8)).amax((0, 1, 2)) == 0).sum())
+    assert truth == 6
+    found = [f for f in w.result().findings if f.code == "dead-units"]
+    assert len(found) == 1 and found[0].message.startswith("6 of 8 units"), [f.message for f in found]
+
+
 def test_a_flatten_whose_positions_go_dark_while_each_channel_lives_is_no_dead_units():
     """bench/bugs so_47352366's correct version: a Flatten after conv/ReLU/pool was `dead-units` (1696 of 3136): its
     units are a channel at one position, and the digits' blank border went dark while every channel lived at the

@@ -629,6 +629,9 @@ class DeadUnits:
         if isinstance(module, torch.nn.modules.conv._ConvNd):
             return 1
         made, x = self._fed_by(args), args[0] if args else None
+        if isinstance(module, torch.nn.Linear) and torch.is_tensor(x) and x.dim() == output.dim() > 3 \
+                and _over_last(module, x, output):   # its own features, before a square (W, W) weight over a
+            return output.dim() - 1                  # (H = W) map is taken for an elementwise gain (a review)
         if made is not None and made[1].shape == x.shape and x.dim() == output.dim() \
                 and x.shape[made[2]] == output.shape[made[2]] and _per_unit(module, x, output, made[2]):
             return made[2]
@@ -700,7 +703,8 @@ def _per_unit(module, x, output, unit: int) -> bool:
     for all (PReLU's one slope, a 0-dim gain), one per unit (a BatchNorm's weight over a conv's channels, a PReLU's),
     or elementwise where the output has x's shape: it broadcasts against x (a (1, C, 1) or (C, 1) gain, a LayerNorm's
     (C, L) over a Conv1d's map). A review found dead channels behind each of these unseen. Not told apart by shape: a
-    Linear(L, L) over a square (C = L) map, taken for one."""
+    Linear(L, L) over a Conv1d's square (C = L) map, taken for one (over a 4-D map `_unit` takes a Linear's own
+    features first)."""
     import torch
 
     def keeps(p) -> bool:
