@@ -187,8 +187,6 @@ DESIGN_TITLES = {
                     "optimizer steps lower the loss",
     "loss-scale": "have large gradients because torchdiag's made-up MSE reads an output of a large scale: with that "
                   "output at unit scale they are within the thresholds",
-    "left-out-output": "get small gradients through the output torchdiag's made-up loss reads, but not through an "
-                       "output it leaves out",
 }
 
 
@@ -260,10 +258,6 @@ def _why(kind, cause) -> str:
                           "divided by its RMS (between 1 and 30) each gradient is within --exploding and "
                           "--exploding-ratio; Adam's step does not depend on the gradient's scale, plain SGD needs a "
                           "learning rate that RMS squared smaller (judge it with the real loss: --batch, --loss)",
-            "left-out-output": "the made-up loss leaves out an output whose every weight also reaches the one it "
-                               "reads; with a made-up MSE on that output alone (one more forward and backward on a "
-                               "copy) each gradient is above --vanishing: weak only towards the output read (judge it "
-                               "with the real loss: --loss, --batch)",
             "skipped-at-random": "the forward draws at random which layers run in train mode (LayerDrop-like); "
                                  "another draw of the RNG, on a copy, gives them a gradient"}.get(kind, "")
 

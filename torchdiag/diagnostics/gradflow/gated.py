@@ -23,7 +23,6 @@ INVARIANT = "invariant"       # the loss does not depend on it (a zero gradient 
 TRANSIENT = "transient-grad"   # a large gradient of the starting point that a few real steps bring to the others
 SMALL = "small-weight"         # a large grad/weight of a weight near zero whose step is the others' or that grew out
 LOSS_SCALE = "loss-scale"      # a large gradient the made-up loss's reading of the output's scale makes
-LEFT_OUT = "left-out-output"   # a small gradient towards the output the loss read, not towards one it left out
 ADAM_EPS = 1e-8                # torch's Adam/AdamW eps, which core.train.make_optimizer keeps
 
 
@@ -102,7 +101,6 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
         r.update(status=kind, reason=where, allowed=False,
                  design={"kind": kind, "why": f"{v.describe()} (a short training run on a copy: "
                                               f"{v.steps} optimizer steps on the same batch)"})
-    _left_out(model, inputs, [r for r in flagged if r["status"] == "vanishing-grad"], opts, ctx, prepare, result)
     _locate_stops(model, inputs, [r for r in flagged if r["status"] == "zero-grad"], result, opts, ctx, prepare)
     _transient_saturation(sat, rc)
     for f in dead:
@@ -138,33 +136,6 @@ def _transient_saturation(findings, rc) -> None:
         f.message += (f"; a transient of the starting point: {v.before:.0%} at initialisation, {v.after:.0%} after "
                       f"{v.steps} steps of a short training run on a copy (the loss {v.losses[0]:.3g} → "
                       f"{v.losses[1]:.3g})")
-
-
-def _left_out(model, inputs, rows, opts, ctx, prepare, result) -> None:
-    """Still vanishing after the re-checks: is the path weak only towards the output the made-up loss read
-    (leftout.py)? One more forward and backward on a copy, only when such a row is left."""
-    if not rows:
-        return
-    from .leftout import through_left_out
-
-    try:
-        got = through_left_out(model, inputs, [r["name"] for r in rows], opts, ctx, prepare)
-    except ModelError as exc:
-        result.notes.append(f"the vanishing gradients not re-checked through the outputs the loss left out: "
-                            f"{exc.message}")
-        return
-    if got is None:
-        return
-    outputs = ", ".join(got.outputs)
-    for r in rows:
-        ratio = got.ratios.get(r["name"])
-        if ratio is None:
-            continue
-        r.update(status=LEFT_OUT, allowed=False, design={"kind": LEFT_OUT, "why": (
-            f"with a made-up MSE on {outputs} alone (left out of the loss: every weight behind it also reaches "
-            f"the output the loss reads; one more forward and backward on a copy) its grad/weight is {ratio:.3g}: "
-            "its path is weak only towards the output the loss read, strong towards one a head or your loss may "
-            "read (judge it with the real loss: --loss, --batch)")})
 
 
 def _locate_stops(model, inputs, rows, result, opts, ctx, prepare) -> None:
