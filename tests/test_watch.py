@@ -6365,15 +6365,48 @@ class _RawMC(nn.Module):
         return F.linear(self.drops[1](F.relu(F.linear(self.drops[0](x), self.w1))), self.w2)
 
 
-@pytest.mark.parametrize("kind", ["block override", "mc in a container"])
+class _MCInEval(nn.Module):
+    """MC dropout written into eval(): everything in eval but the dropout (a review: warned)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 2))
+
+    def forward(self, x):
+        return self.body(x)
+
+    def eval(self):
+        super().eval()
+        self.body[2].train()
+        return self
+
+
+class _LockedForgetful(nn.Module):
+    """A train() that forgets super(), on a model holding a lock: no copy of it can be made (a review: silent)."""
+
+    def __init__(self):
+        super().__init__()
+        import threading
+
+        self.lock = threading.Lock()
+        self.body = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 2))
+
+    def forward(self, x):
+        return self.body(x)
+
+    def train(self, mode=True):
+        self.training = mode
+        return self
+
+
+@pytest.mark.parametrize("kind", ["block override", "locked, no copy", "mc in a container", "mc in eval()"])
 def test_eval_not_reached_is_what_the_models_eval_leaves_asked_of_a_weightless_copy(kind):
-    """A review: read from flags alone, a block one level down whose train() forgets super() was not said, and MC
-    dropout whose dropouts sit in a ModuleList was (the container counted as a module eval() missed)."""
+    """Reviews: read from flags alone, a block one level down whose train() forgets super() was not said, and MC
+    dropout whose dropouts sit in a ModuleList was (the container counted as a module eval() missed); asked of a copy,
+    a model no copy can be made of was silent, and MC dropout written into eval() was warned."""
     torch.manual_seed(0)
-    if kind == "block override":
-        model = nn.Sequential(nn.Linear(8, 16), _Block(), _Block(), nn.Linear(16, 2))
-    else:
-        model = _RawMC()
+    model = {"block override": lambda: nn.Sequential(nn.Linear(8, 16), _Block(), _Block(), nn.Linear(16, 2)),
+             "locked, no copy": _LockedForgetful, "mc in a container": _RawMC, "mc in eval()": _MCInEval}[kind]()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(0)
     with Watch(model, opt, every=10) as w:
@@ -6386,12 +6419,43 @@ def test_eval_not_reached_is_what_the_models_eval_leaves_asked_of_a_weightless_c
             with torch.no_grad():
                 model(torch.randn(16, 8, generator=g))
     found = [f for f in w.result().findings if f.code == "eval-not-reached"]
-    if kind == "mc in a container":
+    if kind.startswith("mc"):
         assert not found, [f.message for f in found]
         return
-    assert model[1].bn.training   # the truth the model holds: its eval() left the block's modules in train
     (f,) = found
+    if kind == "locked, no copy":
+        assert model.body[1].training and "body.1, body.3" in f.message, f.message
+        return
+    assert model[1].bn.training   # the truth the model holds: its eval() left the block's modules in train
     assert "1.bn, 1.drop, 2.bn, 2.drop" in f.message, f.message
+
+
+def test_asking_the_models_eval_on_a_copy_leaves_the_runs_random_stream_as_it_was():
+    """A review: the copy's eval() drew from the global torch RNG, and the watched run's next draws and weights
+    differed from an unwatched run's."""
+    class Noisy(nn.Sequential):
+        def eval(self):
+            self.noise = torch.randn(32)
+            return super().eval()
+
+    def run(watched):
+        torch.manual_seed(0)
+        model = Noisy(nn.Linear(8, 16), _Block(), nn.Linear(16, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(0)
+        with Watch(model, opt, every=10) if watched else contextlib.nullcontext() as w:
+            for _ in range(2):
+                model.train()
+                _loop(model, opt, 10, g)
+                model.eval()
+                with torch.no_grad():
+                    model(torch.randn(16, 8))   # from the global stream
+        return model, torch.rand(1).item(), w
+
+    plain, plain_next, _ = run(False)
+    watched, watched_next, w = run(True)
+    assert watched_next == plain_next and torch.equal(watched[0].weight, plain[0].weight)
+    assert [f.code for f in w.result().findings if f.code == "eval-not-reached"] == ["eval-not-reached"]
 
 
 class _EMASwap(nn.Module):

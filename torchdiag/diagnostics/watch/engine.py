@@ -692,12 +692,16 @@ class Engine:
                   and (not hasattr(m, "p") or m.p > 0)]
         if not acting:
             return
-        if inner not in self._left_in_train:
-            from .modes import left_in_train
+        from .modes import FAILED, left_in_train
 
-            self._left_in_train[inner] = left_in_train(inner)
+        if inner not in self._left_in_train:
+            self._left_in_train[inner] = left_in_train(inner, sensitive)
         left = self._left_in_train[inner]
-        names = [n for n in acting if left is not None and n in left]
+        if left == FAILED:   # no copy to ask (a lock, an open file): the flags alone, every other module in train
+            rest = [m for n, m in inner.named_modules() if n and not isinstance(m, sensitive)]
+            names = acting if rest and all(m.training for m in rest) else []
+        else:
+            names = [n for n in acting if left is not None and n in left]
         if names:
             self.checks["eval_unreached"].setdefault(id(module), (self.step, names))
 

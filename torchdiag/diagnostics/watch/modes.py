@@ -59,11 +59,21 @@ def _flags(model, training: bool) -> None:
         m.training = training
 
 
-def left_in_train(model) -> set[str] | None:
-    """The submodules the model's own eval() leaves in train mode, asked of a weightless copy (every tensor on meta)
-    as it is now: an eval() that swaps in EMA weights runs on nothing of the user's (a review: asked of the model
-    itself, the run went on training on the EMA). None when no module overrides train() or eval() (torch's own
-    reach every submodule), or when the copy cannot be made or its eval() raises (nothing is told)."""
+FAILED = "failed"   # left_in_train: the copy could not be made, or its eval() raised
+
+
+def left_in_train(model, sensitive: tuple) -> set[str] | str | None:
+    """The `sensitive` submodules (dropout, BatchNorm) the model's own eval() leaves in train mode by mistake, asked
+    of a weightless copy (every tensor on meta) as it is now: an eval() that swaps in EMA weights runs on nothing of
+    the user's (a review: asked of the model itself, the run went on training on the EMA). A mistake when it also
+    leaves a module holding weights of its own in train (a Linear: the override forgot super(), or forgot the head);
+    one that leaves only dropouts or BatchNorms in train keeps them on purpose (MC dropout written in eval(): a
+    review). None when no module overrides train() or eval() (torch's own reach every submodule); FAILED when the
+    copy cannot be made (a lock, an open file) or its eval() raises there. The random states (torch's, Python's,
+    NumPy's) are put back: an eval() that draws (a NoisyNet's noise) leaves the run's stream as it was; what an eval()
+    writes outside the model (a log) it writes once more."""
+    import random
+
     import torch
 
     from ...core.meta import weightless_copy
@@ -72,12 +82,20 @@ def left_in_train(model) -> set[str] | None:
     if not any(type(m).train is not base.train or type(m).eval is not base.eval or "train" in vars(m)
                or "eval" in vars(m) for m in model.modules()):
         return None
+    py, np_state = random.getstate(), _numpy_state()
+    devices = sorted({p.device.index or 0 for p in model.parameters() if p.is_cuda})
     try:
-        shadow = weightless_copy(model)
-        shadow.eval()
-        return {n for n, m in shadow.named_modules() if n and m.training}
-    except Exception:   # noqa: BLE001 - the user's override failed on the copy: no verdict on it
-        return None
+        with torch.random.fork_rng(devices=devices):
+            shadow = weightless_copy(model)
+            shadow.eval()
+            left = [(n, m) for n, m in shadow.named_modules() if n and m.training]
+    except Exception:   # noqa: BLE001 - the copy or the user's override failed on it
+        return FAILED
+    finally:
+        random.setstate(py)
+        _numpy_state(np_state)
+    forgot = any(not isinstance(m, sensitive) and next(m.parameters(recurse=False), None) is not None for _, m in left)
+    return {n for n, m in left if isinstance(m, sensitive)} if forgot else set()
 
 
 def kept_in_eval(model, names: list[str]) -> set[str]:
