@@ -904,6 +904,30 @@ def test_a_float16_ban_cast_up_to_float32_is_a_fill():
     assert not codes(res, ("error", "warning")), [(f.code, f.message) for f in res.findings]
 
 
+class CostBesideSelfExcluded(nn.Module):
+    """A review's: a matcher's cost matrix padded with +1e9 by masked_fill, beside a second output, a nearest
+    distance that excludes each point itself by adding +1e9 on the diagonal."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.q = nn.Linear(2, 16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.emb(x.view(x.shape[0], 5, 2))
+        pad = torch.zeros(x.shape[0], 1, 5, dtype=torch.bool)
+        pad[..., -1] = True
+        cost = (-(self.q(h) @ h.transpose(1, 2))).masked_fill(pad, 1e9)
+        return cost, (torch.cdist(h, self.q(h)) + 1e9 * torch.eye(5)).amin(-1)
+
+
+def test_an_add_that_pushes_up_marks_only_the_outputs_it_reaches():
+    """A positive add anywhere in the forward put the other output's +1e9 padding back into the loss (2e17)."""
+    torch.manual_seed(0)
+    res = api_run("nancheck", CostBesideSelfExcluded(), (torch.randn(4, 10),))
+    assert "20 values left out" in res.header["loss"], res.header["loss"]
+    assert res.to_dict()["loss_value"] < 100
+
+
 class ClippedOverflow(FiniteBan):
     """An overflow on class 1 (+inf whatever the weights, no finite value on the way) nan_to_num clips to the 1e9
     it is given, beside a -1e9 ban: the clipped values are no constants, however fixed they look."""

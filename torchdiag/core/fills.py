@@ -304,6 +304,8 @@ def _mode(state: dict | None = None):
         def __init__(self):
             super().__init__()
             self.rows: list = []
+            # id -> (weakref, a device bool): an add pushed a value up to an extreme number on the way to the tensor
+            self.pushed: dict = {}
             # (op, finite extremes it wrote, those it computed, those it wrote over a non-finite input, those above 0
             # it added onto a value, its numbers)
             self.extremes: list = []
@@ -351,7 +353,21 @@ def _mode(state: dict | None = None):
             ext = [new_extremes(name, o, given, first, view, selects, numbers) for o in outs]
             if ext:
                 self.extremes.append((name, *(sum(e[k] for e in ext) for k in range(4)), numbers))
+            self._push_on(name, inputs, outs, ext)
             return out
+
+        def _push_on(self, name, inputs, outs, ext) -> None:
+            """Carry `pushed` from the inputs to the outputs (by tensor, on the device): an output reached by an add
+            that pushed a value up to an extreme number takes only values below 0 as fills (a review: one such add
+            anywhere put another output's +1e9 padding back into the loss)."""
+            flags = [e[1] for e in (self.pushed.get(id(t)) for t in inputs) if e is not None and e[0]() is not None]
+            if name in OFFSETS and ext:
+                flags.append(sum(e[3] for e in ext) > 0)
+            if not flags or not outs:
+                return
+            flag = torch.stack([f.to(outs[0].device) for f in flags]).any() if len(flags) > 1 else flags[0]
+            for o in outs:
+                self.pushed[id(o)] = (weakref.ref(o), flag)
 
         def _judge(self, name, marked, outs, first, inputs) -> None:
             """An op reading the model's non-finite state or a tensor from outside: an add or a where that puts a
@@ -482,17 +498,24 @@ def classify(rows) -> tuple[dict[str, int], dict[str, int]]:
     return made, computed
 
 
-def written_numbers(rows, held: tuple = (), computed_inf: bool = False) -> tuple[tuple, tuple, bool]:
+def written_numbers(rows, held: tuple = (), computed_inf: bool = False) -> tuple[tuple, tuple]:
     """(the finite numbers as extreme as a fill that the mode's ops wrote: `masked_fill(m, finfo.min)`, `full`; those
-    only the model's buffers hold: a logit bias of -1e9 on banned classes; whether a value above 0 may be one: no add
-    pushed a value up to one), read back once; nothing when an op computed a value that extreme (its provenance is
-    then unknown: a prediction an offset absorbed, an overflow nan_to_num clipped, a top-k filter's kth value), or
-    when one was written over a ±inf the forward computed (nan_to_num(x, neginf=-1e9) clipping an overflow)."""
+    only the model's buffers hold: a logit bias of -1e9 on banned classes), read back once; both () when an op
+    computed a value that extreme (its provenance is then unknown: a prediction an offset absorbed, an overflow
+    nan_to_num clipped, a top-k filter's kth value), or when one was written over a ±inf the forward computed
+    (nan_to_num(x, neginf=-1e9) clipping an overflow)."""
     counts = _read_counts([row[1:5] for row in rows]) if rows else []
     if any(c or (over and computed_inf) for _, c, over, _ in counts):
-        return (), (), False
+        return (), ()
     ops = {v for row, (w, _, _, _) in zip(rows, counts) if w for v in row[5]}
-    return tuple(sorted(ops)), tuple(sorted(set(held) - ops)), not any(up for *_, up in counts)
+    return tuple(sorted(ops)), tuple(sorted(set(held) - ops))
+
+
+def _pushed(mode, outputs) -> dict[str, bool]:
+    """label -> whether an add pushed a value up to an extreme number on the way to that output, read back once."""
+    flags = [(label, e[1]) for label, t in outputs
+             if (e := mode.pushed.get(id(t))) is not None and e[0]() is t]
+    return {label: bool(v[0]) for (label, _), v in zip(flags, _read_counts([(f,) for _, f in flags]))} if flags else {}
 
 
 def _held_numbers(model) -> tuple:
@@ -530,10 +553,12 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
             with ctx.autocast(), mode:   # a nullcontext without --amp
                 out = run_forward(model, inputs, phase="forward (where its ±inf come from)")
             made, computed = classify(mode.rows)
-            ops, held, up = written_numbers(mode.extremes, _held_numbers(model), bool(computed))
+            ops, held = written_numbers(mode.extremes, _held_numbers(model), bool(computed))
+            pushed = _pushed(mode, float_outputs(out)) if ops else {}
             outs = {label: t.detach() for label, t in float_outputs(out)}
             masks = {label: torch.isinf(t) for label, t in outs.items()}
-            extreme = {label: _unfit_numbers(t, ops, held, up) for label, t in outs.items()} if ops or held else {}
+            extreme = {label: _unfit_numbers(t, ops, held, not pushed.get(label)) for label, t in outs.items()} \
+                if ops or held else {}
             moved, constants = _moved_by_weights(model, inputs, ctx, masks, outs, extreme)
     except ModelError as exc:
         return Fills(failed=exc.message)
