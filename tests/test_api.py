@@ -240,3 +240,9 @@ def test_a_forward_that_registers_a_buffer_over_an_attribute_is_undone(untouched
         getattr(torchdiag, command)(model, x)
     assert model.scale == 2.0 and "scale" not in model.state_dict() and torch.signbit(model.acc).all()
     model(x)   # still runs
+
+
+def test_run_of_a_command_line_only_command_is_a_usage_error():
+    """A review: api.run("check", ...) raised ModuleNotFoundError (torchdiag.diagnostics.None)."""
+    with pytest.raises(torchdiag.UsageError, match="command line only"):
+        torchdiag.api.run("check", torch.nn.Linear(2, 2), torch.randn(1, 2))

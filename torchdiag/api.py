@@ -96,6 +96,11 @@ def run(command: str, model, inputs=None, *, loss: Any = "auto", target=None, **
     from .runner.local import invoke
 
     entry = get(command)
+    if entry.diagnostic is None:   # check reads its models from pyproject.toml: no model to hand it (a review)
+        from .errors import UsageError
+
+        raise UsageError(f"{command} runs from the command line only (it reads its models from pyproject.toml)",
+                         hint=f"torchdiag {command}; in Python, run each diagnostic it configures by name")
     d = entry.diagnostic_module()
     spec = run_spec(command, d, loss=loss, **options)   # pops the run-wide keywords from options
     for key in (*RUN_KEYS, *OPTIMIZER_KEYS):
