@@ -928,6 +928,30 @@ def test_an_add_that_pushes_up_marks_only_the_outputs_it_reaches():
     assert res.to_dict()["loss_value"] < 100
 
 
+class ParameterLogitBias(nn.Module):
+    """Classes 0, 2, 5 banned by a logit bias of -1e9 held as a Parameter, frozen (a buffer in all but name) or
+    trained (a bias gone to -1e9: no ban the code wrote)."""
+
+    def __init__(self, frozen):
+        super().__init__()
+        self.fc = nn.Linear(10, 8)
+        ban = torch.tensor([True, False, True, False, False, True, False, False])
+        self.logit_bias = nn.Parameter(torch.zeros(8).masked_fill(ban, -1e9), requires_grad=not frozen)
+
+    def forward(self, x):
+        return self.fc(x) + self.logit_bias
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_a_frozen_parameter_bans_as_a_buffer_does(frozen):
+    """A review: a frozen Parameter's -1e9 was no held number, and the shaken weights moved it: a made-up target on a
+    banned class, loss 5e8, overfit-batch cannot-overfit on a healthy model."""
+    torch.manual_seed(0)
+    res = api_run("nancheck", ParameterLogitBias(frozen), (torch.randn(4, 10),))
+    assert ("moved off" in res.header["loss"]) == frozen, res.header["loss"]
+    assert (res.to_dict()["loss_value"] < 100) == frozen
+
+
 class ClippedOverflow(FiniteBan):
     """An overflow on class 1 (+inf whatever the weights, no finite value on the way) nan_to_num clips to the 1e9
     it is given, beside a -1e9 ban: the clipped values are no constants, however fixed they look."""

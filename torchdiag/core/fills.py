@@ -519,7 +519,8 @@ def _pushed(mode, outputs) -> dict[str, bool]:
 
 
 def _held_numbers(model) -> tuple:
-    """The finite values as extreme as a fill that the model's floating buffers hold, read back once."""
+    """The finite values as extreme as a fill that the model's floating buffers and frozen parameters hold, read back
+    once."""
     import torch
 
     def held(t):
@@ -528,7 +529,8 @@ def _held_numbers(model) -> tuple:
         except (RuntimeError, NotImplementedError):   # float8 has no isfinite (a review: an fp8 weight copy ended
             return held(t.float()) if t.dtype != torch.float32 else t.new_zeros(0, dtype=torch.float64)  # the trace)
 
-    found = [held(t.detach()) for t in model.buffers() if t.is_floating_point() and t.numel()
+    frozen = [p for p in model.parameters() if not p.requires_grad]   # a frozen logit bias is a buffer (a review)
+    found = [held(t.detach()) for t in [*model.buffers(), *frozen] if t.is_floating_point() and t.numel()
              and t.layout == torch.strided and t.device.type != "meta"]
     return tuple(torch.cat(found).unique().tolist()) if found else ()
 
@@ -603,8 +605,8 @@ def _moved_by_weights(model, inputs, ctx, masks: dict, outs: dict, extreme: dict
     forward) is no class a model bans, and a made-up target moved off it would hide that a real label there makes
     the loss inf (a review). A finite value as extreme as a fill that no weight changes (`torch.finfo(dtype).min` or
     -1e9 written over banned classes) is a constant the code wrote: no target can be fitted there, and one made-up
-    target on finfo.min makes the loss inf. One more forward, with every floating parameter scaled elementwise by
-    1 + 0.5·N(0, 1) (torch.func.functional_call: the model's own are not touched, at the cost of a copy of its
+    target on finfo.min makes the loss inf. One more forward, with every trainable floating parameter scaled elementwise
+    by 1 + 0.5·N(0, 1) (torch.func.functional_call: the model's own are not touched, at the cost of a copy of its
     floating parameters for that forward); asked only when an output holds ±inf or an EXTREME value. A ban by a
     buffer or by the input stays where it was."""
     import torch
@@ -615,8 +617,9 @@ def _moved_by_weights(model, inputs, ctx, masks: dict, outs: dict, extreme: dict
     if not any(bool(m.any()) for m in (*masks.values(), *extreme.values())):
         return set(), {}
     g = torch.Generator().manual_seed(0)
-    params = {n: p * (1 + 0.5 * torch.randn(p.shape, generator=g)).to(p.device, p.dtype) if p.is_floating_point()
-              else p for n, p in model.named_parameters()}
+    params = {n: p * (1 + 0.5 * torch.randn(p.shape, generator=g)).to(p.device, p.dtype)
+              if p.is_floating_point() and p.requires_grad else p   # a frozen one trains no more than a buffer
+              for n, p in model.named_parameters()}
 
     class Shaken:   # inputs.call(model) calls it as the model, on the shaken weights
         def __call__(self, *args, **kwargs):
