@@ -617,8 +617,10 @@ def _moved_by_weights(model, inputs, ctx, masks: dict, outs: dict, extreme: dict
     if not any(bool(m.any()) for m in (*masks.values(), *extreme.values())):
         return set(), {}
     g = torch.Generator().manual_seed(0)
+    # a frozen parameter trains no more than a buffer; a model frozen whole (an inference copy) is shaken whole
+    trained = any(p.requires_grad for p in model.parameters() if p.is_floating_point())
     params = {n: p * (1 + 0.5 * torch.randn(p.shape, generator=g)).to(p.device, p.dtype)
-              if p.is_floating_point() and p.requires_grad else p   # a frozen one trains no more than a buffer
+              if p.is_floating_point() and (p.requires_grad or not trained) else p
               for n, p in model.named_parameters()}
 
     class Shaken:   # inputs.call(model) calls it as the model, on the shaken weights
