@@ -813,8 +813,9 @@ def test_a_causal_buffer_added_by_baddbmm_is_a_fill_when_the_product_is_finite(o
 
 class WrittenOffset(nn.Module):
     """A review's: [timestamp, value] per step, de-normalised by an offset of +1.7e9 on column 0 that an op writes
-    (`how`: an index fill, a where, a full then cat), or +1e9 held in a buffer beside a healthy -1e9 padding fill of
-    the last step ("buffer+pad"). float32 absorbs column 0's prediction: it is 1.7e9 whatever the weights."""
+    (`how`: an index fill, a where, a full then cat; added into a column of the output, or by addcmul: a third
+    review found those three excused), or +1e9 held in a buffer beside a healthy -1e9 padding fill of the last step
+    ("buffer+pad"). float32 absorbs column 0's prediction: it is 1.7e9 whatever the weights."""
 
     def __init__(self, how):
         super().__init__()
@@ -830,6 +831,15 @@ class WrittenOffset(nn.Module):
             off = torch.where(torch.arange(2) == 0, 1.7e9, 0.0)
         elif self.how == "full":
             off = torch.cat([torch.full((1,), 1.7e9), torch.zeros(1)])
+        elif self.how in ("column set", "column +="):   # written into a view of the output
+            y = y.clone()
+            if self.how == "column set":
+                y[..., 0] = y[..., 0] + torch.full_like(y[..., 0], 1.7e9)
+            else:
+                y[..., 0] += torch.full_like(y[..., 0], 1.7e9)
+            return y
+        elif self.how == "addcmul":
+            return torch.addcmul(torch.cat([torch.full((1,), 1.7e9), torch.zeros(1)]), y, torch.ones(2))
         else:
             pad = torch.zeros(3, 1, dtype=torch.bool)
             pad[-1] = True
@@ -837,7 +847,7 @@ class WrittenOffset(nn.Module):
         return y + off
 
 
-@pytest.mark.parametrize("how", ["fill", "where", "full", "buffer+pad"])
+@pytest.mark.parametrize("how", ["fill", "where", "full", "column set", "column +=", "addcmul", "buffer+pad"])
 def test_an_offset_pushed_up_to_a_written_number_is_no_fill(how):
     """Once an op's number counted at either sign, these were left out of the made-up loss (loss 0.6, overfit-batch
     silent; beside the padding, the buffer's +1e9 matched the padding's -1e9 by size). An add that pushes a value up

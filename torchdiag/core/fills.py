@@ -368,6 +368,11 @@ def _mode(state: dict | None = None):
             flag = torch.stack([f.to(outs[0].device) for f in flags]).any() if len(flags) > 1 else flags[0]
             for o in outs:
                 self.pushed[id(o)] = (weakref.ref(o), flag)
+                base = o._base   # a write into a view (`y[..., 0] += off`, `y[..., 0] = y[..., 0] + off`) is the
+                if base is not None:   # base's too (a review: the flag stayed on the column view)
+                    had = self.pushed.get(id(base))
+                    mine = flag if had is None or had[0]() is not base else had[1].to(flag.device) | flag
+                    self.pushed[id(base)] = (weakref.ref(base), mine)
 
         def _judge(self, name, marked, outs, first, inputs) -> None:
             """An op reading the model's non-finite state or a tensor from outside: an add or a where that puts a
@@ -415,7 +420,7 @@ CARRIERS = frozenset({"add", "add_", "where"})
 # ops that add a product to their first input (the bias): they read it by position, what it holds passed on
 BIASED = frozenset({"addmm", "baddbmm", "addbmm", "addmv", "addr"})
 # ops that offset their input by a number: `x + 1.7e9` rounds to 1.7e9 where |x| is small, a computed value
-OFFSETS = frozenset({"add", "add_", "sub", "sub_", "rsub"})
+OFFSETS = frozenset({"add", "add_", "sub", "sub_", "rsub", "addcmul", "addcmul_", "addcdiv", "addcdiv_"})
 COPIES = SELECTIONS | {"_to_copy", "to", "expand", "detach", "alias"}
 LITERALS = frozenset({"lift_fresh", "lift_fresh_copy"})   # a tensor made from Python data: its values are the code's
 
