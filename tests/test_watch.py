@@ -6399,14 +6399,33 @@ class _LockedForgetful(nn.Module):
         return self
 
 
-@pytest.mark.parametrize("kind", ["block override", "locked, no copy", "mc in a container", "mc in eval()"])
+class _RawForgetful(nn.Module):
+    """An MLP of raw parameters (F.linear) with a BatchNorm and a Dropout, whose train() forgets super() (a review:
+    no module with weights of its own was left in train, so the copy's answer was read as MC dropout)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w2 = nn.Parameter(torch.randn(32, 8) * 0.3), nn.Parameter(torch.randn(2, 32) * 0.3)
+        self.bn, self.drop = nn.BatchNorm1d(32), nn.Dropout(0.3)
+
+    def forward(self, x):
+        return F.linear(self.drop(F.relu(self.bn(F.linear(x, self.w1)))), self.w2)
+
+    def train(self, mode=True):
+        self.training = mode
+        return self
+
+
+@pytest.mark.parametrize("kind", ["block override", "locked, no copy", "raw parameters", "mc in a container",
+                                  "mc in eval()"])
 def test_eval_not_reached_is_what_the_models_eval_leaves_asked_of_a_weightless_copy(kind):
     """Reviews: read from flags alone, a block one level down whose train() forgets super() was not said, and MC
     dropout whose dropouts sit in a ModuleList was (the container counted as a module eval() missed); asked of a copy,
     a model no copy can be made of was silent, and MC dropout written into eval() was warned."""
     torch.manual_seed(0)
     model = {"block override": lambda: nn.Sequential(nn.Linear(8, 16), _Block(), _Block(), nn.Linear(16, 2)),
-             "locked, no copy": _LockedForgetful, "mc in a container": _RawMC, "mc in eval()": _MCInEval}[kind]()
+             "locked, no copy": _LockedForgetful, "raw parameters": _RawForgetful, "mc in a container": _RawMC,
+             "mc in eval()": _MCInEval}[kind]()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(0)
     with Watch(model, opt, every=10) as w:
@@ -6426,8 +6445,35 @@ def test_eval_not_reached_is_what_the_models_eval_leaves_asked_of_a_weightless_c
     if kind == "locked, no copy":
         assert model.body[1].training and "body.1, body.3" in f.message, f.message
         return
+    if kind == "raw parameters":
+        assert model.bn.training and "(bn, drop)" in f.message, f.message
+        return
     assert model[1].bn.training   # the truth the model holds: its eval() left the block's modules in train
     assert "1.bn, 1.drop, 2.bn, 2.drop" in f.message, f.message
+
+
+def test_the_weightless_copy_holds_no_tensor_of_an_optimizer_or_a_dataset_kept_on_the_model():
+    """A review: the copy made real copies of an optimizer's state and a replay buffer kept as attributes (250 MB)."""
+    from torch.utils.data import TensorDataset
+
+    from torchdiag.core.meta import _reachable_tensors, weightless_copy
+
+    class Agent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(64, 64), nn.Dropout(0.1), nn.Linear(64, 2))
+            self.opt = torch.optim.Adam(self.parameters(), 1e-3)
+            self.replay = TensorDataset(torch.randn(1000, 64))
+            self.cache = {"deep": [[{"t": torch.ones(3)}]]}
+
+    agent = Agent()
+    agent.net(torch.randn(2, 64)).sum().backward()
+    agent.opt.step()   # Adam's state: two tensors per parameter
+    held = list(_reachable_tensors(agent))
+    assert len({id(t) for t in held}) >= 4 + 8 + 1 + 1 + 1   # parameters, Adam's state and steps, replay, cache
+    copy = weightless_copy(agent)
+    assert all(t.device.type == "meta" for t in _reachable_tensors(copy))
+    assert agent.replay.tensors[0].device.type == "cpu" and agent.net[0].weight.device.type == "cpu"
 
 
 def test_asking_the_models_eval_on_a_copy_leaves_the_runs_random_stream_as_it_was():

@@ -68,17 +68,43 @@ def refuse_meta_tensors(model, what: str, partly: bool = False) -> None:
 
 
 def weightless_copy(model):
-    """A deep copy of `model` whose parameters, buffers and the tensors its modules hold in attributes, lists and dicts
-    (an EMA's weights) are meta tensors: the structure and the code, no values, no memory."""
+    """A deep copy of `model` whose tensors are meta tensors: its parameters and buffers, and every tensor reached from
+    its modules' attributes through lists, tuples, sets, dicts and other objects' attributes (an EMA's weights, an
+    optimizer's state, a dataset or replay buffer kept on the model: a review found 250 MB copied): the structure and
+    the code, no values. NumPy arrays and other non-tensor data are copied as they are."""
     import copy
 
     import torch
 
-    from .train import held_tensors
-
     memo: dict = {}
-    for t in held_tensors(model):
+    for t in _reachable_tensors(model):
         if id(t) not in memo:
             m = t.detach().to("meta")
             memo[id(t)] = torch.nn.Parameter(m, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else m
     return copy.deepcopy(model, memo)
+
+
+def _reachable_tensors(model, depth: int = 6, limit: int = 200_000):
+    """Every tensor reachable from the model's modules' attributes within `depth` steps through containers and
+    objects' attributes (not through classes, functions or Python modules), at most `limit` objects looked at."""
+    import types
+
+    import torch
+
+    seen: set[int] = set()
+    stack = [(v, 0) for m in model.modules() for k, v in vars(m).items() if k != "_modules"]
+    skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, str, bytes)
+    while stack and len(seen) < limit:
+        v, d = stack.pop()
+        if id(v) in seen or isinstance(v, skip) or isinstance(v, torch.nn.Module) and d:
+            continue
+        seen.add(id(v))
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif d < depth:
+            if isinstance(v, dict):
+                stack.extend((x, d + 1) for x in v.values())
+            elif isinstance(v, (list, tuple, set, frozenset)):
+                stack.extend((x, d + 1) for x in v)
+            elif hasattr(v, "__dict__"):
+                stack.extend((x, d + 1) for x in vars(v).values())
