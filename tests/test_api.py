@@ -246,3 +246,5 @@ def test_run_of_a_command_line_only_command_is_a_usage_error():
     """A review: api.run("check", ...) raised ModuleNotFoundError (torchdiag.diagnostics.None)."""
     with pytest.raises(torchdiag.UsageError, match="command line only"):
         torchdiag.api.run("check", torch.nn.Linear(2, 2), torch.randn(1, 2))
+    with pytest.raises(torchdiag.UsageError, match="unknown command 'CHECK'"):   # a KeyError before
+        torchdiag.api.run("CHECK", torch.nn.Linear(2, 2), torch.randn(1, 2))

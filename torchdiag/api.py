@@ -88,13 +88,17 @@ def run_spec(command: str, diagnostic=None, *, loss: Any = "auto", **kw):
 
 def run(command: str, model, inputs=None, *, loss: Any = "auto", target=None, **options):
     """Any diagnostic by its command name: `torchdiag.api.run("gradflow", model, x, strict=True)`."""
-    from .commands import get
+    from .commands import BY_NAME, get
     from .core.context import context_for
     from .core.lazy import materialise
     from .core.loading import DENSE_GRAD_COMMANDS, dense_embeddings, eager
     from .core.precision import cast_copy, cast_inputs
     from .runner.local import invoke
 
+    if command not in BY_NAME:   # a KeyError before (a review)
+        from .errors import UsageError
+
+        raise UsageError(f"unknown command {command!r}", hint="one of: " + ", ".join(sorted(BY_NAME)))
     entry = get(command)
     if entry.diagnostic is None:   # check reads its models from pyproject.toml: no model to hand it (a review)
         from .errors import UsageError
