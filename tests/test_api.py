@@ -248,3 +248,7 @@ def test_run_of_a_command_line_only_command_is_a_usage_error():
         torchdiag.api.run("check", torch.nn.Linear(2, 2), torch.randn(1, 2))
     with pytest.raises(torchdiag.UsageError, match="unknown command 'CHECK'"):   # a KeyError before
         torchdiag.api.run("CHECK", torch.nn.Linear(2, 2), torch.randn(1, 2))
+    for command, call in (("watch", "torchdiag.watch"), ("data", "torchdiag.data"), ("gradcheck", "torchdiag.gradcheck")):
+        with pytest.raises(torchdiag.UsageError, match="takes no model and inputs") as e:   # AttributeError, TypeError
+            torchdiag.api.run(command, torch.nn.Linear(2, 2), torch.randn(1, 2))
+        assert call in e.value.hint

@@ -100,11 +100,14 @@ def run(command: str, model, inputs=None, *, loss: Any = "auto", target=None, **
 
         raise UsageError(f"unknown command {command!r}", hint="one of: " + ", ".join(sorted(BY_NAME)))
     entry = get(command)
-    if entry.diagnostic is None:   # check reads its models from pyproject.toml: no model to hand it (a review)
+    # no model to hand it: check reads pyproject.toml, watch wraps a loop, data reads a loader, gradcheck a function
+    if entry.target != "model":   # (reviews: tracebacks)
         from .errors import UsageError
 
-        raise UsageError(f"{command} runs from the command line only (it reads its models from pyproject.toml)",
-                         hint=f"torchdiag {command}; in Python, run each diagnostic it configures by name")
+        if entry.python is None:
+            raise UsageError(f"{command} runs from the command line only (it reads its models from pyproject.toml)",
+                             hint=f"torchdiag {command}; in Python, run each diagnostic it configures by name")
+        raise UsageError(f"{command} takes no model and inputs", hint=f"call torchdiag.{entry.python}(...)")
     d = entry.diagnostic_module()
     spec = run_spec(command, d, loss=loss, **options)   # pops the run-wide keywords from options
     for key in (*RUN_KEYS, *OPTIMIZER_KEYS):
