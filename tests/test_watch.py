@@ -6454,6 +6454,8 @@ def test_eval_not_reached_is_what_the_models_eval_leaves_asked_of_a_weightless_c
 
 def test_the_weightless_copy_holds_no_tensor_of_an_optimizer_or_a_dataset_kept_on_the_model():
     """A review: the copy made real copies of an optimizer's state and a replay buffer kept as attributes (250 MB)."""
+    import collections
+
     from torch.utils.data import TensorDataset
 
     from torchdiag.core.meta import _reachable_tensors, weightless_copy
@@ -6465,12 +6467,14 @@ def test_the_weightless_copy_holds_no_tensor_of_an_optimizer_or_a_dataset_kept_o
             self.opt = torch.optim.Adam(self.parameters(), 1e-3)
             self.replay = TensorDataset(torch.randn(1000, 64))
             self.cache = {"deep": [[{"t": torch.ones(3)}]]}
+            self.recent = collections.deque([torch.randn(64) for _ in range(3)])
+            self.net[-1].ids = list(range(10**6, 10**6 + 300_000))   # a review: it used up the walk's budget
 
     agent = Agent()
     agent.net(torch.randn(2, 64)).sum().backward()
     agent.opt.step()   # Adam's state: two tensors per parameter
     held = list(_reachable_tensors(agent))
-    assert len({id(t) for t in held}) >= 4 + 8 + 1 + 1 + 1   # parameters, Adam's state and steps, replay, cache
+    assert len({id(t) for t in held}) >= 4 + 8 + 1 + 1 + 3   # parameters, Adam's state, replay, cache, deque
     copy = weightless_copy(agent)
     assert all(t.device.type == "meta" for t in _reachable_tensors(copy))
     assert agent.replay.tensors[0].device.type == "cpu" and agent.net[0].weight.device.type == "cpu"

@@ -84,27 +84,42 @@ def weightless_copy(model):
     return copy.deepcopy(model, memo)
 
 
-def _reachable_tensors(model, depth: int = 6, limit: int = 200_000):
-    """Every tensor reachable from the model's modules' attributes within `depth` steps through containers and
-    objects' attributes (not through classes, functions or Python modules), at most `limit` objects looked at."""
+def _reachable_tensors(model, depth: int = 10, limit: int = 200_000):
+    """The model's parameters and buffers, then every tensor reachable from its modules' attributes within `depth`
+    steps through containers (deques too) and objects' attributes and slots (not classes, functions or Python
+    modules), at most `limit` objects looked at; numbers and strings are not looked at (a review: a module's list of
+    300,000 ids used up the limit before the parameters)."""
+    import collections
     import types
 
     import torch
 
+    yield from model.parameters()
+    yield from model.buffers()
     seen: set[int] = set()
-    stack = [(v, 0) for m in model.modules() for k, v in vars(m).items() if k != "_modules"]
-    skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, str, bytes)
+    stack = [(v, 0) for m in model.modules() for k, v in vars(m).items() if k not in ("_modules", "_parameters")]
+    skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, str, bytes,
+            int, float, complex, bool, type(None))
     while stack and len(seen) < limit:
         v, d = stack.pop()
-        if id(v) in seen or isinstance(v, skip) or isinstance(v, torch.nn.Module) and d:
+        if isinstance(v, skip) or id(v) in seen or isinstance(v, torch.nn.Module) and d:
             continue
         seen.add(id(v))
         if isinstance(v, torch.Tensor):
             yield v
         elif d < depth:
-            if isinstance(v, dict):
-                stack.extend((x, d + 1) for x in v.values())
-            elif isinstance(v, (list, tuple, set, frozenset)):
-                stack.extend((x, d + 1) for x in v)
-            elif hasattr(v, "__dict__"):
-                stack.extend((x, d + 1) for x in vars(v).values())
+            stack.extend((x, d + 1) for x in _members(v, collections.deque))
+
+
+def _members(v, deque) -> list:
+    """What a container holds, or an object's attributes and slots; [] where reading them raises."""
+    try:
+        if isinstance(v, dict):
+            return list(v.values())
+        if isinstance(v, (list, tuple, set, frozenset, deque)):
+            return [x for x in v if not isinstance(x, (int, float, str))] if len(v) > 1000 else list(v)
+        found = list(vars(v).values()) if hasattr(v, "__dict__") else []
+        slots = [k for c in type(v).__mro__ for k in getattr(c, "__slots__", ()) if isinstance(k, str)]
+        return found + [getattr(v, k) for k in slots if hasattr(v, k)]
+    except Exception:   # noqa: BLE001 - an object that will not say what it holds: left as it is
+        return []

@@ -65,11 +65,12 @@ FAILED = "failed"   # left_in_train: the copy could not be made, or its eval() r
 def left_in_train(model, sensitive: tuple) -> set[str] | str | None:
     """The `sensitive` submodules (dropout, BatchNorm) the model's own eval() leaves in train mode by mistake, asked
     of a weightless copy (every tensor on meta) as it is now: an eval() that swaps in EMA weights runs on nothing of
-    the user's (a review: asked of the model itself, the run went on training on the EMA). A mistake when it leaves
-    every module below the model in train (a train() that forgets super() on a model of raw parameters), a BatchNorm,
-    or a module holding weights of its own (a Linear: the override forgot super(), or forgot the head); one that
-    leaves only dropouts in train keeps them on purpose (MC dropout written in eval(): a review), and a train() that
-    switches blocks of raw weights but not the dropouts inside them is not told from it. None when no module overrides train() or eval() (torch's own reach every submodule); FAILED when the
+    the user's (a review: asked of the model itself, the run went on training on the EMA). A mistake when it leaves a
+    BatchNorm (a train() that forgets super() on a model of raw parameters) or a module holding weights of its own (a
+    Linear: the override forgot super(), or forgot the head) in train; one that leaves only dropouts in train keeps
+    them on purpose (MC dropout written in eval(), on raw parameters too: reviews), and a train() that switches
+    blocks of raw weights but not the dropouts inside them is not told from it; test-time adaptation that keeps a
+    BatchNorm in train inside eval() is said. None when no module overrides train() or eval() (torch's own reach every submodule); FAILED when the
     copy cannot be made (a lock, an open file) or its eval() raises there. The random states (torch's, Python's,
     NumPy's) are put back: an eval() that draws (a NoisyNet's noise) leaves the run's stream as it was; what an eval()
     writes outside the model (a log) it writes once more."""
@@ -95,8 +96,7 @@ def left_in_train(model, sensitive: tuple) -> set[str] | str | None:
     finally:
         random.setstate(py)
         _numpy_state(np_state)
-    below = sum(1 for n, _ in shadow.named_modules() if n)
-    forgot = len(left) == below or any(
+    forgot = any(
         isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
         or not isinstance(m, sensitive) and next(m.parameters(recurse=False), None) is not None for _, m in left)
     return {n for n, m in left if isinstance(m, sensitive)} if forgot else set()
