@@ -840,6 +840,12 @@ class WrittenOffset(nn.Module):
             return y
         elif self.how == "addcmul":
             return torch.addcmul(torch.cat([torch.full((1,), 1.7e9), torch.zeros(1)]), y, torch.ones(2))
+        elif self.how in ("linear bias", "index_add_"):   # a fifth review: both excused
+            off = torch.where(torch.arange(2) == 0, 1.7e9, 0.0)
+            x3 = x.view(x.shape[0], 3, 10)
+            if self.how == "linear bias":
+                return F.linear(x3.reshape(-1, 10), self.fc.weight, off).view(-1, 3, 2)
+            return y.reshape(-1, 2).index_add_(1, torch.tensor([0]), off[:1].expand(y.shape[0] * 3, 1)).view(-1, 3, 2)
         else:
             pad = torch.zeros(3, 1, dtype=torch.bool)
             pad[-1] = True
@@ -847,7 +853,8 @@ class WrittenOffset(nn.Module):
         return y + off
 
 
-@pytest.mark.parametrize("how", ["fill", "where", "full", "column set", "column +=", "addcmul", "buffer+pad"])
+@pytest.mark.parametrize("how", ["fill", "where", "full", "column set", "column +=", "addcmul", "linear bias",
+                                 "index_add_", "buffer+pad"])
 def test_an_offset_pushed_up_to_a_written_number_is_no_fill(how):
     """Once an op's number counted at either sign, these were left out of the made-up loss (loss 0.6, overfit-batch
     silent; beside the padding, the buffer's +1e9 matched the padding's -1e9 by size). An add that pushes a value up

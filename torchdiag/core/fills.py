@@ -272,12 +272,13 @@ def _mode(state: dict | None = None):
         if o.is_complex():
             return zero, ext.sum(), zero, zero
 
+        absorbed = _absorbed(name, o, ext, given)
+
         def counts(pos):
             e, over = ext, torch.zeros_like(ext)
             for g in pos:
                 e = e & ~g[3].to(o.device).expand(o.shape)
                 over = over | g[1].to(o.device).expand(o.shape)
-            absorbed = _absorbed(name, o, ext, pos)
             if not numbers or name in OFFSETS:
                 return zero, e.sum(), zero, absorbed
             hit = e & _written(o, numbers)
@@ -285,17 +286,18 @@ def _mode(state: dict | None = None):
 
         return by_position(counts, *split(name, o, given, first), o, 3)
 
-    def _absorbed(name: str, o, ext, pos):
-        """Extreme values above 0 that an add handed on from one input where another held a value (`y + off`, off
-        holding +1.7e9 however it was written: the prediction rounds away). A ban pushes down; a value pushed up
-        this way is an offset (a review: a timestamp's de-normalising offset written by `where` was left out)."""
+    def _absorbed(name: str, o, ext, given):
+        """Extreme values above 0 in the output of an op that adds what its inputs hold (ACCUMULATES: `y + off`,
+        addmm's bias, index_add_, lerp) where one input holds such a value and another an ordinary non-zero one:
+        the prediction rounds away (`off` holding +1.7e9 however it was written). A ban pushes down; a value pushed
+        up so is an offset (reviews: a timestamp's de-normalising offset written by `where` was left out, then one
+        added by index_add_, addmm, F.linear's bias). By tensor, not by position (an add that scatters has none)."""
         zero = ext.sum() * 0
-        if name not in OFFSETS or len(pos) < 2:
+        if name not in ACCUMULATES or len(given) < 2:
             return zero
-        shape = o.shape
-        handed = torch.stack([g[3].to(o.device).expand(shape) for g in pos]).any(0)
-        held = torch.stack([((g[0] != 0) & ~g[3] & ~g[1]).to(o.device).expand(shape) for g in pos]).any(0)
-        return (ext & handed & held & (o > 0)).sum()
+        up = torch.stack([g[3].any().to(o.device) for g in given]).any()   # either sign: `y - (-off)`
+        held = torch.stack([((g[0] != 0) & ~g[3] & ~g[1]).any().to(o.device) for g in given]).any()
+        return (ext & (o > 0)).sum() * (up & held)
 
     class Origins(TorchDispatchMode):
         """Per op call: (op, passes ±inf as a number, the non-finite values it made, the NaN it made), counts on
@@ -361,7 +363,7 @@ def _mode(state: dict | None = None):
             that pushed a value up to an extreme number takes only values below 0 as fills (a review: one such add
             anywhere put another output's +1e9 padding back into the loss)."""
             flags = [e[1] for e in (self.pushed.get(id(t)) for t in inputs) if e is not None and e[0]() is not None]
-            if name in OFFSETS and ext:
+            if name in ACCUMULATES and ext:
                 flags.append(sum(e[3] for e in ext) > 0)
             if not flags or not outs:
                 return
@@ -421,6 +423,10 @@ CARRIERS = frozenset({"add", "add_", "where"})
 BIASED = frozenset({"addmm", "baddbmm", "addbmm", "addmv", "addr"})
 # ops that offset their input by a number: `x + 1.7e9` rounds to 1.7e9 where |x| is small, a computed value
 OFFSETS = frozenset({"add", "add_", "sub", "sub_", "rsub", "addcmul", "addcmul_", "addcdiv", "addcdiv_"})
+# ops whose output adds what their inputs hold: an extreme value above 0 in one pushes the others' up to it
+ACCUMULATES = OFFSETS | BIASED | frozenset({"index_add", "index_add_", "scatter_add", "scatter_add_", "lerp", "lerp_",
+                                            "index_put", "index_put_", "_index_put_impl_", "scatter_reduce",
+                                            "scatter_reduce_"})
 COPIES = SELECTIONS | {"_to_copy", "to", "expand", "detach", "alias"}
 LITERALS = frozenset({"lift_fresh", "lift_fresh_copy"})   # a tensor made from Python data: its values are the code's
 
