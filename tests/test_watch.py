@@ -6305,6 +6305,28 @@ class _ModeNet(nn.Module):
         return super().train(mode)
 
 
+def _train_and_validate(model, rounds: int, after_eval=None, *, watched=True, before_eval=None, train_each=True):
+    """Rounds of 10 SGD steps (after model.train() each round, or only before the first: a loop that forgets it), each
+    followed by `before_eval()`, eval(), `after_eval()` and one validation forward under no_grad; the Watch (None
+    unwatched)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(model, opt, every=10) if watched else contextlib.nullcontext() as w:
+        model.train()
+        for _ in range(rounds):
+            if train_each:
+                model.train()
+            _loop(model, opt, 10, g)
+            if before_eval is not None:
+                before_eval()
+            model.eval()
+            if after_eval is not None:
+                after_eval()
+            with torch.no_grad():
+                model(torch.randn(16, 8, generator=g))
+    return w
+
+
 @pytest.mark.parametrize("variant", ["noprop", "frozen", "mc", "head", "ok"])
 def test_an_eval_that_does_not_reach_the_dropout_and_batchnorm_is_said(variant):
     torch.manual_seed(0)
@@ -6426,17 +6448,7 @@ def test_eval_not_reached_is_what_the_models_eval_leaves_asked_of_a_weightless_c
     model = {"block override": lambda: nn.Sequential(nn.Linear(8, 16), _Block(), _Block(), nn.Linear(16, 2)),
              "locked, no copy": _LockedForgetful, "raw parameters": _RawForgetful, "mc in a container": _RawMC,
              "mc in eval()": _MCInEval}[kind]()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    g = torch.Generator().manual_seed(0)
-    with Watch(model, opt, every=10) as w:
-        for _ in range(2):
-            model.train()
-            _loop(model, opt, 10, g)
-            model.eval()
-            if kind == "mc in a container":
-                model.drops.train()
-            with torch.no_grad():
-                model(torch.randn(16, 8, generator=g))
+    w = _train_and_validate(model, 2, (lambda: model.drops.train()) if kind == "mc in a container" else None)
     found = [f for f in w.result().findings if f.code == "eval-not-reached"]
     if kind.startswith("mc"):
         assert not found, [f.message for f in found]
@@ -6544,19 +6556,14 @@ def test_watch_never_calls_the_models_eval_an_ema_swap_trains_on_its_own_weights
     def run(watched):
         torch.manual_seed(0)
         model = _EMASwap(forget)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        g = torch.Generator().manual_seed(0)
-        with Watch(model, opt, every=10) if watched else contextlib.nullcontext() as w:
-            for _ in range(3):
-                model.train()
-                _loop(model, opt, 10, g)
-                with torch.no_grad():
-                    for k, v in model.body.state_dict().items():
-                        model.shadow[k].mul_(0.9).add_(v, alpha=0.1)
-                model.eval()
-                with torch.no_grad():
-                    model(torch.randn(16, 8, generator=g))
-            model.train()
+
+        @torch.no_grad()
+        def update_ema():
+            for k, v in model.body.state_dict().items():
+                model.shadow[k].mul_(0.9).add_(v, alpha=0.1)
+
+        w = _train_and_validate(model, 3, watched=watched, before_eval=update_ema)
+        model.train()
         return model, w
 
     plain, _ = run(False)
@@ -6588,15 +6595,7 @@ def test_asking_whether_the_mode_changes_anything_never_calls_the_models_eval_or
     def run(watched):
         torch.manual_seed(0)
         model = _EMASwapPlain()
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        g = torch.Generator().manual_seed(0)
-        with Watch(model, opt, every=10) if watched else contextlib.nullcontext() as w:
-            model.train()
-            for _ in range(2):   # model.train() only before the first epoch
-                _loop(model, opt, 10, g)
-                model.eval()
-                with torch.no_grad():
-                    model(torch.randn(16, 8, generator=g))
+        w = _train_and_validate(model, 2, watched=watched, train_each=False)   # model.train() before the first only
         model.train()
         return model, w
 
