@@ -33,12 +33,14 @@ per op, the non-finite values of its output with those its floating inputs held 
 
 A finite value as extreme as a fill (`torch.finfo(dtype).min`, -1e9) is judged the same way, per op: written where
 an op given that number as a number, or its negation, writes it (`masked_fill`, `full`, `where`, a 0-dim tensor holding
-it, `-1e9 * ban`), or where a buffer of the model holds it (a logit bias, a (1,)-shaped `neg`); computed anywhere else
-(`x + 1.7e9` rounds to it; nan_to_num clips an overflow to it; a sum reaches it). Only when no op computed one, nor
-wrote one over a ±inf the forward computed, are an output's positions holding a number an op wrote (as bfloat16 may
-round it; either sign: a cost matrix's padding is +1e9), or one a buffer holds below 0 (a bias buffer bans by pushing
-a value down; +1.7e9 added forces it), unchanged, every one, under shaken weights, its constants
-(`Fills.constants`); an output that is one such constant throughout bans nothing, and has none.
+it, `-1e9 * ban`), or where a buffer or a frozen parameter of the model holds it (a logit bias, a (1,)-shaped `neg`);
+computed anywhere else (`x + 1.7e9` rounds to it; nan_to_num clips an overflow to it; a sum reaches it; a trained
+parameter holds it). Only when no op computed one, nor wrote one over a ±inf the forward computed, are an output's
+positions holding a number an op wrote (as bfloat16 may round it; either sign: a cost matrix's padding is +1e9), or
+one a buffer holds below 0 (a bias buffer bans by pushing a value down; +1.7e9 added forces it), unchanged, every
+one, under shaken (trained) weights, its constants (`Fills.constants`); in an output an op that adds what its inputs
+hold reached after pushing a value up to such a number (`pushed`: an offset, however written), only those below 0;
+an output that is one such constant throughout bans nothing, and has none.
 
 The forward runs in the judged pass's mode (a fault may be eval's only). Fills at positions drawn at random differ
 from the judged pass's: the loss then stays non-finite and nancheck keeps its error.
