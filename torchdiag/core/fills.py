@@ -279,9 +279,8 @@ def _mode(state: dict | None = None):
         def counts(pos):
             e, over = ext, torch.zeros_like(ext)
             for g in pos:
-                if not _trained(g[0]):   # a trained weight's extreme value is the run's, not one the code wrote
-                    e = e & ~g[3].to(o.device).expand(o.shape)   # (a review: a bias gone to -5e9, then clamped to
-                over = over | g[1].to(o.device).expand(o.shape)   # the -1e9 a mask beside it wrote)
+                e = e & ~g[3].to(o.device).expand(o.shape)
+                over = over | g[1].to(o.device).expand(o.shape)
             if not numbers or name in OFFSETS:
                 return zero, e.sum(), zero, absorbed
             hit = e & _written(o, numbers)
@@ -301,9 +300,6 @@ def _mode(state: dict | None = None):
         up = torch.stack([g[3].any().to(o.device) for g in given]).any()   # either sign: `y - (-off)`
         held = torch.stack([((g[0] != 0) & ~g[3] & ~g[1]).any().to(o.device) for g in given]).any()
         return (ext & (o > 0)).sum() * (up & held)
-
-    def _trained(t) -> bool:
-        return isinstance(t, torch.nn.Parameter) and t.requires_grad
 
     class Origins(TorchDispatchMode):
         """Per op call: (op, passes ±inf as a number, the non-finite values it made, the NaN it made), counts on
