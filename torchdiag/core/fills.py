@@ -34,12 +34,11 @@ per op, the non-finite values of its output with those its floating inputs held 
 A finite value as extreme as a fill (`torch.finfo(dtype).min`, -1e9) is judged the same way, per op: written where
 an op given that number as a number, or its negation, writes it (`masked_fill`, `full`, `where`, a 0-dim tensor holding
 it, `-1e9 * ban`), or where a buffer or a frozen parameter of the model holds it (a logit bias, a (1,)-shaped `neg`);
-computed anywhere else (`x + 1.7e9` rounds to it; nan_to_num clips an overflow to it; a sum reaches it; a trained
-parameter holds it). Only when no op computed one, nor wrote one over a ±inf the forward computed, are an output's
+computed anywhere else (`x + 1.7e9` rounds to it; nan_to_num clips an overflow to it; a sum reaches it). Only when no op computed one, nor wrote one over a ±inf the forward computed, are an output's
 positions holding a number an op wrote (as bfloat16 may round it; either sign: a cost matrix's padding is +1e9), or
 one a buffer holds below 0 (a bias buffer bans by pushing a value down; +1.7e9 added forces it), unchanged, every
-one, under shaken (trained) weights, its constants (`Fills.constants`); in an output an op that adds what its inputs
-hold reached after pushing a value up to such a number (`pushed`: an offset, however written), only those below 0;
+one, under shaken (trained) weights, its constants (`Fills.constants`); in an output an add reached after pushing a
+value up to such a number where another input held a value (`pushed`: an offset, however written), only those below 0;
 an output that is one such constant throughout bans nothing, and has none.
 
 The forward runs in the judged pass's mode (a fault may be eval's only). Fills at positions drawn at random differ
@@ -274,7 +273,7 @@ def _mode(state: dict | None = None):
         if o.is_complex():
             return zero, ext.sum(), zero, zero
 
-        absorbed = _absorbed(name, o, ext, given)
+        absorbed = _absorbed(name, o, ext, given, first)
 
         def counts(pos):
             e, over = ext, torch.zeros_like(ext)
@@ -288,18 +287,24 @@ def _mode(state: dict | None = None):
 
         return by_position(counts, *split(name, o, given, first), o, 3)
 
-    def _absorbed(name: str, o, ext, given):
-        """Extreme values above 0 in the output of an op that adds what its inputs hold (ACCUMULATES: `y + off`,
-        addmm's bias, index_add_, lerp) where one input holds such a value and another an ordinary non-zero one:
-        the prediction rounds away (`off` holding +1.7e9 however it was written). A ban pushes down; a value pushed
-        up so is an offset (reviews: a timestamp's de-normalising offset written by `where` was left out, then one
-        added by index_add_, addmm, F.linear's bias). By tensor, not by position (an add that scatters has none)."""
+    def _absorbed(name: str, o, ext, given, first):
+        """Extreme values above 0 in the output of an op that adds what its inputs hold, where one input holds such a
+        value and another an ordinary non-zero one: the prediction rounds away (`y + off`, `off` holding +1.7e9
+        however it was written). By position for an add (`C * valid + (1 - valid) * 1e9` is zero under its padding:
+        a review), by tensor for an add that scatters (index_add_, scatter_add). A ban pushes down; a value pushed up
+        so is an offset (reviews: a timestamp's de-normalising offset written by `where` was left out)."""
         zero = ext.sum() * 0
-        if name not in ACCUMULATES or len(given) < 2:
+        if name in SCATTER_ADDS and len(given) >= 2:
+            up = torch.stack([g[3].any().to(o.device) for g in given]).any()
+            held = torch.stack([((g[0] != 0) & ~g[3] & ~g[1]).any().to(o.device) for g in given]).any()
+            return (ext & (o > 0)).sum() * (up & held)
+        pos = split(name, o, given, first)[0]
+        if name not in OFFSETS or len(pos) < 2:
             return zero
-        up = torch.stack([g[3].any().to(o.device) for g in given]).any()   # either sign: `y - (-off)`
-        held = torch.stack([((g[0] != 0) & ~g[3] & ~g[1]).any().to(o.device) for g in given]).any()
-        return (ext & (o > 0)).sum() * (up & held)
+        shape = o.shape
+        handed = torch.stack([g[3].to(o.device).expand(shape) for g in pos]).any(0)
+        held = torch.stack([((g[0] != 0) & ~g[3] & ~g[1]).to(o.device).expand(shape) for g in pos]).any(0)
+        return (ext & handed & held & (o > 0)).sum()
 
     class Origins(TorchDispatchMode):
         """Per op call: (op, passes ±inf as a number, the non-finite values it made, the NaN it made), counts on
@@ -424,11 +429,14 @@ CARRIERS = frozenset({"add", "add_", "where"})
 # ops that add a product to their first input (the bias): they read it by position, what it holds passed on
 BIASED = frozenset({"addmm", "baddbmm", "addbmm", "addmv", "addr"})
 # ops that offset their input by a number: `x + 1.7e9` rounds to 1.7e9 where |x| is small, a computed value
-OFFSETS = frozenset({"add", "add_", "sub", "sub_", "rsub", "addcmul", "addcmul_", "addcdiv", "addcdiv_"})
-# ops whose output adds what their inputs hold: an extreme value above 0 in one pushes the others' up to it
-ACCUMULATES = OFFSETS | BIASED | frozenset({"index_add", "index_add_", "scatter_add", "scatter_add_", "lerp", "lerp_",
-                                            "index_put", "index_put_", "_index_put_impl_", "scatter_reduce",
-                                            "scatter_reduce_"})
+OFFSETS = frozenset({"add", "add_", "sub", "sub_", "rsub"})
+# ops that add what one input holds into another at places an index says (not by position); with OFFSETS, the ops
+# whose output an extreme value above 0 in one input pushes up (`pushed`). Not addcmul, lerp or a Linear's bias: a
+# padded cost written `addcmul(pad * 1e9, score, valid)` or `baddbmm(norms.masked_fill(pad, 1e9), a, b)` cannot be
+# told from an offset given so (a review), and is left a fill
+SCATTER_ADDS = frozenset({"index_add", "index_add_", "scatter_add", "scatter_add_", "index_put", "index_put_",
+                          "_index_put_impl_", "scatter_reduce", "scatter_reduce_"})
+ACCUMULATES = OFFSETS | SCATTER_ADDS
 COPIES = SELECTIONS | {"_to_copy", "to", "expand", "detach", "alias"}
 LITERALS = frozenset({"lift_fresh", "lift_fresh_copy"})   # a tensor made from Python data: its values are the code's
 
