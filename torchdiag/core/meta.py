@@ -89,7 +89,6 @@ def _reachable_tensors(model, depth: int = 10, limit: int = 200_000):
     steps through containers (deques too) and objects' attributes and slots (not classes, functions or Python
     modules), at most `limit` objects looked at; numbers and strings are not looked at (a review: a module's list of
     300,000 ids used up the limit before the parameters)."""
-    import collections
     import types
 
     import torch
@@ -108,16 +107,19 @@ def _reachable_tensors(model, depth: int = 10, limit: int = 200_000):
         if isinstance(v, torch.Tensor):
             yield v
         elif d < depth:
-            stack.extend((x, d + 1) for x in _members(v, collections.deque))
+            stack.extend((x, d + 1) for x in _members(v))
 
 
-def _members(v, deque) -> list:
-    """What a container holds, or an object's attributes and slots; [] where reading them raises."""
+def _members(v) -> list:
+    """What a container holds (numbers and strings aside), or an object's attributes and slots; [] where reading them
+    raises."""
+    import collections
+
     try:
         if isinstance(v, dict):
             return list(v.values())
-        if isinstance(v, (list, tuple, set, frozenset, deque)):
-            return [x for x in v if not isinstance(x, (int, float, str))] if len(v) > 1000 else list(v)
+        if isinstance(v, (list, tuple, set, frozenset, collections.deque)):
+            return [x for x in v if not isinstance(x, (int, float, str))]
         found = list(vars(v).values()) if hasattr(v, "__dict__") else []
         slots = [k for c in type(v).__mro__ for k in getattr(c, "__slots__", ()) if isinstance(k, str)]
         return found + [getattr(v, k) for k in slots if hasattr(v, k)]

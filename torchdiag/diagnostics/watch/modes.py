@@ -17,8 +17,6 @@ def mode_inert(model, args, kwargs, sensitive: tuple) -> bool | None:
     statistics) and the random states (torch's, Python's, NumPy's) put back. The modes are set flag by flag, the
     model's own eval()/train() not called. The forward runs twice more: a user's forward hooks and counters see two
     more calls."""
-    import random
-
     import torch
 
     from ...core.random_ops import drawn
@@ -29,10 +27,8 @@ def mode_inert(model, args, kwargs, sensitive: tuple) -> bool | None:
     grads = [(p, p.requires_grad) for p in model.parameters()]
     # the buffer objects too: a forward that assigns a new tensor to one (`self.mu = 0.9 * self.mu + …`) is put back
     buffers = [(m, k, b, b.detach().clone()) for m in model.modules() for k, b in m._buffers.items() if b is not None]
-    devices = sorted({p.device.index or 0 for p in model.parameters() if p.is_cuda})
-    py, np_state = random.getstate(), _numpy_state()
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+        with torch.no_grad(), _random_states_kept(model):
             _flags(model, False)   # the flags alone: the model's own eval()/train() may do more (swap in EMA
             seen = _flat(model(*_copied(args), **_copied(kwargs)))   # weights: a review); a forward that edits
             _flags(model, True)                                      # its input in place gets a copy
@@ -50,6 +46,21 @@ def mode_inert(model, args, kwargs, sensitive: tuple) -> bool | None:
             for m, k, b, value in buffers:
                 m._buffers[k] = b
                 b.copy_(value)
+
+
+@contextlib.contextmanager
+def _random_states_kept(model):
+    """torch's (CPU and the model's CUDA devices), Python's and NumPy's random states put back after the block."""
+    import random
+
+    import torch
+
+    devices = sorted({p.device.index or 0 for p in model.parameters() if p.is_cuda})
+    py, np_state = random.getstate(), _numpy_state()
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
         random.setstate(py)
         _numpy_state(np_state)
 
@@ -70,12 +81,10 @@ def left_in_train(model, sensitive: tuple) -> set[str] | str | None:
     Linear: the override forgot super(), or forgot the head) in train; one that leaves only dropouts in train keeps
     them on purpose (MC dropout written in eval(), on raw parameters too: reviews), and a train() that switches
     blocks of raw weights but not the dropouts inside them is not told from it; test-time adaptation that keeps a
-    BatchNorm in train inside eval() is said. None when no module overrides train() or eval() (torch's own reach every submodule); FAILED when the
-    copy cannot be made (a lock, an open file) or its eval() raises there. The random states (torch's, Python's,
+    BatchNorm in train inside eval() is said. None when no module overrides train() or eval() (torch's own reach
+    every submodule); FAILED when the copy cannot be made (a lock, an open file) or its eval() raises there. The random states (torch's, Python's,
     NumPy's) are put back: an eval() that draws (a NoisyNet's noise) leaves the run's stream as it was; what an eval()
     writes outside the model (a log) it writes once more."""
-    import random
-
     import torch
 
     from ...core.meta import weightless_copy
@@ -84,18 +93,13 @@ def left_in_train(model, sensitive: tuple) -> set[str] | str | None:
     if not any(type(m).train is not base.train or type(m).eval is not base.eval or "train" in vars(m)
                or "eval" in vars(m) for m in model.modules()):
         return None
-    py, np_state = random.getstate(), _numpy_state()
-    devices = sorted({p.device.index or 0 for p in model.parameters() if p.is_cuda})
     try:
-        with torch.random.fork_rng(devices=devices):
+        with _random_states_kept(model):
             shadow = weightless_copy(model)
             shadow.eval()
             left = [(n, m) for n, m in shadow.named_modules() if n and m.training]
     except Exception:   # noqa: BLE001 - the copy or the user's override failed on it
         return FAILED
-    finally:
-        random.setstate(py)
-        _numpy_state(np_state)
     forgot = any(
         isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
         or not isinstance(m, sensitive) and next(m.parameters(recurse=False), None) is not None for _, m in left)
