@@ -2450,6 +2450,39 @@ def test_a_read_step_dispatches_a_fixed_number_of_ops_whatever_the_depth():
     assert deep["hooks"] <= 2 * deep["outputs"], deep
 
 
+def test_a_steady_step_costs_a_fixed_budget_of_python_calls():
+    """On a small model a watched step's cost is its Python (bench/README, watch's per-step cost): the calls into
+    torchdiag per step between reads are counted (deterministic, unlike a timing), and must not creep back up. 87
+    before the per-step trim (one look at given optimizers in the global hooks, no dead-letter calls, one pass over
+    the gradients' kinds), 60 after; the budget leaves a few for a new check."""
+    import sys
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 5))
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    x, y = torch.randn(32, 20), torch.randint(0, 5, (32,))
+    ours = [0]
+
+    def count(frame, event, arg):
+        if event == "call" and "torchdiag" in frame.f_code.co_filename:
+            ours[0] += 1
+
+    def run(n):
+        for _ in range(n):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+
+    with Watch(model, opt, every=50):
+        run(60)   # past the search's steps and the first read
+        sys.setprofile(count)
+        try:
+            run(20)   # steps 61-80: no read
+        finally:
+            sys.setprofile(None)
+    assert ours[0] / 20 <= 66, ours[0] / 20
+
+
 def _old_dead(probes) -> dict:
     """The former per-module dead-unit computation (a transposed copy per module), as the reference; a module's
     second call in one forward is its own entry, `name#2`."""

@@ -560,8 +560,9 @@ class Engine:
         counted, 10 of 2,000 once MAX_SEARCHES ran out); off after: no per-module cost, and the roots seen but not
         adopted are let go."""
         if self.explicit_models:   # no model is looked for: a teacher beside them is asked until the first read, then
-            if not self._inert:    # in the step after each read
-                self._discover(self._beside and (self.step < self.opts.every or self.step % self.opts.every == 0))
+            on = self._beside and (self.step < self.opts.every or self.step % self.opts.every == 0)
+            if not self._inert and on != bool(self._discovery):    # in the step after each read
+                self._discover(on)
             return
         looking = (self.step <= 1 or any(self._searching(t) for t in self.tracks.values())
                    or (self.step <= UNTRAINED_STEPS and self._untrained_seen()))
@@ -777,7 +778,8 @@ class Engine:
         self._clock = weakref.ref(opt) if opt is not None else None
 
     def _track(self, opt) -> Track | None:
-        self._file_dead()
+        if self._dead or self._dead_roots:
+            self._file_dead()
         t = self.tracks.get(id(opt))
         left = self._regroup(opt, t) if t is not None and len(opt.param_groups) != t.groups else None
         if left is not None:
@@ -1040,9 +1042,13 @@ class Engine:
         return any(isinstance(key, tuple) and t.same_params(params) for key, t in self.tracks.items())
 
     def _successor_pre(self, opt, args, kwargs):
+        if opt in self._given:   # its own hooks see it (the per-step path: one look, no call)
+            return None
         return self._pre_step(opt, args, kwargs) if self._succeeds_given(opt) else self._other_pre(opt, args, kwargs)
 
     def _successor_post(self, opt, args, kwargs):
+        if opt in self._given:
+            return None
         return self._post_step(opt, args, kwargs) if self._succeeds_given(opt) else self._other_post(opt)
 
     @_guarded
@@ -1090,7 +1096,8 @@ class Engine:
         self.opt_steps += not nested
         if self._in_scaler and not nested:   # GradScaler.step found the gradients finite and applies them
             self.scaler_applied += 1
-        self._file_dead()   # a let-go LBFGS's id, reused by this optimizer, is not an LBFGS (a review)
+        if self._dead or self._dead_roots:   # a let-go LBFGS's id, reused by this optimizer, is not an LBFGS (a review)
+            self._file_dead()
         t = self.tracks.get(id(opt))
         if t is not None and t.early:   # a step(closure) of it raised after its early samples (a review: the next
             t.early, t.before = False, None   # read's ratio started from SAM's ascent point, 16x off)
@@ -1142,7 +1149,8 @@ class Engine:
 
     def _begin(self, opt, before_update: bool):
         track = self._track(opt)
-        if opt is not self.clock:   # an unwatched optimizer's too (an adversarial attack's loss is not the model's)
+        clock = self.clock   # (chosen in _track; nothing below changes it)
+        if opt is not clock:   # an unwatched optimizer's too (an adversarial attack's loss is not the model's)
             if track is not None and track.since_clock < track.OWN_LOSSES:
                 track.own_losses.append(list(self._losses))   # its step's own, should the clock stop (_stopped)
             self._took_losses()
@@ -1152,7 +1160,7 @@ class Engine:
                 track.last_clip = self.clips.take(track.params, self.backwards, keep_others=True)
         if track is None:
             return
-        if opt is self.clock:
+        if opt is clock:
             self.step += 1
             if not before_update:   # its gradients read after the update: a non-finite one is said so (before
                 self._read_after.add(self.step)   # the read this _begin may make, a review)
@@ -1173,7 +1181,7 @@ class Engine:
             self._sample_uncalled()
         else:
             track.since_clock += 1
-            if self.clock is None:
+            if clock is None:
                 track.unclocked += 1
         track.stepped_now(self.step)
         self._starving(track)
@@ -1182,19 +1190,19 @@ class Engine:
         track.pre_step(self.step, read_step or self.step == 1, before_update)
         if self._provisional:
             return
-        if self.step == 1 and opt is self.clock:   # before the first update: a copy of the trained model (an EMA or
+        if self.step == 1 and opt is clock:   # before the first update: a copy of the trained model (an EMA or
             self._frozen_copies(track)           # target network, made from it) is no frozen teacher (frozen.py)
-        if self.step == 2 and opt is self.clock and not read_step:
+        if self.step == 2 and opt is clock and not read_step:
             # read with the next read: a model local to the script's main() is gone by the end; after one whole step,
             # so an EMA teacher updated after it has changed
             self._observe_frozen()
-        if read_step and opt is self.clock:
+        if read_step and opt is clock:
             self._before_update = before_update
             self._read_step_checks()
             self.read()
-        elif self._bad_here(track, opt):   # on the CPU: a read now, while the weights are the step's own
+        elif self._bad_here(track, opt is clock):   # on the CPU: a read now, while the weights are the step's own
             self._before_update = before_update
-            self._bad_in = (track, track.since_clock) if opt is not self.clock else None
+            self._bad_in = (track, track.since_clock) if opt is not clock else None
             try:
                 self.read()
             finally:
@@ -1208,12 +1216,13 @@ class Engine:
         its layers' training forwards from one step of the clock to the next are its sampled forward, collected at the
         next (an eighth review: a linear probe's frozen body in eval, given so, was a warning; nothing had asked what
         feeds it). Attached where a called model's would be: after a read, and at the first step."""
-        for key in self._uncalled_sampling:
-            probe = self._probes.pop(key, None)
-            if probe is not None:
-                probe.collect()
-        self._uncalled_sampling = set()
-        if self.step >= self.opts.every:   # after the first read: hooked in the sampled steps only
+        if self._uncalled_sampling:
+            for key in self._uncalled_sampling:
+                probe = self._probes.pop(key, None)
+                if probe is not None:
+                    probe.collect()
+            self._uncalled_sampling = set()
+        if self.children.hooks and self.step >= self.opts.every:   # after the first read: hooked in the sampled steps only
             self.children.unhook()
         if not self._sample_forward:
             return
@@ -1368,12 +1377,12 @@ class Engine:
                 self._fed_calls[r], self._fed_mode[r] = c, mode or before
         self._fed_mark = self._calls
 
-    def _bad_here(self, track: Track, opt) -> bool:
+    def _bad_here(self, track: Track, is_clock: bool) -> bool:
         """Between reads, on the CPU only (stats.host_visible): did this step's gradients or loss go non-finite
         first? Then the read (and the replay) happen at this step, before the optimizer applies it."""
         if not self.opts.replay or self._first_bad_found:
             return False
-        return track.nonfinite_now() or (opt is self.clock and bool(self._loss_window)
+        return track.nonfinite_now() or (is_clock and bool(self._loss_window)
                                          and nonfinite_losses(self._loss_window[-1]))
 
     @_guarded

@@ -1015,15 +1015,18 @@ def norms32(tensors: list) -> tuple:
     past 65,504 was inf in its own dtype, a non-finite gradient of finite values."""
     import torch
 
-    if any(t.is_sparse for t in tensors):   # nn.Embedding(sparse=True): its values' norm, duplicates summed first
-        dense = iter(norms32([t for t in tensors if not t.is_sparse]))   # (a review: every step raised, watch stopped)
-        return tuple(t.coalesce()._values().float().norm() if t.is_sparse else next(dense) for t in tensors)
-    half = (torch.float16, torch.bfloat16)
     if not tensors:
         return ()
-    if all(t.dtype in half for t in tensors):
+    kinds = {(t.layout, t.dtype) for t in tensors}   # one pass: this runs every step
+    if len(kinds) == 1 and kinds == {(torch.strided, torch.float32)}:   # the usual case
+        return torch._foreach_norm(tensors)
+    if any(layout is torch.sparse_coo for layout, _ in kinds):   # nn.Embedding(sparse=True): its values' norm,
+        dense = iter(norms32([t for t in tensors if not t.is_sparse]))   # duplicates summed first (a review: every
+        return tuple(t.coalesce()._values().float().norm() if t.is_sparse else next(dense) for t in tensors)   # step raised)
+    half = (torch.float16, torch.bfloat16)
+    if all(dtype in half for _, dtype in kinds):
         return torch._foreach_norm(tensors, 2, dtype=torch.float32)
-    if any(t.dtype in half for t in tensors):   # mixed: the half ones and the rest apart, put back in order
+    if any(dtype in half for _, dtype in kinds):   # mixed: the half ones and the rest apart, put back in order
         lows = iter(norms32([t for t in tensors if t.dtype in half]))
         rest = iter(torch._foreach_norm([t for t in tensors if t.dtype not in half]))
         return tuple(next(lows) if t.dtype in half else next(rest) for t in tensors)
