@@ -357,6 +357,42 @@ def test_a_buffer_computed_with_or_beside_an_overflow_stays_an_error(use):
     assert not [f for f in res.findings if f.code == "inf-fill"]
 
 
+class BanVector(nn.Module):
+    """A min-length ban built in the forward: a zeros vector, -inf written at the end-of-sequence id, added to every
+    row of the logits (a review: called `non-finite-output` where `logits.masked_fill(m, -inf)` was a fill). `kind`:
+    written by an int index (select, copy_), by a tensor index (index_put_); "exp": an overflow written there."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.head, self.kind = nn.Linear(8, 10), kind
+
+    def forward(self, x):
+        ban = torch.zeros(10, device=x.device)
+        if self.kind == "int":
+            ban[9] = float("-inf")
+        elif self.kind == "tensor":
+            ban[torch.tensor([8, 9], device=x.device)] = float("-inf")
+        else:   # exp of a large activation: computed, in the same place and shape
+            ban[9] = -(x.abs().sum() + 100).exp()
+        return self.head(x) + ban
+
+
+@pytest.mark.parametrize("kind", ["int", "tensor"])
+def test_a_ban_vector_written_once_and_added_to_every_row_is_a_fill(kind):
+    torch.manual_seed(0)
+    res = api_run("nancheck", BanVector(kind), (torch.randn(4, 8),))
+    assert not codes(res), [(f.code, f.message) for f in res.findings if f.severity != "info"]
+    (fill,) = [f for f in res.findings if f.code == "inf-fill"]
+    assert f"writes {4 * (1 if kind == 'int' else 2)} ±Inf" in fill.message, fill.message
+
+
+def test_an_overflow_written_into_a_ban_vector_stays_an_error():
+    torch.manual_seed(0)
+    res = api_run("nancheck", BanVector("exp"), (torch.randn(4, 8),))
+    assert "non-finite-output" in codes(res, ("error",)), [(f.code, f.message) for f in res.findings]
+    assert not [f for f in res.findings if f.code == "inf-fill"]
+
+
 def test_held_buffers_count_only_their_own_positions():
     mask = torch.zeros(10)
     mask[7:] = float("-inf")

@@ -102,6 +102,8 @@ class Fills:
                                                              # shaken weights left unchanged (a finfo.min fill)
     numbers: tuple = ()                                      # the finite extreme numbers ops wrote as fills,
                                                              # when no op computed one
+    held: int = 0                                            # the most ±inf one tensor of the forward held,
+                                                             # when fills made every one
 
     @property
     def only_fills(self) -> bool:
@@ -109,7 +111,9 @@ class Fills:
 
     @property
     def written(self) -> int:
-        return sum(self.made.values())
+        """The most ±inf one output of the forward may hold as fills: all the ops wrote, or as many as one tensor
+        held (a review: a ban vector written once, `ban[eos] = -inf`, then added to every row of the logits)."""
+        return max(sum(self.made.values()), self.held)
 
     @property
     def sources(self) -> set[str]:
@@ -318,6 +322,8 @@ def _mode(state: dict | None = None):
             # (op, finite extremes it wrote, those it computed, those it wrote over a non-finite input, those above 0
             # it added onto a value, its numbers)
             self.extremes: list = []
+            # each op output's ±inf count: a fill written once may be copied onto many positions (`held`)
+            self.held: list = []
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -357,6 +363,7 @@ def _mode(state: dict | None = None):
             made = [new_values(name, o, given, first, view, selects, number) for o in outs]
             if made:
                 self.rows.append((name, number, sum(m[0] for m in made), sum(m[1] for m in made)))
+                self.held.extend(torch.isinf(o).sum() for o in outs)
             if literal:   # torch.tensor([-1e9, 0.]) in the forward: the values it holds are the numbers it writes
                 numbers = [v for o in outs for v in o[extreme(o)].unique().tolist()]
             ext = [new_extremes(name, o, given, first, view, selects, numbers) for o in outs]
@@ -532,6 +539,11 @@ def written_numbers(rows, held: tuple = (), computed_inf: bool = False) -> tuple
     return tuple(sorted(ops)), tuple(sorted(set(held) - ops))
 
 
+def _most(counts) -> int:
+    """The largest of 0-dim count tensors, read back once per device."""
+    return max((v[0] for v in _read_counts([(c,) for c in counts])), default=0)
+
+
 def _pushed(mode, outputs) -> dict[str, bool]:
     """label -> whether an add pushed a value up to an extreme number on the way to that output, read back once."""
     flags = [(label, e[1]) for label, t in outputs
@@ -576,6 +588,7 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
             with ctx.autocast(), mode:   # a nullcontext without --amp
                 out = run_forward(model, inputs, phase="forward (where its ±inf come from)")
             made, computed = classify(mode.rows)
+            most = _most(mode.held) if made and not computed else 0   # one read, only when it may be asked
             ops, held = written_numbers(mode.extremes, _held_numbers(model), bool(computed))
             pushed = _pushed(mode, float_outputs(out)) if ops else {}
             outs = {label: t.detach() for label, t in float_outputs(out)}
@@ -590,7 +603,7 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
     buffers = {n for n, _ in model.named_buffers()}
     masks = {label: m for label, m in masks.items() if label not in moved}
     return Fills(made, computed, masks, mask_buffers={n for n, kind in state.values() if kind == "mask" and n in buffers},
-                 constants=constants, numbers=tuple(sorted({*ops, *held})))
+                 constants=constants, numbers=tuple(sorted({*ops, *held})), held=most)
 
 
 def _written(t, numbers):
