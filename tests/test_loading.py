@@ -4,7 +4,7 @@ import torch
 
 from torchdiag.core.inputs import parse_input_spec
 from torchdiag.core.loading import parse_args, split_spec
-from torchdiag.errors import UsageError
+from torchdiag.errors import ModelError, UsageError
 
 from support import ROOT, SAMPLES, load, sample
 
@@ -166,7 +166,6 @@ def test_a_builder_that_raises_typeerror_without_arg_values_is_the_models_error_
     import torch
 
     from torchdiag.core import sources
-    from torchdiag.errors import ModelError, UsageError
 
     def build(**kw):
         if kw:
@@ -233,3 +232,115 @@ def test_a_model_holding_meta_tensors_is_one_line_exit_2(cli, tmp_path):
     spec.loader.exec_module(mod)
     with pytest.raises(UsageError, match="buffer unused"):
         api_run("nancheck", mod.build(), (torch.randn(2, 8),))
+
+
+# ---- a model too big for the memory here (core.resources.room_for_model) ---------------------------------------------
+# A user pointing torchdiag at hf:FOLDER of a model of billions of parameters (zamba's default config: 7.2e9, 27 GiB of
+# float32) on a 24 GiB machine got the process OOM-killed, or after 40 s "building ... raised RuntimeError: ... can't
+# allocate memory" (exit 3). The machine is made small here instead of the model large: nothing big is ever allocated.
+
+def _small_source(monkeypatch, built_on):
+    """torchvision:tiny, a source form whose builder records the device each build ran under (meta: the sizing)."""
+    from torch import nn
+
+    from torchdiag.core import sources
+
+    def build():
+        built_on.append(torch.empty(0).device.type)
+        return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3))   # 4,355 float32 values: 17,420 B
+
+    monkeypatch.setattr(sources, "resolve", lambda spec, kwargs, download=None: sources.Source(
+        build, dict(kwargs), "torchvision tiny", inputs=("2x64",), header={"source": "torchvision:tiny"}))
+
+
+def test_a_source_too_big_for_the_memory_is_refused_before_its_weights_are_built(cli, monkeypatch):
+    from torchdiag.core import resources
+
+    built_on: list = []
+    _small_source(monkeypatch, built_on)
+    monkeypatch.setattr(resources, "device_available", lambda device: 10_000)
+    res = cli("summary", "torchvision:tiny", "--device", "cpu")
+    assert res.code == 3, res.stderr
+    line = _error_line(res)
+    assert line == ("error: torchvision:tiny is too big for the memory here: 4,355 parameters need 17.01 KiB on cpu "
+                    "(17.01 KiB of float32 weights), 9.77 KiB is available there"), line
+    assert "--device meta" in res.stderr and "--arg" in res.stderr
+    assert built_on == ["meta"]                     # sized on meta; the weights were never made
+    assert cli("summary", "torchvision:tiny", "--device", "meta").code == 0   # meta needs no memory: never refused
+    res = cli("summary", "torchvision:tiny", "--device", "cpu", "--json")
+    assert res.code == 3 and res.json["error"]["message"].startswith("torchvision:tiny is too big"), res.stdout
+
+
+def test_a_training_command_counts_its_gradients_copy_and_optimizer_state(cli, monkeypatch):
+    from torchdiag.core import resources
+
+    _small_source(monkeypatch, [])
+    monkeypatch.setattr(resources, "device_available", lambda device: 55_000)   # the weights fit, the training not
+    assert cli("summary", "torchvision:tiny", "--device", "cpu").code == 0
+    assert cli("gradflow", "torchvision:tiny", "--device", "cpu").code in (0, 1)   # weights + gradients: 34,840 B
+    res = cli("overfit-batch", "torchvision:tiny", "--device", "cpu")
+    assert res.code == 3, res.stderr
+    assert _error_line(res) == (
+        "error: torchvision:tiny is too big for the memory here: 4,355 parameters need 85.06 KiB on cpu (the weights "
+        "17.01 KiB, a copy to train 17.01 KiB, its gradients 17.01 KiB, adam state 34.02 KiB for overfit-batch), "
+        "53.71 KiB is available there")
+    res = cli("overfit-batch", "torchvision:tiny", "--device", "cpu", "--optimizer", "sgd", "--momentum", "0")
+    assert res.code in (0, 1), res.stderr          # no optimizer state: 3 x 17,420 B fits
+    res = cli("overfit-batch", "torchvision:tiny", "--device", "cpu", "--dtype", "bfloat16")
+    # counted at --dtype: 17,420 B built, then 4 x 8,710 B fits (only the sizing is asserted: under a pretended GPU
+    # torch 2.14's Adam reaches for CUDA in a bfloat16 step)
+    assert "too big" not in res.stderr, res.stderr
+    monkeypatch.setattr(resources, "device_available", lambda device: 30_000)
+    res = cli("overfit-batch", "torchvision:tiny", "--device", "cpu", "--dtype", "bfloat16")
+    assert res.code == 3 and "need 42.53 KiB on cpu (the weights 8.51 KiB (bfloat16), a copy" in res.stderr, res.stderr
+
+
+def test_a_model_too_big_for_the_gpu_or_for_the_host_that_builds_it():
+    # on meta, 10^10 float32 weights (37 GiB) cost nothing; the memory of the host and of the GPU are patched, so the
+    # test means the same on a machine with a GPU and without one
+    from torch import nn
+
+    from torchdiag.commands import NAMES
+    from torchdiag.core import resources
+    from torchdiag.core.run import RunSpec
+
+    assert set(resources.STEP_COMMANDS) <= set(resources.BACKWARD_COMMANDS) <= set(NAMES)   # the registry's names
+    with torch.device("meta"):
+        big = nn.Linear(100_000, 100_000, bias=False)
+    cuda = torch.device("cuda", 0)
+    free = {"cpu": 64 * 2**30, "cuda": 16 * 2**30}
+    patch = pytest.MonkeyPatch()
+    patch.setattr(resources, "device_available", lambda device: free[device.type])
+    try:
+        with pytest.raises(ModelError) as caught:
+            resources.room_for_model(big, "hf:big", cuda, RunSpec("summary", "hf:big"))
+        assert caught.value.code == 3 and caught.value.message == (
+            "hf:big is too big for the memory here: 10,000,000,000 parameters need 37.25 GiB on cuda:0 (37.25 GiB of "
+            "float32 weights), 16.00 GiB is available there")
+        free["cpu"], free["cuda"] = 16 * 2**30, 80 * 2**30   # the GPU holds it, the host that builds it does not
+        with pytest.raises(ModelError) as caught:
+            resources.room_for_model(big, "hf:big", cuda, RunSpec("summary", "hf:big"))
+        assert "need 37.25 GiB on cpu" in caught.value.message
+        free["cpu"] = 64 * 2**30
+        resources.room_for_model(big, "hf:big", cuda, RunSpec("summary", "hf:big"))   # fits: nothing said
+        free["cuda"] = 70 * 2**30
+        with pytest.raises(ModelError) as caught:   # nancheck: + the gradients
+            resources.room_for_model(big, "hf:big", cuda, RunSpec("nancheck", "hf:big"))
+        assert "need 74.51 GiB on cuda:0 (the weights 37.25 GiB, gradients 37.25 GiB for nancheck)" \
+            in caught.value.message
+        patch.setattr(resources, "device_available", lambda device: None)   # mps: not known, not refused
+        resources.room_for_model(big, "hf:big", torch.device("mps"), RunSpec("nancheck", "hf:big"))
+    finally:
+        patch.undo()
+
+
+def test_a_build_that_runs_out_of_memory_anyway_is_one_line_exit_3(cli, tmp_path):
+    model = tmp_path / "hungry.py"
+    model.write_text("def build():\n    raise MemoryError()\n\n\n"
+                     "def allocator():\n    raise RuntimeError('[enforce fail at alloc_cpu.cpp:127] err == 0. "
+                     "DefaultCPUAllocator: can\\'t allocate memory: you tried to allocate 220463104 bytes.')\n")
+    for factory in ("build", "allocator"):
+        res = cli("summary", f"{model}:{factory}", "--device", "cpu")
+        assert res.code == 3, res.stderr
+        assert _error_line(res).startswith(f"error: {model}:{factory} ran out of memory while it was built: ")
+        assert "--device meta" in res.stderr

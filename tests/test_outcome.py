@@ -65,6 +65,19 @@ def test_any_other_error_stays_a_bug_of_ours(exc):
     assert out.code == ExitCode.INTERNAL and out.hint == BUG_HINT
 
 
+HOST_OOM = [MemoryError(), RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
+                                        "allocate memory: you tried to allocate 220463104 bytes. Error code 12")]
+
+
+@pytest.mark.parametrize("exc", HOST_OOM + [_raised_from(HOST_OOM[0])])
+def test_running_out_of_host_memory_is_one_line_not_a_bug_of_ours(exc):
+    # a MemoryError past the size check (an estimate short of what a step took) said "internal error in torchdiag"
+    out = failed(exc)
+    assert out.code == ExitCode.MODEL and out.hint.startswith("the run needs more memory than the machine has")
+    assert out.message.startswith("out of memory: ") and "\n" not in out.message
+    assert failed(_raised_while_handling(HOST_OOM[0], KeyError("missing"))).code == ExitCode.INTERNAL
+
+
 def test_our_own_usage_error_keeps_its_code():
     assert failed(UsageError("bad option")).code == ExitCode.USAGE
 

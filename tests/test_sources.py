@@ -56,6 +56,23 @@ def test_hf_config_file_itself_and_arg_overrides(tmp_path, cli):
     assert one.json["total_params"] < two.json["total_params"]
 
 
+def test_hf_config_too_big_for_the_memory_is_refused_before_it_is_built(tmp_path, cli, monkeypatch):
+    # zamba's default config (7.2e9 parameters, 27 GiB of float32) on a 24 GiB machine was OOM-killed while it was
+    # built; here the machine is made small instead: sized on meta, refused in one line, and meta is never refused
+    from torchdiag.core import resources
+
+    folder = gpt2_dir(tmp_path)
+    monkeypatch.setattr(resources, "device_available", lambda device: 100_000)
+    r = cli("summary", f"hf:{folder}", "--device", "cpu")
+    assert r.code == 3, r.stderr
+    one_error_line(r)
+    # 43,520 parameters (lm_head tied to wte: counted once), float32
+    assert f"error: hf:{folder} is too big for the memory here: 43,520 parameters need 170.00 KiB on cpu (170.00 KiB " \
+        "of float32 weights), 97.66 KiB is available there" in r.stderr
+    assert "hint: --device meta" in r.stderr
+    assert cli("summary", f"hf:{folder}", "--device", "meta").code == 0
+
+
 def test_hf_weights_from_safetensors_in_the_folder(tmp_path, cli):
     from safetensors.torch import save_file
 

@@ -209,7 +209,7 @@ def prepare(spec: RunSpec, *, needs_values: bool = False):
     if needs_values and device.type == "meta":  # refused before the model is built
         raise_meta(spec.command)
     check_supported(spec, device)
-    loaded = load_model(spec.model, list(spec.args), device, spec.seed, spec.download)
+    loaded = load_model(spec.model, list(spec.args), device, spec.seed, spec.download, run=spec)
     loaded.model = eager(loaded.model, spec.command, loaded.header)
     if sources.trains(spec.command):
         sources.for_training(loaded, spec.command)   # a source's default batch of 1 breaks BatchNorm in train mode

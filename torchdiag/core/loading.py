@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from ..errors import ModelError, UsageError, one_line
+from ..errors import ModelError, UsageError, one_line, out_of_memory
 from . import sources
 from .distributed import refuse_sharded
+from .resources import ran_out_building
 from .spec_check import file_not_found, no_factory
 
 SPEC_FORMS = "path/to/file.py:factory, dotted.module:factory, torchvision:NAME, timm:NAME, hf:PATH or hf:ORG/NAME"
@@ -121,9 +122,11 @@ def find_factory(module: ModuleType, name: str, where: str):
 
 
 def load_model(spec: str, arg_pairs: list[str] | None = None, device=None, seed: int | None = 0,
-               download: str | None = None) -> LoadedModel:
+               download: str | None = None, run=None) -> LoadedModel:
     """Import, call the factory (on meta when device is meta), check it made an nn.Module. `download`
-    ("config", --download) lets an hf:NAME missing from the Hugging Face cache fetch its config.json.
+    ("config", --download) lets an hf:NAME missing from the Hugging Face cache fetch its config.json. `run` (the
+    core.run.RunSpec) says what the command needs beside the weights: a source form (torchvision:, timm:, hf:) is
+    first built on meta and refused when that does not fit (core.resources.room_for_model).
 
     The factory runs with the global RNG seeded, so the same seed gives the same random weights:
     runs are reproducible, and a CI gate does not flake."""
@@ -134,7 +137,7 @@ def load_model(spec: str, arg_pairs: list[str] | None = None, device=None, seed:
 
     kwargs = parse_args(arg_pairs)
     if sources.is_source(spec):
-        return _load_source(spec, kwargs, device, seed, download)
+        return _load_source(spec, kwargs, device, seed, download, run)
     where, name = split_spec(spec)
     module = import_module(where)
     factory = find_factory(module, name, where)
@@ -154,6 +157,8 @@ def load_model(spec: str, arg_pairs: list[str] | None = None, device=None, seed:
                              hint=f"its signature is {name}{_signature(factory)}") from exc
         raise ModelError(f"{name}() raised {one_line(exc)}") from exc
     except Exception as exc:
+        if out_of_memory(exc):
+            raise ran_out_building(spec, exc) from exc
         raise ModelError(f"{name}() raised {one_line(exc)}", hint="the factory itself failed; run it in Python to see the traceback") from exc
     if not isinstance(model, nn.Module):
         raise UsageError(f"{name}() returned {type(model).__name__}, not a torch.nn.Module",
@@ -166,12 +171,15 @@ def load_model(spec: str, arg_pairs: list[str] | None = None, device=None, seed:
     return LoadedModel(model, spec, module, name, kwargs, built_on, factory)
 
 
-def _load_source(spec: str, kwargs: dict[str, Any], device, seed: int | None, download: str | None = None) -> LoadedModel:
+def _load_source(spec: str, kwargs: dict[str, Any], device, seed: int | None, download: str | None = None,
+                 run=None) -> LoadedModel:
     """`torchvision:NAME`, `timm:NAME`, `hf:PATH`, `hf:NAME` (core.sources)."""
     from .meta import refuse_meta_tensors
 
     source = sources.resolve(spec, kwargs, download)
-    model, built_on = sources.build(source, device, seed)
+    if device is not None and device.type != "meta":
+        sources.check_room(source, spec, device, seed, run)
+    model, built_on = sources.build(source, device, seed, spec)
     if device is not None and device.type != "meta":
         refuse_meta_tensors(model, f"the model {source.label} built")
         model = model.to(device)

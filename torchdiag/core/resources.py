@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import os
+from typing import Any
+
+from ..errors import ModelError, one_line
 
 MAX_WORK_BYTES = 16 * 2**30   # more than this for one input or picture is a typo, not a test batch
 
@@ -13,7 +16,14 @@ def memory_limit() -> int:
 
 
 def host_available() -> int | None:
-    """Bytes of host memory available now (MemAvailable); None when the system does not say."""
+    """Bytes of host memory available now (MemAvailable), or less where the process's address space is capped
+    (ulimit -v, prlimit --as: what is left under the cap); None when the system does not say."""
+    free = _mem_available()
+    room = _address_space_left()
+    return room if free is None else free if room is None else min(free, room)
+
+
+def _mem_available() -> int | None:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -25,6 +35,23 @@ def host_available() -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def _address_space_left() -> int | None:
+    """RLIMIT_AS less the process's virtual size now (VmSize); None when uncapped or not known."""
+    try:
+        import resource
+
+        cap = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if cap == resource.RLIM_INFINITY or cap < 0:
+            return None
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return max(cap - int(line.split()[1]) * 1024, 0)
+    except (ImportError, OSError, ValueError, IndexError, AttributeError):
+        pass
+    return None
 
 
 def device_available(device) -> int | None:
@@ -44,3 +71,75 @@ def device_available(device) -> int | None:
             return None
     return None
 
+
+# What a command needs beside the model's own tensors, known before it loads (core.loading.load_model): the commands
+# that always run backward through the model (a gradient per trainable parameter), and those of them that always
+# train a copy with the run's optimizer (the copy, its gradients and the optimizer's state). memory and profile choose
+# with --mode; the copies the others make now and then are checked when made (core.train.room_for_copy).
+BACKWARD_COMMANDS = ("nancheck", "gradflow", "doctor", "overfit-batch", "lr-find")
+STEP_COMMANDS = ("overfit-batch", "lr-find")
+
+
+def too_big_hint(spec: str) -> str:
+    smaller = ("a smaller config with --arg, e.g. --arg num_hidden_layers=2" if spec.startswith("hf:") else
+               "a smaller one with --arg where its builder takes a size")
+    return f"--device meta builds it without allocating the weights (summary, flops and memory run there); or build {smaller}"
+
+
+def room_for_model(model, label: str, device, run=None) -> None:
+    """`model`, built on meta with the builder the real build will use, is refused before that build when what the run
+    needs does not fit in the memory available (ModelError, exit 3 as for a copy that does not fit or a run out of
+    memory, one line naming the model, its parameters, the
+    bytes needed and the bytes available), instead of the kernel's OOM killer ending the process with no line.
+
+    The weights are built on the CPU at the dtype the builder makes (--dtype casts them after), then moved to
+    `device`; `run` (a core.run.RunSpec) adds what its command needs beside them there (BACKWARD_COMMANDS,
+    STEP_COMMANDS), at its --dtype. Where the free memory is not known (mps), nothing is refused."""
+    import torch
+
+    from ..fmt import human_bytes
+
+    params = list(model.parameters())
+    tensors = params + list(model.buffers())
+    run_dtype = getattr(torch, run.dtype) if run is not None and run.dtype else None
+
+    def nbytes(ts, dtype=None) -> int:
+        return sum(t.numel() * (torch.empty((), dtype=dtype).element_size() if dtype is not None
+                                and t.is_floating_point() else t.element_size()) for t in ts)
+
+    built = nbytes(tensors)
+    held = nbytes(tensors, run_dtype)   # after --dtype
+    parts: list[tuple[str, int]] = []   # what the command adds on the device: (what, bytes)
+    command = getattr(run, "command", "")
+    grads = nbytes([p for p in params if p.requires_grad and p.is_floating_point()], run_dtype)
+    if command in STEP_COMMANDS:   # the copy trains, not the model: the gradients and the state are the copy's
+        optimizer = run.optimizer
+        states = 2 if optimizer.name in ("adam", "adamw") else 1 if optimizer.momentum else 0
+        parts += [("a copy to train", held), ("its gradients", grads)]
+        if states:
+            parts.append((f"{optimizer.name} state", states * grads))
+    elif command in BACKWARD_COMMANDS:
+        parts.append(("gradients", grads))
+    extra = sum(n for _, n in parts)
+    count = sum(p.numel() for p in params)
+    dtypes = sorted({str(t.dtype).replace("torch.", "") for t in params if t.is_floating_point()}) or ["no float"]
+    cpu = torch.device("cpu")
+    needs: list[tuple[Any, int, list[tuple[str, int]]]] = [(cpu, built, [])] if device.type != "cpu" else []
+    needs.append((device, max(built, held + extra), parts if held + extra > built else []))
+    for where, need, what in needs:
+        free = device_available(where)
+        if free is None or need <= free:
+            continue
+        detail = f"{human_bytes(built)} of {'/'.join(dtypes)} weights"
+        if what:
+            cast = f" ({run.dtype})" if run_dtype is not None else ""
+            detail = (f"the weights {human_bytes(held)}{cast}, "
+                      + ", ".join(f"{w} {human_bytes(n)}" for w, n in what) + f" for {command}")
+        raise ModelError(f"{label} is too big for the memory here: {count:,} parameters need {human_bytes(need)} on "
+                         f"{where} ({detail}), {human_bytes(free)} is available there", hint=too_big_hint(label))
+
+
+def ran_out_building(spec: str, exc: BaseException) -> ModelError:
+    """The one line (exit 3) for a build that ran out of memory anyway (a factory file.py:build, which is not built
+    twice to size it, or a build that took more than its tensors): the model is too big here, not a bug in its code."""
+    return ModelError(f"{spec} ran out of memory while it was built: {one_line(exc)}", hint=too_big_hint(spec))

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ModelError, UsageError, one_line
+from ..errors import ModelError, UsageError, one_line, out_of_memory
 from . import hub
 from .limits import json_depth, read_text
+from .resources import ran_out_building, room_for_model
 
 LABELS_FROM_IDS = "labels = the input ids"   # the header's words (inputs.py says when they changed)
 PREFIXES = ("torchvision:", "timm:", "hf:")
@@ -684,7 +685,21 @@ def example_module(spec: str, source: Source) -> types.ModuleType:
     return module
 
 
-def build(source: Source, device, seed: int | None):
+def check_room(source: Source, spec: str, device, seed: int | None, run=None) -> None:
+    """Before the weights are built: the same builder on meta (no weights: a fraction of a second for a model of
+    billions of parameters), its tensors against the memory available for `run` (core.resources.room_for_model).
+    A builder that cannot build on meta is left to the real build, which says what is wrong."""
+    import torch
+
+    try:
+        with torch.random.fork_rng(devices=[]), no_downloads(source.label):
+            model, _ = _build(source, torch.device("meta"), seed)
+    except Exception:   # noqa: BLE001 - the real build raises it again, with its own message
+        return
+    room_for_model(model, spec, device, run)
+
+
+def build(source: Source, device, seed: int | None, spec: str = ""):
     """Call the source's builder as load_model calls a factory: seeded, on meta when asked, no downloads."""
     try:
         with no_downloads(source.label):
@@ -697,6 +712,8 @@ def build(source: Source, device, seed: int | None):
     except UsageError:
         raise
     except Exception as exc:
+        if out_of_memory(exc):
+            raise ran_out_building(spec or source.label, exc) from exc
         raise ModelError(f"building {source.label} raised {one_line(exc)}") from exc
     return model, built_on
 

@@ -14,9 +14,12 @@ from ..errors import (
     device_error,
     interrupt_code,
     one_line,
+    out_of_memory,
 )
 from .isolation import UserExit
 
+HOST_OOM_HINT = ("the run needs more memory than the machine has available: a smaller batch (-i) or model (--arg), "
+                 "--dtype bfloat16, or --device meta for summary, flops and memory")
 BUG_HINT = "this is a bug in torchdiag: run again with --debug and please report the traceback"
 
 
@@ -64,6 +67,9 @@ def failed(exc: BaseException, ctx=None, caller: str = "cli") -> Outcome:
     gpu = device_error(exc) if isinstance(exc, Exception) else None
     if gpu is not None:   # the GPU's own failure (an assert of the model's kernels surfaces at whatever call is next)
         return Outcome(gpu.code, message=gpu.message, hint=gpu.hint, trace=traceback.format_exc())
+    if isinstance(exc, Exception) and out_of_memory(exc):   # the host's memory (MemoryError, the CPU allocator)
+        return Outcome(ExitCode.MODEL, message=f"out of memory: {one_line(exc)}", hint=HOST_OOM_HINT,
+                       trace=traceback.format_exc())
     if isinstance(exc, Exception):   # a bug of ours
         return Outcome(ExitCode.INTERNAL, message=f"internal error in torchdiag: {one_line(exc)}", hint=BUG_HINT,
                        trace=traceback.format_exc())
