@@ -393,6 +393,55 @@ def test_an_overflow_written_into_a_ban_vector_stays_an_error():
     assert not [f for f in res.findings if f.code == "inf-fill"]
 
 
+class OutsiderBesideAFill(nn.Module):
+    """A review of the ban vector's bound (/tmp/rev): a ±inf from a plain tensor attribute (outside the forward)
+    beside a real fill elsewhere. "prior": a log(0) prior added to the logits, then a padding column written -inf;
+    "causal": a causal mask made in the forward inside attention (224 fills), the prior on the logits; "cache": a
+    log-probability cache that underflowed, picked by where, beside a ban vector. "twice": the ban vector's logits
+    returned twice (fills only)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind, self.head = kind, nn.Linear(16, 10)
+        self.attn = nn.MultiheadAttention(16, 4, batch_first=True)
+        counts = torch.tensor([5.0, 3, 0, 0, 0, 2, 1, 0, 0, 4])
+        self.log_prior = torch.log(counts / counts.sum())   # not a buffer: -inf for 5 classes
+        self.cache = torch.log(torch.softmax(torch.tensor([[0.0, 1, 2, 3, 200, 300, 400, 500, 600, 700]]), -1))
+
+    def forward(self, x):
+        if self.kind == "prior":
+            logits = self.head(x) + self.log_prior
+            return torch.cat([logits, torch.full((x.shape[0], 1), float("-inf"))], -1)
+        if self.kind == "causal":
+            h = x.reshape(2, -1, 16)
+            n = h.shape[1]
+            h, _ = self.attn(h, h, h, attn_mask=torch.full((n, n), float("-inf")).triu(1), need_weights=False)
+            return self.head(h) + self.log_prior
+        ban = torch.zeros(10)
+        ban[9] = float("-inf")
+        if self.kind == "cache":
+            use = torch.arange(x.shape[0])[:, None] < x.shape[0] // 2
+            return torch.where(use, self.cache, self.head(x)) + ban
+        y = self.head(x) + ban
+        return y, y * 2
+
+
+@pytest.mark.parametrize("kind", ["prior", "causal", "cache"])
+def test_a_fill_elsewhere_does_not_excuse_a_plain_attributes_inf(kind):
+    # the ban vector's bound first took the most ±inf any tensor of the forward held: one real fill anywhere then
+    # excused a log(0) prior or an underflowed cache kept as a plain attribute (a review); an output such a tensor
+    # reached counts only what the ops wrote
+    torch.manual_seed(0)
+    res = api_run("nancheck", OutsiderBesideAFill(kind), (torch.randn(8, 16),))
+    assert "non-finite-output" in codes(res, ("error",)), [(f.code, f.message) for f in res.findings]
+
+
+def test_a_ban_vectors_logits_returned_twice_are_fills():
+    torch.manual_seed(0)
+    res = api_run("nancheck", OutsiderBesideAFill("twice"), (torch.randn(4, 16),))
+    assert not codes(res), [(f.code, f.message) for f in res.findings if f.severity != "info"]
+
+
 def test_held_buffers_count_only_their_own_positions():
     mask = torch.zeros(10)
     mask[7:] = float("-inf")

@@ -102,8 +102,8 @@ class Fills:
                                                              # shaken weights left unchanged (a finfo.min fill)
     numbers: tuple = ()                                      # the finite extreme numbers ops wrote as fills,
                                                              # when no op computed one
-    held: int = 0                                            # the most ±inf one tensor of the forward held,
-                                                             # when fills made every one
+    held: int = 0                                            # the ±inf the forward's outputs held, when fills
+                                                             # made every one and nothing from outside reached them
 
     @property
     def only_fills(self) -> bool:
@@ -111,8 +111,9 @@ class Fills:
 
     @property
     def written(self) -> int:
-        """The most ±inf one output of the forward may hold as fills: all the ops wrote, or as many as one tensor
-        held (a review: a ban vector written once, `ban[eos] = -inf`, then added to every row of the logits)."""
+        """The most ±inf the outputs may hold as fills: all the ops wrote, or as many as the traced forward's outputs
+        held where nothing from outside the forward reached them (a ban vector written once, `ban[eos] = -inf`,
+        then added to every row of the logits)."""
         return max(sum(self.made.values()), self.held)
 
     @property
@@ -322,8 +323,11 @@ def _mode(state: dict | None = None):
             # (op, finite extremes it wrote, those it computed, those it wrote over a non-finite input, those above 0
             # it added onto a value, its numbers)
             self.extremes: list = []
-            # each op output's ±inf count: a fill written once may be copied onto many positions (`held`)
-            self.held: list = []
+            # id -> weakref: tensors a ±inf of a tensor from outside the forward may have reached (`held` ignores
+            # them: a review's log(0) prior kept as a plain attribute, beside a padding fill); per outside tensor,
+            # whether it holds one (read once each)
+            self.tainted: dict = {}
+            self.alien_inf: dict = {}
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -363,14 +367,36 @@ def _mode(state: dict | None = None):
             made = [new_values(name, o, given, first, view, selects, number) for o in outs]
             if made:
                 self.rows.append((name, number, sum(m[0] for m in made), sum(m[1] for m in made)))
-                self.held.extend(torch.isinf(o).sum() for o in outs)
             if literal:   # torch.tensor([-1e9, 0.]) in the forward: the values it holds are the numbers it writes
                 numbers = [v for o in outs for v in o[extreme(o)].unique().tolist()]
             ext = [new_extremes(name, o, given, first, view, selects, numbers) for o in outs]
             if ext:
                 self.extremes.append((name, *(sum(e[k] for e in ext) for k in range(4)), numbers))
             self._push_on(name, inputs, outs, ext)
+            self._taint_on(inputs, outs)
             return out
+
+        def _taint_on(self, inputs, outs) -> None:
+            """Outputs of an op reading a tainted tensor, or a tensor from outside the forward that holds a ±inf,
+            are tainted, and so is the base of a view written into."""
+            if not any(self._tainting(t) for t in inputs):
+                return
+            for o in outs:
+                for t in (o, o._base):
+                    if t is not None:
+                        self.tainted[id(t)] = weakref.ref(t)
+
+        def _tainting(self, t) -> bool:
+            ref = self.tainted.get(id(t))
+            if ref is not None and ref() is t:
+                return True
+            e = entry(t)
+            if e is None or e[1] != "outside":
+                return False
+            seen = self.alien_inf.get(id(t))
+            if seen is None or seen[0]() is not t:
+                seen = self.alien_inf[id(t)] = (weakref.ref(t), bool(torch.isinf(t).any()))   # one read each
+            return seen[1]
 
         def _push_on(self, name, inputs, outs, ext) -> None:
             """Carry `pushed` from the inputs to the outputs (by tensor, on the device): an output reached by an add
@@ -539,9 +565,16 @@ def written_numbers(rows, held: tuple = (), computed_inf: bool = False) -> tuple
     return tuple(sorted(ops)), tuple(sorted(set(held) - ops))
 
 
-def _most(counts) -> int:
-    """The largest of 0-dim count tensors, read back once per device."""
-    return max((v[0] for v in _read_counts([(c,) for c in counts])), default=0)
+def _held(mode, outputs) -> int:
+    """The ±inf the forward's outputs hold, read back once per device: what fills broadcast onto them (a ban vector
+    written once, `ban[eos] = -inf`, then added to every row). 0 where an output is tainted (a ±inf from a tensor from
+    outside the forward may be among them: only what the ops wrote counts then)."""
+    import torch
+
+    tensors = [t for _, t in outputs]
+    if any((ref := mode.tainted.get(id(t))) is not None and ref() is t for t in tensors):
+        return 0
+    return sum(v[0] for v in _read_counts([(torch.isinf(t).sum(),) for t in tensors]))
 
 
 def _pushed(mode, outputs) -> dict[str, bool]:
@@ -588,7 +621,7 @@ def ask(model, inputs, ctx, training: bool = True) -> Fills:
             with ctx.autocast(), mode:   # a nullcontext without --amp
                 out = run_forward(model, inputs, phase="forward (where its ±inf come from)")
             made, computed = classify(mode.rows)
-            most = _most(mode.held) if made and not computed else 0   # one read, only when it may be asked
+            most = _held(mode, float_outputs(out)) if made and not computed else 0   # one read, only when asked
             ops, held = written_numbers(mode.extremes, _held_numbers(model), bool(computed))
             pushed = _pushed(mode, float_outputs(out)) if ops else {}
             outs = {label: t.detach() for label, t in float_outputs(out)}
