@@ -412,6 +412,17 @@ class OutsiderBesideAFill(nn.Module):
         if self.kind == "prior":
             logits = self.head(x) + self.log_prior
             return torch.cat([logits, torch.full((x.shape[0], 1), float("-inf"))], -1)
+        if self.kind in ("view", "detach", "data"):   # the prior written into an alias, a padding column beside
+            y = torch.cat([self.head(x), torch.zeros(x.shape[0], 1)], -1) * 1.0
+            logits = y.view(x.shape[0], 11)   # taken before the write (a second review)
+            if self.kind == "view":
+                logits[:, :10] = self.log_prior
+            elif self.kind == "detach":
+                y.detach()[:, :10].copy_(self.log_prior.expand(x.shape[0], 10))
+            else:
+                y.data[:, :10] = self.log_prior
+            logits[:, 10] = float("-inf")
+            return logits
         if self.kind == "causal":
             h = x.reshape(2, -1, 16)
             n = h.shape[1]
@@ -426,13 +437,45 @@ class OutsiderBesideAFill(nn.Module):
         return y, y * 2
 
 
-@pytest.mark.parametrize("kind", ["prior", "causal", "cache"])
+@pytest.mark.parametrize("kind", ["prior", "causal", "cache", "view", "detach", "data"])
 def test_a_fill_elsewhere_does_not_excuse_a_plain_attributes_inf(kind):
     # the ban vector's bound first took the most ±inf any tensor of the forward held: one real fill anywhere then
     # excused a log(0) prior or an underflowed cache kept as a plain attribute (a review); an output such a tensor
     # reached counts only what the ops wrote
     torch.manual_seed(0)
     res = api_run("nancheck", OutsiderBesideAFill(kind), (torch.randn(8, 16),))
+    assert "non-finite-output" in codes(res, ("error",)), [(f.code, f.message) for f in res.findings]
+
+
+class PriorHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(16, 10)
+        self.log_prior = OutsiderBesideAFill("none").log_prior   # a plain attribute: -inf at 5 classes
+
+    def forward(self, x):
+        return self.head(x) + self.log_prior
+
+
+class PriorInside(nn.Module):
+    """A second review: a submodule's output holds a log(0) prior's -inf (20 for 4 rows); the model reads it through
+    argmax and returns logits with a ban vector (24 held): the submodule is the origin, and the model's outputs are
+    no bound for it."""
+
+    def __init__(self):
+        super().__init__()
+        self.prior, self.head = PriorHead(), nn.Linear(16, 12)
+
+    def forward(self, x):
+        greedy = self.prior(x).argmax(-1)
+        ban = torch.zeros(12)
+        ban[6:] = float("-inf")
+        return self.head(x) + ban, greedy
+
+
+def test_a_submodules_inf_is_not_bounded_by_the_models_outputs():
+    torch.manual_seed(0)
+    res = api_run("nancheck", PriorInside(), (torch.randn(4, 16),))
     assert "non-finite-output" in codes(res, ("error",)), [(f.code, f.message) for f in res.findings]
 
 

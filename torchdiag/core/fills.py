@@ -111,10 +111,14 @@ class Fills:
 
     @property
     def written(self) -> int:
-        """The most ±inf the outputs may hold as fills: all the ops wrote, or as many as the traced forward's outputs
-        held where nothing from outside the forward reached them (a ban vector written once, `ban[eos] = -inf`,
-        then added to every row of the logits)."""
-        return max(sum(self.made.values()), self.held)
+        return sum(self.made.values())
+
+    def bound(self, root: bool) -> int:
+        """The most ±inf a module's outputs may hold as fills: what the ops wrote; for the model's own outputs, as
+        many as the traced forward's outputs held where nothing from outside the forward reached them (a ban vector
+        written once, `ban[eos] = -inf`, then added to every row of the logits). A submodule's are not those (a
+        review)."""
+        return max(self.written, self.held) if root else self.written
 
     @property
     def sources(self) -> set[str]:
@@ -323,10 +327,10 @@ def _mode(state: dict | None = None):
             # (op, finite extremes it wrote, those it computed, those it wrote over a non-finite input, those above 0
             # it added onto a value, its numbers)
             self.extremes: list = []
-            # id -> weakref: tensors a ±inf of a tensor from outside the forward may have reached (`held` ignores
-            # them: a review's log(0) prior kept as a plain attribute, beside a padding fill); per outside tensor,
-            # whether it holds one (read once each)
-            self.tainted: dict = {}
+            # the storages (data pointers) a ±inf of a tensor from outside the forward may have reached (`held`
+            # ignores them: a review's log(0) prior kept as a plain attribute, beside a padding fill; a pointer freed
+            # and reused only taints more); per outside tensor, whether it holds one (read once each)
+            self.tainted: set = set()
             self.alien_inf: dict = {}
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -377,18 +381,14 @@ def _mode(state: dict | None = None):
             return out
 
         def _taint_on(self, inputs, outs) -> None:
-            """Outputs of an op reading a tainted tensor, or a tensor from outside the forward that holds a ±inf,
-            are tainted, and so is the base of a view written into."""
-            if not any(self._tainting(t) for t in inputs):
-                return
-            for o in outs:
-                for t in (o, o._base):
-                    if t is not None:
-                        self.tainted[id(t)] = weakref.ref(t)
+            """The storages of an op's outputs are tainted where it read a tainted storage, or a tensor from outside
+            the forward that holds a ±inf: by storage, so every view, detach() and .data of it is too (a review: a view
+            taken before the prior was written into its base passed)."""
+            if any(self._tainting(t) for t in inputs):
+                self.tainted.update(p for o in outs if (p := _storage(o)))
 
         def _tainting(self, t) -> bool:
-            ref = self.tainted.get(id(t))
-            if ref is not None and ref() is t:
+            if _storage(t) in self.tainted:
                 return True
             e = entry(t)
             if e is None or e[1] != "outside":
@@ -565,6 +565,14 @@ def written_numbers(rows, held: tuple = (), computed_inf: bool = False) -> tuple
     return tuple(sorted(ops)), tuple(sorted(set(held) - ops))
 
 
+def _storage(t) -> int:
+    """The data pointer of a tensor's storage (0 where it has none: empty, sparse, a tensor subclass without one)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:   # noqa: BLE001 - a layout without a plain storage: not tracked
+        return 0
+
+
 def _held(mode, outputs) -> int:
     """The ±inf the forward's outputs hold, read back once per device: what fills broadcast onto them (a ban vector
     written once, `ban[eos] = -inf`, then added to every row). 0 where an output is tainted (a ±inf from a tensor from
@@ -572,7 +580,7 @@ def _held(mode, outputs) -> int:
     import torch
 
     tensors = [t for _, t in outputs]
-    if any((ref := mode.tainted.get(id(t))) is not None and ref() is t for t in tensors):
+    if any(_storage(t) in mode.tainted for t in tensors):
         return 0
     return sum(v[0] for v in _read_counts([(torch.isinf(t).sum(),) for t in tensors]))
 

@@ -133,7 +133,7 @@ def filled(rep: PassReport, ctx) -> dict | None:
         return None
     fills, inf = ctx.fills(), sum(b[2] for b in o.bad_outputs)
     # the loss left them out (fills at other positions than the fills' own forward, drawn at random, it did not)
-    if not fills.only_fills or not rep.loss_finite or inf > fills.written:
+    if not fills.only_fills or not rep.loss_finite or inf > fills.bound(root=not o.name):
         return None
     return {"module": o.name or "(root)", "inf": inf, "how": fills.describe(), "sources": sorted(fills.sources)}
 
