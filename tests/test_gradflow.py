@@ -637,7 +637,7 @@ def test_a_float64_copy_that_does_not_fit_falls_back_to_float32_before_it_is_mad
         return work
 
     monkeypatch.setattr(train, "train_copy", copy)
-    monkeypatch.setattr(resources, "device_available", lambda device: int(1.5 * f32))   # float32 fits, float64 not
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: int(1.5 * f32))   # float32 fits, float64 not
     res = run(model, torch.randn(2, 3, 8, 8))
     assert any("re-checked in float32 (the float64 copy failed: not enough memory" in n for n in res.notes), res.notes
     assert statuses(res)["conv.bias"] == "invariant"   # the float32 re-check still answers

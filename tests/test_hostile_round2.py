@@ -612,7 +612,7 @@ def test_a_copy_that_does_not_fit_is_one_line_not_the_oom_killer(monkeypatch):
     from torchdiag.errors import ModelError
 
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3))   # 4,355 float32 values: 17,420 B
-    monkeypatch.setattr(resources, "device_available", lambda device: 10_000)
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: 10_000)
     with pytest.raises(ModelError) as caught:
         run("overfit-batch", model, torch.randn(4, 64), steps=5)
     assert "not enough memory for a copy of the model" in caught.value.message
@@ -620,7 +620,7 @@ def test_a_copy_that_does_not_fit_is_one_line_not_the_oom_killer(monkeypatch):
     with pytest.raises(ModelError) as caught:   # doctor's fallback (the model itself) would keep as much again
         run("doctor", model, torch.randn(4, 64))
     assert "not enough memory" in caught.value.message and "17.01 KiB" in caught.value.message
-    monkeypatch.setattr(resources, "device_available", lambda device: 10**9)
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: 10**9)
     assert run("overfit-batch", model, torch.randn(4, 64), steps=5).exit_code in (0, 1)
 
 

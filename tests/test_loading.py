@@ -258,7 +258,7 @@ def test_a_source_too_big_for_the_memory_is_refused_before_its_weights_are_built
 
     built_on: list = []
     _small_source(monkeypatch, built_on)
-    monkeypatch.setattr(resources, "device_available", lambda device: 10_000)
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: 10_000)
     res = cli("summary", "torchvision:tiny", "--device", "cpu")
     assert res.code == 3, res.stderr
     line = _error_line(res)
@@ -275,7 +275,7 @@ def test_a_training_command_counts_its_gradients_copy_and_optimizer_state(cli, m
     from torchdiag.core import resources
 
     _small_source(monkeypatch, [])
-    monkeypatch.setattr(resources, "device_available", lambda device: 55_000)   # the weights fit, the training not
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: 55_000)   # the weights fit, the training not
     assert cli("summary", "torchvision:tiny", "--device", "cpu").code == 0
     assert cli("gradflow", "torchvision:tiny", "--device", "cpu").code in (0, 1)   # weights + gradients: 34,840 B
     res = cli("overfit-batch", "torchvision:tiny", "--device", "cpu")
@@ -290,7 +290,7 @@ def test_a_training_command_counts_its_gradients_copy_and_optimizer_state(cli, m
     # counted at --dtype: 17,420 B built, then 4 x 8,710 B fits (only the sizing is asserted: under a pretended GPU
     # torch 2.14's Adam reaches for CUDA in a bfloat16 step)
     assert "too big" not in res.stderr, res.stderr
-    monkeypatch.setattr(resources, "device_available", lambda device: 30_000)
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: 30_000)
     res = cli("overfit-batch", "torchvision:tiny", "--device", "cpu", "--dtype", "bfloat16")
     assert res.code == 3 and "need 42.53 KiB on cpu (the weights 8.51 KiB (bfloat16), a copy" in res.stderr, res.stderr
 
@@ -310,7 +310,7 @@ def test_a_model_too_big_for_the_gpu_or_for_the_host_that_builds_it():
     cuda = torch.device("cuda", 0)
     free = {"cpu": 64 * 2**30, "cuda": 16 * 2**30}
     patch = pytest.MonkeyPatch()
-    patch.setattr(resources, "device_available", lambda device: free[device.type])
+    patch.setattr(resources, "device_available", lambda device, swap=False: free[device.type])
     try:
         with pytest.raises(ModelError) as caught:
             resources.room_for_model(big, "hf:big", cuda, RunSpec("summary", "hf:big"))
@@ -328,7 +328,7 @@ def test_a_model_too_big_for_the_gpu_or_for_the_host_that_builds_it():
             resources.room_for_model(big, "hf:big", cuda, RunSpec("nancheck", "hf:big"))
         assert "need 74.51 GiB on cuda:0 (the weights 37.25 GiB, gradients 37.25 GiB for nancheck)" \
             in caught.value.message
-        patch.setattr(resources, "device_available", lambda device: None)   # mps: not known, not refused
+        patch.setattr(resources, "device_available", lambda device, swap=False: None)   # mps: not known, not refused
         resources.room_for_model(big, "hf:big", torch.device("mps"), RunSpec("nancheck", "hf:big"))
     finally:
         patch.undo()
@@ -338,9 +338,42 @@ def test_a_build_that_runs_out_of_memory_anyway_is_one_line_exit_3(cli, tmp_path
     model = tmp_path / "hungry.py"
     model.write_text("def build():\n    raise MemoryError()\n\n\n"
                      "def allocator():\n    raise RuntimeError('[enforce fail at alloc_cpu.cpp:127] err == 0. "
-                     "DefaultCPUAllocator: can\\'t allocate memory: you tried to allocate 220463104 bytes.')\n")
+                     "DefaultCPUAllocator: can\\'t allocate memory: you tried to allocate 220463104 bytes.')\n\n\n"
+                     "class QuotaError(MemoryError):\n    pass\n\n\n"
+                     "def quota():\n    raise QuotaError('licence seat quota exceeded')\n")
     for factory in ("build", "allocator"):
         res = cli("summary", f"{model}:{factory}", "--device", "cpu")
         assert res.code == 3, res.stderr
         assert _error_line(res).startswith(f"error: {model}:{factory} ran out of memory while it was built: ")
         assert "--device meta" in res.stderr
+    res = cli("summary", f"{model}:quota", "--device", "cpu")   # a library's MemoryError subclass: its own words
+    assert res.code == 3 and _error_line(res) == "error: quota() raised QuotaError: licence seat quota exceeded", \
+        res.stderr
+
+
+def test_the_memory_available_counts_swap_for_a_build_and_a_containers_limit(monkeypatch, tmp_path):
+    # a review: MemAvailable alone refused a model a host with swap had run (slowly) before, and a container's
+    # cgroup limit, where the OOM killer acts first, was not read
+    from torchdiag.core import resources
+
+    info = {"MemAvailable:": 8 * 2**30, "SwapFree:": 4 * 2**30}
+    monkeypatch.setattr(resources, "_meminfo", lambda key: info.get(key))
+    monkeypatch.setattr(resources, "_address_space_left", lambda: None)
+    monkeypatch.setattr(resources, "_cgroup_left", lambda: None)
+    assert resources.host_available() == 8 * 2**30 and resources.host_available(swap=True) == 12 * 2**30
+    monkeypatch.setattr(resources, "_cgroup_left", lambda: 2**30)
+    assert resources.host_available(swap=True) == 2**30
+    limit, usage = tmp_path / "limit", tmp_path / "usage"
+    real_open = open
+
+    def fake_open(path, *a, **k):
+        return real_open({"/sys/fs/cgroup/memory/memory.limit_in_bytes": limit,
+                          "/sys/fs/cgroup/memory/memory.usage_in_bytes": usage}.get(path, "/nonexistent/x"), *a, **k)
+
+    monkeypatch.undo()
+    monkeypatch.setattr("builtins.open", fake_open)
+    limit.write_text("9223372036854771712\n")   # v1's "no limit"
+    usage.write_text("1000\n")
+    assert resources._cgroup_left() is None
+    limit.write_text(f"{3 * 2**30}\n")
+    assert resources._cgroup_left() == 3 * 2**30 - 1000

@@ -62,7 +62,7 @@ def test_hf_config_too_big_for_the_memory_is_refused_before_it_is_built(tmp_path
     from torchdiag.core import resources
 
     folder = gpt2_dir(tmp_path)
-    monkeypatch.setattr(resources, "device_available", lambda device: 100_000)
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: 100_000)
     r = cli("summary", f"hf:{folder}", "--device", "cpu")
     assert r.code == 3, r.stderr
     one_error_line(r)

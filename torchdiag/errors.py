@@ -78,6 +78,13 @@ def out_of_memory(exc: BaseException | None) -> bool:
     return False
 
 
+def host_out_of_memory(exc: BaseException) -> bool:
+    """`exc` itself is the host running out of memory: a MemoryError (not a subclass: a library's quota error is one)
+    or the CPU allocator's refusal. Not its causes: our own error raised over one is ours (a review)."""
+    return type(exc) is MemoryError or (isinstance(exc, RuntimeError)
+                                        and "DefaultCPUAllocator: can't allocate memory" in one_line(exc, 10**4))
+
+
 def one_line(exc: BaseException, limit: int = 300) -> str:
     """`TypeName: first line of the message`, cut to `limit` characters (even when str(exc) raises)."""
     try:

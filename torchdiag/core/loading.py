@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from ..errors import ModelError, UsageError, one_line, out_of_memory
+from ..errors import ModelError, UsageError, host_out_of_memory, one_line
 from . import sources
 from .distributed import refuse_sharded
 from .resources import ran_out_building
@@ -157,7 +157,7 @@ def load_model(spec: str, arg_pairs: list[str] | None = None, device=None, seed:
                              hint=f"its signature is {name}{_signature(factory)}") from exc
         raise ModelError(f"{name}() raised {one_line(exc)}") from exc
     except Exception as exc:
-        if out_of_memory(exc):
+        if host_out_of_memory(exc):
             raise ran_out_building(spec, exc) from exc
         raise ModelError(f"{name}() raised {one_line(exc)}", hint="the factory itself failed; run it in Python to see the traceback") from exc
     if not isinstance(model, nn.Module):

@@ -15,22 +15,49 @@ def memory_limit() -> int:
     return MAX_WORK_BYTES if free is None else min(MAX_WORK_BYTES, free)
 
 
-def host_available() -> int | None:
-    """Bytes of host memory available now (MemAvailable), or less where the process's address space is capped
-    (ulimit -v, prlimit --as: what is left under the cap); None when the system does not say."""
+def host_available(swap: bool = False) -> int | None:
+    """Bytes of host memory available now (MemAvailable, with SwapFree where `swap`: a build that swaps is slow, not
+    killed), or less where the process's address space is capped (ulimit -v, prlimit --as) or its container's
+    memory is (a cgroup's limit less its usage: the OOM killer acts there first); None when the system does not say."""
     free = _mem_available()
-    room = _address_space_left()
-    return room if free is None else free if room is None else min(free, room)
+    if free is not None and swap:
+        free += _meminfo("SwapFree:") or 0
+    caps = [c for c in (free, _address_space_left(), _cgroup_left()) if c is not None]
+    return min(caps) if caps else None
 
 
-def _mem_available() -> int | None:
+def _meminfo(key: str) -> int | None:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
+    return None
+
+
+def _cgroup_left() -> int | None:
+    """The memory limit of this process's cgroup less its usage (v2 memory.max, v1 memory.limit_in_bytes); None
+    where there is no limit (v1 writes "no limit" as a number near 2**63) or none is readable."""
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit) as f:
+                cap = f.read().strip()
+            if cap == "max" or int(cap) >= 2**60:
+                return None
+            with open(usage) as f:
+                return max(int(cap) - int(f.read().strip()), 0)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _mem_available() -> int | None:
+    free = _meminfo("MemAvailable:")
+    if free is not None:
+        return free
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
@@ -54,14 +81,14 @@ def _address_space_left() -> int | None:
     return None
 
 
-def device_available(device) -> int | None:
-    """Bytes free now on `device` (a torch.device): the host's for the CPU; for a CUDA device the driver's free
-    memory plus what torch's caching allocator holds reserved but unused (it hands that out first); None where
-    that is not known (mps, meta, an error)."""
+def device_available(device, swap: bool = False) -> int | None:
+    """Bytes free now on `device` (a torch.device): the host's for the CPU (its free swap too where `swap`); for a
+    CUDA device the driver's free memory plus what torch's caching allocator holds reserved but unused (it hands
+    that out first); None where that is not known (mps, meta, an error)."""
     import torch
 
     if device.type == "cpu":
-        return host_available()
+        return host_available(swap)
     if device.type == "cuda":
         try:
             free, _ = torch.cuda.mem_get_info(device)
@@ -81,8 +108,9 @@ STEP_COMMANDS = ("overfit-batch", "lr-find")
 
 
 def too_big_hint(spec: str) -> str:
-    smaller = ("a smaller config with --arg, e.g. --arg num_hidden_layers=2" if spec.startswith("hf:") else
-               "a smaller one with --arg where its builder takes a size")
+    smaller = ("a smaller config: fewer layers or a smaller width in its config.json (--arg sets a top-level value, "
+               "e.g. --arg num_hidden_layers=2; a composite model's sizes are in its sub-configs)"
+               if spec.startswith("hf:") else "a smaller one with --arg where its builder takes a size")
     return f"--device meta builds it without allocating the weights (summary, flops and memory run there); or build {smaller}"
 
 
@@ -127,7 +155,7 @@ def room_for_model(model, label: str, device, run=None) -> None:
     needs: list[tuple[Any, int, list[tuple[str, int]]]] = [(cpu, built, [])] if device.type != "cpu" else []
     needs.append((device, max(built, held + extra), parts if held + extra > built else []))
     for where, need, what in needs:
-        free = device_available(where)
+        free = device_available(where, swap=True)
         if free is None or need <= free:
             continue
         detail = f"{human_bytes(built)} of {'/'.join(dtypes)} weights"

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ModelError, UsageError, one_line, out_of_memory
+from ..errors import ModelError, UsageError, host_out_of_memory, one_line
 from . import hub
 from .limits import json_depth, read_text
 from .resources import ran_out_building, room_for_model
@@ -712,7 +712,7 @@ def build(source: Source, device, seed: int | None, spec: str = ""):
     except UsageError:
         raise
     except Exception as exc:
-        if out_of_memory(exc):
+        if host_out_of_memory(exc):
             raise ran_out_building(spec or source.label, exc) from exc
         raise ModelError(f"building {source.label} raised {one_line(exc)}") from exc
     return model, built_on

@@ -12,9 +12,9 @@ from ..errors import (
     ExitCode,
     OptionError,
     device_error,
+    host_out_of_memory,
     interrupt_code,
     one_line,
-    out_of_memory,
 )
 from .isolation import UserExit
 
@@ -67,7 +67,7 @@ def failed(exc: BaseException, ctx=None, caller: str = "cli") -> Outcome:
     gpu = device_error(exc) if isinstance(exc, Exception) else None
     if gpu is not None:   # the GPU's own failure (an assert of the model's kernels surfaces at whatever call is next)
         return Outcome(gpu.code, message=gpu.message, hint=gpu.hint, trace=traceback.format_exc())
-    if isinstance(exc, Exception) and out_of_memory(exc):   # the host's memory (MemoryError, the CPU allocator)
+    if isinstance(exc, Exception) and host_out_of_memory(exc):   # the host's memory (MemoryError, the CPU allocator)
         return Outcome(ExitCode.MODEL, message=f"out of memory: {one_line(exc)}", hint=HOST_OOM_HINT,
                        trace=traceback.format_exc())
     if isinstance(exc, Exception):   # a bug of ours
