@@ -3111,6 +3111,22 @@ def test_a_sparse_embedding_with_sparse_adam_is_watched():
     assert row["max_grad_norm"] == pytest.approx(max(norms), rel=1e-4), (row, norms)
 
 
+def test_gradient_norms_of_every_sparse_layout_equal_their_dense_norms():
+    """A review: a CSR gradient made the per-step norm raise (torch.empty on a compressed layout). COO with a
+    duplicate index sums it first; CSR, CSC and BSR read their values."""
+    import warnings
+
+    from torchdiag.diagnostics.watch.stats import norms32
+
+    dense = torch.randn(4, 6)
+    coo = torch.sparse_coo_tensor(torch.tensor([[0, 0, 3]]), torch.tensor([3.0, 4.0, 1.0]), (5,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # sparse compressed support is "beta"
+        layouts = [dense.to_sparse_csr(), dense.to_sparse_csc(), dense.to_sparse_bsr((2, 2))]
+        got = norms32([*layouts, dense, coo])
+    assert [float(n) for n in got] == pytest.approx([float(dense.norm())] * 4 + [math.sqrt(7.0 ** 2 + 1.0)])
+
+
 @pytest.mark.parametrize("detach", [False, True])
 def test_a_sparse_generator_whose_fakes_are_not_detached_is_said(detach):
     """A review: a generator that is only a sparse embedding, its fakes not detached, zero_grad at the top: the probes'

@@ -1010,6 +1010,15 @@ def compiled_module(m) -> bool:
                    if callable(v)))   # self.core = torch.compile(self._core): a compiled helper it calls
 
 
+def _sparse_norm(t):
+    """A sparse gradient's L2 norm, in float32: COO's values with duplicates summed first; a compressed layout's (CSR,
+    CSC, BSR) values, which hold no duplicates (a review: a CSR gradient stopped watch)."""
+    import torch
+
+    values = t.coalesce()._values() if t.layout is torch.sparse_coo else t.values()
+    return values.float().norm()
+
+
 def norms32(tensors: list) -> tuple:
     """Each tensor's L2 norm, float16/bfloat16 ones accumulated and returned in float32: a half gradient's norm
     past 65,504 was inf in its own dtype, a non-finite gradient of finite values."""
@@ -1020,9 +1029,9 @@ def norms32(tensors: list) -> tuple:
     kinds = {(t.layout, t.dtype) for t in tensors}   # one pass: this runs every step
     if len(kinds) == 1 and kinds == {(torch.strided, torch.float32)}:   # the usual case
         return torch._foreach_norm(tensors)
-    if any(layout is torch.sparse_coo for layout, _ in kinds):   # nn.Embedding(sparse=True): its values' norm,
-        dense = iter(norms32([t for t in tensors if not t.is_sparse]))   # duplicates summed first (a review: every
-        return tuple(t.coalesce()._values().float().norm() if t.is_sparse else next(dense) for t in tensors)   # step raised)
+    if any(layout is not torch.strided for layout, _ in kinds):   # nn.Embedding(sparse=True): its values' norm,
+        dense = iter(norms32([t for t in tensors if t.layout is torch.strided]))   # duplicates summed first (a review:
+        return tuple(next(dense) if t.layout is torch.strided else _sparse_norm(t) for t in tensors)   # every step raised)
     half = (torch.float16, torch.bfloat16)
     if all(dtype in half for _, dtype in kinds):
         return torch._foreach_norm(tensors, 2, dtype=torch.float32)
