@@ -423,6 +423,16 @@ class OutsiderBesideAFill(nn.Module):
                 y.data[:, :10] = self.log_prior
             logits[:, 10] = float("-inf")
             return logits
+        if self.kind in ("numpy", "unread", "foreach"):   # a third review: read from numpy, returned unread, or
+            y = self.head(x)                                # added by a foreach op that returns nothing
+            ban = torch.zeros(10)
+            ban[9] = float("-inf")
+            if self.kind == "numpy":
+                return y + torch.from_numpy(self.log_prior.numpy().copy()) + ban
+            if self.kind == "unread":
+                return y + ban, self.log_prior
+            torch._foreach_add_([y], [self.log_prior])
+            return y + ban
         if self.kind == "causal":
             h = x.reshape(2, -1, 16)
             n = h.shape[1]
@@ -437,7 +447,7 @@ class OutsiderBesideAFill(nn.Module):
         return y, y * 2
 
 
-@pytest.mark.parametrize("kind", ["prior", "causal", "cache", "view", "detach", "data"])
+@pytest.mark.parametrize("kind", ["prior", "causal", "cache", "view", "detach", "data", "numpy", "unread", "foreach"])
 def test_a_fill_elsewhere_does_not_excuse_a_plain_attributes_inf(kind):
     # the ban vector's bound first took the most ±inf any tensor of the forward held: one real fill anywhere then
     # excused a log(0) prior or an underflowed cache kept as a plain attribute (a review); an output such a tensor

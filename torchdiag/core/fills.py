@@ -327,11 +327,10 @@ def _mode(state: dict | None = None):
             # (op, finite extremes it wrote, those it computed, those it wrote over a non-finite input, those above 0
             # it added onto a value, its numbers)
             self.extremes: list = []
-            # the storages (data pointers) a ±inf of a tensor from outside the forward may have reached (`held`
-            # ignores them: a review's log(0) prior kept as a plain attribute, beside a padding fill; a pointer freed
-            # and reused only taints more); per outside tensor, whether it holds one (read once each)
-            self.tainted: set = set()
-            self.alien_inf: dict = {}
+            # storage (data pointer) -> a device bool: every ±inf in it was written by an op of this forward, from
+            # inputs that were finite or such storages themselves (`held`; reviews: a log(0) prior kept as a plain
+            # attribute, read from numpy, through a view taken before it was written, returned unread)
+            self.clean: dict = {}
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -377,26 +376,30 @@ def _mode(state: dict | None = None):
             if ext:
                 self.extremes.append((name, *(sum(e[k] for e in ext) for k in range(4)), numbers))
             self._push_on(name, inputs, outs, ext)
-            self._taint_on(inputs, outs)
+            self._clean_on(name, given, outs, args, literal)
             return out
 
-        def _taint_on(self, inputs, outs) -> None:
-            """The storages of an op's outputs are tainted where it read a tainted storage, or a tensor from outside
-            the forward that holds a ±inf: by storage, so every view, detach() and .data of it is too (a review: a view
-            taken before the prior was written into its base passed)."""
-            if any(self._tainting(t) for t in inputs):
-                self.tainted.update(p for o in outs if (p := _storage(o)))
-
-        def _tainting(self, t) -> bool:
-            if _storage(t) in self.tainted:
-                return True
-            e = entry(t)
-            if e is None or e[1] != "outside":
-                return False
-            seen = self.alien_inf.get(id(t))
-            if seen is None or seen[0]() is not t:
-                seen = self.alien_inf[id(t)] = (weakref.ref(t), bool(torch.isinf(t).any()))   # one read each
-            return seen[1]
+        def _clean_on(self, name, given, outs, args, literal) -> None:
+            """Is every ±inf in the op's outputs a fill this forward wrote: each input (a number given as a tensor
+            aside, `given` is judged before the op ran) finite or clean itself. A literal's (torch.tensor, from_numpy)
+            ±inf are not known to be fills here. An output on an input's storage (a view, an in-place or out= write)
+            keeps what that storage was (and-ed): a finite slice of it says nothing of the rest."""
+            targets = list(outs) or (floats(args) if name.endswith("_") else [])   # _foreach_add_ returns None
+            if not targets:
+                return
+            dev = targets[0].device
+            flags = [(~g[1].any()).to(dev) for g in given]
+            flags = [f | self.clean[p].to(dev) if (p := _storage(g[0])) in self.clean else f
+                     for f, g in zip(flags, given)]
+            if literal:
+                flags += [torch.isfinite(o).all().to(dev) for o in outs]
+            flag = torch.stack(flags).all() if flags else torch.ones((), dtype=torch.bool, device=dev)
+            aliased = {_storage(t) for t in floats(args)}
+            for t in targets:
+                p = _storage(t)
+                if p:
+                    old = self.clean.get(p) if p in aliased else None
+                    self.clean[p] = flag if old is None else old.to(dev) & flag
 
         def _push_on(self, name, inputs, outs, ext) -> None:
             """Carry `pushed` from the inputs to the outputs (by tensor, on the device): an output reached by an add
@@ -575,14 +578,16 @@ def _storage(t) -> int:
 
 def _held(mode, outputs) -> int:
     """The ±inf the forward's outputs hold, read back once per device: what fills broadcast onto them (a ban vector
-    written once, `ban[eos] = -inf`, then added to every row). 0 where an output is tainted (a ±inf from a tensor from
-    outside the forward may be among them: only what the ops wrote counts then)."""
+    written once, `ban[eos] = -inf`, then added to every row). 0 where an output is not clean (Origins.clean: a ±inf
+    not written by this forward's ops may be among them; only what the ops wrote counts then)."""
     import torch
 
     tensors = [t for _, t in outputs]
-    if any(_storage(t) in mode.tainted for t in tensors):
+    flags = [mode.clean.get(_storage(t)) for t in tensors]
+    if not tensors or any(f is None for f in flags):   # an output no op of the forward wrote (returned unread)
         return 0
-    return sum(v[0] for v in _read_counts([(torch.isinf(t).sum(),) for t in tensors]))
+    rows = _read_counts([(torch.isinf(t).sum(), f.to(t.device)) for t, f in zip(tensors, flags)])
+    return sum(n for n, _ in rows) if all(clean for _, clean in rows) else 0
 
 
 def _pushed(mode, outputs) -> dict[str, bool]:
