@@ -423,7 +423,7 @@ class OutsiderBesideAFill(nn.Module):
                 y.data[:, :10] = self.log_prior
             logits[:, 10] = float("-inf")
             return logits
-        if self.kind in ("numpy", "unread", "foreach"):   # a third review: read from numpy, returned unread, or
+        if self.kind in ("numpy", "unread", "foreach", "bits"):   # a third review: read from numpy, returned unread, or
             y = self.head(x)                                # added by a foreach op that returns nothing
             ban = torch.zeros(10)
             ban[9] = float("-inf")
@@ -431,6 +431,8 @@ class OutsiderBesideAFill(nn.Module):
                 return y + torch.from_numpy(self.log_prior.numpy().copy()) + ban
             if self.kind == "unread":
                 return y + ban, self.log_prior
+            if self.kind == "bits":   # a fourth review: the prior kept as int32 bits, viewed back as float32
+                return y + self.log_prior.view(torch.int32).clone().view(torch.float32) + ban
             torch._foreach_add_([y], [self.log_prior])
             return y + ban
         if self.kind == "causal":
@@ -447,7 +449,8 @@ class OutsiderBesideAFill(nn.Module):
         return y, y * 2
 
 
-@pytest.mark.parametrize("kind", ["prior", "causal", "cache", "view", "detach", "data", "numpy", "unread", "foreach"])
+@pytest.mark.parametrize("kind", ["prior", "causal", "cache", "view", "detach", "data", "numpy", "unread", "foreach",
+                                  "bits"])
 def test_a_fill_elsewhere_does_not_excuse_a_plain_attributes_inf(kind):
     # the ban vector's bound first took the most ±inf any tensor of the forward held: one real fill anywhere then
     # excused a log(0) prior or an underflowed cache kept as a plain attribute (a review); an output such a tensor

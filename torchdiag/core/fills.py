@@ -199,6 +199,7 @@ def _mode(state: dict | None = None):
     import weakref
 
     import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
 
@@ -327,9 +328,9 @@ def _mode(state: dict | None = None):
             # (op, finite extremes it wrote, those it computed, those it wrote over a non-finite input, those above 0
             # it added onto a value, its numbers)
             self.extremes: list = []
-            # storage (data pointer) -> a device bool: every ±inf in it was written by an op of this forward, from
-            # inputs that were finite or such storages themselves (`held`; reviews: a log(0) prior kept as a plain
-            # attribute, read from numpy, through a view taken before it was written, returned unread)
+            # storage (data pointer) -> (a weak reference to it, a device bool: every ±inf in it was written by an op
+            # of this forward from inputs that were finite or such storages themselves) (`held`; reviews: a log(0)
+            # prior kept as a plain attribute, read from numpy, through a view taken before it was written, unread)
             self.clean: dict = {}
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -382,24 +383,36 @@ def _mode(state: dict | None = None):
         def _clean_on(self, name, given, outs, args, literal) -> None:
             """Is every ±inf in the op's outputs a fill this forward wrote: each input (a number given as a tensor
             aside, `given` is judged before the op ran) finite or clean itself. A literal's (torch.tensor, from_numpy)
-            ±inf are not known to be fills here. An output on an input's storage (a view, an in-place or out= write)
-            keeps what that storage was (and-ed): a finite slice of it says nothing of the rest."""
+            ±inf are not known to be fills here, nor those of an output reinterpreting another dtype's bits (an int
+            buffer viewed as float32: a fourth review) or cast from float8. An output on an input's storage (a view,
+            an in-place or out= write) keeps what that storage was (and-ed): a finite slice says nothing of the rest."""
             targets = list(outs) or (floats(args) if name.endswith("_") else [])   # _foreach_add_ returns None
             if not targets:
                 return
             dev = targets[0].device
-            flags = [(~g[1].any()).to(dev) for g in given]
-            flags = [f | self.clean[p].to(dev) if (p := _storage(g[0])) in self.clean else f
-                     for f, g in zip(flags, given)]
-            if literal:
+            flags = [(~g[1].any()).to(dev) | self.is_clean(g[0]).to(dev) for g in given]
+            tensors = [t for t in tree_leaves(args) if isinstance(t, torch.Tensor)]
+            others = {_storage(t) for t in tensors if not (t.is_floating_point() or t.is_complex())}
+            eights = [t for t in tensors if t.is_floating_point() and t.dtype.itemsize == 1 and t.numel()]
+            flags += [torch.isfinite(t.float()).all().to(dev) for t in eights]
+            if literal or any(_storage(o) in others for o in outs):
                 flags += [torch.isfinite(o).all().to(dev) for o in outs]
             flag = torch.stack(flags).all() if flags else torch.ones((), dtype=torch.bool, device=dev)
             aliased = {_storage(t) for t in floats(args)}
             for t in targets:
-                p = _storage(t)
-                if p:
-                    old = self.clean.get(p) if p in aliased else None
-                    self.clean[p] = flag if old is None else old.to(dev) & flag
+                if not _storage(t):
+                    continue
+                old = self.is_clean(t) if _storage(t) in aliased else None
+                now = flag if old is None else old.to(dev) & flag
+                self.clean[_storage(t)] = (StorageWeakRef(t.untyped_storage()), now)
+
+        def is_clean(self, t):
+            """The clean flag of t's storage (a device bool), False where none was kept or the storage it was kept for
+            is gone (a review: a pointer freed and reused by memory no op made inherited it)."""
+            entry = self.clean.get(_storage(t))
+            if entry is None or entry[0].expired():
+                return torch.zeros((), dtype=torch.bool, device=t.device)
+            return entry[1]
 
         def _push_on(self, name, inputs, outs, ext) -> None:
             """Carry `pushed` from the inputs to the outputs (by tensor, on the device): an output reached by an add
@@ -583,10 +596,9 @@ def _held(mode, outputs) -> int:
     import torch
 
     tensors = [t for _, t in outputs]
-    flags = [mode.clean.get(_storage(t)) for t in tensors]
-    if not tensors or any(f is None for f in flags):   # an output no op of the forward wrote (returned unread)
+    if not tensors:
         return 0
-    rows = _read_counts([(torch.isinf(t).sum(), f.to(t.device)) for t, f in zip(tensors, flags)])
+    rows = _read_counts([(torch.isinf(t).sum(), mode.is_clean(t).to(t.device)) for t in tensors])
     return sum(n for n, _ in rows) if all(clean for _, clean in rows) else 0
 
 
