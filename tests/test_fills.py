@@ -423,7 +423,7 @@ class OutsiderBesideAFill(nn.Module):
                 y.data[:, :10] = self.log_prior
             logits[:, 10] = float("-inf")
             return logits
-        if self.kind in ("numpy", "unread", "foreach", "bits"):   # a third review: read from numpy, returned unread, or
+        if self.kind in ("numpy", "unread", "foreach", "bits", "f16view"):   # a third review: read from numpy, returned unread, or
             y = self.head(x)                                # added by a foreach op that returns nothing
             ban = torch.zeros(10)
             ban[9] = float("-inf")
@@ -433,6 +433,9 @@ class OutsiderBesideAFill(nn.Module):
                 return y + ban, self.log_prior
             if self.kind == "bits":   # a fourth review: the prior kept as int32 bits, viewed back as float32
                 return y + self.log_prior.view(torch.int32).clone().view(torch.float32) + ban
+            if self.kind == "f16view":   # a fifth: float32 1.00769 is 0x3F80FC00, whose low half is float16's -inf
+                s = y.clamp(-1, 1) * 0 + 1.0076904296875
+                return torch.cat([y + ban, s.view(torch.float16).float()], -1)
             torch._foreach_add_([y], [self.log_prior])
             return y + ban
         if self.kind == "causal":
@@ -450,7 +453,7 @@ class OutsiderBesideAFill(nn.Module):
 
 
 @pytest.mark.parametrize("kind", ["prior", "causal", "cache", "view", "detach", "data", "numpy", "unread", "foreach",
-                                  "bits"])
+                                  "bits", "f16view"])
 def test_a_fill_elsewhere_does_not_excuse_a_plain_attributes_inf(kind):
     # the ban vector's bound first took the most ±inf any tensor of the forward held: one real fill anywhere then
     # excused a log(0) prior or an underflowed cache kept as a plain attribute (a review); an output such a tensor

@@ -384,7 +384,8 @@ def _mode(state: dict | None = None):
             """Is every ±inf in the op's outputs a fill this forward wrote: each input (a number given as a tensor
             aside, `given` is judged before the op ran) finite or clean itself. A literal's (torch.tensor, from_numpy)
             ±inf are not known to be fills here, nor those of an output reinterpreting another dtype's bits (an int
-            buffer viewed as float32: a fourth review) or cast from float8. An output on an input's storage (a view,
+            buffer viewed as float32: a fourth review) or cast from float8. A write the mode does not see (through
+            tensor.numpy(), under a disabled dispatch) leaves the flag as it was: not caught. An output on an input's storage (a view,
             an in-place or out= write) keeps what that storage was (and-ed): a finite slice says nothing of the rest."""
             targets = list(outs) or (floats(args) if name.endswith("_") else [])   # _foreach_add_ returns None
             if not targets:
@@ -392,10 +393,10 @@ def _mode(state: dict | None = None):
             dev = targets[0].device
             flags = [(~g[1].any()).to(dev) | self.is_clean(g[0]).to(dev) for g in given]
             tensors = [t for t in tree_leaves(args) if isinstance(t, torch.Tensor)]
-            others = {_storage(t) for t in tensors if not (t.is_floating_point() or t.is_complex())}
             eights = [t for t in tensors if t.is_floating_point() and t.dtype.itemsize == 1 and t.numel()]
             flags += [torch.isfinite(t.float()).all().to(dev) for t in eights]
-            if literal or any(_storage(o) in others for o in outs):
+            # another dtype's bits on the same storage (float32 viewed as float16: a fifth review) are no fill
+            if literal or any(_storage(o) == _storage(t) and t.dtype != o.dtype for o in outs for t in tensors):
                 flags += [torch.isfinite(o).all().to(dev) for o in outs]
             flag = torch.stack(flags).all() if flags else torch.ones((), dtype=torch.bool, device=dev)
             aliased = {_storage(t) for t in floats(args)}
