@@ -31,11 +31,13 @@ def test_batched_specs_and_the_users_own_inputs():
 
 
 def test_the_training_commands_are_the_registrys():
-    # core cannot import the registry; this keeps core's list and the registry's training commands one list
+    # one declaration (the registry's `trains`): every command that takes a loss and an optimizer runs train mode
     from torchdiag.commands import COMMANDS, MODEL
-    from torchdiag.core.sources import TRAINING_COMMANDS
+    from torchdiag.core import sources
 
-    assert set(TRAINING_COMMANDS) == {c.name for c in COMMANDS if c.groups == MODEL} | {"check"}
+    assert {c.name for c in COMMANDS if sources.trains(c.name)} == {c.name for c in COMMANDS if c.groups == MODEL} | {"check"}
+    assert {c.trains for c in COMMANDS} == {None, "forward", "backward", "step"}
+    assert not sources.trains("no-such-command")
     from torchdiag.core.loading import COMPILED_COMMANDS
 
     assert set(COMPILED_COMMANDS) == {c.name for c in COMMANDS if c.compiled}

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from torchdiag.api import run as api_run
+from torchdiag.fmt import human_bytes
 
 from support import load, load_module, sample
 
@@ -628,20 +629,47 @@ def test_a_float64_copy_that_does_not_fit_falls_back_to_float32_before_it_is_mad
 
     model = by_design("bias_before_bn")
     f32 = sum(n for _, n in train._copy_bytes(model))
+    grads = sum(p.numel() * 4 for p in model.parameters())
     made = []
     real = train.train_copy
 
-    def copy(model, why, dtype=None):
-        work = real(model, why, dtype)
+    def copy(model, why, dtype=None, **uses):
+        work = real(model, why, dtype, **uses)
         made.append(dtype)
         return work
 
     monkeypatch.setattr(train, "train_copy", copy)
-    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: int(1.5 * f32))   # float32 fits, float64 not
+    # the float32 copy and its gradients fit; in float64 not even the weights: 2 x f32 > f32 + grads
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: f32 + grads)
     res = run(model, torch.randn(2, 3, 8, 8))
     assert any("re-checked in float32 (the float64 copy failed: not enough memory" in n for n in res.notes), res.notes
     assert statuses(res)["conv.bias"] == "invariant"   # the float32 re-check still answers
     assert made == [None]   # the refused float64 copy was never made; only the float32 one
+
+
+def test_a_float64_copy_whose_gradients_do_not_fit_is_not_made_either(monkeypatch):
+    """The float64 copy runs backward: its gradients, as large as its trainable weights, are asked for with it. Its
+    weights alone fitting let it through before (torchvision vit_h_14's gradflow on 24 GiB, killed by the kernel)."""
+    from torchdiag.core import resources, train
+
+    model = by_design("bias_before_bn")
+    f32 = sum(n for _, n in train._copy_bytes(model))
+    grads = sum(p.numel() * 4 for p in model.parameters())
+    made = []
+    real = train.train_copy
+
+    def copy(model, why, dtype=None, **uses):
+        work = real(model, why, dtype, **uses)   # made: not refused
+        made.append(dtype)
+        return work
+
+    monkeypatch.setattr(train, "train_copy", copy)
+    free = 2 * f32 + grads   # the float64 weights fit (2 x f32), with their gradients (2 x grads) not
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: free)
+    res = run(model, torch.randn(2, 3, 8, 8))
+    note = next(n for n in res.notes if "the float64 copy failed: not enough memory" in n)
+    assert f"its gradients {human_bytes(2 * grads)}" in note and f"{human_bytes(free)} is free there" in note, note
+    assert statuses(res)["conv.bias"] == "invariant" and made == [None]
 
 
 def test_first_conv_before_batch_norm_is_scale_invariant():

@@ -105,6 +105,11 @@ class Command:
     # a model the Python API hands over partly on the meta device is diagnosed (doctor: device-mismatch names
     # each tensor there), not refused with exit 2 as every other command does (core/meta.refuse_meta_tensors)
     spread: bool = False
+    # what it runs on the model, known before the model loads: None (a forward in eval mode), "forward" (in train
+    # mode, where BatchNorm refuses one sample: core/sources gives it a default batch of 2; memory and profile choose
+    # backward with --mode), "backward" (and a gradient per trainable parameter), "step" (and a copy trained with the
+    # run's optimizer: the copy, its gradients, the optimizer's state). core/resources charges the memory for it.
+    trains: str | None = None
 
     @property
     def module_name(self) -> str:
@@ -139,20 +144,21 @@ COMMANDS: tuple[Command, ...] = (
        ("model", "hub", "inputs", "loss", "batch", "precision", "output")),
     _c("nancheck", "Where do NaN or Inf come from? Checks, in order: model inputs, parameters and buffers, the output "
        "of every module in execution order, the loss, gradients in backward order, parameter gradients.",
-       _TRAIN, per_rank=True),
+       _TRAIN, per_rank=True, trains="backward"),
     _c("gradflow", "Does the gradient reach every parameter, and in what shape? One forward + backward.",
-       _TRAIN, renderer=True, per_rank=True, cross_rank=True),
+       _TRAIN, renderer=True, per_rank=True, cross_rank=True, trains="backward"),
     _c("overfit-batch", "Can this model memorise one batch? Trains a copy on one fixed batch and gives a verdict.",
-       _TRAIN, renderer=True, per_rank=True),
+       _TRAIN, renderer=True, per_rank=True, trains="step"),
     _c("lr-find", "Which learning rate? The range test, repeated over seeds, with its suggestion checked by short "
-       "runs at 0.1×, 1× and 10× of it.", _TRAIN, renderer=True, per_rank=True),
+       "runs at 0.1×, 1× and 10× of it.", _TRAIN, renderer=True, per_rank=True, trains="step"),
     _c("profile", "Where the time goes: step time (mean, median, p90), throughput, top operators by self time, time "
-       "per module, and a Chrome/Perfetto trace.", _TRAIN, renderer=True, per_rank=True, compiled=True),
+       "per module, and a Chrome/Perfetto trace.", _TRAIN, renderer=True, per_rank=True, compiled=True,
+       trains="forward"),
     _c("memory", "Where the memory goes in a training step: parameters, gradients, optimizer state, activations "
        "(saved for backward), temporaries; the peak and when it happens; per-module activation memory.",
-       _TRAIN, renderer=True, per_rank=True),
+       _TRAIN, renderer=True, per_rank=True, trains="forward"),
     _c("doctor", "Run the checklist of bugs that let a model train while quietly doing the wrong thing.",
-       _TRAIN, per_rank=True, cross_rank=True, spread=True),
+       _TRAIN, per_rank=True, cross_rank=True, spread=True, trains="step"),
     _c("watch", "Watch your own training run (a script, or your loop in Python): non-finite values with the step and "
        "module, missing zero_grad, loss spikes and divergence, dead units, update/weight ratios; a report at the end.",
        ("output",), renderer=True, target="script"),
@@ -171,7 +177,8 @@ COMMANDS: tuple[Command, ...] = (
        "leakage, loader settings, throughput per num_workers, hangs.",
        ("model", "loss", "precision", "output"), renderer=True, target="data"),
     _c("check", "The CI gate: run the configured checks, print pass/fail per check, exit 1 if any fails.",
-       ("model", "inputs", "output"), diagnostic=False, renderer=True, python=False, target="config"),
+       ("model", "inputs", "output"), diagnostic=False, renderer=True, python=False, target="config",
+       trains="forward"),
 )
 BY_NAME = {c.name: c for c in COMMANDS}
 NAMES = tuple(BY_NAME)

@@ -120,9 +120,10 @@ class Context:
         """`with ctx.seeded():` the global RNG seeded with the run's seed, restored afterwards."""
         return train.seeded(self.seed)
 
-    def train_copy(self, model, why: str = "to train it", dtype=None):
-        """A train-mode copy (core/train.py), its room checked in `dtype` when the caller will cast it."""
-        work = train.train_copy(model, why, dtype)
+    def train_copy(self, model, why: str = "to train it", dtype=None, *, backward: bool = False, steps: bool = False):
+        """A train-mode copy (core/train.py), its room checked in `dtype` when the caller will cast it, with its
+        gradients when it will run `backward`, and the run's optimizer state beside them when it `steps`."""
+        work = train.train_copy(model, why, dtype, backward=backward, optimizer=self.spec.optimizer if steps else None)
         return self.wrapper(work) if self.wrapper is not None else work   # under torchrun: DDP/FSDP the copy
 
     def wrapped_copy(self, model, why: str):

@@ -329,7 +329,7 @@ def _invariant(work, inputs, verdicts: dict, whole: float, ctx) -> int:
 
     forwards = [0]
     try:
-        room_for_copy(work, "in float64", torch.float64)
+        room_for_copy(work, "in float64", torch.float64, backward=True)
         twin = copy.deepcopy(work).double()
         twin.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
         found = invariance.cancelled(twin, inputs.map(invariance.double), suspect, ctx.loss(), ctx)
@@ -345,7 +345,7 @@ def _invariant(work, inputs, verdicts: dict, whole: float, ctx) -> int:
 
 def fresh_copy(model, ctx, eval_mode: bool = False, prepare: Callable | None = None):
     """A training copy of `model` in the judged pass's mode, readied by `prepare` (the user's model untouched)."""
-    work = ctx.train_copy(model, "to re-check a finding with a short training run")
+    work = ctx.train_copy(model, "to re-check a finding with a short training run", steps=True)
     work.train(not eval_mode)
     if prepare is not None:
         prepare(work)

@@ -99,14 +99,6 @@ def device_available(device, swap: bool = False) -> int | None:
     return None
 
 
-# What a command needs beside the model's own tensors, known before it loads (core.loading.load_model): the commands
-# that always run backward through the model (a gradient per trainable parameter), and those of them that always
-# train a copy with the run's optimizer (the copy, its gradients and the optimizer's state). memory and profile choose
-# with --mode; the copies the others make now and then are checked when made (core.train.room_for_copy).
-BACKWARD_COMMANDS = ("nancheck", "gradflow", "doctor", "overfit-batch", "lr-find")
-STEP_COMMANDS = ("overfit-batch", "lr-find")
-
-
 def too_big_hint(spec: str) -> str:
     smaller = ("a smaller config: fewer layers or a smaller width in its config.json (--arg sets a top-level value, "
                "e.g. --arg num_hidden_layers=2; a composite model's sizes are in its sub-configs)"
@@ -121,10 +113,13 @@ def room_for_model(model, label: str, device, run=None) -> None:
     bytes needed and the bytes available), instead of the kernel's OOM killer ending the process with no line.
 
     The weights are built on the CPU at the dtype the builder makes (--dtype casts them after), then moved to
-    `device`; `run` (a core.run.RunSpec) adds what its command needs beside them there (BACKWARD_COMMANDS,
-    STEP_COMMANDS), at its --dtype. Where the free memory is not known (mps), nothing is refused."""
+    `device`; `run` (a core.run.RunSpec) adds what its command always needs beside them there, at its --dtype (the
+    registry's `trains`: gradients for "backward"; a copy, its gradients and the optimizer's state for "step"; memory
+    and profile choose with --mode, and the copies commands make now and then are checked when made,
+    core.train.room_for_copy). Where the free memory is not known (mps), nothing is refused."""
     import torch
 
+    from ..commands import BY_NAME
     from ..fmt import human_bytes
 
     params = list(model.parameters())
@@ -132,21 +127,21 @@ def room_for_model(model, label: str, device, run=None) -> None:
     run_dtype = getattr(torch, run.dtype) if run is not None and run.dtype else None
 
     def nbytes(ts, dtype=None) -> int:
-        return sum(t.numel() * (torch.empty((), dtype=dtype).element_size() if dtype is not None
-                                and t.is_floating_point() else t.element_size()) for t in ts)
+        return sum(t.numel() * (dtype.itemsize if dtype is not None and t.is_floating_point() else t.element_size())
+                   for t in ts)
 
     built = nbytes(tensors)
     held = nbytes(tensors, run_dtype)   # after --dtype
     parts: list[tuple[str, int]] = []   # what the command adds on the device: (what, bytes)
     command = getattr(run, "command", "")
+    trains = BY_NAME[command].trains if command in BY_NAME else None
     grads = nbytes([p for p in params if p.requires_grad and p.is_floating_point()], run_dtype)
-    if command in STEP_COMMANDS:   # the copy trains, not the model: the gradients and the state are the copy's
+    if trains == "step":   # the copy trains, not the model: the gradients and the state are the copy's
         optimizer = run.optimizer
-        states = 2 if optimizer.name in ("adam", "adamw") else 1 if optimizer.momentum else 0
         parts += [("a copy to train", held), ("its gradients", grads)]
-        if states:
-            parts.append((f"{optimizer.name} state", states * grads))
-    elif command in BACKWARD_COMMANDS:
+        if optimizer.states:
+            parts.append((f"{optimizer.name} state", optimizer.states * grads))
+    elif trains == "backward":
         parts.append(("gradients", grads))
     extra = sum(n for _, n in parts)
     count = sum(p.numel() for p in params)

@@ -96,6 +96,11 @@ class OptimizerSpec:
     def learning_rate(self) -> float:
         return DEFAULT_LR[self.name] if self.lr is None else float(self.lr)
 
+    @property
+    def states(self) -> int:
+        """Tensors of each trained parameter's size the optimizer keeps: Adam's two moments, SGD's momentum buffer."""
+        return 2 if self.name in ("adam", "adamw") else 1 if self.momentum else 0
+
     def describe(self) -> str:
         extra = f", momentum {self.momentum:g}" if self.name == "sgd" and self.momentum else ""
         return f"{self.name} (lr {self.learning_rate:g}{extra})"

@@ -37,10 +37,9 @@ HF_TASKS = {
     "image-classification": "AutoModelForImageClassification",
 }
 TEXT_LENGTH = 128          # default sequence length of a text model (capped by its position table)
-# Commands that run the model in train mode: there a BatchNorm after global pooling (ResNeSt's split
-# attention, LeViT's heads) refuses a single sample, so their default batch is TRAIN_BATCH (issue 26);
-# the others (summary, flops, ...) keep 1: their numbers are per sample.
-TRAINING_COMMANDS = ("nancheck", "gradflow", "doctor", "overfit-batch", "lr-find", "memory", "profile", "check")
+# The commands that run the model in train mode (the registry's `trains`): there a BatchNorm after global pooling
+# (ResNeSt's split attention, LeViT's heads) refuses a single sample, so their default batch is TRAIN_BATCH (issue
+# 26); the others (summary, flops, ...) keep 1: their numbers are per sample.
 TRAIN_BATCH = 2
 # A model with BatchNorm gets 3: two samples through a BatchNorm then a mean pool come out as exact negatives
 # (each channel loses its batch mean), and against made-up targets [0, 1] of a two-class head their gradients
@@ -632,7 +631,9 @@ def _lm_head(cls) -> bool:
 
 
 def trains(command: str) -> bool:
-    return command in TRAINING_COMMANDS
+    from ..commands import BY_NAME
+
+    return command in BY_NAME and BY_NAME[command].trains is not None
 
 
 def batched(specs: tuple[str, ...], batch: int) -> tuple[str, ...]:

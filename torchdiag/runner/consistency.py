@@ -19,7 +19,7 @@ def check(model, inputs, ctx, sess, how: str) -> dict:
         out["ddp_ignored"] = sorted(getattr(model, "_ddp_params_and_buffers_to_ignore", None) or ())
     from ..core.train import train_copy
 
-    work = train_copy(model, "to compare ranks after a step")
+    work = train_copy(model, "to compare ranks after a step", optimizer=ctx.spec.optimizer)
     tensors = _state(work)
     out["compared"] = len(tensors)
     _compare(tensors, 0, "state", sess, out)

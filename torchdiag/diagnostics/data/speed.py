@@ -149,7 +149,7 @@ class TrainStep:
     def __init__(self, model, ctx, roles, skip_one: bool = False):
         from ...core.context import loss_rule
 
-        self.work = ctx.train_copy(model, "to time its training step")
+        self.work = ctx.train_copy(model, "to time its training step", steps=True)
         self.opt = ctx.optimizer([p for p in self.work.parameters() if p.requires_grad])
         self.ctx, self.roles, self.loss_rule = ctx, roles, loss_rule
         self.non_blocking = ctx.device.type == "cuda"

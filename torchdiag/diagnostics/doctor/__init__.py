@@ -97,7 +97,7 @@ def _run(model, inputs, ctx, loss, ck: Checklist, result: Result, gate=None) -> 
             Column("module", "module"), Column("params", "params", "count"), Column("frozen", "frozen")],
             frozen_rows))
     if _has_values(model, inputs, ctx):
-        with workspace(model) as work:
+        with workspace(model, ctx.spec.optimizer) as work:
             raw_pixels(stats, raw, weighted_inputs(work, inputs, ctx, raw[0][2]) if raw else None, ck)
             _value_checks(work, inputs, ctx, loss, main_dtype, ck, result, gate)
             check_edits(work, inputs, ck)

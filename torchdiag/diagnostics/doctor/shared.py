@@ -90,13 +90,14 @@ def batch_one(inputs, batch: int):
 
 
 @contextlib.contextmanager
-def workspace(model):
-    """A copy to run (and train) on (core.train.train_copy); if the model cannot be copied, the model
-    itself with its parameters and buffers restored bit for bit afterwards (doctor still runs)."""
+def workspace(model, optimizer=None):
+    """A copy to run and train on (core.train.train_copy: its room checked with its gradients and the state of
+    `optimizer`, the run's); if the model cannot be copied, the model itself with its parameters and buffers
+    restored bit for bit afterwards (doctor still runs)."""
     import torch
 
     try:
-        work = train_copy(model, "to run the checks on")
+        work = train_copy(model, "to run the checks on", optimizer=optimizer)
     except NoRoom:       # the fallback below keeps a copy of every value: as much memory again
         raise
     except ModelError:   # deepcopy refused: fall back to the model itself, restored below

@@ -154,7 +154,8 @@ def _skipped_at_random(probe: Probe, names: list[str]) -> set[str]:
     from ...core.design import stochastic_depth_off
 
     try:
-        copy = probe.ctx.train_copy(probe.work, "to re-check parameters without a gradient with other random draws")
+        copy = probe.ctx.train_copy(probe.work, "to re-check parameters without a gradient with other random draws",
+                                    backward=True)
         stochastic_depth_off(copy)
         names = never_ran(copy, probe.inputs, names, probe.ctx)   # a random .detach() is a cut, not a skip (a review)
         reached, draws = reached_by_other_draws(copy, probe.inputs, names, probe.ctx) if names else (set(), 0)

@@ -157,7 +157,7 @@ def cut_agrees(model, rows, names, opts, ctx, prepare=stochastic_depth_off):
         from ...core import train
         from ...core.readback import read_back
 
-        work = ctx.train_copy(model, "to compare its gradients on fewer samples")
+        work = ctx.train_copy(model, "to compare its gradients on fewer samples", backward=True)
         work.train(not opts.eval_mode)
         prepare(work)
         with ctx.seeded(), torch.enable_grad():
@@ -180,9 +180,9 @@ def _ratio(grad: float | None, weight: float | None) -> float:
 def _copy(model, opts, ctx, as_double=False):
     import torch
 
-    # the room is checked for the float64 copy it becomes: twice the model's float32 bytes (NoRoom: the
-    # float32 re-check follows, said in a note)
-    work = ctx.train_copy(model, "to re-check its gradients", torch.float64 if as_double else None)
+    # the room is checked for the float64 copy it becomes and its gradients: twice the model's float32 bytes each
+    # (NoRoom: the float32 re-check follows, said in a note)
+    work = ctx.train_copy(model, "to re-check its gradients", torch.float64 if as_double else None, backward=True)
     work.train(not opts.eval_mode)
     stochastic_depth_off(work)
     return work.double() if as_double else work

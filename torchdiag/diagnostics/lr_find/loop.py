@@ -42,7 +42,7 @@ class Fresh:
     """One run's copy, optimizer, GradScaler and loss rule (its random targets drawn with `seed`)."""
 
     def __init__(self, model, ctx, seed: int, why: str):
-        self.work = ctx.train_copy(model, why)
+        self.work = ctx.train_copy(model, why, steps=True)
         params = [p for p in self.work.parameters() if p.requires_grad]
         if not params:
             raise train.nothing_to_train(self.work)

@@ -76,7 +76,7 @@ def train_scaled(model, inputs, loss_fn, ctx, steps: int, fill: dict | None = No
     import torch
 
     with ctx.seeded(), torch.enable_grad():
-        work = ctx.train_copy(model, "to run --steps on it")
+        work = ctx.train_copy(model, "to run --steps on it", steps=True)
         params = [p for p in work.parameters() if p.requires_grad]
         if not params:
             return None

@@ -84,7 +84,7 @@ def train_until_non_finite(model, inputs, loss_fn, ctx, steps: int, fill: dict |
     import torch
 
     with ctx.seeded(), torch.enable_grad():
-        work = ctx.train_copy(model, "to run --steps on it")
+        work = ctx.train_copy(model, "to run --steps on it", steps=True)
         params = [p for p in work.parameters() if p.requires_grad]
         if not params:
             return None

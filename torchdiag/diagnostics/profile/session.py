@@ -151,7 +151,7 @@ def _workload(model, opts: Options, ctx):
             return model, None, None
         # under a wrapper: its forward on a wrapped copy (FSDP's all-gathers are in it; DDP's is local)
         return ctx.train_copy(model, f"to profile {ctx.option('mode')} inference through the wrapper").eval(), None, None
-    work = ctx.train_copy(model, f"to profile {ctx.option('mode')} train on it")
+    work = ctx.train_copy(model, f"to profile {ctx.option('mode')} train on it", steps=True)
     params = [p for p in work.parameters() if p.requires_grad]
     if not params:
         raise UsageError(f"{ctx.option('mode')} train: the model has no trainable parameters (all requires_grad=False)",
