@@ -403,3 +403,19 @@ def test_a_copy_to_train_is_refused_when_its_gradients_and_optimizer_state_do_no
     assert cli("overfit-batch", spec, "--device", "cpu", "--steps", "5").code == 3
     monkeypatch.setattr(resources, "device_available", lambda device, swap=False: 16_160)   # exactly what it needs
     assert cli("overfit-batch", spec, "--device", "cpu", "--steps", "5").code in (0, 1)
+
+
+def test_a_model_with_buffers_is_said_to_need_its_weights_and_buffers(cli, monkeypatch):
+    # Linear(64, 8) and BatchNorm1d(8): 520 + 16 parameters, and 8 + 8 float32 statistics and an int64 count beside
+    # them: 2,144 + 72 = 2,216 B, every byte of it counted and called what it is
+    from torch import nn
+
+    from torchdiag.core import resources, sources
+
+    monkeypatch.setattr(sources, "resolve", lambda spec, kwargs, download=None: sources.Source(
+        lambda: nn.Sequential(nn.Linear(64, 8), nn.BatchNorm1d(8)), dict(kwargs), "torchvision tiny",
+        inputs=("2x64",), header={"source": "torchvision:tiny"}))
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: 2_000)
+    res = cli("summary", "torchvision:tiny", "--device", "cpu")
+    assert _error_line(res) == ("error: torchvision:tiny is too big for the memory here: 536 parameters need 2.16 KiB "
+                                "on cpu (2.16 KiB of float32 weights and buffers), 1.95 KiB is available there")

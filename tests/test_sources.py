@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from support import one_error_line
+from support import ROOT, one_error_line
 
 transformers = pytest.importorskip("transformers")
 
@@ -105,6 +105,21 @@ def test_hf_seq2seq_gets_decoder_inputs_on_cpu_and_meta(tmp_path, cli):
         r = cli("summary", f"hf:{folder}", "--device", device, "--json")
         assert r.code == 0, (device, r.stderr)
         assert r.json["inputs"] == ["input[0]: 1x128 int64", "labels: 1x128 int64"], r.json["inputs"]
+
+
+def test_a_config_warning_is_said_once_though_the_model_is_built_twice(tmp_path):
+    # sized on meta, then built: BertLMHeadModel's constructor logs its is_decoder advice at each build (a process of
+    # its own: transformers' handler writes to the stderr it was made with)
+    import subprocess
+
+    folder = tmp_path / "bert"
+    transformers.BertConfig(vocab_size=200, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                            intermediate_size=64, max_position_embeddings=40,
+                            architectures=["BertLMHeadModel"]).save_pretrained(folder)
+    r = subprocess.run([sys.executable, "-m", "torchdiag", "summary", f"hf:{folder}", "--device", "cpu"],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("as a standalone, add `is_decoder=True.`") == 1, r.stderr
 
 
 def test_hf_task_picks_the_head(tmp_path, cli):

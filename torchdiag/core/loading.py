@@ -177,9 +177,10 @@ def _load_source(spec: str, kwargs: dict[str, Any], device, seed: int | None, do
     from .meta import refuse_meta_tensors
 
     source = sources.resolve(spec, kwargs, download)
-    if device is not None and device.type != "meta":
-        sources.check_room(source, spec, device, seed, run)
-    model, built_on = sources.build(source, device, seed, spec)
+    with sources.said_once():   # the meta build reads the config too
+        if device is not None and device.type != "meta":
+            sources.check_room(source, spec, device, seed, run)
+        model, built_on = sources.build(source, device, seed, spec)
     if device is not None and device.type != "meta":
         refuse_meta_tensors(model, f"the model {source.label} built")
         model = model.to(device)

@@ -153,10 +153,11 @@ def room_for_model(model, label: str, device, run=None) -> None:
         free = device_available(where, swap=True)
         if free is None or need <= free:
             continue
-        detail = f"{human_bytes(built)} of {'/'.join(dtypes)} weights"
+        held_what = "weights and buffers" if len(tensors) > len(params) else "weights"   # buffers: BatchNorm's stats
+        detail = f"{human_bytes(built)} of {'/'.join(dtypes)} {held_what}"
         if what:
             cast = f" ({run.dtype})" if run_dtype is not None else ""
-            detail = (f"the weights {human_bytes(held)}{cast}, "
+            detail = (f"the {held_what} {human_bytes(held)}{cast}, "
                       + ", ".join(f"{w} {human_bytes(n)}" for w, n in what) + f" for {command}")
         raise ModelError(f"{label} is too big for the memory here: {count:,} parameters need {human_bytes(need)} on "
                          f"{where} ({detail}), {human_bytes(free)} is available there", hint=too_big_hint(label))

@@ -733,6 +733,32 @@ def _build(source: Source, device, seed: int | None):
 
 
 @contextlib.contextmanager
+def said_once(loggers=("transformers", "timm", "torchvision")):
+    """Around sizing a model on meta and building it: each line a library logs said once, not once per build (a
+    config read twice: BERT's `If you want to use BertLMHeadModel as a standalone` came twice). A filter on the
+    handlers of those loggers and of the root logger, which their records reach; removed afterwards."""
+    import logging
+
+    seen: set = set()
+
+    def once(record) -> bool:
+        key = (record.name, record.levelno, record.getMessage())
+        if key in seen:
+            return False
+        seen.add(key)
+        return True
+
+    handlers = {h for name in (*loggers, None) for h in logging.getLogger(name).handlers}
+    for h in handlers:
+        h.addFilter(once)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(once)
+
+
+@contextlib.contextmanager
 def no_downloads(label: str):
     """While a model is built: torch.hub downloads raise, and the Hugging Face Hub is offline."""
     import torch.hub
