@@ -815,6 +815,35 @@ def test_names_no_op_gives_a_gradient_are_found_in_one_pass_and_agree_with_the_b
         assert (b == 0.0) == (name in got), (name, b)
 
 
+def test_the_tensors_kept_for_silent_fit_a_share_of_the_free_memory(monkeypatch):
+    """derived.silent keeps what every name's ops make (up to MAX_KEPT each): gradflow's float64 re-check of
+    torchvision vit_b_16 grew 1.5 GB there, unasked. Now the kept tensors take at most 1/SHARE of the memory free,
+    and a name whose list the budget cut is not called silent (left to `bound`, which measures it alone)."""
+    from torchdiag.core import derived, resources
+
+    torch.manual_seed(0)
+    model, x = ZeroHead(4).double(), torch.randn(2, 16, dtype=torch.float64)
+    target = torch.randn(2, 3, dtype=torch.float64)
+    names = [n for n, _ in model.named_parameters()]
+    count = {"": 1, **{f"blocks.{i}": 1 for i in range(4)}}
+    held = []
+
+    class Kept(derived._Kept):
+        def __exit__(self, *exc):
+            held.append(sum(t.numel() * t.element_size() for t in {id(t): t for ts in self.tensors.values()
+                                                                        for t in ts}.values()))
+            return super().__exit__(*exc)
+
+    monkeypatch.setattr(derived, "_Kept", Kept)
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: 12 * 256)   # 3 tensors of 2x16 f64
+    got = derived.silent(model, names, count, lambda: nn.functional.mse_loss(model(x), target))
+    assert held and max(held) <= 3 * 256, held
+    assert got < {n for n in names if n.startswith("blocks.")}   # some, not all: the rest were cut, not judged
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: None)   # not known: not cut
+    assert derived.silent(model, names, count, lambda: nn.functional.mse_loss(model(x), target)) == \
+        {n for n in names if n.startswith("blocks.")}
+
+
 def test_the_invariance_recheck_costs_no_pass_per_zero_gradient_parameter():
     """A sweep: gradflow on timm gmlp_s16_224 ran 621 forwards (575 s on one thread), two per parameter whose
     gradient is exactly 0 behind its zero-initialised head, with every bound 0. The forwards of the model do not

@@ -16,6 +16,8 @@ from typing import Any
 from .module_paths import ancestors, owner
 
 MAX_KEPT = 64    # tensors kept per forward at most: the cuts nearest the parameter come first
+SHARE = 4        # the kept tensors take at most 1/SHARE of the memory free: their gradients and a shifted forward's
+                 # copies take as much again each
 
 
 def host(name: str, count: dict[str, int]) -> str | None:
@@ -30,8 +32,11 @@ def bound(work, name: str, at: str, loss, shifted) -> float | None:
     import torch
 
     params, hosts, mods = {name: dict(work.named_parameters())[name]}, {name: at}, dict(work.named_modules())
-    kept, grads = _traced(params, hosts, mods, loss)
-    terms = _terms(kept.tensors[name], shifted(_measure(params, hosts, mods, loss, [name]))[name], grads)
+    budget = _budget(params)
+    kept, grads = _traced(params, hosts, mods, loss, budget)
+    if name in kept.cut:   # more than the memory lets it keep: not measured
+        return None
+    terms = _terms(kept.tensors[name], shifted(_measure(params, hosts, mods, loss, [name], budget))[name], grads)
     if terms is None:
         return None
     return float(torch.stack(terms).max()) if terms else 0.0
@@ -55,14 +60,16 @@ def silent(work, names: list[str], count: dict[str, int], loss, shifted=None) ->
     if not hosts:
         return set()
     watched = {n: params[n] for n in hosts}
-    kept, grads = _traced(watched, hosts, mods, loss)
+    budget = _budget(watched)
+    kept, grads = _traced(watched, hosts, mods, loss, budget)
     flags = read_back([g.ne(0).any() for g in grads.values()])   # one read
     moving = {i for i, f in zip(grads, flags) if f}
-    quiet = {n for n in hosts if not any(id(t) in moving for t in kept.tensors[n])}
-    rest = [n for n in hosts if n not in quiet]
+    # a name whose tensors the memory cut short is not known quiet: left to `bound`, alone
+    quiet = {n for n in hosts if n not in kept.cut and not any(id(t) in moving for t in kept.tensors[n])}
+    rest = [n for n in hosts if n not in quiet and n not in kept.cut]
     if shifted is None or not rest:
         return quiet
-    after = shifted(rest, _measure(watched, hosts, mods, loss, rest))
+    after = shifted(rest, _measure(watched, hosts, mods, loss, rest, budget))
     asked, sums = [], []
     for n in rest:
         terms = _terms(kept.tensors[n], after[n], grads)
@@ -72,25 +79,35 @@ def silent(work, names: list[str], count: dict[str, int], loss, shifted=None) ->
     return quiet | {n for n, v in zip(asked, read_back(sums)) if v == 0}
 
 
-def _traced(params: dict, hosts: dict[str, str], mods: dict, loss):
+def _budget(params: dict) -> int | None:
+    """The bytes the kept tensors of one forward may take: 1/SHARE of the memory free where the parameters live
+    (gradflow's float64 re-check of a ViT-B/16 kept 1.5 GB of them); None where that is not known (mps)."""
+    from .resources import device_available
+
+    p = next(iter(params.values()), None)
+    free = device_available(p.device) if p is not None else None
+    return None if free is None else free // SHARE
+
+
+def _traced(params: dict, hosts: dict[str, str], mods: dict, loss, budget: int | None = None):
     """One forward keeping what each parameter reaches in its host's first call (_Kept), and the loss's gradient
     at each kept tensor that has one: (kept, {id(tensor): gradient})."""
     import torch
 
-    with torch.enable_grad(), _Kept(params, hosts, mods) as kept:
+    with torch.enable_grad(), _Kept(params, hosts, mods, budget) as kept:
         value = loss()
         live = list({id(t): t for ts in kept.tensors.values() for t in ts if t.requires_grad}.values())
         grads = torch.autograd.grad(value, live, allow_unused=True) if live else ()
     return kept, {id(t): g for t, g in zip(live, grads) if g is not None}
 
 
-def _measure(params: dict, hosts: dict[str, str], mods: dict, loss, names: list[str]):
+def _measure(params: dict, hosts: dict[str, str], mods: dict, loss, names: list[str], budget: int | None = None):
     """The forward to run shifted: {name: the tensors it reaches, detached}. With grad as the base forward: some
-    ops differ without it (a detach, another kernel)."""
+    ops differ without it (a detach, another kernel). The base forward's budget: the same tensors are kept."""
     def measure():
         import torch
 
-        with torch.enable_grad(), _Kept(params, hosts, mods) as moved:
+        with torch.enable_grad(), _Kept(params, hosts, mods, budget) as moved:
             loss()
         return {n: [t.detach() for t in moved.tensors[n]] for n in names}
 
@@ -111,10 +128,12 @@ def _terms(before: list, after: list, grads: dict) -> list | None:
 class _Kept:
     """Around one forward: for each name, during its host module's first call (`hosts`: name -> module path), the
     floating tensors ops make from its parameter or from what they made before, in order (`tensors[name]`, at
-    most MAX_KEPT). The dispatch mode is on only while a host's first call runs."""
+    most MAX_KEPT; `budget`: the bytes all of them may take, past which a name's list is cut and the name is in
+    `cut`). The dispatch mode is on only while a host's first call runs."""
 
-    def __init__(self, params: dict, hosts: dict[str, str], mods: dict):
+    def __init__(self, params: dict, hosts: dict[str, str], mods: dict, budget: int | None = None):
         self.params, self.hosts, self.mods = params, hosts, mods
+        self.budget, self.used, self.cut = budget, 0, set()
         self.tensors: dict[str, list] = {n: [] for n in params}
         self.calls: dict[str, int] = {}
         self.active: set[str] = set()
@@ -173,6 +192,11 @@ def _reach_mode():
                      if kept.hosts[n] in kept.active and len(kept.tensors[n]) < MAX_KEPT}
             for t in tree_flatten(out)[0] if names else ():
                 if isinstance(t, torch.Tensor) and t.is_floating_point():
+                    size = t.numel() * t.element_size()
+                    if kept.budget is not None and kept.used + size > kept.budget:
+                        kept.cut |= names
+                        continue
+                    kept.used += size
                     for n in names:
                         if len(kept.tensors[n]) < MAX_KEPT:
                             self.made.setdefault(t, set()).add(n)
