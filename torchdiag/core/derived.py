@@ -133,7 +133,8 @@ class _Kept:
 
     def __init__(self, params: dict, hosts: dict[str, str], mods: dict, budget: int | None = None):
         self.params, self.hosts, self.mods = params, hosts, mods
-        self.budget, self.used, self.cut = budget, 0, set()
+        self.budget, self.used = budget, 0
+        self.cut: set[str] = set()
         self.tensors: dict[str, list] = {n: [] for n in params}
         self.calls: dict[str, int] = {}
         self.active: set[str] = set()
