@@ -403,6 +403,11 @@ def test_a_copy_to_train_is_refused_when_its_gradients_and_optimizer_state_do_no
     assert cli("overfit-batch", spec, "--device", "cpu", "--steps", "5").code == 3
     monkeypatch.setattr(resources, "device_available", lambda device, swap=False: 16_160)   # exactly what it needs
     assert cli("overfit-batch", spec, "--device", "cpu", "--steps", "5").code in (0, 1)
+    # memory measures a step on a copy: in train mode its gradients and Adam's state come with it, in inference not
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: 8_000)
+    res = cli("memory", spec, "--device", "cpu")
+    assert res.code == 3 and "to measure a step on it: on cpu it needs 15.78 KiB" in res.stderr, res.stderr
+    assert cli("memory", spec, "--device", "cpu", "--mode", "inference").code == 0
 
 
 def test_a_model_with_buffers_is_said_to_need_its_weights_and_buffers(cli, monkeypatch):

@@ -30,7 +30,8 @@ def measure(model, inputs, opts, ctx) -> StepReport:
         base = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
     try:
-        work = ctx.train_copy(model, "to measure a step on it")   # run_step sets train/eval itself
+        # run_step sets train/eval itself; the room is asked at --dtype, with the step's gradients and state
+        work = ctx.train_copy(model, "to measure a step on it", dtype, steps=opts.mode == "train")
         if dtype is not None:   # complex parameters kept complex (Module.to would drop their imaginary part)
             work = cast_model(work, ctx.spec.dtype)
         ins = cast_inputs(inputs.clone(), dtype)
