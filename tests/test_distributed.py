@@ -361,7 +361,7 @@ def test_two_gpus_use_nccl_one_gpu_per_rank():
 def test_current_reads_torchrun_env(monkeypatch):
     from torchdiag.core.distributed import Ranks, current
 
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
     assert current() is None
     monkeypatch.setenv("RANK", "0")
@@ -370,7 +370,9 @@ def test_current_reads_torchrun_env(monkeypatch):
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert current() == Ranks(3, 4, 1)
+    assert current() == Ranks(3, 4, 1, local_world=4)   # no LOCAL_WORLD_SIZE: every rank taken to be on this host
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert current() == Ranks(3, 4, 1, local_world=2)
 
 
 @pytest.mark.parametrize("n,world", [(8, 2), (7, 3), (5, 5), (10, 4)])

@@ -424,3 +424,27 @@ def test_a_model_with_buffers_is_said_to_need_its_weights_and_buffers(cli, monke
     res = cli("summary", "torchvision:tiny", "--device", "cpu")
     assert _error_line(res) == ("error: torchvision:tiny is too big for the memory here: 536 parameters need 2.16 KiB "
                                 "on cpu (2.16 KiB of float32 weights and buffers), 1.95 KiB is available there")
+
+
+def test_ranks_on_one_host_each_get_their_part_of_its_memory(monkeypatch):
+    # under torchrun two ranks on this host each build the model and run their step at once: each may take half of
+    # what is available (each compared the whole host's memory before: two 10 GiB builds passed on 16 GiB)
+    from torchdiag.core import resources
+
+    monkeypatch.setattr(resources, "_mem_available", lambda: 16 * 2**30)
+    monkeypatch.setattr(resources, "_meminfo", lambda key: 2 * 2**30)   # SwapFree
+    monkeypatch.setattr(resources, "_cgroup_left", lambda: None)
+    monkeypatch.setattr(resources, "_address_space_left", lambda: None)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    cpu = torch.device("cpu")
+    assert resources.device_available(cpu) == 16 * 2**30 and resources.device_available(cpu, swap=True) == 18 * 2**30
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")   # two hosts of two ranks
+    assert resources.device_available(cpu) == 8 * 2**30 and resources.device_available(cpu, swap=True) == 9 * 2**30
+    monkeypatch.setattr(resources, "_address_space_left", lambda: 5 * 2**30)   # each process's own cap: not shared
+    assert resources.device_available(cpu) == 5 * 2**30
+    monkeypatch.setattr(resources, "_address_space_left", lambda: None)
+    monkeypatch.setattr(resources, "_cgroup_left", lambda: 6 * 2**30)   # the container's, shared by its ranks
+    assert resources.device_available(cpu) == 3 * 2**30

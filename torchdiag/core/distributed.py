@@ -33,6 +33,7 @@ class Ranks:
     local_rank: int
     backend: str = ""
     device: str = ""
+    local_world: int = 1   # the ranks on this host (LOCAL_WORLD_SIZE): they share its memory
 
     @property
     def main(self) -> bool:
@@ -51,7 +52,11 @@ def current() -> Ranks | None:
         return None
     if world <= 1:
         return None
-    return Ranks(rank, world, int(os.environ.get("LOCAL_RANK", rank)))
+    try:
+        local_world = max(int(os.environ.get("LOCAL_WORLD_SIZE", world)), 1)
+    except ValueError:
+        local_world = world
+    return Ranks(rank, world, int(os.environ.get("LOCAL_RANK", rank)), local_world=local_world)
 
 
 def refuse_wrap(spec) -> None:

@@ -15,14 +15,17 @@ def memory_limit() -> int:
     return MAX_WORK_BYTES if free is None else min(MAX_WORK_BYTES, free)
 
 
-def host_available(swap: bool = False) -> int | None:
+def host_available(swap: bool = False, share: int = 1) -> int | None:
     """Bytes of host memory available now (MemAvailable, with SwapFree where `swap`: a build that swaps is slow, not
     killed), or less where the process's address space is capped (ulimit -v, prlimit --as) or its container's
-    memory is (a cgroup's limit less its usage: the OOM killer acts there first); None when the system does not say."""
+    memory is (a cgroup's limit less its usage: the OOM killer acts there first); None when the system does not say.
+    `share`: the processes that will fill the host's memory at once (torchrun's ranks on this host), each given
+    its part of it (the address space is each one's own)."""
     free = _mem_available()
     if free is not None and swap:
         free += _meminfo("SwapFree:") or 0
-    caps = [c for c in (free, _address_space_left(), _cgroup_left()) if c is not None]
+    shared = [c // share for c in (free, _cgroup_left()) if c is not None]
+    caps = [c for c in (*shared, _address_space_left()) if c is not None]
     return min(caps) if caps else None
 
 
@@ -82,13 +85,17 @@ def _address_space_left() -> int | None:
 
 
 def device_available(device, swap: bool = False) -> int | None:
-    """Bytes free now on `device` (a torch.device): the host's for the CPU (its free swap too where `swap`); for a
+    """Bytes free now on `device` (a torch.device): the host's for the CPU (its free swap too where `swap`; under
+    torchrun this rank's part of it, shared with the other ranks on the host); for a
     CUDA device the driver's free memory plus what torch's caching allocator holds reserved but unused (it hands
     that out first); None where that is not known (mps, meta, an error)."""
     import torch
 
-    if device.type == "cpu":
-        return host_available(swap)
+    if device.type == "cpu":   # under torchrun every rank on this host builds and runs its own copy at once
+        from .distributed import current
+
+        ranks = current()
+        return host_available(swap, ranks.local_world if ranks is not None else 1)
     if device.type == "cuda":
         try:
             free, _ = torch.cuda.mem_get_info(device)
