@@ -383,7 +383,9 @@ def test_a_ban_vector_written_once_and_added_to_every_row_is_a_fill(kind):
     res = api_run("nancheck", BanVector(kind), (torch.randn(4, 8),))
     assert not codes(res), [(f.code, f.message) for f in res.findings if f.severity != "info"]
     (fill,) = [f for f in res.findings if f.code == "inf-fill"]
-    assert f"writes {4 * (1 if kind == 'int' else 2)} ±Inf" in fill.message, fill.message
+    n = 1 if kind == "int" else 2   # written once; the add puts them on each of the 4 rows
+    assert f"holds {4 * n} ±Inf in output: constants written by " in fill.message, fill.message
+    assert f"({n} value{'s' if n > 1 else ''}), carried onto {4 * n} positions by the ops after;" in fill.message
 
 
 def test_an_overflow_written_into_a_ban_vector_stays_an_error():

@@ -147,8 +147,9 @@ class Fills:
         return const if inf is None else inf | const
 
     def describe(self) -> str:
-        ops = ", ".join(f"{op} ({n:,})" for op, n in sorted(self.made.items(), key=lambda kv: -kv[1]))
-        return f"by {ops}"
+        ops = ", ".join(f"{op} ({n:,} value{'s' if n != 1 else ''})"
+                        for op, n in sorted(self.made.items(), key=lambda kv: -kv[1]))
+        return f"written by {ops}"
 
 
 def _op(func) -> str:

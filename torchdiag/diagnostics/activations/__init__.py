@@ -396,7 +396,7 @@ def _findings(result, rows, opts, rec, trains, fills) -> None:
     for r in rows:
         if r["nonfinite"] and not r["nan"] and fills().only_fills:   # core/fills.py: -inf written as a mask
             result.add("inf-fill", "info", r["name"], f"{r['nonfinite']:,} of {r['elements']:,} output values are "
-                       f"±Inf the model writes as constants ({fills().describe()}), and no op of its forward computed a "
+                       f"±Inf: constants {fills().describe()}, and no op of its forward computed a "
                        "non-finite value: masked positions, by design")
         elif r["nonfinite"]:
             result.add("non-finite-activation", "error", r["name"],

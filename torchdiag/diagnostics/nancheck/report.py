@@ -135,7 +135,8 @@ def filled(rep: PassReport, ctx) -> dict | None:
     # the loss left them out (fills at other positions than the fills' own forward, drawn at random, it did not)
     if not fills.only_fills or not rep.loss_finite or inf > fills.bound(root=not o.name):
         return None
-    return {"module": o.name or "(root)", "inf": inf, "how": fills.describe(), "sources": sorted(fills.sources)}
+    return {"module": o.name or "(root)", "inf": inf, "how": fills.describe(), "written": fills.written,
+            "sources": sorted(fills.sources)}
 
 
 def _inf_origin(rep: PassReport):
@@ -177,8 +178,11 @@ def report_forward(result: Result, rep: PassReport, fill: dict | None = None) ->
                 "torch.finfo(dtype).min instead of -inf")
         if fill is not None:
             forward["fill"] = True
-            result.add("inf-fill", "info", forward["module"], f"{forward['module']} ({origin.type}) writes "
-                       f"{forward['inf']:,} ±Inf in {forward['output']} as constants ({fill['how']}), and no op of the "
+            # a ban vector's one -inf added to every row: fewer written than the output holds (core/fills.py's bound)
+            spread = (f", carried onto {forward['inf']:,} positions by the ops after" if 0 < fill["written"] <
+                      forward["inf"] else "")
+            result.add("inf-fill", "info", forward["module"], f"{forward['module']} ({origin.type}) holds "
+                       f"{forward['inf']:,} ±Inf in {forward['output']}: constants {fill['how']}{spread}; no op of the "
                        "forward computed a non-finite value: masked positions, by design" + (
                            f" (buffer {', '.join(fill['sources'])} held them before the forward: a mask, or a "
                            "checkpoint's fault if it should be finite)" if fill["sources"] else "") + (
