@@ -448,3 +448,97 @@ def test_ranks_on_one_host_each_get_their_part_of_its_memory(monkeypatch):
     monkeypatch.setattr(resources, "_address_space_left", lambda: None)
     monkeypatch.setattr(resources, "_cgroup_left", lambda: 6 * 2**30)   # the container's, shared by its ranks
     assert resources.device_available(cpu) == 3 * 2**30
+
+
+def _copies(monkeypatch) -> list:
+    """Every train_copy call of the run: (why, dtype, backward, the optimizer's name or None)."""
+    from torchdiag.core import train
+
+    calls, real = [], train.train_copy
+
+    def copy(model, why="to train it", dtype=None, **uses):
+        opt = uses.get("optimizer")
+        calls.append((why, dtype, uses.get("backward", False), opt.name if opt is not None else None))
+        return real(model, why, dtype, **uses)
+
+    monkeypatch.setattr(train, "train_copy", copy)
+    return calls
+
+
+def test_each_copy_is_asked_room_for_what_its_caller_runs_on_it(monkeypatch):
+    """A review: the gate tests' copies (forward and backward only) were asked room for Adam's state; overfit-batch's
+    second opinion, trained with Adam, for the run's SGD; doctor's float64 and stop-finding copies, run backward, for
+    their weights alone."""
+    from torch import nn
+
+    from torchdiag.api import run
+    from torchdiag.core.run import OptimizerSpec
+
+    calls = _copies(monkeypatch)
+    torch.manual_seed(0)
+    gated = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
+    nn.init.zeros_(gated[1].weight)   # a zero-init gate: zero gradients before it, re-checked by a short run
+    run("gradflow", gated, (torch.randn(16, 8),))
+    rechecks = [c for c in calls if c[0] == "to re-check a finding with a short training run"]
+    assert ("to re-check a finding with a short training run", None, True, "adam") in rechecks   # the run: it steps
+    assert ("to re-check a finding with a short training run", None, True, None) in rechecks     # a gate test
+    calls.clear()
+    lin = nn.Linear(100, 10)
+    run("overfit-batch", lin, (torch.randn(4, 100),), optimizer="sgd", momentum=0.0, lr=1e-9)
+    assert [c[3] for c in calls] == ["sgd", "adam"], calls   # the run's SGD (no state), then the second opinion's Adam
+    assert OptimizerSpec("sgd", momentum=0.0).states == 0 and OptimizerSpec("adam").states == 2
+
+    class Biased(nn.Module):   # lin.bias cancelled in forward: it does not move, and the loss does not depend on it
+        def __init__(self):
+            super().__init__()
+            self.lin, self.head = nn.Linear(100, 20), nn.Linear(20, 5)
+
+        def forward(self, x):
+            return self.head(torch.relu(self.lin(x) - self.lin.bias + 0.1))
+
+    calls.clear()
+    run("doctor", Biased(), (torch.randn(4, 100),))
+    floats = [c for c in calls if c[1] == torch.float64]
+    assert floats and all(c[2] for c in floats), calls
+
+
+def test_a_complex_parameter_is_counted_with_its_gradient_and_state(monkeypatch):
+    from torch import nn
+
+    from torchdiag.core import resources, train
+    from torchdiag.core.run import OptimizerSpec
+
+    class Complex(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(100, 10, dtype=torch.complex64))   # 8,000 B
+
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: 31_999)   # 31.25 KiB both: in bytes
+    with pytest.raises(train.NoRoom, match=r"needs 32,000 B \(its tensors 7.81 KiB, its gradients 7.81 KiB, adam "
+                                           r"state 15.62 KiB\), 31,999 B is free there"):
+        train.room_for_copy(Complex(), "to train it", optimizer=OptimizerSpec("adam"))
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: 32_000)
+    train.room_for_copy(Complex(), "to train it", optimizer=OptimizerSpec("adam"))
+
+
+def test_sizes_that_print_alike_are_told_in_bytes():
+    from torchdiag.fmt import bytes_apart
+
+    assert bytes_apart(4_216, 4_215) == ("4,216 B", "4,215 B")   # both 4.12 KiB
+    assert bytes_apart(8_192, 4_096) == ("8.00 KiB", "4.00 KiB")
+
+
+def test_check_sizes_the_model_for_its_heaviest_check(cli, monkeypatch, tmp_path):
+    # a review: gradflow alone was refused (weights and gradients do not fit), and check ran the same gradflow on a
+    # model sized for its weights alone
+    from torchdiag.core import resources
+
+    _small_source(monkeypatch, [])
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: 20_000)   # 17,420 B of weights
+    assert cli("gradflow", "torchvision:tiny", "--device", "cpu").code == 3
+    cfg = tmp_path / "torchdiag.toml"
+    for checks, code in (("gradflow = true", 3), ("max-params = 10000", 0)):
+        cfg.write_text(f'model = "torchvision:tiny"\ninputs = ["2x64"]\ndevice = "cpu"\n[check]\n{checks}\n')
+        res = cli("check", "--config", str(cfg))
+        assert res.code == code, (checks, res.stdout, res.stderr)
+        assert ("gradients 17.01 KiB for check" in res.stdout + res.stderr) == (code == 3), res.stdout + res.stderr

@@ -107,6 +107,8 @@ def test_hf_seq2seq_gets_decoder_inputs_on_cpu_and_meta(tmp_path, cli):
         assert r.json["inputs"] == ["input[0]: 1x128 int64", "labels: 1x128 int64"], r.json["inputs"]
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_config_warning_is_said_once_though_the_model_is_built_twice(tmp_path):
     # sized on meta, then built: BertLMHeadModel's constructor logs its is_decoder advice at each build (a process of
     # its own: transformers' handler writes to the stderr it was made with)

@@ -28,6 +28,13 @@ def human_bytes(n) -> str:
     return f"{n:.2f} TiB"
 
 
+def bytes_apart(need: int, free: int) -> tuple[str, str]:
+    """Two sizes told apart: human_bytes each, or the exact bytes where those print alike (4,216 B needed against
+    4,215 B free read "4.12 KiB ... 4.12 KiB is free": a review)."""
+    a, b = human_bytes(need), human_bytes(free)
+    return (a, b) if a != b else (f"{need:,} B", f"{free:,} B")
+
+
 def number(n) -> str:
     if n is None:
         return "—"

@@ -163,6 +163,7 @@ class Recheck:
     candidates: list[str]
     longer: int = 0             # flags given the longer run (LONG_STEPS, on a fresh copy)
     eps: float | None = None    # Adam's eps raised for a float16 copy (half_eps), else None
+    invariance: str = ""        # how the rounding-level zero gradients were asked (_invariant), where not as usual
 
     def gate_passes(self) -> int:
         return self.passes - self.steps - 1 - (LONG_STEPS + 1 if self.longer else 0)
@@ -172,8 +173,9 @@ class Recheck:
                  "the threshold" if self.longer else "")
         eps = (f" (Adam's eps {self.eps:g}: float16 holds no 1e-8, whose step divides a gradient that vanished "
                "by 0)") if self.eps else ""
+        asked = f"; {self.invariance}" if self.invariance else ""
         return (f"re-checked on a copy: {self.steps} optimizer steps on the same batch{again}{eps} and "
-                f"{self.gate_passes()} gate test(s), {self.passes} forward/backward passes")
+                f"{self.gate_passes()} gate test(s), {self.passes} forward/backward passes{asked}")
 
 
 def recheck(model, inputs, flags: list[Flag], ctx, *, steps: int = STEPS, eval_mode: bool = False,
@@ -228,7 +230,7 @@ def _compounds(short: Verdict, long: Verdict) -> bool:
 
 def _run(model, inputs, flags: list[Flag], ctx, steps: int, eval_mode: bool, prepare, passes: int) -> Recheck:
     """One short training run of `steps` optimizer steps on a fresh copy, and the gate tests (module doc)."""
-    work = fresh_copy(model, ctx, eval_mode, prepare)
+    work = fresh_copy(model, ctx, eval_mode, prepare, steps=True)
     params = _params(work)
     v0 = {n: p.detach().clone() for n, p in params.items()}
     loss_fn = ctx.loss()
@@ -281,7 +283,8 @@ def _run(model, inputs, flags: list[Flag], ctx, steps: int, eval_mode: bool, pre
             v = verdicts[f.name]
             v.median_update, v.median_relative = upd[0], upd[1]
             v.update, v.relative = upd[2 + 2 * i], upd[3 + 2 * i]
-    used = 1 + steps + _invariant(work, inputs, verdicts, gk, ctx)
+    asked, how = _invariant(work, inputs, verdicts, gk, ctx)
+    used = 1 + steps + asked
     for v in verdicts.values():
         v.by_design = v.resolved        # gone after a few real steps: it grows out of it
     live = [v for v in verdicts.values() if v.grew and v.flag.kind != "exploding-grad"]   # a large gradient has no gate
@@ -289,7 +292,7 @@ def _run(model, inputs, flags: list[Flag], ctx, steps: int, eval_mode: bool, pre
         trained = {n: params[n].detach() for n in grown}
         nonzero = {n for n in grown if bool(v0[n].ne(0).any())}
         used += _name_gates(model, inputs, live, grown, nonzero, trained, ctx, eval_mode, prepare, loss_fn, passes)
-    return Recheck(verdicts, steps, used, grown, eps=eps)
+    return Recheck(verdicts, steps, used, grown, eps=eps, invariance=how)
 
 
 HALF_EPS = 1e-4   # Adam's eps for a float16 copy: the usual advice for pure float16 training
@@ -310,42 +313,55 @@ def half_eps(optimizer) -> float | None:
     return HALF_EPS if groups else None
 
 
-def _invariant(work, inputs, verdicts: dict, whole: float, ctx) -> int:
+def _invariant(work, inputs, verdicts: dict, whole: float, ctx) -> tuple[int, str]:
     """A zero gradient that came back from the run at rounding level (max |grad| ≤ SUSPECT × the whole
     gradient's norm) is not an opening when the trained copy's loss does not depend on the parameter at all
     (core/invariance.py, on a float64 copy: a bias before a BatchNorm once its zero-init-last gate opened,
     attention queries over value rows that are all the same): unresolved and `invariant`. Returns the forwards
-    it ran (none when nothing is suspect or on mps; when the copy or a forward fails, the verdicts stand)."""
+    it ran (none when nothing is suspect or on mps; when a forward fails, the verdicts stand) and, where the float64
+    copy did not fit, what was done instead: the same on a float32 copy, looser (a review: the refusal, silent,
+    turned `invariant` into `zero-init`), or nothing when that does not fit either (said)."""
     from . import invariance
 
     suspect = [n for n, v in verdicts.items() if v.flag.kind == "zero-grad" and v.resolved and v.after <= SUSPECT * whole]
     if not suspect or ctx.device.type == "mps":
-        return 0
+        return 0, ""
     import copy
 
     import torch
 
-    from .train import room_for_copy
+    from .train import NoRoom, room_for_copy
 
-    forwards = [0]
+    forwards, how = [0], ""
     try:
-        room_for_copy(work, "in float64", torch.float64, backward=True)
-        twin = copy.deepcopy(work).double()
+        try:
+            room_for_copy(work, "in float64", torch.float64, backward=True,
+                          activations=ctx.activation_bytes(torch.float64))
+            twin, x, rtol = copy.deepcopy(work).double(), inputs.map(invariance.double), invariance.LOSS_RTOL
+        except NoRoom as exc:
+            own = str(next((p.dtype for p in work.parameters() if p.is_floating_point()), "")).replace("torch.", "")
+            room_for_copy(work, f"in {own}", backward=True, activations=ctx.activation_bytes())
+            how = f"rounding-level zero gradients asked for invariance in {own} ({exc.message})"
+            twin, x, rtol = copy.deepcopy(work), inputs, invariance.LOSS_RTOL_FLOAT32
         twin.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
-        found = invariance.cancelled(twin, inputs.map(invariance.double), suspect, ctx.loss(), ctx)
+        found = invariance.cancelled(twin, x, suspect, ctx.loss(), ctx, rtol)
+    except NoRoom as exc:
+        return forwards[0], f"rounding-level zero gradients not asked for invariance ({exc.message})"
     except Exception:      # noqa: BLE001 - a second opinion only: the run's verdicts stand
-        return forwards[0]
+        return forwards[0], how
     for n in found:
         v = verdicts[n]
         v.resolved, v.grew, v.invariant = False, False, True
-    return forwards[0]
+    return forwards[0], how
 
 
 # ---- the measures ----------------------------------------------------------------------------------
 
-def fresh_copy(model, ctx, eval_mode: bool = False, prepare: Callable | None = None):
-    """A training copy of `model` in the judged pass's mode, readied by `prepare` (the user's model untouched)."""
-    work = ctx.train_copy(model, "to re-check a finding with a short training run", steps=True)
+def fresh_copy(model, ctx, eval_mode: bool = False, prepare: Callable | None = None, steps: bool = False):
+    """A training copy of `model` in the judged pass's mode, readied by `prepare` (the user's model untouched); its
+    room asked with its gradients, and the optimizer's state where it `steps` (the short training run; the gate
+    tests run forward and backward only)."""
+    work = ctx.train_copy(model, "to re-check a finding with a short training run", backward=True, steps=steps)
     work.train(not eval_mode)
     if prepare is not None:
         prepare(work)

@@ -127,7 +127,7 @@ def room_for_model(model, label: str, device, run=None) -> None:
     import torch
 
     from ..commands import BY_NAME
-    from ..fmt import human_bytes
+    from ..fmt import bytes_apart, human_bytes
 
     params = list(model.parameters())
     tensors = params + list(model.buffers())
@@ -141,8 +141,8 @@ def room_for_model(model, label: str, device, run=None) -> None:
     held = nbytes(tensors, run_dtype)   # after --dtype
     parts: list[tuple[str, int]] = []   # what the command adds on the device: (what, bytes)
     command = getattr(run, "command", "")
-    trains = BY_NAME[command].trains if command in BY_NAME else None
-    grads = nbytes([p for p in params if p.requires_grad and p.is_floating_point()], run_dtype)
+    trains = getattr(run, "trains", None) or (BY_NAME[command].trains if command in BY_NAME else None)
+    grads = nbytes([p for p in params if p.requires_grad and (p.is_floating_point() or p.is_complex())], run_dtype)
     if trains == "step":   # the copy trains, not the model: the gradients and the state are the copy's
         optimizer = run.optimizer
         parts += [("a copy to train", held), ("its gradients", grads)]
@@ -166,8 +166,9 @@ def room_for_model(model, label: str, device, run=None) -> None:
             cast = f" ({run.dtype})" if run_dtype is not None else ""
             detail = (f"the {held_what} {human_bytes(held)}{cast}, "
                       + ", ".join(f"{w} {human_bytes(n)}" for w, n in what) + f" for {command}")
-        raise ModelError(f"{label} is too big for the memory here: {count:,} parameters need {human_bytes(need)} on "
-                         f"{where} ({detail}), {human_bytes(free)} is available there", hint=too_big_hint(label))
+        total, left = bytes_apart(need, free)
+        raise ModelError(f"{label} is too big for the memory here: {count:,} parameters need {total} on "
+                         f"{where} ({detail}), {left} is available there", hint=too_big_hint(label))
 
 
 def ran_out_building(spec: str, exc: BaseException) -> ModelError:

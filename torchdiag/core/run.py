@@ -139,6 +139,9 @@ class RunSpec:
     strict_checkpoint: bool = True           # a checkpoint key that does not fit stops the run (else: findings)
     wrap: str = "none"                       # none|ddp|fsdp: the model's wrapper on each rank (core.distributed)
     download: str | None = None              # config: an hf:NAME not in the Hugging Face cache fetches config.json
+    # what the run runs on the model where its command's registry entry does not say it all (check: its heaviest
+    # configured check); None: the registry's Command.trains. core.resources charges the memory for it
+    trains: str | None = None
 
     def __post_init__(self):
         if self.caller not in CALLERS:

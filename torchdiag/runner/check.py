@@ -5,6 +5,7 @@ tables, `[tool.torchdiag]` or top-level). Command-line options override the file
 are an error that names the key: a typo must not silently switch a check off."""
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 import time
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..commands import RUN_OPTIONS
+from ..commands import BY_NAME, RUN_OPTIONS
 from ..errors import DiagError, ExitCode, Terminated, UsageError, interrupt_code
 from ..results import Column, Result, Table
 
@@ -152,7 +153,6 @@ def own_settings(command: str, table: dict, spec, where: str):
     """The table of a check that trains (overfit-batch, lr-find) → (Options, RunSpec): validated by that
     command's own Options (the same rules as on the command line), so a bad value is reported before any
     model loads."""
-    import dataclasses
 
     from ..commands import get
     from ..core.run import optimizer_spec
@@ -337,7 +337,20 @@ def _model_config(name: str, merged: dict, inputs: list, args: list, check: dict
         if check.get(command, False) is not False:   # {} is "run with the defaults", never off
             own = check[command] if isinstance(check[command], dict) else {}
             check[f"_{command}"] = own_settings(command, own, spec, where)
-    return ModelConfig(name, spec, check)
+    return ModelConfig(name, dataclasses.replace(spec, trains=_heaviest(check)), check)
+
+
+TRAINS = (None, "forward", "backward", "step")   # the registry's Command.trains, lightest first
+
+
+def _heaviest(check: dict) -> str | None:
+    """What the heaviest configured check runs on the model (the registry's `trains` of its command): the model is
+    sized for it when it loads (core.resources.room_for_model), as that command alone would be (a review: gradflow
+    refused alone was run by check on weights counted alone)."""
+    on = [c for c in ("nancheck", "gradflow", "doctor") if check.get(c)]
+    on += [c for c in ("overfit-batch", "lr-find") if check.get(c, False) is not False]
+    on += ["memory"] if "max-peak-memory" in check else []
+    return max((BY_NAME[c].trains for c in on), key=TRAINS.index, default=None) or "forward"
 
 
 def _validated_checks(check: dict, table_where: str, where: str) -> dict:
@@ -420,7 +433,6 @@ def run_checks(cfg: ModelConfig) -> list[CheckOutcome]:
 def _checkpoint_outcomes(ctx, record):
     """strict-checkpoint = false: keys that did not fit fail a `checkpoint` outcome of their own (exit 1),
     and are taken off the context so that no diagnostic's verdict carries them."""
-    import dataclasses
 
     for report in ctx.checkpoints:
         if not report.fits:
@@ -472,7 +484,6 @@ def _against(value: float, limit: float) -> str:
 
 def _own(diagnostic, ctx):
     """The model's context with the diagnostic's own default optimizer (as on its command line)."""
-    import dataclasses
 
     optimizer = getattr(diagnostic, "OPTIMIZER", None)
     return ctx if optimizer is None else dataclasses.replace(ctx, spec=dataclasses.replace(ctx.spec, optimizer=optimizer))
@@ -480,7 +491,6 @@ def _own(diagnostic, ctx):
 
 def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
     """nancheck, gradflow, overfit-batch, doctor, max-peak-memory: each through its diagnostic."""
-    import dataclasses
 
     from ..diagnostics import doctor, gradflow, memory, nancheck, overfit_batch
     from .local import invoke
@@ -583,7 +593,6 @@ def _findings_verdict(r, allow, strict: bool) -> tuple[bool, str, str]:
 
 def _lr_find_check(settings, model, inputs, ctx, record) -> None:
     """lr-find: fails on an error finding (no rate trains, a non-finite loss); no suggestion is a warning."""
-    import dataclasses
 
     from ..diagnostics import lr_find
     from .local import invoke

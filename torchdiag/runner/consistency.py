@@ -19,7 +19,8 @@ def check(model, inputs, ctx, sess, how: str) -> dict:
         out["ddp_ignored"] = sorted(getattr(model, "_ddp_params_and_buffers_to_ignore", None) or ())
     from ..core.train import train_copy
 
-    work = train_copy(model, "to compare ranks after a step", optimizer=ctx.spec.optimizer)
+    # trained with the run's optimizer, but under --wrap none only compared as built
+    work = train_copy(model, "to compare ranks after a step", optimizer=ctx.spec.optimizer if how != "none" else None)
     tensors = _state(work)
     out["compared"] = len(tensors)
     _compare(tensors, 0, "state", sess, out)

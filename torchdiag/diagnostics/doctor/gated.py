@@ -20,14 +20,14 @@ CODE = "by-design-init"
 ZERO_GUESS = " (a hook, mask or multiplication by 0 wipes it)"   # param-not-updated's guess, until a stop is found
 
 
-def initial_copy(work, before: dict, dtype=None):
+def initial_copy(work, before: dict, dtype=None, backward: bool = False):
     """A copy of the stepped working copy with the values it had before the step put back; its room is
-    checked in `dtype` when the caller will cast it."""
+    checked in `dtype` when the caller will cast it, with its gradients when the caller runs `backward` on it."""
     import torch
 
     from ...core.train import train_copy
 
-    init = train_copy(work, "to re-check parameters that did not move", dtype)
+    init = train_copy(work, "to re-check parameters that did not move", dtype, backward=backward)
     with torch.no_grad():
         for n, p in init.named_parameters():
             if n in before and before[n].shape == p.shape:
@@ -59,7 +59,7 @@ def with_stops(work, before, inputs, ctx, bad: list, zero: set, result, prepare)
     from ...errors import one_line
 
     try:
-        init = initial_copy(work, before)
+        init = initial_copy(work, before, backward=True)
         init.train(work.training)
         prepare(init)
         found = stops(init, inputs, names, ctx, ctx.loss())
@@ -88,7 +88,7 @@ def invariant(work, before, inputs, ctx, names: list[str], result, prepare) -> s
     if not names or ctx.device.type == "mps":
         return set()
     try:
-        copy = initial_copy(work, before, torch.float64).double()
+        copy = initial_copy(work, before, torch.float64, backward=True).double()
         copy.train(work.training)
         prepare(copy)
         found = invariance.cancelled(copy, inputs.map(invariance.double), names, ctx.loss(), ctx)

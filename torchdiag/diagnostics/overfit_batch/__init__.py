@@ -98,7 +98,7 @@ def _trainer(model, inputs, opts: Options, ctx, optimizer=None, loss=None, funct
     from ...core.design import dropout_off
     from .loop import Trainer
 
-    work = ctx.train_copy(model, steps=True)
+    work = ctx.train_copy(model, steps=True, optimizer=optimizer)   # the second opinion's Adam, where given
     dropped = dropout_off(work)
     trainer = Trainer(work, inputs.clone(), loss or ctx.loss(), opts, ctx, optimizer=optimizer, functional=functional)
     trainer.dropped = dropped
