@@ -1837,3 +1837,18 @@ def test_an_exploding_gradient_behind_a_steep_dropout_names_the_dropout():
     assert f.severity == "error" and f.where == "3.weight"
     assert f.hint.startswith("2 (a Dropout) has p = 0.999: in train mode it scales what survives by 1,000x"), f.hint
     assert not [f for f in api_run("gradflow", built(0.1), (x,)).findings if f.severity != "info"]
+
+
+def test_a_zero_gradient_not_re_checked_for_want_of_memory_says_so(monkeypatch):
+    """A zero-initialised gate's zero gradients are re-checked by a short run on a copy (zero-init, info); where no
+    copy fits, they stay errors, and each says it was not re-checked, not only the notes."""
+    from torchdiag.core import resources
+
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: 100)
+    torch.manual_seed(0)
+    res = run(GatedBiasBeforeNorm(), torch.randn(16, 8))
+    zero = [f for f in res.findings if f.code == "zero-grad"]
+    assert zero and all(f.severity == "error" for f in zero)
+    assert all("(not re-checked by a short training run, which tells a zero-initialised layer or gate from a break: "
+               "no memory for the copy (notes))" in f.message for f in zero), [f.message for f in zero]
+    assert any("flagged gradients not re-checked with a short training run: not enough memory" in n for n in res.notes)

@@ -123,7 +123,9 @@ def _message(status, what, where, members, opts, allow_name, allow: str | None =
         return f"{what} frozen (requires_grad=False): {total:,} values not trained", None
     if status == "zero-grad":
         steps = first.get("rechecked")
-        again = f" (still, after a short training run on a copy: {steps} optimizer steps)" if steps else ""
+        again = (f" (still, after a short training run on a copy: {steps} optimizer steps)" if steps else
+                 f" (not re-checked by a short training run, which tells a zero-initialised layer or gate from a "
+                 f"break: {first['unchecked']})" if first.get("unchecked") else "")
         stops = _stops(members)
         if len(stops) == 1 and len(stops[0][1]) == len(members):
             return f"{what}: gradient is exactly zero everywhere{again}; {stops[0][0]['why']}", stops[0][0]["hint"]
@@ -154,7 +156,8 @@ def _message(status, what, where, members, opts, allow_name, allow: str | None =
 
     r = ratio(min(members, key=lambda m: ratio(m) or 0))
     steps = first.get("rechecked")
-    again = f"; still, after a short training run on a copy ({steps} optimizer steps)" if steps else ""
+    again = (f"; still, after a short training run on a copy ({steps} optimizer steps)" if steps else
+             f"; not re-checked by a short training run: {first['unchecked']}" if first.get("unchecked") else "")
     again += f"; {first['longer_fact']}" if first.get("longer_fact") else ""
     return (f"{what}: grad/weight ratio down to {number(r)} (threshold {opts.vanishing:g}){again}",
             "saturating activations, depth without residuals/normalisation, or tiny initialisation")

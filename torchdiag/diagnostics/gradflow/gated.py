@@ -10,6 +10,7 @@ from __future__ import annotations
 from ...core import gates
 from ...core.fewer import retried
 from ...core.module_paths import owner
+from ...core.train import NoRoom
 from ...core.unreached import NOT_REACHED, made_up_padding, padding_why
 from ...errors import ModelError
 from .dead import zero_edge
@@ -47,6 +48,9 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                                                                  prepare))
     except ModelError as exc:   # no copy, or the copy's step/forward failed: keep the plain verdicts
         result.notes.append(f"flagged gradients not re-checked with a short training run: {exc.message}")
+        if isinstance(exc, NoRoom):   # said on each verdict: by design or not is what the run would have told
+            for r in flagged:
+                r["unchecked"] = "no memory for the copy (notes)"
         return
     result.notes.append(f"{len(flags)} flagged finding(s) {rc.cost()}, with {ctx.spec.optimizer.describe()}")
     decoupled = ctx.spec.optimizer.name == "adamw"
