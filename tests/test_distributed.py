@@ -370,9 +370,12 @@ def test_current_reads_torchrun_env(monkeypatch):
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert current() == Ranks(3, 4, 1, local_world=4)   # no LOCAL_WORLD_SIZE: every rank taken to be on this host
+    assert current() == Ranks(3, 4, 1, local_world=1)   # no LOCAL_WORLD_SIZE (not torchrun): this process alone
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert current() == Ranks(3, 4, 1, local_world=2)
+    for given, local in (("8", 4), ("0", 1), ("2.0", 1), ("", 1)):   # never past the world, never below one
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", given)
+        assert current() == Ranks(3, 4, 1, local_world=local), given
 
 
 @pytest.mark.parametrize("n,world", [(8, 2), (7, 3), (5, 5), (10, 4)])

@@ -310,3 +310,33 @@ def test_torchvision_weights_size_falls_back_to_the_imagenet_size():
     plain = sources.Source(lambda: None, {}, "x")
     sources._torchvision_inputs(models_with(224), "resnet18", plain)
     assert plain.inputs == ("1x3x224x224",) and plain.alternatives == ()
+
+
+def test_said_once_folds_a_library_s_repeated_lines_only():
+    # a review: the filter folded the user's own repeated lines too, and a malformed log call raised out of it as
+    # a failed build
+    import io
+    import logging
+
+    from torchdiag.core.sources import said_once
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    lib, own = logging.getLogger("transformers.models.x"), logging.getLogger("mine")
+    lib.setLevel(logging.WARNING)   # whatever transformers' verbosity is in this process
+    logging.getLogger("transformers").addHandler(handler)
+    own.addHandler(handler)
+    try:
+        with said_once():
+            for _ in range(2):
+                lib.warning("advice")
+                own.warning("step")
+            (once,) = handler.filters   # a malformed call is let through, for logging to report as it does
+            bad = logging.LogRecord("transformers.x", logging.WARNING, __file__, 1, "built with %d layers", ("3",), None)
+            assert once(bad) is True
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+        own.removeHandler(handler)
+        lib.setLevel(logging.NOTSET)
+    assert out.getvalue().splitlines().count("advice") == 1 and out.getvalue().splitlines().count("step") == 2
+    assert not handler.filters

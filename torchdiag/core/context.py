@@ -36,9 +36,6 @@ class Context:
     lm: Any = None                       # core.loss.LanguageModel: integer ids feeding an embedding (auto loss)
     observed: Any = None                 # (model, inputs) the run judges, as observe() saw them
     _fills: Any = None                   # core.fills.Fills of the observed forward, asked once (fills())
-    # the most bytes a train-mode pass of the model saved for backward (core.recording.saved_bytes), and the
-    # itemsize of its floating parameters then: a copy run backward holds as much, scaled to its dtype (train_copy)
-    activations: tuple[int, int] = (0, 4)
 
     @property
     def seed(self) -> int:
@@ -123,26 +120,14 @@ class Context:
         """`with ctx.seeded():` the global RNG seeded with the run's seed, restored afterwards."""
         return train.seeded(self.seed)
 
-    def saw_activations(self, nbytes: int, params) -> None:
-        """A train-mode pass saved `nbytes` for its backward, with these parameters (their dtype scales it)."""
-        sizes = [p.element_size() for p in params if p.is_floating_point()]
-        if nbytes > self.activations[0]:
-            self.activations = (nbytes, max(sizes) if sizes else 4)
-
-    def activation_bytes(self, dtype=None) -> int:
-        """What a pass of the model saved for backward (saw_activations), in `dtype` when a copy is cast to it."""
-        nbytes, size = self.activations
-        return nbytes * (dtype.itemsize if dtype is not None else size) // size
-
     def train_copy(self, model, why: str = "to train it", dtype=None, *, backward: bool = False, steps: bool = False,
                    optimizer=None):
         """A train-mode copy (core/train.py), its room checked in `dtype` when the caller will cast it, with its
         gradients when it will run `backward`, and the state of the optimizer it is trained with (`optimizer`, an
-        OptimizerSpec; the run's by default) beside them when it `steps`; with the activations a pass of the model
-        saved for backward (saw_activations), in `dtype`, when it runs either."""
+        OptimizerSpec; the run's by default) beside them when it `steps`. The activations of its passes are not
+        counted (reading a graph's saved tensors back runs the model's unpack hooks: a checkpoint recomputes)."""
         trained = (optimizer or self.spec.optimizer) if steps else None
-        work = train.train_copy(model, why, dtype, backward=backward, optimizer=trained,
-                                activations=self.activation_bytes(dtype) if backward or steps else 0)
+        work = train.train_copy(model, why, dtype, backward=backward, optimizer=trained)
         return self.wrapper(work) if self.wrapper is not None else work   # under torchrun: DDP/FSDP the copy
 
     def wrapped_copy(self, model, why: str):
@@ -150,7 +135,7 @@ class Context:
         whatever its values; None otherwise (the command runs the model itself)."""
         if self.pass_wrapper is None:
             return None
-        return self.pass_wrapper(train.train_copy(model, why, backward=True, activations=self.activation_bytes()))
+        return self.pass_wrapper(train.train_copy(model, why, backward=True))
 
     def whole(self, named: dict) -> dict:
         """{name: tensor or None}; under --wrap fsdp the sharded ones (DTensors) gathered whole, the same on

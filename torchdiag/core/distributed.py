@@ -52,10 +52,10 @@ def current() -> Ranks | None:
         return None
     if world <= 1:
         return None
-    try:
-        local_world = max(int(os.environ.get("LOCAL_WORLD_SIZE", world)), 1)
+    try:   # torchrun sets it; a launcher that does not: 1, this process's own (a review: the world over-refused)
+        local_world = min(max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1), world)
     except ValueError:
-        local_world = world
+        local_world = 1
     return Ranks(rank, world, int(os.environ.get("LOCAL_RANK", rank)), local_world=local_world)
 
 

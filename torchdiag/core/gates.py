@@ -163,7 +163,7 @@ class Recheck:
     candidates: list[str]
     longer: int = 0             # flags given the longer run (LONG_STEPS, on a fresh copy)
     eps: float | None = None    # Adam's eps raised for a float16 copy (half_eps), else None
-    invariance: str = ""        # how the rounding-level zero gradients were asked (_invariant), where not as usual
+    invariance: str = ""        # the rounding-level zero gradients not asked for invariance, and why (_invariant)
 
     def gate_passes(self) -> int:
         return self.passes - self.steps - 1 - (LONG_STEPS + 1 if self.longer else 0)
@@ -319,8 +319,8 @@ def _invariant(work, inputs, verdicts: dict, whole: float, ctx) -> tuple[int, st
     (core/invariance.py, on a float64 copy: a bias before a BatchNorm once its zero-init-last gate opened,
     attention queries over value rows that are all the same): unresolved and `invariant`. Returns the forwards
     it ran (none when nothing is suspect or on mps; when a forward fails, the verdicts stand) and, where the float64
-    copy did not fit, what was done instead: the same on a float32 copy, looser (a review: the refusal, silent,
-    turned `invariant` into `zero-init`), or nothing when that does not fit either (said)."""
+    copy does not fit, that it was not asked, for the note (a review: the refusal was silent, and such a bias was
+    called `zero-init`; a float32 copy in its place called a bias the loss reads at 1e-6 `invariant`)."""
     from . import invariance
 
     suspect = [n for n, v in verdicts.items() if v.flag.kind == "zero-grad" and v.resolved and v.after <= SUSPECT * whole]
@@ -332,27 +332,20 @@ def _invariant(work, inputs, verdicts: dict, whole: float, ctx) -> tuple[int, st
 
     from .train import NoRoom, room_for_copy
 
-    forwards, how = [0], ""
+    forwards = [0]
     try:
-        try:
-            room_for_copy(work, "in float64", torch.float64, backward=True,
-                          activations=ctx.activation_bytes(torch.float64))
-            twin, x, rtol = copy.deepcopy(work).double(), inputs.map(invariance.double), invariance.LOSS_RTOL
-        except NoRoom as exc:
-            own = str(next((p.dtype for p in work.parameters() if p.is_floating_point()), "")).replace("torch.", "")
-            room_for_copy(work, f"in {own}", backward=True, activations=ctx.activation_bytes())
-            how = f"rounding-level zero gradients asked for invariance in {own} ({exc.message})"
-            twin, x, rtol = copy.deepcopy(work), inputs, invariance.LOSS_RTOL_FLOAT32
+        room_for_copy(work, "in float64", torch.float64, backward=True)
+        twin = copy.deepcopy(work).double()
         twin.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
-        found = invariance.cancelled(twin, x, suspect, ctx.loss(), ctx, rtol)
+        found = invariance.cancelled(twin, inputs.map(invariance.double), suspect, ctx.loss(), ctx)
     except NoRoom as exc:
-        return forwards[0], f"rounding-level zero gradients not asked for invariance ({exc.message})"
+        return 0, f"{len(suspect)} rounding-level zero gradient(s) not asked for invariance ({exc.message})"
     except Exception:      # noqa: BLE001 - a second opinion only: the run's verdicts stand
-        return forwards[0], how
+        return forwards[0], ""
     for n in found:
         v = verdicts[n]
         v.resolved, v.grew, v.invariant = False, False, True
-    return forwards[0], how
+    return forwards[0], ""
 
 
 # ---- the measures ----------------------------------------------------------------------------------

@@ -145,49 +145,6 @@ def reachable(root) -> set[int]:
     return seen
 
 
-def saved_bytes(root, model, given=()) -> int:
-    """The bytes autograd keeps for the backward of the graph under `root` (each node's saved tensors, each storage
-    once; the model's own parameters and buffers and the `given` input tensors left out, which a copy's pass on the
-    same batch shares): the activations a copy run backward on that batch holds as well (core.train.room_for_copy).
-    A walk of the nodes, no op; what a node will not hand back counts 0."""
-    import torch
-
-    own = {_storage_key(t) for t in (*model.parameters(), *model.buffers(), *given)}
-    seen: set = set()
-    counted: set = set()
-    total = 0
-    stack = [root] if root is not None else []
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.extend(nxt for nxt, _ in node.next_functions if nxt is not None and id(nxt) not in seen)
-        for attr in dir(node):
-            if not attr.startswith("_saved_"):
-                continue
-            try:
-                value = getattr(node, attr)
-            except Exception:   # noqa: BLE001 - freed, or not a value the binding returns
-                continue
-            for t in value if isinstance(value, (tuple, list)) else (value,):
-                if not isinstance(t, torch.Tensor) or t.device.type == "meta" or t.layout != torch.strided:
-                    continue
-                key = _storage_key(t)
-                if key in own or key in counted:
-                    continue
-                counted.add(key)
-                total += t.untyped_storage().nbytes()
-    return total
-
-
-def _storage_key(t) -> tuple:
-    try:
-        return t.device, t.untyped_storage().data_ptr()
-    except Exception:   # noqa: BLE001 - a tensor with no storage of its own (a wrapper subclass)
-        return "tensor", id(t)
-
-
 def stats_modules(model, depth: int) -> set[str]:
     """Modules whose outputs get activation statistics: every activation of interest, and every
     leaf module down to `depth`."""
@@ -260,7 +217,6 @@ def record_pass(model, inputs, opts, ctx, call=None) -> Pass:
         with ctx.autocast():
             loss = loss_fn(output)
         reach = reachable(loss.grad_fn)
-        ctx.saw_activations(saved_bytes(loss.grad_fn, model, [t for _, t in inputs.tensors()]), params.values())
         local = [describe_leaf(t) for t in local_leaves(loss, model, [t for _, t in inputs.tensors()])]
         def again():   # the same forward, for the fp16 judged backward (the recorder's hooks are off by now)
             with ctx.autocast(), _rng(rng):

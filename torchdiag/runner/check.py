@@ -344,13 +344,16 @@ TRAINS = (None, "forward", "backward", "step")   # the registry's Command.trains
 
 
 def _heaviest(check: dict) -> str | None:
-    """What the heaviest configured check runs on the model (the registry's `trains` of its command): the model is
-    sized for it when it loads (core.resources.room_for_model), as that command alone would be (a review: gradflow
-    refused alone was run by check on weights counted alone)."""
+    """What the heaviest configured check runs on the model itself (the registry's `trains` of its command, up to
+    "backward"): the model is sized for it when it loads (core.resources.room_for_model), as that command alone
+    would be (a review: gradflow refused alone was run by check on weights counted alone). A check that trains a
+    copy has its copy's room asked when it is made, with the optimizer of its own table (a review: sized at load
+    with the check's Adam, an SGD overfit-batch was refused)."""
     on = [c for c in ("nancheck", "gradflow", "doctor") if check.get(c)]
     on += [c for c in ("overfit-batch", "lr-find") if check.get(c, False) is not False]
     on += ["memory"] if "max-peak-memory" in check else []
-    return max((BY_NAME[c].trains for c in on), key=TRAINS.index, default=None) or "forward"
+    heaviest = max((BY_NAME[c].trains for c in on), key=TRAINS.index, default=None) or "forward"
+    return "backward" if heaviest == "step" else heaviest
 
 
 def _validated_checks(check: dict, table_where: str, where: str) -> dict:
