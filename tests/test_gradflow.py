@@ -622,15 +622,13 @@ def test_bias_cancelled_by_batch_norm_is_recognised():
     assert "conv.bias" in f.message and "fc.bias" in f.message
 
 
-def test_a_float64_copy_that_does_not_fit_falls_back_to_float32_before_it_is_made(monkeypatch):
-    """The invariance re-check casts its copy to float64: room for twice the float32 bytes is asked first
-    (it was asked for the float32 copy, then the cast doubled it), and without it the float32 re-check runs."""
-    from torchdiag.core import resources, train
+def _copies_made(monkeypatch):
+    """by_design's bias_before_bn, its float32 bytes (tensors, gradients), and the dtypes of the copies made of it
+    (a refused one is not made)."""
+    from torchdiag.core import train
 
     model = by_design("bias_before_bn")
-    f32 = sum(n for _, n in train._copy_bytes(model))
-    grads = sum(p.numel() * 4 for p in model.parameters())
-    made = []
+    made: list = []
     real = train.train_copy
 
     def copy(model, why, dtype=None, **uses):
@@ -639,6 +637,15 @@ def test_a_float64_copy_that_does_not_fit_falls_back_to_float32_before_it_is_mad
         return work
 
     monkeypatch.setattr(train, "train_copy", copy)
+    return model, sum(n for _, n in train._copy_bytes(model)), sum(p.numel() * 4 for p in model.parameters()), made
+
+
+def test_a_float64_copy_that_does_not_fit_falls_back_to_float32_before_it_is_made(monkeypatch):
+    """The invariance re-check casts its copy to float64: room for twice the float32 bytes is asked first
+    (it was asked for the float32 copy, then the cast doubled it), and without it the float32 re-check runs."""
+    from torchdiag.core import resources
+
+    model, f32, grads, made = _copies_made(monkeypatch)
     # the float32 copy and its gradients fit; in float64 not even the weights: 2 x f32 > f32 + grads
     monkeypatch.setattr(resources, "device_available", lambda device, swap=False: f32 + grads)
     res = run(model, torch.randn(2, 3, 8, 8))
@@ -650,20 +657,9 @@ def test_a_float64_copy_that_does_not_fit_falls_back_to_float32_before_it_is_mad
 def test_a_float64_copy_whose_gradients_do_not_fit_is_not_made_either(monkeypatch):
     """The float64 copy runs backward: its gradients, as large as its trainable weights, are asked for with it. Its
     weights alone fitting let it through before (torchvision vit_h_14's gradflow on 24 GiB, killed by the kernel)."""
-    from torchdiag.core import resources, train
+    from torchdiag.core import resources
 
-    model = by_design("bias_before_bn")
-    f32 = sum(n for _, n in train._copy_bytes(model))
-    grads = sum(p.numel() * 4 for p in model.parameters())
-    made = []
-    real = train.train_copy
-
-    def copy(model, why, dtype=None, **uses):
-        work = real(model, why, dtype, **uses)   # made: not refused
-        made.append(dtype)
-        return work
-
-    monkeypatch.setattr(train, "train_copy", copy)
+    model, f32, grads, made = _copies_made(monkeypatch)
     free = 2 * f32 + grads   # the float64 weights fit (2 x f32), with their gradients (2 x grads) not
     monkeypatch.setattr(resources, "device_available", lambda device, swap=False: free)
     res = run(model, torch.randn(2, 3, 8, 8))
