@@ -32,11 +32,11 @@ def test_batched_specs_and_the_users_own_inputs():
 
 def test_the_training_commands_are_the_registrys():
     # one declaration (the registry's `trains`): every command that takes a loss and an optimizer runs train mode
-    from torchdiag.commands import COMMANDS, MODEL
+    from torchdiag.commands import COMMANDS, MODEL, TRAINS
     from torchdiag.core import sources
 
     assert {c.name for c in COMMANDS if sources.trains(c.name)} == {c.name for c in COMMANDS if c.groups == MODEL} | {"check"}
-    assert {c.trains for c in COMMANDS} == {None, "forward", "backward", "step"}
+    assert {c.trains for c in COMMANDS} == set(TRAINS)
     assert not sources.trains("no-such-command")
     from torchdiag.core.loading import COMPILED_COMMANDS
 

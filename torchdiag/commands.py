@@ -82,6 +82,9 @@ RENDER_FIELDS = GROUPS["output"]            # the rest are RunSpec fields
 MODEL = ("model", "hub", "inputs", "loss", "batch", "precision", "ranks", "output")   # a training command's groups
 
 
+TRAINS = (None, "forward", "backward", "step")   # Command.trains, lightest first
+
+
 @dataclass(frozen=True)
 class Command:
     """One command, everything the layers need to know about it."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..commands import BY_NAME, RUN_OPTIONS
+from ..commands import BY_NAME, RUN_OPTIONS, TRAINS
 from ..errors import DiagError, ExitCode, Terminated, UsageError, interrupt_code
 from ..results import Column, Result, Table
 
@@ -338,9 +338,6 @@ def _model_config(name: str, merged: dict, inputs: list, args: list, check: dict
             own = check[command] if isinstance(check[command], dict) else {}
             check[f"_{command}"] = own_settings(command, own, spec, where)
     return ModelConfig(name, dataclasses.replace(spec, trains=_heaviest(check)), check)
-
-
-TRAINS = (None, "forward", "backward", "step")   # the registry's Command.trains, lightest first
 
 
 def _heaviest(check: dict) -> str | None:
