@@ -1325,3 +1325,29 @@ def test_an_lstms_own_dropout_is_named_as_the_mode_dependence():
     torch.manual_seed(0)
     (f,) = [f for f in run("doctor", Forecaster(), torch.randn(8, 12, 3)).findings if f.code == "mode-dependent"]
     assert f.where == "rnn" and "1 LSTM make train and eval outputs differ" in f.message, f.message
+
+
+def test_copies_after_the_training_pass_are_asked_room_for_its_activations(monkeypatch):
+    """doctor's training pass measures what its backward keeps (core.saved); the short run's copy and the copy that
+    looks for where the zero gradients stop run backward on the same batch and keep as much again. Room for their
+    weights, gradients and Adam's state alone let them through (the kernel's OOM killer on a large batch)."""
+    from torchdiag.core import resources, train
+
+    class Gated(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(16, 4)
+            self.body = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 4))
+
+        def forward(self, x):
+            return self.head(x) + 0 * self.body(x)
+
+    model = Gated()
+    weights = sum(n for _, n in train._copy_bytes(model))
+    free = 9 * weights   # weights, gradients and two Adam moments fit (4x) twice over; 256 x 64 tanh outputs not
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: free)
+    res = run_diag(model, torch.randn(256, 16))
+    assert [f.code for f in res.findings if f.severity == "error"] == ["param-not-updated"]
+    for what in ("not re-checked with a short training run", "where the zero gradients stop was not looked for"):
+        note = next(n for n in res.notes if what in n)
+        assert "the activations its backward keeps" in note and "NoRoom" not in note, note

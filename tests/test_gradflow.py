@@ -640,11 +640,19 @@ def _copies_made(monkeypatch):
     return model, sum(n for _, n in train._copy_bytes(model)), sum(p.numel() * 4 for p in model.parameters()), made
 
 
+def _weights_alone(monkeypatch):
+    """Copies asked room for their weights and gradients only: the activations a pass keeps not measured."""
+    from torchdiag.core.context import Context
+
+    monkeypatch.setattr(Context, "saw_activations", lambda *_: None)
+
+
 def test_a_float64_copy_that_does_not_fit_falls_back_to_float32_before_it_is_made(monkeypatch):
     """The invariance re-check casts its copy to float64: room for twice the float32 bytes is asked first
     (it was asked for the float32 copy, then the cast doubled it), and without it the float32 re-check runs."""
     from torchdiag.core import resources
 
+    _weights_alone(monkeypatch)
     model, f32, grads, made = _copies_made(monkeypatch)
     # the float32 copy and its gradients fit; in float64 not even the weights: 2 x f32 > f32 + grads
     monkeypatch.setattr(resources, "device_available", lambda device, swap=False: f32 + grads)
@@ -659,6 +667,7 @@ def test_a_float64_copy_whose_gradients_do_not_fit_is_not_made_either(monkeypatc
     weights alone fitting let it through before (torchvision vit_h_14's gradflow on 24 GiB, killed by the kernel)."""
     from torchdiag.core import resources
 
+    _weights_alone(monkeypatch)
     model, f32, grads, made = _copies_made(monkeypatch)
     free = 2 * f32 + grads   # the float64 weights fit (2 x f32), with their gradients (2 x grads) not
     monkeypatch.setattr(resources, "device_available", lambda device, swap=False: free)
@@ -666,6 +675,26 @@ def test_a_float64_copy_whose_gradients_do_not_fit_is_not_made_either(monkeypatc
     note = next(n for n in res.notes if "the float64 copy failed: not enough memory" in n)
     assert f"its gradients {human_bytes(2 * grads)}" in note and f"{human_bytes(free)} is free there" in note, note
     assert statuses(res)["conv.bias"] == "invariant" and made == [None]
+
+
+def test_a_float64_copy_is_asked_room_for_the_activations_its_backward_keeps(monkeypatch):
+    """The judged pass measures what autograd kept for its backward (core.saved); the float64 re-check's copy, run
+    backward on the same batch, keeps as much again in float64. At 16x16 those activations outweigh its weights and
+    gradients: room for the copy and its gradients alone let it through, and the float32 one fits."""
+    from torchdiag.core import resources
+    from torchdiag.core.saved import saved_bytes
+
+    model, f32, grads, made = _copies_made(monkeypatch)
+    x = torch.randn(2, 3, 16, 16)
+    acts = sum(s.total for s in saved_bytes(model(x).pow(2).mean().grad_fn, [*model.parameters(),
+                                                                               *model.buffers(), x]).values())
+    assert acts > 3 * (f32 + grads)
+    free = int(1.5 * (f32 + grads + acts))   # in float32 it fits; in float64 (each twice) not, its weights and
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: free)   # gradients alone would
+    res = run(model, x)
+    note = next(n for n in res.notes if "the float64 copy failed: not enough memory" in n)
+    assert "the activations its backward keeps" in note, note
+    assert statuses(res)["conv.bias"] == "invariant" and None in made and torch.float64 not in made
 
 
 def test_first_conv_before_batch_norm_is_scale_invariant():
@@ -1191,6 +1220,7 @@ def test_the_invariance_not_asked_after_the_run_for_want_of_room_is_said(monkeyp
     the refusal was silent; a float32 twin in its place, tried next, called a bias the loss reads at 1e-6 invariant)."""
     from torchdiag.core import resources, train
 
+    _weights_alone(monkeypatch)   # the sizes below: weights, gradients and Adam's state
     torch.manual_seed(0)
     model = GatedBiasBeforeNorm()
     f32 = sum(n for _, n in train._copy_bytes(model))

@@ -36,6 +36,9 @@ class Context:
     lm: Any = None                       # core.loss.LanguageModel: integer ids feeding an embedding (auto loss)
     observed: Any = None                 # (model, inputs) the run judges, as observe() saw them
     _fills: Any = None                   # core.fills.Fills of the observed forward, asked once (fills())
+    # {device: core.saved.Saved}: the most a train-mode pass of the model kept for its backward (saw_activations);
+    # a copy run backward on the same batch keeps as much again (train_copy)
+    activations: dict = field(default_factory=dict)
 
     @property
     def seed(self) -> int:
@@ -120,14 +123,29 @@ class Context:
         """`with ctx.seeded():` the global RNG seeded with the run's seed, restored afterwards."""
         return train.seeded(self.seed)
 
+    def saw_activations(self, loss, model, inputs) -> None:
+        """What the graph under `loss` (a train-mode pass of `model` on `inputs`) keeps for its backward, beyond the
+        model's own tensors and the inputs (core.saved): kept where it is the most seen on its device."""
+        from .saved import saved_bytes
+
+        own = (*model.parameters(), *model.buffers(), *(t for _, t in inputs.tensors()))
+        for device, saved in saved_bytes(getattr(loss, "grad_fn", None), own).items():
+            if device not in self.activations or saved.total > self.activations[device].total:
+                self.activations[device] = saved
+
+    def activation_bytes(self, dtype=None) -> dict:
+        """{device: bytes} a pass of the model kept for backward (saw_activations), in `dtype` for a copy cast to it."""
+        return {device: saved.bytes_in(dtype) for device, saved in self.activations.items()}
+
     def train_copy(self, model, why: str = "to train it", dtype=None, *, backward: bool = False, steps: bool = False,
                    optimizer=None):
         """A train-mode copy (core/train.py), its room checked in `dtype` when the caller will cast it, with its
         gradients when it will run `backward`, and the state of the optimizer it is trained with (`optimizer`, an
-        OptimizerSpec; the run's by default) beside them when it `steps`. The activations of its passes are not
-        counted (reading a graph's saved tensors back runs the model's unpack hooks: a checkpoint recomputes)."""
+        OptimizerSpec; the run's by default) beside them when it `steps`; with the activations a pass of the model
+        kept for backward (saw_activations), in `dtype`, when it runs either."""
         trained = (optimizer or self.spec.optimizer) if steps else None
-        work = train.train_copy(model, why, dtype, backward=backward, optimizer=trained)
+        work = train.train_copy(model, why, dtype, backward=backward, optimizer=trained,
+                                activations=self.activation_bytes(dtype) if backward or steps else None)
         return self.wrapper(work) if self.wrapper is not None else work   # under torchrun: DDP/FSDP the copy
 
     def wrapped_copy(self, model, why: str):
@@ -135,7 +153,7 @@ class Context:
         whatever its values; None otherwise (the command runs the model itself)."""
         if self.pass_wrapper is None:
             return None
-        return self.pass_wrapper(train.train_copy(model, why, backward=True))
+        return self.pass_wrapper(train.train_copy(model, why, backward=True, activations=self.activation_bytes()))
 
     def whole(self, named: dict) -> dict:
         """{name: tensor or None}; under --wrap fsdp the sharded ones (DTensors) gathered whole, the same on

@@ -334,7 +334,7 @@ def _invariant(work, inputs, verdicts: dict, whole: float, ctx) -> tuple[int, st
 
     forwards = [0]
     try:
-        room_for_copy(work, "in float64", torch.float64, backward=True)
+        room_for_copy(work, "in float64", torch.float64, backward=True, activations=ctx.activation_bytes(torch.float64))
         twin = copy.deepcopy(work).double()
         twin.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
         found = invariance.cancelled(twin, inputs.map(invariance.double), suspect, ctx.loss(), ctx)

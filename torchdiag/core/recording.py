@@ -217,6 +217,7 @@ def record_pass(model, inputs, opts, ctx, call=None) -> Pass:
         with ctx.autocast():
             loss = loss_fn(output)
         reach = reachable(loss.grad_fn)
+        ctx.saw_activations(loss, model, inputs)   # what a copy's backward on this batch keeps as well
         local = [describe_leaf(t) for t in local_leaves(loss, model, [t for _, t in inputs.tensors()])]
         def again():   # the same forward, for the fp16 judged backward (the recorder's hooks are off by now)
             with ctx.autocast(), _rng(rng):

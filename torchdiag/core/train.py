@@ -92,13 +92,14 @@ def user_call(seed: int, fn, what: str):
             raise ModelError(f"{what} raised {one_line(exc)}") from exc
 
 
-def train_copy(model, why: str = "to train it", dtype=None, *, backward: bool = False, optimizer=None):
+def train_copy(model, why: str = "to train it", dtype=None, *, backward: bool = False, optimizer=None,
+               activations: dict | None = None):
     """A deep copy of the user's model in train mode, with .grad cleared and the hooks registered on
     parameters (deepcopy drops them) put back, so a hook that masks a gradient acts on the copy too. Its room
     is checked for what its caller will run on it (room_for_copy)."""
     import copy
 
-    room_for_copy(model, why, dtype, backward=backward, optimizer=optimizer)
+    room_for_copy(model, why, dtype, backward=backward, optimizer=optimizer, activations=activations)
     try:
         work = copy.deepcopy(model, _graph_tensors(model))
     except Exception as exc:
@@ -115,32 +116,37 @@ class NoRoom(ModelError):
     """A copy the memory where the model lives cannot hold: no fallback that copies as much may follow."""
 
 
-def room_for_copy(model, why: str, dtype=None, *, backward: bool = False, optimizer=None) -> None:
+def room_for_copy(model, why: str, dtype=None, *, backward: bool = False, optimizer=None,
+                  activations: dict | None = None) -> None:
     """A copy takes what the model's tensors take (each parameter cloned, each buffer storage once; in `dtype`
     when given, for the floating ones); run backward (`backward`) its gradients as much again as its trainable
     parameters; stepped by `optimizer` (a core.run.OptimizerSpec, implies backward) that optimizer's state beside
     them. One that does not fit in the memory free where its tensors live is refused with NoRoom (exit 3, one line;
     a caller that can do without the copy says so and goes on), not left to the kernel's OOM killer, which ends
     the process with no line at all (torchvision vit_h_14 on 24 GiB: gradflow's re-check trained a copy with Adam,
-    then cast one to float64 and ran backward, its room asked for the weights alone). The activations of its passes
-    are not counted."""
+    then cast one to float64 and ran backward, its room asked for the weights alone). `activations`: {device: bytes}
+    its passes keep for backward (measured on a pass of the model: Context.saw_activations); none where no pass was
+    measured."""
     from ..fmt import bytes_apart, human_bytes
     from .resources import device_available
 
     states = optimizer.states if optimizer is not None else 0
-    parts: dict = {}   # device -> [copy, gradients, state] bytes
+    parts: dict = {}   # device -> [copy, gradients, state, activations] bytes
     for device, nbytes in _copy_bytes(model, dtype):
-        parts.setdefault(device, [0, 0, 0])[0] += nbytes
+        parts.setdefault(device, [0, 0, 0, 0])[0] += nbytes
     for device, nbytes in _grad_bytes(model, dtype) if backward or optimizer is not None else ():
-        row = parts.setdefault(device, [0, 0, 0])
+        row = parts.setdefault(device, [0, 0, 0, 0])
         row[1] += nbytes
         row[2] += states * nbytes
-    for device, (copied, grads, state) in parts.items():
+    for device, nbytes in (activations or {}).items():
+        parts.setdefault(device, [0, 0, 0, 0])[3] += nbytes
+    for device, (copied, grads, state, acts) in parts.items():
         free = device_available(device)
-        if free is None or copied + grads + state <= free:
+        if free is None or copied + grads + state + acts <= free:
             continue
-        what = [(n, b) for n, b in (("its gradients", grads), (f"{getattr(optimizer, 'name', '')} state", state)) if b]
-        total, left = bytes_apart(copied + grads + state, free)
+        what = [(n, b) for n, b in (("its gradients", grads), (f"{getattr(optimizer, 'name', '')} state", state),
+                                    ("the activations its backward keeps", acts)) if b]
+        total, left = bytes_apart(copied + grads + state + acts, free)
         need = (f"its tensors on {device} take {total}" if not what else
                 f"on {device} it needs {total} (its tensors {human_bytes(copied)}, "
                 + ", ".join(f"{n} {human_bytes(b)}" for n, b in what) + ")")

@@ -20,14 +20,16 @@ CODE = "by-design-init"
 ZERO_GUESS = " (a hook, mask or multiplication by 0 wipes it)"   # param-not-updated's guess, until a stop is found
 
 
-def initial_copy(work, before: dict, dtype=None, backward: bool = False):
+def initial_copy(work, before: dict, dtype=None, ctx=None):
     """A copy of the stepped working copy with the values it had before the step put back; its room is
-    checked in `dtype` when the caller will cast it, with its gradients when the caller runs `backward` on it."""
+    checked in `dtype` when the caller will cast it, with its gradients and the activations a pass keeps
+    (ctx.activation_bytes) when the caller gives the run's `ctx` to run backward on it."""
     import torch
 
     from ...core.train import train_copy
 
-    init = train_copy(work, "to re-check parameters that did not move", dtype, backward=backward)
+    init = train_copy(work, "to re-check parameters that did not move", dtype, backward=ctx is not None,
+                      activations=ctx.activation_bytes(dtype) if ctx is not None else None)
     with torch.no_grad():
         for n, p in init.named_parameters():
             if n in before and before[n].shape == p.shape:
@@ -59,12 +61,13 @@ def with_stops(work, before, inputs, ctx, bad: list, zero: set, result, prepare)
     from ...errors import one_line
 
     try:
-        init = initial_copy(work, before, backward=True)
+        init = initial_copy(work, before, ctx=ctx)
         init.train(work.training)
         prepare(init)
         found = stops(init, inputs, names, ctx, ctx.loss())
     except Exception as exc:   # an explanation only: the findings stand as they are
-        result.notes.append(f"where the zero gradients stop was not looked for: {one_line(exc)}")
+        why = exc.message if isinstance(exc, ModelError) else one_line(exc)
+        result.notes.append(f"where the zero gradients stop was not looked for: {why}")
         return bad
     if found:
         result.notes.append(f"where {len(found)} zero gradient(s) stop: 1 more forward/backward on a copy")
@@ -88,7 +91,7 @@ def invariant(work, before, inputs, ctx, names: list[str], result, prepare) -> s
     if not names or ctx.device.type == "mps":
         return set()
     try:
-        copy = initial_copy(work, before, torch.float64, backward=True).double()
+        copy = initial_copy(work, before, torch.float64, ctx).double()
         copy.train(work.training)
         prepare(copy)
         found = invariance.cancelled(copy, inputs.map(invariance.double), names, ctx.loss(), ctx)

@@ -161,6 +161,7 @@ def _backward(probe: Probe, out) -> bool:
         return False
     _local_weights(probe, value)
     _nonfinite_loss(probe, out, value)
+    probe.ctx.saw_activations(value, work, probe.inputs)   # what later copies' backward keeps as well
     try:
         train.backward(scaler.scale(value) if scaler is not None else value, hint=BACKWARD_HINT)
     except ModelError as err:

@@ -1,0 +1,131 @@
+"""core.saved: what a graph keeps for its backward, read without unpacking (no unpack hook, no recompute)."""
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from torchdiag.core.saved import saved_bytes
+
+
+def total(loss, own=()):
+    return sum(s.total for s in saved_bytes(loss.grad_fn, own).values())
+
+
+def test_each_storage_once_without_weights_or_inputs():
+    for batch in (4, 16):
+        model, x = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 5)), torch.randn(batch, 20)
+        loss = nn.functional.mse_loss(model(x), torch.randn(batch, 5))
+        # the ReLU's output (saved by it and by the second Linear: once), the output and the target the loss saves;
+        # not x (given), nor the weights
+        assert total(loss, [*model.parameters(), x]) == batch * (64 + 5 + 5) * 4
+        # given nothing, the input and the second Linear's weight count too (the first one's is not saved: x needs
+        # no gradient)
+        assert total(loss) == batch * (64 + 5 + 5) * 4 + batch * 20 * 4 + 5 * 64 * 4
+
+
+def test_a_checkpointed_block_is_not_recomputed_and_keeps_only_what_its_handle_holds():
+    calls = []
+    inner = nn.Sequential(nn.Linear(16, 256), nn.Tanh(), nn.Linear(256, 16))
+
+    def block(t):
+        calls.append(1)
+        return inner(t)
+
+    x = torch.randn(8, 16, requires_grad=True)
+    loss = checkpoint(block, x, use_reentrant=False).pow(2).sum()
+    measured = total(loss, [*inner.parameters(), x])
+    assert calls == [1]                  # reading the saved tensors ran no recompute
+    assert measured < 8 * 256 * 4        # the block's 8x256 activations are not kept: recomputed in backward
+    loss.backward()
+    assert calls == [1, 1] and x.grad is not None   # the backward recomputes once, as without the measurement
+
+
+def test_an_offloading_hook_is_not_unpacked():
+    """A pack hook that moves each tensor into a store and whose unpack takes it out (a second unpack raises): the
+    measurement reads what the pack made, and the backward still finds every tensor."""
+    store: dict = {}
+
+    def pack(t):
+        store[id(t)] = t.detach().clone()
+        return ("offloaded", store[id(t)])
+
+    def unpack(packed):
+        key = next(k for k, v in store.items() if v is packed[1])
+        return store.pop(key)
+
+    lin = nn.Linear(32, 32)
+    x = torch.randn(4, 32)
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        loss = lin(x).sigmoid().sum()
+    n = len(store)
+    measured = total(loss, [*lin.parameters(), x])
+    assert len(store) == n and measured >= 4 * 32 * 4   # the sigmoid's output, as the hook stored it
+    loss.backward()
+    assert lin.weight.grad is not None and not store
+
+
+def test_a_custom_functions_saved_tensors_count():
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            big = t.repeat(1, 10)
+            ctx.save_for_backward(big)
+            return t * t
+
+        @staticmethod
+        def backward(ctx, g):
+            (big,) = ctx.saved_tensors
+            return 2 * big[:, : g.shape[1]] * g
+
+    x = torch.randn(3, 7, requires_grad=True)
+    loss = Square.apply(x).sum()
+    assert total(loss, [x]) == 3 * 70 * 4
+
+
+def test_floating_bytes_scale_to_a_copys_dtype_and_masks_do_not():
+    x = torch.randn(8, 100)
+    w = torch.randn(100, requires_grad=True)
+    mask = torch.rand(8, 100) > 0.5
+    loss = (x * w).masked_fill(mask, 0.0).sum()     # saves x (given), w (given) and the bool mask
+    (row,) = saved_bytes(loss.grad_fn, [x, w]).values()
+    assert row.total == 800 and row.floating == 0
+    assert row.bytes_in(torch.float64) == 800       # a bool mask is not cast
+    loss = (x * w).tanh().sum()                     # saves tanh's float32 output
+    (row,) = saved_bytes(loss.grad_fn, [x, w]).values()
+    assert row.total == row.floating == 3200 and row.bytes_in(torch.float64) == 6400
+    assert row.bytes_in(torch.float16) == 1600 and row.bytes_in() == 3200
+
+
+def test_after_backward_nothing_is_kept():
+    lin = nn.Linear(8, 8)
+    loss = lin(torch.randn(2, 8)).tanh().sum()
+    loss.backward()
+    assert total(loss, list(lin.parameters())) == 0
+
+
+def _packed_bytes(model, x):
+    """The independent count: every tensor autograd hands a pack hook during the forward, each storage once, the
+    model's own tensors and the input left out."""
+    own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers(), x]}
+    seen: dict = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in own:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t.detach()
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(x).pow(2).mean()
+    return loss, sum(seen.values())
+
+
+def test_the_walk_matches_what_autograd_hands_a_pack_hook():
+    torch.manual_seed(0)
+    convs = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(16, 8, 3), nn.GELU(), nn.Flatten(), nn.Dropout(0.1), nn.LazyLinear(10))
+    convs(torch.randn(2, 3, 16, 16))
+    attention = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True)
+    for model, x in ((convs, torch.randn(4, 3, 16, 16)), (attention, torch.randn(3, 12, 32))):
+        model.train()
+        loss, packed = _packed_bytes(model, x)
+        assert packed > 0 and total(loss, [*model.parameters(), *model.buffers(), x]) == packed
