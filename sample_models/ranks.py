@@ -13,6 +13,8 @@ factory is seeded); what differs by rank comes from torchrun's RANK variable, re
 `branch_on_rank`: `aux` (a Linear) runs in forward on rank 0 only (a data-dependent branch): under DDP
    the ranks' gradient buckets disagree; under fully_shard the reduce-scatters differ in size.
 `nan_on_rank`: module `poison` turns its output to NaN on rank `rank` only.
+`full_on_rank`: the healthy MLP, on a rank whose memory is full: on rank `rank` every copy of the model is refused
+   for want of room (torchdiag's room check is made to refuse there: a GPU another job fills, simulated).
 Input for all: example_inputs(), 8 × 8."""
 import os
 
@@ -104,6 +106,17 @@ def branch_on_rank() -> nn.Module:
 
 def nan_on_rank(rank: int = 1) -> nn.Module:
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), _Poison(rank), nn.Linear(16, 4))
+
+
+def full_on_rank(rank: int = 1) -> nn.Module:
+    if _rank() == rank:
+        from torchdiag.core import train
+
+        def full(model, why, *args, **kwargs):
+            raise train.NoRoom(f"not enough memory for a copy of the model {why}: rank {rank}'s memory is full")
+
+        train.room_for_copy = full
+    return healthy()
 
 
 def example_inputs():

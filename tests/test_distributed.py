@@ -268,6 +268,23 @@ def test_rank_failing_while_its_peer_waits_in_a_collective(waiting):
 
 @pytest.mark.slow
 @pytest.mark.distributed
+def test_a_copy_refused_on_one_rank_stops_every_rank_before_the_wrapper_waits():
+    """A copy every rank wraps (DDP broadcasts its parameters) that one rank has no room for: that rank raised
+    before the broadcast and its peer waited in it for the distributed timeout (600 s by default). Now every rank
+    stops at once, the refusing rank's error leading the report."""
+    code, doc, stderr = torchrun("profile", sample("ranks.py:full_on_rank"), "--arg", "rank=1", "--mode", "train",
+                                 "--wrap", "ddp", "--active", "1", "--warmup", "0", "--wait", "0",
+                                 env={"TORCHDIAG_DIST_TIMEOUT": "120"})
+    assert doc["exit_code"] == 3 and code != 0
+    r0, r1 = doc["ranks"]
+    assert "rank 1's memory is full" in r1["error"]["message"] and not r1["error"]["echo"]
+    assert r0["error"]["echo"] and "did not fit on another rank" in r0["error"]["message"]
+    assert doc["error"]["message"] == "[rank 1] " + r1["error"]["message"]
+    assert r1["error"]["at"] - r0["error"]["at"] < 60   # not after a wait in the broadcast
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_nancheck_names_rank_and_module(nan_rank):
     _, doc, _ = nan_rank
     assert doc["exit_code"] == 1

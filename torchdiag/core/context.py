@@ -144,16 +144,21 @@ class Context:
         OptimizerSpec; the run's by default) beside them when it `steps`; with the activations a pass of the model
         kept for backward (saw_activations), in `dtype`, when it runs either."""
         trained = (optimizer or self.spec.optimizer) if steps else None
-        work = train.train_copy(model, why, dtype, backward=backward, optimizer=trained,
-                                activations=self.activation_bytes(dtype) if backward or steps else None)
-        return self.wrapper(work) if self.wrapper is not None else work   # under torchrun: DDP/FSDP the copy
+        acts = self.activation_bytes(dtype) if backward or steps else None
+        if self.wrapper is None:
+            return train.train_copy(model, why, dtype, backward=backward, optimizer=trained, activations=acts)
+        # under torchrun: DDP/FSDP the copy, made on every rank or on none
+        return self.wrapper(_on_every_rank(lambda: train.train_copy(model, why, dtype, backward=backward,
+                                                                    optimizer=trained, activations=acts), self.device))
 
     def wrapped_copy(self, model, why: str):
         """Under torchrun (pass_wrapper set): a train copy, wrapped, for the one pass every rank makes
         whatever its values; None otherwise (the command runs the model itself)."""
         if self.pass_wrapper is None:
             return None
-        return self.pass_wrapper(train.train_copy(model, why, backward=True, activations=self.activation_bytes()))
+        acts = self.activation_bytes()
+        return self.pass_wrapper(_on_every_rank(lambda: train.train_copy(model, why, backward=True, activations=acts),
+                                                self.device))
 
     def whole(self, named: dict) -> dict:
         """{name: tensor or None}; under --wrap fsdp the sharded ones (DTensors) gathered whole, the same on
@@ -197,6 +202,25 @@ class Context:
         from .places import sort_findings
 
         result.findings = sort_findings(result.findings, None if result.ordered else self.places)
+
+
+def _on_every_rank(make, device):
+    """make() a copy that every rank then wraps (DDP broadcasts, FSDP shards: collectives): where it is refused on
+    any rank (its memory full: NoRoom), every rank raises, the refusing one its own error, the others an echo that
+    follows it in the report; else a peer would wait in the wrapper's collective for the distributed timeout."""
+    from .distributed import agree
+
+    try:
+        work, refused = make(), None
+    except train.NoRoom as exc:
+        work, refused = None, exc
+    if not agree([refused is not None], device)[0]:
+        return work
+    if refused is not None:
+        raise refused
+    err = train.NoRoom("a copy of the model did not fit on another rank; this rank stopped with it")
+    err.follows_peer = True
+    raise err
 
 
 def loss_rule(rule, loaded=None, target=None, seed: int = 0):
