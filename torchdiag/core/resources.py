@@ -113,6 +113,12 @@ def too_big_hint(spec: str) -> str:
     return f"--device meta builds it without allocating the weights (summary, flops and memory run there); or build {smaller}"
 
 
+def takes_grad(p) -> bool:
+    """A parameter backward gives a gradient of its own size: trainable, floating or complex (what the room checks
+    count as gradients and optimizer state)."""
+    return p.requires_grad and (p.is_floating_point() or p.is_complex())
+
+
 def room_for_model(model, label: str, device, run=None) -> None:
     """`model`, built on meta with the builder the real build will use, is refused before that build when what the run
     needs does not fit in the memory available (ModelError, exit 3 as for a copy that does not fit or a run out of
@@ -142,7 +148,7 @@ def room_for_model(model, label: str, device, run=None) -> None:
     parts: list[tuple[str, int]] = []   # what the command adds on the device: (what, bytes)
     command = getattr(run, "command", "")
     trains = getattr(run, "trains", None) or (BY_NAME[command].trains if command in BY_NAME else None)
-    grads = nbytes([p for p in params if p.requires_grad and (p.is_floating_point() or p.is_complex())], run_dtype)
+    grads = nbytes([p for p in params if takes_grad(p)], run_dtype)
     if trains == "step":   # the copy trains, not the model: the gradients and the state are the copy's
         optimizer = run.optimizer
         parts += [("a copy to train", held), ("its gradients", grads)]

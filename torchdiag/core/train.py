@@ -159,10 +159,11 @@ def _grad_bytes(model, dtype=None):
     `dtype` when given)."""
     from torch.nn.parameter import UninitializedTensorMixin
 
+    from .resources import takes_grad
+
     seen: set = set()
     for p in model.parameters():
-        if (id(p) in seen or not p.requires_grad or not (p.is_floating_point() or p.is_complex())
-                or p.device.type == "meta" or isinstance(p, UninitializedTensorMixin)):
+        if id(p) in seen or not takes_grad(p) or p.device.type == "meta" or isinstance(p, UninitializedTensorMixin):
             continue
         seen.add(id(p))
         yield p.device, p.numel() * (dtype.itemsize if dtype is not None and p.is_floating_point() else p.element_size())
