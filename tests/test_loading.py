@@ -549,3 +549,37 @@ def test_check_sizes_the_model_for_its_heaviest_check(cli, monkeypatch, tmp_path
                    'overfit-batch = {optimizer = "sgd", momentum = 0.0, steps = 5}\n')
     res = cli("check", "--config", str(cfg))
     assert "too big" not in res.stdout + res.stderr and "not enough memory" not in res.stdout + res.stderr, res.stdout
+
+
+def test_a_sparse_embeddings_gradient_is_not_counted_as_its_whole_table(monkeypatch):
+    """nn.Embedding(sparse=True) gets a gradient of the rows a batch looks up: a copy run backward (or a model
+    sized for gradflow) was asked a dense gradient as large as the table and refused where it fits. A weight a
+    dense head reads too (tied) gets a dense gradient and is counted."""
+    from torch import nn
+
+    from torchdiag.core import resources, train
+    from torchdiag.core.run import RunSpec
+
+    class Recommender(nn.Module):
+        def __init__(self, tied=False):
+            super().__init__()
+            self.table = nn.Embedding(20_000, 16, sparse=True)   # 1.28 MB
+            self.head = nn.Linear(16, 20_000 if tied else 1, bias=False)
+            if tied:
+                self.head.weight = self.table.weight
+
+        def forward(self, ids):
+            return self.head(self.table(ids))
+
+    table = 20_000 * 16 * 4
+    model = Recommender()
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: int(1.5 * table))
+    train.room_for_copy(model, "to re-check it", backward=True)   # the table, its few rows' gradient, the head
+    resources.room_for_model(model, "m", torch.device("cpu"), RunSpec("gradflow", "m"))
+    ids = torch.randint(0, 20_000, (4, 8))
+    model(ids).sum().backward()
+    assert model.table.weight.grad.is_sparse   # what torch gives it: a batch's 32 rows
+    with pytest.raises(train.NoRoom, match="its gradients 1.22 MiB"):
+        train.room_for_copy(Recommender(tied=True), "to re-check it", backward=True)
+    with pytest.raises(ModelError, match="gradients 1.22 MiB"):
+        resources.room_for_model(Recommender(tied=True), "m", torch.device("cpu"), RunSpec("gradflow", "m"))

@@ -156,12 +156,12 @@ def room_for_copy(model, why: str, dtype=None, *, backward: bool = False, optimi
 
 def _grad_bytes(model, dtype=None):
     """(device, bytes) of the gradient each trainable floating or complex parameter of a copy gets (a floating one in
-    `dtype` when given)."""
+    `dtype` when given); a sparse embedding's (resources.sparse_grads) holds a batch's rows and is not counted."""
     from torch.nn.parameter import UninitializedTensorMixin
 
-    from .resources import takes_grad
+    from .resources import sparse_grads, takes_grad
 
-    seen: set = set()
+    seen: set = sparse_grads(model)   # their gradients hold a batch's rows: not counted
     for p in model.parameters():
         if id(p) in seen or not takes_grad(p) or p.device.type == "meta" or isinstance(p, UninitializedTensorMixin):
             continue
