@@ -496,3 +496,26 @@ def test_the_first_op_past_the_range_is_named_not_the_largest():
     r = torchdiag.api.run("nancheck", model, (torch.randn(4, 8),), dtype="float16")
     cause = r.data["reduced_precision"]["cause"]
     assert cause["kind"] == "inner-overflow" and cause["float32_inner_op"] == "exp", cause
+
+
+def test_a_float32_reference_without_room_is_a_note_not_the_end_of_the_run(monkeypatch):
+    """The float32 reference copies the model in float32 and runs backward: its weights, gradients and the bfloat16
+    pass's activations at float32 are asked for. Where they do not fit, the run keeps its own findings and says why
+    the reference is missing (it raised NoRoom, exit 3, and nothing of the pass was reported); the activations are
+    what tips it here (its weights and gradients alone fit)."""
+    from torch import nn
+
+    from torchdiag.api import run
+    from torchdiag.core import resources, train
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4))
+    with torch.no_grad():
+        model[0].bias[:10] = -100.0   # 10 dead units: exact zero gradients, the reference's cue
+    f32 = sum(n for _, n in train._copy_bytes(model))
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: 3 * f32)   # weights + grads: 2x
+    res = run("nancheck", model, torch.randn(512, 16), dtype="bfloat16")
+    assert res.exit_code == 0
+    (note,) = [n for n in res.notes if n.startswith("the float32 reference did not run")]
+    assert "the activations its backward keeps" in note, note
+    assert dict(res.summary)["Precision"].endswith("float32 reference: not run: no room for its copy (notes)")

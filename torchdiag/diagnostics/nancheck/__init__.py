@@ -115,7 +115,7 @@ def _passes(model, inputs, loss_fn, opts: Options, ctx, state, watch=None):
             model.train()
             torch.set_grad_enabled(True)
             report = localized_pass(model, inputs, loss_fn, reset=lambda: restore_buffers(saved), device=ctx.device,
-                                    autocast=amp, watch=watch)
+                                    autocast=amp, watch=watch, saw=lambda loss: ctx.saw_activations(loss, model, inputs))
             anomaly = None
             if opts.anomaly:
                 for p in model.parameters():

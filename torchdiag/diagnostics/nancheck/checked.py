@@ -207,10 +207,11 @@ def _input_range(rec: CallRecord) -> None:
     rec.input_range = (lo, hi)
 
 
-def forward_loss_backward(model, inputs, loss_fn, hooks, backward: bool, autocast=None):
+def forward_loss_backward(model, inputs, loss_fn, hooks, backward: bool, autocast=None, saw=None):
     """The model's forward under `hooks`, the loss and its backward: (output, loss, backward_ran, note).
     `autocast()` (--amp) wraps the forward and the loss, not the backward (torch's advice). A failure
-    is the model's (exit 3) and names the module that raised."""
+    is the model's (exit 3) and names the module that raised. `saw(loss)` before the backward (what its graph
+    keeps: Context.saw_activations)."""
     import contextlib
 
     import torch
@@ -226,6 +227,8 @@ def forward_loss_backward(model, inputs, loss_fn, hooks, backward: bool, autocas
                 raise forward_error(exc, hooks) from exc
         loss = loss_fn(output)
     if backward and torch.is_grad_enabled() and loss.requires_grad:
+        if saw is not None:
+            saw(loss)
         train.backward(loss, BACKWARD_HINT)
         return output, loss, True, ""
     return output, loss, False, NO_GRAD_NOTE if backward else ""

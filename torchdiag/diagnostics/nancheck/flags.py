@@ -77,13 +77,16 @@ class FlagChecker(ForwardHooks):
                     float_ids=float_ids(mod, args))
 
 
-def flagged_pass(model, inputs, loss_fn, *, backward: bool = True, autocast=None, watch=None) -> PassReport | None:
+def flagged_pass(model, inputs, loss_fn, *, backward: bool = True, autocast=None, watch=None,
+                 saw=None) -> PassReport | None:
     """One forward (+ loss + backward), fills .grad of `model`. The report of a healthy pass, or None
     when anything (a module output, the loss, a parameter gradient) may be non-finite.
-    `watch` (precision.Watch, reduced precision only) adds its magnitudes to the same read-back."""
+    `watch` (precision.Watch, reduced precision only) adds its magnitudes to the same read-back; `saw(loss)` is
+    told the graph before its backward (forward_loss_backward)."""
     checker = FlagChecker(model) if watch is None else watch.checker(model)
     try:
-        output, loss, backward_ran, note = forward_loss_backward(model, inputs, loss_fn, checker, backward, autocast)
+        output, loss, backward_ran, note = forward_loss_backward(model, inputs, loss_fn, checker, backward, autocast,
+                                                                 saw)
     finally:
         if watch is not None:
             watch.remove_hooks()
@@ -121,12 +124,12 @@ def set_rng_state(state, device) -> None:
         torch.cuda.set_rng_state(cuda, device)
 
 
-def localized_pass(model, inputs, loss_fn, reset=None, device=None, autocast=None, watch=None) -> PassReport:
-    """The flagged pass; when it finds anything non-finite, the exact pass again from the same state
-    (RNG, buffers via `reset`, no .grad) to name the forward culprit; and when only a gradient is
+def localized_pass(model, inputs, loss_fn, reset=None, device=None, autocast=None, watch=None, saw=None) -> PassReport:
+    """The flagged pass (`saw`: flagged_pass's); when it finds anything non-finite, the exact pass again from the same
+    state (RNG, buffers via `reset`, no .grad) to name the forward culprit; and when only a gradient is
     non-finite, once more with gradient hooks on every module to name the backward culprit."""
     state = rng_state(device)
-    rep = flagged_pass(model, inputs, loss_fn, autocast=autocast, watch=watch)
+    rep = flagged_pass(model, inputs, loss_fn, autocast=autocast, watch=watch, saw=saw)
     if rep is not None:
         return rep
 

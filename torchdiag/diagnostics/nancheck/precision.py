@@ -134,7 +134,8 @@ def reference_pass(model, inputs, loss_fn, ctx, state):
 
     with torch.random.fork_rng(devices=[ctx.device] if ctx.on_cuda else []), torch.enable_grad():
         # a plain copy, never wrapped under torchrun: the reference is a local comparison, no collectives
-        work = train_copy(model, "to run the float32 reference", torch.float32, backward=True).to(torch.float32)
+        work = train_copy(model, "to run the float32 reference", torch.float32, backward=True,
+                          activations=ctx.activation_bytes(torch.float32)).to(torch.float32)
         x = cast_inputs(inputs, "float32") if ctx.spec.dtype else inputs
         set_rng_state(state, ctx.device)
         saved = snapshot_buffers(work)
