@@ -583,3 +583,19 @@ def test_a_sparse_embeddings_gradient_is_not_counted_as_its_whole_table(monkeypa
         train.room_for_copy(Recommender(tied=True), "to re-check it", backward=True)
     with pytest.raises(ModelError, match="gradients 1.22 MiB"):
         resources.room_for_model(Recommender(tied=True), "m", torch.device("cpu"), RunSpec("gradflow", "m"))
+
+
+def test_a_copy_wrapped_in_ddp_is_asked_room_for_its_gradient_buckets(monkeypatch):
+    """DistributedDataParallel keeps a flat copy of the gradients in its buckets (gradient_as_bucket_view=False, the
+    default): a DDP-wrapped copy run backward holds its gradients twice (measured: a 120 MB model's process grew
+    249 MB over DDP's construction and one backward)."""
+    from torch import nn
+
+    from torchdiag.core import resources, train
+
+    model = nn.Linear(100, 20)   # 8,080 B
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: 3 * 8_080 - 1)
+    train.room_for_copy(model, "to train it", backward=True)   # weights and gradients: 2x
+    with pytest.raises(train.NoRoom, match=r"needs 24,240 B \(its tensors 7.89 KiB, its gradients 7.89 KiB, DDP's "
+                                           r"gradient buckets 7.89 KiB\), 24,239 B is free there"):
+        train.room_for_copy(model, "to train it", backward=True, buckets=True)

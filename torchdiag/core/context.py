@@ -148,8 +148,9 @@ class Context:
         if self.wrapper is None:
             return train.train_copy(model, why, dtype, backward=backward, optimizer=trained, activations=acts)
         # under torchrun: DDP/FSDP the copy, made on every rank or on none
-        return self.wrapper(_on_every_rank(lambda: train.train_copy(model, why, dtype, backward=backward,
-                                                                    optimizer=trained, activations=acts), self.device))
+        ddp = self.spec.wrap == "ddp" and (backward or steps)
+        return self.wrapper(_on_every_rank(lambda: train.train_copy(model, why, dtype, backward=backward, optimizer=trained,
+                                                                    activations=acts, buckets=ddp), self.device))
 
     def wrapped_copy(self, model, why: str):
         """Under torchrun (pass_wrapper set): a train copy, wrapped, for the one pass every rank makes
@@ -157,8 +158,9 @@ class Context:
         if self.pass_wrapper is None:
             return None
         acts = self.activation_bytes()
-        return self.pass_wrapper(_on_every_rank(lambda: train.train_copy(model, why, backward=True, activations=acts),
-                                                self.device))
+        ddp = self.spec.wrap == "ddp"
+        return self.pass_wrapper(_on_every_rank(lambda: train.train_copy(model, why, backward=True, activations=acts,
+                                                                         buckets=ddp), self.device))
 
     def whole(self, named: dict) -> dict:
         """{name: tensor or None}; under --wrap fsdp the sharded ones (DTensors) gathered whole, the same on
@@ -207,13 +209,20 @@ class Context:
 def _on_every_rank(make, device):
     """make() a copy that every rank then wraps (DDP broadcasts, FSDP shards: collectives): where it is refused on
     any rank (its memory full: NoRoom), every rank raises, the refusing one its own error, the others an echo that
-    follows it in the report; else a peer would wait in the wrapper's collective for the distributed timeout."""
+    follows it in the report; else a peer would wait in the wrapper's collective for the distributed timeout. With no
+    process group up (a wrapper set in one process) there are no peers to tell."""
+    import torch.distributed as dist
+
     from .distributed import agree
 
     try:
         work, refused = make(), None
     except train.NoRoom as exc:
         work, refused = None, exc
+    if not (dist.is_available() and dist.is_initialized()):
+        if refused is not None:
+            raise refused
+        return work
     if not agree([refused is not None], device)[0]:
         return work
     if refused is not None:

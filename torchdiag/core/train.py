@@ -93,13 +93,13 @@ def user_call(seed: int, fn, what: str):
 
 
 def train_copy(model, why: str = "to train it", dtype=None, *, backward: bool = False, optimizer=None,
-               activations: dict | None = None):
+               activations: dict | None = None, buckets: bool = False):
     """A deep copy of the user's model in train mode, with .grad cleared and the hooks registered on
     parameters (deepcopy drops them) put back, so a hook that masks a gradient acts on the copy too. Its room
     is checked for what its caller will run on it (room_for_copy)."""
     import copy
 
-    room_for_copy(model, why, dtype, backward=backward, optimizer=optimizer, activations=activations)
+    room_for_copy(model, why, dtype, backward=backward, optimizer=optimizer, activations=activations, buckets=buckets)
     try:
         work = copy.deepcopy(model, _graph_tensors(model))
     except Exception as exc:
@@ -117,7 +117,7 @@ class NoRoom(ModelError):
 
 
 def room_for_copy(model, why: str, dtype=None, *, backward: bool = False, optimizer=None,
-                  activations: dict | None = None) -> None:
+                  activations: dict | None = None, buckets: bool = False) -> None:
     """A copy takes what the model's tensors take (each parameter cloned, each buffer storage once; in `dtype`
     when given, for the floating ones); run backward (`backward`) its gradients as much again as its trainable
     parameters; stepped by `optimizer` (a core.run.OptimizerSpec, implies backward) that optimizer's state beside
@@ -126,32 +126,43 @@ def room_for_copy(model, why: str, dtype=None, *, backward: bool = False, optimi
     the process with no line at all (torchvision vit_h_14 on 24 GiB: gradflow's re-check trained a copy with Adam,
     then cast one to float64 and ran backward, its room asked for the weights alone). `activations`: {device: bytes}
     its passes keep for backward (measured on a pass of the model: Context.saw_activations); none where no pass was
-    measured."""
+    measured. `buckets`: wrapped in DistributedDataParallel, whose buckets hold a flat copy of the gradients."""
     from ..fmt import bytes_apart, human_bytes
     from .resources import device_available
 
-    states = optimizer.states if optimizer is not None else 0
-    parts: dict = {}   # device -> [copy, gradients, state, activations] bytes
-    for device, nbytes in _copy_bytes(model, dtype):
-        parts.setdefault(device, [0, 0, 0, 0])[0] += nbytes
-    for device, nbytes in _grad_bytes(model, dtype) if backward or optimizer is not None else ():
-        row = parts.setdefault(device, [0, 0, 0, 0])
-        row[1] += nbytes
-        row[2] += states * nbytes
-    for device, nbytes in (activations or {}).items():
-        parts.setdefault(device, [0, 0, 0, 0])[3] += nbytes
-    for device, (copied, grads, state, acts) in parts.items():
+    for device, named in _copy_parts(model, dtype, backward, optimizer, activations or {}, buckets).items():
         free = device_available(device)
-        if free is None or copied + grads + state + acts <= free:
+        total = sum(named.values())
+        if free is None or total <= free:
             continue
-        what = [(n, b) for n, b in (("its gradients", grads), (f"{getattr(optimizer, 'name', '')} state", state),
-                                    ("the activations its backward keeps", acts)) if b]
-        total, left = bytes_apart(copied + grads + state + acts, free)
-        need = (f"its tensors on {device} take {total}" if not what else
-                f"on {device} it needs {total} (its tensors {human_bytes(copied)}, "
-                + ", ".join(f"{n} {human_bytes(b)}" for n, b in what) + ")")
+        copied, *what = [(n, b) for n, b in named.items() if b or n == "its tensors"]
+        need, left = bytes_apart(total, free)
+        need = (f"its tensors on {device} take {need}" if not what else
+                f"on {device} it needs {need} (" + ", ".join(f"{n} {human_bytes(b)}" for n, b in [copied, *what]) + ")")
         raise NoRoom(f"not enough memory for a copy of the model {why}: {need}, {left} is free there",
                      hint="free memory on that device (summary and flops make no copy)")
+
+
+def _copy_parts(model, dtype, backward: bool, optimizer, activations: dict, buckets: bool) -> dict:
+    """{device: {what: bytes}} a copy takes, in the order the refusal names them (room_for_copy)."""
+    states = optimizer.states if optimizer is not None else 0
+    state = f"{getattr(optimizer, 'name', '')} state"
+    parts: dict = {}
+
+    def row(device) -> dict:
+        return parts.setdefault(device, {"its tensors": 0, "its gradients": 0, state: 0, "DDP's gradient buckets": 0,
+                                         "the activations its backward keeps": 0})
+
+    for device, nbytes in _copy_bytes(model, dtype):
+        row(device)["its tensors"] += nbytes
+    for device, nbytes in _grad_bytes(model, dtype) if backward or optimizer is not None else ():
+        got = row(device)
+        got["its gradients"] += nbytes
+        got[state] += states * nbytes
+        got["DDP's gradient buckets"] += nbytes if buckets else 0
+    for device, nbytes in activations.items():
+        row(device)["the activations its backward keeps"] += nbytes
+    return parts
 
 
 def _grad_bytes(model, dtype=None):
