@@ -129,7 +129,11 @@ class Context:
         from .saved import saved_bytes
 
         own = (*model.parameters(), *model.buffers(), *(t for _, t in inputs.tensors()))
-        for device, saved in saved_bytes(getattr(loss, "grad_fn", None), own).items():
+        try:
+            seen = saved_bytes(getattr(loss, "grad_fn", None), own)
+        except Exception:   # noqa: BLE001 - a size for later room checks only: a graph it cannot read is not measured
+            return
+        for device, saved in seen.items():
             if device not in self.activations or saved.total > self.activations[device].total:
                 self.activations[device] = saved
 
