@@ -129,3 +129,75 @@ def test_the_walk_matches_what_autograd_hands_a_pack_hook():
         model.train()
         loss, packed = _packed_bytes(model, x)
         assert packed > 0 and total(loss, [*model.parameters(), *model.buffers(), x]) == packed
+
+
+def test_autocasts_weight_casts_are_not_charged_to_a_copy_run_without_autocast():
+    """Under autocast each matmul saves a bfloat16 cast of its weight (autocast's weight cache): a new storage, so not
+    the parameter's. A float64 copy run without autocast makes no such casts: charging them (as float64, four times
+    their size) refused float64 re-checks that fit (a review: 1.9 GiB asked where 2 MiB were kept)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(4)])
+    x = torch.randn(2, 256)
+    with torch.autocast("cpu", torch.bfloat16):
+        loss = model(x).float().pow(2).mean()
+    (row,) = saved_bytes(loss.grad_fn, [*model.parameters(), x], list(model.parameters())).values()
+    assert row.casts == 3 * 256 * 256 * 2   # the first Linear's is not kept: x needs no gradient
+    double, xd = model.double(), x.double()
+    (real,) = saved_bytes(double(xd).pow(2).mean().grad_fn, [*double.parameters(), xd]).values()
+    assert real.total <= row.bytes_in(torch.float64) <= 2 * real.total   # x's own bfloat16 cast is the difference
+    assert row.bytes_in() == row.total     # a copy run as the pass was (under autocast) makes them too
+
+
+def test_a_pack_hooks_nested_containers_are_read():
+    lin = nn.Linear(32, 32)
+    x = torch.randn(4, 32)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: {"where": "cpu", "held": (t.detach(),)},
+                                                  lambda packed: packed["held"][0]):
+        loss = lin(x).sigmoid().sum()
+    assert total(loss, [*lin.parameters(), x]) == 4 * 32 * 4   # the sigmoid's output
+    loss.backward()
+
+
+def test_the_node_types_seen_are_not_kept_alive():
+    """Node types are cached weakly: a custom Function made per call (or torch.compile's per graph) goes with it."""
+    import gc
+    import weakref
+
+    def make():
+        class Twice(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, t):
+                ctx.save_for_backward(t)
+                return 2 * t
+
+            @staticmethod
+            def backward(ctx, g):
+                return 2 * g
+
+        x = torch.randn(3, requires_grad=True)
+        total(Twice.apply(x * 1).sum())
+        return weakref.ref(Twice)
+
+    gone = make()
+    gc.collect()
+    assert gone() is None
+
+
+def test_each_diagnostic_sizes_its_copies_by_its_own_passes():
+    """`check` runs several diagnostics on one context (or copies of it sharing the dict): gradflow's measurement
+    sized overfit-batch's copies after it, which then failed where overfit-batch alone passed (a review)."""
+    import types
+
+    from torchdiag.api import run_spec
+    from torchdiag.core.context import context_for
+    from torchdiag.core.saved import Saved
+    from torchdiag.runner.local import invoke
+
+    model = nn.Linear(4, 2)
+    ctx = context_for(model, run_spec("gradflow"))
+    ctx.activations[torch.device("cpu")] = Saved(total=10**12)
+    seen = []
+    diagnostic = types.SimpleNamespace(run=lambda m, i, o, c: seen.append(dict(c.activations)) or
+                                       types.SimpleNamespace(header={}, findings=[], ordered=True))
+    invoke(diagnostic, model, None, None, ctx)
+    assert seen == [{}]

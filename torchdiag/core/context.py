@@ -37,8 +37,9 @@ class Context:
     observed: Any = None                 # (model, inputs) the run judges, as observe() saw them
     _fills: Any = None                   # core.fills.Fills of the observed forward, asked once (fills())
     # {device: core.saved.Saved}: the most a train-mode pass of the model kept for its backward (saw_activations);
-    # a copy run backward on the same batch keeps as much again (train_copy)
+    # a copy run backward on the same batch keeps as much again (train_copy), on `share` of its samples that part
     activations: dict = field(default_factory=dict)
+    share: float = 1.0
 
     @property
     def seed(self) -> int:
@@ -130,7 +131,7 @@ class Context:
 
         own = (*model.parameters(), *model.buffers(), *(t for _, t in inputs.tensors()))
         try:
-            seen = saved_bytes(getattr(loss, "grad_fn", None), own)
+            seen = saved_bytes(getattr(loss, "grad_fn", None), own, model.parameters() if self.precision.amp else ())
         except Exception:   # noqa: BLE001 - a size for later room checks only: a graph it cannot read is not measured
             return
         for device, saved in seen.items():
@@ -138,8 +139,9 @@ class Context:
                 self.activations[device] = saved
 
     def activation_bytes(self, dtype=None) -> dict:
-        """{device: bytes} a pass of the model kept for backward (saw_activations), in `dtype` for a copy cast to it."""
-        return {device: saved.bytes_in(dtype) for device, saved in self.activations.items()}
+        """{device: bytes} a pass of the model kept for backward (saw_activations), in `dtype` for a copy cast to it
+        (and run without autocast), for `share` of the samples (core.fewer's retry on the first of them)."""
+        return {device: int(saved.bytes_in(dtype) * self.share) for device, saved in self.activations.items()}
 
     def train_copy(self, model, why: str = "to train it", dtype=None, *, backward: bool = False, steps: bool = False,
                    optimizer=None):

@@ -45,18 +45,24 @@ def retried(attempt: Callable, inputs, ctx, notes: list, what: str, agrees: Call
     try:
         return attempt(inputs)
     except ModelError as exc:
-        cut = first_samples(inputs, ctx) if out_of_memory(exc) else None
+        # ran out, or refused before it could (NoRoom) where activations were part of what it asked
+        cut = first_samples(inputs, ctx) if out_of_memory(exc) or getattr(exc, "activations", 0) > 0 else None
         if cut is None:
             raise
-        why = exc.message
+        why, refused = exc.message, not out_of_memory(exc)
     gc.collect()   # the failed attempt's copy and activations, held by its traceback until here
     fewer, k, n = cut
-    ran_out = f"with all {n} samples the copy ran out of memory ({why})"
+    ran_out = f"with all {n} samples the copy {'did not fit' if refused else 'ran out of memory'} ({why})"
+    share, ctx.share = ctx.share, k / n   # the copies made for the cut are asked that part of the activations
     try:
         differs = agrees(fewer) if agrees is not None else None
         out = attempt(fewer) if differs is None else None
-    except ModelError as exc:
-        raise ModelError(f"{ran_out}; on the first {k}: {exc.message}") from exc
+    except ModelError as exc:   # a refusal stays one (NoRoom: callers say "no memory for the copy")
+        from .train import NoRoom
+
+        raise (NoRoom if isinstance(exc, NoRoom) else ModelError)(f"{ran_out}; on the first {k}: {exc.message}") from exc
+    finally:
+        ctx.share = share
     if differs is not None:
         raise ModelError(f"{ran_out}, and the first {k} do not ask the same question: {differs}")
     notes.append(f"{what} on {k} of the {n} samples: {ran_out}")

@@ -113,7 +113,9 @@ def train_copy(model, why: str = "to train it", dtype=None, *, backward: bool = 
 
 
 class NoRoom(ModelError):
-    """A copy the memory where the model lives cannot hold: no fallback that copies as much may follow."""
+    """A copy the memory where the model lives cannot hold: no fallback that copies as much may follow.
+    `activations`: the bytes of activations it was asked (core.fewer retries on fewer samples where some were)."""
+    activations: int = 0
 
 
 def room_for_copy(model, why: str, dtype=None, *, backward: bool = False, optimizer=None,
@@ -135,12 +137,16 @@ def room_for_copy(model, why: str, dtype=None, *, backward: bool = False, optimi
         total = sum(named.values())
         if free is None or total <= free:
             continue
-        copied, *what = [(n, b) for n, b in named.items() if b or n == "its tensors"]
+        what = [(n, b) for n, b in named.items() if b]
         need, left = bytes_apart(total, free)
-        need = (f"its tensors on {device} take {need}" if not what else
-                f"on {device} it needs {need} (" + ", ".join(f"{n} {human_bytes(b)}" for n, b in [copied, *what]) + ")")
-        raise NoRoom(f"not enough memory for a copy of the model {why}: {need}, {left} is free there",
-                     hint="free memory on that device (summary and flops make no copy)")
+        need = (f"its tensors on {device} take {need}" if [n for n, _ in what] == ["its tensors"] else
+                f"on {device} it needs {need} (" + ", ".join(f"{n} {human_bytes(b)}" for n, b in what) + ")")
+        acts = named["the activations its backward keeps"]
+        err = NoRoom(f"not enough memory for a copy of the model {why}: {need}, {left} is free there",
+                     hint="free memory on that device" + (", or give a smaller batch" if acts else "")
+                     + " (summary and flops make no copy)")
+        err.activations = acts
+        raise err
 
 
 def _copy_parts(model, dtype, backward: bool, optimizer, activations: dict, buckets: bool) -> dict:

@@ -12,6 +12,7 @@ def invoke(diagnostic, model, inputs, opts, ctx):
     """A diagnostic on a model already in hand (the Python API, `check`, the one-process run)."""
     if getattr(diagnostic, "NEEDS_VALUES", False):
         ctx.require_values()
+    ctx.activations = {}   # its own passes size its copies (check runs several diagnostics on one context's copies)
     try:
         result = diagnostic.run(model, inputs, opts, ctx)
     except Exception as exc:
