@@ -382,6 +382,23 @@ def _pick_config(model_type: str, cls, folder: Path):
     return (*built, None)
 
 
+def _pick_class(model_type: str, classes: list[str]):
+    """(class, how, config, parameters, why not) for the first of the Auto classes that map `model_type` (in HF_TASKS'
+    order) that builds from some config: a head that refuses every config (ReformerModelWithLMHead wants
+    `is_decoder=True`) leaves the next, often the base model, to be tried; none builds: the first's, with why."""
+    import transformers
+
+    first = None
+    for name in dict.fromkeys(classes):   # the same class under two tasks is tried once
+        cls = getattr(transformers, name)
+        how, config, params, why = _pick_config(model_type, cls, HF_DIR / model_type)
+        if params is not None:
+            return cls, how, config, params, why
+        first = first or (cls, how, config, params, why)
+    first[2].save_pretrained(HF_DIR / model_type)   # the first class's default config, as when it alone was tried
+    return first
+
+
 def _summary_runs(folder: Path, training: bool = True) -> bool:
     """Whether `torchdiag summary hf:FOLDER` (in process, default inputs, CPU) gets past the model's forward: any
     exit but 3 (exit 4, torchdiag's own failure, is not a reason to try another config)."""
@@ -399,7 +416,6 @@ def _summary_runs(folder: Path, training: bool = True) -> bool:
 
 def hf_zoo(types=None) -> list[dict]:
     """The transformers part of the zoo: every model type (or those in `types`) with its picked config."""
-    import transformers
     from transformers.models.auto import modeling_auto
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -411,13 +427,15 @@ def hf_zoo(types=None) -> list[dict]:
         tasks = HF_TASKS
         if model_type in getattr(modeling_auto, "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", {}):
             tasks = tuple(sorted(HF_TASKS, key=lambda tm: tm[0] != "seq2seq"))
-        task = next((t for t, m in tasks if model_type in getattr(modeling_auto, m, {})), None)
+        # a mapping's value is a class name, or a tuple of them (DeiT's and LeViT's image classifiers, with and without
+        # a teacher): each tried in turn (a tuple given to getattr made those rows a TypeError)
+        mapped = [getattr(modeling_auto, m)[model_type] for _, m in tasks if model_type in getattr(modeling_auto, m, {})]
+        classes = [n for v in mapped for n in (v if isinstance(v, (tuple, list)) else (v,))]
         row = {"name": f"hf_{model_type}", "family": "hf", "args": [], "why": f"transformers {model_type}"}
-        if task is None:
+        if not classes:
             continue     # no Auto class builds it (a config-only or sub-model type)
         try:
-            cls = getattr(transformers, getattr(modeling_auto, dict(HF_TASKS)[task])[model_type])
-            how, config, params, why = _pick_config(model_type, cls, HF_DIR / model_type)
+            cls, how, config, params, why = _pick_class(model_type, classes)
         except Exception as exc:  # noqa: BLE001 - recorded: not buildable from a small config
             row.update(build_error=f"{type(exc).__name__}: {str(exc)[:200]}")
             out.append(row)
