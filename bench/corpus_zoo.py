@@ -390,11 +390,15 @@ def _pick_class(model_type: str, classes: list[str]):
 
     first = None
     for name in dict.fromkeys(classes):   # the same class under two tasks is tried once
-        cls = getattr(transformers, name)
+        cls = getattr(transformers, name, None)
+        if cls is None:   # a name this transformers does not export: the next class
+            continue
         how, config, params, why = _pick_config(model_type, cls, HF_DIR / model_type)
         if params is not None:
             return cls, how, config, params, why
         first = first or (cls, how, config, params, why)
+    if first is None:
+        raise AttributeError(f"transformers exports none of {', '.join(classes)}")
     first[2].save_pretrained(HF_DIR / model_type)   # the first class's default config, as when it alone was tried
     return first
 

@@ -268,13 +268,17 @@ def test_rank_failing_while_its_peer_waits_in_a_collective(waiting):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_a_copy_refused_on_one_rank_stops_every_rank_before_the_wrapper_waits():
-    """A copy every rank wraps (DDP broadcasts its parameters) that one rank has no room for: that rank raised
-    before the broadcast and its peer waited in it for the distributed timeout (600 s by default). Now every rank
-    stops at once, the refusing rank's error leading the report."""
-    code, doc, stderr = torchrun("profile", sample("ranks.py:full_on_rank"), "--arg", "rank=1", "--mode", "train",
-                                 "--wrap", "ddp", "--active", "1", "--warmup", "0", "--wait", "0",
-                                 env={"TORCHDIAG_DIST_TIMEOUT": "120"})
+@pytest.mark.parametrize("command", [
+    # the copy profile trains, wrapped in DDP (which broadcasts its parameters)
+    ["profile", "--mode", "train", "--active", "1", "--warmup", "0", "--wait", "0"],
+    # the pristine copy gradflow's ranks compare after a step (a review: it went on waiting)
+    ["gradflow"]], ids=["wrapped", "compared"])
+def test_a_copy_refused_on_one_rank_stops_every_rank_before_the_wrapper_waits(command):
+    """A copy every rank uses in a collective that one rank has no room for: that rank raised and its peer waited in
+    the collective for the distributed timeout (600 s by default). Now every rank stops at once, the refusing rank's
+    error leading the report."""
+    code, doc, stderr = torchrun(command[0], sample("ranks.py:full_on_rank"), "--arg", "rank=1", "--wrap", "ddp",
+                                 *command[1:], env={"TORCHDIAG_DIST_TIMEOUT": "120"})
     assert doc["exit_code"] == 3 and code != 0
     r0, r1 = doc["ranks"]
     assert "rank 1's memory is full" in r1["error"]["message"] and not r1["error"]["echo"]

@@ -727,6 +727,69 @@ def test_a_recheck_whose_activations_do_not_fit_runs_on_half_the_samples(monkeyp
     assert res.exit_code == 0 and not [f for f in res.findings if f.severity != "info"]
 
 
+class _GatedHead(nn.Module):
+    """A 1e-7 output gain behind a BatchNorm: the short training run's re-check is asked for its flags."""
+
+    def __init__(self, norm: bool):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 256), nn.Linear(256, 4)
+        self.bn = nn.BatchNorm1d(256) if norm else nn.Identity()
+        self.gamma = nn.Parameter(torch.full((4,), 1e-7))
+
+    def forward(self, x):
+        return self.gamma * self.fc2(torch.relu(self.bn(self.fc1(x))))
+
+
+def _free_for(monkeypatch, model, x, share: float) -> None:
+    """Free memory for the Adam run's copy (tensors, gradients, two moments) and `share` of the activations."""
+    from torchdiag.core import resources, train
+    from torchdiag.core.context import Context
+
+    seen: dict = {}
+    real = Context.saw_activations
+
+    def spy(self, loss, m, inputs):
+        real(self, loss, m, inputs)
+        seen.update(self.activation_bytes())
+
+    monkeypatch.setattr(Context, "saw_activations", spy)
+    torch.manual_seed(0)
+    run(model, x)
+    monkeypatch.setattr(Context, "saw_activations", real)
+    free = sum(n for _, n in train._copy_bytes(model)) + 3 * sum(p.numel() * 4 for p in model.parameters())
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: free + int(share * sum(seen.values())))
+
+
+def test_a_refusal_whose_half_batch_retry_fails_otherwise_stays_a_refusal(monkeypatch):
+    """The half-batch retry after a refusal cuts a batch of 2 to 1, which BatchNorm refuses in train mode: that
+    failure is the retry's, not the model's. The flags keep "not re-checked …: no memory for the copy" (a review: the
+    note read like the user's model failing, and the rows lost their reason)."""
+    model, x = _GatedHead(norm=True), torch.randn(2, 16)
+    _free_for(monkeypatch, model, x, 0.6)
+    torch.manual_seed(0)
+    res = run(model, x)
+    (f,) = [f for f in res.findings if f.code == "vanishing-grad"]
+    assert "not re-checked by a short training run: no memory for the copy (notes)" in f.message, f.message
+
+
+def test_no_half_batch_retry_where_half_the_activations_would_not_fit_either(monkeypatch):
+    """The Adam run's copy does not fit even without activations: cutting the batch cannot help, and the retry's
+    copies and passes were spent for two refusals (a review: forward batches 8, 4, 8, 4)."""
+    model, x = _GatedHead(norm=False), torch.randn(8, 16)
+    _free_for(monkeypatch, model, x, 0.0)
+    from torchdiag.core import resources
+
+    free = resources.device_available(None)
+    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: free - 1000)
+    batches = []
+    model.register_forward_pre_hook(lambda m, args: batches.append(args[0].shape[0]))
+    torch.manual_seed(0)
+    res = run(model, x)
+    assert set(batches) == {8}, batches
+    assert any(n.startswith("flagged gradients not re-checked with a short training run: not enough memory")
+               for n in res.notes), res.notes
+
+
 def test_first_conv_before_batch_norm_is_scale_invariant():
     res = run(by_design("deep_bn"), torch.randn(2, 3, 32, 32))
     row = by(res.table("params").rows, "name", "conv1.weight")

@@ -552,9 +552,10 @@ def test_check_sizes_the_model_for_its_heaviest_check(cli, monkeypatch, tmp_path
 
 
 def test_a_sparse_embeddings_gradient_is_not_counted_as_its_whole_table(monkeypatch):
-    """nn.Embedding(sparse=True) gets a gradient of the rows a batch looks up: a copy run backward (or a model
-    sized for gradflow) was asked a dense gradient as large as the table and refused where it fits. A weight a
-    dense head reads too (tied) gets a dense gradient and is counted."""
+    """nn.Embedding(sparse=True) gets a gradient of the rows a batch looks up: a copy run backward (profile's and
+    memory's train mode, data's step timing keep the embedding sparse) was asked a dense gradient as large as the
+    table and refused where it fits. A weight a dense head reads too (tied) gets a dense gradient and is counted; so
+    is the table of a model sized for gradflow, which makes its embeddings dense before it runs (a review)."""
     from torch import nn
 
     from torchdiag.core import resources, train
@@ -575,7 +576,8 @@ def test_a_sparse_embeddings_gradient_is_not_counted_as_its_whole_table(monkeypa
     model = Recommender()
     monkeypatch.setattr(resources, "device_available", lambda device, swap=False: int(1.5 * table))
     train.room_for_copy(model, "to re-check it", backward=True)   # the table, its few rows' gradient, the head
-    resources.room_for_model(model, "m", torch.device("cpu"), RunSpec("gradflow", "m"))
+    with pytest.raises(ModelError, match="gradients 1.22 MiB"):
+        resources.room_for_model(model, "m", torch.device("cpu"), RunSpec("gradflow", "m"))
     ids = torch.randint(0, 20_000, (4, 8))
     model(ids).sum().backward()
     assert model.table.weight.grad.is_sparse   # what torch gives it: a batch's 32 rows

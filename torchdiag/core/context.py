@@ -153,9 +153,11 @@ class Context:
         acts = self.activation_bytes(dtype) if backward or steps else None
         if self.wrapper is None:
             return train.train_copy(model, why, dtype, backward=backward, optimizer=trained, activations=acts)
+        from .distributed import on_every_rank
+
         # under torchrun: DDP/FSDP the copy, made on every rank or on none
         ddp = self.spec.wrap == "ddp" and (backward or steps)
-        return self.wrapper(_on_every_rank(lambda: train.train_copy(model, why, dtype, backward=backward, optimizer=trained,
+        return self.wrapper(on_every_rank(lambda: train.train_copy(model, why, dtype, backward=backward, optimizer=trained,
                                                                     activations=acts, buckets=ddp), self.device))
 
     def wrapped_copy(self, model, why: str):
@@ -163,9 +165,11 @@ class Context:
         whatever its values; None otherwise (the command runs the model itself)."""
         if self.pass_wrapper is None:
             return None
+        from .distributed import on_every_rank
+
         acts = self.activation_bytes()
         ddp = self.spec.wrap == "ddp"
-        return self.pass_wrapper(_on_every_rank(lambda: train.train_copy(model, why, backward=True, activations=acts,
+        return self.pass_wrapper(on_every_rank(lambda: train.train_copy(model, why, backward=True, activations=acts,
                                                                          buckets=ddp), self.device))
 
     def whole(self, named: dict) -> dict:
@@ -210,32 +214,6 @@ class Context:
         from .places import sort_findings
 
         result.findings = sort_findings(result.findings, None if result.ordered else self.places)
-
-
-def _on_every_rank(make, device):
-    """make() a copy that every rank then wraps (DDP broadcasts, FSDP shards: collectives): where it is refused on
-    any rank (its memory full: NoRoom), every rank raises, the refusing one its own error, the others an echo that
-    follows it in the report; else a peer would wait in the wrapper's collective for the distributed timeout. With no
-    process group up (a wrapper set in one process) there are no peers to tell."""
-    import torch.distributed as dist
-
-    from .distributed import agree
-
-    try:
-        work, refused = make(), None
-    except train.NoRoom as exc:
-        work, refused = None, exc
-    if not (dist.is_available() and dist.is_initialized()):
-        if refused is not None:
-            raise refused
-        return work
-    if not agree([refused is not None], device)[0]:
-        return work
-    if refused is not None:
-        raise refused
-    err = train.NoRoom("a copy of the model did not fit on another rank; this rank stopped with it")
-    err.follows_peer = True
-    raise err
 
 
 def loss_rule(rule, loaded=None, target=None, seed: int = 0):

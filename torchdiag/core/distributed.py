@@ -326,6 +326,32 @@ def agree(flags: list[bool], device, group=None) -> list[bool]:
     return [v > 0 for v in t.tolist()]
 
 
+def on_every_rank(make, device):
+    """make() a copy that every rank then uses in collectives (DDP broadcasts, FSDP shards, ranks compare states):
+    where it is refused on any rank (its memory full: NoRoom), every rank raises, the refusing one its own error, the
+    others an echo that follows it in the report; else a peer would wait in the collective for the distributed
+    timeout. With no process group up (a wrapper set in one process) there are no peers to tell."""
+    import torch.distributed as dist
+
+    from .train import NoRoom
+
+    try:
+        work, refused = make(), None
+    except NoRoom as exc:
+        work, refused = None, exc
+    if not (dist.is_available() and dist.is_initialized()):
+        if refused is not None:
+            raise refused
+        return work
+    if not agree([refused is not None], device)[0]:
+        return work
+    if refused is not None:
+        raise refused
+    err = NoRoom("a copy of the model did not fit on another rank (the refusing rank's error says why)")
+    err.follows_peer = True
+    raise err
+
+
 def refuse_divergent(model, wrap: str) -> None:
     """Before --wrap ddp/fsdp: every rank's parameters (names, shapes, dtypes) must be the same, or the
     wrapper's collectives mismatch (gloo aborts rank 0 without a word; DDP waits out its timeout). One

@@ -42,11 +42,13 @@ def retried(attempt: Callable, inputs, ctx, notes: list, what: str, agrees: Call
     raised saying both."""
     import gc
 
+    from .train import NoRoom
+
     try:
         return attempt(inputs)
     except ModelError as exc:
-        # ran out, or refused before it could (NoRoom) where activations were part of what it asked
-        cut = first_samples(inputs, ctx) if out_of_memory(exc) or getattr(exc, "activations", 0) > 0 else None
+        # ran out, or refused before it could (NoRoom) where half the activations it asked would make it fit
+        cut = first_samples(inputs, ctx) if out_of_memory(exc) or _half_fits(exc) else None
         if cut is None:
             raise
         why, refused = exc.message, not out_of_memory(exc)
@@ -57,16 +59,22 @@ def retried(attempt: Callable, inputs, ctx, notes: list, what: str, agrees: Call
     try:
         differs = agrees(fewer) if agrees is not None else None
         out = attempt(fewer) if differs is None else None
-    except ModelError as exc:   # a refusal stays one (NoRoom: callers say "no memory for the copy")
-        from .train import NoRoom
-
-        raise (NoRoom if isinstance(exc, NoRoom) else ModelError)(f"{ran_out}; on the first {k}: {exc.message}") from exc
+    except ModelError as exc:   # a refusal stays one, however the retry failed (callers say "no memory for the copy")
+        raise (NoRoom if refused or isinstance(exc, NoRoom) else ModelError)(
+            f"{ran_out}; on the first {k}: {exc.message}") from exc
     finally:
         ctx.share = share
     if differs is not None:
-        raise ModelError(f"{ran_out}, and the first {k} do not ask the same question: {differs}")
+        raise (NoRoom if refused else ModelError)(f"{ran_out}, and the first {k} do not ask the same question: "
+                                                  f"{differs}")
     notes.append(f"{what} on {k} of the {n} samples: {ran_out}")
     return out
+
+
+def _half_fits(exc) -> bool:
+    """A refusal (core.train.NoRoom) that half the activations it counted would have let through."""
+    acts = getattr(exc, "activations", 0)
+    return acts > 0 and exc.needed - acts / 2 <= exc.free
 
 
 def alike(ratios: dict[str, float], cut: dict[str, float]) -> str | None:

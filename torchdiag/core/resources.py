@@ -123,7 +123,8 @@ def sparse_grads(model) -> set[int]:
     """ids of the weights only nn.Embedding/EmbeddingBag modules made with sparse=True read: backward gives them a
     sparse gradient holding the rows a batch looks up, its size the batch's, not the table's (a recommender's
     50 M-row table would be asked 12.8 GB of gradients it never gets). A weight another module reads too (a tied
-    head) gets a dense one and is not among them."""
+    head) gets a dense one and is not among them; one a forward reads itself (`F.linear(h, emb.weight)`) is not seen
+    until a pass runs, and is counted as sparse."""
     import torch
 
     kinds = (torch.nn.Embedding, torch.nn.EmbeddingBag)
@@ -164,7 +165,10 @@ def room_for_model(model, label: str, device, run=None) -> None:
     parts: list[tuple[str, int]] = []   # what the command adds on the device: (what, bytes)
     command = getattr(run, "command", "")
     trains = getattr(run, "trains", None) or (BY_NAME[command].trains if command in BY_NAME else None)
-    sparse = sparse_grads(model)
+    from .loading import DENSE_GRAD_COMMANDS
+
+    # a sparse embedding's gradient holds a batch's rows, unless the command makes it dense first (loading.prepare)
+    sparse = sparse_grads(model) if command not in DENSE_GRAD_COMMANDS else set()
     grads = nbytes([p for p in params if takes_grad(p) and id(p) not in sparse], run_dtype)
     if trains == "step":   # the copy trains, not the model: the gradients and the state are the copy's
         optimizer = run.optimizer

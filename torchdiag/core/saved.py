@@ -10,7 +10,7 @@ plain attributes of its ctx are not seen. A copy of the model run backward on th
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # node type -> its `_raw_saved_*` attribute names; weak: torch.compile and per-call custom Functions make node types
 # that must be able to go with their graphs
@@ -26,25 +26,47 @@ class Saved:
     floating: int = 0
     elements: int = 0
     casts: int = 0
+    # (a 0-d bool on the device: is it a weight's cast, bytes, elements) for the half tensors of a parameter's shape,
+    # read only when a copy asks (bytes_in): a pass that makes no copy makes no host sync for them
+    pending: list = field(default_factory=list)
 
     def bytes_in(self, dtype=None) -> int:
         """The bytes as saved (None: a copy run as the pass was), or those of a copy cast to `dtype` and run without
         autocast: its floating activations in `dtype`, no weight casts."""
         if dtype is None or not dtype.is_floating_point:
             return self.total
+        self._resolve()
         return self.total - self.floating - self.casts + self.elements * dtype.itemsize
+
+    def _resolve(self) -> None:
+        from .readback import read_back
+
+        if not self.pending:
+            return
+        for (_, nbytes, elements), cast in zip(self.pending, read_back([m for m, _, _ in self.pending])):
+            if cast:
+                self.casts += nbytes
+            else:
+                self.floating += nbytes
+                self.elements += elements
+        self.pending = []
 
 
 def saved_bytes(root, own=(), casts_of=()) -> dict:
     """{device: Saved} for the graph under `root` (a loss's grad_fn): each storage once, those of the tensors in
     `own` left out (the model's parameters and buffers, which a copy counts as its own tensors, and the inputs, which
     a copy's pass on the same batch shares). `casts_of`: the parameters, when the pass ran under autocast: a saved
-    float16/bfloat16 tensor that is a whole storage of one's size and shape (or its transpose) is its cast."""
+    float16/bfloat16 tensor that is a whole storage of one's shape (or its transpose) and holds its first values,
+    cast, is its cast (compared on the device, one read)."""
     import torch
 
     skip = {_key(t) for t in own if isinstance(t, torch.Tensor)}
-    shapes = {(p.numel(), tuple(sorted(p.shape))) for p in casts_of if p.is_floating_point()}
+    by_shape: dict = {}
+    for p in casts_of:
+        if p.is_floating_point() and p.dim():
+            by_shape.setdefault(tuple(sorted(p.shape)), []).append(p)
     counted: set = set()
+    floating: list = []   # (row, tensor, bytes, the cast it may be or None)
     out: dict = {}
     for node in _nodes(root):
         for t in _saved_tensors(node):
@@ -55,19 +77,37 @@ def saved_bytes(root, own=(), casts_of=()) -> dict:
             nbytes = t.untyped_storage().nbytes()
             row = out.setdefault(t.device, Saved())
             row.total += nbytes
-            if shapes and _a_cast(t, nbytes, shapes):
-                row.casts += nbytes
-            elif t.is_floating_point():
-                row.floating += nbytes
-                row.elements += nbytes // t.element_size()
+            if t.is_floating_point():
+                floating.append((row, t, nbytes, _cast_match(t, nbytes, by_shape)))
+    _split(floating)
     return out
 
 
-def _a_cast(t, nbytes: int, shapes: set) -> bool:
+def _cast_match(t, nbytes: int, by_shape: dict):
+    """A 0-d bool tensor: whether half tensor `t` (a whole storage) starts as a parameter of its shape cast to it
+    does; None where no parameter has its shape."""
     import torch
 
-    return (t.dtype in (torch.float16, torch.bfloat16) and nbytes == t.numel() * t.element_size()
-            and (t.numel(), tuple(sorted(t.shape))) in shapes)
+    if t.dtype not in (torch.float16, torch.bfloat16) or not t.dim() or nbytes != t.numel() * t.element_size():
+        return None
+    same = []
+    for p in by_shape.get(tuple(sorted(t.shape)), ()):
+        for view in (t,) + ((t.t(),) if t.dim() == 2 else ()):
+            if view.shape == p.shape:
+                lead = (0,) * (p.dim() - 1)
+                same.append((view[lead][:16] == p.detach()[lead][:16].to(t.dtype)).all())
+    return torch.stack(same).any() if same else None
+
+
+def _split(floating: list) -> None:
+    """Each saved floating tensor's bytes to its row: the floating activations', or, for one that may be a weight's
+    cast, pending until a copy asks (Saved.bytes_in)."""
+    for row, t, nbytes, match in floating:
+        if match is not None:
+            row.pending.append((match, nbytes, nbytes // t.element_size()))
+        else:
+            row.floating += nbytes
+            row.elements += nbytes // t.element_size()
 
 
 def _nodes(root):

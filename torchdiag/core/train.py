@@ -114,8 +114,11 @@ def train_copy(model, why: str = "to train it", dtype=None, *, backward: bool = 
 
 class NoRoom(ModelError):
     """A copy the memory where the model lives cannot hold: no fallback that copies as much may follow.
-    `activations`: the bytes of activations it was asked (core.fewer retries on fewer samples where some were)."""
+    `activations`: the bytes of activations it was asked, `needed` in all and `free` where it was refused (core.fewer
+    retries on fewer samples where half the activations would fit)."""
     activations: int = 0
+    needed: int = 0
+    free: int = 0
 
 
 def room_for_copy(model, why: str, dtype=None, *, backward: bool = False, optimizer=None,
@@ -145,7 +148,7 @@ def room_for_copy(model, why: str, dtype=None, *, backward: bool = False, optimi
         err = NoRoom(f"not enough memory for a copy of the model {why}: {need}, {left} is free there",
                      hint="free memory on that device" + (", or give a smaller batch" if acts else "")
                      + " (summary and flops make no copy)")
-        err.activations = acts
+        err.activations, err.needed, err.free = acts, total, free
         raise err
 
 

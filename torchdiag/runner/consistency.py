@@ -17,10 +17,12 @@ def check(model, inputs, ctx, sess, how: str) -> dict:
     out = {"compared": 0, "steps": 0, "differs": [], "grads_differ": [], "notes": []}
     if how == "ddp":   # DDP neither broadcasts nor reduces these (report.py says so)
         out["ddp_ignored"] = sorted(getattr(model, "_ddp_params_and_buffers_to_ignore", None) or ())
+    from ..core.distributed import on_every_rank
     from ..core.train import train_copy
 
-    # trained with the run's optimizer, but under --wrap none only compared as built
-    work = train_copy(model, "to compare ranks after a step", optimizer=ctx.spec.optimizer if how != "none" else None)
+    # trained with the run's optimizer, but under --wrap none only compared as built; made on every rank or none
+    work = on_every_rank(lambda: train_copy(model, "to compare ranks after a step",
+                                            optimizer=ctx.spec.optimizer if how != "none" else None), ctx.device)
     tensors = _state(work)
     out["compared"] = len(tensors)
     _compare(tensors, 0, "state", sess, out)

@@ -201,10 +201,11 @@ def _prepare(spec, sess, diagnostic, local: Local) -> None:
         from ..core.distributed import wrap
 
         setattr(local.ctx, "wrapper" if mode == "train" else "pass_wrapper", lambda work: wrap(work, r, spec.wrap))
-    if get(spec.command).cross_rank:
+    if get(spec.command).cross_rank:   # made on every rank or none: the ranks compare it later
+        from ..core.distributed import on_every_rank
         from ..core.train import train_copy
 
-        local.pristine = train_copy(local.model, "to compare ranks after a step")
+        local.pristine = on_every_rank(lambda: train_copy(local.model, "to compare ranks after a step"), local.ctx.device)
     if spec.wrap in ("ddp", "fsdp"):   # before a wrapper hooks the parameters: the probe's backward is local
         from .unused import unused_params
 

@@ -157,7 +157,7 @@ def cut_agrees(model, rows, names, opts, ctx, prepare=stochastic_depth_off):
         from ...core import train
         from ...core.readback import read_back
 
-        work = ctx.train_copy(model, "to compare its gradients on fewer samples", backward=True)
+        work = ctx.train_copy(model, "to compare its gradients on fewer samples", _unscaled(model, ctx), backward=True)
         work.train(not opts.eval_mode)
         prepare(work)
         with ctx.seeded(), torch.enable_grad():
@@ -182,10 +182,20 @@ def _copy(model, opts, ctx, as_double=False):
 
     # the room is checked for the float64 copy it becomes and its gradients: twice the model's float32 bytes each
     # (NoRoom: the float32 re-check follows, said in a note)
-    work = ctx.train_copy(model, "to re-check its gradients", torch.float64 if as_double else None, backward=True)
+    work = ctx.train_copy(model, "to re-check its gradients", torch.float64 if as_double else _unscaled(model, ctx),
+                          backward=True)
     work.train(not opts.eval_mode)
     stochastic_depth_off(work)
     return work.double() if as_double else work
+
+
+def _unscaled(model, ctx):
+    """The dtype a re-check copy runs in, given where it differs from the judged pass's: these copies run without
+    autocast, so under --amp their activations are the model's own dtype's, not the pass's half ones (room_for_copy
+    is asked them in it, without autocast's weight casts); None otherwise."""
+    if not ctx.precision.amp:
+        return None
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
 
 
 def _invariant_in_float64(model, inputs, cands, strict, opts, ctx, notes: list, agrees) -> str | None:
