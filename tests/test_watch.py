@@ -2885,9 +2885,11 @@ def _watched_graphs(model, run, steps: int, every: int):
 
 
 @pytest.mark.parametrize("given", [True, False], ids=["given", "found"])
-def test_a_data_parallel_model_is_watched_under_its_own_names(given):
+def test_a_data_parallel_model_is_watched_under_its_own_names(given, monkeypatch):
     """nn.DataParallel (on a CPU it calls the module itself) is unwrapped as DDP is: the table names the
-    user's parameters, not `module.`-prefixed ones, and eval mode set on the wrapped model is seen."""
+    user's parameters, not `module.`-prefixed ones, and eval mode set on the wrapped model is seen. A CPU-only
+    machine is simulated (with a GPU present DataParallel wants the module on it: the lent H200 failed here)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     model = _mlp()
     wrapped = torch.nn.DataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
