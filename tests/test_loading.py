@@ -601,3 +601,26 @@ def test_a_copy_wrapped_in_ddp_is_asked_room_for_its_gradient_buckets(monkeypatc
     with pytest.raises(train.NoRoom, match=r"needs 24,240 B \(its tensors 7.89 KiB, its gradients 7.89 KiB, DDP's "
                                            r"gradient buckets 7.89 KiB\), 24,239 B is free there"):
         train.room_for_copy(model, "to train it", backward=True, buckets=True)
+
+
+def test_memory_freed_into_the_allocator_counts_as_free_under_an_address_space_cap(monkeypatch):
+    """Under `ulimit -v` the room left is the cap less VmSize, and a freed tensor stays mapped in malloc's heap:
+    efficientnet_b6's re-checks were refused after its pass freed 6 GB of activations (the zoo's 14 GiB cap), which
+    the copies would have reused. What malloc holds free (mallinfo2) counts as room."""
+    import ctypes
+    import resource as rlimit
+
+    from torchdiag.core import resources
+
+    if not hasattr(ctypes.CDLL(None), "mallinfo2"):
+        pytest.skip("not glibc 2.33+: no mallinfo2 to read")
+    before = resources._allocator_free()
+    held = [torch.empty(16_384) for _ in range(200)]   # 64 KiB each: under malloc's mmap threshold, in its heap
+    pin = torch.empty(16_384)                          # the heap's top stays in use: nothing is trimmed
+    del held
+    assert resources._allocator_free() - before >= 10 * 2**20 and pin.numel()
+    with open("/proc/self/status") as f:
+        size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    monkeypatch.setattr(rlimit, "getrlimit", lambda which: (size, size) if which == rlimit.RLIMIT_AS else (-1, -1))
+    monkeypatch.setattr(resources, "_allocator_free", lambda: 7 * 2**30)
+    assert resources._address_space_left() >= 7 * 2**30   # the cap is used up by VmSize; what malloc holds is room
