@@ -699,34 +699,6 @@ def test_a_float64_copy_is_asked_room_for_the_activations_its_backward_keeps(mon
     assert statuses(res)["conv.bias"] == "invariant" and None in made and torch.float64 not in made
 
 
-def test_a_recheck_whose_activations_do_not_fit_runs_on_half_the_samples(monkeypatch):
-    """The short training run's copy is refused for its activations (all 8 samples'), where half of them fit: the
-    re-check runs on the first 4, as it does after a real out-of-memory error (core/fewer.py), its copies asked half
-    the activations. A refusal before the copy is made skipped that retry: the warning stayed, unchecked."""
-    from torchdiag.core import resources, train
-    from torchdiag.core.context import Context
-
-    model, x = load_module("by_design_gates.py").poolformer_like(), torch.randn(8, 3, 16, 16)
-    seen: dict = {}
-    real = Context.saw_activations
-
-    def spy(self, loss, m, inputs):
-        real(self, loss, m, inputs)
-        seen.update(self.activation_bytes())
-
-    monkeypatch.setattr(Context, "saw_activations", spy)
-    run(model, x)
-    acts = sum(seen.values())
-    weights = sum(n for _, n in train._copy_bytes(model))
-    free = 2 * (weights + 3 * sum(p.numel() * 4 for p in model.parameters())) + int(0.6 * acts)
-    monkeypatch.setattr(resources, "device_available", lambda device, swap=False: free)
-    res = run(model, x)
-    assert statuses(res)["blocks.1.norm2.weight"] == "by-design-init", res.notes
-    assert any(n.startswith("flagged gradients re-checked with a short training run on 4 of the 8 samples: with all "
-                            "8 samples the copy did not fit") for n in res.notes), res.notes
-    assert res.exit_code == 0 and not [f for f in res.findings if f.severity != "info"]
-
-
 class _GatedHead(nn.Module):
     """A 1e-7 output gain behind a BatchNorm: the short training run's re-check is asked for its flags."""
 
@@ -740,8 +712,9 @@ class _GatedHead(nn.Module):
         return self.gamma * self.fc2(torch.relu(self.bn(self.fc1(x))))
 
 
-def _free_for(monkeypatch, model, x, share: float) -> None:
-    """Free memory for the Adam run's copy (tensors, gradients, two moments) and `share` of the activations."""
+def _free_for(monkeypatch, model, x, share: float, copies: int = 1) -> None:
+    """Free memory for `copies` of the Adam run's copy (tensors, gradients, two moments) and `share` of the
+    activations a pass of `model` on `x` keeps."""
     from torchdiag.core import resources, train
     from torchdiag.core.context import Context
 
@@ -756,8 +729,21 @@ def _free_for(monkeypatch, model, x, share: float) -> None:
     torch.manual_seed(0)
     run(model, x)
     monkeypatch.setattr(Context, "saw_activations", real)
-    free = sum(n for _, n in train._copy_bytes(model)) + 3 * sum(p.numel() * 4 for p in model.parameters())
+    free = copies * (sum(n for _, n in train._copy_bytes(model)) + 3 * sum(p.numel() * 4 for p in model.parameters()))
     monkeypatch.setattr(resources, "device_available", lambda device, swap=False: free + int(share * sum(seen.values())))
+
+
+def test_a_recheck_whose_activations_do_not_fit_runs_on_half_the_samples(monkeypatch):
+    """The short training run's copy is refused for its activations (all 8 samples'), where half of them fit: the
+    re-check runs on the first 4, as it does after a real out-of-memory error (core/fewer.py), its copies asked half
+    the activations. A refusal before the copy is made skipped that retry: the warning stayed, unchecked."""
+    model, x = load_module("by_design_gates.py").poolformer_like(), torch.randn(8, 3, 16, 16)
+    _free_for(monkeypatch, model, x, 0.6, copies=2)
+    res = run(model, x)
+    assert statuses(res)["blocks.1.norm2.weight"] == "by-design-init", res.notes
+    assert any(n.startswith("flagged gradients re-checked with a short training run on 4 of the 8 samples: with all "
+                            "8 samples the copy did not fit") for n in res.notes), res.notes
+    assert res.exit_code == 0 and not [f for f in res.findings if f.severity != "info"]
 
 
 def test_a_refusal_whose_half_batch_retry_fails_otherwise_stays_a_refusal(monkeypatch):
