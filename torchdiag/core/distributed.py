@@ -339,14 +339,11 @@ def on_every_rank(make, device):
         work, refused = make(), None
     except NoRoom as exc:
         work, refused = None, exc
-    if not (dist.is_available() and dist.is_initialized()):
-        if refused is not None:
-            raise refused
-        return work
-    if not agree([refused is not None], device)[0]:
-        return work
+    anyone = dist.is_available() and dist.is_initialized() and agree([refused is not None], device)[0]
     if refused is not None:
         raise refused
+    if not anyone:
+        return work
     err = NoRoom("a copy of the model did not fit on another rank (the refusing rank's error says why)")
     err.follows_peer = True
     raise err
