@@ -9,6 +9,8 @@ import re
 
 SLIDING_WINDOW = 64        # a sliding window left unset
 EXPERTS_PER_TOKEN = 2      # a MoE's experts per token left unset
+ROUTED = {"n_routed_experts": 4, "n_shared_experts": 1}   # a MoE's expert counts left unset
+VOCAB = 1000               # a vocabulary left unset
 
 
 def modeling_source(config) -> str:
@@ -62,11 +64,25 @@ def _placeholder_ids(c, top_id: int) -> int:
 
 
 def _unset_sizes(c) -> None:
-    """A MoE's experts per token left None (DeepSeek-V2: topk(k=None)); a sliding window left None where the
-    model builds its sliding mask whatever its layer kinds (Step3p7)."""
+    """A MoE's experts per token left None (DeepSeek-V2: topk(k=None)), or its experts (dots1's n_routed_experts,
+    n_shared_experts); a sliding window left None where the model builds its sliding mask whatever its layer kinds
+    (Step3p7); a head width left None (HunYuan's and Ministral's head_dim: the rotary table's `base ** (arange /
+    None)`), key/value heads left None (Nemotron's num_key_value_heads: `heads // None`), a vocabulary left None
+    (ESM's vocab_size: `torch.empty(None, width)`), each of which every checkpoint sets."""
     own = vars(c)
     for key in [k for k, v in own.items() if v is None and k.endswith("experts_per_tok")]:
         setattr(c, key, EXPERTS_PER_TOKEN)
+    for key, value in ROUTED.items():
+        if key in own and own[key] is None:
+            setattr(c, key, value)
+    heads, width = own.get("num_attention_heads"), own.get("hidden_size")
+    if isinstance(heads, int) and heads > 0 and isinstance(width, int):
+        if "head_dim" in own and own["head_dim"] is None and width % heads == 0:
+            c.head_dim = width // heads
+        if "num_key_value_heads" in own and own["num_key_value_heads"] is None:
+            c.num_key_value_heads = heads
+    if "vocab_size" in own and own["vocab_size"] is None:
+        c.vocab_size = VOCAB
     if "sliding_window" in own and own["sliding_window"] is None:
         if "create_sliding_window_causal_mask(" in modeling_source(c):
             c.sliding_window = SLIDING_WINDOW

@@ -95,3 +95,30 @@ def test_a_dim_that_is_the_sum_of_two_widths_follows_them():
     c.sampling_rate = c.quantization_dim   # 2048: a rate, not a *_dim, though it equals the sum
     corpus_zoo.shrink(c)
     assert c.sampling_rate == 2048 and c.quantization_dim == 64
+
+
+def test_sizes_every_checkpoint_sets_are_completed_and_the_model_runs():
+    """Default configs that leave None what each checkpoint sets could not be built at any size (zoo rows "not built"):
+    HunYuan's head_dim (the rotary table's `base ** (arange / None)`), Nemotron's num_key_value_heads, ESM's
+    vocab_size, dots1's expert counts. Completed from the config's own widths, they build (and HunYuan runs)."""
+    for name, key in [("HunYuanDenseV1Config", "head_dim"), ("NemotronConfig", "num_key_value_heads"),
+                      ("EsmConfig", "vocab_size"), ("Dots1Config", "n_routed_experts")]:
+        assert getattr(getattr(transformers, name)(), key) is None, name
+    c = _completed("HunYuanDenseV1Config")
+    assert c.head_dim * c.num_attention_heads == c.hidden_size
+    c = _completed("NemotronConfig")
+    assert c.num_key_value_heads == c.num_attention_heads
+    c = _completed("Dots1Config")
+    assert c.n_routed_experts >= c.num_experts_per_tok and c.n_shared_experts == 1
+    assert isinstance(_completed("EsmConfig").vocab_size, int)
+    c = _completed("HunYuanDenseV1Config")
+    model = transformers.HunYuanDenseV1ForCausalLM._from_config(c).eval()
+    with torch.no_grad():
+        out = model(torch.randint(0, c.vocab_size, (1, 8)))
+    assert out.logits.shape == (1, 8, c.vocab_size)
+
+
+def test_a_head_width_that_does_not_divide_is_left_unset():
+    c = transformers.HunYuanDenseV1Config(hidden_size=30, num_attention_heads=4)
+    zoo_complete.complete(c, 0)
+    assert c.head_dim is None
