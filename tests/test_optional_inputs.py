@@ -250,6 +250,24 @@ def test_lxmert_gets_its_visual_features_and_their_positions(tmp_path, cli):
     assert "visual_feats, visual_pos added: optional in the forward" in r.json["input_source"]
 
 
+def test_added_position_ids_count_positions_and_every_query_sees_every_key(tmp_path, cli):
+    # ESM derives its positions from pad_token_id; a config without one needs position_ids, which the error names.
+    # Made as ids (random integers in the position table's range), transformers read them as packed sequences of one
+    # token each: every query attended to itself alone, and query/key got exactly zero gradient (`zero-grad`, an
+    # error, on a healthy model). Positions are 0, 1, ... along each sequence, as the model derives them.
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.EsmConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_attention_heads=2,
+                                 num_hidden_layers=1, max_position_embeddings=64, pad_token_id=None)
+    cfg.architectures = ["EsmForMaskedLM"]
+    cfg.save_pretrained(tmp_path / "esm")
+    r = cli("gradflow", f"hf:{tmp_path / 'esm'}", "--json")
+    assert "position_ids added: optional in the forward" in r.json["input_source"], r.json["input_source"]
+    assert "position_ids: 0, 1, 2, … along each sequence (positions, as the model derives them)" in r.json["input_notes"]
+    query = {p["name"]: p for p in r.json["params"]}["esm.encoder.layer.0.attention.self.query.weight"]
+    assert query["status"] == "ok" and query["grad_norm"] > 0
+    assert r.code == 0, [f["code"] for f in r.json["findings"] if f["severity"] != "info"]
+
+
 def test_on_meta_no_probe_runs():
     from torchdiag.core import inputs
 

@@ -193,6 +193,8 @@ def _other(name: str, main_shape: tuple[int, ...], config, variant: int, boolean
         return [f"{_dims(main_shape)}:float32~ones", f"{_dims((length,))}:int64~ones", None, None][variant]
     if "padding" in name:
         return [f"{_dims(main_shape)}:int64~zeros", f"{_dims((length,))}:int64~zeros", None, None][variant]
+    if name.endswith("position_ids"):   # a token's position, 0, 1, ... as the model derives it: random ids read as
+        return f"{_dims((length,))}:int64~arange=0"   # one-token packed sequences (ESM: every query saw one key)
     if name.endswith(("_ids", "_index")):
         return f"{_dims((length,))}:int64~zeros"
     if name.endswith("input_values"):   # a waveform beside another main input (PE Audio's beside its ids): one

@@ -179,6 +179,8 @@ def completed(sets, probes: list[Probe], loaded, device, seed: int, dtype: str |
                         inputs.source = loaded.input_source + (
                             f"{which} {', '.join(added + [name])} added: optional in the forward, which failed without "
                             f"{'them' if added else 'it'} (its error named {'them' if added else 'it'})")
+                        inputs.notes += [f"{s.partition('=')[0]}: 0, 1, 2, … along each sequence (positions, as the "
+                                         "model derives them)" for s in grown[-len(added) - 1:] if "~arange=0" in s]
                         return inputs
                     if furthest is not None and (got.calls > reached or _asks_a_size(got, grown)):
                         furthest.append((grown, got))
