@@ -11,6 +11,7 @@ SLIDING_WINDOW = 64        # a sliding window left unset
 EXPERTS_PER_TOKEN = 2      # a MoE's experts per token left unset
 ROUTED = {"n_routed_experts": 4, "n_shared_experts": 1}   # a MoE's expert counts left unset
 VOCAB = 1000               # a vocabulary left unset
+HORIZON = 24               # a forecaster's prediction length left unset (its context length too, when derived from it)
 
 
 def modeling_source(config) -> str:
@@ -83,6 +84,10 @@ def _unset_sizes(c) -> None:
             c.num_key_value_heads = heads
     if "vocab_size" in own and own["vocab_size"] is None:
         c.vocab_size = VOCAB
+    if "prediction_length" in own and own["prediction_length"] is None:   # a forecaster's horizon (Autoformer:
+        c.prediction_length = HORIZON                                     # "needs to be specified")
+        if "context_length" in own and own["context_length"] is None:
+            c.context_length = HORIZON
     if "sliding_window" in own and own["sliding_window"] is None:
         if "create_sliding_window_causal_mask(" in modeling_source(c):
             c.sliding_window = SLIDING_WINDOW

@@ -122,3 +122,10 @@ def test_a_head_width_that_does_not_divide_is_left_unset():
     c = transformers.HunYuanDenseV1Config(hidden_size=30, num_attention_heads=4)
     zoo_complete.complete(c, 0)
     assert c.head_dim is None
+
+
+def test_a_forecaster_gets_a_horizon():
+    assert transformers.AutoformerConfig().prediction_length is None   # "needs to be specified": not built before
+    c = _completed("AutoformerConfig")
+    assert c.prediction_length == zoo_complete.HORIZON and c.context_length == zoo_complete.HORIZON
+    transformers.AutoformerModel._from_config(c)
