@@ -147,6 +147,8 @@ def after_shrink(config, layer_counts, small: dict) -> None:
         _rounded_width(c)
         _windowed_image(c)
         _sub_config_widths(c)
+        _per_layer_overrides(c, layer_counts)
+        _per_layer_input(c, small)
 
 
 def _second_depth(c, default: dict, layer_counts) -> None:
@@ -237,6 +239,28 @@ def _sub_config_widths(c) -> None:
         for key, value in list(own.items()):
             if key.endswith("_dim") and value == wide != narrow:
                 setattr(c, key, narrow)
+
+
+def _per_layer_overrides(c, layer_counts) -> None:
+    """Per-layer overrides kept for layers the shrunk depth no longer has (Gemma 4's head_dim 512 on its full-attention
+    layers 5, 11, ..., 29, over 6 layers: "`per_layer_config` keys must be integer layer indices in the range [0, 6)"):
+    the overrides of the layers that remain."""
+    spec = vars(c).get("_heterogeneity_spec")
+    overrides = getattr(spec, "per_layer_overrides", None)
+    depth = next((vars(c)[k] for k in layer_counts if isinstance(vars(c).get(k), int)), None)
+    if isinstance(overrides, dict) and isinstance(depth, int) and any(k >= depth for k in overrides):
+        c.per_layer_config = {k: v for k, v in overrides.items() if k < depth}
+
+
+def _per_layer_input(c, small: dict) -> None:
+    """The per-layer input embedding's vocabulary and width (Gemma 3n's and 4's vocab_size_per_layer_input 262,144 x
+    hidden_size_per_layer_input 256 per layer: 400 M parameters left in a shrunk model): the shrunk vocabulary and a
+    quarter of the shrunk width."""
+    own = vars(c)
+    if isinstance(own.get("vocab_size_per_layer_input"), int):
+        c.vocab_size_per_layer_input = min(own["vocab_size_per_layer_input"], own.get("vocab_size") or small["vocab_size"])
+    if isinstance(own.get("hidden_size_per_layer_input"), int) and own["hidden_size_per_layer_input"] > 0:
+        c.hidden_size_per_layer_input = max(1, small["hidden_size"] // 4)
 
 
 def every_stage_out(config) -> None:

@@ -129,3 +129,18 @@ def test_a_forecaster_gets_a_horizon():
     c = _completed("AutoformerConfig")
     assert c.prediction_length == zoo_complete.HORIZON and c.context_length == zoo_complete.HORIZON
     transformers.AutoformerModel._from_config(c)
+
+
+def test_per_layer_overrides_follow_the_shrunk_depth_and_the_per_layer_input_shrinks():
+    """Gemma 4's head_dim override on its full-attention layers (5, 11, ..., 29) named layers a 6-layer shrunk config
+    does not have (the config refused to load); its per-layer input embedding (262,144 x 256 a layer) stayed 400 M."""
+    c = _completed("Gemma4TextConfig")
+    overrides = c._heterogeneity_spec.per_layer_overrides
+    assert overrides and all(k < c.num_hidden_layers for k in overrides)
+    assert c.layer_types[max(overrides)] == "full_attention"
+    assert c.vocab_size_per_layer_input <= c.vocab_size and c.hidden_size_per_layer_input < c.hidden_size
+    model = transformers.Gemma4ForCausalLM._from_config(corpus_zoo._as_read_back(c)).eval()
+    assert sum(p.numel() for p in model.parameters()) < 5_000_000
+    with torch.no_grad():
+        out = model(torch.randint(0, c.vocab_size, (1, 8)))
+    assert out.logits.shape == (1, 8, c.vocab_size)
