@@ -193,3 +193,27 @@ def test_a_failure_names_input_shapes_only_where_they_were_recorded():
             assert forward_error(exc, tracker).message.startswith(said)
         else:
             raise AssertionError("the forward should fail")
+
+
+class _RefusedAllocation(torch.nn.Module):
+    """A forward the CPU allocator refuses half-way (efficientnet_b7's nancheck at 3x600x600 under the zoo's 14 GiB
+    address-space cap): the message, not a fault of the model's code."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        x = self.lin(x)
+        raise HOST_OOM[1]
+
+
+def test_a_forward_the_allocator_refuses_is_out_of_memory_with_the_memory_hint(cli, tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("from tests.test_outcome import _RefusedAllocation\n\ndef model():\n    return _RefusedAllocation()\n")
+    for cmd in ("nancheck", "summary"):
+        r = cli(cmd, f"{f}:model", "-i", "2x4")
+        assert r.code == ExitCode.MODEL, r.stderr
+        assert "out of memory: forward failed in (root)" in r.stderr and "can't allocate memory" in r.stderr, r.stderr
+        assert "the run needs more memory than the machine has" in r.stderr
+        assert "the model's own code raised" not in r.stderr

@@ -78,6 +78,10 @@ def out_of_memory(exc: BaseException | None) -> bool:
     return False
 
 
+HOST_OOM_HINT = ("the run needs more memory than the machine has available: a smaller batch (-i) or model (--arg), "
+                 "--dtype bfloat16, or --device meta for summary, flops and memory")
+
+
 def host_out_of_memory(exc: BaseException) -> bool:
     """`exc` itself is the host running out of memory: a MemoryError (not a subclass: a library's quota error is one)
     or the CPU allocator's refusal. Not its causes: our own error raised over one is ours (a review)."""

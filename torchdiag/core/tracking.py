@@ -5,7 +5,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ModelError, UsageError, device_error, one_line
+from ..errors import (
+    HOST_OOM_HINT,
+    ModelError,
+    UsageError,
+    device_error,
+    host_out_of_memory,
+    one_line,
+)
 
 
 def describe(obj: Any, limit: int = 4) -> str:
@@ -235,6 +242,8 @@ def forward_error(exc: BaseException, tracker: ModuleTracker | None, phase: str 
     else:
         msg = f"{phase} failed: {one_line(exc)}"
     hint = "the model's own code raised; fix it or the inputs (-i) and run again"
+    if host_out_of_memory(exc):   # the allocator refused, not the model's code (efficientnet_b7 at 3x600x600 under a cap)
+        return ModelError(f"out of memory: {msg}", hint=HOST_OOM_HINT, partial=partial)
     model = getattr(tracker, "model", None)
     container = _without_forward(model, call.name) if call is not None and model is not None else None
     if container is not None:   # torch's placeholder forward: a holder of sub-models (Bark, a VQ-VAE's parts)

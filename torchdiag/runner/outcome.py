@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import (
+    HOST_OOM_HINT,
     DiagError,
     ExitCode,
     OptionError,
@@ -18,8 +19,6 @@ from ..errors import (
 )
 from .isolation import UserExit
 
-HOST_OOM_HINT = ("the run needs more memory than the machine has available: a smaller batch (-i) or model (--arg), "
-                 "--dtype bfloat16, or --device meta for summary, flops and memory")
 BUG_HINT = "this is a bug in torchdiag: run again with --debug and please report the traceback"
 
 
