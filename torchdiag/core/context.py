@@ -211,6 +211,12 @@ class Context:
         result.header = header
         for report in self.checkpoints:   # keys that did not fit (--no-strict): findings of every command
             report.add_findings(result)
+        from .tracking import TRANSFORMED
+
+        if TRANSFORMED:
+            names = sorted(TRANSFORMED)
+            result.notes.append(f"{len(names)} module(s) ran inside a torch.func transform (torch.vmap, grad, ...) and "
+                                f"were not measured there: {', '.join(names[:6])}{' …' if len(names) > 6 else ''}")
         from .places import sort_findings
 
         result.findings = sort_findings(result.findings, None if result.ordered else self.places)

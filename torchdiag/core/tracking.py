@@ -94,6 +94,17 @@ def module_names(model) -> dict[int, str]:
     return names
 
 
+TRANSFORMED: set[str] = set()   # modules hooks skipped inside a torch.func transform (cleared per diagnostic:
+                                # runner.local.invoke; said in a note: core.context.finish)
+
+
+def under_transform() -> bool:
+    """A torch.func transform (vmap, grad, jacrev, ...) is running."""
+    import torch
+
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
 class ForwardHooks:
     """`self._pre` as forward pre-hook and `self._post` as forward hook on every module of `model`
     while the `with` block runs, plus `self.names` (id(module) -> path).
@@ -116,12 +127,27 @@ class ForwardHooks:
         return {id(m): m for m in self.model.modules()}.values()
 
     def __enter__(self):
+        pre, post = self._outside(self._pre), self._outside(self._post)
         for mod in self.hooked():
-            if self._pre is not None:
-                self._handles.append(mod.register_forward_pre_hook(self._pre, with_kwargs=self.pre_kwargs))
-            if self._post is not None:
-                self._handles.append(mod.register_forward_hook(self._post))
+            if pre is not None:
+                self._handles.append(mod.register_forward_pre_hook(pre, with_kwargs=self.pre_kwargs))
+            if post is not None:
+                self._handles.append(mod.register_forward_hook(post))
         return self
+
+    def _outside(self, hook):
+        """`hook`, run only outside a torch.func transform: inside `torch.vmap(self.block)` a module's tensors are
+        batched wrappers that must not escape it, and that have no storage or single value to read (a review:
+        gradflow and nancheck stopped with an internal error, doctor and activations blamed the model)."""
+        if hook is None:
+            return None
+
+        def outside(*args):
+            if under_transform():
+                TRANSFORMED.add(self.names.get(id(args[0]), "?") or "(root)")
+                return None
+            return hook(*args)
+        return outside
 
     def __exit__(self, *exc):
         for h in self._handles:

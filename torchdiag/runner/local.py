@@ -13,6 +13,9 @@ def invoke(diagnostic, model, inputs, opts, ctx):
     if getattr(diagnostic, "NEEDS_VALUES", False):
         ctx.require_values()
     ctx.activations = {}   # its own passes size its copies (check runs several diagnostics on one context's copies)
+    from ..core.tracking import TRANSFORMED
+
+    TRANSFORMED.clear()
     try:
         result = diagnostic.run(model, inputs, opts, ctx)
     except Exception as exc:
