@@ -94,6 +94,34 @@ def module_names(model) -> dict[int, str]:
     return names
 
 
+_OURS = ("torchdiag.", "torchinfo", "fvcore.")   # the code whose hooks a diagnostic puts on modules
+
+
+def _ours(hook) -> bool:
+    fn = getattr(hook, "func", hook)        # a functools.partial
+    fn = getattr(fn, "__func__", fn)        # a bound method
+    return str(getattr(fn, "__module__", "") or "").startswith(_OURS)
+
+
+def remove_copied_hooks(model, before: set[int]) -> int:
+    """Remove our hooks from the modules of `model` that were not in it before a diagnostic (`before`: their ids):
+    a forward that deep-copies a part of itself (BYOL's target made lazily, `copy.deepcopy(self.online)`) copies the
+    hooks on it, which no handle of ours removes (a review found 2-4 left on each copied module). Returns how many."""
+    removed = 0
+    for m in model.modules():
+        if id(m) in before:
+            continue
+        for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"):
+            hooks = getattr(m, attr, None) or {}
+            for key in [k for k, fn in hooks.items() if _ours(fn)]:
+                del hooks[key]
+                removed += 1
+                for extra in ("_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+                              "_forward_pre_hooks_with_kwargs"):
+                    getattr(m, extra, {}).pop(key, None)
+    return removed
+
+
 TRANSFORMED: set[str] = set()   # modules hooks skipped inside a torch.func transform (cleared per diagnostic:
                                 # runner.local.invoke; said in a note: core.context.finish)
 

@@ -13,14 +13,18 @@ def invoke(diagnostic, model, inputs, opts, ctx):
     if getattr(diagnostic, "NEEDS_VALUES", False):
         ctx.require_values()
     ctx.activations = {}   # its own passes size its copies (check runs several diagnostics on one context's copies)
-    from ..core.tracking import TRANSFORMED
+    from ..core.tracking import TRANSFORMED, remove_copied_hooks
 
     TRANSFORMED.clear()
+    before = {id(m) for m in model.modules()} if hasattr(model, "modules") else set()
     try:
         result = diagnostic.run(model, inputs, opts, ctx)
     except Exception as exc:
         ctx.explain(exc)
         raise
+    finally:
+        if hasattr(model, "modules"):
+            remove_copied_hooks(model, before)
     ctx.finish(result)
     return result
 
