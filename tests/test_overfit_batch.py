@@ -1835,3 +1835,34 @@ def test_a_loss_the_steps_raise_is_a_cause_and_an_output_relu_strands_nothing():
     t = torch.randn(32, 1, generator=g)
     r = api_run("overfit-batch", relu_out, (x,), loss="mse", target=t, steps=300)
     assert "cannot-overfit" in codes(r) and "stranded-samples" not in codes(r), codes(r)
+
+
+@pytest.mark.parametrize("head", ["sigmoid", "tanh"])
+def test_a_squashed_head_memorised_to_the_floor_of_torchdiags_own_loss_passes(head):
+    # A review: a multi-label sigmoid head and a tanh policy, healthy, reached the floor their range leaves the
+    # cross-entropy torchdiag chose (--loss auto), every sample predicted right, and were cannot-overfit, an error.
+    # Now PASS with bounded-output as info; a loss the user chose, and a softmax's rows (the double softmax of
+    # broken_overfit_softmax.py, above), keep the error.
+    from torchdiag.core.inputs import ModelInputs
+
+    torch.manual_seed(0)
+    squash = torch.nn.Sigmoid() if head == "sigmoid" else torch.nn.Tanh()
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10), squash)
+    x = ModelInputs((torch.randn(8, 32),), {}, "test")
+    r = overfit(model, x)
+    assert r.exit_code == 0 and r.data["final_accuracy"] == 1.0, r.verdict
+    assert r.verdict.startswith("PASS: the batch is memorised as far as the output's range allows")
+    f = finding(r, "bounded-output")
+    assert f.severity == "info" and r.data["final_loss"] - r.data["floor"] <= 0.01 * (r.data["initial_loss"] - r.data["floor"])
+    assert "cannot-overfit" not in codes(r)
+    torch.manual_seed(0)
+    chosen = overfit(model, x, loss="cross_entropy")
+    assert {"cannot-overfit", "bounded-output"} <= set(codes(chosen)) and chosen.exit_code == 1
+
+
+def test_the_double_softmax_sample_is_still_an_error_at_its_floor():
+    torch.manual_seed(0)
+    model, x = load("broken_overfit_softmax.py:build")
+    r = overfit(model, x)
+    assert r.data["final_accuracy"] == 1.0 and "cannot-overfit" in codes(r) and r.exit_code == 1
+    assert finding(r, "bounded-output").severity == "warning"

@@ -297,7 +297,12 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
                 needed = max(opts.target_ratio * curve.losses[0],
                              opts.target_loss if opts.target_loss is not None else -math.inf)
                 if needed < floor:
-                    causes.bounded = {"box": box, "classes": classes, "floor": floor, "needed": needed}
+                    p = primary_output(out)[0].detach().float()
+                    # each row a distribution (a softmax: the double-softmax bug under cross-entropy), or values
+                    # bounded one by one (a multi-label sigmoid, a tanh) that the cross-entropy torchdiag chose misreads
+                    rows = bool(p.min() >= 0) and bool(((p.sum(1) - 1).abs() <= 1e-3).all())
+                    causes.bounded = {"box": box, "classes": classes, "floor": floor, "needed": needed,
+                                      "distribution": rows}
             causes.own_floor, causes.scaled = _own_floor(out, trainer.loss_fn)
             start = curve.first_terms[0][1] if curve.first_terms else curve.losses[0]   # the first output's own term
             causes.out_of_range = made_target_floor(out, trainer.loss_fn, opts.target_ratio * start, trainer.fits)

@@ -47,6 +47,8 @@ def build(trainer, curve, causes, opts, ctx, second=None, few=None, lower=None) 
     if curve.peer_stop:   # under torchrun with a wrapper: the stop is every rank's
         result.notes.append(curve.peer_stop)
     found = _cause_findings(result, trainer, curve, causes, opts)
+    if _at_bounded_floor(result, causes, opts, ctx):
+        return result
     rose = any(f.code == "loss-rose" for f in result.findings)   # a rate too large is what the lower rate asks
     if found - rose == 1 and _at_a_lower_rate(result, curve, ctx, lower):   # (identical-outputs the other cause)
         result.findings = [f for f in result.findings if f.code != "loss-rose"]   # lr-too-large says it
@@ -668,6 +670,38 @@ def _frozen_words(trainer) -> str:
                               if not p.requires_grad))
     return (f"; or unfreeze: {trainer.frozen} parameter tensor(s) are frozen (requires_grad=False), in module(s) "
             f"{compact(mods, 4)}, and a frozen layer (an output layer above all) can keep a batch out of reach")
+
+
+def _at_bounded_floor(result, causes, opts, ctx) -> bool:
+    """The cross-entropy torchdiag chose itself (--loss auto) read a squashed output (a multi-label sigmoid, a tanh
+    policy: bounded-output, each value bounded alone) and reached the floor that range leaves it, every sample
+    predicted right: the batch is
+    memorised as far as the made-up loss can tell; PASS, and bounded-output is info (it is the loss torchdiag picked
+    that does not fit the output, not the model). A review: a sigmoid multi-label head at 1.46317 against its floor
+    1.461, batch accuracy 100%, was cannot-overfit, an error. A loss the user chose, and rows that are each a
+    distribution (a softmax before cross-entropy: sample_models/broken_overfit_softmax.py), keep the error and the
+    warning."""
+    d = result.data
+    bounded, initial, final = causes.bounded, d["initial_loss"], d["final_loss"]
+    if (d["passed"] or bounded is None or bounded.get("distribution") or ctx.loss().kind != "auto"
+            or opts.target_loss is not None
+            or d["final_accuracy"] != 1.0 or initial is None or final is None or not math.isfinite(final)):
+        return False
+    floor = bounded["floor"]
+    if not (0 < floor < initial and final - floor <= opts.target_ratio * (initial - floor)):
+        return False
+    d.update(passed=True, floor=floor)
+    result.findings = [f for f in result.findings if f.code not in ("bounded-output", "cannot-overfit")]
+    lo, hi = bounded["box"]
+    result.add("bounded-output", "info", "", f"every output value stays within [{lo:.3g}, {hi:.3g}] (a sigmoid, tanh "
+               f"or normalisation at the end), and the cross-entropy torchdiag chose for it cannot go below "
+               f"{_fmt(floor)} with {bounded['classes']} classes; the loss reached {_fmt(final)} with every sample "
+               "predicted right: memorised as far as that loss can tell. Trained with cross-entropy, such an output "
+               "would be a bug (the loss applies log-softmax itself)",
+               hint=f"judge it with the loss it is trained with: {ctx.option('loss')} mse, PATH:fn, or --batch")
+    result.verdict = (f"PASS: the batch is memorised as far as the output's range allows (batch accuracy 100%): loss "
+                      f"{_fmt(initial)} → {_fmt(final)}, its floor {_fmt(floor)}")
+    return True
 
 
 def _at_its_floor(result, d, opts, ctx) -> None:
