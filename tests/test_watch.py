@@ -6755,3 +6755,32 @@ def test_an_optimizer_not_given_that_trains_on_after_the_given_one_stopped_is_sa
     assert said == ["SGD over 2.weight, not given to watch, stepped 60 times after the last step of the optimizer "
                     "given: those steps were not watched (give it too, or give no optimizer and every one that trains "
                     "the model is watched)"], res.notes
+
+
+def test_a_run_under_a_float64_default_dtype_is_watched_to_the_end():
+    # A review: a script's torch.set_default_dtype(torch.float64) (PINNs, Gaussian processes) made watch's own
+    # buffers float64, and index_add_ of the float32 dead-unit counts into them stopped watch at step 1 (exit 4)
+    import torch.nn.functional as F
+
+    import torchdiag
+
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        x = torch.randn(256, 10)
+        y = (x[:, 0] > 0).long()
+        m = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        with torchdiag.watch(m, opt, every=10) as w:
+            for _ in range(40):
+                i = torch.randint(0, 256, (32,))
+                loss = F.cross_entropy(m(x[i]), y[i])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        r = w.result()
+    finally:
+        torch.set_default_dtype(old)
+    assert r.exit_code == 0 and r.verdict.startswith("PASS"), (r.verdict, r.notes)
+    assert r.data["steps"] == 40

@@ -75,11 +75,13 @@ class Track:
         self.queue: list = []          # (kind, payload, tensor)
         self.probes: list = []
         self._unkept: list = []        # per probed parameter (weakref, its look no accumulation followed, if any)
-        self._zero = torch.zeros((), device=self.device)   # the carry probe's "no gradient"
+        self._zero = torch.zeros((), dtype=torch.float32, device=self.device)   # the carry probe's "no gradient"
         self._zero3 = torch.zeros(3, dtype=torch.float64, device=self.device)
+        # (dtypes written out: a script's torch.set_default_dtype(torch.float64) is not ours; a review: index_add_ of
+        # float32 counts into a float64 default stopped watch at step 1)
         # on the CPU the device is the host: a one-element flag per step is looked at through a shared
         # numpy view (no op, nothing waits), so a non-finite gradient is known at its own step
-        self._flag = torch.zeros(1) if host_visible(self.device) else None
+        self._flag = torch.zeros(1, dtype=torch.float32) if host_visible(self.device) else None
         self._flag_view = self._flag.numpy() if self._flag is not None else None
         self._slices: dict[int, tuple] = {}
         self._index_key = None
@@ -319,7 +321,7 @@ class Track:
         if not self.blocks or self.used == self.blocks[-1].shape[0]:
             import torch
 
-            self.blocks.append(torch.empty((self.every, len(self.params)), device=self.device))
+            self.blocks.append(torch.empty((self.every, len(self.params)), dtype=torch.float32, device=self.device))
             self._block_rows = self.blocks[-1].unbind(0)   # the row views made once a block, not once a step
             self.used = 0
         self.used += 1
@@ -690,7 +692,7 @@ class DeadUnits:
         came = _came_dead(entries, sizes, alive)
         per_unit = torch.stack([first & dead, dead, (mn >= 0).logical_not(),
                                 first & dead & came if came is not None else torch.zeros_like(dead)], 1).float()
-        counts = torch.zeros((len(entries), 4), device=alive.device).index_add_(0, seg, per_unit)
+        counts = torch.zeros((len(entries), 4), dtype=per_unit.dtype, device=alive.device).index_add_(0, seg, per_unit)
         eng.pending.append(("dead", (eng.step, list(zip(names, sizes))), counts))
 
 
