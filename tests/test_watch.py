@@ -6784,3 +6784,31 @@ def test_a_run_under_a_float64_default_dtype_is_watched_to_the_end():
         torch.set_default_dtype(old)
     assert r.exit_code == 0 and r.verdict.startswith("PASS"), (r.verdict, r.notes)
     assert r.data["steps"] == 40
+
+
+def test_looking_for_models_traces_nothing_into_a_compiled_graph():
+    # A review: in script mode (no model given) the global forward hooks' body was traced into the script's compiled
+    # graph, and reading the autograd graph task there broke the graph 5 times (the compiled dropout ran eagerly and
+    # the run trained differently). Nothing of watch's may be traced: no graph break.
+    import torch._dynamo
+    import torch._dynamo.utils as dynamo_utils
+    import torch.nn.functional as F
+
+    import torchdiag
+
+    torch._dynamo.reset()
+    dynamo_utils.counters.clear()
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(64, 5))
+    cm = torch.compile(m, backend="eager")
+    opt = torch.optim.Adam(m.parameters(), 3e-3)
+    x, y = torch.randn(64, 20), torch.randint(0, 5, (64,))
+    with torchdiag.watch(every=10) as w:   # no model given: watch looks for it
+        for _ in range(30):
+            loss = F.cross_entropy(cm(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert dict(dynamo_utils.counters["graph_break"]) == {}
+    assert w.result().data["steps"] == 30
+    torch._dynamo.reset()

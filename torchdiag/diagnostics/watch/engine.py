@@ -367,10 +367,13 @@ class Engine:
     def _global_pre(self, module, args):
         import torch
 
-        if self._given_models and (self._inert or _compiling()):   # no model is looked for: nothing of ours in a
-            self._inert = True   # compiled graph, and the hooks stay till the end, inert (their going would recompile)
+        if _compiling():   # nothing of ours in a compiled graph (a review: traced in script mode, the graph-task
+            # read broke the script's graph 5 times and ran its dropout eagerly); with models given, the hooks stay
+            self._inert = self._inert or self._given_models   # till the end, inert (their going would recompile)
             return
-        if isinstance(module, _losses()) and args and not _compiling():   # a compiled graph would trace them in
+        if self._given_models and self._inert:
+            return
+        if isinstance(module, _losses()) and args:
             if self._loss_looks < LOSS_LOOKS and isinstance(module, _class_losses()):
                 self._look_at_loss_input(module, args[0])
             if self._shape_looks < LOSS_LOOKS and isinstance(module, _elementwise_losses()) and len(args) >= 2:
@@ -410,7 +413,7 @@ class Engine:
 
     @_guarded
     def _global_post(self, module, args, output):
-        if self._given_models and (self._inert or _compiling()):
+        if _compiling() or (self._given_models and self._inert):
             return
         self._depth = max(0, self._depth - 1)
         if self._grads and self._grads.pop():
