@@ -6812,3 +6812,36 @@ def test_looking_for_models_traces_nothing_into_a_compiled_graph():
     assert dict(dynamo_utils.counters["graph_break"]) == {}
     assert w.result().data["steps"] == 30
     torch._dynamo.reset()
+
+
+def test_an_epochs_last_batch_of_one_is_no_loss_spike_of_the_run():
+    # A review: DataLoader(drop_last=False) ended every epoch with one sample; one mislabelled sample's loss (7.0
+    # against a running median of 0.57) was a `loss-spike` warning with "look at that batch; clip gradients". A batch
+    # a quarter of the others or less gives a few samples' loss: a note, not a spike of the run.
+    import torch.nn.functional as F
+
+    import torchdiag
+    from torchdiag.diagnostics.watch import report
+    from torchdiag.results import Result
+
+    torch.manual_seed(0)
+    x, y = torch.randn(97, 8), torch.randint(0, 2, (97,))
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    opt = torch.optim.SGD(m.parameters(), 1e-2)
+    with torchdiag.watch(m, opt, every=10) as w:
+        for _ in range(3):
+            for start in range(0, 97, 32):   # batches of 32, 32, 32 and 1: steps 4, 8, 12 take the one sample
+                loss = F.cross_entropy(m(x[start:start + 32]), y[start:start + 32])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    assert w.engine.small_batches == {4: 1, 8: 1, 12: 1} and w.engine.batch_size == 32
+    values = [0.5 + 0.02 * math.sin(i) for i in range(60)]
+    values[39] = 7.0                        # step 40's loss: one sample's
+    pairs = list(enumerate(values, 1))
+    spiked, kept = Result("watch"), Result("watch")
+    report._loss_curve(spiked, pairs, {}, Options())
+    assert "loss-spike" in [f.code for f in spiked.findings]
+    report._loss_curve(kept, pairs, {}, Options(), small={40: 1}, batch=32)
+    assert "loss-spike" not in [f.code for f in kept.findings]
+    assert any("at step 40" in n and "came from a batch of 1 sample(s) where the others have 32" in n for n in kept.notes)

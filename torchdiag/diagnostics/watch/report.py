@@ -776,7 +776,8 @@ def _curves(result: Result, engine) -> None:
         part = _finite_pairs(at, [result.series["loss"][i] for i in picked])
         if len(part) >= 10 and not constant:
             lr_at = dict(zip(at, [result.series["lr"][i] for i in picked]))
-            _loss_curve(result, part, lr_at, opts, engine.clips.seen, of, _unscaled(engine), _weight_growth(engine))
+            _loss_curve(result, part, lr_at, opts, engine.clips.seen, of, _unscaled(engine), _weight_growth(engine),
+                        engine.small_batches, engine.batch_size)
             _lr_collapse(result, part, lr_at, of)
         _grad_norm_explosion(result, at, [result.series["grad_norm"][i] for i in picked], part, opts,
                              engine.clips.seen, of)
@@ -946,7 +947,8 @@ def _felt(result: Result, loss_pairs, norms: list[float], i: int, step: int, w: 
 
 
 def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False, of: str = "",
-                unscaled: str = "", growth: float | None = None) -> None:
+                unscaled: str = "", growth: float | None = None, small: dict | None = None,
+                batch: int | None = None) -> None:
     values = [v for _, v in pairs]
     w = window(len(values))
     med = running_medians(values, w)
@@ -958,6 +960,12 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
         base = statistics.median(values[i - w:i])
         # ratios need a positive scale: a loss that can be negative (a GAN's, an RL objective) has no spike ratio
         if base > 0 and values[i] > opts.spike * base and values[i] > peak and _outside_spread(values, i, w):
+            if small and pairs[i][0] in small:   # a few samples' loss (an epoch's last batch of 1: one noisy sample,
+                result.notes.append(   # 7.0 against a median of 0.57, a review's healthy run), not the run's
+                    f"the loss {values[i]:.4g} at step {pairs[i][0]} ({values[i] / base:.1f}× its running median) came "
+                    f"from a batch of {small[pairs[i][0]]} sample(s) where the others have {batch}: a few samples' "
+                    "loss, not judged as a spike of the run")
+                continue
             result.add("loss-spike", "warning", "", f"loss {values[i]:.4g} at step {pairs[i][0]} is "
                        f"{values[i] / base:.1f}× its running median ({base:.4g}), far outside the spread of the "
                        f"{min(i, SPREAD_STEPS * w)} steps before it and above any loss since step {pairs[w - 1][0]}{of}",
