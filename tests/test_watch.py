@@ -6845,3 +6845,30 @@ def test_an_epochs_last_batch_of_one_is_no_loss_spike_of_the_run():
     report._loss_curve(kept, pairs, {}, Options(), small={40: 1}, batch=32)
     assert "loss-spike" not in [f.code for f in kept.findings]
     assert any("at step 40" in n and "came from a batch of 1 sample(s) where the others have 32" in n for n in kept.notes)
+
+
+@pytest.mark.parametrize("eval_mode", [True, False])
+def test_a_fixed_loss_network_in_eval_mode_is_info_a_forgotten_one_in_train_mode_a_warning(eval_mode):
+    # A review: a perceptual loss's feature network, put in eval() and left out of the optimizer with requires_grad
+    # on (very common, correct), was a `not-in-optimizer` warning whose hint, followed, would train it. In eval mode
+    # it is info with requires_grad_(False) as the hint; the same network in train mode stays the warning.
+    import torch.nn.functional as F
+
+    import torchdiag
+
+    torch.manual_seed(0)
+    feat = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8)).train(not eval_mode)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+    opt = torch.optim.Adam(net.parameters(), 2e-3)
+    with torchdiag.watch(every=10) as w:   # no model given: watch finds both
+        for _ in range(40):
+            x = torch.randn(16, 8)
+            out = net(x + 0.3 * torch.randn_like(x))
+            loss = F.l1_loss(out, x) + 0.1 * F.mse_loss(feat(out), feat(x))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    found = [f for f in w.result().findings if f.code == "not-in-optimizer"]
+    assert len(found) == 1 and found[0].severity == ("info" if eval_mode else "warning"), [f.message for f in found]
+    if eval_mode:
+        assert "called in eval mode" in found[0].message and "requires_grad_(False)" in found[0].hint

@@ -100,6 +100,7 @@ class Engine:
         self._order: dict[int, int] = {}   # by id: a module class may define __eq__ and so not hash
         self.models_seen: list[str] = []    # the type of every root hooked, in order (the report's header)
         self._labels: list[str] = []       # by order: what the user's code calls each root hooked (names.py)
+        self._untrained_eval: set[str] = set()   # of those, the ones called in eval mode
         self._untrained: dict[str, tuple] = {}   # a model watched for gradients no optimizer holds: its parameters
         self._dead_roots: list[int] = []    # ids of hooked roots the run let go, cleaned up at the next step
         # discovery: roots called with grad enabled, held weakly (a network built anew in each loss call must go)
@@ -542,6 +543,8 @@ class Engine:
                 # EMA, a copy: a review's DQN target network) is trained, not "never trains"
                 self._untrained[prefix.rstrip(".")] = ([n for n, _ in named], [weakref.ref(p) for _, p in named],
                                                        _sums([p for _, p in named]))
+                if self._seen_eval.get(key):   # called in eval mode: put there on purpose (a loss network)
+                    self._untrained_eval.add(prefix.rstrip("."))
         self._name_params()
 
     def _untrained_seen(self) -> bool:
@@ -1812,6 +1815,8 @@ class Engine:
                     out.pop(n, None)
             elif all(n in out for n in names):
                 self.checks.setdefault("model_not_in_optimizer", {})[model] = names
+                if model in self._untrained_eval:
+                    self.checks.setdefault("model_in_eval", {})[model] = True
 
     def set_epoch(self, epoch) -> None:
         if epoch != self.epoch:

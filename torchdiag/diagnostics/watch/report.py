@@ -244,6 +244,14 @@ def _wiring(result: Result, engine) -> None:
     whole = engine.checks.get("model_not_in_optimizer", {})
     for model, names in whole.items():
         step = min(engine.checks["not_in_optimizer"][n] for n in names)
+        if model in engine.checks.get("model_in_eval", {}):   # put in eval, in no optimizer, never changed: a fixed
+            result.add("not-in-optimizer", "info", model,   # network on purpose (a perceptual loss's; a review)
+                       f"every trainable parameter of {model} ({len(names)} tensors) gets gradients (seen from step "
+                       f"{step}), none is in an optimizer's param groups and none changed, and {model} was called in "
+                       "eval mode: a fixed network, as a perceptual loss's",
+                       f"{model}.requires_grad_(False) saves the backward into its weights; if it is meant to train, "
+                       f"pass {model}.parameters() to its optimizer and call {model}.train()")
+            continue
         result.add("not-in-optimizer", "warning", model, f"every trainable parameter of {model} ({len(names)} "
                    f"tensors) gets gradients (seen from step {step}) but none is in an optimizer's param groups, and none "
                    f"changed since: {model} never trains", f"pass {model}.parameters() to its optimizer (is another optimizer built over the "
