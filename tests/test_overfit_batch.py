@@ -1866,3 +1866,24 @@ def test_the_double_softmax_sample_is_still_an_error_at_its_floor():
     r = overfit(model, x)
     assert r.data["final_accuracy"] == 1.0 and "cannot-overfit" in codes(r) and r.exit_code == 1
     assert finding(r, "bounded-output").severity == "warning"
+
+
+def test_an_l2_normalised_head_is_judged_against_the_unit_spheres_floor():
+    # Truth by hand: on the unit sphere the largest margin between the true logit and the others (all equal) is
+    # sqrt(C/(C-1)), so cross-entropy's floor is log(1 + (C-1) e^-sqrt(C/(C-1))) = 3.8616 for 128 classes; the
+    # [-1, 1] box's 2.901 is never reached (a review's embedding tower ended at 3.8615 and was cannot-overfit).
+    from torchdiag.core.inputs import ModelInputs
+
+    class Embed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 128))
+
+        def forward(self, x):
+            return torch.nn.functional.normalize(self.net(x), dim=-1)
+
+    torch.manual_seed(0)
+    r = overfit(Embed(), ModelInputs((torch.randn(8, 32),), {}, "test"))
+    floor = math.log1p(127 * math.exp(-math.sqrt(128 / 127)))
+    assert r.data["floor"] == pytest.approx(floor, rel=1e-9) and r.data["final_loss"] >= floor - 1e-4
+    assert r.exit_code == 0 and "norm 1" in finding(r, "bounded-output").message

@@ -159,6 +159,18 @@ def bounded_floor(classes: int, box: tuple[float, float]) -> float:
     return math.log1p((classes - 1) * math.exp(-(box[1] - box[0])))
 
 
+def sphere_floor(p, classes: int) -> float | None:
+    """Rows of norm 1 along the class dimension (an L2 normalisation at the end: an embedding tower): the lowest
+    cross-entropy such a row reaches, where the box's floor is not reached. The largest margin between the true logit
+    and the others (all equal) on the unit sphere is sqrt(C / (C - 1)) (a = sqrt((C-1)/C), b = -1/sqrt(C(C-1))), so
+    the floor is log(1 + (C - 1) e^-sqrt(C / (C - 1))): 3.8616 for 128 classes, where the [-1, 1] box says 2.901 (a
+    review's embedding tower ended at 3.8615). None when the rows are not all of norm 1."""
+    norms = p.norm(dim=1)
+    if not bool(((norms - 1).abs() <= 1e-3).all()) or classes < 2:
+        return None
+    return math.log1p((classes - 1) * math.exp(-math.sqrt(classes / (classes - 1))))
+
+
 def find_collapse(work, batch) -> dict | None:
     """Forward hooks on every module: the first module (in completion order) whose input
     differs across the samples of the batch while its output is the same for every sample.
@@ -296,13 +308,15 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
                 floor = bounded_floor(classes, box)
                 needed = max(opts.target_ratio * curve.losses[0],
                              opts.target_loss if opts.target_loss is not None else -math.inf)
+                p = primary_output(out)[0].detach().float()
+                sphere = sphere_floor(p, classes)
+                floor = max(floor, sphere) if sphere is not None else floor
                 if needed < floor:
-                    p = primary_output(out)[0].detach().float()
                     # each row a distribution (a softmax: the double-softmax bug under cross-entropy), or values
                     # bounded one by one (a multi-label sigmoid, a tanh) that the cross-entropy torchdiag chose misreads
                     rows = bool(p.min() >= 0) and bool(((p.sum(1) - 1).abs() <= 1e-3).all())
                     causes.bounded = {"box": box, "classes": classes, "floor": floor, "needed": needed,
-                                      "distribution": rows}
+                                      "distribution": rows, "sphere": sphere is not None}
             causes.own_floor, causes.scaled = _own_floor(out, trainer.loss_fn)
             start = curve.first_terms[0][1] if curve.first_terms else curve.losses[0]   # the first output's own term
             causes.out_of_range = made_target_floor(out, trainer.loss_fn, opts.target_ratio * start, trainer.fits)

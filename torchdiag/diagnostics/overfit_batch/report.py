@@ -389,9 +389,11 @@ def _identical_outputs(result, curve, causes) -> None:
 def _bounded_output(result, bounded: dict, ctx) -> None:
     lo, hi = bounded["box"]
     loss, batch = ctx.option("loss"), ctx.option("batch")
+    kept = ("every output row has norm 1 (an L2 normalisation at the end?)" if bounded.get("sphere") else
+            f"every output value stays within [{lo:g}, {hi:g}] (a {'sigmoid or softmax' if lo == 0 else 'tanh'} "
+            "at the end?)")
     result.add("bounded-output", "warning", "",
-               f"every output value stays within [{lo:g}, {hi:g}] (a {'sigmoid or softmax' if lo == 0 else 'tanh'} "
-               f"at the end?): with {bounded['classes']} classes cross-entropy cannot go below "
+               f"{kept}: with {bounded['classes']} classes cross-entropy cannot go below "
                f"{bounded['floor']:.4g}, and the target needs {bounded['needed']:.4g}",
                hint="cross-entropy expects unbounded logits: drop the final squashing (the loss applies "
                     f"log-softmax itself), or pick a loss that fits the output ({loss} mse, {loss} PATH:fn, {batch})")
@@ -693,8 +695,9 @@ def _at_bounded_floor(result, causes, opts, ctx) -> bool:
     d.update(passed=True, floor=floor)
     result.findings = [f for f in result.findings if f.code not in ("bounded-output", "cannot-overfit")]
     lo, hi = bounded["box"]
-    result.add("bounded-output", "info", "", f"every output value stays within [{lo:.3g}, {hi:.3g}] (a sigmoid, tanh "
-               f"or normalisation at the end), and the cross-entropy torchdiag chose for it cannot go below "
+    kept = ("every output row has norm 1 (an L2 normalisation at the end)" if bounded.get("sphere") else
+            f"every output value stays within [{lo:.3g}, {hi:.3g}] (a sigmoid or tanh at the end)")
+    result.add("bounded-output", "info", "", f"{kept}, and the cross-entropy torchdiag chose for it cannot go below "
                f"{_fmt(floor)} with {bounded['classes']} classes; the loss reached {_fmt(final)} with every sample "
                "predicted right: memorised as far as that loss can tell. Trained with cross-entropy, such an output "
                "would be a bug (the loss applies log-softmax itself)",
