@@ -6872,3 +6872,30 @@ def test_a_fixed_loss_network_in_eval_mode_is_info_a_forgotten_one_in_train_mode
     assert len(found) == 1 and found[0].severity == ("info" if eval_mode else "warning"), [f.message for f in found]
     if eval_mode:
         assert "called in eval mode" in found[0].message and "requires_grad_(False)" in found[0].hint
+
+
+def test_the_losses_of_steps_gradscaler_skipped_are_no_later_steps():
+    # A review: a scale of 2**32 overflowed the first 15 steps, which GradScaler skipped; their losses were averaged
+    # into the first applied step and the report said each step's loss was "the mean of the up to 15 losses its
+    # backward calls took" (accumulation, which the loop did not do)
+    import torch.nn.functional as F
+
+    import torchdiag
+
+    torch.manual_seed(0)
+    x, y = torch.randn(640, 20), torch.randint(0, 5, (640,))
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 32)
+    with torchdiag.watch(model, opt, every=10) as w:
+        for start in range(0, 640, 32):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = F.cross_entropy(model(x[start:start + 32]), y[start:start + 32])
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    r = w.result()
+    assert w.engine.scaler_calls - w.engine.scaler_applied > 0   # some steps were skipped
+    assert w.engine.micro == 1 and not any("the mean of the up to" in n for n in r.notes)
+    assert r.data["steps"] == w.engine.scaler_applied

@@ -313,10 +313,14 @@ class Engine:
             engine.scaler_calls += 1
             engine.scaler = weakref.ref(scaler)
             engine._in_scaler += 1
+            applied = engine.scaler_applied
             try:
                 return step(scaler, optimizer, *args, **kwargs)
             finally:
                 engine._in_scaler -= 1
+                if engine.scaler_applied == applied and engine.clock in (None, optimizer):   # skipped (inf/NaN at this
+                    engine._losses, engine._others = [], []   # scale): its loss is no later step's (a review: 15
+                    # skipped iterations' losses were averaged into the first applied step, called accumulation)
 
         GradScaler.scale, GradScaler.step = scale, scaled_step
 
