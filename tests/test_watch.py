@@ -6899,3 +6899,26 @@ def test_the_losses_of_steps_gradscaler_skipped_are_no_later_steps():
     assert w.engine.scaler_calls - w.engine.scaler_applied > 0   # some steps were skipped
     assert w.engine.micro == 1 and not any("the mean of the up to" in n for n in r.notes)
     assert r.data["steps"] == w.engine.scaler_applied
+
+
+def test_a_pairwise_loss_expanded_within_each_sample_is_no_broadcast_across_samples():
+    # A review: a Chamfer loss expands predictions (16, 3, 1, 2) and targets (16, 1, 3, 2) to (16, 3, 3, 2) itself
+    # and compares each sample's points with its own; `loss-broadcasts` said every prediction met other samples'
+    # targets. The first dimension kept on both sides pairs sample with sample: no finding. (16, 1) against (16,)
+    # still is one (test above).
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 6)
+    opt = torch.optim.Adam(model.parameters(), 1e-2)
+    with Watch(model, opt, every=5) as w:
+        for _ in range(10):
+            x, tgt = torch.randn(16, 4), torch.randn(16, 3, 2)
+            pred = model(x).view(16, 3, 2)
+            d = F.mse_loss(pred[:, :, None].expand(16, 3, 3, 2), tgt[:, None].expand(16, 3, 3, 2),
+                           reduction="none").sum(-1)
+            loss = d.min(2).values.mean() + d.min(1).values.mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert "loss-broadcasts" not in codes(w.result())

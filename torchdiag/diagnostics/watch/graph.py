@@ -77,9 +77,14 @@ def _broadcast(node, expand):
     while len(y) > 1 and y[0] == 1 and target.stride()[0] == 0:   # dimensions the broadcast put in front
         y, target = y[1:], target[0]
     # both sides alike were grown by the caller (x.expand, y.expand): the loss broadcast nothing (a review)
-    if x != y and math.prod(both) > max(math.prod(x), math.prod(y)):
-        return x, y, both
-    return None
+    if x == y or math.prod(both) <= max(math.prod(x), math.prod(y)):
+        return None
+    # the first dimension kept on both sides pairs each sample with its own target: the growth is within a sample
+    # (a Chamfer loss's points against points, expanded by the caller; a review), not across the batch
+    ax, ay = (1,) * (len(both) - len(x)) + x, (1,) * (len(both) - len(y)) + y
+    if len(both) > 1 and ax[0] == ay[0] == both[0] > 1:
+        return None
+    return x, y, both
 
 
 REACH_LIMIT = 20_000   # autograd nodes walked before giving up (and answering yes: the warning stands)
