@@ -6817,7 +6817,7 @@ def test_looking_for_models_traces_nothing_into_a_compiled_graph():
 def test_an_epochs_last_batch_of_one_is_no_loss_spike_of_the_run():
     # A review: DataLoader(drop_last=False) ended every epoch with one sample; one mislabelled sample's loss (7.0
     # against a running median of 0.57) was a `loss-spike` warning with "look at that batch; clip gradients". A batch
-    # a quarter of the others or less gives a few samples' loss: a note, not a spike of the run.
+    # of one or two samples (the first batch larger) gives a sample's own loss: a note, not a spike of the run.
     import torch.nn.functional as F
 
     import torchdiag

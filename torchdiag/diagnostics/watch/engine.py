@@ -127,8 +127,8 @@ class Engine:
         self.reads = 0
         self.pending: list = []             # (kind, payload, tensor) waiting for the next read
         self.batch_size = None
-        self.small_batches: dict[int, int] = {}   # step -> its batch, where a quarter of the first or less (an
-                                                  # epoch's last batch: drop_last=False)
+        self.small_batches: dict[int, int] = {}   # step -> its batch, where SMALL_BATCH or less and the first's
+                                                  # larger (an epoch's last batch: drop_last=False)
         self._handles: list = []
         self._root_handles: dict[int, list] = {}
         self._probes: dict[int, object] = {}        # id(root) -> its dead-unit probe of the forward running
@@ -670,7 +670,7 @@ class Engine:
         size = _batch_size(args, kwargs)
         if self.batch_size is None:
             self.batch_size = size
-        elif size is not None and 4 * size <= self.batch_size and len(self.small_batches) < SMALL_BATCHES:
+        elif size is not None and size <= SMALL_BATCH < self.batch_size and len(self.small_batches) < SMALL_BATCHES:
             self.small_batches[self.step + 1] = size   # the loss and the step this forward makes
         if self._sample_forward and id(module) not in self._sampled and not compiled(module) \
                 and id(module) not in self._traced:
@@ -1943,6 +1943,8 @@ def compiled(root) -> bool:
 
 LOSS_LOOKS = 3   # a loss module's first calls: a softmax before it is there from the first step
 SMALL_BATCHES = 10_000   # steps whose batch size is kept (a last batch an epoch: this many epochs)
+SMALL_BATCH = 2   # a batch this small gives a sample's own loss: an epoch's last batch of 1 or 2 (not a quarter of
+                  # the first: a sequence-first model's dim 0 is time, and a shorter bucket hid a real spike; a review)
 GRAPH_LOOKS = 16  # losses whose graph is read: a generator's comes after its critic's 5 (a review); ~90 µs each (64 nodes of a ResNet-10's graph on CPU, against a 19 ms backward), the first 16 steps only
 
 
