@@ -6922,3 +6922,27 @@ def test_a_pairwise_loss_expanded_within_each_sample_is_no_broadcast_across_samp
             loss.backward()
             opt.step()
     assert "loss-broadcasts" not in codes(w.result())
+
+
+def test_a_backbone_fed_the_data_in_eval_mode_left_out_of_the_optimizer_stays_a_warning():
+    # A review of the rule above: a fine-tuned backbone kept in eval on purpose (frozen BatchNorm statistics) and meant
+    # to train, its optimizer given the head alone, became info. A fixed network sits between a trained model and the
+    # loss (its input carries a gradient); one fed the data itself is a part whose optimizer forgot it.
+    import torch.nn.functional as F
+
+    import torchdiag
+
+    torch.manual_seed(0)
+    backbone = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU()).eval()
+    head = torch.nn.Linear(32, 3)
+    opt = torch.optim.Adam(head.parameters(), 1e-2)
+    w_true = torch.randn(8, 3)
+    with torchdiag.watch(every=10) as w:
+        for _ in range(40):
+            x = torch.randn(32, 8)
+            loss = F.cross_entropy(head(backbone(x)), (x @ w_true).argmax(1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    found = [f for f in w.result().findings if f.code == "not-in-optimizer"]
+    assert [f.severity for f in found] == ["warning"], [f.message for f in found]

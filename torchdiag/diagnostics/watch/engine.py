@@ -172,6 +172,7 @@ class Engine:
         self._fed_mark = 0
         self._step_mark = 0                       # the call count at the last optimizer step's mode check
         self._seen_eval: dict[int, bool] = {}     # discovery: the same, for roots not hooked yet
+        self._seen_fed: dict[int, bool] = {}      # discovery: a root called with an input that carries a gradient
         self._left_in_train: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> what its eval()
         # leaves in train (modes.left_in_train)
         self._eval_probed: dict[int, float] = {}  # id(root) -> the call count of its last eval-mode forward whose
@@ -414,6 +415,9 @@ class Engine:
                 and torch._C._current_graph_task_id() == -1:
             self.seen_roots[id(module)] = module
             self._seen_eval[id(module)] = not inner(module).training   # its mode when called, not when stepped
+            # fed a tensor that carries a gradient: it sits between a trained model and the loss (a loss network)
+            self._seen_fed[id(module)] = self._seen_fed.get(id(module), False) or any(
+                isinstance(a, torch.Tensor) and a.requires_grad for a in args)
             self._called_now(module)
         self._depth += 1
         self._grads.append(grad)
@@ -547,7 +551,9 @@ class Engine:
                 # EMA, a copy: a review's DQN target network) is trained, not "never trains"
                 self._untrained[prefix.rstrip(".")] = ([n for n, _ in named], [weakref.ref(p) for _, p in named],
                                                        _sums([p for _, p in named]))
-                if self._seen_eval.get(key):   # called in eval mode: put there on purpose (a loss network)
+                # called in eval mode on another model's output: a fixed network put there on purpose (a loss
+                # network); one fed the data itself, in eval, is a part meant to train whose optimizer forgot it
+                if self._seen_eval.get(key) and self._seen_fed.get(key):
                     self._untrained_eval.add(prefix.rstrip("."))
         self._name_params()
 
@@ -584,6 +590,7 @@ class Engine:
             self._adopt_untrained()   # trained (a review: every model of the run was kept, 4,000 of them)
             self.seen_roots.clear()
             self._seen_eval.clear()
+            self._seen_fed.clear()
 
     def _name_params(self):
         names: dict[int, str] = {}
