@@ -309,7 +309,8 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
                 needed = max(opts.target_ratio * curve.losses[0],
                              opts.target_loss if opts.target_loss is not None else -math.inf)
                 p = primary_output(out)[0].detach().float()
-                sphere = sphere_floor(p, classes)
+                # (a [0, 1] output trained to one-hot has rows of norm 1 too, and its box's floor is the higher one)
+                sphere = sphere_floor(p, classes) if box[0] < 0 else None
                 floor = max(floor, sphere) if sphere is not None else floor
                 if needed < floor:
                     # each row a distribution (a softmax: the double-softmax bug under cross-entropy), or values
