@@ -110,6 +110,9 @@ class Engine:
         self._others: list = []             # the losses taken by another optimizer's step since the clock's
         self.loss_seen = False
         self.series = {"loss": [], "grad_norm": [], "lr": []}
+        self.reach: list = []               # per step (as series): which parameters its gradient reached, an index into
+        self.reach_sets: list = []          # ... these name sets (up to REACH_SETS; None: another, or not read)
+        self._reach_seen: dict = {}         # (id of a track, its codes) -> that index
         # (first step, id of the new clock's track, of the old one's, nested) at each hand-over of the count: a
         # clock whose parameters are not nested with the one's before trains another objective (report._objectives)
         self.handovers: list[tuple[int, int, int, bool]] = []
@@ -626,6 +629,7 @@ class Engine:
         self._dead_first = rekey(self._dead_first)   # the units' first sample: a later one is compared with it
         self._unowned = rekey(self._unowned)         # seen in no optimizer at a read: the end judges them
         self._frozen_refs = rekey(self._frozen_refs)
+        self.reach_sets = [frozenset(map(ren, names)) for names in self.reach_sets]
         for event in self.events:
             event["params"] = [ren(n) for n in event["params"]]
             rep = event.get("replay") or {}
@@ -1012,7 +1016,7 @@ class Engine:
                     self._one_off_keys.append(("gone", id(t)))
             else:
                 if id(t) in self._owners.values():   # the clock's rows of this window: its steps' norms (a review:
-                    self.pending += [q for q in t.queued(False) if q[0] == "grad_norm"]   # one re-made every 10 steps)
+                    self.pending += [q for q in t.queued(False) if q[0] in ("grad_norm", "reach")]   # one re-made every 10 steps)
                 t.disarm()
                 self.let_go += 1
                 self._vain += t.first_step is not None
@@ -1550,6 +1554,7 @@ class Engine:
         steps = [s for s, _ in window]
         loss = [None] * len(steps)
         norms: dict = {}   # step -> the total gradient norm of the optimizer that took it (owners: the clock then)
+        reach: dict = {}   # step -> the index of the set of parameters its gradient reached (_reach_set)
         clipped: list = [None] * len(steps)
         for (kind, payload), vals in zip(layout, values):
             if kind == "loss":   # the mean of each step's losses (micro-batches)
@@ -1565,6 +1570,10 @@ class Engine:
                     pos += n
             elif kind == "frozen":   # a model called under no_grad (frozen.py)
                 take(payload[0], payload[1], payload[2], vals)
+            elif kind == "reach":
+                c = len(vals) // max(1, len(payload[1]))
+                reach.update((s, self._reach_set(payload[0], vals[j * c:(j + 1) * c]))
+                             for j, s in enumerate(payload[1]) if owners.get(s) == id(payload[0]))
             elif kind == "grad_norm":
                 # by step, each the rows of its own optimizer: within a window the count can pass between
                 # optimizers, and the current clock's rows alone, cut to length, shifted every later norm (a review)
@@ -1576,9 +1585,27 @@ class Engine:
         self.series["grad_norm"].extend(c if c is not None else norms.get(s, 0.0 if not norms else None)
                                         for c, s in zip(clipped, steps))
         self.series["lr"].extend(lr for _, lr in window)
+        self.reach.extend(reach.get(s) for s in steps)
         if steps:
             self.series.setdefault("step", []).extend(steps)
         self._first_nonfinite(steps, loss)
+
+    def _reach_set(self, track, codes: list) -> int | None:
+        """The index of the set of `track`'s parameters a step's reach codes name (stats._reach_codes), added the
+        first time it is seen; None past REACH_SETS sets (a mixture of experts routing each step anew). The codes are
+        decoded once per optimizer and set, not once a step."""
+        seen = (id(track), tuple(codes))
+        if seen in self._reach_seen:
+            return self._reach_seen[seen]
+        names = frozenset(track.names[k * 52 + j] for k, v in enumerate(codes) for j in range(52)
+                          if int(v) >> j & 1 and k * 52 + j < len(track.names))
+        key = next((i for i, known in enumerate(self.reach_sets) if known == names), None)
+        if key is None and len(self.reach_sets) < REACH_SETS:
+            key = len(self.reach_sets)
+            self.reach_sets.append(names)
+        if len(self._reach_seen) < 4 * REACH_SETS:
+            self._reach_seen[seen] = key
+        return key
 
     def _first_nonfinite(self, steps, loss):
         """The first non-finite loss or gradient, once: replayed when it is this very step (the weights
@@ -1952,6 +1979,7 @@ LOSS_LOOKS = 3   # a loss module's first calls: a softmax before it is there fro
 SMALL_BATCHES = 10_000   # steps whose batch size is kept (a last batch an epoch: this many epochs)
 SMALL_BATCH = 2   # a batch this small gives a sample's own loss: an epoch's last batch of 1 or 2 (not a quarter of
                   # the first: a sequence-first model's dim 0 is time, and a shorter bucket hid a real spike; a review)
+REACH_SETS = 32   # the sets of parameters steps' gradients reached that are told apart (report._reach_groups)
 GRAPH_LOOKS = 16  # losses whose graph is read: a generator's comes after its critic's 5 (a review); ~90 µs each (64 nodes of a ResNet-10's graph on CPU, against a 19 ms backward), the first 16 steps only
 
 

@@ -47,6 +47,8 @@ DIVERGE_K = 3.5        # loss-diverged: the climb clears the block medians' own 
 BLOWN_K = 3.0          # loss-diverged from the start: above the first loss by this many robust per-step spreads ...
 BLOWN_GROWTH = 10.0    # ... while the weights' norm grew this many times over (steps too large for the weights)
 IDLE_READS = 1         # optimizer-idle: whole read intervals after its last step in which a backward reached it
+REACH_TURNS = 4        # changes between sets of parameters steps' gradients reached: tasks taken in turns, not phases
+REACH_LEVELS = 2.0     # ... whose losses' or gradient norms' medians differ by this factor at least (_reach_groups)
 RATIO_LOW = 1e-7       # update/weight ratio below which a weight matrix is said not to learn (info)
 
 
@@ -779,7 +781,9 @@ def _curves(result: Result, engine) -> None:
     pairs = _finite_pairs(steps, result.series["loss"])
     # a loss that depends on no parameter moves with the data only: its spikes and climbs say nothing of training
     constant = len(engine.tracks) == 1 and any(f.code == "loss-ignores-parameters" for f in result.findings)
-    for picked, of in _objectives(engine, steps, result.series["loss"]):
+    parts = [(sub, of + more) for picked, of in _objectives(engine, steps, result.series["loss"])
+             for sub, more in _reach_groups(result, engine, picked) or [(picked, "")]]
+    for picked, of in parts:
         at = [steps[i] for i in picked]
         part = _finite_pairs(at, [result.series["loss"][i] for i in picked])
         if len(part) >= 10 and not constant:
@@ -871,6 +875,53 @@ def _objectives(engine, steps: list, losses: list) -> list[tuple[list[int], str]
                             f"{steps[picked[0]]}–{steps[picked[-1]]}: the count passed between optimizers over different "
                             f"parameters, {len(parts)} objectives)"))
     return out
+
+
+def _reach_groups(result: Result, engine, picked: list[int]) -> list[tuple[list[int], str]] | None:
+    """The steps of one objective split by the set of parameters their gradients reached (engine.reach), where they
+    are tasks taken in turns: at least two sets each at least a twentieth of the steps (10 at least), changing
+    REACH_TURNS times or more, with losses or gradient norms at different levels (a task sampled per step through its
+    own head: a regression's loss of 1e4 between cross-entropies of 2 was a loss-spike and its norm an explosion, a
+    review). A head unfrozen once is a phase, not a turn; a mixture of experts whose routing varies trains one loss at
+    one level. Steps of a rare set are not judged."""
+    reach = engine.reach
+    if len(reach) != len(result.series["step"]):
+        return None
+    by: dict[int, list[int]] = {}
+    for i in picked:
+        if reach[i] is not None:
+            by.setdefault(reach[i], []).append(i)
+    major = {k: v for k, v in by.items() if len(v) >= max(10, len(picked) // 20)}
+    order = [reach[i] for i in picked if reach[i] in major]
+    if len(major) < 2 or sum(a != b for a, b in zip(order, order[1:])) < REACH_TURNS:
+        return None
+    if not any(_levels_differ([[result.series[key][i] for i in idx] for idx in major.values()])
+               for key in ("loss", "grad_norm")):
+        return None
+    sets = {k: engine.reach_sets[k] for k in major}
+    common, every = frozenset.intersection(*sets.values()), frozenset.union(*sets.values())
+    result.notes.append(f"the steps' gradients reached {len(major)} different sets of parameters in turns ("
+                        f"{sum(a != b for a, b in zip(order, order[1:]))} changes: tasks taken in turns, each through "
+                        "parameters of its own): the loss and gradient norm are judged per set"
+                        + (f"; {len(picked) - len(order)} steps of rarer sets are not" if len(order) < len(picked) else ""))
+    return [(idx, f" (judged on the {len(idx)} steps whose gradient {_reach_words(sets[k], common, every)}: "
+                  f"{len(major)} sets of parameters taken in turns)") for k, idx in major.items()]
+
+
+def _levels_differ(groups: list[list]) -> bool:
+    """Do the groups' medians (of their finite positive values) differ by REACH_LEVELS at least?"""
+    meds = [statistics.median(ok) for g in groups if (ok := [v for v in g if v is not None and math.isfinite(v) and v > 0])]
+    return len(meds) >= 2 and max(meds) >= REACH_LEVELS * min(meds)
+
+
+def _reach_words(names: frozenset, common: frozenset, every: frozenset) -> str:
+    """A set of parameters by what sets it apart: those only some sets hold ("reached heads.reg.weight and 1 more"),
+    else those it lacks."""
+    def some(ns) -> str:
+        ns = sorted(ns)
+        return ", ".join(ns[:2]) + (f" and {len(ns) - 2} more" if len(ns) > 2 else "")
+    own = names - common
+    return f"reached {some(own)}" if own else f"did not reach {some(every - names)}"
 
 
 def _goes_on(losses: list, w: int = 10) -> bool:

@@ -86,6 +86,7 @@ class Track:
         self._slices: dict[int, tuple] = {}
         self._index_key = None
         self._index = None
+        self._bits = None              # device (n, c): parameter i's bit in its step's reach code (_reach_codes)
 
     @property
     def opt(self):
@@ -462,6 +463,7 @@ class Track:
                 self.first_bad_dev = torch.where(hit, at, self.first_bad_dev)
                 out.append(("grad_norm", (self, steps), rows.double().square().sum(1).sqrt()))
                 out.append(("grads", (self, steps), torch.where(bad, 0.0, rows).amax(0)))
+                out.append(("reach", (self, steps), self._reach_codes(rows)))
         out.append(("first_bad", self, self.first_bad_dev))
         out.extend(self.queue)
         self.queue = []
@@ -469,6 +471,19 @@ class Track:
             with torch.no_grad():
                 out.append(("changed", self, (self._fingerprint() != self.start).any(0).float()))
         return out
+
+    def _reach_codes(self, rows):
+        """Per step, which parameters its gradient reached (a norm not 0) as c = ceil(n / 52) float64s, parameter i
+        bit i % 52 of the (i // 52)th: sums of distinct powers of two under 2**53 are exact in any order, so a set reads
+        back exactly (report._reach_groups: tasks sampled per step, each through its own head)."""
+        import torch
+
+        n = rows.shape[1]
+        if self._bits is None or self._bits.shape[0] != n:
+            i = torch.arange(n, device=self.device)
+            self._bits = torch.zeros((n, max(1, -(-n // 52))), dtype=torch.float64, device=self.device)
+            self._bits[i, i // 52] = torch.pow(2.0, (i % 52).double())
+        return (rows != 0).double() @ self._bits
 
     def _norms(self):
         """Per parameter, its L2 norm (no detach: under no_grad nothing is recorded, and a detach is an op each)."""
