@@ -530,6 +530,10 @@ def _diagnostic_checks(c: dict, model, inputs, ctx, record) -> None:
             held = next((f for f in r.findings if f.code == "capacity-limited"), None)
             if held and not bad:   # the batch is beyond the model's capacity; two samples are memorised (info)
                 return True, figure + " (beyond its capacity; two samples memorised)", f"{held.code}: {held.message}"
+            noise = next((f for f in r.findings if f.code == "sampled-loss"), None)
+            if noise and not bad:   # memorised with its random draws held fixed: a warning, failing under strict
+                return not c.get("strict", False), figure + " (memorised with its draws held fixed)", \
+                    f"{noise.code}: {noise.message}"
             later = next((f for f in r.findings if f.code == "not-overfit-yet"), None)
             if later and not bad:   # the budget ran out while the loss still fell: a warning, failing under strict
                 ok = later.severity == "info" or not c.get("strict", False)   # info: the default optimizer fits it

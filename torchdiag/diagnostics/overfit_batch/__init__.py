@@ -83,7 +83,18 @@ def _run(model, inputs, opts: Options | None, ctx):
             return train_few(model, trainer, trainable, _continued(opts, done), ctx,
                              lambda m, i, loss, o: _trained(m, i, o, ctx, loss=loss)[1])
 
-    return build(trainer, curve, found, opts, ctx, second, few, lower)
+    def held(done: int):
+        """A fresh copy trained with the same draws at every step (draws.py), its progress shown after `done`
+        steps; only for a forward that drew, not under torchrun."""
+        if ctx.wrapper is not None or not curve.drew:
+            return None
+        loss = ctx.loss()
+        loss.target, loss.made_target = trainer.loss_fn.target, trainer.loss_fn.made_target
+        trainer.release()
+        with leave_no_trace(model), ctx.seeded():
+            return _trained(model, inputs, _continued(opts, done), ctx, loss=loss, hold_draws=True)[1]
+
+    return build(trainer, curve, found, opts, ctx, second, few, lower, held)
 
 
 def _asks(opts: Options, ctx) -> bool:
@@ -91,7 +102,8 @@ def _asks(opts: Options, ctx) -> bool:
     return ctx.wrapper is None and opts.steps is None and ctx.spec.optimizer.describe() != OPTIMIZER.describe()
 
 
-def _trainer(model, inputs, opts: Options, ctx, optimizer=None, loss=None, functional: bool = True):
+def _trainer(model, inputs, opts: Options, ctx, optimizer=None, loss=None, functional: bool = True,
+             hold_draws: bool = False):
     """A Trainer on a fresh training copy of `model` with dropout off (memorising needs no regularisation:
     core/design.py; `functional`: the dropout drawn through torch's functions too); the copy is held by the trainer
     alone (Trainer.release drops it)."""
@@ -100,24 +112,25 @@ def _trainer(model, inputs, opts: Options, ctx, optimizer=None, loss=None, funct
 
     work = ctx.train_copy(model, steps=True, optimizer=optimizer)   # the second opinion's Adam, where given
     dropped = dropout_off(work)
-    trainer = Trainer(work, inputs.clone(), loss or ctx.loss(), opts, ctx, optimizer=optimizer, functional=functional)
+    trainer = Trainer(work, inputs.clone(), loss or ctx.loss(), opts, ctx, optimizer=optimizer, functional=functional,
+                      hold_draws=hold_draws)
     trainer.dropped = dropped
     return trainer
 
 
-def _trained(model, inputs, opts: Options, ctx, optimizer=None, loss=None):
+def _trained(model, inputs, opts: Options, ctx, optimizer=None, loss=None, hold_draws: bool = False):
     """(trainer, curve) of a run on a fresh copy. Where a checkpoint refused its recompute after forwards that
     dropped through torch's functions (a checkpointed function that is no module call, in a nested backward, drew a
     mask there), the run starts again on another fresh copy with that dropout on (the first copy's buffers, caches
     and lazy weights have moved), said in the header."""
     from .loop import DrawnAgain
 
-    trainer = _trainer(model, inputs, opts, ctx, optimizer, loss)
+    trainer = _trainer(model, inputs, opts, ctx, optimizer, loss, hold_draws=hold_draws)
     try:
         return trainer, trainer.train()
     except DrawnAgain:
         trainer.release()
-    trainer = _trainer(model, inputs, opts, ctx, optimizer, loss, functional=False)
+    trainer = _trainer(model, inputs, opts, ctx, optimizer, loss, functional=False, hold_draws=hold_draws)
     return trainer, trainer.train()
 
 

@@ -56,6 +56,7 @@ class Curve:
     scales: list[float] = field(default_factory=list)     # fp16: the GradScaler's scale each update used
     skipped: list[bool] = field(default_factory=list)     # fp16: the update was skipped (non-finite gradients)
     peer_stop: str | None = None            # under a wrapper: another rank's loss stopped the run
+    drew: bool = False                      # step 0's forward and loss advanced the RNG (draws.py)
     budget: int = 0                         # the step budget run under: --steps, or more while still falling (_extend)
     levelled: bool = False                  # the trend was seen levelling off at an extension (the run looked again)
     cap: int | None = None                  # the step cap the last extension used (cost.fast_cap)
@@ -68,7 +69,9 @@ class Curve:
 class Trainer:
     """One batch, one copy, one optimizer (ctx.optimizer), optionally under autocast with a GradScaler."""
 
-    def __init__(self, work, batch, loss_fn, opts, ctx, optimizer=None, functional=True):
+    def __init__(self, work, batch, loss_fn, opts, ctx, optimizer=None, functional=True, hold_draws=False):
+        self.hold_draws = hold_draws      # the same random draws at every step's forward (draws.py)
+        self._draws = None
         self.work, self.batch, self.loss_fn, self.opts, self.ctx = work, batch, loss_fn, opts, ctx
         # an empty tensor (DINOv3 without register tokens) has nothing to train or judge
         self.trainable = [(n, p) for n, p in work.named_parameters() if p.requires_grad and p.numel()]
@@ -290,10 +293,18 @@ class Trainer:
         """Forward and loss at `step`; records the loss (and accuracy), and at step 0 the output's shape facts.
         (value, loss, accuracy, output)."""
         c = self.curve
+        if step == 0:
+            from .draws import Draws
+
+            self._draws = Draws(self.ctx.device)
+        elif self.hold_draws:
+            self._draws.again()
         try:
             with self.autocast():
                 out = self._forward(step)
                 value = self.loss_fn(out)
+            if step == 0:
+                c.drew = self._draws.drew()
         except ModelError as e:
             if step and e.partial is None:
                 e.partial = self.partial(f"the error came at step {step}")

@@ -30,10 +30,11 @@ def _names(names: list[str], limit: int) -> str:
     return ", ".join(names[:limit]) + (f" … (+{len(names) - limit} more)" if len(names) > limit else "")
 
 
-def build(trainer, curve, causes, opts, ctx, second=None, few=None, lower=None) -> Result:
+def build(trainer, curve, causes, opts, ctx, second=None, few=None, lower=None, held=None) -> Result:
     """`second`: a callable that trains a fresh copy with the default optimizer (its Curve, or None), asked only
     when the run fails or ends still falling toward the target. `few`: one that trains a fresh copy on two of the
-    batch's samples (capacity.Few, or None), asked only when the run fails with no cause found."""
+    batch's samples (capacity.Few, or None), asked only when the run fails with no cause found. `held`: one that
+    trains a fresh copy with the same random draws at every step (draws.py), asked only then too."""
     result = Result("overfit-batch")
     _header_and_data(result, trainer, curve, opts, ctx)
     _summary(result, curve, opts)
@@ -54,7 +55,7 @@ def build(trainer, curve, causes, opts, ctx, second=None, few=None, lower=None) 
         result.findings = [f for f in result.findings if f.code != "loss-rose"]   # lr-too-large says it
     else:
         _verdict(result, trainer, curve, opts, ctx, found, second, few, causes.own_floor, causes.out_of_range,
-                 causes.term_floors)
+                 causes.term_floors, held)
     return result
 
 
@@ -400,7 +401,7 @@ def _bounded_output(result, bounded: dict, ctx) -> None:
 
 
 def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=None, own_floor: bool = False,
-             out_of_range: dict | None = None, term_floors: list | None = None) -> None:
+             out_of_range: dict | None = None, term_floors: list | None = None, held=None) -> None:
     d, steps, losses = result.data, curve.step, curve.losses
     initial, final, final_acc = d["initial_loss"], d["final_loss"], d["final_accuracy"]
     trend = None
@@ -472,6 +473,10 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
         small = _beyond_capacity(result, trainer, few, bits, done)
         if small == "held":
             return
+        if not small and curve.drew:
+            small = _noise_floor(result, trainer, held, bits, done)
+            if small == "held":
+                return
     result.add("cannot-overfit", "error", "", f"could not memorise one batch of {trainer.batch.batch_size} in "
                f"{steps} step(s): " + ", ".join(bits), hint=hint)
     result.verdict = f"FAIL: cannot overfit one batch ({', '.join(bits)})" + (
@@ -480,6 +485,8 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
         result.verdict = f"INTERRUPTED in the second opinion; the run itself: {result.verdict}"
     elif small == "interrupted":
         result.verdict = f"INTERRUPTED in the two-sample run; the run itself: {result.verdict}"
+    elif small == "interrupted-held":
+        result.verdict = f"INTERRUPTED in the run with its draws held fixed; the run itself: {result.verdict}"
 
 
 def _first_memorised(result, trainer, curve, opts) -> bool | None:
@@ -762,6 +769,49 @@ def _beyond_capacity(result, trainer, few, bits: list[str], done: int) -> str:
                     "more needs more trainable values")
     result.verdict = (f"PASS on two samples: {c.reached_at} step(s); the batch of {n} is beyond this model's "
                       f"capacity ({held}; {', '.join(bits)})")
+    return "held"
+
+
+def _noise_floor(result, trainer, held, bits: list[str], done: int) -> str:
+    """A forward that drew random numbers (draws.py), trained again on a fresh copy with the same draws at every step:
+    memorised, warning sampled-loss and "held" (the run's failure is the noise's floor); not memorised, a note and ""
+    (the error stands); Ctrl-C there: "interrupted-held"."""
+    from ...errors import DiagError
+    from .draws import CODE
+
+    if held is None:
+        return ""
+    try:
+        c = held(done)
+    except DiagError as exc:
+        result.notes.append(f"a fresh copy with its draws held fixed, to tell the noise from a fault, failed: {exc.message}")
+        return ""
+    if c is None:
+        return ""
+    d = result.data
+    d["held_draws"] = {"passed": c.reached_at is not None and not c.interrupted, "steps": c.step,
+                       "final_loss": c.losses[-1] if c.losses else None}
+    if c.interrupted:
+        result.code, d["interrupted"] = int(c.interrupted), True
+        result.notes.append("interrupted while a fresh copy trained with its draws held fixed: the run's own numbers "
+                            "above are complete")
+        return "interrupted-held"
+    if c.reached_at is None:
+        result.notes.append(f"the forward draws random numbers; with the same draws at every step a fresh copy did not "
+                            f"memorise the batch either: loss {_fmt(c.losses[0])} → {_fmt(c.losses[-1])} in {c.step} "
+                            "step(s)")
+        return ""
+    n = trainer.batch.batch_size
+    result.add(CODE, "warning", "", f"could not memorise one batch of {n} in {trainer.curve.step} step(s) "
+               f"({', '.join(bits)}) with fresh random draws at every step: the forward draws them (the RNG advanced "
+               f"during it). With the same draws at every step a fresh copy memorises it (loss {_fmt(c.losses[0])} → "
+               f"{_fmt(c.losses[-1])} in {c.reached_at} step(s)): the model, loss and optimizer train, and the noise "
+               "sets the floor",
+               hint="a sampled loss (a VAE's reparameterisation, injected noise, a random mask) has a floor above 0: "
+                    "judge it with --target-loss; a draw where a weight belongs (torch.randn in forward) is a bug "
+                    "(doctor: local-weight)")
+    result.verdict = (f"PASS with its random draws held fixed: memorised in {c.reached_at} step(s); with fresh draws "
+                      f"{', '.join(bits)}")
     return "held"
 
 
