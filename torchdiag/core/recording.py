@@ -26,6 +26,25 @@ class Act:
     shape: str = ""
 
 
+def in_reentrant_checkpoint() -> bool:
+    """Is this call inside torch.utils.checkpoint's reentrant forward? It runs the function under no_grad and
+    recomputes it in backward only when an input needs a gradient: with none, its parameters get none, and the
+    cut is the checkpoint's, not a no_grad of the user's. Looked up the stack only for calls made with grad off."""
+    import sys
+
+    try:
+        from torch.utils.checkpoint import CheckpointFunction
+    except ImportError:   # a torch without it
+        return False
+    code = CheckpointFunction.forward.__code__
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
 class Recorder(ForwardHooks):
     """Forward hooks: execution order, grad mode, output autograd nodes, activation statistics."""
 
@@ -37,6 +56,7 @@ class Recorder(ForwardHooks):
         self.types: dict[str, str] = {}
         self.nodes: dict[str, list] = defaultdict(list)        # module → grad_fn of each output tensor (None: no graph)
         self.grad_enabled: dict[str, bool] = {}
+        self.reentrant: set[str] = set()   # modules called with grad off inside a reentrant checkpoint's forward
         self.acts: dict[str, Act] = {}
         self.norm_inputs: dict[int, Any] = {}   # id(grad_fn) → grad_fn of what batch-stat norms received
 
@@ -60,6 +80,8 @@ class Recorder(ForwardHooks):
         name = self.names.get(id(mod), "?")
         enabled = torch.is_grad_enabled()
         self.grad_enabled[name] = self.grad_enabled.get(name, False) or enabled
+        if not enabled and in_reentrant_checkpoint():
+            self.reentrant.add(name)
         tensors = float_tensors(output)
         for t in tensors:
             self.nodes[name].append(t.grad_fn if t.requires_grad else None)

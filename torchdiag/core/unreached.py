@@ -101,12 +101,29 @@ def _detached(cut: str, rec) -> str:
         return (f"module {label(cut)} ({ckind}) ran but returned no floating-point tensor "
                 "(argmax, a cast to int, a comparison): no gradient flows through an integer output")
     if all(n is None for n in nodes):
+        inside = _reentrant_inside(cut, rec)
+        if inside is not None:
+            return (f"module {label(inside)} ran inside {REENTRANT} (torch.utils.checkpoint with use_reentrant=True) "
+                    "none of whose inputs needs a gradient: its forward runs under no_grad and its recompute in "
+                    "backward never comes" + ("" if inside == cut else f", so module {label(cut)} ({ckind}) "
+                                              "returned no autograd graph"))
         if not rec.grad_enabled.get(cut, True):
             return f"module {label(cut)} ({ckind}) ran under torch.no_grad()"
         return (f"module {label(cut)} ({ckind}) ran but its output carried no autograd graph "
                 "(detached or computed under no_grad inside its forward)")
     return (f"module {label(cut)} ({ckind}) ran but its output never reached the loss "
             "(.detach(), a cast to int, or a non-differentiable op after it)")
+
+
+REENTRANT = "a reentrant checkpoint"
+REENTRANT_HINT = ("pass use_reentrant=False to torch.utils.checkpoint (the form torch recommends), or let an input "
+                  "of the checkpointed function require a gradient")
+
+
+def _reentrant_inside(cut: str, rec) -> str | None:
+    """The highest module at or inside `cut` that ran with grad off inside a reentrant checkpoint (recording.py)."""
+    inside = [n for n in getattr(rec, "reentrant", ()) if cut == "" or n == cut or n.startswith(cut + ".")]
+    return min(inside, key=lambda n: (n.count("."), rec.order.get(n, 0))) if inside else None
 
 
 # A trainable parameter that gets no gradient is one cause with one code and one severity in every

@@ -96,6 +96,7 @@ def _message(status, what, where, members, opts, allow_name, allow: str | None =
              max_stops: int = MAX_STOPS, example: str | None = None) -> tuple[str, str | None]:
     """The finding's message and hint; `example`: a folded finding (core/repeats.py), whose cause is said for
     its first parameter, and `allow` its --allow pattern (None when no glob holds just its parameters)."""
+    from ...core.unreached import REENTRANT, REENTRANT_HINT
     from ...fmt import number
 
     first = members[0]
@@ -111,7 +112,8 @@ def _message(status, what, where, members, opts, allow_name, allow: str | None =
                 "discarded": "use that output (a forgotten skip, aux loss or router loss?), build the component "
                              f"without it, or freeze it; {allow_name} accepts it as intentional",
                 "left-out": "give a --loss that covers that output (--loss auto covers every output), or freeze it"
-                }.get(reason, "remove the .detach()/torch.no_grad() if this branch should learn, or freeze it")
+                }.get(reason, REENTRANT_HINT if REENTRANT in why else
+                      "remove the .detach()/torch.no_grad() if this branch should learn, or freeze it")
         return f"{what}: requires grad but got none — {reason}: {why}", hint
     if status == "not-reached":
         from ...core.unreached import NOT_REACHED_HINT

@@ -1,0 +1,73 @@
+"""gradflow's no-grad on a reentrant checkpoint none of whose inputs needs a gradient (fifty-third session): torch
+runs the function under no_grad and never recomputes it, so its parameters get none. The finding said "ran under
+torch.no_grad()" and hinted at removing a no_grad the user never wrote; it names the checkpoint and the fix."""
+from __future__ import annotations
+
+import pytest
+
+MODEL = '''
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+class Block(nn.Module):
+    def __init__(self, reentrant):
+        super().__init__()
+        self.reentrant = reentrant
+        self.mlp = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32))
+
+    def forward(self, x):   # x is the raw input: nothing before the checkpoint needs a gradient
+        return checkpoint(self.mlp, x, use_reentrant=self.reentrant)
+
+
+class Net(nn.Module):
+    def __init__(self, reentrant=True):
+        super().__init__()
+        self.encoder = Block(reentrant)
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.head(self.encoder(x))
+
+
+def reentrant():
+    return Net(True)
+
+
+def plain():
+    return Net(False)
+
+
+def user_no_grad():
+    net = Net(False)
+    net.encoder.forward = lambda x: _no_grad(net.encoder.mlp, x)
+    return net
+
+
+def _no_grad(f, x):
+    with torch.no_grad():
+        return f(x)
+'''
+
+
+@pytest.fixture
+def spec(tmp_path):
+    f = tmp_path / "ckpt.py"
+    f.write_text(MODEL)
+    return lambda name: f"{f}:{name}"
+
+
+def test_a_reentrant_checkpoint_without_grad_inputs_is_named_with_its_fix(cli, spec):
+    r = cli("gradflow", spec("reentrant"), "-i", "8x16", "--json")
+    assert r.code == 1, r.stderr
+    (f,) = [f for f in r.json["findings"] if f["code"] == "no-grad"]
+    assert "inside a reentrant checkpoint" in f["message"] and "encoder.mlp" in f["message"], f["message"]
+    assert "use_reentrant=False" in f["hint"] and "no_grad()" not in f["hint"]
+
+
+def test_the_same_block_non_reentrant_trains_and_a_users_no_grad_keeps_its_words(cli, spec):
+    assert cli("gradflow", spec("plain"), "-i", "8x16").code == 0
+    r = cli("gradflow", spec("user_no_grad"), "-i", "8x16", "--json")
+    (f,) = [f for f in r.json["findings"] if f["code"] == "no-grad"]
+    assert "reentrant" not in f["message"] and "no_grad" in f["message"] + f["hint"], f["message"]
