@@ -87,3 +87,45 @@ def test_a_part_deep_copied_in_forward_runs_and_keeps_no_hook_of_ours(command):
     left = {n: len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
             for n, m in model.named_modules()}
     assert not any(left.values()), left
+
+
+NAN_INSIDE = '''
+import torch
+from torch import nn
+
+
+class Phi(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(16, 16)
+
+    def forward(self, t):
+        return torch.log(self.l(t) - 100.0)   # NaN: the log of values far below 0
+
+
+class SetHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Linear(8, 16)
+        self.phi = Phi()
+        self.out = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.out(torch.vmap(self.phi)(self.enc(x)).mean(1))
+
+
+def build():
+    return SetHead()
+'''
+
+
+def test_a_nan_made_inside_a_vmapped_submodule_names_it_as_unmeasured(cli, tmp_path):
+    """A review: the NaN made in phi (run under torch.vmap, unmeasured) was said to arise in the root's own forward
+    code, "not in a submodule"."""
+    f = tmp_path / "nan_inside.py"
+    f.write_text(NAN_INSIDE)
+    r = cli("nancheck", f"{f}:build", "-i", "4x5x8", "--json")
+    assert r.code == 1, r.stderr
+    (out,) = [x for x in r.json["findings"] if x["code"] == "non-finite-output"]
+    assert "a submodule it ran inside a torch.func transform (phi, phi.l" in out["message"], out["message"]
+    assert "not in a submodule" not in out["message"] and "under the transform" in out["hint"]

@@ -111,7 +111,12 @@ def _origin_message(origin, forward: dict, n_bad: int) -> str:
            f"({span} {fmt_range(forward['input_min'], forward['input_max'])})")
     if origin.input_note:
         msg += f"; {origin.input_note}"
-    if own and own["first_consumer"]:
+    unmeasured = _transformed_in(where)
+    if own and unmeasured:   # a submodule run inside a torch.func transform is not measured: it may be there
+        msg += (f"; it arose in {where}'s own forward code or in a submodule it ran inside a torch.func transform "
+                f"({', '.join(unmeasured[:3])}{' …' if len(unmeasured) > 3 else ''}; not measured there), not in "
+                "a measured submodule")
+    elif own and own["first_consumer"]:
         consumer = f"{own['first_consumer']} ({own['first_consumer_type']})"
         msg += (f"; it arose in {where}'s own forward code, not in a submodule: "
                 + (f"between {own['after']} ({own['after_type']}) returning finite values and {consumer} "
@@ -122,6 +127,13 @@ def _origin_message(origin, forward: dict, n_bad: int) -> str:
     if n_bad > 1:
         msg += f"; {n_bad - 1} other module call(s) downstream carry it on"
     return msg
+
+
+def _transformed_in(where: str) -> list[str]:
+    """The submodules of `where` whose calls ran inside a torch.func transform, unmeasured (core/tracking.py)."""
+    from ...core.tracking import TRANSFORMED
+
+    return sorted(n for n in TRANSFORMED if n != where and (where == "(root)" or n.startswith(where + ".")))
 
 
 def filled(rep: PassReport, ctx) -> dict | None:
@@ -172,6 +184,8 @@ def report_forward(result: Result, rep: PassReport, fill: dict | None = None) ->
         hint = (f"its own parameter {own[0]} is non-finite already (above): the weight carries it, not an operation; "
                 "look at the checkpoint or the initialisation" if own else
                 "look at the operations in this module's forward (log/sqrt/division/exp/pow) for these inputs"
+                + (" and in the submodules it runs under the transform, or call them outside it to have them measured"
+                   if _transformed_in(forward["module"]) else "")
                 if origin.inputs_finite else
                 "a mask's -inf reached an op that makes NaN of it (softmax or max over a row masked throughout, a sample "
                 "of only padding; -inf − -inf; 0 × -inf): keep one position per row unmasked, or mask with "
