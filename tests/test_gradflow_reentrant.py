@@ -45,6 +45,30 @@ def user_no_grad():
     return net
 
 
+class Inside(nn.Module):
+    """A reentrant checkpoint whose input needs a gradient (the stem's output), around a function with a no_grad of
+    the user's inside: the checkpoint recomputes it in backward, and the cut is that no_grad (a review)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(16, 16)
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.head = nn.Linear(16, 4)
+
+    def block(self, h):
+        h = self.a(h)
+        with torch.no_grad():
+            g = self.b(h)
+        return h + g
+
+    def forward(self, x):
+        return self.head(checkpoint(self.block, self.stem(x), use_reentrant=True))
+
+
+def inside():
+    return Inside()
+
+
 def _no_grad(f, x):
     with torch.no_grad():
         return f(x)
@@ -71,3 +95,9 @@ def test_the_same_block_non_reentrant_trains_and_a_users_no_grad_keeps_its_words
     r = cli("gradflow", spec("user_no_grad"), "-i", "8x16", "--json")
     (f,) = [f for f in r.json["findings"] if f["code"] == "no-grad"]
     assert "reentrant" not in f["message"] and "no_grad" in f["message"] + f["hint"], f["message"]
+
+
+def test_a_users_no_grad_inside_a_checkpoint_whose_input_needs_a_gradient_is_the_users(cli, spec):
+    r = cli("gradflow", spec("inside"), "-i", "8x16", "--json")
+    (f,) = [f for f in r.json["findings"] if f["code"] == "no-grad"]
+    assert "b.weight" in f["message"] and "reentrant" not in f["message"] + f["hint"], f["message"]

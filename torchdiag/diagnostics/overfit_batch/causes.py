@@ -7,6 +7,9 @@ import math
 from dataclasses import dataclass
 
 SAME_REL = 1e-6          # samples whose outputs differ by less than this (relative) are "identical"
+NEAR_SAME = 0.05         # ... or the probabilities they give the batch's labels by less than this, with a
+                         # cross-entropy at the label entropy (a collapse short of exact: _near_same)
+AT_ENTROPY = 0.01        # ... within this share of it
 
 
 @dataclass
@@ -25,6 +28,7 @@ class Causes:
     out_of_range: dict | None = None  # {kind, floor}: mse against torchdiag's own target that the output's range cuts
     term_floors: list | None = None  # several terms, the first of a range: each term's {kind, floor} or None (term_floors)
     stranded: dict | None = None     # stranded.find(): samples a dead layer cuts off from every weight before it
+    near_same: float | None = None   # the labels' probabilities alike across samples to this, the loss at the entropy
 
 
 def sample_tensor(out, batch: int | None):
@@ -259,7 +263,8 @@ def diagnose(trainer, curve, opts) -> Causes:
 
             causes.stranded = find(trainer)
     target = trainer.loss_fn.target
-    if causes.collapse and getattr(trainer.loss_fn, "chosen", "") == "cross_entropy" and target is not None \
+    if (causes.collapse or causes.near_same is not None) and getattr(trainer.loss_fn, "chosen", "") == "cross_entropy" \
+            and target is not None \
             and not target.is_floating_point() and target.dim() == 1:
         causes.floor = entropy_floor(target.cpu())
     return causes
@@ -302,6 +307,9 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
         try:
             out = trainer.batch.call(trainer.work)
             causes.final_same, _ = same_across_samples(sample_tensor(out, trainer.batch.batch_size))
+            if not causes.final_same:
+                causes.near_same = _near_same(out, trainer.loss_fn, curve.losses[-1])
+                causes.final_same = causes.near_same is not None
             box = output_box(out, trainer.loss_fn)
             if box is not None and box == curve.first_box:
                 classes = int(primary_output(out)[0].shape[1])
@@ -325,6 +333,33 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
                 causes.term_floors = term_floors(out, trainer.loss_fn, causes.out_of_range, curve.first_terms, opts)
         except Exception:
             causes.final_same = False
+
+
+def _near_same(out, loss, last: float) -> float | None:
+    """A cross-entropy over class indices that levelled at the label entropy (within AT_ENTROPY), the best any answer
+    the same for every sample reaches, with the probabilities each sample gives the batch's labels alike across
+    samples to NEAR_SAME (absolute): the model collapsed to one answer, short of exactly (a review: timm's ViT-R/S16 at
+    Adam 1e-3 gave two samples logits alike to 2e-5, the loss at ln 2, each label at one half for both, and the error
+    said no mechanical cause; the other 998 logits may differ and not move the loss). That largest difference, or
+    None."""
+    import torch
+
+    from ...core.loss import primary_output
+
+    target = loss.target
+    if getattr(loss, "chosen", "") != "cross_entropy" or target is None or target.is_floating_point() \
+            or target.dim() != 1 or not math.isfinite(last):
+        return None
+    floor = entropy_floor(target.cpu())
+    y = primary_output(out)[0]
+    if floor <= 0 or abs(last - floor) > AT_ENTROPY * floor or y.dim() != 2 or y.shape[0] != target.shape[0]:
+        return None
+    labels = torch.unique(target[target != -100]).to(y.device)
+    if labels.numel() < 2 or int(labels.max()) >= y.shape[1] or int(labels.min()) < 0:
+        return None
+    p = torch.softmax(y.detach().float(), dim=1).index_select(1, labels)
+    share = float((p - p[:1]).abs().amax())
+    return share if share <= NEAR_SAME else None
 
 
 def made_target_floor(out, loss, goal: float = 0.0, fits: dict | None = None) -> dict | None:

@@ -1,13 +1,36 @@
 """A forward that draws random numbers (a VAE's reparameterisation, injected noise, a random mask) makes the loss a
 draw: fresh noise at every step leaves a floor above 0 that no training on one batch goes under (a VAE's ELBO levels
-at a quarter of its start). When a run fails with no mechanical cause and its forward drew, a fresh copy is trained
-with the same draws at every step (the RNG set back to where step 0's forward began): memorised, the model, loss and
-optimizer train and what stopped the run is the noise (warning `sampled-loss`: a draw where a weight belongs,
-`torch.randn` in forward, is a bug doctor calls local-weight, and looks the same here). Cost: one more run, only for
-such failures."""
+at a quarter of its start). When a run fails with no mechanical cause, its forward drew, and its loss fell through
+the noise all the same (`learned`), a fresh copy is trained with the same draws at every step (the RNG set back to
+where step 0's forward began): memorised, the model, loss and optimizer train and what stopped the run is the noise
+(warning `sampled-loss`). A draw where the data or a weight belongs learns little of the data with fresh draws and is
+not asked (the error's hint says why): with the draws held fixed it would memorise the noise. Cost: one more run,
+only for such failures. Only torch's generators are set back (the CPU's, the run's CUDA device's): numpy's, Python's
+and a torch.Generator of the model's own draw afresh."""
 from __future__ import annotations
 
 CODE = "sampled-loss"
+FELL = 0.5   # the loss with fresh draws at most this × its start: the model learned the data through the noise
+
+
+def learned(losses: list, loss) -> bool:
+    """Did the run with fresh draws learn the data through its noise? Its last loss at most FELL × its first, and,
+    for a cross-entropy over class indices, below the label entropy (the best one answer for every sample reaches).
+    A draw that stands where the data belongs learns nothing of it: a review's forward that replaced its input by
+    `torch.randn_like(x)` (meant x + noise) ended at 0.89 × its start, one that permuted the batch at 0.81 × (a random
+    weight in forward, doctor's local-weight, at 0.68 ×), and with the draws held fixed each memorised the noise; a
+    VAE's ELBO fell to 0.25 ×. Judged before the held run, which is then not made."""
+    import math
+
+    if len(losses) < 2 or not (losses[0] > 0 and math.isfinite(losses[-1])) or losses[-1] > FELL * losses[0]:
+        return False
+    target = getattr(loss, "target", None)
+    if getattr(loss, "chosen", "") == "cross_entropy" and target is not None and not target.is_floating_point() \
+            and target.dim() == 1:
+        from .causes import entropy_floor
+
+        return losses[-1] < entropy_floor(target.cpu())
+    return True
 
 
 class Draws:

@@ -368,6 +368,9 @@ def _precision_findings(result, trainer, curve, causes) -> int:
 
 def _identical_outputs(result, curve, causes) -> None:
     where, what, collapse = "", "every sample of the batch gets the same output", causes.collapse
+    if causes.near_same is not None:   # the same to within a small share (a collapse short of exact)
+        what = (f"every sample of the batch gets the same answer: the probabilities it gives the batch's labels are "
+                f"alike across samples (within {causes.near_same:.2g})")
     if collapse and collapse.get("module"):
         where = collapse["module"] if collapse["module"] != "(root)" else ""
         what += (f"; {collapse['module']} ({collapse['type']}) is the first module whose inputs differ across "
@@ -477,6 +480,11 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
             small = _noise_floor(result, trainer, held, bits, done)
             if small == "held":
                 return
+            if small == "unlearned" and hint:
+                hint += (f"; the forward draws random numbers at every pass and the loss fell only to "
+                         f"{curve.losses[-1] / curve.losses[0]:.2g} × its start: a draw where the data or a weight "
+                         "belongs (torch.randn_like(x) for x + noise, a random weight or permutation in forward) "
+                         "keeps it there")
     result.add("cannot-overfit", "error", "", f"could not memorise one batch of {trainer.batch.batch_size} in "
                f"{steps} step(s): " + ", ".join(bits), hint=hint)
     result.verdict = f"FAIL: cannot overfit one batch ({', '.join(bits)})" + (
@@ -773,14 +781,17 @@ def _beyond_capacity(result, trainer, few, bits: list[str], done: int) -> str:
 
 
 def _noise_floor(result, trainer, held, bits: list[str], done: int) -> str:
-    """A forward that drew random numbers (draws.py), trained again on a fresh copy with the same draws at every step:
-    memorised, warning sampled-loss and "held" (the run's failure is the noise's floor); not memorised, a note and ""
-    (the error stands); Ctrl-C there: "interrupted-held"."""
+    """A forward that drew random numbers (draws.py) whose loss learned through the noise (draws.learned), trained
+    again on a fresh copy with the same draws at every step: memorised, warning sampled-loss and "held" (the run's
+    failure is the noise's floor); not memorised, a note and "" (the error stands); not learned: "unlearned", nothing
+    trained (the error stands, its hint says why); Ctrl-C there: "interrupted-held"."""
     from ...errors import DiagError
-    from .draws import CODE
+    from .draws import CODE, learned
 
     if held is None:
         return ""
+    if not learned(trainer.curve.losses, trainer.loss_fn):
+        return "unlearned"
     try:
         c = held(done)
     except DiagError as exc:
