@@ -1979,7 +1979,7 @@ LOSS_LOOKS = 3   # a loss module's first calls: a softmax before it is there fro
 SMALL_BATCHES = 10_000   # steps whose batch size is kept (a last batch an epoch: this many epochs)
 SMALL_BATCH = 2   # a batch this small gives a sample's own loss: an epoch's last batch of 1 or 2 (not a quarter of
                   # the first: a sequence-first model's dim 0 is time, and a shorter bucket hid a real spike; a review)
-REACH_SETS = 32   # the sets of parameters steps' gradients reached that are told apart (report._reach_groups)
+REACH_SETS = 64   # the sets of parameters steps' gradients reached that are told apart (report._reach_groups)
 GRAPH_LOOKS = 16  # losses whose graph is read: a generator's comes after its critic's 5 (a review); ~90 µs each (64 nodes of a ResNet-10's graph on CPU, against a 19 ms backward), the first 16 steps only
 
 

@@ -48,6 +48,7 @@ BLOWN_K = 3.0          # loss-diverged from the start: above the first loss by t
 BLOWN_GROWTH = 10.0    # ... while the weights' norm grew this many times over (steps too large for the weights)
 IDLE_READS = 1         # optimizer-idle: whole read intervals after its last step in which a backward reached it
 REACH_TURNS = 4        # changes between sets of parameters steps' gradients reached: tasks taken in turns, not phases
+REACH_MIN = 10         # ... between sets of this many steps at least (a rarer set's steps join the nearest group)
 REACH_LEVELS = 2.0     # ... whose losses' or gradient norms' medians differ by this factor at least (_reach_groups)
 RATIO_LOW = 1e-7       # update/weight ratio below which a weight matrix is said not to learn (info)
 
@@ -879,49 +880,82 @@ def _objectives(engine, steps: list, losses: list) -> list[tuple[list[int], str]
 
 def _reach_groups(result: Result, engine, picked: list[int]) -> list[tuple[list[int], str]] | None:
     """The steps of one objective split by the set of parameters their gradients reached (engine.reach), where they
-    are tasks taken in turns: at least two sets each at least a twentieth of the steps (10 at least), changing
-    REACH_TURNS times or more, with losses or gradient norms at different levels (a task sampled per step through its
-    own head: a regression's loss of 1e4 between cross-entropies of 2 was a loss-spike and its norm an explosion, a
-    review). A head unfrozen once is a phase, not a turn; a mixture of experts whose routing varies trains one loss at
-    one level. Steps of a rare set are not judged."""
+    are tasks taken in turns: at least two sets of REACH_MIN steps or more, changing REACH_TURNS times or more, at
+    different levels of loss (or, the losses alike, of gradient norm: REACH_LEVELS apart). A task sampled per step
+    through its own head: a regression's loss of 1e4 between cross-entropies of 2 was a loss-spike and its norm an
+    explosion (a review). Sets at one level are one group (experts routed per batch under two tasks: two groups, not
+    one per expert); a rarer set's steps go with the group whose sets share the most of its parameters (a corrupt
+    batch that saturated a router into a set of its own is judged with its task: a review). A head unfrozen once is a
+    phase, not a turn; more sets than engine.REACH_SETS tells apart, no split."""
     reach = engine.reach
     if len(reach) != len(result.series["step"]):
         return None
+    known = [i for i in picked if reach[i] is not None]
+    if len(known) < 0.95 * len(picked):
+        return None
     by: dict[int, list[int]] = {}
-    for i in picked:
-        if reach[i] is not None:
-            by.setdefault(reach[i], []).append(i)
-    major = {k: v for k, v in by.items() if len(v) >= max(10, len(picked) // 20)}
-    order = [reach[i] for i in picked if reach[i] in major]
-    if len(major) < 2 or sum(a != b for a, b in zip(order, order[1:])) < REACH_TURNS:
+    for i in known:
+        by.setdefault(reach[i], []).append(i)
+    major = {k: v for k, v in by.items() if len(v) >= REACH_MIN}
+    order = [reach[i] for i in known if reach[i] in major]
+    turns = sum(a != b for a, b in zip(order, order[1:]))
+    if len(major) < 2 or turns < REACH_TURNS:
         return None
-    if not any(_levels_differ([[result.series[key][i] for i in idx] for idx in major.values()])
-               for key in ("loss", "grad_norm")):
+    key, levels = next(((key, lv) for key in ("loss", "grad_norm")
+                        if len(lv := _by_level(major, result.series[key])) > 1), ("", []))
+    if not levels:
         return None
-    sets = {k: engine.reach_sets[k] for k in major}
-    common, every = frozenset.intersection(*sets.values()), frozenset.union(*sets.values())
-    result.notes.append(f"the steps' gradients reached {len(major)} different sets of parameters in turns ("
-                        f"{sum(a != b for a, b in zip(order, order[1:]))} changes: tasks taken in turns, each through "
-                        "parameters of its own): the loss and gradient norm are judged per set"
-                        + (f"; {len(picked) - len(order)} steps of rarer sets are not" if len(order) < len(picked) else ""))
-    return [(idx, f" (judged on the {len(idx)} steps whose gradient {_reach_words(sets[k], common, every)}: "
-                  f"{len(major)} sets of parameters taken in turns)") for k, idx in major.items()]
+    sets = engine.reach_sets
+    groups = [[i for k in ks for i in major[k]] for ks in levels]
+    held = [frozenset().union(*(sets[k] for k in ks)) for ks in levels]
+    # what every step of a group reached and no other group's did (a task's head, not an expert some steps chose)
+    own = [frozenset.intersection(*(sets[k] for k in ks)) - frozenset().union(*(o for j, o in enumerate(held) if j != g))
+           for g, ks in enumerate(levels)]
+    for k, idx in by.items():   # a rarer set: with the group whose own parameters (a task's head) it reached most
+        if k not in major:
+            near = max(range(len(levels)), key=lambda g: (len(sets[k] & own[g]),
+                                                           max(_shared(sets[k], sets[m]) for m in levels[g])))
+            groups[near] += idx
+    result.notes.append(f"the steps' gradients reached {len(major)} sets of parameters in turns ({turns} changes: "
+                        f"tasks taken in turns, each through parameters of its own), at {len(levels)} levels of "
+                        f"{key.replace('_', ' ')}: the loss and gradient norm are judged per level")
+    return [(sorted(idx), f" (judged on the {len(idx)} steps whose gradient "
+                          f"{_reach_words(own[g], held[g], frozenset().union(*(h for j, h in enumerate(held) if j != g)))}"
+                          f": {len(levels)} tasks taken in turns)") for g, idx in enumerate(groups)]
 
 
-def _levels_differ(groups: list[list]) -> bool:
-    """Do the groups' medians (of their finite positive values) differ by REACH_LEVELS at least?"""
-    meds = [statistics.median(ok) for g in groups if (ok := [v for v in g if v is not None and math.isfinite(v) and v > 0])]
-    return len(meds) >= 2 and max(meds) >= REACH_LEVELS * min(meds)
+def _by_level(major: dict, values: list) -> list[list[int]]:
+    """The sets (keys of `major`, each its steps' indices) grouped by the median of `values` over their steps: in
+    rising order, a set joins the group before it while its median is within REACH_LEVELS of that group's highest
+    (one task's sets spread over its experts chain into one level: a review's 16 experts made four). A set with no
+    finite positive value makes one group of all (no level to tell)."""
+    meds = {}
+    for k, idx in major.items():
+        ok = [v for v in (values[i] for i in idx) if v is not None and math.isfinite(v) and v > 0]
+        if not ok:
+            return [list(major)]
+        meds[k] = statistics.median(ok)
+    out: list[list[int]] = []
+    for k in sorted(meds, key=lambda k: meds[k]):
+        if out and meds[k] <= REACH_LEVELS * meds[out[-1][-1]]:
+            out[-1].append(k)
+        else:
+            out.append([k])
+    return out
 
 
-def _reach_words(names: frozenset, common: frozenset, every: frozenset) -> str:
-    """A set of parameters by what sets it apart: those only some sets hold ("reached heads.reg.weight and 1 more"),
-    else those it lacks."""
+def _shared(a: frozenset, b: frozenset) -> float:
+    return len(a & b) / max(1, len(a | b))
+
+
+def _reach_words(own: frozenset, names: frozenset, others: frozenset) -> str:
+    """A group by what sets it apart: the parameters each of its steps reached and no other group's did ("reached
+    heads.reg.weight and 1 more"), else those the others reached and it did not."""
     def some(ns) -> str:
         ns = sorted(ns)
         return ", ".join(ns[:2]) + (f" and {len(ns) - 2} more" if len(ns) > 2 else "")
-    own = names - common
-    return f"reached {some(own)}" if own else f"did not reach {some(every - names)}"
+    lacks = others - names
+    return f"reached {some(own)}" if own else f"did not reach {some(lacks)}" if lacks else "reached other parameters"
 
 
 def _goes_on(losses: list, w: int = 10) -> bool:
