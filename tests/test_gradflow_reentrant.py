@@ -101,3 +101,33 @@ def test_a_users_no_grad_inside_a_checkpoint_whose_input_needs_a_gradient_is_the
     r = cli("gradflow", spec("inside"), "-i", "8x16", "--json")
     (f,) = [f for f in r.json["findings"] if f["code"] == "no-grad"]
     assert "b.weight" in f["message"] and "reentrant" not in f["message"] + f["hint"], f["message"]
+
+
+HF = '''
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+
+
+def build():
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                     max_position_embeddings=64, num_labels=3)
+    m = BertForSequenceClassification(cfg)
+    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    m.bert.embeddings.requires_grad_(False)
+    m.enable_input_require_grads()   # the embeddings' output marked, so checkpointing reaches past them
+    return m
+'''
+
+
+@pytest.mark.parametrize("command", ["gradflow", "doctor"])
+def test_an_embeddings_output_marked_to_require_grad_is_no_local_weight(cli, tmp_path, command):
+    """A review: Hugging Face BERT with gradient checkpointing and frozen embeddings; enable_input_require_grads makes
+    the embeddings' 4x16x32 output a leaf that needs a gradient, and both commands called it a weight made in forward
+    (local-weight, an error)."""
+    pytest.importorskip("transformers")
+    f = tmp_path / "hf_ckpt.py"
+    f.write_text(HF)
+    r = cli(command, f"{f}:build", "-i", "4x16:int64[0,100)", "--json")
+    assert "local-weight" not in [x["code"] for x in r.json["findings"]], r.json["findings"]
+    assert r.code == 0, [(x["code"], x["message"]) for x in r.json["findings"] if x["severity"] != "info"]

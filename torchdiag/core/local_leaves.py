@@ -26,7 +26,8 @@ def local_leaves(loss, model, inputs=()) -> list:
     of `model` nor the `inputs`, in the order the walk meets them (one entry per tensor). A view of an input
     made a leaf in forward is the input still (Hugging Face's wav2vec2-family feature encoders set
     requires_grad on `input_values[:, None]`), judged by the bytes it reads, not its name: a weight cut from the
-    same buffer beside the input is still found."""
+    same buffer beside the input is still found. A leaf with a row per sample is an activation (_per_sample).
+    """
     known = {id(p) for p in model.parameters()} | {id(t) for t in inputs}
     data = [s for s in map(_span, inputs) if s is not None]    # the inputs' own bytes (not all of their storage)
     root = getattr(loss, "grad_fn", None)
@@ -37,11 +38,22 @@ def local_leaves(loss, model, inputs=()) -> list:
             continue
         seen.add(id(node))
         var = getattr(node, "variable", None)    # AccumulateGrad: the leaf it writes .grad into
-        if var is not None and id(var) not in known and id(var) not in found and not _within(_span(var), data):
+        if var is not None and id(var) not in known and id(var) not in found and not _within(_span(var), data) \
+                and not _per_sample(var, inputs):
             found.add(id(var))
             out.append(var)
         stack.extend(n for n, _ in node.next_functions)
     return out
+
+
+def _per_sample(t, inputs) -> bool:
+    """A leaf whose shape begins with an input's whole shape (token ids 4x16 -> 4x16x32): a value per input position,
+    an activation made to require a gradient, not a weight (Hugging Face's enable_input_require_grads marks the
+    embeddings' output so checkpointing reaches past frozen embeddings; a review: local-weight on a 4x16x32 tensor).
+    A weight made in forward has no input's shape in it (a 32x5 matrix beside a batch of 32 rows of 20 is found)."""
+    shape = tuple(t.shape)
+    return any(len(dims := tuple(getattr(x, "shape", ()))) >= 1 and len(shape) > len(dims) and shape[:len(dims)] == dims
+               and getattr(x, "numel", lambda: 0)() > 1 for x in inputs)
 
 
 def describe_leaf(t) -> str:
