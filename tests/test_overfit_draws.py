@@ -194,3 +194,33 @@ def test_near_same_needs_the_loss_at_the_label_entropy_and_the_labels_probabilit
     assert _near_same(alike, Loss, 0.5) is None                                      # below the entropy: learning
     told = torch.tensor([[3.0, 0.0, 0.0], [0.0, 3.0, 0.0]])
     assert _near_same(told, Loss, math.log(2)) is None                               # told apart
+
+
+def test_numpy_and_python_draws_are_seen_and_set_back():
+    import random
+
+    import numpy as np
+
+    from torchdiag.diagnostics.overfit_batch.draws import Draws
+
+    d = Draws(torch.device("cpu"))
+    a = np.random.rand(3)
+    assert d.drew()
+    d.again()
+    assert (np.random.rand(3) == a).all()
+    d = Draws(torch.device("cpu"))
+    b = random.random()
+    assert d.drew()
+    d.again()
+    assert random.random() == b
+
+
+def test_a_forward_that_draws_nothing_is_not_said_to():
+    torch.manual_seed(0)
+    x = torch.linspace(-1, 1, 32).unsqueeze(1)
+    y = (torch.arange(32) % 3 == 0).float().unsqueeze(1)
+    net = nn.Sequential(nn.Linear(1, 16), nn.Tanh(), nn.Linear(16, 1), nn.Sigmoid())
+    loss = lambda out, t: nn.functional.binary_cross_entropy(out, t) + 1.0   # noqa: E731
+    r = api_run("overfit-batch", net, x, loss=loss, target=y, lr=0.05, steps=300)
+    (f,) = [f for f in r.findings if f.code == "cannot-overfit"]
+    assert "draws" not in (f.hint or "") and "held_draws" not in r.data

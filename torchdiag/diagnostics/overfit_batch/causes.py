@@ -347,18 +347,21 @@ def _near_same(out, loss, last: float) -> float | None:
     from ...core.loss import primary_output
 
     target = loss.target
-    if getattr(loss, "chosen", "") != "cross_entropy" or target is None or target.is_floating_point() \
-            or target.dim() != 1 or not math.isfinite(last):
-        return None
-    floor = entropy_floor(target.cpu())
     y = primary_output(out)[0]
-    if floor <= 0 or abs(last - floor) > AT_ENTROPY * floor or y.dim() != 2 or y.shape[0] != target.shape[0]:
+    if getattr(loss, "chosen", "") != "cross_entropy" or target is None or target.is_floating_point() \
+            or target.dim() != 1 or not math.isfinite(last) or y.dim() != 2 or y.shape[0] != target.shape[0]:
         return None
-    labels = torch.unique(target[target != -100]).to(y.device)
-    if labels.numel() < 2 or int(labels.max()) >= y.shape[1] or int(labels.min()) < 0:
+    with torch.no_grad():   # on the device, one read: the label entropy and the largest difference
+        t = target.to(y.device)
+        keep = (t >= 0) & (t < y.shape[1])
+        counts = torch.zeros(y.shape[1], device=y.device).scatter_add_(0, t.clamp(0, y.shape[1] - 1), keep.float())
+        freq = counts / counts.sum().clamp_min(1)
+        entropy = -torch.where(freq > 0, freq * freq.clamp_min(1e-30).log(), 0.0).sum()
+        p = torch.softmax(y.detach().float(), dim=1)
+        diff = ((p - p[:1]).abs() * (counts > 0)).amax()
+        floor, share = torch.stack([entropy, diff.to(entropy.dtype)]).tolist()
+    if floor <= 0 or abs(last - floor) > AT_ENTROPY * floor:
         return None
-    p = torch.softmax(y.detach().float(), dim=1).index_select(1, labels)
-    share = float((p - p[:1]).abs().amax())
     return share if share <= NEAR_SAME else None
 
 

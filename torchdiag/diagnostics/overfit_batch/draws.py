@@ -5,8 +5,8 @@ the noise all the same (`learned`), a fresh copy is trained with the same draws 
 where step 0's forward began): memorised, the model, loss and optimizer train and what stopped the run is the noise
 (warning `sampled-loss`). A draw where the data or a weight belongs learns little of the data with fresh draws and is
 not asked (the error's hint says why): with the draws held fixed it would memorise the noise. Cost: one more run,
-only for such failures. Only torch's generators are set back (the CPU's, the run's CUDA device's): numpy's, Python's
-and a torch.Generator of the model's own draw afresh."""
+only for such failures. torch's generators (the CPU's, the run's CUDA device's), numpy's global one and Python's
+`random` are set back; a torch.Generator of the model's own, and other CUDA devices', draw afresh."""
 from __future__ import annotations
 
 CODE = "sampled-loss"
@@ -34,8 +34,9 @@ def learned(losses: list, loss) -> bool:
 
 
 class Draws:
-    """The RNG states (the CPU's, and the device's on CUDA) where a forward began; `drew()` after it: did it advance
-    them; `again()`: set them back, so the next forward draws the same numbers."""
+    """The RNG states where a forward began: torch's (the CPU's, and the device's on CUDA), numpy's global one (where
+    numpy is loaded: Hugging Face's SpecAugment masks draw there) and Python's `random`; `drew()` after it: did it
+    advance any; `again()`: set them back, so the next forward draws the same numbers."""
 
     def __init__(self, device):
         import torch
@@ -45,19 +46,45 @@ class Draws:
         self.states = self._states()
 
     def _states(self) -> tuple:
+        import random
+        import sys
+
         import torch
 
-        return (torch.get_rng_state(), torch.cuda.get_rng_state(self.index) if self.cuda else None)
+        np = sys.modules.get("numpy")
+        return (torch.get_rng_state(), torch.cuda.get_rng_state(self.index) if self.cuda else None,
+                np.random.get_state() if np is not None else None, random.getstate())
 
     def drew(self) -> bool:
-        import torch
-
-        now = self._states()
-        return any(a is not None and not torch.equal(a, b) for a, b in zip(self.states, now))
+        (cpu, dev, np_state, py), now = self.states, self._states()
+        return (_moved(cpu, now[0]) or (dev is not None and _moved(dev, now[1]))
+                or (np_state is not None and _np_moved(np_state, now[2])) or py != now[3])
 
     def again(self) -> None:
+        import random
+        import sys
+
         import torch
 
-        torch.set_rng_state(self.states[0])
-        if self.cuda:
-            torch.cuda.set_rng_state(self.states[1], self.index)
+        cpu, dev, np_state, py = self.states
+        torch.set_rng_state(cpu)
+        if dev is not None:
+            torch.cuda.set_rng_state(dev, self.index)
+        if np_state is not None:
+            sys.modules["numpy"].random.set_state(np_state)
+        random.setstate(py)
+
+
+def _moved(a, b) -> bool:
+    """Two RNG states (host byte tensors, also the CUDA generator's) differ: compared on the host, no op of torch's."""
+    try:
+        return a.numpy().tobytes() != b.numpy().tobytes()
+    except (RuntimeError, TypeError):   # a torch without numpy
+        import torch
+
+        return not torch.equal(a, b)
+
+
+def _np_moved(a, b) -> bool:
+    """numpy's legacy state tuples ('MT19937', keys, pos, has_gauss, cached): any part changed."""
+    return a[0] != b[0] or a[2:] != b[2:] or not (a[1] == b[1]).all()
