@@ -131,3 +131,22 @@ def test_an_embeddings_output_marked_to_require_grad_is_no_local_weight(cli, tmp
     r = cli(command, f"{f}:build", "-i", "4x16:int64[0,100)", "--json")
     assert "local-weight" not in [x["code"] for x in r.json["findings"]], r.json["findings"]
     assert r.code == 0, [(x["code"], x["message"]) for x in r.json["findings"] if x["severity"] != "info"]
+
+
+HF_REENTRANT = HF.replace('{"use_reentrant": False}', '{"use_reentrant": True}').replace(
+    "    m.bert.embeddings.requires_grad_(False)\n    m.enable_input_require_grads()   # the embeddings' output marked, so "
+    "checkpointing reaches past them\n", "")
+
+
+def test_softmax_invariant_key_biases_under_a_reentrant_checkpoint_are_invariant_not_vanishing(cli, tmp_path):
+    """A review: BERT's key biases (a softmax cancels any shift of them: their gradient is rounding) are `invariant`
+    (info) plainly, and were `vanishing-grad` with gradient checkpointing on: the re-check's first call of each module
+    was the checkpoint's no-grad forward, not the recompute the backward differentiates."""
+    pytest.importorskip("transformers")
+    assert "enable_input_require_grads" not in HF_REENTRANT and '"use_reentrant": True' in HF_REENTRANT
+    f = tmp_path / "hf_reentrant.py"
+    f.write_text(HF_REENTRANT)
+    r = cli("gradflow", f"{f}:build", "-i", "4x16:int64[0,100)", "--json")
+    codes = {x["code"]: x for x in r.json["findings"]}
+    assert "vanishing-grad" not in codes and r.code == 0, [(x["code"], x["message"]) for x in r.json["findings"]]
+    assert "key.bias" in codes["invariant"]["message"]

@@ -17,6 +17,19 @@ from .module_paths import ancestors, owner
 SEEN = 10.0   # the bound must be this many times the shift test's threshold on the loss
 
 
+def _first_of_two() -> bool:
+    """A call a reentrant checkpoint makes under no_grad and makes again in backward: the second is the one
+    differentiated, the first (no graph) is not counted (a Hugging Face BERT with gradient checkpointing kept its
+    softmax-invariant key biases `vanishing-grad`: a review)."""
+    import torch
+
+    if torch.is_grad_enabled():
+        return False
+    from .reentrant import recomputed
+
+    return recomputed()
+
+
 class FirstCalls:
     """Each wanted module's first call (its arguments, cloned: a forward may change its input in place) and
     the loss's gradient at its floating outputs. Installed around the base forward and backward (`with`)."""
@@ -47,18 +60,22 @@ class FirstCalls:
 
     def _keep(self, name):
         def hook(_mod, args, kwargs):
+            if _first_of_two():
+                return
             self.count[name] = self.count.get(name, 0) + 1
             self.args.setdefault(name, _cloned((args, kwargs)))
         return hook
 
     def _counted(self, name):
         def hook(*_):
+            if _first_of_two():
+                return
             self.count[name] = self.count.get(name, 0) + 1
         return hook
 
     def _watch(self, name):
         def hook(_mod, _args, out):
-            if name in self.grads:
+            if name in self.grads or _first_of_two():
                 return
             outs = floats(out)
             self.grads[name] = [None] * len(outs)

@@ -30,23 +30,13 @@ def in_reentrant_checkpoint() -> bool:
     """Is this call inside torch.utils.checkpoint's reentrant forward, none of whose inputs needs a gradient? It runs
     the function under no_grad and recomputes it in backward only when an input needs one: with none, its parameters
     get none, and the cut is the checkpoint's. With an input that needs one, a no_grad met there is the user's (inside
-    the function, or around the checkpoint: a review). Looked up the stack only for calls made with grad off."""
-    import sys
-
+    the function, or around the checkpoint: a review). Asked only for calls made with grad off."""
     import torch
 
-    try:
-        from torch.utils.checkpoint import CheckpointFunction
-    except ImportError:   # a torch without it
-        return False
-    code = CheckpointFunction.forward.__code__
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code is code:
-            args = frame.f_locals.get("args", ())
-            return not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-        frame = frame.f_back
-    return False
+    from .reentrant import checkpoint_inputs
+
+    args = checkpoint_inputs()
+    return args is not None and not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
 class Recorder(ForwardHooks):
