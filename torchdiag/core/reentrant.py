@@ -8,13 +8,14 @@ from __future__ import annotations
 def checkpoint_inputs() -> tuple | None:
     """The inputs of the reentrant checkpoint whose forward this call runs inside, or None (not inside one)."""
     import sys
+    import types
 
     try:
         from torch.utils.checkpoint import CheckpointFunction
     except ImportError:   # a torch without it
         return None
     code = CheckpointFunction.forward.__code__
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code is code:
             return tuple(frame.f_locals.get("args", ()))
