@@ -755,12 +755,7 @@ def _beyond_capacity(result, trainer, few, bits: list[str], done: int) -> str:
     if small is None:
         return ""
     c, n, d = small.curve, trainer.batch.batch_size, result.data
-    d["few_samples"] = {"samples": small.samples, "passed": memorised(small), "steps": c.step,
-                        "final_loss": c.losses[-1] if c.losses else None}
-    if c.interrupted:
-        result.code, d["interrupted"] = int(c.interrupted), True
-        result.notes.append("interrupted while two of the batch's samples trained on a fresh copy: the run's own "
-                            "numbers above are complete")
+    if _further(result, "few_samples", c, "two of the batch's samples trained on a fresh copy", samples=small.samples):
         return "interrupted"
     held = f"{d['trainable_values']:,} trainable values for {trainer.loss_fn.target.numel():,} target values"
     if not memorised(small):
@@ -778,6 +773,17 @@ def _beyond_capacity(result, trainer, few, bits: list[str], done: int) -> str:
     result.verdict = (f"PASS on two samples: {c.reached_at} step(s); the batch of {n} is beyond this model's "
                       f"capacity ({held}; {', '.join(bits)})")
     return "held"
+
+
+def _further(result, key: str, c, what: str, **first) -> bool:
+    """A further run's curve `c` said in the JSON under `key` (`first`'s entries, passed, steps, final_loss); True
+    when Ctrl-C stopped it (the result then interrupted, said in a note)."""
+    result.data[key] = {**first, "passed": c.reached_at is not None and not c.interrupted, "steps": c.step,
+                        "final_loss": c.losses[-1] if c.losses else None}
+    if c.interrupted:
+        result.code, result.data["interrupted"] = int(c.interrupted), True
+        result.notes.append(f"interrupted while {what}: the run's own numbers above are complete")
+    return bool(c.interrupted)
 
 
 def _noise_floor(result, trainer, held, bits: list[str], done: int) -> str:
@@ -799,13 +805,7 @@ def _noise_floor(result, trainer, held, bits: list[str], done: int) -> str:
         return ""
     if c is None:
         return ""
-    d = result.data
-    d["held_draws"] = {"passed": c.reached_at is not None and not c.interrupted, "steps": c.step,
-                       "final_loss": c.losses[-1] if c.losses else None}
-    if c.interrupted:
-        result.code, d["interrupted"] = int(c.interrupted), True
-        result.notes.append("interrupted while a fresh copy trained with its draws held fixed: the run's own numbers "
-                            "above are complete")
+    if _further(result, "held_draws", c, "a fresh copy trained with its draws held fixed"):
         return "interrupted-held"
     if c.reached_at is None:
         result.notes.append(f"the forward draws random numbers; with the same draws at every step a fresh copy did not "
