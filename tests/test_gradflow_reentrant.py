@@ -150,3 +150,84 @@ def test_softmax_invariant_key_biases_under_a_reentrant_checkpoint_are_invariant
     codes = {x["code"]: x for x in r.json["findings"]}
     assert "vanishing-grad" not in codes and r.code == 0, [(x["code"], x["message"]) for x in r.json["findings"]]
     assert "key.bias" in codes["invariant"]["message"]
+
+
+NESTED = '''
+import math
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 32)
+
+    def forward(self, x):   # the key bias shifts every score of a row alike: the softmax cancels it
+        a = torch.softmax(self.q(x) @ self.k(x).transpose(-1, -2) / math.sqrt(32), -1)
+        return x + a @ self.v(x)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp, self.out = nn.Linear(16, 32), nn.Linear(32, 5)
+        self.layers = nn.ModuleList(Attn() for _ in range(2))
+
+    def _all(self, h):
+        for layer in self.layers:
+            h = checkpoint(layer, h, use_reentrant=True)
+        return h
+
+    def forward(self, x):   # checkpoints inside a checkpoint: the inner ones' inputs need no gradient there
+        return self.out(checkpoint(self._all, self.inp(x), use_reentrant=True).mean(1))
+
+
+def build():
+    torch.manual_seed(0)
+    return Net()
+'''
+
+
+def test_nested_reentrant_checkpoints_keep_invariant_key_biases_invariant(cli, tmp_path):
+    """A review: under an outer reentrant checkpoint the inner ones' inputs need no gradient in the no-grad forward, so
+    only the innermost checkpoint was looked at and layers.1's key bias was `vanishing-grad`; every enclosing
+    checkpoint is read now."""
+    f = tmp_path / "nested.py"
+    f.write_text(NESTED)
+    r = cli("gradflow", f"{f}:build", "-i", "4x6x16", "--json")
+    codes = {x["code"]: x for x in r.json["findings"]}
+    assert r.code == 0 and "vanishing-grad" not in codes, [(x["code"], x["message"]) for x in r.json["findings"]]
+    assert "layers.0.k.bias" in codes["invariant"]["message"] and "layers.1.k.bias" in codes["invariant"]["message"]
+
+
+UNBATCHED = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(64, 64)
+
+    def forward(self, x):
+        w = torch.randn(64, 10, requires_grad=True)   # the bug: a weight made in forward
+        return self.l(x) @ w
+
+
+def build():
+    return Net()
+'''
+
+
+@pytest.mark.parametrize("command", ["gradflow", "doctor"])
+def test_a_weight_made_in_forward_beside_one_unbatched_vector_is_still_found(cli, tmp_path, command):
+    """A review: an input of one dimension (64,) is the start of the 64x10 weight's shape, and was read as a row per
+    input position (an activation): local-weight was lost."""
+    f = tmp_path / "unbatched.py"
+    f.write_text(UNBATCHED)
+    r = cli(command, f"{f}:build", "-i", "64", "--json")
+    assert "local-weight" in [x["code"] for x in r.json["findings"]] and r.code == 1

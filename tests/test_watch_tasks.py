@@ -159,3 +159,35 @@ def test_a_rare_task_whose_loss_explodes_is_judged_on_its_own_steps():
     r = watch.result()
     found = [(f.code, f.message) for f in r.findings if f.severity != "info" and "heads.aux" in f.message]
     assert found, [(f.code, f.message) for f in r.findings]
+
+
+def test_blocks_skipped_at_random_in_one_task_are_no_tasks():
+    """A review: one cross-entropy whose blocks are skipped at random (stochastic depth) reaches sets whose gradient
+    norms differ 2x; it was split and said to be "tasks taken in turns". Only losses at different levels split."""
+    class Skipping(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp, self.out = nn.Linear(16, 64), nn.Linear(64, 2)
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)) for _ in range(2))
+            self.rnd = random.Random(0)
+
+        def forward(self, x):
+            h = self.inp(x)
+            for b in self.blocks:
+                if not (self.training and self.rnd.random() < 0.5):
+                    h = h + 3.0 * b(h)
+            return self.out(h)
+
+    torch.manual_seed(0)
+    model = Skipping()
+    opt = torch.optim.AdamW(model.parameters(), 1e-3)
+    with Watch(every=10, replay=False) as watch:
+        for _ in range(300):
+            x = torch.randn(32, 16)
+            loss = F.cross_entropy(model(x), (x[:, 0] > 0).long())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    r = watch.result()
+    assert len(watch.engine.reach_sets) >= 2 and not any("sets of parameters" in n for n in r.notes), r.notes
+    assert [f.code for f in r.findings if f.severity != "info"] == []

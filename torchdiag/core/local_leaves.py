@@ -50,10 +50,12 @@ def _per_sample(t, inputs) -> bool:
     """A leaf whose shape begins with an input's whole shape (token ids 4x16 -> 4x16x32): a value per input position,
     an activation made to require a gradient, not a weight (Hugging Face's enable_input_require_grads marks the
     embeddings' output so checkpointing reaches past frozen embeddings; a review: local-weight on a 4x16x32 tensor).
-    A weight made in forward has no input's shape in it (a 32x5 matrix beside a batch of 32 rows of 20 is found)."""
+    A weight made in forward has no input's shape in it (a 32x5 matrix beside a batch of 32 rows of 20 is found); an
+    input of one dimension (one unbatched vector of 64) is the start of any 64 x k matrix, so it is never read so (a
+    review). Left: a weight made per sample (x.shape[0] x ...) beside a 2-D input is not found."""
     shape = tuple(t.shape)
-    return any(len(dims := tuple(getattr(x, "shape", ()))) >= 1 and len(shape) > len(dims) and shape[:len(dims)] == dims
-               and getattr(x, "numel", lambda: 0)() > 1 for x in inputs)
+    return any(len(dims := tuple(getattr(x, "shape", ()))) >= 2 and len(shape) > len(dims) and shape[:len(dims)] == dims
+               for x in inputs)
 
 
 def describe_leaf(t) -> str:

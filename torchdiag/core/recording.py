@@ -27,16 +27,13 @@ class Act:
 
 
 def in_reentrant_checkpoint() -> bool:
-    """Is this call inside torch.utils.checkpoint's reentrant forward, none of whose inputs needs a gradient? It runs
-    the function under no_grad and recomputes it in backward only when an input needs one: with none, its parameters
-    get none, and the cut is the checkpoint's. With an input that needs one, a no_grad met there is the user's (inside
-    the function, or around the checkpoint: a review). Asked only for calls made with grad off."""
-    import torch
+    """Is this call inside torch.utils.checkpoint's reentrant forward, none of whose inputs (nor an enclosing one's)
+    needs a gradient? It runs the function under no_grad and recomputes it in backward only when an input needs one:
+    with none, its parameters get none, and the cut is the checkpoint's. With an input that needs one, a no_grad met
+    there is the user's (inside the function, or around the checkpoint: a review). Asked only for calls with grad off."""
+    from .reentrant import never_recomputed
 
-    from .reentrant import checkpoint_inputs
-
-    args = checkpoint_inputs()
-    return args is not None and not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+    return never_recomputed()
 
 
 class Recorder(ForwardHooks):

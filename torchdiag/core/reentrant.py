@@ -5,28 +5,39 @@ Found on the stack, only for calls made with grad off."""
 from __future__ import annotations
 
 
-def checkpoint_inputs() -> tuple | None:
-    """The inputs of the reentrant checkpoint whose forward this call runs inside, or None (not inside one)."""
+def checkpoint_inputs() -> list[tuple]:
+    """The inputs of every reentrant checkpoint whose forward this call runs inside, innermost first ([]: none)."""
     import sys
     import types
 
     try:
         from torch.utils.checkpoint import CheckpointFunction
     except ImportError:   # a torch without it
-        return None
+        return []
     code = CheckpointFunction.forward.__code__
+    out = []
     frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code is code:
-            return tuple(frame.f_locals.get("args", ()))
+            out.append(tuple(frame.f_locals.get("args", ())))
         frame = frame.f_back
-    return None
+    return out
+
+
+def _needs_grad(args: tuple) -> bool:
+    import torch
+
+    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
 def recomputed() -> bool:
-    """Is this call (grad off) inside a reentrant checkpoint's forward whose backward will run it again: an input
-    needs a gradient and grad was on around the checkpoint? (Its outputs here carry no graph.)"""
-    import torch
+    """Is this call inside a reentrant checkpoint's forward that a backward will run again: one of the enclosing
+    checkpoints (nested ones: the outer's) has an input that needs a gradient? (Its outputs here carry no graph.)"""
+    return any(map(_needs_grad, checkpoint_inputs()))
 
-    args = checkpoint_inputs()
-    return args is not None and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+
+def never_recomputed() -> bool:
+    """Inside reentrant checkpoints none of whose inputs needs a gradient: no backward runs it again, and its
+    parameters get none (the cut is the checkpoint's)."""
+    frames = checkpoint_inputs()
+    return bool(frames) and not any(map(_needs_grad, frames))

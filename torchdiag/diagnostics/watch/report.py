@@ -49,7 +49,7 @@ BLOWN_GROWTH = 10.0    # ... while the weights' norm grew this many times over (
 IDLE_READS = 1         # optimizer-idle: whole read intervals after its last step in which a backward reached it
 REACH_TURNS = 4        # changes between sets of parameters steps' gradients reached: tasks taken in turns, not phases
 REACH_MIN = 10         # ... between sets of this many steps at least (a rarer set's steps join the nearest group)
-REACH_LEVELS = 2.0     # ... whose losses' or gradient norms' medians differ by this factor at least (_reach_groups)
+REACH_LEVELS = 2.0     # ... whose losses' medians differ by this factor at least (_reach_groups)
 RATIO_LOW = 1e-7       # update/weight ratio below which a weight matrix is said not to learn (info)
 
 
@@ -881,7 +881,9 @@ def _objectives(engine, steps: list, losses: list) -> list[tuple[list[int], str]
 def _reach_groups(result: Result, engine, picked: list[int]) -> list[tuple[list[int], str]] | None:
     """The steps of one objective split by the set of parameters their gradients reached (engine.reach), where they
     are tasks taken in turns: at least two sets of REACH_MIN steps or more, changing REACH_TURNS times or more, at
-    different levels of loss (or, the losses alike, of gradient norm: REACH_LEVELS apart). A task sampled per step
+    different levels of loss (REACH_LEVELS apart; gradient norms alone do not split: an explosion is 20x), each level
+    with parameters every step of it reached and no other level's did (its task's head: blocks skipped at random in
+    one task reach nested sets at two levels of loss, and are no tasks, a review). A task sampled per step
     through its own head: a regression's loss of 1e4 between cross-entropies of 2 was a loss-spike and its norm an
     explosion (a review). Sets at one level are one group (experts routed per batch under two tasks: two groups, not
     one per expert); a rarer set's steps go with the group whose sets share the most of its parameters (a corrupt
@@ -901,26 +903,31 @@ def _reach_groups(result: Result, engine, picked: list[int]) -> list[tuple[list[
     turns = sum(a != b for a, b in zip(order, order[1:]))
     if len(major) < 2 or turns < REACH_TURNS:
         return None
-    key, levels = next(((key, lv) for key in ("loss", "grad_norm")
-                        if len(lv := _by_level(major, result.series[key])) > 1), ("", []))
-    if not levels:
+    levels = _by_level(major, result.series["loss"])
+    if len(levels) < 2:
         return None
     sets = engine.reach_sets
     groups = [[i for k in ks for i in major[k]] for ks in levels]
     held = [frozenset().union(*(sets[k] for k in ks)) for ks in levels]
-    # what every step of a group reached and no other group's did (a task's head, not an expert some steps chose)
-    own = [frozenset.intersection(*(sets[k] for k in ks)) - frozenset().union(*(o for j, o in enumerate(held) if j != g))
-           for g, ks in enumerate(levels)]
-    for k, idx in by.items():   # a rarer set: with the group whose own parameters (a task's head) it reached most
+    others = [frozenset().union(*(o for j, o in enumerate(held) if j != g)) for g in range(len(levels))]
+    # each set holds parameters no other level's steps reached (a task's head): sets nested in another level's (blocks
+    # skipped at random in one task, at two levels of loss) are no tasks (a review)
+    if any(not sets[k] - others[g] for g, ks in enumerate(levels) for k in ks):
+        return None
+    # what every step of a level reached and no other level's did (a task's head, not an expert some steps chose); a
+    # level of several tasks has none in common, and is named by what its steps reached alone
+    common = [frozenset.intersection(*(sets[k] for k in ks)) - others[g] for g, ks in enumerate(levels)]
+    own = [c or held[g] - others[g] for g, c in enumerate(common)]
+    for k, idx in by.items():   # a rarer set: with the level whose own parameters (a task's head) it reached most
         if k not in major:
-            near = max(range(len(levels)), key=lambda g: (len(sets[k] & own[g]),
+            near = max(range(len(levels)), key=lambda g: (len(sets[k] & common[g]), len(sets[k] & own[g]),
                                                            max(_shared(sets[k], sets[m]) for m in levels[g])))
             groups[near] += idx
     result.notes.append(f"the steps' gradients reached {len(major)} sets of parameters in turns ({turns} changes: "
                         f"tasks taken in turns, each through parameters of its own), at {len(levels)} levels of "
-                        f"{key.replace('_', ' ')}: the loss and gradient norm are judged per level")
+                        "loss: the loss and gradient norm are judged per level")
     return [(sorted(idx), f" (judged on the {len(idx)} steps whose gradient "
-                          f"{_reach_words(own[g], held[g], frozenset().union(*(h for j, h in enumerate(held) if j != g)))}"
+                          f"{_reach_words(own[g], held[g], others[g])}"
                           f": {len(levels)} tasks taken in turns)") for g, idx in enumerate(groups)]
 
 
