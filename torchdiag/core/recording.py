@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .design import is_batch_norm_like, stochastic_depth_off
+from .reentrant import never_recomputed
 from .tracking import ForwardHooks, describe
 
 
@@ -24,16 +25,6 @@ class Act:
     units: int = 0
     sat: list = field(default_factory=list)
     shape: str = ""
-
-
-def in_reentrant_checkpoint() -> bool:
-    """Is this call inside torch.utils.checkpoint's reentrant forward, none of whose inputs (nor an enclosing one's)
-    needs a gradient? It runs the function under no_grad and recomputes it in backward only when an input needs one:
-    with none, its parameters get none, and the cut is the checkpoint's. With an input that needs one, a no_grad met
-    there is the user's (inside the function, or around the checkpoint: a review). Asked only for calls with grad off."""
-    from .reentrant import never_recomputed
-
-    return never_recomputed()
 
 
 class Recorder(ForwardHooks):
@@ -71,7 +62,7 @@ class Recorder(ForwardHooks):
         name = self.names.get(id(mod), "?")
         enabled = torch.is_grad_enabled()
         self.grad_enabled[name] = self.grad_enabled.get(name, False) or enabled
-        if not enabled and in_reentrant_checkpoint():
+        if not enabled and never_recomputed():   # a reentrant checkpoint's cut, not a no_grad of the user's
             self.reentrant.add(name)
         tensors = float_tensors(output)
         for t in tensors:

@@ -38,6 +38,7 @@ def recomputed() -> bool:
 
 def never_recomputed() -> bool:
     """Inside reentrant checkpoints none of whose inputs needs a gradient: no backward runs it again, and its
-    parameters get none (the cut is the checkpoint's)."""
+    parameters get none (the cut is the checkpoint's). With an input that needs one (an enclosing checkpoint's too), a
+    no_grad met there is the user's, inside the function or around the checkpoint (a review)."""
     frames = checkpoint_inputs()
     return bool(frames) and not any(map(_needs_grad, frames))
