@@ -36,6 +36,23 @@ def resolve_device(text: str):
     raise UsageError(f"unknown device '{text}'", hint=f"choose one of {DEVICE_CHOICES}")
 
 
+def has_float64(device) -> bool:
+    """Whether the device computes in float64: Apple's mps has none (a cast there raises TypeError)."""
+    return getattr(device, "type", device) != "mps"
+
+
+def wide_float(device):
+    """The widest float the device computes in: float64, float32 on mps (sums and exact counts to 2**24 there)."""
+    import torch
+
+    return torch.float64 if has_float64(device) else torch.float32
+
+
+def widened(t):
+    """t in its device's widest float (see wide_float)."""
+    return t.to(wide_float(t.device))
+
+
 def synchronize(device) -> None:
     """Wait for queued kernels so timings and memory readings are real."""
     import torch

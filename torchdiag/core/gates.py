@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import train
+from .device import has_float64
 from .readback import read_back
 from .recording import float_tensors, kinds, saturated
 from .scaling import judged_backward
@@ -324,7 +325,7 @@ def _invariant(work, inputs, verdicts: dict, whole: float, ctx) -> tuple[int, st
     from . import invariance
 
     suspect = [n for n, v in verdicts.items() if v.flag.kind == "zero-grad" and v.resolved and v.after <= SUSPECT * whole]
-    if not suspect or ctx.device.type == "mps":
+    if not suspect or not has_float64(ctx.device):
         return 0, ""
     import copy
 

@@ -15,6 +15,7 @@ import math
 
 from ..errors import ModelError, one_line
 from . import derived, keep_float64, reach
+from .device import widened
 from .module_paths import owner
 from .tracking import run_forward
 from .unreached import RANDOM_DRAWS
@@ -58,7 +59,7 @@ def small_in_modules(grads: dict, names) -> tuple[set[str], dict[str, float]]:
 
     mods = {owner(n) for n in names}
     pool = [n for n, g in grads.items() if g is not None and owner(n) in mods]
-    norms = dict(zip(pool, read_back([grads[n].detach().double().norm() for n in pool]))) if pool else {}
+    norms = dict(zip(pool, read_back([widened(grads[n].detach()).norm() for n in pool]))) if pool else {}
     return small_beside_siblings(norms), norms
 
 
@@ -261,7 +262,7 @@ def _base(work, inputs, names, loss_fn, ctx):
         def loss(wide=wide):
             with ctx.seeded(), wide():
                 out = run_forward(work, inputs, phase=f"forward (re-check on a {_dtype(work)} copy)")
-                return loss_fn(out).double().reshape(())
+                return widened(loss_fn(out)).reshape(())
 
         try:
             with torch.enable_grad(), reach.FirstCalls(work, names) as calls:

@@ -30,6 +30,7 @@ from typing import Any
 
 from ..errors import ModelError, UsageError, device_error, one_line
 from . import seeds
+from .device import widened
 from .tracking import dataclass_fields
 
 LOSS_CHOICES = "auto|cross_entropy|mse|sum|PATH:fn"
@@ -185,9 +186,9 @@ class Loss:
         class was banned and no target could move)."""
         import torch
 
-        yd = y.detach().double()
+        yd = widened(y.detach())   # float32 on mps (no float64 there)
         lo, hi = yd.masked_fill(~mask, math.inf).amin(), yd.masked_fill(~mask, -math.inf).amax()
-        n, lo, hi = torch.stack([counted.sum().double(), lo, hi]).tolist()
+        n, lo, hi = torch.stack([counted.sum().to(yd.dtype), lo, hi]).tolist()
         values = f"{lo:g}" if lo == hi else f"{lo:g} to {hi:g}"
         note = said.format(n=f"{int(n):,}", values=values) if n else ""
         self.fill_notes = {**(self.fill_notes or {}), label: note}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from . import derived
+from .device import widened
 from .module_paths import ancestors, owner
 
 SEEN = 10.0   # the bound must be this many times the shift test's threshold on the loss
@@ -134,13 +135,13 @@ def _first_order(before: list, after: list, grads: list) -> float | None:
 
 
 def first_order(grad, before, after):
-    """sum |grad| × |after − before| (a float64 tensor): no move where the two agree (a mask's −inf in both, whose
+    """sum |grad| × |after − before| (a float64 tensor; float32 on mps): no move where the two agree (a mask's −inf in both, whose
     difference is NaN), and non-finite terms left out (a review: 0 × NaN made the bound NaN, and a NaN bound passed
     for a cancellation)."""
     import torch
 
-    a, b = after.double(), before.double()
-    terms = grad.double().abs() * torch.where(a == b, torch.zeros_like(a), (a - b).abs())
+    a, b = widened(after), widened(before)
+    terms = widened(grad).abs() * torch.where(a == b, torch.zeros_like(a), (a - b).abs())
     return terms[torch.isfinite(terms)].sum()
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..core.device import wide_float
 from ..core.guard import leave_no_trace
 from ..core.run import flag, number
 from ..core.tracking import ModuleTracker, forward_error
@@ -346,13 +347,14 @@ def head_stats(w) -> list[dict]:
     """w: N×H×L×S. Per head, averaged over batch and queries."""
     import torch
 
-    p = w.double().clamp_min(0)
+    wide = wide_float(w.device)   # float32 on mps (no float64 there): MASKED is under its smallest normal
+    p = w.to(wide).clamp_min(0)
     S = p.shape[-1]
     ent = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)            # N×H×L
     # a query's largest possible entropy is log(keys it can see): masked keys (causal, padding) get 0 weight
     # (or ~e^-100 under an additive mask), so a uniform causal head reads 100%, not log(i+1)/log(S)
-    visible = (p > p.amax(-1, keepdim=True) * MASKED).sum(-1)        # N×H×L
-    frac = ent / torch.log(visible.clamp_min(2).double())
+    visible = (p > p.amax(-1, keepdim=True) * max(MASKED, torch.finfo(wide).tiny)).sum(-1)   # N×H×L
+    frac = ent / torch.log(visible.clamp_min(2).to(wide))
     counted = visible >= 2
     rows = []
     L = p.shape[-2]
@@ -397,7 +399,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         cap.key = key
         n, h, L, S = cap.weights.shape
         layers.append({"layer": key, "type": cap.type, "source": cap.source, "heads": h, "queries": L, "keys": S,
-                       "batch": n, "row_sum_error": float((cap.weights.double().sum(-1) - 1).abs().max())})
+                       "batch": n, "row_sum_error": float((cap.weights.to(wide_float(cap.weights.device)).sum(-1) - 1).abs().max())})
         for r in head_stats(cap.weights):
             heads.append({"layer": key, **r})
     result.tables.append(Table("layers", "Attention layers", [

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..core.device import widened
 from ..core.guard import leave_no_trace
 from ..core.resources import memory_limit
 from ..core.run import flag, number
@@ -351,7 +352,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         with ctx.autocast():   # --amp: the forward as it trains
             cam, heat, logits, k = grad_cam(model, x, opts.layer, opts.target_class, info, given)
     cam, heat, logits = cam.float(), heat.float(), logits.float()   # numpy has no bfloat16
-    probs = torch.softmax(logits[0].double(), 0)
+    probs = torch.softmax(widened(logits[0]), 0)
     top = torch.topk(probs, min(opts.topk, probs.numel()))
     shown = [int(c) for c in top.indices] + ([k] if k not in top.indices.tolist() else [])   # the explained one too
     rows = [{"class": c, "name": class_name(model, c), "logit": float(logits[0, c]), "probability": float(probs[c]),

@@ -493,7 +493,7 @@ def check_spec(spec, opts: Options | None = None) -> Result:
     """The CLI: TARGET (`spec.model`, built with `spec.args` when it is a class or factory) at the
     inputs of `spec.inputs` or the module's example_inputs(), float ones in float64."""
     from ..core.context import Context
-    from ..core.device import resolve_device
+    from ..core.device import has_float64, resolve_device
     from ..core.inputs import ModelInputs
     from ..core.lazy import materialise
     from ..core.loading import find_factory, import_module, parse_args, split_spec
@@ -502,6 +502,9 @@ def check_spec(spec, opts: Options | None = None) -> Result:
     opts = opts or Options()
     device = resolve_device(spec.device)
     Context(spec, device).require_values()     # the one meta refusal, before the target is imported
+    if not has_float64(device):
+        raise UsageError(f"gradcheck compares gradients in float64, which {device.type} does not have",
+                         hint="run it with --device cpu (or cuda)")
     where, name = split_spec(spec.model)
     module = import_module(where)
     kind, target = resolve_target(find_factory(module, name, where), parse_args(list(spec.args)), name)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ...core.device import wide_float
 from ...core.guard import leave_no_trace
 from ...core.run import flag, number
 from ...core.tracking import (
@@ -148,23 +149,24 @@ class Recorder(ForwardHooks):
         s.calls += 1
         if x.numel() == 0:
             return
+        wide = wide_float(x.device)   # float32 on mps (no float64 there)
         if bool(torch.isfinite(x).all()):
-            xf, nf = x.double(), 0
+            xf, nf = x.to(wide), 0
         else:
             finite = torch.isfinite(x)
             nf = int((~finite).sum())
             s.nan += int(torch.isnan(x).sum())
-            xf = x[finite].double()
+            xf = x[finite].to(wide)
         s.nonfinite += nf
         s.n += xf.numel()
-        parts = [(x == 0).sum().double()]
+        parts = [(x == 0).sum().to(wide)]
         if xf.numel():
             parts += [xf.sum(), (xf * xf).sum(), xf.min(), xf.max()]
         if bounds is not None:
             lo, hi = bounds
-            parts.append(((xf <= lo) | (xf >= hi)).sum().double())
+            parts.append(((xf <= lo) | (xf >= hi)).sum().to(wide))
         if zeros_in is not None:
-            parts.append(zeros_in.double().to(x.device))
+            parts.append(zeros_in.to(x.device, wide))
         vals = torch.stack(parts).tolist()   # one device→host transfer per call
         came_zero = zeros_in is not None and vals.pop() >= DEAD * count_in
         s.zeros += int(vals[0])

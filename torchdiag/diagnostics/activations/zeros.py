@@ -18,6 +18,8 @@ negative, a zero bias inside a dead block, a frozen or untrainable zero layer) t
 more than MAX_ELEMENTS parameter elements or MAX_TRIED zero parameters is not copied to be asked."""
 from __future__ import annotations
 
+from ...core.device import widened
+
 DEAD = 0.99              # an output with at least this fraction of exact zeros is "zero"
 MAX_ELEMENTS = 10_000_000
 MAX_TRIED = 8
@@ -122,7 +124,7 @@ def _run(work, args, kwargs):
 
 
 def _all_zero(out) -> bool:
-    return float((out.detach() == 0).double().mean()) >= DEAD
+    return float(widened(out.detach() == 0).mean()) >= DEAD
 
 
 def _opens(work, args, kwargs, names: list[str], seed: int) -> bool:
@@ -166,7 +168,7 @@ def _moved(call, g):
     leaves, spec = tree_flatten(call)
     for i, a in enumerate(leaves):
         if isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel():
-            spread = float(a.double().std()) if a.numel() > 1 else 1.0
+            spread = float(widened(a).std()) if a.numel() > 1 else 1.0
             noise = torch.randn(a.shape, generator=g, dtype=torch.float64).to(a.device, a.dtype)
             leaves[i] = a + noise * (spread or 1.0)
             break

@@ -4,6 +4,7 @@ equal inputs into different outputs, else the module running when a call first g
 forward that draws torch.randn itself, as a GAN vocoder's noise)."""
 from __future__ import annotations
 
+from ...core.device import wide_float
 from ...core.random_ops import SAMPLING_OPS
 from ...core.tracking import ForwardHooks, run_forward
 from .checklist import Checklist
@@ -48,12 +49,11 @@ def _fingerprint(obj) -> list:
 
 
 def _piece_sums(x) -> list:
-    import torch
 
-    x = x.to(torch.float64)
+    x = x.to(wide_float(x.device))   # float32 on mps, which has no float64
     bad = ~x.isfinite()
     x = x.masked_fill(bad, 0.0)
-    return [x.sum(), x.abs().sum(), _pattern_sum(x), bad.sum().to(torch.float64)]
+    return [x.sum(), x.abs().sum(), _pattern_sum(x), bad.sum().to(x.dtype)]
 
 
 _PATTERNS: dict = {}
@@ -62,11 +62,11 @@ _PATTERNS: dict = {}
 def _pattern_sum(x):
     import torch
 
-    w = _PATTERNS.get(x.device)
-    if w is None:
-        w = torch.ones(WEIGHTS, dtype=torch.float64)
+    w = _PATTERNS.get((x.device, x.dtype))
+    if w is None:   # ±1 made on the host, exact in any float
+        w = torch.ones(WEIGHTS, dtype=x.dtype)
         w[torch.randperm(WEIGHTS, generator=torch.Generator().manual_seed(0))[:WEIGHTS // 2]] = -1
-        w = _PATTERNS[x.device] = w.to(x.device)
+        w = _PATTERNS[(x.device, x.dtype)] = w.to(x.device)
     whole = x.numel() // WEIGHTS * WEIGHTS
     head = (x[:whole].view(-1, WEIGHTS) @ w).sum() if whole else x.new_zeros(())
     return head + x[whole:] @ w[:x.numel() - whole]

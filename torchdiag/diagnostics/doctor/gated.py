@@ -7,6 +7,7 @@ scale, skip-init gain, zero-initialised residual or head), found by perturbation
 from __future__ import annotations
 
 from ...core import gates, invariance
+from ...core.device import has_float64
 from ...core.unreached import (
     NOT_REACHED,
     NOT_REACHED_HINT,
@@ -88,7 +89,7 @@ def invariant(work, before, inputs, ctx, names: list[str], result, prepare) -> s
     import torch
 
     names = _candidates(work, names)
-    if not names or ctx.device.type == "mps":
+    if not names or not has_float64(ctx.device):
         return set()
     try:
         copy = initial_copy(work, before, torch.float64, ctx).double()

@@ -2,6 +2,7 @@
 scales it before any weighted layer reads it)."""
 from __future__ import annotations
 
+from ...core.device import wide_float
 from ...core.input_scale import image_like
 from ...core.masks import additive_mask
 from .checklist import Checklist
@@ -21,7 +22,7 @@ def input_stats(inputs, ck: Checklist) -> tuple[list[dict], list[tuple[str, dict
         if t.device.type == "meta" or t.numel() == 0:
             continue
         x = t.detach()
-        xf = x.double() if x.dtype != torch.bool else x.to(torch.float64)
+        xf = x.to(wide_float(x.device))   # float32 on mps (no float64 there)
         finite = torch.isfinite(xf)
         bad = int((~finite).sum())
         vals = xf[finite] if bad else xf.reshape(-1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
+from ...core.device import wide_float
 from ...core.train import NoRoom, train_copy
 from ...errors import ModelError
 
@@ -53,7 +54,8 @@ def max_diff(a, b) -> float | None:
             return None
         x, y = dense(x), dense(y)
         if x.is_floating_point() and x.numel():
-            x, y = x.detach().double(), y.detach().double()
+            wide = wide_float(x.device)   # float32 on mps (no float64 there)
+            x, y = x.detach().to(wide), y.detach().to(wide)
             d = (x - y).abs().nan_to_num(0.0).masked_fill(x.isnan() != y.isnan(), float("inf"))  # NaN in one only
             m = max(m, float(d.max()))      # one read per tensor
         elif not bool(((x == y) | (x != x) & (y != y)).all()):   # NaN == NaN (a complex output's)
@@ -80,8 +82,9 @@ def finite(obj) -> bool:
 
 
 def scale(obj) -> float:
-    """The largest absolute value among an output's float tensors (for relative tolerances)."""
-    return max((float(dense(t.detach()).double().abs().max()) for _, t in tensors(obj)
+    """The largest absolute value among an output's float tensors (for relative tolerances): |x| in the tensor's
+    own dtype cannot overflow, and a complex one's is its modulus."""
+    return max((float(dense(t.detach()).abs().max()) for _, t in tensors(obj)
                 if (t.is_floating_point() or t.is_complex()) and t.numel()), default=0.0)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import math
 
+from ...core.device import widened
 from ...core.module_paths import owner
 from ...core.unreached import NOT_REACHED, why
 from .design import is_tiny, rms
@@ -59,8 +60,8 @@ def _orthogonal(rows, params, grads) -> None:
              and r["grad_weight_ratio"] is not None and _plain(params[r["name"]], grads[r["name"]])]
     if not cands:
         return
-    dots = read_back([torch.dot(grads[r["name"]].detach().reshape(-1).double(),
-                                params[r["name"]].detach().reshape(-1).double()) for r in cands])
+    dots = read_back([torch.dot(widened(grads[r["name"]].detach().reshape(-1)),
+                                widened(params[r["name"]].detach().reshape(-1))) for r in cands])
     for r, dot in zip(cands, dots):
         r["orthogonal"] = dot / (r["grad_norm"] * r["weight_norm"])
 

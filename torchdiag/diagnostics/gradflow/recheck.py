@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 from ...core.design import stochastic_depth_off
+from ...core.device import has_float64, widened
 from ...core.fewer import alike, retried
 from ...core.invariance import (
     LOSS_RTOL,
@@ -47,7 +48,7 @@ def cancelled_candidates(rows) -> tuple[list[dict], set[str]]:
 
 
 def recheck(model, inputs, pas, rows, opts, ctx, result) -> None:
-    cands, strict = cancelled_candidates(rows) if ctx.device.type != "mps" else ([], set())   # mps: no float64
+    cands, strict = cancelled_candidates(rows) if has_float64(ctx.device) else ([], set())   # mps: no float64
     try:
         _scale_invariant(model, inputs, rows, opts, ctx, result)
     except ModelError as exc:   # no copy, or its forward failed: the exploding verdicts stand
@@ -117,9 +118,9 @@ def _loss_and_norms(work, inputs, names: list[str], ctx) -> list:
         loss = ctx.loss()(run_forward(work, inputs, phase="forward (scale re-check, on a copy)"))
     train.backward(loss)
     params = dict(work.named_parameters())
-    zero = loss.detach().double().reshape(()) * 0
-    return [loss.detach().double().reshape(())] + [
-        params[n].grad.detach().double().norm() if params[n].grad is not None else zero for n in names]
+    zero = widened(loss.detach()).reshape(()) * 0
+    return [widened(loss.detach()).reshape(())] + [
+        widened(params[n].grad.detach()).norm() if params[n].grad is not None else zero for n in names]
 
 
 def _drawn_again(model, rows) -> list[dict]:
@@ -165,8 +166,8 @@ def cut_agrees(model, rows, names, opts, ctx, prepare=stochastic_depth_off):
             train.backward(loss)
         params = dict(work.named_parameters())
         asked = [n for n in ratios if n in params and params[n].grad is not None]
-        got = read_back([v for n in asked for v in (params[n].grad.detach().double().norm(),
-                                                     params[n].detach().double().norm())]) if asked else []
+        got = read_back([v for n in asked for v in (widened(params[n].grad.detach()).norm(),
+                                                     widened(params[n].detach()).norm())]) if asked else []
         return alike(ratios, {n: _ratio(g, w) for n, g, w in zip(asked, got[::2], got[1::2])})
 
     return agrees

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...core.device import widened
+
 MAX_RMS = 30.0   # an output this far above a unit target's scale is a finding of its own, not asked about
 
 
@@ -73,8 +75,8 @@ def at_unit_scale(model, inputs, names: list[str], opts, ctx, prepare) -> Rescal
     loss.backward()
     params = dict(work.named_parameters())
     asked = [n for n in names if n in params and params[n].grad is not None]
-    norms = read_back([params[n].grad.detach().double().norm() for n in asked]
-                      + [params[n].detach().double().norm() for n in asked] + [loss])
+    norms = read_back([widened(params[n].grad.detach()).norm() for n in asked]
+                      + [widened(params[n].detach()).norm() for n in asked] + [loss])
     grads, weights, value = norms[:len(asked)], norms[len(asked):2 * len(asked)], norms[-1]
     within = {n for n, g, w in zip(asked, grads, weights)
               if g <= opts.exploding and (w == 0 or g / w <= opts.exploding_ratio)}

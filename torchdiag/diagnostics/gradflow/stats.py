@@ -10,6 +10,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from ...core.device import wide_float, widened
 from ...core.precision import is_reduced
 
 # per-parameter statistics read back: weight norm, then (gradient) L2, L1 and L-inf norms
@@ -33,7 +34,7 @@ class Slots:
 
         if not self.items:
             return []
-        dtype = torch.float32 if device.type == "mps" else torch.float64   # counts stay exact to 2**53
+        dtype = wide_float(device)   # counts stay exact to 2**53 (2**24 on mps)
         groups: dict = defaultdict(list)
         for i, t in enumerate(self.items):
             groups[(t.device, t.dtype)].append(i)
@@ -57,7 +58,7 @@ def norms(tensors, ord) -> list:
         if t.numel() == 0:          # no identity for the max norm; every norm of nothing is 0
             out[i] = torch.zeros((), dtype=torch.float32, device=t.device)
         elif not (t.is_floating_point() or t.is_complex()):   # a frozen int/bool parameter: norms need floats
-            out[i] = torch.linalg.vector_norm(t.double(), ord)
+            out[i] = torch.linalg.vector_norm(widened(t), ord)
         else:
             groups[(t.device, t.dtype)].append(i)
     for (_, dtype), idx in groups.items():

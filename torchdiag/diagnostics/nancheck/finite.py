@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from ...core.device import wide_float
 from ...core.readback import read_back
 
 _FULL: tuple = ()
@@ -97,7 +98,7 @@ def totals(tensors) -> list:
 
 
 def scalar_totals(scalars) -> list:
-    """The sum of 0-dim tensors (device_sum's), one float64 tensor per device (no host sync)."""
+    """The sum of 0-dim tensors (device_sum's), one tensor per device in its widest float (no host sync)."""
     parts: dict = {}
     for s in scalars:
         parts.setdefault(s.device, []).append(s)
@@ -107,7 +108,8 @@ def scalar_totals(scalars) -> list:
 def _sum(scalars):
     import torch
 
-    return torch.stack([s.to(torch.float64) for s in scalars]).sum()
+    wide = wide_float(scalars[0].device)
+    return torch.stack([s.to(wide) for s in scalars]).sum()
 
 
 def all_finite(tensors) -> bool:

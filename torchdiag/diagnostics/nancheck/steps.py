@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from ...core import train
+from ...core.device import wide_float, widened
 from ...core.guard import restore_buffers, snapshot_buffers
 from ...core.readback import read_back
 from ...errors import ModelError
@@ -20,11 +21,11 @@ HINT = "lower the learning rate, clip gradients, or look for an op that overflow
 
 
 def _norms(params) -> list:
-    """float64 norms of parameters, left on the device (read only when a step goes non-finite)."""
+    """float64 norms of parameters (float32 on mps), left on the device (read only when a step goes non-finite)."""
     import torch
 
-    return [torch.linalg.vector_norm(p.detach()).double() if p.is_complex()   # complex norms keep their own dtype
-            else torch.linalg.vector_norm(p.detach(), dtype=torch.float64) for p in params]
+    return [widened(torch.linalg.vector_norm(p.detach())) if p.is_complex()   # complex norms keep their own dtype
+            else torch.linalg.vector_norm(p.detach(), dtype=wide_float(p.device)) for p in params]
 
 
 def grew_most(work, start: dict) -> dict | None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ...core.device import wide_float, widened
+
 FEW = 2
 CODE = "capacity-limited"
 
@@ -47,9 +49,11 @@ def pick(batch: int | None, target, inputs=None) -> list[int] | None:
     first = usable.int().argmax()          # the first usable row (row 0 unless its target is all ignored)
     differs = (flat != flat[first]).any(dim=1) & usable & usable[first]
     x = _first_float(inputs, batch)
-    far = (x - x[first.to(x.device)]).double().norm(dim=1).to(differs.device) if x is not None else differs.double() * 0
+    wide = wide_float(differs.device)   # float32 on mps (no float64 there)
+    far = widened(x - x[first.to(x.device)]).norm(dim=1).to(differs.device, wide) if x is not None \
+        else differs.to(wide) * 0
     # one read: the anchor, and the rows whose target differs scored by their distance from it (-1 for the others)
-    score = torch.cat([first.double().reshape(1), torch.where(differs, far, -1.0)]).tolist()
+    score = torch.cat([first.to(wide).reshape(1), torch.where(differs, far, -1.0)]).tolist()
     anchor, score = int(score[0]), score[1:]
     best = max(range(batch), key=lambda i: (score[i], -i))
     return [anchor, best] if score[best] >= 0 else None

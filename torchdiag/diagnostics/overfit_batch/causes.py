@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ...core.device import widened
+
 SAME_REL = 1e-6          # samples whose outputs differ by less than this (relative) are "identical"
 NEAR_SAME = 0.05         # ... or the probabilities they give the batch's labels by less than this, with a
                          # cross-entropy at the label entropy (a collapse short of exact: _near_same)
@@ -458,7 +460,7 @@ def _layernorm_floor(y, t, dims, tol: float, goal: float, fits: dict | None = No
     for d in dims:
         if d in fits and fits[d] is None:   # told before in this run: a LayerNorm's range too small to matter
             return None
-        rows, trows = (a.movedim(d, -1).reshape(-1, y.shape[d]).double() for a in (y, t))
+        rows, trows = (widened(a.movedim(d, -1).reshape(-1, y.shape[d])) for a in (y, t))
         n, k = rows.shape
         if n < 2 * (k + 1):
             continue

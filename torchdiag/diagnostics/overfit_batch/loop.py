@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from ...core import train
+from ...core.device import wide_float
 from ...core.distributed import is_sharded, local_shard
 from ...core.functional_dropout import FunctionalDropoutOff
 from ...core.rounding import stagnation_counts
@@ -401,8 +402,9 @@ class Trainer:
 
         changed = [(p.detach() != self.start[n]).any() for n, p in self.trainable]
         ever = self.ever_nonzero if self.ever_nonzero is not None else torch.zeros(len(self.trainable), dtype=torch.bool)
-        parts = [torch.stack(changed).to(ever.device).double(), ever.double()]
-        parts += [c.to(ever.device).double() for _, c in self.stagnation + self.late[1]]
+        wide = wide_float(ever.device)   # counts: float32 on mps (no float64), exact to 2**24
+        parts = [torch.stack(changed).to(ever.device, wide), ever.to(wide)]
+        parts += [c.to(ever.device, wide) for _, c in self.stagnation + self.late[1]]
         flags = torch.cat(parts).tolist()
         k, first = len(self.trainable), 2 * len(self.stagnation)
         self.stagnant_counts, self.late_counts = flags[2 * k:2 * k + first], flags[2 * k + first:]

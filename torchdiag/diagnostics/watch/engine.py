@@ -23,6 +23,7 @@ import functools
 import math
 import weakref
 
+from ...core.device import wide_float
 from ...errors import one_line
 from .children import Children
 from .clip import ClipNorms, combined
@@ -1597,8 +1598,9 @@ class Engine:
         seen = (id(track), tuple(codes))
         if seen in self._reach_seen:
             return self._reach_seen[seen]
-        names = frozenset(track.names[k * 52 + j] for k, v in enumerate(codes) for j in range(52)
-                          if int(v) >> j & 1 and k * 52 + j < len(track.names))
+        b = track.word_bits
+        names = frozenset(track.names[k * b + j] for k, v in enumerate(codes) for j in range(b)
+                          if int(v) >> j & 1 and k * b + j < len(track.names))
         key = next((i for i, known in enumerate(self.reach_sets) if known == names), None)
         if key is None and len(self.reach_sets) < REACH_SETS:
             key = len(self.reach_sets)
@@ -2030,16 +2032,19 @@ def _norm_overflow(rep: dict, event: dict, loss, tracks) -> dict:
 def _largest_finite_gradient(tracks) -> float | None:
     """The largest |gradient| of every watched optimizer's parameters (a review: the model last called was another
     model, a tensor the optimizer holds was in no model) where every one is finite, else None. One sync, at an event
-    only; in float64 (a float64 model's 1e40 is finite)."""
+    only per device; in its widest float (a float64 model's 1e40 is finite; mps has no float64)."""
     import torch
 
     grads = [p.grad for t in tracks for p in t.params if p.grad is not None]
     if not grads:
         return None
+    by_device: dict = {}
     try:
         with torch.no_grad():
-            value = float(torch.stack([n.to(torch.float64).cpu() for n in torch._foreach_norm(grads, float("inf"))]).max())
-    except (RuntimeError, TypeError):   # a device without float64: the event stays as it is
+            for n in torch._foreach_norm(grads, float("inf")):
+                by_device.setdefault(n.device, []).append(n)
+            value = max(float(torch.stack([n.to(wide_float(d)) for n in norms]).max()) for d, norms in by_device.items())
+    except (RuntimeError, TypeError):   # a norm that cannot be taken: the event stays as it is
         return None
     return value if math.isfinite(value) else None
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import weakref
 
+from ...core.device import wide_float
+
 
 class Probe:
     """What a module called under no_grad held at its first such call."""
@@ -114,7 +116,8 @@ TWINS = 0.9   # of a model's weights with an equal twin among the trained ones: 
 
 
 def prints(tensors: list) -> list[tuple]:
-    """Each tensor's (shape, sum, sum of squares) in float64: one read (a device's values each moved to the CPU)."""
+    """Each tensor's (shape, sum, sum of squares) in its device's widest float: one read (a device's values each moved
+    to the CPU)."""
     return read_prints(pending_prints(tensors))
 
 
@@ -124,8 +127,8 @@ def pending_prints(tensors: list) -> tuple[list, list]:
 
     with torch.no_grad():
         real = [torch.view_as_real(q.detach()) if q.is_complex() else q.detach() for q in tensors]
-        return [tuple(q.shape) for q in tensors], [torch.stack([q.double().sum(), q.double().square().sum()])
-                                                   for q in real]
+        wide = [q.to(wide_float(q.device)) for q in real]
+        return [tuple(q.shape) for q in tensors], [torch.stack([q.sum(), q.square().sum()]) for q in wide]
 
 
 def read_prints(pending: tuple[list, list]) -> list[tuple]:
@@ -185,9 +188,10 @@ def observe(probe: Probe, trained: set[int]):
     live = [(n, bn, before) for n, r, before in probe.bns if (bn := r()) is not None]
     with torch.no_grad():
         now = torch.stack([_fingerprint(p).to(params[0].device) for p in params]).sum()
-        values = torch.stack([(now == probe.sum.to(now.device)).double()]
-                             + [b.num_batches_tracked.double().to(now.device) for _, b, _ in live]
-                             + [before.double().to(now.device) for _, _, before in live])
+        wide = wide_float(now.device)
+        values = torch.stack([(now == probe.sum.to(now.device)).to(wide)]
+                             + [b.num_batches_tracked.to(now.device, wide) for _, b, _ in live]
+                             + [before.to(now.device, wide) for _, _, before in live])
     return m.training, [n for n, _, _ in live], values
 
 

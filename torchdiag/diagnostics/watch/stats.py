@@ -6,6 +6,8 @@ import functools
 import math
 import weakref
 
+from ...core.device import wide_float
+
 SAMPLE = 256          # elements per parameter sampled for the update/weight ratio
 CARRY_PROBES = 4      # parameters per optimizer whose old gradient is looked at in the next backward
 OPPOSED = -0.5        # cosine under which the gradient a backward adds pulls against the one already there
@@ -29,6 +31,8 @@ class Track:
         self.unfound = 0               # of its trainable parameters, those no watched model holds (engine._searching)
         self.names = [f"param_groups[{gi}][{j}]" for gi, g in enumerate(opt.param_groups) for j in range(len(g["params"]))]
         self.device = self.params[0].device if self.params else torch.device("cpu")
+        self.wide = wide_float(self.device)   # float64, float32 on mps (no float64 there)
+        self.word_bits = round(-math.log2(torch.finfo(self.wide).eps))   # a reach code's bits a word (52, 23)
         n = len(self.params)
         self.first_bad_dev = torch.full((n,), -1, dtype=torch.long, device=self.device)
         self.first_bad = None          # host: (step, [names]) once a read saw it
@@ -76,7 +80,7 @@ class Track:
         self.probes: list = []
         self._unkept: list = []        # per probed parameter (weakref, its look no accumulation followed, if any)
         self._zero = torch.zeros((), dtype=torch.float32, device=self.device)   # the carry probe's "no gradient"
-        self._zero3 = torch.zeros(3, dtype=torch.float64, device=self.device)
+        self._zero3 = torch.zeros(3, dtype=self.wide, device=self.device)
         # (dtypes written out: a script's torch.set_default_dtype(torch.float64) is not ours; a review: index_add_ of
         # float32 counts into a float64 default stopped watch at step 1)
         # on the CPU the device is the host: a one-element flag per step is looked at through a shared
@@ -416,11 +420,11 @@ class Track:
             if p.grad.is_sparse or new.is_sparse or p.grad.shape != new.shape:
                 continue
             with torch.no_grad():
-                rest = p.grad.detach().double() - new.detach().double()
+                rest = p.grad.detach().to(self.wide) - new.detach().to(self.wide)
                 old2, on = dot[1], dot[0]
                 scale = (old2 * dot[2]).sqrt()
                 same = ((rest.square().sum() - old2).abs() <= 1e-3 * old2) & \
-                    (((rest * new.detach().double()).sum() - on).abs() <= 1e-3 * scale)
+                    (((rest * new.detach().to(self.wide)).sum() - on).abs() <= 1e-3 * scale)
                 self.fired.append(flag * same.float())
             self.fired_dots.append(dot)
             self.fired_at.append(mark)
@@ -461,7 +465,7 @@ class Track:
                 at = torch.tensor(steps, device=self.device)[bad.to(torch.uint8).argmax(0)]
                 hit = bad.any(0) & (self.first_bad_dev < 0)
                 self.first_bad_dev = torch.where(hit, at, self.first_bad_dev)
-                out.append(("grad_norm", (self, steps), rows.double().square().sum(1).sqrt()))
+                out.append(("grad_norm", (self, steps), rows.to(self.wide).square().sum(1).sqrt()))
                 out.append(("grads", (self, steps), torch.where(bad, 0.0, rows).amax(0)))
                 out.append(("reach", (self, steps), self._reach_codes(rows)))
         out.append(("first_bad", self, self.first_bad_dev))
@@ -473,17 +477,18 @@ class Track:
         return out
 
     def _reach_codes(self, rows):
-        """Per step, which parameters its gradient reached (a norm not 0) as c = ceil(n / 52) float64s, parameter i
-        bit i % 52 of the (i // 52)th: sums of distinct powers of two under 2**53 are exact in any order, so a set reads
-        back exactly (report._reach_groups: tasks sampled per step, each through its own head)."""
+        """Per step, which parameters its gradient reached (a norm not 0) as c = ceil(n / b) floats, parameter i bit
+        i % b of the (i // b)th, b = word_bits (52 in float64, 23 on mps): sums of distinct powers of two under
+        2**(b+1) are exact in any order, so a set reads back exactly (report._reach_groups: tasks sampled per step,
+        each through its own head)."""
         import torch
 
-        n = rows.shape[1]
+        n, b = rows.shape[1], self.word_bits
         if self._bits is None or self._bits.shape[0] != n:
             i = torch.arange(n, device=self.device)
-            self._bits = torch.zeros((n, max(1, -(-n // 52))), dtype=torch.float64, device=self.device)
-            self._bits[i, i // 52] = torch.pow(2.0, (i % 52).double())
-        return (rows != 0).double() @ self._bits
+            self._bits = torch.zeros((n, max(1, -(-n // b))), dtype=self.wide, device=self.device)
+            self._bits[i, i // b] = torch.pow(2.0, (i % b).to(self.wide))
+        return (rows != 0).to(self.wide) @ self._bits
 
     def _norms(self):
         """Per parameter, its L2 norm (no detach: under no_grad nothing is recorded, and a detach is an op each)."""
@@ -943,7 +948,7 @@ def _host_value(v) -> float:
 
 
 def read_parts(parts) -> list[list[float]]:
-    """The values of several device tensors, one `.tolist()` (one sync) per device."""
+    """The values of several device tensors, one `.tolist()` (one sync) per device, in its widest float."""
     import torch
 
     by_device: dict = {}
@@ -951,7 +956,8 @@ def read_parts(parts) -> list[list[float]]:
         by_device.setdefault(t.device, []).append(i)
     out: list = [None] * len(parts)
     for idx in by_device.values():
-        flat = torch.cat([parts[i].detach().reshape(-1).to(torch.float64) for i in idx]).tolist()
+        wide = wide_float(parts[idx[0]].device)
+        flat = torch.cat([parts[i].detach().reshape(-1).to(wide) for i in idx]).tolist()
         pos = 0
         for i in idx:
             n = parts[i].numel()
@@ -1072,11 +1078,11 @@ def _dot_norms(old, new, zero3):
             sq = [(t._values() if t.is_sparse else t).float().pow(2).sum() for t in (a, b)]
             dot = (a * b).coalesce()._values().float().sum() if a.is_sparse and b.is_sparse else \
                 (a.to_dense() * b if a.is_sparse else a * b.to_dense()).float().sum()
-            return torch.stack([dot, sq[0], sq[1]]).double()
+            return torch.stack([dot, sq[0], sq[1]]).to(zero3.dtype)
         a, b = old.detach().reshape(-1), new.detach().reshape(-1)
         a, b = (a if a.dtype == torch.float32 else a.float()), (b if b.dtype == torch.float32 else b.float())
         b = b.to(a.device)
-        return torch.stack([a @ b, a @ a, b @ b]).double()
+        return torch.stack([a @ b, a @ a, b @ b]).to(zero3.dtype)
     except Exception:   # noqa: BLE001 - a look only
         return zero3
 
