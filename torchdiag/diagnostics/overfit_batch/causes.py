@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from ...core.device import widened
+from .span import span_floor
 
 SAME_REL = 1e-6          # samples whose outputs differ by less than this (relative) are "identical"
 NEAR_SAME = 0.05         # ... or the probabilities they give the batch's labels by less than this, with a
@@ -331,6 +332,9 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
             causes.own_floor, causes.scaled = _own_floor(out, trainer.loss_fn)
             start = curve.first_terms[0][1] if curve.first_terms else curve.losses[0]   # the first output's own term
             causes.out_of_range = made_target_floor(out, trainer.loss_fn, opts.target_ratio * start, trainer.fits)
+            if causes.out_of_range is None and not curve.first_terms and _made_mse(trainer.loss_fn):
+                causes.out_of_range = span_floor(trainer.work, trainer.batch.call, primary_output(out)[0],
+                                                 trainer.loss_fn.target)
             if causes.out_of_range and curve.first_terms:
                 causes.term_floors = term_floors(out, trainer.loss_fn, causes.out_of_range, curve.first_terms, opts)
         except Exception:
@@ -380,9 +384,13 @@ def made_target_floor(out, loss, goal: float = 0.0, fits: dict | None = None) ->
     (each term against its own: `term_floors`, report._at_term_floors)."""
     from ...core.loss import primary_output
 
-    if getattr(loss, "chosen", "") != "mse" or not getattr(loss, "made_target", False) or loss.target is None:
+    if not _made_mse(loss):
         return None
     return range_floor(primary_output(out)[0], loss.target, goal, fits)
+
+
+def _made_mse(loss) -> bool:
+    return getattr(loss, "chosen", "") == "mse" and bool(getattr(loss, "made_target", False)) and loss.target is not None
 
 
 def term_floors(out, loss, first: dict, starts: list, opts) -> list | None:

@@ -609,6 +609,9 @@ def _within_range(result, curve, opts, out_of_range: dict | None) -> bool:
         return False
     below = ("the closest output in that range torchdiag fitted to it gets to" if out_of_range.get("fitted")
              else "no output in that range gets below")   # a fit is an estimate from above, not a bound
+    if final - floor > opts.target_ratio * (initial - floor) and out_of_range.get("span") and \
+            initial - final >= SPAN_WAY * (initial - floor):
+        return _out_of_reach(result, out_of_range, initial, final, floor)
     if final - floor > opts.target_ratio * (initial - floor):   # said, the verdict as it is: a sigmoid or tanh nears
         result.notes.append(   # its bounds only as its logits grow without end, and the floor lies at those bounds
             f"every output value keeps to {out_of_range['kind']}: against the random target torchdiag drew, {below} "
@@ -620,11 +623,32 @@ def _within_range(result, curve, opts, out_of_range: dict | None) -> bool:
     result.add("made-target-out-of-range", "info", "", f"every output value keeps to {out_of_range['kind']}, and "
                f"the random target torchdiag drew (normal, mean 0, std 1) lies partly outside it: {below} "
                f"{_fmt(floor)} ({floor / initial:.3g} × the start); the loss reached {_fmt(final)}, the "
-               f"batch memorised as far as the range allows. If the real targets go beyond that range (a regression "
-               f"target behind a final sigmoid or tanh), the output cannot fit them: that is a bug",
+               f"batch memorised as far as the range allows. If the real targets go beyond that range ("
+               f"{out_of_range.get('real', 'a regression target behind a final sigmoid or tanh')}), the output cannot "
+               "fit them: that is a bug",
                hint="judge it against its real targets: --batch with them, or a --loss PATH:fn of your own")
     result.verdict = (f"PASS: the batch is memorised within the output's range ({out_of_range['kind']}): loss "
                       f"{_fmt(initial)} → {_fmt(final)}, its floor {_fmt(floor)}")
+    return True
+
+
+SPAN_WAY = 0.9   # of the fall to a span's floor (span.py: a bound from below) that says the features learned the target
+
+
+def _out_of_reach(result, out_of_range: dict, initial: float, final: float, floor: float) -> bool:
+    """The random target lies outside what the last layer's span can make, and the loss went most of the way to the
+    SVD's floor (a bound from below: a normalisation before the layer keeps its rows on a sphere, which costs more).
+    A frozen or dead trunk gets nowhere near it (fixed features fit a random target's share of their own dimensions),
+    so this says the model learned; whether it memorises is not told: a warning, not cannot-overfit."""
+    way = (initial - final) / (initial - floor)
+    result.add("made-target-out-of-reach", "warning", "",
+               f"every output keeps to {out_of_range['kind']}, and the random target torchdiag drew (normal, mean 0, "
+               f"std 1) does not: no output gets below {_fmt(floor)} ({floor / initial:.3g} × the start). The loss "
+               f"went {100 * way:.0f}% of the way there ({_fmt(initial)} → {_fmt(final)}), so the model trains; "
+               "whether it memorises a batch is not told by this target",
+               hint="judge it against its real targets: --batch with them, or a --loss PATH:fn of your own")
+    result.verdict = (f"INCONCLUSIVE: the made-up target is beyond the last layer's span; the loss went {100 * way:.0f}% "
+                      f"of the way to its floor ({_fmt(initial)} → {_fmt(final)}, floor {_fmt(floor)})")
     return True
 
 

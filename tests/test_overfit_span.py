@@ -1,0 +1,93 @@
+"""overfit-batch against its own random target where the last layer's span cannot hold it (span.py, fifty-fourth
+session): transformers' masked-image-modelling heads (a 1x1 convolution from the hidden width to a patch's pixels,
+then PixelShuffle) levelled at the SVD's floor for their shapes and were a false cannot-overfit."""
+from __future__ import annotations
+
+import json
+import textwrap
+
+import torch
+import torch.nn as nn
+
+from torchdiag.diagnostics.overfit_batch.span import span_floor
+
+
+def test_a_masked_image_modelling_head_is_out_of_reach_not_cannot_overfit(cli, tmp_path):
+    import transformers
+
+    cfg = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                 image_size=64, patch_size=8, encoder_stride=8)
+    cfg.architectures = ["ViTForMaskedImageModeling"]
+    cfg.save_pretrained(tmp_path / "mim")
+    r = cli("overfit-batch", f"hf:{tmp_path / 'mim'}", "--json")
+    doc = json.loads(r.stdout)
+    codes = {f["code"]: f for f in doc["findings"]}
+    assert r.code == 0 and "cannot-overfit" not in codes, (r.code, list(codes))
+    found = codes["made-target-out-of-reach"]
+    assert found["severity"] == "warning"
+    assert "decoder.0" in found["message"] and "rank ≤ 33 over 128 rows of 192 values" in found["message"]
+    assert doc["passed"] is False
+
+
+FROZEN = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+
+    class FrozenTrunk(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.trunk = nn.Sequential(nn.Conv2d(3, 4, 4, stride=4), nn.GELU())
+            for p in self.trunk.parameters():
+                p.requires_grad_(False)   # the bug: a trunk left frozen at its random init
+            self.decoder = nn.Sequential(nn.Conv2d(4, 48, 1), nn.PixelShuffle(4))
+
+        def forward(self, x):
+            return self.decoder(self.trunk(x))
+
+    def build():
+        return FrozenTrunk()
+
+    def example_inputs():
+        return torch.randn(2, 3, 32, 32)
+''')
+
+
+def test_a_frozen_trunk_under_the_same_head_stays_cannot_overfit(cli, tmp_path):
+    """Fixed features fit only their own dimensions' share of a random target: far from the span's floor."""
+    (tmp_path / "frozen_mim.py").write_text(FROZEN)
+    r = cli("overfit-batch", f"{tmp_path / 'frozen_mim.py'}:build", "--json")
+    doc = json.loads(r.stdout)
+    codes = [f["code"] for f in doc["findings"]]
+    assert r.code == 1 and "cannot-overfit" in codes and "made-target-out-of-reach" not in codes, codes
+
+
+class _FreeRows(nn.Module):
+    """Rows of free features (one parameter per value) through a Linear of h inputs, shuffled: the best any training
+    reaches is the span's own floor."""
+
+    def __init__(self, rows: int, h: int, width: int):
+        super().__init__()
+        self.features = nn.Parameter(torch.randn(rows, h))
+        self.head = nn.Linear(h, width)
+        self.order = torch.randperm(rows * width, generator=torch.Generator().manual_seed(1))
+
+    def forward(self, x):
+        return self.head(self.features + 0 * x.sum()).reshape(-1)[self.order].reshape(x.shape[0], -1)
+
+
+def test_the_span_floor_is_what_training_free_features_reaches():
+    """The floor against a target drawn here: training the free rows and the head with Adam ends at it from above
+    (a bound from below that is also reached), found through the shuffle."""
+    torch.manual_seed(0)
+    model = _FreeRows(rows=64, h=6, width=24)
+    x = torch.randn(8, 3)
+    target = torch.randn(8, 64 * 24 // 8)
+    found = span_floor(model, lambda m: m(x), model(x), target)
+    assert found is not None and "rank ≤ 7 over 64 rows of 24 values" in found["kind"]
+    opt = torch.optim.Adam(model.parameters(), 0.02)
+    for _ in range(3000):
+        loss = torch.nn.functional.mse_loss(model(x), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert found["floor"] <= loss.item() <= 1.05 * found["floor"], (found["floor"], loss.item())
