@@ -552,7 +552,9 @@ def _with_optional(inputs: ModelInputs, loaded, device, seed: int, dtype: str | 
             return inputs
         wide.source = inputs.source + f"; {_wide_note(*probed.width)}"
         return wide
-    if probed.out is not None or not probed.names:
+    if probed.out is None and not probed.names:   # no input named, no width: perhaps candidates per sample
+        return _choices_run(tuple(loaded.default_inputs), loaded, device, seed, dtype) or inputs
+    if probed.out is not None:
         return inputs
     specs = tuple(loaded.default_inputs)
     grown = optional_inputs.completed([specs], [probed], loaded, device, seed, dtype)
@@ -737,6 +739,9 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
     wide = _widened(sets, named, loaded, device, seed, dtype)
     if wide is not None:
         return wide
+    choices = _choices_run(sets[0], loaded, device, seed, dtype)
+    if choices is not None:
+        return choices
     blank_only: list = []   # a resized layout that ran but gave nothing: after every other way (Voxtral's grown one)
     asked = error_sizes.resized(sets, named, loaded, device, seed, dtype, blank_only) \
         or _resized_grown(furthest, loaded, device, seed, dtype)
@@ -749,6 +754,46 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
     chosen.source = loaded.input_source + (f"; none of {len(sets)} layouts ran: layout {k + 1}, which went furthest "
                                            f"into the model ({reached[k]} module calls before it failed), is used")
     return chosen
+
+
+CHOICES = 2   # candidates per sample in a multiple-choice layout (batch x choices x length)
+_FLAT_IDS = re.compile(r"^(?:(\w+)=)?(\d+)x(\d+):((?:int|uint|bool)\w*)(.*)$")
+
+
+def _with_choices(specs: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The layout with every 2-D integer input (batch x length: ids, their mask, their types) given CHOICES
+    candidates after the batch, as a multiple-choice head reads them (transformers' *ForMultipleChoice flattens
+    (batch, choices, length) and views its logits as (-1, choices): 2-D ids made 128 choices and the view failed);
+    None when no input is such."""
+    out, changed = [], False
+    for s in specs:
+        m = _FLAT_IDS.match(s)
+        if m is None:
+            out.append(s)
+            continue
+        name, batch, length, dtype, rest = m.groups()
+        out.append(f"{name + '=' if name else ''}{batch}x{CHOICES}x{length}:{dtype}{rest}")
+        changed = True
+    return tuple(out) if changed else None
+
+
+def _choices_run(specs: tuple[str, ...], loaded, device, seed: int, dtype: str | None) -> ModelInputs | None:
+    """`specs` with candidates per sample (_with_choices), when one probe forward of them runs and gives an output
+    that says something; else None. Asked only once the layout as given failed with no input or width named."""
+    from . import optional_inputs
+
+    choices = _with_choices(specs)
+    if choices is None:
+        return None
+    try:
+        inputs = _finish_source(spec_inputs(choices, loaded, device, seed), loaded, device)
+    except Exception:   # noqa: BLE001 - a variant that cannot be made is one that does not run
+        return None
+    probed = optional_inputs.probe(loaded.model, inputs, dtype)
+    if probed.out is None or blank_rank(probed.out):
+        return None
+    inputs.source = loaded.input_source + f"; ids as batch x {CHOICES} choices x length (the layout as given did not run)"
+    return inputs
 
 
 def _none_fit(oom: list[str], furthest, k: int, n: int) -> None:
