@@ -825,7 +825,7 @@ def test_fingerprint_in_pieces_matches_the_whole_tensor():
     x = torch.randn(n, generator=torch.Generator().manual_seed(1))
     x[5], x[det.CPU_PIECE + 3], x[-1] = float("inf"), float("nan"), -float("inf")
     det._fingerprint(torch.zeros(1))   # builds the pattern
-    w = det._PATTERNS[torch.device("cpu")].numpy()
+    w = det._PATTERNS[(torch.device("cpu"), torch.float64)].numpy()
     v = np.where(np.isfinite(x.double().numpy()), x.double().numpy(), 0.0)
     truth = [v.sum(), np.abs(v).sum(), (v * np.resize(w, n)).sum(), 3.0]
     fp = [float(f) for f in det._fingerprint(x)]

@@ -121,3 +121,16 @@ def test_gradcheck_refuses_a_device_without_float64_in_one_line(cli, no_float64)
     r = cli("gradcheck", ROOT + "mlp.py:build", "-i", "2x8")
     assert r.code == 2
     assert "gradcheck compares gradients in float64" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_gradient_norms_in_float32_do_not_overflow_where_float64_would_not():
+    """watch's total gradient norm per step, from per-parameter norms: squared in float32 a 3e20 norm overflows
+    (inf, read as a non-finite gradient); scaled by each row's largest first it stays finite."""
+    from torchdiag.diagnostics.watch.stats import _row_norms
+
+    rows = torch.tensor([[3e20, 4e20, 0.0], [3.0, 4.0, 0.0], [float("inf"), 1.0, 2.0], [0.0, 0.0, 0.0]])
+    assert rows.square().sum(1)[0].isinf()   # the naive float32 way
+    got = _row_norms(rows, torch.float32).tolist()
+    assert got[0] == pytest.approx(5e20, rel=1e-6) and got[1] == pytest.approx(5.0) and got[3] == 0.0
+    assert got[2] == float("inf")
+    assert _row_norms(rows, torch.float64).tolist()[:2] == pytest.approx([5e20, 5.0])

@@ -465,7 +465,7 @@ class Track:
                 at = torch.tensor(steps, device=self.device)[bad.to(torch.uint8).argmax(0)]
                 hit = bad.any(0) & (self.first_bad_dev < 0)
                 self.first_bad_dev = torch.where(hit, at, self.first_bad_dev)
-                out.append(("grad_norm", (self, steps), rows.to(self.wide).square().sum(1).sqrt()))
+                out.append(("grad_norm", (self, steps), _row_norms(rows, self.wide)))
                 out.append(("grads", (self, steps), torch.where(bad, 0.0, rows).amax(0)))
                 out.append(("reach", (self, steps), self._reach_codes(rows)))
         out.append(("first_bad", self, self.first_bad_dev))
@@ -937,6 +937,19 @@ def host_visible(device) -> bool:
 def nonfinite_losses(losses) -> bool:
     """On the CPU: is one of this step's losses NaN/Inf (read through numpy, as the flag: no op, no wait)."""
     return any(host_visible(v.device) and not math.isfinite(_host_value(v)) for v in losses)
+
+
+def _row_norms(rows, wide):
+    """Each row's L2 norm in `wide`; in float32 (mps) scaled by the row's largest first: the squares of a 1e20
+    gradient norm overflow float32, not float64."""
+    import torch
+
+    rows = rows.to(wide)
+    if wide == torch.float64:
+        return rows.square().sum(1).sqrt()
+    top = rows.abs().amax(1, keepdim=True)
+    scaled = top.squeeze(1) * (rows / top.clamp_min(torch.finfo(wide).tiny)).square().sum(1).sqrt()
+    return torch.where(torch.isinf(top.squeeze(1)), top.squeeze(1), scaled)   # an inf row's norm is inf, not NaN
 
 
 def _host_value(v) -> float:
