@@ -552,7 +552,7 @@ def _with_optional(inputs: ModelInputs, loaded, device, seed: int, dtype: str | 
             return inputs
         wide.source = inputs.source + f"; {_wide_note(*probed.width)}"
         return wide
-    if probed.out is None and not probed.names:   # no input named, no width: perhaps candidates per sample
+    if probed.out is None and not probed.names and _SHAPE_ERROR.search(probed.error or ""):   # candidates per sample?
         return _choices_run(tuple(loaded.default_inputs), loaded, device, seed, dtype) or inputs
     if probed.out is not None:
         return inputs
@@ -739,7 +739,7 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
     wide = _widened(sets, named, loaded, device, seed, dtype)
     if wide is not None:
         return wide
-    choices = _choices_run(sets[0], loaded, device, seed, dtype)
+    choices = _choices_run(sets[0], loaded, device, seed, dtype) if _SHAPE_ERROR.search(named[0].error or "") else None
     if choices is not None:
         return choices
     blank_only: list = []   # a resized layout that ran but gave nothing: after every other way (Voxtral's grown one)
@@ -757,6 +757,7 @@ def _first_that_runs(sets, loaded, device, seed: int, dtype: str | None = None) 
 
 
 CHOICES = 2   # candidates per sample in a multiple-choice layout (batch x choices x length)
+_SHAPE_ERROR = re.compile(r"\bshape\b|\bsize\b", re.IGNORECASE)   # a view or reshape that refused the layout
 _FLAT_IDS = re.compile(r"^(?:(\w+)=)?(\d+)x(\d+):((?:int|uint|bool)\w*)(.*)$")
 
 
@@ -779,7 +780,8 @@ def _with_choices(specs: tuple[str, ...]) -> tuple[str, ...] | None:
 
 def _choices_run(specs: tuple[str, ...], loaded, device, seed: int, dtype: str | None) -> ModelInputs | None:
     """`specs` with candidates per sample (_with_choices), when one probe forward of them runs and gives an output
-    that says something; else None. Asked only once the layout as given failed with no input or width named."""
+    that says something; else None. Asked only once the layout as given failed on a shape or size, with no input or
+    width named (a model's own bug elsewhere costs no probe)."""
     from . import optional_inputs
 
     choices = _with_choices(specs)
