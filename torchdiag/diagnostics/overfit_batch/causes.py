@@ -333,12 +333,22 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
             start = curve.first_terms[0][1] if curve.first_terms else curve.losses[0]   # the first output's own term
             causes.out_of_range = made_target_floor(out, trainer.loss_fn, opts.target_ratio * start, trainer.fits)
             if causes.out_of_range is None and not curve.first_terms and _made_mse(trainer.loss_fn):
-                causes.out_of_range = span_floor(trainer.work, trainer.batch.call, primary_output(out)[0],
-                                                 trainer.loss_fn.target)
+                causes.out_of_range = _span(trainer, out)
             if causes.out_of_range and curve.first_terms:
                 causes.term_floors = term_floors(out, trainer.loss_fn, causes.out_of_range, curve.first_terms, opts)
         except Exception:
             causes.final_same = False
+
+
+def _span(trainer, out) -> dict | None:
+    """span.span_floor on the trained copy; None when it cannot be read (its own failure is no verdict's)."""
+    from ...core.loss import primary_output
+
+    try:
+        return span_floor(trainer.work, trainer.batch.call, primary_output(out)[0], trainer.loss_fn.target,
+                          trainer.start)
+    except Exception:   # noqa: BLE001 - a floor not read leaves the verdict as it was
+        return None
 
 
 def _near_same(out, loss, last: float) -> float | None:

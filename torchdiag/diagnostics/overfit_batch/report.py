@@ -609,8 +609,7 @@ def _within_range(result, curve, opts, out_of_range: dict | None) -> bool:
         return False
     below = ("the closest output in that range torchdiag fitted to it gets to" if out_of_range.get("fitted")
              else "no output in that range gets below")   # a fit is an estimate from above, not a bound
-    if final - floor > opts.target_ratio * (initial - floor) and out_of_range.get("span") and \
-            initial - final >= SPAN_WAY * (initial - floor):
+    if out_of_range.get("span"):   # never a PASS: shrinking the output toward 0 gets most of a big start's fall
         return _out_of_reach(result, out_of_range, initial, final, floor)
     if final - floor > opts.target_ratio * (initial - floor):   # said, the verdict as it is: a sigmoid or tanh nears
         result.notes.append(   # its bounds only as its logits grow without end, and the floor lies at those bounds
@@ -632,20 +631,30 @@ def _within_range(result, curve, opts, out_of_range: dict | None) -> bool:
     return True
 
 
-SPAN_WAY = 0.9   # of the fall to a span's floor (span.py: a bound from below) that says the features learned the target
+SPAN_WAY = 0.9   # of the way from what the features before training fit to the span's floor: the model learned
+SPAN_GAP = 1.25  # ... told only where those features leave this many times the floor (rows near h: both alike)
 
 
 def _out_of_reach(result, out_of_range: dict, initial: float, final: float, floor: float) -> bool:
-    """The random target lies outside what the last layer's span can make, and the loss went most of the way to the
-    SVD's floor (a bound from below: a normalisation before the layer keeps its rows on a sphere, which costs more).
-    A frozen or dead trunk gets nowhere near it (fixed features fit a random target's share of their own dimensions),
-    so this says the model learned; whether it memorises is not told: a warning, not cannot-overfit."""
-    way = (initial - final) / (initial - floor)
+    """The random target lies outside what the last layer's span can make (span.py), and the loss went most of the
+    way from what a least-squares fit on the layer's inputs before training leaves (a frozen or dead trunk's end) to
+    the span's floor (a bound from below: a normalisation before the layer keeps its rows on a sphere, which costs
+    more): the model learned, and whether it memorises is not told by this target. A warning, not cannot-overfit.
+    Measured from the start instead, a frozen trunk under inputs 30x too large passed (a review: its first output
+    far off a target of variance 1, shrinking it earned 97% of the fall). Otherwise a note, the verdict as it is."""
+    fixed = out_of_range.get("fixed")
+    way = (fixed - final) / (fixed - floor) if fixed is not None and fixed >= SPAN_GAP * floor else None
+    said = (f"every output keeps to {out_of_range['kind']}, and the random target torchdiag drew (normal, mean 0, std "
+            f"1) does not: no output gets below {_fmt(floor)} ({floor / initial:.3g} × the start)")
+    if way is None or way < SPAN_WAY:
+        known = f"; the layer's inputs before training fit it to {_fmt(fixed)}" if fixed is not None else ""
+        result.notes.append(f"{said}{known}; the loss reached {_fmt(final)} (judge it against its real targets: "
+                            "--batch, or a --loss PATH:fn)")
+        return False
     result.add("made-target-out-of-reach", "warning", "",
-               f"every output keeps to {out_of_range['kind']}, and the random target torchdiag drew (normal, mean 0, "
-               f"std 1) does not: no output gets below {_fmt(floor)} ({floor / initial:.3g} × the start). The loss "
-               f"went {100 * way:.0f}% of the way there ({_fmt(initial)} → {_fmt(final)}), so the model trains; "
-               "whether it memorises a batch is not told by this target",
+               f"{said}. The loss went {100 * way:.0f}% of the way there from {_fmt(fixed)}, what the layer's inputs "
+               f"before training fit ({_fmt(initial)} → {_fmt(final)}), so the model learns; whether it memorises a "
+               "batch is not told by this target",
                hint="judge it against its real targets: --batch with them, or a --loss PATH:fn of your own")
     result.verdict = (f"INCONCLUSIVE: the made-up target is beyond the last layer's span; the loss went {100 * way:.0f}% "
                       f"of the way to its floor ({_fmt(initial)} → {_fmt(final)}, floor {_fmt(floor)})")

@@ -8,13 +8,27 @@ from __future__ import annotations
 
 import math
 
-MAX_WORK = 2e10     # n·C² of the Gram matrix: beyond, the floor is not asked
+MAX_WORK = 2e10     # rows·width·min(rows, width) of the Gram matrix: beyond, the floor is not asked
+MAX_SIDE = 3000     # the Gram matrix's side at most (its eigenvalues: side³ work)
 MAX_IDS = 1 << 24   # float32 holds integer ids exactly below this
 
 
-def span_floor(model, call, y, t) -> dict | None:
-    """{kind, floor, real} when `y` (the trained model's output, from `call(model)`) is a rearrangement of its last
-    weighted layer's output and that layer's span cuts the random target `t`; else None. Two no-grad forwards."""
+def span_floor(model, call, y, t, start: dict | None = None) -> dict | None:
+    """_span's reading, the model's buffers put back after it (its forwards run in the copy's train mode)."""
+    from ...core.guard import restore_buffers, snapshot_buffers
+
+    saved = snapshot_buffers(model)
+    try:
+        return _span(model, call, y, t, start)
+    finally:
+        restore_buffers(saved)
+
+
+def _span(model, call, y, t, start: dict | None = None) -> dict | None:
+    """{kind, floor, fixed, real} when `y` (the trained model's output, from `call(model)`) is a rearrangement of its
+    last weighted layer's output and that layer's span cuts the random target `t`; else None. `fixed`: the floor
+    the layer's inputs at `start` (the trainable weights before training) leave a least-squares fit, or None where it
+    is not read (a convolution wider than 1x1). Three no-grad forwards."""
     import torch
 
     if not isinstance(y, torch.Tensor) or y.shape != t.shape or not y.is_floating_point() or y.numel() >= MAX_IDS:
@@ -30,21 +44,78 @@ def span_floor(model, call, y, t) -> dict | None:
     h, width = inner
     rows = math.prod(shape) // width
     rank = h + (layer.bias is not None)
-    if rank >= min(rows, width) or rows * width * width > MAX_WORK:
+    if rank >= min(rows, width) or min(rows, width) > MAX_SIDE or rows * width * min(rows, width) > MAX_WORK:
         return None
     flat = torch.empty(y.numel(), dtype=torch.float64, device="cpu")
     flat[perm] = t.detach().reshape(-1).to("cpu", torch.float64)
-    conv = isinstance(layer, torch.nn.modules.conv._ConvNd)   # channels at dim 1; a Linear's features last
-    target = (flat.reshape(shape).movedim(1, -1) if conv else flat).reshape(rows, width)
-    if layer.bias is not None:   # the bias takes each column's mean; the rest is a rank-h fit (Eckart-Young)
-        target = target - target.mean(0)
-    eig = torch.linalg.eigvalsh(target.T @ target).clamp_min(0)   # ascending: σ² of the target's rows
-    floor = float(eig[:width - h].sum()) / y.numel()
-    what = "convolution" if conv else "Linear"
-    return {"kind": f"the span of its last layer, {name} (a {what} of {h} inputs per output row: rank ≤ {rank} over "
-                    f"{rows} rows of {width} values)",
-            "floor": floor, "span": True,
+    target = _as_rows(flat.reshape(shape), layer)
+    return {"kind": f"the span of its last layer, {name} (a {_what(layer)} of {h} inputs per output row: rank ≤ {rank} "
+                    f"over {rows} rows of {width} values)",
+            "floor": _rank_fit(target, h, layer.bias is not None),
+            "fixed": _fixed_fit(model, call, layer, start, target) if start is not None else None, "span": True,
             "real": "more detail in a row than the layer's inputs carry"}
+
+
+def _as_rows(x, layer):
+    """A layer's output or input as (rows, features): a Linear's features last, a convolution's channels at dim 1
+    (dim 0 unbatched)."""
+    import torch
+
+    if isinstance(layer, torch.nn.Linear):
+        return x.reshape(-1, x.shape[-1])
+    ch = 1 if x.dim() == len(layer.kernel_size) + 2 else 0
+    return x.movedim(ch, -1).reshape(-1, x.shape[ch])
+
+
+def _what(layer) -> str:
+    import torch
+
+    return "Linear" if isinstance(layer, torch.nn.Linear) else "convolution"
+
+
+def _rank_fit(target, h: int, bias: bool) -> float:
+    """The mse left by the best rank-h fit of the rows (Eckart-Young; a bias takes each column's mean first), from
+    the smaller side's Gram matrix (the same non-zero eigenvalues)."""
+    import torch
+
+    if bias:
+        target = target - target.mean(0)
+    gram = target @ target.T if target.shape[0] < target.shape[1] else target.T @ target
+    eig = torch.linalg.eigvalsh(gram).clamp_min(0)   # ascending: the squared singular values
+    return float(eig.sum() - eig[len(eig) - h:].sum()) / target.numel()
+
+
+def _fixed_fit(model, call, layer, start: dict, target) -> float | None:
+    """The mse a least-squares fit of the target rows leaves on the layer's inputs as they were before training (the
+    trained weights swapped for `start` for one forward, then put back): what a model that learned nothing before
+    the layer reaches. None for a convolution other than 1x1 at stride 1 (its rows read patches)."""
+    import torch
+
+    if not isinstance(layer, torch.nn.Linear) and (any(k != 1 for k in layer.kernel_size)
+                                                     or any(s != 1 for s in layer.stride)):
+        return None
+    seen: dict = {}
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        trained = {n: params[n].detach().clone() for n in start if n in params}
+        handle = layer.register_forward_pre_hook(lambda m, args: seen.setdefault("x", args[0].detach().clone()))
+        try:
+            for n, v in start.items():
+                if n in params:
+                    params[n].copy_(v)
+            call(model)
+        finally:
+            handle.remove()
+            for n, v in trained.items():
+                params[n].copy_(v)
+    if "x" not in seen:
+        return None
+    x = _as_rows(seen["x"].to("cpu", torch.float64), layer)
+    if x.shape[0] != target.shape[0]:
+        return None
+    x = torch.cat([x, torch.ones_like(x[:, :1])], dim=1) if layer.bias is not None else x
+    fit = x @ torch.linalg.lstsq(x, target).solution
+    return float((target - fit).square().sum()) / target.numel()
 
 
 def _last_layer(model, call, numel: int):
