@@ -102,7 +102,8 @@ CASES = [
     ("cnn.py:build", "summary"), ("cnn.py:build", "flops"), ("cnn.py:build", "nancheck"),
     ("cnn.py:build", "gradflow"), ("cnn.py:build", "doctor"), ("cnn.py:build", "overfit-batch"),
     ("cnn.py:build", "activations"), ("cnn.py:build", "lr-find"), ("gpt_tiny.py:build", "attention"),
-    ("gpt_tiny.py:build", "doctor"), ("broken_exploding.py:build", "gradflow"),
+    ("gpt_tiny.py:build", "doctor"), ("gpt_tiny.py:build", "nancheck"), ("gpt_tiny.py:build", "activations"),
+    ("broken_nan_forward.py:build", "nancheck"), ("broken_dead_relu.py:build", "gradflow"), ("gpt_tiny.py:build", "gradflow"), ("broken_exploding.py:build", "gradflow"),
     ("broken_grad_vanishing.py:build", "doctor"), ("broken_dead_relu.py:build", "activations"),
     ("broken_nan_after_steps.py:build", "nancheck"), ("by_design_gates.py:cait_like", "gradflow"),
 ]
@@ -114,6 +115,47 @@ def test_commands_make_no_float64_where_the_device_has_none(cli, no_float64, spe
         r = cli(command, ROOT + spec, "--json")
     doc = json.loads(r.stdout)
     assert r.code in (0, 1) and "error" not in doc, (r.code, r.stdout[-600:], r.stderr[-600:])
+    assert dict(no_float64.seen) == {}
+
+
+MASKED = """
+import torch
+import torch.nn as nn
+
+
+class Mask(nn.Module):   # writes -inf as a constant: core/fills.py reads the model's buffers for such values
+    def forward(self, y):
+        keep = torch.ones(y.shape[-1], dtype=torch.bool, device=y.device)
+        keep[-1] = False
+        return y.masked_fill(~keep, float("-inf"))
+
+
+class Masked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("scale", torch.ones(8))
+        self.mask = Mask()
+
+    def forward(self, x):
+        return self.mask(self.lin(x) * self.scale)
+
+
+def build():
+    return Masked()
+
+
+def example_inputs():
+    return torch.randn(4, 8)
+"""
+
+
+def test_a_mask_written_as_constants_is_read_without_float64(cli, no_float64, tmp_path):
+    """core/fills.py's look at the model's buffers for the values it writes: a float64 copy made on the device."""
+    (tmp_path / "masked.py").write_text(MASKED)
+    with no_float64:
+        r = cli("activations", f"{tmp_path / 'masked.py'}:build", "--json")
+    assert r.code in (0, 1) and "error" not in json.loads(r.stdout), (r.code, r.stderr[-600:])
     assert dict(no_float64.seen) == {}
 
 

@@ -613,19 +613,19 @@ def _pushed(mode, outputs) -> dict[str, bool]:
 
 def _held_numbers(model) -> tuple:
     """The finite values as extreme as a fill that the model's floating buffers and frozen parameters hold, read back
-    once."""
+    once a tensor, gathered as Python floats."""
     import torch
 
-    def held(t):
+    def held(t) -> list:   # as Python floats, one read a tensor as before (mps has no float64 to gather them in)
         try:
-            return t[torch.isfinite(t) & as_extreme_as_a_fill(t)].unique().double().cpu()
+            return t[torch.isfinite(t) & as_extreme_as_a_fill(t)].unique().tolist()
         except (RuntimeError, NotImplementedError):   # float8 has no isfinite (a review: an fp8 weight copy ended
-            return held(t.float()) if t.dtype != torch.float32 else t.new_zeros(0, dtype=torch.float64)  # the trace)
+            return held(t.float()) if t.dtype != torch.float32 else []   # the trace)
 
     frozen = [p for p in model.parameters() if not p.requires_grad]   # a frozen logit bias is a buffer (a review)
-    found = [held(t.detach()) for t in [*model.buffers(), *frozen] if t.is_floating_point() and t.numel()
-             and t.layout == torch.strided and t.device.type != "meta"]
-    return tuple(torch.cat(found).unique().tolist()) if found else ()
+    found = {v for t in [*model.buffers(), *frozen] if t.is_floating_point() and t.numel()
+             and t.layout == torch.strided and t.device.type != "meta" for v in held(t.detach())}
+    return tuple(sorted(found))
 
 
 def ask(model, inputs, ctx, training: bool = True) -> Fills:

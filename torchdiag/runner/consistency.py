@@ -7,6 +7,8 @@ whole (full_tensor) only for its checksum, one at a time, so no rank ever holds 
 Runs on every rank (it exchanges data): the result is the same everywhere."""
 from __future__ import annotations
 
+from ..core.device import widened
+
 STEPS = 2
 BN_STATS = ("running_mean", "running_var")
 
@@ -152,13 +154,14 @@ def _compare(entries, k: int, what: str, sess, out, whole=lambda t: t) -> None:
 
 
 def _checksum(t):
-    """Two float64 sums, plain and position-weighted (a permutation changes the second), as 2 numbers."""
+    """Two sums in the device's widest float (float64; float32 on mps), plain and position-weighted (a permutation
+    changes the second), as 2 numbers."""
     import torch
 
-    x = t.detach().flatten().to(torch.float64)
+    x = widened(t.detach().flatten())
     if x.numel() == 0:
-        return torch.zeros(2, dtype=torch.float64, device=x.device)
-    w = torch.linspace(1.0, 2.0, x.numel(), dtype=torch.float64, device=x.device)
+        return torch.zeros(2, dtype=x.dtype, device=x.device)
+    w = torch.linspace(1.0, 2.0, x.numel(), dtype=x.dtype, device=x.device)
     return torch.stack([x.sum(), (x * w).sum()])
 
 

@@ -6,6 +6,7 @@ import math
 import re
 from typing import Any
 
+from ..device import widened
 from .record import Call, storage
 
 
@@ -105,7 +106,7 @@ def _passes_alone(mod, call: Call, cut: set[int], ctx) -> float:
         real = (torch.view_as_real(o) if o.is_complex() else o).float()
         total = total.to(o.device) + real.mul(torch.randn(real.shape, generator=g).to(o.device)).sum()
     grads = torch.autograd.grad(total, list(leaves.values()), allow_unused=True)
-    return math.sqrt(sum(float(x.double().pow(2).sum()) for x in grads if x is not None))
+    return math.sqrt(sum(float(widened(x).pow(2).sum()) for x in grads if x is not None))
 
 
 def storage_names_from(modules: dict) -> dict[int, tuple[str, object]]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ...core import seeds
 from ...core.design import stochastic_depth_off
+from ...core.device import widened
 from ...core.guard import leave_no_trace
 from ...core.readback import read_back
 from ...core.tracking import run_forward
@@ -172,7 +173,7 @@ def fresh_tensor(t, g):
     if not t.is_floating_point():
         lo, hi = t.min(), t.max()
         u = torch.rand(t.shape, generator=g, device=t.device)
-        return (lo + (u * (hi - lo + 1).double()).floor().to(t.dtype)).minimum(hi)
+        return (lo + (u * widened(hi - lo + 1)).floor().to(t.dtype)).minimum(hi)
     tf = t.detach().float()
     std, mean = torch.std_mean(tf, correction=0)
     x = torch.randn(t.shape, generator=g, device=t.device)
