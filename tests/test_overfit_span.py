@@ -138,3 +138,35 @@ def test_a_span_with_fewer_rows_than_values_reads_the_smaller_side():
     t = target.double().numpy()
     sv = np.linalg.svd(t - t.mean(0), compute_uv=False)
     assert found["floor"] == pytest.approx(float((sv[2:] ** 2).sum()) / t.size, rel=1e-9)
+
+
+def test_an_elementwise_op_after_the_layer_is_no_rearrangement():
+    """A review: ids 0..n-1 pass through a leaky ReLU unchanged, so its rank-h claim was made of a model that is not
+    rank-h. Half-integer ids on both sides of 0 tell it apart; the plain shuffle is still found."""
+    class Head(nn.Module):
+        def __init__(self, leaky: bool):
+            super().__init__()
+            self.feats, self.head, self.leaky = nn.Parameter(torch.randn(32, 4)), nn.Linear(4, 48), leaky
+
+        def forward(self, x):
+            y = self.head(self.feats + 0 * x.sum()).reshape(2, 16, 48)
+            return torch.nn.functional.leaky_relu(y, 0.2) if self.leaky else y
+
+    x, target = torch.randn(2, 3), torch.randn(2, 16, 48)
+    for leaky in (False, True):
+        model = Head(leaky)
+        found = span_floor(model, lambda m: m(x), model(x), target)
+        assert (found is None) == leaky, (leaky, found)
+
+
+def test_out_of_reach_asks_more_than_an_answer_alike_for_every_sample():
+    """A review: with a batch of 2 an output the same for every sample (an ignored input) gets most of the way from
+    the start features' fit to the span's floor; the loss must also pass that answer's floor by a quarter of its way."""
+    from torchdiag.diagnostics.overfit_batch.report import _out_of_reach
+    from torchdiag.results import Result
+
+    span = {"kind": "the span of its last layer", "floor": 0.45, "fixed": 0.63, "constant": 0.47}
+    for final, warned in ((0.466, False), (0.455, True)):   # 91% and 97% of the way from 0.63 to 0.45
+        result = Result("overfit-batch")
+        assert _out_of_reach(result, span, 1.0, final, 0.45) is warned
+        assert [f.code for f in result.findings] == (["made-target-out-of-reach"] if warned else [])

@@ -633,6 +633,7 @@ def _within_range(result, curve, opts, out_of_range: dict | None) -> bool:
 
 SPAN_WAY = 0.9   # of the way from what the features before training fit to the span's floor: the model learned
 SPAN_GAP = 1.25  # ... told only where those features leave this many times the floor (rows near h: both alike)
+SPAN_WAY_PAST = 0.25   # ... and past the best answer alike for every sample by this share of its way to the floor
 
 
 def _out_of_reach(result, out_of_range: dict, initial: float, final: float, floor: float) -> bool:
@@ -642,8 +643,10 @@ def _out_of_reach(result, out_of_range: dict, initial: float, final: float, floo
     more): the model learned, and whether it memorises is not told by this target. A warning, not cannot-overfit.
     Measured from the start instead, a frozen trunk under inputs 30x too large passed (a review: its first output
     far off a target of variance 1, shrinking it earned 97% of the fall). Otherwise a note, the verdict as it is."""
-    fixed = out_of_range.get("fixed")
+    fixed, constant = out_of_range.get("fixed"), out_of_range.get("constant")
     way = (fixed - final) / (fixed - floor) if fixed is not None and fixed >= SPAN_GAP * floor else None
+    if way is not None and constant is not None and constant > floor and final > constant - SPAN_WAY_PAST * (constant - floor):
+        way = None   # an answer the same for every sample gets that far: a model that ignores its input could (a review)
     said = (f"every output keeps to {out_of_range['kind']}, and the random target torchdiag drew (normal, mean 0, std "
             f"1) does not: no output gets below {_fmt(floor)} ({floor / initial:.3g} × the start)")
     if way is None or way < SPAN_WAY:

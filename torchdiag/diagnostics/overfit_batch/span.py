@@ -10,7 +10,7 @@ import math
 
 MAX_WORK = 2e10     # rows·width·min(rows, width) of the Gram matrix: beyond, the floor is not asked
 MAX_SIDE = 3000     # the Gram matrix's side at most (its eigenvalues: side³ work)
-MAX_IDS = 1 << 24   # float32 holds integer ids exactly below this
+MAX_IDS = 1 << 23   # float32 holds the half-integer ids (_rearrangement) exactly below this
 
 
 def span_floor(model, call, y, t, start: dict | None = None) -> dict | None:
@@ -53,6 +53,7 @@ def _span(model, call, y, t, start: dict | None = None) -> dict | None:
                     f"over {rows} rows of {width} values)",
             "floor": _rank_fit(target, h, layer.bias is not None),
             "fixed": _fixed_fit(model, call, layer, start, target) if start is not None else None, "span": True,
+            "constant": float((t - t.mean(0, keepdim=True)).square().mean()) if t.dim() and t.shape[0] > 1 else None,
             "real": "more detail in a row than the layer's inputs carry"}
 
 
@@ -143,10 +144,13 @@ def _last_layer(model, call, numel: int):
 
 def _rearrangement(model, call, layer, shape, y):
     """perm with y.flatten() == layer_output.flatten()[perm] when the model's output only moves the layer's values
-    (its output replaced by ids 0..n-1 comes out a permutation of them), else None."""
+    (its output replaced by ids comes out a permutation of them), else None. The ids are half-integers on both sides
+    of 0 (-n/2 + 0.5 … n/2 - 0.5): a leaky ReLU, an ELU or a rounding after the layer keeps 0..n-1 as they are and
+    is no rearrangement (a review)."""
     import torch
 
-    ids = torch.arange(math.prod(shape), dtype=torch.float32, device=y.device).reshape(shape)
+    n = math.prod(shape)
+    ids = (torch.arange(n, dtype=torch.float32, device=y.device) - (n / 2 - 0.5)).reshape(shape)
     handle = layer.register_forward_hook(lambda m, a, out: ids.to(out.dtype) if out.dtype == torch.float32 else None)
     try:
         with torch.no_grad():
@@ -158,7 +162,7 @@ def _rearrangement(model, call, layer, shape, y):
     moved = primary_output(out)[0]
     if not isinstance(moved, torch.Tensor) or moved.shape != y.shape or moved.dtype != torch.float32:
         return None
-    perm = moved.detach().reshape(-1).to("cpu")
+    perm = moved.detach().reshape(-1).to("cpu") + (n / 2 - 0.5)
     if not bool((perm == perm.round()).all()) or not bool((perm.sort().values == torch.arange(perm.numel())).all()):
         return None
     return perm.long()
