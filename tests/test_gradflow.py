@@ -4,6 +4,7 @@ import copy
 import math
 import re
 import sys
+import types
 
 import pytest
 import torch
@@ -1909,3 +1910,16 @@ def test_a_zero_gradient_not_re_checked_for_want_of_memory_says_so(monkeypatch):
                "no memory for the copy (notes))" in f.message for f in zero), [f.message for f in zero]
     assert any(n.startswith("flagged gradients not re-checked with a short training run: ") and "not enough memory" in n
                for n in res.notes), res.notes
+
+
+def test_a_large_ratio_that_falls_with_the_loss_says_why_it_is_no_transient():
+    """CLIP's position embedding (a review): grad/weight 144 at the start, 3.3 three steps later, and the loss 18x
+    lower; the error said "not a transient" beside those numbers. Now it says the gradient fell about as fast as
+    the loss did (a saturating net whose loss rose gets no such words: the test above)."""
+    from torchdiag.diagnostics.gradflow.gated import _fell_with_loss
+
+    v = types.SimpleNamespace(before=143.9, after=3.26, losses=(1.2, 0.0648))
+    said = _fell_with_loss(v, 100.0)
+    assert "it fell 44.1x and the loss 18.5x" in said, said
+    assert _fell_with_loss(types.SimpleNamespace(before=5e4, after=400.0, losses=(1.12, 1.9)), 1000.0) == ""
+    assert _fell_with_loss(types.SimpleNamespace(before=143.9, after=120.0, losses=(1.2, 0.06)), 100.0) == ""

@@ -69,7 +69,7 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
             r["rechecked"] = v.steps if v.compared() else False   # no other parameter moved: nothing compared
             what = v.measure()
             r["recheck_fact"] = (f"{what} {v.after:.3g} after {v.steps} steps, the loss {v.losses[0]:.3g} → "
-                                 f"{v.losses[1]:.3g}")
+                                 f"{v.losses[1]:.3g}") + _fell_with_loss(v, _threshold(r, opts))
             if step_claim(r, opts) and v.steps_moderately(v.steps):
                 r.update(status=BOUNDED, allowed=False, design={"kind": BOUNDED, "why": moderate_why(v, v.steps, ctx)})
             elif step_claim(r, opts) and _near_zero(r, typical) and v.steps_alike():
@@ -198,6 +198,17 @@ def _threshold(r, opts) -> float:
     if r["status"] == "exploding-grad":
         return opts.exploding if _by_norm(r, opts) else opts.exploding_ratio
     return opts.vanishing
+
+
+def _fell_with_loss(v, threshold: float) -> str:
+    """Why a measure back under its threshold is still no transient: it fell little faster than the loss (fitting
+    the batch shrinks every gradient; core/gates.transient asks GROW times the loss's fall). A review read "not a
+    transient" beside "3.26 after 3 steps" (CLIP's position embedding, ratio 144 at the start) as a contradiction."""
+    l0, l1 = v.losses
+    if not (0 < v.after <= threshold and v.before > 0 and l0 > l1 > 0):   # (a loss that rose: no fit to explain it)
+        return ""
+    return (f" (it fell {v.before / v.after:.3g}x and the loss {l0 / l1:.3g}x: fitting the batch shrinks every "
+            "gradient, so only a fall far faster than the loss's tells a transient of the starting point)")
 
 
 def _by_norm(r, opts) -> bool:
