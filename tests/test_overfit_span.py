@@ -82,6 +82,17 @@ class _FreeRows(nn.Module):
         return self.head(self.features + 0 * x.sum()).reshape(-1)[self.order].reshape(x.shape[0], -1)
 
 
+def _adam(model, params, x, target, steps: int = 3000):
+    """`steps` Adam steps at 0.02 on `params` against `target` (mse); the last loss."""
+    opt = torch.optim.Adam(params, 0.02)
+    for _ in range(steps):
+        loss = torch.nn.functional.mse_loss(model(x), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return loss
+
+
 def test_the_span_floor_is_what_training_free_features_reaches():
     """The floor against a target drawn here: training the free rows and the head with Adam ends at it from above
     (a bound from below that is also reached), found through the shuffle."""
@@ -91,12 +102,7 @@ def test_the_span_floor_is_what_training_free_features_reaches():
     target = torch.randn(8, 64 * 24 // 8)
     found = span_floor(model, lambda m: m(x), model(x), target)
     assert found is not None and "rank ≤ 7 over 64 rows of 24 values" in found["kind"]
-    opt = torch.optim.Adam(model.parameters(), 0.02)
-    for _ in range(3000):
-        loss = torch.nn.functional.mse_loss(model(x), target)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    loss = _adam(model, model.parameters(), x, target)
     assert found["floor"] <= loss.item() <= 1.05 * found["floor"], (found["floor"], loss.item())
 
 
@@ -111,12 +117,7 @@ def test_a_frozen_feature_fit_is_what_training_the_head_alone_reaches():
     found = span_floor(model, lambda m: m(x), model(x), target, start)
     assert found["fixed"] > found["floor"]
     model.features.requires_grad_(False)
-    opt = torch.optim.Adam(model.head.parameters(), 0.02)
-    for _ in range(3000):
-        loss = torch.nn.functional.mse_loss(model(x), target)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    loss = _adam(model, model.head.parameters(), x, target)
     assert found["fixed"] <= loss.item() <= 1.02 * found["fixed"], (found["fixed"], loss.item())
 
 
