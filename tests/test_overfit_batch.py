@@ -211,6 +211,25 @@ def test_a_softmax_output_against_torchdiags_own_target_is_judged_by_the_simplex
     assert got["floor"] == pytest.approx(float(F.mse_loss(_simplex_by_hand(t), t)), rel=1e-5)
 
 
+
+def test_a_range_read_at_the_end_holds_only_where_the_start_kept_to_it():
+    """A hunt: GLPN's depth (10 x sigmoid) started near 5, its made-up target pushed every value into 0, and the end's
+    values "kept to [0, 1]": a floor of a range the model never had. The same end values from a start in [0, 1] keep
+    that range's floor (the target's distance to [0, 1], by hand)."""
+    from torchdiag.core.loss import Loss
+    from torchdiag.diagnostics.overfit_batch.causes import made_target_floor
+
+    out = torch.rand(4, 16, 16) * 0.3
+    loss = Loss("mse", seed=0)
+    loss(out)
+    t = loss.target.float()
+    kept = made_target_floor(out, loss, start=(0.02, 0.97))
+    assert kept["kind"] == "[0, 1]"
+    assert kept["floor"] == pytest.approx(float(F.mse_loss(t.clamp(0, 1), t)), rel=1e-5)
+    assert made_target_floor(out, loss, start=(4.7, 5.2)) is None
+    signed = made_target_floor(out, loss, start=(-0.5, 0.9))   # a start below 0: [-1, 1], never [0, 1]
+    assert signed["kind"] == "[-1, 1]"
+
 class _RangedFirst(torch.nn.Module):
     """DPT's shape: a first output of a fixed range (a tanh map, or a LayerNorm's rows) beside a tanh output with
     weights of its own (a pooler). Faults of the pooler: it sees the batch's mean (`stuck`), its weight is frozen at

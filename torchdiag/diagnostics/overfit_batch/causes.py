@@ -331,7 +331,8 @@ def _final_output(trainer, curve, opts, causes: Causes) -> None:
                                       "distribution": rows, "sphere": sphere is not None}
             causes.own_floor, causes.scaled = _own_floor(out, trainer.loss_fn)
             start = curve.first_terms[0][1] if curve.first_terms else curve.losses[0]   # the first output's own term
-            causes.out_of_range = made_target_floor(out, trainer.loss_fn, opts.target_ratio * start, trainer.fits)
+            causes.out_of_range = made_target_floor(out, trainer.loss_fn, opts.target_ratio * start, trainer.fits,
+                                                     curve.first_bounds)
             if causes.out_of_range is None and not curve.first_terms and _made_mse(trainer.loss_fn):
                 causes.out_of_range = _span(trainer, out)
             if causes.out_of_range and curve.first_terms:
@@ -381,7 +382,7 @@ def _near_same(out, loss, last: float) -> float | None:
     return share if share <= NEAR_SAME else None
 
 
-def made_target_floor(out, loss, goal: float = 0.0, fits: dict | None = None) -> dict | None:
+def made_target_floor(out, loss, goal: float = 0.0, fits: dict | None = None, start: tuple | None = None) -> dict | None:
     """mse against a target torchdiag drew (N(0, 1)), on an output whose trained values still keep to a range: unit
     length along the last dimension or dimension 1 (normalised embeddings, a channel-first descriptor map), each row
     a distribution (a softmax), or every value in [0, 1] or [-1, 1] (a sigmoid or tanh map). The lowest loss any
@@ -391,12 +392,30 @@ def made_target_floor(out, loss, goal: float = 0.0, fits: dict | None = None) ->
     another loss, a single value). `goal`: the loss the run had to reach (a LayerNorm's floor far below
     it is not fitted: `_layernorm_floor`). `fits`: LayerNorm floors fitted before, by dimension (the target is the
     run's own, so a fit holds for the run). With several terms (other outputs covered), the first output's floor
-    (each term against its own: `term_floors`, report._at_term_floors)."""
+    (each term against its own: `term_floors`, report._at_term_floors). `start`: start_bounds of the first step."""
     from ...core.loss import primary_output
 
     if not _made_mse(loss):
         return None
-    return range_floor(primary_output(out)[0], loss.target, goal, fits)
+    return range_floor(primary_output(out)[0], loss.target, goal, fits, start)
+
+
+def start_bounds(out, loss) -> tuple | None:
+    """(lowest, highest) value of the output a made-up mse target is fitted to, before training (one read), or None:
+    a range read at the end holds for the model only where its start kept to it too."""
+    import torch
+
+    from ...core.loss import primary_output
+
+    if not _made_mse(loss):
+        return None
+    y = primary_output(out)[0]
+    if not isinstance(y, torch.Tensor) or not y.is_floating_point() or y.numel() < 2:
+        return None
+    y = y.detach()
+    lo, hi = torch.stack([y.amin().float(), y.amax().float()]).tolist()
+    return lo, hi
+
 
 
 def _made_mse(loss) -> bool:
@@ -426,8 +445,9 @@ def term_floors(out, loss, first: dict, starts: list, opts) -> list | None:
     return floors
 
 
-def range_floor(y, t, goal: float = 0.0, fits: dict | None = None) -> dict | None:
-    """made_target_floor's reading of one output `y` against its made-up target `t`."""
+def range_floor(y, t, goal: float = 0.0, fits: dict | None = None, start: tuple | None = None) -> dict | None:
+    """made_target_floor's reading of one output `y` against its made-up target `t`; `start`: the (lowest, highest)
+    value of the same output before training (start_bounds), which the range must hold too."""
     import torch
     import torch.nn.functional as F
 
@@ -445,11 +465,13 @@ def range_floor(y, t, goal: float = 0.0, fits: dict | None = None) -> dict | Non
                                         *[c.to(y.device).float() for c in checks]]).tolist()   # one read
     if finite != 1.0:
         return None
-    unit = [d for d, o in zip(dims, off) if o < tol]
+    if start is not None and all(math.isfinite(v) for v in start):   # the range is the model's only where its first
+        lo, hi = min(lo, start[0]), max(hi, start[1])   # output kept to it too (a sweep: GLPN's sigmoid x 10, from 5,
+    unit = [d for d, o in zip(dims, off) if o < tol and lo >= -1 - tol and hi <= 1 + tol]   # ran into 0: "[0, 1]")
     if unit:   # first: unit rows keep to [-1, 1] too, and the sphere is the tighter range
         kind, near = "unit length along dimension " + str(unit[0] if unit[0] != y.dim() - 1 else -1), \
             F.normalize(t, dim=unit[0])
-    elif lo >= -tol and off[-1] < tol:
+    elif lo >= -tol and hi <= 1 + tol and off[-1] < tol:
         kind, near = "rows that are distributions (non-negative, summing to 1)", _simplex(t)
     elif lo >= -tol and hi <= 1 + tol:
         kind, near = "[0, 1]", t.clamp(0, 1)

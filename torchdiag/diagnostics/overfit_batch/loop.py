@@ -27,7 +27,13 @@ from ...errors import (
     one_line,
 )
 from ...results import Result
-from .causes import accuracy_counts, output_box, same_across_samples, sample_tensor
+from .causes import (
+    accuracy_counts,
+    output_box,
+    same_across_samples,
+    sample_tensor,
+    start_bounds,
+)
 from .sharded import global_norm, local_view
 from .trend import goal_of, judge
 
@@ -53,6 +59,7 @@ class Curve:
     first_same: bool | None = None
     differed: bool = False   # the outputs differed across samples at step 0 or at a step of SAME_AGAIN
     first_box: tuple | None = None
+    first_bounds: tuple | None = None       # made-up mse: the output's (lowest, highest) value at step 0
     seconds: float = 0.0
     scales: list[float] = field(default_factory=list)     # fp16: the GradScaler's scale each update used
     skipped: list[bool] = field(default_factory=list)     # fp16: the update was skipped (non-finite gradients)
@@ -99,6 +106,7 @@ class Trainer:
         self.group = getattr(work, "process_group", None)   # DDP's; FSDP (and the agreement) use the default one
         self.agree = _agreement(ctx, self.group)   # under a wrapper: the stop decided by every rank
         self.sharded = is_sharded(p for _, p in self.trainable)  # --wrap fsdp: DTensor parameters, read through their shards
+        self.source = None                # the user's model, untouched (report._routed copies its start)
         self.fits: dict = {}              # causes.made_target_floor's fitted LayerNorm floors, fitted once a run
         self.quiet = FunctionalDropoutOff()   # dropout drawn through torch's functions, off like the modules'
         if functional:
@@ -278,7 +286,7 @@ class Trainer:
         if self.opts.target_loss is not None or not getattr(self.loss_fn, "made_target", False) or c.first_terms:
             return False
         with torch.no_grad():
-            found = made_target_floor(out, self.loss_fn, ratio * c.losses[0], self.fits)
+            found = made_target_floor(out, self.loss_fn, ratio * c.losses[0], self.fits, c.first_bounds)
         floor = found["floor"] if found else math.nan
         return 0 < floor < c.losses[0] and c.losses[-1] - floor <= ratio * (c.losses[0] - floor)
 
@@ -332,6 +340,7 @@ class Trainer:
             c.first_same = same_across_samples(sample_tensor(out, self.batch.batch_size))[0]
             c.differed = not c.first_same
             c.first_box = output_box(out, self.loss_fn)
+            c.first_bounds = start_bounds(out, self.loss_fn)
             if lv < 0 and self.opts.target_loss is None and math.isfinite(lv):
                 raise UsageError(f"the initial loss is {lv:.6g} (< 0): a ratio to it says nothing",
                                  hint=f"give an absolute target with {self.ctx.option('target_loss')}, "
