@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from torchdiag.api import run as api_run
-from torchdiag.diagnostics.gradflow.dead import MIN_SAMPLES, fresh_tensor
+from torchdiag.core.fresh import MIN_SAMPLES, fresh_tensor
 
 
 def run(model, *args, **opts):

@@ -303,6 +303,45 @@ def reached_by_other_draws(work, inputs, names: list[str], ctx) -> tuple[set[str
     return reached, draws
 
 
+ROUTED_SAMPLES = 64   # fresh samples an input-routed parameter is asked about (an expert 3% of inputs pick: 86%)
+ROUTED_BY_INPUT = ("the forward routes each input to some of its parts (an MoE router picking experts per sample), "
+                   "and this batch sent none to them; other inputs of the same kind give them a gradient")
+
+
+ROUTED_HINT = "a batch large enough for every expert to be picked gives each a gradient"
+
+
+def routed_message(names: list[str], runs: int) -> str:
+    """The routed-by-input finding's message, one for every command that says it."""
+    shown = ", ".join(sorted(names)[:6]) + (" …" if len(names) > 6 else "")
+    return (f"{len(names)} parameter tensor(s) ({shown}) got no gradient only because the batch routed no input to "
+            f"them: {ROUTED_BY_INPUT} ({runs} fresh batch(es) on a copy)")
+
+
+def reached_by_other_inputs(work, inputs, names: list[str], ctx) -> tuple[set[str], int]:
+    """Of `names` (no gradient, and no other draw of the RNG reaching them), those that fresh inputs of the batch's
+    kind reach (core/fresh.py: the same shapes, values from each tensor's own spread), up to ROUTED_SAMPLES samples,
+    one seeded pass per fresh batch on `work`, a copy in train mode, stopping once all are reached: a forward that
+    routes by its input (a top-k router) leaves an expert without a gradient when a small batch picks none of it.
+    (reached, batches run)."""
+    from . import train
+    from .fresh import fresh_batches
+    from .tracking import run_forward
+
+    params = dict(work.named_parameters())
+    reached: set[str] = set()
+    runs = 0
+    for batch in fresh_batches(inputs, ctx.seed, samples=ROUTED_SAMPLES) if names else []:
+        runs += 1
+        work.zero_grad(set_to_none=True)
+        with ctx.seeded():
+            train.backward(ctx.loss()(run_forward(work, batch, phase="forward (fresh inputs, on a copy)")))
+        reached |= {n for n in names if n in params and params[n].grad is not None}
+        if len(reached) == len(names):
+            break
+    return reached, runs
+
+
 def never_ran(model, inputs, names: list[str], ctx) -> list[str]:
     """Of `names` (no gradient), those whose module the forward never ran or ran without them ("unused"), not cut
     off after running ("detached"): one recorded pass on the model, left as it was. What another random draw may

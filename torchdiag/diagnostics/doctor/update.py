@@ -23,6 +23,7 @@ from ...core.unreached import (
     NO_GRAD_SEVERITY,
     NOT_REACHED,
     NOT_REACHED_HINT,
+    ROUTED_HINT,
     SKIPPED_AT_RANDOM,
     by_top_module,
     in_a_stack,
@@ -31,6 +32,8 @@ from ...core.unreached import (
     not_reached,
     not_reached_message,
     reached_by_other_draws,
+    reached_by_other_inputs,
+    routed_message,
     top_module,
 )
 from ...errors import ModelError
@@ -147,7 +150,8 @@ def _report_no_grad(probe: Probe, no_grad: list[str], total: int) -> None:
 
 def _skipped_at_random(probe: Probe, names: list[str]) -> set[str]:
     """Of the no-grad `names`, those another draw of the RNG reaches on a copy (a sweep: Wav2Vec2's LayerDrop 0.1
-    skipped layer 1 in doctor's pass, an error in `check`): info, as gradflow says it. Not under torchrun (every
+    skipped layer 1 in doctor's pass, an error in `check`), or fresh inputs of the batch's kind reach (an MoE expert
+    a small batch picked none of: core/unreached.reached_by_other_inputs): info, as gradflow says it. Not under torchrun (every
     rank would have to draw alike) nor in eval mode (nothing is drawn)."""
     if not names or probe.wrapped is not None or not probe.work.training:
         return set()
@@ -159,15 +163,19 @@ def _skipped_at_random(probe: Probe, names: list[str]) -> set[str]:
         stochastic_depth_off(copy)
         names = never_ran(copy, probe.inputs, names, probe.ctx)   # a random .detach() is a cut, not a skip (a review)
         reached, draws = reached_by_other_draws(copy, probe.inputs, names, probe.ctx) if names else (set(), 0)
+        routed, runs = reached_by_other_inputs(copy, probe.inputs, [n for n in names if n not in reached], probe.ctx)
     except ModelError as exc:   # no room for a copy, or its forward failed: the verdicts stand
         probe.result.notes.append(f"parameters without a gradient not re-checked with other random draws: {exc.message}")
         return set()
+    if routed:
+        probe.result.add("routed-by-input", "info", repeats.common_path(sorted(routed)) or "(root)",
+                         routed_message(sorted(routed), runs), hint=ROUTED_HINT)
     if reached:
         probe.result.add("skipped-at-random", "info", repeats.common_path(sorted(reached)) or "(root)",
                          f"{len(reached)} parameter tensor(s) ({', '.join(sorted(reached)[:6])}"
                          f"{' …' if len(reached) > 6 else ''}) got no gradient only because the judged pass skipped "
                          f"them at random: {SKIPPED_AT_RANDOM} ({draws} more draw(s) on a copy)")
-    return reached
+    return reached | routed
 
 
 def _forward_after_step(probe: Probe, with_grad, before, after_step) -> tuple:

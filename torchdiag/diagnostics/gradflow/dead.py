@@ -13,18 +13,15 @@ pushed far negative (a bias of -5 or -1e3) is dead, one hovering just below zero
 Statistics stay on the device; the counts come back in one read. Runs only when a module is flagged."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from ...core import seeds
 from ...core.design import stochastic_depth_off
-from ...core.device import widened
+from ...core.fresh import MIN_SAMPLES, fresh_batches
 from ...core.guard import leave_no_trace
 from ...core.readback import read_back
 from ...core.tracking import run_forward
 from ...errors import ModelError
 
-MIN_SAMPLES = 16    # fresh samples a flagged module is re-judged on (besides the judged batch)
 MARGIN = 0.5        # × the module's pre-activation std: how far below the zero point a dead unit stays
 
 RULE = (f"a unit is dead when its input stays below the activation's zero point by more than {MARGIN:g}× the "
@@ -138,48 +135,3 @@ def _passes(model, batches, opts, ctx, modules, accs) -> None:
     finally:
         for h in handles:
             h.remove()
-
-
-def fresh_batches(inputs, seed: int, min_dim: int = 0) -> list:
-    """Batches of the same shapes as `inputs`, enough for MIN_SAMPLES samples, that differ from each other (the
-    tensors of fewer than `min_dim` dimensions kept as given); none when no tensor would be made fresh."""
-    import torch
-
-    n = inputs.batch_size or 1
-    out, made = [], [0]
-    for k in range(math.ceil(MIN_SAMPLES / n)):
-        gens: dict = {}
-
-        def fresh(t, k=k, gens=gens):
-            if t.dim() < min_dim:
-                return t
-            if t.device not in gens:
-                gens[t.device] = torch.Generator(device=t.device).manual_seed(seeds.fresh_batch(seed, k))
-            new = fresh_tensor(t, gens[t.device])
-            made[0] += new is not t
-            return new
-        out.append(inputs.map(fresh))
-    return out if made[0] else []
-
-
-def fresh_tensor(t, g):
-    """Float: Gaussian noise with the tensor's mean and std, each sample with its own scale (0.5–2×)
-    and offset per index of dim 1 (an image's channel: a colour cast); integer: uniform in the
-    tensor's own [min, max] (ids stay in range, an all-ones mask stays all ones); others as given."""
-    import torch
-
-    if t.is_nested or t.is_sparse or t.numel() == 0 or t.dtype == torch.bool or t.is_complex():
-        return t
-    if not t.is_floating_point():
-        lo, hi = t.min(), t.max()
-        u = torch.rand(t.shape, generator=g, device=t.device)
-        return (lo + (u * widened(hi - lo + 1)).floor().to(t.dtype)).minimum(hi)
-    tf = t.detach().float()
-    std, mean = torch.std_mean(tf, correction=0)
-    x = torch.randn(t.shape, generator=g, device=t.device)
-    if t.dim() >= 2:
-        per = (t.shape[0],) + (1,) * (t.dim() - 1)
-        scale = torch.rand(per, generator=g, device=t.device) * 1.5 + 0.5
-        offset = torch.randn((t.shape[0], t.shape[1]) + (1,) * (t.dim() - 2), generator=g, device=t.device)
-        x = x * scale + offset
-    return (x * std + mean).to(t.dtype)

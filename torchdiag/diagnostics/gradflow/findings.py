@@ -183,6 +183,7 @@ DESIGN_TITLES = {
     "tiny-by-construction": "have a huge grad/weight ratio only because their value is tiny by construction",
     "scale-invariant": "have large gradients only because a normalisation follows (scale-invariant)",
     "skipped-at-random": "got no gradient only because the judged pass skipped them at random",
+    "routed-by-input": "got no gradient only because the batch routed no input to them",
     "adaptive-step": "get small gradients, but the run's optimizer steps them like the rest of the model",
     "bounded-step": "have a large grad/weight ratio, but the run's optimizer steps them no further than the rest of "
                     "the model",
@@ -264,7 +265,9 @@ def _why(kind, cause) -> str:
                           "--exploding-ratio; Adam's step does not depend on the gradient's scale, plain SGD needs a "
                           "learning rate that RMS squared smaller (judge it with the real loss: --batch, --loss)",
             "skipped-at-random": "the forward draws at random which layers run in train mode (LayerDrop-like); "
-                                 "another draw of the RNG, on a copy, gives them a gradient"}.get(kind, "")
+                                 "another draw of the RNG, on a copy, gives them a gradient",
+            "routed-by-input": "the forward routes each input to some of its parts (an MoE router); fresh inputs of "
+                               "the batch's kind, on a copy, give them a gradient: a larger batch reaches them"}.get(kind, "")
 
 
 def _common(members) -> str:

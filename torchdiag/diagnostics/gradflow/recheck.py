@@ -27,7 +27,13 @@ from ...core.invariance import (
     small_beside_siblings,
 )
 from ...core.tracking import run_forward
-from ...core.unreached import SKIPPED_AT_RANDOM, in_a_stack, reached_by_other_draws
+from ...core.unreached import (
+    ROUTED_BY_INPUT,
+    SKIPPED_AT_RANDOM,
+    in_a_stack,
+    reached_by_other_draws,
+    reached_by_other_inputs,
+)
 from ...errors import ModelError
 from .params import ORTHOGONAL, mark_scale_invariant
 
@@ -139,12 +145,17 @@ def _skipped_at_random(work, inputs, cands, ctx, result) -> None:
     (core/unreached.reached_by_other_draws): the forward itself chose at random to skip them; a parameter no draw
     reaches keeps its status."""
     reached, draws = reached_by_other_draws(work, inputs, [r["name"] for r in cands], ctx)
+    left = [r["name"] for r in cands if r["name"] not in reached and r["status"] == "no-grad"]
+    routed, runs = reached_by_other_inputs(work, inputs, left, ctx)
     for r in cands:
         if r["name"] in reached:
             r.update(status="skipped-at-random", allowed=False, design={
                 "kind": "skipped-at-random", "why": SKIPPED_AT_RANDOM})
+        elif r["name"] in routed:
+            r.update(status="routed-by-input", allowed=False, design={"kind": "routed-by-input", "why": ROUTED_BY_INPUT})
+    fresh = f"; {runs} fresh batch(es) of the inputs' kind: {len(routed)} of {len(left)} reached" if runs else ""
     result.notes.append(f"{len(cands)} parameter tensor(s) without a gradient re-checked on a copy with {draws} "
-                        f"other random draw(s): {len(reached)} reached")
+                        f"other random draw(s): {len(reached)} reached{fresh}")
 
 
 def cut_agrees(model, rows, names, opts, ctx, prepare=stochastic_depth_off):

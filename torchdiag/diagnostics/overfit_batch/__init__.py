@@ -43,6 +43,7 @@ def _run(model, inputs, opts: Options | None, ctx):
     opts = opts or Options()
     with leave_no_trace(model), ctx.seeded():
         trainer, curve = _trained(model, inputs, opts, ctx)
+        trainer.source = model   # its start: the re-check of parameters without a gradient at step 0
         if ctx.wrapper is not None and curve.interrupted:   # no verdict, and no collective: a peer may be gone
             from .causes import Causes
 

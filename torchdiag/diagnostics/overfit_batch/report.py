@@ -325,10 +325,39 @@ def _no_grad(result, trainer, curve, limit: int) -> None:
         result.add(NOT_REACHED, "info", top_module(group, trainer.work), not_reached_message(group, trainer.batch),
                    hint=NOT_REACHED_HINT)
     missing = [n for n in missing if n not in set(quiet)]
+    if missing and not wrapped:
+        missing = _routed(result, trainer, missing)
     curve.no_grad = missing
     if missing:
         result.add(NO_GRAD, NO_GRAD_SEVERITY, top_module(missing, trainer.work),
                    no_grad_message(missing, len(trainer.trainable), limit), hint=NO_GRAD_HINT)
+
+
+def _routed(result, trainer, missing: list[str]) -> list[str]:
+    """Of `missing` (no gradient at step 0), those fresh inputs of the batch's kind reach on a copy of the model as it
+    started (core/unreached.reached_by_other_inputs: an MoE expert a small batch picked none of) are routed-by-input,
+    info, as in gradflow and doctor; the rest stay no-grad."""
+    from ...core import repeats
+    from ...core.unreached import (
+        ROUTED_HINT,
+        reached_by_other_inputs,
+        routed_message,
+    )
+    from ...errors import ModelError
+
+    ctx = trainer.ctx
+    try:
+        start = trainer.source if trainer.source is not None else trainer.work
+        work = ctx.train_copy(start, "to re-check parameters without a gradient on fresh "
+                              "inputs", backward=True)
+        routed, runs = reached_by_other_inputs(work, trainer.batch, missing, ctx)
+    except ModelError as exc:   # no room for a copy, or its forward failed: the verdicts stand
+        result.notes.append(f"parameters without a gradient not re-checked on fresh inputs: {exc.message}")
+        return missing
+    if routed:
+        result.add("routed-by-input", "info", repeats.common_path(sorted(routed)) or "(root)",
+                   routed_message(sorted(routed), runs), hint=ROUTED_HINT)
+    return [n for n in missing if n not in routed]
 
 
 def _precision_findings(result, trainer, curve, causes) -> int:
