@@ -149,6 +149,7 @@ def _message(status, what, where, members, opts, allow_name, allow: str | None =
         fact = first.get("recheck_fact")
         again = (f"; not a transient of the starting point: after a short training run on a copy, {fact}" if fact
                  else f"; still large after a short training run on a copy ({steps} optimizer steps)" if steps else "")
+        again += f"; {first['acting_fact']}" if first.get("acting_fact") else ""
         return (f"{what}: grad norm up to {number(worst['grad_norm'])} (grad/weight "
                 f"{number(worst['grad_weight_ratio'])}); thresholds: norm > {opts.exploding:g} or ratio > {opts.exploding_ratio:g}{again}",
                 "check initialisation scale, normalisation layers, learning rate; clip gradients")
@@ -191,6 +192,8 @@ DESIGN_TITLES = {
                       "level of the rest of the model",
     "small-weight": "have a large grad/weight ratio only because their weight is near zero, while a few real "
                     "optimizer steps lower the loss",
+    "small-term": "have a large grad/weight ratio only because their part in their module's output is small: read "
+                  "there, the ratio is within --exploding-ratio",
     "loss-scale": "have large gradients because torchdiag's made-up MSE reads an output of a large scale: with that "
                   "output at unit scale they are within the thresholds",
 }
@@ -260,6 +263,10 @@ def _why(kind, cause) -> str:
             "small-weight": "their gradient's norm is within --exploding, and in a short training run on a copy the "
                             "loss fell while the optimizer moved each, per element, at most 4x the median step of the "
                             "other parameters that moved, or their grad/weight at least halved as the weight grew",
+            "small-term": "each moved alone against its gradient by 1% of its norm (on a copy) moves the output of the "
+                          "module that holds it by so little that grad/weight times that relative move is within "
+                          "--exploding-ratio: a small part of that output, such as a bias beside the values it is "
+                          "added to",
             "loss-scale": "the loss is torchdiag's own MSE against a made-up target, and with the output it reads "
                           "divided by its RMS (between 1 and 30) each gradient is within --exploding and "
                           "--exploding-ratio; Adam's step does not depend on the gradient's scale, plain SGD needs a "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...core import gates
 from ...core.fewer import retried
-from ...core.module_paths import owner
+from ...core.module_paths import label, owner
 from ...core.train import NoRoom
 from ...core.unreached import NOT_REACHED, made_up_padding, padding_why
 from ...errors import ModelError
@@ -24,6 +24,7 @@ INVARIANT = "invariant"       # the loss does not depend on it (a zero gradient 
 TRANSIENT = "transient-grad"   # a large gradient of the starting point that a few real steps bring to the others
 SMALL = "small-weight"         # a large grad/weight of a weight near zero whose step is the others' or that grew out
 LOSS_SCALE = "loss-scale"      # a large gradient the made-up loss's reading of the output's scale makes
+TERM = "small-term"            # a large grad/weight of a parameter that is a small part of its module's output
 ADAM_EPS = 1e-8                # torch's Adam/AdamW eps, which core.train.make_optimizer keeps
 
 
@@ -56,6 +57,7 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
     decoupled = ctx.spec.optimizer.name == "adamw"
     typical = _typical_rms(rows)
     scaled = _loss_scale(model, inputs, flagged, opts, ctx, prepare, result)
+    termed = _small_terms(model, inputs, flagged, opts, ctx, prepare, result)
     for r in flagged:
         v = rc.verdicts[r["name"]]
         r["rechecked"] = v.steps
@@ -76,6 +78,8 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                 r.update(status=SMALL, allowed=False, design={"kind": SMALL, "why": alike_why(r, v, ctx)})
             elif (why := scaled(r["name"])) is not None:
                 r.update(status=LOSS_SCALE, allowed=False, design={"kind": LOSS_SCALE, "why": why})
+            elif step_claim(r, opts) and (why := termed(r)) is not None:
+                r.update(status=TERM, allowed=False, design={"kind": TERM, "why": why})
             continue
         # the step measured is the optimizer's own, eps included (a gradient far below Adam's eps gets a step
         # far below lr, and does not step normally); only a decoupled weight decay (AdamW) moves a weight
@@ -190,6 +194,41 @@ def _loss_scale(model, inputs, rows, opts, ctx, prepare, result):
                 f"on a copy: the loss {got.loss:.3g}, its gradients about that RMS squared smaller) this gradient is within --exploding and --exploding-ratio: "
                 "it is large because the MSE reads an output of that scale. Adam's step does not depend on it; plain "
                 "SGD needs a learning rate about that RMS squared smaller (judge it with the real loss: --batch, --loss)")
+
+    return why
+
+
+def _small_terms(model, inputs, rows, opts, ctx, prepare, result):
+    """A function: why a grad/weight verdict left after the other re-checks is a small part of what its parameter
+    acts on (term.py), or None. Measured once, for all of them, at the first asked."""
+    from .term import EPS, reaches
+
+    memo: list = []
+
+    def why(r) -> str | None:
+        if not memo:
+            left = [x["name"] for x in rows if step_claim(x, opts)]
+            try:
+                memo.append(reaches(model, inputs, left, ctx, prepare, opts.eval_mode))
+                result.notes.append(f"{len(left)} large grad/weight ratio(s) read where the parameter acts: one "
+                                    f"forward and backward on a copy, and one forward per parameter moved")
+            except ModelError as exc:
+                result.notes.append(f"large grad/weight ratios not read where the parameter acts: {exc.message}")
+                memo.append({})
+        got = memo[0].get(r["name"])
+        ratio = r["grad_weight_ratio"]
+        if got is None:
+            return None
+        if ratio * got.reach > opts.exploding_ratio:   # said beside the verdict: where it acts, it is as large
+            r["acting_fact"] = (
+                f"read where it acts ({label(got.module)}'s output, moved along its gradient on a copy) the ratio "
+                f"is {ratio * got.reach:.3g}")
+            return None
+        return (f"grad/weight {ratio:.3g}, yet moved alone against its gradient by {EPS:.0%} of its norm (on a copy) "
+                f"it moves {label(got.module)}'s output by {EPS * got.reach:.2g} of that output's norm: read where it "
+                f"acts the ratio is {ratio * got.reach:.3g}, within --exploding-ratio {opts.exploding_ratio:g}. The "
+                "parameter is a small part of that output (a bias small beside the values it is added to), not its "
+                "gradient large")
 
     return why
 

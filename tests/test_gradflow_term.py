@@ -1,0 +1,75 @@
+"""gradflow's `small-term` (diagnostics/gradflow/term.py): a grad/weight ratio read where the parameter acts. A hunt
+on libraries beyond the zoo: a healthy spectral-norm discriminator on a batch all of one class (a GAN's real batch)
+had its scalar output bias, drawn at ~0.005 by PyTorch's U(±1/√4096), called `exploding-grad` (grad/weight
+100-175 from a gradient of 0.5, in 6 of 20 seeds; exit 1). Moved by its own norm it moves the logits by ~1%: the
+ratio where it acts is ~2. A term the output is all of keeps the verdict."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.utils import spectral_norm
+
+from torchdiag.api import run
+
+
+class Discriminator(nn.Module):
+    """DCGAN-like, spectral norm on every layer (its power iteration updates a buffer at each train-mode forward),
+    the output bias set to a draw of PyTorch's default range."""
+
+    def __init__(self, bias: float = 0.004):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(spectral_norm(nn.Conv2d(3, 32, 4, 2, 1)), nn.LeakyReLU(0.2),
+                                 spectral_norm(nn.Conv2d(32, 64, 4, 2, 1)), nn.LeakyReLU(0.2))
+        self.fc = spectral_norm(nn.Linear(64 * 8 * 8, 1))
+        with torch.no_grad():
+            self.fc.bias.fill_(bias)
+
+    def forward(self, x):
+        return self.fc(self.net(x).flatten(1))
+
+
+def _mostly_bias() -> nn.Module:
+    """A regression whose output is mostly its bias (0.004 beside a weight term of ~0.003): both far from a target of
+    1, both with grad/weight in the hundreds, and neither a small part of the output."""
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 1)
+    with torch.no_grad():
+        lin.weight.normal_(0, 1e-3)
+        lin.bias.fill_(0.004)
+    return lin
+
+
+def _real_batch():
+    x = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    return (x, torch.ones(16, 1)), nn.functional.binary_cross_entropy_with_logits
+
+
+def _row(res, name):
+    return next(r for r in res.table("params").rows if r["name"] == name)
+
+
+def test_a_small_bias_beside_the_logits_it_is_added_to_is_a_small_term():
+    (x, y), bce = _real_batch()
+    model = Discriminator()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    res = run("gradflow", model, (x,), target=y, loss=bce)
+    row = _row(res, "fc.bias")
+    assert row["grad_weight_ratio"] > 100 and row["status"] == "small-term", row
+    assert res.exit_code == 0, [f.to_dict() for f in res.findings]
+    f = next(f for f in res.findings if f.code == "small-term")
+    assert f.severity == "info" and "moves fc's output by" in f.message and "read where it acts the ratio is" in f.message
+    acting = float(f.message.split("read where it acts the ratio is ")[1].split(",")[0])
+    assert acting < 10, f.message    # ~1% of the logits for its own norm: a ratio of a few
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())   # the user's model untouched
+
+
+def test_a_bias_the_output_is_all_of_keeps_the_verdict():
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(0))
+    res = run("gradflow", _mostly_bias(), (x,), target=torch.ones(16, 1), loss=nn.functional.mse_loss,
+              optimizer="sgd")
+    row = _row(res, "bias")
+    assert row["grad_weight_ratio"] > 100 and row["status"] == "exploding-grad", row
+    assert res.exit_code == 1
+    f = next(f for f in res.findings if f.code == "exploding-grad")
+    assert "read where it acts ((root)'s output, moved along its gradient on a copy) the ratio is" in f.message, f.message

@@ -1,0 +1,115 @@
+"""Is a large grad/weight large where the parameter acts? The ratio says a plain step at lr moves the parameter by
+lr × ratio of its norm; what that step changes is the output of the module the parameter belongs to. For a weight
+the two agree (its gradient lies along its inputs, so the output moves at least as far, relative to itself); for a
+small term beside what it is added to they do not: a spectral-norm discriminator's scalar output bias, drawn at
+0.005 by PyTorch's U(±1/√4096) under logits of RMS ~0.5, gets grad/weight 100–175 from a gradient of 0.5 (the
+batch all of one class, as a discriminator's real batch is) in about a third of its draws, and moving it by its
+own norm moves the logits by 1%. Measured on a copy (one forward and backward for the gradient's direction, then
+one forward per asked parameter): each moved against its gradient by EPS of its norm alone, the relative change
+of its module's output (the innermost module holding it whose output moves; the model's output at the last) over
+EPS is its reach s, and ratio × s is the ratio where it acts. Within --exploding-ratio: `small-term` (info). Asked
+of the grad/weight verdicts (the gradient's norm within --exploding) the short training run left standing."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...core.device import widened
+from ...core.module_paths import ancestors, owner
+
+EPS = 1e-2          # the move, relative to the parameter's norm: a first-order probe (a bias moves its output exactly)
+MAX_TERMS = 16      # parameters asked at most (the rest keep their verdict)
+
+
+@dataclass
+class Reach:
+    module: str       # where it was read: the innermost module holding it whose output moved
+    reach: float      # that output's relative change over EPS: grad/weight × reach is the ratio where it acts
+
+
+def reaches(model, inputs, names: list[str], ctx, prepare, eval_mode: bool) -> dict[str, Reach]:
+    """name -> Reach for each of `names` (at most MAX_TERMS) whose move changed some module's output holding it."""
+    import torch
+
+    from ...core import train
+    from ...core.gates import fresh_copy
+    from ...core.readback import read_back
+    from ...core.tracking import run_forward
+
+    work = fresh_copy(model, ctx, eval_mode, prepare)
+    params = dict(work.named_parameters())
+    names = [n for n in names if n in params][:MAX_TERMS]
+    modules = dict(work.named_modules())
+    paths = sorted({a for n in names for a in ancestors(owner(n)) if a in modules})
+    seen: dict[str, list] = {}
+    state = {n: b.detach().clone() for n, b in work.named_buffers()}   # what a forward updates (a power iteration)
+    hooks = [modules[p].register_forward_hook(_keep(seen, p)) for p in paths]
+    try:
+        with torch.enable_grad(), ctx.seeded(), ctx.autocast():
+            loss = ctx.loss()(run_forward(work, inputs, phase="forward (a large ratio read where it acts, on a copy)"))
+        train.backward(loss)
+        base = {p: list(outs) for p, outs in seen.items() if outs}
+        sizes = {p: _norm(outs) for p, outs in base.items()}
+        asked = [n for n in names if params[n].grad is not None and params[n].grad.shape == params[n].shape]
+        moves = [_moved(work, params[n], inputs, ctx, seen, base, state) for n in asked]
+    finally:
+        for h in hooks:
+            h.remove()
+    flat = read_back(list(sizes.values()) + [v for m in moves for v in m.values()])   # the one read
+    return _read(asked, moves, dict(zip(sizes, flat)), flat[len(sizes):])
+
+
+def _read(asked, moves, sizes, changed) -> dict[str, Reach]:
+    """The innermost moved module of each asked name, from the values read back (see reaches)."""
+    out: dict[str, Reach] = {}
+    at = 0
+    for n, moved in zip(asked, moves):
+        changes = dict(zip(moved, changed[at:at + len(moved)]))
+        at += len(moved)
+        for path in ancestors(owner(n)):   # innermost first
+            size, change = sizes.get(path, 0.0), changes.get(path, 0.0)
+            if size > 0 and change > 0:
+                out[n] = Reach(path, change / size / EPS)
+                break
+    return out
+
+
+def _moved(work, param, inputs, ctx, seen, base, state) -> dict:
+    """path -> ‖Δ output‖ (a 0-d device tensor) of each hooked module, with `param` moved against its gradient by EPS
+    of its norm for one seeded forward from the buffers the first forward started from, then put back."""
+    import torch
+
+    from ...core.tracking import run_forward
+
+    with torch.no_grad():
+        for n, b in work.named_buffers():
+            if n in state and b.shape == state[n].shape:
+                b.copy_(state[n])
+    grad = param.grad.detach()
+    step = grad * (EPS * param.detach().float().norm() / grad.float().norm().clamp_min(1e-30)).to(grad.dtype)
+    seen.clear()
+    with torch.no_grad():
+        param.sub_(step)
+        try:
+            with ctx.seeded(), ctx.autocast():
+                run_forward(work, inputs, phase="forward (a parameter moved along its gradient, on a copy)")
+        finally:
+            param.add_(step)
+    return {p: _norm([widened(a) - widened(b) for a, b in zip(outs, base[p])]) for p, outs in seen.items()
+            if p in base and len(outs) == len(base[p]) and all(a.shape == b.shape for a, b in zip(outs, base[p]))}
+
+
+def _keep(seen: dict, path: str):
+    from ...core.loss import float_outputs
+
+    def hook(_module, _args, out):
+        seen.setdefault(path, []).extend(t.detach() for _, t in float_outputs(out) if t.numel())
+
+    return hook
+
+
+def _norm(tensors):
+    """The norm of several outputs together (non-finite values as 0), a 0-d device tensor."""
+    import torch
+
+    norms = [widened(t).nan_to_num(0.0, 0.0, 0.0).norm() for t in tensors]
+    return torch.stack([v.to(norms[0].device) for v in norms]).norm()
