@@ -118,7 +118,8 @@ def test_a_frozen_feature_fit_is_what_training_the_head_alone_reaches():
     assert found["fixed"] > found["floor"]
     model.features.requires_grad_(False)
     loss = _adam(model, model.head.parameters(), x, target)
-    assert found["fixed"] <= loss.item() <= 1.02 * found["fixed"], (found["fixed"], loss.item())
+    # from above, to float32's rounding of the loss (one CPU read 1.3e-8 under the float64 fit)
+    assert found["fixed"] * (1 - 1e-6) <= loss.item() <= 1.02 * found["fixed"], (found["fixed"], loss.item())
 
 
 def test_a_span_with_fewer_rows_than_values_reads_the_smaller_side():

@@ -71,3 +71,70 @@ def test_an_expert_no_input_can_pick_stays_no_grad(command):
     assert "experts.5" in no_grad[0].where + no_grad[0].message
     routed = [f for f in res.findings if f.code == "routed-by-input"]
     assert routed and "experts.5" not in routed[0].message   # the others are still told apart
+
+
+class DenseTopOne(nn.Module):
+    """A dense mixture (a hunt): every expert runs on every sample, and the router's weight is 0 for the ones it did
+    not pick, so an unpicked expert gets a gradient of exactly zero (not none). `never` as in TopOne."""
+
+    def __init__(self, experts=8, never=None):
+        super().__init__()
+        self.gate = nn.Linear(16, experts)
+        self.experts = nn.ModuleList(nn.Linear(16, 16) for _ in range(experts))
+        self.head = nn.Linear(16, 4)
+        self.never = never
+
+    def forward(self, x):
+        logits = self.gate(x)
+        if self.never is not None:
+            logits = logits - 1e4 * (torch.arange(logits.shape[-1], device=x.device) == self.never)
+        probs = logits.softmax(-1)
+        top, idx = probs.topk(1, -1)
+        weights = torch.zeros_like(probs).scatter(-1, idx, top)
+        outs = torch.stack([e(x) for e in self.experts], -1)
+        return self.head(x + (outs * weights[:, None, :]).sum(-1))
+
+
+@pytest.mark.parametrize("command", ["gradflow", "doctor", "overfit-batch"])
+def test_a_dense_mixture_s_unpicked_experts_are_routed_by_input_and_a_dead_one_is_not(command):
+    """gradflow and doctor said zero-grad / param-not-updated (errors, exit 1), overfit-batch zero-grad and
+    unchanged-params (warnings), of the 5 experts a batch of 3 picked none of."""
+    torch.manual_seed(0)
+    model, x = DenseTopOne(), torch.randn(3, 16)
+    unpicked = _unpicked(model, x)
+    assert len(unpicked) >= 4, unpicked
+    kw = {"steps": 300} if command == "overfit-batch" else {}
+    res = run(command, model, (x,), **kw)
+    assert res.exit_code == 0 and not [f for f in res.findings if f.severity != "info"], \
+        [f.message for f in res.findings]
+    routed = next(f for f in res.findings if f.code == "routed-by-input")
+    assert re.match(rf"{2 * len(unpicked)} parameter tensor", routed.message), routed.message
+    torch.manual_seed(0)
+    dead = DenseTopOne(never=6)
+    res = run(command, dead, (x,), **kw)
+    kept = [f for f in res.findings if f.code in ("zero-grad", "param-not-updated")]
+    assert kept and "experts.6" in kept[0].where + kept[0].message, [f.message for f in res.findings]
+    assert kept[0].severity == ("warning" if command == "overfit-batch" else "error")
+    assert "experts.6" not in next(f for f in res.findings if f.code == "routed-by-input").message
+
+
+class Sharp(nn.Module):
+    """A softmax saturated to one-hot (logits 1e4 apart): zero gradients for the batch, and for the rare fresh input
+    whose top logits nearly tie a gradient. A saturation, not a routing: the verdict stays."""
+
+    def __init__(self):
+        super().__init__()
+        self.score, self.head = nn.Linear(8, 4), nn.Linear(8, 3)
+        self.register_buffer("values", torch.randn(4, 8))
+
+    def forward(self, x):
+        return self.head(x + torch.softmax(self.score(x) * 1e4, dim=-1) @ self.values)
+
+
+@pytest.mark.parametrize("command", ["gradflow", "doctor", "overfit-batch"])
+def test_a_saturated_softmax_is_not_asked_whether_fresh_inputs_reach_it(command):
+    torch.manual_seed(10)   # a draw where fresh inputs do reach it (asked, all three said routed-by-input)
+    res = run(command, Sharp(), (torch.randn(4, 8),), **({"steps": 100} if command == "overfit-batch" else {}))
+    kept = [f for f in res.findings if f.code in ("zero-grad", "param-not-updated") and "score" in f.where]
+    assert kept, [f.message for f in res.findings]
+    assert "routed-by-input" not in {f.code for f in res.findings}

@@ -172,7 +172,7 @@ class Pass:
     made_target: bool = False        # the loss's target was drawn by torchdiag (no data's scale in it)
 
 
-def _rng(state):
+def rng_state(state):
     """The global RNG at `state` for the block (the first forward's draws: dropout alike), put back after."""
     import contextlib
 
@@ -224,7 +224,7 @@ def record_pass(model, inputs, opts, ctx, call=None) -> Pass:
         ctx.saw_activations(loss, model, inputs)   # what a copy's backward on this batch keeps as well
         local = [describe_leaf(t) for t in local_leaves(loss, model, [t for _, t in inputs.tensors()])]
         def again():   # the same forward, for the fp16 judged backward (the recorder's hooks are off by now)
-            with ctx.autocast(), _rng(rng):
+            with ctx.autocast(), rng_state(rng):
                 return loss_fn(run_forward(model if call is None else call, inputs))
 
         judged_backward(loss, ctx, params.values(), again)   # under --amp fp16, scaled as its GradScaler would

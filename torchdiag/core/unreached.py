@@ -311,18 +311,21 @@ ROUTED_BY_INPUT = ("the forward routes each input to some of its parts (an MoE r
 ROUTED_HINT = "a batch large enough for every expert to be picked gives each a gradient"
 
 
-def routed_message(names: list[str], runs: int) -> str:
-    """The routed-by-input finding's message, one for every command that says it."""
+def routed_message(names: list[str], runs: int, zeros: bool = False) -> str:
+    """The routed-by-input finding's message, one for every command that says it (`zeros`: some got a gradient of
+    zeros, a dense mixture multiplying an unpicked expert's output by a routing weight of 0)."""
     shown = ", ".join(sorted(names)[:6]) + (" …" if len(names) > 6 else "")
-    return (f"{len(names)} parameter tensor(s) ({shown}) got no gradient only because the batch routed no input to "
-            f"them: {ROUTED_BY_INPUT} ({runs} fresh batch(es) on a copy)")
+    return (f"{len(names)} parameter tensor(s) ({shown}) got no gradient{' (or one of zeros)' if zeros else ''} only "
+            f"because the batch routed no input to them: {ROUTED_BY_INPUT} ({runs} fresh batch(es) on a copy)")
 
 
-def reached_by_other_inputs(work, inputs, names: list[str], ctx) -> tuple[set[str], int]:
+def reached_by_other_inputs(work, inputs, names: list[str], ctx, nonzero: bool = False) -> tuple[set[str], int]:
     """Of `names` (no gradient, and no other draw of the RNG reaching them), those that fresh inputs of the batch's
     kind reach (core/fresh.py: the same shapes, values from each tensor's own spread), up to ROUTED_SAMPLES samples,
     one seeded pass per fresh batch on `work`, a copy in train mode, stopping once all are reached: a forward that
     routes by its input (a top-k router) leaves an expert without a gradient when a small batch picks none of it.
+    `nonzero`: reached means a gradient not all zeros (one read back a batch), for `names` whose gradient was all
+    zeros (a dense mixture: every expert runs, an unpicked one's output times a routing weight of 0).
     (reached, batches run)."""
     from . import train
     from .fresh import fresh_batches
@@ -336,20 +339,35 @@ def reached_by_other_inputs(work, inputs, names: list[str], ctx) -> tuple[set[st
         work.zero_grad(set_to_none=True)
         with ctx.seeded():
             train.backward(ctx.loss()(run_forward(work, batch, phase="forward (fresh inputs, on a copy)")))
-        reached |= {n for n in names if n in params and params[n].grad is not None}
+        reached |= _got(params, names, nonzero)
         if len(reached) == len(names):
             break
     return reached, runs
 
 
-def never_ran(model, inputs, names: list[str], ctx) -> list[str]:
+def _got(params: dict, names: list[str], nonzero: bool) -> set[str]:
+    """Of `names`, those with a gradient (`nonzero`: one not all zeros, read back once)."""
+    got = [n for n in names if n in params and params[n].grad is not None]
+    if not nonzero or not got:
+        return set(got)
+    from .readback import read_back
+
+    return {n for n, any_ in zip(got, read_back([params[n].grad.detach().ne(0).any() for n in got])) if any_}
+
+
+def never_ran(model, inputs, names: list[str], ctx, rng=None) -> list[str]:
     """Of `names` (no gradient), those whose module the forward never ran or ran without them ("unused"), not cut
-    off after running ("detached"): one recorded pass on the model, left as it was. What another random draw may
-    reach (LayerDrop); a random `.detach()` is a cut, and stays one."""
+    off after running ("detached"): one recorded pass on the model, left as it was, from `rng` (the judged forward's
+    global RNG state: its own draws, so a random cut is seen where it cut; a test run alone drew no cut there and
+    called the detached encoder unused). What another random draw may reach (LayerDrop); a random `.detach()` is a
+    cut, and stays one."""
     if not names:
         return []
-    from .recording import record_pass
+    import contextlib
 
-    pas = record_pass(model, inputs, None, ctx)
+    from .recording import record_pass, rng_state
+
+    with rng_state(rng) if rng is not None else contextlib.nullcontext():
+        pas = record_pass(model, inputs, None, ctx)
     modules = dict(model.named_modules())
     return [n for n in names if unused(n, pas.rec, pas.reach, modules)]

@@ -84,6 +84,15 @@ class Stop:
                            "passes no gradient",
                 }.get(kind, "")
 
+    def selects(self) -> bool:
+        """The zero comes from a choice among parts that an input can change: a part of a routing op's output that
+        what reads it leaves out (a mask, a selection), or a multiplication by a value made in the forward that is 0
+        everywhere (a routing weight of 0, a mask). Not a saturation (a one-hot softmax, dead units), a zero the model
+        holds, or a zero input."""
+        kind = self.operand[0] if self.operand else ""
+        return (self.how in ("op", "module") and not self.opening and not self.reads_zero
+                and (self.op in explain.ROUTES or kind == "made"))
+
     def padding(self) -> str | None:
         """The padding index, when every index the embedding looks up is it: a fact of the ids given, which
         on inputs torchdiag made up says nothing of the model."""

@@ -52,9 +52,10 @@ def recheck(work, before, inputs, ctx, names: list[str], result, prepare) -> dic
     return {n: v for n, v in rc.verdicts.items() if v.by_design}
 
 
-def with_stops(work, before, inputs, ctx, bad: list, zero: set, result, prepare) -> list:
+def with_stops(work, before, inputs, ctx, bad: list, zero: set, result, prepare, selected: set | None = None) -> list:
     """The (name, message, hint) entries whose gradient is all zeros, told where it stops (core/stops.py), on a
-    copy at initialisation; the others as they are."""
+    copy at initialisation; the others as they are. `selected` gets the names stopped by a choice among parts an input
+    can change (Stop.selects)."""
     names = [n for n, _, _ in bad if n in zero]
     if not names:
         return bad
@@ -72,6 +73,8 @@ def with_stops(work, before, inputs, ctx, bad: list, zero: set, result, prepare)
         return bad
     if found:
         result.notes.append(f"where {len(found)} zero gradient(s) stop: 1 more forward/backward on a copy")
+    if selected is not None:
+        selected.update(n for n, stop in found.items() if stop.selects())
     padded = [n for n in names if n in found and made_up_padding(found[n], inputs)]
     for n in padded:   # made-up ids that hit a padding row say nothing of the model: not judged
         result.add(NOT_REACHED, "info", n, f"{n} does not change after the step: {padding_why(found[n])} with the "

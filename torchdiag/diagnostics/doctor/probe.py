@@ -21,3 +21,4 @@ class Probe:
     scaler: Any = None       # --amp fp16: the GradScaler the backward and the step go through
     wrapped: Any = None      # under torchrun --wrap: wrapped.Wrapped, the copy `work` is the module of
     nonfinite: bool = False  # the train-mode loss is already NaN/Inf: a non-finite update is its consequence
+    rng: Any = None          # the global RNG before the train-mode forward: a re-check that replays its draws

@@ -49,6 +49,7 @@ def train_checks(probe: Probe) -> None:
         p.grad = None
     tracker = ModuleTracker(work, record_shapes=False)
     watch = leaf_inplace_watch()
+    probe = replace(probe, rng=torch.random.get_rng_state())
     try:
         with torch.enable_grad(), tracker, watch, ctx.autocast():
             out = probe.inputs.call(work)

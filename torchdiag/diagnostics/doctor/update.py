@@ -100,7 +100,10 @@ def update_check(probe: Probe) -> None:
     bad = [b for b in bad if b[0] not in designed and b[0] not in cancelled]
     kinds = {n: msg for n, msg, _ in bad}    # what happens to each, before where its zero gradient stops is added
     if w is None:   # an all-zero gradient that stays: where it stops (core/stops.py), said in its finding
-        bad = gated.with_stops(work, before, inputs, ctx, bad, zero, result, stochastic_depth_off)
+        selected: set[str] = set()
+        bad = gated.with_stops(work, before, inputs, ctx, bad, zero, result, stochastic_depth_off, selected)
+        routed = _routed_zeros(probe, before, [n for n, _, _ in bad if n in selected])
+        bad = [b for b in bad if b[0] not in routed]
     _report_not_updated(bad, kinds, work, ck, result)
     if not bad and not broken:
         quiet = probe.result.data.get("params_not_reached") or []
@@ -161,7 +164,8 @@ def _skipped_at_random(probe: Probe, names: list[str]) -> set[str]:
         copy = probe.ctx.train_copy(probe.work, "to re-check parameters without a gradient with other random draws",
                                     backward=True)
         stochastic_depth_off(copy)
-        names = never_ran(copy, probe.inputs, names, probe.ctx)   # a random .detach() is a cut, not a skip (a review)
+        # a random .detach() is a cut, not a skip (a review), seen with the judged forward's own draws
+        names = never_ran(copy, probe.inputs, names, probe.ctx, probe.rng)
         reached, draws = reached_by_other_draws(copy, probe.inputs, names, probe.ctx) if names else (set(), 0)
         routed, runs = reached_by_other_inputs(copy, probe.inputs, [n for n in names if n not in reached], probe.ctx)
     except ModelError as exc:   # no room for a copy, or its forward failed: the verdicts stand
@@ -223,6 +227,29 @@ def _equal(a, b):
     if a.shape != b.shape:
         return torch.zeros((), dtype=torch.bool, device=a.device)
     return ((a == b) | (a.isnan() & b.isnan())).all()
+
+
+def _routed_zeros(probe: Probe, before: dict, names: list[str]) -> set[str]:
+    """Of the `names` whose gradient stays all zeros, stopped by a choice among parts (core/stops Stop.selects), those
+    fresh inputs of the batch's kind give a gradient not all zeros on a copy at initialisation (a dense mixture multiplying an unpicked expert's output by a routing weight of
+    0; core/unreached.reached_by_other_inputs): routed-by-input (info), as gradflow says it. Not in eval mode."""
+    if not names or not probe.work.training:
+        return set()
+    from ...core.design import stochastic_depth_off
+    from .gated import initial_copy
+
+    try:
+        copy = initial_copy(probe.work, before, ctx=probe.ctx)
+        copy.train()
+        stochastic_depth_off(copy)
+        routed, runs = reached_by_other_inputs(copy, probe.inputs, names, probe.ctx, nonzero=True)
+    except ModelError as exc:   # no room for a copy, or a fresh batch the forward refuses: the errors stand
+        probe.result.notes.append(f"parameters with an all-zero gradient not re-checked with fresh inputs: {exc.message}")
+        return set()
+    if routed:
+        probe.result.add("routed-by-input", "info", repeats.common_path(sorted(routed)) or "(root)",
+                         routed_message(sorted(routed), runs, zeros=True), hint=ROUTED_HINT)
+    return routed
 
 
 def _recheck(probe: Probe, zero, sources) -> dict[str, str]:

@@ -184,7 +184,7 @@ DESIGN_TITLES = {
     "tiny-by-construction": "have a huge grad/weight ratio only because their value is tiny by construction",
     "scale-invariant": "have large gradients only because a normalisation follows (scale-invariant)",
     "skipped-at-random": "got no gradient only because the judged pass skipped them at random",
-    "routed-by-input": "got no gradient only because the batch routed no input to them",
+    "routed-by-input": "got no gradient, or one of zeros, only because the batch routed no input to them",
     "adaptive-step": "get small gradients, but the run's optimizer steps them like the rest of the model",
     "bounded-step": "have a large grad/weight ratio, but the run's optimizer steps them no further than the rest of "
                     "the model",

@@ -11,7 +11,13 @@ from ...core import gates
 from ...core.fewer import retried
 from ...core.module_paths import label, owner
 from ...core.train import NoRoom
-from ...core.unreached import NOT_REACHED, made_up_padding, padding_why
+from ...core.unreached import (
+    NOT_REACHED,
+    ROUTED_BY_INPUT,
+    made_up_padding,
+    padding_why,
+    reached_by_other_inputs,
+)
 from ...errors import ModelError
 from .dead import zero_edge
 from .design import is_tiny, rms
@@ -110,6 +116,8 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                  design={"kind": kind, "why": f"{v.describe()} (a short training run on a copy: "
                                               f"{v.steps} optimizer steps on the same batch)"})
     _locate_stops(model, inputs, [r for r in flagged if r["status"] == "zero-grad"], result, opts, ctx, prepare)
+    _routed_zeros(model, inputs, [r for r in flagged if r["status"] == "zero-grad" and (r.get("stop") or {}).get("selects")],
+                  result, opts, ctx, prepare)
     _transient_saturation(sat, rc)
     for f in dead:
         v = rc.verdicts[f.where]
@@ -165,9 +173,32 @@ def _locate_stops(model, inputs, rows, result, opts, ctx, prepare) -> None:
     for r in rows:
         if r["name"] in found:
             stop = found[r["name"]]
-            r["stop"] = {"module": stop.module, "why": stop.describe(), "hint": stop.hint()}
+            r["stop"] = {"module": stop.module, "why": stop.describe(), "hint": stop.hint(), "selects": stop.selects()}
             if made_up_padding(stop, inputs):   # torchdiag's own ids hit a padding row: not judged
                 r.update(status=NOT_REACHED, reason="padding", why=padding_why(stop))
+
+
+def _routed_zeros(model, inputs, rows, result, opts, ctx, prepare) -> None:
+    """Exactly-zero gradients the short run kept, stopped by a choice among parts (core/stops Stop.selects: a part a
+    routing op hands back that what reads it leaves out, a multiplication by a value made in the forward that is 0),
+    that fresh inputs of the batch's kind make non-zero on a copy (core/unreached.reached_by_other_inputs): a dense
+    mixture runs every expert and multiplies the output of one the router picked for no sample of a small batch by 0
+    (a hunt: 5 of 8 experts zero-grad errors, batch 3). routed-by-input (info), as an expert left without any
+    gradient is; one no input reaches keeps its error. A saturation is not asked: a softmax saturated to one-hot
+    passes a gradient for the rare input whose top logits nearly tie. Not in eval mode, as the no-grad re-check."""
+    if not rows or opts.eval_mode:
+        return
+    try:
+        routed, runs = reached_by_other_inputs(gates.fresh_copy(model, ctx, opts.eval_mode, prepare), inputs,
+                                               [r["name"] for r in rows], ctx, nonzero=True)
+    except ModelError as exc:   # no room for a copy, or a fresh batch the forward refuses: the errors stand
+        result.notes.append(f"zero gradients not re-checked with fresh inputs: {exc.message}")
+        return
+    result.notes.append(f"{len(rows)} zero gradient(s) re-checked on a copy with {runs} fresh batch(es) of the "
+                        f"inputs' kind: {len(routed)} not zero there")
+    for r in rows:
+        if r["name"] in routed:
+            r.update(status="routed-by-input", allowed=False, design={"kind": "routed-by-input", "why": ROUTED_BY_INPUT})
 
 
 def _loss_scale(model, inputs, rows, opts, ctx, prepare, result):

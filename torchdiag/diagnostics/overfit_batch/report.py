@@ -242,12 +242,16 @@ def _cause_findings(result, trainer, curve, causes, opts) -> int:
     if curve.no_graph or curve.missing:
         _no_grad(result, trainer, curve, limit)
         found += bool(curve.no_graph or curve.no_grad)   # parameters the inputs never reached are no cause
-    if causes.zero:
+    zero = causes.zero
+    if zero and not (trainer.group is not None or trainer.sharded):   # (no extra pass outside a wrapper's collectives)
+        zero = _routed(result, trainer, zero, zeros=True)
+    if zero:
         found += 1
-        result.add("zero-grad", "warning", causes.zero[0],
-                   f"{len(causes.zero)} parameter tensor(s) had a gradient of exactly zero at every step: "
-                   f"{_names(causes.zero, limit)}", hint="dead activations or a saturated path upstream; run `torchdiag gradflow`")
-    unchanged = [n for n in causes.unchanged if n not in set(curve.missing)]   # no-grad said it already
+        result.add("zero-grad", "warning", zero[0],
+                   f"{len(zero)} parameter tensor(s) had a gradient of exactly zero at every step: "
+                   f"{_names(zero, limit)}", hint="dead activations or a saturated path upstream; run `torchdiag gradflow`")
+    routed = set(causes.zero) - set(zero)   # said as routed-by-input: never stepped, by the batch's routing
+    unchanged = [n for n in causes.unchanged if n not in set(curve.missing) and n not in routed]   # (no-grad said it)
     if unchanged:
         found += 1
         result.add("unchanged-params", "warning", unchanged[0],
@@ -333,10 +337,11 @@ def _no_grad(result, trainer, curve, limit: int) -> None:
                    no_grad_message(missing, len(trainer.trainable), limit), hint=NO_GRAD_HINT)
 
 
-def _routed(result, trainer, missing: list[str]) -> list[str]:
-    """Of `missing` (no gradient at step 0), those fresh inputs of the batch's kind reach on a copy of the model as it
-    started (core/unreached.reached_by_other_inputs: an MoE expert a small batch picked none of) are routed-by-input,
-    info, as in gradflow and doctor; the rest stay no-grad."""
+def _routed(result, trainer, missing: list[str], zeros: bool = False) -> list[str]:
+    """Of `missing` (no gradient at step 0; `zeros`: a gradient of exactly zero at every step), those fresh inputs of
+    the batch's kind reach (with a gradient not all zeros) on a copy of the model as it started
+    (core/unreached.reached_by_other_inputs: an MoE expert a small batch picked none of, in a dense mixture multiplied
+    by a routing weight of 0) are routed-by-input, info, as in gradflow and doctor; the rest stay as they were."""
     from ...core import repeats
     from ...core.unreached import (
         ROUTED_HINT,
@@ -350,14 +355,29 @@ def _routed(result, trainer, missing: list[str]) -> list[str]:
         start = trainer.source if trainer.source is not None else trainer.work
         work = ctx.train_copy(start, "to re-check parameters without a gradient on fresh "
                               "inputs", backward=True)
-        routed, runs = reached_by_other_inputs(work, trainer.batch, missing, ctx)
+        asked = _selected(work, trainer.batch, missing, ctx) if zeros else missing
+        routed, runs = reached_by_other_inputs(work, trainer.batch, asked, ctx, nonzero=zeros)
     except ModelError as exc:   # no room for a copy, or its forward failed: the verdicts stand
         result.notes.append(f"parameters without a gradient not re-checked on fresh inputs: {exc.message}")
         return missing
     if routed:
         result.add("routed-by-input", "info", repeats.common_path(sorted(routed)) or "(root)",
-                   routed_message(sorted(routed), runs), hint=ROUTED_HINT)
+                   routed_message(sorted(routed), runs, zeros), hint=ROUTED_HINT)
     return [n for n in missing if n not in routed]
+
+
+def _selected(work, batch, names: list[str], ctx) -> list[str]:
+    """Of `names` (a gradient of exactly zero), those stopped by a choice among parts an input can change
+    (core/stops Stop.selects: a routing weight of 0, a mask), found on `work` (one forward and backward); a
+    saturation (a one-hot softmax, dead units) is not asked whether fresh inputs reach it."""
+    from ...core.stops import stops
+
+    try:
+        found = stops(work, batch, names, ctx, ctx.loss())
+    except Exception:   # an explanation only: unexplained, nothing is asked and the warnings stand
+        return []
+    work.zero_grad(set_to_none=True)
+    return [n for n in names if n in found and found[n].selects()]
 
 
 def _precision_findings(result, trainer, curve, causes) -> int:
