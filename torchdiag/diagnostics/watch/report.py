@@ -1128,14 +1128,16 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
 def _held_above_first(values: list[float], med: list[float], w: int) -> bool:
     """Every running median from the first full window on at least twice the first step's loss (the weights as they
     came, before any update) and above it by BLOWN_K robust standard deviations of the run's per-step log-losses (a
-    first batch that was only a lucky one is not where the run started). Losses that are never negative only (a
-    saturated cross-entropy reads exactly 0 on some batches: those count at a floor, as the robust spread allows)."""
+    first batch that was only a lucky one is not where the run started). Losses that are never negative only. A loss
+    of exactly 0 (a saturated cross-entropy answering a batch with certainty) has no place on the log scale and is
+    left out of the spread: counted at a floor, the 48 zeros among 300 losses of an MLP that Adam at lr 3 blew up
+    (1.13 → a running median of 180, the weights 350x) widened it past the climb on one CPU and not on another."""
     if values[0] <= 0 or min(values) < 0:
         return False
     low = min(med[w - 1:])
     if low < 2 * values[0]:
         return False
-    logs = [math.log(max(v, 1e-30)) for v in values]
+    logs = [math.log(v) for v in values if v > 0]
     mid = statistics.median(logs)
     spread = 1.4826 * statistics.median(abs(x - mid) for x in logs)
     return math.log(low / values[0]) > BLOWN_K * spread
