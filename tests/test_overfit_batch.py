@@ -226,9 +226,26 @@ def test_a_range_read_at_the_end_holds_only_where_the_start_kept_to_it():
     kept = made_target_floor(out, loss, start=(0.02, 0.97))
     assert kept["kind"] == "[0, 1]"
     assert kept["floor"] == pytest.approx(float(F.mse_loss(t.clamp(0, 1), t)), rel=1e-5)
-    assert made_target_floor(out, loss, start=(4.7, 5.2)) is None
+    positive = made_target_floor(out, loss, start=(4.7, 5.2))   # never [0, 1]: no value below 0 is all it kept to
+    assert positive["kind"].startswith("[0, ∞)")
+    assert positive["floor"] == pytest.approx(float(F.mse_loss(t.clamp(min=0), t)), rel=1e-5)
     signed = made_target_floor(out, loss, start=(-0.5, 0.9))   # a start below 0: [-1, 1], never [0, 1]
     assert signed["kind"] == "[-1, 1]"
+    assert made_target_floor(out * 20, loss, start=(-3.0, 4.0)) is None   # signed at the start: no range at all
+
+
+def test_a_positive_regression_head_fits_the_made_up_target_as_far_as_its_range_allows():
+    """A hunt: a regression head ending in softplus (a count or a scale: no value below 0) levelled at half its start
+    against the N(0, 1) target torchdiag drew, and was a cannot-overfit error (exit 1). Its floor is the target's
+    distance to [0, inf): by hand, mse(clamp(t, min=0), t)."""
+    from torchdiag.api import run
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1), torch.nn.Softplus())
+    res = run("overfit-batch", model, (torch.randn(8, 16),))
+    assert res.exit_code == 0 and res.data["passed"], [f.message for f in res.findings]
+    f = next(f for f in res.findings if f.code == "made-target-out-of-range")
+    assert f.severity == "info" and "keeps to [0, ∞)" in f.message, f.message
 
 class _RangedFirst(torch.nn.Module):
     """DPT's shape: a first output of a fixed range (a tanh map, or a LayerNorm's rows) beside a tanh output with

@@ -385,7 +385,8 @@ def _near_same(out, loss, last: float) -> float | None:
 def made_target_floor(out, loss, goal: float = 0.0, fits: dict | None = None, start: tuple | None = None) -> dict | None:
     """mse against a target torchdiag drew (N(0, 1)), on an output whose trained values still keep to a range: unit
     length along the last dimension or dimension 1 (normalised embeddings, a channel-first descriptor map), each row
-    a distribution (a softmax), or every value in [0, 1] or [-1, 1] (a sigmoid or tanh map). The lowest loss any
+    a distribution (a softmax), every value in [0, 1] or [-1, 1] (a sigmoid or tanh map), or none below 0, where the
+    first output kept to that as well (a depth head's 10 x sigmoid, a softplus or ReLU output: GLPN's depth). The lowest loss any
     output in that range reaches is the target's distance to it, mse(projection of the target, target). A sweep:
     PP-OCRv5's sigmoid map levelled at 0.46 x its start, ColQwen2's unit rows at 0.65 x, both cannot-overfit. Told
     within the output dtype's rounding (bfloat16 rows are unit to ~4e-3). {kind, floor}, or None (a given target,
@@ -477,6 +478,8 @@ def range_floor(y, t, goal: float = 0.0, fits: dict | None = None, start: tuple 
         kind, near = "[0, 1]", t.clamp(0, 1)
     elif lo >= -1 - tol and hi <= 1 + tol:
         kind, near = "[-1, 1]", t.clamp(-1, 1)
+    elif lo >= -tol and start is not None and (t < -tol).any():   # (the start read too: a free output starts signed)
+        kind, near = "[0, ∞) (no value below 0)", t.clamp(min=0)
     else:
         return _layernorm_floor(y, t, dims, tol, goal, fits)
     return {"kind": kind, "floor": float(F.mse_loss(near, t))}
