@@ -1925,3 +1925,47 @@ def test_an_l2_normalised_head_is_judged_against_the_unit_spheres_floor():
     floor = math.log1p(127 * math.exp(-math.sqrt(128 / 127)))
     assert r.data["floor"] == pytest.approx(floor, rel=1e-9) and r.data["final_loss"] >= floor - 1e-4
     assert r.exit_code == 0 and "norm 1" in finding(r, "bounded-output").message
+
+
+class _Ignores(torch.nn.Module):
+    """Broken: the input is multiplied by 0 (a mask bug); the output is the layer's bias, started at 15."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 4)
+        with torch.no_grad():
+            self.lin.bias.fill_(15.0)
+
+    def forward(self, x):
+        return self.lin(x * 0)
+
+
+class _Loud(torch.nn.Module):
+    """Healthy: an MLP whose output starts 15x larger than the made-up target."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+
+    def forward(self, x):
+        return self.net(x) * 15.0
+
+
+def test_shrinking_a_large_output_to_the_target_s_mean_is_no_memorising():
+    """A review: a model that ignores its input, its output started at 15 against the N(0, 1) target torchdiag drew,
+    fell 224 → 1.05 (below 0.01 x initial) by learning the constant and "PASS"ed. The ratio is taken of the loss of
+    answering every sample with the target's mean (by hand here) when that is lower: it fails, with the causes; an
+    output that starts large in a healthy model passes by memorising."""
+    from torchdiag.api import run
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 4, 16)
+    res = run("overfit-batch", _Ignores(), (x,), lr=0.05, steps=1000)
+    assert not res.data["passed"] and res.exit_code == 1, [f.message for f in res.findings]
+    target = res.data["constant_loss"]
+    assert res.data["initial_loss"] > 100 * target and 0.9 < target < 1.1
+    assert {"identical-outputs", "zero-grad"} <= {f.code for f in res.findings}
+    assert "the loss of answering every sample with the made-up target's mean" in res.header["target"]
+    torch.manual_seed(0)
+    loud = run("overfit-batch", _Loud(), (torch.randn(8, 4, 16),))
+    assert loud.data["passed"] and loud.data["final_loss"] <= 0.01 * loud.data["constant_loss"], loud.data["final_loss"]

@@ -419,6 +419,24 @@ def start_bounds(out, loss) -> tuple | None:
 
 
 
+def constant_loss(out, loss) -> float | None:
+    """The made-up mse's value for an output that answers every sample with the target's mean (what a model that
+    ignores its input reaches), or None: a given target, several terms, fills left out of the loss, one sample, or an
+    output of another shape. A property of the target alone (one read, at the start)."""
+    import torch
+    import torch.nn.functional as F
+
+    from ...core.loss import primary_output
+
+    if not _made_mse(loss) or loss.extra or any(m is not None for m in (getattr(loss, "fill_masks", None) or {}).values()):
+        return None
+    y, t = primary_output(out)[0], loss.target
+    if not isinstance(y, torch.Tensor) or y.shape != t.shape or y.dim() < 1 or y.shape[0] < 2:
+        return None
+    t = t.detach().float()
+    return float(F.mse_loss(t.mean(0, keepdim=True).expand_as(t), t))
+
+
 def _made_mse(loss) -> bool:
     return getattr(loss, "chosen", "") == "mse" and bool(getattr(loss, "made_target", False)) and loss.target is not None
 

@@ -29,6 +29,7 @@ from ...errors import (
 from ...results import Result
 from .causes import (
     accuracy_counts,
+    constant_loss,
     output_box,
     same_across_samples,
     sample_tensor,
@@ -60,6 +61,7 @@ class Curve:
     differed: bool = False   # the outputs differed across samples at step 0 or at a step of SAME_AGAIN
     first_box: tuple | None = None
     first_bounds: tuple | None = None       # made-up mse: the output's (lowest, highest) value at step 0
+    constant: float | None = None           # made-up mse: the loss of answering every sample with the target's mean
     seconds: float = 0.0
     scales: list[float] = field(default_factory=list)     # fp16: the GradScaler's scale each update used
     skipped: list[bool] = field(default_factory=list)     # fp16: the update was skipped (non-finite gradients)
@@ -72,6 +74,14 @@ class Curve:
     last_terms: list | None = None          # and of the last evaluation, on the device until the verdict reads them
     term_steps: list = field(default_factory=list)   # (step, labels, the terms stacked on the device): read once,
                                                      # by the verdict (report._at_term_floors)
+
+    @property
+    def yardstick(self) -> float:
+        """What the target ratio is taken of: the initial loss, or the lower loss of answering every sample with the
+        made-up target's mean (causes.constant_loss): an output that starts 15x too large falls 200x by shrinking
+        alone, which memorises nothing (a review: a model that multiplies its input by 0 "memorised" the batch)."""
+        first = self.losses[0]
+        return min(first, self.constant) if self.constant is not None and 0 < self.constant else first
 
 
 class Trainer:
@@ -215,7 +225,7 @@ class Trainer:
         c, opts = self.curve, self.opts
         # a custom loss's accuracy is told, not required: its target is the loss's (report._at_its_floor)
         counted = acc if getattr(self.loss_fn, "custom", None) is None else None
-        flags = [not math.isfinite(lv), not reached(lv, c.losses[0], counted, opts), not value.requires_grad]
+        flags = [not math.isfinite(lv), not reached(lv, c.yardstick, counted, opts), not value.requires_grad]
         bad, short, no_graph, failed = flags + [False] if self.agree is None else self.agree(flags + [False])
         if failed:
             err = ModelError(f"stopped at step {c.step}: the model raised on another rank (its error comes first)",
@@ -257,7 +267,7 @@ class Trainer:
         cap = self._cap()
         if c.budget >= cap or self._at_made_floor(out):
             return False
-        t = judge(c.losses, goal_of(c.losses[0], opts))
+        t = judge(c.losses, goal_of(c.yardstick, opts))
         if cap > opts.cap:
             go = t.falling or t.kind == "levelling"
             c.levelled = c.levelled or t.kind == "levelling"   # seen once: a later sighting confirms it
@@ -341,6 +351,7 @@ class Trainer:
             c.differed = not c.first_same
             c.first_box = output_box(out, self.loss_fn)
             c.first_bounds = start_bounds(out, self.loss_fn)
+            c.constant = constant_loss(out, self.loss_fn)
             if lv < 0 and self.opts.target_loss is None and math.isfinite(lv):
                 raise UsageError(f"the initial loss is {lv:.6g} (< 0): a ratio to it says nothing",
                                  hint=f"give an absolute target with {self.ctx.option('target_loss')}, "

@@ -111,6 +111,10 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
     final_acc = curve.accs[-1] if curve.accs and final is not None and math.isfinite(final) else None
     custom = getattr(trainer.loss_fn, "custom", None) is not None   # its accuracy is told, not required (a review)
     target = f"loss ≤ {opts.target_ratio:g} × initial" + (" and batch accuracy 100%" if curve.accs and not custom else "")
+    if curve.constant is not None and losses and curve.yardstick < losses[0]:
+        target += (f" of answering every sample with the made-up target's mean ({curve.constant:.4g}), lower than the "
+                   "initial: an output that starts large falls far by shrinking alone")
+        target = target.replace(" × initial of answering", " × the loss of answering")
     if opts.target_loss is not None:
         target += f", or loss ≤ {opts.target_loss:g}"
     # Header keys must not collide with data/series keys ("loss" is the per-step list in JSON).
@@ -130,6 +134,7 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
         "max_steps": opts.budget, "step_budget": curve.budget, "step_cap": _cap(curve, opts), "initial_loss": initial, "final_loss": final,
         "best_loss": min(finite) if finite else None, "steps_to_target": curve.reached_at,
         "target_ratio": opts.target_ratio, "target_loss": opts.target_loss, "final_accuracy": final_acc,
+        "constant_loss": curve.constant,
         "optimizer": optimizer.name, "lr": lr,
         "momentum": optimizer.momentum if optimizer.name == "sgd" else None, "amp": trainer.amp or "none", "seed": ctx.seed,
         "seconds": round(seconds, 3), "steps_per_second": round(steps / seconds, 2) if seconds > 0 else None,
@@ -465,8 +470,9 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
         if memorised is True:
             return
         found += memorised is False
+    yard = curve.yardstick if losses else initial   # the initial loss, or the made-up target's constant fit when lower
     if not d["passed"] and curve.nonfinite_at is None and not curve.peer_stop and initial is not None:
-        trend = judge(losses, goal_of(initial, opts))
+        trend = judge(losses, goal_of(yard, opts))
         d["trend"] = {"kind": trend.kind, "steps_to_go": trend.to_go, "floor": trend.floor}
         # no plateau, no cause: not a failure yet. With a cause found, a fall projected to the target within as many
         # steps again has not been stopped by it (a sweep: bfloat16 Mistral, five RMSNorm weights whose updates round
@@ -474,7 +480,7 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
         # (a slowing fall the linear projection alone carries to the target is no evidence against the cause, nor a
         # loss still far from it: a review's noisy-target head, 5.8x the target, was "10 steps away" from a floor at
         # 4x it; the run must be within NEAR_GOAL of the target)
-        close = final is not None and final <= NEAR_GOAL * goal_of(initial, opts)
+        close = final is not None and final <= NEAR_GOAL * goal_of(yard, opts)
         if trend.falling and trend.to_go is not None and (
                 not found or (trend.to_go <= steps and not trend.slowing and close)):
             if found:
@@ -483,7 +489,7 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
                                     f"the target, about {trend.to_go} step(s) away")
             _not_yet(result, curve, opts, ctx, trend, second)
             return
-        if trend.kind == "levelling" and not found and not curve.levelled and _unsure_floor(trend, final, initial, opts):
+        if trend.kind == "levelling" and not found and not curve.levelled and _unsure_floor(trend, final, yard, opts):
             _not_yet(result, curve, opts, ctx, trend, second)
             return
         _trend_note(result, trend)
@@ -510,7 +516,9 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
         return
     bits = [f"final loss {_fmt(final)}"]
     if initial is not None and initial > 0 and final is not None and math.isfinite(final):
-        bits.append(f"{final / initial:.3g} × initial (target {opts.target_ratio:g})")
+        bits.append(f"{final / initial:.3g} × initial (target {opts.target_ratio:g})" if yard == initial else
+                    f"{final / yard:.3g} × {_fmt(yard)}, the loss of answering every sample with the made-up target's "
+                    f"mean, below the initial {_fmt(initial)} (target {opts.target_ratio:g} × that)")
     if final_acc is not None and final_acc < 1:
         bits.append(f"batch accuracy {100 * final_acc:.1f}%")
     hint = None if found else (f"no mechanical cause found: try more {ctx.option('steps')} (now {curve.step}) "
