@@ -1953,9 +1953,9 @@ class _Loud(torch.nn.Module):
 
 def test_shrinking_a_large_output_to_the_target_s_mean_is_no_memorising():
     """A review: a model that ignores its input, its output started at 15 against the N(0, 1) target torchdiag drew,
-    fell 224 → 1.05 (below 0.01 x initial) by learning the constant and "PASS"ed. The ratio is taken of the loss of
-    answering every sample with the target's mean (by hand here) when that is lower: it fails, with the causes; an
-    output that starts large in a healthy model passes by memorising."""
+    fell 224 → 1.05 (below 0.01 x initial) by learning the constant and "PASS"ed. The ratio is taken of 10 x the loss
+    of answering every sample with the target's mean when that is lower: it fails, with the causes; an output that
+    starts large in a healthy model passes by memorising (90% of the target's spread at least)."""
     from torchdiag.api import run
 
     torch.manual_seed(0)
@@ -1968,4 +1968,4 @@ def test_shrinking_a_large_output_to_the_target_s_mean_is_no_memorising():
     assert "the loss of answering every sample with the made-up target's mean" in res.header["target"]
     torch.manual_seed(0)
     loud = run("overfit-batch", _Loud(), (torch.randn(8, 4, 16),))
-    assert loud.data["passed"] and loud.data["final_loss"] <= 0.01 * loud.data["constant_loss"], loud.data["final_loss"]
+    assert loud.data["passed"] and loud.data["final_loss"] <= 0.1 * loud.data["constant_loss"], loud.data["final_loss"]

@@ -41,7 +41,7 @@ DETAILS = """The classic sanity test before a long run: a correct model, loss an
 on one fixed batch close to zero. The batch is --batch PATH:fn (inputs, target), else the
 model's inputs with targets chosen by the loss rules (--loss). Pass: final loss ≤ target-ratio
 × initial (and 100% batch accuracy for cross-entropy), or ≤ --target-loss; against torchdiag's own
-regression target, × the loss of answering every sample with its mean when that is lower. On failure the
+regression target, × 10 times the loss of answering every sample with its mean when that is lower. On failure the
 likely causes are checked: non-finite loss, missing or zero gradients, parameters that never
 changed, a flat loss, outputs identical across samples. With --amp fp16 the GradScaler's scale
 per step and the skipped steps are reported (every step skipped: error every-step-skipped,

@@ -8,8 +8,8 @@ So ``loss`` has ``steps + 1`` entries: ``loss[0]`` is the initial loss, ``loss[-
 the last update; ``grad_norm``/``learning_rate`` have one entry per update.
 
 Pass: ``final ≤ target_ratio × initial`` (and batch accuracy 100% when the loss is cross-entropy),
-or ``final ≤ target_loss``; against the made-up mse target, × the lower loss of answering every sample with the
-target's mean (Curve.yardstick). On failure the likely causes are checked on the trained copy:
+or ``final ≤ target_loss``; against the made-up mse target, × 10 times the loss of answering every sample with the
+target's mean when that is lower (Curve.yardstick). On failure the likely causes are checked on the trained copy:
 non-finite loss, parameters without gradients, parameters that never changed, a loss flat from the
 start, outputs identical across the samples of the batch (and the first module that makes them so),
 outputs squashed into [0, 1] or [-1, 1] where cross-entropy needs logits (the target then lies below

@@ -36,7 +36,7 @@ from .causes import (
     start_bounds,
 )
 from .sharded import global_norm, local_view
-from .trend import goal_of, judge
+from .trend import CONSTANT_TIMES, goal_of, judge
 
 SAME_AGAIN = (10, 50)   # steps whose outputs are asked again whether they differ across samples, while they did not
 LATE = 64   # the first step of the later counts of updates that round away (_late_start)
@@ -77,11 +77,13 @@ class Curve:
 
     @property
     def yardstick(self) -> float:
-        """What the target ratio is taken of: the initial loss, or the lower loss of answering every sample with the
-        made-up target's mean (causes.constant_loss): an output that starts 15x too large falls 200x by shrinking
-        alone, which memorises nothing (a review: a model that multiplies its input by 0 "memorised" the batch)."""
+        """What the target ratio is taken of: the initial loss, or CONSTANT_TIMES the loss of answering every sample
+        with the made-up target's mean (causes.constant_loss) when that is lower: an output that starts 15x too large
+        falls 200x by shrinking alone, which memorises nothing (a review: a model that multiplies its input by 0
+        "memorised" the batch). Against CONSTANT_TIMES x that loss no constant passes, and an output that starts at
+        the target's scale (an initial loss of about 2) keeps the initial as its yardstick."""
         first = self.losses[0]
-        return min(first, self.constant) if self.constant is not None and 0 < self.constant else first
+        return min(first, CONSTANT_TIMES * self.constant) if self.constant is not None and 0 < self.constant else first
 
 
 class Trainer:

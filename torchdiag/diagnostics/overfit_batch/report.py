@@ -7,7 +7,7 @@ from typing import Any
 from ...errors import ExitCode
 from ...results import Result
 from .options import OPTIMIZER
-from .trend import PLATEAU_REL, Trend, goal_of, judge
+from .trend import CONSTANT_TIMES, PLATEAU_REL, Trend, goal_of, judge
 
 FLAT_REL = 1e-3          # best loss within 0.1% of the initial loss: "flat from the start"
 ROSE_REL = 0.1           # ... unless it rose more than 10% above it on the way: it moved, upwards
@@ -112,9 +112,9 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
     custom = getattr(trainer.loss_fn, "custom", None) is not None   # its accuracy is told, not required (a review)
     target = f"loss ≤ {opts.target_ratio:g} × initial" + (" and batch accuracy 100%" if curve.accs and not custom else "")
     if curve.constant is not None and losses and curve.yardstick < losses[0]:
-        target += (f" of answering every sample with the made-up target's mean ({curve.constant:.4g}), lower than the "
-                   "initial: an output that starts large falls far by shrinking alone")
-        target = target.replace(" × initial of answering", " × the loss of answering")
+        target = target.replace(" × initial", f" × {CONSTANT_TIMES:g} × the loss of answering every sample with the made-up "
+                                f"target's mean ({curve.constant:.4g}), lower than the initial: an output that starts "
+                                "large falls far by shrinking alone")
     if opts.target_loss is not None:
         target += f", or loss ≤ {opts.target_loss:g}"
     # Header keys must not collide with data/series keys ("loss" is the per-step list in JSON).
@@ -517,8 +517,8 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
     bits = [f"final loss {_fmt(final)}"]
     if initial is not None and initial > 0 and final is not None and math.isfinite(final):
         bits.append(f"{final / initial:.3g} × initial (target {opts.target_ratio:g})" if yard == initial else
-                    f"{final / yard:.3g} × {_fmt(yard)}, the loss of answering every sample with the made-up target's "
-                    f"mean, below the initial {_fmt(initial)} (target {opts.target_ratio:g} × that)")
+                    f"{final / yard:.3g} × {_fmt(yard)}, {CONSTANT_TIMES:g} × the loss of answering every sample with the "
+                    f"made-up target's mean, below the initial {_fmt(initial)} (target {opts.target_ratio:g} × that)")
     if final_acc is not None and final_acc < 1:
         bits.append(f"batch accuracy {100 * final_acc:.1f}%")
     hint = None if found else (f"no mechanical cause found: try more {ctx.option('steps')} (now {curve.step}) "

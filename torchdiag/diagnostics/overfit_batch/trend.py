@@ -38,6 +38,9 @@ class Trend:
         return self.kind == "falling"
 
 
+CONSTANT_TIMES = 10.0   # the yardstick at most this many times the made-up target's constant fit (loop.Curve.yardstick)
+
+
 def goal_of(initial: float, opts) -> float:
     """The loss the target asks for: the larger of target_ratio × initial and target_loss (either reaches it)."""
     goal = opts.target_ratio * initial if initial >= 0 else -math.inf
