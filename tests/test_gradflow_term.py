@@ -73,3 +73,20 @@ def test_a_bias_the_output_is_all_of_keeps_the_verdict():
     assert res.exit_code == 1
     f = next(f for f in res.findings if f.code == "exploding-grad")
     assert "read where it acts ((root)'s output, moved along its gradient on a copy) the ratio is" in f.message, f.message
+
+
+class _UsedTwice(Discriminator):
+    """The same discriminator whose output bias is also read again, scaled, by the model itself: small beside the
+    logits at its own layer, a large part of the model's output."""
+
+    def forward(self, x):
+        return self.fc(self.net(x).flatten(1)) + 40 * self.fc.bias
+
+
+def test_a_parameter_also_used_elsewhere_is_read_where_it_moves_most():
+    (x, y), bce = _real_batch()
+    res = run("gradflow", _UsedTwice(bias=0.004), (x,), target=y, loss=bce)
+    row = _row(res, "fc.bias")
+    assert row["grad_weight_ratio"] > 100 and row["status"] == "exploding-grad", row
+    f = next(f for f in res.findings if f.code == "exploding-grad" and "fc" in f.where)
+    assert "read where it acts ((root)'s output" in f.message, f.message

@@ -7,7 +7,8 @@ batch all of one class, as a discriminator's real batch is) in about a third of 
 own norm moves the logits by 1%. Measured on a copy (one forward and backward for the gradient's direction, then
 one forward per asked parameter): each moved against its gradient by EPS of its norm alone, the relative change
 of its module's output (the innermost module holding it whose output moves; the model's output at the last) over
-EPS is its reach s, and ratio × s is the ratio where it acts. Within --exploding-ratio: `small-term` (info). Asked
+EPS is its reach s (the model's output's, where that moves further: a parameter also used elsewhere), and ratio × s
+is the ratio where it acts. Within --exploding-ratio: `small-term` (info). Asked
 of the grad/weight verdicts (the gradient's norm within --exploding) the short training run left standing."""
 from __future__ import annotations
 
@@ -65,11 +66,10 @@ def _read(asked, moves, sizes, changed) -> dict[str, Reach]:
     for n, moved in zip(asked, moves):
         changes = dict(zip(moved, changed[at:at + len(moved)]))
         at += len(moved)
-        for path in ancestors(owner(n)):   # innermost first
-            size, change = sizes.get(path, 0.0), changes.get(path, 0.0)
-            if size > 0 and change > 0:
-                out[n] = Reach(path, change / size / EPS)
-                break
+        moved_at = [Reach(path, changes[path] / sizes[path] / EPS) for path in ancestors(owner(n))   # innermost first
+                     if sizes.get(path, 0.0) > 0 and changes.get(path, 0.0) > 0]
+        if moved_at:   # its own module's output, or the model's where that moves further (a use of it elsewhere)
+            out[n] = max(moved_at[0], moved_at[-1], key=lambda r: r.reach)
     return out
 
 
