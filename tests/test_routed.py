@@ -60,6 +60,8 @@ def test_experts_a_small_batch_does_not_pick_are_routed_by_input_not_no_grad(com
     if command == "gradflow":
         got = {r["name"] for r in res.table("params").rows if r["status"] == "routed-by-input"}
         assert got == {f"experts.{e}.{k}" for e in unpicked for k in ("weight", "bias")}
+        said = dict(s for s in res.summary if isinstance(s, tuple))   # routed is info, yet no gradient reached them
+        assert said["Trainable parameters reached"] == f"{20 - len(got)} of 20 tensors", said
 
 
 @pytest.mark.parametrize("command", ["gradflow", "doctor", "overfit-batch"])

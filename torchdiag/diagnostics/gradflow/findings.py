@@ -294,8 +294,8 @@ def verdict(result, rows, opts, loss_value: float, strict_name: str = "--strict"
     errors = [f for f in result.findings if f.severity == "error"]
     warnings = [f for f in result.findings if f.severity == "warning"]
     trainable = sum(1 for r in rows if r["requires_grad"])
-    reached = sum(1 for r in rows if r["status"] in ("ok", "vanishing-grad", "exploding-grad", "zero-grad",
-                                                       "non-finite-grad", *BY_DESIGN) and r["requires_grad"])
+    # a gradient came back: not a parameter the pass skipped at random or routed no input to (info, yet not reached)
+    reached = sum(1 for r in rows if r["requires_grad"] and r["grad_norm"] is not None)
     result.summary += [
         ("Loss", f"{loss_value:.6g} ({result.header['loss']})"),
         ("Trainable parameters reached", f"{reached} of {trainable} tensors"),
