@@ -23,7 +23,7 @@ MAX_TERMS = 16      # parameters asked at most (the rest keep their verdict)
 
 @dataclass
 class Reach:
-    module: str       # where it was read: the innermost module holding it whose output moved
+    module: str       # where it was read: the innermost module holding it whose output moved, or the model
     reach: float      # that output's relative change over EPS: grad/weight × reach is the ratio where it acts
 
 
@@ -60,7 +60,7 @@ def reaches(model, inputs, names: list[str], ctx, prepare, eval_mode: bool) -> d
 
 
 def _read(asked, moves, sizes, changed) -> dict[str, Reach]:
-    """The innermost moved module of each asked name, from the values read back (see reaches)."""
+    """Each asked name's reach, from the values read back (see reaches)."""
     out: dict[str, Reach] = {}
     at = 0
     for n, moved in zip(asked, moves):
