@@ -231,8 +231,9 @@ def _equal(a, b):
 
 def _routed_zeros(probe: Probe, before: dict, names: list[str]) -> set[str]:
     """Of the `names` whose gradient stays all zeros, stopped by a choice among parts (core/stops Stop.selects), those
-    fresh inputs of the batch's kind give a gradient not all zeros on a copy at initialisation (a dense mixture multiplying an unpicked expert's output by a routing weight of
-    0; core/unreached.reached_by_other_inputs): routed-by-input (info), as gradflow says it. Not in eval mode."""
+    fresh inputs of the batch's kind give a gradient not all zeros on a copy at initialisation (a dense mixture
+    multiplying an unpicked expert's output by a routing weight of 0; core/unreached.reached_by_other_inputs):
+    routed-by-input (info), as gradflow says it. Not in eval mode."""
     if not names or not probe.work.training:
         return set()
     from ...core.design import stochastic_depth_off

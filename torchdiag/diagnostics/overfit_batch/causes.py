@@ -386,8 +386,9 @@ def made_target_floor(out, loss, goal: float = 0.0, fits: dict | None = None, st
     """mse against a target torchdiag drew (N(0, 1)), on an output whose trained values still keep to a range: unit
     length along the last dimension or dimension 1 (normalised embeddings, a channel-first descriptor map), each row
     a distribution (a softmax), every value in [0, 1] or [-1, 1] (a sigmoid or tanh map), or none below 0, where the
-    first output kept to that as well (a depth head's 10 x sigmoid, a softplus or ReLU output: GLPN's depth). The lowest loss any
-    output in that range reaches is the target's distance to it, mse(projection of the target, target). A sweep:
+    first output kept to that as well (a depth head's 10 x sigmoid, a softplus or ReLU output: GLPN's depth). The
+    lowest loss any output in that range reaches is the target's distance to it, mse(projection of the target,
+    target). A sweep:
     PP-OCRv5's sigmoid map levelled at 0.46 x its start, ColQwen2's unit rows at 0.65 x, both cannot-overfit. Told
     within the output dtype's rounding (bfloat16 rows are unit to ~4e-3). {kind, floor}, or None (a given target,
     another loss, a single value). `goal`: the loss the run had to reach (a LayerNorm's floor far below
