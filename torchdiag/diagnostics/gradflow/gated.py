@@ -116,8 +116,8 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                  design={"kind": kind, "why": f"{v.describe()} (a short training run on a copy: "
                                               f"{v.steps} optimizer steps on the same batch)"})
     _locate_stops(model, inputs, [r for r in flagged if r["status"] == "zero-grad"], result, opts, ctx, prepare)
-    _routed_zeros(model, inputs, [r for r in flagged if r["status"] == "zero-grad" and (r.get("stop") or {}).get("selects")],
-                  result, opts, ctx, prepare)
+    selected = [r for r in flagged if r["status"] == "zero-grad" and (r.get("stop") or {}).get("selects")]
+    _routed_zeros(model, inputs, selected, result, opts, ctx, prepare)
     _transient_saturation(sat, rc)
     for f in dead:
         v = rc.verdicts[f.where]
@@ -198,7 +198,8 @@ def _routed_zeros(model, inputs, rows, result, opts, ctx, prepare) -> None:
                         f"inputs' kind: {len(routed)} not zero there")
     for r in rows:
         if r["name"] in routed:
-            r.update(status="routed-by-input", allowed=False, design={"kind": "routed-by-input", "why": ROUTED_BY_INPUT})
+            r.update(status="routed-by-input", allowed=False,
+                     design={"kind": "routed-by-input", "why": ROUTED_BY_INPUT})
 
 
 def _loss_scale(model, inputs, rows, opts, ctx, prepare, result):

@@ -74,8 +74,8 @@ def _read(asked, moves, sizes, changed) -> dict[str, Reach]:
 
 
 def _moved(work, param, inputs, ctx, seen, base, state) -> dict:
-    """path -> ‖Δ output‖ (a 0-d device tensor) of each hooked module, with `param` moved against its gradient by EPS
-    of its norm for one seeded forward from the buffers the first forward started from, then put back."""
+    """path -> ‖Δ output‖ (a 0-d device tensor) of each hooked module, with `param` moved against its gradient by
+    EPS of its norm for one seeded forward from the buffers the first forward started from, then put back."""
     import torch
 
     from ...core.tracking import run_forward
