@@ -133,3 +133,139 @@ def test_a_saturated_softmax_is_not_asked_whether_fresh_inputs_reach_it(command)
     kept = [f for f in res.findings if f.code in ("zero-grad", "param-not-updated") and "score" in f.where]
     assert kept, [f.message for f in res.findings]
     assert "routed-by-input" not in {f.code for f in res.findings}
+
+
+class ByFlag(nn.Module):
+    """Tabular data whose column 0 is a 0/1 flag: expert 0 for flag 0, expert 1 for flag 1, and expert 2 for a flag
+    above 1.5, which no row of 0/1 data ever has: a dead branch (a wrong threshold), a real bug."""
+
+    def __init__(self):
+        super().__init__()
+        self.experts = nn.ModuleList(nn.Linear(6, 6) for _ in range(3))
+        self.head = nn.Linear(6, 2)
+
+    def forward(self, x):
+        flag = x[:, 0]
+        out = torch.zeros_like(x)
+        for e, sel in enumerate((flag < 0.5, (flag >= 0.5) & (flag <= 1.5), flag > 1.5)):
+            if sel.any():
+                out[sel] = self.experts[e](x[sel])
+        return self.head(out)
+
+
+def _flagged_batch():
+    torch.manual_seed(0)
+    x = torch.randn(6, 6) * 3            # features of a wide spread beside the flag (the whole tensor's std: 2.7)
+    x[:, 0] = torch.tensor([0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
+    return x
+
+
+@pytest.mark.parametrize("command", ["gradflow", "doctor", "overfit-batch"])
+def test_fresh_inputs_stay_inside_the_batch_s_own_values(command):
+    """A hostile review: fresh Gaussian values of the flag's mean and spread went above 1.5, and the dead expert was
+    routed-by-input (info, exit 0). Fresh inputs are new combinations of the batch's own values: flags stay 0/1."""
+    res = run(command, ByFlag(), (_flagged_batch(),), **({"steps": 100} if command == "overfit-batch" else {}))
+    no_grad = [f for f in res.findings if f.code == "no-grad"]
+    assert no_grad and "experts.2" in no_grad[0].where + no_grad[0].message, [f.message for f in res.findings]
+    assert res.exit_code == 1
+    assert not [f for f in res.findings if f.code == "routed-by-input" and "experts.2" in f.message]
+
+
+class ByCategory(nn.Module):
+    """Integer inputs: column 0 a category in {0, 1}, column 1 a token id in 0..9. Category 2 has an expert the
+    data never selects."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 8)
+        self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, ids):
+        h = self.embed(ids[:, 1])
+        out = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            sel = ids[:, 0] == e
+            if sel.any():
+                out[sel] = expert(h[sel])
+        return self.head(out)
+
+
+def test_fresh_integer_inputs_keep_each_column_s_own_values():
+    """A hostile review: ids were drawn over the whole tensor's [0, 9], which invented category 2 for column 0."""
+    ids = torch.tensor([[0, 3], [1, 9], [0, 7], [1, 0], [0, 5], [1, 2]])
+    res = run("gradflow", ByCategory(), (ids,))
+    assert res.exit_code == 1 and any(f.code == "no-grad" and "experts.2" in f.where + f.message
+                                      for f in res.findings), [f.message for f in res.findings]
+
+
+def test_resampled_values_are_the_batch_s_own_finite_values_per_entry():
+    from torchdiag.core.fresh import resampled_batches
+    from torchdiag.core.inputs import ModelInputs
+
+    torch.manual_seed(0)
+    x = torch.rand(5, 3, 4, 4)           # distinct values: the sample each entry came from can be read back
+    x[0, 1, 2, 3] = float("nan")         # a missing value: never drawn while the entry has a finite one
+    mask = torch.arange(5).view(5, 1, 1, 1).expand(5, 3, 4, 4).contiguous()   # each entry's sample index
+    batches = resampled_batches(ModelInputs((x,), {"mask": mask}), seed=0, samples=40)
+    assert len(batches) == 8
+    for b in batches:
+        y, m = b.args[0], b.kwargs["mask"]
+        assert y.shape == x.shape and y.isfinite().all()
+        hits = y.unsqueeze(0) == x.unsqueeze(1)            # (the batch's sample, entry)
+        assert hits.any(0).all()                           # every entry is one of the batch's values there
+        paired = hits.float().argmax(0) == m               # the mask, of one shape, drawn from that same sample,
+        paired[:, 1, 2, 3] = True                          # but where a NaN was redrawn
+        assert paired.all()
+    assert any(not torch.equal(b.args[0], x) for b in batches)
+    assert resampled_batches(ModelInputs((x[:1],), {}), seed=0, samples=40) == []   # one sample: nothing new
+
+
+def test_a_non_finite_gradient_reaches_nothing():
+    from torchdiag.core.unreached import _got
+
+    a, b, c = (nn.Parameter(torch.zeros(3)) for _ in range(3))
+    a.grad, b.grad, c.grad = torch.tensor([1.0, float("nan"), 0.0]), torch.ones(3), torch.zeros(3)
+    assert _got({"a": a, "b": b, "c": c}, ["a", "b", "c"], nonzero=False) == {"b", "c"}
+    assert _got({"a": a, "b": b, "c": c}, ["a", "b", "c"], nonzero=True) == {"b"}
+
+
+class Timed(nn.Module):
+    """Rows must come sorted by their time stamp (column 0), so fresh inputs (rows mixed) are refused; layer 1 is
+    dropped at random in train mode (LayerDrop); expert 1 only runs for a flag (column 1) above 1.5, which no row
+    has."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+        self.experts = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        if not bool((x[1:, 0] >= x[:-1, 0]).all()):
+            raise ValueError("rows must be sorted by time")
+        h = x
+        for i, layer in enumerate(self.layers):
+            if i == 1 and self.training and torch.rand([]) < 0.7:
+                continue
+            h = layer(h)
+        out = torch.zeros_like(h)
+        for e, sel in enumerate((x[:, 1] <= 1.5, x[:, 1] > 1.5)):
+            if sel.any():
+                out[sel] = self.experts[e](h[sel])
+        return self.head(out)
+
+
+@pytest.mark.parametrize("command", ["gradflow", "doctor"])
+def test_a_forward_that_refuses_fresh_inputs_keeps_what_other_draws_found(command):
+    """A hostile review: one try block held both re-checks, so the fresh inputs' failure threw away the layer another
+    random draw had reached, and the LayerDrop-skipped layer was a no-grad error again."""
+    torch.manual_seed(0)
+    x = torch.randn(6, 4)
+    x[:, 0], x[:, 1] = torch.arange(6.0), torch.tensor([0.0, 1, 0, 1, 1, 0])
+    res = run(command, Timed(), (x,))
+    codes = {(f.code, f.where) for f in res.findings}
+    assert ("skipped-at-random", "layers.1") in codes, codes     # seed 0: the judged pass drops layer 1
+    no_grad = [f for f in res.findings if f.code == "no-grad"]
+    assert len(no_grad) == 1 and "experts.1" in no_grad[0].message and "layers.1" not in no_grad[0].message
+    assert any("not re-checked on fresh inputs" in n and "sorted by time" in n for n in res.notes), res.notes

@@ -54,3 +54,50 @@ def fresh_tensor(t, g):
         offset = torch.randn((t.shape[0], t.shape[1]) + (1,) * (t.dim() - 2), generator=g, device=t.device)
         x = x * scale + offset
     return (x * std + mean).to(t.dtype)
+
+
+RESAMPLE_TRIES = 8   # draws of another sample for an entry whose drawn value is NaN or infinite
+
+
+def resampled_batches(inputs, seed: int, samples: int) -> list:
+    """Batches of the same shapes as `inputs`, enough for `samples` samples, each entry of a tensor that holds the
+    batch (leading size the batch's) drawn from the same entry of a random sample of the batch, finite where the
+    batch has a finite value there: new combinations of the batch's own values, never a value it lacks (a 0/1 flag
+    stays 0 or 1, [0, 1] pixels stay in [0, 1], ids stay ids of that position). Tensors of one shape share their
+    draws (ids and their attention mask stay paired). None for a batch of one, or when nothing would be fresh.
+
+    Inputs torchdiag made up itself (a source's default) are drawn as that source drew them (fresh_batches): their
+    values stand for no data."""
+    if getattr(inputs, "chosen", False):
+        return fresh_batches(inputs, seed, samples=samples)
+    import torch
+
+    n = inputs.batch_size or 1
+    if n < 2:
+        return []
+    out = []
+    for k in range(math.ceil(samples / n)):
+        def resample(t, k=k):
+            if t.is_nested or t.is_sparse or t.dim() == 0 or t.shape[0] != n or t.numel() == 0:
+                return t
+            g = torch.Generator(device=t.device).manual_seed(seeds.fresh_batch(seed, k))
+            return _resampled(t, g)
+        out.append(inputs.map(resample))
+    return out if any(b is not a for o in out for (_, a), (_, b) in zip(inputs.tensors(), o.tensors())) else []
+
+
+def _resampled(t, g):
+    """t with each entry taken from a random sample of the batch at the same index, redrawn where the value taken is
+    not finite (kept non-finite only where RESAMPLE_TRIES draws found nothing else)."""
+    import torch
+
+    src = t.detach()
+    pick = torch.randint(0, t.shape[0], t.shape, generator=g, device=t.device)
+    out = src.gather(0, pick)
+    if not (src.is_floating_point() or src.is_complex()):
+        return out.to(t.dtype)
+    for _ in range(RESAMPLE_TRIES):
+        bad = ~out.isfinite()
+        again = torch.randint(0, t.shape[0], t.shape, generator=g, device=t.device)
+        out = torch.where(bad, src.gather(0, again), out)
+    return out

@@ -254,9 +254,9 @@ def not_reached_message(names: list[str], inputs, limit: int = 6) -> str:
 
 
 def in_a_stack(names: list[str], model, reached: set[str]) -> list[str]:
-    """Of `names` (parameters whose module the judged pass never ran), those inside an entry of a ModuleList or
-    Sequential another entry of which, of the same class, holds a parameter in `reached`: what LayerDrop skips is
-    a layer of a stack whose siblings ran. A branch the default inputs never feed (an image tower under text ids)
+    """Of `names` (parameters whose module the judged pass never ran), those inside an entry of a ModuleList,
+    ModuleDict or Sequential another entry of which, of the same class, holds a parameter in `reached`: what
+    LayerDrop skips is a layer of a stack whose siblings ran. A branch the default inputs never feed (an image tower under text ids)
     is no such entry, and is not drawn again (a review: three more passes on a copy, for nothing)."""
     import torch.nn as nn
 
@@ -265,7 +265,7 @@ def in_a_stack(names: list[str], model, reached: set[str]) -> list[str]:
     for name in names:
         for path in ancestors(owner(name))[:-1]:
             parent, mod = modules.get(owner(path)), modules.get(path)
-            if not isinstance(parent, (nn.ModuleList, nn.Sequential)) or mod is None:
+            if not isinstance(parent, (nn.ModuleList, nn.ModuleDict, nn.Sequential)) or mod is None:
                 continue
             prefix = owner(path) + "." if owner(path) else ""
             if any(type(m) is type(mod) and f"{prefix}{c}" != path
@@ -303,7 +303,7 @@ def reached_by_other_draws(work, inputs, names: list[str], ctx) -> tuple[set[str
     return reached, draws
 
 
-ROUTED_SAMPLES = 64   # fresh samples an input-routed parameter is asked about (an expert 3% of inputs pick: 86%)
+ROUTED_SAMPLES = 128  # fresh samples an input-routed parameter is asked about (an expert 3% of inputs pick: 98%)
 ROUTED_BY_INPUT = ("the forward routes each input to some of its parts (an MoE router picking experts per sample), "
                    "and this batch sent none to them; other inputs of the same kind give them a gradient")
 
@@ -319,40 +319,49 @@ def routed_message(names: list[str], runs: int, zeros: bool = False) -> str:
             f"because the batch routed no input to them: {ROUTED_BY_INPUT} ({runs} fresh batch(es) on a copy)")
 
 
-def reached_by_other_inputs(work, inputs, names: list[str], ctx, nonzero: bool = False) -> tuple[set[str], int]:
+def reached_by_other_inputs(work, inputs, names: list[str], ctx, ran: set[str],
+                            nonzero: bool = False) -> tuple[set[str], int]:
     """Of `names` (no gradient, and no other draw of the RNG reaching them), those that fresh inputs of the batch's
-    kind reach (core/fresh.py: the same shapes, values from each tensor's own spread), up to ROUTED_SAMPLES samples,
-    one seeded pass per fresh batch on `work`, a copy in train mode, stopping once all are reached: a forward that
-    routes by its input (a top-k router) leaves an expert without a gradient when a small batch picks none of it.
-    `nonzero`: reached means a gradient not all zeros (one read back a batch), for `names` whose gradient was all
-    zeros (a dense mixture: every expert runs, an unpicked one's output times a routing weight of 0).
-    (reached, batches run)."""
+    kind reach with a finite gradient (core/fresh.resampled_batches: new combinations of the batch's own values), up
+    to ROUTED_SAMPLES samples, one seeded pass per fresh batch on `work`, a copy in train mode, stopping once all are
+    reached: a forward that routes by its input (a top-k router) leaves an expert without a gradient when a small
+    batch picks none of it. Only an entry of a stack (ModuleList, ModuleDict, Sequential) another entry of which, of
+    the same class, holds a parameter in `ran` (a gradient in the judged pass) is asked: what a router chooses among
+    is its siblings; a module no input runs is not asked 64 samples for nothing. `nonzero`: reached means a gradient
+    not all zeros, for `names` whose gradient was all zeros (a dense mixture: every expert runs, an unpicked one's
+    output times a routing weight of 0). One read-back per fresh batch. (reached, batches run)."""
     from . import train
-    from .fresh import fresh_batches
+    from .fresh import resampled_batches
     from .tracking import run_forward
 
+    names = in_a_stack(names, work, ran)
     params = dict(work.named_parameters())
     reached: set[str] = set()
     runs = 0
-    for batch in fresh_batches(inputs, ctx.seed, samples=ROUTED_SAMPLES) if names else []:
+    for batch in resampled_batches(inputs, ctx.seed, ROUTED_SAMPLES) if names else []:
         runs += 1
         work.zero_grad(set_to_none=True)
         with ctx.seeded():
             train.backward(ctx.loss()(run_forward(work, batch, phase="forward (fresh inputs, on a copy)")))
-        reached |= _got(params, names, nonzero)
+        reached |= _got(params, [n for n in names if n not in reached], nonzero)
         if len(reached) == len(names):
             break
     return reached, runs
 
 
 def _got(params: dict, names: list[str], nonzero: bool) -> set[str]:
-    """Of `names`, those with a gradient (`nonzero`: one not all zeros, read back once)."""
+    """Of `names`, those with a finite gradient (`nonzero`: one not all zeros), read back once: a NaN batch's NaN
+    gradient reaches nothing."""
     got = [n for n in names if n in params and params[n].grad is not None]
-    if not nonzero or not got:
-        return set(got)
+    if not got:
+        return set()
     from .readback import read_back
 
-    return {n for n, any_ in zip(got, read_back([params[n].grad.detach().ne(0).any() for n in got])) if any_}
+    def ok(g):
+        g = g.detach()
+        return g.isfinite().all() & g.ne(0).any() if nonzero else g.isfinite().all()
+
+    return {n for n, yes in zip(got, read_back([ok(params[n].grad) for n in got])) if yes}
 
 
 def never_ran(model, inputs, names: list[str], ctx, rng=None) -> list[str]:

@@ -102,7 +102,8 @@ def update_check(probe: Probe) -> None:
     if w is None:   # an all-zero gradient that stays: where it stops (core/stops.py), said in its finding
         selected: set[str] = set()
         bad = gated.with_stops(work, before, inputs, ctx, bad, zero, result, stochastic_depth_off, selected)
-        routed = _routed_zeros(probe, before, [n for n, _, _ in bad if n in selected])
+        routed = _routed_zeros(probe, before, [n for n, _, _ in bad if n in selected],
+                               {n for n, _ in with_grad if n not in zero})
         bad = [b for b in bad if b[0] not in routed]
     _report_not_updated(bad, kinds, work, ck, result)
     if not bad and not broken:
@@ -138,7 +139,7 @@ def _report_no_grad(probe: Probe, no_grad: list[str], total: int) -> None:
     # not-reached, and doctor and gradflow named different layers)
     reached = {n for n, p in work.named_parameters() if p.requires_grad and n not in set(no_grad)}
     asked = [n for n in no_grad if n not in set(quiet)] + in_a_stack(quiet, work, reached)
-    drawn = _skipped_at_random(probe, asked)
+    drawn = _skipped_at_random(probe, asked, reached)
     quiet = [n for n in quiet if n not in drawn]
     probe.result.data["params_not_reached"] = quiet
     for group in by_top_module(quiet, work):
@@ -151,11 +152,12 @@ def _report_no_grad(probe: Probe, no_grad: list[str], total: int) -> None:
                 members=list(no_grad))     # an allow glob accepts it only when it holds every one
 
 
-def _skipped_at_random(probe: Probe, names: list[str]) -> set[str]:
+def _skipped_at_random(probe: Probe, names: list[str], ran: set[str]) -> set[str]:
     """Of the no-grad `names`, those another draw of the RNG reaches on a copy (a sweep: Wav2Vec2's LayerDrop 0.1
     skipped layer 1 in doctor's pass, an error in `check`), or fresh inputs of the batch's kind reach (an MoE expert
-    a small batch picked none of: core/unreached.reached_by_other_inputs): info, as gradflow says it. Not under torchrun (every
-    rank would have to draw alike) nor in eval mode (nothing is drawn)."""
+    a small batch picked none of: core/unreached.reached_by_other_inputs): info, as gradflow says it. A failure of
+    the fresh inputs keeps what the draws found. Not under torchrun (every rank would have to draw alike) nor in
+    eval mode (nothing is drawn)."""
     if not names or probe.wrapped is not None or not probe.work.training:
         return set()
     from ...core.design import stochastic_depth_off
@@ -167,18 +169,23 @@ def _skipped_at_random(probe: Probe, names: list[str]) -> set[str]:
         # a random .detach() is a cut, not a skip (a review), seen with the judged forward's own draws
         names = never_ran(copy, probe.inputs, names, probe.ctx, probe.rng)
         reached, draws = reached_by_other_draws(copy, probe.inputs, names, probe.ctx) if names else (set(), 0)
-        routed, runs = reached_by_other_inputs(copy, probe.inputs, [n for n in names if n not in reached], probe.ctx)
     except ModelError as exc:   # no room for a copy, or its forward failed: the verdicts stand
         probe.result.notes.append(f"parameters without a gradient not re-checked with other random draws: {exc.message}")
         return set()
-    if routed:
-        probe.result.add("routed-by-input", "info", repeats.common_path(sorted(routed)) or "(root)",
-                         routed_message(sorted(routed), runs), hint=ROUTED_HINT)
     if reached:
         probe.result.add("skipped-at-random", "info", repeats.common_path(sorted(reached)) or "(root)",
                          f"{len(reached)} parameter tensor(s) ({', '.join(sorted(reached)[:6])}"
                          f"{' …' if len(reached) > 6 else ''}) got no gradient only because the judged pass skipped "
                          f"them at random: {SKIPPED_AT_RANDOM} ({draws} more draw(s) on a copy)")
+    try:
+        routed, runs = reached_by_other_inputs(copy, probe.inputs, [n for n in names if n not in reached], probe.ctx,
+                                               ran)
+    except ModelError as exc:   # a fresh batch the forward refuses: the no-grad verdicts stand
+        probe.result.notes.append(f"parameters without a gradient not re-checked on fresh inputs: {exc.message}")
+        return reached
+    if routed:
+        probe.result.add("routed-by-input", "info", repeats.common_path(sorted(routed)) or "(root)",
+                         routed_message(sorted(routed), runs), hint=ROUTED_HINT)
     return reached | routed
 
 
@@ -229,7 +236,7 @@ def _equal(a, b):
     return ((a == b) | (a.isnan() & b.isnan())).all()
 
 
-def _routed_zeros(probe: Probe, before: dict, names: list[str]) -> set[str]:
+def _routed_zeros(probe: Probe, before: dict, names: list[str], ran: set[str]) -> set[str]:
     """Of the `names` whose gradient stays all zeros, stopped by a choice among parts (core/stops Stop.selects), those
     fresh inputs of the batch's kind give a gradient not all zeros on a copy at initialisation (a dense mixture
     multiplying an unpicked expert's output by a routing weight of 0; core/unreached.reached_by_other_inputs):
@@ -243,7 +250,7 @@ def _routed_zeros(probe: Probe, before: dict, names: list[str]) -> set[str]:
         copy = initial_copy(probe.work, before, ctx=probe.ctx)
         copy.train()
         stochastic_depth_off(copy)
-        routed, runs = reached_by_other_inputs(copy, probe.inputs, names, probe.ctx, nonzero=True)
+        routed, runs = reached_by_other_inputs(copy, probe.inputs, names, probe.ctx, ran, nonzero=True)
     except ModelError as exc:   # no room for a copy, or a fresh batch the forward refuses: the errors stand
         probe.result.notes.append(f"parameters with an all-zero gradient not re-checked with fresh inputs: {exc.message}")
         return set()

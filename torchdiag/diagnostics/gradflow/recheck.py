@@ -70,11 +70,11 @@ def recheck(model, inputs, pas, rows, opts, ctx, result) -> None:
                 retried(lambda x: _invariant(_copy(model, opts, ctx), x, cands, strict, ctx.loss(), ctx,
                                              LOSS_RTOL_FLOAT32), inputs, ctx, result.notes, "cancelled parameters "
                         "re-checked in float32", agrees)
-        cands = _drawn_again(model, rows)
-        if cands and not opts.eval_mode:
-            _skipped_at_random(_copy(model, opts, ctx), inputs, cands, ctx, result)
     except ModelError as exc:   # no copy, or the copy's forward failed: keep the plain verdicts
         result.notes.append(f"cancelled gradients not re-checked on a copy: {exc.message}")
+    cands = _drawn_again(model, rows)
+    if cands and not opts.eval_mode:
+        _skipped_at_random(model, inputs, cands, {r["name"] for r in rows if r.get("grad_norm")}, opts, ctx, result)
 
 
 def _scale_invariant(model, inputs, rows, opts, ctx, result) -> None:
@@ -140,22 +140,36 @@ def _drawn_again(model, rows) -> list[dict]:
     return [r for r in rows if (r["status"] == "no-grad" and r.get("reason") == "unused") or r["name"] in stacked]
 
 
-def _skipped_at_random(work, inputs, cands, ctx, result) -> None:
+def _skipped_at_random(model, inputs, cands, ran: set[str], opts, ctx, result) -> None:
     """no-grad or not-reached parameters (`cands`, rows) that another draw of the RNG reaches
-    (core/unreached.reached_by_other_draws): the forward itself chose at random to skip them; a parameter no draw
-    reaches keeps its status."""
-    reached, draws = reached_by_other_draws(work, inputs, [r["name"] for r in cands], ctx)
-    left = [r["name"] for r in cands if r["name"] not in reached and r["status"] == "no-grad"]
-    routed, runs = reached_by_other_inputs(work, inputs, left, ctx)
-    for r in cands:
-        if r["name"] in reached:
-            r.update(status="skipped-at-random", allowed=False, design={
-                "kind": "skipped-at-random", "why": SKIPPED_AT_RANDOM})
-        elif r["name"] in routed:
-            r.update(status="routed-by-input", allowed=False, design={"kind": "routed-by-input", "why": ROUTED_BY_INPUT})
-    fresh = f"; {runs} fresh batch(es) of the inputs' kind: {len(routed)} of {len(left)} reached" if runs else ""
+    (core/unreached.reached_by_other_draws): the forward itself chose at random to skip them; then, of the no-grad
+    ones left, those fresh inputs of the batch's kind reach (routed-by-input). A parameter neither reaches keeps its
+    status; a failure of the fresh inputs keeps what the draws found."""
+    try:
+        work = _copy(model, opts, ctx)
+        reached, draws = reached_by_other_draws(work, inputs, [r["name"] for r in cands], ctx)
+    except ModelError as exc:   # no copy, or the copy's forward failed: keep the plain verdicts
+        result.notes.append(f"parameters without a gradient not re-checked with other random draws: {exc.message}")
+        return
+    _mark(cands, reached, "skipped-at-random", SKIPPED_AT_RANDOM)
     result.notes.append(f"{len(cands)} parameter tensor(s) without a gradient re-checked on a copy with {draws} "
-                        f"other random draw(s): {len(reached)} reached{fresh}")
+                        f"other random draw(s): {len(reached)} reached")
+    left = [r["name"] for r in cands if r["name"] not in reached and r["status"] == "no-grad"]
+    try:
+        routed, runs = reached_by_other_inputs(work, inputs, left, ctx, ran)
+    except ModelError as exc:   # a fresh batch the forward refuses: the no-grad verdicts stand
+        result.notes.append(f"parameters without a gradient not re-checked on fresh inputs: {exc.message}")
+        return
+    _mark(cands, routed, "routed-by-input", ROUTED_BY_INPUT)
+    if runs:
+        result.notes.append(f"{len(left)} parameter tensor(s) still without a gradient re-checked on {runs} fresh "
+                            f"batch(es) of the inputs' kind: {len(routed)} reached")
+
+
+def _mark(rows, names: set[str], status: str, why: str) -> None:
+    for r in rows:
+        if r["name"] in names:
+            r.update(status=status, allowed=False, design={"kind": status, "why": why})
 
 
 def cut_agrees(model, rows, names, opts, ctx, prepare=stochastic_depth_off):

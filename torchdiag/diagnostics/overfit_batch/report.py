@@ -361,7 +361,8 @@ def _routed(result, trainer, missing: list[str], zeros: bool = False) -> list[st
         work = ctx.train_copy(start, "to re-check parameters without a gradient on fresh "
                               "inputs", backward=True)
         asked = _selected(work, trainer.batch, missing, ctx) if zeros else missing
-        routed, runs = reached_by_other_inputs(work, trainer.batch, asked, ctx, nonzero=zeros)
+        ran = {n for n, _ in trainer.trainable if n not in set(missing)}
+        routed, runs = reached_by_other_inputs(work, trainer.batch, asked, ctx, ran, nonzero=zeros)
     except ModelError as exc:   # no room for a copy, or its forward failed: the verdicts stand
         result.notes.append(f"parameters without a gradient not re-checked on fresh inputs: {exc.message}")
         return missing
