@@ -90,3 +90,69 @@ def test_a_parameter_also_used_elsewhere_is_read_where_it_moves_most():
     assert row["grad_weight_ratio"] > 100 and row["status"] == "exploding-grad", row
     f = next(f for f in res.findings if f.code == "exploding-grad" and "fc" in f.where)
     assert "read where it acts ((root)'s output" in f.message, f.message
+
+
+class _Block(nn.Module):
+    """Returns what the model reads (features plus an offset) and a second output, 10⁴ × the features, that the model
+    never reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(8, 16)
+        self.offset = nn.Parameter(torch.randn(16) * 0.1)
+
+    def forward(self, x):
+        f = self.body(x)
+        return f + self.offset, f * 1e4
+
+
+class _Unread(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block, self.head, self.side = _Block(), nn.Linear(16, 4), nn.Linear(8, 4)
+
+    def forward(self, x):
+        h, _ = self.block(x)
+        return self.head(torch.relu(h)) + 1e3 * self.side(x)   # the model's output: mostly a path the offset is not on
+
+
+def test_the_reach_is_read_on_the_outputs_the_loss_reads():
+    """A review: a module's second output that nothing reads entered the norm its move was compared with, so a
+    parameter that moves its module's output by its own share read as a term of 10⁻⁴, and its verdict as small-term.
+    Moved against its gradient by EPS of its norm, the offset moves the block's first output by exactly √n·EPS·‖offset‖
+    (broadcast over the n rows)."""
+    import math
+
+    from torchdiag.api import as_inputs, run_spec
+    from torchdiag.core.context import context_for
+    from torchdiag.diagnostics import gradflow
+    from torchdiag.diagnostics.gradflow.term import reaches
+
+    torch.manual_seed(0)
+    model, x = _Unread(), torch.randn(8, 8)
+    ctx = context_for(model, run_spec("gradflow", gradflow), loss="auto", target=None)
+    got = reaches(model, as_inputs(model, (x,)), ["block.offset"], ctx, lambda work: None, False)["block.offset"]
+    with torch.no_grad():
+        h = model.block(x)[0]
+    assert got.module == "block"
+    assert math.isclose(got.reach, math.sqrt(8) * model.block.offset.norm().item() / h.norm().item(), rel_tol=1e-4)
+
+
+class _Loud(_Unread):
+    """The offset 1000× in its effect, added outside its block: SGD's short run takes the loss up 654 → 1.3e3, and
+    at the model's output, mostly the side path, its move reads as small."""
+
+    def forward(self, x):
+        f = self.block.body(x)
+        h, _ = f + self.block.offset * 1000, self.block(x)[1]
+        return self.head(torch.relu(h)) + 1e3 * self.side(x)
+
+
+def test_a_ratio_whose_short_run_raised_the_loss_is_never_a_small_term():
+    """A review: the offset read as a small term where it acts while SGD's steps doubled the loss: small-term (info).
+    Whatever the reading, a short run whose loss rose keeps the error."""
+    torch.manual_seed(0)
+    res = run("gradflow", _Loud(), (torch.randn(8, 8),), optimizer="sgd")
+    row = _row(res, "block.offset")
+    assert row["grad_weight_ratio"] > 100 and row["status"] == "exploding-grad", row
+    assert res.exit_code == 1

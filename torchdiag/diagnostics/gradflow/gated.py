@@ -7,6 +7,8 @@ the gate and the measured fact; still there: the verdict keeps its level. Runs o
 flagged: a healthy pass pays nothing."""
 from __future__ import annotations
 
+import math
+
 from ...core import gates
 from ...core.fewer import retried
 from ...core.module_paths import label, owner
@@ -84,7 +86,7 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                 r.update(status=SMALL, allowed=False, design={"kind": SMALL, "why": alike_why(r, v, ctx)})
             elif (why := scaled(r["name"])) is not None:
                 r.update(status=LOSS_SCALE, allowed=False, design={"kind": LOSS_SCALE, "why": why})
-            elif step_claim(r, opts) and (why := termed(r)) is not None:
+            elif step_claim(r, opts) and not _loss_rose(v) and (why := termed(r)) is not None:
                 r.update(status=TERM, allowed=False, design={"kind": TERM, "why": why})
             continue
         # the step measured is the optimizer's own, eps included (a gradient far below Adam's eps gets a step
@@ -233,6 +235,14 @@ def _loss_scale(model, inputs, rows, opts, ctx, prepare, result):
                 "SGD needs a learning rate about that RMS squared smaller (judge it with the real loss: --batch, --loss)")
 
     return why
+
+
+def _loss_rose(v) -> bool:
+    """The short run's loss ended above where it began (or not finite): whatever the ratio where the parameter acts,
+    its steps blew the loss up (a review: a module returning a second output the loss never reads, 100× the logits,
+    read the move on both; SGD took the loss 1.38 → 7.7e3, and the verdict became small-term, info)."""
+    l0, l1 = v.losses
+    return not (math.isfinite(l1) and l1 <= l0)
 
 
 def _small_terms(model, inputs, rows, opts, ctx, prepare, result):

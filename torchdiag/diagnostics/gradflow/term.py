@@ -48,10 +48,11 @@ def reaches(model, inputs, names: list[str], ctx, prepare, eval_mode: bool) -> d
         with torch.enable_grad(), ctx.seeded(), ctx.autocast():
             loss = ctx.loss()(run_forward(work, inputs, phase="forward (a large ratio read where it acts, on a copy)"))
         train.backward(loss)
-        base = {p: list(outs) for p, outs in seen.items() if outs}
+        read = {p: [i for i, t in enumerate(outs) if t.grad is not None] for p, outs in seen.items()}
+        base = {p: [seen[p][i].detach() for i in kept] for p, kept in read.items() if kept}
         sizes = {p: _norm(outs) for p, outs in base.items()}
         asked = [n for n in names if params[n].grad is not None and params[n].grad.shape == params[n].shape]
-        moves = [_moved(work, params[n], inputs, ctx, seen, base, state) for n in asked]
+        moves = [_moved(work, params[n], inputs, ctx, seen, base, read, state) for n in asked]
     finally:
         for h in hooks:
             h.remove()
@@ -73,9 +74,10 @@ def _read(asked, moves, sizes, changed) -> dict[str, Reach]:
     return out
 
 
-def _moved(work, param, inputs, ctx, seen, base, state) -> dict:
-    """path -> ‖Δ output‖ (a 0-d device tensor) of each hooked module, with `param` moved against its gradient by
-    EPS of its norm for one seeded forward from the buffers the first forward started from, then put back."""
+def _moved(work, param, inputs, ctx, seen, base, read, state) -> dict:
+    """path -> ‖Δ output‖ (a 0-d device tensor) of each hooked module's outputs the loss read (`read`: their index),
+    with `param` moved against its gradient by EPS of its norm for one seeded forward from the buffers the first
+    forward started from, then put back."""
     import torch
 
     from ...core.tracking import run_forward
@@ -94,15 +96,29 @@ def _moved(work, param, inputs, ctx, seen, base, state) -> dict:
                 run_forward(work, inputs, phase="forward (a parameter moved along its gradient, on a copy)")
         finally:
             param.add_(step)
-    return {p: _norm([widened(a) - widened(b) for a, b in zip(outs, base[p])]) for p, outs in seen.items()
-            if p in base and len(outs) == len(base[p]) and all(a.shape == b.shape for a, b in zip(outs, base[p]))}
+    out = {}
+    for p, outs in seen.items():
+        now = [outs[i] for i in read.get(p, []) if i < len(outs)]
+        if p in base and len(now) == len(base[p]) and all(a.shape == b.shape for a, b in zip(now, base[p])):
+            out[p] = _norm([widened(a) - widened(b) for a, b in zip(now, base[p])])
+    return out
 
 
 def _keep(seen: dict, path: str):
+    """A forward hook keeping the module's floating-point outputs; those with a graph keep their gradient, so that
+    only what the loss reads is compared (a second output the loss never reads moves as the parameter does, and
+    made a 7.7e3× loss blow-up look small: a review)."""
+    import torch
+
     from ...core.loss import float_outputs
 
     def hook(_module, _args, out):
-        seen.setdefault(path, []).extend(t.detach() for _, t in float_outputs(out) if t.numel())
+        kept = [t for _, t in float_outputs(out) if t.numel()]
+        if torch.is_grad_enabled():
+            for t in kept:
+                if t.requires_grad:
+                    t.retain_grad()
+        seen.setdefault(path, []).extend(t if torch.is_grad_enabled() else t.detach() for t in kept)
 
     return hook
 
