@@ -246,6 +246,9 @@ def test_a_positive_regression_head_fits_the_made_up_target_as_far_as_its_range_
     assert res.exit_code == 0 and res.data["passed"], [f.message for f in res.findings]
     f = next(f for f in res.findings if f.code == "made-target-out-of-range")
     assert f.severity == "info" and "keeps to [0, ∞)" in f.message, f.message
+    # a review: the example of a real target it cannot fit named a final sigmoid or tanh
+    assert "signed regression target behind a final ReLU, softplus" in f.message and "sigmoid" not in f.message
+
 
 class _RangedFirst(torch.nn.Module):
     """DPT's shape: a first output of a fixed range (a tanh map, or a LayerNorm's rows) beside a tanh output with

@@ -269,3 +269,47 @@ def test_a_forward_that_refuses_fresh_inputs_keeps_what_other_draws_found(comman
     no_grad = [f for f in res.findings if f.code == "no-grad"]
     assert len(no_grad) == 1 and "experts.1" in no_grad[0].message and "layers.1" not in no_grad[0].message
     assert any("not re-checked on fresh inputs" in n and "sorted by time" in n for n in res.notes), res.notes
+
+
+def test_gradflow_says_which_kind_of_missing_gradient_was_routed_and_how_to_reach_it():
+    """A review: gradflow's title always said "no gradient, or one of zeros", and its finding had no hint (doctor's
+    and overfit-batch's had)."""
+    model, x, _ = _case()
+    plain = next(f for f in run("gradflow", model, (x,)).findings if f.code == "routed-by-input")
+    torch.manual_seed(0)
+    dense = next(f for f in run("gradflow", DenseTopOne(), (torch.randn(3, 16),)).findings
+                 if f.code == "routed-by-input")
+    assert "got no gradient only because" in plain.message and "zeros" not in plain.message, plain.message
+    assert "got a gradient of zeros only because" in dense.message, dense.message
+    assert plain.hint and plain.hint == dense.hint and "batch large enough" in plain.hint
+
+
+class ReluGated(nn.Module):
+    """Each branch scaled by its own ReLU gate; gate 2 shut for every sample of the batch (its pre-activation's largest
+    value over the batch just below 0), open for some mixtures of the batch's values: a dead gate, not a router."""
+
+    def __init__(self, x):
+        super().__init__()
+        self.gates = nn.ModuleList(nn.Linear(8, 1) for _ in range(3))
+        self.branches = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+        self.head = nn.Linear(8, 2)
+        with torch.no_grad():
+            for g in self.gates[:2]:
+                g.bias.fill_(5.0)
+            self.gates[2].bias -= self.gates[2](x).max() + 0.01
+
+    def forward(self, x):
+        return self.head(sum(torch.relu(g(x)) * b(x) for g, b in zip(self.gates, self.branches)))
+
+
+@pytest.mark.parametrize("command", ["gradflow", "doctor", "overfit-batch"])
+def test_a_branch_behind_a_dead_relu_gate_is_not_routed(command):
+    """A review: the gate's own parameters were zero-grad (dead units), while the branch it multiplies by 0 was
+    routed-by-input (info): fresh inputs that open the branch open the gate too. Both keep their verdict."""
+    torch.manual_seed(0)
+    x = torch.randn(6, 8)
+    torch.manual_seed(1)
+    res = run(command, ReluGated(x), (x,), **({"steps": 100} if command == "overfit-batch" else {}))
+    assert "routed-by-input" not in {f.code for f in res.findings}, [f.message for f in res.findings]
+    assert res.exit_code == 1
+    assert any("saturation" in n and "gates.2" in n for n in res.notes), res.notes

@@ -3,6 +3,8 @@ its module never ran (unused), ran but none of its outputs reached the loss (det
 an integer output, `torch.no_grad()`), or ran and reached the loss without using it."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .module_paths import ancestors, label, owner
 
 
@@ -319,23 +321,41 @@ def routed_message(names: list[str], runs: int, zeros: bool = False) -> str:
             f"because the batch routed no input to them: {ROUTED_BY_INPUT} ({runs} fresh batch(es) on a copy)")
 
 
-def reached_by_other_inputs(work, inputs, names: list[str], ctx, ran: set[str],
-                            nonzero: bool = False) -> tuple[set[str], int]:
+@dataclass
+class Fresh:
+    """What fresh inputs reached (reached_by_other_inputs)."""
+    reached: set[str]          # of the names asked, those a fresh batch gave a finite gradient (not all zeros)
+    runs: int                  # fresh batches run
+    revived: list[str]         # saturated parameters (dead units' weights) a fresh batch gave a gradient too
+
+    def said(self) -> str:
+        """Why nothing counts as routed when a saturation came back, for a note."""
+        return (f"the fresh inputs that reached them also gave a gradient to {', '.join(sorted(self.revived)[:4])}, "
+                "zero on the batch by a saturation (dead units): a gate closed on the batch, not a router's choice, "
+                "so the verdicts stand") if self.revived else ""
+
+
+def reached_by_other_inputs(work, inputs, names: list[str], ctx, ran: set[str], nonzero: bool = False,
+                            saturated: list[str] | tuple = ()) -> Fresh:
     """Of `names` (no gradient, and no other draw of the RNG reaching them), those that fresh inputs of the batch's
     kind reach with a finite gradient (core/fresh.resampled_batches: new combinations of the batch's own values), up
     to ROUTED_SAMPLES samples, one seeded pass per fresh batch on `work`, a copy in train mode, stopping once all are
     reached: a forward that routes by its input (a top-k router) leaves an expert without a gradient when a small
     batch picks none of it. Only an entry of a stack (ModuleList, ModuleDict, Sequential) another entry of which, of
     the same class, holds a parameter in `ran` (a gradient in the judged pass) is asked: what a router chooses among
-    is its siblings; a module no input runs is not asked 64 samples for nothing. `nonzero`: reached means a gradient
+    is its siblings; a module no input runs is not asked 128 samples for nothing. `nonzero`: reached means a gradient
     not all zeros, for `names` whose gradient was all zeros (a dense mixture: every expert runs, an unpicked one's
-    output times a routing weight of 0). One read-back per fresh batch. (reached, batches run)."""
+    output times a routing weight of 0). `saturated`: parameters whose zero gradient is a saturation (a dead ReLU
+    gate); when a fresh batch gives one of them a gradient, what it reached was closed by that gate, not routed
+    (a review: a ReLU gate shut on the batch was zero-grad while the branch it scales was routed-by-input), and
+    nothing is reached. One read-back per fresh batch."""
     from . import train
     from .fresh import resampled_batches
     from .tracking import run_forward
 
     names = in_a_stack(names, work, ran)
     params = dict(work.named_parameters())
+    watch = [n for n in saturated if n in params]
     reached: set[str] = set()
     runs = 0
     for batch in resampled_batches(inputs, ctx.seed, ROUTED_SAMPLES) if names else []:
@@ -343,10 +363,13 @@ def reached_by_other_inputs(work, inputs, names: list[str], ctx, ran: set[str],
         work.zero_grad(set_to_none=True)
         with ctx.seeded():
             train.backward(ctx.loss()(run_forward(work, batch, phase="forward (fresh inputs, on a copy)")))
-        reached |= _got(params, [n for n in names if n not in reached], nonzero)
+        got = _got(params, [n for n in names if n not in reached] + watch, True if watch else nonzero)
+        if got & set(watch):
+            return Fresh(set(), runs, sorted(got & set(watch)))
+        reached |= got
         if len(reached) == len(names):
             break
-    return reached, runs
+    return Fresh(reached, runs, [])
 
 
 def _got(params: dict, names: list[str], nonzero: bool) -> set[str]:

@@ -103,7 +103,8 @@ def update_check(probe: Probe) -> None:
         selected: set[str] = set()
         bad = gated.with_stops(work, before, inputs, ctx, bad, zero, result, stochastic_depth_off, selected)
         routed = _routed_zeros(probe, before, [n for n, _, _ in bad if n in selected],
-                               {n for n, _ in with_grad if n not in zero})
+                               {n for n, _ in with_grad if n not in zero},
+                               [n for n, _, _ in bad if n in zero and n not in selected])
         bad = [b for b in bad if b[0] not in routed]
     _report_not_updated(bad, kinds, work, ck, result)
     if not bad and not broken:
@@ -178,15 +179,14 @@ def _skipped_at_random(probe: Probe, names: list[str], ran: set[str]) -> set[str
                          f"{' …' if len(reached) > 6 else ''}) got no gradient only because the judged pass skipped "
                          f"them at random: {SKIPPED_AT_RANDOM} ({draws} more draw(s) on a copy)")
     try:
-        routed, runs = reached_by_other_inputs(copy, probe.inputs, [n for n in names if n not in reached], probe.ctx,
-                                               ran)
+        fresh = reached_by_other_inputs(copy, probe.inputs, [n for n in names if n not in reached], probe.ctx, ran)
     except ModelError as exc:   # a fresh batch the forward refuses: the no-grad verdicts stand
         probe.result.notes.append(f"parameters without a gradient not re-checked on fresh inputs: {exc.message}")
         return reached
-    if routed:
-        probe.result.add("routed-by-input", "info", repeats.common_path(sorted(routed)) or "(root)",
-                         routed_message(sorted(routed), runs), hint=ROUTED_HINT)
-    return reached | routed
+    if fresh.reached:
+        probe.result.add("routed-by-input", "info", repeats.common_path(sorted(fresh.reached)) or "(root)",
+                         routed_message(sorted(fresh.reached), fresh.runs), hint=ROUTED_HINT)
+    return reached | fresh.reached
 
 
 def _forward_after_step(probe: Probe, with_grad, before, after_step) -> tuple:
@@ -236,7 +236,7 @@ def _equal(a, b):
     return ((a == b) | (a.isnan() & b.isnan())).all()
 
 
-def _routed_zeros(probe: Probe, before: dict, names: list[str], ran: set[str]) -> set[str]:
+def _routed_zeros(probe: Probe, before: dict, names: list[str], ran: set[str], saturated: list[str]) -> set[str]:
     """Of the `names` whose gradient stays all zeros, stopped by a choice among parts (core/stops Stop.selects), those
     fresh inputs of the batch's kind give a gradient not all zeros on a copy at initialisation (a dense mixture
     multiplying an unpicked expert's output by a routing weight of 0; core/unreached.reached_by_other_inputs):
@@ -250,14 +250,16 @@ def _routed_zeros(probe: Probe, before: dict, names: list[str], ran: set[str]) -
         copy = initial_copy(probe.work, before, ctx=probe.ctx)
         copy.train()
         stochastic_depth_off(copy)
-        routed, runs = reached_by_other_inputs(copy, probe.inputs, names, probe.ctx, ran, nonzero=True)
+        fresh = reached_by_other_inputs(copy, probe.inputs, names, probe.ctx, ran, nonzero=True, saturated=saturated)
     except ModelError as exc:   # no room for a copy, or a fresh batch the forward refuses: the errors stand
         probe.result.notes.append(f"parameters with an all-zero gradient not re-checked with fresh inputs: {exc.message}")
         return set()
-    if routed:
-        probe.result.add("routed-by-input", "info", repeats.common_path(sorted(routed)) or "(root)",
-                         routed_message(sorted(routed), runs, zeros=True), hint=ROUTED_HINT)
-    return routed
+    if fresh.revived:
+        probe.result.notes.append(f"parameters with an all-zero gradient re-checked with fresh inputs: {fresh.said()}")
+    if fresh.reached:
+        probe.result.add("routed-by-input", "info", repeats.common_path(sorted(fresh.reached)) or "(root)",
+                         routed_message(sorted(fresh.reached), fresh.runs, zeros=True), hint=ROUTED_HINT)
+    return fresh.reached
 
 
 def _recheck(probe: Probe, zero, sources) -> dict[str, str]:

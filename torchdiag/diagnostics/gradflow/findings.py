@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ...core import repeats
 from ...core.module_paths import ancestors, owner
+from ...core.unreached import ROUTED_HINT
 from .options import BY_DESIGN, STATUS_ORDER, STATUS_SEVERITY
 
 
@@ -184,7 +185,7 @@ DESIGN_TITLES = {
     "tiny-by-construction": "have a huge grad/weight ratio only because their value is tiny by construction",
     "scale-invariant": "have large gradients only because a normalisation follows (scale-invariant)",
     "skipped-at-random": "got no gradient only because the judged pass skipped them at random",
-    "routed-by-input": "got no gradient, or one of zeros, only because the batch routed no input to them",
+    "routed-by-input": "got no gradient only because the batch routed no input to them",
     "adaptive-step": "get small gradients, but the run's optimizer steps them like the rest of the model",
     "bounded-step": "have a large grad/weight ratio, but the run's optimizer steps them no further than the rest of "
                     "the model",
@@ -229,15 +230,24 @@ def design_findings(result, rows, model=None) -> None:
             why = members[0]["design"]["why"] if n == 1 or not general else _why(kind, None)
         # every parameter a finding over several covers, folded or not (a sweep: "(root)" over 63 tensors, "… (+45
         # more)", and JSON could not say which)
-        result.add(kind, "info", e.where or "(root)", f"{what} {_title(kind, n)}: {why}",
-                   members=[m["name"] for m in members] if e.folded or n > 1 else None)
+        result.add(kind, "info", e.where or "(root)", f"{what} {_title(kind, n, members)}: {why}",
+                   HINTS.get(kind, ""), members=[m["name"] for m in members] if e.folded or n > 1 else None)
 
 
-def _title(kind: str, n: int) -> str:
-    """DESIGN_TITLES[kind], agreeing with one parameter ("gets", "has", "its")."""
+HINTS = {"routed-by-input": ROUTED_HINT}
+
+
+def _title(kind: str, n: int, members: list[dict]) -> str:
+    """DESIGN_TITLES[kind], agreeing with one parameter ("gets", "has", "its"); a routed one says whether its
+    gradient was none, all zeros (a dense mixture's routing weight of 0), or some of each."""
     title = DESIGN_TITLES[kind]
+    if kind == "routed-by-input":
+        zeros = sum(m.get("grad_norm") is not None for m in members)
+        got = {0: "got no gradient", n: "got a gradient of zeros"}.get(zeros, "got no gradient, or one of zeros")
+        title = title.replace("got no gradient", got)
     verb, _, rest = title.partition(" ")
-    return f"{ {'get': 'gets', 'have': 'has'}.get(verb, verb)} {rest.replace('their ', 'its ')}" if n == 1 else title
+    singular = rest.replace('their ', 'its ').replace(' them', ' it')
+    return f"{ {'get': 'gets', 'have': 'has'}.get(verb, verb)} {singular}" if n == 1 else title
 
 
 def _why(kind, cause) -> str:

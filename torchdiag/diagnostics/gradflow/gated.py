@@ -119,7 +119,8 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                                               f"{v.steps} optimizer steps on the same batch)"})
     _locate_stops(model, inputs, [r for r in flagged if r["status"] == "zero-grad"], result, opts, ctx, prepare)
     selected = [r for r in flagged if r["status"] == "zero-grad" and (r.get("stop") or {}).get("selects")]
-    _routed_zeros(model, inputs, selected, _ran(rows), result, opts, ctx, prepare)
+    saturated = [r["name"] for r in flagged if r["status"] == "zero-grad" and r not in selected]
+    _routed_zeros(model, inputs, selected, _ran(rows), saturated, result, opts, ctx, prepare)
     _transient_saturation(sat, rc)
     for f in dead:
         v = rc.verdicts[f.where]
@@ -180,7 +181,7 @@ def _locate_stops(model, inputs, rows, result, opts, ctx, prepare) -> None:
                 r.update(status=NOT_REACHED, reason="padding", why=padding_why(stop))
 
 
-def _routed_zeros(model, inputs, rows, ran: set[str], result, opts, ctx, prepare) -> None:
+def _routed_zeros(model, inputs, rows, ran: set[str], saturated: list[str], result, opts, ctx, prepare) -> None:
     """Exactly-zero gradients the short run kept, stopped by a choice among parts (core/stops Stop.selects: a part a
     routing op hands back that what reads it leaves out, a multiplication by a value made in the forward that is 0),
     that fresh inputs of the batch's kind make non-zero on a copy (core/unreached.reached_by_other_inputs): a dense
@@ -191,15 +192,15 @@ def _routed_zeros(model, inputs, rows, ran: set[str], result, opts, ctx, prepare
     if not rows or opts.eval_mode:
         return
     try:
-        routed, runs = reached_by_other_inputs(gates.fresh_copy(model, ctx, opts.eval_mode, prepare), inputs,
-                                               [r["name"] for r in rows], ctx, ran, nonzero=True)
+        fresh = reached_by_other_inputs(gates.fresh_copy(model, ctx, opts.eval_mode, prepare), inputs,
+                                        [r["name"] for r in rows], ctx, ran, nonzero=True, saturated=saturated)
     except ModelError as exc:   # no room for a copy, or a fresh batch the forward refuses: the errors stand
         result.notes.append(f"zero gradients not re-checked with fresh inputs: {exc.message}")
         return
-    result.notes.append(f"{len(rows)} zero gradient(s) re-checked on a copy with {runs} fresh batch(es) of the "
-                        f"inputs' kind: {len(routed)} not zero there")
+    result.notes.append(f"{len(rows)} zero gradient(s) re-checked on a copy with {fresh.runs} fresh batch(es) of the "
+                        f"inputs' kind: {len(fresh.reached)} not zero there" + (f"; {fresh.said()}" if fresh.revived else ""))
     for r in rows:
-        if r["name"] in routed:
+        if r["name"] in fresh.reached:
             r.update(status="routed-by-input", allowed=False,
                      design={"kind": "routed-by-input", "why": ROUTED_BY_INPUT})
 

@@ -156,14 +156,14 @@ def _skipped_at_random(model, inputs, cands, ran: set[str], opts, ctx, result) -
                         f"other random draw(s): {len(reached)} reached")
     left = [r["name"] for r in cands if r["name"] not in reached and r["status"] == "no-grad"]
     try:
-        routed, runs = reached_by_other_inputs(work, inputs, left, ctx, ran)
+        fresh = reached_by_other_inputs(work, inputs, left, ctx, ran)
     except ModelError as exc:   # a fresh batch the forward refuses: the no-grad verdicts stand
         result.notes.append(f"parameters without a gradient not re-checked on fresh inputs: {exc.message}")
         return
-    _mark(cands, routed, "routed-by-input", ROUTED_BY_INPUT)
-    if runs:
-        result.notes.append(f"{len(left)} parameter tensor(s) still without a gradient re-checked on {runs} fresh "
-                            f"batch(es) of the inputs' kind: {len(routed)} reached")
+    _mark(cands, fresh.reached, "routed-by-input", ROUTED_BY_INPUT)
+    if fresh.runs:
+        result.notes.append(f"{len(left)} parameter tensor(s) still without a gradient re-checked on {fresh.runs} "
+                            f"fresh batch(es) of the inputs' kind: {len(fresh.reached)} reached")
 
 
 def _mark(rows, names: set[str], status: str, why: str) -> None:

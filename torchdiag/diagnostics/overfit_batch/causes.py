@@ -501,7 +501,19 @@ def range_floor(y, t, goal: float = 0.0, fits: dict | None = None, start: tuple 
         kind, near = "[0, ∞) (no value below 0)", t.clamp(min=0)
     else:
         return _layernorm_floor(y, t, dims, tol, goal, fits)
-    return {"kind": kind, "floor": float(F.mse_loss(near, t))}
+    return {"kind": kind, "floor": float(F.mse_loss(near, t)), "real": real_beyond(kind)}
+
+
+def real_beyond(kind: str) -> str:
+    """The real targets a range cannot fit, said beside a made-up target's floor (a review: a [0, ∞) output was told
+    "behind a final sigmoid or tanh", where a ReLU, softplus, exp, abs or square makes it)."""
+    if kind.startswith("[0, ∞)"):
+        return "a signed regression target behind a final ReLU, softplus, exp, abs or square"
+    if kind == "[-1, 1]":
+        return "a regression target beyond ±1 behind a final tanh"
+    if kind == "[0, 1]":
+        return "a regression target outside [0, 1] behind a final sigmoid"
+    return "a regression target behind a final sigmoid, tanh or normalisation"
 
 
 def _layernorm_floor(y, t, dims, tol: float, goal: float, fits: dict | None = None) -> dict | None:

@@ -6,6 +6,7 @@ from typing import Any
 
 from ...errors import ExitCode
 from ...results import Result
+from .causes import real_beyond
 from .options import OPTIMIZER
 from .trend import CONSTANT_TIMES, PLATEAU_REL, Trend, goal_of, judge
 
@@ -362,14 +363,17 @@ def _routed(result, trainer, missing: list[str], zeros: bool = False) -> list[st
                               "inputs", backward=True)
         asked = _selected(work, trainer.batch, missing, ctx) if zeros else missing
         ran = {n for n, _ in trainer.trainable if n not in set(missing)}
-        routed, runs = reached_by_other_inputs(work, trainer.batch, asked, ctx, ran, nonzero=zeros)
+        fresh = reached_by_other_inputs(work, trainer.batch, asked, ctx, ran, nonzero=zeros,
+                                        saturated=[n for n in missing if n not in asked])
     except ModelError as exc:   # no room for a copy, or its forward failed: the verdicts stand
         result.notes.append(f"parameters without a gradient not re-checked on fresh inputs: {exc.message}")
         return missing
-    if routed:
-        result.add("routed-by-input", "info", repeats.common_path(sorted(routed)) or "(root)",
-                   routed_message(sorted(routed), runs, zeros), hint=ROUTED_HINT)
-    return [n for n in missing if n not in routed]
+    if fresh.revived:
+        result.notes.append(f"zero gradients re-checked on fresh inputs: {fresh.said()}")
+    if fresh.reached:
+        result.add("routed-by-input", "info", repeats.common_path(sorted(fresh.reached)) or "(root)",
+                   routed_message(sorted(fresh.reached), fresh.runs, zeros), hint=ROUTED_HINT)
+    return [n for n in missing if n not in fresh.reached]
 
 
 def _selected(work, batch, names: list[str], ctx) -> list[str]:
@@ -643,11 +647,11 @@ def _at_term_floors(result, trainer, curve, opts, floors: list | None) -> bool:
     said = "; ".join(f"{r['output']} {_fmt(r['start'])} → {_fmt(r['end'])}" + (
         f" (its floor {_fmt(r['floor'])}: {r['range']}{', fitted' if r['fitted'] else ''})" if r["range"] else "")
         for r in rows)
+    beyond = "; ".join(sorted({real_beyond(r["range"]) for r in rows if r["range"]})) or real_beyond("")
     result.add("made-target-out-of-range", "info", "", f"each output's term reached the random target torchdiag drew "
                f"(normal, mean 0, std 1), or, where the output keeps to a range the target lies partly outside, "
                f"that range's floor, at step {step}: {said}. The batch is memorised as far as the outputs' ranges allow. "
-               "If the real targets go beyond a range (a regression target behind a final sigmoid or tanh), the output "
-               "cannot fit them: that is a bug",
+               f"If the real targets go beyond a range ({beyond}), the output cannot fit them: that is a bug",
                hint="judge it against its real targets: --batch with them, or a --loss PATH:fn of your own")
     result.verdict = (f"PASS: the batch is memorised as far as each output's range allows (loss {_fmt(curve.losses[0])}"
                       f" → {_fmt(curve.losses[step])} at step {step} of {len(curve.losses) - 1})")
@@ -681,7 +685,7 @@ def _within_range(result, curve, opts, out_of_range: dict | None) -> bool:
                f"the random target torchdiag drew (normal, mean 0, std 1) lies partly outside it: {below} "
                f"{_fmt(floor)} ({floor / initial:.3g} × the start); the loss reached {_fmt(final)}, the "
                f"batch memorised as far as the range allows. If the real targets go beyond that range ("
-               f"{out_of_range.get('real', 'a regression target behind a final sigmoid or tanh')}), the output cannot "
+               f"{out_of_range.get('real') or real_beyond(out_of_range['kind'])}), the output cannot "
                "fit them: that is a bug",
                hint="judge it against its real targets: --batch with them, or a --loss PATH:fn of your own")
     result.verdict = (f"PASS: the batch is memorised within the output's range ({out_of_range['kind']}): loss "
