@@ -73,7 +73,7 @@ def resampled_batches(inputs, seed: int, samples: int) -> list:
     import torch
 
     n = inputs.batch_size or 1
-    if n < 2:
+    if n < 2 or inputs.samples is not None:   # a list of samples (detection images): no tensor holds the batch
         return []
     out = []
     for k in range(math.ceil(samples / n)):
