@@ -258,8 +258,9 @@ def not_reached_message(names: list[str], inputs, limit: int = 6) -> str:
 def in_a_stack(names: list[str], model, reached: set[str]) -> list[str]:
     """Of `names` (parameters whose module the judged pass never ran), those inside an entry of a ModuleList,
     ModuleDict or Sequential another entry of which, of the same class, holds a parameter in `reached`: what
-    LayerDrop skips is a layer of a stack whose siblings ran. A branch the default inputs never feed (an image tower under text ids)
-    is no such entry, and is not drawn again (a review: three more passes on a copy, for nothing)."""
+    LayerDrop skips is a layer of a stack whose siblings ran. A branch the default inputs never feed (an image
+    tower under text ids) is no such entry, and is not drawn again (a review: three more passes on a copy, for
+    nothing)."""
     import torch.nn as nn
 
     modules = dict(model.named_modules())

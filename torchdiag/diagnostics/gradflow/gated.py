@@ -23,7 +23,7 @@ from ...core.unreached import (
 from ...errors import ModelError
 from .dead import zero_edge
 from .design import is_tiny, rms
-from .recheck import cut_agrees
+from .recheck import cut_agrees, mark, ran
 
 KIND = "by-design-init"
 ADAPTIVE = "adaptive-step"     # a small gradient the optimizer steps like the rest
@@ -120,7 +120,7 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
     _locate_stops(model, inputs, [r for r in flagged if r["status"] == "zero-grad"], result, opts, ctx, prepare)
     selected = [r for r in flagged if r["status"] == "zero-grad" and (r.get("stop") or {}).get("selects")]
     saturated = [r["name"] for r in flagged if r["status"] == "zero-grad" and r not in selected]
-    _routed_zeros(model, inputs, selected, _ran(rows), saturated, result, opts, ctx, prepare)
+    _routed_zeros(model, inputs, selected, ran(rows), saturated, result, opts, ctx, prepare)
     _transient_saturation(sat, rc)
     for f in dead:
         v = rc.verdicts[f.where]
@@ -199,15 +199,7 @@ def _routed_zeros(model, inputs, rows, ran: set[str], saturated: list[str], resu
         return
     result.notes.append(f"{len(rows)} zero gradient(s) re-checked on a copy with {fresh.runs} fresh batch(es) of the "
                         f"inputs' kind: {len(fresh.reached)} not zero there" + (f"; {fresh.said()}" if fresh.revived else ""))
-    for r in rows:
-        if r["name"] in fresh.reached:
-            r.update(status="routed-by-input", allowed=False,
-                     design={"kind": "routed-by-input", "why": ROUTED_BY_INPUT})
-
-
-def _ran(rows) -> set[str]:
-    """The parameters whose gradient in the judged pass was not zero: the siblings a router chose."""
-    return {r["name"] for r in rows if r.get("grad_norm")}
+    mark(rows, fresh.reached, "routed-by-input", ROUTED_BY_INPUT)
 
 
 def _loss_scale(model, inputs, rows, opts, ctx, prepare, result):

@@ -74,7 +74,7 @@ def recheck(model, inputs, pas, rows, opts, ctx, result) -> None:
         result.notes.append(f"cancelled gradients not re-checked on a copy: {exc.message}")
     cands = _drawn_again(model, rows)
     if cands and not opts.eval_mode:
-        _skipped_at_random(model, inputs, cands, {r["name"] for r in rows if r.get("grad_norm")}, opts, ctx, result)
+        _skipped_at_random(model, inputs, cands, ran(rows), opts, ctx, result)
 
 
 def _scale_invariant(model, inputs, rows, opts, ctx, result) -> None:
@@ -151,7 +151,7 @@ def _skipped_at_random(model, inputs, cands, ran: set[str], opts, ctx, result) -
     except ModelError as exc:   # no copy, or the copy's forward failed: keep the plain verdicts
         result.notes.append(f"parameters without a gradient not re-checked with other random draws: {exc.message}")
         return
-    _mark(cands, reached, "skipped-at-random", SKIPPED_AT_RANDOM)
+    mark(cands, reached, "skipped-at-random", SKIPPED_AT_RANDOM)
     result.notes.append(f"{len(cands)} parameter tensor(s) without a gradient re-checked on a copy with {draws} "
                         f"other random draw(s): {len(reached)} reached")
     left = [r["name"] for r in cands if r["name"] not in reached and r["status"] == "no-grad"]
@@ -160,13 +160,19 @@ def _skipped_at_random(model, inputs, cands, ran: set[str], opts, ctx, result) -
     except ModelError as exc:   # a fresh batch the forward refuses: the no-grad verdicts stand
         result.notes.append(f"parameters without a gradient not re-checked on fresh inputs: {exc.message}")
         return
-    _mark(cands, fresh.reached, "routed-by-input", ROUTED_BY_INPUT)
+    mark(cands, fresh.reached, "routed-by-input", ROUTED_BY_INPUT)
     if fresh.runs:
         result.notes.append(f"{len(left)} parameter tensor(s) still without a gradient re-checked on {fresh.runs} "
                             f"fresh batch(es) of the inputs' kind: {len(fresh.reached)} reached")
 
 
-def _mark(rows, names: set[str], status: str, why: str) -> None:
+def ran(rows) -> set[str]:
+    """The parameters whose gradient in the judged pass was not zero: the siblings a router chose."""
+    return {r["name"] for r in rows if r.get("grad_norm")}
+
+
+def mark(rows, names: set[str], status: str, why: str) -> None:
+    """A by-design status for the rows named in `names`."""
     for r in rows:
         if r["name"] in names:
             r.update(status=status, allowed=False, design={"kind": status, "why": why})
