@@ -313,3 +313,127 @@ def test_a_branch_behind_a_dead_relu_gate_is_not_routed(command):
     assert "routed-by-input" not in {f.code for f in res.findings}, [f.message for f in res.findings]
     assert res.exit_code == 1
     assert any("saturation" in n and "gates.2" in n for n in res.notes), res.notes
+
+
+class TokenMoE(nn.Module):
+    """Top-2 routing per token (Mixtral-like) behind token and position embeddings and attention. `never`: an expert
+    the router can never pick (its logit sliced off), a real bug. `masked`: each layer's output at padded positions is
+    zeroed after the experts' rows were added in (an expert picked only by padded tokens gets a gradient of zeros)."""
+
+    def __init__(self, never=False, masked=False, vocab=100, d=32, experts=8):
+        super().__init__()
+        self.emb, self.pos = nn.Embedding(vocab, d), nn.Embedding(16, d)
+        self.attn = nn.MultiheadAttention(d, 4, batch_first=True)
+        self.gate = nn.ModuleList(nn.Linear(d, experts, bias=False) for _ in range(2))
+        self.experts = nn.ModuleList(nn.ModuleList(nn.Linear(d, d) for _ in range(experts)) for _ in range(2))
+        self.head = nn.Linear(d, vocab)
+        self.never, self.masked = never, masked
+
+    def forward(self, input_ids, attention_mask):
+        h = self.emb(input_ids) + self.pos(torch.arange(input_ids.shape[1]))
+        h = h + self.attn(h, h, h, key_padding_mask=attention_mask == 0, need_weights=False)[0]
+        for gate, experts in zip(self.gate, self.experts):
+            x = h.reshape(-1, h.shape[-1])
+            logits = gate(x)[:, :-1] if self.never else gate(x)
+            w, idx = logits.softmax(-1).topk(2, -1)
+            out = torch.zeros_like(x)
+            for e, expert in enumerate(experts):
+                tok, slot = (idx == e).nonzero(as_tuple=True)
+                if len(tok):
+                    out.index_add_(0, tok, expert(x[tok]) * w[tok, slot, None])
+            out = out.view(h.shape)
+            h = h + (out * attention_mask[..., None] if self.masked else out)
+        return self.head(h)
+
+
+def _tokens(seed, masked=False):
+    torch.manual_seed(seed)
+    ids, y = torch.randint(0, 100, (2, 4)), torch.randint(0, 100, (2, 4))
+    mask = torch.ones(2, 4, dtype=torch.long)
+    if masked:
+        mask[1, 2:] = 0
+    return {"input_ids": ids, "attention_mask": mask}, y
+
+
+def _lm_loss(out, y):
+    return nn.functional.cross_entropy(out.flatten(0, 1), y.flatten())
+
+
+@pytest.mark.parametrize("command", ["gradflow", "doctor", "overfit-batch"])
+def test_two_short_sequences_reach_experts_through_tokens_of_the_whole_vocabulary(command):
+    """A hostile review: two sequences of four ids gave each position only the batch's two ids, so no fresh batch sent
+    a token anywhere new, and unpicked experts were no-grad errors in 4 of 5 seeds. Ids the forward looks up whole in
+    one table are drawn from the table's rows."""
+    inputs, y = _tokens(0)
+    extra = {"steps": 30} if command == "overfit-batch" else {}
+    res = run(command, TokenMoE(), inputs, target=y, loss=_lm_loss, **extra)
+    routed = [f for f in res.findings if f.code == "routed-by-input"]
+    assert routed and not [f for f in res.findings if f.code in ("no-grad", "zero-grad")], \
+        [f.message for f in res.findings]
+
+
+def test_an_expert_the_router_cannot_pick_stays_no_grad_with_tokens_of_the_whole_vocabulary():
+    inputs, y = _tokens(0)
+    res = run("gradflow", TokenMoE(never=True), inputs, target=y, loss=_lm_loss)
+    assert res.exit_code == 1 and any(f.code == "no-grad" and ".7" in f.where + f.message for f in res.findings), \
+        [f.message for f in res.findings]
+    assert not [f for f in res.findings if f.code == "routed-by-input" and "experts.0.7" in f.message]
+
+
+def test_an_expert_only_padded_tokens_picked_is_routed_by_input_not_zero_grad():
+    """A review: the expert's rows were added with index_add and then masked out, so its gradient was exactly zero,
+    stopped at the index_add; that op only moves rows, and a fresh batch's real tokens reach it."""
+    for seed in range(6):
+        inputs, y = _tokens(seed, masked=True)
+        res = run("gradflow", TokenMoE(masked=True), inputs, target=y, loss=_lm_loss)
+        assert res.exit_code == 0 and not [f for f in res.findings if f.severity != "info"], \
+            (seed, [f.message for f in res.findings])
+
+
+def test_token_ids_looked_up_whole_are_found_and_a_category_column_is_not():
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.core.unreached import one_table
+
+    inputs, _ = _tokens(0)
+    assert one_table(TokenMoE(), ModelInputs((), inputs)) == {"input_ids": 100}
+    ids = torch.tensor([[0, 3], [1, 9], [0, 7]])
+    assert one_table(ByCategory(), ModelInputs((ids,), {})) == {}   # embed(ids[:, 1]): one column of it
+
+
+def test_a_one_hot_input_stays_one_hot_so_a_router_that_sums_it_stays_broken():
+    """A review: a router took `task.sum(-1)` (always 1) for the task's argmax, so three of four experts never ran;
+    fresh one-hot rows drawn entry by entry became multi-hot, sent samples to them, and the bug was routed, info."""
+
+    class SummedTask(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp, self.experts = nn.Linear(8, 16), nn.ModuleList(nn.Linear(16, 4) for _ in range(4))
+
+        def forward(self, x, task):
+            h, idx = torch.relu(self.inp(x)), task.sum(-1).long()   # the bug: argmax meant
+            out = torch.zeros(x.shape[0], 4)
+            for e, expert in enumerate(self.experts):
+                if (idx == e).any():
+                    out[idx == e] = expert(h[idx == e])
+            return out
+
+    torch.manual_seed(0)
+    x, task = torch.randn(16, 8), nn.functional.one_hot(torch.arange(16) % 4, 4).float()
+    for command in ("gradflow", "doctor"):
+        res = run(command, SummedTask(), (x, task), target=torch.randn(16, 4), loss="mse")
+        assert res.exit_code == 1 and any(f.code == "no-grad" for f in res.findings), \
+            (command, [f.message for f in res.findings])
+        assert not [f for f in res.findings if f.code == "routed-by-input"]
+
+
+def test_one_hot_rows_are_drawn_whole_and_vocabulary_ids_from_the_table():
+    from torchdiag.core.fresh import resampled_batches
+    from torchdiag.core.inputs import ModelInputs
+
+    task = nn.functional.one_hot(torch.tensor([0, 3, 1, 3]), 4).float()
+    ids, mask = torch.tensor([[5, 6, 7], [8, 9, 10], [5, 5, 5], [6, 6, 6]]), torch.tensor([[1, 1, 0]] * 4)
+    batches = resampled_batches(ModelInputs((task, ids), {"mask": mask}), seed=0, samples=400, vocab={"input[1]": 50})
+    drawn = torch.cat([b.args[1] for b in batches])
+    assert all(b.args[0].sum(-1).eq(1).all() and b.args[0].amax(-1).eq(1).all() for b in batches)   # still one-hot
+    assert drawn.min() >= 0 and drawn.max() < 50 and len(drawn.unique()) > 40   # the table's rows, not the batch's
+    assert all(torch.equal(b.kwargs["mask"], mask) for b in batches)   # the mask's own values at each position

@@ -59,12 +59,16 @@ def fresh_tensor(t, g):
 RESAMPLE_TRIES = 8   # draws of another sample for an entry whose drawn value is NaN or infinite
 
 
-def resampled_batches(inputs, seed: int, samples: int) -> list:
+def resampled_batches(inputs, seed: int, samples: int, vocab: dict | None = None) -> list:
     """Batches of the same shapes as `inputs`, enough for `samples` samples, each entry of a tensor that holds the
     batch (leading size the batch's) drawn from the same entry of a random sample of the batch, finite where the
     batch has a finite value there: new combinations of the batch's own values, never a value it lacks (a 0/1 flag
-    stays 0 or 1, [0, 1] pixels stay in [0, 1], ids stay ids of that position). Tensors of one shape share their
-    draws (ids and their attention mask stay paired). None for a batch of one, or when nothing would be fresh.
+    stays 0 or 1, [0, 1] pixels stay in [0, 1], ids stay ids of that position). A vector along the last dimension
+    whose sum is the same everywhere (a one-hot, a probability) is drawn whole, so it stays one (_modes). Ids the
+    forward looks up whole in one table (`vocab`: name -> the table's rows) are drawn from the whole table: any
+    token is a token (two sequences of four ids held eight, and a router that sees only the token could never
+    send a fresh batch anywhere new). Tensors of one shape share their draws (ids and their attention mask stay
+    paired). None for a batch of one, or when nothing would be fresh.
 
     Inputs torchdiag made up itself (a source's default) are drawn as that source drew them (fresh_batches): their
     values stand for no data."""
@@ -75,29 +79,75 @@ def resampled_batches(inputs, seed: int, samples: int) -> list:
     n = inputs.batch_size or 1
     if n < 2 or inputs.samples is not None:   # a list of samples (detection images): no tensor holds the batch
         return []
+    modes = _modes(inputs, n)
+    rows = {id(t): (vocab or {})[k] for k, t in inputs.tensors() if k in (vocab or {})}
     out = []
     for k in range(math.ceil(samples / n)):
         def resample(t, k=k):
-            if t.is_nested or t.is_sparse or t.dim() == 0 or t.shape[0] != n or t.numel() == 0:
+            mode = modes.get(_shape(t))
+            if mode is None:
                 return t
             g = torch.Generator(device=t.device).manual_seed(seeds.fresh_batch(seed, k))
-            return _resampled(t, g)
+            if id(t) in rows:
+                return torch.randint(0, rows[id(t)], t.shape, generator=g, device=t.device, dtype=t.dtype)
+            return _resampled(t, g, mode)
         out.append(inputs.map(resample))
     return out if any(b is not a for o in out for (_, a), (_, b) in zip(inputs.tensors(), o.tensors())) else []
 
 
-def _resampled(t, g):
-    """t with each entry taken from a random sample of the batch at the same index, redrawn where the value taken is
-    not finite (kept non-finite only where RESAMPLE_TRIES draws found nothing else)."""
+def _shape(t) -> tuple | None:
+    """A resampled tensor's key (its shape), None for one that is kept as given."""
+    if t.is_nested or t.is_sparse or t.dim() == 0 or t.numel() == 0:
+        return None
+    return tuple(t.shape)
+
+
+ENTRY, VECTOR = "entry", "vector"
+
+
+def _modes(inputs, n: int) -> dict:
+    """shape -> how its tensors are drawn, one way for all tensors of a shape (their draws are shared): VECTOR when
+    one's vectors along the last dimension, not all constant, all have the same sum (one-hot rows: drawn entry by
+    entry, a task given as one-hot became two tasks at once, and a router that summed it instead of taking its argmax
+    looked routed), else ENTRY."""
     import torch
 
-    src = t.detach()
-    pick = torch.randint(0, t.shape[0], t.shape, generator=g, device=t.device)
-    out = src.gather(0, pick)
+    modes: dict = {}
+    for _, t in inputs.tensors():
+        key = _shape(t)
+        if key is None or key[0] != n:
+            continue
+        if modes.get(key) != VECTOR and t.dim() >= 2 and not t.is_complex() and t.shape[-1] > 1:
+            v = t.detach().float()
+            sums = v.sum(-1)
+            varies = bool((v.amax(-1) > v.amin(-1)).any())   # an all-ones mask says nothing
+            if varies and bool(torch.allclose(sums, sums.reshape(-1)[0].expand_as(sums), rtol=1e-4, atol=1e-5)):
+                modes[key] = VECTOR
+        modes.setdefault(key, ENTRY)
+    return modes
+
+
+def _picks(t, g, mode: str):
+    """Flat indices into t, one per entry: the entry's own index in a random sample (ENTRY), the same sample for
+    every entry of a last-dimension vector (VECTOR)."""
+    import torch
+
+    size = t.numel() // t.shape[0]
+    shape = t.shape[:-1] + (1,) if mode == VECTOR else t.shape
+    rows = torch.randint(0, t.shape[0], shape, generator=g, device=t.device).expand(t.shape)
+    return rows * size + torch.arange(size, device=t.device).view(t.shape[1:])
+
+
+def _resampled(t, g, mode: str):
+    """t with each entry taken as _picks says, redrawn where the value taken is not finite (kept non-finite only
+    where RESAMPLE_TRIES draws found nothing else)."""
+    import torch
+
+    src = t.detach().reshape(-1)
+    out = src[_picks(t, g, mode)]
     if not (src.is_floating_point() or src.is_complex()):
         return out.to(t.dtype)
     for _ in range(RESAMPLE_TRIES):
         bad = ~out.isfinite()
-        again = torch.randint(0, t.shape[0], t.shape, generator=g, device=t.device)
-        out = torch.where(bad, src.gather(0, again), out)
+        out = torch.where(bad, src[_picks(t, g, mode)], out)
     return out

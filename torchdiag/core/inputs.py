@@ -343,11 +343,13 @@ def same_data(x, t) -> bool:
         return False
 
 
-def embedding_consumers(model, inputs: ModelInputs, wanted: list[str], by_value=()) -> dict[str, tuple[str, int]]:
+def embedding_consumers(model, inputs: ModelInputs, wanted: list[str], by_value=(),
+                        whole: bool = False) -> dict[str, tuple[str, int]]:
     """name of an integer input -> (path, num_embeddings) of the first nn.Embedding/EmbeddingBag it
     reaches. One traceless forward (buffers, written parameters and the RNG restored; lookups guarded on a GPU)
     that stops once every wanted input has been mapped. The names in `by_value` (ids of a distinct random
-    pattern) are also found repeated along the batch (_repeated: a video model's text ids, once per frame)."""
+    pattern) are also found repeated along the batch (_repeated: a video model's text ids, once per frame).
+    `whole`: only a lookup of every entry at once counts (one table for all its positions), not of a column."""
     import torch
     from torch import nn
 
@@ -362,6 +364,8 @@ def embedding_consumers(model, inputs: ModelInputs, wanted: list[str], by_value=
         x = args[0] if args else kwargs.get("input")
         if isinstance(x, torch.Tensor):
             for key, t in targets.items():
+                if whole and x.numel() != t.numel():
+                    continue
                 if key not in found and (same_data(x, t) or (key in by_value and _repeated(x, t))):
                     found[key] = (path[id(mod)], int(mod.num_embeddings))
         if len(found) == len(targets):

@@ -359,7 +359,7 @@ def reached_by_other_inputs(work, inputs, names: list[str], ctx, ran: set[str], 
     watch = [n for n in saturated if n in params]
     reached: set[str] = set()
     runs = 0
-    for batch in resampled_batches(inputs, ctx.seed, ROUTED_SAMPLES) if names else []:
+    for batch in resampled_batches(inputs, ctx.seed, ROUTED_SAMPLES, one_table(work, inputs)) if names else []:
         runs += 1
         work.zero_grad(set_to_none=True)
         with ctx.seeded():
@@ -371,6 +371,22 @@ def reached_by_other_inputs(work, inputs, names: list[str], ctx, ran: set[str], 
         if len(reached) == len(names):
             break
     return Fresh(reached, runs, [])
+
+
+def one_table(model, inputs) -> dict[str, int]:
+    """name -> rows of the table, for the integer inputs of two or more dimensions that the forward looks up whole in
+    one nn.Embedding (token ids: any row of it is a token, at any position), found by one traceless forward that
+    stops at the lookups (core/inputs.embedding_consumers); a column looked up alone (a tabular category, whose
+    table may be smaller than another column's ids) is not."""
+    if getattr(inputs, "chosen", False):
+        return {}
+    from .inputs import embedding_consumers
+
+    n = inputs.batch_size
+    wanted = [k for k, t in inputs.tensors() if not (t.is_floating_point() or t.is_complex() or t.dtype.is_signed is
+              None) and not t.is_nested and t.dim() >= 2 and t.shape[0] == n and t.numel()]
+    found = embedding_consumers(model, inputs, wanted, whole=True) if wanted and n and n > 1 else {}
+    return {k: rows for k, (_, rows) in found.items()}
 
 
 def _got(params: dict, names: list[str], nonzero: bool) -> set[str]:

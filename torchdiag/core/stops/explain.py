@@ -236,7 +236,10 @@ def _is_tensor(t) -> bool:
 
 
 # ops that only move values: when one "passes none" on the edge to a parameter, that part of the gradient was
-# already 0 where the op's output is read (a mask, a max-pool, a selection after it); the op itself is not it
+# already 0 where the op's output is read (a mask, a max-pool, a selection after it); the op itself is not it.
+# The scatters too: an MoE's index_add puts an expert's rows into the tokens' rows, and its backward gathers them
+# (a review: an expert picked only by padded tokens, masked after the index_add, was a zero-grad error)
 ROUTES = frozenset({"cat", "stack", "split", "split_with_sizes", "select", "slice", "index", "unbind", "narrow",
                     "unsqueeze", "squeeze", "view", "reshape", "expand", "permute", "transpose", "t", "as_strided",
-                    "copy_slices", "clone", "unsafe_view", "unsafe_split", "chunk", "index_select", "gather"})
+                    "copy_slices", "clone", "unsafe_view", "unsafe_split", "chunk", "index_select", "gather",
+                    "index_add", "index_copy", "index_put", "scatter", "scatter_add", "masked_scatter"})
