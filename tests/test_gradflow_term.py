@@ -5,6 +5,7 @@ had its scalar output bias, drawn at ~0.005 by PyTorch's U(±1/√4096), called 
 ratio where it acts is ~2. A term the output is all of keeps the verdict."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch.nn.utils import spectral_norm
@@ -156,3 +157,37 @@ def test_a_ratio_whose_short_run_raised_the_loss_is_never_a_small_term():
     row = _row(res, "block.offset")
     assert row["grad_weight_ratio"] > 100 and row["status"] == "exploding-grad", row
     assert res.exit_code == 1
+
+
+class _Offset(nn.Module):
+    """The bias the output is all of, behind an identity layer, plus a fixed large offset in the model's output:
+    small beside the model's output, all of its own module's. `reentrant`: the Linear runs inside
+    torch.utils.checkpoint(use_reentrant=True), which runs its forward under no_grad and again in backward."""
+
+    def __init__(self, reentrant: bool):
+        super().__init__()
+        self.lin, self.pre, self.reentrant = _mostly_bias(), nn.Linear(8, 8), reentrant
+        with torch.no_grad():
+            self.pre.weight.copy_(torch.eye(8))
+            self.pre.bias.zero_()
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        z = self.pre(x)
+        h = checkpoint(self.lin, z, use_reentrant=True) if self.reentrant else self.lin(z)
+        return h + 100 * x[:, :1]
+
+
+@pytest.mark.filterwarnings("ignore:None of the inputs have requires_grad")   # torch's, in the no_grad passes
+def test_a_module_inside_a_reentrant_checkpoint_is_read_at_its_own_output():
+    """A review: the checkpointed Linear's forward output had no graph, so its reach was read at the model's output,
+    where the offset makes it small, and an exploding bias became small-term (info); its recompute in backward is
+    what the loss reads."""
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(0))
+    for reentrant in (False, True):
+        res = run("gradflow", _Offset(reentrant), (x,), target=100 * x[:, :1] + 1, loss=nn.functional.mse_loss,
+                  optimizer="sgd")
+        row = _row(res, "lin.bias")
+        assert row["grad_weight_ratio"] > 100 and row["status"] == "exploding-grad", (reentrant, row)
+        assert res.exit_code == 1

@@ -47,8 +47,9 @@ def reaches(model, inputs, names: list[str], ctx, prepare, eval_mode: bool) -> d
     try:
         with torch.enable_grad(), ctx.seeded(), ctx.autocast():
             loss = ctx.loss()(run_forward(work, inputs, phase="forward (a large ratio read where it acts, on a copy)"))
+        first = {p: len(outs) for p, outs in seen.items()}
         train.backward(loss)
-        read = {p: [i for i, t in enumerate(outs) if t.grad is not None] for p, outs in seen.items()}
+        read = {p: _read_outputs(outs, first[p]) for p, outs in seen.items() if p in first}
         base = {p: [seen[p][i].detach() for i in kept] for p, kept in read.items() if kept}
         sizes = {p: _norm(outs) for p, outs in base.items()}
         asked = [n for n in names if params[n].grad is not None and params[n].grad.shape == params[n].shape]
@@ -58,6 +59,14 @@ def reaches(model, inputs, names: list[str], ctx, prepare, eval_mode: bool) -> d
             h.remove()
     flat = read_back(list(sizes.values()) + [v for m in moves for v in m.values()])   # the one read
     return _read(asked, moves, dict(zip(sizes, flat)), flat[len(sizes):])
+
+
+def _read_outputs(outs: list, first: int) -> list[int]:
+    """Indices of a module's outputs in the forward (its first `first`) that the loss read: the output got a gradient,
+    or its recompute in backward did (inside a reentrant checkpoint the forward runs under no_grad and backward runs
+    it again, hooks and all; a review: read at the model's output instead, an exploding bias became small-term)."""
+    again = outs[first:] if len(outs) == 2 * first else []
+    return [i for i in range(first) if outs[i].grad is not None or (again and again[i].grad is not None)]
 
 
 def _read(asked, moves, sizes, changed) -> dict[str, Reach]:
