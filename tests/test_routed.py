@@ -437,3 +437,24 @@ def test_one_hot_rows_are_drawn_whole_and_vocabulary_ids_from_the_table():
     assert all(b.args[0].sum(-1).eq(1).all() and b.args[0].amax(-1).eq(1).all() for b in batches)   # still one-hot
     assert drawn.min() >= 0 and drawn.max() < 50 and len(drawn.unique()) > 40   # the table's rows, not the batch's
     assert all(torch.equal(b.kwargs["mask"], mask) for b in batches)   # the mask's own values at each position
+
+
+class _Placeholder(TokenMoE):
+    """Refuses id 99 (an image placeholder token with no image given): a fresh batch drawn from the whole table."""
+
+    def forward(self, input_ids, attention_mask):
+        if (input_ids == 99).any():
+            raise ValueError("image token without an image")
+        return super().forward(input_ids, attention_mask)
+
+
+def test_a_forward_that_refuses_some_token_of_its_table_skips_those_fresh_batches():
+    """A fresh batch drawn from the whole table may hold a token the model reserves: that batch reaches nothing, the
+    others are asked, and a note counts the refused ones (the batch's own ids alone reach 22 of 28 here)."""
+    torch.manual_seed(0)
+    ids, y = torch.randint(0, 99, (4, 8)), torch.randint(0, 100, (4, 8))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones(4, 8, dtype=torch.long)}
+    res = run("gradflow", _Placeholder(experts=32), inputs, target=y, loss=_lm_loss)
+    assert res.exit_code == 0 and [f for f in res.findings if f.code == "routed-by-input"], \
+        [f.message for f in res.findings]
+    assert [n for n in res.notes if re.search(r"the forward refused \d+ of the \d+ fresh batches", n)], res.notes

@@ -328,12 +328,17 @@ class Fresh:
     reached: set[str]          # of the names asked, those a fresh batch gave a finite gradient (not all zeros)
     runs: int                  # fresh batches run
     revived: list[str]         # saturated parameters (dead units' weights) a fresh batch gave a gradient too
+    refused: int = 0           # fresh batches the forward refused (reaching nothing)
 
     def said(self) -> str:
-        """Why nothing counts as routed when a saturation came back, for a note."""
-        return (f"the fresh inputs that reached them also gave a gradient to {', '.join(sorted(self.revived)[:4])}, "
-                "zero on the batch by a saturation (dead units): a gate closed on the batch, not a router's choice, "
-                "so the verdicts stand") if self.revived else ""
+        """Why nothing counts as routed when a saturation came back, and how many batches the forward refused, for a
+        note ("" when neither)."""
+        out = [f"the forward refused {self.refused} of the {self.runs} fresh batches"] if self.refused else []
+        if self.revived:
+            out.append(f"the fresh inputs that reached them also gave a gradient to {', '.join(sorted(self.revived)[:4])}"
+                       ", zero on the batch by a saturation (dead units): a gate closed on the batch, not a router's "
+                       "choice, so the verdicts stand")
+        return "; ".join(out)
 
 
 def reached_by_other_inputs(work, inputs, names: list[str], ctx, ran: set[str], nonzero: bool = False,
@@ -350,27 +355,56 @@ def reached_by_other_inputs(work, inputs, names: list[str], ctx, ran: set[str], 
     gate); when a fresh batch gives one of them a gradient, what it reached was closed by that gate, not routed
     (a review: a ReLU gate shut on the batch was zero-grad while the branch it scales was routed-by-input), and
     nothing is reached. One read-back per fresh batch."""
-    from . import train
+    from ..errors import ModelError
     from .fresh import resampled_batches
-    from .tracking import run_forward
 
     names = in_a_stack(names, work, ran)
+    if not names:
+        return Fresh(set(), 0, [])
+    vocab = one_table(work, inputs)
+    try:
+        return _ask(work, resampled_batches(inputs, ctx.seed, ROUTED_SAMPLES, vocab), names, ctx, nonzero, saturated)
+    except ModelError:
+        if not vocab:
+            raise
+    # a forward that refuses some token of its table (an image placeholder id with no image): the batch's own ids
+    return _ask(work, resampled_batches(inputs, ctx.seed, ROUTED_SAMPLES), names, ctx, nonzero, saturated)
+
+
+REFUSED_FIRST = 3   # fresh batches the forward refuses, all of the first ones, before the re-check gives up
+
+
+def _ask(work, batches: list, names: list[str], ctx, nonzero: bool, saturated) -> Fresh:
+    """reached_by_other_inputs on these fresh batches, one seeded pass each, stopping once all are reached. A batch the
+    forward refuses reaches nothing and the next is tried (a token the model reserves drawn among the table's rows);
+    when the first REFUSED_FIRST are all refused, the forward refuses fresh batches as such (rows mixed across samples
+    of a series) and its error is raised."""
+    from ..errors import ModelError
+    from . import train
+    from .tracking import run_forward
+
     params = dict(work.named_parameters())
     watch = [n for n in saturated if n in params]
     reached: set[str] = set()
-    runs = 0
-    for batch in resampled_batches(inputs, ctx.seed, ROUTED_SAMPLES, one_table(work, inputs)) if names else []:
+    runs = refused = 0
+    for batch in batches:
         runs += 1
         work.zero_grad(set_to_none=True)
-        with ctx.seeded():
-            train.backward(ctx.loss()(run_forward(work, batch, phase="forward (fresh inputs, on a copy)")))
+        try:
+            with ctx.seeded():
+                train.backward(ctx.loss()(run_forward(work, batch, phase="forward (fresh inputs, on a copy)")))
+        except ModelError:
+            refused += 1
+            if refused == runs >= REFUSED_FIRST or refused == len(batches):
+                raise
+            continue
         got = _got(params, [n for n in names if n not in reached] + watch, True if watch else nonzero)
         if got & set(watch):
-            return Fresh(set(), runs, sorted(got & set(watch)))
+            return Fresh(set(), runs, sorted(got & set(watch)), refused)
         reached |= got
         if len(reached) == len(names):
             break
-    return Fresh(reached, runs, [])
+    return Fresh(reached, runs, [], refused)
 
 
 def one_table(model, inputs) -> dict[str, int]:
@@ -383,10 +417,16 @@ def one_table(model, inputs) -> dict[str, int]:
     from .inputs import embedding_consumers
 
     n = inputs.batch_size
-    wanted = [k for k, t in inputs.tensors() if not (t.is_floating_point() or t.is_complex() or t.dtype.is_signed is
-              None) and not t.is_nested and t.dim() >= 2 and t.shape[0] == n and t.numel()]
+    wanted = [k for k, t in inputs.tensors() if _ids(t) and t.dim() >= 2 and t.shape[0] == n and t.numel()]
     found = embedding_consumers(model, inputs, wanted, whole=True) if wanted and n and n > 1 else {}
     return {k: rows for k, (_, rows) in found.items()}
+
+
+def _ids(t) -> bool:
+    """An integer tensor (not bool, not nested) that could index a table."""
+    import torch
+
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool or t.is_nested)
 
 
 def _got(params: dict, names: list[str], nonzero: bool) -> set[str]:

@@ -183,6 +183,8 @@ def _skipped_at_random(probe: Probe, names: list[str], ran: set[str]) -> set[str
     except ModelError as exc:   # a fresh batch the forward refuses: the no-grad verdicts stand
         probe.result.notes.append(f"parameters without a gradient not re-checked on fresh inputs: {exc.message}")
         return reached
+    if fresh.refused:
+        probe.result.notes.append(f"parameters without a gradient re-checked on fresh inputs: {fresh.said()}")
     if fresh.reached:
         probe.result.add("routed-by-input", "info", repeats.common_path(sorted(fresh.reached)) or "(root)",
                          routed_message(sorted(fresh.reached), fresh.runs), hint=ROUTED_HINT)
@@ -254,7 +256,7 @@ def _routed_zeros(probe: Probe, before: dict, names: list[str], ran: set[str], s
     except ModelError as exc:   # no room for a copy, or a fresh batch the forward refuses: the errors stand
         probe.result.notes.append(f"parameters with an all-zero gradient not re-checked with fresh inputs: {exc.message}")
         return set()
-    if fresh.revived:
+    if fresh.said():
         probe.result.notes.append(f"parameters with an all-zero gradient re-checked with fresh inputs: {fresh.said()}")
     if fresh.reached:
         probe.result.add("routed-by-input", "info", repeats.common_path(sorted(fresh.reached)) or "(root)",

@@ -198,7 +198,7 @@ def _routed_zeros(model, inputs, rows, ran: set[str], saturated: list[str], resu
         result.notes.append(f"zero gradients not re-checked with fresh inputs: {exc.message}")
         return
     result.notes.append(f"{len(rows)} zero gradient(s) re-checked on a copy with {fresh.runs} fresh batch(es) of the "
-                        f"inputs' kind: {len(fresh.reached)} not zero there" + (f"; {fresh.said()}" if fresh.revived else ""))
+                        f"inputs' kind: {len(fresh.reached)} not zero there" + (f"; {fresh.said()}" if fresh.said() else ""))
     mark(rows, fresh.reached, "routed-by-input", ROUTED_BY_INPUT)
 
 

@@ -163,7 +163,8 @@ def _skipped_at_random(model, inputs, cands, ran: set[str], opts, ctx, result) -
     mark(cands, fresh.reached, "routed-by-input", ROUTED_BY_INPUT)
     if fresh.runs:
         result.notes.append(f"{len(left)} parameter tensor(s) still without a gradient re-checked on {fresh.runs} "
-                            f"fresh batch(es) of the inputs' kind: {len(fresh.reached)} reached")
+                            f"fresh batch(es) of the inputs' kind: {len(fresh.reached)} reached"
+                            + (f"; {fresh.said()}" if fresh.said() else ""))
 
 
 def ran(rows) -> set[str]:

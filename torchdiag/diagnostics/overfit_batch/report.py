@@ -368,8 +368,8 @@ def _routed(result, trainer, missing: list[str], zeros: bool = False) -> list[st
     except ModelError as exc:   # no room for a copy, or its forward failed: the verdicts stand
         result.notes.append(f"parameters without a gradient not re-checked on fresh inputs: {exc.message}")
         return missing
-    if fresh.revived:
-        result.notes.append(f"zero gradients re-checked on fresh inputs: {fresh.said()}")
+    if fresh.said():
+        result.notes.append(f"parameters without a (non-zero) gradient re-checked on fresh inputs: {fresh.said()}")
     if fresh.reached:
         result.add("routed-by-input", "info", repeats.common_path(sorted(fresh.reached)) or "(root)",
                    routed_message(sorted(fresh.reached), fresh.runs, zeros), hint=ROUTED_HINT)
