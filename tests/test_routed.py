@@ -426,35 +426,114 @@ def test_a_one_hot_input_stays_one_hot_so_a_router_that_sums_it_stays_broken():
         assert not [f for f in res.findings if f.code == "routed-by-input"]
 
 
-def test_one_hot_rows_are_drawn_whole_and_vocabulary_ids_from_the_table():
+def test_one_hot_rows_are_drawn_whole_and_token_ids_from_the_table_up_to_the_batch_s_largest():
     from torchdiag.core.fresh import resampled_batches
     from torchdiag.core.inputs import ModelInputs
 
     task = nn.functional.one_hot(torch.tensor([0, 3, 1, 3]), 4).float()
-    ids, mask = torch.tensor([[5, 6, 7], [8, 9, 10], [5, 5, 5], [6, 6, 6]]), torch.tensor([[1, 1, 0]] * 4)
-    batches = resampled_batches(ModelInputs((task, ids), {"mask": mask}), seed=0, samples=400, vocab={"input[1]": 50})
-    drawn = torch.cat([b.args[1] for b in batches])
+    rows = torch.softmax(torch.randn(4, 4), -1)          # rows that only sum alike, of the one-hot's shape: by entry
+    ids = torch.tensor([[1, 6, 7, 2], [1, 9, 10, 3], [1, 5, 5, 4], [1, 6, 6, 0]])   # a BOS id first
+    mask = torch.tensor([[1, 1, 1, 0]] * 4)
+    batches = resampled_batches(ModelInputs((task, ids, rows), {"mask": mask}), seed=0, samples=400,
+                                vocab={"input[1]": 50})
     assert all(b.args[0].sum(-1).eq(1).all() and b.args[0].amax(-1).eq(1).all() for b in batches)   # still one-hot
-    assert drawn.min() >= 0 and drawn.max() < 50 and len(drawn.unique()) > 40   # the table's rows, not the batch's
+    assert any((b.args[2].sum(-1) - 1).abs().max() > 1e-3 for b in batches)                   # mixed across rows
+    drawn = torch.cat([b.args[1] for b in batches])
+    assert drawn[:, 0].eq(1).all()                                    # what every sample holds there stays
+    assert set(drawn[:, 1:].unique().tolist()) == set(range(11))      # any row up to the batch's largest id, 10
     assert all(torch.equal(b.kwargs["mask"], mask) for b in batches)   # the mask's own values at each position
 
 
-class _Placeholder(TokenMoE):
-    """Refuses id 99 (an image placeholder token with no image given): a fresh batch drawn from the whole table."""
+class _BosRouted(nn.Module):
+    """Every token routed by the first token's embedding (the bug: `gate(h[:, :1])` for `gate(h)`); real batches start
+    with the same BOS id, so the same experts run every time."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.gate = nn.Embedding(100, 32), nn.Linear(32, 8, bias=False)
+        self.experts, self.head = nn.ModuleList(nn.Linear(32, 32) for _ in range(8)), nn.Linear(32, 100)
+
+    def forward(self, input_ids):
+        h = self.emb(input_ids)
+        w, idx = self.gate(h[:, :1]).expand(-1, h.shape[1], -1).softmax(-1).topk(2, -1)
+        x, w, idx = h.reshape(-1, h.shape[-1]), w.reshape(-1, 2), idx.reshape(-1, 2)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            tok, slot = (idx == e).nonzero(as_tuple=True)
+            if len(tok):
+                out.index_add_(0, tok, expert(x[tok]) * w[tok, slot, None])
+        return self.head(h + out.view(h.shape))
+
+
+def test_a_router_that_reads_only_the_bos_token_stays_no_grad():
+    """A review: ids drawn anywhere in the table put random tokens first, and this bug became routed, info."""
+    torch.manual_seed(0)
+    ids = torch.randint(2, 100, (4, 6))
+    ids[:, 0] = 1
+    res = run("gradflow", _BosRouted(), (ids,), target=torch.randint(0, 100, (4, 6)), loss=_lm_loss)
+    assert res.exit_code == 1 and not [f for f in res.findings if f.code == "routed-by-input"], \
+        [f.message for f in res.findings]
+
+
+class _Clamped(TokenMoE):
+    """Looks up its ids after a clamp that changes nothing: the same values, in a new tensor."""
 
     def forward(self, input_ids, attention_mask):
-        if (input_ids == 99).any():
+        return super().forward(input_ids.clamp(min=0), attention_mask)
+
+
+def test_ids_looked_up_after_a_clamp_are_still_drawn_from_the_table():
+    inputs, y = _tokens(0)
+    res = run("gradflow", _Clamped(), inputs, target=y, loss=_lm_loss)
+    assert res.exit_code == 0 and [f for f in res.findings if f.code == "routed-by-input"], \
+        [f.message for f in res.findings]
+
+
+class _Placeholder(TokenMoE):
+    """Refuses id 7 (an image placeholder token with no image given), which the batch does not hold: a fresh batch drawn
+    from the table may."""
+
+    def forward(self, input_ids, attention_mask):
+        if (input_ids == 7).any():
             raise ValueError("image token without an image")
         return super().forward(input_ids, attention_mask)
 
 
 def test_a_forward_that_refuses_some_token_of_its_table_skips_those_fresh_batches():
     """A fresh batch drawn from the whole table may hold a token the model reserves: that batch reaches nothing, the
-    others are asked, and a note counts the refused ones (the batch's own ids alone reach 22 of 28 here)."""
+    others are asked, and a note counts the refused ones."""
     torch.manual_seed(0)
-    ids, y = torch.randint(0, 99, (4, 8)), torch.randint(0, 100, (4, 8))
+    ids, y = torch.randint(10, 100, (4, 8)), torch.randint(0, 100, (4, 8))
     inputs = {"input_ids": ids, "attention_mask": torch.ones(4, 8, dtype=torch.long)}
     res = run("gradflow", _Placeholder(experts=32), inputs, target=y, loss=_lm_loss)
     assert res.exit_code == 0 and [f for f in res.findings if f.code == "routed-by-input"], \
         [f.message for f in res.findings]
     assert [n for n in res.notes if re.search(r"the forward refused \d+ of the \d+ fresh batches", n)], res.notes
+
+
+class _PaddedTable(nn.Module):
+    """A table of 128 rows for a vocabulary of 100 (padded to a multiple of 64), a per-token buffer of the real size
+    indexed by the ids, and a sequence routed by the sum of its tokens' tags."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(128, 16)
+        self.register_buffer("tag", torch.arange(100) % 2)
+        self.experts, self.head = nn.ModuleList(nn.Linear(16, 16) for _ in range(4)), nn.Linear(16, 3)
+
+    def forward(self, ids):
+        h, idx = self.emb(ids).mean(1), self.tag[ids].sum(-1) % 4
+        out = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            if (idx == e).any():
+                out[idx == e] = expert(h[idx == e])
+        return self.head(h + out)
+
+
+def test_token_ids_are_drawn_below_the_batch_s_largest_not_the_table_s_padded_rows():
+    """A review: ids up to 127 indexed the 100-entry buffer out of bounds, and the expert the batch left was no-grad."""
+    ids = torch.tensor([[0, 2, 4, 6], [1, 3, 5, 6], [0, 3, 4, 6], [1, 3, 5, 7]])   # tags sum to experts 0, 3, 1, 0
+    res = run("gradflow", _PaddedTable(), (ids,), target=torch.tensor([0, 1, 2, 0]), loss=nn.functional.cross_entropy)
+    assert res.exit_code == 0 and [f for f in res.findings if f.code == "routed-by-input"], \
+        [f.message for f in res.findings]
+    assert not [n for n in res.notes if "refused" in n], res.notes

@@ -63,12 +63,12 @@ def resampled_batches(inputs, seed: int, samples: int, vocab: dict | None = None
     """Batches of the same shapes as `inputs`, enough for `samples` samples, each entry of a tensor that holds the
     batch (leading size the batch's) drawn from the same entry of a random sample of the batch, finite where the
     batch has a finite value there: new combinations of the batch's own values, never a value it lacks (a 0/1 flag
-    stays 0 or 1, [0, 1] pixels stay in [0, 1], ids stay ids of that position). A vector along the last dimension
-    whose sum is the same everywhere (a one-hot, a probability) is drawn whole, so it stays one (_modes). Ids the
-    forward looks up whole in one table (`vocab`: name -> the table's rows) are drawn from the whole table: any
-    token is a token (two sequences of four ids held eight, and a router that sees only the token could never
-    send a fresh batch anywhere new). Tensors of one shape share their draws (ids and their attention mask stay
-    paired). None for a batch of one, or when nothing would be fresh.
+    stays 0 or 1, [0, 1] pixels stay in [0, 1], ids stay ids of that position). A one-hot vector along the last
+    dimension is drawn whole, so it stays one (_modes). Ids the forward looks up whole in one table (`vocab`: name ->
+    the table's rows) are drawn from its rows up to the batch's largest id, a position where every sample holds the
+    same id kept (_tokens): two sequences of four ids held eight, and a router that sees only the token could send no
+    fresh batch anywhere new. Tensors of one shape share their draws (ids and their attention mask stay paired). None
+    for a batch of one, or when nothing would be fresh.
 
     Inputs torchdiag made up itself (a source's default) are drawn as that source drew them (fresh_batches): their
     values stand for no data."""
@@ -84,15 +84,29 @@ def resampled_batches(inputs, seed: int, samples: int, vocab: dict | None = None
     out = []
     for k in range(math.ceil(samples / n)):
         def resample(t, k=k):
-            mode = modes.get(_shape(t))
+            mode = modes.get(id(t))
             if mode is None:
                 return t
             g = torch.Generator(device=t.device).manual_seed(seeds.fresh_batch(seed, k))
             if id(t) in rows:
-                return torch.randint(0, rows[id(t)], t.shape, generator=g, device=t.device, dtype=t.dtype)
+                return _tokens(t, g, rows[id(t)])
             return _resampled(t, g, mode)
         out.append(inputs.map(resample))
     return out if any(b is not a for o in out for (_, a), (_, b) in zip(inputs.tensors(), o.tensors())) else []
+
+
+def _tokens(t, g, rows: int):
+    """Ids uniform in [0, the batch's largest id] (a table may have rows no real token uses: a vocabulary padded to a
+    multiple of 64, where a forward indexing a per-token buffer of the real size refused row 123), except where every
+    sample of the batch holds the same id, which stays (a BOS or CLS token first: a router reading only the first token
+    was routed, info, with random first tokens; a review)."""
+    import torch
+
+    src = t.detach()
+    top = min(int(src.max()) + 1, rows)
+    drawn = torch.randint(0, max(top, 1), t.shape, generator=g, device=t.device, dtype=t.dtype)
+    same = (src == src[:1]).all(0, keepdim=True)
+    return torch.where(same, src[:1].expand_as(src), drawn)
 
 
 def _shape(t) -> tuple | None:
@@ -106,25 +120,23 @@ ENTRY, VECTOR = "entry", "vector"
 
 
 def _modes(inputs, n: int) -> dict:
-    """shape -> how its tensors are drawn, one way for all tensors of a shape (their draws are shared): VECTOR when
-    one's vectors along the last dimension, not all constant, all have the same sum (one-hot rows: drawn entry by
-    entry, a task given as one-hot became two tasks at once, and a router that summed it instead of taking its argmax
-    looked routed), else ENTRY."""
-    import torch
-
+    """id of each tensor that holds the batch -> how it is drawn: VECTOR when it is one-hot along the last dimension
+    (drawn entry by entry, a task given as one-hot became two tasks at once, and a router that summed it instead of
+    taking its argmax looked routed), else ENTRY (tensors of one shape drawn so share their draws)."""
     modes: dict = {}
     for _, t in inputs.tensors():
         key = _shape(t)
         if key is None or key[0] != n:
             continue
-        if modes.get(key) != VECTOR and t.dim() >= 2 and not t.is_complex() and t.shape[-1] > 1:
-            v = t.detach().float()
-            sums = v.sum(-1)
-            varies = bool((v.amax(-1) > v.amin(-1)).any())   # an all-ones mask says nothing
-            if varies and bool(torch.allclose(sums, sums.reshape(-1)[0].expand_as(sums), rtol=1e-4, atol=1e-5)):
-                modes[key] = VECTOR
-        modes.setdefault(key, ENTRY)
+        modes[id(t)] = VECTOR if t.dim() >= 2 and not t.is_complex() and t.shape[-1] > 1 and _one_hot(t) else ENTRY
     return modes
+
+
+def _one_hot(t) -> bool:
+    """Every vector along the last dimension is 0 but for one 1 (rows that merely sum alike, z-scored or softmaxed
+    features, are drawn entry by entry: drawn whole, a fresh batch was the batch's rows reordered; a review)."""
+    v = t.detach()
+    return bool(((v == 0) | (v == 1)).all() and (v == 1).sum(-1).eq(1).all())
 
 
 def _picks(t, g, mode: str):

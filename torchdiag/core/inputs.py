@@ -349,7 +349,8 @@ def embedding_consumers(model, inputs: ModelInputs, wanted: list[str], by_value=
     reaches. One traceless forward (buffers, written parameters and the RNG restored; lookups guarded on a GPU)
     that stops once every wanted input has been mapped. The names in `by_value` (ids of a distinct random
     pattern) are also found repeated along the batch (_repeated: a video model's text ids, once per frame).
-    `whole`: only a lookup of every entry at once counts (one table for all its positions), not of a column."""
+    `whole`: only a lookup of every entry at once counts (one table for all its positions), not of a column; the
+    same values in the same shape count too (ids clamped or cast first)."""
     import torch
     from torch import nn
 
@@ -366,7 +367,8 @@ def embedding_consumers(model, inputs: ModelInputs, wanted: list[str], by_value=
             for key, t in targets.items():
                 if whole and x.numel() != t.numel():
                     continue
-                if key not in found and (same_data(x, t) or (key in by_value and _repeated(x, t))):
+                if key not in found and (same_data(x, t) or (key in by_value and _repeated(x, t))
+                                         or (whole and _equal(x, t))):
                     found[key] = (path[id(mod)], int(mod.num_embeddings))
         if len(found) == len(targets):
             raise _ProbeDone
@@ -381,6 +383,13 @@ def embedding_consumers(model, inputs: ModelInputs, wanted: list[str], by_value=
         for h in handles:
             h.remove()
     return {k: _smallest_sibling(model, where, rows) for k, (where, rows) in found.items()}
+
+
+def _equal(x, t) -> bool:
+    """x holds t's values in t's shape (ids passed through a clamp or a cast that changed nothing)."""
+    import torch
+
+    return x.shape == t.shape and x.device == t.device and bool(torch.equal(x.to(t.dtype), t))
 
 
 def _smallest_sibling(model, where: str, rows: int) -> tuple[str, int]:
