@@ -537,3 +537,13 @@ def test_token_ids_are_drawn_below_the_batch_s_largest_not_the_table_s_padded_ro
     assert res.exit_code == 0 and [f for f in res.findings if f.code == "routed-by-input"], \
         [f.message for f in res.findings]
     assert not [n for n in res.notes if "refused" in n], res.notes
+
+
+def test_a_batch_of_identical_samples_makes_nothing_fresh():
+    from torchdiag.core.fresh import resampled_batches
+    from torchdiag.core.inputs import ModelInputs
+
+    same = ModelInputs((torch.ones(4, 3), torch.zeros(4, 5, dtype=torch.long)), {})
+    assert resampled_batches(same, seed=0, samples=40, vocab={"input[1]": 10}) == []
+    one_differs = ModelInputs((torch.ones(4, 3), torch.tensor([[0] * 5] * 3 + [[1] * 5])), {})
+    assert len(resampled_batches(one_differs, seed=0, samples=40)) == 10

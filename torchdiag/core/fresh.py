@@ -68,7 +68,7 @@ def resampled_batches(inputs, seed: int, samples: int, vocab: dict | None = None
     the table's rows) are drawn from its rows up to the batch's largest id, a position where every sample holds the
     same id kept (_tokens): two sequences of four ids held eight, and a router that sees only the token could send no
     fresh batch anywhere new. Tensors of one shape share their draws (ids and their attention mask stay paired). None
-    for a batch of one, or when nothing would be fresh.
+    for a batch of one or of identical samples, or when nothing would be fresh.
 
     Inputs torchdiag made up itself (a source's default) are drawn as that source drew them (fresh_batches): their
     values stand for no data."""
@@ -80,6 +80,8 @@ def resampled_batches(inputs, seed: int, samples: int, vocab: dict | None = None
     if n < 2 or inputs.samples is not None:   # a list of samples (detection images): no tensor holds the batch
         return []
     modes = _modes(inputs, n)
+    if not _varies(inputs, modes):   # every sample the same: any resampling is the batch again
+        return []
     rows = {id(t): (vocab or {})[k] for k, t in inputs.tensors() if k in (vocab or {})}
     out = []
     for k in range(math.ceil(samples / n)):
@@ -93,6 +95,11 @@ def resampled_batches(inputs, seed: int, samples: int, vocab: dict | None = None
             return _resampled(t, g, mode)
         out.append(inputs.map(resample))
     return out if any(b is not a for o in out for (_, a), (_, b) in zip(inputs.tensors(), o.tensors())) else []
+
+
+def _varies(inputs, modes: dict) -> bool:
+    """Some tensor that holds the batch differs between its samples."""
+    return any(bool((t.detach() != t.detach()[:1]).any()) for _, t in inputs.tensors() if id(t) in modes)
 
 
 def _tokens(t, g, rows: int):
