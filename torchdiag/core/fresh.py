@@ -82,7 +82,7 @@ def resampled_batches(inputs, seed: int, samples: int, vocab: dict | None = None
     modes = _modes(inputs, n)
     if not _varies(inputs, modes):   # every sample the same: any resampling is the batch again
         return []
-    rows = {id(t): (vocab or {})[k] for k, t in inputs.tensors() if k in (vocab or {})}
+    tops = {id(t): min(int(t.max()) + 1, (vocab or {})[k]) for k, t in inputs.tensors() if k in (vocab or {})}
     out = []
     for k in range(math.ceil(samples / n)):
         def resample(t, k=k):
@@ -90,8 +90,8 @@ def resampled_batches(inputs, seed: int, samples: int, vocab: dict | None = None
             if mode is None:
                 return t
             g = torch.Generator(device=t.device).manual_seed(seeds.fresh_batch(seed, k))
-            if id(t) in rows:
-                return _tokens(t, g, rows[id(t)])
+            if id(t) in tops:
+                return _tokens(t, g, tops[id(t)])
             return _resampled(t, g, mode)
         out.append(inputs.map(resample))
     return out if any(b is not a for o in out for (_, a), (_, b) in zip(inputs.tensors(), o.tensors())) else []
@@ -102,25 +102,17 @@ def _varies(inputs, modes: dict) -> bool:
     return any(bool((t.detach() != t.detach()[:1]).any()) for _, t in inputs.tensors() if id(t) in modes)
 
 
-def _tokens(t, g, rows: int):
-    """Ids uniform in [0, the batch's largest id] (a table may have rows no real token uses: a vocabulary padded to a
-    multiple of 64, where a forward indexing a per-token buffer of the real size refused row 123), except where every
-    sample of the batch holds the same id, which stays (a BOS or CLS token first: a router reading only the first token
-    was routed, info, with random first tokens; a review)."""
+def _tokens(t, g, top: int):
+    """Ids uniform in [0, top), top the batch's largest id + 1 (a table may have rows no real token uses: a vocabulary
+    padded to a multiple of 64, where a forward indexing a per-token buffer of the real size refused row 123), except
+    where every sample of the batch holds the same id, which stays (a BOS or CLS token first: a router reading only
+    the first token was routed, info, with random first tokens; a review)."""
     import torch
 
     src = t.detach()
-    top = min(int(src.max()) + 1, rows)
     drawn = torch.randint(0, max(top, 1), t.shape, generator=g, device=t.device, dtype=t.dtype)
     same = (src == src[:1]).all(0, keepdim=True)
     return torch.where(same, src[:1].expand_as(src), drawn)
-
-
-def _shape(t) -> tuple | None:
-    """A resampled tensor's key (its shape), None for one that is kept as given."""
-    if t.is_nested or t.is_sparse or t.dim() == 0 or t.numel() == 0:
-        return None
-    return tuple(t.shape)
 
 
 ENTRY, VECTOR = "entry", "vector"
@@ -132,9 +124,8 @@ def _modes(inputs, n: int) -> dict:
     taking its argmax looked routed), else ENTRY (tensors of one shape drawn so share their draws)."""
     modes: dict = {}
     for _, t in inputs.tensors():
-        key = _shape(t)
-        if key is None or key[0] != n:
-            continue
+        if t.is_nested or t.is_sparse or t.dim() == 0 or t.numel() == 0 or t.shape[0] != n:
+            continue   # kept as given
         modes[id(t)] = VECTOR if t.dim() >= 2 and not t.is_complex() and t.shape[-1] > 1 and _one_hot(t) else ENTRY
     return modes
 
