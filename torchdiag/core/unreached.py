@@ -412,7 +412,7 @@ def one_table(model, inputs) -> dict[str, int]:
     one nn.Embedding (token ids: any row of it is a token, at any position), found by one traceless forward that
     stops at the lookups (core/inputs.embedding_consumers); a column looked up alone (a tabular category, whose
     table may be smaller than another column's ids) is not."""
-    if getattr(inputs, "chosen", False):
+    if getattr(inputs, "chosen", False) or inputs.samples is not None:   # made up, or a list of samples: not drawn
         return {}
     from .inputs import embedding_consumers
 
