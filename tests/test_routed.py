@@ -490,11 +490,11 @@ def test_ids_looked_up_after_a_clamp_are_still_drawn_from_the_table():
 
 
 class _Placeholder(TokenMoE):
-    """Refuses id 7 (an image placeholder token with no image given), which the batch does not hold: a fresh batch drawn
-    from the table may."""
+    """Refuses ids 7 and 8 (image placeholder tokens with no image given), which the batch does not hold: a fresh batch
+    drawn from the table may (about half of them here)."""
 
     def forward(self, input_ids, attention_mask):
-        if (input_ids == 7).any():
+        if ((input_ids == 7) | (input_ids == 8)).any():
             raise ValueError("image token without an image")
         return super().forward(input_ids, attention_mask)
 
@@ -502,10 +502,10 @@ class _Placeholder(TokenMoE):
 def test_a_forward_that_refuses_some_token_of_its_table_skips_those_fresh_batches():
     """A fresh batch drawn from the whole table may hold a token the model reserves: that batch reaches nothing, the
     others are asked, and a note counts the refused ones."""
-    torch.manual_seed(0)
-    ids, y = torch.randint(10, 100, (4, 8)), torch.randint(0, 100, (4, 8))
-    inputs = {"input_ids": ids, "attention_mask": torch.ones(4, 8, dtype=torch.long)}
-    res = run("gradflow", _Placeholder(experts=32), inputs, target=y, loss=_lm_loss)
+    torch.manual_seed(2)
+    ids, y = torch.randint(10, 100, (2, 8)), torch.randint(0, 100, (2, 8))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones(2, 8, dtype=torch.long)}
+    res = run("gradflow", _Placeholder(experts=16), inputs, target=y, loss=_lm_loss)
     assert res.exit_code == 0 and [f for f in res.findings if f.code == "routed-by-input"], \
         [f.message for f in res.findings]
     assert [n for n in res.notes if re.search(r"the forward refused \d+ of the \d+ fresh batches", n)], res.notes
@@ -547,3 +547,55 @@ def test_a_batch_of_identical_samples_makes_nothing_fresh():
     assert resampled_batches(same, seed=0, samples=40, vocab={"input[1]": 10}) == []
     one_differs = ModelInputs((torch.ones(4, 3), torch.tensor([[0] * 5] * 3 + [[1] * 5])), {})
     assert len(resampled_batches(one_differs, seed=0, samples=40)) == 10
+
+
+class _BosRoutedMasked(_BosRouted):
+    """The same bug, given the attention mask too (it does not read it)."""
+
+    def forward(self, input_ids, attention_mask):
+        return super().forward(input_ids)
+
+
+def test_a_router_reading_the_first_token_of_left_padded_rows_stays_no_grad():
+    """A review: with left padding the first id is PAD or BOS, not one id everywhere, and the position was drawn from
+    the table. An id the batch holds once per sample or more is special: a position holding one keeps the batch's."""
+    torch.manual_seed(0)
+    ids, mask = torch.randint(2, 100, (4, 6)), torch.ones(4, 6, dtype=torch.long)
+    for i, pads in enumerate([0, 2, 0, 3]):
+        ids[i, :pads], mask[i, :pads], ids[i, pads] = 0, 0, 1
+    res = run("gradflow", _BosRoutedMasked(), {"input_ids": ids, "attention_mask": mask},
+              target=torch.randint(0, 100, (4, 6)), loss=_lm_loss)
+    assert res.exit_code == 1 and not [f for f in res.findings if f.code == "routed-by-input"], \
+        [f.message for f in res.findings]
+
+
+
+
+class _Bucket(nn.Module):
+    """A hash router written `ids // 13` where `ids % 8` was meant: on words below 30, experts 3–7 never run."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.experts = nn.Embedding(100, 16), nn.ModuleList(nn.Linear(16, 16) for _ in range(8))
+        self.head = nn.Linear(16, 100)
+
+    def forward(self, input_ids):
+        h = self.emb(input_ids)
+        x, idx = h.reshape(-1, 16), (input_ids // 13).reshape(-1)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            tok = (idx == e).nonzero(as_tuple=True)[0]
+            if len(tok):
+                out.index_add_(0, tok, expert(x[tok]))
+        return self.head(h + out.view(h.shape))
+
+
+def test_a_padding_id_at_the_top_of_the_vocabulary_does_not_widen_the_drawn_ids():
+    """A review: GPT-2-style padding (the last id, 99) on one sample's tail set the drawn range, and a bucketing bug
+    only ids above the words reach was routed, info."""
+    torch.manual_seed(0)
+    ids = torch.randint(1, 30, (4, 8))
+    ids[1, 5:] = 99
+    res = run("gradflow", _Bucket(), (ids,), target=torch.randint(0, 100, (4, 8)), loss=_lm_loss)
+    assert res.exit_code == 1 and not [f for f in res.findings if f.code == "routed-by-input"], \
+        [f.message for f in res.findings]

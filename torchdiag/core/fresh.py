@@ -63,12 +63,13 @@ def resampled_batches(inputs, seed: int, samples: int, vocab: dict | None = None
     """Batches of the same shapes as `inputs`, enough for `samples` samples, each entry of a tensor that holds the
     batch (leading size the batch's) drawn from the same entry of a random sample of the batch, finite where the
     batch has a finite value there: new combinations of the batch's own values, never a value it lacks (a 0/1 flag
-    stays 0 or 1, [0, 1] pixels stay in [0, 1], ids stay ids of that position). A one-hot vector along the last
-    dimension is drawn whole, so it stays one (_modes). Ids the forward looks up whole in one table (`vocab`: name ->
-    the table's rows) are drawn from its rows up to the batch's largest id, a position where every sample holds the
-    same id kept (_tokens): two sequences of four ids held eight, and a router that sees only the token could send no
-    fresh batch anywhere new. Tensors of one shape share their draws (ids and their attention mask stay paired). None
-    for a batch of one or of identical samples, or when nothing would be fresh.
+    stays 0 or 1, [0, 1] pixels stay in [0, 1], a column of categories keeps its categories). A one-hot vector along
+    the last dimension is drawn whole, so it stays one (_modes). Token ids the forward looks up whole in one table
+    (`vocab`: name -> the table's rows) are drawn from that table below the batch's largest ordinary id, except where
+    the batch holds a special id (BOS, padding), which keeps the batch's own (_table, _tokens): two sequences of four
+    ids held eight, and a router that sees only the token could send no fresh batch anywhere new. Tensors of one
+    shape drawn entry by entry share their draws (ids and their attention mask stay paired where the ids are the
+    batch's own). None for a batch of one or of identical samples, or when nothing would be fresh.
 
     Inputs torchdiag made up itself (a source's default) are drawn as that source drew them (fresh_batches): their
     values stand for no data."""
@@ -82,7 +83,7 @@ def resampled_batches(inputs, seed: int, samples: int, vocab: dict | None = None
     modes = _modes(inputs, n)
     if not _varies(inputs, modes):   # every sample the same: any resampling is the batch again
         return []
-    tops = {id(t): min(int(t.max()) + 1, (vocab or {})[k]) for k, t in inputs.tensors() if k in (vocab or {})}
+    tables = {id(t): _table(t, (vocab or {})[k]) for k, t in inputs.tensors() if k in (vocab or {})}
     out = []
     for k in range(math.ceil(samples / n)):
         def resample(t, k=k):
@@ -90,8 +91,8 @@ def resampled_batches(inputs, seed: int, samples: int, vocab: dict | None = None
             if mode is None:
                 return t
             g = torch.Generator(device=t.device).manual_seed(seeds.fresh_batch(seed, k))
-            if id(t) in tops:
-                return _tokens(t, g, tops[id(t)])
+            if id(t) in tables:
+                return _tokens(t, g, *tables[id(t)])
             return _resampled(t, g, mode)
         out.append(inputs.map(resample))
     return out if any(b is not a for o in out for (_, a), (_, b) in zip(inputs.tensors(), o.tensors())) else []
@@ -102,17 +103,36 @@ def _varies(inputs, modes: dict) -> bool:
     return any(bool((t.detach() != t.detach()[:1]).any()) for _, t in inputs.tensors() if id(t) in modes)
 
 
-def _tokens(t, g, top: int):
-    """Ids uniform in [0, top), top the batch's largest id + 1 (a table may have rows no real token uses: a vocabulary
-    padded to a multiple of 64, where a forward indexing a per-token buffer of the real size refused row 123), except
-    where every sample of the batch holds the same id, which stays (a BOS or CLS token first: a router reading only
-    the first token was routed, info, with random first tokens; a review)."""
+def _table(t, rows: int) -> tuple:
+    """How token ids are drawn (_tokens): (the positions kept to the batch's own ids there, top). An id the batch holds
+    at least once per sample on average (BOS, EOS, padding, a separator) is special: a position holding one in any
+    sample keeps the batch's own ids (a router reading only the first token, left-padded so that PAD or BOS came
+    first, was routed, info, with random first tokens: a review). The others are drawn below top, the largest
+    id the batch holds once + 1 (a table may have rows no real token uses, where a forward indexing a per-token buffer
+    of the real size refused row 123; a padding id at the top of the vocabulary, repeated, says nothing of the words:
+    a review)."""
     import torch
 
     src = t.detach()
-    drawn = torch.randint(0, max(top, 1), t.shape, generator=g, device=t.device, dtype=t.dtype)
-    same = (src == src[:1]).all(0, keepdim=True)
-    return torch.where(same, src[:1].expand_as(src), drawn)
+    ids, counts = torch.unique(src, return_counts=True)
+    special = ids[counts >= src.shape[0]]
+    keep = torch.isin(src, special).any(0)
+    once = ids[counts == 1]   # a repeated id is weaker evidence of how far the words go (a padding run at the top)
+    plain = once if once.numel() else ids[counts < src.shape[0]]
+    top = min(int(plain.max()) + 1, rows) if plain.numel() else 0
+    return keep, top
+
+
+def _tokens(t, g, keep, top: int):
+    """Ids uniform in [0, top) except at the positions `keep`, drawn there as any entry is (the same entry of a random
+    sample of the batch: paired with the mask, which draws the same picks first)."""
+    import torch
+
+    own = _resampled(t, g, ENTRY)
+    if top < 1:
+        return own
+    drawn = torch.randint(0, top, t.shape, generator=g, device=t.device, dtype=t.dtype)
+    return torch.where(keep, own, drawn)
 
 
 ENTRY, VECTOR = "entry", "vector"
