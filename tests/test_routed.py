@@ -599,3 +599,39 @@ def test_a_padding_id_at_the_top_of_the_vocabulary_does_not_widen_the_drawn_ids(
     res = run("gradflow", _Bucket(), (ids,), target=torch.randint(0, 100, (4, 8)), loss=_lm_loss)
     assert res.exit_code == 1 and not [f for f in res.findings if f.code == "routed-by-input"], \
         [f.message for f in res.findings]
+
+
+class _Bert(nn.Module):
+    """Word, token-type and position embeddings into a top-2 mixture, BERT-style inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.word, self.tt, self.pos = nn.Embedding(100, 32), nn.Embedding(2, 32), nn.Embedding(32, 32)
+        self.gate, self.experts = nn.Linear(32, 8, bias=False), nn.ModuleList(nn.Linear(32, 32) for _ in range(8))
+        self.head = nn.Linear(32, 100)
+
+    def forward(self, input_ids, attention_mask, token_type_ids, position_ids):
+        h = self.word(input_ids) + self.tt(token_type_ids) + self.pos(position_ids)
+        x = h.reshape(-1, 32)
+        w, idx = self.gate(x).softmax(-1).topk(2, -1)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            tok, slot = (idx == e).nonzero(as_tuple=True)
+            if len(tok):
+                out.index_add_(0, tok, expert(x[tok]) * w[tok, slot, None])
+        return self.head(h + out.view(h.shape) * attention_mask[..., None])
+
+
+def test_a_special_id_in_one_sample_keeps_itself_not_its_position():
+    """A review: padding on one sample's tail made those positions keep the batch's ids for every sample, and with
+    CLS and SEP kept too, two sequences of six had two positions left to vary: a false no-grad."""
+    torch.manual_seed(2)
+    model = _Bert()
+    ids = torch.randint(3, 100, (2, 6))
+    ids[:, 0], ids[:, 3] = 1, 2                   # CLS, SEP
+    mask = torch.ones(2, 6, dtype=torch.long)
+    ids[-1, -2:], mask[-1, -2:] = 0, 0            # padding
+    inputs = {"input_ids": ids, "attention_mask": mask, "token_type_ids": (torch.arange(6) > 3).long().expand(2, 6),
+              "position_ids": torch.arange(6).expand(2, 6)}
+    res = run("gradflow", model, inputs, target=torch.randint(0, 100, (2, 6)), loss=_lm_loss)
+    assert res.exit_code == 0, [f.message for f in res.findings]

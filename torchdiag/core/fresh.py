@@ -65,11 +65,11 @@ def resampled_batches(inputs, seed: int, samples: int, vocab: dict | None = None
     batch has a finite value there: new combinations of the batch's own values, never a value it lacks (a 0/1 flag
     stays 0 or 1, [0, 1] pixels stay in [0, 1], a column of categories keeps its categories). A one-hot vector along
     the last dimension is drawn whole, so it stays one (_modes). Token ids the forward looks up whole in one table
-    (`vocab`: name -> the table's rows) are drawn from that table below the batch's largest ordinary id, except where
-    the batch holds a special id (BOS, padding), which keeps the batch's own (_table, _tokens): two sequences of four
-    ids held eight, and a router that sees only the token could send no fresh batch anywhere new. Tensors of one
-    shape drawn entry by entry share their draws (ids and their attention mask stay paired where the ids are the
-    batch's own). None for a batch of one or of identical samples, or when nothing would be fresh.
+    (`vocab`: name -> the table's rows) are drawn from that table below the largest id the batch holds once, except
+    where the draw took a special id (BOS, padding) from the batch, which stays (_table, _tokens): two sequences of
+    four ids held eight, and a router that sees only the token could send no fresh batch anywhere new. Tensors of
+    one shape share their draws (ids and their attention mask stay paired where the ids are the batch's own). None
+    for a batch of one or of identical samples, or when nothing would be fresh.
 
     Inputs torchdiag made up itself (a source's default) are drawn as that source drew them (fresh_batches): their
     values stand for no data."""
@@ -104,35 +104,31 @@ def _varies(inputs, modes: dict) -> bool:
 
 
 def _table(t, rows: int) -> tuple:
-    """How token ids are drawn (_tokens): (the positions kept to the batch's own ids there, top). An id the batch holds
-    at least once per sample on average (BOS, EOS, padding, a separator) is special: a position holding one in any
-    sample keeps the batch's own ids (a router reading only the first token, left-padded so that PAD or BOS came
-    first, was routed, info, with random first tokens: a review). The others are drawn below top, the largest
-    id the batch holds once + 1 (a table may have rows no real token uses, where a forward indexing a per-token buffer
-    of the real size refused row 123; a padding id at the top of the vocabulary, repeated, says nothing of the words:
-    a review)."""
+    """How token ids are drawn (_tokens): (the special ids, top). An id the batch holds at least once per sample on
+    average (BOS, EOS, padding, a separator) is special: drawn where the batch has it, it stays (a router reading only
+    the first token, left-padded so that PAD or BOS came first, was routed, info, with random first tokens: a review).
+    The others are drawn below top, the largest id the batch holds once + 1 (a table may have rows no real token
+    uses, where a forward indexing a per-token buffer of the real size refused row 123; a padding id at the top of
+    the vocabulary, repeated, says nothing of the words: a review)."""
     import torch
 
     src = t.detach()
     ids, counts = torch.unique(src, return_counts=True)
-    special = ids[counts >= src.shape[0]]
-    keep = torch.isin(src, special).any(0)
     once = ids[counts == 1]   # a repeated id is weaker evidence of how far the words go (a padding run at the top)
     plain = once if once.numel() else ids[counts < src.shape[0]]
-    top = min(int(plain.max()) + 1, rows) if plain.numel() else 0
-    return keep, top
+    return ids[counts >= src.shape[0]], min(int(plain.max()) + 1, rows) if plain.numel() else 0
 
 
-def _tokens(t, g, keep, top: int):
-    """Ids uniform in [0, top) except at the positions `keep`, drawn there as any entry is (the same entry of a random
-    sample of the batch: paired with the mask, which draws the same picks first)."""
+def _tokens(t, g, special, top: int):
+    """Each id drawn as any entry is (the same entry of a random sample of the batch: paired with the mask, which
+    draws the same picks first), then, unless special, replaced by an id uniform in [0, top)."""
     import torch
 
     own = _resampled(t, g, ENTRY)
     if top < 1:
         return own
     drawn = torch.randint(0, top, t.shape, generator=g, device=t.device, dtype=t.dtype)
-    return torch.where(keep, own, drawn)
+    return torch.where(torch.isin(own, special), own, drawn)
 
 
 ENTRY, VECTOR = "entry", "vector"
