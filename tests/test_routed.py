@@ -635,3 +635,25 @@ def test_a_special_id_in_one_sample_keeps_itself_not_its_position():
               "position_ids": torch.arange(6).expand(2, 6)}
     res = run("gradflow", model, inputs, target=torch.randint(0, 100, (2, 6)), loss=_lm_loss)
     assert res.exit_code == 0, [f.message for f in res.findings]
+
+
+class _Offset(TokenMoE):
+    """Looks up its ids past two reserved rows (`emb(ids + 2)`), in a table two rows larger."""
+
+    def __init__(self):
+        super().__init__(vocab=102)
+
+    def forward(self, input_ids, attention_mask):
+        return super().forward(input_ids + 2, attention_mask)
+
+
+def test_ids_looked_up_past_an_offset_are_drawn_from_the_rows_they_can_reach():
+    """A review: an offset lookup fell back to per-position draws (7 of 25 false errors on a padded mixture)."""
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.core.unreached import one_table
+
+    inputs, y = _tokens(0)
+    assert one_table(_Offset(), ModelInputs((), inputs)) == {"input_ids": 100}
+    res = run("gradflow", _Offset(), inputs, target=y, loss=_lm_loss)
+    assert res.exit_code == 0 and [f for f in res.findings if f.code == "routed-by-input"], \
+        [f.message for f in res.findings]

@@ -350,7 +350,8 @@ def embedding_consumers(model, inputs: ModelInputs, wanted: list[str], by_value=
     that stops once every wanted input has been mapped. The names in `by_value` (ids of a distinct random
     pattern) are also found repeated along the batch (_repeated: a video model's text ids, once per frame).
     `whole`: only a lookup of every entry at once counts (one table for all its positions), not of a column; the
-    same values in the same shape count too (ids clamped or cast first)."""
+    same values in the same shape count too, or shifted by a constant (ids clamped, cast or offset first: the rows
+    given are then those the input's own ids can take, the table's less the shift)."""
     import torch
     from torch import nn
 
@@ -367,9 +368,11 @@ def embedding_consumers(model, inputs: ModelInputs, wanted: list[str], by_value=
             for key, t in targets.items():
                 if whole and x.numel() != t.numel():
                     continue
-                if key not in found and (same_data(x, t) or (key in by_value and _repeated(x, t))
-                                         or (whole and _equal(x, t))):
-                    found[key] = (path[id(mod)], int(mod.num_embeddings))
+                if key in found:
+                    continue
+                shift = 0 if same_data(x, t) else _shift(x, t) if whole else None
+                if shift is not None or (key in by_value and _repeated(x, t)):
+                    found[key] = (path[id(mod)], int(mod.num_embeddings) - (shift or 0))
         if len(found) == len(targets):
             raise _ProbeDone
 
@@ -385,11 +388,16 @@ def embedding_consumers(model, inputs: ModelInputs, wanted: list[str], by_value=
     return {k: _smallest_sibling(model, where, rows) for k, (where, rows) in found.items()}
 
 
-def _equal(x, t) -> bool:
-    """x holds t's values in t's shape (ids passed through a clamp or a cast that changed nothing)."""
+def _shift(x, t) -> int | None:
+    """The constant c with x == t + c in t's shape (ids clamped, cast, or offset past reserved rows before the lookup:
+    `emb(ids + 2)`), or None."""
     import torch
 
-    return x.shape == t.shape and x.device == t.device and bool(torch.equal(x.to(t.dtype), t))
+    if x.shape != t.shape or x.device != t.device or x.is_floating_point() or t.is_floating_point():
+        return None
+    d = x.to(torch.int64) - t.to(torch.int64)
+    c = d.reshape(-1)[:1]
+    return int(c) if d.numel() and bool((d == c).all()) else None
 
 
 def _smallest_sibling(model, where: str, rows: int) -> tuple[str, int]:
