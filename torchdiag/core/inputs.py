@@ -2,6 +2,7 @@
 (torchvision:, timm:, hf:), else `example_input_array`."""
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from dataclasses import dataclass, field
@@ -358,7 +359,7 @@ def embedding_consumers(model, inputs: ModelInputs, wanted: list[str], by_value=
     embeddings = [(n, m) for n, m in model.named_modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
     named = dict(inputs.tensors())
     targets = {k: named[k] for k in wanted if k in named}
-    if not embeddings or not targets:
+    if not targets or not (embeddings or whole):
         return {}
     found: dict[str, tuple[str, int]] = {}
 
@@ -379,13 +380,34 @@ def embedding_consumers(model, inputs: ModelInputs, wanted: list[str], by_value=
     path = {id(m): n for n, m in embeddings}
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for _, m in embeddings]
     try:
-        traceless(model, inputs)
+        with _one_hots(targets, found) if whole else contextlib.nullcontext():
+            traceless(model, inputs)
     except Exception:   # noqa: BLE001 - _ProbeDone: all mapped; else the real run reports the model's own error
         pass
     finally:
         for h in handles:
             h.remove()
     return {k: _smallest_sibling(model, where, rows) for k, (where, rows) in found.items()}
+
+
+def _one_hots(targets: dict, found: dict):
+    """A function mode that maps an input made one-hot whole (`F.one_hot(ids, V).float() @ table`, a lookup by
+    matmul) as an embedding lookup would be: to ("one_hot", V less any shift)."""
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+
+    class OneHots(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is F.one_hot and args and hasattr(args[0], "numel"):
+                for key, t in targets.items():
+                    shift = None if key in found or args[0].numel() != t.numel() else \
+                        0 if same_data(args[0], t) else _shift(args[0], t)
+                    if shift is not None:
+                        found[key] = ("one_hot", int(out.shape[-1]) - shift)
+            return out
+
+    return OneHots()
 
 
 def _shift(x, t) -> int | None:
