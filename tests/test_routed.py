@@ -647,16 +647,21 @@ class _Offset(TokenMoE):
         return super().forward(input_ids + 2, attention_mask)
 
 
-def test_ids_looked_up_past_an_offset_are_drawn_from_the_rows_they_can_reach():
-    """A review: an offset lookup fell back to per-position draws (7 of 25 false errors on a padded mixture)."""
+def _drawn_from_the_table(make) -> None:
+    """The model's ids are found as one table of 100 rows, and its unpicked experts are routed (exit 0)."""
     from torchdiag.core.inputs import ModelInputs
     from torchdiag.core.unreached import one_table
 
     inputs, y = _tokens(0)
-    assert one_table(_Offset(), ModelInputs((), inputs)) == {"input_ids": 100}
-    res = run("gradflow", _Offset(), inputs, target=y, loss=_lm_loss)
+    assert one_table(make(), ModelInputs((), inputs)) == {"input_ids": 100}
+    res = run("gradflow", make(), inputs, target=y, loss=_lm_loss)
     assert res.exit_code == 0 and [f for f in res.findings if f.code == "routed-by-input"], \
         [f.message for f in res.findings]
+
+
+def test_ids_looked_up_past_an_offset_are_drawn_from_the_rows_they_can_reach():
+    """A review: an offset lookup fell back to per-position draws (7 of 25 false errors on a padded mixture)."""
+    _drawn_from_the_table(_Offset)
 
 
 class _MatmulTable(nn.Module):
@@ -678,11 +683,4 @@ class _ByMatmul(TokenMoE):
 
 def test_ids_looked_up_by_a_one_hot_matmul_are_drawn_from_the_table():
     """A review: a lookup by matmul fell back to per-position draws (14 of 25 false errors on a padded mixture)."""
-    from torchdiag.core.inputs import ModelInputs
-    from torchdiag.core.unreached import one_table
-
-    inputs, y = _tokens(0)
-    assert one_table(_ByMatmul(), ModelInputs((), inputs)) == {"input_ids": 100}
-    res = run("gradflow", _ByMatmul(), inputs, target=y, loss=_lm_loss)
-    assert res.exit_code == 0 and [f for f in res.findings if f.code == "routed-by-input"], \
-        [f.message for f in res.findings]
+    _drawn_from_the_table(_ByMatmul)
