@@ -367,12 +367,10 @@ def embedding_consumers(model, inputs: ModelInputs, wanted: list[str], by_value=
         x = args[0] if args else kwargs.get("input")
         if isinstance(x, torch.Tensor):
             for key, t in targets.items():
-                if whole and x.numel() != t.numel():
-                    continue
                 if key in found:
                     continue
-                shift = 0 if same_data(x, t) else _shift(x, t) if whole else None
-                if shift is not None or (key in by_value and _repeated(x, t)):
+                shift = _whole_shift(x, t) if whole else 0 if same_data(x, t) else None
+                if shift is not None or (not whole and key in by_value and _repeated(x, t)):
                     found[key] = (path[id(mod)], int(mod.num_embeddings) - (shift or 0))
         if len(found) == len(targets):
             raise _ProbeDone
@@ -393,16 +391,16 @@ def embedding_consumers(model, inputs: ModelInputs, wanted: list[str], by_value=
 def _one_hots(targets: dict, found: dict):
     """A function mode that maps an input made one-hot whole (`F.one_hot(ids, V).float() @ table`, a lookup by
     matmul) as an embedding lookup would be: to ("one_hot", V less any shift)."""
+    import torch
     import torch.nn.functional as F
     from torch.overrides import TorchFunctionMode
 
     class OneHots(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            if func is F.one_hot and args and hasattr(args[0], "numel"):
+            if func is F.one_hot and args and isinstance(args[0], torch.Tensor):
                 for key, t in targets.items():
-                    shift = None if key in found or args[0].numel() != t.numel() else \
-                        0 if same_data(args[0], t) else _shift(args[0], t)
+                    shift = None if key in found else _whole_shift(args[0], t)
                     if shift is not None:
                         found[key] = ("one_hot", int(out.shape[-1]) - shift)
             return out
@@ -410,11 +408,16 @@ def _one_hots(targets: dict, found: dict):
     return OneHots()
 
 
-def _shift(x, t) -> int | None:
-    """The constant c with x == t + c in t's shape (ids clamped, cast, or offset past reserved rows before the lookup:
-    `emb(ids + 2)`), or None."""
+def _whole_shift(x, t) -> int | None:
+    """x is all of t, looked up at once: 0 for t itself or a view of it with every entry, else the constant c with
+    x == t + c in t's shape (ids clamped, cast, or offset past reserved rows before the lookup: `emb(ids + 2)`), or
+    None (a column of t, another tensor)."""
     import torch
 
+    if x.numel() != t.numel():
+        return None
+    if same_data(x, t):
+        return 0
     if x.shape != t.shape or x.device != t.device or x.is_floating_point() or t.is_floating_point():
         return None
     d = x.to(torch.int64) - t.to(torch.int64)

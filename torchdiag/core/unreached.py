@@ -408,10 +408,10 @@ def _ask(work, batches: list, names: list[str], ctx, nonzero: bool, saturated) -
 
 
 def one_table(model, inputs) -> dict[str, int]:
-    """name -> rows of the table, for the integer inputs of two or more dimensions that the forward looks up whole in
-    one nn.Embedding (token ids: any row of it is a token, at any position), found by one traceless forward that
-    stops at the lookups (core/inputs.embedding_consumers); a column looked up alone (a tabular category, whose
-    table may be smaller than another column's ids) is not."""
+    """name -> the rows its ids can reach, for the integer inputs of two or more dimensions that the forward looks up
+    whole in one table, an nn.Embedding or a one-hot matmul (token ids: one vocabulary at every position), found by
+    one traceless forward that stops at the lookups (core/inputs.embedding_consumers); a column looked up alone (a
+    tabular category, whose table may be smaller than another column's ids) is not."""
     if getattr(inputs, "chosen", False) or inputs.samples is not None:   # made up, or a list of samples: not drawn
         return {}
     from .inputs import embedding_consumers
