@@ -18,7 +18,7 @@ EXAMPLE = """Examples:
 
 Status per parameter: ok · frozen (info) · no-grad (unused | detached: error) · zero-grad (error) ·
 exploding-grad (error) · vanishing-grad (warning) · non-finite-grad (error); a flagged gradient re-checked with a short training run on a copy can
-become info: by-design-init, zero-init, adaptive-step, bounded-step, transient-grad, small-weight, small-term,
+become info: by-design-init, zero-init, adaptive-step, bounded-step, transient-grad, small-weight, small-term, cancelled,
 loss-scale.
 Activation warnings:
 dead-units (ReLU family), saturated (tanh/sigmoid family). Exit 1 on any error; warnings fail only

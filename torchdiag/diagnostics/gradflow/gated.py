@@ -33,6 +33,7 @@ TRANSIENT = "transient-grad"   # a large gradient of the starting point that a f
 SMALL = "small-weight"         # a large grad/weight of a weight near zero whose step is the others' or that grew out
 LOSS_SCALE = "loss-scale"      # a large gradient the made-up loss's reading of the output's scale makes
 TERM = "small-term"            # a large grad/weight of a parameter that is a small part of its module's output
+CANCELLED = "cancelled"        # a small gradient of a parameter whose move at its module's output the loss ignores
 ADAM_EPS = 1e-8                # torch's Adam/AdamW eps, which core.train.make_optimizer keeps
 
 
@@ -117,6 +118,7 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
         r.update(status=kind, reason=where, allowed=False,
                  design={"kind": kind, "why": f"{v.describe()} (a short training run on a copy: "
                                               f"{v.steps} optimizer steps on the same batch)"})
+    _cancelled(model, inputs, [r for r in flagged if r["status"] == "vanishing-grad"], opts, ctx, prepare, result)
     _locate_stops(model, inputs, [r for r in flagged if r["status"] == "zero-grad"], result, opts, ctx, prepare)
     selected = [r for r in flagged if r["status"] == "zero-grad" and (r.get("stop") or {}).get("selects")]
     saturated = [r["name"] for r in flagged if r["status"] == "zero-grad" and r not in selected]
@@ -135,6 +137,35 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
                           f"training run on a copy they stay below the threshold ({v.describe()}; "
                           f"a unit is dead when its input stays below the zero point by more than "
                           f"{gates.MARGIN:g}× the spread of the module's inputs)")
+
+
+def _cancelled(model, inputs, rows, opts, ctx, prepare, result) -> None:
+    """Vanishing gradients the short run left standing, read where the parameter acts (term.cancellations): when the
+    gradient arriving at its module's output is (nearly) orthogonal to what the parameter can change there, its
+    gradient is small because the loss ignores that change, not because no signal arrives: `cancelled` (info). A
+    scalar gain before a convolution and BatchNorm (timm hgnetv2's learnable affine after each aggregation's first
+    convolution: cos ~1e-10, its gradient eps's share). A weight fed tiny inputs, a chain of saturated sigmoids, a
+    gradient that vanishes before the module: the cosine is near 1 whatever the gradient's size, the verdict
+    stands."""
+    if not rows:
+        return
+    from .term import cancellations
+
+    try:
+        got = cancellations(model, inputs, [r["name"] for r in rows], ctx, prepare, opts.eval_mode)
+    except ModelError as exc:
+        result.notes.append(f"vanishing gradients not read where the parameter acts: {exc.message}")
+        return
+    result.notes.append(f"{len(rows)} vanishing gradient(s) read where the parameter acts: one forward and backward on "
+                        "a copy, and one forward per parameter moved")
+    for r in rows:
+        c = got.get(r["name"])
+        if c is not None and c.cancelled():
+            r.update(status=CANCELLED, allowed=False, design={"kind": CANCELLED, "why": (
+                f"moved along its gradient (on a copy) it changes {label(c.module)}'s output in a direction the loss's "
+                f"gradient there is orthogonal to (cosine {c.cos:.2g} over its {c.size} values, below {c.bound():.2g}, a thousandth of a random direction's): the signal reaches that "
+                "output, and what this parameter does to it the loss ignores (a following normalisation divides out "
+                "the scale it sets)")})
 
 
 def _units_whole(_fewer) -> str:

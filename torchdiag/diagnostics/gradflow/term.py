@@ -9,7 +9,9 @@ one forward per asked parameter): each moved against its gradient by EPS of its 
 of its module's output (the innermost module holding it whose output moves; the model's output at the last) over
 EPS is its reach s (the model's output's, where that moves further: a parameter also used elsewhere), and ratio × s
 is the ratio where it acts. Within --exploding-ratio: `small-term` (info). Asked
-of the grad/weight verdicts (the gradient's norm within --exploding) the short training run left standing."""
+of the grad/weight verdicts (the gradient's norm within --exploding) the short training run left standing.
+The same probe reads a vanishing gradient where it acts (cancellations): the cosine between the gradient arriving at
+the module's output and what the parameter moves there (`cancelled`, info, in gated.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,6 +31,64 @@ class Reach:
 
 def reaches(model, inputs, names: list[str], ctx, prepare, eval_mode: bool) -> dict[str, Reach]:
     """name -> Reach for each of `names` (at most MAX_TERMS) whose move changed some module's output holding it."""
+    got = _probe(model, inputs, names, ctx, prepare, eval_mode, "a large ratio read where it acts")
+    return _read(got.asked, got.moves, dict(zip(got.sizes, got.flat)), got.flat[len(got.sizes) + len(got.grads):])
+
+
+CANCELS = 1e-3      # a cosine below this / sqrt(the output's size) is cancelled: a fixed direction against a random
+                    # gradient there has |cos| ~ 1/sqrt(size) (a healthy scalar gain behind a BatchNorm: 0.005 of 8192
+                    # values, 0.4 x that), and falls below a thousandth of it by chance once in ~1e3 draws
+
+
+@dataclass
+class Cancel:
+    module: str       # the innermost module holding it whose output moved
+    cos: float        # cos(dL/d output, the output's move along its gradient): the share of the signal it receives
+    size: int         # the number of values of that output (the loss read)
+
+    def bound(self) -> float:
+        return CANCELS / self.size ** 0.5
+
+    def cancelled(self) -> bool:
+        return self.cos < self.bound()
+
+
+def cancellations(model, inputs, names: list[str], ctx, prepare, eval_mode: bool) -> dict[str, Cancel]:
+    """name -> Cancel for each of `names` (at most MAX_TERMS): how much of the gradient at its module's output reaches
+    the parameter. Moved along its gradient by EPS of its norm, the output moves by d, and to first order the loss by
+    <dL/d out, d> = EPS |p| |grad p|; so EPS |p| |grad p| / (|dL/d out| |d|) is the cosine between what the loss asks
+    of that output and what the parameter can change there. Near 1 for a weight (its step follows the output's
+    gradient), whatever the gradient's size; near 0 for what a following normalisation cancels (a scalar gain before
+    a convolution and BatchNorm: its move only rescales what BatchNorm divides out)."""
+    got = _probe(model, inputs, names, ctx, prepare, eval_mode, "a small gradient read where it acts")
+    values = dict(zip([*got.sizes, *(f"grad:{p}" for p in got.grads)], got.flat))
+    out: dict[str, Cancel] = {}
+    at = len(got.sizes) + len(got.grads)
+    for n, moved in zip(got.asked, got.moves):
+        changes = dict(zip(moved, got.flat[at:at + len(moved)]))
+        at += len(moved)
+        path = next((a for a in ancestors(owner(n)) if changes.get(a, 0.0) > 0), None)
+        lever = got.levers[n]
+        if path is None or values.get(f"grad:{path}", 0.0) <= 0 or not lever > 0:
+            continue
+        out[n] = Cancel(path, EPS * lever / (values[f"grad:{path}"] * changes[path]), got.numel[path])
+    return out
+
+
+@dataclass
+class _Probe:
+    asked: list        # the names moved, in order
+    moves: list        # per asked name: path -> |output move| (device tensors, read in flat)
+    sizes: dict        # path -> |output| (device tensors, read in flat)
+    grads: dict        # path -> |dL/d output| (device tensors, read in flat)
+    numel: dict        # path -> the number of values of the outputs read
+    levers: dict       # name -> |p| |grad p| (floats)
+    flat: list         # sizes, grads, then every move's values: the one read
+
+
+def _probe(model, inputs, names: list[str], ctx, prepare, eval_mode: bool, why: str) -> _Probe:
+    """One forward and backward on a copy keeping the outputs of the modules holding `names` (at most MAX_TERMS)
+    that the loss read, then one forward per name moved alone against its gradient by EPS of its norm."""
     import torch
 
     from ...core import train
@@ -46,19 +106,34 @@ def reaches(model, inputs, names: list[str], ctx, prepare, eval_mode: bool) -> d
     hooks = [modules[p].register_forward_hook(_keep(seen, p)) for p in paths]
     try:
         with torch.enable_grad(), ctx.seeded(), ctx.autocast():
-            loss = ctx.loss()(run_forward(work, inputs, phase="forward (a large ratio read where it acts, on a copy)"))
+            loss = ctx.loss()(run_forward(work, inputs, phase=f"forward ({why}, on a copy)"))
         first = {p: len(outs) for p, outs in seen.items()}
         train.backward(loss)
         read = {p: _read_outputs(outs, first[p]) for p, outs in seen.items() if p in first}
-        base = {p: [seen[p][i].detach() for i in kept] for p, kept in read.items() if kept}
+        kept = {p: [seen[p][i] for i in idx] for p, idx in read.items() if idx}
+        base = {p: [t.detach() for t in outs] for p, outs in kept.items()}
         sizes = {p: _norm(outs) for p, outs in base.items()}
+        grads = {p: _norm([_grad_of(t, seen[p], first[p], i) for t, i in zip(outs, read[p])])
+                 for p, outs in kept.items()}
         asked = [n for n in names if params[n].grad is not None and params[n].grad.shape == params[n].shape]
+        levers = [widened(params[n].detach()).norm() * widened(params[n].grad.detach()).norm() for n in asked]
         moves = [_moved(work, params[n], inputs, ctx, seen, base, read, state) for n in asked]
     finally:
         for h in hooks:
             h.remove()
-    flat = read_back(list(sizes.values()) + [v for m in moves for v in m.values()])   # the one read
-    return _read(asked, moves, dict(zip(sizes, flat)), flat[len(sizes):])
+    flat = read_back(list(sizes.values()) + list(grads.values()) + levers + [v for m in moves for v in m.values()])
+    k = len(sizes) + len(grads)
+    numel = {p: sum(t.numel() for t in outs) for p, outs in base.items()}
+    return _Probe(asked, moves, sizes, grads, numel, dict(zip(asked, flat[k:k + len(asked)])),
+                  flat[:k] + flat[k + len(asked):])
+
+
+def _grad_of(t, outs: list, first: int, i: int):
+    """The gradient of a kept output, or of its recompute inside a reentrant checkpoint (see _read_outputs)."""
+    import torch
+
+    g = t.grad if t.grad is not None else outs[first + i].grad
+    return g if g is not None else torch.zeros_like(t)
 
 
 def _read_outputs(outs: list, first: int) -> list[int]:

@@ -1,0 +1,103 @@
+"""gradflow's `cancelled` (diagnostics/gradflow/gated._cancelled, term.cancellations): a vanishing gradient read where
+the parameter acts. timm's hgnetv2_b2 (healthy) got a `vanishing-grad` warning on a learnable affine's scalar scale
+in front of a 1x1 convolution and a BatchNorm (grad/weight 9.7e-8): BatchNorm divides out the scale it sets, and
+only eps's share of a gradient reaches it. What it changes at its module's output is orthogonal to the loss's
+gradient there (cosine ~1e-9). A real vanishing gradient (a chain of sigmoids) keeps its verdict: there the cosine
+is near 1, however small the gradient."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from torchdiag.api import run
+
+
+class Gain(nn.Module):
+    """A learnable scalar scale and shift of its input (hgnetv2's LearnableAffineBlock, written here)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1))
+        self.shift = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        return self.scale * x + self.shift
+
+
+def _gain_before_batchnorm(after: bool = False) -> nn.Module:
+    """A gain in front of a convolution and a BatchNorm, which cancel its scale (or behind them: `after`, where the
+    loss reads it). The convolution's output is large (inputs of RMS 30), so eps's share is tiny."""
+    torch.manual_seed(0)
+    conv = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16))
+    body = [conv, Gain()] if after else [Gain(), conv]
+    return nn.Sequential(*body, nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
+
+
+def _batch(scale: float = 20.0):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(8, 3, 8, 8, generator=g) * scale, torch.randint(0, 4, (8,), generator=g)
+
+
+def _cancellations(model, x, names):
+    from torchdiag.core.context import context_for
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.core.run import RunSpec
+    from torchdiag.diagnostics.gradflow.term import cancellations
+
+    ctx = context_for(model, RunSpec("gradflow", caller="python"))
+    return cancellations(model, ModelInputs((x,)), names, ctx, None, False)
+
+
+def test_a_weight_on_one_sample_acts_along_its_output_gradient_however_small():
+    """Closed form: for o = W x on one sample, W's gradient is g x^T, and moving W along it moves o by g |x|^2: the
+    cosine is 1, though the chain of sigmoids leaves g ~1e-10 of the last layer's."""
+    from sample_models.broken_grad_vanishing import build
+
+    x = torch.randn(1, 16, generator=torch.Generator().manual_seed(0))
+    got = _cancellations(build(), x, ["0.weight", "2.weight"])
+    assert got["0.weight"].module == "0" and abs(got["0.weight"].cos - 1) < 1e-3, got
+    assert abs(got["2.weight"].cos - 1) < 1e-3, got
+
+
+@pytest.mark.parametrize("scale", [10.0, 20.0])
+def test_a_gain_before_batchnorm_moves_its_output_orthogonally_to_the_loss_gradient(scale):
+    x, _ = _batch(scale)
+    got = _cancellations(_gain_before_batchnorm(), x, ["0.scale"])
+    assert got["0.scale"].module == "0" and got["0.scale"].cos < 1e-6 and got["0.scale"].cancelled(), got
+    assert got["0.scale"].size == x.shape[0] * 3 * 8 * 8
+    behind = _cancellations(_gain_before_batchnorm(after=True), x, ["1.scale"])["1.scale"]
+    assert behind.size == x.shape[0] * 16 * 8 * 8 and behind.cos > 100 * behind.bound(), behind
+
+
+def _row(res, name):
+    return next(r for r in res.table("params").rows if r["name"] == name)
+
+
+def test_a_gain_whose_scale_a_following_batchnorm_divides_out_is_cancelled_not_vanishing():
+    x, y = _batch()
+    model = _gain_before_batchnorm()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    res = run("gradflow", model, (x,), target=y, loss=nn.functional.cross_entropy, strict=True)
+    row = _row(res, "0.scale")
+    assert row["grad_weight_ratio"] < 1e-7 and row["status"] == "cancelled", row
+    assert res.exit_code == 0, [f.to_dict() for f in res.findings]
+    f = next(f for f in res.findings if f.code == "cancelled")
+    assert f.severity == "info" and f.where == "0.scale" and "cosine" in f.message, f.to_dict()
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())   # the user's model untouched
+
+
+def test_the_same_gain_behind_the_batchnorm_gets_a_normal_gradient():
+    x, y = _batch()
+    res = run("gradflow", _gain_before_batchnorm(after=True), (x,), target=y, loss=nn.functional.cross_entropy)
+    assert _row(res, "1.scale")["status"] == "ok"
+
+
+def test_a_chain_of_sigmoids_keeps_its_vanishing_verdict():
+    from sample_models.broken_grad_vanishing import build, example_inputs
+
+    res = run("gradflow", build(), example_inputs(), strict=True)
+    rows = res.table("params").rows
+    assert _row(res, "0.weight")["status"] == "vanishing-grad"
+    assert not any(r["status"] == "cancelled" for r in rows)
+    assert res.exit_code == 1
