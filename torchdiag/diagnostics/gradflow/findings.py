@@ -195,7 +195,7 @@ DESIGN_TITLES = {
                     "optimizer steps lower the loss",
     "small-term": "have a large grad/weight ratio only because their part in their module's output is small: read "
                   "there, the ratio is within --exploding-ratio",
-    "cancelled": "get small gradients, by design: the loss ignores their effect on their module's output",
+    "cancelled": "get small gradients, by design: something after their module takes back their change to its output",
     "loss-scale": "have large gradients because torchdiag's made-up MSE reads an output of a large scale: with that "
                   "output at unit scale they are within the thresholds",
 }
@@ -278,9 +278,10 @@ def _why(kind, cause) -> str:
                           "module that holds it by so little that grad/weight times that relative move is within "
                           "--exploding-ratio: a small part of that output, such as a bias beside the values it is "
                           "added to",
-            "cancelled": "each moved along its gradient (on a copy) changes its module's output in a direction the "
-                         "loss's gradient there is orthogonal to (a following normalisation divides out the scale it "
-                         "sets)",
+            "cancelled": "each moved along its gradient (on a copy) changes its module's output by terms (dL/d output "
+                         "× change) that are large and sum to under a thousandth of what random signs leave: the "
+                         "loss reads what it changes and something after the module takes the change back (a "
+                         "normalisation dividing out the scale it sets)",
             "loss-scale": "the loss is torchdiag's own MSE against a made-up target, and with the output it reads "
                           "divided by its RMS (between 1 and 30) each gradient is within --exploding and "
                           "--exploding-ratio; Adam's step does not depend on the gradient's scale, plain SGD needs a "

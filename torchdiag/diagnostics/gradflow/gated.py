@@ -140,13 +140,14 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
 
 
 def _cancelled(model, inputs, rows, opts, ctx, prepare, result) -> None:
-    """Vanishing gradients the short run left standing, read where the parameter acts (term.cancellations): when the
-    gradient arriving at its module's output is (nearly) orthogonal to what the parameter can change there, its
-    gradient is small because the loss ignores that change, not because no signal arrives: `cancelled` (info). A
+    """Vanishing gradients the short run left standing, read where the parameter acts (term.cancellations): moved
+    along its gradient, the parameter changes its module's output by d, and its gradient is the sum of the terms
+    g_i d_i (g = dL/d output). When those terms are large and cancel (their sum under a thousandth of what random
+    signs leave), the signal arrives and something after the module takes the change back: `cancelled` (info). A
     scalar gain before a convolution and BatchNorm (timm hgnetv2's learnable affine after each aggregation's first
-    convolution: cos ~1e-10, its gradient eps's share). A weight fed tiny inputs, a chain of saturated sigmoids, a
-    gradient that vanishes before the module: the cosine is near 1 whatever the gradient's size, the verdict
-    stands."""
+    convolution; its gradient is eps's share). A gradient small because little arrives where the move lands (a
+    chain of sigmoids, an RNN read at a padding step, an output scaled down by a bug) has small terms, not
+    cancelled ones: the verdict stands."""
     if not rows:
         return
     from .term import cancellations
@@ -162,10 +163,10 @@ def _cancelled(model, inputs, rows, opts, ctx, prepare, result) -> None:
         c = got.get(r["name"])
         if c is not None and c.cancelled():
             r.update(status=CANCELLED, allowed=False, design={"kind": CANCELLED, "why": (
-                f"moved along its gradient (on a copy) it changes {label(c.module)}'s output in a direction the loss's "
-                f"gradient there is orthogonal to (cosine {c.cos:.2g} over its {c.size} values, below {c.bound():.2g}, a thousandth of a random direction's): the signal reaches that "
-                "output, and what this parameter does to it the loss ignores (a following normalisation divides out "
-                "the scale it sets)")})
+                f"moved along its gradient (on a copy) it changes {label(c.module)}'s output, and the terms "
+                f"dL/d output × change there sum to {c.share:.2g} of their magnitudes (over ~{c.terms:.3g} terms; "
+                f"random signs would leave ~{c.terms ** -0.5:.2g}): the loss reads what it changes, and something "
+                "after the module takes the change back, such as a normalisation dividing out the scale it sets")})
 
 
 def _units_whole(_fewer) -> str:

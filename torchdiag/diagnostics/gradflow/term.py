@@ -10,8 +10,8 @@ of its module's output (the innermost module holding it whose output moves; the 
 EPS is its reach s (the model's output's, where that moves further: a parameter also used elsewhere), and ratio × s
 is the ratio where it acts. Within --exploding-ratio: `small-term` (info). Asked
 of the grad/weight verdicts (the gradient's norm within --exploding) the short training run left standing.
-The same probe reads a vanishing gradient where it acts (cancellations): the cosine between the gradient arriving at
-the module's output and what the parameter moves there (`cancelled`, info, in gated.py)."""
+The same probe reads a vanishing gradient where it acts (cancellations): whether the terms of its gradient at
+the module's output are large ones that cancel (`cancelled`, info, in gated.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,64 +31,69 @@ class Reach:
 
 def reaches(model, inputs, names: list[str], ctx, prepare, eval_mode: bool) -> dict[str, Reach]:
     """name -> Reach for each of `names` (at most MAX_TERMS) whose move changed some module's output holding it."""
-    got = _probe(model, inputs, names, ctx, prepare, eval_mode, "a large ratio read where it acts")
-    return _read(got.asked, got.moves, dict(zip(got.sizes, got.flat)), got.flat[len(got.sizes) + len(got.grads):])
+    got = _probe(model, inputs, names, ctx, prepare, eval_mode, "a large ratio read where it acts",
+                 lambda diffs, _grads: [_norm(diffs)])
+    return _read(got.asked, [{p: v[0] for p, v in m.items()} for m in got.moves], got.sizes)
 
 
-CANCELS = 1e-3      # a cosine below this / sqrt(the output's size) is cancelled: a fixed direction against a random
-                    # gradient there has |cos| ~ 1/sqrt(size) (a healthy scalar gain behind a BatchNorm: 0.005 of 8192
-                    # values, 0.4 x that), and falls below a thousandth of it by chance once in ~1e3 draws
+CANCELS = 1e-3      # |sum g_i d_i| / sum |g_i d_i| below this / sqrt(n_eff) is cancelled: terms of random signs
+                    # leave ~1/sqrt(n_eff) of their magnitudes (n_eff, their participation ratio), and a thousandth
+                    # of that by chance about once in a thousand draws
 
 
 @dataclass
 class Cancel:
     module: str       # the innermost module holding it whose output moved
-    cos: float        # cos(dL/d output, the output's move along its gradient): the share of the signal it receives
-    size: int         # the number of values of that output (the loss read)
+    share: float      # |sum_i g_i d_i| / sum_i |g_i d_i|: what is left of the terms once they are summed
+    terms: float      # n_eff = (sum |g_i d_i|)^2 / sum (g_i d_i)^2: how many terms carry it
 
     def bound(self) -> float:
-        return CANCELS / self.size ** 0.5
+        return CANCELS / max(self.terms, 1.0) ** 0.5
 
     def cancelled(self) -> bool:
-        return self.cos < self.bound()
+        return self.share < self.bound()
 
 
 def cancellations(model, inputs, names: list[str], ctx, prepare, eval_mode: bool) -> dict[str, Cancel]:
-    """name -> Cancel for each of `names` (at most MAX_TERMS): how much of the gradient at its module's output reaches
-    the parameter. Moved along its gradient by EPS of its norm, the output moves by d, and to first order the loss by
-    <dL/d out, d> = EPS |p| |grad p|; so EPS |p| |grad p| / (|dL/d out| |d|) is the cosine between what the loss asks
-    of that output and what the parameter can change there. Near 1 for a weight (its step follows the output's
-    gradient), whatever the gradient's size; near 0 for what a following normalisation cancels (a scalar gain before
-    a convolution and BatchNorm: its move only rescales what BatchNorm divides out)."""
-    got = _probe(model, inputs, names, ctx, prepare, eval_mode, "a small gradient read where it acts")
-    values = dict(zip([*got.sizes, *(f"grad:{p}" for p in got.grads)], got.flat))
+    """name -> Cancel for each of `names` (at most MAX_TERMS): whether its small gradient is a sum of large terms that
+    cancel. Moved along its gradient by EPS of its norm, its module's output moves by d; to first order the loss moves
+    by sum_i g_i d_i (g = dL/d output), its gradient's share. When the terms g_i d_i are large and their sum is a
+    tiny part of their magnitudes, the loss reads what the parameter changes and something after it takes the
+    change back (a scalar gain before a convolution and BatchNorm: BatchNorm divides out the scale it sets). A
+    gradient small because little arrives where the move lands (a chain of saturated sigmoids, a padding step an RNN
+    is read at, an output scaled down by a bug, a backward that scales the gradient) has terms that are small, not
+    cancelled: its share is large. Measured directly on the output's gradient and move (widened to float64)."""
+    got = _probe(model, inputs, names, ctx, prepare, eval_mode, "a small gradient read where it acts", _terms)
     out: dict[str, Cancel] = {}
-    at = len(got.sizes) + len(got.grads)
     for n, moved in zip(got.asked, got.moves):
-        changes = dict(zip(moved, got.flat[at:at + len(moved)]))
-        at += len(moved)
-        path = next((a for a in ancestors(owner(n)) if changes.get(a, 0.0) > 0), None)
-        lever = got.levers[n]
-        if path is None or values.get(f"grad:{path}", 0.0) <= 0 or not lever > 0:
+        path = next((a for a in ancestors(owner(n)) if a in moved and moved[a][1] > 0), None)
+        if path is None:
             continue
-        out[n] = Cancel(path, EPS * lever / (values[f"grad:{path}"] * changes[path]), got.numel[path])
+        dot, mag, sq = moved[path]
+        out[n] = Cancel(path, abs(dot) / mag, mag * mag / sq if sq > 0 else 1.0)
     return out
+
+
+def _terms(diffs: list, grads: list) -> list:
+    """[sum g_i d_i, sum |g_i d_i|, sum (g_i d_i)^2] over several outputs, 0-d device tensors (non-finite as 0)."""
+    import torch
+
+    prods = [(widened(g) * d).nan_to_num(0.0, 0.0, 0.0).flatten() for d, g in zip(diffs, grads)]
+    t = torch.cat(prods) if prods else torch.zeros(1)
+    return [t.sum(), t.abs().sum(), t.square().sum()]
 
 
 @dataclass
 class _Probe:
     asked: list        # the names moved, in order
-    moves: list        # per asked name: path -> |output move| (device tensors, read in flat)
-    sizes: dict        # path -> |output| (device tensors, read in flat)
-    grads: dict        # path -> |dL/d output| (device tensors, read in flat)
-    numel: dict        # path -> the number of values of the outputs read
-    levers: dict       # name -> |p| |grad p| (floats)
-    flat: list         # sizes, grads, then every move's values: the one read
+    moves: list        # per asked name: path -> the measure's values, read
+    sizes: dict        # path -> |output|, read
 
 
-def _probe(model, inputs, names: list[str], ctx, prepare, eval_mode: bool, why: str) -> _Probe:
+def _probe(model, inputs, names: list[str], ctx, prepare, eval_mode: bool, why: str, measure) -> _Probe:
     """One forward and backward on a copy keeping the outputs of the modules holding `names` (at most MAX_TERMS)
-    that the loss read, then one forward per name moved alone against its gradient by EPS of its norm."""
+    that the loss read, then one forward per name moved alone against its gradient by EPS of its norm, each path's
+    move given to measure(diffs, grads) -> 0-d tensors; everything read back once."""
     import torch
 
     from ...core import train
@@ -112,20 +117,24 @@ def _probe(model, inputs, names: list[str], ctx, prepare, eval_mode: bool, why: 
         read = {p: _read_outputs(outs, first[p]) for p, outs in seen.items() if p in first}
         kept = {p: [seen[p][i] for i in idx] for p, idx in read.items() if idx}
         base = {p: [t.detach() for t in outs] for p, outs in kept.items()}
-        sizes = {p: _norm(outs) for p, outs in base.items()}
-        grads = {p: _norm([_grad_of(t, seen[p], first[p], i) for t, i in zip(outs, read[p])])
+        grads = {p: [_grad_of(t, seen[p], first[p], i).detach() for t, i in zip(outs, read[p])]
                  for p, outs in kept.items()}
         asked = [n for n in names if params[n].grad is not None and params[n].grad.shape == params[n].shape]
-        levers = [widened(params[n].detach()).norm() * widened(params[n].grad.detach()).norm() for n in asked]
-        moves = [_moved(work, params[n], inputs, ctx, seen, base, read, state) for n in asked]
+        moves = [{p: measure(diffs, grads[p]) for p, diffs in
+                  _moved(work, params[n], inputs, ctx, seen, base, read, state).items()} for n in asked]
     finally:
         for h in hooks:
             h.remove()
-    flat = read_back(list(sizes.values()) + list(grads.values()) + levers + [v for m in moves for v in m.values()])
-    k = len(sizes) + len(grads)
-    numel = {p: sum(t.numel() for t in outs) for p, outs in base.items()}
-    return _Probe(asked, moves, sizes, grads, numel, dict(zip(asked, flat[k:k + len(asked)])),
-                  flat[:k] + flat[k + len(asked):])
+    sizes = [_norm(outs) for outs in base.values()]
+    flat = read_back(sizes + [v for m in moves for vs in m.values() for v in vs])
+    at, values = len(sizes), []
+    for m in moves:
+        got = {}
+        for p, vs in m.items():
+            got[p] = flat[at:at + len(vs)]
+            at += len(vs)
+        values.append(got)
+    return _Probe(asked, values, dict(zip(base, flat[:len(sizes)])))
 
 
 def _grad_of(t, outs: list, first: int, i: int):
@@ -144,13 +153,10 @@ def _read_outputs(outs: list, first: int) -> list[int]:
     return [i for i in range(first) if outs[i].grad is not None or (again and again[i].grad is not None)]
 
 
-def _read(asked, moves, sizes, changed) -> dict[str, Reach]:
+def _read(asked, moves, sizes) -> dict[str, Reach]:
     """Each asked name's reach, from the values read back (see reaches)."""
     out: dict[str, Reach] = {}
-    at = 0
-    for n, moved in zip(asked, moves):
-        changes = dict(zip(moved, changed[at:at + len(moved)]))
-        at += len(moved)
+    for n, changes in zip(asked, moves):
         moved_at = [Reach(path, changes[path] / sizes[path] / EPS) for path in ancestors(owner(n))   # innermost first
                      if sizes.get(path, 0.0) > 0 and changes.get(path, 0.0) > 0]
         if moved_at:   # its own module's output, or the model's where that moves further (a use of it elsewhere)
@@ -159,7 +165,7 @@ def _read(asked, moves, sizes, changed) -> dict[str, Reach]:
 
 
 def _moved(work, param, inputs, ctx, seen, base, read, state) -> dict:
-    """path -> ‖Δ output‖ (a 0-d device tensor) of each hooked module's outputs the loss read (`read`: their index),
+    """path -> [Δ output] (device tensors, widened) of each hooked module's outputs the loss read (`read`: their index),
     with `param` moved against its gradient by EPS of its norm for one seeded forward from the buffers the first
     forward started from, then put back."""
     import torch
@@ -184,7 +190,7 @@ def _moved(work, param, inputs, ctx, seen, base, read, state) -> dict:
     for p, outs in seen.items():
         now = [outs[i] for i in read.get(p, []) if i < len(outs)]
         if p in base and len(now) == len(base[p]) and all(a.shape == b.shape for a, b in zip(now, base[p])):
-            out[p] = _norm([widened(a) - widened(b) for a, b in zip(now, base[p])])
+            out[p] = [widened(a) - widened(b) for a, b in zip(now, base[p])]
     return out
 
 
