@@ -181,3 +181,47 @@ def test_a_gradient_that_vanishes_before_it_arrives_keeps_its_warning(case):
     res = run("gradflow", build(), (x,), target=y, loss=nn.functional.cross_entropy, strict=True)
     assert _row(res, name)["status"] == "vanishing-grad", _row(res, name)
     assert res.exit_code == 1
+
+
+class _GainConvBN(nn.Module):
+    """The gain held by the block that also holds the convolution and BatchNorm: read at the block's output, after the
+    BatchNorm, its move is eps's share too; read where it meets its input (`scale * x`), its terms cancel (the
+    review's FP1)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1))
+        self.conv, self.bn = nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)
+
+    def forward(self, x):
+        return self.bn(self.conv(self.scale * x))
+
+
+class _RootGain(nn.Module):
+    """The gain held by the root (the review's FP2), applied through a view."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1))
+        self.body = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), *_tail())
+
+    def forward(self, x):
+        return self.body(x * self.scale.view(1, 1, 1, 1))
+
+
+def _tail():
+    return [nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4)]
+
+
+@pytest.mark.parametrize("build,name", [(lambda: nn.Sequential(_GainConvBN(), *_tail()), "0.scale"),
+                                        (_RootGain, "scale")])
+def test_a_gain_whose_module_also_holds_the_batchnorm_is_read_where_it_meets_its_input(build, name):
+    x, y = _batch()
+    torch.manual_seed(0)
+    model = build()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    res = run("gradflow", model, (x,), target=y, loss=nn.functional.cross_entropy, strict=True)
+    assert _row(res, name)["status"] == "cancelled", _row(res, name)
+    assert res.exit_code == 0, [f.to_dict() for f in res.findings]
+    assert "what it first makes with its input" in next(f for f in res.findings if f.code == "cancelled").message
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
