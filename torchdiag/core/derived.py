@@ -7,9 +7,7 @@ ops: inside the nearest ancestor that runs, every tensor an op makes from the pa
 is kept, in order, with the loss's gradient at it. The same forward with the parameter shifted gives each
 tensor's move, and the bound is the largest sum |gradient| × |move| over them: the first-order move of the loss
 at the cut nearest the parameter that nothing after it cancelled (the keys, for a key bias; a softmax's output
-does not move). Ops are seen at the dispatcher (a TorchDispatchMode), below the functions that group them.
-`meetings` reads the same tensors for gradflow's `cancelled`: only those where the parameter (or a view or cast
-of it alone) first meets data, inside the parameter's own module."""
+does not move). Ops are seen at the dispatcher (a TorchDispatchMode), below the functions that group them."""
 from __future__ import annotations
 
 import functools
@@ -81,30 +79,6 @@ def silent(work, names: list[str], count: dict[str, int], loss, shifted=None) ->
     return quiet | {n for n, v in zip(asked, read_back(sums)) if v == 0}
 
 
-def meetings(work, name: str, loss, shifted, measure_terms) -> list | None:
-    """measure_terms(moves, grads) at the tensors where `name` first meets what is not made from it alone, inside
-    its own module's first call (the outputs of `scale * x`, of a convolution of x by the weight; not the views and
-    casts of the parameter before them): every first-order path from the parameter to the loss starts at one of
-    them. `shifted(measure)` runs measure with the parameter moved. None when it meets nothing there, the memory cut
-    the kept tensors short, or the moved forward kept other tensors."""
-    params, mods = {name: dict(work.named_parameters())[name]}, dict(work.named_modules())
-    hosts = {name: owner(name)}
-    budget = _budget(params)
-    kept, grads = _traced(params, hosts, mods, loss, budget)
-    at = kept.meets[name]
-    if name in kept.cut or not at:
-        return None
-    before = kept.tensors[name]
-    after = shifted(_measure(params, hosts, mods, loss, [name], budget))[name]
-    if len(after) != len(before) or any(a.shape != b.shape for a, b in zip(after, before)):
-        return None
-    from .device import widened
-
-    got = [(widened(after[i]) - widened(before[i].detach()), grads.get(id(before[i]))) for i in at]
-    got = [(d, g) for d, g in got if g is not None and g.shape == d.shape]
-    return measure_terms([d for d, _ in got], [g for _, g in got]) if got else None
-
-
 def _budget(params: dict) -> int | None:
     """The bytes the kept tensors of one forward may take: 1/SHARE of the memory free where the parameters live
     (gradflow's float64 re-check of a ViT-B/16 kept 1.5 GB of them); None where that is not known (mps)."""
@@ -162,7 +136,6 @@ class _Kept:
         self.budget, self.used = budget, 0
         self.cut: set[str] = set()
         self.tensors: dict[str, list] = {n: [] for n in params}
-        self.meets: dict[str, list[int]] = {n: [] for n in params}   # indices in tensors: where it first meets data
         self.calls: dict[str, int] = {}
         self.active: set[str] = set()
         self.mode: Any = None
@@ -207,21 +180,17 @@ def _reach_mode():
     class Reach(TorchDispatchMode):
         def __init__(self, kept: _Kept):
             super().__init__()
-            # what ops made from each parameter: tensor -> names, held weakly (a dead tensor's id may be reused);
-            # `pure`: made from the parameter alone (its views, casts, transposes)
-            self.kept, self.made, self.pure = kept, WeakIdKeyDictionary(), WeakIdKeyDictionary()
+            # what ops made from each parameter: tensor -> names, held weakly (a dead tensor's id may be reused)
+            self.kept, self.made = kept, WeakIdKeyDictionary()
             for n, p in kept.params.items():
                 self.made.setdefault(p, set()).add(n)
-                self.pure.setdefault(p, set()).add(n)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             kept = self.kept
-            given = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
-            names = {n for a in given if a in self.made for n in self.made[a]
+            names = {n for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor) and a in self.made
+                     for n in self.made[a]
                      if kept.hosts[n] in kept.active and len(kept.tensors[n]) < MAX_KEPT}
-            pure = set.intersection(*(self.pure.get(a, set()) for a in given)) if names else set()
-            meets = {n for n in names if n not in pure and any(n in self.pure.get(a, ()) for a in given)}
             for t in tree_flatten(out)[0] if names else ():
                 if isinstance(t, torch.Tensor) and t.is_floating_point():
                     size = t.numel() * t.element_size()
@@ -232,10 +201,6 @@ def _reach_mode():
                     for n in names:
                         if len(kept.tensors[n]) < MAX_KEPT:
                             self.made.setdefault(t, set()).add(n)
-                            if n in pure:
-                                self.pure.setdefault(t, set()).add(n)
-                            if n in meets:
-                                kept.meets[n].append(len(kept.tensors[n]))
                             kept.tensors[n].append(t)
             return out
 

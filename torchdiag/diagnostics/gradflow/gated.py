@@ -163,12 +163,10 @@ def _cancelled(model, inputs, rows, opts, ctx, prepare, result) -> None:
         c = got.get(r["name"])
         if c is not None and c.cancelled():
             r.update(status=CANCELLED, allowed=False, design={"kind": CANCELLED, "why": (
-                "moved along its gradient (on a copy) it changes "
-                + (f"what it first makes with its input inside {label(c.module)}" if c.at_ops else
-                   f"{label(c.module)}'s output") + ", and the terms "
+                f"moved along its gradient (on a copy) it changes {label(c.module)}'s output, and the terms "
                 f"dL/d output × change there sum to {c.share:.2g} of their magnitudes (over ~{c.terms:.3g} terms; "
                 f"random signs would leave ~{c.terms ** -0.5:.2g}): the loss reads what it changes, and something "
-                "downstream takes the change back, such as a normalisation dividing out the scale it sets")})
+                "after the module takes the change back, such as a normalisation dividing out the scale it sets")})
 
 
 def _units_whole(_fewer) -> str:

@@ -46,7 +46,6 @@ class Cancel:
     module: str       # the innermost module holding it whose output moved
     share: float      # |sum_i g_i d_i| / sum_i |g_i d_i|: what is left of the terms once they are summed
     terms: float      # n_eff = (sum |g_i d_i|)^2 / sum (g_i d_i)^2: how many terms carry it
-    at_ops: bool = False   # read where it first meets data inside the module, not at the module's output
 
     def bound(self) -> float:
         return CANCELS / max(self.terms, 1.0) ** 0.5
@@ -68,57 +67,11 @@ def cancellations(model, inputs, names: list[str], ctx, prepare, eval_mode: bool
     out: dict[str, Cancel] = {}
     for n, moved in zip(got.asked, got.moves):
         path = next((a for a in ancestors(owner(n)) if a in moved and moved[a][1] > 0), None)
-        if path is not None:
-            out[n] = _cancel(path, moved[path])
-    for n in [n for n in got.asked if n not in out or not out[n].cancelled()]:
-        at = _at_ops(got, n, inputs, ctx)   # held by a module that also holds what cancels it (or by the root)
-        if at is not None and (n not in out or at.share < out[n].share):
-            out[n] = at
+        if path is None:
+            continue
+        dot, mag, sq = moved[path]
+        out[n] = Cancel(path, abs(dot) / mag, mag * mag / sq if sq > 0 else 1.0)
     return out
-
-
-def _cancel(where: str, values: list, at_ops: bool = False) -> Cancel:
-    dot, mag, sq = values
-    return Cancel(where, abs(dot) / mag if mag > 0 else 1.0, mag * mag / sq if sq > 0 else 1.0, at_ops)
-
-
-def _at_ops(got, name: str, inputs, ctx) -> Cancel | None:
-    """The terms where the parameter first meets data inside its own module (core/derived.meetings: the output of
-    `scale * x`, not the module's, which a BatchNorm inside the same module has already divided): two more forwards
-    and a backward, on the probe's copy; None where it meets nothing there."""
-    import torch
-
-    from ...core import derived
-    from ...core.readback import read_back
-    from ...core.tracking import run_forward
-
-    work, state = got.work, got.state
-    param = dict(work.named_parameters())[name]
-    step = param.grad.detach() * (EPS * param.detach().float().norm()
-                                  / param.grad.detach().float().norm().clamp_min(1e-30)).to(param.dtype)
-
-    def loss():
-        with torch.no_grad():
-            for n, b in work.named_buffers():
-                if n in state and b.shape == state[n].shape:
-                    b.copy_(state[n])
-        with ctx.seeded(), ctx.autocast():
-            return ctx.loss()(run_forward(work, inputs, phase="forward (a small gradient read at its ops, on a copy)"))
-
-    def shifted(measure):
-        with torch.no_grad():
-            param.sub_(step)
-        try:
-            return measure()
-        finally:
-            with torch.no_grad():
-                param.add_(step)
-
-    terms = derived.meetings(work, name, loss, shifted, _terms)
-    if terms is None:
-        return None
-    values = read_back(terms)
-    return _cancel(owner(name), values, at_ops=True) if values[1] > 0 else None
 
 
 def _terms(diffs: list, grads: list) -> list:
@@ -135,8 +88,6 @@ class _Probe:
     asked: list        # the names moved, in order
     moves: list        # per asked name: path -> the measure's values, read
     sizes: dict        # path -> |output|, read
-    work: object       # the copy, its gradients kept (the move's direction)
-    state: dict        # its buffers before the first forward
 
 
 def _probe(model, inputs, names: list[str], ctx, prepare, eval_mode: bool, why: str, measure) -> _Probe:
@@ -183,7 +134,7 @@ def _probe(model, inputs, names: list[str], ctx, prepare, eval_mode: bool, why: 
             got[p] = flat[at:at + len(vs)]
             at += len(vs)
         values.append(got)
-    return _Probe(asked, values, dict(zip(base, flat[:len(sizes)])), work, state)
+    return _Probe(asked, values, dict(zip(base, flat[:len(sizes)])))
 
 
 def _grad_of(t, outs: list, first: int, i: int):
