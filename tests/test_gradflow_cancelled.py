@@ -181,3 +181,26 @@ def test_a_gradient_that_vanishes_before_it_arrives_keeps_its_warning(case):
     res = run("gradflow", build(), (x,), target=y, loss=nn.functional.cross_entropy, strict=True)
     assert _row(res, name)["status"] == "vanishing-grad", _row(res, name)
     assert res.exit_code == 1
+
+
+class _HotAttention(nn.Module):
+    """A learnable inverse temperature far too large: the softmax saturates (a real fault; a second review found it
+    `cancelled`: each row's few near-tied logits cancel by the softmax's structure, over ~2 terms)."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.tau = nn.Parameter(torch.tensor([1000.0]))
+
+    def forward(self, x):
+        return torch.softmax(self.tau * (self.q(x) @ self.k(x).transpose(-1, -2)), -1) @ self.v(x)
+
+
+def test_a_saturated_softmax_keeps_its_warning():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 8, 16, generator=g) * 3, torch.randint(0, 4, (8,), generator=g)
+    model = nn.Sequential(_HotAttention(), nn.Flatten(), nn.Linear(128, 4))
+    res = run("gradflow", model, (x,), target=y, loss=nn.functional.cross_entropy, strict=True)
+    assert _row(res, "0.tau")["status"] == "vanishing-grad", _row(res, "0.tau")
+    assert res.exit_code == 1

@@ -41,6 +41,9 @@ CANCELS = 1e-3      # |sum g_i d_i| / sum |g_i d_i| below this / sqrt(n_eff) is 
                     # of that by chance about once in a thousand draws
 
 
+MIN_TERMS = 32      # n_eff below this: not judged (a saturated softmax's two near-tied logits cancel too: a review)
+
+
 @dataclass
 class Cancel:
     module: str       # the innermost module holding it whose output moved
@@ -50,8 +53,8 @@ class Cancel:
     def bound(self) -> float:
         return CANCELS / max(self.terms, 1.0) ** 0.5
 
-    def cancelled(self) -> bool:
-        return self.share < self.bound()
+    def cancelled(self) -> bool:   # few terms cancel by structure (a softmax's rows sum to 0), not by chance
+        return self.terms >= MIN_TERMS and self.share < self.bound()
 
 
 def cancellations(model, inputs, names: list[str], ctx, prepare, eval_mode: bool) -> dict[str, Cancel]:
