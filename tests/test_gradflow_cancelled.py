@@ -204,3 +204,43 @@ def test_a_saturated_softmax_keeps_its_warning():
     res = run("gradflow", model, (x,), target=y, loss=nn.functional.cross_entropy, strict=True)
     assert _row(res, "0.tau")["status"] == "vanishing-grad", _row(res, "0.tau")
     assert res.exit_code == 1
+
+
+class _Reused(nn.Module):
+    """One gain called twice: before a convolution and BatchNorm (its scale divided out), and either before a second
+    convolution and BatchNorm (`twice_cancelled`) or inside a saturated sigmoid gate the output needs, where its
+    gradient just vanishes (a review: pooled, the gate's small terms hid under the BatchNorm path's large ones)."""
+
+    def __init__(self, twice_cancelled: bool):
+        super().__init__()
+        torch.manual_seed(0)   # (other draws: Adam moves the gain like the rest, `adaptive-step`, never cancelled)
+        self.twice = twice_cancelled
+        self.gain = Gain()
+        del self.gain.shift   # a shift in the gate would open it within the short training run (by-design-init)
+        self.gain.shift = 0.0
+        self.conv = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16))
+        if twice_cancelled:
+            self.conv2 = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16))
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.conv(self.gain(x)).relu().mean((2, 3))
+        if self.twice:
+            return self.fc(h + self.conv2(self.gain(x)).relu().mean((2, 3)))
+        gate = torch.sigmoid(self.gain(x.mean((1, 2, 3)))[:, None] - 30.0)
+        return self.fc(h) * (1 + gate)
+
+
+@pytest.mark.parametrize("twice_cancelled", [False, True])
+def test_a_module_called_twice_is_cancelled_only_when_both_calls_cancel(twice_cancelled):
+    x, y = _batch()
+    got = _cancellations(_Reused(twice_cancelled), x, ["gain.scale"])["gain.scale"]
+    assert len(got.parts) == 2, got   # one reading per call
+    res = run("gradflow", _Reused(twice_cancelled), (x,), target=y, loss=nn.functional.cross_entropy, strict=True)
+    row = _row(res, "gain.scale")
+    assert row["grad_weight_ratio"] < 1e-7, row
+    if twice_cancelled:
+        assert got.cancelled() and row["status"] == "cancelled" and res.exit_code == 0, (got, row)
+    else:   # pooled the terms cancel (share ~1e-8 of ~500 terms); the gate's call alone has a handful that do not
+        assert got.share < got.bound() and not got.cancelled(), got
+        assert row["status"] == "vanishing-grad" and res.exit_code == 1, row

@@ -14,7 +14,7 @@ The same probe reads a vanishing gradient where it acts (cancellations): whether
 the module's output are large ones that cancel (`cancelled`, info, in gated.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...core.device import widened
 from ...core.module_paths import ancestors, owner
@@ -49,12 +49,19 @@ class Cancel:
     module: str       # the innermost module holding it whose output moved
     share: float      # |sum_i g_i d_i| / sum_i |g_i d_i|: what is left of the terms once they are summed
     terms: float      # n_eff = (sum |g_i d_i|)^2 / sum (g_i d_i)^2: how many terms carry it
+    parts: list = field(default_factory=list)   # the same (share, n_eff) per output the loss read, one per call
 
     def bound(self) -> float:
         return CANCELS / max(self.terms, 1.0) ** 0.5
 
-    def cancelled(self) -> bool:   # few terms cancel by structure (a softmax's rows sum to 0), not by chance
-        return self.terms >= MIN_TERMS and self.share < self.bound()
+    def cancelled(self) -> bool:
+        """Its terms cancel, and so do each call's: a module also called where its gradient just vanishes (a
+        saturated gate) adds small terms that do not cancel, and pooled they hide under the large ones (a review)."""
+        return all(_cancels(s, n) for s, n in [(self.share, self.terms), *self.parts])
+
+
+def _cancels(share: float, terms: float) -> bool:   # few terms cancel by structure (a softmax's rows sum to 0)
+    return terms >= MIN_TERMS and share < CANCELS / max(terms, 1.0) ** 0.5
 
 
 def cancellations(model, inputs, names: list[str], ctx, prepare, eval_mode: bool) -> dict[str, Cancel]:
@@ -69,21 +76,29 @@ def cancellations(model, inputs, names: list[str], ctx, prepare, eval_mode: bool
     got = _probe(model, inputs, names, ctx, prepare, eval_mode, "a small gradient read where it acts", _terms)
     out: dict[str, Cancel] = {}
     for n, moved in zip(got.asked, got.moves):
-        path = next((a for a in ancestors(owner(n)) if a in moved and moved[a][1] > 0), None)
+        path = next((a for a in ancestors(owner(n)) if a in moved and sum(moved[a][1::3]) > 0), None)
         if path is None:
             continue
-        dot, mag, sq = moved[path]
-        out[n] = Cancel(path, abs(dot) / mag, mag * mag / sq if sq > 0 else 1.0)
+        sums = moved[path]
+        parts = [_shares(*sums[i:i + 3]) for i in range(0, len(sums), 3) if sums[i + 1] > 0]
+        whole = _shares(*(sum(sums[i::3]) for i in range(3)))
+        out[n] = Cancel(path, *whole, parts=parts if len(parts) > 1 else [])
     return out
 
 
-def _terms(diffs: list, grads: list) -> list:
-    """[sum g_i d_i, sum |g_i d_i|, sum (g_i d_i)^2] over several outputs, 0-d device tensors (non-finite as 0)."""
-    import torch
+def _shares(dot: float, mag: float, sq: float) -> tuple[float, float]:
+    """(share, n_eff) of terms summing to dot, with sum |term| = mag and sum term^2 = sq."""
+    return abs(dot) / mag, mag * mag / sq if sq > 0 else 1.0
 
-    prods = [(widened(g) * d).nan_to_num(0.0, 0.0, 0.0).flatten() for d, g in zip(diffs, grads)]
-    t = torch.cat(prods) if prods else torch.zeros(1)
-    return [t.sum(), t.abs().sum(), t.square().sum()]
+
+def _terms(diffs: list, grads: list) -> list:
+    """[sum g_i d_i, sum |g_i d_i|, sum (g_i d_i)^2] per output (one per call of the module), 0-d device tensors
+    (non-finite as 0)."""
+    out = []
+    for d, g in zip(diffs, grads):
+        t = (widened(g) * d).nan_to_num(0.0, 0.0, 0.0)
+        out += [t.sum(), t.abs().sum(), t.square().sum()]
+    return out
 
 
 @dataclass
