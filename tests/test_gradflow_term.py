@@ -191,3 +191,15 @@ def test_a_module_inside_a_reentrant_checkpoint_is_read_at_its_own_output():
         row = _row(res, "lin.bias")
         assert row["grad_weight_ratio"] > 100 and row["status"] == "exploding-grad", (reentrant, row)
         assert res.exit_code == 1
+
+
+def test_the_probe_step_is_sized_by_the_whole_norm_of_a_complex_or_half_parameter():
+    """A complex parameter's step was sized by its real part (`.float()` drops the imaginary one, with a warning)."""
+    import warnings
+
+    from torchdiag.diagnostics.gradflow.term import _fnorm
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert abs(_fnorm(torch.tensor([3 + 4j, 0j], dtype=torch.complex64)).item() - 5) < 1e-6
+        assert abs(_fnorm(torch.tensor([300.0, 400.0], dtype=torch.float16)).item() - 500) < 1e-3  # 2.5e5 > fp16 max

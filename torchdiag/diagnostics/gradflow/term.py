@@ -195,7 +195,7 @@ def _moved(work, param, inputs, ctx, seen, base, read, state) -> dict:
             if n in state and b.shape == state[n].shape:
                 b.copy_(state[n])
     grad = param.grad.detach()
-    step = grad * (EPS * param.detach().float().norm() / grad.float().norm().clamp_min(1e-30)).to(grad.dtype)
+    step = grad * (EPS * _fnorm(param.detach()) / _fnorm(grad).clamp_min(1e-30)).to(grad.dtype)
     seen.clear()
     with torch.no_grad():
         param.sub_(step)
@@ -237,3 +237,8 @@ def _norm(tensors):
 
     norms = [widened(t).nan_to_num(0.0, 0.0, 0.0).norm() for t in tensors]
     return torch.stack([v.to(norms[0].device) for v in norms]).norm()
+
+
+def _fnorm(t):
+    """A tensor's norm in float32: half precision overflows its sum of squares, and a complex one keeps |z|."""
+    return t.abs().float().norm()
