@@ -213,7 +213,10 @@ class _ShiftTest:
 
     def slope(self, name: str, grad) -> float:
         """|grad · the unit shift of `name`|: how far its gradient says that shift moves the loss (0 without one)."""
-        return abs(float((grad * self.direction(name)).sum())) if grad is not None else 0.0
+        if grad is None:
+            return 0.0
+        dot = (grad.conj() * self.direction(name)).sum()   # a complex parameter's: Re <grad, shift> (a review: exit 4)
+        return abs(float(dot.real if dot.is_complex() else dot))
 
     def _draws(self, group):
         """(name, its random shift) for each name of the group, from one generator seeded by the run's seed."""

@@ -84,27 +84,29 @@ def _one_level_down(out) -> tuple[Any, str] | None:
     return None
 
 
-def float_outputs(out, label: str = "output", found: list | None = None, seen: set | None = None) -> list:
+def float_outputs(out, label: str = "output", found: list | None = None, seen: set | None = None, *,
+                  complex_too: bool = False) -> list:
     """(label, tensor) of every floating-point, non-nested tensor in a model output, in order
-    (tuples, lists, dicts, namedtuples and HF ModelOutput, nested ones included; each tensor once)."""
+    (tuples, lists, dicts, namedtuples and HF ModelOutput, nested ones included; each tensor once); complex ones too
+    with `complex_too`."""
     import torch
 
     found = [] if found is None else found
     seen = set() if seen is None else seen
     if isinstance(out, torch.Tensor):
-        if out.is_floating_point() and not out.is_nested and id(out) not in seen:
+        if (out.is_floating_point() or (complex_too and out.is_complex())) and not out.is_nested and id(out) not in seen:
             seen.add(id(out))
             found.append((label, out))
     elif isinstance(out, dict) or (hasattr(out, "keys") and hasattr(out, "items")):
         for k, v in out.items():
-            float_outputs(v, f"{label}['{k}']", found, seen)
+            float_outputs(v, f"{label}['{k}']", found, seen, complex_too=complex_too)
     elif isinstance(out, (tuple, list)):
         names = getattr(out, "_fields", None)
         for i, v in enumerate(out):
-            float_outputs(v, f"{label}[{i}]" + (f" ({names[i]})" if names else ""), found, seen)
+            float_outputs(v, f"{label}[{i}]" + (f" ({names[i]})" if names else ""), found, seen, complex_too=complex_too)
     elif dataclass_fields(out) is not None:
         for k, v in dataclass_fields(out) or []:
-            float_outputs(v, f"{label}['{k}']", found, seen)
+            float_outputs(v, f"{label}['{k}']", found, seen, complex_too=complex_too)
     return found
 
 

@@ -79,6 +79,8 @@ class Recorder(ForwardHooks):
         act = self.acts.get(name)
         if act is None:
             act = self.acts[name] = Act(cls, shape=describe(y))
+        if y.is_complex():   # its real and imaginary parts (a cast to real drops the imaginary, with a warning)
+            y = torch.view_as_real(y.resolve_conj())
         yf = y if y.dtype in (torch.float32, torch.float64) else y.float()
         act.n.append(yf.numel())
         act.s.append(yf.sum())

@@ -49,19 +49,24 @@ class Cancel:
     module: str       # the innermost module holding it whose output moved
     share: float      # |sum_i g_i d_i| / sum_i |g_i d_i|: what is left of the terms once they are summed
     terms: float      # n_eff = (sum |g_i d_i|)^2 / sum (g_i d_i)^2: how many terms carry it
-    parts: list = field(default_factory=list)   # the same (share, n_eff) per output the loss read, one per call
+    parts: list = field(default_factory=list)   # [sum t, sum |t|, sum t^2] per output the loss read (one per call)
 
     def bound(self) -> float:
-        return CANCELS / max(self.terms, 1.0) ** 0.5
+        return _bound(self.terms)
 
     def cancelled(self) -> bool:
-        """Its terms cancel, and so do each call's: a module also called where its gradient just vanishes (a
-        saturated gate) adds small terms that do not cancel, and pooled they hide under the large ones (a review)."""
-        return all(_cancels(s, n) for s, n in [(self.share, self.terms), *self.parts])
+        """Its terms cancel, and the outputs (calls) whose terms do not cancel on their own cancel together: a module
+        also called where its gradient just vanishes (a saturated gate) adds small terms that cancel with nothing, and
+        pooled they hid under the large ones (a review); two calls normalised together (one BatchNorm over both
+        views' features) cancel only together (a second review). Few terms cancel by structure (a softmax's rows
+        sum to 0): MIN_TERMS is asked of the whole only, so a call on a few values (a class token) may cancel."""
+        alone = [q for q in self.parts if _shares(*q)[0] >= _bound(_shares(*q)[1])]
+        rest = _shares(*(sum(q[i] for q in alone) for i in range(3))) if alone else (0.0, 1.0)
+        return self.terms >= MIN_TERMS and self.share < self.bound() and rest[0] < _bound(rest[1])
 
 
-def _cancels(share: float, terms: float) -> bool:   # few terms cancel by structure (a softmax's rows sum to 0)
-    return terms >= MIN_TERMS and share < CANCELS / max(terms, 1.0) ** 0.5
+def _bound(terms: float) -> float:
+    return CANCELS / max(terms, 1.0) ** 0.5
 
 
 def cancellations(model, inputs, names: list[str], ctx, prepare, eval_mode: bool) -> dict[str, Cancel]:
@@ -80,9 +85,8 @@ def cancellations(model, inputs, names: list[str], ctx, prepare, eval_mode: bool
         if path is None:
             continue
         sums = moved[path]
-        parts = [_shares(*sums[i:i + 3]) for i in range(0, len(sums), 3) if sums[i + 1] > 0]
-        whole = _shares(*(sum(sums[i::3]) for i in range(3)))
-        out[n] = Cancel(path, *whole, parts=parts if len(parts) > 1 else [])
+        parts = [sums[i:i + 3] for i in range(0, len(sums), 3) if sums[i + 1] > 0]
+        out[n] = Cancel(path, *_shares(*(sum(sums[i::3]) for i in range(3))), parts=parts if len(parts) > 1 else [])
     return out
 
 
@@ -96,7 +100,7 @@ def _terms(diffs: list, grads: list) -> list:
     (non-finite as 0)."""
     out = []
     for d, g in zip(diffs, grads):
-        t = (widened(g) * d).nan_to_num(0.0, 0.0, 0.0)
+        t = (_wide(g) * d).nan_to_num(0.0, 0.0, 0.0)   # a complex output's: Re(conj(g) d), by components
         out += [t.sum(), t.abs().sum(), t.square().sum()]
     return out
 
@@ -156,19 +160,30 @@ def _probe(model, inputs, names: list[str], ctx, prepare, eval_mode: bool, why: 
 
 
 def _grad_of(t, outs: list, first: int, i: int):
-    """The gradient of a kept output, or of its recompute inside a reentrant checkpoint (see _read_outputs)."""
+    """The gradient of a kept output, or of its recompute inside a reentrant checkpoint (see _recomputed)."""
     import torch
 
-    g = t.grad if t.grad is not None else outs[first + i].grad
+    again = _recomputed(outs, first).get(i)
+    g = t.grad if t.grad is not None else (outs[again].grad if again is not None else None)
     return g if g is not None else torch.zeros_like(t)
 
 
 def _read_outputs(outs: list, first: int) -> list[int]:
     """Indices of a module's outputs in the forward (its first `first`) that the loss read: the output got a gradient,
-    or its recompute in backward did (inside a reentrant checkpoint the forward runs under no_grad and backward runs
-    it again, hooks and all; a review: read at the model's output instead, an exploding bias became small-term)."""
-    again = outs[first:] if len(outs) == 2 * first else []
-    return [i for i in range(first) if outs[i].grad is not None or (again and again[i].grad is not None)]
+    or its recompute in backward did (a review: read at the model's output instead, an exploding bias inside a
+    reentrant checkpoint became small-term)."""
+    again = _recomputed(outs, first)
+    return [i for i in range(first) if outs[i].grad is not None or (i in again and outs[again[i]].grad is not None)]
+
+
+def _recomputed(outs: list, first: int) -> dict[int, int]:
+    """Forward index -> index of its recompute: inside a reentrant checkpoint the forward runs under no_grad, and
+    backward runs those calls again, hooks and all, in order, after the first `first` outputs. Calls outside it keep
+    their graph and are not run again (a review: one call outside and one inside were matched by count, and the
+    inside one was dropped)."""
+    detached = [i for i in range(first) if not outs[i].requires_grad]
+    again = range(first, len(outs))
+    return dict(zip(detached, again)) if len(again) == len(detached) else {}
 
 
 def _read(asked, moves, sizes) -> dict[str, Reach]:
@@ -208,12 +223,12 @@ def _moved(work, param, inputs, ctx, seen, base, read, state) -> dict:
     for p, outs in seen.items():
         now = [outs[i] for i in read.get(p, []) if i < len(outs)]
         if p in base and len(now) == len(base[p]) and all(a.shape == b.shape for a, b in zip(now, base[p])):
-            out[p] = [widened(a) - widened(b) for a, b in zip(now, base[p])]
+            out[p] = [_wide(a) - _wide(b) for a, b in zip(now, base[p])]
     return out
 
 
 def _keep(seen: dict, path: str):
-    """A forward hook keeping the module's floating-point outputs; those with a graph keep their gradient, so that
+    """A forward hook keeping the module's floating-point and complex outputs; those with a graph keep their gradient, so that
     only what the loss reads is compared (a second output the loss never reads moves as the parameter does, and
     made a 7.7e3× loss blow-up look small: a review)."""
     import torch
@@ -221,7 +236,7 @@ def _keep(seen: dict, path: str):
     from ...core.loss import float_outputs
 
     def hook(_module, _args, out):
-        kept = [t for _, t in float_outputs(out) if t.numel()]
+        kept = [t for _, t in float_outputs(out, complex_too=True) if t.numel()]
         if torch.is_grad_enabled():
             for t in kept:
                 if t.requires_grad:
@@ -235,10 +250,17 @@ def _norm(tensors):
     """The norm of several outputs together (non-finite values as 0), a 0-d device tensor."""
     import torch
 
-    norms = [widened(t).nan_to_num(0.0, 0.0, 0.0).norm() for t in tensors]
+    norms = [_wide(t).nan_to_num(0.0, 0.0, 0.0).norm() for t in tensors]
     return torch.stack([v.to(norms[0].device) for v in norms]).norm()
 
 
 def _fnorm(t):
     """A tensor's norm in float32: half precision overflows its sum of squares, and a complex one keeps |z|."""
     return t.abs().float().norm()
+
+
+def _wide(t):
+    """t widened, a complex one as its real and imaginary parts (widening it to a real dtype drops the imaginary)."""
+    import torch
+
+    return widened(torch.view_as_real(t.resolve_conj()) if t.is_complex() else t)
