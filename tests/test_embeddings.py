@@ -256,3 +256,37 @@ def test_a_sequence_first_layer_gives_one_vector_per_sample(tmp_path):
         expect = model.att(h, h, h)[0].mean(0)   # L×N×D: per sample, the mean over its L tokens
     assert res.data["samples"] == 10 and "sequence-first" in res.data["reduction"]
     assert torch.allclose(res.artefacts["vectors"], expect, atol=1e-6)
+
+
+
+def _channels_last_model():
+    """A stage whose output is N×H×W×C, as timm's Swin stages are (a sweep: Swin's 7×7×768 gave 7-wide vectors,
+    pooled over W and the channels)."""
+    import torch
+
+    class ChannelsLast(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 48, 4, stride=4)
+            self.stage = torch.nn.Identity()
+            self.head = torch.nn.Linear(48, 5)
+
+        def forward(self, x):
+            h = self.stage(self.conv(x).permute(0, 2, 3, 1))   # N×14×14×48 from a 56×56 image
+            return self.head(h.mean((1, 2)))
+
+    torch.manual_seed(0)
+    return ChannelsLast()
+
+
+def test_a_channels_last_layer_is_pooled_over_its_height_and_width():
+    import torch
+
+    model, x = _channels_last_model(), torch.randn(6, 3, 56, 56)
+    res = run("embeddings", model, (x,), layer="stage")
+    assert res.data["dim"] == 48 and "channels last" in res.data["reduction"], res.data
+    with torch.no_grad():
+        want = model.conv(x).permute(0, 2, 3, 1).mean((1, 2))
+    assert res.data["mean_norm"] == pytest.approx(float(want.double().norm(dim=1).mean()), rel=1e-5)
+    conv = run("embeddings", model, (x,), layer="conv")
+    assert conv.data["dim"] == 48 and "channels last" not in conv.data["reduction"]   # N×C×H×W stays as it was

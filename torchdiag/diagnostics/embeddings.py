@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.guard import leave_no_trace
+from ..core.layout import channels_last
 from ..core.run import choice, flag
 from ..core.tracking import ModuleTracker, first_tensor, forward_error, module_named
 from ..errors import OptionError, UsageError
@@ -51,8 +52,8 @@ def _batch_first(raw, n: int | None):
     return raw
 
 
-def vectors(t, how: str):
-    """(N×D float32 tensor, what was done)."""
+def vectors(t, how: str, image: tuple | None = None):
+    """(N×D float32 tensor, what was done). `image`: the input image's (H, W), which tells an N×H×W×C output."""
     if t.dim() == 1:
         return t[:, None].float(), "N → N×1"
     if t.dim() == 2:
@@ -67,7 +68,14 @@ def vectors(t, how: str):
         return t.float().mean(1), "mean over tokens (N×L×D → N×D)"
     if how == "first":
         raise OptionError("reduce", "first applies to N×L×D token outputs")
+    if t.dim() == 4 and image is not None and channels_last(tuple(t.shape), image):
+        return t.float().mean((1, 2)), "global average pool, channels last (N×H×W×C → N×C)"
     return t.float().flatten(2).mean(-1), "global average pool (N×C×… → N×C)"
+
+
+def _image_size(inputs) -> tuple | None:
+    """(H, W) of the forward's first 4-D floating-point input (the image), if it has one."""
+    return next((tuple(t.shape[-2:]) for _, t in inputs.tensors() if t.dim() == 4 and t.is_floating_point()), None)
 
 
 def nn_agreement(x, labels) -> float:
@@ -118,7 +126,7 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     import torch
 
     raw = layer_output(model, inputs, opts.layer)
-    x, how = vectors(_batch_first(raw, inputs.batch_size), opts.reduce)
+    x, how = vectors(_batch_first(raw, inputs.batch_size), opts.reduce, _image_size(inputs))
     n, d = x.shape
     result = Result("embeddings", header={"layer": opts.layer, "mode": "eval, no grad (one forward pass)"})
     labels = None

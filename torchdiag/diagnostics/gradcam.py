@@ -10,11 +10,11 @@ models work; the model continues on a copy of that leaf, so in-place ops after t
 last call. The image is read, resized (`size`) and normalised ((x/255 − mean)/std) as asked."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from ..core.device import widened
 from ..core.guard import leave_no_trace
+from ..core.layout import channels_last
 from ..core.resources import memory_limit
 from ..core.run import flag, number
 from ..core.tracking import ModuleTracker, forward_error, module_named
@@ -147,17 +147,6 @@ def image_tensor(rgb, mean, std, device):
     m = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
     s = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
     return ((x - m) / s).unsqueeze(0).to(device)
-
-
-def channels_last(shape: tuple, image: tuple) -> bool:
-    """Is a 4-D layer output N×H×W×C (timm's Swin and ConvNeXt-style stages)? Its sizes 1-2 have the image's aspect
-    and sizes 2-3 do not (a sweep: Swin's 7×7×768 was read as a 7×768 map). N×C×H×W where both read alike."""
-    def aspect(h: int, w: int) -> bool:
-        return h > 0 and w > 0 and abs(math.log((h / w) / (image[0] / image[1]))) < 0.2
-
-    # and its channels outnumber its height and width: a pooled N×C×H×W map of C ≈ H is not (a review's CRNN-like
-    # 1×16×16×8 after MaxPool2d((2, 4)))
-    return not aspect(shape[2], shape[3]) and aspect(shape[1], shape[2]) and shape[3] > max(shape[1], shape[2])
 
 
 def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None = None, inputs=None):
