@@ -429,7 +429,24 @@ def test_a_figure_just_over_its_limit_is_printed_over_it(cli, tmp_path, monkeypa
     assert res.code == 1, res.stderr
     macs = 8 * 32 * 32 * 16 * 3 * 9 + 8 * 16 * 16 * 32 * 16 * 9 + 8 * 2048 * 10   # 13,139,968: convs and the head
     row = next(r for r in res.json["checks"] if r["check"] == "max-gmacs")
-    assert row["status"] == "FAIL" and row["figure"] == f"{macs / 1e9:.4g} GMACs" == "0.01314 GMACs", row
+    assert row["status"] == "FAIL" and row["figure"] == f"{macs / 1e9:.4g} GMACs at batch 8" == "0.01314 GMACs at batch 8", row
+
+
+def test_a_sources_default_inputs_are_counted_per_sample_as_flops_counts_them(cli, tmp_path):
+    """A sweep: `check timm:resnet18 --max-gmacs 2` failed on 5.44 GMACs, the training checks' batch of 3, where
+    `flops` says 1.81 of one sample. The source's default inputs are cut to one sample for the count."""
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path / "gpt2"
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=500, n_positions=64)
+    cfg.architectures = ["GPT2LMHeadModel"]
+    cfg.save_pretrained(folder)
+    macs = cli("flops", f"hf:{folder}", "--json").json["forward_macs"]
+    # closed form, seq 64: per layer qkv, scores, scores × v, projection, MLP; then the LM head
+    layer = 64 * 32 * 96 + 64 * 64 * 32 + 64 * 64 * 32 + 64 * 32 * 32 + 2 * 64 * 32 * 128
+    assert macs == 2 * layer + 64 * 32 * 500, macs
+    res = cli("check", f"hf:{folder}", "--max-gmacs", "1", "--json")
+    row = next(r for r in res.json["checks"] if r["check"] == "max-gmacs")
+    assert res.code == 0 and row["figure"] == f"{macs / 1e9:.4g} GMACs", row
 
 
 def test_strict_fails_doctors_warnings_as_gradflows(cli, tmp_path, monkeypatch):
