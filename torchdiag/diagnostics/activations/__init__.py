@@ -427,11 +427,12 @@ def _findings(result, rows, opts, rec, trains, fills) -> None:
                  else f"{found[0][0]['zero_fraction']:.1%} of the output values are exactly zero because its")
         after = _passed_on(names[0] if len(names) == 1 else "", passed, "the")
         result.add("zero-init", "info", names[0] if len(names) == 1 else _common(names),
-                   f"{which} {_listed(list(gate))} {'is' if len(gate) == 1 else 'are'} zero at initialisation, and "
-                   f"a zero-initialised gate: it gets a gradient (training moves it), and drawn at random on a copy "
+                   f"{which} {_listed(list(gate))} {'is' if len(gate) == 1 else 'are'} zero at initialisation: a "
+                   f"zero-initialised gate, by design. It gets a gradient, so training moves it; drawn at random "
+                   f"instead (on a copy), "
                    + ("the same input gives an output that is not zero and follows the input (a residual branch's last "
-                      "norm, as timm's zero-init residual)" if reads else "it gives an output that is not zero (the "
-                      "module reads no input: a learned table, as Swin's relative position bias)") + after,
+                      "norm, as in timm's zero-init residual)" if reads else "the output is not zero (the module "
+                      "reads no input: a learned table, as Swin's relative position bias)") + after,
                    members=names)
     for r in rows:
         if r["name"] != "(model)" and r["saturated_fraction"] is not None and r["saturated_fraction"] >= 0.5:
