@@ -64,6 +64,15 @@ def test_tensor_created_without_device_is_caught_on_cpu_only_machine(cli):
     assert row(d, "device")["where"] == "pos"
 
 
+@pytest.mark.parametrize("spec, code", [("cnn.py:build", 0), ("broken_doctor_device.py:build", 1)])
+def test_the_meta_rebuild_runs_at_the_dtype_asked(cli, spec, code):
+    """A sweep: under --dtype bfloat16 the factory's float32 rebuild met the cast inputs ("Input type (BFloat16) and
+    bias type (float) should be the same"), and the device check was skipped on every model with a conv bias."""
+    r, d = doc(cli, spec, "--dtype", "bfloat16")
+    assert r.code == code and row(d, "device")["status"] == ("ok" if code == 0 else "error"), row(d, "device")
+    assert bool(found(d, "device-mismatch")) == (code == 1)
+
+
 def test_a_model_that_treats_meta_specially_is_confirmed_on_fake_cuda(cli, tmp_path):
     # LongT5's pattern: positions on the weight's device, except on meta (device=None): the meta run mixes
     # devices, a run with the weights as fake CUDA tensors does not, so there is no device finding

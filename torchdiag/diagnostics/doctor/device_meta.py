@@ -120,14 +120,29 @@ def rebuild_on_meta(model, factory):
         try:
             with params_on_meta():
                 m = fn(**kwargs)
-            return m.to("meta"), "factory rebuilt with parameters on meta"
+            return _dtypes_of(model, m.to("meta")), "factory rebuilt with parameters on meta"
         except Exception:
             try:
                 m, how = build_on_meta(fn, kwargs)
-                return m, f"factory rebuilt under {how}"
+                return _dtypes_of(model, m), f"factory rebuilt under {how}"
             except Exception:
                 pass
     return copy.deepcopy(model).to("meta"), "copy of the model moved to meta"
+
+
+def _dtypes_of(model, rebuilt):
+    """The rebuilt model with each parameter and buffer in the dtype the model's has: the factory builds float32,
+    the model may run cast (--dtype bfloat16: "Input type (BFloat16) and bias type (float) should be the same"
+    skipped the check on a ViT, a sweep)."""
+    import torch
+
+    given = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    with torch.no_grad():
+        for name, t in [*rebuilt.named_parameters(), *rebuilt.named_buffers()]:
+            want = given.get(name)
+            if want is not None and want.dtype != t.dtype and want.is_floating_point() and t.is_floating_point():
+                t.data = t.data.to(want.dtype)
+    return rebuilt
 
 
 def check_device_meta(model, inputs, factory, ck: Checklist, real_device_hint: str) -> None:
