@@ -1923,3 +1923,34 @@ def test_a_large_ratio_that_falls_with_the_loss_says_why_it_is_no_transient():
     assert "it fell 44.1x and the loss 18.5x" in said, said
     assert _fell_with_loss(types.SimpleNamespace(before=5e4, after=400.0, losses=(1.12, 1.9)), 1000.0) == ""
     assert _fell_with_loss(types.SimpleNamespace(before=143.9, after=120.0, losses=(1.2, 0.06)), 100.0) == ""
+
+
+class _EveryLayerDropped(nn.Module):
+    """A projection, then two layers each skipped in training with probability 0.5 (LayerDrop): with seed 2 the
+    judged pass skips both."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj, self.head = nn.Linear(8, 16), nn.Linear(16, 3)
+        self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(2))
+
+    def forward(self, x):
+        h = self.proj(x)
+        for layer in self.layers:
+            if self.training and torch.rand([]) < 0.5:
+                continue
+            h = h + layer(h).relu()
+        return self.head(h)
+
+
+def test_a_stack_whose_every_layer_the_pass_skipped_is_drawn_again():
+    """A sweep: wav2vec2's 2 layers at LayerDrop 0.1 were both skipped (1 draw in 100): the stack had no sibling
+    that ran, so it was not drawn again, and its layers were `no-grad` errors (with torchdiag's inputs, "never
+    ran"). Its holder ran: the stack is drawn again."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 8, generator=g), torch.randint(0, 3, (8,), generator=g)
+    res = api_run("gradflow", _EveryLayerDropped(), (x,), target=y, loss=nn.functional.cross_entropy, seed=2)
+    status = {r["name"]: r["status"] for r in res.table("params").rows}
+    assert res.exit_code == 0 and "no-grad" not in status.values(), status
+    assert status["layers.1.weight"] == "skipped-at-random", status
