@@ -1049,3 +1049,18 @@ def test_output_facts_count_zero_rows_and_values_at_or_below_zero():
     assert "made by head (ReLU)" in said
     assert output_facts(torch.ones(3, 2)) == ""
     assert output_facts(torch.zeros(3, 2).to_sparse()) == ""   # a sparse output tells nothing: no error
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_an_adam_update_in_float16_is_explained_by_its_eps(cli, optimizer):
+    """A sweep: `--dtype float16 --steps 2 --optimizer adam` made every weight Inf at step 1 and the hint said to
+    lower the learning rate (at lr 1e-5). Adam's eps 1e-8 is 0 in float16, and so is (1 - beta2)·g² for a small
+    gradient: m / (√v + eps) divides by 0. Doctor and overfit-batch said so; nancheck now does. SGD stays finite."""
+    r = cli("nancheck", sample("mlp.py:build"), "--dtype", "float16", "--steps", "2", "--optimizer", optimizer,
+            "--json")
+    bad = [f for f in r.json["findings"] if f["code"] == "non-finite-param"]
+    if optimizer == "sgd":
+        assert r.code == 0 and not bad, r.json["findings"]
+        return
+    assert r.code == 1 and "Adam's eps 1e-08 is 0 in float16" in bad[0]["message"], bad
+    assert "--amp fp16" in bad[0]["hint"] and "learning rate" not in bad[0]["hint"], bad[0]["hint"]

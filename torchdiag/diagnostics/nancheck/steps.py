@@ -70,13 +70,18 @@ def first_bad(step: int, rep: PassReport, fill: dict | None = None) -> dict | No
     return None
 
 
-def _bad_update(step: int, work) -> dict | None:
+def _bad_update(step: int, work, opt, ctx) -> dict | None:
+    """The parameters the update made non-finite, and why where the optimizer says it (Adam's eps in float16)."""
+    from ...core.rounding import adam_underflow, nonfinite_hint
+
     params = list(work.named_parameters())
     if all_finite(p for _, p in params):   # one sync when healthy
         return None
     bad = [(n, p) for n, p in params if not finite(p.detach())]
     nan, inf = counts(bad[0][1])
-    return {"step": step, "phase": "update", "where": bad[0][0], "nan": nan, "inf": inf, "parameters": [n for n, _ in bad]}
+    why = adam_underflow(opt, str(bad[0][1].dtype).replace("torch.", ""))
+    return {"step": step, "phase": "update", "where": bad[0][0], "nan": nan, "inf": inf, "parameters": [n for n, _ in bad],
+            "why": why, "hint": nonfinite_hint(ctx) if why else None}
 
 
 def train_until_non_finite(model, inputs, loss_fn, ctx, steps: int, fill: dict | None = None) -> dict | None:
@@ -103,7 +108,7 @@ def train_until_non_finite(model, inputs, loss_fn, ctx, steps: int, fill: dict |
                 first = first_bad(step, rep, fill)
                 if first is None:
                     train.step(opt)
-                    first = _bad_update(step, work)
+                    first = _bad_update(step, work, opt, ctx)
             except ModelError as exc:
                 raise ModelError(f"step {step}: {exc.message}", exc.hint) from exc
             if first is not None:
@@ -138,7 +143,8 @@ def _step_findings(result: Result, first: dict, cfg: str) -> None:
         more = len(first["parameters"]) - 1
         result.add("non-finite-param", "error", first["where"],
                    f"parameter {first['where']} became non-finite ({fmt_counts(first['nan'], first['inf'])}) "
-                   f"{after}" + (f"; {more} other parameter(s) too" if more else ""), hint=HINT)
+                   f"{after}" + (f"; {more} other parameter(s) too" if more else "")
+                   + (f"; why: {first['why']}" if first.get("why") else ""), hint=first.get("hint") or HINT)
     elif phase == "forward":
         result.add("non-finite-output", "error", first["where"],
                    f"{first['where']} ({first['type']}) produced {fmt_counts(first['nan'], first['inf'])} from finite "
