@@ -146,18 +146,15 @@ def _device(args) -> str:
 
 
 def _to_cpu_of_cpu(name: str, tensor, args, kwargs) -> bool:
-    """`.cpu()` / `.to(<cpu>)` of a CPU tensor: no op runs, but on a GPU tensor it is a copy that syncs."""
-    import torch
-
+    """`.cpu()` / `.to("cpu")` of a CPU tensor: no op runs, but on a GPU tensor it is a copy that syncs. The device
+    written as a string: a torch.device is mostly another tensor's (`h.to(w.device)`), the same device on a GPU, and
+    on the CPU it cannot be told from torch.device("cpu") (a sweep: gpt2's and a user's `.to(w.device)` flagged)."""
     if tensor.device.type != "cpu":
         return False                  # a real copy: the dispatch mode sees its _to_copy
     if name == "cpu":
         return True
-    try:
-        device = torch._C._nn._parse_to(*args, **kwargs)[0]
-    except Exception:
-        return False
-    return device is not None and device.type == "cpu"
+    given = kwargs.get("device", args[0] if args else None)
+    return isinstance(given, str) and given.split(":")[0] == "cpu"
 
 
 def _wrap(name: str, original):
