@@ -1954,3 +1954,28 @@ def test_a_stack_whose_every_layer_the_pass_skipped_is_drawn_again():
     status = {r["name"]: r["status"] for r in res.table("params").rows}
     assert res.exit_code == 0 and "no-grad" not in status.values(), status
     assert status["layers.1.weight"] == "skipped-at-random", status
+
+
+class _LayerScaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+        self.gamma = nn.Parameter(torch.full((32,), 1e-6))
+
+    def forward(self, x):
+        return x + self.gamma * self.fc(x).relu()
+
+
+def test_zeros_a_float16_gradient_underflows_to_are_said_to_be_maybe_small():
+    """A sweep: timm convnext_atto under --dtype float16 got `zero-init` "exactly zero gradients, by design" on
+    blocks whose float32 gradients are ~1e-8 (a layer scale of 1e-6): in float16 they underflow. The verdict stands
+    (the scale grows and opens them either way); the finding says the zeros may be underflow."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), _LayerScaled(), nn.Linear(32, 4))
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+    half = api_run("gradflow", model, (x,), target=y, loss=nn.functional.cross_entropy, dtype="float16")
+    (f,) = [f for f in half.findings if f.code == "zero-init"]
+    assert half.exit_code == 0 and "in float16 a gradient under 6e-08 is 0" in f.message, f.message
+    full = api_run("gradflow", model, (x,), target=y, loss=nn.functional.cross_entropy)
+    assert not [f for f in full.findings if "in float16" in f.message]

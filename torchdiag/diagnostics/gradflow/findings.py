@@ -229,6 +229,7 @@ def design_findings(result, rows, model=None) -> None:
             what = (f"{n} parameter tensor{'s' if n > 1 else ''} ({_names(members)})"
                     if n > 1 or e.where != members[0]["name"] else "the parameter")
             why = members[0]["design"]["why"] if n == 1 or not general else _why(kind, None)
+        why += _underflow(kind, members, model)
         # every parameter a finding over several covers, folded or not (a sweep: "(root)" over 63 tensors, "… (+45
         # more)", and JSON could not say which)
         result.add(kind, "info", e.where or "(root)", f"{what} {_title(kind, n, members)}: {why}",
@@ -236,6 +237,20 @@ def design_findings(result, rows, model=None) -> None:
 
 
 HINTS = {"routed-by-input": ROUTED_HINT}
+
+
+def _underflow(kind: str, members: list[dict], model) -> str:
+    """Said of exactly-zero gradients on float16 weights: there a gradient under the smallest subnormal is 0, so a
+    layer scale's 1e-8 gradients read as zeros (a sweep: timm convnext_atto under --dtype float16, whose float32
+    gradients are ~1e-8); the verdict stands, what training does is the same."""
+    from ...core.precision import facts
+
+    params = dict(model.named_parameters()) if kind == "zero-init" and model is not None else {}
+    dtypes = {str(params[m["name"]].dtype).replace("torch.", "") for m in members if m["name"] in params}
+    if dtypes != {"float16"}:
+        return ""
+    return (f"; in float16 a gradient under {facts('float16').smallest_subnormal:.2g} is 0, so some of these may be "
+            "small rather than zero (`torchdiag nancheck` counts grad-underflow)")
 
 
 def _title(kind: str, n: int, members: list[dict]) -> str:
