@@ -200,6 +200,17 @@ def test_nothing_fits_is_exit_1(cli):
     assert d["max_batch_size"] == 0
     assert [f["code"] for f in d["findings"]] == ["no-batch-fits"]
     assert d["batch_sizes"][0]["batch_size"] == 1 and d["batch_sizes"][0]["fits"] is False
+    assert d["findings"][0]["hint"] == "try --dtype bfloat16, --amp, --optimizer sgd or --shard N"
+
+
+@pytest.mark.parametrize("extra, hint", [
+    (("--mode", "inference", "--amp", "fp16"), "a smaller input (a shorter sequence, a smaller image), or a device "
+                                               "with more memory"),
+    (("--amp", "bf16", "--optimizer", "sgd"), "try --shard N")])
+def test_nothing_fits_suggests_only_what_the_run_does_not_do(cli, extra, hint):
+    """A sweep: `--mode inference --amp fp16` was told to try --amp, and --optimizer sgd, which inference has not."""
+    r = cli("memory", sample("mlp.py:build"), "--budget", "1MiB", "--json", *extra)
+    assert r.code == 1 and r.json["findings"][0]["hint"] == hint, r.json["findings"]
 
 
 def test_shard_zero1_exact(mlp_report):

@@ -181,7 +181,6 @@ def _batch_tables(result: Result, r: StepReport, opts: Options, ctx, sizes, best
     """Batch sizes, sharding, and the budget's data and findings."""
     from ...fmt import human_bytes
 
-    o = ctx.option
 
     if sizes:
         result.tables.append(Table("batch_sizes", "Estimated peak per batch size", [
@@ -204,10 +203,22 @@ def _batch_tables(result: Result, r: StepReport, opts: Options, ctx, sizes, best
     if best == 0:
         result.add("no-batch-fits", "error", "", f"even batch size 1 does not fit in {human_bytes(opts.budget)}: "
                    f"estimated peak {human_bytes(sizes[0]['peak_bytes'])}",
-                   hint=f"try {o('dtype')} bfloat16, {o('amp')}, {o('optimizer')} sgd, or {o('shard')} N")
+                   hint=_smaller(ctx, opts))
     elif r.peak > opts.budget:
         result.add("over-budget", "warning", "", f"batch size {inputs.batch_size} peaks at {human_bytes(r.peak)}, "
                    f"above the budget of {human_bytes(opts.budget)}; the largest batch size that fits is {best}")
+
+
+def _smaller(ctx, opts: Options) -> str:
+    """What would lower the peak, of what the run does not do already (a sweep: `--amp` offered to a run under
+    `--amp fp16`, `--optimizer sgd` to an inference one)."""
+    o, p = ctx.option, ctx.precision
+    ways = [] if p.reduced else [f"{o('dtype')} bfloat16", o("amp")]
+    if opts.mode == "train":
+        ways += [f"{o('optimizer')} sgd"] if ctx.spec.optimizer.name != "sgd" else []
+        ways += [f"{o('shard')} N"] if opts.shard == 1 else []
+    return ("try " + ", ".join(ways[:-1]) + (" or " if len(ways) > 1 else "") + ways[-1]) if ways else \
+        "a smaller input (a shorter sequence, a smaller image), or a device with more memory"
 
 
 ESTIMATE_OFF = 0.10   # the fake-tensor estimate of the measured step further than this from the measurement
