@@ -181,7 +181,6 @@ def _batch_tables(result: Result, r: StepReport, opts: Options, ctx, sizes, best
     """Batch sizes, sharding, and the budget's data and findings."""
     from ...fmt import human_bytes
 
-
     if sizes:
         result.tables.append(Table("batch_sizes", "Estimated peak per batch size", [
             Column("batch_size", "batch size", "int"), Column("peak_bytes", "peak", "bytes"), Column("fits", "fits")],
