@@ -1972,3 +1972,28 @@ def test_shrinking_a_large_output_to_the_target_s_mean_is_no_memorising():
     torch.manual_seed(0)
     loud = run("overfit-batch", _Loud(), (torch.randn(8, 4, 16),))
     assert loud.data["passed"] and loud.data["final_loss"] <= 0.1 * loud.data["constant_loss"], loud.data["final_loss"]
+
+
+def test_a_zero_gate_is_no_cause_when_the_loss_went_non_finite_first():
+    """A sweep: timm resnet18 under --dtype float16 (Adam's eps is 0 there) went non-finite at step 1, and its
+    zero-initialised blocks were a `zero-grad` warning "dead activations": one step cannot tell a gate from a dead
+    path. Said as a note; the non-finite loss is the cause."""
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(32, 32)
+            self.gamma = nn.Parameter(torch.zeros(32))
+
+        def forward(self, x):
+            return x + self.gamma * self.fc(x).relu()
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), Block(), nn.Linear(32, 4))
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+    res = api_run("overfit-batch", model, (x,), target=y, loss=nn.functional.cross_entropy, dtype="float16", steps=20)
+    assert [f.code for f in res.findings] == ["non-finite-loss", "cannot-overfit"], [f.code for f in res.findings]
+    assert any("too few steps to tell a zero-initialised gate" in n and "1.fc.weight" in n for n in res.notes)

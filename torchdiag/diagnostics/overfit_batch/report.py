@@ -251,7 +251,11 @@ def _cause_findings(result, trainer, curve, causes, opts) -> int:
     zero = causes.zero
     if zero and not (trainer.group is not None or trainer.sharded):   # (no extra pass outside a wrapper's collectives)
         zero = _routed(result, trainer, zero, zeros=True)
-    if zero:
+    if zero and curve.nonfinite_at is not None:   # the run ended before a zero-initialised gate could open (a
+        result.notes.append(                       # sweep: timm resnet18's zero-init blocks under float16 Adam)
+            f"{len(zero)} parameter tensor(s) had a gradient of exactly zero until the loss became non-finite at step "
+            f"{curve.nonfinite_at}: too few steps to tell a zero-initialised gate from a dead path ({_names(zero, limit)})")
+    elif zero:
         found += 1
         result.add("zero-grad", "warning", zero[0],
                    f"{len(zero)} parameter tensor(s) had a gradient of exactly zero at every step: "
