@@ -628,3 +628,29 @@ def test_tied_weights_that_differ_in_the_file_are_said_and_casts_counted(tmp_pat
     save_file({"embed.weight": a.bfloat16()}, str(tmp_path / "half.safetensors"))
     r = cli("summary", f"{tmp_path}/tied.py:build", "--checkpoint", str(tmp_path / "half.safetensors"), "--json")
     assert r.code == 0 and "1 cast bfloat16 → float32" in r.json["checkpoint"][0], r.json["checkpoint"]
+
+
+def test_a_base_models_weights_load_into_the_model_that_holds_it_under_a_prefix(tmp_path):
+    """A sweep: a BertModel checkpoint (`embeddings.…`) into BertForMaskedLM (`bert.embeddings.…`) gave 44 missing and
+    39 unexpected keys and no word of the prefix; transformers' from_pretrained adds it. So does the loader, when
+    that makes more keys fit; the head's keys stay missing (strict: refused, saying the prefix)."""
+    from torchdiag.core.checkpoint import load
+    from torchdiag.errors import UsageError
+
+    class WithHead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8))
+            self.head = nn.Linear(8, 2)
+
+    body = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8))
+    torch.save(body.state_dict(), tmp_path / "body.pt")
+    with pytest.raises(UsageError, match=r"with the prefix 'body\.' added to its keys, 2 missing \(head\.weight"):
+        load(WithHead(), str(tmp_path / "body.pt"), torch.device("cpu"), strict=True)
+    model = WithHead()
+    report = load(model, str(tmp_path / "body.pt"), torch.device("cpu"), strict=False)
+    assert report.added == "body." and report.loaded == 4 and sorted(report.missing) == ["head.bias", "head.weight"]
+    assert not report.unexpected and torch.equal(model.body[2].weight, body[2].weight)
+    whole = WithHead()   # the model's own checkpoint: nothing added
+    torch.save(whole.state_dict(), tmp_path / "whole.pt")
+    assert load(WithHead(), str(tmp_path / "whole.pt"), torch.device("cpu")).added == ""
