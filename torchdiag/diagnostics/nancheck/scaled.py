@@ -67,7 +67,7 @@ def _scaled_step(work, inputs, scaled, ctx, opt, scaler, step: int):
         raise ModelError(f"step {step}: {exc.message}", exc.hint) from exc
     except Exception as exc:
         raise ModelError(f"step {step}: the GradScaler step failed: {exc}") from exc
-    return rep, skipped, None if skipped else _bad_update(step, work)
+    return rep, skipped, None if skipped else _bad_update(step, work, opt, ctx)
 
 
 def train_scaled(model, inputs, loss_fn, ctx, steps: int, fill: dict | None = None) -> dict | None:
