@@ -1956,7 +1956,7 @@ def test_a_stack_whose_every_layer_the_pass_skipped_is_drawn_again():
     assert status["layers.1.weight"] == "skipped-at-random", status
 
 
-class _LayerScaled(nn.Module):
+class _Gamma1e6(nn.Module):
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(32, 32)
@@ -1971,7 +1971,7 @@ def test_zeros_a_float16_gradient_underflows_to_are_said_to_be_maybe_small():
     blocks whose float32 gradients are ~1e-8 (a layer scale of 1e-6): in float16 they underflow. The verdict stands
     (the scale grows and opens them either way); the finding says the zeros may be underflow."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), _LayerScaled(), nn.Linear(32, 4))
+    model = nn.Sequential(nn.Linear(16, 32), _Gamma1e6(), nn.Linear(32, 4))
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
     half = api_run("gradflow", model, (x,), target=y, loss=nn.functional.cross_entropy, dtype="float16")
