@@ -290,3 +290,42 @@ def test_a_channels_last_layer_is_pooled_over_its_height_and_width():
     assert res.data["mean_norm"] == pytest.approx(float(want.double().norm(dim=1).mean()), rel=1e-5)
     conv = run("embeddings", model, (x,), layer="conv")
     assert conv.data["dim"] == 48 and "channels last" not in conv.data["reduction"]   # N×C×H×W stays as it was
+
+
+def _side_by_side():
+    """Two views of a 64-channel map joined along W: an N×C×H×W output of 56×112 whose C and H sizes have the image's
+    aspect, which the aspect alone read as channels last (a review: 112-wide vectors)."""
+    import torch
+
+    class SideBySide(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = torch.nn.Conv2d(3, 64, 7, 4, 3)
+            self.cat = torch.nn.Identity()
+            self.head = torch.nn.Linear(64, 10)
+
+        def forward(self, x):
+            f = self.stem(x).relu()
+            return self.head(self.cat(torch.cat([f, f.flip(-1)], -1)).mean((2, 3)))
+
+    torch.manual_seed(0)
+    return SideBySide()
+
+
+def test_an_n_c_h_w_output_is_not_read_as_channels_last_by_its_aspect_alone():
+    import torch
+
+    res = run("embeddings", _side_by_side(), (torch.randn(4, 3, 224, 224),), layer="cat")
+    assert res.data["dim"] == 64 and "channels last" not in res.data["reduction"], res.data
+
+    class MaskFirst(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.feat, self.fc = torch.nn.Conv2d(3, 32, 3, 2, 1), torch.nn.Identity(), torch.nn.Linear(32, 5)
+
+        def forward(self, mask, img):
+            return self.fc(self.feat(self.conv(img).relu()).mean((2, 3))) + 0 * mask.sum()
+
+    torch.manual_seed(0)
+    res = run("embeddings", MaskFirst(), (torch.ones(6, 1, 10, 10), torch.randn(6, 3, 64, 128)), layer="feat")
+    assert res.data["layer_output_shape"] == [6, 32, 32, 64] and res.data["dim"] == 32, res.data

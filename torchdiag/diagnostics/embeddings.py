@@ -52,8 +52,9 @@ def _batch_first(raw, n: int | None):
     return raw
 
 
-def vectors(t, how: str, image: tuple | None = None):
-    """(N×D float32 tensor, what was done). `image`: the input image's (H, W), which tells an N×H×W×C output."""
+def vectors(t, how: str, image: tuple | None = None, module=None, model=None):
+    """(N×D float32 tensor, what was done). `image`: the input image's (H, W), and `module` the layer (in `model`),
+    which tell an N×H×W×C output (core/layout.channels_last)."""
     if t.dim() == 1:
         return t[:, None].float(), "N → N×1"
     if t.dim() == 2:
@@ -68,14 +69,17 @@ def vectors(t, how: str, image: tuple | None = None):
         return t.float().mean(1), "mean over tokens (N×L×D → N×D)"
     if how == "first":
         raise OptionError("reduce", "first applies to N×L×D token outputs")
-    if t.dim() == 4 and image is not None and channels_last(tuple(t.shape), image):
+    if t.dim() == 4 and image is not None and channels_last(tuple(t.shape), image, module, model):
         return t.float().mean((1, 2)), "global average pool, channels last (N×H×W×C → N×C)"
     return t.float().flatten(2).mean(-1), "global average pool (N×C×… → N×C)"
 
 
 def _image_size(inputs) -> tuple | None:
-    """(H, W) of the forward's first 4-D floating-point input (the image), if it has one."""
-    return next((tuple(t.shape[-2:]) for _, t in inputs.tensors() if t.dim() == 4 and t.is_floating_point()), None)
+    """(H, W) of the forward's image: its 4-D floating-point input of 1 or 3 channels, else its first 4-D one (a
+    review: a mask given before the image was taken for it)."""
+    images = [t for _, t in inputs.tensors() if t.dim() == 4 and t.is_floating_point()]
+    image = next((t for t in images if t.shape[1] in (1, 3)), images[0] if images else None)
+    return tuple(image.shape[-2:]) if image is not None else None
 
 
 def nn_agreement(x, labels) -> float:
@@ -126,7 +130,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
     import torch
 
     raw = layer_output(model, inputs, opts.layer)
-    x, how = vectors(_batch_first(raw, inputs.batch_size), opts.reduce, _image_size(inputs))
+    x, how = vectors(_batch_first(raw, inputs.batch_size), opts.reduce, _image_size(inputs),
+                     model.get_submodule(opts.layer), model)
     n, d = x.shape
     result = Result("embeddings", header={"layer": opts.layer, "mode": "eval, no grad (one forward pass)"})
     labels = None

@@ -198,7 +198,7 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
     if a.dim() != 4:
         raise UsageError(f"layer {layer} gives a {a.dim()}-D output of shape {tuple(a.shape)}; Grad-CAM needs N×C×H×W",
                          hint="choose a convolutional layer (the last conv block usually works best)")
-    last = channels_last(tuple(a.shape), tuple(x.shape[-2:]))
+    last = channels_last(tuple(a.shape), tuple(x.shape[-2:]), module, model)
     k = int(logits[0].argmax()) if target_class is None else target_class
     if not 0 <= k < logits.shape[1]:
         raise OptionError("target_class", f"{k} is out of range: the model has {logits.shape[1]} classes")
