@@ -529,12 +529,17 @@ def test_only_a_skipped_member_of_a_stack_is_drawn_again():
     reached = {"layers.0.weight", "layers.0.bias", "layers.2.weight", "layers.2.bias", "head.weight", "head.bias"}
     unreached = ["layers.1.weight", "layers.1.bias", "image.0.weight", "image.0.bias"]
     assert in_a_stack(unreached, model, reached) == ["layers.1.weight", "layers.1.bias"]
-    # every layer of the stack skipped (a sweep: wav2vec2's two): its holder ran, so it is drawn again; the image
-    # tower's single Linear is no stack of repeated layers, and stays as it was
+    # every layer of a stack skipped (a sweep: wav2vec2's two): the module holding it ran, so it is drawn again; not
+    # a stack the root holds (a model that ran says nothing of it), nor one whose holder did not run
     reached -= {"layers.0.weight", "layers.0.bias", "layers.2.weight", "layers.2.bias"}
     everyone = [f"layers.{i}.{k}" for i in range(3) for k in ("weight", "bias")]
-    assert in_a_stack(everyone + unreached[2:], model, reached) == everyone
-    assert in_a_stack(everyone, model, set()) == []   # nothing of its holder ran: a branch the inputs never feed
+    assert in_a_stack(everyone + unreached[2:], model, reached) == []
+    encoder = nn.Module()
+    encoder.proj, encoder.layers = nn.Linear(4, 4), nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+    wrapped = nn.Sequential(encoder, nn.Linear(4, 2))
+    skipped = [f"0.layers.{i}.{k}" for i in range(2) for k in ("weight", "bias")]
+    assert in_a_stack(skipped, wrapped, {"0.proj.weight", "0.proj.bias", "1.weight"}) == skipped
+    assert in_a_stack(skipped, wrapped, {"1.weight"}) == []   # nothing of its holder ran: a branch never fed
 
 
 def test_a_module_made_in_forward_is_said_not_a_traceback(cli, tmp_path):

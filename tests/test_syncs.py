@@ -96,7 +96,8 @@ def test_via_names_the_python_call_and_host_copies_are_opt_in():
     with SyncCounter(host_copies=True) as s:
         t.cpu(), t.to("cpu"), t.to(torch.float64), t.to(device="cpu", dtype=torch.float64)
         t.to(t.device), t.to(device=t.device)   # another tensor's device: the same one on a GPU (a sweep)
-    assert s.counts == {"Tensor.cpu": 1, "Tensor.to": 2}
+        t.to("cpu", non_blocking=True), t.cpu().to("cpu", torch.float32, True)   # pinned: no wait (a review)
+    assert s.counts == {"Tensor.cpu": 2, "Tensor.to": 2}
     assert {n: torch.Tensor.__dict__.get(n) for n in original} == original    # every wrapper removed
 
 

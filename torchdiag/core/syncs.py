@@ -151,6 +151,8 @@ def _to_cpu_of_cpu(name: str, tensor, args, kwargs) -> bool:
     on the CPU it cannot be told from torch.device("cpu") (a sweep: gpt2's and a user's `.to(w.device)` flagged)."""
     if tensor.device.type != "cpu":
         return False                  # a real copy: the dispatch mode sees its _to_copy
+    if kwargs.get("non_blocking") or (name == "to" and len(args) > 2 and args[2] is True):
+        return False                  # into pinned memory, no wait (a review: its hint said to do what was done)
     if name == "cpu":
         return True
     given = kwargs.get("device", args[0] if args else None)

@@ -282,10 +282,12 @@ def in_a_stack(names: list[str], model, reached: set[str]) -> list[str]:
 def _holder_ran(modules: dict, stack: str, reached: set[str]) -> bool:
     """No entry of a stack of repeated layers ran, but the module holding it did (a parameter of its own outside
     the stack was reached): LayerDrop skipped every layer (wav2vec2's 2 at 0.1 each, 1 draw in 100: a sweep, "never
-    ran with the default inputs"). A tower the inputs never feed has its holder unreached too."""
-    if not stack:
-        return False
+    ran with the default inputs"). A tower the inputs never feed has its holder unreached too. Not asked of a stack
+    the root holds: there a model that ran says nothing of the stack, and an unused one would cost the draws and
+    doctor's fresh samples for nothing (a review)."""
     holder = owner(stack)
+    if not stack or not holder:
+        return False
     mod = modules.get(holder)
     inside = stack + "."
     return mod is not None and any(n in reached and not n.startswith(inside)
