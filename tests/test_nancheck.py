@@ -1064,3 +1064,16 @@ def test_an_adam_update_in_float16_is_explained_by_its_eps(cli, optimizer):
         return
     assert r.code == 1 and "Adam's eps 1e-08 is 0 in float16" in bad[0]["message"], bad
     assert "--amp fp16" in bad[0]["hint"] and "learning rate" not in bad[0]["hint"], bad[0]["hint"]
+
+
+def test_a_float16_adam_step_too_large_is_not_blamed_on_eps(tmp_path, cli):
+    """A review: every gradient large (inputs × 100), lr 1e6: the weights overflow where Adam's second moment is not
+    0, and eps was still blamed. It is blamed only where the moment is 0 at the non-finite values."""
+    (tmp_path / "big.py").write_text(
+        "import torch\nfrom torch import nn\n\nclass Big(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.l = nn.Linear(16, 4)\n\n    def forward(self, x):\n"
+        "        return self.l(x * 100)\n\ndef build():\n    torch.manual_seed(0)\n    return Big()\n")
+    r = cli("nancheck", f"{tmp_path / 'big.py'}:build", "-i", "8x16", "--steps", "3", "--dtype", "float16",
+            "--optimizer", "adam", "--lr", "1e6", "--json")
+    (bad,) = [f for f in r.json["findings"] if f["code"] == "non-finite-param"]
+    assert r.code == 1 and "eps" not in bad["message"] and "learning rate" in bad["hint"], bad

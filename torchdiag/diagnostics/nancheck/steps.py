@@ -79,9 +79,16 @@ def _bad_update(step: int, work, opt, ctx) -> dict | None:
         return None
     bad = [(n, p) for n, p in params if not finite(p.detach())]
     nan, inf = counts(bad[0][1])
-    why = adam_underflow(opt, str(bad[0][1].dtype).replace("torch.", ""))
+    why = adam_underflow(opt, str(bad[0][1].dtype).replace("torch.", "")) if _zero_moment(opt, bad[0][1]) else ""
     return {"step": step, "phase": "update", "where": bad[0][0], "nan": nan, "inf": inf, "parameters": [n for n, _ in bad],
             "why": why, "hint": nonfinite_hint(ctx) if why else None}
+
+
+def _zero_moment(opt, param) -> bool:
+    """Adam's second moment is 0 where the parameter went non-finite: its eps, 0 in float16, was all the update divided
+    by. A step too large for float16 (lr 1e6: a review) breaks the weights where the moment is not 0: not eps."""
+    v = opt.state.get(param, {}).get("exp_avg_sq")
+    return v is not None and v.shape == param.shape and bool((v[~param.detach().isfinite()] == 0).any())
 
 
 def train_until_non_finite(model, inputs, loss_fn, ctx, steps: int, fill: dict | None = None) -> dict | None:
