@@ -544,3 +544,24 @@ def test_activation_checkpointing_recompute_is_backward_time_not_a_second_forwar
     steps = mods[""]["calls"]
     assert all(mods[f"blocks.{i}"]["calls"] == steps for i in range(3)), {k: v["calls"] for k, v in mods.items()}
     assert mods[""]["self_cpu_time_us"] >= 0 and mods["blocks"]["cpu_time_us"] <= mods[""]["cpu_time_us"]
+
+
+def test_syncs_list_a_copy_to_the_cpu_only_where_the_line_writes_the_cpu(cli, tmp_path):
+    """A sweep and a review: `.to(w.device)` and `.to(DEV)` (DEV "cuda" where there is one) were listed as host copies
+    on the CPU run, and `.to(torch.device("cpu"))` was then missed. The line's source decides: a "cpu" string."""
+    (tmp_path / "tocpu.py").write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "DEV = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n"
+        "DEVS = 'cuda' if torch.cuda.is_available() else 'cpu'\n\n"
+        "class M(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.l = nn.Linear(16, 16)\n\n"
+        "    def forward(self, x):\n"
+        "        h = self.l(x)\n"
+        "        a = h.to(torch.device('cpu'))\n"
+        "        b = h.to(self.l.weight.device) + h.to(DEV) + h.to(DEVS)\n"
+        "        c = h.to('cpu', non_blocking=True)\n"
+        "        return a + b + c + h.to(dtype=torch.float32, device='cpu')\n\n"
+        "def build():\n    return M()\n")
+    r = cli("profile", f"{tmp_path / 'tocpu.py'}:build", "-i", "4x16", "--syncs", "--json")
+    assert r.code == 0, r.stderr
+    assert sorted(row["line"] for row in r.json["syncs"]) == [14, 17], r.json["syncs"]

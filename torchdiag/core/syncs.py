@@ -145,27 +145,36 @@ def _device(args) -> str:
     return "cpu"
 
 
-def _to_cpu_of_cpu(name: str, tensor, args, kwargs) -> bool:
-    """`.cpu()` / `.to("cpu")` of a CPU tensor: no op runs, but on a GPU tensor it is a copy that syncs. The device
-    written as a string: a torch.device is mostly another tensor's (`h.to(w.device)`), the same device on a GPU, and
-    on the CPU it cannot be told from torch.device("cpu") (a sweep: gpt2's and a user's `.to(w.device)` flagged)."""
+TO_DEVICE = "Tensor.to(device)"   # `.to(<a torch.device>)` to the CPU: a copy only where the call site says "cpu"
+
+
+def _to_cpu_of_cpu(name: str, tensor, args, kwargs) -> str | None:
+    """`.cpu()` / `.to("cpu")` of a CPU tensor: no op runs, but on a GPU tensor it is a copy that syncs; the op to
+    record, or None. A torch.device (or a string held in a variable) is mostly another tensor's (`h.to(w.device)`),
+    the same device on a GPU: TO_DEVICE, which profile keeps only where the call's source line writes "cpu" (a
+    sweep: gpt2's and a user's `.to(w.device)` listed)."""
+    import torch
+
     if tensor.device.type != "cpu":
-        return False                  # a real copy: the dispatch mode sees its _to_copy
+        return None                   # a real copy: the dispatch mode sees its _to_copy
     if kwargs.get("non_blocking") or (name == "to" and len(args) > 2 and args[2] is True):
-        return False                  # into pinned memory, no wait (a review: its hint said to do what was done)
+        return None                   # into pinned memory, no wait (a review: its hint said to do what was done)
     if name == "cpu":
-        return True
+        return "Tensor.cpu"
     given = kwargs.get("device", args[0] if args else None)
-    return isinstance(given, str) and given.split(":")[0] == "cpu"
+    if isinstance(given, str) and given.split(":")[0] == "cpu":
+        return "Tensor.to"
+    return TO_DEVICE if isinstance(given, torch.device) and given.type == "cpu" else None
 
 
 def _wrap(name: str, original):
     label = CALLS[name]
 
     def wrapper(self, *args, **kwargs):
-        if name == "tolist" or (name in ("cpu", "to") and any(c.host_copies for c in _active)
-                                and _to_cpu_of_cpu(name, self, args, kwargs)):
-            op = TOLIST if name == "tolist" else f"Tensor.{name}"
+        copy = _to_cpu_of_cpu(name, self, args, kwargs) if name in ("cpu", "to") and any(
+            c.host_copies for c in _active) else None
+        if name == "tolist" or copy:
+            op = TOLIST if name == "tolist" else copy
             for counter in list(_active):
                 if name == "tolist" or counter.host_copies:
                     counter._record(op, str(self.device), 2)

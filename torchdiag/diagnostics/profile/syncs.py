@@ -14,9 +14,10 @@ from __future__ import annotations
 import contextlib
 import linecache
 import os
+import re
 from collections import Counter
 
-from ...core.syncs import SyncCounter, library_dirs, python_stack, user_site
+from ...core.syncs import TO_DEVICE, SyncCounter, library_dirs, python_stack, user_site
 from ...results import Column, Table
 
 CUDA_WARNING = "called a synchronizing CUDA operation"
@@ -27,7 +28,7 @@ _KINDS = {"aten::_local_scalar_dense": "scalar read", "aten::nonzero": "nonzero"
           "aten::_index_put_impl_": "boolean-mask indexing", "aten::equal": "torch.equal",
           "aten::repeat_interleave": "repeat_interleave", "aten::_to_copy": '.cpu() / .to("cpu")',
           "aten::copy_": "copy to the CPU", "Tensor.tolist": ".tolist()", "Tensor.cpu": ".cpu()",
-          "Tensor.to": '.to("cpu")'}
+          "Tensor.to": '.to("cpu")', "Tensor.to(device)": '.to("cpu")'}
 _HINTS = {
     "scalar read": "keep the value a tensor (torch.clamp/torch.where instead of Python arithmetic), "
                    "or read it every N steps",
@@ -102,6 +103,9 @@ def detect(step, ctx) -> dict:
         if ctx.on_cuda and e.device == "cpu":
             continue                         # a CPU tensor read: no device to wait for
         site = user_site(e.frames[base:], libraries)
+        if e.op in ("Tensor.to", TO_DEVICE) and not _writes_cpu(site):
+            outside += site is None and e.op == "Tensor.to"   # torch's own `.to("cpu")`: counted as before
+            continue
         if site is None:
             outside += 1
         else:
@@ -114,6 +118,14 @@ def detect(step, ctx) -> dict:
     detection = "dispatch-level counter + torch.cuda.set_sync_debug_mode" if ctx.on_cuda else "dispatch-level counter"
     return {"rows": [_row(*key, n) for key, n in sorted(sites.items(), key=lambda kv: (kv[0][0], kv[0][1]))],
             "outside": outside, "detection": detection}
+
+
+def _writes_cpu(site) -> bool:
+    """The user's line writes the CPU as the target: a "cpu" string (`.to("cpu")`, `torch.device("cpu:0")`). A device
+    held in a variable or taken from a tensor (`.to(w.device)`, `.to(DEV)` with DEV "cuda" where there is one) is
+    that device on a GPU, no copy (a review)."""
+    code = code_text(site[0], site[1]) if site is not None else None
+    return code is not None and re.search(r"""["']cpu(:\d+)?["']""", code) is not None
 
 
 def _row(file: str, line: int, function: str, k: str, op: str, count: int) -> dict:
