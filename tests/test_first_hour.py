@@ -554,3 +554,16 @@ def test_a_module_made_in_forward_is_said_not_a_traceback(cli, tmp_path):
     r = cli("gradflow", f"{p}:build", "-i", "8x20", "--device", "cpu", "--json")
     assert r.code == 0, r.stderr
     assert any("mid.weight" in n and "param-recreated" in n for n in r.json["notes"]), r.json["notes"]
+
+
+def test_a_layer_the_forward_always_skips_in_training_is_not_blamed_on_the_inputs_alone(cli, tmp_path):
+    """A review: a LayerDrop of 1.0 (every layer skipped in training) read "never ran in forward with the default
+    inputs torchdiag chose", the hint to give other inputs. The other draws that did not reach it are said."""
+    transformers = pytest.importorskip("transformers")
+    spec = _saved(tmp_path, transformers.BartConfig(
+        vocab_size=64, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
+        encoder_layerdrop=1.0, decoder_layerdrop=0.0))
+    d = cli("gradflow", spec, "--json").json
+    (f,) = [f for f in d["findings"] if f["code"] == "not-reached"]
+    assert "encoder.layers" in f["where"] and "nor in 3 other random draw(s) of the forward" in f["message"], f

@@ -28,6 +28,7 @@ from ...core.invariance import (
 )
 from ...core.tracking import run_forward
 from ...core.unreached import (
+    NOT_REACHED,
     ROUTED_BY_INPUT,
     SKIPPED_AT_RANDOM,
     in_a_stack,
@@ -152,6 +153,10 @@ def _skipped_at_random(model, inputs, cands, ran: set[str], opts, ctx, result) -
         result.notes.append(f"parameters without a gradient not re-checked with other random draws: {exc.message}")
         return
     mark(cands, reached, "skipped-at-random", SKIPPED_AT_RANDOM)
+    for r in cands:   # not the inputs' doing alone (a review: a LayerDrop of 1.0 read "with the default inputs")
+        if r["status"] == NOT_REACHED and r["name"] not in reached and draws:
+            r["why"] = (f"{r['why']}, nor in {draws} other random draw(s) of the forward on a copy (a layer it skips "
+                        "in training whatever the inputs, or one it does not use)")
     result.notes.append(f"{len(cands)} parameter tensor(s) without a gradient re-checked on a copy with {draws} "
                         f"other random draw(s): {len(reached)} reached")
     left = [r["name"] for r in cands if r["name"] not in reached and r["status"] == "no-grad"]
