@@ -1077,3 +1077,12 @@ def test_a_float16_adam_step_too_large_is_not_blamed_on_eps(tmp_path, cli):
             "--optimizer", "adam", "--lr", "1e6", "--json")
     (bad,) = [f for f in r.json["findings"] if f["code"] == "non-finite-param"]
     assert r.code == 1 and "eps" not in bad["message"] and "learning rate" in bad["hint"], bad
+
+
+def test_a_learning_rate_beyond_float16_is_named_as_the_cause(cli):
+    """A review: SGD at lr 1e6 on float16 weights failed in the step ("value cannot be converted to type c10::Half
+    without overflow") and the hint said an op had no float16 kernel. 1e6 is beyond float16's 65504."""
+    r = cli("nancheck", sample("mlp.py:build"), "--dtype", "float16", "--steps", "2", "--optimizer", "sgd",
+            "--lr", "1e6")
+    assert r.code == 3 and "--lr 1e+06 is beyond float16's largest value (65504)" in r.stderr, r.stderr
+    assert "no float16 kernel" not in r.stderr

@@ -188,12 +188,25 @@ class Context:
             return
         if self.on_meta:
             error.hint = META_FAILED_HINT
+        elif self._lr_overflows(error):
+            p = self.precision
+            error.hint = (f"{self.option('lr')} {self.spec.optimizer.learning_rate:g} is beyond {p.dtype}'s largest "
+                          f"value ({p.facts.max:g}): the update cannot be computed in the weights' dtype; lower it, or "
+                          f"keep float32 weights ({self.option('amp')})")
         elif self.precision.reduced:   # replaces the generic "the model raised" hint: this one is a known fact
             p, amp = self.precision, self.option("amp")
             given = f"{amp} {self.spec.amp}" if p.amp else f"{self.option('dtype')} {p.dtype}"
             instead = "without it (float32)" if p.amp else f"with {amp} instead (autocast keeps such ops in float32)"
             error.hint = (f"the model ran in {p.compute} ({given}); if it runs in float32, an op here has no "
                           f"{p.compute} kernel on {self.device.type} or needs matching dtypes: try {instead}")
+
+    def _lr_overflows(self, error) -> bool:
+        """The optimizer's step failed because its learning rate does not fit the weights' dtype (a review: SGD at lr
+        1e6 on float16 weights was told an op has no float16 kernel)."""
+        p, opt = self.precision, getattr(self.spec, "optimizer", None)
+        lr = getattr(opt, "learning_rate", None)
+        return (p.dtype is not None and p.reduced and lr is not None and abs(lr) > p.facts.max
+                and "without overflow" in str(getattr(error, "message", "")))
 
     def observe(self, model, inputs) -> None:
         """What the auto loss learns from the model and its inputs before any forward: integer ids that
