@@ -1057,7 +1057,7 @@ def test_an_adam_update_in_float16_is_explained_by_its_eps(cli, optimizer):
     lower the learning rate (at lr 1e-5). Adam's eps 1e-8 is 0 in float16, and so is (1 - beta2)·g² for a small
     gradient: m / (√v + eps) divides by 0. Doctor and overfit-batch said so; nancheck now does. SGD stays finite."""
     r = cli("nancheck", sample("mlp.py:build"), "--dtype", "float16", "--steps", "2", "--optimizer", optimizer,
-            "--json")
+            "--json", "--device", "cpu")   # (measured on the CPU; a GPU's fused kernels are another question)
     bad = [f for f in r.json["findings"] if f["code"] == "non-finite-param"]
     if optimizer == "sgd":
         assert r.code == 0 and not bad, r.json["findings"]
@@ -1074,7 +1074,7 @@ def test_a_float16_adam_step_too_large_is_not_blamed_on_eps(tmp_path, cli):
         "        super().__init__()\n        self.l = nn.Linear(16, 4)\n\n    def forward(self, x):\n"
         "        return self.l(x * 100)\n\ndef build():\n    torch.manual_seed(0)\n    return Big()\n")
     r = cli("nancheck", f"{tmp_path / 'big.py'}:build", "-i", "8x16", "--steps", "3", "--dtype", "float16",
-            "--optimizer", "adam", "--lr", "1e6", "--json")
+            "--optimizer", "adam", "--lr", "1e6", "--json", "--device", "cpu")
     (bad,) = [f for f in r.json["findings"] if f["code"] == "non-finite-param"]
     assert r.code == 1 and "eps" not in bad["message"] and "learning rate" in bad["hint"], bad
 
@@ -1083,6 +1083,6 @@ def test_a_learning_rate_beyond_float16_is_named_as_the_cause(cli):
     """A review: SGD at lr 1e6 on float16 weights failed in the step ("value cannot be converted to type c10::Half
     without overflow") and the hint said an op had no float16 kernel. 1e6 is beyond float16's 65504."""
     r = cli("nancheck", sample("mlp.py:build"), "--dtype", "float16", "--steps", "2", "--optimizer", "sgd",
-            "--lr", "1e6")
+            "--lr", "1e6", "--device", "cpu")
     assert r.code == 3 and "--lr 1e+06 is beyond float16's largest value (65504)" in r.stderr, r.stderr
     assert "no float16 kernel" not in r.stderr

@@ -551,8 +551,8 @@ def test_syncs_list_a_copy_to_the_cpu_only_where_the_line_writes_the_cpu(cli, tm
     on the CPU run, and `.to(torch.device("cpu"))` was then missed. The line's source decides: a "cpu" string."""
     (tmp_path / "tocpu.py").write_text(
         "import torch\nfrom torch import nn\n\n"
-        "DEV = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n"
-        "DEVS = 'cuda' if torch.cuda.is_available() else 'cpu'\n\n"
+        "DEV = torch.device('cpu')   # a device held in a variable (a GPU where there is one)\n"
+        "DEVS = 'cpu'\n\n"
         "class M(nn.Module):\n"
         "    def __init__(self):\n        super().__init__()\n        self.l = nn.Linear(16, 16)\n\n"
         "    def forward(self, x):\n"
@@ -562,6 +562,6 @@ def test_syncs_list_a_copy_to_the_cpu_only_where_the_line_writes_the_cpu(cli, tm
         "        c = h.to('cpu', non_blocking=True)\n"
         "        return a + b + c + h.to(dtype=torch.float32, device='cpu')\n\n"
         "def build():\n    return M()\n")
-    r = cli("profile", f"{tmp_path / 'tocpu.py'}:build", "-i", "4x16", "--syncs", "--json")
+    r = cli("profile", f"{tmp_path / 'tocpu.py'}:build", "-i", "4x16", "--syncs", "--json", "--device", "cpu")
     assert r.code == 0, r.stderr
     assert sorted(row["line"] for row in r.json["syncs"]) == [14, 17], r.json["syncs"]
