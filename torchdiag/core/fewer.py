@@ -24,15 +24,10 @@ SAME = 100.0   # a parameter's grad/weight on the cut within this factor of the 
 def first_samples(inputs, ctx) -> tuple[Any, int, int] | None:
     """(the inputs cut to their first half of samples, kept, of); None where the cut cannot be made."""
     n = inputs.batch_size
-    tensors = [t for _, t in inputs.tensors()]
-    if ctx.batch_target is not None or ctx.rows is not None or inputs.samples is not None or not n or n < 2:
+    if ctx.batch_target is not None or ctx.rows is not None or not n or n < 2:
         return None
-    if not tensors or any(t.dim() == 0 or t.shape[0] != n or getattr(t, "is_nested", False) for t in tensors):
-        return None
-    if any(tuple(t.shape) == (n, n) for t in tensors):   # samples × samples (an adjacency), not per sample
-        return None
-    k = n // 2
-    return inputs.map(lambda t: t[:k]), k, n
+    cut = inputs.first(n // 2)
+    return (cut, n // 2, n) if cut is not None else None
 
 
 def retried(attempt: Callable, inputs, ctx, notes: list, what: str, agrees: Callable | None = None):

@@ -175,6 +175,16 @@ class ModelInputs:
             return int(ts[0][1].size(0))
         return int(ts[0][1].shape[0]) if ts and ts[0][1].dim() else None
 
+    def first(self, k: int) -> ModelInputs | None:
+        """The inputs cut to their first k samples; None where a cut cannot be made: a count whoever made them gave
+        (a list of images), a tensor that does not lead with the batch, or one of batch × batch (an adjacency)."""
+        n, tensors = self.batch_size, [t for _, t in self.tensors()]
+        if self.samples is not None or not n or not tensors or any(
+                t.dim() == 0 or t.shape[0] != n or getattr(t, "is_nested", False) or tuple(t.shape) == (n, n)
+                for t in tensors):
+            return None
+        return self.map(lambda t: t[:k])
+
     def map(self, fn) -> ModelInputs:
         return ModelInputs(_map(self.args, fn), _map(self.kwargs, fn), self.source, list(self.notes), self.chosen,
                            samples=self.samples)

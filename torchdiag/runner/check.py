@@ -480,11 +480,8 @@ def _per_sample(inputs):
     says of one sample (a sweep: resnet18 5.44 GMACs against 1.81). Those are cut to their first sample; the
     user's own inputs are counted as given, and their batch is said with the figure."""
     n = inputs.batch_size or 1
-    tensors = [t for _, t in inputs.tensors()]
-    if inputs.chosen and n > 1 and inputs.samples is None and tensors and all(
-            t.dim() and t.shape[0] == n and not getattr(t, "is_nested", False) for t in tensors):
-        return inputs.map(lambda t: t[:1]), 1
-    return inputs, n
+    one = inputs.first(1) if inputs.chosen and n > 1 else None
+    return (one, 1) if one is not None else (inputs, n)
 
 
 def _against(value: float, limit: float) -> str:

@@ -60,13 +60,19 @@ class Cancel:
         pooled they hid under the large ones (a review); two calls normalised together (one BatchNorm over both
         views' features) cancel only together (a second review). Few terms cancel by structure (a softmax's rows
         sum to 0): MIN_TERMS is asked of the whole only, so a call on a few values (a class token) may cancel."""
-        alone = [q for q in self.parts if _shares(*q)[0] >= _bound(_shares(*q)[1])]
-        rest = _shares(*(sum(q[i] for q in alone) for i in range(3))) if alone else (0.0, 1.0)
-        return self.terms >= MIN_TERMS and self.share < self.bound() and rest[0] < _bound(rest[1])
+        alone = [q for q in self.parts if not _cancels(*q)]
+        together = not alone or _cancels(*(sum(q[i] for q in alone) for i in range(3)))
+        return self.terms >= MIN_TERMS and self.share < self.bound() and together
 
 
 def _bound(terms: float) -> float:
     return CANCELS / max(terms, 1.0) ** 0.5
+
+
+def _cancels(dot: float, mag: float, sq: float) -> bool:
+    """Terms summing to dot (sum |term| = mag, sum term^2 = sq) leave under CANCELS of what random signs would."""
+    share, terms = _shares(dot, mag, sq)
+    return share < _bound(terms)
 
 
 def cancellations(model, inputs, names: list[str], ctx, prepare, eval_mode: bool) -> dict[str, Cancel]:
