@@ -28,7 +28,7 @@ _KINDS = {"aten::_local_scalar_dense": "scalar read", "aten::nonzero": "nonzero"
           "aten::_index_put_impl_": "boolean-mask indexing", "aten::equal": "torch.equal",
           "aten::repeat_interleave": "repeat_interleave", "aten::_to_copy": '.cpu() / .to("cpu")',
           "aten::copy_": "copy to the CPU", "Tensor.tolist": ".tolist()", "Tensor.cpu": ".cpu()",
-          "Tensor.to": '.to("cpu")', "Tensor.to(device)": '.to("cpu")'}
+          "Tensor.to": '.to("cpu")', TO_DEVICE: '.to("cpu")'}
 _HINTS = {
     "scalar read": "keep the value a tensor (torch.clamp/torch.where instead of Python arithmetic), "
                    "or read it every N steps",
