@@ -329,3 +329,37 @@ def test_an_n_c_h_w_output_is_not_read_as_channels_last_by_its_aspect_alone():
     torch.manual_seed(0)
     res = run("embeddings", MaskFirst(), (torch.ones(6, 1, 10, 10), torch.randn(6, 3, 64, 128)), layer="feat")
     assert res.data["layer_output_shape"] == [6, 32, 32, 64] and res.data["dim"] == 32, res.data
+
+
+def _concatenating(width: int = 32):
+    """An inception-like block: three branches of 128, 96 and 32 channels concatenated into a 256×H×W output. The block
+    holds no parameter of size 256 and one of size 32, its height at 256×256 (a review: GoogLeNet's inception3a,
+    GhostNet's ghost modules, read as channels last when the parameters decided before the aspect)."""
+    import torch
+    from torch import nn
+
+    class Inception(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = nn.Conv2d(64, 128, 1), nn.Conv2d(64, 96, 3, padding=1), nn.Conv2d(64, 32, 1)
+
+        def forward(self, x):
+            return torch.cat([self.a(x), self.b(x), self.c(x)], 1)
+
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 64, 8, 8), nn.ReLU(), Inception(), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(256, 10))
+
+
+def test_a_block_that_concatenates_branches_is_read_by_its_aspect_first():
+    import torch
+
+    model, x = _concatenating(), torch.randn(4, 3, 256, 256)
+    res = run("embeddings", model, (x,), layer="2")
+    assert res.data["layer_output_shape"] == [4, 256, 32, 32] and res.data["dim"] == 256, res.data
+    assert "channels last" not in res.data["reduction"]
+    with torch.no_grad():
+        want = model[2](model[1](model[0](x))).mean((2, 3))
+    assert res.data["mean_norm"] == pytest.approx(float(want.double().norm(dim=1).mean()), rel=1e-5)
+    wide = run("embeddings", model, (torch.randn(4, 3, 192, 320),), layer="2")   # 24×40: its 40 not among them
+    assert wide.data["dim"] == 256 and "channels last" not in wide.data["reduction"], wide.data

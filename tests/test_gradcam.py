@@ -604,3 +604,24 @@ def test_two_image_like_inputs_are_refused_not_guessed(cli, tmp_path, image):
     '''))
     r = cli("gradcam", f"{path}:build", "--layer", "conv", "--image", image, "--size", "32", "--json")
     assert r.code == 0 and r.json["inputs"] == ["pixels: 1x3x32x32 float32", "meta: 1x2 float32"], (r.stderr, r.stdout[-300:])
+
+
+def test_a_block_that_concatenates_branches_keeps_its_map(image):
+    """A review: GoogLeNet's inception4a (512×16×16, no parameter of size 512 and one of 16) was drawn as a 512×16 map,
+    channels as height. The map is the block's 16×16."""
+    import torch
+    from torch import nn
+
+    class Inception(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(8, 48, 1), nn.Conv2d(8, 16, 3, padding=1)
+
+        def forward(self, x):
+            return torch.cat([self.a(x), self.b(x)], 1)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 2, 2), nn.ReLU(), Inception(), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(64, 10))
+    res = run("gradcam", model, None, layer="2", image=str(image))
+    assert res.data["cam_shape"] == [16, 16] and not any("channels-last" in n for n in res.notes), res.data

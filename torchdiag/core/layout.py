@@ -6,21 +6,21 @@ import math
 
 
 def channels_last(shape: tuple, image: tuple, module=None, model=None) -> bool:
-    """Is a 4-D layer output N×H×W×C? The layer's own parameters say so first: their sizes hold the channel count and
-    not the spatial sizes (a Swin stage's 768, never its 7×7; a convolution's 64 out-channels, never 56 or 112). Where
-    they cannot tell (both sizes among them; the model's, for a layer without parameters), its sizes 1-2 have the image's aspect (H, W) and sizes
-    2-3 do not (a sweep: Swin's 7×7×768 was read as a 7×768 map). N×C×H×W where both read alike (a review: two views
-    side by side, N×64×56×112, read as channels last by the aspect alone)."""
-    sizes = _param_sizes(module) or _param_sizes(model)   # a layer without parameters (an Identity): the model's
-    if (shape[3] in sizes) != (shape[1] in sizes):
-        return shape[3] in sizes
-
+    """Is a 4-D layer output N×H×W×C? Its sizes 1-2 have the image's aspect (H, W), sizes 2-3 do not, and its last
+    outnumbers its height and width (a sweep: Swin's 7×7×768 was read as a 7×768 map), unless the layer's parameters
+    (the model's, for a layer without any) hold its second size and not its last: a convolution's channels (a review:
+    two 64-channel views side by side, N×64×56×112). The aspect decides first: a block that concatenates branches
+    holds no parameter of its own width, and may hold one of its height (a review: GoogLeNet's 256×32×32 inception
+    output, GhostNet's 120×24×40, read as channels last when the parameters decided first)."""
     def aspect(h: int, w: int) -> bool:
         return h > 0 and w > 0 and abs(math.log((h / w) / (image[0] / image[1]))) < 0.2
 
-    # and its channels outnumber its height and width: a pooled N×C×H×W map of C ≈ H is not (a review's CRNN-like
+    # its channels outnumber its height and width: a pooled N×C×H×W map of C ≈ H is not (a review's CRNN-like
     # 1×16×16×8 after MaxPool2d((2, 4)))
-    return not aspect(shape[2], shape[3]) and aspect(shape[1], shape[2]) and shape[3] > max(shape[1], shape[2])
+    if aspect(shape[2], shape[3]) or not aspect(shape[1], shape[2]) or shape[3] <= max(shape[1], shape[2]):
+        return False
+    sizes = _param_sizes(module) or _param_sizes(model)   # a layer without parameters (an Identity): the model's
+    return not (shape[1] in sizes and shape[3] not in sizes)
 
 
 def _param_sizes(module) -> set[int]:
