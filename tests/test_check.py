@@ -497,3 +497,24 @@ def test_a_layer_frozen_by_mistake_fails_the_trainable_floor_and_the_figure_coun
     assert rows["min-trainable-params"]["figure"] == f"{trainable:,}"
     assert rows["min-trainable-params"]["status"] == ("FAIL" if freeze else "PASS") and res.code == int(freeze)
     assert rows["gradflow"]["figure"] == "all trainable parameters get gradients" + (", 144 values frozen" if freeze else "")
+
+
+def test_a_list_of_images_torchdiag_made_is_counted_per_sample():
+    """A review: torchvision's detection sources train on torchdiag's list of two images with their targets, and
+    `check --max-gmacs` counted both (1.166 GMACs at batch 2, against flops' 0.583 for one image). The lists of that
+    many are cut to the first; inputs whose lists hold another count, or none, are not cut."""
+    import torch
+
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.core.sources import _two_images
+    from torchdiag.runner.check import _per_sample
+
+    images, targets = _two_images()
+    made = ModelInputs((images, targets), {}, "example_inputs()", chosen=True, samples=2)
+    counted, batch = _per_sample(made)
+    assert batch == 1 and counted.batch_size == 1
+    assert counted.args[0] == images[:1] and counted.args[1] == targets[:1]
+    assert made.args[0] is images and len(images) == 2   # the inputs themselves are left whole
+    assert ModelInputs(([torch.ones(3)], ), samples=2).first(1) is None   # no list of two
+    user = ModelInputs((images, targets), {}, "example_inputs()", samples=2)   # the user's own: counted as given
+    assert _per_sample(user) == (user, 2)

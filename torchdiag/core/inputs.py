@@ -176,14 +176,28 @@ class ModelInputs:
         return int(ts[0][1].shape[0]) if ts and ts[0][1].dim() else None
 
     def first(self, k: int) -> ModelInputs | None:
-        """The inputs cut to their first k samples; None where a cut cannot be made: a count whoever made them gave
-        (a list of images), a tensor that does not lead with the batch, or one of batch × batch (an adjacency)."""
+        """The inputs cut to their first k samples; None where a cut cannot be made: a tensor that does not lead with
+        the batch, or one of batch × batch (an adjacency). Where whoever made them said the count (torchdiag's list of
+        images, with its list of targets), each list of that many is cut (a review: check counted a detection source's
+        two images)."""
+        if self.samples is not None:
+            return self._first_listed(k)
         n, tensors = self.batch_size, [t for _, t in self.tensors()]
-        if self.samples is not None or not n or not tensors or any(
+        if not n or not tensors or any(
                 t.dim() == 0 or t.shape[0] != n or getattr(t, "is_nested", False) or tuple(t.shape) == (n, n)
                 for t in tensors):
             return None
         return self.map(lambda t: t[:k])
+
+    def _first_listed(self, k: int) -> ModelInputs | None:
+        n = self.samples
+
+        def cut(v):
+            return v[:k] if isinstance(v, (list, tuple)) and len(v) == n else v
+        args, kwargs = tuple(cut(a) for a in self.args), {key: cut(v) for key, v in self.kwargs.items()}
+        if all(a is b for a, b in zip(args, self.args)) and all(kwargs[key] is v for key, v in self.kwargs.items()):
+            return None   # no list of the samples among them
+        return ModelInputs(args, kwargs, self.source, list(self.notes), self.chosen, samples=min(k, n))
 
     def map(self, fn) -> ModelInputs:
         return ModelInputs(_map(self.args, fn), _map(self.kwargs, fn), self.source, list(self.notes), self.chosen,
@@ -1081,7 +1095,8 @@ def resolve_inputs(specs: list[str] | None, loaded, device, seed: int = 0, keywo
 
         value = user_call(seed, fn, "example_inputs()")
         args, kwargs = _normalise(value, "example_inputs()")
-        return ModelInputs(args, kwargs, "example_inputs()", samples=getattr(fn, "samples", None)).to(device)
+        return ModelInputs(args, kwargs, "example_inputs()", chosen=getattr(fn, "chosen", False) is True,
+                           samples=getattr(fn, "samples", None)).to(device)
     if getattr(loaded, "default_inputs", ()):
         return source_inputs(loaded, device, seed, dtype)
     value = getattr(loaded.model, "example_input_array", None)

@@ -182,6 +182,7 @@ def _one_image():
 
 
 _one_image.samples = 1   # type: ignore[attr-defined]  # a list of images: ModelInputs.batch_size reads this
+_one_image.chosen = True   # type: ignore[attr-defined]  # torchdiag's own default, not the user's (ModelInputs.chosen)
 
 
 def _two_images():
@@ -211,6 +212,7 @@ def _two_images():
 
 
 _two_images.samples = TRAIN_BATCH   # type: ignore[attr-defined]
+_two_images.chosen = True   # type: ignore[attr-defined]
 
 
 # ---- timm --------------------------------------------------------------------------------------------
