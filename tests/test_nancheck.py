@@ -1076,7 +1076,26 @@ def test_a_float16_adam_step_too_large_is_not_blamed_on_eps(tmp_path, cli):
     r = cli("nancheck", f"{tmp_path / 'big.py'}:build", "-i", "8x16", "--steps", "3", "--dtype", "float16",
             "--optimizer", "adam", "--lr", "1e6", "--json", "--device", "cpu")
     (bad,) = [f for f in r.json["findings"] if f["code"] == "non-finite-param"]
-    assert r.code == 1 and "eps" not in bad["message"] and "learning rate" in bad["hint"], bad
+    assert r.code == 1 and "eps" not in bad["message"] and "--lr 1e+06 is beyond float16's largest value" in \
+        bad["message"] and bad["hint"].startswith("lower --lr"), bad
+
+
+def test_eps_is_not_named_alone_where_the_learning_rate_broke_the_rest(tmp_path, cli):
+    """A second review: rows of an embedding no batch uses have Adam's second moment 0 (eps's NaN there), and at lr 1e5
+    the rows used overflow too, where the moment is not 0. Eps was named as the cause, and its hint (--optimizer
+    sgd) cannot help. Eps is named only where the moment is 0 at every non-finite value."""
+    (tmp_path / "emb.py").write_text(
+        "import torch\nfrom torch import nn\n\ndef build():\n    torch.manual_seed(0)\n"
+        "    return nn.Sequential(nn.Embedding(100, 16), nn.Flatten(), nn.Linear(64, 4))\n\n"
+        "def example_inputs():\n    return (torch.randint(0, 10, (8, 4)),)\n")
+    spec = f"{tmp_path / 'emb.py'}:build"
+    found = {}
+    for lr in ("1e5", "1e-3"):
+        r = cli("nancheck", spec, "--steps", "3", "--dtype", "float16", "--optimizer", "adam", "--lr", lr, "--json",
+                "--device", "cpu")
+        found[lr] = [f for f in r.json["findings"] if f["code"] == "non-finite-param"][0]
+    assert "eps" not in found["1e5"]["message"] and "beyond float16's largest value" in found["1e5"]["message"]
+    assert "Adam's eps 1e-08 is 0 in float16" in found["1e-3"]["message"], found   # every bad value: moment 0
 
 
 def test_a_learning_rate_beyond_float16_is_named_as_the_cause(cli):

@@ -79,16 +79,35 @@ def _bad_update(step: int, work, opt, ctx) -> dict | None:
         return None
     bad = [(n, p) for n, p in params if not finite(p.detach())]
     nan, inf = counts(bad[0][1])
-    why = adam_underflow(opt, str(bad[0][1].dtype).replace("torch.", "")) if _zero_moment(opt, bad[0][1]) else ""
+    why = adam_underflow(opt, str(bad[0][1].dtype).replace("torch.", "")) if _zero_moment(opt, bad) else ""
+    hint = nonfinite_hint(ctx) if why else None
+    beyond = "" if why else _lr_beyond(ctx)
+    if beyond:
+        why, hint = beyond, f"lower {ctx.option('lr')}, or keep float32 weights ({ctx.option('amp')})"
     return {"step": step, "phase": "update", "where": bad[0][0], "nan": nan, "inf": inf, "parameters": [n for n, _ in bad],
-            "why": why, "hint": nonfinite_hint(ctx) if why else None}
+            "why": why, "hint": hint}
 
 
-def _zero_moment(opt, param) -> bool:
-    """Adam's second moment is 0 where the parameter went non-finite: its eps, 0 in float16, was all the update divided
-    by. A step too large for float16 (lr 1e6: a review) breaks the weights where the moment is not 0: not eps."""
-    v = opt.state.get(param, {}).get("exp_avg_sq")
-    return v is not None and v.shape == param.shape and bool((v[~param.detach().isfinite()] == 0).any())
+def _lr_beyond(ctx) -> str:
+    """The learning rate does not fit the weights' reduced dtype: every update it scales overflows (a review: Adam at
+    lr 1e5 on float16 weights was told Adam's eps, where eps broke only the rows no batch used)."""
+    p, opt = ctx.precision, getattr(ctx.spec, "optimizer", None)
+    lr = getattr(opt, "learning_rate", None)
+    if p.dtype is None or not p.reduced or p.amp or lr is None or abs(lr) <= p.facts.max:
+        return ""
+    return f"{ctx.option('lr')} {lr:g} is beyond {p.dtype}'s largest value ({p.facts.max:g}): the update it scales overflows"
+
+
+def _zero_moment(opt, bad: list) -> bool:
+    """Adam's second moment is 0 wherever the parameters went non-finite: its eps, 0 in float16, was all the update
+    divided by. A step too large for float16 (lr 1e6: a review) breaks the weights where the moment is not 0: not
+    eps; and where both happened (rows of an embedding no batch used, beside a learning rate of 1e5: a second
+    review), eps is not the cause to name alone."""
+    for _, param in bad:
+        v = opt.state.get(param, {}).get("exp_avg_sq")
+        if v is None or v.shape != param.shape or not bool((v[~param.detach().isfinite()] == 0).all()):
+            return False
+    return True
 
 
 def train_until_non_finite(model, inputs, loss_fn, ctx, steps: int, fill: dict | None = None) -> dict | None:
