@@ -202,22 +202,33 @@ def _batch_tables(result: Result, r: StepReport, opts: Options, ctx, sizes, best
     if best == 0:
         result.add("no-batch-fits", "error", "", f"even batch size 1 does not fit in {human_bytes(opts.budget)}: "
                    f"estimated peak {human_bytes(sizes[0]['peak_bytes'])}",
-                   hint=_smaller(ctx, opts))
+                   hint=_smaller(ctx, opts, r))
     elif r.peak > opts.budget:
         result.add("over-budget", "warning", "", f"batch size {inputs.batch_size} peaks at {human_bytes(r.peak)}, "
                    f"above the budget of {human_bytes(opts.budget)}; the largest batch size that fits is {best}")
 
 
-def _smaller(ctx, opts: Options) -> str:
+def _smaller(ctx, opts: Options, r: StepReport) -> str:
     """What would lower the peak, of what the run does not do already (a sweep: `--amp` offered to a run under
-    `--amp fp16`, `--optimizer sgd` to an inference one)."""
-    o, p = ctx.option, ctx.precision
-    ways = [] if p.reduced else [f"{o('dtype')} bfloat16", o("amp")]
-    if opts.mode == "train":
+    `--amp fp16`, `--optimizer sgd` to an inference one). `--amp` keeps float32 weights: `--dtype bfloat16` still
+    halves them. A smaller input only where the model's own tensors leave room for one (a review: weights and
+    gradients alone over the budget, batch 1 peaking as batch 4 does, and a smaller input was all it offered)."""
+    from ...fmt import human_bytes
+
+    o, p, train = ctx.option, ctx.precision, opts.mode == "train"
+    ways = [] if p.reduced and not p.amp else [f"{o('dtype')} bfloat16"] + ([] if p.reduced else [o("amp")])
+    if train:
         ways += [f"{o('optimizer')} sgd"] if ctx.spec.optimizer.name != "sgd" else []
         ways += [f"{o('shard')} N"] if opts.shard == 1 else []
-    return ("try " + ", ".join(ways[:-1]) + (" or " if len(ways) > 1 else "") + ways[-1]) if ways else \
-        "a smaller input (a shorter sequence, a smaller image), or a device with more memory"
+    own = r.param_bytes + r.buffer_bytes + (r.grad_bytes + r.optimizer_bytes if train else 0)
+    what = "parameters, buffers, gradients and optimizer state" if train else "parameters and buffers"
+    said = "" if own < (opts.budget or 0) else f"the model's own {what} take {human_bytes(own)}, over the budget at any input: "
+    if said:   # autocast casts activations only: its weights, gradients and state stay float32
+        ways = [w for w in ways if w != o("amp")]
+    else:
+        ways.append("a smaller input (a shorter sequence, a smaller image)")
+    ways.append("a device with more memory")
+    return said + "try " + ", ".join(ways[:-1]) + " or " + ways[-1]
 
 
 ESTIMATE_OFF = 0.10   # the fake-tensor estimate of the measured step further than this from the measurement
