@@ -565,3 +565,23 @@ def test_syncs_list_a_copy_to_the_cpu_only_where_the_line_writes_the_cpu(cli, tm
     r = cli("profile", f"{tmp_path / 'tocpu.py'}:build", "-i", "4x16", "--syncs", "--json", "--device", "cpu")
     assert r.code == 0, r.stderr
     assert sorted(row["line"] for row in r.json["syncs"]) == [14, 17], r.json["syncs"]
+
+
+def test_syncs_read_the_whole_statement_for_its_target(cli, tmp_path):
+    """A review: `h.to(` with `"cpu")` on the next line was dropped, the frame's line alone read. The statement's lines
+    are read (a "cpu" in a comment still is not)."""
+    (tmp_path / "split.py").write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "class M(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.l = nn.Linear(16, 16)\n\n"
+        "    def forward(self, x):\n"
+        "        h = self.l(x)\n"
+        "        a = h.to(\n"
+        "            'cpu')\n"
+        "        b = h.to(self.l.weight.device)   # 'cpu' in a comment\n"
+        "        return a + b\n\n"
+        "def build():\n    return M()\n")
+    r = cli("profile", f"{tmp_path / 'split.py'}:build", "-i", "4x16", "--syncs", "--json", "--device", "cpu")
+    assert r.code == 0, r.stderr
+    (row,) = r.json["syncs"]
+    assert row["line"] in (11, 12) and row["code"] == "a = h.to( 'cpu')", row

@@ -121,11 +121,52 @@ def detect(step, ctx) -> dict:
 
 
 def _writes_cpu(site) -> bool:
-    """The user's line writes the CPU as the target: a "cpu" string (`.to("cpu")`, `torch.device("cpu:0")`). A device
-    held in a variable or taken from a tensor (`.to(w.device)`, `.to(DEV)` with DEV "cuda" where there is one) is
-    that device on a GPU, no copy (a review)."""
-    code = code_text(site[0], site[1]) if site is not None else None
-    return code is not None and re.search(r"""["']cpu(:\d+)?["']""", code) is not None
+    """The user's statement writes the CPU as the target: a "cpu" string (`.to("cpu")`, `torch.device("cpu:0")`), on
+    any of its lines (a review: `h.to(` with `"cpu")` on the next line was dropped). A device held in a variable or
+    taken from a tensor (`.to(w.device)`, `.to(DEV)` with DEV "cuda" where there is one) is that device on a GPU, no
+    copy (a review)."""
+    if site is None:
+        return False
+    code = statement_text(site[0], site[1]) or ""
+    return re.search(r"""["']cpu(:\d+)?["']""", code) is not None
+
+
+def statement_text(file: str, line: int) -> str | None:
+    """The statement holding `line`, its lines joined without their comments (None when the source is not readable)."""
+    first, last = _statement_lines(file, line)
+    return " ".join(filter(None, (code_text(file, n) for n in range(first, last + 1)))) or None
+
+
+def _statement_lines(file: str, line: int) -> tuple[int, int]:
+    """(first, last) line of the innermost simple statement holding `line`; (line, line) where the file cannot be
+    parsed."""
+    import ast
+
+    tree = _parsed(file)
+    best = (line, line)
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.stmt) and not hasattr(node, "body") and node.lineno <= line <= (node.end_lineno or 0):
+            if best == (line, line) or node.end_lineno - node.lineno < best[1] - best[0]:
+                best = (node.lineno, node.end_lineno)
+    return best
+
+
+def _parsed(file: str):
+    import ast
+
+    text = "".join(linecache.getlines(file))
+    if not text:
+        return None
+    key = (file, hash(text))
+    if key not in _TREES:
+        try:
+            _TREES[key] = ast.parse(text)
+        except (SyntaxError, ValueError):
+            _TREES[key] = None
+    return _TREES[key]
+
+
+_TREES: dict = {}   # a file's parsed source, per run (one parse per file the sync sites are in)
 
 
 def _row(file: str, line: int, function: str, k: str, op: str, count: int) -> dict:
@@ -135,7 +176,11 @@ def _row(file: str, line: int, function: str, k: str, op: str, count: int) -> di
     except ValueError:                       # another drive (Windows)
         shown = file
     return {"site": f"{shown}:{line}", "file": file, "line": line, "function": function, "op": k,
-            "detected_op": op, "count": count, "code": code_text(file, line)}
+            "detected_op": op, "count": count, "code": _shortened(statement_text(file, line))}
+
+
+def _shortened(code: str | None, most: int = 100) -> str | None:
+    return code if code is None or len(code) <= most else code[:most - 1] + "…"
 
 
 def code_text(file: str, line: int) -> str | None:
