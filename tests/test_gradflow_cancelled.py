@@ -313,12 +313,34 @@ class _CheckpointedGate(_Reused):
         return self.fc(h) * (1 + gate)
 
 
-def test_a_call_inside_a_reentrant_checkpoint_is_read_from_its_recompute():
+class _CheckpointedGateAndMore(_CheckpointedGate):
+    """_CheckpointedGate with one more call backward does not run again: under the user's own no_grad (a statistic),
+    or inside a second reentrant checkpoint whose output the loss never reads (a second review: matched by count, the
+    gated call was dropped again, `cancelled`)."""
+
+    def __init__(self, more: str):
+        super().__init__()
+        self.more = more
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        if self.more == "no_grad":
+            with torch.no_grad():
+                self.stat = self.gain(x).std()
+        else:
+            self.unused = checkpoint(lambda v: self.gain(v * 2), x, use_reentrant=True)
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("more", [None, "no_grad", "unused checkpoint"])
+def test_a_call_inside_a_reentrant_checkpoint_is_read_from_its_recompute(more):
     x, y = _batch()
     x.requires_grad_(True)   # a reentrant checkpoint's output needs an input that requires grad
-    got = _cancellations(_CheckpointedGate(), x, ["gain.scale"])["gain.scale"]
+    build = _CheckpointedGate if more is None else (lambda: _CheckpointedGateAndMore(more))
+    got = _cancellations(build(), x, ["gain.scale"])["gain.scale"]
     assert len(got.parts) == 2 and not got.cancelled(), got
-    res = run("gradflow", _CheckpointedGate(), (x,), target=y, loss=nn.functional.cross_entropy, strict=True)
+    res = run("gradflow", build(), (x,), target=y, loss=nn.functional.cross_entropy, strict=True)
     assert _row(res, "gain.scale")["status"] == "vanishing-grad" and res.exit_code == 1, _row(res, "gain.scale")
 
 

@@ -142,10 +142,11 @@ def _probe(model, inputs, names: list[str], ctx, prepare, eval_mode: bool, why: 
             loss = ctx.loss()(run_forward(work, inputs, phase=f"forward ({why}, on a copy)"))
         first = {p: len(outs) for p, outs in seen.items()}
         train.backward(loss)
-        read = {p: _read_outputs(outs, first[p]) for p, outs in seen.items() if p in first}
+        again = {p: _recomputed(outs, first[p]) for p, outs in seen.items() if p in first}
+        read = {p: _read_outputs(seen[p], first[p], again[p]) for p in again}
         kept = {p: [seen[p][i] for i in idx] for p, idx in read.items() if idx}
         base = {p: [t.detach() for t in outs] for p, outs in kept.items()}
-        grads = {p: [_grad_of(t, seen[p], first[p], i).detach() for t, i in zip(outs, read[p])]
+        grads = {p: [_grad_of(t, seen[p], again[p].get(i)).detach() for t, i in zip(outs, read[p])]
                  for p, outs in kept.items()}
         asked = [n for n in names if params[n].grad is not None and params[n].grad.shape == params[n].shape]
         moves = [{p: measure(diffs, grads[p]) for p, diffs in
@@ -165,31 +166,46 @@ def _probe(model, inputs, names: list[str], ctx, prepare, eval_mode: bool, why: 
     return _Probe(asked, values, dict(zip(base, flat[:len(sizes)])))
 
 
-def _grad_of(t, outs: list, first: int, i: int):
-    """The gradient of a kept output, or of its recompute inside a reentrant checkpoint (see _recomputed)."""
+def _grad_of(t, outs: list, again: int | None):
+    """The gradient of a kept output, or of its recompute inside a reentrant checkpoint (`again`, see _recomputed)."""
     import torch
 
-    again = _recomputed(outs, first).get(i)
     g = t.grad if t.grad is not None else (outs[again].grad if again is not None else None)
     return g if g is not None else torch.zeros_like(t)
 
 
-def _read_outputs(outs: list, first: int) -> list[int]:
+def _read_outputs(outs: list, first: int, again: dict[int, int]) -> list[int]:
     """Indices of a module's outputs in the forward (its first `first`) that the loss read: the output got a gradient,
-    or its recompute in backward did (a review: read at the model's output instead, an exploding bias inside a
-    reentrant checkpoint became small-term)."""
-    again = _recomputed(outs, first)
+    or its recompute in backward did (`again`, see _recomputed; a review: read at the model's output instead, an
+    exploding bias inside a reentrant checkpoint became small-term)."""
     return [i for i in range(first) if outs[i].grad is not None or (i in again and outs[again[i]].grad is not None)]
 
 
 def _recomputed(outs: list, first: int) -> dict[int, int]:
     """Forward index -> index of its recompute: inside a reentrant checkpoint the forward runs under no_grad, and
-    backward runs those calls again, hooks and all, in order, after the first `first` outputs. Calls outside it keep
-    their graph and are not run again (a review: one call outside and one inside were matched by count, and the
-    inside one was dropped)."""
+    backward runs those calls again, hooks and all, after the first `first` outputs. Calls outside it keep their graph
+    and are not run again (a review: one call outside and one inside were matched by count, and the inside one was
+    dropped). A recompute is matched to the detached forward output it equals (the checkpoint restores the RNG): a
+    call under the user's own no_grad has none, a checkpoint whose output the loss never reads is not run again, and
+    several checkpoints recompute last first (a second review: matched by count, both dropped the gated call)."""
     detached = [i for i in range(first) if not outs[i].requires_grad]
-    again = range(first, len(outs))
-    return dict(zip(detached, again)) if len(again) == len(detached) else {}
+    pairs: dict[int, int] = {}
+    for j in range(first, len(outs)):
+        i = next((i for i in detached if i not in pairs and _same(outs[i], outs[j])), None)
+        if i is not None:
+            pairs[i] = j
+    return pairs
+
+
+def _same(a, b) -> bool:
+    """The same values (NaN where NaN), shape and dtype: one read-back, made only for outputs a checkpoint detached."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+        return False
+    b = b.detach()
+    return bool(((a == b) | (torch.isnan(a) & torch.isnan(b)) if a.is_floating_point() or a.is_complex() else
+                 (a == b)).all())
 
 
 def _read(asked, moves, sizes) -> dict[str, Reach]:
