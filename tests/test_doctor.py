@@ -1360,3 +1360,28 @@ def test_copies_after_the_training_pass_are_asked_room_for_its_activations(monke
     for what in ("not re-checked with a short training run", "where the zero gradients stop was not looked for"):
         note = next(n for n in res.notes if what in n)
         assert "the activations its backward keeps" in note and "NoRoom" not in note, note
+
+
+def test_modes_that_change_nothing_yet_are_not_said_to_make_outputs_differ():
+    """A sweep: swinv2_cr's dropout sits in MLPs whose branch starts closed, and doctor said "12 Dropout make train and
+    eval outputs differ (max |train − eval| output difference 0)". Where the outputs agree, it says so."""
+    from torchdiag.api import run
+
+    class Closed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.side = nn.Linear(8, 4), nn.Sequential(nn.Linear(8, 4), nn.Dropout(0.5))
+            self.gate = nn.Parameter(torch.zeros(()))   # the side branch starts closed
+
+        def forward(self, x):
+            return self.body(x) + self.gate * self.side(x)
+
+    torch.manual_seed(0)
+    res = run("doctor", Closed(), torch.randn(6, 8))
+    (f,) = [f for f in res.findings if f.code == "mode-dependent"]
+    assert "here they agree" in f.message and "Dropout make train" not in f.message, f.message
+    open_ = Closed()
+    with torch.no_grad():
+        open_.gate.fill_(1.0)
+    (f,) = [f for f in run("doctor", open_, torch.randn(6, 8)).findings if f.code == "mode-dependent"]
+    assert "1 Dropout make train and eval outputs differ" in f.message, f.message
