@@ -1385,3 +1385,37 @@ def test_modes_that_change_nothing_yet_are_not_said_to_make_outputs_differ():
         open_.gate.fill_(1.0)
     (f,) = [f for f in run("doctor", open_, torch.randn(6, 8)).findings if f.code == "mode-dependent"]
     assert "1 Dropout make train and eval outputs differ" in f.message, f.message
+
+
+class _TokenMix(nn.Module):
+    """A token-mixing Linear (its bias one constant per token, on every channel) before a LayerNorm over the channels,
+    behind a zero-initialised head (gmixer's and ResMLP-style token MLPs): the bias is cancelled by the LayerNorm."""
+
+    def __init__(self):
+        super().__init__()
+        self.mix, self.norm, self.head = nn.Linear(6, 6), nn.LayerNorm(8), nn.Linear(8, 3)
+        nn.init.zeros_(self.head.weight)
+
+    def forward(self, x):
+        return self.head(self.norm(self.mix(x.transpose(1, 2)).transpose(1, 2)).mean(1))
+
+
+def test_a_bias_cancelled_behind_a_zero_head_is_invariant_not_gated():
+    """A sweep: doctor called gmixer's token-MLP biases `by-design-init` ("a gate training opens ... they move"), the
+    move Adam normalising rounding-level gradients once the zero head opened; gradflow called them `invariant`. The
+    re-check's trained copy is now asked whether the loss depends on them at all."""
+    from torchdiag.api import run
+
+    torch.manual_seed(0)
+    model, x = _TokenMix(), torch.randn(8, 6, 8, generator=torch.Generator().manual_seed(0))
+    twin = _TokenMix().double()   # the truth, by hand: any shift of the bias leaves the loss as it was
+    nn.init.normal_(twin.head.weight)
+    xd = x.double()
+    before = twin(xd)
+    with torch.no_grad():
+        twin.mix.bias.add_(torch.randn(6, dtype=torch.float64) * 10)
+    assert torch.allclose(twin(xd), before, atol=1e-12)
+    res = run("doctor", model, x)
+    codes = {(f.code, f.where) for f in res.findings}
+    assert ("invariant", "mix.bias") in codes and not any(c == "by-design-init" for c, _ in codes), codes
+    assert res.exit_code == 0

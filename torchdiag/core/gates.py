@@ -83,7 +83,7 @@ class Verdict:
     median_relative: float = math.nan
     losses: tuple = (math.nan, math.nan)   # the loss before the run and after it
     output_fall: float = math.nan          # a gate's yardstick: how many times the gradient reaching the outputs fell
-    invariant: bool = False     # zero-grad back only at rounding level, and the loss does not depend on it
+    invariant: bool = False     # zero-grad (or not updated) back only at rounding level, the loss independent of it
     zero_start: bool = False    # the weight was zero at the start: measured by its gradient norm throughout
     steps: int = 0              # the optimizer steps of the run that measured `after`
     longer: Verdict | None = None   # the longer run's verdict, where it ran (_climbing)
@@ -284,7 +284,7 @@ def _run(model, inputs, flags: list[Flag], ctx, steps: int, eval_mode: bool, pre
             v = verdicts[f.name]
             v.median_update, v.median_relative = upd[0], upd[1]
             v.update, v.relative = upd[2 + 2 * i], upd[3 + 2 * i]
-    asked, how = _invariant(work, inputs, verdicts, gk, ctx)
+    asked, how = _invariant(work, inputs, verdicts, gk, ctx, level)
     used = 1 + steps + asked
     for v in verdicts.values():
         v.by_design = v.resolved        # gone after a few real steps: it grows out of it
@@ -314,7 +314,7 @@ def half_eps(optimizer) -> float | None:
     return HALF_EPS if groups else None
 
 
-def _invariant(work, inputs, verdicts: dict, whole: float, ctx) -> tuple[int, str]:
+def _invariant(work, inputs, verdicts: dict, whole: float, ctx, level: float = 1.0) -> tuple[int, str]:
     """A zero gradient that came back from the run at rounding level (max |grad| ≤ SUSPECT × the whole
     gradient's norm) is not an opening when the trained copy's loss does not depend on the parameter at all
     (core/invariance.py, on a float64 copy: a bias before a BatchNorm once its zero-init-last gate opened,
@@ -324,7 +324,10 @@ def _invariant(work, inputs, verdicts: dict, whole: float, ctx) -> tuple[int, st
     called `zero-init`; a float32 copy in its place called a bias the loss reads at 1e-6 `invariant`)."""
     from . import invariance
 
-    suspect = [n for n, v in verdicts.items() if v.flag.kind == "zero-grad" and v.resolved and v.after <= SUSPECT * whole]
+    # (a param-not-updated's gradient norm was brought to the initial loss's level: its limit is, too; a sweep: gmixer's
+    # token-MLP biases, cancelled by the LayerNorms, "moved" by Adam normalising rounding once the zero head opened)
+    suspect = [n for n, v in verdicts.items() if v.flag.kind in ("zero-grad", "param-not-updated") and v.resolved
+               and v.after <= SUSPECT * whole * (level if v.flag.kind == "param-not-updated" else 1.0)]
     if not suspect or not has_float64(ctx.device):
         return 0, ""
     import copy

@@ -38,18 +38,25 @@ def initial_copy(work, before: dict, dtype=None, ctx=None):
     return init
 
 
-def recheck(work, before, inputs, ctx, names: list[str], result, prepare) -> dict:
-    """{parameter: gates.Verdict} for the `names` (not updated) that grow out of it by design."""
+def recheck(work, before, inputs, ctx, names: list[str], result, prepare) -> tuple[dict, set[str]]:
+    """({parameter: gates.Verdict} for the `names` (not updated) that grow out of it by design, the names the trained
+    copy's loss does not depend on: their gradient came back at rounding level once the gate opened, and a step that
+    "moved" them was Adam normalising that rounding (a sweep: gmixer's token-MLP biases, cancelled by LayerNorms
+    behind a zero-initialised head, were called gated)."""
     if not names:
-        return {}
+        return {}, set()
     flags = [gates.Flag(n, "param-not-updated") for n in names]
     try:
         rc = gates.recheck(initial_copy(work, before), inputs, flags, ctx, prepare=prepare)
     except ModelError as exc:
         result.notes.append(f"parameters that did not move not re-checked with a short training run: {exc.message}")
-        return {}
+        return {}, set()
     result.notes.append(f"{len(flags)} parameter(s) that did not move {rc.cost()}")
-    return {n: v for n, v in rc.verdicts.items() if v.by_design}
+    if rc.invariance:
+        result.notes.append(rc.invariance)
+    found = {n for n, v in rc.verdicts.items() if v.invariant}
+    _say_invariant(result, found, f" trained for {rc.steps} optimizer steps (the gate in front of them open)")
+    return {n: v for n, v in rc.verdicts.items() if v.by_design}, found
 
 
 def with_stops(work, before, inputs, ctx, bad: list, zero: set, result, prepare, selected: set | None = None) -> list:
@@ -102,14 +109,19 @@ def invariant(work, before, inputs, ctx, names: list[str], result, prepare) -> s
     except ModelError as exc:
         result.notes.append(f"parameters that did not move not re-checked for invariance: {exc.message}")
         return set()
-    if found:
-        shown = sorted(found)
-        listed = ", ".join(shown[:6]) + (f" … (+{len(shown) - 6})" if len(shown) > 6 else "")
-        result.add("invariant", "info", name(_common(shown)) if len(shown) > 1 else shown[0],
-                   f"{len(shown)} parameter(s) ({listed}) do not change after a step, by design: the loss does not "
-                   "depend on them (shifting them by random values on a float64 copy leaves it unchanged: a "
-                   "following batch-statistics normalisation or softmax cancels them)")
+    _say_invariant(result, found, "")
     return found
+
+
+def _say_invariant(result, found: set[str], when: str) -> None:
+    if not found:
+        return
+    shown = sorted(found)
+    listed = ", ".join(shown[:6]) + (f" … (+{len(shown) - 6})" if len(shown) > 6 else "")
+    result.add("invariant", "info", name(_common(shown)) if len(shown) > 1 else shown[0],
+               f"{len(shown)} parameter(s) ({listed}) do not change after a step, by design: the loss does not "
+               f"depend on them (shifting them by random values on a float64 copy{when} leaves it unchanged: a "
+               "following normalisation or softmax cancels them)")
 
 
 def _candidates(work, names: list[str]) -> list[str]:

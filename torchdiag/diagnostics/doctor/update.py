@@ -96,7 +96,9 @@ def update_check(probe: Probe) -> None:
     suspects = [n for n, _, _ in bad if n in zero or not moved[n]]
     cancelled = gated.invariant(work, before, inputs, ctx, suspects, result, stochastic_depth_off) if suspects and w is None else set()
     suspects = [n for n in suspects if n not in cancelled]
-    designed = gated.recheck(work, before, inputs, ctx, suspects, result, stochastic_depth_off) if suspects and w is None else {}
+    designed, invariant = gated.recheck(work, before, inputs, ctx, suspects, result, stochastic_depth_off) \
+        if suspects and w is None else ({}, set())
+    cancelled |= invariant
     bad = [b for b in bad if b[0] not in designed and b[0] not in cancelled]
     kinds = {n: msg for n, msg, _ in bad}    # what happens to each, before where its zero gradient stops is added
     if w is None:   # an all-zero gradient that stays: where it stops (core/stops.py), said in its finding
