@@ -325,6 +325,12 @@ class _CheckpointedGateAndMore(_CheckpointedGate):
     def forward(self, x):
         from torch.utils.checkpoint import checkpoint
 
+        if self.more == "dropout, no RNG kept":   # the recompute draws another mask: equal to nothing (a third review)
+            self.unused = checkpoint(lambda v: self.gain(v * 2), x, use_reentrant=True)
+            h = self.conv(self.gain(x)).relu().mean((2, 3))
+            gate = checkpoint(lambda v: torch.sigmoid(self.gain(nn.functional.dropout(v, 0.1).mean((1, 2, 3)))[:, None]
+                                                      - 30.0), x, use_reentrant=True, preserve_rng_state=False)
+            return self.fc(h) * (1 + gate)
         if self.more == "no_grad":
             with torch.no_grad():
                 self.stat = self.gain(x).std()
@@ -333,7 +339,7 @@ class _CheckpointedGateAndMore(_CheckpointedGate):
         return super().forward(x)
 
 
-@pytest.mark.parametrize("more", [None, "no_grad", "unused checkpoint"])
+@pytest.mark.parametrize("more", [None, "no_grad", "unused checkpoint", "dropout, no RNG kept"])
 def test_a_call_inside_a_reentrant_checkpoint_is_read_from_its_recompute(more):
     x, y = _batch()
     x.requires_grad_(True)   # a reentrant checkpoint's output needs an input that requires grad

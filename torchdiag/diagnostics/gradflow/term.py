@@ -185,23 +185,39 @@ def _recomputed(outs: list, first: int) -> dict[int, int]:
     """Forward index -> index of its recompute: inside a reentrant checkpoint the forward runs under no_grad, and
     backward runs those calls again, hooks and all, after the first `first` outputs. Calls outside it keep their graph
     and are not run again (a review: one call outside and one inside were matched by count, and the inside one was
-    dropped). A recompute is matched to the detached forward output it equals (the checkpoint restores the RNG): a
-    call under the user's own no_grad has none, a checkpoint whose output the loss never reads is not run again, and
-    several checkpoints recompute last first (a second review: matched by count, both dropped the gated call)."""
-    detached = [i for i in range(first) if not outs[i].requires_grad]
+    dropped); a call under the user's own no_grad is not one (marked by _keep from the stack, core/reentrant.py). A
+    recompute is matched to the output it equals (the checkpoint restores the RNG), then, where a dropout drew
+    another mask (preserve_rng_state=False), to the first left of its shape: a checkpoint whose output the loss never
+    reads is not run again, and several checkpoints recompute last first (a second review: by count, the gated call
+    was dropped)."""
+    detached = [i for i in range(first) if not outs[i].requires_grad and getattr(outs[i], RECOMPUTED, False)]
     pairs: dict[int, int] = {}
+    left = []
     for j in range(first, len(outs)):
         i = next((i for i in detached if i not in pairs and _same(outs[i], outs[j])), None)
+        if i is None:
+            left.append(j)
+        else:
+            pairs[i] = j
+    for j in left:
+        i = next((i for i in detached if i not in pairs and _alike(outs[i], outs[j])), None)
         if i is not None:
             pairs[i] = j
     return pairs
+
+
+RECOMPUTED = "_torchdiag_recomputed"   # set by _keep on an output a reentrant checkpoint's backward will make again
+
+
+def _alike(a, b) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
 
 
 def _same(a, b) -> bool:
     """The same values (NaN where NaN), shape and dtype: one read-back, made only for outputs a checkpoint detached."""
     import torch
 
-    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+    if not _alike(a, b):
         return False
     b = b.detach()
     return bool(((a == b) | (torch.isnan(a) & torch.isnan(b)) if a.is_floating_point() or a.is_complex() else
@@ -256,6 +272,7 @@ def _keep(seen: dict, path: str):
     import torch
 
     from ...core.loss import float_outputs
+    from ...core.reentrant import recomputed
 
     def hook(_module, _args, out):
         kept = [t for _, t in float_outputs(out, complex_too=True) if t.numel()]
@@ -263,7 +280,12 @@ def _keep(seen: dict, path: str):
             for t in kept:
                 if t.requires_grad:
                     t.retain_grad()
-        seen.setdefault(path, []).extend(t if torch.is_grad_enabled() else t.detach() for t in kept)
+        else:
+            again = recomputed()   # inside a reentrant checkpoint backward runs again (not the user's no_grad)
+            kept = [t.detach() for t in kept]
+            for t in kept:
+                setattr(t, RECOMPUTED, again)
+        seen.setdefault(path, []).extend(kept)
 
     return hook
 
