@@ -363,3 +363,29 @@ def test_a_block_that_concatenates_branches_is_read_by_its_aspect_first():
     assert res.data["mean_norm"] == pytest.approx(float(want.double().norm(dim=1).mean()), rel=1e-5)
     wide = run("embeddings", model, (torch.randn(4, 3, 192, 320),), layer="2")   # 24×40: its 40 not among them
     assert wide.data["dim"] == 256 and "channels last" not in wide.data["reduction"], wide.data
+
+
+def test_a_channels_last_layer_wider_than_its_channels_is_read_by_its_parameters():
+    """A review: Swin's first stage at 448×448 is 112×112×96 (and 56×112×96 at 224×448): its last size is not the
+    largest, and the aspect alone read it as N×C×H×W, 56-wide vectors. Its LayerNorm holds 96 and not 112: channels
+    last."""
+    import torch
+
+    class Stage(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.norm = torch.nn.Conv2d(3, 24, 4, stride=4), torch.nn.LayerNorm(24)
+            self.head = torch.nn.Linear(24, 5)
+
+        def forward(self, x):
+            return self.head(self.norm(self.embed(x).permute(0, 2, 3, 1)).mean((1, 2)))
+
+    torch.manual_seed(0)
+    model = Stage()
+    for size in ((128, 128), (64, 128)):   # 32×32×24 and 16×32×24: 24 below the height or width
+        x = torch.randn(3, 3, *size)
+        res = run("embeddings", model, (x,), layer="norm")
+        assert res.data["dim"] == 24 and "channels last" in res.data["reduction"], (size, res.data)
+        with torch.no_grad():
+            want = model.norm(model.embed(x).permute(0, 2, 3, 1)).mean((1, 2))
+        assert res.data["mean_norm"] == pytest.approx(float(want.double().norm(dim=1).mean()), rel=1e-5)
