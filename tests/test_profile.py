@@ -567,11 +567,13 @@ def test_syncs_list_a_copy_to_the_cpu_only_where_the_line_writes_the_cpu(cli, tm
     assert sorted(row["line"] for row in r.json["syncs"]) == [14, 17], r.json["syncs"]
 
 
-def test_syncs_read_the_whole_statement_for_its_target(cli, tmp_path):
-    """A review: `h.to(` with `"cpu")` on the next line was dropped, the frame's line alone read. The statement's lines
-    are read (a "cpu" in a comment still is not)."""
+def test_syncs_read_the_call_the_line_was_in_for_its_target(cli, tmp_path):
+    """A review: `h.to(` with `"cpu")` on the next line was dropped, the frame's line alone read; a second review: read
+    as the whole statement, an `if`/`for` header was still dropped, `h.to(DEV) if DEV else h.to("cpu")` was listed for
+    the `.to(DEV)` that ran, and a dict of stats showed its first line, not the `.item()`'s. The call's own source
+    span is read (a "cpu" in a comment still is not) and shown."""
     (tmp_path / "split.py").write_text(
-        "import torch\nfrom torch import nn\n\n"
+        "import torch\nfrom torch import nn\n\nDEV = 'cpu'   # a device held in a variable ('cuda' on a GPU)\n\n"
         "class M(nn.Module):\n"
         "    def __init__(self):\n        super().__init__()\n        self.l = nn.Linear(16, 16)\n\n"
         "    def forward(self, x):\n"
@@ -579,9 +581,19 @@ def test_syncs_read_the_whole_statement_for_its_target(cli, tmp_path):
         "        a = h.to(\n"
         "            'cpu')\n"
         "        b = h.to(self.l.weight.device)   # 'cpu' in a comment\n"
-        "        return a + b\n\n"
+        "        for row in h.to(\n"
+        "                'cpu')[:1]:\n"
+        "            b = b + row\n"
+        "        c = h.to(\n"
+        "            DEV) if DEV else h.to('cpu')\n"
+        "        self.stats = {\n"
+        "            'mean': h.mean(),\n"
+        "            'peak': h.abs().amax().item(),\n"
+        "        }\n"
+        "        return a + b + c\n\n"
         "def build():\n    return M()\n")
     r = cli("profile", f"{tmp_path / 'split.py'}:build", "-i", "4x16", "--syncs", "--json", "--device", "cpu")
     assert r.code == 0, r.stderr
-    (row,) = r.json["syncs"]
-    assert row["line"] in (11, 12) and row["code"] == "a = h.to( 'cpu')", row
+    rows = {(row["line"], row["op"]): row["code"] for row in r.json["syncs"]}
+    assert rows == {(13, '.to("cpu")'): "a = h.to( 'cpu')", (16, '.to("cpu")'): "for row in h.to( 'cpu')[:1]:",
+                    (23, ".item()"): "'peak': h.abs().amax().item(),"}, rows

@@ -58,6 +58,7 @@ class SyncEvent:
     device: str = "cpu"      # the device of the tensor whose values the host waited for
     frames: tuple = ()       # ((file, line, function), ...), outermost first; empty unless frames=True
     via: str | None = None   # the Python call that led to it (CALLS values), None: an op called directly
+    calls: tuple = ()        # ((code object, last instruction), ...) of the same frames: where in its line each was
 
     def site(self, skip=("/torch/", "/torchdiag/core/syncs.py")) -> tuple | None:
         """The innermost frame whose file contains none of `skip` (where the caller's code forced it)."""
@@ -128,12 +129,34 @@ def forces_sync(func, args, kwargs) -> bool:
 def python_stack(depth: int = 1) -> tuple:
     """((file, line, function), ...) of the calling thread, outermost first, from `depth` frames up
     (0: this function, 1: its caller)."""
+    return _stack(depth + 1)[0]
+
+
+def _stack(depth: int) -> tuple[tuple, tuple]:
+    """(python_stack's frames, ((code, last instruction), ...) of the same frames): the call each frame is in, which
+    call_span reads its source columns from."""
     f = sys._getframe(depth)
-    out = []
+    out, calls = [], []
     while f is not None:
         out.append((f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
+        calls.append((f.f_code, f.f_lasti))
         f = f.f_back
-    return tuple(reversed(out))
+    return tuple(reversed(out)), tuple(reversed(calls))
+
+
+def call_span(call) -> tuple[int, int, int, int] | None:
+    """(first line, last line, first column, end column) of the expression a frame was running (a call spanning
+    several lines: `h.to(` with `"cpu")` below it), from its code's positions; None where they are not kept."""
+    import itertools
+
+    code, lasti = call
+    try:
+        pos = next(itertools.islice(code.co_positions(), max(lasti, 0) // 2, None), None)
+    except (AttributeError, ValueError):
+        return None
+    if pos is None or any(v is None for v in pos):
+        return None
+    return pos[0], pos[1], pos[2], pos[3]
 
 
 def _device(args) -> str:
@@ -236,8 +259,8 @@ class SyncCounter:
         return out
 
     def _record(self, op: str, device: str, depth: int) -> None:
-        self.events.append(SyncEvent(op, device, python_stack(depth + 1) if self.frames else (),
-                                     _via[0] if _via else None))
+        frames, calls = _stack(depth + 1) if self.frames else ((), ())
+        self.events.append(SyncEvent(op, device, frames, _via[0] if _via else None, calls))
 
     def __enter__(self):
         from torch.utils._python_dispatch import TorchDispatchMode

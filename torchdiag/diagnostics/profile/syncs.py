@@ -17,7 +17,14 @@ import os
 import re
 from collections import Counter
 
-from ...core.syncs import TO_DEVICE, SyncCounter, library_dirs, python_stack, user_site
+from ...core.syncs import (
+    TO_DEVICE,
+    SyncCounter,
+    call_span,
+    library_dirs,
+    python_stack,
+    user_site,
+)
 from ...results import Column, Table
 
 CUDA_WARNING = "called a synchronizing CUDA operation"
@@ -98,88 +105,102 @@ def detect(step, ctx) -> dict:
         step()
     libraries = library_dirs()
     sites: Counter = Counter()
+    spans: dict = {}
     outside = 0
     for e in counter.events:
         if ctx.on_cuda and e.device == "cpu":
             continue                         # a CPU tensor read: no device to wait for
-        site = user_site(e.frames[base:], libraries)
-        if e.op in ("Tensor.to", TO_DEVICE) and not _writes_cpu(site):
+        frames = e.frames[base:]
+        site = user_site(frames, libraries)
+        span = _span(site, frames, e.calls[base:])
+        if e.op in ("Tensor.to", TO_DEVICE) and not _writes_cpu(site, span):
             outside += site is None and e.op == "Tensor.to"   # torch's own `.to("cpu")`: counted as before
             continue
         if site is None:
             outside += 1
         else:
-            sites[(site[0], site[1], site[2], kind(e.op, e.via), e.op)] += 1
+            key = (site[0], site[1], site[2], kind(e.op, e.via), e.op)
+            sites[key] += 1
+            spans.setdefault(key, span)
     seen = {s[:2] for s in sites}
     for stack in warned:                     # CUDA saw a sync the dispatch-level rules did not
         site = user_site(stack, libraries)
         if site is not None and site[:2] not in seen:
             sites[(site[0], site[1], site[2], CUDA_OP, CUDA_OP)] += 1
     detection = "dispatch-level counter + torch.cuda.set_sync_debug_mode" if ctx.on_cuda else "dispatch-level counter"
-    return {"rows": [_row(*key, n) for key, n in sorted(sites.items(), key=lambda kv: (kv[0][0], kv[0][1]))],
+    return {"rows": [_row(*key, n, spans.get(key)) for key, n in sorted(sites.items(), key=lambda kv: (kv[0][0], kv[0][1]))],
             "outside": outside, "detection": detection}
 
 
-def _writes_cpu(site) -> bool:
-    """The user's statement writes the CPU as the target: a "cpu" string (`.to("cpu")`, `torch.device("cpu:0")`), on
-    any of its lines (a review: `h.to(` with `"cpu")` on the next line was dropped). A device held in a variable or
-    taken from a tensor (`.to(w.device)`, `.to(DEV)` with DEV "cuda" where there is one) is that device on a GPU, no
-    copy (a review)."""
+def _span(site, frames: tuple, calls: tuple) -> tuple | None:
+    """The source span (core/syncs.call_span) of the call the user's frame was in when it synced."""
+    if site is None or len(calls) != len(frames):
+        return None
+    at = next((i for i, f in enumerate(frames) if f is site), None)
+    return call_span(calls[at]) if at is not None else None
+
+
+def _writes_cpu(site, span) -> bool:
+    """The user's call writes the CPU as the target: a "cpu" string (`.to("cpu")`, `torch.device("cpu:0")`) among the
+    source of the call expression the frame was in, on any of its lines (a review: `h.to(` with `"cpu")` on the next
+    line was dropped; the whole statement read instead listed `h.to(DEV) if DEV else h.to("cpu")`). A device held in a
+    variable or taken from a tensor (`.to(w.device)`, `.to(DEV)` with DEV "cuda" where there is one) is that device on a
+    GPU, no copy (a review). Where the columns are not kept, the frame's line is read."""
     if site is None:
         return False
-    code = statement_text(site[0], site[1]) or ""
-    return re.search(r"""["']cpu(:\d+)?["']""", code) is not None
+    text = _source(site[0], span) if span is not None else linecache.getline(site[0], site[1])
+    return any(_CPU.fullmatch(v) for v in _strings(text or ""))
 
 
-def statement_text(file: str, line: int) -> str | None:
-    """The statement holding `line`, its lines joined without their comments (None when the source is not readable)."""
-    first, last = _statement_lines(file, line)
-    return " ".join(filter(None, (code_text(file, n) for n in range(first, last + 1)))) or None
+_CPU = re.compile(r"cpu(:\d+)?")
 
 
-def _statement_lines(file: str, line: int) -> tuple[int, int]:
-    """(first, last) line of the innermost simple statement holding `line`; (line, line) where the file cannot be
-    parsed."""
-    import ast
-
-    tree = _parsed(file)
-    best = (line, line)
-    for node in ast.walk(tree) if tree is not None else ():
-        if isinstance(node, ast.stmt) and not hasattr(node, "body") and node.lineno <= line <= (node.end_lineno or 0):
-            if best == (line, line) or node.end_lineno - node.lineno < best[1] - best[0]:
-                best = (node.lineno, node.end_lineno)
-    return best
-
-
-def _parsed(file: str):
-    import ast
-
-    text = "".join(linecache.getlines(file))
-    if not text:
+def _source(file: str, span: tuple) -> str | None:
+    """The source between a span's columns (byte offsets, as Python keeps them)."""
+    first, last, col, end = span
+    lines = [linecache.getline(file, n).encode() for n in range(first, last + 1)]
+    if not all(lines):
         return None
-    key = (file, hash(text))
-    if key not in _TREES:
-        try:
-            _TREES[key] = ast.parse(text)
-        except (SyntaxError, ValueError):
-            _TREES[key] = None
-    return _TREES[key]
+    lines[-1] = lines[-1][:end]
+    lines[0] = lines[0][col:]
+    return b"".join(lines).decode(errors="replace")
 
 
-_TREES: dict = {}   # a file's parsed source, per run (one parse per file the sync sites are in)
+def _strings(text: str) -> list[str]:
+    """The string literals' values in a piece of source (comments and names left out)."""
+    import ast
+    import io
+    import tokenize
+
+    out = []
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.STRING:
+                try:
+                    value = ast.literal_eval(tok.string)
+                except (ValueError, SyntaxError):
+                    continue
+                if isinstance(value, str):
+                    out.append(value)
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        pass   # a piece cut mid-expression: the strings read until then count
+    return out
 
 
-def _row(file: str, line: int, function: str, k: str, op: str, count: int) -> dict:
+def _row(file: str, line: int, function: str, k: str, op: str, count: int, span: tuple | None = None) -> dict:
     try:
         shown = os.path.relpath(file)
         shown = file if shown.startswith("..") else shown
     except ValueError:                       # another drive (Windows)
         shown = file
+    first, last = (span[0], span[1]) if span is not None and span[0] <= line <= span[1] else (line, line)
+    code = " ".join(filter(None, (code_text(file, n) for n in range(first, last + 1)))) or None
     return {"site": f"{shown}:{line}", "file": file, "line": line, "function": function, "op": k,
-            "detected_op": op, "count": count, "code": _shortened(statement_text(file, line))}
+            "detected_op": op, "count": count, "code": _shortened(code)}
 
 
 def _shortened(code: str | None, most: int = 100) -> str | None:
+    """A call written over many lines, shown on one, cut at `most` characters."""
     return code if code is None or len(code) <= most else code[:most - 1] + "…"
 
 
