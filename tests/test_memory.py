@@ -584,3 +584,19 @@ def test_class_targets_do_not_stop_the_fake_tensor_estimate():
     assert r.data["estimate_peak_bytes"] and not any("measured only" in n for n in r.notes), r.notes
     with pytest.raises(UsageError, match="holds class 7"):
         torchdiag.api.run("memory", model, (x,), target=torch.full((2, 8, 8), 7))
+
+
+def test_nothing_fits_on_one_device_but_sharded_is_said_so(cli):
+    """A review: under `--shard 8` the hint said the model's own tensors were "over the budget at any input" where the
+    run's own shard table put batch 1 at 9.5 MiB per device under a 12 MiB budget. The batch sizes are one unsharded
+    device's: the finding names the stage that fits, as a warning, and the hint counts the own tensors sharded."""
+    r = cli("memory", sample("mlp.py:build"), "--budget", "2MiB", "--shard", "8", "--json")
+    d = r.json
+    (f,) = [f for f in d["findings"] if f["code"] == "no-batch-fits"]
+    fits = [row for row in d["shard"][1:] if row["per_device_peak_bytes"] <= 2 * 2**20]
+    assert fits, d["shard"]   # the fact the finding must not contradict, from the run's own table
+    assert f["severity"] == "warning" and r.code == 0 and f"under {fits[0]['stage']}, which fits" in f["message"], f
+    assert "over the budget at any input" not in f["hint"], f["hint"]
+    tight = cli("memory", sample("mlp.py:build"), "--budget", "300KiB", "--shard", "8", "--json")
+    (f,) = [f for f in tight.json["findings"] if f["code"] == "no-batch-fits"]
+    assert f["severity"] == "error" and tight.code == 1 and "(sharded over 8 devices)" in f["hint"], f

@@ -185,10 +185,11 @@ def _batch_tables(result: Result, r: StepReport, opts: Options, ctx, sizes, best
         result.tables.append(Table("batch_sizes", "Estimated peak per batch size", [
             Column("batch_size", "batch size", "int"), Column("peak_bytes", "peak", "bytes"), Column("fits", "fits")],
             sizes, note=None if budget is None else f"fits: peak ≤ {human_bytes(budget)}"))
+    sharded = shard_rows(r, opts.shard, units, opts.mode == "train") if opts.shard > 1 else []
     if opts.shard > 1:
         result.tables.append(Table("shard", f"Per-device peak sharded over {opts.shard} devices", [
             Column("stage", "stage"), Column("per_device_peak_bytes", "per-device peak", "bytes"),
-            Column("phase", "at")], shard_rows(r, opts.shard, units, opts.mode == "train"),
+            Column("phase", "at")], sharded,
             note=f"ZeRO-1: optimizer state /N; ZeRO-2: + gradients /N; ZeRO-3/FSDP (torch's fully_shard per layer): "
                  f"+ parameters /N; the root's own parameters ({human_bytes(units.root)}) gathered from forward to the end "
                  f"of backward, one unit ({units.name or '—'}, {human_bytes(units.largest)}) at a time gathered (all-gather "
@@ -200,8 +201,13 @@ def _batch_tables(result: Result, r: StepReport, opts: Options, ctx, sizes, best
     result.data["max_batch_size"] = best
     result.data["max_batch_size_capped"] = best >= MAX_BATCH  # the search stopped: larger sizes may fit too
     if best == 0:
-        result.add("no-batch-fits", "error", "", f"even batch size 1 does not fit in {human_bytes(opts.budget)}: "
-                   f"estimated peak {human_bytes(sizes[0]['peak_bytes'])}",
+        fit = [row for row in sharded[1:] if row["per_device_peak_bytes"] <= opts.budget]
+        # the batch sizes are one unsharded device's; the shard table says what sharding does at the batch run
+        shard = (f"; sharded over {opts.shard} devices, batch {inputs.batch_size} peaks at "
+                 f"{human_bytes(fit[0]['per_device_peak_bytes'])} per device under {fit[0]['stage']}, which fits"
+                 if fit else "")
+        result.add("no-batch-fits", "warning" if fit else "error", "", f"even batch size 1 does not fit in {human_bytes(opts.budget)} on one "
+                   f"device: estimated peak {human_bytes(sizes[0]['peak_bytes'])}{shard}",
                    hint=_smaller(ctx, opts, r))
     elif r.peak > opts.budget:
         result.add("over-budget", "warning", "", f"batch size {inputs.batch_size} peaks at {human_bytes(r.peak)}, "
@@ -221,7 +227,10 @@ def _smaller(ctx, opts: Options, r: StepReport) -> str:
         ways += [f"{o('optimizer')} sgd"] if ctx.spec.optimizer.name != "sgd" else []
         ways += [f"{o('shard')} N"] if opts.shard == 1 else []
     own = r.param_bytes + r.buffer_bytes + (r.grad_bytes + r.optimizer_bytes if train else 0)
+    if opts.shard > 1:   # ZeRO-3: each device holds 1/N of them (a review: "over the budget at any input" at 1/8 of it)
+        own = r.buffer_bytes + (r.param_bytes + (r.grad_bytes + r.optimizer_bytes if train else 0)) // opts.shard
     what = "parameters, buffers, gradients and optimizer state" if train else "parameters and buffers"
+    what += f" (sharded over {opts.shard} devices)" if opts.shard > 1 else ""
     said = "" if own < (opts.budget or 0) else f"the model's own {what} take {human_bytes(own)}, over the budget at any input: "
     if said:   # autocast casts activations only: its weights, gradients and state stay float32
         ways = [w for w in ways if w != o("amp")]
