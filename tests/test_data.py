@@ -1251,3 +1251,26 @@ def test_flipped_or_big_endian_arrays_are_read_as_columns():
     for cols in ((x[:, ::-1], y), (x.astype(">f4"), y)):
         ds = as_columns(cols)
         assert ds is not None and torch.equal(ds[3][0], torch.as_tensor(np.ascontiguousarray(cols[0][3], "=f4")))
+
+
+def test_the_same_loader_measured_twice_far_apart_is_not_called_input_bound():
+    """A sweep: beside another job on a 2-core machine, the loader as configured (num_workers=0) read 40.7% of each
+    step waiting, a warning, while the sweep's run of the same configuration read 6.9% (7% alone). A busy machine only
+    adds waiting: the least of the two measurements of one configuration is the loader's."""
+    import types
+
+    from torchdiag.diagnostics.data import findings
+    from torchdiag.diagnostics.data.speed import Timing
+    from torchdiag.results import Result
+
+    t = Timing(0, batches=10, wait_s=0.2, step_s=0.3, stepped=True)          # 40% waiting
+    again = Timing(0, batches=10, wait_s=0.01, step_s=0.3, stepped=True)     # 3% waiting, the same configuration
+    other = Timing(2, batches=10, wait_s=0.1, step_s=0.3, stepped=True)
+    r = Result("data")
+    findings._input_bound(r, types.SimpleNamespace(training=t, sweep=[again, other]))
+    f = one(r, "input-bound")
+    assert f.severity == "info" and "40.0%" in f.message and "3.2%" in f.message and "busy machine" in f.message, f
+    r = Result("data")   # measured alike twice: the warning stands
+    findings._input_bound(r, types.SimpleNamespace(training=t, sweep=[Timing(0, batches=10, wait_s=0.19, step_s=0.3,
+                                                                             stepped=True), other]))
+    assert one(r, "input-bound").severity == "warning"
