@@ -600,3 +600,21 @@ def test_nothing_fits_on_one_device_but_sharded_is_said_so(cli):
     tight = cli("memory", sample("mlp.py:build"), "--budget", "300KiB", "--shard", "8", "--json")
     (f,) = [f for f in tight.json["findings"] if f["code"] == "no-batch-fits"]
     assert f["severity"] == "error" and tight.code == 1 and "(sharded over 8 devices)" in f["hint"], f
+
+
+def test_sharded_own_tensors_count_what_each_stage_keeps_whole(tmp_path, cli):
+    """A second review: under --shard 8 the own tensors were counted as 1/8 of all, 8 MiB under a 20 MiB budget, and a
+    smaller input was offered, where no stage fits at any input: ZeRO-1 and -2 keep the parameters whole, ZeRO-3
+    gathers the root's own (here all of them: one Linear). The least of the stages, by closed form: ZeRO-2's
+    P + (G + Adam's two moments and step counters) / 8."""
+    from torchdiag.fmt import human_bytes
+
+    (tmp_path / "big.py").write_text("import torch\nfrom torch import nn\n\ndef build():\n    torch.manual_seed(0)\n"
+                                     "    return nn.Linear(2048, 2048)\n")
+    r = cli("memory", f"{tmp_path / 'big.py'}:build", "-i", "4x2048", "--shard", "8", "--budget", "20MiB", "--json",
+            "--device", "cpu")
+    p = (2048 * 2048 + 2048) * 4
+    own = p + (p + 2 * p + 2 * 4) // 8   # ZeRO-2: weights whole; gradients, exp_avg, exp_avg_sq and 2 steps sharded
+    (f,) = [f for f in r.json["findings"] if f["code"] == "no-batch-fits"]
+    assert r.code == 1 and f["severity"] == "error", f
+    assert f"take {human_bytes(own)}, over the budget at any input" in f["hint"] and "smaller input" not in f["hint"], f

@@ -570,10 +570,11 @@ def test_syncs_list_a_copy_to_the_cpu_only_where_the_line_writes_the_cpu(cli, tm
 def test_syncs_read_the_call_the_line_was_in_for_its_target(cli, tmp_path):
     """A review: `h.to(` with `"cpu")` on the next line was dropped, the frame's line alone read; a second review: read
     as the whole statement, an `if`/`for` header was still dropped, `h.to(DEV) if DEV else h.to("cpu")` was listed for
-    the `.to(DEV)` that ran, and a dict of stats showed its first line, not the `.item()`'s. The call's own source
-    span is read (a "cpu" in a comment still is not) and shown."""
+    the `.to(DEV)` that ran, and a dict of stats showed its first line, not the `.item()`'s; a third: a "cpu" in the
+    receiver (`torch.zeros(8, device="cpu").to(x.device)`) or in a conditional's branch was read as the target. The
+    call's own arguments are read (a "cpu" in a comment still is not), and its lines shown."""
     (tmp_path / "split.py").write_text(
-        "import torch\nfrom torch import nn\n\nDEV = 'cpu'   # a device held in a variable ('cuda' on a GPU)\n\n"
+        "import torch\nfrom torch import nn\n\nDEV = 'cpu'   # a device held in a variable ('cuda' on a GPU)\nBIG = False\n"
         "class M(nn.Module):\n"
         "    def __init__(self):\n        super().__init__()\n        self.l = nn.Linear(16, 16)\n\n"
         "    def forward(self, x):\n"
@@ -581,6 +582,8 @@ def test_syncs_read_the_call_the_line_was_in_for_its_target(cli, tmp_path):
         "        a = h.to(\n"
         "            'cpu')\n"
         "        b = h.to(self.l.weight.device)   # 'cpu' in a comment\n"
+        "        b = b + torch.zeros(16, device='cpu').to(x.device)   # a host-to-device copy on a GPU\n"
+        "        b = b + torch.ones(16).to('cuda' if BIG else 'cpu')   # on a GPU the other branch\n"
         "        for row in h.to(\n"
         "                'cpu')[:1]:\n"
         "            b = b + row\n"
@@ -595,5 +598,5 @@ def test_syncs_read_the_call_the_line_was_in_for_its_target(cli, tmp_path):
     r = cli("profile", f"{tmp_path / 'split.py'}:build", "-i", "4x16", "--syncs", "--json", "--device", "cpu")
     assert r.code == 0, r.stderr
     rows = {(row["line"], row["op"]): row["code"] for row in r.json["syncs"]}
-    assert rows == {(13, '.to("cpu")'): "a = h.to( 'cpu')", (16, '.to("cpu")'): "for row in h.to( 'cpu')[:1]:",
-                    (23, ".item()"): "'peak': h.abs().amax().item(),"}, rows
+    assert rows == {(13, '.to("cpu")'): "a = h.to( 'cpu')", (18, '.to("cpu")'): "for row in h.to( 'cpu')[:1]:",
+                    (25, ".item()"): "'peak': h.abs().amax().item(),"}, rows

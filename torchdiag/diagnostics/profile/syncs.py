@@ -149,7 +149,35 @@ def _writes_cpu(site, span) -> bool:
     if site is None:
         return False
     text = _source(site[0], span) if span is not None else linecache.getline(site[0], site[1])
-    return any(_CPU.fullmatch(v) for v in _strings(text or ""))
+    target = _target_strings(text or "")
+    return any(_CPU.fullmatch(v) for v in (target if target is not None else _strings(text or "")))
+
+
+def _target_strings(text: str) -> list[str] | None:
+    """The string literals among the arguments of the call `text` is (`recv.to(...)`, `recv.cpu()`), left out those
+    under a conditional (`"cuda" if ok else "cpu"`: on a GPU the other branch runs) and in the receiver (a review:
+    `torch.zeros(8, device="cpu").to(x.device)`, a copy to the GPU there, was listed); None where `text` is not one
+    call (a line read whole)."""
+    import ast
+
+    try:
+        node = ast.parse("(" + text + ")", mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(node, ast.Call):
+        return None
+    out: list[str] = []
+
+    def walk(n) -> None:
+        if isinstance(n, ast.IfExp):
+            return
+        if isinstance(n, ast.Constant) and isinstance(n.value, str):
+            out.append(n.value)
+        for child in ast.iter_child_nodes(n):
+            walk(child)
+    for arg in [*node.args, *(k.value for k in node.keywords)]:
+        walk(arg)
+    return out
 
 
 _CPU = re.compile(r"cpu(:\d+)?")
