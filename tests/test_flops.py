@@ -415,3 +415,43 @@ class _Checked(nn.Module):
     def forward(self, x):
         assert torch.isfinite(x).all()   # reads a value, sizes nothing
         return self.head(x)
+
+
+@pytest.mark.parametrize("groups", [1, 4, 16])
+def test_a_grouped_convolutions_backward_is_twice_its_forward(groups):
+    """A sweep: torch's counter takes the weight gradient over every input channel, not those of its group: a
+    grouped convolution's backward was `groups` times too large (a depthwise one 64x its closed form). Closed form:
+    input gradient and weight gradient each N·Cout·(Cin/groups)·Ho·Wo·k² multiply-adds, as the forward; the first
+    convolution, whose input needs no gradient, the weight's alone."""
+    model = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1, groups=groups))
+    r = count(model, torch.randn(2, 8, 8, 8), backward=True)
+    first, second = 2 * 16 * 8 * 8 * 8 * 9, 2 * 16 * (16 // groups) * 8 * 8 * 9
+    rows = {row["name"]: row for row in r.table("modules").rows}
+    assert rows["1"]["macs"] == second and rows["1"]["backward_flops"] == 2 * 2 * second, rows["1"]
+    assert rows["0"]["backward_flops"] == 2 * first and r.data["backward_macs"] == first + 2 * second
+
+
+def test_the_last_modules_backward_is_its_own():
+    """A sweep: the loss's gradient fed to the model's outputs as roots never fired their hooks, and the head's
+    backward was charged to no module (0 in its row, the total right)."""
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+    r = count(model, torch.randn(4, 32), backward=True)
+    rows = {row["name"]: row["backward_flops"] for row in r.table("modules").rows}
+    assert rows == {"0": 2 * 4 * 32 * 64, "1": 0, "2": 2 * 2 * 4 * 64 * 16, "3": 0, "4": 2 * 2 * 4 * 16 * 10}, rows
+
+
+def test_overlapping_backward_rows_are_said_to_overlap(cli, tmp_path):
+    """A sweep: an encoder-decoder's per-module backward summed to more than the total (T5: 201 M of 151 M): torch's
+    tracker keeps the decoder open while the encoder, whose output it reads, runs its backward. The table says so."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.T5Config(vocab_size=200, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2,
+                                num_heads=4)
+    cfg.architectures = ["T5ForConditionalGeneration"]
+    cfg.save_pretrained(tmp_path / "t5")
+    d = cli("flops", f"hf:{tmp_path / 't5'}", "--backward", "--json").json
+    top = sum(row["backward_flops"] for row in d["modules"] if "." not in row["name"])
+    assert top > d["backward_flops"], (top, d["backward_flops"])
+    text = cli("flops", f"hf:{tmp_path / 't5'}", "--backward").stdout
+    assert "backward rows overlap" in " ".join(text.split())
+    plain = count(nn.Sequential(nn.Linear(10, 20), nn.Linear(20, 3)), torch.randn(4, 10), backward=True)
+    assert "overlap" not in plain.table("modules").note
