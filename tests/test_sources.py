@@ -107,6 +107,22 @@ def test_hf_seq2seq_gets_decoder_inputs_on_cpu_and_meta(tmp_path, cli):
         assert r.json["inputs"] == ["input[0]: 1x128 int64", "labels: 1x128 int64"], r.json["inputs"]
 
 
+def test_a_speech_seq2seq_keeps_its_decoder_ids_on_meta(tmp_path, cli):
+    """A sweep: on meta, Whisper's decoder ids were made a copy of its input features (1x80x200 float32), over the
+    layout's own 1x16 int64, and its decoder's embedding refused them (exit 3); the CPU run took 1x16 int64."""
+    folder = tmp_path / "whisper"
+    cfg = transformers.WhisperConfig(vocab_size=500, d_model=64, encoder_layers=2, decoder_layers=2,
+                                     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                                     decoder_ffn_dim=128, max_source_positions=100, pad_token_id=1, bos_token_id=2,
+                                     eos_token_id=3, decoder_start_token_id=2)
+    cfg.architectures = ["WhisperForConditionalGeneration"]
+    cfg.save_pretrained(folder)
+    for device in ("cpu", "meta"):
+        r = cli("summary", f"hf:{folder}", "--device", device, "--json")
+        assert r.code == 0, (device, r.stderr)
+        assert any(i.startswith("decoder_input_ids: 1x16 int64") for i in r.json["inputs"]), (device, r.json["inputs"])
+
+
 @pytest.mark.slow
 @pytest.mark.subprocess
 def test_a_config_warning_is_said_once_though_the_model_is_built_twice(tmp_path):

@@ -643,8 +643,12 @@ def _finish_source(inputs: ModelInputs, loaded, device) -> ModelInputs:
         encoder_decoder = getattr(getattr(loaded.model, "config", None), "is_encoder_decoder", False)
         if getattr(loaded, "trains", False) and start is None and not encoder_decoder:   # a forward: only to train
             _next_if_unshifted(inputs, loaded.model)
-    if device.type == "meta" and "labels" not in inputs.kwargs and "decoder_input_ids" in names[len(inputs.args):] and inputs.args:
-        first = inputs.args[0]
+    # (not over ids the source's layout gives, and never copied from features: Whisper's 1x80x200 float input became
+    # its decoder ids on meta, where the CPU run takes the layout's 1x16 int64: a sweep)
+    first = inputs.args[0] if inputs.args else None
+    if device.type == "meta" and "labels" not in inputs.kwargs and "decoder_input_ids" in names[len(inputs.args):] \
+            and "decoder_input_ids" not in inputs.kwargs and torch.is_tensor(first) \
+            and not (first.is_floating_point() or first.is_complex()):
         inputs.kwargs["decoder_input_ids"] = torch.empty(first.shape, dtype=first.dtype, device="meta")
         inputs.notes.append(f"decoder_input_ids: {shape_str(first)} added (the model is an encoder-decoder)")
     return inputs
