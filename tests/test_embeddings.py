@@ -389,3 +389,24 @@ def test_a_channels_last_layer_wider_than_its_channels_is_read_by_its_parameters
         with torch.no_grad():
             want = model.norm(model.embed(x).permute(0, 2, 3, 1)).mean((1, 2))
         assert res.data["mean_norm"] == pytest.approx(float(want.double().norm(dim=1).mean()), rel=1e-5)
+
+
+def test_a_layer_without_parameters_is_read_by_the_module_that_made_its_input():
+    """A sweep: a ReLU after a stride-(2, 1) convolution (8×16×64 from a 32×64 image: the map no longer has the image's
+    aspect) in a model whose parameters hold both 8 and 64 was read as channels last: 64-wide vectors of an 8-channel
+    output. The convolution that made the ReLU's input holds 8 and not 64."""
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.act = torch.nn.Conv2d(3, 8, 3, stride=(2, 1), padding=1), torch.nn.ReLU()
+            self.conv2, self.fc = torch.nn.Conv2d(8, 64, 3, padding=1), torch.nn.Linear(64, 10)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.conv2(self.act(self.conv1(x)))).mean((2, 3)))
+
+    torch.manual_seed(0)
+    res = run("embeddings", Net(), (torch.randn(4, 3, 32, 64),), layer="act")
+    assert res.data["layer_output_shape"] == [4, 8, 16, 64] and res.data["dim"] == 8, res.data
+    assert "channels last" not in res.data["reduction"]

@@ -625,3 +625,30 @@ def test_a_block_that_concatenates_branches_keeps_its_map(image):
                           nn.Flatten(), nn.Linear(64, 10))
     res = run("gradcam", model, None, layer="2", image=str(image))
     assert res.data["cam_shape"] == [16, 16] and not any("channels-last" in n for n in res.notes), res.data
+
+
+def test_a_layer_without_parameters_keeps_the_map_of_the_convolution_before_it(tmp_path):
+    """A sweep: gradcam on a ReLU after a stride-(2, 1) convolution drew an 8×16 "map" (channels as height, said to be
+    channels-last) of an N×8×16×64 output; the same tensor at the convolution gave 16×64."""
+    import numpy as np
+    import torch
+    from PIL import Image
+    from torch import nn
+
+    path = tmp_path / "wide.png"
+    Image.fromarray((np.random.default_rng(0).uniform(0.3, 1.0, (32, 64, 3)) * 255).astype(np.uint8)).save(path)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.act = nn.Conv2d(3, 8, 3, stride=(2, 1), padding=1), nn.ReLU()
+            self.conv2, self.fc = nn.Conv2d(8, 64, 3, padding=1), nn.Linear(64, 10)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.conv2(self.act(self.conv1(x)))).mean((2, 3)))
+
+    torch.manual_seed(0)
+    model = Net()
+    for layer in ("act", "conv1"):
+        res = run("gradcam", model, None, layer=layer, image=str(path))
+        assert res.data["cam_shape"] == [16, 64] and not any("channels-last" in n for n in res.notes), (layer, res.data)

@@ -3,6 +3,7 @@ stages). Shared by the commands that pool or map a layer's channels (gradcam, em
 from __future__ import annotations
 
 import math
+import weakref
 
 
 def channels_last(shape: tuple, image: tuple, module=None, model=None) -> bool:
@@ -35,3 +36,44 @@ def _param_sizes(module) -> set[int]:
     if module is None:
         return set()
     return {int(d) for p in module.parameters() for d in p.shape}
+
+
+class Producers:
+    """Which module with parameters of its own made a tensor, recorded over one forward (a hook on each such module):
+    a layer without parameters is read by the module that made its input, not by the whole model's parameters (a
+    sweep: a ReLU after a stride-(2, 1) convolution of 8 channels, 8×16×64 from a 32×64 image, in a model holding
+    both 8 and 64, was read as channels last). Used as a context manager around the forward."""
+
+    def __init__(self, model):
+        self.model, self.made, self.handles = model, {}, []
+
+    def __enter__(self):
+        for m in self.model.modules():
+            if any(True for _ in m.parameters(recurse=False)):
+                self.handles.append(m.register_forward_hook(self._hook))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def _hook(self, mod, args, out) -> None:
+        import torch
+
+        if isinstance(out, torch.Tensor):
+            self.made[id(out)] = (weakref.ref(out), mod)
+
+    def of(self, args):
+        """The module that made the first tensor of `args` (a layer's inputs, asked while they are alive), or None."""
+        import torch
+
+        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        got = self.made.get(id(first)) if first is not None else None
+        return got[1] if got is not None and got[0]() is first else None
+
+
+def read_by(module, producer):
+    """The module whose parameters read a layer's layout: the layer where it has any, else the one that made its
+    input (Producers.of), else the layer (channels_last then reads the model's)."""
+    return module if any(True for _ in module.parameters()) or producer is None else producer

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.guard import leave_no_trace
-from ..core.layout import channels_last
+from ..core.layout import Producers, channels_last, read_by
 from ..core.run import choice, flag
 from ..core.tracking import ModuleTracker, first_tensor, forward_error, module_named
 from ..errors import OptionError, UsageError
@@ -94,7 +94,8 @@ def nn_agreement(x, labels) -> float:
 
 
 def layer_output(model, inputs, layer: str):
-    """The first tensor the layer outputs in one forward pass (eval, no grad), on the CPU."""
+    """(The first tensor the layer outputs in one forward pass (eval, no grad), on the CPU; the module whose parameters
+    read its layout, core/layout.read_by)."""
     import torch
 
 
@@ -105,13 +106,15 @@ def layer_output(model, inputs, layer: str):
         t = first_tensor(out)
         if t is not None and "x" not in kept:
             kept["x"] = t.detach().to("cpu", copy=True)   # a copy: an in-place op after the layer (ReLU) changes it
+            kept["producer"] = producers.of(args)
 
     tracker = ModuleTracker(model, record_shapes=False)
+    producers = Producers(model)
     with leave_no_trace(model):
         model.eval()
         handle = module.register_forward_hook(hook)
         try:
-            with torch.no_grad(), tracker:
+            with torch.no_grad(), tracker, producers:
                 try:
                     inputs.call(model)
                 except Exception as exc:
@@ -123,15 +126,14 @@ def layer_output(model, inputs, layer: str):
     raw = kept["x"]
     if not raw.is_floating_point():
         raise UsageError(f"layer {layer} returns {raw.dtype} values, not embeddings")
-    return raw
+    return raw, read_by(module, kept.get("producer"))
 
 
 def run(model, inputs, opts: Options, ctx) -> Result:
     import torch
 
-    raw = layer_output(model, inputs, opts.layer)
-    x, how = vectors(_batch_first(raw, inputs.batch_size), opts.reduce, _image_size(inputs),
-                     model.get_submodule(opts.layer), model)
+    raw, reader = layer_output(model, inputs, opts.layer)
+    x, how = vectors(_batch_first(raw, inputs.batch_size), opts.reduce, _image_size(inputs), reader, model)
     n, d = x.shape
     result = Result("embeddings", header={"layer": opts.layer, "mode": "eval, no grad (one forward pass)"})
     labels = None
