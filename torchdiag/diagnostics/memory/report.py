@@ -170,9 +170,10 @@ def _module_table(r: StepReport, opts: Options) -> Table:
     if not train:
         cols = [c for c in cols if c.key not in ("activation_bytes", "bw_peak_bytes")]
     by = "activation memory" if train else "peak during forward"
+    saved = ("saved: saved-for-backward bytes the module's forward (submodules included) allocated, alive at the end "
+             "of forward; " if train else "")   # (a sweep: the inference table's note described columns it lacks)
     return Table("modules", f"Modules by {by} (top {len(top)} of {len(mods)}, depth ≤ {opts.depth})", cols, rows,
-                 note="saved: saved-for-backward bytes the module's forward (submodules included) allocated, alive at "
-                      "the end of forward; fwd leaves: live bytes after its forward minus before (output included); "
+                 note=saved + "fwd leaves: live bytes after its forward minus before (output included); "
                       "peaks are whole-step live totals while the module runs",
                  tb_scalars=tuple(c.key for c in cols if c.kind == "bytes"))
 
