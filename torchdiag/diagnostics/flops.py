@@ -538,7 +538,9 @@ def run_fvcore(model, inputs, opts: Options, ctx) -> Result:
                            if issubclass(w.category, (DeprecationWarning, FutureWarning, UserWarning)) and "jit" in str(w.message).lower()})
     for d in deprecations[:3]:
         result.notes.append(f"fvcore/torch.jit warned: {d}")
-    result.notes.append("fvcore counts normalisation and pooling layers too, so CNN totals run above published tables")
+    extra = sorted(k for k, v in by_op.items() if v and any(w in k for w in ("norm", "pool", "upsample")))
+    if extra:   # said as counted here: its skipped ops (max_pool2d) are in the table below (a sweep: the note said pooling)
+        result.notes.append(f"fvcore counts {', '.join(extra)} too, so CNN totals run above published tables")
     result.data.update({"engine": "fvcore", "forward_flops": 2 * macs, "forward_macs": macs,
                         "backward_flops": None, "backward_macs": None})
     result.summary.append(("Forward", f"{_si(2 * macs)}FLOPs = {_si(macs)}MACs (fvcore total {macs:,})"))
