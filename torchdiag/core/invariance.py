@@ -159,14 +159,9 @@ def _widest(calls, work, name: str, shifted, ctx, wide, loss, faint: float, sile
     discarded half) is 0 at every cut, and keeps its verdict. `silent(name)`: no op inside the ancestor gets a
     gradient from it (derived.silent), so its bound there is 0 and is not measured."""
     b = calls.bound(name, shifted, ctx, wide, loss)
-    holder = owner(name)
-    # a parameter its module uses among its children (a gain the root, or a block, multiplies in before its own
-    # BatchNorm) acts inside that module's call: its output is after the normalisation and moves by rounding (a
-    # review: a root-held gain before a BatchNorm kept `vanishing-grad`); read inside its own call too
-    inside = calls.count.get(holder) and any(True for _ in dict(work.named_modules())[holder].children())
-    if b is None or (b >= faint and not inside) or not calls.count.get(holder):
+    if b is None or b >= faint or not calls.count.get(owner(name)):
         return b
-    at = holder if inside else derived.host(name, calls.count)
+    at = derived.host(name, calls.count)
     if at is None or silent(name):
         return b
     try:
