@@ -410,3 +410,23 @@ def test_a_layer_without_parameters_is_read_by_the_module_that_made_its_input():
     res = run("embeddings", Net(), (torch.randn(4, 3, 32, 64),), layer="act")
     assert res.data["layer_output_shape"] == [4, 8, 16, 64] and res.data["dim"] == 8, res.data
     assert "channels last" not in res.data["reduction"]
+
+
+def test_the_module_before_a_layer_without_parameters_only_vetoes_channels_last():
+    """A review: a Linear mixing along the width (MLP-Mixer style) makes the input of a GELU, 8×16×32 on a 16×32
+    image: both aspect tests pass, and the Linear holds 32 (the width) and not 8, which read as channels last when
+    the module before the layer decided. It only vetoes a channels-last reading: the model's parameters decide."""
+    import torch
+
+    class Mix(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.wmix = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Linear(32, 32)
+            self.act, self.head = torch.nn.GELU(), torch.nn.Linear(8, 5)
+
+        def forward(self, x):
+            return self.head(self.act(self.wmix(self.conv(x))).mean((2, 3)))
+
+    torch.manual_seed(0)
+    res = run("embeddings", Mix(), (torch.randn(4, 3, 16, 32),), layer="act")
+    assert res.data["layer_output_shape"] == [4, 8, 16, 32] and res.data["dim"] == 8, res.data

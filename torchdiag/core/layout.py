@@ -6,7 +6,7 @@ import math
 import weakref
 
 
-def channels_last(shape: tuple, image: tuple, module=None, model=None) -> bool:
+def channels_last(shape: tuple, image: tuple, module=None, model=None, producer=None) -> bool:
     """Is a 4-D layer output N×H×W×C? Read from the image's aspect (H, W) first, then from the layer's parameters (the
     model's, for a layer without any), which hold a layer's channel count:
     - sizes 2-3 have the aspect and sizes 1-2 do not: N×C×H×W. A block that concatenates branches holds no parameter
@@ -17,7 +17,11 @@ def channels_last(shape: tuple, image: tuple, module=None, model=None) -> bool:
       CRNN-like 16×16×8 map: a review), only when the parameters hold its last size and not its second (a third
       review: Swin's first stage at 448, 112×112×96, and maxvit's 96×96×64 were read as N×C×H×W);
     - both or neither (a square map of as many channels as rows): the parameters decide where they tell, else
-      N×C×H×W."""
+      N×C×H×W.
+    `producer`: for a layer without parameters, the module that made its input (Producers.of): its parameters holding
+    the second size and not the last veto channels last too (a sweep: a ReLU after a stride-(2, 1) convolution of 8
+    channels, 8×16×64, in a model holding both 8 and 64). It only vetoes: a Linear mixing along the width holds the
+    width and not the channels (a review: MLP-Mixer-style, read as channels last when it decided)."""
     def aspect(h: int, w: int) -> bool:
         return h > 0 and w > 0 and abs(math.log((h / w) / (image[0] / image[1]))) < 0.2
 
@@ -26,6 +30,9 @@ def channels_last(shape: tuple, image: tuple, module=None, model=None) -> bool:
         return False
     sizes = _param_sizes(module) or _param_sizes(model)   # a layer without parameters (an Identity): the model's
     says_last, says_first = shape[3] in sizes and shape[1] not in sizes, shape[1] in sizes and shape[3] not in sizes
+    made = _param_sizes(producer)
+    says_first = says_first or (shape[1] in made and shape[3] not in made)
+    says_last = says_last and not says_first
     if last and not second:
         return not says_first and (shape[3] > max(shape[1], shape[2]) or says_last)
     return says_last
@@ -73,7 +80,7 @@ class Producers:
         return got[1] if got is not None and got[0]() is first else None
 
 
-def read_by(module, producer):
-    """The module whose parameters read a layer's layout: the layer where it has any, else the one that made its
-    input (Producers.of), else the layer (channels_last then reads the model's)."""
-    return module if any(True for _ in module.parameters()) or producer is None else producer
+def producer_for(module, producer):
+    """The producer to give channels_last: the one that made a parameterless layer's input; None for a layer with
+    parameters of its own (they read its layout)."""
+    return None if any(True for _ in module.parameters()) else producer

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.guard import leave_no_trace
-from ..core.layout import Producers, channels_last, read_by
+from ..core.layout import Producers, channels_last, producer_for
 from ..core.run import choice, flag
 from ..core.tracking import ModuleTracker, first_tensor, forward_error, module_named
 from ..errors import OptionError, UsageError
@@ -52,7 +52,7 @@ def _batch_first(raw, n: int | None):
     return raw
 
 
-def vectors(t, how: str, image: tuple | None = None, module=None, model=None):
+def vectors(t, how: str, image: tuple | None = None, module=None, model=None, producer=None):
     """(N×D float32 tensor, what was done). `image`: the input image's (H, W), and `module` the layer (in `model`),
     which tell an N×H×W×C output (core/layout.channels_last)."""
     if t.dim() == 1:
@@ -69,7 +69,7 @@ def vectors(t, how: str, image: tuple | None = None, module=None, model=None):
         return t.float().mean(1), "mean over tokens (N×L×D → N×D)"
     if how == "first":
         raise OptionError("reduce", "first applies to N×L×D token outputs")
-    if t.dim() == 4 and image is not None and channels_last(tuple(t.shape), image, module, model):
+    if t.dim() == 4 and image is not None and channels_last(tuple(t.shape), image, module, model, producer):
         return t.float().mean((1, 2)), "global average pool, channels last (N×H×W×C → N×C)"
     return t.float().flatten(2).mean(-1), "global average pool (N×C×… → N×C)"
 
@@ -94,8 +94,8 @@ def nn_agreement(x, labels) -> float:
 
 
 def layer_output(model, inputs, layer: str):
-    """(The first tensor the layer outputs in one forward pass (eval, no grad), on the CPU; the module whose parameters
-    read its layout, core/layout.read_by)."""
+    """(The first tensor the layer outputs in one forward pass (eval, no grad), on the CPU; for a layer without
+    parameters, the module that made its input, core/layout.producer_for)."""
     import torch
 
 
@@ -126,14 +126,15 @@ def layer_output(model, inputs, layer: str):
     raw = kept["x"]
     if not raw.is_floating_point():
         raise UsageError(f"layer {layer} returns {raw.dtype} values, not embeddings")
-    return raw, read_by(module, kept.get("producer"))
+    return raw, producer_for(module, kept.get("producer"))
 
 
 def run(model, inputs, opts: Options, ctx) -> Result:
     import torch
 
-    raw, reader = layer_output(model, inputs, opts.layer)
-    x, how = vectors(_batch_first(raw, inputs.batch_size), opts.reduce, _image_size(inputs), reader, model)
+    raw, producer = layer_output(model, inputs, opts.layer)
+    x, how = vectors(_batch_first(raw, inputs.batch_size), opts.reduce, _image_size(inputs),
+                     model.get_submodule(opts.layer), model, producer)
     n, d = x.shape
     result = Result("embeddings", header={"layer": opts.layer, "mode": "eval, no grad (one forward pass)"})
     labels = None
