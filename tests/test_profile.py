@@ -571,10 +571,11 @@ def test_syncs_read_the_call_the_line_was_in_for_its_target(cli, tmp_path):
     """A review: `h.to(` with `"cpu")` on the next line was dropped, the frame's line alone read; a second review: read
     as the whole statement, an `if`/`for` header was still dropped, `h.to(DEV) if DEV else h.to("cpu")` was listed for
     the `.to(DEV)` that ran, and a dict of stats showed its first line, not the `.item()`'s; a third: a "cpu" in the
-    receiver (`torch.zeros(8, device="cpu").to(x.device)`) or in a conditional's branch was read as the target. The
+    receiver (`torch.zeros(8, device="cpu").to(x.device)`) or in a branch of a conditional on the machine was read as
+    the target; a fourth: a conditional on the user's own flag takes the same branch on a GPU, and was dropped. The
     call's own arguments are read (a "cpu" in a comment still is not), and its lines shown."""
     (tmp_path / "split.py").write_text(
-        "import torch\nfrom torch import nn\n\nDEV = 'cpu'   # a device held in a variable ('cuda' on a GPU)\nBIG = False\n"
+        "import torch\nfrom torch import nn\n\nDEV = 'cpu'   # a device held in a variable ('cuda' on a GPU)\nHAS_CUDA, OFFLOAD = False, True\n"
         "class M(nn.Module):\n"
         "    def __init__(self):\n        super().__init__()\n        self.l = nn.Linear(16, 16)\n\n"
         "    def forward(self, x):\n"
@@ -583,7 +584,7 @@ def test_syncs_read_the_call_the_line_was_in_for_its_target(cli, tmp_path):
         "            'cpu')\n"
         "        b = h.to(self.l.weight.device)   # 'cpu' in a comment\n"
         "        b = b + torch.zeros(16, device='cpu').to(x.device)   # a host-to-device copy on a GPU\n"
-        "        b = b + torch.ones(16).to('cuda' if BIG else 'cpu')   # on a GPU the other branch\n"
+        "        b = b + torch.ones(16).to('cuda' if HAS_CUDA else 'cpu')   # on a GPU the other branch\n"
         "        for row in h.to(\n"
         "                'cpu')[:1]:\n"
         "            b = b + row\n"
@@ -593,10 +594,12 @@ def test_syncs_read_the_call_the_line_was_in_for_its_target(cli, tmp_path):
         "            'mean': h.mean(),\n"
         "            'peak': h.abs().amax().item(),\n"
         "        }\n"
-        "        return a + b + c\n\n"
+        "        f = h.to('cpu' if OFFLOAD else 'cuda')   # the user's own flag: the same branch on a GPU\n"
+        "        return a + b + c + f\n\n"
         "def build():\n    return M()\n")
     r = cli("profile", f"{tmp_path / 'split.py'}:build", "-i", "4x16", "--syncs", "--json", "--device", "cpu")
     assert r.code == 0, r.stderr
     rows = {(row["line"], row["op"]): row["code"] for row in r.json["syncs"]}
     assert rows == {(13, '.to("cpu")'): "a = h.to( 'cpu')", (18, '.to("cpu")'): "for row in h.to( 'cpu')[:1]:",
-                    (25, ".item()"): "'peak': h.abs().amax().item(),"}, rows
+                    (25, ".item()"): "'peak': h.abs().amax().item(),",
+                    (27, '.to("cpu")'): "f = h.to('cpu' if OFFLOAD else 'cuda')"}, rows

@@ -155,7 +155,8 @@ def _writes_cpu(site, span) -> bool:
 
 def _target_strings(text: str) -> list[str] | None:
     """The string literals among the arguments of the call `text` is (`recv.to(...)`, `recv.cpu()`), left out those
-    under a conditional (`"cuda" if ok else "cpu"`: on a GPU the other branch runs) and in the receiver (a review:
+    under a conditional on the machine (`"cuda" if torch.cuda.is_available() else "cpu"`: on a GPU the other branch
+    runs) and in the receiver (a review:
     `torch.zeros(8, device="cpu").to(x.device)`, a copy to the GPU there, was listed); None where `text` is not one
     call (a line read whole)."""
     import ast
@@ -169,8 +170,8 @@ def _target_strings(text: str) -> list[str] | None:
     out: list[str] = []
 
     def walk(n) -> None:
-        if isinstance(n, ast.IfExp):
-            return
+        if isinstance(n, ast.IfExp) and _MACHINE.search(ast.unparse(n.test)):
+            return   # the branch a GPU machine takes is not the one this run took
         if isinstance(n, ast.Constant) and isinstance(n.value, str):
             out.append(n.value)
         for child in ast.iter_child_nodes(n):
@@ -181,6 +182,9 @@ def _target_strings(text: str) -> list[str] | None:
 
 
 _CPU = re.compile(r"cpu(:\d+)?")
+# a condition that differs between a CPU and a GPU machine (`torch.cuda.is_available()`, a HAS_CUDA flag): a user's
+# own flag (`"cpu" if OFFLOAD else "cuda"`) takes the same branch on both (a review: such real copies were dropped)
+_MACHINE = re.compile(r"cuda|mps|xpu|is_available|device_count|accelerator", re.IGNORECASE)
 
 
 def _source(file: str, span: tuple) -> str | None:
