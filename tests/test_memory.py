@@ -618,3 +618,18 @@ def test_sharded_own_tensors_count_what_each_stage_keeps_whole(tmp_path, cli):
     (f,) = [f for f in r.json["findings"] if f["code"] == "no-batch-fits"]
     assert r.code == 1 and f["severity"] == "error", f
     assert f"take {human_bytes(own)}, over the budget at any input" in f["hint"] and "smaller input" not in f["hint"], f
+
+
+def test_sharded_own_tensors_count_what_fsdp_gathers(tmp_path, cli):
+    """A third review: four Linear(1024, 1024) under Adam, --shard 8, a 17 MiB budget: the shard table puts every
+    stage at 23–38 MiB with a few KiB of activations, and the hint still offered a smaller input (the own tensors
+    counted with only the root and one unit gathered, 12 MiB). Each stage's own part is now at least its peak less
+    what the input makes."""
+    (tmp_path / "four.py").write_text("import torch\nfrom torch import nn\n\ndef build():\n    torch.manual_seed(0)\n"
+                                      "    return nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(4)])\n")
+    r = cli("memory", f"{tmp_path / 'four.py'}:build", "-i", "1x1024", "--shard", "8", "--budget", "17MiB", "--json",
+            "--device", "cpu")
+    (f,) = [f for f in r.json["findings"] if f["code"] == "no-batch-fits"]
+    assert all(row["per_device_peak_bytes"] > 17 * 2**20 for row in r.json["shard"]), r.json["shard"]
+    assert f["severity"] == "error" and "over the budget at any input" in f["hint"], f
+    assert "smaller input" not in f["hint"], f["hint"]

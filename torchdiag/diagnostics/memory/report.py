@@ -209,13 +209,13 @@ def _batch_tables(result: Result, r: StepReport, opts: Options, ctx, sizes, best
                  if fit else "")
         result.add("no-batch-fits", "warning" if fit else "error", "", f"even batch size 1 does not fit in {human_bytes(opts.budget)} on one "
                    f"device: estimated peak {human_bytes(sizes[0]['peak_bytes'])}{shard}",
-                   hint=_smaller(ctx, opts, r, units))
+                   hint=_smaller(ctx, opts, r, sharded, units))
     elif r.peak > opts.budget:
         result.add("over-budget", "warning", "", f"batch size {inputs.batch_size} peaks at {human_bytes(r.peak)}, "
                    f"above the budget of {human_bytes(opts.budget)}; the largest batch size that fits is {best}")
 
 
-def _smaller(ctx, opts: Options, r: StepReport, units=None) -> str:
+def _smaller(ctx, opts: Options, r: StepReport, sharded=(), units=None) -> str:
     """What would lower the peak, of what the run does not do already (a sweep: `--amp` offered to a run under
     `--amp fp16`, `--optimizer sgd` to an inference one). `--amp` keeps float32 weights: `--dtype bfloat16` still
     halves them. A smaller input only where the model's own tensors leave room for one (a review: weights and
@@ -227,7 +227,7 @@ def _smaller(ctx, opts: Options, r: StepReport, units=None) -> str:
     if train:
         ways += [f"{o('optimizer')} sgd"] if ctx.spec.optimizer.name != "sgd" else []
         ways += [f"{o('shard')} N"] if opts.shard == 1 else []
-    own = _own_bytes(r, opts, train, units)
+    own = _own_bytes(r, opts, train, sharded, units)
     what = "parameters, buffers, gradients and optimizer state" if train else "parameters and buffers"
     what += f" (sharded over {opts.shard} devices)" if opts.shard > 1 else ""
     said = "" if own < (opts.budget or 0) else f"the model's own {what} take {human_bytes(own)}, over the budget at any input: "
@@ -239,19 +239,32 @@ def _smaller(ctx, opts: Options, r: StepReport, units=None) -> str:
     return said + "try " + ", ".join(ways[:-1]) + " or " + ways[-1]
 
 
-def _own_bytes(r: StepReport, opts: Options, train: bool, units) -> int:
+def _own_bytes(r: StepReport, opts: Options, train: bool, sharded=(), units=None) -> int:
     """What the model's own tensors take on a device whatever the input: parameters, buffers and, in train mode,
-    gradients and optimizer state; under --shard N the least of the sharded stages (a review: "over the budget at any
-    input" beside a stage that fit at 1/8), each as the shard table counts it: ZeRO-1 divides the optimizer state,
-    ZeRO-2 the gradients too, ZeRO-3 the parameters too, with the root's own parameters and one unit gathered (a second
-    review: counted as 1/N of all, a smaller input was offered where no input fits)."""
+    gradients and optimizer state. Under --shard N the least of the stages, each the larger of two lower bounds: what
+    it keeps by construction (ZeRO-1/2 the weights whole, ZeRO-3 the root's own and one unit gathered) and the shard
+    table's per-device peak less what the input makes at that phase (inputs, activations, a forward's or backward's
+    temporaries). A review: "over the budget at any input" beside a stage that fit at 1/8; a second: counted as 1/N of
+    all, then with only the root and a unit gathered, a smaller input was offered where FSDP's unit gradients and
+    prefetched neighbour put every stage over the budget at any input."""
     p, b = r.param_bytes, r.buffer_bytes
     g, o = (r.grad_bytes, r.optimizer_bytes) if train else (0, 0)
     n = opts.shard
     if n <= 1:
         return p + b + g + o
     gathered = (units.root + units.largest) if units is not None else p
-    return min(p + b + g + o // n, p + b + (g + o) // n, b + (p + g + o) // n + gathered)
+    kept = [p + b + g + o, p + b + g + o // n, p + b + (g + o) // n, b + (p + g + o) // n + gathered]
+
+    def static(row) -> int:
+        cats = r.phase_at_peak.get(row.get("phase", ""), {})
+        made = cats.get("inputs", 0) + cats.get("activations", 0)
+        if not str(row.get("phase", "")).startswith("optimizer"):   # the step's temporaries are the weights' size
+            made += cats.get("temporaries", 0)
+        return row["per_device_peak_bytes"] - made
+    rows = list(sharded)   # ddp, zero-1, zero-2, zero-3 / fsdp: the order of `kept`
+    if len(rows) != len(kept):
+        return min(kept)
+    return min(max(k, static(row)) for k, row in zip(kept, rows))
 
 
 ESTIMATE_OFF = 0.10   # the fake-tensor estimate of the measured step further than this from the measurement
