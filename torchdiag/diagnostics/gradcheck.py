@@ -416,7 +416,9 @@ def run(checked: Checked, opts: Options | None = None) -> Result:
             Column("failing_entries", "bad entries", "count"), Column("_verdict", "result")]
     result.tables.append(Table("per_input", "Analytical vs numerical gradient, per input", cols, rows,
                                note=f"entry fails when |analytical − numerical| > {opts.atol:g} + {opts.rtol:g}·|numerical|; "
-                                    f"central differences, eps {opts.eps:g}; order 2 = gradient of the gradient"))
+                                    f"max rel err over the entries off by more than {opts.atol:g} (0: none is); central "
+                                    f"differences, eps "
+                                    f"{opts.eps:g}; order 2 = gradient of the gradient"))
     for r in rows:
         if not r["passed"]:
             what = "second-order gradient" if r["order"] == 2 else "gradient"
