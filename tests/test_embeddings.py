@@ -430,3 +430,33 @@ def test_the_module_before_a_layer_without_parameters_only_vetoes_channels_last(
     torch.manual_seed(0)
     res = run("embeddings", Mix(), (torch.randn(4, 3, 16, 32),), layer="act")
     assert res.data["layer_output_shape"] == [4, 8, 16, 32] and res.data["dim"] == 8, res.data
+
+
+def test_a_linear_along_the_width_and_a_channels_last_tie_are_read_right():
+    """A review: a Linear mixing along the width of an N×C×H×W map (its own parameters hold the width, not the
+    channels) was read as channels last: the convolution that made its input vetoes now, as for a layer without
+    parameters. And an N×H×W×C output whose channels equal its height (edgenext's 24×16×24 at a 96×64 image) is read
+    by the image's aspect, which only that layout has."""
+    import torch
+
+    class Mix(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.wmix, self.head = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Linear(32, 32), torch.nn.Linear(8, 5)
+
+        def forward(self, x):
+            return self.head(self.wmix(self.conv(x)).mean((2, 3)))
+
+    class Tie(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.proj, self.head = torch.nn.Conv2d(3, 96, 4, 4), torch.nn.Linear(96, 24), torch.nn.Linear(24, 5)
+
+        def forward(self, x):
+            return self.head(self.proj(self.embed(x).permute(0, 2, 3, 1)).mean((1, 2)))
+
+    torch.manual_seed(0)
+    res = run("embeddings", Mix(), (torch.randn(4, 3, 16, 32),), layer="wmix")
+    assert res.data["layer_output_shape"] == [4, 8, 16, 32] and res.data["dim"] == 8, res.data
+    res = run("embeddings", Tie(), (torch.randn(4, 3, 96, 64),), layer="proj")
+    assert res.data["layer_output_shape"] == [4, 24, 16, 24] and "channels last" in res.data["reduction"], res.data

@@ -18,8 +18,8 @@ def channels_last(shape: tuple, image: tuple, module=None, model=None, producer=
       review: Swin's first stage at 448, 112×112×96, and maxvit's 96×96×64 were read as N×C×H×W);
     - both or neither (a square map of as many channels as rows): the parameters decide where they tell, else
       N×C×H×W.
-    `producer`: for a layer without parameters, the module that made its input (Producers.of): its parameters holding
-    the second size and not the last veto channels last too (a sweep: a ReLU after a stride-(2, 1) convolution of 8
+    `producer`: the module that made the layer's input (Producers.of): its parameters holding the second size and not
+    the last veto channels last too (a sweep: a ReLU after a stride-(2, 1) convolution of 8
     channels, 8×16×64, in a model holding both 8 and 64). It only vetoes: a Linear mixing along the width holds the
     width and not the channels (a review: MLP-Mixer-style, read as channels last when it decided)."""
     def aspect(h: int, w: int) -> bool:
@@ -34,7 +34,8 @@ def channels_last(shape: tuple, image: tuple, module=None, model=None, producer=
     says_first = says_first or (shape[1] in made and shape[3] not in made)
     says_last = says_last and not says_first
     if last and not second:
-        return not says_first and (shape[3] > max(shape[1], shape[2]) or says_last)
+        # (≥: a last size equal to the height is a tie only the aspect breaks: edgenext's 24×16×24 at 96×64, a review)
+        return not says_first and (shape[3] >= max(shape[1], shape[2]) or says_last)
     return says_last
 
 
@@ -81,6 +82,7 @@ class Producers:
 
 
 def producer_for(module, producer):
-    """The producer to give channels_last: the one that made a parameterless layer's input; None for a layer with
-    parameters of its own (they read its layout)."""
-    return None if any(True for _ in module.parameters()) else producer
+    """The producer to give channels_last: the module that made the layer's input, for a layer with parameters of its
+    own too (a review: a Linear mixing along the width of an N×C×H×W map holds the width, not the channels; the
+    convolution before it vetoes)."""
+    return producer
