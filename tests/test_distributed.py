@@ -37,6 +37,7 @@ RUNS = {
     "nan_rank": ["nancheck", sample("ranks.py:nan_on_rank"), "--arg", "rank=1", "--wrap", "ddp"],
     "fsdp_grads": ["gradflow", sample("ranks.py:unused"), "--wrap", "fsdp"],
     "fsdp_nan": ["nancheck", sample("ranks.py:nan_on_rank"), "--arg", "rank=1", "--wrap", "fsdp"],
+    "lm": ["gradflow", sample("gpt_tiny.py:build"), "--wrap", "ddp"],
 }
 
 
@@ -59,7 +60,7 @@ def launched(waiting):
     return torchrun_many(RUNS)
 
 
-diverging, healthy, unused, overfit, nan_rank, fsdp_grads, fsdp_nan = launched_fixtures(*RUNS)
+diverging, healthy, unused, overfit, nan_rank, fsdp_grads, fsdp_nan, lm = launched_fixtures(*RUNS)
 
 
 @pytest.fixture(scope="module")
@@ -550,3 +551,29 @@ def test_a_process_group_of_another_world_is_refused(tmp_path):
         assert dist.is_initialized()
     finally:
         dist.destroy_process_group()
+
+
+def test_a_language_model_keeps_its_next_token_loss_on_each_rank(lm):
+    """A sweep: under torchrun the language model's ids were found on the whole batch, then the inputs were cut per
+    rank, and the logits no longer fit them: the auto loss fell back to MSE against a random target. Each rank's loss
+    is the next-token cross-entropy of its own rows, computed here by hand."""
+    import importlib.util
+
+    import torch
+
+    code, doc, _ = lm
+    assert code == 0, doc
+    spec = importlib.util.spec_from_file_location("gpt_tiny_truth", ROOT / "sample_models" / "gpt_tiny.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.manual_seed(0)
+    model = mod.build()
+    (ids,) = mod.example_inputs()
+    half = ids.shape[0] // 2
+    for r, rows in zip(doc["ranks"], (ids[:half], ids[half:])):
+        assert r["header"]["loss"].startswith("next-token cross_entropy"), r["header"]["loss"]
+        with torch.no_grad():
+            out = model(rows)
+            logits = out["logits"] if isinstance(out, dict) else out
+            want = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1))
+        assert r["data"]["loss_value"] == pytest.approx(float(want), rel=1e-5), (r["data"]["loss_value"], float(want))

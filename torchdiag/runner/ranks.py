@@ -183,6 +183,8 @@ def _prepare(spec, sess, diagnostic, local: Local) -> None:
     r = sess.ranks
     local.model, inputs, local.ctx = prepare(rank_spec(spec, r), needs_values=getattr(diagnostic, "NEEDS_VALUES", False))
     local.inputs, local.ctx.batch_target, rows = shard(inputs, local.ctx.batch_target, r)
+    if getattr(local.ctx, "lm", None) is not None:   # the language model's ids, read on the whole batch, this rank's rows
+        local.ctx.observe(local.model, local.inputs)   # now (a sweep: their shape no longer fit the logits: mse)
     local.ctx.rows = (*shard_bounds(inputs.batch_size, r), inputs.batch_size)   # random targets: cut, not drawn per rank
     local.ctx.header.update({"rank": r.describe(), "batch_shard": rows, "backend": r.backend,
                              "wrap": wrap_header(diagnostic, spec.command, spec.wrap)})
