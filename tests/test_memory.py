@@ -210,14 +210,17 @@ def test_nothing_fits_is_exit_1(cli):
 
 
 @pytest.mark.parametrize("extra, hint", [
-    (("--mode", "inference", "--amp", "fp16"), "try --dtype bfloat16, a smaller input (a shorter sequence, a smaller "
-                                               "image) or a device with more memory"),
+    (("--mode", "inference", "--amp", "fp16"), "image; inputs and saved activations are {share} of the peak measured) "
+                                               "or a device with more memory"),
     (("--amp", "bf16", "--optimizer", "sgd"), "try --dtype bfloat16, --shard N or a device with more memory")])
 def test_nothing_fits_suggests_only_what_the_run_does_not_do(cli, extra, hint):
     """A sweep: `--mode inference --amp fp16` was told to try --amp, and --optimizer sgd, which inference has not. A
     review: under --amp, --dtype bfloat16 still halves the weights (autocast keeps them float32), and a smaller input
-    cannot help where the model's own tensors are over the budget (train mode here: 3 float32 copies, 2.7 MiB)."""
+    cannot help where the model's own tensors are over the budget (train mode here: 3 float32 copies, 2.7 MiB); where
+    it is offered, what the input makes of the peak is said."""
     r = cli("memory", sample("mlp.py:build"), "--budget", "1MiB", "--json", *extra)
+    made = r.json["at_peak"]["inputs"] + r.json["at_peak"]["activations"]
+    hint = hint.format(share=f"{made / r.json['peak_bytes']:.0%}")
     assert r.code == 1 and r.json["findings"][0]["hint"].endswith(hint), r.json["findings"]
     over = "over the budget at any input" in r.json["findings"][0]["hint"]
     assert over == (extra[0] != "--mode"), r.json["findings"]   # inference: 0.9 MiB of weights, under 1 MiB

@@ -233,8 +233,11 @@ def _smaller(ctx, opts: Options, r: StepReport, sharded=(), units=None) -> str:
     said = "" if own < (opts.budget or 0) else f"the model's own {what} take {human_bytes(own)}, over the budget at any input: "
     if said:   # autocast casts activations only: its weights, gradients and state stay float32
         ways = [w for w in ways if w != o("amp")]
-    else:
-        ways.append("a smaller input (a shorter sequence, a smaller image)")
+    else:   # with what the input makes of the peak measured: the part a smaller one can shrink (a review: offered where
+        # a 1×1 image's conv weights, their gradients and Adam's temporaries were all of it)
+        made = r.at_peak.get("inputs", 0) + r.at_peak.get("activations", 0)
+        share = f"; inputs and saved activations are {made / r.peak:.0%} of the peak measured" if r.peak else ""
+        ways.append(f"a smaller input (a shorter sequence, a smaller image{share})")
     ways.append("a device with more memory")
     return said + "try " + ", ".join(ways[:-1]) + " or " + ways[-1]
 
