@@ -572,8 +572,10 @@ def test_syncs_read_the_call_the_line_was_in_for_its_target(cli, tmp_path):
     as the whole statement, an `if`/`for` header was still dropped, `h.to(DEV) if DEV else h.to("cpu")` was listed for
     the `.to(DEV)` that ran, and a dict of stats showed its first line, not the `.item()`'s; a third: a "cpu" in the
     receiver (`torch.zeros(8, device="cpu").to(x.device)`) or in a branch of a conditional on the machine was read as
-    the target; a fourth: a conditional on the user's own flag takes the same branch on a GPU, and was dropped. The
-    call's own arguments are read (a "cpu" in a comment still is not), and its lines shown."""
+    the target; a fourth: a conditional on the user's own flag takes the same branch on a GPU, and was dropped; a
+    fifth: `non_blocking=dev.type != "cpu"` was read as the target, and so was the plain "cpu" branch of a flag that
+    was off, where the run passed a torch.device. The call's own positional arguments and `device=` are read (a "cpu"
+    in a comment still is not), and its lines shown."""
     (tmp_path / "split.py").write_text(
         "import torch\nfrom torch import nn\n\nDEV = 'cpu'   # a device held in a variable ('cuda' on a GPU)\nHAS_CUDA, OFFLOAD = False, True\n"
         "class M(nn.Module):\n"
@@ -595,11 +597,16 @@ def test_syncs_read_the_call_the_line_was_in_for_its_target(cli, tmp_path):
         "            'peak': h.abs().amax().item(),\n"
         "        }\n"
         "        f = h.to('cpu' if OFFLOAD else 'cuda')   # the user's own flag: the same branch on a GPU\n"
-        "        return a + b + c + f\n\n"
+        "        dev, save_timestamps, off = torch.device('cpu'), True, False\n"
+        "        g = h.to(dev, non_blocking=dev.type != 'cpu')   # to a device held in a variable\n"
+        "        k = h.to('cpu' if save_timestamps else h.device)   # the flag on: a host copy\n"
+        "        m = h.to('cpu' if off else h.device)   # the flag off: the device's own\n"
+        "        return a + b + c + f + g + k + m\n\n"
         "def build():\n    return M()\n")
     r = cli("profile", f"{tmp_path / 'split.py'}:build", "-i", "4x16", "--syncs", "--json", "--device", "cpu")
     assert r.code == 0, r.stderr
     rows = {(row["line"], row["op"]): row["code"] for row in r.json["syncs"]}
     assert rows == {(13, '.to("cpu")'): "a = h.to( 'cpu')", (18, '.to("cpu")'): "for row in h.to( 'cpu')[:1]:",
                     (25, ".item()"): "'peak': h.abs().amax().item(),",
-                    (27, '.to("cpu")'): "f = h.to('cpu' if OFFLOAD else 'cuda')"}, rows
+                    (27, '.to("cpu")'): "f = h.to('cpu' if OFFLOAD else 'cuda')",
+                    (30, '.to("cpu")'): "k = h.to('cpu' if save_timestamps else h.device)"}, rows

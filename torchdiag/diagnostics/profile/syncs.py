@@ -113,7 +113,7 @@ def detect(step, ctx) -> dict:
         frames = e.frames[base:]
         site = user_site(frames, libraries)
         span = _span(site, frames, e.calls[base:])
-        if e.op in ("Tensor.to", TO_DEVICE) and not _writes_cpu(site, span):
+        if e.op in ("Tensor.to", TO_DEVICE) and not _writes_cpu(site, span, e.op):
             outside += site is None and e.op == "Tensor.to"   # torch's own `.to("cpu")`: counted as before
             continue
         if site is None:
@@ -140,25 +140,27 @@ def _span(site, frames: tuple, calls: tuple) -> tuple | None:
     return call_span(calls[at]) if at is not None else None
 
 
-def _writes_cpu(site, span) -> bool:
+def _writes_cpu(site, span, op: str = "Tensor.to") -> bool:
     """The user's call writes the CPU as the target: a "cpu" string (`.to("cpu")`, `torch.device("cpu:0")`) among the
-    source of the call expression the frame was in, on any of its lines (a review: `h.to(` with `"cpu")` on the next
-    line was dropped; the whole statement read instead listed `h.to(DEV) if DEV else h.to("cpu")`). A device held in a
+    source of the call the frame was in, on any of its lines (a review: `h.to(` with `"cpu")` on the next line was
+    dropped; the whole statement read instead listed `h.to(DEV) if DEV else h.to("cpu")`). A device held in a
     variable or taken from a tensor (`.to(w.device)`, `.to(DEV)` with DEV "cuda" where there is one) is that device on a
-    GPU, no copy (a review). Where the columns are not kept, the frame's line is read."""
+    GPU, no copy (a review). Where the columns are not kept, the frame's line is read. `op`: TO_DEVICE where the run
+    passed a torch.device, which a plain string in a conditional's branch cannot have been."""
     if site is None:
         return False
     text = _source(site[0], span) if span is not None else linecache.getline(site[0], site[1])
-    target = _target_strings(text or "")
+    target = _target_strings(text or "", devices_only=op == TO_DEVICE)
     return any(_CPU.fullmatch(v) for v in (target if target is not None else _strings(text or "")))
 
 
-def _target_strings(text: str) -> list[str] | None:
-    """The string literals among the arguments of the call `text` is (`recv.to(...)`, `recv.cpu()`), left out those
-    under a conditional on the machine (`"cuda" if torch.cuda.is_available() else "cpu"`: on a GPU the other branch
-    runs) and in the receiver (a review:
-    `torch.zeros(8, device="cpu").to(x.device)`, a copy to the GPU there, was listed); None where `text` is not one
-    call (a line read whole)."""
+def _target_strings(text: str, devices_only: bool = False) -> list[str] | None:
+    """The string literals that can be the target of the call `text` is (`recv.to(...)`, `recv.cpu()`): in its
+    positional arguments and its `device=` (a review: `non_blocking=DEV.type != "cpu"` was read as the target), not in
+    the receiver (`torch.zeros(8, device="cpu").to(x.device)`, a copy to the GPU there), nor under a conditional on the
+    machine (`"cuda" if torch.cuda.is_available() else "cpu"`: on a GPU the other branch runs). A conditional on the
+    user's own flag takes the same branch on a GPU and counts, except a plain string branch where the run passed a
+    torch.device (`"cpu" if OFFLOAD else h.device`, the flag off: a review). None where `text` is not one call."""
     import ast
 
     try:
@@ -169,22 +171,38 @@ def _target_strings(text: str) -> list[str] | None:
         return None
     out: list[str] = []
 
-    def walk(n) -> None:
-        if isinstance(n, ast.IfExp) and _MACHINE.search(ast.unparse(n.test)):
-            return   # the branch a GPU machine takes is not the one this run took
-        if isinstance(n, ast.Constant) and isinstance(n.value, str):
+    def walk(n, branch: bool = False) -> None:
+        if isinstance(n, ast.IfExp):
+            if not _on_machine(n.test):   # on the machine: a GPU takes the other branch
+                walk(n.body, True)
+                walk(n.orelse, True)
+            return
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and not (branch and devices_only):
             out.append(n.value)
         for child in ast.iter_child_nodes(n):
-            walk(child)
-    for arg in [*node.args, *(k.value for k in node.keywords)]:
+            walk(child, branch and not isinstance(n, ast.Call))
+    for arg in [*node.args, *(k.value for k in node.keywords if k.arg == "device")]:
         walk(arg)
     return out
 
 
+def _on_machine(test) -> bool:
+    """Does a condition read the machine (`torch.cuda.is_available()`, a `HAS_CUDA` flag)? By its names' words, not
+    substrings (a review: `SAVE_TIMESTAMPS` held "mps", `accelerator.is_main_process` "accelerator")."""
+    import ast
+
+    words: set[str] = set()
+    for n in ast.walk(test):
+        name = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else None
+        if name:
+            words |= set(name.lower().split("_")) | {name.lower()}
+    return bool(words & _MACHINE_WORDS)
+
+
 _CPU = re.compile(r"cpu(:\d+)?")
-# a condition that differs between a CPU and a GPU machine (`torch.cuda.is_available()`, a HAS_CUDA flag): a user's
-# own flag (`"cpu" if OFFLOAD else "cuda"`) takes the same branch on both (a review: such real copies were dropped)
-_MACHINE = re.compile(r"cuda|mps|xpu|is_available|device_count|accelerator", re.IGNORECASE)
+# the words of a condition that differs between a CPU and a GPU machine (`torch.cuda.is_available()`, a HAS_CUDA
+# flag): a user's own flag (`"cpu" if OFFLOAD else "cuda"`) takes the same branch on both (a review: dropped)
+_MACHINE_WORDS = {"cuda", "mps", "xpu", "gpu", "is_available", "device_count"}
 
 
 def _source(file: str, span: tuple) -> str | None:
