@@ -6946,3 +6946,34 @@ def test_a_backbone_fed_the_data_in_eval_mode_left_out_of_the_optimizer_stays_a_
             opt.step()
     found = [f for f in w.result().findings if f.code == "not-in-optimizer"]
     assert [f.severity for f in found] == ["warning"], [f.message for f in found]
+
+
+FSDP2_SCRIPT = textwrap.dedent("""
+    import sys, torch, torch.nn as nn, torch.distributed as dist, torch.nn.functional as F
+    from torch.distributed.fsdp import fully_shard
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = fully_shard(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2)))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(20):
+        x = torch.randn(16, 8)
+        loss = F.cross_entropy(model(x), (x[:, 0] > 0).long())
+        opt.zero_grad(); loss.backward(); opt.step()
+    print("TRAINED", dist.get_rank(), flush=True)
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_fully_sharded_run_is_said_not_watched_and_still_runs(tmp_path):
+    """A sweep: `torchdiag watch -- python train.py` on a fully_shard (FSDP2) loop stopped at step 1 with an internal
+    error (index_copy_ of DTensor gradient norms), exit 4. Its optimizer is now said not to be watched (its per-step
+    checks read whole tensors), one line and the usage exit code; the script itself runs to its end."""
+    path = tmp_path / "fsdp2_train.py"
+    path.write_text(FSDP2_SCRIPT)
+    done = torchrun_args("-m", "torchdiag", "watch", "--", sys.executable, path, env={"OMP_NUM_THREADS": "1"},
+                         cwd=tmp_path)
+    assert "TRAINED 0" in done.stdout and "TRAINED 1" in done.stdout, done.stdout[-2000:]
+    assert "fully_shard (FSDP2) sharded parameters is not watched" in done.stdout + done.stderr, done.stderr[-2000:]
+    assert "internal error" not in done.stdout + done.stderr

@@ -51,6 +51,9 @@ def no_step(engine, prefix: str = ""):
     from ...errors import UsageError
 
     backwards = engine.backwards if engine is not None else 0
+    sharded = [n for n in (engine.checks.get("unhooked", []) if engine is not None else []) if "fully_shard" in n]
+    if sharded:   # its steps ran, over parameters watch does not read (a sweep: "an update written by hand")
+        return UsageError(f"{prefix}{sharded[0].split(':')[0]}", sharded[0].split(": ", 1)[1])
     if not backwards:
         return UsageError(prefix + NO_STEP, NO_STEP_HINT)
     return UsageError(f"{prefix}no optimizer step was seen, though {backwards} backward pass(es) ran: watch counts "

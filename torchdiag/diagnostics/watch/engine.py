@@ -814,6 +814,10 @@ class Engine:
         if t is None:
             if not self._mine(opt):
                 return None
+            if _sharded(opt):   # fully_shard's DTensor parameters: said once, not read (a sweep: exit 4 at step 1)
+                self._unhooked("an optimizer over fully_shard (FSDP2) sharded parameters is not watched: its "
+                               "per-step checks read whole tensors; watch the run under DDP, or one rank's model")
+                return None
             weakref.finalize(opt, self._dead.append, id(opt))
             t = self._successor(opt)
             if t is not None:
@@ -1899,6 +1903,15 @@ def _wrap_closure(args, kwargs, done, calls: list) -> tuple:
     if len(args) > 1:
         return (args[0], closure_watched, *args[2:]), kwargs
     return args, {**kwargs, "closure": closure_watched}
+
+
+def _sharded(opt) -> bool:
+    """Does the optimizer hold DTensor parameters (torch's fully_shard, tensor parallel)?"""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:   # a torch built without distributed
+        return False
+    return any(isinstance(p, DTensor) for g in opt.param_groups for p in g["params"])
 
 
 def _has_closure(args, kwargs) -> bool:
