@@ -1105,3 +1105,17 @@ def test_a_learning_rate_beyond_float16_is_named_as_the_cause(cli):
             "--lr", "1e6", "--device", "cpu")
     assert r.code == 3 and "--lr 1e+06 is beyond float16's largest value (65504)" in r.stderr, r.stderr
     assert "no float16 kernel" not in r.stderr
+
+
+def test_a_reduced_gradients_error_says_the_summary_is_this_ranks_own_pass():
+    """A sweep: under --wrap ddp, rank 0's summary said "all gradients finite" beside `non-finite-after-reduction`:
+    its rows are this rank's own pass, and now say so where the reduction brought the NaN."""
+    from torchdiag.diagnostics.nancheck.wrapped import report_reduced
+    from torchdiag.results import Result
+
+    r = Result("nancheck")
+    r.summary = [("Loss", "1.0"), ("Backward", "all gradients finite"), ("Parameter gradients", "4 checked; all finite")]
+    report_reduced(r, reduced_finite=False)
+    assert [f.code for f in r.findings] == ["non-finite-after-reduction"]
+    assert r.summary == [("Loss", "1.0"), ("Backward", "all gradients finite (this rank's own pass, before the reduction)"),
+                         ("Parameter gradients", "4 checked; all finite (this rank's own pass, before the reduction)")]

@@ -39,3 +39,7 @@ def report_reduced(result, reduced_finite: bool) -> None:
                "carry NaN/Inf into the average",
                hint="look at the findings of the other ranks: they name where the value first went non-finite")
     result.data["reduced_grads_finite"] = False
+    # the summary's gradient rows are this rank's own pass: said so beside the error (a sweep: "all gradients finite"
+    # under it read as a contradiction)
+    result.summary = [(k, f"{v} (this rank's own pass, before the reduction)" if k in ("Backward", "Parameter gradients")
+                       else v) for k, v in result.summary]
