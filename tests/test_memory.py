@@ -210,8 +210,8 @@ def test_nothing_fits_is_exit_1(cli):
 
 
 @pytest.mark.parametrize("extra, hint", [
-    (("--mode", "inference", "--amp", "fp16"), "image; inputs and saved activations are {share} of the peak measured) "
-                                               "or a device with more memory"),
+    (("--mode", "inference", "--amp", "fp16"), "image; what grows with it (inputs, activations, temporaries) is "
+                                               "{share} of the peak measured) or a device with more memory"),
     (("--amp", "bf16", "--optimizer", "sgd"), "try --dtype bfloat16, --shard N or a device with more memory")])
 def test_nothing_fits_suggests_only_what_the_run_does_not_do(cli, extra, hint):
     """A sweep: `--mode inference --amp fp16` was told to try --amp, and --optimizer sgd, which inference has not. A
@@ -219,7 +219,8 @@ def test_nothing_fits_suggests_only_what_the_run_does_not_do(cli, extra, hint):
     cannot help where the model's own tensors are over the budget (train mode here: 3 float32 copies, 2.7 MiB); where
     it is offered, what the input makes of the peak is said."""
     r = cli("memory", sample("mlp.py:build"), "--budget", "1MiB", "--json", *extra)
-    made = r.json["at_peak"]["inputs"] + r.json["at_peak"]["activations"]
+    made = r.json["at_peak"]["inputs"] + r.json["at_peak"]["activations"] + r.json["at_peak"]["temporaries"]
+    assert "inference" not in extra or r.json["peak_phase"] == "forward"   # whose temporaries grow with the input
     hint = hint.format(share=f"{made / r.json['peak_bytes']:.0%}")
     assert r.code == 1 and r.json["findings"][0]["hint"].endswith(hint), r.json["findings"]
     over = "over the budget at any input" in r.json["findings"][0]["hint"]

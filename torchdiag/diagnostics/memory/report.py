@@ -236,7 +236,10 @@ def _smaller(ctx, opts: Options, r: StepReport, sharded=(), units=None) -> str:
     else:   # with what the input makes of the peak measured: the part a smaller one can shrink (a review: offered where
         # a 1×1 image's conv weights, their gradients and Adam's temporaries were all of it)
         made = r.at_peak.get("inputs", 0) + r.at_peak.get("activations", 0)
-        share = f"; inputs and saved activations are {made / r.peak:.0%} of the peak measured" if r.peak else ""
+        if not str(r.peak_phase).startswith("optimizer"):   # a forward's temporaries grow with the input too (a
+            made += r.at_peak.get("temporaries", 0)            # review: 33% of an inference peak left out)
+        share = (f"; what grows with it (inputs, activations, temporaries) is {made / r.peak:.0%} of the peak "
+                 "measured") if r.peak else ""
         ways.append(f"a smaller input (a shorter sequence, a smaller image{share})")
     ways.append("a device with more memory")
     return said + "try " + ", ".join(ways[:-1]) + " or " + ways[-1]
