@@ -610,3 +610,25 @@ def test_syncs_read_the_call_the_line_was_in_for_its_target(cli, tmp_path):
                     (25, ".item()"): "'peak': h.abs().amax().item(),",
                     (27, '.to("cpu")'): "f = h.to('cpu' if OFFLOAD else 'cuda')",
                     (30, '.to("cpu")'): "k = h.to('cpu' if save_timestamps else h.device)"}, rows
+
+
+def test_syncs_read_a_conditional_target_by_what_it_tests_and_where_it_sits():
+    """Reviews: a conditional on the machine names a GPU's branch on a GPU (`useCuda`, `num_gpus` are such names, not
+    only `torch.cuda.is_available()`), one on the user's own flag the same branch everywhere (`SAVE_TIMESTAMPS` holds
+    no "mps"); a plain string branch of a direct argument cannot have made a torch.device the run passed, while one
+    inside `torch.device(...)` makes it."""
+    import ast
+
+    from torchdiag.diagnostics.profile import syncs
+
+    machine = {t: syncs._on_machine(ast.parse(t, mode="eval").body) for t in (
+        "torch.cuda.is_available()", "self.flags.useCuda", "args.num_gpus > 0", "hasGPU", "HAS_CUDA",
+        "SAVE_TIMESTAMPS", "accelerator.is_main_process", "OFFLOAD")}
+    assert machine == {"torch.cuda.is_available()": True, "self.flags.useCuda": True, "args.num_gpus > 0": True,
+                       "hasGPU": True, "HAS_CUDA": True, "SAVE_TIMESTAMPS": False,
+                       "accelerator.is_main_process": False, "OFFLOAD": False}, machine
+    assert "cpu" in syncs._target_strings('h.to(torch.device("cpu" if OFFLOAD else "cuda"))', devices_only=True)
+    assert syncs._target_strings('h.to("cpu" if OFFLOAD else h.device)', devices_only=True) == []
+    assert syncs._target_strings('h.to("cpu" if OFFLOAD else h.device)') == ["cpu"]
+    assert syncs._target_strings('h.to(DEV, non_blocking=DEV.type != "cpu")') == []
+    assert syncs._target_strings('h.to("cuda" if self.flags.useCuda else "cpu")') == []

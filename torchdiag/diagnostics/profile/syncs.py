@@ -171,18 +171,18 @@ def _target_strings(text: str, devices_only: bool = False) -> list[str] | None:
         return None
     out: list[str] = []
 
-    def walk(n, branch: bool = False) -> None:
+    def walk(n, direct: bool, branch: bool = False) -> None:
         if isinstance(n, ast.IfExp):
             if not _on_machine(n.test):   # on the machine: a GPU takes the other branch
-                walk(n.body, True)
-                walk(n.orelse, True)
+                walk(n.body, False, direct)   # (a branch that is itself the argument: the plain-string rule;
+                walk(n.orelse, False, direct)   # one inside torch.device("cpu" if … else …) makes the device)
             return
         if isinstance(n, ast.Constant) and isinstance(n.value, str) and not (branch and devices_only):
             out.append(n.value)
         for child in ast.iter_child_nodes(n):
-            walk(child, branch and not isinstance(n, ast.Call))
+            walk(child, False, branch and not isinstance(n, ast.Call))
     for arg in [*node.args, *(k.value for k in node.keywords if k.arg == "device")]:
-        walk(arg)
+        walk(arg, True)
     return out
 
 
@@ -194,8 +194,9 @@ def _on_machine(test) -> bool:
     words: set[str] = set()
     for n in ast.walk(test):
         name = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else None
-        if name:
-            words |= set(name.lower().split("_")) | {name.lower()}
+        if name:   # snake_case and camelCase words, a plural's stem too (useCuda, num_gpus: a review)
+            parts = [w.lower() for w in re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+", name)]
+            words |= set(parts) | {w[:-1] for w in parts if w.endswith("s")} | {name.lower()}
     return bool(words & _MACHINE_WORDS)
 
 
