@@ -460,3 +460,24 @@ def test_a_linear_along_the_width_and_a_channels_last_tie_are_read_right():
     assert res.data["layer_output_shape"] == [4, 8, 16, 32] and res.data["dim"] == 8, res.data
     res = run("embeddings", Tie(), (torch.randn(4, 3, 96, 64),), layer="proj")
     assert res.data["layer_output_shape"] == [4, 24, 16, 24] and "channels last" in res.data["reduction"], res.data
+
+
+def test_a_layer_that_makes_new_channels_is_not_vetoed_by_its_input():
+    """A review: Swin-style N×H×W×C stage whose LayerNorm holds 16 channels, the map 16×16 too: fc1 (16 -> 64) made
+    64-wide channels-last features, and the LayerNorm that made its input vetoed them as N×C×H×W (16-wide vectors).
+    The module before a layer with parameters only vetoes where the layer keeps its input's last size."""
+    import torch
+
+    class Stage(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.norm = torch.nn.Conv2d(3, 16, 4, 4), torch.nn.LayerNorm(16)
+            self.fc1, self.head = torch.nn.Linear(16, 64), torch.nn.Linear(64, 5)
+
+        def forward(self, x):
+            return self.head(self.fc1(self.norm(self.embed(x).permute(0, 2, 3, 1))).mean((1, 2)))
+
+    torch.manual_seed(0)
+    res = run("embeddings", Stage(), (torch.randn(4, 3, 64, 64),), layer="fc1")
+    assert res.data["layer_output_shape"] == [4, 16, 16, 64] and res.data["dim"] == 64, res.data
+    assert "channels last" in res.data["reduction"]

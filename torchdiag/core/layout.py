@@ -72,17 +72,18 @@ class Producers:
         if isinstance(out, torch.Tensor):
             self.made[id(out)] = (weakref.ref(out), mod)
 
-    def of(self, args):
-        """The module that made the first tensor of `args` (a layer's inputs, asked while they are alive), or None."""
+    def of(self, args, layer=None, out=None):
+        """The module that made the first tensor of `args` (a layer's inputs, asked while they are alive), or None.
+        For a `layer` with parameters, only where its output keeps that tensor's last size (a width-mixing Linear): a
+        layer that makes new channels (Swin's fc1, 16 -> 64) is not told by what its input held (a review: its
+        LayerNorm held 16, the height too, and vetoed)."""
         import torch
 
         first = next((a for a in args if isinstance(a, torch.Tensor)), None)
         got = self.made.get(id(first)) if first is not None else None
-        return got[1] if got is not None and got[0]() is first else None
-
-
-def producer_for(module, producer):
-    """The producer to give channels_last: the module that made the layer's input, for a layer with parameters of its
-    own too (a review: a Linear mixing along the width of an N×C×H×W map holds the width, not the channels; the
-    convolution before it vetoes)."""
-    return producer
+        if got is None or got[0]() is not first:
+            return None
+        if layer is not None and any(True for _ in layer.parameters()) and (
+                not isinstance(out, torch.Tensor) or first.dim() == 0 or out.dim() == 0 or first.shape[-1] != out.shape[-1]):
+            return None
+        return got[1]

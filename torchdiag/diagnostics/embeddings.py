@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.guard import leave_no_trace
-from ..core.layout import Producers, channels_last, producer_for
+from ..core.layout import Producers, channels_last
 from ..core.run import choice, flag
 from ..core.tracking import ModuleTracker, first_tensor, forward_error, module_named
 from ..errors import OptionError, UsageError
@@ -95,7 +95,7 @@ def nn_agreement(x, labels) -> float:
 
 def layer_output(model, inputs, layer: str):
     """(The first tensor the layer outputs in one forward pass (eval, no grad), on the CPU; for a layer without
-    parameters, the module that made its input, core/layout.producer_for)."""
+    parameters, the module that made its input, core/layout.Producers.of)."""
     import torch
 
 
@@ -106,7 +106,7 @@ def layer_output(model, inputs, layer: str):
         t = first_tensor(out)
         if t is not None and "x" not in kept:
             kept["x"] = t.detach().to("cpu", copy=True)   # a copy: an in-place op after the layer (ReLU) changes it
-            kept["producer"] = producers.of(args)
+            kept["producer"] = producers.of(args, mod, t)
 
     tracker = ModuleTracker(model, record_shapes=False)
     producers = Producers(model)
@@ -126,7 +126,7 @@ def layer_output(model, inputs, layer: str):
     raw = kept["x"]
     if not raw.is_floating_point():
         raise UsageError(f"layer {layer} returns {raw.dtype} values, not embeddings")
-    return raw, producer_for(module, kept.get("producer"))
+    return raw, kept.get("producer")
 
 
 def run(model, inputs, opts: Options, ctx) -> Result:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..core.device import widened
 from ..core.guard import leave_no_trace
-from ..core.layout import Producers, channels_last, producer_for
+from ..core.layout import Producers, channels_last
 from ..core.resources import memory_limit
 from ..core.run import flag, number
 from ..core.tracking import ModuleTracker, forward_error, module_named
@@ -164,7 +164,7 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
         if not isinstance(output, torch.Tensor):
             raise UsageError(f"layer {layer} returns a {type(output).__name__}; Grad-CAM needs a tensor output")
         leaf = output.detach().requires_grad_(True)
-        captured["a"], captured["producer"] = leaf, producers.of(args)
+        captured["a"], captured["producer"] = leaf, producers.of(args, mod, output)
         captured["calls"] = captured.get("calls", 0) + 1
         # the model continues on a non-leaf copy: an in-place op after the layer (ReLU(inplace=True)
         # in torchvision's VGG/ResNet) would fail on a leaf, and must not change A itself
@@ -199,7 +199,7 @@ def grad_cam(model, x, layer: str, target_class: int | None, info: dict | None =
     if a.dim() != 4:
         raise UsageError(f"layer {layer} gives a {a.dim()}-D output of shape {tuple(a.shape)}; Grad-CAM needs N×C×H×W",
                          hint="choose a convolutional layer (the last conv block usually works best)")
-    last = channels_last(tuple(a.shape), tuple(x.shape[-2:]), module, model, producer_for(module, captured.get("producer")))
+    last = channels_last(tuple(a.shape), tuple(x.shape[-2:]), module, model, captured.get("producer"))
     k = int(logits[0].argmax()) if target_class is None else target_class
     if not 0 <= k < logits.shape[1]:
         raise OptionError("target_class", f"{k} is out of range: the model has {logits.shape[1]} classes")
