@@ -1419,3 +1419,24 @@ def test_a_bias_cancelled_behind_a_zero_head_is_invariant_not_gated():
     codes = {(f.code, f.where) for f in res.findings}
     assert ("invariant", "mix.bias") in codes and not any(c == "by-design-init" for c, _ in codes), codes
     assert res.exit_code == 0
+
+
+def test_a_gradient_too_small_to_move_a_parameter_is_not_blamed_on_the_optimizer():
+    """A review: a sigmoid gate saturated shut at g = -22 gets a gradient of ~3e-12, which no Adam step at 1e-3 can add
+    to -22 in float32; doctor's hint said to check that the optimizer holds the parameter, which it does."""
+    from torchdiag.api import run
+
+    class Gate(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.g = nn.Parameter(torch.tensor(-22.0))
+            self.branch = nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 16))
+
+        def forward(self, x):
+            return x + torch.sigmoid(self.g) * self.branch(x)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), Gate(), nn.Linear(16, 4))
+    res = run("doctor", model, torch.randn(8, 16))
+    (f,) = [f for f in res.findings if f.code == "param-not-updated"]
+    assert f.where == "1.g" and "too small for the step" in f.hint and "check that the optimizer" not in f.hint, f
