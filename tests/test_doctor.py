@@ -1439,4 +1439,4 @@ def test_a_gradient_too_small_to_move_a_parameter_is_not_blamed_on_the_optimizer
     model = nn.Sequential(nn.Linear(16, 16), Gate(), nn.Linear(16, 4))
     res = run("doctor", model, torch.randn(8, 16))
     (f,) = [f for f in res.findings if f.code == "param-not-updated"]
-    assert f.where == "1.g" and "too small for the step" in f.hint and "check that the optimizer" not in f.hint, f
+    assert f.where == "1.g" and "a gradient that vanishes" in f.hint and "check that the optimizer" not in f.hint, f

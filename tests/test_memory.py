@@ -637,3 +637,17 @@ def test_sharded_own_tensors_count_what_fsdp_gathers(tmp_path, cli):
     assert all(row["per_device_peak_bytes"] > 17 * 2**20 for row in r.json["shard"]), r.json["shard"]
     assert f["severity"] == "error" and "over the budget at any input" in f["hint"], f
     assert "smaller input" not in f["hint"], f["hint"]
+
+
+def test_a_backward_peaks_temporaries_are_not_said_to_grow_with_the_input(tmp_path, cli):
+    """A review: a forward computing W @ W.T (weight normalisation, a merged LoRA) peaks in backward with 48 MiB of
+    weight-sized temporaries, and the hint said half the peak grows with the input, at batch 1 of an 8 KiB input."""
+    (tmp_path / "ww.py").write_text(
+        "import torch\nfrom torch import nn\n\nclass M(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.l = nn.Linear(2048, 2048)\n\n    def forward(self, x):\n"
+        "        return x @ (self.l.weight @ self.l.weight.T)\n\ndef build():\n    torch.manual_seed(0)\n    return M()\n")
+    r = cli("memory", f"{tmp_path / 'ww.py'}:build", "-i", "1x2048", "--budget", "80MB", "--json", "--device", "cpu")
+    (f,) = [f for f in r.json["findings"] if f["code"] == "no-batch-fits"]
+    assert r.json["peak_phase"] != "forward", r.json["peak_phase"]
+    made = r.json["at_peak"]["inputs"] + r.json["at_peak"]["activations"]
+    assert f"is {made / r.json['peak_bytes']:.0%} of the peak measured" in f["hint"], (f["hint"], r.json["at_peak"])

@@ -632,3 +632,7 @@ def test_syncs_read_a_conditional_target_by_what_it_tests_and_where_it_sits():
     assert syncs._target_strings('h.to("cpu" if OFFLOAD else h.device)') == ["cpu"]
     assert syncs._target_strings('h.to(DEV, non_blocking=DEV.type != "cpu")') == []
     assert syncs._target_strings('h.to("cuda" if self.flags.useCuda else "cpu")') == []
+    # a later review: GPUs split as GP + Us, a nested conditional's and an and/or's plain strings counted
+    assert syncs._on_machine(ast.parse("numGPUs", mode="eval").body)
+    assert syncs._target_strings('h.to("cpu" if A else ("cpu" if B else h.device))', devices_only=True) == []
+    assert syncs._target_strings('h.to(A and "cpu" or h.device)', devices_only=True) == []

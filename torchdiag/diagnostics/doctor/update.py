@@ -339,9 +339,9 @@ def _not_updated(with_grad, skip, zero, moved, kept, reset_to) -> list[tuple[str
                         "with requires_grad_(False) if it is not meant to train"))
         elif not moved[n]:
             bad.append((n, "receives a nonzero gradient but the optimizer step does not change it",
-                        "a gradient too small for the step to change its value (a saturated gate: `torchdiag "
-                        "gradflow` finds where it vanishes), or a parameter the forward re-creates, which the "
-                        "optimizer does not hold"))   # (a review: a sigmoid gate at -22 was told to check the optimizer)
+                        "a step too small for its dtype to add to its value: a gradient that vanishes (a saturated "
+                        "gate: `torchdiag gradflow` finds where), or a value so large the step is below its "
+                        "resolution; or a parameter the forward re-creates, which the optimizer does not hold"))   # (a review: a sigmoid gate at -22 was told to check the optimizer)
         elif not kept[n]:
             bad.append((n, "changes after the optimizer step, but the next forward " +
                         ("writes the old value back" if reset_to[n] else "overwrites it") +

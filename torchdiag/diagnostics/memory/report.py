@@ -236,8 +236,9 @@ def _smaller(ctx, opts: Options, r: StepReport, sharded=(), units=None) -> str:
     else:   # with what the input makes of the peak measured: the part a smaller one can shrink (a review: offered where
         # a 1×1 image's conv weights, their gradients and Adam's temporaries were all of it)
         made = r.at_peak.get("inputs", 0) + r.at_peak.get("activations", 0)
-        if not str(r.peak_phase).startswith("optimizer"):   # a forward's temporaries grow with the input too (a
-            made += r.at_peak.get("temporaries", 0)            # review: 33% of an inference peak left out)
+        if str(r.peak_phase).startswith("forward"):   # a forward's temporaries grow with the input too (a review: 33%
+            made += r.at_peak.get("temporaries", 0)      # of an inference peak left out); a backward's are the weights'
+            # gradients as well (a second: W @ W.T in backward counted)
         share = (f"; what grows with it (inputs, activations, temporaries) is {made / r.peak:.0%} of the peak "
                  "measured") if r.peak else ""
         ways.append(f"a smaller input (a shorter sequence, a smaller image{share})")

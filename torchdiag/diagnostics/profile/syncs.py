@@ -172,15 +172,23 @@ def _target_strings(text: str, devices_only: bool = False) -> list[str] | None:
     out: list[str] = []
 
     def walk(n, direct: bool, branch: bool = False) -> None:
+        # `direct`: the argument itself or an alternative of it; `branch`: one of several alternatives (a conditional's
+        # branch, an `and`/`or` operand), whose plain string cannot have made a torch.device the run passed. Inside a
+        # call (torch.device("cpu" if … else …)) a string makes the device (a review)
         if isinstance(n, ast.IfExp):
             if not _on_machine(n.test):   # on the machine: a GPU takes the other branch
-                walk(n.body, False, direct)   # (a branch that is itself the argument: the plain-string rule;
-                walk(n.orelse, False, direct)   # one inside torch.device("cpu" if … else …) makes the device)
+                walk(n.body, direct, branch or direct)
+                walk(n.orelse, direct, branch or direct)
+            return
+        if isinstance(n, ast.BoolOp):   # `A and "cpu" or h.device`: alternatives too (a review)
+            for v in n.values:
+                walk(v, direct, branch or direct)
             return
         if isinstance(n, ast.Constant) and isinstance(n.value, str) and not (branch and devices_only):
             out.append(n.value)
+        inside = isinstance(n, ast.Call)
         for child in ast.iter_child_nodes(n):
-            walk(child, False, branch and not isinstance(n, ast.Call))
+            walk(child, direct and not inside, branch and not inside)
     for arg in [*node.args, *(k.value for k in node.keywords if k.arg == "device")]:
         walk(arg, True)
     return out
@@ -195,7 +203,7 @@ def _on_machine(test) -> bool:
     for n in ast.walk(test):
         name = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else None
         if name:   # snake_case and camelCase words, a plural's stem too (useCuda, num_gpus: a review)
-            parts = [w.lower() for w in re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+", name)]
+            parts = [w.lower() for w in re.findall(r"[A-Z]+s(?![a-z])|[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+", name)]
             words |= set(parts) | {w[:-1] for w in parts if w.endswith("s")} | {name.lower()}
     return bool(words & _MACHINE_WORDS)
 
