@@ -6974,6 +6974,6 @@ def test_a_fully_sharded_run_is_said_not_watched_and_still_runs(tmp_path):
     path.write_text(FSDP2_SCRIPT)
     done = torchrun_args("-m", "torchdiag", "watch", "--", sys.executable, path, env={"OMP_NUM_THREADS": "1"},
                          cwd=tmp_path)
-    assert "TRAINED 0" in done.stdout and "TRAINED 1" in done.stdout, done.stdout[-2000:]
+    assert done.stdout.count("TRAINED") == 2, done.stdout[-2000:]   # both ranks ran it (their lines may interleave)
     assert "fully_shard (FSDP2) sharded parameters is not watched" in done.stdout + done.stderr, done.stderr[-2000:]
     assert "internal error" not in done.stdout + done.stderr
