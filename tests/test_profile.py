@@ -619,20 +619,20 @@ def test_syncs_read_a_conditional_target_by_what_it_tests_and_where_it_sits():
     inside `torch.device(...)` makes it."""
     import ast
 
-    from torchdiag.diagnostics.profile import syncs
+    from torchdiag.diagnostics.profile import target
 
-    machine = {t: syncs._on_machine(ast.parse(t, mode="eval").body) for t in (
+    machine = {t: target.on_machine(ast.parse(t, mode="eval").body) for t in (
         "torch.cuda.is_available()", "self.flags.useCuda", "args.num_gpus > 0", "hasGPU", "HAS_CUDA",
         "SAVE_TIMESTAMPS", "accelerator.is_main_process", "OFFLOAD")}
     assert machine == {"torch.cuda.is_available()": True, "self.flags.useCuda": True, "args.num_gpus > 0": True,
                        "hasGPU": True, "HAS_CUDA": True, "SAVE_TIMESTAMPS": False,
                        "accelerator.is_main_process": False, "OFFLOAD": False}, machine
-    assert "cpu" in syncs._target_strings('h.to(torch.device("cpu" if OFFLOAD else "cuda"))', devices_only=True)
-    assert syncs._target_strings('h.to("cpu" if OFFLOAD else h.device)', devices_only=True) == []
-    assert syncs._target_strings('h.to("cpu" if OFFLOAD else h.device)') == ["cpu"]
-    assert syncs._target_strings('h.to(DEV, non_blocking=DEV.type != "cpu")') == []
-    assert syncs._target_strings('h.to("cuda" if self.flags.useCuda else "cpu")') == []
+    assert "cpu" in target.target_strings('h.to(torch.device("cpu" if OFFLOAD else "cuda"))', devices_only=True)
+    assert target.target_strings('h.to("cpu" if OFFLOAD else h.device)', devices_only=True) == []
+    assert target.target_strings('h.to("cpu" if OFFLOAD else h.device)') == ["cpu"]
+    assert target.target_strings('h.to(DEV, non_blocking=DEV.type != "cpu")') == []
+    assert target.target_strings('h.to("cuda" if self.flags.useCuda else "cpu")') == []
     # a later review: GPUs split as GP + Us, a nested conditional's and an and/or's plain strings counted
-    assert syncs._on_machine(ast.parse("numGPUs", mode="eval").body)
-    assert syncs._target_strings('h.to("cpu" if A else ("cpu" if B else h.device))', devices_only=True) == []
-    assert syncs._target_strings('h.to(A and "cpu" or h.device)', devices_only=True) == []
+    assert target.on_machine(ast.parse("numGPUs", mode="eval").body)
+    assert target.target_strings('h.to("cpu" if A else ("cpu" if B else h.device))', devices_only=True) == []
+    assert target.target_strings('h.to(A and "cpu" or h.device)', devices_only=True) == []
