@@ -577,3 +577,27 @@ def test_a_language_model_keeps_its_next_token_loss_on_each_rank(lm):
             logits = out["logits"] if isinstance(out, dict) else out
             want = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1))
         assert r["data"]["loss_value"] == pytest.approx(float(want), rel=1e-5), (r["data"]["loss_value"], float(want))
+
+
+def test_nancheck_does_not_count_the_ddp_wrapper_as_a_module_call(tmp_path):
+    """The flagged pass runs on our DDP copy; the wrapper's own call is not one of the model's (a sweep: 7 module
+    calls under --wrap ddp, 6 without)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from torchdiag.core.inputs import ModelInputs
+    from torchdiag.core.loss import Loss
+    from torchdiag.diagnostics.nancheck.flags import flagged_pass
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))   # 4 module calls
+    x = ModelInputs((torch.randn(6, 4),))
+    loss = Loss("cross_entropy", 0, None)
+    _one_process_world(tmp_path)
+    try:
+        wrapped = DistributedDataParallel(model)
+        outer = flagged_pass(wrapped, x, loss, outer=wrapped)
+        plain = flagged_pass(model, x, loss)
+    finally:
+        dist.destroy_process_group()
+    assert plain.modules_checked == 4 and outer.modules_checked == 4

@@ -32,7 +32,7 @@ class FlagChecker(ForwardHooks):
 
     pre_kwargs = True
 
-    def __init__(self, model):
+    def __init__(self, model, outer=None):
         import torch
 
         global _Tensor
@@ -40,11 +40,13 @@ class FlagChecker(ForwardHooks):
         super().__init__(model)
         self.sums: list = []      # 0-dim tensors, in completion order
         self.calls = 0
+        self.outer = outer        # a wrapper of ours (DDP): its call is not one of the model's
         self._open: list = []     # (module, args, kwargs) of calls still running: to name one that raises
         self._last = None         # (tensor, version): a parent returning its child's output is summed once
 
     def _pre(self, mod, args, kwargs):
-        self.calls += 1
+        if mod is not self.outer:
+            self.calls += 1
         self._open.append((mod, args, kwargs))
 
     def _post(self, mod, args, output):
@@ -78,12 +80,13 @@ class FlagChecker(ForwardHooks):
 
 
 def flagged_pass(model, inputs, loss_fn, *, backward: bool = True, autocast=None, watch=None,
-                 saw=None) -> PassReport | None:
+                 saw=None, outer=None) -> PassReport | None:
     """One forward (+ loss + backward), fills .grad of `model`. The report of a healthy pass, or None
     when anything (a module output, the loss, a parameter gradient) may be non-finite.
     `watch` (precision.Watch, reduced precision only) adds its magnitudes to the same read-back; `saw(loss)` is
-    told the graph before its backward (forward_loss_backward)."""
-    checker = FlagChecker(model) if watch is None else watch.checker(model)
+    told the graph before its backward (forward_loss_backward); `outer` is a wrapper of ours whose call is not
+    counted as one of the model's."""
+    checker = FlagChecker(model, outer) if watch is None else watch.checker(model)
     try:
         output, loss, backward_ran, note = forward_loss_backward(model, inputs, loss_fn, checker, backward, autocast,
                                                                  saw)

@@ -7,6 +7,7 @@ A rank whose own pass is finite while its reduced gradients are not gets `non-fi
 another rank's gradients carried the NaN/Inf in (that rank's findings name where it started)."""
 from __future__ import annotations
 
+from ...core.distributed import inner
 from .flags import flagged_pass, set_rng_state
 
 
@@ -20,7 +21,7 @@ def wrapped_pass(model, inputs, loss_fn, ctx, state):
     amp = ctx.autocast if ctx.precision.amp else None
     set_rng_state(state, ctx.device)
     try:
-        rep = flagged_pass(work, inputs, loss_fn, autocast=amp)
+        rep = flagged_pass(work, inputs, loss_fn, autocast=amp, outer=None if inner(work) is work else work)
     finally:
         set_rng_state(state, ctx.device)
     if ctx.spec.wrap == "fsdp":   # each rank read its own shard of the reduced gradients: any rank's NaN counts
