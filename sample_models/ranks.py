@@ -13,6 +13,8 @@ factory is seeded); what differs by rank comes from torchrun's RANK variable, re
 `branch_on_rank`: `aux` (a Linear) runs in forward on rank 0 only (a data-dependent branch): under DDP
    the ranks' gradient buckets disagree; under fully_shard the reduce-scatters differ in size.
 `nan_on_rank`: module `poison` turns its output to NaN on rank `rank` only.
+`build_fails_on_rank`: the factory itself raises on rank `rank` (the others build the healthy MLP).
+`extra_on_rank`: the healthy MLP with one more Linear at its end on rank `rank` only (a factory that reads the rank).
 `full_on_rank`: the healthy MLP, on a rank whose memory is full: on rank `rank` every copy of the model is refused
    for want of room (torchdiag's room check is made to refuse there: a GPU another job fills, simulated).
 Input for all: example_inputs(), 8 × 8."""
@@ -98,6 +100,17 @@ def unused() -> nn.Module:
 
 def fails_on_rank(rank: int = 1) -> nn.Module:
     return _FailsOnRank(rank)
+
+
+def build_fails_on_rank(rank: int = 1) -> nn.Module:
+    if _rank() == rank:
+        raise RuntimeError(f"this factory fails on rank {rank}")
+    return healthy()
+
+
+def extra_on_rank(rank: int = 1) -> nn.Module:
+    model = healthy()
+    return nn.Sequential(*model, nn.Linear(4, 4)) if _rank() == rank else model
 
 
 def branch_on_rank() -> nn.Module:

@@ -38,6 +38,8 @@ RUNS = {
     "fsdp_grads": ["gradflow", sample("ranks.py:unused"), "--wrap", "fsdp"],
     "fsdp_nan": ["nancheck", sample("ranks.py:nan_on_rank"), "--arg", "rank=1", "--wrap", "fsdp"],
     "lm": ["gradflow", sample("gpt_tiny.py:build"), "--wrap", "ddp"],
+    "build_fails": ["gradflow", sample("ranks.py:build_fails_on_rank"), "--arg", "rank=1", "--wrap", "ddp"],
+    "extra_layer": ["doctor", sample("ranks.py:extra_on_rank"), "--arg", "rank=1"],
 }
 
 
@@ -60,7 +62,8 @@ def launched(waiting):
     return torchrun_many(RUNS)
 
 
-diverging, healthy, unused, overfit, nan_rank, fsdp_grads, fsdp_nan, lm = launched_fixtures(*RUNS)
+diverging, healthy, unused, overfit, nan_rank, fsdp_grads, fsdp_nan, lm, build_fails, extra_layer = \
+    launched_fixtures(*RUNS)
 
 
 @pytest.fixture(scope="module")
@@ -286,6 +289,33 @@ def test_a_copy_refused_on_one_rank_stops_every_rank_before_the_wrapper_waits(co
     assert r0["error"]["echo"] and "did not fit on another rank" in r0["error"]["message"]
     assert doc["error"]["message"] == "[rank 1] " + r1["error"]["message"]
     assert r1["error"]["at"] - r0["error"]["at"] < 60   # not after a wait in the broadcast
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_factory_failing_on_one_rank_does_not_hold_the_others(build_fails):
+    """A sweep: rank 1's factory raised, rank 0 went on to --wrap's parameter check and waited there for twice the
+    distributed timeout (20 min at the default), and the report led with its timeout. The ranks now agree the model
+    was built everywhere before any collective: rank 0 stops at once, its error an echo, the report rank 1's."""
+    code, doc, err = build_fails
+    assert code == 3 and doc["exit_code"] == 3
+    assert doc["error"]["message"].startswith("[rank 1] ") and "this factory fails on rank 1" in doc["error"]["message"]
+    r0 = doc["ranks"][0]["error"]
+    assert r0["echo"] and "another rank could not build" in r0["message"]
+    assert "Timed out" not in err and "another rank could not build" not in err   # the echo has no line of its own
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_layer_on_one_rank_only_is_rank_divergence(extra_layer):
+    """A sweep: a factory adding a layer on rank 1 passed (the ranks' tensors were matched by position, rank 1's
+    extra ones never looked at); on rank 0 it was an IndexError shown as a warning. Matched by name now."""
+    _, doc, _ = extra_layer
+    assert doc["exit_code"] == 1
+    found = by_code(doc, "rank-divergence")
+    assert sorted(f["where"] for f in found) == ["3.bias", "3.weight"], found
+    assert all("absent on rank 0" in f["message"] for f in found)
+    assert not by_code(doc, "rank-check-failed")
 
 
 @pytest.mark.slow

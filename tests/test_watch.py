@@ -633,7 +633,7 @@ def test_accumulate_given_to_a_loop_that_zeroes_every_step_is_said():
 
 def test_a_zero_grad_every_tenth_step_is_said_for_the_steps_looked_at():
     """A sweep: zero_grad() indented into a logging block (every 10th step) was said to leave gradients "at every
-    backward ... they accumulate over every step". It is looked at after read steps only: said as how many of them."""
+    backward ... they accumulate over every step". It is looked at after some steps only: said as how many of them."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 3))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -646,7 +646,7 @@ def test_a_zero_grad_every_tenth_step_is_said_for_the_steps_looked_at():
             loss.backward()
             opt.step()
     found = [f for f in w.result().findings if f.code == "grad-carried-over"]
-    said = re.search(r"after (\d+) of the (\d+) read steps looked at", found[0].message) if found else None
+    said = re.search(r"after (\d+) of the (\d+) steps looked at", found[0].message) if found else None
     assert said and 0 < int(said.group(1)) < int(said.group(2)), [f.message for f in found]
     assert "every step" not in found[0].message
 
@@ -2636,6 +2636,29 @@ def test_script_sees_its_own_argv_name_and_folder(tmp_path, capsys, monkeypatch)
     out = capsys.readouterr().out
     assert f"ARGV ['--steps', '12', '--lr', 'x'] __main__ {tmp_path.parent} True" in out
     assert sys.argv == before and r.data["steps"] == 12 and hooks_gone()
+
+
+def test_a_script_given_by_a_relative_path_reads_itself_after_chdir(tmp_path, capsys, monkeypatch):
+    """A sweep: `watch -- python repro/x.py` gave the script a relative __file__, so one that changed folder and read
+    a file beside itself failed (exit 3). As python runs it, __file__ is absolute (sys.argv[0] too: runpy sets it to
+    the path it runs, where python keeps it as typed)."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "probe.py").write_text(textwrap.dedent("""
+        import os, sys
+        import torch
+        print("ARGV0", sys.argv[0], "FILE", __file__, flush=True)
+        os.chdir("/")
+        assert open(__file__).read().startswith("\\nimport os")
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad(); model(torch.randn(4, 3)).pow(2).mean().backward(); opt.step()
+    """))
+    monkeypatch.chdir(tmp_path)
+    r = run_command(["python", os.path.join("sub", "probe.py")], Watch(every=5))
+    out = capsys.readouterr().out
+    assert f"ARGV0 {tmp_path / 'sub' / 'probe.py'} FILE {tmp_path / 'sub' / 'probe.py'}" in out
+    assert r.data["steps"] == 3 and hooks_gone()
 
 
 @pytest.mark.slow
@@ -6263,8 +6286,29 @@ def test_grad_carried_over_counts_read_steps_not_backward_calls():
             F.cross_entropy(b(x), (x[:, 0] > 0).long()).backward()
             ob.step()
     f = finding(w.result(), "grad-carried-over")
-    looked = int(re.search(r"of the (\d+) read steps", f.message).group(1))
-    assert looked <= 3 and w.result().data["steps"] == 80, f.message
+    looked = int(re.search(r"of the (\d+) steps looked at", f.message).group(1))
+    assert looked <= 20 and w.result().data["steps"] == 80, f.message   # a's 20 steps at most, not b's 60
+
+
+@pytest.mark.parametrize("every", [50, 10])
+def test_a_zero_grad_skipped_now_and_then_is_found_between_read_steps(every):
+    """A sweep: zero_grad() skipped on every 7th step (a branch of the loop) passed at every=50, and a skip on every
+    10th at every=10 too: the probes looked only after read steps, and no read step came before a skip. They look
+    after each of the first `every` steps and after one drawn in each later block as well."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    skip = 7 if every == 50 else 10
+    with Watch(model, opt, every=every) as w:
+        for step in range(1, 121):
+            x = torch.randn(16, 10)
+            if step % skip:
+                opt.zero_grad()
+            F.cross_entropy(model(x), x[:, :3].argmax(1)).backward()
+            opt.step()
+    f = finding(w.result(), "grad-carried-over")
+    carried = [int(s) for s in re.search(r"looked at \(([\d, ]+)", f.message).group(1).split(", ")]
+    assert f.severity == "error" and all((s + 1) % skip == 0 for s in carried), f.message
 
 
 def test_the_replay_of_a_loss_non_finite_outside_the_model_says_what_the_output_held():

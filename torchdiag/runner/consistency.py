@@ -131,26 +131,42 @@ def _agreed_loss(call, inputs, ctx, loss_fn, k: int, out):
 
 
 def _compare(entries, k: int, what: str, sess, out, whole=lambda t: t) -> None:
-    """Checksums of `entries` on every rank; the ones that differ (the same list on every rank, since
-    all see the same gathered checksums) gathered whole for the exact difference against rank 0.
-    `whole(t)`: the tensor to compare (FSDP: made whole, in the entries' order on every rank)."""
+    """Checksums of `entries` on every rank, matched by kind and name; the ones that differ (the same list on every
+    rank, since all see the same gathered checksums) gathered whole for the exact difference against rank 0. A tensor
+    not on every rank (a layer one rank's factory added) is a difference of its own (_absent): matched by position, a
+    sweep's extra layer on rank 1 went unseen and one on rank 0 was an IndexError. `whole(t)`: the tensor to compare
+    (FSDP: made whole, in the same order on every rank; its wrapper refuses ranks whose parameters differ)."""
     import torch
 
-    if not entries:
-        return
-    sums = torch.stack([_checksum(whole(t)) for _, _, t in entries]).cpu()     # one read-back
-    everyone = sess.all_gather(sums.view(torch.int64))
-    bad = [i for i in range(len(entries)) if any(not torch.equal(s[i], everyone[0][i]) for s in everyone)]
+    keys = [(kind, name) for kind, name, _ in entries]
+    sums = torch.stack([_checksum(whole(t)) for _, _, t in entries]).cpu() if entries else torch.zeros(0, 2)
+    everyone = [dict(zip(ks, ss)) for ks, ss in sess.all_gather((keys, sums.view(torch.int64)))]   # one read-back
+    if what != "grad":
+        _absent(everyone, k, out)
+    common = [key for key in everyone[0] if all(key in d for d in everyone)]
+    bad = [key for key in common if any(not torch.equal(d[key], everyone[0][key]) for d in everyone)]
     known = {(d["kind"], d["name"]) for d in out["differs"]} | {("grad", d["name"]) for d in out["grads_differ"]}
-    bad = [i for i in bad if (entries[i][0], entries[i][1]) not in known]
+    bad = [key for key in bad if key not in known]
     if not bad:
         return
-    values = sess.all_gather([whole(entries[i][2]).detach().float().cpu() for i in bad])
-    for j, i in enumerate(bad):
-        kind, name, _ = entries[i]
+    mine = {(kind, name): t for kind, name, t in entries}
+    values = sess.all_gather([whole(mine[key]).detach().float().cpu() for key in bad])
+    for j, (kind, name) in enumerate(bad):
         diffs = {r: _max_diff(values[0][j], values[r][j]) for r in range(len(values)) if r}
         row = {"name": name, "kind": kind, "step": k, "max_abs_diff": diffs}
         (out["grads_differ"] if what == "grad" else out["differs"]).append(row)
+
+
+def _absent(everyone: list[dict], k: int, out) -> None:
+    """A row per tensor some ranks do not have, naming them (once: the state as built)."""
+    known = {(d["kind"], d["name"]) for d in out["differs"]}
+    seen: dict = {}
+    for d in everyone:
+        seen.update(dict.fromkeys(d))
+    for kind, name in seen:
+        absent = [r for r, d in enumerate(everyone) if (kind, name) not in d]
+        if absent and (kind, name) not in known:
+            out["differs"].append({"name": name, "kind": kind, "step": k, "max_abs_diff": {}, "absent_on": absent})
 
 
 def _checksum(t):

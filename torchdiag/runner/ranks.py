@@ -111,9 +111,10 @@ def _in_session(job: Job, spec, sess, o) -> Outcome:
 
 def _own_line(rank: int, errors: list) -> list[str]:
     """This rank's error line, unless rank 0 says it once for every rank: when every rank failed, the lead
-    failure (all_failed) is one line tagged with the ranks that had it (a sweep: each rank printed the same)."""
+    failure (all_failed) is one line tagged with the ranks that had it (a sweep: each rank printed the same). An
+    echo of a peer's failure has no line of its own: the lead is said, the echo is in --json's ranks."""
     mine = errors[rank]
-    if mine is None or (all(errors) and mine["message"] == _lead(errors)["message"]):
+    if mine is None or (all(errors) and (mine.get("echo") or mine["message"] == _lead(errors)["message"])):
         return []
     return [f"error: [rank {rank}] {mine['message']}"]
 
@@ -121,6 +122,30 @@ def _own_line(rank: int, errors: list) -> list[str]:
 def _lead(errors: list[dict]) -> dict:
     """The first failure, not its echoes (a rank stopped by a peer's failure says so; else the earliest)."""
     return min(errors, key=lambda e: (bool(e.get("echo")), e["at"]))
+
+
+def _built_everywhere(spec, sess, diagnostic, local: Local):
+    """Model, context and this rank's shard, built on every rank or on none: the ranks agree (one all-reduce) before
+    any collective. A rank whose factory, checkpoint or inputs failed would leave its peers waiting in the next one
+    (the parameter check under --wrap, the copy cross-rank checks make) for twice the distributed timeout, and the
+    report led with their timeout (a sweep)."""
+    from ..core.context import prepare
+    from ..core.distributed import agree, rank_spec, shard
+    from ..errors import ModelError
+
+    r = sess.ranks
+    try:
+        local.model, inputs, local.ctx = prepare(rank_spec(spec, r), needs_values=getattr(diagnostic, "NEEDS_VALUES",
+                                                                                           False))
+        local.inputs, local.ctx.batch_target, rows = shard(inputs, local.ctx.batch_target, r)
+    except Exception:
+        agree([True], "cpu")
+        raise
+    if agree([False], "cpu")[0]:
+        err = ModelError("another rank could not build the model or its inputs (that rank's error says why)")
+        err.follows_peer = True   # never the report's lead
+        raise err
+    return inputs, rows
 
 
 def _run_rank(job: Job, spec, sess, diagnostic, o, local: Local) -> dict:
@@ -177,12 +202,10 @@ def _rank0_outputs(job: Job):
 
 def _prepare(spec, sess, diagnostic, local: Local) -> None:
     """Model, this rank's shard, the context; under DDP, which parameters get no gradient here."""
-    from ..core.context import prepare
-    from ..core.distributed import rank_spec, shard, shard_bounds
+    from ..core.distributed import shard_bounds
 
     r = sess.ranks
-    local.model, inputs, local.ctx = prepare(rank_spec(spec, r), needs_values=getattr(diagnostic, "NEEDS_VALUES", False))
-    local.inputs, local.ctx.batch_target, rows = shard(inputs, local.ctx.batch_target, r)
+    inputs, rows = _built_everywhere(spec, sess, diagnostic, local)
     if getattr(local.ctx, "lm", None) is not None:   # the language model's ids, read on the whole batch, this rank's rows
         local.ctx.observe(local.model, local.inputs)   # now (a sweep: their shape no longer fit the logits: mse)
     local.ctx.rows = (*shard_bounds(inputs.batch_size, r), inputs.batch_size)   # random targets: cut, not drawn per rank

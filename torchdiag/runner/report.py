@@ -68,6 +68,11 @@ def _batchnorm_stats(merged, stats: list[dict]):
 
 def _differs(merged, d: dict, wrap: str, unreduced: bool = False, ignored: bool = False):
     what = f"{d['kind']} {d['name']}"
+    if d.get("absent_on"):
+        return merged.add("rank-divergence", "error", d["name"],
+                          f"{what} is not on every rank (absent on {tag(d['absent_on'])}, step {d['step']}): the ranks "
+                          "built different models", "every rank must build the same model: look for code in the factory "
+                          "that depends on the rank (RANK, LOCAL_RANK) or on what each machine has")
     if d["step"] == 0 and wrap == "ddp" and (ignored or unreduced):
         return _not_broadcast(merged, d, what, ignored)
     if d["step"] > 0 and wrap == "ddp" and d["kind"] == "buffer" and not ignored:

@@ -99,7 +99,7 @@ def gated(model, inputs, rows, result, opts, ctx, prepare) -> None:
             continue
         if v.invariant:   # back only as rounding noise, and the trained copy's loss does not depend on it
             r.update(status=INVARIANT, allowed=False, design={"kind": INVARIANT, "why": (
-                f"max |grad| 0 at initialisation and {v.after:.3g} (rounding) after a short training run on a copy "
+                f"max |grad| 0 at initialisation and {_after_run(v)} after a short training run on a copy "
                 f"({v.steps} optimizer steps), and shifting it by random values on a float64 copy of the trained "
                 "model leaves the loss unchanged: the loss does not depend on it")})
             continue
@@ -303,6 +303,10 @@ def _small_terms(model, inputs, rows, opts, ctx, prepare, result):
                 "gradient large")
 
     return why
+
+
+def _after_run(v) -> str:
+    return "still exactly 0" if v.after == 0 else f"{v.after:.3g} (rounding)"
 
 
 def _threshold(r, opts) -> float:

@@ -364,22 +364,23 @@ def _wiring(result: Result, engine) -> None:
     _unwatched_note(result, engine)
     carried = engine.checks["carried"]
     if carried and not engine.opts.accumulate:
-        # looked at after read steps only: "every step" overstated a loop that zeroes every 10th step (a sweep)
+        # looked at after some steps only (stats.Track._looks_after): "every step" overstated a loop that zeroes
+        # every 10th step (a sweep)
         more = f" and {len(carried) - 5} more" if len(carried) > 5 else ""
         where, whose = _carriers(engine)
-        # the read steps looked after of the optimizers that carried (another's, after the count passed to it, are not
+        # the steps looked after of the optimizers that carried (another's, after the count passed to it, are not
         # theirs to be counted against)
         by, looked = engine.checks.get("carried_by", {}), engine.checks.get("carry_looked", {})
         steps = set().union(*(looked.get(k, set()) for k in by)) or engine.checks.get("carry_steps", carried)
         result.add("grad-carried-over", "error", where, f"gradients from the previous step{whose} were still there at "
-                   f"the next backward after {len(carried)} of the {len(steps)} read steps looked at ({', '.join(map(str, carried[:5]))}"
+                   f"the next backward after {len(carried)} of the {len(steps)} steps looked at ({', '.join(map(str, carried[:5]))}"
                    f"{more}): they add up across steps",
                    "call optimizer.zero_grad() once per step (or pass accumulate=True if this is on purpose)")
     elif not engine.opts.accumulate:
         _crossed(result, engine)
     elif engine.checks.get("carry_steps") and not carried:   # declared, yet cleared every time (a sweep: the flag a user doing
         looked = len(engine.checks["carry_steps"])   # micro-batch accumulation passes hid their missing zero_grad)
-        result.add("accumulate-unneeded", "info", "", f"accumulate was given, yet at each of the {looked} read steps "
+        result.add("accumulate-unneeded", "info", "", f"accumulate was given, yet at each of the {looked} steps "
                    "looked at the gradients were cleared before the next backward: accumulation over micro-batches "
                    "that calls zero_grad() after each optimizer step does not need it, and without it a missing "
                    "zero_grad() is an error (grad-carried-over)", "drop accumulate unless the gradients are meant to "

@@ -73,7 +73,7 @@ def run_command(argv, watch) -> object:
         if found is None:
             raise UsageError(f"watch: no module named {target}", hint="run it from the folder that holds the package")
     saved_argv, saved_path = sys.argv[:], sys.path[:]
-    sys.argv = [os.path.abspath(target) if kind == "path" else target, *args]
+    sys.argv = [os.path.abspath(target) if kind == "path" else target, *args]   # run_path sets argv[0] to its path
     sys.path.insert(0, os.path.dirname(os.path.abspath(target)) if kind == "path" else os.getcwd())
     failure = interrupted = error = None
     kept = None   # the script's globals, alive until watch's last read (its models, judged at the end)
@@ -81,7 +81,7 @@ def run_command(argv, watch) -> object:
         with watch:
             try:
                 if kind == "path":
-                    kept = runpy.run_path(target, run_name="__main__")
+                    kept = runpy.run_path(os.path.abspath(target), run_name="__main__")   # __file__ absolute, as python gives it
                 else:
                     kept = runpy.run_module(target, run_name="__main__", alter_sys=True)
             except SystemExit as exc:

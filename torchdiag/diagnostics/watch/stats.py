@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import random
 import weakref
 
 from ...core.device import wide_float
@@ -69,17 +70,20 @@ class Track:
         self._views: list = [None] * n # per parameter: (key, sample view or None, float32 buffer) for the ratio
         self._before_views: list = []  # the entries the samples before the update came from
         self._probe_next = False       # arm the zero_grad probes after this step (a read step)
+        self._drawn = (0, 0)           # (block of `every` steps, the step in it drawn to be looked after too)
         self.fired: list = []          # the probes' flags since they were armed
         self.fired_at: list = []       # per flag, (outermost optimizer steps, backward calls) when it fired
         self.fired_dots: list = []     # per flag, (old·new, |old|², |new|²) of the gradients (float32 sums, as float64)
         self.marks = None              # the engine's (steps, backwards) counter (engine._marks), set by it
         self.armed_step = 0
+        self.light = False             # the probes armed hold one parameter and read no cosine (_looks_after)
         self.mode_mark = 0             # the engine's root-forward and backward counts at its last step
         self.bw_mark = 0               # (engine._check_mode)
         self.queue: list = []          # (kind, payload, tensor)
         self.probes: list = []
         self._unkept: list = []        # per probed parameter (weakref, its look no accumulation followed, if any)
         self._zero = torch.zeros((), dtype=torch.float32, device=self.device)   # the carry probe's "no gradient"
+        self._one = torch.ones((), dtype=torch.float32, device=self.device)     # a light look's "carried"
         self._zero3 = torch.zeros(3, dtype=self.wide, device=self.device)
         # (dtypes written out: a script's torch.set_default_dtype(torch.float64) is not ours; a review: index_add_ of
         # float32 counts into a float64 default stopped watch at step 1)
@@ -350,6 +354,8 @@ class Track:
 
         if carry_probe and self._probe_next:
             self._arm(step)
+        elif carry_probe and self._looks_after(step):
+            self._arm(step, light=True)
         self._probe_next = False
         if self.before is None:
             return
@@ -361,7 +367,20 @@ class Track:
         self.before = None
         self.queue.append(("ratio", (self, step), ratio))
 
-    def _arm(self, step: int):
+    def _looks_after(self, step: int) -> bool:
+        """Besides read steps, the probes look after each of the first `every` steps and after one step drawn in each
+        later block of `every` (from the block's number: not the run's random stream). A loop that skips zero_grad()
+        now and then (every 7th step, at every=50) had no read step before a skip (a sweep). Those looks are light
+        (_light_probe): one parameter, looked at on the host."""
+        every = self.every
+        if step <= every:
+            return True
+        block = (step - 1) // every
+        if self._drawn[0] != block:
+            self._drawn = (block, block * every + 1 + random.Random(block).randrange(every))
+        return step == self._drawn[1]
+
+    def _arm(self, step: int, light: bool = False):
         """Hooks on a few parameters that had a gradient, until this optimizer's next step: at every
         backward that reaches one, they look at the gradient already there (a leaf's hooks run before
         accumulation). Carried over = non-zero at every such backward: nothing reset it before the next
@@ -369,15 +388,39 @@ class Track:
         so is accumulating micro-batches after a zero_grad). A look counts once the gradient is accumulated
         into .grad (a post-accumulate hook): torch.autograd.grad runs the first hook but leaves .grad alone (a
         loop that sets p.grad = g from it replaces the old gradient: a false `grad-carried-over`, a sweep)."""
-        chosen = [p for p in self.params if p.grad is not None and p.requires_grad and p.is_leaf][:CARRY_PROBES]
+        chosen = [p for p in self.params if p.grad is not None and p.requires_grad and p.is_leaf][:1 if light else
+                                                                                                   CARRY_PROBES]
+        self.light = light
         self.fired.clear()
         self.fired_at.clear()
         self.fired_dots.clear()
         self.armed_step = step
         self.probes, self._unkept = [], []
         for p in chosen:
-            look, keep = self._probe(p)
+            look, keep = self._probe(p) if not light else self._light_probe(p)
             self.probes += [p.register_hook(look), p.register_post_accumulate_grad_hook(keep)]
+
+    def _light_probe(self, p):
+        """The hooks of a light look (_looks_after), on the host: the gradient the step applied is still .grad, the
+        same tensor unwritten since (its version), when the next backward comes; zero_grad() sets it to None or zeroes
+        it in place. No op, no cosine; a look no accumulation followed counts as cleared (_settle_unkept)."""
+        ref, kept = weakref.ref(p), weakref.ref(p.grad)   # weak: the old gradient is not kept alive by the probe
+        version = p.grad._version
+        fired, at, marks, pending = self.fired, self.fired_at, self.marks, []
+        self._unkept.append((ref, pending))
+
+        def look(grad):
+            old = ref().grad if ref() is not None else None
+            flag = self._one if old is not None and old is kept() and old._version == version else self._zero
+            pending[:] = [(flag, self._zero3, marks() if marks is not None else (0, 0), grad)]
+
+        def keep(_param):
+            if pending:
+                flag, dot, mark, _ = pending.pop()
+                fired.append(flag)
+                self.fired_dots.append(dot)
+                at.append(mark)
+        return look, keep
 
     def _probe(self, p):
         """The two hooks of one probed parameter: `look` reads the gradient already there and the one coming,
@@ -442,8 +485,10 @@ class Track:
         if self._reached is not None:
             self.idle_off()
         if self.fired:
-            self.queue.append(("carry", (self, self.armed_step), torch.stack(self.fired).min()))
-            crossed = _after_other_step(self.fired_at) if applied_at is not None else []
+            carried = (self._one if all(f is self._one for f in self.fired) else self._zero) if self.light else \
+                torch.stack(self.fired).min()   # a light look's flags are our two constants: no op
+            self.queue.append(("carry", (self, self.armed_step), carried))
+            crossed = _after_other_step(self.fired_at) if applied_at is not None and not self.light else []
             if crossed:   # still there all the way (min), and the cosine between what was there and what came
                 first = [i for i in crossed if self.fired_at[i] == self.fired_at[crossed[0]]]
                 dot, old, new = torch.stack([self.fired_dots[i] for i in first]).sum(0)
@@ -993,8 +1038,8 @@ def absorb(engine, kind: str, payload, vals: list) -> None:
         for i, v in enumerate(vals):
             if math.isfinite(v) and track.seen_grad[i]:
                 engine.ratios.setdefault(track.names[i], []).append((step, v))
-    elif kind == "carry":   # one look at the backward after a read step
-        checks.setdefault("carry_steps", set()).add(payload[1])   # read steps looked after (a step may take
+    elif kind == "carry":   # one look at the backwards after a step (Track._looks_after)
+        checks.setdefault("carry_steps", set()).add(payload[1])   # steps looked after (a step may take
         checks.setdefault("carry_looked", {}).setdefault(id(payload[0]), set()).add(payload[1])   # ... per optimizer
         if vals[0] > 0 and payload[1] not in checks["carried"]:    # several backwards: a sweep's "3 of the 204")
             checks["carried"].append(payload[1])
