@@ -237,6 +237,40 @@ def test_a_softmax_the_model_computes_is_captured_once():
     assert cap.source == "module output"
 
 
+def test_sampling_weights_a_deformable_attention_returns_are_not_attention():
+    """A sweep: HF D-FINE's deformable attention returns (output, softmax(Linear(x))), N×queries×heads×points; it was
+    taken for attention weights read N×H×L×S (300 "heads" of 4 queries). A softmax of what was no q·kᵀ is not
+    attention, returned or not; the model's real attention beside it is still found."""
+    import torch
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+
+    class Deformable(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weights = nn.Linear(8, 4 * 12)
+
+        def forward(self, x):   # x: N×Q×8
+            w = torch.softmax(self.weights(x).reshape(*x.shape[:2], 4, 12), dim=-1)
+            return x * w.mean((-1, -2), keepdim=True).squeeze(-1), w
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.deform = Deformable()
+            self.qk = nn.Linear(8, 16)
+
+        def forward(self, x):
+            out, _ = self.deform(x)
+            q, k = self.qk(out).view(*x.shape[:2], 2, 8).permute(2, 0, 1, 3).unsqueeze(2)
+            return torch.softmax(q @ k.transpose(-2, -1), dim=-1).squeeze(1) @ x
+
+    torch.manual_seed(0)
+    caps = run("attention", Net(), ModelInputs((torch.randn(1, 30, 8),), {})).artefacts["captures"]
+    assert [(c.key, c.source, tuple(c.weights.shape)) for c in caps] == [("(model)", "softmax", (1, 1, 30, 30))]
+
+
 @pytest.mark.parametrize("output_attentions", [False, True])
 def test_weights_handed_up_by_outer_modules_are_one_capture(output_attentions):
     """BERT's BertAttention returns its BertSelfAttention's weights, and BertModel all of them under

@@ -90,6 +90,8 @@ def test_missing_data_file_is_named_as_data(cli, tmp_path):
     (["--dtype", "bfloat16"], "error: --dtype applies to the model of --model, and no --model is given"),
     (["--model-arg", "width=3"], "error: --model-arg applies to the model of --model"),
     (["--device", "meta"], "error: data needs real values; the meta device has none"),
+    # a sweep: said as "malformed --arg"
+    (["--model", sample("mlp.py:build"), "--model-arg", "=x"], "error: malformed --model-arg '=x'"),
 ])
 def test_bad_options_are_usage_before_loading(cli, args, said):
     r = cli("data", sample("data_errors.py:factory_raises"), *args)   # exit 3 had the factory been called

@@ -641,3 +641,21 @@ def test_what_a_copy_takes_is_what_deepcopy_makes_not_the_logical_size():
     total = sum(n for _, n in _copy_bytes(Held()))
     assert total == 288 + 4 + (6 * 8 + 3 * 4) + 64 * 4
     assert sum(n for _, n in _copy_bytes(Held(), torch.float64)) == 2 * 288 + 8 + (6 * 8 + 3 * 8) + 64 * 8
+
+
+@pytest.mark.parametrize("case", ["image-device", "image-fifo", "tokens-folder", "model-device"])
+def test_a_path_that_exists_but_is_no_file_is_said_as_what_it_is(tmp_path, cli, case):
+    """A sweep: --image /dev/null, --tokens @folder and a model spec /dev/null:f said "not found" of a path that
+    exists. Like --checkpoint, they now name what it is (exit 2), and a FIFO is never opened (no hang)."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    cnn, lm = str(ROOT / "sample_models" / "cnn.py:build"), str(ROOT / "sample_models" / "transformer_lm.py:build")
+    args, said = {
+        "image-device": (["gradcam", cnn, "--image", "/dev/null", "--layer", "features"], "--image /dev/null is a device"),
+        "image-fifo": (["gradcam", cnn, "--image", str(fifo), "--layer", "features"], "is a FIFO (named pipe)"),
+        "tokens-folder": (["attention", lm, "--tokens", f"@{tmp_path}"], "is a folder, not a regular file"),
+        "model-device": (["summary", "/dev/null:f"], "/dev/null is a device"),
+    }[case]
+    r = cli(*args, "--device", "cpu")
+    assert r.code == 2 and said in r.stderr and "not found" not in r.stderr, r.stderr
+    one_error_line(r)

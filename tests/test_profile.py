@@ -98,6 +98,26 @@ def test_top_k_limits_operator_rows_and_trace_only(tmp_path):
     assert sum(1 for e in events if e.get("name") == "module::2" and e.get("ph") == "X") == 3   # once per active step
 
 
+def test_a_trace_the_profiler_cut_short_keeps_the_old_file(tmp_path):
+    """A sweep: under a file-size limit kineto's own write of a small model's trace was cut at 1,024 bytes without a
+    word, and the truncated bytes replaced the user's previous trace, exit 0. A trace that ends before its end is
+    refused (exit 2) and the old file kept; a whole one is written."""
+    from torchdiag.errors import UsageError
+    from torchdiag.render.profile import write_trace
+
+    trace = tmp_path / "t.json"
+    trace.write_text("PRECIOUS")
+    r = _run("mlp.py:build", top=2, trace=True)
+    whole = r.artefacts["trace"]
+    r.artefacts["trace"] = whole[:1024]
+    with pytest.raises(UsageError, match="end before the trace does"):
+        write_trace(r, trace)
+    assert trace.read_text() == "PRECIOUS"
+    r.artefacts["trace"] = whole
+    write_trace(r, trace)
+    assert json.loads(trace.read_text())["traceEvents"]
+
+
 def test_record_shapes_splits_by_input_shape_and_memory_is_output_bytes():
     r = _run("mlp.py:build", top=0, record_shapes=True, memory=True)
     addmm = {tuple(tuple(s) for s in row["input_shapes"][1:3]): row

@@ -31,6 +31,10 @@ def _tokens(text):
     if text.startswith("@"):
         p = Path(text[1:])
         if not p.is_file():
+            if p.exists():   # a folder, device or FIFO: said as what it is (a sweep: "not found")
+                from ..core.limits import regular_file
+
+                regular_file(str(p), "--tokens", hint="give a text file, one token per line: --tokens @tokens.txt")
             raise UsageError(f"tokens file not found: {p}")
         try:
             return [line.rstrip("\n") for line in p.read_text(encoding="utf-8").splitlines()]

@@ -19,6 +19,10 @@ def _open(path):
     if p.is_dir():
         raise UsageError(f"--image {path} is a directory, not an image file", hint="give one PNG/JPEG file with --image")
     if not p.is_file():
+        if p.exists():   # a device, FIFO or socket: said as what it is, never opened (a sweep: "not found")
+            from .limits import regular_file
+
+            regular_file(str(path), "--image", hint="give one PNG/JPEG file with --image")
         raise UsageError(f"image file not found: {path}", hint="give an existing PNG/JPEG file with --image")
     try:
         with warnings.catch_warnings():

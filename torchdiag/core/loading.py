@@ -48,15 +48,16 @@ def split_spec(spec: str) -> tuple[str, str]:
     return where, name
 
 
-def parse_args(pairs: list[str] | None) -> dict[str, Any]:
+def parse_args(pairs: list[str] | None, option: str = "--arg") -> dict[str, Any]:
     """`--arg key=value`: the value as a Python literal when it parses, `true`/`false` (any case: a shell's, TOML's
-    spelling) as a bool, else the string (a sweep: batch_first=false reached the factory as "false", truthy)."""
+    spelling) as a bool, else the string (a sweep: batch_first=false reached the factory as "false", truthy).
+    `option`: the flag the pairs came with, for the error."""
     out: dict[str, Any] = {}
     for pair in pairs or []:
         key, sep, raw = pair.partition("=")
         key = key.strip()
         if not sep or not key.isidentifier():
-            raise UsageError(f"malformed --arg '{pair}'", hint="write --arg key=value, e.g. --arg depth=50")
+            raise UsageError(f"malformed {option} '{pair}'", hint=f"write {option} key=value, e.g. {option} depth=50")
         try:
             out[key] = ast.literal_eval(raw)
         except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):  # deep nesting: a string too
@@ -81,6 +82,10 @@ def import_module(where: str, what: str = "model file") -> ModuleType:
     if _is_path(where):
         path = os.path.abspath(where)
         if not os.path.isfile(path):
+            if os.path.exists(path):   # a device or FIFO (/dev/null): said as what it is (a sweep: "not found")
+                from .limits import regular_file
+
+                regular_file(where, f"{what}", hint="name the .py file that defines the factory")
             raise file_not_found(where, what)
         name = "_torchdiag_user_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
         folder = os.path.dirname(path)

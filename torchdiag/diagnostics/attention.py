@@ -111,6 +111,7 @@ class Catcher:
         self._orig_sdpa = None
         self._softmax = None               # the TorchFunctionMode that sees softmax calls
         self.in_sdpa = False
+        self.not_scores = None             # softmax outputs of what was no q·kᵀ (_softmax_mode): weakly held
 
     def __enter__(self):
         import torch
@@ -223,11 +224,13 @@ class Catcher:
         self.captures.append(Capture(name, type(mod).__name__ if mod is not None else "", SOFTMAX,
                                      w.detach().to("cpu", torch.float32, copy=True), ref, folded))
 
-    def _returned(self, module, name, t, start: int) -> None:
+    def _returned(self, module, name, t, start: int) -> bool:
         """A module returned attention weights `t`: the softmax capture of that very tensor, made inside its call,
         becomes this module's (one capture, credited as before the softmax source); the same tensor handed up by a
         module around the one that returned it first is that capture already (BERT's BertAttention returns its
-        BertSelfAttention's weights, BertModel all of them under output_attentions); else a capture of its own."""
+        BertSelfAttention's weights, BertModel all of them under output_attentions); else a capture of its own,
+        unless `t` is a softmax of what was no q·kᵀ (False: D-FINE's deformable attention returns its sampling
+        weights, a softmax of a Linear's output, N×queries×heads×points: a sweep read 300 "heads" of 4 queries)."""
         ref = (t.data_ptr(), t.numel())   # (a view of the same weights: FSMT returns its 3-D softmax viewed 4-D)
         same = [c for c in self.captures[start:] if c.ref == ref]
         if same:
@@ -236,10 +239,13 @@ class Catcher:
                 if same[0].folded:   # the model's own view says which are samples, which heads (3-D: one head)
                     shape = t.shape if t.dim() == 4 else (t.shape[0], 1, *t.shape[1:])
                     same[0].weights, same[0].folded = same[0].weights.reshape(shape), False
-            return
+            return True
+        if self.not_scores is not None and (t in self.not_scores or (t._base is not None and t._base in self.not_scores)):
+            return False
         w = t.detach().float()
         self.captures.append(Capture(name, type(module).__name__, "module output",
                                      (w if w.dim() == 4 else w.unsqueeze(1)).to("cpu", copy=True), ref))
+        return True
 
     def _one_per_call(self, start: int) -> None:
         """A module that calls SDPA and computes the same weights with its own softmax (for a picture): one."""
@@ -277,8 +283,7 @@ class Catcher:
             self._one_per_call(start)
             for c in cands:
                 for t in (c if isinstance(c, (tuple, list)) else [c]):
-                    if _looks_like_attention(t):
-                        self._returned(module, name, t, start)
+                    if _looks_like_attention(t) and self._returned(module, name, t, start):
                         return None
             return None
 
@@ -319,6 +324,7 @@ def _softmax_mode():
         def __init__(self, catcher):
             super().__init__()
             self.catcher, self.scores = catcher, WeakIdKeyDictionary()
+            catcher.not_scores = WeakIdKeyDictionary()
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -329,6 +335,8 @@ def _softmax_mode():
                 if out.dim() in (3, 4) and out.shape[-1] > 1 and args and args[0] in self.scores \
                         and last_dim(args, kwargs, out.dim()):
                     self.catcher.softmax(out)
+                elif not (args and args[0] in self.scores):   # no attention, should a module return it
+                    self.catcher.not_scores[out] = True
             elif func in matmuls:
                 if out.dim() >= 3 and all(t.dim() >= 3 for t in tensors(args, kwargs)):
                     self.scores[out] = True

@@ -19,7 +19,26 @@ def _trace_bytes(result, option: str, path) -> bytes:
                          "(it reports that only in its own log)",
                          hint="give a file in a writable folder, e.g. --trace run.json" if option == "--trace"
                          else "give a writable folder, e.g. --tb runs/")
+    if not _complete(data):
+        raise UsageError(f"{option} {path}: the trace could not be written: the profiler wrote {len(data):,} bytes "
+                         "that end before the trace does (a full disk or a file-size limit where it writes)",
+                         hint="free space in the temporary folder (TMPDIR), or raise the limit (ulimit -f)")
     return data
+
+
+def _complete(data: bytes) -> bool:
+    """A whole Chrome trace: kineto ends it with its "traceName" key and the closing brace (checked in the tail, at no
+    cost); else parsed whole. A sweep: under a file-size limit kineto's write was cut short unnoticed, and the
+    truncated bytes replaced the user's previous trace, exit 0."""
+    import json
+
+    if data.rstrip().endswith(b"}") and b'"traceName"' in data[-4096:]:
+        return True
+    try:
+        json.loads(data)
+    except ValueError:
+        return False
+    return True
 
 
 def rank_path(path, rank: int | None) -> str:

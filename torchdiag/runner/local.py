@@ -126,7 +126,9 @@ def run_data_specs(spec, opts, val: str | None = None, model: str | None = None,
                              hint="add --model MODEL_SPEC (the model whose training step is timed against the loader)")
     from ..core.context import prepare, raise_meta
     from ..core.device import resolve_device
+    from ..core.loading import parse_args
 
+    parse_args(list(model_args), "--model-arg")   # said with its own flag (a sweep: "malformed --arg")
     if resolve_device(spec.device).type == "meta":   # before the user's data is loaded
         raise_meta("data")
     train = load_data(spec.model, list(spec.args), spec.seed)
