@@ -4115,6 +4115,30 @@ def test_a_loss_that_blew_up_at_the_start_and_stayed_has_diverged():
     assert "loss-diverged" not in {x.code for x in r.findings}, [x.to_dict() for x in r.findings]
 
 
+def test_a_loss_that_climbed_through_a_warm_up_and_stayed_up_has_diverged():
+    """A sweep: a warm-up over 20 steps to Adam at lr 2 took the loss from 1.34 to a first window's median of 5.1 and
+    ~115 to the end (the weights 129x): a warning that said it "was still at 115.5", exit 0. The blown-up rule tested
+    the lowest running median, still in the climb's first window, against a spread the climb's own chaos widened."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=2.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))
+    truth = torch.randn(16, 4)
+    losses = []
+    with Watch(model, opt) as w:
+        for _ in range(150):
+            x = torch.randn(32, 16)
+            loss = F.cross_entropy(model(x), (x @ truth).argmax(1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+    assert statistics.median(losses[-30:]) > 20 * losses[0]   # the premise: it ended far above where it started
+    f = finding(w.result(), "loss-diverged")
+    assert f.severity == "error" and "never came back" in f.message, f.message
+
+
 def test_a_loss_above_its_first_step_is_not_diverged_without_the_weights_outgrown():
     """A GAN generator's loss jumps as its discriminator learns and stays up (0.7 -> 3, healthy), and a first batch can
     be a lucky one among per-sample losses spread over decades: neither is a divergence from the start."""
@@ -6266,6 +6290,8 @@ def test_a_model_whose_optimizer_holds_another_models_parameters_is_said(tmp_pat
     found = [f for f in r.findings if f.code == "not-in-optimizer"]
     assert [f.where for f in found] == ["G"] and "every trainable parameter of G (4 tensors)" in found[0].message
     assert "pass G.parameters()" in found[0].hint
+    # a sweep: "seen from step 60", the read after the search for its optimizer ended; G had gradients from step 1
+    assert "(seen from step 1)" in found[0].message, found[0].message
 
 
 def test_grad_carried_over_counts_read_steps_not_backward_calls():

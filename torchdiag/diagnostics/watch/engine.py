@@ -106,6 +106,8 @@ class Engine:
         self._dead_roots: list[int] = []    # ids of hooked roots the run let go, cleaned up at the next step
         # discovery: roots called with grad enabled, held weakly (a network built anew in each loss call must go)
         self.seen_roots: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._seen_since: dict[int, int] = {}   # by id: the step of a seen root's first call with grad
+        self._adopted_since: dict[int, int] = {}   # by id: the same for a root adopted as untrained (seen from)
         self.last_call = None               # (weakref to the root, args, kwargs) of the last training forward
         self._losses: list = []             # device: the (detached) losses backward saw since the last step
         self._others: list = []             # the losses taken by another optimizer's step since the clock's
@@ -418,6 +420,7 @@ class Engine:
         if self._depth == 0 and grad and id(module) not in self._root_handles and not self.explicit_models \
                 and torch._C._current_graph_task_id() == -1:
             self.seen_roots[id(module)] = module
+            self._seen_since.setdefault(id(module), self.step + 1)   # the step this forward is part of
             self._seen_eval[id(module)] = not inner(module).training   # its mode when called, not when stepped
             # fed a tensor that carries a gradient: it sits between a trained model and the loss (a loss network)
             self._seen_fed[id(module)] = self._seen_fed.get(id(module), False) or any(
@@ -549,6 +552,9 @@ class Engine:
                 self._hook_root(root)
                 held |= {id(p) for p in root.parameters()}
                 del self.seen_roots[key]
+                # called with grad since then: its gradients are not first "seen" at the read that adopted it (a
+                # sweep: a GAN's generator in no optimizer, "seen from step 60" at every=10, had them from step 1)
+                self._adopted_since[id(root)] = self._seen_since.get(key, self.step)
                 prefix = self.root_prefix(root)   # a second model at least: it has one
                 named = [(prefix + n, p) for n, p in inner(root).named_parameters() if p.requires_grad]
                 # its values now (a sum per tensor, on the device): one the run changes by other means (by hand, an
@@ -595,6 +601,7 @@ class Engine:
             self.seen_roots.clear()
             self._seen_eval.clear()
             self._seen_fed.clear()
+            self._seen_since.clear()
 
     def _name_params(self):
         names: dict[int, str] = {}
@@ -1483,7 +1490,7 @@ class Engine:
             asked = [n[len(prefix):] for n in self.checks["eval_modules"] if n.startswith(prefix)]
             for name, p in inner(root).named_parameters():
                 if p.grad is not None and id(p) not in in_opt:
-                    self._saw_unowned(prefix + name, p)
+                    self._saw_unowned(prefix + name, p, root)
                     owner = name.rpartition(".")[0]
                     if owner in in_eval:   # its module put in eval while the model trains: asked as the above
                         self.checks["unowned_eval"].setdefault(prefix + name, prefix + owner)
@@ -1801,13 +1808,15 @@ class Engine:
             self._model_ids_cache = {id(p) for root in self.roots.values() for p in inner(root).parameters()}
         return self._model_ids_cache
 
-    def _saw_unowned(self, key: str, p) -> None:
-        """A parameter with a gradient that no optimizer holds, first seen now: its sum kept on the device, to tell at
-        the end whether something else changed it (one op, once per such parameter)."""
+    def _saw_unowned(self, key: str, p, root=None) -> None:
+        """A parameter with a gradient that no optimizer holds, first seen now (or when `root`, adopted as untrained,
+        was first called with grad): its sum kept on the device, to tell at the end whether something else changed
+        it (one op, once per such parameter)."""
         import torch
 
         if key not in self._unowned:
-            self._unowned[key] = (self.step, id(p))
+            since = self._adopted_since.get(id(root), self.step) if root is not None else self.step
+            self._unowned[key] = (min(since, self.step), id(p))
             with torch.no_grad():
                 self._unowned_sums[id(p)] = (weakref.ref(p), p.detach().float().sum())
 
@@ -1839,7 +1848,7 @@ class Engine:
             prefix = self.root_prefix(root)
             for name, p in inner(root).named_parameters():
                 if p.grad is not None and id(p) not in held:
-                    self._saw_unowned(prefix + name, p)
+                    self._saw_unowned(prefix + name, p, root)
         moved = self._moved_unowned()
         for key, (step, pid) in self._unowned.items():
             if pid in held:
