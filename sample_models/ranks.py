@@ -13,7 +13,9 @@ factory is seeded); what differs by rank comes from torchrun's RANK variable, re
 `branch_on_rank`: `aux` (a Linear) runs in forward on rank 0 only (a data-dependent branch): under DDP
    the ranks' gradient buckets disagree; under fully_shard the reduce-scatters differ in size.
 `nan_on_rank`: module `poison` turns its output to NaN on rank `rank` only.
-`build_fails_on_rank`: the factory itself raises on rank `rank` (the others build the healthy MLP).
+`build_fails_on_rank`: the factory itself raises on rank `rank` (the others build the healthy MLP); `exits`: it calls
+   sys.exit(3) there instead.
+`buffer_on_rank`: the healthy MLP with a buffer registered on rank `rank` only.
 `extra_on_rank`: the healthy MLP with one more Linear at its end on rank `rank` only (a factory that reads the rank).
 `full_on_rank`: the healthy MLP, on a rank whose memory is full: on rank `rank` every copy of the model is refused
    for want of room (torchdiag's room check is made to refuse there: a GPU another job fills, simulated).
@@ -102,10 +104,21 @@ def fails_on_rank(rank: int = 1) -> nn.Module:
     return _FailsOnRank(rank)
 
 
-def build_fails_on_rank(rank: int = 1) -> nn.Module:
+def build_fails_on_rank(rank: int = 1, exits: bool = False) -> nn.Module:
     if _rank() == rank:
+        if exits:
+            import sys
+
+            sys.exit(3)
         raise RuntimeError(f"this factory fails on rank {rank}")
     return healthy()
+
+
+def buffer_on_rank(rank: int = 1) -> nn.Module:
+    model = healthy()
+    if _rank() == rank:
+        model.register_buffer("extra", torch.ones(3))
+    return model
 
 
 def extra_on_rank(rank: int = 1) -> nn.Module:

@@ -123,6 +123,36 @@ def test_a_zero_initialised_norm_is_info_said_once_with_what_passes_it_on():
     assert "3 module(s) pass the zeros on (1.drop, 2.drop, 3.drop)" in f.message
 
 
+def test_a_zero_gate_behind_another_zero_gate_is_info():
+    """A sweep: timm gcresnext50ts' GlobalContext adds a context through fc2, zero at initialisation, before the
+    block's last BatchNorm, whose gain is zero too: no gradient reached fc2 until that gain opened, so fc2 was
+    `dead-activations` (16 warnings). A short run on a copy lets the gradient through: both are `zero-init`."""
+    import torch
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+
+    class Block(nn.Module):
+        def __init__(self, c=8):
+            super().__init__()
+            self.conv1, self.fc1, self.fc2 = nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, 4, 1), nn.Conv2d(4, c, 1)
+            self.conv3, self.bn3 = nn.Conv2d(c, c, 1), nn.BatchNorm2d(c)
+            for p in (self.fc2.weight, self.fc2.bias, self.bn3.weight):
+                nn.init.zeros_(p)
+
+        def forward(self, x):
+            y = self.conv1(x)
+            y = y + self.fc2(torch.relu(self.fc1(y.mean((2, 3), keepdim=True))))
+            return torch.relu(x + self.bn3(self.conv3(y)))
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), Block())
+    res = run("activations", model, ModelInputs((torch.randn(4, 3, 16, 16),), {}))
+    assert res.exit_code == 0 and not [f for f in res.findings if f.severity != "info"], \
+        [f.message for f in res.findings]
+    assert {f.where for f in res.findings if f.code == "zero-init"} == {"1.fc2", "1.bn3"}
+
+
 class _Dead:
     """Dead units the old per-module warning caught, which a zero-init gate must not hide (a review's cases)."""
 

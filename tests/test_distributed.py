@@ -40,6 +40,8 @@ RUNS = {
     "lm": ["gradflow", sample("gpt_tiny.py:build"), "--wrap", "ddp"],
     "build_fails": ["gradflow", sample("ranks.py:build_fails_on_rank"), "--arg", "rank=1", "--wrap", "ddp"],
     "extra_layer": ["doctor", sample("ranks.py:extra_on_rank"), "--arg", "rank=1"],
+    "build_exits": ["doctor", sample("ranks.py:build_fails_on_rank"), "--arg", "rank=1", "--arg", "exits=True"],
+    "buffer_ddp": ["doctor", sample("ranks.py:buffer_on_rank"), "--arg", "rank=1", "--wrap", "ddp"],
 }
 
 
@@ -62,8 +64,8 @@ def launched(waiting):
     return torchrun_many(RUNS)
 
 
-diverging, healthy, unused, overfit, nan_rank, fsdp_grads, fsdp_nan, lm, build_fails, extra_layer = \
-    launched_fixtures(*RUNS)
+diverging, healthy, unused, overfit, nan_rank, fsdp_grads, fsdp_nan, lm, build_fails, extra_layer, build_exits, \
+    buffer_ddp = launched_fixtures(*RUNS)
 
 
 @pytest.fixture(scope="module")
@@ -303,6 +305,27 @@ def test_a_factory_failing_on_one_rank_does_not_hold_the_others(build_fails):
     r0 = doc["ranks"][0]["error"]
     assert r0["echo"] and "another rank could not build" in r0["message"]
     assert "Timed out" not in err and "another rank could not build" not in err   # the echo has no line of its own
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_factory_exiting_on_one_rank_does_not_hold_the_others(build_exits):
+    """A review: sys.exit (and Ctrl-C) in one rank's factory left the others waiting in the next collective, and the
+    report led with their timeout as an internal error. They are told as of an exception."""
+    code, doc, err = build_exits
+    assert doc["exit_code"] == 3 and "sys.exit(3)" in doc["error"]["message"], doc["error"]
+    assert doc["error"]["message"].startswith("[rank 1] ") and "internal error" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_buffer_on_one_rank_only_is_refused_before_ddp_wraps(buffer_ddp):
+    """A review: DDP's broadcast of buffers hung on a buffer one rank alone had, and doctor then passed (its
+    rank-check-failed a warning). The ranks' buffers are compared with their parameters before DDP wraps."""
+    _, doc, _ = buffer_ddp
+    assert doc["exit_code"] != 0
+    said = json.dumps(doc)
+    assert "the ranks built different models" in said and "first extra" in said, doc.get("error") or doc["findings"]
 
 
 @pytest.mark.slow

@@ -6316,6 +6316,40 @@ def test_grad_carried_over_counts_read_steps_not_backward_calls():
     assert looked <= 20 and w.result().data["steps"] == 80, f.message   # a's 20 steps at most, not b's 60
 
 
+@pytest.mark.parametrize("reset", ["data_zero", "data_assign", "two_micro_batches_skip_7th", "two_micro_batches_none"])
+def test_the_looks_between_read_steps_read_the_gradient_itself(reset):
+    """A review of the looks between read steps, first made on the host (the same .grad tensor at the same version):
+    `p.grad.data.zero_()` and `p.grad.data = zeros` move no version (a false error at 49 of 51 steps), and a step's
+    second backward moves it though nothing was reset (two micro-batches per step with zero_grad() skipped every 7th
+    step passed; with none at all, "4 of the 15"). They read the old gradient's values, as the read steps' do."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Watch(model, opt, every=50) as w:
+        for step in range(1, 121):
+            if reset == "data_zero":
+                for p in model.parameters():
+                    if p.grad is not None:
+                        p.grad.data.zero_()
+            elif reset == "data_assign":
+                for p in model.parameters():
+                    if p.grad is not None:
+                        p.grad.data = torch.zeros_like(p)
+            elif reset == "two_micro_batches_skip_7th" and step % 7:
+                opt.zero_grad()
+            for _ in range(2 if reset.startswith("two") else 1):
+                x = torch.randn(16, 10)
+                F.cross_entropy(model(x), x[:, :3].argmax(1)).backward()
+            opt.step()
+    found = [f for f in w.result().findings if f.code == "grad-carried-over"]
+    if reset.startswith("data"):
+        assert not found, found[0].message
+    else:
+        said = re.search(r"after (\d+) of the (\d+) steps looked at", found[0].message) if found else None
+        assert said, [f.message for f in w.result().findings]
+        assert (said.group(1) == said.group(2)) == (reset == "two_micro_batches_none"), found[0].message
+
+
 @pytest.mark.parametrize("every", [50, 10])
 def test_a_zero_grad_skipped_now_and_then_is_found_between_read_steps(every):
     """A sweep: zero_grad() skipped on every 7th step (a branch of the loop) passed at every=50, and a skip on every

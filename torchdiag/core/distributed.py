@@ -117,15 +117,33 @@ class Session:
         import torch.distributed as dist
 
         out = [None] * self.ranks.world_size if self.ranks.main else None
-        dist.gather_object(obj, out, dst=0, group=self.group)
+        with _peer_gone():
+            dist.gather_object(obj, out, dst=0, group=self.group)
         return out
 
     def all_gather(self, obj) -> list:
         import torch.distributed as dist
 
         out = [None] * self.ranks.world_size
-        dist.all_gather_object(out, obj, group=self.group)
+        with _peer_gone():
+            dist.all_gather_object(out, obj, group=self.group)
         return out
+
+
+@contextlib.contextmanager
+def _peer_gone():
+    """A peer's process ended before it handed in its part (its code raised KeyboardInterrupt or SystemExit where
+    nothing catches it, a signal killed it): said as that, following the peer, not as torchdiag's internal error (a
+    review)."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if "closed by peer" not in str(exc) and "Connection reset" not in str(exc):
+            raise
+        err = ModelError("another rank stopped before handing in its part (interrupted, killed or exited: its own "
+                         "output says why)", hint="look at the other ranks' lines above")
+        err.follows_peer = True
+        raise err from exc
 
 
 @contextlib.contextmanager
@@ -351,11 +369,14 @@ def on_every_rank(make, device):
 
 def refuse_divergent(model, wrap: str) -> None:
     """Before --wrap ddp/fsdp: every rank's parameters (names, shapes, dtypes) must be the same, or the
-    wrapper's collectives mismatch (gloo aborts rank 0 without a word; DDP waits out its timeout). One
-    all_gather over the decisions group; every rank raises the same error, naming the first that differs."""
+    wrapper's collectives mismatch (gloo aborts rank 0 without a word; DDP waits out its timeout); under ddp its
+    buffers too, which DDP broadcasts from rank 0 (a review: a buffer on one rank only hung that broadcast, then
+    doctor passed). One all_gather over the decisions group; every rank raises the same error, naming the first
+    that differs."""
     import torch.distributed as dist
 
-    mine = [(n, tuple(p.shape), str(p.dtype).replace("torch.", "")) for n, p in model.named_parameters()]
+    tensors = list(model.named_parameters()) + (list(model.named_buffers()) if wrap == "ddp" else [])
+    mine = [(n, tuple(p.shape), str(p.dtype).replace("torch.", "")) for n, p in tensors]
     everyone: list = [None] * dist.get_world_size()
     try:
         dist.all_gather_object(everyone, mine, group=_DECISIONS)
@@ -373,7 +394,8 @@ def refuse_divergent(model, wrap: str) -> None:
         return "absent" if n not in t else f"{'x'.join(map(str, t[n][0])) or 'scalar'} {t[n][1]}"
 
     first = differ[0]
-    raise ModelError(f"--wrap {wrap}: the ranks built different models: {len(differ)} parameter(s) differ, first "
+    what = "parameter(s)" if wrap != "ddp" else "parameter(s) or buffer(s)"
+    raise ModelError(f"--wrap {wrap}: the ranks built different models: {len(differ)} {what} differ, first "
                      f"{first} (" + ", ".join(f"rank {r}: {show(t, first)}" for r, t in enumerate(tables)) + ")",
                      hint="every rank must build the same model to be wrapped; run without --wrap to see every "
                           "difference as rank-divergence findings")

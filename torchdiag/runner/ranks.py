@@ -138,7 +138,7 @@ def _built_everywhere(spec, sess, diagnostic, local: Local):
         local.model, inputs, local.ctx = prepare(rank_spec(spec, r), needs_values=getattr(diagnostic, "NEEDS_VALUES",
                                                                                            False))
         local.inputs, local.ctx.batch_target, rows = shard(inputs, local.ctx.batch_target, r)
-    except Exception:
+    except BaseException:   # noqa: B036 - sys.exit and Ctrl-C in a factory too: the peers are told, then it goes on
         agree([True], "cpu")
         raise
     if agree([False], "cpu")[0]:

@@ -61,14 +61,20 @@ def zero_parameters(module) -> list[str]:
             and not bool(p.any())]
 
 
+STEPS = 3                # steps of the short run on a copy that lets a gradient through gates after the zero one
+STEP = 1e-3              # each parameter moved this far (its norm) along its gradient per step: opens, never blows up
+
+
 def reached(model, inputs, names: list[str], ctx, seed: int = 0) -> set[str]:
     """The `names` (parameters of `model`) a gradient reaches: one forward in eval mode and a backward of a random
     projection of the model's output, with autograd.grad (no .grad written; the model put back as it was). A zero
-    weight whose output a ReLU then zeroes gets none: it never trains. Empty when the pass cannot run."""
+    weight whose output a ReLU then zeroes gets none: it never trains. One that gets none only because another
+    zero-initialised gate sits after it (timm's GlobalContext: its fc2 at 0, then the block's last BatchNorm gain at
+    0: a sweep's gcresnext50ts warned 16 blocks) is reached within a short run on a copy (_after_steps). Empty when
+    the pass cannot run."""
     import torch
 
     from ...core.guard import leave_no_trace
-    from ...core.loss import primary_output
 
     params = dict(model.named_parameters())
     wanted = [n for n in names if n in params]
@@ -77,14 +83,58 @@ def reached(model, inputs, names: list[str], ctx, seed: int = 0) -> set[str]:
     try:
         with leave_no_trace(model), torch.enable_grad(), ctx.seeded():
             model.eval()
-            out, _ = primary_output(inputs.call(model))
-            if not (isinstance(out, torch.Tensor) and out.is_floating_point() and out.requires_grad):
-                return set()
-            r = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.device, out.dtype)
-            grads = torch.autograd.grad((out * r).sum(), [params[n] for n in wanted], allow_unused=True)
+            found = _reached_now(model, inputs, params, wanted, seed)
     except Exception:   # noqa: BLE001 - unknown: the warnings stay
         return set()
-    return {n for n, g in zip(wanted, grads) if g is not None and bool(g.any())}
+    rest = [n for n in wanted if n not in found]
+    return found | (_after_steps(model, inputs, rest, ctx, seed) if rest else set())
+
+
+def _reached_now(model, inputs, params: dict, wanted: list[str], seed: int, step: bool = False) -> set[str]:
+    """One forward and a backward of the random projection: the `wanted` with a finite gradient that is not all 0.
+    With `step`, every trainable parameter is then moved STEP along its gradient (the short run's step)."""
+    import torch
+
+    from ...core.loss import primary_output
+
+    out, _ = primary_output(inputs.call(model))
+    if not (isinstance(out, torch.Tensor) and out.is_floating_point() and out.requires_grad):
+        return set()
+    r = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.device, out.dtype)
+    names = list(params) if step else wanted
+    grads = dict(zip(names, torch.autograd.grad((out * r).sum(), [params[n] for n in names], allow_unused=True)))
+    if step:
+        with torch.no_grad():
+            for n, g in grads.items():
+                if g is not None and bool(torch.isfinite(g).all()) and bool(g.any()):
+                    params[n].sub_(g * (STEP / g.norm()))
+    return {n for n in wanted if grads[n] is not None and bool(grads[n].any()) and bool(torch.isfinite(grads[n]).all())}
+
+
+def _after_steps(model, inputs, wanted: list[str], ctx, seed: int) -> set[str]:
+    """The `wanted` a gradient reaches within STEPS steps of the random projection on a copy in eval mode (none
+    when no copy fits or the pass cannot run)."""
+    import torch
+
+    from ...core.train import train_copy
+
+    try:
+        work = train_copy(model, "to see whether a short run lets a gradient reach its zero parameters")
+    except Exception:   # noqa: BLE001 - no copy (NoRoom among them): the warnings stay
+        return set()
+    params = {n: p for n, p in work.named_parameters() if p.requires_grad}
+    wanted = [n for n in wanted if n in params]
+    found: set[str] = set()
+    try:
+        with torch.enable_grad(), ctx.seeded():
+            work.eval()
+            for _ in range(STEPS):
+                found |= _reached_now(work, inputs, params, [n for n in wanted if n not in found], seed, step=True)
+                if len(found) == len(wanted):
+                    break
+    except Exception:   # noqa: BLE001 - unknown: the warnings stay
+        pass
+    return found
 
 
 def zero_gate(module, args, kwargs, trains: set[str], seed: int = 0) -> list[str]:

@@ -83,7 +83,6 @@ class Track:
         self.probes: list = []
         self._unkept: list = []        # per probed parameter (weakref, its look no accumulation followed, if any)
         self._zero = torch.zeros((), dtype=torch.float32, device=self.device)   # the carry probe's "no gradient"
-        self._one = torch.ones((), dtype=torch.float32, device=self.device)     # a light look's "carried"
         self._zero3 = torch.zeros(3, dtype=self.wide, device=self.device)
         # (dtypes written out: a script's torch.set_default_dtype(torch.float64) is not ours; a review: index_add_ of
         # float32 counts into a float64 default stopped watch at step 1)
@@ -370,8 +369,8 @@ class Track:
     def _looks_after(self, step: int) -> bool:
         """Besides read steps, the probes look after each of the first `every` steps and after one step drawn in each
         later block of `every` (from the block's number: not the run's random stream). A loop that skips zero_grad()
-        now and then (every 7th step, at every=50) had no read step before a skip (a sweep). Those looks are light
-        (_light_probe): one parameter, looked at on the host."""
+        now and then (every 7th step, at every=50) had no read step before a skip (a sweep). Those looks are light:
+        one parameter, no cosine (~50 µs an armed step on a small MLP)."""
         every = self.every
         if step <= every:
             return True
@@ -397,34 +396,14 @@ class Track:
         self.armed_step = step
         self.probes, self._unkept = [], []
         for p in chosen:
-            look, keep = self._probe(p) if not light else self._light_probe(p)
+            look, keep = self._probe(p, light)
             self.probes += [p.register_hook(look), p.register_post_accumulate_grad_hook(keep)]
 
-    def _light_probe(self, p):
-        """The hooks of a light look (_looks_after), on the host: the gradient the step applied is still .grad, the
-        same tensor unwritten since (its version), when the next backward comes; zero_grad() sets it to None or zeroes
-        it in place. No op, no cosine; a look no accumulation followed counts as cleared (_settle_unkept)."""
-        ref, kept = weakref.ref(p), weakref.ref(p.grad)   # weak: the old gradient is not kept alive by the probe
-        version = p.grad._version
-        fired, at, marks, pending = self.fired, self.fired_at, self.marks, []
-        self._unkept.append((ref, pending))
-
-        def look(grad):
-            old = ref().grad if ref() is not None else None
-            flag = self._one if old is not None and old is kept() and old._version == version else self._zero
-            pending[:] = [(flag, self._zero3, marks() if marks is not None else (0, 0), grad)]
-
-        def keep(_param):
-            if pending:
-                flag, dot, mark, _ = pending.pop()
-                fired.append(flag)
-                self.fired_dots.append(dot)
-                at.append(mark)
-        return look, keep
-
-    def _probe(self, p):
+    def _probe(self, p, light: bool = False):
         """The two hooks of one probed parameter: `look` reads the gradient already there and the one coming,
-        `keep` files that reading when the coming one was accumulated into .grad."""
+        `keep` files that reading when the coming one was accumulated into .grad. A light look reads no cosine.
+        (A look on the host alone, the same .grad tensor at the same version, was tried and withdrawn: a review's
+        `p.grad.data.zero_()` moves no version, and a step's second backward moves it though nothing was reset.)"""
         import torch
 
         ref = weakref.ref(p)   # the hooks live on p: a strong reference would make a cycle only gc frees
@@ -435,7 +414,7 @@ class Track:
             old = ref().grad if ref() is not None else None
             with torch.no_grad():
                 flag = (old.detach().abs().sum() > 0).float() if old is not None else self._zero
-                dot = _dot_norms(old, grad, self._zero3) if old is not None else self._zero3
+                dot = _dot_norms(old, grad, self._zero3) if old is not None and not light else self._zero3
             pending[:] = [(flag, dot, marks() if marks is not None else (0, 0), grad)]
             return None
 
@@ -457,8 +436,8 @@ class Track:
 
         for ref, pending in self._unkept:
             p = ref()
-            if not pending or p is None or p.grad is None:
-                continue
+            if not pending or p is None or p.grad is None or self.light:   # a light look has no sums to tell by:
+                continue                                                     # not counted (a review: "4 of the 15")
             flag, dot, mark, new = pending.pop()
             if p.grad.is_sparse or new.is_sparse or p.grad.shape != new.shape:
                 continue
@@ -485,9 +464,7 @@ class Track:
         if self._reached is not None:
             self.idle_off()
         if self.fired:
-            carried = (self._one if all(f is self._one for f in self.fired) else self._zero) if self.light else \
-                torch.stack(self.fired).min()   # a light look's flags are our two constants: no op
-            self.queue.append(("carry", (self, self.armed_step), carried))
+            self.queue.append(("carry", (self, self.armed_step), torch.stack(self.fired).min()))
             crossed = _after_other_step(self.fired_at) if applied_at is not None and not self.light else []
             if crossed:   # still there all the way (min), and the cosine between what was there and what came
                 first = [i for i in crossed if self.fired_at[i] == self.fired_at[crossed[0]]]
