@@ -590,6 +590,31 @@ def test_class_targets_do_not_stop_the_fake_tensor_estimate():
         torchdiag.api.run("memory", model, (x,), target=torch.full((2, 8, 8), 7))
 
 
+def test_an_op_fake_tensors_refuse_is_not_called_a_value_read():
+    """A sweep: mixtral's experts (torch._grouped_mm on float32: the CPU runs it, its fake kernel refuses float32)
+    were "measured only: ... the model's code reads tensor values". Said as what failed."""
+    import torch
+
+    import torchdiag
+
+    class Experts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(2, 4, 16).transpose(-2, -1))
+
+        def forward(self, x):
+            return torch._grouped_mm(x, self.w, offs=torch.tensor([2, 4], dtype=torch.int32))
+
+    model = Experts()
+    try:
+        model(torch.randn(4, 16))
+    except RuntimeError:   # a torch whose CPU kernel needs other strides or dtypes: nothing to ask here
+        pytest.skip("torch._grouped_mm does not run on float32 on this CPU build")
+    r = torchdiag.api.run("memory", model, (torch.randn(4, 16),))
+    said = [n for n in r.notes if n.startswith("measured only")]
+    assert said and "does not run on fake tensors" in said[0] and "reads tensor values" not in said[0], r.notes
+
+
 def test_nothing_fits_on_one_device_but_sharded_is_said_so(cli):
     """A review: under `--shard 8` the hint said the model's own tensors were "over the budget at any input" where the
     run's own shard table put batch 1 at 9.5 MiB per device under a 12 MiB budget. The batch sizes are one unsharded

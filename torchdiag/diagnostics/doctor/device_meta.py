@@ -269,4 +269,5 @@ def _meta_failure(meta_model, exc, tracker, created, mode: str, ck: Checklist, r
     else:
         ck.row("device", "skipped", f"forward on meta not possible ({mode} mode, {name(where)}): "
                f"{one_line(exc, 120)}", name(where) if call else "",
-               f"data-dependent ops (.item(), nonzero) cannot run on meta; {real_device_hint} to check for real")
+               f"some ops cannot run on meta (data-dependent ones such as .item() and nonzero, or one whose meta "
+               f"kernel refuses its dtype); {real_device_hint} to check for real")

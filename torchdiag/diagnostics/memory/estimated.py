@@ -82,7 +82,10 @@ def estimate(model, inputs, opts, ctx, batch_size: int | None = None, emulate: s
             if not (ran_for_real or _reads_values(exc)):
                 raise
             what = exc.message if isinstance(exc, ModelError) else f"{type(exc).__name__}: {exc}"
-            raise UsageError(f"cannot estimate without allocating: the model's code reads tensor values ({what})",
+            # an op whose fake kernel refuses what its real one runs (a sweep: torch._grouped_mm on float32, mixtral's
+            # experts) is no value read: said as what failed
+            why = "the model's code reads tensor values" if _reads_values(exc) else "the step does not run on fake tensors"
+            raise UsageError(f"cannot estimate without allocating: {why} ({what})",
                              hint=f"measure it on a real device instead ({ctx.option('device')} cpu or cuda, without "
                                   f"{ctx.option('batch_sizes')}/{ctx.option('budget')})") from exc
 
