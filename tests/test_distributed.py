@@ -42,6 +42,7 @@ RUNS = {
     "extra_layer": ["doctor", sample("ranks.py:extra_on_rank"), "--arg", "rank=1"],
     "build_exits": ["doctor", sample("ranks.py:build_fails_on_rank"), "--arg", "rank=1", "--arg", "exits=True"],
     "buffer_ddp": ["doctor", sample("ranks.py:buffer_on_rank"), "--arg", "rank=1", "--wrap", "ddp"],
+    "buffer_dtype": ["gradflow", sample("ranks.py:buffer_on_rank"), "--arg", "rank=1", "--arg", "dtype_only=True"],
 }
 
 
@@ -65,7 +66,7 @@ def launched(waiting):
 
 
 diverging, healthy, unused, overfit, nan_rank, fsdp_grads, fsdp_nan, lm, build_fails, extra_layer, build_exits, \
-    buffer_ddp = launched_fixtures(*RUNS)
+    buffer_ddp, buffer_dtype = launched_fixtures(*RUNS)
 
 
 @pytest.fixture(scope="module")
@@ -326,6 +327,16 @@ def test_a_buffer_on_one_rank_only_is_refused_before_ddp_wraps(buffer_ddp):
     assert doc["exit_code"] != 0
     said = json.dumps(doc)
     assert "the ranks built different models" in said and "first extra" in said, doc.get("error") or doc["findings"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_buffer_of_another_dtype_on_one_rank_is_rank_divergence(buffer_dtype):
+    """A review: a buffer float64 on rank 1 and float32 on rank 0, of the same values, passed: the float64 checksums
+    cannot tell them apart. The dtypes are compared too."""
+    _, doc, _ = buffer_dtype
+    (f,) = by_code(doc, "rank-divergence")
+    assert doc["exit_code"] == 1 and f["where"] == "extra" and "rank 1: float64" in f["message"], f
 
 
 @pytest.mark.slow

@@ -139,10 +139,13 @@ def _compare(entries, k: int, what: str, sess, out, whole=lambda t: t) -> None:
     import torch
 
     keys = [(kind, name) for kind, name, _ in entries]
+    dtypes = [str(t.dtype).replace("torch.", "") for _, _, t in entries]
     sums = torch.stack([_checksum(whole(t)) for _, _, t in entries]).cpu() if entries else torch.zeros(0, 2)
-    everyone = [dict(zip(ks, ss)) for ks, ss in sess.all_gather((keys, sums.view(torch.int64)))]   # one read-back
+    gathered = sess.all_gather((keys, dtypes, sums.view(torch.int64)))   # one read-back
+    everyone = [dict(zip(ks, ss)) for ks, _, ss in gathered]
     if what != "grad":
         _absent(everyone, k, out)
+        _other_dtype([dict(zip(ks, ds)) for ks, ds, _ in gathered], k, out)
     common = [key for key in everyone[0] if all(key in d for d in everyone)]
     bad = [key for key in common if any(not torch.equal(d[key], everyone[0][key]) for d in everyone)]
     known = {(d["kind"], d["name"]) for d in out["differs"]} | {("grad", d["name"]) for d in out["grads_differ"]}
@@ -155,6 +158,16 @@ def _compare(entries, k: int, what: str, sess, out, whole=lambda t: t) -> None:
         diffs = {r: _max_diff(values[0][j], values[r][j]) for r in range(len(values)) if r}
         row = {"name": name, "kind": kind, "step": k, "max_abs_diff": diffs}
         (out["grads_differ"] if what == "grad" else out["differs"]).append(row)
+
+
+def _other_dtype(dtypes: list[dict], k: int, out) -> None:
+    """A row per tensor every rank has in a dtype not all share (the checksums, in float64, cannot tell a float32
+    from a float64 holding the same values: a review), once."""
+    known = {(d["kind"], d["name"]) for d in out["differs"]}
+    for key, dt in dtypes[0].items():
+        if key not in known and all(key in d for d in dtypes) and any(d[key] != dt for d in dtypes):
+            out["differs"].append({"name": key[1], "kind": key[0], "step": k, "max_abs_diff": {},
+                                   "dtypes": {r: d[key] for r, d in enumerate(dtypes)}})
 
 
 def _absent(everyone: list[dict], k: int, out) -> None:

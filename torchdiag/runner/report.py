@@ -73,6 +73,12 @@ def _differs(merged, d: dict, wrap: str, unreduced: bool = False, ignored: bool 
                           f"{what} is not on every rank (absent on {tag(d['absent_on'])}, step {d['step']}): the ranks "
                           "built different models", "every rank must build the same model: look for code in the factory "
                           "that depends on the rank (RANK, LOCAL_RANK) or on what each machine has")
+    if d.get("dtypes"):
+        held = ", ".join(f"rank {r}: {t}" for r, t in sorted(d["dtypes"].items(), key=lambda kv: int(kv[0])))
+        return merged.add("rank-divergence", "error", d["name"],
+                          f"{what} is not of one dtype on every rank ({held}, step {d['step']}): the ranks built "
+                          "different models", "every rank must build the same model: look for a cast or a default "
+                          "dtype in the factory that depends on the rank or on what each machine has")
     if d["step"] == 0 and wrap == "ddp" and (ignored or unreduced):
         return _not_broadcast(merged, d, what, ignored)
     if d["step"] > 0 and wrap == "ddp" and d["kind"] == "buffer" and not ignored:
