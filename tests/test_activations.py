@@ -153,6 +153,30 @@ def test_a_zero_gate_behind_another_zero_gate_is_info():
     assert {f.where for f in res.findings if f.code == "zero-init"} == {"1.fc2", "1.bn3"}
 
 
+@pytest.mark.parametrize("norm", [True, False])
+def test_saturation_only_untouched_batch_norm_statistics_make_is_info(norm):
+    """A sweep: timm efficientnetv2_rw_t's squeeze-excitation gates were 55-99% saturated in eval mode (16 warnings),
+    where its fresh BatchNorm layers normalise with mean 0 and variance 1, and 0% with the batch's statistics. Asked
+    again with those: info, both fractions said. Without the BatchNorm the same saturation is the model's: a warning."""
+    import torch
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 64)
+    with torch.no_grad():
+        lin.weight.mul_(40)
+    model = nn.Sequential(lin, nn.BatchNorm1d(64) if norm else nn.Identity(), nn.Sigmoid(), nn.Linear(64, 4))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    res = run("activations", model, ModelInputs((torch.randn(8, 16),), {}))
+    (f,) = [f for f in res.findings if f.code == "saturated-activations"]
+    assert f.where == "2" and f.severity == ("info" if norm else "warning"), f.message
+    if norm:
+        assert "in eval mode only" in f.message and "with the batch's own statistics" in f.message
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())   # the copy's statistics moved
+
+
 class _Dead:
     """Dead units the old per-module warning caught, which a zero-init gate must not hide (a review's cases)."""
 

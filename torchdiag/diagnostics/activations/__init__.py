@@ -31,6 +31,7 @@ from ...core.tracking import (
 from ...errors import UsageError
 from ...pictures import grid_figure_size, tile_scale
 from ...results import Column, Result, Table
+from .fresh_stats import with_batch_statistics
 from .zeros import (
     DEAD,
     detached,
@@ -288,7 +289,8 @@ def run(model, inputs, opts: Options, ctx) -> Result:
         if r["nonfinite"]:
             r["_style"] = "red"
     _findings(result, rows, opts, rec, lambda names: reached(model, inputs, names, ctx),
-              lambda: ctx.fills(training=False))   # its pass runs in eval mode
+              lambda: ctx.fills(training=False),   # its pass runs in eval mode
+              lambda names: with_batch_statistics(model, inputs, names, opts, ctx))
     cols = [Column("_label", "module"), Column("type", "type"), Column("shape", "output shape"),
             Column("mean", "mean", "float"), Column("std", "std", "float"), Column("min", "min", "float"),
             Column("max", "max", "float"), Column("zero_fraction", "zeros", "pct"),
@@ -394,7 +396,7 @@ def _passed_on(origin: str, passed: list[str], its: str) -> str:
         (f"; {len(rest)} module(s) pass {its} zeros on ({_listed(rest)})" if rest else "")
 
 
-def _findings(result, rows, opts, rec, trains, fills) -> None:
+def _findings(result, rows, opts, rec, trains, fills, batch_saturation) -> None:
     for r in rows:
         if r["nonfinite"] and not r["nan"] and fills().only_fills:   # core/fills.py: -inf written as a mask
             result.add("inf-fill", "info", r["name"], f"{r['nonfinite']:,} of {r['elements']:,} output values are "
@@ -434,11 +436,18 @@ def _findings(result, rows, opts, rec, trains, fills) -> None:
                       "norm, as in timm's zero-init residual)" if reads else "the output is not zero (the module "
                       "reads no input: a learned table, as Swin's relative position bias)") + after,
                    members=names)
-    for r in rows:
-        if r["name"] != "(model)" and r["saturated_fraction"] is not None and r["saturated_fraction"] >= 0.5:
-            result.add("saturated-activations", "warning", r["name"],
-                       f"{r['saturated_fraction']:.1%} of the output values are saturated (within {opts.eps} of the limits)",
-                       hint="gradients vanish through saturated units: normalise the inputs or rescale the preceding layer")
+    sat = [r for r in rows if r["name"] != "(model)" and r["saturated_fraction"] is not None
+           and r["saturated_fraction"] >= 0.5]
+    batch = batch_saturation([r["name"] for r in sat]) if sat else {}
+    for r in sat:
+        said = f"{r['saturated_fraction']:.1%} of the output values are saturated (within {opts.eps} of the limits)"
+        if batch.get(r["name"], 1.0) < 0.5:
+            result.add("saturated-activations", "info", r["name"], f"{said} in eval mode only: the model's BatchNorm "
+                       "statistics are as initialised (no batch tracked), and with the batch's own statistics "
+                       f"{batch[r['name']]:.1%} are; training and a model whose statistics are fitted see the latter")
+            continue
+        result.add("saturated-activations", "warning", r["name"], said,
+                   hint="gradients vanish through saturated units: normalise the inputs or rescale the preceding layer")
 
 
 def _common(names: list[str]) -> str:
