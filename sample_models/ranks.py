@@ -16,7 +16,8 @@ factory is seeded); what differs by rank comes from torchrun's RANK variable, re
 `build_fails_on_rank`: the factory itself raises on rank `rank` (the others build the healthy MLP); `exits`: it calls
    sys.exit(3) there instead.
 `buffer_on_rank`: the healthy MLP with a buffer registered on rank `rank` only; with `dtype_only`, on every rank, in
-   float64 on rank `rank` and float32 on the others (the same values).
+   float64 on rank `rank` and float32 on the others (the same values); with `ignored`, on every rank, of another shape
+   on rank `rank`, and DDP told to ignore it (a rank-local cache).
 `extra_on_rank`: the healthy MLP with one more Linear at its end on rank `rank` only (a factory that reads the rank).
 `full_on_rank`: the healthy MLP, on a rank whose memory is full: on rank `rank` every copy of the model is refused
    for want of room (torchdiag's room check is made to refuse there: a GPU another job fills, simulated).
@@ -115,9 +116,12 @@ def build_fails_on_rank(rank: int = 1, exits: bool = False) -> nn.Module:
     return healthy()
 
 
-def buffer_on_rank(rank: int = 1, dtype_only: bool = False) -> nn.Module:
+def buffer_on_rank(rank: int = 1, dtype_only: bool = False, ignored: bool = False) -> nn.Module:
     model = healthy()
-    if dtype_only:
+    if ignored:
+        model.register_buffer("extra", torch.zeros(2 if _rank() == rank else 1, 4))
+        nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ["extra"])
+    elif dtype_only:
         model.register_buffer("extra", torch.ones(3, dtype=torch.float64 if _rank() == rank else torch.float32))
     elif _rank() == rank:
         model.register_buffer("extra", torch.ones(3))

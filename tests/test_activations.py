@@ -153,6 +153,45 @@ def test_a_zero_gate_behind_another_zero_gate_is_info():
     assert {f.where for f in res.findings if f.code == "zero-init"} == {"1.fc2", "1.bn3"}
 
 
+def test_the_short_run_does_not_wake_a_dead_block_by_a_faint_gradient():
+    """A review of the short run: each parameter was moved 1e-3 whatever its gradient, so a shortcut bias of -3e-4
+    whose only gradient was 1e-6-faint flipped and woke a block whose ReLU is dead (2,000 plain SGD steps leave it
+    dead): `zero-init` info. The step is a gradient's now, its largest move 1e-3: the warning stays."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from torchdiag.core.inputs import ModelInputs
+
+    class Block(nn.Module):
+        def __init__(self, c=16):
+            super().__init__()
+            self.conv, self.bn = nn.Linear(c, c), nn.BatchNorm1d(c)
+            nn.init.zeros_(self.bn.weight)
+
+        def forward(self, x, s):
+            return F.relu(self.bn(self.conv(x)) + s)
+
+    class Net(nn.Module):
+        def __init__(self, c=16):
+            super().__init__()
+            self.stem, self.shift, self.block = nn.Linear(8, c), nn.Linear(8, c), Block(c)
+            self.head, self.aux = nn.Linear(c, 4), nn.Linear(c, 4)
+            with torch.no_grad():
+                self.shift.weight.zero_()
+                self.shift.bias.fill_(-3e-4)
+                self.aux.weight.mul_(1e-6)
+
+        def forward(self, x):
+            s = self.shift(x)
+            return self.head(self.block(torch.relu(self.stem(x)), s)) + self.aux(s)
+
+    torch.manual_seed(0)
+    res = run("activations", Net(), ModelInputs((torch.randn(16, 8),), {}))
+    assert [(f.code, f.severity, f.where) for f in res.findings] == [("dead-activations", "warning", "block.bn")], \
+        [f.message for f in res.findings]
+
+
 @pytest.mark.parametrize("norm", [True, False])
 def test_saturation_only_untouched_batch_norm_statistics_make_is_info(norm):
     """A sweep: timm efficientnetv2_rw_t's squeeze-excitation gates were 55-99% saturated in eval mode (16 warnings),

@@ -4139,6 +4139,31 @@ def test_a_loss_that_climbed_through_a_warm_up_and_stayed_up_has_diverged():
     assert f.severity == "error" and "never came back" in f.message, f.message
 
 
+def test_a_run_that_learned_from_an_easy_first_batch_has_not_diverged():
+    """A review: a regression from a tiny init (weights 455x over the run, as learning them takes), batch of 1, its
+    first sample an easy one (loss 1e-4), fell 6.9 -> 1.4 over its windows and was `loss-diverged` from the start. A run
+    whose end is below half its first window learned."""
+    torch.manual_seed(0)
+    truth = torch.randn(10)
+    model = nn.Linear(10, 1)
+    with torch.no_grad():
+        model.weight.normal_(0, 1e-3)
+        model.bias.zero_()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    with Watch(model, opt) as w:
+        for step in range(300):
+            x = torch.randn(1, 10, generator=g)
+            y = x @ truth + torch.randn(1, generator=g)
+            if step == 0:
+                y = model(x).detach().squeeze(1) + 0.01
+            loss = ((model(x).squeeze(1) - y) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert "loss-diverged" not in {f.code for f in w.result().findings}, [f.message for f in w.result().findings]
+
+
 def test_a_loss_above_its_first_step_is_not_diverged_without_the_weights_outgrown():
     """A GAN generator's loss jumps as its discriminator learns and stays up (0.7 -> 3, healthy), and a first batch can
     be a lucky one among per-sample losses spread over decades: neither is a divergence from the start."""

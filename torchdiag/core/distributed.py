@@ -140,8 +140,8 @@ def _peer_gone():
     except RuntimeError as exc:
         if "closed by peer" not in str(exc) and "Connection reset" not in str(exc):
             raise
-        err = ModelError("another rank stopped before handing in its part (interrupted, killed or exited: its own "
-                         "output says why)", hint="look at the other ranks' lines above")
+        err = ModelError("another rank stopped before handing in its part (interrupted, killed or exited)",
+                         hint="torchrun's summary below gives its exit code; a line of its own above, if any, says why")
         err.follows_peer = True
         raise err from exc
 
@@ -376,7 +376,9 @@ def refuse_divergent(model, wrap: str) -> None:
     import torch.distributed as dist
 
     tensors = list(model.named_parameters()) + (list(model.named_buffers()) if wrap == "ddp" else [])
-    mine = [(n, tuple(p.shape), str(p.dtype).replace("torch.", "")) for n, p in tensors]
+    ignored = set(getattr(model, "_ddp_params_and_buffers_to_ignore", ()) or ()) if wrap == "ddp" else set()
+    # what DDP is told to ignore it never broadcasts nor reduces: a per-rank cache may differ (a review)
+    mine = [(n, tuple(p.shape), str(p.dtype).replace("torch.", "")) for n, p in tensors if n not in ignored]
     everyone: list = [None] * dist.get_world_size()
     try:
         dist.all_gather_object(everyone, mine, group=_DECISIONS)

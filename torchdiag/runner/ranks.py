@@ -111,10 +111,9 @@ def _in_session(job: Job, spec, sess, o) -> Outcome:
 
 def _own_line(rank: int, errors: list) -> list[str]:
     """This rank's error line, unless rank 0 says it once for every rank: when every rank failed, the lead
-    failure (all_failed) is one line tagged with the ranks that had it (a sweep: each rank printed the same). An
-    echo of a peer's failure has no line of its own: the lead is said, the echo is in --json's ranks."""
+    failure (all_failed) is one line tagged with the ranks that had it (a sweep: each rank printed the same)."""
     mine = errors[rank]
-    if mine is None or (all(errors) and (mine.get("echo") or mine["message"] == _lead(errors)["message"])):
+    if mine is None or (all(errors) and mine["message"] == _lead(errors)["message"]):
         return []
     return [f"error: [rank {rank}] {mine['message']}"]
 

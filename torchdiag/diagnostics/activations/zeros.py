@@ -62,7 +62,7 @@ def zero_parameters(module) -> list[str]:
 
 
 STEPS = 3                # steps of the short run on a copy that lets a gradient through gates after the zero one
-STEP = 1e-3              # each parameter moved this far (its norm) along its gradient per step: opens, never blows up
+STEP = 1e-3              # the largest gradient's parameter moves this far (its norm) per step, the others in proportion
 
 
 def reached(model, inputs, names: list[str], ctx, seed: int = 0) -> set[str]:
@@ -92,7 +92,7 @@ def reached(model, inputs, names: list[str], ctx, seed: int = 0) -> set[str]:
 
 def _reached_now(model, inputs, params: dict, wanted: list[str], seed: int, step: bool = False) -> set[str]:
     """One forward and a backward of the random projection: the `wanted` with a finite gradient that is not all 0.
-    With `step`, every trainable parameter is then moved STEP along its gradient (the short run's step)."""
+    With `step`, a plain gradient step on every trainable parameter follows, scaled so the largest moves STEP."""
     import torch
 
     from ...core.loss import primary_output
@@ -103,11 +103,13 @@ def _reached_now(model, inputs, params: dict, wanted: list[str], seed: int, step
     r = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.device, out.dtype)
     names = list(params) if step else wanted
     grads = dict(zip(names, torch.autograd.grad((out * r).sum(), [params[n] for n in names], allow_unused=True)))
-    if step:
-        with torch.no_grad():
-            for n, g in grads.items():
-                if g is not None and bool(torch.isfinite(g).all()) and bool(g.any()):
-                    params[n].sub_(g * (STEP / g.norm()))
+    if step:   # a plain gradient step whose largest move is STEP: a parameter moves as its gradient says (a review:
+        with torch.no_grad():   # each moved STEP whatever its gradient, a 1e-6 one flipped a shortcut and woke a dead
+            live = {n: g for n, g in grads.items()   # block that 2,000 SGD steps leave dead)
+                    if g is not None and bool(torch.isfinite(g).all()) and bool(g.any())}
+            top = max((float(g.norm()) for g in live.values()), default=0.0)
+            for n, g in live.items():
+                params[n].sub_(g * (STEP / top))
     return {n for n in wanted if grads[n] is not None and bool(grads[n].any()) and bool(torch.isfinite(grads[n]).all())}
 
 

@@ -120,10 +120,19 @@ def _where(exc, steps: int = 1) -> str:
     and line (its traceback is runpy's compile)."""
     report = f"; the report covers the {steps} step(s) before it" if steps else " (before any training step)"
     if isinstance(exc, SyntaxError) and exc.filename:
-        return f"in {exc.filename}, line {exc.lineno}" + report
+        return f"in {_shown(exc.filename)}, line {exc.lineno}" + report
     frames = traceback.extract_tb(exc.__traceback__) if exc is not None else []
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     user = [f for f in frames if not f.filename.startswith(here) and "runpy" not in f.filename
             and "/torch/" not in f.filename.replace("\\", "/")]
     f = (user or frames or [None])[-1]
-    return f"raised at {f.filename}:{f.lineno} in {f.name}" + report if f else report.lstrip("; ")
+    return f"raised at {_shown(f.filename)}:{f.lineno} in {f.name}" + report if f else report.lstrip("; ")
+
+
+def _shown(path: str) -> str:
+    """A file under the working folder as a relative path, as the user named the script (its __file__ is absolute)."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:   # another drive (Windows)
+        return path
+    return rel if not rel.startswith(os.pardir) else path
