@@ -498,3 +498,15 @@ def test_a_same_shaped_read_out_the_first_output_reaches_does_not_hide_its_zero_
     res = api_run("gradflow", _GatedWithReadOut(), (torch.randn(4, 8),))
     assert {f.code for f in res.findings if f.severity == "error"} & {"zero-grad"}, [f.code for f in res.findings]
     assert "not added: output[1]" in res.header["loss"], res.header["loss"]
+
+
+def test_a_loss_function_of_another_signature_is_a_usage_error(cli, tmp_path):
+    """A sweep: `--loss f.py:none` with `def none(): ...` was exit 3 ("raised TypeError"), where a factory that cannot
+    take its --arg values is exit 2. A function that cannot be called as fn(output, target) is exit 2; a TypeError
+    raised inside one that can is still the user's code (exit 3)."""
+    path = tmp_path / "lf.py"
+    path.write_text("def none():\n    return None\n\ndef inside(out, target):\n    return len(1)\n")
+    r = cli("nancheck", sample("mlp.py:build"), "--device", "cpu", "--loss", f"{path}:none")
+    assert r.code == 2 and "cannot be called as fn(output, target)" in r.stderr, r.stderr
+    r = cli("nancheck", sample("mlp.py:build"), "--device", "cpu", "--loss", f"{path}:inside")
+    assert r.code == 3 and "inside() raised TypeError" in r.stderr, r.stderr

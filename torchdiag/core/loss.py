@@ -222,6 +222,9 @@ class Loss:
             self.chosen, self.picked = self.custom_name, "output"
             try:
                 value = self.custom(out, self.target)
+            except TypeError as exc:   # one that cannot take (output, target) is a usage error, as a factory's is
+                _refuse_signature(self.custom, self.custom_name, exc)
+                raise ModelError(f"loss function {self.custom_name} raised {one_line(exc)}") from exc
             except Exception as exc:
                 raise ModelError(f"loss function {self.custom_name} raised {one_line(exc)}") from exc
             return _scalar(value, self.custom_name)
@@ -607,6 +610,20 @@ def _scalar(value, what):
     if not isinstance(value, torch.Tensor) or value.numel() != 1:
         raise UsageError(f"{what} did not give a scalar tensor (got {type(value).__name__})")
     return value.reshape(())
+
+
+def _refuse_signature(fn, name: str, exc: Exception) -> None:
+    """Exit 2 where `fn` cannot be called as fn(output, target) (its signature says so); else nothing: the TypeError
+    was raised inside it (the user's code, exit 3)."""
+    import inspect
+
+    try:
+        inspect.signature(fn).bind(None, None)
+    except TypeError:
+        raise UsageError(f"loss function {name} cannot be called as fn(output, target): {one_line(exc)}",
+                         hint="--loss PATH:fn names a function of two arguments, the output and the target") from exc
+    except ValueError:   # no signature to read (a builtin): the call's own error stands
+        return
 
 
 def resolve_loss(text: str, loaded, batch_target, seed: int) -> Loss:
