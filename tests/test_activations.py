@@ -214,6 +214,12 @@ def test_saturation_only_untouched_batch_norm_statistics_make_is_info(norm):
     if norm:
         assert "in eval mode only" in f.message and "with the batch's own statistics" in f.message
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())   # the copy's statistics moved
+    if norm:   # a review: statistics loaded from a checkpoint without the count (0) are fitted, not as initialised
+        with torch.no_grad():
+            model[1].running_var.fill_(1e-3)
+        (f,) = [f for f in run("activations", model, ModelInputs((torch.randn(8, 16),), {})).findings
+                if f.code == "saturated-activations"]
+        assert f.severity == "warning", f.message
 
 
 class _Dead:

@@ -654,3 +654,27 @@ def test_a_base_models_weights_load_into_the_model_that_holds_it_under_a_prefix(
     whole = WithHead()   # the model's own checkpoint: nothing added
     torch.save(whole.state_dict(), tmp_path / "whole.pt")
     assert load(WithHead(), str(tmp_path / "whole.pt"), torch.device("cpu")).added == ""
+
+
+def test_a_checkpoint_without_batch_counts_loads_as_torch_loads_it(tmp_path):
+    """A review: a state dict without BatchNorm's num_batches_tracked (saved before the count existed), which torch's
+    strict load_state_dict takes (it fills the count with 0), was refused as missing a key (exit 2)."""
+    import torch
+    from torch import nn
+
+    from torchdiag.core.checkpoint import load
+
+    def build():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8))
+
+    src = build()
+    src[1].running_mean.fill_(0.5)
+    state = {k: v for k, v in src.state_dict().items() if not k.endswith("num_batches_tracked")}
+    path = tmp_path / "legacy.pt"
+    torch.save(state, path)
+    build().load_state_dict(torch.load(path, weights_only=True), strict=True)   # torch takes it
+    model = build()
+    report = load(model, str(path), torch.device("cpu"), strict=True)
+    assert report.fits and not report.missing
+    assert torch.equal(model[1].running_mean, torch.full((8,), 0.5))

@@ -573,7 +573,7 @@ def load(model, path: str, device, strict: bool = True, off: str = "--no-strict-
             report.mismatched.append((key, tuple(getattr(t, "shape", ())), tuple(ours[key].shape)))
         else:
             fitting[key] = _cast_on_meta(t, ours[key]) if meta else t
-    report.missing = _missing(ours, state, fitting)
+    report.missing = [k for k in _missing(ours, state, fitting) if k not in _counts_torch_fills(model)]
     if strict and not report.fits:
         raise UsageError(f"checkpoint {path} does not fit the model: "
                          + (f"with the prefix '{added}' added to its keys, " if added else "")
@@ -630,6 +630,16 @@ def _casts(ours: dict[str, Any], fitting: dict[str, Any]) -> dict[str, int]:
             how = f"{str(t.dtype).replace('torch.', '')} → {str(ours[k].dtype).replace('torch.', '')}"
             out[how] = out.get(how, 0) + 1
     return out
+
+
+def _counts_torch_fills(model) -> set[str]:
+    """The batch counts torch's BatchNorm load fills with 0 when a state dict lacks them (one saved before the count
+    existed, or without its version metadata, as every dict handed to load_state_dict here is): a legacy checkpoint
+    that torch's strict load takes was refused as missing a key (a review)."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    return {f"{n}.num_batches_tracked" if n else "num_batches_tracked" for n, m in model.named_modules()
+            if isinstance(m, _BatchNorm) and m.track_running_stats}
 
 
 def _missing(ours: dict[str, Any], state: dict[str, Any], fitting: dict[str, Any]) -> list[str]:

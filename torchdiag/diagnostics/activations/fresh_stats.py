@@ -13,11 +13,14 @@ SATURATED = 0.5   # the warning's threshold (activations._findings)
 
 
 def untouched_norms(model) -> list:
-    """The batch-norm layers that track running statistics and have never tracked a batch."""
+    """The batch-norm layers that track running statistics and hold them as initialised: no batch tracked, mean 0 and
+    variance 1 (a review: statistics loaded from a checkpoint without the count have a count of 0 and are fitted)."""
     from torch.nn.modules.batchnorm import _BatchNorm
 
     return [m for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats
-            and m.num_batches_tracked is not None and int(m.num_batches_tracked) == 0]
+            and m.num_batches_tracked is not None and int(m.num_batches_tracked) == 0
+            and m.running_mean is not None and not bool(m.running_mean.any())
+            and m.running_var is not None and bool((m.running_var == 1).all())]
 
 
 def with_batch_statistics(model, inputs, names: list[str], opts, ctx) -> dict[str, float]:

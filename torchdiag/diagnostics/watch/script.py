@@ -72,7 +72,7 @@ def run_command(argv, watch) -> object:
             sys.path.pop(0)
         if found is None:
             raise UsageError(f"watch: no module named {target}", hint="run it from the folder that holds the package")
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    saved_argv, saved_path, here = sys.argv[:], sys.path[:], os.getcwd()   # here: where the user named the script
     sys.argv = [os.path.abspath(target) if kind == "path" else target, *args]   # run_path sets argv[0] to its path
     sys.path.insert(0, os.path.dirname(os.path.abspath(target)) if kind == "path" else os.getcwd())
     failure = interrupted = error = None
@@ -106,7 +106,7 @@ def run_command(argv, watch) -> object:
         return result
     if failure:
         result.verdict = f"STOPPED at step {watch.engine.step}: the script failed ({failure})"
-        raise ModelError(f"the script failed: {failure}", hint=_where(error, watch.engine.step),
+        raise ModelError(f"the script failed: {failure}", hint=_where(error, watch.engine.step, here),
                          partial=result) from error
     if watch.engine.step == 0 and not watch.engine.scaler_calls:   # every step GradScaler's skipped: the report says
         from . import no_step
@@ -115,24 +115,26 @@ def run_command(argv, watch) -> object:
     return result
 
 
-def _where(exc, steps: int = 1) -> str:
+def _where(exc, steps: int = 1, here: str | None = None) -> str:
     """The innermost frame of the user's code in the traceback (file:line in function); a SyntaxError's own file
-    and line (its traceback is runpy's compile)."""
+    and line (its traceback is runpy's compile). Paths relative to `here`, the folder the script was named from (it
+    may have changed folder since: a review)."""
     report = f"; the report covers the {steps} step(s) before it" if steps else " (before any training step)"
     if isinstance(exc, SyntaxError) and exc.filename:
-        return f"in {_shown(exc.filename)}, line {exc.lineno}" + report
+        return f"in {_shown(exc.filename, here)}, line {exc.lineno}" + report
     frames = traceback.extract_tb(exc.__traceback__) if exc is not None else []
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    user = [f for f in frames if not f.filename.startswith(here) and "runpy" not in f.filename
+    ours = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    user = [f for f in frames if not f.filename.startswith(ours) and "runpy" not in f.filename
             and "/torch/" not in f.filename.replace("\\", "/")]
     f = (user or frames or [None])[-1]
-    return f"raised at {_shown(f.filename)}:{f.lineno} in {f.name}" + report if f else report.lstrip("; ")
+    return f"raised at {_shown(f.filename, here)}:{f.lineno} in {f.name}" + report if f else report.lstrip("; ")
 
 
-def _shown(path: str) -> str:
-    """A file under the working folder as a relative path, as the user named the script (its __file__ is absolute)."""
+def _shown(path: str, here: str | None = None) -> str:
+    """A file under `here` (the working folder) as a relative path, as the user named the script (its __file__ is
+    absolute)."""
     try:
-        rel = os.path.relpath(path)
+        rel = os.path.relpath(path, here or os.getcwd())
     except ValueError:   # another drive (Windows)
         return path
     return rel if not rel.startswith(os.pardir) else path
