@@ -440,6 +440,39 @@ def test_the_last_modules_backward_is_its_own():
     assert rows == {"0": 2 * 4 * 32 * 64, "1": 0, "2": 2 * 2 * 4 * 64 * 16, "3": 0, "4": 2 * 2 * 4 * 16 * 10}, rows
 
 
+def test_an_identity_or_a_module_fed_no_gradient_keeps_no_later_backward():
+    """A sweep: an Identity (timm's `bn.drop`) was charged every backward FLOP after it (100% of a model's convolution
+    backward), its parent 0: its input's hook, which closes it, fires before its output's opens it, on the same tensor.
+    A module whose input needs no gradient (xcit's projection of a constant map) was never closed: it took the
+    backward of everything before it too. Closed forms: a convolution's input and weight gradients each its
+    forward's multiply-adds; the first convolution's weight gradient alone."""
+
+    class Block(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.bn, self.drop = nn.BatchNorm2d(c), nn.Identity()
+
+        def forward(self, x):
+            return torch.relu(self.drop(self.bn(x)))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv0, self.b0, self.conv1, self.b1 = nn.Conv2d(3, 8, 3, padding=1), Block(8), \
+                nn.Conv2d(8, 8, 3, padding=1), Block(8)
+            self.pos = nn.Conv2d(2, 8, 1)   # a projection of a constant map, added after conv0
+            self.grid = torch.randn(1, 2, 8, 8)
+
+        def forward(self, x):
+            return self.b1(self.conv1(self.b0(self.conv0(x) + self.pos(self.grid)))).mean((2, 3))
+
+    r = count(Net().eval(), torch.randn(2, 3, 8, 8), backward=True)
+    rows = {row["name"]: row["backward_flops"] for row in r.table("modules").rows}
+    c0, c1, pos = 2 * 8 * 3 * 8 * 8 * 9, 2 * 8 * 8 * 8 * 8 * 9, 1 * 8 * 2 * 8 * 8
+    assert rows["b0.drop"] == rows["b1.drop"] == 0, rows
+    assert rows["conv1"] == 2 * 2 * c1 and rows["conv0"] == 2 * c0 and rows["pos"] == 2 * pos, rows
+
+
 def test_overlapping_backward_rows_are_said_to_overlap(cli, tmp_path):
     """A sweep: an encoder-decoder's per-module backward summed to more than the total (T5: 201 M of 151 M): torch's
     tracker keeps the decoder open while the encoder, whose output it reads, runs its backward. The table says so."""

@@ -187,3 +187,26 @@ def test_a_dynamically_quantized_model_counts_its_packed_weights():
     weights, biases, scalars = 16 * 8 + 4 * 16, 16 + 4, 2 * 2   # each Linear's scale and zero_point besides
     assert r.data["total_params"] == 0 and r.data["other_state"]["values"] == weights + biases + scalars
     assert not any("still counted" in n for n in r.notes), r.notes
+
+
+def test_a_sequential_a_loop_iterates_ran_as_a_container():
+    """A sweep: HF cvt's stages iterate their nn.Sequential of layers, and summary said the Sequentials "never ran in
+    forward" though every layer in them ran. A module never called whose children all ran is a holder, as a
+    ModuleList is; one whose children never ran is still said."""
+    from torchdiag.core.inputs import ModelInputs
+
+    class Stage(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+            self.unused = nn.Sequential(nn.Linear(4, 4))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    res = run("summary", Stage(), ModelInputs((torch.randn(2, 4),), {}))
+    rows = {r["name"]: r["output_shape"] for r in res.table("layers").rows}
+    assert rows["layers"] == "(container)" and rows["unused"] == "(not called)", rows
+    assert res.data["uncalled"] == ["unused", "unused.0"], res.data["uncalled"]

@@ -251,14 +251,43 @@ def _forward_only_tracker(base):
     pe_video: out of memory)."""
     import torch
 
+    from torch.utils._pytree import tree_flatten
+
     class ForwardOnly(base):
         def _fw_pre_hook(self, mod, input):
             return super()._fw_pre_hook(mod, input if torch.is_grad_enabled() else ())
 
         def _fw_post_hook(self, mod, input, output):
-            return super()._fw_post_hook(mod, input, output if torch.is_grad_enabled() else ())
+            if not torch.is_grad_enabled():
+                return super()._fw_post_hook(mod, input, ())
+            ins = [t for t in tree_flatten(input)[0] if isinstance(t, torch.Tensor)]
+            seen = {id(t) for t in ins}
+            # an output that is its input (an Identity, an eval Dropout) opens no backward of the module: its input's
+            # hook, which would close it, fires first on the same tensor (a sweep: timm's `bn.drop` Identity kept
+            # every later backward FLOP, 100% of the convolutions')
+            outs = tuple(t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and id(t) not in seen)
+            super()._fw_post_hook(mod, input, outs)
+            params = [p for p in mod.parameters() if p.requires_grad]
+            if params and not any(t.requires_grad for t in ins) and any(t.requires_grad for t in outs):
+                # no input gradient ever comes back to close it (a projection of a constant map, xcit's
+                # pos_embed): its backward ends with its parameters' gradients (tensor hooks: flops' backward is
+                # autograd.grad, which leaves multi-grad hooks on leaves unsupported)
+                self._hooks.extend(_closed_by_params(params, self._get_pop_fn(self._get_mod_name(mod), True)))
 
     return ForwardOnly
+
+
+def _closed_by_params(params, pop) -> list:
+    """Hooks on each parameter's gradient that call `pop` once all of them came (a parameter the backward does not
+    reach leaves the module open, as before)."""
+    left = [len(params)]
+
+    def fired(_grad):
+        left[0] -= 1
+        if left[0] == 0:
+            pop()
+
+    return [p.register_hook(fired) for p in params]
 
 
 def _op_name(packet) -> str:

@@ -83,7 +83,11 @@ def _rows(model, tracker, depth: int, listing) -> tuple[list[dict], list[str]]:
         if not name:
             continue
         kind = type(mod).__name__
-        ran = name in called or (kind in CONTAINERS and any(c.startswith(name + ".") for c in called))
+        # a holder whose children ran though it did not: a ModuleList, or a Sequential a loop iterates (a sweep: HF
+        # cvt's stages said "never ran in forward", their 1, 2 and 10 layers all run)
+        children = [f"{name}.{c}" for c, _ in mod.named_children()]
+        ran = name in called or (kind in CONTAINERS and any(c.startswith(name + ".") for c in called)) or (
+            bool(children) and all(c in called or any(k.startswith(c + ".") for k in called) for c in children))
         if not ran:
             uncalled.append(name)
         d = name.count(".") + 1
