@@ -250,7 +250,6 @@ def _forward_only_tracker(base):
     and its hook asserts; flops once retried with recording on, which keeps every activation (timm ViT-L in
     pe_video: out of memory)."""
     import torch
-
     from torch.utils._pytree import tree_flatten
 
     class ForwardOnly(base):

@@ -3,7 +3,6 @@ propagate, nothing is allocated. Used for --device meta, every --batch-sizes ent
 from __future__ import annotations
 
 import contextlib
-
 import copy
 from typing import Any
 
