@@ -644,3 +644,13 @@ def test_a_nan_in_the_batch_is_blamed_on_the_data_not_the_model(tmp_path, cli):
     r = cli("lr-find", f"{path}:build", "--batch", f"{path}:batch", "--json")
     (f,) = [f for f in r.json["findings"] if f["code"] == "non-finite-loss"]
     assert r.code == 1 and "the batch itself holds NaN/Inf (input[0])" in f["message"] and "data" in f["hint"], f
+
+
+def test_a_divergence_at_the_ranges_last_rate_is_not_said_as_stopped_early():
+    """A sweep: a repeat that diverged at its 15th update of 15, at --max-lr itself, read "stopped early (diverged) at
+    lr 10: above that the loss blows up": it took every update, and nothing above the range was tried."""
+    model, inputs = load("mlp.py:build")
+    r = lr_find(model, inputs, steps=15, max_lr=0.3, repeats=1, check_steps=5)
+    (f,) = [f for f in r.findings if f.code == "diverges-above"]
+    assert r.data["diverged_at_lr"] == [pytest.approx(0.3)], r.data["diverged_at_lr"]
+    assert "stopped early" not in f.message and "the range's last rate, lr 0.3" in f.message, f.message
