@@ -473,6 +473,25 @@ def test_an_identity_or_a_module_fed_no_gradient_keeps_no_later_backward():
     assert rows["conv1"] == 2 * 2 * c1 and rows["conv0"] == 2 * c0 and rows["pos"] == 2 * pos, rows
 
 
+def test_a_module_that_writes_its_input_in_place_keeps_its_backward():
+    """A review of the Identity fix: a residual block doing `x += self.fc(x)` and returning x was taken for an Identity
+    (its output its input) and lost its backward (0, its own fc 4096). An input written in place opens it."""
+
+    class InplaceRes(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x):
+            x += self.fc(x * 1)
+            return x
+
+    model = nn.Sequential(nn.Linear(16, 16), InplaceRes(), nn.Linear(16, 8))
+    r = count(model, torch.randn(4, 16), backward=True)
+    rows = {row["name"]: row["backward_flops"] for row in r.table("modules").rows}
+    assert rows["1"] == rows["1.fc"] == 2 * 2 * 4 * 16 * 16, rows
+
+
 def test_overlapping_backward_rows_are_said_to_overlap(cli, tmp_path):
     """A sweep: an encoder-decoder's per-module backward summed to more than the total (T5: 201 M of 151 M): torch's
     tracker keeps the decoder open while the encoder, whose output it reads, runs its backward. The table says so."""

@@ -210,3 +210,19 @@ def test_a_sequential_a_loop_iterates_ran_as_a_container():
     rows = {r["name"]: r["output_shape"] for r in res.table("layers").rows}
     assert rows["layers"] == "(container)" and rows["unused"] == "(not called)", rows
     assert res.data["uncalled"] == ["unused", "unused.0"], res.data["uncalled"]
+
+    class Block(nn.Module):   # a review: its own gain, read only by its forward, which the model skips
+        def __init__(self):
+            super().__init__()
+            self.norm, self.fc, self.gamma = nn.LayerNorm(4), nn.Linear(4, 4), nn.Parameter(torch.ones(4))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x):
+            return self.block.fc(self.block.norm(x))
+
+    res = run("summary", Net(), ModelInputs((torch.randn(2, 4),), {}))
+    assert res.data["uncalled"] == ["block"], res.data["uncalled"]

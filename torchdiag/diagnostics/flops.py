@@ -253,18 +253,27 @@ def _forward_only_tracker(base):
     from torch.utils._pytree import tree_flatten
 
     class ForwardOnly(base):
+        def __init__(self):
+            super().__init__()
+            self._versions: dict[int, list] = {}   # per module, per open call: each input's version at the call
+
         def _fw_pre_hook(self, mod, input):
+            if torch.is_grad_enabled():   # to tell an input returned untouched from one written in place
+                self._versions.setdefault(id(mod), []).append(
+                    {id(t): t._version for t in tree_flatten(input)[0] if isinstance(t, torch.Tensor)})
             return super()._fw_pre_hook(mod, input if torch.is_grad_enabled() else ())
 
         def _fw_post_hook(self, mod, input, output):
             if not torch.is_grad_enabled():
                 return super()._fw_post_hook(mod, input, ())
             ins = [t for t in tree_flatten(input)[0] if isinstance(t, torch.Tensor)]
-            seen = {id(t) for t in ins}
-            # an output that is its input (an Identity, an eval Dropout) opens no backward of the module: its input's
-            # hook, which would close it, fires first on the same tensor (a sweep: timm's `bn.drop` Identity kept
-            # every later backward FLOP, 100% of the convolutions')
-            outs = tuple(t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and id(t) not in seen)
+            stack = self._versions.get(id(mod))
+            before = stack.pop() if stack else {}
+            # an output that is its input, unwritten (an Identity, an eval Dropout), opens no backward of the module: its
+            # input's hook, which would close it, fires first on the same tensor (a sweep: timm's `bn.drop` Identity kept
+            # every later backward FLOP, 100% of the convolutions'); one written in place (`x += f(x)`) does (a review)
+            same = {id(t) for t in ins if before.get(id(t)) == t._version}
+            outs = tuple(t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and id(t) not in same)
             super()._fw_post_hook(mod, input, outs)
             params = [p for p in mod.parameters() if p.requires_grad]
             if params and not any(t.requires_grad for t in ins) and any(t.requires_grad for t in outs):

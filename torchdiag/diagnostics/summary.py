@@ -85,9 +85,13 @@ def _rows(model, tracker, depth: int, listing) -> tuple[list[dict], list[str]]:
         kind = type(mod).__name__
         # a holder whose children ran though it did not: a ModuleList, or a Sequential a loop iterates (a sweep: HF
         # cvt's stages said "never ran in forward", their 1, 2 and 10 layers all run)
+        # (one holding parameters or buffers of its own is no holder: its forward, skipped, would have read them: a
+        # review's block whose children were called directly, its own gain dead)
         children = [f"{name}.{c}" for c, _ in mod.named_children()]
+        holder = bool(children) and not any(True for _ in mod.parameters(recurse=False)) and \
+            not any(True for _ in mod.buffers(recurse=False))
         ran = name in called or (kind in CONTAINERS and any(c.startswith(name + ".") for c in called)) or (
-            bool(children) and all(c in called or any(k.startswith(c + ".") for k in called) for c in children))
+            holder and all(c in called or any(k.startswith(c + ".") for k in called) for c in children))
         if not ran:
             uncalled.append(name)
         d = name.count(".") + 1

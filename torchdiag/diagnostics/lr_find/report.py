@@ -184,12 +184,13 @@ def _curve_findings(result, runner, analyses, s, opts, ctx) -> None:
     stops = [r.stop_lr for r in reps if r.stop_lr is not None]
     if stops:
         why = sorted({r.stopped for r in reps if r.stopped})
-        if min(stops) >= opts.max_lr * (1 - 1e-6):   # at the range's last rate: nothing above it was tried (a sweep)
-            result.add("diverges-above", "info", "", f"{len(stops)} of {len(reps)} repeat(s) {', '.join(why)} at the "
-                       f"range's last rate, lr {g(opts.max_lr)} ({hi}): the loss blows up there")
+        early = [lr for lr in stops if lr < opts.max_lr * (1 - 1e-6)]   # at the last rate nothing above was tried
+        if not early:                                                     # (a sweep: "stopped early" at --max-lr)
+            result.add("diverges-above", "info", "", f"{len(stops)} of {len(reps)} repeat(s) ended at the range's last "
+                       f"rate, lr {g(opts.max_lr)} ({hi}), {' or '.join(why)}: the loss blows up there")
         else:
-            result.add("diverges-above", "info", "", f"{len(stops)} of {len(reps)} repeat(s) stopped early "
-                       f"({', '.join(why)}) at lr {span(min(stops), max(stops))}: above that the loss blows up")
+            result.add("diverges-above", "info", "", f"{len(early)} of {len(reps)} repeat(s) stopped early "
+                       f"({', '.join(why)}) at lr {span(min(early), max(early))}: above that the loss blows up")
     if s.status == "rises":
         up = [a for a in analyses if a.status == "rises"]
         result.add("no-rate-trains", "error", "", f"no rate in {g(opts.min_lr)}–{g(opts.max_lr)} reduced the loss "
