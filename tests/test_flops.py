@@ -492,6 +492,26 @@ def test_a_module_that_writes_its_input_in_place_keeps_its_backward():
     assert rows["1"] == rows["1.fc"] == 2 * 2 * 4 * 16 * 16, rows
 
 
+def test_a_module_called_twice_in_a_row_keeps_both_calls_backward():
+    """A review: torch's tracker keeps a set of module names, so on the tensor between two calls of one module the
+    hook opening the first call's backward and the one closing the second's cancelled out: the first call's backward
+    was charged to no module (HF ALBERT's shared layer group: 557,056 of 2,228,224). Closed form: the second call's
+    input and weight gradients, the first's weight gradient (its input needs none)."""
+
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.head = nn.Linear(16, 16), nn.Linear(16, 8)
+
+        def forward(self, x):
+            return self.head(self.lin(self.lin(x)))
+
+    r = count(Twice(), torch.randn(4, 16), backward=True)
+    rows = {row["name"]: row["backward_flops"] for row in r.table("modules").rows}
+    one = 2 * 4 * 16 * 16
+    assert rows["lin"] == 3 * one and rows["head"] == 2 * 2 * 4 * 16 * 8, rows
+
+
 def test_overlapping_backward_rows_are_said_to_overlap(cli, tmp_path):
     """A sweep: an encoder-decoder's per-module backward summed to more than the total (T5: 201 M of 151 M): torch's
     tracker keeps the decoder open while the encoder, whose output it reads, runs its backward. The table says so."""
