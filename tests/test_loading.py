@@ -35,6 +35,7 @@ def _error_line(res):
     (["summary", sample("mlp.py:build"), "--device", "cuda"], 2, "device 'cuda' is not available"),
     (["summary", sample("mlp.py:build"), "--device", "cuda:3"], 2, "not available"),
     (["summary", sample("mlp.py:build"), "--device", "tpu"], 2, "unknown device 'tpu'"),
+    (["summary", sample("mlp.py:build"), "--device", ""], 2, "empty device name"),   # not auto (a hostile review)
     (["summary", sample("mlp.py:build"), "--arg", "hidden"], 2, "malformed --arg 'hidden'"),
     (["summary", sample("mlp.py:build"), "--arg", "widht=3"], 2, "does not accept these --arg values"),
     (["summary", sample("broken_shape.py:build")], 3, "forward failed in 2.0 (Linear) with input shapes (4x32)"),

@@ -1713,6 +1713,10 @@ def test_a_loss_that_crosses_zero_is_not_passed_by_the_ratio_target():
     # a target below 0 is the only one (a review: the ratio passed the run as it crossed 0 once it was given)
     assert ok.data["target_loss"] == -0.5
     assert not ok.data["passed"] or ok.data["final_loss"] <= -0.5, (ok.data["final_loss"], ok.verdict)
+    # and the header and a failure name that target alone, not the ratio it does not use (a hostile review)
+    assert ok.header["target"].startswith("loss ≤ -0.5") and "× initial" not in ok.header["target"]
+    short = api_run("overfit-batch", model, x, target=y, loss=_gaussian_nll, lr=0.01, target_loss=-50, steps=5)
+    assert not short.data["passed"] and "target -50" in short.verdict and "× initial" not in short.verdict
 
 
 

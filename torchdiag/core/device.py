@@ -11,6 +11,8 @@ DEVICE_CHOICES = "auto|cpu|cuda|cuda:N|mps|meta"
 def resolve_device(text: str):
     import torch
 
+    if text is not None and not text.strip():   # `--device ''` (an unset shell variable) is not a choice of auto
+        raise UsageError("empty device name", hint=f"choose one of {DEVICE_CHOICES}")
     name = (text or "auto").strip().lower()
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -116,7 +116,9 @@ def _header_and_data(result, trainer, curve, opts, ctx) -> None:
         target = target.replace(" × initial", f" × {CONSTANT_TIMES:g} × the loss of answering every sample with the made-up "
                                 f"target's mean ({curve.constant:.4g}), lower than the initial: an output that starts "
                                 "large falls far by shrinking alone")
-    if opts.target_loss is not None:
+    if opts.target_loss is not None and opts.target_loss < 0:   # trend.goal_of: a target below 0 judges alone
+        target = f"loss ≤ {opts.target_loss:g} (a target below 0: the ratio to the initial loss does not judge)"
+    elif opts.target_loss is not None:
         target += f", or loss ≤ {opts.target_loss:g}"
     # Header keys must not collide with data/series keys ("loss" is the per-step list in JSON).
     result.header.update({
@@ -524,7 +526,9 @@ def _verdict(result, trainer, curve, opts, ctx, found: int, second=None, few=Non
                           + (f", batch accuracy {100 * final_acc:.0f}%" if final_acc is not None else ""))
         return
     bits = [f"final loss {_fmt(final)}"]
-    if initial is not None and initial > 0 and final is not None and math.isfinite(final):
+    if opts.target_loss is not None and opts.target_loss < 0:
+        bits.append(f"target {opts.target_loss:g}")
+    elif initial is not None and initial > 0 and final is not None and math.isfinite(final):
         bits.append(f"{final / initial:.3g} × initial (target {opts.target_ratio:g})" if yard == initial else
                     f"{final / yard:.3g} × {_fmt(yard)}, {CONSTANT_TIMES:g} × the loss of answering every sample with the "
                     f"made-up target's mean, below the initial {_fmt(initial)} (target {opts.target_ratio:g} × that)")
