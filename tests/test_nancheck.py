@@ -1051,6 +1051,19 @@ def test_output_facts_count_zero_rows_and_values_at_or_below_zero():
     assert output_facts(torch.zeros(3, 2).to_sparse()) == ""   # a sparse output tells nothing: no error
 
 
+def test_output_facts_name_an_output_too_large_to_square_not_a_log():
+    """A sweep: an MSE regression blown up at lr 0.5 (output -1.6e37, finite) had its Inf loss explained by "a log of 0
+    or below, or a division by a row's sum of 0": mse has neither; the square of the output overflows float32."""
+    from torchdiag.core.output_facts import output_facts
+
+    out = torch.tensor([[-1.633e37], [-1.086e33]])
+    y = torch.zeros(2, 1)
+    assert torch.isinf(torch.nn.functional.mse_loss(out, y)) and torch.isfinite(out).all()   # the truth
+    said = output_facts(out, "2 (Linear)")
+    assert "reaches 1.633e+37 in magnitude" in said and "overflows float32" in said and "log" not in said, said
+    assert "values <= 0" in output_facts(torch.tensor([[-1e18], [-2.0]]))   # its square is finite: the log clause
+
+
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 def test_an_adam_update_in_float16_is_explained_by_its_eps(cli, optimizer):
     """A sweep: `--dtype float16 --steps 2 --optimizer adam` made every weight Inf at step 1 and the hint said to

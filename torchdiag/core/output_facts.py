@@ -12,9 +12,13 @@ def storage_ptr(t) -> int:
         return 0
 
 
+SQUARE_OVERFLOW = 1.8446744e19   # sqrt of float32's largest value: a square beyond it is Inf
+
+
 def output_facts(t, maker: str | None = None) -> str:
     """`t`: the model's (first floating) output; `maker`: "name (Type)" of the module that made it. "" when the output
-    holds neither rows all 0 nor values <= 0, or cannot be read so (not a strided tensor). One read."""
+    holds neither values too large to square, rows all 0 nor values <= 0, or cannot be read so (not a strided tensor).
+    One read."""
     import torch
 
     from .readback import read_back
@@ -24,6 +28,12 @@ def output_facts(t, maker: str | None = None) -> str:
     x = t.detach().float()
     rows = x.reshape(x.shape[0], -1) if x.dim() >= 2 else x.reshape(1, -1)
     zero_rows, nonpos, lo, hi = read_back([(rows == 0).all(1).sum(), (x <= 0).sum(), x.min(), x.max()])
+    top = max(abs(lo), abs(hi))
+    if top > SQUARE_OVERFLOW:   # a helper's MSE run blown up to 1.6e37 was told of logs and divisions
+        return (f"the output reaches {top:.4g} in magnitude (min {lo:.4g}, max {hi:.4g})"
+                + (f", made by {maker}" if maker else "")
+                + f": its square overflows float32 (beyond {SQUARE_OVERFLOW:.3g}), so a squared error on it is Inf; "
+                  "values this large mean the run has blown up")
     if not zero_rows and not nonpos:
         return ""
     said = [f"{int(zero_rows)} of {rows.shape[0]} rows all exactly 0"] if zero_rows else []
