@@ -131,6 +131,28 @@ def test_device_mismatch_names_the_creator_not_the_consumer():
     assert f.where == "1" and "_Encoder" in f.message and "1x2x8" in f.message and "used in 1.rnn (GRU)" in f.message
 
 
+class _PaddingMask(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2)
+
+    def forward(self, x):
+        mask = torch.zeros(x.shape[1], x.shape[0], dtype=torch.bool)   # the bug: no device=
+        mask[:, 3:] = True
+        return self.attn(x, x, x, key_padding_mask=mask, need_weights=False)[0]
+
+
+def test_device_mismatch_names_the_user_tensor_not_the_one_torch_derives_from_it():
+    """A helper: the device-mismatch named MultiheadAttention for a 4x4x1x12 float mask that torch's attention builds
+    from the user's key_padding_mask, made without device= in the model's own forward: the line to fix is the mask's."""
+    from torchdiag.core.inputs import ModelInputs
+
+    res = run_diag(_PaddingMask(), ModelInputs((torch.randn(5, 2, 8),)))
+    (f,) = [f for f in res.findings if f.code == "device-mismatch"]
+    assert f.where == "(root)" and "(_PaddingMask) creates a 2x5 tensor" in f.message, (f.where, f.message)
+    assert "used in attn (MultiheadAttention)" in f.message, f.message
+
+
 class _Masked(nn.Module):
     """Boolean-mask indexing (nonzero: no meta kernel), then a tensor made without device= (the bug, or not)."""
 

@@ -22,10 +22,10 @@ ALLOWED_OPS = {"copy_", "_to_copy", "to", "index", "index_put", "index_put_", "_
 class DeviceMix(RuntimeError):
     """An op received meta tensors and a non-scalar tensor on another device."""
 
-    def __init__(self, op: str, tensor, creator: str | None, where: str):
+    def __init__(self, op: str, tensor, creator: str | None, where: str, shape=None):
         self.op, self.creator, self.where = op, creator, where
         # a size only known at run time (a boolean mask's, symbolic in the fake run: torch names it u0) is "?"
-        self.shape = "x".join(str(d) if isinstance(d, int) else "?" for d in tensor.shape)
+        self.shape = "x".join(str(d) if isinstance(d, int) else "?" for d in (tensor.shape if shape is None else shape))
         self.device = str(tensor.device)
         super().__init__(f"Tensor on device {self.device} is not on the expected device meta! "
                          f"(aten.{op} got a {self.device} tensor of shape {self.shape})")
@@ -58,13 +58,20 @@ def _device_guard_mode(tracker, home: str = "meta"):
                 if any(a.device.type == home for a in ts):
                     other = [a for a in ts if a.device.type != home and a.dim() > 0]
                     if other:
-                        raise DeviceMix(op, other[0], _lookup(created, other[0]), current())
+                        made = _entry(created, other[0])
+                        raise DeviceMix(op, other[0], made and made[0], current(), made and made[1])
             out = func(*args, **kwargs)
+            # an output made from an off-device tensor recorded already keeps that tensor's creator and shape: the
+            # user's line made it, not the module whose code derived it (a helper: MultiheadAttention was named for
+            # the float mask it builds from the user's key_padding_mask, made without device= in the root)
+            ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor) and a.device.type != home]
+            origin = next((e for e in map(lambda a: _entry(created, a), ins) if e is not None), None)
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor) and t.device.type != home and _lookup(created, t, by_memory=False) is None:
-                    created[id(t)] = (weakref.ref(t), current())
+                    made = origin or (current(), tuple(t.shape))
+                    created[id(t)] = (weakref.ref(t), *made)
                     if _ptr(t):   # nn.Parameter(t) in forward is a new object on the same memory
-                        created[("ptr", _ptr(t))] = (None, current())
+                        created[("ptr", _ptr(t))] = (None, *made)
             return out
 
     mode = MixedDeviceGuard()
@@ -73,15 +80,22 @@ def _device_guard_mode(tracker, home: str = "meta"):
 
 
 def _lookup(created: dict, t, by_memory: bool = True) -> str | None:
+    """The module whose forward created `t` (None: not made in a forward)."""
+    made = _entry(created, t, by_memory)
+    return made[0] if made is not None else None
+
+
+def _entry(created: dict, t, by_memory: bool = True) -> tuple | None:
+    """(creating module, shape as created) of an off-device tensor `t`, or of the one it was derived from."""
     entry = created.get(id(t))
     if entry is not None and entry[0]() is t:
-        return entry[1]
+        return entry[1:]
     if not by_memory:
         return None
     # the same memory under another tensor object (nn.Parameter(torch.randn(...)) made in forward);
     # everything the forward allocates passes through the guard, so a reused address is re-recorded
     entry = created.get(("ptr", _ptr(t))) if t.device.type != "meta" and _ptr(t) else None
-    return entry[1] if entry is not None else None
+    return entry[1:] if entry is not None else None
 
 
 def _ptr(t) -> int:
