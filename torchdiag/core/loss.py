@@ -37,6 +37,25 @@ LOSS_CHOICES = "auto|cross_entropy|mse|sum|PATH:fn"
 LEFT_OUT = -100     # cross_entropy's ignore_index: a next-token position the loss leaves out
 
 
+def probabilities_floor(classes: int, smoothing: float = 0.0) -> float:
+    """The least cross-entropy a softmax's output can reach when given to it as logits (a softmax before
+    CrossEntropyLoss): log(1 + (C − 1)/e) without label smoothing. With smoothing ε the target is (1 − ε) on the class
+    and ε/C on each: the loss is convex over the simplex and symmetric in the other classes, so its least value lies on
+    the line from the uniform row to the one-hot one (a helper's 5-class ε = 0.1 run sat at 0.985, not 0.905)."""
+    c, eps = max(int(classes), 2), min(max(float(smoothing), 0.0), 1.0)
+
+    def loss(t: float) -> float:   # the row t on the class, (1 − t)/(C − 1) on each other
+        rest = (1 - t) / (c - 1)
+        lse = math.log(math.exp(t) + (c - 1) * math.exp(rest))
+        return lse - ((1 - eps + eps / c) * t + eps * (c - 1) / c * rest)
+
+    lo, hi = 1.0 / c, 1.0
+    for _ in range(100):   # golden-section search on a convex function of one variable
+        a, b = hi - 0.618 * (hi - lo), lo + 0.618 * (hi - lo)
+        lo, hi = (lo, b) if loss(a) <= loss(b) else (a, hi)
+    return min(loss(1.0), loss((lo + hi) / 2))
+
+
 def primary_output(out) -> tuple[Any, str]:
     """The tensor a loss applies to, and how it was picked."""
     import torch

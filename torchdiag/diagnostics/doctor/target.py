@@ -70,11 +70,9 @@ def check_probabilities(eval_out, loss, ck: Checklist) -> None:
     """An output that cross-entropy reads (the loss asked for, or auto's choice for (N, C) scores) is a probability
     distribution over dim 1: a softmax at the end of the model. CrossEntropyLoss applies log_softmax itself, so
     training it so squashes the gradients (a sweep: gradflow and doctor passed it; overfit-batch alone warned)."""
-    import math
-
     import torch
 
-    from ...core.loss import primary_output
+    from ...core.loss import primary_output, probabilities_floor
 
     if loss is None or loss.custom is not None or loss.kind not in ("auto", "cross_entropy"):
         return
@@ -92,7 +90,7 @@ def check_probabilities(eval_out, loss, ck: Checklist) -> None:
     if not all(flags):
         return
     classes = int(y.shape[1])
-    floor = math.log(1 + (classes - 1) / math.e)
+    floor = probabilities_floor(classes)
     ck.find("target", "softmax-before-cross-entropy", "warning", picked,
             f"{picked} is a probability distribution over its {classes} classes (every value in [0, 1], each row "
             "summing to 1): a softmax at the end of the model. Trained with cross-entropy, which applies log_softmax "

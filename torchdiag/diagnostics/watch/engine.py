@@ -190,6 +190,7 @@ class Engine:
         self._young_gone = -SEARCH_STEPS          # the step at which a one-step clock let go with its model was filed
         self._dead_first: dict[str, tuple] = {}   # module name -> (vector, offset, units): alive at its first sample
         self._dead_plans: dict = {}               # (root, device) -> the last probe's first-alive vector (stats.py)
+        self._dead_last: dict = {}                # (root, device) -> (modules, units dead at its last sample)
         self._window = []                   # (step, lr) of steps since the last read
         self._loss_window = []              # per step since the last read: its losses (device 0-dim; [] none)
         self._clip_window: list = []        # ... and the norms clip_grad_norm_ returned before its step (clip.py)
@@ -455,7 +456,8 @@ class Engine:
             if isinstance(module, torch.nn.CrossEntropyLoss):
                 flag = flag & (p.max() <= 1) & ((p.sum(1) - 1).abs().max() < tol)
             self.pending.append(("probs", (self.step + 1, type(module).__name__, int(x.shape[1]),
-                                           isinstance(module, torch.nn.CrossEntropyLoss)),
+                                           isinstance(module, torch.nn.CrossEntropyLoss),
+                                           float(getattr(module, "label_smoothing", 0.0))),
                                  flag.float().reshape(1)))
 
     def _look_at_input_scale(self, args) -> None:
@@ -1011,6 +1013,8 @@ class Engine:
             self._sampled.discard(rid)
             for key in [k for k in self._dead_plans if k[0] == rid]:
                 del self._dead_plans[key]
+            for key in [k for k in self._dead_last if k[0] == rid]:
+                del self._dead_last[key]
         while self._dead:
             key = self._dead.pop()
             self._evaluates_often.discard(key)   # its id may be reused by a new optimizer

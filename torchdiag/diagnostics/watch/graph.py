@@ -12,11 +12,12 @@ ELEMENTWISE = {"MseLossBackward0": "mse_loss", "SmoothL1LossBackward0": "smooth_
 
 
 def loss_faults(fn) -> list[tuple]:
-    """[("probs", loss, classes, logits) | ("broadcast", loss, input shape, target shape, both)] found near `fn`:
+    """[("probs", loss, classes, logits[, smoothing]) | ("broadcast", loss, input shape, target shape, both)] found near `fn`:
     - log_softmax (cross_entropy's first op) or nll_loss applied straight to a softmax's output;
     - an elementwise loss whose input was grown by broadcasting against a target grown too ((N, 1) against (N,))."""
     found: list[tuple] = []
     seen: set[int] = set()
+    parents: dict[int, object] = {}
     queue = [fn]
     while queue and len(seen) < NEAR:
         node = queue.pop(0)
@@ -27,15 +28,35 @@ def loss_faults(fn) -> list[tuple]:
         first = node.next_functions[0][0] if node.next_functions else None
         source = _through_shapes(first)
         if kind == "LogSoftmaxBackward0" and _softmax(source):
-            found.append(("probs", "cross_entropy", _classes(source), True))
+            found.append(("probs", "cross_entropy", _classes(source), True, _smoothing(node, parents, _classes(source))))
         elif kind.startswith("NllLoss") and _softmax(source):
             found.append(("probs", "nll_loss", _classes(source), False))
         elif kind in ELEMENTWISE and type(first).__name__ == "ExpandBackward0":
             grown = _broadcast(node, first)
             if grown is not None:
                 found.append(("broadcast", ELEMENTWISE[kind], *grown))
-        queue.extend(f for f, _ in node.next_functions)
+        for f, _ in node.next_functions:
+            parents.setdefault(id(f), node)
+            queue.append(f)
     return found
+
+
+def _smoothing(log_softmax, parents: dict, classes: int) -> float | None:
+    """cross_entropy's label smoothing ε, read from the graph it builds (mean reduction): (1 − ε) × nll_loss + ε/C ×
+    the sum over classes, two constant products added. 0.0 where nll_loss is not so weighted; None when unsure."""
+    nll = parents.get(id(log_softmax))
+    if not type(nll).__name__.startswith("NllLoss"):
+        return None
+    mul = parents.get(id(nll))
+    add = parents.get(id(mul))
+    if type(mul).__name__ != "MulBackward1" or type(add).__name__ != "AddBackward0":
+        return 0.0
+    other = [f for f, _ in add.next_functions if f is not mul]
+    keep, share = getattr(mul, "_saved_other", None), getattr(other[0], "_saved_other", None) if other else None
+    if not (isinstance(keep, float) and isinstance(share, float) and classes and 0 < keep < 1
+            and math.isclose(share, (1 - keep) / classes, rel_tol=1e-6)):
+        return 0.0   # a weighted sum of losses of the user's own (0.5 × cross_entropy + …)
+    return 1 - keep
 
 
 SHAPES = {"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "TransposeBackward0", "TransposeBackward1",

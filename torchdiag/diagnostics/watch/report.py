@@ -10,6 +10,7 @@ import re
 import statistics
 
 from ...core.design import TINY_RMS
+from ...core.loss import probabilities_floor
 from ...core.repeats import common_path, compact, cut
 from ...results import Column, Result, Table
 from .stats import CLOCK_STOPPED, Released, param_key
@@ -747,13 +748,15 @@ def _probabilities(result: Result, engine) -> None:
     got = engine.checks.get("probs_into_loss")
     if not got:
         return
-    step, loss, classes, logits = got
+    step, loss, classes, logits, *smoothing = got   # the module's label smoothing; unknown from a function's graph
     if logits:
-        floor = math.log(1 + (classes - 1) / math.e)
+        eps = smoothing[0] if smoothing else None
+        floor = probabilities_floor(classes, eps or 0.0)
+        said = f" (label smoothing {eps:g})" if eps else "" if eps is not None else " (more under label smoothing)"
         result.add("probabilities-into-loss", "warning", "", f"{loss} got probabilities at step {step} "
                    f"(every value in [0, 1], each row summing to 1 over its {classes} classes): a softmax before it. "
                    "cross-entropy applies log_softmax itself, so the gradients are squashed and the loss cannot "
-                   f"fall below {floor:.4g}", "return the logits (drop the softmax at the end of the model); apply "
+                   f"fall below {floor:.4g}{said}", "return the logits (drop the softmax at the end of the model); apply "
                    "softmax only for predictions")
     else:
         result.add("probabilities-into-loss", "warning", "", f"{loss} got values ≥ 0 at step {step}, over {classes} "
@@ -1554,7 +1557,7 @@ def _dead(result: Result, engine) -> None:
         step, newly, _, _, units = samples[-1]
         after = f"; passed on by {', '.join(passed)}" if passed else ""
         message = (f"{int(newly)} of {units} units of {name} went dead over the run (alive at step {samples[0][0]}, "
-                   f"zero for the whole batch at step {step}{after})")
+                   f"zero for every sample of the batches read at steps {samples[-2][0]} and {step}{after})")
         came = int(engine.checks.get("dead_arrived", {}).get(name, 0))   # stats._input_range
         if newly and came >= newly / 2:   # most: a dropout in train mode also zeroes a unit alive in a few samples
             inside = name.rsplit(".", 1)[0] if "." in name else "the model"
@@ -1573,10 +1576,13 @@ def _dead(result: Result, engine) -> None:
 
 
 def _alive_until(samples, units) -> int | None:
-    """The step of the last read before the units' final stretch of dead reads (None: dead from the first read)."""
-    for s, newly, _, nonneg, _ in reversed(samples):
+    """The step of the last read that saw the units alive, before their final stretch of dead reads (None: dead from
+    the first read). A read counts units dead there and at the read before (stats._collect), so the read before the
+    stretch saw them dead already: the one before that is the last alive."""
+    for i in range(len(samples) - 1, -1, -1):
+        _, newly, _, nonneg, _ = samples[i]
         if not (nonneg and newly >= DEAD_SHARE * units):
-            return s
+            return samples[max(i - 1, 0)][0]
     return None
 
 
