@@ -1060,7 +1060,10 @@ def test_output_facts_name_an_output_too_large_to_square_not_a_log():
     y = torch.zeros(2, 1)
     assert torch.isinf(torch.nn.functional.mse_loss(out, y)) and torch.isfinite(out).all()   # the truth
     said = output_facts(out, "2 (Linear)")
-    assert "reaches 1.633e+37 in magnitude" in said and "overflows float32" in said and "log" not in said, said
+    assert "reaches 1.633e+37 in magnitude" in said and "a square overflows float32" in said, said
+    assert "a log of 0" not in said, said   # 2 of 2 values <= 0 is no cause at this size
+    both = output_facts(torch.tensor([[0.0, 0.0], [3e38, 1.0]]))   # a review: an all-zero row stays said beside it
+    assert "1 of 2 rows all exactly 0" in both and "a log of 0" in both and "3e+38 in magnitude" in both, both
     assert "values <= 0" in output_facts(torch.tensor([[-1e18], [-2.0]]))   # its square is finite: the log clause
 
 

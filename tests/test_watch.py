@@ -1448,7 +1448,7 @@ def _least_smoothed_loss(classes, eps):
     return loss.item()
 
 
-@pytest.mark.parametrize("route", ["function", "module", "scaled"])
+@pytest.mark.parametrize("route", ["function", "module", "scaled", "weighted"])
 def test_the_floor_of_probabilities_into_cross_entropy_counts_label_smoothing(route):
     """A sweep: softmax into cross_entropy with label_smoothing 0.1 over 5 classes was told "cannot fall below 0.9048";
     the run sat at 0.988, the floor 0.9848. The smoothing is read from the loss module, or from the graph
@@ -1457,16 +1457,20 @@ def test_the_floor_of_probabilities_into_cross_entropy_counts_label_smoothing(ro
     model = nn.Linear(8, 5)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
+    weight = torch.tensor([10.0, 0.1, 0.1, 0.1, 0.1])
     with Watch(model, opt, every=5) as w:
         for _ in range(10):
             x = torch.randn(16, 8)
             p, y = F.softmax(model(x), 1), (x[:, 0] > 0).long()
             loss = loss_fn(p, y) if route == "module" else 0.5 * F.cross_entropy(p, y) if route == "scaled" else \
-                F.cross_entropy(p, y, label_smoothing=0.1)
+                F.cross_entropy(p, y, label_smoothing=0.1, weight=weight if route == "weighted" else None)
             opt.zero_grad()
             loss.backward()
             opt.step()
     f = finding(w.result(), "probabilities-into-loss")
+    if route == "weighted":   # a review: weights took the least loss to 0.834, under both floors once said
+        assert "cannot fall below" not in f.message and "class weights" in f.message, f.message
+        return
     eps = 0.0 if route == "scaled" else 0.1
     floor = _least_smoothed_loss(5, eps)
     assert abs(floor - (0.9848 if eps else 0.9048)) < 1e-3, floor
@@ -1888,6 +1892,13 @@ def test_divergence_after_the_learning_rate_rose():
     assert f.severity == "error" and "rose from 0.02 to 0.8 at step 61" in f.hint
     lr = r.series["lr"]
     assert lr[59] == pytest.approx(0.02) and lr[60] == pytest.approx(0.8)
+
+
+def test_units_that_die_two_reads_before_the_end_are_found():
+    """A review: counting units dead at two reads in a row, and then asking it of the last two reads, asked for three:
+    units dead from step 80 to the end (reads at 80 and 90) were not found."""
+    f = finding(script("watch_dead_units", "--bad-step", 75), "dead-units")
+    assert f.where == "1" and "read at steps 80 and 90" in f.message, f.message
 
 
 def test_units_that_go_dead():
@@ -7183,3 +7194,22 @@ def test_a_fully_sharded_run_is_said_not_watched_and_still_runs(tmp_path):
     assert done.stdout.count("TRAINED") == 2, done.stdout[-2000:]   # both ranks ran it (their lines may interleave)
     assert "fully_shard (FSDP2) sharded parameters is not watched" in done.stdout + done.stderr, done.stderr[-2000:]
     assert "internal error" not in done.stdout + done.stderr
+
+
+def test_a_loss_that_climbed_in_its_first_window_and_came_back_part_way_never_fell():
+    """A helper: an HF Trainer at 100× its learning rate went 0.69 → 5.4 in 5 steps, then sat at ~0.9 for the rest;
+    measured from the first window's median (1.8) it "fell", and the hint said "converged, or the learning rate is
+    too small". Where it started is its first losses: it never fell below them."""
+    p = nn.Parameter(torch.ones(()))
+    opt = torch.optim.SGD([p], lr=0.0)
+    noise = torch.Generator().manual_seed(0)
+    with Watch(every=10) as w:
+        for step in range(80):
+            level = 0.69 if step < 3 else 5.0 if step < 8 else 0.9
+            loss = p * (level + 0.05 * float(torch.rand((), generator=noise)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    f = finding(w.result(), "loss-plateau")
+    assert f.message.startswith("the loss never fell below where it started"), f.message
+    assert "too high" in f.hint, f.hint

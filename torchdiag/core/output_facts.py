@@ -29,15 +29,16 @@ def output_facts(t, maker: str | None = None) -> str:
     rows = x.reshape(x.shape[0], -1) if x.dim() >= 2 else x.reshape(1, -1)
     zero_rows, nonpos, lo, hi = read_back([(rows == 0).all(1).sum(), (x <= 0).sum(), x.min(), x.max()])
     top = max(abs(lo), abs(hi))
-    if top > SQUARE_OVERFLOW:   # a helper's MSE run blown up to 1.6e37 was told of logs and divisions
-        return (f"the output reaches {top:.4g} in magnitude (min {lo:.4g}, max {hi:.4g})"
-                + (f", made by {maker}" if maker else "")
-                + f": its square overflows float32 (beyond {SQUARE_OVERFLOW:.3g}), so a squared error on it is Inf; "
-                  "values this large mean the run has blown up")
-    if not zero_rows and not nonpos:
+    # a helper's MSE run blown up to 1.6e37 was told of logs and divisions only; the loss is not known here, so the
+    # size is said beside the other facts, with what it overflows (a review: log_softmax's difference, a sum)
+    huge = (f"it reaches {top:.4g} in magnitude: beyond {SQUARE_OVERFLOW:.3g} a square overflows float32 (a squared "
+            "error is Inf), and near float32's largest value a sum or log_softmax's difference does; values this "
+            "large mean the run has blown up") if top > SQUARE_OVERFLOW else ""
+    if not zero_rows and not nonpos and not huge:
         return ""
     said = [f"{int(zero_rows)} of {rows.shape[0]} rows all exactly 0"] if zero_rows else []
-    said += [f"{int(nonpos)} of {x.numel()} values <= 0"] if nonpos else []
-    return (f"the output holds {' and '.join(said)} (min {lo:.4g}, max {hi:.4g})"
-            + (f", made by {maker}" if maker else "")
-            + ": a log of 0 or below, or a division by a row's sum of 0, is undefined there")
+    said += [f"{int(nonpos)} of {x.numel()} values <= 0"] if nonpos and not (huge and not zero_rows) else []
+    held = f"holds {' and '.join(said)}" if said else "is finite"
+    return (f"the output {held} (min {lo:.4g}, max {hi:.4g})" + (f", made by {maker}" if maker else "")
+            + (": a log of 0 or below, or a division by a row's sum of 0, is undefined there" if said else "")
+            + (f"; {huge}" if huge and said else f": {huge}" if huge else ""))

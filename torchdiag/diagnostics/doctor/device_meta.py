@@ -65,7 +65,10 @@ def _device_guard_mode(tracker, home: str = "meta"):
             # user's line made it, not the module whose code derived it (a helper: MultiheadAttention was named for
             # the float mask it builds from the user's key_padding_mask, made without device= in the root)
             ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor) and a.device.type != home]
-            origin = next((e for e in map(lambda a: _entry(created, a), ins) if e is not None), None)
+            origins = [_entry(created, a) for a in ins]
+            # one maker only: an op joining tensors of several makers, or one not made in a forward (lengths >
+            # torch.arange(T)), made a new one here (a review)
+            origin = origins[0] if origins and all(e is not None and e[0] == origins[0][0] for e in origins) else None
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor) and t.device.type != home and _lookup(created, t, by_memory=False) is None:
                     made = origin or (current(), tuple(t.shape))

@@ -457,7 +457,8 @@ class Engine:
                 flag = flag & (p.max() <= 1) & ((p.sum(1) - 1).abs().max() < tol)
             self.pending.append(("probs", (self.step + 1, type(module).__name__, int(x.shape[1]),
                                            isinstance(module, torch.nn.CrossEntropyLoss),
-                                           float(getattr(module, "label_smoothing", 0.0))),
+                                           math.nan if getattr(module, "weight", None) is not None   # weighted
+                                           else float(getattr(module, "label_smoothing", 0.0))),
                                  flag.float().reshape(1)))
 
     def _look_at_input_scale(self, args) -> None:

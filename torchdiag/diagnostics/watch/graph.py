@@ -43,17 +43,19 @@ def loss_faults(fn) -> list[tuple]:
 
 def _smoothing(log_softmax, parents: dict, classes: int) -> float | None:
     """cross_entropy's label smoothing ε, read from the graph it builds (mean reduction): (1 − ε) × nll_loss + ε/C ×
-    the sum over classes, two constant products added. 0.0 where nll_loss is not so weighted; None when unsure."""
+    the sum over classes, two constant products added. 0.0 where nll_loss is not so weighted; None when unsure; NaN under class weights."""
     nll = parents.get(id(log_softmax))
     if not type(nll).__name__.startswith("NllLoss"):
         return None
+    if getattr(nll, "_saved_weight", None) is not None:
+        return math.nan   # class weights: the floor depends on them (report._probabilities names no number)
     mul = parents.get(id(nll))
     add = parents.get(id(mul))
     if type(mul).__name__ != "MulBackward1" or type(add).__name__ != "AddBackward0":
         return 0.0
     other = [f for f, _ in add.next_functions if f is not mul]
     keep, share = getattr(mul, "_saved_other", None), getattr(other[0], "_saved_other", None) if other else None
-    if not (isinstance(keep, float) and isinstance(share, float) and classes and 0 < keep < 1
+    if not (isinstance(keep, float) and isinstance(share, float) and classes and 0 <= keep < 1
             and math.isclose(share, (1 - keep) / classes, rel_tol=1e-6)):
         return 0.0   # a weighted sum of losses of the user's own (0.5 × cross_entropy + …)
     return 1 - keep
