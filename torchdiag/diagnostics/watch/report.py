@@ -44,7 +44,6 @@ SPREAD_STEPS = 4       # ... measured over this many windows before it
 VAL_TAIL = 3           # val-worsens: the last evaluations (up to this many after the best) all worse than it ...
 VAL_NOISE_K = 1.0      # ... their median by this many noise scales more than the best of n draws reaches by chance
 LR_COLLAPSE = 1e-3     # lr-collapsed: the rate, as a share of its highest, under which a run trains nothing more
-CLIMBED_FIRST = 2.0     # loss-plateau: a first window's median this many times the first 3 losses' climbed in it
 DIVERGE_K = 3.5        # loss-diverged: the climb clears the block medians' own noise by this many noise scales
 BLOWN_K = 3.0          # loss-diverged from the start: above the first loss by this many robust per-step spreads ...
 BLOWN_GROWTH = 10.0    # ... while the weights' norm grew this many times over (steps too large for the weights)
@@ -1116,15 +1115,10 @@ def _loss_curve(result: Result, pairs, lr_at: dict, opts, clipped: bool = False,
             or _halves_flat(values)):
         # never learned (GPT-2 at lr 0.1 stayed at chance): "converged" would mislead. Where it started is the first
         # window's median and the first 3 losses' (a run that fell within the first window fell: a review)
-        # the first 3 losses, also where the first window climbed above them (a helper: HF Trainer at lr 0.2 went
-        # 0.69 → 5.4 in 5 steps and back to 0.91, and was told "converged, or the learning rate is too small")
         start = statistics.median(values[:3])
-        climbed = initial >= CLIMBED_FIRST * start > 0   # beyond a noisy flat curve's first losses
-        if initial > 0 and min(med[w - 1:]) >= 0.97 * (start if climbed else max(initial, start)):
-            began = (f"running median {initial:.4g} at step {pairs[w - 1][0]}" if not climbed else
-                     f"{start:.4g}, the median of the first 3 steps; running median {initial:.4g} at step {pairs[w - 1][0]}")
-            result.add("loss-plateau", "info", "", f"the loss never fell below where it started ({began}, "
-                       f"{med[-1]:.4g} at step {pairs[-1][0]}){of}",
+        if initial > 0 and min(med[w - 1:]) >= 0.97 * max(initial, start):
+            result.add("loss-plateau", "info", "", f"the loss never fell below where it started (running median "
+                       f"{initial:.4g} at step {pairs[w - 1][0]}, {med[-1]:.4g} at step {pairs[-1][0]}){of}",
                        unscaled + "if it should learn: a learning rate too high (weights that grew many times "
                        "over, ‖w‖) or too small (update/weight), labels that do not match the inputs, or a loss that no "
                        "parameter reaches; or it was at its floor already (a fine-tune from a converged checkpoint)")
