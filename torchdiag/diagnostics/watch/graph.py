@@ -51,7 +51,7 @@ def _smoothing(log_softmax, parents: dict, classes: int) -> float | None:
         return math.nan   # class weights: the floor depends on them (report._probabilities names no number)
     mul = parents.get(id(nll))
     add = parents.get(id(mul))
-    if type(mul).__name__ != "MulBackward1" or type(add).__name__ != "AddBackward0":
+    if add is None or type(mul).__name__ != "MulBackward1" or type(add).__name__ != "AddBackward0":
         return 0.0
     other = [f for f, _ in add.next_functions if f is not mul]
     keep, share = getattr(mul, "_saved_other", None), getattr(other[0], "_saved_other", None) if other else None
